@@ -1,0 +1,67 @@
+"""The sandbox interface: where a script worker's process runs, isolated from the host."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LineSink = Callable[[str, str], None]
+"""Called with (stream, line) for each line the process prints; stream is stdout or stderr."""
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything a backend needs to run one attempt of a script worker.
+
+    `workdir` is a fresh directory that already holds the version's files and `inputs.json`;
+    it becomes the process's working directory. `output_dir` is a fresh, empty directory
+    the process sees as `$FLOOM_OUTPUT_DIR`; files left there become artifacts. `env` is
+    the whole environment the process gets (declared secrets and FLOOM_* values); a backend
+    adds only PATH, HOME, LANG and similar inert values, never anything of the host's.
+    """
+
+    run_id: str
+    command: list[str]
+    workdir: Path
+    output_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    network: bool = False
+    timeout_seconds: float = 600.0
+    memory_mb: int = 512
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How the process ended. `exit_code` is None when it was killed by a timeout or cancel."""
+
+    exit_code: int | None
+    timed_out: bool = False
+    cancelled: bool = False
+    error: str | None = None
+
+
+class Sandbox(abc.ABC):
+    """A place to run one process in isolation.
+
+    `run` blocks until the process tree has ended, streaming each output line to `on_line`
+    in the order it was printed per stream. It polls `should_cancel` at least every 200 ms;
+    when it returns True, or the timeout passes, the whole process tree is killed before
+    `run` returns. `run` never raises for the process's own failures (they are in the
+    result); it raises FloomError only when the sandbox itself cannot start.
+    """
+
+    name: str = "base"
+
+    @abc.abstractmethod
+    def run(
+        self,
+        spec: SandboxSpec,
+        *,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
+    ) -> SandboxResult: ...
+
+    def check(self) -> None:  # noqa: B027 - optional hook, default is a no-op
+        """Raise FloomError with a hint when this backend cannot run on this machine."""
