@@ -1,0 +1,111 @@
+"""The FastAPI application: one process can serve the API and run the executor."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from sqlalchemy import text
+
+from floom import __version__
+from floom.api import errors, routes_admin, routes_runs, routes_workers
+from floom.bundle import read_folder
+from floom.config import Settings
+from floom.engine.executor import Executor
+from floom.errors import FloomError
+from floom.sandbox import get_sandbox
+from floom.services import keys, workers
+from floom.services.context import Context
+
+log = logging.getLogger("floom")
+
+
+def deploy_examples(ctx: Context) -> list[str]:
+    """Deploy each example worker that is not deployed yet; never override a user's choice."""
+    folder = ctx.settings.resolved_examples_dir()
+    if folder is None:
+        return []
+    deployed = []
+    for sub in sorted(p for p in folder.iterdir() if (p / "worker.yml").is_file()):
+        try:
+            bundle = read_folder(sub, max_bytes=ctx.settings.max_bundle_bytes)
+            result = workers.deploy(ctx, archive=bundle.to_archive(), actor="examples")
+        except FloomError as exc:
+            log.warning("example worker %s not deployed: %s", sub.name, exc.message)
+            continue
+        if result.created:
+            deployed.append(result.worker.name)
+    return deployed
+
+
+def _has_worker(ctx: Context) -> bool:
+    rows, _ = workers.list_workers(ctx, limit=1)
+    return bool(rows)
+
+
+def create_app(settings: Settings | None = None, *, ctx: Context | None = None) -> FastAPI:
+    settings = settings or (ctx.settings if ctx else Settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        context = ctx or Context.open(settings)
+        app.state.ctx = context
+        new_key = keys.ensure_admin_key(context)
+        if new_key:
+            print(
+                f"floom: created the admin API key (shown once; also saved to "
+                f"{settings.admin_key_file}):\n  {new_key}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if settings.deploy_examples and not _has_worker(context):
+            names = deploy_examples(context)
+            if names:
+                log.info("deployed example workers: %s", ", ".join(names))
+        executor = None
+        if "executor" in settings.role_set:
+            sandbox = get_sandbox(settings.sandbox)
+            sandbox.check()
+            executor = Executor(context, sandbox)
+            executor.start()
+        app.state.executor = executor
+        try:
+            yield
+        finally:
+            if executor is not None:
+                executor.stop()
+            if ctx is None:
+                context.engine.dispose()
+
+    app = FastAPI(
+        title="floom",
+        version=__version__,
+        description="Self-hosted runtime for background AI workers.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    app.include_router(routes_workers.router)
+    app.include_router(routes_runs.router)
+    app.include_router(routes_admin.router)
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, Any]:
+        context: Context = app.state.ctx
+        with context.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        executor = app.state.executor
+        return {
+            "status": "ok",
+            "version": __version__,
+            "database": context.engine.dialect.name,
+            "node": context.node_id,
+            "executor": None
+            if executor is None
+            else {"slots": executor.slots, "active": executor.active_count()},
+        }
+
+    return app

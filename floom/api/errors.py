@@ -1,0 +1,52 @@
+"""The one place where errors become HTTP responses: {"error": {"code", "message", "hint"}}."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from floom.errors import FloomError
+
+log = logging.getLogger("floom.api")
+
+
+def error_response(status: int, code: str, message: str, hint: str | None = None) -> JSONResponse:
+    return JSONResponse(
+        status_code=status, content={"error": {"code": code, "message": message, "hint": hint}}
+    )
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(FloomError)
+    async def _floom(_: Request, exc: FloomError) -> JSONResponse:
+        return JSONResponse(status_code=exc.status, content={"error": exc.to_dict()})
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            problems.append(f"{where or 'body'}: {err.get('msg')}")
+        return error_response(
+            422,
+            "invalid_request",
+            "the request is not valid: " + "; ".join(problems),
+            "see the API reference at /docs for the expected shape",
+        )
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, exc: HTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        hint = "see /docs for the routes" if exc.status_code in (404, 405) else None
+        return error_response(exc.status_code, code, str(exc.detail), hint)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(
+            500, "internal", "floom hit an unexpected error", "the server log has the details"
+        )

@@ -1,0 +1,180 @@
+"""REST routes for runs: start, list, inspect, logs (JSON and SSE), artifacts, cancel, replay."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from floom.api.auth import CtxDep, ReadKey, RunKey
+from floom.services import logs, runs
+from floom.services.context import Context
+
+router = APIRouter(prefix="/api/v1", tags=["runs"])
+
+SSE_POLL_SECONDS = 0.2
+SSE_KEEPALIVE_SECONDS = 15.0
+
+
+class RunRequest(BaseModel):
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    coerce_strings: bool = Field(
+        False, description="inputs are text (as typed on a command line); convert by declared type"
+    )
+    version_id: str | None = Field(None, description="pin to this version instead of the active")
+
+
+class ReplayRequest(BaseModel):
+    latest: bool = Field(False, description="run on the worker's active version instead")
+
+
+def _run_body(ctx: Context, run_id: str) -> dict[str, Any]:
+    run = runs.get_run(ctx, run_id=run_id)
+    return runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
+
+
+@router.post("/workers/{name}/runs", status_code=202)
+def start_run(name: str, body: RunRequest, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
+    run = runs.create_run(
+        ctx,
+        worker_name=name,
+        inputs=body.inputs,
+        coerce_strings=body.coerce_strings,
+        trigger="api",
+        actor=key.id,
+        version_id=body.version_id,
+    )
+    return runs.run_to_dict(run, artifacts=[])
+
+
+@router.get("/runs")
+def list_runs(
+    ctx: CtxDep,
+    _: ReadKey,
+    worker: str | None = None,
+    status: str | None = None,
+    trigger: str | None = None,
+    cursor: str | None = None,
+    limit: int = Query(50, ge=1, le=500),
+) -> dict[str, Any]:
+    rows, next_cursor = runs.list_runs(
+        ctx, worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
+    )
+    return {"items": [runs.run_to_dict(r) for r in rows], "next_cursor": next_cursor}
+
+
+@router.get("/runs/{run_id}")
+def get_run(run_id: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
+    return _run_body(ctx, run_id)
+
+
+@router.get("/runs/{run_id}/logs")
+def get_logs(
+    run_id: str,
+    ctx: CtxDep,
+    _: ReadKey,
+    after: int = Query(0, ge=0, description="return events with a seq above this"),
+    tail: int | None = Query(None, ge=1, le=10_000, description="only the last N events"),
+    limit: int = Query(1000, ge=1, le=10_000),
+) -> dict[str, Any]:
+    run = runs.get_run(ctx, run_id=run_id)
+    if tail:
+        rows = logs.tail_events(ctx, run_id=run_id, count=tail)
+    else:
+        rows = logs.list_events(ctx, run_id=run_id, after=after, limit=limit)
+    return {
+        "items": [logs.event_to_dict(e) for e in rows],
+        "last_seq": rows[-1].seq if rows else after,
+        "run_status": run.status,
+        "complete": run.status in runs.TERMINAL and len(rows) < limit,
+    }
+
+
+@router.get("/runs/{run_id}/logs/stream", summary="Server-sent events of a run's log")
+async def stream_logs(
+    run_id: str,
+    request: Request,
+    ctx: CtxDep,
+    _: ReadKey,
+    after: int = Query(0, ge=0),
+    last_event_id: str | None = Header(None),
+) -> StreamingResponse:
+    await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
+    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
+
+    async def events() -> AsyncIterator[str]:
+        seq = start
+        idle = 0.0
+        while not await request.is_disconnected():
+            rows = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
+            for e in rows:
+                seq = e.seq
+                data = json.dumps(logs.event_to_dict(e), default=str)
+                yield f"id: {e.seq}\nevent: log\ndata: {data}\n\n"
+            if rows:
+                idle = 0.0
+                continue
+            run = await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
+            if run.status in runs.TERMINAL:
+                # A last read closes the gap between the empty page and the status check.
+                rest = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
+                for e in rest:
+                    seq = e.seq
+                    data = json.dumps(logs.event_to_dict(e), default=str)
+                    yield f"id: {e.seq}\nevent: log\ndata: {data}\n\n"
+                body = json.dumps(runs.run_to_dict(run), default=str)
+                yield f"event: end\ndata: {body}\n\n"
+                return
+            await asyncio.sleep(SSE_POLL_SECONDS)
+            idle += SSE_POLL_SECONDS
+            if idle >= SSE_KEEPALIVE_SECONDS:
+                idle = 0.0
+                yield ": keep-alive\n\n"
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/runs/{run_id}/artifacts")
+def list_artifacts(run_id: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
+    rows = runs.list_artifacts(ctx, run_id=run_id)
+    return {"items": [runs.artifact_to_dict(a) for a in rows], "next_cursor": None}
+
+
+@router.get("/runs/{run_id}/artifacts/{name:path}")
+def download_artifact(run_id: str, name: str, ctx: CtxDep, _: ReadKey) -> Response:
+    art, data = runs.read_artifact(ctx, run_id=run_id, name=name)
+    filename = name.rsplit("/", 1)[-1].replace('"', "")
+    return Response(
+        content=data,
+        media_type=art.content_type,
+        headers={
+            "Content-Disposition": f'attachment; filename="{filename}"',
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+@router.post("/runs/{run_id}/cancel")
+def cancel_run(run_id: str, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
+    runs.cancel_run(ctx, run_id=run_id, actor=key.id)
+    return _run_body(ctx, run_id)
+
+
+@router.post("/runs/{run_id}/replay", status_code=202)
+def replay_run(
+    run_id: str, ctx: CtxDep, key: RunKey, body: ReplayRequest | None = None
+) -> dict[str, Any]:
+    run = runs.replay_run(
+        ctx, run_id=run_id, latest=bool(body and body.latest), actor=key.id
+    )
+    return runs.run_to_dict(run, artifacts=[])

@@ -1,0 +1,217 @@
+"""The runs table as a queue: atomic claims, leases, the reaper, and retries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, or_
+from sqlalchemy.orm import aliased
+from sqlmodel import col, select
+
+from floom.services.logs import system_event
+from floom.services.runs import CANCELLED, FAILED, QUEUED, RUNNING, TIMED_OUT
+from floom.store.db import session_scope
+from floom.store.models import Artifact, Blob, Run, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+
+def claim_next_run(ctx: Context) -> Run | None:
+    """Take the oldest runnable queued run for this node, or None.
+
+    Two nodes never get the same run: PostgreSQL skips rows another claim has locked;
+    SQLite serialises the whole step under its write lock. Runs of a worker already at its
+    `concurrency` limit are passed over.
+    """
+    now = utcnow()
+    busy = aliased(Run)
+    running_of_worker = (
+        select(func.count())
+        .select_from(busy)
+        .where(busy.worker_name == Run.worker_name, busy.status == RUNNING)
+        .scalar_subquery()
+    )
+    q = (
+        select(Run)
+        .where(
+            Run.status == QUEUED,
+            or_(col(Run.not_before).is_(None), col(Run.not_before) <= now),
+            or_(col(Run.concurrency).is_(None), running_of_worker < col(Run.concurrency)),
+        )
+        .order_by(col(Run.id))
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    with session_scope(ctx.engine, write=True) as s:
+        run = s.exec(q).first()
+        if run is None:
+            return None
+        run.status = RUNNING
+        run.lease_owner = ctx.node_id
+        run.lease_expires_at = now + timedelta(seconds=ctx.settings.lease_seconds)
+        run.started_at = now
+        run.cancel_requested = False
+        s.add(run)
+        system_event(
+            s,
+            run_id=run.id,
+            attempt=run.attempt,
+            message=f"started attempt {run.attempt} of {run.max_attempts} on {ctx.node_id}",
+        )
+    return run
+
+
+def renew_leases(ctx: Context, run_ids: list[str]) -> tuple[set[str], set[str]]:
+    """Extend the leases this node holds. Returns (runs to cancel, runs this node lost)."""
+    if not run_ids:
+        return set(), set()
+    expires = utcnow() + timedelta(seconds=ctx.settings.lease_seconds)
+    with session_scope(ctx.engine, write=True) as s:
+        rows = s.exec(
+            select(Run).where(col(Run.id).in_(run_ids)).with_for_update(skip_locked=True)
+        ).all()
+        held = set()
+        cancel = set()
+        for run in rows:
+            if run.status != RUNNING or run.lease_owner != ctx.node_id:
+                continue
+            held.add(run.id)
+            run.lease_expires_at = expires
+            s.add(run)
+            if run.cancel_requested:
+                cancel.add(run.id)
+    return cancel, set(run_ids) - held
+
+
+@dataclass
+class Outcome:
+    """How one attempt ended, as the executor saw it."""
+
+    status: str
+    outputs: dict[str, Any] | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    exit_code: int | None = None
+    retryable: bool = True
+    sandbox_seconds: float = 0.0
+    artifacts: list[tuple[str, bytes, str]] = field(default_factory=list)
+
+
+def finish_attempt(
+    ctx: Context, *, run: Run, outcome: Outcome, backoff: float, exponential: bool = True
+) -> str:
+    """Record an attempt's end; a retryable failure with attempts left is queued again.
+
+    Returns the run's new status. If this node no longer holds the run (the reaper took it
+    after a lost lease), nothing is written and the status found is returned.
+    """
+    now = utcnow()
+    with session_scope(ctx.engine, write=True) as s:
+        current = s.get(Run, run.id, with_for_update=True)
+        if current is None or current.status != RUNNING or current.lease_owner != ctx.node_id:
+            return current.status if current else CANCELLED
+        current.sandbox_seconds += outcome.sandbox_seconds
+        current.exit_code = outcome.exit_code
+        current.lease_owner = None
+        current.lease_expires_at = None
+        retry = (
+            outcome.status in (FAILED, TIMED_OUT)
+            and outcome.retryable
+            and current.attempt < current.max_attempts
+        )
+        for old in s.exec(select(Artifact).where(Artifact.run_id == run.id)).all():
+            s.delete(old)
+        if retry:
+            delay = backoff * (2 ** (current.attempt - 1)) if exponential else backoff
+            system_event(
+                s,
+                run_id=run.id,
+                attempt=current.attempt,
+                message=f"attempt {current.attempt} {outcome.status}: {outcome.error_message}; "
+                f"retrying in {delay:.0f}s",
+            )
+            current.status = QUEUED
+            current.attempt += 1
+            current.not_before = now + timedelta(seconds=delay)
+            current.started_at = None
+        else:
+            s.flush()
+            for name, data, content_type in outcome.artifacts:
+                digest = hashlib.sha256(data).hexdigest()
+                if s.get(Blob, digest) is None:
+                    s.add(Blob(digest=digest, size=len(data), data=data))
+                s.add(
+                    Artifact(
+                        run_id=run.id,
+                        name=name,
+                        size=len(data),
+                        digest=digest,
+                        content_type=content_type,
+                    )
+                )
+            current.status = outcome.status
+            current.finished_at = now
+            current.outputs_json = (
+                json.dumps(outcome.outputs) if outcome.outputs is not None else None
+            )
+            current.error_code = outcome.error_code
+            current.error_message = outcome.error_message
+            message = f"{outcome.status}"
+            if outcome.error_message:
+                message += f": {outcome.error_message}"
+            system_event(s, run_id=run.id, attempt=current.attempt, message=message)
+        s.add(current)
+        return current.status
+
+
+def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
+    """Requeue or fail runs whose executor stopped renewing their lease.
+
+    With `own_node_restart`, runs this node id held before a restart are reaped at once:
+    the process that held them is gone. Returns how many runs were reaped.
+    """
+    now = utcnow()
+    cond = col(Run.lease_expires_at) < now
+    if own_node_restart:
+        cond = or_(cond, Run.lease_owner == ctx.node_id)
+    with session_scope(ctx.engine, write=True) as s:
+        rows = s.exec(
+            select(Run).where(Run.status == RUNNING, cond).with_for_update(skip_locked=True)
+        ).all()
+        for run in rows:
+            lost = f"executor {run.lease_owner} stopped (lease expired)"
+            run.lease_owner = None
+            run.lease_expires_at = None
+            if run.cancel_requested:
+                run.status = CANCELLED
+                run.finished_at = now
+                run.error_code = "cancelled"
+                run.error_message = f"cancelled; {lost}"
+            elif run.attempt < run.max_attempts:
+                system_event(
+                    s, run_id=run.id, attempt=run.attempt, message=f"{lost}; requeued"
+                )
+                run.status = QUEUED
+                run.attempt += 1
+                run.started_at = None
+                run.not_before = None
+            else:
+                run.status = FAILED
+                run.finished_at = now
+                run.error_code = "executor_lost"
+                run.error_message = f"{lost} and no attempts are left"
+            if run.status != QUEUED:
+                system_event(
+                    s, run_id=run.id, attempt=run.attempt, message=f"{run.status}: {lost}"
+                )
+            s.add(run)
+        count = len(rows)
+    if count:
+        ctx.run_queued.set()
+    return count
+

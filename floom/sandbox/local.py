@@ -1,0 +1,457 @@
+"""The local sandbox: runs a script worker under bubblewrap, in its own namespaces.
+
+The process sees read-only system directories, its working directory at /work, its output
+directory at /output, a private /tmp, and nothing else of the host.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import math
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Final
+
+from floom.errors import FloomError, InvalidRequest
+from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec
+
+SANDBOX_WORKDIR: Final = "/work"
+SANDBOX_OUTPUT_DIR: Final = "/output"
+SANDBOX_HOSTNAME: Final = "floom"
+INERT_ENV: Final = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+MAX_LINE_BYTES: Final = 16 * 1024
+TRUNCATED_MARKER: Final = f" [line truncated at {MAX_LINE_BYTES} bytes]"
+CANCEL_POLL_SECONDS: Final = 0.1
+KILL_WAIT_SECONDS: Final = 5.0
+
+BWRAP_HINT: Final = "install bubblewrap: apt-get install bubblewrap"
+# Entries of /etc that programs need to resolve names, verify TLS, find libraries and know
+# the time zone. Anything else (pip.conf, npmrc, machine-id, ...) may hold host secrets.
+_ETC_ENTRIES: Final = (
+    "alternatives",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "gai.conf",
+    "group",
+    "host.conf",
+    "hosts",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "passwd",
+    "pki",
+    "protocols",
+    "resolv.conf",
+    "services",
+    "ssl",
+    "timezone",
+)
+_ROOT_LINKS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# Strongest first: an explicit user namespace lets bwrap forbid nested ones; hosts that
+# refuse it still get the rest of --unshare-all.
+_HARDENING_VARIANTS: Final = (("--unshare-user", "--disable-userns"), ())
+_BOOTSTRAP: Final = ("bwrap: ", "prlimit: ")
+
+
+class SandboxUnavailable(FloomError):
+    """The sandbox backend cannot run on this machine."""
+
+    status = 503
+    code = "sandbox_unavailable"
+
+
+class LocalSandbox(Sandbox):
+    """Runs each process under bubblewrap with fresh pid, ipc, uts, net and mount namespaces.
+
+    Memory is capped per process with RLIMIT_DATA (set by `prlimit`, which then execs
+    bwrap), and /tmp and /dev/shm are tmpfs of the same size. The environment reaches bwrap
+    through execve, never its argv, so declared secrets do not show in the host's process
+    list. `on_line` is called from the thread that called `run`.
+    """
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self._prefix: tuple[str, ...] | None = None
+
+    def check(self) -> None:
+        self._command_prefix()
+
+    def run(
+        self,
+        spec: SandboxSpec,
+        *,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
+    ) -> SandboxResult:
+        prefix = self._command_prefix()
+        _validate(spec)
+        info_r, info_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                _argv(prefix, spec, info_w),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=_sandbox_env(spec),
+                start_new_session=True,
+                pass_fds=(info_w,),
+            )
+        except OSError as exc:
+            os.close(info_r)
+            raise SandboxUnavailable(f"could not start bubblewrap: {exc}", hint=BWRAP_HINT) from exc
+        finally:
+            os.close(info_w)
+        return _Supervisor(proc, info_r, on_line).supervise(
+            deadline=time.monotonic() + spec.timeout_seconds,
+            should_cancel=should_cancel,
+            timeout_seconds=spec.timeout_seconds,
+        )
+
+    def _command_prefix(self) -> tuple[str, ...]:
+        if self._prefix is None:
+            prlimit = shutil.which("prlimit")
+            if prlimit is None:
+                raise SandboxUnavailable(
+                    "prlimit is not on PATH; the local sandbox needs it to cap memory",
+                    hint="install util-linux: apt-get install util-linux",
+                )
+            bwrap = shutil.which("bwrap")
+            if bwrap is None:
+                raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
+            system = _system_args()
+            namespaces = _probe_namespaces(bwrap, system)
+            self._prefix = (
+                prlimit,
+                bwrap,
+                *namespaces,
+                *system,
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+            )
+        return self._prefix
+
+
+class _Supervisor:
+    """Streams one bwrap process's output and kills its tree on timeout or cancel."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], info_fd: int, on_line: LineSink) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self.proc = proc
+        self.info_fd = info_fd
+        self.info = bytearray()
+        self.stderr = _LineSplitter("stderr", on_line)
+        self.readers = {
+            proc.stdout.fileno(): _LineSplitter("stdout", on_line),
+            proc.stderr.fileno(): self.stderr,
+        }
+        self.poller = select.poll()
+        self.open_fds: set[int] = set()
+        for fd in (*self.readers, info_fd):
+            self.poller.register(fd, select.POLLIN)
+            self.open_fds.add(fd)
+
+    def supervise(
+        self, *, deadline: float, should_cancel: Callable[[], bool], timeout_seconds: float
+    ) -> SandboxResult:
+        proc = self.proc
+        outcome: str | None = None
+        try:
+            try:
+                pidfd = os.pidfd_open(proc.pid)
+            except OSError as exc:
+                raise SandboxUnavailable(
+                    f"cannot watch the sandbox process: {exc}",
+                    hint="the local sandbox needs Linux 5.3 or newer (pidfd_open)",
+                ) from exc
+            self.poller.register(pidfd, select.POLLIN)
+            self.open_fds.add(pidfd)
+            watching = True
+            drain_deadline = math.inf
+            next_cancel_check = time.monotonic() + CANCEL_POLL_SECONDS
+            while self.open_fds:
+                now = time.monotonic()
+                if watching:
+                    if now >= deadline:
+                        outcome = "timed_out"
+                    elif now >= next_cancel_check:
+                        next_cancel_check = now + CANCEL_POLL_SECONDS
+                        if should_cancel():
+                            outcome = "cancelled"
+                    if outcome is not None:
+                        watching = False
+                        if not self.kill_tree():
+                            outcome = None  # it ended on its own just before
+                        drain_deadline = time.monotonic() + KILL_WAIT_SECONDS
+                if watching:
+                    wait = min(next_cancel_check, deadline) - now
+                elif now >= drain_deadline:
+                    break  # a descendant kept a pipe open; the tree itself is gone
+                else:
+                    wait = drain_deadline - now
+                for fd, _ in self.poller.poll(math.ceil(max(wait, 0.0) * 1000)):
+                    if fd == pidfd:
+                        self._close(fd)
+                        if watching:
+                            watching = False
+                            drain_deadline = time.monotonic() + KILL_WAIT_SECONDS
+                    elif data := os.read(fd, 65536):
+                        self._feed(fd, data)
+                    else:
+                        self._close(fd)
+        finally:
+            if proc.poll() is None:
+                self.kill_tree()
+            for fd in self.open_fds - self.readers.keys():
+                os.close(fd)
+            for stream in (proc.stdout, proc.stderr):
+                assert stream is not None
+                stream.close()
+        returncode = proc.wait()
+        if outcome == "timed_out":
+            return SandboxResult(
+                exit_code=None, timed_out=True, error=f"timed out after {timeout_seconds:g} s"
+            )
+        if outcome == "cancelled":
+            return SandboxResult(exit_code=None, cancelled=True, error="cancelled")
+        exit_code = 128 - returncode if returncode < 0 else returncode
+        first = self.stderr.first_line
+        failed_to_start = exit_code != 0 and first is not None and first.startswith(_BOOTSTRAP)
+        return SandboxResult(exit_code=exit_code, error=first if failed_to_start else None)
+
+    def kill_tree(self) -> bool:
+        """Kill the sandbox's pid 1, which makes the kernel end every process in its namespace.
+
+        bwrap then reaps it and exits, so the whole tree is gone once `proc.wait` returns.
+        Returns False when the process had already ended.
+        """
+        proc = self.proc
+        if proc.poll() is not None:
+            return False
+        child_pid = self._child_pid()
+        if child_pid is not None and proc.poll() is None:
+            try:
+                os.kill(child_pid, signal.SIGKILL)
+                proc.wait(KILL_WAIT_SECONDS)
+                return True
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        # No pid 1 reported (or bwrap did not exit): --die-with-parent takes the namespace
+        # down with bwrap.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        return True
+
+    def _child_pid(self) -> int | None:
+        # bwrap writes its info right after creating the namespaces; wait for it briefly.
+        deadline = time.monotonic() + 1.0
+        while self.info_fd in self.open_fds:
+            wait = max(deadline - time.monotonic(), 0.0)
+            ready, _, _ = select.select([self.info_fd], [], [], wait)
+            if not ready:
+                break
+            if data := os.read(self.info_fd, 4096):
+                self.info += data
+            else:
+                self._close(self.info_fd)
+        try:
+            pid = json.loads(self.info)["child-pid"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return pid if isinstance(pid, int) else None
+
+    def _feed(self, fd: int, data: bytes) -> None:
+        reader = self.readers.get(fd)
+        if reader is not None:
+            reader.feed(data)
+        else:
+            self.info += data
+
+    def _close(self, fd: int) -> None:
+        self.poller.unregister(fd)
+        self.open_fds.discard(fd)
+        reader = self.readers.get(fd)
+        if reader is not None:
+            reader.flush()  # the stream itself is closed with the Popen's file objects
+        else:
+            os.close(fd)
+
+
+class _LineSplitter:
+    """Turns one stream's bytes into lines, capping each at MAX_LINE_BYTES."""
+
+    __slots__ = ("stream", "sink", "pending", "dropping", "first_line")
+
+    def __init__(self, stream: str, sink: LineSink) -> None:
+        self.stream = stream
+        self.sink = sink
+        self.pending = bytearray()
+        self.dropping = False  # inside a line that was already emitted truncated
+        self.first_line: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        pending = self.pending
+        pending += data
+        start = 0
+        while (end := pending.find(b"\n", start)) >= 0:
+            if self.dropping:
+                self.dropping = False
+            else:
+                self._emit(pending[start:end])
+            start = end + 1
+        del pending[:start]
+        if not self.dropping and len(pending) > MAX_LINE_BYTES:
+            self._emit(pending)
+            self.dropping = True
+        if self.dropping:
+            pending.clear()
+
+    def flush(self) -> None:
+        if self.pending and not self.dropping:
+            self._emit(self.pending)
+        self.pending.clear()
+
+    def _emit(self, raw: bytearray) -> None:
+        if len(raw) > MAX_LINE_BYTES:
+            text = raw[:MAX_LINE_BYTES].decode("utf-8", "replace") + TRUNCATED_MARKER
+        else:
+            text = raw.decode("utf-8", "replace").removesuffix("\r")
+        if self.first_line is None:
+            self.first_line = text
+        self.sink(self.stream, text)
+
+
+def _argv(prefix: tuple[str, ...], spec: SandboxSpec, info_fd: int) -> list[str]:
+    memory = str(spec.memory_mb * 1024 * 1024)
+    prlimit, *bwrap = prefix
+    argv = [prlimit, f"--data={memory}", "--core=0", "--", *bwrap]
+    argv += ("--size", memory, "--tmpfs", "/dev/shm", "--remount-ro", "/dev")
+    argv += ("--size", memory, "--tmpfs", "/tmp")
+    argv += ("--bind", os.path.abspath(spec.workdir), SANDBOX_WORKDIR)
+    argv += ("--bind", os.path.abspath(spec.output_dir), SANDBOX_OUTPUT_DIR)
+    argv += ("--chdir", SANDBOX_WORKDIR, "--remount-ro", "/", "--info-fd", str(info_fd))
+    if spec.network:
+        argv.append("--share-net")
+    argv.append("--")
+    argv += spec.command
+    return argv
+
+
+def _sandbox_env(spec: SandboxSpec) -> dict[str, str]:
+    # Only the backend knows where the output directory is inside the sandbox.
+    return {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR}
+
+
+def _validate(spec: SandboxSpec) -> None:
+    if not spec.command:
+        raise InvalidRequest(
+            "the sandbox was given no command", hint="pass a command such as ['python3', 'run.py']"
+        )
+    if spec.timeout_seconds <= 0 or spec.memory_mb < 1:
+        raise InvalidRequest(
+            f"timeout_seconds ({spec.timeout_seconds}) and memory_mb ({spec.memory_mb}) "
+            "must be positive",
+            hint="set a timeout in seconds and a memory limit in MiB above zero",
+        )
+    for label, path in (("workdir", spec.workdir), ("output_dir", spec.output_dir)):
+        if not path.is_dir():
+            raise InvalidRequest(
+                f"{label} {path} is not a directory", hint="create it before running the sandbox"
+            )
+    for key, value in spec.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidRequest(
+                f"environment variable {key!r} cannot be passed to a process",
+                hint="use a name without '=' or NUL characters, and a value without NUL",
+            )
+
+
+@functools.cache
+def _probe_namespaces(bwrap: str, system_args: tuple[str, ...]) -> tuple[str, ...]:
+    """The strongest namespace flags this machine accepts.
+
+    functools.cache keeps only successes, so a host fixed after a failure is probed again.
+    """
+    problem = ""
+    for hardening in _HARDENING_VARIANTS:
+        namespaces = (
+            "--unshare-all",
+            *hardening,
+            "--cap-drop",
+            "ALL",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            SANDBOX_HOSTNAME,
+        )
+        argv = [bwrap, *namespaces, *system_args, "--proc", "/proc", "--dev", "/dev", "--", "true"]
+        try:
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=dict(INERT_ENV),
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problem = str(exc)
+            continue
+        if done.returncode == 0:
+            return namespaces
+        problem = done.stderr.decode("utf-8", "replace").strip()
+    raise SandboxUnavailable(
+        f"bubblewrap cannot create a sandbox on this machine: {problem}",
+        hint=f"{BWRAP_HINT}; if it is installed, allow user namespaces "
+        "(sysctl kernel.unprivileged_userns_clone=1) or use the e2b sandbox",
+    )
+
+
+@functools.cache
+def _system_args() -> tuple[str, ...]:
+    """Read-only binds of the host's system directories, for the paths that exist here."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in _ROOT_LINKS:
+        args += _read_only("/" + name)
+    for name in _ETC_ENTRIES:
+        args += _read_only("/etc/" + name)
+    for path in sorted(glob.glob("/etc/python3*")):
+        args += _read_only(path)
+    return tuple(args)
+
+
+def _read_only(path: str) -> list[str]:
+    if os.path.islink(path):
+        resolved = os.path.realpath(path)
+        if resolved.startswith("/usr/"):
+            # Keep the link itself: programs read /etc/localtime's target to name the zone.
+            return ["--symlink", os.readlink(path), path]
+        path_to_bind = resolved
+    else:
+        path_to_bind = path
+    if not os.path.exists(path_to_bind):
+        return []
+    return ["--ro-bind", path_to_bind, path]

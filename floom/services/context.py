@@ -1,0 +1,51 @@
+"""What every service call needs: settings, the database engine and the secret box."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import Engine
+
+from floom.config import Settings
+from floom.services.secrets import SecretBox
+from floom.store.db import create_schema, make_engine
+
+
+@dataclass
+class Context:
+    settings: Settings
+    engine: Engine
+    secret_box: SecretBox
+    node_id: str
+    # Set whenever this process queues a run, so a local executor starts it at once.
+    run_queued: threading.Event = field(default_factory=threading.Event)
+    # Runs cancelled through this process, so a local executor kills them without waiting
+    # for its next look at the database.
+    local_cancels: set[str] = field(default_factory=set)
+
+    @classmethod
+    def open(cls, settings: Settings) -> Context:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(settings.data_dir, 0o700)
+        engine = make_engine(settings.resolved_database_url)
+        create_schema(engine)
+        return cls(
+            settings=settings,
+            engine=engine,
+            secret_box=SecretBox.from_settings(settings),
+            node_id=settings.node_id or _stable_node_id(settings),
+        )
+
+
+def _stable_node_id(settings: Settings) -> str:
+    """One id per host and data dir, kept across restarts, so a restarted node can reclaim
+    its own abandoned runs at once instead of waiting for their leases to expire."""
+    path = settings.data_dir / "node.id"
+    if path.exists():
+        return path.read_text().strip()
+    node = f"{socket.gethostname()[:40]}-{os.urandom(4).hex()}"
+    path.write_text(node)
+    return node

@@ -1,0 +1,133 @@
+"""API keys: hashed bearer credentials with scopes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from sqlmodel import select
+
+from floom.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from floom.store.db import session_scope
+from floom.store.models import ApiKey, new_id, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+SCOPES = ("read", "run", "deploy", "admin")
+# Each scope includes the ones before it: a deploy key can also run and read.
+_RANK = {scope: i for i, scope in enumerate(SCOPES)}
+KEY_PREFIX = "flm_"
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def grants(key_scopes: str | list[str], needed: str) -> bool:
+    scopes = key_scopes.split(",") if isinstance(key_scopes, str) else key_scopes
+    return any(_RANK.get(s, -1) >= _RANK[needed] for s in scopes)
+
+
+def require(key: ApiKey, scope: str) -> None:
+    if not grants(key.scopes, scope):
+        raise Forbidden(
+            f"this API key lacks the '{scope}' scope",
+            hint=f"use a key created with `floom keys create --scope {scope}` (or higher)",
+        )
+
+
+def _check_scopes(scopes: list[str]) -> None:
+    bad = [s for s in scopes if s not in _RANK]
+    if bad or not scopes:
+        raise InvalidRequest(
+            f"unknown scope {', '.join(repr(s) for s in bad)}" if bad else "no scope given",
+            hint=f"scopes are {', '.join(SCOPES)}",
+        )
+
+
+def create_key(
+    ctx: Context, *, scopes: list[str], name: str = "", token: str | None = None
+) -> tuple[ApiKey, str]:
+    """Store a new key and return it with its plaintext, which is never stored or shown again."""
+    _check_scopes(scopes)
+    token = token or KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey(
+        id=new_id("key"),
+        name=name,
+        prefix=token[:10],
+        key_hash=_hash(token),
+        scopes=",".join(scopes),
+    )
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(key)
+    return key, token
+
+
+def authenticate(ctx: Context, token: str | None) -> ApiKey:
+    if not token:
+        raise Unauthorized(
+            "no API key given",
+            hint="send `Authorization: Bearer <key>`; set FLOOM_API_KEY for the CLI",
+        )
+    with session_scope(ctx.engine) as s:
+        key = s.exec(select(ApiKey).where(ApiKey.key_hash == _hash(token))).first()
+    if key is None or key.revoked_at is not None:
+        raise Unauthorized(
+            "the API key is not valid or was revoked",
+            hint="create a key with `floom keys create` on the server",
+        )
+    return key
+
+
+def list_keys(ctx: Context) -> list[ApiKey]:
+    with session_scope(ctx.engine) as s:
+        return list(s.exec(select(ApiKey).order_by(ApiKey.created_at)).all())  # type: ignore[arg-type]
+
+
+def revoke_key(ctx: Context, *, key_id: str) -> ApiKey:
+    with session_scope(ctx.engine, write=True) as s:
+        key = s.get(ApiKey, key_id)
+        if key is None:
+            raise NotFound(f"no API key {key_id}", hint="`floom keys list` shows the key ids")
+        if key.revoked_at is None:
+            key.revoked_at = utcnow()
+            s.add(key)
+        return key
+
+
+def key_to_dict(key: ApiKey) -> dict[str, Any]:
+    return {
+        "id": key.id,
+        "name": key.name,
+        "prefix": key.prefix,
+        "scopes": key.scopes.split(","),
+        "created_at": key.created_at,
+        "revoked_at": key.revoked_at,
+    }
+
+
+def ensure_admin_key(ctx: Context) -> str | None:
+    """Make sure an admin key exists. Returns a new key's plaintext when one was generated.
+
+    FLOOM_BOOTSTRAP_API_KEY becomes the admin key if no admin key exists yet; otherwise a
+    key is generated and saved to a 0600 file in the data dir, which the local CLI reads.
+    """
+    with session_scope(ctx.engine) as s:
+        keys = s.exec(select(ApiKey).where(ApiKey.revoked_at.is_(None))).all()  # type: ignore[union-attr]
+    if any(grants(k.scopes, "admin") for k in keys):
+        return None
+    bootstrap = ctx.settings.bootstrap_api_key
+    if bootstrap:
+        create_key(ctx, scopes=["admin"], name="bootstrap", token=bootstrap)
+        return None
+    _, token = create_key(ctx, scopes=["admin"], name="admin (first start)")
+    path = ctx.settings.admin_key_file
+    if path.exists():
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token

@@ -1,0 +1,239 @@
+"""Runs: creating them (the queue's producer side), reading, cancelling and replaying."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlmodel import Session, col, select
+
+from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.services import workers
+from floom.services.logs import system_event
+from floom.store.db import session_scope
+from floom.store.models import Artifact, Blob, Run, Version, new_id, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+QUEUED = "queued"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+TIMED_OUT = "timed_out"
+CANCELLED = "cancelled"
+STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, TIMED_OUT, CANCELLED)
+TERMINAL = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED})
+TRIGGERS = ("manual", "schedule", "webhook", "composio", "replay", "api", "mcp", "handoff")
+
+
+def create_run(
+    ctx: Context,
+    *,
+    worker_name: str,
+    inputs: Mapping[str, Any] | None = None,
+    coerce_strings: bool = False,
+    trigger: str = "api",
+    actor: str | None = None,
+    version_id: str | None = None,
+    replay_of: str | None = None,
+    scheduled_for: datetime | None = None,
+) -> Run:
+    """Validate the inputs against the version's manifest and queue a run.
+
+    Bad inputs raise InputInvalid and create nothing. The run is pinned to `version_id`,
+    or to the worker's active version.
+    """
+    if trigger not in TRIGGERS:
+        raise InvalidRequest(f"unknown trigger '{trigger}'", hint=f"one of {', '.join(TRIGGERS)}")
+    worker = workers.get_worker(ctx, name=worker_name)
+    version_id = version_id or worker.active_version_id
+    if version_id is None:
+        raise Conflict(
+            f"worker '{worker_name}' has no active version",
+            hint=f"deploy it with `floom deploy` or `floom rollback {worker_name} --to VERSION`",
+        )
+    version = workers.get_version(ctx, version_id=version_id, worker_name=worker_name)
+    manifest = workers.manifest_of(version)
+    if manifest.kind != "script":
+        raise Conflict(
+            f"'{worker_name}' is an agent worker (SKILL.md); this floom runs script workers only",
+            hint="agent workers arrive with the agent runtime; deploy a run.py worker meanwhile",
+        )
+    clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
+    run = Run(
+        id=new_id("run"),
+        worker_name=worker_name,
+        version_id=version.id,
+        status=QUEUED,
+        trigger=trigger,
+        inputs_json=json.dumps(clean),
+        max_attempts=manifest.retries.count + 1,
+        concurrency=manifest.concurrency,
+        replay_of=replay_of,
+        scheduled_for=scheduled_for,
+        created_by=actor,
+    )
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(run)
+        s.flush()
+        note = f"queued ({trigger}) on version {version.id}"
+        if replay_of:
+            note += f", replay of {replay_of}"
+        system_event(s, run_id=run.id, attempt=1, message=note)
+    ctx.run_queued.set()
+    return run
+
+
+def get_run(ctx: Context, *, run_id: str) -> Run:
+    with session_scope(ctx.engine) as s:
+        return _get_run(s, run_id)
+
+
+def _get_run(s: Session, run_id: str) -> Run:
+    run = s.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
+    return run
+
+
+def list_runs(
+    ctx: Context,
+    *,
+    worker: str | None = None,
+    status: str | None = None,
+    trigger: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> tuple[list[Run], str | None]:
+    """Newest first; `cursor` is the id of the last run of the previous page."""
+    if status and status not in STATUSES:
+        raise InvalidRequest(f"unknown status '{status}'", hint=f"one of {', '.join(STATUSES)}")
+    if not 1 <= limit <= 500:
+        raise InvalidRequest("limit must be between 1 and 500", hint="use the cursor to page")
+    q = select(Run).order_by(col(Run.id).desc()).limit(limit + 1)
+    if worker:
+        q = q.where(Run.worker_name == worker)
+    if status:
+        q = q.where(Run.status == status)
+    if trigger:
+        q = q.where(Run.trigger == trigger)
+    if cursor:
+        q = q.where(Run.id < cursor)
+    with session_scope(ctx.engine) as s:
+        rows = list(s.exec(q).all())
+    next_cursor = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
+    """A queued run ends at once; a running one is killed by its executor within seconds."""
+    with session_scope(ctx.engine, write=True) as s:
+        run = _get_run(s, run_id)
+        if run.status in TERMINAL:
+            raise Conflict(
+                f"run {run_id} already ended ({run.status})",
+                hint="only queued or running runs can be cancelled",
+            )
+        who = f" by {actor}" if actor else ""
+        if run.status == QUEUED:
+            run.status = CANCELLED
+            run.finished_at = utcnow()
+            run.error_code = "cancelled"
+            run.error_message = f"cancelled{who} before it started"
+            system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancelled{who}")
+        else:
+            run.cancel_requested = True
+            system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancel requested{who}")
+        s.add(run)
+    ctx.local_cancels.add(run_id)
+    return run
+
+
+def replay_run(
+    ctx: Context, *, run_id: str, latest: bool = False, actor: str | None = None,
+    trigger: str = "replay",
+) -> Run:
+    """Run again with the same inputs, on the same version unless `latest`."""
+    original = get_run(ctx, run_id=run_id)
+    return create_run(
+        ctx,
+        worker_name=original.worker_name,
+        inputs=json.loads(original.inputs_json),
+        trigger=trigger,
+        actor=actor,
+        version_id=None if latest else original.version_id,
+        replay_of=original.id,
+    )
+
+
+def list_artifacts(ctx: Context, *, run_id: str) -> list[Artifact]:
+    with session_scope(ctx.engine) as s:
+        _get_run(s, run_id)
+        return list(
+            s.exec(select(Artifact).where(Artifact.run_id == run_id).order_by(Artifact.name)).all()
+        )
+
+
+def read_artifact(ctx: Context, *, run_id: str, name: str) -> tuple[Artifact, bytes]:
+    with session_scope(ctx.engine) as s:
+        _get_run(s, run_id)
+        art = s.exec(
+            select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name)
+        ).first()
+        if art is None:
+            raise NotFound(
+                f"run {run_id} has no artifact '{name}'",
+                hint=f"`floom runs show {run_id}` lists its artifacts",
+            )
+        blob = s.get(Blob, art.digest)
+        if blob is None:
+            raise NotFound(f"the content of artifact '{name}' is missing from the store")
+        return art, blob.data
+
+
+def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": run.id,
+        "worker": run.worker_name,
+        "version_id": run.version_id,
+        "status": run.status,
+        "trigger": run.trigger,
+        "inputs": json.loads(run.inputs_json),
+        "outputs": json.loads(run.outputs_json) if run.outputs_json else None,
+        "error": (
+            {"code": run.error_code, "message": run.error_message}
+            if run.error_code or run.error_message
+            else None
+        ),
+        "exit_code": run.exit_code,
+        "attempt": run.attempt,
+        "max_attempts": run.max_attempts,
+        "replay_of": run.replay_of,
+        "retry_of": run.retry_of,
+        "scheduled_for": run.scheduled_for,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "cancel_requested": run.cancel_requested,
+        "usage": {"sandbox_seconds": round(run.sandbox_seconds, 3)},
+    }
+    if artifacts is not None:
+        body["artifacts"] = [artifact_to_dict(a) for a in artifacts]
+    return body
+
+
+def artifact_to_dict(a: Artifact) -> dict[str, Any]:
+    return {
+        "name": a.name,
+        "size": a.size,
+        "digest": a.digest,
+        "content_type": a.content_type,
+        "url": f"/api/v1/runs/{a.run_id}/artifacts/{a.name}",
+    }
+
+
+def version_of_run(ctx: Context, *, run: Run) -> Version:
+    return workers.get_version(ctx, version_id=run.version_id)

@@ -1,0 +1,133 @@
+"""Named secrets, encrypted at rest; values leave only to enter a sandbox that declared them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from cryptography.fernet import Fernet, InvalidToken
+from sqlmodel import select
+
+from floom.errors import FloomError, InvalidRequest, NotFound
+from floom.store.db import session_scope
+from floom.store.models import Secret, utcnow
+
+if TYPE_CHECKING:
+    from floom.config import Settings
+    from floom.services.context import Context
+
+NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+MIN_VALUE_LENGTH = 4
+REDACTED = "***"
+
+
+class SecretBox:
+    """Fernet encryption with a key from FLOOM_SECRET_KEY or a 0600 key file."""
+
+    def __init__(self, key_material: bytes) -> None:
+        self._fernet = Fernet(base64.urlsafe_b64encode(hashlib.sha256(key_material).digest()))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SecretBox:
+        if settings.secret_key:
+            return cls(settings.secret_key.encode())
+        path = settings.secret_key_file
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(base64.urlsafe_b64encode(os.urandom(32)))
+        return cls(path.read_bytes().strip())
+
+    def encrypt(self, value: str) -> bytes:
+        return self._fernet.encrypt(value.encode())
+
+    def decrypt(self, token: bytes) -> str:
+        try:
+            return self._fernet.decrypt(token).decode()
+        except InvalidToken as exc:
+            raise FloomError(
+                "a stored secret cannot be decrypted with this server's key",
+                hint="start every floom node with the same FLOOM_SECRET_KEY (or the same "
+                "secret.key file) that stored the secrets, or set the secret again",
+            ) from exc
+
+
+def check_name(name: str) -> None:
+    if not NAME_RE.match(name):
+        raise InvalidRequest(
+            f"'{name}' is not a valid secret name",
+            hint="use upper-case letters, digits and underscores, e.g. GITHUB_TOKEN",
+        )
+
+
+def set_secret(ctx: Context, *, name: str, value: str) -> None:
+    check_name(name)
+    if len(value) < MIN_VALUE_LENGTH:
+        raise InvalidRequest(
+            f"the value of {name} is shorter than {MIN_VALUE_LENGTH} characters",
+            hint="floom redacts secret values from logs and outputs; values this short "
+            "cannot be redacted without destroying the logs",
+        )
+    with session_scope(ctx.engine, write=True) as s:
+        row = s.get(Secret, name)
+        if row is None:
+            s.add(Secret(name=name, ciphertext=ctx.secret_box.encrypt(value)))
+        else:
+            row.ciphertext = ctx.secret_box.encrypt(value)
+            row.updated_at = utcnow()
+            s.add(row)
+
+
+def delete_secret(ctx: Context, *, name: str) -> None:
+    with session_scope(ctx.engine, write=True) as s:
+        row = s.get(Secret, name)
+        if row is None:
+            raise NotFound(f"no secret named {name}", hint="`floom secrets list` shows the names")
+        s.delete(row)
+
+
+def list_secrets(ctx: Context) -> list[dict[str, Any]]:
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(select(Secret).order_by(Secret.name)).all()
+        return [
+            {"name": r.name, "created_at": r.created_at, "updated_at": r.updated_at} for r in rows
+        ]
+
+
+def resolve(ctx: Context, names: Iterable[str]) -> tuple[dict[str, str], list[str]]:
+    """The values of the named secrets, and the names that are not set."""
+    wanted = list(dict.fromkeys(names))
+    if not wanted:
+        return {}, []
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(select(Secret).where(Secret.name.in_(wanted))).all()  # type: ignore[attr-defined]
+        found = {r.name: ctx.secret_box.decrypt(r.ciphertext) for r in rows}
+    return found, [n for n in wanted if n not in found]
+
+
+class Redactor:
+    """Replaces secret values with *** in text and in JSON-like values."""
+
+    def __init__(self, values: Iterable[str]) -> None:
+        self._values = sorted({v for v in values if v}, key=len, reverse=True)
+
+    def text(self, text: str) -> str:
+        for v in self._values:
+            if v in text:
+                text = text.replace(v, REDACTED)
+        return text
+
+    def value(self, value: Any) -> Any:
+        if not self._values:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return {self.text(str(k)): self.value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.value(v) for v in value]
+        return value

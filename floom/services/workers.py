@@ -1,0 +1,237 @@
+"""Workers and their immutable, content-addressed versions: deploy, list, rollback."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from sqlmodel import Session, col, select
+
+from floom.bundle import Bundle, read_archive
+from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.manifest import Manifest, Problem, check_manifest, parse_manifest
+from floom.store.db import session_scope
+from floom.store.models import Blob, Run, Version, Worker, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    worker: Worker
+    version: Version
+    created: bool
+    activated: bool
+
+
+def _bundle_manifest_text(bundle: Bundle) -> str:
+    text = bundle.text("worker.yml")
+    if text is None:
+        from floom.errors import ManifestInvalid
+
+        raise ManifestInvalid(
+            "the worker has no worker.yml",
+            hint="create worker.yml in the folder with at least `name: my-worker`",
+        )
+    return text
+
+
+def validate_archive(ctx: Context, *, archive: bytes) -> tuple[Manifest | None, list[Problem]]:
+    bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
+    text = bundle.text("worker.yml")
+    if text is None:
+        return None, [
+            Problem(
+                path="",
+                message="the worker has no worker.yml",
+                hint="create worker.yml in the folder with at least `name: my-worker`",
+            )
+        ]
+    return check_manifest(text, bundle.files.keys())
+
+
+def deploy(ctx: Context, *, archive: bytes, actor: str | None = None) -> DeployResult:
+    """Store the archive as a version of its worker and make that version active.
+
+    Deploying content identical to an existing version of the worker creates nothing new;
+    that version becomes the active one again.
+    """
+    bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
+    text = _bundle_manifest_text(bundle)
+    manifest = parse_manifest(text, bundle.files.keys())
+    digest = bundle.digest
+    normalised = bundle.to_archive()
+    with session_scope(ctx.engine, write=True) as s:
+        version = s.exec(
+            select(Version).where(Version.worker_name == manifest.name, Version.digest == digest)
+        ).first()
+        created = version is None
+        if version is None:
+            _put_blob(s, digest, normalised)
+            version = Version(
+                id=f"v{digest[:12]}",
+                worker_name=manifest.name,
+                digest=digest,
+                manifest_json=manifest.model_dump_json(),
+                manifest_yaml=text,
+                kind=manifest.kind,
+                file_count=len(bundle.files),
+                size=sum(len(f.data) for f in bundle.files.values()),
+                deployed_by=actor,
+            )
+            s.add(version)
+        worker = s.get(Worker, manifest.name)
+        if worker is None:
+            worker = Worker(name=manifest.name)
+        activated = worker.active_version_id != version.id
+        worker.active_version_id = version.id
+        worker.updated_at = utcnow()
+        s.add(worker)
+    return DeployResult(worker=worker, version=version, created=created, activated=activated)
+
+
+def _put_blob(s: Session, digest: str, data: bytes) -> None:
+    if s.get(Blob, digest) is None:
+        s.add(Blob(digest=digest, size=len(data), data=data))
+
+
+def get_worker(ctx: Context, *, name: str) -> Worker:
+    with session_scope(ctx.engine) as s:
+        return _get_worker(s, name)
+
+
+def _get_worker(s: Session, name: str) -> Worker:
+    worker = s.get(Worker, name)
+    if worker is None:
+        known = s.exec(select(Worker.name).order_by(Worker.name).limit(20)).all()
+        raise NotFound(
+            f"no worker named '{name}'",
+            hint=(
+                f"known workers: {', '.join(known)}"
+                if known
+                else "deploy one with `floom deploy FOLDER`"
+            ),
+        )
+    return worker
+
+
+def list_workers(ctx: Context, *, cursor: str | None = None, limit: int = 50) -> tuple[list[Worker], str | None]:
+    with session_scope(ctx.engine) as s:
+        q = select(Worker).order_by(Worker.name).limit(limit + 1)
+        if cursor:
+            q = q.where(Worker.name > cursor)
+        rows = list(s.exec(q).all())
+    next_cursor = rows[limit - 1].name if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def get_version(ctx: Context, *, version_id: str, worker_name: str | None = None) -> Version:
+    with session_scope(ctx.engine) as s:
+        version = s.get(Version, version_id)
+    if version is None or (worker_name and version.worker_name != worker_name):
+        raise NotFound(
+            f"no version {version_id}"
+            + (f" of worker '{worker_name}'" if worker_name else ""),
+            hint=f"`floom versions {worker_name or 'WORKER'}` lists the versions",
+        )
+    return version
+
+
+def list_versions(ctx: Context, *, name: str) -> list[Version]:
+    with session_scope(ctx.engine) as s:
+        _get_worker(s, name)
+        return list(
+            s.exec(
+                select(Version)
+                .where(Version.worker_name == name)
+                .order_by(col(Version.created_at).desc())
+            ).all()
+        )
+
+
+def rollback(
+    ctx: Context, *, name: str, version_id: str | None = None, run_id: str | None = None
+) -> Version:
+    """Make an earlier version active again, given directly or as the version of a run."""
+    if bool(version_id) == bool(run_id):
+        raise InvalidRequest(
+            "give exactly one of a version id or a run id",
+            hint="`floom rollback WORKER --to VERSION` or `--run RUN_ID`",
+        )
+    with session_scope(ctx.engine, write=True) as s:
+        worker = _get_worker(s, name)
+        if run_id:
+            run = s.get(Run, run_id)
+            if run is None or run.worker_name != name:
+                raise NotFound(
+                    f"no run {run_id} of worker '{name}'",
+                    hint=f"`floom runs --worker {name}` lists its runs",
+                )
+            version_id = run.version_id
+        version = s.get(Version, version_id)
+        if version is None or version.worker_name != name:
+            raise NotFound(
+                f"no version {version_id} of worker '{name}'",
+                hint=f"`floom versions {name}` lists the versions",
+            )
+        if worker.active_version_id == version.id:
+            raise Conflict(
+                f"version {version.id} is already the active version of '{name}'",
+                hint=f"`floom versions {name}` shows which versions exist",
+            )
+        worker.active_version_id = version.id
+        worker.updated_at = utcnow()
+        s.add(worker)
+    return version
+
+
+@lru_cache(maxsize=512)
+def _manifest_from_json(manifest_json: str) -> Manifest:
+    return Manifest.model_validate(json.loads(manifest_json))
+
+
+def manifest_of(version: Version) -> Manifest:
+    return _manifest_from_json(version.manifest_json)
+
+
+def load_bundle(ctx: Context, *, version: Version) -> Bundle:
+    with session_scope(ctx.engine) as s:
+        blob = s.get(Blob, version.digest)
+    if blob is None:
+        raise NotFound(f"the files of version {version.id} are missing from the store")
+    return read_archive(blob.data, max_bytes=ctx.settings.max_bundle_bytes * 2)
+
+
+def worker_to_dict(worker: Worker, version: Version | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": worker.name,
+        "active_version_id": worker.active_version_id,
+        "paused": worker.paused,
+        "created_at": worker.created_at,
+        "updated_at": worker.updated_at,
+    }
+    if version is not None:
+        manifest = manifest_of(version)
+        body.update(
+            title=manifest.title,
+            description=manifest.description,
+            kind=manifest.kind,
+            manifest=json.loads(version.manifest_json),
+        )
+    return body
+
+
+def version_to_dict(version: Version, *, active_id: str | None = None) -> dict[str, Any]:
+    return {
+        "id": version.id,
+        "worker": version.worker_name,
+        "digest": version.digest,
+        "kind": version.kind,
+        "file_count": version.file_count,
+        "size": version.size,
+        "created_at": version.created_at,
+        "active": version.id == active_id,
+    }

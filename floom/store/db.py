@@ -1,0 +1,73 @@
+"""The database engine: one per process, SQLite by default, PostgreSQL to scale out."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, SQLModel, create_engine
+
+from floom.store import models  # noqa: F401 - registers the tables
+
+_sqlite_write_lock = threading.RLock()
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=20,
+            max_overflow=20,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+            # SQLAlchemy then issues BEGIN itself, so writers can BEGIN IMMEDIATE.
+            dbapi_conn.isolation_level = None
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn: Any) -> None:
+            immediate = conn.get_execution_options().get("floom_write", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+    return create_engine(url, pool_size=20, max_overflow=20, pool_pre_ping=True)
+
+
+def is_postgres(engine: Engine) -> bool:
+    return engine.dialect.name == "postgresql"
+
+
+def create_schema(engine: Engine) -> None:
+    SQLModel.metadata.create_all(engine)
+
+
+@contextmanager
+def session_scope(engine: Engine, *, write: bool = False) -> Iterator[Session]:
+    """A session whose transaction commits on success and rolls back on error.
+
+    On SQLite, `write=True` takes the write lock at BEGIN (and a process lock, so threads
+    queue in Python instead of spinning in SQLite's busy handler): read-then-write steps
+    such as claims and sequence numbers are then atomic, as FOR UPDATE makes them on
+    PostgreSQL. Every session that writes must pass `write=True`.
+    """
+    sqlite = engine.dialect.name == "sqlite"
+    bind = engine.execution_options(floom_write=True) if write and sqlite else engine
+    with _sqlite_write_lock if write and sqlite else nullcontext():
+        with Session(bind, expire_on_commit=False) as session:
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise

@@ -1,0 +1,155 @@
+"""floom's tables. The runs table is also the queue."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+
+from typing import Any
+
+from sqlalchemy import Column, DateTime, Index, LargeBinary, Text, TypeDecorator, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timestamps stored as UTC and always read back timezone-aware (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id(prefix: str) -> str:
+    """Time-sortable id: millisecond timestamp then randomness, so ids order by creation."""
+    return f"{prefix}_{int(time.time() * 1000):012x}{os.urandom(5).hex()}"
+
+
+class Blob(SQLModel, table=True):
+    """Content-addressed bytes: version archives and artifacts."""
+
+    __tablename__ = "blobs"
+    digest: str = Field(primary_key=True, max_length=64)
+    size: int
+    data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Worker(SQLModel, table=True):
+    __tablename__ = "workers"
+    name: str = Field(primary_key=True, max_length=63)
+    active_version_id: str | None = Field(default=None, max_length=40)
+    paused: bool = False
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Version(SQLModel, table=True):
+    __tablename__ = "versions"
+    __table_args__ = (UniqueConstraint("worker_name", "digest"),)
+    id: str = Field(primary_key=True, max_length=40)
+    worker_name: str = Field(index=True, max_length=63)
+    digest: str = Field(max_length=64)
+    manifest_json: str = Field(sa_column=Column(Text, nullable=False))
+    manifest_yaml: str = Field(sa_column=Column(Text, nullable=False))
+    kind: str = Field(max_length=16)
+    file_count: int
+    size: int
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    deployed_by: str | None = Field(default=None, max_length=40)
+
+
+class Run(SQLModel, table=True):
+    __tablename__ = "runs"
+    __table_args__ = (
+        Index("ix_runs_queue", "status", "not_before"),
+        Index("ix_runs_worker", "worker_name", "id"),
+        Index("ix_runs_lease", "status", "lease_expires_at"),
+    )
+    id: str = Field(primary_key=True, max_length=40)
+    worker_name: str = Field(max_length=63)
+    version_id: str = Field(max_length=40)
+    status: str = Field(max_length=24)
+    trigger: str = Field(default="manual", max_length=16)
+    inputs_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    outputs_json: str | None = Field(default=None, sa_column=Column(Text))
+    error_code: str | None = Field(default=None, max_length=40)
+    error_message: str | None = Field(default=None, sa_column=Column(Text))
+    exit_code: int | None = None
+    attempt: int = 1
+    max_attempts: int = 1
+    concurrency: int | None = None
+    replay_of: str | None = Field(default=None, max_length=40)
+    retry_of: str | None = Field(default=None, max_length=40)
+    scheduled_for: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    not_before: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    lease_owner: str | None = Field(default=None, max_length=80)
+    lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    cancel_requested: bool = False
+    sandbox_seconds: float = 0.0
+    created_by: str | None = Field(default=None, max_length=40)
+
+
+class RunEvent(SQLModel, table=True):
+    """One log line (or system notice) of a run, ordered by seq within the run."""
+
+    __tablename__ = "run_events"
+    __table_args__ = (UniqueConstraint("run_id", "seq"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(max_length=40)
+    seq: int
+    attempt: int = 1
+    ts: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    stream: str = Field(max_length=8)
+    line: str = Field(sa_column=Column(Text, nullable=False))
+
+
+class Artifact(SQLModel, table=True):
+    __tablename__ = "artifacts"
+    __table_args__ = (UniqueConstraint("run_id", "name"),)
+    id: int | None = Field(default=None, primary_key=True)
+    run_id: str = Field(index=True, max_length=40)
+    name: str = Field(max_length=512)
+    size: int
+    digest: str = Field(max_length=64)
+    content_type: str = Field(max_length=128)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Secret(SQLModel, table=True):
+    __tablename__ = "secrets"
+    name: str = Field(primary_key=True, max_length=128)
+    ciphertext: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class ApiKey(SQLModel, table=True):
+    __tablename__ = "api_keys"
+    id: str = Field(primary_key=True, max_length=40)
+    name: str = Field(default="", max_length=128)
+    prefix: str = Field(max_length=16)
+    key_hash: str = Field(unique=True, max_length=64)
+    scopes: str = Field(max_length=128)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    last_used_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

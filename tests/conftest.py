@@ -1,0 +1,190 @@
+"""Shared fixtures: databases (SQLite and PostgreSQL), a live floom server on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from floom.api.app import create_app
+from floom.config import Settings
+from floom.services import keys
+from floom.services.context import Context
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "workers"
+PG_ADMIN_URL = os.environ.get("FLOOM_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_REQUIRED = bool(os.environ.get("CI") or os.environ.get("FLOOM_REQUIRE_POSTGRES"))
+
+
+def _pg_reachable() -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
+            return True
+    except Exception:  # any failure means "not reachable" for the skip decision
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_available() -> bool:
+    ok = _pg_reachable()
+    if not ok and PG_REQUIRED:
+        pytest.fail(f"PostgreSQL is required in CI but unreachable at {PG_ADMIN_URL}")
+    return ok
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Each behaviour test runs once on SQLite and once on a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'floom.db'}"
+        return
+    if not request.getfixturevalue("pg_available"):
+        pytest.skip("PostgreSQL not reachable on 127.0.0.1:5432")
+    import psycopg
+
+    name = f"floom_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def fast_settings(data_dir: Path, database_url: str, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "database_url": database_url,
+        "deploy_examples": False,
+        "heartbeat_seconds": 0.2,
+        "reap_interval_seconds": 0.3,
+        "poll_interval_seconds": 0.05,
+        "lease_seconds": 3.0,
+        "secret_key": "test-secret-key",
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def ctx(tmp_path: Path, database_url: str) -> Iterator[Context]:
+    context = Context.open(fast_settings(tmp_path / "data", database_url))
+    yield context
+    context.engine.dispose()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    ctx: Context
+    base_url: str
+    admin_key: str
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        token = self.admin_key if key is None else key
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30)
+
+    def cli_env(self, key: str | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
+        env["FLOOM_BASE_URL"] = self.base_url
+        env["FLOOM_API_KEY"] = self.admin_key if key is None else key
+        env["FLOOM_DATA_DIR"] = str(self.ctx.settings.data_dir / "cli-home")
+        return env
+
+
+def start_server(ctx: Context) -> tuple[uvicorn.Server, threading.Thread, str]:
+    port = free_port()
+    app = create_app(ctx=ctx)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the floom server did not start")
+        time.sleep(0.02)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def server(ctx: Context) -> Iterator[LiveServer]:
+    """A live floom server (API + executor) on loopback, with an admin key."""
+    _, admin = keys.create_key(ctx, scopes=["admin"], name="test admin")
+    srv, thread, url = start_server(ctx)
+    try:
+        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture
+def api(server: LiveServer) -> Iterator[httpx.Client]:
+    with server.client() as client:
+        yield client
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float = 20, interval: float = 0.05) -> Any:
+    """Poll until predicate returns something truthy; fail with a clear message at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def wait_for_run(api: httpx.Client, run_id: str, *, timeout: float = 30) -> dict[str, Any]:
+    terminal = {"succeeded", "failed", "timed_out", "cancelled"}
+
+    def done() -> dict[str, Any] | None:
+        body = api.get(f"/api/v1/runs/{run_id}").json()
+        return body if body["status"] in terminal else None
+
+    result: dict[str, Any] = wait_until(done, timeout=timeout)
+    return result
+
+
+def make_worker(folder: Path, manifest: str, files: dict[str, str]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "worker.yml").write_text(manifest)
+    for name, content in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    return folder
+
+
+def deploy_folder(api: httpx.Client, folder: Path) -> dict[str, Any]:
+    from floom.bundle import read_folder
+
+    archive = read_folder(folder, max_bytes=50 * 1024 * 1024).to_archive()
+    resp = api.post(
+        "/api/v1/workers", content=archive, headers={"Content-Type": "application/gzip"}
+    )
+    assert resp.status_code == 201, resp.text
+    body: dict[str, Any] = resp.json()
+    return body
