@@ -1,0 +1,457 @@
+"""A small client of floom's REST API, shared by the CLI and the stdio MCP server.
+
+It prints nothing: every failure is an ApiError carrying floom's error code, message and hint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from floom.config import client_base_url
+
+TERMINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+UNREACHABLE_HINT = "start it with `floom serve` or set FLOOM_BASE_URL"
+POLL_SECONDS = 0.3
+# Streams that break this many times in a row give way to polling /logs, which always works.
+MAX_STREAM_FAILURES = 3
+
+
+class ApiError(Exception):
+    """A request to floom failed; `code` is floom's stable error code (status 0: no response)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        hint: str | None = None,
+        details: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.details = details
+
+
+@dataclass(frozen=True)
+class FollowEvent:
+    """One item of a followed run: a log line ("log", the event) or the end ("end", the run)."""
+
+    kind: str
+    data: dict[str, Any]
+
+
+def admin_key_path() -> Path | None:
+    """Where a local server keeps its admin key (FLOOM_DATA_DIR/admin.key)."""
+    from pydantic import ValidationError
+
+    from floom.config import Settings
+
+    try:
+        return Settings().admin_key_file
+    except ValidationError:
+        return None
+
+
+def configured_api_key() -> str | None:
+    """FLOOM_API_KEY, else the admin key a local server saved in its data dir."""
+    key = os.environ.get("FLOOM_API_KEY", "").strip()
+    if key:
+        return key
+    path = admin_key_path()
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _error_from(response: httpx.Response) -> ApiError:
+    try:
+        body = response.json()
+        err = body["error"]
+        return ApiError(
+            response.status_code,
+            str(err.get("code") or "http_error"),
+            str(err.get("message") or f"HTTP {response.status_code}"),
+            err.get("hint"),
+            err.get("details"),
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = response.text.strip()[:200]
+        return ApiError(
+            response.status_code,
+            "http_error",
+            f"floom answered HTTP {response.status_code}" + (f": {text}" if text else ""),
+            "check that FLOOM_BASE_URL points at a floom server",
+        )
+
+
+def _path(*parts: str) -> str:
+    return "/".join(quote(p, safe="") for p in parts)
+
+
+class FloomClient:
+    """One method per REST route; results are the decoded JSON bodies."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = (base_url or client_base_url()).rstrip("/")
+        self.api_key = api_key
+        headers = {"User-Agent": "floom-client"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    @classmethod
+    def from_env(cls) -> FloomClient:
+        """FLOOM_BASE_URL (or the local default) and the configured API key."""
+        return cls(client_base_url(), configured_api_key())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> FloomClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _check_key(self) -> None:
+        if self.api_key:
+            return
+        where = admin_key_path()
+        saved = f", or run where the server saved its admin key ({where})" if where else ""
+        raise ApiError(0, "no_api_key", "no API key configured", f"set FLOOM_API_KEY{saved}")
+
+    def _transport_error(self, exc: httpx.HTTPError) -> ApiError:
+        if isinstance(exc, httpx.ConnectError):
+            return ApiError(0, "unreachable", f"cannot reach floom at {self.base_url}", UNREACHABLE_HINT)
+        if isinstance(exc, httpx.TimeoutException):
+            return ApiError(
+                0,
+                "timeout",
+                f"floom at {self.base_url} did not answer in time",
+                "check that the server is running and not overloaded",
+            )
+        if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
+            return ApiError(
+                0,
+                "bad_url",
+                f"'{self.base_url}' is not a usable floom URL",
+                "set FLOOM_BASE_URL to e.g. http://127.0.0.1:8321",
+            )
+        return ApiError(0, "transport", f"talking to floom at {self.base_url} failed: {exc}", None)
+
+    def _send(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> httpx.Response:
+        if auth:
+            self._check_key()
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from exc
+        if response.is_error:
+            raise _error_from(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        return self._send(method, path, **kwargs).json()
+
+    @staticmethod
+    def _params(**values: Any) -> dict[str, Any]:
+        return {k: v for k, v in values.items() if v is not None}
+
+    # -- health, workers, versions -------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/healthz", auth=False)
+        return result
+
+    def deploy(self, archive: bytes) -> dict[str, Any]:
+        """Deploy a worker folder packed with floom.bundle (tar.gz)."""
+        headers = {"Content-Type": "application/gzip"}
+        result: dict[str, Any] = self._json(
+            "POST", "/api/v1/workers", content=archive, headers=headers
+        )
+        return result
+
+    def validate(self, archive: bytes) -> dict[str, Any]:
+        headers = {"Content-Type": "application/gzip"}
+        result: dict[str, Any] = self._json(
+            "POST", "/api/v1/workers/validate", content=archive, headers=headers
+        )
+        return result
+
+    def list_workers(self, *, cursor: str | None = None, limit: int | None = None) -> dict[str, Any]:
+        params = self._params(cursor=cursor, limit=limit)
+        result: dict[str, Any] = self._json("GET", "/api/v1/workers", params=params)
+        return result
+
+    def get_worker(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{_path(name)}")
+        return result
+
+    def list_versions(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{_path(name)}/versions")
+        return result
+
+    def rollback(
+        self, name: str, *, version_id: str | None = None, run_id: str | None = None
+    ) -> dict[str, Any]:
+        """Make a version active again: by its id, or the version a run used."""
+        body = self._params(version_id=version_id, run_id=run_id)
+        result: dict[str, Any] = self._json(
+            "POST", f"/api/v1/workers/{_path(name)}/rollback", json=body
+        )
+        return result
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        worker: str,
+        inputs: dict[str, Any] | None = None,
+        *,
+        coerce_strings: bool = False,
+        version_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Queue a run; with coerce_strings the input values are text parsed by declared type."""
+        body: dict[str, Any] = {"inputs": inputs or {}, "coerce_strings": coerce_strings}
+        if version_id:
+            body["version_id"] = version_id
+        result: dict[str, Any] = self._json(
+            "POST", f"/api/v1/workers/{_path(worker)}/runs", json=body
+        )
+        return result
+
+    def list_runs(
+        self,
+        *,
+        worker: str | None = None,
+        status: str | None = None,
+        trigger: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        params = self._params(
+            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
+        )
+        result: dict[str, Any] = self._json("GET", "/api/v1/runs", params=params)
+        return result
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/api/v1/runs/{_path(run_id)}")
+        return result
+
+    def get_logs(
+        self,
+        run_id: str,
+        *,
+        after: int | None = None,
+        tail: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        params = self._params(after=after, tail=tail, limit=limit)
+        result: dict[str, Any] = self._json(
+            "GET", f"/api/v1/runs/{_path(run_id)}/logs", params=params
+        )
+        return result
+
+    def all_logs(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
+        """Every stored log event above `after`, reading page by page."""
+        events: list[dict[str, Any]] = []
+        while True:
+            page = self.get_logs(run_id, after=after)
+            events.extend(page["items"])
+            if not page["items"] or page["complete"]:
+                return events
+            after = page["last_seq"]
+
+    def list_artifacts(self, run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/api/v1/runs/{_path(run_id)}/artifacts")
+        return result
+
+    def download_artifact(self, run_id: str, name: str) -> bytes:
+        path = f"/api/v1/runs/{_path(run_id)}/artifacts/{quote(name, safe='/')}"
+        return self._send("GET", path).content
+
+    def cancel_run(self, run_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("POST", f"/api/v1/runs/{_path(run_id)}/cancel")
+        return result
+
+    def replay_run(self, run_id: str, *, latest: bool = False) -> dict[str, Any]:
+        """Run the same inputs again: on the same version, or the worker's active one."""
+        result: dict[str, Any] = self._json(
+            "POST", f"/api/v1/runs/{_path(run_id)}/replay", json={"latest": latest}
+        )
+        return result
+
+    # -- following a run -----------------------------------------------------------------------
+
+    def follow(
+        self, run_id: str, *, after: int = 0, deadline: float | None = None
+    ) -> Iterator[FollowEvent]:
+        """Yield a run's log events above `after` as they happen, then one "end" event with
+        the run record. Uses the SSE stream, resuming from the last seq when it breaks, and
+        polls /logs when streaming is unavailable. Raises ApiError(code="timeout") when the
+        monotonic `deadline` passes first."""
+        failures = 0
+        while failures < MAX_STREAM_FAILURES:
+            try:
+                for event in self._stream(run_id, after=after, deadline=deadline):
+                    failures = 0
+                    if event.kind == "log":
+                        after = max(after, int(event.data.get("seq", after)))
+                    yield event
+                    if event.kind == "end":
+                        return
+            except _StreamUnavailable:
+                break
+            except httpx.TimeoutException:
+                pass  # a quiet stream; the deadline check below decides whether to go on
+            except httpx.TransportError as exc:
+                if isinstance(exc, httpx.ConnectError):
+                    raise self._transport_error(exc) from exc
+                failures += 1
+                time.sleep(POLL_SECONDS * failures)  # back off before reconnecting
+            self._check_deadline(run_id, deadline)
+        yield from self._poll(run_id, after=after, deadline=deadline)
+
+    def wait(self, run_id: str, *, deadline: float | None = None) -> dict[str, Any]:
+        """Block until the run ends; returns the full run record (with artifacts)."""
+        run = self.get_run(run_id)
+        if run["status"] not in TERMINAL_STATUSES:
+            # Only the end matters here, so skip the lines already stored.
+            last_seq = int(self.get_logs(run_id, tail=1)["last_seq"])
+            for event in self.follow(run_id, after=last_seq, deadline=deadline):
+                if event.kind == "end":
+                    break
+            run = self.get_run(run_id)
+        return run
+
+    def _check_deadline(self, run_id: str, deadline: float | None) -> None:
+        if deadline is not None and time.monotonic() >= deadline:
+            run = self.get_run(run_id)
+            if run["status"] in TERMINAL_STATUSES:
+                return
+            raise ApiError(
+                0,
+                "timeout",
+                f"run {run_id} is still {run['status']} at the deadline",
+                f"it keeps going; follow it with `floom logs -f {run_id}`",
+            )
+
+    def _stream(self, run_id: str, *, after: int, deadline: float | None) -> Iterator[FollowEvent]:
+        self._check_key()
+        read = 30.0
+        if deadline is not None:
+            read = max(0.5, min(read, deadline - time.monotonic()))
+        timeout = httpx.Timeout(10.0, read=read)
+        path = f"/api/v1/runs/{_path(run_id)}/logs/stream"
+        headers = {"Accept": "text/event-stream"}
+        with self._http.stream(
+            "GET", path, params={"after": after}, headers=headers, timeout=timeout
+        ) as response:
+            content_type = response.headers.get("content-type", "")
+            if response.status_code in (404, 405, 501) or (
+                not response.is_error and not content_type.startswith("text/event-stream")
+            ):
+                raise _StreamUnavailable
+            if response.is_error:
+                response.read()
+                raise _error_from(response)
+            for kind, data in _sse_events(response.iter_lines()):
+                if kind in ("log", "end"):
+                    yield FollowEvent(kind, json.loads(data))
+                if deadline is not None and time.monotonic() >= deadline:
+                    self._check_deadline(run_id, deadline)
+
+    def _poll(self, run_id: str, *, after: int, deadline: float | None) -> Iterator[FollowEvent]:
+        while True:
+            page = self.get_logs(run_id, after=after)
+            for item in page["items"]:
+                yield FollowEvent("log", item)
+            after = page["last_seq"]
+            if page["complete"]:
+                yield FollowEvent("end", self.get_run(run_id))
+                return
+            if not page["items"]:
+                self._check_deadline(run_id, deadline)
+                time.sleep(POLL_SECONDS)
+
+    # -- secrets and keys ----------------------------------------------------------------------
+
+    def list_secrets(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/api/v1/secrets")
+        return result
+
+    def set_secret(self, name: str, value: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(
+            "PUT", f"/api/v1/secrets/{_path(name)}", json={"value": value}
+        )
+        return result
+
+    def delete_secret(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("DELETE", f"/api/v1/secrets/{_path(name)}")
+        return result
+
+    def list_keys(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", "/api/v1/keys")
+        return result
+
+    def create_key(self, *, scopes: list[str], name: str = "") -> dict[str, Any]:
+        """A new API key; its plaintext is in "key" and is never returned again."""
+        result: dict[str, Any] = self._json(
+            "POST", "/api/v1/keys", json={"scopes": scopes, "name": name}
+        )
+        return result
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("DELETE", f"/api/v1/keys/{_path(key_id)}")
+        return result
+
+
+class _StreamUnavailable(Exception):
+    """The server offers no SSE log stream here; polling takes over."""
+
+
+def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """(event, data) pairs of a server-sent event stream; comments and ids are skipped."""
+    kind = "message"
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield kind, "\n".join(data)
+            kind, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            kind = value
+        elif field == "data":
+            data.append(value)
