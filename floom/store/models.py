@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -36,9 +37,18 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+_id_lock = threading.Lock()
+_last_micros = 0
+
+
 def new_id(prefix: str) -> str:
-    """Time-sortable id: millisecond timestamp then randomness, so ids order by creation."""
-    return f"{prefix}_{int(time.time() * 1000):012x}{os.urandom(5).hex()}"
+    """Time-sortable id: a microsecond clock, strictly increasing within a process, then
+    randomness; so ids order by creation and serve as the queue's order and page cursors."""
+    global _last_micros
+    with _id_lock:
+        _last_micros = max(int(time.time() * 1_000_000), _last_micros + 1)
+        micros = _last_micros
+    return f"{prefix}_{micros:014x}{os.urandom(4).hex()}"
 
 
 class Blob(SQLModel, table=True):

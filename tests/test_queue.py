@@ -1,0 +1,122 @@
+"""The runs table as a queue: atomic claims across nodes, leases, the reaper."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+from floom.engine.queue import claim_next_run, reap_expired_leases, renew_leases
+from floom.services.context import Context
+from floom.store.db import session_scope
+from floom.store.models import Run, new_id, utcnow
+
+
+def _enqueue(ctx: Context, count: int, **fields: object) -> list[str]:
+    ids = []
+    with session_scope(ctx.engine, write=True) as s:
+        for _ in range(count):
+            run = Run(id=new_id("run"), worker_name="w", version_id="v", status="queued")
+            for k, v in fields.items():
+                setattr(run, k, v)
+            s.add(run)
+            ids.append(run.id)
+    return ids
+
+
+def _other_node(ctx: Context, name: str) -> Context:
+    from floom.store.db import make_engine
+
+    return Context(
+        settings=ctx.settings,
+        engine=make_engine(ctx.settings.resolved_database_url),
+        secret_box=ctx.secret_box,
+        node_id=name,
+    )
+
+
+def test_racing_nodes_never_claim_the_same_run(ctx: Context) -> None:
+    ids = _enqueue(ctx, 60)
+    nodes = [ctx, _other_node(ctx, "node-b"), _other_node(ctx, "node-c")]
+    claimed: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    start = threading.Barrier(9)
+
+    def worker(node: Context) -> None:
+        start.wait(timeout=10)
+        while True:
+            run = claim_next_run(node)
+            if run is None:
+                return
+            with lock:
+                claimed.append((run.id, node.node_id))
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in nodes for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(run_id for run_id, _ in claimed) == sorted(ids)
+    assert len({node for _, node in claimed}) >= 2
+    with session_scope(ctx.engine) as s:
+        for run_id, node in claimed:
+            row = s.get(Run, run_id)
+            assert row is not None
+            assert (row.status, row.lease_owner) == ("running", node)
+    for n in nodes[1:]:
+        n.engine.dispose()
+
+
+def test_claims_take_the_oldest_first_and_respect_not_before(ctx: Context) -> None:
+    later = _enqueue(ctx, 1, not_before=utcnow() + timedelta(hours=1))
+    first, second = _enqueue(ctx, 2)
+    assert claim_next_run(ctx).id == first  # type: ignore[union-attr]
+    assert claim_next_run(ctx).id == second  # type: ignore[union-attr]
+    assert claim_next_run(ctx) is None
+    assert later
+
+
+def test_a_worker_at_its_concurrency_limit_is_passed_over(ctx: Context) -> None:
+    a1, a2 = _enqueue(ctx, 2, concurrency=1, worker_name="solo")
+    (b1,) = _enqueue(ctx, 1, worker_name="other")
+    assert claim_next_run(ctx).id == a1  # type: ignore[union-attr]
+    assert claim_next_run(ctx).id == b1  # type: ignore[union-attr]
+    assert claim_next_run(ctx) is None
+    assert a2
+
+
+def test_an_expired_lease_is_requeued_with_the_next_attempt_or_failed(ctx: Context) -> None:
+    (retryable,) = _enqueue(ctx, 1, max_attempts=2)
+    (final,) = _enqueue(ctx, 1, max_attempts=1)
+    dead = _other_node(ctx, "dead-node")
+    assert claim_next_run(dead) is not None
+    assert claim_next_run(dead) is not None
+    # Nobody renews; push the leases into the past instead of waiting for them.
+    with session_scope(ctx.engine, write=True) as s:
+        for run_id in (retryable, final):
+            row = s.get(Run, run_id)
+            assert row is not None
+            row.lease_expires_at = utcnow() - timedelta(seconds=1)
+            s.add(row)
+    assert reap_expired_leases(ctx) == 2
+    with session_scope(ctx.engine) as s:
+        r = s.get(Run, retryable)
+        f = s.get(Run, final)
+        assert r is not None and f is not None
+        assert (r.status, r.attempt, r.lease_owner) == ("queued", 2, None)
+        assert (f.status, f.error_code) == ("failed", "executor_lost")
+    # The node that lost its runs learns it at its next heartbeat.
+    cancel, lost = renew_leases(dead, [retryable, final])
+    assert lost == {retryable, final}
+    assert cancel == set()
+    dead.engine.dispose()
+
+
+def test_a_restarted_node_reclaims_its_own_runs_at_once(ctx: Context) -> None:
+    (run_id,) = _enqueue(ctx, 1, max_attempts=3)
+    assert claim_next_run(ctx) is not None
+    # Lease still valid, but the same node id starting again means its old process is gone.
+    assert reap_expired_leases(ctx) == 0
+    assert reap_expired_leases(ctx, own_node_restart=True) == 1
+    with session_scope(ctx.engine) as s:
+        row = s.get(Run, run_id)
+        assert row is not None and (row.status, row.attempt) == ("queued", 2)
