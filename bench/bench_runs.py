@@ -171,10 +171,8 @@ def floor_prefix() -> list[str]:
     if prlimit is None or bwrap is None:
         raise SystemExit("bench: prlimit and bwrap must be on PATH (apt-get install bubblewrap)")
     system = system_args()
-    return [prlimit, bwrap, *probe_namespaces(bwrap, system), *system, "--proc", "/proc"] + [
-        "--dev",
-        "/dev",
-    ]
+    namespaces = probe_namespaces(bwrap, system)
+    return [prlimit, bwrap, *namespaces, *system, "--proc", "/proc", "--dev", "/dev"]
 
 
 def floor_argv(prefix: list[str], workdir: Path, output_dir: Path, info_fd: int) -> list[str]:
@@ -246,8 +244,7 @@ class FloorSlot:
             done = subprocess.run(
                 argv,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                capture_output=True,
                 env=self.env,
                 start_new_session=True,
                 pass_fds=(info_w,),
@@ -289,7 +286,9 @@ def run_floor(runs: int, root: Path) -> FloorResult:
         per_loop = max(5, math.ceil(runs / loops))
         errors: list[BaseException] = []
 
-        def loop(slot: FloorSlot, count: int = per_loop) -> None:
+        def loop(
+            slot: FloorSlot, count: int = per_loop, errors: list[BaseException] = errors
+        ) -> None:
             try:
                 for _ in range(count):
                     slot.run_once()
@@ -420,7 +419,8 @@ class Server:
         deadline = time.monotonic() + HEALTH_DEADLINE_SECONDS
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({self.proc.returncode}):\n{self.log_tail()}")
+                code = self.proc.returncode
+                raise RuntimeError(f"the server exited ({code}):\n{self.log_tail()}")
             try:
                 if self.client.get("/healthz", timeout=1.0).status_code == 200:
                     self.ready_seconds = time.perf_counter() - self.started

@@ -148,7 +148,9 @@ class FloomClient:
 
     def _transport_error(self, exc: httpx.HTTPError) -> ApiError:
         if isinstance(exc, httpx.ConnectError):
-            return ApiError(0, "unreachable", f"cannot reach floom at {self.base_url}", UNREACHABLE_HINT)
+            return ApiError(
+                0, "unreachable", f"cannot reach floom at {self.base_url}", UNREACHABLE_HINT
+            )
         if isinstance(exc, httpx.TimeoutException):
             return ApiError(
                 0,
@@ -204,7 +206,9 @@ class FloomClient:
         )
         return result
 
-    def list_workers(self, *, cursor: str | None = None, limit: int | None = None) -> dict[str, Any]:
+    def list_workers(
+        self, *, cursor: str | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
         params = self._params(cursor=cursor, limit=limit)
         result: dict[str, Any] = self._json("GET", "/api/v1/workers", params=params)
         return result

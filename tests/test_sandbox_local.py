@@ -481,3 +481,14 @@ def test_get_sandbox_builds_local_and_refuses_unknown_names() -> None:
 
     assert caught.value.code == "invalid_request"
     assert caught.value.hint is not None and "local" in caught.value.hint
+
+
+def test_background_processes_end_with_the_worker(sandbox: LocalSandbox, tmp_path: Path) -> None:
+    marker = f"floom-test-{uuid.uuid4().hex}"
+    worker = GRANDCHILD_WORKER.replace("time.sleep(1000)\n", "\n")  # exit once it is ready
+
+    result, lines = run_script(sandbox, tmp_path, worker, env={"MARKER": marker})
+
+    assert result.exit_code == 0, lines
+    assert stream(lines, "stdout") == ["ready"]
+    assert processes_with(marker) == []

@@ -153,13 +153,19 @@ class LocalSandbox(Sandbox):
 
 
 class _Supervisor:
-    """Streams one bwrap process's output and kills its tree on timeout or cancel."""
+    """Streams one bwrap process's output and makes sure its whole tree ends.
+
+    bwrap reports the host pid of the sandbox's pid 1 on the info fd; it is held as a pidfd.
+    Killing pid 1 makes the kernel kill every process in the namespace, and pid 1 only
+    becomes a zombie once they are all gone, so a readable pidfd means the tree has ended.
+    """
 
     def __init__(self, proc: subprocess.Popen[bytes], info_fd: int, on_line: LineSink) -> None:
         assert proc.stdout is not None and proc.stderr is not None
         self.proc = proc
         self.info_fd = info_fd
         self.info = bytearray()
+        self.init_pidfd: int | None = None
         self.stderr = _LineSplitter("stderr", on_line)
         self.readers = {
             proc.stdout.fileno(): _LineSplitter("stdout", on_line),
@@ -178,14 +184,14 @@ class _Supervisor:
         outcome: str | None = None
         try:
             try:
-                pidfd = os.pidfd_open(proc.pid)
+                bwrap_pidfd = os.pidfd_open(proc.pid)
             except OSError as exc:
                 raise SandboxUnavailable(
                     f"cannot watch the sandbox process: {exc}",
                     hint="the local sandbox needs Linux 5.3 or newer (pidfd_open)",
                 ) from exc
-            self.poller.register(pidfd, select.POLLIN)
-            self.open_fds.add(pidfd)
+            self.poller.register(bwrap_pidfd, select.POLLIN)
+            self.open_fds.add(bwrap_pidfd)
             watching = True
             drain_deadline = math.inf
             next_cancel_check = time.monotonic() + CANCEL_POLL_SECONDS
@@ -206,11 +212,11 @@ class _Supervisor:
                 if watching:
                     wait = min(next_cancel_check, deadline) - now
                 elif now >= drain_deadline:
-                    break  # a descendant kept a pipe open; the tree itself is gone
+                    break  # something outside the namespace holds a pipe; stop reading
                 else:
                     wait = drain_deadline - now
                 for fd, _ in self.poller.poll(math.ceil(max(wait, 0.0) * 1000)):
-                    if fd == pidfd:
+                    if fd == bwrap_pidfd:
                         self._close(fd)
                         if watching:
                             watching = False
@@ -219,11 +225,14 @@ class _Supervisor:
                         self._feed(fd, data)
                     else:
                         self._close(fd)
+            self._await_init_exit()
         finally:
             if proc.poll() is None:
                 self.kill_tree()
             for fd in self.open_fds - self.readers.keys():
                 os.close(fd)
+            if self.init_pidfd is not None:
+                os.close(self.init_pidfd)
             for stream in (proc.stdout, proc.stderr):
                 assert stream is not None
                 stream.close()
@@ -240,24 +249,20 @@ class _Supervisor:
         return SandboxResult(exit_code=exit_code, error=first if failed_to_start else None)
 
     def kill_tree(self) -> bool:
-        """Kill the sandbox's pid 1, which makes the kernel end every process in its namespace.
-
-        bwrap then reaps it and exits, so the whole tree is gone once `proc.wait` returns.
-        Returns False when the process had already ended.
-        """
+        """Kill the sandbox's pid 1 and wait for bwrap; False when it had already ended."""
         proc = self.proc
         if proc.poll() is not None:
             return False
-        child_pid = self._child_pid()
-        if child_pid is not None and proc.poll() is None:
+        init_pidfd = self._wait_for_init()
+        if init_pidfd is not None:
             try:
-                os.kill(child_pid, signal.SIGKILL)
-                proc.wait(KILL_WAIT_SECONDS)
+                signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
+                proc.wait(KILL_WAIT_SECONDS)  # bwrap reaps pid 1, then exits
                 return True
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
-        # No pid 1 reported (or bwrap did not exit): --die-with-parent takes the namespace
-        # down with bwrap.
+        # No pid 1 reported, or bwrap did not exit: its --die-with-parent takes the
+        # namespace down with it.
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -265,7 +270,21 @@ class _Supervisor:
         proc.wait()
         return True
 
-    def _child_pid(self) -> int | None:
+    def _await_init_exit(self) -> None:
+        # bwrap exits as soon as the command does; pid 1 then kills what the command left
+        # running (--die-with-parent) and ends after it. Wait for that, bounded.
+        if self.init_pidfd is None:
+            return
+        for _ in range(2):
+            ready, _, _ = select.select([self.init_pidfd], [], [], KILL_WAIT_SECONDS)
+            if ready:
+                return
+            try:
+                signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+
+    def _wait_for_init(self) -> int | None:
         # bwrap writes its info right after creating the namespaces; wait for it briefly.
         deadline = time.monotonic() + 1.0
         while self.info_fd in self.open_fds:
@@ -277,11 +296,7 @@ class _Supervisor:
                 self.info += data
             else:
                 self._close(self.info_fd)
-        try:
-            pid = json.loads(self.info)["child-pid"]
-        except (ValueError, KeyError, TypeError):
-            return None
-        return pid if isinstance(pid, int) else None
+        return self.init_pidfd
 
     def _feed(self, fd: int, data: bytes) -> None:
         reader = self.readers.get(fd)
@@ -296,8 +311,10 @@ class _Supervisor:
         reader = self.readers.get(fd)
         if reader is not None:
             reader.flush()  # the stream itself is closed with the Popen's file objects
-        else:
-            os.close(fd)
+            return
+        os.close(fd)
+        if fd == self.info_fd:
+            self.init_pidfd = _open_init_pidfd(self.info)
 
 
 class _LineSplitter:
@@ -342,6 +359,14 @@ class _LineSplitter:
         if self.first_line is None:
             self.first_line = text
         self.sink(self.stream, text)
+
+
+def _open_init_pidfd(info: bytes | bytearray) -> int | None:
+    try:
+        pid = json.loads(info)["child-pid"]
+        return os.pidfd_open(pid) if isinstance(pid, int) else None
+    except (ValueError, KeyError, TypeError, OSError):
+        return None  # bwrap failed before creating the sandbox, or it already ended
 
 
 def _argv(prefix: tuple[str, ...], spec: SandboxSpec, info_fd: int) -> list[str]:

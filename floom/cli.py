@@ -1,0 +1,720 @@
+"""The floom command: a thin client of the REST API, plus `serve`, which runs the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from floom.client import TERMINAL_STATUSES, ApiError, FloomClient
+from floom.errors import FloomError
+
+if TYPE_CHECKING:
+    from floom.manifest import Manifest
+
+app = typer.Typer(
+    name="floom",
+    help="Deploy, run and inspect background AI workers on a floom server.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+secrets_app = typer.Typer(help="Secrets that workers can declare (values are never shown).")
+keys_app = typer.Typer(help="API keys: create, list, revoke.")
+app.add_typer(secrets_app, name="secrets", no_args_is_help=True)
+app.add_typer(keys_app, name="keys", no_args_is_help=True)
+
+
+def _console(*, stderr: bool = False) -> Console:
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        # Piped output is read by scripts and tests: don't fold ids at 80 columns.
+        console.width = max(console.width, 200)
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
+
+STATUS_STYLES = {
+    "succeeded": "green",
+    "failed": "red",
+    "timed_out": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "queued": "blue",
+}
+STREAM_STYLES = {"stderr": "red", "system": "dim"}
+
+
+# -- shared helpers --------------------------------------------------------------------------
+
+
+def _fail(message: str, hint: str | None = None, details: Any = None) -> NoReturn:
+    err.print(Text(f"error: {message}", style="red"))
+    for line in _detail_lines(details):
+        err.print(Text(line))
+    if hint:
+        err.print(Text(f"hint: {hint}", style="yellow"))
+    raise typer.Exit(1)
+
+
+def _detail_lines(details: Any) -> list[str]:
+    if not isinstance(details, list):
+        return []
+    lines = []
+    for item in details:
+        if isinstance(item, dict) and "message" in item:
+            where = f"{item['path']}: " if item.get("path") else ""
+            hint = f" (hint: {item['hint']})" if item.get("hint") else ""
+            lines.append(f"  {where}{item['message']}{hint}")
+    return lines
+
+
+def _client() -> FloomClient:
+    return FloomClient.from_env()
+
+
+def _print_json(value: Any) -> None:
+    out.print(Text(json.dumps(value, indent=2, default=str)))
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)  # floom stores UTC
+    return parsed.astimezone()
+
+
+def _when(value: str | None) -> str:
+    parsed = _parse_time(value)
+    return parsed.strftime("%Y-%m-%d %H:%M:%S") if parsed else "-"
+
+
+def _duration(run: dict[str, Any]) -> str:
+    start, end = _parse_time(run.get("started_at")), _parse_time(run.get("finished_at"))
+    if not start:
+        return "-"
+    seconds = ((end or datetime.now(UTC)) - start).total_seconds()
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def _status(status: str) -> Text:
+    return Text(status, style=STATUS_STYLES.get(status, ""))
+
+
+def _value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _table(*columns: str) -> Table:
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    return table
+
+
+def _log_line(event: dict[str, Any]) -> Text:
+    parsed = _parse_time(event.get("ts"))
+    stream = str(event.get("stream", ""))
+    line = Text(parsed.strftime("%H:%M:%S") if parsed else "--:--:--", style="dim")
+    line.append(f" {stream:<6} ", style="dim")
+    line.append(str(event.get("line", "")), style=STREAM_STYLES.get(stream, ""))
+    return line
+
+
+def _check_locally(folder: Path) -> Manifest:
+    from floom.manifest import check_folder, format_problems
+
+    manifest, problems = check_folder(folder)
+    if manifest is None:
+        count = len(problems)
+        err.print(
+            Text(f"error: {folder} has {count} problem{'s' if count != 1 else ''}:", style="red")
+        )
+        err.print(Text(format_problems(problems)))
+        raise typer.Exit(1)
+    return manifest
+
+
+# -- server ----------------------------------------------------------------------------------
+
+
+def mask_password(url: str) -> str:
+    """postgresql://user:secret@host/db -> postgresql://user:***@host/db"""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="address to bind (FLOOM_HOST)")] = None,
+    port: Annotated[int | None, typer.Option(help="port to listen on (FLOOM_PORT)")] = None,
+) -> None:
+    """Run the floom server: API, scheduler and executor in one process."""
+    import uvicorn
+
+    from floom.api.app import create_app
+    from floom.config import Settings
+
+    overrides: dict[str, Any] = {}
+    if host:
+        overrides["host"] = host
+    if port:
+        overrides["port"] = port
+    settings = Settings(**overrides)
+    url = settings.public_url or f"http://{settings.host}:{settings.port}"
+    out.print(
+        Text(
+            f"floom on {url}  data dir {settings.data_dir}  "
+            f"database {mask_password(settings.resolved_database_url)}"
+        )
+    )
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+# -- workers ---------------------------------------------------------------------------------
+
+
+@app.command()
+def validate(folder: Annotated[Path, typer.Argument(help="the worker's folder")]) -> None:
+    """Check a worker folder locally (no server needed)."""
+    manifest = _check_locally(folder)
+    out.print(Text(f"ok: {manifest.name} ({manifest.kind}, entry {manifest.entry})"))
+
+
+@app.command()
+def deploy(folder: Annotated[Path, typer.Argument(help="the worker's folder")]) -> None:
+    """Validate a worker folder, then upload it as a new version and make it active."""
+    from floom.bundle import read_folder
+    from floom.config import Settings
+
+    _check_locally(folder)
+    archive = read_folder(folder, max_bytes=Settings().max_bundle_bytes).to_archive()
+    with _client() as client:
+        result = client.deploy(archive)
+    name, version = result["worker"]["name"], result["version"]["id"]
+    if result["created"]:
+        out.print(Text(f"deployed {name} version {version} (active)"))
+    elif result["activated"]:
+        out.print(Text(f"{name} version {version} unchanged; it is the active version again"))
+    else:
+        out.print(Text(f"{name} version {version} unchanged"))
+
+
+@app.command("workers")
+def list_workers() -> None:
+    """List deployed workers."""
+    table = _table("NAME", "KIND", "ACTIVE VERSION", "UPDATED", "TITLE")
+    cursor: str | None = None
+    with _client() as client:
+        while True:
+            page = client.list_workers(cursor=cursor)
+            for w in page["items"]:
+                table.add_row(
+                    w["name"],
+                    w.get("kind", "-"),
+                    w.get("active_version_id") or "-",
+                    _when(w.get("updated_at")),
+                    w.get("title", ""),
+                )
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+    if table.row_count:
+        out.print(table)
+    else:
+        out.print("no workers yet: deploy one with `floom deploy FOLDER`")
+
+
+@app.command()
+def versions(worker: Annotated[str, typer.Argument(help="worker name")]) -> None:
+    """List a worker's versions, newest first; * marks the active one."""
+    with _client() as client:
+        items = client.list_versions(worker)["items"]
+    table = _table("", "VERSION", "CREATED", "FILES", "SIZE", "DIGEST")
+    for v in items:
+        table.add_row(
+            "*" if v.get("active") else "",
+            v["id"],
+            _when(v.get("created_at")),
+            str(v.get("file_count", "-")),
+            _size(v.get("size")),
+            str(v.get("digest", ""))[:12],
+        )
+    out.print(table)
+
+
+@app.command()
+def rollback(
+    worker: Annotated[str, typer.Argument(help="worker name")],
+    to: Annotated[str | None, typer.Option("--to", help="version id to activate")] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="activate the version of this run")
+    ] = None,
+) -> None:
+    """Make an earlier version active again."""
+    if (to is None) == (run is None):
+        raise typer.BadParameter("give exactly one of --to VERSION or --run RUN_ID")
+    with _client() as client:
+        result = client.rollback(worker, version_id=to, run_id=run)
+    out.print(Text(f"{worker} now runs version {result['version']['id']}"))
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+
+def _parse_inputs(pairs: list[str], raw_json: str | None) -> tuple[dict[str, Any], bool]:
+    """The inputs to send and whether they are command-line text (coerce_strings)."""
+    if pairs and raw_json is not None:
+        raise typer.BadParameter("use either -i KEY=VALUE or --input-json, not both")
+    if raw_json is not None:
+        text = raw_json
+        if raw_json.startswith("@"):
+            try:
+                text = Path(raw_json[1:]).read_text()
+            except OSError as exc:
+                raise typer.BadParameter(f"cannot read {raw_json[1:]}: {exc.strerror}") from exc
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise typer.BadParameter(f"not valid JSON: {exc}", param_hint="--input-json") from exc
+        if not isinstance(value, dict):
+            raise typer.BadParameter(
+                'expected a JSON object such as {"name": "Ada"}', param_hint="--input-json"
+            )
+        return value, False
+    inputs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(
+                f"expected KEY=VALUE, got '{pair}'", param_hint="'-i' / '--input'"
+            )
+        inputs[key.strip()] = value
+    return inputs, True
+
+
+def _print_result(run: dict[str, Any]) -> None:
+    line = Text(f"run {run['id']} ")
+    line.append_text(_status(run["status"]))
+    line.append(f" in {_duration(run)}")
+    out.print(line)
+    _print_outcome(run)
+    if run.get("artifacts"):
+        out.print(
+            Text(f"  download with `floom artifacts {run['id']} --download NAME`", style="dim")
+        )
+
+
+def _follow(client: FloomClient, run_id: str, *, after: int, deadline: float | None) -> None:
+    for event in client.follow(run_id, after=after, deadline=deadline):
+        if event.kind == "log":
+            out.print(_log_line(event.data))
+
+
+def _watch(
+    client: FloomClient, run: dict[str, Any], *, as_json: bool, timeout: float | None
+) -> None:
+    """Wait for a run to end, printing its log (or only its record with --json)."""
+    deadline = time.monotonic() + timeout if timeout else None
+    run_id = run["id"]
+    try:
+        if as_json:
+            final = client.wait(run_id, deadline=deadline)
+            _print_json(final)
+        else:
+            out.print(Text(f"run {run_id} of {run['worker']} ({run['version_id']})", style="dim"))
+            _follow(client, run_id, after=0, deadline=deadline)
+            final = client.get_run(run_id)
+            _print_result(final)
+    except KeyboardInterrupt:
+        _fail(f"stopped waiting; run {run_id} goes on", f"follow it with `floom logs -f {run_id}`")
+    if final["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+WaitOpt = Annotated[bool, typer.Option("--wait", help="follow the run until it ends")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON only")]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option("--timeout", min=0, help="with --wait: stop waiting after S seconds"),
+]
+
+
+@app.command()
+def run(
+    worker: Annotated[str, typer.Argument(help="worker name")],
+    inputs: Annotated[
+        list[str] | None,
+        typer.Option("-i", "--input", metavar="KEY=VALUE", help="an input, as text"),
+    ] = None,
+    input_json: Annotated[
+        str | None,
+        typer.Option("--input-json", metavar="JSON", help="all inputs as a JSON object (or @file)"),
+    ] = None,
+    wait: WaitOpt = False,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Start a run; with --wait, follow its log and exit 0 only if it succeeded."""
+    values, coerce = _parse_inputs(inputs or [], input_json)
+    with _client() as client:
+        started = client.start_run(worker, values, coerce_strings=coerce)
+        if wait or timeout is not None:
+            _watch(client, started, as_json=as_json, timeout=timeout)
+        elif as_json:
+            _print_json(started)
+        else:
+            out.print(Text(started["id"]))
+
+
+@app.command()
+def replay(
+    run_id: Annotated[str, typer.Argument(help="the run to run again")],
+    latest: Annotated[
+        bool, typer.Option("--latest", help="use the worker's active version, not the run's")
+    ] = False,
+    wait: WaitOpt = False,
+    as_json: JsonOpt = False,
+    timeout: TimeoutOpt = None,
+) -> None:
+    """Run a run's inputs again, as a new run linked to it."""
+    with _client() as client:
+        started = client.replay_run(run_id, latest=latest)
+        if wait or timeout is not None:
+            _watch(client, started, as_json=as_json, timeout=timeout)
+        elif as_json:
+            _print_json(started)
+        else:
+            out.print(Text(started["id"]))
+
+
+@app.command("runs")
+def list_runs(
+    worker: Annotated[str | None, typer.Option(help="only this worker's runs")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="queued, running, succeeded, failed...")
+    ] = None,
+    trigger: Annotated[str | None, typer.Option(help="api, schedule, replay, ...")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="runs per page")] = 20,
+    cursor: Annotated[str | None, typer.Option(help="continue after this page")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List runs, newest first."""
+    with _client() as client:
+        page = client.list_runs(
+            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
+        )
+    if as_json:
+        _print_json(page)
+        return
+    table = _table("RUN", "WORKER", "STATUS", "TRIGGER", "CREATED", "DURATION")
+    for r in page["items"]:
+        table.add_row(
+            r["id"],
+            r["worker"],
+            _status(r["status"]),
+            r["trigger"],
+            _when(r.get("created_at")),
+            _duration(r),
+        )
+    if table.row_count:
+        out.print(table)
+    else:
+        out.print("no runs match")
+    if page.get("next_cursor"):
+        flags = [
+            f"--{k} {v}"
+            for k, v in (("worker", worker), ("status", status), ("trigger", trigger))
+            if v
+        ]
+        command = " ".join(["floom runs", *flags, f"--cursor {page['next_cursor']}"])
+        out.print(Text(f"more: {command}", style="dim"))
+
+
+@app.command()
+def show(
+    run_id: Annotated[str, typer.Argument(help="run id")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Show one run: status, inputs, outputs, error, artifacts."""
+    with _client() as client:
+        r = client.get_run(run_id)
+    if as_json:
+        _print_json(r)
+        return
+    rows: list[tuple[str, Any]] = [
+        ("run", r["id"]),
+        ("worker", f"{r['worker']} ({r['version_id']})"),
+        ("status", _status(r["status"])),
+        ("trigger", r["trigger"]),
+        ("attempt", f"{r.get('attempt')} of {r.get('max_attempts')}"),
+        ("replay of", r.get("replay_of")),
+        ("retry of", r.get("retry_of")),
+        ("created", _when(r.get("created_at"))),
+        ("started", _when(r.get("started_at"))),
+        ("finished", _when(r.get("finished_at"))),
+        ("duration", _duration(r)),
+    ]
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for label, value in rows:
+        if value:
+            table.add_row(label, value if isinstance(value, Text) else Text(str(value)))
+    out.print(table)
+    if r.get("inputs"):
+        out.print("inputs:")
+        for name, value in r["inputs"].items():
+            out.print(Text(f"  {name}: {_value(value)}"))
+    _print_outcome(r)
+
+
+def _print_outcome(r: dict[str, Any]) -> None:
+    if r.get("error"):
+        out.print(
+            Text(f"error: {r['error'].get('code')}: {r['error'].get('message')}", style="red")
+        )
+    if r.get("outputs"):
+        out.print("outputs:")
+        for name, value in r["outputs"].items():
+            out.print(Text(f"  {name}: {_value(value)}"))
+    if r.get("artifacts"):
+        out.print("artifacts:")
+        for a in r["artifacts"]:
+            out.print(Text(f"  {a['name']}  {_size(a.get('size'))}  {a.get('content_type', '')}"))
+
+
+@app.command()
+def logs(
+    run_id: Annotated[str, typer.Argument(help="run id")],
+    follow: Annotated[
+        bool, typer.Option("-f", "--follow", help="keep following until the run ends")
+    ] = False,
+    tail: Annotated[
+        int | None, typer.Option(min=1, max=10_000, help="only the last N lines")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON event per line")] = False,
+) -> None:
+    """Print a run's log lines in order, timestamped, with their stream."""
+
+    def emit(event: dict[str, Any]) -> None:
+        if as_json:
+            out.print(Text(json.dumps(event, default=str)))
+        else:
+            out.print(_log_line(event))
+
+    with _client() as client:
+        if tail:
+            page = client.get_logs(run_id, tail=tail)
+            events = page["items"]
+            last_seq = int(page["last_seq"])
+        else:
+            events = client.all_logs(run_id)
+            last_seq = int(events[-1]["seq"]) if events else 0
+        for event in events:
+            emit(event)
+        if not follow:
+            return
+        try:
+            for item in client.follow(run_id, after=last_seq):
+                if item.kind == "log":
+                    emit(item.data)
+                elif not as_json:
+                    line = Text(f"run {run_id} ", style="dim")
+                    line.append_text(_status(item.data["status"]))
+                    out.print(line)
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+
+@app.command()
+def cancel(run_id: Annotated[str, typer.Argument(help="run id")]) -> None:
+    """Cancel a queued or running run."""
+    with _client() as client:
+        r = client.cancel_run(run_id)
+    if r["status"] in TERMINAL_STATUSES:
+        out.print(Text(f"run {run_id} {r['status']}"))
+    else:
+        out.print(Text(f"cancel requested: run {run_id} stops within seconds"))
+
+
+@app.command()
+def artifacts(
+    run_id: Annotated[str, typer.Argument(help="run id")],
+    download: Annotated[
+        str | None, typer.Option("--download", metavar="NAME", help="save this artifact")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="file or folder to save to ('-': stdout)")
+    ] = None,
+) -> None:
+    """List a run's artifacts, or download one."""
+    with _client() as client:
+        if download is None:
+            items = client.get_run(run_id).get("artifacts", [])
+            if not items:
+                out.print(f"run {run_id} has no artifacts")
+                return
+            table = _table("NAME", "SIZE", "TYPE")
+            for a in items:
+                table.add_row(a["name"], _size(a.get("size")), a.get("content_type", ""))
+            out.print(table)
+            return
+        data = client.download_artifact(run_id, download)
+    if output is not None and str(output) == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    target = output or Path(Path(download).name)
+    if target.is_dir():
+        target = target / Path(download).name
+    try:
+        target.write_bytes(data)
+    except OSError as exc:
+        _fail(f"cannot write {target}: {exc.strerror}", "choose another path with -o PATH")
+    out.print(Text(f"saved {download} to {target} ({_size(len(data))})"))
+
+
+# -- secrets ---------------------------------------------------------------------------------
+
+
+@secrets_app.command("set")
+def secrets_set(
+    name: Annotated[str, typer.Argument(help="secret name, e.g. GITHUB_TOKEN")],
+    value_stdin: Annotated[
+        bool, typer.Option("--value-stdin", help="read the value from stdin")
+    ] = False,
+) -> None:
+    """Set a secret; the value comes from a hidden prompt or from stdin."""
+    if value_stdin or not sys.stdin.isatty():
+        value = sys.stdin.read()
+        value = value.removesuffix("\n").removesuffix("\r")
+    else:
+        value = typer.prompt(f"value of {name}", hide_input=True, confirmation_prompt=True)
+    if not value:
+        _fail("the secret value is empty", "pipe the value in or type it at the prompt")
+    with _client() as client:
+        client.set_secret(name, value)
+    out.print(Text(f"secret {name} set"))
+
+
+@secrets_app.command("list")
+def secrets_list() -> None:
+    """List secret names (never values)."""
+    with _client() as client:
+        items = client.list_secrets()["items"]
+    if not items:
+        out.print("no secrets yet: add one with `floom secrets set NAME`")
+        return
+    table = _table("NAME", "UPDATED")
+    for s in items:
+        table.add_row(s["name"], _when(s.get("updated_at") or s.get("created_at")))
+    out.print(table)
+
+
+@secrets_app.command("rm")
+def secrets_rm(name: Annotated[str, typer.Argument(help="secret name")]) -> None:
+    """Delete a secret."""
+    with _client() as client:
+        client.delete_secret(name)
+    out.print(Text(f"secret {name} removed"))
+
+
+# -- API keys --------------------------------------------------------------------------------
+
+
+@keys_app.command("create")
+def keys_create(
+    scope: Annotated[
+        list[str], typer.Option("--scope", help="read, run, deploy or admin; repeat for several")
+    ],
+    name: Annotated[str, typer.Option("--name", help="what the key is for")] = "",
+) -> None:
+    """Create an API key; the key is printed once, on stdout."""
+    with _client() as client:
+        created = client.create_key(scopes=scope, name=name)
+    err.print(Text(f"created API key {created['id']} with scopes {', '.join(created['scopes'])}"))
+    out.print(Text(created["key"]))
+    err.print(Text("store it now: this key will not be shown again", style="yellow"))
+
+
+@keys_app.command("list")
+def keys_list() -> None:
+    """List API keys (ids and prefixes, never the keys)."""
+    with _client() as client:
+        items = client.list_keys()["items"]
+    table = _table("ID", "NAME", "PREFIX", "SCOPES", "CREATED", "REVOKED")
+    for k in items:
+        table.add_row(
+            k["id"],
+            k.get("name", ""),
+            k.get("prefix", ""),
+            ",".join(k.get("scopes", [])),
+            _when(k.get("created_at")),
+            _when(k.get("revoked_at")) if k.get("revoked_at") else "",
+        )
+    out.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="key id (see `floom keys list`)")],
+) -> None:
+    """Revoke an API key at once."""
+    with _client() as client:
+        client.revoke_key(key_id)
+    out.print(Text(f"revoked API key {key_id}"))
+
+
+def main() -> None:
+    """Entry point: floom's errors become "error:" and "hint:" lines and exit code 1."""
+    try:
+        app()
+    except ApiError as exc:
+        _exit_with(exc.message, exc.hint, exc.details)
+    except FloomError as exc:
+        _exit_with(exc.message, exc.hint, exc.details)
+    except Exception as exc:  # the outermost boundary: a bug should still not dump a trace
+        if os.environ.get("FLOOM_DEBUG"):
+            raise
+        _exit_with(
+            f"unexpected {type(exc).__name__}: {exc}",
+            "this is a bug in floom; rerun with FLOOM_DEBUG=1 for the traceback",
+        )
+
+
+def _exit_with(message: str, hint: str | None, details: Any = None) -> NoReturn:
+    try:
+        _fail(message, hint, details)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+
+
+if __name__ == "__main__":
+    main()
