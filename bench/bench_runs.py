@@ -57,6 +57,7 @@ THROUGHPUT_TARGET = 30.0
 IDLE_RSS_TARGET_MB = 120.0
 
 POLL_SECONDS = 0.002  # latency phase: GET /runs/{id} every 2 ms after the previous answer
+SPARSE_POLL_SECONDS = 0.05  # second latency pass: how much the 2 ms polling itself costs
 RUN_DEADLINE_SECONDS = 30.0  # one run, trigger to terminal
 HEALTH_DEADLINE_SECONDS = 30.0
 THROUGHPUT_DEADLINE_SECONDS = 90.0
@@ -267,6 +268,8 @@ class FloorResult:
     argv_check: str
     python: str
     latencies: list[float]
+    cpu_ms: float  # CPU of one sandboxed run (prlimit, bwrap, python3), from os.times
+    client_cpu_ms: float  # CPU of this process per run (fork, exec, pipes)
     parallel: dict[int, float] = field(default_factory=dict)  # loops -> runs/s
 
 
@@ -279,8 +282,16 @@ def run_floor(runs: int, root: Path) -> FloorResult:
     ).stdout.strip()
     for _ in range(3):  # warm the page cache and bwrap's binaries
         probe.run_once()
+    cpu0 = self_cpu()
     latencies = [probe.run_once() for _ in range(runs)]
-    result = FloorResult(argv_check=check, python=python, latencies=latencies)
+    cpu = self_cpu() - cpu0
+    result = FloorResult(
+        argv_check=check,
+        python=python,
+        latencies=latencies,
+        cpu_ms=cpu.children * 1000 / runs,
+        client_cpu_ms=cpu.own * 1000 / runs,
+    )
     for loops in (2, 4):
         slots = [FloorSlot(root / f"p{loops}", i, prefix) for i in range(loops)]
         per_loop = max(5, math.ceil(runs / loops))
@@ -351,6 +362,56 @@ def tree_rss_mb(pid: int) -> tuple[float, int]:
     return (rss_kib(pid) + sum(rss_kib(k) for k in kids)) / 1024, len(kids)
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """CPU seconds: of a process itself, and of the children it has waited for."""
+
+    own: float
+    children: float
+
+    def __sub__(self, other: Cpu) -> Cpu:
+        return Cpu(self.own - other.own, self.children - other.children)
+
+
+def proc_cpu(pid: int) -> Cpu:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+    return Cpu((utime + stime) / CLOCK_TICKS, (cutime + cstime) / CLOCK_TICKS)
+
+
+def self_cpu() -> Cpu:
+    t = os.times()
+    return Cpu(t.user + t.system, t.children_user + t.children_system)
+
+
+@dataclass
+class CpuPerRun:
+    """CPU milliseconds per run: server process, its sandboxes, and this bench client."""
+
+    server: float
+    sandboxes: float
+    client: float
+
+    @property
+    def total(self) -> float:
+        return self.server + self.sandboxes + self.client
+
+    def ceiling(self, cores: int) -> float:
+        """Runs/s the machine could do if CPU were the only limit."""
+        return cores * 1000 / self.total if self.total > 0 else math.nan
+
+
+def measure_cpu(server_pid: int, runs: int, fn: Callable[[], Any]) -> tuple[Any, CpuPerRun]:
+    srv0, me0 = proc_cpu(server_pid), self_cpu()
+    value = fn()
+    srv, me = proc_cpu(server_pid) - srv0, self_cpu() - me0
+    per = 1000 / max(runs, 1)
+    return value, CpuPerRun(srv.own * per, srv.children * per, me.own * per)
+
+
 def parse_ts(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
@@ -365,7 +426,9 @@ def seconds_between(a: str | None, b: str | None) -> float | None:
 class Server:
     """`floom serve` on a free loopback port with a fresh data dir."""
 
-    def __init__(self, root: Path, database_url: str | None) -> None:
+    def __init__(
+        self, root: Path, database_url: str | None, extra_env: dict[str, str] | None = None
+    ) -> None:
         self.port = free_port()
         self.key = "flm_bench_" + secrets.token_urlsafe(24)
         self.base_url = f"http://{HOST}:{self.port}"
@@ -380,6 +443,7 @@ class Server:
         )
         if database_url:
             env["FLOOM_DATABASE_URL"] = database_url
+        env.update(extra_env or {})
         if importlib.util.find_spec("floom.cli") is not None:
             argv = [str(VENV_BIN / "floom"), "serve", "--port", str(self.port)]
             self.launcher = "floom serve"
@@ -468,7 +532,7 @@ def wait_terminal(client: httpx.Client, run_id: str) -> dict[str, Any]:
 
 @dataclass
 class LatencyResult:
-    cold_ms: float
+    poll_seconds: float
     client: list[float]  # trigger (before POST) to terminal seen (after GET), seconds
     post: list[float]  # the POST's own round trip
     polls: list[int]
@@ -479,15 +543,22 @@ class LatencyResult:
     failed: list[str]
 
 
-def run_latency(server: Server, runs: int) -> LatencyResult:
+def warm_up(server: Server) -> float:
+    """Two runs not counted (the first unpacks the version); returns the first one's seconds."""
     client = server.client
     t0 = time.perf_counter()
     cold = wait_terminal(client, trigger(client)["id"])
-    cold_ms = (time.perf_counter() - t0) * 1000
+    cold_seconds = time.perf_counter() - t0
     if cold["status"] != "succeeded":
         raise RuntimeError(f"the first run did not succeed: {cold}")
-    wait_terminal(client, trigger(client)["id"])  # second warm-up, not counted
-    res = LatencyResult(cold_ms, [], [], [], [], [], [], [], [])
+    wait_terminal(client, trigger(client)["id"])
+    return cold_seconds
+
+
+def run_latency(server: Server, runs: int, poll_seconds: float) -> LatencyResult:
+    """`runs` sequential runs: POST, then GET the run every `poll_seconds` until it ended."""
+    client = server.client
+    res = LatencyResult(poll_seconds, [], [], [], [], [], [], [], [])
     for _ in range(runs):
         t0 = time.perf_counter()
         run_id = trigger(client)["id"]
@@ -499,7 +570,7 @@ def run_latency(server: Server, runs: int) -> LatencyResult:
             polls += 1
             if body.get("status") in TERMINAL or time.monotonic() > deadline:
                 break
-            time.sleep(POLL_SECONDS)
+            time.sleep(poll_seconds)
         t_end = time.perf_counter()
         if body.get("status") not in TERMINAL:
             raise RuntimeError(f"run {run_id} not terminal within {RUN_DEADLINE_SECONDS:g} s")
@@ -518,6 +589,31 @@ def run_latency(server: Server, runs: int) -> LatencyResult:
                 target.append(value)
         res.sandbox.append(float(body.get("usage", {}).get("sandbox_seconds") or 0.0))
     return res
+
+
+def http_round_trips(server: Server, count: int = 30) -> dict[str, float]:
+    """Median seconds of cheap requests on the idle server: the HTTP stack's own cost."""
+    client = server.client
+    last = client.get("/api/v1/runs", params={"limit": 1}).json()["items"][0]["id"]
+    paths = {
+        "healthz": "/healthz",
+        "run": f"/api/v1/runs/{last}",
+        "worker": "/api/v1/workers/hello",
+    }
+    out = {}
+    for name, path in paths.items():
+        times = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            client.get(path).raise_for_status()
+            times.append(time.perf_counter() - t0)
+        out[name] = median(times)
+    return out
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 @dataclass
@@ -687,7 +783,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="floom-bench-"))
     print(
         f"floom run benchmark: N={args.runs}, M={args.throughput_runs}, cores={os.cpu_count()}, "
-        f"kernel {platform.release()}, client python {platform.python_version()}"
+        f"kernel {platform.release()}, client python {platform.python_version()}, "
+        f"load average {load_average()}"
     )
     try:
         section("floor: prlimit + bwrap + python3 run.py (plain subprocess.run)")
@@ -721,13 +818,26 @@ def main(argv: list[str] | None = None) -> int:
             idle_rss, idle_kids = tree_rss_mb(server.proc.pid)
             print(f"   idle RSS: {idle_rss:.1f} MiB ({idle_kids} child processes)")
 
-            lat = stage(
+            cold = warm_up(server)
+            lat, lat_cpu = stage(
                 f"latency: {args.runs} sequential runs, polling every 2 ms",
-                lambda: run_latency(server, args.runs),
+                lambda: measure_cpu(
+                    server.proc.pid, args.runs, lambda: run_latency(server, args.runs, POLL_SECONDS)
+                ),
             )
-            thr = stage(
+            quiet_runs = max(10, args.runs // 2)
+            quiet = stage(
+                f"latency: {quiet_runs} sequential runs, polling every 50 ms",
+                lambda: run_latency(server, quiet_runs, SPARSE_POLL_SECONDS),
+            )
+            idle_http = stage("idle HTTP round trips", lambda: http_round_trips(server))
+            thr, thr_cpu = stage(
                 f"throughput: {args.throughput_runs} runs from {args.clients} clients",
-                lambda: run_throughput(server, args.throughput_runs, args.clients),
+                lambda: measure_cpu(
+                    server.proc.pid,
+                    args.throughput_runs,
+                    lambda: run_throughput(server, args.throughput_runs, args.clients),
+                ),
             )
             time.sleep(1.0)
             load_rss, load_kids = tree_rss_mb(server.proc.pid)
@@ -741,26 +851,47 @@ def main(argv: list[str] | None = None) -> int:
         overhead = floom_med - floor_med
         rate = thr.total / thr.server_span if thr.server_span > 0 else math.nan
         client_rate = thr.total / thr.client_wall
+        cores = os.cpu_count() or 1
 
-        section("floom latency breakdown (medians)")
-        print(f"   first (cold) run, trigger to finish: {ms(lat.cold_ms / 1000)}")
-        print(f"   client trigger -> terminal seen: {ms(floom_med)} (p90 {ms(floom_p90)})")
-        print(f"     POST round trip: {ms(median(lat.post))}; GETs per run: {median(lat.polls):g}")
-        print(f"   server created_at -> finished_at: {ms(median(lat.server_total))}")
-        print(f"     created_at -> started_at (queue + claim): {ms(median(lat.to_start))}")
-        print(f"     started_at -> finished_at: {ms(median(lat.start_to_finish))}")
-        print(f"       of which sandbox.run (usage.sandbox_seconds): {ms(median(lat.sandbox))}")
-        rest = [a - b for a, b in zip(lat.start_to_finish, lat.sandbox, strict=False)]
-        print(f"       prepare + judge + log flush + finish write: {ms(median(rest))}")
-        seen = [c - s for c, s in zip(lat.client, lat.server_total, strict=False)]
-        print(f"   client-side beyond the server span (HTTP + poll detection): {ms(median(seen))}")
-        if lat.failed:
-            print(f"   FAILED latency runs: {len(lat.failed)}; first: {lat.failed[0]}")
+        section("floom latency breakdown (medians over the sequential runs)")
+        print(f"   first (cold) run, trigger to finish: {ms(cold)} (not counted)")
+        for res in (lat, quiet):
+            poll = f"poll {res.poll_seconds * 1000:g} ms"
+            print(
+                f"   [{poll}] client trigger -> terminal seen: {ms(median(res.client))} "
+                f"(p90 {ms(pct(res.client, 90))}); POST round trip {ms(median(res.post))}; "
+                f"GETs per run {median(res.polls):g}"
+            )
+            rest = [a - b for a, b in zip(res.start_to_finish, res.sandbox, strict=True)]
+            seen = [c - t for c, t in zip(res.client, res.server_total, strict=True)]
+            print(
+                f"   [{poll}] server created -> finished {ms(median(res.server_total))} = "
+                f"created -> started {ms(median(res.to_start))} + sandbox.run "
+                f"{ms(median(res.sandbox))} + rest of the attempt {ms(median(rest))}; "
+                f"client beyond the server span {ms(median(seen))}"
+            )
+            if res.failed:
+                print(f"   [{poll}] FAILED runs: {len(res.failed)}; first: {res.failed[0]}")
+        print(
+            "   (rest of the attempt = load version, copy files, judge result, flush logs, "
+            "record the finish; created_at and finished_at are taken before their commits)"
+        )
+        print(
+            f"   idle HTTP round trips: GET /healthz {ms(idle_http['healthz'])}, "
+            f"GET /api/v1/runs/{{id}} {ms(idle_http['run'])}, "
+            f"GET /api/v1/workers/hello {ms(idle_http['worker'])}"
+        )
+        print(
+            f"   CPU per run [poll 2 ms]: server {lat_cpu.server:.1f} ms, its sandboxes "
+            f"{lat_cpu.sandboxes:.1f} ms, bench client {lat_cpu.client:.1f} ms "
+            f"(floor: sandbox {floor.cpu_ms:.1f} ms, client {floor.client_cpu_ms:.1f} ms)"
+        )
 
         section("floom throughput")
         print(
             f"   queued {thr.total} runs in {thr.enqueue_seconds:.2f} s "
-            f"({thr.total / thr.enqueue_seconds:.0f} POSTs/s from {thr.clients} clients)"
+            f"({thr.total / thr.enqueue_seconds:.0f} POSTs/s from {thr.clients} clients, "
+            "while the executor already ran them)"
         )
         print(f"   first created -> last finished: {thr.server_span:.2f} s = {rate:.1f} runs/s")
         print(f"   first POST -> all terminal seen: {thr.client_wall:.2f} s = {client_rate:.1f}/s")
@@ -771,9 +902,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{ms(median(thr.start_to_finish))} (p90 {ms(pct(thr.start_to_finish, 90))})"
         )
         print(
+            f"   CPU per run: server {thr_cpu.server:.1f} ms, its sandboxes "
+            f"{thr_cpu.sandboxes:.1f} ms, bench client {thr_cpu.client:.1f} ms; "
+            f"CPU-bound ceiling on {cores} cores: {thr_cpu.ceiling(cores):.1f} runs/s "
+            f"(floor sandboxes alone: {cores * 1000 / floor.cpu_ms:.1f} runs/s)"
+        )
+        print(
             f"   RSS after load: {load_rss:.1f} MiB ({load_kids} child processes); "
             f"peak (VmHWM) {peak_rss:.1f} MiB"
         )
+        print(f"   load average at the end: {load_average()}")
 
         best_floor = max(floor.parallel.values())
         rows = [
@@ -801,11 +939,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"about {FLOOR_REFERENCE_MS:g} ms",
                 "ref",
             ),
+            ("trigger-to-start median", "-", ms(median(lat.to_start)), "-", "-", "-"),
             (
-                "trigger-to-start median",
+                "server created->finished",
+                ms(floor_med),
+                ms(median(lat.server_total)),
+                f"+{(median(lat.server_total) - floor_med) * 1000:.1f} ms",
                 "-",
-                ms(median(lat.to_start)),
                 "-",
+            ),
+            (
+                "same, polling 50 ms",
+                ms(floor_med),
+                ms(median(quiet.server_total)),
+                f"+{(median(quiet.server_total) - floor_med) * 1000:.1f} ms",
                 "-",
                 "-",
             ),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -62,15 +63,18 @@ STREAM_STYLES = {"stderr": "red", "system": "dim"}
 
 def _fail(message: str, hint: str | None = None, details: Any = None) -> NoReturn:
     err.print(Text(f"error: {message}", style="red"))
-    for line in _detail_lines(details):
+    for line in _detail_lines(message, details):
         err.print(Text(line))
     if hint:
         err.print(Text(f"hint: {hint}", style="yellow"))
     raise typer.Exit(1)
 
 
-def _detail_lines(details: Any) -> list[str]:
+def _detail_lines(message: str, details: Any) -> list[str]:
+    """Problem lines from an error's details, unless the message already names them all."""
     if not isinstance(details, list):
+        return []
+    if all(isinstance(d, dict) and str(d.get("message")) in message for d in details):
         return []
     lines = []
     for item in details:
@@ -117,11 +121,11 @@ def _duration(run: dict[str, Any]) -> str:
 def _size(n: int | None) -> str:
     if n is None:
         return "-"
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024 or unit == "MiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 * 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / (1024 * 1024):.1f} MiB"
 
 
 def _status(status: str) -> Text:
@@ -182,9 +186,9 @@ def serve(
     from floom.config import Settings
 
     overrides: dict[str, Any] = {}
-    if host:
+    if host is not None:
         overrides["host"] = host
-    if port:
+    if port is not None:
         overrides["port"] = port
     settings = Settings(**overrides)
     url = settings.public_url or f"http://{settings.host}:{settings.port}"
@@ -279,7 +283,9 @@ def rollback(
 ) -> None:
     """Make an earlier version active again."""
     if (to is None) == (run is None):
-        raise typer.BadParameter("give exactly one of --to VERSION or --run RUN_ID")
+        raise typer.BadParameter(
+            "give exactly one of --to VERSION or --run RUN_ID", param_hint="'--to' / '--run'"
+        )
     with _client() as client:
         result = client.rollback(worker, version_id=to, run_id=run)
     out.print(Text(f"{worker} now runs version {result['version']['id']}"))
@@ -700,6 +706,13 @@ def main() -> None:
         _exit_with(exc.message, exc.hint, exc.details)
     except FloomError as exc:
         _exit_with(exc.message, exc.hint, exc.details)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        _exit_with(
+            f"invalid setting {where.upper() and 'FLOOM_' + where.upper()}: {first.get('msg')}",
+            "check the FLOOM_* environment variables",
+        )
     except Exception as exc:  # the outermost boundary: a bug should still not dump a trace
         if os.environ.get("FLOOM_DEBUG"):
             raise

@@ -21,6 +21,7 @@ from floom.config import client_base_url
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 UNREACHABLE_HINT = "start it with `floom serve` or set FLOOM_BASE_URL"
 POLL_SECONDS = 0.3
+RECONNECT_SECONDS = 0.5
 # Streams that break this many times in a row give way to polling /logs, which always works.
 MAX_STREAM_FAILURES = 3
 
@@ -331,15 +332,15 @@ class FloomClient:
                     yield event
                     if event.kind == "end":
                         return
+                failures += 1  # closed without an end: reconnect from the last seq
             except _StreamUnavailable:
                 break
             except httpx.TimeoutException:
                 pass  # a quiet stream; the deadline check below decides whether to go on
-            except httpx.TransportError as exc:
-                if isinstance(exc, httpx.ConnectError):
-                    raise self._transport_error(exc) from exc
-                failures += 1
-                time.sleep(POLL_SECONDS * failures)  # back off before reconnecting
+            except httpx.TransportError:
+                failures += 1  # a broken connection or a restarting server
+            if failures:
+                time.sleep(RECONNECT_SECONDS * failures)
             self._check_deadline(run_id, deadline)
         yield from self._poll(run_id, after=after, deadline=deadline)
 

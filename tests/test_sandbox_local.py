@@ -272,6 +272,26 @@ def test_system_directories_are_read_only(sandbox: LocalSandbox, tmp_path: Path)
     assert [line.split()[:2] for line in outcomes] == [[path, "refused"] for path in targets]
 
 
+def test_the_process_holds_no_capabilities_and_cannot_nest_namespaces(
+    sandbox: LocalSandbox, tmp_path: Path
+) -> None:
+    result, lines = run_script(
+        sandbox,
+        tmp_path,
+        """
+        import ctypes
+        caps = dict(line.split(":\t") for line in open("/proc/self/status").read().splitlines())
+        print(caps["CapEff"].strip(), caps["CapPrm"].strip())
+        CLONE_NEWUSER = 0x10000000
+        if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWUSER) != 0:
+            print("unshare refused")
+        """,
+    )
+
+    assert result.exit_code == 0, lines
+    assert stream(lines, "stdout") == ["0000000000000000 0000000000000000", "unshare refused"]
+
+
 def test_files_written_to_the_output_dir_appear_on_the_host(
     sandbox: LocalSandbox, tmp_path: Path
 ) -> None:
@@ -331,9 +351,13 @@ def test_timeout_kills_the_whole_process_tree(sandbox: LocalSandbox, tmp_path: P
             ready.set()
 
     result, lines = run_script(
-        sandbox, tmp_path, GRANDCHILD_WORKER, on_line=watch, env={"MARKER": marker},
+        sandbox,
+        tmp_path,
+        GRANDCHILD_WORKER,
+        on_line=watch,
+        env={"MARKER": marker},
         timeout_seconds=2.0,
-    )  # fmt: skip
+    )
 
     assert ready.is_set(), lines
     assert alive_when_ready == [True]
@@ -353,9 +377,14 @@ def test_cancel_kills_the_whole_process_tree(sandbox: LocalSandbox, tmp_path: Pa
 
     started = time.monotonic()
     result, lines = run_script(
-        sandbox, tmp_path, GRANDCHILD_WORKER, on_line=watch, should_cancel=ready.is_set,
-        env={"MARKER": marker}, timeout_seconds=60.0,
-    )  # fmt: skip
+        sandbox,
+        tmp_path,
+        GRANDCHILD_WORKER,
+        on_line=watch,
+        should_cancel=ready.is_set,
+        env={"MARKER": marker},
+        timeout_seconds=60.0,
+    )
 
     assert ready.is_set(), lines
     assert alive_when_ready == [True]
@@ -379,9 +408,7 @@ def test_an_error_in_on_line_kills_the_process_tree_and_propagates(
     assert processes_with(marker) == []
 
 
-def test_allocating_more_than_the_memory_limit_fails(
-    sandbox: LocalSandbox, tmp_path: Path
-) -> None:
+def test_allocating_more_than_the_memory_limit_fails(sandbox: LocalSandbox, tmp_path: Path) -> None:
     result, lines = run_script(
         sandbox,
         tmp_path,

@@ -174,7 +174,5 @@ def cancel_run(run_id: str, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
 def replay_run(
     run_id: str, ctx: CtxDep, key: RunKey, body: ReplayRequest | None = None
 ) -> dict[str, Any]:
-    run = runs.replay_run(
-        ctx, run_id=run_id, latest=bool(body and body.latest), actor=key.id
-    )
+    run = runs.replay_run(ctx, run_id=run_id, latest=bool(body and body.latest), actor=key.id)
     return runs.run_to_dict(run, artifacts=[])

@@ -124,7 +124,10 @@ class RollbackRequest(BaseModel):
 @router.post("/workers/{name}/rollback")
 def rollback(name: str, body: RollbackRequest, ctx: CtxDep, _: DeployKey) -> dict[str, Any]:
     version = workers.rollback(ctx, name=name, version_id=body.version_id, run_id=body.run_id)
-    return {"worker": _worker_body(ctx, name), "version": workers.version_to_dict(version, active_id=version.id)}
+    return {
+        "worker": _worker_body(ctx, name),
+        "version": workers.version_to_dict(version, active_id=version.id),
+    }
 
 
 @router.get("/manifest-schema", summary="JSON Schema of worker.yml")

@@ -337,8 +337,11 @@ class Executor:
         report, problem = _read_result(workdir / "result.json")
         if problem:
             return Outcome(
-                status=FAILED, error_code="result_invalid", error_message=problem,
-                exit_code=result.exit_code, retryable=False,
+                status=FAILED,
+                error_code="result_invalid",
+                error_message=problem,
+                exit_code=result.exit_code,
+                retryable=False,
             )
         if report.get("error"):
             return Outcome(
@@ -394,7 +397,9 @@ def _read_result(path: Path) -> tuple[dict[str, Any], str | None]:
     return report, None
 
 
-def _collect_artifacts(output_dir: Path, *, limit: int) -> tuple[list[tuple[str, bytes, str]], str | None]:
+def _collect_artifacts(
+    output_dir: Path, *, limit: int
+) -> tuple[list[tuple[str, bytes, str]], str | None]:
     found: list[tuple[str, bytes, str]] = []
     total = 0
     for p in sorted(output_dir.rglob("*")):
@@ -411,4 +416,3 @@ def _collect_artifacts(output_dir: Path, *, limit: int) -> tuple[list[tuple[str,
         content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
         found.append((name, p.read_bytes(), content_type))
     return found, None
-

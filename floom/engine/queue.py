@@ -193,9 +193,7 @@ def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
                 run.error_code = "cancelled"
                 run.error_message = f"cancelled; {lost}"
             elif run.attempt < run.max_attempts:
-                system_event(
-                    s, run_id=run.id, attempt=run.attempt, message=f"{lost}; requeued"
-                )
+                system_event(s, run_id=run.id, attempt=run.attempt, message=f"{lost}; requeued")
                 run.status = QUEUED
                 run.attempt += 1
                 run.started_at = None
@@ -206,12 +204,9 @@ def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
                 run.error_code = "executor_lost"
                 run.error_message = f"{lost} and no attempts are left"
             if run.status != QUEUED:
-                system_event(
-                    s, run_id=run.id, attempt=run.attempt, message=f"{run.status}: {lost}"
-                )
+                system_event(s, run_id=run.id, attempt=run.attempt, message=f"{run.status}: {lost}")
             s.add(run)
         count = len(rows)
     if count:
         ctx.run_queued.set()
     return count
-

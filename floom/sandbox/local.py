@@ -38,37 +38,20 @@ CANCEL_POLL_SECONDS: Final = 0.1
 KILL_WAIT_SECONDS: Final = 5.0
 
 BWRAP_HINT: Final = "install bubblewrap: apt-get install bubblewrap"
-# Entries of /etc that programs need to resolve names, verify TLS, find libraries and know
-# the time zone. Anything else (pip.conf, npmrc, machine-id, ...) may hold host secrets.
-_ETC_ENTRIES: Final = (
-    "alternatives",
-    "ca-certificates",
-    "ca-certificates.conf",
-    "gai.conf",
-    "group",
-    "host.conf",
-    "hosts",
-    "ld.so.cache",
-    "ld.so.conf",
-    "ld.so.conf.d",
-    "locale.alias",
-    "localtime",
-    "mime.types",
-    "nsswitch.conf",
-    "os-release",
-    "passwd",
-    "pki",
-    "protocols",
-    "resolv.conf",
-    "services",
-    "ssl",
-    "timezone",
-)
+# Entries of /etc that programs need to resolve names, verify TLS, load libraries and
+# know the time zone; each bind costs bwrap a mount, so only these. Anything else of /etc
+# (pip.conf, npmrc, machine-id, ...) may hold host secrets.
+_ETC_ENTRIES: Final = """
+    alternatives group hosts ld.so.cache localtime nsswitch.conf os-release passwd pki
+    protocols resolv.conf services ssl
+""".split()
 _ROOT_LINKS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # Strongest first: an explicit user namespace lets bwrap forbid nested ones; hosts that
 # refuse it still get the rest of --unshare-all.
 _HARDENING_VARIANTS: Final = (("--unshare-user", "--disable-userns"), ())
-_BOOTSTRAP: Final = ("bwrap: ", "prlimit: ")
+_FRESH_MOUNTS: Final = ("--proc", "/proc", "--dev", "/dev")
+# How bwrap and prlimit prefix their own errors, which precede anything the command prints.
+_STARTUP_ERROR_PREFIXES: Final = ("bwrap: ", "prlimit: ")
 
 
 class SandboxUnavailable(FloomError):
@@ -128,27 +111,18 @@ class LocalSandbox(Sandbox):
 
     def _command_prefix(self) -> tuple[str, ...]:
         if self._prefix is None:
+            bwrap = shutil.which("bwrap")
+            if bwrap is None:
+                raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
             prlimit = shutil.which("prlimit")
             if prlimit is None:
                 raise SandboxUnavailable(
                     "prlimit is not on PATH; the local sandbox needs it to cap memory",
                     hint="install util-linux: apt-get install util-linux",
                 )
-            bwrap = shutil.which("bwrap")
-            if bwrap is None:
-                raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
             system = _system_args()
             namespaces = _probe_namespaces(bwrap, system)
-            self._prefix = (
-                prlimit,
-                bwrap,
-                *namespaces,
-                *system,
-                "--proc",
-                "/proc",
-                "--dev",
-                "/dev",
-            )
+            self._prefix = (prlimit, bwrap, *namespaces, *system, *_FRESH_MOUNTS)
         return self._prefix
 
 
@@ -245,7 +219,9 @@ class _Supervisor:
             return SandboxResult(exit_code=None, cancelled=True, error="cancelled")
         exit_code = 128 - returncode if returncode < 0 else returncode
         first = self.stderr.first_line
-        failed_to_start = exit_code != 0 and first is not None and first.startswith(_BOOTSTRAP)
+        failed_to_start = (
+            exit_code != 0 and first is not None and first.startswith(_STARTUP_ERROR_PREFIXES)
+        )
         return SandboxResult(exit_code=exit_code, error=first if failed_to_start else None)
 
     def kill_tree(self) -> bool:
@@ -432,7 +408,7 @@ def _probe_namespaces(bwrap: str, system_args: tuple[str, ...]) -> tuple[str, ..
             "--hostname",
             SANDBOX_HOSTNAME,
         )
-        argv = [bwrap, *namespaces, *system_args, "--proc", "/proc", "--dev", "/dev", "--", "true"]
+        argv = [bwrap, *namespaces, *system_args, *_FRESH_MOUNTS, "--", "true"]
         try:
             done = subprocess.run(
                 argv,

@@ -46,9 +46,7 @@ def system_event(s: Session, *, run_id: str, attempt: int, message: str) -> None
     append_events(s, run_id=run_id, attempt=attempt, lines=[("system", message, None)])
 
 
-def list_events(
-    ctx: Context, *, run_id: str, after: int = 0, limit: int = 1000
-) -> list[RunEvent]:
+def list_events(ctx: Context, *, run_id: str, after: int = 0, limit: int = 1000) -> list[RunEvent]:
     with session_scope(ctx.engine) as s:
         return list(
             s.exec(

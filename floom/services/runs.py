@@ -153,7 +153,11 @@ def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
 
 
 def replay_run(
-    ctx: Context, *, run_id: str, latest: bool = False, actor: str | None = None,
+    ctx: Context,
+    *,
+    run_id: str,
+    latest: bool = False,
+    actor: str | None = None,
     trigger: str = "replay",
 ) -> Run:
     """Run again with the same inputs, on the same version unless `latest`."""

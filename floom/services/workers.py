@@ -118,7 +118,9 @@ def _get_worker(s: Session, name: str) -> Worker:
     return worker
 
 
-def list_workers(ctx: Context, *, cursor: str | None = None, limit: int = 50) -> tuple[list[Worker], str | None]:
+def list_workers(
+    ctx: Context, *, cursor: str | None = None, limit: int = 50
+) -> tuple[list[Worker], str | None]:
     with session_scope(ctx.engine) as s:
         q = select(Worker).order_by(Worker.name).limit(limit + 1)
         if cursor:
@@ -133,8 +135,7 @@ def get_version(ctx: Context, *, version_id: str, worker_name: str | None = None
         version = s.get(Version, version_id)
     if version is None or (worker_name and version.worker_name != worker_name):
         raise NotFound(
-            f"no version {version_id}"
-            + (f" of worker '{worker_name}'" if worker_name else ""),
+            f"no version {version_id}" + (f" of worker '{worker_name}'" if worker_name else ""),
             hint=f"`floom versions {worker_name or 'WORKER'}` lists the versions",
         )
     return version

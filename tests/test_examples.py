@@ -1,0 +1,42 @@
+"""The example workers in workers/ run as shipped."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.conftest import EXAMPLES, deploy_folder, wait_for_run
+from tests.standins.github import github_standin
+
+
+def test_github_digest_summarises_a_repository_with_its_token(api: httpx.Client) -> None:
+    deploy_folder(api, EXAMPLES / "github-digest")
+    token = "ghp_standin_token_123"
+    api.put("/api/v1/secrets/GITHUB_TOKEN", json={"value": token})
+    with github_standin(token) as gh:
+        inputs = {"repo": "acme/api", "days": 3, "api_url": gh["url"]}
+        run_id = api.post("/api/v1/workers/github-digest/runs", json={"inputs": inputs}).json()[
+            "id"
+        ]
+        run = wait_for_run(api, run_id, timeout=60)
+    assert run["status"] == "succeeded", run
+    assert run["outputs"]["commits"] == 2
+    assert run["outputs"]["issues_opened"] == 1
+    assert run["outputs"]["pulls_opened"] == 1
+    assert run["outputs"]["summary"].startswith("acme/api: 2 commits")
+    assert [a["name"] for a in run["artifacts"]] == ["digest.md"]
+    digest = api.get(run["artifacts"][0]["url"]).text
+    assert "a1b2c3d Fix the parser" in digest
+    assert {auth for _, auth in gh["requests"]} == {f"Bearer {token}"}
+    logs = api.get(f"/api/v1/runs/{run_id}/logs").text
+    assert token not in logs
+
+
+def test_github_digest_fails_clearly_without_its_secret(api: httpx.Client) -> None:
+    deploy_folder(api, EXAMPLES / "github-digest")
+    run_id = api.post(
+        "/api/v1/workers/github-digest/runs", json={"inputs": {"repo": "acme/api"}}
+    ).json()["id"]
+    run = wait_for_run(api, run_id)
+    assert run["status"] == "failed"
+    assert run["error"]["code"] == "secret_missing"
+    assert "floom secrets set GITHUB_TOKEN" in run["error"]["message"]
