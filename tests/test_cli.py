@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from floom.cli import mask_password
+from floom.client import ApiError, FloomClient, FollowEvent
 from floom.services import secrets
 from tests.conftest import (
     EXAMPLES,
@@ -467,3 +468,82 @@ def test_following_a_finished_run_prints_each_line_once(
     assert result.returncode == 0, result.stderr
     lines = [json.loads(x)["line"] for x in result.stdout.splitlines()]
     assert "Hello, world!" in lines and len(lines) == len(set(lines))
+
+
+# -- following, in memory --------------------------------------------------------------------
+
+
+def sse(*events: tuple[str, dict[str, Any]]) -> bytes:
+    return "".join(
+        f"id: {data.get('seq', '')}\nevent: {kind}\ndata: {json.dumps(data)}\n\n: keep-alive\n\n"
+        for kind, data in events
+    ).encode()
+
+
+def log_event(seq: int) -> dict[str, Any]:
+    return {"seq": seq, "ts": "2026-01-01T00:00:00Z", "stream": "stdout", "line": f"l{seq}"}
+
+
+def test_follow_resumes_from_the_last_seq_when_the_stream_breaks() -> None:
+    asked: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.params.get("after"))
+        headers = {"content-type": "text/event-stream"}
+        if len(asked) == 1:  # the first connection drops after two lines
+            return httpx.Response(
+                200, headers=headers, content=sse(("log", log_event(1)), ("log", log_event(2)))
+            )
+        end = {"id": "run_1", "status": "succeeded"}
+        return httpx.Response(
+            200, headers=headers, content=sse(("log", log_event(3)), ("end", end))
+        )
+
+    client = FloomClient("http://floom.test", "key", transport=httpx.MockTransport(handler))
+    events = list(client.follow("run_1"))
+    assert [e.data.get("seq") for e in events if e.kind == "log"] == [1, 2, 3]
+    assert events[-1].kind == "end" and events[-1].data["status"] == "succeeded"
+    assert asked == ["0", "2"]
+
+
+def test_follow_polls_the_logs_when_streaming_is_unavailable() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path.endswith("/logs/stream"):
+            return httpx.Response(404, json={"error": {"code": "not_found", "message": "no route"}})
+        if path.endswith("/logs"):
+            after = int(request.url.params["after"])
+            items = [log_event(after + 1)] if after < 3 else []
+            last = after + len(items)
+            body = {
+                "items": items,
+                "last_seq": last,
+                "run_status": "running",
+                "complete": last >= 3,
+            }
+            return httpx.Response(200, json=body)
+        return httpx.Response(200, json={"id": "run_1", "status": "failed"})
+
+    client = FloomClient("http://floom.test", "key", transport=httpx.MockTransport(handler))
+    events = list(client.follow("run_1"))
+    assert [e.data.get("seq") for e in events if e.kind == "log"] == [1, 2, 3]
+    assert events[-1] == FollowEvent("end", {"id": "run_1", "status": "failed"})
+
+
+def test_api_errors_carry_floom_code_and_hint() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        error = {"code": "not_found", "message": "no worker nope", "hint": "`floom workers`"}
+        return httpx.Response(404, json={"error": error})
+
+    client = FloomClient("http://floom.test", "key", transport=httpx.MockTransport(handler))
+    try:
+        client.get_worker("nope")
+    except ApiError as exc:
+        assert (exc.status, exc.code, exc.message, exc.hint) == (
+            404,
+            "not_found",
+            "no worker nope",
+            "`floom workers`",
+        )
+    else:
+        raise AssertionError("no ApiError raised")

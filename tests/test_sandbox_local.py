@@ -128,6 +128,7 @@ def test_runs_a_python_script_and_streams_each_stream_in_order(
         sys.stdout.write("no newline at the end")
         """,
     )
+
     assert result == SandboxResult(exit_code=0)
     assert stream(lines, "stdout") == [
         "out 0",

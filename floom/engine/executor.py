@@ -92,6 +92,8 @@ class Executor:
     # lifecycle
 
     def start(self) -> None:
+        # Work dirs left by a killed process belong to runs the reaper requeues below.
+        shutil.rmtree(self.ctx.settings.work_root, ignore_errors=True)
         reaped = reap_expired_leases(self.ctx, own_node_restart=True)
         if reaped:
             log.warning("requeued or failed %d run(s) abandoned by a previous process", reaped)

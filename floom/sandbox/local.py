@@ -439,7 +439,7 @@ def _system_args() -> tuple[str, ...]:
         args += _read_only("/" + name)
     for name in _ETC_ENTRIES:
         args += _read_only("/etc/" + name)
-    for path in sorted(glob.glob("/etc/python3*")):
+    for path in sorted(glob.glob("/etc/python3.*")):  # where Debian keeps sitecustomize.py
         args += _read_only(path)
     return tuple(args)
 
