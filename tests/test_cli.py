@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from floom.cli import mask_password
 from floom.client import ApiError, FloomClient, FollowEvent
@@ -536,14 +537,12 @@ def test_api_errors_carry_floom_code_and_hint() -> None:
         return httpx.Response(404, json={"error": error})
 
     client = FloomClient("http://floom.test", "key", transport=httpx.MockTransport(handler))
-    try:
+    with pytest.raises(ApiError) as caught:
         client.get_worker("nope")
-    except ApiError as exc:
-        assert (exc.status, exc.code, exc.message, exc.hint) == (
-            404,
-            "not_found",
-            "no worker nope",
-            "`floom workers`",
-        )
-    else:
-        raise AssertionError("no ApiError raised")
+    exc = caught.value
+    assert (exc.status, exc.code, exc.message, exc.hint) == (
+        404,
+        "not_found",
+        "no worker nope",
+        "`floom workers`",
+    )
