@@ -119,7 +119,10 @@ def test_sse_log_stream_delivers_ordered_lines_then_ends_and_resumes(
     folder = make_worker(
         tmp_path / "counter",
         "name: counter\n",
-        {"run.py": "import time\nfor i in range(5):\n    print(i, flush=True)\n    time.sleep(0.05)\n"},
+        {
+            "run.py": "import time\nfor i in range(5):\n"
+            "    print(i, flush=True)\n    time.sleep(0.05)\n"
+        },
     )
     deploy_folder(api, folder)
     run_id = api.post("/api/v1/workers/counter/runs", json={}).json()["id"]
@@ -175,7 +178,10 @@ def test_outputs_that_break_the_manifest_fail_the_run(api: httpx.Client, tmp_pat
     folder = make_worker(
         tmp_path / "liar",
         "name: liar\noutputs: {n: {type: integer, required: true}}\n",
-        {"run.py": 'import json; open("result.json","w").write(json.dumps({"outputs": {"n": "x"}}))\n'},
+        {
+            "run.py": "import json\n"
+            'open("result.json", "w").write(json.dumps({"outputs": {"n": "x"}}))\n'
+        },
     )
     deploy_folder(api, folder)
     run = wait_for_run(api, api.post("/api/v1/workers/liar/runs", json={}).json()["id"])

@@ -85,7 +85,8 @@ import os, time, json
 print("attempt", os.environ["FLOOM_ATTEMPT"], flush=True)
 if os.environ["FLOOM_ATTEMPT"] == "1":
     time.sleep(120)
-open("result.json", "w").write(json.dumps({"outputs": {"attempt": int(os.environ["FLOOM_ATTEMPT"])}}))
+outputs = {"attempt": int(os.environ["FLOOM_ATTEMPT"])}
+open("result.json", "w").write(json.dumps({"outputs": outputs}))
 """
 
 

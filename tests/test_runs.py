@@ -6,7 +6,14 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
+from tests.conftest import (
+    EXAMPLES,
+    LiveServer,
+    deploy_folder,
+    make_worker,
+    wait_for_run,
+    wait_until,
+)
 
 
 def test_hello_runs_from_inputs_to_outputs_with_logs_and_an_artifact(api: httpx.Client) -> None:
@@ -79,8 +86,7 @@ def test_cancel_stops_a_running_run(api: httpx.Client, tmp_path: Path) -> None:
     run_id = api.post("/api/v1/workers/sleepy/runs", json={}).json()["id"]
     wait_until(
         lambda: any(
-            e["line"] == "waiting"
-            for e in api.get(f"/api/v1/runs/{run_id}/logs").json()["items"]
+            e["line"] == "waiting" for e in api.get(f"/api/v1/runs/{run_id}/logs").json()["items"]
         )
     )
     assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200

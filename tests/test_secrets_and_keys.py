@@ -73,7 +73,8 @@ def test_a_run_whose_declared_secret_is_missing_fails_before_start_naming_it(
     assert "API_TOKEN" in run["error"]["message"]
     assert "floom secrets set API_TOKEN" in run["error"]["message"]
     stdout = [
-        e for e in api.get(f"/api/v1/runs/{run['id']}/logs").json()["items"]
+        e
+        for e in api.get(f"/api/v1/runs/{run['id']}/logs").json()["items"]
         if e["stream"] == "stdout"
     ]
     assert stdout == []

@@ -178,7 +178,7 @@ def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
     now = utcnow()
     cond = col(Run.lease_expires_at) < now
     if own_node_restart:
-        cond = or_(cond, Run.lease_owner == ctx.node_id)
+        cond = or_(cond, col(Run.lease_owner) == ctx.node_id)
     with session_scope(ctx.engine, write=True) as s:
         rows = s.exec(
             select(Run).where(Run.status == RUNNING, cond).with_for_update(skip_locked=True)

@@ -6,7 +6,6 @@ import os
 import threading
 import time
 from datetime import UTC, datetime
-
 from typing import Any
 
 from sqlalchemy import Column, DateTime, Index, LargeBinary, Text, TypeDecorator, UniqueConstraint
