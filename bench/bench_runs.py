@@ -856,6 +856,11 @@ def main(argv: list[str] | None = None) -> int:
             stage("waiting for /healthz", server.wait_ready)
             health = server.client.get("/healthz").json()
             worker = server.client.get("/api/v1/workers/hello")
+            if worker.status_code == 401:
+                raise RuntimeError(
+                    "the bootstrap API key was refused: the database already has an admin key; "
+                    "give --database-url an empty database"
+                )
             if worker.status_code != 200:
                 raise RuntimeError(f"example worker hello not deployed: {worker.text[:300]}")
             print(

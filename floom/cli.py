@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -169,11 +168,6 @@ def _check_locally(folder: Path) -> Manifest:
 # -- server ----------------------------------------------------------------------------------
 
 
-def mask_password(url: str) -> str:
-    """postgresql://user:secret@host/db -> postgresql://user:***@host/db"""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
-
-
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="address to bind (FLOOM_HOST)")] = None,
@@ -182,8 +176,8 @@ def serve(
     """Run the floom server: API, scheduler and executor in one process."""
     import uvicorn
 
-    from floom.api.app import create_app
-    from floom.config import Settings
+    from floom.api.app import create_app, preflight
+    from floom.config import Settings, mask_password
 
     overrides: dict[str, Any] = {}
     if host is not None:
@@ -198,7 +192,11 @@ def serve(
             f"database {mask_password(settings.resolved_database_url)}"
         )
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    try:
+        ctx = preflight(settings)
+    except FloomError as exc:
+        _fail(exc.message, exc.hint)
+    uvicorn.run(create_app(ctx=ctx), host=settings.host, port=settings.port, log_level="info")
 
 
 # -- workers ---------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 2.0
     reap_interval_seconds: float = 5.0
+    # A claimed handoff job returns to `published` when its assignee is silent this long.
+    handoff_lease_seconds: float = 600.0
     poll_interval_seconds: float = 0.5
     deploy_examples: bool = True
     examples_dir: Path | None = None
@@ -79,3 +81,10 @@ def client_base_url() -> str:
         return url.rstrip("/")
     port = os.environ.get("FLOOM_PORT", str(DEFAULT_PORT))
     return f"http://127.0.0.1:{port}"
+
+
+def mask_password(url: str) -> str:
+    """The URL with any password replaced by ***, for printing."""
+    import re
+
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)

@@ -42,6 +42,14 @@ def deploy_examples(ctx: Context) -> list[str]:
     return deployed
 
 
+def preflight(settings: Settings) -> Context:
+    """Open the store and check the sandbox before serving, so a broken setup fails with a
+    clear error and hint instead of a traceback from inside the server's start-up."""
+    if "executor" in settings.role_set:
+        get_sandbox(settings.sandbox).check()
+    return Context.open(settings)
+
+
 def _has_worker(ctx: Context) -> bool:
     rows, _ = workers.list_workers(ctx, limit=1)
     return bool(rows)

@@ -107,6 +107,14 @@ async def stream_logs(
 ) -> StreamingResponse:
     await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
+    return log_event_stream(ctx, run_id, start=start, request=request)
+
+
+def log_event_stream(
+    ctx: Context, run_id: str, *, start: int, request: Request
+) -> StreamingResponse:
+    """Server-sent events of a run's log after seq `start`, ending with an `end` event when the
+    run has ended; the REST API and the web UI (behind its own sign-in) both serve it."""
 
     async def events() -> AsyncIterator[str]:
         seq = start

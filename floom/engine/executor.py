@@ -52,6 +52,10 @@ class RunLog:
         self._max = max_lines
         self.last_stderr = ""
 
+    def redact_with(self, redactor: Redactor) -> None:
+        """Known once the run's secrets are resolved; no line has arrived before that."""
+        self._redactor = redactor
+
     def add(self, stream: str, line: str) -> None:
         line = self._redactor.text(line[:MAX_LINE])
         with self._lock:
@@ -256,7 +260,7 @@ class Executor:
                 retryable=False,
             )
         redactor = Redactor(values.values())
-        run_log._redactor = redactor
+        run_log.redact_with(redactor)
         base = self.ctx.settings.work_root / f"{run.id}-{run.attempt}"
         workdir, output_dir = base / "work", base / "output"
         try:

@@ -8,10 +8,19 @@ import threading
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
-from floom.config import Settings
+from floom.config import Settings, mask_password
+from floom.errors import FloomError
 from floom.services.secrets import SecretBox
 from floom.store.db import create_schema, make_engine
+
+
+class StoreUnavailable(FloomError):
+    """The database cannot be reached."""
+
+    status = 503
+    code = "store_unavailable"
 
 
 @dataclass
@@ -31,7 +40,15 @@ class Context:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(settings.data_dir, 0o700)
         engine = make_engine(settings.resolved_database_url)
-        create_schema(engine)
+        try:
+            create_schema(engine)
+        except SQLAlchemyError as exc:
+            engine.dispose()
+            raise StoreUnavailable(
+                f"cannot open the database {mask_password(settings.resolved_database_url)}: "
+                f"{type(getattr(exc, "orig", None) or exc).__name__}",
+                hint="check FLOOM_DATABASE_URL and that the database server is running",
+            ) from exc
         return cls(
             settings=settings,
             engine=engine,

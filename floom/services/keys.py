@@ -49,7 +49,12 @@ def _check_scopes(scopes: list[str]) -> None:
 
 
 def create_key(
-    ctx: Context, *, scopes: list[str], name: str = "", token: str | None = None
+    ctx: Context,
+    *,
+    scopes: list[str],
+    name: str = "",
+    token: str | None = None,
+    agent_id: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Store a new key and return it with its plaintext, which is never stored or shown again."""
     _check_scopes(scopes)
@@ -60,6 +65,7 @@ def create_key(
         prefix=token[:10],
         key_hash=_hash(token),
         scopes=",".join(scopes),
+        agent_id=agent_id,
     )
     with session_scope(ctx.engine, write=True) as s:
         s.add(key)
@@ -104,6 +110,7 @@ def key_to_dict(key: ApiKey) -> dict[str, Any]:
         "name": key.name,
         "prefix": key.prefix,
         "scopes": key.scopes.split(","),
+        "agent_id": key.agent_id,
         "created_at": key.created_at,
         "revoked_at": key.revoked_at,
     }

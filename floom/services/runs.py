@@ -107,6 +107,8 @@ def list_runs(
     trigger: str | None = None,
     cursor: str | None = None,
     limit: int = 50,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
 ) -> tuple[list[Run], str | None]:
     """Newest first; `cursor` is the id of the last run of the previous page."""
     if status and status not in STATUSES:
@@ -122,6 +124,10 @@ def list_runs(
         q = q.where(Run.trigger == trigger)
     if cursor:
         q = q.where(Run.id < cursor)
+    if created_after:
+        q = q.where(col(Run.created_at) >= created_after)
+    if created_before:
+        q = q.where(col(Run.created_at) < created_before)
     with session_scope(ctx.engine) as s:
         rows = list(s.exec(q).all())
     next_cursor = rows[limit - 1].id if len(rows) > limit else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -30,6 +31,11 @@ class SecretBox:
 
     def __init__(self, key_material: bytes) -> None:
         self._fernet = Fernet(base64.urlsafe_b64encode(hashlib.sha256(key_material).digest()))
+        self._material = key_material
+
+    def derive_key(self, purpose: str) -> bytes:
+        """A key for another use (e.g. signing cookies), independent of the encryption key."""
+        return hmac.new(self._material, b"floom:" + purpose.encode(), hashlib.sha256).digest()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SecretBox:

@@ -11,7 +11,9 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, create_engine
 
+from floom.store import handoffs as _handoff_tables  # noqa: F401 - registers the tables
 from floom.store import models  # noqa: F401 - registers the tables
+from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 
 _sqlite_write_lock = threading.RLock()
 

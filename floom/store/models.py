@@ -159,6 +159,8 @@ class ApiKey(SQLModel, table=True):
     prefix: str = Field(max_length=16)
     key_hash: str = Field(unique=True, max_length=64)
     scopes: str = Field(max_length=128)
+    # The handoff agent this key speaks for; its roles are read per request, never cached.
+    agent_id: str | None = Field(default=None, max_length=40, index=True)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     last_used_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -1,0 +1,272 @@
+"""The web UI's plumbing: templates and their filters, the session cookie, CSRF checks, and a
+route class that turns floom's errors into pages (or a sign-in redirect) instead of JSON."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from fastapi.templating import Jinja2Templates
+from itsdangerous import BadSignature, URLSafeTimedSerializer
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup, escape
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.responses import RedirectResponse, Response
+
+from floom.errors import FloomError, InvalidRequest, Unauthorized
+from floom.services import web_sessions
+from floom.services.context import Context
+from floom.services.web_sessions import SignedIn
+
+WEB_DIR = Path(__file__).resolve().parent.parent.parent / "web"
+SESSION_COOKIE = "floom_session"
+LOGIN_COOKIE = "floom_login"
+SESSION_MAX_AGE = int(web_sessions.SESSION_LIFETIME.total_seconds())
+
+# Everything the pages load comes from this server; no inline script or style is allowed.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+    "script-src 'self'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+}
+
+STATUS_MARKS = {
+    "queued": "◷",
+    "running": "▶",
+    "succeeded": "✓",
+    "failed": "✗",
+    "timed_out": "⌛",
+    "cancelled": "⊘",
+    "waiting_approval": "✋",
+    "pending": "✋",
+    "approved": "✓",
+    "rejected": "✗",
+}
+
+
+# -- template filters ------------------------------------------------------------------------
+
+
+def when(value: datetime | None) -> Markup:
+    """A <time> in UTC that app.js rewrites into the viewer's timezone, keeping UTC on hover."""
+    if value is None:
+        return Markup('<span class="muted">—</span>')
+    utc = value.astimezone().astimezone(tz=None) if value.tzinfo is None else value
+    iso = utc.strftime("%Y-%m-%dT%H:%M:%SZ") if utc.utcoffset() is None else _iso(utc)
+    text = _iso(utc).replace("T", " ").removesuffix("Z") + " UTC"
+    return Markup('<time datetime="{0}" title="UTC {1}">{1}</time>').format(iso, text)
+
+
+def _iso(value: datetime) -> str:
+    from datetime import UTC
+
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return "—"
+    seconds = max((end - start).total_seconds(), 0.0)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {sec} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def badge(status: str | None) -> Markup:
+    """A status readable at a glance: a colour, a mark for colour-blind eyes, and the word."""
+    status = status or "unknown"
+    mark = STATUS_MARKS.get(status, "•")
+    return Markup(
+        '<span class="badge badge-{0}"><span aria-hidden="true">{1}</span> {2}</span>'
+    ).format(status, mark, status.replace("_", " "))
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def size(value: int | None) -> str:
+    if value is None:
+        return "—"
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if amount < 1024 or unit == "GiB":
+            return f"{int(amount)} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    return f"{value} B"
+
+
+def short(value: str | None, length: int = 18) -> str:
+    if not value:
+        return ""
+    return value if len(value) <= length else value[: length - 1] + "…"
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(WEB_DIR / "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(when=when, badge=badge, pretty_json=pretty_json, size=size, short=short)
+    env.globals.update(duration=duration, quote=quote)
+    return env
+
+
+templates = Jinja2Templates(env=_environment())
+
+
+# -- sessions and CSRF -----------------------------------------------------------------------
+
+
+def get_ctx(request: Request) -> Context:
+    ctx: Context = request.app.state.ctx
+    return ctx
+
+
+def _serializer(ctx: Context, purpose: str) -> URLSafeTimedSerializer:
+    return URLSafeTimedSerializer(ctx.secret_box.derive_key("web-ui"), salt=f"floom.{purpose}")
+
+
+def sign_cookie(ctx: Context, purpose: str, value: str) -> str:
+    return str(_serializer(ctx, purpose).dumps(value))
+
+
+def unsign_cookie(ctx: Context, purpose: str, value: str | None, max_age: int) -> str | None:
+    if not value:
+        return None
+    try:
+        return str(_serializer(ctx, purpose).loads(value, max_age=max_age))
+    except BadSignature:
+        return None
+
+
+def set_cookie(request: Request, response: Response, name: str, value: str, max_age: int) -> None:
+    response.set_cookie(
+        name,
+        value,
+        max_age=max_age,
+        httponly=True,
+        samesite="lax",
+        secure=request.url.scheme == "https",
+        path="/",
+    )
+
+
+async def current_session(request: Request) -> SignedIn:
+    """The signed-in browser; anything else is sent to the sign-in page by UiRoute."""
+    ctx = get_ctx(request)
+    token = unsign_cookie(ctx, "session", request.cookies.get(SESSION_COOKIE), SESSION_MAX_AGE)
+    me = await run_in_threadpool(web_sessions.session_for, ctx, token=token)
+    request.state.signed_in = me
+    return me
+
+
+Me = Annotated[SignedIn, Depends(current_session)]
+CtxDep = Annotated[Context, Depends(get_ctx)]
+
+
+async def checked_form(request: Request, me: SignedIn) -> FormData:
+    """The posted form, once its CSRF token matches the session's."""
+    form = await request.form()
+    token = form.get("csrf")
+    web_sessions.check_csrf(me, token=token if isinstance(token, str) else None)
+    return form
+
+
+def new_login_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def safe_next(target: str | None) -> str:
+    """Only same-site paths, so the sign-in page cannot be used to redirect elsewhere."""
+    if target and target.startswith("/") and not target.startswith(("//", "/\\")):
+        return target
+    return "/"
+
+
+# -- rendering -------------------------------------------------------------------------------
+
+NavHook = Callable[[Context, SignedIn], dict[str, Any]]
+# Filled by the UI modules: extra values every page needs (e.g. the approvals count).
+nav_hooks: list[NavHook] = []
+
+
+def render(
+    request: Request, template: str, context: dict[str, Any] | None = None, status: int = 200
+) -> Response:
+    me: SignedIn | None = getattr(request.state, "signed_in", None)
+    values: dict[str, Any] = {"me": me, "path": request.url.path, "error": None, "notice": None}
+    if me is not None:
+        ctx = get_ctx(request)
+        values["csrf"] = me.session.csrf_token
+        values["can"] = me.can
+        for hook in nav_hooks:
+            values.update(hook(ctx, me))
+    values.update(context or {})
+    response = templates.TemplateResponse(request, template, values, status_code=status)
+    if me is not None:
+        response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def error_page(request: Request, exc: FloomError) -> Response:
+    return render(request, "error.html", {"error": exc}, status=exc.status)
+
+
+def to_login(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/login?next={quote(target, safe='')}", status_code=303)
+
+
+def error_markup(exc: FloomError) -> Markup:
+    hint = Markup(' <span class="hint">{}</span>').format(exc.hint) if exc.hint else ""
+    return Markup("{}{}").format(escape(exc.message), hint)
+
+
+class UiRoute(APIRoute):
+    """Pages never answer with JSON: a missing session redirects to sign-in, and any other
+    floom error becomes a page that says what went wrong and what to do."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        original = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            try:
+                response = await original(request)
+            except Unauthorized:
+                response = to_login(request)
+            except FloomError as exc:
+                response = error_page(request, exc)
+            except RequestValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}"
+                    for e in exc.errors()
+                )
+                invalid = InvalidRequest(
+                    f"the address is not valid: {problems}",
+                    hint="follow the links on the pages instead of editing the address",
+                )
+                response = error_page(request, invalid)
+            for name, value in SECURITY_HEADERS.items():
+                response.headers.setdefault(name, value)
+            return response
+
+        return handler

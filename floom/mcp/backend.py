@@ -1,0 +1,146 @@
+"""The seam between the MCP tools and floom: what a tool may ask, whichever transport serves it.
+
+Two implementations: `rest_backend.RestBackend` (the stdio server, a client of the REST API)
+and `local_backend.LocalBackend` (the `/mcp` endpoint inside the server, calling services
+with the caller's API key).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+from floom.errors import FloomError
+
+JSON = dict[str, Any]
+
+
+class NotAvailable(FloomError):
+    """This floom server does not offer the feature yet."""
+
+    status = 501
+    code = "not_available"
+
+
+class Backend(abc.ABC):
+    """Every method is synchronous (tools run them on a worker thread) and returns plain JSON
+    values in the shapes of the REST API's bodies, so both implementations look the same
+    to a tool.
+
+    Failures raise floom.errors.FloomError or floom.client.ApiError, each carrying a stable
+    `code`, a message and a hint; the tools turn them into tool errors in one place. A method
+    whose feature the server lacks raises NotAvailable. A refused scope raises an error with
+    code "forbidden" that names the scope, and changes nothing.
+    """
+
+    #: Whether deploy/validate may read a folder path on the machine running this backend.
+    reads_local_folders: bool = False
+
+    def close(self) -> None:
+        """Release connections; the backend is not used afterwards."""
+
+    # -- workers and versions ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
+        """{"items": [worker with manifest], "next_cursor"}, by name."""
+
+    @abc.abstractmethod
+    def get_worker(self, name: str) -> JSON:
+        """The worker, its active manifest and "recent_runs"."""
+
+    @abc.abstractmethod
+    def get_manifest_yaml(self, name: str) -> str:
+        """The worker.yml text of the worker's active version."""
+
+    @abc.abstractmethod
+    def validate(self, archive: bytes) -> JSON:
+        """{"valid", "problems", "manifest"} for a tar.gz of a worker folder; stores nothing."""
+
+    @abc.abstractmethod
+    def deploy(self, archive: bytes) -> JSON:
+        """{"worker", "version", "created", "activated"}; unchanged content makes no version."""
+
+    @abc.abstractmethod
+    def list_versions(self, name: str) -> JSON:
+        """{"items": [version], ...}, newest first, each with "active"."""
+
+    @abc.abstractmethod
+    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
+        """{"worker", "version"} after making the given version (or a run's version) active."""
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def start_run(self, worker: str, inputs: JSON) -> JSON:
+        """Queue a run of the active version; bad inputs raise code "input_invalid"."""
+
+    @abc.abstractmethod
+    def list_runs(
+        self,
+        *,
+        worker: str | None = None,
+        status: str | None = None,
+        trigger: str | None = None,
+        cursor: str | None = None,
+        limit: int = 20,
+    ) -> JSON:
+        """{"items": [run], "next_cursor"}, newest first."""
+
+    @abc.abstractmethod
+    def get_run(self, run_id: str) -> JSON:
+        """The run with its artifacts (and tool calls and approvals where the server has them)."""
+
+    @abc.abstractmethod
+    def get_logs(
+        self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
+    ) -> JSON:
+        """{"items": [event], "last_seq", "run_status", "complete"}: events above `after`, or
+        the last `tail` events."""
+
+    @abc.abstractmethod
+    def cancel_run(self, run_id: str) -> JSON:
+        """The run after asking it to stop."""
+
+    @abc.abstractmethod
+    def replay_run(self, run_id: str, *, latest: bool = False) -> JSON:
+        """A new run with the same inputs, on the same version unless `latest`."""
+
+    # -- triggers, approvals -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def list_triggers(self, name: str) -> JSON:
+        """{"items": [trigger with its next fires]}; an empty list where triggers don't exist."""
+
+    @abc.abstractmethod
+    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
+        """Pause or resume a worker (or one of its triggers)."""
+
+    @abc.abstractmethod
+    def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
+        """{"items": [approval]}."""
+
+    @abc.abstractmethod
+    def decide_approval(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        edits: JSON | None = None,
+        comment: str | None = None,
+    ) -> JSON:
+        """The approval after the decision."""
+
+    # -- secrets -------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def list_secrets(self) -> JSON:
+        """{"items": [{"name", "created_at", "updated_at"}]}: names only, never values."""
+
+    @abc.abstractmethod
+    def set_secret(self, name: str, value: str) -> JSON:
+        """{"name", "set": true}; the value is never returned."""
+
+    @abc.abstractmethod
+    def delete_secret(self, name: str) -> JSON:
+        """{"name", "deleted": true}."""

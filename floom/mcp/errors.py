@@ -1,0 +1,67 @@
+"""The one place where floom's errors become MCP tool errors and resource errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+from mcp_types import CallToolResult, TextContent
+
+from floom.client import ApiError
+from floom.errors import FloomError
+
+log = logging.getLogger("floom.mcp")
+
+#: What a backend raises for a refusal the caller can act on.
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (FloomError, ApiError)
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """{"code", "message", "hint"[, "details"]} of a floom error; a generic one for anything
+    else, whose text stays in the server log because it may hold internals."""
+    if isinstance(exc, FloomError | ApiError):
+        body: dict[str, Any] = {"code": exc.code, "message": exc.message, "hint": exc.hint}
+        if exc.details is not None:
+            body["details"] = exc.details
+        return body
+    log.error("MCP tool failed unexpectedly", exc_info=exc)
+    return {
+        "code": "internal",
+        "message": "floom hit an unexpected error",
+        "hint": "the log of the floom MCP server has the details",
+    }
+
+
+def error_text(error: dict[str, Any]) -> str:
+    lines = [f"error [{error['code']}]: {error['message']}"]
+    for item in error.get("details") or []:
+        if isinstance(item, dict) and item.get("message") and item["message"] not in error["message"]:
+            where = f"{item['path']}: " if item.get("path") else ""
+            lines.append(f"  {where}{item['message']}")
+    if error.get("hint"):
+        lines.append(f"hint: {error['hint']}")
+    return "\n".join(lines)
+
+
+def tool_error(exc: BaseException) -> CallToolResult:
+    """A tool error (isError) carrying floom's code and hint, as text and structured content."""
+    error = describe(exc)
+    return CallToolResult(
+        content=[
+            TextContent(type="text", text=error_text(error)),
+            TextContent(type="text", text=json.dumps({"error": error}, default=str)),
+        ],
+        structured_content={"error": error},
+        is_error=True,
+    )
+
+
+def resource_error(exc: BaseException) -> ResourceError:
+    """The error to raise from a resource read (a protocol error: resources have no isError)."""
+    error = describe(exc)
+    text = error_text(error).replace("\n", "; ")
+    if error["code"] == "not_found":
+        return ResourceNotFoundError(text)
+    return ResourceError(text)

@@ -1,0 +1,321 @@
+"""Agents and roles of the handoff layer, and who a request acts as (its Actor).
+
+An agent's roles are read from the database on every call, so a role granted, renamed or
+retired takes effect on the next request of every agent, with no restart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.services import keys
+from floom.store.db import session_scope
+from floom.store.handoffs import Agent, AgentRole, Role
+from floom.store.models import ApiKey, new_id, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+ROLE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+ROLE_HINT = "a role name is lower case letters, digits, '.', '_' or '-', e.g. reviewer"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who is acting: an agent (with the roles it holds right now), an admin, or floom."""
+
+    key_id: str | None
+    agent_id: str | None
+    label: str
+    admin: bool
+    roles: dict[str, str]  # role id -> role name, active roles only
+    system: bool = False
+
+    @property
+    def role_ids(self) -> set[str]:
+        return set(self.roles)
+
+    def describe(self) -> str:
+        if self.system:
+            return self.label or "floom"
+        return f"agent {self.label}" if self.agent_id else f"admin key {self.key_id}"
+
+
+def system_actor(label: str = "floom", *, agent_id: str | None = None) -> Actor:
+    return Actor(key_id=None, agent_id=agent_id, label=label, admin=True, roles={}, system=True)
+
+
+def actor_for_key(ctx: Context, *, key: ApiKey) -> Actor:
+    """The actor behind an API key, with its agent's roles as they are now.
+
+    Raises Forbidden for a key that speaks for no agent and is not an admin key, and for
+    the key of a retired agent.
+    """
+    admin = keys.grants(key.scopes, "admin")
+    if key.agent_id is None:
+        if not admin:
+            raise Forbidden(
+                "this API key speaks for no agent, so it cannot take part in handoffs",
+                hint="create an agent with `floom agents create NAME --role ROLE` and use its key",
+            )
+        return Actor(key_id=key.id, agent_id=None, label="", admin=True, roles={})
+    with session_scope(ctx.engine) as s:
+        agent = s.get(Agent, key.agent_id)
+        if agent is None or agent.retired_at is not None:
+            raise Forbidden(
+                "this API key's agent was retired",
+                hint="an admin can create a new agent with `floom agents create`",
+            )
+        roles = _roles_of(s, agent.id)
+    return Actor(
+        key_id=key.id,
+        agent_id=agent.id,
+        label=agent.label,
+        admin=admin,
+        roles={r.id: r.name for r in roles},
+    )
+
+
+def _roles_of(s: Session, agent_id: str) -> list[Role]:
+    q = (
+        select(Role)
+        .join(AgentRole, col(AgentRole.role_id) == col(Role.id))
+        .where(AgentRole.agent_id == agent_id, col(Role.retired_at).is_(None))
+        .order_by(col(Role.name))
+    )
+    return list(s.exec(q).all())
+
+
+# -- roles -----------------------------------------------------------------------------------
+
+
+def role_to_dict(role: Role) -> dict[str, Any]:
+    return {
+        "id": role.id,
+        "name": role.name,
+        "description": role.description,
+        "created_at": role.created_at,
+        "retired_at": role.retired_at,
+    }
+
+
+def find_role(s: Session, ref: str, *, active: bool = True) -> Role:
+    """A role by id or name; with `active`, a retired role is refused."""
+    role = s.get(Role, ref) if ref.startswith("rol_") else None
+    role = role or s.exec(select(Role).where(Role.name == ref)).first()
+    if role is None:
+        raise NotFound(f"no role '{ref}'", hint="`floom roles list` shows the roles")
+    if active and role.retired_at is not None:
+        raise Conflict(
+            f"the role '{role.name}' is retired",
+            hint="pick an active role (`floom roles list`)",
+        )
+    return role
+
+
+def _check_role_name(name: str) -> str:
+    if not isinstance(name, str) or not ROLE_NAME.match(name):
+        raise InvalidRequest(f"'{name}' is not a valid role name", hint=ROLE_HINT)
+    return name
+
+
+def create_role(ctx: Context, *, name: str, description: str = "") -> dict[str, Any]:
+    role = Role(id=new_id("rol"), name=_check_role_name(name), description=description)
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            s.add(role)
+    except IntegrityError as exc:
+        raise Conflict(
+            f"a role named '{name}' exists", hint="pick another name or reuse that role"
+        ) from exc
+    return role_to_dict(role)
+
+
+def list_roles(ctx: Context, *, include_retired: bool = False) -> list[dict[str, Any]]:
+    q = select(Role).order_by(col(Role.name))
+    if not include_retired:
+        q = q.where(col(Role.retired_at).is_(None))
+    with session_scope(ctx.engine) as s:
+        return [role_to_dict(r) for r in s.exec(q).all()]
+
+
+def update_role(
+    ctx: Context, *, role: str, name: str | None = None, description: str | None = None
+) -> dict[str, Any]:
+    """Rename a role or change its description; jobs and agents keep it, by id."""
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            found = find_role(s, role, active=False)
+            if name is not None:
+                found.name = _check_role_name(name)
+            if description is not None:
+                found.description = description
+            s.add(found)
+            s.flush()
+    except IntegrityError as exc:
+        raise Conflict(f"a role named '{name}' exists", hint="pick another name") from exc
+    return role_to_dict(found)
+
+
+def retire_role(ctx: Context, *, role: str) -> dict[str, Any]:
+    """No new jobs target a retired role and its holders lose it; its jobs stay as they are."""
+    with session_scope(ctx.engine, write=True) as s:
+        found = find_role(s, role, active=False)
+        if found.retired_at is None:
+            found.retired_at = utcnow()
+            s.add(found)
+    return role_to_dict(found)
+
+
+# -- agents ----------------------------------------------------------------------------------
+
+
+def agent_to_dict(agent: Agent, roles: list[Role]) -> dict[str, Any]:
+    return {
+        "id": agent.id,
+        "label": agent.label,
+        "tool_family": agent.tool_family,
+        "roles": [r.name for r in roles],
+        "created_at": agent.created_at,
+        "retired_at": agent.retired_at,
+    }
+
+
+def find_agent(s: Session, ref: str) -> Agent:
+    agent = s.get(Agent, ref) if ref.startswith("agt_") else None
+    agent = agent or s.exec(select(Agent).where(Agent.label == ref)).first()
+    if agent is None:
+        raise NotFound(f"no agent '{ref}'", hint="`floom agents list` shows the agents")
+    return agent
+
+
+def _check_label(label: str) -> str:
+    if not isinstance(label, str) or not label.strip() or len(label) > 128:
+        raise InvalidRequest(
+            "an agent needs a label of 1 to 128 characters", hint="e.g. claude-laptop"
+        )
+    return label.strip()
+
+
+def _set_roles(s: Session, agent_id: str, roles: list[str]) -> list[Role]:
+    found = {r.id: r for r in (find_role(s, ref) for ref in roles)}
+    for link in s.exec(select(AgentRole).where(AgentRole.agent_id == agent_id)).all():
+        s.delete(link)
+    s.flush()
+    for role_id in found:
+        s.add(AgentRole(agent_id=agent_id, role_id=role_id))
+    return sorted(found.values(), key=lambda r: r.name)
+
+
+def create_agent(
+    ctx: Context,
+    *,
+    label: str,
+    roles: list[str],
+    tool_family: str = "",
+    scopes: list[str] | None = None,
+) -> dict[str, Any]:
+    """Create an agent holding `roles`, and its first API key (in "key", shown only now)."""
+    agent = Agent(id=new_id("agt"), label=_check_label(label), tool_family=tool_family[:40])
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            s.add(agent)
+            s.flush()
+            held = _set_roles(s, agent.id, roles)
+    except IntegrityError as exc:
+        raise Conflict(
+            f"an agent labelled '{label}' exists", hint="pick another label"
+        ) from exc
+    key, token = keys.create_key(
+        ctx, scopes=scopes or ["run"], name=f"agent {agent.label}", agent_id=agent.id
+    )
+    return {**agent_to_dict(agent, held), "key": token, "key_id": key.id}
+
+
+def create_agent_key(ctx: Context, *, agent: str, scopes: list[str] | None = None) -> dict:
+    """Another key for an agent (to rotate one); the plaintext is in "key", shown only now."""
+    with session_scope(ctx.engine) as s:
+        found = find_agent(s, agent)
+    if found.retired_at is not None:
+        raise Conflict(f"agent '{found.label}' is retired", hint="create a new agent instead")
+    key, token = keys.create_key(
+        ctx, scopes=scopes or ["run"], name=f"agent {found.label}", agent_id=found.id
+    )
+    return {**keys.key_to_dict(key), "key": token}
+
+
+def list_agents(ctx: Context, *, include_retired: bool = False) -> list[dict[str, Any]]:
+    q = select(Agent).order_by(col(Agent.label))
+    if not include_retired:
+        q = q.where(col(Agent.retired_at).is_(None))
+    with session_scope(ctx.engine) as s:
+        return [agent_to_dict(a, _roles_of(s, a.id)) for a in s.exec(q).all()]
+
+
+def get_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
+    with session_scope(ctx.engine) as s:
+        found = find_agent(s, agent)
+        return agent_to_dict(found, _roles_of(s, found.id))
+
+
+def update_agent(
+    ctx: Context,
+    *,
+    agent: str,
+    roles: list[str] | None = None,
+    label: str | None = None,
+    tool_family: str | None = None,
+) -> dict[str, Any]:
+    """Change an agent's roles (the full new list), label or tool family."""
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            found = find_agent(s, agent)
+            if found.retired_at is not None:
+                raise Conflict(f"agent '{found.label}' is retired", hint="it cannot change")
+            if label is not None:
+                found.label = _check_label(label)
+            if tool_family is not None:
+                found.tool_family = tool_family[:40]
+            s.add(found)
+            if roles is not None:
+                _set_roles(s, found.id, roles)
+            s.flush()
+            return agent_to_dict(found, _roles_of(s, found.id))
+    except IntegrityError as exc:
+        raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
+
+
+def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
+    """Retire an agent: its keys are revoked and the jobs it holds go back to `published`."""
+    from floom.services.handoff_flow import release_jobs_of_agent
+
+    with session_scope(ctx.engine, write=True) as s:
+        found = find_agent(s, agent)
+        if found.retired_at is None:
+            now = utcnow()
+            found.retired_at = now
+            s.add(found)
+            for key in s.exec(
+                select(ApiKey).where(
+                    ApiKey.agent_id == found.id, col(ApiKey.revoked_at).is_(None)
+                )
+            ).all():
+                key.revoked_at = now
+                s.add(key)
+            release_jobs_of_agent(s, agent_id=found.id, reason=f"agent {found.label} retired")
+        return agent_to_dict(found, _roles_of(s, found.id))
+
+
+def my_roles(ctx: Context, *, actor: Actor) -> dict[str, Any]:
+    """Who the caller is and the roles it holds now (read per call, never cached)."""
+    return {
+        "agent": None if actor.agent_id is None else {"id": actor.agent_id, "label": actor.label},
+        "admin": actor.admin,
+        "roles": sorted(actor.roles.values()),
+    }
