@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Coroutine
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -63,16 +63,10 @@ def when(value: datetime | None) -> Markup:
     """A <time> in UTC that app.js rewrites into the viewer's timezone, keeping UTC on hover."""
     if value is None:
         return Markup('<span class="muted">—</span>')
-    utc = value.astimezone().astimezone(tz=None) if value.tzinfo is None else value
-    iso = utc.strftime("%Y-%m-%dT%H:%M:%SZ") if utc.utcoffset() is None else _iso(utc)
-    text = _iso(utc).replace("T", " ").removesuffix("Z") + " UTC"
-    return Markup('<time datetime="{0}" title="UTC {1}">{1}</time>').format(iso, text)
-
-
-def _iso(value: datetime) -> str:
-    from datetime import UTC
-
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    utc = value.astimezone(UTC)
+    text = utc.strftime("%Y-%m-%d %H:%M:%S") + " UTC"
+    iso = utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Markup('<time datetime="{0}" title="{1}">{1}</time>').format(iso, text)
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:

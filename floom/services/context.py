@@ -46,7 +46,7 @@ class Context:
             engine.dispose()
             raise StoreUnavailable(
                 f"cannot open the database {mask_password(settings.resolved_database_url)}: "
-                f"{type(getattr(exc, "orig", None) or exc).__name__}",
+                f"{type(getattr(exc, 'orig', None) or exc).__name__}",
                 hint="check FLOOM_DATABASE_URL and that the database server is running",
             ) from exc
         return cls(
