@@ -57,6 +57,7 @@ THROUGHPUT_TARGET = 30.0
 IDLE_RSS_TARGET_MB = 120.0
 
 POLL_SECONDS = 0.002  # latency phase: GET /runs/{id} every 2 ms after the previous answer
+IDLE_SECONDS = 2.0  # settle time before the idle RSS and idle CPU readings
 HEAD_START_FRACTION = 0.8  # pass B: first GET after this share of the fastest floor run
 RUN_DEADLINE_SECONDS = 30.0  # one run, trigger to terminal
 HEALTH_DEADLINE_SECONDS = 30.0
@@ -631,6 +632,26 @@ class ThroughputResult:
     errors: dict[str, int]
     to_start: list[float]
     start_to_finish: list[float]
+    ids: list[str]
+
+
+def check_logs(server: Server, ids: list[str]) -> tuple[int, int]:
+    """Runs whose log lacks the script's line, and runs where it comes after the final status."""
+    missing = late = 0
+    for run_id in ids:
+        items = server.client.get(f"/api/v1/runs/{run_id}/logs", params={"limit": 100}).json()
+        items = items["items"]
+        greeting = [e["seq"] for e in items if e["stream"] == "stdout"]
+        final = [  # the executor's last event: "succeeded", or "failed: why", ...
+            e["seq"]
+            for e in items
+            if e["stream"] == "system" and e["line"].split(":", 1)[0] in TERMINAL
+        ]
+        if not greeting:
+            missing += 1
+        elif final and min(final) < greeting[0]:
+            late += 1
+    return missing, late
 
 
 def list_runs_by_id(client: httpx.Client, ids: set[str]) -> dict[str, dict[str, Any]]:
@@ -717,6 +738,7 @@ def run_throughput(server: Server, total: int, clients: int) -> ThroughputResult
         errors=errs,
         to_start=spans("created_at", "started_at"),
         start_to_finish=spans("started_at", "finished_at"),
+        ids=sorted(wanted),
     )
 
 
@@ -771,7 +793,7 @@ def overhead_row(
     metric: str, floor_s: float, floom_s: float, *, target: bool = False
 ) -> tuple[str, ...]:
     over = (floom_s - floor_s) * 1000
-    ratio = f"+{over:.1f} ms ({floom_s / floor_s:.2f}x)"
+    ratio = f"{over:+.1f} ms ({floom_s / floor_s:.2f}x)"
     if not target:
         return (metric, ms(floor_s), ms(floom_s), ratio, "-", "-")
     return (
@@ -867,9 +889,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"   ready in {server.ready_seconds:.2f} s; database {health.get('database')}, "
                 f"executor {health.get('executor')}; worker hello is deployed"
             )
-            time.sleep(1.0)
+            idle_cpu0, idle_t0 = proc_cpu_seconds(server.proc.pid), time.perf_counter()
+            time.sleep(IDLE_SECONDS)
+            idle_cpu = (proc_cpu_seconds(server.proc.pid) - idle_cpu0) / (
+                time.perf_counter() - idle_t0
+            )
             idle_rss, idle_kids = tree_rss_mb(server.proc.pid)
-            print(f"   idle RSS: {idle_rss:.1f} MiB ({idle_kids} child processes)")
+            print(
+                f"   idle: RSS {idle_rss:.1f} MiB ({idle_kids} child processes), "
+                f"CPU {idle_cpu * 100:.1f}% of a core over {IDLE_SECONDS:g} s"
+            )
 
             cold = warm_up(server)
             lat_a, cpu_a = stage(
@@ -901,6 +930,9 @@ def main(argv: list[str] | None = None) -> int:
                     args.throughput_runs,
                     lambda: run_throughput(server, args.throughput_runs, args.clients),
                 ),
+            )
+            log_missing, log_late = stage(
+                "reading the logs of the throughput runs", lambda: check_logs(server, thr.ids)
             )
             time.sleep(1.0)
             load_rss, load_kids = tree_rss_mb(server.proc.pid)
@@ -946,6 +978,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"   statuses: {thr.statuses}" + (f"; errors: {thr.errors}" if thr.errors else ""))
         print(
+            f"   logs: {log_missing} run(s) without the script's output line, {log_late} with it "
+            "stored after the run's final status event"
+        )
+        print(
             f"   per run under load: created -> started median {ms(median(thr.to_start))} "
             f"(p90 {ms(pct(thr.to_start, 90))}); started -> finished median "
             f"{ms(median(thr.start_to_finish))} (p90 {ms(pct(thr.start_to_finish, 90))})"
@@ -964,6 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
             f"   RSS after load: {load_rss:.1f} MiB ({load_kids} child processes); "
             f"peak (VmHWM) {peak_rss:.1f} MiB"
         )
+        load_at_end = os.getloadavg()[0]
         print(f"   load average at the end: {load_average()}")
 
         best_floor = max(floor.parallel.values())
@@ -972,9 +1009,7 @@ def main(argv: list[str] | None = None) -> int:
                 "A trigger-to-finish median", floor_med, median(lat_a.client), target=True
             ),
             overhead_row("A trigger-to-finish p90", floor_p90, pct(lat_a.client, 90)),
-            overhead_row(
-                "B trigger-to-finish median", floor_med, median(lat_b.client), target=True
-            ),
+            overhead_row("B trigger-to-finish median", floor_med, median(lat_b.client)),
             overhead_row(
                 "B vs its paired floor",
                 median(lat_b.paired_floor),
@@ -1008,6 +1043,14 @@ def main(argv: list[str] | None = None) -> int:
                 verdict(thr.succeeded == args.throughput_runs),
             ),
             (
+                "throughput logs intact",
+                "-",
+                f"{thr.total - log_missing - log_late}/{thr.total}",
+                f"{log_missing} missing, {log_late} out of order",
+                "all",
+                verdict(log_missing == 0 and log_late == 0),
+            ),
+            (
                 "RSS idle",
                 "-",
                 f"{idle_rss:.1f} MiB",
@@ -1019,6 +1062,22 @@ def main(argv: list[str] | None = None) -> int:
         ]
         section("summary")
         print_table(rows)
+        busy = [
+            why
+            for why, bad in (
+                (f"load average {load_average()} on {cores} cores", load_at_end > cores / 2),
+                (
+                    f"floor median {ms(floor_med)} against about {FLOOR_REFERENCE_MS:g} ms",
+                    floor_med * 1000 > 1.5 * FLOOR_REFERENCE_MS,
+                ),
+            )
+            if bad
+        ]
+        if busy:
+            print(
+                f"\nWARNING: the machine was busy ({'; '.join(busy)}): figures taken at "
+                "different moments are not comparable; trust 'B vs its paired floor' most"
+            )
         print(f"\nbench took {time.perf_counter() - bench_start:.1f} s")
         return 0
     finally:

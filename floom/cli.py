@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from floom import cli_approvals, cli_handoffs, cli_mcp, cli_triggers
 from floom.client import TERMINAL_STATUSES, ApiError, FloomClient
 from floom.errors import FloomError
 
@@ -53,6 +54,10 @@ STATUS_STYLES = {
     "cancelled": "yellow",
     "running": "cyan",
     "queued": "blue",
+    "awaiting_approval": "yellow",
+    "rejected": "red",
+    "limit_exceeded": "red",
+    "skipped": "dim",
 }
 STREAM_STYLES = {"stderr": "red", "system": "dim"}
 
@@ -85,7 +90,7 @@ def _detail_lines(message: str, details: Any) -> list[str]:
 
 
 def _client() -> FloomClient:
-    return FloomClient.from_env()
+    return FloomClient.from_env(surface="cli")
 
 
 def _print_json(value: Any) -> None:
@@ -364,6 +369,7 @@ def _watch(
 
 WaitOpt = Annotated[bool, typer.Option("--wait", help="follow the run until it ends")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON only")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="run even though the worker is paused")]
 TimeoutOpt = Annotated[
     float | None,
     typer.Option("--timeout", min=0, help="with --wait: stop waiting after S seconds"),
@@ -384,11 +390,12 @@ def run(
     wait: WaitOpt = False,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Start a run; with --wait, follow its log and exit 0 only if it succeeded."""
     values, coerce = _parse_inputs(inputs or [], input_json)
     with _client() as client:
-        started = client.start_run(worker, values, coerce_strings=coerce)
+        started = client.start_run(worker, values, coerce_strings=coerce, force=force)
         if wait or timeout is not None:
             _watch(client, started, as_json=as_json, timeout=timeout)
         elif as_json:
@@ -406,10 +413,11 @@ def replay(
     wait: WaitOpt = False,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Run a run's inputs again, as a new run linked to it."""
     with _client() as client:
-        started = client.replay_run(run_id, latest=latest)
+        started = client.replay_run(run_id, latest=latest, force=force)
         if wait or timeout is not None:
             _watch(client, started, as_json=as_json, timeout=timeout)
         elif as_json:
@@ -479,6 +487,7 @@ def show(
         ("trigger", r["trigger"]),
         ("attempt", f"{r.get('attempt')} of {r.get('max_attempts')}"),
         ("replay of", r.get("replay_of")),
+        ("scheduled for", _when(r["scheduled_for"]) if r.get("scheduled_for") else None),
         ("retry of", r.get("retry_of")),
         ("created", _when(r.get("created_at"))),
         ("started", _when(r.get("started_at"))),
@@ -497,6 +506,7 @@ def show(
         for name, value in r["inputs"].items():
             out.print(Text(f"  {name}: {_value(value)}"))
     _print_outcome(r)
+    cli_approvals.print_agent_details(r)
 
 
 def _print_outcome(r: dict[str, Any]) -> None:
@@ -694,6 +704,12 @@ def keys_revoke(
     with _client() as client:
         client.revoke_key(key_id)
     out.print(Text(f"revoked API key {key_id}"))
+
+
+cli_mcp.register(app)
+cli_handoffs.register(app)
+cli_approvals.register(app)
+cli_triggers.register(app)
 
 
 def main() -> None:

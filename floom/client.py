@@ -18,7 +18,9 @@ import httpx
 
 from floom.config import client_base_url
 
-TERMINAL_STATUSES = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
+TERMINAL_STATUSES = frozenset(
+    {"succeeded", "failed", "timed_out", "cancelled", "rejected", "limit_exceeded", "skipped"}
+)
 UNREACHABLE_HINT = "start it with `floom serve` or set FLOOM_BASE_URL"
 POLL_SECONDS = 0.3
 RECONNECT_SECONDS = 0.5
@@ -114,20 +116,24 @@ class FloomClient:
         *,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        surface: str | None = None,
     ) -> None:
         self.base_url = (base_url or client_base_url()).rstrip("/")
         self.api_key = api_key
         headers = {"User-Agent": "floom-client"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
+        if surface:
+            # The server records runs started from the CLI as "manual", from MCP as "mcp".
+            headers["X-Floom-Client"] = surface
         self._http = httpx.Client(
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
 
     @classmethod
-    def from_env(cls) -> FloomClient:
+    def from_env(cls, *, surface: str | None = None) -> FloomClient:
         """FLOOM_BASE_URL (or the local default) and the configured API key."""
-        return cls(client_base_url(), configured_api_key())
+        return cls(client_base_url(), configured_api_key(), surface=surface)
 
     def close(self) -> None:
         self._http.close()
@@ -222,6 +228,18 @@ class FloomClient:
         result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{_path(name)}/versions")
         return result
 
+    def get_version(self, name: str, version_id: str) -> dict[str, Any]:
+        """One version: its manifest (also as worker.yml text) and its file list."""
+        path = f"/api/v1/workers/{_path(name)}/versions/{_path(version_id)}"
+        result: dict[str, Any] = self._json("GET", path)
+        return result
+
+    def api_paths(self) -> set[str]:
+        """The route templates this server offers (from its OpenAPI document), so a client
+        can tell a feature the server lacks from a thing that does not exist."""
+        doc = self._json("GET", "/openapi.json", auth=False)
+        return set(doc.get("paths") or {})
+
     def rollback(
         self, name: str, *, version_id: str | None = None, run_id: str | None = None
     ) -> dict[str, Any]:
@@ -229,6 +247,23 @@ class FloomClient:
         body = self._params(version_id=version_id, run_id=run_id)
         result: dict[str, Any] = self._json(
             "POST", f"/api/v1/workers/{_path(name)}/rollback", json=body
+        )
+        return result
+
+    def list_triggers(self, name: str) -> dict[str, Any]:
+        """The worker's triggers with their next fire times (and whether it is paused)."""
+        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{_path(name)}/triggers")
+        return result
+
+    def set_paused(
+        self, name: str, *, paused: bool, trigger_id: str | None = None
+    ) -> dict[str, Any]:
+        """Pause or resume a worker, or one of its triggers; returns the trigger listing."""
+        action = "pause" if paused else "resume"
+        result: dict[str, Any] = self._json(
+            "POST",
+            f"/api/v1/workers/{_path(name)}/{action}",
+            json=self._params(trigger_id=trigger_id),
         )
         return result
 
@@ -241,11 +276,15 @@ class FloomClient:
         *,
         coerce_strings: bool = False,
         version_id: str | None = None,
+        force: bool = False,
     ) -> dict[str, Any]:
-        """Queue a run; with coerce_strings the input values are text parsed by declared type."""
+        """Queue a run; with coerce_strings the input values are text parsed by declared type.
+        `force` runs a paused worker."""
         body: dict[str, Any] = {"inputs": inputs or {}, "coerce_strings": coerce_strings}
         if version_id:
             body["version_id"] = version_id
+        if force:
+            body["force"] = True
         result: dict[str, Any] = self._json(
             "POST", f"/api/v1/workers/{_path(worker)}/runs", json=body
         )
@@ -306,10 +345,39 @@ class FloomClient:
         result: dict[str, Any] = self._json("POST", f"/api/v1/runs/{_path(run_id)}/cancel")
         return result
 
-    def replay_run(self, run_id: str, *, latest: bool = False) -> dict[str, Any]:
+    def replay_run(
+        self, run_id: str, *, latest: bool = False, force: bool = False
+    ) -> dict[str, Any]:
         """Run the same inputs again: on the same version, or the worker's active one."""
+        body: dict[str, Any] = {"latest": latest}
+        if force:
+            body["force"] = True
         result: dict[str, Any] = self._json(
-            "POST", f"/api/v1/runs/{_path(run_id)}/replay", json={"latest": latest}
+            "POST", f"/api/v1/runs/{_path(run_id)}/replay", json=body
+        )
+        return result
+
+    # -- webhook deliveries --------------------------------------------------------------------
+
+    def list_deliveries(
+        self, name: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
+        """A worker's stored webhook and Composio deliveries, newest first."""
+        result: dict[str, Any] = self._json(
+            "GET",
+            f"/api/v1/workers/{_path(name)}/deliveries",
+            params=self._params(cursor=cursor, limit=limit),
+        )
+        return result
+
+    def get_delivery(self, delivery_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/api/v1/deliveries/{_path(delivery_id)}")
+        return result
+
+    def replay_delivery(self, delivery_id: str, *, force: bool = False) -> dict[str, Any]:
+        """Run a stored delivery again; returns the new run."""
+        result: dict[str, Any] = self._json(
+            "POST", f"/api/v1/deliveries/{_path(delivery_id)}/replay", json={"force": force}
         )
         return result
 
@@ -435,6 +503,45 @@ class FloomClient:
 
     def revoke_key(self, key_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._json("DELETE", f"/api/v1/keys/{_path(key_id)}")
+        return result
+
+    # -- approvals -----------------------------------------------------------------------------
+
+    def list_approvals(
+        self,
+        *,
+        status: str | None = "pending",
+        run_id: str | None = None,
+        cursor: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Approvals oldest first; status pending (default), approved, rejected or all."""
+        params = self._params(status=status, run_id=run_id, cursor=cursor, limit=limit)
+        result: dict[str, Any] = self._json("GET", "/api/v1/approvals", params=params)
+        return result
+
+    def get_approval(self, approval_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/api/v1/approvals/{_path(approval_id)}")
+        return result
+
+    def approve(
+        self,
+        approval_id: str,
+        *,
+        edited: dict[str, Any] | None = None,
+        comment: str | None = None,
+    ) -> dict[str, Any]:
+        """Approve; `edited` replaces proposed values (tool arguments or outputs) key by key."""
+        body = self._params(edited=edited, comment=comment)
+        result: dict[str, Any] = self._json(
+            "POST", f"/api/v1/approvals/{_path(approval_id)}/approve", json=body
+        )
+        return result
+
+    def reject(self, approval_id: str, *, comment: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(
+            "POST", f"/api/v1/approvals/{_path(approval_id)}/reject", json={"comment": comment}
+        )
         return result
 
 

@@ -42,6 +42,23 @@ class Settings(BaseSettings):
     max_bundle_bytes: int = 50 * 1024 * 1024
     max_artifact_bytes: int = 25 * 1024 * 1024
     max_log_lines_per_run: int = 100_000
+    # Triggers (floom/services/webhooks.py): the largest webhook body accepted, and the
+    # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
+    webhook_max_bytes: int = 1024 * 1024
+    composio_webhook_secret: str = ""
+    # Agent workers (floom/agent/). The provider key falls back to ANTHROPIC_API_KEY.
+    model: str = "claude-sonnet-4-5"
+    anthropic_api_key: str = ""
+    anthropic_base_url: str = ""
+    agent_max_iterations: int = 50
+    agent_max_depth: int = 3
+    agent_max_output_tokens: int = 4096
+    composio_api_key: str = ""
+    composio_base_url: str = "https://backend.composio.dev"
+    # UNSAFE, for tests only: let http_request reach private and loopback addresses, and
+    # resolve names from "host=address,..." instead of DNS (like curl --resolve).
+    agent_http_allow_private: bool = False
+    agent_http_resolve: str = ""
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -92,3 +92,16 @@ class SecretMissing(FloomError):
 
     status = 409
     code = "secret_missing"
+
+
+class LimitExceeded(FloomError):
+    """A limit set in worker.yml or by the server has been reached."""
+
+    status = 429
+    code = "limit_exceeded"
+
+
+class WorkerPaused(Conflict):
+    """The worker is paused."""
+
+    code = "worker_paused"

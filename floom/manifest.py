@@ -124,6 +124,10 @@ class Manifest(_Frozen):
     inputs: dict[str, FieldSpec] = Field(default_factory=dict)
     outputs: dict[str, FieldSpec] = Field(default_factory=dict)
     secrets: list[SecretName] = Field(default_factory=list)
+    apply_secrets: list[SecretName] = Field(
+        default_factory=list,
+        description="secrets given only to the apply phase, after a person approved the outputs",
+    )
     network: Literal["none", "full"] = "none"
     limits: Limits = Field(default_factory=Limits)
     retries: Retries = Field(default_factory=Retries)
@@ -443,6 +447,13 @@ def _check_document(doc: Mapping[Any, Any], files: frozenset[str]) -> tuple[dict
     entry = _resolve_entry(doc.get("entry"), files, out)
     if entry is not None:
         clean["entry"] = entry
+    from floom.agent.spec import check_agent_sections  # late: it imports this module
+
+    check_agent_sections(doc, clean, out)
+    if "triggers" in clean:
+        from floom.triggers.spec import check_triggers  # late: it imports this module
+
+        check_triggers(doc["triggers"], clean.get("inputs", {}), str(doc.get("name", "")), out)
     return clean, out
 
 
@@ -688,6 +699,7 @@ _SECTIONS: dict[str, Checker] = {
     "inputs": _check_fields,
     "outputs": _check_fields,
     "secrets": _check_secrets,
+    "apply_secrets": _check_secrets,
     "limits": _section(Limits),
     "retries": _check_retries,
     "triggers": _check_triggers,

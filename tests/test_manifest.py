@@ -42,8 +42,8 @@ limits: {timeout_seconds: 120, memory_mb: 256, max_total_tokens: 10000, monthly_
 retries: {count: 3, backoff_seconds: 1.5, backoff: fixed}
 concurrency: 2
 triggers:
-  - schedule: {cron: "0 9 * * *", timezone: Europe/Paris}
-  - webhook:
+  - schedule: {cron: "0 9 * * *", timezone: Europe/Paris, inputs: {topic: news}}
+  - webhook: {secret: HOOK_SECRET, inputs: {topic: topic}}
 tools:
   - builtin: web_fetch
   - mcp: {url: "http://localhost:9000/mcp"}
@@ -77,8 +77,14 @@ def test_a_complete_manifest_parses_and_survives_a_json_round_trip() -> None:
     assert manifest.limits.monthly_cost_usd == 2.5
     assert manifest.retries.backoff == "fixed"
     assert manifest.triggers == [
-        {"schedule": {"cron": "0 9 * * *", "timezone": "Europe/Paris"}},
-        {"webhook": {}},
+        {
+            "schedule": {
+                "cron": "0 9 * * *",
+                "timezone": "Europe/Paris",
+                "inputs": {"topic": "news"},
+            }
+        },
+        {"webhook": {"secret": "HOOK_SECRET", "inputs": {"topic": "topic"}}},
     ]
     assert manifest.tools[1] == {"mcp": {"url": "http://localhost:9000/mcp"}}
     assert manifest.approvals == {"required": True}

@@ -12,14 +12,28 @@ from fastapi import FastAPI
 from sqlalchemy import text
 
 from floom import __version__
-from floom.api import errors, routes_admin, routes_runs, routes_workers
+from floom.api import (
+    errors,
+    routes_admin,
+    routes_agents,
+    routes_approvals,
+    routes_handoffs,
+    routes_hooks,
+    routes_runs,
+    routes_triggers,
+    routes_workers,
+    ui,
+)
 from floom.bundle import read_folder
 from floom.config import Settings
 from floom.engine.executor import Executor
+from floom.engine.handoff_loop import HandoffLoop
 from floom.errors import FloomError
+from floom.mcp.http import MCPEndpoint
 from floom.sandbox import get_sandbox
 from floom.services import keys, workers
 from floom.services.context import Context
+from floom.triggers.scheduler import Scheduler
 
 log = logging.getLogger("floom")
 
@@ -81,9 +95,19 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             executor = Executor(context, sandbox)
             executor.start()
         app.state.executor = executor
+        handoffs = HandoffLoop(context, bridge="executor" in settings.role_set)
+        handoffs.start()
+        scheduler = Scheduler(context) if "scheduler" in settings.role_set else None
+        if scheduler is not None:
+            scheduler.start()
+        app.state.scheduler = scheduler
         try:
-            yield
+            async with mcp_endpoint.running():
+                yield
         finally:
+            if scheduler is not None:
+                scheduler.stop()
+            handoffs.stop()
             if executor is not None:
                 executor.stop()
             if ctx is None:
@@ -99,6 +123,13 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     app.include_router(routes_workers.router)
     app.include_router(routes_runs.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_agents.router)
+    app.include_router(routes_handoffs.router)
+    app.include_router(routes_approvals.router)
+    app.include_router(routes_triggers.router)
+    app.include_router(routes_hooks.router)
+    ui.install(app)  # the web UI at / (after the API, so /api/v1 routes match first)
+    mcp_endpoint = MCPEndpoint(app, settings)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep, ReadKey, RunKey
-from floom.services import logs, runs
+from floom.services import agent_runs, logs, runs
 from floom.services.context import Context
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
@@ -28,27 +28,40 @@ class RunRequest(BaseModel):
         False, description="inputs are text (as typed on a command line); convert by declared type"
     )
     version_id: str | None = Field(None, description="pin to this version instead of the active")
+    force: bool = Field(False, description="run even though the worker is paused")
 
 
 class ReplayRequest(BaseModel):
     latest: bool = Field(False, description="run on the worker's active version instead")
+    force: bool = Field(False, description="run even though the worker is paused")
+
+
+def surface_trigger(request: Request) -> str:
+    """The trigger a run started here records: `manual` from floom's CLI (which says so in
+    X-Floom-Client), `api` from any other client. No client can claim another trigger."""
+    return "manual" if request.headers.get("x-floom-client", "").lower() == "cli" else "api"
 
 
 def _run_body(ctx: Context, run_id: str) -> dict[str, Any]:
     run = runs.get_run(ctx, run_id=run_id)
-    return runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
+    body = runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
+    body.update(agent_runs.run_extras(ctx, run_id=run_id))
+    return body
 
 
 @router.post("/workers/{name}/runs", status_code=202)
-def start_run(name: str, body: RunRequest, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
+def start_run(
+    name: str, body: RunRequest, request: Request, ctx: CtxDep, key: RunKey
+) -> dict[str, Any]:
     run = runs.create_run(
         ctx,
         worker_name=name,
         inputs=body.inputs,
         coerce_strings=body.coerce_strings,
-        trigger="api",
+        trigger=surface_trigger(request),
         actor=key.id,
         version_id=body.version_id,
+        force=body.force,
     )
     return runs.run_to_dict(run, artifacts=[])
 
@@ -182,5 +195,11 @@ def cancel_run(run_id: str, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
 def replay_run(
     run_id: str, ctx: CtxDep, key: RunKey, body: ReplayRequest | None = None
 ) -> dict[str, Any]:
-    run = runs.replay_run(ctx, run_id=run_id, latest=bool(body and body.latest), actor=key.id)
+    run = runs.replay_run(
+        ctx,
+        run_id=run_id,
+        latest=bool(body and body.latest),
+        actor=key.id,
+        force=bool(body and body.force),
+    )
     return runs.run_to_dict(run, artifacts=[])

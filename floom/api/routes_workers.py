@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from floom.api.auth import CtxDep, DeployKey, ReadKey
 from floom.errors import InvalidRequest, PayloadTooLarge
 from floom.manifest import manifest_json_schema
-from floom.services import runs, workers
+from floom.services import runs, triggers, workers
 from floom.services.context import Context
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
@@ -50,7 +50,9 @@ def _worker_body(ctx: Context, worker_name: str) -> dict[str, Any]:
         if worker.active_version_id
         else None
     )
-    return workers.worker_to_dict(worker, version)
+    body = workers.worker_to_dict(worker, version)
+    body["triggers"] = triggers.summary(ctx, worker_name=worker_name)
+    return body
 
 
 @router.post("/workers", status_code=201, summary="Deploy a worker (tar.gz of its folder)")

@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
+from floom.api import ui_features
 from floom.errors import FloomError, InvalidRequest, Unauthorized
 from floom.services import web_sessions
 from floom.services.context import Context
@@ -42,17 +43,24 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
 }
 
+# Marks from fonts every system has (no emoji), so the badge reads without its colour too.
 STATUS_MARKS = {
-    "queued": "◷",
+    "queued": "○",
     "running": "▶",
+    "awaiting_approval": "◐",
+    "pending": "◐",
     "succeeded": "✓",
-    "failed": "✗",
-    "timed_out": "⌛",
-    "cancelled": "⊘",
-    "waiting_approval": "✋",
-    "pending": "✋",
     "approved": "✓",
+    "failed": "✗",
     "rejected": "✗",
+    "timed_out": "◔",
+    "limit_exceeded": "!",
+    "cancelled": "⊘",
+    "skipped": "»",
+    "run": "✓",
+    "input_invalid": "✗",
+    "start_failed": "✗",
+    "unmatched": "»",
 }
 
 
@@ -159,7 +167,9 @@ def set_cookie(request: Request, response: Response, name: str, value: str, max_
         max_age=max_age,
         httponly=True,
         samesite="lax",
-        secure=request.url.scheme == "https",
+        # Behind a TLS-terminating proxy the request looks like http; FLOOM_PUBLIC_URL knows.
+        secure=request.url.scheme == "https"
+        or get_ctx(request).settings.public_url.startswith("https://"),
         path="/",
     )
 
@@ -198,10 +208,6 @@ def safe_next(target: str | None) -> str:
 
 # -- rendering -------------------------------------------------------------------------------
 
-NavHook = Callable[[Context, SignedIn], dict[str, Any]]
-# Filled by the UI modules: extra values every page needs (e.g. the approvals count).
-nav_hooks: list[NavHook] = []
-
 
 def render(
     request: Request, template: str, context: dict[str, Any] | None = None, status: int = 200
@@ -212,8 +218,7 @@ def render(
         ctx = get_ctx(request)
         values["csrf"] = me.session.csrf_token
         values["can"] = me.can
-        for hook in nav_hooks:
-            values.update(hook(ctx, me))
+        values.update(ui_features.nav_counts(ctx, me))
     values.update(context or {})
     response = templates.TemplateResponse(request, template, values, status_code=status)
     if me is not None:
@@ -248,7 +253,7 @@ class UiRoute(APIRoute):
             except Unauthorized:
                 response = to_login(request)
             except FloomError as exc:
-                response = error_page(request, exc)
+                response = await run_in_threadpool(error_page, request, exc)
             except RequestValidationError as exc:
                 problems = "; ".join(
                     f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}"
@@ -258,7 +263,7 @@ class UiRoute(APIRoute):
                     f"the address is not valid: {problems}",
                     hint="follow the links on the pages instead of editing the address",
                 )
-                response = error_page(request, invalid)
+                response = await run_in_threadpool(error_page, request, invalid)
             for name, value in SECURITY_HEADERS.items():
                 response.headers.setdefault(name, value)
             return response

@@ -20,6 +20,7 @@ from floom.engine.queue import (
     reap_expired_leases,
     renew_leases,
 )
+from floom.engine.phases import execute_phased, is_phased
 from floom.manifest import Manifest
 from floom.sandbox.base import Sandbox, SandboxResult, SandboxSpec
 from floom.services import secrets as secret_service
@@ -249,6 +250,8 @@ class Executor:
             s.add(current)
 
     def _execute(self, run: Run, version: Version, manifest: Manifest, run_log: RunLog) -> Outcome:
+        if is_phased(manifest):
+            return execute_phased(self, run, version, manifest, run_log)
         values, missing = secret_service.resolve(self.ctx, manifest.secrets)
         if missing:
             names = ", ".join(missing)

@@ -36,7 +36,7 @@ class Backend(abc.ABC):
     #: Whether deploy/validate may read a folder path on the machine running this backend.
     reads_local_folders: bool = False
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release connections; the backend is not used afterwards."""
 
     # -- workers and versions ------------------------------------------------------------------
@@ -72,8 +72,9 @@ class Backend(abc.ABC):
     # -- runs ----------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def start_run(self, worker: str, inputs: JSON) -> JSON:
-        """Queue a run of the active version; bad inputs raise code "input_invalid"."""
+    def start_run(self, worker: str, inputs: JSON, *, force: bool = False) -> JSON:
+        """Queue a run of the active version; bad inputs raise code "input_invalid", a paused
+        worker "worker_paused" unless `force`."""
 
     @abc.abstractmethod
     def list_runs(
@@ -103,18 +104,18 @@ class Backend(abc.ABC):
         """The run after asking it to stop."""
 
     @abc.abstractmethod
-    def replay_run(self, run_id: str, *, latest: bool = False) -> JSON:
+    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
         """A new run with the same inputs, on the same version unless `latest`."""
 
     # -- triggers, approvals -------------------------------------------------------------------
 
     @abc.abstractmethod
     def list_triggers(self, name: str) -> JSON:
-        """{"items": [trigger with its next fires]}; an empty list where triggers don't exist."""
+        """{"worker", "paused", "items": [trigger with its next fires]}."""
 
     @abc.abstractmethod
     def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
-        """Pause or resume a worker (or one of its triggers)."""
+        """Pause or resume a worker (or one trigger, by id); returns the trigger listing."""
 
     @abc.abstractmethod
     def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:

@@ -6,11 +6,12 @@ import json
 import logging
 from typing import Any
 
-from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp_types import CallToolResult, TextContent
+from pydantic import ValidationError
 
 from floom.client import ApiError
-from floom.errors import FloomError
+from floom.errors import FloomError, InvalidRequest, NotFound
 
 log = logging.getLogger("floom.mcp")
 
@@ -37,7 +38,11 @@ def describe(exc: BaseException) -> dict[str, Any]:
 def error_text(error: dict[str, Any]) -> str:
     lines = [f"error [{error['code']}]: {error['message']}"]
     for item in error.get("details") or []:
-        if isinstance(item, dict) and item.get("message") and item["message"] not in error["message"]:
+        if (
+            isinstance(item, dict)
+            and item.get("message")
+            and item["message"] not in error["message"]
+        ):
             where = f"{item['path']}: " if item.get("path") else ""
             lines.append(f"  {where}{item['message']}")
     if error.get("hint"):
@@ -65,3 +70,26 @@ def resource_error(exc: BaseException) -> ResourceError:
     if error["code"] == "not_found":
         return ResourceNotFoundError(text)
     return ResourceError(text)
+
+
+def unknown_tool(name: str) -> NotFound:
+    return NotFound(
+        f"there is no tool named '{name}'",
+        hint="list the tools again: workers exposed as tools come and go with deploys",
+    )
+
+
+def bad_arguments(tool: str, exc: ToolError) -> FloomError:
+    """The SDK's refusal of a call's arguments, as floom's invalid_request error."""
+    cause = exc.__cause__
+    if not isinstance(cause, ValidationError):
+        return InvalidRequest(f"{tool} refused the call", hint="check the tool's input schema")
+    problems = [
+        {"path": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in cause.errors()
+    ]
+    return InvalidRequest(
+        f"invalid arguments for {tool}: "
+        + "; ".join(f"{p['path']}: {p['message']}" for p in problems),
+        hint=f"check the input schema of {tool} in the tool list",
+        details=problems,
+    )

@@ -1,4 +1,4 @@
-"""A run's family: the run it replays or retries, and the runs that replay or retry it."""
+"""A run's family: the runs that replay or retry it, and the runs it started (child runs)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,18 @@ MAX_CHILDREN = 100
 
 
 def child_runs(ctx: Context, *, run_id: str) -> list[Run]:
-    """Runs started from this one (replays and retries), oldest first."""
+    """Runs started from this one (replays, retries, runs it called), oldest first."""
     with session_scope(ctx.engine) as s:
         return list(
             s.exec(
                 select(Run)
-                .where(or_(col(Run.replay_of) == run_id, col(Run.retry_of) == run_id))
+                .where(
+                    or_(
+                        col(Run.replay_of) == run_id,
+                        col(Run.retry_of) == run_id,
+                        col(Run.parent_run_id) == run_id,
+                    )
+                )
                 .order_by(col(Run.id))
                 .limit(MAX_CHILDREN)
             ).all()

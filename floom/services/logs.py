@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func
+from sqlalchemy import func, text
 from sqlmodel import Session, col, select
 
 from floom.store.db import session_scope
@@ -28,8 +28,12 @@ def append_events(
     """Append (stream, line, ts) rows after the run's last seq; returns the last seq written.
 
     Callers hold a write session, which makes the read of the last seq and the inserts one
-    atomic step.
+    atomic step: SQLite's write lock does it there; on PostgreSQL a per-run advisory lock
+    does, since an executor's log flusher and a state change (a pause, a decision) may append
+    at the same moment. (Not the run's row lock: heartbeats skip locked runs as lost.)
     """
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:run_id))"), {"run_id": run_id})
     last = s.exec(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run_id)).one()
     seq = int(last or 0)
     for stream, line, ts in lines:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, InvalidRequest, NotFound
-from floom.services import workers
+from floom.errors import Conflict, InvalidRequest, NotFound, WorkerPaused
+from floom.services import agent_runs, workers
 from floom.services.logs import system_event
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, Version, new_id, utcnow
@@ -24,9 +24,37 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 TIMED_OUT = "timed_out"
 CANCELLED = "cancelled"
-STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, TIMED_OUT, CANCELLED)
-TERMINAL = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED})
-TRIGGERS = ("manual", "schedule", "webhook", "composio", "replay", "api", "mcp", "handoff")
+# Waiting for a person (floom/services/approvals.py); holds no executor slot meanwhile.
+AWAITING_APPROVAL = "awaiting_approval"
+REJECTED = "rejected"
+LIMIT_EXCEEDED = "limit_exceeded"
+# A trigger's tick or event that did not become a run (overlap, missed, paused); the error
+# says why (floom/services/schedules.py).
+SKIPPED = "skipped"
+STATUSES = (
+    QUEUED,
+    RUNNING,
+    AWAITING_APPROVAL,
+    SUCCEEDED,
+    FAILED,
+    TIMED_OUT,
+    CANCELLED,
+    REJECTED,
+    LIMIT_EXCEEDED,
+    SKIPPED,
+)
+TERMINAL = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, REJECTED, LIMIT_EXCEEDED, SKIPPED})
+TRIGGERS = (
+    "manual",
+    "schedule",
+    "webhook",
+    "composio",
+    "replay",
+    "api",
+    "mcp",
+    "handoff",
+    "agent",
+)
 
 
 def create_run(
@@ -40,15 +68,26 @@ def create_run(
     version_id: str | None = None,
     replay_of: str | None = None,
     scheduled_for: datetime | None = None,
+    force: bool = False,
+    in_transaction: Callable[[Session, Run], None] | None = None,
+    parent_run_id: str | None = None,
 ) -> Run:
     """Validate the inputs against the version's manifest and queue a run.
 
     Bad inputs raise InputInvalid and create nothing. The run is pinned to `version_id`,
-    or to the worker's active version.
+    or to the worker's active version. A paused worker refuses runs (WorkerPaused) unless
+    `force`. `in_transaction` runs in the transaction that inserts the run, so a trigger can
+    record its fire or delivery atomically with it; what it raises undoes the run.
     """
     if trigger not in TRIGGERS:
         raise InvalidRequest(f"unknown trigger '{trigger}'", hint=f"one of {', '.join(TRIGGERS)}")
     worker = workers.get_worker(ctx, name=worker_name)
+    if worker.paused and not force:
+        raise WorkerPaused(
+            f"worker '{worker_name}' is paused",
+            hint=f"resume it with `floom resume {worker_name}`, or run it anyway with --force "
+            '(REST: "force": true)',
+        )
     version_id = version_id or worker.active_version_id
     if version_id is None:
         raise Conflict(
@@ -57,11 +96,7 @@ def create_run(
         )
     version = workers.get_version(ctx, version_id=version_id, worker_name=worker_name)
     manifest = workers.manifest_of(version)
-    if manifest.kind != "script":
-        raise Conflict(
-            f"'{worker_name}' is an agent worker (SKILL.md); this floom runs script workers only",
-            hint="agent workers arrive with the agent runtime; deploy a run.py worker meanwhile",
-        )
+    agent_runs.check_monthly_cap(ctx, worker_name=worker_name, manifest=manifest)
     clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
     run = Run(
         id=new_id("run"),
@@ -75,6 +110,7 @@ def create_run(
         replay_of=replay_of,
         scheduled_for=scheduled_for,
         created_by=actor,
+        parent_run_id=parent_run_id,
     )
     with session_scope(ctx.engine, write=True) as s:
         s.add(run)
@@ -83,6 +119,8 @@ def create_run(
         if replay_of:
             note += f", replay of {replay_of}"
         system_event(s, run_id=run.id, attempt=1, message=note)
+        if in_transaction is not None:
+            in_transaction(s, run)
     ctx.run_queued.set()
     return run
 
@@ -144,11 +182,16 @@ def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
                 hint="only queued or running runs can be cancelled",
             )
         who = f" by {actor}" if actor else ""
-        if run.status == QUEUED:
+        if run.status == AWAITING_APPROVAL:
+            from floom.services.approvals import withdraw_pending
+
+            withdraw_pending(s, run_id=run.id, actor=actor)
+        if run.status in (QUEUED, AWAITING_APPROVAL):
+            before = "started" if run.status == QUEUED else "was approved"
             run.status = CANCELLED
             run.finished_at = utcnow()
             run.error_code = "cancelled"
-            run.error_message = f"cancelled{who} before it started"
+            run.error_message = f"cancelled{who} before it {before}"
             system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancelled{who}")
         else:
             run.cancel_requested = True
@@ -165,6 +208,7 @@ def replay_run(
     latest: bool = False,
     actor: str | None = None,
     trigger: str = "replay",
+    force: bool = False,
 ) -> Run:
     """Run again with the same inputs, on the same version unless `latest`."""
     original = get_run(ctx, run_id=run_id)
@@ -176,6 +220,7 @@ def replay_run(
         actor=actor,
         version_id=None if latest else original.version_id,
         replay_of=original.id,
+        force=force,
     )
 
 
@@ -223,6 +268,8 @@ def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[st
         "max_attempts": run.max_attempts,
         "replay_of": run.replay_of,
         "retry_of": run.retry_of,
+        "parent_run_id": run.parent_run_id,
+        "phase": run.phase,
         "scheduled_for": run.scheduled_for,
         "created_at": run.created_at,
         "started_at": run.started_at,

@@ -12,6 +12,7 @@ from sqlmodel import Session, col, select
 from floom.bundle import Bundle, read_archive
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.manifest import Manifest, Problem, check_manifest, parse_manifest
+from floom.services.triggers import sync_triggers
 from floom.store.db import session_scope
 from floom.store.models import Blob, Run, Version, Worker, utcnow
 
@@ -90,6 +91,7 @@ def deploy(ctx: Context, *, archive: bytes, actor: str | None = None) -> DeployR
         worker.active_version_id = version.id
         worker.updated_at = utcnow()
         s.add(worker)
+        sync_triggers(s, worker_name=manifest.name, manifest=manifest)
     return DeployResult(worker=worker, version=version, created=created, activated=activated)
 
 
@@ -186,6 +188,7 @@ def rollback(
         worker.active_version_id = version.id
         worker.updated_at = utcnow()
         s.add(worker)
+        sync_triggers(s, worker_name=name, manifest=manifest_of(version))
     return version
 
 

@@ -11,8 +11,10 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, SQLModel, create_engine
 
+from floom.store import agents as _agent_tables  # noqa: F401 - registers the tables
 from floom.store import handoffs as _handoff_tables  # noqa: F401 - registers the tables
 from floom.store import models  # noqa: F401 - registers the tables
+from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 
 _sqlite_write_lock = threading.RLock()

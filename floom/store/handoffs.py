@@ -16,7 +16,7 @@ from floom.store.models import UTCDateTime, utcnow
 class Role(SQLModel, table=True):
     """A kind of work agents take on ("reviewer"); renames keep the id, so jobs follow."""
 
-    __tablename__ = "handoff_roles"
+    __tablename__ = "roles"
     id: str = Field(primary_key=True, max_length=40)
     name: str = Field(unique=True, max_length=63)
     description: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
@@ -76,6 +76,8 @@ class Job(SQLModel, table=True):
     attempt: int = 1
     rejection_reason: str | None = Field(default=None, sa_column=Column(Text))
     rejected_by: str | None = Field(default=None, max_length=40)
+    # The run working on this job, when a worker's handoff trigger claimed it.
+    run_id: str | None = Field(default=None, max_length=40, index=True)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -107,6 +107,8 @@ class Run(SQLModel, table=True):
     replay_of: str | None = Field(default=None, max_length=40)
     retry_of: str | None = Field(default=None, max_length=40)
     scheduled_for: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The trigger (floom/store/triggers.py) that started the run, if one did.
+    trigger_id: str | None = Field(default=None, max_length=40, index=True)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     not_before: datetime | None = Field(default=None, sa_type=UTCDateTime)
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -116,6 +118,9 @@ class Run(SQLModel, table=True):
     cancel_requested: bool = False
     sandbox_seconds: float = 0.0
     created_by: str | None = Field(default=None, max_length=40)
+    # "apply" after a run-level approval, "resume" after a tool-call decision; None at first.
+    phase: str | None = Field(default=None, max_length=16)
+    parent_run_id: str | None = Field(default=None, max_length=40, index=True)
 
 
 class RunEvent(SQLModel, table=True):

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 ROLE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ROLE_HINT = "a role name is lower case letters, digits, '.', '_' or '-', e.g. reviewer"
+# Agents labelled "worker:<name>" are the workers that take jobs through handoff triggers.
+WORKER_PREFIX = "worker:"
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ class Actor:
 
 def system_actor(label: str = "floom", *, agent_id: str | None = None) -> Actor:
     return Actor(key_id=None, agent_id=agent_id, label=label, admin=True, roles={}, system=True)
+
+
+def as_actor(ctx: Context, actor: Actor | ApiKey) -> Actor:
+    """Surfaces may pass the request's API key; its agent and roles are read now."""
+    return actor if isinstance(actor, Actor) else actor_for_key(ctx, key=actor)
 
 
 def actor_for_key(ctx: Context, *, key: ApiKey) -> Actor:
@@ -200,6 +207,11 @@ def _check_label(label: str) -> str:
         raise InvalidRequest(
             "an agent needs a label of 1 to 128 characters", hint="e.g. claude-laptop"
         )
+    if label.strip().startswith(WORKER_PREFIX):
+        raise InvalidRequest(
+            f"labels starting with '{WORKER_PREFIX}' are floom's own",
+            hint="workers with a handoff trigger act as these agents; pick another label",
+        )
     return label.strip()
 
 
@@ -229,16 +241,16 @@ def create_agent(
             s.flush()
             held = _set_roles(s, agent.id, roles)
     except IntegrityError as exc:
-        raise Conflict(
-            f"an agent labelled '{label}' exists", hint="pick another label"
-        ) from exc
+        raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
     key, token = keys.create_key(
         ctx, scopes=scopes or ["run"], name=f"agent {agent.label}", agent_id=agent.id
     )
     return {**agent_to_dict(agent, held), "key": token, "key_id": key.id}
 
 
-def create_agent_key(ctx: Context, *, agent: str, scopes: list[str] | None = None) -> dict:
+def create_agent_key(
+    ctx: Context, *, agent: str, scopes: list[str] | None = None
+) -> dict[str, Any]:
     """Another key for an agent (to rotate one); the plaintext is in "key", shown only now."""
     with session_scope(ctx.engine) as s:
         found = find_agent(s, agent)
@@ -302,9 +314,7 @@ def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
             found.retired_at = now
             s.add(found)
             for key in s.exec(
-                select(ApiKey).where(
-                    ApiKey.agent_id == found.id, col(ApiKey.revoked_at).is_(None)
-                )
+                select(ApiKey).where(ApiKey.agent_id == found.id, col(ApiKey.revoked_at).is_(None))
             ).all():
                 key.revoked_at = now
                 s.add(key)
@@ -312,10 +322,11 @@ def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
         return agent_to_dict(found, _roles_of(s, found.id))
 
 
-def my_roles(ctx: Context, *, actor: Actor) -> dict[str, Any]:
+def my_roles(ctx: Context, *, actor: Actor | ApiKey) -> dict[str, Any]:
     """Who the caller is and the roles it holds now (read per call, never cached)."""
+    who = as_actor(ctx, actor)
     return {
-        "agent": None if actor.agent_id is None else {"id": actor.agent_id, "label": actor.label},
-        "admin": actor.admin,
-        "roles": sorted(actor.roles.values()),
+        "agent": None if who.agent_id is None else {"id": who.agent_id, "label": who.label},
+        "admin": who.admin,
+        "roles": sorted(who.roles.values()),
     }

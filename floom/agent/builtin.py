@@ -1,0 +1,414 @@
+"""The built-in tools an agent worker may be allowed: files, HTTP, commands in the sandbox,
+other workers, memory, asking a person, and finishing."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from floom.agent import netguard
+from floom.agent.spec import HTTP_METHODS, ToolSpec
+from floom.agent.tools import Tool, ToolError, object_schema, require_str
+from floom.errors import FloomError
+from floom.sandbox.base import SandboxSpec
+from floom.services import agent_runs
+
+if TYPE_CHECKING:
+    from floom.engine.executor import Executor, RunLog
+    from floom.manifest import Manifest
+    from floom.services.context import Context
+    from floom.services.secrets import Redactor
+    from floom.store.models import Run
+
+READ_CAP = 100 * 1024
+LIST_CAP = 500
+COMMAND_OUTPUT_CAP = 16 * 1024
+PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
+_JSON_TYPES = {"file": "string"}
+
+
+@dataclass
+class AgentEnv:
+    """What the tools of one agent attempt work with."""
+
+    executor: Executor
+    run: Run
+    manifest: Manifest
+    workdir: Path
+    output_dir: Path
+    # Declared secrets (and, in the apply phase, apply_secrets): the environment of
+    # run_command and the ${NAME} placeholders of http_request.
+    secrets: dict[str, str]
+    redactor: Redactor
+    run_log: RunLog
+    deadline: float
+    apply: bool = False
+    sandbox_seconds: float = 0.0
+
+    @property
+    def ctx(self) -> Context:
+        return self.executor.ctx
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def cancelled(self) -> bool:
+        return self.executor._should_cancel(self.run.id)
+
+
+def make_builtin(spec: ToolSpec, env: AgentEnv) -> Tool:
+    factory = _FACTORIES[spec.builtin]
+    description, schema, run = factory(spec, env)
+    extra = str(spec.options.get("description") or "")
+    return Tool(
+        name=spec.name,
+        description=f"{description} {extra}".strip(),
+        input_schema=schema,
+        run=run,
+        gated=spec.gated or spec.builtin == "request_approval",
+        builtin=spec.builtin,
+    )
+
+
+Factory = Callable[
+    [ToolSpec, AgentEnv], tuple[str, dict[str, Any], Callable[[dict[str, Any]], str]]
+]
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+def _resolve(env: AgentEnv, raw: str, *, output_only: bool = False) -> tuple[Path, str]:
+    parts = PurePosixPath(raw.strip()).parts
+    if parts and parts[0] == "/":
+        parts = parts[1:]
+    if any(p == ".." for p in parts):
+        raise ToolError(f"'{raw}' leaves the workspace; use paths inside it")
+    if parts and parts[0] == "output":
+        root, rel = env.output_dir, parts[1:]
+    elif output_only:
+        root, rel = env.output_dir, parts
+    else:
+        root, rel = env.workdir, parts
+    target = root.joinpath(*rel).resolve() if rel else root.resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise ToolError(f"'{raw}' leaves the workspace; use paths inside it")
+    shown = "/".join(("output", *rel)) if root == env.output_dir else "/".join(rel) or "."
+    return target, shown
+
+
+def _read_file(spec: ToolSpec, env: AgentEnv) -> Any:
+    def run(args: dict[str, Any]) -> str:
+        target, shown = _resolve(env, require_str(args, "path"))
+        if not target.is_file():
+            raise ToolError(f"no file {shown}; list_files shows what exists")
+        data = target.read_bytes()
+        text = data[:READ_CAP].decode("utf-8", errors="replace")
+        if len(data) > READ_CAP:
+            text += f"\n[... {len(data) - READ_CAP} more bytes not shown]"
+        return text
+
+    schema = object_schema({"path": {"type": "string"}}, ["path"])
+    return (
+        "Read a text file: the worker's files, or output/NAME for files you wrote.",
+        schema,
+        run,
+    )
+
+
+def _list_files(spec: ToolSpec, env: AgentEnv) -> Any:
+    def run(args: dict[str, Any]) -> str:
+        start, shown = _resolve(env, str(args.get("path") or ""))
+        if not start.is_dir():
+            raise ToolError(f"no directory {shown}")
+        roots = [start] if args.get("path") else [env.workdir, env.output_dir]
+        lines = []
+        for root in roots:
+            for p in sorted(root.rglob("*")):
+                if p.is_file() and not p.is_symlink():
+                    base = env.output_dir if p.is_relative_to(env.output_dir) else env.workdir
+                    rel = p.relative_to(base).as_posix()
+                    name = f"output/{rel}" if base == env.output_dir else rel
+                    lines.append(f"{name} ({p.stat().st_size} bytes)")
+                if len(lines) >= LIST_CAP:
+                    return "\n".join([*lines, f"[more than {LIST_CAP} files; list a folder]"])
+        return "\n".join(lines) or "(no files)"
+
+    schema = object_schema({"path": {"type": "string", "description": "a folder; default all"}})
+    return "List files of the workspace and of output/ (what you wrote).", schema, run
+
+
+def _write_file(spec: ToolSpec, env: AgentEnv) -> Any:
+    def run(args: dict[str, Any]) -> str:
+        target, shown = _resolve(env, require_str(args, "path"), output_only=True)
+        content = args.get("content")
+        if not isinstance(content, str):
+            raise ToolError("'content' must be a string")
+        data = content.encode()
+        used = sum(p.stat().st_size for p in env.output_dir.rglob("*") if p.is_file())
+        limit = env.ctx.settings.max_artifact_bytes
+        if used + len(data) > limit:
+            raise ToolError(f"output/ would pass {limit} bytes (FLOOM_MAX_ARTIFACT_BYTES)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        return f"saved {shown} ({len(data)} bytes); it becomes an artifact of the run"
+
+    schema = object_schema(
+        {"path": {"type": "string"}, "content": {"type": "string"}}, ["path", "content"]
+    )
+    return "Save a file under output/; every file there becomes an artifact.", schema, run
+
+
+# -- network and commands ---------------------------------------------------------------------
+
+
+def fill_placeholders(text: str, secrets: dict[str, str]) -> str:
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in secrets:
+            raise ToolError(
+                f"no secret {name} is available to this worker (declare it in secrets:)"
+            )
+        return secrets[name]
+
+    return PLACEHOLDER.sub(value, text)
+
+
+def _http_request(spec: ToolSpec, env: AgentEnv) -> Any:
+    settings = env.ctx.settings
+    methods = spec.options.get("methods")
+    policy = netguard.HttpPolicy(
+        allow_domains=tuple(str(d) for d in spec.options.get("allow_domains") or ()),
+        methods=tuple(str(m).upper() for m in methods) if methods else None,
+        allow_private=settings.agent_http_allow_private,
+        resolve=netguard.parse_resolve(settings.agent_http_resolve),
+    )
+
+    def run(args: dict[str, Any]) -> str:
+        url = require_str(args, "url")
+        headers = args.get("headers") or {}
+        if not isinstance(headers, dict):
+            raise ToolError("'headers' must be an object of header names to strings")
+        filled = {str(k): fill_placeholders(str(v), env.secrets) for k, v in headers.items()}
+        content: bytes | None = None
+        if args.get("json") is not None:
+            content = fill_placeholders(json.dumps(args["json"]), env.secrets).encode()
+            filled.setdefault("Content-Type", "application/json")
+        elif args.get("body") is not None:
+            content = fill_placeholders(str(args["body"]), env.secrets).encode()
+        reply = netguard.request(
+            method=str(args.get("method") or "GET"),
+            url=url,
+            headers=filled,
+            content=content,
+            policy=policy,
+            timeout=max(1.0, min(60.0, env.remaining())),
+        )
+        body: dict[str, Any] = {"status": reply.status, "headers": reply.headers}
+        body["body"] = reply.body
+        if reply.truncated:
+            body["truncated"] = True
+        return json.dumps(body)
+
+    allowed = ", ".join(policy.allow_domains)
+    schema = object_schema(
+        {
+            "method": {"type": "string", "enum": list(policy.methods or HTTP_METHODS)},
+            "url": {"type": "string"},
+            "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+            "body": {"type": "string"},
+            "json": {"description": "a JSON body (sets Content-Type)"},
+        },
+        ["url"],
+    )
+    secrets = ", ".join(sorted(env.secrets)) or "none"
+    text = (
+        f"Send an HTTP request to {allowed}. Write ${{NAME}} in headers or body where a "
+        f"secret is needed (available: {secrets}); floom fills it in."
+    )
+    return text, schema, run
+
+
+def _run_command(spec: ToolSpec, env: AgentEnv) -> Any:
+    manifest = env.manifest
+
+    def run(args: dict[str, Any]) -> str:
+        command = require_str(args, "command")
+        wanted = args.get("timeout_seconds") or manifest.limits.timeout_seconds
+        timeout = max(1.0, min(float(wanted), env.remaining()))
+        lines: list[str] = []
+        size = 0
+
+        def on_line(stream: str, line: str) -> None:
+            nonlocal size
+            env.run_log.add(stream, line)
+            lines.append(line)
+            size += len(line) + 1
+            while size > COMMAND_OUTPUT_CAP and len(lines) > 1:
+                size -= len(lines.pop(0)) + 1
+
+        sandbox_env = {
+            **env.secrets,
+            "FLOOM_RUN_ID": env.run.id,
+            "FLOOM_ATTEMPT": str(env.run.attempt),
+            "FLOOM_WORKER": env.run.worker_name,
+            "FLOOM_VERSION_ID": env.run.version_id,
+        }
+        sandbox_spec = SandboxSpec(
+            run_id=env.run.id,
+            command=["bash", "-c", command],
+            workdir=env.workdir,
+            output_dir=env.output_dir,
+            env=sandbox_env,
+            network=manifest.network == "full",
+            timeout_seconds=timeout,
+            memory_mb=manifest.limits.memory_mb,
+        )
+        t0 = time.monotonic()
+        result = env.executor.sandbox.run(
+            sandbox_spec, on_line=on_line, should_cancel=env.cancelled
+        )
+        env.sandbox_seconds += time.monotonic() - t0
+        output = env.redactor.text("\n".join(lines))
+        if result.timed_out:
+            raise ToolError(f"timed out after {timeout:.0f}s; output so far:\n{output}")
+        if result.cancelled:
+            raise ToolError("cancelled")
+        if result.error:
+            raise ToolError(result.error)
+        return f"exit code {result.exit_code}\n{output}"
+
+    schema = object_schema(
+        {"command": {"type": "string"}, "timeout_seconds": {"type": "integer", "minimum": 1}},
+        ["command"],
+    )
+    text = (
+        "Run a bash command in the worker's sandbox, in the workspace (the worker's files); "
+        "files written to $FLOOM_OUTPUT_DIR become artifacts. Returns exit code and output."
+    )
+    return text, schema, run
+
+
+# -- other workers and memory -----------------------------------------------------------------
+
+
+def _invoke_worker(spec: ToolSpec, env: AgentEnv) -> Any:
+    from floom.agent.children import invoke_child
+
+    def run(args: dict[str, Any]) -> str:
+        worker = require_str(args, "worker")
+        inputs = args.get("inputs") or {}
+        if not isinstance(inputs, dict):
+            raise ToolError("'inputs' must be an object")
+        return json.dumps(invoke_child(env, worker=worker, inputs=inputs), default=str)
+
+    calls = ", ".join(env.manifest.calls) or "none"
+    worker: dict[str, Any] = {"type": "string"}
+    if env.manifest.calls:
+        worker["enum"] = list(env.manifest.calls)
+    schema = object_schema({"worker": worker, "inputs": {"type": "object"}}, ["worker"])
+    return (
+        f"Run another floom worker and wait for its outputs. Workers you may call: {calls}.",
+        schema,
+        run,
+    )
+
+
+def _remember(spec: ToolSpec, env: AgentEnv) -> Any:
+    def run(args: dict[str, Any]) -> str:
+        key = require_str(args, "key")
+        if len(key) > 200:
+            raise ToolError("'key' is longer than 200 characters")
+        value = env.redactor.value(args.get("value"))
+        if len(json.dumps(value)) > agent_runs.MEMORY_VALUE_CAP:
+            raise ToolError(f"the value is over {agent_runs.MEMORY_VALUE_CAP} bytes as JSON")
+        agent_runs.remember(
+            env.ctx, worker_name=env.run.worker_name, key=key, value=value, run_id=env.run.id
+        )
+        return f"remembered {key}"
+
+    schema = object_schema({"key": {"type": "string"}, "value": {}}, ["key", "value"])
+    return (
+        "Store a value under a key in this worker's memory; later runs can recall it.",
+        schema,
+        run,
+    )
+
+
+def _recall(spec: ToolSpec, env: AgentEnv) -> Any:
+    def run(args: dict[str, Any]) -> str:
+        key = args.get("key")
+        if not key:
+            keys = agent_runs.memory_keys(env.ctx, worker_name=env.run.worker_name)
+            return json.dumps({"keys": keys})
+        value, run_id = agent_runs.recall(env.ctx, worker_name=env.run.worker_name, key=str(key))
+        if run_id is None:
+            return json.dumps({"key": key, "found": False})
+        return json.dumps({"key": key, "found": True, "value": value, "written_by_run": run_id})
+
+    schema = object_schema({"key": {"type": "string", "description": "omit to list the keys"}})
+    return "Read a value from this worker's memory (or list its keys).", schema, run
+
+
+# -- people and the end -----------------------------------------------------------------------
+
+
+def _request_approval(spec: ToolSpec, env: AgentEnv) -> Any:
+    def run(args: dict[str, Any]) -> str:
+        raise FloomError("request_approval is answered by the approval, not run")
+
+    schema = object_schema(
+        {"question": {"type": "string"}, "details": {"type": "object"}}, ["question"]
+    )
+    return (
+        "Ask a person to approve something before you go on; the run waits for the "
+        "decision, which comes back with their comment.",
+        schema,
+        run,
+    )
+
+
+def finish_schema(manifest: Manifest) -> dict[str, Any]:
+    props: dict[str, Any] = {}
+    for name, field in manifest.outputs.items():
+        prop: dict[str, Any] = {"type": _JSON_TYPES.get(field.type, field.type)}
+        if field.description:
+            prop["description"] = field.description
+        if field.enum:
+            prop["enum"] = field.enum
+        props[name] = prop
+    required = [n for n, f in manifest.outputs.items() if f.required]
+    outputs = object_schema(props, required)
+    return object_schema({"outputs": outputs}, ["outputs"])
+
+
+def finish_tool(manifest: Manifest) -> Tool:
+    def run(args: dict[str, Any]) -> str:
+        raise FloomError("finish is handled by the agent loop")
+
+    return Tool(
+        name="finish",
+        description="End the run with its outputs; they are checked against the worker's "
+        "declared outputs and any problem comes back to you to fix.",
+        input_schema=finish_schema(manifest),
+        run=run,
+        builtin="finish",
+    )
+
+
+_FACTORIES: dict[str, Factory] = {
+    "read_file": _read_file,
+    "list_files": _list_files,
+    "write_file": _write_file,
+    "http_request": _http_request,
+    "run_command": _run_command,
+    "invoke_worker": _invoke_worker,
+    "remember": _remember,
+    "recall": _recall,
+    "request_approval": _request_approval,
+}

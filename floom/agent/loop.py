@@ -1,0 +1,413 @@
+"""The agent loop: ask the model, run the tool calls it makes, repeat until `finish`.
+
+The transcript is the loop's whole state and is saved at every step: after each model turn
+(with the tool calls still to answer) and after each answered call. Any attempt, in any
+process, continues from it, which is how a run paused for approval resumes elsewhere and
+how a crashed attempt picks up without repeating finished calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from floom.agent import workspace
+from floom.agent.provider import ModelProvider, ProviderError, estimate_cost
+from floom.agent.tools import Tool, ToolError
+from floom.engine.queue import Outcome
+from floom.services import agent_runs
+from floom.services.approvals import (
+    APPROVED,
+    REJECTED_DECISION,
+    get_approval,
+    new_approval,
+    pause_run,
+)
+from floom.services.runs import AWAITING_APPROVAL, CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED
+from floom.store.models import new_id
+
+if TYPE_CHECKING:
+    from floom.agent.builtin import AgentEnv
+    from floom.agent.tools import Toolbox
+    from floom.store.agents import Transcript
+
+log = logging.getLogger("floom.agent")
+
+MODEL_RESULT_CAP = 100 * 1024
+MAX_NUDGES = 2
+LOG_TEXT_CAP = 500
+NUDGE = (
+    "You ended your turn without calling finish. Keep working with your tools, or call "
+    "finish with the outputs to end the run."
+)
+APPLY_NOTE = (
+    "A person approved your outputs (possibly edited: the approved values above are "
+    "final). This is the apply phase: carry out what was approved, then call finish "
+    "again (its outputs are ignored; the approved ones stand)."
+)
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        env: AgentEnv,
+        *,
+        transcript: Transcript,
+        toolbox: Toolbox,
+        provider: ModelProvider,
+    ) -> None:
+        self.env = env
+        self.t = transcript
+        self.toolbox = toolbox
+        self.provider = provider
+        self.messages: list[dict[str, Any]] = json.loads(transcript.messages_json)
+        state = json.loads(transcript.state_json or "{}")
+        self.state: dict[str, Any] = {
+            "pending": state.get("pending") or [],
+            "results": state.get("results") or [],
+            "awaiting": state.get("awaiting"),
+            "nudges": state.get("nudges") or 0,
+        }
+        limits = env.manifest.limits
+        self.max_iterations = limits.max_tool_iterations or env.ctx.settings.agent_max_iterations
+        self.max_tokens = limits.max_total_tokens
+        self.monthly_cap = limits.monthly_cost_usd
+        self._mark = time.monotonic()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        while True:
+            if self.env.cancelled():
+                return self._cancelled()
+            if self.env.remaining() <= 0:
+                seconds = self.env.manifest.limits.timeout_seconds
+                return self._limit("timeout_seconds", f"{seconds}s of agent time")
+            ended = self._answer_pending() if self.state["pending"] else self._model_turn()
+            if ended is not None:
+                return ended
+
+    def checkpoint(self) -> None:
+        now = time.monotonic()
+        self.t.active_seconds += now - self._mark
+        self._mark = now
+        self.t.messages_json = json.dumps(self.messages)
+        self.t.state_json = json.dumps(self.state)
+        agent_runs.save_transcript(self.env.ctx, self.t)
+
+    def _note(self, text: str) -> None:
+        self.env.run_log.add("system", text)
+
+    def _model_turn(self) -> Outcome | None:
+        t, settings = self.t, self.env.ctx.settings
+        if t.iterations >= self.max_iterations:
+            return self._limit("max_tool_iterations", f"{self.max_iterations} model turns")
+        max_out = settings.agent_max_output_tokens
+        if self.max_tokens is not None:
+            left = self.max_tokens - (t.input_tokens + t.output_tokens)
+            if left <= 0:
+                return self._limit("max_total_tokens", f"{self.max_tokens} tokens")
+            max_out = min(max_out, left)
+        try:
+            reply = self.provider.complete(
+                model=t.model,
+                system=t.system,
+                messages=self.messages,
+                tools=self.toolbox.definitions(),
+                max_tokens=max_out,
+                timeout=max(1.0, self.env.remaining()),
+            )
+        except ProviderError as exc:
+            self.checkpoint()
+            return Outcome(
+                status=FAILED,
+                error_code=exc.code,
+                error_message=exc.message,
+                retryable=exc.retryable,
+            )
+        t.iterations += 1
+        t.input_tokens += reply.input_tokens
+        t.output_tokens += reply.output_tokens
+        t.cost_usd += estimate_cost(t.model, reply.input_tokens, reply.output_tokens)
+        content = self.env.redactor.value(reply.content) or [{"type": "text", "text": "(empty)"}]
+        self.messages.append({"role": "assistant", "content": content})
+        for block in content:
+            if block.get("type") == "text" and block.get("text", "").strip():
+                self._note(f"agent: {_clip(block['text'], LOG_TEXT_CAP)}")
+        self._note(
+            f"model turn {t.iterations}: {reply.input_tokens} in + {reply.output_tokens} out tokens"
+        )
+        self.state["pending"] = [b for b in content if b.get("type") == "tool_use"]
+        self.checkpoint()
+        total = t.input_tokens + t.output_tokens
+        if self.max_tokens is not None and total > self.max_tokens:
+            return self._limit("max_total_tokens", f"{total} of {self.max_tokens} tokens used")
+        if self.monthly_cap is not None:
+            spent = agent_runs.month_cost(self.env.ctx, worker_name=self.env.run.worker_name)
+            if spent >= self.monthly_cap:
+                return self._limit(
+                    "monthly_cost_usd", f"${spent:.4f} of ${self.monthly_cap:.2f} spent this month"
+                )
+        if not self.state["pending"]:
+            self.state["nudges"] += 1
+            if self.state["nudges"] > MAX_NUDGES:
+                return self._end(
+                    FAILED, "agent_error", "the agent kept ending its turn without calling finish"
+                )
+            self.messages.append({"role": "user", "content": NUDGE})
+            self.checkpoint()
+        return None
+
+    def _answer_pending(self) -> Outcome | None:
+        while self.state["pending"]:
+            block = self.state["pending"][0]
+            ended, result = self._handle(block)
+            if ended is not None:
+                return ended
+            self.state["results"].append(result)
+            self.state["pending"].pop(0)
+            self.state["awaiting"] = None
+            self.checkpoint()
+        self.messages.append({"role": "user", "content": self.state["results"]})
+        self.state["results"] = []
+        self.checkpoint()
+        return None
+
+    # -- one tool call ------------------------------------------------------------------------
+
+    def _handle(self, block: dict[str, Any]) -> tuple[Outcome | None, dict[str, Any] | None]:
+        use_id, name = str(block.get("id")), str(block.get("name"))
+        raw = block.get("input")
+        args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        awaiting = self.state["awaiting"]
+        if not awaiting or awaiting.get("tool_use_id") != use_id:
+            awaiting = None
+        tool = self.toolbox.get(name)
+        if tool is None:
+            message = (
+                f"refused: no tool '{name}' is available to this worker; "
+                f"available: {', '.join(self.toolbox.names())}"
+            )
+            self._record(name, args, "refused", error=message)
+            return None, _result(use_id, message, error=True)
+        if tool.builtin == "finish":
+            return self._finish(tool, use_id, args, awaiting)
+        if awaiting is not None:
+            return self._decided(tool, use_id, args, awaiting)
+        if tool.gated:
+            return self._pause(tool, use_id, args, kind="tool_call"), None
+        return None, self._execute(tool, use_id, args)
+
+    def _decided(
+        self, tool: Tool, use_id: str, args: dict[str, Any], awaiting: dict[str, Any]
+    ) -> tuple[Outcome | None, dict[str, Any] | None]:
+        approval = get_approval(self.env.ctx, approval_id=awaiting["approval_id"])
+        call_id = awaiting["tool_call_id"]
+        by = f" ({approval.decided_by})" if approval.decided_by else ""
+        if approval.status == REJECTED_DECISION:
+            message = (
+                f"A person{by} rejected this call: {approval.comment}. Do not retry it "
+                "unchanged; take the comment into account."
+            )
+            agent_runs.finish_tool_call(
+                self.env.ctx, call_id=call_id, status="rejected", arguments=args, error=message
+            )
+            self._note(f"tool {tool.name} rejected{by}: {approval.comment}")
+            return None, _result(use_id, message, error=True)
+        if approval.status != APPROVED:
+            return self._cancelled(), None
+        edited = json.loads(approval.edited_json) if approval.edited_json else {}
+        args = {**args, **edited}
+        if tool.builtin == "request_approval":
+            answer = {"decision": "approved", "comment": approval.comment, "edited": edited or None}
+            text = json.dumps(answer)
+            agent_runs.finish_tool_call(
+                self.env.ctx, call_id=call_id, status="ok", arguments=args, result=text
+            )
+            return None, _result(use_id, text)
+        return None, self._execute(tool, use_id, args, call_id=call_id)
+
+    def _execute(
+        self, tool: Tool, use_id: str, args: dict[str, Any], *, call_id: str | None = None
+    ) -> dict[str, Any]:
+        t0 = time.monotonic()
+        text, error = "", None
+        try:
+            text = tool.run(args)
+        except ToolError as exc:
+            error = exc.message
+        except Exception as exc:  # a tool's bug must not end the run; the model is told
+            log.exception("tool %s failed in run %s", tool.name, self.env.run.id)
+            error = f"internal error in tool {tool.name}: {type(exc).__name__}"
+        ms = int((time.monotonic() - t0) * 1000)
+        redact = self.env.redactor
+        text, error = redact.text(text), redact.text(error) if error else None
+        status = "error" if error else "ok"
+        if call_id:
+            agent_runs.finish_tool_call(
+                self.env.ctx,
+                call_id=call_id,
+                status=status,
+                arguments=redact.value(args),
+                result=text or None,
+                error=error,
+                duration_ms=ms,
+            )
+            self._note(f"tool {tool.name} -> {status} ({ms} ms)")
+        else:
+            self._record(tool.name, args, status, result=text or None, error=error, ms=ms)
+        return _result(use_id, error or text, error=error is not None)
+
+    def _record(
+        self,
+        tool: str,
+        args: Any,
+        status: str,
+        *,
+        result: str | None = None,
+        error: str | None = None,
+        ms: int = 0,
+        approval_id: str | None = None,
+        call_id: str | None = None,
+    ) -> None:
+        redact = self.env.redactor
+        safe_args = redact.value(args)
+        agent_runs.record_tool_call(
+            self.env.ctx,
+            run_id=self.env.run.id,
+            attempt=self.env.run.attempt,
+            tool=tool,
+            arguments=safe_args,
+            status=status,
+            result=result,
+            error=error,
+            duration_ms=ms,
+            approval_id=approval_id,
+            call_id=call_id,
+        )
+        shown = _clip(json.dumps(safe_args, default=str), 200)
+        detail = f": {_clip(error, 200)}" if error else ""
+        self._note(f"tool {tool} {shown} -> {status} ({ms} ms){detail}")
+
+    # -- approvals and the end ----------------------------------------------------------------
+
+    def _pause(
+        self,
+        tool: Tool,
+        use_id: str,
+        args: dict[str, Any],
+        *,
+        kind: str,
+        proposed: dict[str, Any] | None = None,
+    ) -> Outcome:
+        env = self.env
+        call_id, approval_id = new_id("tc"), new_id("apr")
+        safe_args = env.redactor.value(args)
+        self._record(
+            tool.name, safe_args, "awaiting_approval", approval_id=approval_id, call_id=call_id
+        )
+        self.state["awaiting"] = {
+            "approval_id": approval_id,
+            "tool_call_id": call_id,
+            "tool_use_id": use_id,
+            "kind": kind,
+        }
+        self.t.workspace_digest = workspace.keep(env)
+        self.checkpoint()
+        approval = new_approval(
+            run=env.run,
+            kind=kind,
+            proposed=proposed if kind == "run" and proposed is not None else safe_args,
+            tool=tool.name,
+            tool_call_id=call_id,
+            approval_id=approval_id,
+        )
+        paused = pause_run(
+            env.ctx,
+            run=env.run,
+            approval=approval,
+            proposed_outputs=proposed if kind == "run" else None,
+            artifacts=workspace.artifacts(env),
+            sandbox_seconds=env.sandbox_seconds,
+        )
+        if not paused:
+            return self._cancelled()
+        return Outcome(status=AWAITING_APPROVAL)
+
+    def _finish(
+        self, tool: Tool, use_id: str, args: dict[str, Any], awaiting: dict[str, Any] | None
+    ) -> tuple[Outcome | None, dict[str, Any] | None]:
+        env = self.env
+        approved = json.loads(env.run.outputs_json or "{}")
+        if env.apply and awaiting is not None:
+            approval = get_approval(env.ctx, approval_id=awaiting["approval_id"])
+            answer = {"decision": "approved", "outputs": approved, "comment": approval.comment}
+            text = f"{json.dumps(answer)}\n{APPLY_NOTE}"
+            agent_runs.finish_tool_call(
+                env.ctx, call_id=awaiting["tool_call_id"], status="ok", arguments=args, result=text
+            )
+            self._note("apply phase: the agent continues with the approved outputs")
+            return None, _result(use_id, text)
+        if env.apply:
+            self._record("finish", args, "ok", result="run finished with the approved outputs")
+            return self._succeed(approved), None
+        outputs = args.get("outputs")
+        if not isinstance(outputs, dict):
+            message = 'finish needs {"outputs": {...}} with the declared outputs'
+            self._record("finish", args, "error", error=message)
+            return None, _result(use_id, message, error=True)
+        problems = env.manifest.check_outputs(outputs)
+        if problems:
+            message = "the outputs do not match the worker's declared outputs: " + "; ".join(
+                f"{p.path}: {p.message}" for p in problems
+            )
+            self._record("finish", args, "error", error=message)
+            return None, _result(use_id, message, error=True)
+        outputs = env.redactor.value(outputs)
+        if env.manifest.approvals.get("required"):
+            return self._pause(tool, use_id, args, kind="run", proposed=outputs), None
+        self._record("finish", args, "ok", result="run finished")
+        return self._succeed(outputs), None
+
+    def _succeed(self, outputs: dict[str, Any]) -> Outcome:
+        self.checkpoint()
+        return Outcome(
+            status=SUCCEEDED,
+            outputs=outputs,
+            artifacts=workspace.artifacts(self.env),
+            sandbox_seconds=self.env.sandbox_seconds,
+        )
+
+    def _limit(self, name: str, detail: str) -> Outcome:
+        message = f"limit {name} reached: {detail} (limits.{name} in worker.yml)"
+        return self._end(LIMIT_EXCEEDED, "limit_exceeded", message)
+
+    def _cancelled(self) -> Outcome:
+        return self._end(CANCELLED, "cancelled", "cancelled")
+
+    def _end(self, status: str, code: str, message: str) -> Outcome:
+        self.checkpoint()
+        return Outcome(
+            status=status,
+            error_code=code,
+            error_message=message,
+            retryable=False,
+            artifacts=workspace.artifacts(self.env),
+            sandbox_seconds=self.env.sandbox_seconds,
+        )
+
+
+def _result(use_id: str, text: str, *, error: bool = False) -> dict[str, Any]:
+    if len(text) > MODEL_RESULT_CAP:
+        text = text[:MODEL_RESULT_CAP] + f"\n[... {len(text) - MODEL_RESULT_CAP} characters cut]"
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": use_id, "content": text}
+    if error:
+        block["is_error"] = True
+    return block
+
+
+def _clip(text: str, cap: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= cap else text[: cap - 3] + "..."

@@ -1,0 +1,178 @@
+"""One attempt of an agent run: check the provider key and secrets, prepare the workspace,
+assemble the allowed tools, then hand over to the loop (a new transcript or the stored one)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from typing import TYPE_CHECKING
+
+from floom.agent import workspace
+from floom.agent.builtin import AgentEnv, finish_tool, make_builtin
+from floom.agent.loop import AgentLoop
+from floom.agent.provider import KEY_SETTING, AnthropicProvider, provider_key
+from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
+from floom.agent.spec import ToolSpec, tool_specs
+from floom.agent.tools import Tool, Toolbox
+from floom.engine.phases import missing_secret_outcome
+from floom.engine.queue import Outcome
+from floom.services import agent_runs
+from floom.services import secrets as secret_service
+from floom.services.approvals import PHASE_APPLY
+from floom.services.runs import FAILED
+from floom.services.secrets import Redactor
+from floom.store.agents import Transcript
+
+if TYPE_CHECKING:
+    from floom.engine.executor import Executor, RunLog
+    from floom.manifest import Manifest
+    from floom.store.models import Run, Version
+
+REMOTE_TIMEOUT = 60.0
+
+
+def run_agent(
+    executor: Executor, *, run: Run, version: Version, manifest: Manifest, run_log: RunLog
+) -> Outcome:
+    ctx = executor.ctx
+    settings = ctx.settings
+    key = provider_key(settings)
+    if not key:
+        return Outcome(
+            status=FAILED,
+            error_code="provider_key_missing",
+            error_message=f"no model provider key: set {KEY_SETTING} (or ANTHROPIC_API_KEY) in "
+            "the environment of the floom server that runs agents",
+            retryable=False,
+        )
+    specs = tool_specs(manifest)
+    if any(s.source == "composio" for s in specs) and not settings.composio_api_key:
+        return Outcome(
+            status=FAILED,
+            error_code="composio_key_missing",
+            error_message="this worker uses Composio tools: set FLOOM_COMPOSIO_API_KEY in the "
+            "environment of the floom server",
+            retryable=False,
+        )
+    apply = run.phase == PHASE_APPLY
+    names = [*manifest.secrets, *(manifest.apply_secrets if apply else [])]
+    auth_names = [str(s.options["auth_secret"]) for s in specs if s.options.get("auth_secret")]
+    values, missing = secret_service.resolve(ctx, [*names, *auth_names])
+    if missing:
+        return missing_secret_outcome(missing)
+    redactor = Redactor([*values.values(), key, settings.composio_api_key])
+    run_log._redactor = redactor
+    base = settings.work_root / f"{run.id}-{run.attempt}"
+    workdir, output_dir = base / "work", base / "output"
+    try:
+        executor._prepare(version, workdir, output_dir, run)
+        transcript = agent_runs.load_transcript(ctx, run_id=run.id)
+        if transcript is not None:
+            agent_runs.restore_artifacts(ctx, run_id=run.id, output_dir=output_dir)
+            if transcript.workspace_digest:
+                workspace.restore(ctx, digest=transcript.workspace_digest, workdir=workdir)
+            run_log.add("system", f"resuming the agent after model turn {transcript.iterations}")
+        spent = transcript.active_seconds if transcript else 0.0
+        env = AgentEnv(
+            executor=executor,
+            run=run,
+            manifest=manifest,
+            workdir=workdir,
+            output_dir=output_dir,
+            secrets={n: values[n] for n in names},
+            redactor=redactor,
+            run_log=run_log,
+            deadline=time.monotonic() + manifest.limits.timeout_seconds - spent,
+            apply=apply,
+        )
+        try:
+            toolbox = _toolbox(env, specs, values)
+        except SourceUnavailable as exc:
+            return Outcome(
+                status=FAILED,
+                error_code="tool_source_unavailable",
+                error_message=redactor.text(str(exc)),
+            )
+        if transcript is None:
+            transcript = _new_transcript(env, toolbox)
+        provider = AnthropicProvider(api_key=key, base_url=settings.anthropic_base_url or None)
+        loop = AgentLoop(env, transcript=transcript, toolbox=toolbox, provider=provider)
+        outcome = loop.run()
+        outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds
+        return outcome
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> Toolbox:
+    settings = env.ctx.settings
+    timeout = max(1.0, min(REMOTE_TIMEOUT, env.remaining()))
+
+    def note(text: str) -> None:
+        env.run_log.add("system", text)
+
+    tools: list[Tool] = []
+    for spec in specs:
+        if spec.source == "builtin":
+            if spec.builtin != "finish":
+                tools.append(make_builtin(spec, env))
+        elif spec.source == "mcp":
+            secret = spec.options.get("auth_secret")
+            token = values.get(str(secret)) if secret else None
+            tools.extend(mcp_tools(spec, token=token, timeout=timeout, note=note))
+        else:
+            tools.extend(
+                composio_tools(
+                    spec,
+                    base_url=settings.composio_base_url,
+                    api_key=settings.composio_api_key,
+                    timeout=timeout,
+                    note=note,
+                )
+            )
+    tools.append(finish_tool(env.manifest))
+    return Toolbox(tools)
+
+
+def _new_transcript(env: AgentEnv, toolbox: Toolbox) -> Transcript:
+    manifest, run = env.manifest, env.run
+    skill = (env.workdir / manifest.entry).read_text(encoding="utf-8", errors="replace")
+    outputs = ", ".join(
+        f"{name} ({spec.type}{', required' if spec.required else ''})"
+        for name, spec in manifest.outputs.items()
+    )
+    notes = [
+        f'You are the floom worker "{manifest.name}", run {run.id}. Use only the tools you are '
+        "given; every call is recorded.",
+        'End the run by calling finish with {"outputs": {...}}. Declared outputs: '
+        + (outputs or "none (pass an empty object or any values)")
+        + ".",
+        "The workspace holds the worker's files; files saved under output/ become the run's "
+        "artifacts.",
+    ]
+    if manifest.approvals.get("required"):
+        notes.append(
+            "A person reviews your outputs: after finish the run waits for their decision. If "
+            "they approve, you continue in an apply phase to carry out what was approved."
+        )
+    gated = [t.name for t in toolbox.tools() if t.gated]
+    if gated:
+        notes.append(
+            f"These tools wait for a person's approval before they run: {', '.join(gated)}. "
+            "A rejected call comes back to you with the reason."
+        )
+    system = skill.strip() + "\n\n---\nHow this run works:\n" + "\n".join(f"- {n}" for n in notes)
+    inputs = json.loads(run.inputs_json)
+    first = (
+        f"The run's inputs (JSON):\n{json.dumps(inputs, indent=2)}\n\n"
+        "Do the task your instructions describe, then call finish."
+    )
+    return Transcript(
+        run_id=run.id,
+        worker_name=run.worker_name,
+        model=manifest.model or env.ctx.settings.model,
+        system=system,
+        messages_json=json.dumps([{"role": "user", "content": first}]),
+        state_json="{}",
+    )

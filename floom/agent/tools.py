@@ -1,0 +1,75 @@
+"""The tool seam: what the model sees of a tool, and how a call runs.
+
+A tool's `run` takes the model's arguments and returns the text result the model reads. It
+raises ToolError for a failure the model should read and may recover from (bad arguments, a
+refused address, an HTTP error); anything else it raises is a bug, reported to the model as
+an internal error and recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ToolError(Exception):
+    """A tool call failed in a way the model is told about."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    run: Callable[[dict[str, Any]], str] = field(compare=False)
+    gated: bool = False
+    source: str = "builtin"
+    # The builtin behind the tool ("finish", "request_approval", ...); "" for remote tools.
+    builtin: str = ""
+
+    def definition(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema,
+        }
+
+
+class Toolbox:
+    """The tools one run may use; the model is shown exactly these."""
+
+    def __init__(self, tools: Iterable[Tool]) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            self._tools.setdefault(tool.name, tool)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def tools(self) -> list[Tool]:
+        return list(self._tools.values())
+
+    def definitions(self) -> list[dict[str, Any]]:
+        return [tool.definition() for tool in self._tools.values()]
+
+
+def object_schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def require_str(args: dict[str, Any], name: str, *, default: str | None = None) -> str:
+    value = args.get(name, default)
+    if not isinstance(value, str) or (default is None and not value):
+        raise ToolError(f"'{name}' must be a non-empty string")
+    return value

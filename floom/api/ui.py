@@ -1,0 +1,177 @@
+"""The web UI, served at /: server-rendered pages over floom's services. This module wires the
+pages in and serves the workers pages; runs, approvals and admin pages have their own."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+
+from floom.api import ui_admin, ui_approvals, ui_features, ui_runs
+from floom.api.ui_forms import inputs_from_text, problems_by_input, run_form, submitted_text
+from floom.api.ui_support import (
+    WEB_DIR,
+    CtxDep,
+    Me,
+    UiRoute,
+    checked_form,
+    error_markup,
+    render,
+)
+from floom.errors import FloomError, InputInvalid
+from floom.services import diffs, keys, lineage, runs, workers
+from floom.services.context import Context
+from floom.store.models import Worker
+
+router = APIRouter(route_class=UiRoute, include_in_schema=False)
+log = logging.getLogger("floom.ui")
+
+NOTICES = {
+    "rolled-back": "Rolled back: the chosen version is active now; new runs use it.",
+}
+
+
+def install(app: FastAPI) -> None:
+    """Serve the UI at / and its static files at /static."""
+    if not (WEB_DIR / "templates").is_dir() or not (WEB_DIR / "static").is_dir():
+        # An install without the source tree's web/ folder still serves the API.
+        log.warning("web UI not served: %s has no templates/ and static/", WEB_DIR)
+        return
+    app.include_router(ui_admin.router)
+    app.include_router(ui_runs.router)
+    app.include_router(ui_approvals.router)
+    app.include_router(router)
+    app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
+
+
+def _worker_rows(ctx: Context, rows: list[Worker]) -> list[dict[str, Any]]:
+    last = lineage.last_runs(ctx, worker_names=[w.name for w in rows])
+    items = []
+    for w in rows:
+        version = (
+            workers.get_version(ctx, version_id=w.active_version_id)
+            if w.active_version_id
+            else None
+        )
+        manifest = workers.manifest_of(version) if version else None
+        items.append(
+            {
+                "worker": w,
+                "manifest": manifest,
+                "last_run": last.get(w.name),
+                "triggers": ui_features.trigger_summaries(ctx, worker_name=w.name),
+            }
+        )
+    return items
+
+
+@router.get("/")
+def workers_page(request: Request, ctx: CtxDep, me: Me, cursor: str | None = None) -> Response:
+    rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=50)
+    return render(
+        request,
+        "workers.html",
+        {"items": _worker_rows(ctx, rows), "next_cursor": next_cursor, "cursor": cursor},
+    )
+
+
+def _worker_context(ctx: Context, name: str, base_url: str) -> dict[str, Any]:
+    worker = workers.get_worker(ctx, name=name)
+    versions = workers.list_versions(ctx, name=name)
+    active = next((v for v in versions if v.id == worker.active_version_id), None)
+    manifest = workers.manifest_of(active) if active else None
+    files: list[tuple[str, int]] = []
+    if active is not None:
+        bundle = workers.load_bundle(ctx, version=active)
+        files = [(f.path, len(f.data)) for f in bundle.files.values()]
+    recent, _ = runs.list_runs(ctx, worker=name, limit=10)
+    return {
+        "worker": worker,
+        "versions": versions,
+        "active": active,
+        "manifest": manifest,
+        "files": sorted(files),
+        "fields": run_form(manifest) if manifest else [],
+        "recent": recent,
+        "triggers": ui_features.worker_triggers(ctx, worker_name=name, base_url=base_url),
+        "deliveries": ui_features.webhook_deliveries(ctx, worker_name=name),
+    }
+
+
+@router.get("/workers/{name}")
+def worker_page(
+    request: Request, name: str, ctx: CtxDep, me: Me, notice: str | None = None
+) -> Response:
+    values = _worker_context(ctx, name, str(request.base_url))
+    values["notice"] = NOTICES.get(notice or "")
+    return render(request, "worker.html", values)
+
+
+@router.post("/workers/{name}/runs")
+async def start_run(request: Request, name: str, ctx: CtxDep, me: Me) -> Response:
+    form = await checked_form(request, me)
+    values = await run_in_threadpool(_worker_context, ctx, name, str(request.base_url))
+    manifest = values["manifest"]
+    text = submitted_text(manifest, form) if manifest else {}
+    try:
+        keys.require(me.key, "run")
+        run = await run_in_threadpool(
+            runs.create_run,
+            ctx,
+            worker_name=name,
+            inputs=inputs_from_text(text),
+            coerce_strings=True,
+            trigger="manual",
+            actor=me.key.id,
+        )
+    except FloomError as exc:
+        problems = problems_by_input(exc.details) if isinstance(exc, InputInvalid) else {}
+        if manifest:
+            values["fields"] = run_form(manifest, text, problems)
+        values["run_error"] = error_markup(exc)
+        return await run_in_threadpool(render, request, "worker.html", values, exc.status)
+    return RedirectResponse(f"/runs/{run.id}", status_code=303)
+
+
+@router.post("/workers/{name}/rollback")
+async def rollback(request: Request, name: str, ctx: CtxDep, me: Me) -> Response:
+    form = await checked_form(request, me)
+    version_id = str(form.get("version_id") or "")
+    try:
+        keys.require(me.key, "deploy")
+        await run_in_threadpool(workers.rollback, ctx, name=name, version_id=version_id)
+    except FloomError as exc:
+        values = await run_in_threadpool(_worker_context, ctx, name, str(request.base_url))
+        values["versions_error"] = error_markup(exc)
+        return await run_in_threadpool(render, request, "worker.html", values, exc.status)
+    return RedirectResponse(f"/workers/{name}?notice=rolled-back#versions", status_code=303)
+
+
+@router.get("/workers/{name}/diff")
+def diff_page(
+    request: Request,
+    name: str,
+    ctx: CtxDep,
+    me: Me,
+    old: str | None = None,
+    new: str | None = None,
+) -> Response:
+    worker = workers.get_worker(ctx, name=name)
+    versions = workers.list_versions(ctx, name=name)
+    # Newest first: by default compare the active version with the one deployed before it.
+    new = new or worker.active_version_id or (versions[0].id if versions else None)
+    ids = [v.id for v in versions]
+    if old is None and new in ids and ids.index(new) + 1 < len(ids):
+        old = ids[ids.index(new) + 1]
+    result = None
+    if old and new:
+        result = diffs.diff_versions(ctx, worker_name=name, old_id=old, new_id=new)
+    return render(
+        request,
+        "diff.html",
+        {"worker": worker, "versions": versions, "old": old, "new": new, "diff": result},
+    )

@@ -1,0 +1,144 @@
+"""The UI's view of features that other parts of floom provide: triggers (next fires, webhook
+URL and deliveries), approvals and tool calls, shaped for the templates. A function that
+returns None means the feature is not in this floom; the page then shows a marked place."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from floom.services import agent_runs, approvals, triggers, webhooks
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+    from floom.services.web_sessions import SignedIn
+
+NAV_COUNT_LIMIT = 500
+RECENT_DELIVERIES = 10
+
+
+def _instant(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text) if text else None
+
+
+def _wall(text: str | None) -> str | None:
+    """The fire time as the schedule's own clock shows it (the text keeps its zone offset)."""
+    return datetime.fromisoformat(text).strftime("%a %H:%M") if text else None
+
+
+def _describe(kind: str, config: dict[str, Any]) -> str:
+    if kind == "schedule":
+        return f"cron {config.get('cron', '?')}"
+    if kind == "webhook":
+        return f"signed webhook ({config.get('signature', 'standard')})"
+    if kind == "composio":
+        return f"Composio event {config.get('event', '?')}"
+    return kind
+
+
+def worker_triggers(
+    ctx: Context, *, worker_name: str, base_url: str = ""
+) -> list[dict[str, Any]] | None:
+    """Each current trigger: kind, description, next fire and its timezone, webhook URL."""
+    worker, rows = triggers.list_triggers(ctx, worker_name=worker_name)
+    urls = triggers.HookUrls(ctx.settings.public_url or base_url)
+    items = []
+    for row in rows:
+        body = triggers.trigger_to_dict(ctx, row, worker=worker, urls=urls, count=1)
+        fires = body.get("next_fires") or []
+        items.append(
+            {
+                "kind": body["kind"],
+                "description": _describe(body["kind"], body["config"]),
+                "next_fire": _instant(fires[0]) if fires else None,
+                "next_fire_wall": _wall(fires[0]) if fires else None,
+                "timezone": body.get("timezone"),
+                "paused": body["paused"],
+                "active": body["active"],
+                "webhook_url": body.get("url"),
+                "secret_name": body["config"].get("secret") if body["kind"] == "webhook" else None,
+                "secret_set": body.get("secret_set"),
+                "last_fire_at": body.get("last_fire_at"),
+            }
+        )
+    return items
+
+
+def trigger_summaries(ctx: Context, *, worker_name: str) -> list[dict[str, Any]] | None:
+    """The short form for the workers list: kind, cron, next fire, timezone."""
+    items = []
+    for item in triggers.summary(ctx, worker_name=worker_name):
+        config = {"cron": item.get("cron")} if item.get("cron") else {}
+        items.append(
+            {
+                "kind": item["kind"],
+                "description": _describe(item["kind"], config) if config else "",
+                "next_fire": _instant(item.get("next_fire")),
+                "next_fire_wall": _wall(item.get("next_fire")),
+                "timezone": item.get("timezone"),
+                "paused": item.get("paused", False),
+                "active": not item.get("paused", False),
+            }
+        )
+    return items
+
+
+def webhook_deliveries(ctx: Context, *, worker_name: str) -> list[dict[str, Any]] | None:
+    """The newest deliveries to the worker's webhook (and Composio events), newest first."""
+    rows, _ = webhooks.list_deliveries(ctx, worker_name=worker_name, limit=RECENT_DELIVERIES)
+    return [webhooks.delivery_to_dict(d) for d in rows]
+
+
+def _approval_view(a: Any) -> dict[str, Any]:
+    body = approvals.approval_to_dict(a)
+    body["proposed_text"] = json.dumps(body["proposed"], indent=2, ensure_ascii=False)
+    return body
+
+
+def pending_approvals(ctx: Context, *, limit: int = NAV_COUNT_LIMIT) -> list[dict[str, Any]] | None:
+    """Everything waiting for a person, oldest first."""
+    rows, _ = approvals.list_approvals(ctx, status=approvals.PENDING, limit=limit)
+    return [_approval_view(a) for a in rows]
+
+
+def run_approvals(ctx: Context, *, run_id: str) -> list[dict[str, Any]] | None:
+    return [_approval_view(a) for a in approvals.approvals_of_run(ctx, run_id=run_id)]
+
+
+def run_tool_calls(ctx: Context, *, run_id: str) -> list[dict[str, Any]] | None:
+    return [agent_runs.tool_call_to_dict(c) for c in agent_runs.list_tool_calls(ctx, run_id=run_id)]
+
+
+def model_usage(ctx: Context, *, run_id: str) -> dict[str, Any] | None:
+    return agent_runs.usage_of(agent_runs.load_transcript(ctx, run_id=run_id)) or None
+
+
+def decide(
+    ctx: Context,
+    *,
+    approval_id: str,
+    decision: str,
+    edited: dict[str, Any] | None,
+    comment: str | None,
+    actor: str,
+) -> None:
+    approvals.decide_approval(
+        ctx,
+        approval_id=approval_id,
+        decision=decision,
+        edited=edited,
+        comment=comment,
+        actor=actor,
+    )
+
+
+def proposed_of(ctx: Context, *, approval_id: str) -> dict[str, Any]:
+    proposed = approvals.approval_to_dict(approvals.get_approval(ctx, approval_id=approval_id))
+    value = proposed["proposed"]
+    return value if isinstance(value, dict) else {}
+
+
+def nav_counts(ctx: Context, me: SignedIn) -> dict[str, Any]:
+    rows, _ = approvals.list_approvals(ctx, status=approvals.PENDING, limit=NAV_COUNT_LIMIT)
+    return {"approvals_count": len(rows)}

@@ -1,0 +1,247 @@
+"""The web UI's run pages: the filtered run list, one run (live log, outputs, artifacts,
+lineage, actions), the browser's log stream and artifact previews."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from floom.api import ui_features
+from floom.api.routes_runs import log_event_stream
+from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render
+from floom.errors import FloomError
+from floom.services import keys, lineage, logs, runs, workers
+from floom.services.context import Context
+from floom.store.models import utcnow
+
+router = APIRouter(route_class=UiRoute, include_in_schema=False)
+
+PAGE_SIZE = 50
+LOG_TAIL = 2000
+PREVIEW_BYTES = 512 * 1024
+CSV_ROWS = 200
+SINCE = {
+    "1h": ("the last hour", timedelta(hours=1)),
+    "24h": ("the last 24 hours", timedelta(hours=24)),
+    "7d": ("the last 7 days", timedelta(days=7)),
+    "30d": ("the last 30 days", timedelta(days=30)),
+}
+# Shown inline; other types only download, since a browser would run them (HTML, SVG, PDF
+# viewers) on floom's origin.
+INLINE_IMAGES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+NOTICES = {
+    "rolled-back": "Rolled back: this run's version is the worker's active version now.",
+    "cancel-requested": "Cancel requested; a running run stops within seconds.",
+    "approved": "Approved; the run continues.",
+    "rejected": "Rejected; the run was told why.",
+}
+
+
+@router.get("/runs")
+def runs_page(
+    request: Request,
+    ctx: CtxDep,
+    me: Me,
+    worker: str = "",
+    status: str = "",
+    trigger: str = "",
+    since: str = "",
+    cursor: str | None = None,
+    limit: int = Query(PAGE_SIZE, ge=1, le=200),
+) -> Response:
+    window = SINCE.get(since)
+    rows, next_cursor = runs.list_runs(
+        ctx,
+        worker=worker or None,
+        status=status or None,
+        trigger=trigger or None,
+        cursor=cursor,
+        limit=limit,
+        created_after=utcnow() - window[1] if window else None,
+    )
+    names = [w.name for w in workers.list_workers(ctx, limit=500)[0]]
+    filters = {"worker": worker, "status": status, "trigger": trigger, "since": since}
+    # The page size rides along in the links but is no filter of its own.
+    kept = {**filters, "limit": str(limit) if limit != PAGE_SIZE else ""}
+    return render(
+        request,
+        "runs.html",
+        {
+            "items": rows,
+            "next_cursor": next_cursor,
+            "cursor": cursor,
+            "filters": filters,
+            "query": urlencode({k: v for k, v in kept.items() if v}),
+            "filtered": any(filters.values()),
+            "worker_names": names,
+            "statuses": runs.STATUSES,
+            "triggers": runs.TRIGGERS,
+            "since_options": [(k, label) for k, (label, _) in SINCE.items()],
+        },
+    )
+
+
+def _run_context(ctx: Context, run_id: str) -> dict[str, Any]:
+    run = runs.get_run(ctx, run_id=run_id)
+    worker = workers.get_worker(ctx, name=run.worker_name)
+    events = logs.tail_events(ctx, run_id=run_id, count=LOG_TAIL)
+    return {
+        "run": run,
+        "worker": worker,
+        "inputs": json.loads(run.inputs_json),
+        "outputs": json.loads(run.outputs_json) if run.outputs_json else None,
+        "artifacts": runs.list_artifacts(ctx, run_id=run_id),
+        "events": events,
+        "last_seq": events[-1].seq if events else 0,
+        "log_truncated": bool(events) and events[0].seq > 1,
+        "terminal": run.status in runs.TERMINAL,
+        "children": lineage.child_runs(ctx, run_id=run_id),
+        "is_active_version": worker.active_version_id == run.version_id,
+        "approvals": ui_features.run_approvals(ctx, run_id=run_id),
+        "tool_calls": ui_features.run_tool_calls(ctx, run_id=run_id),
+        "model_usage": ui_features.model_usage(ctx, run_id=run_id),
+    }
+
+
+def run_page_with(
+    request: Request, ctx: Context, run_id: str, extra: dict[str, Any], status: int = 200
+) -> Response:
+    """The run page with something extra in it, such as the error of an action on it."""
+    return render(request, "run.html", {**_run_context(ctx, run_id), **extra}, status)
+
+
+@router.get("/runs/{run_id}")
+def run_page(
+    request: Request, run_id: str, ctx: CtxDep, me: Me, notice: str | None = None
+) -> Response:
+    values = _run_context(ctx, run_id)
+    values["notice"] = NOTICES.get(notice or "")
+    return render(request, "run.html", values)
+
+
+async def _act(request: Request, run_id: str, ctx: Context, action: Any) -> Response:
+    """Run an action of the run page; on a floom error show the page again with it."""
+    try:
+        return await run_in_threadpool(action)  # type: ignore[no-any-return]
+    except FloomError as exc:
+        extra = {"action_error": error_markup(exc)}
+        return await run_in_threadpool(run_page_with, request, ctx, run_id, extra, exc.status)
+
+
+@router.post("/runs/{run_id}/replay")
+async def replay(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response:
+    form = await checked_form(request, me)
+
+    def action() -> Response:
+        keys.require(me.key, "run")
+        latest = form.get("latest") == "1"
+        new = runs.replay_run(ctx, run_id=run_id, latest=latest, actor=me.key.id)
+        return RedirectResponse(f"/runs/{new.id}", status_code=303)
+
+    return await _act(request, run_id, ctx, action)
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response:
+    await checked_form(request, me)
+
+    def action() -> Response:
+        keys.require(me.key, "run")
+        runs.cancel_run(ctx, run_id=run_id, actor=me.key.id)
+        return RedirectResponse(f"/runs/{run_id}?notice=cancel-requested", status_code=303)
+
+    return await _act(request, run_id, ctx, action)
+
+
+@router.post("/runs/{run_id}/rollback")
+async def rollback_to_run(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response:
+    await checked_form(request, me)
+
+    def action() -> Response:
+        keys.require(me.key, "deploy")
+        run = runs.get_run(ctx, run_id=run_id)
+        workers.rollback(ctx, name=run.worker_name, run_id=run_id)
+        return RedirectResponse(f"/runs/{run_id}?notice=rolled-back", status_code=303)
+
+    return await _act(request, run_id, ctx, action)
+
+
+@router.get("/runs/{run_id}/logs/stream")
+async def log_stream(
+    request: Request,
+    run_id: str,
+    ctx: CtxDep,
+    me: Me,
+    after: int = Query(0, ge=0),
+    last_event_id: str | None = Header(None),
+) -> Response:
+    """The REST API's log stream behind the browser session (EventSource cannot send a
+    bearer header); resumes after the last seq the page or the reconnecting browser saw."""
+    await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
+    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
+    return log_event_stream(ctx, run_id, start=start, request=request)
+
+
+def _preview(content_type: str, name: str, data: bytes) -> dict[str, Any]:
+    """How to show an artifact: an image, a CSV table, pretty JSON, text, or nothing."""
+    lower = name.lower()
+    if content_type in INLINE_IMAGES:
+        return {"kind": "image"}
+    if len(data) > PREVIEW_BYTES or b"\0" in data[:4096]:
+        return {"kind": "none", "reason": "too large or not text"}
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"kind": "none", "reason": "not UTF-8 text"}
+    if content_type == "text/csv" or lower.endswith(".csv"):
+        rows = list(csv.reader(io.StringIO(text)))
+        return {
+            "kind": "csv",
+            "header": rows[0] if rows else [],
+            "rows": rows[1 : CSV_ROWS + 1],
+            "more": max(len(rows) - 1 - CSV_ROWS, 0),
+        }
+    if content_type == "application/json" or lower.endswith(".json"):
+        try:
+            return {"kind": "json", "text": json.dumps(json.loads(text), indent=2)}
+        except json.JSONDecodeError:
+            pass
+    return {"kind": "text", "text": text}
+
+
+@router.get("/runs/{run_id}/artifacts/{name:path}")
+def artifact_page(request: Request, run_id: str, name: str, ctx: CtxDep, me: Me) -> Response:
+    run = runs.get_run(ctx, run_id=run_id)
+    art, data = runs.read_artifact(ctx, run_id=run_id, name=name)
+    return render(
+        request,
+        "artifact.html",
+        {"run": run, "artifact": art, "preview": _preview(art.content_type, name, data)},
+    )
+
+
+@router.get("/runs/{run_id}/files/{name:path}")
+def artifact_file(run_id: str, name: str, ctx: CtxDep, me: Me, inline: bool = False) -> Response:
+    art, data = runs.read_artifact(ctx, run_id=run_id, name=name)
+    filename = name.rsplit("/", 1)[-1]
+    fallback = filename.encode("ascii", "replace").decode().replace('"', "").replace("\\", "")
+    disposition = "inline" if inline and art.content_type in INLINE_IMAGES else "attachment"
+    return Response(
+        content=data,
+        media_type=art.content_type,
+        headers={
+            "Content-Disposition": f'{disposition}; filename="{fallback}"; '
+            f"filename*=UTF-8''{quote(filename, safe='')}",
+            # Opened directly, an artifact gets no script and no access to floom's origin.
+            "Content-Security-Policy": "sandbox; default-src 'none'; img-src 'self'",
+            "Cache-Control": "private, no-store",
+        },
+    )

@@ -1,0 +1,195 @@
+"""`floom approvals`, `floom approve`, `floom reject`, and the agent part of `floom show`:
+thin clients of the approvals REST API."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON only")]
+APPROVAL_STYLES = {"pending": "yellow", "approved": "green", "rejected": "red", "cancelled": "dim"}
+TOOL_STYLES = {
+    "ok": "green",
+    "error": "red",
+    "refused": "red",
+    "rejected": "red",
+    "awaiting_approval": "yellow",
+    "cancelled": "dim",
+}
+
+
+def register(app: typer.Typer) -> None:
+    """Add `floom approvals`, `floom approve` and `floom reject` to the floom command."""
+    app.command("approvals")(list_approvals)
+    app.command("approve")(approve)
+    app.command("reject")(reject)
+
+
+def _short(value: Any, width: int = 70) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _what(a: dict[str, Any]) -> str:
+    return f"tool {a['tool']}" if a.get("kind") == "tool_call" else "run outputs"
+
+
+def list_approvals(
+    status: Annotated[
+        str, typer.Option(help="pending, approved, rejected, cancelled or all")
+    ] = "pending",
+    run: Annotated[str | None, typer.Option("--run", help="only this run's approvals")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="approvals per page")] = 50,
+    cursor: Annotated[str | None, typer.Option(help="continue after this page")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List approvals, oldest first (pending ones unless --status)."""
+    from floom.cli import _client, _print_json, _table, _when, out
+
+    with _client() as client:
+        page = client.list_approvals(status=status, run_id=run, cursor=cursor, limit=limit)
+    if as_json:
+        _print_json(page)
+        return
+    table = _table("APPROVAL", "RUN", "WORKER", "WHAT", "STATUS", "CREATED", "PROPOSED")
+    for a in page["items"]:
+        table.add_row(
+            a["id"],
+            a["run_id"],
+            a["worker"],
+            _what(a),
+            Text(a["status"], style=APPROVAL_STYLES.get(a["status"], "")),
+            _when(a.get("created_at")),
+            _short(a.get("proposed")),
+        )
+    if table.row_count:
+        out.print(table)
+        if status == "pending":
+            out.print(
+                Text(
+                    "decide with `floom approve ID [--edit JSON] [--comment TEXT]` or "
+                    "`floom reject ID --comment TEXT`",
+                    style="dim",
+                )
+            )
+    else:
+        out.print("no approvals match" if status != "pending" else "nothing awaits approval")
+    if page.get("next_cursor"):
+        out.print(
+            Text(
+                f"more: floom approvals --status {status} --cursor {page['next_cursor']}",
+                style="dim",
+            )
+        )
+
+
+def _parse_edit(value: str | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text()
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot read {value[1:]}: {exc.strerror}") from exc
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not valid JSON: {exc}", param_hint="--edit") from exc
+    if not isinstance(parsed, dict):
+        raise typer.BadParameter(
+            'expected a JSON object such as {"title": "..."}', param_hint="--edit"
+        )
+    return parsed
+
+
+def _print_decision(body: dict[str, Any], verb: str) -> None:
+    from floom.cli import _status, out
+
+    line = Text(f"{verb} {body['id']} ({_what(body)}); run {body['run_id']} is now ")
+    line.append_text(_status(body.get("run_status", "?")))
+    out.print(line)
+
+
+def approve(
+    approval_id: Annotated[str, typer.Argument(help="approval id")],
+    edit: Annotated[
+        str | None,
+        typer.Option(
+            "--edit",
+            metavar="JSON",
+            help="values replacing the proposed ones, key by key (or @file)",
+        ),
+    ] = None,
+    comment: Annotated[str | None, typer.Option(help="a note kept with the decision")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Approve a pending tool call or run outputs, optionally with edits; the run goes on."""
+    from floom.cli import _client, _print_json
+
+    edited = _parse_edit(edit)
+    with _client() as client:
+        body = client.approve(approval_id, edited=edited, comment=comment)
+    if as_json:
+        _print_json(body)
+    else:
+        _print_decision(body, "approved")
+
+
+def reject(
+    approval_id: Annotated[str, typer.Argument(help="approval id")],
+    comment: Annotated[str, typer.Option(help="why: the agent or the worker's owner reads it")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Reject: a tool call goes back to the agent as a refusal; run outputs end the run."""
+    from floom.cli import _client, _print_json
+
+    with _client() as client:
+        body = client.reject(approval_id, comment=comment)
+    if as_json:
+        _print_json(body)
+    else:
+        _print_decision(body, "rejected")
+
+
+def print_agent_details(r: dict[str, Any]) -> None:
+    """The tool calls, approvals and model usage of a run, for `floom show`."""
+    from floom.cli import _table, out
+
+    usage = r.get("model_usage")
+    if usage:
+        out.print(
+            Text(
+                f"model: {usage['model']}, {usage['iterations']} turns, "
+                f"{usage['input_tokens']} in + {usage['output_tokens']} out tokens, "
+                f"~${usage['cost_usd']:.4f}"
+            )
+        )
+    calls = r.get("tool_calls") or []
+    if calls:
+        out.print("tool calls:")
+        table = _table("  #", "TOOL", "STATUS", "MS", "ARGUMENTS", "RESULT")
+        for c in calls:
+            result = c.get("error") or c.get("result") or ""
+            table.add_row(
+                f"  {c['seq']}",
+                c["tool"],
+                Text(c["status"], style=TOOL_STYLES.get(c["status"], "")),
+                str(c.get("duration_ms", 0)),
+                _short(c.get("arguments"), 50),
+                _short(result, 50),
+            )
+        out.print(table)
+    for a in r.get("approvals") or []:
+        line = Text(f"approval {a['id']} ({_what(a)}): ")
+        line.append(a["status"], style=APPROVAL_STYLES.get(a["status"], ""))
+        if a.get("decided_by"):
+            line.append(f" by {a['decided_by']}")
+        if a.get("comment"):
+            line.append(f": {a['comment']}")
+        out.print(line)

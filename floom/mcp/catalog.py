@@ -1,0 +1,131 @@
+"""What the MCP server lists besides its fixed tools: the deployed workers (each one's manifest
+is a resource) and the workers that declare `expose: [mcp]` (each one is a tool of its own)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from floom.mcp.errors import EXPECTED_ERRORS
+
+log = logging.getLogger("floom.mcp")
+
+# An exposed worker's tool waits this long at most for the run to end, then returns its id.
+MAX_EXPOSED_WAIT_SECONDS = 120.0
+_JSON_TYPES = {"file": "string"}
+
+
+@dataclass(frozen=True)
+class ExposedWorker:
+    """A worker served as a tool named after it."""
+
+    name: str
+    title: str
+    description: str
+    input_schema: dict[str, Any]
+    wait_seconds: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    workers: tuple[str, ...] = ()
+    exposed: tuple[ExposedWorker, ...] = ()
+
+
+def input_schema(inputs: dict[str, Any]) -> dict[str, Any]:
+    """A JSON Schema for a worker's declared inputs (the manifest's field specs)."""
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for name, spec in inputs.items():
+        prop: dict[str, Any] = {"type": _JSON_TYPES.get(spec.get("type"), spec.get("type"))}
+        if spec.get("type") == "file":
+            prop["description"] = "file content as text"
+        if spec.get("description"):
+            prop["description"] = spec["description"]
+        if spec.get("enum"):
+            prop["enum"] = spec["enum"]
+        if spec.get("default") is not None:
+            prop["default"] = spec["default"]
+        elif spec.get("required"):
+            required.append(name)
+        properties[name] = prop
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def exposed_worker(worker: dict[str, Any]) -> ExposedWorker | None:
+    """The tool of a worker body (as the REST API lists it), when its manifest exposes one."""
+    manifest = worker.get("manifest") or {}
+    if "mcp" not in (manifest.get("expose") or []):
+        return None
+    timeout = float((manifest.get("limits") or {}).get("timeout_seconds") or 0) or 600.0
+    title = str(manifest.get("title") or worker["name"])
+    what = manifest.get("description") or title
+    return ExposedWorker(
+        name=worker["name"],
+        title=title,
+        description=(
+            f"{what}\n\nRuns the floom worker '{worker['name']}' with these inputs and returns "
+            "its outputs; a run still going after the wait returns its id for watch_run."
+        ),
+        input_schema=input_schema(manifest.get("inputs") or {}),
+        wait_seconds=min(timeout + 5.0, MAX_EXPOSED_WAIT_SECONDS),
+    )
+
+
+class Catalog:
+    """The last loaded view of the deployed workers.
+
+    `load` returns every worker body (with its manifest); it runs on a worker thread. When it
+    fails (server unreachable, no key configured), the previous view stays.
+    """
+
+    def __init__(self, load: Callable[[], list[dict[str, Any]]]) -> None:
+        self._load = load
+        self._loaded = False
+        self._lock = anyio.Lock()
+        self.snapshot = Snapshot()
+
+    async def refresh(self) -> bool:
+        """Reload; True when the workers or exposed tools changed since an earlier load (the
+        first load is not a change: nobody has seen a list yet)."""
+        async with self._lock:
+            first, self._loaded = not self._loaded, True
+            try:
+                bodies = await anyio.to_thread.run_sync(self._load)
+            except EXPECTED_ERRORS as exc:
+                log.debug("worker list unavailable: %s", exc)
+                return False
+            except Exception:  # the catalog is an extra; listing floom's own tools must go on
+                log.exception("loading the worker list for MCP failed")
+                return False
+            snapshot = Snapshot(
+                workers=tuple(sorted(b["name"] for b in bodies)),
+                exposed=tuple(e for b in bodies if (e := exposed_worker(b)) is not None),
+            )
+            changed = snapshot != self.snapshot
+            self.snapshot = snapshot
+            return changed and not first
+
+    def exposed(self, name: str) -> ExposedWorker | None:
+        return next((e for e in self.snapshot.exposed if e.name == name), None)
+
+
+def all_workers(list_page: Callable[[str | None], dict[str, Any]], *, cap: int = 1000) -> list[Any]:
+    """Every worker body, page by page, up to `cap`."""
+    items: list[Any] = []
+    cursor: str | None = None
+    while len(items) < cap:
+        page = list_page(cursor)
+        items.extend(page["items"])
+        cursor = page.get("next_cursor")
+        if not cursor:
+            break
+    return items[:cap]

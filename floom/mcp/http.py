@@ -1,0 +1,143 @@
+"""The MCP endpoint at `/mcp` on the floom server (Streamable HTTP): each request carries its
+own `Authorization: Bearer <key>`, and tools run floom's services with that key's scope."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from urllib.parse import urlsplit
+
+from fastapi import FastAPI
+from mcp.server.mcpserver import Context
+from mcp.server.transport_security import (
+    DEFAULT_MAX_REQUEST_BODY_SIZE,
+    TransportSecurityMiddleware,
+    TransportSecuritySettings,
+)
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from floom.api.auth import bearer_token
+from floom.api.errors import error_response
+from floom.config import Settings
+from floom.errors import FloomError, Unauthorized
+from floom.mcp.local_backend import CatalogSource, LocalBackend
+from floom.mcp.server import FloomMCPServer
+from floom.services import keys
+from floom.store.models import ApiKey
+
+log = logging.getLogger("floom.mcp")
+
+PATH = "/mcp"
+# Deploys made outside MCP (CLI, REST, UI) reach listening clients within this many seconds.
+POLL_SECONDS = 5.0
+KEY_STATE = "floom_api_key"
+WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
+PUBLIC_URL_HINT = (
+    "set FLOOM_PUBLIC_URL to the URL clients use to reach floom (e.g. https://floom.example.com)"
+)
+
+
+def transport_security(settings: Settings) -> TransportSecuritySettings:
+    """The DNS-rebinding guard: loopback, the bound address and FLOOM_PUBLIC_URL's host are
+    the Host (and Origin) values accepted; a proxy forwarding another host needs
+    FLOOM_PUBLIC_URL."""
+    hosts = ["127.0.0.1", "127.0.0.1:*", "localhost", "localhost:*", "[::1]", "[::1]:*"]
+    origins = ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+    names: list[str] = []
+    if settings.host in WILDCARD_BINDS:
+        names.append(socket.gethostname())
+    else:
+        names.append(f"[{settings.host}]" if ":" in settings.host else settings.host)
+    for name in names:
+        hosts += [name, f"{name}:*"]
+        origins += [f"http://{name}:*", f"https://{name}:*"]
+    if settings.public_url:
+        url = urlsplit(settings.public_url)
+        if url.netloc:
+            hosts.append(url.netloc)
+            origins.append(f"{url.scheme}://{url.netloc}")
+            if url.port is None and url.hostname:
+                hosts.append(f"{url.hostname}:*")
+                origins.append(f"{url.scheme}://{url.hostname}:*")
+    elif settings.host in WILDCARD_BINDS:
+        log.warning("the MCP endpoint accepts only local Host headers: %s", PUBLIC_URL_HINT)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=list(dict.fromkeys(hosts)),
+        allowed_origins=list(dict.fromkeys(origins)),
+    )
+
+
+class MCPEndpoint:
+    """The MCP server mounted in a floom app. `running()` belongs in the app's lifespan."""
+
+    def __init__(self, app: FastAPI, settings: Settings) -> None:
+        self.app = app
+        self.security = transport_security(settings)
+        self.server = FloomMCPServer(
+            backend_for=self._backend_for,
+            load_workers=CatalogSource(lambda: app.state.ctx),
+            poll_seconds=POLL_SECONDS,
+        )
+        # Room for a worker folder sent as file contents (base64 grows it by a third).
+        body_limit = max(DEFAULT_MAX_REQUEST_BODY_SIZE, settings.max_bundle_bytes * 3 // 2)
+        # Called for its side effect: it creates the session manager that serves requests.
+        self.server.streamable_http_app(
+            streamable_http_path=PATH,
+            transport_security=self.security,
+            max_request_body_size=body_limit,
+        )
+        app.router.routes.append(Route(PATH, endpoint=_Guard(self), include_in_schema=False))
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with self.server.session_manager.run():
+            yield
+
+    def _backend_for(self, ctx: Context) -> LocalBackend:
+        request = ctx.request_context.request
+        key = getattr(getattr(request, "state", None), KEY_STATE, None)
+        if not isinstance(key, ApiKey):
+            raise Unauthorized("no API key given", hint="send `Authorization: Bearer <key>`")
+        base_url = str(request.base_url) if isinstance(request, Request) else ""
+        return LocalBackend(self.app.state.ctx, key, base_url=base_url)
+
+
+class _Guard:
+    """Checks the Host header and the API key before a request reaches the MCP transport,
+    answering refusals in floom's error shape."""
+
+    def __init__(self, endpoint: MCPEndpoint) -> None:
+        self.endpoint = endpoint
+        self.hosts = TransportSecurityMiddleware(endpoint.security)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        refusal = await self.hosts.validate_request(request)
+        if refusal is not None:
+            what = "Origin" if refusal.status_code == 403 else "Host"
+            value = request.headers.get(what.lower(), "")
+            response = error_response(
+                refusal.status_code,
+                "host_not_allowed",
+                f"the MCP endpoint refuses requests with {what} '{value}'",
+                PUBLIC_URL_HINT,
+            )
+            await response(scope, receive, send)
+            return
+        try:
+            key = await run_in_threadpool(
+                keys.authenticate, self.endpoint.app.state.ctx, bearer_token(request)
+            )
+        except FloomError as exc:
+            response = error_response(exc.status, exc.code, exc.message, exc.hint)
+            response.headers["WWW-Authenticate"] = "Bearer"
+            await response(scope, receive, send)
+            return
+        scope.setdefault("state", {})[KEY_STATE] = key
+        await self.endpoint.server.session_manager.handle_request(scope, receive, send)

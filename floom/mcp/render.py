@@ -1,0 +1,136 @@
+"""Tool results: structured content plus a short text a person (or a model) reads at a glance."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_types import CallToolResult, TextContent
+
+# Runs in these states may still change; anything else has settled (ended or waits for a person).
+ACTIVE_STATUSES = frozenset({"queued", "running"})
+MAX_TEXT_ITEMS = 30
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    data: dict[str, Any]
+
+    def to_result(self) -> CallToolResult:
+        # The JSON rides along as text too: many clients show a model only the content blocks.
+        return CallToolResult(
+            content=[
+                TextContent(type="text", text=self.text),
+                TextContent(type="text", text=json.dumps(self.data, default=str)),
+            ],
+            structured_content=self.data,
+        )
+
+
+def short(value: Any, limit: int = 300) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _more(items: list[Any], total_hint: str | None) -> str:
+    extra = len(items) - MAX_TEXT_ITEMS
+    lines = f"\n  ... and {extra} more" if extra > 0 else ""
+    return lines + (f"\n(next page: cursor={total_hint})" if total_hint else "")
+
+
+def worker_summary(worker: dict[str, Any]) -> dict[str, Any]:
+    manifest = worker.get("manifest") or {}
+    return {
+        "name": worker["name"],
+        "title": worker.get("title"),
+        "description": worker.get("description"),
+        "kind": worker.get("kind"),
+        "active_version_id": worker.get("active_version_id"),
+        "paused": worker.get("paused"),
+        "inputs": {k: v.get("type") for k, v in (manifest.get("inputs") or {}).items()},
+        "expose": manifest.get("expose") or [],
+        "updated_at": worker.get("updated_at"),
+    }
+
+
+def workers_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
+    if not items:
+        return "no workers deployed yet; deploy a folder with deploy_worker"
+    lines = [f"{len(items)} worker(s):"]
+    for w in items[:MAX_TEXT_ITEMS]:
+        title = f" - {w['title']}" if w.get("title") and w["title"] != w["name"] else ""
+        paused = " [paused]" if w.get("paused") else ""
+        lines.append(
+            f"  {w['name']} ({w.get('kind')}, {w.get('active_version_id')}){paused}{title}"
+        )
+    return "\n".join(lines) + _more(items, next_cursor)
+
+
+def run_line(run: dict[str, Any]) -> str:
+    error = run.get("error") or {}
+    why = f" ({error.get('code')}: {error.get('message')})" if error else ""
+    return (
+        f"{run['id']}  {run.get('worker')}  {run['status']}{why}  trigger={run.get('trigger')}"
+        f"  created={run.get('created_at')}"
+    )
+
+
+def runs_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
+    if not items:
+        return "no runs match"
+    lines = [f"{len(items)} run(s), newest first:"]
+    lines += [f"  {run_line(r)}" for r in items[:MAX_TEXT_ITEMS]]
+    return "\n".join(lines) + _more(items, next_cursor)
+
+
+def run_text(run: dict[str, Any]) -> str:
+    lines = [f"run {run['id']} of {run.get('worker')} (version {run.get('version_id')}): "]
+    status = run["status"]
+    lines[0] += status
+    if run.get("error"):
+        lines.append(f"error {run['error'].get('code')}: {run['error'].get('message')}")
+    if run.get("outputs") is not None:
+        lines.append(f"outputs: {short(run['outputs'], 1000)}")
+    if run.get("inputs"):
+        lines.append(f"inputs: {short(run['inputs'])}")
+    if run.get("artifacts"):
+        lines.append("artifacts: " + ", ".join(a["name"] for a in run["artifacts"]))
+    if run.get("replay_of"):
+        lines.append(f"replay of {run['replay_of']}")
+    if run.get("retry_of"):
+        lines.append(f"retry of {run['retry_of']}")
+    if status in ACTIVE_STATUSES:
+        lines.append(f"still {status}; follow it with watch_run(run_id='{run['id']}')")
+    return "\n".join(lines)
+
+
+def log_lines_text(events: list[dict[str, Any]]) -> str:
+    return "\n".join(f"[{e['seq']}] {e['stream']}: {e['line']}" for e in events)
+
+
+def versions_text(name: str, items: list[dict[str, Any]]) -> str:
+    lines = [f"{len(items)} version(s) of {name}, newest first:"]
+    for v in items[:MAX_TEXT_ITEMS]:
+        active = "  (active)" if v.get("active") else ""
+        lines.append(f"  {v['id']}  {v.get('created_at')}  {v.get('file_count')} files{active}")
+    return "\n".join(lines)
+
+
+def names_text(what: str, items: list[dict[str, Any]], key: str = "name") -> str:
+    if not items:
+        return f"no {what}"
+    return f"{len(items)} {what}: " + ", ".join(str(i.get(key)) for i in items[:MAX_TEXT_ITEMS])
+
+
+def problems_text(result: dict[str, Any]) -> str:
+    if result.get("valid"):
+        manifest = result.get("manifest") or {}
+        return f"valid: {manifest.get('name')} (entry {manifest.get('entry')})"
+    lines = [f"{len(result.get('problems') or [])} problem(s):"]
+    for p in result.get("problems") or []:
+        where = f"{p['path']}: " if p.get("path") else ""
+        hint = f" (hint: {p['hint']})" if p.get("hint") else ""
+        lines.append(f"  {where}{p['message']}{hint}")
+    return "\n".join(lines)

@@ -1,0 +1,157 @@
+"""The Backend of the stdio server `floom mcp`: a client of a floom server's REST API."""
+
+from __future__ import annotations
+
+from floom.client import ApiError, FloomClient
+from floom.mcp.backend import JSON, Backend, NotAvailable
+
+SETUP_HINT = (
+    "start `floom mcp` with FLOOM_BASE_URL (e.g. http://127.0.0.1:8321) and FLOOM_API_KEY set; "
+    "get a key on the server with `floom keys create --scope deploy`, or use the admin key "
+    "that `floom serve` saved in its data dir (admin.key). With Claude Code: "
+    "`claude mcp add floom -e FLOOM_BASE_URL=... -e FLOOM_API_KEY=... -- floom mcp`"
+)
+
+
+class NotConfigured(ApiError):
+    """`floom mcp` was started without the settings that say where floom is."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            0,
+            "not_configured",
+            "the floom MCP server has no API key: FLOOM_API_KEY (and FLOOM_BASE_URL for a "
+            "server that is not on this machine) are not set",
+            SETUP_HINT,
+        )
+
+
+class RestBackend(Backend):
+    """Without a client (no API key configured) every call raises NotConfigured."""
+
+    reads_local_folders = True
+
+    def __init__(self, client: FloomClient | None) -> None:
+        self._client = client
+        self._paths: set[str] | None = None
+
+    @property
+    def client(self) -> FloomClient:
+        if self._client is None:
+            raise NotConfigured()
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def _offers(self, path: str, what: str) -> None:
+        if self._paths is None:
+            self._paths = self.client.api_paths()
+        if path not in self._paths:
+            raise NotAvailable(
+                f"{what} are not available on the floom server at {self.client.base_url}",
+                hint="upgrade that floom server to a version with this feature",
+            )
+
+    # -- workers and versions ------------------------------------------------------------------
+
+    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
+        return self.client.list_workers(cursor=cursor, limit=limit)
+
+    def get_worker(self, name: str) -> JSON:
+        return self.client.get_worker(name)
+
+    def get_manifest_yaml(self, name: str) -> str:
+        worker = self.client.get_worker(name)
+        version_id = worker.get("active_version_id")
+        if not version_id:
+            raise ApiError(409, "conflict", f"worker '{name}' has no active version", "deploy it")
+        return str(self.client.get_version(name, version_id)["manifest_yaml"])
+
+    def validate(self, archive: bytes) -> JSON:
+        return self.client.validate(archive)
+
+    def deploy(self, archive: bytes) -> JSON:
+        return self.client.deploy(archive)
+
+    def list_versions(self, name: str) -> JSON:
+        return self.client.list_versions(name)
+
+    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
+        return self.client.rollback(name, version_id=version_id, run_id=run_id)
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def start_run(self, worker: str, inputs: JSON, *, force: bool = False) -> JSON:
+        return self.client.start_run(worker, inputs, force=force)
+
+    def list_runs(
+        self,
+        *,
+        worker: str | None = None,
+        status: str | None = None,
+        trigger: str | None = None,
+        cursor: str | None = None,
+        limit: int = 20,
+    ) -> JSON:
+        return self.client.list_runs(
+            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
+        )
+
+    def get_run(self, run_id: str) -> JSON:
+        return self.client.get_run(run_id)
+
+    def get_logs(
+        self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
+    ) -> JSON:
+        if tail:
+            return self.client.get_logs(run_id, tail=tail)
+        return self.client.get_logs(run_id, after=after, limit=limit)
+
+    def cancel_run(self, run_id: str) -> JSON:
+        return self.client.cancel_run(run_id)
+
+    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
+        return self.client.replay_run(run_id, latest=latest, force=force)
+
+    # -- triggers, approvals -------------------------------------------------------------------
+
+    def list_triggers(self, name: str) -> JSON:
+        self._offers("/api/v1/workers/{name}/triggers", "triggers")
+        return self.client.list_triggers(name)
+
+    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
+        self._offers("/api/v1/workers/{name}/pause", "pausing and resuming")
+        return self.client.set_paused(name, paused=paused, trigger_id=trigger)
+
+    def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
+        self._offers("/api/v1/approvals", "approvals")
+        page = self.client.list_approvals(status=status, limit=500)
+        if worker:
+            page["items"] = [a for a in page["items"] if a.get("worker") == worker]
+        return page
+
+    def decide_approval(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        edits: JSON | None = None,
+        comment: str | None = None,
+    ) -> JSON:
+        self._offers("/api/v1/approvals", "approvals")
+        if approve:
+            return self.client.approve(approval_id, edited=edits, comment=comment)
+        return self.client.reject(approval_id, comment=comment or "")
+
+    # -- secrets -------------------------------------------------------------------------------
+
+    def list_secrets(self) -> JSON:
+        return self.client.list_secrets()
+
+    def set_secret(self, name: str, value: str) -> JSON:
+        return self.client.set_secret(name, value)
+
+    def delete_secret(self, name: str) -> JSON:
+        return self.client.delete_secret(name)

@@ -1,0 +1,216 @@
+"""The MCP server both transports serve: floom's tools, a tool per exposed worker, the worker
+manifests and run logs as resources, and list-changed notifications when deploys change them."""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.session import ServerSession
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ResourcesListChanged,
+    ToolsListChanged,
+)
+from mcp_types import CallToolResult, InputRequiredResult
+from mcp_types import Resource as MCPResource
+from mcp_types import Tool as MCPTool
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from floom import __version__
+from floom.mcp import tools
+from floom.mcp.backend import Backend
+from floom.mcp.catalog import Catalog
+from floom.mcp.errors import bad_arguments, resource_error, tool_error, unknown_tool
+from floom.mcp.toolkit import backend_of, off
+
+log = logging.getLogger("floom.mcp")
+
+INSTRUCTIONS = """\
+floom runs background AI workers. A worker is a folder with worker.yml and a script (run.py,
+run.sh, ...) or SKILL.md. Typical session: validate_worker, deploy_worker, run_worker (with
+wait_seconds for short runs), watch_run or get_run_logs, list_runs to find failures,
+replay_run, rollback_worker. Errors carry a code and a hint saying how to fix them."""
+MANIFEST_URI = "floom://workers/{name}/manifest"
+LOGS_URI = "floom://runs/{run_id}/logs"
+MAX_LEGACY_SESSIONS = 256
+
+BackendFactory = Callable[[Context], Backend]
+
+
+class FloomMCPServer(MCPServer[Any]):
+    """`backend_for` gives each call its Backend (one for stdio; per API key over HTTP).
+    `load_workers` lists every worker body for the catalog, reloaded when a list is asked
+    for, after deploys and rollbacks through MCP, and every `poll_seconds` in the background
+    so that deploys made elsewhere (CLI, REST, UI) also reach listening clients."""
+
+    def __init__(
+        self,
+        *,
+        backend_for: BackendFactory,
+        load_workers: Callable[[], list[dict[str, Any]]],
+        poll_seconds: float = 5.0,
+    ) -> None:
+        self._bus = InMemorySubscriptionBus()
+        # Handshake-era clients hear of list changes on their connection, not on the bus.
+        self._legacy_sessions: OrderedDict[str, ServerSession] = OrderedDict()
+        self._poll_seconds = poll_seconds
+        self.backend_for = backend_for
+        self.catalog = Catalog(load_workers)
+        super().__init__(
+            "floom",
+            title="floom",
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            log_level="WARNING",
+            subscriptions=self._bus,
+            middleware=[self._remember_legacy_session],
+            lifespan=_poll_catalog,
+        )
+        self._advertise_list_changes()
+        for fn, hints in tools.TOOLS:
+            self.add_tool(fn, annotations=hints, structured_output=False)
+        self.resource(MANIFEST_URI, name="manifest", mime_type="application/yaml")(_read_manifest)
+        self.resource(LOGS_URI, name="run logs", mime_type="text/plain")(_read_logs)
+
+    def _advertise_list_changes(self) -> None:
+        # Handshake-era clients only listen for list changes that the initialize result
+        # advertises, and MCPServer offers no setting for it; modern clients use the bus.
+        lowlevel = self._lowlevel_server
+        default = lowlevel.create_initialization_options
+        options = NotificationOptions(tools_changed=True, resources_changed=True)
+
+        def with_list_changes(notification_options: Any = None, **kwargs: Any) -> Any:
+            return default(notification_options or options, **kwargs)
+
+        setattr(lowlevel, "create_initialization_options", with_list_changes)  # noqa: B010
+
+    async def _remember_legacy_session(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            headers = getattr(ctx.request, "headers", None)
+            # stdio has one connection; over HTTP the session id names it (none yet while
+            # initializing, and the requests after that carry it).
+            key = "stdio" if headers is None else headers.get("mcp-session-id", "")
+            if key:
+                self._legacy_sessions[key] = ctx.session
+                self._legacy_sessions.move_to_end(key)
+                while len(self._legacy_sessions) > MAX_LEGACY_SESSIONS:
+                    self._legacy_sessions.popitem(last=False)
+        return await call_next(ctx)
+
+    async def refresh_catalog(self) -> None:
+        """Reload the worker catalog; tell every listening client when it changed."""
+        if not await self.catalog.refresh():
+            return
+        await self._bus.publish(ToolsListChanged())
+        await self._bus.publish(ResourcesListChanged())
+        for key, session in list(self._legacy_sessions.items()):
+            try:
+                await session.send_tool_list_changed()
+                await session.send_resource_list_changed()
+            except Exception:  # fan-out boundary: a closed session must not stop the others
+                self._legacy_sessions.pop(key, None)
+
+    # -- the dynamic part of the lists ---------------------------------------------------------
+
+    async def list_tools(self) -> list[MCPTool]:
+        await self.refresh_catalog()
+        fixed = await super().list_tools()
+        exposed = [
+            MCPTool(
+                name=w.name,
+                title=w.title,
+                description=w.description,
+                input_schema=w.input_schema,
+                annotations=tools.RUNS,
+            )
+            for w in self.catalog.snapshot.exposed
+            if w.name not in tools.TOOL_NAMES
+        ]
+        return fixed + exposed
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        if name not in tools.TOOL_NAMES:
+            worker = self.catalog.exposed(name)
+            if worker is None:
+                await self.refresh_catalog()
+                worker = self.catalog.exposed(name)
+            if worker is None or context is None:
+                return tool_error(unknown_tool(name))
+            return await tools.run_exposed(context, worker, dict(arguments))
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            # Tool bodies return their own errors; what reaches here is the SDK refusing
+            # the arguments before the body ran.
+            return tool_error(bad_arguments(name, exc))
+
+    async def list_resources(self) -> list[MCPResource]:
+        await self.refresh_catalog()
+        fixed = await super().list_resources()
+        return fixed + [
+            MCPResource(
+                uri=MANIFEST_URI.format(name=name),
+                name=f"{name} manifest",
+                description=f"worker.yml of the active version of {name}",
+                mime_type="application/yaml",
+            )
+            for name in self.catalog.snapshot.workers
+        ]
+
+
+@asynccontextmanager
+async def _poll_catalog(server: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
+    assert isinstance(server, FloomMCPServer)
+    floom = server
+
+    async def poll() -> None:
+        while True:
+            await anyio.sleep(floom._poll_seconds)
+            try:
+                await floom.refresh_catalog()
+            except Exception:  # a background loop: log and keep polling
+                log.exception("refreshing the MCP worker catalog failed")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(poll)
+        try:
+            yield {}
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def _read_manifest(name: str, ctx: Context) -> str:
+    try:
+        return await off(backend_of(ctx).get_manifest_yaml, name)
+    except Exception as exc:  # the boundary of a resource read: errors become resource errors
+        raise resource_error(exc) from exc
+
+
+async def _read_logs(run_id: str, ctx: Context) -> str:
+    try:
+        backend = backend_of(ctx)
+        events: list[dict[str, Any]] = []
+        after = 0
+        # Pages until the end, bounded so a runaway log cannot exhaust the client.
+        for _ in range(20):
+            page = await off(backend.get_logs, run_id, after=after, limit=1000)
+            events.extend(page["items"])
+            if not page["items"] or page.get("complete"):
+                break
+            after = page["last_seq"]
+    except Exception as exc:  # the boundary of a resource read: errors become resource errors
+        raise resource_error(exc) from exc
+    return "\n".join(f"{e['ts']} {e['stream']}: {e['line']}" for e in events) + "\n"

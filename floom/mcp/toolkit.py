@@ -1,0 +1,122 @@
+"""How a floom MCP tool runs: its backend, blocking calls off the event loop, one result
+shape, waiting for a run, and packing a worker folder."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import anyio.to_thread
+from mcp.server.mcpserver import Context
+from mcp_types import CallToolResult
+
+from floom.bundle import Bundle, BundleFile, read_folder
+from floom.errors import InvalidRequest
+from floom.mcp.backend import Backend
+from floom.mcp.errors import tool_error
+from floom.mcp.render import ACTIVE_STATUSES, Reply
+
+if TYPE_CHECKING:
+    from floom.mcp.server import FloomMCPServer
+
+T = TypeVar("T")
+POLL_SECONDS = 0.25
+MAX_WAIT_SECONDS = 600.0
+# The server checks its own limit (FLOOM_MAX_BUNDLE_BYTES); this only stops runaway reads.
+DEFAULT_MAX_BUNDLE_BYTES = 50 * 1024 * 1024
+
+
+def server_of(ctx: Context) -> FloomMCPServer:
+    server: FloomMCPServer = ctx.mcp_server  # type: ignore[assignment]
+    return server
+
+
+def backend_of(ctx: Context) -> Backend:
+    return server_of(ctx).backend_for(ctx)
+
+
+async def off(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking backend call on a worker thread, keeping the event loop free."""
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+
+def floom_tool(fn: Callable[..., Awaitable[Reply]]) -> Callable[..., Awaitable[CallToolResult]]:
+    """Make a tool body's Reply the tool result, and any failure a tool error."""
+
+    @functools.wraps(fn)
+    async def tool(*args: Any, **kwargs: Any) -> CallToolResult:
+        try:
+            reply = await fn(*args, **kwargs)
+        except Exception as exc:  # the boundary of a tool call: errors become tool errors
+            return tool_error(exc)
+        return reply.to_result()
+
+    return tool
+
+
+async def settle(backend: Backend, run_id: str, seconds: float) -> tuple[dict[str, Any], bool]:
+    """The run once it has left queued/running, or as it is when `seconds` have passed."""
+    deadline = time.monotonic() + max(0.0, min(seconds, MAX_WAIT_SECONDS))
+    while True:
+        run = await off(backend.get_run, run_id)
+        if run["status"] not in ACTIVE_STATUSES:
+            return run, True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return run, False
+        await anyio.sleep(min(POLL_SECONDS, left))
+
+
+def pack(
+    backend: Backend,
+    folder: str | None,
+    files: dict[str, str] | None,
+    files_base64: dict[str, str] | None,
+    executable: list[str] | None,
+) -> bytes:
+    """The tar.gz of a worker: a local folder (stdio), or files sent as content."""
+    if folder and (files or files_base64):
+        raise InvalidRequest(
+            "give either `folder` or `files`, not both",
+            hint="`folder` is a path on the machine running `floom mcp`",
+        )
+    if folder:
+        if not backend.reads_local_folders:
+            raise InvalidRequest(
+                "this MCP endpoint runs inside the floom server and cannot read your folders",
+                hint="send the folder's files as `files` (path -> text) and binary ones as "
+                "`files_base64`, or use the stdio server `floom mcp`, which packs folders",
+            )
+        where = Path(folder).expanduser()
+        return read_folder(where, max_bytes=DEFAULT_MAX_BUNDLE_BYTES).to_archive()
+    if not files and not files_base64:
+        raise InvalidRequest(
+            "no worker given",
+            hint="pass `folder` (stdio) or `files`, e.g. {'worker.yml': 'name: hi', 'run.py': ...}",
+        )
+    marked = {_clean(p) for p in executable or []}
+    bundle: dict[str, BundleFile] = {}
+    for raw, text in (files or {}).items():
+        path = _clean(raw)
+        bundle[path] = BundleFile(path, text.encode(), path in marked)
+    for raw, encoded in (files_base64 or {}).items():
+        path = _clean(raw)
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidRequest(
+                f"files_base64['{raw}'] is not valid base64", hint="encode the bytes as base64"
+            ) from exc
+        bundle[path] = BundleFile(path, data, path in marked)
+    return Bundle(bundle).to_archive()
+
+
+def _clean(path: str) -> str:
+    # Normalise "./run.py"; unsafe paths ("../x", "/etc") are refused when the archive is read.
+    return str(PurePosixPath(path.strip())) if path.strip() else path

@@ -1,0 +1,440 @@
+"""floom's MCP tools, written once against the Backend interface; both transports serve them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context
+from mcp_types import CallToolResult, ToolAnnotations
+from pydantic import Field
+
+from floom.errors import FloomError
+from floom.mcp.backend import NotAvailable
+from floom.mcp.catalog import ExposedWorker
+from floom.mcp.render import (
+    ACTIVE_STATUSES,
+    Reply,
+    log_lines_text,
+    names_text,
+    problems_text,
+    run_text,
+    runs_text,
+    short,
+    versions_text,
+    worker_summary,
+    workers_text,
+)
+from floom.mcp.toolkit import (
+    MAX_WAIT_SECONDS,
+    backend_of,
+    floom_tool,
+    off,
+    pack,
+    server_of,
+    settle,
+)
+
+LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")
+
+WorkerName = Annotated[str, Field(description="worker name, e.g. hello")]
+RunId = Annotated[str, Field(description="run id, e.g. run_0123abcd...")]
+Folder = Annotated[
+    str | None,
+    Field(description="path of a worker folder on this machine (stdio server only)"),
+]
+Files = Annotated[
+    dict[str, str] | None,
+    Field(description="the folder's text files: relative path -> content (worker.yml, run.py...)"),
+]
+FilesBase64 = Annotated[
+    dict[str, str] | None, Field(description="binary files: relative path -> base64 content")
+]
+Executable = Annotated[
+    list[str] | None, Field(description="paths among `files` that are executable")
+]
+Force = Annotated[bool, Field(description="run even though the worker is paused")]
+WaitSeconds = Annotated[
+    float, Field(ge=0, le=MAX_WAIT_SECONDS, description="wait up to this long for the run to end")
+]
+
+
+class RunDidNotSucceed(FloomError):
+    """The worker's run did not succeed."""
+
+    status = 409
+    code = "run_failed"
+
+
+# -- workers and versions ----------------------------------------------------------------------
+
+
+@floom_tool
+async def list_workers(
+    ctx: Context,
+    cursor: Annotated[str | None, Field(description="next_cursor of a previous page")] = None,
+    limit: Annotated[int, Field(ge=1, le=500)] = 50,
+) -> Reply:
+    """List the deployed workers: name, kind, active version, inputs, whether paused."""
+    page = await off(backend_of(ctx).list_workers, cursor=cursor, limit=limit)
+    items = [worker_summary(w) for w in page["items"]]
+    data = {"items": items, "next_cursor": page.get("next_cursor")}
+    return Reply(workers_text(items, page.get("next_cursor")), data)
+
+
+@floom_tool
+async def get_worker(ctx: Context, worker: WorkerName) -> Reply:
+    """One worker: its manifest, active version, triggers with their next fires, recent runs."""
+    backend = backend_of(ctx)
+    body = await off(backend.get_worker, worker)
+    try:
+        body["triggers"] = (await off(backend.list_triggers, worker))["items"]
+    except NotAvailable:
+        body["triggers"] = []
+    recent = body.get("recent_runs") or []
+    text = (
+        f"{body['name']} ({body.get('kind')}): active version {body.get('active_version_id')}"
+        f"{' [paused]' if body.get('paused') else ''}; {len(body['triggers'])} trigger(s); "
+        f"{len(recent)} recent run(s)"
+    )
+    if body.get("description"):
+        text += f"\n{body['description']}"
+    if recent:
+        text += "\n" + runs_text(recent, None)
+    return Reply(text, body)
+
+
+@floom_tool
+async def validate_worker(
+    ctx: Context,
+    folder: Folder = None,
+    files: Files = None,
+    files_base64: FilesBase64 = None,
+    executable: Executable = None,
+) -> Reply:
+    """Check a worker folder (worker.yml and its entry) without deploying; lists every problem."""
+    backend = backend_of(ctx)
+    archive = pack(backend, folder, files, files_base64, executable)
+    result = await off(backend.validate, archive)
+    return Reply(problems_text(result), result)
+
+
+@floom_tool
+async def deploy_worker(
+    ctx: Context,
+    folder: Folder = None,
+    files: Files = None,
+    files_base64: FilesBase64 = None,
+    executable: Executable = None,
+) -> Reply:
+    """Deploy a worker folder as a new immutable version and make it active (unchanged content
+    creates no new version). stdio: pass `folder`; HTTP: pass the files as content."""
+    backend = backend_of(ctx)
+    archive = pack(backend, folder, files, files_base64, executable)
+    result = await off(backend.deploy, archive)
+    await server_of(ctx).refresh_catalog()
+    name, version = result["worker"]["name"], result["version"]["id"]
+    if result.get("created"):
+        text = f"deployed {name} version {version} (active)"
+    elif result.get("activated"):
+        text = f"{name} version {version} unchanged; it is the active version again"
+    else:
+        text = f"{name} version {version} unchanged (already active)"
+    return Reply(text, result)
+
+
+@floom_tool
+async def list_versions(ctx: Context, worker: WorkerName) -> Reply:
+    """A worker's versions, newest first, marking the active one."""
+    page = await off(backend_of(ctx).list_versions, worker)
+    return Reply(versions_text(worker, page["items"]), page)
+
+
+@floom_tool
+async def rollback_worker(
+    ctx: Context,
+    worker: WorkerName,
+    version_id: Annotated[str | None, Field(description="version to make active")] = None,
+    run_id: Annotated[str | None, Field(description="or: the version this run used")] = None,
+) -> Reply:
+    """Make an earlier version of a worker active again (give version_id or run_id)."""
+    result = await off(backend_of(ctx).rollback, worker, version_id=version_id, run_id=run_id)
+    await server_of(ctx).refresh_catalog()
+    return Reply(f"{worker} now runs version {result['version']['id']}", result)
+
+
+# -- runs --------------------------------------------------------------------------------------
+
+
+@floom_tool
+async def run_worker(
+    ctx: Context,
+    worker: WorkerName,
+    inputs: Annotated[
+        dict[str, Any] | None, Field(description="input name -> value, as the manifest declares")
+    ] = None,
+    wait_seconds: WaitSeconds = 0,
+    force: Force = False,
+) -> Reply:
+    """Start a run of a worker's active version. With wait_seconds, wait for it to end and
+    return its outputs; otherwise (or if it is still going) return the run id."""
+    backend = backend_of(ctx)
+    run = await off(backend.start_run, worker, inputs or {}, force=force)
+    finished = run["status"] not in ACTIVE_STATUSES
+    if wait_seconds > 0:
+        run, finished = await settle(backend, run["id"], wait_seconds)
+    return Reply(run_text(run), {"run": run, "finished": finished})
+
+
+@floom_tool
+async def list_runs(
+    ctx: Context,
+    worker: Annotated[str | None, Field(description="only runs of this worker")] = None,
+    status: Annotated[
+        str | None, Field(description="queued, running, succeeded, failed, timed_out, cancelled")
+    ] = None,
+    trigger: Annotated[str | None, Field(description="e.g. api, mcp, schedule, replay")] = None,
+    cursor: Annotated[str | None, Field(description="next_cursor of a previous page")] = None,
+    limit: Annotated[int, Field(ge=1, le=500)] = 20,
+) -> Reply:
+    """Recent runs, newest first, filtered by worker, status and trigger."""
+    page = await off(
+        backend_of(ctx).list_runs,
+        worker=worker,
+        status=status,
+        trigger=trigger,
+        cursor=cursor,
+        limit=limit,
+    )
+    return Reply(runs_text(page["items"], page.get("next_cursor")), page)
+
+
+@floom_tool
+async def get_run(ctx: Context, run_id: RunId) -> Reply:
+    """One run: status, inputs, outputs, error, artifacts, tool calls, approvals, lineage."""
+    run = await off(backend_of(ctx).get_run, run_id)
+    run.setdefault("tool_calls", [])
+    run.setdefault("approvals", [])
+    run["lineage"] = {k: run.get(k) for k in LINEAGE_KEYS if k in run}
+    return Reply(run_text(run), run)
+
+
+@floom_tool
+async def get_run_logs(
+    ctx: Context,
+    run_id: RunId,
+    tail: Annotated[int | None, Field(ge=1, le=10_000, description="the last N lines")] = None,
+    after: Annotated[
+        int | None, Field(ge=0, description="lines after this sequence number (last_seq)")
+    ] = None,
+    limit: Annotated[int, Field(ge=1, le=10_000)] = 500,
+) -> Reply:
+    """A run's ordered log lines (stdout, stderr, floom's notices): the last `tail` lines
+    (default 100), or the lines after a sequence number to continue where you left off."""
+    backend = backend_of(ctx)
+    if after is not None:
+        page = await off(backend.get_logs, run_id, after=after, limit=limit)
+    else:
+        page = await off(backend.get_logs, run_id, tail=tail or 100)
+    head = f"run {run_id} is {page.get('run_status')}; last_seq={page.get('last_seq')}"
+    body = log_lines_text(page["items"])
+    return Reply(head + ("\n" + body if body else "\n(no log lines)"), page)
+
+
+@floom_tool
+async def watch_run(
+    ctx: Context,
+    run_id: RunId,
+    timeout_seconds: WaitSeconds = 60,
+    log_lines: Annotated[int, Field(ge=0, le=1000)] = 20,
+) -> Reply:
+    """Wait until a run ends (or the timeout passes) and tell what happened, with the last
+    log lines."""
+    backend = backend_of(ctx)
+    started = time.monotonic()
+    run, finished = await settle(backend, run_id, timeout_seconds)
+    waited = round(time.monotonic() - started, 2)
+    logs = (await off(backend.get_logs, run_id, tail=log_lines))["items"] if log_lines else []
+    text = run_text(run)
+    if not finished:
+        text = f"still {run['status']} after {waited}s\n" + text
+    if logs:
+        text += "\nlast log lines:\n" + log_lines_text(logs)
+    data = {"run": run, "finished": finished, "waited_seconds": waited, "logs": logs}
+    return Reply(text, data)
+
+
+@floom_tool
+async def cancel_run(ctx: Context, run_id: RunId) -> Reply:
+    """Cancel a queued or running run; its whole process tree is killed."""
+    run = await off(backend_of(ctx).cancel_run, run_id)
+    return Reply(run_text(run), run)
+
+
+@floom_tool
+async def replay_run(
+    ctx: Context,
+    run_id: RunId,
+    latest: Annotated[
+        bool, Field(description="run on the worker's active version instead of the same one")
+    ] = False,
+    force: Force = False,
+) -> Reply:
+    """Run again with the same inputs, on the same version (or the active one with latest)."""
+    run = await off(backend_of(ctx).replay_run, run_id, latest=latest, force=force)
+    return Reply(f"replaying {run_id} as {run['id']}\n" + run_text(run), run)
+
+
+# -- approvals, triggers -----------------------------------------------------------------------
+
+
+@floom_tool
+async def list_approvals(
+    ctx: Context,
+    status: Annotated[str | None, Field(description="e.g. pending")] = None,
+    worker: Annotated[str | None, Field(description="only approvals of this worker")] = None,
+) -> Reply:
+    """Approvals waiting for (or given) a decision: what a run proposes and why it waits."""
+    page = await off(backend_of(ctx).list_approvals, status=status, worker=worker)
+    return Reply(names_text("approval(s)", page["items"], key="id"), page)
+
+
+@floom_tool
+async def decide_approval(
+    ctx: Context,
+    approval_id: Annotated[str, Field(description="the approval's id")],
+    decision: Literal["approve", "reject"],
+    edits: Annotated[
+        dict[str, Any] | None, Field(description="approve with these edited values instead")
+    ] = None,
+    comment: Annotated[str | None, Field(description="why; the run sees it")] = None,
+) -> Reply:
+    """Approve (optionally with edits) or reject a pending approval; the run resumes."""
+    result = await off(
+        backend_of(ctx).decide_approval,
+        approval_id,
+        approve=decision == "approve",
+        edits=edits,
+        comment=comment,
+    )
+    return Reply(f"approval {approval_id}: {result.get('status', decision)}", result)
+
+
+@floom_tool
+async def list_triggers(ctx: Context, worker: WorkerName) -> Reply:
+    """A worker's triggers (schedules, webhooks, events) with their next fire times."""
+    page = await off(backend_of(ctx).list_triggers, worker)
+    lines = [f"{len(page['items'])} trigger(s) of {worker}"]
+    lines += [f"  {short(t, 400)}" for t in page["items"]]
+    return Reply("\n".join(lines), page)
+
+
+@floom_tool
+async def pause_worker(
+    ctx: Context,
+    worker: WorkerName,
+    trigger: Annotated[
+        str | None, Field(description="pause only this trigger (its id, see list_triggers)")
+    ] = None,
+) -> Reply:
+    """Pause a worker (or one trigger): scheduled and webhook runs are refused and recorded."""
+    result = await off(backend_of(ctx).set_paused, worker, paused=True, trigger=trigger)
+    return Reply(f"paused {worker}{f' trigger {trigger}' if trigger else ''}", result)
+
+
+@floom_tool
+async def resume_worker(
+    ctx: Context,
+    worker: WorkerName,
+    trigger: Annotated[
+        str | None, Field(description="resume only this trigger (its id, see list_triggers)")
+    ] = None,
+) -> Reply:
+    """Resume a paused worker (or one trigger)."""
+    result = await off(backend_of(ctx).set_paused, worker, paused=False, trigger=trigger)
+    return Reply(f"resumed {worker}{f' trigger {trigger}' if trigger else ''}", result)
+
+
+# -- secrets -----------------------------------------------------------------------------------
+
+
+@floom_tool
+async def list_secrets(ctx: Context) -> Reply:
+    """The names of the stored secrets (values are never shown)."""
+    page = await off(backend_of(ctx).list_secrets)
+    return Reply(names_text("secret(s)", page["items"]), page)
+
+
+@floom_tool
+async def set_secret(
+    ctx: Context,
+    name: Annotated[str, Field(description="upper-case name, e.g. GITHUB_TOKEN")],
+    value: Annotated[str, Field(description="the secret value; stored encrypted, never shown")],
+) -> Reply:
+    """Store a secret that workers declaring it receive as an environment variable."""
+    result = await off(backend_of(ctx).set_secret, name, value)
+    return Reply(f"secret {name} set", result)
+
+
+@floom_tool
+async def delete_secret(
+    ctx: Context, name: Annotated[str, Field(description="secret name")]
+) -> Reply:
+    """Delete a stored secret."""
+    result = await off(backend_of(ctx).delete_secret, name)
+    return Reply(f"secret {name} deleted", result)
+
+
+# -- a worker exposed as its own tool ----------------------------------------------------------
+
+
+@floom_tool
+async def run_exposed(ctx: Context, worker: ExposedWorker, inputs: dict[str, Any]) -> Reply:
+    backend = backend_of(ctx)
+    run = await off(backend.start_run, worker.name, inputs)
+    run, finished = await settle(backend, run["id"], worker.wait_seconds)
+    data = {"run_id": run["id"], "status": run["status"], "outputs": run.get("outputs")}
+    if not finished:
+        text = f"run {run['id']} is still {run['status']}; follow it with watch_run"
+        return Reply(text, data)
+    if run["status"] != "succeeded":
+        error = run.get("error") or {}
+        raise RunDidNotSucceed(
+            f"run {run['id']} of {worker.name} ended {run['status']}"
+            + (f": {error.get('message')}" if error.get("message") else ""),
+            hint=f"read its logs with get_run_logs(run_id='{run['id']}')",
+            details={"run": run},
+        )
+    return Reply(short(run.get("outputs"), 4000), data)
+
+
+READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
+RUNS = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
+
+TOOLS: tuple[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations], ...] = (
+    (list_workers, READ),
+    (get_worker, READ),
+    (validate_worker, READ),
+    (deploy_worker, WRITE),
+    (run_worker, RUNS),
+    (list_runs, READ),
+    (get_run, READ),
+    (get_run_logs, READ),
+    (watch_run, READ),
+    (cancel_run, DESTRUCTIVE),
+    (replay_run, RUNS),
+    (list_versions, READ),
+    (rollback_worker, WRITE),
+    (list_approvals, READ),
+    (decide_approval, WRITE),
+    (list_triggers, READ),
+    (pause_worker, WRITE),
+    (resume_worker, WRITE),
+    (list_secrets, READ),
+    (set_secret, WRITE),
+    (delete_secret, DESTRUCTIVE),
+)
+TOOL_NAMES = frozenset(fn.__name__ for fn, _ in TOOLS)

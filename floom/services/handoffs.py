@@ -1,0 +1,401 @@
+"""Handoff jobs: publishing, reading (with visibility), editing, and the audit trail.
+
+Claims and status changes live in handoff_flow; the rules without a database in
+handoff_rules. Every write records its audit event in the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import ColumnElement, false, or_
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
+from sqlmodel import Session, col, select
+
+from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.services import handoff_rules as rules
+from floom.services.handoff_agents import Actor, as_actor, find_agent, find_role
+from floom.store.db import session_scope
+from floom.store.handoffs import Agent, Job, JobDependency, JobEvent, Role
+from floom.store.models import ApiKey, new_id, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+MAX_BLOCKERS = 50
+
+
+def record(
+    s: Session,
+    job: Job,
+    *,
+    type: str,
+    actor: Actor,
+    before: str | None = None,
+    payload: dict[str, Any] | None = None,
+) -> None:
+    """Write one audit event for `job` (its status now is the event's new status)."""
+    s.add(
+        JobEvent(
+            job_id=job.id,
+            type=type,
+            from_status=before,
+            to_status=job.status,
+            actor_agent_id=actor.agent_id,
+            actor_key_id=actor.key_id,
+            actor=actor.describe()[:160],
+            payload_json=json.dumps(payload or {}, default=str),
+        )
+    )
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def visible_clause(actor: Actor) -> ColumnElement[bool] | None:
+    """SQL condition for the jobs an actor may see; None means every job (admins, floom)."""
+    if actor.admin or actor.system:
+        return None
+    if actor.agent_id is None:
+        return false()
+    reviewed = aliased(Job)
+    held_follow_ons = select(reviewed.follow_on_of).where(
+        reviewed.assignee_agent_id == actor.agent_id, col(reviewed.follow_on_of).is_not(None)
+    )
+    return or_(
+        col(Job.target_role_id).in_(actor.role_ids),
+        col(Job.source_agent_id) == actor.agent_id,
+        col(Job.assignee_agent_id) == actor.agent_id,
+        # A reviewer holding a follow-on job may read the job it reviews.
+        col(Job.id).in_(held_follow_ons),
+    )
+
+
+def load_visible(s: Session, actor: Actor, job_id: str, *, lock: bool = False) -> Job:
+    """The job, or NotFound when it does not exist or the actor may not see it."""
+    q = select(Job).where(Job.id == job_id)
+    clause = visible_clause(actor)
+    if clause is not None:
+        q = q.where(clause)
+    if lock:
+        q = q.with_for_update()
+    job = s.exec(q).first()
+    if job is None:
+        raise NotFound(
+            f"no handoff job {job_id} that you can see",
+            hint="`floom handoffs list` shows the jobs for your roles and the ones you hold",
+        )
+    return job
+
+
+def jobs_to_dicts(s: Session, jobs: list[Job]) -> list[dict[str, Any]]:
+    ids = [j.id for j in jobs]
+    blockers: dict[str, list[str]] = {i: [] for i in ids}
+    if ids:
+        for dep in s.exec(
+            select(JobDependency)
+            .where(col(JobDependency.job_id).in_(ids))
+            .order_by(col(JobDependency.blocker_id))
+        ).all():
+            blockers[dep.job_id].append(dep.blocker_id)
+    routing = {j.id: json.loads(j.routing_json) for j in jobs}
+    role_ids = {j.target_role_id for j in jobs} | {
+        r["role_id"] for rs in routing.values() for r in rs
+    }
+    roles = {r.id: r.name for r in s.exec(select(Role).where(col(Role.id).in_(role_ids))).all()}
+    agent_ids = {
+        a for j in jobs for a in (j.source_agent_id, j.assignee_agent_id, j.rejected_by) if a
+    }
+    labels = {
+        a.id: a.label for a in s.exec(select(Agent).where(col(Agent.id).in_(agent_ids))).all()
+    }
+    for rs in routing.values():
+        for r in rs:
+            r["role"] = roles.get(r["role_id"], r["role_id"])
+    return [_job_dict(j, roles, labels, blockers[j.id], routing[j.id]) for j in jobs]
+
+
+def _who(agent_id: str | None, labels: dict[str, str]) -> dict[str, Any] | None:
+    if agent_id is None:
+        return None
+    return {"id": agent_id, "label": labels.get(agent_id, agent_id)}
+
+
+def _job_dict(
+    job: Job,
+    roles: dict[str, str],
+    labels: dict[str, str],
+    blocked_by: list[str],
+    routing: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "summary": job.summary,
+        "status": job.status,
+        "priority": job.priority,
+        "role": roles.get(job.target_role_id, job.target_role_id),
+        "role_id": job.target_role_id,
+        "context": json.loads(job.context_json),
+        "constraints": json.loads(job.constraints_json),
+        "artifacts": json.loads(job.artifacts_json),
+        "routing": routing,
+        "blocked_by": blocked_by,
+        "source_agent": _who(job.source_agent_id, labels),
+        "assignee": _who(job.assignee_agent_id, labels),
+        "idempotency_key": job.idempotency_key,
+        "claimed_at": job.claimed_at,
+        "lease_expires_at": job.lease_expires_at,
+        "result": json.loads(job.result_json) if job.result_json else None,
+        "reason": job.reason,
+        "follow_on_of": job.follow_on_of,
+        "retry_of": job.retry_of,
+        "superseded_by": job.superseded_by,
+        "attempt": job.attempt,
+        "run_id": job.run_id,
+        "rejection": None
+        if job.rejection_reason is None
+        else {"reason": job.rejection_reason, "reviewer": _who(job.rejected_by, labels)},
+        "created_at": job.created_at,
+        "updated_at": job.updated_at,
+        "finished_at": job.finished_at,
+    }
+
+
+def event_to_dict(event: JobEvent) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "job_id": event.job_id,
+        "ts": event.ts,
+        "type": event.type,
+        "from_status": event.from_status,
+        "to_status": event.to_status,
+        "actor": event.actor,
+        "actor_agent_id": event.actor_agent_id,
+        "payload": json.loads(event.payload_json),
+    }
+
+
+def get_job(
+    ctx: Context, *, actor: Actor | ApiKey, job_id: str, events: bool = False
+) -> dict[str, Any]:
+    """One job the caller may see; with `events`, its audit trail, oldest first."""
+    who = as_actor(ctx, actor)
+    with session_scope(ctx.engine) as s:
+        job = load_visible(s, who, job_id)
+        body = jobs_to_dicts(s, [job])[0]
+        if events:
+            body["events"] = _events(s, job_id)
+        return body
+
+
+def _events(s: Session, job_id: str) -> list[dict[str, Any]]:
+    q = select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))
+    return [event_to_dict(e) for e in s.exec(q).all()]
+
+
+def list_events(ctx: Context, *, actor: Actor | ApiKey, job_id: str) -> list[dict[str, Any]]:
+    who = as_actor(ctx, actor)
+    with session_scope(ctx.engine) as s:
+        load_visible(s, who, job_id)
+        return _events(s, job_id)
+
+
+def list_jobs(
+    ctx: Context,
+    *,
+    actor: Actor | ApiKey,
+    status: list[str] | str | None = None,
+    role: str | None = None,
+    assignee: str | None = None,
+    source: str | None = None,
+    my_roles: bool = False,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Jobs the caller may see, newest first; `assignee`/`source` take an agent or "me";
+    `my_roles` keeps the jobs for roles the caller holds. `cursor` is the last id seen."""
+    who = as_actor(ctx, actor)
+    statuses = [status] if isinstance(status, str) else list(status or [])
+    for st in statuses:
+        if st not in rules.STATUSES:
+            raise InvalidRequest(
+                f"unknown status '{st}'", hint=f"one of {', '.join(rules.STATUSES)}"
+            )
+    if not 1 <= limit <= 500:
+        raise InvalidRequest("limit must be between 1 and 500", hint="use the cursor to page")
+    q = select(Job).order_by(col(Job.id).desc()).limit(limit + 1)
+    clause = visible_clause(who)
+    if clause is not None:
+        q = q.where(clause)
+    if statuses:
+        q = q.where(col(Job.status).in_(statuses))
+    if my_roles:
+        q = q.where(col(Job.target_role_id).in_(who.role_ids))
+    if cursor:
+        q = q.where(col(Job.id) < cursor)
+    with session_scope(ctx.engine) as s:
+        if role:
+            q = q.where(Job.target_role_id == find_role(s, role, active=False).id)
+        for column, ref in ((Job.assignee_agent_id, assignee), (Job.source_agent_id, source)):
+            if ref:
+                q = q.where(column == _agent_ref(s, who, ref))
+        rows = list(s.exec(q).all())
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return jobs_to_dicts(s, rows), rows[-1].id if more else None
+
+
+def _agent_ref(s: Session, actor: Actor, ref: str) -> str | None:
+    if ref == "me":
+        return actor.agent_id
+    return find_agent(s, ref).id
+
+
+# -- publishing and editing ------------------------------------------------------------------
+
+
+def create_job(
+    ctx: Context,
+    *,
+    actor: Actor | ApiKey,
+    summary: str,
+    role: str,
+    context: dict[str, Any] | None = None,
+    constraints: list[str] | None = None,
+    artifacts: list[dict[str, Any]] | None = None,
+    priority: str = "normal",
+    blocked_by: list[str] | None = None,
+    routing: list[dict[str, Any]] | None = None,
+    idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """Publish a job for `role`; with blockers it waits as `pending` until they complete.
+
+    The same `idempotency_key` from the same agent returns the first job ("replayed": true)
+    and creates nothing. A blocker that failed or was cancelled is refused.
+    """
+    who = as_actor(ctx, actor)
+    if who.agent_id is None and not who.admin:
+        raise Forbidden("only agents and admins publish jobs", hint="use an agent's key")
+    job = Job(
+        id=new_id("job"),
+        summary=rules.check_summary(summary),
+        context_json=rules.encode_json(rules.check_context(context), what="context"),
+        constraints_json=json.dumps(rules.check_constraints(constraints)),
+        artifacts_json=json.dumps(rules.check_artifacts(artifacts)),
+        priority=rules.check_priority(priority),
+        priority_rank=rules.PRIORITY_RANK[priority],
+        target_role_id="",
+        status=rules.PUBLISHED,
+        source_agent_id=who.agent_id,
+        created_by_key=who.key_id,
+    )
+    checked_routing = rules.check_routing(routing)
+    if idempotency_key is not None:
+        if not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200:
+            raise InvalidRequest(
+                "an idempotency key is 1 to 200 characters", hint="e.g. a ticket id"
+            )
+        job.idempotency_scope = who.agent_id or f"key:{who.key_id}"
+        job.idempotency_key = idempotency_key
+        earlier = _replay(ctx, job)
+        if earlier is not None:
+            return earlier
+    blocker_ids = sorted(set(blocked_by or []))
+    if len(blocker_ids) > MAX_BLOCKERS:
+        raise InvalidRequest(f"at most {MAX_BLOCKERS} blockers", hint="chain jobs instead")
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            job.target_role_id = find_role(s, role).id
+            for rule in checked_routing:
+                # By id, so routing follows a renamed role.
+                rule["role_id"] = find_role(s, rule.pop("role")).id
+            job.routing_json = json.dumps(checked_routing)
+            waiting = _lock_blockers(s, who, blocker_ids)
+            job.status = rules.PENDING if waiting else rules.PUBLISHED
+            s.add(job)
+            for blocker_id in blocker_ids:
+                s.add(JobDependency(job_id=job.id, blocker_id=blocker_id))
+            s.flush()
+            payload = {"role": role, "priority": job.priority, "blocked_by": blocker_ids}
+            if waiting:
+                payload["waiting_on"] = waiting
+            record(s, job, type="created", actor=who, payload=payload)
+            return jobs_to_dicts(s, [job])[0]
+    except IntegrityError:
+        # Two creates with one idempotency key raced; the other one won.
+        earlier = _replay(ctx, job) if job.idempotency_key else None
+        if earlier is None:
+            raise
+        return earlier
+
+
+def _replay(ctx: Context, job: Job) -> dict[str, Any] | None:
+    with session_scope(ctx.engine) as s:
+        first = s.exec(
+            select(Job).where(
+                Job.idempotency_scope == job.idempotency_scope,
+                Job.idempotency_key == job.idempotency_key,
+            )
+        ).first()
+        return None if first is None else {**jobs_to_dicts(s, [first])[0], "replayed": True}
+
+
+def _lock_blockers(s: Session, actor: Actor, blocker_ids: list[str]) -> list[str]:
+    """Lock the blockers (in id order, so concurrent publishers cannot deadlock) and return
+    the ones not completed yet. Locking makes a blocker completing at this moment either
+    finish first (and count as completed here) or see this new dependent."""
+    waiting = []
+    for blocker_id in blocker_ids:
+        blocker = load_visible(s, actor, blocker_id, lock=True)
+        if blocker.status in (rules.FAILED, rules.CANCELLED):
+            raise Conflict(
+                f"blocker {blocker_id} is {blocker.status}; a job cannot wait on it",
+                hint="leave it out of blocked_by, or publish its retry first",
+            )
+        if blocker.status != rules.COMPLETED:
+            waiting.append(blocker_id)
+    return waiting
+
+
+def update_job(
+    ctx: Context,
+    *,
+    actor: Actor | ApiKey,
+    job_id: str,
+    context: dict[str, Any] | None = None,
+    constraints: list[str] | None = None,
+) -> dict[str, Any]:
+    """Replace a job's context and/or constraints: only its source agent or an admin, and
+    only before it completes. The event keeps the old and the new values."""
+    who = as_actor(ctx, actor)
+    if context is None and constraints is None:
+        raise InvalidRequest("nothing to update", hint="give a new context and/or constraints")
+    new_context = rules.check_context(context) if context is not None else None
+    new_constraints = rules.check_constraints(constraints) if constraints is not None else None
+    with session_scope(ctx.engine, write=True) as s:
+        job = load_visible(s, who, job_id, lock=True)
+        is_source = who.agent_id is not None and who.agent_id == job.source_agent_id
+        if not (is_source or who.admin or (who.key_id and who.key_id == job.created_by_key)):
+            raise Forbidden(
+                "only the agent that published a job (or an admin) may change it",
+                hint="ask its publisher, or publish a new job",
+            )
+        if job.status in rules.TERMINAL:
+            raise Conflict(
+                f"job {job_id} is {job.status}; its context and constraints are final",
+                hint="reject it (if completed) to get a retry, or publish a new job",
+            )
+        changes: dict[str, Any] = {}
+        if new_context is not None:
+            changes["context"] = {"old": json.loads(job.context_json), "new": new_context}
+            job.context_json = rules.encode_json(new_context, what="context")
+        if new_constraints is not None:
+            old = json.loads(job.constraints_json)
+            changes["constraints"] = {"old": old, "new": new_constraints}
+            job.constraints_json = json.dumps(new_constraints)
+        job.updated_at = utcnow()
+        s.add(job)
+        record(s, job, type="updated", actor=who, before=job.status, payload=changes)
+        return jobs_to_dicts(s, [job])[0]

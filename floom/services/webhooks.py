@@ -1,0 +1,386 @@
+"""Webhook deliveries: verified, stored without credentials, deduplicated on their delivery
+id, turned into a run (or a skipped run when paused), listed per worker and replayable."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from floom.errors import FloomError, InputInvalid, NotFound, PayloadTooLarge, WorkerPaused
+from floom.services import runs, secrets, workers
+from floom.services.logs import system_event
+from floom.services.triggers import spec_of
+from floom.store.db import session_scope
+from floom.store.models import Run, Worker, new_id, utcnow
+from floom.store.triggers import Trigger, WebhookDelivery
+from floom.triggers import signatures
+from floom.triggers.spec import EVENT_INPUT, ComposioSpec, WebhookSpec
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+RUN = "run"
+PAUSED = "paused"
+INPUT_INVALID = "input_invalid"
+START_FAILED = "start_failed"
+UNMATCHED = "unmatched"
+
+
+class WebhookNotReady(FloomError):
+    """The webhook cannot be verified: its secret is not set on this server."""
+
+    status = 503
+    code = "webhook_not_ready"
+
+
+@dataclass
+class Received:
+    """A delivery as answered to its sender."""
+
+    delivery: WebhookDelivery
+    duplicate: bool = False
+    error: FloomError | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def receive_webhook(
+    ctx: Context, *, worker_name: str, headers: Mapping[str, str], body: bytes
+) -> Received:
+    """Verify a delivery to /hooks/{worker} and start its run.
+
+    Refusals (unsigned, bad or stale signature, too large, no webhook here) raise and store
+    nothing. A delivery id seen before returns the stored delivery, marked duplicate.
+    """
+    check_size(ctx, body)
+    trigger, worker = _webhook_trigger(ctx, worker_name)
+    spec = spec_of(trigger)
+    assert isinstance(spec, WebhookSpec)
+    values, missing = secrets.resolve(ctx, [spec.secret])
+    if missing:
+        raise WebhookNotReady(
+            f"the webhook of '{worker_name}' cannot verify deliveries: secret {spec.secret} is "
+            "not set",
+            hint=f"`floom secrets set {spec.secret}` with the sender's signing secret",
+        )
+    secret = values[spec.secret]
+    key = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
+    lower = {k.lower(): v for k, v in headers.items()}
+    event_name = lower.get("x-github-event") or lower.get("x-floom-event")
+    return deliver(
+        ctx,
+        source="webhook",
+        key=key,
+        trigger=trigger,
+        worker=worker,
+        headers=headers,
+        body=body,
+        event_name=event_name,
+        redact=[secret],
+    )
+
+
+def check_size(ctx: Context, body: bytes) -> None:
+    limit = ctx.settings.webhook_max_bytes
+    if len(body) > limit:
+        raise PayloadTooLarge(
+            f"the webhook body is larger than {limit} bytes",
+            hint="send a smaller payload, or raise FLOOM_WEBHOOK_MAX_BYTES on the server",
+        )
+
+
+def deliver(
+    ctx: Context,
+    *,
+    source: str,
+    key: str,
+    trigger: Trigger,
+    worker: Worker,
+    headers: Mapping[str, str],
+    body: bytes,
+    event_name: str | None,
+    redact: list[str],
+) -> Received:
+    """Store a verified delivery for one worker and start its run, exactly once per key."""
+    seen = _find(ctx, source=source, worker_name=worker.name, key=key)
+    if seen is not None:
+        return Received(seen, duplicate=True)
+    redactor = secrets.Redactor(redact)
+    stored_headers = {k: redactor.text(v) for k, v in signatures.storable_headers(headers).items()}
+    delivery = WebhookDelivery(
+        id=new_id("dlv"),
+        source=source,
+        worker_name=worker.name,
+        trigger_id=trigger.id,
+        delivery_key=key[:200],
+        event=(event_name or "")[:200] or None,
+        headers_json=json.dumps(stored_headers, sort_keys=True),
+        body=_redact_bytes(body, redact),
+        content_type=stored_headers.get("content-type", "")[:200],
+        outcome=RUN,
+    )
+    spec = spec_of(trigger)
+    assert isinstance(spec, WebhookSpec | ComposioSpec)
+    try:
+        if trigger.paused or worker.paused:
+            what = "this trigger" if trigger.paused else f"worker '{worker.name}'"
+            raise WorkerPaused(f"{what} is paused")
+        inputs = event_inputs(
+            ctx, worker=worker, spec=spec, body=body, content_type=_ctype(headers)
+        )
+
+        def record(s: Session, run: Run) -> None:
+            run.trigger_id = trigger.id
+            delivery.run_id = run.id
+            s.add(delivery)
+            s.flush()  # the dedupe key: fails if the same delivery raced in
+
+        runs.create_run(
+            ctx,
+            worker_name=worker.name,
+            inputs=inputs,
+            trigger=source,
+            in_transaction=record,
+        )
+        return Received(delivery)
+    except IntegrityError:
+        again = _find(ctx, source=source, worker_name=worker.name, key=key)
+        if again is None:
+            raise
+        return Received(again, duplicate=True)
+    except WorkerPaused as exc:
+        return _refused(ctx, delivery, PAUSED, exc.message, trigger=source, error=None)
+    except InputInvalid as exc:
+        return _refused(ctx, delivery, INPUT_INVALID, exc.message, trigger=source, error=exc)
+    except FloomError as exc:
+        return _refused(ctx, delivery, START_FAILED, exc.message, trigger=source, error=exc)
+
+
+def _refused(
+    ctx: Context,
+    delivery: WebhookDelivery,
+    outcome: str,
+    message: str,
+    *,
+    trigger: str,
+    error: FloomError | None,
+) -> Received:
+    """Keep a delivery that did not start a run, with a skipped run saying why."""
+    delivery.outcome = outcome
+    delivery.message = message
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            worker = s.get(Worker, delivery.worker_name)
+            run = Run(
+                id=new_id("run"),
+                worker_name=delivery.worker_name,
+                version_id=(worker.active_version_id if worker else None) or "",
+                status=runs.SKIPPED,
+                trigger=trigger,
+                trigger_id=delivery.trigger_id,
+                finished_at=utcnow(),
+                error_code=outcome,
+                error_message=f"delivery {delivery.id}: {message}",
+            )
+            delivery.run_id = run.id
+            s.add(delivery)
+            s.flush()
+            s.add(run)
+            s.flush()
+            system_event(s, run_id=run.id, attempt=1, message=f"skipped: {message}")
+    except IntegrityError:
+        again = _find(
+            ctx, source=delivery.source, worker_name=delivery.worker_name, key=delivery.delivery_key
+        )
+        if again is None:
+            raise
+        return Received(again, duplicate=True)
+    return Received(delivery, error=error)
+
+
+def _find(ctx: Context, *, source: str, worker_name: str, key: str) -> WebhookDelivery | None:
+    with session_scope(ctx.engine) as s:
+        return s.exec(
+            select(WebhookDelivery).where(
+                WebhookDelivery.source == source,
+                WebhookDelivery.worker_name == worker_name,
+                WebhookDelivery.delivery_key == key[:200],
+            )
+        ).first()
+
+
+def _webhook_trigger(ctx: Context, worker_name: str) -> tuple[Trigger, Worker]:
+    with session_scope(ctx.engine) as s:
+        worker = s.get(Worker, worker_name)
+        trigger = s.exec(
+            select(Trigger).where(
+                Trigger.worker_name == worker_name,
+                Trigger.kind == "webhook",
+                col(Trigger.removed_at).is_(None),
+            )
+        ).first()
+    if worker is None or trigger is None or worker.active_version_id is None:
+        raise NotFound(
+            f"no webhook at /hooks/{worker_name}",
+            hint="declare `- webhook: {secret: NAME}` under triggers in the worker's worker.yml",
+        )
+    return trigger, worker
+
+
+# -- the event as inputs -----------------------------------------------------------------------
+
+
+def parse_body(body: bytes, content_type: str) -> Any:
+    """JSON when the body is JSON (also GitHub's form-encoded `payload=`), else its text."""
+    text = body.decode("utf-8", errors="replace")
+    if "application/x-www-form-urlencoded" in content_type:
+        form = urllib.parse.parse_qs(text)
+        if "payload" in form:
+            text = form["payload"][0]
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def event_inputs(
+    ctx: Context,
+    *,
+    worker: Worker,
+    spec: WebhookSpec | ComposioSpec,
+    body: bytes,
+    content_type: str,
+) -> dict[str, Any]:
+    """The run's inputs: the body as `event` (if declared) and the mapped body fields."""
+    version = workers.get_version(ctx, version_id=worker.active_version_id or "")
+    manifest = workers.manifest_of(version)
+    parsed = parse_body(body, content_type)
+    inputs: dict[str, Any] = {}
+    declared = manifest.inputs.get(EVENT_INPUT)
+    if declared is not None:
+        if declared.type == "string":
+            inputs[EVENT_INPUT] = parsed if isinstance(parsed, str) else json.dumps(parsed)
+        else:
+            inputs[EVENT_INPUT] = parsed
+    for name, path in spec.inputs.items():
+        if name in manifest.inputs:
+            inputs[name] = lookup(parsed, path)
+    return inputs
+
+
+def lookup(value: Any, path: str) -> Any:
+    """The value at a dotted path (keys, or list indexes) of parsed JSON; None if absent."""
+    for part in path.split("."):
+        if isinstance(value, Mapping):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def _ctype(headers: Mapping[str, str]) -> str:
+    return {k.lower(): v for k, v in headers.items()}.get("content-type", "")
+
+
+def _redact_bytes(body: bytes, values: list[str]) -> bytes:
+    for value in values:
+        if value and value.encode() in body:
+            body = body.replace(value.encode(), secrets.REDACTED.encode())
+    return body
+
+
+# -- listing and replaying ---------------------------------------------------------------------
+
+
+def list_deliveries(
+    ctx: Context, *, worker_name: str, cursor: str | None = None, limit: int = 50
+) -> tuple[list[WebhookDelivery], str | None]:
+    """A worker's deliveries, newest first; `cursor` is the last id of the previous page."""
+    workers.get_worker(ctx, name=worker_name)
+    q = (
+        select(WebhookDelivery)
+        .where(WebhookDelivery.worker_name == worker_name)
+        .order_by(col(WebhookDelivery.id).desc())
+        .limit(limit + 1)
+    )
+    if cursor:
+        q = q.where(col(WebhookDelivery.id) < cursor)
+    with session_scope(ctx.engine) as s:
+        rows = list(s.exec(q).all())
+    next_cursor = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def get_delivery(ctx: Context, *, delivery_id: str) -> WebhookDelivery:
+    with session_scope(ctx.engine) as s:
+        delivery = s.get(WebhookDelivery, delivery_id)
+    if delivery is None or not delivery.worker_name:
+        raise NotFound(
+            f"no delivery {delivery_id}", hint="`floom deliveries WORKER` lists a worker's"
+        )
+    return delivery
+
+
+def replay_delivery(
+    ctx: Context, *, delivery_id: str, actor: str | None = None, force: bool = False
+) -> Run:
+    """Run a stored delivery again, as a new run (trigger `replay`) on the active version,
+    with its inputs taken from the stored body by the trigger's current settings."""
+    delivery = get_delivery(ctx, delivery_id=delivery_id)
+    with session_scope(ctx.engine) as s:
+        trigger = s.get(Trigger, delivery.trigger_id) if delivery.trigger_id else None
+    worker = workers.get_worker(ctx, name=delivery.worker_name)
+    if trigger is None:
+        raise NotFound(f"the trigger of delivery {delivery_id} no longer exists")
+    spec = spec_of(trigger)
+    assert isinstance(spec, WebhookSpec | ComposioSpec)
+    inputs = event_inputs(
+        ctx, worker=worker, spec=spec, body=delivery.body, content_type=delivery.content_type
+    )
+
+    def record(s: Session, run: Run) -> None:
+        run.trigger_id = trigger.id
+        row = s.get(WebhookDelivery, delivery.id)
+        if row is not None:
+            row.replay_count += 1
+            s.add(row)
+
+    return runs.create_run(
+        ctx,
+        worker_name=delivery.worker_name,
+        inputs=inputs,
+        trigger="replay",
+        actor=actor,
+        replay_of=delivery.run_id,
+        force=force,
+        in_transaction=record,
+    )
+
+
+def delivery_to_dict(delivery: WebhookDelivery, *, with_body: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": delivery.id,
+        "source": delivery.source,
+        "worker": delivery.worker_name,
+        "trigger_id": delivery.trigger_id,
+        "delivery_id": delivery.delivery_key,
+        "event": delivery.event,
+        "received_at": delivery.received_at,
+        "outcome": delivery.outcome,
+        "message": delivery.message,
+        "run_id": delivery.run_id,
+        "replay_count": delivery.replay_count,
+        "size": len(delivery.body),
+        "content_type": delivery.content_type,
+    }
+    if with_body:
+        body["headers"] = json.loads(delivery.headers_json)
+        body["body"] = delivery.body.decode("utf-8", errors="replace")
+    return body

@@ -1,0 +1,1 @@
+"""Triggers: cron schedules, signed webhooks and Composio events that start runs."""

@@ -1,0 +1,157 @@
+"""Webhook signature checks: Standard Webhooks, GitHub, and floom's own HMAC-SHA256 scheme.
+
+Every check compares in constant time and, where the scheme signs a timestamp, refuses one
+more than five minutes away from now. Each returns the delivery's id: the sender's, or a
+digest of the signature when the sender gives none (a replayed request has the same one).
+
+floom's `hmac-sha256` scheme, for senders that can compute an HMAC but not a whole standard:
+
+    X-Floom-Timestamp: <unix seconds>
+    X-Floom-Signature: sha256=<hex of HMAC-SHA256(secret, "<timestamp>.<raw body>")>
+    X-Floom-Delivery: <optional id; repeats of it are acknowledged and not run again>
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from floom.errors import FloomError
+
+TOLERANCE_SECONDS = 300
+FLOOM_TIMESTAMP = "x-floom-timestamp"
+FLOOM_SIGNATURE = "x-floom-signature"
+FLOOM_DELIVERY = "x-floom-delivery"
+GITHUB_SIGNATURE = "x-hub-signature-256"
+GITHUB_DELIVERY = "x-github-delivery"
+STANDARD_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
+# Never stored with a delivery: they carry credentials or would let it be re-sent as signed.
+CREDENTIAL_WORDS = ("authorization", "cookie", "signature", "token", "secret", "api-key", "apikey")
+
+
+class WebhookUnsigned(FloomError):
+    """The request carries no signature."""
+
+    status = 401
+    code = "webhook_unsigned"
+
+
+class WebhookSignatureInvalid(FloomError):
+    """The request's signature does not match."""
+
+    status = 401
+    code = "webhook_signature_invalid"
+
+
+class WebhookStale(FloomError):
+    """The request's signed timestamp is too far from now."""
+
+    status = 401
+    code = "webhook_stale"
+
+
+def verify(
+    kind: str,
+    *,
+    secret: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    now: datetime | None = None,
+) -> str:
+    """Check the request; return its delivery id or raise one of the errors above."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    if kind == "standard":
+        return verify_standard(secret=secret, headers=lower, body=body)
+    if kind == "github":
+        return _verify_github(secret, lower, body)
+    return _verify_floom(secret, lower, body, now or datetime.now(UTC))
+
+
+def verify_standard(*, secret: str, headers: Mapping[str, str], body: bytes) -> str:
+    lower = {k.lower(): v for k, v in headers.items()}
+    if not all(lower.get(h) for h in STANDARD_HEADERS):
+        raise WebhookUnsigned(
+            "the request is not signed: Standard Webhooks headers "
+            f"{', '.join(STANDARD_HEADERS)} are required",
+            hint="sign it with a Standard Webhooks library and the shared secret",
+        )
+    try:
+        Webhook(secret).verify(body, lower, json_parse=False)
+    except WebhookVerificationError as exc:
+        if "too old" in str(exc) or "too new" in str(exc):
+            raise _stale() from exc
+        raise _mismatch() from exc
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:  # malformed headers or body
+        raise _mismatch() from exc
+    return lower["webhook-id"]
+
+
+def _verify_github(secret: str, headers: Mapping[str, str], body: bytes) -> str:
+    given = headers.get(GITHUB_SIGNATURE, "")
+    if not given:
+        raise WebhookUnsigned(
+            "the request is not signed: X-Hub-Signature-256 is missing",
+            hint="set the webhook's secret in GitHub to the value of the floom secret",
+        )
+    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(expected.encode(), given.strip().encode()):
+        raise _mismatch()
+    return headers.get(GITHUB_DELIVERY) or _digest(given)
+
+
+def _verify_floom(secret: str, headers: Mapping[str, str], body: bytes, now: datetime) -> str:
+    given = headers.get(FLOOM_SIGNATURE, "")
+    stamp = headers.get(FLOOM_TIMESTAMP, "")
+    if not given or not stamp:
+        raise WebhookUnsigned(
+            "the request is not signed: X-Floom-Timestamp and X-Floom-Signature are required",
+            hint='X-Floom-Signature: sha256=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>',
+        )
+    try:
+        sent = int(stamp.strip())
+    except ValueError as exc:
+        raise _mismatch() from exc
+    if abs(now.timestamp() - sent) > TOLERANCE_SECONDS:
+        raise _stale()
+    mac = hmac.new(secret.encode(), f"{sent}.".encode() + body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(f"sha256={mac}".encode(), given.strip().encode()):
+        raise _mismatch()
+    return headers.get(FLOOM_DELIVERY) or _digest(given)
+
+
+def sign_floom(*, secret: str, body: bytes, timestamp: int) -> dict[str, str]:
+    """The headers of a request signed with floom's hmac-sha256 scheme (for senders, tests)."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return {"X-Floom-Timestamp": str(timestamp), "X-Floom-Signature": f"sha256={mac}"}
+
+
+def storable_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The headers worth keeping with a delivery, without any that carry credentials."""
+    return {
+        k.lower(): v
+        for k, v in headers.items()
+        if not any(word in k.lower() for word in CREDENTIAL_WORDS)
+    }
+
+
+def _digest(signature: str) -> str:
+    return "sig-" + hashlib.sha256(signature.strip().encode()).hexdigest()[:40]
+
+
+def _mismatch() -> WebhookSignatureInvalid:
+    return WebhookSignatureInvalid(
+        "the request's signature does not match",
+        hint="sign the raw body with the secret the trigger names; the body must be sent unchanged",
+    )
+
+
+def _stale() -> WebhookStale:
+    return WebhookStale(
+        f"the request's signed timestamp is more than {TOLERANCE_SECONDS // 60} minutes from "
+        "the server's time",
+        hint="send deliveries when they are made, and keep the sender's clock in sync",
+    )

@@ -1,0 +1,126 @@
+"""A local stand-in for the Anthropic Messages API (POST /v1/messages, non-streaming), driven by
+a script of replies, so the real `anthropic` SDK runs against it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+Reply = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
+_ids = itertools.count(1)
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"type": "text", "text": value}
+
+
+def tool_use(name: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"type": "tool_use", "id": f"toolu_{next(_ids):06d}", "name": name,
+            "input": arguments or {}}
+
+
+def reply(*blocks: dict[str, Any], input_tokens: int = 100, output_tokens: int = 20,
+          delay: float = 0.0) -> dict[str, Any]:
+    """One scripted model turn; stop_reason follows from the blocks."""
+    return {"content": list(blocks), "usage": {"input_tokens": input_tokens,
+            "output_tokens": output_tokens}, "delay": delay}
+
+
+class MessagesStandin:
+    """Answers each POST /v1/messages with the next scripted reply and records the request."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.requests: list[dict[str, Any]] = []
+        self.auth_headers: list[str] = []
+        self._script: list[Reply] = []
+        self._lock = threading.Lock()
+        self.url = ""
+
+    def script(self, *replies: Reply) -> None:
+        with self._lock:
+            self._script.extend(replies)
+
+    @property
+    def remaining(self) -> int:
+        with self._lock:
+            return len(self._script)
+
+    def tool_names(self, index: int = -1) -> list[str]:
+        return [t["name"] for t in self.requests[index].get("tools", [])]
+
+    def tool_results(self, index: int = -1) -> list[dict[str, Any]]:
+        """The tool_result blocks of the last user message of request `index`."""
+        content = self.requests[index]["messages"][-1]["content"]
+        return [b for b in content if isinstance(b, dict) and b.get("type") == "tool_result"]
+
+    def _answer(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with self._lock:
+            self.requests.append(body)
+            step = self._script.pop(0) if self._script else None
+        if step is None:
+            return 500, {"type": "error", "error": {"type": "api_error",
+                                                     "message": "stand-in script exhausted"}}
+        planned = step(body) if callable(step) else step
+        if planned.get("delay"):
+            time.sleep(planned["delay"])
+        content = planned["content"]
+        uses_tools = any(b.get("type") == "tool_use" for b in content)
+        return 200, {
+            "id": f"msg_{next(_ids):06d}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": content,
+            "stop_reason": "tool_use" if uses_tools else "end_turn",
+            "stop_sequence": None,
+            "usage": planned["usage"],
+        }
+
+
+@contextmanager
+def messages_standin(key: str) -> Iterator[MessagesStandin]:
+    standin = MessagesStandin(key)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            auth = self.headers.get("x-api-key") or self.headers.get("Authorization") or ""
+            standin.auth_headers.append(auth)
+            if auth not in (key, f"Bearer {key}"):
+                self._send(401, {"type": "error", "error": {
+                    "type": "authentication_error", "message": "invalid x-api-key"}})
+                return
+            if self.path.split("?")[0] != "/v1/messages":
+                self._send(404, {"type": "error", "error": {"type": "not_found_error",
+                                                            "message": self.path}})
+                return
+            self._send(*standin._answer(body))
+
+        def _send(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    standin.url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield standin
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,146 @@
+"""`floom mcp`, spawned as a coding agent would, through the SDK's own stdio client."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client
+
+from floom.services import keys
+from tests.conftest import EXAMPLES, LiveServer, make_worker
+from tests.mcp_support import (
+    CALL_TIMEOUT,
+    FLOOM_TOOLS,
+    call,
+    call_error,
+    stdio_client,
+    stdio_params,
+)
+
+ECHO_YML = """\
+name: echo
+description: Echoes a word.
+inputs:
+  word: {type: string, required: true}
+expose: [mcp]
+"""
+NIGHTLY_YML = """\
+name: nightly
+triggers:
+  - schedule: {cron: "30 2 * * *", timezone: Asia/Tokyo}
+"""
+ECHO_PY = """\
+import json
+word = json.load(open("inputs.json"))["word"]
+json.dump({"outputs": {"echo": word}}, open("result.json", "w"))
+"""
+
+
+def test_without_configuration_it_starts_lists_its_tools_and_each_call_explains_the_setup(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
+    env["FLOOM_DATA_DIR"] = str(tmp_path / "no-server-here")  # so no admin.key is found
+
+    async def session() -> None:
+        async with Client(stdio_params(env), read_timeout_seconds=CALL_TIMEOUT) as mcp:
+            assert FLOOM_TOOLS <= {t.name for t in (await mcp.list_tools()).tools}
+            for tool, args in [
+                ("list_workers", {}),
+                ("run_worker", {"worker": "hello"}),
+                ("deploy_worker", {"folder": str(EXAMPLES / "hello")}),
+            ]:
+                error = await call_error(mcp, tool, **args)
+                assert error["code"] == "not_configured", (tool, error)
+                assert "FLOOM_API_KEY" in error["message"]
+                assert "FLOOM_BASE_URL" in error["message"]
+                assert "floom keys create --scope deploy" in error["hint"]
+                assert "admin.key" in error["hint"]
+
+    anyio.run(session)
+
+
+def test_it_serves_the_same_tools_as_the_endpoint_and_names_unknown_workers(
+    server: LiveServer,
+) -> None:
+    async def session() -> None:
+        async with stdio_client(server) as mcp:
+            assert FLOOM_TOOLS <= {t.name for t in (await mcp.list_tools()).tools}
+            error = await call_error(mcp, "run_worker", worker="nope")
+            assert error["code"] == "not_found" and "nope" in error["message"]
+            error = await call_error(mcp, "get_run_logs", run_id="run_nope")
+            assert error["code"] == "not_found"
+            error = await call_error(mcp, "deploy_worker", folder="/no/such/folder")
+            assert error["code"] == "bundle_invalid" and error["hint"]
+
+    anyio.run(session)
+
+
+def test_the_scope_of_the_configured_key_limits_what_it_can_do(server: LiveServer) -> None:
+    _, read_key = keys.create_key(server.ctx, scopes=["read"], name="reader")
+
+    async def session() -> None:
+        async with stdio_client(server, read_key) as mcp:
+            assert (await call(mcp, "list_workers"))["items"] == []
+            error = await call_error(mcp, "deploy_worker", folder=str(EXAMPLES / "hello"))
+            assert error["code"] == "forbidden" and "'deploy'" in error["message"]
+
+    anyio.run(session)
+
+
+def test_a_handshake_era_client_hears_that_the_tool_list_changed_after_a_deploy(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    folder = make_worker(tmp_path / "echo", ECHO_YML, {"run.py": ECHO_PY})
+    notices: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        method = getattr(message, "method", None)
+        if method:
+            notices.append(method)
+
+    async def session() -> None:
+        async with Client(
+            stdio_params(server.cli_env()),
+            mode="legacy",
+            message_handler=on_message,
+            read_timeout_seconds=CALL_TIMEOUT,
+        ) as mcp:
+            assert mcp.server_capabilities.tools is not None
+            assert mcp.server_capabilities.tools.list_changed is True
+            assert "echo" not in {t.name for t in (await mcp.list_tools()).tools}
+            await call(mcp, "deploy_worker", folder=str(folder))
+            with anyio.fail_after(CALL_TIMEOUT):
+                while "notifications/tools/list_changed" not in notices:
+                    await anyio.sleep(0.05)
+            tools = {t.name: t for t in (await mcp.list_tools()).tools}
+            assert tools["echo"].input_schema["required"] == ["word"]
+            echoed = await call(mcp, "echo", word="floom")
+            assert echoed["outputs"] == {"echo": "floom"}
+
+    anyio.run(session)
+
+
+def test_triggers_with_their_next_fires_and_pausing_go_through_the_rest_api(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    folder = make_worker(tmp_path / "nightly", NIGHTLY_YML, {"run.sh": "echo night\n"})
+
+    async def session() -> None:
+        async with stdio_client(server) as mcp:
+            await call(mcp, "deploy_worker", folder=str(folder))
+            worker = await call(mcp, "get_worker", worker="nightly")
+            (trigger,) = worker["triggers"]
+            assert trigger["kind"] == "schedule"
+            assert [t[-6:] for t in trigger["next_fires"]] == ["+09:00"] * 3
+            paused = await call(mcp, "pause_worker", worker="nightly", trigger=trigger["id"])
+            assert [t["paused"] for t in paused["items"]] == [True]
+            resumed = await call(mcp, "resume_worker", worker="nightly", trigger=trigger["id"])
+            assert [t["paused"] for t in resumed["items"]] == [False]
+            error = await call_error(mcp, "list_triggers", worker="nope")
+            assert error["code"] == "not_found"
+
+    anyio.run(session)
