@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from floom.engine.phases import execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
     claim_next_run,
@@ -20,7 +21,6 @@ from floom.engine.queue import (
     reap_expired_leases,
     renew_leases,
 )
-from floom.engine.phases import execute_phased, is_phased
 from floom.manifest import Manifest
 from floom.sandbox.base import Sandbox, SandboxResult, SandboxSpec
 from floom.services import secrets as secret_service
@@ -49,6 +49,7 @@ class RunLog:
         self._redactor = redactor
         self._pending: list[tuple[str, str, datetime | None]] = []
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._count = 0
         self._max = max_lines
         self.last_stderr = ""
@@ -72,11 +73,14 @@ class RunLog:
                 self.last_stderr = line
 
     def flush(self, ctx: Context) -> None:
-        with self._lock:
-            batch, self._pending = self._pending, []
-        if batch:
-            with session_scope(ctx.engine, write=True) as s:
-                append_events(s, run_id=self.run_id, attempt=self.attempt, lines=batch)
+        # One flush at a time per run: the flusher thread and the run's own final flush
+        # must not interleave, or lines could land after the run's closing event.
+        with self._flush_lock:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if batch:
+                with session_scope(ctx.engine, write=True) as s:
+                    append_events(s, run_id=self.run_id, attempt=self.attempt, lines=batch)
 
 
 class Executor:
@@ -135,12 +139,17 @@ class Executor:
     def _dispatch_loop(self) -> None:
         while not self._stop.is_set():
             try:
-                if self.active_count() < self.slots:
+                if self.active_count() >= self.slots:
+                    # Full: sleep until an attempt ends (it sets the event), not in a spin.
                     self.ctx.run_queued.clear()
-                    run = claim_next_run(self.ctx)
-                    if run is not None:
-                        self._launch(run)
-                        continue
+                    if self.active_count() >= self.slots:
+                        self.ctx.run_queued.wait(self.ctx.settings.poll_interval_seconds)
+                    continue
+                self.ctx.run_queued.clear()
+                run = claim_next_run(self.ctx)
+                if run is not None:
+                    self._launch(run)
+                    continue
                 self.ctx.run_queued.wait(self.ctx.settings.poll_interval_seconds)
             except Exception:  # the loop must survive a database hiccup; it retries
                 log.exception("dispatch failed; retrying")
@@ -149,13 +158,16 @@ class Executor:
     def _heartbeat_loop(self) -> None:
         while not self._stop.wait(self.ctx.settings.heartbeat_seconds):
             with self._active_lock:
-                ids = list(self._active)
+                seen = dict(self._active)
             try:
-                cancel, lost = renew_leases(self.ctx, ids)
+                cancel, lost = renew_leases(self.ctx, list(seen))
             except Exception:  # a missed heartbeat is survivable; the lease has slack
                 log.exception("heartbeat failed")
                 continue
-            self._cancel.update(cancel | lost)
+            with self._active_lock:
+                # Only the attempts this heartbeat looked at: a run that paused for approval
+                # may already run again here as a new attempt, which must not inherit this.
+                self._cancel.update(r for r in cancel | lost if self._active.get(r) is seen[r])
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(LOG_FLUSH_SECONDS):
@@ -188,6 +200,7 @@ class Executor:
         )
         with self._active_lock:
             self._active[run.id] = run_log
+            self._cancel.discard(run.id)
         self._pool.submit(self._run_attempt, run, run_log)
 
     def _should_cancel(self, run_id: str) -> bool:
@@ -216,18 +229,32 @@ class Executor:
             backoff, exponential = 5.0, True
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
         try:
-            run_log.flush(self.ctx)
-            if run.id in self._interrupted and outcome.status == CANCELLED:
-                self._requeue_interrupted(run)
-            else:
-                finish_attempt(
-                    self.ctx, run=run, outcome=outcome, backoff=backoff, exponential=exponential
-                )
+            for tries_left in (2, 1, 0):
+                try:
+                    run_log.flush(self.ctx)
+                    if run.id in self._interrupted and outcome.status == CANCELLED:
+                        self._requeue_interrupted(run)
+                    else:
+                        finish_attempt(
+                            self.ctx,
+                            run=run,
+                            outcome=outcome,
+                            backoff=backoff,
+                            exponential=exponential,
+                        )
+                    break
+                except Exception:  # a store hiccup must not strand the run; retry, then
+                    # leave it to the reaper, which requeues it once the lease expires
+                    log.exception("recording the end of %s failed", run.id)
+                    if tries_left:
+                        self._stop.wait(0.5)
         finally:
             with self._active_lock:
-                self._active.pop(run.id, None)
-            self._cancel.discard(run.id)
-            self.ctx.local_cancels.discard(run.id)
+                # A resumed run may already be back here as a new attempt: leave that one be.
+                if self._active.get(run.id) is run_log:
+                    self._active.pop(run.id, None)
+                    self._cancel.discard(run.id)
+                    self.ctx.local_cancels.discard(run.id)
             self.ctx.run_queued.set()
 
     def _requeue_interrupted(self, run: Run) -> None:

@@ -36,17 +36,24 @@ def claim_next_run(ctx: Context) -> Run | None:
         .where(busy.worker_name == Run.worker_name, busy.status == RUNNING)
         .scalar_subquery()
     )
+    runnable = (
+        Run.status == QUEUED,
+        or_(col(Run.not_before).is_(None), col(Run.not_before) <= now),
+    )
     q = (
         select(Run)
         .where(
-            Run.status == QUEUED,
-            or_(col(Run.not_before).is_(None), col(Run.not_before) <= now),
+            *runnable,
             or_(col(Run.concurrency).is_(None), running_of_worker < col(Run.concurrency)),
         )
         .order_by(col(Run.id))
         .limit(1)
         .with_for_update(skip_locked=True)
     )
+    # A read first: most calls find nothing, and a read takes no write lock on SQLite.
+    with session_scope(ctx.engine) as s:
+        if s.exec(select(Run.id).where(*runnable).limit(1)).first() is None:
+            return None
     with session_scope(ctx.engine, write=True) as s:
         run = s.exec(q).first()
         if run is None:
