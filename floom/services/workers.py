@@ -132,9 +132,18 @@ def list_workers(
     return rows[:limit], next_cursor
 
 
+# Versions never change once stored, so a process may keep the rows it has read.
+_version_cache: dict[tuple[int, str], Version] = {}
+
+
 def get_version(ctx: Context, *, version_id: str, worker_name: str | None = None) -> Version:
-    with session_scope(ctx.engine) as s:
-        version = s.get(Version, version_id)
+    key = (id(ctx.engine), version_id)
+    version = _version_cache.get(key)
+    if version is None:
+        with session_scope(ctx.engine) as s:
+            version = s.get(Version, version_id)
+        if version is not None and len(_version_cache) < 4096:
+            _version_cache[key] = version
     if version is None or (worker_name and version.worker_name != worker_name):
         raise NotFound(
             f"no version {version_id}" + (f" of worker '{worker_name}'" if worker_name else ""),
