@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import Client
 
 from floom.services import keys
@@ -27,6 +28,10 @@ inputs:
   word: {type: string, required: true}
 expose: [mcp]
 """
+# These tests are about the stdio transport: the REST API below it runs on both databases in
+# the other tests, so one database is enough here (each test spawns `floom mcp`).
+ONE_DATABASE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
 NIGHTLY_YML = """\
 name: nightly
 triggers:
@@ -63,6 +68,7 @@ def test_without_configuration_it_starts_lists_its_tools_and_each_call_explains_
     anyio.run(session)
 
 
+@ONE_DATABASE
 def test_it_serves_the_same_tools_as_the_endpoint_and_names_unknown_workers(
     server: LiveServer,
 ) -> None:
@@ -79,6 +85,7 @@ def test_it_serves_the_same_tools_as_the_endpoint_and_names_unknown_workers(
     anyio.run(session)
 
 
+@ONE_DATABASE
 def test_the_scope_of_the_configured_key_limits_what_it_can_do(server: LiveServer) -> None:
     _, read_key = keys.create_key(server.ctx, scopes=["read"], name="reader")
 
@@ -91,6 +98,7 @@ def test_the_scope_of_the_configured_key_limits_what_it_can_do(server: LiveServe
     anyio.run(session)
 
 
+@ONE_DATABASE
 def test_a_handshake_era_client_hears_that_the_tool_list_changed_after_a_deploy(
     server: LiveServer, tmp_path: Path
 ) -> None:
@@ -124,6 +132,7 @@ def test_a_handshake_era_client_hears_that_the_tool_list_changed_after_a_deploy(
     anyio.run(session)
 
 
+@ONE_DATABASE
 def test_triggers_with_their_next_fires_and_pausing_go_through_the_rest_api(
     server: LiveServer, tmp_path: Path
 ) -> None:

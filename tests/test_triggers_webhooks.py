@@ -212,6 +212,29 @@ def test_a_repeated_delivery_id_is_acknowledged_and_not_run_again(
     assert len(api.get("/api/v1/workers/std/deliveries").json()["items"]) == 1
 
 
+def test_a_captured_request_sent_again_under_a_new_delivery_id_is_a_duplicate(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    api.put("/api/v1/secrets/GH_HOOK_SECRET", json={"value": GITHUB_SECRET})
+    deploy_hook(
+        api,
+        tmp_path,
+        "gh",
+        "inputs: {event: object}\ntriggers:\n"
+        "  - webhook: {signature: github, secret: GH_HOOK_SECRET}\n",
+    )
+    body = b'{"zen": "Keep it logically awesome."}'
+    first = hook(server, "/hooks/gh", body, github_headers(body, "guid-a"))
+    # GitHub's delivery id is not signed: a replayed request may carry any id.
+    again = hook(server, "/hooks/gh", body, github_headers(body, "guid-b"))
+    redelivered = hook(server, "/hooks/gh", body, github_headers(body, "guid-a"))
+
+    assert first.status_code == 202
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert redelivered.json()["run_id"] == first.json()["run_id"]
+    assert len(runs_of(api, "gh")) == 1
+
+
 def test_a_stored_delivery_can_be_replayed_as_a_new_run(
     server: LiveServer, api: httpx.Client, tmp_path: Path
 ) -> None:

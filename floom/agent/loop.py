@@ -120,6 +120,9 @@ class AgentLoop:
                 timeout=max(1.0, self.env.remaining()),
             )
         except ProviderError as exc:
+            if self.env.remaining() <= 0:
+                seconds = self.env.manifest.limits.timeout_seconds
+                return self._limit("timeout_seconds", f"{seconds}s of agent time")
             self.checkpoint()
             return Outcome(
                 status=FAILED,

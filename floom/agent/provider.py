@@ -96,7 +96,9 @@ class AnthropicProvider(ModelProvider):
         import anthropic
 
         try:
-            reply = self._client.messages.create(
+            # Retries must fit in the time the run has left.
+            client = self._client.with_options(max_retries=2 if timeout > 60 else 0)
+            reply = client.messages.create(
                 model=model,
                 max_tokens=max_tokens,
                 system=system,

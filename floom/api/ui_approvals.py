@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 
 from floom.api import ui_features
+from floom.api.ui_runs import run_page_with
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render, safe_next
 from floom.errors import FloomError, InvalidRequest
 from floom.services import keys
@@ -85,8 +86,6 @@ async def _decide(
     except FloomError as exc:
         extra = {"decide_error": error_markup(exc), "decide_error_id": approval_id}
         if back.startswith("/runs/"):
-            from floom.api.ui_runs import run_page_with
-
             run_id = back.removeprefix("/runs/").split("?")[0].split("#")[0]
             return await run_in_threadpool(run_page_with, request, ctx, run_id, extra, exc.status)
         return await run_in_threadpool(_inbox, request, ctx, extra, exc.status)

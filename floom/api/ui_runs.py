@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -127,10 +128,12 @@ def run_page(
     return render(request, "run.html", values)
 
 
-async def _act(request: Request, run_id: str, ctx: Context, action: Any) -> Response:
+async def _act(
+    request: Request, run_id: str, ctx: Context, action: Callable[[], Response]
+) -> Response:
     """Run an action of the run page; on a floom error show the page again with it."""
     try:
-        return await run_in_threadpool(action)  # type: ignore[no-any-return]
+        return await run_in_threadpool(action)
     except FloomError as exc:
         extra = {"action_error": error_markup(exc)}
         return await run_in_threadpool(run_page_with, request, ctx, run_id, extra, exc.status)

@@ -103,6 +103,8 @@ def run_text(run: dict[str, Any]) -> str:
         lines.append(f"retry of {run['retry_of']}")
     if status in ACTIVE_STATUSES:
         lines.append(f"still {status}; follow it with watch_run(run_id='{run['id']}')")
+    elif status == "awaiting_approval":
+        lines.append("waits for a person: list_approvals shows it, decide_approval decides it")
     return "\n".join(lines)
 
 

@@ -9,10 +9,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import or_
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from floom.errors import FloomError, InputInvalid, NotFound, PayloadTooLarge, WorkerPaused
+from floom.errors import (
+    Conflict,
+    FloomError,
+    InputInvalid,
+    NotFound,
+    PayloadTooLarge,
+    WorkerPaused,
+)
 from floom.services import runs, secrets, workers
 from floom.services.logs import system_event
 from floom.services.triggers import spec_of
@@ -69,13 +77,14 @@ def receive_webhook(
             hint=f"`floom secrets set {spec.secret}` with the sender's signing secret",
         )
     secret = values[spec.secret]
-    key = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
+    verified = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
     lower = {k.lower(): v for k, v in headers.items()}
     event_name = lower.get("x-github-event") or lower.get("x-floom-event")
     return deliver(
         ctx,
         source="webhook",
-        key=key,
+        key=verified.delivery_id,
+        digest=verified.signature_digest,
         trigger=trigger,
         worker=worker,
         headers=headers,
@@ -105,9 +114,11 @@ def deliver(
     body: bytes,
     event_name: str | None,
     redact: list[str],
+    digest: str | None = None,
 ) -> Received:
-    """Store a verified delivery for one worker and start its run, exactly once per key."""
-    seen = _find(ctx, source=source, worker_name=worker.name, key=key)
+    """Store a verified delivery for one worker and start its run, exactly once per key
+    (and per signature digest, when given)."""
+    seen = _find(ctx, source=source, worker_name=worker.name, key=key, digest=digest)
     if seen is not None:
         return Received(seen, duplicate=True)
     redactor = secrets.Redactor(redact)
@@ -118,6 +129,7 @@ def deliver(
         worker_name=worker.name,
         trigger_id=trigger.id,
         delivery_key=key[:200],
+        signature_digest=digest,
         event=(event_name or "")[:200] or None,
         headers_json=json.dumps(stored_headers, sort_keys=True),
         body=_redact_bytes(body, redact),
@@ -149,7 +161,7 @@ def deliver(
         )
         return Received(delivery)
     except IntegrityError:
-        again = _find(ctx, source=source, worker_name=worker.name, key=key)
+        again = _find(ctx, source=source, worker_name=worker.name, key=key, digest=digest)
         if again is None:
             raise
         return Received(again, duplicate=True)
@@ -195,7 +207,11 @@ def _refused(
             system_event(s, run_id=run.id, attempt=1, message=f"skipped: {message}")
     except IntegrityError:
         again = _find(
-            ctx, source=delivery.source, worker_name=delivery.worker_name, key=delivery.delivery_key
+            ctx,
+            source=delivery.source,
+            worker_name=delivery.worker_name,
+            key=delivery.delivery_key,
+            digest=delivery.signature_digest,
         )
         if again is None:
             raise
@@ -203,13 +219,16 @@ def _refused(
     return Received(delivery, error=error)
 
 
-def _find(ctx: Context, *, source: str, worker_name: str, key: str) -> WebhookDelivery | None:
+def _find(
+    ctx: Context, *, source: str, worker_name: str, key: str, digest: str | None = None
+) -> WebhookDelivery | None:
+    same = col(WebhookDelivery.delivery_key) == key[:200]
+    if digest:
+        same = or_(same, col(WebhookDelivery.signature_digest) == digest)
     with session_scope(ctx.engine) as s:
         return s.exec(
             select(WebhookDelivery).where(
-                WebhookDelivery.source == source,
-                WebhookDelivery.worker_name == worker_name,
-                WebhookDelivery.delivery_key == key[:200],
+                WebhookDelivery.source == source, WebhookDelivery.worker_name == worker_name, same
             )
         ).first()
 
@@ -321,7 +340,7 @@ def list_deliveries(
 def get_delivery(ctx: Context, *, delivery_id: str) -> WebhookDelivery:
     with session_scope(ctx.engine) as s:
         delivery = s.get(WebhookDelivery, delivery_id)
-    if delivery is None or not delivery.worker_name:
+    if delivery is None:
         raise NotFound(
             f"no delivery {delivery_id}", hint="`floom deliveries WORKER` lists a worker's"
         )
@@ -334,6 +353,11 @@ def replay_delivery(
     """Run a stored delivery again, as a new run (trigger `replay`) on the active version,
     with its inputs taken from the stored body by the trigger's current settings."""
     delivery = get_delivery(ctx, delivery_id=delivery_id)
+    if not delivery.worker_name:
+        raise Conflict(
+            f"delivery {delivery_id} matched no worker, so there is nothing to run again",
+            hint="deploy a worker whose composio trigger matches the event, then send it again",
+        )
     with session_scope(ctx.engine) as s:
         trigger = s.get(Trigger, delivery.trigger_id) if delivery.trigger_id else None
     worker = workers.get_worker(ctx, name=delivery.worker_name)

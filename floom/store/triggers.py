@@ -52,12 +52,15 @@ class WebhookDelivery(SQLModel, table=True):
     """A verified delivery, stored without credentials so it can be listed and replayed.
 
     `delivery_key` is the sender's delivery id (or a digest of its signature), unique per
-    source and worker: a delivery seen before is acknowledged and not run again.
+    source and worker: a delivery seen before is acknowledged and not run again. Where the
+    sender's id is not signed, `signature_digest` is unique too, so a captured request sent
+    again under a new id is a duplicate as well.
     """
 
     __tablename__ = "webhook_deliveries"
     __table_args__ = (
         UniqueConstraint("source", "worker_name", "delivery_key"),
+        UniqueConstraint("source", "worker_name", "signature_digest"),
         Index("ix_webhook_deliveries_worker", "worker_name", "id"),
     )
     id: str = Field(primary_key=True, max_length=40)
@@ -65,6 +68,7 @@ class WebhookDelivery(SQLModel, table=True):
     worker_name: str = Field(default="", max_length=63)  # "" for an unmatched Composio event
     trigger_id: str | None = Field(default=None, max_length=40)
     delivery_key: str = Field(max_length=200)
+    signature_digest: str | None = Field(default=None, max_length=64)
     event: str | None = Field(default=None, max_length=200)
     headers_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     body: bytes = Field(default=b"", sa_column=Column(LargeBinary, nullable=False))

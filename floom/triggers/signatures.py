@@ -1,8 +1,10 @@
 """Webhook signature checks: Standard Webhooks, GitHub, and floom's own HMAC-SHA256 scheme.
 
 Every check compares in constant time and, where the scheme signs a timestamp, refuses one
-more than five minutes away from now. Each returns the delivery's id: the sender's, or a
-digest of the signature when the sender gives none (a replayed request has the same one).
+more than five minutes away from now. Each returns the delivery's id (the sender's, or a
+digest of the signature when the sender gives none) and, for schemes whose delivery id is
+not signed, a digest of the signature: a captured request sent again under a new id still
+repeats its signature, so it is recognised as a duplicate.
 
 floom's `hmac-sha256` scheme, for senders that can compute an HMAC but not a whole standard:
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
@@ -54,6 +57,12 @@ class WebhookStale(FloomError):
     code = "webhook_stale"
 
 
+@dataclass(frozen=True)
+class Verified:
+    delivery_id: str
+    signature_digest: str | None = None  # set when the delivery id is not itself signed
+
+
 def verify(
     kind: str,
     *,
@@ -61,11 +70,11 @@ def verify(
     headers: Mapping[str, str],
     body: bytes,
     now: datetime | None = None,
-) -> str:
-    """Check the request; return its delivery id or raise one of the errors above."""
+) -> Verified:
+    """Check the request; return its identity or raise one of the errors above."""
     lower = {k.lower(): v for k, v in headers.items()}
     if kind == "standard":
-        return verify_standard(secret=secret, headers=lower, body=body)
+        return Verified(verify_standard(secret=secret, headers=lower, body=body))
     if kind == "github":
         return _verify_github(secret, lower, body)
     return _verify_floom(secret, lower, body, now or datetime.now(UTC))
@@ -90,7 +99,7 @@ def verify_standard(*, secret: str, headers: Mapping[str, str], body: bytes) -> 
     return lower["webhook-id"]
 
 
-def _verify_github(secret: str, headers: Mapping[str, str], body: bytes) -> str:
+def _verify_github(secret: str, headers: Mapping[str, str], body: bytes) -> Verified:
     given = headers.get(GITHUB_SIGNATURE, "")
     if not given:
         raise WebhookUnsigned(
@@ -100,10 +109,11 @@ def _verify_github(secret: str, headers: Mapping[str, str], body: bytes) -> str:
     expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected.encode(), given.strip().encode()):
         raise _mismatch()
-    return headers.get(GITHUB_DELIVERY) or _digest(given)
+    digest = _digest(given)
+    return Verified(headers.get(GITHUB_DELIVERY) or digest, digest)
 
 
-def _verify_floom(secret: str, headers: Mapping[str, str], body: bytes, now: datetime) -> str:
+def _verify_floom(secret: str, headers: Mapping[str, str], body: bytes, now: datetime) -> Verified:
     given = headers.get(FLOOM_SIGNATURE, "")
     stamp = headers.get(FLOOM_TIMESTAMP, "")
     if not given or not stamp:
@@ -120,7 +130,8 @@ def _verify_floom(secret: str, headers: Mapping[str, str], body: bytes, now: dat
     mac = hmac.new(secret.encode(), f"{sent}.".encode() + body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(f"sha256={mac}".encode(), given.strip().encode()):
         raise _mismatch()
-    return headers.get(FLOOM_DELIVERY) or _digest(given)
+    digest = _digest(given)
+    return Verified(headers.get(FLOOM_DELIVERY) or digest, digest)
 
 
 def sign_floom(*, secret: str, body: bytes, timestamp: int) -> dict[str, str]:
