@@ -451,7 +451,7 @@ def _check_document(doc: Mapping[Any, Any], files: frozenset[str]) -> tuple[dict
 
     check_agent_sections(doc, clean, out)
     if "triggers" in clean:
-        from floom.triggers.spec import check_triggers  # late: it imports this module
+        from floom.triggers.checks import check_triggers  # late: it imports this module
 
         check_triggers(doc["triggers"], clean.get("inputs", {}), str(doc.get("name", "")), out)
     return clean, out

@@ -17,11 +17,11 @@ from floom.store.db import session_scope
 from floom.store.models import Worker, new_id, utcnow
 from floom.store.triggers import Trigger
 from floom.triggers import cron
+from floom.triggers.checks import parse_triggers
 from floom.triggers.spec import (
     ScheduleSpec,
     TriggerSpec,
     WebhookSpec,
-    parse_triggers,
     spec_from_config,
     spec_to_config,
     trigger_key,

@@ -43,6 +43,7 @@ _KEYS = {
     "composio": ("event", "connected_account", "filters", "inputs"),
 }
 
+
 def parse_triggers(manifest: Manifest) -> list[TriggerSpec]:
     """The manifest's triggers as specs; raises ManifestInvalid when one is not valid."""
     from floom.manifest import format_problems
