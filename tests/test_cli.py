@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from floom.cli import mask_password
+from floom.config import mask_password
 from floom.client import ApiError, FloomClient, FollowEvent
 from floom.services import secrets
 from tests.conftest import (

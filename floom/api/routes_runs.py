@@ -36,10 +36,15 @@ class ReplayRequest(BaseModel):
     force: bool = Field(False, description="run even though the worker is paused")
 
 
+_CLIENT_TRIGGERS = {"cli": "manual", "mcp": "mcp"}
+
+
 def surface_trigger(request: Request) -> str:
-    """The trigger a run started here records: `manual` from floom's CLI (which says so in
-    X-Floom-Client), `api` from any other client. No client can claim another trigger."""
-    return "manual" if request.headers.get("x-floom-client", "").lower() == "cli" else "api"
+    """The trigger a run started here records: `manual` from floom's CLI and `mcp` from its
+    stdio MCP server (each says so in X-Floom-Client), `api` from any other client. No
+    client can claim schedule, webhook or another trigger the server alone decides."""
+    client = request.headers.get("x-floom-client", "").lower()
+    return _CLIENT_TRIGGERS.get(client, "api")
 
 
 def _run_body(ctx: Context, run_id: str) -> dict[str, Any]:
