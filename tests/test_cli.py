@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from floom.config import mask_password
 from floom.client import ApiError, FloomClient, FollowEvent
+from floom.config import mask_password
 from floom.services import secrets
 from tests.conftest import (
     EXAMPLES,
