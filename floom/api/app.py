@@ -24,12 +24,12 @@ from floom.api import (
     routes_workers,
     ui,
 )
+from floom.api.mcp_mount import LazyMCPMount
 from floom.bundle import read_folder
 from floom.config import Settings
 from floom.engine.executor import Executor
 from floom.engine.handoff_loop import HandoffLoop
 from floom.errors import FloomError
-from floom.mcp.http import MCPEndpoint
 from floom.sandbox import get_sandbox
 from floom.services import keys, workers
 from floom.services.context import Context
@@ -129,7 +129,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     app.include_router(routes_triggers.router)
     app.include_router(routes_hooks.router)
     ui.install(app)  # the web UI at / (after the API, so /api/v1 routes match first)
-    mcp_endpoint = MCPEndpoint(app, settings)
+    mcp_endpoint = LazyMCPMount(app, settings)
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, Any]:

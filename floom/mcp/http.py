@@ -18,7 +18,6 @@ from mcp.server.transport_security import (
 )
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from floom.api.auth import bearer_token
@@ -92,7 +91,6 @@ class MCPEndpoint:
             transport_security=self.security,
             max_request_body_size=body_limit,
         )
-        app.router.routes.append(Route(PATH, endpoint=_Guard(self), include_in_schema=False))
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -106,6 +104,11 @@ class MCPEndpoint:
             raise Unauthorized("no API key given", hint="send `Authorization: Bearer <key>`")
         base_url = str(request.base_url) if isinstance(request, Request) else ""
         return LocalBackend(self.app.state.ctx, key, base_url=base_url)
+
+
+def guard_for(endpoint: MCPEndpoint) -> _Guard:
+    """The ASGI app that serves /mcp requests for `endpoint` (mounted by floom.api.mcp_mount)."""
+    return _Guard(endpoint)
 
 
 class _Guard:
