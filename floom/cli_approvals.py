@@ -165,7 +165,8 @@ def print_agent_details(r: dict[str, Any]) -> None:
     if usage:
         out.print(
             Text(
-                f"model: {usage['model']}, {usage['iterations']} turns, "
+                f"model: {usage['model']}, {usage['iterations']} turn"
+                f"{'' if usage['iterations'] == 1 else 's'}, "
                 f"{usage['input_tokens']} in + {usage['output_tokens']} out tokens, "
                 f"~${usage['cost_usd']:.4f}"
             )

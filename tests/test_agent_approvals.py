@@ -47,17 +47,23 @@ def test_a_gated_call_pauses_the_run_durably_and_it_resumes_on_a_new_server(
     tmp_path: Path, database_url: str
 ) -> None:
     with messages_standin(MODEL_KEY) as model, echo_service() as echo:
-        with agent_rig(tmp_path / "a", database_url, model=model, echo=echo,
-                       executor_slots=1) as rig:
+        with agent_rig(
+            tmp_path / "a", database_url, model=model, echo=echo, executor_slots=1
+        ) as rig:
             rig.deploy(agent_worker(tmp_path / "poster", POSTER_YML))
-            rig.deploy(make_worker(tmp_path / "quick", "name: quick\n",
-                                   {"run.py": "print('quick', flush=True)\n"}))
+            rig.deploy(
+                make_worker(
+                    tmp_path / "quick", "name: quick\n", {"run.py": "print('quick', flush=True)\n"}
+                )
+            )
             post = {"method": "POST", "url": rig.url("/updates"), "json": {"text": "draft"}}
-            model.script(reply(
-                tool_use("run_command", {"command": "echo kept > note.txt"}),
-                tool_use("write_file", {"path": "draft.md", "content": "the draft"}),
-                tool_use("post_update", post),
-            ))
+            model.script(
+                reply(
+                    tool_use("run_command", {"command": "echo kept > note.txt"}),
+                    tool_use("write_file", {"path": "draft.md", "content": "the draft"}),
+                    tool_use("post_update", post),
+                )
+            )
             run_id = start_run(rig.api, "poster")
             paused = wait_status(rig.api, run_id, {"awaiting_approval"})
 
@@ -74,12 +80,16 @@ def test_a_gated_call_pauses_the_run_durably_and_it_resumes_on_a_new_server(
 
         with agent_rig(tmp_path / "b", database_url, model=model, echo=echo) as rig:
             model.script(
-                reply(tool_use("read_file", {"path": "note.txt"}),
-                      tool_use("read_file", {"path": "output/draft.md"})),
+                reply(
+                    tool_use("read_file", {"path": "note.txt"}),
+                    tool_use("read_file", {"path": "output/draft.md"}),
+                ),
                 reply(tool_use("finish", {"outputs": {}})),
             )
-            decided = rig.api.post(f"/api/v1/approvals/{approval['id']}/approve",
-                                   json={"edited": {"json": {"text": "final"}}})
+            decided = rig.api.post(
+                f"/api/v1/approvals/{approval['id']}/approve",
+                json={"edited": {"json": {"text": "final"}}},
+            )
             assert decided.status_code == 200, decided.text
             run = wait_status(rig.api, run_id)
             lines = log_lines(rig.api, run_id)
@@ -134,8 +144,11 @@ def test_an_agent_run_level_gate_applies_the_edited_outputs_with_apply_only_secr
 ) -> None:
     rig.deploy(agent_worker(tmp_path / "announcer", GATED_YML))
     rig.api.put("/api/v1/secrets/POST_TOKEN", json={"value": "post-token-77"})
-    with_token = {"method": "POST", "url": rig.url("/post"),
-                  "headers": {"X-Token": "${POST_TOKEN}"}}
+    with_token = {
+        "method": "POST",
+        "url": rig.url("/post"),
+        "headers": {"X-Token": "${POST_TOKEN}"},
+    }
     rig.model.script(
         reply(tool_use("http_request", with_token)),
         reply(tool_use("finish", {"outputs": {"title": "proposed"}})),
@@ -151,8 +164,10 @@ def test_an_agent_run_level_gate_applies_the_edited_outputs_with_apply_only_secr
         reply(tool_use("http_request", with_token)),
         reply(tool_use("finish", {"outputs": {"title": "ignored"}})),
     )
-    rig.api.post(f"/api/v1/approvals/{approval['id']}/approve",
-                 json={"edited": {"title": "edited"}, "comment": "shorter"})
+    rig.api.post(
+        f"/api/v1/approvals/{approval['id']}/approve",
+        json={"edited": {"title": "edited"}, "comment": "shorter"},
+    )
     run = wait_status(rig.api, run_id)
 
     assert run["status"] == "succeeded", run
@@ -185,7 +200,9 @@ def test_an_agent_run_level_rejection_ends_the_run_without_asking_the_model_agai
 def test_request_approval_asks_a_person_and_returns_the_decision_with_its_comment(
     rig: AgentRig, tmp_path: Path
 ) -> None:
-    rig.deploy(agent_worker(tmp_path / "asker", "name: asker\ntools: [{builtin: request_approval}]\n"))
+    rig.deploy(
+        agent_worker(tmp_path / "asker", "name: asker\ntools: [{builtin: request_approval}]\n")
+    )
     rig.model.script(reply(tool_use("request_approval", {"question": "Deploy on Friday?"})))
     run_id = start_run(rig.api, "asker")
     approval = wait_status(rig.api, run_id, {"awaiting_approval"})["approvals"][0]
@@ -204,19 +221,30 @@ def test_composio_tools_are_filtered_by_allowed_tools_and_can_require_approval(
     tmp_path: Path, database_url: str
 ) -> None:
     composio_key = "cmp-key-5150"
-    with composio_standin(composio_key) as composio, agent_rig(
-        tmp_path / "data", database_url, composio_api_key=composio_key,
-        composio_base_url=composio["url"],
-    ) as rig:
-        rig.deploy(agent_worker(tmp_path / "mailer", """\
+    with (
+        composio_standin(composio_key) as composio,
+        agent_rig(
+            tmp_path / "data",
+            database_url,
+            composio_api_key=composio_key,
+            composio_base_url=composio["url"],
+        ) as rig,
+    ):
+        rig.deploy(
+            agent_worker(
+                tmp_path / "mailer",
+                """\
 name: mailer
 tools:
   - composio: {app: gmail, allowed_tools: [GMAIL_SEND_EMAIL], approval: always}
-"""))
+""",
+            )
+        )
         email = {"recipient_email": "ada@example.com", "body": "Hi"}
         rig.model.script(
-            reply(tool_use("GMAIL_DELETE_MESSAGE", {"id": "1"}),
-                  tool_use("GMAIL_SEND_EMAIL", email)),
+            reply(
+                tool_use("GMAIL_DELETE_MESSAGE", {"id": "1"}), tool_use("GMAIL_SEND_EMAIL", email)
+            ),
         )
         run_id = start_run(rig.api, "mailer")
         approval_id = wait_status(rig.api, run_id, {"awaiting_approval"})["approvals"][0]["id"]
@@ -228,7 +256,8 @@ tools:
     assert run["status"] == "succeeded", run
     assert rig.model.tool_names(0) == ["GMAIL_SEND_EMAIL", "finish"]
     assert [c["status"] for c in run["tool_calls"]] == ["refused", "ok", "ok"]
-    assert composio["executed"] == [("GMAIL_SEND_EMAIL", {"arguments": email,
-                                                          "user_id": "default"})]
+    assert composio["executed"] == [
+        ("GMAIL_SEND_EMAIL", {"arguments": email, "user_id": "default"})
+    ]
     assert set(composio["keys"]) == {composio_key}
     assert composio_key not in json.dumps(run)

@@ -19,7 +19,9 @@ def rig(tmp_path: Path, database_url: str) -> Iterator[AgentRig]:
 
 
 def _limited(rig: AgentRig, tmp_path: Path, limits: str, tools: str = "[{builtin: recall}]") -> str:
-    rig.deploy(agent_worker(tmp_path / "capped", f"name: capped\nlimits: {limits}\ntools: {tools}\n"))
+    rig.deploy(
+        agent_worker(tmp_path / "capped", f"name: capped\nlimits: {limits}\ntools: {tools}\n")
+    )
     return start_run(rig.api, "capped")
 
 

@@ -18,7 +18,7 @@ from tests.agent_helpers import (
     start_run,
     wait_status,
 )
-from tests.standins.anthropic_api import reply, text, tool_use
+from tests.standins.anthropic_api import failure, reply, text, tool_use
 
 TOKEN = "tok-secret-4242"
 NOTES_YML = """\
@@ -89,7 +89,11 @@ def test_an_agent_uses_its_tools_in_a_loop_and_finishes_with_checked_outputs(
     assert "outputs.count" in calls[4]["error"]
     # The model saw exactly the allowed tools, and each result came back to it.
     assert rig.model.tool_names(0) == [
-        "read_file", "list_files", "write_file", "http_request", "finish"
+        "read_file",
+        "list_files",
+        "write_file",
+        "http_request",
+        "finish",
     ]
     assert rig.model.requests[0]["model"] == "claude-sonnet-4-5"
     assert "Summarise the facts" in rig.model.requests[0]["system"]
@@ -116,8 +120,12 @@ def test_secret_values_are_filled_in_for_the_request_and_redacted_everywhere_aft
 ) -> None:
     _notes(rig, tmp_path)
     rig.model.script(
-        reply(tool_use("http_request", {"url": rig.url("/me"),
-                                        "headers": {"Authorization": "Bearer ${API_TOKEN}"}})),
+        reply(
+            tool_use(
+                "http_request",
+                {"url": rig.url("/me"), "headers": {"Authorization": "Bearer ${API_TOKEN}"}},
+            )
+        ),
         reply(tool_use("finish", {"outputs": {"summary": f"the token is {TOKEN}"}})),
     )
     run_id = start_run(rig.api, "notes", {"topic": "me"})
@@ -182,19 +190,31 @@ def test_private_loopback_and_link_local_addresses_are_refused_after_resolution(
 ) -> None:
     resolve = "metadata.test=169.254.169.254,intranet.test=10.1.2.3,sneaky.test=127.0.0.1"
     with agent_rig(
-        tmp_path / "data", database_url, agent_http_allow_private=False,
+        tmp_path / "data",
+        database_url,
+        agent_http_allow_private=False,
         agent_http_resolve=resolve,
     ) as rig:
-        rig.deploy(agent_worker(tmp_path / "probe", f"""\
+        rig.deploy(
+            agent_worker(
+                tmp_path / "probe",
+                """\
 name: probe
 tools:
   - builtin: http_request
     allow_domains: [localhost, 127.0.0.1, metadata.test, intranet.test, sneaky.test, "::1"]
-"""))
+""",
+            )
+        )
         port = rig.echo["port"]
-        urls = [f"http://localhost:{port}/", f"http://127.0.0.1:{port}/",
-                "http://metadata.test/latest/meta-data", "http://intranet.test/",
-                f"http://sneaky.test:{port}/", f"http://[::1]:{port}/"]
+        urls = [
+            f"http://localhost:{port}/",
+            f"http://127.0.0.1:{port}/",
+            "http://metadata.test/latest/meta-data",
+            "http://intranet.test/",
+            f"http://sneaky.test:{port}/",
+            f"http://[::1]:{port}/",
+        ]
         rig.model.script(
             reply(*[tool_use("http_request", {"url": u}) for u in urls]),
             reply(tool_use("finish", {"outputs": {}})),
@@ -236,3 +256,37 @@ def test_an_agent_that_keeps_talking_without_finishing_is_nudged_then_failed(
     assert run["status"] == "failed"
     assert run["error"]["code"] == "agent_error"
     assert "finish" in rig.model.requests[1]["messages"][-1]["content"]
+
+
+def test_a_failed_model_call_is_retried_from_the_stored_transcript_without_redoing_calls(
+    rig: AgentRig, tmp_path: Path
+) -> None:
+    rig.deploy(
+        agent_worker(
+            tmp_path / "steady",
+            """\
+name: steady
+retries: {count: 1, backoff_seconds: 0}
+limits: {timeout_seconds: 60}
+tools: [{builtin: write_file}, {builtin: read_file}]
+""",
+        )
+    )
+    rig.model.script(
+        reply(tool_use("write_file", {"path": "draft.md", "content": "kept across attempts"})),
+        failure(500, "overloaded"),
+        reply(tool_use("read_file", {"path": "output/draft.md"})),
+        reply(tool_use("finish", {"outputs": {}})),
+    )
+    run = wait_status(rig.api, start_run(rig.api, "steady"))
+
+    assert run["status"] == "succeeded", run
+    assert run["attempt"] == 2
+    assert [(c["tool"], c["attempt"]) for c in run["tool_calls"]] == [
+        ("write_file", 1),
+        ("read_file", 2),
+        ("finish", 2),
+    ]
+    assert run["tool_calls"][1]["result"] == "kept across attempts"
+    assert [a["name"] for a in run["artifacts"]] == ["draft.md"]
+    assert len(rig.model.requests) == 4

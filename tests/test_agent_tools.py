@@ -26,7 +26,10 @@ def test_an_mcp_servers_allowed_tools_are_offered_and_called_with_its_secret(
 ) -> None:
     token = "trk-token-31337"
     with tracker_server(token) as tracker:
-        rig.deploy(agent_worker(tmp_path / "triage", f"""\
+        rig.deploy(
+            agent_worker(
+                tmp_path / "triage",
+                f"""\
 name: triage
 tools:
   - mcp:
@@ -34,11 +37,15 @@ tools:
       url: {tracker["url"]}
       auth_secret: TRACKER_TOKEN
       allowed_tools: [list_issues, create_issue]
-"""))
+""",
+            )
+        )
         rig.api.put("/api/v1/secrets/TRACKER_TOKEN", json={"value": token})
         rig.model.script(
-            reply(tool_use("tracker__list_issues", {"state_filter": "open"}),
-                  tool_use("tracker__delete_issue", {"number": 1})),
+            reply(
+                tool_use("tracker__list_issues", {"state_filter": "open"}),
+                tool_use("tracker__delete_issue", {"number": 1}),
+            ),
             reply(tool_use("finish", {"outputs": {}})),
         )
         run = wait_status(rig.api, start_run(rig.api, "triage"))
@@ -58,11 +65,16 @@ def test_an_unreachable_mcp_server_fails_the_run_with_a_clear_error(
 ) -> None:
     from tests.conftest import free_port
 
-    rig.deploy(agent_worker(tmp_path / "lost", f"""\
+    rig.deploy(
+        agent_worker(
+            tmp_path / "lost",
+            f"""\
 name: lost
 tools:
   - mcp: {{name: gone, url: "http://127.0.0.1:{free_port()}/mcp", allowed_tools: ["*"]}}
-"""))
+""",
+        )
+    )
     run = wait_status(rig.api, start_run(rig.api, "lost"))
 
     assert run["status"] == "failed"
@@ -73,18 +85,32 @@ tools:
 def test_invoke_worker_runs_only_listed_workers_as_linked_child_runs(
     rig: AgentRig, tmp_path: Path
 ) -> None:
-    rig.deploy(make_worker(tmp_path / "doubler", "name: doubler\ninputs: {n: integer}\n", {
-        "run.py": "import json\nn = json.load(open('inputs.json'))['n']\n"
-        "json.dump({'outputs': {'double': n * 2}}, open('result.json', 'w'))\n"}))
+    rig.deploy(
+        make_worker(
+            tmp_path / "doubler",
+            "name: doubler\ninputs: {n: integer}\n",
+            {
+                "run.py": "import json\nn = json.load(open('inputs.json'))['n']\n"
+                "json.dump({'outputs': {'double': n * 2}}, open('result.json', 'w'))\n"
+            },
+        )
+    )
     rig.deploy(make_worker(tmp_path / "other", "name: other\n", {"run.py": "pass\n"}))
-    rig.deploy(agent_worker(tmp_path / "boss", """\
+    rig.deploy(
+        agent_worker(
+            tmp_path / "boss",
+            """\
 name: boss
 calls: [doubler]
 tools: [{builtin: invoke_worker}]
-"""))
+""",
+        )
+    )
     rig.model.script(
-        reply(tool_use("invoke_worker", {"worker": "doubler", "inputs": {"n": 21}}),
-              tool_use("invoke_worker", {"worker": "other"})),
+        reply(
+            tool_use("invoke_worker", {"worker": "doubler", "inputs": {"n": 21}}),
+            tool_use("invoke_worker", {"worker": "other"}),
+        ),
         reply(tool_use("finish", {"outputs": {}})),
     )
     boss_id = start_run(rig.api, "boss")
@@ -103,10 +129,15 @@ tools: [{builtin: invoke_worker}]
 def test_memory_written_by_one_run_is_recalled_by_the_next_with_the_writer(
     rig: AgentRig, tmp_path: Path
 ) -> None:
-    rig.deploy(agent_worker(tmp_path / "keeper", """\
+    rig.deploy(
+        agent_worker(
+            tmp_path / "keeper",
+            """\
 name: keeper
 tools: [{builtin: remember}, {builtin: recall}]
-"""))
+""",
+        )
+    )
     rig.model.script(
         reply(tool_use("remember", {"key": "last_seen", "value": {"issue": 7}})),
         reply(tool_use("finish", {"outputs": {}})),
@@ -120,22 +151,34 @@ tools: [{builtin: remember}, {builtin: recall}]
 
     assert first["status"] == second["status"] == "succeeded"
     value, keys = (json.loads(c["result"]) for c in second["tool_calls"][:2])
-    assert value == {"key": "last_seen", "found": True, "value": {"issue": 7},
-                     "written_by_run": first["id"]}
+    assert value == {
+        "key": "last_seen",
+        "found": True,
+        "value": {"issue": 7},
+        "written_by_run": first["id"],
+    }
     assert keys == {"keys": ["last_seen"]}
 
 
 def test_run_command_runs_in_the_sandbox_with_only_declared_secrets_redacted(
     rig: AgentRig, tmp_path: Path
 ) -> None:
-    rig.deploy(agent_worker(tmp_path / "shell", """\
+    rig.deploy(
+        agent_worker(
+            tmp_path / "shell",
+            """\
 name: shell
 secrets: [SHELL_TOKEN]
 tools: [{builtin: run_command}]
-""", **{"data.txt": "from the version\n"}))
+""",
+            **{"data.txt": "from the version\n"},
+        )
+    )
     rig.api.put("/api/v1/secrets/SHELL_TOKEN", json={"value": "shell-secret-99"})
-    command = ("cat data.txt; echo token=$SHELL_TOKEN; echo key=${FLOOM_ANTHROPIC_API_KEY:-none}"
-               "${ANTHROPIC_API_KEY:-}; echo out > $FLOOM_OUTPUT_DIR/made.txt; hostname")
+    command = (
+        "cat data.txt; echo token=$SHELL_TOKEN; echo key=${FLOOM_ANTHROPIC_API_KEY:-none}"
+        "${ANTHROPIC_API_KEY:-}; echo out > $FLOOM_OUTPUT_DIR/made.txt; hostname"
+    )
     rig.model.script(
         reply(tool_use("run_command", {"command": command})),
         reply(tool_use("finish", {"outputs": {}})),

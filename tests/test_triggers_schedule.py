@@ -18,7 +18,7 @@ from floom.store.db import session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
 from floom.triggers.scheduler import Scheduler
-from tests.conftest import fast_settings, make_worker
+from tests.conftest import fast_settings, make_worker, wait_until
 
 MONDAY = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
 SCRIPT = {"run.py": "print('tick')\n"}
@@ -339,3 +339,21 @@ def test_a_new_schedule_starts_from_now_without_backfill(ctx: Context, tmp_path:
     listed = triggers.trigger_to_dict(ctx, trigger, worker=workers.get_worker(ctx, name="tick"))
     assert listed["timezone"] == "UTC" and len(listed["next_fires"]) == 3
     assert listed["next_fires"][0].endswith("+00:00")
+
+
+def test_the_scheduler_thread_sleeps_until_the_tick_and_fires_it_on_time(
+    ctx: Context, tmp_path: Path
+) -> None:
+    deploy(ctx, tmp_path / "w", ['{cron: "* * * * *"}'])
+    as_if_deployed_at(ctx, MONDAY)
+    tick = MONDAY + timedelta(minutes=1)
+    offset = tick - timedelta(seconds=0.5) - datetime.now(UTC)
+    scheduler = Scheduler(ctx, clock=lambda: datetime.now(UTC) + offset)
+    scheduler.start()
+    try:
+        (run,) = wait_until(lambda: schedule_runs(ctx), timeout=10)
+    finally:
+        scheduler.stop()
+    assert run.scheduled_for == tick
+    assert ctx.run_queued.is_set()  # a local executor is woken at once
+    assert timedelta(0) <= run.created_at + offset - tick < timedelta(seconds=1)

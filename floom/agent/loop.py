@@ -123,13 +123,7 @@ class AgentLoop:
             if self.env.remaining() <= 0:
                 seconds = self.env.manifest.limits.timeout_seconds
                 return self._limit("timeout_seconds", f"{seconds}s of agent time")
-            self.checkpoint()
-            return Outcome(
-                status=FAILED,
-                error_code=exc.code,
-                error_message=exc.message,
-                retryable=exc.retryable,
-            )
+            return self._end(FAILED, exc.code, exc.message, retryable=exc.retryable)
         t.iterations += 1
         t.input_tokens += reply.input_tokens
         t.output_tokens += reply.output_tokens
@@ -390,13 +384,16 @@ class AgentLoop:
     def _cancelled(self) -> Outcome:
         return self._end(CANCELLED, "cancelled", "cancelled")
 
-    def _end(self, status: str, code: str, message: str) -> Outcome:
+    def _end(self, status: str, code: str, message: str, *, retryable: bool = False) -> Outcome:
+        if status in (FAILED, CANCELLED):
+            # A retry, or a run requeued by a node shutdown, resumes with these files.
+            self.t.workspace_digest = workspace.keep(self.env)
         self.checkpoint()
         return Outcome(
             status=status,
             error_code=code,
             error_message=message,
-            retryable=False,
+            retryable=retryable,
             artifacts=workspace.artifacts(self.env),
             sandbox_seconds=self.env.sandbox_seconds,
         )

@@ -71,7 +71,7 @@ def run_agent(
         if transcript is not None:
             agent_runs.restore_artifacts(ctx, run_id=run.id, output_dir=output_dir)
             if transcript.workspace_digest:
-                workspace.restore(ctx, digest=transcript.workspace_digest, workdir=workdir)
+                workspace.restore(ctx, digest=transcript.workspace_digest, base=base)
             run_log.add("system", f"resuming the agent after model turn {transcript.iterations}")
         spent = transcript.active_seconds if transcript else 0.0
         env = AgentEnv(

@@ -16,10 +16,11 @@ if TYPE_CHECKING:
 
 
 def keep(env: AgentEnv) -> str | None:
-    """Store the workspace as a blob; None (with a log line) when it is too large to keep."""
+    """Store the workspace and output dir as a blob; None (with a log line) when too large."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(env.workdir, arcname=".")
+        tar.add(env.workdir, arcname="work")
+        tar.add(env.output_dir, arcname="output")
     data = buf.getvalue()
     limit = env.ctx.settings.max_bundle_bytes
     if len(data) > limit:
@@ -32,12 +33,13 @@ def keep(env: AgentEnv) -> str | None:
     return agent_runs.put_blob(env.ctx, data)
 
 
-def restore(ctx: Context, *, digest: str, workdir: Path) -> bool:
+def restore(ctx: Context, *, digest: str, base: Path) -> bool:
+    """Unpack what `keep` stored into base (holding work/ and output/)."""
     data = agent_runs.get_blob(ctx, digest)
     if data is None:
         return False
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(workdir, filter="data")
+        tar.extractall(base, filter="data")
     return True
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
 
 from floom.errors import LimitExceeded
@@ -37,9 +39,7 @@ def replace_artifacts(
         s.delete(old)
     s.flush()
     for name, data, content_type in artifacts:
-        digest = hashlib.sha256(data).hexdigest()
-        if s.get(Blob, digest) is None:
-            s.add(Blob(digest=digest, size=len(data), data=data))
+        digest = insert_blob(s, data)
         s.add(
             Artifact(
                 run_id=run_id, name=name, size=len(data), digest=digest, content_type=content_type
@@ -66,12 +66,21 @@ def restore_artifacts(ctx: Context, *, run_id: str, output_dir: Path) -> int:
     return count
 
 
-def put_blob(ctx: Context, data: bytes) -> str:
+def insert_blob(s: Session, data: bytes) -> str:
+    """Store content-addressed bytes once, even when another run stores the same bytes in a
+    concurrent transaction (a plain get-then-add collides on PostgreSQL)."""
     digest = hashlib.sha256(data).hexdigest()
-    with session_scope(ctx.engine, write=True) as s:
-        if s.get(Blob, digest) is None:
-            s.add(Blob(digest=digest, size=len(data), data=data))
+    if s.get(Blob, digest) is not None:
+        return digest
+    insert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+    row = {"digest": digest, "size": len(data), "data": data, "created_at": utcnow()}
+    s.execute(insert(Blob).values(**row).on_conflict_do_nothing(index_elements=["digest"]))
     return digest
+
+
+def put_blob(ctx: Context, data: bytes) -> str:
+    with session_scope(ctx.engine, write=True) as s:
+        return insert_blob(s, data)
 
 
 def get_blob(ctx: Context, digest: str) -> bytes | None:

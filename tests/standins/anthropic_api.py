@@ -21,15 +21,28 @@ def text(value: str) -> dict[str, Any]:
 
 
 def tool_use(name: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"type": "tool_use", "id": f"toolu_{next(_ids):06d}", "name": name,
-            "input": arguments or {}}
+    return {
+        "type": "tool_use",
+        "id": f"toolu_{next(_ids):06d}",
+        "name": name,
+        "input": arguments or {},
+    }
 
 
-def reply(*blocks: dict[str, Any], input_tokens: int = 100, output_tokens: int = 20,
-          delay: float = 0.0) -> dict[str, Any]:
+def reply(
+    *blocks: dict[str, Any], input_tokens: int = 100, output_tokens: int = 20, delay: float = 0.0
+) -> dict[str, Any]:
     """One scripted model turn; stop_reason follows from the blocks."""
-    return {"content": list(blocks), "usage": {"input_tokens": input_tokens,
-            "output_tokens": output_tokens}, "delay": delay}
+    return {
+        "content": list(blocks),
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+        "delay": delay,
+    }
+
+
+def failure(status: int = 500, message: str = "overloaded") -> dict[str, Any]:
+    """One scripted turn that fails with an API error."""
+    return {"error_status": status, "message": message}
 
 
 class MessagesStandin:
@@ -65,9 +78,16 @@ class MessagesStandin:
             self.requests.append(body)
             step = self._script.pop(0) if self._script else None
         if step is None:
-            return 500, {"type": "error", "error": {"type": "api_error",
-                                                     "message": "stand-in script exhausted"}}
+            return 500, {
+                "type": "error",
+                "error": {"type": "api_error", "message": "stand-in script exhausted"},
+            }
         planned = step(body) if callable(step) else step
+        if "error_status" in planned:
+            return planned["error_status"], {
+                "type": "error",
+                "error": {"type": "api_error", "message": planned["message"]},
+            }
         if planned.get("delay"):
             time.sleep(planned["delay"])
         content = planned["content"]
@@ -95,12 +115,19 @@ def messages_standin(key: str) -> Iterator[MessagesStandin]:
             auth = self.headers.get("x-api-key") or self.headers.get("Authorization") or ""
             standin.auth_headers.append(auth)
             if auth not in (key, f"Bearer {key}"):
-                self._send(401, {"type": "error", "error": {
-                    "type": "authentication_error", "message": "invalid x-api-key"}})
+                self._send(
+                    401,
+                    {
+                        "type": "error",
+                        "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+                    },
+                )
                 return
             if self.path.split("?")[0] != "/v1/messages":
-                self._send(404, {"type": "error", "error": {"type": "not_found_error",
-                                                            "message": self.path}})
+                self._send(
+                    404,
+                    {"type": "error", "error": {"type": "not_found_error", "message": self.path}},
+                )
                 return
             self._send(*standin._answer(body))
 

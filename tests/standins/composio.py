@@ -60,9 +60,14 @@ def composio_standin(api_key: str) -> Iterator[dict[str, Any]]:
             slug = self.path.rsplit("/", 1)[-1]
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
             state["executed"].append((slug, body))
-            self._send(200, {"successful": True, "error": None,
-                             "data": {"id": "msg-1", "sent_to": body["arguments"].get(
-                                 "recipient_email")}})
+            self._send(
+                200,
+                {
+                    "successful": True,
+                    "error": None,
+                    "data": {"id": "msg-1", "sent_to": body["arguments"].get("recipient_email")},
+                },
+            )
 
         def _send(self, status: int, body: Any) -> None:
             data = json.dumps(body).encode()
