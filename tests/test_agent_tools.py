@@ -192,3 +192,25 @@ tools: [{builtin: run_command}]
     assert "floom" in result.splitlines()[-1]
     assert [a["name"] for a in run["artifacts"]] == ["made.txt"]
     assert "shell-secret-99" not in rig.api.get(f"/api/v1/runs/{run['id']}/logs").text
+
+
+def test_invoke_worker_is_refused_beyond_the_call_depth_limit(
+    tmp_path: Path, database_url: str
+) -> None:
+    with agent_rig(tmp_path / "data", database_url, agent_max_depth=0) as rig:
+        rig.deploy(make_worker(tmp_path / "kid", "name: kid\n", {"run.py": "pass\n"}))
+        rig.deploy(
+            agent_worker(
+                tmp_path / "boss", "name: boss\ncalls: [kid]\ntools: [{builtin: invoke_worker}]\n"
+            )
+        )
+        rig.model.script(
+            reply(tool_use("invoke_worker", {"worker": "kid"})),
+            reply(tool_use("finish", {"outputs": {}})),
+        )
+        run = wait_status(rig.api, start_run(rig.api, "boss"))
+        kids = rig.api.get("/api/v1/runs", params={"worker": "kid"}).json()["items"]
+
+    assert run["status"] == "succeeded"
+    assert "FLOOM_AGENT_MAX_DEPTH" in run["tool_calls"][0]["error"]
+    assert kids == []

@@ -10,11 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.agent_helpers import agent_rig, agent_worker, start_run, wait_status
 from tests.conftest import LiveServer, deploy_folder, make_worker
 from tests.standins.anthropic_api import reply, tool_use
 from tests.test_approvals import MAILER_PY, MAILER_YML
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> str:
+    """The CLI is a client of the REST API: one database kind is enough here."""
+    return f"sqlite:///{tmp_path / 'floom.db'}"
 
 
 def floom(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
@@ -104,3 +111,21 @@ def test_show_prints_an_agent_runs_tool_calls_usage_and_approvals(
     assert "remember" in shown.stdout and "request_approval" in shown.stdout
     assert "model: claude-sonnet-4-5, 1 turn, 100 in + 20 out tokens" in shown.stdout
     assert "approval apr_" in shown.stdout and "pending" in shown.stdout
+
+
+def test_run_wait_shows_the_agents_tool_calls_as_they_happen(
+    tmp_path: Path, database_url: str
+) -> None:
+    with agent_rig(tmp_path / "data", database_url) as rig:
+        rig.deploy(
+            agent_worker(tmp_path / "keeper", "name: keeper\ntools: [{builtin: remember}]\n")
+        )
+        rig.model.script(
+            reply(tool_use("remember", {"key": "k", "value": 1})),
+            reply(tool_use("finish", {"outputs": {"note": "done"}})),
+        )
+        waited = floom(rig.server, "run", "keeper", "--wait")
+
+    assert waited.returncode == 0, waited.stderr
+    assert 'tool remember {"key": "k", "value": 1} -> ok' in waited.stdout
+    assert "succeeded" in waited.stdout and "note: done" in waited.stdout

@@ -96,6 +96,8 @@ def test_refusals_come_in_floom_s_error_shape_and_change_nothing(
     assert error["hint"]
 
     assert alice.post("/api/v1/roles", json={"name": "boss"}).status_code == 403
+    reserved = api.post("/api/v1/agents", json={"label": "worker:critic", "roles": []})
+    assert reserved.status_code == 400  # floom's own agents for workers' handoff triggers
     plain = _ok(api.post("/api/v1/keys", json={"scopes": ["run"]}), 201)["key"]
     with server.client(plain) as outsider:
         refused = outsider.post(JOBS, json={"summary": "x", "role": "coder"})

@@ -188,6 +188,12 @@ def _http_request(spec: ToolSpec, env: AgentEnv) -> Any:
         allow_private=settings.agent_http_allow_private,
         resolve=netguard.parse_resolve(settings.agent_http_resolve),
     )
+    if policy.allow_private or policy.resolve:
+        env.run_log.add(
+            "system",
+            "warning: FLOOM_AGENT_HTTP_ALLOW_PRIVATE or FLOOM_AGENT_HTTP_RESOLVE is set: "
+            "http_request address checks are relaxed (meant for tests only)",
+        )
 
     def run(args: dict[str, Any]) -> str:
         url = require_str(args, "url")

@@ -109,15 +109,31 @@ def request(
         raise ToolError(
             f"method {method} is not allowed for this tool; allowed: {', '.join(policy.methods)}"
         )
-    with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
-        for _ in range(MAX_REDIRECTS + 1):
+    for _ in range(MAX_REDIRECTS + 1):
+        # A client per hop: a pooled connection is bound to the name it was checked for.
+        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
             reply, location = _one_hop(client, method, url, headers, content, policy)
-            if location is None:
-                return reply
-            url = urljoin(url, location)
-            if reply.status == 303 or (reply.status in (301, 302) and method == "POST"):
-                method, content = "GET", None
-        raise ToolError(f"more than {MAX_REDIRECTS} redirects")
+        if location is None:
+            return reply
+        target = urljoin(url, location)
+        if _origin(target) != _origin(url):
+            # Like browsers: credentials are not handed to another origin.
+            headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS}
+        url = target
+        if reply.status == 303 or (reply.status in (301, 302) and method == "POST"):
+            method, content = "GET", None
+    raise ToolError(f"more than {MAX_REDIRECTS} redirects")
+
+
+_CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return ("", url, None)
+    return (parsed.scheme, parsed.host, parsed.port)
 
 
 def _one_hop(
