@@ -556,3 +556,13 @@ def test_the_json_schema_describes_worker_yml() -> None:
     assert "name" in schema["properties"]
     assert schema["required"] == ["name"]
     json.dumps(schema)
+
+
+def test_a_handoff_trigger_without_a_role_is_refused_with_its_path() -> None:
+    _, problems = check_manifest(
+        "name: rev\ntriggers:\n  - handoff: {}\n  - handoff: {role: reviewer, colour: red}\n",
+        ["run.py"],
+    )
+    paths = {p.path for p in problems}
+    assert "triggers[0].handoff.role" in paths
+    assert "triggers[1].handoff.colour" in paths

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -14,8 +13,9 @@ from sqlmodel import col, select
 
 from floom.services.logs import system_event
 from floom.services.runs import CANCELLED, FAILED, QUEUED, RUNNING, TIMED_OUT
+from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
-from floom.store.models import Artifact, Blob, Run, utcnow
+from floom.store.models import Artifact, Run, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -149,9 +149,7 @@ def finish_attempt(
         else:
             s.flush()
             for name, data, content_type in outcome.artifacts:
-                digest = hashlib.sha256(data).hexdigest()
-                if s.get(Blob, digest) is None:
-                    s.add(Blob(digest=digest, size=len(data), data=data))
+                digest = insert_blob(s, data)
                 s.add(
                     Artifact(
                         run_id=run.id,

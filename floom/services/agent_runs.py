@@ -3,7 +3,6 @@ artifacts a paused run keeps. Callers pass values already redacted."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -11,12 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlmodel import Session, col, select
 
 from floom.errors import LimitExceeded
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
+from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, new_id, utcnow
 
@@ -64,18 +62,6 @@ def restore_artifacts(ctx: Context, *, run_id: str, output_dir: Path) -> int:
             target.write_bytes(blob.data)
             count += 1
     return count
-
-
-def insert_blob(s: Session, data: bytes) -> str:
-    """Store content-addressed bytes once, even when another run stores the same bytes in a
-    concurrent transaction (a plain get-then-add collides on PostgreSQL)."""
-    digest = hashlib.sha256(data).hexdigest()
-    if s.get(Blob, digest) is not None:
-        return digest
-    insert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
-    row = {"digest": digest, "size": len(data), "data": data, "created_at": utcnow()}
-    s.execute(insert(Blob).values(**row).on_conflict_do_nothing(index_elements=["digest"]))
-    return digest
 
 
 def put_blob(ctx: Context, data: bytes) -> str:

@@ -13,6 +13,7 @@ from floom.bundle import Bundle, read_archive
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.manifest import Manifest, Problem, check_manifest, parse_manifest
 from floom.services.triggers import sync_triggers
+from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Blob, Run, Version, Worker, utcnow
 
@@ -71,7 +72,7 @@ def deploy(ctx: Context, *, archive: bytes, actor: str | None = None) -> DeployR
         ).first()
         created = version is None
         if version is None:
-            _put_blob(s, digest, normalised)
+            insert_blob(s, normalised, digest=digest)
             version = Version(
                 id=f"v{digest[:12]}",
                 worker_name=manifest.name,
@@ -93,11 +94,6 @@ def deploy(ctx: Context, *, archive: bytes, actor: str | None = None) -> DeployR
         s.add(worker)
         sync_triggers(s, worker_name=manifest.name, manifest=manifest)
     return DeployResult(worker=worker, version=version, created=created, activated=activated)
-
-
-def _put_blob(s: Session, digest: str, data: bytes) -> None:
-    if s.get(Blob, digest) is None:
-        s.add(Blob(digest=digest, size=len(data), data=data))
 
 
 def get_worker(ctx: Context, *, name: str) -> Worker:

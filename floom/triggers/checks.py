@@ -114,7 +114,7 @@ def _check_one(
     out: list[Problem],
 ) -> TriggerSpec | None:
     if kind == "handoff":
-        return HandoffSpec(settings=settings)
+        return _check_handoff(settings, path, out)
     allowed = _KEYS[kind]
     for key in settings:
         if key not in allowed:
@@ -135,6 +135,23 @@ def _check_one(
             )
         return _check_webhook(settings, path, inputs, out)
     return _check_composio(settings, path, inputs, out)
+
+
+def _check_handoff(settings: dict[str, Any], path: str, out: list[Problem]) -> HandoffSpec | None:
+    role = settings.get("role")
+    for key in settings:
+        if key != "role":
+            out.append(_problem(f"{path}.{key}", f"unknown setting '{key}'", "handoff takes role"))
+    if not isinstance(role, str) or not role.strip():
+        out.append(
+            _problem(
+                f"{path}.role",
+                "a handoff trigger needs the role whose jobs this worker takes",
+                "e.g. `- handoff: {role: reviewer}`",
+            )
+        )
+        return None
+    return HandoffSpec(settings={"role": role.strip()})
 
 
 def _check_schedule(
