@@ -87,8 +87,15 @@ class HandoffClient:
         body = self._drop_none(lease_seconds=lease_seconds)
         return self._call("POST", f"{JOBS}/{_path(job_id)}/heartbeat", json=body)
 
-    def set_status(self, job_id: str, status: str, *, reason: str | None = None) -> JSON:
-        body = self._drop_none(status=status, reason=reason)
+    def set_status(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> JSON:
+        body = self._drop_none(status=status, reason=reason, lease_seconds=lease_seconds)
         return self._call("POST", f"{JOBS}/{_path(job_id)}/status", json=body)
 
     def complete(

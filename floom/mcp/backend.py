@@ -145,3 +145,99 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def delete_secret(self, name: str) -> JSON:
         """{"name", "deleted": true}."""
+
+    # -- handoffs (jobs between agents, by role) -------------------------------------------------
+    # The caller acts as its key's agent, whose roles are read on every call. A job the caller
+    # may not see raises code "not_found"; a move the transition table refuses raises
+    # "illegal_transition" (or "forbidden") with the allowed moves in the details.
+
+    @abc.abstractmethod
+    def handoff_my_roles(self) -> JSON:
+        """{"agent": {"id", "label"} or None, "admin", "roles": [name]}, as they are now."""
+
+    @abc.abstractmethod
+    def handoff_list_jobs(
+        self,
+        *,
+        status: list[str] | None = None,
+        role: str | None = None,
+        assignee: str | None = None,
+        source: str | None = None,
+        my_roles: bool = False,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
+        """{"items": [job], "next_cursor"}: the jobs the caller may see, newest first."""
+
+    @abc.abstractmethod
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+        """One job; with `events`, its audit trail (oldest first) in "events"."""
+
+    @abc.abstractmethod
+    def handoff_create_job(
+        self,
+        *,
+        summary: str,
+        role: str,
+        context: JSON | None = None,
+        constraints: list[str] | None = None,
+        artifacts: list[JSON] | None = None,
+        priority: str = "normal",
+        blocked_by: list[str] | None = None,
+        routing: list[JSON] | None = None,
+        idempotency_key: str | None = None,
+    ) -> JSON:
+        """The published (or pending) job; a repeated idempotency key returns the first job
+        with "replayed": true and creates nothing."""
+
+    @abc.abstractmethod
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        """The job, now held by the caller until its lease runs out."""
+
+    @abc.abstractmethod
+    def handoff_claim_next_job(
+        self, *, role: str | None = None, lease_seconds: float | None = None
+    ) -> JSON:
+        """{"job": the claimed job, or None when no published job of the caller's roles waits}."""
+
+    @abc.abstractmethod
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        """{"id", "status", "lease_expires_at"} after extending the caller's lease."""
+
+    @abc.abstractmethod
+    def handoff_set_status(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> JSON:
+        """The job after the move (block, unblock, release, fail, cancel, claim, complete)."""
+
+    @abc.abstractmethod
+    def handoff_update_job(
+        self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
+    ) -> JSON:
+        """The job with its context and/or constraints replaced."""
+
+    @abc.abstractmethod
+    def handoff_complete_job(
+        self,
+        job_id: str,
+        *,
+        summary: str = "",
+        data: JSON | None = None,
+        artifacts: list[JSON] | None = None,
+    ) -> JSON:
+        """The completed job (follow-ons and dependents are published in the same step)."""
+
+    @abc.abstractmethod
+    def handoff_reject_job(
+        self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
+    ) -> JSON:
+        """The retry job, linked to the rejected one by "retry_of"."""
+
+    @abc.abstractmethod
+    def handoff_reopen_context(self, job_id: str) -> JSON:
+        """The focused context of a retry: summary, constraints, rejections, attempt."""

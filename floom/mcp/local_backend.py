@@ -11,7 +11,20 @@ from pydantic_core import to_jsonable_python
 
 from floom.errors import Conflict
 from floom.mcp.backend import JSON, Backend
-from floom.services import agent_runs, approvals, keys, logs, runs, secrets, triggers, workers
+from floom.services import (
+    agent_runs,
+    approvals,
+    handoff_agents,
+    handoff_flow,
+    handoff_review,
+    handoffs,
+    keys,
+    logs,
+    runs,
+    secrets,
+    triggers,
+    workers,
+)
 from floom.services.context import Context
 from floom.store.models import ApiKey, Worker
 
@@ -260,3 +273,123 @@ class LocalBackend(Backend):
     def delete_secret(self, name: str) -> JSON:
         secrets.delete_secret(self._need("deploy"), name=name)
         return {"name": name, "deleted": True}
+
+    # -- handoffs: the key is the actor; the services apply visibility and the table -----------
+
+    def handoff_my_roles(self) -> JSON:
+        return _jsonable(handoff_agents.my_roles(self._need("read"), actor=self.key))
+
+    def handoff_list_jobs(
+        self,
+        *,
+        status: list[str] | None = None,
+        role: str | None = None,
+        assignee: str | None = None,
+        source: str | None = None,
+        my_roles: bool = False,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
+        items, next_cursor = handoffs.list_jobs(
+            self._need("read"),
+            actor=self.key,
+            status=status,
+            role=role,
+            assignee=assignee,
+            source=source,
+            my_roles=my_roles,
+            cursor=cursor,
+            limit=limit,
+        )
+        return _jsonable({"items": items, "next_cursor": next_cursor})
+
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+        ctx = self._need("read")
+        return _jsonable(handoffs.get_job(ctx, actor=self.key, job_id=job_id, events=events))
+
+    def handoff_create_job(self, **spec: Any) -> JSON:
+        return _jsonable(handoffs.create_job(self._need("run"), actor=self.key, **spec))
+
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        ctx = self._need("run")
+        job = handoff_flow.claim(ctx, actor=self.key, job_id=job_id, lease_seconds=lease_seconds)
+        return _jsonable(job)
+
+    def handoff_claim_next_job(
+        self, *, role: str | None = None, lease_seconds: float | None = None
+    ) -> JSON:
+        ctx = self._need("run")
+        job = handoff_flow.claim_next(ctx, actor=self.key, role=role, lease_seconds=lease_seconds)
+        return _jsonable({"job": job})
+
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        ctx = self._need("run")
+        body = handoff_flow.heartbeat(
+            ctx, actor=self.key, job_id=job_id, lease_seconds=lease_seconds
+        )
+        return _jsonable(body)
+
+    def handoff_set_status(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> JSON:
+        job = handoff_flow.set_status(
+            self._need("run"),
+            actor=self.key,
+            job_id=job_id,
+            status=status,
+            reason=reason,
+            lease_seconds=lease_seconds,
+        )
+        return _jsonable(job)
+
+    def handoff_update_job(
+        self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
+    ) -> JSON:
+        job = handoffs.update_job(
+            self._need("run"),
+            actor=self.key,
+            job_id=job_id,
+            context=context,
+            constraints=constraints,
+        )
+        return _jsonable(job)
+
+    def handoff_complete_job(
+        self,
+        job_id: str,
+        *,
+        summary: str = "",
+        data: JSON | None = None,
+        artifacts: list[JSON] | None = None,
+    ) -> JSON:
+        job = handoff_flow.complete(
+            self._need("run"),
+            actor=self.key,
+            job_id=job_id,
+            summary=summary,
+            data=data,
+            artifacts=artifacts,
+        )
+        return _jsonable(job)
+
+    def handoff_reject_job(
+        self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
+    ) -> JSON:
+        retry = handoff_review.reject(
+            self._need("run"),
+            actor=self.key,
+            job_id=job_id,
+            reason=reason,
+            role=role,
+            priority=priority,
+        )
+        return _jsonable(retry)
+
+    def handoff_reopen_context(self, job_id: str) -> JSON:
+        ctx = self._need("read")
+        return _jsonable(handoff_review.reopen_context(ctx, actor=self.key, job_id=job_id))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from floom.client import ApiError, FloomClient
+from floom.handoff_client import HandoffClient
 from floom.mcp.backend import JSON, Backend, NotAvailable
 
 SETUP_HINT = (
@@ -34,6 +37,7 @@ class RestBackend(Backend):
     def __init__(self, client: FloomClient | None) -> None:
         self._client = client
         self._paths: set[str] | None = None
+        self._handoffs: HandoffClient | None = None
 
     @property
     def client(self) -> FloomClient:
@@ -155,3 +159,86 @@ class RestBackend(Backend):
 
     def delete_secret(self, name: str) -> JSON:
         return self.client.delete_secret(name)
+
+    # -- handoffs ------------------------------------------------------------------------------
+
+    @property
+    def handoffs(self) -> HandoffClient:
+        self._offers("/api/v1/handoffs/jobs", "handoffs")
+        if self._handoffs is None:
+            self._handoffs = HandoffClient(self.client)
+        return self._handoffs
+
+    def handoff_my_roles(self) -> JSON:
+        return self.handoffs.whoami()
+
+    def handoff_list_jobs(
+        self,
+        *,
+        status: list[str] | None = None,
+        role: str | None = None,
+        assignee: str | None = None,
+        source: str | None = None,
+        my_roles: bool = False,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
+        return self.handoffs.list_jobs(
+            status=",".join(status) if status else None,
+            role=role,
+            assignee=assignee,
+            source=source,
+            my_roles=my_roles or None,
+            cursor=cursor,
+            limit=limit,
+        )
+
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+        return self.handoffs.get_job(job_id, events=events)
+
+    def handoff_create_job(self, **spec: Any) -> JSON:
+        return self.handoffs.create_job(**spec)
+
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        return self.handoffs.claim(job_id, lease_seconds=lease_seconds)
+
+    def handoff_claim_next_job(
+        self, *, role: str | None = None, lease_seconds: float | None = None
+    ) -> JSON:
+        return self.handoffs.claim_next(role=role, lease_seconds=lease_seconds)
+
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        return self.handoffs.heartbeat(job_id, lease_seconds=lease_seconds)
+
+    def handoff_set_status(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> JSON:
+        return self.handoffs.set_status(job_id, status, reason=reason, lease_seconds=lease_seconds)
+
+    def handoff_update_job(
+        self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
+    ) -> JSON:
+        return self.handoffs.update_job(job_id, context=context, constraints=constraints)
+
+    def handoff_complete_job(
+        self,
+        job_id: str,
+        *,
+        summary: str = "",
+        data: JSON | None = None,
+        artifacts: list[JSON] | None = None,
+    ) -> JSON:
+        return self.handoffs.complete(job_id, summary=summary, data=data, artifacts=artifacts)
+
+    def handoff_reject_job(
+        self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
+    ) -> JSON:
+        return self.handoffs.reject(job_id, reason=reason, role=role, priority=priority)
+
+    def handoff_reopen_context(self, job_id: str) -> JSON:
+        return self.handoffs.reopen_context(job_id)

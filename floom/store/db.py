@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, SQLModel, create_engine
+from sqlmodel import Session, create_engine
 
 from floom.store import agents as _agent_tables  # noqa: F401 - registers the tables
 from floom.store import handoffs as _handoff_tables  # noqa: F401 - registers the tables
@@ -53,7 +53,10 @@ def is_postgres(engine: Engine) -> bool:
 
 
 def create_schema(engine: Engine) -> None:
-    SQLModel.metadata.create_all(engine)
+    """Bring the database to the current schema through floom's migrations."""
+    from floom.store.migrate import migrate
+
+    migrate(engine)
 
 
 @contextmanager
