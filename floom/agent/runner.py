@@ -4,7 +4,6 @@ assemble the allowed tools, then hand over to the loop (a new transcript or the 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from typing import TYPE_CHECKING
 
@@ -15,6 +14,7 @@ from floom.agent.provider import KEY_SETTING, AnthropicProvider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
 from floom.agent.spec import ToolSpec, tool_specs
 from floom.agent.tools import Tool, Toolbox
+from floom.engine.cleanup import discard_later
 from floom.engine.phases import missing_secret_outcome
 from floom.engine.queue import Outcome
 from floom.services import agent_runs
@@ -102,7 +102,7 @@ def run_agent(
         outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds
         return outcome
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        discard_later(base)
 
 
 def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> Toolbox:

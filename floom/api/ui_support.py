@@ -61,6 +61,11 @@ STATUS_MARKS = {
     "input_invalid": "✗",
     "start_failed": "✗",
     "unmatched": "»",
+    # handoff jobs
+    "published": "○",
+    "in_progress": "▶",
+    "blocked": "■",
+    "completed": "✓",
 }
 
 

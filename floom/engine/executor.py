@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from floom.engine.cleanup import discard_later
 from floom.engine.phases import execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
@@ -71,6 +72,13 @@ class RunLog:
             self._pending.append((stream, line, utcnow()))
             if stream == "stderr" and line.strip():
                 self.last_stderr = line
+
+    def drain(self) -> list[tuple[str, str, datetime | None]]:
+        """Take every pending line, after any flush in progress has been written, so the
+        caller can store them in the same transaction as the run's end."""
+        with self._flush_lock, self._lock:
+            batch, self._pending = self._pending, []
+        return batch
 
     def flush(self, ctx: Context) -> None:
         # One flush at a time per run: the flusher thread and the run's own final flush
@@ -229,11 +237,11 @@ class Executor:
             backoff, exponential = 5.0, True
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
         try:
+            lines = run_log.drain()
             for tries_left in (2, 1, 0):
                 try:
-                    run_log.flush(self.ctx)
                     if run.id in self._interrupted and outcome.status == CANCELLED:
-                        self._requeue_interrupted(run)
+                        self._requeue_interrupted(run, lines)
                     else:
                         finish_attempt(
                             self.ctx,
@@ -241,6 +249,7 @@ class Executor:
                             outcome=outcome,
                             backoff=backoff,
                             exponential=exponential,
+                            log_lines=lines,
                         )
                     break
                 except Exception:  # a store hiccup must not strand the run; retry, then
@@ -257,8 +266,12 @@ class Executor:
                     self.ctx.local_cancels.discard(run.id)
             self.ctx.run_queued.set()
 
-    def _requeue_interrupted(self, run: Run) -> None:
+    def _requeue_interrupted(
+        self, run: Run, lines: list[tuple[str, str, datetime | None]]
+    ) -> None:
         with session_scope(self.ctx.engine, write=True) as s:
+            if lines:
+                append_events(s, run_id=run.id, attempt=run.attempt, lines=lines)
             current = s.get(Run, run.id)
             if current is None or current.status != RUNNING or current.cancel_requested:
                 return
@@ -325,7 +338,7 @@ class Executor:
                 outcome.error_message = redactor.text(outcome.error_message)
             return outcome
         finally:
-            shutil.rmtree(base, ignore_errors=True)
+            discard_later(base)
 
     def _prepare(self, version: Version, workdir: Path, output_dir: Path, run: Run) -> None:
         source = self._version_files(version)

@@ -4,7 +4,6 @@ run-level approval (propose, wait for a person, then apply)."""
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
 
+from floom.engine.cleanup import discard_later
 from floom.engine.queue import Outcome
 from floom.sandbox.base import SandboxSpec
 from floom.services import secrets as secret_service
@@ -141,7 +141,7 @@ def _gated_script(
             status=CANCELLED, error_code="cancelled", error_message="cancelled", retryable=False
         )
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        discard_later(base)
 
 
 def _pin_outputs(path: Path, outputs: dict[str, Any]) -> None:

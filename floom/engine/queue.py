@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, or_
 from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
-from floom.services.logs import system_event
+from floom.services.logs import append_events, system_event
 from floom.services.runs import CANCELLED, FAILED, QUEUED, RUNNING, TIMED_OUT
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
@@ -110,15 +111,25 @@ class Outcome:
 
 
 def finish_attempt(
-    ctx: Context, *, run: Run, outcome: Outcome, backoff: float, exponential: bool = True
+    ctx: Context,
+    *,
+    run: Run,
+    outcome: Outcome,
+    backoff: float,
+    exponential: bool = True,
+    log_lines: Sequence[tuple[str, str, datetime | None]] = (),
 ) -> str:
     """Record an attempt's end; a retryable failure with attempts left is queued again.
 
-    Returns the run's new status. If this node no longer holds the run (the reaper took it
-    after a lost lease), nothing is written and the status found is returned.
+    `log_lines` are the attempt's last unwritten lines; they are stored first, in the same
+    transaction. Returns the run's new status. If this node no longer holds the run (the
+    reaper took it after a lost lease), only the lines are written and the status found is
+    returned.
     """
     now = utcnow()
     with session_scope(ctx.engine, write=True) as s:
+        if log_lines:
+            append_events(s, run_id=run.id, attempt=run.attempt, lines=log_lines)
         current = s.get(Run, run.id, with_for_update=True)
         if current is None or current.status != RUNNING or current.lease_owner != ctx.node_id:
             return current.status if current else CANCELLED

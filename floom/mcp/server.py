@@ -38,7 +38,9 @@ INSTRUCTIONS = """\
 floom runs background AI workers. A worker is a folder with worker.yml and a script (run.py,
 run.sh, ...) or SKILL.md. Typical session: validate_worker, deploy_worker, run_worker (with
 wait_seconds for short runs), watch_run or get_run_logs, list_runs to find failures,
-replay_run, rollback_worker. Errors carry a code and a hint saying how to fix them."""
+replay_run, rollback_worker. Agents hand work to each other by role with the handoff_*
+tools: handoff_my_roles, handoff_claim_next_job, handoff_complete_job, handoff_reject_job,
+handoff_reopen_context. Errors carry a code and a hint saying how to fix them."""
 MANIFEST_URI = "floom://workers/{name}/manifest"
 LOGS_URI = "floom://runs/{run_id}/logs"
 MAX_LEGACY_SESSIONS = 256

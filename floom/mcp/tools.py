@@ -13,6 +13,7 @@ from pydantic import Field
 from floom.errors import FloomError
 from floom.mcp.backend import NotAvailable
 from floom.mcp.catalog import ExposedWorker
+from floom.mcp.handoff_tools import HANDOFF_TOOLS
 from floom.mcp.render import (
     ACTIVE_STATUSES,
     Reply,
@@ -436,5 +437,6 @@ TOOLS: tuple[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations], .
     (list_secrets, READ),
     (set_secret, WRITE),
     (delete_secret, DESTRUCTIVE),
+    *HANDOFF_TOOLS,
 )
 TOOL_NAMES = frozenset(fn.__name__ for fn, _ in TOOLS)

@@ -1,0 +1,347 @@
+"""floom's handoff tools over MCP: agents publish, claim, finish and review jobs by role.
+
+Written once against the Backend interface, like the other tools; the caller acts as its
+key's agent, and its roles are read on every call, so a role granted or retired mid-session
+counts on the next call. Role names are plain strings in the schemas for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context
+from mcp_types import CallToolResult, ToolAnnotations
+from pydantic import Field
+
+from floom.mcp.render import MAX_TEXT_ITEMS, Reply, short
+from floom.mcp.toolkit import backend_of, floom_tool, off
+
+JobId = Annotated[str, Field(description="handoff job id, e.g. job_0123abcd...")]
+Status = Literal[
+    "pending", "published", "in_progress", "blocked", "completed", "failed", "cancelled"
+]
+Priority = Literal["low", "normal", "high", "urgent"]
+LeaseSeconds = Annotated[
+    float | None,
+    Field(gt=0, le=86_400, description="how long the claim holds without a heartbeat"),
+]
+Artifacts = Annotated[
+    list[dict[str, Any]] | None,
+    Field(description='each {"type", "uri", "checksum"?, "metadata"?}, e.g. a PR or a log'),
+]
+
+
+# -- what a person (or a model) reads at a glance -------------------------------------------
+
+
+def job_line(job: dict[str, Any]) -> str:
+    who = (job.get("assignee") or {}).get("label")
+    held = f" held by {who}" if who else ""
+    attempt = f" attempt {job['attempt']}" if job.get("attempt", 1) > 1 else ""
+    return (
+        f"{job['id']}  [{job['status']}] {job.get('priority')} for {job.get('role')}"
+        f"{held}{attempt}: {_clip(str(job.get('summary') or ''), 120)}"
+    )
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def job_text(job: dict[str, Any], head: str = "") -> str:
+    lines = [head + job_line(job)] if head else [job_line(job)]
+    if job.get("constraints"):
+        lines.append("constraints: " + "; ".join(job["constraints"]))
+    if job.get("context"):
+        lines.append(f"context: {short(job['context'], 600)}")
+    if job.get("blocked_by"):
+        lines.append("waits on: " + ", ".join(job["blocked_by"]))
+    if job.get("lease_expires_at") and job.get("status") == "in_progress":
+        lines.append(
+            f"lease until {job['lease_expires_at']}; handoff_heartbeat extends it, "
+            "handoff_complete_job finishes it"
+        )
+    if job.get("rejection"):
+        lines.append(
+            f"retry of {job.get('retry_of')} (attempt {job.get('attempt')}), rejected: "
+            f"{job['rejection'].get('reason')}; handoff_reopen_context tells every rejection"
+        )
+    for key, label in (("follow_on_of", "follow-on of"), ("superseded_by", "rejected; retry")):
+        if job.get(key):
+            lines.append(f"{label} {job[key]}")
+    if job.get("result"):
+        lines.append(f"result: {short(job['result'], 600)}")
+    if job.get("reason"):
+        lines.append(f"reason: {job['reason']}")
+    for event in job.get("events") or []:
+        moved = (
+            f" {event.get('from_status') or '-'} -> {event.get('to_status')}"
+            if event.get("from_status") != event.get("to_status")
+            else ""
+        )
+        lines.append(f"  {event['ts']} {event['type']}{moved} by {event.get('actor')}")
+    return "\n".join(lines)
+
+
+def jobs_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
+    if not items:
+        return "no handoff jobs that you can see match"
+    lines = [f"{len(items)} job(s), newest first:"]
+    lines += [f"  {job_line(j)}" for j in items[:MAX_TEXT_ITEMS]]
+    if len(items) > MAX_TEXT_ITEMS:
+        lines.append(f"  ... and {len(items) - MAX_TEXT_ITEMS} more")
+    if next_cursor:
+        lines.append(f"(next page: cursor={next_cursor})")
+    return "\n".join(lines)
+
+
+# -- the tools -------------------------------------------------------------------------------
+
+
+@floom_tool
+async def handoff_my_roles(ctx: Context) -> Reply:
+    """Who you are in handoffs: your agent, whether your key is an admin's, and the roles you
+    hold right now (jobs for these roles are yours to claim)."""
+    me = await off(backend_of(ctx).handoff_my_roles)
+    agent = me.get("agent") or {}
+    roles = ", ".join(me.get("roles") or []) or "none"
+    who = f"agent {agent.get('label')}" if agent else "an admin key without an agent"
+    return Reply(
+        f"you are {who}{' (admin)' if me.get('admin') and agent else ''}; roles: {roles}", me
+    )
+
+
+@floom_tool
+async def handoff_create_job(
+    ctx: Context,
+    summary: Annotated[str, Field(description="one line saying what is to be done")],
+    role: Annotated[str, Field(description="the role that should do it, e.g. reviewer")],
+    context: Annotated[
+        dict[str, Any] | None, Field(description="everything the taker needs, as JSON")
+    ] = None,
+    constraints: Annotated[
+        list[str] | None, Field(description='rules the work must keep, e.g. "no new deps"')
+    ] = None,
+    artifacts: Artifacts = None,
+    priority: Priority = "normal",
+    blocked_by: Annotated[
+        list[str] | None, Field(description="job ids that must complete first")
+    ] = None,
+    routing: Annotated[
+        list[dict[str, Any]] | None,
+        Field(
+            description="follow-on jobs published on completion: {role, summary?, priority?, "
+            'context?, constraints?, condition?}; e.g. condition {"path": "data.verdict", '
+            '"equals": "approve"}'
+        ),
+    ] = None,
+    idempotency_key: Annotated[
+        str | None, Field(description="the same key again returns the first job")
+    ] = None,
+) -> Reply:
+    """Publish a job for a role; agents holding that role claim it. With blocked_by it waits
+    (pending) until those jobs complete."""
+    job = await off(
+        backend_of(ctx).handoff_create_job,
+        summary=summary,
+        role=role,
+        context=context,
+        constraints=constraints,
+        artifacts=artifacts,
+        priority=priority,
+        blocked_by=blocked_by,
+        routing=routing,
+        idempotency_key=idempotency_key,
+    )
+    head = "already published (same idempotency key): " if job.get("replayed") else "published "
+    return Reply(job_text(job, head), job)
+
+
+@floom_tool
+async def handoff_list_jobs(
+    ctx: Context,
+    status: Annotated[list[Status] | None, Field(description="only jobs in these statuses")] = None,
+    role: Annotated[str | None, Field(description="only jobs for this role")] = None,
+    assignee: Annotated[
+        str | None, Field(description='only jobs held by this agent (label or id), or "me"')
+    ] = None,
+    source: Annotated[
+        str | None, Field(description='only jobs published by this agent, or "me"')
+    ] = None,
+    my_roles: Annotated[bool, Field(description="only jobs for roles you hold")] = False,
+    cursor: Annotated[str | None, Field(description="next_cursor of a previous page")] = None,
+    limit: Annotated[int, Field(ge=1, le=500)] = 50,
+) -> Reply:
+    """Handoff jobs you can see (your roles', the ones you published or hold), newest first,
+    with their lineage (retry_of, superseded_by, follow_on_of)."""
+    page = await off(
+        backend_of(ctx).handoff_list_jobs,
+        status=list(status) if status else None,
+        role=role,
+        assignee=assignee,
+        source=source,
+        my_roles=my_roles,
+        cursor=cursor,
+        limit=limit,
+    )
+    return Reply(jobs_text(page["items"], page.get("next_cursor")), page)
+
+
+@floom_tool
+async def handoff_get_job(
+    ctx: Context,
+    job_id: JobId,
+    events: Annotated[bool, Field(description="include the audit trail")] = True,
+) -> Reply:
+    """One job: context, constraints, artifacts, result, dependencies, lineage and its audit
+    trail (who moved it from which status to which, when)."""
+    job = await off(backend_of(ctx).handoff_get_job, job_id, events=events)
+    return Reply(job_text(job), job)
+
+
+@floom_tool
+async def handoff_claim_job(
+    ctx: Context, job_id: JobId, lease_seconds: LeaseSeconds = None
+) -> Reply:
+    """Claim one published job of a role you hold; you hold it until the lease runs out."""
+    job = await off(backend_of(ctx).handoff_claim_job, job_id, lease_seconds=lease_seconds)
+    return Reply(job_text(job, "claimed "), job)
+
+
+@floom_tool
+async def handoff_claim_next_job(
+    ctx: Context,
+    role: Annotated[str | None, Field(description="only this one of your roles")] = None,
+    lease_seconds: LeaseSeconds = None,
+) -> Reply:
+    """Claim the most urgent, then oldest, published job of your roles. Jobs other agents
+    hold are skipped; "job" is null when nothing waits."""
+    body = await off(backend_of(ctx).handoff_claim_next_job, role=role, lease_seconds=lease_seconds)
+    job = body.get("job")
+    if job is None:
+        return Reply("no published job waits for your roles; try again later", body)
+    return Reply(job_text(job, "claimed "), body)
+
+
+@floom_tool
+async def handoff_heartbeat(
+    ctx: Context, job_id: JobId, lease_seconds: LeaseSeconds = None
+) -> Reply:
+    """Extend the lease on a job you hold, while you are still working on it."""
+    body = await off(backend_of(ctx).handoff_heartbeat, job_id, lease_seconds=lease_seconds)
+    return Reply(f"job {job_id} is {body['status']}; lease until {body['lease_expires_at']}", body)
+
+
+@floom_tool
+async def handoff_set_status(
+    ctx: Context,
+    job_id: JobId,
+    status: Annotated[
+        Status,
+        Field(
+            description="blocked (block), in_progress (unblock a blocked job, or claim), "
+            "published (give it back), failed, cancelled"
+        ),
+    ],
+    reason: Annotated[str | None, Field(description="why; kept in the audit trail")] = None,
+    lease_seconds: LeaseSeconds = None,
+) -> Reply:
+    """Move a job as the transition table allows you: block it, unblock it (in_progress),
+    release it (published), fail or cancel it. A refused move lists the allowed ones."""
+    job = await off(
+        backend_of(ctx).handoff_set_status,
+        job_id,
+        status,
+        reason=reason,
+        lease_seconds=lease_seconds,
+    )
+    return Reply(job_text(job, "now "), job)
+
+
+@floom_tool
+async def handoff_update_job(
+    ctx: Context,
+    job_id: JobId,
+    context: Annotated[dict[str, Any] | None, Field(description="the full new context")] = None,
+    constraints: Annotated[list[str] | None, Field(description="the full new list")] = None,
+) -> Reply:
+    """Replace a job's context and/or constraints (its publisher or an admin, before it
+    completes); the audit trail keeps the old and new values."""
+    job = await off(
+        backend_of(ctx).handoff_update_job, job_id, context=context, constraints=constraints
+    )
+    return Reply(job_text(job, "updated "), job)
+
+
+@floom_tool
+async def handoff_complete_job(
+    ctx: Context,
+    job_id: JobId,
+    summary: Annotated[str, Field(description="what was done, in a line or two")],
+    data: Annotated[
+        dict[str, Any] | None, Field(description='structured result, e.g. {"pr": 91}')
+    ] = None,
+    artifacts: Artifacts = None,
+) -> Reply:
+    """Finish a job you hold with a result; follow-on jobs and waiting dependents publish."""
+    job = await off(
+        backend_of(ctx).handoff_complete_job,
+        job_id,
+        summary=summary,
+        data=data,
+        artifacts=artifacts,
+    )
+    return Reply(job_text(job, "completed "), job)
+
+
+@floom_tool
+async def handoff_reject_job(
+    ctx: Context,
+    job_id: JobId,
+    reason: Annotated[str, Field(description="what must change; the retry carries it")],
+    role: Annotated[str | None, Field(description="send the retry to another role")] = None,
+    priority: Priority | None = None,
+) -> Reply:
+    """Reject completed work (its publisher, its reviewer or an admin): a retry job linked by
+    retry_of is published with the reason, the artifacts and you as reviewer."""
+    retry = await off(
+        backend_of(ctx).handoff_reject_job, job_id, reason=reason, role=role, priority=priority
+    )
+    return Reply(job_text(retry, f"rejected {job_id}; retry "), retry)
+
+
+@floom_tool
+async def handoff_reopen_context(ctx: Context, job_id: JobId) -> Reply:
+    """What you need to redo a rejected job: the original summary, the constraints, every
+    rejection reason so far and the attempt count (without the full context payload)."""
+    body = await off(backend_of(ctx).handoff_reopen_context, job_id)
+    lines = [
+        f"job {body['job_id']} is attempt {body['attempt']} of {body['original_job_id']}: "
+        f"{body['summary']}"
+    ]
+    if body.get("constraints"):
+        lines.append("constraints: " + "; ".join(body["constraints"]))
+    for r in body.get("rejections") or []:
+        lines.append(f"  attempt {r['attempt']} rejected by {r.get('reviewer')}: {r['reason']}")
+    return Reply("\n".join(lines), body)
+
+
+READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
+
+HANDOFF_TOOLS: tuple[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations], ...] = (
+    (handoff_my_roles, READ),
+    (handoff_list_jobs, READ),
+    (handoff_get_job, READ),
+    (handoff_create_job, WRITE),
+    (handoff_claim_job, WRITE),
+    (handoff_claim_next_job, WRITE),
+    (handoff_heartbeat, WRITE),
+    (handoff_set_status, DESTRUCTIVE),
+    (handoff_update_job, WRITE),
+    (handoff_complete_job, WRITE),
+    (handoff_reject_job, WRITE),
+    (handoff_reopen_context, READ),
+)
