@@ -307,6 +307,7 @@ def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
     """Retire an agent: its keys are revoked and the jobs it holds go back to `published`."""
     from floom.services.handoff_flow import release_jobs_of_agent
 
+    revoked: list[str] = []
     with session_scope(ctx.engine, write=True) as s:
         found = find_agent(s, agent)
         if found.retired_at is None:
@@ -318,8 +319,12 @@ def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
             ).all():
                 key.revoked_at = now
                 s.add(key)
+                revoked.append(key.key_hash)
             release_jobs_of_agent(s, agent_id=found.id, reason=f"agent {found.label} retired")
-        return agent_to_dict(found, _roles_of(s, found.id))
+        result = agent_to_dict(found, _roles_of(s, found.id))
+    for key_hash in revoked:
+        keys.forget_key(key_hash)
+    return result
 
 
 def my_roles(ctx: Context, *, actor: Actor | ApiKey) -> dict[str, Any]:

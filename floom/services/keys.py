@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import time
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import select
@@ -72,14 +73,34 @@ def create_key(
     return key, token
 
 
+# Every request authenticates; remembering a valid key briefly saves a query each time.
+# Revoking through this process forgets at once; other nodes follow within this delay.
+AUTH_CACHE_SECONDS = 10.0
+_recent: dict[str, tuple[ApiKey, float]] = {}
+
+
+def forget_key(key_hash: str) -> None:
+    """Drop a key from the authentication cache (after revoking it)."""
+    _recent.pop(key_hash, None)
+
+
 def authenticate(ctx: Context, token: str | None) -> ApiKey:
     if not token:
         raise Unauthorized(
             "no API key given",
             hint="send `Authorization: Bearer <key>`; set FLOOM_API_KEY for the CLI",
         )
+    digest = _hash(token)
+    cached = _recent.get(digest)
+    if cached is not None and cached[1] > time.monotonic():
+        return cached[0]
     with session_scope(ctx.engine) as s:
-        key = s.exec(select(ApiKey).where(ApiKey.key_hash == _hash(token))).first()
+        key = s.exec(select(ApiKey).where(ApiKey.key_hash == digest)).first()
+    if key is not None and key.revoked_at is None:
+        if len(_recent) > 10_000:
+            _recent.clear()
+        _recent[digest] = (key, time.monotonic() + AUTH_CACHE_SECONDS)
+        return key
     if key is None or key.revoked_at is not None:
         raise Unauthorized(
             "the API key is not valid or was revoked",
@@ -101,7 +122,8 @@ def revoke_key(ctx: Context, *, key_id: str) -> ApiKey:
         if key.revoked_at is None:
             key.revoked_at = utcnow()
             s.add(key)
-        return key
+    forget_key(key.key_hash)
+    return key
 
 
 def key_to_dict(key: ApiKey) -> dict[str, Any]:
