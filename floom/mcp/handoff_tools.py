@@ -80,7 +80,11 @@ def job_text(job: dict[str, Any], head: str = "") -> str:
             if event.get("from_status") != event.get("to_status")
             else ""
         )
-        lines.append(f"  {event['ts']} {event['type']}{moved} by {event.get('actor')}")
+        why = (event.get("payload") or {}).get("reason")
+        lines.append(
+            f"  {event['ts']} {event['type']}{moved} by {event.get('actor')}"
+            + (f": {why}" if why else "")
+        )
     return "\n".join(lines)
 
 
