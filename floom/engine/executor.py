@@ -22,8 +22,9 @@ from floom.engine.queue import (
     reap_expired_leases,
     renew_leases,
 )
+from floom.engine.script import redact_outcome, script_spec
 from floom.manifest import Manifest
-from floom.sandbox.base import Sandbox, SandboxResult, SandboxSpec
+from floom.sandbox.base import Sandbox, SandboxResult
 from floom.services import secrets as secret_service
 from floom.services import workers
 from floom.services.logs import append_events, system_event
@@ -266,9 +267,7 @@ class Executor:
                     self.ctx.local_cancels.discard(run.id)
             self.ctx.run_queued.set()
 
-    def _requeue_interrupted(
-        self, run: Run, lines: list[tuple[str, str, datetime | None]]
-    ) -> None:
+    def _requeue_interrupted(self, run: Run, lines: list[tuple[str, str, datetime | None]]) -> None:
         with session_scope(self.ctx.engine, write=True) as s:
             if lines:
                 append_events(s, run_id=run.id, attempt=run.attempt, lines=lines)
@@ -308,22 +307,8 @@ class Executor:
         workdir, output_dir = base / "work", base / "output"
         try:
             self._prepare(version, workdir, output_dir, run)
-            env = {
-                **values,
-                "FLOOM_RUN_ID": run.id,
-                "FLOOM_ATTEMPT": str(run.attempt),
-                "FLOOM_WORKER": run.worker_name,
-                "FLOOM_VERSION_ID": run.version_id,
-            }
-            spec = SandboxSpec(
-                run_id=run.id,
-                command=manifest.command(),
-                workdir=workdir,
-                output_dir=output_dir,
-                env=env,
-                network=manifest.network == "full",
-                timeout_seconds=float(manifest.limits.timeout_seconds),
-                memory_mb=manifest.limits.memory_mb,
+            spec = script_spec(
+                run, manifest, workdir=workdir, output_dir=output_dir, secrets=values
             )
             t0 = time.monotonic()
             result = self.sandbox.run(
@@ -332,11 +317,7 @@ class Executor:
             elapsed = time.monotonic() - t0
             outcome = self._judge(result, workdir, output_dir, manifest, run_log)
             outcome.sandbox_seconds = elapsed
-            if outcome.outputs is not None:
-                outcome.outputs = redactor.value(outcome.outputs)
-            if outcome.error_message:
-                outcome.error_message = redactor.text(outcome.error_message)
-            return outcome
+            return redact_outcome(outcome, redactor)
         finally:
             discard_later(base)
 

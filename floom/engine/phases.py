@@ -13,7 +13,7 @@ from sqlmodel import col, select
 
 from floom.engine.cleanup import discard_later
 from floom.engine.queue import Outcome
-from floom.sandbox.base import SandboxSpec
+from floom.engine.script import redact_outcome, script_spec
 from floom.services import secrets as secret_service
 from floom.services.agent_runs import restore_artifacts
 from floom.services.approvals import PHASE_APPLY, new_approval, pause_run
@@ -82,7 +82,7 @@ def _gated_script(
     if missing:
         return missing_secret_outcome(missing)
     redactor = Redactor(values.values())
-    run_log._redactor = redactor
+    run_log.redact_with(redactor)
     base = ctx.settings.work_root / f"{run.id}-{run.attempt}"
     workdir, output_dir = base / "work", base / "output"
     try:
@@ -92,23 +92,13 @@ def _gated_script(
             restore_artifacts(ctx, run_id=run.id, output_dir=output_dir)
             decision = approved_decision(ctx, run=run)
             (workdir / "decision.json").write_text(json.dumps(decision))
-        env = {
-            **values,
-            "FLOOM_RUN_ID": run.id,
-            "FLOOM_ATTEMPT": str(run.attempt),
-            "FLOOM_WORKER": run.worker_name,
-            "FLOOM_VERSION_ID": run.version_id,
-            "FLOOM_PHASE": "apply" if apply else "propose",
-        }
-        spec = SandboxSpec(
-            run_id=run.id,
-            command=manifest.command(),
+        spec = script_spec(
+            run,
+            manifest,
             workdir=workdir,
             output_dir=output_dir,
-            env=env,
-            network=manifest.network == "full",
-            timeout_seconds=float(manifest.limits.timeout_seconds),
-            memory_mb=manifest.limits.memory_mb,
+            secrets=values,
+            phase="apply" if apply else "propose",
         )
         t0 = time.monotonic()
         result = executor.sandbox.run(
@@ -119,10 +109,7 @@ def _gated_script(
             _pin_outputs(workdir / "result.json", decision["outputs"])
         outcome = executor._judge(result, workdir, output_dir, manifest, run_log)
         outcome.sandbox_seconds = elapsed
-        if outcome.outputs is not None:
-            outcome.outputs = redactor.value(outcome.outputs)
-        if outcome.error_message:
-            outcome.error_message = redactor.text(outcome.error_message)
+        redact_outcome(outcome, redactor)
         if apply or outcome.status != SUCCEEDED:
             return outcome
         proposed = outcome.outputs or {}

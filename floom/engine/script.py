@@ -1,0 +1,50 @@
+"""What a script worker's attempt gets in its sandbox, and how its outcome is cleaned."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from floom.engine.queue import Outcome
+from floom.manifest import Manifest
+from floom.sandbox.base import SandboxSpec
+from floom.services.secrets import Redactor
+from floom.store.models import Run
+
+
+def script_spec(
+    run: Run,
+    manifest: Manifest,
+    *,
+    workdir: Path,
+    output_dir: Path,
+    secrets: dict[str, str],
+    phase: str | None = None,
+) -> SandboxSpec:
+    """The sandbox spec of a script worker's attempt: declared secrets and floom's values."""
+    env = {
+        **secrets,
+        "FLOOM_RUN_ID": run.id,
+        "FLOOM_ATTEMPT": str(run.attempt),
+        "FLOOM_WORKER": run.worker_name,
+        "FLOOM_VERSION_ID": run.version_id,
+    }
+    if phase:
+        env["FLOOM_PHASE"] = phase
+    return SandboxSpec(
+        run_id=run.id,
+        command=manifest.command(),
+        workdir=workdir,
+        output_dir=output_dir,
+        env=env,
+        network=manifest.network == "full",
+        timeout_seconds=float(manifest.limits.timeout_seconds),
+        memory_mb=manifest.limits.memory_mb,
+    )
+
+
+def redact_outcome(outcome: Outcome, redactor: Redactor) -> Outcome:
+    if outcome.outputs is not None:
+        outcome.outputs = redactor.value(outcome.outputs)
+    if outcome.error_message:
+        outcome.error_message = redactor.text(outcome.error_message)
+    return outcome
