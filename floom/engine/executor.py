@@ -146,6 +146,7 @@ class Executor:
     # loops
 
     def _dispatch_loop(self) -> None:
+        busy = False  # the last claim found a run: the queue is likely not empty
         while not self._stop.is_set():
             try:
                 if self.active_count() >= self.slots:
@@ -155,7 +156,8 @@ class Executor:
                         self.ctx.run_queued.wait(self.ctx.settings.poll_interval_seconds)
                     continue
                 self.ctx.run_queued.clear()
-                run = claim_next_run(self.ctx)
+                run = claim_next_run(self.ctx, look_first=not busy)
+                busy = run is not None
                 if run is not None:
                     self._launch(run)
                     continue

@@ -6,30 +6,33 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, or_
+from sqlalchemy import bindparam, func, or_
 from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
-from floom.services.logs import append_events, system_event
+from floom.services.logs import append_events, lock_events, system_event
 from floom.services.runs import CANCELLED, FAILED, QUEUED, RUNNING, TIMED_OUT
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
-from floom.store.models import Artifact, Run, utcnow
+from floom.store.models import Artifact, Run, UTCDateTime, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
 
 
-def claim_next_run(ctx: Context) -> Run | None:
-    """Take the oldest runnable queued run for this node, or None.
+@dataclass(frozen=True)
+class _ClaimQueries:
+    any_runnable: Any  # sqlmodel's select types; Any keeps Session.exec's overloads happy
+    next_runnable: Any
 
-    Two nodes never get the same run: PostgreSQL skips rows another claim has locked;
-    SQLite serialises the whole step under its write lock. Runs of a worker already at its
-    `concurrency` limit are passed over.
-    """
-    now = utcnow()
+
+@lru_cache(maxsize=1)
+def _claim_queries() -> _ClaimQueries:
+    """Built once: constructing these statements costs more than running them."""
+    now = bindparam("now", type_=UTCDateTime())
     busy = aliased(Run)
     running_of_worker = (
         select(func.count())
@@ -41,22 +44,36 @@ def claim_next_run(ctx: Context) -> Run | None:
         Run.status == QUEUED,
         or_(col(Run.not_before).is_(None), col(Run.not_before) <= now),
     )
-    q = (
-        select(Run)
+    return _ClaimQueries(
+        any_runnable=select(Run.id).where(*runnable).limit(1),
+        next_runnable=select(Run)
         .where(
             *runnable,
             or_(col(Run.concurrency).is_(None), running_of_worker < col(Run.concurrency)),
         )
         .order_by(col(Run.id))
         .limit(1)
-        .with_for_update(skip_locked=True)
+        .with_for_update(skip_locked=True),
     )
-    # A read first: most calls find nothing, and a read takes no write lock on SQLite.
-    with session_scope(ctx.engine) as s:
-        if s.exec(select(Run.id).where(*runnable).limit(1)).first() is None:
-            return None
+
+
+def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
+    """Take the oldest runnable queued run for this node, or None.
+
+    Two nodes never get the same run: PostgreSQL skips rows another claim has locked;
+    SQLite serialises the whole step under its write lock. Runs of a worker already at its
+    `concurrency` limit are passed over.
+    """
+    now = utcnow()
+    queries = _claim_queries()
+    # A read first when the queue was last seen empty: most such calls find nothing, and a
+    # read takes no write lock on SQLite. Draining a busy queue skips it.
+    if look_first:
+        with session_scope(ctx.engine) as s:
+            if s.exec(queries.any_runnable, params={"now": now}).first() is None:
+                return None
     with session_scope(ctx.engine, write=True) as s:
-        run = s.exec(q).first()
+        run = s.exec(queries.next_runnable, params={"now": now}).first()
         if run is None:
             return None
         run.status = RUNNING
@@ -127,11 +144,13 @@ def finish_attempt(
     returned.
     """
     now = utcnow()
+    closing: list[tuple[str, str, datetime | None]] = list(log_lines)
     with session_scope(ctx.engine, write=True) as s:
-        if log_lines:
-            append_events(s, run_id=run.id, attempt=run.attempt, lines=log_lines)
+        lock_events(s, run_id=run.id)
         current = s.get(Run, run.id, with_for_update=True)
         if current is None or current.status != RUNNING or current.lease_owner != ctx.node_id:
+            if closing:
+                append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
             return current.status if current else CANCELLED
         current.sandbox_seconds += outcome.sandbox_seconds
         current.exit_code = outcome.exit_code
@@ -146,12 +165,9 @@ def finish_attempt(
             s.delete(old)
         if retry:
             delay = backoff * (2 ** (current.attempt - 1)) if exponential else backoff
-            system_event(
-                s,
-                run_id=run.id,
-                attempt=current.attempt,
-                message=f"attempt {current.attempt} {outcome.status}: {outcome.error_message}; "
-                f"retrying in {delay:.0f}s",
+            message = (
+                f"attempt {current.attempt} {outcome.status}: {outcome.error_message}; "
+                f"retrying in {delay:.0f}s"
             )
             current.status = QUEUED
             current.attempt += 1
@@ -180,7 +196,8 @@ def finish_attempt(
             message = f"{outcome.status}"
             if outcome.error_message:
                 message += f": {outcome.error_message}"
-            system_event(s, run_id=run.id, attempt=current.attempt, message=message)
+        closing.append(("system", message, None))
+        append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
         s.add(current)
         return current.status
 

@@ -32,8 +32,7 @@ def append_events(
     does, since an executor's log flusher and a state change (a pause, a decision) may append
     at the same moment. (Not the run's row lock: heartbeats skip locked runs as lost.)
     """
-    if s.get_bind().dialect.name == "postgresql":
-        s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:run_id))"), {"run_id": run_id})
+    lock_events(s, run_id=run_id)
     last = s.exec(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run_id)).one()
     seq = int(last or 0)
     for stream, line, ts in lines:
@@ -44,6 +43,13 @@ def append_events(
             )
         )
     return seq
+
+
+def lock_events(s: Session, *, run_id: str) -> None:
+    """Take the run's event lock for this transaction (PostgreSQL; SQLite's write lock already
+    serialises writers). Writers that also lock the run's row take this lock first."""
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:run_id))"), {"run_id": run_id})
 
 
 def system_event(s: Session, *, run_id: str, attempt: int, message: str) -> None:
