@@ -50,7 +50,7 @@ def surface_trigger(request: Request) -> str:
 def _run_body(ctx: Context, run_id: str) -> dict[str, Any]:
     run = runs.get_run(ctx, run_id=run_id)
     body = runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
-    body.update(agent_runs.run_extras(ctx, run_id=run_id))
+    body.update(agent_runs.run_extras(ctx, run=run))
     return body
 
 

@@ -183,7 +183,7 @@ class LocalBackend(Backend):
         ctx = self._need("read")
         run = runs.get_run(ctx, run_id=run_id)
         body = runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
-        body.update(agent_runs.run_extras(ctx, run_id=run_id))
+        body.update(agent_runs.run_extras(ctx, run=run))
         return _jsonable(body)
 
     def get_logs(
