@@ -13,8 +13,8 @@ from floom.store.db import make_engine
 from floom.store.migrate import alembic_config, migrate
 
 
-def test_upgrading_an_empty_database_gives_the_models_schema(database_url: str) -> None:
-    engine = make_engine(database_url)
+def test_upgrading_an_empty_database_gives_the_models_schema(empty_database_url: str) -> None:
+    engine = make_engine(empty_database_url)
     try:
         with engine.begin() as conn:
             command.upgrade(alembic_config(conn), "head")
@@ -31,8 +31,10 @@ def test_upgrading_an_empty_database_gives_the_models_schema(database_url: str) 
         engine.dispose()
 
 
-def test_migrating_twice_changes_nothing_and_records_the_revision(database_url: str) -> None:
-    engine = make_engine(database_url)
+def test_migrating_twice_changes_nothing_and_records_the_revision(
+    empty_database_url: str,
+) -> None:
+    engine = make_engine(empty_database_url)
     try:
         migrate(engine)
         migrate(engine)
