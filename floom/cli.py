@@ -6,17 +6,30 @@ import json
 import os
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from floom import cli_approvals, cli_handoffs, cli_mcp, cli_triggers
+from floom import cli_admin, cli_approvals, cli_handoffs, cli_mcp, cli_triggers
+from floom.cli_output import (
+    _duration,
+    _fail,
+    _log_line,
+    _print_json,
+    _print_outcome,
+    _print_result,
+    _size,
+    _status,
+    _table,
+    _value,
+    _when,
+    err,
+    out,
+)
 from floom.client import TERMINAL_STATUSES, ApiError, FloomClient
 from floom.errors import FloomError
 
@@ -30,130 +43,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-secrets_app = typer.Typer(help="Secrets that workers can declare (values are never shown).")
-keys_app = typer.Typer(help="API keys: create, list, revoke.")
-app.add_typer(secrets_app, name="secrets", no_args_is_help=True)
-app.add_typer(keys_app, name="keys", no_args_is_help=True)
-
-
-def _console(*, stderr: bool = False) -> Console:
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
-    if not console.is_terminal:
-        # Piped output is read by scripts and tests: don't fold ids at 80 columns.
-        console.width = max(console.width, 200)
-    return console
-
-
-out = _console()
-err = _console(stderr=True)
-
-STATUS_STYLES = {
-    "succeeded": "green",
-    "failed": "red",
-    "timed_out": "red",
-    "cancelled": "yellow",
-    "running": "cyan",
-    "queued": "blue",
-    "awaiting_approval": "yellow",
-    "rejected": "red",
-    "limit_exceeded": "red",
-    "skipped": "dim",
-}
-STREAM_STYLES = {"stderr": "red", "system": "dim"}
 
 
 # -- shared helpers --------------------------------------------------------------------------
 
 
-def _fail(message: str, hint: str | None = None, details: Any = None) -> NoReturn:
-    err.print(Text(f"error: {message}", style="red"))
-    for line in _detail_lines(message, details):
-        err.print(Text(line))
-    if hint:
-        err.print(Text(f"hint: {hint}", style="yellow"))
-    raise typer.Exit(1)
-
-
-def _detail_lines(message: str, details: Any) -> list[str]:
-    """Problem lines from an error's details, unless the message already names them all."""
-    if not isinstance(details, list):
-        return []
-    if all(isinstance(d, dict) and str(d.get("message")) in message for d in details):
-        return []
-    lines = []
-    for item in details:
-        if isinstance(item, dict) and "message" in item:
-            where = f"{item['path']}: " if item.get("path") else ""
-            hint = f" (hint: {item['hint']})" if item.get("hint") else ""
-            lines.append(f"  {where}{item['message']}{hint}")
-    return lines
-
-
 def _client() -> FloomClient:
     return FloomClient.from_env(surface="cli")
-
-
-def _print_json(value: Any) -> None:
-    out.print(Text(json.dumps(value, indent=2, default=str)))
-
-
-def _parse_time(value: str | None) -> datetime | None:
-    if not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)  # floom stores UTC
-    return parsed.astimezone()
-
-
-def _when(value: str | None) -> str:
-    parsed = _parse_time(value)
-    return parsed.strftime("%Y-%m-%d %H:%M:%S") if parsed else "-"
-
-
-def _duration(run: dict[str, Any]) -> str:
-    start, end = _parse_time(run.get("started_at")), _parse_time(run.get("finished_at"))
-    if not start:
-        return "-"
-    seconds = ((end or datetime.now(UTC)) - start).total_seconds()
-    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n} B"
-    if n < 1024 * 1024:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / (1024 * 1024):.1f} MiB"
-
-
-def _status(status: str) -> Text:
-    return Text(status, style=STATUS_STYLES.get(status, ""))
-
-
-def _value(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, default=str)
-
-
-def _table(*columns: str) -> Table:
-    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
-    for column in columns:
-        table.add_column(column, no_wrap=True)
-    return table
-
-
-def _log_line(event: dict[str, Any]) -> Text:
-    parsed = _parse_time(event.get("ts"))
-    stream = str(event.get("stream", ""))
-    line = Text(parsed.strftime("%H:%M:%S") if parsed else "--:--:--", style="dim")
-    line.append(f" {stream:<6} ", style="dim")
-    line.append(str(event.get("line", "")), style=STREAM_STYLES.get(stream, ""))
-    return line
 
 
 def _check_locally(folder: Path) -> Manifest:
@@ -328,18 +224,6 @@ def _parse_inputs(pairs: list[str], raw_json: str | None) -> tuple[dict[str, Any
     return inputs, True
 
 
-def _print_result(run: dict[str, Any]) -> None:
-    line = Text(f"run {run['id']} ")
-    line.append_text(_status(run["status"]))
-    line.append(f" in {_duration(run)}")
-    out.print(line)
-    _print_outcome(run)
-    if run.get("artifacts"):
-        out.print(
-            Text(f"  download with `floom artifacts {run['id']} --download NAME`", style="dim")
-        )
-
-
 def _follow(client: FloomClient, run_id: str, *, after: int, deadline: float | None) -> None:
     for event in client.follow(run_id, after=after, deadline=deadline):
         if event.kind == "log":
@@ -509,21 +393,6 @@ def show(
     cli_approvals.print_agent_details(r)
 
 
-def _print_outcome(r: dict[str, Any]) -> None:
-    if r.get("error"):
-        out.print(
-            Text(f"error: {r['error'].get('code')}: {r['error'].get('message')}", style="red")
-        )
-    if r.get("outputs"):
-        out.print("outputs:")
-        for name, value in r["outputs"].items():
-            out.print(Text(f"  {name}: {_value(value)}"))
-    if r.get("artifacts"):
-        out.print("artifacts:")
-        for a in r["artifacts"]:
-            out.print(Text(f"  {a['name']}  {_size(a.get('size'))}  {a.get('content_type', '')}"))
-
-
 @app.command()
 def logs(
     run_id: Annotated[str, typer.Argument(help="run id")],
@@ -615,97 +484,7 @@ def artifacts(
     out.print(Text(f"saved {download} to {target} ({_size(len(data))})"))
 
 
-# -- secrets ---------------------------------------------------------------------------------
-
-
-@secrets_app.command("set")
-def secrets_set(
-    name: Annotated[str, typer.Argument(help="secret name, e.g. GITHUB_TOKEN")],
-    value_stdin: Annotated[
-        bool, typer.Option("--value-stdin", help="read the value from stdin")
-    ] = False,
-) -> None:
-    """Set a secret; the value comes from a hidden prompt or from stdin."""
-    if value_stdin or not sys.stdin.isatty():
-        value = sys.stdin.read()
-        value = value.removesuffix("\n").removesuffix("\r")
-    else:
-        value = typer.prompt(f"value of {name}", hide_input=True, confirmation_prompt=True)
-    if not value:
-        _fail("the secret value is empty", "pipe the value in or type it at the prompt")
-    with _client() as client:
-        client.set_secret(name, value)
-    out.print(Text(f"secret {name} set"))
-
-
-@secrets_app.command("list")
-def secrets_list() -> None:
-    """List secret names (never values)."""
-    with _client() as client:
-        items = client.list_secrets()["items"]
-    if not items:
-        out.print("no secrets yet: add one with `floom secrets set NAME`")
-        return
-    table = _table("NAME", "UPDATED")
-    for s in items:
-        table.add_row(s["name"], _when(s.get("updated_at") or s.get("created_at")))
-    out.print(table)
-
-
-@secrets_app.command("rm")
-def secrets_rm(name: Annotated[str, typer.Argument(help="secret name")]) -> None:
-    """Delete a secret."""
-    with _client() as client:
-        client.delete_secret(name)
-    out.print(Text(f"secret {name} removed"))
-
-
-# -- API keys --------------------------------------------------------------------------------
-
-
-@keys_app.command("create")
-def keys_create(
-    scope: Annotated[
-        list[str], typer.Option("--scope", help="read, run, deploy or admin; repeat for several")
-    ],
-    name: Annotated[str, typer.Option("--name", help="what the key is for")] = "",
-) -> None:
-    """Create an API key; the key is printed once, on stdout."""
-    with _client() as client:
-        created = client.create_key(scopes=scope, name=name)
-    err.print(Text(f"created API key {created['id']} with scopes {', '.join(created['scopes'])}"))
-    out.print(Text(created["key"]))
-    err.print(Text("store it now: this key will not be shown again", style="yellow"))
-
-
-@keys_app.command("list")
-def keys_list() -> None:
-    """List API keys (ids and prefixes, never the keys)."""
-    with _client() as client:
-        items = client.list_keys()["items"]
-    table = _table("ID", "NAME", "PREFIX", "SCOPES", "CREATED", "REVOKED")
-    for k in items:
-        table.add_row(
-            k["id"],
-            k.get("name", ""),
-            k.get("prefix", ""),
-            ",".join(k.get("scopes", [])),
-            _when(k.get("created_at")),
-            _when(k.get("revoked_at")) if k.get("revoked_at") else "",
-        )
-    out.print(table)
-
-
-@keys_app.command("revoke")
-def keys_revoke(
-    key_id: Annotated[str, typer.Argument(help="key id (see `floom keys list`)")],
-) -> None:
-    """Revoke an API key at once."""
-    with _client() as client:
-        client.revoke_key(key_id)
-    out.print(Text(f"revoked API key {key_id}"))
-
-
+cli_admin.register(app)
 cli_mcp.register(app)
 cli_handoffs.register(app)
 cli_approvals.register(app)

@@ -1,0 +1,153 @@
+"""How the floom command prints: its consoles, tables, times, sizes, run records, log lines
+and error lines."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def _console(*, stderr: bool = False) -> Console:
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        # Piped output is read by scripts and tests: don't fold ids at 80 columns.
+        console.width = max(console.width, 200)
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
+
+STATUS_STYLES = {
+    "succeeded": "green",
+    "failed": "red",
+    "timed_out": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "queued": "blue",
+    "awaiting_approval": "yellow",
+    "rejected": "red",
+    "limit_exceeded": "red",
+    "skipped": "dim",
+}
+STREAM_STYLES = {"stderr": "red", "system": "dim"}
+
+
+def _fail(message: str, hint: str | None = None, details: Any = None) -> NoReturn:
+    err.print(Text(f"error: {message}", style="red"))
+    for line in _detail_lines(message, details):
+        err.print(Text(line))
+    if hint:
+        err.print(Text(f"hint: {hint}", style="yellow"))
+    raise typer.Exit(1)
+
+
+def _detail_lines(message: str, details: Any) -> list[str]:
+    """Problem lines from an error's details, unless the message already names them all."""
+    if not isinstance(details, list):
+        return []
+    if all(isinstance(d, dict) and str(d.get("message")) in message for d in details):
+        return []
+    lines = []
+    for item in details:
+        if isinstance(item, dict) and "message" in item:
+            where = f"{item['path']}: " if item.get("path") else ""
+            hint = f" (hint: {item['hint']})" if item.get("hint") else ""
+            lines.append(f"  {where}{item['message']}{hint}")
+    return lines
+
+
+def _print_json(value: Any) -> None:
+    out.print(Text(json.dumps(value, indent=2, default=str)))
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)  # floom stores UTC
+    return parsed.astimezone()
+
+
+def _when(value: str | None) -> str:
+    parsed = _parse_time(value)
+    return parsed.strftime("%Y-%m-%d %H:%M:%S") if parsed else "-"
+
+
+def _duration(run: dict[str, Any]) -> str:
+    start, end = _parse_time(run.get("started_at")), _parse_time(run.get("finished_at"))
+    if not start:
+        return "-"
+    seconds = ((end or datetime.now(UTC)) - start).total_seconds()
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 * 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / (1024 * 1024):.1f} MiB"
+
+
+def _status(status: str) -> Text:
+    return Text(status, style=STATUS_STYLES.get(status, ""))
+
+
+def _value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _table(*columns: str) -> Table:
+    table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    return table
+
+
+def _log_line(event: dict[str, Any]) -> Text:
+    parsed = _parse_time(event.get("ts"))
+    stream = str(event.get("stream", ""))
+    line = Text(parsed.strftime("%H:%M:%S") if parsed else "--:--:--", style="dim")
+    line.append(f" {stream:<6} ", style="dim")
+    line.append(str(event.get("line", "")), style=STREAM_STYLES.get(stream, ""))
+    return line
+
+
+def _print_result(run: dict[str, Any]) -> None:
+    line = Text(f"run {run['id']} ")
+    line.append_text(_status(run["status"]))
+    line.append(f" in {_duration(run)}")
+    out.print(line)
+    _print_outcome(run)
+    if run.get("artifacts"):
+        out.print(
+            Text(f"  download with `floom artifacts {run['id']} --download NAME`", style="dim")
+        )
+
+
+def _print_outcome(r: dict[str, Any]) -> None:
+    if r.get("error"):
+        out.print(
+            Text(f"error: {r['error'].get('code')}: {r['error'].get('message')}", style="red")
+        )
+    if r.get("outputs"):
+        out.print("outputs:")
+        for name, value in r["outputs"].items():
+            out.print(Text(f"  {name}: {_value(value)}"))
+    if r.get("artifacts"):
+        out.print("artifacts:")
+        for a in r["artifacts"]:
+            out.print(Text(f"  {a['name']}  {_size(a.get('size'))}  {a.get('content_type', '')}"))
