@@ -56,7 +56,8 @@ OVERHEAD_TARGET_MS = 15.0
 THROUGHPUT_TARGET = 30.0
 IDLE_RSS_TARGET_MB = 120.0
 
-POLL_SECONDS = 0.002  # latency phase: GET /runs/{id} every 2 ms after the previous answer
+POLL_SECONDS = 0.002  # polling where a wait is not possible
+WAIT_SECONDS = 30.0  # latency phase: GET /runs/{id}?wait=, answered as the run ends
 IDLE_SECONDS = 2.0  # settle time before the idle RSS and idle CPU readings
 HEAD_START_FRACTION = 0.8  # pass B: first GET after this share of the fastest floor run
 RUN_DEADLINE_SECONDS = 30.0  # one run, trigger to terminal
@@ -550,7 +551,7 @@ def run_latency(
     head_start: float = 0.0,
     paired: FloorSlot | None = None,
 ) -> LatencyResult:
-    """`runs` sequential runs: POST, then GET the run every 2 ms until it ended.
+    """`runs` sequential runs: POST, then one GET that the server answers when the run ends.
 
     With `head_start`, the first GET waits that long after the trigger (a run cannot end
     before its sandboxed process does), so polling does not load the 2-core machine while
@@ -570,11 +571,14 @@ def run_latency(
         polls = 0
         deadline = time.monotonic() + RUN_DEADLINE_SECONDS
         while True:
-            body = client.get(f"/api/v1/runs/{run_id}").json()
+            # The server holds the GET until the run ends (`?wait=`), so the end is seen as
+            # it happens without a stream of polls loading the machine being measured.
+            body = client.get(
+                f"/api/v1/runs/{run_id}", params={"wait": WAIT_SECONDS}, timeout=WAIT_SECONDS + 10
+            ).json()
             polls += 1
             if body.get("status") in TERMINAL or time.monotonic() > deadline:
                 break
-            time.sleep(POLL_SECONDS)
         t_end = time.perf_counter()
         if body.get("status") not in TERMINAL:
             raise RuntimeError(f"run {run_id} not terminal within {RUN_DEADLINE_SECONDS:g} s")

@@ -205,3 +205,20 @@ def test_a_worker_error_in_result_json_fails_the_run_with_that_message(
     run = wait_for_run(api, api.post("/api/v1/workers/sad/runs", json={}).json()["id"])
     assert (run["status"], run["attempt"]) == ("failed", 1)
     assert run["error"] == {"code": "worker_error", "message": "upstream said no"}
+
+
+def test_get_run_with_wait_returns_once_the_run_has_ended(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    folder = make_worker(
+        tmp_path / "pause",
+        "name: pause\n",
+        {"run.py": "import time\ntime.sleep(0.5)\nprint('done')\n"},
+    )
+    deploy_folder(api, folder)
+    run_id = api.post("/api/v1/workers/pause/runs", json={}).json()["id"]
+    assert api.get(f"/api/v1/runs/{run_id}").json()["status"] in ("queued", "running")
+    ended = api.get(f"/api/v1/runs/{run_id}", params={"wait": 20}, timeout=30).json()
+    assert ended["status"] == "succeeded"
+    too_long = api.get(f"/api/v1/runs/{run_id}", params={"wait": 61})
+    assert too_long.status_code == 422

@@ -88,7 +88,16 @@ def list_runs(
 
 
 @router.get("/runs/{run_id}")
-def get_run(run_id: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
+def get_run(
+    run_id: str,
+    ctx: CtxDep,
+    _: ReadKey,
+    wait: float = Query(
+        0, ge=0, le=60, description="wait up to this many seconds for the run to end"
+    ),
+) -> dict[str, Any]:
+    if wait:
+        runs.wait_for_end(ctx, run_id=run_id, timeout=wait)
     return _run_body(ctx, run_id)
 
 

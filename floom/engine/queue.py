@@ -199,7 +199,9 @@ def finish_attempt(
         closing.append(("system", message, None))
         append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
         s.add(current)
-        return current.status
+        status = current.status
+    ctx.notify_run_ended()
+    return status
 
 
 def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:

@@ -34,6 +34,12 @@ class Context:
     # Runs cancelled through this process, so a local executor kills them without waiting
     # for its next look at the database.
     local_cancels: set[str] = field(default_factory=set)
+    # Notified whenever this process records a run's end, so waiters here wake at once.
+    run_ended: threading.Condition = field(default_factory=threading.Condition)
+
+    def notify_run_ended(self) -> None:
+        with self.run_ended:
+            self.run_ended.notify_all()
 
     @classmethod
     def open(cls, settings: Settings) -> Context:

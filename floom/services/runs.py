@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,21 @@ def create_run(
 def get_run(ctx: Context, *, run_id: str) -> Run:
     with session_scope(ctx.engine) as s:
         return _get_run(s, run_id)
+
+
+def wait_for_end(ctx: Context, *, run_id: str, timeout: float) -> Run:
+    """The run once it has ended, or as it is when `timeout` seconds have passed.
+
+    Ends recorded by this process wake the waiter at once; ends recorded by another node are
+    seen within a quarter of a second."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = get_run(ctx, run_id=run_id)
+        left = deadline - time.monotonic()
+        if run.status in TERMINAL or left <= 0:
+            return run
+        with ctx.run_ended:
+            ctx.run_ended.wait(min(left, 0.25))
 
 
 def _get_run(s: Session, run_id: str) -> Run:
