@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
+import subprocess
 import textwrap
 import threading
 import time
@@ -520,3 +522,27 @@ def test_background_processes_end_with_the_worker(sandbox: LocalSandbox, tmp_pat
     assert result.exit_code == 0, lines
     assert stream(lines, "stdout") == ["ready"]
     assert processes_with(marker) == []
+
+
+def _bwrap_sleeping_on(folder: Path) -> subprocess.Popen[bytes]:
+    folder.mkdir(parents=True)
+    return subprocess.Popen(
+        ["bwrap", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+         "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+         "--bind", str(folder), "/work", "--unshare-all", "--", "sleep", "60"],
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def test_kill_orphans_kills_only_sandboxes_on_this_nodes_work_root(tmp_path: Path) -> None:
+    ours = _bwrap_sleeping_on(tmp_path / "data" / "runs" / "run_x-1" / "work")
+    other = _bwrap_sleeping_on(tmp_path / "elsewhere" / "work")
+    try:
+        assert LocalSandbox().kill_orphans(tmp_path / "data" / "runs") >= 1
+        assert ours.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+    finally:
+        for proc in (ours, other):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)

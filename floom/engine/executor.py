@@ -111,6 +111,9 @@ class Executor:
 
     def start(self) -> None:
         # Work dirs left by a killed process belong to runs the reaper requeues below.
+        orphans = self.sandbox.kill_orphans(self.ctx.settings.work_root)
+        if orphans:
+            log.warning("killed %d sandbox(es) a previous process left running", orphans)
         shutil.rmtree(self.ctx.settings.work_root, ignore_errors=True)
         reaped = reap_expired_leases(self.ctx, own_node_restart=True)
         if reaped:

@@ -65,3 +65,9 @@ class Sandbox(abc.ABC):
 
     def check(self) -> None:  # noqa: B027 - optional hook, default is a no-op
         """Raise FloomError with a hint when this backend cannot run on this machine."""
+
+    def kill_orphans(self, work_root: Path) -> int:
+        """Kill sandboxes a previous process of this node left running on work dirs under
+        `work_root` (it died before it could); returns how many processes it killed. Called
+        at executor start, before the work root is emptied. Default: none to find."""
+        return 0

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Final
 
 from floom.errors import FloomError, InvalidRequest
@@ -71,6 +72,27 @@ class LocalSandbox(Sandbox):
     """
 
     name = "local"
+
+    def kill_orphans(self, work_root: Path) -> int:
+        # bwrap normally dies with its parent, but not when the parent is killed between
+        # starting it and bwrap arming that signal; such a sandbox would run on unattended.
+        marker = os.fsencode(f"{work_root.resolve()}/")
+        killed = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"bwrap") and any(a.startswith(marker) for a in argv):
+                try:
+                    os.kill(int(entry), signal.SIGKILL)
+                    killed += 1
+                except OSError:
+                    continue
+        return killed
 
     def __init__(self) -> None:
         self._prefix: tuple[str, ...] | None = None
