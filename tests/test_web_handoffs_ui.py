@@ -3,42 +3,23 @@ databases). Screenshots go to test-artifacts/screenshots/."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from floom.services import handoff_agents, handoff_flow, handoff_review, handoffs, keys
+from tests import web_support
 from tests.conftest import LiveServer
 from tests.handoff_support import roles
-from tests.web_support import CHROMIUM, Tab, launched_chromium
+from tests.web_support import Tab
 
 pytest.importorskip("playwright.sync_api")
 
 
-@pytest.fixture
-def database_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'floom.db'}"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"Chromium is required in CI but missing at {CHROMIUM}")
-        pytest.skip(f"Chromium not installed at {CHROMIUM} (apt-get install chromium)")
-    with launched_chromium() as instance:
-        yield instance
-
-
-@pytest.fixture
-def tab(browser: Any, server: LiveServer) -> Iterator[Tab]:
-    t = Tab(browser, server)
-    yield t
-    t.close()
-    assert t.problems == [], t.problems
+# The browser fixtures, shared with the other browser test module.
+database_url = web_support.sqlite_database_url
+browser = web_support.browser
+tab = web_support.tab
 
 
 def _jobs_in_every_status(server: LiveServer) -> dict[str, str]:

@@ -7,9 +7,7 @@ Screenshots of the main pages are saved to test-artifacts/screenshots/.
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import httpx
 import pytest
 
 from floom.services import keys
+from tests import web_support
 from tests.conftest import (
     EXAMPLES,
     LiveServer,
@@ -26,42 +25,21 @@ from tests.conftest import (
     wait_until,
 )
 from tests.web_support import (
-    CHROMIUM,
     GATED_PY,
     GATED_YML,
     SLOW_PY,
     SLOW_YML,
     Tab,
-    launched_chromium,
     run_id_of,
 )
 
 pytest.importorskip("playwright.sync_api")
 
 
-@pytest.fixture
-def database_url(tmp_path: Path) -> str:
-    """Browser tests run on SQLite only, to keep them quick."""
-    return f"sqlite:///{tmp_path / 'floom.db'}"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """One Chromium for the module; each test gets its own context (cookies, storage)."""
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"Chromium is required in CI but missing at {CHROMIUM}")
-        pytest.skip(f"Chromium not installed at {CHROMIUM} (apt-get install chromium)")
-    with launched_chromium() as instance:
-        yield instance
-
-
-@pytest.fixture
-def tab(browser: Any, server: LiveServer) -> Iterator[Tab]:
-    t = Tab(browser, server)
-    yield t
-    t.close()
-    assert t.problems == [], t.problems
+# The browser fixtures, shared with the other browser test module.
+database_url = web_support.sqlite_database_url
+browser = web_support.browser
+tab = web_support.tab
 
 
 def test_a_signed_out_visitor_is_sent_to_sign_in_and_sees_no_data(

@@ -3,12 +3,15 @@ and the workers the tests deploy."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.conftest import REPO, LiveServer
 
@@ -88,6 +91,32 @@ def launched_chromium() -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(name="database_url")
+def sqlite_database_url(tmp_path: Path) -> str:
+    """Browser tests run on SQLite only, to keep them quick (the plain-HTTP UI tests cover
+    both databases). A module takes it with `database_url = sqlite_database_url`."""
+    return f"sqlite:///{tmp_path / 'floom.db'}"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One Chromium per module; each test gets its own context (cookies, storage)."""
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"Chromium is required in CI but missing at {CHROMIUM}")
+        pytest.skip(f"Chromium not installed at {CHROMIUM} (apt-get install chromium)")
+    with launched_chromium() as instance:
+        yield instance
+
+
+@pytest.fixture
+def tab(browser: Any, server: LiveServer) -> Iterator[Tab]:
+    t = Tab(browser, server)
+    yield t
+    t.close()
+    assert t.problems == [], t.problems
 
 
 class Tab:

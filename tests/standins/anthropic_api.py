@@ -9,8 +9,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
+
+from tests.standins.http import JSONHandler
 
 Reply = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 _ids = itertools.count(1)
@@ -108,7 +110,7 @@ class MessagesStandin:
 def messages_standin(key: str) -> Iterator[MessagesStandin]:
     standin = MessagesStandin(key)
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JSONHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
@@ -130,17 +132,6 @@ def messages_standin(key: str) -> Iterator[MessagesStandin]:
                 )
                 return
             self._send(*standin._answer(body))
-
-        def _send(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

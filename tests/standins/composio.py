@@ -4,11 +4,11 @@ schema (GET /api/v3/tools/{slug}) and executing it (POST /api/v3/tools/execute/{
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.standins.http import JSONHandler, serve
 
 TOOLS = {
     "GMAIL_SEND_EMAIL": {
@@ -37,7 +37,7 @@ def composio_standin(api_key: str) -> Iterator[dict[str, Any]]:
     """Yields {"url", "executed": [(slug, body)], "keys": [x-api-key values seen]}."""
     state: dict[str, Any] = {"executed": [], "keys": []}
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JSONHandler):
         def _authorised(self) -> bool:
             state["keys"].append(self.headers.get("x-api-key"))
             if self.headers.get("x-api-key") != api_key:
@@ -69,23 +69,6 @@ def composio_standin(api_key: str) -> Iterator[dict[str, Any]]:
                 },
             )
 
-        def _send(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state["url"] = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serve(Handler) as url:
+        state["url"] = url
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -7,9 +7,11 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
+
+from tests.standins.http import JSONHandler
 
 
 @contextmanager
@@ -17,7 +19,7 @@ def echo_service() -> Iterator[dict[str, Any]]:
     """Yields {"port", "requests": [{"method", "path", "headers", "body"}]}."""
     state: dict[str, Any] = {"requests": []}
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JSONHandler):
         def _handle(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length).decode() if length else ""
@@ -43,9 +45,6 @@ def echo_service() -> Iterator[dict[str, Any]]:
             self.wfile.write(data)
 
         do_GET = do_POST = do_PUT = do_DELETE = _handle  # noqa: N815 - http.server's naming
-
-        def log_message(self, *args: Any) -> None:
-            pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

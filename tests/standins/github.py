@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlparse
+
+from tests.standins.http import JSONHandler, serve
 
 COMMITS = [
     {"sha": "a1b2c3d4e5f6", "commit": {"message": "Fix the parser\n\nLong body"}},
@@ -25,7 +24,7 @@ def github_standin(token: str) -> Iterator[dict[str, Any]]:
     """Serve /repos/{owner}/{name}/commits and /issues on loopback; yields url and seen headers."""
     state: dict[str, Any] = {"requests": []}
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JSONHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             state["requests"].append((self.path, self.headers.get("Authorization")))
             if self.headers.get("Authorization") != f"Bearer {token}":
@@ -39,23 +38,6 @@ def github_standin(token: str) -> Iterator[dict[str, Any]]:
             else:
                 self._send(404, {"message": "Not Found"})
 
-        def _send(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state["url"] = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with serve(Handler) as url:
+        state["url"] = url
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
