@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
 
+from floom.services import handoff_review
 from floom.services import handoff_rules as rules
 from floom.services.handoff_agents import Actor, as_actor, list_roles
 from floom.services.handoff_flow import parties
@@ -81,14 +82,10 @@ def job_view(ctx: Context, *, actor: Actor | ApiKey, job_id: str) -> dict[str, A
             "dependents": visible(select(Job).where(col(Job.id).in_(dependents))),
             "follow_ons": visible(select(Job).where(Job.follow_on_of == job_id)),
         }
-        reviews_it = (
-            who.agent_id is not None
-            and s.exec(
-                select(Job.id).where(
-                    Job.follow_on_of == job_id, Job.assignee_agent_id == who.agent_id
-                )
-            ).first()
-            is not None
+        may_reject = (
+            row.status == rules.COMPLETED
+            and not row.superseded_by
+            and handoff_review.may_reject(s, who, row)
         )
     moves = []
     for to in rules.allowed_targets(row.status, parties=held_by, admin=who.admin):
@@ -96,11 +93,6 @@ def job_view(ctx: Context, *, actor: Actor | ApiKey, job_id: str) -> dict[str, A
             continue  # only an agent can hold a job, admin or not
         label = MOVE_LABELS.get((row.status, to)) or MOVE_LABELS.get(to, to)
         moves.append({"to": to, "label": label})
-    may_reject = (
-        row.status == rules.COMPLETED
-        and not row.superseded_by
-        and (who.admin or rules.SOURCE in held_by or reviews_it)
-    )
     return {
         "job": job,
         **related,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest
 from floom.services import handoff_rules as rules
@@ -19,6 +19,22 @@ from floom.store.models import ApiKey, new_id, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
+
+
+def holds_follow_on(s: Session, who: Actor, job_id: str) -> bool:
+    """Whether `who` holds a follow-on job of `job_id` (reviewing it)."""
+    return (
+        who.agent_id is not None
+        and s.exec(
+            select(Job.id).where(Job.follow_on_of == job_id, Job.assignee_agent_id == who.agent_id)
+        ).first()
+        is not None
+    )
+
+
+def may_reject(s: Session, who: Actor, job: Job) -> bool:
+    """The job's publisher, an admin, or the agent reviewing it may reject its result."""
+    return who.admin or rules.SOURCE in parties(who, job) or holds_follow_on(s, who, job.id)
 
 
 def reject(
@@ -51,15 +67,7 @@ def reject(
                 f"job {job_id} was already rejected; its retry is {job.superseded_by}",
                 hint="reject the retry once it completes",
             )
-        reviewer_of = (
-            who.agent_id is not None
-            and s.exec(
-                select(Job.id).where(
-                    Job.follow_on_of == job.id, Job.assignee_agent_id == who.agent_id
-                )
-            ).first()
-        )
-        if not (who.admin or rules.SOURCE in parties(who, job) or reviewer_of):
+        if not may_reject(s, who, job):
             raise Forbidden(
                 "only the job's publisher, the agent reviewing it (holding a follow-on job) "
                 "or an admin may reject it",
