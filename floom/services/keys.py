@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from sqlmodel import select
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import col, select
 
 from floom.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
 from floom.store.db import session_scope
@@ -21,6 +23,8 @@ SCOPES = ("read", "run", "deploy", "admin")
 # Each scope includes the ones before it: a deploy key can also run and read.
 _RANK = {scope: i for i, scope in enumerate(SCOPES)}
 KEY_PREFIX = "flm_"
+
+log = logging.getLogger("floom.keys")
 
 
 def _hash(token: str) -> str:
@@ -143,16 +147,29 @@ def ensure_admin_key(ctx: Context) -> str | None:
 
     FLOOM_BOOTSTRAP_API_KEY becomes the admin key if no admin key exists yet; otherwise a
     key is generated and saved to a 0600 file in the data dir, which the local CLI reads.
+    A revoked key never comes back: when the bootstrap key is the one that was revoked, it
+    stays revoked and a fresh key is generated into the file, with a warning in the log.
     """
-    with session_scope(ctx.engine) as s:
-        keys = s.exec(select(ApiKey).where(ApiKey.revoked_at.is_(None))).all()  # type: ignore[union-attr]
-    if any(grants(k.scopes, "admin") for k in keys):
+    if _has_admin_key(ctx):
         return None
     bootstrap = ctx.settings.bootstrap_api_key
     if bootstrap:
-        create_key(ctx, scopes=["admin"], name="bootstrap", token=bootstrap)
-        return None
-    _, token = create_key(ctx, scopes=["admin"], name="admin (first start)")
+        with session_scope(ctx.engine) as s:
+            known = s.exec(select(ApiKey).where(ApiKey.key_hash == _hash(bootstrap))).first()
+        if known is None:
+            try:
+                create_key(ctx, scopes=["admin"], name="bootstrap", token=bootstrap)
+                return None
+            except IntegrityError:
+                # Another node inserted the same bootstrap key at the same moment.
+                if _has_admin_key(ctx):
+                    return None
+        log.warning(
+            "FLOOM_BOOTSTRAP_API_KEY is a revoked API key and stays revoked; a new admin key "
+            "is generated into %s (unset FLOOM_BOOTSTRAP_API_KEY or set a new value)",
+            ctx.settings.admin_key_file,
+        )
+    _, token = create_key(ctx, scopes=["admin"], name="admin (generated at start)")
     path = ctx.settings.admin_key_file
     if path.exists():
         path.unlink()
@@ -160,3 +177,9 @@ def ensure_admin_key(ctx: Context) -> str | None:
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token
+
+
+def _has_admin_key(ctx: Context) -> bool:
+    with session_scope(ctx.engine) as s:
+        live = s.exec(select(ApiKey).where(col(ApiKey.revoked_at).is_(None))).all()
+    return any(grants(k.scopes, "admin") for k in live)
