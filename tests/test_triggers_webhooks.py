@@ -307,7 +307,7 @@ def test_the_triggers_api_lists_next_fires_in_the_timezone_and_the_webhook_url(
     assert webhook["url"] == f"{server.base_url}/hooks/both"
     assert webhook["secret_set"] is False
     unready = hook(server, "/hooks/both", b"{}", {"webhook-id": "x"})
-    assert (unready.status_code, unready.json()["error"]["code"]) == (503, "webhook_not_ready")
+    assert (unready.status_code, unready.json()["error"]["code"]) == (404, "not_found")
 
     paused = api.post("/api/v1/workers/both/pause", json={"trigger_id": schedule["id"]}).json()
     assert [t["paused"] for t in paused["items"]] == [True, False]

@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep
-from floom.errors import PayloadTooLarge
 from floom.services import composio_events, runs, webhooks
 from floom.services.context import Context
 
@@ -25,18 +24,14 @@ WAIT_POLL_SECONDS = 0.1
 async def _read_body(request: Request, ctx: Context) -> bytes:
     limit = ctx.settings.webhook_max_bytes
     declared = request.headers.get("content-length")
-    too_large = PayloadTooLarge(
-        f"the webhook body is larger than {limit} bytes",
-        hint="send a smaller payload, or raise FLOOM_WEBHOOK_MAX_BYTES on the server",
-    )
     if declared and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise webhooks.payload_too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise webhooks.payload_too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 

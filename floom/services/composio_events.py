@@ -15,6 +15,7 @@ Payload shapes read (as Composio documents them):
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,10 +28,10 @@ from floom.services.triggers import spec_of
 from floom.services.webhooks import (
     UNMATCHED,
     Received,
-    WebhookNotReady,
     check_size,
     deliver,
     lookup,
+    no_webhook_at,
     parse_body,
 )
 from floom.store.db import session_scope
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from floom.services.context import Context
 
 V3_TYPE = "composio.trigger.message"
+
+log = logging.getLogger("floom.webhooks")
 
 
 @dataclass(frozen=True)
@@ -107,11 +110,11 @@ def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -
     check_size(ctx, body)
     secret = ctx.settings.composio_webhook_secret
     if not secret:
-        raise WebhookNotReady(
-            "Composio events cannot be verified: COMPOSIO_WEBHOOK_SECRET is not set",
-            hint="set FLOOM_COMPOSIO_WEBHOOK_SECRET to the secret of your Composio webhook "
-            "subscription and restart floom",
+        log.warning(
+            "refused a delivery to /hooks/composio: set FLOOM_COMPOSIO_WEBHOOK_SECRET to the "
+            "secret of your Composio webhook subscription and restart floom"
         )
+        raise no_webhook_at("/hooks/composio")
     key = signatures.verify_standard(secret=secret, headers=headers, body=body)
     seen = _seen(ctx, key)
     if seen:

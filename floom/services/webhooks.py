@@ -4,6 +4,7 @@ id, turned into a run (or a skipped run when paused), listed per worker and repl
 from __future__ import annotations
 
 import json
+import logging
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,10 +23,9 @@ from floom.errors import (
     WorkerPaused,
 )
 from floom.services import runs, secrets, workers
-from floom.services.logs import system_event
 from floom.services.triggers import spec_of
 from floom.store.db import session_scope
-from floom.store.models import Run, Worker, new_id, utcnow
+from floom.store.models import Run, Worker, new_id
 from floom.store.triggers import Trigger, WebhookDelivery
 from floom.triggers import signatures
 from floom.triggers.spec import EVENT_INPUT, ComposioSpec, WebhookSpec
@@ -39,12 +39,16 @@ INPUT_INVALID = "input_invalid"
 START_FAILED = "start_failed"
 UNMATCHED = "unmatched"
 
+log = logging.getLogger("floom.webhooks")
 
-class WebhookNotReady(FloomError):
-    """The webhook cannot be verified: its secret is not set on this server."""
 
-    status = 503
-    code = "webhook_not_ready"
+def no_webhook_at(path: str) -> NotFound:
+    """The one answer to a sender for a hook that is absent or not ready: an anonymous caller
+    learns no worker's secret name and no setting's name, and cannot tell the two apart."""
+    return NotFound(
+        f"no webhook at {path}",
+        hint="check the URL with the operator of this floom server",
+    )
 
 
 @dataclass
@@ -71,11 +75,14 @@ def receive_webhook(
     assert isinstance(spec, WebhookSpec)
     values, missing = secrets.resolve(ctx, [spec.secret])
     if missing:
-        raise WebhookNotReady(
-            f"the webhook of '{worker_name}' cannot verify deliveries: secret {spec.secret} is "
-            "not set",
-            hint=f"`floom secrets set {spec.secret}` with the sender's signing secret",
+        log.warning(
+            "refused a delivery to /hooks/%s: its webhook cannot verify deliveries until the "
+            "secret %s is set (`floom secrets set %s`)",
+            worker_name,
+            spec.secret,
+            spec.secret,
         )
+        raise no_webhook_at(f"/hooks/{worker_name}")
     secret = values[spec.secret]
     verified = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
     lower = {k.lower(): v for k, v in headers.items()}
@@ -97,10 +104,15 @@ def receive_webhook(
 def check_size(ctx: Context, body: bytes) -> None:
     limit = ctx.settings.webhook_max_bytes
     if len(body) > limit:
-        raise PayloadTooLarge(
-            f"the webhook body is larger than {limit} bytes",
-            hint="send a smaller payload, or raise FLOOM_WEBHOOK_MAX_BYTES on the server",
-        )
+        raise payload_too_large(limit)
+
+
+def payload_too_large(limit: int) -> PayloadTooLarge:
+    # The sender is anonymous: the setting that raises the limit is named only in the log.
+    log.warning("refused a webhook body over %d bytes (FLOOM_WEBHOOK_MAX_BYTES)", limit)
+    return PayloadTooLarge(
+        f"the webhook body is larger than {limit} bytes", hint="send a smaller payload"
+    )
 
 
 def deliver(
@@ -188,23 +200,20 @@ def _refused(
     try:
         with session_scope(ctx.engine, write=True) as s:
             worker = s.get(Worker, delivery.worker_name)
-            run = Run(
-                id=new_id("run"),
+            delivery.run_id = new_id("run")
+            s.add(delivery)
+            s.flush()  # the dedupe key, before the run that names it
+            runs.insert_skipped_run(
+                s,
+                run_id=delivery.run_id,
                 worker_name=delivery.worker_name,
-                version_id=(worker.active_version_id if worker else None) or "",
-                status=runs.SKIPPED,
+                version_id=worker.active_version_id if worker else None,
                 trigger=trigger,
                 trigger_id=delivery.trigger_id,
-                finished_at=utcnow(),
-                error_code=outcome,
+                code=outcome,
+                reason=message,
                 error_message=f"delivery {delivery.id}: {message}",
             )
-            delivery.run_id = run.id
-            s.add(delivery)
-            s.flush()
-            s.add(run)
-            s.flush()
-            system_event(s, run_id=run.id, attempt=1, message=f"skipped: {message}")
     except IntegrityError:
         again = _find(
             ctx,
@@ -244,10 +253,7 @@ def _webhook_trigger(ctx: Context, worker_name: str) -> tuple[Trigger, Worker]:
             )
         ).first()
     if worker is None or trigger is None or worker.active_version_id is None:
-        raise NotFound(
-            f"no webhook at /hooks/{worker_name}",
-            hint="declare `- webhook: {secret: NAME}` under triggers in the worker's worker.yml",
-        )
+        raise no_webhook_at(f"/hooks/{worker_name}")
     return trigger, worker
 
 
