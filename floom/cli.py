@@ -30,7 +30,7 @@ from floom.cli_output import (
     err,
     out,
 )
-from floom.client import TERMINAL_STATUSES, ApiError, FloomClient
+from floom.client import TERMINAL_STATUSES, FloomClient
 from floom.errors import FloomError
 
 if TYPE_CHECKING:
@@ -495,8 +495,6 @@ def main() -> None:
     """Entry point: floom's errors become "error:" and "hint:" lines and exit code 1."""
     try:
         app()
-    except ApiError as exc:
-        _exit_with(exc.message, exc.hint, exc.details)
     except FloomError as exc:
         _exit_with(exc.message, exc.hint, exc.details)
     except ValidationError as exc:

@@ -1,6 +1,7 @@
 """A small client of floom's REST API, shared by the CLI and the stdio MCP server.
 
-It prints nothing: every failure is an ApiError carrying floom's error code, message and hint.
+It prints nothing: every failure is a FloomError carrying floom's error code, message and hint
+(the server's own subclass, rebuilt from the code).
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from urllib.parse import quote
 import httpx
 
 from floom.config import client_base_url
+from floom.errors import ClientError, FloomError, rebuild
+from floom.services.run_rules import FINISHED as TERMINAL_STATUSES
 
-TERMINAL_STATUSES = frozenset(
-    {"succeeded", "failed", "timed_out", "cancelled", "rejected", "limit_exceeded", "skipped"}
-)
 UNREACHABLE_HINT = "start it with `floom serve` or set FLOOM_BASE_URL"
 POLL_SECONDS = 0.3
 RECONNECT_SECONDS = 0.5
@@ -28,23 +28,9 @@ RECONNECT_SECONDS = 0.5
 MAX_STREAM_FAILURES = 3
 
 
-class ApiError(Exception):
-    """A request to floom failed; `code` is floom's stable error code (status 0: no response)."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        hint: str | None = None,
-        details: Any = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.hint = hint
-        self.details = details
+ApiError = FloomError
+"""What every client failure is: the server's own FloomError subclass rebuilt from its code
+(`NotFound`, `Forbidden`, ...), or a ClientError (status 0) when no answer came."""
 
 
 @dataclass(frozen=True)
@@ -81,24 +67,24 @@ def configured_api_key() -> str | None:
         return None
 
 
-def _error_from(response: httpx.Response) -> ApiError:
+def _error_from(response: httpx.Response) -> FloomError:
     try:
         body = response.json()
         err = body["error"]
-        return ApiError(
-            response.status_code,
-            str(err.get("code") or "http_error"),
-            str(err.get("message") or f"HTTP {response.status_code}"),
-            err.get("hint"),
-            err.get("details"),
+        return rebuild(
+            status=response.status_code,
+            code=str(err.get("code") or "http_error"),
+            message=str(err.get("message") or f"HTTP {response.status_code}"),
+            hint=err.get("hint"),
+            details=err.get("details"),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         text = response.text.strip()[:200]
-        return ApiError(
-            response.status_code,
-            "http_error",
+        return ClientError(
             f"floom answered HTTP {response.status_code}" + (f": {text}" if text else ""),
-            "check that FLOOM_BASE_URL points at a floom server",
+            status=response.status_code,
+            code="http_error",
+            hint="check that FLOOM_BASE_URL points at a floom server",
         )
 
 
@@ -151,28 +137,35 @@ class FloomClient:
             return
         where = admin_key_path()
         saved = f", or run where the server saved its admin key ({where})" if where else ""
-        raise ApiError(0, "no_api_key", "no API key configured", f"set FLOOM_API_KEY{saved}")
+        raise ClientError(
+            "no API key configured", status=0, code="no_api_key", hint=f"set FLOOM_API_KEY{saved}"
+        )
 
-    def _transport_error(self, exc: httpx.HTTPError) -> ApiError:
+    def _transport_error(self, exc: httpx.HTTPError) -> ClientError:
         if isinstance(exc, httpx.ConnectError):
-            return ApiError(
-                0, "unreachable", f"cannot reach floom at {self.base_url}", UNREACHABLE_HINT
+            return ClientError(
+                f"cannot reach floom at {self.base_url}",
+                status=0,
+                code="unreachable",
+                hint=UNREACHABLE_HINT,
             )
         if isinstance(exc, httpx.TimeoutException):
-            return ApiError(
-                0,
-                "timeout",
+            return ClientError(
                 f"floom at {self.base_url} did not answer in time",
-                "check that the server is running and not overloaded",
+                status=0,
+                code="timeout",
+                hint="check that the server is running and not overloaded",
             )
         if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
-            return ApiError(
-                0,
-                "bad_url",
+            return ClientError(
                 f"'{self.base_url}' is not a usable floom URL",
-                "set FLOOM_BASE_URL to e.g. http://127.0.0.1:8321",
+                status=0,
+                code="bad_url",
+                hint="set FLOOM_BASE_URL to e.g. http://127.0.0.1:8321",
             )
-        return ApiError(0, "transport", f"talking to floom at {self.base_url} failed: {exc}", None)
+        return ClientError(
+            f"talking to floom at {self.base_url} failed: {exc}", status=0, code="transport"
+        )
 
     def _send(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> httpx.Response:
         if auth:
@@ -388,7 +381,7 @@ class FloomClient:
     ) -> Iterator[FollowEvent]:
         """Yield a run's log events above `after` as they happen, then one "end" event with
         the run record. Uses the SSE stream, resuming from the last seq when it breaks, and
-        polls /logs when streaming is unavailable. Raises ApiError(code="timeout") when the
+        polls /logs when streaming is unavailable. Raises ClientError(code="timeout") when the
         monotonic `deadline` passes first."""
         failures = 0
         while failures < MAX_STREAM_FAILURES:
@@ -429,11 +422,11 @@ class FloomClient:
             run = self.get_run(run_id)
             if run["status"] in TERMINAL_STATUSES:
                 return
-            raise ApiError(
-                0,
-                "timeout",
+            raise ClientError(
                 f"run {run_id} is still {run['status']} at the deadline",
-                f"it keeps going; follow it with `floom logs -f {run_id}`",
+                status=0,
+                code="timeout",
+                hint=f"it keeps going; follow it with `floom logs -f {run_id}`",
             )
 
     def _stream(self, run_id: str, *, after: int, deadline: float | None) -> Iterator[FollowEvent]:

@@ -1,15 +1,31 @@
-"""One exception root for floom; every subclass carries an HTTP status and a stable code."""
+"""One exception root for floom; every subclass carries an HTTP status and a stable code.
+
+Every class that sets its own `code` is registered, so a client can rebuild the same class
+from a response (`error_class(code)`) and the catalogue (`catalogue()`) lists every code a
+caller can meet, for the README and the OpenAPI document.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
+
+_BY_CODE: dict[str, type[FloomError]] = {}
 
 
 class FloomError(Exception):
     """Something went wrong in floom."""
 
-    status = 500
-    code = "internal"
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            # Two classes with one code would make a client rebuild the wrong one.
+            known = _BY_CODE.get(cls.code)
+            if known is not None and _name(known) != _name(cls):
+                raise TypeError(f"error code {cls.code!r} is taken by {_name(known)}")
+            _BY_CODE[cls.code] = cls
 
     def __init__(
         self, message: str | None = None, *, hint: str | None = None, details: Any = None
@@ -39,10 +55,42 @@ class ManifestInvalid(InvalidRequest):
     code = "manifest_invalid"
 
 
+class ManifestTooLarge(ManifestInvalid):
+    """worker.yml is over a parser limit (bytes, nesting depth or number of nodes).
+
+    Refused before the document is built; `details` names the limit and its maximum."""
+
+    status = 422
+    code = "manifest_too_large"
+
+
+class ManifestAliasesRefused(ManifestInvalid):
+    """worker.yml uses a YAML anchor or alias, which floom refuses.
+
+    Aliases can expand a small document without bound; write the repeated part out."""
+
+    status = 422
+    code = "manifest_aliases_refused"
+
+
 class BundleInvalid(InvalidRequest):
     """The worker archive is not acceptable."""
 
     code = "bundle_invalid"
+
+
+class BundleTooLarge(BundleInvalid):
+    """The worker archive has more entries (files and directories) than floom accepts."""
+
+    status = 422
+    code = "bundle_too_large"
+
+
+class BundlePathInvalid(BundleInvalid):
+    """An archive entry's name is too long or clashes with another entry's name."""
+
+    status = 422
+    code = "bundle_path_invalid"
 
 
 class InputInvalid(InvalidRequest):
@@ -80,11 +128,23 @@ class Conflict(FloomError):
     code = "conflict"
 
 
+class IllegalTransition(Conflict):
+    """The thing cannot move to that status from the one it is in (a run or a handoff job)."""
+
+    code = "illegal_transition"
+
+
 class PayloadTooLarge(FloomError):
     """The request body is too large."""
 
     status = 413
     code = "payload_too_large"
+
+
+class InputsTooLarge(PayloadTooLarge):
+    """A run's inputs are larger than FLOOM_MAX_INPUT_BYTES."""
+
+    code = "inputs_too_large"
 
 
 class SecretMissing(FloomError):
@@ -105,3 +165,120 @@ class WorkerPaused(Conflict):
     """The worker is paused."""
 
     code = "worker_paused"
+
+
+class StoreUnavailable(FloomError):
+    """floom's database cannot be reached right now."""
+
+    status = 503
+    code = "store_unavailable"
+
+
+class RateLimited(FloomError):
+    """Too many requests with this API key; wait and try again."""
+
+    status = 429
+    code = "rate_limited"
+
+
+class ProviderError(FloomError):
+    """The model provider could not answer; `retryable` says whether trying again may help."""
+
+    status = 502
+    code = "model_error"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        retryable: bool = False,
+        hint: str | None = None,
+        details: Any = None,
+    ) -> None:
+        super().__init__(message, hint=hint, details=details)
+        self.retryable = retryable
+
+
+class ProviderAuthFailed(ProviderError):
+    """The model provider refused floom's key."""
+
+    code = "provider_auth"
+
+
+class ToolError(FloomError):
+    """An agent's tool call failed in a way the model should read and may recover from."""
+
+    status = 422
+    code = "tool_error"
+
+
+class SourceUnavailable(FloomError):
+    """A tool source an agent declares (an MCP server, Composio) cannot be reached."""
+
+    status = 503
+    code = "tool_source_unavailable"
+
+
+class SecretUndecryptable(FloomError):
+    """A stored secret cannot be decrypted with this node's secret key."""
+
+    status = 500
+    code = "secret_key_mismatch"
+
+
+class RuntimeMissing(FloomError):
+    """A program a worker's entry needs is not installed on this node."""
+
+    status = 503
+    code = "runtime_missing"
+
+
+class ClientError(FloomError):
+    """A request from a floom client failed with a code this client does not know.
+
+    Also what a client raises when no response came at all (status 0, `unreachable`).
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        status: int = 500,
+        code: str = "internal",
+        hint: str | None = None,
+        details: Any = None,
+    ) -> None:
+        super().__init__(message, hint=hint, details=details)
+        self.status = status  # type: ignore[misc]
+        self.code = code  # type: ignore[misc]
+
+
+def error_class(code: str) -> type[FloomError] | None:
+    """The registered FloomError subclass of a stable code, or None when unknown."""
+    return _BY_CODE.get(code)
+
+
+def rebuild(
+    *, status: int, code: str, message: str, hint: str | None = None, details: Any = None
+) -> FloomError:
+    """The error a server answered, as the same FloomError subclass the server raised."""
+    cls = _BY_CODE.get(code)
+    if cls is None or cls.status != status or not _plain_init(cls):
+        return ClientError(message, status=status, code=code, hint=hint, details=details)
+    return cls(message, hint=hint, details=details)
+
+
+def catalogue() -> list[dict[str, Any]]:
+    """Every stable error code with its HTTP status and meaning, sorted by code."""
+    return [
+        {"code": code, "status": cls.status, "meaning": (cls.__doc__ or "").strip().split("\n")[0]}
+        for code, cls in sorted(_BY_CODE.items())
+    ]
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _plain_init(cls: type[FloomError]) -> bool:
+    return cls.__init__ is FloomError.__init__ or issubclass(cls, ProviderError)

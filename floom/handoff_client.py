@@ -1,5 +1,5 @@
 """REST calls of the handoff layer (agents, roles, jobs) over a FloomClient; used by the CLI
-and usable by any thin client (the stdio MCP server). Failures are floom.client.ApiError."""
+and usable by any thin client (the stdio MCP server). Failures are floom.errors.FloomError."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from floom.client import ApiError, FloomClient, FollowEvent
+from floom.client import FloomClient, FollowEvent
 from floom.config import mask_password
+from floom.errors import ClientError, NotFound
 from floom.services import secrets
 from tests.conftest import (
     EXAMPLES,
@@ -537,7 +538,7 @@ def test_api_errors_carry_floom_code_and_hint() -> None:
         return httpx.Response(404, json={"error": error})
 
     client = FloomClient("http://floom.test", "key", transport=httpx.MockTransport(handler))
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(NotFound) as caught:  # the server's own class, rebuilt from its code
         client.get_worker("nope")
     exc = caught.value
     assert (exc.status, exc.code, exc.message, exc.hint) == (
@@ -545,4 +546,19 @@ def test_api_errors_carry_floom_code_and_hint() -> None:
         "not_found",
         "no worker nope",
         "`floom workers`",
+    )
+
+
+def test_a_code_the_client_does_not_know_still_carries_status_code_and_hint() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        error = {"code": "from_the_future", "message": "new refusal", "hint": "upgrade"}
+        return httpx.Response(418, json={"error": error})
+
+    client = FloomClient("http://floom.test", "key", transport=httpx.MockTransport(handler))
+    with pytest.raises(ClientError) as caught:
+        client.get_worker("nope")
+    assert (caught.value.status, caught.value.code, caught.value.hint) == (
+        418,
+        "from_the_future",
+        "upgrade",
     )

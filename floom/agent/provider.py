@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from floom.errors import ProviderAuthFailed, ProviderError
+
 if TYPE_CHECKING:
     from floom.config import Settings
 
@@ -46,14 +48,6 @@ class ModelReply:
     stop_reason: str | None
     input_tokens: int
     output_tokens: int
-
-
-class ProviderError(Exception):
-    def __init__(self, message: str, *, retryable: bool, code: str = "model_error") -> None:
-        super().__init__(message)
-        self.message = message
-        self.retryable = retryable
-        self.code = code
 
 
 class ModelProvider(abc.ABC):
@@ -107,10 +101,8 @@ class AnthropicProvider(ModelProvider):
                 timeout=timeout,
             )
         except anthropic.AuthenticationError as exc:
-            raise ProviderError(
-                f"the model provider refused the key ({exc.status_code}); check {KEY_SETTING}",
-                retryable=False,
-                code="provider_auth",
+            raise ProviderAuthFailed(
+                f"the model provider refused the key ({exc.status_code}); check {KEY_SETTING}"
             ) from exc
         except anthropic.APIStatusError as exc:
             retryable = exc.status_code == 429 or exc.status_code >= 500

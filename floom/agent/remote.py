@@ -13,6 +13,7 @@ import httpx
 
 from floom.agent.spec import ToolSpec
 from floom.agent.tools import Tool, ToolError
+from floom.errors import SourceUnavailable
 
 TOOL_NAME_CAP = 64
 
@@ -24,10 +25,6 @@ def _model_name(text: str) -> str:
 def _allowed(spec: ToolSpec, name: str) -> bool:
     allowed = spec.options.get("allowed_tools") or []
     return "*" in allowed or name in allowed
-
-
-class SourceUnavailable(Exception):
-    """A tool source could not be listed; the run cannot start with it."""
 
 
 # -- MCP --------------------------------------------------------------------------------------

@@ -12,13 +12,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from floom.errors import ToolError
 
-class ToolError(Exception):
-    """A tool call failed in a way the model is told about."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
+__all__ = ["Tool", "ToolError", "Toolbox", "object_schema", "require_str"]
 
 
 @dataclass(frozen=True)

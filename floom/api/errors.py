@@ -7,9 +7,11 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException
 
 from floom.errors import FloomError
+from floom.store.db import UNAVAILABLE, store_unavailable
 
 log = logging.getLogger("floom.api")
 
@@ -24,6 +26,27 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(FloomError)
     async def _floom(_: Request, exc: FloomError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content={"error": exc.to_dict()})
+
+    # Driver errors that escaped the store's own translation (store/db.py): a database that
+    # cannot be reached is the operator's to fix, not a bug; a unique row that a concurrent
+    # request wrote first is the caller's to retry.
+    for unavailable in UNAVAILABLE:
+
+        @app.exception_handler(unavailable)
+        async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+            log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+            err = store_unavailable(exc)
+            return JSONResponse(status_code=err.status, content={"error": err.to_dict()})
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
+        log.warning("integrity error on %s %s: %s", request.method, request.url.path, exc)
+        return error_response(
+            409,
+            "conflict",
+            "the change conflicts with one made at the same moment",
+            "read the current state and try again",
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:

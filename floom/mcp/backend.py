@@ -27,10 +27,10 @@ class Backend(abc.ABC):
     values in the shapes of the REST API's bodies, so both implementations look the same
     to a tool.
 
-    Failures raise floom.errors.FloomError or floom.client.ApiError, each carrying a stable
-    `code`, a message and a hint; the tools turn them into tool errors in one place. A method
-    whose feature the server lacks raises NotAvailable. A refused scope raises an error with
-    code "forbidden" that names the scope, and changes nothing.
+    Failures raise floom.errors.FloomError (a client rebuilds the server's subclass), each
+    carrying a stable `code`, a message and a hint; the tools turn them into tool errors in
+    one place. A method whose feature the server lacks raises NotAvailable. A refused scope
+    raises an error with code "forbidden" that names the scope, and changes nothing.
     """
 
     #: Whether deploy/validate may read a folder path on the machine running this backend.

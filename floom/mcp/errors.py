@@ -10,19 +10,18 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from floom.client import ApiError
 from floom.errors import FloomError, InvalidRequest, NotFound
 
 log = logging.getLogger("floom.mcp")
 
 #: What a backend raises for a refusal the caller can act on.
-EXPECTED_ERRORS: tuple[type[Exception], ...] = (FloomError, ApiError)
+EXPECTED_ERRORS: tuple[type[Exception], ...] = (FloomError,)
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
     """{"code", "message", "hint"[, "details"]} of a floom error; a generic one for anything
     else, whose text stays in the server log because it may hold internals."""
-    if isinstance(exc, FloomError | ApiError):
+    if isinstance(exc, FloomError):
         body: dict[str, Any] = {"code": exc.code, "message": exc.message, "hint": exc.hint}
         if exc.details is not None:
             body["details"] = exc.details

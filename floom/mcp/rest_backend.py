@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from floom.client import ApiError, FloomClient
+from floom.client import FloomClient
+from floom.errors import ClientError, Conflict
 from floom.handoff_client import HandoffClient
 from floom.mcp.backend import JSON, Backend, NotAvailable
 
@@ -16,16 +17,16 @@ SETUP_HINT = (
 )
 
 
-class NotConfigured(ApiError):
+class NotConfigured(ClientError):
     """`floom mcp` was started without the settings that say where floom is."""
 
     def __init__(self) -> None:
         super().__init__(
-            0,
-            "not_configured",
             "the floom MCP server has no API key: FLOOM_API_KEY (and FLOOM_BASE_URL for a "
             "server that is not on this machine) are not set",
-            SETUP_HINT,
+            status=0,
+            code="not_configured",
+            hint=SETUP_HINT,
         )
 
 
@@ -70,7 +71,7 @@ class RestBackend(Backend):
         worker = self.client.get_worker(name)
         version_id = worker.get("active_version_id")
         if not version_id:
-            raise ApiError(409, "conflict", f"worker '{name}' has no active version", "deploy it")
+            raise Conflict(f"worker '{name}' has no active version", hint="deploy it")
         return str(self.client.get_version(name, version_id)["manifest_yaml"])
 
     def validate(self, archive: bytes) -> JSON:

@@ -11,16 +11,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from floom.config import Settings, mask_password
-from floom.errors import FloomError
+from floom.errors import StoreUnavailable
 from floom.services.secrets import SecretBox
 from floom.store.db import create_schema, make_engine
-
-
-class StoreUnavailable(FloomError):
-    """The database cannot be reached."""
-
-    status = 503
-    code = "store_unavailable"
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from cryptography.fernet import Fernet, InvalidToken
 from sqlmodel import select
 
-from floom.errors import FloomError, InvalidRequest, NotFound
+from floom.errors import InvalidRequest, NotFound, SecretUndecryptable
 from floom.store.db import session_scope
 from floom.store.models import Secret, utcnow
 
@@ -55,7 +55,7 @@ class SecretBox:
         try:
             return self._fernet.decrypt(token).decode()
         except InvalidToken as exc:
-            raise FloomError(
+            raise SecretUndecryptable(
                 "a stored secret cannot be decrypted with this server's key",
                 hint="start every floom node with the same FLOOM_SECRET_KEY (or the same "
                 "secret.key file) that stored the secrets, or set the secret again",

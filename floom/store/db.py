@@ -8,10 +8,14 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
+from floom.config import mask_password
+from floom.errors import StoreUnavailable
 from floom.store import agents as _agent_tables  # noqa: F401 - registers the tables
+from floom.store import audit as _audit_tables  # noqa: F401 - registers the tables
 from floom.store import handoffs as _handoff_tables  # noqa: F401 - registers the tables
 from floom.store import models  # noqa: F401 - registers the tables
 from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
@@ -70,11 +74,35 @@ def session_scope(engine: Engine, *, write: bool = False) -> Iterator[Session]:
     """
     sqlite = engine.dialect.name == "sqlite"
     bind = engine.execution_options(floom_write=True) if write and sqlite else engine
-    with _sqlite_write_lock if write and sqlite else nullcontext():
-        with Session(bind, expire_on_commit=False) as session:
-            try:
-                yield session
-                session.commit()
-            except BaseException:
-                session.rollback()
-                raise
+    try:
+        with _sqlite_write_lock if write and sqlite else nullcontext():
+            with Session(bind, expire_on_commit=False) as session:
+                try:
+                    yield session
+                    session.commit()
+                except BaseException:
+                    session.rollback()
+                    raise
+    except UNAVAILABLE as exc:
+        raise store_unavailable(exc) from exc
+
+
+# What the driver raises when the database cannot be reached or used right now (a lost
+# server, a dropped database, a full pool, a lock held past the busy timeout); anything
+# else from the driver is a bug and stays a 500.
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,
+)
+
+
+def store_unavailable(exc: Exception) -> StoreUnavailable:
+    """The driver's failure as floom's error, without the URL or the driver's internals."""
+    reason = mask_password(str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200])
+    return StoreUnavailable(
+        f"floom's database is unavailable: {reason}",
+        hint="check that the database server is running and reachable "
+        "(FLOOM_DATABASE_URL); floom retries on the next request",
+    )

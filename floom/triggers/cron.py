@@ -20,6 +20,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from floom.errors import InvalidRequest
+
 ALIASES = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
@@ -38,8 +40,11 @@ _DAYS = {"sun", "mon", "tue", "wed", "thu", "fri", "sat"}
 _WORDS: tuple[set[str], ...] = (set(), set(), {"l", "w"}, _MONTHS, _DAYS | {"l"})
 
 
-class CronError(ValueError):
+class CronError(InvalidRequest):
     """A cron expression or timezone that cannot be used; the message says why."""
+
+    status = 422
+    code = "cron_invalid"
 
 
 def normalise(expr: str) -> str:
