@@ -15,11 +15,11 @@ from floom.agent import netguard
 from floom.agent.spec import HTTP_METHODS, ToolSpec
 from floom.agent.tools import Tool, ToolError, object_schema, require_str
 from floom.errors import FloomError
-from floom.sandbox.base import SandboxSpec
 from floom.services import agent_runs
 
 if TYPE_CHECKING:
-    from floom.engine.executor import Executor, RunLog
+    from floom.engine.attempt import Attempt, AttemptHost
+    from floom.engine.runlog import RunLog
     from floom.manifest import Manifest
     from floom.services.context import Context
     from floom.services.secrets import Redactor
@@ -34,31 +34,57 @@ _JSON_TYPES = {"file": "string"}
 
 @dataclass
 class AgentEnv:
-    """What the tools of one agent attempt work with."""
+    """What the tools of one agent attempt work with: the attempt (its work dir, redactor,
+    log and sandbox runs) and the agent's own limits."""
 
-    executor: Executor
-    run: Run
-    manifest: Manifest
-    workdir: Path
-    output_dir: Path
+    attempt: Attempt
     # Declared secrets (and, in the apply phase, apply_secrets): the environment of
     # run_command and the ${NAME} placeholders of http_request.
     secrets: dict[str, str]
-    redactor: Redactor
-    run_log: RunLog
     deadline: float
     apply: bool = False
-    sandbox_seconds: float = 0.0
 
     @property
     def ctx(self) -> Context:
-        return self.executor.ctx
+        return self.attempt.ctx
+
+    @property
+    def host(self) -> AttemptHost:
+        return self.attempt.host
+
+    @property
+    def run(self) -> Run:
+        return self.attempt.run
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.attempt.manifest
+
+    @property
+    def workdir(self) -> Path:
+        return self.attempt.workdir
+
+    @property
+    def output_dir(self) -> Path:
+        return self.attempt.output_dir
+
+    @property
+    def redactor(self) -> Redactor:
+        return self.attempt.redactor
+
+    @property
+    def run_log(self) -> RunLog:
+        return self.attempt.run_log
+
+    @property
+    def sandbox_seconds(self) -> float:
+        return self.attempt.sandbox_seconds
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
     def cancelled(self) -> bool:
-        return self.executor._should_cancel(self.run.id)
+        return self.attempt.cancelled()
 
 
 def make_builtin(spec: ToolSpec, env: AgentEnv) -> Tool:
@@ -258,28 +284,10 @@ def _run_command(spec: ToolSpec, env: AgentEnv) -> Any:
             while size > COMMAND_OUTPUT_CAP and len(lines) > 1:
                 size -= len(lines.pop(0)) + 1
 
-        sandbox_env = {
-            **env.secrets,
-            "FLOOM_RUN_ID": env.run.id,
-            "FLOOM_ATTEMPT": str(env.run.attempt),
-            "FLOOM_WORKER": env.run.worker_name,
-            "FLOOM_VERSION_ID": env.run.version_id,
-        }
-        sandbox_spec = SandboxSpec(
-            run_id=env.run.id,
-            command=["bash", "-c", command],
-            workdir=env.workdir,
-            output_dir=env.output_dir,
-            env=sandbox_env,
-            network=manifest.network == "full",
-            timeout_seconds=timeout,
-            memory_mb=manifest.limits.memory_mb,
+        sandbox_spec = env.attempt.spec(
+            secrets=env.secrets, command=["bash", "-c", command], timeout_seconds=timeout
         )
-        t0 = time.monotonic()
-        result = env.executor.sandbox.run(
-            sandbox_spec, on_line=on_line, should_cancel=env.cancelled
-        )
-        env.sandbox_seconds += time.monotonic() - t0
+        result = env.attempt.run_sandbox(sandbox_spec, on_line=on_line)
         output = env.redactor.text("\n".join(lines))
         if result.timed_out:
             raise ToolError(f"timed out after {timeout:.0f}s; output so far:\n{output}")

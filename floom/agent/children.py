@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from floom.agent.tools import ToolError
-from floom.engine.phases import claim_run, run_claimed_inline
+from floom.engine.phases import claim_run
 from floom.errors import FloomError
 from floom.services import runs
 from floom.store.db import session_scope
@@ -55,7 +55,7 @@ def invoke_child(env: AgentEnv, *, worker: str, inputs: dict[str, Any]) -> dict[
     env.run_log.add("system", f"started run {child.id} of {worker}")
     claimed = claim_run(ctx, run_id=child.id)
     if claimed is not None:
-        run_claimed_inline(env.executor, claimed)
+        env.host.run_claimed_inline(claimed)
     while True:
         current = runs.get_run(ctx, run_id=child.id)
         if current.status in runs.TERMINAL or current.status == runs.AWAITING_APPROVAL:

@@ -14,28 +14,20 @@ from floom.agent.provider import KEY_SETTING, AnthropicProvider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
 from floom.agent.spec import ToolSpec, tool_specs
 from floom.agent.tools import Tool, Toolbox
-from floom.engine.cleanup import discard_later
-from floom.engine.phases import missing_secret_outcome
 from floom.engine.queue import Outcome
 from floom.services import agent_runs
-from floom.services import secrets as secret_service
 from floom.services.approvals import PHASE_APPLY
 from floom.services.runs import FAILED
-from floom.services.secrets import Redactor
 from floom.store.agents import Transcript
 
 if TYPE_CHECKING:
-    from floom.engine.executor import Executor, RunLog
-    from floom.manifest import Manifest
-    from floom.store.models import Run, Version
+    from floom.engine.attempt import Attempt
 
 REMOTE_TIMEOUT = 60.0
 
 
-def run_agent(
-    executor: Executor, *, run: Run, version: Version, manifest: Manifest, run_log: RunLog
-) -> Outcome:
-    ctx = executor.ctx
+def run_agent(attempt: Attempt) -> Outcome:
+    ctx, run, manifest, run_log = attempt.ctx, attempt.run, attempt.manifest, attempt.run_log
     settings = ctx.settings
     key = provider_key(settings)
     if not key:
@@ -58,31 +50,23 @@ def run_agent(
     apply = run.phase == PHASE_APPLY
     names = [*manifest.secrets, *(manifest.apply_secrets if apply else [])]
     auth_names = [str(s.options["auth_secret"]) for s in specs if s.options.get("auth_secret")]
-    values, missing = secret_service.resolve(ctx, [*names, *auth_names])
-    if missing:
-        return missing_secret_outcome(missing)
-    redactor = Redactor([*values.values(), key, settings.composio_api_key])
-    run_log._redactor = redactor
-    base = settings.work_root / f"{run.id}-{run.attempt}"
-    workdir, output_dir = base / "work", base / "output"
-    try:
-        executor._prepare(version, workdir, output_dir, run)
+    ended = attempt.resolve_secrets(
+        [*names, *auth_names], also_redact=[key, settings.composio_api_key]
+    )
+    if ended is not None:
+        return ended
+    values, redactor = attempt.secrets, attempt.redactor
+    with attempt.workspace():
         transcript = agent_runs.load_transcript(ctx, run_id=run.id)
         if transcript is not None:
-            agent_runs.restore_artifacts(ctx, run_id=run.id, output_dir=output_dir)
+            agent_runs.restore_artifacts(ctx, run_id=run.id, output_dir=attempt.output_dir)
             if transcript.workspace_digest:
-                workspace.restore(ctx, digest=transcript.workspace_digest, base=base)
+                workspace.restore(ctx, digest=transcript.workspace_digest, base=attempt.base)
             run_log.add("system", f"resuming the agent after model turn {transcript.iterations}")
         spent = transcript.active_seconds if transcript else 0.0
         env = AgentEnv(
-            executor=executor,
-            run=run,
-            manifest=manifest,
-            workdir=workdir,
-            output_dir=output_dir,
+            attempt=attempt,
             secrets={n: values[n] for n in names},
-            redactor=redactor,
-            run_log=run_log,
             deadline=time.monotonic() + manifest.limits.timeout_seconds - spent,
             apply=apply,
         )
@@ -101,8 +85,6 @@ def run_agent(
         outcome = loop.run()
         outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds
         return outcome
-    finally:
-        discard_later(base)
 
 
 def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> Toolbox:

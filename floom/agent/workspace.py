@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from floom.engine.collect import Artifact
 from floom.services import agent_runs
 
 if TYPE_CHECKING:
@@ -43,10 +44,5 @@ def restore(ctx: Context, *, digest: str, base: Path) -> bool:
     return True
 
 
-def artifacts(env: AgentEnv) -> list[tuple[str, bytes, str]]:
-    from floom.engine.executor import _collect_artifacts
-
-    found, problem = _collect_artifacts(env.output_dir, limit=env.ctx.settings.max_artifact_bytes)
-    if problem:
-        env.run_log.add("system", problem)
-    return found
+def artifacts(env: AgentEnv) -> list[Artifact]:
+    return env.attempt.collect_artifacts()

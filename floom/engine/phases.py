@@ -4,28 +4,22 @@ run-level approval (propose, wait for a person, then apply)."""
 from __future__ import annotations
 
 import json
-import time
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
 
-from floom.engine.cleanup import discard_later
+from floom.engine.attempt import Attempt, cancelled_outcome
 from floom.engine.queue import Outcome
-from floom.engine.script import redact_outcome, script_spec
-from floom.services import secrets as secret_service
 from floom.services.agent_runs import restore_artifacts
 from floom.services.approvals import PHASE_APPLY, new_approval, pause_run
 from floom.services.logs import system_event
-from floom.services.runs import AWAITING_APPROVAL, CANCELLED, FAILED, QUEUED, RUNNING, SUCCEEDED
-from floom.services.secrets import Redactor
+from floom.services.runs import AWAITING_APPROVAL, QUEUED, RUNNING, SUCCEEDED
 from floom.store.agents import Approval
 from floom.store.db import session_scope
-from floom.store.models import Run, Version, utcnow
+from floom.store.models import Run, utcnow
 
 if TYPE_CHECKING:
-    from floom.engine.executor import Executor, RunLog
     from floom.manifest import Manifest
     from floom.services.context import Context
 
@@ -34,25 +28,13 @@ def is_phased(manifest: Manifest) -> bool:
     return manifest.kind == "agent" or bool(manifest.approvals.get("required"))
 
 
-def execute_phased(
-    executor: Executor, run: Run, version: Version, manifest: Manifest, run_log: RunLog
-) -> Outcome:
+def execute_phased(attempt: Attempt) -> Outcome:
     """One attempt of an agent run or of an approval-gated script run."""
-    if manifest.kind == "agent":
+    if attempt.manifest.kind == "agent":
         from floom.agent.runner import run_agent
 
-        return run_agent(executor, run=run, version=version, manifest=manifest, run_log=run_log)
-    return _gated_script(executor, run, version, manifest, run_log)
-
-
-def missing_secret_outcome(missing: list[str]) -> Outcome:
-    return Outcome(
-        status=FAILED,
-        error_code="secret_missing",
-        error_message=f"secret {', '.join(missing)} is not set; set it with "
-        f"`floom secrets set {missing[0]}`",
-        retryable=False,
-    )
+        return run_agent(attempt)
+    return _gated_script(attempt)
 
 
 def approved_decision(ctx: Context, *, run: Run) -> dict[str, Any]:
@@ -72,44 +54,24 @@ def approved_decision(ctx: Context, *, run: Run) -> dict[str, Any]:
     }
 
 
-def _gated_script(
-    executor: Executor, run: Run, version: Version, manifest: Manifest, run_log: RunLog
-) -> Outcome:
-    ctx = executor.ctx
+def _gated_script(attempt: Attempt) -> Outcome:
+    ctx, run, manifest = attempt.ctx, attempt.run, attempt.manifest
     apply = run.phase == PHASE_APPLY
-    names = [*manifest.secrets, *(manifest.apply_secrets if apply else [])]
-    values, missing = secret_service.resolve(ctx, names)
-    if missing:
-        return missing_secret_outcome(missing)
-    redactor = Redactor(values.values())
-    run_log.redact_with(redactor)
-    base = ctx.settings.work_root / f"{run.id}-{run.attempt}"
-    workdir, output_dir = base / "work", base / "output"
-    try:
-        executor._prepare(version, workdir, output_dir, run)
+    ended = attempt.resolve_secrets([*manifest.secrets, *(manifest.apply_secrets if apply else [])])
+    if ended is not None:
+        return ended
+    with attempt.workspace():
         decision: dict[str, Any] | None = None
         if apply:
-            restore_artifacts(ctx, run_id=run.id, output_dir=output_dir)
+            restore_artifacts(ctx, run_id=run.id, output_dir=attempt.output_dir)
             decision = approved_decision(ctx, run=run)
-            (workdir / "decision.json").write_text(json.dumps(decision))
-        spec = script_spec(
-            run,
-            manifest,
-            workdir=workdir,
-            output_dir=output_dir,
-            secrets=values,
-            phase="apply" if apply else "propose",
+            (attempt.workdir / "decision.json").write_text(json.dumps(decision))
+        result = attempt.run_sandbox(attempt.spec(phase="apply" if apply else "propose"))
+        # In the apply phase the run's outputs are the approved ones, whatever the script
+        # says; its `error` and `retryable` still count.
+        outcome = attempt.judge(
+            result, pinned_outputs=decision["outputs"] if decision is not None else None
         )
-        t0 = time.monotonic()
-        result = executor.sandbox.run(
-            spec, on_line=run_log.add, should_cancel=lambda: executor._should_cancel(run.id)
-        )
-        elapsed = time.monotonic() - t0
-        if decision is not None:
-            _pin_outputs(workdir / "result.json", decision["outputs"])
-        outcome = executor._judge(result, workdir, output_dir, manifest, run_log)
-        outcome.sandbox_seconds = elapsed
-        redact_outcome(outcome, redactor)
         if apply or outcome.status != SUCCEEDED:
             return outcome
         proposed = outcome.outputs or {}
@@ -120,29 +82,11 @@ def _gated_script(
             approval=approval,
             proposed_outputs=proposed,
             artifacts=outcome.artifacts,
-            sandbox_seconds=elapsed,
+            sandbox_seconds=attempt.sandbox_seconds,
         )
         if paused:
-            return Outcome(status=AWAITING_APPROVAL, sandbox_seconds=elapsed)
-        return Outcome(
-            status=CANCELLED, error_code="cancelled", error_message="cancelled", retryable=False
-        )
-    finally:
-        discard_later(base)
-
-
-def _pin_outputs(path: Path, outputs: dict[str, Any]) -> None:
-    """In the apply phase the run's outputs are the approved ones, whatever the script says;
-    its `error` and `retryable` still count."""
-    report: Any = {}
-    if path.exists():
-        try:
-            report = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError):
-            return  # the judge reports the broken file
-    if isinstance(report, dict):
-        report["outputs"] = outputs
-        path.write_text(json.dumps(report))
+            return Outcome(status=AWAITING_APPROVAL, sandbox_seconds=attempt.sandbox_seconds)
+        return cancelled_outcome()
 
 
 def claim_run(ctx: Context, *, run_id: str) -> Run | None:
@@ -167,19 +111,3 @@ def claim_run(ctx: Context, *, run_id: str) -> Run | None:
             f"(called by {run.parent_run_id})",
         )
     return run
-
-
-def run_claimed_inline(executor: Executor, run: Run) -> None:
-    """Run an attempt this node just claimed in the calling thread, as a slot would: an agent
-    waiting on its child run must not wait for a free slot it may itself be holding."""
-    from floom.engine.executor import RunLog
-
-    run_log = RunLog(
-        run_id=run.id,
-        attempt=run.attempt,
-        redactor=Redactor([]),
-        max_lines=executor.ctx.settings.max_log_lines_per_run,
-    )
-    with executor._active_lock:
-        executor._active[run.id] = run_log
-    executor._run_attempt(run, run_log)

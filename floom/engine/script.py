@@ -19,8 +19,13 @@ def script_spec(
     output_dir: Path,
     secrets: dict[str, str],
     phase: str | None = None,
+    command: list[str] | None = None,
+    timeout_seconds: float | None = None,
 ) -> SandboxSpec:
-    """The sandbox spec of a script worker's attempt: declared secrets and floom's values."""
+    """The sandbox spec of a script worker's attempt: declared secrets and floom's values.
+
+    An agent's `run_command` passes its own command and the time it has left; everything
+    else (environment, network, limits) is the worker's, as for a script."""
     env = {
         **secrets,
         "FLOOM_RUN_ID": run.id,
@@ -32,12 +37,15 @@ def script_spec(
         env["FLOOM_PHASE"] = phase
     return SandboxSpec(
         run_id=run.id,
-        command=manifest.command(),
+        command=command if command is not None else manifest.command(),
         workdir=workdir,
         output_dir=output_dir,
         env=env,
         network=manifest.network == "full",
-        timeout_seconds=float(manifest.limits.timeout_seconds),
+        network_allow=tuple(manifest.network_allow),
+        timeout_seconds=float(
+            timeout_seconds if timeout_seconds is not None else manifest.limits.timeout_seconds
+        ),
         memory_mb=manifest.limits.memory_mb,
     )
 

@@ -1,0 +1,253 @@
+"""One attempt of a run on this node, as one pipeline that plain scripts, approval phases and
+an agent's `run_command` all go through: the work dir, the secrets and their redaction, the
+sandbox, the judge of what the script left, and the collection of its artifacts."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from floom.engine.cleanup import discard_later
+from floom.engine.collect import Artifact, collect_artifacts, read_result
+from floom.engine.queue import Outcome
+from floom.engine.runlog import RunLog
+from floom.engine.script import redact_outcome, script_spec
+from floom.services import secrets as secret_service
+from floom.services import workers
+from floom.services.runs import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
+from floom.services.secrets import Redactor
+
+if TYPE_CHECKING:
+    from floom.manifest import Manifest
+    from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec
+    from floom.services.context import Context
+    from floom.store.models import Run, Version
+
+
+class AttemptHost(Protocol):
+    """The node an attempt runs on (the executor): its context, its sandbox backend, whether
+    a run is to stop, and a way to run a run it just claimed in the calling thread."""
+
+    ctx: Context
+    sandbox: Sandbox
+
+    def should_cancel(self, run_id: str) -> bool: ...
+
+    def run_claimed_inline(self, run: Run) -> None: ...
+
+
+def missing_secret_outcome(missing: list[str]) -> Outcome:
+    return Outcome(
+        status=FAILED,
+        error_code="secret_missing",
+        error_message=f"secret {', '.join(missing)} is not set; set it with "
+        f"`floom secrets set {missing[0]}`",
+        retryable=False,
+    )
+
+
+def cancelled_outcome() -> Outcome:
+    return Outcome(
+        status=CANCELLED, error_code="cancelled", error_message="cancelled", retryable=False
+    )
+
+
+def version_files(ctx: Context, version: Version) -> Path:
+    """The version's files unpacked once per node; versions never change."""
+    target = ctx.settings.data_dir / "versions" / version.digest
+    if target.is_dir():
+        return target
+    bundle = workers.load_bundle(ctx, version=version)
+    tmp = target.with_name(f"{version.digest}.{threading.get_ident()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    bundle.write_to(tmp)
+    try:
+        tmp.rename(target)
+    except OSError:  # another thread unpacked it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+class Attempt:
+    """One attempt of one run: its work dir (`workdir`, `output_dir` under `base`), its
+    secrets and redactor, the sandbox runs it made and how long they took."""
+
+    def __init__(
+        self,
+        host: AttemptHost,
+        *,
+        run: Run,
+        version: Version,
+        manifest: Manifest,
+        run_log: RunLog,
+    ) -> None:
+        self.host = host
+        self.ctx = host.ctx
+        self.run = run
+        self.version = version
+        self.manifest = manifest
+        self.run_log = run_log
+        self.base = self.ctx.settings.work_root / f"{run.id}-{run.attempt}"
+        self.workdir = self.base / "work"
+        self.output_dir = self.base / "output"
+        self.secrets: dict[str, str] = {}
+        self.redactor = Redactor([])
+        self.sandbox_seconds = 0.0
+
+    def cancelled(self) -> bool:
+        return self.host.should_cancel(self.run.id)
+
+    def resolve_secrets(
+        self, names: Iterable[str], *, also_redact: Iterable[str] = ()
+    ) -> Outcome | None:
+        """Resolve the named secrets into `secrets` and redact their values (and
+        `also_redact`) from the run's log from now on. Returns the outcome that ends the
+        attempt when one of them is not set, else None."""
+        values, missing = secret_service.resolve(self.ctx, list(names))
+        if missing:
+            return missing_secret_outcome(missing)
+        self.secrets = values
+        self.redactor = Redactor([*values.values(), *also_redact])
+        self.run_log.redact_with(self.redactor)
+        return None
+
+    @contextmanager
+    def workspace(self) -> Iterator[None]:
+        """The prepared work dir for the block; discarded after it, whatever happens."""
+        try:
+            self.prepare()
+            yield
+        finally:
+            discard_later(self.base)
+
+    def prepare(self) -> None:
+        shutil.copytree(version_files(self.ctx, self.version), self.workdir)
+        self.output_dir.mkdir(parents=True)
+        (self.workdir / "inputs.json").write_text(self.run.inputs_json)
+
+    def spec(
+        self,
+        *,
+        secrets: dict[str, str] | None = None,
+        phase: str | None = None,
+        command: list[str] | None = None,
+        timeout_seconds: float | None = None,
+    ) -> SandboxSpec:
+        return script_spec(
+            self.run,
+            self.manifest,
+            workdir=self.workdir,
+            output_dir=self.output_dir,
+            secrets=self.secrets if secrets is None else secrets,
+            phase=phase,
+            command=command,
+            timeout_seconds=timeout_seconds,
+        )
+
+    def run_sandbox(self, spec: SandboxSpec, *, on_line: LineSink | None = None) -> SandboxResult:
+        """Run one process in the sandbox; its lines go to the run's log unless `on_line`."""
+        t0 = time.monotonic()
+        try:
+            return self.host.sandbox.run(
+                spec, on_line=on_line or self.run_log.add, should_cancel=self.cancelled
+            )
+        finally:
+            self.sandbox_seconds += time.monotonic() - t0
+
+    def judge(
+        self, result: SandboxResult, *, pinned_outputs: dict[str, Any] | None = None
+    ) -> Outcome:
+        """How the script's attempt ended, from the sandbox's result and what it left, with
+        secrets redacted. `pinned_outputs` replace the outputs the script reports (the apply
+        phase runs with the approved ones); its `error` and `retryable` still count."""
+        outcome = self._judge(result, pinned_outputs)
+        outcome.sandbox_seconds = self.sandbox_seconds
+        return redact_outcome(outcome, self.redactor)
+
+    def _judge(self, result: SandboxResult, pinned: dict[str, Any] | None) -> Outcome:
+        manifest = self.manifest
+        if result.cancelled:
+            return cancelled_outcome()
+        if result.timed_out:
+            return Outcome(
+                status=TIMED_OUT,
+                error_code="timed_out",
+                error_message=f"timed out after {manifest.limits.timeout_seconds}s "
+                "(limits.timeout_seconds in worker.yml)",
+            )
+        if result.error:
+            return Outcome(status=FAILED, error_code="sandbox_error", error_message=result.error)
+        report, problem = read_result(self.workdir / "result.json")
+        if problem:
+            return Outcome(
+                status=FAILED,
+                error_code="result_invalid",
+                error_message=problem,
+                exit_code=result.exit_code,
+                retryable=False,
+            )
+        if pinned is not None:
+            report["outputs"] = pinned
+        if report.get("error"):
+            return Outcome(
+                status=FAILED,
+                error_code="worker_error",
+                error_message=str(report["error"]),
+                exit_code=result.exit_code,
+                retryable=bool(report.get("retryable", True)),
+                outputs=report.get("outputs"),
+            )
+        if result.exit_code != 0:
+            last = self.run_log.last_stderr
+            detail = f": {last}" if last else ""
+            return Outcome(
+                status=FAILED,
+                error_code="exit_code",
+                error_message=f"the script exited with code {result.exit_code}{detail}",
+                exit_code=result.exit_code,
+                retryable=bool(report.get("retryable", True)),
+            )
+        outputs = report.get("outputs") or {}
+        problems = manifest.check_outputs(outputs)
+        if problems:
+            return Outcome(
+                status=FAILED,
+                error_code="outputs_invalid",
+                error_message="outputs do not match worker.yml: "
+                + "; ".join(f"{p.path}: {p.message}" for p in problems),
+                exit_code=result.exit_code,
+                outputs=outputs,
+                retryable=False,
+            )
+        return Outcome(
+            status=SUCCEEDED,
+            outputs=outputs,
+            exit_code=result.exit_code,
+            artifacts=self.collect_artifacts(),
+        )
+
+    def collect_artifacts(self) -> list[Artifact]:
+        """The files under the output dir, as the run's artifacts; what is not kept is said
+        in the run's log."""
+        found, problem = collect_artifacts(
+            self.output_dir, limit=self.ctx.settings.max_artifact_bytes
+        )
+        if problem:
+            self.run_log.add("system", problem)
+        return found
+
+
+def run_script(attempt: Attempt) -> Outcome:
+    """One attempt of a script worker without a run-level approval."""
+    ended = attempt.resolve_secrets(attempt.manifest.secrets)
+    if ended is not None:
+        return ended
+    with attempt.workspace():
+        result = attempt.run_sandbox(attempt.spec())
+        return attempt.judge(result)

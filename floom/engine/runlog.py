@@ -1,0 +1,70 @@
+"""A run attempt's log lines between the sandbox and the store: redacted on arrival, capped,
+buffered until the executor's flusher writes them."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from floom.services.logs import append_events
+from floom.services.secrets import Redactor
+from floom.store.db import session_scope
+from floom.store.models import utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+MAX_LINE = 16 * 1024
+
+LogLine = tuple[str, str, datetime | None]
+
+
+class RunLog:
+    """Buffers a run's lines (redacted on arrival) until the flusher writes them."""
+
+    def __init__(self, *, run_id: str, attempt: int, redactor: Redactor, max_lines: int) -> None:
+        self.run_id = run_id
+        self.attempt = attempt
+        self._redactor = redactor
+        self._pending: list[LogLine] = []
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._count = 0
+        self._max = max_lines
+        self.last_stderr = ""
+
+    def redact_with(self, redactor: Redactor) -> None:
+        """Known once the run's secrets are resolved; no line has arrived before that."""
+        self._redactor = redactor
+
+    def add(self, stream: str, line: str) -> None:
+        line = self._redactor.text(line[:MAX_LINE])
+        with self._lock:
+            self._count += 1
+            if self._count > self._max:
+                if self._count == self._max + 1:
+                    self._pending.append(
+                        ("system", f"log limit of {self._max} lines reached; dropping", utcnow())
+                    )
+                return
+            self._pending.append((stream, line, utcnow()))
+            if stream == "stderr" and line.strip():
+                self.last_stderr = line
+
+    def drain(self) -> list[LogLine]:
+        """Take every pending line, after any flush in progress has been written, so the
+        caller can store them in the same transaction as the run's end."""
+        with self._flush_lock, self._lock:
+            batch, self._pending = self._pending, []
+        return batch
+
+    def flush(self, ctx: Context) -> None:
+        # One flush at a time per run: the flusher thread and the run's own final flush
+        # must not interleave, or lines could land after the run's closing event.
+        with self._flush_lock:
+            with self._lock:
+                batch, self._pending = self._pending, []
+            if batch:
+                with session_scope(ctx.engine, write=True) as s:
+                    append_events(s, run_id=self.run_id, attempt=self.attempt, lines=batch)
