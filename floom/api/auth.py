@@ -1,13 +1,18 @@
-"""Bearer API key authentication for every route."""
+"""Bearer API key authentication for every route, and each key's request rate."""
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
 
+from floom.config import Settings
+from floom.errors import RateLimited
 from floom.services import keys
 from floom.services.context import Context
 from floom.store.models import ApiKey
@@ -29,14 +34,74 @@ def bearer_token(request: Request) -> str | None:
     return None
 
 
+class RateLimiter:
+    """A token bucket per API key id: `per_minute` requests a minute on average, up to
+    `burst` at once; `per_minute` 0 lets everything through.
+
+    The buckets live in this process only, so a cluster of N API nodes lets a key make N
+    times as many requests. Keys are the ids of authenticated keys, so the table grows no
+    larger than the keys table."""
+
+    def __init__(
+        self, *, per_minute: int, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.per_second = per_minute / 60
+        self.burst = max(burst, 1)
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # key id -> (tokens, when)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RateLimiter:
+        return cls(per_minute=settings.rate_limit_per_minute, burst=settings.rate_limit_burst)
+
+    def charge(self, key_id: str) -> None:
+        """Take one request from the key's bucket; raises RateLimited when it is empty."""
+        if self.per_second <= 0:
+            return
+        with self._lock:
+            now = self.clock()
+            tokens, then = self._buckets.get(key_id, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - then) * self.per_second)
+            if tokens < 1:
+                self._buckets[key_id] = (tokens, now)
+                wait = math.ceil((1 - tokens) / self.per_second)
+                raise RateLimited(
+                    f"this API key made more than {round(self.per_second * 60)} requests a "
+                    f"minute (bursts of {self.burst}); try again in {wait} s",
+                    hint="slow down or spread the work over several keys; the operator sets "
+                    "FLOOM_RATE_LIMIT_PER_MINUTE and FLOOM_RATE_LIMIT_BURST",
+                    details={"retry_after_seconds": wait},
+                )
+            self._buckets[key_id] = (tokens - 1, now)
+
+
+def rate_limiter(app: Any) -> RateLimiter:
+    """The app's own limiter, made on first use: each app (and so each test) has its own."""
+    limiter: RateLimiter | None = getattr(app.state, "rate_limiter", None)
+    if limiter is None:
+        limiter = app.state.rate_limiter = RateLimiter.from_settings(app.state.ctx.settings)
+    return limiter
+
+
+async def authenticate_request(request: Request) -> ApiKey:
+    """The request's API key, charged one request of its rate: every REST route and /mcp
+    authenticate here. Raises Unauthorized or RateLimited."""
+    key = await run_in_threadpool(keys.authenticate, get_ctx(request), bearer_token(request))
+    rate_limiter(request.app).charge(key.id)
+    return key
+
+
 def require_scope(scope: str) -> Callable[..., object]:
     async def dependency(request: Request) -> ApiKey:
-        ctx = get_ctx(request)
-        key = await run_in_threadpool(keys.authenticate, ctx, bearer_token(request))
+        key = await authenticate_request(request)
         keys.require(key, scope)
         request.state.api_key = key
         return key
 
+    # Read by the authorization test that walks every route: a route's scope is declared
+    # by the dependency it takes, never decided inside the handler.
+    dependency.scope = scope  # type: ignore[attr-defined]
     return dependency
 
 

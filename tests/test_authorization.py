@@ -1,0 +1,115 @@
+"""Every REST route is walked with no key and with each scope, from the app's own route
+table and its OpenAPI document, so a new route cannot skip authorization."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi.routing import APIRoute
+
+from floom.services import handoff_agents, keys
+from floom.services.keys import SCOPES
+from tests.conftest import LiveServer
+
+API = "/api/v1"
+# Routes under /api/v1 that answer without a key, and why.
+PUBLIC: dict[tuple[str, str], str] = {}
+
+
+def _scope_of(route: APIRoute) -> str | None:
+    """The scope a route's dependencies require (None: no key dependency at all)."""
+    pending = list(route.dependant.dependencies)
+    while pending:
+        dep = pending.pop()
+        scope = getattr(dep.call, "scope", None)
+        if scope is not None:
+            return str(scope)
+        pending.extend(dep.dependencies)
+    return None
+
+
+def _api_routes(server: LiveServer) -> list[tuple[str, str, str | None]]:
+    from floom.api.app import create_app
+
+    app = create_app(ctx=server.ctx)
+    found = []
+    pending: list[Any] = list(app.routes)
+    while pending:
+        route = pending.pop()
+        # Included routers are wrapped (FastAPI 0.16x includes them lazily); walk into them.
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            pending.extend(inner.routes)
+            continue
+        if not isinstance(route, APIRoute) or not route.path.startswith(API):
+            continue
+        for method in sorted(route.methods - {"HEAD"}):
+            path = route.path.replace(":path}", "}")  # as the OpenAPI document spells it
+            found.append((method, path, _scope_of(route)))
+    assert found, "no /api/v1 route found: the walk no longer sees the app's routes"
+    return found
+
+
+def _concrete(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "nope-0", path)
+
+
+def test_every_api_route_declares_a_scope(server: LiveServer) -> None:
+    missing = [
+        (method, path)
+        for method, path, scope in _api_routes(server)
+        if scope is None and (method, path) not in PUBLIC
+    ]
+    assert missing == []
+
+
+def test_the_openapi_document_lists_no_route_the_walk_does_not_know(server: LiveServer) -> None:
+    walked = {(m, p) for m, p, _ in _api_routes(server)}
+    with server.client() as api:
+        document: dict[str, Any] = api.get("/openapi.json").json()
+    documented = {
+        (method.upper(), path)
+        for path, operations in document["paths"].items()
+        if path.startswith(API)
+        for method in operations
+        if method in {"get", "post", "put", "patch", "delete"}
+    }
+    assert documented <= walked
+
+
+def test_each_route_refuses_no_key_and_every_lower_scope_and_admits_its_own(
+    server: LiveServer,
+) -> None:
+    # Keys of an agent, so the handoff routes (which also need an agent) admit them too.
+    handoff_agents.create_role(server.ctx, name="walker")
+    agent = handoff_agents.create_agent(server.ctx, label="walker", roles=["walker"])
+    tokens = {
+        scope: handoff_agents.create_agent_key(server.ctx, agent=agent["id"], scopes=[scope])["key"]
+        for scope in SCOPES
+    }
+    wrong: list[str] = []
+    for method, path, scope in _api_routes(server):
+        if scope is None:
+            continue
+        url = _concrete(path)
+        with server.client(key="") as anonymous:
+            status = anonymous.request(method, url, json={}).status_code
+        if status != 401:
+            wrong.append(f"{method} {path} without a key answered {status}, not 401")
+        for held in SCOPES:
+            with server.client(key=tokens[held]) as api:
+                resp = api.request(method, url, json={}, params={"wait": 0})
+            allowed = keys.grants([held], scope)
+            if not allowed and (resp.status_code != 403 or _code(resp) != "forbidden"):
+                wrong.append(f"{method} {path} with {held} answered {resp.status_code}")
+            if allowed and resp.status_code in (401, 403):
+                wrong.append(f"{method} {path} refused {held} ({resp.status_code}), needs {scope}")
+    assert wrong == [], "\n".join(wrong)
+
+
+def _code(resp: Any) -> str | None:
+    try:
+        return str(resp.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return None
