@@ -46,6 +46,10 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from floom.services.run_rules import ACTIVE, FINISHED, SUCCEEDED  # noqa: E402
+
 HELLO = REPO / "workers" / "hello"
 VENV_BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
@@ -65,7 +69,6 @@ HEALTH_DEADLINE_SECONDS = 30.0
 THROUGHPUT_DEADLINE_SECONDS = 90.0
 SHUTDOWN_WAIT_SECONDS = 15.0
 HTTP_TIMEOUT_SECONDS = 10.0
-TERMINAL = frozenset({"succeeded", "failed", "timed_out", "cancelled"})
 
 # ---------------------------------------------------------------------------------------
 # The floor: the bwrap command line of floom/sandbox/local.py, replicated here on purpose
@@ -511,7 +514,7 @@ def wait_terminal(client: httpx.Client, run_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + RUN_DEADLINE_SECONDS
     while time.monotonic() < deadline:
         body: dict[str, Any] = client.get(f"/api/v1/runs/{run_id}").json()
-        if body.get("status") in TERMINAL:
+        if body.get("status") in FINISHED:
             return body
         time.sleep(POLL_SECONDS)
     raise RuntimeError(f"run {run_id} not terminal within {RUN_DEADLINE_SECONDS:g} s")
@@ -537,7 +540,7 @@ def warm_up(server: Server) -> float:
     t0 = time.perf_counter()
     cold = wait_terminal(client, trigger(client)["id"])
     cold_seconds = time.perf_counter() - t0
-    if cold["status"] != "succeeded":
+    if cold["status"] != SUCCEEDED:
         raise RuntimeError(f"the first run did not succeed: {cold}")
     wait_terminal(client, trigger(client)["id"])
     return cold_seconds
@@ -577,12 +580,12 @@ def run_latency(
                 f"/api/v1/runs/{run_id}", params={"wait": WAIT_SECONDS}, timeout=WAIT_SECONDS + 10
             ).json()
             polls += 1
-            if body.get("status") in TERMINAL or time.monotonic() > deadline:
+            if body.get("status") in FINISHED or time.monotonic() > deadline:
                 break
         t_end = time.perf_counter()
-        if body.get("status") not in TERMINAL:
+        if body.get("status") not in FINISHED:
             raise RuntimeError(f"run {run_id} not terminal within {RUN_DEADLINE_SECONDS:g} s")
-        if body["status"] != "succeeded":
+        if body["status"] != SUCCEEDED:
             res.failed.append(f"{run_id}: {body['status']} {body.get('error')}")
         res.client.append(t_end - t0)
         res.post.append(t_post - t0)
@@ -649,7 +652,7 @@ def check_logs(server: Server, ids: list[str]) -> tuple[int, int]:
         final = [  # the executor's last event: "succeeded", or "failed: why", ...
             e["seq"]
             for e in items
-            if e["stream"] == "system" and e["line"].split(":", 1)[0] in TERMINAL
+            if e["stream"] == "system" and e["line"].split(":", 1)[0] in FINISHED
         ]
         if not greeting:
             missing += 1
@@ -717,10 +720,10 @@ def run_throughput(server: Server, total: int, clients: int) -> ThroughputResult
             server.client.get(
                 "/api/v1/runs", params={"worker": "hello", "status": status, "limit": 1}
             ).json()["items"]
-            for status in ("queued", "running")
+            for status in sorted(ACTIVE)
         ):
             rows = list_runs_by_id(server.client, wanted)
-            if len(rows) == len(wanted) and all(r["status"] in TERMINAL for r in rows.values()):
+            if len(rows) == len(wanted) and all(r["status"] in FINISHED for r in rows.values()):
                 break
         time.sleep(0.05)
     client_wall = time.perf_counter() - t0
@@ -745,7 +748,7 @@ def run_throughput(server: Server, total: int, clients: int) -> ThroughputResult
         enqueue_seconds=enqueue_seconds,
         client_wall=client_wall,
         server_span=span,
-        succeeded=statuses.get("succeeded", 0),
+        succeeded=statuses.get(SUCCEEDED, 0),
         statuses=statuses,
         errors=errs,
         to_start=spans("created_at", "started_at"),

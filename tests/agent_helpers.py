@@ -12,6 +12,7 @@ import httpx
 
 from floom.services import keys
 from floom.services.context import Context
+from floom.services.run_rules import FINISHED
 from tests.conftest import (
     LiveServer,
     deploy_folder,
@@ -23,14 +24,12 @@ from tests.conftest import (
 from tests.standins.anthropic_api import MessagesStandin, messages_standin
 from tests.standins.echo import echo_service
 
-ENDED = {"succeeded", "failed", "timed_out", "cancelled", "rejected", "limit_exceeded"}
-
 
 def wait_status(
     api: httpx.Client, run_id: str, statuses: set[str] | None = None, *, timeout: float = 30
 ) -> dict[str, Any]:
     """Poll the run until its status is one of `statuses` (default: any end state)."""
-    wanted = statuses or ENDED
+    wanted = statuses or FINISHED
 
     def reached() -> dict[str, Any] | None:
         body: dict[str, Any] = api.get(f"/api/v1/runs/{run_id}").json()

@@ -20,6 +20,7 @@ from floom.api.app import create_app
 from floom.config import Settings
 from floom.services import keys
 from floom.services.context import Context
+from floom.services.run_rules import FINISHED
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "workers"
@@ -194,11 +195,9 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float = 20, interval: f
 
 
 def wait_for_run(api: httpx.Client, run_id: str, *, timeout: float = 30) -> dict[str, Any]:
-    terminal = {"succeeded", "failed", "timed_out", "cancelled"}
-
     def done() -> dict[str, Any] | None:
         body = api.get(f"/api/v1/runs/{run_id}").json()
-        return body if body["status"] in terminal else None
+        return body if body["status"] in FINISHED else None
 
     result: dict[str, Any] = wait_until(done, timeout=timeout)
     return result

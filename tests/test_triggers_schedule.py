@@ -12,7 +12,7 @@ from sqlmodel import select
 
 from floom.bundle import read_folder
 from floom.errors import WorkerPaused
-from floom.services import runs, triggers, workers
+from floom.services import run_rules, runs, triggers, workers
 from floom.services.context import Context
 from floom.store.db import session_scope
 from floom.store.models import Run
@@ -51,7 +51,7 @@ def summary(ctx: Context, name: str = "tick") -> list[tuple[str, str, str | None
     ]
 
 
-def finish(ctx: Context, run_id: str, status: str = runs.SUCCEEDED) -> None:
+def finish(ctx: Context, run_id: str, status: str = run_rules.SUCCEEDED) -> None:
     with session_scope(ctx.engine, write=True) as s:
         run = s.get(Run, run_id)
         assert run is not None
@@ -145,7 +145,7 @@ def test_overlap_queue_allow_and_cancel_running(ctx: Context, tmp_path: Path) ->
     scheduler = Scheduler(ctx)
     scheduler.tick(MONDAY + timedelta(hours=1))
     for name in ("queue", "allow", "cancel-running"):
-        finish(ctx, schedule_runs(ctx, name)[0].id, runs.RUNNING)
+        finish(ctx, schedule_runs(ctx, name)[0].id, run_rules.RUNNING)
     scheduler.tick(MONDAY + timedelta(hours=2))
 
     queued = schedule_runs(ctx, "queue")

@@ -14,7 +14,18 @@ from sqlalchemy.orm import aliased
 from sqlmodel import col, select
 
 from floom.services.logs import append_events, lock_events, system_event
-from floom.services.runs import CANCELLED, FAILED, QUEUED, RUNNING, TIMED_OUT
+from floom.services.run_rules import (
+    CANCELLED,
+    EXECUTOR,
+    FAILED,
+    QUEUED,
+    REAPER,
+    RETRYABLE,
+    RUNNING,
+    mark_claimed,
+    requeue_next_attempt,
+    transition,
+)
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Run, UTCDateTime, utcnow
@@ -76,11 +87,7 @@ def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
         run = s.exec(queries.next_runnable, params={"now": now}).first()
         if run is None:
             return None
-        run.status = RUNNING
-        run.lease_owner = ctx.node_id
-        run.lease_expires_at = now + timedelta(seconds=ctx.settings.lease_seconds)
-        run.started_at = now
-        run.cancel_requested = False
+        mark_claimed(run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now)
         s.add(run)
         system_event(
             s,
@@ -154,10 +161,8 @@ def finish_attempt(
             return current.status if current else CANCELLED
         current.sandbox_seconds += outcome.sandbox_seconds
         current.exit_code = outcome.exit_code
-        current.lease_owner = None
-        current.lease_expires_at = None
         retry = (
-            outcome.status in (FAILED, TIMED_OUT)
+            outcome.status in RETRYABLE
             and outcome.retryable
             and current.attempt < current.max_attempts
         )
@@ -169,10 +174,7 @@ def finish_attempt(
                 f"attempt {current.attempt} {outcome.status}: {outcome.error_message}; "
                 f"retrying in {delay:.0f}s"
             )
-            current.status = QUEUED
-            current.attempt += 1
-            current.not_before = now + timedelta(seconds=delay)
-            current.started_at = None
+            requeue_next_attempt(current, by=EXECUTOR, now=now, delay_seconds=delay)
         else:
             s.flush()
             for name, data, content_type in outcome.artifacts:
@@ -186,13 +188,17 @@ def finish_attempt(
                         content_type=content_type,
                     )
                 )
-            current.status = outcome.status
-            current.finished_at = now
+            transition(
+                current,
+                outcome.status,
+                by=EXECUTOR,
+                now=now,
+                error_code=outcome.error_code,
+                error_message=outcome.error_message,
+            )
             current.outputs_json = (
                 json.dumps(outcome.outputs) if outcome.outputs is not None else None
             )
-            current.error_code = outcome.error_code
-            current.error_message = outcome.error_message
             message = f"{outcome.status}"
             if outcome.error_message:
                 message += f": {outcome.error_message}"
@@ -220,24 +226,27 @@ def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
         ).all()
         for run in rows:
             lost = f"executor {run.lease_owner} stopped (lease expired)"
-            run.lease_owner = None
-            run.lease_expires_at = None
             if run.cancel_requested:
-                run.status = CANCELLED
-                run.finished_at = now
-                run.error_code = "cancelled"
-                run.error_message = f"cancelled; {lost}"
+                transition(
+                    run,
+                    CANCELLED,
+                    by=REAPER,
+                    now=now,
+                    error_code="cancelled",
+                    error_message=f"cancelled; {lost}",
+                )
             elif run.attempt < run.max_attempts:
                 system_event(s, run_id=run.id, attempt=run.attempt, message=f"{lost}; requeued")
-                run.status = QUEUED
-                run.attempt += 1
-                run.started_at = None
-                run.not_before = None
+                requeue_next_attempt(run, by=REAPER, now=now)
             else:
-                run.status = FAILED
-                run.finished_at = now
-                run.error_code = "executor_lost"
-                run.error_message = f"{lost} and no attempts are left"
+                transition(
+                    run,
+                    FAILED,
+                    by=REAPER,
+                    now=now,
+                    error_code="executor_lost",
+                    error_message=f"{lost} and no attempts are left",
+                )
             if run.status != QUEUED:
                 system_event(s, run_id=run.id, attempt=run.attempt, message=f"{run.status}: {lost}")
             s.add(run)

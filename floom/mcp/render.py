@@ -8,8 +8,9 @@ from typing import Any
 
 from mcp_types import CallToolResult, TextContent
 
-# Runs in these states may still change; anything else has settled (ended or waits for a person).
-ACTIVE_STATUSES = frozenset({"queued", "running"})
+from floom.services.run_rules import ACTIVE as ACTIVE_STATUSES
+from floom.services.run_rules import WAITING
+
 MAX_TEXT_ITEMS = 30
 
 
@@ -103,9 +104,31 @@ def run_text(run: dict[str, Any]) -> str:
         lines.append(f"retry of {run['retry_of']}")
     if status in ACTIVE_STATUSES:
         lines.append(f"still {status}; follow it with watch_run(run_id='{run['id']}')")
-    elif status == "awaiting_approval":
-        lines.append("waits for a person: list_approvals shows it, decide_approval decides it")
+    elif status in WAITING:
+        lines.append(waiting_text(run))
     return "\n".join(lines)
+
+
+def pending_approval_id(run: dict[str, Any]) -> str | None:
+    """The id of the approval a waiting run waits for, when the run record lists it."""
+    pending = [a for a in run.get("approvals") or [] if a.get("status") == "pending"]
+    return str(pending[-1]["id"]) if pending else None
+
+
+def waiting_text(run: dict[str, Any]) -> str:
+    """How to decide a run that waits for a person, naming its pending approval if known."""
+    approval_id = pending_approval_id(run)
+    if approval_id is None:
+        return (
+            f"waits for a person: list_approvals(worker='{run.get('worker')}') shows the "
+            "approval, decide_approval decides it"
+        )
+    return (
+        f"waits for a person to decide approval {approval_id}: "
+        f"decide_approval(approval_id='{approval_id}', decision='approve') or "
+        "decision='reject' with a comment; then watch_run(run_id="
+        f"'{run['id']}') follows it to its end"
+    )
 
 
 def log_lines_text(events: list[dict[str, Any]]) -> str:

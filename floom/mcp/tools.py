@@ -19,11 +19,13 @@ from floom.mcp.render import (
     Reply,
     log_lines_text,
     names_text,
+    pending_approval_id,
     problems_text,
     run_text,
     runs_text,
     short,
     versions_text,
+    waiting_text,
     worker_summary,
     workers_text,
 )
@@ -36,6 +38,7 @@ from floom.mcp.toolkit import (
     server_of,
     settle,
 )
+from floom.services.run_rules import SUCCEEDED, WAITING
 
 LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")
 
@@ -399,7 +402,13 @@ async def run_exposed(ctx: Context, worker: ExposedWorker, inputs: dict[str, Any
     if not finished:
         text = f"run {run['id']} is still {run['status']}; follow it with watch_run"
         return Reply(text, data)
-    if run["status"] != "succeeded":
+    if run["status"] in WAITING:
+        # Not an end: the run proposed its outputs and goes on once a person decides.
+        data["approval_id"] = pending_approval_id(run)
+        proposed = f" proposing {short(run.get('outputs'), 1000)}" if run.get("outputs") else ""
+        text = f"run {run['id']} of {worker.name}{proposed} " + waiting_text(run)
+        return Reply(text, data)
+    if run["status"] != SUCCEEDED:
         error = run.get("error") or {}
         raise RunDidNotSucceed(
             f"run {run['id']} of {worker.name} ended {run['status']}"

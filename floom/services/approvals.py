@@ -18,7 +18,15 @@ from sqlmodel import Session, col, select
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.services import workers
 from floom.services.logs import system_event
-from floom.services.runs import AWAITING_APPROVAL, QUEUED, REJECTED, RUNNING
+from floom.services.run_rules import (
+    AWAITING_APPROVAL,
+    CALLER,
+    EXECUTOR,
+    QUEUED,
+    REJECTED,
+    RUNNING,
+    transition,
+)
 from floom.store.agents import Approval, ToolCall
 from floom.store.db import session_scope
 from floom.store.models import Run, Version, new_id, utcnow
@@ -89,9 +97,7 @@ def pause_run(
             replace_artifacts(s, run_id=run.id, artifacts=artifacts)
         if proposed_outputs is not None:
             current.outputs_json = json.dumps(proposed_outputs)
-        current.status = AWAITING_APPROVAL
-        current.lease_owner = None
-        current.lease_expires_at = None
+        transition(current, AWAITING_APPROVAL, by=EXECUTOR)
         current.sandbox_seconds += sandbox_seconds
         s.add(current)
         what = f"tool call {approval.tool}" if approval.kind == "tool_call" else "its outputs"
@@ -237,18 +243,18 @@ def _apply_decision(
     note = f": {approval.comment}" if approval.comment else ""
     approved = approval.status == APPROVED
     if approval.kind == "run" and not approved:
-        run.status = REJECTED
-        run.finished_at = approval.decided_at
+        transition(
+            run,
+            REJECTED,
+            by=CALLER,
+            now=approval.decided_at,
+            error_code="rejected",
+            error_message=f"outputs rejected{who}{note}",
+        )
         run.outputs_json = None
-        run.error_code = "rejected"
-        run.error_message = f"outputs rejected{who}{note}"
         message = f"rejected{who}{note}"
     else:
-        run.status = QUEUED
-        run.not_before = None
-        run.started_at = None
-        run.lease_owner = None
-        run.lease_expires_at = None
+        transition(run, QUEUED, by=CALLER)
         if approval.kind == "run":
             run.outputs_json = json.dumps(final)
             run.phase = PHASE_APPLY

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from floom.errors import Conflict, Forbidden, InvalidRequest
+from floom.errors import Forbidden, IllegalTransition, InvalidRequest
 
 PENDING = "pending"
 PUBLISHED = "published"
@@ -65,12 +65,6 @@ MAX_ARTIFACTS = 100
 MAX_RULES = 20
 MAX_CONDITION_DEPTH = 8
 CONDITION_OPS = ("equals", "not_equals", "in", "contains", "exists", "gt", "gte", "lt", "lte")
-
-
-class IllegalTransition(Conflict):
-    """The job cannot move to that status from the one it is in."""
-
-    code = "illegal_transition"
 
 
 def allowed_targets(status: str, *, parties: Iterable[str], admin: bool) -> list[str]:

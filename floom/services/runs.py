@@ -13,38 +13,29 @@ from sqlmodel import Session, col, select
 from floom.errors import Conflict, InvalidRequest, NotFound, WorkerPaused
 from floom.services import agent_runs, workers
 from floom.services.logs import system_event
+from floom.services.run_rules import (  # noqa: F401 (some are re-exported for older importers)
+    AWAITING_APPROVAL,
+    CALLER,
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    LIMIT_EXCEEDED,
+    QUEUED,
+    REJECTED,
+    RUNNING,
+    SKIPPED,
+    STATUSES,
+    SUCCEEDED,
+    TIMED_OUT,
+    transition,
+)
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, Version, new_id, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
 
-QUEUED = "queued"
-RUNNING = "running"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-TIMED_OUT = "timed_out"
-CANCELLED = "cancelled"
-# Waiting for a person (floom/services/approvals.py); holds no executor slot meanwhile.
-AWAITING_APPROVAL = "awaiting_approval"
-REJECTED = "rejected"
-LIMIT_EXCEEDED = "limit_exceeded"
-# A trigger's tick or event that did not become a run (overlap, missed, paused); the error
-# says why (floom/services/schedules.py).
-SKIPPED = "skipped"
-STATUSES = (
-    QUEUED,
-    RUNNING,
-    AWAITING_APPROVAL,
-    SUCCEEDED,
-    FAILED,
-    TIMED_OUT,
-    CANCELLED,
-    REJECTED,
-    LIMIT_EXCEEDED,
-    SKIPPED,
-)
-TERMINAL = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, REJECTED, LIMIT_EXCEEDED, SKIPPED})
+TERMINAL = FINISHED  # the older name, still imported from here by some modules
 TRIGGERS = (
     "manual",
     "schedule",
@@ -126,6 +117,41 @@ def create_run(
     return run
 
 
+def insert_skipped_run(
+    s: Session,
+    *,
+    worker_name: str,
+    version_id: str | None,
+    trigger: str,
+    trigger_id: str | None,
+    code: str,
+    reason: str,
+    error_message: str | None = None,
+    inputs: Mapping[str, Any] | None = None,
+    scheduled_for: datetime | None = None,
+    run_id: str | None = None,
+) -> Run:
+    """A trigger's tick or event that did not become a run, kept as a skipped run saying why
+    (`code`, `reason`), so it shows in every run list. Written in the caller's transaction."""
+    run = Run(
+        id=run_id or new_id("run"),
+        worker_name=worker_name,
+        version_id=version_id or "",
+        status=SKIPPED,
+        trigger=trigger,
+        trigger_id=trigger_id,
+        inputs_json=json.dumps(dict(inputs or {})),
+        scheduled_for=scheduled_for,
+        finished_at=utcnow(),
+        error_code=code,
+        error_message=error_message or reason,
+    )
+    s.add(run)
+    s.flush()
+    system_event(s, run_id=run.id, attempt=1, message=f"skipped: {reason}")
+    return run
+
+
 def get_run(ctx: Context, *, run_id: str) -> Run:
     with session_scope(ctx.engine) as s:
         return _get_run(s, run_id)
@@ -140,7 +166,7 @@ def wait_for_end(ctx: Context, *, run_id: str, timeout: float) -> Run:
     while True:
         run = get_run(ctx, run_id=run_id)
         left = deadline - time.monotonic()
-        if run.status in TERMINAL or left <= 0:
+        if run.status in FINISHED or left <= 0:
             return run
         with ctx.run_ended:
             ctx.run_ended.wait(min(left, 0.25))
@@ -192,7 +218,7 @@ def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
     """A queued run ends at once; a running one is killed by its executor within seconds."""
     with session_scope(ctx.engine, write=True) as s:
         run = _get_run(s, run_id)
-        if run.status in TERMINAL:
+        if run.status in FINISHED:
             raise Conflict(
                 f"run {run_id} already ended ({run.status})",
                 hint="only queued or running runs can be cancelled",
@@ -204,10 +230,13 @@ def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
             withdraw_pending(s, run_id=run.id, actor=actor)
         if run.status in (QUEUED, AWAITING_APPROVAL):
             before = "started" if run.status == QUEUED else "was approved"
-            run.status = CANCELLED
-            run.finished_at = utcnow()
-            run.error_code = "cancelled"
-            run.error_message = f"cancelled{who} before it {before}"
+            transition(
+                run,
+                CANCELLED,
+                by=CALLER,
+                error_code="cancelled",
+                error_message=f"cancelled{who} before it {before}",
+            )
             system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancelled{who}")
         else:
             run.cancel_requested = True

@@ -8,7 +8,6 @@ run; the other scheduler's insert fails on the unique key and it moves on.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,11 +18,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, FloomError, WorkerPaused
-from floom.services import runs
-from floom.services.logs import system_event
+from floom.services import run_rules, runs
 from floom.services.triggers import spec_of
 from floom.store.db import session_scope
-from floom.store.models import Run, Worker, new_id, utcnow
+from floom.store.models import Run, Worker, new_id
 from floom.store.triggers import Trigger, TriggerFire
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec
@@ -221,7 +219,7 @@ def _active_runs(ctx: Context, trigger_id: str) -> list[Run]:
         return list(
             s.exec(
                 select(Run)
-                .where(Run.trigger_id == trigger_id, col(Run.status).not_in(runs.TERMINAL))
+                .where(Run.trigger_id == trigger_id, col(Run.status).not_in(run_rules.FINISHED))
                 .order_by(col(Run.id))
             ).all()
         )
@@ -237,7 +235,6 @@ def _record_skip(
     message: str,
 ) -> None:
     """A tick that does not become a run: a skipped run row, visible in every run list."""
-    now = utcnow()
     run_id = new_id("run")
     try:
         with session_scope(ctx.engine, write=True) as s:
@@ -251,23 +248,18 @@ def _record_skip(
                 )
             )
             s.flush()  # the exactly-once key, as for a run
-            s.add(
-                Run(
-                    id=run_id,
-                    worker_name=worker.name,
-                    version_id=worker.active_version_id or "",
-                    status=runs.SKIPPED,
-                    trigger="schedule",
-                    trigger_id=trigger.id,
-                    inputs_json=json.dumps(spec.inputs),
-                    scheduled_for=t,
-                    finished_at=now,
-                    error_code=code,
-                    error_message=message,
-                )
+            runs.insert_skipped_run(
+                s,
+                run_id=run_id,
+                worker_name=worker.name,
+                version_id=worker.active_version_id,
+                trigger="schedule",
+                trigger_id=trigger.id,
+                code=code,
+                reason=message,
+                inputs=spec.inputs,
+                scheduled_for=t,
             )
-            s.flush()
-            system_event(s, run_id=run_id, attempt=1, message=f"skipped: {message}")
             _advance(s, trigger.id, t)
     except IntegrityError:
         _advance_alone(ctx, trigger.id, t)

@@ -1,0 +1,184 @@
+"""The run state machine: run statuses, the sets callers test them against, and the one
+transition table that every writer of a run's status goes through.
+
+Plain data and attribute writes, no store imports: the client and the CLI import the status
+sets from here without loading SQLAlchemy (their start-up time matters).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from floom.errors import IllegalTransition, InvalidRequest
+
+if TYPE_CHECKING:
+    from floom.store.models import Run
+
+QUEUED = "queued"
+RUNNING = "running"
+# Waiting for a person (floom/services/approvals.py); holds no executor slot meanwhile.
+AWAITING_APPROVAL = "awaiting_approval"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+TIMED_OUT = "timed_out"
+CANCELLED = "cancelled"
+REJECTED = "rejected"
+LIMIT_EXCEEDED = "limit_exceeded"
+# A trigger's tick or event that did not become a run (overlap, missed, paused, bad input);
+# the error says why. Born finished: it never runs.
+SKIPPED = "skipped"
+STATUSES = (
+    QUEUED,
+    RUNNING,
+    AWAITING_APPROVAL,
+    SUCCEEDED,
+    FAILED,
+    TIMED_OUT,
+    CANCELLED,
+    REJECTED,
+    LIMIT_EXCEEDED,
+    SKIPPED,
+)
+# Ended for good: nothing moves the run again (a replay is a new run).
+FINISHED = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, REJECTED, LIMIT_EXCEEDED, SKIPPED})
+# Moves on by itself: waiting for an executor slot, or holding one.
+ACTIVE = frozenset({QUEUED, RUNNING})
+# Neither active nor finished: stays until a person decides (or cancels).
+WAITING = frozenset({AWAITING_APPROVAL})
+# The statuses a run is inserted with.
+INITIAL = frozenset({QUEUED, SKIPPED})
+# How the executor may judge an attempt that ran to its end.
+ATTEMPT_ENDS = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, LIMIT_EXCEEDED})
+# Attempt ends that the manifest's retry policy may turn into another attempt.
+RETRYABLE = frozenset({FAILED, TIMED_OUT})
+
+# Who makes a move.
+EXECUTOR = "executor"  # the node holding the run's lease (or claiming it)
+REAPER = "reaper"  # floom itself, for a node whose lease expired
+CALLER = "caller"  # a person or client through REST, MCP, the UI or the CLI
+ACTORS = (EXECUTOR, REAPER, CALLER)
+
+# The one table of allowed status changes and who may make each.
+TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
+    QUEUED: {
+        RUNNING: frozenset({EXECUTOR}),  # claimed
+        CANCELLED: frozenset({CALLER}),  # cancelled before it started
+    },
+    RUNNING: {
+        SUCCEEDED: frozenset({EXECUTOR}),
+        FAILED: frozenset({EXECUTOR, REAPER}),  # the reaper: lease lost, no attempts left
+        TIMED_OUT: frozenset({EXECUTOR}),
+        CANCELLED: frozenset({EXECUTOR, REAPER}),  # a caller only asks (cancel_requested)
+        LIMIT_EXCEEDED: frozenset({EXECUTOR}),
+        AWAITING_APPROVAL: frozenset({EXECUTOR}),  # paused for a person
+        QUEUED: frozenset({EXECUTOR, REAPER}),  # the next attempt: retry, shutdown, lost lease
+    },
+    AWAITING_APPROVAL: {
+        QUEUED: frozenset({CALLER}),  # decided: the apply or resume phase is queued
+        REJECTED: frozenset({CALLER}),  # a run-level rejection
+        CANCELLED: frozenset({CALLER}),
+    },
+    SUCCEEDED: {},
+    FAILED: {},
+    TIMED_OUT: {},
+    CANCELLED: {},
+    REJECTED: {},
+    LIMIT_EXCEEDED: {},
+    SKIPPED: {},
+}
+
+_WHO = {
+    EXECUTOR: "the executor holding the run",
+    REAPER: "floom's reaper (after a lost lease)",
+    CALLER: "a caller (cancel, or an approval decision)",
+}
+
+
+def allowed_targets(status: str, *, by: str) -> list[str]:
+    """The statuses `by` may move a run in `status` to, in table order."""
+    return [to for to, who in TRANSITIONS.get(status, {}).items() if by in who]
+
+
+def check_transition(current: str, to: str, *, by: str) -> None:
+    """Refuse a move the table does not allow `by` to make, naming the allowed ones."""
+    if to not in TRANSITIONS:
+        raise InvalidRequest(f"unknown run status '{to}'", hint=f"one of {', '.join(STATUSES)}")
+    if by not in ACTORS:
+        raise InvalidRequest(f"unknown actor '{by}'", hint=f"one of {', '.join(ACTORS)}")
+    who = TRANSITIONS.get(current, {}).get(to)
+    if who is not None and by in who:
+        return
+    allowed = allowed_targets(current, by=by)
+    if current in FINISHED:
+        hint = f"{current} is final; replay the run to run it again"
+    elif who is not None:
+        hint = "only " + " or ".join(_WHO[w] for w in sorted(who)) + " makes this move"
+    elif allowed:
+        hint = f"from {current} it can move to {', '.join(allowed)}"
+    else:
+        hint = f"{_WHO[by]} cannot move a {current} run"
+    raise IllegalTransition(
+        f"a {current} run cannot move to {to}",
+        hint=hint,
+        details={"from": current, "to": to, "by": by, "allowed": allowed},
+    )
+
+
+def transition(
+    run: Run,
+    to: str,
+    *,
+    by: str,
+    now: datetime | None = None,
+    error_code: str | None = None,
+    error_message: str | None = None,
+) -> None:
+    """Move `run` to `to` with the fields that go with it, or raise IllegalTransition.
+
+    Leaving running releases the lease; a queued run has not started; a finished one gets
+    its end time and its error (None clears an earlier attempt's). The caller holds the row
+    lock and writes the run.
+    """
+    check_transition(run.status, to, by=by)
+    run.status = to
+    if to != RUNNING:
+        run.lease_owner = None
+        run.lease_expires_at = None
+    if to == QUEUED:
+        run.started_at = None
+        run.not_before = None
+    elif to in FINISHED:
+        run.finished_at = now or datetime.now(UTC)
+        run.error_code = error_code
+        run.error_message = error_message
+
+
+def mark_claimed(run: Run, *, node_id: str, lease_seconds: float, now: datetime) -> None:
+    """A queued run taken by this node: running, under a lease the node renews."""
+    transition(run, RUNNING, by=EXECUTOR)
+    run.lease_owner = node_id
+    run.lease_expires_at = now + timedelta(seconds=lease_seconds)
+    run.started_at = now
+    run.cancel_requested = False
+
+
+def requeue_next_attempt(
+    run: Run,
+    *,
+    by: str,
+    now: datetime | None = None,
+    delay_seconds: float | None = None,
+    counts_as_attempt: bool = True,
+) -> None:
+    """Queue a running run again as its next attempt, lease released.
+
+    `delay_seconds` holds it back (a retry's backoff). An attempt that did not count (the
+    node shut down under it) is given back, so it costs the worker none of its retries.
+    """
+    transition(run, QUEUED, by=by)
+    run.attempt += 1
+    if not counts_as_attempt:
+        run.max_attempts += 1
+    if delay_seconds is not None:
+        run.not_before = (now or datetime.now(UTC)) + timedelta(seconds=delay_seconds)
