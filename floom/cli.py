@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from rich.table import Table
 from rich.text import Text
 
-from floom import cli_admin, cli_approvals, cli_handoffs, cli_mcp, cli_triggers
+from floom import cli_admin, cli_approvals, cli_handoffs, cli_mcp, cli_triggers, cli_workers
 from floom.cli_output import (
     _duration,
     _fail,
@@ -129,7 +129,6 @@ def deploy(folder: Annotated[Path, typer.Argument(help="the worker's folder")]) 
         out.print(Text(f"{name} version {version} unchanged"))
 
 
-@app.command("workers")
 def list_workers() -> None:
     """List deployed workers."""
     table = _table("NAME", "KIND", "ACTIVE VERSION", "UPDATED", "TITLE")
@@ -489,6 +488,7 @@ cli_mcp.register(app)
 cli_handoffs.register(app)
 cli_approvals.register(app)
 cli_triggers.register(app)
+cli_workers.register(app, list_workers=list_workers)
 
 
 def main() -> None:

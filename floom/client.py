@@ -243,6 +243,17 @@ class FloomClient:
         )
         return result
 
+    def delete_worker(self, name: str, *, purge_runs: bool = False) -> dict[str, Any]:
+        """Delete a worker (its triggers stop at once); its runs are kept unless purged.
+        Answers what was deleted, as counts."""
+        params = {"purge_runs": "true" if purge_runs else "false"}
+        # A purge first waits (20 s at most) for the worker's running runs to stop.
+        timeout = httpx.Timeout(10.0, read=60.0)
+        result: dict[str, Any] = self._json(
+            "DELETE", f"/api/v1/workers/{_path(name)}", params=params, timeout=timeout
+        )
+        return result
+
     def list_triggers(self, name: str) -> dict[str, Any]:
         """The worker's triggers with their next fire times (and whether it is paused)."""
         result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{_path(name)}/triggers")

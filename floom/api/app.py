@@ -17,6 +17,7 @@ from floom.api import (
     routes_admin,
     routes_agents,
     routes_approvals,
+    routes_audit,
     routes_handoffs,
     routes_hooks,
     routes_runs,
@@ -123,6 +124,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     app.include_router(routes_workers.router)
     app.include_router(routes_runs.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_audit.router)
     app.include_router(routes_agents.router)
     app.include_router(routes_handoffs.router)
     app.include_router(routes_approvals.router)

@@ -11,7 +11,8 @@ from starlette.concurrency import run_in_threadpool
 from floom.api.auth import CtxDep, DeployKey, ReadKey
 from floom.errors import InvalidRequest, PayloadTooLarge
 from floom.manifest import manifest_json_schema
-from floom.services import runs, triggers, workers
+from floom.services import runs, triggers, worker_deletion, workers
+from floom.services.audit import AuditActor
 from floom.services.context import Context
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
@@ -130,6 +131,26 @@ def rollback(name: str, body: RollbackRequest, ctx: CtxDep, _: DeployKey) -> dic
         "worker": _worker_body(ctx, name),
         "version": workers.version_to_dict(version, active_id=version.id),
     }
+
+
+@router.delete(
+    "/workers/{name}",
+    summary="Delete a worker: its triggers stop, its runs are kept or purged (audited)",
+)
+def delete_worker(
+    name: str,
+    ctx: CtxDep,
+    key: DeployKey,
+    purge_runs: bool = Query(
+        False,
+        description="also delete its runs with their logs, artifacts, tool calls, approvals "
+        "and versions; false keeps them readable",
+    ),
+) -> dict[str, Any]:
+    deletion = worker_deletion.delete_worker(
+        ctx, name=name, purge_runs=purge_runs, actor=AuditActor.of_key(key)
+    )
+    return {"deleted": True, **deletion.to_dict()}
 
 
 @router.get("/manifest-schema", summary="JSON Schema of worker.yml")

@@ -69,6 +69,10 @@ class Backend(abc.ABC):
     def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
         """{"worker", "version"} after making the given version (or a run's version) active."""
 
+    @abc.abstractmethod
+    def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
+        """Delete a worker (deploy scope); what was deleted, as counts, as REST answers it."""
+
     # -- runs ----------------------------------------------------------------------------------
 
     @abc.abstractmethod

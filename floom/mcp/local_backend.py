@@ -23,8 +23,10 @@ from floom.services import (
     runs,
     secrets,
     triggers,
+    worker_deletion,
     workers,
 )
+from floom.services.audit import AuditActor
 from floom.services.context import Context
 from floom.store.models import ApiKey, Worker
 
@@ -154,6 +156,13 @@ class LocalBackend(Backend):
                 "version": workers.version_to_dict(version, active_id=version.id),
             }
         )
+
+    def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
+        ctx = self._need("deploy")
+        deletion = worker_deletion.delete_worker(
+            ctx, name=name, purge_runs=purge_runs, actor=AuditActor.of_key(self.key)
+        )
+        return _jsonable({"deleted": True, **deletion.to_dict()})
 
     # -- runs ----------------------------------------------------------------------------------
 

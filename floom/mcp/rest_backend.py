@@ -86,6 +86,9 @@ class RestBackend(Backend):
     def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
         return self.client.rollback(name, version_id=version_id, run_id=run_id)
 
+    def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
+        return self.client.delete_worker(name, purge_runs=purge_runs)
+
     # -- runs ----------------------------------------------------------------------------------
 
     def start_run(self, worker: str, inputs: JSON, *, force: bool = False) -> JSON:

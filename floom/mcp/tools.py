@@ -10,7 +10,7 @@ from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
-from floom.errors import FloomError
+from floom.errors import FloomError, InvalidRequest
 from floom.mcp.backend import NotAvailable
 from floom.mcp.catalog import ExposedWorker
 from floom.mcp.handoff_tools import HANDOFF_TOOLS
@@ -166,6 +166,39 @@ async def rollback_worker(
     result = await off(backend_of(ctx).rollback, worker, version_id=version_id, run_id=run_id)
     await server_of(ctx).refresh_catalog()
     return Reply(f"{worker} now runs version {result['version']['id']}", result)
+
+
+@floom_tool
+async def delete_worker(
+    ctx: Context,
+    worker: WorkerName,
+    purge_runs: Annotated[
+        bool,
+        Field(description="also delete its runs, logs, artifacts and versions (default: keep)"),
+    ] = False,
+    confirm: Annotated[bool, Field(description="must be true: deleting cannot be undone")] = False,
+) -> Reply:
+    """Delete a worker: its schedules, webhooks and other triggers stop at once and its
+    unfinished runs are cancelled; its runs stay readable unless purge_runs. Needs the deploy
+    scope and confirm=true."""
+    if not confirm:
+        raise InvalidRequest(
+            f"deleting worker '{worker}' needs confirm=true",
+            hint="ask the user first; then call delete_worker again with confirm=true",
+        )
+    result = await off(backend_of(ctx).delete_worker, worker, purge_runs=purge_runs)
+    await server_of(ctx).refresh_catalog()
+    runs = (
+        f"{result['runs_purged']} run(s) purged"
+        if result.get("purge_runs")
+        else f"{result['runs_kept']} run(s) kept"
+    )
+    text = (
+        f"deleted {worker}: {len(result.get('versions') or [])} version(s), {runs}, "
+        f"{result['triggers_removed']} trigger(s) removed, "
+        f"{result['runs_cancelled']} unfinished run(s) cancelled"
+    )
+    return Reply(text, result)
 
 
 # -- runs --------------------------------------------------------------------------------------
@@ -438,6 +471,7 @@ TOOLS: tuple[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations], .
     (replay_run, RUNS),
     (list_versions, READ),
     (rollback_worker, WRITE),
+    (delete_worker, DESTRUCTIVE),
     (list_approvals, READ),
     (decide_approval, WRITE),
     (list_triggers, READ),

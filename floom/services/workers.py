@@ -70,7 +70,12 @@ def deploy(ctx: Context, *, archive: bytes, actor: str | None = None) -> DeployR
         version = s.exec(
             select(Version).where(Version.worker_name == manifest.name, Version.digest == digest)
         ).first()
-        created = version is None
+        revived = version is None and _revive(
+            s, version_id=f"v{digest[:12]}", worker_name=manifest.name, actor=actor
+        )
+        if revived:
+            version = revived
+        created = version is None or bool(revived)
         if version is None:
             insert_blob(s, normalised, digest=digest)
             version = Version(
@@ -96,13 +101,43 @@ def deploy(ctx: Context, *, archive: bytes, actor: str | None = None) -> DeployR
     return DeployResult(worker=worker, version=version, created=created, activated=activated)
 
 
+# A version kept for the runs of a deleted worker belongs to this name instead of the worker's:
+# it no longer lists, rolls back or runs under the name, while its runs still read it.
+RETIRED_PREFIX = "deleted:"
+
+
+def retired_owner(deletion_id: str) -> str:
+    return f"{RETIRED_PREFIX}{deletion_id}"
+
+
+def _revive(s: Session, *, version_id: str, worker_name: str, actor: str | None) -> Version | None:
+    """A retired version with the same content id, given to the redeployed worker as its
+    first version: ids are content addresses, so the same files deployed again are it."""
+    version = s.get(Version, version_id)
+    if version is None or not version.worker_name.startswith(RETIRED_PREFIX):
+        return None
+    version.worker_name = worker_name
+    version.created_at = utcnow()
+    version.deployed_by = actor
+    s.add(version)
+    forget_versions([version_id])
+    return version
+
+
 def get_worker(ctx: Context, *, name: str) -> Worker:
     with session_scope(ctx.engine) as s:
         return _get_worker(s, name)
 
 
-def _get_worker(s: Session, name: str) -> Worker:
-    worker = s.get(Worker, name)
+def lock_worker(s: Session, name: str) -> Worker:
+    """The worker, share-locked until the caller's transaction ends: a deletion at the same
+    time either waits for that transaction and then sees what it wrote, or has committed and
+    this raises NotFound (SQLite's write transactions are serial anyway)."""
+    return _get_worker(s, name, lock={"read": True})
+
+
+def _get_worker(s: Session, name: str, *, lock: dict[str, bool] | bool = False) -> Worker:
+    worker = s.get(Worker, name, with_for_update=lock or None, populate_existing=bool(lock))
     if worker is None:
         known = s.exec(select(Worker.name).order_by(Worker.name).limit(20)).all()
         raise NotFound(
@@ -135,7 +170,8 @@ _version_cache: dict[tuple[int, str], Version] = {}
 def get_version(ctx: Context, *, version_id: str, worker_name: str | None = None) -> Version:
     key = (id(ctx.engine), version_id)
     version = _version_cache.get(key)
-    if version is None:
+    if version is None or (worker_name and version.worker_name != worker_name):
+        # Read again on a mismatch too: a deletion retires versions and a redeploy revives them.
         with session_scope(ctx.engine) as s:
             version = s.get(Version, version_id)
         if version is not None and len(_version_cache) < 4096:
@@ -146,6 +182,13 @@ def get_version(ctx: Context, *, version_id: str, worker_name: str | None = None
             hint=f"`floom versions {worker_name or 'WORKER'}` lists the versions",
         )
     return version
+
+
+def forget_versions(version_ids: list[str]) -> None:
+    """Drop versions from this process's cache, after a deletion retired or removed them."""
+    wanted = set(version_ids)
+    for key in [k for k in _version_cache if k[1] in wanted]:
+        _version_cache.pop(key, None)
 
 
 def list_versions(ctx: Context, *, name: str) -> list[Version]:
