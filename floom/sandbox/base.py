@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from floom.errors import InvalidRequest
+
 LineSink = Callable[[str, str], None]
 """Called with (stream, line) for each line the process prints; stream is stdout or stderr."""
 
@@ -20,6 +22,12 @@ class SandboxSpec:
     the process sees as `$FLOOM_OUTPUT_DIR`; files left there become artifacts. `env` is
     the whole environment the process gets (declared secrets and FLOOM_* values); a backend
     adds only PATH, HOME, LANG and similar inert values, never anything of the host's.
+    With `network` the process reaches public addresses, and of the host's loopback, private,
+    link-local and multicast ranges only the networks in `network_allow` (IPv4 CIDRs);
+    without it, it has no network at all.
+    The limits hold for the whole process tree: `memory_mb` (including tmpfs and shared
+    memory it fills), `processes` (tasks at once), `cpu` (cores' worth of CPU time) and
+    `disk_mb` (bytes allocated in `workdir` and `output_dir`).
     """
 
     run_id: str
@@ -28,18 +36,27 @@ class SandboxSpec:
     output_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     network: bool = False
+    network_allow: tuple[str, ...] = ()
     timeout_seconds: float = 600.0
     memory_mb: int = 512
+    processes: int = 256
+    cpu: float = 1.0
+    disk_mb: int = 1024
 
 
 @dataclass(frozen=True)
 class SandboxResult:
-    """How the process ended. `exit_code` is None when it was killed by a timeout or cancel."""
+    """How the process ended. `exit_code` is None when it was killed by a timeout or cancel.
+
+    `limit_exceeded` names the resource limit that ended the run (`memory`, `processes`,
+    `disk`); `error` then says which limit it was and the manifest key that sets it.
+    """
 
     exit_code: int | None
     timed_out: bool = False
     cancelled: bool = False
     error: str | None = None
+    limit_exceeded: str | None = None
 
 
 class Sandbox(abc.ABC):
@@ -71,3 +88,28 @@ class Sandbox(abc.ABC):
         `work_root` (it died before it could); returns how many processes it killed. Called
         at executor start, before the work root is emptied. Default: none to find."""
         return 0
+
+
+def validate_spec(spec: SandboxSpec) -> None:
+    """Refuse a spec no backend can run, with InvalidRequest; every backend calls it first."""
+    if not spec.command:
+        raise InvalidRequest(
+            "the sandbox was given no command", hint="pass a command such as ['python3', 'run.py']"
+        )
+    if spec.timeout_seconds <= 0 or spec.memory_mb < 1:
+        raise InvalidRequest(
+            f"timeout_seconds ({spec.timeout_seconds}) and memory_mb ({spec.memory_mb}) "
+            "must be positive",
+            hint="set a timeout in seconds and a memory limit in MiB above zero",
+        )
+    for label, path in (("workdir", spec.workdir), ("output_dir", spec.output_dir)):
+        if not path.is_dir():
+            raise InvalidRequest(
+                f"{label} {path} is not a directory", hint="create it before running the sandbox"
+            )
+    for key, value in spec.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise InvalidRequest(
+                f"environment variable {key!r} cannot be passed to a process",
+                hint="use a name without '=' or NUL characters, and a value without NUL",
+            )

@@ -1,0 +1,87 @@
+"""The engine over the in-memory sandbox: queue, executor, judge and records, no bubblewrap."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from floom.bundle import read_folder
+from floom.engine.executor import Executor
+from floom.sandbox.fake import FakeProcess, FakeSandbox
+from floom.services import runs, workers
+from floom.services.context import Context
+from floom.services.logs import list_events
+from tests.conftest import make_worker, wait_until
+
+MANIFEST = """\
+name: adder
+entry: run.py
+inputs:
+  a: {type: integer, required: true}
+  b: {type: integer, required: true}
+outputs:
+  sum: {type: integer}
+retries: {count: 1, backoff_seconds: 0}
+"""
+
+
+def _add(p: FakeProcess) -> int:
+    inputs = json.loads((p.spec.workdir / "inputs.json").read_text())
+    if inputs["a"] < 0:
+        p.print("negative input", stream="stderr")
+        return 2
+    p.print(f"adding {inputs['a']} and {inputs['b']}")
+    p.write("result.json", json.dumps({"outputs": {"sum": inputs["a"] + inputs["b"]}}))
+    p.write_output("note.txt", "done")
+    return 0
+
+
+@pytest.fixture
+def fake() -> FakeSandbox:
+    return FakeSandbox({"adder": _add})
+
+
+@pytest.fixture
+def executor(ctx: Context, fake: FakeSandbox, tmp_path: Path) -> Iterator[Executor]:
+    folder = make_worker(tmp_path / "adder", MANIFEST, {"run.py": "# run by the fake\n"})
+    workers.deploy(ctx, archive=read_folder(folder, max_bytes=1 << 20).to_archive())
+    engine = Executor(ctx, fake)
+    engine.start()
+    try:
+        yield engine
+    finally:
+        engine.stop(grace_seconds=2)
+
+
+def _finished(ctx: Context, run_id: str) -> object:
+    run = runs.get_run(ctx, run_id=run_id)
+    return run if run.finished_at is not None else None
+
+
+def test_a_run_goes_through_queue_sandbox_and_judge_to_succeeded(
+    ctx: Context, executor: Executor, fake: FakeSandbox
+) -> None:
+    run = runs.create_run(ctx, worker_name="adder", inputs={"a": 2, "b": 3})
+    done = wait_until(lambda: _finished(ctx, run.id), timeout=20)
+    assert done.status == "succeeded"
+    assert json.loads(done.outputs_json) == {"sum": 5}
+    assert [a.name for a in runs.list_artifacts(ctx, run_id=run.id)] == ["note.txt"]
+    lines = [e.line for e in list_events(ctx, run_id=run.id)]
+    assert "adding 2 and 3" in lines
+    env = fake.specs[-1].env
+    assert (env["FLOOM_RUN_ID"], env["FLOOM_WORKER"]) == (run.id, "adder")
+
+
+def test_a_failing_attempt_is_retried_by_the_manifest_policy_then_fails(
+    ctx: Context, executor: Executor, fake: FakeSandbox
+) -> None:
+    run = runs.create_run(ctx, worker_name="adder", inputs={"a": -1, "b": 3})
+    done = wait_until(lambda: _finished(ctx, run.id), timeout=20)
+    assert done.status == "failed"
+    assert done.attempt == 2
+    assert done.error_code == "exit_code"
+    assert "negative input" in (done.error_message or "")
+    assert len([s for s in fake.specs if s.run_id == run.id]) == 2
