@@ -396,3 +396,28 @@ def test_the_mcp_tool_needs_confirm_and_the_deploy_scope(
 
     anyio.run(session)
     assert api.get("/api/v1/workers/mcpdel").status_code == 404
+
+
+def test_a_schedule_tick_racing_the_deletion_leaves_no_run_behind(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = 'name: racer\ntriggers:\n  - schedule: {cron: "*/15 * * * *", overlap: allow}\n'
+    deploy(ctx, tmp_path / "racer", manifest)
+    with session_scope(ctx.engine, write=True) as s:
+        for t in s.exec(select(Trigger).where(Trigger.worker_name == "racer")).all():
+            t.last_fire_at = MONDAY
+            s.add(t)
+    read_version = workers.get_version
+
+    def deleted_meanwhile(*args: Any, **kwargs: Any) -> Version:
+        # The tick has read the worker; the deletion commits before the run is inserted.
+        monkeypatch.setattr(workers, "get_version", read_version)
+        delete_worker(ctx, name="racer", purge_runs=False, actor=ADMIN)
+        return read_version(*args, **kwargs)
+
+    monkeypatch.setattr(workers, "get_version", deleted_meanwhile)
+    schedules.fire_due(ctx, now=MONDAY + timedelta(minutes=15, seconds=1))
+
+    assert rows(ctx, Run, Run.worker_name == "racer") == []
+    with pytest.raises(NotFound):
+        workers.get_worker(ctx, name="racer")

@@ -105,6 +105,7 @@ def create_run(
         parent_run_id=parent_run_id,
     )
     with session_scope(ctx.engine, write=True) as s:
+        workers.lock_worker(s, worker_name)  # a deletion since the checks above wins
         s.add(run)
         s.flush()
         note = f"queued ({trigger}) on version {version.id}"

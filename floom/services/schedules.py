@@ -17,8 +17,8 @@ from sqlalchemy import or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, FloomError, WorkerPaused
-from floom.services import run_rules, runs
+from floom.errors import Conflict, FloomError, NotFound, WorkerPaused
+from floom.services import run_rules, runs, workers
 from floom.services.triggers import spec_of
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, new_id
@@ -238,6 +238,7 @@ def _record_skip(
     run_id = new_id("run")
     try:
         with session_scope(ctx.engine, write=True) as s:
+            workers.lock_worker(s, worker.name)
             s.add(
                 TriggerFire(
                     trigger_id=trigger.id,
@@ -264,6 +265,8 @@ def _record_skip(
     except IntegrityError:
         _advance_alone(ctx, trigger.id, t)
         return
+    except NotFound:
+        return  # the worker was deleted since this tick read it: nothing is left to record
     log.info("schedule %s of %s at %s: %s", trigger.id, worker.name, t.isoformat(), message)
 
 
