@@ -22,7 +22,7 @@ from floom.engine.runlog import LogLine, RunLog
 from floom.sandbox.base import Sandbox
 from floom.services import workers
 from floom.services.logs import append_events, system_event
-from floom.services.runs import CANCELLED, FAILED, QUEUED, RUNNING
+from floom.services.run_rules import CANCELLED, EXECUTOR, FAILED, RUNNING, requeue_next_attempt
 from floom.services.secrets import Redactor
 from floom.store.db import session_scope
 from floom.store.models import Run
@@ -242,10 +242,6 @@ class Executor:
                 attempt=current.attempt,
                 message="interrupted by node shutdown; requeued",
             )
-            current.status = QUEUED
-            current.attempt += 1
-            current.max_attempts += 1  # an interruption is not the worker's failure
-            current.lease_owner = None
-            current.lease_expires_at = None
-            current.started_at = None
+            # An interruption is not the worker's failure: it costs none of its retries.
+            requeue_next_attempt(current, by=EXECUTOR, counts_as_attempt=False)
             s.add(current)

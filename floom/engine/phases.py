@@ -4,7 +4,6 @@ run-level approval (propose, wait for a person, then apply)."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
@@ -14,7 +13,7 @@ from floom.engine.queue import Outcome
 from floom.services.agent_runs import restore_artifacts
 from floom.services.approvals import PHASE_APPLY, new_approval, pause_run
 from floom.services.logs import system_event
-from floom.services.runs import AWAITING_APPROVAL, QUEUED, RUNNING, SUCCEEDED
+from floom.services.run_rules import AWAITING_APPROVAL, QUEUED, SUCCEEDED, mark_claimed
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
@@ -97,11 +96,7 @@ def claim_run(ctx: Context, *, run_id: str) -> Run | None:
         run = s.get(Run, run_id, with_for_update=True)
         if run is None or run.status != QUEUED:
             return None
-        run.status = RUNNING
-        run.lease_owner = ctx.node_id
-        run.lease_expires_at = now + timedelta(seconds=ctx.settings.lease_seconds)
-        run.started_at = now
-        run.cancel_requested = False
+        mark_claimed(run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now)
         s.add(run)
         system_event(
             s,
