@@ -1,0 +1,343 @@
+"""User-mode networking for a sandbox that may use the network: its own network namespace,
+reached through slirp4netns, fenced off from the host's loopback and the private ranges.
+
+The sandbox's namespace gets a tap device that slirp4netns (running on the host) turns into
+ordinary host sockets, so the sandbox can talk to the internet like any host program while
+the host's own loopback services (floom's API, PostgreSQL) stay out of reach. Routes set
+from outside, before the command starts, make every blocked address fail at `connect()` in
+the sandbox (EHOSTUNREACH); no packet for it ever reaches slirp4netns.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import select
+import shutil
+import subprocess
+from collections.abc import Iterable
+from typing import Final
+
+from floom.errors import FloomError, InvalidRequest
+
+# slirp4netns's fixed virtual network: the sandbox is 10.0.2.100, the gateway 10.0.2.2 (which
+# it maps to the host's loopback unless told not to) and its DNS forwarder 10.0.2.3.
+SLIRP_NETWORK: Final = ipaddress.IPv4Network("10.0.2.0/24")
+SLIRP_GATEWAY: Final = "10.0.2.2"
+SLIRP_DNS: Final = "10.0.2.3"
+SANDBOX_DEVICE: Final = "tap0"
+SANDBOX_RESOLV_CONF: Final = f"nameserver {SLIRP_DNS}\n".encode()
+"""The sandbox's /etc/resolv.conf: slirp4netns's DNS forwarder. The host's own resolver
+usually sits on its loopback or a private address, both out of the sandbox's reach."""
+
+# Addresses no sandbox reaches unless its manifest allows them: the host's own and private
+# networks, carrier-grade NAT, link-local (cloud metadata lives at 169.254.169.254),
+# multicast and the reserved rest. IPv6 is switched off in the sandbox altogether.
+BLOCKED_NETWORKS: Final = tuple(
+    ipaddress.IPv4Network(cidr)
+    for cidr in (
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.168.0.0/16",
+        "198.18.0.0/15",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+    )
+)
+# Networks a manifest can never open: the host's loopback (slirp4netns refuses it anyway)
+# and slirp4netns's own network, whose addresses stand for the host.
+NEVER_ALLOWED: Final = (ipaddress.IPv4Network("127.0.0.0/8"), SLIRP_NETWORK)
+
+# The routing table that holds the one route to the DNS forwarder, chosen by rules that
+# match only port 53: slirp4netns forwards every port of 10.0.2.3 to the host's resolver
+# address, which must not become a way to reach other services there.
+_DNS_TABLE: Final = 53
+_NS_GET_USERNS: Final = 0xB701  # ioctl: the user namespace that owns a namespace
+SLIRP_PROCESS_TAG: Final = "floom-slirp4netns:"
+"""argv[0] of every slirp4netns floom starts, followed by the run's work dir, so that a
+later executor can recognise (and kill) the ones a killed predecessor left behind."""
+SETUP_TIMEOUT_SECONDS: Final = 10.0
+STOP_WAIT_SECONDS: Final = 2.0
+ALLOW_HINT: Final = "list IPv4 networks in CIDR form, e.g. network_allow: [10.1.2.0/24]"
+INSTALL_HINT: Final = "install slirp4netns, iproute2 and util-linux: apt-get install slirp4netns"
+
+
+class NetworkSetupFailed(FloomError):
+    """The sandbox's network could not be set up, so the run was not started."""
+
+    status = 503
+    code = "sandbox_network_unavailable"
+
+
+def parse_allowed_network(entry: object) -> ipaddress.IPv4Network:
+    """One allowlist entry ("10.213.0.0/24", or an address for a single host) as a network;
+    raises ValueError saying what is wrong with it."""
+    if not isinstance(entry, str):
+        raise ValueError(f"expected an IPv4 network such as 10.1.2.0/24, got {entry!r}")
+    try:
+        network = ipaddress.ip_network(entry.strip())
+    except ValueError as exc:
+        if "host bits set" in str(exc):
+            wider = ipaddress.ip_network(entry.strip(), strict=False)
+            raise ValueError(f"{entry!r} has host bits set; the network is {wider}") from exc
+        raise ValueError(f"{entry!r} is not an IPv4 network such as 10.1.2.0/24") from exc
+    if not isinstance(network, ipaddress.IPv4Network):
+        raise ValueError(f"{entry!r} is IPv6; sandboxes have no IPv6")
+    for closed in NEVER_ALLOWED:
+        if network.subnet_of(closed):
+            raise ValueError(f"{entry!r} lies in {closed}, which a sandbox never reaches")
+    return network
+
+
+def blocked_networks(allow: Iterable[ipaddress.IPv4Network]) -> list[ipaddress.IPv4Network]:
+    """BLOCKED_NETWORKS minus what `allow` opens; NEVER_ALLOWED stays closed whatever is
+    allowed (a route to a more specific network wins over a wider one)."""
+    pieces = list(BLOCKED_NETWORKS)
+    for opened in allow:
+        remaining: list[ipaddress.IPv4Network] = []
+        for piece in pieces:
+            if piece.subnet_of(opened):
+                continue
+            if opened.subnet_of(piece):
+                remaining.extend(piece.address_exclude(opened))
+            else:
+                remaining.append(piece)
+        pieces = remaining
+    for closed in NEVER_ALLOWED:
+        if not any(closed.subnet_of(piece) for piece in pieces):
+            pieces.append(closed)
+    return sorted(pieces)
+
+
+def route_commands(allow: Iterable[ipaddress.IPv4Network]) -> str:
+    """The `ip -batch` script that fences a namespace slirp4netns has just configured.
+
+    The connected /24 goes (every other address in it is the host); the default route names
+    the gateway `onlink`, so the gateway itself needs no route and stays unreachable; DNS
+    reaches 10.0.2.3 on port 53 only.
+    """
+    lines = [
+        f"route del {SLIRP_NETWORK} dev {SANDBOX_DEVICE}",
+        f"route replace default via {SLIRP_GATEWAY} dev {SANDBOX_DEVICE} onlink",
+        f"route add {SLIRP_DNS}/32 dev {SANDBOX_DEVICE} scope link table {_DNS_TABLE}",
+    ]
+    for pref, proto in ((100, "udp"), (101, "tcp")):
+        lines.append(
+            f"rule add pref {pref} to {SLIRP_DNS}/32 ipproto {proto} dport 53 lookup {_DNS_TABLE}"
+        )
+    lines += [f"route replace unreachable {net}" for net in blocked_networks(allow)]
+    return "\n".join(lines) + "\n"
+
+
+class UserNetworking:
+    """A running slirp4netns serving one sandbox's network namespace.
+
+    `close` ends it (bounded: a polite exit through its exit fd, then SIGKILL) and is
+    idempotent. Should floom die instead, slirp4netns sees its exit fd close and exits too.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], exit_fd: int) -> None:
+        self.proc = proc
+        self._exit_fd: int | None = exit_fd
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def close(self) -> None:
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
+            self._exit_fd = None
+        try:
+            self.proc.wait(STOP_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
+def attach_user_networking(
+    child_pid: int, *, allow: Iterable[str] = (), owner: str
+) -> UserNetworking:
+    """Give the network namespace of `child_pid` user-mode networking, fenced; call it after
+    the namespace exists and before the sandboxed command starts.
+
+    `allow` lists networks (see parse_allowed_network) the sandbox may reach besides the
+    public internet. `owner` is the run's work dir: it goes into slirp4netns's argv[0]
+    (see SLIRP_PROCESS_TAG).
+    Raises NetworkSetupFailed (having stopped what it started) when a tool is missing or
+    any step fails; the caller must then not start the command.
+    """
+    try:
+        allowed = [parse_allowed_network(entry) for entry in allow]
+    except ValueError as exc:
+        raise InvalidRequest(f"network_allow: {exc}", hint=ALLOW_HINT) from exc
+    tools = {name: shutil.which(name) for name in ("slirp4netns", "nsenter", "ip")}
+    missing = sorted(name for name, path in tools.items() if path is None)
+    if missing:
+        raise NetworkSetupFailed(
+            f"a worker with network needs {', '.join(missing)}, which is not on PATH",
+            hint=INSTALL_HINT,
+        )
+    namespaces = _SandboxNamespaces(child_pid)
+    try:
+        networking = _start_slirp(namespaces, owner=owner, slirp4netns=str(tools["slirp4netns"]))
+        try:
+            _fence(namespaces, allowed, nsenter=str(tools["nsenter"]))
+        except BaseException:
+            networking.close()
+            raise
+    finally:
+        namespaces.close()
+    return networking
+
+
+class _SandboxNamespaces:
+    """Open handles on the sandbox's network namespace and, when floom is not root, the
+    user namespace that owns it; tools get them as /proc/self/fd paths, so a pid reused
+    meanwhile cannot redirect them."""
+
+    def __init__(self, child_pid: int) -> None:
+        try:
+            self.net = os.open(f"/proc/{child_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise NetworkSetupFailed(f"the sandbox's network namespace is gone: {exc}") from exc
+        self.user: int | None = None
+        if os.geteuid() != 0:
+            # Without root, floom acts through the user namespace bwrap created as floom's
+            # user; the owner of the network namespace, which may sit above pid 1's own.
+            try:
+                self.user = fcntl.ioctl(self.net, _NS_GET_USERNS)
+            except OSError as exc:
+                os.close(self.net)
+                raise NetworkSetupFailed(
+                    f"cannot open the sandbox's user namespace: {exc}"
+                ) from exc
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        return (self.net,) if self.user is None else (self.net, self.user)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+def _start_slirp(namespaces: _SandboxNamespaces, *, owner: str, slirp4netns: str) -> UserNetworking:
+    ready_r, ready_w = os.pipe()
+    exit_r, exit_w = os.pipe()
+    userns = [] if namespaces.user is None else [f"--userns-path=/proc/self/fd/{namespaces.user}"]
+    argv = [
+        SLIRP_PROCESS_TAG + os.path.realpath(owner),
+        "--configure",
+        "--mtu=65520",
+        "--disable-host-loopback",
+        "--enable-seccomp",
+        "--enable-sandbox",
+        f"--ready-fd={ready_w}",
+        f"--exit-fd={exit_r}",
+        "--netns-type=path",
+        *userns,
+        f"/proc/self/fd/{namespaces.net}",
+        SANDBOX_DEVICE,
+    ]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            executable=slirp4netns,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(ready_w, exit_r, *namespaces.fds),
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+        )
+    except OSError as exc:
+        for fd in (ready_r, exit_w):
+            os.close(fd)
+        raise NetworkSetupFailed(f"could not start slirp4netns: {exc}", hint=INSTALL_HINT) from exc
+    finally:
+        os.close(ready_w)
+        os.close(exit_r)
+    assert proc.stderr is not None
+    os.set_blocking(proc.stderr.fileno(), False)
+    networking = UserNetworking(proc, exit_w)
+    try:
+        _await_ready(ready_r, proc)
+    except BaseException:
+        networking.close()
+        raise
+    finally:
+        os.close(ready_r)
+    return networking
+
+
+def is_floom_slirp(argv0: bytes, work_root: bytes) -> bool:
+    """Whether argv[0] is that of a slirp4netns floom started for a run under `work_root`
+    (a resolved path ending in a slash)."""
+    return argv0.startswith(SLIRP_PROCESS_TAG.encode() + work_root)
+
+
+def _await_ready(ready_fd: int, proc: subprocess.Popen[bytes]) -> None:
+    ready, _, _ = select.select([ready_fd], [], [], SETUP_TIMEOUT_SECONDS)
+    if ready and os.read(ready_fd, 1) == b"1":
+        return
+    detail = _stderr_tail(proc)
+    if not ready:
+        raise NetworkSetupFailed(
+            f"slirp4netns did not get ready within {SETUP_TIMEOUT_SECONDS:g} s{detail}",
+            hint="the node may be overloaded; try again",
+        )
+    raise NetworkSetupFailed(f"slirp4netns failed to start{detail}", hint=INSTALL_HINT)
+
+
+def _fence(
+    namespaces: _SandboxNamespaces, allow: Iterable[ipaddress.IPv4Network], *, nsenter: str
+) -> None:
+    enter = [nsenter, f"--net=/proc/self/fd/{namespaces.net}"]
+    if namespaces.user is not None:
+        enter += [f"--user=/proc/self/fd/{namespaces.user}", "--preserve-credentials"]
+    # No IPv6 in the sandbox: slirp4netns would not carry it, and a link-local address
+    # would only invite probing the tap device.
+    script = (
+        "if [ -d /proc/sys/net/ipv6 ]; then "
+        "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 && "
+        "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6 || exit 1; fi; "
+        "exec ip -batch -"
+    )
+    try:
+        done = subprocess.run(
+            [*enter, "--", "sh", "-c", script],
+            input=route_commands(allow).encode(),
+            pass_fds=namespaces.fds,
+            capture_output=True,
+            timeout=SETUP_TIMEOUT_SECONDS,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NetworkSetupFailed(f"could not fence the sandbox's network: {exc}") from exc
+    if done.returncode != 0:
+        reason = done.stderr.decode("utf-8", "replace").strip()[-500:]
+        raise NetworkSetupFailed(
+            f"could not fence the sandbox's network: {reason or f'exit {done.returncode}'}",
+            hint="the node's kernel must support policy routing rules with ports (Linux 4.17+)",
+        )
+
+
+def _stderr_tail(proc: subprocess.Popen[bytes]) -> str:
+    """slirp4netns's last words, once it is gone, for the error message."""
+    proc.kill()
+    try:
+        proc.wait(STOP_WAIT_SECONDS)
+        assert proc.stderr is not None
+        data = os.read(proc.stderr.fileno(), 65536)
+    except (subprocess.TimeoutExpired, BlockingIOError):
+        data = b""
+    lines = data.decode("utf-8", "replace").strip().splitlines()
+    return f": {lines[-1]}" if lines else f" (exit status {proc.returncode})"
