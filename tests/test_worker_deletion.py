@@ -29,6 +29,7 @@ from floom.store.triggers import Trigger
 from floom.triggers.signatures import sign_floom
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.mcp_support import call, call_error, http_client
+from tests.web_support import csrf_of, signed_in_client
 
 MONDAY = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
 ADMIN = AuditActor(key_id="key_test", label="test admin")
@@ -273,6 +274,8 @@ def test_over_rest_a_running_run_ends_cancelled_and_kept_runs_stay_listed(
     listed = api.get("/api/v1/runs", params={"worker": "slow"}).json()["items"]
     assert [r["id"] for r in listed] == [run_id]
     assert api.get(f"/api/v1/runs/{run_id}/logs").status_code == 200
+    page = signed_in_client(server, server.admin_key).get(f"/runs/{run_id}")
+    assert page.status_code == 200 and "(deleted)" in page.text and "Replay" not in page.text
 
 
 def test_over_rest_a_purge_waits_for_a_running_run_to_stop_then_removes_it(
@@ -421,3 +424,39 @@ def test_a_schedule_tick_racing_the_deletion_leaves_no_run_behind(
     assert rows(ctx, Run, Run.worker_name == "racer") == []
     with pytest.raises(NotFound):
         workers.get_worker(ctx, name="racer")
+
+
+def test_the_worker_page_deletes_only_with_csrf_the_typed_name_and_the_deploy_scope(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    api = server.client()
+    deploy_folder(api, make_worker(tmp_path / "w", "name: uidel\n", {"run.py": PLAIN}))
+    _, runner = keys.create_key(server.ctx, scopes=["run"], name="runner")
+    limited = signed_in_client(server, runner)
+    page = limited.get("/workers/uidel")
+    assert "Delete this worker" not in page.text
+    refused = limited.post(
+        "/workers/uidel/delete", data={"csrf": csrf_of(page.text), "confirm_name": "uidel"}
+    )
+    assert refused.status_code == 403
+
+    browser = signed_in_client(server, server.admin_key)
+    page = browser.get("/workers/uidel")
+    assert "Delete this worker" in page.text
+    forged = browser.post("/workers/uidel/delete", data={"confirm_name": "uidel"})
+    assert forged.status_code == 403
+    mistyped = browser.post(
+        "/workers/uidel/delete", data={"csrf": csrf_of(page.text), "confirm_name": "uidle"}
+    )
+    assert mistyped.status_code == 400 and "type uidel" in mistyped.text
+    assert api.get("/api/v1/workers/uidel").status_code == 200
+
+    done = browser.post(
+        "/workers/uidel/delete",
+        data={"csrf": csrf_of(page.text), "confirm_name": "uidel", "purge_runs": "on"},
+    )
+    assert done.status_code == 303 and done.headers["location"] == "/?notice=purged"
+    assert "Deleted" in browser.get(done.headers["location"]).text
+    assert api.get("/api/v1/workers/uidel").status_code == 404
+    events = api.get("/api/v1/audit", params={"subject": "worker:uidel"}).json()["items"]
+    assert events[0]["payload"]["purge_runs"] is True

@@ -22,8 +22,9 @@ from floom.api.ui_support import (
     error_markup,
     render,
 )
-from floom.errors import FloomError, InputInvalid
-from floom.services import diffs, keys, lineage, runs, workers
+from floom.errors import FloomError, InputInvalid, InvalidRequest
+from floom.services import diffs, keys, lineage, runs, worker_deletion, workers
+from floom.services.audit import AuditActor
 from floom.services.context import Context
 from floom.store.models import Worker
 
@@ -32,6 +33,8 @@ log = logging.getLogger("floom.ui")
 
 NOTICES = {
     "rolled-back": "Rolled back: the chosen version is active now; new runs use it.",
+    "deleted": "Deleted: the worker's triggers are stopped; its runs stay listed unless purged.",
+    "purged": "Deleted: the worker and its runs, logs and artifacts are gone.",
 }
 
 
@@ -71,12 +74,19 @@ def _worker_rows(ctx: Context, rows: list[Worker]) -> list[dict[str, Any]]:
 
 
 @router.get("/")
-def workers_page(request: Request, ctx: CtxDep, me: Me, cursor: str | None = None) -> Response:
+def workers_page(
+    request: Request, ctx: CtxDep, me: Me, cursor: str | None = None, notice: str | None = None
+) -> Response:
     rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=50)
     return render(
         request,
         "workers.html",
-        {"items": _worker_rows(ctx, rows), "next_cursor": next_cursor, "cursor": cursor},
+        {
+            "items": _worker_rows(ctx, rows),
+            "next_cursor": next_cursor,
+            "cursor": cursor,
+            "notice": NOTICES.get(notice or ""),
+        },
     )
 
 
@@ -150,6 +160,31 @@ async def rollback(request: Request, name: str, ctx: CtxDep, me: Me) -> Response
         values["versions_error"] = error_markup(exc)
         return await run_in_threadpool(render, request, "worker.html", values, exc.status)
     return RedirectResponse(f"/workers/{name}?notice=rolled-back#versions", status_code=303)
+
+
+@router.post("/workers/{name}/delete")
+async def delete(request: Request, name: str, ctx: CtxDep, me: Me) -> Response:
+    form = await checked_form(request, me)
+    purge = form.get("purge_runs") == "on"
+    try:
+        keys.require(me.key, "deploy")
+        if str(form.get("confirm_name") or "").strip() != name:
+            raise InvalidRequest(
+                "the name typed does not match; nothing was deleted",
+                hint=f"type {name} into the box to confirm",
+            )
+        await run_in_threadpool(
+            worker_deletion.delete_worker,
+            ctx,
+            name=name,
+            purge_runs=purge,
+            actor=AuditActor.of_key(me.key),
+        )
+    except FloomError as exc:
+        values = await run_in_threadpool(_worker_context, ctx, name, str(request.base_url))
+        values["delete_error"] = error_markup(exc)
+        return await run_in_threadpool(render, request, "worker.html", values, exc.status)
+    return RedirectResponse(f"/?notice={'purged' if purge else 'deleted'}", status_code=303)
 
 
 @router.get("/workers/{name}/diff")

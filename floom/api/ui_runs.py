@@ -18,10 +18,10 @@ from starlette.concurrency import run_in_threadpool
 from floom.api import ui_features
 from floom.api.routes_runs import log_event_stream
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render
-from floom.errors import FloomError
+from floom.errors import FloomError, NotFound
 from floom.services import keys, lineage, logs, runs, workers
 from floom.services.context import Context
-from floom.store.models import utcnow
+from floom.store.models import Worker, utcnow
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
@@ -92,7 +92,10 @@ def runs_page(
 
 def _run_context(ctx: Context, run_id: str) -> dict[str, Any]:
     run = runs.get_run(ctx, run_id=run_id)
-    worker = workers.get_worker(ctx, name=run.worker_name)
+    try:
+        worker: Worker | None = workers.get_worker(ctx, name=run.worker_name)
+    except NotFound:
+        worker = None  # deleted with its runs kept: they stay readable
     events = logs.tail_events(ctx, run_id=run_id, count=LOG_TAIL)
     return {
         "run": run,
@@ -105,7 +108,7 @@ def _run_context(ctx: Context, run_id: str) -> dict[str, Any]:
         "log_truncated": bool(events) and events[0].seq > 1,
         "terminal": run.status in runs.TERMINAL,
         "children": lineage.child_runs(ctx, run_id=run_id),
-        "is_active_version": worker.active_version_id == run.version_id,
+        "is_active_version": worker is not None and worker.active_version_id == run.version_id,
         "approvals": ui_features.run_approvals(ctx, run_id=run_id),
         "tool_calls": ui_features.run_tool_calls(ctx, run_id=run_id),
         "model_usage": ui_features.model_usage(ctx, run_id=run_id),
