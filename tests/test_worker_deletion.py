@@ -4,6 +4,7 @@ audited. Through the services, REST, the CLI and MCP."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -14,20 +15,41 @@ from typing import Any
 import anyio
 import pytest
 from sqlmodel import col, select
+from standardwebhooks.webhooks import Webhook
 
 from floom.bundle import read_folder
 from floom.errors import NotFound
-from floom.services import agent_runs, audit, keys, runs, schedules, triggers, workers
+from floom.services import (
+    agent_runs,
+    audit,
+    composio_events,
+    handoff_agents,
+    handoff_bridge,
+    handoffs,
+    keys,
+    runs,
+    schedules,
+    triggers,
+    workers,
+)
 from floom.services.audit import AuditActor
 from floom.services.context import Context
 from floom.services.worker_deletion import delete_worker
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent
 from floom.store.db import session_scope
+from floom.store.handoffs import Agent, AgentRole
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version
 from floom.store.triggers import Trigger
 from floom.triggers.signatures import sign_floom
-from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
+from tests.conftest import (
+    LiveServer,
+    deploy_folder,
+    fast_settings,
+    make_worker,
+    wait_for_run,
+    wait_until,
+)
 from tests.mcp_support import call, call_error, http_client
 from tests.web_support import csrf_of, signed_in_client
 
@@ -460,3 +482,55 @@ def test_the_worker_page_deletes_only_with_csrf_the_typed_name_and_the_deploy_sc
     assert api.get("/api/v1/workers/uidel").status_code == 404
     events = api.get("/api/v1/audit", params={"subject": "worker:uidel"}).json()["items"]
     assert events[0]["payload"]["purge_runs"] is True
+
+
+COMPOSIO_SECRET = "whsec_" + "ZGVsZXRpb24tdGVzdC1jb21wb3Npby1zZWNyZXQtMDE="
+
+
+def test_a_deleted_workers_composio_and_handoff_triggers_take_nothing_more(
+    tmp_path: Path, database_url: str
+) -> None:
+    ctx = Context.open(
+        fast_settings(tmp_path / "data", database_url, composio_webhook_secret=COMPOSIO_SECRET)
+    )
+    try:
+        handoff_agents.create_role(ctx, name="reviewer")
+        manifest = (
+            "name: listener\ninputs: {event: object}\ntriggers:\n"
+            "  - composio: {event: GITHUB_COMMIT_EVENT}\n  - handoff: {role: reviewer}\n"
+        )
+        deploy(ctx, tmp_path / "listener", manifest)
+        handoff_bridge.tick(ctx)  # the worker's agent now holds the role
+        label = handoff_bridge.agent_label("listener")
+        (agent,) = rows(ctx, Agent, Agent.label == label)
+        assert rows(ctx, AgentRole, AgentRole.agent_id == agent.id)
+
+        result = delete_worker(ctx, name="listener", purge_runs=False, actor=ADMIN)
+
+        assert result.triggers_removed == 2
+        assert rows(ctx, AgentRole, AgentRole.agent_id == agent.id) == []
+        _, admin_token = keys.create_key(ctx, scopes=["admin"], name="publisher")
+        admin_key = keys.authenticate(ctx, admin_token)
+        job = handoffs.create_job(ctx, actor=admin_key, summary="review this", role="reviewer")
+        assert handoff_bridge.tick(ctx) == 0
+        assert handoffs.get_job(ctx, actor=admin_key, job_id=job["id"])["status"] == "published"
+
+        body = json.dumps(
+            {
+                "id": "msg_1",
+                "type": "composio.trigger.message",
+                "metadata": {"trigger_slug": "GITHUB_COMMIT_EVENT", "connected_account_id": "ca"},
+                "data": {"sha": "abc"},
+            }
+        )
+        now = datetime.now(UTC)
+        headers = {
+            "webhook-id": "msg_1",
+            "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": Webhook(COMPOSIO_SECRET).sign("msg_1", now, body),
+        }
+        (received,) = composio_events.receive_composio(ctx, headers=headers, body=body.encode())
+        assert received.delivery.outcome == "unmatched"
+        assert rows(ctx, Run, Run.worker_name == "listener") == []
+    finally:
+        ctx.engine.dispose()
