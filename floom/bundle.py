@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import hashlib
 import io
+import lzma
 import tarfile
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from floom.errors import BundleInvalid
+from floom.errors import BundleInvalid, BundlePathInvalid, BundleTooLarge
 
 IGNORED_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules", ".mypy_cache"})
 MAX_FILES = 2000
+# Every entry counts toward this, directories and skipped ones too: reading 200k empty
+# directory entries of a 0.4 MB upload cost seconds before they were counted.
+MAX_ENTRIES = 2 * MAX_FILES
+# What Linux file systems accept; longer names would fail when a run unpacks the version.
+MAX_PATH_BYTES = 1024
+MAX_NAME_BYTES = 255
+# What an entry may add to the unpacked tar besides its contents (header, long-name records,
+# padding): unpacking stops past max_bytes plus this for every entry allowed.
+_ENTRY_OVERHEAD = 4096
+_HINT = "pack the worker folder with `floom deploy FOLDER`"
 
 
 @dataclass(frozen=True)
@@ -75,7 +89,76 @@ def _check_path(name: str) -> str:
             f"archive entry '{name}' points outside the worker folder",
             hint="pack the worker folder with `floom deploy FOLDER`; entries must be relative",
         )
-    return str(p)
+    path = str(p)
+    try:
+        size = len(path.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BundlePathInvalid(
+            f"archive entry {path!r} is not a UTF-8 name", hint="rename the file; " + _HINT
+        ) from None
+    if size > MAX_PATH_BYTES:
+        raise BundlePathInvalid(
+            f"archive entry '{path[:80]}...' has a path of {size} bytes; at most "
+            f"{MAX_PATH_BYTES} are accepted",
+            hint="use shorter folder and file names",
+            details={"limit": "path_bytes", "max": MAX_PATH_BYTES},
+        )
+    for part in p.parts:
+        if len(part.encode("utf-8")) > MAX_NAME_BYTES:
+            raise BundlePathInvalid(
+                f"archive entry '{path[:80]}...' has a name longer than {MAX_NAME_BYTES} bytes",
+                hint="use shorter folder and file names",
+                details={"limit": "name_bytes", "max": MAX_NAME_BYTES},
+            )
+    return path
+
+
+def _check_entries(count: int) -> None:
+    if count > MAX_ENTRIES:
+        raise BundleTooLarge(
+            f"the archive has more than {MAX_ENTRIES} entries (files and directories)",
+            hint="keep data, caches and .git out of the worker folder; " + _HINT,
+            details={"limit": "entries", "max": MAX_ENTRIES},
+        )
+
+
+@dataclass
+class _Names:
+    """The paths of one archive so far: each at most once, and never a file where another
+    entry needs a directory (`a` and `a/b`), which would fail whenever a run unpacks it."""
+
+    files: set[str] = field(default_factory=set)
+    dirs: set[str] = field(default_factory=set)
+
+    def add_file(self, path: str) -> None:
+        if path in self.files:
+            raise BundlePathInvalid(
+                f"archive entry '{path}' appears twice", hint="give each file once; " + _HINT
+            )
+        if path in self.dirs:
+            raise _clash(path)
+        self._add_parents(path)
+        self.files.add(path)
+
+    def add_dir(self, path: str) -> None:
+        if path in self.files:
+            raise _clash(path)
+        self._add_parents(path)
+        self.dirs.add(path)
+
+    def _add_parents(self, path: str) -> None:
+        for parent in PurePosixPath(path).parents[:-1]:
+            name = str(parent)
+            if name in self.files:
+                raise _clash(name)
+            self.dirs.add(name)
+
+
+def _clash(path: str) -> BundlePathInvalid:
+    return BundlePathInvalid(
+        f"archive entry '{path}' is both a file and a directory",
+        hint="rename the file or the folder; " + _HINT,
+    )
 
 
 def read_folder(folder: Path, *, max_bytes: int) -> Bundle:
@@ -85,11 +168,14 @@ def read_folder(folder: Path, *, max_bytes: int) -> Bundle:
             f"'{folder}' is not a folder", hint="pass the path of a folder holding worker.yml"
         )
     files: dict[str, BundleFile] = {}
-    total = 0
+    total = entries = 0
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder)
         if any(part in IGNORED_DIRS for part in rel.parts):
             continue
+        entries += 1
+        _check_entries(entries)
+        _check_path(rel.as_posix())
         if p.is_symlink():
             raise BundleInvalid(
                 f"'{rel}' is a symlink; workers cannot ship symlinks",
@@ -118,28 +204,39 @@ def _check_limits(count: int, total: int, max_bytes: int) -> None:
 
 
 def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
-    """Unpack a tar(.gz) archive safely: regular files only, relative paths, bounded size."""
+    """Unpack a tar archive (plain, gzip, bzip2 or xz) safely: regular files only, relative
+    paths of sane length that do not clash, a bounded number of entries and bytes.
+
+    Every limit is checked on an entry's header before its contents are read, and the
+    archive is unpacked as a stream that stops past what those limits allow, so the work
+    never scales with what an upload claims beyond them."""
     files: dict[str, BundleFile] = {}
-    total = 0
+    names = _Names()
+    total = entries = 0
+    unpacked = _Bounded(_decompressed(data), limit=max_bytes + MAX_ENTRIES * _ENTRY_OVERHEAD)
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+        with tarfile.open(fileobj=unpacked, mode="r|") as tar:
             for member in tar:
+                entries += 1
+                _check_entries(entries)
+                path = _check_path(member.name)
+                if any(part in IGNORED_DIRS for part in PurePosixPath(path).parts):
+                    continue
                 if member.isdir():
+                    names.add_dir(path)
                     continue
                 if not member.isfile():
                     raise BundleInvalid(
                         f"archive entry '{member.name}' is not a regular file",
                         hint="workers may hold regular files only (no links or devices)",
                     )
-                path = _check_path(member.name)
-                if any(part in IGNORED_DIRS for part in PurePosixPath(path).parts):
-                    continue
+                names.add_file(path)
                 total += member.size
                 _check_limits(len(files) + 1, total, max_bytes)
                 extracted = tar.extractfile(member)
                 content = extracted.read() if extracted else b""
                 files[path] = BundleFile(path, content, bool(member.mode & 0o111))
-    except (tarfile.TarError, EOFError, OSError) as exc:
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
         raise BundleInvalid(
             "the upload is not a readable tar.gz archive",
             hint="deploy with `floom deploy FOLDER`, which packs the folder for you",
@@ -147,3 +244,39 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
     if not files:
         raise BundleInvalid("the archive is empty", hint="the worker folder needs worker.yml")
     return Bundle(files)
+
+
+def _decompressed(data: bytes) -> io.BufferedIOBase:
+    raw = io.BytesIO(data)
+    if data.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if data.startswith(b"BZh"):
+        return bz2.BZ2File(raw, mode="rb")
+    if data.startswith(b"\xfd7zXZ\x00"):
+        return lzma.LZMAFile(raw, mode="rb")
+    return raw
+
+
+class _Bounded(io.RawIOBase):
+    """A read-only stream that refuses to yield more than `limit` bytes of `inner`: a small
+    upload can unpack to gigabytes, and tarfile reads long-name records whole."""
+
+    def __init__(self, inner: io.BufferedIOBase, *, limit: int) -> None:
+        self.inner = inner
+        self.limit = self.left = limit
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(buffer)
+        chunk = self.inner.read(min(len(view), self.left + 1))
+        if len(chunk) > self.left:
+            raise BundleTooLarge(
+                "the archive unpacks to more than its files and their headers could need",
+                hint="deploy with `floom deploy FOLDER`, which packs the folder for you",
+                details={"limit": "unpacked_bytes", "max": self.limit},
+            )
+        self.left -= len(chunk)
+        view[: len(chunk)] = chunk
+        return len(chunk)

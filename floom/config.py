@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     max_bundle_bytes: int = 50 * 1024 * 1024
     max_artifact_bytes: int = 25 * 1024 * 1024
     max_log_lines_per_run: int = 100_000
+    # Quotas (floom/services/runs.py, floom/api/auth.py): the largest inputs of one run as
+    # JSON, and each API key's request rate, a token bucket refilled at rate_limit_per_minute
+    # that holds rate_limit_burst (0 a minute: no limit). The rate is counted per process.
+    max_input_bytes: int = Field(1024 * 1024, ge=1)
+    rate_limit_per_minute: int = Field(1200, ge=0)
+    rate_limit_burst: int = Field(600, ge=1)
     # Triggers (floom/services/webhooks.py): the largest webhook body accepted, and the
     # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
     webhook_max_bytes: int = 1024 * 1024

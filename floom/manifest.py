@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from floom.errors import FloomError, InputInvalid, ManifestInvalid
+from floom.errors import FloomError, InputInvalid, ManifestInvalid, ManifestTooLarge
 from floom.fields import check_value, enum_error, enum_hint, kind_of, parse_text, show, suggest
 
 ENTRY_CANDIDATES: tuple[str, ...] = ("run.py", "run.sh", "run.js", "run.ts", "SKILL.md")
@@ -39,8 +39,38 @@ _TS_COMMANDS = {
     "bun": ["bun", "run"],
 }
 
+# Parser limits for worker.yml, checked before the document is built (manifest_checks):
+# a manifest is a page of settings, and these leave room for ten times any real one.
+MAX_MANIFEST_BYTES = 256 * 1024
+MAX_MANIFEST_DEPTH = 32
+MAX_MANIFEST_NODES = 10_000
+
 SlugStr = Annotated[str, Field(pattern=NAME_PATTERN)]
 SecretName = Annotated[str, Field(pattern=SECRET_NAME_PATTERN)]
+
+
+def nesting_depth(value: Any, *, limit: int) -> int:
+    """How many lists and mappings deep `value` nests (a scalar is 0, `[1]` is 1).
+
+    Stops looking once past `limit` and then answers `limit + 1`, so a hostile value costs
+    no more than the part within the limit; it walks without recursion for the same reason.
+    """
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[Any] = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        depth += 1
+        if depth > limit:
+            return limit + 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth) for child in children)
+    return deepest
 
 
 @dataclass(frozen=True)
@@ -118,6 +148,15 @@ class Manifest(_Frozen):
     approvals: dict[str, Any] = Field(default_factory=dict)
     model: str | None = None
     expose: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded_depth(cls, data: Any) -> Any:
+        # A manifest's defaults, enums and trigger settings ride along in every listing, MCP
+        # tool and form; however the manifest was built, they stay within the YAML limit.
+        if nesting_depth(data, limit=MAX_MANIFEST_DEPTH) > MAX_MANIFEST_DEPTH:
+            raise ValueError(f"the manifest nests deeper than {MAX_MANIFEST_DEPTH} levels")
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -246,6 +285,27 @@ def format_problems(problems: Iterable[Problem]) -> str:
     return "\n".join(lines)
 
 
+def manifest_too_large(*, limit: str, maximum: int, message: str, hint: str) -> ManifestTooLarge:
+    """The refusal of a worker.yml over one of the parser limits, named in `details`."""
+    detail = {"path": "", "message": message, "hint": hint, "limit": limit, "max": maximum}
+    return ManifestTooLarge(message, hint=hint, details=[detail])
+
+
+def _too_many_bytes() -> ManifestTooLarge:
+    return manifest_too_large(
+        limit="bytes",
+        maximum=MAX_MANIFEST_BYTES,
+        message=f"worker.yml is larger than {MAX_MANIFEST_BYTES // 1024} KiB",
+        hint="keep worker.yml to settings; put data in files next to it and read them at run time",
+    )
+
+
+def _check_size(text: str) -> None:
+    # Characters never outnumber bytes in UTF-8, so a long text is refused without encoding.
+    if len(text) > MAX_MANIFEST_BYTES or len(text.encode("utf-8")) > MAX_MANIFEST_BYTES:
+        raise _too_many_bytes()
+
+
 def _invalid(problems: list[Problem]) -> ManifestInvalid:
     count = len(problems)
     shown = "; ".join(f"{p.path or 'worker.yml'}: {p.message}" for p in problems[:5])
@@ -265,11 +325,13 @@ def _invalid(problems: list[Problem]) -> ManifestInvalid:
 def check_manifest(text: str, files: Iterable[str]) -> tuple[Manifest | None, list[Problem]]:
     """Validate worker.yml text against the folder's file list (relative posix paths).
 
-    Returns the manifest and no problems, or None and every problem found; never raises for
-    anything wrong in the content.
+    Returns the manifest and no problems, or None and every problem found. A document over a
+    parser limit (bytes, depth, nodes) or with YAML anchors or aliases is not read at all:
+    that raises ManifestTooLarge or ManifestAliasesRefused.
     """
     from floom.manifest_checks import check_document, load_yaml  # late: it imports this module
 
+    _check_size(text)
     file_set = frozenset(PurePosixPath(f).as_posix() for f in files)
     doc, problems = load_yaml(text)
     if problems:
@@ -316,6 +378,8 @@ def check_folder(folder: Path) -> tuple[Manifest | None, list[Problem]]:
         if (folder / "worker.yaml").is_file():
             hint = "rename worker.yaml to worker.yml"
         return None, [Problem("", f"no worker.yml in {folder}", hint)]
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise _too_many_bytes()
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:

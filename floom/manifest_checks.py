@@ -13,6 +13,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel
 
+from floom.errors import ManifestAliasesRefused
 from floom.fields import check_value, is_number, kind_of, show, suggest
 from floom.manifest import (
     ENTRY_CANDIDATES,
@@ -20,6 +21,8 @@ from floom.manifest import (
     FIELD_NAME_PATTERN,
     FIELD_TYPES,
     INTERPRETERS,
+    MAX_MANIFEST_DEPTH,
+    MAX_MANIFEST_NODES,
     NAME_PATTERN,
     RESERVED_SECRET_PREFIX,
     SECRET_NAME_PATTERN,
@@ -33,6 +36,7 @@ from floom.manifest import (
     Manifest,
     Problem,
     Retries,
+    manifest_too_large,
     typescript_runner,
 )
 
@@ -55,7 +59,55 @@ _BAD = object()  # returned by the checkers below for a value that produced a pr
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate keys, which PyYAML would silently overwrite."""
+    """A SafeLoader that refuses duplicate keys, which PyYAML would silently overwrite, and
+    bounds the document while composing it, before anything is built from it: no anchors or
+    aliases, at most MAX_MANIFEST_DEPTH nested collections and MAX_MANIFEST_NODES nodes.
+    PyYAML composes recursively and lazily, so stopping here also stops the scanner."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+        self.nodes = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            message = (
+                f"worker.yml uses a YAML anchor or alias{_where(event.start_mark)}; floom "
+                "refuses them, because a few of them can expand to gigabytes"
+            )
+            hint = "write the repeated part out in full (drop the &name and *name marks)"
+            detail = {"path": "", "message": message, "hint": hint, "limit": "aliases", "max": 0}
+            raise ManifestAliasesRefused(message, hint=hint, details=[detail])
+        self.nodes += 1
+        if self.nodes > MAX_MANIFEST_NODES:
+            raise manifest_too_large(
+                limit="nodes",
+                maximum=MAX_MANIFEST_NODES,
+                message=f"worker.yml has more than {MAX_MANIFEST_NODES} keys and values",
+                hint="keep worker.yml to settings; put data in files and read them at run time",
+            )
+        nested = isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
+        if nested:
+            self.depth += 1
+            if self.depth > MAX_MANIFEST_DEPTH:
+                raise manifest_too_large(
+                    limit="depth",
+                    maximum=MAX_MANIFEST_DEPTH,
+                    message=f"worker.yml nests deeper than {MAX_MANIFEST_DEPTH} levels"
+                    f"{_where(event.start_mark)}",
+                    hint="flatten the structure; a default or setting this deep belongs in a "
+                    "file read at run time",
+                )
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            if nested:
+                self.depth -= 1
+
+
+def _where(mark: Any) -> str:
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
 
 
 def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> Any:
@@ -83,9 +135,8 @@ def load_yaml(text: str) -> tuple[Any, list[Problem]]:
     try:
         return yaml.load(text, Loader=_StrictLoader), []
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
         reason = getattr(exc, "problem", None) or str(exc)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        where = _where(getattr(exc, "problem_mark", None))
         hint = "check the indentation and quoting around that line"
         if "\t" in reason:
             hint = "indent with spaces, not tabs"

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException
 
-from floom.errors import FloomError
+from floom.errors import FloomError, RateLimited
 from floom.store.db import UNAVAILABLE, store_unavailable
 
 log = logging.getLogger("floom.api")
@@ -22,10 +22,18 @@ def error_response(status: int, code: str, message: str, hint: str | None = None
     )
 
 
+def floom_error_response(exc: FloomError) -> JSONResponse:
+    """A FloomError in the one error shape, with the headers its status calls for."""
+    response = JSONResponse(status_code=exc.status, content={"error": exc.to_dict()})
+    if isinstance(exc, RateLimited) and isinstance(exc.details, dict):
+        response.headers["Retry-After"] = str(exc.details.get("retry_after_seconds", 1))
+    return response
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(FloomError)
     async def _floom(_: Request, exc: FloomError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content={"error": exc.to_dict()})
+        return floom_error_response(exc)
 
     # Driver errors that escaped the store's own translation (store/db.py): a database that
     # cannot be reached is the operator's to fix, not a bug; a unique row that a concurrent

@@ -16,17 +16,15 @@ from mcp.server.transport_security import (
     TransportSecurityMiddleware,
     TransportSecuritySettings,
 )
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from floom.api.auth import bearer_token
-from floom.api.errors import error_response
+from floom.api.auth import authenticate_request
+from floom.api.errors import error_response, floom_error_response
 from floom.config import Settings
 from floom.errors import FloomError, Unauthorized
 from floom.mcp.local_backend import CatalogSource, LocalBackend
 from floom.mcp.server import FloomMCPServer
-from floom.services import keys
 from floom.store.models import ApiKey
 
 log = logging.getLogger("floom.mcp")
@@ -134,12 +132,11 @@ class _Guard:
             await response(scope, receive, send)
             return
         try:
-            key = await run_in_threadpool(
-                keys.authenticate, self.endpoint.app.state.ctx, bearer_token(request)
-            )
+            key = await authenticate_request(request)
         except FloomError as exc:
-            response = error_response(exc.status, exc.code, exc.message, exc.hint)
-            response.headers["WWW-Authenticate"] = "Bearer"
+            response = floom_error_response(exc)
+            if exc.status == 401:
+                response.headers["WWW-Authenticate"] = "Bearer"
             await response(scope, receive, send)
             return
         scope.setdefault("state", {})[KEY_STATE] = key

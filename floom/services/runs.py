@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, InvalidRequest, NotFound, WorkerPaused
+from floom.errors import (
+    Conflict,
+    InputInvalid,
+    InputsTooLarge,
+    InvalidRequest,
+    NotFound,
+    WorkerPaused,
+)
+from floom.manifest import nesting_depth
 from floom.services import agent_runs, workers
 from floom.services.logs import system_event
 from floom.services.run_rules import (  # noqa: F401 (some are re-exported for older importers)
@@ -73,6 +81,7 @@ def create_run(
     """
     if trigger not in TRIGGERS:
         raise InvalidRequest(f"unknown trigger '{trigger}'", hint=f"one of {', '.join(TRIGGERS)}")
+    _check_input_bounds(inputs, max_bytes=ctx.settings.max_input_bytes)
     worker = workers.get_worker(ctx, name=worker_name)
     if worker.paused and not force:
         raise WorkerPaused(
@@ -151,6 +160,30 @@ def insert_skipped_run(
     s.flush()
     system_event(s, run_id=run.id, attempt=1, message=f"skipped: {reason}")
     return run
+
+
+# Deeper than this, a value breaks JSON tools downstream (serialisers with recursion
+# guards, MCP clients); no real input needs it.
+MAX_INPUT_DEPTH = 64
+
+
+def _check_input_bounds(inputs: Any, *, max_bytes: int) -> None:
+    # Before anything is read or stored for the run; the depth first, so that measuring
+    # the size cannot recurse without bound.
+    if nesting_depth(inputs, limit=MAX_INPUT_DEPTH) > MAX_INPUT_DEPTH:
+        raise InputInvalid(
+            f"the inputs nest deeper than {MAX_INPUT_DEPTH} levels",
+            hint="flatten the value, or pass it as a file input",
+            details=[{"path": "inputs", "limit": "depth", "max": MAX_INPUT_DEPTH}],
+        )
+    size = len(json.dumps(inputs or {}, default=str, ensure_ascii=False).encode("utf-8"))
+    if size > max_bytes:
+        raise InputsTooLarge(
+            f"the inputs are {size} bytes as JSON; this server accepts at most {max_bytes}",
+            hint="pass large data as a file input or a URL the worker fetches; the operator "
+            "sets FLOOM_MAX_INPUT_BYTES",
+            details=[{"path": "inputs", "limit": "bytes", "max": max_bytes}],
+        )
 
 
 def get_run(ctx: Context, *, run_id: str) -> Run:
