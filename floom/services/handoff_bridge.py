@@ -21,7 +21,7 @@ from sqlmodel import Session, col, func, select
 from floom.errors import FloomError
 from floom.services import handoff_flow as flow
 from floom.services import handoff_rules as rules
-from floom.services import runs, workers
+from floom.services import run_rules, runs, workers
 from floom.services.handoff_agents import WORKER_PREFIX, Actor
 from floom.services.handoffs import record
 from floom.store.db import session_scope
@@ -158,10 +158,10 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: dict[str, Any]) -> N
 def _finish(ctx: Context, actor: Actor, job: Job) -> None:
     """Complete or fail a bridged job whose run ended; extend the lease while it runs."""
     run = runs.get_run(ctx, run_id=job.run_id or "")
-    if run.status not in runs.TERMINAL:
+    if run.status not in run_rules.FINISHED:
         flow.heartbeat(ctx, actor=actor, job_id=job.id)
         return
-    if run.status == runs.SUCCEEDED:
+    if run.status == run_rules.SUCCEEDED:
         artifacts = [
             {
                 "type": "floom-artifact",
