@@ -18,7 +18,7 @@ from sqlmodel import col, select
 from standardwebhooks.webhooks import Webhook
 
 from floom.bundle import read_folder
-from floom.errors import NotFound
+from floom.errors import Conflict, NotFound
 from floom.services import (
     agent_runs,
     audit,
@@ -534,3 +534,47 @@ def test_a_deleted_workers_composio_and_handoff_triggers_take_nothing_more(
         assert rows(ctx, Run, Run.worker_name == "listener") == []
     finally:
         ctx.engine.dispose()
+
+
+def test_a_deletion_failing_midway_leaves_everything_in_place(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = 'name: sturdy\ntriggers:\n  - schedule: {cron: "0 3 * * *"}\n'
+    version = deploy(ctx, tmp_path / "sturdy", manifest)
+    done = runs.create_run(ctx, worker_name="sturdy")
+    finish_with(ctx, done, artifacts=[("a.txt", b"still here")])
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the audit trail is unavailable")
+
+    monkeypatch.setattr(audit, "record", broken)
+    with pytest.raises(RuntimeError):
+        delete_worker(ctx, name="sturdy", purge_runs=True, actor=ADMIN)
+
+    assert workers.get_worker(ctx, name="sturdy").active_version_id == version
+    assert len(triggers.list_triggers(ctx, worker_name="sturdy")[1]) == 1
+    assert runs.read_artifact(ctx, run_id=done.id, name="a.txt")[1] == b"still here"
+    assert [v.id for v in workers.list_versions(ctx, name="sturdy")] == [version]
+    assert rows(ctx, ToolCall, ToolCall.run_id == done.id)
+
+
+def test_a_purge_refuses_while_a_run_will_not_stop_and_deletes_nothing(
+    ctx: Context, tmp_path: Path
+) -> None:
+    deploy(ctx, tmp_path / "stuck", "name: stuck\n")
+    run = runs.create_run(ctx, worker_name="stuck")
+    with session_scope(ctx.engine, write=True) as s:
+        row = s.get(Run, run.id)
+        assert row is not None
+        row.status = runs.RUNNING  # held by an executor that does not answer
+        s.add(row)
+
+    with pytest.raises(Conflict) as caught:
+        delete_worker(ctx, name="stuck", purge_runs=True, actor=ADMIN, stop_wait_seconds=0.3)
+
+    assert caught.value.details == {"running": [run.id]}
+    assert workers.get_worker(ctx, name="stuck")
+    assert runs.get_run(ctx, run_id=run.id).cancel_requested  # asked to stop all the same
+    assert rows(ctx, AuditEvent, col(AuditEvent.id).is_not(None)) == []
+    kept = delete_worker(ctx, name="stuck", purge_runs=False, actor=ADMIN)
+    assert (kept.runs_kept, kept.runs_stopping) == (1, 1)
