@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from floom.api.auth import AdminKey, CtxDep, DeployKey
+from floom.api.openapi import SecretName, authed
+from floom.schemas import admin as views
+from floom.schemas.common import Page
 from floom.services import keys, secrets
 
 router = APIRouter(prefix="/api/v1", tags=["admin"])
@@ -18,38 +19,42 @@ class SecretValue(BaseModel):
 
 
 class KeyRequest(BaseModel):
-    scopes: list[str] = Field(default_factory=lambda: ["read"])
-    name: str = ""
+    scopes: list[str] = Field(
+        default_factory=lambda: ["read"],
+        json_schema_extra=views.SCOPE_LIST,
+        description="each scope includes the ones before it: read, run, deploy, admin",
+    )
+    name: str = Field("", max_length=128)
 
 
-@router.get("/secrets")
-def list_secrets(ctx: CtxDep, _: DeployKey) -> dict[str, Any]:
-    return {"items": secrets.list_secrets(ctx), "next_cursor": None}
+@router.get("/secrets", response_model=Page[views.SecretPublic], responses=authed())
+def list_secrets(ctx: CtxDep, _: DeployKey) -> Page[views.SecretPublic]:
+    return views.secret_page(ctx)
 
 
-@router.put("/secrets/{name}")
-def set_secret(name: str, body: SecretValue, ctx: CtxDep, _: DeployKey) -> dict[str, Any]:
+@router.put("/secrets/{name}", response_model=views.SecretSet, responses=authed(400, 422))
+def set_secret(name: SecretName, body: SecretValue, ctx: CtxDep, _: DeployKey) -> views.SecretSet:
     secrets.set_secret(ctx, name=name, value=body.value)
-    return {"name": name, "set": True}
+    return views.SecretSet(name=name, set=True)
 
 
-@router.delete("/secrets/{name}")
-def delete_secret(name: str, ctx: CtxDep, _: DeployKey) -> dict[str, Any]:
+@router.delete("/secrets/{name}", response_model=views.SecretDeleted, responses=authed(404))
+def delete_secret(name: SecretName, ctx: CtxDep, _: DeployKey) -> views.SecretDeleted:
     secrets.delete_secret(ctx, name=name)
-    return {"name": name, "deleted": True}
+    return views.SecretDeleted(name=name, deleted=True)
 
 
-@router.get("/keys")
-def list_keys(ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
-    return {"items": [keys.key_to_dict(k) for k in keys.list_keys(ctx)], "next_cursor": None}
+@router.get("/keys", response_model=Page[views.KeyPublic], responses=authed())
+def list_keys(ctx: CtxDep, _: AdminKey) -> Page[views.KeyPublic]:
+    return views.key_page(ctx)
 
 
-@router.post("/keys", status_code=201)
-def create_key(body: KeyRequest, ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
+@router.post("/keys", status_code=201, response_model=views.KeyCreated, responses=authed(400, 422))
+def create_key(body: KeyRequest, ctx: CtxDep, _: AdminKey) -> views.KeyCreated:
     key, token = keys.create_key(ctx, scopes=body.scopes, name=body.name)
-    return {**keys.key_to_dict(key), "key": token}
+    return views.key_created(key, token)
 
 
-@router.delete("/keys/{key_id}")
-def revoke_key(key_id: str, ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
-    return keys.key_to_dict(keys.revoke_key(ctx, key_id=key_id))
+@router.delete("/keys/{key_id}", response_model=views.KeyPublic, responses=authed(404, 409))
+def revoke_key(key_id: str, ctx: CtxDep, _: AdminKey) -> views.KeyPublic:
+    return views.key_public(keys.revoke_key(ctx, key_id=key_id))

@@ -2,99 +2,141 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
+from pydantic.json_schema import JsonDict
 
 from floom.api.auth import AdminKey, CtxDep, ReadKey
+from floom.api.openapi import authed
+from floom.schemas import handoffs as views
+from floom.schemas.admin import SCOPE_LIST
+from floom.schemas.common import Page
 from floom.services import handoff_agents as agents
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 
 
+ROLE_NAME: JsonDict = {"pattern": agents.ROLE_NAME.pattern}
+LABEL: JsonDict = {"minLength": 1, "maxLength": 128}
+
+
 class RoleRequest(BaseModel):
-    name: str
+    name: str = Field(json_schema_extra=ROLE_NAME, description=agents.ROLE_HINT)
     description: str = ""
 
 
 class RoleUpdate(BaseModel):
-    name: str | None = Field(None, description="the new name; jobs and agents keep the role")
+    name: str | None = Field(
+        None, json_schema_extra=ROLE_NAME, description="the new name; jobs and agents keep it"
+    )
     description: str | None = None
 
 
 class AgentRequest(BaseModel):
-    label: str
-    roles: list[str] = Field(default_factory=list, description="role names")
+    label: str = Field(json_schema_extra=LABEL)
+    roles: list[str] = Field(default_factory=list, description="role names or ids")
     tool_family: str = Field("", description="e.g. claude-code, codex, floom-worker")
-    scopes: list[str] = Field(default_factory=lambda: ["run"], description="of its first key")
+    scopes: list[str] = Field(
+        default_factory=lambda: ["run"],
+        json_schema_extra=SCOPE_LIST,
+        description="of its first key",
+    )
 
 
 class AgentUpdate(BaseModel):
     roles: list[str] | None = Field(None, description="the agent's full new list of roles")
-    label: str | None = None
+    label: str | None = Field(None, json_schema_extra=LABEL)
     tool_family: str | None = None
 
 
 class AgentKeyRequest(BaseModel):
-    scopes: list[str] = Field(default_factory=lambda: ["run"])
+    scopes: list[str] = Field(default_factory=lambda: ["run"], json_schema_extra=SCOPE_LIST)
 
 
-@router.get("/roles")
-def list_roles(ctx: CtxDep, _: ReadKey, include_retired: bool = False) -> dict[str, Any]:
-    return {"items": agents.list_roles(ctx, include_retired=include_retired), "next_cursor": None}
+@router.get("/roles", response_model=Page[views.RolePublic], responses=authed(422))
+def list_roles(ctx: CtxDep, _: ReadKey, include_retired: bool = False) -> Page[views.RolePublic]:
+    rows = agents.list_roles(ctx, include_retired=include_retired)
+    items = [views.RolePublic.model_validate(r) for r in rows]
+    return Page[views.RolePublic](items=items, next_cursor=None)
 
 
-@router.post("/roles", status_code=201)
-def create_role(body: RoleRequest, ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
-    return agents.create_role(ctx, name=body.name, description=body.description)
+@router.post(
+    "/roles", status_code=201, response_model=views.RolePublic, responses=authed(400, 409, 422)
+)
+def create_role(body: RoleRequest, ctx: CtxDep, _: AdminKey) -> views.RolePublic:
+    return views.RolePublic.model_validate(
+        agents.create_role(ctx, name=body.name, description=body.description)
+    )
 
 
-@router.patch("/roles/{role}")
-def update_role(role: str, body: RoleUpdate, ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
-    return agents.update_role(ctx, role=role, name=body.name, description=body.description)
+@router.patch(
+    "/roles/{role}", response_model=views.RolePublic, responses=authed(400, 404, 409, 422)
+)
+def update_role(role: str, body: RoleUpdate, ctx: CtxDep, _: AdminKey) -> views.RolePublic:
+    return views.RolePublic.model_validate(
+        agents.update_role(ctx, role=role, name=body.name, description=body.description)
+    )
 
 
-@router.post("/roles/{role}/retire")
-def retire_role(role: str, ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
-    return agents.retire_role(ctx, role=role)
+@router.post("/roles/{role}/retire", response_model=views.RolePublic, responses=authed(404))
+def retire_role(role: str, ctx: CtxDep, _: AdminKey) -> views.RolePublic:
+    return views.RolePublic.model_validate(agents.retire_role(ctx, role=role))
 
 
-@router.get("/agents")
-def list_agents(ctx: CtxDep, _: ReadKey, include_retired: bool = False) -> dict[str, Any]:
-    items = agents.list_agents(ctx, include_retired=include_retired)
-    return {"items": items, "next_cursor": None}
+@router.get("/agents", response_model=Page[views.AgentPublic], responses=authed(422))
+def list_agents(ctx: CtxDep, _: ReadKey, include_retired: bool = False) -> Page[views.AgentPublic]:
+    rows = agents.list_agents(ctx, include_retired=include_retired)
+    items = [views.AgentPublic.model_validate(a) for a in rows]
+    return Page[views.AgentPublic](items=items, next_cursor=None)
 
 
-@router.get("/agents/me")
-def whoami(ctx: CtxDep, key: ReadKey) -> dict[str, Any]:
-    return agents.my_roles(ctx, actor=key)
+@router.get("/agents/me", response_model=views.WhoAmI, responses=authed())
+def whoami(ctx: CtxDep, key: ReadKey) -> views.WhoAmI:
+    return views.WhoAmI.model_validate(agents.my_roles(ctx, actor=key))
 
 
-@router.post("/agents", status_code=201)
-def create_agent(body: AgentRequest, ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
-    return agents.create_agent(
+@router.post(
+    "/agents",
+    status_code=201,
+    response_model=views.AgentCreated,
+    responses=authed(400, 404, 409, 422),
+)
+def create_agent(body: AgentRequest, ctx: CtxDep, _: AdminKey) -> views.AgentCreated:
+    created = agents.create_agent(
         ctx, label=body.label, roles=body.roles, tool_family=body.tool_family, scopes=body.scopes
     )
+    return views.AgentCreated.model_validate(created)
 
 
-@router.get("/agents/{agent}")
-def get_agent(agent: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
-    return agents.get_agent(ctx, agent=agent)
+@router.get("/agents/{agent}", response_model=views.AgentPublic, responses=authed(404))
+def get_agent(agent: str, ctx: CtxDep, _: ReadKey) -> views.AgentPublic:
+    return views.AgentPublic.model_validate(agents.get_agent(ctx, agent=agent))
 
 
-@router.patch("/agents/{agent}")
-def update_agent(agent: str, body: AgentUpdate, ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
-    return agents.update_agent(
+@router.patch(
+    "/agents/{agent}", response_model=views.AgentPublic, responses=authed(400, 404, 409, 422)
+)
+def update_agent(agent: str, body: AgentUpdate, ctx: CtxDep, _: AdminKey) -> views.AgentPublic:
+    updated = agents.update_agent(
         ctx, agent=agent, roles=body.roles, label=body.label, tool_family=body.tool_family
     )
+    return views.AgentPublic.model_validate(updated)
 
 
-@router.post("/agents/{agent}/retire")
-def retire_agent(agent: str, ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
-    return agents.retire_agent(ctx, agent=agent)
+@router.post("/agents/{agent}/retire", response_model=views.AgentPublic, responses=authed(404))
+def retire_agent(agent: str, ctx: CtxDep, _: AdminKey) -> views.AgentPublic:
+    return views.AgentPublic.model_validate(agents.retire_agent(ctx, agent=agent))
 
 
-@router.post("/agents/{agent}/keys", status_code=201)
-def create_agent_key(agent: str, body: AgentKeyRequest, ctx: CtxDep, _: AdminKey) -> dict[str, Any]:
-    return agents.create_agent_key(ctx, agent=agent, scopes=body.scopes)
+@router.post(
+    "/agents/{agent}/keys",
+    status_code=201,
+    response_model=views.AgentKeyCreated,
+    responses=authed(400, 404, 409, 422),
+)
+def create_agent_key(
+    agent: str, body: AgentKeyRequest, ctx: CtxDep, _: AdminKey
+) -> views.AgentKeyCreated:
+    return views.AgentKeyCreated.model_validate(
+        agents.create_agent_key(ctx, agent=agent, scopes=body.scopes)
+    )

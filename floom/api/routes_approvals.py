@@ -8,8 +8,11 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from floom.api.auth import CtxDep, ReadKey, RunKey
+from floom.api.openapi import Cursor, Limit, authed
 from floom.errors import NotFound
-from floom.services import agent_runs, approvals, runs
+from floom.schemas import runs as views
+from floom.schemas.common import Page
+from floom.services import approvals, runs
 
 router = APIRouter(prefix="/api/v1", tags=["approvals"])
 
@@ -25,36 +28,39 @@ class RejectRequest(BaseModel):
     comment: str = Field(description="why: the agent or the worker's owner reads it")
 
 
-@router.get("/approvals")
+@router.get("/approvals", response_model=Page[views.ApprovalPublic], responses=authed(400, 422))
 def list_approvals(
     ctx: CtxDep,
     _: ReadKey,
-    status: str = Query("pending", description="pending, approved, rejected, cancelled or all"),
+    status: str = Query(
+        approvals.PENDING,
+        description="only approvals in this status, or all",
+        json_schema_extra={"enum": [*approvals.APPROVAL_STATUSES, "all"]},
+    ),
     run_id: str | None = None,
-    cursor: str | None = None,
-    limit: int = Query(50, ge=1, le=500),
-) -> dict[str, Any]:
+    cursor: Cursor = None,
+    limit: Limit = 50,
+) -> Page[views.ApprovalPublic]:
     rows, next_cursor = approvals.list_approvals(
         ctx, status=status, run_id=run_id, cursor=cursor, limit=limit
     )
-    return {"items": [approvals.approval_to_dict(a) for a in rows], "next_cursor": next_cursor}
+    items = [views.approval_public(a) for a in rows]
+    return Page[views.ApprovalPublic](items=items, next_cursor=next_cursor)
 
 
-@router.get("/approvals/{approval_id}")
-def get_approval(approval_id: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
-    return approvals.approval_to_dict(approvals.get_approval(ctx, approval_id=approval_id))
+@router.get("/approvals/{approval_id}", response_model=views.ApprovalPublic, responses=authed(404))
+def get_approval(approval_id: str, ctx: CtxDep, _: ReadKey) -> views.ApprovalPublic:
+    return views.approval_public(approvals.get_approval(ctx, approval_id=approval_id))
 
 
-def _decided(ctx: CtxDep, approval_id: str) -> dict[str, Any]:
-    body = approvals.approval_to_dict(approvals.get_approval(ctx, approval_id=approval_id))
-    body["run_status"] = runs.get_run(ctx, run_id=body["run_id"]).status
-    return body
-
-
-@router.post("/approvals/{approval_id}/approve")
+@router.post(
+    "/approvals/{approval_id}/approve",
+    response_model=views.ApprovalDecided,
+    responses=authed(400, 404, 409, 422),
+)
 def approve(
     approval_id: str, ctx: CtxDep, key: RunKey, body: ApproveRequest | None = None
-) -> dict[str, Any]:
+) -> views.ApprovalDecided:
     approvals.decide_approval(
         ctx,
         approval_id=approval_id,
@@ -63,31 +69,41 @@ def approve(
         comment=body.comment if body else None,
         actor=key.id,
     )
-    return _decided(ctx, approval_id)
+    return views.approval_decided(ctx, approval_id=approval_id)
 
 
-@router.post("/approvals/{approval_id}/reject")
-def reject(approval_id: str, body: RejectRequest, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
+@router.post(
+    "/approvals/{approval_id}/reject",
+    response_model=views.ApprovalDecided,
+    responses=authed(400, 404, 409, 422),
+)
+def reject(
+    approval_id: str, body: RejectRequest, ctx: CtxDep, key: RunKey
+) -> views.ApprovalDecided:
     approvals.decide_approval(
         ctx, approval_id=approval_id, decision="reject", comment=body.comment, actor=key.id
     )
-    return _decided(ctx, approval_id)
+    return views.approval_decided(ctx, approval_id=approval_id)
 
 
-@router.get("/runs/{run_id}/tool-calls")
-def list_tool_calls(run_id: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
-    runs.get_run(ctx, run_id=run_id)
-    rows = agent_runs.list_tool_calls(ctx, run_id=run_id)
-    return {"items": [agent_runs.tool_call_to_dict(c) for c in rows], "next_cursor": None}
+@router.get(
+    "/runs/{run_id}/tool-calls",
+    response_model=Page[views.ToolCallPublic],
+    responses=authed(404),
+)
+def list_tool_calls(run_id: str, ctx: CtxDep, _: ReadKey) -> Page[views.ToolCallPublic]:
+    return views.tool_call_page(ctx, run_id=run_id)
 
 
-@router.get("/runs/{run_id}/transcript")
-def get_transcript(run_id: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
+@router.get(
+    "/runs/{run_id}/transcript", response_model=views.TranscriptPublic, responses=authed(404)
+)
+def get_transcript(run_id: str, ctx: CtxDep, _: ReadKey) -> views.TranscriptPublic:
     run = runs.get_run(ctx, run_id=run_id)
-    transcript = agent_runs.load_transcript(ctx, run_id=run_id)
+    transcript = views.transcript_public(ctx, run_id=run_id)
     if transcript is None:
         raise NotFound(
             f"run {run_id} has no transcript",
             hint=f"only agent (SKILL.md) runs have one; {run.worker_name} may be a script",
         )
-    return agent_runs.transcript_to_dict(transcript)
+    return transcript

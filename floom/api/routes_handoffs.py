@@ -8,9 +8,13 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 
 from floom.api.auth import CtxDep, ReadKey, RunKey
+from floom.api.openapi import Cursor, Limit, authed
+from floom.schemas import handoffs as views
+from floom.schemas.common import Page
 from floom.services import handoff_agents as agents
 from floom.services import handoff_flow as flow
 from floom.services import handoff_review as review
+from floom.services import handoff_rules as rules
 from floom.services import handoffs
 
 router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"])
@@ -24,7 +28,7 @@ class JobRequest(BaseModel):
     artifacts: list[dict[str, Any]] = Field(
         default_factory=list, description="each {type, uri, checksum?, metadata?}"
     )
-    priority: str = Field("normal", description="low, normal, high or urgent")
+    priority: str = Field("normal", json_schema_extra=views.PRIORITY)
     blocked_by: list[str] = Field(default_factory=list, description="ids of jobs to wait for")
     routing: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -49,7 +53,7 @@ class ClaimNextRequest(LeaseRequest):
 
 
 class StatusRequest(LeaseRequest):
-    status: str
+    status: str = Field(json_schema_extra=views.JOB_STATUS)
     reason: str | None = None
 
 
@@ -62,31 +66,39 @@ class CompleteRequest(BaseModel):
 class RejectRequest(BaseModel):
     reason: str
     role: str | None = Field(None, description="route the retry to another role")
-    priority: str | None = None
+    priority: str | None = Field(None, json_schema_extra=views.PRIORITY)
 
 
-@router.get("/transitions")
-def transitions(_: ReadKey) -> dict[str, Any]:
-    return flow.transitions_table()
+_ONE_STATUS = "(" + "|".join(rules.STATUSES) + ")"
+STATUS_LIST = f"^{_ONE_STATUS}(,{_ONE_STATUS})*$"
 
 
-@router.get("/me")
-def my_roles(ctx: CtxDep, key: ReadKey) -> dict[str, Any]:
-    return agents.my_roles(ctx, actor=key)
+@router.get("/transitions", response_model=views.TransitionTable, responses=authed())
+def transitions(_: ReadKey) -> views.TransitionTable:
+    return views.TransitionTable.model_validate(flow.transitions_table())
 
 
-@router.get("/jobs")
+@router.get("/me", response_model=views.WhoAmI, responses=authed())
+def my_roles(ctx: CtxDep, key: ReadKey) -> views.WhoAmI:
+    return views.WhoAmI.model_validate(agents.my_roles(ctx, actor=key))
+
+
+@router.get("/jobs", response_model=Page[views.JobPublic], responses=authed(400, 404, 422))
 def list_jobs(
     ctx: CtxDep,
     key: ReadKey,
-    status: str | None = Query(None, description="one status, or several comma-separated"),
+    status: str | None = Query(
+        None,
+        description="one status, or several comma-separated",
+        json_schema_extra={"pattern": STATUS_LIST},
+    ),
     role: str | None = None,
     assignee: str | None = Query(None, description='an agent id or label, or "me"'),
     source: str | None = Query(None, description='an agent id or label, or "me"'),
     my_roles: bool = False,
-    cursor: str | None = None,
-    limit: int = Query(50, ge=1, le=500),
-) -> dict[str, Any]:
+    cursor: Cursor = None,
+    limit: Limit = 50,
+) -> Page[views.JobPublic]:
     items, next_cursor = handoffs.list_jobs(
         ctx,
         actor=key,
@@ -98,54 +110,85 @@ def list_jobs(
         cursor=cursor,
         limit=limit,
     )
-    return {"items": items, "next_cursor": next_cursor}
-
-
-@router.post("/jobs", status_code=201)
-def create_job(body: JobRequest, ctx: CtxDep, key: RunKey, response: Response) -> dict[str, Any]:
-    job = handoffs.create_job(ctx, actor=key, **body.model_dump())
-    if job.get("replayed"):
-        response.status_code = 200
-    return job
-
-
-@router.post("/claim-next")
-def claim_next(body: ClaimNextRequest, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
-    job = flow.claim_next(ctx, actor=key, role=body.role, lease_seconds=body.lease_seconds)
-    return {"job": job}
-
-
-@router.get("/jobs/{job_id}")
-def get_job(job_id: str, ctx: CtxDep, key: ReadKey, events: bool = False) -> dict[str, Any]:
-    return handoffs.get_job(ctx, actor=key, job_id=job_id, events=events)
-
-
-@router.get("/jobs/{job_id}/events")
-def list_events(job_id: str, ctx: CtxDep, key: ReadKey) -> dict[str, Any]:
-    items = handoffs.list_events(ctx, actor=key, job_id=job_id)
-    return {"items": items, "next_cursor": None}
-
-
-@router.patch("/jobs/{job_id}")
-def update_job(job_id: str, body: JobUpdate, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
-    return handoffs.update_job(
-        ctx, actor=key, job_id=job_id, context=body.context, constraints=body.constraints
+    return Page[views.JobPublic](
+        items=[views.JobPublic.model_validate(j) for j in items], next_cursor=next_cursor
     )
 
 
-@router.post("/jobs/{job_id}/claim")
-def claim(job_id: str, body: LeaseRequest, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
-    return flow.claim(ctx, actor=key, job_id=job_id, lease_seconds=body.lease_seconds)
+@router.post(
+    "/jobs",
+    status_code=201,
+    response_model=views.JobPublic,
+    responses={
+        200: {"model": views.JobPublic, "description": "the earlier job of this idempotency key"},
+        **authed(400, 404, 409, 422),
+    },
+)
+def create_job(body: JobRequest, ctx: CtxDep, key: RunKey, response: Response) -> views.JobPublic:
+    job = handoffs.create_job(ctx, actor=key, **body.model_dump())
+    if job.get("replayed"):
+        response.status_code = 200
+    return views.JobPublic.model_validate(job)
 
 
-@router.post("/jobs/{job_id}/heartbeat")
-def heartbeat(job_id: str, body: LeaseRequest, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
-    return flow.heartbeat(ctx, actor=key, job_id=job_id, lease_seconds=body.lease_seconds)
+@router.post(
+    "/claim-next", response_model=views.ClaimNextResult, responses=authed(400, 404, 409, 422)
+)
+def claim_next(body: ClaimNextRequest, ctx: CtxDep, key: RunKey) -> views.ClaimNextResult:
+    job = flow.claim_next(ctx, actor=key, role=body.role, lease_seconds=body.lease_seconds)
+    return views.ClaimNextResult.model_validate({"job": job})
 
 
-@router.post("/jobs/{job_id}/status")
-def set_status(job_id: str, body: StatusRequest, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
-    return flow.set_status(
+@router.get("/jobs/{job_id}", response_model=views.JobPublic, responses=authed(404, 422))
+def get_job(job_id: str, ctx: CtxDep, key: ReadKey, events: bool = False) -> views.JobPublic:
+    return views.JobPublic.model_validate(
+        handoffs.get_job(ctx, actor=key, job_id=job_id, events=events)
+    )
+
+
+@router.get(
+    "/jobs/{job_id}/events", response_model=Page[views.JobEventPublic], responses=authed(404)
+)
+def list_events(job_id: str, ctx: CtxDep, key: ReadKey) -> Page[views.JobEventPublic]:
+    items = handoffs.list_events(ctx, actor=key, job_id=job_id)
+    return Page[views.JobEventPublic](
+        items=[views.JobEventPublic.model_validate(e) for e in items], next_cursor=None
+    )
+
+
+@router.patch(
+    "/jobs/{job_id}", response_model=views.JobPublic, responses=authed(400, 404, 409, 422)
+)
+def update_job(job_id: str, body: JobUpdate, ctx: CtxDep, key: RunKey) -> views.JobPublic:
+    job = handoffs.update_job(
+        ctx, actor=key, job_id=job_id, context=body.context, constraints=body.constraints
+    )
+    return views.JobPublic.model_validate(job)
+
+
+@router.post(
+    "/jobs/{job_id}/claim", response_model=views.JobPublic, responses=authed(400, 404, 409, 422)
+)
+def claim(job_id: str, body: LeaseRequest, ctx: CtxDep, key: RunKey) -> views.JobPublic:
+    job = flow.claim(ctx, actor=key, job_id=job_id, lease_seconds=body.lease_seconds)
+    return views.JobPublic.model_validate(job)
+
+
+@router.post(
+    "/jobs/{job_id}/heartbeat",
+    response_model=views.LeaseState,
+    responses=authed(400, 404, 409, 422),
+)
+def heartbeat(job_id: str, body: LeaseRequest, ctx: CtxDep, key: RunKey) -> views.LeaseState:
+    state = flow.heartbeat(ctx, actor=key, job_id=job_id, lease_seconds=body.lease_seconds)
+    return views.LeaseState.model_validate(state)
+
+
+@router.post(
+    "/jobs/{job_id}/status", response_model=views.JobPublic, responses=authed(400, 404, 409, 422)
+)
+def set_status(job_id: str, body: StatusRequest, ctx: CtxDep, key: RunKey) -> views.JobPublic:
+    job = flow.set_status(
         ctx,
         actor=key,
         job_id=job_id,
@@ -153,11 +196,16 @@ def set_status(job_id: str, body: StatusRequest, ctx: CtxDep, key: RunKey) -> di
         reason=body.reason,
         lease_seconds=body.lease_seconds,
     )
+    return views.JobPublic.model_validate(job)
 
 
-@router.post("/jobs/{job_id}/complete")
-def complete(job_id: str, body: CompleteRequest, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
-    return flow.complete(
+@router.post(
+    "/jobs/{job_id}/complete",
+    response_model=views.JobPublic,
+    responses=authed(400, 404, 409, 422),
+)
+def complete(job_id: str, body: CompleteRequest, ctx: CtxDep, key: RunKey) -> views.JobPublic:
+    job = flow.complete(
         ctx,
         actor=key,
         job_id=job_id,
@@ -165,11 +213,17 @@ def complete(job_id: str, body: CompleteRequest, ctx: CtxDep, key: RunKey) -> di
         data=body.data,
         artifacts=body.artifacts,
     )
+    return views.JobPublic.model_validate(job)
 
 
-@router.post("/jobs/{job_id}/reject", status_code=201)
-def reject(job_id: str, body: RejectRequest, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
-    return review.reject(
+@router.post(
+    "/jobs/{job_id}/reject",
+    status_code=201,
+    response_model=views.JobPublic,
+    responses=authed(400, 404, 409, 422),
+)
+def reject(job_id: str, body: RejectRequest, ctx: CtxDep, key: RunKey) -> views.JobPublic:
+    retry = review.reject(
         ctx,
         actor=key,
         job_id=job_id,
@@ -177,8 +231,11 @@ def reject(job_id: str, body: RejectRequest, ctx: CtxDep, key: RunKey) -> dict[s
         role=body.role,
         priority=body.priority,
     )
+    return views.JobPublic.model_validate(retry)
 
 
-@router.get("/jobs/{job_id}/reopen-context")
-def reopen_context(job_id: str, ctx: CtxDep, key: ReadKey) -> dict[str, Any]:
-    return review.reopen_context(ctx, actor=key, job_id=job_id)
+@router.get(
+    "/jobs/{job_id}/reopen-context", response_model=views.ReopenContext, responses=authed(404)
+)
+def reopen_context(job_id: str, ctx: CtxDep, key: ReadKey) -> views.ReopenContext:
+    return views.ReopenContext.model_validate(review.reopen_context(ctx, actor=key, job_id=job_id))

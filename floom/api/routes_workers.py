@@ -5,13 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep, DeployKey, ReadKey
+from floom.api.openapi import Cursor, Limit, WorkerName, authed
 from floom.errors import InvalidRequest, PayloadTooLarge
 from floom.manifest import manifest_json_schema
-from floom.services import runs, triggers, worker_deletion, workers
+from floom.schemas import workers as views
+from floom.schemas.common import Page
+from floom.services import worker_deletion, workers
 from floom.services.audit import AuditActor
 from floom.services.context import Context
 
@@ -44,101 +47,103 @@ async def _read_archive(request: Request, ctx: Context) -> bytes:
     return b"".join(chunks)
 
 
-def _worker_body(ctx: Context, worker_name: str) -> dict[str, Any]:
-    worker = workers.get_worker(ctx, name=worker_name)
-    version = (
-        workers.get_version(ctx, version_id=worker.active_version_id)
-        if worker.active_version_id
-        else None
-    )
-    body = workers.worker_to_dict(worker, version)
-    body["triggers"] = triggers.summary(ctx, worker_name=worker_name)
-    return body
+# The archive is read from the raw body (any content type), so the document states it here.
+ARCHIVE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "the worker folder as a tar.gz (or plain tar) archive: worker.yml plus "
+        "its entry (run.py, run.sh, run.js, run.ts or SKILL.md); `floom deploy FOLDER` "
+        "builds it. Bounded by FLOOM_MAX_BUNDLE_BYTES.",
+        "content": {
+            media: {"schema": {"type": "string", "format": "binary"}}
+            for media in ("application/gzip", "application/x-tar", "application/octet-stream")
+        },
+    }
+}
 
 
-@router.post("/workers", status_code=201, summary="Deploy a worker (tar.gz of its folder)")
-async def deploy_worker(request: Request, ctx: CtxDep, key: DeployKey) -> dict[str, Any]:
+@router.post(
+    "/workers",
+    status_code=201,
+    summary="Deploy a worker (tar.gz of its folder)",
+    response_model=views.DeployResult,
+    responses=authed(400, 409, 413, 422),
+    openapi_extra=ARCHIVE_BODY,
+)
+async def deploy_worker(request: Request, ctx: CtxDep, key: DeployKey) -> views.DeployResult:
     archive = await _read_archive(request, ctx)
     result = await run_in_threadpool(workers.deploy, ctx, archive=archive, actor=key.id)
-    return {
-        "worker": await run_in_threadpool(_worker_body, ctx, result.worker.name),
-        "version": workers.version_to_dict(result.version, active_id=result.version.id),
-        "created": result.created,
-        "activated": result.activated,
-    }
+    return await run_in_threadpool(views.deploy_result, ctx, result)
 
 
-@router.post("/workers/validate", summary="Check a worker archive without deploying it")
-async def validate_worker(request: Request, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
+@router.post(
+    "/workers/validate",
+    summary="Check a worker archive without deploying it",
+    response_model=views.ValidationResult,
+    responses=authed(400, 413, 422),
+    openapi_extra=ARCHIVE_BODY,
+)
+async def validate_worker(request: Request, ctx: CtxDep, _: ReadKey) -> views.ValidationResult:
     archive = await _read_archive(request, ctx)
     manifest, problems = await run_in_threadpool(workers.validate_archive, ctx, archive=archive)
-    return {
-        "valid": not problems,
-        "problems": [p.to_dict() for p in problems],
-        "manifest": manifest.model_dump(mode="json") if manifest else None,
-    }
+    return views.validation_result(manifest, problems)
 
 
-@router.get("/workers")
+@router.get("/workers", response_model=Page[views.WorkerPublic], responses=authed(400, 422))
 def list_workers(
-    ctx: CtxDep,
-    _: ReadKey,
-    cursor: str | None = None,
-    limit: int = Query(50, ge=1, le=500),
-) -> dict[str, Any]:
-    rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=limit)
-    return {"items": [_worker_body(ctx, w.name) for w in rows], "next_cursor": next_cursor}
+    ctx: CtxDep, _: ReadKey, cursor: Cursor = None, limit: Limit = 50
+) -> Page[views.WorkerPublic]:
+    return views.worker_page(ctx, cursor=cursor, limit=limit)
 
 
-@router.get("/workers/{name}")
-def get_worker(name: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
-    body = _worker_body(ctx, name)
-    recent, _cursor = runs.list_runs(ctx, worker=name, limit=10)
-    body["recent_runs"] = [runs.run_to_dict(r) for r in recent]
-    return body
+@router.get("/workers/{name}", response_model=views.WorkerDetail, responses=authed(404))
+def get_worker(name: WorkerName, ctx: CtxDep, _: ReadKey) -> views.WorkerDetail:
+    return views.worker_detail(ctx, name=name)
 
 
-@router.get("/workers/{name}/versions")
-def list_versions(name: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
-    worker = workers.get_worker(ctx, name=name)
-    rows = workers.list_versions(ctx, name=name)
-    return {
-        "items": [workers.version_to_dict(v, active_id=worker.active_version_id) for v in rows],
-        "next_cursor": None,
-    }
+@router.get(
+    "/workers/{name}/versions",
+    response_model=Page[views.VersionPublic],
+    responses=authed(404),
+)
+def list_versions(name: WorkerName, ctx: CtxDep, _: ReadKey) -> Page[views.VersionPublic]:
+    return views.version_page(ctx, name=name)
 
 
-@router.get("/workers/{name}/versions/{version_id}")
-def get_version(name: str, version_id: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
-    worker = workers.get_worker(ctx, name=name)
-    version = workers.get_version(ctx, version_id=version_id, worker_name=name)
-    bundle = workers.load_bundle(ctx, version=version)
-    body = workers.version_to_dict(version, active_id=worker.active_version_id)
-    body["manifest_yaml"] = version.manifest_yaml
-    body["files"] = [{"path": f.path, "size": len(f.data)} for f in bundle.files.values()]
-    return body
+@router.get(
+    "/workers/{name}/versions/{version_id}",
+    response_model=views.VersionDetail,
+    responses=authed(404),
+)
+def get_version(name: WorkerName, version_id: str, ctx: CtxDep, _: ReadKey) -> views.VersionDetail:
+    return views.version_detail(ctx, name=name, version_id=version_id)
 
 
 class RollbackRequest(BaseModel):
-    version_id: str | None = None
-    run_id: str | None = None
+    version_id: str | None = Field(None, description="make this version active")
+    run_id: str | None = Field(None, description="or the version this run ran")
 
 
-@router.post("/workers/{name}/rollback")
-def rollback(name: str, body: RollbackRequest, ctx: CtxDep, _: DeployKey) -> dict[str, Any]:
+@router.post(
+    "/workers/{name}/rollback",
+    response_model=views.RollbackResult,
+    responses=authed(400, 404, 409, 422),
+)
+def rollback(
+    name: WorkerName, body: RollbackRequest, ctx: CtxDep, _: DeployKey
+) -> views.RollbackResult:
     version = workers.rollback(ctx, name=name, version_id=body.version_id, run_id=body.run_id)
-    return {
-        "worker": _worker_body(ctx, name),
-        "version": workers.version_to_dict(version, active_id=version.id),
-    }
+    return views.rollback_result(ctx, name=name, version=version)
 
 
 @router.delete(
     "/workers/{name}",
     summary="Delete a worker: its triggers stop, its runs are kept or purged (audited)",
+    response_model=views.WorkerDeleted,
+    responses=authed(404, 409, 422),
 )
 def delete_worker(
-    name: str,
+    name: WorkerName,
     ctx: CtxDep,
     key: DeployKey,
     purge_runs: bool = Query(
@@ -146,13 +151,18 @@ def delete_worker(
         description="also delete its runs with their logs, artifacts, tool calls, approvals "
         "and versions; false keeps them readable",
     ),
-) -> dict[str, Any]:
+) -> views.WorkerDeleted:
     deletion = worker_deletion.delete_worker(
         ctx, name=name, purge_runs=purge_runs, actor=AuditActor.of_key(key)
     )
-    return {"deleted": True, **deletion.to_dict()}
+    return views.worker_deleted(deletion)
 
 
-@router.get("/manifest-schema", summary="JSON Schema of worker.yml")
+@router.get(
+    "/manifest-schema",
+    summary="JSON Schema of worker.yml",
+    response_model=dict[str, Any],
+    responses=authed(),
+)
 def manifest_schema(_: ReadKey) -> dict[str, Any]:
     return manifest_json_schema()

@@ -1,0 +1,104 @@
+"""What the OpenAPI document says beyond the route signatures: the error answers each
+operation can give, the constraints the services enforce on parameters, the bearer scheme,
+and the error code catalogue. The document at /openapi.json is floom's REST contract."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Path, Query
+from fastapi.openapi.utils import get_openapi
+
+from floom import errors as floom_errors
+from floom.manifest import NAME_PATTERN
+from floom.schemas.common import ErrorBody
+from floom.services import secrets
+
+_MEANING = {
+    400: "The request is not valid (the error's code says which rule it broke).",
+    401: "No valid API key was sent.",
+    403: "The API key lacks the scope (or, for handoffs, the role) this needs.",
+    404: "The thing asked for does not exist, or this key may not see it.",
+    409: "The request conflicts with the current state.",
+    413: "The body is larger than the server accepts.",
+    422: "The request does not match the documented shape or a declared limit.",
+    429: "A limit was reached: this key's request rate or concurrent waits, or a worker's.",
+    503: "floom's database (or a service it needs) cannot be reached right now.",
+}
+
+#: Every route behind an API key can answer these.
+AUTHENTICATED = (401, 403, 429, 503)
+
+
+def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a route: each status with the one error body."""
+    wanted = sorted(set(statuses))
+    return {s: {"model": ErrorBody, "description": _MEANING[s]} for s in wanted}
+
+
+def authed(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """Error answers of a route behind an API key: the common ones plus `statuses`."""
+    return errors(*AUTHENTICATED, *statuses)
+
+
+# Parameters: the schema states the rules the services check (and answer 400 for), so a
+# request that follows the document is not refused for a reason the document hides.
+WorkerName = Annotated[
+    str,
+    Path(description="the worker's name", json_schema_extra={"pattern": NAME_PATTERN}),
+]
+SecretName = Annotated[
+    str,
+    Path(
+        description="upper case letters, digits and '_'",
+        json_schema_extra={"pattern": secrets.NAME_RE.pattern},
+    ),
+]
+Cursor = Annotated[
+    str | None, Query(description="the `next_cursor` of the previous page", max_length=200)
+]
+Limit = Annotated[int, Query(ge=1, le=500)]
+
+
+def enum_query(values: tuple[str, ...] | list[str], description: str) -> Any:
+    """A query parameter the service checks against `values`."""
+    return Query(None, description=description, json_schema_extra={"enum": list(values)})
+
+
+def _document(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema:
+        return app.openapi_schema
+    doc = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+        tags=app.openapi_tags,
+    )
+    doc.setdefault("components", {}).setdefault("securitySchemes", {})["apiKey"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "a floom API key (`floom keys create`); its scope decides what it may do",
+    }
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    for path, operations in doc.get("paths", {}).items():
+        for operation in operations.values():
+            if path.startswith("/api/v1/"):
+                operation["security"] = [{"apiKey": []}]
+            # FastAPI documents its own validation body; floom's handler answers every
+            # validation failure in the one error shape instead (api/errors.py).
+            invalid = operation.get("responses", {}).get("422")
+            if invalid and "HTTPValidationError" in str(invalid):
+                invalid["description"] = _MEANING[422]
+                invalid["content"] = {"application/json": {"schema": error_body}}
+    schemas = doc["components"].get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    doc["x-error-codes"] = floom_errors.catalogue()
+    app.openapi_schema = doc
+    return doc
+
+
+def install(app: FastAPI) -> None:
+    """Serve the customised document at /openapi.json (and so at /docs)."""
+    app.openapi = lambda: _document(app)  # type: ignore[method-assign]

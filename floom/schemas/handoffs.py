@@ -1,0 +1,141 @@
+"""Handoff jobs, their audit events, roles and agents, as answered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from pydantic.json_schema import JsonDict
+
+from floom.schemas.admin import KeyCreated
+from floom.schemas.common import Public, Timestamp
+from floom.services import handoff_rules as rules
+
+JOB_STATUS: JsonDict = {"enum": list(rules.STATUSES)}
+PRIORITY: JsonDict = {"enum": list(rules.PRIORITIES)}
+
+
+class AgentRef(Public):
+    id: str
+    label: str
+
+
+class Rejection(Public):
+    reason: str
+    reviewer: AgentRef | None
+
+
+class JobEventPublic(Public):
+    id: int
+    job_id: str
+    ts: Timestamp
+    type: str
+    from_status: str | None
+    to_status: str | None
+    actor: str | None
+    actor_agent_id: str | None
+    payload: dict[str, Any]
+
+
+class JobPublic(Public):
+    """A handoff job. `replayed` is there when an idempotency key returned an earlier job;
+    `events` when asked for."""
+
+    id: str
+    summary: str
+    status: str = Field(json_schema_extra=JOB_STATUS)
+    priority: str = Field(json_schema_extra=PRIORITY)
+    role: str
+    role_id: str
+    context: dict[str, Any]
+    constraints: list[str]
+    artifacts: list[dict[str, Any]]
+    routing: list[dict[str, Any]]
+    blocked_by: list[str]
+    source_agent: AgentRef | None
+    assignee: AgentRef | None
+    idempotency_key: str | None
+    claimed_at: Timestamp | None
+    lease_expires_at: Timestamp | None
+    result: Any
+    reason: str | None
+    follow_on_of: str | None
+    retry_of: str | None
+    superseded_by: str | None
+    attempt: int
+    run_id: str | None
+    rejection: Rejection | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    finished_at: Timestamp | None
+    replayed: bool = False
+    events: list[JobEventPublic] = Field(default_factory=list)
+
+    omit_when_unset = frozenset({"replayed", "events"})
+
+
+class ClaimNextResult(Public):
+    job: JobPublic | None = Field(description="null when no job is waiting for your roles")
+
+
+class LeaseState(Public):
+    id: str
+    status: str = Field(json_schema_extra=JOB_STATUS)
+    lease_expires_at: Timestamp | None
+
+
+class ReopenRejection(Public):
+    attempt: int
+    rejected_job: str | None
+    retry_job: str
+    reason: str | None
+    reviewer: str | None
+    rejected_at: Timestamp
+
+
+class ReopenContext(Public):
+    job_id: str
+    original_job_id: str
+    status: str = Field(json_schema_extra=JOB_STATUS)
+    summary: str
+    constraints: list[str]
+    attempt: int
+    rejections: list[ReopenRejection]
+
+
+class TransitionTable(Public):
+    statuses: list[str]
+    transitions: dict[str, dict[str, list[str]]] = Field(
+        description="from status, to status, the parties that may make the move"
+    )
+
+
+class WhoAmI(Public):
+    agent: AgentRef | None
+    admin: bool
+    roles: list[str]
+
+
+class RolePublic(Public):
+    id: str
+    name: str
+    description: str
+    created_at: Timestamp
+    retired_at: Timestamp | None
+
+
+class AgentPublic(Public):
+    id: str
+    label: str
+    tool_family: str
+    roles: list[str]
+    created_at: Timestamp
+    retired_at: Timestamp | None
+
+
+class AgentCreated(AgentPublic):
+    key: str = Field(description="the agent's first key: shown only in this answer")
+    key_id: str
+
+
+AgentKeyCreated = KeyCreated

@@ -1,0 +1,200 @@
+"""Runs, their log events, artifacts, tool calls, approvals and transcripts, as answered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from floom.schemas.common import Page, Public, Timestamp
+from floom.services import agent_runs, approvals, logs, runs
+from floom.services.context import Context
+from floom.store.agents import Approval
+from floom.store.models import Artifact, Run
+
+
+class RunError(Public):
+    code: str | None
+    message: str | None
+
+
+class RunUsage(Public):
+    sandbox_seconds: float
+
+
+class ArtifactPublic(Public):
+    name: str
+    size: int
+    digest: str
+    content_type: str
+    url: str = Field(description="where to download it (a path on this server)")
+
+
+class RunPublic(Public):
+    id: str
+    worker: str
+    version_id: str
+    status: str = Field(json_schema_extra={"enum": list(runs.STATUSES)})
+    trigger: str = Field(json_schema_extra={"enum": list(runs.TRIGGERS)})
+    inputs: dict[str, Any]
+    outputs: dict[str, Any] | None
+    error: RunError | None
+    exit_code: int | None
+    attempt: int
+    max_attempts: int
+    replay_of: str | None
+    retry_of: str | None
+    parent_run_id: str | None
+    phase: str | None
+    scheduled_for: Timestamp | None
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    cancel_requested: bool
+    usage: RunUsage
+    artifacts: list[ArtifactPublic] = Field(
+        default_factory=list, description="present where the answer lists them"
+    )
+
+    omit_when_unset = frozenset({"artifacts"})
+
+
+class ApprovalPublic(Public):
+    id: str
+    run_id: str
+    worker: str
+    kind: str = Field(json_schema_extra={"enum": list(approvals.KINDS)})
+    tool: str | None
+    tool_call_id: str | None
+    status: str = Field(json_schema_extra={"enum": list(approvals.APPROVAL_STATUSES)})
+    proposed: Any
+    edited: Any
+    comment: str | None
+    decided_by: str | None
+    created_at: Timestamp
+    decided_at: Timestamp | None
+
+
+class ApprovalDecided(ApprovalPublic):
+    run_status: str = Field(json_schema_extra={"enum": list(runs.STATUSES)})
+
+
+class ToolCallPublic(Public):
+    id: str
+    seq: int
+    tool: str
+    status: str
+    arguments: Any
+    result: str | None
+    result_size: int | None
+    error: str | None
+    duration_ms: int | None
+    approval_id: str | None
+    attempt: int
+    created_at: Timestamp
+
+
+class ModelUsage(Public):
+    model: str
+    iterations: int
+    input_tokens: int
+    output_tokens: int
+    total_tokens: int
+    cost_usd: float
+
+
+class RunDetail(RunPublic):
+    """A run with everything recorded about it (an agent run's tool calls and model use)."""
+
+    tool_calls: list[ToolCallPublic]
+    approvals: list[ApprovalPublic]
+    model_usage: ModelUsage | None
+
+
+class RunEventPublic(Public):
+    seq: int
+    ts: Timestamp
+    stream: str
+    line: str
+    attempt: int
+
+
+class LogPage(Public):
+    items: list[RunEventPublic]
+    last_seq: int = Field(description="pass as `after` to read on")
+    run_status: str = Field(json_schema_extra={"enum": list(runs.STATUSES)})
+    complete: bool = Field(description="the run has ended and every event has been read")
+
+
+class TranscriptPublic(Public):
+    run_id: str
+    system: str
+    messages: list[Any]
+    usage: ModelUsage
+    active_seconds: float
+    updated_at: Timestamp
+
+
+# -- builders: the one place each body is assembled ---------------------------------------------
+
+
+def run_public(run: Run, *, artifacts: list[Artifact] | None = None) -> RunPublic:
+    return RunPublic.model_validate(runs.run_to_dict(run, artifacts=artifacts))
+
+
+def run_page(rows: list[Run], next_cursor: str | None) -> Page[RunPublic]:
+    return Page[RunPublic](items=[run_public(r) for r in rows], next_cursor=next_cursor)
+
+
+def run_detail(ctx: Context, *, run_id: str) -> RunDetail:
+    run = runs.get_run(ctx, run_id=run_id)
+    body = runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
+    body.update(agent_runs.run_extras(ctx, run=run))
+    return RunDetail.model_validate(body)
+
+
+def log_page(
+    ctx: Context, *, run_id: str, after: int = 0, tail: int | None = None, limit: int = 1000
+) -> LogPage:
+    run = runs.get_run(ctx, run_id=run_id)
+    if tail:
+        rows = logs.tail_events(ctx, run_id=run_id, count=tail)
+    else:
+        rows = logs.list_events(ctx, run_id=run_id, after=after, limit=limit)
+    return LogPage(
+        items=[RunEventPublic.model_validate(logs.event_to_dict(e)) for e in rows],
+        last_seq=rows[-1].seq if rows else after,
+        run_status=run.status,
+        complete=run.status in runs.TERMINAL and len(rows) < limit,
+    )
+
+
+def artifact_page(ctx: Context, *, run_id: str) -> Page[ArtifactPublic]:
+    rows = runs.list_artifacts(ctx, run_id=run_id)
+    items = [ArtifactPublic.model_validate(runs.artifact_to_dict(a)) for a in rows]
+    return Page[ArtifactPublic](items=items, next_cursor=None)
+
+
+def approval_public(approval: Approval) -> ApprovalPublic:
+    return ApprovalPublic.model_validate(approvals.approval_to_dict(approval))
+
+
+def approval_decided(ctx: Context, *, approval_id: str) -> ApprovalDecided:
+    """An approval after a decision, with the status its run moved to."""
+    body = approvals.approval_to_dict(approvals.get_approval(ctx, approval_id=approval_id))
+    body["run_status"] = runs.get_run(ctx, run_id=body["run_id"]).status
+    return ApprovalDecided.model_validate(body)
+
+
+def tool_call_page(ctx: Context, *, run_id: str) -> Page[ToolCallPublic]:
+    runs.get_run(ctx, run_id=run_id)
+    rows = agent_runs.list_tool_calls(ctx, run_id=run_id)
+    items = [ToolCallPublic.model_validate(agent_runs.tool_call_to_dict(c)) for c in rows]
+    return Page[ToolCallPublic](items=items, next_cursor=None)
+
+
+def transcript_public(ctx: Context, *, run_id: str) -> TranscriptPublic | None:
+    transcript = agent_runs.load_transcript(ctx, run_id=run_id)
+    if transcript is None:
+        return None
+    return TranscriptPublic.model_validate(agent_runs.transcript_to_dict(transcript))

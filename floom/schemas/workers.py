@@ -1,0 +1,197 @@
+"""Workers, their versions, deploys and validation, as answered."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from floom.manifest import Manifest, Problem
+from floom.schemas.common import IsoTime, Page, Public, Timestamp
+from floom.schemas.runs import RunPublic, run_public
+from floom.services import runs, triggers, workers
+from floom.services.context import Context
+from floom.services.worker_deletion import Deletion
+from floom.store.models import Version
+
+RECENT_RUNS = 10
+
+
+class TriggerSummary(Public):
+    """A trigger as worker listings show it; schedules add their cron, zone and next fire."""
+
+    id: str
+    kind: str
+    paused: bool
+    cron: str | None = None
+    timezone: str | None = None
+    next_fire: IsoTime | None = None
+
+    omit_when_unset = frozenset({"cron", "timezone", "next_fire"})
+
+
+class WorkerPublic(Public):
+    """A worker; the title, description, kind and manifest are those of its active version,
+    present when it has one."""
+
+    name: str
+    active_version_id: str | None
+    paused: bool
+    created_at: Timestamp
+    updated_at: Timestamp
+    title: str | None = None
+    description: str | None = None
+    kind: str | None = Field(None, json_schema_extra={"enum": ["script", "agent"]})
+    manifest: dict[str, Any] | None = Field(None, description="worker.yml as JSON")
+    triggers: list[TriggerSummary]
+
+    omit_when_unset = frozenset({"title", "description", "kind", "manifest"})
+
+
+class WorkerDetail(WorkerPublic):
+    recent_runs: list[RunPublic] = Field(description=f"the last {RECENT_RUNS} runs, newest first")
+
+
+class VersionPublic(Public):
+    id: str
+    worker: str
+    digest: str = Field(description="sha256 of the normalised archive")
+    kind: str = Field(json_schema_extra={"enum": ["script", "agent"]})
+    file_count: int
+    size: int
+    created_at: Timestamp
+    active: bool
+
+
+class VersionFile(Public):
+    path: str
+    size: int
+
+
+class VersionDetail(VersionPublic):
+    manifest_yaml: str
+    files: list[VersionFile]
+
+
+class DeployResult(Public):
+    worker: WorkerPublic
+    version: VersionPublic
+    created: bool = Field(description="false when the same content was deployed before")
+    activated: bool
+
+
+class RollbackResult(Public):
+    worker: WorkerPublic
+    version: VersionPublic
+
+
+class ProblemPublic(Public):
+    path: str = Field(description='where in worker.yml ("" is the whole document)')
+    message: str
+    hint: str | None
+
+
+class ValidationResult(Public):
+    valid: bool
+    problems: list[ProblemPublic]
+    manifest: dict[str, Any] | None = Field(description="the parsed manifest, when it parses")
+
+
+# -- builders -----------------------------------------------------------------------------------
+
+
+def worker_public(ctx: Context, *, name: str) -> WorkerPublic:
+    return WorkerPublic.model_validate(_worker_body(ctx, name))
+
+
+def _worker_body(ctx: Context, name: str) -> dict[str, Any]:
+    worker = workers.get_worker(ctx, name=name)
+    version = (
+        workers.get_version(ctx, version_id=worker.active_version_id)
+        if worker.active_version_id
+        else None
+    )
+    body = workers.worker_to_dict(worker, version)
+    body["triggers"] = triggers.summary(ctx, worker_name=name)
+    return body
+
+
+def worker_page(ctx: Context, *, cursor: str | None = None, limit: int = 50) -> Page[WorkerPublic]:
+    rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=limit)
+    items = [worker_public(ctx, name=w.name) for w in rows]
+    return Page[WorkerPublic](items=items, next_cursor=next_cursor)
+
+
+def worker_detail(ctx: Context, *, name: str) -> WorkerDetail:
+    body = _worker_body(ctx, name)
+    recent, _cursor = runs.list_runs(ctx, worker=name, limit=RECENT_RUNS)
+    body["recent_runs"] = [run_public(r) for r in recent]
+    return WorkerDetail.model_validate(body)
+
+
+def version_public(version: Version, *, active_id: str | None) -> VersionPublic:
+    return VersionPublic.model_validate(workers.version_to_dict(version, active_id=active_id))
+
+
+def version_page(ctx: Context, *, name: str) -> Page[VersionPublic]:
+    worker = workers.get_worker(ctx, name=name)
+    rows = workers.list_versions(ctx, name=name)
+    items = [version_public(v, active_id=worker.active_version_id) for v in rows]
+    return Page[VersionPublic](items=items, next_cursor=None)
+
+
+def version_detail(ctx: Context, *, name: str, version_id: str) -> VersionDetail:
+    worker = workers.get_worker(ctx, name=name)
+    version = workers.get_version(ctx, version_id=version_id, worker_name=name)
+    bundle = workers.load_bundle(ctx, version=version)
+    body = workers.version_to_dict(version, active_id=worker.active_version_id)
+    body["manifest_yaml"] = version.manifest_yaml
+    body["files"] = [{"path": f.path, "size": len(f.data)} for f in bundle.files.values()]
+    return VersionDetail.model_validate(body)
+
+
+def deploy_result(ctx: Context, result: workers.DeployResult) -> DeployResult:
+    return DeployResult(
+        worker=worker_public(ctx, name=result.worker.name),
+        version=version_public(result.version, active_id=result.version.id),
+        created=result.created,
+        activated=result.activated,
+    )
+
+
+def rollback_result(ctx: Context, *, name: str, version: Version) -> RollbackResult:
+    return RollbackResult(
+        worker=worker_public(ctx, name=name),
+        version=version_public(version, active_id=version.id),
+    )
+
+
+def validation_result(manifest: Manifest | None, problems: list[Problem]) -> ValidationResult:
+    return ValidationResult(
+        valid=not problems,
+        problems=[ProblemPublic.model_validate(p.to_dict()) for p in problems],
+        manifest=manifest.model_dump(mode="json") if manifest else None,
+    )
+
+
+class WorkerDeleted(Public):
+    """What a deletion did; the same record is kept as an audit event."""
+
+    deleted: bool
+    worker: str
+    deletion_id: str
+    purge_runs: bool
+    versions: list[str]
+    active_version_id: str | None
+    runs_kept: int
+    runs_purged: int
+    runs_cancelled: int
+    runs_stopping: int = Field(description="running runs asked to stop; they end shortly")
+    triggers_removed: int
+    approvals_closed: int
+    webhook_deliveries_deleted: int
+    blobs_deleted: int
+
+
+def worker_deleted(deletion: Deletion) -> WorkerDeleted:
+    return WorkerDeleted.model_validate({"deleted": True, **deletion.to_dict()})
