@@ -50,7 +50,7 @@ from tests.conftest import (
     wait_for_run,
     wait_until,
 )
-from tests.mcp_support import call, call_error, http_client
+from tests.mcp_support import call, call_error, http_client, stdio_client
 from tests.web_support import csrf_of, signed_in_client
 
 MONDAY = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
@@ -421,6 +421,27 @@ def test_the_mcp_tool_needs_confirm_and_the_deploy_scope(
 
     anyio.run(session)
     assert api.get("/api/v1/workers/mcpdel").status_code == 404
+
+
+def test_the_stdio_mcp_server_deletes_through_the_rest_api(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    api = server.client()
+    deploy_folder(api, make_worker(tmp_path / "w", "name: stdiodel\n", {"run.py": PLAIN}))
+    run_id = api.post("/api/v1/workers/stdiodel/runs", json={}).json()["id"]
+    wait_for_run(api, run_id)
+
+    async def session() -> None:
+        async with stdio_client(server) as mcp:
+            unconfirmed = await call_error(mcp, "delete_worker", worker="stdiodel")
+            assert unconfirmed["code"] == "invalid_request"
+            deleted = await call(
+                mcp, "delete_worker", worker="stdiodel", purge_runs=True, confirm=True
+            )
+            assert deleted["runs_purged"] == 1 and deleted["purge_runs"] is True
+
+    anyio.run(session)
+    assert api.get(f"/api/v1/runs/{run_id}").status_code == 404
 
 
 def test_a_schedule_tick_racing_the_deletion_leaves_no_run_behind(
