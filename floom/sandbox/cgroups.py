@@ -1,0 +1,302 @@
+"""Per-run control groups: memory, process count and CPU limits on a run's whole tree.
+
+A run's cgroup lives under `floom/` inside the cgroup floom itself runs in, so runs stay
+inside whatever the operator gave floom. cgroup v2 is used where its controllers are
+available (as root, or in a delegated subtree whose `cgroup.subtree_control` offers them);
+otherwise the v1 hierarchies of the `memory`, `pids` and `cpu` controllers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+MEMORY: Final = "memory"
+PROCESSES: Final = "processes"
+CPU: Final = "cpu"
+LIMITS: Final = (MEMORY, PROCESSES, CPU)
+# The kernel's name for each limit's controller.
+_CONTROLLER: Final = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu"}
+CPU_PERIOD_US: Final = 100_000
+KILL_WAIT_SECONDS: Final = 5.0
+_PARENT_NAME: Final = "floom"
+
+
+@dataclass(frozen=True)
+class CgroupLimits:
+    memory_bytes: int
+    processes: int
+    cpu_cores: float
+
+
+class CgroupError(Exception):
+    """A run's cgroup could not be created, configured or joined."""
+
+
+class RunCgroup:
+    """One run's cgroup, with one directory per hierarchy that holds one of its limits
+    (one in total on cgroup v2)."""
+
+    def __init__(self, *, version: int, dirs: dict[str, Path]) -> None:
+        self.version = version
+        self.dirs = dirs  # limit name -> the directory of the cgroup that enforces it
+
+    def add(self, pid: int) -> None:
+        """Move process `pid` (all its threads) into every hierarchy of this cgroup."""
+        for path in set(self.dirs.values()):
+            try:
+                (path / "cgroup.procs").write_text(str(pid))
+            except ProcessLookupError:
+                continue  # it ended already; nothing of it is left to limit
+            except OSError as exc:
+                raise CgroupError(f"cannot move process {pid} into {path}: {exc}") from exc
+
+    def limit_reached(self) -> str | None:
+        """The limit that stopped the tree (`memory` after an OOM kill, `processes` after a
+        refused fork), or None."""
+        memory = self.dirs.get(MEMORY)
+        if memory is not None:
+            name = "memory.events" if self.version == 2 else "memory.oom_control"
+            if _counter(memory / name, "oom_kill") > 0:
+                return MEMORY
+        pids = self.dirs.get(PROCESSES)
+        if pids is not None and _counter(pids / "pids.events", "max") > 0:
+            return PROCESSES
+        return None
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for path in set(self.dirs.values()):
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+        return found
+
+    def kill_all(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
+        """SIGKILL everything in the cgroup until it is empty; False when it was still not
+        empty after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        kill_file = next(iter(self.dirs.values()), None)
+        while True:
+            pids = self.pids()
+            if not pids:
+                return True
+            if self.version == 2 and kill_file is not None and (kill_file / "cgroup.kill").exists():
+                with contextlib.suppress(OSError):
+                    (kill_file / "cgroup.kill").write_text("1")
+            else:
+                for pid in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def remove(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
+        """Kill what is left and delete the cgroup's directories; False if one stayed."""
+        self.kill_all(timeout)
+        deadline = time.monotonic() + timeout
+        for path in set(self.dirs.values()):
+            while True:
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    # EBUSY: killed tasks are still exiting.
+                    if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
+                        return False
+                    time.sleep(0.01)
+        return True
+
+
+class CgroupTree:
+    """Where this process may create run cgroups, and which limits they enforce here."""
+
+    def __init__(self, *, version: int, parents: dict[str, Path], problem: str = "") -> None:
+        self.version = version  # 0 when no hierarchy is usable
+        self.parents = parents  # limit name -> the `floom` directory run cgroups go under
+        self.problem = problem
+
+    @property
+    def enforced(self) -> frozenset[str]:
+        return frozenset(self.parents)
+
+    def create(self, name: str, limits: CgroupLimits) -> RunCgroup:
+        """Create and configure the cgroup `name`; raises CgroupError, leaving nothing."""
+        dirs = {limit: parent / name for limit, parent in self.parents.items()}
+        group = RunCgroup(version=self.version, dirs=dirs)
+        try:
+            for path in set(dirs.values()):
+                path.mkdir()
+            for limit, path in dirs.items():
+                for file, value in _settings(self.version, limit, limits):
+                    target = path / file
+                    if target.exists():
+                        target.write_text(value)
+        except OSError as exc:
+            group.remove(timeout=1.0)
+            raise CgroupError(f"cannot create the run's cgroup {name}: {exc}") from exc
+        return group
+
+
+def _settings(version: int, limit: str, limits: CgroupLimits) -> list[tuple[str, str]]:
+    quota = str(max(1000, round(limits.cpu_cores * CPU_PERIOD_US)))
+    memory = str(limits.memory_bytes)
+    if version == 2:
+        return {
+            # Swap would let a run go past its memory limit; the whole group ends on an OOM
+            # kill, as a run that lost a process cannot be trusted to finish well.
+            MEMORY: [("memory.max", memory), ("memory.swap.max", "0"), ("memory.oom.group", "1")],
+            PROCESSES: [("pids.max", str(limits.processes))],
+            CPU: [("cpu.max", f"{quota} {CPU_PERIOD_US}")],
+        }[limit]
+    return {
+        # memsw (memory + swap) must not be below the memory limit, so it is written after.
+        MEMORY: [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)],
+        PROCESSES: [("pids.max", str(limits.processes))],
+        CPU: [("cpu.cfs_period_us", str(CPU_PERIOD_US)), ("cpu.cfs_quota_us", quota)],
+    }[limit]
+
+
+def _counter(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+@functools.cache
+def detect() -> CgroupTree:
+    """Find the hierarchies this process can create run cgroups in (cached per process)."""
+    mounts = _cgroup_mounts()
+    own = _own_cgroups()
+    v2 = _detect_v2(mounts, own)
+    if v2.parents:
+        return v2
+    v1 = _detect_v1(mounts, own)
+    if v1.parents:
+        return v1
+    problem = "; ".join(p for p in (v2.problem, v1.problem) if p) or "no cgroup file system"
+    return CgroupTree(version=0, parents={}, problem=problem)
+
+
+def _detect_v2(mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str]) -> CgroupTree:
+    for mount_root, mountpoint, fstype, _ in mounts:
+        if fstype != "cgroup2" or "" not in own:
+            continue
+        base = Path(mountpoint) / _relative(own[""], mount_root)
+        try:
+            available = set((base / "cgroup.controllers").read_text().split())
+        except OSError:
+            continue
+        wanted = {limit for limit in LIMITS if _CONTROLLER[limit] in available}
+        if not wanted:
+            return CgroupTree(version=2, parents={}, problem="cgroup v2 offers no controllers")
+        parent = base / _PARENT_NAME
+        try:
+            _enable(base, wanted)
+            parent.mkdir(exist_ok=True)
+            _enable(parent, wanted)
+            enabled = set((parent / "cgroup.subtree_control").read_text().split())
+        except OSError as exc:
+            return CgroupTree(version=2, parents={}, problem=f"cgroup v2 at {base}: {exc}")
+        parents = {lim: parent for lim in wanted if _CONTROLLER[lim] in enabled}
+        if not parents:
+            problem = f"cgroup v2 at {base} does not delegate {sorted(wanted)} to children"
+            return CgroupTree(version=2, parents={}, problem=problem)
+        return _probed(CgroupTree(version=2, parents=parents))
+    return CgroupTree(version=2, parents={}, problem="")
+
+
+def _enable(path: Path, limits: set[str]) -> None:
+    # A non-root cgroup that holds processes cannot hand controllers to children (EBUSY);
+    # a delegated subtree must then already offer them.
+    enabled = set((path / "cgroup.subtree_control").read_text().split())
+    for limit in limits:
+        controller = _CONTROLLER[limit]
+        if controller not in enabled:
+            with contextlib.suppress(OSError):
+                (path / "cgroup.subtree_control").write_text(f"+{controller}")
+
+
+def _detect_v1(mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str]) -> CgroupTree:
+    parents: dict[str, Path] = {}
+    problems = []
+    for limit in LIMITS:
+        controller = _CONTROLLER[limit]
+        for mount_root, mountpoint, fstype, options in mounts:
+            if fstype != "cgroup" or controller not in options or controller not in own:
+                continue
+            parent = Path(mountpoint) / _relative(own[controller], mount_root) / _PARENT_NAME
+            try:
+                parent.mkdir(exist_ok=True)
+            except OSError as exc:
+                problems.append(f"cgroup v1 {controller}: {exc}")
+                break
+            if os.access(parent, os.W_OK):
+                parents[limit] = parent
+            break
+    tree = CgroupTree(version=1, parents=parents, problem="; ".join(problems))
+    return _probed(tree) if parents else tree
+
+
+def _probed(tree: CgroupTree) -> CgroupTree:
+    """Keep the limits that a real run cgroup can hold: create one, join it, drop it."""
+    probe = f"probe-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        group = tree.create(probe, CgroupLimits(memory_bytes=64 << 20, processes=64, cpu_cores=1))
+    except CgroupError as exc:
+        return CgroupTree(version=tree.version, parents={}, problem=str(exc))
+    group.remove(timeout=1.0)
+    return tree
+
+
+def _relative(path: str, mount_root: str) -> str:
+    # Inside a cgroup namespace the mount's root may not be "/".
+    if mount_root != "/" and path.startswith(mount_root):
+        path = path[len(mount_root) :]
+    return path.lstrip("/")
+
+
+def _cgroup_mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(root, mount point, fs type, super options) of each cgroup mount."""
+    found = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        after = line.split(" - ", 1)[1].split()
+        if len(after) < 3 or after[0] not in ("cgroup", "cgroup2"):
+            continue
+        found.append((fields[3], fields[4], after[0], set(after[2].split(","))))
+    return found
+
+
+def _own_cgroups() -> dict[str, str]:
+    """Controller name -> this process's cgroup path; "" is the v2 hierarchy."""
+    own: dict[str, str] = {}
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return own
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            own[controller] = path
+    return own

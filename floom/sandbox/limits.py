@@ -1,0 +1,113 @@
+"""One run's resource limits, enforced on its whole process tree while it runs.
+
+Memory, process count and CPU go through the run's cgroup (floom/sandbox/cgroups.py).
+Disk has no cgroup: RLIMIT_FSIZE caps each file, and the supervisor polls the allocated
+size of the run's work and output directories, ending the run once it reaches the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Final
+
+from floom.sandbox import cgroups
+from floom.sandbox.base import SandboxSpec
+
+MEMORY: Final = cgroups.MEMORY
+PROCESSES: Final = cgroups.PROCESSES
+CPU: Final = cgroups.CPU
+DISK: Final = "disk"
+POLL_SECONDS: Final = 0.5
+# A walk of the run's directories stops here; more entries than this end the run, since
+# counting them every poll would cost the node more than the run is worth.
+MAX_DISK_ENTRIES: Final = 100_000
+
+
+def limit_message(limit: str, spec: SandboxSpec) -> str:
+    """The run's error when `limit` ended it, naming the manifest key that sets it."""
+    if limit == MEMORY:
+        return f"memory limit of {spec.memory_mb} MiB reached (limits.memory_mb in worker.yml)"
+    if limit == PROCESSES:
+        return f"process limit of {spec.processes} reached (limits.processes in worker.yml)"
+    if limit == DISK:
+        return f"disk limit of {spec.disk_mb} MiB reached (limits.disk_mb in worker.yml)"
+    return f"{limit} limit reached"
+
+
+def allocated_bytes(paths: tuple[Path, ...], *, max_entries: int = MAX_DISK_ENTRIES) -> int | None:
+    """Bytes allocated on disk under `paths` (from st_blocks, so sparse files count as
+    what they hold); None when there are more than `max_entries` entries. Links are
+    counted as themselves and never followed; entries that vanish mid-walk are skipped."""
+    total = 0
+    entries = 0
+    stack = [os.fspath(p) for p in paths]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    entries += 1
+                    if entries > max_entries:
+                        return None
+                    try:
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                    except OSError:
+                        continue
+        except OSError:
+            continue
+    return total
+
+
+class RunLimits:
+    """The limits of one sandbox run: its cgroup while it exists, and its disk use."""
+
+    def __init__(self, spec: SandboxSpec, tree: cgroups.CgroupTree) -> None:
+        self.spec = spec
+        self.enforced = tree.enforced
+        self.cgroup: cgroups.RunCgroup | None = None
+        if tree.enforced:
+            name = f"{spec.run_id}-{secrets.token_hex(4)}"
+            self.cgroup = tree.create(
+                name,
+                cgroups.CgroupLimits(
+                    memory_bytes=spec.memory_mb * 1024 * 1024,
+                    processes=spec.processes,
+                    cpu_cores=spec.cpu,
+                ),
+            )
+
+    def prlimit_args(self) -> list[str]:
+        fsize = spec_disk_bytes(self.spec)
+        args = [f"--fsize={fsize}", "--core=0"]
+        if MEMORY not in self.enforced:
+            # Without a memory cgroup, a per-process cap is the best there is.
+            args.append(f"--data={self.spec.memory_mb * 1024 * 1024}")
+        return args
+
+    def join(self, *pids: int) -> None:
+        """Put the sandbox's processes into the run's cgroup (before its command starts)."""
+        if self.cgroup is not None:
+            for pid in pids:
+                self.cgroup.add(pid)
+
+    def reached(self) -> str | None:
+        """The limit the run has reached, if any: memory, processes, then disk."""
+        if self.cgroup is not None and (limit := self.cgroup.limit_reached()):
+            return limit
+        used = allocated_bytes((self.spec.workdir, self.spec.output_dir))
+        if used is None or used >= spec_disk_bytes(self.spec):
+            return DISK
+        return None
+
+    def close(self) -> None:
+        """Kill whatever is left of the run and remove its cgroup."""
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
+
+
+def spec_disk_bytes(spec: SandboxSpec) -> int:
+    return spec.disk_mb * 1024 * 1024

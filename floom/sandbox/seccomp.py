@@ -1,0 +1,158 @@
+"""A seccomp filter for script workers: the syscalls a script never needs fail with EPERM.
+
+The filter is classic BPF, built here so floom needs no libseccomp binding; bubblewrap loads
+it (`--seccomp FD`) after it has set the sandbox up, just before it runs the command.
+"""
+
+from __future__ import annotations
+
+import errno
+import platform
+import struct
+from typing import Final
+
+# struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6];
+_NR_OFFSET: Final = 0
+_ARCH_OFFSET: Final = 4
+_LD_W_ABS: Final = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ_K: Final = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_JGE_K: Final = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+_RET_K: Final = 0x06  # BPF_RET | BPF_K
+_RET_ALLOW: Final = 0x7FFF0000
+_RET_ERRNO: Final = 0x00050000
+# x32 syscalls are x86_64 numbers with this bit set; a filter that lists x86_64 numbers
+# would let every x32 twin of a refused syscall through.
+_X32_SYSCALL_BIT: Final = 0x40000000
+
+# Syscalls a script worker never needs and that widen the kernel's attack surface or reach
+# outside the sandbox: async I/O rings, tracing other processes, kernel keyrings, eBPF,
+# perf events, mounts and namespaces (bubblewrap has finished with them before the filter
+# applies), kernel modules, and machine-wide switches.
+_NAMES: Final = """
+    io_uring_setup io_uring_enter io_uring_register
+    ptrace process_vm_readv process_vm_writev kcmp pidfd_getfd
+    kexec_load kexec_file_load
+    keyctl add_key request_key
+    bpf perf_event_open userfaultfd
+    mount umount2 pivot_root move_mount open_tree fsopen fsconfig fsmount fspick mount_setattr
+    unshare setns
+    init_module finit_module delete_module
+    reboot swapon swapoff acct quotactl quotactl_fd syslog
+    name_to_handle_at open_by_handle_at
+""".split()
+
+_GENERIC_NEW: Final = {
+    "pidfd_getfd": 438,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
+    "quotactl_fd": 443,
+}
+_X86_64: Final = {
+    **_GENERIC_NEW,
+    "ptrace": 101,
+    "syslog": 103,
+    "pivot_root": 155,
+    "acct": 163,
+    "mount": 165,
+    "umount2": 166,
+    "swapon": 167,
+    "swapoff": 168,
+    "reboot": 169,
+    "init_module": 175,
+    "delete_module": 176,
+    "quotactl": 179,
+    "kexec_load": 246,
+    "add_key": 248,
+    "request_key": 249,
+    "keyctl": 250,
+    "unshare": 272,
+    "perf_event_open": 298,
+    "name_to_handle_at": 303,
+    "open_by_handle_at": 304,
+    "setns": 308,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "kcmp": 312,
+    "finit_module": 313,
+    "kexec_file_load": 320,
+    "bpf": 321,
+    "userfaultfd": 323,
+}
+_AARCH64: Final = {
+    **_GENERIC_NEW,
+    "umount2": 39,
+    "mount": 40,
+    "pivot_root": 41,
+    "quotactl": 60,
+    "acct": 89,
+    "unshare": 97,
+    "kexec_load": 104,
+    "init_module": 105,
+    "delete_module": 106,
+    "syslog": 116,
+    "ptrace": 117,
+    "reboot": 142,
+    "add_key": 217,
+    "request_key": 218,
+    "keyctl": 219,
+    "swapon": 224,
+    "swapoff": 225,
+    "perf_event_open": 241,
+    "name_to_handle_at": 264,
+    "open_by_handle_at": 265,
+    "setns": 268,
+    "process_vm_readv": 270,
+    "process_vm_writev": 271,
+    "kcmp": 272,
+    "finit_module": 273,
+    "bpf": 280,
+    "userfaultfd": 282,
+    "kexec_file_load": 294,
+}
+# machine name -> (AUDIT_ARCH_* value, syscall numbers)
+_ARCHES: Final = {
+    "x86_64": (0xC000003E, _X86_64),
+    "aarch64": (0xC00000B7, _AARCH64),
+}
+DENIED_SYSCALLS: Final = tuple(_NAMES)
+
+
+def supported(machine: str | None = None) -> bool:
+    """Whether floom has syscall numbers for this machine's architecture."""
+    return (machine or platform.machine()) in _ARCHES
+
+
+def deny_filter(machine: str | None = None) -> bytes:
+    """The filter program (an array of struct sock_filter) for `machine`, this one by
+    default. Syscalls of any other ABI (32-bit compat, x32) are refused as a whole."""
+    machine = machine or platform.machine()
+    if machine not in _ARCHES:
+        raise ValueError(f"no seccomp syscall table for {machine}")
+    audit_arch, numbers = _ARCHES[machine]
+    denied = sorted({numbers[name] for name in _NAMES})
+    program: list[tuple[int, int, int, int]] = []
+    # The deny return is the last instruction; jump offsets count from the next one.
+    body_len = 3 + (1 if machine == "x86_64" else 0) + len(denied) + 1
+
+    def to_deny() -> int:
+        return body_len - len(program) - 1
+
+    program.append((_LD_W_ABS, 0, 0, _ARCH_OFFSET))
+    program.append((_JEQ_K, 0, to_deny(), audit_arch))
+    program.append((_LD_W_ABS, 0, 0, _NR_OFFSET))
+    if machine == "x86_64":
+        program.append((_JGE_K, to_deny(), 0, _X32_SYSCALL_BIT))
+    for number in denied:
+        program.append((_JEQ_K, to_deny(), 0, number))
+    program.append((_RET_K, 0, 0, _RET_ALLOW))
+    program.append((_RET_K, 0, 0, _RET_ERRNO | errno.EPERM))
+    assert len(program) == body_len + 1
+    return b"".join(struct.pack("=HBBI", *insn) for insn in program)
