@@ -43,6 +43,7 @@ from floom.store.models import Artifact, Blob, Run, RunEvent, Version
 from floom.store.triggers import Trigger
 from floom.triggers.signatures import sign_floom
 from tests.conftest import (
+    REPO,
     LiveServer,
     deploy_folder,
     fast_settings,
@@ -599,3 +600,48 @@ def test_a_purge_refuses_while_a_run_will_not_stop_and_deletes_nothing(
     assert rows(ctx, AuditEvent, col(AuditEvent.id).is_not(None)) == []
     kept = delete_worker(ctx, name="stuck", purge_runs=False, actor=ADMIN)
     assert (kept.runs_kept, kept.runs_stopping) == (1, 1)
+
+
+OTHER_NODE = """\
+import sys
+from floom.errors import FloomError
+from floom.services import runs, workers
+from floom.services.context import Context
+from tests.conftest import fast_settings
+
+ctx = Context.open(fast_settings(sys.argv[1], sys.argv[2]))
+workers.get_version(ctx, version_id=sys.argv[3], worker_name="twin")
+print("cached", flush=True)
+sys.stdin.readline()
+try:
+    runs.create_run(ctx, worker_name="twin", version_id=sys.argv[3])
+    print("created", flush=True)
+except FloomError as exc:
+    print(exc.code, flush=True)
+"""
+
+
+def test_another_node_cannot_run_a_version_retired_by_a_deletion_it_had_cached(
+    ctx: Context, tmp_path: Path, database_url: str
+) -> None:
+    old = deploy(ctx, tmp_path / "a", "name: twin\n")
+    deploy(ctx, tmp_path / "b", "name: twin\ndescription: second\n")
+    node = subprocess.Popen(
+        [sys.executable, "-c", OTHER_NODE, str(tmp_path / "node2"), database_url, old],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert node.stdout is not None and node.stdin is not None
+        assert node.stdout.readline().strip() == "cached"
+        delete_worker(ctx, name="twin", purge_runs=False, actor=ADMIN)
+        deploy(ctx, tmp_path / "b", "name: twin\ndescription: second\n")
+        node.stdin.write("go\n")
+        node.stdin.flush()
+        assert node.stdout.readline().strip() == "not_found"
+    finally:
+        node.kill()
+        node.wait(timeout=30)
+    assert rows(ctx, Run, Run.worker_name == "twin") == []

@@ -114,7 +114,8 @@ def create_run(
         parent_run_id=parent_run_id,
     )
     with session_scope(ctx.engine, write=True) as s:
-        workers.lock_worker(s, worker_name)  # a deletion since the checks above wins
+        # A deletion since the checks above wins, even over this process's cached version.
+        workers.lock_worker(s, worker_name, version_id=version.id)
         s.add(run)
         s.flush()
         note = f"queued ({trigger}) on version {version.id}"

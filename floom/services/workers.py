@@ -129,11 +129,24 @@ def get_worker(ctx: Context, *, name: str) -> Worker:
         return _get_worker(s, name)
 
 
-def lock_worker(s: Session, name: str) -> Worker:
+def lock_worker(s: Session, name: str, *, version_id: str | None = None) -> Worker:
     """The worker, share-locked until the caller's transaction ends: a deletion at the same
     time either waits for that transaction and then sees what it wrote, or has committed and
-    this raises NotFound (SQLite's write transactions are serial anyway)."""
-    return _get_worker(s, name, lock={"read": True})
+    this raises NotFound (SQLite's write transactions are serial anyway).
+
+    With `version_id`, the version must still be the worker's: another node may have retired
+    it in a deletion after this process cached it.
+    """
+    worker = _get_worker(s, name, lock={"read": True})
+    if version_id is not None:
+        owner = s.exec(select(Version.worker_name).where(Version.id == version_id)).first()
+        if owner != name:
+            forget_versions([version_id])
+            raise NotFound(
+                f"no version {version_id} of worker '{name}'",
+                hint=f"`floom versions {name}` lists the versions",
+            )
+    return worker
 
 
 def _get_worker(s: Session, name: str, *, lock: dict[str, bool] | bool = False) -> Worker:
