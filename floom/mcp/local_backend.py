@@ -7,19 +7,21 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from pydantic_core import to_jsonable_python
-
 from floom.errors import Conflict
 from floom.mcp.backend import JSON, Backend
+from floom.schemas import admin as admin_views
+from floom.schemas import handoffs as handoff_views
+from floom.schemas import runs as run_views
+from floom.schemas import triggers as trigger_views
+from floom.schemas import workers as worker_views
+from floom.schemas.common import Page
 from floom.services import (
-    agent_runs,
     approvals,
     handoff_agents,
     handoff_flow,
     handoff_review,
     handoffs,
     keys,
-    logs,
     runs,
     secrets,
     triggers,
@@ -30,24 +32,9 @@ from floom.services.audit import AuditActor
 from floom.services.context import Context
 from floom.store.models import ApiKey, Worker
 
-RECENT_RUNS = 10
 
-
-def _jsonable(value: Any) -> Any:
-    """JSON values as the REST API renders them (pydantic's encoding of datetimes)."""
-    return to_jsonable_python(value)
-
-
-def worker_body(ctx: Context, name: str) -> JSON:
-    worker = workers.get_worker(ctx, name=name)
-    version = (
-        workers.get_version(ctx, version_id=worker.active_version_id)
-        if worker.active_version_id
-        else None
-    )
-    body = workers.worker_to_dict(worker, version)
-    body["triggers"] = triggers.summary(ctx, worker_name=name)
-    return body
+def _job(job: dict[str, Any]) -> JSON:
+    return handoff_views.JobPublic.model_validate(job).to_json()
 
 
 class CatalogSource:
@@ -101,16 +88,10 @@ class LocalBackend(Backend):
 
     def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
         ctx = self._need("read")
-        rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=limit)
-        items = [worker_body(ctx, w.name) for w in rows]
-        return _jsonable({"items": items, "next_cursor": next_cursor})
+        return worker_views.worker_page(ctx, cursor=cursor, limit=limit).to_json()
 
     def get_worker(self, name: str) -> JSON:
-        ctx = self._need("read")
-        body = worker_body(ctx, name)
-        recent, _ = runs.list_runs(ctx, worker=name, limit=RECENT_RUNS)
-        body["recent_runs"] = [runs.run_to_dict(r) for r in recent]
-        return _jsonable(body)
+        return worker_views.worker_detail(self._need("read"), name=name).to_json()
 
     def get_manifest_yaml(self, name: str) -> str:
         ctx = self._need("read")
@@ -122,47 +103,27 @@ class LocalBackend(Backend):
     def validate(self, archive: bytes) -> JSON:
         ctx = self._need("read")
         manifest, problems = workers.validate_archive(ctx, archive=archive)
-        return {
-            "valid": not problems,
-            "problems": [p.to_dict() for p in problems],
-            "manifest": manifest.model_dump(mode="json") if manifest else None,
-        }
+        return worker_views.validation_result(manifest, problems).to_json()
 
     def deploy(self, archive: bytes) -> JSON:
         ctx = self._need("deploy")
         result = workers.deploy(ctx, archive=archive, actor=self.key.id)
-        return _jsonable(
-            {
-                "worker": worker_body(ctx, result.worker.name),
-                "version": workers.version_to_dict(result.version, active_id=result.version.id),
-                "created": result.created,
-                "activated": result.activated,
-            }
-        )
+        return worker_views.deploy_result(ctx, result).to_json()
 
     def list_versions(self, name: str) -> JSON:
-        ctx = self._need("read")
-        worker = workers.get_worker(ctx, name=name)
-        rows = workers.list_versions(ctx, name=name)
-        items = [workers.version_to_dict(v, active_id=worker.active_version_id) for v in rows]
-        return _jsonable({"items": items, "next_cursor": None})
+        return worker_views.version_page(self._need("read"), name=name).to_json()
 
     def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
         ctx = self._need("deploy")
         version = workers.rollback(ctx, name=name, version_id=version_id, run_id=run_id)
-        return _jsonable(
-            {
-                "worker": worker_body(ctx, name),
-                "version": workers.version_to_dict(version, active_id=version.id),
-            }
-        )
+        return worker_views.rollback_result(ctx, name=name, version=version).to_json()
 
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
         ctx = self._need("deploy")
         deletion = worker_deletion.delete_worker(
             ctx, name=name, purge_runs=purge_runs, actor=AuditActor.of_key(self.key)
         )
-        return _jsonable({"deleted": True, **deletion.to_dict()})
+        return worker_views.worker_deleted(deletion).to_json()
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -171,7 +132,7 @@ class LocalBackend(Backend):
         run = runs.create_run(
             ctx, worker_name=worker, inputs=inputs, trigger="mcp", actor=self.key.id, force=force
         )
-        return _jsonable(runs.run_to_dict(run, artifacts=[]))
+        return run_views.run_public(run, artifacts=[]).to_json()
 
     def list_runs(
         self,
@@ -186,32 +147,17 @@ class LocalBackend(Backend):
         rows, next_cursor = runs.list_runs(
             ctx, worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
         )
-        return _jsonable({"items": [runs.run_to_dict(r) for r in rows], "next_cursor": next_cursor})
+        return run_views.run_page(rows, next_cursor).to_json()
 
     def get_run(self, run_id: str) -> JSON:
-        ctx = self._need("read")
-        run = runs.get_run(ctx, run_id=run_id)
-        body = runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
-        body.update(agent_runs.run_extras(ctx, run=run))
-        return _jsonable(body)
+        return run_views.run_detail(self._need("read"), run_id=run_id).to_json()
 
     def get_logs(
         self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
     ) -> JSON:
         ctx = self._need("read")
-        run = runs.get_run(ctx, run_id=run_id)
-        if tail:
-            rows = logs.tail_events(ctx, run_id=run_id, count=tail)
-        else:
-            rows = logs.list_events(ctx, run_id=run_id, after=after, limit=limit)
-        return _jsonable(
-            {
-                "items": [logs.event_to_dict(e) for e in rows],
-                "last_seq": rows[-1].seq if rows else after,
-                "run_status": run.status,
-                "complete": run.status in runs.TERMINAL and len(rows) < limit,
-            }
-        )
+        page = run_views.log_page(ctx, run_id=run_id, after=after, tail=tail, limit=limit)
+        return page.to_json()
 
     def cancel_run(self, run_id: str) -> JSON:
         ctx = self._need("run")
@@ -221,7 +167,7 @@ class LocalBackend(Backend):
     def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
         ctx = self._need("run")
         run = runs.replay_run(ctx, run_id=run_id, latest=latest, actor=self.key.id, force=force)
-        return _jsonable(runs.run_to_dict(run, artifacts=[]))
+        return run_views.run_public(run, artifacts=[]).to_json()
 
     # -- triggers, approvals -------------------------------------------------------------------
 
@@ -234,19 +180,15 @@ class LocalBackend(Backend):
         return self._triggers(ctx, name)
 
     def _triggers(self, ctx: Context, name: str) -> JSON:
-        worker, rows = triggers.list_triggers(ctx, worker_name=name)
-        items = [triggers.trigger_to_dict(ctx, t, worker=worker, urls=self.hook_urls) for t in rows]
-        return _jsonable(
-            {"worker": name, "paused": worker.paused, "items": items, "next_cursor": None}
-        )
+        return trigger_views.trigger_listing(ctx, name=name, urls=self.hook_urls).to_json()
 
     def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
         ctx = self._need("read")
         rows, next_cursor = approvals.list_approvals(ctx, status=status or "pending", limit=500)
-        items = [approvals.approval_to_dict(a) for a in rows]
-        if worker:
-            items = [a for a in items if a.get("worker") == worker]
-        return _jsonable({"items": items, "next_cursor": next_cursor})
+        items = [
+            run_views.approval_public(a) for a in rows if not worker or a.worker_name == worker
+        ]
+        return Page[run_views.ApprovalPublic](items=items, next_cursor=next_cursor).to_json()
 
     def decide_approval(
         self,
@@ -257,7 +199,7 @@ class LocalBackend(Backend):
         comment: str | None = None,
     ) -> JSON:
         ctx = self._need("run")
-        approval = approvals.decide_approval(
+        approvals.decide_approval(
             ctx,
             approval_id=approval_id,
             decision="approve" if approve else "reject",
@@ -265,28 +207,26 @@ class LocalBackend(Backend):
             comment=comment,
             actor=self.key.id,
         )
-        body = approvals.approval_to_dict(approval)
-        body["run_status"] = runs.get_run(ctx, run_id=approval.run_id).status
-        return _jsonable(body)
+        return run_views.approval_decided(ctx, approval_id=approval_id).to_json()
 
     # -- secrets -------------------------------------------------------------------------------
 
     def list_secrets(self) -> JSON:
-        ctx = self._need("deploy")
-        return _jsonable({"items": secrets.list_secrets(ctx), "next_cursor": None})
+        return admin_views.secret_page(self._need("deploy")).to_json()
 
     def set_secret(self, name: str, value: str) -> JSON:
         secrets.set_secret(self._need("deploy"), name=name, value=value)
-        return {"name": name, "set": True}
+        return admin_views.SecretSet(name=name, set=True).to_json()
 
     def delete_secret(self, name: str) -> JSON:
         secrets.delete_secret(self._need("deploy"), name=name)
-        return {"name": name, "deleted": True}
+        return admin_views.SecretDeleted(name=name, deleted=True).to_json()
 
     # -- handoffs: the key is the actor; the services apply visibility and the table -----------
 
     def handoff_my_roles(self) -> JSON:
-        return _jsonable(handoff_agents.my_roles(self._need("read"), actor=self.key))
+        who = handoff_agents.my_roles(self._need("read"), actor=self.key)
+        return handoff_views.WhoAmI.model_validate(who).to_json()
 
     def handoff_list_jobs(
         self,
@@ -310,33 +250,34 @@ class LocalBackend(Backend):
             cursor=cursor,
             limit=limit,
         )
-        return _jsonable({"items": items, "next_cursor": next_cursor})
+        jobs = [handoff_views.JobPublic.model_validate(j) for j in items]
+        return Page[handoff_views.JobPublic](items=jobs, next_cursor=next_cursor).to_json()
 
     def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
         ctx = self._need("read")
-        return _jsonable(handoffs.get_job(ctx, actor=self.key, job_id=job_id, events=events))
+        return _job(handoffs.get_job(ctx, actor=self.key, job_id=job_id, events=events))
 
     def handoff_create_job(self, **spec: Any) -> JSON:
-        return _jsonable(handoffs.create_job(self._need("run"), actor=self.key, **spec))
+        return _job(handoffs.create_job(self._need("run"), actor=self.key, **spec))
 
     def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
         ctx = self._need("run")
         job = handoff_flow.claim(ctx, actor=self.key, job_id=job_id, lease_seconds=lease_seconds)
-        return _jsonable(job)
+        return _job(job)
 
     def handoff_claim_next_job(
         self, *, role: str | None = None, lease_seconds: float | None = None
     ) -> JSON:
         ctx = self._need("run")
         job = handoff_flow.claim_next(ctx, actor=self.key, role=role, lease_seconds=lease_seconds)
-        return _jsonable({"job": job})
+        return handoff_views.ClaimNextResult.model_validate({"job": job}).to_json()
 
     def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
         ctx = self._need("run")
-        body = handoff_flow.heartbeat(
+        state = handoff_flow.heartbeat(
             ctx, actor=self.key, job_id=job_id, lease_seconds=lease_seconds
         )
-        return _jsonable(body)
+        return handoff_views.LeaseState.model_validate(state).to_json()
 
     def handoff_set_status(
         self,
@@ -354,7 +295,7 @@ class LocalBackend(Backend):
             reason=reason,
             lease_seconds=lease_seconds,
         )
-        return _jsonable(job)
+        return _job(job)
 
     def handoff_update_job(
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
@@ -366,7 +307,7 @@ class LocalBackend(Backend):
             context=context,
             constraints=constraints,
         )
-        return _jsonable(job)
+        return _job(job)
 
     def handoff_complete_job(
         self,
@@ -384,7 +325,7 @@ class LocalBackend(Backend):
             data=data,
             artifacts=artifacts,
         )
-        return _jsonable(job)
+        return _job(job)
 
     def handoff_reject_job(
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
@@ -397,8 +338,9 @@ class LocalBackend(Backend):
             role=role,
             priority=priority,
         )
-        return _jsonable(retry)
+        return _job(retry)
 
     def handoff_reopen_context(self, job_id: str) -> JSON:
         ctx = self._need("read")
-        return _jsonable(handoff_review.reopen_context(ctx, actor=self.key, job_id=job_id))
+        focus = handoff_review.reopen_context(ctx, actor=self.key, job_id=job_id)
+        return handoff_views.ReopenContext.model_validate(focus).to_json()
