@@ -44,8 +44,10 @@ def delete(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
 ) -> None:
-    """Delete a worker: its schedules, webhooks and other triggers stop at once, its unfinished
-    runs are cancelled. Secrets stay. Needs a key with the deploy scope."""
+    """Delete a worker; its triggers stop at once, its runs are kept unless purged.
+
+    Its unfinished runs are cancelled; secrets stay. Needs a key with the deploy scope.
+    """
     if not yes:
         what = "and PURGE all its runs, logs and artifacts" if purge_runs else "(its runs are kept)"
         if not typer.confirm(f"delete worker '{name}' {what}?", default=False, err=True):
