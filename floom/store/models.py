@@ -144,7 +144,8 @@ class Artifact(SQLModel, table=True):
     run_id: str = Field(index=True, max_length=40)
     name: str = Field(max_length=512)
     size: int
-    digest: str = Field(max_length=64)
+    # Indexed: purging asks which blobs any artifact still refers to.
+    digest: str = Field(max_length=64, index=True)
     content_type: str = Field(max_length=128)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
