@@ -18,11 +18,16 @@ from urllib.parse import quote
 import httpx
 
 from floom.config import client_base_url
-from floom.errors import ClientError, FloomError, rebuild
+from floom.errors import ClientError, FloomError, TooManyWaits, rebuild
 from floom.services.run_rules import FINISHED as TERMINAL_STATUSES
+from floom.services.run_rules import WAITING as WAITING_STATUSES
 
 UNREACHABLE_HINT = "start it with `floom serve` or set FLOOM_BASE_URL"
 POLL_SECONDS = 0.3
+# One `?wait=` request (the server allows 60 s); the read timeout leaves room for the answer.
+WAIT_CALL_SECONDS = 30.0
+WAIT_READ_MARGIN_SECONDS = 15.0
+MIN_WAIT_CALL_SPACING_SECONDS = 1.0
 RECONNECT_SECONDS = 0.5
 # Streams that break this many times in a row give way to polling /logs, which always works.
 MAX_STREAM_FAILURES = 3
@@ -309,9 +314,38 @@ class FloomClient:
         result: dict[str, Any] = self._json("GET", "/api/v1/runs", params=params)
         return result
 
-    def get_run(self, run_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/runs/{_path(run_id)}")
+    def get_run(self, run_id: str, *, wait: float = 0, until: str = "ended") -> dict[str, Any]:
+        """The run; with `wait` (at most 60), the server answers as soon as it has ended (with
+        until="settled", also when it waits for a person) or after `wait` seconds."""
+        path = f"/api/v1/runs/{_path(run_id)}"
+        if wait <= 0:
+            result: dict[str, Any] = self._json("GET", path)
+            return result
+        params = {"wait": f"{wait:g}", "until": until}
+        timeout = httpx.Timeout(10.0, read=wait + WAIT_READ_MARGIN_SECONDS)
+        result = self._json("GET", path, params=params, timeout=timeout)
         return result
+
+    def wait_for_run(
+        self, run_id: str, *, seconds: float | None, until: str = "ended"
+    ) -> dict[str, Any]:
+        """The run once it has ended (or settled), or as it is after `seconds` (None: no
+        limit), waiting through the server's `?wait=`, one long request at a time."""
+        stop = TERMINAL_STATUSES if until == "ended" else TERMINAL_STATUSES | WAITING_STATUSES
+        deadline = None if seconds is None else time.monotonic() + seconds
+        while True:
+            asked = time.monotonic()
+            left = WAIT_CALL_SECONDS if deadline is None else deadline - asked
+            try:
+                run = self.get_run(run_id, wait=min(WAIT_CALL_SECONDS, left), until=until)
+            except TooManyWaits:
+                # This key's other waits fill its cap: read now and ask again shortly.
+                run = self.get_run(run_id)
+            if run["status"] in stop or (deadline is not None and time.monotonic() >= deadline):
+                return run
+            # Not again at once when the server answered early without an end (one that
+            # ignores ?wait=, or a full cap): that would be a busy loop.
+            time.sleep(max(0.0, MIN_WAIT_CALL_SPACING_SECONDS - (time.monotonic() - asked)))
 
     def get_logs(
         self,
@@ -417,15 +451,12 @@ class FloomClient:
         yield from self._poll(run_id, after=after, deadline=deadline)
 
     def wait(self, run_id: str, *, deadline: float | None = None) -> dict[str, Any]:
-        """Block until the run ends; returns the full run record (with artifacts)."""
-        run = self.get_run(run_id)
+        """Block until the run ends; returns the full run record (with artifacts). Raises
+        ClientError(code="timeout") when the monotonic `deadline` passes first."""
+        seconds = None if deadline is None else max(0.0, deadline - time.monotonic())
+        run = self.wait_for_run(run_id, seconds=seconds)
         if run["status"] not in TERMINAL_STATUSES:
-            # Only the end matters here, so skip the lines already stored.
-            last_seq = int(self.get_logs(run_id, tail=1)["last_seq"])
-            for event in self.follow(run_id, after=last_seq, deadline=deadline):
-                if event.kind == "end":
-                    break
-            run = self.get_run(run_id)
+            raise self._still_going(run)
         return run
 
     def _check_deadline(self, run_id: str, deadline: float | None) -> None:
@@ -433,12 +464,16 @@ class FloomClient:
             run = self.get_run(run_id)
             if run["status"] in TERMINAL_STATUSES:
                 return
-            raise ClientError(
-                f"run {run_id} is still {run['status']} at the deadline",
-                status=0,
-                code="timeout",
-                hint=f"it keeps going; follow it with `floom logs -f {run_id}`",
-            )
+            raise self._still_going(run)
+
+    @staticmethod
+    def _still_going(run: dict[str, Any]) -> ClientError:
+        return ClientError(
+            f"run {run['id']} is still {run['status']} at the deadline",
+            status=0,
+            code="timeout",
+            hint=f"it keeps going; follow it with `floom logs -f {run['id']}`",
+        )
 
     def _stream(self, run_id: str, *, after: int, deadline: float | None) -> Iterator[FollowEvent]:
         self._check_key()

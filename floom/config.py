@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     max_bundle_bytes: int = 50 * 1024 * 1024
     max_artifact_bytes: int = 25 * 1024 * 1024
     max_log_lines_per_run: int = 100_000
+    # Runs one API key may wait for at once on a node (`?wait=`, MCP waits; 429 above).
+    max_waits_per_key: int = Field(8, ge=1)
     # Quotas (floom/services/runs.py, floom/api/auth.py): the largest inputs of one run as
     # JSON, and each API key's request rate, a token bucket refilled at rate_limit_per_minute
     # that holds rate_limit_burst (0 a minute: no limit). The rate is counted per process.

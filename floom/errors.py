@@ -181,6 +181,13 @@ class RateLimited(FloomError):
     code = "rate_limited"
 
 
+class TooManyWaits(FloomError):
+    """This API key already waits for as many runs at once as the server allows."""
+
+    status = 429
+    code = "too_many_waits"
+
+
 class ProviderError(FloomError):
     """The model provider could not answer; `retryable` says whether trying again may help."""
 

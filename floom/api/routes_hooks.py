@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -12,13 +10,15 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep
-from floom.services import composio_events, runs, webhooks
+from floom.errors import TooManyWaits
+from floom.services import composio_events, run_waits, runs, webhooks
 from floom.services.context import Context
+from floom.services.run_rules import FINISHED
+from floom.store.models import Run
 
 router = APIRouter(tags=["hooks"])
 
 MAX_WAIT_SECONDS = 300.0
-WAIT_POLL_SECONDS = 0.1
 
 
 async def _read_body(request: Request, ctx: Context) -> bytes:
@@ -83,8 +83,9 @@ async def worker_hook(
         return JSONResponse(status_code=200, content=content)
     run_id = content["run_id"]
     if run_id and wait > 0:
-        run = await _wait_for(ctx, run_id, wait)
-        if run is not None:
+        ended = await _wait_for(ctx, run_id, wait, worker=worker)
+        if ended is not None:
+            run = runs.run_to_dict(ended)
             content.update(
                 status=run["status"], outputs=run["outputs"], error=run["error"], run=run
             )
@@ -92,15 +93,17 @@ async def worker_hook(
     return JSONResponse(status_code=202, content=content)
 
 
-async def _wait_for(ctx: Context, run_id: str, seconds: float) -> dict[str, Any] | None:
-    deadline = time.monotonic() + seconds
-    while True:
-        run = await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
-        if run.status in runs.TERMINAL:
-            return runs.run_to_dict(run)
-        if time.monotonic() >= deadline:
-            return None
-        await asyncio.sleep(min(WAIT_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+async def _wait_for(ctx: Context, run_id: str, seconds: float, *, worker: str) -> Run | None:
+    """The run if it ends within `seconds`. A hook's waits count against its own cap, as an
+    API key's do; over the cap the sender is answered at once (202), as without ?wait, since
+    its delivery is stored and its run started: a 429 would only make it send again."""
+    try:
+        run = await run_waits.wait_for_end(
+            ctx, run_id=run_id, timeout=seconds, waiter=f"hook:{worker}"
+        )
+    except TooManyWaits:
+        return None
+    return run if run.status in FINISHED else None
 
 
 def _jsonable(value: Any) -> Any:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep, ReadKey, RunKey
-from floom.services import agent_runs, logs, runs
+from floom.services import agent_runs, logs, run_waits, runs
 from floom.services.context import Context
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
@@ -88,17 +88,23 @@ def list_runs(
 
 
 @router.get("/runs/{run_id}")
-def get_run(
+async def get_run(
     run_id: str,
     ctx: CtxDep,
-    _: ReadKey,
+    key: ReadKey,
     wait: float = Query(
         0, ge=0, le=60, description="wait up to this many seconds for the run to end"
     ),
+    until: run_waits.Until = Query(
+        "ended",
+        description="with wait: `ended` waits for a final status; `settled` also answers "
+        "when the run waits for a person (awaiting_approval)",
+    ),
 ) -> dict[str, Any]:
+    # Async so a waiter holds no thread: the API's thread pool stays free for other calls.
     if wait:
-        runs.wait_for_end(ctx, run_id=run_id, timeout=wait)
-    return _run_body(ctx, run_id)
+        await run_waits.wait_for_end(ctx, run_id=run_id, timeout=wait, until=until, waiter=key.id)
+    return await run_in_threadpool(_run_body, ctx, run_id)
 
 
 @router.get("/runs/{run_id}/logs")

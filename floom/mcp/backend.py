@@ -97,6 +97,13 @@ class Backend(abc.ABC):
         """The run with its artifacts (and tool calls and approvals where the server has them)."""
 
     @abc.abstractmethod
+    async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
+        """The run (as get_run) once it has settled (ended, or waiting for a person), or as it
+        is after `seconds`. The one method a tool awaits on the event loop instead of a
+        worker thread: a wait holds no thread in the server. A key over its cap of
+        concurrent waits raises code "too_many_waits"."""
+
+    @abc.abstractmethod
     def get_logs(
         self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
     ) -> JSON:

@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import anyio.to_thread
+
 from floom.errors import Conflict
 from floom.mcp.backend import JSON, Backend
 from floom.schemas import admin as admin_views
@@ -22,6 +24,7 @@ from floom.services import (
     handoff_review,
     handoffs,
     keys,
+    run_waits,
     runs,
     secrets,
     triggers,
@@ -151,6 +154,13 @@ class LocalBackend(Backend):
 
     def get_run(self, run_id: str) -> JSON:
         return run_views.run_detail(self._need("read"), run_id=run_id).to_json()
+
+    async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
+        ctx = self._need("read")
+        await run_waits.wait_for_end(
+            ctx, run_id=run_id, timeout=seconds, until="settled", waiter=self.key.id
+        )
+        return await anyio.to_thread.run_sync(self.get_run, run_id)
 
     def get_logs(
         self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000

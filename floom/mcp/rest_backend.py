@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
+
+import anyio.to_thread
 
 from floom.client import FloomClient
 from floom.errors import ClientError, Conflict
@@ -109,6 +112,11 @@ class RestBackend(Backend):
 
     def get_run(self, run_id: str) -> JSON:
         return self.client.get_run(run_id)
+
+    async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
+        # The server does the waiting (?wait=); this process's thread only holds the request.
+        wait = functools.partial(self.client.wait_for_run, run_id, seconds=seconds, until="settled")
+        return await anyio.to_thread.run_sync(wait)
 
     def get_logs(
         self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
     from floom.mcp.server import FloomMCPServer
 
 T = TypeVar("T")
-POLL_SECONDS = 0.25
 MAX_WAIT_SECONDS = 600.0
 # The server checks its own limit (FLOOM_MAX_BUNDLE_BYTES); this only stops runaway reads.
 DEFAULT_MAX_BUNDLE_BYTES = 50 * 1024 * 1024
@@ -61,16 +59,10 @@ def floom_tool(fn: Callable[..., Awaitable[Reply]]) -> Callable[..., Awaitable[C
 
 
 async def settle(backend: Backend, run_id: str, seconds: float) -> tuple[dict[str, Any], bool]:
-    """The run once it has left queued/running, or as it is when `seconds` have passed."""
-    deadline = time.monotonic() + max(0.0, min(seconds, MAX_WAIT_SECONDS))
-    while True:
-        run = await off(backend.get_run, run_id)
-        if run["status"] not in ACTIVE_STATUSES:
-            return run, True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return run, False
-        await anyio.sleep(min(POLL_SECONDS, left))
+    """The run once it has left queued/running, or as it is when `seconds` have passed, and
+    whether it has."""
+    run = await backend.wait_for_run(run_id, seconds=max(0.0, min(seconds, MAX_WAIT_SECONDS)))
+    return run, run["status"] not in ACTIVE_STATUSES
 
 
 def pack(

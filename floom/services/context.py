@@ -12,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from floom.config import Settings, mask_password
 from floom.errors import StoreUnavailable
+from floom.services.run_waits import RunEnds
 from floom.services.secrets import SecretBox
 from floom.store.db import create_schema, make_engine
 
@@ -27,12 +28,12 @@ class Context:
     # Runs cancelled through this process, so a local executor kills them without waiting
     # for its next look at the database.
     local_cancels: set[str] = field(default_factory=set)
-    # Notified whenever this process records a run's end, so waiters here wake at once.
-    run_ended: threading.Condition = field(default_factory=threading.Condition)
+    # Notified whenever this process records a run's end, so waiters here wake at once
+    # (floom/services/run_waits.py); also counts each API key's open waits.
+    run_ends: RunEnds = field(default_factory=RunEnds)
 
     def notify_run_ended(self) -> None:
-        with self.run_ended:
-            self.run_ended.notify_all()
+        self.run_ends.notify()
 
     @classmethod
     def open(cls, settings: Settings) -> Context:

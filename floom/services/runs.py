@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,9 @@ from floom.services.run_rules import (  # noqa: F401 (some are re-exported for o
     SUCCEEDED,
     TIMED_OUT,
     transition,
+)
+from floom.services.run_waits import (  # noqa: F401 (the blocking wait, for older importers)
+    wait_for_end_blocking as wait_for_end,
 )
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, Version, new_id, utcnow
@@ -192,21 +194,6 @@ def get_run(ctx: Context, *, run_id: str) -> Run:
         return _get_run(s, run_id)
 
 
-def wait_for_end(ctx: Context, *, run_id: str, timeout: float) -> Run:
-    """The run once it has ended, or as it is when `timeout` seconds have passed.
-
-    Ends recorded by this process wake the waiter at once; ends recorded by another node are
-    seen within a quarter of a second."""
-    deadline = time.monotonic() + timeout
-    while True:
-        run = get_run(ctx, run_id=run_id)
-        left = deadline - time.monotonic()
-        if run.status in FINISHED or left <= 0:
-            return run
-        with ctx.run_ended:
-            ctx.run_ended.wait(min(left, 0.25))
-
-
 def _get_run(s: Session, run_id: str) -> Run:
     run = s.get(Run, run_id)
     if run is None:
@@ -278,6 +265,7 @@ def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
             system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancel requested{who}")
         s.add(run)
     ctx.local_cancels.add(run_id)
+    ctx.notify_run_ended()
     return run
 
 

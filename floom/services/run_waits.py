@@ -1,0 +1,183 @@
+"""Waiting for a run to end: the one mechanism behind REST `?wait=`, webhooks' `?wait`, the
+`/mcp` tools, and (through `?wait=`) the CLI and the stdio MCP server.
+
+A waiter holds no thread while it waits: it sleeps on the event loop until this process
+records a run's end (`RunEnds.notify`, called by whoever writes the end) or until a modest
+interval has passed, then reads the run from the store briefly on a worker thread; the
+interval is how an end recorded by another node is seen. Each API key may hold only so many
+waits at once on a node (FLOOM_MAX_WAITS_PER_KEY), so no key can tie up a node by waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Literal
+
+import anyio.to_thread
+
+from floom.errors import NotFound, TooManyWaits
+from floom.services.run_rules import FINISHED, WAITING
+from floom.store.db import session_scope
+from floom.store.models import Run
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+# How often a waiter reads the store when no end was announced in this process: the delay
+# before an end recorded by another node is seen.
+STORE_CHECK_SECONDS = 0.5
+
+Until = Literal["ended", "settled"]
+# "ended": a final status. "settled": ended, or paused until a person decides (an agent that
+# waits on a run wants to hear that it needs an approval, not sit out the wait).
+STOP_STATUSES: dict[str, frozenset[str]] = {"ended": FINISHED, "settled": FINISHED | WAITING}
+
+
+class _Listener:
+    """One waiter's wake-up call, set from any thread on the waiter's own event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._event.set)
+        except RuntimeError:
+            pass  # the waiter's loop has closed: nobody is left to wake
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    async def wait(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+        except TimeoutError:
+            pass
+
+
+class RunEnds:
+    """This process's notice of run ends, and the count of open waits per API key.
+
+    `notify` may be called from any thread (executor threads record most ends); every waiter
+    then reads its run again. A notice carries no run id: waiters are few and a read is one
+    primary-key lookup, so a per-run index would not pay for itself."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: set[_Listener] = set()
+        self._waits: dict[str, int] = {}
+
+    def notify(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.wake()
+
+    @contextmanager
+    def listening(self) -> Iterator[_Listener]:
+        listener = _Listener(asyncio.get_running_loop())
+        with self._lock:
+            self._listeners.add(listener)
+        try:
+            yield listener
+        finally:
+            with self._lock:
+                self._listeners.discard(listener)
+
+    @contextmanager
+    def holding_wait(self, waiter: str, *, limit: int) -> Iterator[None]:
+        """Count one open wait of `waiter` (an API key id) for the duration, or raise
+        TooManyWaits when it already holds `limit`."""
+        with self._lock:
+            held = self._waits.get(waiter, 0)
+            if held >= limit:
+                raise TooManyWaits(
+                    f"this API key already waits for {held} runs at once, the most this "
+                    "server allows",
+                    hint="retry once one of those waits has answered, or read the run "
+                    "without waiting",
+                )
+            self._waits[waiter] = held + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._waits[waiter] - 1
+                if left:
+                    self._waits[waiter] = left
+                else:
+                    del self._waits[waiter]
+
+    def open_waits(self, waiter: str) -> int:
+        with self._lock:
+            return self._waits.get(waiter, 0)
+
+
+async def wait_for_end(
+    ctx: Context,
+    *,
+    run_id: str,
+    timeout: float,
+    until: Until = "ended",
+    waiter: str | None = None,
+) -> Run:
+    """The run once it has ended (or, with until="settled", also once it waits for a person),
+    or as it is when `timeout` seconds have passed.
+
+    Raises NotFound for an unknown run, and TooManyWaits when `waiter` (the caller's API key
+    id) already holds FLOOM_MAX_WAITS_PER_KEY waits on this node; a run that has already
+    ended is answered at once and holds no wait."""
+    stop = STOP_STATUSES[until]
+    deadline = time.monotonic() + max(0.0, timeout)
+    with ctx.run_ends.listening() as woken:
+        # Listening before the first read: an end announced during the read still wakes us.
+        run = await _read_off_loop(ctx, run_id)
+        if run.status in stop or timeout <= 0:
+            return run
+        held = (
+            ctx.run_ends.holding_wait(waiter, limit=ctx.settings.max_waits_per_key)
+            if waiter is not None
+            else nullcontext()
+        )
+        with held:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return run
+                await woken.wait(min(left, STORE_CHECK_SECONDS))
+                woken.clear()
+                run = await _read_off_loop(ctx, run_id)
+                if run.status in stop:
+                    return run
+
+
+def wait_for_end_blocking(
+    ctx: Context,
+    *,
+    run_id: str,
+    timeout: float,
+    until: Until = "ended",
+    waiter: str | None = None,
+) -> Run:
+    """wait_for_end for code on a worker thread (no running event loop in that thread)."""
+    return asyncio.run(
+        wait_for_end(ctx, run_id=run_id, timeout=timeout, until=until, waiter=waiter)
+    )
+
+
+async def _read_off_loop(ctx: Context, run_id: str) -> Run:
+    return await anyio.to_thread.run_sync(functools.partial(_read, ctx, run_id))
+
+
+def _read(ctx: Context, run_id: str) -> Run:
+    with session_scope(ctx.engine) as s:
+        run = s.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
+    return run
