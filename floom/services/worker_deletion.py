@@ -48,7 +48,9 @@ class Deletion:
     active_version_id: str | None
     runs_kept: int = 0
     runs_purged: int = 0
+    # Queued or waiting-for-approval runs that ended cancelled at once.
     runs_cancelled: int = 0
+    # Running runs asked to stop; each ends as cancelled once its executor kills it.
     runs_stopping: int = 0
     triggers_removed: int = 0
     approvals_closed: int = 0
@@ -114,7 +116,7 @@ def delete_worker(
 def _cancel_unfinished(ctx: Context, *, name: str, actor: str) -> tuple[int, int]:
     """Cancel the worker's unfinished runs through the runs service, one at a time, so every
     rule of cancelling holds (pending approvals close with their run); running ones are asked
-    to stop. Returns (runs cancelled or asked to stop, approvals closed)."""
+    to stop. Returns (runs that ended cancelled at once, approvals closed)."""
     with session_scope(ctx.engine) as s:
         rows = s.exec(
             select(Run.id, Run.cancel_requested).where(
@@ -127,8 +129,8 @@ def _cancel_unfinished(ctx: Context, *, name: str, actor: str) -> tuple[int, int
         if requested:
             continue
         try:
-            runs.cancel_run(ctx, run_id=run_id, actor=actor)
-            cancelled += 1
+            stopped = runs.cancel_run(ctx, run_id=run_id, actor=actor)
+            cancelled += stopped.status == runs.CANCELLED
         except Conflict:
             pass  # it ended meanwhile
     with session_scope(ctx.engine) as s:
