@@ -17,6 +17,7 @@ import pytest
 from floom.client import FloomClient
 from floom.services import keys, runs
 from floom.services.context import Context
+from floom.triggers.signatures import sign_floom
 from tests.conftest import LiveServer, deploy_folder, fast_settings, make_worker, start_server
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n"
@@ -229,3 +230,55 @@ def test_the_client_waits_through_one_long_request_instead_of_polling(
     (request,) = transport.requests
     assert (request.method, request.url.path) == ("GET", f"/api/v1/runs/{run_id}")
     assert 25 < float(request.url.params["wait"]) <= 30
+
+
+def test_a_webhook_over_its_wait_cap_is_answered_202_at_once_with_its_run_started(
+    make_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    server = make_server(roles="api", max_waits_per_key=1)
+    secret = "hook-secret-for-wait-tests"
+    with server.client() as api, ThreadPoolExecutor(max_workers=1) as pool:
+        api.put("/api/v1/secrets/WAIT_HOOK_SECRET", json={"value": secret})
+        manifest = (
+            "name: hooked\ninputs: {event: object}\ntriggers:\n"
+            "  - webhook: {signature: hmac-sha256, secret: WAIT_HOOK_SECRET}\n"
+        )
+        deploy_folder(api, make_worker(tmp_path / "hooked", manifest, {"run.py": NOOP}))
+
+        def deliver(n: int, client: httpx.Client) -> httpx.Response:
+            body = f'{{"n": {n}}}'.encode()
+            headers = sign_floom(secret=secret, body=body, timestamp=int(time.time()))
+            headers["Content-Type"] = "application/json"
+            return client.post("/hooks/hooked", params={"wait": 30}, content=body, headers=headers)
+
+        with httpx.Client(base_url=server.base_url, timeout=60) as sender:
+            first = pool.submit(deliver, 1, sender)
+            wait_until(lambda: server.ctx.run_ends.open_waits("hook:hooked") == 1, timeout=10)
+            with httpx.Client(base_url=server.base_url, timeout=5) as second_sender:
+                second = deliver(2, second_sender)
+            assert second.status_code == 202, second.text
+            assert second.json()["run_id"]
+
+            first_run = api.get("/api/v1/runs", params={"worker": "hooked"}).json()["items"]
+            for run in first_run:
+                api.post(f"/api/v1/runs/{run['id']}/cancel")
+            answered = first.result(timeout=10)
+    assert (answered.status_code, answered.json()["status"]) == (200, "cancelled")
+
+
+def test_the_blocking_wait_answers_a_worker_thread_when_the_run_ends(
+    make_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    server = make_server(roles="api")
+    with server.client() as api, ThreadPoolExecutor(max_workers=1) as pool:
+        deploy(api, tmp_path, "idle", NOOP)
+        run_id = start(api, "idle")
+        waited = pool.submit(runs.wait_for_end, server.ctx, run_id=run_id, timeout=30)
+        queued = runs.wait_for_end(server.ctx, run_id=run_id, timeout=0.2)
+        assert queued.status == "queued" and not waited.done()
+        cancelled = time.monotonic()
+        runs.cancel_run(server.ctx, run_id=run_id)
+        ended = waited.result(timeout=5)
+        answered_in = time.monotonic() - cancelled
+    assert ended.status == "cancelled"
+    assert answered_in < 1, f"the blocking wait answered {answered_in:.1f}s after the cancel"
