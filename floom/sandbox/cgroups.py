@@ -26,6 +26,9 @@ LIMITS: Final = (MEMORY, PROCESSES, CPU)
 _CONTROLLER: Final = {MEMORY: "memory", PROCESSES: "pids", CPU: "cpu"}
 CPU_PERIOD_US: Final = 100_000
 KILL_WAIT_SECONDS: Final = 5.0
+# A run's cgroup holds the run's processes from before its command starts until it is
+# removed; one empty for this long was left by a floom process that died.
+STALE_AFTER_SECONDS: Final = 60.0
 _PARENT_NAME: Final = "floom"
 
 
@@ -145,6 +148,29 @@ class CgroupTree:
             group.remove(timeout=1.0)
             raise CgroupError(f"cannot create the run's cgroup {name}: {exc}") from exc
         return group
+
+
+def remove_stale(tree: CgroupTree, *, older_than: float = STALE_AFTER_SECONDS) -> int:
+    """Remove the empty run cgroups that were created over `older_than` seconds ago (a
+    floom process that died could not); returns how many directories went."""
+    removed = 0
+    now = time.time()
+    for parent in set(tree.parents.values()):
+        try:
+            children = [p for p in parent.iterdir() if p.is_dir()]
+        except OSError:
+            continue
+        for child in children:
+            try:
+                if now - child.stat().st_ctime < older_than:
+                    continue
+                if (child / "cgroup.procs").read_text().strip():
+                    continue
+                child.rmdir()
+                removed += 1
+            except OSError:
+                continue  # busy, gone meanwhile, or not ours to remove
+    return removed
 
 
 def _settings(version: int, limit: str, limits: CgroupLimits) -> list[tuple[str, str]]:

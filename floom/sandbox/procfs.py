@@ -1,0 +1,69 @@
+"""What the host's /proc tells about a sandbox when bubblewrap cannot: the end of its command
+while the sandbox's pid 1 is held stopped.
+
+bubblewrap learns that its command ended from the sandbox's pid 1, which reaps it. A pid 1
+stopped from outside (SIGSTOP, a ptrace stop) never does, and the run would look alive
+until its timeout. The ended command stays a zombie meanwhile, and its exit status is in
+/proc, so the supervisor can judge the run by the command itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+# /proc/<pid>/stat fields after the command name, counted from field 3 (the state).
+_STATE: Final = 0
+_PPID: Final = 1
+_EXIT_CODE: Final = 49  # field 52: the status waitpid would report, since Linux 3.5
+
+
+def command_exit_under_stopped_init(init_pid: int) -> int | None:
+    """The exit code of the sandbox's command (pid 2 inside, the first child of `init_pid`)
+    when `init_pid` is stopped and the command has ended; None otherwise. A command killed
+    by signal N reads as 128 + N, as a shell reports it."""
+    init = _stat(init_pid)
+    if init is None or init[_STATE] not in ("T", "t"):
+        return None
+    command = _command_of(init_pid)
+    if command is None:
+        return None
+    fields = _stat(command)
+    if fields is None or fields[_STATE] != "Z" or len(fields) <= _EXIT_CODE:
+        return None
+    status = int(fields[_EXIT_CODE])
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+
+
+def _command_of(init_pid: int) -> int | None:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat(int(entry))
+        if fields is None or fields[_PPID] != str(init_pid):
+            continue
+        if _namespace_pid(int(entry)) == 2:
+            return int(entry)
+    return None
+
+
+def _namespace_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
