@@ -74,6 +74,8 @@ def _summary(result: dict[str, Any]) -> str:
     ]
     if result.get("runs_cancelled"):
         parts.append(f"{result['runs_cancelled']} unfinished run(s) cancelled")
+    if result.get("runs_stopping"):
+        parts.append(f"{result['runs_stopping']} running run(s) asked to stop")
     if result.get("approvals_closed"):
         parts.append(f"{result['approvals_closed']} pending approval(s) closed")
     return "; ".join(parts) + f" (audit {result['deletion_id']})"

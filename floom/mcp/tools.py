@@ -196,7 +196,8 @@ async def delete_worker(
     text = (
         f"deleted {worker}: {len(result.get('versions') or [])} version(s), {runs}, "
         f"{result['triggers_removed']} trigger(s) removed, "
-        f"{result['runs_cancelled']} unfinished run(s) cancelled"
+        f"{result['runs_cancelled']} unfinished run(s) cancelled, "
+        f"{result['runs_stopping']} running run(s) asked to stop"
     )
     return Reply(text, result)
 
