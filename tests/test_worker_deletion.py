@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -646,3 +647,53 @@ def test_another_node_cannot_run_a_version_retired_by_a_deletion_it_had_cached(
         node.kill()
         node.wait(timeout=30)
     assert rows(ctx, Run, Run.worker_name == "twin") == []
+
+
+def test_on_postgresql_a_deletion_waits_for_a_run_being_created_then_cancels_it(
+    ctx: Context, tmp_path: Path
+) -> None:
+    if ctx.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's write transactions are serial: there is no overlap to order")
+    deploy(ctx, tmp_path / "contended", "name: contended\n")
+    inside, release = threading.Event(), threading.Event()
+    created: list[Run] = []
+    deleted: list[Any] = []
+
+    def hold(s: Any, run: Run) -> None:
+        inside.set()
+        assert release.wait(timeout=30)
+
+    creator = threading.Thread(
+        target=lambda: created.append(
+            runs.create_run(ctx, worker_name="contended", in_transaction=hold)
+        )
+    )
+    deleter = threading.Thread(
+        target=lambda: deleted.append(
+            delete_worker(ctx, name="contended", purge_runs=False, actor=ADMIN)
+        )
+    )
+    creator.start()
+    assert inside.wait(timeout=30)
+    deleter.start()
+
+    def deletion_waits_on_a_lock() -> bool:
+        with ctx.engine.connect() as conn:
+            waiting = conn.exec_driver_sql(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            ).scalar()
+        return bool(waiting)
+
+    try:
+        wait_until(deletion_waits_on_a_lock, timeout=10)
+    finally:
+        release.set()
+        creator.join(timeout=30)
+        deleter.join(timeout=60)
+    (run,) = created
+    (result,) = deleted
+    assert runs.get_run(ctx, run_id=run.id).status == runs.CANCELLED
+    assert result.runs_cancelled == 1 and result.runs_kept == 1
+    with pytest.raises(NotFound):
+        workers.get_worker(ctx, name="contended")

@@ -137,7 +137,8 @@ def lock_worker(s: Session, name: str, *, version_id: str | None = None) -> Work
     With `version_id`, the version must still be the worker's: another node may have retired
     it in a deletion after this process cached it.
     """
-    worker = _get_worker(s, name, lock={"read": True})
+    # KEY SHARE on PostgreSQL: it waits only for a DELETE, not for a deploy or pause.
+    worker = _get_worker(s, name, lock={"read": True, "key_share": True})
     if version_id is not None:
         owner = s.exec(select(Version.worker_name).where(Version.id == version_id)).first()
         if owner != name:
