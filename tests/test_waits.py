@@ -282,3 +282,19 @@ def test_the_blocking_wait_answers_a_worker_thread_when_the_run_ends(
         answered_in = time.monotonic() - cancelled
     assert ended.status == "cancelled"
     assert answered_in < 1, f"the blocking wait answered {answered_in:.1f}s after the cancel"
+
+
+def test_a_client_that_gives_up_gives_its_wait_back_at_once(
+    make_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    server = make_server(roles="api")
+    key_id, token = read_key(server)
+    with server.client() as api:
+        deploy(api, tmp_path, "idle", NOOP)
+        run_id = start(api, "idle")
+    with server.client(token) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            impatient.get(f"/api/v1/runs/{run_id}", params={"wait": 30}, timeout=1.0)
+    # The connection is closed; the server stops waiting instead of holding the key's wait
+    # until the 30 s run out.
+    wait_until(lambda: server.ctx.run_ends.open_waits(key_id) == 0, timeout=3)

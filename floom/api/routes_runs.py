@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -90,6 +90,7 @@ def list_runs(
 @router.get("/runs/{run_id}")
 async def get_run(
     run_id: str,
+    request: Request,
     ctx: CtxDep,
     key: ReadKey,
     wait: float = Query(
@@ -103,8 +104,33 @@ async def get_run(
 ) -> dict[str, Any]:
     # Async so a waiter holds no thread: the API's thread pool stays free for other calls.
     if wait:
-        await run_waits.wait_for_end(ctx, run_id=run_id, timeout=wait, until=until, waiter=key.id)
+        waiting = run_waits.wait_for_end(
+            ctx, run_id=run_id, timeout=wait, until=until, waiter=key.id
+        )
+        await unless_caller_leaves(request, waiting)
     return await run_in_threadpool(_run_body, ctx, run_id)
+
+
+async def unless_caller_leaves(request: Request, waiting: Coroutine[Any, Any, object]) -> None:
+    """Await `waiting`, or cancel it as soon as the client disconnects, so a dropped request
+    gives its key's wait back at once instead of when ?wait runs out."""
+    wait_task = asyncio.ensure_future(waiting)
+    gone_task = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({wait_task, gone_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone_task.cancel()
+        if not wait_task.done():
+            wait_task.cancel()
+            await asyncio.gather(wait_task, return_exceptions=True)
+    if not wait_task.cancelled():
+        wait_task.result()  # the wait's own refusals (not_found, too_many_waits) stand
+
+
+async def _disconnected(request: Request) -> None:
+    # A GET has no body: after its one empty request message, the next is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @router.get("/runs/{run_id}/logs")
