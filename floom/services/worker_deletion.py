@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, update
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, NotFound
-from floom.services import approvals, audit, runs, workers
+from floom.services import approvals, audit, run_waits, runs, workers
 from floom.services.audit import AuditActor
 from floom.services.handoff_bridge import agent_label
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
@@ -155,7 +155,8 @@ def _wait_for_running(ctx: Context, *, name: str, timeout: float) -> None:
             ).first()
         if left is None:
             return
-        runs.wait_for_end(ctx, run_id=left, timeout=max(0.0, deadline - time.monotonic()))
+        left_seconds = max(0.0, deadline - time.monotonic())
+        run_waits.wait_for_end_blocking(ctx, run_id=left, timeout=left_seconds)
 
 
 def _delete(
