@@ -104,8 +104,20 @@ class FieldSpec(_Frozen):
 
 
 class Limits(_Frozen):
+    """What one run of a script worker may use; memory, processes, CPU and disk hold for
+    its whole process tree (see README, "Resource limits")."""
+
     timeout_seconds: int = Field(600, ge=1, le=86400)
-    memory_mb: int = Field(512, ge=16, le=65536)
+    memory_mb: int = Field(
+        512, ge=16, le=65536, description="MiB for the whole run, tmpfs and shared memory included"
+    )
+    processes: int = Field(
+        256, ge=8, le=65536, description="processes and threads the run may have at once"
+    )
+    cpu: float = Field(1.0, ge=0.05, le=256, description="CPU time in cores, e.g. 0.5 or 2")
+    disk_mb: int = Field(
+        1024, ge=1, le=1048576, description="MiB the run may write to its work and output dirs"
+    )
     max_tool_iterations: int | None = Field(None, gt=0)
     max_total_tokens: int | None = Field(None, gt=0)
     monthly_cost_usd: float | None = Field(None, gt=0)

@@ -47,6 +47,9 @@ def script_spec(
             timeout_seconds if timeout_seconds is not None else manifest.limits.timeout_seconds
         ),
         memory_mb=manifest.limits.memory_mb,
+        processes=manifest.limits.processes,
+        cpu=manifest.limits.cpu,
+        disk_mb=manifest.limits.disk_mb,
     )
 
 
