@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     max_input_bytes: int = Field(1024 * 1024, ge=1)
     rate_limit_per_minute: int = Field(1200, ge=0)
     rate_limit_burst: int = Field(600, ge=1)
+    # Every request body but deploys, /mcp and /hooks (floom/api/body_limit.py); read no
+    # further than this before a route sees it.
+    max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     # Triggers (floom/services/webhooks.py): the largest webhook body accepted, and the
     # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
     webhook_max_bytes: int = 1024 * 1024

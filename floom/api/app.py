@@ -27,6 +27,7 @@ from floom.api import (
     routes_workers,
     ui,
 )
+from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.mcp_mount import LazyMCPMount
 from floom.bundle import read_folder
 from floom.config import Settings
@@ -136,6 +137,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         lifespan=lifespan,
     )
     errors.install(app)
+    app.add_middleware(BodyLimitMiddleware, settings=settings)
     openapi.install(app)
     app.add_exception_handler(405, method_not_allowed)
     app.include_router(routes_workers.router)
