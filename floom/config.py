@@ -42,6 +42,10 @@ class Settings(BaseSettings):
     max_bundle_bytes: int = 50 * 1024 * 1024
     max_artifact_bytes: int = 25 * 1024 * 1024
     max_log_lines_per_run: int = 100_000
+    # What the host reads of a run (floom/engine/collect.py, runlog.py): the largest
+    # result.json, and the log bytes one attempt may store before further lines are dropped.
+    max_result_bytes: int = Field(1024 * 1024, ge=1)
+    max_log_bytes_per_run: int = Field(10 * 1024 * 1024, ge=1)
     # Runs one API key may wait for at once on a node (`?wait=`, MCP waits; 429 above).
     max_waits_per_key: int = Field(8, ge=1)
     # Quotas (floom/services/runs.py, floom/api/auth.py): the largest inputs of one run as

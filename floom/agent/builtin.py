@@ -14,6 +14,17 @@ from typing import TYPE_CHECKING, Any
 from floom.agent import netguard
 from floom.agent.spec import HTTP_METHODS, ToolSpec
 from floom.agent.tools import Tool, ToolError, object_schema, require_str
+from floom.engine.safefiles import (
+    MAX_WALK_ENTRIES,
+    Bounds,
+    Cancelled,
+    Refused,
+    open_regular,
+    read_fd,
+    walk,
+    walk_below,
+    write_regular,
+)
 from floom.errors import FloomError
 from floom.services import agent_runs
 
@@ -27,6 +38,7 @@ if TYPE_CHECKING:
 
 READ_CAP = 100 * 1024
 LIST_CAP = 500
+LIST_SECONDS = 10.0
 COMMAND_OUTPUT_CAP = 16 * 1024
 PLACEHOLDER = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 _JSON_TYPES = {"file": "string"}
@@ -109,10 +121,16 @@ Factory = Callable[
 # -- files ------------------------------------------------------------------------------------
 
 
-def _resolve(env: AgentEnv, raw: str, *, output_only: bool = False) -> tuple[Path, str]:
+def _resolve(
+    env: AgentEnv, raw: str, *, output_only: bool = False
+) -> tuple[Path, tuple[str, ...], str]:
+    """The root (workspace or output/), the parts below it, and the path as the agent sees
+    it. Nothing is resolved on the host: the collect functions open each part without
+    following links, since a command the agent ran may have left any."""
     parts = PurePosixPath(raw.strip()).parts
     if parts and parts[0] == "/":
         parts = parts[1:]
+    parts = tuple(p for p in parts if p != ".")
     if any(p == ".." for p in parts):
         raise ToolError(f"'{raw}' leaves the workspace; use paths inside it")
     if parts and parts[0] == "output":
@@ -121,22 +139,37 @@ def _resolve(env: AgentEnv, raw: str, *, output_only: bool = False) -> tuple[Pat
         root, rel = env.output_dir, parts
     else:
         root, rel = env.workdir, parts
-    target = root.joinpath(*rel).resolve() if rel else root.resolve()
-    if not target.is_relative_to(root.resolve()):
-        raise ToolError(f"'{raw}' leaves the workspace; use paths inside it")
     shown = "/".join(("output", *rel)) if root == env.output_dir else "/".join(rel) or "."
-    return target, shown
+    return root, rel, shown
+
+
+def _bounds(env: AgentEnv, max_entries: int) -> Bounds:
+    return Bounds(
+        deadline=time.monotonic() + LIST_SECONDS,
+        should_cancel=env.cancelled,
+        max_entries=max_entries,
+    )
 
 
 def _read_file(spec: ToolSpec, env: AgentEnv) -> Any:
     def run(args: dict[str, Any]) -> str:
-        target, shown = _resolve(env, require_str(args, "path"))
-        if not target.is_file():
+        root, rel, shown = _resolve(env, require_str(args, "path"))
+        if not rel:
             raise ToolError(f"no file {shown}; list_files shows what exists")
-        data = target.read_bytes()
+        try:
+            with open_regular(root, rel) as (fd, st):
+                data = read_fd(fd, READ_CAP)
+        except FileNotFoundError:
+            raise ToolError(f"no file {shown}; list_files shows what exists") from None
+        except Refused as exc:
+            raise ToolError(f"{shown}: {exc.message}") from None
+        except OSError as exc:
+            raise ToolError(f"{shown} could not be read: {exc.strerror}") from None
+        if b"\0" in data:  # no text has one, and the store's text columns refuse it
+            return f"{shown} is a binary file ({st.st_size} bytes); read_file shows text only"
         text = data[:READ_CAP].decode("utf-8", errors="replace")
-        if len(data) > READ_CAP:
-            text += f"\n[... {len(data) - READ_CAP} more bytes not shown]"
+        if st.st_size > READ_CAP:
+            text += f"\n[... {st.st_size - READ_CAP} more bytes not shown]"
         return text
 
     schema = object_schema({"path": {"type": "string"}}, ["path"])
@@ -149,20 +182,30 @@ def _read_file(spec: ToolSpec, env: AgentEnv) -> Any:
 
 def _list_files(spec: ToolSpec, env: AgentEnv) -> Any:
     def run(args: dict[str, Any]) -> str:
-        start, shown = _resolve(env, str(args.get("path") or ""))
-        if not start.is_dir():
-            raise ToolError(f"no directory {shown}")
-        roots = [start] if args.get("path") else [env.workdir, env.output_dir]
-        lines = []
-        for root in roots:
-            for p in sorted(root.rglob("*")):
-                if p.is_file() and not p.is_symlink():
-                    base = env.output_dir if p.is_relative_to(env.output_dir) else env.workdir
-                    rel = p.relative_to(base).as_posix()
-                    name = f"output/{rel}" if base == env.output_dir else rel
-                    lines.append(f"{name} ({p.stat().st_size} bytes)")
+        root, rel, shown = _resolve(env, str(args.get("path") or ""))
+        if args.get("path"):
+            roots = [(root, rel, "output/" if root == env.output_dir else "")]
+        else:
+            roots = [(env.workdir, (), ""), (env.output_dir, (), "output/")]
+        lines: list[str] = []
+        for top, below, prefix in roots:
+            start = top.joinpath(*below)
+            try:
+                found = walk_below(top, below, _bounds(env, LIST_CAP * 4))
+            except Cancelled:
+                raise ToolError("cancelled") from None
+            except FileNotFoundError:
+                raise ToolError(f"no directory {shown}") from None
+            except (Refused, NotADirectoryError):
+                raise ToolError(f"no directory {shown}") from None
+            base = "/".join(below)
+            for name, size in found.files:
+                full = f"{base}/{name}" if base else name
+                lines.append(f"{prefix}{full} ({size} bytes)")
                 if len(lines) >= LIST_CAP:
                     return "\n".join([*lines, f"[more than {LIST_CAP} files; list a folder]"])
+            if not found.complete:
+                lines.append(f"[{start.name or '.'}: {'; '.join(found.notes[-1:])}]")
         return "\n".join(lines) or "(no files)"
 
     schema = object_schema({"path": {"type": "string", "description": "a folder; default all"}})
@@ -171,17 +214,27 @@ def _list_files(spec: ToolSpec, env: AgentEnv) -> Any:
 
 def _write_file(spec: ToolSpec, env: AgentEnv) -> Any:
     def run(args: dict[str, Any]) -> str:
-        target, shown = _resolve(env, require_str(args, "path"), output_only=True)
+        root, rel, shown = _resolve(env, require_str(args, "path"), output_only=True)
+        if not rel:
+            raise ToolError("'path' must name a file under output/")
         content = args.get("content")
         if not isinstance(content, str):
             raise ToolError("'content' must be a string")
         data = content.encode()
-        used = sum(p.stat().st_size for p in env.output_dir.rglob("*") if p.is_file())
+        try:
+            found = walk(env.output_dir, _bounds(env, MAX_WALK_ENTRIES))
+        except Cancelled:
+            raise ToolError("cancelled") from None
+        used = sum(size for _, size in found.files)
         limit = env.ctx.settings.max_artifact_bytes
         if used + len(data) > limit:
             raise ToolError(f"output/ would pass {limit} bytes (FLOOM_MAX_ARTIFACT_BYTES)")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+        try:
+            write_regular(root, rel, data)
+        except Refused as exc:
+            raise ToolError(f"{shown}: {exc.message}") from None
+        except OSError as exc:
+            raise ToolError(f"{shown} could not be written: {exc.strerror}") from None
         return f"saved {shown} ({len(data)} bytes); it becomes an artifact of the run"
 
     schema = object_schema(

@@ -59,15 +59,16 @@ def run_agent(attempt: Attempt) -> Outcome:
     with attempt.workspace():
         transcript = agent_runs.load_transcript(ctx, run_id=run.id)
         if transcript is not None:
-            agent_runs.restore_artifacts(ctx, run_id=run.id, output_dir=attempt.output_dir)
+            attempt.restore_artifacts()
             if transcript.workspace_digest:
                 workspace.restore(ctx, digest=transcript.workspace_digest, base=attempt.base)
             run_log.add("system", f"resuming the agent after model turn {transcript.iterations}")
         spent = transcript.active_seconds if transcript else 0.0
+        attempt.deadline = time.monotonic() + manifest.limits.timeout_seconds - spent
         env = AgentEnv(
             attempt=attempt,
             secrets={n: values[n] for n in names},
-            deadline=time.monotonic() + manifest.limits.timeout_seconds - spent,
+            deadline=attempt.deadline,
             apply=apply,
         )
         try:

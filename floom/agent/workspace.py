@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from floom.engine.collect import Artifact
+from floom.engine.safefiles import Cancelled, Refused, read_regular, walk
 from floom.services import agent_runs
 
 if TYPE_CHECKING:
@@ -17,21 +18,56 @@ if TYPE_CHECKING:
 
 
 def keep(env: AgentEnv) -> str | None:
-    """Store the workspace and output dir as a blob; None (with a log line) when too large."""
+    """Store the workspace and output dir as a blob; None (with a log line) when too large.
+
+    Only regular files are kept, read without following links, their sizes summed before
+    any is read: a command the agent ran may have left anything in the workspace."""
+    settings = env.ctx.settings
+    budget = settings.max_bundle_bytes + settings.max_artifact_bytes
+    bounds = env.attempt.bounds()
+    trees: list[tuple[str, Path, list[tuple[str, int]]]] = []
+    for arcname, root in (("work", env.workdir), ("output", env.output_dir)):
+        try:
+            found = walk(root, bounds, label=f"{arcname}/")
+        except Cancelled:
+            return None
+        for note in found.notes:
+            env.run_log.add("system", f"not kept with the workspace: {note}")
+        trees.append((arcname, root, found.files))
+    raw = sum(size for _, _, files in trees for _, size in files)
+    if raw > budget:
+        _too_large(env, f"{raw} bytes of files")
+        return None
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(env.workdir, arcname="work")
-        tar.add(env.output_dir, arcname="output")
+        for arcname, root, files in trees:
+            folder = tarfile.TarInfo(arcname)
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(folder)
+            for rel, _ in files:
+                try:
+                    data = read_regular(root, rel, limit=budget, setting="FLOOM_MAX_BUNDLE_BYTES")
+                except (Refused, OSError) as exc:
+                    env.run_log.add(
+                        "system", f"not kept with the workspace: {arcname}/{rel}: {exc}"
+                    )
+                    continue
+                info = tarfile.TarInfo(f"{arcname}/{rel}")
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
     data = buf.getvalue()
-    limit = env.ctx.settings.max_bundle_bytes
-    if len(data) > limit:
-        env.run_log.add(
-            "system",
-            f"the workspace ({len(data)} bytes packed) is over FLOOM_MAX_BUNDLE_BYTES and is not "
-            "kept across the pause; it restarts from the worker's files",
-        )
+    if len(data) > settings.max_bundle_bytes:
+        _too_large(env, f"{len(data)} bytes packed")
         return None
     return agent_runs.put_blob(env.ctx, data)
+
+
+def _too_large(env: AgentEnv, size: str) -> None:
+    env.run_log.add(
+        "system",
+        f"the workspace ({size}) is over FLOOM_MAX_BUNDLE_BYTES and is not kept across the "
+        "pause; it restarts from the worker's files",
+    )
 
 
 def restore(ctx: Context, *, digest: str, base: Path) -> bool:
@@ -45,4 +81,4 @@ def restore(ctx: Context, *, digest: str, base: Path) -> bool:
 
 
 def artifacts(env: AgentEnv) -> list[Artifact]:
-    return env.attempt.collect_artifacts()
+    return env.attempt.collect_artifacts().artifacts

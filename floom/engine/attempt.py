@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from floom.engine.cleanup import discard_later
-from floom.engine.collect import Artifact, collect_artifacts, read_result
+from floom.engine.collect import COLLECT_MIN_SECONDS, Collected, collect_artifacts, read_result
 from floom.engine.queue import Outcome
 from floom.engine.runlog import RunLog
+from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
+from floom.services import agent_runs, workers
 from floom.services import secrets as secret_service
-from floom.services import workers
 from floom.services.runs import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
 from floom.services.secrets import Redactor
 
@@ -99,6 +100,8 @@ class Attempt:
         self.secrets: dict[str, str] = {}
         self.redactor = Redactor([])
         self.sandbox_seconds = 0.0
+        # When the run's time is up (monotonic): collecting what it left is bounded by it.
+        self.deadline: float | None = None
 
     def cancelled(self) -> bool:
         return self.host.should_cancel(self.run.id)
@@ -131,6 +134,18 @@ class Attempt:
         self.output_dir.mkdir(parents=True)
         (self.workdir / "inputs.json").write_text(self.run.inputs_json)
 
+    def restore_artifacts(self) -> int:
+        """Write the artifacts the run stored when it paused back into the output dir."""
+        count = 0
+        for name, data in agent_runs.paused_artifacts(self.ctx, run_id=self.run.id):
+            try:
+                write_regular(self.output_dir, name, data)
+            except (Refused, OSError) as exc:
+                self.run_log.add("system", f"artifact {name} was not restored: {exc}")
+                continue
+            count += 1
+        return count
+
     def spec(
         self,
         *,
@@ -153,6 +168,8 @@ class Attempt:
     def run_sandbox(self, spec: SandboxSpec, *, on_line: LineSink | None = None) -> SandboxResult:
         """Run one process in the sandbox; its lines go to the run's log unless `on_line`."""
         t0 = time.monotonic()
+        if self.deadline is None:
+            self.deadline = t0 + spec.timeout_seconds
         try:
             return self.host.sandbox.run(
                 spec, on_line=on_line or self.run_log.add, should_cancel=self.cancelled
@@ -183,7 +200,7 @@ class Attempt:
             )
         if result.error:
             return Outcome(status=FAILED, error_code="sandbox_error", error_message=result.error)
-        report, problem = read_result(self.workdir / "result.json")
+        report, problem = read_result(self.workdir, limit=self.ctx.settings.max_result_bytes)
         if problem:
             return Outcome(
                 status=FAILED,
@@ -225,22 +242,35 @@ class Attempt:
                 outputs=outputs,
                 retryable=False,
             )
+        collected = self.collect_artifacts()
+        if collected.cancelled:
+            return cancelled_outcome()
         return Outcome(
             status=SUCCEEDED,
             outputs=outputs,
             exit_code=result.exit_code,
-            artifacts=self.collect_artifacts(),
+            artifacts=collected.artifacts,
         )
 
-    def collect_artifacts(self) -> list[Artifact]:
-        """The files under the output dir, as the run's artifacts; what is not kept is said
-        in the run's log."""
-        found, problem = collect_artifacts(
-            self.output_dir, limit=self.ctx.settings.max_artifact_bytes
+    def bounds(self) -> Bounds:
+        """How long floom may spend on the files the run left: the rest of its time, and a
+        few seconds at least, stopping at once when it is cancelled."""
+        now = time.monotonic()
+        deadline = max(self.deadline or now, now + COLLECT_MIN_SECONDS)
+        return Bounds(deadline=deadline, should_cancel=self.cancelled)
+
+    def collect_artifacts(self) -> Collected:
+        """The files under the output dir as the run's artifacts, secrets redacted; what is
+        not kept is said in the run's log."""
+        collected = collect_artifacts(
+            self.output_dir,
+            limit=self.ctx.settings.max_artifact_bytes,
+            bounds=self.bounds(),
+            redactor=self.redactor,
         )
-        if problem:
-            self.run_log.add("system", problem)
-        return found
+        for note in collected.notes:
+            self.run_log.add("system", note)
+        return collected
 
 
 def run_script(attempt: Attempt) -> Outcome:

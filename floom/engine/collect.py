@@ -1,20 +1,41 @@
-"""Reading what a run's process left behind on the host: result.json and the artifacts."""
+"""What a run's process left behind, read by the host without trusting it: result.json and
+the artifacts (secrets redacted from their names and from text contents)."""
 
 from __future__ import annotations
 
 import json
 import mimetypes
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from floom.engine.safefiles import Bounds, Cancelled, Refused, read_regular, walk
+from floom.services.secrets import Redactor
+
 Artifact = tuple[str, bytes, str]
 
+RESULT_FILE = "result.json"
+# Collection gets the rest of the run's timeout, but at least this long after the run.
+COLLECT_MIN_SECONDS = 5.0
+MAX_ARTIFACT_FILES = 1000
+MAX_NAME_CHARS = 512  # artifacts.name
+TEXT_SNIFF_BYTES = 1024
 
-def read_result(path: Path) -> tuple[dict[str, Any], str | None]:
-    if not path.exists():
-        return {}, None
+
+def read_result(workdir: Path, *, limit: int) -> tuple[dict[str, Any], str | None]:
+    """result.json as the script left it: ({}, None) when there is none, else the report or a
+    problem that fails the run."""
     try:
-        report = json.loads(path.read_text())
+        data = read_regular(workdir, RESULT_FILE, limit=limit, setting="FLOOM_MAX_RESULT_BYTES")
+    except FileNotFoundError:
+        return {}, None
+    except Refused as exc:
+        return {}, exc.message
+    except OSError as exc:
+        return {}, f"result.json could not be read: {exc.strerror}"
+    try:
+        report = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         return {}, f"result.json is not valid JSON ({exc})"
     if not isinstance(report, dict):
@@ -24,20 +45,90 @@ def read_result(path: Path) -> tuple[dict[str, Any], str | None]:
     return report, None
 
 
-def collect_artifacts(output_dir: Path, *, limit: int) -> tuple[list[Artifact], str | None]:
-    found: list[Artifact] = []
+def is_text(data: bytes) -> bool:
+    """Text is valid UTF-8 without a NUL in its first KiB; anything else is binary."""
+    if b"\0" in data[:TEXT_SNIFF_BYTES]:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@dataclass
+class Collected:
+    artifacts: list[Artifact] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    cancelled: bool = False
+
+
+def collect_artifacts(
+    output_dir: Path, *, limit: int, bounds: Bounds, redactor: Redactor
+) -> Collected:
+    """The regular files under output_dir as artifacts, at most `limit` bytes in all (checked
+    by size before reading), secrets redacted from names and from text contents."""
+    done = Collected()
+    try:
+        found = walk(output_dir, bounds)
+    except Cancelled:
+        done.cancelled = True
+        return done
+    done.notes += found.notes
     total = 0
-    for p in sorted(output_dir.rglob("*")):
-        if p.is_symlink() or not p.is_file():
-            continue
-        size = p.stat().st_size
+    names: set[str] = set()
+    for rel, size in found.files:
+        if bounds.should_cancel():
+            done.cancelled = True
+            return done
+        if time.monotonic() > bounds.deadline:
+            done.notes.append("floom stopped collecting artifacts at the run's time limit")
+            break
+        name = redactor.text(rel)
         if total + size > limit:
-            return found, (
-                f"artifacts over {limit // (1024 * 1024)} MiB were not kept "
-                "(FLOOM_MAX_ARTIFACT_BYTES)"
+            done.notes.append(
+                f"artifact {name} ({size} bytes) was not kept: a run keeps up to {limit} bytes "
+                "of artifacts (FLOOM_MAX_ARTIFACT_BYTES)"
             )
-        total += size
-        name = p.relative_to(output_dir).as_posix()
+            continue
+        if len(done.artifacts) >= MAX_ARTIFACT_FILES:
+            done.notes.append(f"only the first {MAX_ARTIFACT_FILES} artifacts were kept")
+            break
+        if len(name) > MAX_NAME_CHARS or not _encodable(name):
+            done.notes.append(f"artifact {name!r} was not kept: its name is too long or not UTF-8")
+            continue
+        try:
+            data = read_regular(
+                output_dir, rel, limit=limit - total, setting="FLOOM_MAX_ARTIFACT_BYTES"
+            )
+        except Refused as exc:
+            done.notes.append(f"artifact not kept: {redactor.text(exc.message)}")
+            continue
+        except OSError as exc:
+            done.notes.append(f"artifact {name} could not be read: {exc.strerror}")
+            continue
+        total += len(data)
+        if is_text(data):
+            data = redactor.text(data.decode("utf-8")).encode("utf-8")
+        name = _unique(name, names)
         content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        found.append((name, p.read_bytes(), content_type))
-    return found, None
+        done.artifacts.append((name, data, content_type))
+    return done
+
+
+def _encodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\0" not in name
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    # Two names can become one once a secret in them is redacted.
+    candidate, n = name, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}~{n}"
+    taken.add(candidate)
+    return candidate

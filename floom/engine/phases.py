@@ -10,7 +10,7 @@ from sqlmodel import col, select
 
 from floom.engine.attempt import Attempt, cancelled_outcome
 from floom.engine.queue import Outcome
-from floom.services.agent_runs import restore_artifacts
+from floom.engine.safefiles import write_regular
 from floom.services.approvals import PHASE_APPLY, new_approval, pause_run
 from floom.services.logs import system_event
 from floom.services.run_rules import AWAITING_APPROVAL, QUEUED, SUCCEEDED, mark_claimed
@@ -62,9 +62,9 @@ def _gated_script(attempt: Attempt) -> Outcome:
     with attempt.workspace():
         decision: dict[str, Any] | None = None
         if apply:
-            restore_artifacts(ctx, run_id=run.id, output_dir=attempt.output_dir)
+            attempt.restore_artifacts()
             decision = approved_decision(ctx, run=run)
-            (attempt.workdir / "decision.json").write_text(json.dumps(decision))
+            write_regular(attempt.workdir, "decision.json", json.dumps(decision).encode())
         result = attempt.run_sandbox(attempt.spec(phase="apply" if apply else "propose"))
         # In the apply phase the run's outputs are the approved ones, whatever the script
         # says; its `error` and `retryable` still count.

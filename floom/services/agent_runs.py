@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func
@@ -45,23 +44,17 @@ def replace_artifacts(
         )
 
 
-def restore_artifacts(ctx: Context, *, run_id: str, output_dir: Path) -> int:
-    """Write the artifacts a run stored when it paused back into its new output directory."""
-    count = 0
+def paused_artifacts(ctx: Context, *, run_id: str) -> list[tuple[str, bytes]]:
+    """The artifacts a run stored when it paused (name, content), for its next attempt to
+    write back into its new output directory."""
     with session_scope(ctx.engine) as s:
         rows = s.exec(
-            select(Artifact, Blob)
+            select(Artifact.name, Blob.data)
             .where(Artifact.run_id == run_id)
             .where(col(Artifact.digest) == col(Blob.digest))
+            .order_by(col(Artifact.name))
         ).all()
-        for art, blob in rows:
-            target = (output_dir / art.name).resolve()
-            if not target.is_relative_to(output_dir.resolve()):
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(blob.data)
-            count += 1
-    return count
+    return [(name, data) for name, data in rows]
 
 
 def put_blob(ctx: Context, data: bytes) -> str:
