@@ -332,6 +332,7 @@ def _run_command(spec: ToolSpec, env: AgentEnv) -> Any:
         def on_line(stream: str, line: str) -> None:
             nonlocal size
             env.run_log.add(stream, line)
+            line = env.run_log.clean(line)  # as stored: a secret cut by the sandbox is masked
             lines.append(line)
             size += len(line) + 1
             while size > COMMAND_OUTPUT_CAP and len(lines) > 1:

@@ -154,6 +154,7 @@ class Executor:
             attempt=run.attempt,
             redactor=Redactor([]),
             max_lines=self.ctx.settings.max_log_lines_per_run,
+            max_bytes=self.ctx.settings.max_log_bytes_per_run,
         )
 
     def _launch(self, run: Run) -> None:

@@ -3,6 +3,7 @@ buffered until the executor's flusher writes them."""
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
     from floom.services.context import Context
 
 MAX_LINE = 16 * 1024
+LINE_CUT_MARKER = f" [line truncated at {MAX_LINE} characters]"
+# How a sandbox marks a line it cut because it was too long to pass on whole.
+_SANDBOX_CUT = re.compile(r" \[line truncated at \d+ bytes\]\Z")
 
 LogLine = tuple[str, str, datetime | None]
 
@@ -23,7 +27,15 @@ LogLine = tuple[str, str, datetime | None]
 class RunLog:
     """Buffers a run's lines (redacted on arrival) until the flusher writes them."""
 
-    def __init__(self, *, run_id: str, attempt: int, redactor: Redactor, max_lines: int) -> None:
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        attempt: int,
+        redactor: Redactor,
+        max_lines: int,
+        max_bytes: int,
+    ) -> None:
         self.run_id = run_id
         self.attempt = attempt
         self._redactor = redactor
@@ -32,6 +44,9 @@ class RunLog:
         self._flush_lock = threading.Lock()
         self._count = 0
         self._max = max_lines
+        self._bytes = 0
+        self._max_bytes = max_bytes
+        self._full = False
         self.last_stderr = ""
 
     def redact_with(self, redactor: Redactor) -> None:
@@ -39,18 +54,42 @@ class RunLog:
         self._redactor = redactor
 
     def add(self, stream: str, line: str) -> None:
-        line = self._redactor.text(line[:MAX_LINE])
+        line = self.clean(line)
+        size = len(line.encode("utf-8", "replace")) + 1
         with self._lock:
+            if self._full:
+                return
             self._count += 1
             if self._count > self._max:
-                if self._count == self._max + 1:
-                    self._pending.append(
-                        ("system", f"log limit of {self._max} lines reached; dropping", utcnow())
-                    )
+                self._stop(f"log limit of {self._max} lines reached; dropping further lines")
                 return
+            if self._bytes + size > self._max_bytes:
+                self._stop(
+                    f"log limit of {self._max_bytes} bytes reached; dropping further lines "
+                    "(FLOOM_MAX_LOG_BYTES_PER_RUN)"
+                )
+                return
+            self._bytes += size
             self._pending.append((stream, line, utcnow()))
             if stream == "stderr" and line.strip():
                 self.last_stderr = line
+
+    def clean(self, line: str) -> str:
+        """The line as stored: secrets redacted first, then cut to MAX_LINE, and any start of
+        a secret left at a cut masked (also at a cut the sandbox made)."""
+        redactor = self._redactor
+        marker = ""
+        if cut := _SANDBOX_CUT.search(line):
+            marker, line = cut.group(0), redactor.cut_tail(redactor.text(line[: cut.start()]))
+        else:
+            line = redactor.text(line)
+        if len(line) > MAX_LINE:
+            marker, line = LINE_CUT_MARKER, redactor.cut_tail(line[:MAX_LINE])
+        return line + marker
+
+    def _stop(self, message: str) -> None:
+        self._full = True
+        self._pending.append(("system", message, utcnow()))
 
     def drain(self) -> list[LogLine]:
         """Take every pending line, after any flush in progress has been written, so the

@@ -127,6 +127,16 @@ class Redactor:
                 text = text.replace(v, REDACTED)
         return text
 
+    def cut_tail(self, text: str) -> str:
+        """For text that was cut short: mask a secret's beginning left at its end, which
+        `text` cannot recognise once the rest of the value is gone."""
+        stripped = text.rstrip("\ufffd")  # a cut through a multi-byte character
+        for v in self._values:
+            for n in range(min(len(v) - 1, len(stripped)), 0, -1):
+                if stripped.endswith(v[:n]):
+                    return stripped[:-n] + REDACTED
+        return text
+
     def value(self, value: Any) -> Any:
         if not self._values:
             return value
