@@ -199,7 +199,7 @@ def test_a_sparse_huge_artifact_is_refused_by_its_size_and_the_others_are_kept(
         line.startswith(f"artifact big.bin ({600 * MIB} bytes) was not kept")
         and "FLOOM_MAX_ARTIFACT_BYTES" in line
         for line in lines
-    ), lines
+    ), lines[-6:]
     assert _peak_rss_mib() - before < 200
 
 
@@ -282,3 +282,33 @@ def _agent_reads(rig: AgentRig, tmp_path: Path) -> None:
     assert "pipe is a FIFO (named pipe); floom reads only regular files" in pipe["error"]
     assert "link is a symlink; floom reads only regular files" in link["error"]
     assert _peak_rss_mib() - before < 200
+
+
+def test_a_paused_agents_workspace_keeps_only_regular_files_and_refuses_a_sparse_giant(
+    tmp_path: Path, database_url: str
+) -> None:
+    with agent_rig(tmp_path / "data", database_url) as rig:
+        rig.deploy(
+            agent_worker(
+                tmp_path / "pauser",
+                "name: pauser\ntools: [{builtin: run_command}, {builtin: request_approval}]\n",
+            )
+        )
+        command = "mkfifo pipe && truncate -s 600M big.bin && echo made"
+        rig.model.script(
+            reply(tool_use("run_command", {"command": command})),
+            reply(tool_use("request_approval", {"question": "go on?"})),
+        )
+        run_id = start_run(rig.api, "pauser")
+        wait_status(rig.api, run_id, {"awaiting_approval"}, timeout=60)
+        lines = log_lines(rig.api, run_id)
+
+    assert (
+        "not kept with the workspace: work/pipe is a FIFO (named pipe); floom keeps only "
+        "regular files" in lines
+    )
+    assert any(
+        line.startswith("the workspace (")
+        and "bytes of files) is over FLOOM_MAX_BUNDLE_BYTES" in line
+        for line in lines
+    ), lines[-6:]
