@@ -212,6 +212,13 @@ class ProviderAuthFailed(ProviderError):
     code = "provider_auth"
 
 
+class ProviderKeyMissing(ProviderError):
+    """No model provider key is set on the floom server that runs agents."""
+
+    status = 503
+    code = "provider_key_missing"
+
+
 class ToolError(FloomError):
     """An agent's tool call failed in a way the model should read and may recover from."""
 

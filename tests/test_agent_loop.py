@@ -144,24 +144,6 @@ def test_secret_values_are_filled_in_for_the_request_and_redacted_everywhere_aft
     assert TOKEN not in rig.api.get(f"/api/v1/runs/{run_id}/logs").text
 
 
-def test_a_tool_outside_the_allowlist_is_never_shown_and_a_call_to_it_is_refused(
-    rig: AgentRig, tmp_path: Path
-) -> None:
-    _notes(rig, tmp_path)
-    rig.model.script(
-        reply(tool_use("run_command", {"command": "cat /etc/passwd"})),
-        reply(tool_use("finish", {"outputs": {"summary": "done"}})),
-    )
-    run = wait_status(rig.api, start_run(rig.api, "notes", {"topic": "x"}))
-
-    assert run["status"] == "succeeded"
-    assert "run_command" not in rig.model.tool_names(0)
-    refused = run["tool_calls"][0]
-    assert (refused["tool"], refused["status"]) == ("run_command", "refused")
-    assert "no tool 'run_command'" in refused["error"]
-    assert rig.model.tool_results(1)[0]["is_error"] is True
-
-
 def test_http_requests_stay_inside_allow_domains_even_through_redirects(
     rig: AgentRig, tmp_path: Path
 ) -> None:
@@ -230,32 +212,6 @@ tools:
     assert "127.0.0.1, a loopback address" in errors[4]
     assert "loopback" in errors[5]
     assert rig.echo["requests"] == []
-
-
-def test_a_missing_provider_key_fails_the_run_at_start_naming_the_setting(
-    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    with agent_rig(tmp_path / "data", database_url, anthropic_api_key="") as rig:
-        rig.deploy(agent_worker(tmp_path / "idle", "name: idle\n"))
-        run = wait_status(rig.api, start_run(rig.api, "idle"))
-
-    assert run["status"] == "failed"
-    assert run["error"]["code"] == "provider_key_missing"
-    assert "FLOOM_ANTHROPIC_API_KEY" in run["error"]["message"]
-    assert rig.model.requests == []
-
-
-def test_an_agent_that_keeps_talking_without_finishing_is_nudged_then_failed(
-    rig: AgentRig, tmp_path: Path
-) -> None:
-    rig.deploy(agent_worker(tmp_path / "chatty", "name: chatty\n"))
-    rig.model.script(reply(text("Hello!")), reply(text("Still here.")), reply(text("Bye.")))
-    run = wait_status(rig.api, start_run(rig.api, "chatty"))
-
-    assert run["status"] == "failed"
-    assert run["error"]["code"] == "agent_error"
-    assert "finish" in rig.model.requests[1]["messages"][-1]["content"]
 
 
 def test_a_failed_model_call_is_retried_from_the_stored_transcript_without_redoing_calls(

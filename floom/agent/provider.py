@@ -1,18 +1,18 @@
 """The model provider seam: one turn of a conversation with tools, and what it cost.
 
-`ModelProvider.complete` sends the whole conversation and returns the model's reply as plain
-content blocks (text and tool_use dicts, as the Messages API spells them) with token usage.
-It raises ProviderError, marked retryable or not; it never returns a partial reply.
+The agent runner gets its provider from a factory that receives the settings
+(`build_provider`, or the override a Context carries); the contract is `ModelProvider`'s.
 """
 
 from __future__ import annotations
 
 import abc
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from floom.errors import ProviderAuthFailed, ProviderError
+from floom.errors import ProviderAuthFailed, ProviderError, ProviderKeyMissing
 
 if TYPE_CHECKING:
     from floom.config import Settings
@@ -44,6 +44,17 @@ def estimate_cost(model: str, input_tokens: int, output_tokens: int) -> float:
 
 @dataclass(frozen=True)
 class ModelReply:
+    """One whole model turn.
+
+    `content` holds the reply's blocks in order, as plain dicts spelled as the Messages API
+    spells them: `{"type": "text", "text": str}` and
+    `{"type": "tool_use", "id": str, "name": str, "input": dict}` (ids unique within the
+    conversation); other block kinds are left out. `stop_reason` is the provider's own
+    ("tool_use", "end_turn", "max_tokens", ...), for the record only: the loop goes by the
+    tool_use blocks. `input_tokens` and `output_tokens` are what this one turn was billed;
+    the loop adds them up per run and prices them with `estimate_cost`.
+    """
+
     content: list[dict[str, Any]]
     stop_reason: str | None
     input_tokens: int
@@ -51,6 +62,21 @@ class ModelReply:
 
 
 class ModelProvider(abc.ABC):
+    """A model that answers one turn of a conversation with tools.
+
+    `complete` sends the whole conversation: `system`, `messages` (Messages API shape: user
+    and assistant turns; tool results are `tool_result` blocks in a user turn, with
+    `is_error: true` for a failed call) and the `tools` the model may call (name,
+    description, input_schema). `timeout` is the time the run has left, in seconds;
+    `max_tokens` caps the reply's output tokens. It returns the whole reply as a ModelReply,
+    never a partial one, and must not keep or change `messages` (the loop extends that list
+    after each turn). Any failure is a ProviderError whose `retryable` says whether the same
+    request may succeed later (rate limits, overload, a lost connection, a timeout) or not
+    (a refused key, ProviderAuthFailed; a malformed request). The loop ends the attempt on
+    it; the worker's retry policy decides about another attempt, which resumes from the
+    stored transcript without repeating answered tool calls.
+    """
+
     @abc.abstractmethod
     def complete(
         self,
@@ -64,9 +90,26 @@ class ModelProvider(abc.ABC):
     ) -> ModelReply: ...
 
 
+ProviderFactory = Callable[["Settings"], ModelProvider]
+"""Builds the provider agent runs on this node talk to; raises ProviderError (ProviderKeyMissing
+when no key is set) when it cannot."""
+
+
 def provider_key(settings: Settings) -> str:
     """The provider key: FLOOM_ANTHROPIC_API_KEY, else ANTHROPIC_API_KEY; "" when unset."""
     return settings.anthropic_api_key or os.environ.get("ANTHROPIC_API_KEY", "")
+
+
+def build_provider(settings: Settings) -> ModelProvider:
+    """The provider the settings configure: the Messages API with the provider key, at
+    FLOOM_ANTHROPIC_BASE_URL when set. Raises ProviderKeyMissing when no key is set."""
+    key = provider_key(settings)
+    if not key:
+        raise ProviderKeyMissing(
+            f"no model provider key: set {KEY_SETTING} (or ANTHROPIC_API_KEY) in the "
+            "environment of the floom server that runs agents"
+        )
+    return AnthropicProvider(api_key=key, base_url=settings.anthropic_base_url or None)
 
 
 class AnthropicProvider(ModelProvider):

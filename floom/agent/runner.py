@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING
 from floom.agent import workspace
 from floom.agent.builtin import AgentEnv, finish_tool, make_builtin
 from floom.agent.loop import AgentLoop
-from floom.agent.provider import KEY_SETTING, AnthropicProvider, provider_key
+from floom.agent.provider import ModelProvider, build_provider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
 from floom.agent.spec import ToolSpec, tool_specs
 from floom.agent.tools import Tool, Toolbox
 from floom.engine.queue import Outcome
+from floom.errors import ProviderError
 from floom.services import agent_runs
 from floom.services.approvals import PHASE_APPLY
 from floom.services.runs import FAILED
@@ -29,15 +30,17 @@ REMOTE_TIMEOUT = 60.0
 def run_agent(attempt: Attempt) -> Outcome:
     ctx, run, manifest, run_log = attempt.ctx, attempt.run, attempt.manifest, attempt.run_log
     settings = ctx.settings
-    key = provider_key(settings)
-    if not key:
+    build = ctx.provider_factory or build_provider
+    try:
+        provider: ModelProvider = build(settings)
+    except ProviderError as exc:
         return Outcome(
             status=FAILED,
-            error_code="provider_key_missing",
-            error_message=f"no model provider key: set {KEY_SETTING} (or ANTHROPIC_API_KEY) in "
-            "the environment of the floom server that runs agents",
-            retryable=False,
+            error_code=exc.code,
+            error_message=exc.message,
+            retryable=exc.retryable,
         )
+    key = provider_key(settings)
     specs = tool_specs(manifest)
     if any(s.source == "composio" for s in specs) and not settings.composio_api_key:
         return Outcome(
@@ -81,7 +84,6 @@ def run_agent(attempt: Attempt) -> Outcome:
             )
         if transcript is None:
             transcript = _new_transcript(env, toolbox)
-        provider = AnthropicProvider(api_key=key, base_url=settings.anthropic_base_url or None)
         loop = AgentLoop(env, transcript=transcript, toolbox=toolbox, provider=provider)
         outcome = loop.run()
         outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -31,6 +33,10 @@ class Context:
     # Notified whenever this process records a run's end, so waiters here wake at once
     # (floom/services/run_waits.py); also counts each API key's open waits.
     run_ends: RunEnds = field(default_factory=RunEnds)
+    # Builds the model provider of the agent runs this process executes (a ProviderFactory,
+    # floom/agent/provider.py); None means the configured one. Tests put an in-memory
+    # provider here. Typed loosely so that services need not import the agent package.
+    provider_factory: Callable[[Settings], Any] | None = None
 
     def notify_run_ended(self) -> None:
         self.run_ends.notify()
