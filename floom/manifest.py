@@ -12,9 +12,11 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from floom.errors import FloomError, InputInvalid, ManifestInvalid, ManifestTooLarge
 from floom.fields import check_value, enum_error, enum_hint, kind_of, parse_text, show, suggest
+from floom.sandbox.network import parse_allowed_network
 
 ENTRY_CANDIDATES: tuple[str, ...] = ("run.py", "run.sh", "run.js", "run.ts", "SKILL.md")
 FieldType = Literal["string", "integer", "number", "boolean", "object", "array", "file"]
@@ -44,6 +46,9 @@ _TS_COMMANDS = {
 MAX_MANIFEST_BYTES = 256 * 1024
 MAX_MANIFEST_DEPTH = 32
 MAX_MANIFEST_NODES = 10_000
+
+MAX_NETWORK_ALLOW = 32
+NETWORK_ALLOW_WITHOUT_NETWORK = "network_allow needs network: full; without it there is no network"
 
 SlugStr = Annotated[str, Field(pattern=NAME_PATTERN)]
 SecretName = Annotated[str, Field(pattern=SECRET_NAME_PATTERN)]
@@ -151,6 +156,11 @@ class Manifest(_Frozen):
         description="secrets given only to the apply phase, after a person approved the outputs",
     )
     network: Literal["none", "full"] = "none"
+    network_allow: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_NETWORK_ALLOW,
+        description="with network: full, private IPv4 networks (CIDR) the worker may reach too",
+    )
     limits: Limits = Field(default_factory=Limits)
     retries: Retries = Field(default_factory=Retries)
     concurrency: int | None = Field(None, ge=1, description="most runs at once; none: unlimited")
@@ -176,6 +186,14 @@ class Manifest(_Frozen):
         if isinstance(data, Mapping) and not data.get("title") and "name" in data:
             return {**data, "title": data.get("name")}
         return data
+
+    @model_validator(mode="after")
+    def _network_allow_needs_network(self) -> Manifest:
+        for entry in self.network_allow:
+            parse_allowed_network(entry)
+        if self.network_allow and self.network != "full":
+            raise PydanticCustomError("network_allow", NETWORK_ALLOW_WITHOUT_NETWORK)
+        return self
 
     @property
     def kind(self) -> Literal["script", "agent"]:

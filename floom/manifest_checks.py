@@ -23,7 +23,9 @@ from floom.manifest import (
     INTERPRETERS,
     MAX_MANIFEST_DEPTH,
     MAX_MANIFEST_NODES,
+    MAX_NETWORK_ALLOW,
     NAME_PATTERN,
+    NETWORK_ALLOW_WITHOUT_NETWORK,
     RESERVED_SECRET_PREFIX,
     SECRET_NAME_PATTERN,
     TOOL_SOURCES,
@@ -39,6 +41,7 @@ from floom.manifest import (
     manifest_too_large,
     typescript_runner,
 )
+from floom.sandbox.network import ALLOW_HINT, parse_allowed_network
 
 # Names people reach for from other languages; difflib alone misses most of them.
 _TYPE_ALIASES = {
@@ -167,6 +170,9 @@ def check_document(doc: Mapping[Any, Any], files: frozenset[str]) -> tuple[dict,
             clean[key] = result
     if doc.get("name") is None:
         out.append(Problem("name", "required", "add a line like name: my-worker"))
+    if clean.get("network_allow") and clean.get("network") != "full":
+        hint = "add network: full, or drop network_allow"
+        out.append(Problem("network_allow", NETWORK_ALLOW_WITHOUT_NETWORK, hint))
     entry = _resolve_entry(doc.get("entry"), files, out)
     if entry is not None:
         clean["entry"] = entry
@@ -319,6 +325,23 @@ def _check_calls(raw: Any, path: str, out: list[Problem]) -> Any:
     return _check_list(raw, path, out, check, example="[summarise-page]")
 
 
+def _check_network_allow(raw: Any, path: str, out: list[Problem]) -> Any:
+    def check(item: Any, item_path: str) -> bool:
+        try:
+            parse_allowed_network(item)
+        except ValueError as exc:
+            out.append(Problem(item_path, str(exc), ALLOW_HINT))
+            return False
+        return True
+
+    if isinstance(raw, list) and len(raw) > MAX_NETWORK_ALLOW:
+        hint = "allow whole networks (e.g. 10.1.0.0/16) rather than many small ones"
+        message = f"lists {len(raw)} networks; at most {MAX_NETWORK_ALLOW}"
+        out.append(Problem(path, message, hint))
+        return _BAD
+    return _check_list(raw, path, out, check, example="[10.1.2.0/24]")
+
+
 def _check_expose(raw: Any, path: str, out: list[Problem]) -> Any:
     def check(item: Any, item_path: str) -> bool:
         if item in EXPOSE_TARGETS:
@@ -430,6 +453,7 @@ _SECTIONS: dict[str, Checker] = {
     "calls": _check_calls,
     "approvals": _section(Approvals),
     "expose": _check_expose,
+    "network_allow": _check_network_allow,
 }
 
 

@@ -5,14 +5,21 @@ from __future__ import annotations
 import httpx
 
 from tests.conftest import EXAMPLES, deploy_folder, wait_for_run
+from tests.netns_support import namespace_host, needs_netns
 from tests.standins.github import github_standin
 
 
+# A sandbox with network reaches public addresses only, so the stand-in listens on a test
+# host's public-range address rather than on loopback.
+@needs_netns
 def test_github_digest_summarises_a_repository_with_its_token(api: httpx.Client) -> None:
     deploy_folder(api, EXAMPLES / "github-digest")
     token = "ghp_standin_token_123"
     api.put("/api/v1/secrets/GITHUB_TOKEN", json={"value": token})
-    with github_standin(token) as gh:
+    with (
+        namespace_host(public=True) as public,
+        github_standin(token, host=public.outer_address) as gh,
+    ):
         inputs = {"repo": "acme/api", "days": 3, "api_url": gh["url"]}
         run_id = api.post("/api/v1/workers/github-digest/runs", json={"inputs": inputs}).json()[
             "id"

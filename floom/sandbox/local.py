@@ -6,6 +6,7 @@ directory at /output, a private /tmp, and nothing else of the host.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import json
@@ -22,6 +23,7 @@ from typing import Final
 
 from floom.errors import FloomError, InvalidRequest
 from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec
+from floom.sandbox.network import SANDBOX_RESOLV_CONF, attach_user_networking, is_floom_slirp
 
 SANDBOX_WORKDIR: Final = "/work"
 SANDBOX_OUTPUT_DIR: Final = "/output"
@@ -78,6 +80,7 @@ class LocalSandbox(Sandbox):
     def kill_orphans(self, work_root: Path) -> int:
         # bwrap normally dies with its parent, but not when the parent is killed between
         # starting it and bwrap arming that signal; such a sandbox would run on unattended.
+        # slirp4netns exits when its exit fd closes with floom; this catches any that did not.
         marker = os.fsencode(f"{work_root.resolve()}/")
         killed = 0
         for entry in os.listdir("/proc"):
@@ -88,7 +91,8 @@ class LocalSandbox(Sandbox):
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            if argv and argv[0].endswith(b"bwrap") and any(a.startswith(marker) for a in argv):
+            is_bwrap = argv[0].endswith(b"bwrap") and any(a.startswith(marker) for a in argv)
+            if is_bwrap or is_floom_slirp(entry, argv, marker):
                 try:
                     os.kill(int(entry), signal.SIGKILL)
                     killed += 1
@@ -112,26 +116,46 @@ class LocalSandbox(Sandbox):
         prefix = self._command_prefix()
         _validate(spec)
         info_r, info_w = os.pipe()
+        # bwrap --block-fd: the command waits until this pipe is written or closed, so the
+        # before-command steps can finish their work on the sandbox's namespaces first.
+        release_r, release_w = os.pipe()
+        child_fds = [info_w, release_r]
+        if spec.network:
+            child_fds.append(_data_fd(SANDBOX_RESOLV_CONF))
         try:
             proc = subprocess.Popen(
-                _argv(prefix, spec, info_w),
+                _argv(prefix, spec, *child_fds),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=_sandbox_env(spec),
                 start_new_session=True,
-                pass_fds=(info_w,),
+                pass_fds=child_fds,
             )
         except OSError as exc:
             os.close(info_r)
+            os.close(release_w)
             raise SandboxUnavailable(f"could not start bubblewrap: {exc}", hint=BWRAP_HINT) from exc
         finally:
-            os.close(info_w)
-        return _Supervisor(proc, info_r, on_line).supervise(
-            deadline=time.monotonic() + spec.timeout_seconds,
-            should_cancel=should_cancel,
-            timeout_seconds=spec.timeout_seconds,
-        )
+            for fd in child_fds:
+                os.close(fd)
+        with contextlib.ExitStack() as run_scope:
+
+            def before_command(child_pid: int) -> None:
+                # What these steps leave running ends with the run, after its process tree.
+                if spec.network:
+                    networking = attach_user_networking(
+                        child_pid, allow=spec.network_allow, owner=str(spec.workdir)
+                    )
+                    run_scope.callback(networking.close)
+
+            return _Supervisor(proc, info_r, on_line).supervise(
+                deadline=time.monotonic() + spec.timeout_seconds,
+                should_cancel=should_cancel,
+                timeout_seconds=spec.timeout_seconds,
+                release_fd=release_w,
+                before_command=before_command,
+            )
 
     def _command_prefix(self) -> tuple[str, ...]:
         if self._prefix is None:
@@ -176,11 +200,18 @@ class _Supervisor:
             self.open_fds.add(fd)
 
     def supervise(
-        self, *, deadline: float, should_cancel: Callable[[], bool], timeout_seconds: float
+        self,
+        *,
+        deadline: float,
+        should_cancel: Callable[[], bool],
+        timeout_seconds: float,
+        release_fd: int,
+        before_command: Callable[[int], None],
     ) -> SandboxResult:
         proc = self.proc
         outcome: str | None = None
         try:
+            self._release_command(release_fd, before_command)
             try:
                 bwrap_pidfd = os.pidfd_open(proc.pid)
             except OSError as exc:
@@ -248,6 +279,37 @@ class _Supervisor:
         )
         return SandboxResult(exit_code=exit_code, error=first if failed_to_start else None)
 
+    def _release_command(self, release_fd: int, before_command: Callable[[int], None]) -> None:
+        """Run the before-command steps on the sandbox's pid 1, then let bwrap start the
+        command; if a step fails, the sandbox is killed before the command could run."""
+        try:
+            child_pid = self._read_child_pid()
+            if child_pid is not None:  # None: bwrap failed early; its error is on stderr
+                before_command(child_pid)
+        except BaseException:
+            self.kill_tree()
+            raise
+        finally:
+            os.close(release_fd)
+
+    def _read_child_pid(self) -> int | None:
+        # bwrap reports pid 1 right after creating the namespaces, before it blocks.
+        deadline = time.monotonic() + KILL_WAIT_SECONDS
+        while self.info_fd in self.open_fds and self.init_pidfd is None:
+            wait = deadline - time.monotonic()
+            ready, _, _ = select.select([self.info_fd], [], [], max(wait, 0.0))
+            if not ready:
+                raise SandboxUnavailable(
+                    f"bubblewrap did not report its sandbox within {KILL_WAIT_SECONDS:g} s",
+                    hint="the node may be overloaded; try again",
+                )
+            if data := os.read(self.info_fd, 4096):
+                self.info += data
+                self.init_pidfd = _open_init_pidfd(self.info)
+            else:
+                self._close(self.info_fd)
+        return _child_pid(self.info) if self.init_pidfd is not None else None
+
     def kill_tree(self) -> bool:
         """Kill the sandbox's pid 1 and wait for bwrap; False when it had already ended."""
         proc = self.proc
@@ -287,7 +349,7 @@ class _Supervisor:
     def _wait_for_init(self) -> int | None:
         # bwrap writes its info right after creating the namespaces; wait for it briefly.
         deadline = time.monotonic() + 1.0
-        while self.info_fd in self.open_fds:
+        while self.info_fd in self.open_fds and self.init_pidfd is None:
             wait = max(deadline - time.monotonic(), 0.0)
             ready, _, _ = select.select([self.info_fd], [], [], wait)
             if not ready:
@@ -313,7 +375,7 @@ class _Supervisor:
             reader.flush()  # the stream itself is closed with the Popen's file objects
             return
         os.close(fd)
-        if fd == self.info_fd:
+        if fd == self.info_fd and self.init_pidfd is None:
             self.init_pidfd = _open_init_pidfd(self.info)
 
 
@@ -362,14 +424,38 @@ class _LineSplitter:
 
 
 def _open_init_pidfd(info: bytes | bytearray) -> int | None:
+    pid = _child_pid(info)
+    try:
+        return None if pid is None else os.pidfd_open(pid)
+    except OSError:
+        return None  # it already ended
+
+
+def _child_pid(info: bytes | bytearray) -> int | None:
     try:
         pid = json.loads(info)["child-pid"]
-        return os.pidfd_open(pid) if isinstance(pid, int) else None
-    except (ValueError, KeyError, TypeError, OSError):
-        return None  # bwrap failed before creating the sandbox, or it already ended
+    except (ValueError, KeyError, TypeError):
+        return None  # bwrap failed before creating the sandbox, or the report is partial
+    return pid if isinstance(pid, int) else None
 
 
-def _argv(prefix: tuple[str, ...], spec: SandboxSpec, info_fd: int) -> list[str]:
+def _data_fd(data: bytes) -> int:
+    """A pipe's read end that yields `data`, for bwrap's --ro-bind-data."""
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, data)  # far below a pipe's buffer, so this never blocks
+    finally:
+        os.close(write_fd)
+    return read_fd
+
+
+def _argv(
+    prefix: tuple[str, ...],
+    spec: SandboxSpec,
+    info_fd: int,
+    release_fd: int,
+    resolv_conf_fd: int | None = None,
+) -> list[str]:
     memory = str(spec.memory_mb * 1024 * 1024)
     prlimit, *bwrap = prefix
     argv = [prlimit, f"--data={memory}", "--core=0", "--", *bwrap]
@@ -377,9 +463,10 @@ def _argv(prefix: tuple[str, ...], spec: SandboxSpec, info_fd: int) -> list[str]
     argv += ("--size", memory, "--tmpfs", "/tmp")
     argv += ("--bind", os.path.abspath(spec.workdir), SANDBOX_WORKDIR)
     argv += ("--bind", os.path.abspath(spec.output_dir), SANDBOX_OUTPUT_DIR)
+    if resolv_conf_fd is not None:
+        argv += ("--ro-bind-data", str(resolv_conf_fd), "/etc/resolv.conf")
     argv += ("--chdir", SANDBOX_WORKDIR, "--remount-ro", "/", "--info-fd", str(info_fd))
-    if spec.network:
-        argv.append("--share-net")
+    argv += ("--block-fd", str(release_fd))
     argv.append("--")
     argv += spec.command
     return argv

@@ -16,6 +16,7 @@ import os
 import select
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable
 from typing import Final
 
@@ -59,12 +60,14 @@ NEVER_ALLOWED: Final = (ipaddress.IPv4Network("127.0.0.0/8"), SLIRP_NETWORK)
 # address, which must not become a way to reach other services there.
 _DNS_TABLE: Final = 53
 _NS_GET_USERNS: Final = 0xB701  # ioctl: the user namespace that owns a namespace
-SLIRP_PROCESS_TAG: Final = "floom-slirp4netns:"
-"""argv[0] of every slirp4netns floom starts, followed by the run's work dir, so that a
-later executor can recognise (and kill) the ones a killed predecessor left behind."""
+SLIRP_OWNER_VARIABLE: Final = "FLOOM_SLIRP_FOR"
+"""In the environment of every slirp4netns floom starts: the run's work dir, so that a later
+executor can recognise (and kill) the ones a killed predecessor left behind."""
 SETUP_TIMEOUT_SECONDS: Final = 10.0
 STOP_WAIT_SECONDS: Final = 2.0
 ALLOW_HINT: Final = "list IPv4 networks in CIDR form, e.g. network_allow: [10.1.2.0/24]"
+_PATH: Final = "/usr/sbin:/usr/bin:/sbin:/bin"
+_TOOLS: Final = ("slirp4netns", "nsenter", "ip", "unshare")
 INSTALL_HINT: Final = "install slirp4netns, iproute2 and util-linux: apt-get install slirp4netns"
 
 
@@ -171,7 +174,7 @@ def attach_user_networking(
 
     `allow` lists networks (see parse_allowed_network) the sandbox may reach besides the
     public internet. `owner` is the run's work dir: it goes into slirp4netns's argv[0]
-    (see SLIRP_PROCESS_TAG).
+    (see SLIRP_OWNER_VARIABLE).
     Raises NetworkSetupFailed (having stopped what it started) when a tool is missing or
     any step fails; the caller must then not start the command.
     """
@@ -179,24 +182,47 @@ def attach_user_networking(
         allowed = [parse_allowed_network(entry) for entry in allow]
     except ValueError as exc:
         raise InvalidRequest(f"network_allow: {exc}", hint=ALLOW_HINT) from exc
-    tools = {name: shutil.which(name) for name in ("slirp4netns", "nsenter", "ip")}
+    tools = {name: shutil.which(name) for name in _TOOLS}
     missing = sorted(name for name, path in tools.items() if path is None)
+    found = {name: path for name, path in tools.items() if path is not None}
     if missing:
         raise NetworkSetupFailed(
             f"a worker with network needs {', '.join(missing)}, which is not on PATH",
             hint=INSTALL_HINT,
         )
+    _await_loopback(child_pid)
     namespaces = _SandboxNamespaces(child_pid)
     try:
-        networking = _start_slirp(namespaces, owner=owner, slirp4netns=str(tools["slirp4netns"]))
+        networking = _start_slirp(namespaces, owner=owner, tools=found)
         try:
-            _fence(namespaces, allowed, nsenter=str(tools["nsenter"]))
+            _fence(namespaces, allowed, nsenter=found["nsenter"])
         except BaseException:
             networking.close()
             raise
     finally:
         namespaces.close()
     return networking
+
+
+def _await_loopback(child_pid: int) -> None:
+    """Wait until bwrap has brought the sandbox's loopback up, its last change to the
+    namespace: netlink changes made meanwhile make its own fail ("loopback: Failed
+    RTM_NEWADDR"). A device is listed in the namespace's igmp table once it is up."""
+    deadline = time.monotonic() + SETUP_TIMEOUT_SECONDS
+    while True:
+        try:
+            with open(f"/proc/{child_pid}/net/igmp") as table:
+                if any(line.split()[1:2] == ["lo"] for line in table):
+                    return
+        except OSError as exc:
+            message = f"the sandbox ended before its network was set up: {exc}"
+            raise NetworkSetupFailed(message) from exc
+        if time.monotonic() > deadline:
+            raise NetworkSetupFailed(
+                f"the sandbox's loopback did not come up within {SETUP_TIMEOUT_SECONDS:g} s",
+                hint="the node may be overloaded; try again",
+            )
+        time.sleep(0.001)
 
 
 class _SandboxNamespaces:
@@ -230,12 +256,24 @@ class _SandboxNamespaces:
             os.close(fd)
 
 
-def _start_slirp(namespaces: _SandboxNamespaces, *, owner: str, slirp4netns: str) -> UserNetworking:
+def _start_slirp(
+    namespaces: _SandboxNamespaces, *, owner: str, tools: dict[str, str]
+) -> UserNetworking:
     ready_r, ready_w = os.pipe()
     exit_r, exit_w = os.pipe()
-    userns = [] if namespaces.user is None else [f"--userns-path=/proc/self/fd/{namespaces.user}"]
+    if namespaces.user is None:
+        # As root, slirp4netns's --enable-sandbox copies the host's mount namespace and
+        # unmounts the old root: on shared mounts that unmount reaches the host (measured:
+        # it took every /run/netns/* namespace with it). A private copy keeps it in.
+        wrapper = [tools["unshare"], "--mount", "--propagation=private", "--"]
+        userns = []
+    else:
+        # Unprivileged, its new mount namespace receives no shared mounts to unmount.
+        wrapper = []
+        userns = [f"--userns-path=/proc/self/fd/{namespaces.user}"]
     argv = [
-        SLIRP_PROCESS_TAG + os.path.realpath(owner),
+        *wrapper,
+        tools["slirp4netns"],
         "--configure",
         "--mtu=65520",
         "--disable-host-loopback",
@@ -251,12 +289,11 @@ def _start_slirp(namespaces: _SandboxNamespaces, *, owner: str, slirp4netns: str
     try:
         proc = subprocess.Popen(
             argv,
-            executable=slirp4netns,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             pass_fds=(ready_w, exit_r, *namespaces.fds),
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            env={"PATH": _PATH, SLIRP_OWNER_VARIABLE: os.path.realpath(owner)},
         )
     except OSError as exc:
         for fd in (ready_r, exit_w):
@@ -278,10 +315,25 @@ def _start_slirp(namespaces: _SandboxNamespaces, *, owner: str, slirp4netns: str
     return networking
 
 
-def is_floom_slirp(argv0: bytes, work_root: bytes) -> bool:
-    """Whether argv[0] is that of a slirp4netns floom started for a run under `work_root`
-    (a resolved path ending in a slash)."""
-    return argv0.startswith(SLIRP_PROCESS_TAG.encode() + work_root)
+def protection_summary() -> str:
+    """What a run with network gets on this node, for the sandbox's protections report."""
+    missing = [name for name in _TOOLS if shutil.which(name) is None]
+    if missing:
+        return f"unavailable ({', '.join(missing)} missing): runs with network cannot start"
+    return "user-mode (slirp4netns), host loopback and private ranges blocked"
+
+
+def is_floom_slirp(pid: str, argv: list[bytes], work_root: bytes) -> bool:
+    """Whether process `pid`, running `argv`, is a slirp4netns floom started for a run
+    under `work_root` (a resolved path ending in a slash)."""
+    if os.path.basename(argv[0]) != b"slirp4netns":
+        return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return False  # it ended, or it is not ours to read
+    return any(v.startswith(SLIRP_OWNER_VARIABLE.encode() + b"=" + work_root) for v in environ)
 
 
 def _await_ready(ready_fd: int, proc: subprocess.Popen[bytes]) -> None:
@@ -318,7 +370,7 @@ def _fence(
             pass_fds=namespaces.fds,
             capture_output=True,
             timeout=SETUP_TIMEOUT_SECONDS,
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
+            env={"PATH": _PATH, "LC_ALL": "C"},
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NetworkSetupFailed(f"could not fence the sandbox's network: {exc}") from exc

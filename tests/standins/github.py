@@ -20,8 +20,8 @@ ISSUES = [
 
 
 @contextmanager
-def github_standin(token: str) -> Iterator[dict[str, Any]]:
-    """Serve /repos/{owner}/{name}/commits and /issues on loopback; yields url and seen headers."""
+def github_standin(token: str, *, host: str = "127.0.0.1") -> Iterator[dict[str, Any]]:
+    """Serve /repos/{owner}/{name}/commits and /issues on `host`; yields url and seen headers."""
     state: dict[str, Any] = {"requests": []}
 
     class Handler(JSONHandler):
@@ -38,6 +38,6 @@ def github_standin(token: str) -> Iterator[dict[str, Any]]:
             else:
                 self._send(404, {"message": "Not Found"})
 
-    with serve(Handler) as url:
+    with serve(Handler, host=host) as url:
         state["url"] = url
         yield state

@@ -24,13 +24,13 @@ class JSONHandler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """Serve `handler` on a free loopback port; yields the base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+def serve(handler: type[BaseHTTPRequestHandler], *, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve `handler` on a free port of `host` (loopback by default); yields the base URL."""
+    server = ThreadingHTTPServer((host, 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://{host}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
