@@ -132,7 +132,7 @@ class Attempt:
     def prepare(self) -> None:
         shutil.copytree(version_files(self.ctx, self.version), self.workdir)
         self.output_dir.mkdir(parents=True)
-        (self.workdir / "inputs.json").write_text(self.run.inputs_json)
+        write_regular(self.workdir, "inputs.json", self.run.inputs_json.encode())
 
     def restore_artifacts(self) -> int:
         """Write the artifacts the run stored when it paused back into the output dir."""
