@@ -79,6 +79,8 @@ def serve(
 
     from floom.api.app import create_app, preflight
     from floom.config import Settings, mask_password
+    from floom.sandbox import get_sandbox
+    from floom.sandbox.base import describe_protections
 
     overrides: dict[str, Any] = {}
     if host is not None:
@@ -97,6 +99,9 @@ def serve(
         ctx = preflight(settings)
     except FloomError as exc:
         _fail(exc.message, exc.hint)
+    if "executor" in settings.role_set:
+        protections = get_sandbox(settings.sandbox, settings).protections()
+        out.print(Text(f"sandbox {settings.sandbox}: {describe_protections(protections)}"))
     uvicorn.run(create_app(ctx=ctx), host=settings.host, port=settings.port, log_level="info")
 
 

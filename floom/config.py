@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     roles: str = "api,scheduler,executor"
     node_id: str = ""
     sandbox: str = "local"
+    # When floom runs as root, local sandboxes run as this host uid (and gid), never root.
+    sandbox_uid: int = Field(65534, ge=1)
     executor_slots: int = 4
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 2.0

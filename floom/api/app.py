@@ -64,7 +64,7 @@ def preflight(settings: Settings) -> Context:
     """Open the store and check the sandbox before serving, so a broken setup fails with a
     clear error and hint instead of a traceback from inside the server's start-up."""
     if "executor" in settings.role_set:
-        get_sandbox(settings.sandbox).check()
+        get_sandbox(settings.sandbox, settings).check()
     return Context.open(settings)
 
 
@@ -106,9 +106,11 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             if names:
                 log.info("deployed example workers: %s", ", ".join(names))
         executor = None
+        app.state.protections = None
         if "executor" in settings.role_set:
-            sandbox = get_sandbox(settings.sandbox)
+            sandbox = get_sandbox(settings.sandbox, settings)
             sandbox.check()
+            app.state.protections = sandbox.protections()
             executor = Executor(context, sandbox)
             executor.start()
         app.state.executor = executor
@@ -166,6 +168,8 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             "executor": None
             if executor is None
             else {"slots": executor.slots, "active": executor.active_count()},
+            # What runs on this node are protected by; None on a node without an executor.
+            "protections": app.state.protections,
         }
 
     return app

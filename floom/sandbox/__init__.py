@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from floom.config import Settings
 from floom.errors import InvalidRequest
 from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec
+from floom.sandbox.identity import DEFAULT_SANDBOX_UID
 from floom.sandbox.local import LocalSandbox, SandboxUnavailable
 
 __all__ = [
@@ -18,15 +20,21 @@ __all__ = [
     "get_sandbox",
 ]
 
-_BACKENDS: dict[str, Callable[[], Sandbox]] = {"local": LocalSandbox}
+
+def _local(settings: Settings | None) -> Sandbox:
+    return LocalSandbox(sandbox_uid=settings.sandbox_uid if settings else DEFAULT_SANDBOX_UID)
 
 
-def get_sandbox(name: str) -> Sandbox:
-    """Build the sandbox backend called `name`; raise InvalidRequest for an unknown name."""
+_BACKENDS: dict[str, Callable[[Settings | None], Sandbox]] = {"local": _local}
+
+
+def get_sandbox(name: str, settings: Settings | None = None) -> Sandbox:
+    """Build the sandbox backend called `name` with `settings` (defaults without them);
+    raise InvalidRequest for an unknown name."""
     factory = _BACKENDS.get(name)
     if factory is None:
         known = ", ".join(sorted(_BACKENDS))
         raise InvalidRequest(
             f"unknown sandbox {name!r}", hint=f"choose one of: {known}", details={"name": name}
         )
-    return factory()
+    return factory(settings)

@@ -49,7 +49,8 @@ class SandboxResult:
     """How the process ended. `exit_code` is None when it was killed by a timeout or cancel.
 
     `limit_exceeded` names the resource limit that ended the run (`memory`, `processes`,
-    `disk`); `error` then says which limit it was and the manifest key that sets it.
+    `disk`, `files`); `error` then says which limit it was and the manifest key that sets
+    it.
     """
 
     exit_code: int | None
@@ -57,6 +58,26 @@ class SandboxResult:
     cancelled: bool = False
     error: str | None = None
     limit_exceeded: str | None = None
+
+
+def describe_protections(protections: dict[str, bool | str]) -> str:
+    """One line for the start-up banner: what is on, and what is not."""
+    on = [name for name, value in protections.items() if value is True]
+    off = [name for name, value in protections.items() if value is False]
+    values = [
+        f"{name} {value}"
+        for name, value in protections.items()
+        if isinstance(value, str) and name not in ("limits_not_enforced", "cgroup_problem")
+    ]
+    line = ", ".join([*on, *values])
+    if off:
+        line += f"; OFF: {', '.join(off)}"
+    if protections.get("limits_not_enforced"):
+        line += (
+            f"; limits NOT enforced: {protections['limits_not_enforced']}"
+            f" ({protections.get('cgroup_problem') or 'no usable cgroup'})"
+        )
+    return line
 
 
 class Sandbox(abc.ABC):
@@ -82,6 +103,11 @@ class Sandbox(abc.ABC):
 
     def check(self) -> None:  # noqa: B027 - optional hook, default is a no-op
         """Raise FloomError with a hint when this backend cannot run on this machine."""
+
+    def protections(self) -> dict[str, bool | str]:
+        """Which protections runs get on this node (for /healthz and the start line):
+        True/False per protection, or a short value such as the cgroup version."""
+        return {}
 
     def kill_orphans(self, work_root: Path) -> int:
         """Kill sandboxes a previous process of this node left running on work dirs under

@@ -273,6 +273,8 @@ def _detect_v1(mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str]
                 break
             if os.access(parent, os.W_OK):
                 parents[limit] = parent
+            else:
+                problems.append(f"cgroup v1 {controller}: {parent} is not writable")
             break
     tree = CgroupTree(version=1, parents=parents, problem="; ".join(problems))
     return _probed(tree) if parents else tree

@@ -19,6 +19,7 @@ MEMORY: Final = cgroups.MEMORY
 PROCESSES: Final = cgroups.PROCESSES
 CPU: Final = cgroups.CPU
 DISK: Final = "disk"
+FILES: Final = "files"
 POLL_SECONDS: Final = 0.5
 # A walk of the run's directories stops here; more entries than this end the run, since
 # counting them every poll would cost the node more than the run is worth.
@@ -33,6 +34,11 @@ def limit_message(limit: str, spec: SandboxSpec) -> str:
         return f"process limit of {spec.processes} reached (limits.processes in worker.yml)"
     if limit == DISK:
         return f"disk limit of {spec.disk_mb} MiB reached (limits.disk_mb in worker.yml)"
+    if limit == FILES:
+        return (
+            f"file limit of {MAX_DISK_ENTRIES} files and directories reached in the run's "
+            "work and output dirs"
+        )
     return f"{limit} limit reached"
 
 
@@ -98,9 +104,9 @@ class RunLimits:
         if self.cgroup is not None and (limit := self.cgroup.limit_reached()):
             return limit
         used = allocated_bytes((self.spec.workdir, self.spec.output_dir))
-        if used is None or used >= spec_disk_bytes(self.spec):
-            return DISK
-        return None
+        if used is None:
+            return FILES
+        return DISK if used >= spec_disk_bytes(self.spec) else None
 
     def close(self) -> None:
         """Kill whatever is left of the run and remove its cgroup."""

@@ -18,12 +18,25 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
 from floom.errors import FloomError, InvalidRequest
+from floom.sandbox import cgroups, limits, procfs, seccomp
 from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec
-from floom.sandbox.network import SANDBOX_RESOLV_CONF, attach_user_networking, is_floom_slirp
+from floom.sandbox.identity import (
+    DEFAULT_SANDBOX_UID,
+    IdentityUnavailable,
+    SandboxIdentity,
+    sandbox_identity,
+)
+from floom.sandbox.network import (
+    SANDBOX_RESOLV_CONF,
+    attach_user_networking,
+    is_floom_slirp,
+    protection_summary,
+)
 
 SANDBOX_WORKDIR: Final = "/work"
 SANDBOX_OUTPUT_DIR: Final = "/output"
@@ -55,8 +68,9 @@ _ROOT_LINKS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # refuse it still get the rest of --unshare-all.
 _HARDENING_VARIANTS: Final = (("--unshare-user", "--disable-userns"), ())
 _FRESH_MOUNTS: Final = ("--proc", "/proc", "--dev", "/dev")
-# How bwrap and prlimit prefix their own errors, which precede anything the command prints.
-_STARTUP_ERROR_PREFIXES: Final = ("bwrap: ", "prlimit: ")
+# How the tools that start the sandbox prefix their own errors, which precede anything the
+# command prints.
+_STARTUP_ERROR_PREFIXES: Final = ("bwrap: ", "prlimit: ", "setpriv: ", "unshare: ", "mount: ")
 
 
 class SandboxUnavailable(FloomError):
@@ -69,8 +83,12 @@ class SandboxUnavailable(FloomError):
 class LocalSandbox(Sandbox):
     """Runs each process under bubblewrap with fresh pid, ipc, uts, net and mount namespaces.
 
-    Memory is capped per process with RLIMIT_DATA (set by `prlimit`, which then execs
-    bwrap), and /tmp and /dev/shm are tmpfs of the same size. The environment reaches bwrap
+    Each run gets its own cgroup (memory, processes, CPU; floom/sandbox/limits.py), joined
+    before its command starts, and a polled disk limit; where no cgroup is usable, memory
+    falls back to a per-process RLIMIT_DATA. /tmp and /dev/shm are tmpfs of the memory
+    limit's size. The process runs as an unprivileged host uid (floom/sandbox/identity.py)
+    without capabilities, under a seccomp filter (floom/sandbox/seccomp.py). The
+    environment reaches bwrap
     through execve, never its argv, so declared secrets do not show in the host's process
     list. `on_line` is called from the thread that called `run`.
     """
@@ -91,17 +109,43 @@ class LocalSandbox(Sandbox):
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            is_bwrap = argv[0].endswith(b"bwrap") and any(a.startswith(marker) for a in argv)
+            # `in`: a sandbox started as another uid binds its dirs from a stage path.
+            is_bwrap = argv[0].endswith(b"bwrap") and any(marker in a for a in argv)
             if is_bwrap or is_floom_slirp(entry, argv, marker):
                 try:
                     os.kill(int(entry), signal.SIGKILL)
                     killed += 1
                 except OSError:
                     continue
+        cgroups.remove_stale(cgroups.detect())
         return killed
 
-    def __init__(self) -> None:
+    def __init__(self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
         self._prefix: tuple[str, ...] | None = None
+        self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
+
+    def protections(self) -> dict[str, bool | str]:
+        """Which protections runs get on this node, for /healthz and the start line."""
+        tree = cgroups.detect()
+        enforced = tree.enforced
+        missing = [limit for limit in cgroups.LIMITS if limit not in enforced]
+        found: dict[str, bool | str] = {
+            "namespaces": True,
+            "user_namespace": "--unshare-user" in self._command_prefix(),
+            "unprivileged_uid": self._identity.uid != 0,
+            "sandbox_uid": str(self._identity.uid),
+            "seccomp": seccomp.supported(),
+            "cgroup": f"v{tree.version}" if tree.version else "none",
+            "memory_limit": limits.MEMORY in enforced,
+            "process_limit": limits.PROCESSES in enforced,
+            "cpu_limit": limits.CPU in enforced,
+            "disk_limit": "polled",
+            "network": protection_summary(),
+        }
+        if missing:
+            found["limits_not_enforced"] = ", ".join(missing)
+            found["cgroup_problem"] = tree.problem
+        return found
 
     def check(self) -> None:
         self._command_prefix()
@@ -115,6 +159,17 @@ class LocalSandbox(Sandbox):
     ) -> SandboxResult:
         prefix = self._command_prefix()
         _validate(spec)
+        try:
+            launcher = self._identity.launcher(spec.workdir, spec.output_dir)
+            self._identity.hand_over(spec.workdir, spec.output_dir)
+            run_limits = limits.RunLimits(spec, cgroups.detect())
+        except (IdentityUnavailable, cgroups.CgroupError, OSError) as exc:
+            raise SandboxUnavailable(
+                f"cannot prepare the sandbox: {exc}",
+                hint="floom needs util-linux (unshare, setpriv, mount) and a writable cgroup "
+                "tree when it runs as root",
+            ) from exc
+        seccomp_fd = _seccomp_fd()
         info_r, info_w = os.pipe()
         # bwrap --block-fd: the command waits until this pipe is written or closed, so the
         # before-command steps can finish their work on the sandbox's namespaces first.
@@ -124,24 +179,46 @@ class LocalSandbox(Sandbox):
             child_fds.append(_data_fd(SANDBOX_RESOLV_CONF))
         try:
             proc = subprocess.Popen(
-                _argv(prefix, spec, *child_fds),
+                [
+                    *launcher,
+                    *_argv(
+                        prefix,
+                        spec,
+                        *child_fds,
+                        seccomp_fd=seccomp_fd,
+                        run_limits=run_limits,
+                        identity=self._identity,
+                    ),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=_sandbox_env(spec),
                 start_new_session=True,
-                pass_fds=child_fds,
+                pass_fds=(*child_fds, *_present(seccomp_fd)),
             )
         except OSError as exc:
             os.close(info_r)
             os.close(release_w)
+            run_limits.close()
             raise SandboxUnavailable(f"could not start bubblewrap: {exc}", hint=BWRAP_HINT) from exc
         finally:
-            for fd in child_fds:
+            for fd in (*child_fds, *_present(seccomp_fd)):
                 os.close(fd)
         with contextlib.ExitStack() as run_scope:
+            # Registered first so it runs last: the cgroup goes once everything else ended.
+            run_scope.callback(run_limits.close)
 
             def before_command(child_pid: int) -> None:
+                # The whole tree is limited from its first instruction: bwrap and the
+                # sandbox's pid 1 join the run's cgroup, and the command forks from pid 1.
+                try:
+                    run_limits.join(proc.pid, child_pid)
+                except cgroups.CgroupError as exc:
+                    raise SandboxUnavailable(
+                        f"cannot put the run under its limits: {exc}",
+                        hint="check that floom may write to its cgroups (see /healthz)",
+                    ) from exc
                 # What these steps leave running ends with the run, after its process tree.
                 if spec.network:
                     networking = attach_user_networking(
@@ -149,13 +226,17 @@ class LocalSandbox(Sandbox):
                     )
                     run_scope.callback(networking.close)
 
-            return _Supervisor(proc, info_r, on_line).supervise(
+            result = _Supervisor(proc, info_r, on_line).supervise(
                 deadline=time.monotonic() + spec.timeout_seconds,
                 should_cancel=should_cancel,
                 timeout_seconds=spec.timeout_seconds,
                 release_fd=release_w,
                 before_command=before_command,
+                check_limits=run_limits.reached,
             )
+        if result.limit_exceeded:
+            return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
+        return result
 
     def _command_prefix(self) -> tuple[str, ...]:
         if self._prefix is None:
@@ -169,7 +250,14 @@ class LocalSandbox(Sandbox):
                     hint="install util-linux: apt-get install util-linux",
                 )
             system = _system_args()
-            namespaces = _probe_namespaces(bwrap, system)
+            try:
+                as_sandbox_user = self._identity.probe_prefix()
+            except IdentityUnavailable as exc:
+                raise SandboxUnavailable(
+                    f"cannot start sandboxes as uid {self._identity.uid}: {exc}",
+                    hint="install util-linux: apt-get install util-linux",
+                ) from exc
+            namespaces = _probe_namespaces(bwrap, system, as_sandbox_user)
             self._prefix = (prlimit, bwrap, *namespaces, *system, *_FRESH_MOUNTS)
         return self._prefix
 
@@ -207,9 +295,12 @@ class _Supervisor:
         timeout_seconds: float,
         release_fd: int,
         before_command: Callable[[int], None],
+        check_limits: Callable[[], str | None],
     ) -> SandboxResult:
         proc = self.proc
         outcome: str | None = None
+        limit: str | None = None
+        ended_with: int | None = None
         try:
             self._release_command(release_fd, before_command)
             try:
@@ -224,6 +315,7 @@ class _Supervisor:
             watching = True
             drain_deadline = math.inf
             next_cancel_check = time.monotonic() + CANCEL_POLL_SECONDS
+            next_limit_check = time.monotonic() + limits.POLL_SECONDS
             while self.open_fds:
                 now = time.monotonic()
                 if watching:
@@ -233,6 +325,12 @@ class _Supervisor:
                         next_cancel_check = now + CANCEL_POLL_SECONDS
                         if should_cancel():
                             outcome = "cancelled"
+                        elif now >= next_limit_check:
+                            next_limit_check = now + limits.POLL_SECONDS
+                            if limit := check_limits():
+                                outcome = "limit"
+                            elif (ended_with := self._ended_under_stopped_init()) is not None:
+                                outcome = "ended"
                     if outcome is not None:
                         watching = False
                         if not self.kill_tree():
@@ -255,6 +353,10 @@ class _Supervisor:
                     else:
                         self._close(fd)
             self._await_init_exit()
+            if outcome in (None, "ended"):
+                # A limit hit just before the end (an OOM-killed child, a file written
+                # past the disk limit) still decides the run.
+                limit = check_limits()
         finally:
             if proc.poll() is None:
                 self.kill_tree()
@@ -273,11 +375,23 @@ class _Supervisor:
         if outcome == "cancelled":
             return SandboxResult(exit_code=None, cancelled=True, error="cancelled")
         exit_code = 128 - returncode if returncode < 0 else returncode
+        if outcome == "ended" and ended_with is not None:
+            exit_code = ended_with
+        if limit is not None:
+            return SandboxResult(
+                exit_code=None if outcome == "limit" else exit_code, limit_exceeded=limit
+            )
         first = self.stderr.first_line
         failed_to_start = (
             exit_code != 0 and first is not None and first.startswith(_STARTUP_ERROR_PREFIXES)
         )
         return SandboxResult(exit_code=exit_code, error=first if failed_to_start else None)
+
+    def _ended_under_stopped_init(self) -> int | None:
+        # Judge by the command itself when something holds pid 1 stopped: bwrap would
+        # only report the end once pid 1 reaps it (floom/sandbox/procfs.py).
+        init_pid = _child_pid(self.info)
+        return None if init_pid is None else procfs.command_exit_under_stopped_init(init_pid)
 
     def _release_command(self, release_fd: int, before_command: Callable[[int], None]) -> None:
         """Run the before-command steps on the sandbox's pid 1, then let bwrap start the
@@ -439,6 +553,21 @@ def _child_pid(info: bytes | bytearray) -> int | None:
     return pid if isinstance(pid, int) else None
 
 
+def _seccomp_fd() -> int | None:
+    """A file descriptor holding the seccomp filter, for bwrap's --seccomp; None on an
+    architecture floom has no syscall table for."""
+    if not seccomp.supported():
+        return None
+    fd = os.memfd_create("floom-seccomp")
+    os.write(fd, seccomp.deny_filter())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _present(fd: int | None) -> tuple[int, ...]:
+    return () if fd is None else (fd,)
+
+
 def _data_fd(data: bytes) -> int:
     """A pipe's read end that yields `data`, for bwrap's --ro-bind-data."""
     read_fd, write_fd = os.pipe()
@@ -455,14 +584,20 @@ def _argv(
     info_fd: int,
     release_fd: int,
     resolv_conf_fd: int | None = None,
+    *,
+    seccomp_fd: int | None,
+    run_limits: limits.RunLimits,
+    identity: SandboxIdentity,
 ) -> list[str]:
     memory = str(spec.memory_mb * 1024 * 1024)
     prlimit, *bwrap = prefix
-    argv = [prlimit, f"--data={memory}", "--core=0", "--", *bwrap]
+    argv = [prlimit, *run_limits.prlimit_args(), "--", *bwrap]
     argv += ("--size", memory, "--tmpfs", "/dev/shm", "--remount-ro", "/dev")
     argv += ("--size", memory, "--tmpfs", "/tmp")
-    argv += ("--bind", os.path.abspath(spec.workdir), SANDBOX_WORKDIR)
-    argv += ("--bind", os.path.abspath(spec.output_dir), SANDBOX_OUTPUT_DIR)
+    argv += ("--bind", identity.bind_source(spec.workdir), SANDBOX_WORKDIR)
+    argv += ("--bind", identity.bind_source(spec.output_dir), SANDBOX_OUTPUT_DIR)
+    if seccomp_fd is not None:
+        argv += ("--seccomp", str(seccomp_fd))
     if resolv_conf_fd is not None:
         argv += ("--ro-bind-data", str(resolv_conf_fd), "/etc/resolv.conf")
     argv += ("--chdir", SANDBOX_WORKDIR, "--remount-ro", "/", "--info-fd", str(info_fd))
@@ -502,8 +637,12 @@ def _validate(spec: SandboxSpec) -> None:
 
 
 @functools.cache
-def _probe_namespaces(bwrap: str, system_args: tuple[str, ...]) -> tuple[str, ...]:
-    """The strongest namespace flags this machine accepts.
+def _probe_namespaces(
+    bwrap: str, system_args: tuple[str, ...], as_sandbox_user: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The strongest namespace flags this machine accepts, probed as the uid sandboxes run
+    as (`as_sandbox_user` starts bwrap as that uid), since user namespaces may be allowed
+    to one uid and refused to another.
 
     functools.cache keeps only successes, so a host fixed after a failure is probed again.
     """
@@ -519,7 +658,7 @@ def _probe_namespaces(bwrap: str, system_args: tuple[str, ...]) -> tuple[str, ..
             "--hostname",
             SANDBOX_HOSTNAME,
         )
-        argv = [bwrap, *namespaces, *system_args, *_FRESH_MOUNTS, "--", "true"]
+        argv = [*as_sandbox_user, bwrap, *namespaces, *system_args, *_FRESH_MOUNTS, "--", "true"]
         try:
             done = subprocess.run(
                 argv,

@@ -1,0 +1,588 @@
+"""One run cannot harm the node: per-run cgroup limits on the whole process tree, a polled
+disk limit, an unprivileged uid without capabilities, and a seccomp filter."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec, cgroups, seccomp
+from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
+)
+
+Lines = list[tuple[str, str]]
+needs_cgroups = pytest.mark.skipif(
+    not cgroups.detect().enforced, reason="no usable cgroup hierarchy on this node"
+)
+
+
+def run_script(
+    tmp_path: Path,
+    script: str,
+    *,
+    on_line: Callable[[str, str], None] | None = None,
+    command: list[str] | None = None,
+    **limits: Any,
+) -> tuple[SandboxResult, Lines]:
+    workdir = tmp_path / "work"
+    output_dir = tmp_path / "output"
+    workdir.mkdir(exist_ok=True)
+    output_dir.mkdir(exist_ok=True)
+    (workdir / "run.py").write_text(textwrap.dedent(script))
+    lines: Lines = []
+
+    def collect(stream: str, line: str) -> None:
+        lines.append((stream, line))
+        if on_line is not None:
+            on_line(stream, line)
+
+    spec = SandboxSpec(
+        run_id=f"limits-{uuid.uuid4().hex[:8]}",
+        command=command or ["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        **{"timeout_seconds": 60, **limits},
+    )
+    result = LocalSandbox().run(spec, on_line=collect, should_cancel=lambda: False)
+    return result, lines
+
+
+def stdout(lines: Lines) -> list[str]:
+    return [line for stream, line in lines if stream == "stdout"]
+
+
+@needs_cgroups
+def test_four_children_of_400_mib_end_the_run_with_the_memory_limit_error(tmp_path: Path) -> None:
+    result, lines = run_script(
+        tmp_path,
+        """
+        import subprocess, sys
+        child = "b = bytearray(400 * 1024 * 1024); print('child holds 400 MiB', flush=True)"
+        children = [subprocess.Popen([sys.executable, "-c", child + "; input()"],
+                                     stdin=subprocess.PIPE) for _ in range(4)]
+        for c in children:
+            c.wait()
+        print("all four finished")
+        """,
+        memory_mb=512,
+    )
+
+    assert result.limit_exceeded == "memory", lines
+    assert result.error == "memory limit of 512 MiB reached (limits.memory_mb in worker.yml)"
+    assert "all four finished" not in stdout(lines)
+
+
+@needs_cgroups
+def test_tmpfs_and_shared_memory_count_toward_the_memory_limit(tmp_path: Path) -> None:
+    # Each tmpfs alone may hold the whole limit; together with the process they exceed it.
+    result, lines = run_script(
+        tmp_path,
+        """
+        chunk = b"x" * (1024 * 1024)
+        for path in ("/tmp/fill", "/dev/shm/fill"):
+            with open(path, "wb") as fill:
+                for _ in range(100):
+                    fill.write(chunk)
+        print("filled 200 MiB of tmpfs")
+        """,
+        memory_mb=128,
+    )
+
+    assert result.limit_exceeded == "memory", lines
+    assert "filled 200 MiB of tmpfs" not in stdout(lines)
+
+
+@needs_cgroups
+def test_a_fork_bomb_is_bounded_by_the_process_limit_and_leaves_nothing_behind(
+    tmp_path: Path,
+) -> None:
+    marker = f"fork-bomb-{uuid.uuid4().hex}"
+    result, lines = run_script(
+        tmp_path,
+        "",
+        command=["bash", "-c", "bomb() { bomb | bomb & }; bomb; wait", marker],
+        processes=32,
+    )
+
+    assert result.limit_exceeded == "processes", (result, lines[:5])
+    assert result.error == "process limit of 32 reached (limits.processes in worker.yml)"
+    left = {
+        pid
+        for pid in os.listdir("/proc")
+        if pid.isdigit()
+        and _cmdline(pid).startswith(b"bash\0")
+        and marker.encode() in _cmdline(pid)
+    }
+    assert not left
+
+
+def test_writing_past_the_disk_limit_ends_the_run_with_the_disk_limit_error(
+    tmp_path: Path,
+) -> None:
+    # Two files each under the per-file cap: only the polled total catches them.
+    result, lines = run_script(
+        tmp_path,
+        """
+        import os
+        for name in ("a.bin", "b.bin"):
+            with open(os.path.join(os.environ["FLOOM_OUTPUT_DIR"], name), "wb") as f:
+                f.write(os.urandom(15 * 1024 * 1024))
+        print("wrote 30 MiB")
+        """,
+        disk_mb=20,
+    )
+
+    assert result.limit_exceeded == "disk", lines
+    assert result.error == "disk limit of 20 MiB reached (limits.disk_mb in worker.yml)"
+
+
+def test_one_file_cannot_grow_past_the_disk_limit(tmp_path: Path) -> None:
+    result, lines = run_script(
+        tmp_path,
+        """
+        import os
+        with open("big.bin", "wb") as f:
+            for _ in range(64):
+                f.write(b"x" * (1024 * 1024))
+                f.flush()
+        print("wrote 64 MiB")
+        """,
+        disk_mb=16,
+    )
+
+    assert result.limit_exceeded == "disk", lines
+    assert "wrote 64 MiB" not in stdout(lines)
+    assert (tmp_path / "work" / "big.bin").stat().st_size <= 16 * 1024 * 1024
+
+
+def test_more_files_than_the_disk_check_counts_end_the_run(tmp_path: Path) -> None:
+    result, lines = run_script(
+        tmp_path,
+        """
+        import os
+        out = os.environ["FLOOM_OUTPUT_DIR"]
+        for i in range(100_001):
+            open(os.path.join(out, str(i)), "w").close()
+        print("made them all")
+        """,
+    )
+
+    assert result.limit_exceeded == "files", (result, lines)
+    assert result.error is not None and "file limit of 100000" in result.error
+
+
+@needs_cgroups
+def test_a_cpu_limit_of_half_a_core_throttles_two_busy_processes(tmp_path: Path) -> None:
+    # Other tests may load this machine, so CPU time per wall second alone proves little:
+    # the run's cgroup must also report throttling while it runs.
+    cpu_parent = cgroups.detect().parents.get(cgroups.CPU)
+    if cpu_parent is None:
+        pytest.skip("the cpu controller is not usable here")
+    throttled: list[int] = []
+    seen: Lines = []
+
+    def sample_the_runs_cgroup(stream: str, line: str) -> None:
+        seen.append((stream, line))
+        if line != "ready":
+            return
+        [name] = {text.rsplit("/", 1)[1] for _, text in seen if "/floom/" in text}
+        stat = cpu_parent / name / "cpu.stat"
+        # At least ten 100 ms quota periods, so start-up bursts do not decide the measure.
+        wait_until(lambda: _counter(stat, "nr_periods") >= 10, timeout=20)
+        throttled.append(wait_until(lambda: _counter(stat, "nr_throttled"), timeout=20))
+        (tmp_path / "work" / "stop").write_text("")
+
+    result, lines = run_script(
+        tmp_path,
+        """
+        import os, resource, subprocess, sys, time
+        print(open("/proc/self/cgroup").read())
+        busy = ("import os, time\\nend = time.monotonic() + 20\\n"
+                "while not os.path.exists('stop') and time.monotonic() < end: pass")
+        start = time.monotonic()
+        procs = [subprocess.Popen([sys.executable, "-c", busy]) for _ in range(2)]
+        print("ready", flush=True)
+        for p in procs:
+            p.wait()
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print(f"{(used.ru_utime + used.ru_stime) / (time.monotonic() - start):.3f}")
+        """,
+        cpu=0.5,
+        on_line=sample_the_runs_cgroup,
+    )
+
+    assert result.exit_code == 0, lines
+    assert throttled and throttled[0] > 0
+    cores = float(stdout(lines)[-1])
+    assert cores < 0.75, f"used {cores} cores"
+
+
+def test_the_sandbox_runs_as_an_unprivileged_host_uid_without_capabilities(
+    tmp_path: Path,
+) -> None:
+    marker = f"uid-probe-{uuid.uuid4().hex}"
+    host_status: dict[str, str] = {}
+
+    def inspect_from_the_host(stream: str, line: str) -> None:
+        if line != "ready":
+            return
+        for pid in os.listdir("/proc"):
+            if pid.isdigit() and _is_probe(pid, marker):
+                host_status.update(_status(pid))
+        (tmp_path / "work" / "go").write_text("")
+
+    result, lines = run_script(
+        tmp_path,
+        """
+        import os, time
+        print(os.getuid())
+        print([l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0])
+        print("ready", flush=True)
+        deadline = time.monotonic() + 20
+        while not os.path.exists("go") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        """,
+        command=["python3", "run.py", marker],
+        on_line=inspect_from_the_host,
+    )
+
+    assert result.exit_code == 0, lines
+    uid_inside, caps_inside, _ = stdout(lines)
+    assert uid_inside != "0"
+    assert int(caps_inside, 16) == 0
+    assert host_status, "the sandbox's process was not found on the host"
+    assert host_status["Uid"].split()[0] != "0"
+    assert int(host_status["CapEff"], 16) == 0
+
+
+def test_io_uring_ptrace_keyrings_and_bpf_are_refused_with_eperm(tmp_path: Path) -> None:
+    result, lines = run_script(
+        tmp_path,
+        """
+        import ctypes, errno, platform
+        libc = ctypes.CDLL(None, use_errno=True)
+        numbers = {
+            "x86_64": {"io_uring_setup": 425, "ptrace": 101, "keyctl": 250, "bpf": 321},
+            "aarch64": {"io_uring_setup": 425, "ptrace": 117, "keyctl": 219, "bpf": 280},
+        }[platform.machine()]
+        params = ctypes.create_string_buffer(120)
+        args = {
+            "io_uring_setup": (8, params),
+            "ptrace": (0, 0, 0, 0),  # PTRACE_TRACEME
+            "keyctl": (0, -3, 0),  # KEYCTL_GET_KEYRING_ID of the session keyring
+            "bpf": (0, params, 72),  # BPF_MAP_CREATE
+        }
+        for name, number in numbers.items():
+            rv = libc.syscall(number, *args[name])
+            code = ctypes.get_errno() if rv == -1 else 0
+            print(name, errno.errorcode.get(code, "ok"))
+        """,
+    )
+
+    assert result.exit_code == 0, lines
+    assert sorted(stdout(lines)) == [
+        "bpf EPERM",
+        "io_uring_setup EPERM",
+        "keyctl EPERM",
+        "ptrace EPERM",
+    ]
+
+
+@needs_cgroups
+def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(tmp_path: Path) -> None:
+    result, lines = run_script(tmp_path, "print(open('/proc/self/cgroup').read())")
+
+    assert result.exit_code == 0, lines
+    names = {
+        line.rsplit("/", 1)[1]
+        for line in stdout(lines)
+        if line.count(":") >= 2 and "/floom/" in line
+    }
+    assert len(names) == 1, lines
+    [name] = names
+    for parent in cgroups.detect().parents.values():
+        assert not (parent / name).exists()
+
+
+@needs_cgroups
+def test_empty_run_cgroups_a_dead_floom_left_are_removed_and_busy_ones_stay() -> None:
+    # Under a parent of its own, so other floom processes' cgroups on this node are safe.
+    tree = cgroups.detect()
+    sub = f"stale-test-{uuid.uuid4().hex[:8]}"
+    own = cgroups.CgroupTree(
+        version=tree.version, parents={k: p / sub for k, p in tree.parents.items()}
+    )
+    for parent in set(own.parents.values()):
+        parent.mkdir()
+    limits = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=16, cpu_cores=1)
+    left_empty = own.create("left-empty", limits)
+    busy = own.create("busy", limits)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        busy.add(sleeper.pid)
+
+        removed = cgroups.remove_stale(own, older_than=0)
+
+        assert removed == len(set(left_empty.dirs.values()))
+        assert not any(path.exists() for path in left_empty.dirs.values())
+        assert all(path.exists() for path in busy.dirs.values())
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        busy.remove()
+        for parent in set(own.parents.values()):
+            parent.rmdir()
+
+
+def test_a_cgroup_v2_run_group_kills_its_processes_and_goes_away() -> None:
+    # This node's v2 hierarchy holds no controllers, but killing and removal are the same.
+    mounts = [
+        m for m in Path("/proc/self/mountinfo").read_text().splitlines() if " - cgroup2 " in m
+    ]
+    if not mounts or os.geteuid() != 0:
+        pytest.skip("no cgroup v2 hierarchy to write to")
+    path = Path(mounts[0].split()[4]) / f"floom-test-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    group = cgroups.RunCgroup(version=2, dirs={cgroups.MEMORY: path})
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        group.add(sleeper.pid)
+        assert group.pids() == {sleeper.pid}
+
+        assert group.remove()
+
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert not path.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        if path.exists():
+            path.rmdir()
+
+
+def test_healthz_lists_the_sandbox_protections_of_this_node(server: LiveServer) -> None:
+    body = httpx.get(f"{server.base_url}/healthz", timeout=10).json()
+
+    protections = body["protections"]
+    assert protections["namespaces"] is True
+    assert protections["seccomp"] is True
+    assert protections["unprivileged_uid"] is True
+    assert protections["cgroup"] in ("v1", "v2", "none")
+    for key in ("memory_limit", "process_limit", "cpu_limit", "disk_limit", "network"):
+        assert key in protections
+
+
+@needs_cgroups
+def test_a_run_that_reaches_its_memory_limit_says_so_through_the_api(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    folder = make_worker(
+        tmp_path / "hog",
+        "name: hog\nlimits: {memory_mb: 128}\n",
+        {
+            "run.py": "import subprocess, sys\n"
+            "code = 'b = bytearray(100 * 1024 * 1024); input()'\n"
+            "ps = [subprocess.Popen([sys.executable, '-c', code], stdin=subprocess.PIPE)"
+            " for _ in range(3)]\n"
+            "[p.wait() for p in ps]\n"
+        },
+    )
+    deploy_folder(api, folder)
+    run = api.post("/api/v1/workers/hog/runs", json={"inputs": {}}).json()
+
+    done = wait_for_run(api, run["id"], timeout=60)
+
+    assert done["status"] in ("failed", "limit_exceeded"), done
+    assert "memory limit of 128 MiB reached (limits.memory_mb in worker.yml)" in str(
+        done.get("error")
+    ), done
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _is_probe(pid: str, marker: str) -> bool:
+    """Whether `pid` is the worker's python process (bwrap's own argv holds the marker too)."""
+    cmdline = _cmdline(pid)
+    return cmdline.startswith(b"python3\0") and marker.encode() in cmdline
+
+
+def _counter(path: Path, key: str) -> int:
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return 0
+
+
+def _status(pid: str) -> dict[str, str]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+def test_a_stopped_sandbox_pid_1_does_not_turn_a_finished_run_into_a_timeout(
+    tmp_path: Path,
+) -> None:
+    marker = f"stop-probe-{uuid.uuid4().hex}"
+    stopped: list[int] = []
+
+    def stop_pid_1_from_the_host(stream: str, line: str) -> None:
+        if line != "ready":
+            return
+        [command] = [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_probe(pid, marker)]
+        init = int(_status(command)["PPid"])
+        os.kill(init, signal.SIGSTOP)
+        stopped.append(init)
+        (tmp_path / "work" / "go").write_text("")
+
+    started = time.monotonic()
+    result, lines = run_script(
+        tmp_path,
+        """
+        import os, sys, time
+        print("ready", flush=True)
+        deadline = time.monotonic() + 20
+        while not os.path.exists("go") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        sys.exit(7)
+        """,
+        command=["python3", "run.py", marker],
+        on_line=stop_pid_1_from_the_host,
+        timeout_seconds=30,
+    )
+
+    assert stopped
+    assert not result.timed_out, lines
+    assert result.exit_code == 7, result
+    assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize(
+    ("machine", "audit_arch", "refused", "allowed"),
+    [
+        ("x86_64", 0xC000003E, {"ptrace": 101, "io_uring_setup": 425, "bpf": 321}, (0, 1, 59)),
+        ("aarch64", 0xC00000B7, {"ptrace": 117, "io_uring_setup": 425, "bpf": 280}, (63, 64, 221)),
+    ],
+)
+def test_the_seccomp_filter_of_each_architecture_refuses_its_own_syscall_numbers(
+    machine: str, audit_arch: int, refused: dict[str, int], allowed: tuple[int, ...]
+) -> None:
+    # The filter is run here by a small classic-BPF interpreter, so the table of an
+    # architecture this machine is not is checked too.
+    program = seccomp.deny_filter(machine)
+    eperm = 0x00050000 | errno.EPERM
+    allow = 0x7FFF0000
+
+    for number in refused.values():
+        assert _run_bpf(program, nr=number, arch=audit_arch) == eperm
+    for number in allowed:  # read/write/execve, or their aarch64 twins
+        assert _run_bpf(program, nr=number, arch=audit_arch) == allow
+    assert _run_bpf(program, nr=allowed[0], arch=0x40000003) == eperm  # i386 compat calls
+    if machine == "x86_64":
+        assert _run_bpf(program, nr=0x40000000 | allowed[0], arch=audit_arch) == eperm  # x32
+
+
+def _run_bpf(program: bytes, *, nr: int, arch: int) -> int:
+    data = struct.pack("=iI", nr, arch)
+    pc = 0
+    accumulator = 0
+    while True:
+        code, jt, jf, k = struct.unpack_from("=HBBI", program, pc * 8)
+        if code == 0x20:  # ld [k]
+            accumulator = struct.unpack_from("=I", data, k)[0]
+            pc += 1
+        elif code in (0x15, 0x35):  # jeq / jge
+            hit = accumulator == k if code == 0x15 else accumulator >= k
+            pc += 1 + (jt if hit else jf)
+        elif code == 0x06:  # ret k
+            return k
+        else:
+            raise AssertionError(f"unexpected instruction {code:#x}")
+
+
+def test_a_floom_that_is_not_root_runs_sandboxes_as_its_own_uid(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start the non-root floom")
+    uid = 1000
+    probe = textwrap.dedent(
+        """
+        import sys
+        from pathlib import Path
+        from floom.sandbox import LocalSandbox, SandboxSpec
+        sandbox = LocalSandbox()
+        print(sandbox.protections()["sandbox_uid"])
+        result = sandbox.run(
+            SandboxSpec(run_id="non-root", command=["sh", "-c", "id -u"],
+                        workdir=Path(sys.argv[1]), output_dir=Path(sys.argv[2])),
+            on_line=lambda stream, line: print(stream, line), should_cancel=lambda: False,
+        )
+        print("exit", result.exit_code)
+        """
+    )
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": f"{Path(__file__).resolve().parent.parent}:{site}",
+    }
+    as_user = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    python = next(
+        (
+            exe
+            for exe in (
+                sys.executable,
+                f"/usr/bin/python{sys.version_info[0]}.{sys.version_info[1]}",
+            )
+            if subprocess.run([*as_user, exe, "-c", "import floom.sandbox"], env=env).returncode
+            == 0
+        ),
+        None,
+    )
+    if python is None:
+        pytest.skip(f"no Python that uid {uid} can run with floom importable")
+    # pytest's own tmp dirs sit under a directory only root may enter.
+    home = Path(tempfile.mkdtemp(prefix="floom-non-root-"))
+    try:
+        os.chmod(home, 0o755)
+        for name in ("work", "output"):
+            (home / name).mkdir()
+            os.chown(home / name, uid, uid)
+
+        done = subprocess.run(
+            [*as_user, python, "-c", probe, str(home / "work"), str(home / "output")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        shutil.rmtree(home)
+
+    assert done.stdout.splitlines() == [str(uid), f"stdout {uid}", "exit 0"], done.stderr
