@@ -88,6 +88,10 @@ def probe(kind, host, port):
     if kind == "links":
         rows = open("/proc/net/dev").read().splitlines()[2:]
         return {"outcome": sorted(row.split(":")[0].strip() for row in rows)}
+    if kind == "reroute":  # try to remove the fence from inside
+        import subprocess
+        done = subprocess.run(["ip", "route", "del", "unreachable", host], capture_output=True)
+        return {"outcome": done.returncode, "stderr": done.stderr.decode().strip()}
     if kind == "resolv":
         return {"outcome": open("/etc/resolv.conf").read().strip()}
     raise SystemExit(f"unknown probe {kind}")
@@ -251,7 +255,7 @@ def test_a_worker_with_network_has_no_route_to_private_link_local_or_multicast_a
             **{key: ["guarded", host, 80] for key, host in targets.items()},
             "test_host_port": ["guarded", test_host.address, test_host.port],
             # Public addresses and DNS on port 53 do have a route (looked up, never sent to).
-            "public": ["route", "192.0.2.1", 443],
+            "public": ["route", "198.51.100.1", 443],
             "dns": ["route", "10.0.2.3", 53],
             "resolv": ["resolv", "", 0],
         },
@@ -263,6 +267,23 @@ def test_a_worker_with_network_has_no_route_to_private_link_local_or_multicast_a
     assert results["public"]["outcome"] == "routed"
     assert results["dns"]["outcome"] == "routed"
     assert results["resolv"]["outcome"] == "nameserver 10.0.2.3"
+
+
+@needs_bwrap
+@needs_netns
+def test_a_worker_cannot_remove_the_routes_that_fence_it(tmp_path: Path) -> None:
+    results, _ = probe(
+        tmp_path,
+        {
+            "reroute": ["reroute", "169.254.0.0/16", 0],
+            "metadata": ["guarded", "169.254.169.254", 80],
+        },
+        network=True,
+    )
+
+    assert results["reroute"]["outcome"] != 0
+    assert "Operation not permitted" in results["reroute"]["stderr"]
+    assert_refused_by_route(results["metadata"])
 
 
 @needs_bwrap
@@ -312,7 +333,7 @@ def test_a_worker_without_network_has_only_loopback_and_no_route(
         {
             "links": ["links", "", 0],
             "test_host": ["route", test_host.address, test_host.port],
-            "public": ["route", "192.0.2.1", 443],
+            "public": ["route", "198.51.100.1", 443],
             "resolv": ["resolv", "", 0],
         },
     )
