@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 from floom.config import Settings
 from floom.errors import InvalidRequest
-from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec
+from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec, SandboxUnavailable
 from floom.sandbox.identity import DEFAULT_SANDBOX_UID
-from floom.sandbox.local import LocalSandbox, SandboxUnavailable
+from floom.sandbox.local import LocalSandbox
 
 __all__ = [
     "LineSink",

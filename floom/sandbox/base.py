@@ -7,7 +7,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from floom.errors import InvalidRequest
+from floom.errors import FloomError, InvalidRequest
+
+
+class SandboxUnavailable(FloomError):
+    """The sandbox backend cannot run on this machine."""
+
+    status = 503
+    code = "sandbox_unavailable"
+
 
 LineSink = Callable[[str, str], None]
 """Called with (stream, line) for each line the process prints; stream is stdout or stderr."""

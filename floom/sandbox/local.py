@@ -9,10 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
-import json
-import math
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -22,9 +19,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
-from floom.errors import FloomError, InvalidRequest
-from floom.sandbox import cgroups, limits, procfs, seccomp
-from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec
+from floom.errors import InvalidRequest
+from floom.sandbox import cgroups, limits, seccomp
+from floom.sandbox.base import (
+    LineSink,
+    Sandbox,
+    SandboxResult,
+    SandboxSpec,
+    SandboxUnavailable,
+)
 from floom.sandbox.identity import (
     DEFAULT_SANDBOX_UID,
     IdentityUnavailable,
@@ -37,6 +40,9 @@ from floom.sandbox.network import (
     is_floom_slirp,
     protection_summary,
 )
+from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
+
+__all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 
 SANDBOX_WORKDIR: Final = "/work"
 SANDBOX_OUTPUT_DIR: Final = "/output"
@@ -48,12 +54,6 @@ INERT_ENV: Final = {
     "PYTHONUNBUFFERED": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
-# Well above the 16 KiB a stored line keeps: the run's log redacts secrets before it cuts,
-# so a secret straddling its cut is still seen whole.
-MAX_LINE_BYTES: Final = 64 * 1024
-TRUNCATED_MARKER: Final = f" [line truncated at {MAX_LINE_BYTES} bytes]"
-CANCEL_POLL_SECONDS: Final = 0.1
-KILL_WAIT_SECONDS: Final = 5.0
 
 BWRAP_HINT: Final = "install bubblewrap: apt-get install bubblewrap"
 # Entries of /etc that programs need to resolve names, verify TLS, load libraries and
@@ -68,16 +68,6 @@ _ROOT_LINKS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # refuse it still get the rest of --unshare-all.
 _HARDENING_VARIANTS: Final = (("--unshare-user", "--disable-userns"), ())
 _FRESH_MOUNTS: Final = ("--proc", "/proc", "--dev", "/dev")
-# How the tools that start the sandbox prefix their own errors, which precede anything the
-# command prints.
-_STARTUP_ERROR_PREFIXES: Final = ("bwrap: ", "prlimit: ", "setpriv: ", "unshare: ", "mount: ")
-
-
-class SandboxUnavailable(FloomError):
-    """The sandbox backend cannot run on this machine."""
-
-    status = 503
-    code = "sandbox_unavailable"
 
 
 class LocalSandbox(Sandbox):
@@ -226,7 +216,7 @@ class LocalSandbox(Sandbox):
                     )
                     run_scope.callback(networking.close)
 
-            result = _Supervisor(proc, info_r, on_line).supervise(
+            result = Supervisor(proc, info_r, on_line).supervise(
                 deadline=time.monotonic() + spec.timeout_seconds,
                 should_cancel=should_cancel,
                 timeout_seconds=spec.timeout_seconds,
@@ -260,297 +250,6 @@ class LocalSandbox(Sandbox):
             namespaces = _probe_namespaces(bwrap, system, as_sandbox_user)
             self._prefix = (prlimit, bwrap, *namespaces, *system, *_FRESH_MOUNTS)
         return self._prefix
-
-
-class _Supervisor:
-    """Streams one bwrap process's output and makes sure its whole tree ends.
-
-    bwrap reports the host pid of the sandbox's pid 1 on the info fd; it is held as a pidfd.
-    Killing pid 1 makes the kernel kill every process in the namespace, and pid 1 only
-    becomes a zombie once they are all gone, so a readable pidfd means the tree has ended.
-    """
-
-    def __init__(self, proc: subprocess.Popen[bytes], info_fd: int, on_line: LineSink) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
-        self.proc = proc
-        self.info_fd = info_fd
-        self.info = bytearray()
-        self.init_pidfd: int | None = None
-        self.stderr = _LineSplitter("stderr", on_line)
-        self.readers = {
-            proc.stdout.fileno(): _LineSplitter("stdout", on_line),
-            proc.stderr.fileno(): self.stderr,
-        }
-        self.poller = select.poll()
-        self.open_fds: set[int] = set()
-        for fd in (*self.readers, info_fd):
-            self.poller.register(fd, select.POLLIN)
-            self.open_fds.add(fd)
-
-    def supervise(
-        self,
-        *,
-        deadline: float,
-        should_cancel: Callable[[], bool],
-        timeout_seconds: float,
-        release_fd: int,
-        before_command: Callable[[int], None],
-        check_limits: Callable[[], str | None],
-    ) -> SandboxResult:
-        proc = self.proc
-        outcome: str | None = None
-        limit: str | None = None
-        ended_with: int | None = None
-        try:
-            self._release_command(release_fd, before_command)
-            try:
-                bwrap_pidfd = os.pidfd_open(proc.pid)
-            except OSError as exc:
-                raise SandboxUnavailable(
-                    f"cannot watch the sandbox process: {exc}",
-                    hint="the local sandbox needs Linux 5.3 or newer (pidfd_open)",
-                ) from exc
-            self.poller.register(bwrap_pidfd, select.POLLIN)
-            self.open_fds.add(bwrap_pidfd)
-            watching = True
-            drain_deadline = math.inf
-            next_cancel_check = time.monotonic() + CANCEL_POLL_SECONDS
-            next_limit_check = time.monotonic() + limits.POLL_SECONDS
-            while self.open_fds:
-                now = time.monotonic()
-                if watching:
-                    if now >= deadline:
-                        outcome = "timed_out"
-                    elif now >= next_cancel_check:
-                        next_cancel_check = now + CANCEL_POLL_SECONDS
-                        if should_cancel():
-                            outcome = "cancelled"
-                        elif now >= next_limit_check:
-                            next_limit_check = now + limits.POLL_SECONDS
-                            if limit := check_limits():
-                                outcome = "limit"
-                            elif (ended_with := self._ended_under_stopped_init()) is not None:
-                                outcome = "ended"
-                    if outcome is not None:
-                        watching = False
-                        if not self.kill_tree():
-                            outcome = None  # it ended on its own just before
-                        drain_deadline = time.monotonic() + KILL_WAIT_SECONDS
-                if watching:
-                    wait = min(next_cancel_check, deadline) - now
-                elif now >= drain_deadline:
-                    break  # something outside the namespace holds a pipe; stop reading
-                else:
-                    wait = drain_deadline - now
-                for fd, _ in self.poller.poll(math.ceil(max(wait, 0.0) * 1000)):
-                    if fd == bwrap_pidfd:
-                        self._close(fd)
-                        if watching:
-                            watching = False
-                            drain_deadline = time.monotonic() + KILL_WAIT_SECONDS
-                    elif data := os.read(fd, 65536):
-                        self._feed(fd, data)
-                    else:
-                        self._close(fd)
-            self._await_init_exit()
-            if outcome in (None, "ended"):
-                # A limit hit just before the end (an OOM-killed child, a file written
-                # past the disk limit) still decides the run.
-                limit = check_limits()
-        finally:
-            if proc.poll() is None:
-                self.kill_tree()
-            for fd in self.open_fds - self.readers.keys():
-                os.close(fd)
-            if self.init_pidfd is not None:
-                os.close(self.init_pidfd)
-            for stream in (proc.stdout, proc.stderr):
-                assert stream is not None
-                stream.close()
-        returncode = proc.wait()
-        if outcome == "timed_out":
-            return SandboxResult(
-                exit_code=None, timed_out=True, error=f"timed out after {timeout_seconds:g} s"
-            )
-        if outcome == "cancelled":
-            return SandboxResult(exit_code=None, cancelled=True, error="cancelled")
-        exit_code = 128 - returncode if returncode < 0 else returncode
-        if outcome == "ended" and ended_with is not None:
-            exit_code = ended_with
-        if limit is not None:
-            return SandboxResult(
-                exit_code=None if outcome == "limit" else exit_code, limit_exceeded=limit
-            )
-        first = self.stderr.first_line
-        failed_to_start = (
-            exit_code != 0 and first is not None and first.startswith(_STARTUP_ERROR_PREFIXES)
-        )
-        return SandboxResult(exit_code=exit_code, error=first if failed_to_start else None)
-
-    def _ended_under_stopped_init(self) -> int | None:
-        # Judge by the command itself when something holds pid 1 stopped: bwrap would
-        # only report the end once pid 1 reaps it (floom/sandbox/procfs.py).
-        init_pid = _child_pid(self.info)
-        return None if init_pid is None else procfs.command_exit_under_stopped_init(init_pid)
-
-    def _release_command(self, release_fd: int, before_command: Callable[[int], None]) -> None:
-        """Run the before-command steps on the sandbox's pid 1, then let bwrap start the
-        command; if a step fails, the sandbox is killed before the command could run."""
-        try:
-            child_pid = self._read_child_pid()
-            if child_pid is not None:  # None: bwrap failed early; its error is on stderr
-                before_command(child_pid)
-        except BaseException:
-            self.kill_tree()
-            raise
-        finally:
-            os.close(release_fd)
-
-    def _read_child_pid(self) -> int | None:
-        # bwrap reports pid 1 right after creating the namespaces, before it blocks.
-        deadline = time.monotonic() + KILL_WAIT_SECONDS
-        while self.info_fd in self.open_fds and self.init_pidfd is None:
-            wait = deadline - time.monotonic()
-            ready, _, _ = select.select([self.info_fd], [], [], max(wait, 0.0))
-            if not ready:
-                raise SandboxUnavailable(
-                    f"bubblewrap did not report its sandbox within {KILL_WAIT_SECONDS:g} s",
-                    hint="the node may be overloaded; try again",
-                )
-            if data := os.read(self.info_fd, 4096):
-                self.info += data
-                self.init_pidfd = _open_init_pidfd(self.info)
-            else:
-                self._close(self.info_fd)
-        return _child_pid(self.info) if self.init_pidfd is not None else None
-
-    def kill_tree(self) -> bool:
-        """Kill the sandbox's pid 1 and wait for bwrap; False when it had already ended."""
-        proc = self.proc
-        if proc.poll() is not None:
-            return False
-        init_pidfd = self._wait_for_init()
-        if init_pidfd is not None:
-            try:
-                signal.pidfd_send_signal(init_pidfd, signal.SIGKILL)
-                proc.wait(KILL_WAIT_SECONDS)  # bwrap reaps pid 1, then exits
-                return True
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-        # No pid 1 reported, or bwrap did not exit: its --die-with-parent takes the
-        # namespace down with it.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-        return True
-
-    def _await_init_exit(self) -> None:
-        # bwrap exits as soon as the command does; pid 1 then kills what the command left
-        # running (--die-with-parent) and ends after it. Wait for that, bounded.
-        if self.init_pidfd is None:
-            return
-        for _ in range(2):
-            ready, _, _ = select.select([self.init_pidfd], [], [], KILL_WAIT_SECONDS)
-            if ready:
-                return
-            try:
-                signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-
-    def _wait_for_init(self) -> int | None:
-        # bwrap writes its info right after creating the namespaces; wait for it briefly.
-        deadline = time.monotonic() + 1.0
-        while self.info_fd in self.open_fds and self.init_pidfd is None:
-            wait = max(deadline - time.monotonic(), 0.0)
-            ready, _, _ = select.select([self.info_fd], [], [], wait)
-            if not ready:
-                break
-            if data := os.read(self.info_fd, 4096):
-                self.info += data
-            else:
-                self._close(self.info_fd)
-        return self.init_pidfd
-
-    def _feed(self, fd: int, data: bytes) -> None:
-        reader = self.readers.get(fd)
-        if reader is not None:
-            reader.feed(data)
-        else:
-            self.info += data
-
-    def _close(self, fd: int) -> None:
-        self.poller.unregister(fd)
-        self.open_fds.discard(fd)
-        reader = self.readers.get(fd)
-        if reader is not None:
-            reader.flush()  # the stream itself is closed with the Popen's file objects
-            return
-        os.close(fd)
-        if fd == self.info_fd and self.init_pidfd is None:
-            self.init_pidfd = _open_init_pidfd(self.info)
-
-
-class _LineSplitter:
-    """Turns one stream's bytes into lines, capping each at MAX_LINE_BYTES."""
-
-    __slots__ = ("stream", "sink", "pending", "dropping", "first_line")
-
-    def __init__(self, stream: str, sink: LineSink) -> None:
-        self.stream = stream
-        self.sink = sink
-        self.pending = bytearray()
-        self.dropping = False  # inside a line that was already emitted truncated
-        self.first_line: str | None = None
-
-    def feed(self, data: bytes) -> None:
-        pending = self.pending
-        pending += data
-        start = 0
-        while (end := pending.find(b"\n", start)) >= 0:
-            if self.dropping:
-                self.dropping = False
-            else:
-                self._emit(pending[start:end])
-            start = end + 1
-        del pending[:start]
-        if not self.dropping and len(pending) > MAX_LINE_BYTES:
-            self._emit(pending)
-            self.dropping = True
-        if self.dropping:
-            pending.clear()
-
-    def flush(self) -> None:
-        if self.pending and not self.dropping:
-            self._emit(self.pending)
-        self.pending.clear()
-
-    def _emit(self, raw: bytearray) -> None:
-        if len(raw) > MAX_LINE_BYTES:
-            text = raw[:MAX_LINE_BYTES].decode("utf-8", "replace") + TRUNCATED_MARKER
-        else:
-            text = raw.decode("utf-8", "replace").removesuffix("\r")
-        if self.first_line is None:
-            self.first_line = text
-        self.sink(self.stream, text)
-
-
-def _open_init_pidfd(info: bytes | bytearray) -> int | None:
-    pid = _child_pid(info)
-    try:
-        return None if pid is None else os.pidfd_open(pid)
-    except OSError:
-        return None  # it already ended
-
-
-def _child_pid(info: bytes | bytearray) -> int | None:
-    try:
-        pid = json.loads(info)["child-pid"]
-    except (ValueError, KeyError, TypeError):
-        return None  # bwrap failed before creating the sandbox, or the report is partial
-    return pid if isinstance(pid, int) else None
 
 
 def _seccomp_fd() -> int | None:
