@@ -10,8 +10,11 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep
+from floom.api.openapi import errors
 from floom.errors import TooManyWaits
-from floom.services import composio_events, run_waits, runs, webhooks
+from floom.schemas import triggers as views
+from floom.schemas.runs import run_public
+from floom.services import composio_events, run_waits, webhooks
 from floom.services.context import Context
 from floom.services.run_rules import FINISHED
 from floom.store.models import Run
@@ -36,33 +39,68 @@ async def _read_body(request: Request, ctx: Context) -> bytes:
     return b"".join(chunks)
 
 
-def _answer(received: webhooks.Received) -> dict[str, Any]:
-    d = received.delivery
-    return {
-        "delivery_id": d.id,
-        "worker": d.worker_name or None,
-        "outcome": d.outcome,
-        "run_id": d.run_id if d.outcome == webhooks.RUN else None,
-        "duplicate": received.duplicate,
-        "message": d.message,
+# A hook's body is the sender's own (any content type, up to FLOOM_WEBHOOK_MAX_BYTES); its
+# signature headers are checked against the raw bytes.
+HOOK_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": False,
+        "description": "the event as the sender sends it; a JSON object becomes the run's "
+        "inputs (or its `event` input)",
+        "content": {
+            "application/json": {"schema": {}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        },
     }
+}
 
 
-@router.post("/hooks/composio", summary="Receive a Composio trigger event")
+def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A hook's error answers: the one error body, plus the delivery when it was recorded."""
+    documented = errors(*statuses)
+    for answer in documented.values():
+        answer["model"] = views.HookRefusal
+    return documented
+
+
+@router.post(
+    "/hooks/composio",
+    summary="Receive a Composio trigger event",
+    response_model=None,
+    status_code=202,
+    responses={
+        200: {"model": views.ComposioAnswer, "description": "every event was seen before"},
+        202: {"model": views.ComposioAnswer, "description": "the events were recorded"},
+        **errors(400, 401, 404, 413, 422, 503),
+    },
+    openapi_extra=HOOK_BODY,
+)
 async def composio_hook(request: Request, ctx: CtxDep) -> JSONResponse:
     body = await _read_body(request, ctx)
     results = await run_in_threadpool(
         composio_events.receive_composio, ctx, headers=dict(request.headers), body=body
     )
     duplicate = all(r.duplicate for r in results)
-    content = {
-        "duplicate": duplicate,
-        "deliveries": [_answer(r) for r in results],
-    }
-    return JSONResponse(status_code=200 if duplicate else 202, content=content)
+    answer = views.ComposioAnswer(
+        duplicate=duplicate, deliveries=[views.hook_answer(r) for r in results]
+    )
+    return JSONResponse(status_code=200 if duplicate else 202, content=answer.to_json())
 
 
-@router.post("/hooks/{worker}", summary="Receive a signed webhook for a worker")
+@router.post(
+    "/hooks/{worker}",
+    summary="Receive a signed webhook for a worker",
+    response_model=None,
+    status_code=202,
+    responses={
+        200: {
+            "model": views.HookAnswer,
+            "description": "a duplicate delivery, or (with `wait`) the run ended in time",
+        },
+        202: {"model": views.HookAnswer, "description": "the delivery was recorded"},
+        **_refusals(400, 401, 404, 409, 413, 422, 429, 503),
+    },
+    openapi_extra=HOOK_BODY,
+)
 async def worker_hook(
     worker: str,
     request: Request,
@@ -75,22 +113,26 @@ async def worker_hook(
     received = await run_in_threadpool(
         webhooks.receive_webhook, ctx, worker_name=worker, headers=dict(request.headers), body=body
     )
-    content = _answer(received)
+    answer = views.hook_answer(received)
     if received.error is not None:
-        content = {"error": received.error.to_dict(), "delivery": content}
-        return JSONResponse(status_code=received.error.status, content=content)
+        refusal = views.hook_refusal(received.error, answer)
+        return JSONResponse(status_code=received.error.status, content=refusal.to_json())
     if received.duplicate:
-        return JSONResponse(status_code=200, content=content)
-    run_id = content["run_id"]
-    if run_id and wait > 0:
-        ended = await _wait_for(ctx, run_id, wait, worker=worker)
+        return JSONResponse(status_code=200, content=answer.to_json())
+    if answer.run_id and wait > 0:
+        ended = await _wait_for(ctx, answer.run_id, wait, worker=worker)
         if ended is not None:
-            run = runs.run_to_dict(ended)
-            content.update(
-                status=run["status"], outputs=run["outputs"], error=run["error"], run=run
+            run = run_public(ended)
+            waited = answer.model_copy(
+                update={
+                    "status": run.status,
+                    "outputs": run.outputs,
+                    "error": run.error,
+                    "run": run,
+                }
             )
-            return JSONResponse(status_code=200, content=_jsonable(content))
-    return JSONResponse(status_code=202, content=content)
+            return JSONResponse(status_code=200, content=waited.to_json())
+    return JSONResponse(status_code=202, content=answer.to_json())
 
 
 async def _wait_for(ctx: Context, run_id: str, seconds: float, *, worker: str) -> Run | None:
@@ -104,9 +146,3 @@ async def _wait_for(ctx: Context, run_id: str, seconds: float, *, worker: str) -
     except TooManyWaits:
         return None
     return run if run.status in FINISHED else None
-
-
-def _jsonable(value: Any) -> Any:
-    from fastapi.encoders import jsonable_encoder
-
-    return jsonable_encoder(value)

@@ -13,7 +13,10 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep, ReadKey, RunKey
-from floom.services import agent_runs, logs, run_waits, runs
+from floom.api.openapi import Cursor, Limit, WorkerName, authed, enum_query
+from floom.schemas import runs as views
+from floom.schemas.common import Page
+from floom.services import logs, run_waits, runs
 from floom.services.context import Context
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
@@ -47,17 +50,15 @@ def surface_trigger(request: Request) -> str:
     return _CLIENT_TRIGGERS.get(client, "api")
 
 
-def _run_body(ctx: Context, run_id: str) -> dict[str, Any]:
-    run = runs.get_run(ctx, run_id=run_id)
-    body = runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
-    body.update(agent_runs.run_extras(ctx, run=run))
-    return body
-
-
-@router.post("/workers/{name}/runs", status_code=202)
+@router.post(
+    "/workers/{name}/runs",
+    status_code=202,
+    response_model=views.RunPublic,
+    responses=authed(400, 404, 409, 413, 422),
+)
 def start_run(
-    name: str, body: RunRequest, request: Request, ctx: CtxDep, key: RunKey
-) -> dict[str, Any]:
+    name: WorkerName, body: RunRequest, request: Request, ctx: CtxDep, key: RunKey
+) -> views.RunPublic:
     run = runs.create_run(
         ctx,
         worker_name=name,
@@ -68,26 +69,26 @@ def start_run(
         version_id=body.version_id,
         force=body.force,
     )
-    return runs.run_to_dict(run, artifacts=[])
+    return views.run_public(run, artifacts=[])
 
 
-@router.get("/runs")
+@router.get("/runs", response_model=Page[views.RunPublic], responses=authed(400, 422))
 def list_runs(
     ctx: CtxDep,
     _: ReadKey,
-    worker: str | None = None,
-    status: str | None = None,
-    trigger: str | None = None,
-    cursor: str | None = None,
-    limit: int = Query(50, ge=1, le=500),
-) -> dict[str, Any]:
+    worker: str | None = Query(None, description="only this worker's runs"),
+    status: str | None = enum_query(runs.STATUSES, "only runs in this status"),
+    trigger: str | None = enum_query(runs.TRIGGERS, "only runs started this way"),
+    cursor: Cursor = None,
+    limit: Limit = 50,
+) -> Page[views.RunPublic]:
     rows, next_cursor = runs.list_runs(
         ctx, worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
     )
-    return {"items": [runs.run_to_dict(r) for r in rows], "next_cursor": next_cursor}
+    return views.run_page(rows, next_cursor)
 
 
-@router.get("/runs/{run_id}")
+@router.get("/runs/{run_id}", response_model=views.RunDetail, responses=authed(404, 422, 429))
 async def get_run(
     run_id: str,
     request: Request,
@@ -101,14 +102,14 @@ async def get_run(
         description="with wait: `ended` waits for a final status; `settled` also answers "
         "when the run waits for a person (awaiting_approval)",
     ),
-) -> dict[str, Any]:
+) -> views.RunDetail:
     # Async so a waiter holds no thread: the API's thread pool stays free for other calls.
     if wait:
         waiting = run_waits.wait_for_end(
             ctx, run_id=run_id, timeout=wait, until=until, waiter=key.id
         )
         await unless_caller_leaves(request, waiting)
-    return await run_in_threadpool(_run_body, ctx, run_id)
+    return await run_in_threadpool(views.run_detail, ctx, run_id=run_id)
 
 
 async def unless_caller_leaves(request: Request, waiting: Coroutine[Any, Any, object]) -> None:
@@ -133,7 +134,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-@router.get("/runs/{run_id}/logs")
+@router.get("/runs/{run_id}/logs", response_model=views.LogPage, responses=authed(404, 422))
 def get_logs(
     run_id: str,
     ctx: CtxDep,
@@ -141,21 +142,23 @@ def get_logs(
     after: int = Query(0, ge=0, description="return events with a seq above this"),
     tail: int | None = Query(None, ge=1, le=10_000, description="only the last N events"),
     limit: int = Query(1000, ge=1, le=10_000),
-) -> dict[str, Any]:
-    run = runs.get_run(ctx, run_id=run_id)
-    if tail:
-        rows = logs.tail_events(ctx, run_id=run_id, count=tail)
-    else:
-        rows = logs.list_events(ctx, run_id=run_id, after=after, limit=limit)
-    return {
-        "items": [logs.event_to_dict(e) for e in rows],
-        "last_seq": rows[-1].seq if rows else after,
-        "run_status": run.status,
-        "complete": run.status in runs.TERMINAL and len(rows) < limit,
-    }
+) -> views.LogPage:
+    return views.log_page(ctx, run_id=run_id, after=after, tail=tail, limit=limit)
 
 
-@router.get("/runs/{run_id}/logs/stream", summary="Server-sent events of a run's log")
+@router.get(
+    "/runs/{run_id}/logs/stream",
+    summary="Server-sent events of a run's log",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "`log` events (data: a run event, id: its seq), then one `end` "
+            "event (data: the run) when the run has ended; resume with Last-Event-ID",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **authed(404, 422),
+    },
+)
 async def stream_logs(
     run_id: str,
     request: Request,
@@ -211,13 +214,26 @@ def log_event_stream(
     )
 
 
-@router.get("/runs/{run_id}/artifacts")
-def list_artifacts(run_id: str, ctx: CtxDep, _: ReadKey) -> dict[str, Any]:
-    rows = runs.list_artifacts(ctx, run_id=run_id)
-    return {"items": [runs.artifact_to_dict(a) for a in rows], "next_cursor": None}
+@router.get(
+    "/runs/{run_id}/artifacts",
+    response_model=Page[views.ArtifactPublic],
+    responses=authed(404),
+)
+def list_artifacts(run_id: str, ctx: CtxDep, _: ReadKey) -> Page[views.ArtifactPublic]:
+    return views.artifact_page(ctx, run_id=run_id)
 
 
-@router.get("/runs/{run_id}/artifacts/{name:path}")
+@router.get(
+    "/runs/{run_id}/artifacts/{name:path}",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "the artifact's bytes, with its recorded content type",
+            "content": {"*/*": {"schema": {"type": "string", "format": "binary"}}},
+        },
+        **authed(404),
+    },
+)
 def download_artifact(run_id: str, name: str, ctx: CtxDep, _: ReadKey) -> Response:
     art, data = runs.read_artifact(ctx, run_id=run_id, name=name)
     filename = name.rsplit("/", 1)[-1].replace('"', "")
@@ -231,16 +247,21 @@ def download_artifact(run_id: str, name: str, ctx: CtxDep, _: ReadKey) -> Respon
     )
 
 
-@router.post("/runs/{run_id}/cancel")
-def cancel_run(run_id: str, ctx: CtxDep, key: RunKey) -> dict[str, Any]:
+@router.post("/runs/{run_id}/cancel", response_model=views.RunDetail, responses=authed(404, 409))
+def cancel_run(run_id: str, ctx: CtxDep, key: RunKey) -> views.RunDetail:
     runs.cancel_run(ctx, run_id=run_id, actor=key.id)
-    return _run_body(ctx, run_id)
+    return views.run_detail(ctx, run_id=run_id)
 
 
-@router.post("/runs/{run_id}/replay", status_code=202)
+@router.post(
+    "/runs/{run_id}/replay",
+    status_code=202,
+    response_model=views.RunPublic,
+    responses=authed(400, 404, 409, 422),
+)
 def replay_run(
     run_id: str, ctx: CtxDep, key: RunKey, body: ReplayRequest | None = None
-) -> dict[str, Any]:
+) -> views.RunPublic:
     run = runs.replay_run(
         ctx,
         run_id=run_id,
@@ -248,4 +269,4 @@ def replay_run(
         actor=key.id,
         force=bool(body and body.force),
     )
-    return runs.run_to_dict(run, artifacts=[])
+    return views.run_public(run, artifacts=[])
