@@ -276,11 +276,13 @@ def _start_slirp(
         # unmounts the old root: on shared mounts that unmount reaches the host (measured:
         # it took every /run/netns/* namespace with it). A private copy keeps it in.
         wrapper = [tools["unshare"], "--mount", "--propagation=private", "--"]
-        userns = []
+        confinement = ["--enable-sandbox"]
     else:
-        # Unprivileged, its new mount namespace receives no shared mounts to unmount.
+        # Unprivileged, slirp4netns runs as floom's user anyway. Its --enable-sandbox would
+        # need uid 0 mapped in the sandbox's user namespace, which bwrap does not map
+        # (measured: "setegid(0)" and no network).
         wrapper = []
-        userns = [f"--userns-path=/proc/self/fd/{namespaces.user}"]
+        confinement = [f"--userns-path=/proc/self/fd/{namespaces.user}"]
     argv = [
         *wrapper,
         tools["slirp4netns"],
@@ -288,11 +290,10 @@ def _start_slirp(
         "--mtu=65520",
         "--disable-host-loopback",
         "--enable-seccomp",
-        "--enable-sandbox",
+        *confinement,
         f"--ready-fd={ready_w}",
         f"--exit-fd={exit_r}",
         "--netns-type=path",
-        *userns,
         f"/proc/self/fd/{namespaces.net}",
         SANDBOX_DEVICE,
     ]
