@@ -477,7 +477,7 @@ def test_network_allow_without_network_full_is_refused() -> None:
 
 E2E_WORKER = r"""
 import json, socket
-def reach(host, port):
+def tcp(host, port):
     with socket.socket() as s:
         s.settimeout(3)
         try:
@@ -485,8 +485,20 @@ def reach(host, port):
             return "connected"
         except OSError as exc:
             return str(exc.errno)
+def routed(host, port):  # a route lookup only: UDP sends nothing on connect
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, port))
+            return True
+        except OSError:
+            return False
+def reach(port):
+    # The host's loopback as the sandbox could name it: its own 127.0.0.1, and the gateway
+    # slirp4netns maps to the host's (never probed when a route would carry the packet out).
+    gateway = "routed" if routed("10.0.2.2", port) else tcp("10.0.2.2", port)
+    return {"loopback": tcp("127.0.0.1", port), "gateway": gateway}
 inputs = json.load(open("inputs.json"))
-outputs = {name: reach("127.0.0.1", port) for name, port in inputs.items()}
+outputs = {name: reach(port) for name, port in inputs.items()}
 open("result.json", "w").write(json.dumps({"outputs": outputs}))
 """
 
@@ -500,7 +512,7 @@ def test_a_deployed_worker_with_network_cannot_reach_floom_or_its_database(
         tmp_path / "prober",
         "name: prober\nnetwork: full\n"
         "inputs: {api: {type: integer}, postgres: {type: integer}}\n"
-        "outputs: {api: {type: string}, postgres: {type: string}}\n",
+        "outputs: {api: {type: object}, postgres: {type: object}}\n",
         {"run.py": textwrap.dedent(E2E_WORKER)},
     )
     deploy_folder(api, folder)
@@ -512,6 +524,6 @@ def test_a_deployed_worker_with_network_cannot_reach_floom_or_its_database(
     run = wait_for_run(api, started.json()["id"], timeout=60)
 
     assert run["status"] == "succeeded", run
-    refused = str(errno.ECONNREFUSED)
-    assert run["outputs"] == {"api": refused, "postgres": refused}
+    blocked = {"loopback": str(errno.ECONNREFUSED), "gateway": str(errno.EHOSTUNREACH)}
+    assert run["outputs"] == {"api": blocked, "postgres": blocked}
     assert slirp_processes(server.ctx.settings.data_dir) == []
