@@ -410,7 +410,8 @@ def test_a_run_that_reaches_its_memory_limit_says_so_through_the_api(
 
     done = wait_for_run(api, run["id"], timeout=60)
 
-    assert done["status"] in ("failed", "limit_exceeded"), done
+    assert done["status"] == "limit_exceeded", done
+    assert done["error"]["code"] == "limit_exceeded", done
     assert "memory limit of 128 MiB reached (limits.memory_mb in worker.yml)" in str(
         done.get("error")
     ), done

@@ -20,7 +20,7 @@ from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
 from floom.services import agent_runs, workers
 from floom.services import secrets as secret_service
-from floom.services.runs import CANCELLED, FAILED, SUCCEEDED, TIMED_OUT
+from floom.services.run_rules import CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED, TIMED_OUT
 from floom.services.secrets import Redactor
 
 if TYPE_CHECKING:
@@ -197,6 +197,14 @@ class Attempt:
                 error_code="timed_out",
                 error_message=f"timed out after {manifest.limits.timeout_seconds}s "
                 "(limits.timeout_seconds in worker.yml)",
+            )
+        if result.limit_exceeded:
+            return Outcome(
+                status=LIMIT_EXCEEDED,
+                error_code="limit_exceeded",
+                error_message=result.error or f"the {result.limit_exceeded} limit was reached",
+                exit_code=result.exit_code,
+                retryable=False,
             )
         if result.error:
             return Outcome(status=FAILED, error_code="sandbox_error", error_message=result.error)
