@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from floom.errors import FloomError
+
 # A walk of a run's dirs stops after this many entries: a worker can create millions.
 MAX_WALK_ENTRIES = 10_000
 MAX_WALK_DEPTH = 32
@@ -28,16 +30,21 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class Refused(Exception):
+class Refused(FloomError):
     """A file floom will not read or write; the message names the file and the rule."""
+
+    status = 422
+    code = "file_refused"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
-        self.message = message
 
 
-class Cancelled(Exception):
+class Cancelled(FloomError):
     """The run was cancelled while floom was collecting its files."""
+
+    status = 409
+    code = "collection_cancelled"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from floom.errors import FloomError
+
 MEMORY: Final = "memory"
 PROCESSES: Final = "processes"
 CPU: Final = "cpu"
@@ -39,8 +41,11 @@ class CgroupLimits:
     cpu_cores: float
 
 
-class CgroupError(Exception):
+class CgroupError(FloomError):
     """A run's cgroup could not be created, configured or joined."""
+
+    status = 503
+    code = "cgroup_unavailable"
 
 
 class RunCgroup:

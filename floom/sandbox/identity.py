@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from floom.errors import FloomError
+
 DEFAULT_SANDBOX_UID: Final = 65534
 STAGE_DIR: Final = Path("/run/floom-sandbox")
 """Mount point of each run's stage, in the run's own mount namespace only."""
@@ -33,8 +35,11 @@ exec "$@"
 """
 
 
-class IdentityUnavailable(Exception):
+class IdentityUnavailable(FloomError):
     """The tools to start a sandbox as another uid are missing."""
+
+    status = 503
+    code = "sandbox_identity_unavailable"
 
 
 @dataclass(frozen=True)
