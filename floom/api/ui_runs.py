@@ -35,8 +35,7 @@ SINCE = {
     "7d": ("the last 7 days", timedelta(days=7)),
     "30d": ("the last 30 days", timedelta(days=30)),
 }
-# Shown inline; other types only download, since a browser would run them (HTML, SVG, PDF
-# viewers) on floom's origin.
+# Binary image types: named in the preview so the page says why there is none.
 INLINE_IMAGES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 NOTICES = {
     "rolled-back": "Rolled back: this run's version is the worker's active version now.",
@@ -197,10 +196,13 @@ async def log_stream(
 
 
 def _preview(content_type: str, name: str, data: bytes) -> dict[str, Any]:
-    """How to show an artifact: an image, a CSV table, pretty JSON, text, or nothing."""
+    """How to show an artifact: a CSV table, pretty JSON, text, or nothing.
+
+    Binary artifacts (images included) are never shown inline: floom redacts secrets only in
+    text, so a binary file is stored as the worker wrote it and only downloads."""
     lower = name.lower()
     if content_type in INLINE_IMAGES:
-        return {"kind": "image"}
+        return {"kind": "none", "reason": "binary files are not previewed"}
     if len(data) > PREVIEW_BYTES or b"\0" in data[:4096]:
         return {"kind": "none", "reason": "too large or not text"}
     try:
@@ -235,11 +237,11 @@ def artifact_page(request: Request, run_id: str, name: str, ctx: CtxDep, me: Me)
 
 
 @router.get("/runs/{run_id}/files/{name:path}")
-def artifact_file(run_id: str, name: str, ctx: CtxDep, me: Me, inline: bool = False) -> Response:
+def artifact_file(run_id: str, name: str, ctx: CtxDep, me: Me) -> Response:
     art, data = runs.read_artifact(ctx, run_id=run_id, name=name)
     filename = name.rsplit("/", 1)[-1]
     fallback = filename.encode("ascii", "replace").decode().replace('"', "").replace("\\", "")
-    disposition = "inline" if inline and art.content_type in INLINE_IMAGES else "attachment"
+    disposition = "attachment"  # binary artifacts are never shown inline (see _preview)
     return Response(
         content=data,
         media_type=art.content_type,
