@@ -73,6 +73,7 @@ EVENT_STREAM = "/api/v1/runs/{run_id}/logs/stream"
 ON_PATH = {
     ("/api/v1/runs/{run_id}/artifacts/{name}", "name"): "greeting.txt",
     ("/hooks/{worker}", "worker"): "gated",
+    ("/api/v1/secrets/{name}", "name"): "CONTRACT_HOOK",
 }
 # Only an agent run has a transcript, and an agent run needs a model provider stand-in
 # (tests/test_agent_loop.py has one); here its documented 404 is checked instead.
@@ -258,3 +259,14 @@ def test_the_document_describes_the_archive_bodies_and_every_error(contract: Con
                         status,
                     )
     assert httpx.get(f"{contract.server.base_url}/docs").status_code == 200
+
+
+def test_a_routing_rule_whose_priority_is_not_text_is_refused_not_a_server_error(
+    contract: Contract,
+) -> None:
+    # Found by the fuzzer: a list as a rule's priority reached a dict lookup and gave a 500.
+    with contract.server.client() as api:
+        job = {"summary": "s", "role": "reviewer", "routing": [{"role": "x", "priority": []}]}
+        resp = api.post("/api/v1/handoffs/jobs", json=job)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["code"] == "invalid_request"

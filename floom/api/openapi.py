@@ -12,6 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from floom import errors as floom_errors
 from floom.manifest import NAME_PATTERN
 from floom.schemas.common import ErrorBody
+from floom.schemas.handoffs import CONDITION
 from floom.services import secrets
 
 _MEANING = {
@@ -91,7 +92,8 @@ def _document(app: FastAPI) -> dict[str, Any]:
             if invalid and "HTTPValidationError" in str(invalid):
                 invalid["description"] = _MEANING[422]
                 invalid["content"] = {"application/json": {"schema": error_body}}
-    schemas = doc["components"].get("schemas", {})
+    schemas = doc["components"].setdefault("schemas", {})
+    schemas["HandoffCondition"] = CONDITION
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     doc["x-error-codes"] = floom_errors.catalogue()

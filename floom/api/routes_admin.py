@@ -15,7 +15,10 @@ router = APIRouter(prefix="/api/v1", tags=["admin"])
 
 
 class SecretValue(BaseModel):
-    value: str = Field(description="the secret's value; stored encrypted, never returned")
+    value: str = Field(
+        description="the secret's value; stored encrypted, never returned",
+        json_schema_extra={"minLength": secrets.MIN_VALUE_LENGTH},
+    )
 
 
 class KeyRequest(BaseModel):

@@ -25,7 +25,10 @@ class ApproveRequest(BaseModel):
 
 
 class RejectRequest(BaseModel):
-    comment: str = Field(description="why: the agent or the worker's owner reads it")
+    comment: str = Field(
+        description="why: the agent or the worker's owner reads it",
+        json_schema_extra={"minLength": 1},
+    )
 
 
 @router.get("/approvals", response_model=Page[views.ApprovalPublic], responses=authed(400, 422))

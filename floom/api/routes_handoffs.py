@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import JsonDict
 
 from floom.api.auth import CtxDep, ReadKey, RunKey
 from floom.api.openapi import Cursor, Limit, authed
@@ -20,13 +21,52 @@ from floom.services import handoffs
 router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"])
 
 
+# What the handoff rules (services/handoff_rules.py) check, stated for clients; the services
+# still decide, and answer 400 with a hint for a body that breaks one of these.
+TEXT: JsonDict = {"pattern": r"\S"}
+ARTIFACTS: JsonDict = {
+    "maxItems": rules.MAX_ARTIFACTS,
+    "items": {
+        "type": "object",
+        "required": ["type", "uri"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"type": "string", "pattern": r"\S"},
+            "uri": {"type": "string", "pattern": r"\S"},
+            "checksum": {"type": ["string", "null"]},
+            "metadata": {"type": ["object", "null"]},
+        },
+    },
+}
+CONSTRAINTS: JsonDict = {"maxItems": rules.MAX_CONSTRAINTS}
+ROUTING: JsonDict = {
+    "maxItems": rules.MAX_RULES,
+    "items": {
+        "type": "object",
+        "required": ["role"],
+        "additionalProperties": False,
+        "properties": {
+            "role": {"type": "string"},
+            "summary": {"type": ["string", "null"], "pattern": r"\S"},
+            "priority": {"enum": [*rules.PRIORITIES, None]},
+            "context": {"type": ["object", "null"]},
+            "constraints": {"type": ["array", "null"], "items": {"type": "string"}},
+            "condition": {"anyOf": [views.CONDITION_REF, {"type": "null"}]},
+        },
+    },
+}
+LEASE: JsonDict = {"exclusiveMinimum": 0, "maximum": flow.MAX_LEASE_SECONDS}
+
+
 class JobRequest(BaseModel):
-    summary: str
-    role: str = Field(description="the target role's name")
+    summary: str = Field(json_schema_extra=TEXT)
+    role: str = Field(description="the target role's name", json_schema_extra={"minLength": 1})
     context: dict[str, Any] = Field(default_factory=dict)
-    constraints: list[str] = Field(default_factory=list)
+    constraints: list[str] = Field(default_factory=list, json_schema_extra=CONSTRAINTS)
     artifacts: list[dict[str, Any]] = Field(
-        default_factory=list, description="each {type, uri, checksum?, metadata?}"
+        default_factory=list,
+        description="each {type, uri, checksum?, metadata?}",
+        json_schema_extra=ARTIFACTS,
     )
     priority: str = Field("normal", json_schema_extra=views.PRIORITY)
     blocked_by: list[str] = Field(default_factory=list, description="ids of jobs to wait for")
@@ -35,17 +75,36 @@ class JobRequest(BaseModel):
         description="follow-on jobs on completion: {role, summary?, priority?, context?, "
         'constraints?, condition?}; a condition is e.g. {"path": "data.verdict", '
         '"equals": "approve"}',
+        json_schema_extra=ROUTING,
     )
-    idempotency_key: str | None = Field(None, description="the same key returns the first job")
+    idempotency_key: str | None = Field(
+        None,
+        description="the same key returns the first job",
+        json_schema_extra={"minLength": 1, "maxLength": 200},
+    )
 
 
 class JobUpdate(BaseModel):
+    """At least one of the two."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["context"], "properties": {"context": {"type": "object"}}},
+                {"required": ["constraints"], "properties": {"constraints": {"type": "array"}}},
+            ]
+        }
+    )
     context: dict[str, Any] | None = Field(None, description="the full new context")
-    constraints: list[str] | None = Field(None, description="the full new list")
+    constraints: list[str] | None = Field(
+        None, description="the full new list", json_schema_extra=CONSTRAINTS
+    )
 
 
 class LeaseRequest(BaseModel):
-    lease_seconds: float | None = Field(None, description="the server's default if left out")
+    lease_seconds: float | None = Field(
+        None, description="the server's default if left out", json_schema_extra=LEASE
+    )
 
 
 class ClaimNextRequest(LeaseRequest):
@@ -60,11 +119,11 @@ class StatusRequest(LeaseRequest):
 class CompleteRequest(BaseModel):
     summary: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
-    artifacts: list[dict[str, Any]] = Field(default_factory=list)
+    artifacts: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra=ARTIFACTS)
 
 
 class RejectRequest(BaseModel):
-    reason: str
+    reason: str = Field(json_schema_extra=TEXT)
     role: str | None = Field(None, description="route the retry to another role")
     priority: str | None = Field(None, json_schema_extra=views.PRIORITY)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep, DeployKey, ReadKey
@@ -120,6 +120,16 @@ def get_version(name: WorkerName, version_id: str, ctx: CtxDep, _: ReadKey) -> v
 
 
 class RollbackRequest(BaseModel):
+    """Exactly one of the two."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": [field], "properties": {field: {"type": "string", "minLength": 1}}}
+                for field in ("version_id", "run_id")
+            ]
+        }
+    )
     version_id: str | None = Field(None, description="make this version active")
     run_id: str | None = Field(None, description="or the version this run ran")
 

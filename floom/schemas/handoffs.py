@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import Field
-from pydantic.json_schema import JsonDict
+from pydantic.json_schema import JsonDict, JsonValue
 
 from floom.schemas.admin import KeyCreated
 from floom.schemas.common import Public, Timestamp
@@ -139,3 +139,46 @@ class AgentCreated(AgentPublic):
 
 
 AgentKeyCreated = KeyCreated
+
+
+CONDITION_REF: JsonDict = {"$ref": "#/components/schemas/HandoffCondition"}
+_OPERAND: dict[str, JsonDict] = {
+    "equals": {},
+    "not_equals": {},
+    "in": {"type": "array"},
+    "contains": {},
+    "exists": {"type": "boolean"},
+    **{op: {"type": "number"} for op in ("gt", "gte", "lt", "lte")},
+}
+#: A routing rule's condition as services/handoff_rules.py checks it (nesting up to
+#: MAX_CONDITION_DEPTH): a path with one operator, or all / any / not of conditions.
+_VARIANTS: list[JsonValue] = [
+    {
+        "type": "object",
+        "required": [group],
+        "additionalProperties": False,
+        "properties": {group: {"type": "array", "minItems": 1, "items": CONDITION_REF}},
+    }
+    for group in ("all", "any")
+]
+_VARIANTS.append(
+    {
+        "type": "object",
+        "required": ["not"],
+        "additionalProperties": False,
+        "properties": {"not": CONDITION_REF},
+    }
+)
+_VARIANTS.extend(
+    {
+        "type": "object",
+        "required": ["path", op],
+        "additionalProperties": False,
+        "properties": {"path": {"type": "string", "minLength": 1}, op: operand},
+    }
+    for op, operand in _OPERAND.items()
+)
+CONDITION: JsonDict = {
+    "description": 'e.g. {"path": "data.verdict", "equals": "approve"}',
+    "oneOf": _VARIANTS,
+}

@@ -127,7 +127,8 @@ def check_summary(summary: Any) -> str:
 
 
 def check_priority(priority: Any) -> str:
-    if priority not in PRIORITY_RANK:
+    # Any JSON value can arrive here; a list or an object must be refused, not hashed.
+    if not isinstance(priority, str) or priority not in PRIORITY_RANK:
         raise InvalidRequest(
             f"unknown priority {priority!r}", hint=f"one of {', '.join(PRIORITIES)}"
         )
