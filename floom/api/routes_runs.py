@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -185,7 +184,7 @@ def log_event_stream(
             rows = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
             for e in rows:
                 seq = e.seq
-                data = json.dumps(logs.event_to_dict(e), default=str)
+                data = views.event_public(e).model_dump_json()
                 yield f"id: {e.seq}\nevent: log\ndata: {data}\n\n"
             if rows:
                 idle = 0.0
@@ -196,9 +195,9 @@ def log_event_stream(
                 rest = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
                 for e in rest:
                     seq = e.seq
-                    data = json.dumps(logs.event_to_dict(e), default=str)
+                    data = views.event_public(e).model_dump_json()
                     yield f"id: {e.seq}\nevent: log\ndata: {data}\n\n"
-                body = json.dumps(runs.run_to_dict(run), default=str)
+                body = views.run_public(run).model_dump_json()
                 yield f"event: end\ndata: {body}\n\n"
                 return
             await asyncio.sleep(SSE_POLL_SECONDS)

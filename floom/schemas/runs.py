@@ -10,7 +10,7 @@ from floom.schemas.common import Page, Public, Timestamp
 from floom.services import agent_runs, approvals, logs, runs
 from floom.services.context import Context
 from floom.store.agents import Approval
-from floom.store.models import Artifact, Run
+from floom.store.models import Artifact, Run, RunEvent
 
 
 class RunError(Public):
@@ -153,6 +153,10 @@ def run_detail(ctx: Context, *, run_id: str) -> RunDetail:
     return RunDetail.model_validate(body)
 
 
+def event_public(event: RunEvent) -> RunEventPublic:
+    return RunEventPublic.model_validate(logs.event_to_dict(event))
+
+
 def log_page(
     ctx: Context, *, run_id: str, after: int = 0, tail: int | None = None, limit: int = 1000
 ) -> LogPage:
@@ -162,7 +166,7 @@ def log_page(
     else:
         rows = logs.list_events(ctx, run_id=run_id, after=after, limit=limit)
     return LogPage(
-        items=[RunEventPublic.model_validate(logs.event_to_dict(e)) for e in rows],
+        items=[event_public(e) for e in rows],
         last_seq=rows[-1].seq if rows else after,
         run_status=run.status,
         complete=run.status in runs.TERMINAL and len(rows) < limit,
