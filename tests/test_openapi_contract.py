@@ -270,3 +270,28 @@ def test_a_routing_rule_whose_priority_is_not_text_is_refused_not_a_server_error
         resp = api.post("/api/v1/handoffs/jobs", json=job)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["code"] == "invalid_request"
+
+
+def test_a_rate_limited_answer_matches_the_documented_429(api_schema: Any, tmp_path: Path) -> None:
+    ctx = Context.open(
+        fast_settings(
+            tmp_path / "data",
+            f"sqlite:///{tmp_path / 'floom.db'}",
+            rate_limit_per_minute=1,
+            rate_limit_burst=1,
+        )
+    )
+    _, admin = keys.create_key(ctx, scopes=["admin"], name="limited")
+    srv, thread, url = start_server(ctx)
+    try:
+        case = api_schema["/api/v1/workers"]["GET"].Case()
+        auth = {"Authorization": f"Bearer {admin}"}
+        assert case.call(base_url=url, headers=auth).status_code == 200
+        limited = case.call(base_url=url, headers=auth)
+        assert limited.status_code == 429
+        assert limited.headers["retry-after"][0].isdigit()
+        case.validate_response(limited, checks=CHECKS)
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+        ctx.engine.dispose()

@@ -34,7 +34,17 @@ AUTHENTICATED = (401, 403, 429, 503)
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The `responses=` of a route: each status with the one error body."""
     wanted = sorted(set(statuses))
-    return {s: {"model": ErrorBody, "description": _MEANING[s]} for s in wanted}
+    documented: dict[int | str, dict[str, Any]] = {
+        s: {"model": ErrorBody, "description": _MEANING[s]} for s in wanted
+    }
+    if 429 in documented:
+        documented[429]["headers"] = {
+            "Retry-After": {
+                "description": "seconds until this key may send again (rate_limited)",
+                "schema": {"type": "integer"},
+            }
+        }
+    return documented
 
 
 def authed(*statuses: int) -> dict[int | str, dict[str, Any]]:
