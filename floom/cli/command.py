@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from rich.table import Table
 from rich.text import Text
 
-from floom import cli_admin, cli_approvals, cli_handoffs, cli_mcp, cli_triggers, cli_workers
-from floom.cli_output import (
+from floom.cli import admin, approvals, handoffs, mcp, triggers, workers
+from floom.cli.output import (
     _duration,
     _fail,
     _log_line,
@@ -394,7 +394,7 @@ def show(
         for name, value in r["inputs"].items():
             out.print(Text(f"  {name}: {_value(value)}"))
     _print_outcome(r)
-    cli_approvals.print_agent_details(r)
+    approvals.print_agent_details(r)
 
 
 @app.command()
@@ -488,12 +488,12 @@ def artifacts(
     out.print(Text(f"saved {download} to {target} ({_size(len(data))})"))
 
 
-cli_admin.register(app)
-cli_mcp.register(app)
-cli_handoffs.register(app)
-cli_approvals.register(app)
-cli_triggers.register(app)
-cli_workers.register(app, list_workers=list_workers)
+admin.register(app)
+mcp.register(app)
+handoffs.register(app)
+approvals.register(app)
+triggers.register(app)
+workers.register(app, list_workers=list_workers)
 
 
 def main() -> None:
@@ -523,7 +523,3 @@ def _exit_with(message: str, hint: str | None, details: Any = None) -> NoReturn:
         _fail(message, hint, details)
     except typer.Exit as done:
         sys.exit(done.exit_code)
-
-
-if __name__ == "__main__":
-    main()

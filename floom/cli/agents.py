@@ -25,7 +25,7 @@ class HandoffSession:
     """The CLI's configured client, as a HandoffClient, closed on exit."""
 
     def __enter__(self) -> HandoffClient:
-        from floom.cli import _client
+        from floom.cli.command import _client
 
         self._client = _client()
         return HandoffClient(self._client)
@@ -35,13 +35,13 @@ class HandoffSession:
 
 
 def say(message: str, *, style: str = "") -> None:
-    from floom.cli import out
+    from floom.cli.command import out
 
     out.print(Text(message, style=style))
 
 
 def note(message: str, *, style: str = "") -> None:
-    from floom.cli import err
+    from floom.cli.command import err
 
     err.print(Text(message, style=style))
 
@@ -74,7 +74,7 @@ def agents_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List agents and their roles."""
-    from floom.cli import _print_json, _table, _when, out
+    from floom.cli.command import _print_json, _table, _when, out
 
     with HandoffSession() as api:
         page = api.list_agents(include_retired=include_retired)
@@ -146,7 +146,7 @@ def roles_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List roles."""
-    from floom.cli import _print_json, _table, _when, out
+    from floom.cli.command import _print_json, _table, _when, out
 
     with HandoffSession() as api:
         page = api.list_roles(include_retired=include_retired)

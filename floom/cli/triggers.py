@@ -53,7 +53,7 @@ def _details(t: dict[str, Any]) -> str:
 
 
 def _print_listing(listing: dict[str, Any]) -> None:
-    from floom.cli import _table, out
+    from floom.cli.command import _table, out
 
     worker = listing["worker"]
     if listing.get("paused"):
@@ -77,7 +77,7 @@ def list_triggers(
     worker: Annotated[str, typer.Argument(help="worker name")], as_json: JsonOpt = False
 ) -> None:
     """List a worker's triggers; schedules with their next three fire times in their timezone."""
-    from floom.cli import _client, _print_json
+    from floom.cli.command import _client, _print_json
 
     with _client() as client:
         listing = client.list_triggers(worker)
@@ -101,7 +101,7 @@ def resume(worker: WorkerArg, trigger: TriggerOpt = None) -> None:
 
 
 def _set_paused(worker: str, trigger: str | None, *, paused: bool) -> None:
-    from floom.cli import _client, out
+    from floom.cli.command import _client, out
 
     with _client() as client:
         client.set_paused(worker, paused=paused, trigger_id=trigger)
@@ -116,7 +116,7 @@ def list_deliveries(
     as_json: JsonOpt = False,
 ) -> None:
     """List a worker's webhook and Composio deliveries, newest first."""
-    from floom.cli import _client, _print_json, _table, _when, out
+    from floom.cli.command import _client, _print_json, _table, _when, out
 
     with _client() as client:
         page = client.list_deliveries(worker, cursor=cursor, limit=limit)
@@ -153,7 +153,7 @@ def replay_delivery(
     as_json: JsonOpt = False,
 ) -> None:
     """Run a stored delivery again, as a new run."""
-    from floom.cli import _client, _print_json, _watch, out
+    from floom.cli.command import _client, _print_json, _watch, out
 
     with _client() as client:
         started = client.replay_delivery(delivery_id, force=force)

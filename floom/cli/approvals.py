@@ -49,7 +49,7 @@ def list_approvals(
     as_json: JsonOpt = False,
 ) -> None:
     """List approvals, oldest first (pending ones unless --status)."""
-    from floom.cli import _client, _print_json, _table, _when, out
+    from floom.cli.command import _client, _print_json, _table, _when, out
 
     with _client() as client:
         page = client.list_approvals(status=status, run_id=run, cursor=cursor, limit=limit)
@@ -109,7 +109,7 @@ def _parse_edit(value: str | None) -> dict[str, Any] | None:
 
 
 def _print_decision(body: dict[str, Any], verb: str) -> None:
-    from floom.cli import _status, out
+    from floom.cli.command import _status, out
 
     line = Text(f"{verb} {body['id']} ({_what(body)}); run {body['run_id']} is now ")
     line.append_text(_status(body.get("run_status", "?")))
@@ -130,7 +130,7 @@ def approve(
     as_json: JsonOpt = False,
 ) -> None:
     """Approve a pending tool call or run outputs, optionally with edits; the run goes on."""
-    from floom.cli import _client, _print_json
+    from floom.cli.command import _client, _print_json
 
     edited = _parse_edit(edit)
     with _client() as client:
@@ -147,7 +147,7 @@ def reject(
     as_json: JsonOpt = False,
 ) -> None:
     """Reject: a tool call goes back to the agent as a refusal; run outputs end the run."""
-    from floom.cli import _client, _print_json
+    from floom.cli.command import _client, _print_json
 
     with _client() as client:
         body = client.reject(approval_id, comment=comment)
@@ -159,7 +159,7 @@ def reject(
 
 def print_agent_details(r: dict[str, Any]) -> None:
     """The tool calls, approvals and model usage of a run, for `floom show`."""
-    from floom.cli import _table, out
+    from floom.cli.command import _table, out
 
     usage = r.get("model_usage")
     if usage:

@@ -1,4 +1,4 @@
-"""`floom handoffs` (and, through cli_agents, `agents` and `roles`): thin clients of the
+"""`floom handoffs` (and, through agents, `agents` and `roles`): thin clients of the
 handoff REST API."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from floom import cli_agents
-from floom.cli_agents import HandoffSession, JsonOpt, note, say
+from floom.cli import agents
+from floom.cli.agents import HandoffSession, JsonOpt, note, say
 
 handoffs_app = typer.Typer(help="Handoff jobs: publish, claim, finish and review work by role.")
 
@@ -28,13 +28,13 @@ JOB_STYLES = {
 
 def register(app: typer.Typer) -> None:
     """Add `floom handoffs`, `floom agents` and `floom roles` to the floom command."""
-    cli_agents.register(app)
+    agents.register(app)
     app.add_typer(handoffs_app, name="handoffs", no_args_is_help=True)
 
 
 def _json_arg(value: str | None, *, what: str) -> Any:
     """JSON given inline, or as @path to a file."""
-    from floom.cli import _fail
+    from floom.cli.command import _fail
 
     if value is None:
         return None
@@ -48,7 +48,7 @@ def _json_arg(value: str | None, *, what: str) -> Any:
 
 
 def _artifacts(pairs: list[str]) -> list[dict[str, Any]]:
-    from floom.cli import _fail
+    from floom.cli.command import _fail
 
     found = []
     for pair in pairs:
@@ -64,7 +64,7 @@ def _print_job_line(job: dict[str, Any], verb: str) -> None:
 
 
 def _show(job: dict[str, Any]) -> None:
-    from floom.cli import _value, _when
+    from floom.cli.command import _value, _when
 
     say(f"{job['id']}  {job['summary']}", style="bold")
     who = job.get("assignee") or {}
@@ -120,7 +120,7 @@ def handoffs_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List the jobs you can see, newest first."""
-    from floom.cli import _print_json, _table, _when, out
+    from floom.cli.command import _print_json, _table, _when, out
 
     with HandoffSession() as api:
         page = api.list_jobs(
@@ -145,7 +145,7 @@ def handoffs_show(
     job_id: Annotated[str, typer.Argument(help="job id")], as_json: JsonOpt = False
 ) -> None:
     """Show a job with its audit events."""
-    from floom.cli import _print_json
+    from floom.cli.command import _print_json
 
     with HandoffSession() as api:
         job = api.get_job(job_id, events=True)
@@ -171,7 +171,7 @@ def handoffs_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Publish a job for a role; its id is printed on stdout."""
-    from floom.cli import _print_json
+    from floom.cli.command import _print_json
 
     rules = _json_arg(routing, what="routing") or []
     rules += [{"role": r} for r in route or []]
@@ -199,7 +199,7 @@ def handoffs_claim(
     job_id: Annotated[str, typer.Argument(help="job id")], as_json: JsonOpt = False
 ) -> None:
     """Claim a published job."""
-    from floom.cli import _print_json
+    from floom.cli.command import _print_json
 
     with HandoffSession() as api:
         job = api.claim(job_id)
@@ -212,7 +212,7 @@ def handoffs_claim_next(
     as_json: JsonOpt = False,
 ) -> None:
     """Claim the most urgent, then oldest, published job for your roles."""
-    from floom.cli import _print_json
+    from floom.cli.command import _print_json
 
     with HandoffSession() as api:
         job = api.claim_next(role=role)["job"]
@@ -227,7 +227,7 @@ def handoffs_claim_next(
 @handoffs_app.command("heartbeat")
 def handoffs_heartbeat(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     """Extend your lease on a job you hold."""
-    from floom.cli import _when
+    from floom.cli.command import _when
 
     with HandoffSession() as api:
         lease = api.heartbeat(job_id)
@@ -296,7 +296,7 @@ def handoffs_reopen(
     job_id: Annotated[str, typer.Argument(help="a retry job's id")], as_json: JsonOpt = False
 ) -> None:
     """The focused context of a retry: original summary, constraints, every rejection."""
-    from floom.cli import _print_json
+    from floom.cli.command import _print_json
 
     with HandoffSession() as api:
         body = api.reopen_context(job_id)

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from floom.cli_output import _fail, _table, _when, err, out
+from floom.cli.output import _fail, _table, _when, err, out
 
 secrets_app = typer.Typer(help="Secrets that workers can declare (values are never shown).")
 keys_app = typer.Typer(help="API keys: create, list, revoke.")
@@ -35,7 +35,7 @@ def secrets_set(
         value = typer.prompt(f"value of {name}", hide_input=True, confirmation_prompt=True)
     if not value:
         _fail("the secret value is empty", "pipe the value in or type it at the prompt")
-    from floom.cli import _client
+    from floom.cli.command import _client
 
     with _client() as client:
         client.set_secret(name, value)
@@ -45,7 +45,7 @@ def secrets_set(
 @secrets_app.command("list")
 def secrets_list() -> None:
     """List secret names (never values)."""
-    from floom.cli import _client
+    from floom.cli.command import _client
 
     with _client() as client:
         items = client.list_secrets()["items"]
@@ -61,7 +61,7 @@ def secrets_list() -> None:
 @secrets_app.command("rm")
 def secrets_rm(name: Annotated[str, typer.Argument(help="secret name")]) -> None:
     """Delete a secret."""
-    from floom.cli import _client
+    from floom.cli.command import _client
 
     with _client() as client:
         client.delete_secret(name)
@@ -79,7 +79,7 @@ def keys_create(
     name: Annotated[str, typer.Option("--name", help="what the key is for")] = "",
 ) -> None:
     """Create an API key; the key is printed once, on stdout."""
-    from floom.cli import _client
+    from floom.cli.command import _client
 
     with _client() as client:
         created = client.create_key(scopes=scope, name=name)
@@ -91,7 +91,7 @@ def keys_create(
 @keys_app.command("list")
 def keys_list() -> None:
     """List API keys (ids and prefixes, never the keys)."""
-    from floom.cli import _client
+    from floom.cli.command import _client
 
     with _client() as client:
         items = client.list_keys()["items"]
@@ -113,7 +113,7 @@ def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="key id (see `floom keys list`)")],
 ) -> None:
     """Revoke an API key at once."""
-    from floom.cli import _client
+    from floom.cli.command import _client
 
     with _client() as client:
         client.revoke_key(key_id)

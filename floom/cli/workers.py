@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from floom.cli_output import err, out
+from floom.cli.output import err, out
 from floom.client import FloomClient
 
 workers_app = typer.Typer(

@@ -1,0 +1,7 @@
+"""The floom command line: a thin client of the REST API, plus `serve`, which runs the server."""
+
+from __future__ import annotations
+
+from floom.cli.command import app, main
+
+__all__ = ["app", "main"]
