@@ -10,15 +10,12 @@ from typing import Any
 
 import httpx
 
-from floom.services import keys
-from floom.services.context import Context
 from floom.services.run_rules import FINISHED
 from tests.conftest import (
     LiveServer,
     deploy_folder,
-    fast_settings,
+    live_server,
     make_worker,
-    start_server,
     wait_until,
 )
 from tests.standins.anthropic_api import MessagesStandin, messages_standin
@@ -48,21 +45,6 @@ def start_run(api: httpx.Client, worker: str, inputs: dict[str, Any] | None = No
     assert resp.status_code == 202, resp.text
     run_id: str = resp.json()["id"]
     return run_id
-
-
-@contextmanager
-def live_server(data_dir: Path, database_url: str, **overrides: Any) -> Iterator[LiveServer]:
-    """A floom server of its own (API + executor) with settings overrides; several of them
-    on one database stand for a restart or for another node."""
-    ctx = Context.open(fast_settings(data_dir, database_url, **overrides))
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="test admin")
-    srv, thread, url = start_server(ctx)
-    try:
-        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
-        ctx.engine.dispose()
 
 
 MODEL_KEY = "sk-ant-standin-key-0123456789"

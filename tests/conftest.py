@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,21 @@ def start_server(ctx: Context) -> tuple[uvicorn.Server, threading.Thread, str]:
             raise RuntimeError("the floom server did not start")
         time.sleep(0.02)
     return server, thread, f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def live_server(data_dir: Path, database_url: str, **overrides: Any) -> Iterator[LiveServer]:
+    """A floom server of its own (API + executor) with settings overrides; several of them
+    on one database stand for a restart or for another node."""
+    ctx = Context.open(fast_settings(data_dir, database_url, **overrides))
+    _, admin = keys.create_key(ctx, scopes=["admin"], name="test admin")
+    srv, thread, url = start_server(ctx)
+    try:
+        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
+        ctx.engine.dispose()
 
 
 @pytest.fixture

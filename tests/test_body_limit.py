@@ -8,25 +8,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from floom.services import keys
-from floom.services.context import Context
-from tests.conftest import LiveServer, fast_settings, start_server
+from tests.conftest import LiveServer, live_server
 
 
 @pytest.fixture
 def small_server(tmp_path: Path) -> Iterator[LiveServer]:
-    settings = fast_settings(
+    with live_server(
         tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}", max_request_bytes=64 * 1024
-    )
-    ctx = Context.open(settings)
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="admin")
-    srv, thread, url = start_server(ctx)
-    try:
-        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
-        ctx.engine.dispose()
+    ) as srv:
+        yield srv
 
 
 def test_a_declared_oversized_json_body_is_refused_with_413_before_parsing(

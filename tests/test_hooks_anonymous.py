@@ -14,9 +14,12 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from floom.services import keys
-from floom.services.context import Context
-from tests.conftest import LiveServer, deploy_folder, fast_settings, make_worker, start_server
+from tests.conftest import (
+    LiveServer,
+    deploy_folder,
+    live_server,
+    make_worker,
+)
 
 COMPOSIO_SECRET = "whsec_" + "YW5vbnltb3VzLXRlc3Qtc2VjcmV0LTAxMjM0NTY3ODk="
 # Words an anonymous answer must never carry: setting names and the worker's secret name.
@@ -47,17 +50,10 @@ def signed(body: bytes, msg_id: str, secret: str) -> dict[str, str]:
 
 @pytest.fixture
 def composio_server(tmp_path: Path, database_url: str) -> Iterator[LiveServer]:
-    ctx = Context.open(
-        fast_settings(tmp_path / "data", database_url, composio_webhook_secret=COMPOSIO_SECRET)
-    )
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="test admin")
-    srv, thread, url = start_server(ctx)
-    try:
-        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
-        ctx.engine.dispose()
+    with live_server(
+        tmp_path / "data", database_url, composio_webhook_secret=COMPOSIO_SECRET
+    ) as srv:
+        yield srv
 
 
 def test_an_unsigned_composio_event_without_a_configured_secret_gets_404_and_the_log_says_why(

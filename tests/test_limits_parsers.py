@@ -21,8 +21,7 @@ from floom.bundle import Bundle, BundleFile, read_archive
 from floom.errors import BundleTooLarge, ManifestTooLarge, RateLimited
 from floom.manifest import MAX_MANIFEST_DEPTH, Manifest
 from floom.services import keys
-from floom.services.context import Context
-from tests.conftest import LiveServer, fast_settings, start_server
+from tests.conftest import LiveServer, fast_settings, live_server
 from tests.mcp_support import call, http_client
 
 RUN_PY = "import json\njson.dump({'outputs': {}}, open('result.json', 'w'))\n"
@@ -333,18 +332,10 @@ def test_inputs_nested_deeper_than_the_limit_are_refused(
 @pytest.fixture
 def limited(tmp_path: Path, database_url: str) -> Iterator[LiveServer]:
     """A live server that lets each key make 3 requests at once, then 6 a minute."""
-    settings = fast_settings(
+    with live_server(
         tmp_path / "data", database_url, rate_limit_per_minute=6, rate_limit_burst=3
-    )
-    ctx = Context.open(settings)
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="test admin")
-    srv, thread, url = start_server(ctx)
-    try:
-        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
-        ctx.engine.dispose()
+    ) as srv:
+        yield srv
 
 
 def test_a_key_over_its_rate_gets_429_with_retry_after_in_the_error_shape(

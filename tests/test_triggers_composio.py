@@ -13,16 +13,13 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from floom.services import keys
 from floom.services.composio_events import matches, read_event
-from floom.services.context import Context
 from floom.triggers.spec import ComposioSpec
 from tests.conftest import (
     LiveServer,
     deploy_folder,
-    fast_settings,
+    live_server,
     make_worker,
-    start_server,
     wait_for_run,
 )
 
@@ -36,17 +33,8 @@ json.dump({"outputs": {"event": inputs.get("event"), "author": inputs.get("autho
 
 @pytest.fixture
 def composio_server(tmp_path: Path, database_url: str) -> Iterator[LiveServer]:
-    ctx = Context.open(
-        fast_settings(tmp_path / "data", database_url, composio_webhook_secret=SECRET)
-    )
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="test admin")
-    srv, thread, url = start_server(ctx)
-    try:
-        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
-        ctx.engine.dispose()
+    with live_server(tmp_path / "data", database_url, composio_webhook_secret=SECRET) as srv:
+        yield srv
 
 
 def v3_event(slug: str, account: str, data: dict[str, Any], msg_id: str) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +17,15 @@ from floom.client import FloomClient
 from floom.services import keys, runs
 from floom.services.context import Context
 from floom.triggers.signatures import sign_floom
-from tests.conftest import LiveServer, deploy_folder, fast_settings, make_worker, start_server
+from tests.conftest import (
+    LiveServer,
+    deploy_folder,
+    live_server,
+    make_worker,
+)
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n"
 NOOP = "import json\njson.dump({'outputs': {}}, open('result.json', 'w'))\n"
-
-
-@contextmanager
-def serving(tmp_path: Path, database_url: str, **overrides: Any) -> Iterator[LiveServer]:
-    ctx = Context.open(fast_settings(tmp_path / "data", database_url, **overrides))
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="test admin")
-    srv, thread, url = start_server(ctx)
-    try:
-        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
-        ctx.engine.dispose()
 
 
 @pytest.fixture
@@ -43,7 +34,7 @@ def make_server(tmp_path: Path, database_url: str) -> Iterator[Callable[..., Liv
     with_stack: list[Any] = []
 
     def make(**overrides: Any) -> LiveServer:
-        cm = serving(tmp_path, database_url, **overrides)
+        cm = live_server(tmp_path / "data", database_url, **overrides)
         with_stack.append(cm)
         return cm.__enter__()
 

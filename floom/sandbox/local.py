@@ -19,7 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
-from floom.errors import InvalidRequest
 from floom.sandbox import cgroups, limits, seccomp
 from floom.sandbox.base import (
     LineSink,
@@ -27,6 +26,7 @@ from floom.sandbox.base import (
     SandboxResult,
     SandboxSpec,
     SandboxUnavailable,
+    validate_spec,
 )
 from floom.sandbox.identity import (
     DEFAULT_SANDBOX_UID,
@@ -148,7 +148,7 @@ class LocalSandbox(Sandbox):
         should_cancel: Callable[[], bool],
     ) -> SandboxResult:
         prefix = self._command_prefix()
-        _validate(spec)
+        validate_spec(spec)
         try:
             launcher = self._identity.launcher(spec.workdir, spec.output_dir)
             self._identity.hand_over(spec.workdir, spec.output_dir)
@@ -309,30 +309,6 @@ def _argv(
 def _sandbox_env(spec: SandboxSpec) -> dict[str, str]:
     # Only the backend knows where the output directory is inside the sandbox.
     return {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR}
-
-
-def _validate(spec: SandboxSpec) -> None:
-    if not spec.command:
-        raise InvalidRequest(
-            "the sandbox was given no command", hint="pass a command such as ['python3', 'run.py']"
-        )
-    if spec.timeout_seconds <= 0 or spec.memory_mb < 1:
-        raise InvalidRequest(
-            f"timeout_seconds ({spec.timeout_seconds}) and memory_mb ({spec.memory_mb}) "
-            "must be positive",
-            hint="set a timeout in seconds and a memory limit in MiB above zero",
-        )
-    for label, path in (("workdir", spec.workdir), ("output_dir", spec.output_dir)):
-        if not path.is_dir():
-            raise InvalidRequest(
-                f"{label} {path} is not a directory", hint="create it before running the sandbox"
-            )
-    for key, value in spec.env.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
-            raise InvalidRequest(
-                f"environment variable {key!r} cannot be passed to a process",
-                hint="use a name without '=' or NUL characters, and a value without NUL",
-            )
 
 
 @functools.cache
