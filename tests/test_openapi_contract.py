@@ -295,3 +295,15 @@ def test_a_rate_limited_answer_matches_the_documented_429(api_schema: Any, tmp_p
         srv.should_exit = True
         thread.join(timeout=30)
         ctx.engine.dispose()
+
+
+def test_a_body_that_cannot_be_parsed_is_an_invalid_request(contract: Contract) -> None:
+    with contract.server.client() as api:
+        resp = api.post(
+            "/api/v1/workers/gated/pause",
+            content=b"\xff",
+            headers={"Content-Type": "application/json"},
+        )
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "invalid_request" and error["hint"]

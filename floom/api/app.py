@@ -8,8 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from sqlalchemy import text
 
 from floom import __version__
@@ -66,19 +65,6 @@ def preflight(settings: Settings) -> Context:
     if "executor" in settings.role_set:
         get_sandbox(settings.sandbox, settings).check()
     return Context.open(settings)
-
-
-async def method_not_allowed(_: Request, exc: Exception) -> JSONResponse:
-    """405 in the one error shape, keeping the `Allow` header HTTP requires with it."""
-    allowed = getattr(exc, "headers", None) or {}
-    response = errors.error_response(
-        405,
-        "method_not_allowed",
-        str(getattr(exc, "detail", "Method Not Allowed")),
-        f"this path answers {allowed.get('Allow', 'other methods')}; see /docs",
-    )
-    response.headers.update(allowed)
-    return response
 
 
 def _has_worker(ctx: Context) -> bool:
@@ -141,7 +127,6 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
     openapi.install(app)
-    app.add_exception_handler(405, method_not_allowed)
     app.include_router(routes_workers.router)
     app.include_router(routes_runs.router)
     app.include_router(routes_admin.router)

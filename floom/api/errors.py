@@ -30,6 +30,14 @@ def floom_error_response(exc: FloomError) -> JSONResponse:
     return response
 
 
+# The framework's own refusals, under floom's codes: 400 is a body it could not parse.
+_HTTP_REFUSALS: dict[int, tuple[str, str | None]] = {
+    400: ("invalid_request", "send a JSON body (see /docs for its shape), or none"),
+    404: ("not_found", "see /docs for the routes"),
+    405: ("method_not_allowed", "see /docs for the routes"),
+}
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(FloomError)
     async def _floom(_: Request, exc: FloomError) -> JSONResponse:
@@ -71,9 +79,13 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        hint = "see /docs for the routes" if exc.status_code in (404, 405) else None
-        return error_response(exc.status_code, code, str(exc.detail), hint)
+        code, hint = _HTTP_REFUSALS.get(exc.status_code, ("http_error", None))
+        if exc.status_code == 405 and exc.headers and "Allow" in exc.headers:
+            hint = f"this path answers {exc.headers['Allow']}; see /docs"
+        response = error_response(exc.status_code, code, str(exc.detail), hint)
+        # HTTP requires some of these (Allow with a 405); keep whatever the router set.
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
