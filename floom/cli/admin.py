@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from floom.cli.output import _fail, _table, _when, err, out
+from floom.cli.common import open_client
+from floom.cli.output import err, fail, new_table, out, when
 
 secrets_app = typer.Typer(help="Secrets that workers can declare (values are never shown).")
 keys_app = typer.Typer(help="API keys: create, list, revoke.")
@@ -34,10 +35,9 @@ def secrets_set(
     else:
         value = typer.prompt(f"value of {name}", hide_input=True, confirmation_prompt=True)
     if not value:
-        _fail("the secret value is empty", "pipe the value in or type it at the prompt")
-    from floom.cli.command import _client
+        fail("the secret value is empty", "pipe the value in or type it at the prompt")
 
-    with _client() as client:
+    with open_client() as client:
         client.set_secret(name, value)
     out.print(Text(f"secret {name} set"))
 
@@ -45,25 +45,21 @@ def secrets_set(
 @secrets_app.command("list")
 def secrets_list() -> None:
     """List secret names (never values)."""
-    from floom.cli.command import _client
-
-    with _client() as client:
+    with open_client() as client:
         items = client.list_secrets()["items"]
     if not items:
         out.print("no secrets yet: add one with `floom secrets set NAME`")
         return
-    table = _table("NAME", "UPDATED")
+    table = new_table("NAME", "UPDATED")
     for s in items:
-        table.add_row(s["name"], _when(s.get("updated_at") or s.get("created_at")))
+        table.add_row(s["name"], when(s.get("updated_at") or s.get("created_at")))
     out.print(table)
 
 
 @secrets_app.command("rm")
 def secrets_rm(name: Annotated[str, typer.Argument(help="secret name")]) -> None:
     """Delete a secret."""
-    from floom.cli.command import _client
-
-    with _client() as client:
+    with open_client() as client:
         client.delete_secret(name)
     out.print(Text(f"secret {name} removed"))
 
@@ -79,9 +75,7 @@ def keys_create(
     name: Annotated[str, typer.Option("--name", help="what the key is for")] = "",
 ) -> None:
     """Create an API key; the key is printed once, on stdout."""
-    from floom.cli.command import _client
-
-    with _client() as client:
+    with open_client() as client:
         created = client.create_key(scopes=scope, name=name)
     err.print(Text(f"created API key {created['id']} with scopes {', '.join(created['scopes'])}"))
     out.print(Text(created["key"]))
@@ -91,19 +85,17 @@ def keys_create(
 @keys_app.command("list")
 def keys_list() -> None:
     """List API keys (ids and prefixes, never the keys)."""
-    from floom.cli.command import _client
-
-    with _client() as client:
+    with open_client() as client:
         items = client.list_keys()["items"]
-    table = _table("ID", "NAME", "PREFIX", "SCOPES", "CREATED", "REVOKED")
+    table = new_table("ID", "NAME", "PREFIX", "SCOPES", "CREATED", "REVOKED")
     for k in items:
         table.add_row(
             k["id"],
             k.get("name", ""),
             k.get("prefix", ""),
             ",".join(k.get("scopes", [])),
-            _when(k.get("created_at")),
-            _when(k.get("revoked_at")) if k.get("revoked_at") else "",
+            when(k.get("created_at")),
+            when(k.get("revoked_at")) if k.get("revoked_at") else "",
         )
     out.print(table)
 
@@ -113,8 +105,6 @@ def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="key id (see `floom keys list`)")],
 ) -> None:
     """Revoke an API key at once."""
-    from floom.cli.command import _client
-
-    with _client() as client:
+    with open_client() as client:
         client.revoke_key(key_id)
     out.print(Text(f"revoked API key {key_id}"))

@@ -5,45 +5,20 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.text import Text
 
-from floom.handoff_client import HandoffClient
+from floom.cli.common import HandoffSession, JsonOpt
+from floom.cli.output import new_table, note, out, print_json, say, when
 
 agents_app = typer.Typer(help="Handoff agents: identities with roles and their own API keys.")
 roles_app = typer.Typer(help="Handoff roles: the kinds of work agents take on (admins manage).")
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON only")]
 RoleOpt = Annotated[list[str], typer.Option("--role", help="a role name; repeat for several")]
 
 
 def register(app: typer.Typer) -> None:
+    """Add `floom agents` and `floom roles` to the floom command."""
     app.add_typer(agents_app, name="agents", no_args_is_help=True)
     app.add_typer(roles_app, name="roles", no_args_is_help=True)
-
-
-class HandoffSession:
-    """The CLI's configured client, as a HandoffClient, closed on exit."""
-
-    def __enter__(self) -> HandoffClient:
-        from floom.cli.command import _client
-
-        self._client = _client()
-        return HandoffClient(self._client)
-
-    def __exit__(self, *exc: object) -> None:
-        self._client.close()
-
-
-def say(message: str, *, style: str = "") -> None:
-    from floom.cli.command import out
-
-    out.print(Text(message, style=style))
-
-
-def note(message: str, *, style: str = "") -> None:
-    from floom.cli.command import err
-
-    err.print(Text(message, style=style))
 
 
 # -- agents ----------------------------------------------------------------------------------
@@ -74,18 +49,16 @@ def agents_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List agents and their roles."""
-    from floom.cli.command import _print_json, _table, _when, out
-
     with HandoffSession() as api:
         page = api.list_agents(include_retired=include_retired)
     if as_json:
-        _print_json(page)
+        print_json(page)
         return
-    table = _table("ID", "LABEL", "TOOL", "ROLES", "CREATED", "RETIRED")
+    table = new_table("ID", "LABEL", "TOOL", "ROLES", "CREATED", "RETIRED")
     for a in page["items"]:
-        retired = _when(a["retired_at"]) if a.get("retired_at") else ""
+        retired = when(a["retired_at"]) if a.get("retired_at") else ""
         row = (a["id"], a["label"], a["tool_family"], ", ".join(a["roles"]))
-        table.add_row(*row, _when(a["created_at"]), retired)
+        table.add_row(*row, when(a["created_at"]), retired)
     out.print(table if table.row_count else "no agents yet")
 
 
@@ -146,15 +119,13 @@ def roles_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List roles."""
-    from floom.cli.command import _print_json, _table, _when, out
-
     with HandoffSession() as api:
         page = api.list_roles(include_retired=include_retired)
     if as_json:
-        _print_json(page)
+        print_json(page)
         return
-    table = _table("NAME", "ID", "DESCRIPTION", "RETIRED")
+    table = new_table("NAME", "ID", "DESCRIPTION", "RETIRED")
     for r in page["items"]:
-        retired = _when(r["retired_at"]) if r.get("retired_at") else ""
+        retired = when(r["retired_at"]) if r.get("retired_at") else ""
         table.add_row(r["name"], r["id"], r["description"], retired)
     out.print(table if table.row_count else "no roles yet (`floom roles create NAME`)")

@@ -10,7 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON only")]
+from floom.cli.common import JsonOpt, open_client
+from floom.cli.output import new_table, out, print_json, status_text, when
+
 APPROVAL_STYLES = {"pending": "yellow", "approved": "green", "rejected": "red", "cancelled": "dim"}
 TOOL_STYLES = {
     "ok": "green",
@@ -49,14 +51,12 @@ def list_approvals(
     as_json: JsonOpt = False,
 ) -> None:
     """List approvals, oldest first (pending ones unless --status)."""
-    from floom.cli.command import _client, _print_json, _table, _when, out
-
-    with _client() as client:
+    with open_client() as client:
         page = client.list_approvals(status=status, run_id=run, cursor=cursor, limit=limit)
     if as_json:
-        _print_json(page)
+        print_json(page)
         return
-    table = _table("APPROVAL", "RUN", "WORKER", "WHAT", "STATUS", "CREATED", "PROPOSED")
+    table = new_table("APPROVAL", "RUN", "WORKER", "WHAT", "STATUS", "CREATED", "PROPOSED")
     for a in page["items"]:
         table.add_row(
             a["id"],
@@ -64,7 +64,7 @@ def list_approvals(
             a["worker"],
             _what(a),
             Text(a["status"], style=APPROVAL_STYLES.get(a["status"], "")),
-            _when(a.get("created_at")),
+            when(a.get("created_at")),
             _short(a.get("proposed")),
         )
     if table.row_count:
@@ -109,10 +109,8 @@ def _parse_edit(value: str | None) -> dict[str, Any] | None:
 
 
 def _print_decision(body: dict[str, Any], verb: str) -> None:
-    from floom.cli.command import _status, out
-
     line = Text(f"{verb} {body['id']} ({_what(body)}); run {body['run_id']} is now ")
-    line.append_text(_status(body.get("run_status", "?")))
+    line.append_text(status_text(body.get("run_status", "?")))
     out.print(line)
 
 
@@ -130,13 +128,11 @@ def approve(
     as_json: JsonOpt = False,
 ) -> None:
     """Approve a pending tool call or run outputs, optionally with edits; the run goes on."""
-    from floom.cli.command import _client, _print_json
-
     edited = _parse_edit(edit)
-    with _client() as client:
+    with open_client() as client:
         body = client.approve(approval_id, edited=edited, comment=comment)
     if as_json:
-        _print_json(body)
+        print_json(body)
     else:
         _print_decision(body, "approved")
 
@@ -147,20 +143,16 @@ def reject(
     as_json: JsonOpt = False,
 ) -> None:
     """Reject: a tool call goes back to the agent as a refusal; run outputs end the run."""
-    from floom.cli.command import _client, _print_json
-
-    with _client() as client:
+    with open_client() as client:
         body = client.reject(approval_id, comment=comment)
     if as_json:
-        _print_json(body)
+        print_json(body)
     else:
         _print_decision(body, "rejected")
 
 
 def print_agent_details(r: dict[str, Any]) -> None:
     """The tool calls, approvals and model usage of a run, for `floom show`."""
-    from floom.cli.command import _table, out
-
     usage = r.get("model_usage")
     if usage:
         out.print(
@@ -174,7 +166,7 @@ def print_agent_details(r: dict[str, Any]) -> None:
     calls = r.get("tool_calls") or []
     if calls:
         out.print("tool calls:")
-        table = _table("  #", "TOOL", "STATUS", "MS", "ARGUMENTS", "RESULT")
+        table = new_table("  #", "TOOL", "STATUS", "MS", "ARGUMENTS", "RESULT")
         for c in calls:
             result = c.get("error") or c.get("result") or ""
             table.add_row(

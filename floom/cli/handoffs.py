@@ -1,5 +1,4 @@
-"""`floom handoffs` (and, through agents, `agents` and `roles`): thin clients of the
-handoff REST API."""
+"""`floom handoffs`: thin clients of the handoff REST API."""
 
 from __future__ import annotations
 
@@ -10,8 +9,8 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from floom.cli import agents
-from floom.cli.agents import HandoffSession, JsonOpt, note, say
+from floom.cli.common import HandoffSession, JsonOpt
+from floom.cli.output import fail, new_table, note, out, print_json, say, value_text, when
 
 handoffs_app = typer.Typer(help="Handoff jobs: publish, claim, finish and review work by role.")
 
@@ -27,34 +26,29 @@ JOB_STYLES = {
 
 
 def register(app: typer.Typer) -> None:
-    """Add `floom handoffs`, `floom agents` and `floom roles` to the floom command."""
-    agents.register(app)
+    """Add `floom handoffs` to the floom command."""
     app.add_typer(handoffs_app, name="handoffs", no_args_is_help=True)
 
 
 def _json_arg(value: str | None, *, what: str) -> Any:
     """JSON given inline, or as @path to a file."""
-    from floom.cli.command import _fail
-
     if value is None:
         return None
     try:
         text = Path(value[1:]).read_text() if value.startswith("@") else value
         return json.loads(text)
     except OSError as exc:
-        _fail(f"cannot read {what} from {value[1:]}: {exc.strerror}", "check the path")
+        fail(f"cannot read {what} from {value[1:]}: {exc.strerror}", "check the path")
     except json.JSONDecodeError as exc:
-        _fail(f"the {what} is not valid JSON: {exc.msg}", 'e.g. \'{"key": "value"}\' or @file.json')
+        fail(f"the {what} is not valid JSON: {exc.msg}", 'e.g. \'{"key": "value"}\' or @file.json')
 
 
 def _artifacts(pairs: list[str]) -> list[dict[str, Any]]:
-    from floom.cli.command import _fail
-
     found = []
     for pair in pairs:
         kind, sep, uri = pair.partition("=")
         if not sep or not kind or not uri:
-            _fail(f"'{pair}' is not TYPE=URI", "e.g. --artifact file=s3://bucket/report.md")
+            fail(f"'{pair}' is not TYPE=URI", "e.g. --artifact file=s3://bucket/report.md")
         found.append({"type": kind, "uri": uri})
     return found
 
@@ -64,8 +58,6 @@ def _print_job_line(job: dict[str, Any], verb: str) -> None:
 
 
 def _show(job: dict[str, Any]) -> None:
-    from floom.cli.command import _value, _when
-
     say(f"{job['id']}  {job['summary']}", style="bold")
     who = job.get("assignee") or {}
     src = job.get("source_agent") or {}
@@ -76,8 +68,8 @@ def _show(job: dict[str, Any]) -> None:
         ("source", src.get("label", "-")),
         ("assignee", who.get("label", "-")),
         ("attempt", str(job["attempt"])),
-        ("created", _when(job.get("created_at"))),
-        ("lease until", _when(job.get("lease_expires_at"))),
+        ("created", when(job.get("created_at"))),
+        ("lease until", when(job.get("lease_expires_at"))),
     ]
     for label, key in (("blocked by", "blocked_by"), ("constraints", "constraints")):
         if job.get(key):
@@ -94,17 +86,17 @@ def _show(job: dict[str, Any]) -> None:
     for label, value in rows:
         say(f"  {label:<16}{value}")
     if job.get("context"):
-        say(f"  {'context':<16}{_value(job['context'])}")
+        say(f"  {'context':<16}{value_text(job['context'])}")
     for artifact in job.get("artifacts") or []:
         say(f"  {'artifact':<16}{artifact['type']}: {artifact['uri']}")
     if job.get("result"):
-        say(f"  {'result':<16}{_value(job['result'])}")
+        say(f"  {'result':<16}{value_text(job['result'])}")
     if job.get("events"):
         say("events:", style="bold")
         for e in job["events"]:
             move = f"{e['from_status'] or '-'} -> {e['to_status']}"
-            extra = f"  {_value(e['payload'])}" if e.get("payload") else ""
-            say(f"  {_when(e['ts'])}  {e['type']:<16} {move:<26} {e['actor']}{extra}")
+            extra = f"  {value_text(e['payload'])}" if e.get("payload") else ""
+            say(f"  {when(e['ts'])}  {e['type']:<16} {move:<26} {e['actor']}{extra}")
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -120,21 +112,19 @@ def handoffs_list(
     as_json: JsonOpt = False,
 ) -> None:
     """List the jobs you can see, newest first."""
-    from floom.cli.command import _print_json, _table, _when, out
-
     with HandoffSession() as api:
         page = api.list_jobs(
             status=status, role=role, assignee="me" if mine else None, limit=limit, cursor=cursor
         )
     if as_json:
-        _print_json(page)
+        print_json(page)
         return
-    table = _table("JOB", "STATUS", "ROLE", "PRIORITY", "ASSIGNEE", "CREATED", "SUMMARY")
+    table = new_table("JOB", "STATUS", "ROLE", "PRIORITY", "ASSIGNEE", "CREATED", "SUMMARY")
     for j in page["items"]:
         assignee = (j.get("assignee") or {}).get("label", "")
         status_text = Text(j["status"], style=JOB_STYLES.get(j["status"], ""))
         row = (j["id"], status_text, j["role"], j["priority"], assignee)
-        table.add_row(*row, _when(j["created_at"]), j["summary"][:60])
+        table.add_row(*row, when(j["created_at"]), j["summary"][:60])
     out.print(table if table.row_count else "no jobs match")
     if page.get("next_cursor"):
         say(f"more: floom handoffs list --cursor {page['next_cursor']}", style="dim")
@@ -145,11 +135,9 @@ def handoffs_show(
     job_id: Annotated[str, typer.Argument(help="job id")], as_json: JsonOpt = False
 ) -> None:
     """Show a job with its audit events."""
-    from floom.cli.command import _print_json
-
     with HandoffSession() as api:
         job = api.get_job(job_id, events=True)
-    _print_json(job) if as_json else _show(job)
+    print_json(job) if as_json else _show(job)
 
 
 @handoffs_app.command("create")
@@ -171,8 +159,6 @@ def handoffs_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Publish a job for a role; its id is printed on stdout."""
-    from floom.cli.command import _print_json
-
     rules = _json_arg(routing, what="routing") or []
     rules += [{"role": r} for r in route or []]
     with HandoffSession() as api:
@@ -188,7 +174,7 @@ def handoffs_create(
             idempotency_key=idempotency_key,
         )
     if as_json:
-        _print_json(job)
+        print_json(job)
         return
     _print_job_line(job, "existing" if job.get("replayed") else "published")
     say(job["id"])
@@ -199,11 +185,9 @@ def handoffs_claim(
     job_id: Annotated[str, typer.Argument(help="job id")], as_json: JsonOpt = False
 ) -> None:
     """Claim a published job."""
-    from floom.cli.command import _print_json
-
     with HandoffSession() as api:
         job = api.claim(job_id)
-    _print_json(job) if as_json else _show(job)
+    print_json(job) if as_json else _show(job)
 
 
 @handoffs_app.command("claim-next")
@@ -212,12 +196,10 @@ def handoffs_claim_next(
     as_json: JsonOpt = False,
 ) -> None:
     """Claim the most urgent, then oldest, published job for your roles."""
-    from floom.cli.command import _print_json
-
     with HandoffSession() as api:
         job = api.claim_next(role=role)["job"]
     if as_json:
-        _print_json(job)
+        print_json(job)
     elif job is None:
         say("no published job for your roles")
     else:
@@ -227,11 +209,9 @@ def handoffs_claim_next(
 @handoffs_app.command("heartbeat")
 def handoffs_heartbeat(job_id: Annotated[str, typer.Argument(help="job id")]) -> None:
     """Extend your lease on a job you hold."""
-    from floom.cli.command import _when
-
     with HandoffSession() as api:
         lease = api.heartbeat(job_id)
-    say(f"job {job_id} is yours until {_when(lease.get('lease_expires_at'))}")
+    say(f"job {job_id} is yours until {when(lease.get('lease_expires_at'))}")
 
 
 @handoffs_app.command("status")
@@ -296,12 +276,10 @@ def handoffs_reopen(
     job_id: Annotated[str, typer.Argument(help="a retry job's id")], as_json: JsonOpt = False
 ) -> None:
     """The focused context of a retry: original summary, constraints, every rejection."""
-    from floom.cli.command import _print_json
-
     with HandoffSession() as api:
         body = api.reopen_context(job_id)
     if as_json:
-        _print_json(body)
+        print_json(body)
         return
     say(f"{body['job_id']} (attempt {body['attempt']}, {body['status']}): {body['summary']}")
     for c in body["constraints"]:

@@ -6,12 +6,16 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("mcp")
-    def mcp() -> None:
-        """Serve MCP over stdio for Claude Code, Codex, Gemini CLI, Cursor or VS Code.
+    """Add `floom mcp` to the floom command."""
+    app.command("mcp")(serve_mcp)
 
-        Configured by FLOOM_BASE_URL and FLOOM_API_KEY (see the README's MCP section).
-        """
-        from floom.mcp.stdio import serve
 
-        serve()
+def serve_mcp() -> None:
+    """Serve MCP over stdio for Claude Code, Codex, Gemini CLI, Cursor or VS Code.
+
+    Configured by FLOOM_BASE_URL and FLOOM_API_KEY (see the README's MCP section).
+    """
+    # Imported here, not at the top: the MCP SDK costs ~0.4 s of every CLI start-up.
+    from floom.mcp.stdio import serve
+
+    serve()

@@ -39,7 +39,18 @@ STATUS_STYLES = {
 STREAM_STYLES = {"stderr": "red", "system": "dim"}
 
 
-def _fail(message: str, hint: str | None = None, details: Any = None) -> NoReturn:
+def say(message: str, *, style: str = "") -> None:
+    """A line of the command's answer, on stdout."""
+    out.print(Text(message, style=style))
+
+
+def note(message: str, *, style: str = "") -> None:
+    """A line for the person at the terminal, on stderr, so stdout stays parseable."""
+    err.print(Text(message, style=style))
+
+
+def fail(message: str, hint: str | None = None, details: Any = None) -> NoReturn:
+    """Print an error (its problems, its hint) on stderr and exit 1."""
     err.print(Text(f"error: {message}", style="red"))
     for line in _detail_lines(message, details):
         err.print(Text(line))
@@ -63,7 +74,8 @@ def _detail_lines(message: str, details: Any) -> list[str]:
     return lines
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
+    """Print a value as indented JSON on stdout (what --json prints)."""
     out.print(Text(json.dumps(value, indent=2, default=str)))
 
 
@@ -79,12 +91,14 @@ def _parse_time(value: str | None) -> datetime | None:
     return parsed.astimezone()
 
 
-def _when(value: str | None) -> str:
+def when(value: str | None) -> str:
+    """A stored timestamp (UTC) in local time, or "-"."""
     parsed = _parse_time(value)
     return parsed.strftime("%Y-%m-%d %H:%M:%S") if parsed else "-"
 
 
-def _duration(run: dict[str, Any]) -> str:
+def duration(run: dict[str, Any]) -> str:
+    """How long a run took, or has been running so far."""
     start, end = _parse_time(run.get("started_at")), _parse_time(run.get("finished_at"))
     if not start:
         return "-"
@@ -92,7 +106,8 @@ def _duration(run: dict[str, Any]) -> str:
     return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
 
 
-def _size(n: int | None) -> str:
+def human_size(n: int | None) -> str:
+    """A byte count in B, KiB or MiB."""
     if n is None:
         return "-"
     if n < 1024:
@@ -102,22 +117,26 @@ def _size(n: int | None) -> str:
     return f"{n / (1024 * 1024):.1f} MiB"
 
 
-def _status(status: str) -> Text:
+def status_text(status: str) -> Text:
+    """A run status in its colour."""
     return Text(status, style=STATUS_STYLES.get(status, ""))
 
 
-def _value(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """An input or output value on one line: text as it is, anything else as JSON."""
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def _table(*columns: str) -> Table:
+def new_table(*columns: str) -> Table:
+    """A borderless table whose cells never wrap, so ids stay whole for copy and paste."""
     table = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for column in columns:
         table.add_column(column, no_wrap=True)
     return table
 
 
-def _log_line(event: dict[str, Any]) -> Text:
+def log_line(event: dict[str, Any]) -> Text:
+    """A log event as a line: time, stream, text."""
     parsed = _parse_time(event.get("ts"))
     stream = str(event.get("stream", ""))
     line = Text(parsed.strftime("%H:%M:%S") if parsed else "--:--:--", style="dim")
@@ -126,19 +145,21 @@ def _log_line(event: dict[str, Any]) -> Text:
     return line
 
 
-def _print_result(run: dict[str, Any]) -> None:
+def print_result(run: dict[str, Any]) -> None:
+    """The end of a followed run: its status, duration and outcome."""
     line = Text(f"run {run['id']} ")
-    line.append_text(_status(run["status"]))
-    line.append(f" in {_duration(run)}")
+    line.append_text(status_text(run["status"]))
+    line.append(f" in {duration(run)}")
     out.print(line)
-    _print_outcome(run)
+    print_outcome(run)
     if run.get("artifacts"):
         out.print(
             Text(f"  download with `floom artifacts {run['id']} --download NAME`", style="dim")
         )
 
 
-def _print_outcome(r: dict[str, Any]) -> None:
+def print_outcome(r: dict[str, Any]) -> None:
+    """A run's error, outputs and artifacts, where it has them."""
     if r.get("error"):
         out.print(
             Text(f"error: {r['error'].get('code')}: {r['error'].get('message')}", style="red")
@@ -146,8 +167,10 @@ def _print_outcome(r: dict[str, Any]) -> None:
     if r.get("outputs"):
         out.print("outputs:")
         for name, value in r["outputs"].items():
-            out.print(Text(f"  {name}: {_value(value)}"))
+            out.print(Text(f"  {name}: {value_text(value)}"))
     if r.get("artifacts"):
         out.print("artifacts:")
         for a in r["artifacts"]:
-            out.print(Text(f"  {a['name']}  {_size(a.get('size'))}  {a.get('content_type', '')}"))
+            out.print(
+                Text(f"  {a['name']}  {human_size(a.get('size'))}  {a.get('content_type', '')}")
+            )

@@ -9,7 +9,10 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON only")]
+from floom.cli.common import JsonOpt, open_client
+from floom.cli.output import new_table, out, print_json, when
+from floom.cli.runs import watch_run
+
 TriggerOpt = Annotated[
     str | None, typer.Option("--trigger", metavar="ID", help="only this trigger of the worker")
 ]
@@ -53,15 +56,13 @@ def _details(t: dict[str, Any]) -> str:
 
 
 def _print_listing(listing: dict[str, Any]) -> None:
-    from floom.cli.command import _table, out
-
     worker = listing["worker"]
     if listing.get("paused"):
         out.print(Text(f"{worker} is paused: schedules and webhooks do not start runs", "yellow"))
     if not listing["items"]:
         out.print(f"{worker} has no triggers: declare them under triggers: in worker.yml")
         return
-    table = _table("TRIGGER", "KIND", "STATE", "DETAILS")
+    table = new_table("TRIGGER", "KIND", "STATE", "DETAILS")
     for t in listing["items"]:
         state = Text("paused", "yellow") if t.get("paused") else Text("active", "green")
         table.add_row(t["id"], t["kind"], state, _details(t))
@@ -77,12 +78,10 @@ def list_triggers(
     worker: Annotated[str, typer.Argument(help="worker name")], as_json: JsonOpt = False
 ) -> None:
     """List a worker's triggers; schedules with their next three fire times in their timezone."""
-    from floom.cli.command import _client, _print_json
-
-    with _client() as client:
+    with open_client() as client:
         listing = client.list_triggers(worker)
     if as_json:
-        _print_json(listing)
+        print_json(listing)
     else:
         _print_listing(listing)
 
@@ -101,9 +100,7 @@ def resume(worker: WorkerArg, trigger: TriggerOpt = None) -> None:
 
 
 def _set_paused(worker: str, trigger: str | None, *, paused: bool) -> None:
-    from floom.cli.command import _client, out
-
-    with _client() as client:
+    with open_client() as client:
         client.set_paused(worker, paused=paused, trigger_id=trigger)
     what = f"trigger {trigger} of {worker}" if trigger else worker
     out.print(Text(f"{what} {'paused' if paused else 'resumed'}"))
@@ -116,21 +113,19 @@ def list_deliveries(
     as_json: JsonOpt = False,
 ) -> None:
     """List a worker's webhook and Composio deliveries, newest first."""
-    from floom.cli.command import _client, _print_json, _table, _when, out
-
-    with _client() as client:
+    with open_client() as client:
         page = client.list_deliveries(worker, cursor=cursor, limit=limit)
     if as_json:
-        _print_json(page)
+        print_json(page)
         return
     if not page["items"]:
         out.print(f"no deliveries to {worker} yet")
         return
-    table = _table("DELIVERY", "RECEIVED", "SOURCE", "EVENT", "OUTCOME", "RUN", "SENDER ID")
+    table = new_table("DELIVERY", "RECEIVED", "SOURCE", "EVENT", "OUTCOME", "RUN", "SENDER ID")
     for d in page["items"]:
         table.add_row(
             d["id"],
-            _when(d.get("received_at")),
+            when(d.get("received_at")),
             d["source"],
             d.get("event") or "-",
             Text(d["outcome"], OUTCOME_STYLES.get(d["outcome"], "")),
@@ -153,13 +148,11 @@ def replay_delivery(
     as_json: JsonOpt = False,
 ) -> None:
     """Run a stored delivery again, as a new run."""
-    from floom.cli.command import _client, _print_json, _watch, out
-
-    with _client() as client:
+    with open_client() as client:
         started = client.replay_delivery(delivery_id, force=force)
         if wait:
-            _watch(client, started, as_json=as_json, timeout=None)
+            watch_run(client, started, as_json=as_json, timeout=None)
         elif as_json:
-            _print_json(started)
+            print_json(started)
         else:
             out.print(Text(started["id"]))

@@ -1,16 +1,21 @@
-"""`floom workers` (list) and `floom workers delete`: thin clients of the workers REST API."""
+"""`floom validate`, `deploy`, `versions`, `rollback` and `floom workers` (list, delete):
+thin clients of the workers REST API, plus the local check of a worker folder."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
 
-from floom.cli.output import err, out
-from floom.client import FloomClient
+from floom.cli.common import JsonOpt, open_client
+from floom.cli.output import err, human_size, new_table, out, when
+from floom.config import Settings
+
+if TYPE_CHECKING:
+    from floom.manifest import Manifest
 
 workers_app = typer.Typer(
     help="List the deployed workers (no subcommand), or delete one.",
@@ -18,16 +23,121 @@ workers_app = typer.Typer(
 )
 
 
-def register(app: typer.Typer, *, list_workers: Callable[[], None]) -> None:
+def register(app: typer.Typer) -> None:
+    """Add the worker commands to the floom command."""
+    app.command()(validate)
+    app.command()(deploy)
+    app.command()(versions)
+    app.command()(rollback)
+
+
+def register_group(app: typer.Typer) -> None:
     """Add `floom workers`: without a subcommand it lists, as it always has."""
-
-    @workers_app.callback(invoke_without_command=True)
-    def workers(ctx: typer.Context) -> None:
-        """List deployed workers, or delete one (`floom workers delete NAME`)."""
-        if ctx.invoked_subcommand is None:
-            list_workers()
-
     app.add_typer(workers_app, name="workers")
+
+
+@workers_app.callback(invoke_without_command=True)
+def workers(ctx: typer.Context) -> None:
+    """List deployed workers, or delete one (`floom workers delete NAME`)."""
+    if ctx.invoked_subcommand is None:
+        list_workers()
+
+
+def _check_locally(folder: Path) -> Manifest:
+    # Imported here, not at the top: the manifest schema costs ~27 ms of every CLI start-up.
+    from floom.manifest import check_folder, format_problems
+
+    manifest, problems = check_folder(folder)
+    if manifest is None:
+        count = len(problems)
+        err.print(
+            Text(f"error: {folder} has {count} problem{'s' if count != 1 else ''}:", style="red")
+        )
+        err.print(Text(format_problems(problems)))
+        raise typer.Exit(1)
+    return manifest
+
+
+def validate(folder: Annotated[Path, typer.Argument(help="the worker's folder")]) -> None:
+    """Check a worker folder locally (no server needed)."""
+    manifest = _check_locally(folder)
+    out.print(Text(f"ok: {manifest.name} ({manifest.kind}, entry {manifest.entry})"))
+
+
+def deploy(folder: Annotated[Path, typer.Argument(help="the worker's folder")]) -> None:
+    """Validate a worker folder, then upload it as a new version and make it active."""
+    # Imported here, not at the top: archiving (tarfile, lzma) costs ~4 ms of every CLI start-up.
+    from floom.bundle import read_folder
+
+    _check_locally(folder)
+    archive = read_folder(folder, max_bytes=Settings().max_bundle_bytes).to_archive()
+    with open_client() as client:
+        result = client.deploy(archive)
+    name, version = result["worker"]["name"], result["version"]["id"]
+    if result["created"]:
+        out.print(Text(f"deployed {name} version {version} (active)"))
+    elif result["activated"]:
+        out.print(Text(f"{name} version {version} unchanged; it is the active version again"))
+    else:
+        out.print(Text(f"{name} version {version} unchanged"))
+
+
+def list_workers() -> None:
+    """List deployed workers."""
+    table = new_table("NAME", "KIND", "ACTIVE VERSION", "UPDATED", "TITLE")
+    cursor: str | None = None
+    with open_client() as client:
+        while True:
+            page = client.list_workers(cursor=cursor)
+            for w in page["items"]:
+                table.add_row(
+                    w["name"],
+                    w.get("kind", "-"),
+                    w.get("active_version_id") or "-",
+                    when(w.get("updated_at")),
+                    w.get("title", ""),
+                )
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+    if table.row_count:
+        out.print(table)
+    else:
+        out.print("no workers yet: deploy one with `floom deploy FOLDER`")
+
+
+def versions(worker: Annotated[str, typer.Argument(help="worker name")]) -> None:
+    """List a worker's versions, newest first; * marks the active one."""
+    with open_client() as client:
+        items = client.list_versions(worker)["items"]
+    table = new_table("", "VERSION", "CREATED", "FILES", "SIZE", "DIGEST")
+    for v in items:
+        table.add_row(
+            "*" if v.get("active") else "",
+            v["id"],
+            when(v.get("created_at")),
+            str(v.get("file_count", "-")),
+            human_size(v.get("size")),
+            str(v.get("digest", ""))[:12],
+        )
+    out.print(table)
+
+
+def rollback(
+    worker: Annotated[str, typer.Argument(help="worker name")],
+    to: Annotated[str | None, typer.Option("--to", help="version id to activate")] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="activate the version of this run")
+    ] = None,
+) -> None:
+    """Make an earlier version active again."""
+    if (to is None) == (run is None):
+        raise typer.BadParameter(
+            "give exactly one of --to VERSION or --run RUN_ID", param_hint="'--to' / '--run'"
+        )
+    with open_client() as client:
+        result = client.rollback(worker, version_id=to, run_id=run)
+    out.print(Text(f"{worker} now runs version {result['version']['id']}"))
 
 
 @workers_app.command("delete")
@@ -42,7 +152,7 @@ def delete(
         ),
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print JSON only")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Delete a worker; its triggers stop at once, its runs are kept unless purged.
 
@@ -53,7 +163,7 @@ def delete(
         if not typer.confirm(f"delete worker '{name}' {what}?", default=False, err=True):
             err.print(Text("not deleted", style="yellow"))
             raise typer.Exit(1)
-    with FloomClient.from_env(surface="cli") as client:
+    with open_client() as client:
         result = client.delete_worker(name, purge_runs=purge_runs)
     if as_json:
         out.print_json(json.dumps(result))
