@@ -27,15 +27,12 @@ from schemathesis.specs.openapi.checks import (
 )
 from standardwebhooks import Webhook
 
-from floom.services import keys
-from floom.services.context import Context
 from tests.conftest import (
     EXAMPLES,
     LiveServer,
     deploy_folder,
-    fast_settings,
+    live_server,
     make_worker,
-    start_server,
     wait_until,
 )
 
@@ -94,20 +91,11 @@ def contract(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contract]:
     """One live server on SQLite for the module, without a request rate limit (the fuzzer
     sends far more than a client would), seeded with one of each entity."""
     tmp = tmp_path_factory.mktemp("contract")
-    ctx = Context.open(
-        fast_settings(tmp / "data", f"sqlite:///{tmp / 'floom.db'}", rate_limit_per_minute=0)
-    )
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="contract admin")
-    srv, thread, url = start_server(ctx)
-    server = LiveServer(ctx=ctx, base_url=url, admin_key=admin)
-    try:
+    database = f"sqlite:///{tmp / 'floom.db'}"
+    with live_server(tmp / "data", database, rate_limit_per_minute=0) as server:
         with server.client() as api:
             seeds = _seed(server, api, tmp)
         yield Contract(server=server, seeds=seeds)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
-        ctx.engine.dispose()
 
 
 def _seed(server: LiveServer, api: httpx.Client, tmp: Path) -> dict[str, str]:
@@ -273,28 +261,16 @@ def test_a_routing_rule_whose_priority_is_not_text_is_refused_not_a_server_error
 
 
 def test_a_rate_limited_answer_matches_the_documented_429(api_schema: Any, tmp_path: Path) -> None:
-    ctx = Context.open(
-        fast_settings(
-            tmp_path / "data",
-            f"sqlite:///{tmp_path / 'floom.db'}",
-            rate_limit_per_minute=1,
-            rate_limit_burst=1,
-        )
-    )
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="limited")
-    srv, thread, url = start_server(ctx)
-    try:
+    database = f"sqlite:///{tmp_path / 'floom.db'}"
+    limits = {"rate_limit_per_minute": 1, "rate_limit_burst": 1}
+    with live_server(tmp_path / "data", database, **limits) as server:
         case = api_schema["/api/v1/workers"]["GET"].Case()
-        auth = {"Authorization": f"Bearer {admin}"}
-        assert case.call(base_url=url, headers=auth).status_code == 200
-        limited = case.call(base_url=url, headers=auth)
-        assert limited.status_code == 429
-        assert limited.headers["retry-after"][0].isdigit()
-        case.validate_response(limited, checks=CHECKS)
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
-        ctx.engine.dispose()
+        auth = {"Authorization": f"Bearer {server.admin_key}"}
+        assert case.call(base_url=server.base_url, headers=auth).status_code == 200
+        limited = case.call(base_url=server.base_url, headers=auth)
+    assert limited.status_code == 429
+    assert limited.headers["retry-after"][0].isdigit()
+    case.validate_response(limited, checks=CHECKS)
 
 
 def test_a_body_that_cannot_be_parsed_is_an_invalid_request(contract: Contract) -> None:
