@@ -14,7 +14,13 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from floom.errors import FloomError, InputInvalid, ManifestInvalid, ManifestTooLarge
+from floom.errors import (
+    InputInvalid,
+    InvalidRequest,
+    ManifestInvalid,
+    ManifestTooLarge,
+    RuntimeMissing,
+)
 from floom.fields import check_value, enum_error, enum_hint, kind_of, parse_text, show, suggest
 from floom.sandbox.network import parse_allowed_network
 
@@ -202,12 +208,17 @@ class Manifest(_Frozen):
     def command(self) -> list[str]:
         """The command line that runs a script entry, relative to the worker folder."""
         if self.kind == "agent":
-            raise FloomError(f"worker '{self.name}' is an agent (SKILL.md) and has no command")
+            raise InvalidRequest(
+                f"worker '{self.name}' is an agent (SKILL.md) and has no command",
+                hint="run it as an agent worker; only script entries have a command",
+            )
         suffix = PurePosixPath(self.entry).suffix
         if suffix == ".ts":
             runner = typescript_runner()
             if runner is None:
-                raise FloomError(f"no TypeScript runner to run {self.entry}", hint=TYPESCRIPT_HINT)
+                raise RuntimeMissing(
+                    f"no TypeScript runner to run {self.entry}", hint=TYPESCRIPT_HINT
+                )
             return [*_TS_COMMANDS[runner], self.entry]
         return [*INTERPRETERS[suffix], self.entry]
 

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.bundle import Bundle, read_archive
-from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound
 from floom.manifest import Manifest, Problem, check_manifest, parse_manifest
 from floom.services.triggers import sync_triggers
 from floom.store.blobs import insert_blob
@@ -32,8 +33,6 @@ class DeployResult:
 def _bundle_manifest_text(bundle: Bundle) -> str:
     text = bundle.text("worker.yml")
     if text is None:
-        from floom.errors import ManifestInvalid
-
         raise ManifestInvalid(
             "the worker has no worker.yml",
             hint="create worker.yml in the folder with at least `name: my-worker`",
@@ -66,6 +65,23 @@ def deploy(ctx: Context, *, archive: bytes, actor: str | None = None) -> DeployR
     manifest = parse_manifest(text, bundle.files.keys())
     digest = bundle.digest
     normalised = bundle.to_archive()
+    try:
+        return _store_version(ctx, bundle, manifest, text, digest, normalised, actor)
+    except IntegrityError:
+        # A concurrent first deploy of the same worker or content committed first (on
+        # PostgreSQL both transactions saw no row); this one now finds it and reuses it.
+        return _store_version(ctx, bundle, manifest, text, digest, normalised, actor)
+
+
+def _store_version(
+    ctx: Context,
+    bundle: Bundle,
+    manifest: Manifest,
+    text: str,
+    digest: str,
+    normalised: bytes,
+    actor: str | None,
+) -> DeployResult:
     with session_scope(ctx.engine, write=True) as s:
         version = s.exec(
             select(Version).where(Version.worker_name == manifest.name, Version.digest == digest)
