@@ -6,7 +6,6 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy import text
@@ -34,6 +33,7 @@ from floom.engine.executor import Executor
 from floom.engine.handoff_loop import HandoffLoop
 from floom.errors import FloomError
 from floom.sandbox import get_sandbox
+from floom.schemas.health import ExecutorHealth, Health
 from floom.services import keys, workers
 from floom.services.context import Context
 from floom.triggers.scheduler import Scheduler
@@ -139,22 +139,21 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     ui.install(app)  # the web UI at / (after the API, so /api/v1 routes match first)
     mcp_endpoint = LazyMCPMount(app, settings)
 
-    @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, Any]:
+    @app.get("/healthz", tags=["health"], response_model=Health, responses=openapi.errors(503))
+    def healthz() -> Health:
         context: Context = app.state.ctx
         with context.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         executor = app.state.executor
-        return {
-            "status": "ok",
-            "version": __version__,
-            "database": context.engine.dialect.name,
-            "node": context.node_id,
-            "executor": None
+        return Health(
+            status="ok",
+            version=__version__,
+            database=context.engine.dialect.name,
+            node=context.node_id,
+            executor=None
             if executor is None
-            else {"slots": executor.slots, "active": executor.active_count()},
-            # What runs on this node are protected by; None on a node without an executor.
-            "protections": app.state.protections,
-        }
+            else ExecutorHealth(slots=executor.slots, active=executor.active_count()),
+            protections=app.state.protections,
+        )
 
     return app

@@ -1,0 +1,26 @@
+"""What /healthz answers: this node's state and the protections its sandboxes run under."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from floom.schemas.common import Public
+
+
+class ExecutorHealth(Public):
+    slots: int
+    active: int
+
+
+class Health(Public):
+    status: Literal["ok"]
+    version: str
+    database: str = Field(description="the store's dialect: sqlite or postgresql")
+    node: str
+    executor: ExecutorHealth | None = Field(description="None on a node without the executor")
+    protections: dict[str, Any] | None = Field(
+        description="the sandbox protections active on this node (namespaces, uid, seccomp, "
+        "cgroup limits, network); None on a node without the executor"
+    )
