@@ -6,8 +6,10 @@ import subprocess
 import sys
 from typing import Any
 
-from floom.services import handoff_agents, handoffs, keys
+from floom.services import keys
 from floom.services.context import Context
+from floom.services.handoffs import agents as handoff_agents
+from floom.services.handoffs import jobs as handoffs
 from floom.store.models import ApiKey
 from tests.conftest import LiveServer
 

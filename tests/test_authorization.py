@@ -8,7 +8,8 @@ from typing import Any
 
 from fastapi.routing import APIRoute
 
-from floom.services import handoff_agents, keys
+from floom.services import keys
+from floom.services.handoffs import agents as handoff_agents
 from floom.services.keys import SCOPES
 from tests.conftest import LiveServer
 

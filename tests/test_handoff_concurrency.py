@@ -9,9 +9,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from floom.services import handoff_flow as flow
-from floom.services import handoffs
 from floom.services.context import Context
+from floom.services.handoffs import flow
+from floom.services.handoffs import jobs as handoffs
 from floom.store.models import ApiKey
 from tests.handoff_support import admin, agent, event_types, roles
 

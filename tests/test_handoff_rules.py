@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from floom.errors import Forbidden, InvalidRequest
-from floom.services import handoff_rules as rules
-from floom.services.handoff_rules import IllegalTransition, check_transition, evaluate
+from floom.services.handoffs import rules
+from floom.services.handoffs.rules import IllegalTransition, check_transition, evaluate
 
 RESULT = {
     "summary": "looked at it",

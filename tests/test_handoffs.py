@@ -8,11 +8,12 @@ from typing import Any
 import pytest
 
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from floom.services import handoff_agents, handoffs, keys
-from floom.services import handoff_flow as flow
-from floom.services import handoff_review as review
+from floom.services import keys
 from floom.services.context import Context
-from floom.services.handoff_rules import IllegalTransition
+from floom.services.handoffs import agents as handoff_agents
+from floom.services.handoffs import flow, review
+from floom.services.handoffs import jobs as handoffs
+from floom.services.handoffs.rules import IllegalTransition
 from tests.conftest import wait_until
 from tests.handoff_support import admin, agent, event_types, events, roles
 

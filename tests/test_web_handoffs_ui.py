@@ -7,7 +7,11 @@ from typing import Any
 
 import pytest
 
-from floom.services import handoff_agents, handoff_flow, handoff_review, handoffs, keys
+from floom.services import keys
+from floom.services.handoffs import agents as handoff_agents
+from floom.services.handoffs import flow as handoff_flow
+from floom.services.handoffs import jobs as handoffs
+from floom.services.handoffs import review as handoff_review
 from tests import web_support
 from tests.conftest import LiveServer
 from tests.handoff_support import roles

@@ -24,9 +24,6 @@ from floom.services import (
     agent_runs,
     audit,
     composio_events,
-    handoff_agents,
-    handoff_bridge,
-    handoffs,
     keys,
     runs,
     schedules,
@@ -35,6 +32,9 @@ from floom.services import (
 )
 from floom.services.audit import AuditActor
 from floom.services.context import Context
+from floom.services.handoffs import agents as handoff_agents
+from floom.services.handoffs import bridge as handoff_bridge
+from floom.services.handoffs import jobs as handoffs
 from floom.services.worker_deletion import delete_worker
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent

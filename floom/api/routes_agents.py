@@ -11,7 +11,7 @@ from floom.api.openapi import authed
 from floom.schemas import handoffs as views
 from floom.schemas.admin import SCOPE_LIST
 from floom.schemas.common import Page
-from floom.services import handoff_agents as agents
+from floom.services.handoffs import agents
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 

@@ -12,11 +12,8 @@ from floom.api.auth import CtxDep, ReadKey, RunKey
 from floom.api.openapi import Cursor, Limit, authed
 from floom.schemas import handoffs as views
 from floom.schemas.common import Page
-from floom.services import handoff_agents as agents
-from floom.services import handoff_flow as flow
-from floom.services import handoff_review as review
-from floom.services import handoff_rules as rules
-from floom.services import handoffs
+from floom.services.handoffs import agents, flow, review, rules
+from floom.services.handoffs import jobs as handoffs
 
 router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"])
 

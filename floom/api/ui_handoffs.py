@@ -12,8 +12,11 @@ from starlette.concurrency import run_in_threadpool
 
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render
 from floom.errors import FloomError, Forbidden
-from floom.services import handoff_board, handoff_flow, handoff_review, keys
+from floom.services import keys
 from floom.services.context import Context
+from floom.services.handoffs import board as handoff_board
+from floom.services.handoffs import flow as handoff_flow
+from floom.services.handoffs import review as handoff_review
 from floom.services.web_sessions import SignedIn
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)

@@ -12,8 +12,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from floom.services import handoff_bridge
-from floom.services.handoff_flow import reap_expired_leases
+from floom.services.handoffs import bridge as handoff_bridge
+from floom.services.handoffs.flow import reap_expired_leases
 
 if TYPE_CHECKING:
     from floom.services.context import Context

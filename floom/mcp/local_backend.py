@@ -19,10 +19,6 @@ from floom.schemas import workers as worker_views
 from floom.schemas.common import Page
 from floom.services import (
     approvals,
-    handoff_agents,
-    handoff_flow,
-    handoff_review,
-    handoffs,
     keys,
     run_waits,
     runs,
@@ -33,6 +29,10 @@ from floom.services import (
 )
 from floom.services.audit import AuditActor
 from floom.services.context import Context
+from floom.services.handoffs import agents as handoff_agents
+from floom.services.handoffs import flow as handoff_flow
+from floom.services.handoffs import jobs as handoffs
+from floom.services.handoffs import review as handoff_review
 from floom.store.models import ApiKey, Worker
 
 

@@ -9,7 +9,7 @@ from pydantic.json_schema import JsonDict, JsonValue
 
 from floom.schemas.admin import KeyCreated
 from floom.schemas.common import Public, Timestamp
-from floom.services import handoff_rules as rules
+from floom.services.handoffs import rules
 
 JOB_STATUS: JsonDict = {"enum": list(rules.STATUSES)}
 PRIORITY: JsonDict = {"enum": list(rules.PRIORITIES)}

@@ -18,7 +18,7 @@ from sqlmodel import Session, col, select
 from floom.errors import Conflict, NotFound
 from floom.services import approvals, audit, run_waits, runs, workers
 from floom.services.audit import AuditActor
-from floom.services.handoff_bridge import agent_label
+from floom.services.handoffs.bridge import agent_label
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole

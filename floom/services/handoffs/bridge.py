@@ -19,11 +19,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
 from floom.errors import FloomError
-from floom.services import handoff_flow as flow
-from floom.services import handoff_rules as rules
 from floom.services import run_rules, runs, workers
-from floom.services.handoff_agents import WORKER_PREFIX, Actor
-from floom.services.handoffs import record
+from floom.services.handoffs import flow, rules
+from floom.services.handoffs.agents import WORKER_PREFIX, Actor
+from floom.services.handoffs.jobs import record
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole, Job, Role
 from floom.store.models import Worker, new_id

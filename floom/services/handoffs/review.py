@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest
-from floom.services import handoff_rules as rules
-from floom.services.handoff_agents import Actor, find_role
-from floom.services.handoff_flow import parties
-from floom.services.handoffs import as_actor, jobs_to_dicts, load_visible, record
+from floom.services.handoffs import rules
+from floom.services.handoffs.agents import Actor, find_role
+from floom.services.handoffs.flow import parties
+from floom.services.handoffs.jobs import as_actor, jobs_to_dicts, load_visible, record
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, Job
 from floom.store.models import ApiKey, new_id, utcnow

@@ -1,6 +1,6 @@
 """What the web UI's handoff board reads: a role's jobs by status, and one job with its
 lineage and the moves the viewer may offer. Reads only; every move goes through
-handoff_flow and handoff_review, which decide again when it is made."""
+flow and review, which decide again when it is made."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
 
-from floom.services import handoff_review
-from floom.services import handoff_rules as rules
-from floom.services.handoff_agents import Actor, as_actor, list_roles
-from floom.services.handoff_flow import parties
-from floom.services.handoffs import get_job, list_jobs, load_visible, visible_clause
+from floom.services.handoffs import review as handoff_review
+from floom.services.handoffs import rules
+from floom.services.handoffs.agents import Actor, as_actor, list_roles
+from floom.services.handoffs.flow import parties
+from floom.services.handoffs.jobs import get_job, list_jobs, load_visible, visible_clause
 from floom.store.db import session_scope
 from floom.store.handoffs import Job, JobDependency
 from floom.store.models import ApiKey

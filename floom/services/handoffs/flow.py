@@ -17,9 +17,9 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest
-from floom.services import handoff_rules as rules
-from floom.services.handoff_agents import Actor, system_actor
-from floom.services.handoffs import as_actor, jobs_to_dicts, load_visible, record
+from floom.services.handoffs import rules
+from floom.services.handoffs.agents import Actor, system_actor
+from floom.services.handoffs.jobs import as_actor, jobs_to_dicts, load_visible, record
 from floom.store.db import session_scope
 from floom.store.handoffs import Job, JobDependency, Role
 from floom.store.models import ApiKey, new_id, utcnow

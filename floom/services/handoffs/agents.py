@@ -305,7 +305,7 @@ def update_agent(
 
 def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
     """Retire an agent: its keys are revoked and the jobs it holds go back to `published`."""
-    from floom.services.handoff_flow import release_jobs_of_agent
+    from floom.services.handoffs.flow import release_jobs_of_agent
 
     revoked: list[str] = []
     with session_scope(ctx.engine, write=True) as s:

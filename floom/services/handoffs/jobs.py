@@ -1,7 +1,7 @@
 """Handoff jobs: publishing, reading (with visibility), editing, and the audit trail.
 
-Claims and status changes live in handoff_flow; the rules without a database in
-handoff_rules. Every write records its audit event in the same transaction.
+Claims and status changes live in handoffs/flow.py; the rules without a database in
+handoffs/rules.py. Every write records its audit event in the same transaction.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from floom.services import handoff_rules as rules
-from floom.services.handoff_agents import Actor, as_actor, find_agent, find_role
+from floom.services.handoffs import rules
+from floom.services.handoffs.agents import Actor, as_actor, find_agent, find_role
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, Job, JobDependency, JobEvent, Role
 from floom.store.models import ApiKey, new_id, utcnow
