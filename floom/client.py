@@ -93,7 +93,8 @@ def _error_from(response: httpx.Response) -> FloomError:
         )
 
 
-def _path(*parts: str) -> str:
+def url_path(*parts: str) -> str:
+    """URL path segments joined by slashes, each percent-encoded so an id cannot add a segment."""
     return "/".join(quote(p, safe="") for p in parts)
 
 
@@ -219,16 +220,16 @@ class FloomClient:
         return result
 
     def get_worker(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{_path(name)}")
+        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{url_path(name)}")
         return result
 
     def list_versions(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{_path(name)}/versions")
+        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{url_path(name)}/versions")
         return result
 
     def get_version(self, name: str, version_id: str) -> dict[str, Any]:
         """One version: its manifest (also as worker.yml text) and its file list."""
-        path = f"/api/v1/workers/{_path(name)}/versions/{_path(version_id)}"
+        path = f"/api/v1/workers/{url_path(name)}/versions/{url_path(version_id)}"
         result: dict[str, Any] = self._json("GET", path)
         return result
 
@@ -244,7 +245,7 @@ class FloomClient:
         """Make a version active again: by its id, or the version a run used."""
         body = self._params(version_id=version_id, run_id=run_id)
         result: dict[str, Any] = self._json(
-            "POST", f"/api/v1/workers/{_path(name)}/rollback", json=body
+            "POST", f"/api/v1/workers/{url_path(name)}/rollback", json=body
         )
         return result
 
@@ -255,13 +256,13 @@ class FloomClient:
         # A purge first waits (20 s at most) for the worker's running runs to stop.
         timeout = httpx.Timeout(10.0, read=60.0)
         result: dict[str, Any] = self._json(
-            "DELETE", f"/api/v1/workers/{_path(name)}", params=params, timeout=timeout
+            "DELETE", f"/api/v1/workers/{url_path(name)}", params=params, timeout=timeout
         )
         return result
 
     def list_triggers(self, name: str) -> dict[str, Any]:
         """The worker's triggers with their next fire times (and whether it is paused)."""
-        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{_path(name)}/triggers")
+        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{url_path(name)}/triggers")
         return result
 
     def set_paused(
@@ -271,7 +272,7 @@ class FloomClient:
         action = "pause" if paused else "resume"
         result: dict[str, Any] = self._json(
             "POST",
-            f"/api/v1/workers/{_path(name)}/{action}",
+            f"/api/v1/workers/{url_path(name)}/{action}",
             json=self._params(trigger_id=trigger_id),
         )
         return result
@@ -295,7 +296,7 @@ class FloomClient:
         if force:
             body["force"] = True
         result: dict[str, Any] = self._json(
-            "POST", f"/api/v1/workers/{_path(worker)}/runs", json=body
+            "POST", f"/api/v1/workers/{url_path(worker)}/runs", json=body
         )
         return result
 
@@ -317,7 +318,7 @@ class FloomClient:
     def get_run(self, run_id: str, *, wait: float = 0, until: str = "ended") -> dict[str, Any]:
         """The run; with `wait` (at most 60), the server answers as soon as it has ended (with
         until="settled", also when it waits for a person) or after `wait` seconds."""
-        path = f"/api/v1/runs/{_path(run_id)}"
+        path = f"/api/v1/runs/{url_path(run_id)}"
         if wait <= 0:
             result: dict[str, Any] = self._json("GET", path)
             return result
@@ -357,7 +358,7 @@ class FloomClient:
     ) -> dict[str, Any]:
         params = self._params(after=after, tail=tail, limit=limit)
         result: dict[str, Any] = self._json(
-            "GET", f"/api/v1/runs/{_path(run_id)}/logs", params=params
+            "GET", f"/api/v1/runs/{url_path(run_id)}/logs", params=params
         )
         return result
 
@@ -372,15 +373,15 @@ class FloomClient:
             after = page["last_seq"]
 
     def list_artifacts(self, run_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/runs/{_path(run_id)}/artifacts")
+        result: dict[str, Any] = self._json("GET", f"/api/v1/runs/{url_path(run_id)}/artifacts")
         return result
 
     def download_artifact(self, run_id: str, name: str) -> bytes:
-        path = f"/api/v1/runs/{_path(run_id)}/artifacts/{quote(name, safe='/')}"
+        path = f"/api/v1/runs/{url_path(run_id)}/artifacts/{quote(name, safe='/')}"
         return self._send("GET", path).content
 
     def cancel_run(self, run_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("POST", f"/api/v1/runs/{_path(run_id)}/cancel")
+        result: dict[str, Any] = self._json("POST", f"/api/v1/runs/{url_path(run_id)}/cancel")
         return result
 
     def replay_run(
@@ -391,7 +392,7 @@ class FloomClient:
         if force:
             body["force"] = True
         result: dict[str, Any] = self._json(
-            "POST", f"/api/v1/runs/{_path(run_id)}/replay", json=body
+            "POST", f"/api/v1/runs/{url_path(run_id)}/replay", json=body
         )
         return result
 
@@ -403,19 +404,19 @@ class FloomClient:
         """A worker's stored webhook and Composio deliveries, newest first."""
         result: dict[str, Any] = self._json(
             "GET",
-            f"/api/v1/workers/{_path(name)}/deliveries",
+            f"/api/v1/workers/{url_path(name)}/deliveries",
             params=self._params(cursor=cursor, limit=limit),
         )
         return result
 
     def get_delivery(self, delivery_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/deliveries/{_path(delivery_id)}")
+        result: dict[str, Any] = self._json("GET", f"/api/v1/deliveries/{url_path(delivery_id)}")
         return result
 
     def replay_delivery(self, delivery_id: str, *, force: bool = False) -> dict[str, Any]:
         """Run a stored delivery again; returns the new run."""
         result: dict[str, Any] = self._json(
-            "POST", f"/api/v1/deliveries/{_path(delivery_id)}/replay", json={"force": force}
+            "POST", f"/api/v1/deliveries/{url_path(delivery_id)}/replay", json={"force": force}
         )
         return result
 
@@ -481,7 +482,7 @@ class FloomClient:
         if deadline is not None:
             read = max(0.5, min(read, deadline - time.monotonic()))
         timeout = httpx.Timeout(10.0, read=read)
-        path = f"/api/v1/runs/{_path(run_id)}/logs/stream"
+        path = f"/api/v1/runs/{url_path(run_id)}/logs/stream"
         headers = {"Accept": "text/event-stream"}
         with self._http.stream(
             "GET", path, params={"after": after}, headers=headers, timeout=timeout
@@ -521,12 +522,12 @@ class FloomClient:
 
     def set_secret(self, name: str, value: str) -> dict[str, Any]:
         result: dict[str, Any] = self._json(
-            "PUT", f"/api/v1/secrets/{_path(name)}", json={"value": value}
+            "PUT", f"/api/v1/secrets/{url_path(name)}", json={"value": value}
         )
         return result
 
     def delete_secret(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", f"/api/v1/secrets/{_path(name)}")
+        result: dict[str, Any] = self._json("DELETE", f"/api/v1/secrets/{url_path(name)}")
         return result
 
     def list_keys(self) -> dict[str, Any]:
@@ -541,7 +542,7 @@ class FloomClient:
         return result
 
     def revoke_key(self, key_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", f"/api/v1/keys/{_path(key_id)}")
+        result: dict[str, Any] = self._json("DELETE", f"/api/v1/keys/{url_path(key_id)}")
         return result
 
     # -- approvals -----------------------------------------------------------------------------
@@ -560,7 +561,7 @@ class FloomClient:
         return result
 
     def get_approval(self, approval_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/approvals/{_path(approval_id)}")
+        result: dict[str, Any] = self._json("GET", f"/api/v1/approvals/{url_path(approval_id)}")
         return result
 
     def approve(
@@ -573,13 +574,13 @@ class FloomClient:
         """Approve; `edited` replaces proposed values (tool arguments or outputs) key by key."""
         body = self._params(edited=edited, comment=comment)
         result: dict[str, Any] = self._json(
-            "POST", f"/api/v1/approvals/{_path(approval_id)}/approve", json=body
+            "POST", f"/api/v1/approvals/{url_path(approval_id)}/approve", json=body
         )
         return result
 
     def reject(self, approval_id: str, *, comment: str) -> dict[str, Any]:
         result: dict[str, Any] = self._json(
-            "POST", f"/api/v1/approvals/{_path(approval_id)}/reject", json={"comment": comment}
+            "POST", f"/api/v1/approvals/{url_path(approval_id)}/reject", json={"comment": comment}
         )
         return result
 

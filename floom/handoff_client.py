@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from floom.client import FloomClient, _path
+from floom.client import FloomClient, url_path
 
 JSON = dict[str, Any]
 JOBS = "/api/v1/handoffs/jobs"
@@ -35,10 +35,10 @@ class HandoffClient:
         self, role: str, *, name: str | None = None, description: str | None = None
     ) -> JSON:
         body = self._drop_none(name=name, description=description)
-        return self._call("PATCH", f"/api/v1/roles/{_path(role)}", json=body)
+        return self._call("PATCH", f"/api/v1/roles/{url_path(role)}", json=body)
 
     def retire_role(self, role: str) -> JSON:
-        return self._call("POST", f"/api/v1/roles/{_path(role)}/retire")
+        return self._call("POST", f"/api/v1/roles/{url_path(role)}/retire")
 
     def list_agents(self, *, include_retired: bool = False) -> JSON:
         return self._call("GET", "/api/v1/agents", params={"include_retired": include_retired})
@@ -50,10 +50,10 @@ class HandoffClient:
         return self._call("POST", "/api/v1/agents", json=body)
 
     def update_agent(self, agent: str, *, roles: list[str] | None = None) -> JSON:
-        return self._call("PATCH", f"/api/v1/agents/{_path(agent)}", json={"roles": roles})
+        return self._call("PATCH", f"/api/v1/agents/{url_path(agent)}", json={"roles": roles})
 
     def retire_agent(self, agent: str) -> JSON:
-        return self._call("POST", f"/api/v1/agents/{_path(agent)}/retire")
+        return self._call("POST", f"/api/v1/agents/{url_path(agent)}/retire")
 
     def whoami(self) -> JSON:
         return self._call("GET", "/api/v1/handoffs/me")
@@ -64,7 +64,7 @@ class HandoffClient:
         return self._call("GET", JOBS, params=self._drop_none(**filters))
 
     def get_job(self, job_id: str, *, events: bool = False) -> JSON:
-        return self._call("GET", f"{JOBS}/{_path(job_id)}", params={"events": events})
+        return self._call("GET", f"{JOBS}/{url_path(job_id)}", params={"events": events})
 
     def create_job(self, **body: Any) -> JSON:
         return self._call("POST", JOBS, json=self._drop_none(**body))
@@ -73,11 +73,11 @@ class HandoffClient:
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
     ) -> JSON:
         body = self._drop_none(context=context, constraints=constraints)
-        return self._call("PATCH", f"{JOBS}/{_path(job_id)}", json=body)
+        return self._call("PATCH", f"{JOBS}/{url_path(job_id)}", json=body)
 
     def claim(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
         body = self._drop_none(lease_seconds=lease_seconds)
-        return self._call("POST", f"{JOBS}/{_path(job_id)}/claim", json=body)
+        return self._call("POST", f"{JOBS}/{url_path(job_id)}/claim", json=body)
 
     def claim_next(self, *, role: str | None = None, lease_seconds: float | None = None) -> JSON:
         body = self._drop_none(role=role, lease_seconds=lease_seconds)
@@ -85,7 +85,7 @@ class HandoffClient:
 
     def heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
         body = self._drop_none(lease_seconds=lease_seconds)
-        return self._call("POST", f"{JOBS}/{_path(job_id)}/heartbeat", json=body)
+        return self._call("POST", f"{JOBS}/{url_path(job_id)}/heartbeat", json=body)
 
     def set_status(
         self,
@@ -96,7 +96,7 @@ class HandoffClient:
         lease_seconds: float | None = None,
     ) -> JSON:
         body = self._drop_none(status=status, reason=reason, lease_seconds=lease_seconds)
-        return self._call("POST", f"{JOBS}/{_path(job_id)}/status", json=body)
+        return self._call("POST", f"{JOBS}/{url_path(job_id)}/status", json=body)
 
     def complete(
         self,
@@ -107,13 +107,13 @@ class HandoffClient:
         artifacts: list[JSON] | None = None,
     ) -> JSON:
         body = {"summary": summary, "data": data or {}, "artifacts": artifacts or []}
-        return self._call("POST", f"{JOBS}/{_path(job_id)}/complete", json=body)
+        return self._call("POST", f"{JOBS}/{url_path(job_id)}/complete", json=body)
 
     def reject(
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
     ) -> JSON:
         body = self._drop_none(reason=reason, role=role, priority=priority)
-        return self._call("POST", f"{JOBS}/{_path(job_id)}/reject", json=body)
+        return self._call("POST", f"{JOBS}/{url_path(job_id)}/reject", json=body)
 
     def reopen_context(self, job_id: str) -> JSON:
-        return self._call("GET", f"{JOBS}/{_path(job_id)}/reopen-context")
+        return self._call("GET", f"{JOBS}/{url_path(job_id)}/reopen-context")
