@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from floom.client import FloomClient
-from floom.services import keys, runs
+from floom.services import keys, run_waits, runs
 from floom.services.context import Context
 from floom.triggers.signatures import sign_floom
 from tests.conftest import (
@@ -264,8 +264,8 @@ def test_the_blocking_wait_answers_a_worker_thread_when_the_run_ends(
     with server.client() as api, ThreadPoolExecutor(max_workers=1) as pool:
         deploy(api, tmp_path, "idle", NOOP)
         run_id = start(api, "idle")
-        waited = pool.submit(runs.wait_for_end, server.ctx, run_id=run_id, timeout=30)
-        queued = runs.wait_for_end(server.ctx, run_id=run_id, timeout=0.2)
+        waited = pool.submit(run_waits.wait_for_end_blocking, server.ctx, run_id=run_id, timeout=30)
+        queued = run_waits.wait_for_end_blocking(server.ctx, run_id=run_id, timeout=0.2)
         assert queued.status == "queued" and not waited.done()
         cancelled = time.monotonic()
         runs.cancel_run(server.ctx, run_id=run_id)

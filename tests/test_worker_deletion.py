@@ -25,6 +25,7 @@ from floom.services import (
     audit,
     composio_events,
     keys,
+    run_rules,
     runs,
     schedules,
     triggers,
@@ -91,7 +92,7 @@ def finish_with(ctx: Context, run: Run, *, artifacts: list[tuple[str, bytes]]) -
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, run.id)
         assert row is not None
-        row.status = runs.SUCCEEDED
+        row.status = run_rules.SUCCEEDED
         s.add(row)
         agent_runs.replace_artifacts(
             s, run_id=run.id, artifacts=[(n, d, "text/plain") for n, d in artifacts]
@@ -128,7 +129,7 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, paused.id)
         assert row is not None
-        row.status = runs.AWAITING_APPROVAL
+        row.status = run_rules.AWAITING_APPROVAL
         s.add(row)
         s.add(Approval(id="apr_pending", run_id=paused.id, worker_name="doomed", kind="run"))
 
@@ -138,8 +139,8 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
     assert result.approvals_closed == 1 and result.versions == [version]
     with pytest.raises(NotFound):
         workers.get_worker(ctx, name="doomed")
-    assert runs.get_run(ctx, run_id=queued.id).status == runs.CANCELLED
-    assert runs.get_run(ctx, run_id=paused.id).status == runs.CANCELLED
+    assert runs.get_run(ctx, run_id=queued.id).status == run_rules.CANCELLED
+    assert runs.get_run(ctx, run_id=paused.id).status == run_rules.CANCELLED
     assert rows(ctx, Approval, Approval.id == "apr_pending")[0].status == "cancelled"
     kept, _ = runs.list_runs(ctx, worker="doomed")
     assert {r.id for r in kept} == {done.id, queued.id, paused.id}
@@ -590,7 +591,7 @@ def test_a_purge_refuses_while_a_run_will_not_stop_and_deletes_nothing(
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, run.id)
         assert row is not None
-        row.status = runs.RUNNING  # held by an executor that does not answer
+        row.status = run_rules.RUNNING  # held by an executor that does not answer
         s.add(row)
 
     with pytest.raises(Conflict) as caught:
@@ -693,7 +694,7 @@ def test_on_postgresql_a_deletion_waits_for_a_run_being_created_then_cancels_it(
         deleter.join(timeout=60)
     (run,) = created
     (result,) = deleted
-    assert runs.get_run(ctx, run_id=run.id).status == runs.CANCELLED
+    assert runs.get_run(ctx, run_id=run.id).status == run_rules.CANCELLED
     assert result.runs_cancelled == 1 and result.runs_kept == 1
     with pytest.raises(NotFound):
         workers.get_worker(ctx, name="contended")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from floom.agent.tools import ToolError
 from floom.engine.phases import claim_run
 from floom.errors import FloomError
-from floom.services import runs
+from floom.services import run_rules, runs
 from floom.store.db import session_scope
 from floom.store.models import Run
 
@@ -58,7 +58,7 @@ def invoke_child(env: AgentEnv, *, worker: str, inputs: dict[str, Any]) -> dict[
         env.host.run_claimed_inline(claimed)
     while True:
         current = runs.get_run(ctx, run_id=child.id)
-        if current.status in runs.TERMINAL or current.status == runs.AWAITING_APPROVAL:
+        if current.status in run_rules.FINISHED or current.status in run_rules.WAITING:
             break
         if env.cancelled():
             raise ToolError(f"cancelled while waiting for run {child.id}")

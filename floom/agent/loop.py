@@ -25,7 +25,7 @@ from floom.services.approvals import (
     new_approval,
     pause_run,
 )
-from floom.services.runs import AWAITING_APPROVAL, CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED
+from floom.services.run_rules import AWAITING_APPROVAL, CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED
 from floom.store.models import new_id
 
 if TYPE_CHECKING:

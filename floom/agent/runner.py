@@ -18,7 +18,7 @@ from floom.engine.queue import Outcome
 from floom.errors import ProviderError
 from floom.services import agent_runs
 from floom.services.approvals import PHASE_APPLY
-from floom.services.runs import FAILED
+from floom.services.run_rules import FAILED
 from floom.store.agents import Transcript
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from floom.api.auth import CtxDep, ReadKey, RunKey
 from floom.api.openapi import Cursor, Limit, WorkerName, authed, enum_query
 from floom.schemas import runs as views
 from floom.schemas.common import Page
-from floom.services import logs, run_waits, runs
+from floom.services import logs, run_rules, run_waits, runs
 from floom.services.context import Context
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
@@ -76,7 +76,7 @@ def list_runs(
     ctx: CtxDep,
     _: ReadKey,
     worker: str | None = Query(None, description="only this worker's runs"),
-    status: str | None = enum_query(runs.STATUSES, "only runs in this status"),
+    status: str | None = enum_query(run_rules.STATUSES, "only runs in this status"),
     trigger: str | None = enum_query(runs.TRIGGERS, "only runs started this way"),
     cursor: Cursor = None,
     limit: Limit = 50,
@@ -190,7 +190,7 @@ def log_event_stream(
                 idle = 0.0
                 continue
             run = await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
-            if run.status in runs.TERMINAL:
+            if run.status in run_rules.FINISHED:
                 # A last read closes the gap between the empty page and the status check.
                 rest = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
                 for e in rest:

@@ -19,7 +19,7 @@ from floom.api import ui_features
 from floom.api.routes_runs import log_event_stream
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render
 from floom.errors import FloomError, NotFound
-from floom.services import keys, lineage, logs, runs, workers
+from floom.services import keys, lineage, logs, run_rules, runs, workers
 from floom.services.context import Context
 from floom.store.models import Worker, utcnow
 
@@ -82,7 +82,7 @@ def runs_page(
             "query": urlencode({k: v for k, v in kept.items() if v}),
             "filtered": any(filters.values()),
             "worker_names": names,
-            "statuses": runs.STATUSES,
+            "statuses": run_rules.STATUSES,
             "triggers": runs.TRIGGERS,
             "since_options": [(k, label) for k, (label, _) in SINCE.items()],
         },
@@ -105,7 +105,7 @@ def _run_context(ctx: Context, run_id: str) -> dict[str, Any]:
         "events": events,
         "last_seq": events[-1].seq if events else 0,
         "log_truncated": bool(events) and events[0].seq > 1,
-        "terminal": run.status in runs.TERMINAL,
+        "terminal": run.status in run_rules.FINISHED,
         "children": lineage.child_runs(ctx, run_id=run_id),
         "is_active_version": worker is not None and worker.active_version_id == run.version_id,
         "approvals": ui_features.run_approvals(ctx, run_id=run_id),

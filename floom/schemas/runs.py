@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from floom.schemas.common import Page, Public, Timestamp
-from floom.services import agent_runs, approvals, logs, runs
+from floom.services import agent_runs, approvals, logs, run_rules, runs
 from floom.services.context import Context
 from floom.store.agents import Approval
 from floom.store.models import Artifact, Run, RunEvent
@@ -34,7 +34,7 @@ class RunPublic(Public):
     id: str
     worker: str
     version_id: str
-    status: str = Field(json_schema_extra={"enum": list(runs.STATUSES)})
+    status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
     trigger: str = Field(json_schema_extra={"enum": list(runs.TRIGGERS)})
     inputs: dict[str, Any]
     outputs: dict[str, Any] | None
@@ -76,7 +76,7 @@ class ApprovalPublic(Public):
 
 
 class ApprovalDecided(ApprovalPublic):
-    run_status: str = Field(json_schema_extra={"enum": list(runs.STATUSES)})
+    run_status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
 
 
 class ToolCallPublic(Public):
@@ -122,7 +122,7 @@ class RunEventPublic(Public):
 class LogPage(Public):
     items: list[RunEventPublic]
     last_seq: int = Field(description="pass as `after` to read on")
-    run_status: str = Field(json_schema_extra={"enum": list(runs.STATUSES)})
+    run_status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
     complete: bool = Field(description="the run has ended and every event has been read")
 
 
@@ -169,7 +169,7 @@ def log_page(
         items=[event_public(e) for e in rows],
         last_seq=rows[-1].seq if rows else after,
         run_status=run.status,
-        complete=run.status in runs.TERMINAL and len(rows) < limit,
+        complete=run.status in run_rules.FINISHED and len(rows) < limit,
     )
 
 

@@ -20,24 +20,15 @@ from floom.errors import (
 from floom.manifest import nesting_depth
 from floom.services import agent_runs, workers
 from floom.services.logs import system_event
-from floom.services.run_rules import (  # noqa: F401 (some are re-exported for older importers)
+from floom.services.run_rules import (
     AWAITING_APPROVAL,
     CALLER,
     CANCELLED,
-    FAILED,
     FINISHED,
-    LIMIT_EXCEEDED,
     QUEUED,
-    REJECTED,
-    RUNNING,
     SKIPPED,
     STATUSES,
-    SUCCEEDED,
-    TIMED_OUT,
     transition,
-)
-from floom.services.run_waits import (  # noqa: F401 (the blocking wait, for older importers)
-    wait_for_end_blocking as wait_for_end,
 )
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, Version, new_id, utcnow
@@ -45,7 +36,6 @@ from floom.store.models import Artifact, Blob, Run, Version, new_id, utcnow
 if TYPE_CHECKING:
     from floom.services.context import Context
 
-TERMINAL = FINISHED  # the older name, still imported from here by some modules
 TRIGGERS = (
     "manual",
     "schedule",

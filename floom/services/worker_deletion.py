@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, update
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, NotFound
-from floom.services import approvals, audit, run_waits, runs, workers
+from floom.services import approvals, audit, run_rules, run_waits, runs, workers
 from floom.services.audit import AuditActor
 from floom.services.handoffs.bridge import agent_label
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
@@ -34,7 +34,8 @@ STOP_WAIT_SECONDS = 20.0
 _ROUNDS = 3
 # Digests per statement when looking for blobs nothing refers to any more.
 _CHUNK = 500
-_UNFINISHED = (runs.QUEUED, runs.AWAITING_APPROVAL)
+# Runs a deletion must cancel or stop first: queued, running or waiting for approval.
+_NOT_FINISHED = sorted(run_rules.ACTIVE | run_rules.WAITING)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,8 @@ def _cancel_unfinished(ctx: Context, *, name: str, actor: str) -> tuple[int, int
     with session_scope(ctx.engine) as s:
         rows = s.exec(
             select(Run.id, Run.cancel_requested).where(
-                Run.worker_name == name, col(Run.status).in_([*_UNFINISHED, runs.RUNNING])
+                Run.worker_name == name,
+                col(Run.status).in_(_NOT_FINISHED),
             )
         ).all()
         pending = _count(s, _pending_approvals(name))
@@ -130,7 +132,7 @@ def _cancel_unfinished(ctx: Context, *, name: str, actor: str) -> tuple[int, int
             continue
         try:
             stopped = runs.cancel_run(ctx, run_id=run_id, actor=actor)
-            cancelled += stopped.status == runs.CANCELLED
+            cancelled += stopped.status == run_rules.CANCELLED
         except Conflict:
             pass  # it ended meanwhile
     with session_scope(ctx.engine) as s:
@@ -151,7 +153,7 @@ def _wait_for_running(ctx: Context, *, name: str, timeout: float) -> None:
     while time.monotonic() < deadline:
         with session_scope(ctx.engine) as s:
             left = s.exec(
-                select(Run.id).where(Run.worker_name == name, Run.status == runs.RUNNING)
+                select(Run.id).where(Run.worker_name == name, Run.status == run_rules.RUNNING)
             ).first()
         if left is None:
             return
@@ -174,13 +176,11 @@ def _delete(
     if worker is None:
         raise NotFound(f"no worker named '{name}'", hint="it was deleted meanwhile")
     active = s.exec(
-        select(Run).where(
-            Run.worker_name == name, col(Run.status).in_([*_UNFINISHED, runs.RUNNING])
-        )
+        select(Run).where(Run.worker_name == name, col(Run.status).in_(_NOT_FINISHED))
     ).all()
-    if any(r.status in _UNFINISHED or not r.cancel_requested for r in active):
+    if any(r.status != run_rules.RUNNING or not r.cancel_requested for r in active):
         raise _Unsettled  # started after the cancelling pass: cancel those too, then retry
-    running = [r for r in active if r.status == runs.RUNNING]
+    running = [r for r in active if r.status == run_rules.RUNNING]
     for run_id in s.exec(
         select(Approval.run_id).where(
             Approval.worker_name == name, Approval.status == approvals.PENDING
