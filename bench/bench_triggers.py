@@ -35,6 +35,7 @@ from sqlmodel import col, select
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from floom.agent.runner import run_agent  # noqa: E402
 from floom.bundle import read_folder  # noqa: E402
 from floom.config import Settings  # noqa: E402
 from floom.engine.executor import Executor  # noqa: E402
@@ -109,7 +110,7 @@ def main() -> int:
     ctx = Context.open(settings)
     sandbox = get_sandbox(settings.sandbox)
     sandbox.check()
-    executor = Executor(ctx, sandbox)
+    executor = Executor(ctx, sandbox, run_agent=run_agent)
     clock = ShiftedClock()
     scheduler = Scheduler(ctx, clock=clock)
     skews: list[float] = []

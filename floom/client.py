@@ -16,8 +16,9 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from pydantic import ValidationError
 
-from floom.config import client_base_url
+from floom.config import Settings, client_base_url
 from floom.errors import ClientError, FloomError, TooManyWaits, rebuild
 from floom.services.run_rules import FINISHED as TERMINAL_STATUSES
 from floom.services.run_rules import WAITING as WAITING_STATUSES
@@ -48,10 +49,6 @@ class FollowEvent:
 
 def admin_key_path() -> Path | None:
     """Where a local server keeps its admin key (FLOOM_DATA_DIR/admin.key)."""
-    from pydantic import ValidationError
-
-    from floom.config import Settings
-
     try:
         return Settings().admin_key_file
     except ValidationError:

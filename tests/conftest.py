@@ -56,13 +56,14 @@ def pg_template(pg_available: bool) -> Iterator[str | None]:
         return
     import psycopg
 
-    from floom.store.db import create_schema, make_engine
+    from floom.store.db import make_engine
+    from floom.store.migrate import migrate
 
     name = f"floom_template_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     engine = make_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
-    create_schema(engine)
+    migrate(engine)
     engine.dispose()
     try:
         yield name

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from floom.agent.provider import AnthropicProvider, build_provider, estimate_cost
+from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.config import Settings
 from floom.engine.executor import Executor
@@ -83,7 +84,7 @@ def rig(ctx: Context, tmp_path: Path) -> Iterator[Rig]:
     model = FakeProvider()
     ctx.provider_factory = model.factory
     sandbox = FakeSandbox({"notes": _sandboxed_echo})
-    executor = Executor(ctx, sandbox)
+    executor = Executor(ctx, sandbox, run_agent=run_agent)
     executor.start()
     try:
         yield Rig(ctx=ctx, model=model, sandbox=sandbox, tmp=tmp_path)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine.executor import Executor
 from floom.sandbox.fake import FakeProcess, FakeSandbox
@@ -48,7 +49,7 @@ def fake() -> FakeSandbox:
 def executor(ctx: Context, fake: FakeSandbox, tmp_path: Path) -> Iterator[Executor]:
     folder = make_worker(tmp_path / "adder", MANIFEST, {"run.py": "# run by the fake\n"})
     workers.deploy(ctx, archive=read_folder(folder, max_bytes=1 << 20).to_archive())
-    engine = Executor(ctx, fake)
+    engine = Executor(ctx, fake, run_agent=run_agent)
     engine.start()
     try:
         yield engine

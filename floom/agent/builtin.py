@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from floom.agent import netguard
+from floom.agent.children import invoke_child
 from floom.agent.spec import HTTP_METHODS, ToolSpec
 from floom.agent.tools import Tool, ToolError, object_schema, require_str
 from floom.engine.safefiles import (
@@ -366,8 +367,6 @@ def _run_command(spec: ToolSpec, env: AgentEnv) -> Any:
 
 
 def _invoke_worker(spec: ToolSpec, env: AgentEnv) -> Any:
-    from floom.agent.children import invoke_child
-
     def run(args: dict[str, Any]) -> str:
         worker = require_str(args, "worker")
         inputs = args.get("inputs") or {}

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from sqlalchemy import text
 
 from floom import __version__
+from floom.agent.runner import run_agent
 from floom.api import (
     errors,
     openapi,
@@ -97,7 +98,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             sandbox = get_sandbox(settings.sandbox, settings)
             sandbox.check()
             app.state.protections = sandbox.protections()
-            executor = Executor(context, sandbox)
+            executor = Executor(context, sandbox, run_agent=run_agent)
             executor.start()
         app.state.executor = executor
         handoffs = HandoffLoop(context, bridge="executor" in settings.role_set)

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from floom.engine.attempt import Attempt, run_script
-from floom.engine.phases import execute_phased, is_phased
+from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
     claim_next_run,
@@ -38,9 +38,10 @@ LOG_FLUSH_SECONDS = 0.1
 class Executor:
     """Runs queued runs on this node, up to `executor_slots` at a time."""
 
-    def __init__(self, ctx: Context, sandbox: Sandbox) -> None:
+    def __init__(self, ctx: Context, sandbox: Sandbox, *, run_agent: AgentRunner) -> None:
         self.ctx = ctx
         self.sandbox = sandbox
+        self.run_agent = run_agent
         self.slots = max(1, ctx.settings.executor_slots)
         self._pool = ThreadPoolExecutor(self.slots, thread_name_prefix="floom-run")
         self._stop = threading.Event()
@@ -187,7 +188,10 @@ class Executor:
             version = workers.get_version(self.ctx, version_id=run.version_id)
             manifest = workers.manifest_of(version)
             attempt = Attempt(self, run=run, version=version, manifest=manifest, run_log=run_log)
-            outcome = execute_phased(attempt) if is_phased(manifest) else run_script(attempt)
+            if is_phased(manifest):
+                outcome = execute_phased(attempt, run_agent=self.run_agent)
+            else:
+                outcome = run_script(attempt)
             backoff = float(manifest.retries.backoff_seconds)
             exponential = manifest.retries.backoff != "fixed"
         except Exception as exc:  # an attempt must always end in a recorded state

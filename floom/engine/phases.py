@@ -4,6 +4,7 @@ run-level approval (propose, wait for a person, then apply)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
@@ -23,15 +24,19 @@ if TYPE_CHECKING:
     from floom.services.context import Context
 
 
+#: Runs one attempt of an agent worker (floom.agent.runner.run_agent). The engine receives it
+#: from whoever builds the executor, so that the engine does not import the agent package,
+#: which itself builds on the engine.
+AgentRunner = Callable[[Attempt], Outcome]
+
+
 def is_phased(manifest: Manifest) -> bool:
     return manifest.kind == "agent" or bool(manifest.approvals.get("required"))
 
 
-def execute_phased(attempt: Attempt) -> Outcome:
+def execute_phased(attempt: Attempt, *, run_agent: AgentRunner) -> Outcome:
     """One attempt of an agent run or of an approval-gated script run."""
     if attempt.manifest.kind == "agent":
-        from floom.agent.runner import run_agent
-
         return run_agent(attempt)
     return _gated_script(attempt)
 

@@ -16,7 +16,8 @@ from floom.config import Settings, mask_password
 from floom.errors import StoreUnavailable
 from floom.services.run_waits import RunEnds
 from floom.services.secrets import SecretBox
-from floom.store.db import create_schema, make_engine
+from floom.store.db import make_engine
+from floom.store.migrate import migrate
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Context:
         os.chmod(settings.data_dir, 0o700)
         engine = make_engine(settings.resolved_database_url)
         try:
-            create_schema(engine)
+            migrate(engine)
         except SQLAlchemyError as exc:
             engine.dispose()
             raise StoreUnavailable(

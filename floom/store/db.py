@@ -56,13 +56,6 @@ def is_postgres(engine: Engine) -> bool:
     return engine.dialect.name == "postgresql"
 
 
-def create_schema(engine: Engine) -> None:
-    """Bring the database to the current schema through floom's migrations."""
-    from floom.store.migrate import migrate
-
-    migrate(engine)
-
-
 @contextmanager
 def session_scope(engine: Engine, *, write: bool = False) -> Iterator[Session]:
     """A session whose transaction commits on success and rolls back on error.

@@ -6,6 +6,7 @@ migrations equal."""
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 from alembic import command
@@ -13,6 +14,8 @@ from alembic.config import Config
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import SQLModel
+
+from floom.store.db import make_engine  # also registers every table on SQLModel.metadata
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -41,10 +44,6 @@ def migrate(engine: Engine) -> None:
 
 def _revision(message: str) -> None:
     """Write a new revision by comparing the models with a scratch database at head."""
-    import tempfile
-
-    from floom.store.db import make_engine
-
     with tempfile.TemporaryDirectory() as tmp:
         engine = make_engine(f"sqlite:///{tmp}/scratch.db")
         with engine.begin() as conn:
