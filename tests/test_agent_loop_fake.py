@@ -283,7 +283,7 @@ def test_token_usage_and_its_estimated_cost_are_recorded_per_run(rig: Rig) -> No
 
     assert run.status == "succeeded", run.error_message
     assert [r.model for r in rig.model.requests] == ["claude-haiku-4-5"] * 2
-    usage = agent_runs.run_extras(rig.ctx, run=run)["model_usage"]
+    usage = runs.run_extras(rig.ctx, run=run)["model_usage"]
     assert usage == {
         "model": "claude-haiku-4-5",
         "iterations": 2,

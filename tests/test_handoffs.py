@@ -13,6 +13,7 @@ from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow, review
 from floom.services.handoffs import jobs as handoffs
+from floom.services.handoffs.retire import retire_agent
 from floom.services.handoffs.rules import IllegalTransition
 from tests.conftest import wait_until
 from tests.handoff_support import admin, agent, event_types, events, roles
@@ -401,7 +402,7 @@ def test_retiring_an_agent_revokes_its_keys_and_publishes_the_jobs_it_held(
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     flow.claim(ctx, actor=team["coder"], job_id=job["id"])
-    handoff_agents.retire_agent(ctx, agent="coder-1")
+    retire_agent(ctx, agent="coder-1")
     body = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
     assert body["status"] == "published" and body["assignee"] is None
     assert events(ctx, job["id"])[-1]["payload"]["reason"] == "agent coder-1 retired"

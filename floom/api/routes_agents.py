@@ -11,7 +11,7 @@ from floom.api.openapi import authed
 from floom.schemas import handoffs as views
 from floom.schemas.admin import SCOPE_LIST
 from floom.schemas.common import Page
-from floom.services.handoffs import agents
+from floom.services.handoffs import agents, retire
 
 router = APIRouter(prefix="/api/v1", tags=["agents"])
 
@@ -125,7 +125,7 @@ def update_agent(agent: str, body: AgentUpdate, ctx: CtxDep, _: AdminKey) -> vie
 
 @router.post("/agents/{agent}/retire", response_model=views.AgentPublic, responses=authed(404))
 def retire_agent(agent: str, ctx: CtxDep, _: AdminKey) -> views.AgentPublic:
-    return views.AgentPublic.model_validate(agents.retire_agent(ctx, agent=agent))
+    return views.AgentPublic.model_validate(retire.retire_agent(ctx, agent=agent))
 
 
 @router.post(

@@ -149,7 +149,7 @@ def run_page(rows: list[Run], next_cursor: str | None) -> Page[RunPublic]:
 def run_detail(ctx: Context, *, run_id: str) -> RunDetail:
     run = runs.get_run(ctx, run_id=run_id)
     body = runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
-    body.update(agent_runs.run_extras(ctx, run=run))
+    body.update(runs.run_extras(ctx, run=run))
     return RunDetail.model_validate(body)
 
 

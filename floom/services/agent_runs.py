@@ -15,7 +15,7 @@ from floom.errors import LimitExceeded
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
-from floom.store.models import Artifact, Blob, Run, new_id, utcnow
+from floom.store.models import Artifact, Blob, new_id, utcnow
 
 if TYPE_CHECKING:
     from floom.manifest import Manifest
@@ -296,23 +296,3 @@ def memory_writes(ctx: Context, *, worker_name: str) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
-
-
-# -- the run record ---------------------------------------------------------------------------
-
-
-def run_extras(ctx: Context, *, run: Run) -> dict[str, Any]:
-    """What the run record gains for tool calls, approvals and model usage."""
-    from floom.services import workers
-    from floom.services.approvals import approval_to_dict, approvals_of_run
-
-    run_id = run.id
-    approvals = [approval_to_dict(a) for a in approvals_of_run(ctx, run_id=run_id)]
-    version = workers.get_version(ctx, version_id=run.version_id)
-    if version.kind != "agent":  # scripts make no tool calls and keep no transcript
-        return {"tool_calls": [], "approvals": approvals, "model_usage": None}
-    return {
-        "tool_calls": [tool_call_to_dict(c) for c in list_tool_calls(ctx, run_id=run_id)],
-        "approvals": approvals,
-        "model_usage": usage_of(load_transcript(ctx, run_id=run_id)) or None,
-    }

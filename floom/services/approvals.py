@@ -17,6 +17,7 @@ from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.services import workers
+from floom.services.agent_runs import replace_artifacts
 from floom.services.logs import system_event
 from floom.services.run_rules import (
     AWAITING_APPROVAL,
@@ -81,8 +82,6 @@ def pause_run(
     Returns False, writing nothing, when this node no longer holds the run or a cancel was
     requested meanwhile; the caller then ends the attempt as it otherwise would.
     """
-    from floom.services.agent_runs import replace_artifacts
-
     with session_scope(ctx.engine, write=True) as s:
         current = s.get(Run, run.id, with_for_update=True)
         if (

@@ -18,7 +18,7 @@ from floom.errors import (
     WorkerPaused,
 )
 from floom.manifest import nesting_depth
-from floom.services import agent_runs, workers
+from floom.services import agent_runs, approvals, workers
 from floom.services.logs import system_event
 from floom.services.run_rules import (
     AWAITING_APPROVAL,
@@ -237,9 +237,7 @@ def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
             )
         who = f" by {actor}" if actor else ""
         if run.status == AWAITING_APPROVAL:
-            from floom.services.approvals import withdraw_pending
-
-            withdraw_pending(s, run_id=run.id, actor=actor)
+            approvals.withdraw_pending(s, run_id=run.id, actor=actor)
         if run.status in (QUEUED, AWAITING_APPROVAL):
             before = "started" if run.status == QUEUED else "was approved"
             transition(
@@ -352,3 +350,20 @@ def artifact_to_dict(a: Artifact) -> dict[str, Any]:
 
 def version_of_run(ctx: Context, *, run: Run) -> Version:
     return workers.get_version(ctx, version_id=run.version_id)
+
+
+def run_extras(ctx: Context, *, run: Run) -> dict[str, Any]:
+    """What the run record gains for tool calls, approvals and model usage."""
+    run_id = run.id
+    asked = approvals.approvals_of_run(ctx, run_id=run_id)
+    run_approvals = [approvals.approval_to_dict(a) for a in asked]
+    version = workers.get_version(ctx, version_id=run.version_id)
+    if version.kind != "agent":  # scripts make no tool calls and keep no transcript
+        return {"tool_calls": [], "approvals": run_approvals, "model_usage": None}
+    calls = agent_runs.list_tool_calls(ctx, run_id=run_id)
+    transcript = agent_runs.load_transcript(ctx, run_id=run_id)
+    return {
+        "tool_calls": [agent_runs.tool_call_to_dict(c) for c in calls],
+        "approvals": run_approvals,
+        "model_usage": agent_runs.usage_of(transcript) or None,
+    }

@@ -79,7 +79,7 @@ def actor_for_key(ctx: Context, *, key: ApiKey) -> Actor:
                 "this API key's agent was retired",
                 hint="an admin can create a new agent with `floom agents create`",
             )
-        roles = _roles_of(s, agent.id)
+        roles = roles_of(s, agent.id)
     return Actor(
         key_id=key.id,
         agent_id=agent.id,
@@ -89,7 +89,7 @@ def actor_for_key(ctx: Context, *, key: ApiKey) -> Actor:
     )
 
 
-def _roles_of(s: Session, agent_id: str) -> list[Role]:
+def roles_of(s: Session, agent_id: str) -> list[Role]:
     q = (
         select(Role)
         .join(AgentRole, col(AgentRole.role_id) == col(Role.id))
@@ -267,13 +267,13 @@ def list_agents(ctx: Context, *, include_retired: bool = False) -> list[dict[str
     if not include_retired:
         q = q.where(col(Agent.retired_at).is_(None))
     with session_scope(ctx.engine) as s:
-        return [agent_to_dict(a, _roles_of(s, a.id)) for a in s.exec(q).all()]
+        return [agent_to_dict(a, roles_of(s, a.id)) for a in s.exec(q).all()]
 
 
 def get_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
     with session_scope(ctx.engine) as s:
         found = find_agent(s, agent)
-        return agent_to_dict(found, _roles_of(s, found.id))
+        return agent_to_dict(found, roles_of(s, found.id))
 
 
 def update_agent(
@@ -298,33 +298,9 @@ def update_agent(
             if roles is not None:
                 _set_roles(s, found.id, roles)
             s.flush()
-            return agent_to_dict(found, _roles_of(s, found.id))
+            return agent_to_dict(found, roles_of(s, found.id))
     except IntegrityError as exc:
         raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
-
-
-def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
-    """Retire an agent: its keys are revoked and the jobs it holds go back to `published`."""
-    from floom.services.handoffs.flow import release_jobs_of_agent
-
-    revoked: list[str] = []
-    with session_scope(ctx.engine, write=True) as s:
-        found = find_agent(s, agent)
-        if found.retired_at is None:
-            now = utcnow()
-            found.retired_at = now
-            s.add(found)
-            for key in s.exec(
-                select(ApiKey).where(ApiKey.agent_id == found.id, col(ApiKey.revoked_at).is_(None))
-            ).all():
-                key.revoked_at = now
-                s.add(key)
-                revoked.append(key.key_hash)
-            release_jobs_of_agent(s, agent_id=found.id, reason=f"agent {found.label} retired")
-        result = agent_to_dict(found, _roles_of(s, found.id))
-    for key_hash in revoked:
-        keys.forget_key(key_hash)
-    return result
 
 
 def my_roles(ctx: Context, *, actor: Actor | ApiKey) -> dict[str, Any]:

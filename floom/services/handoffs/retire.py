@@ -1,0 +1,40 @@
+"""Retiring an agent: its keys are revoked and the jobs it holds go back to `published`, in
+one transaction. It stands apart from agents.py because it needs the job flow (flow.py),
+which itself builds on agents.py."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sqlmodel import col, select
+
+from floom.services import keys
+from floom.services.handoffs.agents import agent_to_dict, find_agent, roles_of
+from floom.services.handoffs.flow import release_jobs_of_agent
+from floom.store.db import session_scope
+from floom.store.models import ApiKey, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+
+def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
+    """Retire an agent: its keys are revoked and the jobs it holds go back to `published`."""
+    revoked: list[str] = []
+    with session_scope(ctx.engine, write=True) as s:
+        found = find_agent(s, agent)
+        if found.retired_at is None:
+            now = utcnow()
+            found.retired_at = now
+            s.add(found)
+            for key in s.exec(
+                select(ApiKey).where(ApiKey.agent_id == found.id, col(ApiKey.revoked_at).is_(None))
+            ).all():
+                key.revoked_at = now
+                s.add(key)
+                revoked.append(key.key_hash)
+            release_jobs_of_agent(s, agent_id=found.id, reason=f"agent {found.label} retired")
+        result = agent_to_dict(found, roles_of(s, found.id))
+    for key_hash in revoked:
+        keys.forget_key(key_hash)
+    return result
