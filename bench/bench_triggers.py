@@ -39,12 +39,12 @@ from floom.agent.runner import run_agent  # noqa: E402
 from floom.bundle import read_folder  # noqa: E402
 from floom.config import Settings  # noqa: E402
 from floom.engine.executor import Executor  # noqa: E402
+from floom.engine.scheduler import Scheduler  # noqa: E402
 from floom.sandbox import get_sandbox  # noqa: E402
 from floom.services import workers  # noqa: E402
 from floom.services.context import Context  # noqa: E402
 from floom.store.db import session_scope  # noqa: E402
 from floom.store.models import Run  # noqa: E402
-from floom.triggers.scheduler import Scheduler  # noqa: E402
 
 TARGET_P99_SECONDS = 1.0
 LEAD_SECONDS = 0.8  # how far ahead of the next boundary each jump lands

@@ -41,7 +41,9 @@ from floom.manifest import (
     manifest_too_large,
     typescript_runner,
 )
+from floom.manifest_agent import check_agent_sections
 from floom.sandbox.network import ALLOW_HINT, parse_allowed_network
+from floom.triggers.checks import check_triggers
 
 # Names people reach for from other languages; difflib alone misses most of them.
 _TYPE_ALIASES = {
@@ -176,12 +178,8 @@ def check_document(doc: Mapping[Any, Any], files: frozenset[str]) -> tuple[dict,
     entry = _resolve_entry(doc.get("entry"), files, out)
     if entry is not None:
         clean["entry"] = entry
-    from floom.agent.spec import check_agent_sections  # late: it imports this module
-
     check_agent_sections(doc, clean, out)
     if "triggers" in clean:
-        from floom.triggers.checks import check_triggers  # late: it imports this module
-
         check_triggers(doc["triggers"], clean.get("inputs", {}), str(doc.get("name", "")), out)
     return clean, out
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from floom.agent.spec import tool_specs
-from floom.manifest import Problem, check_manifest, parse_manifest
+from floom.manifest import Problem
+from floom.manifest_agent import tool_specs
+from floom.manifest_load import check_manifest, parse_manifest
 
 
 def problems_of(text: str, files: list[str] | None = None) -> dict[str, Problem]:

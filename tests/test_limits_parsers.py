@@ -210,7 +210,7 @@ def test_the_manifest_model_refuses_values_nested_deeper_than_the_limit() -> Non
 
 
 def test_a_folder_whose_worker_yml_is_too_large_is_refused_locally(tmp_path: Path) -> None:
-    from floom.manifest import check_folder
+    from floom.manifest_load import check_folder
 
     (tmp_path / "worker.yml").write_text("name: w\n" + "#" * 300_000 + "\n")
     (tmp_path / "run.py").write_text(RUN_PY)

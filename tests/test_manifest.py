@@ -12,13 +12,10 @@ from floom.manifest import (
     FieldSpec,
     Manifest,
     Problem,
-    check_folder,
-    check_manifest,
     format_problems,
-    load_folder,
     manifest_json_schema,
-    parse_manifest,
 )
+from floom.manifest_load import check_folder, check_manifest, load_folder, parse_manifest
 
 GOOD = """
 name: daily-digest

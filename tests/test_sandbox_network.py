@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from floom.errors import InvalidRequest
-from floom.manifest import check_manifest
+from floom.manifest_load import check_manifest
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
 from floom.sandbox.network import SLIRP_OWNER_VARIABLE, is_floom_slirp
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until

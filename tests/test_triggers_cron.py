@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from floom.manifest import check_manifest
+from floom.manifest_load import check_manifest
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec, WebhookSpec, parse_duration, trigger_key
 

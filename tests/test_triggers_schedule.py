@@ -11,13 +11,13 @@ import pytest
 from sqlmodel import select
 
 from floom.bundle import read_folder
+from floom.engine.scheduler import Scheduler
 from floom.errors import WorkerPaused
 from floom.services import run_rules, runs, triggers, workers
 from floom.services.context import Context
 from floom.store.db import session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
-from floom.triggers.scheduler import Scheduler
 from tests.conftest import fast_settings, make_worker, wait_until
 
 MONDAY = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)

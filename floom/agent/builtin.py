@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from floom.agent import netguard
 from floom.agent.children import invoke_child
-from floom.agent.spec import HTTP_METHODS, ToolSpec
 from floom.agent.tools import Tool, ToolError, object_schema, require_str
 from floom.engine.safefiles import (
     MAX_WALK_ENTRIES,
@@ -27,6 +26,7 @@ from floom.engine.safefiles import (
     write_regular,
 )
 from floom.errors import FloomError
+from floom.manifest_agent import HTTP_METHODS, ToolSpec
 from floom.services import agent_runs
 
 if TYPE_CHECKING:

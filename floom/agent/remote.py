@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from floom.agent.spec import ToolSpec
 from floom.agent.tools import Tool, ToolError
 from floom.errors import SourceUnavailable
+from floom.manifest_agent import ToolSpec
 
 TOOL_NAME_CAP = 64
 

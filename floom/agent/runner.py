@@ -12,10 +12,10 @@ from floom.agent.builtin import AgentEnv, finish_tool, make_builtin
 from floom.agent.loop import AgentLoop
 from floom.agent.provider import ModelProvider, build_provider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
-from floom.agent.spec import ToolSpec, tool_specs
 from floom.agent.tools import Tool, Toolbox
 from floom.engine.queue import Outcome
 from floom.errors import ProviderError
+from floom.manifest_agent import ToolSpec, tool_specs
 from floom.services import agent_runs
 from floom.services.approvals import PHASE_APPLY
 from floom.services.run_rules import FAILED

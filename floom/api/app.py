@@ -32,12 +32,12 @@ from floom.bundle import read_folder
 from floom.config import Settings
 from floom.engine.executor import Executor
 from floom.engine.handoff_loop import HandoffLoop
+from floom.engine.scheduler import Scheduler
 from floom.errors import FloomError
 from floom.sandbox import get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
 from floom.services import keys, workers
 from floom.services.context import Context
-from floom.triggers.scheduler import Scheduler
 
 log = logging.getLogger("floom")
 

@@ -49,6 +49,7 @@ class LazyMCPMount:
                 return self._guard
             if self._tasks is None:
                 raise RuntimeError("the MCP endpoint is used outside the app's lifespan")
+            # Imported on first use, not at the top: the MCP SDK costs ~50 MB of memory.
             from floom.mcp.http import MCPEndpoint, guard_for
 
             endpoint = MCPEndpoint(self.app, self.settings)

@@ -45,7 +45,8 @@ def workers(ctx: typer.Context) -> None:
 
 def _check_locally(folder: Path) -> Manifest:
     # Imported here, not at the top: the manifest schema costs ~27 ms of every CLI start-up.
-    from floom.manifest import check_folder, format_problems
+    from floom.manifest import format_problems
+    from floom.manifest_load import check_folder
 
     manifest, problems = check_folder(folder)
     if manifest is None:

@@ -12,7 +12,8 @@ from sqlmodel import Session, col, select
 
 from floom.bundle import Bundle, read_archive
 from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound
-from floom.manifest import Manifest, Problem, check_manifest, parse_manifest
+from floom.manifest import Manifest, Problem
+from floom.manifest_load import check_manifest, parse_manifest
 from floom.services.triggers import sync_triggers
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope

@@ -7,9 +7,10 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from floom.errors import FloomError, InputInvalid, ManifestInvalid
+from floom.manifest import FieldSpec, Manifest, Problem, format_problems
 from floom.store.models import utcnow
 from floom.triggers import cron
 from floom.triggers.spec import (
@@ -31,9 +32,6 @@ from floom.triggers.spec import (
     trigger_key,
 )
 
-if TYPE_CHECKING:
-    from floom.manifest import Manifest, Problem
-
 _SECRET_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _SLUG = re.compile(r"^[A-Z0-9_]+$")
 _PATH = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
@@ -46,8 +44,6 @@ _KEYS = {
 
 def parse_triggers(manifest: Manifest) -> list[TriggerSpec]:
     """The manifest's triggers as specs; raises ManifestInvalid when one is not valid."""
-    from floom.manifest import format_problems
-
     problems: list[Problem] = []
     specs = _check_all(manifest.triggers, _inputs_of(manifest), manifest.name, problems)
     if problems:
@@ -312,8 +308,6 @@ def _check_event_delivery(
 def _check_inputs_complete(
     given: dict[str, Any], inputs: Mapping[str, Any], path: str, out: list[Problem]
 ) -> None:
-    from floom.manifest import FieldSpec, Manifest
-
     try:
         fields = {name: FieldSpec.model_validate(spec) for name, spec in inputs.items()}
         Manifest.model_construct(name="w", entry="run.py", inputs=fields).coerce_inputs(given)
@@ -344,8 +338,6 @@ def _choice(
 
 
 def _problem(path: str, message: str, hint: str | None = None) -> Problem:
-    from floom.manifest import Problem
-
     return Problem(path, message, hint)
 
 

@@ -7,10 +7,9 @@ import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from floom.manifest import Manifest, Problem
+from floom.manifest import Manifest, Problem
 
 BUILTINS = (
     "read_file",
@@ -84,8 +83,6 @@ def tool_specs(manifest: Manifest) -> list[ToolSpec]:
 def check_agent_sections(doc: Mapping[Any, Any], clean: dict[str, Any], out: list[Problem]) -> None:
     """Problems with the agent sections; tools are checked in depth only for SKILL.md workers
     (script workers never use them, so their tools keep the plain shape check)."""
-    from floom.manifest import Problem
-
     entry = str(clean.get("entry") or "")
     is_agent = entry.rsplit("/", 1)[-1] == "SKILL.md"
     approvals = clean.get("approvals") or {}
@@ -132,8 +129,6 @@ def check_agent_sections(doc: Mapping[Any, Any], clean: dict[str, Any], out: lis
 
 
 def _check_builtin(item: Mapping[Any, Any], path: str, out: list[Problem]) -> list[str]:
-    from floom.manifest import Problem
-
     builtin = item.get("builtin")
     if builtin not in BUILTINS:
         out.append(
@@ -201,8 +196,6 @@ def _check_builtin(item: Mapping[Any, Any], path: str, out: list[Problem]) -> li
 def _check_source(
     item: Mapping[Any, Any], source: str, keys: tuple[str, ...], path: str, out: list[Problem]
 ) -> list[str]:
-    from floom.manifest import Problem
-
     _unknown_keys(item, (source, "approval"), path, out)
     _check_approval(item.get("approval"), f"{path}.approval", out)
     settings = item.get(source)
@@ -271,8 +264,6 @@ def _check_source(
 
 
 def _check_approval(value: Any, path: str, out: list[Problem]) -> None:
-    from floom.manifest import Problem
-
     if value is not None and value not in APPROVAL_MODES:
         out.append(
             Problem(
@@ -286,8 +277,6 @@ def _check_approval(value: Any, path: str, out: list[Problem]) -> None:
 def _unknown_keys(
     item: Mapping[Any, Any], allowed: tuple[str, ...], path: str, out: list[Problem]
 ) -> None:
-    from floom.manifest import Problem
-
     for key in item:
         if key not in allowed:
             out.append(

@@ -1,0 +1,189 @@
+"""The package layout stays acyclic: floom's packages (agent, api, cli, engine, mcp, sandbox,
+services, store, triggers, schemas) and its top-level modules import one another without a
+cycle, and a floom import inside a function is allowed only where it saves start-up time or
+memory, each listed here with its reason.
+
+The graph is read from the source with ast: imports at module level count (including those
+under a module-level `if` or `try`), imports under `if TYPE_CHECKING:` do not."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+FLOOM = Path(__file__).resolve().parent.parent / "floom"
+
+# Every function-local floom import that may stay, as (file, imported module): the one reason
+# is start-up time or memory paid by everyone for something few use.
+DELIBERATE_LOCAL_IMPORTS = {
+    # The MCP SDK costs ~50 MB; a server nobody reaches over MCP does not load it.
+    ("floom/api/mcp_mount.py", "floom.mcp.http"),
+    # `floom serve` alone needs the server app and the sandbox (~0.75 s of every CLI start-up).
+    ("floom/cli/command.py", "floom.api.app"),
+    ("floom/cli/command.py", "floom.sandbox"),
+    ("floom/cli/command.py", "floom.sandbox.base"),
+    # `floom mcp` alone needs the MCP SDK (~0.4 s of every CLI start-up).
+    ("floom/cli/mcp.py", "floom.mcp.stdio"),
+    # Only validate and deploy check a folder locally: the manifest schema costs ~27 ms.
+    ("floom/cli/workers.py", "floom.manifest"),
+    ("floom/cli/workers.py", "floom.manifest_load"),
+    # Only deploy archives a folder (tarfile, lzma: ~4 ms).
+    ("floom/cli/workers.py", "floom.bundle"),
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in FLOOM.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        parts = list(path.relative_to(FLOOM.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _module_level(body: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node):
+                yield from _module_level(node.body)
+            yield from _module_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody):
+                yield from _module_level(block)
+            for handler in node.handlers:
+                yield from _module_level(handler.body)
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The floom modules an import statement loads (a package for `from pkg import name`
+    unless name is itself a module)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "floom"]
+    base = node.module or ""
+    if node.level:
+        package = module.split(".")
+        if MODULES[module].name != "__init__.py":
+            package = package[:-1]
+        package = package[: len(package) - node.level + 1]
+        base = ".".join([*package, base] if base else package)
+    if base.split(".")[0] != "floom":
+        return []
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+
+
+def _group(module: str) -> str:
+    """The unit the layout is judged by: a subpackage (floom.services.runs -> services) or a
+    top-level module (floom.manifest -> manifest)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "floom"
+
+
+def _package_graph() -> dict[str, dict[str, list[str]]]:
+    """group -> imported group -> the module imports that make the edge."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for module, path in MODULES.items():
+        for node in _module_level(ast.parse(path.read_text()).body):
+            for target in _targets(module, node):
+                source, dest = _group(module), _group(target)
+                if source != dest and dest != "floom":  # floom/__init__ holds only the version
+                    graph.setdefault(source, {}).setdefault(dest, []).append(
+                        f"{module} -> {target}"
+                    )
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """Strongly connected components with more than one member (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, {}):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _local_floom_imports() -> set[tuple[str, str]]:
+    found = set()
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    rel = path.relative_to(FLOOM.parent).as_posix()
+                    found.update((rel, t) for t in _targets(module, node))
+    return found
+
+
+def test_no_import_cycle_between_floom_packages_and_top_level_modules() -> None:
+    graph = _package_graph()
+    cycles = _cycles(graph)
+    explained = [
+        f"{' <-> '.join(cycle)}: "
+        + "; ".join(edge for a in cycle for b in cycle for edge in graph.get(a, {}).get(b, [])[:2])
+        for cycle in cycles
+    ]
+    assert not cycles, "import cycles between packages:\n" + "\n".join(explained)
+
+
+def test_the_graph_sees_the_edges_the_layout_relies_on() -> None:
+    graph = _package_graph()
+    assert "services" in graph["api"]
+    assert "manifest" in graph["services"] or "manifest_load" in graph["services"]
+    assert "engine" in graph["agent"]
+    assert "agent" not in graph.get("engine", {})
+
+
+def test_function_local_floom_imports_are_only_the_deliberate_ones() -> None:
+    local = _local_floom_imports()
+    unexplained = sorted(local - DELIBERATE_LOCAL_IMPORTS)
+    assert not unexplained, (
+        "a floom import inside a function dodges a cycle; give the shared thing its own module "
+        f"(or, for a measured start-up cost, list it here with the reason): {unexplained}"
+    )
+    assert len(local) <= len(DELIBERATE_LOCAL_IMPORTS)
+
+
+def test_every_deliberate_local_import_says_why_in_its_file() -> None:
+    for file, _ in DELIBERATE_LOCAL_IMPORTS:
+        text = (FLOOM.parent / file).read_text()
+        assert "Imported here, not at the top" in text or "Imported on first use" in text, file
