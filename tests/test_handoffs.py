@@ -447,3 +447,13 @@ def test_bad_job_parts_are_refused_and_create_nothing(ctx: Context, team: dict) 
             handoffs.create_job(ctx, actor=lead, **args)
     items, _ = handoffs.list_jobs(ctx, actor=team["admin"])
     assert items == []
+
+
+def test_an_agent_with_an_unknown_scope_is_refused_and_nothing_is_created(ctx: Context) -> None:
+    handoff_agents.create_role(ctx, name="writer")
+    with pytest.raises(InvalidRequest):
+        handoff_agents.create_agent(ctx, label="half", roles=["writer"], scopes=["root"])
+    assert [a["label"] for a in handoff_agents.list_agents(ctx)] == []
+    # The label is free: nothing half-made holds it.
+    made = handoff_agents.create_agent(ctx, label="half", roles=["writer"], scopes=["run"])
+    assert made["label"] == "half"

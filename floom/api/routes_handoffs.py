@@ -18,7 +18,7 @@ from floom.services.handoffs import jobs as handoffs
 router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"])
 
 
-# What the handoff rules (services/handoff_rules.py) check, stated for clients; the services
+# What the handoff rules (services/handoffs/rules.py) check, stated for clients; the services
 # still decide, and answer 400 with a hint for a body that breaks one of these.
 TEXT: JsonDict = {"pattern": r"\S"}
 ARTIFACTS: JsonDict = {

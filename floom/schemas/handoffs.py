@@ -150,7 +150,7 @@ _OPERAND: dict[str, JsonDict] = {
     "exists": {"type": "boolean"},
     **{op: {"type": "number"} for op in ("gt", "gte", "lt", "lte")},
 }
-#: A routing rule's condition as services/handoff_rules.py checks it (nesting up to
+#: A routing rule's condition as services/handoffs/rules.py checks it (nesting up to
 #: MAX_CONDITION_DEPTH): a path with one operator, or all / any / not of conditions.
 _VARIANTS: list[JsonValue] = [
     {

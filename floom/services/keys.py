@@ -44,7 +44,8 @@ def require(key: ApiKey, scope: str) -> None:
         )
 
 
-def _check_scopes(scopes: list[str]) -> None:
+def check_scopes(scopes: list[str]) -> None:
+    """Raise InvalidRequest unless every scope is known and there is at least one."""
     bad = [s for s in scopes if s not in _RANK]
     if bad or not scopes:
         raise InvalidRequest(
@@ -62,7 +63,7 @@ def create_key(
     agent_id: str | None = None,
 ) -> tuple[ApiKey, str]:
     """Store a new key and return it with its plaintext, which is never stored or shown again."""
-    _check_scopes(scopes)
+    check_scopes(scopes)
     token = token or KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(
         id=new_id("key"),

@@ -233,7 +233,10 @@ def create_agent(
     tool_family: str = "",
     scopes: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Create an agent holding `roles`, and its first API key (in "key", shown only now)."""
+    """Create an agent holding `roles`, and its first API key (in "key", shown only now).
+    Bad scopes are refused before anything is written."""
+    scopes = scopes or ["run"]
+    keys.check_scopes(scopes)
     agent = Agent(id=new_id("agt"), label=_check_label(label), tool_family=tool_family[:40])
     try:
         with session_scope(ctx.engine, write=True) as s:
@@ -242,9 +245,7 @@ def create_agent(
             held = _set_roles(s, agent.id, roles)
     except IntegrityError as exc:
         raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
-    key, token = keys.create_key(
-        ctx, scopes=scopes or ["run"], name=f"agent {agent.label}", agent_id=agent.id
-    )
+    key, token = keys.create_key(ctx, scopes=scopes, name=f"agent {agent.label}", agent_id=agent.id)
     return {**agent_to_dict(agent, held), "key": token, "key_id": key.id}
 
 
