@@ -21,14 +21,15 @@ from typing import Any
 import httpx
 import pytest
 
-from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec, cgroups, seccomp
+from floom.sandbox import LocalSandbox, SandboxResult, cgroups, seccomp
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
+from tests.sandbox_support import Lines
+from tests.sandbox_support import run_script as run_in_sandbox
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
 )
 
-Lines = list[tuple[str, str]]
 needs_cgroups = pytest.mark.skipif(
     not cgroups.detect().enforced, reason="no usable cgroup hierarchy on this node"
 )
@@ -42,27 +43,14 @@ def run_script(
     command: list[str] | None = None,
     **limits: Any,
 ) -> tuple[SandboxResult, Lines]:
-    workdir = tmp_path / "work"
-    output_dir = tmp_path / "output"
-    workdir.mkdir(exist_ok=True)
-    output_dir.mkdir(exist_ok=True)
-    (workdir / "run.py").write_text(textwrap.dedent(script))
-    lines: Lines = []
-
-    def collect(stream: str, line: str) -> None:
-        lines.append((stream, line))
-        if on_line is not None:
-            on_line(stream, line)
-
-    spec = SandboxSpec(
-        run_id=f"limits-{uuid.uuid4().hex[:8]}",
-        command=command or ["python3", "run.py"],
-        workdir=workdir,
-        output_dir=output_dir,
+    return run_in_sandbox(
+        LocalSandbox(),
+        tmp_path,
+        script,
+        on_line=on_line,
+        command=command,
         **{"timeout_seconds": 60, **limits},
     )
-    result = LocalSandbox().run(spec, on_line=collect, should_cancel=lambda: False)
-    return result, lines
 
 
 def stdout(lines: Lines) -> list[str]:

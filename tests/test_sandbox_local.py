@@ -8,25 +8,23 @@ import shutil
 import signal
 import socket
 import subprocess
-import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from floom.errors import InvalidRequest
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec, get_sandbox
 from floom.sandbox.local import MAX_LINE_BYTES, SANDBOX_OUTPUT_DIR, SandboxUnavailable
+from tests.sandbox_support import Lines, run_script
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
 )
 
-Lines = list[tuple[str, str]]
 
 # A worker that starts a grandchild in its own session (stdio detached, so it holds none of
 # the sandbox's pipes), waits until it runs, says "ready", then sleeps.
@@ -58,38 +56,6 @@ def listening_port() -> Iterator[int]:
         server.bind(("127.0.0.1", 0))
         server.listen()
         yield server.getsockname()[1]
-
-
-def run_script(
-    sandbox: LocalSandbox,
-    tmp_path: Path,
-    script: str,
-    *,
-    on_line: Callable[[str, str], None] | None = None,
-    should_cancel: Callable[[], bool] = lambda: False,
-    command: list[str] | None = None,
-    **spec_fields: Any,
-) -> tuple[SandboxResult, Lines]:
-    workdir = tmp_path / "work"
-    output_dir = tmp_path / "output"
-    workdir.mkdir(exist_ok=True)
-    output_dir.mkdir(exist_ok=True)
-    (workdir / "run.py").write_text(textwrap.dedent(script))
-    lines: Lines = []
-
-    def collect(stream: str, line: str) -> None:
-        lines.append((stream, line))
-        if on_line is not None:
-            on_line(stream, line)
-
-    spec = SandboxSpec(
-        run_id="run-test",
-        command=command or ["python3", "run.py"],
-        workdir=workdir,
-        output_dir=output_dir,
-        **{"timeout_seconds": 30.0, **spec_fields},
-    )
-    return sandbox.run(spec, on_line=collect, should_cancel=should_cancel), lines
 
 
 def stream(lines: Lines, name: str) -> list[str]:

@@ -4,13 +4,12 @@ thin clients of the approvals REST API."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.text import Text
 
-from floom.cli.common import JsonOpt, open_client
+from floom.cli.common import JsonOpt, json_object_option, open_client
 from floom.cli.output import new_table, out, print_json, status_text, when
 
 APPROVAL_STYLES = {"pending": "yellow", "approved": "green", "rejected": "red", "cancelled": "dim"}
@@ -91,21 +90,7 @@ def list_approvals(
 def _parse_edit(value: str | None) -> dict[str, Any] | None:
     if value is None:
         return None
-    text = value
-    if value.startswith("@"):
-        try:
-            text = Path(value[1:]).read_text()
-        except OSError as exc:
-            raise typer.BadParameter(f"cannot read {value[1:]}: {exc.strerror}") from exc
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise typer.BadParameter(f"not valid JSON: {exc}", param_hint="--edit") from exc
-    if not isinstance(parsed, dict):
-        raise typer.BadParameter(
-            'expected a JSON object such as {"title": "..."}', param_hint="--edit"
-        )
-    return parsed
+    return json_object_option(value, option="--edit", example='{"title": "..."}')
 
 
 def _print_decision(body: dict[str, Any], verb: str) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -10,6 +12,24 @@ from floom.client import FloomClient
 from floom.handoff_client import HandoffClient
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON only")]
+
+
+def json_object_option(value: str, *, option: str, example: str) -> dict[str, Any]:
+    """A JSON object given on the command line, or read from a file as `@path`; a
+    BadParameter naming `option` (and showing `example`) otherwise."""
+    text = value
+    if value.startswith("@"):
+        try:
+            text = Path(value[1:]).read_text()
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot read {value[1:]}: {exc.strerror}") from exc
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not valid JSON: {exc}", param_hint=option) from exc
+    if not isinstance(parsed, dict):
+        raise typer.BadParameter(f"expected a JSON object such as {example}", param_hint=option)
+    return parsed
 
 
 def open_client() -> FloomClient:

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from floom.cli.approvals import print_agent_details
-from floom.cli.common import JsonOpt, open_client
+from floom.cli.common import JsonOpt, json_object_option, open_client
 from floom.cli.output import (
     duration,
     fail,
@@ -48,21 +48,8 @@ def _parse_inputs(pairs: list[str], raw_json: str | None) -> tuple[dict[str, Any
     if pairs and raw_json is not None:
         raise typer.BadParameter("use either -i KEY=VALUE or --input-json, not both")
     if raw_json is not None:
-        text = raw_json
-        if raw_json.startswith("@"):
-            try:
-                text = Path(raw_json[1:]).read_text()
-            except OSError as exc:
-                raise typer.BadParameter(f"cannot read {raw_json[1:]}: {exc.strerror}") from exc
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise typer.BadParameter(f"not valid JSON: {exc}", param_hint="--input-json") from exc
-        if not isinstance(value, dict):
-            raise typer.BadParameter(
-                'expected a JSON object such as {"name": "Ada"}', param_hint="--input-json"
-            )
-        return value, False
+        example = '{"name": "Ada"}'
+        return json_object_option(raw_json, option="--input-json", example=example), False
     inputs: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
