@@ -22,6 +22,7 @@ from tests.conftest import (
     deploy_folder,
     live_server,
     make_worker,
+    wait_until,
 )
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n"
@@ -58,14 +59,6 @@ def start(api: httpx.Client, worker: str) -> str:
     assert resp.status_code == 202, resp.text
     run_id: str = resp.json()["id"]
     return run_id
-
-
-def wait_until(predicate: Callable[[], Any], *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.02)
 
 
 def waiters(
