@@ -106,6 +106,7 @@ def test_sandboxes_are_listed_by_metadata_and_killed_by_id(
 
     assert [s.sandbox_id for s in found] == [mine.sandbox_id]
     assert found[0].metadata == {"node": "a", "run": "1"}
+    assert Sandbox.get_info(other.sandbox_id).metadata == {"node": "b", "run": "2"}
     assert Sandbox.connect(other.sandbox_id).commands.run("echo hi").stdout == "hi\n"
     assert Sandbox.kill(mine.sandbox_id) is True
     assert Sandbox.kill(mine.sandbox_id) is False
@@ -200,3 +201,22 @@ def test_envd_refuses_a_request_without_the_sandbox_access_token(
         assert refused.status_code == 401
         unknown = client.get("/health", headers={"E2b-Sandbox-Id": "gone"})
         assert unknown.status_code == 502 and "was not found" in unknown.json()["message"]
+
+
+def test_all_of_e2b_unreachable_mid_command_fails_the_call_and_the_sandbox_outlives_it(
+    e2b_standin: E2BStandin,  # noqa: F811
+) -> None:
+    sandbox = Sandbox.create(timeout=60)
+    sandbox.files.write("kept.txt", "still here")
+
+    def on_stdout(text: str) -> None:
+        threading.Thread(target=e2b_standin.down).start()
+
+    with pytest.raises(SandboxUnreachableException):
+        sandbox.commands.run("echo up; sleep 30", on_stdout=on_stdout, timeout=30)
+    with pytest.raises(httpx.ConnectError):
+        Sandbox.list().next_items()
+
+    e2b_standin.up()
+    assert sandbox.files.read("kept.txt") == "still here"
+    assert [s.sandbox_id for s in Sandbox.list().next_items()] == [sandbox.sandbox_id]

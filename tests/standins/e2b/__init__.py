@@ -226,11 +226,28 @@ class E2BStandin:
         if not self._control.running:
             self._control.start()
 
+    def down(self) -> None:
+        """All of E2B becomes unreachable (control plane and every sandbox's envd refuse
+        connections; open streams drop) until up(). The sandboxes and their commands live on,
+        as they would in E2B during a network partition."""
+        self._control.stop()
+        self.core.envd_unreachable = True
+        for sandbox in list(self.core.sandboxes.values()):
+            for process in list(sandbox.processes.values()):
+                process.drop_streams()
+        self._envd.stop()
+
+    def up(self) -> None:
+        self.core.envd_unreachable = False
+        if not self._envd.running:
+            self._envd.start()
+        self.control_plane_up()
+
     def clear_faults(self) -> None:
         with self.core.lock:
             self.core.control_fault = None
         self.core.max_sandboxes = None
-        self.control_plane_up()
+        self.up()
 
 
 @contextmanager

@@ -42,6 +42,7 @@ class StandinCore:
         self.requests: Counter[str] = Counter()
         self.sandbox_requests: dict[str, Counter[str]] = {}
         self.control_fault: Fault | None = None
+        self.envd_unreachable = False
         self.local = LocalSandbox()
         self.lock = threading.RLock()
         self._pids = itertools.count(1000)

@@ -65,7 +65,7 @@ def _select(sandbox: StandinSandbox, selector: Any) -> RunningProcess:
         case Oneof(field="pid", value=pid) if pid in sandbox.processes:
             return sandbox.processes[pid]
         case Oneof(field="tag", value=tag):
-            for process in sandbox.processes.values():
+            for process in list(sandbox.processes.values()):
                 if process.tag == tag:
                     return process
     raise ConnectError(Code.NOT_FOUND, "process not found")
@@ -82,7 +82,7 @@ class ProcessService(Process):
         return process_pb.ListResponse(
             processes=[
                 process_pb.ProcessInfo(config=p.config, pid=p.pid, tag=p.tag)
-                for p in sandbox.processes.values()
+                for p in list(sandbox.processes.values())
             ]
         )
 
@@ -342,7 +342,7 @@ def envd_app(core: StandinCore) -> Any:
 
         async def guarded_send(message: dict[str, Any]) -> None:
             # A sandbox that is gone, or whose envd died, drops the connection mid-stream.
-            if sandbox_id not in core.sandboxes or not sandbox.envd_alive:
+            if sandbox_id not in core.sandboxes or not sandbox.envd_alive or core.envd_unreachable:
                 raise StreamDropped()
             await send(message)
 

@@ -106,6 +106,16 @@ class RunningProcess:
         thread = threading.Thread(target=self._run, args=(local, spec), daemon=True)
         thread.start()
 
+    def drop_streams(self) -> None:
+        """The connections of its streams drop; the process runs on."""
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for loop, queue in subscribers:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, ABORT)
+            except RuntimeError:
+                pass
+
     def abort(self) -> None:
         """The stream's connection drops, and the process is killed."""
         self.publish(ABORT)
