@@ -16,9 +16,8 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from pydantic import ValidationError
 
-from floom.config import Settings, client_base_url
+from floom.client_env import admin_key_file, client_base_url
 from floom.errors import ClientError, FloomError, TooManyWaits, rebuild
 from floom.services.run_rules import FINISHED as TERMINAL_STATUSES
 from floom.services.run_rules import WAITING as WAITING_STATUSES
@@ -49,10 +48,7 @@ class FollowEvent:
 
 def admin_key_path() -> Path | None:
     """Where a local server keeps its admin key (FLOOM_DATA_DIR/admin.key)."""
-    try:
-        return Settings().admin_key_file
-    except ValidationError:
-        return None
+    return admin_key_file()
 
 
 def configured_api_key() -> str | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_PORT = 8321
+from floom.client_env import DEFAULT_PORT
 
 
 def _default_data_dir() -> Path:
@@ -104,17 +104,6 @@ class Settings(BaseSettings):
             return self.examples_dir if self.examples_dir.is_dir() else None
         shipped = Path(__file__).resolve().parent.parent / "workers"
         return shipped if shipped.is_dir() else None
-
-
-def client_base_url() -> str:
-    """The base URL the CLI and the stdio MCP server talk to."""
-    import os
-
-    url = os.environ.get("FLOOM_BASE_URL")
-    if url:
-        return url.rstrip("/")
-    port = os.environ.get("FLOOM_PORT", str(DEFAULT_PORT))
-    return f"http://127.0.0.1:{port}"
 
 
 def mask_password(url: str) -> str:

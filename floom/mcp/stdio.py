@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from floom.client import FloomClient, configured_api_key
-from floom.config import client_base_url
+from floom.client_env import client_base_url
 from floom.mcp.catalog import all_workers
 from floom.mcp.rest_backend import RestBackend
 from floom.mcp.server import FloomMCPServer

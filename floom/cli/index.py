@@ -1,0 +1,139 @@
+"""The floom command's index: every command's name, the module that defines it and its one-line
+help, in `floom --help` order; and the entry point.
+
+`floom` and `floom --help` print the index without importing typer, rich, httpx or a command
+module (~0.3 s of start-up on a 2-core machine); any other invocation loads typer and only the
+module of the command it names. tests/test_cli_index.py checks this index against the
+commands' own docstrings.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NamedTuple
+
+USAGE = "Usage: floom [OPTIONS] COMMAND [ARGS]..."
+DESCRIPTION = "Deploy, run and inspect background AI workers on a floom server."
+HELP_FLAGS = ("--help", "-h")
+
+
+class Entry(NamedTuple):
+    """One command of `floom`: its module under floom.cli, the function of that module that
+    adds it to a typer app, and its one-line help (the first line of its docstring)."""
+
+    module: str
+    register: str
+    summary: str
+
+
+COMMANDS: dict[str, Entry] = {
+    "serve": Entry(
+        "serve", "register", "Run the floom server: API, scheduler and executor in one process."
+    ),
+    "validate": Entry("workers", "register", "Check a worker folder locally (no server needed)."),
+    "deploy": Entry(
+        "workers",
+        "register",
+        "Validate a worker folder, then upload it as a new version and make it active.",
+    ),
+    "versions": Entry(
+        "workers", "register", "List a worker's versions, newest first; * marks the active one."
+    ),
+    "rollback": Entry("workers", "register", "Make an earlier version active again."),
+    "run": Entry(
+        "runs",
+        "register",
+        "Start a run; with --wait, follow its log and exit 0 only if it succeeded.",
+    ),
+    "replay": Entry("runs", "register", "Run a run's inputs again, as a new run linked to it."),
+    "runs": Entry("runs", "register", "List runs, newest first."),
+    "show": Entry("runs", "register", "Show one run: status, inputs, outputs, error, artifacts."),
+    "logs": Entry(
+        "runs", "register", "Print a run's log lines in order, timestamped, with their stream."
+    ),
+    "cancel": Entry("runs", "register", "Cancel a queued or running run."),
+    "artifacts": Entry("runs", "register", "List a run's artifacts, or download one."),
+    "mcp": Entry(
+        "mcp",
+        "register",
+        "Serve MCP over stdio for Claude Code, Codex, Gemini CLI, Cursor or VS Code.",
+    ),
+    "approvals": Entry(
+        "approvals",
+        "register",
+        "List approvals, oldest first (pending ones unless --status).",
+    ),
+    "approve": Entry(
+        "approvals",
+        "register",
+        "Approve a pending tool call or run outputs, optionally with edits; the run goes on.",
+    ),
+    "reject": Entry(
+        "approvals",
+        "register",
+        "Reject: a tool call goes back to the agent as a refusal; run outputs end the run.",
+    ),
+    "triggers": Entry(
+        "triggers",
+        "register",
+        "List a worker's triggers; schedules with their next three fire times in their timezone.",
+    ),
+    "pause": Entry(
+        "triggers",
+        "register",
+        "Pause a worker (or one trigger): its ticks and webhooks are recorded, not run.",
+    ),
+    "resume": Entry(
+        "triggers",
+        "register",
+        "Resume a worker (or one trigger); ticks skipped meanwhile are not run.",
+    ),
+    "deliveries": Entry(
+        "triggers", "register", "List a worker's webhook and Composio deliveries, newest first."
+    ),
+    "replay-delivery": Entry("triggers", "register", "Run a stored delivery again, as a new run."),
+    "secrets": Entry(
+        "admin", "register", "Secrets that workers can declare (values are never shown)."
+    ),
+    "keys": Entry("admin", "register", "API keys: create, list, revoke."),
+    "agents": Entry(
+        "agents", "register", "Handoff agents: identities with roles and their own API keys."
+    ),
+    "roles": Entry(
+        "agents", "register", "Handoff roles: the kinds of work agents take on (admins manage)."
+    ),
+    "handoffs": Entry(
+        "handoffs",
+        "register",
+        "Handoff jobs: publish, claim, finish and review work by role.",
+    ),
+    "workers": Entry(
+        "workers",
+        "register_group",
+        "List the deployed workers (no subcommand), or delete one.",
+    ),
+}
+
+
+def help_text() -> str:
+    """`floom --help`: usage, description, options and the command index."""
+    width = max(len(name) for name in COMMANDS) + 2
+    lines = [USAGE, "", f"  {DESCRIPTION}", "", "Options:", "  --help".ljust(width + 2)]
+    lines[-1] += "Show this message and exit."
+    lines += ["", "Commands:"]
+    lines += [f"  {name.ljust(width)}{entry.summary}" for name, entry in COMMANDS.items()]
+    lines += ["", "Run `floom COMMAND --help` for a command's options."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Entry point: the index for `floom` and `floom --help`, else the typer app."""
+    args = sys.argv[1:]
+    if not args or (len(args) == 1 and args[0] in HELP_FLAGS):
+        sys.stdout.write(help_text())
+        return
+    # Imported here, not at the top: typer and the command modules cost ~0.3 s that
+    # `floom --help` does not need.
+    from floom.cli.command import main as run_command
+
+    run_command()
