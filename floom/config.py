@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 2.0
     reap_interval_seconds: float = 5.0
+    # On SIGTERM or Ctrl-C a node stops claiming and gives running attempts this long to end
+    # before it interrupts them (a second signal interrupts at once); see "Restarts" in README.
+    drain_seconds: float = Field(30.0, ge=0)
     # A claimed handoff job returns to `published` when its assignee is silent this long.
     handoff_lease_seconds: float = 600.0
     poll_interval_seconds: float = 0.5

@@ -2,73 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import deploy_folder, free_port, make_worker, wait_for_run, wait_until
-
-KEY = "flm_recovery_test_admin_key"
-
-
-class ServerProcess:
-    def __init__(self, data_dir: Path, database_url: str) -> None:
-        self.data_dir = data_dir
-        self.database_url = database_url
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
-        env.update(
-            FLOOM_DATA_DIR=str(self.data_dir),
-            FLOOM_DATABASE_URL=self.database_url,
-            FLOOM_BOOTSTRAP_API_KEY=KEY,
-            FLOOM_DEPLOY_EXAMPLES="false",
-            FLOOM_HEARTBEAT_SECONDS="0.2",
-            FLOOM_LEASE_SECONDS="2",
-            FLOOM_REAP_INTERVAL_SECONDS="0.3",
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "floom.cli", "serve", "--port", str(self.port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-        def healthy() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, "server exited"
-            try:
-                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(healthy, timeout=30, interval=0.1)
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+from tests.conftest import deploy_folder, make_worker, wait_for_run, wait_until
+from tests.server_process import KEY, ServerProcess
 
 
 @pytest.fixture
@@ -85,7 +26,10 @@ import os, time, json
 print("attempt", os.environ["FLOOM_ATTEMPT"], flush=True)
 if os.environ["FLOOM_ATTEMPT"] == "1":
     time.sleep(120)
-outputs = {"attempt": int(os.environ["FLOOM_ATTEMPT"])}
+outputs = {
+    "attempt": int(os.environ["FLOOM_ATTEMPT"]),
+    "previous": os.environ.get("FLOOM_PREVIOUS_ATTEMPT"),
+}
 open("result.json", "w").write(json.dumps({"outputs": outputs}))
 """
 
@@ -132,7 +76,8 @@ def test_a_run_on_a_killed_server_is_retried_after_restart(
         run = wait_for_run(api, run_id, timeout=30)
         assert run["status"] == "succeeded", run
         assert run["attempt"] == 2
-        assert run["outputs"] == {"attempt": 2}
+        # The script is told its node died under the attempt before (it may have acted).
+        assert run["outputs"] == {"attempt": 2, "previous": "lost"}
         lines = [e["line"] for e in api.get(f"/api/v1/runs/{run_id}/logs").json()["items"]]
         assert any("lease expired" in line and "requeued" in line for line in lines), lines
 

@@ -155,8 +155,9 @@ def test_requeue_next_attempt_increments_the_attempt_and_clears_the_lease() -> N
         lease_expires_at=NOW,
         started_at=NOW,
     )
-    requeue_next_attempt(run, by=rules.REAPER, now=NOW)
+    requeue_next_attempt(run, by=rules.REAPER, now=NOW, ended=rules.EXECUTOR_LOST)
     assert (run.status, run.attempt, run.max_attempts) == (rules.QUEUED, 2, 3)
+    assert rules.previous_attempt(run) == "lost"
     assert (run.lease_owner, run.lease_expires_at, run.started_at, run.not_before) == (
         None,
         None,
@@ -167,18 +168,22 @@ def test_requeue_next_attempt_increments_the_attempt_and_clears_the_lease() -> N
 
 def test_a_retry_waits_out_its_backoff_and_an_interruption_costs_no_attempt() -> None:
     retry = a_run(rules.RUNNING, attempt=2, max_attempts=3)
-    requeue_next_attempt(retry, by=rules.EXECUTOR, now=NOW, delay_seconds=8)
+    requeue_next_attempt(retry, by=rules.EXECUTOR, now=NOW, delay_seconds=8, ended="timeout")
     assert (retry.attempt, retry.not_before) == (3, NOW + timedelta(seconds=8))
+    assert rules.previous_attempt(retry) == "failed"
 
     interrupted = a_run(rules.RUNNING, attempt=1, max_attempts=1)
-    requeue_next_attempt(interrupted, by=rules.EXECUTOR, counts_as_attempt=False)
+    requeue_next_attempt(
+        interrupted, by=rules.EXECUTOR, counts_as_attempt=False, ended=rules.INTERRUPTED
+    )
     assert (interrupted.attempt, interrupted.max_attempts) == (2, 2)
+    assert rules.previous_attempt(interrupted) == "interrupted"
 
 
 def test_requeue_refuses_a_run_that_is_not_running() -> None:
     run = a_run(rules.CANCELLED, attempt=1)
     with pytest.raises(IllegalTransition):
-        requeue_next_attempt(run, by=rules.REAPER)
+        requeue_next_attempt(run, by=rules.REAPER, ended=rules.EXECUTOR_LOST)
     assert (run.status, run.attempt) == (rules.CANCELLED, 1)
 
 

@@ -30,7 +30,7 @@ from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.mcp_mount import LazyMCPMount
 from floom.bundle import read_folder
 from floom.config import Settings
-from floom.engine.executor import Executor
+from floom.engine.executor import Executor, interrupt_on_signal
 from floom.engine.handoff_loop import HandoffLoop
 from floom.engine.scheduler import Scheduler
 from floom.errors import FloomError
@@ -115,7 +115,8 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
                 scheduler.stop()
             handoffs.stop()
             if executor is not None:
-                executor.stop()
+                with interrupt_on_signal(executor):
+                    executor.stop()
             if ctx is None:
                 context.engine.dispose()
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from floom.engine.attempt import Attempt, run_script
@@ -22,7 +25,14 @@ from floom.engine.runlog import LogLine, RunLog
 from floom.sandbox.base import Sandbox
 from floom.services import workers
 from floom.services.logs import append_events, system_event
-from floom.services.run_rules import CANCELLED, EXECUTOR, FAILED, RUNNING, requeue_next_attempt
+from floom.services.run_rules import (
+    CANCELLED,
+    EXECUTOR,
+    FAILED,
+    INTERRUPTED,
+    RUNNING,
+    requeue_next_attempt,
+)
 from floom.services.secrets import Redactor
 from floom.store.db import session_scope
 from floom.store.models import Run
@@ -45,6 +55,7 @@ class Executor:
         self.slots = max(1, ctx.settings.executor_slots)
         self._pool = ThreadPoolExecutor(self.slots, thread_name_prefix="floom-run")
         self._stop = threading.Event()
+        self._interrupt_now = threading.Event()
         self._active: dict[str, RunLog] = {}
         self._active_lock = threading.Lock()
         self._cancel: set[str] = set()
@@ -72,19 +83,37 @@ class Executor:
             t.start()
             self._threads.append(t)
 
-    def stop(self, *, grace_seconds: float = 10.0) -> None:
-        """Stop claiming; give running attempts `grace_seconds`, then kill and requeue them."""
+    def stop(self, *, grace_seconds: float | None = None) -> None:
+        """Stop claiming; give running attempts `grace_seconds` (the drain setting by
+        default) to end, or until `interrupt_now`, then interrupt the rest: each is requeued
+        as a new attempt that costs none of its retries."""
         self._stop.set()
         self.ctx.run_queued.set()
+        if grace_seconds is None:
+            grace_seconds = self.ctx.settings.drain_seconds
+        if self.active_count():
+            log.warning(
+                "draining: %d run(s) still running get up to %g s to end; "
+                "signal again to interrupt them now",
+                self.active_count(),
+                grace_seconds,
+            )
         deadline = time.monotonic() + grace_seconds
         while self.active_count() and time.monotonic() < deadline:
-            time.sleep(0.05)
+            if self._interrupt_now.wait(0.05):
+                break
         with self._active_lock:
+            if self._active:
+                log.warning("interrupting %d run(s); each is requeued", len(self._active))
             self._interrupted.update(self._active)
         self._pool.shutdown(wait=True)
         for t in self._threads:
             t.join(timeout=5)
         self._flush_all()
+
+    def interrupt_now(self) -> None:
+        """End a drain at once (a second signal): running attempts are interrupted."""
+        self._interrupt_now.set()
 
     def active_count(self) -> int:
         with self._active_lock:
@@ -248,5 +277,24 @@ class Executor:
                 message="interrupted by node shutdown; requeued",
             )
             # An interruption is not the worker's failure: it costs none of its retries.
-            requeue_next_attempt(current, by=EXECUTOR, counts_as_attempt=False)
+            requeue_next_attempt(current, by=EXECUTOR, counts_as_attempt=False, ended=INTERRUPTED)
             s.add(current)
+
+
+@contextmanager
+def interrupt_on_signal(executor: Executor) -> Iterator[None]:
+    """While the executor drains, a second SIGINT or SIGTERM (the server took the first one
+    to begin shutting down) interrupts the running attempts at once. Signal handlers can
+    only be set from the main thread; elsewhere the drain runs its full time."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        sig: signal.signal(sig, lambda *_: executor.interrupt_now())
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

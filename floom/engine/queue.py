@@ -17,6 +17,7 @@ from floom.services.logs import append_events, lock_events, system_event
 from floom.services.run_rules import (
     CANCELLED,
     EXECUTOR,
+    EXECUTOR_LOST,
     FAILED,
     QUEUED,
     REAPER,
@@ -174,7 +175,13 @@ def finish_attempt(
                 f"attempt {current.attempt} {outcome.status}: {outcome.error_message}; "
                 f"retrying in {delay:.0f}s"
             )
-            requeue_next_attempt(current, by=EXECUTOR, now=now, delay_seconds=delay)
+            requeue_next_attempt(
+                current,
+                by=EXECUTOR,
+                now=now,
+                delay_seconds=delay,
+                ended=outcome.error_code or outcome.status,
+            )
         else:
             s.flush()
             for name, data, content_type in outcome.artifacts:
@@ -237,14 +244,14 @@ def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
                 )
             elif run.attempt < run.max_attempts:
                 system_event(s, run_id=run.id, attempt=run.attempt, message=f"{lost}; requeued")
-                requeue_next_attempt(run, by=REAPER, now=now)
+                requeue_next_attempt(run, by=REAPER, now=now, ended=EXECUTOR_LOST)
             else:
                 transition(
                     run,
                     FAILED,
                     by=REAPER,
                     now=now,
-                    error_code="executor_lost",
+                    error_code=EXECUTOR_LOST,
                     error_message=f"{lost} and no attempts are left",
                 )
             if run.status != QUEUED:

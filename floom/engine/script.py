@@ -7,6 +7,7 @@ from pathlib import Path
 from floom.engine.queue import Outcome
 from floom.manifest import Manifest
 from floom.sandbox.base import SandboxSpec
+from floom.services.run_rules import previous_attempt
 from floom.services.secrets import Redactor
 from floom.store.models import Run
 
@@ -35,6 +36,9 @@ def script_spec(
     }
     if phase:
         env["FLOOM_PHASE"] = phase
+    previous = previous_attempt(run)
+    if previous:
+        env["FLOOM_PREVIOUS_ATTEMPT"] = previous
     return SandboxSpec(
         run_id=run.id,
         command=command if command is not None else manifest.command(),

@@ -42,6 +42,12 @@ class RunPublic(Public):
     exit_code: int | None
     attempt: int
     max_attempts: int
+    previous_attempt: str | None = Field(
+        None,
+        description="how the attempt before this one ended: interrupted (its node shut "
+        "down), lost (its node died) or failed (retried); null on a first attempt",
+        json_schema_extra={"enum": ["interrupted", "lost", "failed", None]},
+    )
     replay_of: str | None
     retry_of: str | None
     parent_run_id: str | None

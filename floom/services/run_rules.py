@@ -170,15 +170,36 @@ def requeue_next_attempt(
     now: datetime | None = None,
     delay_seconds: float | None = None,
     counts_as_attempt: bool = True,
+    ended: str,
 ) -> None:
     """Queue a running run again as its next attempt, lease released.
 
     `delay_seconds` holds it back (a retry's backoff). An attempt that did not count (the
     node shut down under it) is given back, so it costs the worker none of its retries.
+    `ended` says how the attempt that stops here ended (INTERRUPTED, EXECUTOR_LOST, or the
+    failure's error code); the queued run keeps it as its error code until its next attempt
+    ends, and the next attempt's script sees it (`previous_attempt`).
     """
     transition(run, QUEUED, by=by)
+    run.error_code = ended
     run.attempt += 1
     if not counts_as_attempt:
         run.max_attempts += 1
     if delay_seconds is not None:
         run.not_before = (now or datetime.now(UTC)) + timedelta(seconds=delay_seconds)
+
+
+# How an attempt that was followed by another one ended, as the script of the next one sees
+# it in $FLOOM_PREVIOUS_ATTEMPT (the run's error code while it waits between attempts).
+INTERRUPTED = "interrupted"
+EXECUTOR_LOST = "executor_lost"
+
+
+def previous_attempt(run: Run) -> str | None:
+    """How the attempt before this one ended: `interrupted` (its node shut down while it
+    ran), `lost` (its node died or stopped renewing its lease), `failed` (it failed and is
+    retried), or None on a first attempt. A worker with side effects checks it to avoid
+    doing them twice."""
+    if run.attempt <= 1 or run.error_code is None:
+        return None
+    return {INTERRUPTED: "interrupted", EXECUTOR_LOST: "lost"}.get(run.error_code, "failed")

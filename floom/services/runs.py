@@ -28,6 +28,7 @@ from floom.services.run_rules import (
     QUEUED,
     SKIPPED,
     STATUSES,
+    previous_attempt,
     transition,
 )
 from floom.store.db import session_scope
@@ -316,12 +317,14 @@ def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[st
         "outputs": json.loads(run.outputs_json) if run.outputs_json else None,
         "error": (
             {"code": run.error_code, "message": run.error_message}
-            if run.error_code or run.error_message
+            # Between attempts the code says how the last one ended: not the run's error.
+            if run.status in FINISHED and (run.error_code or run.error_message)
             else None
         ),
         "exit_code": run.exit_code,
         "attempt": run.attempt,
         "max_attempts": run.max_attempts,
+        "previous_attempt": previous_attempt(run),
         "replay_of": run.replay_of,
         "retry_of": run.retry_of,
         "parent_run_id": run.parent_run_id,
