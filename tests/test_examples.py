@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import httpx
 
+from floom.api.app import deploy_examples
+from floom.services import secrets, triggers
+from floom.services.context import Context
 from tests.conftest import EXAMPLES, deploy_folder, wait_for_run
 from tests.netns_support import namespace_host, needs_netns
 from tests.standins.github import github_standin
@@ -47,3 +50,21 @@ def test_github_digest_fails_clearly_without_its_secret(api: httpx.Client) -> No
     assert run["status"] == "failed"
     assert run["error"]["code"] == "secret_missing"
     assert "floom secrets set GITHUB_TOKEN" in run["error"]["message"]
+
+
+def test_a_fresh_install_deploys_the_examples_with_unready_schedules_paused(
+    ctx: Context,
+) -> None:
+    names = deploy_examples(ctx)
+    assert "github-digest" in names
+    _, found = triggers.list_triggers(ctx, worker_name="github-digest")
+    schedules = [t for t in found if t.kind == "schedule"]
+    # GITHUB_TOKEN is not set: the daily digest must not act (or fail) on its own.
+    assert schedules and all(t.paused for t in schedules)
+
+
+def test_an_example_whose_secrets_are_set_keeps_its_schedule_running(ctx: Context) -> None:
+    secrets.set_secret(ctx, name="GITHUB_TOKEN", value="ghp_already_there")
+    deploy_examples(ctx)
+    _, found = triggers.list_triggers(ctx, worker_name="github-digest")
+    assert [t.paused for t in found if t.kind == "schedule"] == [False]

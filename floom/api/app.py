@@ -36,8 +36,9 @@ from floom.engine.scheduler import Scheduler
 from floom.errors import FloomError
 from floom.sandbox import get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
-from floom.services import keys, workers
+from floom.services import keys, secrets, triggers, workers
 from floom.services.context import Context
+from floom.store.models import Version
 
 log = logging.getLogger("floom")
 
@@ -57,7 +58,30 @@ def deploy_examples(ctx: Context) -> list[str]:
             continue
         if result.created:
             deployed.append(result.worker.name)
+            pause_schedules_missing_secrets(ctx, result.worker.name, result.version)
     return deployed
+
+
+def pause_schedules_missing_secrets(ctx: Context, worker_name: str, version: Version) -> None:
+    """An example never acts on its own on a fresh install: its schedules start paused while
+    a secret it declares is not set (each tick would only fail), and the log says how to
+    turn them on."""
+    _, missing = secrets.resolve(ctx, workers.manifest_of(version).secrets)
+    if not missing:
+        return
+    _, found = triggers.list_triggers(ctx, worker_name=worker_name)
+    paused = [t for t in found if t.kind == "schedule" and t.removed_at is None]
+    for trigger in paused:
+        triggers.set_paused(ctx, worker_name=worker_name, paused=True, trigger_id=trigger.id)
+    if paused:
+        log.warning(
+            "example %s: its schedule is paused until its secrets are set "
+            "(floom secrets set %s; then floom resume %s --trigger %s)",
+            worker_name,
+            " ".join(missing),
+            worker_name,
+            paused[0].id,
+        )
 
 
 def preflight(settings: Settings) -> Context:
