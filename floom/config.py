@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     # On SIGTERM or Ctrl-C a node stops claiming and gives running attempts this long to end
     # before it interrupts them (a second signal interrupts at once); see "Restarts" in README.
     drain_seconds: float = Field(30.0, ge=0)
+    # How often a node kills sandboxes it left to runs it no longer runs (and at start).
+    sandbox_reap_seconds: float = Field(60.0, gt=0)
     # A claimed handoff job returns to `published` when its assignee is silent this long.
     handoff_lease_seconds: float = 600.0
     poll_interval_seconds: float = 0.5

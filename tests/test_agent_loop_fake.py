@@ -143,6 +143,23 @@ def test_the_loop_runs_tools_in_the_order_the_model_asks_and_records_every_call(
     assert "agent: Looking around." in lines
 
 
+def test_an_agent_runs_all_its_commands_in_one_sandbox_session_closed_when_the_run_ends(
+    rig: Rig,
+) -> None:
+    _notes(rig)
+    rig.model.script(
+        call("run_command", {"command": "pip install --user tool"}),
+        call("run_command", {"command": "tool data/facts.txt"}),
+        finish({"summary": "done"}),
+    )
+    run = rig.run("notes", {"topic": "facts"})
+
+    assert run.status == "succeeded", run.error_message
+    (session,) = rig.sandbox.sessions
+    assert session.commands == 2
+    assert session.guard.closed
+
+
 def test_a_failed_tool_call_goes_back_to_the_model_as_an_error_result(rig: Rig) -> None:
     _notes(rig)
 

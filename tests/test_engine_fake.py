@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine.executor import Executor
+from floom.sandbox.base import SandboxResult, SandboxSpec, SandboxUnavailable
 from floom.sandbox.fake import FakeProcess, FakeSandbox
 from floom.services import runs, workers
 from floom.services.context import Context
@@ -86,3 +88,18 @@ def test_a_failing_attempt_is_retried_by_the_manifest_policy_then_fails(
     assert done.error_code == "exit_code"
     assert "negative input" in (done.error_message or "")
     assert len([s for s in fake.specs if s.run_id == run.id]) == 2
+
+
+def test_a_sandbox_backend_that_fails_under_a_run_ends_it_as_retryable_sandbox_unavailable(
+    ctx: Context, executor: Executor, fake: FakeSandbox
+) -> None:
+    def unavailable(spec: SandboxSpec, **kw: Any) -> SandboxResult:
+        fake.specs.append(spec)
+        raise SandboxUnavailable("E2B is unreachable", hint="check E2B_DOMAIN")
+
+    fake.run = unavailable  # type: ignore[method-assign]
+    run = runs.create_run(ctx, worker_name="adder", inputs={"a": 1, "b": 3})
+    done = wait_until(lambda: _finished(ctx, run.id), timeout=20)
+    assert (done.status, done.error_code) == ("failed", "sandbox_unavailable")
+    assert done.error_message == "E2B is unreachable; check E2B_DOMAIN"
+    assert done.attempt == 2  # retried by the worker's policy

@@ -36,9 +36,22 @@ class Ran:
     seconds: float
 
 
-@pytest.fixture(params=["local", "fake"])
+# Each backend by name, built for the programs the fake runs (real backends run run.py).
+BACKENDS: dict[str, Callable[[dict[str, FakeProgram]], Sandbox]] = {
+    "local": lambda programs: LocalSandbox(),
+    "fake": lambda programs: FakeSandbox(programs),
+}
+# The backends that run real processes (what reaping orphans is about).
+PROCESS_BACKENDS = ["local"]
+
+
+@pytest.fixture(params=list(BACKENDS))
 def backend(request: pytest.FixtureRequest) -> Iterator[str]:
     yield request.param
+
+
+def build(backend: str, programs: dict[str, FakeProgram] | None = None) -> Sandbox:
+    return BACKENDS[backend](programs or {})
 
 
 def run_case(
@@ -54,9 +67,7 @@ def run_case(
     workdir.mkdir()
     output_dir.mkdir()
     (workdir / "run.py").write_text(case.source)
-    sandbox: Sandbox = (
-        LocalSandbox() if backend == "local" else FakeSandbox({"run.py": case.program})
-    )
+    sandbox = build(backend, {"run.py": case.program})
     spec = SandboxSpec(
         run_id="run_contract",
         command=["python3", "run.py"],
@@ -186,7 +197,185 @@ def test_a_cancel_ends_the_process_within_the_poll_interval(backend: str, tmp_pa
 def test_a_spec_without_a_command_is_refused_before_anything_runs(
     backend: str, tmp_path: Path
 ) -> None:
-    sandbox: Sandbox = LocalSandbox() if backend == "local" else FakeSandbox()
+    sandbox = build(backend)
     spec = SandboxSpec(run_id="r", command=[], workdir=tmp_path, output_dir=tmp_path)
     with pytest.raises(InvalidRequest):
         sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
+
+
+# -- sessions: several commands in one workspace ----------------------------------------------
+
+
+def _step_write(p: FakeProcess) -> int:
+    p.write("notes/first.txt", "from the first command")
+    p.write_output("partial.txt", "kept")
+    return 0
+
+
+def _step_read(p: FakeProcess) -> int:
+    for name in ("notes/first.txt", "from_host.txt"):
+        p.print((p.spec.workdir / name).read_text())
+    p.write("result.json", json.dumps({"outputs": {"steps": 2}}))
+    return 0
+
+
+SESSION_STEPS = {
+    "write.py": Case(
+        "import os\n"
+        "os.makedirs('notes', exist_ok=True)\n"
+        "open('notes/first.txt', 'w').write('from the first command')\n"
+        "open(os.path.join(os.environ['FLOOM_OUTPUT_DIR'], 'partial.txt'), 'w').write('kept')\n",
+        _step_write,
+    ),
+    "read.py": Case(
+        "import json\n"
+        "for name in ('notes/first.txt', 'from_host.txt'):\n"
+        "    print(open(name).read(), flush=True)\n"
+        "json.dump({'outputs': {'steps': 2}}, open('result.json', 'w'))\n",
+        _step_read,
+    ),
+}
+
+
+def session_spec(tmp_path: Path, script: str, **fields: object) -> SandboxSpec:
+    return SandboxSpec(
+        run_id="run_session",
+        command=["python3", script],
+        workdir=tmp_path / "work",
+        output_dir=tmp_path / "output",
+        **{"timeout_seconds": 20.0, **fields},  # type: ignore[arg-type]
+    )
+
+
+def open_workspace(backend: str, tmp_path: Path) -> Sandbox:
+    (tmp_path / "work").mkdir()
+    (tmp_path / "output").mkdir()
+    for name, case in SESSION_STEPS.items():
+        (tmp_path / "work" / name).write_text(case.source)
+    return build(backend, {name: case.program for name, case in SESSION_STEPS.items()})
+
+
+def test_a_session_keeps_files_between_commands_and_sees_what_the_host_wrote(
+    backend: str, tmp_path: Path
+) -> None:
+    sandbox = open_workspace(backend, tmp_path)
+    lines: list[tuple[str, str]] = []
+    with sandbox.open_session() as session:
+        first = session.run(
+            session_spec(tmp_path, "write.py"),
+            on_line=lambda *line: lines.append(line),
+            should_cancel=lambda: False,
+        )
+        assert first.exit_code == 0
+        # What the command left is in the host paths before the next command runs ...
+        assert (tmp_path / "work/notes/first.txt").read_text() == "from the first command"
+        assert (tmp_path / "output/partial.txt").read_text() == "kept"
+        # ... and what the host writes in between (an agent's write_file) reaches it.
+        (tmp_path / "work/from_host.txt").write_text("written on the host")
+        second = session.run(
+            session_spec(tmp_path, "read.py"),
+            on_line=lambda *line: lines.append(line),
+            should_cancel=lambda: False,
+        )
+    assert second.exit_code == 0, lines
+    assert [line for _, line in lines] == ["from the first command", "written on the host"]
+    assert json.loads((tmp_path / "work/result.json").read_text()) == {"outputs": {"steps": 2}}
+
+
+def test_a_timed_out_command_ends_but_the_session_runs_the_next(
+    backend: str, tmp_path: Path
+) -> None:
+    sandbox = open_workspace(backend, tmp_path)
+    (tmp_path / "work/run.py").write_text(SLEEPER.source)
+    if isinstance(sandbox, FakeSandbox):
+        sandbox.programs["run.py"] = SLEEPER.program
+    with sandbox.open_session() as session:
+        slow = session.run(
+            session_spec(tmp_path, "run.py", timeout_seconds=1.0),
+            on_line=lambda *line: None,
+            should_cancel=lambda: False,
+        )
+        after = session.run(
+            session_spec(tmp_path, "write.py"),
+            on_line=lambda *line: None,
+            should_cancel=lambda: False,
+        )
+    assert slow.timed_out and slow.exit_code is None
+    assert after.exit_code == 0
+
+
+def test_a_session_serves_one_workspace_and_nothing_after_close(
+    backend: str, tmp_path: Path
+) -> None:
+    sandbox = open_workspace(backend, tmp_path)
+    session = sandbox.open_session()
+    session.run(
+        session_spec(tmp_path, "write.py"), on_line=lambda *line: None, should_cancel=lambda: False
+    )
+    other = SandboxSpec(run_id="run_other", command=["true"], workdir=tmp_path, output_dir=tmp_path)
+    with pytest.raises(InvalidRequest):
+        session.run(other, on_line=lambda *line: None, should_cancel=lambda: False)
+    session.close()
+    session.close()  # idempotent
+    with pytest.raises(InvalidRequest):
+        session.run(
+            session_spec(tmp_path, "write.py"),
+            on_line=lambda *line: None,
+            should_cancel=lambda: False,
+        )
+
+
+# -- orphans -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("process_backend", PROCESS_BACKENDS)
+def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_ones(
+    process_backend: str, tmp_path: Path
+) -> None:
+    work_root = tmp_path / "runs"
+    sandbox = build(process_backend)
+    started = {name: threading.Event() for name in ("run_live", "run_gone")}
+    results: dict[str, SandboxResult] = {}
+
+    def start(run_id: str) -> threading.Thread:
+        base = work_root / f"{run_id}-1"
+        (base / "work").mkdir(parents=True)
+        (base / "output").mkdir()
+        (base / "work/run.py").write_text(SLEEPER.source)
+        spec = SandboxSpec(
+            run_id=run_id,
+            command=["python3", "run.py"],
+            workdir=base / "work",
+            output_dir=base / "output",
+            timeout_seconds=60.0,
+        )
+        stop = threading.Event()
+        stops.append(stop)
+
+        def target() -> None:
+            results[run_id] = sandbox.run(
+                spec, on_line=lambda *line: started[run_id].set(), should_cancel=stop.is_set
+            )
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+    stops: list[threading.Event] = []
+    threads = [start(run_id) for run_id in started]
+    try:
+        for event in started.values():
+            assert event.wait(20)
+        killed = sandbox.reap_orphans(
+            node_id="node-a", work_root=work_root, live_run_ids=lambda: {"run_live"}
+        )
+        threads[1].join(20)
+        assert killed >= 1
+        assert "run_gone" in results and results["run_gone"].exit_code != 0
+        assert threads[0].is_alive()  # the live run's sandbox still runs
+    finally:
+        for stop in stops:
+            stop.set()
+        for thread in threads:
+            thread.join(20)
+    assert results["run_live"].cancelled

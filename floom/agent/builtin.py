@@ -27,6 +27,7 @@ from floom.engine.safefiles import (
 )
 from floom.errors import FloomError
 from floom.manifest_agent import HTTP_METHODS, ToolSpec
+from floom.sandbox.base import SandboxUnavailable
 from floom.services import agent_runs
 
 if TYPE_CHECKING:
@@ -342,7 +343,11 @@ def _run_command(spec: ToolSpec, env: AgentEnv) -> Any:
         sandbox_spec = env.attempt.spec(
             secrets=env.secrets, command=["bash", "-c", command], timeout_seconds=timeout
         )
-        result = env.attempt.run_sandbox(sandbox_spec, on_line=on_line)
+        try:
+            result = env.attempt.run_sandbox(sandbox_spec, on_line=on_line)
+        except SandboxUnavailable as exc:
+            hint = f"; {exc.hint}" if exc.hint else ""
+            raise ToolError(f"the sandbox is unavailable: {exc.message}{hint}") from exc
         output = env.redactor.text("\n".join(lines))
         if result.timed_out:
             raise ToolError(f"timed out after {timeout:.0f}s; output so far:\n{output}")
@@ -358,7 +363,8 @@ def _run_command(spec: ToolSpec, env: AgentEnv) -> Any:
     )
     text = (
         "Run a bash command in the worker's sandbox, in the workspace (the worker's files); "
-        "files written to $FLOOM_OUTPUT_DIR become artifacts. Returns exit code and output."
+        "files in the workspace persist between commands; files written to "
+        "$FLOOM_OUTPUT_DIR become artifacts. Returns exit code and output."
     )
     return text, schema, run
 

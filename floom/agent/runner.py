@@ -59,7 +59,9 @@ def run_agent(attempt: Attempt) -> Outcome:
     if ended is not None:
         return ended
     values, redactor = attempt.secrets, attempt.redactor
-    with attempt.workspace():
+    # One sandbox session serves the run's commands; it ends when the run ends or pauses
+    # (the workspace is kept in the store then, and restored into the next session).
+    with attempt.workspace(), attempt.session():
         transcript = agent_runs.load_transcript(ctx, run_id=run.id)
         if transcript is not None:
             attempt.restore_artifacts()

@@ -25,17 +25,26 @@ from floom.services.secrets import Redactor
 
 if TYPE_CHECKING:
     from floom.manifest import Manifest
-    from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec
+    from floom.sandbox.base import (
+        LineSink,
+        Sandbox,
+        SandboxResult,
+        SandboxSession,
+        SandboxSpec,
+        SandboxUnavailable,
+    )
     from floom.services.context import Context
     from floom.store.models import Run, Version
 
 
 class AttemptHost(Protocol):
-    """The node an attempt runs on (the executor): its context, its sandbox backend, whether
-    a run is to stop, and a way to run a run it just claimed in the calling thread."""
+    """The node an attempt runs on (the executor): its context, the sandbox backend of a
+    worker, whether a run is to stop, and a way to run a run it just claimed in the calling
+    thread."""
 
     ctx: Context
-    sandbox: Sandbox
+
+    def sandbox_for(self, manifest: Manifest) -> Sandbox: ...
 
     def should_cancel(self, run_id: str) -> bool: ...
 
@@ -50,6 +59,18 @@ def missing_secret_outcome(missing: list[str]) -> Outcome:
         f"`floom secrets set {missing[0]}`",
         retryable=False,
     )
+
+
+def sandbox_unavailable_outcome(exc: SandboxUnavailable, redactor: Redactor) -> Outcome:
+    """The attempt's end when its sandbox could not run: not the script's fault, retried."""
+    hint = f"; {exc.hint}" if exc.hint else ""
+    outcome = Outcome(
+        status=FAILED,
+        error_code=exc.code,
+        error_message=f"{exc.message}{hint}",
+        retryable=True,
+    )
+    return redact_outcome(outcome, redactor)
 
 
 def cancelled_outcome() -> Outcome:
@@ -102,6 +123,7 @@ class Attempt:
         self.sandbox_seconds = 0.0
         # When the run's time is up (monotonic): collecting what it left is bounded by it.
         self.deadline: float | None = None
+        self.open_session: SandboxSession | None = None
 
     def cancelled(self) -> bool:
         return self.host.should_cancel(self.run.id)
@@ -165,13 +187,28 @@ class Attempt:
             timeout_seconds=timeout_seconds,
         )
 
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """Within the block, the attempt's sandbox runs share one session (one sandbox on a
+        remote backend, its files kept between commands); it is closed when the block ends,
+        whatever happens (the run ended, paused for approval or failed)."""
+        session = self.host.sandbox_for(self.manifest).open_session()
+        self.open_session = session
+        try:
+            yield
+        finally:
+            self.open_session = None
+            session.close()
+
     def run_sandbox(self, spec: SandboxSpec, *, on_line: LineSink | None = None) -> SandboxResult:
-        """Run one process in the sandbox; its lines go to the run's log unless `on_line`."""
+        """Run one process in the sandbox (in the open session, if any); its lines go to the
+        run's log unless `on_line`. Raises SandboxUnavailable as the backend does."""
         t0 = time.monotonic()
         if self.deadline is None:
             self.deadline = t0 + spec.timeout_seconds
+        runner = self.open_session or self.host.sandbox_for(self.manifest)
         try:
-            return self.host.sandbox.run(
+            return runner.run(
                 spec, on_line=on_line or self.run_log.add, should_cancel=self.cancelled
             )
         finally:

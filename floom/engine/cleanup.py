@@ -1,13 +1,20 @@
-"""Removing run work dirs off the run's path: deleting a tree costs milliseconds that an
-executor slot should spend on the next run."""
+"""Cleaning up after runs off their path: work dirs removed in the background (deleting a
+tree costs milliseconds that an executor slot should spend on the next run), and sandboxes
+left running by a node that died, reaped through each backend."""
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import shutil
 import threading
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
+
+from floom.sandbox.base import Sandbox
+
+log = logging.getLogger("floom.cleanup")
 
 _pending: queue.SimpleQueue[Path] = queue.SimpleQueue()
 _started = threading.Lock()
@@ -34,3 +41,23 @@ def discard_later(path: Path) -> None:
             _thread = threading.Thread(target=_drain, name="floom-cleanup", daemon=True)
             _thread.start()
     _pending.put(trash)
+
+
+def reap_sandbox_orphans(
+    backends: Iterable[Sandbox],
+    *,
+    node_id: str,
+    work_root: Path,
+    live_run_ids: Callable[[], Collection[str]],
+) -> int:
+    """Have every backend kill the sandboxes this node left to runs it no longer runs;
+    returns how many went. A backend that fails is logged and tried on the next pass."""
+    killed = 0
+    for backend in backends:
+        try:
+            killed += backend.reap_orphans(
+                node_id=node_id, work_root=work_root, live_run_ids=live_run_ids
+            )
+        except Exception:  # one backend's outage must not stop the others or the loop
+            log.exception("reaping orphaned %s sandboxes failed; retrying later", backend.name)
+    return killed

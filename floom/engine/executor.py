@@ -7,12 +7,13 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from floom.engine.attempt import Attempt, run_script
+from floom.engine.attempt import Attempt, run_script, sandbox_unavailable_outcome
+from floom.engine.cleanup import reap_sandbox_orphans
 from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
@@ -22,7 +23,7 @@ from floom.engine.queue import (
     renew_leases,
 )
 from floom.engine.runlog import LogLine, RunLog
-from floom.sandbox.base import Sandbox
+from floom.sandbox.base import Sandbox, SandboxUnavailable
 from floom.services import workers
 from floom.services.logs import append_events, system_event
 from floom.services.run_rules import (
@@ -38,6 +39,7 @@ from floom.store.db import session_scope
 from floom.store.models import Run
 
 if TYPE_CHECKING:
+    from floom.manifest import Manifest
     from floom.services.context import Context
 
 log = logging.getLogger("floom.executor")
@@ -51,6 +53,8 @@ class Executor:
     def __init__(self, ctx: Context, sandbox: Sandbox, *, run_agent: AgentRunner) -> None:
         self.ctx = ctx
         self.sandbox = sandbox
+        # Every backend this node has run sandboxes with, by name, for orphan reaping.
+        self.backends: dict[str, Sandbox] = {sandbox.name: sandbox}
         self.run_agent = run_agent
         self.slots = max(1, ctx.settings.executor_slots)
         self._pool = ThreadPoolExecutor(self.slots, thread_name_prefix="floom-run")
@@ -65,8 +69,9 @@ class Executor:
     # lifecycle
 
     def start(self) -> None:
-        # Work dirs left by a killed process belong to runs the reaper requeues below.
-        orphans = self.sandbox.kill_orphans(self.ctx.settings.work_root)
+        # Work dirs left by a killed process belong to runs the reaper requeues below; no
+        # run is live here yet, so every sandbox this node left is an orphan.
+        orphans = self._reap_sandboxes(live_run_ids=frozenset)
         if orphans:
             log.warning("killed %d sandbox(es) a previous process left running", orphans)
         shutil.rmtree(self.ctx.settings.work_root, ignore_errors=True)
@@ -170,11 +175,33 @@ class Executor:
                 log.exception("log flush failed for %s", run_log.run_id)
 
     def _reap_loop(self) -> None:
+        next_orphan_pass = time.monotonic() + self.ctx.settings.sandbox_reap_seconds
         while not self._stop.wait(self.ctx.settings.reap_interval_seconds):
             try:
                 reap_expired_leases(self.ctx)
             except Exception:  # the next pass retries
                 log.exception("reaper failed")
+            if time.monotonic() >= next_orphan_pass:
+                next_orphan_pass = time.monotonic() + self.ctx.settings.sandbox_reap_seconds
+                orphans = self._reap_sandboxes(live_run_ids=self._live_run_ids)
+                if orphans:
+                    log.warning("killed %d orphaned sandbox(es) of this node", orphans)
+
+    def _live_run_ids(self) -> set[str]:
+        with self._active_lock:
+            return set(self._active)
+
+    def _reap_sandboxes(self, *, live_run_ids: Callable[[], Collection[str]]) -> int:
+        return reap_sandbox_orphans(
+            self.backends.values(),
+            node_id=self.ctx.node_id,
+            work_root=self.ctx.settings.work_root,
+            live_run_ids=live_run_ids,
+        )
+
+    def sandbox_for(self, manifest: Manifest) -> Sandbox:
+        """The sandbox backend a worker's runs use: the node's default one."""
+        return self.sandbox
 
     # one attempt
 
@@ -217,10 +244,13 @@ class Executor:
             version = workers.get_version(self.ctx, version_id=run.version_id)
             manifest = workers.manifest_of(version)
             attempt = Attempt(self, run=run, version=version, manifest=manifest, run_log=run_log)
-            if is_phased(manifest):
-                outcome = execute_phased(attempt, run_agent=self.run_agent)
-            else:
-                outcome = run_script(attempt)
+            try:
+                if is_phased(manifest):
+                    outcome = execute_phased(attempt, run_agent=self.run_agent)
+                else:
+                    outcome = run_script(attempt)
+            except SandboxUnavailable as exc:
+                outcome = sandbox_unavailable_outcome(exc, attempt.redactor)
             backoff = float(manifest.retries.backoff_seconds)
             exponential = manifest.retries.backoff != "fixed"
         except Exception as exc:  # an attempt must always end in a recorded state

@@ -1,17 +1,25 @@
-"""The sandbox interface: where a script worker's process runs, isolated from the host."""
+"""The sandbox interface: where a script worker's process runs, isolated from the host.
+
+A backend is built by `floom.sandbox.get_sandbox(name, settings)`; one module per backend
+(local.py: bubblewrap on this host, e2b.py: E2B microVMs, fake.py: in-memory for tests).
+tests/test_sandbox_contract.py runs one suite over every backend.
+"""
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 from floom.errors import FloomError, InvalidRequest
 
 
 class SandboxUnavailable(FloomError):
-    """The sandbox backend cannot run on this machine."""
+    """The sandbox backend cannot run a process now: not installed or not configured on this
+    node, or its service unreachable, rate limited, out of quota or refusing floom's key.
+    An attempt that meets it fails with this code and may be retried."""
 
     status = 503
     code = "sandbox_unavailable"
@@ -35,7 +43,11 @@ class SandboxSpec:
     without it, it has no network at all.
     The limits hold for the whole process tree: `memory_mb` (including tmpfs and shared
     memory it fills), `processes` (tasks at once), `cpu` (cores' worth of CPU time) and
-    `disk_mb` (bytes allocated in `workdir` and `output_dir`).
+    `disk_mb` (bytes allocated in `workdir` and `output_dir`). A backend that cannot enforce
+    one says so in `protections()`.
+    `metadata` names the run for the backend's own records (run, attempt, worker, version);
+    a remote backend labels its sandbox with it, a local one ignores it. It never holds a
+    secret.
     """
 
     run_id: str
@@ -50,6 +62,7 @@ class SandboxSpec:
     processes: int = 256
     cpu: float = 1.0
     disk_mb: int = 1024
+    metadata: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -89,13 +102,27 @@ def describe_protections(protections: dict[str, bool | str]) -> str:
 
 
 class Sandbox(abc.ABC):
-    """A place to run one process in isolation.
+    """A place to run processes in isolation.
 
-    `run` blocks until the process tree has ended, streaming each output line to `on_line`
-    in the order it was printed per stream. It polls `should_cancel` at least every 200 ms;
-    when it returns True, or the timeout passes, the whole process tree is killed before
-    `run` returns. `run` never raises for the process's own failures (they are in the
-    result); it raises FloomError only when the sandbox itself cannot start.
+    `run` runs one process in a fresh workspace: the files of `spec.workdir` and
+    `spec.output_dir` as they are when it is called. It blocks until the process tree has
+    ended, streaming each output line to `on_line` (from the calling thread) in the order it
+    was printed per stream. It polls `should_cancel` at least every 200 ms; when it returns
+    True, or the timeout passes, the whole process tree is killed before `run` returns (and
+    whatever the backend created for it: a remote backend kills its sandbox within 1-2 s).
+
+    After `run` returns, `result.json` and every file the process left in its working
+    directory and in `$FLOOM_OUTPUT_DIR` are in the host paths `spec.workdir` and
+    `spec.output_dir` (a remote backend downloads them, bounded by the settings' result,
+    artifact and bundle sizes and refusing links, devices and paths that leave the dir;
+    a local one binds the paths). The engine reads them with its own safe readers.
+
+    `run` never raises for the process's own failures: a non-zero exit, a timeout, a cancel,
+    a limit reached are all in the result. It raises InvalidRequest for a spec no backend
+    can run (validate_spec), and SandboxUnavailable when the sandbox itself cannot start or
+    its backend failed under it (unreachable, rate limited, out of quota, refusing floom's
+    key); the attempt then fails with `sandbox_unavailable` and may be retried. Nothing
+    else escapes it.
     """
 
     name: str = "base"
@@ -109,19 +136,133 @@ class Sandbox(abc.ABC):
         should_cancel: Callable[[], bool],
     ) -> SandboxResult: ...
 
+    def open_session(self) -> SandboxSession:
+        """A session: several commands in one workspace, for an agent's `run_command`.
+
+        Opening one is cheap and creates nothing; the backend creates what it needs on the
+        first command. Default: every command runs as its own `run` over the same host
+        paths, which keeps the files between commands (the local and fake backends)."""
+        return HostSession(self)
+
     def check(self) -> None:  # noqa: B027 - optional hook, default is a no-op
-        """Raise FloomError with a hint when this backend cannot run on this machine."""
+        """Raise SandboxUnavailable with a hint when this backend cannot run on this node
+        (not installed, not configured); cheap, and without starting a sandbox."""
 
     def protections(self) -> dict[str, bool | str]:
         """Which protections runs get on this node (for /healthz and the start line):
         True/False per protection, or a short value such as the cgroup version."""
         return {}
 
-    def kill_orphans(self, work_root: Path) -> int:
-        """Kill sandboxes a previous process of this node left running on work dirs under
-        `work_root` (it died before it could); returns how many processes it killed. Called
-        at executor start, before the work root is emptied. Default: none to find."""
+    def reap_orphans(
+        self,
+        *,
+        node_id: str,
+        work_root: Path,
+        live_run_ids: Callable[[], Collection[str]],
+    ) -> int:
+        """Kill the sandboxes this node started for runs it no longer runs (a previous
+        process of the node died before it could); returns how many it killed.
+
+        Called at executor start (when no run is live, before the work root is emptied) and
+        periodically. `live_run_ids` is called after the backend has listed its sandboxes,
+        so a run that starts meanwhile is never taken for an orphan. A local backend finds
+        its processes by their work dirs under `work_root`; a remote one by the node named
+        in its sandboxes' metadata. Raises nothing: a backend it cannot reach is tried again
+        on the next pass. Default: none to find."""
         return 0
+
+
+class SandboxSession(abc.ABC):
+    """Several commands in one workspace (one sandbox for a remote backend), then closed.
+
+    Every spec given to one session names the same `run_id`, `workdir` and `output_dir`
+    (InvalidRequest otherwise, or after `close`). Before each command, the workspace holds
+    what the host paths hold (files written there since the last command included); after
+    it returns, the host paths hold the whole workspace and output dir as the command left
+    them, so `result.json`, artifacts and the agent's file tools see them. Files elsewhere
+    in the sandbox (installed packages, /tmp) may persist between commands on a remote
+    backend and do not on a local one. `run` behaves as `Sandbox.run` otherwise, and
+    raises the same. A cancel or timeout ends the command, not necessarily the session.
+
+    `close` ends everything the session created; it is idempotent, also called after a
+    failure, and never raises. The workspace outlives it in the host paths.
+    """
+
+    @abc.abstractmethod
+    def run(
+        self,
+        spec: SandboxSpec,
+        *,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
+    ) -> SandboxResult: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> SandboxSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class SessionGuard:
+    """The checks every session makes: one workspace per session, nothing after close."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.first: SandboxSpec | None = None
+
+    def admit(self, spec: SandboxSpec) -> bool:
+        """Check `spec` against the session; True for the session's first command."""
+        if self.closed:
+            raise InvalidRequest(
+                "this sandbox session is closed", hint="open a new session to run more"
+            )
+        if self.first is None:
+            self.first = spec
+            return True
+        first = self.first
+        if (spec.run_id, spec.workdir, spec.output_dir) != (
+            first.run_id,
+            first.workdir,
+            first.output_dir,
+        ):
+            raise InvalidRequest(
+                "a sandbox session serves one run's workspace",
+                hint="open a session per run and workspace",
+            )
+        return False
+
+
+class HostSession(SandboxSession):
+    """A session of a backend whose processes see the host paths themselves: each command
+    is one `run` of the backend, and the files stay in the host paths in between."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+        self.guard = SessionGuard()
+        self.commands = 0
+
+    def run(
+        self,
+        spec: SandboxSpec,
+        *,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
+    ) -> SandboxResult:
+        self.guard.admit(spec)
+        self.commands += 1
+        return self.sandbox.run(spec, on_line=on_line, should_cancel=should_cancel)
+
+    def close(self) -> None:
+        self.guard.closed = True
 
 
 def validate_spec(spec: SandboxSpec) -> None:

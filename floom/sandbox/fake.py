@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from floom.sandbox.base import (
+    HostSession,
     LineSink,
     Sandbox,
     SandboxResult,
+    SandboxSession,
     SandboxSpec,
     validate_spec,
 )
@@ -88,6 +90,13 @@ class FakeSandbox(Sandbox):
     def __init__(self, programs: Mapping[str, FakeProgram] | None = None) -> None:
         self.programs = dict(programs or {})
         self.specs: list[SandboxSpec] = []  # every spec run, for tests to inspect
+        self.sessions: list[HostSession] = []  # every session opened, for tests to inspect
+
+    def open_session(self) -> SandboxSession:
+        # The files stay in the host paths between commands, as the contract asks.
+        session = HostSession(self)
+        self.sessions.append(session)
+        return session
 
     def run(
         self,

@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
@@ -37,7 +37,7 @@ from floom.sandbox.identity import (
 from floom.sandbox.network import (
     SANDBOX_RESOLV_CONF,
     attach_user_networking,
-    is_floom_slirp,
+    floom_slirp_owner,
     protection_summary,
 )
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
@@ -85,12 +85,26 @@ class LocalSandbox(Sandbox):
 
     name = "local"
 
-    def kill_orphans(self, work_root: Path) -> int:
+    def reap_orphans(
+        self,
+        *,
+        node_id: str,
+        work_root: Path,
+        live_run_ids: Callable[[], Collection[str]],
+    ) -> int:
+        # This node's processes are the ones on its work root; node_id names nothing here.
+        return self.kill_orphans(work_root, live_run_ids=live_run_ids)
+
+    def kill_orphans(
+        self, work_root: Path, *, live_run_ids: Callable[[], Collection[str]] = frozenset
+    ) -> int:
+        """Kill the bwrap and slirp4netns processes on run dirs under `work_root` whose run
+        is not in `live_run_ids()` (asked after the scan); returns how many it killed."""
         # bwrap normally dies with its parent, but not when the parent is killed between
         # starting it and bwrap arming that signal; such a sandbox would run on unattended.
         # slirp4netns exits when its exit fd closes with floom; this catches any that did not.
         marker = os.fsencode(f"{work_root.resolve()}/")
-        killed = 0
+        found: list[tuple[int, str]] = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -100,13 +114,23 @@ class LocalSandbox(Sandbox):
             except OSError:
                 continue
             # `in`: a sandbox started as another uid binds its dirs from a stage path.
-            is_bwrap = argv[0].endswith(b"bwrap") and any(marker in a for a in argv)
-            if is_bwrap or is_floom_slirp(entry, argv, marker):
-                try:
-                    os.kill(int(entry), signal.SIGKILL)
-                    killed += 1
-                except OSError:
-                    continue
+            owner: bytes | None = None
+            if argv[0].endswith(b"bwrap"):
+                owner = next((a for a in argv if marker in a), None)
+            else:
+                owner = floom_slirp_owner(entry, argv, marker)
+            if owner is not None:
+                found.append((int(entry), _run_id_of(owner, marker)))
+        live = set(live_run_ids()) if found else set()
+        killed = 0
+        for pid, run_id in found:
+            if run_id in live:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                continue
         cgroups.remove_stale(cgroups.detect())
         return killed
 
@@ -252,6 +276,12 @@ class LocalSandbox(Sandbox):
         return self._prefix
 
 
+def _run_id_of(path: bytes, marker: bytes) -> str:
+    """The run id in a path under the work root, whose run dirs are named `<run>-<attempt>`."""
+    run_dir = path[path.index(marker) + len(marker) :].split(b"/", 1)[0]
+    return os.fsdecode(run_dir).rsplit("-", 1)[0]
+
+
 def _seccomp_fd() -> int | None:
     """A file descriptor holding the seccomp filter, for bwrap's --seccomp; None on an
     architecture floom has no syscall table for."""
@@ -352,7 +382,7 @@ def _probe_namespaces(
     raise SandboxUnavailable(
         f"bubblewrap cannot create a sandbox on this machine: {problem}",
         hint=f"{BWRAP_HINT}; if it is installed, allow user namespaces "
-        "(sysctl kernel.unprivileged_userns_clone=1) or use the e2b sandbox",
+        "(sysctl kernel.unprivileged_userns_clone=1) or run scripts in E2B (FLOOM_SANDBOX=e2b)",
     )
 
 

@@ -337,14 +337,22 @@ def protection_summary() -> str:
 def is_floom_slirp(pid: str, argv: list[bytes], work_root: bytes) -> bool:
     """Whether process `pid`, running `argv`, is a slirp4netns floom started for a run
     under `work_root` (a resolved path ending in a slash)."""
+    return floom_slirp_owner(pid, argv, work_root) is not None
+
+
+def floom_slirp_owner(pid: str, argv: list[bytes], work_root: bytes) -> bytes | None:
+    """The work dir (under `work_root`) of the run a slirp4netns process `pid` serves, or
+    None when it is not one floom started there."""
     if os.path.basename(argv[0]) != b"slirp4netns":
-        return False
+        return None
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             environ = f.read().split(b"\0")
     except OSError:
-        return False  # it ended, or it is not ours to read
-    return any(v.startswith(SLIRP_OWNER_VARIABLE.encode() + b"=" + work_root) for v in environ)
+        return None  # it ended, or it is not ours to read
+    prefix = SLIRP_OWNER_VARIABLE.encode() + b"=" + work_root
+    owner = next((v for v in environ if v.startswith(prefix)), None)
+    return None if owner is None else owner.split(b"=", 1)[1]
 
 
 def _await_ready(ready_fd: int, proc: subprocess.Popen[bytes]) -> None:
