@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import http.client
+import socket
 import threading
 import time
 
@@ -11,6 +13,7 @@ import pytest
 from e2b import (
     AuthenticationException,
     CommandExitException,
+    NotEnoughSpaceException,
     RateLimitException,
     Sandbox,
     SandboxException,
@@ -194,13 +197,20 @@ def test_envd_refuses_a_request_without_the_sandbox_access_token(
     e2b_standin: E2BStandin,  # noqa: F811
 ) -> None:
     sandbox = Sandbox.create(timeout=60)
-    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id}
-    with httpx.Client(base_url=e2b_standin.sandbox_url) as client:
-        assert client.get("/health", headers=headers).status_code == 204
-        refused = client.get("/files", params={"path": "/home/user/x"}, headers=headers)
-        assert refused.status_code == 401
-        unknown = client.get("/health", headers={"E2b-Sandbox-Id": "gone"})
-        assert unknown.status_code == 502 and "was not found" in unknown.json()["message"]
+
+    def get(path: str, sandbox_id: str) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection(e2b_standin.sandbox_url.removeprefix("http://"))
+        try:
+            connection.request("GET", path, headers={"E2b-Sandbox-Id": sandbox_id})
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    assert get("/health", sandbox.sandbox_id)[0] == 204
+    assert get("/files?path=/home/user/x", sandbox.sandbox_id)[0] == 401
+    status, body = get("/health", "gone")
+    assert status == 502 and b"was not found" in body
 
 
 def test_all_of_e2b_unreachable_mid_command_fails_the_call_and_the_sandbox_outlives_it(
@@ -209,14 +219,31 @@ def test_all_of_e2b_unreachable_mid_command_fails_the_call_and_the_sandbox_outli
     sandbox = Sandbox.create(timeout=60)
     sandbox.files.write("kept.txt", "still here")
 
-    def on_stdout(text: str) -> None:
-        threading.Thread(target=e2b_standin.down).start()
+    going_down = threading.Thread(target=e2b_standin.down)
 
     with pytest.raises(SandboxUnreachableException):
-        sandbox.commands.run("echo up; sleep 30", on_stdout=on_stdout, timeout=30)
-    with pytest.raises(httpx.ConnectError):
-        Sandbox.list().next_items()
+        sandbox.commands.run(
+            "echo up; sleep 30", on_stdout=lambda text: going_down.start(), timeout=30
+        )
+    going_down.join(timeout=10)
+    for url in (e2b_standin.api_url, e2b_standin.sandbox_url):
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5)
 
     e2b_standin.up()
     assert sandbox.files.read("kept.txt") == "still here"
     assert [s.sandbox_id for s in Sandbox.list().next_items()] == [sandbox.sandbox_id]
+
+
+def test_envd_faults_hit_only_the_route_asked_for(e2b_standin: E2BStandin) -> None:  # noqa: F811
+    sandbox = Sandbox.create(timeout=60)
+    e2b_standin.fail_envd(507, "not enough disk space", route="POST /files", times=1)
+
+    with pytest.raises(NotEnoughSpaceException):
+        sandbox.files.write("big.bin", b"x")
+    assert sandbox.commands.run("echo fine").stdout == "fine\n"
+    sandbox.files.write("big.bin", b"x")
+
+    e2b_standin.fail_envd(route="/process.Process/Start")
+    with pytest.raises(SandboxUnreachableException):
+        sandbox.commands.run("echo never")

@@ -214,6 +214,21 @@ class E2BStandin:
                 retry_after=retry_after,
             )
 
+    def fail_envd(
+        self,
+        status: int = 502,
+        message: str = "The sandbox is running but port is not open",
+        *,
+        route: str | None = None,
+        times: int | None = None,
+    ) -> None:
+        """The next `times` envd requests (all when None), or only those of `route` (as
+        counted in `requests`, e.g. "POST /files", "/process.Process/Start"), get a plain
+        JSON error `status`, as E2B's edge proxy answers for envd (502: the SDK raises
+        SandboxUnreachableException; 507: NotEnoughSpaceException; 429: RateLimitException)."""
+        with self.core.lock:
+            self.core.envd_fault = Fault(status=status, message=message, times=times, route=route)
+
     def set_quota(self, max_sandboxes: int | None) -> None:
         """At most this many live sandboxes; one more create gets E2B's 429."""
         self.core.max_sandboxes = max_sandboxes
@@ -246,6 +261,7 @@ class E2BStandin:
     def clear_faults(self) -> None:
         with self.core.lock:
             self.core.control_fault = None
+            self.core.envd_fault = None
         self.core.max_sandboxes = None
         self.up()
 

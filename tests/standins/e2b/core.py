@@ -29,6 +29,7 @@ class Fault:
     message: str
     times: int | None = None
     retry_after: int | None = None
+    route: str | None = None  # envd faults only: just this route (e.g. "POST /files")
 
 
 class StandinCore:
@@ -42,6 +43,7 @@ class StandinCore:
         self.requests: Counter[str] = Counter()
         self.sandbox_requests: dict[str, Counter[str]] = {}
         self.control_fault: Fault | None = None
+        self.envd_fault: Fault | None = None
         self.envd_unreachable = False
         self.local = LocalSandbox()
         self.lock = threading.RLock()
@@ -53,15 +55,17 @@ class StandinCore:
             if sandbox_id:
                 self.sandbox_requests.setdefault(sandbox_id, Counter())[label] += 1
 
-    def take_fault(self) -> Fault | None:
+    def take_fault(self, *, envd_route: str | None = None) -> Fault | None:
+        """The fault this request meets (control plane, or envd for `envd_route`), if any."""
+        attribute = "control_fault" if envd_route is None else "envd_fault"
         with self.lock:
-            fault = self.control_fault
-            if fault is None:
+            fault = getattr(self, attribute)
+            if fault is None or (envd_route is not None and fault.route not in (None, envd_route)):
                 return None
             if fault.times is not None:
                 fault.times -= 1
                 if fault.times <= 0:
-                    self.control_fault = None
+                    setattr(self, attribute, None)
             return fault
 
     def next_pid(self) -> int:

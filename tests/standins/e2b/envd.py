@@ -324,9 +324,12 @@ def envd_app(core: StandinCore) -> Any:
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
         sandbox_id = headers.get(SANDBOX_HEADER, "")
         path = scope["path"]
-        core.count(
-            f"{scope['method']} {path}" if path in ("/files", "/health") else path, sandbox_id
-        )
+        route = f"{scope['method']} {path}" if path in ("/files", "/health") else path
+        core.count(route, sandbox_id)
+        fault = core.take_fault(envd_route=route)
+        if fault is not None:
+            await _send_json(send, fault.status, {"code": fault.status, "message": fault.message})
+            return
         sandbox = core.sandboxes.get(sandbox_id)
         if sandbox is None:
             message = f"The sandbox {sandbox_id} was not found"
