@@ -265,6 +265,8 @@ def test_a_paused_worker_stores_webhooks_as_skipped_and_refuses_manual_runs_with
         "items"
     ]
     assert skipped["trigger"] == "webhook" and skipped["error"]["code"] == "paused"
+    # The answer names the skipped run that was stored for the delivery.
+    assert (resp.json()["run_id"], resp.json()["status"]) == (skipped["id"], "skipped")
     delivery_id = resp.json()["delivery_id"]
     refused = api.post(f"/api/v1/deliveries/{delivery_id}/replay")
     assert (refused.status_code, refused.json()["error"]["code"]) == (409, "worker_paused")

@@ -119,7 +119,7 @@ async def worker_hook(
         return JSONResponse(status_code=received.error.status, content=refusal.to_json())
     if received.duplicate:
         return JSONResponse(status_code=200, content=answer.to_json())
-    if answer.run_id and wait > 0:
+    if answer.run_id and answer.status is None and wait > 0:
         ended = await _wait_for(ctx, answer.run_id, wait, worker=worker)
         if ended is not None:
             run = run_public(ended)

@@ -11,6 +11,7 @@ from floom.manifest import TRIGGER_KINDS
 from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic
 from floom.services import triggers, webhooks
+from floom.services.run_rules import SKIPPED
 from floom.services.context import Context
 from floom.store.triggers import WebhookDelivery
 
@@ -118,14 +119,18 @@ def delivery_detail(ctx: Context, *, delivery_id: str) -> DeliveryDetail:
 
 def hook_answer(received: webhooks.Received) -> HookAnswer:
     d = received.delivery
-    return HookAnswer(
+    answer = HookAnswer(
         delivery_id=d.id,
         worker=d.worker_name or None,
         outcome=d.outcome,
-        run_id=d.run_id if d.outcome == webhooks.RUN else None,
+        # A refused delivery is stored with a skipped run saying why: the sender gets its id.
+        run_id=d.run_id,
         duplicate=received.duplicate,
         message=d.message,
     )
+    if d.run_id and d.outcome != webhooks.RUN:
+        answer.status = SKIPPED
+    return answer
 
 
 def hook_refusal(error: FloomError, answer: HookAnswer) -> HookRefusal:
