@@ -11,8 +11,8 @@ from floom.manifest import TRIGGER_KINDS
 from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic
 from floom.services import triggers, webhooks
-from floom.services.run_rules import SKIPPED
 from floom.services.context import Context
+from floom.services.run_rules import SKIPPED
 from floom.store.triggers import WebhookDelivery
 
 
