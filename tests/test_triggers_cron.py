@@ -43,6 +43,49 @@ def test_sunday_is_both_0_and_7_and_names_ranges_and_steps_work() -> None:
     assert fires("@daily", "UTC", after, 1) == ["2024-03-02T00:00:00+00:00"]
 
 
+def test_weekday_numbers_are_cron_s_not_apscheduler_s() -> None:
+    # APScheduler 3's from_crontab reads 0 as Monday: floom translates before handing over.
+    after = datetime(2024, 3, 1, tzinfo=UTC)  # a Friday
+    assert fires("0 9 * * 1", "UTC", after, 1) == ["2024-03-04T09:00:00+00:00"]  # a Monday
+    assert fires("0 9 * * 6", "UTC", after, 1) == ["2024-03-02T09:00:00+00:00"]  # a Saturday
+    assert fires("0 9 * * 5-7", "UTC", after, 3) == [
+        "2024-03-01T09:00:00+00:00",
+        "2024-03-02T09:00:00+00:00",
+        "2024-03-03T09:00:00+00:00",
+    ]
+    assert fires("0 9 * * */3", "UTC", after, 3) == [  # Sunday, Wednesday, Saturday
+        "2024-03-02T09:00:00+00:00",
+        "2024-03-03T09:00:00+00:00",
+        "2024-03-06T09:00:00+00:00",
+    ]
+    assert fires("0 9 * * 5L", "UTC", after, 1) == ["2024-03-29T09:00:00+00:00"]
+    assert fires("0 9 * * 0#2", "UTC", after, 1) == ["2024-03-10T09:00:00+00:00"]
+
+
+def test_a_day_matches_either_day_field_when_both_are_restricted_as_in_vixie_cron() -> None:
+    after = datetime(2024, 3, 1, tzinfo=UTC)  # a Friday
+    # The 13th or any Friday.
+    assert fires("0 0 13 * 5", "UTC", after, 3) == [
+        "2024-03-08T00:00:00+00:00",
+        "2024-03-13T00:00:00+00:00",
+        "2024-03-15T00:00:00+00:00",
+    ]
+    # A field starting with * is not a restriction: every odd day that is a Monday.
+    assert fires("0 0 */2 * 1", "UTC", after, 2) == [
+        "2024-03-11T00:00:00+00:00",
+        "2024-03-25T00:00:00+00:00",
+    ]
+
+
+def test_an_expression_that_never_fires_is_known_at_once() -> None:
+    after = datetime(2024, 3, 1, tzinfo=UTC)
+    assert fires("0 0 30 2 *", "UTC", after, 1) == []
+    assert fires("0 0 29 2 *", "UTC", after, 2) == [
+        "2028-02-29T00:00:00+00:00",
+        "2032-02-29T00:00:00+00:00",
+    ]
+
+
 def test_fire_times_are_wall_clock_times_of_the_trigger_timezone() -> None:
     after = datetime(2024, 3, 29, tzinfo=UTC)
     times = cron.next_fire_times("0 9 * * *", BERLIN, after=after, count=4)
@@ -94,7 +137,17 @@ def test_a_time_in_the_repeated_autumn_hour_fires_once() -> None:
 
 
 @pytest.mark.parametrize(
-    "expr", ["* * * * * *", "R * * * *", "H * * * *", "60 * * * *", "0 9 * * funday", "@reboot"]
+    "expr",
+    [
+        "* * * * * *",
+        "R * * * *",
+        "H * * * *",
+        "60 * * * *",
+        "0 9 * * funday",
+        "@reboot",
+        "0 9 15W * *",
+        "0 9 * * 5-1",
+    ],
 )
 def test_expressions_that_are_not_standard_5_field_cron_are_refused(expr: str) -> None:
     with pytest.raises(cron.CronError):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import col, select
 
 from floom.engine.attempt import Attempt, cancelled_outcome
-from floom.engine.queue import Outcome
+from floom.engine.queue import Outcome, worker_has_room
 from floom.engine.safefiles import write_regular
 from floom.services.approvals import PHASE_APPLY, new_approval, pause_run
 from floom.services.logs import system_event
@@ -95,11 +95,13 @@ def _gated_script(attempt: Attempt) -> Outcome:
 
 def claim_run(ctx: Context, *, run_id: str) -> Run | None:
     """Claim one particular queued run for this node (an agent running the child run it just
-    started), as claim_next_run would; None when another executor got it first."""
+    started), as claim_next_run would; None when another executor got it first, or when
+    its worker is at its `concurrency` limit (then an executor starts it when room is made,
+    and the agent waits for it like for any other run)."""
     now = utcnow()
     with session_scope(ctx.engine, write=True) as s:
         run = s.get(Run, run_id, with_for_update=True)
-        if run is None or run.status != QUEUED:
+        if run is None or run.status != QUEUED or not worker_has_room(s, run):
             return None
         mark_claimed(run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now)
         s.add(run)

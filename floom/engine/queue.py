@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, func, or_
+from sqlalchemy import bindparam, func, or_, text
 from sqlalchemy.orm import aliased
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from floom.services.logs import append_events, lock_events, system_event
 from floom.services.run_rules import (
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 class _ClaimQueries:
     any_runnable: Any  # sqlmodel's select types; Any keeps Session.exec's overloads happy
     next_runnable: Any
+    next_runnable_except: Any  # passing over the workers found full in this claim
+    running_of_worker: Any
 
 
 @lru_cache(maxsize=1)
@@ -56,17 +58,32 @@ def _claim_queries() -> _ClaimQueries:
         Run.status == QUEUED,
         or_(col(Run.not_before).is_(None), col(Run.not_before) <= now),
     )
-    return _ClaimQueries(
-        any_runnable=select(Run.id).where(*runnable).limit(1),
-        next_runnable=select(Run)
+    next_runnable = (
+        select(Run)
         .where(
             *runnable,
             or_(col(Run.concurrency).is_(None), running_of_worker < col(Run.concurrency)),
         )
         .order_by(col(Run.id))
         .limit(1)
-        .with_for_update(skip_locked=True),
+        .with_for_update(skip_locked=True)
     )
+    return _ClaimQueries(
+        any_runnable=select(Run.id).where(*runnable).limit(1),
+        next_runnable=next_runnable,
+        next_runnable_except=next_runnable.where(
+            col(Run.worker_name).not_in(bindparam("full", expanding=True))
+        ),
+        running_of_worker=select(func.count())
+        .select_from(Run)
+        .where(Run.worker_name == bindparam("worker"), Run.status == RUNNING),
+    )
+
+
+# The advisory lock key of a worker's claims (hashed to 64 bits by PostgreSQL).
+WORKER_LOCK = "floom.worker-claim:"
+# Workers found at their limit in one claim before it gives up until the next wake-up.
+MAX_FULL_WORKERS_PER_CLAIM = 20
 
 
 def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
@@ -74,7 +91,7 @@ def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
 
     Two nodes never get the same run: PostgreSQL skips rows another claim has locked;
     SQLite serialises the whole step under its write lock. Runs of a worker already at its
-    `concurrency` limit are passed over.
+    `concurrency` limit are passed over, on every node at once (see `worker_has_room`).
     """
     now = utcnow()
     queries = _claim_queries()
@@ -84,19 +101,53 @@ def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
         with session_scope(ctx.engine) as s:
             if s.exec(queries.any_runnable, params={"now": now}).first() is None:
                 return None
-    with session_scope(ctx.engine, write=True) as s:
-        run = s.exec(queries.next_runnable, params={"now": now}).first()
-        if run is None:
-            return None
-        mark_claimed(run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now)
-        s.add(run)
-        system_event(
-            s,
-            run_id=run.id,
-            attempt=run.attempt,
-            message=f"started attempt {run.attempt} of {run.max_attempts} on {ctx.node_id}",
+    full: list[str] = []
+    while len(full) <= MAX_FULL_WORKERS_PER_CLAIM:
+        with session_scope(ctx.engine, write=True) as s:
+            if full:
+                params = {"now": now, "full": full}
+                run = s.exec(queries.next_runnable_except, params=params).first()
+            else:
+                run = s.exec(queries.next_runnable, params={"now": now}).first()
+            if run is None:
+                return None
+            if not worker_has_room(s, run):
+                full.append(run.worker_name)
+                continue  # leaving the transaction frees the row and the worker's lock
+            mark_claimed(
+                run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now
+            )
+            s.add(run)
+            system_event(
+                s,
+                run_id=run.id,
+                attempt=run.attempt,
+                message=f"started attempt {run.attempt} of {run.max_attempts} on {ctx.node_id}",
+            )
+        return run
+    return None
+
+
+def worker_has_room(s: Session, run: Run) -> bool:
+    """Whether `run` may start under its worker's `concurrency` limit, counted exactly.
+
+    On PostgreSQL the claim's own count runs under READ COMMITTED beside SKIP LOCKED: two
+    nodes claiming two runs of one worker at once each count the other's claim as not yet
+    running, and both start. So a limited run's claim takes a transaction-scoped advisory
+    lock on its worker and counts again: a second claimer waits for the first to commit
+    and then sees its run as running. One claim holds at most one such lock at a time
+    (the caller ends the transaction before trying another worker), so claims cannot
+    deadlock. On SQLite the claim holds the database's write lock, so counting is enough.
+    """
+    if run.concurrency is None:
+        return True
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+            {"key": WORKER_LOCK + run.worker_name},
         )
-    return run
+    running = s.exec(_claim_queries().running_of_worker, params={"worker": run.worker_name}).one()
+    return int(running) < run.concurrency
 
 
 def renew_leases(ctx: Context, run_ids: list[str]) -> tuple[set[str], set[str]]:

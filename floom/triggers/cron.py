@@ -1,13 +1,17 @@
 """Cron fire times in an IANA timezone, with floom's daylight-saving rules.
 
-croniter enumerates wall-clock matches (standard 5-field cron: names, ranges, steps, `L`,
-`W`, `#`; Sunday is 0 and 7); this module turns them into instants:
+APScheduler's CronTrigger enumerates the wall-clock matches of a standard 5-field cron
+expression (minute hour day-of-month month day-of-week: names, ranges, steps, `L` and
+`xL`, `x#n`; Sunday is 0 and 7), translated here field by field: APScheduler 3 reads
+weekday 0 as Monday and ANDs the two day fields, where cron means Sunday and ORs them.
+This module turns the wall times into instants:
 
 - a wall time that does not exist (the clocks jumped forward over it) fires once, at the
   first valid time after the gap;
 - a wall time that happens twice (the clocks went back) fires once, at its first occurrence.
 
-APScheduler's CronTrigger is not used because it reads weekday 0 as Monday.
+The trigger runs in UTC over naive wall times, so APScheduler never sees a gap or a fold;
+the rules above are floom's own (README, "Scheduler design").
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.combining import OrTrigger
+from apscheduler.triggers.cron import CronTrigger
 
 from floom.errors import InvalidRequest
 
@@ -33,11 +39,12 @@ ALIASES = {
 }
 _FIELD_CHARS = re.compile(r"^[0-9A-Za-z*,/\-#?]+$")
 _FIELD_NAMES = ("minute", "hour", "day of month", "month", "day of week")
-_MONTHS = {"jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"}
+_MONTH_ORDER = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTHS = set(_MONTH_ORDER)
 _DAYS = {"sun", "mon", "tue", "wed", "thu", "fri", "sat"}
-# Letters each field may hold. croniter's R (random) and H (hashed) are refused: every node
-# must compute the same fire times, or exactly-once across nodes breaks.
-_WORDS: tuple[set[str], ...] = (set(), set(), {"l", "w"}, _MONTHS, _DAYS | {"l"})
+# Letters each field may hold. Some crons' R (random) and H (hashed) are refused: every
+# node must compute the same fire times, or exactly-once across nodes breaks.
+_WORDS: tuple[set[str], ...] = (set(), set(), {"l"}, _MONTHS, _DAYS | {"l"})
 
 
 class CronError(InvalidRequest):
@@ -61,11 +68,92 @@ def normalise(expr: str) -> str:
         letters = re.findall(r"[a-z]+", field.lower())
         if not _FIELD_CHARS.match(field) or any(w not in words for w in letters):
             raise CronError(f"the {name} field '{field}' is not valid cron")
-    try:
-        croniter(text, datetime(2000, 1, 1))
-    except (ValueError, KeyError) as exc:  # croniter's errors are ValueError subclasses
-        raise CronError(f"'{expr}' is not a valid cron expression ({exc})") from exc
+    trigger(text)
     return text
+
+
+# An expression with no fire time in these years never fires (e.g. 30 February); they hold
+# every combination of a date and a weekday, across a century's missing leap day too.
+# Asking APScheduler instead would have it search up to the year 9999, for seconds.
+PROBE_YEARS = (datetime(2080, 1, 1, tzinfo=UTC), datetime(2120, 12, 31, tzinfo=UTC))
+_ORDINALS = ("1st", "2nd", "3rd", "4th", "5th")
+# Cron's weekday numbers (0 and 7: Sunday) as APScheduler's names: names cannot be misread.
+_WEEKDAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat", "sun")
+_MONTH_NUMBERS = {name: str(i) for i, name in enumerate(_MONTH_ORDER, start=1)}
+
+
+@lru_cache(maxsize=1024)
+def trigger(text: str) -> BaseTrigger | None:
+    """APScheduler's trigger of a normalised 5-field expression, over wall times in UTC, or
+    None for one that never fires; raises CronError.
+
+    Cron's day rule: when both day fields are restricted (neither starts with `*` or `?`),
+    a day matches if either matches; otherwise both must. CronTrigger ANDs its fields, so
+    the OR becomes an OrTrigger of one CronTrigger per alternative.
+    """
+    minute, hour, dom, month, dow = text.lower().split(" ")
+    month = re.sub("[a-z]+", lambda m: _MONTH_NUMBERS[m.group()], month)
+    by_weekday, by_position = _weekdays(dow)
+    dom_star, dow_star = dom[0] in "*?", dow[0] in "*?"
+    day = "*" if dom in ("*", "?") else dom.replace("l", "last")
+    alternatives: list[dict[str, str]] = []
+    if dom_star or dow_star:  # both day fields must match
+        if by_position and day != "*":
+            raise CronError(
+                f"'{text}': a day-of-week with L or # cannot be combined with '{dom}'",
+                hint="use * as the day of month",
+            )
+        if by_weekday is not None:
+            alternatives.append({"day": day, "day_of_week": by_weekday})
+        alternatives += [{"day": p, "day_of_week": "*"} for p in by_position]
+    else:  # either day field may match
+        alternatives.append({"day": day, "day_of_week": "*"})
+        if by_weekday is not None:
+            alternatives.append({"day": "*", "day_of_week": by_weekday})
+        alternatives += [{"day": p, "day_of_week": "*"} for p in by_position]
+    fields = {"year": "*", "month": month, "hour": hour, "minute": minute, "second": "0"}
+    try:
+        triggers = [CronTrigger(**fields, **days, timezone=UTC) for days in alternatives]
+        start, end = PROBE_YEARS
+        probes = [
+            CronTrigger(**fields, **days, timezone=UTC, end_date=end) for days in alternatives
+        ]
+    except ValueError as exc:
+        raise CronError(f"'{text}' is not a valid cron expression ({exc})") from exc
+    if all(p.get_next_fire_time(None, start) is None for p in probes):
+        return None
+    return triggers[0] if len(triggers) == 1 else OrTrigger(triggers)
+
+
+def _weekdays(field: str) -> tuple[str | None, list[str]]:
+    """The day-of-week field as APScheduler weekday names (None: no plain weekday item) and
+    as day-of-month positions (`5L` -> "last fri", `1#2` -> "2nd mon")."""
+    if field in ("*", "?"):
+        return "*", []
+    days: set[int] = set()
+    positions: list[str] = []
+    for item in field.split(","):
+        item = re.sub("[a-z]{3}", lambda m: str(_WEEKDAY_NAMES.index(m.group())), item)
+        if m := re.fullmatch(r"([0-7])l", item):
+            positions.append(f"last {_WEEKDAY_NAMES[int(m[1])]}")
+            continue
+        if m := re.fullmatch(r"([0-7])#([1-5])", item):
+            positions.append(f"{_ORDINALS[int(m[2]) - 1]} {_WEEKDAY_NAMES[int(m[1])]}")
+            continue
+        m = re.fullmatch(r"(\*|[0-7])(?:-([0-7]))?(?:/([1-9][0-9]*))?", item)
+        if m is None:
+            raise CronError(f"the day of week field '{field}' is not valid cron")
+        first = 0 if m[1] == "*" else int(m[1])
+        last = int(m[2]) if m[2] else (6 if m[1] == "*" or m[3] else first)
+        if first > last:
+            raise CronError(
+                f"the day of week range '{item}' runs backwards",
+                hint="write it as two ranges, e.g. 5-6,0 for Friday to Sunday",
+            )
+        days.update(n % 7 for n in range(first, last + 1, int(m[3] or 1)))
+    if not days:
+        return None, positions
+    return ",".join(_WEEKDAY_NAMES[n] for n in sorted(days)), positions
 
 
 def zone(name: str) -> ZoneInfo:
@@ -106,15 +194,15 @@ def iter_fire_times(expr: str, tz: ZoneInfo, *, after: datetime) -> Iterator[dat
     no later than `after`. Inside the second pass of a repeated hour, the wall times up to
     its end map to the first pass, before `after`, and are passed over.
     """
-    start = after.astimezone(tz).replace(tzinfo=None)
-    it = croniter(expr, start)
+    matches = trigger(expr)
+    wall = after.astimezone(tz).replace(tzinfo=UTC)  # naive wall time, computed in UTC
     last = after
-    while True:
-        try:
-            wall = it.get_next(datetime)
-        except (ValueError, KeyError):  # croniter gives up: the expression never fires again
+    while matches is not None:
+        found = matches.get_next_fire_time(wall, wall)
+        if found is None:
             return
-        instant = to_instant(wall, tz)
+        wall = found
+        instant = to_instant(wall.replace(tzinfo=None), tz)
         if instant > last:
             last = instant
             yield instant
