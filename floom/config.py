@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
     webhook_max_bytes: int = 1024 * 1024
     composio_webhook_secret: str = ""
+    # Retention (floom/services/retention.py): finished runs' logs and artifacts are deleted
+    # this many days after the run ended (0: kept forever; a worker's `retention_days` wins),
+    # by nodes with the scheduler role every retention_interval_seconds.
+    retention_days: int = Field(0, ge=0, le=36500)
+    retention_interval_seconds: float = Field(3600.0, ge=1.0)
     # Agent workers (floom/agent/). The provider key falls back to ANTHROPIC_API_KEY.
     model: str = "claude-sonnet-4-5"
     anthropic_api_key: str = ""

@@ -247,6 +247,12 @@ class RuntimeMissing(FloomError):
     code = "runtime_missing"
 
 
+class BackupInvalid(InvalidRequest):
+    """A backup directory is not a floom backup, or its files do not match its checksums."""
+
+    code = "backup_invalid"
+
+
 class ClientError(FloomError):
     """A request from a floom client failed with a code this client does not know.
 

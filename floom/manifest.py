@@ -169,6 +169,13 @@ class Manifest(_Frozen):
     limits: Limits = Field(default_factory=Limits)
     retries: Retries = Field(default_factory=Retries)
     concurrency: int | None = Field(None, ge=1, description="most runs at once; none: unlimited")
+    retention_days: int | None = Field(
+        None,
+        ge=0,
+        le=36500,
+        description="days a finished run's logs and artifacts are kept (0: forever); "
+        "default: the server's FLOOM_RETENTION_DAYS",
+    )
     triggers: list[dict[str, Any]] = Field(default_factory=list)
     tools: list[dict[str, Any]] = Field(default_factory=list)
     calls: list[SlugStr] = Field(default_factory=list)

@@ -32,6 +32,7 @@ from floom.bundle import read_folder
 from floom.config import Settings
 from floom.engine.executor import Executor, interrupt_on_signal
 from floom.engine.handoff_loop import HandoffLoop
+from floom.engine.housekeeping import Housekeeping
 from floom.engine.scheduler import Scheduler
 from floom.errors import FloomError
 from floom.sandbox import get_sandbox
@@ -131,10 +132,15 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         if scheduler is not None:
             scheduler.start()
         app.state.scheduler = scheduler
+        housekeeping = Housekeeping(context) if "scheduler" in settings.role_set else None
+        if housekeeping is not None:
+            housekeeping.start()
         try:
             async with mcp_endpoint.running():
                 yield
         finally:
+            if housekeeping is not None:
+                housekeeping.stop()
             if scheduler is not None:
                 scheduler.stop()
             handoffs.stop()

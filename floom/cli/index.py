@@ -112,6 +112,24 @@ COMMANDS: dict[str, Entry] = {
         "register_group",
         "List the deployed workers (no subcommand), or delete one.",
     ),
+    "backup": Entry(
+        "ops",
+        "register",
+        "Back up this node's SQLite database and data dir while floom keeps serving.",
+    ),
+    "restore": Entry(
+        "ops",
+        "register",
+        "Restore a backup into this node's data dir (FLOOM_DATA_DIR), which must be empty.",
+    ),
+    "migrate-store": Entry(
+        "ops",
+        "register",
+        "Copy this node's whole store into an empty PostgreSQL database (stop floom first).",
+    ),
+    "retention": Entry(
+        "ops", "register", "Delete old runs' logs and artifacts (FLOOM_RETENTION_DAYS)."
+    ),
 }
 
 

@@ -8,7 +8,6 @@ no versions, triggers, memory or webhook deliveries carry over.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +19,10 @@ from floom.services import approvals, audit, run_rules, run_waits, runs, workers
 from floom.services.audit import AuditActor
 from floom.services.handoffs.bridge import agent_label
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
+from floom.store.blobs import delete_unreferenced_blobs
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole
-from floom.store.models import Artifact, Blob, Run, RunEvent, Version, Worker
+from floom.store.models import Artifact, Run, RunEvent, Version, Worker
 from floom.store.triggers import Trigger, TriggerFire, WebhookDelivery
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 STOP_WAIT_SECONDS = 20.0
 # Rounds of cancelling runs a trigger queued while the deletion was getting ready.
 _ROUNDS = 3
-# Digests per statement when looking for blobs nothing refers to any more.
+# Version ids per statement when purging.
 _CHUNK = 500
 # Runs a deletion must cancel or stop first: queued, running or waiting for approval.
 _NOT_FINISHED = sorted(run_rules.ACTIVE | run_rules.WAITING)
@@ -285,24 +285,7 @@ def _purge_runs(s: Session, *, name: str) -> int:
     for table in (RunEvent, Artifact, ToolCall, Approval, Transcript):
         s.execute(delete(table).where(col(table.run_id).in_(run_ids)))  # type: ignore[attr-defined]
     s.execute(delete(Run).where(col(Run.worker_name) == name))
-    return _delete_unreferenced_blobs(s, digests)
-
-
-def _delete_unreferenced_blobs(s: Session, digests: Iterable[str]) -> int:
-    """Blobs are content-addressed and shared: one goes only when no version, artifact or
-    agent workspace refers to it any more."""
-    deleted = 0
-    for chunk in _chunks(set(digests)):
-        referenced: set[str] = set()
-        for column in (Version.digest, Artifact.digest, Transcript.workspace_digest):
-            referenced.update(
-                d for d in s.exec(select(column).where(col(column).in_(chunk))).all() if d
-            )
-        gone = [d for d in chunk if d not in referenced]
-        if gone:
-            s.execute(delete(Blob).where(col(Blob.digest).in_(gone)))
-            deleted += len(gone)
-    return deleted
+    return delete_unreferenced_blobs(s, digests)
 
 
 def _chunks(items: set[str]) -> list[list[str]]:

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
+from sqlalchemy import delete
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlmodel import Session
+from sqlmodel import Session, col, select
 
-from floom.store.models import Blob, utcnow
+from floom.store.agents import Transcript
+from floom.store.models import Artifact, Blob, Version, utcnow
+
+# Digests per statement when asking which blobs are still referred to.
+_CHUNK = 500
 
 
 def insert_blob(s: Session, data: bytes, *, digest: str | None = None) -> str:
@@ -21,3 +27,22 @@ def insert_blob(s: Session, data: bytes, *, digest: str | None = None) -> str:
     row = {"digest": digest, "size": len(data), "data": data, "created_at": utcnow()}
     s.execute(insert(Blob).values(**row).on_conflict_do_nothing(index_elements=["digest"]))
     return digest
+
+
+def delete_unreferenced_blobs(s: Session, digests: Iterable[str]) -> int:
+    """Delete those of `digests` that no version, artifact or agent workspace refers to any
+    more (blobs are content-addressed and shared); returns how many went."""
+    ordered = sorted(set(digests))
+    deleted = 0
+    for i in range(0, len(ordered), _CHUNK):
+        chunk = ordered[i : i + _CHUNK]
+        referenced: set[str] = set()
+        for column in (Version.digest, Artifact.digest, Transcript.workspace_digest):
+            referenced.update(
+                d for d in s.exec(select(column).where(col(column).in_(chunk))).all() if d
+            )
+        gone = [d for d in chunk if d not in referenced]
+        if gone:
+            s.execute(delete(Blob).where(col(Blob.digest).in_(gone)))
+            deleted += len(gone)
+    return deleted

@@ -1,0 +1,267 @@
+"""Backup and restore of a SQLite node: a consistent online copy of the database (sqlite3's
+backup API, safe while floom serves) and the data dir's files, restored into a fresh data dir.
+
+PostgreSQL stores are backed up with pg_dump (README, "Backup and restore"): floom cannot
+copy them more consistently than the server's own tool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+from contextlib import closing
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from floom import __version__
+from floom.config import Settings
+from floom.errors import BackupInvalid, Conflict, InvalidRequest, NotFound
+from floom.store.db import make_engine
+from floom.store.migrate import migrate
+
+MANIFEST = "floom-backup.json"
+DATABASE = "floom.db"
+FORMAT = 1
+# Left out of a backup: the database (copied through the backup API instead), its journal
+# files, this host's node id (a restored node is a new node), and caches floom rebuilds:
+# run work dirs and extracted versions.
+_NOT_COPIED = {DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", "node.id", "runs", "versions"}
+# The tables whose row counts a backup records, so a restore can be checked against them.
+_COUNTED = ("workers", "versions", "runs", "run_events", "artifacts", "blobs", "secrets")
+_PAGES_PER_STEP = 1024
+
+
+@dataclass(frozen=True)
+class BackupSummary:
+    """What a backup holds (also written to its manifest) or what a restore put back."""
+
+    path: str
+    schema_revision: str
+    counts: dict[str, int]
+    files: list[str]
+    # The secrets in the backup need this key; when it comes from FLOOM_SECRET_KEY it is not
+    # in the backup and must be kept with it.
+    secret_key_in_backup: bool
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite database URL; None for any other database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    if not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+def _require_sqlite(settings: Settings, *, doing: str) -> Path:
+    path = sqlite_path(settings.resolved_database_url)
+    if path is None:
+        raise InvalidRequest(
+            f"{doing} works on a SQLite store; this node's FLOOM_DATABASE_URL is not SQLite",
+            hint="back up PostgreSQL with pg_dump (README: 'Backup and restore'), or move a "
+            "SQLite store to PostgreSQL with `floom migrate-store`",
+        )
+    return path
+
+
+def create_backup(*, settings: Settings, dest: Path) -> BackupSummary:
+    """Copy the node's SQLite database and data dir files into the new directory `dest`.
+
+    The database is copied with sqlite3's online backup API, so floom may keep serving
+    meanwhile and the copy is one consistent snapshot. `dest` must not exist (or be an empty
+    directory); the backup is written beside it and renamed into place, so a failed backup
+    never looks like a finished one.
+    """
+    db_path = _require_sqlite(settings, doing="floom backup")
+    if not db_path.is_file():
+        raise NotFound(
+            f"no floom database at {db_path}",
+            hint="check FLOOM_DATA_DIR (or FLOOM_DATABASE_URL): it names the node to back up",
+        )
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise Conflict(
+            f"{dest} already exists and is not an empty directory",
+            hint="name a new directory for the backup, e.g. one per date",
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f".{dest.name}.partial-{os.urandom(4).hex()}")
+    partial.mkdir(mode=0o700)
+    try:
+        _copy_database(db_path, partial / DATABASE)
+        files = _copy_data_files(settings.data_dir, partial)
+        summary = BackupSummary(
+            path=str(dest),
+            schema_revision=_schema_revision(partial / DATABASE),
+            counts=_counts(partial / DATABASE),
+            files=sorted(files),
+            secret_key_in_backup=not settings.secret_key,
+            warnings=[]
+            if not settings.secret_key
+            else [
+                "the secret key comes from FLOOM_SECRET_KEY and is not in the backup: keep "
+                "it with the backup, the stored secrets cannot be read without it"
+            ],
+        )
+        checksums = {name: _sha256(partial / name) for name in [DATABASE, *summary.files]}
+        manifest = {
+            "format": FORMAT,
+            "floom_version": __version__,
+            "created_at": datetime.now(UTC).isoformat(),
+            "summary": summary.to_dict(),
+            "sha256": checksums,
+        }
+        (partial / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        if dest.exists():
+            dest.rmdir()  # empty, checked above
+        partial.rename(dest)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return summary
+
+
+def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> BackupSummary:
+    """Put the backup in `source` back as this node's data dir and database, then bring the
+    database to the current schema.
+
+    The data dir must be empty or absent: restoring over a live node would mix two
+    histories. With `force`, the database and the files the backup holds are replaced (stop
+    floom first). Every file is checked against the backup's checksums before anything is
+    written; a damaged backup raises BackupInvalid and changes nothing.
+    """
+    db_path = _require_sqlite(settings, doing="floom restore")
+    manifest = _read_manifest(source)
+    data_dir = settings.data_dir
+    occupied = data_dir.is_dir() and any(data_dir.iterdir())
+    if (occupied or db_path.exists()) and not force:
+        raise Conflict(
+            f"the data dir {data_dir} is not empty",
+            hint="restore into a fresh data dir (FLOOM_DATA_DIR), or pass --force to replace "
+            "its database and files (stop floom on it first)",
+        )
+    data_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700)
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{db_path}{suffix}").unlink(missing_ok=True)
+    _copy_database(source / DATABASE, db_path)
+    files = manifest["summary"]["files"]
+    for name in files:
+        target = data_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source / name, target)
+        os.chmod(target, 0o600)
+    engine = make_engine(f"sqlite:///{db_path}")
+    try:
+        migrate(engine)
+    finally:
+        engine.dispose()
+    recorded = manifest["summary"]
+    return BackupSummary(
+        path=str(data_dir),
+        schema_revision=_schema_revision(db_path),
+        counts=_counts(db_path),
+        files=sorted(files),
+        secret_key_in_backup=bool(recorded.get("secret_key_in_backup")),
+        warnings=list(recorded.get("warnings", [])),
+    )
+
+
+def _read_manifest(source: Path) -> dict[str, Any]:
+    path = source / MANIFEST
+    if not path.is_file():
+        raise BackupInvalid(
+            f"{source} is not a floom backup (no {MANIFEST})",
+            hint="name the directory that `floom backup` wrote",
+        )
+    try:
+        manifest = json.loads(path.read_text())
+        checksums: dict[str, str] = manifest["sha256"]
+        files = manifest["summary"]["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BackupInvalid(f"{path} cannot be read", hint="the backup is damaged") from exc
+    if manifest.get("format") != FORMAT:
+        raise BackupInvalid(
+            f"{source} has backup format {manifest.get('format')!r}; this floom reads {FORMAT}",
+            hint="restore it with the floom version that wrote it",
+        )
+    for name in [DATABASE, *files]:
+        target = (source / name).resolve()
+        if not target.is_relative_to(source.resolve()) or name not in checksums:
+            raise BackupInvalid(f"the backup names an unexpected file {name!r}")
+        if not target.is_file() or _sha256(target) != checksums[name]:
+            raise BackupInvalid(
+                f"{name} in {source} is missing or does not match its checksum",
+                hint="the backup is damaged or incomplete; use another one",
+            )
+    return dict(manifest)
+
+
+def _copy_database(source: Path, dest: Path) -> None:
+    src = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+    dst = sqlite3.connect(dest)
+    try:
+        # Copied in steps: floom's writers get the database between them.
+        src.backup(dst, pages=_PAGES_PER_STEP)
+        # The copy stands alone: one file, no write-ahead log beside it.
+        dst.execute("PRAGMA journal_mode=DELETE")
+    finally:
+        dst.close()
+        src.close()
+    os.chmod(dest, 0o600)
+
+
+def _copy_data_files(data_dir: Path, dest: Path) -> list[str]:
+    copied: list[str] = []
+    if not data_dir.is_dir():
+        return copied
+    # Links are not followed: a backup holds the data dir's own files, nothing they point at.
+    for root, dirs, names in os.walk(data_dir, followlinks=False):
+        here = Path(root)
+        if here == data_dir:
+            dirs[:] = [d for d in dirs if d not in _NOT_COPIED]
+        for name in names:
+            path = here / name
+            rel = path.relative_to(data_dir)
+            if rel.as_posix() in _NOT_COPIED or path.is_symlink() or not path.is_file():
+                continue
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest / rel)
+            os.chmod(dest / rel, 0o600)
+            copied.append(rel.as_posix())
+    return copied
+
+
+def _schema_revision(db: Path) -> str:
+    with _readonly(db) as conn:
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    return str(row[0]) if row else ""
+
+
+def _counts(db: Path) -> dict[str, int]:
+    with _readonly(db) as conn:
+        return {t: int(conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]) for t in _COUNTED}
+
+
+def _readonly(db: Path) -> closing[sqlite3.Connection]:
+    return closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
