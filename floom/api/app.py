@@ -14,6 +14,7 @@ from floom import __version__
 from floom.agent.runner import run_agent
 from floom.api import (
     errors,
+    metrics,
     openapi,
     routes_admin,
     routes_agents,
@@ -168,6 +169,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     app.include_router(routes_approvals.router)
     app.include_router(routes_triggers.router)
     app.include_router(routes_hooks.router)
+    app.include_router(metrics.router)
     ui.install(app)  # the web UI at / (after the API, so /api/v1 routes match first)
     mcp_endpoint = LazyMCPMount(app, settings)
 

@@ -1,0 +1,31 @@
+"""/metrics in the Prometheus text format, behind an API key with the read scope.
+
+A router of its own, so that a node without the `api` role can serve it beside /healthz.
+Prometheus sends the key as a bearer token (README: "Metrics").
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from floom.api.auth import CtxDep, ReadKey
+from floom.services.metrics import StoreCollector
+
+router = APIRouter(tags=["health"])
+
+
+def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
+    """One registry per app (not prometheus-client's global one): several apps in one
+    process, as in tests, each report their own store."""
+    registry: CollectorRegistry | None = getattr(request.app.state, "metrics_registry", None)
+    if registry is None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(StoreCollector(ctx))
+        request.app.state.metrics_registry = registry
+    return registry
+
+
+@router.get("/metrics", response_class=Response, include_in_schema=False)
+def metrics(request: Request, ctx: CtxDep, _: ReadKey) -> Response:
+    return Response(generate_latest(_registry(request, ctx)), media_type=CONTENT_TYPE_LATEST)
