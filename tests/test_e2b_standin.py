@@ -78,8 +78,8 @@ def test_a_command_streams_each_line_while_it_runs_with_exact_exit_code(
 
     assert ended.value.exit_code == 7
     assert ended.value.stderr == "warn\n"
-    assert ("stdout", "ready\n") in seen and ("stderr", "warn\n") in seen
-    assert seen[-1] == ("stdout", "hello True\n")
+    assert [text for stream, text in seen if stream == "stdout"] == ["ready\n", "hello True\n"]
+    assert [text for stream, text in seen if stream == "stderr"] == ["warn\n"]
     assert sandbox.commands.run("true").exit_code == 0
 
 
