@@ -127,6 +127,11 @@ COMMANDS: dict[str, Entry] = {
         "register",
         "Copy this node's whole store into an empty PostgreSQL database (stop floom first).",
     ),
+    "doctor": Entry(
+        "doctor",
+        "register",
+        "Check this node: sandbox, database, secret key, disk; exit 1 when something fails.",
+    ),
     "retention": Entry(
         "ops", "register", "Delete old runs' logs and artifacts (FLOOM_RETENTION_DAYS)."
     ),
