@@ -38,7 +38,7 @@ from floom.engine.scheduler import Scheduler
 from floom.errors import FloomError
 from floom.sandbox import get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
-from floom.services import keys, secrets, triggers, workers
+from floom.services import keys, secrets, triggers, wakeups, workers
 from floom.services.context import Context
 from floom.store.models import Version
 
@@ -106,6 +106,8 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         context = ctx or Context.open(settings)
         app.state.ctx = context
+        # First, so that this node hears other nodes' revocations and queued runs at once.
+        listener = wakeups.start_listening(context)
         new_key = keys.ensure_admin_key(context)
         if new_key:
             print(
@@ -148,6 +150,8 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             if executor is not None:
                 with interrupt_on_signal(executor):
                     executor.stop()
+            if listener is not None:
+                listener.stop()
             if ctx is None:
                 context.engine.dispose()
 

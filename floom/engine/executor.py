@@ -35,6 +35,7 @@ from floom.services.run_rules import (
     requeue_next_attempt,
 )
 from floom.services.secrets import Redactor
+from floom.store import signals
 from floom.store.db import session_scope
 from floom.store.models import Run
 
@@ -309,6 +310,7 @@ class Executor:
             # An interruption is not the worker's failure: it costs none of its retries.
             requeue_next_attempt(current, by=EXECUTOR, counts_as_attempt=False, ended=INTERRUPTED)
             s.add(current)
+            signals.publish(s, signals.RUN_QUEUED)  # for the nodes that stay up
 
 
 @contextmanager

@@ -27,6 +27,7 @@ from floom.services.run_rules import (
     requeue_next_attempt,
     transition,
 )
+from floom.store import signals
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Run, UTCDateTime, utcnow
@@ -264,6 +265,9 @@ def finish_attempt(
         append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
         s.add(current)
         status = current.status
+        if current.concurrency is not None:
+            # A limited worker has room again: a run of it queued on another node may start.
+            signals.publish(s, signals.RUN_QUEUED)
     ctx.notify_run_ended()
     return status
 
@@ -309,6 +313,8 @@ def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
                 system_event(s, run_id=run.id, attempt=run.attempt, message=f"{run.status}: {lost}")
             s.add(run)
         count = len(rows)
+        if count:
+            signals.publish(s, signals.RUN_QUEUED)
     if count:
         ctx.run_queued.set()
     return count

@@ -28,6 +28,7 @@ from floom.services.run_rules import (
     RUNNING,
     transition,
 )
+from floom.store import signals
 from floom.store.agents import Approval, ToolCall
 from floom.store.db import session_scope
 from floom.store.models import Run, Version, new_id, utcnow
@@ -231,6 +232,8 @@ def decide_approval(
         approval.decided_at = now
         s.add(approval)
         _apply_decision(s, run=run, approval=approval, final=final, actor=actor)
+        if run.status == QUEUED:
+            signals.publish(s, signals.RUN_QUEUED)
     ctx.run_queued.set()
     return approval
 

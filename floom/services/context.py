@@ -14,9 +14,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from floom.config import Settings, mask_password
 from floom.errors import StoreUnavailable
+from floom.services.auth_cache import AuthCache
 from floom.services.run_waits import RunEnds
 from floom.services.secrets import SecretBox
-from floom.store.db import make_engine
+from floom.store.db import is_postgres, make_engine
 from floom.store.migrate import migrate
 
 
@@ -38,6 +39,9 @@ class Context:
     # floom/agent/provider.py); None means the configured one. Tests put an in-memory
     # provider here. Typed loosely so that services need not import the agent package.
     provider_factory: Callable[[Settings], Any] | None = None
+    # Keys this node authenticated lately; trusted only while revocations reach it at once
+    # (floom/services/auth_cache.py), so a context built by hand caches nothing.
+    auth_cache: AuthCache = field(default_factory=lambda: AuthCache(trusted=False))
 
     def notify_run_ended(self) -> None:
         self.run_ends.notify()
@@ -61,6 +65,8 @@ class Context:
             engine=engine,
             secret_box=SecretBox.from_settings(settings),
             node_id=settings.node_id or _stable_node_id(settings),
+            # On PostgreSQL the node's signal listener trusts the cache once it listens.
+            auth_cache=AuthCache(trusted=not is_postgres(engine)),
         )
 
 

@@ -6,13 +6,13 @@ import hashlib
 import logging
 import os
 import secrets
-import time
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from floom.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from floom.store import signals
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, new_id, utcnow
 
@@ -78,15 +78,15 @@ def create_key(
     return key, token
 
 
-# Every request authenticates; remembering a valid key briefly saves a query each time.
-# Revoking through this process forgets at once; other nodes follow within this delay.
-AUTH_CACHE_SECONDS = 10.0
-_recent: dict[str, tuple[ApiKey, float]] = {}
+def announce_revoked(s: Session, key_hash: str) -> None:
+    """In the revoking transaction: every node forgets the key from its authentication
+    cache when it commits (floom/services/auth_cache.py)."""
+    signals.publish(s, signals.KEY_REVOKED, key_hash)
 
 
-def forget_key(key_hash: str) -> None:
-    """Drop a key from the authentication cache (after revoking it)."""
-    _recent.pop(key_hash, None)
+def forget_key(ctx: Context, key_hash: str) -> None:
+    """Drop a key from this node's authentication cache (after revoking it)."""
+    ctx.auth_cache.forget(key_hash)
 
 
 def authenticate(ctx: Context, token: str | None) -> ApiKey:
@@ -96,21 +96,18 @@ def authenticate(ctx: Context, token: str | None) -> ApiKey:
             hint="send `Authorization: Bearer <key>`; set FLOOM_API_KEY for the CLI",
         )
     digest = _hash(token)
-    cached = _recent.get(digest)
-    if cached is not None and cached[1] > time.monotonic():
-        return cached[0]
+    cached = ctx.auth_cache.get(digest)
+    if cached is not None:
+        return cached
+    epoch = ctx.auth_cache.epoch
     with session_scope(ctx.engine) as s:
         key = s.exec(select(ApiKey).where(ApiKey.key_hash == digest)).first()
-    if key is not None and key.revoked_at is None:
-        if len(_recent) > 10_000:
-            _recent.clear()
-        _recent[digest] = (key, time.monotonic() + AUTH_CACHE_SECONDS)
-        return key
     if key is None or key.revoked_at is not None:
         raise Unauthorized(
             "the API key is not valid or was revoked",
             hint="create a key with `floom keys create` on the server",
         )
+    ctx.auth_cache.put(digest, key, epoch=epoch)
     return key
 
 
@@ -127,7 +124,8 @@ def revoke_key(ctx: Context, *, key_id: str) -> ApiKey:
         if key.revoked_at is None:
             key.revoked_at = utcnow()
             s.add(key)
-    forget_key(key.key_hash)
+            announce_revoked(s, key.key_hash)
+    forget_key(ctx, key.key_hash)
     return key
 
 

@@ -31,6 +31,7 @@ from floom.services.run_rules import (
     previous_attempt,
     transition,
 )
+from floom.store import signals
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, Version, new_id, utcnow
 
@@ -117,6 +118,7 @@ def create_run(
         system_event(s, run_id=run.id, attempt=1, message=note)
         if in_transaction is not None:
             in_transaction(s, run)
+        signals.publish(s, signals.RUN_QUEUED)
     ctx.run_queued.set()
     return run
 
@@ -252,6 +254,7 @@ def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
         else:
             run.cancel_requested = True
             system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancel requested{who}")
+            signals.publish(s, signals.RUN_CANCEL, run.id)
         s.add(run)
     ctx.local_cancels.add(run_id)
     ctx.notify_run_ended()

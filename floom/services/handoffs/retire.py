@@ -32,9 +32,10 @@ def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
             ).all():
                 key.revoked_at = now
                 s.add(key)
+                keys.announce_revoked(s, key.key_hash)
                 revoked.append(key.key_hash)
             release_jobs_of_agent(s, agent_id=found.id, reason=f"agent {found.label} retired")
         result = agent_to_dict(found, roles_of(s, found.id))
     for key_hash in revoked:
-        keys.forget_key(key_hash)
+        keys.forget_key(ctx, key_hash)
     return result

@@ -1,0 +1,107 @@
+"""Signals between the nodes of a cluster: PostgreSQL NOTIFY, heard by a LISTEN thread.
+
+A signal is sent in the transaction of the change it announces, so it is delivered on
+commit, when the change is visible, and never for a change that was rolled back. Signals
+are hints, never the only path: a node that was not listening loses them, so on each
+(re)connect the listener tells its owner to look at the database again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import psycopg
+from sqlalchemy import text
+from sqlalchemy.engine import URL
+from sqlmodel import Session
+
+log = logging.getLogger("floom.signals")
+
+RUN_QUEUED = "floom_run_queued"  # a run became claimable (payload: none)
+RUN_CANCEL = "floom_run_cancel"  # a running run is to stop (payload: its id)
+KEY_REVOKED = "floom_key_revoked"  # an API key stopped being valid (payload: its hash)
+CHANNELS = (RUN_QUEUED, RUN_CANCEL, KEY_REVOKED)
+APPLICATION_NAME = "floom-listen"  # how the listener's connection shows in pg_stat_activity
+
+# How long the listener waits for a signal before it checks whether it is to stop, and
+# how long it waits before reconnecting after losing its connection.
+WAIT_SECONDS = 1.0
+RECONNECT_SECONDS = 1.0
+
+
+def publish(s: Session, channel: str, payload: str = "") -> None:
+    """Send `channel` when `s` commits (PostgreSQL); nothing on SQLite, where one process
+    serves the database and wakes its own threads directly."""
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": channel, "payload": payload},
+        )
+
+
+class Listener:
+    """A thread with one connection of its own that LISTENs on CHANNELS.
+
+    `on_signal(channel, payload)` is called for each signal, in the listener's thread;
+    `on_connect()` after each (re)connect, before any signal (signals sent while the
+    listener was away are lost); `on_disconnect()` when the connection is lost. A lost
+    connection is retried every RECONNECT_SECONDS until `stop()`.
+    """
+
+    def __init__(
+        self,
+        url: URL,
+        *,
+        on_signal: Callable[[str, str], None],
+        on_connect: Callable[[], None],
+        on_disconnect: Callable[[], None],
+    ) -> None:
+        self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        self._on_signal = on_signal
+        self._on_connect = on_connect
+        self._on_disconnect = on_disconnect
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.connected = threading.Event()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="floom-listen", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                # Keepalives, so a connection to a vanished server is noticed in seconds.
+                with psycopg.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    application_name=APPLICATION_NAME,
+                    connect_timeout=5,
+                    keepalives=1,
+                    keepalives_idle=5,
+                    keepalives_interval=2,
+                    keepalives_count=2,
+                ) as conn:
+                    for channel in CHANNELS:
+                        conn.execute(f"LISTEN {channel}")
+                    self.connected.set()
+                    self._on_connect()
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=WAIT_SECONDS):
+                            self._on_signal(note.channel, note.payload)
+            except psycopg.Error as exc:
+                if self.connected.is_set():
+                    log.warning("lost the signal connection (%s); polling meanwhile", exc)
+            except Exception:  # the listener must outlive a bad handler; it reconnects
+                log.exception("signal listener failed; reconnecting")
+            if self.connected.is_set():
+                self.connected.clear()
+                self._on_disconnect()
+            self._stop.wait(RECONNECT_SECONDS)
