@@ -44,6 +44,10 @@ class Settings(BaseSettings):
     # A claimed handoff job returns to `published` when its assignee is silent this long.
     handoff_lease_seconds: float = 600.0
     poll_interval_seconds: float = 0.5
+    # On PostgreSQL, hear other nodes' queued runs, cancels and key revocations at once over
+    # LISTEN/NOTIFY (floom/store/signals.py). Off (e.g. behind a transaction-pooling proxy,
+    # where LISTEN does not work): nodes poll, and no node caches API keys.
+    signals: bool = True
     deploy_examples: bool = True
     examples_dir: Path | None = None
     max_bundle_bytes: int = 50 * 1024 * 1024

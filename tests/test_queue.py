@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
+from floom.engine.phases import claim_run
 from floom.engine.queue import claim_next_run, reap_expired_leases, renew_leases
 from floom.services.context import Context
 from floom.store.db import session_scope
@@ -120,3 +121,36 @@ def test_a_restarted_node_reclaims_its_own_runs_at_once(ctx: Context) -> None:
     with session_scope(ctx.engine) as s:
         row = s.get(Run, run_id)
         assert row is not None and (row.status, row.attempt) == ("queued", 2)
+
+
+def test_racing_nodes_never_start_more_runs_of_a_worker_than_its_concurrency(
+    ctx: Context,
+) -> None:
+    _enqueue(ctx, 30, concurrency=2)
+    nodes = [ctx, _other_node(ctx, "node-b"), _other_node(ctx, "node-c")]
+    claimed: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(9)
+
+    def worker(node: Context) -> None:
+        start.wait(timeout=10)
+        for _ in range(5):
+            run = claim_next_run(node, look_first=False)
+            if run is not None:
+                with lock:
+                    claimed.append(run.id)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in nodes for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(claimed) == 2
+
+
+def test_an_agent_s_child_run_is_not_claimed_past_its_worker_s_concurrency(ctx: Context) -> None:
+    first, child = _enqueue(ctx, 2, concurrency=1)
+    assert claim_next_run(ctx) is not None
+    assert claim_run(ctx, run_id=child) is None
+    with session_scope(ctx.engine) as s:
+        assert s.get(Run, child).status == "queued"  # an executor starts it when room is made

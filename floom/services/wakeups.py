@@ -20,8 +20,9 @@ MAX_REMOTE_CANCELS = 10_000
 
 
 def start_listening(ctx: Context) -> signals.Listener | None:
-    """Start this node's listener (None on SQLite: one process, which wakes itself)."""
-    if not is_postgres(ctx.engine):
+    """Start this node's listener (None on SQLite: one process, which wakes itself; and
+    when FLOOM_SIGNALS is off)."""
+    if not is_postgres(ctx.engine) or not ctx.settings.signals:
         return None
 
     def on_signal(channel: str, payload: str) -> None:
