@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -22,6 +24,8 @@ router = APIRouter(prefix="/api/v1", tags=["runs"])
 
 SSE_POLL_SECONDS = 0.2
 SSE_KEEPALIVE_SECONDS = 15.0
+# While lines flow, the run's status is looked at no more often than this.
+SSE_STATUS_SECONDS = 0.5
 
 
 class RunRequest(BaseModel):
@@ -172,24 +176,36 @@ async def stream_logs(
 
 
 def log_event_stream(
-    ctx: Context, run_id: str, *, start: int, request: Request
+    ctx: Context, run_id: str, *, start: int, request: Request, statuses: bool = False
 ) -> StreamingResponse:
     """Server-sent events of a run's log after seq `start`, ending with an `end` event when the
-    run has ended; the REST API and the web UI (behind its own sign-in) both serve it."""
+    run has ended; the REST API and the web UI (behind its own sign-in) both serve it. With
+    `statuses` (the web UI's stream), a `status` event also tells each change of status."""
 
     async def events() -> AsyncIterator[str]:
         seq = start
         idle = 0.0
+        status = ""
+        status_seen_at = 0.0
         while not await request.is_disconnected():
             rows = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
             for e in rows:
                 seq = e.seq
                 data = views.event_public(e).model_dump_json()
                 yield f"id: {e.seq}\nevent: log\ndata: {data}\n\n"
-            if rows:
+            if rows and time.monotonic() - status_seen_at < SSE_STATUS_SECONDS:
                 idle = 0.0
                 continue
             run = await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
+            status_seen_at = time.monotonic()
+            if statuses and run.status != status:
+                # A page shows the run's status from this event (a page opened while the run
+                # was queued must say running once it starts, even if no notice is logged).
+                status = run.status
+                yield f"event: status\ndata: {json.dumps({'status': status})}\n\n"
+            if rows:
+                idle = 0.0
+                continue
             if run.status in run_rules.FINISHED:
                 # A last read closes the gap between the empty page and the status check.
                 rest = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)

@@ -33,7 +33,8 @@ from floom.services.web_sessions import SignedIn
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
-LOGIN_MAX_AGE = 3600
+# How long a sign-in form left open still works (the token is renewed by every render).
+LOGIN_MAX_AGE = 24 * 3600
 NOTICES = {
     "secret-set": "Secret saved. Workers that declare it get it on their next run.",
     "secret-deleted": "Secret deleted.",
@@ -44,9 +45,12 @@ NOTICES = {
 def _login_page(
     request: Request, ctx: Context, next_path: str, error: Any = None, status: int = 200
 ) -> Response:
-    """The sign-in form, with a fresh token in a cookie and in the form: a page on another
-    site cannot read the cookie, so it cannot post a matching form (login CSRF)."""
-    token = new_login_token()
+    """The sign-in form, with a token in a cookie and in the form: a page on another site
+    cannot read the cookie, so it cannot post a matching form (login CSRF). The browser's
+    token is kept while it is valid, so every sign-in page it still shows (another tab, a
+    page opened before) posts a token that matches."""
+    current = unsign_cookie(ctx, "login", request.cookies.get(LOGIN_COOKIE), LOGIN_MAX_AGE)
+    token = current or new_login_token()
     response = render(
         request,
         "login.html",
@@ -89,7 +93,7 @@ async def login(request: Request, ctx: CtxDep) -> Response:
     set_cookie(
         request, response, SESSION_COOKIE, sign_cookie(ctx, "session", token), SESSION_MAX_AGE
     )
-    response.delete_cookie(LOGIN_COOKIE, path="/")
+    # The login cookie stays: another tab's sign-in form may still be posted.
     return response
 
 

@@ -7,7 +7,7 @@ import csv
 import io
 import json
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from floom.api import ui_features
 from floom.api.routes_runs import log_event_stream
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render
-from floom.errors import FloomError, NotFound
+from floom.errors import FloomError, InvalidRequest, NotFound
 from floom.services import keys, lineage, logs, run_rules, runs, workers
 from floom.services.context import Context
 from floom.store.models import Worker, utcnow
@@ -54,10 +54,15 @@ def runs_page(
     status: str = "",
     trigger: str = "",
     since: str = "",
+    after: str = "",
+    before: str = "",
     cursor: str | None = None,
     limit: int = Query(PAGE_SIZE, ge=1, le=200),
 ) -> Response:
     window = SINCE.get(since)
+    created_after = time_bound(after, name="from")
+    if window and (created_after is None or utcnow() - window[1] > created_after):
+        created_after = utcnow() - window[1]
     rows, next_cursor = runs.list_runs(
         ctx,
         worker=worker or None,
@@ -65,10 +70,18 @@ def runs_page(
         trigger=trigger or None,
         cursor=cursor,
         limit=limit,
-        created_after=utcnow() - window[1] if window else None,
+        created_after=created_after,
+        created_before=time_bound(before, name="to"),
     )
     names = [w.name for w in workers.list_workers(ctx, limit=500)[0]]
-    filters = {"worker": worker, "status": status, "trigger": trigger, "since": since}
+    filters = {
+        "worker": worker,
+        "status": status,
+        "trigger": trigger,
+        "since": since,
+        "after": after,
+        "before": before,
+    }
     # The page size rides along in the links but is no filter of its own.
     kept = {**filters, "limit": str(limit) if limit != PAGE_SIZE else ""}
     return render(
@@ -87,6 +100,21 @@ def runs_page(
             "since_options": [(k, label) for k, (label, _) in SINCE.items()],
         },
     )
+
+
+def time_bound(value: str, *, name: str) -> datetime | None:
+    """A time of the runs filter: ISO 8601 (a browser's datetime-local field sends
+    2026-12-03T14:05), in UTC unless it names its offset."""
+    if not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError as exc:
+        raise InvalidRequest(
+            f"'{value[:40]}' is not a time for '{name}'",
+            hint="write it like 2026-12-03T14:05 (UTC) or 2026-12-03T14:05+01:00",
+        ) from exc
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when
 
 
 def _run_context(ctx: Context, run_id: str) -> dict[str, Any]:
@@ -111,6 +139,7 @@ def _run_context(ctx: Context, run_id: str) -> dict[str, Any]:
         "approvals": ui_features.run_approvals(ctx, run_id=run_id),
         "tool_calls": ui_features.run_tool_calls(ctx, run_id=run_id),
         "model_usage": ui_features.model_usage(ctx, run_id=run_id),
+        "started_by": keys.key_names(ctx, key_ids=[run.created_by or ""]).get(run.created_by or ""),
     }
 
 
@@ -192,7 +221,7 @@ async def log_stream(
     bearer header); resumes after the last seq the page or the reconnecting browser saw."""
     await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
-    return log_event_stream(ctx, run_id, start=start, request=request)
+    return log_event_stream(ctx, run_id, start=start, request=request, statuses=True)
 
 
 def _preview(content_type: str, name: str, data: bytes) -> dict[str, Any]:

@@ -231,8 +231,26 @@ def render(
     return response
 
 
+# The list a page belongs to, by its path's first part: an error page links back to it.
+BACK_TO = {
+    "runs": ("/runs", "runs"),
+    "workers": ("/", "workers"),
+    "handoffs": ("/handoffs", "handoff jobs"),
+    "approvals": ("/approvals", "approvals"),
+    "keys": ("/keys", "API keys"),
+    "secrets": ("/secrets", "secrets"),
+}
+
+
 def error_page(request: Request, exc: FloomError) -> Response:
-    return render(request, "error.html", {"error": exc}, status=exc.status)
+    section = request.url.path.strip("/").split("/", 1)[0]
+    back = BACK_TO.get(section)
+    return render(
+        request,
+        "error.html",
+        {"error": exc, "back_href": back[0] if back else None, "back_label": back and back[1]},
+        status=exc.status,
+    )
 
 
 def to_login(request: Request) -> RedirectResponse:

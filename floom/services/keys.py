@@ -129,6 +129,19 @@ def revoke_key(ctx: Context, *, key_id: str) -> ApiKey:
     return key
 
 
+def key_names(ctx: Context, *, key_ids: list[str]) -> dict[str, str]:
+    """The name (or, unnamed, the prefix) of each of these keys that exists, revoked or not:
+    how pages say who started a run or deployed a version."""
+    wanted = sorted({k for k in key_ids if k})
+    if not wanted:
+        return {}
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(
+            select(ApiKey.id, ApiKey.name, ApiKey.prefix).where(col(ApiKey.id).in_(wanted))
+        ).all()
+    return {key_id: name or f"{prefix}…" for key_id, name, prefix in rows}
+
+
 def key_to_dict(key: ApiKey) -> dict[str, Any]:
     return {
         "id": key.id,

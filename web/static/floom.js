@@ -102,6 +102,13 @@
       // floom's own notices mark changes of state (started, awaiting approval, retrying).
       if (e.stream === "system") { refreshRun(); }
     });
+    // The run's status as the stream sees it: a page opened while the run was queued
+    // shows it running as soon as it starts, even before a line says so.
+    source.addEventListener("status", function (message) {
+      var now = JSON.parse(message.data).status;
+      var shown = document.querySelector("#run-status .badge");
+      if (shown && !shown.classList.contains("badge-" + now)) { refreshRun(); }
+    });
     source.addEventListener("end", function () {
       source.close();
       log.dataset.terminal = "true";
