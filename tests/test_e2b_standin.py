@@ -115,6 +115,7 @@ def test_sandboxes_are_listed_by_metadata_and_killed_by_id(
     assert Sandbox.kill(mine.sandbox_id) is False
     assert other.kill() is True
     assert e2b_standin.sandboxes == {} and e2b_standin.killed == [mine.sandbox_id, other.sandbox_id]
+    assert [s.metadata["node"] for s in e2b_standin.created] == ["a", "b"]
 
 
 def test_sandbox_settings_reach_its_commands_and_network_follows_the_flag(

@@ -85,7 +85,8 @@ class E2BStandin:
     floom server subprocess, or set it in os.environ. `requests` counts requests per route
     (control plane: "POST /v2/sandboxes", "DELETE /sandboxes/{sandboxID}", ...; envd:
     "POST /files", "GET /files", "/process.Process/Start", ...), `requests_for(id)` per
-    sandbox. `sandboxes` are the live ones; `killed` the ids killed so far, in order.
+    sandbox. `sandboxes` are the live ones, `created` all of them; `killed` the ids killed so
+    far, in order.
     """
 
     def __init__(self, root: Path, *, templates: set[str] | None = None) -> None:
@@ -150,6 +151,12 @@ class E2BStandin:
         """The live sandboxes by id (each has .metadata, .template, .env_vars,
         .allow_internet, .home: the host directory serving its /home/user)."""
         return dict(self.core.sandboxes)
+
+    @property
+    def created(self) -> list[StandinSandbox]:
+        """Every sandbox created so far, live or not, in order (their metadata, template,
+        env_vars and allow_internet stay readable after they end)."""
+        return list(self.core.created)
 
     @property
     def killed(self) -> list[str]:

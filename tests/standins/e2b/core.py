@@ -39,6 +39,7 @@ class StandinCore:
         self.templates = templates
         self.max_sandboxes: int | None = None
         self.sandboxes: dict[str, StandinSandbox] = {}
+        self.created: list[StandinSandbox] = []
         self.killed: list[str] = []
         self.requests: Counter[str] = Counter()
         self.sandbox_requests: dict[str, Counter[str]] = {}
@@ -92,6 +93,7 @@ class StandinCore:
         )
         with self.lock:
             self.sandboxes[sandbox_id] = sandbox
+            self.created.append(sandbox)
         return sandbox
 
     def kill_sandbox(self, sandbox_id: str) -> bool:
