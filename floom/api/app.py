@@ -22,6 +22,7 @@ from floom.api import (
     routes_audit,
     routes_handoffs,
     routes_hooks,
+    routes_replays,
     routes_runs,
     routes_triggers,
     routes_workers,
@@ -166,6 +167,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     openapi.install(app)
     app.include_router(routes_workers.router)
     app.include_router(routes_runs.router)
+    app.include_router(routes_replays.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_audit.router)
     app.include_router(routes_agents.router)

@@ -18,6 +18,7 @@ from floom.store import agents as _agent_tables  # noqa: F401 - registers the ta
 from floom.store import audit as _audit_tables  # noqa: F401 - registers the tables
 from floom.store import handoffs as _handoff_tables  # noqa: F401 - registers the tables
 from floom.store import models  # noqa: F401 - registers the tables
+from floom.store import replays as _replay_tables  # noqa: F401 - registers the tables
 from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 
