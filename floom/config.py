@@ -5,10 +5,13 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from floom.client_env import DEFAULT_PORT
+
+# What a node may do (FLOOM_ROLES): serve the API and UI, fire schedules, execute runs.
+ROLES = ("api", "scheduler", "executor")
 
 
 def _default_data_dir() -> Path:
@@ -28,7 +31,7 @@ class Settings(BaseSettings):
     port: int = DEFAULT_PORT
     public_url: str = ""
     roles: str = "api,scheduler,executor"
-    node_id: str = ""
+    node_id: str = Field("", max_length=80)
     sandbox: str = "local"
     # When floom runs as root, local sandboxes run as this host uid (and gid), never root.
     sandbox_uid: int = Field(65534, ge=1)
@@ -90,6 +93,21 @@ class Settings(BaseSettings):
     # resolve names from "host=address,..." instead of DNS (like curl --resolve).
     agent_http_allow_private: bool = False
     agent_http_resolve: str = ""
+
+    @field_validator("roles")
+    @classmethod
+    def _known_roles(cls, value: str) -> str:
+        """A typo in FLOOM_ROLES would leave a node silently doing nothing: refuse it."""
+        given = [r.strip() for r in value.split(",") if r.strip()]
+        unknown = [r for r in given if r not in ROLES]
+        if unknown:
+            raise ValueError(
+                f"unknown role {', '.join(repr(r) for r in unknown)}; "
+                f"roles are {', '.join(ROLES)} (comma-separated)"
+            )
+        if not given:
+            raise ValueError(f"no role given; roles are {', '.join(ROLES)} (comma-separated)")
+        return ",".join(r for r in ROLES if r in given)
 
     @cached_property
     def resolved_database_url(self) -> str:

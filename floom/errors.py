@@ -174,6 +174,13 @@ class StoreUnavailable(FloomError):
     code = "store_unavailable"
 
 
+class StoreNewerThanNode(FloomError):
+    """The database was migrated by a newer floom than this node; upgrade the node."""
+
+    status = 503
+    code = "store_newer_than_node"
+
+
 class RateLimited(FloomError):
     """Too many requests with this API key; wait and try again."""
 
@@ -224,30 +231,6 @@ class ToolError(FloomError):
 
     status = 422
     code = "tool_error"
-
-
-class ReplayDiverged(ProviderError):
-    """An exact replay left its recording: floom handled the recorded run differently."""
-
-    code = "replay_diverged"
-
-
-class RecordingEnded(ProviderError):
-    """An exact replay reached the end of its recording; the original run ended there."""
-
-    code = "recording_ended"
-
-
-class NotReplayable(Conflict):
-    """The run cannot be replayed from its recording (not a finished agent run)."""
-
-    code = "not_replayable"
-
-
-class EvalGateFailed(Conflict):
-    """The eval the worker's gate requires did not pass; the new version is not active."""
-
-    code = "eval_gate_failed"
 
 
 class SourceUnavailable(FloomError):

@@ -124,7 +124,6 @@ class FakeProvider(ModelProvider):
         tools: list[dict[str, Any]],
         max_tokens: int,
         timeout: float,
-        progress: Any = None,
     ) -> ModelReply:
         request = Request(
             model=model,

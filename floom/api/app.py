@@ -22,7 +22,7 @@ from floom.api import (
     routes_audit,
     routes_handoffs,
     routes_hooks,
-    routes_replays,
+    routes_nodes,
     routes_runs,
     routes_triggers,
     routes_workers,
@@ -31,16 +31,18 @@ from floom.api import (
 from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.mcp_mount import LazyMCPMount
 from floom.bundle import read_folder
-from floom.config import Settings
+from floom.config import ROLES, Settings
 from floom.engine.executor import Executor, interrupt_on_signal
 from floom.engine.handoff_loop import HandoffLoop
 from floom.engine.housekeeping import Housekeeping
+from floom.engine.presence import NodePresence
 from floom.engine.scheduler import Scheduler
 from floom.errors import FloomError
 from floom.sandbox import get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
 from floom.services import keys, secrets, triggers, wakeups, workers
 from floom.services.context import Context
+from floom.store.db import BOOTSTRAP_LOCK, cluster_lock
 from floom.store.models import Version
 
 log = logging.getLogger("floom")
@@ -100,16 +102,12 @@ def _has_worker(ctx: Context) -> bool:
     return bool(rows)
 
 
-def create_app(settings: Settings | None = None, *, ctx: Context | None = None) -> FastAPI:
-    settings = settings or (ctx.settings if ctx else Settings())
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        context = ctx or Context.open(settings)
-        app.state.ctx = context
-        # First, so that this node hears other nodes' revocations and queued runs at once.
-        listener = wakeups.start_listening(context)
-        new_key = keys.ensure_admin_key(context)
+def bootstrap_store(ctx: Context) -> None:
+    """First start of a store: the admin key, then the example workers. Nodes starting at
+    once take turns, so a cluster gets one admin key and one set of example versions."""
+    settings = ctx.settings
+    with cluster_lock(ctx.engine, BOOTSTRAP_LOCK):
+        new_key = keys.ensure_admin_key(ctx)
         if new_key:
             print(
                 f"floom: created the admin API key (shown once; also saved to "
@@ -117,31 +115,53 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
                 file=sys.stderr,
                 flush=True,
             )
-        if settings.deploy_examples and not _has_worker(context):
-            names = deploy_examples(context)
+        if settings.deploy_examples and not _has_worker(ctx):
+            names = deploy_examples(ctx)
             if names:
                 log.info("deployed example workers: %s", ", ".join(names))
+
+
+def create_app(settings: Settings | None = None, *, ctx: Context | None = None) -> FastAPI:
+    settings = settings or (ctx.settings if ctx else Settings())
+    roles = settings.role_set
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        context = ctx or Context.open(settings)
+        app.state.ctx = context
+        # First, so that this node hears other nodes' revocations and queued runs at once.
+        listener = wakeups.start_listening(context)
+        bootstrap_store(context)
         executor = None
         app.state.protections = None
-        if "executor" in settings.role_set:
+        if "executor" in roles:
             sandbox = get_sandbox(settings.sandbox, settings)
             sandbox.check()
             app.state.protections = sandbox.protections()
             executor = Executor(context, sandbox, run_agent=run_agent)
             executor.start()
         app.state.executor = executor
-        handoffs = HandoffLoop(context, bridge="executor" in settings.role_set)
+        presence = NodePresence(
+            context,
+            slots=executor.slots if executor else None,
+            in_use=executor.active_count if executor else lambda: 0,
+        )
+        presence.start()
+        handoffs = HandoffLoop(context, bridge="executor" in roles)
         handoffs.start()
-        scheduler = Scheduler(context) if "scheduler" in settings.role_set else None
+        scheduler = Scheduler(context) if "scheduler" in roles else None
         if scheduler is not None:
             scheduler.start()
         app.state.scheduler = scheduler
-        housekeeping = Housekeeping(context) if "scheduler" in settings.role_set else None
+        housekeeping = Housekeeping(context) if "scheduler" in roles else None
         if housekeeping is not None:
             housekeeping.start()
         try:
-            async with mcp_endpoint.running():
+            if mcp_endpoint is None:
                 yield
+            else:
+                async with mcp_endpoint.running():
+                    yield
         finally:
             if housekeeping is not None:
                 housekeeping.stop()
@@ -151,6 +171,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             if executor is not None:
                 with interrupt_on_signal(executor):
                     executor.stop()
+            presence.stop()
             if listener is not None:
                 listener.stop()
             if ctx is None:
@@ -165,19 +186,26 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
     openapi.install(app)
-    app.include_router(routes_workers.router)
-    app.include_router(routes_runs.router)
-    app.include_router(routes_replays.router)
-    app.include_router(routes_admin.router)
-    app.include_router(routes_audit.router)
-    app.include_router(routes_agents.router)
-    app.include_router(routes_handoffs.router)
-    app.include_router(routes_approvals.router)
-    app.include_router(routes_triggers.router)
-    app.include_router(routes_hooks.router)
     app.include_router(metrics.router)
-    ui.install(app)  # the web UI at / (after the API, so /api/v1 routes match first)
-    mcp_endpoint = LazyMCPMount(app, settings)
+    mcp_endpoint: LazyMCPMount | None = None
+    # A node without the api role answers /healthz and /metrics only: its port is for health
+    # checks and monitoring.
+    if "api" in roles:
+        for router in (
+            routes_workers.router,
+            routes_runs.router,
+            routes_admin.router,
+            routes_audit.router,
+            routes_agents.router,
+            routes_handoffs.router,
+            routes_approvals.router,
+            routes_triggers.router,
+            routes_hooks.router,
+            routes_nodes.router,
+        ):
+            app.include_router(router)
+        ui.install(app)  # the web UI at / (after the API, so /api/v1 routes match first)
+        mcp_endpoint = LazyMCPMount(app, settings)
 
     @app.get("/healthz", tags=["health"], response_model=Health, responses=openapi.errors(503))
     def healthz() -> Health:
@@ -190,6 +218,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             version=__version__,
             database=context.engine.dialect.name,
             node=context.node_id,
+            roles=sorted(roles, key=ROLES.index),
             executor=None
             if executor is None
             else ExecutorHealth(slots=executor.slots, active=executor.active_count()),

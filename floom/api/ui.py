@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
-from floom.api import ui_admin, ui_approvals, ui_features, ui_handoffs, ui_runs
+from floom.api import ui_admin, ui_approvals, ui_features, ui_handoffs, ui_nodes, ui_runs
 from floom.api.ui_forms import inputs_from_text, problems_by_input, run_form, submitted_text
 from floom.api.ui_support import (
     WEB_DIR,
@@ -48,6 +48,7 @@ def install(app: FastAPI) -> None:
     app.include_router(ui_runs.router)
     app.include_router(ui_approvals.router)
     app.include_router(ui_handoffs.router)
+    app.include_router(ui_nodes.router)
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
 

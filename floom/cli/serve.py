@@ -20,6 +20,17 @@ def register(app: typer.Typer) -> None:
 def serve(
     host: Annotated[str | None, typer.Option(help="address to bind (FLOOM_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="port to listen on (FLOOM_PORT)")] = None,
+    roles: Annotated[
+        str | None,
+        typer.Option(help="what this node does: api, scheduler, executor (FLOOM_ROLES)"),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(help="the store; PostgreSQL to share it between nodes (FLOOM_DATABASE_URL)"),
+    ] = None,
+    sandbox: Annotated[
+        str | None, typer.Option(help="where script workers run (FLOOM_SANDBOX)")
+    ] = None,
 ) -> None:
     """Run the floom server: API, scheduler and executor in one process."""
     # Imported here, not at the top: the server app costs ~0.75 s, which `floom serve --help`
@@ -30,17 +41,22 @@ def serve(
     from floom.sandbox import get_sandbox
     from floom.sandbox.base import describe_protections
 
-    overrides: dict[str, Any] = {}
-    if host is not None:
-        overrides["host"] = host
-    if port is not None:
-        overrides["port"] = port
+    given = {
+        "host": host,
+        "port": port,
+        "roles": roles,
+        "database_url": database_url,
+        "sandbox": sandbox,
+    }
+    # A flag wins over its environment variable; an unset flag leaves the variable in force.
+    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     settings = Settings(**overrides)
     url = settings.public_url or f"http://{settings.host}:{settings.port}"
     out.print(
         Text(
             f"floom on {url}  data dir {settings.data_dir}  "
-            f"database {mask_password(settings.resolved_database_url)}"
+            f"database {mask_password(settings.resolved_database_url)}  "
+            f"roles {settings.roles}"
         )
     )
     try:

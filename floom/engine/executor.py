@@ -12,7 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from floom.engine.attempt import Attempt, run_script, sandbox_unavailable_outcome
+from floom.engine.attempt import (
+    Attempt,
+    cancelled_outcome,
+    run_script,
+    sandbox_unavailable_outcome,
+)
 from floom.engine.cleanup import reap_sandbox_orphans
 from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
@@ -23,6 +28,7 @@ from floom.engine.queue import (
     renew_leases,
 )
 from floom.engine.runlog import LogLine, RunLog
+from floom.errors import StoreUnavailable
 from floom.sandbox.base import Sandbox, SandboxUnavailable
 from floom.services import workers
 from floom.services.logs import append_events, system_event
@@ -36,7 +42,7 @@ from floom.services.run_rules import (
 )
 from floom.services.secrets import Redactor
 from floom.store import signals
-from floom.store.db import session_scope
+from floom.store.db import UNAVAILABLE, session_scope
 from floom.store.models import Run
 
 if TYPE_CHECKING:
@@ -46,6 +52,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("floom.executor")
 
 LOG_FLUSH_SECONDS = 0.1
+# What a call raises while the database cannot be reached (translated by the store or not).
+STORE_DOWN: tuple[type[Exception], ...] = (StoreUnavailable, *UNAVAILABLE)
 
 
 class Executor:
@@ -66,6 +74,8 @@ class Executor:
         self._cancel: set[str] = set()
         self._interrupted: set[str] = set()
         self._threads: list[threading.Thread] = []
+        # When the database last failed a call of this executor (monotonic), if ever.
+        self._store_failed_at: float | None = None
 
     # lifecycle
 
@@ -144,8 +154,8 @@ class Executor:
                     self._launch(run)
                     continue
                 self.ctx.run_queued.wait(self.ctx.settings.poll_interval_seconds)
-            except Exception:  # the loop must survive a database hiccup; it retries
-                log.exception("dispatch failed; retrying")
+            except Exception as exc:  # the loop must survive a database hiccup; it retries
+                self._log_failure("dispatch failed; retrying", exc)
                 self._stop.wait(1.0)
 
     def _heartbeat_loop(self) -> None:
@@ -154,8 +164,8 @@ class Executor:
                 seen = dict(self._active)
             try:
                 cancel, lost = renew_leases(self.ctx, list(seen))
-            except Exception:  # a missed heartbeat is survivable; the lease has slack
-                log.exception("heartbeat failed")
+            except Exception as exc:  # a missed heartbeat is survivable; the lease has slack
+                self._log_failure("heartbeat failed", exc)
                 continue
             with self._active_lock:
                 # Only the attempts this heartbeat looked at: a run that paused for approval
@@ -172,16 +182,21 @@ class Executor:
         for run_log in logs:
             try:
                 run_log.flush(self.ctx)
-            except Exception:  # lines stay buffered only until the run's final flush
-                log.exception("log flush failed for %s", run_log.run_id)
+            except Exception as exc:  # the lines stay buffered for the next flush
+                if self._store_failed_at is not None and isinstance(exc, STORE_DOWN):
+                    self._store_failed_at = time.monotonic()  # said once by the others
+                else:
+                    self._log_failure(f"log flush failed for {run_log.run_id}", exc)
 
     def _reap_loop(self) -> None:
         next_orphan_pass = time.monotonic() + self.ctx.settings.sandbox_reap_seconds
         while not self._stop.wait(self.ctx.settings.reap_interval_seconds):
+            if not self._store_settled():
+                continue
             try:
                 reap_expired_leases(self.ctx)
-            except Exception:  # the next pass retries
-                log.exception("reaper failed")
+            except Exception as exc:  # the next pass retries
+                self._log_failure("reaper failed", exc)
             if time.monotonic() >= next_orphan_pass:
                 next_orphan_pass = time.monotonic() + self.ctx.settings.sandbox_reap_seconds
                 orphans = self._reap_sandboxes(live_run_ids=self._live_run_ids)
@@ -203,6 +218,28 @@ class Executor:
     def sandbox_for(self, manifest: Manifest) -> Sandbox:
         """The sandbox backend a worker's runs use: the node's default one."""
         return self.sandbox
+
+    # the database going away
+
+    def _log_failure(self, what: str, exc: Exception) -> None:
+        """An unreachable database is one line in the log (presence.py says when it is back);
+        anything else is a bug and gets its traceback."""
+        if isinstance(exc, STORE_DOWN):
+            self._store_failed_at = time.monotonic()
+            log.warning("%s: database unreachable", what)
+        else:
+            log.exception(what)
+
+    def _store_settled(self) -> bool:
+        """Whether the database has answered for a whole lease since it last failed here.
+
+        While it was away no node could renew a lease, so every lease may look expired the
+        moment it returns; reaping then would take runs from live nodes that are about to
+        renew them and record their results. Waiting one lease gives them that time; a node
+        that really died meanwhile is reaped one lease later than usual.
+        """
+        failed = self._store_failed_at
+        return failed is None or time.monotonic() - failed > self.ctx.settings.lease_seconds
 
     # one attempt
 
@@ -254,6 +291,14 @@ class Executor:
                 outcome = sandbox_unavailable_outcome(exc, attempt.redactor)
             backoff = float(manifest.retries.backoff_seconds)
             exponential = manifest.retries.backoff != "fixed"
+        except STORE_DOWN as exc:
+            # The database went away while the attempt was being prepared or recorded on
+            # the way: not the worker's failure, so it is requeued (once the database is
+            # back) without costing one of its retries.
+            self._log_failure(f"run {run.id} interrupted", exc)
+            self._interrupted.add(run.id)
+            outcome = cancelled_outcome()
+            backoff, exponential = 0.0, False
         except Exception as exc:  # an attempt must always end in a recorded state
             log.exception("run %s crashed in the executor", run.id)
             outcome = Outcome(
@@ -266,25 +311,7 @@ class Executor:
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
         try:
             lines = run_log.drain()
-            for tries_left in (2, 1, 0):
-                try:
-                    if run.id in self._interrupted and outcome.status == CANCELLED:
-                        self._requeue_interrupted(run, lines)
-                    else:
-                        finish_attempt(
-                            self.ctx,
-                            run=run,
-                            outcome=outcome,
-                            backoff=backoff,
-                            exponential=exponential,
-                            log_lines=lines,
-                        )
-                    break
-                except Exception:  # a store hiccup must not strand the run; retry, then
-                    # leave it to the reaper, which requeues it once the lease expires
-                    log.exception("recording the end of %s failed", run.id)
-                    if tries_left:
-                        self._stop.wait(0.5)
+            self._record_end(run, outcome, lines, backoff=backoff, exponential=exponential)
         finally:
             with self._active_lock:
                 # A resumed run may already be back here as a new attempt: leave that one be.
@@ -294,18 +321,65 @@ class Executor:
                     self.ctx.local_cancels.discard(run.id)
             self.ctx.run_queued.set()
 
+    def _record_end(
+        self,
+        run: Run,
+        outcome: Outcome,
+        lines: list[LogLine],
+        *,
+        backoff: float,
+        exponential: bool,
+    ) -> None:
+        """Store how the attempt ended. While the database is unreachable, keep the result
+        and try again until it answers (the slot stays taken; the lease is renewed once the
+        database is back): a result in hand is never thrown away for a few seconds' outage.
+        Other failures are tried three times, then left to the reaper, which requeues the run
+        once its lease expires."""
+        other_failures = 0
+        delay = 0.25
+        while True:
+            try:
+                if run.id in self._interrupted and outcome.status == CANCELLED:
+                    self._requeue_interrupted(run, lines)
+                    self._interrupted.discard(run.id)
+                else:
+                    finish_attempt(
+                        self.ctx,
+                        run=run,
+                        outcome=outcome,
+                        backoff=backoff,
+                        exponential=exponential,
+                        log_lines=lines,
+                    )
+                return
+            except STORE_DOWN as exc:
+                self._log_failure(f"recording the end of {run.id} failed", exc)
+                if self._stop.is_set():
+                    return
+            except Exception:  # a bug must not strand the run; the reaper takes it over
+                log.exception("recording the end of %s failed", run.id)
+                other_failures += 1
+                if other_failures >= 3:
+                    return
+            self._stop.wait(delay)
+            delay = min(delay * 2, 2.0)
+
     def _requeue_interrupted(self, run: Run, lines: list[LogLine]) -> None:
         with session_scope(self.ctx.engine, write=True) as s:
             if lines:
                 append_events(s, run_id=run.id, attempt=run.attempt, lines=lines)
-            current = s.get(Run, run.id)
-            if current is None or current.status != RUNNING or current.cancel_requested:
+            current = s.get(Run, run.id, with_for_update=True)
+            if (
+                current is None
+                or current.status != RUNNING
+                or current.lease_owner != self.ctx.node_id
+                or current.attempt != run.attempt
+                or current.cancel_requested
+            ):
                 return
+            why = "node shutdown" if self._stop.is_set() else "the database going away"
             system_event(
-                s,
-                run_id=run.id,
-                attempt=current.attempt,
-                message="interrupted by node shutdown; requeued",
+                s, run_id=run.id, attempt=current.attempt, message=f"interrupted by {why}; requeued"
             )
             # An interruption is not the worker's failure: it costs none of its retries.
             requeue_next_attempt(current, by=EXECUTOR, counts_as_attempt=False, ended=INTERRUPTED)

@@ -105,5 +105,12 @@ class RunLog:
             with self._lock:
                 batch, self._pending = self._pending, []
             if batch:
-                with session_scope(ctx.engine, write=True) as s:
-                    append_events(s, run_id=self.run_id, attempt=self.attempt, lines=batch)
+                try:
+                    with session_scope(ctx.engine, write=True) as s:
+                        append_events(s, run_id=self.run_id, attempt=self.attempt, lines=batch)
+                except BaseException:
+                    # Kept, in order, for the next flush: a database away for a few seconds
+                    # must not cut lines out of the middle of a run's log.
+                    with self._lock:
+                        self._pending[:0] = batch
+                    raise

@@ -19,6 +19,7 @@ class Health(Public):
     version: str
     database: str = Field(description="the store's dialect: sqlite or postgresql")
     node: str
+    roles: list[str] = Field(description="what this node does: api, scheduler, executor")
     executor: ExecutorHealth | None = Field(description="None on a node without the executor")
     protections: dict[str, Any] | None = Field(
         description="the sandbox protections active on this node (namespaces, uid, seccomp, "

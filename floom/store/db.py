@@ -18,7 +18,7 @@ from floom.store import agents as _agent_tables  # noqa: F401 - registers the ta
 from floom.store import audit as _audit_tables  # noqa: F401 - registers the tables
 from floom.store import handoffs as _handoff_tables  # noqa: F401 - registers the tables
 from floom.store import models  # noqa: F401 - registers the tables
-from floom.store import replays as _replay_tables  # noqa: F401 - registers the tables
+from floom.store import nodes as _node_tables  # noqa: F401 - registers the tables
 from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 
@@ -55,6 +55,29 @@ def make_engine(url: str) -> Engine:
 
 def is_postgres(engine: Engine) -> bool:
     return engine.dialect.name == "postgresql"
+
+
+# Keys of PostgreSQL advisory locks that floom takes (one number per purpose).
+MIGRATION_LOCK = 0x666C6F6F6D01
+BOOTSTRAP_LOCK = 0x666C6F6F6D02
+
+
+@contextmanager
+def cluster_lock(engine: Engine, key: int) -> Iterator[None]:
+    """Hold a lock that one node of a cluster holds at a time (a PostgreSQL advisory lock on
+    a connection of its own), for start-up steps that read, then write: creating the first
+    admin key, deploying the examples. On SQLite the step's own write lock is enough."""
+    if not is_postgres(engine):
+        yield
+        return
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT pg_advisory_lock(%s)", (key,))
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql("SELECT pg_advisory_unlock(%s)", (key,))
+            conn.commit()
 
 
 @contextmanager

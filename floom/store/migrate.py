@@ -11,11 +11,18 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import inspect
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import SQLModel
 
-from floom.store.db import make_engine  # also registers every table on SQLModel.metadata
+from floom import __version__
+from floom.errors import StoreNewerThanNode
+from floom.store.db import (  # also registers every table on SQLModel.metadata
+    MIGRATION_LOCK,
+    is_postgres,
+    make_engine,
+)
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -29,17 +36,37 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 
 def migrate(engine: Engine) -> None:
-    """Bring the database to the current schema."""
+    """Bring the database to the current schema. Nodes starting at once take turns (a
+    PostgreSQL advisory lock held until this transaction ends): the first creates or
+    upgrades the schema, the others find it done."""
     with engine.begin() as conn:
+        if is_postgres(engine):
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         tables = set(inspect(conn).get_table_names())
         cfg = alembic_config(conn)
         if "alembic_version" in tables:
+            _refuse_newer_schema(conn, cfg)
             command.upgrade(cfg, "head")
             return
         # A new database (or one from before migrations existed): create what is missing,
         # then record that it is at the newest revision.
         SQLModel.metadata.create_all(conn)
         command.stamp(cfg, "head")
+
+
+def _refuse_newer_schema(conn: Connection, cfg: Config) -> None:
+    """A node started on a database that a newer floom migrated (during a rolling upgrade)
+    says so, instead of failing inside Alembic."""
+    current = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    known = {script.revision for script in ScriptDirectory.from_config(cfg).walk_revisions()}
+    unknown = [revision for revision in current if revision not in known]
+    if unknown:
+        raise StoreNewerThanNode(
+            f"the database is at schema revision {unknown[0]}, which this floom "
+            f"({__version__}) does not know: a newer floom has migrated it",
+            hint="upgrade this node to the version the other nodes run "
+            "(`floom nodes` lists each node's version)",
+        )
 
 
 def _revision(message: str) -> None:
