@@ -27,7 +27,7 @@ end = time.time()
 open("result.json", "w").write(json.dumps({"outputs": {"start": start, "end": end}}))
 """
 
-RUNS = 36
+RUNS = 30
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)

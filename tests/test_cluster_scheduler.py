@@ -2,7 +2,7 @@
 while one of them is killed with kill -9 as a tick falls due.
 
 The nodes are processes running floom's Scheduler on a fast clock (its injectable clock,
-20 times real time), so a once-a-minute schedule ticks every 3 s.
+30 times real time), so a once-a-minute schedule ticks every 2 s.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from floom.store.db import session_scope
 from floom.store.models import Run
 from tests.conftest import REPO, fast_settings, make_worker, wait_until
 
-SPEED = 20.0  # a minute of the schedule's clock every 3 s
+SPEED = 30.0  # a minute of the schedule's clock every 2 s
 TICK = 60.0 / SPEED
 
 MANIFEST = """\
