@@ -12,10 +12,17 @@ from pathlib import Path
 import httpx
 
 from floom.api.ui_support import SESSION_COOKIE
-from floom.services import keys, runs
+from floom.services import keys, run_stats, runs, triggers
 from floom.store.db import session_scope
-from floom.store.models import Run, utcnow
-from tests.conftest import EXAMPLES, LiveServer, deploy_folder, live_server, wait_for_run
+from floom.store.models import Run, new_id, utcnow
+from tests.conftest import (
+    EXAMPLES,
+    LiveServer,
+    deploy_folder,
+    live_server,
+    make_worker,
+    wait_for_run,
+)
 from tests.web_support import csrf_of, signed_in_client
 
 
@@ -106,3 +113,79 @@ def test_the_log_stream_tells_the_page_when_a_queued_run_starts(tmp_path: Path) 
                         break
         assert seen == ["queued", "running"]
         assert runs.get_run(node.ctx, run_id=run_id).status == "running"
+
+
+def test_pause_and_resume_buttons_pause_a_worker_and_one_trigger_for_deploy_keys_only(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    folder = make_worker(
+        tmp_path / "ticker",
+        'name: ticker\ntriggers:\n  - schedule: {cron: "0 3 * * *"}\n',
+        {"run.py": "print('tick')\n"},
+    )
+    deploy_folder(api, folder)
+    client = signed_in_client(server, server.admin_key)
+    page = client.get("/workers/ticker")
+    assert 'action="/workers/ticker/pause"' in page.text
+    (trigger,) = triggers.list_triggers(server.ctx, worker_name="ticker")[1]
+
+    done = client.post(
+        "/workers/ticker/pause", data={"csrf": csrf_of(page.text), "trigger_id": trigger.id}
+    )
+    assert done.status_code == 303 and "notice=paused" in done.headers["location"]
+    worker, (paused_trigger,) = triggers.list_triggers(server.ctx, worker_name="ticker")
+    assert paused_trigger.paused and not worker.paused
+    client.post("/workers/ticker/pause", data={"csrf": csrf_of(page.text)})
+    assert triggers.list_triggers(server.ctx, worker_name="ticker")[0].paused
+    after = client.get("/workers/ticker", params={"notice": "paused"})
+    assert 'action="/workers/ticker/resume"' in after.text and "Paused:" in after.text
+    client.post("/workers/ticker/resume", data={"csrf": csrf_of(after.text)})
+    assert not triggers.list_triggers(server.ctx, worker_name="ticker")[0].paused
+
+    _, reader = keys.create_key(server.ctx, scopes=["read"], name="looker")
+    looker = signed_in_client(server, reader)
+    seen = looker.get("/workers/ticker")
+    assert 'action="/workers/ticker/pause"' not in seen.text
+    refused = looker.post("/workers/ticker/pause", data={"csrf": csrf_of(seen.text)})
+    assert refused.status_code == 403
+    assert not triggers.list_triggers(server.ctx, worker_name="ticker")[0].paused
+
+
+def test_a_worker_page_charts_its_last_30_days_by_outcome_with_duration_percentiles(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    now = utcnow()
+    spans = {"succeeded": [1.0, 2.0, 3.0, 10.0], "failed": [4.0], "cancelled": [0.5]}
+    with session_scope(server.ctx.engine, write=True) as s:
+        for status, seconds in spans.items():
+            for took in seconds:
+                s.add(
+                    Run(
+                        id=new_id("run"),
+                        worker_name="hello",
+                        version_id="v",
+                        status=status,
+                        created_at=now - timedelta(days=2),
+                        started_at=now - timedelta(days=2),
+                        finished_at=now - timedelta(days=2) + timedelta(seconds=took),
+                    )
+                )
+        s.add(
+            Run(
+                id=new_id("run"),
+                worker_name="hello",
+                version_id="v",
+                status="succeeded",
+                created_at=now - timedelta(days=40),
+            )
+        )
+    history = run_stats.daily_history(server.ctx, worker_name="hello", now=now)
+    assert len(history) == 30 and sum(d.total for d in history) == 6
+    busy = history[-3]
+    assert busy.counts == {"succeeded": 4, "failed": 1, "other": 1}
+    assert (busy.p50, busy.p95) == (2.0, 10.0)
+
+    page = signed_in_client(server, server.admin_key).get("/workers/hello")
+    assert '<svg class="chart"' in page.text and 'class="chart-failed"' in page.text
+    assert "4 succeeded, 1 failed, 1 other; p50 2.0 s, p95 10.0 s" in page.text

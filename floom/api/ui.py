@@ -11,7 +11,16 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
-from floom.api import ui_admin, ui_approvals, ui_features, ui_handoffs, ui_nodes, ui_runs
+from floom.api import (
+    ui_admin,
+    ui_approvals,
+    ui_features,
+    ui_handoffs,
+    ui_nodes,
+    ui_ops,
+    ui_runs,
+)
+from floom.api.ui_chart import history_chart
 from floom.api.ui_forms import inputs_from_text, problems_by_input, run_form, submitted_text
 from floom.api.ui_support import (
     WEB_DIR,
@@ -23,7 +32,7 @@ from floom.api.ui_support import (
     render,
 )
 from floom.errors import FloomError, InputInvalid, InvalidRequest
-from floom.services import diffs, keys, lineage, runs, worker_deletion, workers
+from floom.services import diffs, keys, lineage, run_stats, runs, worker_deletion, workers
 from floom.services.audit import AuditActor
 from floom.services.context import Context
 from floom.store.models import Worker
@@ -35,6 +44,8 @@ NOTICES = {
     "rolled-back": "Rolled back: the chosen version is active now; new runs use it.",
     "deleted": "Deleted: the worker's triggers are stopped; its runs stay listed unless purged.",
     "purged": "Deleted: the worker and its runs, logs and artifacts are gone.",
+    "paused": "Paused: schedule ticks and webhook deliveries are recorded as skipped, not run.",
+    "resumed": "Resumed: new ticks and deliveries run again (skipped ones are not run).",
 }
 
 
@@ -49,6 +60,7 @@ def install(app: FastAPI) -> None:
     app.include_router(ui_approvals.router)
     app.include_router(ui_handoffs.router)
     app.include_router(ui_nodes.router)
+    app.include_router(ui_ops.router)
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
 
@@ -111,6 +123,7 @@ def _worker_context(ctx: Context, name: str, base_url: str) -> dict[str, Any]:
         "recent": recent,
         "triggers": ui_features.worker_triggers(ctx, worker_name=name, base_url=base_url),
         "deliveries": ui_features.webhook_deliveries(ctx, worker_name=name),
+        "history": history_chart(run_stats.daily_history(ctx, worker_name=name)),
     }
 
 

@@ -49,6 +49,7 @@ def worker_triggers(
         fires = body.get("next_fires") or []
         items.append(
             {
+                "id": body.get("id"),
                 "kind": body["kind"],
                 "description": _describe(body["kind"], body["config"]),
                 "next_fire": _instant(fires[0]) if fires else None,

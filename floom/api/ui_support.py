@@ -85,7 +85,12 @@ def when(value: datetime | None) -> Markup:
 def duration(start: datetime | None, end: datetime | None) -> str:
     if start is None or end is None:
         return "—"
-    seconds = max((end - start).total_seconds(), 0.0)
+    return seconds_text((end - start).total_seconds())
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration as people read it: 2.5 s, 3 min 20 s, 1 h 5 min."""
+    seconds = max(seconds, 0.0)
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, sec = divmod(int(seconds), 60)
