@@ -190,11 +190,13 @@ class FloomClient:
         result: dict[str, Any] = self._json("GET", "/healthz", auth=False)
         return result
 
-    def deploy(self, archive: bytes) -> dict[str, Any]:
-        """Deploy a worker folder packed with floom.bundle (tar.gz)."""
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> dict[str, Any]:
+        """Deploy a worker folder packed with floom.bundle (tar.gz); `skip_eval_gate`
+        activates the version even though the worker's eval gate fails."""
         headers = {"Content-Type": "application/gzip"}
+        params = {"skip_eval_gate": "true"} if skip_eval_gate else None
         result: dict[str, Any] = self._json(
-            "POST", "/api/v1/workers", content=archive, headers=headers
+            "POST", "/api/v1/workers", content=archive, headers=headers, params=params
         )
         return result
 
@@ -387,6 +389,38 @@ class FloomClient:
         result: dict[str, Any] = self._json(
             "POST", f"/api/v1/runs/{url_path(run_id)}/replay", json=body
         )
+        return result
+
+    # -- replays from recordings and evals -----------------------------------------------------
+
+    def start_replay(
+        self,
+        run_id: str,
+        *,
+        mode: str,
+        version_id: str | None = None,
+        model: str | None = None,
+    ) -> dict[str, Any]:
+        """Replay an agent run from its recording (exact or what_if); the new run."""
+        body = self._params(mode=mode, version_id=version_id, model=model)
+        result: dict[str, Any] = self._json(
+            "POST", f"/api/v1/runs/{url_path(run_id)}/replays", json=body
+        )
+        return result
+
+    def get_replay(self, run_id: str) -> dict[str, Any]:
+        """A replay's report: status, and once finished its diff against the original."""
+        result: dict[str, Any] = self._json("GET", f"/api/v1/replays/{url_path(run_id)}")
+        return result
+
+    def start_eval(self, worker: str, body: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._json(
+            "POST", f"/api/v1/workers/{url_path(worker)}/evals", json=body
+        )
+        return result
+
+    def get_eval(self, eval_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._json("GET", f"/api/v1/evals/{url_path(eval_id)}")
         return result
 
     # -- webhook deliveries --------------------------------------------------------------------

@@ -233,6 +233,30 @@ class ToolError(FloomError):
     code = "tool_error"
 
 
+class ReplayDiverged(ProviderError):
+    """An exact replay left its recording: floom handled the recorded run differently."""
+
+    code = "replay_diverged"
+
+
+class RecordingEnded(ProviderError):
+    """An exact replay reached the end of its recording; the original run ended there."""
+
+    code = "recording_ended"
+
+
+class NotReplayable(Conflict):
+    """The run cannot be replayed from its recording (not a finished agent run)."""
+
+    code = "not_replayable"
+
+
+class EvalGateFailed(Conflict):
+    """The eval the worker's gate requires did not pass; the new version is not active."""
+
+    code = "eval_gate_failed"
+
+
 class SourceUnavailable(FloomError):
     """A tool source an agent declares (an MCP server, Composio) cannot be reached."""
 

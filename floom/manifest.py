@@ -182,6 +182,10 @@ class Manifest(_Frozen):
     approvals: dict[str, Any] = Field(default_factory=dict)
     model: str | None = None
     expose: list[str] = Field(default_factory=list)
+    replay: dict[str, Any] = Field(
+        default_factory=dict,
+        description="replays and evals: live_tools, compare (per output), gate (on deploy)",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -42,6 +42,7 @@ from floom.manifest import (
     typescript_runner,
 )
 from floom.manifest_agent import check_agent_sections
+from floom.manifest_replay import check_replay
 from floom.sandbox.network import ALLOW_HINT, parse_allowed_network
 from floom.triggers.checks import check_triggers
 
@@ -179,6 +180,7 @@ def check_document(doc: Mapping[Any, Any], files: frozenset[str]) -> tuple[dict,
     if entry is not None:
         clean["entry"] = entry
     check_agent_sections(doc, clean, out)
+    check_replay(doc, clean, out)
     if "triggers" in clean:
         check_triggers(doc["triggers"], clean.get("inputs", {}), str(doc.get("name", "")), out)
     return clean, out
@@ -452,6 +454,8 @@ _SECTIONS: dict[str, Checker] = {
     "approvals": _section(Approvals),
     "expose": _check_expose,
     "network_allow": _check_network_allow,
+    # Checked as a whole by check_replay, which needs the tools and outputs around it.
+    "replay": lambda raw, path, out: _BAD,
 }
 
 

@@ -124,6 +124,7 @@ class FakeProvider(ModelProvider):
         tools: list[dict[str, Any]],
         max_tokens: int,
         timeout: float,
+        progress: Any = None,
     ) -> ModelReply:
         request = Request(
             model=model,

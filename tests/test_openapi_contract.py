@@ -138,6 +138,8 @@ def _seed(server: LiveServer, api: httpx.Client, tmp: Path) -> dict[str, str]:
         "run_id": hello_run["id"],
         "approval_id": approval["items"][0]["id"],
         "delivery_id": delivery.json()["delivery_id"],
+        # No eval exists here (evals need agent runs): its documented 404 is checked.
+        "eval_id": "evl_none",
         "key_id": key["id"],
         "role": "reviewer",
         "agent": agent.json()["id"],

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from floom.agent import workspace
 from floom.agent.provider import ModelProvider, ProviderError, estimate_cost
-from floom.agent.tools import Tool, ToolError
+from floom.agent.tools import RecordedToolError, Tool, ToolError
 from floom.engine.queue import Outcome
 from floom.services import agent_runs
 from floom.services.approvals import (
@@ -57,11 +58,14 @@ class AgentLoop:
         transcript: Transcript,
         toolbox: Toolbox,
         provider: ModelProvider,
+        replay: bool = False,
     ) -> None:
         self.env = env
         self.t = transcript
         self.toolbox = toolbox
         self.provider = provider
+        # A replay never asks a person: it ends with the outputs a run would have proposed.
+        self.replay = replay
         self.messages: list[dict[str, Any]] = json.loads(transcript.messages_json)
         state = json.loads(transcript.state_json or "{}")
         self.state: dict[str, Any] = {
@@ -69,6 +73,10 @@ class AgentLoop:
             "results": state.get("results") or [],
             "awaiting": state.get("awaiting"),
             "nudges": state.get("nudges") or 0,
+            # Kept for replays: the tools offered, and each model turn's billed tokens.
+            "tool_names": state.get("tool_names"),
+            "gated_tools": state.get("gated_tools") or [],
+            "turn_usage": state.get("turn_usage") or [],
         }
         limits = env.manifest.limits
         self.max_iterations = limits.max_tool_iterations or env.ctx.settings.agent_max_iterations
@@ -110,6 +118,7 @@ class AgentLoop:
             if left <= 0:
                 return self._limit("max_total_tokens", f"{self.max_tokens} tokens")
             max_out = min(max_out, left)
+        live = LiveTurn(self._note)
         try:
             reply = self.provider.complete(
                 model=t.model,
@@ -118,6 +127,7 @@ class AgentLoop:
                 tools=self.toolbox.definitions(),
                 max_tokens=max_out,
                 timeout=max(1.0, self.env.remaining()),
+                progress=live,
             )
         except ProviderError as exc:
             if self.env.remaining() <= 0:
@@ -128,9 +138,11 @@ class AgentLoop:
         t.input_tokens += reply.input_tokens
         t.output_tokens += reply.output_tokens
         t.cost_usd += estimate_cost(t.model, reply.input_tokens, reply.output_tokens)
+        self.state["turn_usage"].append([reply.input_tokens, reply.output_tokens])
         content = self.env.redactor.value(reply.content) or [{"type": "text", "text": "(empty)"}]
         self.messages.append({"role": "assistant", "content": content})
-        for block in content:
+        live.flush()
+        for block in content if not live.shown else ():
             if block.get("type") == "text" and block.get("text", "").strip():
                 self._note(f"agent: {_clip(block['text'], LOG_TEXT_CAP)}")
         self._note(
@@ -230,9 +242,11 @@ class AgentLoop:
         self, tool: Tool, use_id: str, args: dict[str, Any], *, call_id: str | None = None
     ) -> dict[str, Any]:
         t0 = time.monotonic()
-        text, error = "", None
+        text, error, failed = "", None, "error"
         try:
             text = tool.run(args)
+        except RecordedToolError as exc:
+            error, failed = exc.message, exc.call_status
         except ToolError as exc:
             error = exc.message
         except Exception as exc:  # a tool's bug must not end the run; the model is told
@@ -241,7 +255,7 @@ class AgentLoop:
         ms = int((time.monotonic() - t0) * 1000)
         redact = self.env.redactor
         text, error = redact.text(text), redact.text(error) if error else None
-        status = "error" if error else "ok"
+        status = failed if error else "ok"
         if call_id:
             agent_runs.finish_tool_call(
                 self.env.ctx,
@@ -363,7 +377,9 @@ class AgentLoop:
             self._record("finish", args, "error", error=message)
             return None, _result(use_id, message, error=True)
         outputs = env.redactor.value(outputs)
-        if env.manifest.approvals.get("required"):
+        if env.manifest.approvals.get("required") and self.replay:
+            self._note("replay: the run-level approval is not asked; the proposed outputs stand")
+        elif env.manifest.approvals.get("required"):
             return self._pause(tool, use_id, args, kind="run", proposed=outputs), None
         self._record("finish", args, "ok", result="run finished")
         return self._succeed(outputs), None
@@ -397,6 +413,36 @@ class AgentLoop:
             artifacts=workspace.artifacts(self.env),
             sandbox_seconds=self.env.sandbox_seconds,
         )
+
+
+class LiveTurn:
+    """A streamed model turn written into the run log as it arrives (a line of text at a
+    time, and each tool call as the model starts it), so followers see the agent think."""
+
+    def __init__(self, note: Callable[[str], None]) -> None:
+        self._note = note
+        self._buffer = ""
+        self.shown = False
+
+    def text(self, piece: str) -> None:
+        self._buffer += piece
+        while "\n" in self._buffer:
+            line, self._buffer = self._buffer.split("\n", 1)
+            self._line(line)
+
+    def tool_call(self, name: str) -> None:
+        self.flush()
+        self._note(f"agent calls {name}")
+        self.shown = True
+
+    def flush(self) -> None:
+        self._line(self._buffer)
+        self._buffer = ""
+
+    def _line(self, line: str) -> None:
+        if line.strip():
+            self._note(f"agent: {_clip(line, LOG_TEXT_CAP)}")
+            self.shown = True
 
 
 def _result(use_id: str, text: str, *, error: bool = False) -> dict[str, Any]:

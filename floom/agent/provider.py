@@ -10,7 +10,7 @@ import abc
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from floom.errors import ProviderAuthFailed, ProviderError, ProviderKeyMissing
 
@@ -61,6 +61,16 @@ class ModelReply:
     output_tokens: int
 
 
+class TurnProgress(Protocol):
+    """Told about a model turn while it arrives: pieces of its text in order, and the name of
+    each tool call as the model starts it. Only for showing progress: the ModelReply that
+    `complete` returns stays the whole truth of the turn."""
+
+    def text(self, piece: str) -> None: ...
+
+    def tool_call(self, name: str) -> None: ...
+
+
 class ModelProvider(abc.ABC):
     """A model that answers one turn of a conversation with tools.
 
@@ -74,7 +84,8 @@ class ModelProvider(abc.ABC):
     request may succeed later (rate limits, overload, a lost connection, a timeout) or not
     (a refused key, ProviderAuthFailed; a malformed request). The loop ends the attempt on
     it; the worker's retry policy decides about another attempt, which resumes from the
-    stored transcript without repeating answered tool calls.
+    stored transcript without repeating answered tool calls. A provider that streams tells
+    `progress` (when given) about the turn as it arrives; one that does not may ignore it.
     """
 
     @abc.abstractmethod
@@ -87,6 +98,7 @@ class ModelProvider(abc.ABC):
         tools: list[dict[str, Any]],
         max_tokens: int,
         timeout: float,
+        progress: TurnProgress | None = None,
     ) -> ModelReply: ...
 
 
@@ -113,7 +125,8 @@ def build_provider(settings: Settings) -> ModelProvider:
 
 
 class AnthropicProvider(ModelProvider):
-    """The Messages API through the `anthropic` SDK (non-streaming)."""
+    """The Messages API through the `anthropic` SDK, streamed so a run shows the model's
+    text and tool calls as they arrive."""
 
     def __init__(self, *, api_key: str, base_url: str | None = None) -> None:
         import anthropic
@@ -129,20 +142,34 @@ class AnthropicProvider(ModelProvider):
         tools: list[dict[str, Any]],
         max_tokens: int,
         timeout: float,
+        progress: TurnProgress | None = None,
     ) -> ModelReply:
         import anthropic
 
         try:
             # Retries must fit in the time the run has left.
             client = self._client.with_options(max_retries=2 if timeout > 60 else 0)
-            reply = client.messages.create(
+            with client.messages.stream(
                 model=model,
                 max_tokens=max_tokens,
                 system=system,
                 messages=messages,  # type: ignore[arg-type]
                 tools=tools,  # type: ignore[arg-type]
                 timeout=timeout,
-            )
+            ) as stream:
+                for event in stream:
+                    if progress is None:
+                        continue
+                    if event.type == "text":
+                        progress.text(event.text)
+                    elif (
+                        event.type == "content_block_start"
+                        and event.content_block.type == "tool_use"
+                    ):
+                        progress.tool_call(event.content_block.name)
+                    elif event.type == "content_block_stop" and event.content_block.type == "text":
+                        progress.text("\n")  # a text block's last line is whole
+                reply = stream.get_final_message()
         except anthropic.AuthenticationError as exc:
             raise ProviderAuthFailed(
                 f"the model provider refused the key ({exc.status_code}); check {KEY_SETTING}"

@@ -12,6 +12,7 @@ from floom.agent.builtin import AgentEnv, finish_tool, make_builtin
 from floom.agent.loop import AgentLoop
 from floom.agent.provider import ModelProvider, build_provider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
+from floom.agent.replay import replay_session
 from floom.agent.tools import Tool, Toolbox
 from floom.engine.queue import Outcome
 from floom.errors import ProviderError
@@ -31,8 +32,10 @@ def run_agent(attempt: Attempt) -> Outcome:
     ctx, run, manifest, run_log = attempt.ctx, attempt.run, attempt.manifest, attempt.run_log
     settings = ctx.settings
     build = ctx.provider_factory or build_provider
+    # A replay of a recorded run: exact calls neither the model nor a tool (agent/replay.py).
+    session = replay_session(ctx, run=run)
     try:
-        provider: ModelProvider = build(settings)
+        provider: ModelProvider = session.provider(build) if session else build(settings)
     except ProviderError as exc:
         return Outcome(
             status=FAILED,
@@ -42,7 +45,12 @@ def run_agent(attempt: Attempt) -> Outcome:
         )
     key = provider_key(settings)
     specs = tool_specs(manifest)
-    if any(s.source == "composio" for s in specs) and not settings.composio_api_key:
+    remote_needed = session is None or not session.exact
+    if (
+        remote_needed
+        and any(s.source == "composio" for s in specs)
+        and not settings.composio_api_key
+    ):
         return Outcome(
             status=FAILED,
             error_code="composio_key_missing",
@@ -77,16 +85,30 @@ def run_agent(attempt: Attempt) -> Outcome:
             apply=apply,
         )
         try:
-            toolbox = _toolbox(env, specs, values)
+            if session is None:
+                toolbox = _toolbox(env, specs, values)
+            else:
+                toolbox = session.toolbox(env, lambda: _toolbox(env, specs, values))
         except SourceUnavailable as exc:
             return Outcome(
                 status=FAILED,
                 error_code="tool_source_unavailable",
                 error_message=redactor.text(str(exc)),
             )
-        if transcript is None:
-            transcript = _new_transcript(env, toolbox)
-        loop = AgentLoop(env, transcript=transcript, toolbox=toolbox, provider=provider)
+        if transcript is None and session is not None and session.exact:
+            transcript = session.exact_transcript()
+        elif transcript is None:
+            also_gated = frozenset(session.gated if session else ())
+            transcript = _new_transcript(env, toolbox, also_gated)
+            if session is not None and session.model:
+                transcript.model = session.model
+        loop = AgentLoop(
+            env,
+            transcript=transcript,
+            toolbox=toolbox,
+            provider=provider,
+            replay=session is not None,
+        )
         outcome = loop.run()
         outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds
         return outcome
@@ -122,7 +144,9 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
     return Toolbox(tools)
 
 
-def _new_transcript(env: AgentEnv, toolbox: Toolbox) -> Transcript:
+def _new_transcript(
+    env: AgentEnv, toolbox: Toolbox, also_gated: frozenset[str] = frozenset()
+) -> Transcript:
     manifest, run = env.manifest, env.run
     skill = (env.workdir / manifest.entry).read_text(encoding="utf-8", errors="replace")
     outputs = ", ".join(
@@ -143,7 +167,9 @@ def _new_transcript(env: AgentEnv, toolbox: Toolbox) -> Transcript:
             "A person reviews your outputs: after finish the run waits for their decision. If "
             "they approve, you continue in an apply phase to carry out what was approved."
         )
-    gated = [t.name for t in toolbox.tools() if t.gated]
+    # A what-if replay's toolbox answers gated tools from the recording (never asking a
+    # person), but the model reads the same instructions as in a run.
+    gated = [t.name for t in toolbox.tools() if t.gated or t.name in also_gated]
     if gated:
         notes.append(
             f"These tools wait for a person's approval before they run: {', '.join(gated)}. "
@@ -161,5 +187,5 @@ def _new_transcript(env: AgentEnv, toolbox: Toolbox) -> Transcript:
         model=manifest.model or env.ctx.settings.model,
         system=system,
         messages_json=json.dumps([{"role": "user", "content": first}]),
-        state_json="{}",
+        state_json=json.dumps({"tool_names": toolbox.names(), "gated_tools": gated}),
     )

@@ -14,7 +14,16 @@ from typing import Any
 
 from floom.errors import ToolError
 
-__all__ = ["Tool", "ToolError", "Toolbox", "object_schema", "require_str"]
+__all__ = ["RecordedToolError", "Tool", "ToolError", "Toolbox", "object_schema", "require_str"]
+
+
+class RecordedToolError(ToolError):
+    """A failed call whose stored status is not plain "error": a replay answering with a
+    recorded rejection, or refusing a call it cannot answer from the recording ("refused")."""
+
+    def __init__(self, message: str, *, call_status: str) -> None:
+        super().__init__(message)
+        self.call_status = call_status
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from floom.api import (
     routes_handoffs,
     routes_hooks,
     routes_nodes,
+    routes_replays,
     routes_runs,
     routes_triggers,
     routes_workers,
@@ -194,6 +195,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         for router in (
             routes_workers.router,
             routes_runs.router,
+            routes_replays.router,
             routes_admin.router,
             routes_audit.router,
             routes_agents.router,

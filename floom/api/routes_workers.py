@@ -14,7 +14,7 @@ from floom.errors import InvalidRequest, PayloadTooLarge
 from floom.manifest import manifest_json_schema
 from floom.schemas import workers as views
 from floom.schemas.common import Page
-from floom.services import worker_deletion, workers
+from floom.services import eval_gate, worker_deletion, workers
 from floom.services.audit import AuditActor
 from floom.services.context import Context
 
@@ -70,9 +70,18 @@ ARCHIVE_BODY: dict[str, Any] = {
     responses=authed(400, 409, 413, 422),
     openapi_extra=ARCHIVE_BODY,
 )
-async def deploy_worker(request: Request, ctx: CtxDep, key: DeployKey) -> views.DeployResult:
+async def deploy_worker(
+    request: Request,
+    ctx: CtxDep,
+    key: DeployKey,
+    skip_eval_gate: bool = Query(
+        False, description="activate even though the worker's eval gate (replay.gate) fails"
+    ),
+) -> views.DeployResult:
     archive = await _read_archive(request, ctx)
-    result = await run_in_threadpool(workers.deploy, ctx, archive=archive, actor=key.id)
+    result = await run_in_threadpool(
+        eval_gate.deploy_gated, ctx, archive=archive, actor=key.id, skip_gate=skip_eval_gate
+    )
     return await run_in_threadpool(views.deploy_result, ctx, result)
 
 

@@ -46,6 +46,11 @@ COMMANDS: dict[str, Entry] = {
         "Start a run; with --wait, follow its log and exit 0 only if it succeeded.",
     ),
     "replay": Entry("runs", "register", "Run a run's inputs again, as a new run linked to it."),
+    "eval": Entry(
+        "replay",
+        "register",
+        "Replay a worker's recorded runs against a version or model and report the differences.",
+    ),
     "runs": Entry("runs", "register", "List runs, newest first."),
     "show": Entry("runs", "register", "Show one run: status, inputs, outputs, error, artifacts."),
     "logs": Entry(

@@ -29,6 +29,7 @@ from floom.cli.output import (
     value_text,
     when,
 )
+from floom.cli.replay import replay_from_recording
 from floom.client import TERMINAL_STATUSES, FloomClient
 
 
@@ -128,13 +129,46 @@ def replay(
     latest: Annotated[
         bool, typer.Option("--latest", help="use the worker's active version, not the run's")
     ] = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="agent runs: re-execute from the recording, calling neither model nor tools",
+        ),
+    ] = False,
+    against: Annotated[
+        str | None,
+        typer.Option(
+            "--against",
+            help="agent runs: what-if replay of this version, tools answered from the recording",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="agent runs: what-if replay with this model")
+    ] = None,
     wait: WaitOpt = False,
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
     force: ForceOpt = False,
 ) -> None:
-    """Run a run's inputs again, as a new run linked to it."""
+    """Run a run's inputs again, as a new run linked to it.
+
+    With --exact, --against or --model, replay an agent run from its recording instead and
+    print the diff against the original."""
     with open_client() as client:
+        if exact or against or model:
+            ok = replay_from_recording(
+                client,
+                run_id,
+                exact=exact,
+                against=against,
+                model=model,
+                as_json=as_json,
+                timeout=timeout,
+            )
+            if not ok:
+                raise typer.Exit(1)
+            return
         started = client.replay_run(run_id, latest=latest, force=force)
         if wait or timeout is not None:
             watch_run(client, started, as_json=as_json, timeout=timeout)

@@ -65,7 +65,13 @@ def validate(folder: Annotated[Path, typer.Argument(help="the worker's folder")]
     out.print(Text(f"ok: {manifest.name} ({manifest.kind}, entry {manifest.entry})"))
 
 
-def deploy(folder: Annotated[Path, typer.Argument(help="the worker's folder")]) -> None:
+def deploy(
+    folder: Annotated[Path, typer.Argument(help="the worker's folder")],
+    skip_eval_gate: Annotated[
+        bool,
+        typer.Option("--skip-eval-gate", help="activate even though the worker's eval gate fails"),
+    ] = False,
+) -> None:
     """Validate a worker folder, then upload it as a new version and make it active."""
     # Imported here, not at the top: archiving (tarfile, lzma) costs ~4 ms of every CLI start-up.
     from floom.bundle import read_folder
@@ -73,7 +79,7 @@ def deploy(folder: Annotated[Path, typer.Argument(help="the worker's folder")]) 
     _check_locally(folder)
     archive = read_folder(folder, max_bytes=Settings().max_bundle_bytes).to_archive()
     with open_client() as client:
-        result = client.deploy(archive)
+        result = client.deploy(archive, skip_eval_gate=skip_eval_gate)
     name, version = result["worker"]["name"], result["version"]["id"]
     if result["created"]:
         out.print(Text(f"deployed {name} version {version} (active)"))

@@ -55,11 +55,14 @@ def validate_archive(ctx: Context, *, archive: bytes) -> tuple[Manifest | None, 
     return check_manifest(text, bundle.files.keys())
 
 
-def deploy(ctx: Context, *, archive: bytes, actor: str | None = None) -> DeployResult:
+def deploy(
+    ctx: Context, *, archive: bytes, actor: str | None = None, activate: bool = True
+) -> DeployResult:
     """Store the archive as a version of its worker and make that version active.
 
     Deploying content identical to an existing version of the worker creates nothing new;
-    that version becomes the active one again.
+    that version becomes the active one again. With `activate=False` (an eval gate decides
+    later) the version is only stored, unless the worker has no active version yet.
     """
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
@@ -67,11 +70,11 @@ def deploy(ctx: Context, *, archive: bytes, actor: str | None = None) -> DeployR
     digest = bundle.digest
     normalised = bundle.to_archive()
     try:
-        return _store_version(ctx, bundle, manifest, text, digest, normalised, actor)
+        return _store_version(ctx, bundle, manifest, text, digest, normalised, actor, activate)
     except IntegrityError:
         # A concurrent first deploy of the same worker or content committed first (on
         # PostgreSQL both transactions saw no row); this one now finds it and reuses it.
-        return _store_version(ctx, bundle, manifest, text, digest, normalised, actor)
+        return _store_version(ctx, bundle, manifest, text, digest, normalised, actor, activate)
 
 
 def _store_version(
@@ -82,6 +85,7 @@ def _store_version(
     digest: str,
     normalised: bytes,
     actor: str | None,
+    activate: bool = True,
 ) -> DeployResult:
     with session_scope(ctx.engine, write=True) as s:
         version = s.exec(
@@ -110,6 +114,9 @@ def _store_version(
         worker = s.get(Worker, manifest.name)
         if worker is None:
             worker = Worker(name=manifest.name)
+        if not activate and worker.active_version_id is not None:
+            s.add(worker)
+            return DeployResult(worker=worker, version=version, created=created, activated=False)
         activated = worker.active_version_id != version.id
         worker.active_version_id = version.id
         worker.updated_at = utcnow()

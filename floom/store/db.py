@@ -19,6 +19,7 @@ from floom.store import audit as _audit_tables  # noqa: F401 - registers the tab
 from floom.store import handoffs as _handoff_tables  # noqa: F401 - registers the tables
 from floom.store import models  # noqa: F401 - registers the tables
 from floom.store import nodes as _node_tables  # noqa: F401 - registers the tables
+from floom.store import replays as _replay_tables  # noqa: F401 - registers the tables
 from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 

@@ -1,0 +1,162 @@
+"""Replays of agent runs from their recordings: starting one (a run of its own, linked to the
+original and marked as a replay), and reporting how it went against the original."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from sqlmodel import Session, col, select
+
+from floom.errors import InvalidRequest, NotFound
+from floom.manifest_replay import replay_rules
+from floom.services import runs, workers
+from floom.services.recordings import NOT_RECORDED, load_recording
+from floom.services.replay_diff import first_divergence, run_diff
+from floom.services.run_rules import FINISHED
+from floom.store.db import session_scope
+from floom.store.replays import Replay
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+    from floom.store.models import Run
+
+EXACT = "exact"
+WHAT_IF = "what_if"
+MODES = (EXACT, WHAT_IF)
+MAX_MODEL_NAME = 128
+
+
+def start_replay(
+    ctx: Context,
+    *,
+    run_id: str,
+    mode: str,
+    version_id: str | None = None,
+    model: str | None = None,
+    actor: str | None = None,
+    eval_id: str | None = None,
+) -> Run:
+    """Queue a replay of a finished agent run: `exact` on the run's own version (neither the
+    model nor any tool is called), or `what_if` on `version_id` (default: the worker's
+    active version) with its model or `model`, the recording answering the tool calls."""
+    if mode not in MODES:
+        raise InvalidRequest(f"unknown replay mode '{mode}'", hint=f"one of {', '.join(MODES)}")
+    if model is not None and (not model.strip() or len(model) > MAX_MODEL_NAME):
+        raise InvalidRequest("model must be a model name", hint="e.g. claude-sonnet-4-5")
+    if mode == EXACT and (version_id or model):
+        raise InvalidRequest(
+            "an exact replay runs the original's version and recorded model replies",
+            hint="use a what-if replay (--against VERSION or --model M) to change either",
+        )
+    recording = load_recording(ctx, run_id=run_id)
+    if mode == EXACT:
+        version_id = recording.version_id
+    elif version_id is not None:
+        version = workers.get_version(ctx, version_id=version_id)
+        if version.worker_name != recording.worker_name:
+            raise InvalidRequest(
+                f"version {version_id} is not a version of worker '{recording.worker_name}'",
+                hint=f"`floom versions {recording.worker_name}` lists its versions",
+            )
+    else:
+        version_id = workers.get_worker(ctx, name=recording.worker_name).active_version_id
+    original = runs.get_run(ctx, run_id=run_id)
+
+    def link(s: Session, run: Run) -> None:
+        s.add(
+            Replay(
+                run_id=run.id,
+                original_run_id=original.id,
+                mode=mode,
+                model=model,
+                eval_id=eval_id,
+            )
+        )
+
+    return runs.create_run(
+        ctx,
+        worker_name=original.worker_name,
+        inputs=json.loads(original.inputs_json),
+        trigger="replay",
+        actor=actor,
+        version_id=version_id,
+        replay_of=original.id,
+        force=True,  # a replay acts on nothing, so a paused worker may still be tested
+        in_transaction=link,
+    )
+
+
+def replay_of_run(ctx: Context, *, run_id: str) -> Replay | None:
+    """The replay record of a run, or None for a run that is not a replay."""
+    with session_scope(ctx.engine) as s:
+        return s.get(Replay, run_id)
+
+
+def replays_of_eval(ctx: Context, *, eval_id: str) -> list[Replay]:
+    with session_scope(ctx.engine) as s:
+        return list(
+            s.exec(select(Replay).where(Replay.eval_id == eval_id).order_by(col(Replay.run_id)))
+        )
+
+
+def record_divergence(ctx: Context, *, run_id: str, divergence: dict[str, Any]) -> None:
+    """Keep where an exact replay left its recording (only the first place is kept)."""
+    with session_scope(ctx.engine, write=True) as s:
+        row = s.get(Replay, run_id)
+        if row is not None and row.divergence_json is None:
+            row.divergence_json = json.dumps(divergence, default=str)
+            s.add(row)
+
+
+def get_replay(ctx: Context, *, run_id: str) -> Replay:
+    row = replay_of_run(ctx, run_id=run_id)
+    if row is None:
+        raise NotFound(
+            f"run {run_id} is not a replay",
+            hint="start one with `floom replay RUN --exact` or `--against VERSION`",
+        )
+    return row
+
+
+def run_record(ctx: Context, *, run: Run) -> dict[str, Any]:
+    """A run as the diff reads it: its public body with tool calls and model usage."""
+    return {**runs.run_to_dict(run), **runs.run_extras(ctx, run=run)}
+
+
+def replay_report(ctx: Context, *, run_id: str) -> dict[str, Any]:
+    """The replay, its original, and (once it finished) the diff between them; an exact
+    replay also says whether it reproduced the original, and if not, the first step where
+    it left it."""
+    row = get_replay(ctx, run_id=run_id)
+    replay = runs.get_run(ctx, run_id=run_id)
+    original = runs.get_run(ctx, run_id=row.original_run_id)
+    rules = replay_rules(workers.manifest_of(runs.version_of_run(ctx, run=replay))).compare
+    body: dict[str, Any] = {
+        "run_id": replay.id,
+        "original_run_id": original.id,
+        "mode": row.mode,
+        "model": row.model,
+        "eval_id": row.eval_id,
+        "version_id": replay.version_id,
+        "original_version_id": original.version_id,
+        "status": replay.status,
+        "finished": replay.status in FINISHED,
+        "diff": None,
+        "reproduced": None,
+        "divergence": None,
+    }
+    if replay.status not in FINISHED:
+        return body
+    mine, theirs = run_record(ctx, run=replay), run_record(ctx, run=original)
+    body["diff"] = run_diff(theirs, mine, rules=rules)
+    body["refused_calls"] = sum(
+        1
+        for c in mine["tool_calls"]
+        if c["status"] == "refused" and (c["error"] or "").startswith(NOT_RECORDED)
+    )
+    if row.mode == EXACT:
+        found = json.loads(row.divergence_json) if row.divergence_json else None
+        body["divergence"] = found or first_divergence(theirs, mine)
+        body["reproduced"] = body["divergence"] is None
+    return body
