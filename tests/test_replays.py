@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from sqlmodel import select
@@ -19,6 +20,7 @@ from floom.store.agents import ToolCall
 from floom.store.db import session_scope
 from tests.agent_helpers import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.conftest import make_worker, wait_until
+from tests.mcp_support import call, http_client
 from tests.standins.anthropic_api import reply, text, tool_use
 from tests.standins.mcp_tracker import tracker_server
 
@@ -241,3 +243,13 @@ def test_a_what_if_replay_answers_from_the_recording_refuses_new_calls_and_diffs
     assert replay_run["approvals"] == [] and replay_run["trigger"] == "replay"
     children = rig.api.get("/api/v1/runs", params={"worker": "triage"}).json()["items"]
     assert all(r["parent_run_id"] is None for r in children)
+    # The same replays over MCP: the report of this one, and an exact replay of the original.
+
+    async def over_mcp() -> None:
+        async with http_client(rig.server) as mcp:
+            again = await call(mcp, "get_replay", run_id=report["run_id"])
+            assert again["diff"] == report["diff"]
+            exact = await call(mcp, "replay_recorded_run", run_id=run_id, wait_seconds=60)
+            assert exact["reproduced"] is True and exact["mode"] == "exact"
+
+    anyio.run(over_mcp)

@@ -118,6 +118,27 @@ class Backend(abc.ABC):
     def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
         """A new run with the same inputs, on the same version unless `latest`."""
 
+    # -- replays from recordings and evals -----------------------------------------------------
+    # Not abstract: a backend without them answers NotAvailable, like an older server.
+
+    def start_replay(
+        self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
+    ) -> JSON:
+        """A replay of an agent run from its recording (run scope): the new run."""
+        raise NotAvailable("replays are not available here")
+
+    def get_replay(self, run_id: str) -> JSON:
+        """A replay's report: status, diff against the original, divergence (exact)."""
+        raise NotAvailable("replays are not available here")
+
+    def start_eval(self, worker: str, body: JSON) -> JSON:
+        """Start an eval ({"runs", "version_id", "model"}; run scope): its report so far."""
+        raise NotAvailable("evals are not available here")
+
+    def get_eval(self, eval_id: str) -> JSON:
+        """An eval's report: per run and totals."""
+        raise NotAvailable("evals are not available here")
+
     # -- triggers, approvals -------------------------------------------------------------------
 
     @abc.abstractmethod

@@ -13,13 +13,16 @@ from floom.errors import Conflict
 from floom.mcp.backend import JSON, Backend
 from floom.schemas import admin as admin_views
 from floom.schemas import handoffs as handoff_views
+from floom.schemas import replays as replay_views
 from floom.schemas import runs as run_views
 from floom.schemas import triggers as trigger_views
 from floom.schemas import workers as worker_views
 from floom.schemas.common import Page
 from floom.services import (
     approvals,
+    evals,
     keys,
+    replays,
     run_waits,
     runs,
     secrets,
@@ -178,6 +181,37 @@ class LocalBackend(Backend):
         ctx = self._need("run")
         run = runs.replay_run(ctx, run_id=run_id, latest=latest, actor=self.key.id, force=force)
         return run_views.run_public(run, artifacts=[]).to_json()
+
+    # -- replays from recordings and evals -----------------------------------------------------
+
+    def start_replay(
+        self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
+    ) -> JSON:
+        ctx = self._need("run")
+        run = replays.start_replay(
+            ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, actor=self.key.id
+        )
+        return run_views.run_public(run, artifacts=[]).to_json()
+
+    def get_replay(self, run_id: str) -> JSON:
+        ctx = self._need("read")
+        return replay_views.replay_report(replays.replay_report(ctx, run_id=run_id)).to_json()
+
+    def start_eval(self, worker: str, body: JSON) -> JSON:
+        ctx = self._need("run")
+        row = evals.start_eval(
+            ctx,
+            worker_name=worker,
+            selector=str(body.get("runs") or "last:20"),
+            version_id=body.get("version_id"),
+            model=body.get("model"),
+            actor=self.key.id,
+        )
+        return self.get_eval(row.id)
+
+    def get_eval(self, eval_id: str) -> JSON:
+        ctx = self._need("read")
+        return replay_views.eval_report(evals.eval_report(ctx, eval_id=eval_id)).to_json()
 
     # -- triggers, approvals -------------------------------------------------------------------
 

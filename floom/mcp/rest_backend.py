@@ -131,6 +131,26 @@ class RestBackend(Backend):
     def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
         return self.client.replay_run(run_id, latest=latest, force=force)
 
+    # -- replays from recordings and evals -----------------------------------------------------
+
+    def start_replay(
+        self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
+    ) -> JSON:
+        self._offers("/api/v1/runs/{run_id}/replays", "replays")
+        return self.client.start_replay(run_id, mode=mode, version_id=version_id, model=model)
+
+    def get_replay(self, run_id: str) -> JSON:
+        self._offers("/api/v1/replays/{run_id}", "replays")
+        return self.client.get_replay(run_id)
+
+    def start_eval(self, worker: str, body: JSON) -> JSON:
+        self._offers("/api/v1/workers/{name}/evals", "evals")
+        return self.client.start_eval(worker, body)
+
+    def get_eval(self, eval_id: str) -> JSON:
+        self._offers("/api/v1/evals/{eval_id}", "evals")
+        return self.client.get_eval(eval_id)
+
     # -- triggers, approvals -------------------------------------------------------------------
 
     def list_triggers(self, name: str) -> JSON:

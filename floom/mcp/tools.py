@@ -29,6 +29,7 @@ from floom.mcp.render import (
     worker_summary,
     workers_text,
 )
+from floom.mcp.replay_tools import REPLAY_TOOLS
 from floom.mcp.toolkit import (
     MAX_WAIT_SECONDS,
     backend_of,
@@ -482,5 +483,6 @@ TOOLS: tuple[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations], .
     (set_secret, WRITE),
     (delete_secret, DESTRUCTIVE),
     *HANDOFF_TOOLS,
+    *REPLAY_TOOLS,
 )
 TOOL_NAMES = frozenset(fn.__name__ for fn, _ in TOOLS)
