@@ -10,13 +10,14 @@ from pathlib import Path
 from sqlmodel import col, select
 
 from floom.bundle import read_folder
+from floom.engine.housekeeping import Housekeeping
 from floom.services import workers
 from floom.services.context import Context
 from floom.services.retention import ORPHAN_GRACE, apply_retention
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, new_id, utcnow
-from tests.conftest import make_worker
+from tests.conftest import make_worker, wait_until
 
 NOW = utcnow()
 
@@ -143,3 +144,15 @@ def test_with_no_retention_set_only_stale_orphan_blobs_go(ctx: Context, tmp_path
     assert _left(ctx, ancient) == (2, 1)
     assert report.runs_pruned == 0 and report.blobs_deleted == 1
     assert stale not in _blobs(ctx)
+
+
+def test_the_housekeeping_thread_of_a_scheduler_node_applies_retention_by_itself(
+    ctx: Context,
+) -> None:
+    stale = _orphan(ctx, b"orphan of a retry", created=NOW - ORPHAN_GRACE - timedelta(hours=1))
+    keeper = Housekeeping(ctx, first_delay=0.01)
+    keeper.start()
+    try:
+        wait_until(lambda: stale not in _blobs(ctx), timeout=20)
+    finally:
+        keeper.stop()
