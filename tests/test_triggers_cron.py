@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 import pytest
 
 from floom.manifest_load import check_manifest
+from floom.services.schedules import NextFireCache
+from floom.store.triggers import Trigger
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec, WebhookSpec, parse_duration, trigger_key
 
@@ -217,3 +219,16 @@ def test_a_webhook_needs_an_event_input_or_mapped_inputs() -> None:
         ["run.py"],
     )
     assert problems == [] and manifest is not None
+
+
+def test_a_stored_schedule_this_floom_cannot_compute_never_fires_and_holds_up_nothing() -> None:
+    stored = Trigger(
+        id="trg_old",
+        worker_name="w",
+        kind="schedule",
+        key="k",
+        config_json="{}",
+        created_at=datetime(2024, 3, 1, tzinfo=UTC),
+    )
+    spec = ScheduleSpec(cron="0 9 15W * *", timezone="UTC")  # accepted by an older floom
+    assert NextFireCache().next_after(stored, spec, datetime(2024, 3, 1, tzinfo=UTC)) is None

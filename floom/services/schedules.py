@@ -59,7 +59,14 @@ class NextFireCache:
         if key not in self._items:
             if len(self._items) >= self._size:
                 self._items.clear()
-            times = cron.next_fire_times(spec.cron, cron.zone(spec.timezone), after=base, count=1)
+            try:
+                tz = cron.zone(spec.timezone)
+                times = cron.next_fire_times(spec.cron, tz, after=base, count=1)
+            except cron.CronError as exc:
+                # Stored by an older floom that accepted more (e.g. `W`): it cannot fire, and
+                # must not hold up the other schedules. Logged once per trigger version.
+                log.warning("schedule %s cannot fire: %s", trigger.id, exc.message)
+                times = []
             self._items[key] = times[0] if times else None
         return self._items[key]
 
