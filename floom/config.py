@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     roles: str = "api,scheduler,executor"
     node_id: str = Field("", max_length=80)
     sandbox: str = "local"
+    # The E2B backend (floom/sandbox/e2b.py): the key falls back to E2B_API_KEY; the template a
+    # worker runs in unless its worker.yml names one. E2B_DOMAIN etc. are the SDK's own.
+    e2b_api_key: str = ""
+    e2b_template: str = "base"
     # When floom runs as root, local sandboxes run as this host uid (and gid), never root.
     sandbox_uid: int = Field(65534, ge=1)
     executor_slots: int = 4

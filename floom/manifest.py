@@ -144,6 +144,22 @@ class Approvals(_Frozen):
     required: bool = False
 
 
+class SandboxChoice(_Frozen):
+    """Where the worker's scripts (and an agent's run_command) run; unset: the server's
+    default backend (FLOOM_SANDBOX) and, on E2B, its default template (FLOOM_E2B_TEMPLATE)."""
+
+    backend: Literal["local", "e2b"] | None = Field(
+        None, description="a sandbox backend the server has configured: local or e2b"
+    )
+    template: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$",
+        description="the E2B template (name or id) to start from, e.g. python-data",
+    )
+
+
 class Manifest(_Frozen):
     """A worker's validated worker.yml. Build it with `parse_manifest` or `load_folder`
     (manifest_load.py), which check everything and resolve `entry`; `model_validate` alone
@@ -167,6 +183,7 @@ class Manifest(_Frozen):
         description="with network: full, private IPv4 networks (CIDR) the worker may reach too",
     )
     limits: Limits = Field(default_factory=Limits)
+    sandbox: SandboxChoice = Field(default_factory=SandboxChoice)
     retries: Retries = Field(default_factory=Retries)
     concurrency: int | None = Field(None, ge=1, description="most runs at once; none: unlimited")
     retention_days: int | None = Field(

@@ -38,6 +38,7 @@ from floom.manifest import (
     Manifest,
     Problem,
     Retries,
+    SandboxChoice,
     manifest_too_large,
     typescript_runner,
 )
@@ -447,6 +448,7 @@ _SECTIONS: dict[str, Checker] = {
     "secrets": _check_secrets,
     "apply_secrets": _check_secrets,
     "limits": _section(Limits),
+    "sandbox": _section(SandboxChoice),
     "retries": _check_retries,
     "triggers": _check_triggers,
     "tools": _check_tools,

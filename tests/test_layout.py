@@ -26,6 +26,8 @@ DELIBERATE_LOCAL_IMPORTS = {
     # `floom` and `floom --help` print the command index without typer and the command
     # modules: 0.09 s instead of 0.25 s on a quiet 2-core machine (bench/bench_cli.py).
     ("floom/cli/index.py", "floom.cli.command"),
+    # The e2b SDK (~1 s of CPU to import) only on a node that runs scripts in E2B.
+    ("floom/sandbox/__init__.py", "floom.sandbox.e2b"),
     # `floom mcp` alone needs the MCP SDK (~0.4 s of every CLI start-up).
     ("floom/cli/mcp.py", "floom.mcp.stdio"),
     # Only validate and deploy check a folder locally: the manifest schema costs ~27 ms.

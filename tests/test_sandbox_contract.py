@@ -1,7 +1,8 @@
 """The Sandbox contract (floom/sandbox/base.py), one suite over every backend.
 
 Each behaviour is written twice, once as the Python script a real backend runs and once as
-the program the in-memory fake runs, and must come out the same on both.
+the program the in-memory fake runs, and must come out the same on every backend. The E2B
+backend runs the real SDK against the wire-level stand-in (tests/standins/e2b).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import pytest
 
 from floom.errors import InvalidRequest
 from floom.sandbox import LocalSandbox
-from floom.sandbox.base import Sandbox, SandboxResult, SandboxSpec
+from floom.sandbox.base import Sandbox, SandboxResult, SandboxSpec, SandboxUnavailable
 from floom.sandbox.fake import FakeProcess, FakeProgram, FakeSandbox
+from tests.e2b_support import e2b_backend, standin_for_module
+from tests.standins.e2b import E2BStandin
 
 
 @dataclass(frozen=True)
@@ -36,17 +39,29 @@ class Ran:
     seconds: float
 
 
+# The module's E2B stand-in, set by the `backend` fixture when an E2B case runs.
+_E2B: list[E2BStandin] = []
+
 # Each backend by name, built for the programs the fake runs (real backends run run.py).
 BACKENDS: dict[str, Callable[[dict[str, FakeProgram]], Sandbox]] = {
     "local": lambda programs: LocalSandbox(),
     "fake": lambda programs: FakeSandbox(programs),
+    "e2b": lambda programs: e2b_backend(_E2B[0]),
 }
 # The backends that run real processes (what reaping orphans is about).
-PROCESS_BACKENDS = ["local"]
+PROCESS_BACKENDS = ["local", "e2b"]
+
+
+@pytest.fixture(scope="module")
+def e2b_service() -> Iterator[E2BStandin]:
+    with standin_for_module() as standin:
+        yield standin
 
 
 @pytest.fixture(params=list(BACKENDS))
 def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "e2b":
+        _E2B[:] = [request.getfixturevalue("e2b_service")]
     yield request.param
 
 
@@ -328,14 +343,20 @@ def test_a_session_serves_one_workspace_and_nothing_after_close(
 # -- orphans -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("process_backend", PROCESS_BACKENDS)
+@pytest.fixture(params=PROCESS_BACKENDS)
+def process_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "e2b":
+        _E2B[:] = [request.getfixturevalue("e2b_service")]
+    yield request.param
+
+
 def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_ones(
     process_backend: str, tmp_path: Path
 ) -> None:
     work_root = tmp_path / "runs"
     sandbox = build(process_backend)
     started = {name: threading.Event() for name in ("run_live", "run_gone")}
-    results: dict[str, SandboxResult] = {}
+    results: dict[str, SandboxResult | Exception] = {}
 
     def start(run_id: str) -> threading.Thread:
         base = work_root / f"{run_id}-1"
@@ -348,14 +369,18 @@ def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_
             workdir=base / "work",
             output_dir=base / "output",
             timeout_seconds=60.0,
+            metadata={"floom_run_id": run_id, "floom_node": "node-a"},
         )
         stop = threading.Event()
         stops.append(stop)
 
         def target() -> None:
-            results[run_id] = sandbox.run(
-                spec, on_line=lambda *line: started[run_id].set(), should_cancel=stop.is_set
-            )
+            try:
+                results[run_id] = sandbox.run(
+                    spec, on_line=lambda *line: started[run_id].set(), should_cancel=stop.is_set
+                )
+            except SandboxUnavailable as exc:  # a remote sandbox gone under its command
+                results[run_id] = exc
 
         thread = threading.Thread(target=target)
         thread.start()
@@ -371,11 +396,13 @@ def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_
         )
         threads[1].join(20)
         assert killed >= 1
-        assert "run_gone" in results and results["run_gone"].exit_code != 0
+        gone = results["run_gone"]
+        assert isinstance(gone, SandboxUnavailable) or gone.exit_code != 0
         assert threads[0].is_alive()  # the live run's sandbox still runs
     finally:
         for stop in stops:
             stop.set()
         for thread in threads:
             thread.join(20)
-    assert results["run_live"].cancelled
+    live = results["run_live"]
+    assert isinstance(live, SandboxResult) and live.cancelled

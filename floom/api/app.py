@@ -39,7 +39,7 @@ from floom.engine.housekeeping import Housekeeping
 from floom.engine.presence import NodePresence
 from floom.engine.scheduler import Scheduler
 from floom.errors import FloomError
-from floom.sandbox import get_sandbox
+from floom.sandbox import backend_readiness, get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
 from floom.services import keys, secrets, triggers, wakeups, workers
 from floom.services.context import Context
@@ -135,10 +135,12 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         bootstrap_store(context)
         executor = None
         app.state.protections = None
+        app.state.sandboxes = None
         if "executor" in roles:
             sandbox = get_sandbox(settings.sandbox, settings)
             sandbox.check()
             app.state.protections = sandbox.protections()
+            app.state.sandboxes = backend_readiness(settings)
             executor = Executor(context, sandbox, run_agent=run_agent)
             executor.start()
         app.state.executor = executor
@@ -225,6 +227,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             if executor is None
             else ExecutorHealth(slots=executor.slots, active=executor.active_count()),
             protections=app.state.protections,
+            sandboxes=app.state.sandboxes,
         )
 
     return app

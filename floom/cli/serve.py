@@ -38,7 +38,7 @@ def serve(
     import uvicorn
 
     from floom.api.app import create_app, preflight
-    from floom.sandbox import get_sandbox
+    from floom.sandbox import backend_readiness, get_sandbox
     from floom.sandbox.base import describe_protections
 
     given = {
@@ -66,4 +66,6 @@ def serve(
     if "executor" in settings.role_set:
         protections = get_sandbox(settings.sandbox, settings).protections()
         out.print(Text(f"sandbox {settings.sandbox}: {describe_protections(protections)}"))
+        ready = backend_readiness(settings)
+        out.print(Text("sandboxes: " + "; ".join(f"{n} {state}" for n, state in ready.items())))
     uvicorn.run(create_app(ctx=ctx), host=settings.host, port=settings.port, log_level="info")

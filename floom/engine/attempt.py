@@ -68,7 +68,7 @@ def sandbox_unavailable_outcome(exc: SandboxUnavailable, redactor: Redactor) -> 
         status=FAILED,
         error_code=exc.code,
         error_message=f"{exc.message}{hint}",
-        retryable=True,
+        retryable=exc.retryable,
     )
     return redact_outcome(outcome, redactor)
 
@@ -185,6 +185,7 @@ class Attempt:
             phase=phase,
             command=command,
             timeout_seconds=timeout_seconds,
+            node_id=self.ctx.node_id,
         )
 
     @contextmanager

@@ -29,6 +29,7 @@ from floom.engine.queue import (
 )
 from floom.engine.runlog import LogLine, RunLog
 from floom.errors import StoreUnavailable
+from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable
 from floom.services import workers
 from floom.services.logs import append_events, system_event
@@ -64,6 +65,10 @@ class Executor:
         self.sandbox = sandbox
         # Every backend this node has run sandboxes with, by name, for orphan reaping.
         self.backends: dict[str, Sandbox] = {sandbox.name: sandbox}
+        self._backends_lock = threading.Lock()
+        if sandbox.name != "e2b" and configuration_problem("e2b", ctx.settings) is None:
+            # Built now so that its orphans are reaped from the start, before any run asks.
+            self.backends["e2b"] = get_sandbox("e2b", ctx.settings)
         self.run_agent = run_agent
         self.slots = max(1, ctx.settings.executor_slots)
         self._pool = ThreadPoolExecutor(self.slots, thread_name_prefix="floom-run")
@@ -216,8 +221,24 @@ class Executor:
         )
 
     def sandbox_for(self, manifest: Manifest) -> Sandbox:
-        """The sandbox backend a worker's runs use: the node's default one."""
-        return self.sandbox
+        """The sandbox backend a worker's runs use: the one its worker.yml names, else the
+        node's default. Raises SandboxUnavailable, naming the setting, when the named one is
+        not configured here (it was when the worker was deployed)."""
+        name = manifest.sandbox.backend or self.sandbox.name
+        problem = configuration_problem(name, self.ctx.settings)
+        if problem is not None:
+            raise SandboxUnavailable(
+                f"this worker runs in the {name} sandbox, which this server has not "
+                f"configured: {problem}",
+                hint="set it in the floom server's environment, or remove sandbox.backend "
+                "from worker.yml and deploy again",
+                retryable=False,
+            )
+        with self._backends_lock:
+            backend = self.backends.get(name)
+            if backend is None:
+                backend = self.backends[name] = get_sandbox(name, self.ctx.settings)
+        return backend
 
     # the database going away
 

@@ -22,11 +22,13 @@ def script_spec(
     phase: str | None = None,
     command: list[str] | None = None,
     timeout_seconds: float | None = None,
+    node_id: str = "",
 ) -> SandboxSpec:
     """The sandbox spec of a script worker's attempt: declared secrets and floom's values.
 
     An agent's `run_command` passes its own command and the time it has left; everything
-    else (environment, network, limits) is the worker's, as for a script."""
+    else (environment, network, limits) is the worker's, as for a script. The metadata names
+    the run and the node (`node_id`), for a remote backend's labels and orphan reaping."""
     env = {
         **secrets,
         "FLOOM_RUN_ID": run.id,
@@ -39,6 +41,13 @@ def script_spec(
     previous = previous_attempt(run)
     if previous:
         env["FLOOM_PREVIOUS_ATTEMPT"] = previous
+    metadata = {
+        "floom_run_id": run.id,
+        "floom_attempt": str(run.attempt),
+        "floom_worker": run.worker_name,
+        "floom_version": run.version_id,
+        **({"floom_node": node_id} if node_id else {}),
+    }
     return SandboxSpec(
         run_id=run.id,
         command=command if command is not None else manifest.command(),
@@ -54,6 +63,8 @@ def script_spec(
         processes=manifest.limits.processes,
         cpu=manifest.limits.cpu,
         disk_mb=manifest.limits.disk_mb,
+        metadata=metadata,
+        template=manifest.sandbox.template or "",
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from floom.errors import FloomError, InvalidRequest
 
@@ -23,6 +24,18 @@ class SandboxUnavailable(FloomError):
 
     status = 503
     code = "sandbox_unavailable"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        hint: str | None = None,
+        details: Any = None,
+        retryable: bool = True,
+    ) -> None:
+        super().__init__(message, hint=hint, details=details)
+        # False when trying again cannot help (a setting or template is missing).
+        self.retryable = retryable
 
 
 LineSink = Callable[[str, str], None]
@@ -47,7 +60,7 @@ class SandboxSpec:
     one says so in `protections()`.
     `metadata` names the run for the backend's own records (run, attempt, worker, version);
     a remote backend labels its sandbox with it, a local one ignores it. It never holds a
-    secret.
+    secret. `template` is the image a remote backend starts from (empty: its default).
     """
 
     run_id: str
@@ -63,6 +76,7 @@ class SandboxSpec:
     cpu: float = 1.0
     disk_mb: int = 1024
     metadata: dict[str, str] = field(default_factory=dict)
+    template: str = ""
 
 
 @dataclass(frozen=True)

@@ -25,3 +25,8 @@ class Health(Public):
         description="the sandbox protections active on this node (namespaces, uid, seccomp, "
         "cgroup limits, network); None on a node without the executor"
     )
+    sandboxes: dict[str, str] | None = Field(
+        None,
+        description="each sandbox backend: ready, or why not (e.g. e2b without its API key); "
+        "None on a node without the executor",
+    )

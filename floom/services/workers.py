@@ -14,6 +14,7 @@ from floom.bundle import Bundle, read_archive
 from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound
 from floom.manifest import Manifest, Problem
 from floom.manifest_load import check_manifest, parse_manifest
+from floom.sandbox import configuration_problem
 from floom.services.triggers import sync_triggers
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
@@ -67,6 +68,7 @@ def deploy(
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
+    _check_sandbox_configured(ctx, manifest)
     digest = bundle.digest
     normalised = bundle.to_archive()
     try:
@@ -75,6 +77,20 @@ def deploy(
         # A concurrent first deploy of the same worker or content committed first (on
         # PostgreSQL both transactions saw no row); this one now finds it and reuses it.
         return _store_version(ctx, bundle, manifest, text, digest, normalised, actor, activate)
+
+
+def _check_sandbox_configured(ctx: Context, manifest: Manifest) -> None:
+    """Refuse a worker whose worker.yml names a sandbox backend this server cannot run."""
+    backend = manifest.sandbox.backend
+    problem = configuration_problem(backend, ctx.settings) if backend else None
+    if problem is not None:
+        raise InvalidRequest(
+            f"this worker asks for the {backend} sandbox, which this server has not "
+            f"configured: {problem}",
+            hint="set it in the floom server's environment and restart it, or remove "
+            "sandbox.backend from worker.yml to use the server's default",
+            details=[{"path": "sandbox.backend", "message": f"{problem}"}],
+        )
 
 
 def _store_version(

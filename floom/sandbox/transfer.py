@@ -1,0 +1,167 @@
+"""Moving a run's files to a remote sandbox and back: one archive each way, and the archive
+that comes back read as hostile (the process may have left anything in it)."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import stat
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+# The most entries an archive from a sandbox may hold; the rest is dropped with a note.
+MAX_ENTRIES = 10_000
+MAX_DEPTH = 32
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+Snapshot = dict[str, tuple[int, int]]
+"""What the host trees held when last synced: `work/x` -> (size, mtime_ns)."""
+
+
+def pack(trees: dict[str, Path], *, since: Snapshot | None = None) -> tuple[bytes, Snapshot]:
+    """A gzip tar of the regular files under each tree (as `<name>/<path>`), only those new
+    or changed since `since` when given; and the snapshot of all of them now. The trees are
+    floom's own (the version's files, inputs, what an earlier download left): links and
+    special files are not carried."""
+    now: Snapshot = {}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for name, root in trees.items():
+            folder = tarfile.TarInfo(name)
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(folder)
+            for path in _regular_files(root):
+                rel = f"{name}/{path.relative_to(root).as_posix()}"
+                st = path.stat(follow_symlinks=False)
+                now[rel] = (st.st_size, st.st_mtime_ns)
+                if since is not None and since.get(rel) == now[rel]:
+                    continue
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode = st.st_size, 0o755 if st.st_mode & 0o100 else 0o644
+                with path.open("rb") as f:
+                    tar.addfile(info, f)
+    return buf.getvalue(), now
+
+
+def snapshot(trees: dict[str, Path]) -> Snapshot:
+    """The size and modification time of every regular file under the trees."""
+    now: Snapshot = {}
+    for name, root in trees.items():
+        for path in _regular_files(root):
+            st = path.stat(follow_symlinks=False)
+            now[f"{name}/{path.relative_to(root).as_posix()}"] = (st.st_size, st.st_mtime_ns)
+    return now
+
+
+def changed(trees: dict[str, Path], since: Snapshot) -> bool:
+    """Whether any regular file under the trees is new or changed since `since`."""
+    now = snapshot(trees)
+    return any(since.get(rel) != seen for rel, seen in now.items())
+
+
+def _regular_files(root: Path) -> list[Path]:
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        for filename in filenames:
+            path = Path(dirpath, filename)
+            if stat.S_ISREG(path.lstat().st_mode):
+                found.append(path)
+    return sorted(found)
+
+
+@dataclass
+class Unpacked:
+    """What came back: the trees written (name -> fresh dir), and what was not kept."""
+
+    trees: dict[str, Path] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    over_budget: bool = False
+
+
+def unpack_hostile(data: bytes, *, into: Path, names: tuple[str, ...], budget: int) -> Unpacked:
+    """Unpack a gzip tar made in a sandbox into fresh dirs `into/<name>` for each of `names`.
+
+    Only regular files and folders under those names are written, each into a new file
+    (never through a link: `into` is floom's own fresh dir and nothing in it is a link); at
+    most `budget` bytes in all (by the sizes the headers declare, before reading) and
+    MAX_ENTRIES entries. Anything else is left out with a note; a broken archive keeps what
+    was written before the break."""
+    done = Unpacked()
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    for name in names:
+        done.trees[name] = into / name
+        done.trees[name].mkdir()
+    total = entries = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for member in tar:
+                entries += 1
+                if entries > MAX_ENTRIES:
+                    done.notes.append(f"only the first {MAX_ENTRIES} files came back")
+                    break
+                parts = _safe_parts(member.name)
+                shown = member.name[:200]
+                if parts is None or parts[0] not in names:
+                    done.notes.append(f"{shown!r} was not kept: its path leaves the workspace")
+                    continue
+                if member.isdir():
+                    continue
+                if not member.isfile():
+                    done.notes.append(f"{shown} was not kept: it is not a regular file")
+                    continue
+                total += member.size
+                if total > budget:
+                    done.over_budget = True
+                    break
+                source = tar.extractfile(member)
+                if source is None:
+                    continue
+                _write_new(into, parts, source.read(member.size), executable=member.mode & 0o100)
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        done.notes.append(f"the files that came back were cut short: {exc}")
+    return done
+
+
+def _safe_parts(name: str) -> tuple[str, ...] | None:
+    path = PurePosixPath(name)
+    if path.is_absolute():
+        return None
+    parts = tuple(p for p in path.parts if p != ".")
+    if not parts or len(parts) > MAX_DEPTH or any(p == ".." or "\0" in p for p in parts):
+        return None
+    return parts
+
+
+def _write_new(root: Path, parts: tuple[str, ...], data: bytes, *, executable: int) -> None:
+    folder = root.joinpath(*parts[:-1])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / parts[-1]
+    if path.exists() or path.is_symlink():
+        path.unlink() if not path.is_dir() else shutil.rmtree(path)
+    fd = os.open(path, _NEW_FILE, 0o755 if executable else 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def replace_tree(target: Path, fresh: Path) -> None:
+    """Put `fresh` where `target` is (the same path, new content); the old one goes."""
+    old = target.with_name(f".{target.name}.old-{os.urandom(4).hex()}")
+    target.rename(old)
+    fresh.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def move_file(source: Path, target: Path) -> None:
+    """Move one unpacked file into an existing host dir, replacing whatever entry (a file or
+    a link, never followed) has its name."""
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    os.replace(source, target)
