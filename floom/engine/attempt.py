@@ -18,6 +18,7 @@ from floom.engine.queue import Outcome
 from floom.engine.runlog import RunLog
 from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
+from floom.sandbox import e2b_api_key
 from floom.services import agent_runs, workers
 from floom.services import secrets as secret_service
 from floom.services.run_rules import CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED, TIMED_OUT
@@ -138,7 +139,8 @@ class Attempt:
         if missing:
             return missing_secret_outcome(missing)
         self.secrets = values
-        self.redactor = Redactor([*values.values(), *also_redact])
+        # The E2B key is a provider key: never in a run's log, outputs or errors.
+        self.redactor = Redactor([*values.values(), *also_redact, e2b_api_key(self.ctx.settings)])
         self.run_log.redact_with(self.redactor)
         return None
 
