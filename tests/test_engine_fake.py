@@ -12,6 +12,7 @@ import pytest
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine.executor import Executor
+from floom.errors import InvalidRequest
 from floom.sandbox.base import SandboxResult, SandboxSpec, SandboxUnavailable
 from floom.sandbox.fake import FakeProcess, FakeSandbox
 from floom.services import runs, workers
@@ -103,3 +104,25 @@ def test_a_sandbox_backend_that_fails_under_a_run_ends_it_as_retryable_sandbox_u
     assert (done.status, done.error_code) == ("failed", "sandbox_unavailable")
     assert done.error_message == "E2B is unreachable; check E2B_DOMAIN"
     assert done.attempt == 2  # retried by the worker's policy
+
+
+PINNED = MANIFEST.replace("name: adder", "name: pinned") + "sandbox: {backend: e2b}\n"
+
+
+def test_a_worker_pinned_to_an_unconfigured_backend_is_refused_at_deploy_and_later_fails_naming_it(
+    ctx: Context, executor: Executor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("E2B_API_KEY", raising=False)
+    folder = make_worker(tmp_path / "pinned", PINNED, {"run.py": "# run by the fake\n"})
+    archive = read_folder(folder, max_bytes=1 << 20).to_archive()
+    with pytest.raises(InvalidRequest) as refused:
+        workers.deploy(ctx, archive=archive)
+    assert "FLOOM_E2B_API_KEY" in refused.value.message
+    monkeypatch.setattr(ctx.settings, "e2b_api_key", "e2b_configured_then_removed")
+    workers.deploy(ctx, archive=archive)
+    monkeypatch.setattr(ctx.settings, "e2b_api_key", "")  # the configuration goes away
+    run = runs.create_run(ctx, worker_name="pinned", inputs={"a": 1, "b": 2})
+    done = wait_until(lambda: _finished(ctx, run.id), timeout=20)
+    assert (done.status, done.error_code) == ("failed", "sandbox_unavailable")
+    assert "FLOOM_E2B_API_KEY" in (done.error_message or "")
+    assert done.attempt == 1  # a missing setting is not retried
