@@ -15,6 +15,7 @@ from floom.bundle import read_folder
 from tests.agent_helpers import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.conftest import wait_until
 from tests.standins.anthropic_api import reply, tool_use
+from tests.web_support import signed_in_client
 
 RUNS = 10
 LOOKUP_YML = """\
@@ -119,6 +120,16 @@ def test_an_eval_over_ten_recorded_runs_reports_the_right_counts(
     assert len(rig.echo["requests"]) == posts  # every lookup answered from the recording
     bad = rig.api.post("/api/v1/workers/lookup/evals", json={"runs": "last:many"})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+    # The UI's eval page shows the same counts, and links each replay's report.
+    web = signed_in_client(rig.server, rig.server.admin_key)
+    try:
+        page = web.get(f"/evals/{report['id']}")
+        assert page.status_code == 200
+        assert "7 outputs equal, 3 different, 1 with diverged tool calls" in page.text
+        replay_id = report["items"][0]["replay_run_id"]
+        assert web.get(f"/replays/{replay_id}").status_code == 200
+    finally:
+        web.close()
 
 
 def test_a_deploy_gated_by_a_failing_eval_is_refused_and_accepted_with_the_override(

@@ -18,6 +18,7 @@ from floom.api import (
     ui_handoffs,
     ui_nodes,
     ui_ops,
+    ui_replays,
     ui_runs,
 )
 from floom.api.ui_chart import history_chart
@@ -60,6 +61,7 @@ def install(app: FastAPI) -> None:
     app.include_router(ui_approvals.router)
     app.include_router(ui_handoffs.router)
     app.include_router(ui_nodes.router)
+    app.include_router(ui_replays.router)
     app.include_router(ui_ops.router)
     app.include_router(router)
     app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
