@@ -366,8 +366,13 @@ def test_a_cgroup_v2_run_group_kills_its_processes_and_goes_away() -> None:
             path.rmdir()
 
 
-def test_healthz_lists_the_sandbox_protections_of_this_node(server: LiveServer) -> None:
+def test_healthz_lists_the_sandbox_protections_of_this_node_and_its_ready_backends(
+    server: LiveServer,
+) -> None:
     body = httpx.get(f"{server.base_url}/healthz", timeout=10).json()
+
+    assert body["sandboxes"]["local"] == "ready"
+    assert body["sandboxes"]["e2b"] == "ready" or "FLOOM_E2B_API_KEY" in body["sandboxes"]["e2b"]
 
     protections = body["protections"]
     assert protections["namespaces"] is True
