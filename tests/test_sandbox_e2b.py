@@ -10,9 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from e2b import Sandbox as E2BBox
 
+from floom.agent.runner import run_agent
+from floom.engine.executor import Executor
 from floom.sandbox.base import SandboxResult, SandboxSpec, SandboxUnavailable
 from floom.sandbox.e2b import E2BSandbox
+from floom.sandbox.fake import FakeSandbox
+from floom.services.context import Context
 from tests.e2b_support import e2b_backend, standin_for_module
 from tests.sandbox_support import run_script
 from tests.standins.e2b import E2BStandin
@@ -249,3 +254,21 @@ def test_orphans_are_the_sandboxes_naming_this_node_whose_run_is_not_live(
     thread.join(20)
     assert isinstance(results[0], SandboxUnavailable)
     assert not standin.sandboxes
+
+
+def test_a_node_starting_after_kill_9_kills_the_e2b_sandboxes_it_left(
+    ctx: Context, standin: E2BStandin
+) -> None:
+    # What a node killed with kill -9 mid-run leaves: a sandbox naming it, of a run it no
+    # longer runs; and one of another node, which is not its to kill.
+    mine = E2BBox.create(metadata={"floom_node": ctx.node_id, "floom_run_id": "run_lost"})
+    theirs = E2BBox.create(metadata={"floom_node": "another-node", "floom_run_id": "run_x"})
+    ctx.settings.e2b_api_key = standin.api_key
+    executor = Executor(ctx, FakeSandbox(), run_agent=run_agent)
+    executor.start()
+    try:
+        assert mine.sandbox_id in standin.killed
+        assert theirs.sandbox_id in standin.sandboxes
+    finally:
+        executor.stop(grace_seconds=1)
+        theirs.kill()
