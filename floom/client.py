@@ -26,6 +26,7 @@ UNREACHABLE_HINT = "start it with `floom serve` or set FLOOM_BASE_URL"
 POLL_SECONDS = 0.3
 # One `?wait=` request (the server allows 60 s); the read timeout leaves room for the answer.
 WAIT_CALL_SECONDS = 30.0
+MAX_SERVER_WAIT_SECONDS = 60.0
 WAIT_READ_MARGIN_SECONDS = 15.0
 MIN_WAIT_CALL_SPACING_SECONDS = 1.0
 RECONNECT_SECONDS = 0.5
@@ -282,17 +283,27 @@ class FloomClient:
         coerce_strings: bool = False,
         version_id: str | None = None,
         force: bool = False,
+        wait: float = 0,
+        until: str = "ended",
     ) -> dict[str, Any]:
         """Queue a run; with coerce_strings the input values are text parsed by declared type.
-        `force` runs a paused worker."""
+        `force` runs a paused worker. With `wait` (at most 60), the same request waits for the
+        run to end (or settle) and answers with the whole run record; check its status, as
+        the answer comes after `wait` seconds (or at once, over the key's cap of waits)
+        either way."""
         body: dict[str, Any] = {"inputs": inputs or {}, "coerce_strings": coerce_strings}
         if version_id:
             body["version_id"] = version_id
         if force:
             body["force"] = True
-        result: dict[str, Any] = self._json(
-            "POST", f"/api/v1/workers/{url_path(worker)}/runs", json=body
-        )
+        path = f"/api/v1/workers/{url_path(worker)}/runs"
+        if wait <= 0:
+            result: dict[str, Any] = self._json("POST", path, json=body)
+            return result
+        wait = min(wait, MAX_SERVER_WAIT_SECONDS)
+        params = {"wait": f"{wait:g}", "until": until}
+        timeout = httpx.Timeout(10.0, read=wait + WAIT_READ_MARGIN_SECONDS)
+        result = self._json("POST", path, json=body, params=params, timeout=timeout)
         return result
 
     def list_runs(

@@ -23,7 +23,7 @@ from floom.config import Settings
 from floom.engine.executor import Executor
 from floom.errors import ProviderAuthFailed, ProviderError, ProviderKeyMissing
 from floom.sandbox.fake import FakeProcess, FakeSandbox
-from floom.services import agent_runs, runs, workers
+from floom.services import agent_runs, run_records, runs, workers
 from floom.services.context import Context
 from floom.services.logs import list_events
 from floom.store.models import Run
@@ -300,7 +300,7 @@ def test_token_usage_and_its_estimated_cost_are_recorded_per_run(rig: Rig) -> No
 
     assert run.status == "succeeded", run.error_message
     assert [r.model for r in rig.model.requests] == ["claude-haiku-4-5"] * 2
-    usage = runs.run_extras(rig.ctx, run=run)["model_usage"]
+    usage = run_records.run_extras(rig.ctx, run=run)["model_usage"]
     assert usage == {
         "model": "claude-haiku-4-5",
         "iterations": 2,

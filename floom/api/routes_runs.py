@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep, ReadKey, RunKey
 from floom.api.openapi import Cursor, Limit, WorkerName, authed, enum_query
+from floom.errors import TooManyWaits
 from floom.schemas import runs as views
 from floom.schemas.common import Page
 from floom.services import logs, run_rules, run_waits, runs
@@ -57,22 +59,62 @@ def surface_trigger(request: Request) -> str:
     "/workers/{name}/runs",
     status_code=202,
     response_model=views.RunPublic,
-    responses=authed(400, 404, 409, 413, 422),
+    responses={
+        200: {
+            "model": views.RunDetail,
+            "description": "with `wait`: the run ended (or settled) in time; the whole record",
+        },
+        **authed(400, 404, 409, 413, 422),
+    },
 )
-def start_run(
-    name: WorkerName, body: RunRequest, request: Request, ctx: CtxDep, key: RunKey
-) -> views.RunPublic:
-    run = runs.create_run(
-        ctx,
-        worker_name=name,
-        inputs=body.inputs,
-        coerce_strings=body.coerce_strings,
-        trigger=surface_trigger(request),
-        actor=key.id,
-        version_id=body.version_id,
-        force=body.force,
+async def start_run(
+    name: WorkerName,
+    body: RunRequest,
+    request: Request,
+    ctx: CtxDep,
+    key: RunKey,
+    wait: float = Query(
+        0,
+        ge=0,
+        le=60,
+        description="wait up to this many seconds for the run to end, and answer 200 with the "
+        "whole run if it did (202 with the run as queued otherwise)",
+    ),
+    until: run_waits.Until = Query(
+        "ended",
+        description="with wait: `ended` waits for a final status; `settled` also answers "
+        "when the run waits for a person (awaiting_approval)",
+    ),
+) -> Any:
+    run = await run_in_threadpool(
+        functools.partial(
+            runs.create_run,
+            ctx,
+            worker_name=name,
+            inputs=body.inputs,
+            coerce_strings=body.coerce_strings,
+            trigger=surface_trigger(request),
+            actor=key.id,
+            version_id=body.version_id,
+            force=body.force,
+        )
     )
-    return views.run_public(run, artifacts=[])
+    queued = views.run_public(run, artifacts=[])
+    if not wait:
+        return queued
+    # One round trip for a caller that wants the result: the same wait as GET ?wait=, under
+    # the same per-key cap. Over the cap the run still stands, so the answer is the 202 a
+    # caller without `wait` gets, never a refusal that would hide the run it created.
+    waiting = run_waits.wait_for_end(
+        ctx, run_id=run.id, timeout=wait, until=until, waiter=key.id, fresh=run
+    )
+    try:
+        await unless_caller_leaves(request, waiting)
+    except TooManyWaits:
+        return queued
+    detail = await run_in_threadpool(views.run_detail, ctx, run_id=run.id)
+    status = 200 if detail.status in run_waits.STOP_STATUSES[until] else 202
+    return JSONResponse(status_code=status, content=detail.to_json())
 
 
 @router.get("/runs", response_model=Page[views.RunPublic], responses=authed(400, 422))
@@ -132,7 +174,7 @@ async def unless_caller_leaves(request: Request, waiting: Coroutine[Any, Any, ob
 
 
 async def _disconnected(request: Request) -> None:
-    # A GET has no body: after its one empty request message, the next is the disconnect.
+    # The body (none for a GET) has been read by now: the next message is the disconnect.
     while (await request.receive())["type"] != "http.disconnect":
         pass
 

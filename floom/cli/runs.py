@@ -30,7 +30,7 @@ from floom.cli.output import (
     when,
 )
 from floom.cli.replay import replay_from_recording
-from floom.client import TERMINAL_STATUSES, FloomClient
+from floom.client import TERMINAL_STATUSES, WAIT_CALL_SECONDS, FloomClient
 
 
 def register(app: typer.Typer) -> None:
@@ -114,9 +114,29 @@ def run(
 ) -> None:
     """Start a run; with --wait, follow its log and exit 0 only if it succeeded."""
     values, coerce = _parse_inputs(inputs or [], input_json)
+    waits = wait or timeout is not None
     with open_client() as client:
-        started = client.start_run(worker, values, coerce_strings=coerce, force=force)
-        if wait or timeout is not None:
+        if waits and as_json:
+            # Only the result is wanted: the start request itself waits for the end (one
+            # round trip); watch_run takes over only if the run outlasts that request.
+            asked = time.monotonic()
+            started = client.start_run(
+                worker,
+                values,
+                coerce_strings=coerce,
+                force=force,
+                wait=min(timeout, WAIT_CALL_SECONDS) if timeout else WAIT_CALL_SECONDS,
+            )
+            if started["status"] in TERMINAL_STATUSES:
+                print_json(started)
+                if started["status"] != "succeeded":
+                    raise typer.Exit(1)
+                return
+            if timeout is not None:
+                timeout = max(0.001, timeout - (time.monotonic() - asked))
+        else:
+            started = client.start_run(worker, values, coerce_strings=coerce, force=force)
+        if waits:
             watch_run(client, started, as_json=as_json, timeout=timeout)
         elif as_json:
             print_json(started)

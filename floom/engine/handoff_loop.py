@@ -51,6 +51,9 @@ class HandoffLoop:
                     if count:
                         log.info("returned %d handoff job(s) with expired leases", count)
                 if self.bridge:
-                    handoff_bridge.tick(self.ctx)
+                    found = handoff_bridge.bridge_pass(self.ctx)
+                    # No handoff trigger anywhere: look again only at the reaper's pace
+                    # instead of waking every poll interval to find nothing to do.
+                    wait = bridge_every if found.busy else settings.reap_interval_seconds
             except Exception:  # the loop must outlive a database hiccup; it tries again
                 log.exception("handoff background work failed; retrying")

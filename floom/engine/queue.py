@@ -219,8 +219,11 @@ def finish_attempt(
             and outcome.retryable
             and current.attempt < current.max_attempts
         )
-        for old in s.exec(select(Artifact).where(Artifact.run_id == run.id)).all():
-            s.delete(old)
+        # Artifacts from before exist only after an earlier attempt or a pause for a
+        # decision (which always sets the phase): a plain first attempt has none to replace.
+        if current.attempt > 1 or current.phase is not None:
+            for old in s.exec(select(Artifact).where(Artifact.run_id == run.id)).all():
+                s.delete(old)
         if retry:
             delay = backoff * (2 ** (current.attempt - 1)) if exponential else backoff
             message = (

@@ -76,9 +76,13 @@ class Backend(abc.ABC):
     # -- runs ----------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def start_run(self, worker: str, inputs: JSON, *, force: bool = False) -> JSON:
+    def start_run(
+        self, worker: str, inputs: JSON, *, force: bool = False, wait_seconds: float = 0
+    ) -> JSON:
         """Queue a run of the active version; bad inputs raise code "input_invalid", a paused
-        worker "worker_paused" unless `force`."""
+        worker "worker_paused" unless `force`. With `wait_seconds` a backend may answer once
+        the run has settled, in the same request (the caller checks the status: a backend
+        may also answer at once)."""
 
     @abc.abstractmethod
     def list_runs(

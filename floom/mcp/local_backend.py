@@ -133,7 +133,11 @@ class LocalBackend(Backend):
 
     # -- runs ----------------------------------------------------------------------------------
 
-    def start_run(self, worker: str, inputs: JSON, *, force: bool = False) -> JSON:
+    def start_run(
+        self, worker: str, inputs: JSON, *, force: bool = False, wait_seconds: float = 0
+    ) -> JSON:
+        # In the server's process a tool's wait costs no round trip: the tool awaits
+        # wait_for_run on the event loop instead of holding this worker thread.
         ctx = self._need("run")
         run = runs.create_run(
             ctx, worker_name=worker, inputs=inputs, trigger="mcp", actor=self.key.id, force=force

@@ -94,8 +94,13 @@ class RestBackend(Backend):
 
     # -- runs ----------------------------------------------------------------------------------
 
-    def start_run(self, worker: str, inputs: JSON, *, force: bool = False) -> JSON:
-        return self.client.start_run(worker, inputs, force=force)
+    def start_run(
+        self, worker: str, inputs: JSON, *, force: bool = False, wait_seconds: float = 0
+    ) -> JSON:
+        # One request when the tool waits: the server holds the start until the run settles.
+        return self.client.start_run(
+            worker, inputs, force=force, wait=wait_seconds, until="settled"
+        )
 
     def list_runs(
         self,

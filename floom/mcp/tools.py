@@ -219,10 +219,12 @@ async def run_worker(
     """Start a run of a worker's active version. With wait_seconds, wait for it to end and
     return its outputs; otherwise (or if it is still going) return the run id."""
     backend = backend_of(ctx)
-    run = await off(backend.start_run, worker, inputs or {}, force=force)
+    asked = time.monotonic()
+    run = await off(backend.start_run, worker, inputs or {}, force=force, wait_seconds=wait_seconds)
     finished = run["status"] not in ACTIVE_STATUSES
-    if wait_seconds > 0:
-        run, finished = await settle(backend, run["id"], wait_seconds)
+    left = wait_seconds - (time.monotonic() - asked)
+    if wait_seconds > 0 and not finished and left > 0:
+        run, finished = await settle(backend, run["id"], left)
     return Reply(run_text(run), {"run": run, "finished": finished})
 
 

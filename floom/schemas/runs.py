@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from floom.schemas.common import Page, Public, Timestamp
-from floom.services import agent_runs, approvals, logs, run_rules, runs
+from floom.services import agent_runs, approvals, logs, run_records, run_rules, runs
 from floom.services.context import Context
 from floom.store.agents import Approval
 from floom.store.models import Artifact, Run, RunEvent
@@ -153,9 +153,9 @@ def run_page(rows: list[Run], next_cursor: str | None) -> Page[RunPublic]:
 
 
 def run_detail(ctx: Context, *, run_id: str) -> RunDetail:
-    run = runs.get_run(ctx, run_id=run_id)
-    body = runs.run_to_dict(run, artifacts=runs.list_artifacts(ctx, run_id=run_id))
-    body.update(runs.run_extras(ctx, run=run))
+    run, artifacts, asked = run_records.run_record(ctx, run_id=run_id)
+    body = runs.run_to_dict(run, artifacts=artifacts)
+    body.update(run_records.run_extras(ctx, run=run, run_approvals=asked))
     return RunDetail.model_validate(body)
 
 

@@ -24,17 +24,22 @@ def append_events(
     run_id: str,
     attempt: int,
     lines: Sequence[tuple[str, str, datetime | None]],
+    first: bool = False,
 ) -> int:
     """Append (stream, line, ts) rows after the run's last seq; returns the last seq written.
+    `first`: the run was inserted in this very transaction, so it has no events yet and no
+    other writer can see it (no read of the last seq, no lock).
 
     Callers hold a write session, which makes the read of the last seq and the inserts one
     atomic step: SQLite's write lock does it there; on PostgreSQL a per-run advisory lock
     does, since an executor's log flusher and a state change (a pause, a decision) may append
     at the same moment. (Not the run's row lock: heartbeats skip locked runs as lost.)
     """
-    lock_events(s, run_id=run_id)
-    last = s.exec(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run_id)).one()
-    seq = int(last or 0)
+    seq = 0
+    if not first:
+        lock_events(s, run_id=run_id)
+        last = s.exec(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run_id)).one()
+        seq = int(last or 0)
     for stream, line, ts in lines:
         seq += 1
         s.add(
@@ -52,8 +57,10 @@ def lock_events(s: Session, *, run_id: str) -> None:
         s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:run_id))"), {"run_id": run_id})
 
 
-def system_event(s: Session, *, run_id: str, attempt: int, message: str) -> None:
-    append_events(s, run_id=run_id, attempt=attempt, lines=[("system", message, None)])
+def system_event(
+    s: Session, *, run_id: str, attempt: int, message: str, first: bool = False
+) -> None:
+    append_events(s, run_id=run_id, attempt=attempt, lines=[("system", message, None)], first=first)
 
 
 def list_events(ctx: Context, *, run_id: str, after: int = 0, limit: int = 1000) -> list[RunEvent]:

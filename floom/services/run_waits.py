@@ -126,9 +126,11 @@ async def wait_for_end(
     timeout: float,
     until: Until = "ended",
     waiter: str | None = None,
+    fresh: Run | None = None,
 ) -> Run:
     """The run once it has ended (or, with until="settled", also once it waits for a person),
-    or as it is when `timeout` seconds have passed.
+    or as it is when `timeout` seconds have passed. `fresh`: the run as its caller has just
+    written it (a start that waits), which spares the first read.
 
     Raises NotFound for an unknown run, and TooManyWaits when `waiter` (the caller's API key
     id) already holds FLOOM_MAX_WAITS_PER_KEY waits on this node; a run that has already
@@ -137,7 +139,7 @@ async def wait_for_end(
     deadline = time.monotonic() + max(0.0, timeout)
     with ctx.run_ends.listening() as woken:
         # Listening before the first read: an end announced during the read still wakes us.
-        run = await _read_off_loop(ctx, run_id)
+        run = fresh if fresh is not None else await _read_off_loop(ctx, run_id)
         if run.status in stop or timeout <= 0:
             return run
         held = (

@@ -11,6 +11,7 @@ from sqlmodel import Session, col, select
 
 from floom.errors import (
     Conflict,
+    FloomError,
     InputInvalid,
     InputsTooLarge,
     InvalidRequest,
@@ -33,7 +34,7 @@ from floom.services.run_rules import (
 )
 from floom.store import signals
 from floom.store.db import session_scope
-from floom.store.models import Artifact, Blob, Run, Version, new_id, utcnow
+from floom.store.models import Artifact, Blob, Run, Version, Worker, new_id, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -76,26 +77,84 @@ def create_run(
     if trigger not in TRIGGERS:
         raise InvalidRequest(f"unknown trigger '{trigger}'", hint=f"one of {', '.join(TRIGGERS)}")
     _check_input_bounds(inputs, max_bytes=ctx.settings.max_input_bytes)
-    worker = workers.get_worker(ctx, name=worker_name)
+    # First from this process's copy of the worker, which the queueing transaction checks
+    # against the row it locks anyway; a stale copy costs one more pass, read afresh.
+    for cached in (True, False):
+        worker = (
+            workers.cached_worker(ctx, name=worker_name)
+            if cached
+            else workers.get_worker(ctx, name=worker_name)
+        )
+        try:
+            run, locked = _queue_run(
+                ctx,
+                worker=worker,
+                check_against_lock=cached,
+                inputs=inputs,
+                coerce_strings=coerce_strings,
+                trigger=trigger,
+                actor=actor,
+                version_id=version_id,
+                replay_of=replay_of,
+                scheduled_for=scheduled_for,
+                force=force,
+                in_transaction=in_transaction,
+                parent_run_id=parent_run_id,
+            )
+        except (_StaleWorker, FloomError):
+            # From a stale copy a refusal (paused, no such version) may be wrong too: decide
+            # again from the store, where the answer stands.
+            workers.forget_worker(ctx, name=worker_name)
+            if not cached:
+                raise
+            continue
+        workers.remember_worker(ctx, locked)
+        break
+    ctx.run_queued.set()
+    return run
+
+
+class _StaleWorker(Exception):
+    """This process's copy of a worker differs from the row the queueing transaction locked."""
+
+
+def _queue_run(
+    ctx: Context,
+    *,
+    worker: Worker,
+    check_against_lock: bool,
+    inputs: Mapping[str, Any] | None,
+    coerce_strings: bool,
+    trigger: str,
+    actor: str | None,
+    version_id: str | None,
+    replay_of: str | None,
+    scheduled_for: datetime | None,
+    force: bool,
+    in_transaction: Callable[[Session, Run], None] | None,
+    parent_run_id: str | None,
+) -> tuple[Run, Worker]:
+    """create_run's checks and insert for `worker`; raises _StaleWorker when
+    `check_against_lock` and the locked row says otherwise."""
     if worker.paused and not force:
         raise WorkerPaused(
-            f"worker '{worker_name}' is paused",
-            hint=f"resume it with `floom resume {worker_name}`, or run it anyway with --force "
+            f"worker '{worker.name}' is paused",
+            hint=f"resume it with `floom resume {worker.name}`, or run it anyway with --force "
             '(REST: "force": true)',
         )
     version_id = version_id or worker.active_version_id
     if version_id is None:
         raise Conflict(
-            f"worker '{worker_name}' has no active version",
-            hint=f"deploy it with `floom deploy` or `floom rollback {worker_name} --to VERSION`",
+            f"worker '{worker.name}' has no active version",
+            hint=f"deploy it with `floom deploy` or `floom rollback {worker.name} --to VERSION`",
         )
-    version = workers.get_version(ctx, version_id=version_id, worker_name=worker_name)
+    version = workers.get_version(ctx, version_id=version_id, worker_name=worker.name)
     manifest = workers.manifest_of(version)
-    agent_runs.check_monthly_cap(ctx, worker_name=worker_name, manifest=manifest)
+    agent_runs.check_monthly_cap(ctx, worker_name=worker.name, manifest=manifest)
     clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
     run = Run(
         id=new_id("run"),
-        worker_name=worker_name,
+        worker_name=worker.name,
         version_id=version.id,
         status=QUEUED,
         trigger=trigger,
@@ -109,18 +168,22 @@ def create_run(
     )
     with session_scope(ctx.engine, write=True) as s:
         # A deletion since the checks above wins, even over this process's cached version.
-        workers.lock_worker(s, worker_name, version_id=version.id)
+        locked = workers.lock_worker(s, worker.name, version_id=version.id)
+        if check_against_lock and (locked.paused, locked.active_version_id) != (
+            worker.paused,
+            worker.active_version_id,
+        ):
+            raise _StaleWorker
         s.add(run)
         s.flush()
         note = f"queued ({trigger}) on version {version.id}"
         if replay_of:
             note += f", replay of {replay_of}"
-        system_event(s, run_id=run.id, attempt=1, message=note)
+        system_event(s, run_id=run.id, attempt=1, message=note, first=True)
         if in_transaction is not None:
             in_transaction(s, run)
         signals.publish(s, signals.RUN_QUEUED)
-    ctx.run_queued.set()
-    return run
+    return run, locked
 
 
 def insert_skipped_run(
@@ -184,10 +247,11 @@ def _check_input_bounds(inputs: Any, *, max_bytes: int) -> None:
 
 def get_run(ctx: Context, *, run_id: str) -> Run:
     with session_scope(ctx.engine) as s:
-        return _get_run(s, run_id)
+        return run_in_session(s, run_id)
 
 
-def _get_run(s: Session, run_id: str) -> Run:
+def run_in_session(s: Session, run_id: str) -> Run:
+    """The run, read in the caller's session; NotFound when there is none."""
     run = s.get(Run, run_id)
     if run is None:
         raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
@@ -232,7 +296,7 @@ def list_runs(
 def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
     """A queued run ends at once; a running one is killed by its executor within seconds."""
     with session_scope(ctx.engine, write=True) as s:
-        run = _get_run(s, run_id)
+        run = run_in_session(s, run_id)
         if run.status in FINISHED:
             raise Conflict(
                 f"run {run_id} already ended ({run.status})",
@@ -286,7 +350,7 @@ def replay_run(
 
 def list_artifacts(ctx: Context, *, run_id: str) -> list[Artifact]:
     with session_scope(ctx.engine) as s:
-        _get_run(s, run_id)
+        run_in_session(s, run_id)
         return list(
             s.exec(select(Artifact).where(Artifact.run_id == run_id).order_by(Artifact.name)).all()
         )
@@ -294,7 +358,7 @@ def list_artifacts(ctx: Context, *, run_id: str) -> list[Artifact]:
 
 def read_artifact(ctx: Context, *, run_id: str, name: str) -> tuple[Artifact, bytes]:
     with session_scope(ctx.engine) as s:
-        _get_run(s, run_id)
+        run_in_session(s, run_id)
         art = s.exec(
             select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name)
         ).first()
@@ -356,20 +420,3 @@ def artifact_to_dict(a: Artifact) -> dict[str, Any]:
 
 def version_of_run(ctx: Context, *, run: Run) -> Version:
     return workers.get_version(ctx, version_id=run.version_id)
-
-
-def run_extras(ctx: Context, *, run: Run) -> dict[str, Any]:
-    """What the run record gains for tool calls, approvals and model usage."""
-    run_id = run.id
-    asked = approvals.approvals_of_run(ctx, run_id=run_id)
-    run_approvals = [approvals.approval_to_dict(a) for a in asked]
-    version = workers.get_version(ctx, version_id=run.version_id)
-    if version.kind != "agent":  # scripts make no tool calls and keep no transcript
-        return {"tool_calls": [], "approvals": run_approvals, "model_usage": None}
-    calls = agent_runs.list_tool_calls(ctx, run_id=run_id)
-    transcript = agent_runs.load_transcript(ctx, run_id=run_id)
-    return {
-        "tool_calls": [agent_runs.tool_call_to_dict(c) for c in calls],
-        "approvals": run_approvals,
-        "model_usage": agent_runs.usage_of(transcript) or None,
-    }

@@ -169,6 +169,31 @@ def get_worker(ctx: Context, *, name: str) -> Worker:
         return _get_worker(s, name)
 
 
+# The workers as this process last saw them, for the one check before a run is queued; the
+# queueing transaction reads the row again under lock_worker and compares (services/runs.py).
+_worker_cache: dict[tuple[int, str], Worker] = {}
+
+
+def cached_worker(ctx: Context, *, name: str) -> Worker:
+    """The worker as this process last read it, possibly stale: act on it only after
+    checking it against the row lock_worker returns (then `remember_worker` that row)."""
+    worker = _worker_cache.get((id(ctx.engine), name))
+    if worker is None:
+        worker = get_worker(ctx, name=name)
+        remember_worker(ctx, worker)
+    return worker
+
+
+def remember_worker(ctx: Context, worker: Worker) -> None:
+    if len(_worker_cache) >= 4096:
+        _worker_cache.clear()
+    _worker_cache[(id(ctx.engine), worker.name)] = worker
+
+
+def forget_worker(ctx: Context, *, name: str) -> None:
+    _worker_cache.pop((id(ctx.engine), name), None)
+
+
 def lock_worker(s: Session, name: str, *, version_id: str | None = None) -> Worker:
     """The worker, share-locked until the caller's transaction ends: a deletion at the same
     time either waits for that transaction and then sees what it wrote, or has committed and

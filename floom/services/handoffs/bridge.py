@@ -193,6 +193,20 @@ def _finish(ctx: Context, actor: Actor, job: Job) -> None:
 def tick(ctx: Context) -> int:
     """One pass: finish the jobs whose runs ended, then claim work for idle workers.
     Returns how many jobs were claimed. Safe to run on several nodes at once."""
+    return bridge_pass(ctx).claimed
+
+
+@dataclass(frozen=True)
+class BridgePass:
+    """What one pass found: jobs claimed, and whether any worker bridges roles or any bridged
+    job is in progress (when neither, the next pass can wait)."""
+
+    claimed: int
+    busy: bool
+
+
+def bridge_pass(ctx: Context) -> BridgePass:
+    """tick, also saying whether there was anything to bridge."""
     with session_scope(ctx.engine) as s:
         bridges = _bridges(s)
         running = list(
@@ -232,4 +246,4 @@ def tick(ctx: Context) -> int:
                 break
             claimed += 1
             _start(ctx, bridge, worker_actor, taken)
-    return claimed
+    return BridgePass(claimed=claimed, busy=bool(bridges or running))

@@ -1,0 +1,145 @@
+"""The floor every bench figure is a ratio to: bubblewrap running workers/hello's `python3 run.py`
+with floom's own flags, started with a plain `subprocess.run`.
+
+The command line is not replicated here: it is the one floom's LocalSandbox builds, recorded
+while LocalSandbox runs the same spec once (that first run is also the slot's warm-up), then
+replayed with fresh file descriptors. So the floor has floom's launcher (the stage namespace
+and setpriv when floom runs as root), prlimit, the namespaces, binds, tmpfs sizes and seccomp
+filter, and lacks only what floom does around the process: the per-run cgroup, the
+supervisor reading lines, the work dir, the database and the HTTP API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from floom.sandbox import seccomp
+from floom.sandbox.base import SandboxSpec
+from floom.sandbox.local import LocalSandbox
+
+REPO = Path(__file__).resolve().parent.parent
+HELLO = REPO / "workers" / "hello"
+HELLO_MEMORY_MB = 256  # limits.memory_mb of workers/hello/worker.yml
+HELLO_TIMEOUT_SECONDS = 30.0
+RUN_DEADLINE_SECONDS = 30.0
+HELLO_INPUTS = {"name": "bench", "times": 1}
+RUN_ENV = {
+    "FLOOM_RUN_ID": "run_bench",
+    "FLOOM_ATTEMPT": "1",
+    "FLOOM_WORKER": "hello",
+    "FLOOM_VERSION_ID": "ver_bench",
+}
+# The argv options whose value is a file descriptor floom passed to the child.
+FD_OPTIONS = ("--info-fd", "--block-fd", "--seccomp", "--ro-bind-data")
+
+_record_lock = threading.Lock()
+
+
+@contextmanager
+def _recording_popen(seen: list[tuple[list[str], dict[str, str]]]) -> Iterator[None]:
+    """Record the argv and env of the bwrap command lines started meanwhile (subprocess.Popen
+    is module-global, so the namespace probe's runs pass through too; they have no
+    --info-fd and are skipped)."""
+    real = subprocess.Popen
+
+    class Recording(real):  # type: ignore[misc,valid-type]
+        def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
+            if isinstance(args, list) and "--info-fd" in args:
+                seen.append(([str(a) for a in args], dict(kwargs.get("env") or {})))
+            super().__init__(args, *rest, **kwargs)
+
+    with _record_lock:
+        subprocess.Popen = Recording  # type: ignore[misc]
+        try:
+            yield
+        finally:
+            subprocess.Popen = real  # type: ignore[misc]
+
+
+class FloorSlot:
+    """One private copy of workers/hello plus an output dir, reused by one loop."""
+
+    def __init__(self, root: Path, name: str, sandbox: LocalSandbox | None = None) -> None:
+        base = root / name
+        self.workdir = base / "work"
+        self.output_dir = base / "output"
+        shutil.copytree(HELLO, self.workdir)
+        self.output_dir.mkdir(parents=True)
+        (self.workdir / "inputs.json").write_text(json.dumps(HELLO_INPUTS))
+        self.argv, self.env = self._record(sandbox or LocalSandbox())
+
+    def _record(self, sandbox: LocalSandbox) -> tuple[list[str], dict[str, str]]:
+        spec = SandboxSpec(
+            run_id="run_bench",
+            command=["python3", "run.py"],
+            workdir=self.workdir,
+            output_dir=self.output_dir,
+            env=dict(RUN_ENV),
+            network=False,
+            timeout_seconds=HELLO_TIMEOUT_SECONDS,
+            memory_mb=HELLO_MEMORY_MB,
+        )
+        seen: list[tuple[list[str], dict[str, str]]] = []
+        with _recording_popen(seen):
+            result = sandbox.run(spec, on_line=lambda _s, _l: None, should_cancel=lambda: False)
+        if result.exit_code != 0 or not seen:
+            raise RuntimeError(f"floom's sandbox could not run hello: {result}")
+        self._check_result()
+        return seen[-1]
+
+    def _check_result(self) -> None:
+        report = json.loads((self.workdir / "result.json").read_text())
+        if report["outputs"]["greeting"] != "Hello, bench!":
+            raise RuntimeError(f"floor run gave unexpected outputs: {report}")
+
+    def describe(self) -> str:
+        """The recorded command line, file descriptors shown as N."""
+        shown = list(self.argv)
+        for i, arg in enumerate(shown[:-1]):
+            if arg in FD_OPTIONS:
+                shown[i + 1] = "N"
+        return " ".join(shown)
+
+    def run_once(self) -> float:
+        """Seconds of one sandboxed `python3 run.py`; raises if the script did not succeed."""
+        import time
+
+        (self.workdir / "result.json").unlink(missing_ok=True)
+        info_r, info_w = os.pipe()
+        release_r, release_w = os.pipe()
+        os.close(release_w)  # --block-fd: nothing to wait for, EOF releases the command
+        filter_fd = os.memfd_create("floor-seccomp")
+        os.write(filter_fd, seccomp.deny_filter())
+        os.lseek(filter_fd, 0, os.SEEK_SET)
+        fds = {"--info-fd": info_w, "--block-fd": release_r, "--seccomp": filter_fd}
+        argv = list(self.argv)
+        for i, arg in enumerate(argv[:-1]):
+            if arg in fds:
+                argv[i + 1] = str(fds[arg])
+        try:
+            t0 = time.perf_counter()
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                env=self.env,
+                start_new_session=True,
+                pass_fds=tuple(fds.values()),
+                timeout=RUN_DEADLINE_SECONDS,
+            )
+            elapsed = time.perf_counter() - t0
+        finally:
+            for fd in (info_r, info_w, release_r, filter_fd):
+                os.close(fd)
+        if done.returncode != 0:
+            raise RuntimeError(f"floor run failed ({done.returncode}): {done.stderr[-400:]!r}")
+        self._check_result()
+        return elapsed

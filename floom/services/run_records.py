@@ -1,0 +1,64 @@
+"""A run's whole record beyond its row: artifacts, approvals, tool calls and model usage, read
+with as few transactions as the run's kind allows (it is read after every wait)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sqlmodel import col, select
+
+from floom.services import agent_runs, approvals, runs, workers
+from floom.store.agents import Approval
+from floom.store.db import session_scope
+from floom.store.models import Artifact, Run
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+
+def run_extras(
+    ctx: Context, *, run: Run, run_approvals: list[Approval] | None = None
+) -> dict[str, Any]:
+    """What the run record gains for tool calls, approvals and model usage (`run_approvals`
+    when the caller has read them already)."""
+    run_id = run.id
+    if run_approvals is None:
+        run_approvals = (
+            approvals.approvals_of_run(ctx, run_id=run_id) if may_have_approvals(ctx, run) else []
+        )
+    asked = [approvals.approval_to_dict(a) for a in run_approvals]
+    version = workers.get_version(ctx, version_id=run.version_id)
+    if version.kind != "agent":  # scripts make no tool calls and keep no transcript
+        return {"tool_calls": [], "approvals": asked, "model_usage": None}
+    calls = agent_runs.list_tool_calls(ctx, run_id=run_id)
+    transcript = agent_runs.load_transcript(ctx, run_id=run_id)
+    return {
+        "tool_calls": [agent_runs.tool_call_to_dict(c) for c in calls],
+        "approvals": asked,
+        "model_usage": agent_runs.usage_of(transcript) or None,
+    }
+
+
+def may_have_approvals(ctx: Context, run: Run) -> bool:
+    """Whether the run can have approvals: an agent's, or a script's behind a run-level
+    approval. A version's manifest never changes, so the others never have any."""
+    version = workers.get_version(ctx, version_id=run.version_id)
+    return version.kind == "agent" or bool(workers.manifest_of(version).approvals.get("required"))
+
+
+def run_record(ctx: Context, *, run_id: str) -> tuple[Run, list[Artifact], list[Approval]]:
+    """The run with its artifacts and approvals, read in one transaction (a run's whole
+    record is read after every wait: one session instead of three)."""
+    with session_scope(ctx.engine) as s:
+        run = runs.run_in_session(s, run_id)
+        artifacts = list(
+            s.exec(select(Artifact).where(Artifact.run_id == run_id).order_by(Artifact.name)).all()
+        )
+        asked: list[Approval] = []
+        if may_have_approvals(ctx, run):
+            asked = list(
+                s.exec(
+                    select(Approval).where(Approval.run_id == run_id).order_by(col(Approval.id))
+                ).all()
+            )
+    return run, artifacts, asked

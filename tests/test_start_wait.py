@@ -1,0 +1,67 @@
+"""Starting a run and waiting for its end in the same request (`POST /workers/{name}/runs?wait=`):
+one round trip for a caller that wants the result, under the same per-key cap of waits as
+`GET /runs/{id}?wait=`, and never a refusal that would hide the run it created."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from floom.client import FloomClient
+from tests.conftest import LiveServer, wait_until
+from tests.test_waits import NOOP, CountingTransport, deploy, keys_of, make_server, start
+
+__all__ = ["make_server"]  # the fixture, shared with test_waits
+
+
+def test_a_start_with_wait_answers_200_with_the_ended_run_in_one_request(
+    make_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    server = make_server()
+    with server.client() as api:
+        deploy(api, tmp_path, "quick", NOOP)
+    transport = CountingTransport()
+    with FloomClient(server.base_url, server.admin_key, transport=transport) as client:
+        run = client.start_run("quick", {}, wait=30)
+    assert run["status"] == "succeeded" and run["outputs"] == {}
+    assert "tool_calls" in run  # the whole record, as GET /runs/{id} gives it
+    (request,) = transport.requests
+    assert (request.method, request.url.path) == ("POST", "/api/v1/workers/quick/runs")
+
+
+def test_a_start_whose_run_outlasts_the_wait_answers_202_with_the_run_as_it_is(
+    make_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    # API role only: no executor, so the run stays queued.
+    server = make_server(roles="api")
+    with server.client() as api:
+        deploy(api, tmp_path, "idle", NOOP)
+        began = time.monotonic()
+        resp = api.post("/api/v1/workers/idle/runs", params={"wait": 0.5}, json={})
+        took = time.monotonic() - began
+        assert resp.status_code == 202 and resp.json()["status"] == "queued"
+        assert api.get(f"/api/v1/runs/{resp.json()['id']}").status_code == 200
+    assert 0.4 < took < 10
+    assert server.ctx.run_ends.open_waits(keys_of(server)) == 0
+
+
+def test_a_start_over_the_wait_cap_is_answered_202_at_once_with_its_run_queued(
+    make_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    server = make_server(roles="api", max_waits_per_key=1)
+    with server.client() as api, ThreadPoolExecutor(max_workers=1) as pool:
+        deploy(api, tmp_path, "idle", NOOP)
+        held = start(api, "idle")
+        pool.submit(api.get, f"/api/v1/runs/{held}", params={"wait": 20}, timeout=40)
+        wait_until(lambda: server.ctx.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
+
+        began = time.monotonic()
+        resp = api.post("/api/v1/workers/idle/runs", params={"wait": 20}, json={})
+        took = time.monotonic() - began
+        assert resp.status_code == 202, resp.text
+        assert resp.json()["status"] == "queued"
+        assert api.get(f"/api/v1/runs/{resp.json()['id']}").json()["status"] == "queued"
+        api.post(f"/api/v1/runs/{held}/cancel")
+    assert took < 5, f"the start over the cap answered after {took:.1f}s"
