@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -51,7 +52,37 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    return create_engine(url, pool_size=20, max_overflow=20, pool_pre_ping=True)
+    engine = create_engine(url, pool_size=20, max_overflow=20)
+    _ping_when_idle(engine)
+    return engine
+
+
+# A pooled connection idle this long is checked before use (a database restart or an idle
+# timeout may have closed it). SQLAlchemy's pool_pre_ping checks at every checkout: one more
+# round trip for each of a run's several transactions, for connections just used.
+IDLE_PING_SECONDS = 10.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info["floom_idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("floom_idle_since")
+        if since is None or time.monotonic() - since < IDLE_PING_SECONDS:
+            return  # just connected, or just used
+        try:
+            cursor = dbapi_conn.cursor()
+            try:
+                cursor.execute("SELECT 1")
+            finally:
+                cursor.close()
+            dbapi_conn.rollback()
+        except Exception as exc:  # any failure means: a dead connection
+            # The pool discards this connection and checks out another (up to three tries).
+            raise sa_exc.DisconnectionError() from exc
 
 
 def is_postgres(engine: Engine) -> bool:
