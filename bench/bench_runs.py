@@ -207,6 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postgres", action="store_true", help="add floom on PostgreSQL")
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery column")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (server logs)")
+    parser.add_argument(
+        "--before",
+        metavar="CHECKOUT",
+        help="also run floom on SQLite from this checkout (e.g. a worktree of an older commit), "
+        "interleaved with the others: before/after figures under the same load",
+    )
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="floom-bench-"))
     started = time.perf_counter()
@@ -224,10 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         floor = Floor(root / "floor", EXECUTOR_SLOTS)
         say(f"floor command (floom's own, recorded): {floor.command[:160]}...")
         systems.append(floor)
-        for name, url in (("sqlite", None), ("postgres", pg_url)):
-            if name == "postgres" and url is None:
+        wanted = [("sqlite", None, None), ("postgres", pg_url, None), ("before", None, args.before)]
+        for name, url, checkout in wanted:
+            if (name == "postgres" and url is None) or (name == "before" and not checkout):
                 continue
-            server = Server(root / name, url)
+            extra = {"PYTHONPATH": str(Path(checkout).resolve())} if checkout else None
+            server = Server(root / name, url, extra)
             server.wait_ready()
             servers[name] = server
         idle = {name: idle_readings(s) for name, s in servers.items()}
@@ -376,6 +384,17 @@ def report(
             )
         )
         checks.append((f"{name} storage per run (burst)", f"{stored[name]:.0f} bytes", "report"))
+    if "before" in rates:
+        rss, cpu_idle = idle["before"]
+        missing, late = logs["before"]
+        checks.append(
+            (
+                "before (the --before checkout): idle RSS, storage per run, logs",
+                f"{rss:.1f} MiB (idle CPU {cpu_idle:.1f}%), {stored['before']:.0f} bytes, "
+                f"{missing} missing / {late} out of order",
+                "report",
+            )
+        )
     if not celery:
         checks.append(("ahead of celery", "celery column skipped", "-"))
     checks.append(
