@@ -10,7 +10,7 @@ from sqlmodel import Session, col, select
 
 from floom.errors import InvalidRequest, NotFound
 from floom.manifest_replay import replay_rules
-from floom.services import runs, workers
+from floom.services import run_records, runs, workers
 from floom.services.recordings import NOT_RECORDED, load_recording
 from floom.services.replay_diff import first_divergence, run_diff
 from floom.services.run_rules import FINISHED
@@ -121,7 +121,7 @@ def get_replay(ctx: Context, *, run_id: str) -> Replay:
 
 def run_record(ctx: Context, *, run: Run) -> dict[str, Any]:
     """A run as the diff reads it: its public body with tool calls and model usage."""
-    return {**runs.run_to_dict(run), **runs.run_extras(ctx, run=run)}
+    return {**runs.run_to_dict(run), **run_records.run_extras(ctx, run=run)}
 
 
 def replay_report(ctx: Context, *, run_id: str) -> dict[str, Any]:
