@@ -112,8 +112,15 @@ class FloomClient:
         if surface:
             # The server records runs started from the CLI as "manual", from MCP as "mcp".
             headers["X-Floom-Client"] = surface
+        # A plain-HTTP server involves no TLS (and redirects are not followed), so there is
+        # no certificate to verify: skipping the TLS context saves ~0.4 s of every CLI call.
+        plain = self.base_url.startswith("http://")
         self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            transport=transport,
+            verify=not plain,
         )
 
     @classmethod
