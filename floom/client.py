@@ -203,8 +203,15 @@ class FloomClient:
         activates the version even though the worker's eval gate fails."""
         headers = {"Content-Type": "application/gzip"}
         params = {"skip_eval_gate": "true"} if skip_eval_gate else None
+        # A worker with an eval gate answers once its eval ends (10 minutes at most).
+        timeout = httpx.Timeout(30.0, read=660.0)
         result: dict[str, Any] = self._json(
-            "POST", "/api/v1/workers", content=archive, headers=headers, params=params
+            "POST",
+            "/api/v1/workers",
+            content=archive,
+            headers=headers,
+            params=params,
+            timeout=timeout,
         )
         return result
 

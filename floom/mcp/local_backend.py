@@ -20,6 +20,7 @@ from floom.schemas import workers as worker_views
 from floom.schemas.common import Page
 from floom.services import (
     approvals,
+    eval_gate,
     evals,
     keys,
     replays,
@@ -113,7 +114,8 @@ class LocalBackend(Backend):
 
     def deploy(self, archive: bytes) -> JSON:
         ctx = self._need("deploy")
-        result = workers.deploy(ctx, archive=archive, actor=self.key.id)
+        # Through the eval gate like REST; MCP offers no override (a person uses the CLI).
+        result = eval_gate.deploy_gated(ctx, archive=archive, actor=self.key.id)
         return worker_views.deploy_result(ctx, result).to_json()
 
     def list_versions(self, name: str) -> JSON:
