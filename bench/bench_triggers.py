@@ -32,6 +32,8 @@ from pathlib import Path
 
 from sqlmodel import col, select
 
+from floom.services.principal import SYSTEM
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -83,7 +85,7 @@ def deploy(ctx: Context, root: Path, name: str) -> None:
         '  - schedule: {cron: "* * * * *", overlap: allow, catch_up: none}\n'
     )
     (folder / "run.py").write_text(SCRIPT)
-    workers.deploy(ctx, archive=read_folder(folder, max_bytes=10**7).to_archive())
+    workers.deploy(ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive())
 
 
 def started_runs(ctx: Context, boundary: datetime) -> list[Run]:

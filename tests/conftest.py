@@ -21,6 +21,7 @@ from floom.api.app import create_app
 from floom.config import Settings
 from floom.services import keys
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.services.run_rules import FINISHED
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,7 +173,7 @@ def live_server(data_dir: Path, database_url: str, **overrides: Any) -> Iterator
     """A floom server of its own (API + executor) with settings overrides; several of them
     on one database stand for a restart or for another node."""
     ctx = Context.open(fast_settings(data_dir, database_url, **overrides))
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="test admin")
+    _, admin = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="test admin")
     srv, thread, url = start_server(ctx)
     try:
         yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
@@ -185,7 +186,7 @@ def live_server(data_dir: Path, database_url: str, **overrides: Any) -> Iterator
 @pytest.fixture
 def server(ctx: Context) -> Iterator[LiveServer]:
     """A live floom server (API + executor) on loopback, with an admin key."""
-    _, admin = keys.create_key(ctx, scopes=["admin"], name="test admin")
+    _, admin = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="test admin")
     srv, thread, url = start_server(ctx)
     try:
         yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)

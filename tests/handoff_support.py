@@ -10,6 +10,7 @@ from floom.services import keys
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import jobs as handoffs
+from floom.services.principal import SYSTEM
 from floom.store.models import ApiKey
 from tests.conftest import LiveServer
 
@@ -21,12 +22,14 @@ def roles(ctx: Context, *names: str) -> None:
 
 def agent(ctx: Context, label: str, *role_names: str, scopes: list[str] | None = None) -> ApiKey:
     """A new agent holding `role_names`; returns its API key as the server would see it."""
-    body = handoff_agents.create_agent(ctx, label=label, roles=list(role_names), scopes=scopes)
+    body = handoff_agents.create_agent(
+        ctx, caller=SYSTEM, label=label, roles=list(role_names), scopes=scopes
+    )
     return keys.authenticate(ctx, body["key"])
 
 
 def admin(ctx: Context) -> ApiKey:
-    _, token = keys.create_key(ctx, scopes=["admin"], name="test admin")
+    _, token = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="test admin")
     return keys.authenticate(ctx, token)
 
 

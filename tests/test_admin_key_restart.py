@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 from floom.api.app import create_app
 from floom.services import keys
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from tests.conftest import fast_settings
 
 BOOTSTRAP = "flm_bootstrap-token-for-restart-tests-0123456789"
@@ -35,7 +36,7 @@ def test_a_revoked_bootstrap_key_stays_revoked_and_the_next_start_writes_a_fresh
     ctx, client = _start(data, database_url, bootstrap_api_key=BOOTSTRAP)
     with client:
         assert _whoami_status(client, BOOTSTRAP) == 200
-        (bootstrap_key,) = [k for k in keys.list_keys(ctx) if k.name == "bootstrap"]
+        (bootstrap_key,) = [k for k in keys.list_keys(ctx, caller=SYSTEM) if k.name == "bootstrap"]
         revoked = client.delete(
             f"/api/v1/keys/{bootstrap_key.id}",
             headers={"Authorization": f"Bearer {BOOTSTRAP}"},
@@ -63,8 +64,8 @@ def test_a_revoked_generated_admin_key_is_replaced_at_the_next_start_and_stays_r
     ctx, client = _start(data, database_url)
     with client:
         first = (data / "admin.key").read_text().strip()
-        (generated,) = keys.list_keys(ctx)
-        keys.revoke_key(ctx, key_id=generated.id)
+        (generated,) = keys.list_keys(ctx, caller=SYSTEM)
+        keys.revoke_key(ctx, caller=SYSTEM, key_id=generated.id)
     ctx.engine.dispose()
 
     ctx, client = _start(data, database_url)
@@ -79,5 +80,5 @@ def test_a_revoked_generated_admin_key_is_replaced_at_the_next_start_and_stays_r
     ctx, client = _start(data, database_url)
     with client:
         assert (data / "admin.key").read_text().strip() == second
-        assert len(keys.list_keys(ctx)) == 2
+        assert len(keys.list_keys(ctx, caller=SYSTEM)) == 2
     ctx.engine.dispose()

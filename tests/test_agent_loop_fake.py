@@ -26,6 +26,7 @@ from floom.sandbox.fake import FakeProcess, FakeSandbox
 from floom.services import agent_runs, run_records, runs, workers
 from floom.services.context import Context
 from floom.services.logs import list_events
+from floom.services.principal import SYSTEM
 from floom.store.models import Run
 from tests.conftest import make_worker, wait_until
 from tests.fake_provider import FakeProvider, call, finish, reply, text, tool_use
@@ -59,11 +60,15 @@ class Rig:
     def deploy(self, manifest: str, skill: str = "Do the task.", **files: str) -> None:
         name = manifest.split("\n", 1)[0].removeprefix("name:").strip()
         folder = make_worker(self.tmp / name, manifest, {"SKILL.md": skill, **files})
-        workers.deploy(self.ctx, archive=read_folder(folder, max_bytes=1 << 20).to_archive())
+        workers.deploy(
+            self.ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=1 << 20).to_archive()
+        )
 
     def run(self, worker: str, inputs: dict[str, Any] | None = None) -> Run:
         """Start a run of `worker` and wait for its end."""
-        run_id = runs.create_run(self.ctx, worker_name=worker, inputs=inputs or {}).id
+        run_id = runs.create_run(
+            self.ctx, caller=SYSTEM, worker_name=worker, inputs=inputs or {}
+        ).id
 
         def ended() -> Run | None:
             run = runs.get_run(self.ctx, run_id=run_id)

@@ -1,17 +1,24 @@
-"""Every REST route is walked with no key and with each scope, from the app's own route
-table and its OpenAPI document, so a new route cannot skip authorization."""
+"""Every REST route and every MCP tool is walked with no key and with each scope, from the
+app's own route table, its OpenAPI document and the MCP tool list, so a new route or tool
+cannot skip authorization."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 from fastapi.routing import APIRoute
 
+from floom.mcp import tools as mcp_tools
 from floom.services import keys
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.keys import SCOPES
-from tests.conftest import LiveServer
+from floom.services.principal import SYSTEM
+from tests.conftest import LiveServer, deploy_folder, make_worker
+from tests.mcp_support import http_client
 
 API = "/api/v1"
 # Routes under /api/v1 that answer without a key, and why.
@@ -84,9 +91,11 @@ def test_each_route_refuses_no_key_and_every_lower_scope_and_admits_its_own(
 ) -> None:
     # Keys of an agent, so the handoff routes (which also need an agent) admit them too.
     handoff_agents.create_role(server.ctx, name="walker")
-    agent = handoff_agents.create_agent(server.ctx, label="walker", roles=["walker"])
+    agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
     tokens = {
-        scope: handoff_agents.create_agent_key(server.ctx, agent=agent["id"], scopes=[scope])["key"]
+        scope: handoff_agents.create_agent_key(
+            server.ctx, caller=SYSTEM, agent=agent["id"], scopes=[scope]
+        )["key"]
         for scope in SCOPES
     }
     wrong: list[str] = []
@@ -114,3 +123,68 @@ def _code(resp: Any) -> str | None:
         return str(resp.json()["error"]["code"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+EXPOSED_YML = """\
+name: walked
+inputs:
+  text: {type: string, required: true}
+expose: [mcp]
+"""
+
+
+def test_each_mcp_tool_refuses_no_key_and_every_lower_scope_and_admits_its_own(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    # A worker exposed as a tool, so that kind of tool is walked too; its required input
+    # makes an admitted call with no arguments fail on the input, starting nothing.
+    with server.client() as api:
+        deploy_folder(api, make_worker(tmp_path / "walked", EXPOSED_YML, {"run.py": "pass\n"}))
+    handoff_agents.create_role(server.ctx, name="walker")
+    agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
+    tokens = {
+        scope: handoff_agents.create_agent_key(
+            server.ctx, caller=SYSTEM, agent=agent["id"], scopes=[scope]
+        )["key"]
+        for scope in SCOPES
+    }
+    wrong: list[str] = []
+
+    async def walk() -> None:
+        async with http_client(server) as admin:
+            listed = (await admin.list_tools()).tools
+        names = [t.name for t in listed]
+        assert "walked" in names and "deploy_worker" in names, names
+        for name in names:
+            unauthenticated = _mcp_call_without_key(server, name)
+            if unauthenticated != (401, "unauthorized"):
+                wrong.append(f"{name} without a key answered {unauthenticated}")
+        for held in SCOPES:
+            async with http_client(server, tokens[held]) as mcp:
+                shown = {t.name for t in (await mcp.list_tools()).tools}
+                allowed = {n for n in names if keys.grants([held], mcp_tools.scope_of(n))}
+                if shown != allowed:
+                    wrong.append(f"tools/list for {held} shows {sorted(shown ^ allowed)} wrongly")
+                for name in names:
+                    needed = mcp_tools.scope_of(name)
+                    result = await mcp.call_tool(name, {})
+                    code = ((result.structured_content or {}).get("error") or {}).get("code")
+                    if name not in allowed and code != "forbidden":
+                        wrong.append(f"{name} with {held} answered {code}, not forbidden")
+                    if name in allowed and code in ("forbidden", "unauthorized"):
+                        wrong.append(f"{name} refused {held} ({code}), needs {needed}")
+
+    anyio.run(walk)
+    assert wrong == [], "\n".join(wrong)
+
+
+def _mcp_call_without_key(server: LiveServer, tool: str) -> tuple[int, str | None]:
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": {}},
+    }
+    headers = {"Accept": "application/json, text/event-stream"}
+    resp = httpx.post(f"{server.base_url}/mcp", json=message, headers=headers, timeout=30)
+    return resp.status_code, _code(resp)

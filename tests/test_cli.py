@@ -17,6 +17,7 @@ from floom.client import FloomClient, FollowEvent
 from floom.config import mask_password
 from floom.errors import ClientError, NotFound
 from floom.services import secrets
+from floom.services.principal import SYSTEM
 from tests.conftest import (
     EXAMPLES,
     LiveServer,
@@ -412,7 +413,7 @@ def test_secrets_set_refuses_an_empty_value(server: LiveServer) -> None:
     result = cli(server, "secrets", "set", "EMPTY", "--value-stdin", stdin="")
     assert result.returncode == 1
     assert "empty" in result.stderr
-    assert secrets.list_secrets(server.ctx) == []
+    assert secrets.list_secrets(server.ctx, caller=SYSTEM) == []
 
 
 def test_keys_create_list_and_revoke(server: LiveServer, api: httpx.Client) -> None:

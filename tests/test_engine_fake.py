@@ -18,6 +18,7 @@ from floom.sandbox.fake import FakeProcess, FakeSandbox
 from floom.services import runs, workers
 from floom.services.context import Context
 from floom.services.logs import list_events
+from floom.services.principal import SYSTEM
 from tests.conftest import make_worker, wait_until
 
 MANIFEST = """\
@@ -51,7 +52,7 @@ def fake() -> FakeSandbox:
 @pytest.fixture
 def executor(ctx: Context, fake: FakeSandbox, tmp_path: Path) -> Iterator[Executor]:
     folder = make_worker(tmp_path / "adder", MANIFEST, {"run.py": "# run by the fake\n"})
-    workers.deploy(ctx, archive=read_folder(folder, max_bytes=1 << 20).to_archive())
+    workers.deploy(ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=1 << 20).to_archive())
     engine = Executor(ctx, fake, run_agent=run_agent)
     engine.start()
     try:
@@ -68,7 +69,7 @@ def _finished(ctx: Context, run_id: str) -> object:
 def test_a_run_goes_through_queue_sandbox_and_judge_to_succeeded(
     ctx: Context, executor: Executor, fake: FakeSandbox
 ) -> None:
-    run = runs.create_run(ctx, worker_name="adder", inputs={"a": 2, "b": 3})
+    run = runs.create_run(ctx, caller=SYSTEM, worker_name="adder", inputs={"a": 2, "b": 3})
     done = wait_until(lambda: _finished(ctx, run.id), timeout=20)
     assert done.status == "succeeded"
     assert json.loads(done.outputs_json) == {"sum": 5}
@@ -82,7 +83,7 @@ def test_a_run_goes_through_queue_sandbox_and_judge_to_succeeded(
 def test_a_failing_attempt_is_retried_by_the_manifest_policy_then_fails(
     ctx: Context, executor: Executor, fake: FakeSandbox
 ) -> None:
-    run = runs.create_run(ctx, worker_name="adder", inputs={"a": -1, "b": 3})
+    run = runs.create_run(ctx, caller=SYSTEM, worker_name="adder", inputs={"a": -1, "b": 3})
     done = wait_until(lambda: _finished(ctx, run.id), timeout=20)
     assert done.status == "failed"
     assert done.attempt == 2

@@ -17,6 +17,7 @@ from floom.bundle import read_folder
 from floom.errors import FloomError
 from floom.services import workers
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from tests.conftest import PG_ADMIN_URL, LiveServer, make_worker
 
 
@@ -78,7 +79,7 @@ def test_concurrent_first_deploys_of_one_worker_make_one_version_and_no_error(
     def deploy() -> None:
         barrier.wait()
         try:
-            outcomes.append(workers.deploy(ctx, archive=archive))
+            outcomes.append(workers.deploy(ctx, caller=SYSTEM, archive=archive))
         except Exception as exc:  # the assertion below names whatever went wrong
             outcomes.append(exc)
 

@@ -15,6 +15,7 @@ from floom.services.handoffs import flow, review
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs.retire import retire_agent
 from floom.services.handoffs.rules import IllegalTransition
+from floom.services.principal import SYSTEM
 from tests.conftest import wait_until
 from tests.handoff_support import admin, agent, event_types, events, roles
 
@@ -408,7 +409,9 @@ def test_retiring_an_agent_revokes_its_keys_and_publishes_the_jobs_it_held(
     assert events(ctx, job["id"])[-1]["payload"]["reason"] == "agent coder-1 retired"
     with pytest.raises(Forbidden):
         flow.claim_next(ctx, actor=team["coder"])
-    coder_keys = [k for k in keys.list_keys(ctx) if k.agent_id == team["coder"].agent_id]
+    coder_keys = [
+        k for k in keys.list_keys(ctx, caller=SYSTEM) if k.agent_id == team["coder"].agent_id
+    ]
     assert coder_keys and all(k.revoked_at is not None for k in coder_keys)
 
 
@@ -421,7 +424,7 @@ def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, 
 
 
 def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: dict) -> None:
-    _, token = keys.create_key(ctx, scopes=["run"], name="plain")
+    _, token = keys.create_key(ctx, caller=SYSTEM, scopes=["run"], name="plain")
     plain = keys.authenticate(ctx, token)
     with pytest.raises(Forbidden) as info:
         handoffs.create_job(ctx, actor=plain, summary="x", role="ops")
@@ -452,8 +455,12 @@ def test_bad_job_parts_are_refused_and_create_nothing(ctx: Context, team: dict) 
 def test_an_agent_with_an_unknown_scope_is_refused_and_nothing_is_created(ctx: Context) -> None:
     handoff_agents.create_role(ctx, name="writer")
     with pytest.raises(InvalidRequest):
-        handoff_agents.create_agent(ctx, label="half", roles=["writer"], scopes=["root"])
+        handoff_agents.create_agent(
+            ctx, caller=SYSTEM, label="half", roles=["writer"], scopes=["root"]
+        )
     assert [a["label"] for a in handoff_agents.list_agents(ctx)] == []
     # The label is free: nothing half-made holds it.
-    made = handoff_agents.create_agent(ctx, label="half", roles=["writer"], scopes=["run"])
+    made = handoff_agents.create_agent(
+        ctx, caller=SYSTEM, label="half", roles=["writer"], scopes=["run"]
+    )
     assert made["label"] == "half"

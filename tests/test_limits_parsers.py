@@ -21,6 +21,7 @@ from floom.bundle import Bundle, BundleFile, read_archive
 from floom.errors import BundleTooLarge, ManifestTooLarge, RateLimited
 from floom.manifest import MAX_MANIFEST_DEPTH, Manifest
 from floom.services import keys
+from floom.services.principal import SYSTEM
 from tests.conftest import LiveServer, fast_settings, live_server
 from tests.mcp_support import call, http_client
 
@@ -85,7 +86,7 @@ def error_of(response: httpx.Response) -> dict:
 
 @pytest.fixture
 def reader(server: LiveServer) -> Iterator[httpx.Client]:
-    _, token = keys.create_key(server.ctx, scopes=["read"], name="reader")
+    _, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
     with server.client(token) as client:
         yield client
 
@@ -302,7 +303,7 @@ def test_inputs_larger_than_the_limit_are_refused_before_anything_is_stored(
     server: LiveServer, api: httpx.Client
 ) -> None:
     assert post(api, "/api/v1/workers", archive(OBJECT_WORKER))[0].status_code == 201
-    _, token = keys.create_key(server.ctx, scopes=["run"], name="runner")
+    _, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["run"], name="runner")
     big = {"inputs": {"doc": {"blob": "x" * (2 * 1024 * 1024)}}}
     with server.client(token) as runner:
         response = runner.post("/api/v1/workers/takes-object/runs", json=big)
@@ -341,7 +342,7 @@ def limited(tmp_path: Path, database_url: str) -> Iterator[LiveServer]:
 def test_a_key_over_its_rate_gets_429_with_retry_after_in_the_error_shape(
     limited: LiveServer,
 ) -> None:
-    _, other = keys.create_key(limited.ctx, scopes=["read"], name="other")
+    _, other = keys.create_key(limited.ctx, caller=SYSTEM, scopes=["read"], name="other")
     with limited.client() as api, limited.client(other) as second:
         for _ in range(3):
             assert api.get("/api/v1/workers").status_code == 200

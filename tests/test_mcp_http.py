@@ -16,6 +16,7 @@ from starlette.requests import Request
 from floom.config import Settings
 from floom.mcp.http import transport_security
 from floom.services import keys
+from floom.services.principal import SYSTEM
 from tests.agent_helpers import live_server
 from tests.conftest import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.mcp_support import (
@@ -81,7 +82,7 @@ def test_a_read_key_can_look_but_is_refused_running_or_deploying_naming_the_scop
     server: LiveServer, api: httpx.Client
 ) -> None:
     deploy_folder(api, EXAMPLES / "hello")
-    _, read_key = keys.create_key(server.ctx, scopes=["read"], name="reader")
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
 
     async def session() -> None:
         async with http_client(server, read_key) as mcp:
@@ -89,7 +90,8 @@ def test_a_read_key_can_look_but_is_refused_running_or_deploying_naming_the_scop
             assert [w["name"] for w in listed["items"]] == ["hello"]
             refused = await call_error(mcp, "run_worker", worker="hello")
             assert refused["code"] == "forbidden" and "'run'" in refused["message"]
-            assert "--scope run" in refused["hint"]
+            # Named for an MCP client: the scope it needs, not a CLI command it may not have.
+            assert "'run' scope" in refused["hint"] and "floom keys" not in refused["hint"]
             files = worker_files(EXAMPLES / "hello")
             refused = await call_error(mcp, "deploy_worker", files=files)
             assert refused["code"] == "forbidden" and "'deploy'" in refused["message"]
@@ -104,8 +106,8 @@ def test_a_read_key_can_look_but_is_refused_running_or_deploying_naming_the_scop
 def test_a_request_without_a_valid_key_is_refused_before_it_reaches_mcp(
     server: LiveServer,
 ) -> None:
-    key, token = keys.create_key(server.ctx, scopes=["admin"], name="soon revoked")
-    keys.revoke_key(server.ctx, key_id=key.id)
+    key, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["admin"], name="soon revoked")
+    keys.revoke_key(server.ctx, caller=SYSTEM, key_id=key.id)
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     for auth in ("", "Bearer flm_wrong", f"Bearer {token}"):
         headers = {"Authorization": auth} if auth else {}

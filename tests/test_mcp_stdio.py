@@ -11,6 +11,7 @@ import pytest
 from mcp import Client
 
 from floom.services import keys
+from floom.services.principal import SYSTEM
 from tests.conftest import EXAMPLES, LiveServer, make_worker
 from tests.mcp_support import (
     CALL_TIMEOUT,
@@ -87,7 +88,7 @@ def test_it_serves_the_same_tools_as_the_endpoint_and_names_unknown_workers(
 
 @ONE_DATABASE
 def test_the_scope_of_the_configured_key_limits_what_it_can_do(server: LiveServer) -> None:
-    _, read_key = keys.create_key(server.ctx, scopes=["read"], name="reader")
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
 
     async def session() -> None:
         async with stdio_client(server, read_key) as mcp:

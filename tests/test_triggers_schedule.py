@@ -15,6 +15,7 @@ from floom.engine.scheduler import Scheduler
 from floom.errors import WorkerPaused
 from floom.services import run_rules, runs, triggers, workers
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
@@ -28,7 +29,7 @@ def deploy(ctx: Context, folder: Path, schedules: list[str], *, name: str = "tic
     lines = "".join(f"  - schedule: {s}\n" for s in schedules)
     manifest = f"name: {name}\n" + (f"triggers:\n{lines}" if schedules else "")
     make_worker(folder, manifest, SCRIPT)
-    workers.deploy(ctx, archive=read_folder(folder, max_bytes=10**7).to_archive())
+    workers.deploy(ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive())
 
 
 def as_if_deployed_at(ctx: Context, when: datetime, *, name: str = "tick") -> None:
@@ -272,16 +273,16 @@ def test_a_paused_worker_records_each_tick_as_skipped_and_resumes_without_backfi
     deploy(ctx, tmp_path / "w", ['{cron: "0 * * * *", overlap: allow}'])
     as_if_deployed_at(ctx, MONDAY)
     scheduler = Scheduler(ctx)
-    triggers.set_paused(ctx, worker_name="tick", paused=True)
+    triggers.set_paused(ctx, caller=SYSTEM, worker_name="tick", paused=True)
     drive(scheduler, MONDAY, MONDAY + timedelta(hours=2), timedelta(minutes=30))
 
     with pytest.raises(WorkerPaused) as refused:
-        runs.create_run(ctx, worker_name="tick", trigger="manual")
+        runs.create_run(ctx, caller=SYSTEM, worker_name="tick", trigger="manual")
     assert "--force" in (refused.value.hint or "")
-    forced = runs.create_run(ctx, worker_name="tick", trigger="manual", force=True)
+    forced = runs.create_run(ctx, caller=SYSTEM, worker_name="tick", trigger="manual", force=True)
     assert forced.status == "queued"
 
-    triggers.set_paused(ctx, worker_name="tick", paused=False)
+    triggers.set_paused(ctx, caller=SYSTEM, worker_name="tick", paused=False)
     drive(scheduler, MONDAY + timedelta(hours=2), MONDAY + timedelta(hours=3), timedelta(hours=1))
     assert summary(ctx) == [
         ("2025-01-06T09:00:00+00:00", "skipped", "paused"),
@@ -290,7 +291,7 @@ def test_a_paused_worker_records_each_tick_as_skipped_and_resumes_without_backfi
     ]
 
     _, (trigger,) = triggers.list_triggers(ctx, worker_name="tick")
-    triggers.set_paused(ctx, worker_name="tick", paused=True, trigger_id=trigger.id)
+    triggers.set_paused(ctx, caller=SYSTEM, worker_name="tick", paused=True, trigger_id=trigger.id)
     scheduler.tick(MONDAY + timedelta(hours=4))
     assert summary(ctx)[-1] == ("2025-01-06T12:00:00+00:00", "skipped", "paused")
     assert "this trigger is paused" in (schedule_runs(ctx)[-1].error_message or "")
@@ -322,7 +323,7 @@ def test_redeploys_keep_unchanged_triggers_and_stop_removed_ones(
     assert len(schedule_runs(ctx)) == 1
 
     # Rolling back brings the schedule back from now on, without back-filling the gap.
-    workers.rollback(ctx, name="tick", version_id=v1)
+    workers.rollback(ctx, caller=SYSTEM, name="tick", version_id=v1)
     _, (back,) = triggers.list_triggers(ctx, worker_name="tick")
     assert back.id == before.id and back.last_fire_at is not None
     assert back.last_fire_at > MONDAY + timedelta(days=1)  # the real "now" of the rollback

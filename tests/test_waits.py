@@ -16,6 +16,7 @@ import pytest
 from floom.client import FloomClient
 from floom.services import keys, run_waits, runs
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.triggers.signatures import sign_floom
 from tests.conftest import (
     LiveServer,
@@ -45,7 +46,7 @@ def make_server(tmp_path: Path, database_url: str) -> Iterator[Callable[..., Liv
 
 
 def read_key(server: LiveServer) -> tuple[str, str]:
-    key, token = keys.create_key(server.ctx, scopes=["read"], name="waiter")
+    key, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="waiter")
     return key.id, token
 
 
@@ -171,7 +172,7 @@ def test_a_wait_sees_an_end_that_another_node_recorded(
             wait_until(lambda: server.ctx.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
 
             # The other node's end notice stays in its own process: only the store tells.
-            runs.cancel_run(other_node, run_id=run_id)
+            runs.cancel_run(other_node, caller=SYSTEM, run_id=run_id)
             cancelled = time.monotonic()
             answer = pending.result(timeout=10)
             answered_in = time.monotonic() - cancelled
@@ -182,7 +183,7 @@ def test_a_wait_sees_an_end_that_another_node_recorded(
 
 
 def keys_of(server: LiveServer) -> str:
-    (admin,) = [k for k in keys.list_keys(server.ctx) if k.name == "test admin"]
+    (admin,) = [k for k in keys.list_keys(server.ctx, caller=SYSTEM) if k.name == "test admin"]
     return admin.id
 
 
@@ -208,7 +209,7 @@ def test_the_client_waits_through_one_long_request_instead_of_polling(
         with client:
             waited = pool.submit(client.wait, run_id, deadline=time.monotonic() + 30)
             wait_until(lambda: server.ctx.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
-            runs.cancel_run(server.ctx, run_id=run_id)
+            runs.cancel_run(server.ctx, caller=SYSTEM, run_id=run_id)
             run = waited.result(timeout=10)
     assert run["status"] == "cancelled"
     (request,) = transport.requests
@@ -261,7 +262,7 @@ def test_the_blocking_wait_answers_a_worker_thread_when_the_run_ends(
         queued = run_waits.wait_for_end_blocking(server.ctx, run_id=run_id, timeout=0.2)
         assert queued.status == "queued" and not waited.done()
         cancelled = time.monotonic()
-        runs.cancel_run(server.ctx, run_id=run_id)
+        runs.cancel_run(server.ctx, caller=SYSTEM, run_id=run_id)
         ended = waited.result(timeout=5)
         answered_in = time.monotonic() - cancelled
     assert ended.status == "cancelled"

@@ -12,6 +12,7 @@ from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs import review as handoff_review
 from floom.services.handoffs import rules
+from floom.services.principal import SYSTEM
 from tests.conftest import LiveServer
 from tests.handoff_support import roles
 from tests.web_support import csrf_of, signed_in_client
@@ -21,7 +22,7 @@ def _agent(
     server: LiveServer, label: str, *role_names: str, scopes: list[str] | None = None
 ) -> str:
     body = handoff_agents.create_agent(
-        server.ctx, label=label, roles=list(role_names), scopes=scopes
+        server.ctx, caller=SYSTEM, label=label, roles=list(role_names), scopes=scopes
     )
     token: str = body["key"]
     return token
@@ -241,7 +242,7 @@ def test_an_admin_is_offered_the_moves_the_table_allows_and_makes_them(
 
 
 def test_a_key_that_speaks_for_no_agent_is_told_how_to_take_part(server: LiveServer) -> None:
-    _, token = keys.create_key(server.ctx, scopes=["run"], name="laptop")
+    _, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["run"], name="laptop")
     page = signed_in_client(server, token).get("/handoffs")
     assert page.status_code == 200
     assert "This key takes no part in handoffs" in page.text

@@ -12,6 +12,7 @@ from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs import review as handoff_review
+from floom.services.principal import SYSTEM
 from tests import web_support
 from tests.conftest import LiveServer
 from tests.handoff_support import roles
@@ -32,7 +33,7 @@ def _jobs_in_every_status(server: LiveServer) -> dict[str, str]:
     roles(ctx, "planner", "coder", "reviewer")
     made = {
         label: keys.authenticate(
-            ctx, handoff_agents.create_agent(ctx, label=label, roles=[role])["key"]
+            ctx, handoff_agents.create_agent(ctx, caller=SYSTEM, label=label, roles=[role])["key"]
         )
         for label, role in (
             ("claude-laptop", "planner"),

@@ -15,6 +15,7 @@ from floom.api.ui_support import SESSION_COOKIE
 from floom.bundle import read_folder
 from floom.services import agent_runs, diffs, keys, workers
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 from tests.conftest import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_for_run
@@ -59,7 +60,7 @@ def test_signing_out_ends_the_session_on_the_server_so_a_copied_cookie_stops_wor
 def test_revoking_the_api_key_of_a_session_signs_that_browser_out(
     server: LiveServer, api: httpx.Client
 ) -> None:
-    key, token = keys.create_key(server.ctx, scopes=["run"], name="laptop")
+    key, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["run"], name="laptop")
     client = signed_in_client(server, token)
     assert client.get("/runs").status_code == 200
     api.delete(f"/api/v1/keys/{key.id}")
@@ -140,12 +141,16 @@ def test_a_version_diff_covers_the_manifest_and_every_added_removed_or_changed_f
         {"run.py": "print('a')\n", "old.txt": "gone soon\n", "blob.bin": "x"},
     )
     (folder / "blob.bin").write_bytes(b"\0\1\2")
-    v1 = workers.deploy(ctx, archive=read_folder(folder, max_bytes=10**7).to_archive()).version
+    v1 = workers.deploy(
+        ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive()
+    ).version
     (folder / "worker.yml").write_text("name: dif\ndescription: two\n")
     (folder / "old.txt").unlink()
     (folder / "new.txt").write_text("hello\n")
     (folder / "blob.bin").write_bytes(b"\0\1\3\4")
-    v2 = workers.deploy(ctx, archive=read_folder(folder, max_bytes=10**7).to_archive()).version
+    v2 = workers.deploy(
+        ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive()
+    ).version
 
     result = diffs.diff_versions(ctx, worker_name="dif", old_id=v1.id, new_id=v2.id)
     by_path = {f.path: f for f in result.files}

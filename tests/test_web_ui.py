@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from floom.services import keys
+from floom.services.principal import SYSTEM
 from tests import web_support
 from tests.conftest import (
     EXAMPLES,
@@ -82,7 +83,7 @@ def test_a_read_key_signs_in_sees_everything_but_cannot_run_and_signs_out(
     tab: Tab, api: httpx.Client, server: LiveServer
 ) -> None:
     deploy_folder(api, EXAMPLES / "hello")
-    _, read_key = keys.create_key(server.ctx, scopes=["read"], name="viewer")
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="viewer")
     tab.goto("/runs?worker=hello")
     tab.page.get_by_label("API key").fill(read_key)
     tab.page.get_by_role("button", name="Sign in").click()

@@ -31,11 +31,11 @@ from floom.services import (
     triggers,
     workers,
 )
-from floom.services.audit import AuditActor
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import bridge as handoff_bridge
 from floom.services.handoffs import jobs as handoffs
+from floom.services.principal import SYSTEM, Principal
 from floom.services.worker_deletion import delete_worker
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent
@@ -57,7 +57,7 @@ from tests.mcp_support import call, call_error, http_client, stdio_client
 from tests.web_support import csrf_of, signed_in_client
 
 MONDAY = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
-ADMIN = AuditActor(key_id="key_test", label="test admin")
+ADMIN = Principal(key_id="key_test", name="test admin", scopes=("admin",))
 PLAIN = "print('hello')\n"
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(120)\n"
 WITH_ARTIFACT = """\
@@ -71,7 +71,9 @@ HOOK_SECRET = "hook-secret-for-deletion-tests"
 
 def deploy(ctx: Context, folder: Path, manifest: str, script: str = PLAIN) -> str:
     make_worker(folder, manifest, {"run.py": script})
-    result = workers.deploy(ctx, archive=read_folder(folder, max_bytes=10**7).to_archive())
+    result = workers.deploy(
+        ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive()
+    )
     return result.version.id
 
 
@@ -122,10 +124,10 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
     ctx: Context, tmp_path: Path
 ) -> None:
     version = deploy(ctx, tmp_path / "doomed", "name: doomed\n")
-    done = runs.create_run(ctx, worker_name="doomed")
+    done = runs.create_run(ctx, caller=SYSTEM, worker_name="doomed")
     finish_with(ctx, done, artifacts=[("report.txt", b"kept report")])
-    queued = runs.create_run(ctx, worker_name="doomed")
-    paused = runs.create_run(ctx, worker_name="doomed")
+    queued = runs.create_run(ctx, caller=SYSTEM, worker_name="doomed")
+    paused = runs.create_run(ctx, caller=SYSTEM, worker_name="doomed")
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, paused.id)
         assert row is not None
@@ -133,7 +135,7 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
         s.add(row)
         s.add(Approval(id="apr_pending", run_id=paused.id, worker_name="doomed", kind="run"))
 
-    result = delete_worker(ctx, name="doomed", purge_runs=False, actor=ADMIN)
+    result = delete_worker(ctx, name="doomed", purge_runs=False, caller=ADMIN)
 
     assert (result.runs_kept, result.runs_purged, result.runs_cancelled) == (3, 0, 2)
     assert result.approvals_closed == 1 and result.versions == [version]
@@ -149,7 +151,7 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
     assert runs.version_of_run(ctx, run=done).id == version
     assert blob_exists(ctx, art.digest)
     with pytest.raises(NotFound):
-        runs.create_run(ctx, worker_name="doomed")
+        runs.create_run(ctx, caller=SYSTEM, worker_name="doomed")
 
 
 def test_purging_removes_runs_and_their_blobs_but_keeps_blobs_others_refer_to(
@@ -163,7 +165,7 @@ def test_purging_removes_runs_and_their_blobs_but_keeps_blobs_others_refer_to(
     doomed_version = workers.get_version(
         ctx, version_id=workers.get_worker(ctx, name="doomed").active_version_id or ""
     )
-    doomed_run = runs.create_run(ctx, worker_name="doomed")
+    doomed_run = runs.create_run(ctx, caller=SYSTEM, worker_name="doomed")
     finish_with(
         ctx,
         doomed_run,
@@ -183,12 +185,12 @@ def test_purging_removes_runs_and_their_blobs_but_keeps_blobs_others_refer_to(
                 content_type="application/gzip",
             )
         )
-    other_run = runs.create_run(ctx, worker_name="other")
+    other_run = runs.create_run(ctx, caller=SYSTEM, worker_name="other")
     finish_with(ctx, other_run, artifacts=[("shared.txt", b"both workers wrote this")])
     digests = {a.name: a.digest for a in rows(ctx, Artifact, Artifact.run_id == doomed_run.id)}
     workspace = rows(ctx, Transcript, Transcript.run_id == doomed_run.id)[0].workspace_digest
 
-    result = delete_worker(ctx, name="doomed", purge_runs=True, actor=ADMIN)
+    result = delete_worker(ctx, name="doomed", purge_runs=True, caller=ADMIN)
 
     assert (result.runs_purged, result.runs_kept) == (1, 0)
     with pytest.raises(NotFound):
@@ -222,7 +224,7 @@ def test_a_deleted_workers_schedule_never_fires_again(ctx: Context, tmp_path: Pa
     schedules.fire_due(ctx, now=MONDAY + timedelta(minutes=15, seconds=1))
     assert len(runs.list_runs(ctx, worker="ticker", trigger="schedule")[0]) == 1
 
-    result = delete_worker(ctx, name="ticker", purge_runs=False, actor=ADMIN)
+    result = delete_worker(ctx, name="ticker", purge_runs=False, caller=ADMIN)
 
     assert result.triggers_removed == 1
     assert rows(ctx, Trigger, Trigger.worker_name == "ticker") == []
@@ -237,11 +239,11 @@ def test_a_redeploy_of_the_name_starts_at_its_first_version_without_old_triggers
     schedule = '  - schedule: {cron: "0 3 * * *"}\n'
     first = deploy(ctx, tmp_path / "a", f"name: phoenix\ntriggers:\n{schedule}")
     second = deploy(ctx, tmp_path / "b", f"name: phoenix\ndescription: v2\ntriggers:\n{schedule}")
-    old_run = runs.create_run(ctx, worker_name="phoenix")
+    old_run = runs.create_run(ctx, caller=SYSTEM, worker_name="phoenix")
     old_triggers = {t.id for t in triggers.list_triggers(ctx, worker_name="phoenix")[1]}
-    runs.cancel_run(ctx, run_id=old_run.id)
+    runs.cancel_run(ctx, caller=SYSTEM, run_id=old_run.id)
 
-    delete_worker(ctx, name="phoenix", purge_runs=False, actor=ADMIN)
+    delete_worker(ctx, name="phoenix", purge_runs=False, caller=ADMIN)
     again = deploy(ctx, tmp_path / "a", f"name: phoenix\ntriggers:\n{schedule}")
 
     assert again == first
@@ -249,19 +251,19 @@ def test_a_redeploy_of_the_name_starts_at_its_first_version_without_old_triggers
     new_triggers = {t.id for t in triggers.list_triggers(ctx, worker_name="phoenix")[1]}
     assert len(new_triggers) == 1 and not new_triggers & old_triggers
     with pytest.raises(NotFound):  # the old incarnation's other version is gone from the name
-        workers.rollback(ctx, name="phoenix", version_id=second)
+        workers.rollback(ctx, caller=SYSTEM, name="phoenix", version_id=second)
     with pytest.raises(NotFound):
-        runs.create_run(ctx, worker_name="phoenix", version_id=second)
+        runs.create_run(ctx, caller=SYSTEM, worker_name="phoenix", version_id=second)
     assert runs.version_of_run(ctx, run=old_run).id == second  # the kept run still reads it
-    fresh = runs.create_run(ctx, worker_name="phoenix")
+    fresh = runs.create_run(ctx, caller=SYSTEM, worker_name="phoenix")
     assert fresh.version_id == first
 
 
 def test_every_deletion_is_audited_with_its_actor_and_counts(ctx: Context, tmp_path: Path) -> None:
     version = deploy(ctx, tmp_path / "doomed", "name: doomed\n")
-    runs.create_run(ctx, worker_name="doomed")
+    runs.create_run(ctx, caller=SYSTEM, worker_name="doomed")
 
-    result = delete_worker(ctx, name="doomed", purge_runs=True, actor=ADMIN)
+    result = delete_worker(ctx, name="doomed", purge_runs=True, caller=ADMIN)
 
     events, _ = audit.list_events(ctx, type=audit.WORKER_DELETED, subject="worker:doomed")
     assert [e.id for e in events] == [result.deletion_id]
@@ -273,7 +275,7 @@ def test_every_deletion_is_audited_with_its_actor_and_counts(ctx: Context, tmp_p
 
 def test_deleting_an_unknown_worker_is_not_found_and_records_nothing(ctx: Context) -> None:
     with pytest.raises(NotFound) as caught:
-        delete_worker(ctx, name="ghost", purge_runs=True, actor=ADMIN)
+        delete_worker(ctx, name="ghost", purge_runs=True, caller=ADMIN)
     assert caught.value.hint
     assert rows(ctx, AuditEvent, col(AuditEvent.id).is_not(None)) == []
 
@@ -348,12 +350,14 @@ def test_read_and_run_keys_may_not_delete_and_only_admins_read_the_audit(
     api = server.client()
     deploy_folder(api, make_worker(tmp_path / "w", "name: keepme\n", {"run.py": PLAIN}))
     for scope in ("read", "run"):
-        _, token = keys.create_key(server.ctx, scopes=[scope], name=f"{scope} key")
+        _, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=[scope], name=f"{scope} key")
         with server.client(key=token) as client:
             resp = client.delete("/api/v1/workers/keepme")
             assert resp.status_code == 403 and resp.json()["error"]["code"] == "forbidden"
     assert api.get("/api/v1/workers/keepme").status_code == 200
-    deployer, token = keys.create_key(server.ctx, scopes=["deploy"], name="ci deployer")
+    deployer, token = keys.create_key(
+        server.ctx, caller=SYSTEM, scopes=["deploy"], name="ci deployer"
+    )
     with server.client(key=token) as client:
         assert client.delete("/api/v1/workers/keepme").status_code == 200
         assert client.get("/api/v1/audit").status_code == 403
@@ -408,7 +412,7 @@ def test_the_mcp_tool_needs_confirm_and_the_deploy_scope(
 ) -> None:
     api = server.client()
     deploy_folder(api, make_worker(tmp_path / "w", "name: mcpdel\n", {"run.py": PLAIN}))
-    _, reader = keys.create_key(server.ctx, scopes=["read"], name="reader")
+    _, reader = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
 
     async def session() -> None:
         async with http_client(server, key=reader) as mcp:
@@ -462,7 +466,7 @@ def test_a_schedule_tick_racing_the_deletion_leaves_no_run_behind(
     def deleted_meanwhile(*args: Any, **kwargs: Any) -> Version:
         # The tick has read the worker; the deletion commits before the run is inserted.
         monkeypatch.setattr(workers, "get_version", read_version)
-        delete_worker(ctx, name="racer", purge_runs=False, actor=ADMIN)
+        delete_worker(ctx, name="racer", purge_runs=False, caller=ADMIN)
         return read_version(*args, **kwargs)
 
     monkeypatch.setattr(workers, "get_version", deleted_meanwhile)
@@ -478,7 +482,7 @@ def test_the_worker_page_deletes_only_with_csrf_the_typed_name_and_the_deploy_sc
 ) -> None:
     api = server.client()
     deploy_folder(api, make_worker(tmp_path / "w", "name: uidel\n", {"run.py": PLAIN}))
-    _, runner = keys.create_key(server.ctx, scopes=["run"], name="runner")
+    _, runner = keys.create_key(server.ctx, caller=SYSTEM, scopes=["run"], name="runner")
     limited = signed_in_client(server, runner)
     page = limited.get("/workers/uidel")
     assert "Delete this worker" not in page.text
@@ -530,11 +534,11 @@ def test_a_deleted_workers_composio_and_handoff_triggers_take_nothing_more(
         (agent,) = rows(ctx, Agent, Agent.label == label)
         assert rows(ctx, AgentRole, AgentRole.agent_id == agent.id)
 
-        result = delete_worker(ctx, name="listener", purge_runs=False, actor=ADMIN)
+        result = delete_worker(ctx, name="listener", purge_runs=False, caller=ADMIN)
 
         assert result.triggers_removed == 2
         assert rows(ctx, AgentRole, AgentRole.agent_id == agent.id) == []
-        _, admin_token = keys.create_key(ctx, scopes=["admin"], name="publisher")
+        _, admin_token = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="publisher")
         admin_key = keys.authenticate(ctx, admin_token)
         job = handoffs.create_job(ctx, actor=admin_key, summary="review this", role="reviewer")
         assert handoff_bridge.tick(ctx) == 0
@@ -566,7 +570,7 @@ def test_a_deletion_failing_midway_leaves_everything_in_place(
 ) -> None:
     manifest = 'name: sturdy\ntriggers:\n  - schedule: {cron: "0 3 * * *"}\n'
     version = deploy(ctx, tmp_path / "sturdy", manifest)
-    done = runs.create_run(ctx, worker_name="sturdy")
+    done = runs.create_run(ctx, caller=SYSTEM, worker_name="sturdy")
     finish_with(ctx, done, artifacts=[("a.txt", b"still here")])
 
     def broken(*args: Any, **kwargs: Any) -> None:
@@ -574,7 +578,7 @@ def test_a_deletion_failing_midway_leaves_everything_in_place(
 
     monkeypatch.setattr(audit, "record", broken)
     with pytest.raises(RuntimeError):
-        delete_worker(ctx, name="sturdy", purge_runs=True, actor=ADMIN)
+        delete_worker(ctx, name="sturdy", purge_runs=True, caller=ADMIN)
 
     assert workers.get_worker(ctx, name="sturdy").active_version_id == version
     assert len(triggers.list_triggers(ctx, worker_name="sturdy")[1]) == 1
@@ -587,7 +591,7 @@ def test_a_purge_refuses_while_a_run_will_not_stop_and_deletes_nothing(
     ctx: Context, tmp_path: Path
 ) -> None:
     deploy(ctx, tmp_path / "stuck", "name: stuck\n")
-    run = runs.create_run(ctx, worker_name="stuck")
+    run = runs.create_run(ctx, caller=SYSTEM, worker_name="stuck")
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, run.id)
         assert row is not None
@@ -595,13 +599,13 @@ def test_a_purge_refuses_while_a_run_will_not_stop_and_deletes_nothing(
         s.add(row)
 
     with pytest.raises(Conflict) as caught:
-        delete_worker(ctx, name="stuck", purge_runs=True, actor=ADMIN, stop_wait_seconds=0.3)
+        delete_worker(ctx, name="stuck", purge_runs=True, caller=ADMIN, stop_wait_seconds=0.3)
 
     assert caught.value.details == {"running": [run.id]}
     assert workers.get_worker(ctx, name="stuck")
     assert runs.get_run(ctx, run_id=run.id).cancel_requested  # asked to stop all the same
     assert rows(ctx, AuditEvent, col(AuditEvent.id).is_not(None)) == []
-    kept = delete_worker(ctx, name="stuck", purge_runs=False, actor=ADMIN)
+    kept = delete_worker(ctx, name="stuck", purge_runs=False, caller=ADMIN)
     assert (kept.runs_kept, kept.runs_stopping) == (1, 1)
 
 
@@ -639,7 +643,7 @@ def test_another_node_cannot_run_a_version_retired_by_a_deletion_it_had_cached(
     try:
         assert node.stdout is not None and node.stdin is not None
         assert node.stdout.readline().strip() == "cached"
-        delete_worker(ctx, name="twin", purge_runs=False, actor=ADMIN)
+        delete_worker(ctx, name="twin", purge_runs=False, caller=ADMIN)
         deploy(ctx, tmp_path / "b", "name: twin\ndescription: second\n")
         node.stdin.write("go\n")
         node.stdin.flush()
@@ -666,12 +670,12 @@ def test_on_postgresql_a_deletion_waits_for_a_run_being_created_then_cancels_it(
 
     creator = threading.Thread(
         target=lambda: created.append(
-            runs.create_run(ctx, worker_name="contended", in_transaction=hold)
+            runs.create_run(ctx, caller=SYSTEM, worker_name="contended", in_transaction=hold)
         )
     )
     deleter = threading.Thread(
         target=lambda: deleted.append(
-            delete_worker(ctx, name="contended", purge_runs=False, actor=ADMIN)
+            delete_worker(ctx, name="contended", purge_runs=False, caller=ADMIN)
         )
     )
     creator.start()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from floom.agent.tools import ToolError
 from floom.engine.phases import claim_run
 from floom.errors import FloomError
-from floom.services import run_rules, runs
+from floom.services import principal, run_rules, runs
 from floom.store.db import session_scope
 from floom.store.models import Run
 
@@ -46,7 +46,8 @@ def invoke_child(env: AgentEnv, *, worker: str, inputs: dict[str, Any]) -> dict[
             worker_name=worker,
             inputs=inputs,
             trigger="agent",
-            actor=env.run.id,
+            # The parent run's own tool allowed this child; floom starts it for that run.
+            caller=principal.system(env.run.id),
             parent_run_id=env.run.id,
         )
     except FloomError as exc:

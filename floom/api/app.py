@@ -41,7 +41,7 @@ from floom.engine.scheduler import Scheduler
 from floom.errors import FloomError
 from floom.sandbox import backend_readiness, get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
-from floom.services import keys, secrets, triggers, wakeups, workers
+from floom.services import keys, principal, secrets, triggers, wakeups, workers
 from floom.services.context import Context
 from floom.store.db import BOOTSTRAP_LOCK, cluster_lock
 from floom.store.models import Version
@@ -58,7 +58,9 @@ def deploy_examples(ctx: Context) -> list[str]:
     for sub in sorted(p for p in folder.iterdir() if (p / "worker.yml").is_file()):
         try:
             bundle = read_folder(sub, max_bytes=ctx.settings.max_bundle_bytes)
-            result = workers.deploy(ctx, archive=bundle.to_archive(), actor="examples")
+            result = workers.deploy(
+                ctx, archive=bundle.to_archive(), caller=principal.system("examples")
+            )
         except FloomError as exc:
             log.warning("example worker %s not deployed: %s", sub.name, exc.message)
             continue
@@ -78,7 +80,13 @@ def pause_schedules_missing_secrets(ctx: Context, worker_name: str, version: Ver
     _, found = triggers.list_triggers(ctx, worker_name=worker_name)
     paused = [t for t in found if t.kind == "schedule" and t.removed_at is None]
     for trigger in paused:
-        triggers.set_paused(ctx, worker_name=worker_name, paused=True, trigger_id=trigger.id)
+        triggers.set_paused(
+            ctx,
+            worker_name=worker_name,
+            paused=True,
+            trigger_id=trigger.id,
+            caller=principal.system("examples"),
+        )
     if paused:
         log.warning(
             "example %s: its schedule is paused until its secrets are set "

@@ -15,6 +15,7 @@ from floom.config import Settings
 from floom.errors import RateLimited
 from floom.services import keys
 from floom.services.context import Context
+from floom.services.principal import Principal, Surface
 from floom.store.models import ApiKey
 
 
@@ -92,12 +93,29 @@ async def authenticate_request(request: Request) -> ApiKey:
     return key
 
 
+def request_surface(request: Request) -> Surface:
+    """Which client made a REST request: floom's CLI and stdio MCP server say so in a
+    header, so that refusals can name what that client offers; anything else is "rest"."""
+    said = request.headers.get("x-floom-client", "")
+    return said if said in ("cli", "mcp") else "rest"  # type: ignore[return-value]
+
+
+def principal_of(request: Request, key: ApiKey) -> Principal:
+    return Principal.of_key(key, surface=request_surface(request))
+
+
 def require_scope(scope: str) -> Callable[..., object]:
-    async def dependency(request: Request) -> ApiKey:
-        key = await authenticate_request(request)
-        keys.require(key, scope)
-        request.state.api_key = key
-        return key
+    """A route's caller, refused unless it holds `scope`.
+
+    The services decide access again with the same rule (Principal.require); the route
+    declares its scope too so that a caller without it is refused before its body is read
+    (403, not a 422 about a body it may not send) and so that the OpenAPI document and the
+    authorization walk see every route's scope."""
+
+    async def dependency(request: Request) -> Principal:
+        caller = principal_of(request, await authenticate_request(request))
+        caller.require(scope)
+        return caller
 
     # Read by the authorization test that walks every route: a route's scope is declared
     # by the dependency it takes, never decided inside the handler.
@@ -105,7 +123,7 @@ def require_scope(scope: str) -> Callable[..., object]:
     return dependency
 
 
-ReadKey = Annotated[ApiKey, Depends(require_scope("read"))]
-RunKey = Annotated[ApiKey, Depends(require_scope("run"))]
-DeployKey = Annotated[ApiKey, Depends(require_scope("deploy"))]
-AdminKey = Annotated[ApiKey, Depends(require_scope("admin"))]
+ReadCaller = Annotated[Principal, Depends(require_scope("read"))]
+RunCaller = Annotated[Principal, Depends(require_scope("run"))]
+DeployCaller = Annotated[Principal, Depends(require_scope("deploy"))]
+AdminCaller = Annotated[Principal, Depends(require_scope("admin"))]

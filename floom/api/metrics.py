@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from floom.api.auth import CtxDep, ReadKey
+from floom.api.auth import CtxDep, ReadCaller
 from floom.services.metrics import StoreCollector
 
 router = APIRouter(tags=["health"])
@@ -27,5 +27,5 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
 
 
 @router.get("/metrics", response_class=Response, include_in_schema=False)
-def metrics(request: Request, ctx: CtxDep, _: ReadKey) -> Response:
+def metrics(request: Request, ctx: CtxDep, _: ReadCaller) -> Response:
     return Response(generate_latest(_registry(request, ctx)), media_type=CONTENT_TYPE_LATEST)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from floom.api.auth import AdminKey, CtxDep, DeployKey
+from floom.api.auth import AdminCaller, CtxDep, DeployCaller
 from floom.api.openapi import SecretName, authed
 from floom.schemas import admin as views
 from floom.schemas.common import Page
@@ -31,33 +31,35 @@ class KeyRequest(BaseModel):
 
 
 @router.get("/secrets", response_model=Page[views.SecretPublic], responses=authed())
-def list_secrets(ctx: CtxDep, _: DeployKey) -> Page[views.SecretPublic]:
-    return views.secret_page(ctx)
+def list_secrets(ctx: CtxDep, caller: DeployCaller) -> Page[views.SecretPublic]:
+    return views.secret_page(ctx, caller=caller)
 
 
 @router.put("/secrets/{name}", response_model=views.SecretSet, responses=authed(400, 422))
-def set_secret(name: SecretName, body: SecretValue, ctx: CtxDep, _: DeployKey) -> views.SecretSet:
-    secrets.set_secret(ctx, name=name, value=body.value)
+def set_secret(
+    name: SecretName, body: SecretValue, ctx: CtxDep, caller: DeployCaller
+) -> views.SecretSet:
+    secrets.set_secret(ctx, name=name, value=body.value, caller=caller)
     return views.SecretSet(name=name, set=True)
 
 
 @router.delete("/secrets/{name}", response_model=views.SecretDeleted, responses=authed(404))
-def delete_secret(name: SecretName, ctx: CtxDep, _: DeployKey) -> views.SecretDeleted:
-    secrets.delete_secret(ctx, name=name)
+def delete_secret(name: SecretName, ctx: CtxDep, caller: DeployCaller) -> views.SecretDeleted:
+    secrets.delete_secret(ctx, name=name, caller=caller)
     return views.SecretDeleted(name=name, deleted=True)
 
 
 @router.get("/keys", response_model=Page[views.KeyPublic], responses=authed())
-def list_keys(ctx: CtxDep, _: AdminKey) -> Page[views.KeyPublic]:
-    return views.key_page(ctx)
+def list_keys(ctx: CtxDep, caller: AdminCaller) -> Page[views.KeyPublic]:
+    return views.key_page(ctx, caller=caller)
 
 
 @router.post("/keys", status_code=201, response_model=views.KeyCreated, responses=authed(400, 422))
-def create_key(body: KeyRequest, ctx: CtxDep, _: AdminKey) -> views.KeyCreated:
-    key, token = keys.create_key(ctx, scopes=body.scopes, name=body.name)
+def create_key(body: KeyRequest, ctx: CtxDep, caller: AdminCaller) -> views.KeyCreated:
+    key, token = keys.create_key(ctx, scopes=body.scopes, name=body.name, caller=caller)
     return views.key_created(key, token)
 
 
 @router.delete("/keys/{key_id}", response_model=views.KeyPublic, responses=authed(404, 409))
-def revoke_key(key_id: str, ctx: CtxDep, _: AdminKey) -> views.KeyPublic:
-    return views.key_public(keys.revoke_key(ctx, key_id=key_id))
+def revoke_key(key_id: str, ctx: CtxDep, caller: AdminCaller) -> views.KeyPublic:
+    return views.key_public(keys.revoke_key(ctx, key_id=key_id, caller=caller))

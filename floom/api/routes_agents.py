@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 from pydantic.json_schema import JsonDict
 
-from floom.api.auth import AdminKey, CtxDep, ReadKey
+from floom.api.auth import AdminCaller, CtxDep, ReadCaller
 from floom.api.openapi import authed
 from floom.schemas import handoffs as views
 from floom.schemas.admin import SCOPE_LIST
@@ -54,7 +54,7 @@ class AgentKeyRequest(BaseModel):
 
 
 @router.get("/roles", response_model=Page[views.RolePublic], responses=authed(422))
-def list_roles(ctx: CtxDep, _: ReadKey, include_retired: bool = False) -> Page[views.RolePublic]:
+def list_roles(ctx: CtxDep, _: ReadCaller, include_retired: bool = False) -> Page[views.RolePublic]:
     rows = agents.list_roles(ctx, include_retired=include_retired)
     items = [views.RolePublic.model_validate(r) for r in rows]
     return Page[views.RolePublic](items=items, next_cursor=None)
@@ -63,7 +63,7 @@ def list_roles(ctx: CtxDep, _: ReadKey, include_retired: bool = False) -> Page[v
 @router.post(
     "/roles", status_code=201, response_model=views.RolePublic, responses=authed(400, 409, 422)
 )
-def create_role(body: RoleRequest, ctx: CtxDep, _: AdminKey) -> views.RolePublic:
+def create_role(body: RoleRequest, ctx: CtxDep, _: AdminCaller) -> views.RolePublic:
     return views.RolePublic.model_validate(
         agents.create_role(ctx, name=body.name, description=body.description)
     )
@@ -72,27 +72,29 @@ def create_role(body: RoleRequest, ctx: CtxDep, _: AdminKey) -> views.RolePublic
 @router.patch(
     "/roles/{role}", response_model=views.RolePublic, responses=authed(400, 404, 409, 422)
 )
-def update_role(role: str, body: RoleUpdate, ctx: CtxDep, _: AdminKey) -> views.RolePublic:
+def update_role(role: str, body: RoleUpdate, ctx: CtxDep, _: AdminCaller) -> views.RolePublic:
     return views.RolePublic.model_validate(
         agents.update_role(ctx, role=role, name=body.name, description=body.description)
     )
 
 
 @router.post("/roles/{role}/retire", response_model=views.RolePublic, responses=authed(404))
-def retire_role(role: str, ctx: CtxDep, _: AdminKey) -> views.RolePublic:
+def retire_role(role: str, ctx: CtxDep, _: AdminCaller) -> views.RolePublic:
     return views.RolePublic.model_validate(agents.retire_role(ctx, role=role))
 
 
 @router.get("/agents", response_model=Page[views.AgentPublic], responses=authed(422))
-def list_agents(ctx: CtxDep, _: ReadKey, include_retired: bool = False) -> Page[views.AgentPublic]:
+def list_agents(
+    ctx: CtxDep, _: ReadCaller, include_retired: bool = False
+) -> Page[views.AgentPublic]:
     rows = agents.list_agents(ctx, include_retired=include_retired)
     items = [views.AgentPublic.model_validate(a) for a in rows]
     return Page[views.AgentPublic](items=items, next_cursor=None)
 
 
 @router.get("/agents/me", response_model=views.WhoAmI, responses=authed())
-def whoami(ctx: CtxDep, key: ReadKey) -> views.WhoAmI:
-    return views.WhoAmI.model_validate(agents.my_roles(ctx, actor=key))
+def whoami(ctx: CtxDep, caller: ReadCaller) -> views.WhoAmI:
+    return views.WhoAmI.model_validate(agents.my_roles(ctx, actor=caller))
 
 
 @router.post(
@@ -101,22 +103,27 @@ def whoami(ctx: CtxDep, key: ReadKey) -> views.WhoAmI:
     response_model=views.AgentCreated,
     responses=authed(400, 404, 409, 422),
 )
-def create_agent(body: AgentRequest, ctx: CtxDep, _: AdminKey) -> views.AgentCreated:
+def create_agent(body: AgentRequest, ctx: CtxDep, caller: AdminCaller) -> views.AgentCreated:
     created = agents.create_agent(
-        ctx, label=body.label, roles=body.roles, tool_family=body.tool_family, scopes=body.scopes
+        ctx,
+        label=body.label,
+        roles=body.roles,
+        tool_family=body.tool_family,
+        scopes=body.scopes,
+        caller=caller,
     )
     return views.AgentCreated.model_validate(created)
 
 
 @router.get("/agents/{agent}", response_model=views.AgentPublic, responses=authed(404))
-def get_agent(agent: str, ctx: CtxDep, _: ReadKey) -> views.AgentPublic:
+def get_agent(agent: str, ctx: CtxDep, _: ReadCaller) -> views.AgentPublic:
     return views.AgentPublic.model_validate(agents.get_agent(ctx, agent=agent))
 
 
 @router.patch(
     "/agents/{agent}", response_model=views.AgentPublic, responses=authed(400, 404, 409, 422)
 )
-def update_agent(agent: str, body: AgentUpdate, ctx: CtxDep, _: AdminKey) -> views.AgentPublic:
+def update_agent(agent: str, body: AgentUpdate, ctx: CtxDep, _: AdminCaller) -> views.AgentPublic:
     updated = agents.update_agent(
         ctx, agent=agent, roles=body.roles, label=body.label, tool_family=body.tool_family
     )
@@ -124,7 +131,7 @@ def update_agent(agent: str, body: AgentUpdate, ctx: CtxDep, _: AdminKey) -> vie
 
 
 @router.post("/agents/{agent}/retire", response_model=views.AgentPublic, responses=authed(404))
-def retire_agent(agent: str, ctx: CtxDep, _: AdminKey) -> views.AgentPublic:
+def retire_agent(agent: str, ctx: CtxDep, _: AdminCaller) -> views.AgentPublic:
     return views.AgentPublic.model_validate(retire.retire_agent(ctx, agent=agent))
 
 
@@ -135,8 +142,8 @@ def retire_agent(agent: str, ctx: CtxDep, _: AdminKey) -> views.AgentPublic:
     responses=authed(400, 404, 409, 422),
 )
 def create_agent_key(
-    agent: str, body: AgentKeyRequest, ctx: CtxDep, _: AdminKey
+    agent: str, body: AgentKeyRequest, ctx: CtxDep, caller: AdminCaller
 ) -> views.AgentKeyCreated:
     return views.AgentKeyCreated.model_validate(
-        agents.create_agent_key(ctx, agent=agent, scopes=body.scopes)
+        agents.create_agent_key(ctx, agent=agent, scopes=body.scopes, caller=caller)
     )

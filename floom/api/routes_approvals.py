@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from floom.api.auth import CtxDep, ReadKey, RunKey
+from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, authed
 from floom.errors import NotFound
 from floom.schemas import runs as views
@@ -34,7 +34,7 @@ class RejectRequest(BaseModel):
 @router.get("/approvals", response_model=Page[views.ApprovalPublic], responses=authed(400, 422))
 def list_approvals(
     ctx: CtxDep,
-    _: ReadKey,
+    _: ReadCaller,
     status: str = Query(
         approvals.PENDING,
         description="only approvals in this status, or all",
@@ -52,7 +52,7 @@ def list_approvals(
 
 
 @router.get("/approvals/{approval_id}", response_model=views.ApprovalPublic, responses=authed(404))
-def get_approval(approval_id: str, ctx: CtxDep, _: ReadKey) -> views.ApprovalPublic:
+def get_approval(approval_id: str, ctx: CtxDep, _: ReadCaller) -> views.ApprovalPublic:
     return views.approval_public(approvals.get_approval(ctx, approval_id=approval_id))
 
 
@@ -62,7 +62,7 @@ def get_approval(approval_id: str, ctx: CtxDep, _: ReadKey) -> views.ApprovalPub
     responses=authed(400, 404, 409, 422),
 )
 def approve(
-    approval_id: str, ctx: CtxDep, key: RunKey, body: ApproveRequest | None = None
+    approval_id: str, ctx: CtxDep, caller: RunCaller, body: ApproveRequest | None = None
 ) -> views.ApprovalDecided:
     approvals.decide_approval(
         ctx,
@@ -70,7 +70,7 @@ def approve(
         decision="approve",
         edited=body.edited if body else None,
         comment=body.comment if body else None,
-        actor=key.id,
+        caller=caller,
     )
     return views.approval_decided(ctx, approval_id=approval_id)
 
@@ -81,10 +81,10 @@ def approve(
     responses=authed(400, 404, 409, 422),
 )
 def reject(
-    approval_id: str, body: RejectRequest, ctx: CtxDep, key: RunKey
+    approval_id: str, body: RejectRequest, ctx: CtxDep, caller: RunCaller
 ) -> views.ApprovalDecided:
     approvals.decide_approval(
-        ctx, approval_id=approval_id, decision="reject", comment=body.comment, actor=key.id
+        ctx, approval_id=approval_id, decision="reject", comment=body.comment, caller=caller
     )
     return views.approval_decided(ctx, approval_id=approval_id)
 
@@ -94,14 +94,14 @@ def reject(
     response_model=Page[views.ToolCallPublic],
     responses=authed(404),
 )
-def list_tool_calls(run_id: str, ctx: CtxDep, _: ReadKey) -> Page[views.ToolCallPublic]:
+def list_tool_calls(run_id: str, ctx: CtxDep, _: ReadCaller) -> Page[views.ToolCallPublic]:
     return views.tool_call_page(ctx, run_id=run_id)
 
 
 @router.get(
     "/runs/{run_id}/transcript", response_model=views.TranscriptPublic, responses=authed(404)
 )
-def get_transcript(run_id: str, ctx: CtxDep, _: ReadKey) -> views.TranscriptPublic:
+def get_transcript(run_id: str, ctx: CtxDep, _: ReadCaller) -> views.TranscriptPublic:
     run = runs.get_run(ctx, run_id=run_id)
     transcript = views.transcript_public(ctx, run_id=run_id)
     if transcript is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query
 
-from floom.api.auth import AdminKey, CtxDep
+from floom.api.auth import AdminCaller, CtxDep
 from floom.api.openapi import Limit, authed
 from floom.schemas.audit import AuditEventPublic, audit_page
 from floom.schemas.common import Page
@@ -21,7 +21,7 @@ router = APIRouter(prefix="/api/v1", tags=["audit"])
 )
 def list_audit_events(
     ctx: CtxDep,
-    _: AdminKey,
+    _: AdminCaller,
     type: str | None = Query(None, max_length=64, description="e.g. worker.deleted"),
     subject: str | None = Query(None, max_length=200, description="e.g. worker:hello"),
     cursor: str | None = Query(None, max_length=40, description="next_cursor of a prior page"),

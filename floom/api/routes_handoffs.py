@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import JsonDict
 
-from floom.api.auth import CtxDep, ReadKey, RunKey
+from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, authed
 from floom.schemas import handoffs as views
 from floom.schemas.common import Page
@@ -130,19 +130,19 @@ STATUS_LIST = f"^{_ONE_STATUS}(,{_ONE_STATUS})*$"
 
 
 @router.get("/transitions", response_model=views.TransitionTable, responses=authed())
-def transitions(_: ReadKey) -> views.TransitionTable:
+def transitions(_: ReadCaller) -> views.TransitionTable:
     return views.TransitionTable.model_validate(flow.transitions_table())
 
 
 @router.get("/me", response_model=views.WhoAmI, responses=authed())
-def my_roles(ctx: CtxDep, key: ReadKey) -> views.WhoAmI:
-    return views.WhoAmI.model_validate(agents.my_roles(ctx, actor=key))
+def my_roles(ctx: CtxDep, caller: ReadCaller) -> views.WhoAmI:
+    return views.WhoAmI.model_validate(agents.my_roles(ctx, actor=caller))
 
 
 @router.get("/jobs", response_model=Page[views.JobPublic], responses=authed(400, 404, 422))
 def list_jobs(
     ctx: CtxDep,
-    key: ReadKey,
+    caller: ReadCaller,
     status: str | None = Query(
         None,
         description="one status, or several comma-separated",
@@ -157,7 +157,7 @@ def list_jobs(
 ) -> Page[views.JobPublic]:
     items, next_cursor = handoffs.list_jobs(
         ctx,
-        actor=key,
+        actor=caller,
         status=[s for s in status.split(",") if s] if status else None,
         role=role,
         assignee=assignee,
@@ -180,8 +180,10 @@ def list_jobs(
         **authed(400, 404, 409, 422),
     },
 )
-def create_job(body: JobRequest, ctx: CtxDep, key: RunKey, response: Response) -> views.JobPublic:
-    job = handoffs.create_job(ctx, actor=key, **body.model_dump())
+def create_job(
+    body: JobRequest, ctx: CtxDep, caller: RunCaller, response: Response
+) -> views.JobPublic:
+    job = handoffs.create_job(ctx, actor=caller, **body.model_dump())
     if job.get("replayed"):
         response.status_code = 200
     return views.JobPublic.model_validate(job)
@@ -190,23 +192,23 @@ def create_job(body: JobRequest, ctx: CtxDep, key: RunKey, response: Response) -
 @router.post(
     "/claim-next", response_model=views.ClaimNextResult, responses=authed(400, 404, 409, 422)
 )
-def claim_next(body: ClaimNextRequest, ctx: CtxDep, key: RunKey) -> views.ClaimNextResult:
-    job = flow.claim_next(ctx, actor=key, role=body.role, lease_seconds=body.lease_seconds)
+def claim_next(body: ClaimNextRequest, ctx: CtxDep, caller: RunCaller) -> views.ClaimNextResult:
+    job = flow.claim_next(ctx, actor=caller, role=body.role, lease_seconds=body.lease_seconds)
     return views.ClaimNextResult.model_validate({"job": job})
 
 
 @router.get("/jobs/{job_id}", response_model=views.JobPublic, responses=authed(404, 422))
-def get_job(job_id: str, ctx: CtxDep, key: ReadKey, events: bool = False) -> views.JobPublic:
+def get_job(job_id: str, ctx: CtxDep, caller: ReadCaller, events: bool = False) -> views.JobPublic:
     return views.JobPublic.model_validate(
-        handoffs.get_job(ctx, actor=key, job_id=job_id, events=events)
+        handoffs.get_job(ctx, actor=caller, job_id=job_id, events=events)
     )
 
 
 @router.get(
     "/jobs/{job_id}/events", response_model=Page[views.JobEventPublic], responses=authed(404)
 )
-def list_events(job_id: str, ctx: CtxDep, key: ReadKey) -> Page[views.JobEventPublic]:
-    items = handoffs.list_events(ctx, actor=key, job_id=job_id)
+def list_events(job_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[views.JobEventPublic]:
+    items = handoffs.list_events(ctx, actor=caller, job_id=job_id)
     return Page[views.JobEventPublic](
         items=[views.JobEventPublic.model_validate(e) for e in items], next_cursor=None
     )
@@ -215,9 +217,9 @@ def list_events(job_id: str, ctx: CtxDep, key: ReadKey) -> Page[views.JobEventPu
 @router.patch(
     "/jobs/{job_id}", response_model=views.JobPublic, responses=authed(400, 404, 409, 422)
 )
-def update_job(job_id: str, body: JobUpdate, ctx: CtxDep, key: RunKey) -> views.JobPublic:
+def update_job(job_id: str, body: JobUpdate, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
     job = handoffs.update_job(
-        ctx, actor=key, job_id=job_id, context=body.context, constraints=body.constraints
+        ctx, actor=caller, job_id=job_id, context=body.context, constraints=body.constraints
     )
     return views.JobPublic.model_validate(job)
 
@@ -225,8 +227,8 @@ def update_job(job_id: str, body: JobUpdate, ctx: CtxDep, key: RunKey) -> views.
 @router.post(
     "/jobs/{job_id}/claim", response_model=views.JobPublic, responses=authed(400, 404, 409, 422)
 )
-def claim(job_id: str, body: LeaseRequest, ctx: CtxDep, key: RunKey) -> views.JobPublic:
-    job = flow.claim(ctx, actor=key, job_id=job_id, lease_seconds=body.lease_seconds)
+def claim(job_id: str, body: LeaseRequest, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
+    job = flow.claim(ctx, actor=caller, job_id=job_id, lease_seconds=body.lease_seconds)
     return views.JobPublic.model_validate(job)
 
 
@@ -235,18 +237,18 @@ def claim(job_id: str, body: LeaseRequest, ctx: CtxDep, key: RunKey) -> views.Jo
     response_model=views.LeaseState,
     responses=authed(400, 404, 409, 422),
 )
-def heartbeat(job_id: str, body: LeaseRequest, ctx: CtxDep, key: RunKey) -> views.LeaseState:
-    state = flow.heartbeat(ctx, actor=key, job_id=job_id, lease_seconds=body.lease_seconds)
+def heartbeat(job_id: str, body: LeaseRequest, ctx: CtxDep, caller: RunCaller) -> views.LeaseState:
+    state = flow.heartbeat(ctx, actor=caller, job_id=job_id, lease_seconds=body.lease_seconds)
     return views.LeaseState.model_validate(state)
 
 
 @router.post(
     "/jobs/{job_id}/status", response_model=views.JobPublic, responses=authed(400, 404, 409, 422)
 )
-def set_status(job_id: str, body: StatusRequest, ctx: CtxDep, key: RunKey) -> views.JobPublic:
+def set_status(job_id: str, body: StatusRequest, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
     job = flow.set_status(
         ctx,
-        actor=key,
+        actor=caller,
         job_id=job_id,
         status=body.status,
         reason=body.reason,
@@ -260,10 +262,10 @@ def set_status(job_id: str, body: StatusRequest, ctx: CtxDep, key: RunKey) -> vi
     response_model=views.JobPublic,
     responses=authed(400, 404, 409, 422),
 )
-def complete(job_id: str, body: CompleteRequest, ctx: CtxDep, key: RunKey) -> views.JobPublic:
+def complete(job_id: str, body: CompleteRequest, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
     job = flow.complete(
         ctx,
-        actor=key,
+        actor=caller,
         job_id=job_id,
         summary=body.summary,
         data=body.data,
@@ -278,10 +280,10 @@ def complete(job_id: str, body: CompleteRequest, ctx: CtxDep, key: RunKey) -> vi
     response_model=views.JobPublic,
     responses=authed(400, 404, 409, 422),
 )
-def reject(job_id: str, body: RejectRequest, ctx: CtxDep, key: RunKey) -> views.JobPublic:
+def reject(job_id: str, body: RejectRequest, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
     retry = review.reject(
         ctx,
-        actor=key,
+        actor=caller,
         job_id=job_id,
         reason=body.reason,
         role=body.role,
@@ -293,5 +295,7 @@ def reject(job_id: str, body: RejectRequest, ctx: CtxDep, key: RunKey) -> views.
 @router.get(
     "/jobs/{job_id}/reopen-context", response_model=views.ReopenContext, responses=authed(404)
 )
-def reopen_context(job_id: str, ctx: CtxDep, key: ReadKey) -> views.ReopenContext:
-    return views.ReopenContext.model_validate(review.reopen_context(ctx, actor=key, job_id=job_id))
+def reopen_context(job_id: str, ctx: CtxDep, caller: ReadCaller) -> views.ReopenContext:
+    return views.ReopenContext.model_validate(
+        review.reopen_context(ctx, actor=caller, job_id=job_id)
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from floom.api.auth import CtxDep, ReadKey
+from floom.api.auth import CtxDep, ReadCaller
 from floom.api.openapi import authed
 from floom.schemas.nodes import NodeList, node_public
 from floom.services import nodes
@@ -18,5 +18,5 @@ router = APIRouter(prefix="/api/v1", tags=["nodes"])
     response_model=NodeList,
     responses=authed(),
 )
-def list_nodes(ctx: CtxDep, _: ReadKey) -> NodeList:
+def list_nodes(ctx: CtxDep, _: ReadCaller) -> NodeList:
     return NodeList(items=[node_public(v) for v in nodes.list_nodes(ctx)])

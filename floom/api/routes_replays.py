@@ -8,7 +8,7 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from floom.api.auth import CtxDep, ReadKey, RunKey
+from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import WorkerName, authed
 from floom.schemas import replays as replay_views
 from floom.schemas import runs as views
@@ -33,14 +33,14 @@ class ReplayStart(BaseModel):
     response_model=views.RunPublic,
     responses=authed(400, 404, 409, 422),
 )
-def start_replay(run_id: str, body: ReplayStart, ctx: CtxDep, key: RunKey) -> views.RunPublic:
+def start_replay(run_id: str, body: ReplayStart, ctx: CtxDep, caller: RunCaller) -> views.RunPublic:
     run = replays.start_replay(
         ctx,
         run_id=run_id,
         mode=body.mode,
         version_id=body.version_id,
         model=body.model,
-        actor=key.id,
+        caller=caller,
     )
     return views.run_public(run, artifacts=[])
 
@@ -50,7 +50,7 @@ def start_replay(run_id: str, body: ReplayStart, ctx: CtxDep, key: RunKey) -> vi
     response_model=replay_views.ReplayReport,
     responses=authed(404),
 )
-def get_replay(run_id: str, ctx: CtxDep, _: ReadKey) -> replay_views.ReplayReport:
+def get_replay(run_id: str, ctx: CtxDep, _: ReadCaller) -> replay_views.ReplayReport:
     return replay_views.replay_report(replays.replay_report(ctx, run_id=run_id))
 
 
@@ -73,7 +73,7 @@ class EvalStart(BaseModel):
     responses=authed(400, 404, 409, 422),
 )
 def start_eval(
-    name: WorkerName, body: EvalStart, ctx: CtxDep, key: RunKey
+    name: WorkerName, body: EvalStart, ctx: CtxDep, caller: RunCaller
 ) -> replay_views.EvalReport:
     row = evals.start_eval(
         ctx,
@@ -81,11 +81,11 @@ def start_eval(
         selector=body.runs,
         version_id=body.version_id,
         model=body.model,
-        actor=key.id,
+        caller=caller,
     )
     return replay_views.eval_report(evals.eval_report(ctx, eval_id=row.id))
 
 
 @router.get("/evals/{eval_id}", response_model=replay_views.EvalReport, responses=authed(404))
-def get_eval(eval_id: str, ctx: CtxDep, _: ReadKey) -> replay_views.EvalReport:
+def get_eval(eval_id: str, ctx: CtxDep, _: ReadCaller) -> replay_views.EvalReport:
     return replay_views.eval_report(evals.eval_report(ctx, eval_id=eval_id))

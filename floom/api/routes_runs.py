@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
-from floom.api.auth import CtxDep, ReadKey, RunKey
+from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed, enum_query
 from floom.errors import TooManyWaits
 from floom.schemas import runs as views
@@ -72,7 +72,7 @@ async def start_run(
     body: RunRequest,
     request: Request,
     ctx: CtxDep,
-    key: RunKey,
+    caller: RunCaller,
     wait: float = Query(
         0,
         ge=0,
@@ -94,7 +94,7 @@ async def start_run(
             inputs=body.inputs,
             coerce_strings=body.coerce_strings,
             trigger=surface_trigger(request),
-            actor=key.id,
+            caller=caller,
             version_id=body.version_id,
             force=body.force,
         )
@@ -106,7 +106,7 @@ async def start_run(
     # the same per-key cap. Over the cap the run still stands, so the answer is the 202 a
     # caller without `wait` gets, never a refusal that would hide the run it created.
     waiting = run_waits.wait_for_end(
-        ctx, run_id=run.id, timeout=wait, until=until, waiter=key.id, fresh=run
+        ctx, run_id=run.id, timeout=wait, until=until, waiter=caller.actor, fresh=run
     )
     try:
         await unless_caller_leaves(request, waiting)
@@ -120,7 +120,7 @@ async def start_run(
 @router.get("/runs", response_model=Page[views.RunPublic], responses=authed(400, 422))
 def list_runs(
     ctx: CtxDep,
-    _: ReadKey,
+    _: ReadCaller,
     worker: str | None = Query(None, description="only this worker's runs"),
     status: str | None = enum_query(run_rules.STATUSES, "only runs in this status"),
     trigger: str | None = enum_query(runs.TRIGGERS, "only runs started this way"),
@@ -138,7 +138,7 @@ async def get_run(
     run_id: str,
     request: Request,
     ctx: CtxDep,
-    key: ReadKey,
+    caller: ReadCaller,
     wait: float = Query(
         0, ge=0, le=60, description="wait up to this many seconds for the run to end"
     ),
@@ -151,7 +151,7 @@ async def get_run(
     # Async so a waiter holds no thread: the API's thread pool stays free for other calls.
     if wait:
         waiting = run_waits.wait_for_end(
-            ctx, run_id=run_id, timeout=wait, until=until, waiter=key.id
+            ctx, run_id=run_id, timeout=wait, until=until, waiter=caller.actor
         )
         await unless_caller_leaves(request, waiting)
     return await run_in_threadpool(views.run_detail, ctx, run_id=run_id)
@@ -183,7 +183,7 @@ async def _disconnected(request: Request) -> None:
 def get_logs(
     run_id: str,
     ctx: CtxDep,
-    _: ReadKey,
+    _: ReadCaller,
     after: int = Query(0, ge=0, description="return events with a seq above this"),
     tail: int | None = Query(None, ge=1, le=10_000, description="only the last N events"),
     limit: int = Query(1000, ge=1, le=10_000),
@@ -208,7 +208,7 @@ async def stream_logs(
     run_id: str,
     request: Request,
     ctx: CtxDep,
-    _: ReadKey,
+    _: ReadCaller,
     after: int = Query(0, ge=0),
     last_event_id: str | None = Header(None),
 ) -> StreamingResponse:
@@ -276,7 +276,7 @@ def log_event_stream(
     response_model=Page[views.ArtifactPublic],
     responses=authed(404),
 )
-def list_artifacts(run_id: str, ctx: CtxDep, _: ReadKey) -> Page[views.ArtifactPublic]:
+def list_artifacts(run_id: str, ctx: CtxDep, _: ReadCaller) -> Page[views.ArtifactPublic]:
     return views.artifact_page(ctx, run_id=run_id)
 
 
@@ -291,7 +291,7 @@ def list_artifacts(run_id: str, ctx: CtxDep, _: ReadKey) -> Page[views.ArtifactP
         **authed(404),
     },
 )
-def download_artifact(run_id: str, name: str, ctx: CtxDep, _: ReadKey) -> Response:
+def download_artifact(run_id: str, name: str, ctx: CtxDep, _: ReadCaller) -> Response:
     art, data = runs.read_artifact(ctx, run_id=run_id, name=name)
     filename = name.rsplit("/", 1)[-1].replace('"', "")
     return Response(
@@ -305,8 +305,8 @@ def download_artifact(run_id: str, name: str, ctx: CtxDep, _: ReadKey) -> Respon
 
 
 @router.post("/runs/{run_id}/cancel", response_model=views.RunDetail, responses=authed(404, 409))
-def cancel_run(run_id: str, ctx: CtxDep, key: RunKey) -> views.RunDetail:
-    runs.cancel_run(ctx, run_id=run_id, actor=key.id)
+def cancel_run(run_id: str, ctx: CtxDep, caller: RunCaller) -> views.RunDetail:
+    runs.cancel_run(ctx, run_id=run_id, caller=caller)
     return views.run_detail(ctx, run_id=run_id)
 
 
@@ -317,13 +317,13 @@ def cancel_run(run_id: str, ctx: CtxDep, key: RunKey) -> views.RunDetail:
     responses=authed(400, 404, 409, 422),
 )
 def replay_run(
-    run_id: str, ctx: CtxDep, key: RunKey, body: ReplayRequest | None = None
+    run_id: str, ctx: CtxDep, caller: RunCaller, body: ReplayRequest | None = None
 ) -> views.RunPublic:
     run = runs.replay_run(
         ctx,
         run_id=run_id,
         latest=bool(body and body.latest),
-        actor=key.id,
+        caller=caller,
         force=bool(body and body.force),
     )
     return views.run_public(run, artifacts=[])

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
-from floom.api.auth import CtxDep, DeployKey, ReadKey, RunKey
+from floom.api.auth import CtxDep, DeployCaller, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed
 from floom.schemas import triggers as views
 from floom.schemas.common import Page
@@ -37,7 +37,7 @@ def hook_urls(request: Request, ctx: Context) -> triggers.HookUrls:
     responses=authed(404),
 )
 def list_triggers(
-    name: WorkerName, request: Request, ctx: CtxDep, _: ReadKey
+    name: WorkerName, request: Request, ctx: CtxDep, _: ReadCaller
 ) -> views.TriggerListing:
     return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx))
 
@@ -52,12 +52,11 @@ def pause(
     name: WorkerName,
     request: Request,
     ctx: CtxDep,
-    _: DeployKey,
+    caller: DeployCaller,
     body: PauseRequest | None = None,
 ) -> views.TriggerListing:
-    triggers.set_paused(
-        ctx, worker_name=name, paused=True, trigger_id=body.trigger_id if body else None
-    )
+    trigger_id = body.trigger_id if body else None
+    triggers.set_paused(ctx, worker_name=name, paused=True, trigger_id=trigger_id, caller=caller)
     return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx))
 
 
@@ -71,12 +70,11 @@ def resume(
     name: WorkerName,
     request: Request,
     ctx: CtxDep,
-    _: DeployKey,
+    caller: DeployCaller,
     body: PauseRequest | None = None,
 ) -> views.TriggerListing:
-    triggers.set_paused(
-        ctx, worker_name=name, paused=False, trigger_id=body.trigger_id if body else None
-    )
+    trigger_id = body.trigger_id if body else None
+    triggers.set_paused(ctx, worker_name=name, paused=False, trigger_id=trigger_id, caller=caller)
     return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx))
 
 
@@ -87,7 +85,7 @@ def resume(
     responses=authed(400, 404, 422),
 )
 def list_deliveries(
-    name: WorkerName, ctx: CtxDep, _: ReadKey, cursor: Cursor = None, limit: Limit = 50
+    name: WorkerName, ctx: CtxDep, _: ReadCaller, cursor: Cursor = None, limit: Limit = 50
 ) -> Page[views.DeliveryPublic]:
     rows, next_cursor = webhooks.list_deliveries(ctx, worker_name=name, cursor=cursor, limit=limit)
     items = [views.delivery_public(d) for d in rows]
@@ -100,7 +98,7 @@ def list_deliveries(
     response_model=views.DeliveryDetail,
     responses=authed(404),
 )
-def get_delivery(delivery_id: str, ctx: CtxDep, _: ReadKey) -> views.DeliveryDetail:
+def get_delivery(delivery_id: str, ctx: CtxDep, _: ReadCaller) -> views.DeliveryDetail:
     return views.delivery_detail(ctx, delivery_id=delivery_id)
 
 
@@ -112,9 +110,9 @@ def get_delivery(delivery_id: str, ctx: CtxDep, _: ReadKey) -> views.DeliveryDet
     responses=authed(400, 404, 409, 422),
 )
 def replay_delivery(
-    delivery_id: str, ctx: CtxDep, key: RunKey, body: DeliveryReplayRequest | None = None
+    delivery_id: str, ctx: CtxDep, caller: RunCaller, body: DeliveryReplayRequest | None = None
 ) -> RunPublic:
     run = webhooks.replay_delivery(
-        ctx, delivery_id=delivery_id, actor=key.id, force=bool(body and body.force)
+        ctx, delivery_id=delivery_id, caller=caller, force=bool(body and body.force)
     )
     return run_public(run, artifacts=[])

@@ -8,14 +8,13 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from floom.api.auth import CtxDep, DeployKey, ReadKey
+from floom.api.auth import CtxDep, DeployCaller, ReadCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed
 from floom.errors import InvalidRequest, PayloadTooLarge
 from floom.manifest import manifest_json_schema
 from floom.schemas import workers as views
 from floom.schemas.common import Page
 from floom.services import eval_gate, worker_deletion, workers
-from floom.services.audit import AuditActor
 from floom.services.context import Context
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
@@ -73,14 +72,14 @@ ARCHIVE_BODY: dict[str, Any] = {
 async def deploy_worker(
     request: Request,
     ctx: CtxDep,
-    key: DeployKey,
+    caller: DeployCaller,
     skip_eval_gate: bool = Query(
         False, description="activate even though the worker's eval gate (replay.gate) fails"
     ),
 ) -> views.DeployResult:
     archive = await _read_archive(request, ctx)
     result = await run_in_threadpool(
-        eval_gate.deploy_gated, ctx, archive=archive, actor=key.id, skip_gate=skip_eval_gate
+        eval_gate.deploy_gated, ctx, archive=archive, caller=caller, skip_gate=skip_eval_gate
     )
     return await run_in_threadpool(views.deploy_result, ctx, result)
 
@@ -92,7 +91,7 @@ async def deploy_worker(
     responses=authed(400, 413, 422),
     openapi_extra=ARCHIVE_BODY,
 )
-async def validate_worker(request: Request, ctx: CtxDep, _: ReadKey) -> views.ValidationResult:
+async def validate_worker(request: Request, ctx: CtxDep, _: ReadCaller) -> views.ValidationResult:
     archive = await _read_archive(request, ctx)
     manifest, problems = await run_in_threadpool(workers.validate_archive, ctx, archive=archive)
     return views.validation_result(manifest, problems)
@@ -100,13 +99,13 @@ async def validate_worker(request: Request, ctx: CtxDep, _: ReadKey) -> views.Va
 
 @router.get("/workers", response_model=Page[views.WorkerPublic], responses=authed(400, 422))
 def list_workers(
-    ctx: CtxDep, _: ReadKey, cursor: Cursor = None, limit: Limit = 50
+    ctx: CtxDep, _: ReadCaller, cursor: Cursor = None, limit: Limit = 50
 ) -> Page[views.WorkerPublic]:
     return views.worker_page(ctx, cursor=cursor, limit=limit)
 
 
 @router.get("/workers/{name}", response_model=views.WorkerDetail, responses=authed(404))
-def get_worker(name: WorkerName, ctx: CtxDep, _: ReadKey) -> views.WorkerDetail:
+def get_worker(name: WorkerName, ctx: CtxDep, _: ReadCaller) -> views.WorkerDetail:
     return views.worker_detail(ctx, name=name)
 
 
@@ -115,7 +114,7 @@ def get_worker(name: WorkerName, ctx: CtxDep, _: ReadKey) -> views.WorkerDetail:
     response_model=Page[views.VersionPublic],
     responses=authed(404),
 )
-def list_versions(name: WorkerName, ctx: CtxDep, _: ReadKey) -> Page[views.VersionPublic]:
+def list_versions(name: WorkerName, ctx: CtxDep, _: ReadCaller) -> Page[views.VersionPublic]:
     return views.version_page(ctx, name=name)
 
 
@@ -124,7 +123,9 @@ def list_versions(name: WorkerName, ctx: CtxDep, _: ReadKey) -> Page[views.Versi
     response_model=views.VersionDetail,
     responses=authed(404),
 )
-def get_version(name: WorkerName, version_id: str, ctx: CtxDep, _: ReadKey) -> views.VersionDetail:
+def get_version(
+    name: WorkerName, version_id: str, ctx: CtxDep, _: ReadCaller
+) -> views.VersionDetail:
     return views.version_detail(ctx, name=name, version_id=version_id)
 
 
@@ -149,9 +150,11 @@ class RollbackRequest(BaseModel):
     responses=authed(400, 404, 409, 422),
 )
 def rollback(
-    name: WorkerName, body: RollbackRequest, ctx: CtxDep, _: DeployKey
+    name: WorkerName, body: RollbackRequest, ctx: CtxDep, caller: DeployCaller
 ) -> views.RollbackResult:
-    version = workers.rollback(ctx, name=name, version_id=body.version_id, run_id=body.run_id)
+    version = workers.rollback(
+        ctx, name=name, version_id=body.version_id, run_id=body.run_id, caller=caller
+    )
     return views.rollback_result(ctx, name=name, version=version)
 
 
@@ -164,16 +167,14 @@ def rollback(
 def delete_worker(
     name: WorkerName,
     ctx: CtxDep,
-    key: DeployKey,
+    caller: DeployCaller,
     purge_runs: bool = Query(
         False,
         description="also delete its runs with their logs, artifacts, tool calls, approvals "
         "and versions; false keeps them readable",
     ),
 ) -> views.WorkerDeleted:
-    deletion = worker_deletion.delete_worker(
-        ctx, name=name, purge_runs=purge_runs, actor=AuditActor.of_key(key)
-    )
+    deletion = worker_deletion.delete_worker(ctx, name=name, purge_runs=purge_runs, caller=caller)
     return views.worker_deleted(deletion)
 
 
@@ -183,5 +184,5 @@ def delete_worker(
     response_model=dict[str, Any],
     responses=authed(),
 )
-def manifest_schema(_: ReadKey) -> dict[str, Any]:
+def manifest_schema(_: ReadCaller) -> dict[str, Any]:
     return manifest_json_schema()

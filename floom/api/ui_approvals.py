@@ -15,7 +15,6 @@ from floom.api import ui_features
 from floom.api.ui_runs import run_page_with
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render, safe_next
 from floom.errors import FloomError, InvalidRequest
-from floom.services import keys
 from floom.services.context import Context
 from floom.services.web_sessions import SignedIn
 
@@ -70,7 +69,6 @@ async def _decide(
     comment = str(form.get("comment") or "")
 
     def action() -> None:
-        keys.require(me.key, "run")
         edited = _edits(ctx, approval_id, form) if decision == "approve" else None
         ui_features.decide(
             ctx,
@@ -78,7 +76,7 @@ async def _decide(
             decision=decision,
             edited=edited,
             comment=comment,
-            actor=me.key.id,
+            caller=me.caller,
         )
 
     try:

@@ -8,7 +8,11 @@ import json
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from floom.schemas import runs as run_views
+from floom.schemas import triggers as trigger_views
 from floom.services import agent_runs, approvals, triggers, webhooks
+from floom.services.principal import Principal
+from floom.store.agents import Approval
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -45,22 +49,25 @@ def worker_triggers(
     urls = triggers.HookUrls(ctx.settings.public_url or base_url)
     items = []
     for row in rows:
-        body = triggers.trigger_to_dict(ctx, row, worker=worker, urls=urls, count=1)
-        fires = body.get("next_fires") or []
+        # The public model REST and MCP answer with, so the page shows the same facts.
+        t = trigger_views.TriggerPublic.model_validate(
+            triggers.trigger_to_dict(ctx, row, worker=worker, urls=urls, count=1)
+        )
+        fires = t.next_fires
         items.append(
             {
-                "id": body.get("id"),
-                "kind": body["kind"],
-                "description": _describe(body["kind"], body["config"]),
+                "id": t.id,
+                "kind": t.kind,
+                "description": _describe(t.kind, t.config),
                 "next_fire": _instant(fires[0]) if fires else None,
                 "next_fire_wall": _wall(fires[0]) if fires else None,
-                "timezone": body.get("timezone"),
-                "paused": body["paused"],
-                "active": body["active"],
-                "webhook_url": body.get("url"),
-                "secret_name": body["config"].get("secret") if body["kind"] == "webhook" else None,
-                "secret_set": body.get("secret_set"),
-                "last_fire_at": body.get("last_fire_at"),
+                "timezone": t.timezone,
+                "paused": t.paused,
+                "active": t.active,
+                "webhook_url": t.url,
+                "secret_name": t.config.get("secret") if t.kind == "webhook" else None,
+                "secret_set": t.secret_set,
+                "last_fire_at": t.last_fire_at,
             }
         )
     return items
@@ -85,14 +92,16 @@ def trigger_summaries(ctx: Context, *, worker_name: str) -> list[dict[str, Any]]
     return items
 
 
-def webhook_deliveries(ctx: Context, *, worker_name: str) -> list[dict[str, Any]] | None:
+def webhook_deliveries(
+    ctx: Context, *, worker_name: str
+) -> list[trigger_views.DeliveryPublic] | None:
     """The newest deliveries to the worker's webhook (and Composio events), newest first."""
     rows, _ = webhooks.list_deliveries(ctx, worker_name=worker_name, limit=RECENT_DELIVERIES)
-    return [webhooks.delivery_to_dict(d) for d in rows]
+    return [trigger_views.delivery_public(d) for d in rows]
 
 
-def _approval_view(a: Any) -> dict[str, Any]:
-    body = approvals.approval_to_dict(a)
+def _approval_view(a: Approval) -> dict[str, Any]:
+    body = run_views.approval_public(a).model_dump()
     body["proposed_text"] = json.dumps(body["proposed"], indent=2, ensure_ascii=False)
     return body
 
@@ -107,8 +116,9 @@ def run_approvals(ctx: Context, *, run_id: str) -> list[dict[str, Any]] | None:
     return [_approval_view(a) for a in approvals.approvals_of_run(ctx, run_id=run_id)]
 
 
-def run_tool_calls(ctx: Context, *, run_id: str) -> list[dict[str, Any]] | None:
-    return [agent_runs.tool_call_to_dict(c) for c in agent_runs.list_tool_calls(ctx, run_id=run_id)]
+def run_tool_calls(ctx: Context, *, run_id: str) -> list[run_views.ToolCallPublic] | None:
+    rows = agent_runs.list_tool_calls(ctx, run_id=run_id)
+    return [run_views.ToolCallPublic.model_validate(agent_runs.tool_call_to_dict(c)) for c in rows]
 
 
 def model_usage(ctx: Context, *, run_id: str) -> dict[str, Any] | None:
@@ -122,7 +132,7 @@ def decide(
     decision: str,
     edited: dict[str, Any] | None,
     comment: str | None,
-    actor: str,
+    caller: Principal,
 ) -> None:
     approvals.decide_approval(
         ctx,
@@ -130,7 +140,7 @@ def decide(
         decision=decision,
         edited=edited,
         comment=comment,
-        actor=actor,
+        caller=caller,
     )
 
 

@@ -12,7 +12,6 @@ from starlette.concurrency import run_in_threadpool
 
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render
 from floom.errors import FloomError, Forbidden
-from floom.services import keys
 from floom.services.context import Context
 from floom.services.handoffs import board as handoff_board
 from floom.services.handoffs import flow as handoff_flow
@@ -30,7 +29,7 @@ NOTICES = {
 @router.get("/handoffs")
 def board_page(request: Request, ctx: CtxDep, me: Me, role: str = "") -> Response:
     try:
-        values = handoff_board.board(ctx, actor=me.key, role=role or None)
+        values = handoff_board.board(ctx, actor=me.caller, role=role or None)
     except Forbidden as exc:
         # A key that speaks for no agent still sees the page, told how to take part.
         values = {"columns": [], "total": 0, "roles": [], "no_actor": error_markup(exc)}
@@ -45,7 +44,7 @@ def _job_page(
     extra: dict[str, Any] | None = None,
     status: int = 200,
 ) -> Response:
-    values = handoff_board.job_view(ctx, actor=me.key, job_id=job_id)
+    values = handoff_board.job_view(ctx, actor=me.caller, job_id=job_id)
     return render(request, "handoff_job.html", {**values, **(extra or {})}, status)
 
 
@@ -62,9 +61,8 @@ async def move(request: Request, job_id: str, ctx: CtxDep, me: Me) -> Response:
     reason = str(form.get("reason") or "").strip() or None
 
     def action() -> str:
-        keys.require(me.key, "run")
         handoff_flow.set_status(
-            ctx, actor=me.key, job_id=job_id, status=str(form.get("status") or ""), reason=reason
+            ctx, actor=me.caller, job_id=job_id, status=str(form.get("status") or ""), reason=reason
         )
         return job_id
 
@@ -76,9 +74,8 @@ async def reject(request: Request, job_id: str, ctx: CtxDep, me: Me) -> Response
     form = await checked_form(request, me)
 
     def action() -> str:
-        keys.require(me.key, "run")
         retry = handoff_review.reject(
-            ctx, actor=me.key, job_id=job_id, reason=str(form.get("reason") or "")
+            ctx, actor=me.caller, job_id=job_id, reason=str(form.get("reason") or "")
         )
         return str(retry["id"])
 

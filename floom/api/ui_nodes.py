@@ -7,13 +7,13 @@ from fastapi.responses import Response
 
 from floom.api.ui_support import CtxDep, Me, UiRoute, render
 from floom.schemas.nodes import node_public
-from floom.services import keys, nodes
+from floom.services import nodes
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
 
 @router.get("/nodes")
 def nodes_page(request: Request, ctx: CtxDep, me: Me) -> Response:
-    keys.require(me.key, "read")
+    me.caller.require("read")
     items = [node_public(v) for v in nodes.list_nodes(ctx)]
     return render(request, "nodes.html", {"items": items})

@@ -7,7 +7,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form
-from floom.services import keys, triggers
+from floom.services import triggers
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
@@ -16,10 +16,14 @@ async def _set_paused(
     request: Request, name: str, ctx: CtxDep, me: Me, *, paused: bool
 ) -> Response:
     form = await checked_form(request, me)
-    keys.require(me.key, "deploy")
     trigger_id = str(form.get("trigger_id") or "") or None
     await run_in_threadpool(
-        triggers.set_paused, ctx, worker_name=name, paused=paused, trigger_id=trigger_id
+        triggers.set_paused,
+        ctx,
+        worker_name=name,
+        paused=paused,
+        trigger_id=trigger_id,
+        caller=me.caller,
     )
     notice = "paused" if paused else "resumed"
     return RedirectResponse(f"/workers/{name}?notice={notice}#triggers", status_code=303)

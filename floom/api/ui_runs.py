@@ -175,9 +175,8 @@ async def replay(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response
     form = await checked_form(request, me)
 
     def action() -> Response:
-        keys.require(me.key, "run")
         latest = form.get("latest") == "1"
-        new = runs.replay_run(ctx, run_id=run_id, latest=latest, actor=me.key.id)
+        new = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=me.caller)
         return RedirectResponse(f"/runs/{new.id}", status_code=303)
 
     return await _act(request, run_id, ctx, action)
@@ -188,8 +187,7 @@ async def cancel(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response
     await checked_form(request, me)
 
     def action() -> Response:
-        keys.require(me.key, "run")
-        runs.cancel_run(ctx, run_id=run_id, actor=me.key.id)
+        runs.cancel_run(ctx, run_id=run_id, caller=me.caller)
         return RedirectResponse(f"/runs/{run_id}?notice=cancel-requested", status_code=303)
 
     return await _act(request, run_id, ctx, action)
@@ -200,9 +198,9 @@ async def rollback_to_run(request: Request, run_id: str, ctx: CtxDep, me: Me) ->
     await checked_form(request, me)
 
     def action() -> Response:
-        keys.require(me.key, "deploy")
+        me.caller.require("deploy")  # before the run is read, so a refusal tells nothing
         run = runs.get_run(ctx, run_id=run_id)
-        workers.rollback(ctx, name=run.worker_name, run_id=run_id)
+        workers.rollback(ctx, name=run.worker_name, run_id=run_id, caller=me.caller)
         return RedirectResponse(f"/runs/{run_id}?notice=rolled-back", status_code=303)
 
     return await _act(request, run_id, ctx, action)

@@ -11,6 +11,7 @@ import abc
 from typing import Any
 
 from floom.errors import FloomError
+from floom.services.principal import Principal
 
 JSON = dict[str, Any]
 
@@ -35,6 +36,9 @@ class Backend(abc.ABC):
 
     #: Whether deploy/validate may read a folder path on the machine running this backend.
     reads_local_folders: bool = False
+    #: Who calls, when this backend knows it (inside the server); None when a remote server
+    #: decides (the stdio server's REST client), so every tool is listed and offered.
+    caller: Principal | None = None
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release connections; the backend is not used afterwards."""

@@ -11,6 +11,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from floom.errors import FloomError, InvalidRequest, NotFound
+from floom.mcp.hints import for_mcp
 
 log = logging.getLogger("floom.mcp")
 
@@ -22,7 +23,12 @@ def describe(exc: BaseException) -> dict[str, Any]:
     """{"code", "message", "hint"[, "details"]} of a floom error; a generic one for anything
     else, whose text stays in the server log because it may hold internals."""
     if isinstance(exc, FloomError):
-        body: dict[str, Any] = {"code": exc.code, "message": exc.message, "hint": exc.hint}
+        # The services name CLI commands; an agent over MCP gets the tools that do the same.
+        body: dict[str, Any] = {
+            "code": exc.code,
+            "message": for_mcp(exc.message),
+            "hint": for_mcp(exc.hint),
+        }
         if exc.details is not None:
             body["details"] = exc.details
         return body

@@ -7,15 +7,21 @@ counts on the next call. Role names are plain strings in the schemas for the sam
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
 from floom.mcp.render import MAX_TEXT_ITEMS, Reply, short
-from floom.mcp.toolkit import backend_of, floom_tool, off
+from floom.mcp.toolkit import (
+    DESTRUCTIVE,
+    READ,
+    WRITE,
+    FloomTool,
+    backend_of,
+    floom_tool,
+    off,
+)
 
 JobId = Annotated[str, Field(description="handoff job id, e.g. job_0123abcd...")]
 Status = Literal[
@@ -331,21 +337,18 @@ async def handoff_reopen_context(ctx: Context, job_id: JobId) -> Reply:
     return Reply("\n".join(lines), body)
 
 
-READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
-DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
-
-HANDOFF_TOOLS: tuple[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations], ...] = (
-    (handoff_my_roles, READ),
-    (handoff_list_jobs, READ),
-    (handoff_get_job, READ),
-    (handoff_create_job, WRITE),
-    (handoff_claim_job, WRITE),
-    (handoff_claim_next_job, WRITE),
-    (handoff_heartbeat, WRITE),
-    (handoff_set_status, DESTRUCTIVE),
-    (handoff_update_job, WRITE),
-    (handoff_complete_job, WRITE),
-    (handoff_reject_job, WRITE),
-    (handoff_reopen_context, READ),
+# Each tool's hints and the scope a key needs for it (floom.mcp.toolkit.FloomTool).
+HANDOFF_TOOLS: tuple[FloomTool, ...] = (
+    FloomTool(handoff_my_roles, READ, "read"),
+    FloomTool(handoff_list_jobs, READ, "read"),
+    FloomTool(handoff_get_job, READ, "read"),
+    FloomTool(handoff_create_job, WRITE, "run"),
+    FloomTool(handoff_claim_job, WRITE, "run"),
+    FloomTool(handoff_claim_next_job, WRITE, "run"),
+    FloomTool(handoff_heartbeat, WRITE, "run"),
+    FloomTool(handoff_set_status, DESTRUCTIVE, "run"),
+    FloomTool(handoff_update_job, WRITE, "run"),
+    FloomTool(handoff_complete_job, WRITE, "run"),
+    FloomTool(handoff_reject_job, WRITE, "run"),
+    FloomTool(handoff_reopen_context, READ, "read"),
 )

@@ -25,6 +25,7 @@ from floom.config import Settings
 from floom.errors import FloomError, Unauthorized
 from floom.mcp.local_backend import CatalogSource, LocalBackend
 from floom.mcp.server import FloomMCPServer
+from floom.services.principal import Principal
 from floom.store.models import ApiKey
 
 log = logging.getLogger("floom.mcp")
@@ -101,7 +102,8 @@ class MCPEndpoint:
         if not isinstance(key, ApiKey):
             raise Unauthorized("no API key given", hint="send `Authorization: Bearer <key>`")
         base_url = str(request.base_url) if isinstance(request, Request) else ""
-        return LocalBackend(self.app.state.ctx, key, base_url=base_url)
+        caller = Principal.of_key(key, surface="mcp")
+        return LocalBackend(self.app.state.ctx, caller, base_url=base_url)
 
 
 def guard_for(endpoint: MCPEndpoint) -> _Guard:

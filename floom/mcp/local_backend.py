@@ -22,7 +22,6 @@ from floom.services import (
     approvals,
     eval_gate,
     evals,
-    keys,
     replays,
     run_waits,
     runs,
@@ -31,13 +30,13 @@ from floom.services import (
     worker_deletion,
     workers,
 )
-from floom.services.audit import AuditActor
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs import review as handoff_review
-from floom.store.models import ApiKey, Worker
+from floom.services.principal import Principal
+from floom.store.models import Worker
 
 
 def _job(job: dict[str, Any]) -> JSON:
@@ -79,57 +78,58 @@ class CatalogSource:
 
 
 class LocalBackend(Backend):
-    """`base_url` is where the caller reached this server, for webhook URLs when
-    FLOOM_PUBLIC_URL is not set."""
+    """Calls floom's services as `caller`, which decide what it may do; this class only
+    translates their results into the tools' JSON. `base_url` is where the caller reached
+    this server, for webhook URLs when FLOOM_PUBLIC_URL is not set."""
 
-    def __init__(self, ctx: Context, key: ApiKey, *, base_url: str = "") -> None:
+    caller: Principal
+
+    def __init__(self, ctx: Context, caller: Principal, *, base_url: str = "") -> None:
         self.ctx = ctx
-        self.key = key
+        self.caller = caller
         self.hook_urls = triggers.HookUrls(ctx.settings.public_url or base_url)
-
-    def _need(self, scope: str) -> Context:
-        keys.require(self.key, scope)
-        return self.ctx
 
     # -- workers and versions ------------------------------------------------------------------
 
     def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
-        ctx = self._need("read")
+        ctx = self.ctx
         return worker_views.worker_page(ctx, cursor=cursor, limit=limit).to_json()
 
     def get_worker(self, name: str) -> JSON:
-        return worker_views.worker_detail(self._need("read"), name=name).to_json()
+        return worker_views.worker_detail(self.ctx, name=name).to_json()
 
     def get_manifest_yaml(self, name: str) -> str:
-        ctx = self._need("read")
+        ctx = self.ctx
         worker = workers.get_worker(ctx, name=name)
         if worker.active_version_id is None:
             raise Conflict(f"worker '{name}' has no active version", hint="deploy it")
         return workers.get_version(ctx, version_id=worker.active_version_id).manifest_yaml
 
     def validate(self, archive: bytes) -> JSON:
-        ctx = self._need("read")
+        ctx = self.ctx
         manifest, problems = workers.validate_archive(ctx, archive=archive)
         return worker_views.validation_result(manifest, problems).to_json()
 
     def deploy(self, archive: bytes) -> JSON:
-        ctx = self._need("deploy")
+        ctx = self.ctx
         # Through the eval gate like REST; MCP offers no override (a person uses the CLI).
-        result = eval_gate.deploy_gated(ctx, archive=archive, actor=self.key.id)
+        result = eval_gate.deploy_gated(ctx, archive=archive, caller=self.caller)
         return worker_views.deploy_result(ctx, result).to_json()
 
     def list_versions(self, name: str) -> JSON:
-        return worker_views.version_page(self._need("read"), name=name).to_json()
+        return worker_views.version_page(self.ctx, name=name).to_json()
 
     def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
-        ctx = self._need("deploy")
-        version = workers.rollback(ctx, name=name, version_id=version_id, run_id=run_id)
+        ctx = self.ctx
+        version = workers.rollback(
+            ctx, name=name, version_id=version_id, run_id=run_id, caller=self.caller
+        )
         return worker_views.rollback_result(ctx, name=name, version=version).to_json()
 
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
-        ctx = self._need("deploy")
+        ctx = self.ctx
         deletion = worker_deletion.delete_worker(
-            ctx, name=name, purge_runs=purge_runs, actor=AuditActor.of_key(self.key)
+            ctx, name=name, purge_runs=purge_runs, caller=self.caller
         )
         return worker_views.worker_deleted(deletion).to_json()
 
@@ -140,9 +140,9 @@ class LocalBackend(Backend):
     ) -> JSON:
         # In the server's process a tool's wait costs no round trip: the tool awaits
         # wait_for_run on the event loop instead of holding this worker thread.
-        ctx = self._need("run")
+        ctx = self.ctx
         run = runs.create_run(
-            ctx, worker_name=worker, inputs=inputs, trigger="mcp", actor=self.key.id, force=force
+            ctx, worker_name=worker, inputs=inputs, trigger="mcp", caller=self.caller, force=force
         )
         return run_views.run_public(run, artifacts=[]).to_json()
 
@@ -155,37 +155,37 @@ class LocalBackend(Backend):
         cursor: str | None = None,
         limit: int = 20,
     ) -> JSON:
-        ctx = self._need("read")
+        ctx = self.ctx
         rows, next_cursor = runs.list_runs(
             ctx, worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
         )
         return run_views.run_page(rows, next_cursor).to_json()
 
     def get_run(self, run_id: str) -> JSON:
-        return run_views.run_detail(self._need("read"), run_id=run_id).to_json()
+        return run_views.run_detail(self.ctx, run_id=run_id).to_json()
 
     async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
-        ctx = self._need("read")
+        ctx = self.ctx
         await run_waits.wait_for_end(
-            ctx, run_id=run_id, timeout=seconds, until="settled", waiter=self.key.id
+            ctx, run_id=run_id, timeout=seconds, until="settled", waiter=self.caller.actor
         )
         return await anyio.to_thread.run_sync(self.get_run, run_id)
 
     def get_logs(
         self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
     ) -> JSON:
-        ctx = self._need("read")
+        ctx = self.ctx
         page = run_views.log_page(ctx, run_id=run_id, after=after, tail=tail, limit=limit)
         return page.to_json()
 
     def cancel_run(self, run_id: str) -> JSON:
-        ctx = self._need("run")
-        runs.cancel_run(ctx, run_id=run_id, actor=self.key.id)
+        ctx = self.ctx
+        runs.cancel_run(ctx, run_id=run_id, caller=self.caller)
         return self.get_run(run_id)
 
     def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
-        ctx = self._need("run")
-        run = runs.replay_run(ctx, run_id=run_id, latest=latest, actor=self.key.id, force=force)
+        ctx = self.ctx
+        run = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=self.caller, force=force)
         return run_views.run_public(run, artifacts=[]).to_json()
 
     # -- replays from recordings and evals -----------------------------------------------------
@@ -193,47 +193,49 @@ class LocalBackend(Backend):
     def start_replay(
         self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
     ) -> JSON:
-        ctx = self._need("run")
+        ctx = self.ctx
         run = replays.start_replay(
-            ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, actor=self.key.id
+            ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, caller=self.caller
         )
         return run_views.run_public(run, artifacts=[]).to_json()
 
     def get_replay(self, run_id: str) -> JSON:
-        ctx = self._need("read")
+        ctx = self.ctx
         return replay_views.replay_report(replays.replay_report(ctx, run_id=run_id)).to_json()
 
     def start_eval(self, worker: str, body: JSON) -> JSON:
-        ctx = self._need("run")
+        ctx = self.ctx
         row = evals.start_eval(
             ctx,
             worker_name=worker,
             selector=str(body.get("runs") or "last:20"),
             version_id=body.get("version_id"),
             model=body.get("model"),
-            actor=self.key.id,
+            caller=self.caller,
         )
         return self.get_eval(row.id)
 
     def get_eval(self, eval_id: str) -> JSON:
-        ctx = self._need("read")
+        ctx = self.ctx
         return replay_views.eval_report(evals.eval_report(ctx, eval_id=eval_id)).to_json()
 
     # -- triggers, approvals -------------------------------------------------------------------
 
     def list_triggers(self, name: str) -> JSON:
-        return self._triggers(self._need("read"), name)
+        return self._triggers(self.ctx, name)
 
     def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
-        ctx = self._need("deploy")
-        triggers.set_paused(ctx, worker_name=name, paused=paused, trigger_id=trigger)
+        ctx = self.ctx
+        triggers.set_paused(
+            ctx, worker_name=name, paused=paused, trigger_id=trigger, caller=self.caller
+        )
         return self._triggers(ctx, name)
 
     def _triggers(self, ctx: Context, name: str) -> JSON:
         return trigger_views.trigger_listing(ctx, name=name, urls=self.hook_urls).to_json()
 
     def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
-        ctx = self._need("read")
+        ctx = self.ctx
         rows, next_cursor = approvals.list_approvals(ctx, status=status or "pending", limit=500)
         items = [
             run_views.approval_public(a) for a in rows if not worker or a.worker_name == worker
@@ -248,34 +250,34 @@ class LocalBackend(Backend):
         edits: JSON | None = None,
         comment: str | None = None,
     ) -> JSON:
-        ctx = self._need("run")
+        ctx = self.ctx
         approvals.decide_approval(
             ctx,
             approval_id=approval_id,
             decision="approve" if approve else "reject",
             edited=edits,
             comment=comment,
-            actor=self.key.id,
+            caller=self.caller,
         )
         return run_views.approval_decided(ctx, approval_id=approval_id).to_json()
 
     # -- secrets -------------------------------------------------------------------------------
 
     def list_secrets(self) -> JSON:
-        return admin_views.secret_page(self._need("deploy")).to_json()
+        return admin_views.secret_page(self.ctx, caller=self.caller).to_json()
 
     def set_secret(self, name: str, value: str) -> JSON:
-        secrets.set_secret(self._need("deploy"), name=name, value=value)
+        secrets.set_secret(self.ctx, name=name, value=value, caller=self.caller)
         return admin_views.SecretSet(name=name, set=True).to_json()
 
     def delete_secret(self, name: str) -> JSON:
-        secrets.delete_secret(self._need("deploy"), name=name)
+        secrets.delete_secret(self.ctx, name=name, caller=self.caller)
         return admin_views.SecretDeleted(name=name, deleted=True).to_json()
 
     # -- handoffs: the key is the actor; the services apply visibility and the table -----------
 
     def handoff_my_roles(self) -> JSON:
-        who = handoff_agents.my_roles(self._need("read"), actor=self.key)
+        who = handoff_agents.my_roles(self.ctx, actor=self.caller)
         return handoff_views.WhoAmI.model_validate(who).to_json()
 
     def handoff_list_jobs(
@@ -290,8 +292,8 @@ class LocalBackend(Backend):
         limit: int = 50,
     ) -> JSON:
         items, next_cursor = handoffs.list_jobs(
-            self._need("read"),
-            actor=self.key,
+            self.ctx,
+            actor=self.caller,
             status=status,
             role=role,
             assignee=assignee,
@@ -304,28 +306,30 @@ class LocalBackend(Backend):
         return Page[handoff_views.JobPublic](items=jobs, next_cursor=next_cursor).to_json()
 
     def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
-        ctx = self._need("read")
-        return _job(handoffs.get_job(ctx, actor=self.key, job_id=job_id, events=events))
+        ctx = self.ctx
+        return _job(handoffs.get_job(ctx, actor=self.caller, job_id=job_id, events=events))
 
     def handoff_create_job(self, **spec: Any) -> JSON:
-        return _job(handoffs.create_job(self._need("run"), actor=self.key, **spec))
+        return _job(handoffs.create_job(self.ctx, actor=self.caller, **spec))
 
     def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
-        ctx = self._need("run")
-        job = handoff_flow.claim(ctx, actor=self.key, job_id=job_id, lease_seconds=lease_seconds)
+        ctx = self.ctx
+        job = handoff_flow.claim(ctx, actor=self.caller, job_id=job_id, lease_seconds=lease_seconds)
         return _job(job)
 
     def handoff_claim_next_job(
         self, *, role: str | None = None, lease_seconds: float | None = None
     ) -> JSON:
-        ctx = self._need("run")
-        job = handoff_flow.claim_next(ctx, actor=self.key, role=role, lease_seconds=lease_seconds)
+        ctx = self.ctx
+        job = handoff_flow.claim_next(
+            ctx, actor=self.caller, role=role, lease_seconds=lease_seconds
+        )
         return handoff_views.ClaimNextResult.model_validate({"job": job}).to_json()
 
     def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
-        ctx = self._need("run")
+        ctx = self.ctx
         state = handoff_flow.heartbeat(
-            ctx, actor=self.key, job_id=job_id, lease_seconds=lease_seconds
+            ctx, actor=self.caller, job_id=job_id, lease_seconds=lease_seconds
         )
         return handoff_views.LeaseState.model_validate(state).to_json()
 
@@ -338,8 +342,8 @@ class LocalBackend(Backend):
         lease_seconds: float | None = None,
     ) -> JSON:
         job = handoff_flow.set_status(
-            self._need("run"),
-            actor=self.key,
+            self.ctx,
+            actor=self.caller,
             job_id=job_id,
             status=status,
             reason=reason,
@@ -351,8 +355,8 @@ class LocalBackend(Backend):
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
     ) -> JSON:
         job = handoffs.update_job(
-            self._need("run"),
-            actor=self.key,
+            self.ctx,
+            actor=self.caller,
             job_id=job_id,
             context=context,
             constraints=constraints,
@@ -368,8 +372,8 @@ class LocalBackend(Backend):
         artifacts: list[JSON] | None = None,
     ) -> JSON:
         job = handoff_flow.complete(
-            self._need("run"),
-            actor=self.key,
+            self.ctx,
+            actor=self.caller,
             job_id=job_id,
             summary=summary,
             data=data,
@@ -381,8 +385,8 @@ class LocalBackend(Backend):
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
     ) -> JSON:
         retry = handoff_review.reject(
-            self._need("run"),
-            actor=self.key,
+            self.ctx,
+            actor=self.caller,
             job_id=job_id,
             reason=reason,
             role=role,
@@ -391,6 +395,6 @@ class LocalBackend(Backend):
         return _job(retry)
 
     def handoff_reopen_context(self, job_id: str) -> JSON:
-        ctx = self._need("read")
-        focus = handoff_review.reopen_context(ctx, actor=self.key, job_id=job_id)
+        ctx = self.ctx
+        focus = handoff_review.reopen_context(ctx, actor=self.caller, job_id=job_id)
         return handoff_views.ReopenContext.model_validate(focus).to_json()

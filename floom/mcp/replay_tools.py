@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult, ToolAnnotations
+from mcp_types import ToolAnnotations
 from pydantic import Field
 
 from floom.mcp.render import Reply, short
-from floom.mcp.toolkit import MAX_WAIT_SECONDS, backend_of, floom_tool, off
+from floom.mcp.toolkit import MAX_WAIT_SECONDS, READ, FloomTool, backend_of, floom_tool, off
 
 POLL_SECONDS = 0.5
 WaitSeconds = Annotated[
@@ -128,13 +128,13 @@ async def get_eval(
     return Reply(eval_text(report), report)
 
 
-READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 # A replay calls the model (what-if) but never acts on the world through tools.
 REPLAYS = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
 
-REPLAY_TOOLS: tuple[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations], ...] = (
-    (replay_recorded_run, REPLAYS),
-    (get_replay, READ),
-    (eval_worker, REPLAYS),
-    (get_eval, READ),
+# Each tool's hints and the scope a key needs for it (floom.mcp.toolkit.FloomTool).
+REPLAY_TOOLS: tuple[FloomTool, ...] = (
+    FloomTool(replay_recorded_run, REPLAYS, "run"),
+    FloomTool(get_replay, READ, "read"),
+    FloomTool(eval_worker, REPLAYS, "run"),
+    FloomTool(get_eval, READ, "read"),
 )

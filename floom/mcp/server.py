@@ -26,11 +26,13 @@ from mcp_types import Tool as MCPTool
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from floom import __version__
+from floom.errors import FloomError
 from floom.mcp import tools
 from floom.mcp.backend import Backend
 from floom.mcp.catalog import Catalog
 from floom.mcp.errors import bad_arguments, resource_error, tool_error, unknown_tool
 from floom.mcp.toolkit import backend_of, off
+from floom.services.principal import Principal
 
 log = logging.getLogger("floom.mcp")
 
@@ -74,12 +76,12 @@ class FloomMCPServer(MCPServer[Any]):
             instructions=INSTRUCTIONS,
             log_level="WARNING",
             subscriptions=self._bus,
-            middleware=[self._remember_legacy_session],
+            middleware=[self._remember_legacy_session, self._scoped_tool_list],
             lifespan=_poll_catalog,
         )
         self._advertise_list_changes()
-        for fn, hints in tools.TOOLS:
-            self.add_tool(fn, annotations=hints, structured_output=False)
+        for tool in tools.TOOLS:
+            self.add_tool(tool.fn, annotations=tool.annotations, structured_output=False)
         self.resource(MANIFEST_URI, name="manifest", mime_type="application/yaml")(_read_manifest)
         self.resource(LOGS_URI, name="run logs", mime_type="text/plain")(_read_logs)
 
@@ -109,6 +111,27 @@ class FloomMCPServer(MCPServer[Any]):
                 while len(self._legacy_sessions) > MAX_LEGACY_SESSIONS:
                     self._legacy_sessions.popitem(last=False)
         return await call_next(ctx)
+
+    async def _scoped_tool_list(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        """A key sees in tools/list only the tools its scope allows (each tool declares its
+        scope in floom.mcp.tools); calling another still answers forbidden, naming the scope."""
+        result = await call_next(ctx)
+        if ctx.method != "tools/list" or not isinstance(result, dict):
+            return result  # the chain hands results on as wire dicts
+        caller = self._caller(Context(request_context=ctx, mcp_server=self))
+        if caller is None:
+            return result
+        listed = result.get("tools") or []
+        allowed = [t for t in listed if caller.can(tools.scope_of(str(t.get("name"))))]
+        return {**result, "tools": allowed}
+
+    def _caller(self, ctx: Context[Any, Any]) -> Principal | None:
+        try:
+            return self.backend_for(ctx).caller
+        except FloomError:
+            return None  # no key: the HTTP guard has refused such requests already
 
     async def refresh_catalog(self) -> None:
         """Reload the worker catalog; tell every listening client when it changed."""
@@ -144,6 +167,7 @@ class FloomMCPServer(MCPServer[Any]):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
+        worker = None
         if name not in tools.TOOL_NAMES:
             worker = self.catalog.exposed(name)
             if worker is None:
@@ -151,6 +175,14 @@ class FloomMCPServer(MCPServer[Any]):
                 worker = self.catalog.exposed(name)
             if worker is None or context is None:
                 return tool_error(unknown_tool(name))
+        # Refused before the arguments are read, as REST refuses before reading a body.
+        caller = self._caller(context) if context is not None else None
+        if caller is not None:
+            try:
+                caller.require(tools.scope_of(name))
+            except FloomError as exc:
+                return tool_error(exc)
+        if worker is not None and context is not None:
             return await tools.run_exposed(context, worker, dict(arguments))
         try:
             return await super().call_tool(name, arguments, context)

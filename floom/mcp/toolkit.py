@@ -1,5 +1,6 @@
-"""How a floom MCP tool runs: its backend, blocking calls off the event loop, one result
-shape, waiting for a run, and packing a worker folder."""
+"""How a floom MCP tool runs: its declaration (annotations and the scope it needs), its
+backend, blocking calls off the event loop, one result shape, waiting for a run, and packing
+a worker folder."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import base64
 import binascii
 import functools
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, ToolAnnotations
 
 from floom.bundle import Bundle, BundleFile, read_folder
 from floom.errors import InvalidRequest
@@ -28,6 +30,28 @@ T = TypeVar("T")
 MAX_WAIT_SECONDS = 600.0
 # The server checks its own limit (FLOOM_MAX_BUNDLE_BYTES); this only stops runaway reads.
 DEFAULT_MAX_BUNDLE_BYTES = 50 * 1024 * 1024
+
+
+READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
+RUNS = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
+
+
+@dataclass(frozen=True)
+class FloomTool:
+    """A tool as the server registers it: the body, its hints, and the least API key scope
+    (read, run, deploy, admin) that may call it. The scope decides whether a key's
+    `tools/list` shows the tool, and a call without it is refused as `forbidden` before the
+    body runs; the services behind the body decide again with the same rule."""
+
+    fn: Callable[..., Awaitable[CallToolResult]]
+    annotations: ToolAnnotations
+    scope: str
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
 
 
 def server_of(ctx: Context) -> FloomMCPServer:

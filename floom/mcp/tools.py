@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context
-from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import Field
 
 from floom.errors import FloomError, InvalidRequest
@@ -31,7 +29,12 @@ from floom.mcp.render import (
 )
 from floom.mcp.replay_tools import REPLAY_TOOLS
 from floom.mcp.toolkit import (
+    DESTRUCTIVE,
     MAX_WAIT_SECONDS,
+    READ,
+    RUNS,
+    WRITE,
+    FloomTool,
     backend_of,
     floom_tool,
     off,
@@ -456,35 +459,40 @@ async def run_exposed(ctx: Context, worker: ExposedWorker, inputs: dict[str, Any
     return Reply(short(run.get("outputs"), 4000), data)
 
 
-READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
-WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
-DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
-RUNS = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
-
-TOOLS: tuple[tuple[Callable[..., Awaitable[CallToolResult]], ToolAnnotations], ...] = (
-    (list_workers, READ),
-    (get_worker, READ),
-    (validate_worker, READ),
-    (deploy_worker, WRITE),
-    (run_worker, RUNS),
-    (list_runs, READ),
-    (get_run, READ),
-    (get_run_logs, READ),
-    (watch_run, READ),
-    (cancel_run, DESTRUCTIVE),
-    (replay_run, RUNS),
-    (list_versions, READ),
-    (rollback_worker, WRITE),
-    (delete_worker, DESTRUCTIVE),
-    (list_approvals, READ),
-    (decide_approval, WRITE),
-    (list_triggers, READ),
-    (pause_worker, WRITE),
-    (resume_worker, WRITE),
-    (list_secrets, READ),
-    (set_secret, WRITE),
-    (delete_secret, DESTRUCTIVE),
+# Each tool's hints and the least scope a key needs for it: the one place a tool declares
+# it, read by tools/list, by calls, and by the authorization test that walks every tool.
+TOOLS: tuple[FloomTool, ...] = (
+    FloomTool(list_workers, READ, "read"),
+    FloomTool(get_worker, READ, "read"),
+    FloomTool(validate_worker, READ, "read"),
+    FloomTool(deploy_worker, WRITE, "deploy"),
+    FloomTool(run_worker, RUNS, "run"),
+    FloomTool(list_runs, READ, "read"),
+    FloomTool(get_run, READ, "read"),
+    FloomTool(get_run_logs, READ, "read"),
+    FloomTool(watch_run, READ, "read"),
+    FloomTool(cancel_run, DESTRUCTIVE, "run"),
+    FloomTool(replay_run, RUNS, "run"),
+    FloomTool(list_versions, READ, "read"),
+    FloomTool(rollback_worker, WRITE, "deploy"),
+    FloomTool(delete_worker, DESTRUCTIVE, "deploy"),
+    FloomTool(list_approvals, READ, "read"),
+    FloomTool(decide_approval, WRITE, "run"),
+    FloomTool(list_triggers, READ, "read"),
+    FloomTool(pause_worker, WRITE, "deploy"),
+    FloomTool(resume_worker, WRITE, "deploy"),
+    FloomTool(list_secrets, READ, "deploy"),
+    FloomTool(set_secret, WRITE, "deploy"),
+    FloomTool(delete_secret, DESTRUCTIVE, "deploy"),
     *HANDOFF_TOOLS,
     *REPLAY_TOOLS,
 )
-TOOL_NAMES = frozenset(fn.__name__ for fn, _ in TOOLS)
+TOOL_NAMES = frozenset(t.name for t in TOOLS)
+# A worker exposed as a tool starts a run of it.
+EXPOSED_SCOPE = "run"
+_SCOPES = {t.name: t.scope for t in TOOLS}
+
+
+def scope_of(name: str) -> str:
+    """The scope a tool of this name needs: its declaration, or an exposed worker's."""
+    return _SCOPES.get(name, EXPOSED_SCOPE)

@@ -8,6 +8,7 @@ from pydantic.json_schema import JsonDict
 from floom.schemas.common import Page, Public, Timestamp
 from floom.services import keys, secrets
 from floom.services.context import Context
+from floom.services.principal import Principal
 from floom.store.models import ApiKey
 
 SCOPE_SCHEMA: JsonDict = {"enum": list(keys.SCOPES)}
@@ -47,8 +48,8 @@ class KeyCreated(KeyPublic):
     key: str = Field(description="the key itself: shown only in this answer")
 
 
-def secret_page(ctx: Context) -> Page[SecretPublic]:
-    items = [SecretPublic.model_validate(s) for s in secrets.list_secrets(ctx)]
+def secret_page(ctx: Context, *, caller: Principal) -> Page[SecretPublic]:
+    items = [SecretPublic.model_validate(s) for s in secrets.list_secrets(ctx, caller=caller)]
     return Page[SecretPublic](items=items, next_cursor=None)
 
 
@@ -60,5 +61,6 @@ def key_created(key: ApiKey, token: str) -> KeyCreated:
     return KeyCreated.model_validate({**keys.key_to_dict(key), "key": token})
 
 
-def key_page(ctx: Context) -> Page[KeyPublic]:
-    return Page[KeyPublic](items=[key_public(k) for k in keys.list_keys(ctx)], next_cursor=None)
+def key_page(ctx: Context, *, caller: Principal) -> Page[KeyPublic]:
+    items = [key_public(k) for k in keys.list_keys(ctx, caller=caller)]
+    return Page[KeyPublic](items=items, next_cursor=None)

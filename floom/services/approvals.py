@@ -19,6 +19,7 @@ from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.services import workers
 from floom.services.agent_runs import replace_artifacts
 from floom.services.logs import system_event
+from floom.services.principal import Principal
 from floom.services.run_rules import (
     AWAITING_APPROVAL,
     CALLER,
@@ -172,15 +173,18 @@ def decide_approval(
     decision: str,
     edited: dict[str, Any] | None = None,
     comment: str | None = None,
-    actor: str | None = None,
+    caller: Principal,
 ) -> Approval:
     """Approve (optionally replacing proposed values key by key with `edited`) or reject.
 
     Approving a run's outputs queues its apply phase; rejecting them ends the run as
     rejected. A tool-call decision queues the run to resume, where an approved call runs
     (with the edited arguments) and a rejected one reaches the model as a refusal carrying
-    the comment. Deciding twice, or an approval whose run moved on, is a Conflict.
+    the comment. Deciding twice, or an approval whose run moved on, is a Conflict. Needs
+    the run scope.
     """
+    caller.require("run")
+    actor = caller.actor
     if decision not in DECISIONS:
         raise InvalidRequest(f"unknown decision '{decision}'", hint="approve or reject")
     if edited is not None and not isinstance(edited, dict):

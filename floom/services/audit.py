@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom.errors import InvalidRequest
+from floom.services.principal import Principal
 from floom.store.audit import AuditEvent
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, new_id
@@ -30,6 +31,10 @@ class AuditActor:
     @classmethod
     def of_key(cls, key: ApiKey) -> AuditActor:
         return cls(key_id=key.id, label=key.name or f"{key.prefix}...")
+
+    @classmethod
+    def of(cls, caller: Principal) -> AuditActor:
+        return cls(key_id=caller.key_id, label=caller.describe())
 
 
 SYSTEM = AuditActor(key_id=None, label="floom")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from floom.errors import EvalGateFailed
 from floom.manifest_replay import EvalGate, replay_rules
 from floom.services import evals, workers
+from floom.services.principal import Principal
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -22,18 +23,20 @@ OVERRIDE_HINT = "deploy with --skip-eval-gate (REST: ?skip_eval_gate=true) to ac
 
 
 def deploy_gated(
-    ctx: Context, *, archive: bytes, actor: str | None = None, skip_gate: bool = False
+    ctx: Context, *, archive: bytes, caller: Principal, skip_gate: bool = False
 ) -> DeployResult:
     """Deploy; a version whose manifest declares an eval gate is activated only after the
     eval passes. A failed gate raises EvalGateFailed and leaves the version stored but not
     active (the eval's id is in the details); `skip_gate` activates it without an eval."""
-    result = workers.deploy(ctx, archive=archive, actor=actor, activate=False)
+    result = workers.deploy(ctx, archive=archive, caller=caller, activate=False)
     worker, version = result.worker, result.version
     if worker.active_version_id == version.id:
         return result
     gate = replay_rules(workers.manifest_of(version)).gate if version.kind == "agent" else None
     if gate is not None and not skip_gate:
-        outcome = run_gate(ctx, worker_name=worker.name, version_id=version.id, gate=gate)
+        outcome = run_gate(
+            ctx, worker_name=worker.name, version_id=version.id, gate=gate, caller=caller
+        )
         if outcome is not None and not outcome["passed"]:
             totals = outcome["totals"]
             raise EvalGateFailed(
@@ -44,7 +47,7 @@ def deploy_gated(
                 hint=f"see `floom eval {worker.name} --against {version.id}`; {OVERRIDE_HINT}",
                 details={"eval_id": outcome["id"], "version_id": version.id, "totals": totals},
             )
-    workers.rollback(ctx, name=worker.name, version_id=version.id)
+    workers.rollback(ctx, name=worker.name, version_id=version.id, caller=caller)
     return replace(result, worker=workers.get_worker(ctx, name=worker.name), activated=True)
 
 
@@ -54,6 +57,7 @@ def run_gate(
     worker_name: str,
     version_id: str,
     gate: EvalGate,
+    caller: Principal,
     timeout: float = GATE_TIMEOUT_SECONDS,
 ) -> dict[str, Any] | None:
     """The gate's eval report with "passed", or None when there is no recorded run to
@@ -61,7 +65,9 @@ def run_gate(
     selector = f"last:{gate.runs}"
     if not evals.select_runs(ctx, worker_name=worker_name, selector=selector):
         return None
-    row = evals.start_eval(ctx, worker_name=worker_name, selector=selector, version_id=version_id)
+    row = evals.start_eval(
+        ctx, worker_name=worker_name, selector=selector, version_id=version_id, caller=caller
+    )
     deadline = time.monotonic() + timeout
     report = evals.eval_report(ctx, eval_id=row.id)
     while not report["finished"] and time.monotonic() < deadline:

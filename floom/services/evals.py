@@ -10,6 +10,7 @@ from sqlmodel import col, select
 
 from floom.errors import InvalidRequest, NotFound
 from floom.services import replays, workers
+from floom.services.principal import Principal
 from floom.services.run_rules import FINISHED, SKIPPED
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id
@@ -80,10 +81,12 @@ def start_eval(
     selector: str = "last:20",
     version_id: str | None = None,
     model: str | None = None,
-    actor: str | None = None,
+    caller: Principal,
 ) -> Eval:
     """Queue a what-if replay of each selected run against `version_id` (default: the
-    worker's active version) and `model` (default: that version's)."""
+    worker's active version) and `model` (default: that version's). Needs the run scope."""
+    caller.require("run")
+    actor = caller.actor
     worker = workers.get_worker(ctx, name=worker_name)
     version_id = version_id or worker.active_version_id
     if version_id is None:
@@ -116,7 +119,7 @@ def start_eval(
             mode=replays.WHAT_IF,
             version_id=version_id,
             model=model,
-            actor=actor,
+            caller=caller,
             eval_id=row.id,
         )
     return row

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from floom.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from floom.errors import InvalidRequest, NotFound, Unauthorized
+from floom.services.principal import SCOPES, SYSTEM, Principal, grants
 from floom.store import signals
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, new_id, utcnow
@@ -19,9 +20,6 @@ from floom.store.models import ApiKey, new_id, utcnow
 if TYPE_CHECKING:
     from floom.services.context import Context
 
-SCOPES = ("read", "run", "deploy", "admin")
-# Each scope includes the ones before it: a deploy key can also run and read.
-_RANK = {scope: i for i, scope in enumerate(SCOPES)}
 KEY_PREFIX = "flm_"
 
 log = logging.getLogger("floom.keys")
@@ -31,22 +29,9 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def grants(key_scopes: str | list[str], needed: str) -> bool:
-    scopes = key_scopes.split(",") if isinstance(key_scopes, str) else key_scopes
-    return any(_RANK.get(s, -1) >= _RANK[needed] for s in scopes)
-
-
-def require(key: ApiKey, scope: str) -> None:
-    if not grants(key.scopes, scope):
-        raise Forbidden(
-            f"this API key lacks the '{scope}' scope",
-            hint=f"use a key created with `floom keys create --scope {scope}` (or higher)",
-        )
-
-
 def check_scopes(scopes: list[str]) -> None:
     """Raise InvalidRequest unless every scope is known and there is at least one."""
-    bad = [s for s in scopes if s not in _RANK]
+    bad = [s for s in scopes if s not in SCOPES]
     if bad or not scopes:
         raise InvalidRequest(
             f"unknown scope {', '.join(repr(s) for s in bad)}" if bad else "no scope given",
@@ -61,8 +46,11 @@ def create_key(
     name: str = "",
     token: str | None = None,
     agent_id: str | None = None,
+    caller: Principal,
 ) -> tuple[ApiKey, str]:
-    """Store a new key and return it with its plaintext, which is never stored or shown again."""
+    """Store a new key and return it with its plaintext, which is never stored or shown again.
+    Needs the admin scope."""
+    caller.require("admin")
     check_scopes(scopes)
     token = token or KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(
@@ -111,12 +99,16 @@ def authenticate(ctx: Context, token: str | None) -> ApiKey:
     return key
 
 
-def list_keys(ctx: Context) -> list[ApiKey]:
+def list_keys(ctx: Context, *, caller: Principal) -> list[ApiKey]:
+    """Every key (hashes never leave the store). Needs the admin scope."""
+    caller.require("admin")
     with session_scope(ctx.engine) as s:
         return list(s.exec(select(ApiKey).order_by(ApiKey.created_at)).all())  # type: ignore[arg-type]
 
 
-def revoke_key(ctx: Context, *, key_id: str) -> ApiKey:
+def revoke_key(ctx: Context, *, key_id: str, caller: Principal) -> ApiKey:
+    """Needs the admin scope; revoking twice changes nothing."""
+    caller.require("admin")
     with session_scope(ctx.engine, write=True) as s:
         key = s.get(ApiKey, key_id)
         if key is None:
@@ -170,7 +162,7 @@ def ensure_admin_key(ctx: Context) -> str | None:
             known = s.exec(select(ApiKey).where(ApiKey.key_hash == _hash(bootstrap))).first()
         if known is None:
             try:
-                create_key(ctx, scopes=["admin"], name="bootstrap", token=bootstrap)
+                create_key(ctx, scopes=["admin"], name="bootstrap", token=bootstrap, caller=SYSTEM)
                 return None
             except IntegrityError:
                 # Another node inserted the same bootstrap key at the same moment.
@@ -181,7 +173,7 @@ def ensure_admin_key(ctx: Context) -> str | None:
             "is generated into %s (unset FLOOM_BOOTSTRAP_API_KEY or set a new value)",
             ctx.settings.admin_key_file,
         )
-    _, token = create_key(ctx, scopes=["admin"], name="admin (generated at start)")
+    _, token = create_key(ctx, scopes=["admin"], name="admin (generated at start)", caller=SYSTEM)
     path = ctx.settings.admin_key_file
     if path.exists():
         path.unlink()

@@ -11,6 +11,7 @@ from sqlmodel import Session, col, select
 from floom.errors import InvalidRequest, NotFound
 from floom.manifest_replay import replay_rules
 from floom.services import run_records, runs, workers
+from floom.services.principal import Principal
 from floom.services.recordings import NOT_RECORDED, load_recording
 from floom.services.replay_diff import first_divergence, run_diff
 from floom.services.run_rules import FINISHED
@@ -34,12 +35,14 @@ def start_replay(
     mode: str,
     version_id: str | None = None,
     model: str | None = None,
-    actor: str | None = None,
+    caller: Principal,
     eval_id: str | None = None,
 ) -> Run:
     """Queue a replay of a finished agent run: `exact` on the run's own version (neither the
     model nor any tool is called), or `what_if` on `version_id` (default: the worker's
-    active version) with its model or `model`, the recording answering the tool calls."""
+    active version) with its model or `model`, the recording answering the tool calls.
+    Needs the run scope."""
+    caller.require("run")
     if mode not in MODES:
         raise InvalidRequest(f"unknown replay mode '{mode}'", hint=f"one of {', '.join(MODES)}")
     if model is not None and (not model.strip() or len(model) > MAX_MODEL_NAME):
@@ -79,7 +82,7 @@ def start_replay(
         worker_name=original.worker_name,
         inputs=json.loads(original.inputs_json),
         trigger="replay",
-        actor=actor,
+        caller=caller,
         version_id=version_id,
         replay_of=original.id,
         force=True,  # a replay acts on nothing, so a paused worker may still be tested

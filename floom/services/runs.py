@@ -21,6 +21,7 @@ from floom.errors import (
 from floom.manifest import nesting_depth
 from floom.services import agent_runs, approvals, workers
 from floom.services.logs import system_event
+from floom.services.principal import Principal
 from floom.services.run_rules import (
     AWAITING_APPROVAL,
     CALLER,
@@ -59,7 +60,7 @@ def create_run(
     inputs: Mapping[str, Any] | None = None,
     coerce_strings: bool = False,
     trigger: str = "api",
-    actor: str | None = None,
+    caller: Principal,
     version_id: str | None = None,
     replay_of: str | None = None,
     scheduled_for: datetime | None = None,
@@ -72,8 +73,10 @@ def create_run(
     Bad inputs raise InputInvalid and create nothing. The run is pinned to `version_id`,
     or to the worker's active version. A paused worker refuses runs (WorkerPaused) unless
     `force`. `in_transaction` runs in the transaction that inserts the run, so a trigger can
-    record its fire or delivery atomically with it; what it raises undoes the run.
+    record its fire or delivery atomically with it; what it raises undoes the run. Needs
+    the run scope.
     """
+    caller.require("run")
     if trigger not in TRIGGERS:
         raise InvalidRequest(f"unknown trigger '{trigger}'", hint=f"one of {', '.join(TRIGGERS)}")
     _check_input_bounds(inputs, max_bytes=ctx.settings.max_input_bytes)
@@ -163,7 +166,7 @@ def _queue_run(
         concurrency=manifest.concurrency,
         replay_of=replay_of,
         scheduled_for=scheduled_for,
-        created_by=actor,
+        created_by=caller.actor,
         parent_run_id=parent_run_id,
     )
     with session_scope(ctx.engine, write=True) as s:
@@ -293,8 +296,11 @@ def list_runs(
     return rows[:limit], next_cursor
 
 
-def cancel_run(ctx: Context, *, run_id: str, actor: str | None = None) -> Run:
-    """A queued run ends at once; a running one is killed by its executor within seconds."""
+def cancel_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
+    """A queued run ends at once; a running one is killed by its executor within seconds.
+    Needs the run scope."""
+    caller.require("run")
+    actor = caller.actor
     with session_scope(ctx.engine, write=True) as s:
         run = run_in_session(s, run_id)
         if run.status in FINISHED:
@@ -330,18 +336,20 @@ def replay_run(
     *,
     run_id: str,
     latest: bool = False,
-    actor: str | None = None,
+    caller: Principal,
     trigger: str = "replay",
     force: bool = False,
 ) -> Run:
-    """Run again with the same inputs, on the same version unless `latest`."""
+    """Run again with the same inputs, on the same version unless `latest`. Needs the run
+    scope."""
+    caller.require("run")
     original = get_run(ctx, run_id=run_id)
     return create_run(
         ctx,
         worker_name=original.worker_name,
         inputs=json.loads(original.inputs_json),
         trigger=trigger,
-        actor=actor,
+        caller=caller,
         version_id=None if latest else original.version_id,
         replay_of=original.id,
         force=force,

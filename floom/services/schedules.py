@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, FloomError, NotFound, WorkerPaused
-from floom.services import run_rules, runs, workers
+from floom.services import principal, run_rules, runs, workers
 from floom.services.triggers import spec_of
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, new_id
@@ -200,6 +200,7 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
             worker_name=worker.name,
             inputs=spec.inputs,
             trigger="schedule",
+            caller=principal.SYSTEM,
             scheduled_for=t,
             in_transaction=record,
         )
@@ -216,7 +217,9 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
     if spec.overlap == "cancel_running":
         for previous in active:
             try:
-                runs.cancel_run(ctx, run_id=previous.id, actor=f"schedule, for {run.id}")
+                runs.cancel_run(
+                    ctx, run_id=previous.id, caller=principal.system(f"schedule, for {run.id}")
+                )
             except Conflict:
                 pass  # it ended meanwhile
 

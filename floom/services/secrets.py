@@ -14,6 +14,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from sqlmodel import select
 
 from floom.errors import InvalidRequest, NotFound, SecretUndecryptable
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import Secret, utcnow
 
@@ -70,7 +71,9 @@ def check_name(name: str) -> None:
         )
 
 
-def set_secret(ctx: Context, *, name: str, value: str) -> None:
+def set_secret(ctx: Context, *, name: str, value: str, caller: Principal) -> None:
+    """Store (or replace) a secret's value, encrypted. Needs the deploy scope."""
+    caller.require("deploy")
     check_name(name)
     if len(value) < MIN_VALUE_LENGTH:
         raise InvalidRequest(
@@ -88,7 +91,9 @@ def set_secret(ctx: Context, *, name: str, value: str) -> None:
             s.add(row)
 
 
-def delete_secret(ctx: Context, *, name: str) -> None:
+def delete_secret(ctx: Context, *, name: str, caller: Principal) -> None:
+    """Needs the deploy scope."""
+    caller.require("deploy")
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Secret, name)
         if row is None:
@@ -96,7 +101,10 @@ def delete_secret(ctx: Context, *, name: str) -> None:
         s.delete(row)
 
 
-def list_secrets(ctx: Context) -> list[dict[str, Any]]:
+def list_secrets(ctx: Context, *, caller: Principal) -> list[dict[str, Any]]:
+    """The secrets' names and dates, never their values. Needs the deploy scope: even the
+    names tell what a deployment talks to."""
+    caller.require("deploy")
     with session_scope(ctx.engine) as s:
         rows = s.exec(select(Secret).order_by(Secret.name)).all()
         return [

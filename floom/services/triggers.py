@@ -13,6 +13,7 @@ from sqlmodel import Session, col, select
 from floom.errors import InvalidRequest, NotFound
 from floom.manifest import Manifest
 from floom.services import secrets
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import Worker, new_id, utcnow
 from floom.store.triggers import Trigger
@@ -91,14 +92,20 @@ def get_trigger(ctx: Context, *, trigger_id: str, worker_name: str | None = None
 
 
 def set_paused(
-    ctx: Context, *, worker_name: str, paused: bool, trigger_id: str | None = None
+    ctx: Context,
+    *,
+    worker_name: str,
+    paused: bool,
+    trigger_id: str | None = None,
+    caller: Principal,
 ) -> tuple[Worker, Trigger | None]:
     """Pause or resume a whole worker, or one of its triggers.
 
     Paused, a schedule keeps ticking but each tick is recorded as skipped (paused), and a
     webhook or Composio event is stored and answered without a run. Resuming does not
-    back-fill the ticks skipped meanwhile.
+    back-fill the ticks skipped meanwhile. Needs the deploy scope.
     """
+    caller.require("deploy")
     with session_scope(ctx.engine, write=True) as s:
         worker = _worker(s, worker_name)
         trigger = None

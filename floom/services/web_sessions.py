@@ -18,6 +18,7 @@ from sqlmodel import col, delete, select
 
 from floom.errors import Forbidden, Unauthorized
 from floom.services import keys
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, new_id, utcnow
 from floom.store.web_sessions import WebSession
@@ -35,8 +36,13 @@ class SignedIn:
     session: WebSession
     key: ApiKey
 
+    @property
+    def caller(self) -> Principal:
+        """The session's API key as the caller of the services its pages use."""
+        return Principal.of_key(self.key, surface="ui")
+
     def can(self, scope: str) -> bool:
-        return keys.grants(self.key.scopes, scope)
+        return self.caller.can(scope)
 
 
 def _hash(token: str) -> str:

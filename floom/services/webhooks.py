@@ -22,7 +22,7 @@ from floom.errors import (
     PayloadTooLarge,
     WorkerPaused,
 )
-from floom.services import runs, secrets, workers
+from floom.services import principal, runs, secrets, workers
 from floom.services.triggers import spec_of
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, new_id
@@ -169,6 +169,7 @@ def deliver(
             worker_name=worker.name,
             inputs=inputs,
             trigger=source,
+            caller=principal.SYSTEM,
             in_transaction=record,
         )
         return Received(delivery)
@@ -354,10 +355,12 @@ def get_delivery(ctx: Context, *, delivery_id: str) -> WebhookDelivery:
 
 
 def replay_delivery(
-    ctx: Context, *, delivery_id: str, actor: str | None = None, force: bool = False
+    ctx: Context, *, delivery_id: str, caller: principal.Principal, force: bool = False
 ) -> Run:
     """Run a stored delivery again, as a new run (trigger `replay`) on the active version,
-    with its inputs taken from the stored body by the trigger's current settings."""
+    with its inputs taken from the stored body by the trigger's current settings. Needs the
+    run scope."""
+    caller.require("run")
     delivery = get_delivery(ctx, delivery_id=delivery_id)
     if not delivery.worker_name:
         raise Conflict(
@@ -387,7 +390,7 @@ def replay_delivery(
         worker_name=delivery.worker_name,
         inputs=inputs,
         trigger="replay",
-        actor=actor,
+        caller=caller,
         replay_of=delivery.run_id,
         force=force,
         in_transaction=record,

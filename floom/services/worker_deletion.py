@@ -15,9 +15,10 @@ from sqlalchemy import delete, func, update
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, NotFound
-from floom.services import approvals, audit, run_rules, run_waits, runs, workers
+from floom.services import approvals, audit, principal, run_rules, run_waits, runs, workers
 from floom.services.audit import AuditActor
 from floom.services.handoffs.bridge import agent_label
+from floom.services.principal import Principal
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.blobs import delete_unreferenced_blobs
 from floom.store.db import session_scope
@@ -71,7 +72,7 @@ def delete_worker(
     *,
     name: str,
     purge_runs: bool,
-    actor: AuditActor,
+    caller: Principal,
     stop_wait_seconds: float = STOP_WAIT_SECONDS,
 ) -> Deletion:
     """Delete the worker `name` and stop everything that could start it again, at once.
@@ -83,8 +84,10 @@ def delete_worker(
     one else refers to; if a run is still running then, it raises Conflict and deletes
     nothing. Without it, runs and versions stay readable; the versions are retired from the
     name. One transaction deletes everything, with the audit event; unknown names raise
-    NotFound.
+    NotFound. Needs the deploy scope.
     """
+    caller.require("deploy")
+    actor = AuditActor.of(caller)
     workers.get_worker(ctx, name=name)
     label = f"deletion of worker {name} by {actor.label}"
     cancelled = closed = 0
@@ -131,7 +134,8 @@ def _cancel_unfinished(ctx: Context, *, name: str, actor: str) -> tuple[int, int
         if requested:
             continue
         try:
-            stopped = runs.cancel_run(ctx, run_id=run_id, actor=actor)
+            # The deletion was allowed (deploy scope); its cancels are floom's, by its label.
+            stopped = runs.cancel_run(ctx, run_id=run_id, caller=principal.system(actor))
             cancelled += stopped.status == run_rules.CANCELLED
         except Conflict:
             pass  # it ended meanwhile

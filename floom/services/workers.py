@@ -15,6 +15,7 @@ from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound
 from floom.manifest import Manifest, Problem
 from floom.manifest_load import check_manifest, parse_manifest
 from floom.sandbox import configuration_problem
+from floom.services.principal import Principal
 from floom.services.triggers import sync_triggers
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
@@ -57,14 +58,17 @@ def validate_archive(ctx: Context, *, archive: bytes) -> tuple[Manifest | None, 
 
 
 def deploy(
-    ctx: Context, *, archive: bytes, actor: str | None = None, activate: bool = True
+    ctx: Context, *, archive: bytes, caller: Principal, activate: bool = True
 ) -> DeployResult:
     """Store the archive as a version of its worker and make that version active.
 
     Deploying content identical to an existing version of the worker creates nothing new;
     that version becomes the active one again. With `activate=False` (an eval gate decides
-    later) the version is only stored, unless the worker has no active version yet.
+    later) the version is only stored, unless the worker has no active version yet. Needs
+    the deploy scope.
     """
+    caller.require("deploy")
+    actor = caller.actor
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
@@ -283,13 +287,20 @@ def list_versions(ctx: Context, *, name: str) -> list[Version]:
 
 
 def rollback(
-    ctx: Context, *, name: str, version_id: str | None = None, run_id: str | None = None
+    ctx: Context,
+    *,
+    name: str,
+    version_id: str | None = None,
+    run_id: str | None = None,
+    caller: Principal,
 ) -> Version:
-    """Make an earlier version active again, given directly or as the version of a run."""
+    """Make an earlier version active again, given directly or as the version of a run.
+    Needs the deploy scope."""
+    caller.require("deploy")
     if bool(version_id) == bool(run_id):
         raise InvalidRequest(
             "give exactly one of a version id or a run id",
-            hint="`floom rollback WORKER --to VERSION` or `--run RUN_ID`",
+            hint="`floom rollback WORKER --to VERSION` or `floom rollback WORKER --run RUN_ID`",
         )
     with session_scope(ctx.engine, write=True) as s:
         worker = _get_worker(s, name)

@@ -15,6 +15,7 @@ from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from floom.services import keys
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole, Role
 from floom.store.models import ApiKey, new_id, utcnow
@@ -53,25 +54,33 @@ def system_actor(label: str = "floom", *, agent_id: str | None = None) -> Actor:
     return Actor(key_id=None, agent_id=agent_id, label=label, admin=True, roles={}, system=True)
 
 
-def as_actor(ctx: Context, actor: Actor | ApiKey) -> Actor:
-    """Surfaces may pass the request's API key; its agent and roles are read now."""
-    return actor if isinstance(actor, Actor) else actor_for_key(ctx, key=actor)
+def as_actor(ctx: Context, actor: Actor | Principal | ApiKey, *, scope: str = "read") -> Actor:
+    """Surfaces pass the request's caller, which must hold `scope` (what the handoff service
+    asking does needs); its agent and roles are read now. An Actor is floom's own, already
+    resolved, and passes."""
+    if isinstance(actor, Actor):
+        return actor
+    caller = actor if isinstance(actor, Principal) else Principal.of_key(actor)
+    caller.require(scope)
+    return actor_for_key(ctx, key=caller)
 
 
-def actor_for_key(ctx: Context, *, key: ApiKey) -> Actor:
-    """The actor behind an API key, with its agent's roles as they are now.
+def actor_for_key(ctx: Context, *, key: Principal) -> Actor:
+    """The actor behind a caller's API key, with its agent's roles as they are now.
 
     Raises Forbidden for a key that speaks for no agent and is not an admin key, and for
     the key of a retired agent.
     """
-    admin = keys.grants(key.scopes, "admin")
+    if key.system:
+        return system_actor(key.name or "floom", agent_id=key.agent_id)
+    admin = key.can("admin")
     if key.agent_id is None:
         if not admin:
             raise Forbidden(
                 "this API key speaks for no agent, so it cannot take part in handoffs",
                 hint="create an agent with `floom agents create NAME --role ROLE` and use its key",
             )
-        return Actor(key_id=key.id, agent_id=None, label="", admin=True, roles={})
+        return Actor(key_id=key.key_id, agent_id=None, label="", admin=True, roles={})
     with session_scope(ctx.engine) as s:
         agent = s.get(Agent, key.agent_id)
         if agent is None or agent.retired_at is not None:
@@ -81,7 +90,7 @@ def actor_for_key(ctx: Context, *, key: ApiKey) -> Actor:
             )
         roles = roles_of(s, agent.id)
     return Actor(
-        key_id=key.id,
+        key_id=key.key_id,
         agent_id=agent.id,
         label=agent.label,
         admin=admin,
@@ -232,9 +241,11 @@ def create_agent(
     roles: list[str],
     tool_family: str = "",
     scopes: list[str] | None = None,
+    caller: Principal,
 ) -> dict[str, Any]:
     """Create an agent holding `roles`, and its first API key (in "key", shown only now).
-    Bad scopes are refused before anything is written."""
+    Bad scopes are refused before anything is written. Needs the admin scope."""
+    caller.require("admin")
     scopes = scopes or ["run"]
     keys.check_scopes(scopes)
     agent = Agent(id=new_id("agt"), label=_check_label(label), tool_family=tool_family[:40])
@@ -245,20 +256,24 @@ def create_agent(
             held = _set_roles(s, agent.id, roles)
     except IntegrityError as exc:
         raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
-    key, token = keys.create_key(ctx, scopes=scopes, name=f"agent {agent.label}", agent_id=agent.id)
+    key, token = keys.create_key(
+        ctx, scopes=scopes, name=f"agent {agent.label}", agent_id=agent.id, caller=caller
+    )
     return {**agent_to_dict(agent, held), "key": token, "key_id": key.id}
 
 
 def create_agent_key(
-    ctx: Context, *, agent: str, scopes: list[str] | None = None
+    ctx: Context, *, agent: str, scopes: list[str] | None = None, caller: Principal
 ) -> dict[str, Any]:
-    """Another key for an agent (to rotate one); the plaintext is in "key", shown only now."""
+    """Another key for an agent (to rotate one); the plaintext is in "key", shown only now.
+    Needs the admin scope."""
+    caller.require("admin")
     with session_scope(ctx.engine) as s:
         found = find_agent(s, agent)
     if found.retired_at is not None:
         raise Conflict(f"agent '{found.label}' is retired", hint="create a new agent instead")
     key, token = keys.create_key(
-        ctx, scopes=scopes or ["run"], name=f"agent {found.label}", agent_id=found.id
+        ctx, scopes=scopes or ["run"], name=f"agent {found.label}", agent_id=found.id, caller=caller
     )
     return {**keys.key_to_dict(key), "key": token}
 
@@ -304,7 +319,7 @@ def update_agent(
         raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
 
 
-def my_roles(ctx: Context, *, actor: Actor | ApiKey) -> dict[str, Any]:
+def my_roles(ctx: Context, *, actor: Actor | Principal) -> dict[str, Any]:
     """Who the caller is and the roles it holds now (read per call, never cached)."""
     who = as_actor(ctx, actor)
     return {

@@ -13,9 +13,9 @@ from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, list_roles
 from floom.services.handoffs.flow import parties
 from floom.services.handoffs.jobs import get_job, list_jobs, load_visible, visible_clause
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Job, JobDependency
-from floom.store.models import ApiKey
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -36,7 +36,7 @@ MOVE_LABELS = {
 
 
 def board(
-    ctx: Context, *, actor: Actor | ApiKey, role: str | None = None, limit: int = BOARD_LIMIT
+    ctx: Context, *, actor: Actor | Principal, role: str | None = None, limit: int = BOARD_LIMIT
 ) -> dict[str, Any]:
     """The newest `limit` jobs the viewer may see (of one role, if given), by status.
 
@@ -61,7 +61,7 @@ def board(
     }
 
 
-def job_view(ctx: Context, *, actor: Actor | ApiKey, job_id: str) -> dict[str, Any]:
+def job_view(ctx: Context, *, actor: Actor | Principal, job_id: str) -> dict[str, Any]:
     """One job with its audit trail, the jobs around it that the viewer may see (blockers,
     dependents, follow-ons), and the moves the transition table offers the viewer."""
     who = as_actor(ctx, actor)

@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
 from floom.errors import FloomError
-from floom.services import run_rules, runs, workers
+from floom.services import principal, run_rules, runs, workers
 from floom.services.handoffs import flow, rules
 from floom.services.handoffs.agents import WORKER_PREFIX, Actor
 from floom.services.handoffs.jobs import record
@@ -132,7 +132,11 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: dict[str, Any]) -> N
     try:
         inputs = _inputs_for(ctx, bridge.worker, job["context"])
         run = runs.create_run(
-            ctx, worker_name=bridge.worker, inputs=inputs, trigger="handoff", actor=actor.agent_id
+            ctx,
+            worker_name=bridge.worker,
+            inputs=inputs,
+            trigger="handoff",
+            caller=principal.system(agent_id=actor.agent_id),
         )
     except FloomError as exc:
         reason = f"worker {bridge.worker} could not start: {exc.message}"

@@ -20,9 +20,10 @@ from floom.errors import Conflict, Forbidden, InvalidRequest
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, system_actor
 from floom.services.handoffs.jobs import as_actor, jobs_to_dicts, load_visible, record
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Job, JobDependency, Role
-from floom.store.models import ApiKey, new_id, utcnow
+from floom.store.models import new_id, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -168,10 +169,10 @@ def _claim_locked(s: Session, job: Job, actor: Actor, lease: timedelta) -> None:
 
 
 def claim(
-    ctx: Context, *, actor: Actor | ApiKey, job_id: str, lease_seconds: float | None = None
+    ctx: Context, *, actor: Actor | Principal, job_id: str, lease_seconds: float | None = None
 ) -> dict[str, Any]:
     """Claim one published job; the caller holds it until its lease runs out."""
-    who, lease = as_actor(ctx, actor), _lease(ctx, lease_seconds)
+    who, lease = as_actor(ctx, actor, scope="run"), _lease(ctx, lease_seconds)
     with session_scope(ctx.engine, write=True) as s:
         job = load_visible(s, who, job_id, lock=True)
         _claim_locked(s, job, who, lease)
@@ -181,14 +182,14 @@ def claim(
 def claim_next(
     ctx: Context,
     *,
-    actor: Actor | ApiKey,
+    actor: Actor | Principal,
     role: str | None = None,
     lease_seconds: float | None = None,
 ) -> dict[str, Any] | None:
     """Claim the most urgent, then oldest, published job of the caller's roles (or of one
     of them), or None when there is none. Jobs another claim holds are skipped, not waited
     for: a racing loser gets the next job."""
-    who, lease = as_actor(ctx, actor), _lease(ctx, lease_seconds)
+    who, lease = as_actor(ctx, actor, scope="run"), _lease(ctx, lease_seconds)
     _need_agent(who)
     role_ids = who.role_ids
     if role is not None:
@@ -216,11 +217,11 @@ def claim_next(
 
 
 def heartbeat(
-    ctx: Context, *, actor: Actor | ApiKey, job_id: str, lease_seconds: float | None = None
+    ctx: Context, *, actor: Actor | Principal, job_id: str, lease_seconds: float | None = None
 ) -> dict[str, Any]:
     """Extend the lease on a job the caller holds. Not an audit event: heartbeats would
     drown the trail; the lease's loss is recorded instead."""
-    who, lease = as_actor(ctx, actor), _lease(ctx, lease_seconds)
+    who, lease = as_actor(ctx, actor, scope="run"), _lease(ctx, lease_seconds)
     with session_scope(ctx.engine, write=True) as s:
         job = load_visible(s, who, job_id, lock=True)
         _check_holder(job, who)
@@ -272,7 +273,7 @@ def release_jobs_of_agent(s: Session, *, agent_id: str, reason: str) -> int:
 def set_status(
     ctx: Context,
     *,
-    actor: Actor | ApiKey,
+    actor: Actor | Principal,
     job_id: str,
     status: str,
     reason: str | None = None,
@@ -280,7 +281,7 @@ def set_status(
 ) -> dict[str, Any]:
     """Move a job to `status` (block, unblock with in_progress, release with published,
     fail, cancel; claim and complete too), as the transition table allows this caller."""
-    who, lease = as_actor(ctx, actor), _lease(ctx, lease_seconds)
+    who, lease = as_actor(ctx, actor, scope="run"), _lease(ctx, lease_seconds)
     if status not in rules.STATUSES:
         raise InvalidRequest(
             f"unknown status '{status}'", hint=f"one of {', '.join(rules.STATUSES)}"
@@ -302,7 +303,7 @@ def set_status(
 def complete(
     ctx: Context,
     *,
-    actor: Actor | ApiKey,
+    actor: Actor | Principal,
     job_id: str,
     summary: str = "",
     data: dict[str, Any] | None = None,
@@ -310,7 +311,7 @@ def complete(
 ) -> dict[str, Any]:
     """Finish a held job with a result; dependents waiting only on it publish, and routing
     rules whose condition holds publish follow-on jobs linked to it."""
-    who = as_actor(ctx, actor)
+    who = as_actor(ctx, actor, scope="run")
     if data is not None and not isinstance(data, dict):
         raise InvalidRequest("the result's data must be a JSON object", hint='e.g. {"ok": true}')
     result = {

@@ -17,9 +17,10 @@ from sqlmodel import Session, col, select
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, find_agent, find_role
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, Job, JobDependency, JobEvent, Role
-from floom.store.models import ApiKey, new_id, utcnow
+from floom.store.models import new_id, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -178,7 +179,7 @@ def event_to_dict(event: JobEvent) -> dict[str, Any]:
 
 
 def get_job(
-    ctx: Context, *, actor: Actor | ApiKey, job_id: str, events: bool = False
+    ctx: Context, *, actor: Actor | Principal, job_id: str, events: bool = False
 ) -> dict[str, Any]:
     """One job the caller may see; with `events`, its audit trail, oldest first."""
     who = as_actor(ctx, actor)
@@ -195,7 +196,7 @@ def _events(s: Session, job_id: str) -> list[dict[str, Any]]:
     return [event_to_dict(e) for e in s.exec(q).all()]
 
 
-def list_events(ctx: Context, *, actor: Actor | ApiKey, job_id: str) -> list[dict[str, Any]]:
+def list_events(ctx: Context, *, actor: Actor | Principal, job_id: str) -> list[dict[str, Any]]:
     who = as_actor(ctx, actor)
     with session_scope(ctx.engine) as s:
         load_visible(s, who, job_id)
@@ -205,7 +206,7 @@ def list_events(ctx: Context, *, actor: Actor | ApiKey, job_id: str) -> list[dic
 def list_jobs(
     ctx: Context,
     *,
-    actor: Actor | ApiKey,
+    actor: Actor | Principal,
     status: list[str] | str | None = None,
     role: str | None = None,
     assignee: str | None = None,
@@ -259,7 +260,7 @@ def _agent_ref(s: Session, actor: Actor, ref: str) -> str | None:
 def create_job(
     ctx: Context,
     *,
-    actor: Actor | ApiKey,
+    actor: Actor | Principal,
     summary: str,
     role: str,
     context: dict[str, Any] | None = None,
@@ -275,7 +276,7 @@ def create_job(
     The same `idempotency_key` from the same agent returns the first job ("replayed": true)
     and creates nothing. A blocker that failed or was cancelled is refused.
     """
-    who = as_actor(ctx, actor)
+    who = as_actor(ctx, actor, scope="run")
     if who.agent_id is None and not who.admin:
         raise Forbidden("only agents and admins publish jobs", hint="use an agent's key")
     job = Job(
@@ -362,14 +363,14 @@ def _lock_blockers(s: Session, actor: Actor, blocker_ids: list[str]) -> list[str
 def update_job(
     ctx: Context,
     *,
-    actor: Actor | ApiKey,
+    actor: Actor | Principal,
     job_id: str,
     context: dict[str, Any] | None = None,
     constraints: list[str] | None = None,
 ) -> dict[str, Any]:
     """Replace a job's context and/or constraints: only its source agent or an admin, and
     only before it completes. The event keeps the old and the new values."""
-    who = as_actor(ctx, actor)
+    who = as_actor(ctx, actor, scope="run")
     if context is None and constraints is None:
         raise InvalidRequest("nothing to update", hint="give a new context and/or constraints")
     new_context = rules.check_context(context) if context is not None else None

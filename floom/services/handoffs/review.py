@@ -13,9 +13,10 @@ from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, find_role
 from floom.services.handoffs.flow import parties
 from floom.services.handoffs.jobs import as_actor, jobs_to_dicts, load_visible, record
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, Job
-from floom.store.models import ApiKey, new_id, utcnow
+from floom.store.models import new_id, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -40,7 +41,7 @@ def may_reject(s: Session, who: Actor, job: Job) -> bool:
 def reject(
     ctx: Context,
     *,
-    actor: Actor | ApiKey,
+    actor: Actor | Principal,
     job_id: str,
     reason: str,
     role: str | None = None,
@@ -51,7 +52,7 @@ def reject(
 
     The source agent, an admin, or the agent holding a follow-on job of it may reject.
     """
-    who = as_actor(ctx, actor)
+    who = as_actor(ctx, actor, scope="run")
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidRequest("a rejection needs a reason", hint="say what must change")
     with session_scope(ctx.engine, write=True) as s:
@@ -108,7 +109,7 @@ def reject(
         return jobs_to_dicts(s, [retry])[0]
 
 
-def reopen_context(ctx: Context, *, actor: Actor | ApiKey, job_id: str) -> dict[str, Any]:
+def reopen_context(ctx: Context, *, actor: Actor | Principal, job_id: str) -> dict[str, Any]:
     """The focused context for retrying a job: the original summary, the constraints, every
     rejection reason so far and the attempt count, without the full context payload."""
     who = as_actor(ctx, actor)
