@@ -100,7 +100,7 @@ def test_a_sandbox_backend_that_fails_under_a_run_ends_it_as_retryable_sandbox_u
         raise SandboxUnavailable("E2B is unreachable", hint="check E2B_DOMAIN")
 
     fake.run = unavailable  # type: ignore[method-assign]
-    run = runs.create_run(ctx, worker_name="adder", inputs={"a": 1, "b": 3})
+    run = runs.create_run(ctx, caller=SYSTEM, worker_name="adder", inputs={"a": 1, "b": 3})
     done = wait_until(lambda: _finished(ctx, run.id), timeout=20)
     assert (done.status, done.error_code) == ("failed", "sandbox_unavailable")
     assert done.error_message == "E2B is unreachable; check E2B_DOMAIN"

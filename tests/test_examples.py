@@ -7,6 +7,7 @@ import httpx
 from floom.api.app import deploy_examples
 from floom.services import secrets, triggers
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from tests.conftest import EXAMPLES, deploy_folder, wait_for_run
 from tests.netns_support import namespace_host, needs_netns
 from tests.standins.github import github_standin
@@ -64,7 +65,7 @@ def test_a_fresh_install_deploys_the_examples_with_unready_schedules_paused(
 
 
 def test_an_example_whose_secrets_are_set_keeps_its_schedule_running(ctx: Context) -> None:
-    secrets.set_secret(ctx, name="GITHUB_TOKEN", value="ghp_already_there")
+    secrets.set_secret(ctx, caller=SYSTEM, name="GITHUB_TOKEN", value="ghp_already_there")
     deploy_examples(ctx)
     _, found = triggers.list_triggers(ctx, worker_name="github-digest")
     assert [t.paused for t in found if t.kind == "schedule"] == [False]
