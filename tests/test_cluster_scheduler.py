@@ -24,6 +24,7 @@ from sqlmodel import col, select
 from floom.bundle import read_folder
 from floom.services import workers
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.models import Run
 from tests.conftest import REPO, fast_settings, make_worker, wait_until
@@ -84,7 +85,7 @@ def test_three_schedulers_fire_each_tick_once_while_one_is_killed_at_a_tick(
 ) -> None:
     folder = make_worker(tmp_path / "w", MANIFEST, {"run.sh": "true\n"})
     archive = read_folder(folder, max_bytes=1 << 20).to_archive()
-    workers.deploy(scheduler_ctx, archive=archive)
+    workers.deploy(scheduler_ctx, caller=SYSTEM, archive=archive)
     clock_start = time.time()
     with ExitStack() as stack:
         nodes = []

@@ -15,6 +15,7 @@ from floom import __version__
 from floom.api.app import bootstrap_store
 from floom.services import keys
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.models import utcnow
 from floom.store.nodes import Node
@@ -41,7 +42,7 @@ def test_nodes_lists_this_node_live_and_a_silent_one_as_lost_in_rest_cli_and_ui(
         )
     with server.client() as api:
         items = api.get("/api/v1/nodes").json()["items"]
-        read_key = keys.create_key(ctx, scopes=["read"])[1]
+        read_key = keys.create_key(ctx, caller=SYSTEM, scopes=["read"])[1]
         assert server.client(read_key).get("/api/v1/nodes").status_code == 200
     by_id = {n["id"]: n for n in items}
     me = by_id[ctx.node_id]

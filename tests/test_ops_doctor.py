@@ -13,13 +13,14 @@ from floom.config import Settings
 from floom.doctor import FAIL, OK, check_database, check_secret_key, run_checks
 from floom.services import secrets
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from tests.conftest import REPO, fast_settings
 
 
 def test_a_healthy_node_passes_every_check(tmp_path: Path, database_url: str) -> None:
     settings = fast_settings(tmp_path / "data", database_url)
     ctx = Context.open(settings)
-    secrets.set_secret(ctx, name="TOKEN", value="value-1234")
+    secrets.set_secret(ctx, caller=SYSTEM, name="TOKEN", value="value-1234")
     ctx.engine.dispose()
     checks = {c.name: c for c in run_checks(settings)}
     assert checks["database"].status == OK
@@ -33,7 +34,7 @@ def test_a_secret_key_that_cannot_read_the_stored_secrets_fails_with_its_fix(
     tmp_path: Path, database_url: str
 ) -> None:
     ctx = Context.open(fast_settings(tmp_path / "data", database_url))
-    secrets.set_secret(ctx, name="TOKEN", value="value-1234")
+    secrets.set_secret(ctx, caller=SYSTEM, name="TOKEN", value="value-1234")
     ctx.engine.dispose()
     wrong = fast_settings(tmp_path / "data", database_url, secret_key="another-key")
     check = check_secret_key(wrong)
@@ -51,7 +52,7 @@ def test_an_unmigrated_database_fails_the_database_check(tmp_path: Path) -> None
 
 def test_the_cli_prints_each_check_and_exits_1_when_one_fails(tmp_path: Path) -> None:
     ctx = Context.open(fast_settings(tmp_path / "data", f"sqlite:///{tmp_path / 'data/floom.db'}"))
-    secrets.set_secret(ctx, name="TOKEN", value="value-1234")
+    secrets.set_secret(ctx, caller=SYSTEM, name="TOKEN", value="value-1234")
     ctx.engine.dispose()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
     env.update(

@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from floom.services import keys
+from floom.services.principal import SYSTEM
 from floom.store.agents import Approval, Transcript
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id, utcnow
@@ -106,7 +107,7 @@ def test_metrics_report_the_store_in_the_prometheus_format(
 
 def _check_metrics(server: LiveServer) -> None:
     _seed(server)
-    _, reader = keys.create_key(server.ctx, scopes=["read"], name="prometheus")
+    _, reader = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="prometheus")
     with server.client(reader) as api:
         resp = api.get("/metrics")
     assert resp.status_code == 200

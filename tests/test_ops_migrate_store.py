@@ -13,6 +13,7 @@ from sqlmodel import SQLModel
 from floom.errors import Conflict, InvalidRequest
 from floom.services import keys
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.services.store_copy import copy_store
 from floom.store.db import make_engine
 from tests.conftest import (
@@ -88,11 +89,11 @@ def test_a_target_holding_floom_data_is_refused_and_left_as_it_was(
     sqlite_url = f"sqlite:///{tmp_path / 'a' / 'floom.db'}"
     Context.open(fast_settings(tmp_path / "a", sqlite_url)).engine.dispose()
     target = Context.open(fast_settings(tmp_path / "b", empty_database_url))
-    keys.create_key(target, scopes=["read"], name="already here")
+    keys.create_key(target, caller=SYSTEM, scopes=["read"], name="already here")
     with pytest.raises(Conflict) as refused:
         copy_store(source_url=sqlite_url, target_url=empty_database_url)
     assert "empty" in (refused.value.hint or "")
-    assert [k.name for k in keys.list_keys(target)] == ["already here"]
+    assert [k.name for k in keys.list_keys(target, caller=SYSTEM)] == ["already here"]
     target.engine.dispose()
     with pytest.raises(InvalidRequest):
         copy_store(source_url=sqlite_url, target_url=sqlite_url)

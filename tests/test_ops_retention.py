@@ -13,6 +13,7 @@ from floom.bundle import read_folder
 from floom.engine.housekeeping import Housekeeping
 from floom.services import workers
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.services.retention import ORPHAN_GRACE, apply_retention
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
@@ -25,7 +26,7 @@ NOW = utcnow()
 def _deploy(ctx: Context, folder: Path, name: str, extra: str = "") -> str:
     make_worker(folder / name, f"name: {name}\n{extra}", {"run.py": "print('hi')\n"})
     bundle = read_folder(folder / name, max_bytes=1 << 20)
-    result = workers.deploy(ctx, archive=bundle.to_archive(), actor="test")
+    result = workers.deploy(ctx, caller=SYSTEM, archive=bundle.to_archive())
     return result.worker.active_version_id or ""
 
 

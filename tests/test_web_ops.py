@@ -13,6 +13,7 @@ import httpx
 
 from floom.api.ui_support import SESSION_COOKIE
 from floom.services import keys, run_stats, runs, triggers
+from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id, utcnow
 from tests.conftest import (
@@ -79,7 +80,7 @@ def test_the_runs_list_filters_by_a_free_time_range_and_refuses_a_bad_time(
 
 
 def test_a_run_page_names_the_key_that_started_the_run(server: LiveServer) -> None:
-    key_row, token = keys.create_key(server.ctx, scopes=["run"], name="nightly-ci")
+    key_row, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["run"], name="nightly-ci")
     with server.client() as admin:
         deploy_folder(admin, EXAMPLES / "hello")
     with server.client(token) as ci:
