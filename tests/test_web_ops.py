@@ -143,7 +143,7 @@ def test_pause_and_resume_buttons_pause_a_worker_and_one_trigger_for_deploy_keys
     client.post("/workers/ticker/resume", data={"csrf": csrf_of(after.text)})
     assert not triggers.list_triggers(server.ctx, worker_name="ticker")[0].paused
 
-    _, reader = keys.create_key(server.ctx, scopes=["read"], name="looker")
+    _, reader = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="looker")
     looker = signed_in_client(server, reader)
     seen = looker.get("/workers/ticker")
     assert 'action="/workers/ticker/pause"' not in seen.text
