@@ -15,6 +15,7 @@ from floom.engine.executor import Executor
 from floom.sandbox.fake import FakeSandbox
 from floom.services import runs, workers
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.store.models import Run
 from tests.conftest import make_worker, wait_until
 from tests.e2b_support import standin_for_module
@@ -43,7 +44,7 @@ def model(ctx: Context, e2b_standin: E2BStandin, tmp_path: Path) -> Iterator[Fak
     provider = FakeProvider()
     ctx.provider_factory = provider.factory
     folder = make_worker(tmp_path / "shell", SHELL_YML, {"SKILL.md": "Use the shell."})
-    workers.deploy(ctx, archive=read_folder(folder, max_bytes=1 << 20).to_archive())
+    workers.deploy(ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=1 << 20).to_archive())
     # The node's default backend is the fake: only the pinned worker reaches E2B.
     executor = Executor(ctx, FakeSandbox(), run_agent=run_agent)
     executor.start()
@@ -62,7 +63,7 @@ def test_an_agents_commands_share_one_e2b_sandbox_killed_when_the_run_ends(
         call("read_file", {"path": "notes/a.txt"}),
         finish({"summary": "done"}),
     )
-    run_id = runs.create_run(ctx, worker_name="shell", inputs={}).id
+    run_id = runs.create_run(ctx, caller=SYSTEM, worker_name="shell", inputs={}).id
 
     def ended() -> Run | None:
         run = runs.get_run(ctx, run_id=run_id)

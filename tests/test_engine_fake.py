@@ -117,12 +117,12 @@ def test_a_worker_pinned_to_an_unconfigured_backend_is_refused_at_deploy_and_lat
     folder = make_worker(tmp_path / "pinned", PINNED, {"run.py": "# run by the fake\n"})
     archive = read_folder(folder, max_bytes=1 << 20).to_archive()
     with pytest.raises(InvalidRequest) as refused:
-        workers.deploy(ctx, archive=archive)
+        workers.deploy(ctx, caller=SYSTEM, archive=archive)
     assert "FLOOM_E2B_API_KEY" in refused.value.message
     monkeypatch.setattr(ctx.settings, "e2b_api_key", "e2b_configured_then_removed")
-    workers.deploy(ctx, archive=archive)
+    workers.deploy(ctx, caller=SYSTEM, archive=archive)
     monkeypatch.setattr(ctx.settings, "e2b_api_key", "")  # the configuration goes away
-    run = runs.create_run(ctx, worker_name="pinned", inputs={"a": 1, "b": 2})
+    run = runs.create_run(ctx, caller=SYSTEM, worker_name="pinned", inputs={"a": 1, "b": 2})
     done = wait_until(lambda: _finished(ctx, run.id), timeout=20)
     assert (done.status, done.error_code) == ("failed", "sandbox_unavailable")
     assert "FLOOM_E2B_API_KEY" in (done.error_message or "")

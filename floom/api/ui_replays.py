@@ -8,14 +8,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, render
-from floom.services import evals, keys, replays
+from floom.services import evals, replays
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
 
 @router.get("/replays/{run_id}")
 def replay_page(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response:
-    keys.require(me.key, "read")
     report = replays.replay_report(ctx, run_id=run_id)
     return render(request, "replay.html", {"r": report})
 
@@ -23,28 +22,25 @@ def replay_page(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response:
 @router.post("/runs/{run_id}/replays")
 async def start_replay(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response:
     form = await checked_form(request, me)
-    keys.require(me.key, "run")
     mode = str(form.get("mode") or "exact")
     version = str(form.get("version_id") or "") or None
-    run = replays.start_replay(ctx, run_id=run_id, mode=mode, version_id=version, actor=me.key.id)
+    run = replays.start_replay(ctx, run_id=run_id, mode=mode, version_id=version, caller=me.caller)
     return RedirectResponse(f"/replays/{run.id}", status_code=303)
 
 
 @router.get("/evals/{eval_id}")
 def eval_page(request: Request, eval_id: str, ctx: CtxDep, me: Me) -> Response:
-    keys.require(me.key, "read")
     return render(request, "eval.html", {"e": evals.eval_report(ctx, eval_id=eval_id)})
 
 
 @router.post("/workers/{name}/evals")
 async def start_eval(request: Request, name: str, ctx: CtxDep, me: Me) -> Response:
     form = await checked_form(request, me)
-    keys.require(me.key, "run")
     row = evals.start_eval(
         ctx,
         worker_name=name,
         selector=str(form.get("runs") or "last:20"),
         version_id=str(form.get("version_id") or "") or None,
-        actor=me.key.id,
+        caller=me.caller,
     )
     return RedirectResponse(f"/evals/{row.id}", status_code=303)
