@@ -28,6 +28,8 @@ import tracemalloc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from floom.services.principal import SYSTEM
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(BENCH), str(REPO)]
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = Path(tempfile.mkdtemp(prefix="floom-soak-"))
     settings = Settings(data_dir=data_dir, deploy_examples=True, secret_key="soak-secret-key")
     ctx = Context.open(settings)
-    _, token = keys.create_key(ctx, scopes=["admin"], name="soak")
+    _, token = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="soak")
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(ctx=ctx), host="127.0.0.1", port=port, log_level="warning")

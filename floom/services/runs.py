@@ -96,7 +96,7 @@ def create_run(
                 inputs=inputs,
                 coerce_strings=coerce_strings,
                 trigger=trigger,
-                actor=actor,
+                actor=caller.actor,
                 version_id=version_id,
                 replay_of=replay_of,
                 scheduled_for=scheduled_for,
@@ -166,7 +166,7 @@ def _queue_run(
         concurrency=manifest.concurrency,
         replay_of=replay_of,
         scheduled_for=scheduled_for,
-        created_by=caller.actor,
+        created_by=actor,
         parent_run_id=parent_run_id,
     )
     with session_scope(ctx.engine, write=True) as s:
