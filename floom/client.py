@@ -588,6 +588,11 @@ class FloomClient:
         result: dict[str, Any] = self._json("DELETE", f"/api/v1/secrets/{url_path(name)}")
         return result
 
+    def my_key(self) -> dict[str, Any]:
+        """The key this client uses (never its value): id, name, scopes, agent."""
+        result: dict[str, Any] = self._json("GET", "/api/v1/keys/me")
+        return result
+
     def list_keys(self) -> dict[str, Any]:
         result: dict[str, Any] = self._json("GET", "/api/v1/keys")
         return result

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -103,8 +102,3 @@ def worker_files(folder: Path) -> dict[str, str]:
 
 def text_of(result: CallToolResult) -> str:
     return "\n".join(getattr(block, "text", "") for block in result.content)
-
-
-def structured_from_text(result: CallToolResult) -> Any:
-    """The JSON copy of the structured content that rides in the second text block."""
-    return json.loads(getattr(result.content[1], "text", ""))

@@ -70,8 +70,10 @@ def test_rollback_makes_an_earlier_version_active_and_runs_follow_it(
     # Rollback by run: make the version of r2 active again.
     by_run = api.post("/api/v1/workers/ver/rollback", json={"run_id": r2["id"]})
     assert by_run.json()["worker"]["active_version_id"] == v2
+    # Again to the version already active: a quiet success that changes nothing.
     again = api.post("/api/v1/workers/ver/rollback", json={"run_id": r2["id"]})
-    assert again.status_code == 409
+    assert again.status_code == 200 and again.json()["changed"] is False
+    assert again.json()["worker"]["active_version_id"] == v2
     missing = api.post("/api/v1/workers/ver/rollback", json={"version_id": "vnope"})
     assert missing.status_code == 404
 

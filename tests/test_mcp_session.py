@@ -71,19 +71,21 @@ def test_an_agent_deploys_runs_debugs_replays_rolls_back_and_approves_over_mcp(
             assert any("greeting service is down" in e["line"] for e in tail["items"])
 
             # Replaying on the same version fails again; after a rollback it succeeds.
-            replay = await call(mcp, "replay_run", run_id=failed_id)
-            assert replay["replay_of"] == failed_id and replay["version_id"] == v2
-            again = await call(mcp, "watch_run", run_id=replay["id"], timeout_seconds=30)
-            assert again["run"]["status"] == "failed"
+            # replay_run waits for the end as run_worker does.
+            replay = await call(mcp, "replay_run", run_id=failed_id, wait_seconds=30)
+            assert replay["finished"] is True and replay["run"]["status"] == "failed"
+            assert replay["run"]["replay_of"] == failed_id and replay["run"]["version_id"] == v2
             rolled = await call(mcp, "rollback_worker", worker="hello", version_id=v1)
-            assert rolled["version"]["id"] == v1
+            assert rolled["version"]["id"] == v1 and rolled["changed"] is True
+            # Rolling back to the active version again is a quiet success.
+            same = await call(mcp, "rollback_worker", worker="hello", version_id=v1)
+            assert same["changed"] is False
             versions = await call(mcp, "list_versions", worker="hello")
             assert [v["id"] for v in versions["items"] if v["active"]] == [v1]
-            fixed = await call(mcp, "replay_run", run_id=failed_id, latest=True)
-            done = await call(mcp, "watch_run", run_id=fixed["id"], timeout_seconds=30)
-            assert done["run"]["status"] == "succeeded"
-            assert done["run"]["outputs"]["greeting"] == "Hello, Bob!"
-            lineage = (await call(mcp, "get_run", run_id=fixed["id"]))["lineage"]
+            fixed = await call(mcp, "replay_run", run_id=failed_id, latest=True, wait_seconds=30)
+            assert fixed["run"]["status"] == "succeeded"
+            assert fixed["run"]["outputs"]["greeting"] == "Hello, Bob!"
+            lineage = (await call(mcp, "get_run", run_id=fixed["run"]["id"]))["lineage"]
             assert lineage["replay_of"] == failed_id
 
             # A gated worker waits for a person; the agent approves with an edit.

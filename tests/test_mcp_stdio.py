@@ -92,6 +92,10 @@ def test_the_scope_of_the_configured_key_limits_what_it_can_do(server: LiveServe
 
     async def session() -> None:
         async with stdio_client(server, read_key) as mcp:
+            # The stdio server asks the server which key it holds and lists only read tools.
+            names = {t.name for t in (await mcp.list_tools()).tools}
+            assert {"list_workers", "get_run"} <= names
+            assert not names & {"deploy_worker", "run_worker", "set_secret"}
             assert (await call(mcp, "list_workers"))["items"] == []
             error = await call_error(mcp, "deploy_worker", folder=str(EXAMPLES / "hello"))
             assert error["code"] == "forbidden" and "'deploy'" in error["message"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from floom.api.auth import AdminCaller, CtxDep, DeployCaller
+from floom.api.auth import AdminCaller, CtxDep, DeployCaller, ReadCaller
 from floom.api.openapi import SecretName, authed
 from floom.schemas import admin as views
 from floom.schemas.common import Page
@@ -47,6 +47,16 @@ def set_secret(
 def delete_secret(name: SecretName, ctx: CtxDep, caller: DeployCaller) -> views.SecretDeleted:
     secrets.delete_secret(ctx, name=name, caller=caller)
     return views.SecretDeleted(name=name, deleted=True)
+
+
+@router.get(
+    "/keys/me",
+    summary="The key this request carries (never its value): name, scopes, agent",
+    response_model=views.KeyPublic,
+    responses=authed(),
+)
+def my_key(ctx: CtxDep, caller: ReadCaller) -> views.KeyPublic:
+    return views.key_public(keys.get_key(ctx, key_id=caller.key_id or ""))
 
 
 @router.get("/keys", response_model=Page[views.KeyPublic], responses=authed())

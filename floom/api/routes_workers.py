@@ -152,10 +152,10 @@ class RollbackRequest(BaseModel):
 def rollback(
     name: WorkerName, body: RollbackRequest, ctx: CtxDep, caller: DeployCaller
 ) -> views.RollbackResult:
-    version = workers.rollback(
+    rollback = workers.rollback(
         ctx, name=name, version_id=body.version_id, run_id=body.run_id, caller=caller
     )
-    return views.rollback_result(ctx, name=name, version=version)
+    return views.rollback_result(ctx, name=name, rollback=rollback)
 
 
 @router.delete(

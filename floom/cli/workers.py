@@ -144,7 +144,11 @@ def rollback(
         )
     with open_client() as client:
         result = client.rollback(worker, version_id=to, run_id=run)
-    out.print(Text(f"{worker} now runs version {result['version']['id']}"))
+    version = result["version"]["id"]
+    if result.get("changed") is False:
+        out.print(Text(f"{worker} already runs version {version}; nothing changed"))
+    else:
+        out.print(Text(f"{worker} now runs version {version}"))
 
 
 @workers_app.command("delete")

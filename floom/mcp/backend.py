@@ -36,12 +36,15 @@ class Backend(abc.ABC):
 
     #: Whether deploy/validate may read a folder path on the machine running this backend.
     reads_local_folders: bool = False
-    #: Who calls, when this backend knows it (inside the server); None when a remote server
-    #: decides (the stdio server's REST client), so every tool is listed and offered.
-    caller: Principal | None = None
 
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release connections; the backend is not used afterwards."""
+
+    def caller(self) -> Principal | None:
+        """Who calls (its key's id, name, scopes and agent), so that tools/list shows only the
+        tools its scope allows; None when that cannot be known, and then every tool is listed
+        (the server still refuses what the scope does not allow)."""
+        return None
 
     # -- workers and versions ------------------------------------------------------------------
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -59,10 +58,7 @@ def tool_error(exc: BaseException) -> CallToolResult:
     """A tool error (isError) carrying floom's code and hint, as text and structured content."""
     error = describe(exc)
     return CallToolResult(
-        content=[
-            TextContent(type="text", text=error_text(error)),
-            TextContent(type="text", text=json.dumps({"error": error}, default=str)),
-        ],
+        content=[TextContent(type="text", text=error_text(error))],
         structured_content={"error": error},
         is_error=True,
     )

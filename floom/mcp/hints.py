@@ -95,7 +95,11 @@ _TOOLS: dict[str, Callable[[list[str]], str]] = {
     "show": _run_tool("get_run"),
     "logs": _run_tool("get_run_logs"),
     "artifacts": _run_tool("get_run"),
-    "run": lambda w: _call("run_worker", worker=_first(w, "WORKER")),
+    "run": lambda w: (
+        _call("run_worker", worker=_first(w, "WORKER"), force=True)
+        if "--force" in w
+        else _call("run_worker", worker=_first(w, "WORKER"))
+    ),
     "approvals": lambda w: "list_approvals()",
     "approve": _decide("approve"),
     "reject": _decide("reject"),

@@ -82,12 +82,13 @@ class LocalBackend(Backend):
     translates their results into the tools' JSON. `base_url` is where the caller reached
     this server, for webhook URLs when FLOOM_PUBLIC_URL is not set."""
 
-    caller: Principal
-
     def __init__(self, ctx: Context, caller: Principal, *, base_url: str = "") -> None:
         self.ctx = ctx
-        self.caller = caller
+        self.principal = caller
         self.hook_urls = triggers.HookUrls(ctx.settings.public_url or base_url)
+
+    def caller(self) -> Principal:
+        return self.principal
 
     # -- workers and versions ------------------------------------------------------------------
 
@@ -113,7 +114,7 @@ class LocalBackend(Backend):
     def deploy(self, archive: bytes) -> JSON:
         ctx = self.ctx
         # Through the eval gate like REST; MCP offers no override (a person uses the CLI).
-        result = eval_gate.deploy_gated(ctx, archive=archive, caller=self.caller)
+        result = eval_gate.deploy_gated(ctx, archive=archive, caller=self.principal)
         return worker_views.deploy_result(ctx, result).to_json()
 
     def list_versions(self, name: str) -> JSON:
@@ -121,15 +122,15 @@ class LocalBackend(Backend):
 
     def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
         ctx = self.ctx
-        version = workers.rollback(
-            ctx, name=name, version_id=version_id, run_id=run_id, caller=self.caller
+        rollback = workers.rollback(
+            ctx, name=name, version_id=version_id, run_id=run_id, caller=self.principal
         )
-        return worker_views.rollback_result(ctx, name=name, version=version).to_json()
+        return worker_views.rollback_result(ctx, name=name, rollback=rollback).to_json()
 
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
         ctx = self.ctx
         deletion = worker_deletion.delete_worker(
-            ctx, name=name, purge_runs=purge_runs, caller=self.caller
+            ctx, name=name, purge_runs=purge_runs, caller=self.principal
         )
         return worker_views.worker_deleted(deletion).to_json()
 
@@ -142,7 +143,12 @@ class LocalBackend(Backend):
         # wait_for_run on the event loop instead of holding this worker thread.
         ctx = self.ctx
         run = runs.create_run(
-            ctx, worker_name=worker, inputs=inputs, trigger="mcp", caller=self.caller, force=force
+            ctx,
+            worker_name=worker,
+            inputs=inputs,
+            trigger="mcp",
+            caller=self.principal,
+            force=force,
         )
         return run_views.run_public(run, artifacts=[]).to_json()
 
@@ -167,7 +173,7 @@ class LocalBackend(Backend):
     async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
         ctx = self.ctx
         await run_waits.wait_for_end(
-            ctx, run_id=run_id, timeout=seconds, until="settled", waiter=self.caller.actor
+            ctx, run_id=run_id, timeout=seconds, until="settled", waiter=self.principal.actor
         )
         return await anyio.to_thread.run_sync(self.get_run, run_id)
 
@@ -180,12 +186,12 @@ class LocalBackend(Backend):
 
     def cancel_run(self, run_id: str) -> JSON:
         ctx = self.ctx
-        runs.cancel_run(ctx, run_id=run_id, caller=self.caller)
+        runs.cancel_run(ctx, run_id=run_id, caller=self.principal)
         return self.get_run(run_id)
 
     def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
         ctx = self.ctx
-        run = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=self.caller, force=force)
+        run = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=self.principal, force=force)
         return run_views.run_public(run, artifacts=[]).to_json()
 
     # -- replays from recordings and evals -----------------------------------------------------
@@ -195,7 +201,7 @@ class LocalBackend(Backend):
     ) -> JSON:
         ctx = self.ctx
         run = replays.start_replay(
-            ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, caller=self.caller
+            ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, caller=self.principal
         )
         return run_views.run_public(run, artifacts=[]).to_json()
 
@@ -211,7 +217,7 @@ class LocalBackend(Backend):
             selector=str(body.get("runs") or "last:20"),
             version_id=body.get("version_id"),
             model=body.get("model"),
-            caller=self.caller,
+            caller=self.principal,
         )
         return self.get_eval(row.id)
 
@@ -227,7 +233,7 @@ class LocalBackend(Backend):
     def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
         ctx = self.ctx
         triggers.set_paused(
-            ctx, worker_name=name, paused=paused, trigger_id=trigger, caller=self.caller
+            ctx, worker_name=name, paused=paused, trigger_id=trigger, caller=self.principal
         )
         return self._triggers(ctx, name)
 
@@ -257,27 +263,27 @@ class LocalBackend(Backend):
             decision="approve" if approve else "reject",
             edited=edits,
             comment=comment,
-            caller=self.caller,
+            caller=self.principal,
         )
         return run_views.approval_decided(ctx, approval_id=approval_id).to_json()
 
     # -- secrets -------------------------------------------------------------------------------
 
     def list_secrets(self) -> JSON:
-        return admin_views.secret_page(self.ctx, caller=self.caller).to_json()
+        return admin_views.secret_page(self.ctx, caller=self.principal).to_json()
 
     def set_secret(self, name: str, value: str) -> JSON:
-        secrets.set_secret(self.ctx, name=name, value=value, caller=self.caller)
+        secrets.set_secret(self.ctx, name=name, value=value, caller=self.principal)
         return admin_views.SecretSet(name=name, set=True).to_json()
 
     def delete_secret(self, name: str) -> JSON:
-        secrets.delete_secret(self.ctx, name=name, caller=self.caller)
+        secrets.delete_secret(self.ctx, name=name, caller=self.principal)
         return admin_views.SecretDeleted(name=name, deleted=True).to_json()
 
     # -- handoffs: the key is the actor; the services apply visibility and the table -----------
 
     def handoff_my_roles(self) -> JSON:
-        who = handoff_agents.my_roles(self.ctx, actor=self.caller)
+        who = handoff_agents.my_roles(self.ctx, actor=self.principal)
         return handoff_views.WhoAmI.model_validate(who).to_json()
 
     def handoff_list_jobs(
@@ -293,7 +299,7 @@ class LocalBackend(Backend):
     ) -> JSON:
         items, next_cursor = handoffs.list_jobs(
             self.ctx,
-            actor=self.caller,
+            actor=self.principal,
             status=status,
             role=role,
             assignee=assignee,
@@ -307,14 +313,16 @@ class LocalBackend(Backend):
 
     def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
         ctx = self.ctx
-        return _job(handoffs.get_job(ctx, actor=self.caller, job_id=job_id, events=events))
+        return _job(handoffs.get_job(ctx, actor=self.principal, job_id=job_id, events=events))
 
     def handoff_create_job(self, **spec: Any) -> JSON:
-        return _job(handoffs.create_job(self.ctx, actor=self.caller, **spec))
+        return _job(handoffs.create_job(self.ctx, actor=self.principal, **spec))
 
     def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
         ctx = self.ctx
-        job = handoff_flow.claim(ctx, actor=self.caller, job_id=job_id, lease_seconds=lease_seconds)
+        job = handoff_flow.claim(
+            ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
+        )
         return _job(job)
 
     def handoff_claim_next_job(
@@ -322,14 +330,14 @@ class LocalBackend(Backend):
     ) -> JSON:
         ctx = self.ctx
         job = handoff_flow.claim_next(
-            ctx, actor=self.caller, role=role, lease_seconds=lease_seconds
+            ctx, actor=self.principal, role=role, lease_seconds=lease_seconds
         )
         return handoff_views.ClaimNextResult.model_validate({"job": job}).to_json()
 
     def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
         ctx = self.ctx
         state = handoff_flow.heartbeat(
-            ctx, actor=self.caller, job_id=job_id, lease_seconds=lease_seconds
+            ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
         )
         return handoff_views.LeaseState.model_validate(state).to_json()
 
@@ -343,7 +351,7 @@ class LocalBackend(Backend):
     ) -> JSON:
         job = handoff_flow.set_status(
             self.ctx,
-            actor=self.caller,
+            actor=self.principal,
             job_id=job_id,
             status=status,
             reason=reason,
@@ -356,7 +364,7 @@ class LocalBackend(Backend):
     ) -> JSON:
         job = handoffs.update_job(
             self.ctx,
-            actor=self.caller,
+            actor=self.principal,
             job_id=job_id,
             context=context,
             constraints=constraints,
@@ -373,7 +381,7 @@ class LocalBackend(Backend):
     ) -> JSON:
         job = handoff_flow.complete(
             self.ctx,
-            actor=self.caller,
+            actor=self.principal,
             job_id=job_id,
             summary=summary,
             data=data,
@@ -386,7 +394,7 @@ class LocalBackend(Backend):
     ) -> JSON:
         retry = handoff_review.reject(
             self.ctx,
-            actor=self.caller,
+            actor=self.principal,
             job_id=job_id,
             reason=reason,
             role=role,
@@ -396,5 +404,5 @@ class LocalBackend(Backend):
 
     def handoff_reopen_context(self, job_id: str) -> JSON:
         ctx = self.ctx
-        focus = handoff_review.reopen_context(ctx, actor=self.caller, job_id=job_id)
+        focus = handoff_review.reopen_context(ctx, actor=self.principal, job_id=job_id)
         return handoff_views.ReopenContext.model_validate(focus).to_json()

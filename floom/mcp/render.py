@@ -20,13 +20,10 @@ class Reply:
     data: dict[str, Any]
 
     def to_result(self) -> CallToolResult:
-        # The JSON rides along as text too: many clients show a model only the content blocks.
+        # The data once, as structured content; the text is the short summary a person (or a
+        # model shown only the content blocks) reads, naming ids and next steps.
         return CallToolResult(
-            content=[
-                TextContent(type="text", text=self.text),
-                TextContent(type="text", text=json.dumps(self.data, default=str)),
-            ],
-            structured_content=self.data,
+            content=[TextContent(type="text", text=self.text)], structured_content=self.data
         )
 
 
@@ -129,6 +126,32 @@ def waiting_text(run: dict[str, Any]) -> str:
         "decision='reject' with a comment; then watch_run(run_id="
         f"'{run['id']}') follows it to its end"
     )
+
+
+def page_of(
+    items: list[dict[str, Any]], cursor: str | None, limit: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of a list the backend returns whole; the cursor is the next item's index."""
+    start = int(cursor) if cursor and cursor.isdigit() else 0
+    end = start + limit
+    return items[start:end], str(end) if end < len(items) else None
+
+
+def trigger_line(t: dict[str, Any]) -> str:
+    """One trigger, whole: kind, id, what fires it, state, next fires, where to send."""
+    config = t.get("config") or {}
+    what = ", ".join(f"{k}={v}" for k, v in config.items() if k != "inputs")
+    state = "paused" if t.get("paused") else ("active" if t.get("active") else "inactive")
+    line = f"{t.get('kind')} {t.get('id')} ({what}) {state}"
+    if t.get("timezone"):
+        line += f" tz={t['timezone']}"
+    if t.get("next_fires"):
+        line += " next: " + ", ".join(t["next_fires"])
+    if t.get("url"):
+        line += f" url={t['url']}"
+        if t.get("secret_set") is False:
+            line += " (signing secret not set)"
+    return line
 
 
 def log_lines_text(events: list[dict[str, Any]]) -> str:

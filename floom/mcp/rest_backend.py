@@ -8,9 +8,10 @@ from typing import Any
 import anyio.to_thread
 
 from floom.client import FloomClient
-from floom.errors import ClientError, Conflict
+from floom.errors import ClientError, Conflict, FloomError
 from floom.handoff_client import HandoffClient
 from floom.mcp.backend import JSON, Backend, NotAvailable
+from floom.services.principal import SCOPES, Principal
 
 SETUP_HINT = (
     "start `floom mcp` with FLOOM_BASE_URL (e.g. http://127.0.0.1:8321) and FLOOM_API_KEY set; "
@@ -42,6 +43,7 @@ class RestBackend(Backend):
         self._client = client
         self._paths: set[str] | None = None
         self._handoffs: HandoffClient | None = None
+        self._caller: Principal | None = None
 
     @property
     def client(self) -> FloomClient:
@@ -52,6 +54,23 @@ class RestBackend(Backend):
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+    def caller(self) -> Principal | None:
+        """The configured key as the server knows it, asked once; None while it cannot be
+        known (no key, server unreachable or older), and then every tool is listed."""
+        if self._caller is None and self._client is not None:
+            try:
+                key = self._client.my_key()
+            except FloomError:
+                return None
+            self._caller = Principal(
+                key_id=key["id"],
+                name=key.get("name") or key["id"],
+                scopes=tuple(s for s in key.get("scopes") or () if s in SCOPES),
+                agent_id=key.get("agent_id"),
+                surface="mcp",
+            )
+        return self._caller
 
     def _offers(self, path: str, what: str) -> None:
         if self._paths is None:

@@ -3,6 +3,7 @@ manifests and run logs as resources, and list-changed notifications when deploys
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -81,7 +82,12 @@ class FloomMCPServer(MCPServer[Any]):
         )
         self._advertise_list_changes()
         for tool in tools.TOOLS:
-            self.add_tool(tool.fn, annotations=tool.annotations, structured_output=False)
+            self.add_tool(
+                tool.fn,
+                description=inspect.cleandoc(tool.fn.__doc__ or ""),
+                annotations=tool.annotations,
+                structured_output=False,
+            )
         self.resource(MANIFEST_URI, name="manifest", mime_type="application/yaml")(_read_manifest)
         self.resource(LOGS_URI, name="run logs", mime_type="text/plain")(_read_logs)
 
@@ -129,7 +135,7 @@ class FloomMCPServer(MCPServer[Any]):
 
     def _caller(self, ctx: Context[Any, Any]) -> Principal | None:
         try:
-            return self.backend_for(ctx).caller
+            return self.backend_for(ctx).caller()
         except FloomError:
             return None  # no key: the HTTP guard has refused such requests already
 

@@ -17,11 +17,13 @@ from floom.mcp.render import (
     Reply,
     log_lines_text,
     names_text,
+    page_of,
     pending_approval_id,
     problems_text,
     run_text,
     runs_text,
     short,
+    trigger_line,
     versions_text,
     waiting_text,
     worker_summary,
@@ -42,7 +44,7 @@ from floom.mcp.toolkit import (
     server_of,
     settle,
 )
-from floom.services.run_rules import SUCCEEDED, WAITING
+from floom.services.run_rules import CANCELLED, SUCCEEDED, WAITING
 
 LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")
 
@@ -66,6 +68,26 @@ Force = Annotated[bool, Field(description="run even though the worker is paused"
 WaitSeconds = Annotated[
     float, Field(ge=0, le=MAX_WAIT_SECONDS, description="wait up to this long for the run to end")
 ]
+# Every status a run can have (floom.services.run_rules.STATUSES; a test keeps them equal).
+RunStatus = Literal[
+    "queued",
+    "running",
+    "awaiting_approval",
+    "succeeded",
+    "failed",
+    "timed_out",
+    "cancelled",
+    "rejected",
+    "limit_exceeded",
+    "skipped",
+]
+# Every trigger a run records (floom.services.runs.TRIGGERS).
+RunTrigger = Literal[
+    "manual", "schedule", "webhook", "composio", "replay", "api", "mcp", "handoff", "agent"
+]
+# Every status of an approval (floom.services.approvals.APPROVAL_STATUSES).
+ApprovalStatus = Literal["pending", "approved", "rejected", "cancelled"]
+Cursor = Annotated[str | None, Field(description="next_cursor of a previous page")]
 
 
 class RunDidNotSucceed(FloomError):
@@ -169,7 +191,10 @@ async def rollback_worker(
     """Make an earlier version of a worker active again (give version_id or run_id)."""
     result = await off(backend_of(ctx).rollback, worker, version_id=version_id, run_id=run_id)
     await server_of(ctx).refresh_catalog()
-    return Reply(f"{worker} now runs version {result['version']['id']}", result)
+    version = result["version"]["id"]
+    if result.get("changed") is False:
+        return Reply(f"{worker} already runs version {version}; nothing changed", result)
+    return Reply(f"{worker} now runs version {version}", result)
 
 
 @floom_tool
@@ -235,10 +260,8 @@ async def run_worker(
 async def list_runs(
     ctx: Context,
     worker: Annotated[str | None, Field(description="only runs of this worker")] = None,
-    status: Annotated[
-        str | None, Field(description="queued, running, succeeded, failed, timed_out, cancelled")
-    ] = None,
-    trigger: Annotated[str | None, Field(description="e.g. api, mcp, schedule, replay")] = None,
+    status: Annotated[RunStatus | None, Field(description="only runs in this status")] = None,
+    trigger: Annotated[RunTrigger | None, Field(description="only runs started so")] = None,
     cursor: Annotated[str | None, Field(description="next_cursor of a previous page")] = None,
     limit: Annotated[int, Field(ge=1, le=500)] = 20,
 ) -> Reply:
@@ -311,9 +334,18 @@ async def watch_run(
 
 @floom_tool
 async def cancel_run(ctx: Context, run_id: RunId) -> Reply:
-    """Cancel a queued or running run; its whole process tree is killed."""
+    """Cancel a queued, running or waiting run. A queued or waiting run ends cancelled at
+    once; a running one is asked to stop (its whole process tree is killed within seconds)
+    and ends cancelled. Says which happened and the run's status now."""
     run = await off(backend_of(ctx).cancel_run, run_id)
-    return Reply(run_text(run), run)
+    if run["status"] == CANCELLED:
+        head = f"cancel accepted: run {run_id} is cancelled"
+    else:
+        head = (
+            f"cancel accepted: run {run_id} is {run['status']} and was asked to stop; "
+            f"watch_run(run_id='{run_id}') follows it to cancelled"
+        )
+    return Reply(head + "\n" + run_text(run), {**run, "cancel_accepted": True})
 
 
 @floom_tool
@@ -324,10 +356,17 @@ async def replay_run(
         bool, Field(description="run on the worker's active version instead of the same one")
     ] = False,
     force: Force = False,
+    wait_seconds: WaitSeconds = 0,
 ) -> Reply:
-    """Run again with the same inputs, on the same version (or the active one with latest)."""
-    run = await off(backend_of(ctx).replay_run, run_id, latest=latest, force=force)
-    return Reply(f"replaying {run_id} as {run['id']}\n" + run_text(run), run)
+    """Run again with the same inputs, on the same version (or the active one with latest).
+    With wait_seconds, wait for the new run to end, as run_worker does."""
+    backend = backend_of(ctx)
+    run = await off(backend.replay_run, run_id, latest=latest, force=force)
+    finished = run["status"] not in ACTIVE_STATUSES
+    if wait_seconds > 0:
+        run, finished = await settle(backend, run["id"], wait_seconds)
+    text = f"replaying {run_id} as {run['id']}\n" + run_text(run)
+    return Reply(text, {"run": run, "finished": finished})
 
 
 # -- approvals, triggers -----------------------------------------------------------------------
@@ -336,7 +375,9 @@ async def replay_run(
 @floom_tool
 async def list_approvals(
     ctx: Context,
-    status: Annotated[str | None, Field(description="e.g. pending")] = None,
+    status: Annotated[
+        ApprovalStatus | None, Field(description="approvals in this status (default pending)")
+    ] = None,
     worker: Annotated[str | None, Field(description="only approvals of this worker")] = None,
 ) -> Reply:
     """Approvals waiting for (or given) a decision: what a run proposes and why it waits."""
@@ -366,12 +407,24 @@ async def decide_approval(
 
 
 @floom_tool
-async def list_triggers(ctx: Context, worker: WorkerName) -> Reply:
-    """A worker's triggers (schedules, webhooks, events) with their next fire times."""
+async def list_triggers(
+    ctx: Context,
+    worker: WorkerName,
+    cursor: Cursor = None,
+    limit: Annotated[int, Field(ge=1, le=100)] = 20,
+) -> Reply:
+    """A worker's triggers (schedules, webhooks, events): each one whole, with its next fire
+    times and webhook URL, a page at a time (next_cursor continues)."""
     page = await off(backend_of(ctx).list_triggers, worker)
-    lines = [f"{len(page['items'])} trigger(s) of {worker}"]
-    lines += [f"  {short(t, 400)}" for t in page["items"]]
-    return Reply("\n".join(lines), page)
+    items, next_cursor = page_of(page["items"], cursor, limit)
+    lines = [
+        f"{len(page['items'])} trigger(s) of {worker}" + (" [paused]" if page.get("paused") else "")
+    ]
+    lines += [f"  {trigger_line(t)}" for t in items]
+    if next_cursor:
+        lines.append(f"(more: list_triggers(worker='{worker}', cursor='{next_cursor}'))")
+    data = {**page, "items": items, "next_cursor": next_cursor}
+    return Reply("\n".join(lines), data)
 
 
 @floom_tool

@@ -83,6 +83,9 @@ class DeployResult(Public):
 class RollbackResult(Public):
     worker: WorkerPublic
     version: VersionPublic
+    changed: bool = Field(
+        default=True, description="false when that version was already the active one"
+    )
 
 
 class ProblemPublic(Public):
@@ -159,10 +162,11 @@ def deploy_result(ctx: Context, result: workers.DeployResult) -> DeployResult:
     )
 
 
-def rollback_result(ctx: Context, *, name: str, version: Version) -> RollbackResult:
+def rollback_result(ctx: Context, *, name: str, rollback: workers.Rollback) -> RollbackResult:
     return RollbackResult(
         worker=worker_public(ctx, name=name),
-        version=version_public(version, active_id=version.id),
+        version=version_public(rollback.version, active_id=rollback.version.id),
+        changed=rollback.changed,
     )
 
 

@@ -99,6 +99,15 @@ def authenticate(ctx: Context, token: str | None) -> ApiKey:
     return key
 
 
+def get_key(ctx: Context, *, key_id: str) -> ApiKey:
+    """One key by id (a caller reading its own key needs no scope beyond its own)."""
+    with session_scope(ctx.engine) as s:
+        key = s.get(ApiKey, key_id)
+    if key is None:
+        raise NotFound(f"no API key {key_id}", hint="`floom keys list` shows the key ids")
+    return key
+
+
 def list_keys(ctx: Context, *, caller: Principal) -> list[ApiKey]:
     """Every key (hashes never leave the store). Needs the admin scope."""
     caller.require("admin")

@@ -142,8 +142,8 @@ def _queue_run(
     if worker.paused and not force:
         raise WorkerPaused(
             f"worker '{worker.name}' is paused",
-            hint=f"resume it with `floom resume {worker.name}`, or run it anyway with --force "
-            '(REST: "force": true)',
+            hint=f"resume it with `floom resume {worker.name}`, or run it anyway with "
+            f'`floom run {worker.name} --force` (REST: "force": true)',
         )
     version_id = version_id or worker.active_version_id
     if version_id is None:

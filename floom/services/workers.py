@@ -11,7 +11,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.bundle import Bundle, read_archive
-from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound
+from floom.errors import InvalidRequest, ManifestInvalid, NotFound
 from floom.manifest import Manifest, Problem
 from floom.manifest_load import check_manifest, parse_manifest
 from floom.sandbox import configuration_problem
@@ -286,6 +286,12 @@ def list_versions(ctx: Context, *, name: str) -> list[Version]:
         )
 
 
+@dataclass(frozen=True)
+class Rollback:
+    version: Version
+    changed: bool  # False: that version was already the active one
+
+
 def rollback(
     ctx: Context,
     *,
@@ -293,9 +299,10 @@ def rollback(
     version_id: str | None = None,
     run_id: str | None = None,
     caller: Principal,
-) -> Version:
+) -> Rollback:
     """Make an earlier version active again, given directly or as the version of a run.
-    Needs the deploy scope."""
+    Rolling back to the version that is already active changes nothing and succeeds
+    (`changed` is False), so a retried rollback is harmless. Needs the deploy scope."""
     caller.require("deploy")
     if bool(version_id) == bool(run_id):
         raise InvalidRequest(
@@ -319,15 +326,12 @@ def rollback(
                 hint=f"`floom versions {name}` lists the versions",
             )
         if worker.active_version_id == version.id:
-            raise Conflict(
-                f"version {version.id} is already the active version of '{name}'",
-                hint=f"`floom versions {name}` shows which versions exist",
-            )
+            return Rollback(version=version, changed=False)
         worker.active_version_id = version.id
         worker.updated_at = utcnow()
         s.add(worker)
         sync_triggers(s, worker_name=name, manifest=manifest_of(version))
-    return version
+    return Rollback(version=version, changed=True)
 
 
 @lru_cache(maxsize=512)

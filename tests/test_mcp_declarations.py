@@ -1,0 +1,52 @@
+"""What floom's MCP tools declare, checked without a server: complete status enums, clean
+descriptions, and hints retold for an agent as calls of tools that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, get_args
+
+import anyio
+
+from floom.mcp import handoff_tools, hints
+from floom.mcp import tools as mcp_tools
+from floom.mcp.server import FloomMCPServer
+from floom.services import approvals, run_rules, runs
+from floom.services.handoffs import rules as handoff_rules
+
+FLOOM = Path(__file__).resolve().parent.parent / "floom"
+
+
+def test_every_status_enum_a_tool_takes_lists_every_status_the_services_know() -> None:
+    assert set(get_args(mcp_tools.RunStatus)) == set(run_rules.STATUSES)
+    assert set(get_args(mcp_tools.RunTrigger)) == set(runs.TRIGGERS)
+    assert set(get_args(mcp_tools.ApprovalStatus)) == set(approvals.APPROVAL_STATUSES)
+    assert set(get_args(handoff_tools.Status)) == set(handoff_rules.STATUSES)
+
+
+def test_tool_descriptions_are_clean_text_without_source_indentation() -> None:
+    server = FloomMCPServer(backend_for=_no_backend, load_workers=list)
+    listed = anyio.run(server.list_tools)
+    assert {t.name for t in listed} == mcp_tools.TOOL_NAMES
+    for tool in listed:
+        assert tool.description and tool.description == tool.description.strip()
+        assert not re.search(r"\n\s", tool.description), tool.name
+
+
+def test_every_cli_command_a_hint_names_is_retold_as_a_tool_that_exists_or_kept() -> None:
+    # Every `floom ...` command written in floom's messages and hints, as the source has it.
+    commands = set()
+    for path in FLOOM.rglob("*.py"):
+        commands |= set(re.findall(r"`floom [^`{]*`", path.read_text()))
+    assert len(commands) > 20
+    for command in sorted(commands):
+        retold = hints.for_mcp(f"try {command}") or ""
+        if retold == f"try {command}":
+            continue  # operator commands (keys, agents, serve, mcp) have no tool
+        tool = retold.removeprefix("try ").split("(")[0]
+        assert tool in mcp_tools.TOOL_NAMES, (command, retold)
+
+
+def _no_backend(_ctx: Any) -> Any:
+    raise AssertionError("listing tools needs no backend")
