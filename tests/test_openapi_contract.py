@@ -75,7 +75,12 @@ ON_PATH = {
 FUZZ_WAIT = 1.0
 # Only an agent run has a transcript, and an agent run needs a model provider stand-in
 # (tests/test_agent_loop.py has one); here its documented 404 is checked instead.
-ANSWERS_404 = {"/api/v1/runs/{run_id}/transcript"}
+# Likewise a replay (of an agent run) and an eval (of agent runs): their 404s are checked.
+ANSWERS_404 = {
+    "/api/v1/runs/{run_id}/transcript",
+    "/api/v1/replays/{run_id}",
+    "/api/v1/evals/{eval_id}",
+}
 
 
 @dataclass
