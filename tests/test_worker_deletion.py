@@ -614,6 +614,7 @@ import sys
 from floom.errors import FloomError
 from floom.services import runs, workers
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from tests.conftest import fast_settings
 
 ctx = Context.open(fast_settings(sys.argv[1], sys.argv[2]))
@@ -621,7 +622,7 @@ workers.get_version(ctx, version_id=sys.argv[3], worker_name="twin")
 print("cached", flush=True)
 sys.stdin.readline()
 try:
-    runs.create_run(ctx, worker_name="twin", version_id=sys.argv[3])
+    runs.create_run(ctx, worker_name="twin", version_id=sys.argv[3], caller=SYSTEM)
     print("created", flush=True)
 except FloomError as exc:
     print(exc.code, flush=True)
