@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import httpx
 
-from floom.api.app import deploy_examples
 from floom.services import secrets, triggers
 from floom.services.context import Context
+from floom.services.examples import deploy_examples
 from floom.services.principal import SYSTEM
 from tests.conftest import EXAMPLES, deploy_folder, wait_for_run
 from tests.netns_support import namespace_host, needs_netns
