@@ -46,8 +46,11 @@ FLOOM_TOOLS = frozenset(
 )
 
 
-def stdio_params(env: dict[str, str]) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "floom.cli", "mcp"], env=env)
+def stdio_params(env: dict[str, str], *args: str) -> StdioServerParameters:
+    """`floom mcp` (with `args`, e.g. --key-file PATH) as a coding agent starts it."""
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "floom.cli", "mcp", *args], env=env
+    )
 
 
 @asynccontextmanager

@@ -10,9 +10,11 @@ import anyio
 import pytest
 from mcp import Client
 
+from floom.client import FloomClient
+from floom.mcp.stdio import configured_key, identify
 from floom.services import keys
 from floom.services.principal import SYSTEM
-from tests.conftest import EXAMPLES, LiveServer, make_worker
+from tests.conftest import EXAMPLES, LiveServer, free_port, make_worker
 from tests.mcp_support import (
     CALL_TIMEOUT,
     FLOOM_TOOLS,
@@ -49,10 +51,14 @@ def test_without_configuration_it_starts_lists_its_tools_and_each_call_explains_
     tmp_path: Path,
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
-    env["FLOOM_DATA_DIR"] = str(tmp_path / "no-server-here")  # so no admin.key is found
+    env["FLOOM_DATA_DIR"] = str(tmp_path / "no-server-here")
 
     async def session() -> None:
         async with Client(stdio_params(env), read_timeout_seconds=CALL_TIMEOUT) as mcp:
+            # What a client shows first: the instructions open with the setup to do.
+            assert mcp.instructions is not None
+            assert mcp.instructions.startswith("NOT CONFIGURED: ")
+            assert "FLOOM_API_KEY" in mcp.instructions and "--key-file" in mcp.instructions
             assert FLOOM_TOOLS <= {t.name for t in (await mcp.list_tools()).tools}
             for tool, args in [
                 ("list_workers", {}),
@@ -62,11 +68,84 @@ def test_without_configuration_it_starts_lists_its_tools_and_each_call_explains_
                 error = await call_error(mcp, tool, **args)
                 assert error["code"] == "not_configured", (tool, error)
                 assert "FLOOM_API_KEY" in error["message"]
-                assert "FLOOM_BASE_URL" in error["message"]
+                assert "--key-file" in error["message"]
+                assert "FLOOM_BASE_URL" in error["hint"]
                 assert "floom keys create --scope deploy" in error["hint"]
-                assert "admin.key" in error["hint"]
+                admin_key = tmp_path / "no-server-here" / "admin.key"
+                assert f"--key-file {admin_key}" in error["hint"]
 
     anyio.run(session)
+
+
+@ONE_DATABASE
+def test_the_admin_key_a_local_server_saved_is_used_only_when_its_file_is_named(
+    server: LiveServer,
+) -> None:
+    env = server.cli_env(key="")
+    del env["FLOOM_API_KEY"]
+    admin_key = Path(env["FLOOM_DATA_DIR"]) / "admin.key"
+    admin_key.parent.mkdir(parents=True, exist_ok=True)
+    admin_key.write_text(server.admin_key + "\n")
+
+    async def session() -> None:
+        # The CLI would fall back to this file; the MCP server does not.
+        async with Client(stdio_params(env), read_timeout_seconds=CALL_TIMEOUT) as mcp:
+            assert mcp.instructions and mcp.instructions.startswith("NOT CONFIGURED: ")
+            error = await call_error(mcp, "list_workers")
+            assert error["code"] == "not_configured"
+        async with Client(
+            stdio_params(env, "--key-file", str(admin_key)), read_timeout_seconds=CALL_TIMEOUT
+        ) as mcp:
+            assert mcp.instructions is not None
+            assert (
+                f"acts as the API key 'test admin' (scope admin) from the key file {admin_key}"
+                in mcp.instructions
+            )
+            assert server.admin_key not in mcp.instructions
+            assert (await call(mcp, "list_workers"))["items"] == []
+
+    anyio.run(session)
+
+
+def test_a_key_file_it_cannot_use_is_named_in_the_setup_message(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
+    env["FLOOM_API_KEY"] = "flm_set_in_the_environment"
+    missing = tmp_path / "missing.key"
+
+    async def session() -> None:
+        # Named explicitly, an unusable file wins over FLOOM_API_KEY: no silent fallback.
+        params = stdio_params(env, "--key-file", str(missing))
+        async with Client(params, read_timeout_seconds=CALL_TIMEOUT) as mcp:
+            assert mcp.instructions and mcp.instructions.startswith("NOT CONFIGURED: ")
+            assert f"the key file {missing} (--key-file) does not exist" in mcp.instructions
+            error = await call_error(mcp, "list_workers")
+            assert error["code"] == "not_configured"
+            assert f"the key file {missing} (--key-file) does not exist" in error["message"]
+
+    anyio.run(session)
+
+
+def test_a_key_file_holds_one_key_and_nothing_else(tmp_path: Path) -> None:
+    (tmp_path / "empty.key").write_text("\n")
+    (tmp_path / "two.key").write_text("flm_one\nflm_two\n")
+    (tmp_path / "big.key").write_text("flm_" + "x" * 5000)
+    (tmp_path / "good.key").write_text("  flm_good\n")
+    for name, why in [
+        ("empty.key", "is empty"),
+        ("two.key", "does not hold a single API key"),
+        ("big.key", "does not hold a single API key"),
+    ]:
+        key = configured_key(str(tmp_path / name))
+        assert key.value is None and key.problem is not None
+        assert why in key.problem.message and "flm_" not in key.problem.message
+    directory = configured_key(str(tmp_path))
+    assert directory.problem is not None and "a directory" in directory.problem.message
+    good = configured_key(str(tmp_path / "good.key"))
+    assert (good.value, good.source, good.problem) == (
+        "flm_good",
+        f"the key file {tmp_path / 'good.key'}",
+        None,
+    )
 
 
 @ONE_DATABASE
@@ -92,7 +171,13 @@ def test_the_scope_of_the_configured_key_limits_what_it_can_do(server: LiveServe
 
     async def session() -> None:
         async with stdio_client(server, read_key) as mcp:
-            # The stdio server asks the server which key it holds and lists only read tools.
+            # The stdio server asks the server which key it holds, says so in its
+            # instructions (never the value) and lists only read tools.
+            assert mcp.instructions is not None
+            assert "acts as the API key 'reader' (scope read) from FLOOM_API_KEY" in (
+                mcp.instructions
+            )
+            assert read_key not in mcp.instructions
             names = {t.name for t in (await mcp.list_tools()).tools}
             assert {"list_workers", "get_run"} <= names
             assert not names & {"deploy_worker", "run_worker", "set_secret"}
@@ -158,3 +243,19 @@ def test_triggers_with_their_next_fires_and_pausing_go_through_the_rest_api(
             assert error["code"] == "not_found"
 
     anyio.run(session)
+
+
+@ONE_DATABASE
+def test_the_instructions_say_when_the_key_is_refused_or_floom_cannot_be_asked(
+    server: LiveServer,
+) -> None:
+    with FloomClient(server.base_url, "flm_not_a_key") as refused:
+        caller, about = identify(refused, "FLOOM_API_KEY")
+    assert caller is None
+    assert f"floom at {server.base_url} refused the API key from FLOOM_API_KEY" in about
+    assert "flm_not_a_key" not in about
+    away = f"http://127.0.0.1:{free_port()}"
+    with FloomClient(away, server.admin_key) as unreachable:
+        caller, about = identify(unreachable, "FLOOM_API_KEY")
+    assert caller is None and f"floom at {away} could not be asked" in about
+    assert server.admin_key not in about

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 
@@ -10,12 +12,22 @@ def register(app: typer.Typer) -> None:
     app.command("mcp")(serve_mcp)
 
 
-def serve_mcp() -> None:
+def serve_mcp(
+    key_file: Annotated[
+        str | None,
+        typer.Option(
+            "--key-file",
+            envvar="FLOOM_API_KEY_FILE",
+            help="act as the API key in this file (e.g. ~/.floom/admin.key); else FLOOM_API_KEY",
+        ),
+    ] = None,
+) -> None:
     """Serve MCP over stdio for Claude Code, Codex, Gemini CLI, Cursor or VS Code.
 
-    Configured by FLOOM_BASE_URL and FLOOM_API_KEY (see the README's MCP section).
+    Acts as FLOOM_API_KEY or the key in --key-file, never a key it finds on its own; talks to
+    FLOOM_BASE_URL (see the README's MCP section).
     """
     # Imported here, not at the top: the MCP SDK costs ~0.4 s of every CLI start-up.
     from floom.mcp.stdio import serve
 
-    serve()
+    serve(key_file=key_file)

@@ -8,47 +8,72 @@ from typing import Any
 import anyio.to_thread
 
 from floom.client import FloomClient
+from floom.client_env import admin_key_file
 from floom.errors import ClientError, Conflict, FloomError
 from floom.handoff_client import HandoffClient
 from floom.mcp.backend import JSON, Backend, NotAvailable
 from floom.services.principal import SCOPES, Principal
 
-SETUP_HINT = (
-    "start `floom mcp` with FLOOM_BASE_URL (e.g. http://127.0.0.1:8321) and FLOOM_API_KEY set; "
-    "get a key on the server with `floom keys create --scope deploy`, or use the admin key "
-    "that `floom serve` saved in its data dir (admin.key). With Claude Code: "
-    "`claude mcp add floom -e FLOOM_BASE_URL=... -e FLOOM_API_KEY=... -- floom mcp`"
+NO_KEY = (
+    "the floom MCP server was started without an API key: FLOOM_API_KEY is not set and no "
+    "--key-file names one (it never picks up a key it was not given)"
 )
 
 
 class NotConfigured(ClientError):
-    """`floom mcp` was started without the settings that say where floom is."""
+    """`floom mcp` was started without a key to act as (or with a key file it cannot use)."""
 
-    def __init__(self) -> None:
-        super().__init__(
-            "the floom MCP server has no API key: FLOOM_API_KEY (and FLOOM_BASE_URL for a "
-            "server that is not on this machine) are not set",
-            status=0,
-            code="not_configured",
-            hint=SETUP_HINT,
-        )
+    def __init__(self, message: str = NO_KEY) -> None:
+        super().__init__(message, status=0, code="not_configured", hint=setup_hint())
+
+
+def setup_hint() -> str:
+    """How to give `floom mcp` a key, naming where this machine's local server keeps its
+    admin key."""
+    admin_key = admin_key_file()
+    return (
+        f"start `floom mcp` with FLOOM_API_KEY set, or with `--key-file {admin_key}` (the "
+        "admin key a `floom serve` on this machine saved), and FLOOM_BASE_URL for a server "
+        "that is not on this machine; a key of its own is safer: `floom keys create --scope "
+        f"deploy`. With Claude Code: `claude mcp add floom -- floom mcp --key-file {admin_key}`"
+    )
+
+
+def principal_of_key(key: JSON) -> Principal:
+    """The caller a key's public record (GET /api/v1/keys/me) describes."""
+    return Principal(
+        key_id=key["id"],
+        name=key.get("name") or key["id"],
+        scopes=tuple(s for s in key.get("scopes") or () if s in SCOPES),
+        agent_id=key.get("agent_id"),
+        surface="mcp",
+    )
 
 
 class RestBackend(Backend):
-    """Without a client (no API key configured) every call raises NotConfigured."""
+    """Without a client (no key configured) every call raises `setup_error`, a
+    NotConfigured saying how to configure one. `caller` is the key as the server described
+    it, when already asked."""
 
     reads_local_folders = True
 
-    def __init__(self, client: FloomClient | None) -> None:
+    def __init__(
+        self,
+        client: FloomClient | None,
+        *,
+        caller: Principal | None = None,
+        setup_error: NotConfigured | None = None,
+    ) -> None:
         self._client = client
+        self._setup_error = setup_error
         self._paths: set[str] | None = None
         self._handoffs: HandoffClient | None = None
-        self._caller: Principal | None = None
+        self._caller = caller
 
     @property
     def client(self) -> FloomClient:
         if self._client is None:
-            raise NotConfigured()
+            raise self._setup_error or NotConfigured()
         return self._client
 
     def close(self) -> None:
@@ -63,13 +88,7 @@ class RestBackend(Backend):
                 key = self._client.my_key()
             except FloomError:
                 return None
-            self._caller = Principal(
-                key_id=key["id"],
-                name=key.get("name") or key["id"],
-                scopes=tuple(s for s in key.get("scopes") or () if s in SCOPES),
-                agent_id=key.get("agent_id"),
-                surface="mcp",
-            )
+            self._caller = principal_of_key(key)
         return self._caller
 
     def _offers(self, path: str, what: str) -> None:

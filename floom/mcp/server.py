@@ -55,7 +55,8 @@ class FloomMCPServer(MCPServer[Any]):
     """`backend_for` gives each call its Backend (one for stdio; per API key over HTTP).
     `load_workers` lists every worker body for the catalog, reloaded when a list is asked
     for, after deploys and rollbacks through MCP, and every `poll_seconds` in the background
-    so that deploys made elsewhere (CLI, REST, UI) also reach listening clients."""
+    so that deploys made elsewhere (CLI, REST, UI) also reach listening clients.
+    `instructions` tell the client what floom is (the stdio server adds which key it acts as)."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class FloomMCPServer(MCPServer[Any]):
         backend_for: BackendFactory,
         load_workers: Callable[[], list[dict[str, Any]]],
         poll_seconds: float = 5.0,
+        instructions: str = INSTRUCTIONS,
     ) -> None:
         self._bus = InMemorySubscriptionBus()
         # Handshake-era clients hear of list changes on their connection, not on the bus.
@@ -74,7 +76,7 @@ class FloomMCPServer(MCPServer[Any]):
             "floom",
             title="floom",
             version=__version__,
-            instructions=INSTRUCTIONS,
+            instructions=instructions,
             log_level="WARNING",
             subscriptions=self._bus,
             middleware=[self._remember_legacy_session, self._scoped_tool_list],
