@@ -29,6 +29,7 @@ FLOOM_TOOLS = frozenset(
         "list_runs",
         "get_run",
         "get_run_logs",
+        "get_artifact",
         "watch_run",
         "cancel_run",
         "replay_run",

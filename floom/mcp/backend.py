@@ -122,6 +122,21 @@ class Backend(abc.ABC):
         the last `tail` events."""
 
     @abc.abstractmethod
+    def list_artifacts(self, run_id: str) -> JSON:
+        """{"items": [{"name", "size", "digest", "content_type", "url"}]}: the files a run left
+        under its output directory, by name; "url" is the download path on the server."""
+
+    @abc.abstractmethod
+    def read_artifact(self, run_id: str, name: str) -> bytes:
+        """An artifact's stored bytes: text as floom stored it (secrets redacted when the run
+        ended), binary files as the worker wrote them."""
+
+    @abc.abstractmethod
+    def link(self, path: str) -> str:
+        """The absolute URL of `path` on the floom server, for a client to fetch with its own
+        API key (as a bearer token)."""
+
+    @abc.abstractmethod
     def cancel_run(self, run_id: str) -> JSON:
         """The run after asking it to stop."""
 

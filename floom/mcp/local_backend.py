@@ -85,7 +85,8 @@ class LocalBackend(Backend):
     def __init__(self, ctx: Context, caller: Principal, *, base_url: str = "") -> None:
         self.ctx = ctx
         self.principal = caller
-        self.hook_urls = triggers.HookUrls(ctx.settings.public_url or base_url)
+        self.public_url = (ctx.settings.public_url or base_url).rstrip("/")
+        self.hook_urls = triggers.HookUrls(self.public_url)
 
     def caller(self) -> Principal:
         return self.principal
@@ -183,6 +184,16 @@ class LocalBackend(Backend):
         ctx = self.ctx
         page = run_views.log_page(ctx, run_id=run_id, after=after, tail=tail, limit=limit)
         return page.to_json()
+
+    def list_artifacts(self, run_id: str) -> JSON:
+        return run_views.artifact_page(self.ctx, run_id=run_id).to_json()
+
+    def read_artifact(self, run_id: str, name: str) -> bytes:
+        _, data = runs.read_artifact(self.ctx, run_id=run_id, name=name)
+        return data
+
+    def link(self, path: str) -> str:
+        return self.public_url + path
 
     def cancel_run(self, run_id: str) -> JSON:
         ctx = self.ctx

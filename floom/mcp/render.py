@@ -94,7 +94,7 @@ def run_text(run: dict[str, Any]) -> str:
     if run.get("inputs"):
         lines.append(f"inputs: {short(run['inputs'])}")
     if run.get("artifacts"):
-        lines.append("artifacts: " + ", ".join(a["name"] for a in run["artifacts"]))
+        lines.append(artifacts_text(run["id"], run["artifacts"]))
     if run.get("replay_of"):
         lines.append(f"replay of {run['replay_of']}")
     if run.get("retry_of"):
@@ -104,6 +104,18 @@ def run_text(run: dict[str, Any]) -> str:
     elif status in WAITING:
         lines.append(waiting_text(run))
     return "\n".join(lines)
+
+
+def artifacts_text(run_id: str, artifacts: list[dict[str, Any]]) -> str:
+    listed = ", ".join(
+        f"{a['name']} ({a.get('content_type')}, {a.get('size')} bytes)"
+        for a in artifacts[:MAX_TEXT_ITEMS]
+    )
+    more = f" and {len(artifacts) - MAX_TEXT_ITEMS} more" if len(artifacts) > MAX_TEXT_ITEMS else ""
+    first = artifacts[0]["name"]
+    return (
+        f"artifacts: {listed}{more}; read one with get_artifact(run_id='{run_id}', name='{first}')"
+    )
 
 
 def pending_approval_id(run: dict[str, Any]) -> str | None:

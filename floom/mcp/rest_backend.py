@@ -168,6 +168,15 @@ class RestBackend(Backend):
             return self.client.get_logs(run_id, tail=tail)
         return self.client.get_logs(run_id, after=after, limit=limit)
 
+    def list_artifacts(self, run_id: str) -> JSON:
+        return self.client.list_artifacts(run_id)
+
+    def read_artifact(self, run_id: str, name: str) -> bytes:
+        return self.client.download_artifact(run_id, name)
+
+    def link(self, path: str) -> str:
+        return self.client.base_url + path
+
     def cancel_run(self, run_id: str) -> JSON:
         return self.client.cancel_run(run_id)
 

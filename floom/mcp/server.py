@@ -6,12 +6,13 @@ from __future__ import annotations
 import inspect
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -21,14 +22,17 @@ from mcp.server.subscriptions import (
     ResourcesListChanged,
     ToolsListChanged,
 )
+from mcp.shared.uri_template import UriTemplate
 from mcp_types import CallToolResult, InputRequiredResult
 from mcp_types import Resource as MCPResource
 from mcp_types import Tool as MCPTool
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import AnyUrl
 
 from floom import __version__
 from floom.errors import FloomError
 from floom.mcp import tools
+from floom.mcp.artifact_tools import ARTIFACT_URI, artifact_contents
 from floom.mcp.backend import Backend
 from floom.mcp.catalog import Catalog
 from floom.mcp.errors import bad_arguments, resource_error, tool_error, unknown_tool
@@ -46,6 +50,7 @@ tools: handoff_my_roles, handoff_claim_next_job, handoff_complete_job, handoff_r
 handoff_reopen_context. Errors carry a code and a hint saying how to fix them."""
 MANIFEST_URI = "floom://workers/{name}/manifest"
 LOGS_URI = "floom://runs/{run_id}/logs"
+ARTIFACT = UriTemplate.parse(ARTIFACT_URI)
 MAX_LEGACY_SESSIONS = 256
 
 BackendFactory = Callable[[Context], Backend]
@@ -92,6 +97,12 @@ class FloomMCPServer(MCPServer[Any]):
             )
         self.resource(MANIFEST_URI, name="manifest", mime_type="application/yaml")(_read_manifest)
         self.resource(LOGS_URI, name="run logs", mime_type="text/plain")(_read_logs)
+        self.resource(
+            ARTIFACT_URI,
+            name="run artifact",
+            description="a file a run left: text up to 64 KiB as itself; a binary or larger "
+            "file as a link (application/vnd.floom.artifact-link+json: type, size, URL)",
+        )(_read_artifact)
 
     def _advertise_list_changes(self) -> None:
         # Handshake-era clients only listen for list changes that the initialize result
@@ -199,6 +210,16 @@ class FloomMCPServer(MCPServer[Any]):
             # the arguments before the body ran.
             return tool_error(bad_arguments(name, exc))
 
+    async def read_resource(
+        self, uri: AnyUrl | str, context: Context[Any, Any] | None = None
+    ) -> Iterable[ReadResourceContents] | InputRequiredResult:
+        # An artifact answers with its own media type (or the link's), which a template's
+        # fixed mime_type cannot say; the template above lists it.
+        found = ARTIFACT.match(str(uri)) if context is not None else None
+        if found is None or context is None:
+            return await super().read_resource(uri, context)
+        return [await _artifact(str(found["run_id"]), str(found["name"]), context)]
+
     async def list_resources(self) -> list[MCPResource]:
         await self.refresh_catalog()
         fixed = await super().list_resources()
@@ -256,3 +277,14 @@ async def _read_logs(run_id: str, ctx: Context) -> str:
     except Exception as exc:  # the boundary of a resource read: errors become resource errors
         raise resource_error(exc) from exc
     return "\n".join(f"{e['ts']} {e['stream']}: {e['line']}" for e in events) + "\n"
+
+
+async def _artifact(run_id: str, name: str, ctx: Context) -> ReadResourceContents:
+    try:
+        return await artifact_contents(ctx, run_id, name)
+    except Exception as exc:  # the boundary of a resource read: errors become resource errors
+        raise resource_error(exc) from exc
+
+
+async def _read_artifact(run_id: str, name: str, ctx: Context) -> str | bytes:
+    return (await _artifact(run_id, name, ctx)).content

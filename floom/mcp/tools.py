@@ -9,6 +9,7 @@ from mcp.server.mcpserver import Context
 from pydantic import Field
 
 from floom.errors import FloomError, InvalidRequest
+from floom.mcp.artifact_tools import ARTIFACT_TOOLS, with_links
 from floom.mcp.backend import NotAvailable
 from floom.mcp.catalog import ExposedWorker
 from floom.mcp.handoff_tools import HANDOFF_TOOLS
@@ -279,8 +280,11 @@ async def list_runs(
 
 @floom_tool
 async def get_run(ctx: Context, run_id: RunId) -> Reply:
-    """One run: status, inputs, outputs, error, artifacts, tool calls, approvals, lineage."""
-    run = await off(backend_of(ctx).get_run, run_id)
+    """One run: status, inputs, outputs, error, artifacts (read one with get_artifact), tool
+    calls, approvals, lineage."""
+    backend = backend_of(ctx)
+    run = await off(backend.get_run, run_id)
+    run["artifacts"] = [with_links(backend, run_id, a) for a in run.get("artifacts") or []]
     run.setdefault("tool_calls", [])
     run.setdefault("approvals", [])
     run["lineage"] = {k: run.get(k) for k in LINEAGE_KEYS if k in run}
@@ -523,6 +527,7 @@ TOOLS: tuple[FloomTool, ...] = (
     FloomTool(list_runs, READ, "read"),
     FloomTool(get_run, READ, "read"),
     FloomTool(get_run_logs, READ, "read"),
+    *ARTIFACT_TOOLS,
     FloomTool(watch_run, READ, "read"),
     FloomTool(cancel_run, DESTRUCTIVE, "run"),
     FloomTool(replay_run, RUNS, "run"),
