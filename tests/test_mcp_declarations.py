@@ -34,6 +34,22 @@ def test_tool_descriptions_are_clean_text_without_source_indentation() -> None:
         assert not re.search(r"\n\s", tool.description), tool.name
 
 
+def test_a_folder_argument_is_offered_only_by_a_server_on_the_callers_machine() -> None:
+    def offered(reads_local_folders: bool) -> dict[str, set[str]]:
+        server = FloomMCPServer(
+            backend_for=_no_backend, load_workers=list, reads_local_folders=reads_local_folders
+        )
+        listed = anyio.run(server.list_tools)
+        return {t.name: set(t.input_schema.get("properties") or {}) for t in listed}
+
+    inside, local = offered(False), offered(True)
+    assert {n for n, args in inside.items() if "folder" in args} == set()
+    assert {n for n, args in local.items() if "folder" in args} == set(mcp_tools.LOCAL_ARGUMENTS)
+    assert set(mcp_tools.LOCAL_ARGUMENTS) == {"deploy_worker", "validate_worker"}
+    for name in mcp_tools.LOCAL_ARGUMENTS:
+        assert "files" in inside[name] and inside[name] == local[name] - {"folder"}
+
+
 def test_every_cli_command_a_hint_names_is_retold_as_a_tool_that_exists_or_kept() -> None:
     # Every `floom ...` command written in floom's messages and hints, as the source has it.
     commands = set()

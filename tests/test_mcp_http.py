@@ -59,10 +59,19 @@ def test_the_endpoint_serves_every_tool_and_deploys_a_folder_sent_as_files(
 ) -> None:
     async def session() -> None:
         async with http_client(server) as mcp:
-            names = {t.name for t in (await mcp.list_tools()).tools}
-            assert FLOOM_TOOLS <= names
+            listed = {t.name: t for t in (await mcp.list_tools()).tools}
+            assert FLOOM_TOOLS <= set(listed)
+            # The server cannot read the caller's folders, so its tools offer `files` only.
+            for tool in ("deploy_worker", "validate_worker"):
+                offered = listed[tool].input_schema["properties"]
+                assert "files" in offered and "files_base64" in offered
+                assert "folder" not in offered, tool
+                assert "`folder`" not in (listed[tool].description or ""), tool
             refused = await call_error(mcp, "deploy_worker", folder=str(EXAMPLES / "hello"))
-            assert refused["code"] == "invalid_request" and "files" in refused["hint"]
+            assert refused["code"] == "invalid_request"
+            assert "`files`" in refused["message"] and "`files`" in refused["hint"]
+            refused = await call_error(mcp, "deploy_worker")
+            assert "`files`" in refused["hint"] and "`folder`" not in refused["hint"]
             checked = await call(mcp, "validate_worker", files={"worker.yml": "name: Bad Name"})
             assert checked["valid"] is False and checked["problems"]
             deployed = await call(mcp, "deploy_worker", files=worker_files(EXAMPLES / "hello"))

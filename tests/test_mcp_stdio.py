@@ -154,7 +154,11 @@ def test_it_serves_the_same_tools_as_the_endpoint_and_names_unknown_workers(
 ) -> None:
     async def session() -> None:
         async with stdio_client(server) as mcp:
-            assert FLOOM_TOOLS <= {t.name for t in (await mcp.list_tools()).tools}
+            listed = {t.name: t for t in (await mcp.list_tools()).tools}
+            assert FLOOM_TOOLS <= set(listed)
+            # On the caller's machine a folder can be packed: deploy and validate offer it.
+            for tool in ("deploy_worker", "validate_worker"):
+                assert {"folder", "files"} <= set(listed[tool].input_schema["properties"])
             error = await call_error(mcp, "run_worker", worker="nope")
             assert error["code"] == "not_found" and "nope" in error["message"]
             error = await call_error(mcp, "get_run_logs", run_id="run_nope")

@@ -58,6 +58,8 @@ BackendFactory = Callable[[Context], Backend]
 
 class FloomMCPServer(MCPServer[Any]):
     """`backend_for` gives each call its Backend (one for stdio; per API key over HTTP).
+    `reads_local_folders` says whether the server runs on the caller's machine (stdio), where
+    tools offer a `folder` to pack; inside the floom server they take the files as content.
     `load_workers` lists every worker body for the catalog, reloaded when a list is asked
     for, after deploys and rollbacks through MCP, and every `poll_seconds` in the background
     so that deploys made elsewhere (CLI, REST, UI) also reach listening clients.
@@ -70,7 +72,9 @@ class FloomMCPServer(MCPServer[Any]):
         load_workers: Callable[[], list[dict[str, Any]]],
         poll_seconds: float = 5.0,
         instructions: str = INSTRUCTIONS,
+        reads_local_folders: bool = False,
     ) -> None:
+        self.reads_local_folders = reads_local_folders
         self._bus = InMemorySubscriptionBus()
         # Handshake-era clients hear of list changes on their connection, not on the bus.
         self._legacy_sessions: OrderedDict[str, ServerSession] = OrderedDict()
@@ -170,6 +174,8 @@ class FloomMCPServer(MCPServer[Any]):
     async def list_tools(self) -> list[MCPTool]:
         await self.refresh_catalog()
         fixed = await super().list_tools()
+        if not self.reads_local_folders:
+            fixed = [_without(t, tools.LOCAL_ARGUMENTS.get(t.name, ())) for t in fixed]
         exposed = [
             MCPTool(
                 name=w.name,
@@ -232,6 +238,19 @@ class FloomMCPServer(MCPServer[Any]):
             )
             for name in self.catalog.snapshot.workers
         ]
+
+
+def _without(tool: MCPTool, arguments: tuple[str, ...]) -> MCPTool:
+    """The tool as listed without `arguments` (a body still refuses them with a hint)."""
+    if not arguments:
+        return tool
+    schema = dict(tool.input_schema)
+    schema["properties"] = {
+        k: v for k, v in (schema.get("properties") or {}).items() if k not in arguments
+    }
+    if "required" in schema:
+        schema["required"] = [k for k in schema["required"] if k not in arguments]
+    return tool.model_copy(update={"input_schema": schema})
 
 
 @asynccontextmanager

@@ -126,6 +126,7 @@ def build_server(backend: RestBackend, *, instructions: str = INSTRUCTIONS) -> F
         load_workers=load_workers,
         poll_seconds=POLL_SECONDS,
         instructions=instructions,
+        reads_local_folders=backend.reads_local_folders,
     )
 
 

@@ -48,6 +48,9 @@ class FloomTool:
     fn: Callable[..., Awaitable[CallToolResult]]
     annotations: ToolAnnotations
     scope: str
+    #: Arguments only a server on the caller's machine can honour (a folder path): tools/list
+    #: of the server inside floom (`/mcp`) leaves them out, and its body refuses them.
+    local_arguments: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -97,24 +100,29 @@ def pack(
     executable: list[str] | None,
 ) -> bytes:
     """The tar.gz of a worker: a local folder (stdio), or files sent as content."""
+    if folder and not backend.reads_local_folders:
+        raise InvalidRequest(
+            "this MCP endpoint takes the worker's files as `files`, not a `folder`: it runs "
+            "inside the floom server and cannot read a folder on your machine",
+            hint="send the folder's files as `files` (relative path -> text) and binary ones "
+            "as `files_base64` (relative path -> base64), or use the stdio server `floom mcp` "
+            "on your machine, which packs folders",
+        )
     if folder and (files or files_base64):
         raise InvalidRequest(
             "give either `folder` or `files`, not both",
             hint="`folder` is a path on the machine running `floom mcp`",
         )
     if folder:
-        if not backend.reads_local_folders:
-            raise InvalidRequest(
-                "this MCP endpoint runs inside the floom server and cannot read your folders",
-                hint="send the folder's files as `files` (path -> text) and binary ones as "
-                "`files_base64`, or use the stdio server `floom mcp`, which packs folders",
-            )
         where = Path(folder).expanduser()
         return read_folder(where, max_bytes=DEFAULT_MAX_BUNDLE_BYTES).to_archive()
     if not files and not files_base64:
+        example = "e.g. {'worker.yml': 'name: hi', 'run.py': ...}"
         raise InvalidRequest(
             "no worker given",
-            hint="pass `folder` (stdio) or `files`, e.g. {'worker.yml': 'name: hi', 'run.py': ...}",
+            hint=f"pass `folder` (a path on this machine) or `files`, {example}"
+            if backend.reads_local_folders
+            else f"pass the worker folder's files as `files`, {example}",
         )
     marked = {_clean(p) for p in executable or []}
     bundle: dict[str, BundleFile] = {}

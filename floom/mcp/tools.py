@@ -51,9 +51,11 @@ LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")
 
 WorkerName = Annotated[str, Field(description="worker name, e.g. hello")]
 RunId = Annotated[str, Field(description="run id, e.g. run_0123abcd...")]
+# Offered only by the stdio server, which runs on the caller's machine (FloomTool's
+# local_arguments): inside the floom server a path names nothing of the caller's.
 Folder = Annotated[
     str | None,
-    Field(description="path of a worker folder on this machine (stdio server only)"),
+    Field(description="path of the worker folder on this machine, which floom packs (or `files`)"),
 ]
 Files = Annotated[
     dict[str, str] | None,
@@ -144,7 +146,8 @@ async def validate_worker(
     files_base64: FilesBase64 = None,
     executable: Executable = None,
 ) -> Reply:
-    """Check a worker folder (worker.yml and its entry) without deploying; lists every problem."""
+    """Check a worker (worker.yml and its entry, sent as `files`) without deploying; lists
+    every problem."""
     backend = backend_of(ctx)
     archive = pack(backend, folder, files, files_base64, executable)
     result = await off(backend.validate, archive)
@@ -159,8 +162,9 @@ async def deploy_worker(
     files_base64: FilesBase64 = None,
     executable: Executable = None,
 ) -> Reply:
-    """Deploy a worker folder as a new immutable version and make it active (unchanged content
-    creates no new version). stdio: pass `folder`; HTTP: pass the files as content."""
+    """Deploy a worker as a new immutable version and make it active (unchanged content creates
+    no new version). Send its folder's files as `files` (relative path -> text), binary ones
+    as `files_base64`."""
     backend = backend_of(ctx)
     archive = pack(backend, folder, files, files_base64, executable)
     result = await off(backend.deploy, archive)
@@ -521,8 +525,8 @@ async def run_exposed(ctx: Context, worker: ExposedWorker, inputs: dict[str, Any
 TOOLS: tuple[FloomTool, ...] = (
     FloomTool(list_workers, READ, "read"),
     FloomTool(get_worker, READ, "read"),
-    FloomTool(validate_worker, READ, "read"),
-    FloomTool(deploy_worker, WRITE, "deploy"),
+    FloomTool(validate_worker, READ, "read", local_arguments=("folder",)),
+    FloomTool(deploy_worker, WRITE, "deploy", local_arguments=("folder",)),
     FloomTool(run_worker, RUNS, "run"),
     FloomTool(list_runs, READ, "read"),
     FloomTool(get_run, READ, "read"),
@@ -549,6 +553,8 @@ TOOL_NAMES = frozenset(t.name for t in TOOLS)
 # A worker exposed as a tool starts a run of it.
 EXPOSED_SCOPE = "run"
 _SCOPES = {t.name: t.scope for t in TOOLS}
+# What tools/list of the server inside floom leaves out, by tool.
+LOCAL_ARGUMENTS = {t.name: t.local_arguments for t in TOOLS if t.local_arguments}
 
 
 def scope_of(name: str) -> str:
