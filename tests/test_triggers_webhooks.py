@@ -272,7 +272,7 @@ def test_a_paused_worker_stores_webhooks_as_skipped_and_refuses_manual_runs_with
     assert (refused.status_code, refused.json()["error"]["code"]) == (409, "worker_paused")
     manual = api.post("/api/v1/workers/std/runs", json={"inputs": {"event": {}}})
     assert manual.json()["error"]["code"] == "worker_paused"
-    assert "--force" in manual.json()["error"]["hint"]
+    assert '"force": true' in manual.json()["error"]["hint"]
     forced = api.post("/api/v1/workers/std/runs", json={"inputs": {"event": {}}, "force": True})
     assert forced.status_code == 202 and forced.json()["trigger"] == "api"
     cli = api.post(

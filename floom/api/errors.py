@@ -10,7 +10,11 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException
 
+from floom.api.auth import request_surface
+from floom.api.hints import for_rest
 from floom.errors import FloomError, RateLimited
+from floom.mcp.hints import for_mcp
+from floom.services.principal import Surface
 from floom.store.db import UNAVAILABLE, store_unavailable
 
 log = logging.getLogger("floom.api")
@@ -22,9 +26,18 @@ def error_response(status: int, code: str, message: str, hint: str | None = None
     )
 
 
-def floom_error_response(exc: FloomError) -> JSONResponse:
-    """A FloomError in the one error shape, with the headers its status calls for."""
-    response = JSONResponse(status_code=exc.status, content={"error": exc.to_dict()})
+# The services' hints name CLI commands; a caller that is not the CLI is told what it can use.
+_RETELL = {"rest": for_rest, "mcp": for_mcp}
+
+
+def floom_error_response(exc: FloomError, *, surface: Surface = "cli") -> JSONResponse:
+    """A FloomError in the one error shape, with the headers its status calls for; its
+    message and hint name what `surface` offers (REST requests, MCP tools, CLI commands)."""
+    body = exc.to_dict()
+    retell = _RETELL.get(surface)
+    if retell is not None:
+        body["message"], body["hint"] = retell(exc.message), retell(exc.hint)
+    response = JSONResponse(status_code=exc.status, content={"error": body})
     if isinstance(exc, RateLimited) and isinstance(exc.details, dict):
         response.headers["Retry-After"] = str(exc.details.get("retry_after_seconds", 1))
     return response
@@ -40,8 +53,8 @@ _HTTP_REFUSALS: dict[int, tuple[str, str | None]] = {
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(FloomError)
-    async def _floom(_: Request, exc: FloomError) -> JSONResponse:
-        return floom_error_response(exc)
+    async def _floom(request: Request, exc: FloomError) -> JSONResponse:
+        return floom_error_response(exc, surface=request_surface(request))
 
     # Driver errors that escaped the store's own translation (store/db.py): a database that
     # cannot be reached is the operator's to fix, not a bug; a unique row that a concurrent

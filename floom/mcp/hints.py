@@ -8,52 +8,36 @@ agent and role administration, starting a server) stay as they are: an operator 
 
 from __future__ import annotations
 
-import re
-import shlex
 from collections.abc import Callable
 
-_COMMAND = re.compile(r"`floom ([^`]*)`")
-# The CLI's placeholders stay bare in a tool call (worker=WORKER); real values are quoted.
-_PLACEHOLDERS = frozenset(
-    {"WORKER", "RUN_ID", "VERSION", "NAME", "VALUE", "WHY", "APPROVAL_ID", "ID", "FOLDER"}
-)
+from floom.hints import PLACEHOLDERS, Render, first, option, retell
 
 
 def _call(tool: str, **arguments: str | bool) -> str:
     args = ", ".join(
-        f"{k}={v}" if isinstance(v, bool) or v in _PLACEHOLDERS else f"{k}={v!r}"
+        f"{k}={v}" if isinstance(v, bool) or v in PLACEHOLDERS else f"{k}={v!r}"
         for k, v in arguments.items()
     )
     return f"{tool}({args})"
 
 
-def _first(words: list[str], default: str) -> str:
-    return words[0] if words and not words[0].startswith("-") else default
-
-
-def _option(words: list[str], name: str, default: str) -> str:
-    if name in words and words.index(name) + 1 < len(words):
-        return words[words.index(name) + 1]
-    return default
-
-
 def _runs(words: list[str]) -> str:
     if words[:1] == ["show"]:
-        return _call("get_run", run_id=_first(words[1:], "RUN_ID"))
+        return _call("get_run", run_id=first(words[1:], "RUN_ID"))
     if "--worker" in words:
-        return _call("list_runs", worker=_option(words, "--worker", "WORKER"))
+        return _call("list_runs", worker=option(words, "--worker", "WORKER"))
     return "list_runs()"
 
 
 def _workers(words: list[str]) -> str:
     if words[:1] == ["delete"]:
-        return _call("delete_worker", worker=_first(words[1:], "WORKER"), confirm=True)
+        return _call("delete_worker", worker=first(words[1:], "WORKER"), confirm=True)
     return "list_workers()"
 
 
 def _secrets(words: list[str]) -> str:
     if words[:1] == ["set"]:
-        return _call("set_secret", name=_first(words[1:], "NAME"), value="VALUE")
+        return _call("set_secret", name=first(words[1:], "NAME"), value="VALUE")
     return "list_secrets()"
 
 
@@ -63,9 +47,33 @@ def _handoffs(words: list[str]) -> str:
     return "handoff_list_jobs()"
 
 
-def _decide(decision: str) -> Callable[[list[str]], str]:
+def _rollback(words: list[str]) -> str:
+    worker = first(words, "WORKER")
+    if "--run" in words:
+        return _call("rollback_worker", worker=worker, run_id=option(words, "--run", "RUN_ID"))
+    return _call("rollback_worker", worker=worker, version_id=option(words, "--to", "VERSION"))
+
+
+def _replay(words: list[str]) -> str:
+    run = first(words, "RUN_ID")
+    if "--exact" in words:
+        return _call("replay_recorded_run", run_id=run, mode="exact")
+    if "--against" in words:
+        version = option(words, "--against", "VERSION")
+        return _call("replay_recorded_run", run_id=run, mode="what_if", version_id=version)
+    return _call("replay_run", run_id=run)
+
+
+def _eval(words: list[str]) -> str:
+    if "--against" in words:
+        version = option(words, "--against", "VERSION")
+        return _call("eval_worker", worker=first(words, "WORKER"), version_id=version)
+    return _call("eval_worker", worker=first(words, "WORKER"))
+
+
+def _decide(decision: str) -> Render:
     def render(words: list[str]) -> str:
-        approval = _first(words, "APPROVAL_ID")
+        approval = first(words, "APPROVAL_ID")
         if decision == "reject":
             return _call("decide_approval", approval_id=approval, decision="reject", comment="WHY")
         return _call("decide_approval", approval_id=approval, decision="approve")
@@ -74,32 +82,28 @@ def _decide(decision: str) -> Callable[[list[str]], str]:
 
 
 def _worker_tool(tool: str) -> Callable[[list[str]], str]:
-    return lambda words: _call(tool, worker=_first(words, "WORKER"))
+    return lambda words: _call(tool, worker=first(words, "WORKER"))
 
 
 def _run_tool(tool: str) -> Callable[[list[str]], str]:
-    return lambda words: _call(tool, run_id=_first([w for w in words if w != "-f"], "RUN_ID"))
+    return lambda words: _call(tool, run_id=first([w for w in words if w != "-f"], "RUN_ID"))
 
 
-_TOOLS: dict[str, Callable[[list[str]], str]] = {
+_TOOLS: dict[str, Render] = {
     "workers": _workers,
     "versions": _worker_tool("list_versions"),
-    "rollback": lambda w: (
-        _call("rollback_worker", worker=_first(w, "WORKER"), run_id=_option(w, "--run", "RUN_ID"))
-        if "--run" in w
-        else _call(
-            "rollback_worker", worker=_first(w, "WORKER"), version_id=_option(w, "--to", "VERSION")
-        )
-    ),
+    "rollback": _rollback,
     "runs": _runs,
     "show": _run_tool("get_run"),
     "logs": _run_tool("get_run_logs"),
     "artifacts": _run_tool("get_run"),
     "run": lambda w: (
-        _call("run_worker", worker=_first(w, "WORKER"), force=True)
+        _call("run_worker", worker=first(w, "WORKER"), force=True)
         if "--force" in w
-        else _call("run_worker", worker=_first(w, "WORKER"))
+        else _call("run_worker", worker=first(w, "WORKER"))
     ),
+    "replay": _replay,
+    "eval": _eval,
     "approvals": lambda w: "list_approvals()",
     "approve": _decide("approve"),
     "reject": _decide("reject"),
@@ -113,16 +117,6 @@ _TOOLS: dict[str, Callable[[list[str]], str]] = {
 }
 
 
-def _retell(match: re.Match[str]) -> str:
-    try:
-        words = shlex.split(match.group(1))
-    except ValueError:
-        return match.group(0)
-    render = _TOOLS.get(words[0]) if words else None
-    # Placeholders in the CLI's spelling ({name} already filled in) read as arguments.
-    return match.group(0) if render is None else render(words[1:])
-
-
 def for_mcp(text: str | None) -> str | None:
     """`text` with each CLI command that has an MCP tool replaced by that tool's call."""
-    return _COMMAND.sub(_retell, text) if text else text
+    return retell(text, _TOOLS)

@@ -136,7 +136,7 @@ class _Guard:
         try:
             key = await authenticate_request(request)
         except FloomError as exc:
-            response = floom_error_response(exc)
+            response = floom_error_response(exc, surface="mcp")
             if exc.status == 401:
                 response.headers["WWW-Authenticate"] = "Bearer"
             await response(scope, receive, send)

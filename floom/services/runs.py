@@ -143,7 +143,7 @@ def _queue_run(
         raise WorkerPaused(
             f"worker '{worker.name}' is paused",
             hint=f"resume it with `floom resume {worker.name}`, or run it anyway with "
-            f'`floom run {worker.name} --force` (REST: "force": true)',
+            f"`floom run {worker.name} --force`",
         )
     version_id = version_id or worker.active_version_id
     if version_id is None:

@@ -1,0 +1,45 @@
+"""Hints name the CLI command that fixes a problem (`floom resume hello`); each surface
+retells them for its caller: the MCP tool over MCP (floom.mcp.hints), the REST endpoint for
+a plain REST client (floom.api.hints), the command itself for the CLI. This module finds the
+commands in a text and reads their words; each surface brings its own table."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Mapping
+
+CLI_COMMAND = re.compile(r"`floom ([^`]*)`")
+# A command's words after its name; None leaves the command as it is (an operator runs it).
+Render = Callable[[list[str]], str | None]
+# The CLI's placeholders ({name} already filled in) stay bare in what a surface shows.
+PLACEHOLDERS = frozenset(
+    {"WORKER", "RUN_ID", "RUN", "VERSION", "NAME", "VALUE", "WHY", "APPROVAL_ID", "ID", "FOLDER"}
+)
+
+
+def retell(text: str | None, table: Mapping[str, Render]) -> str | None:
+    """`text` with each `floom COMMAND ...` that `table` knows replaced by its rendering."""
+
+    def one(match: re.Match[str]) -> str:
+        try:
+            words = shlex.split(match.group(1))
+        except ValueError:
+            return match.group(0)
+        render = table.get(words[0]) if words else None
+        told = render(words[1:]) if render is not None else None
+        return match.group(0) if told is None else told
+
+    return CLI_COMMAND.sub(one, text) if text else text
+
+
+def first(words: list[str], default: str) -> str:
+    """The command's first word when it is not an option (a worker, a run id), or `default`."""
+    return words[0] if words and not words[0].startswith("-") else default
+
+
+def option(words: list[str], name: str, default: str) -> str:
+    """The value after option `name` (`--to VERSION`), or `default`."""
+    if name in words and words.index(name) + 1 < len(words):
+        return words[words.index(name) + 1]
+    return default

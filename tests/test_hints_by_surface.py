@@ -1,0 +1,125 @@
+"""Hints name what the caller can use: the REST request for a plain REST client, the `floom`
+command for floom's CLI (which says so in X-Floom-Client), the MCP tool over MCP."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from floom.api.app import create_app
+from floom.api.hints import for_rest
+from floom.services import keys
+from floom.services.principal import SYSTEM
+from tests.conftest import EXAMPLES, LiveServer, deploy_folder, fast_settings
+from tests.mcp_support import call, call_error, http_client
+
+FLOOM = Path(__file__).resolve().parent.parent / "floom"
+ONE_DATABASE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+CLI = {"X-Floom-Client": "cli"}
+REST_REQUEST = re.compile(r"`(GET|POST|PUT|PATCH|DELETE) (/api/v1/[^ `?]*)")
+
+
+@ONE_DATABASE
+def test_a_paused_worker_is_explained_in_each_callers_terms(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    assert api.post("/api/v1/workers/hello/pause").status_code == 200
+
+    rest = api.post("/api/v1/workers/hello/runs", json={}).json()["error"]
+    assert rest["code"] == "worker_paused"
+    assert "`POST /api/v1/workers/hello/resume`" in rest["hint"]
+    assert '`POST /api/v1/workers/hello/runs {"inputs": {}, "force": true}`' in rest["hint"]
+    assert "floom" not in rest["hint"]
+
+    cli = api.post("/api/v1/workers/hello/runs", json={}, headers=CLI).json()["error"]
+    assert "`floom resume hello`" in cli["hint"] and "`floom run hello --force`" in cli["hint"]
+
+    async def over_mcp() -> None:
+        async with http_client(server) as mcp:
+            error = await call_error(mcp, "run_worker", worker="hello")
+            assert "resume_worker(worker='hello')" in error["hint"]
+            assert "run_worker(worker='hello', force=True)" in error["hint"]
+            assert "floom" not in error["hint"] and "/api/v1" not in error["hint"]
+            assert (await call(mcp, "resume_worker", worker="hello"))["items"] is not None
+
+    anyio.run(over_mcp)
+
+
+@ONE_DATABASE
+def test_a_missing_scope_names_how_each_caller_gets_a_key_with_it(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
+    with server.client(read_key) as reader:
+        rest = reader.post("/api/v1/workers/hello/runs", json={}).json()["error"]
+        cli = reader.post("/api/v1/workers/hello/runs", json={}, headers=CLI).json()["error"]
+    assert rest["code"] == cli["code"] == "forbidden"
+    assert '`POST /api/v1/keys {"scopes": ["run"]}`' in rest["hint"]
+    assert "floom" not in rest["hint"]
+    assert "`floom keys create --scope run`" in cli["hint"]
+
+    async def over_mcp() -> None:
+        async with http_client(server, read_key) as mcp:
+            error = await call_error(mcp, "run_worker", worker="hello")
+            assert error["code"] == "forbidden" and "'run' scope" in error["hint"]
+            assert "floom keys" not in error["hint"] and "/api/v1" not in error["hint"]
+
+    anyio.run(over_mcp)
+
+
+@ONE_DATABASE
+def test_a_missing_run_points_a_rest_client_at_the_runs_endpoint(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    rest = api.get("/api/v1/runs/run_nope").json()["error"]
+    assert rest["code"] == "not_found" and rest["hint"] == "`GET /api/v1/runs` lists recent runs"
+    cli = api.get("/api/v1/runs/run_nope", headers=CLI).json()["error"]
+    assert cli["hint"] == "`floom runs` lists recent runs"
+    # A client that claims another surface is a plain REST client.
+    other = api.get("/api/v1/runs/run_nope", headers={"X-Floom-Client": "curl"}).json()
+    assert other["error"]["hint"] == rest["hint"]
+
+
+def test_every_cli_command_a_hint_names_is_retold_as_an_endpoint_that_exists_or_kept(
+    tmp_path: Path,
+) -> None:
+    app = create_app(fast_settings(tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}"))
+    routes = {
+        (method.upper(), re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$"))
+        for path, operations in app.openapi()["paths"].items()
+        for method in operations
+    }
+    commands = set()
+    for path in FLOOM.rglob("*.py"):
+        if path.name != "hints.py":  # the retelling itself, whose patterns are not commands
+            commands |= set(re.findall(r"`floom [^`{]*`", path.read_text()))
+    assert len(commands) > 20
+    kept = set()
+    for command in sorted(commands):
+        retold = for_rest(f"try {command}") or ""
+        if retold == f"try {command}":
+            kept.add(command.split()[1].strip("`"))
+            continue
+        requests = REST_REQUEST.findall(retold)
+        assert requests, (command, retold)
+        for method, path in requests:
+            assert any(m == method and p.match(path) for m, p in routes), (command, retold)
+    # What a REST client cannot do over REST is an operator's: starting or checking a node.
+    assert kept <= {
+        "serve",
+        "mcp",
+        "backup",
+        "restore",
+        "migrate-store",
+        "doctor",
+        "retention",
+        "--help",
+        "COMMAND",
+        "...",
+    }, kept
