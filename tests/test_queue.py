@@ -6,8 +6,15 @@ import threading
 from datetime import timedelta
 
 from floom.engine.phases import claim_run
-from floom.engine.queue import claim_next_run, reap_expired_leases, renew_leases
+from floom.engine.queue import (
+    Outcome,
+    claim_next_run,
+    finish_attempt,
+    reap_expired_leases,
+    renew_leases,
+)
 from floom.services.context import Context
+from floom.services.logs import list_events
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id, utcnow
 
@@ -154,3 +161,39 @@ def test_an_agent_s_child_run_is_not_claimed_past_its_worker_s_concurrency(ctx: 
     assert claim_run(ctx, run_id=child) is None
     with session_scope(ctx.engine) as s:
         assert s.get(Run, child).status == "queued"  # an executor starts it when room is made
+
+
+def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Context) -> None:
+    (run_id,) = _enqueue(ctx, 1, max_attempts=3)
+    first = claim_next_run(ctx)
+    assert first is not None
+    # Its lease lapses, the reaper requeues it, and this same node claims attempt 2 while
+    # attempt 1's thread is still recording its end.
+    with session_scope(ctx.engine, write=True) as s:
+        row = s.get(Run, run_id)
+        assert row is not None
+        row.lease_expires_at = utcnow() - timedelta(seconds=1)
+        s.add(row)
+    assert reap_expired_leases(ctx) == 1
+    second = claim_next_run(ctx)
+    assert second is not None and second.attempt == 2
+    late = Outcome(status="failed", error_code="worker_error", error_message="late")
+    status = finish_attempt(
+        ctx, run=first, outcome=late, backoff=0, log_lines=[("stdout", "late line", None)]
+    )
+    assert status == "running"
+    with session_scope(ctx.engine) as s:
+        row = s.get(Run, run_id)
+        assert row is not None
+        assert (row.status, row.attempt, row.lease_owner) == ("running", 2, ctx.node_id)
+    events = list_events(ctx, run_id=run_id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [(e.line, e.attempt) for e in events if e.stream == "stdout"] == [("late line", 1)]
+    # The attempt that holds the run records its end as usual.
+    done = Outcome(status="succeeded", outputs={"ok": True})
+    assert finish_attempt(ctx, run=second, outcome=done, backoff=0) == "succeeded"
+    with session_scope(ctx.engine) as s:
+        row = s.get(Run, run_id)
+        assert row is not None
+        assert (row.status, row.lease_owner) == ("succeeded", None)
+        assert row.outputs_json == '{"ok": true}'

@@ -7,10 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import bindparam, func, or_, text
-from sqlalchemy.orm import aliased
+from sqlalchemy import bindparam, delete, func, or_, text, update
 from sqlmodel import Session, col, select
 
 from floom.services.logs import append_events, lock_events, system_event
@@ -22,62 +21,82 @@ from floom.services.run_rules import (
     QUEUED,
     REAPER,
     RETRYABLE,
+    RULE_FIELDS,
     RUNNING,
-    mark_claimed,
+    check_transition,
+    claimed_fields,
     requeue_next_attempt,
     transition,
 )
 from floom.store import signals
 from floom.store.blobs import insert_blob
-from floom.store.db import session_scope
+from floom.store.db import is_postgres, session_scope
 from floom.store.models import Artifact, Run, UTCDateTime, utcnow
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import CursorResult
+
     from floom.services.context import Context
 
 
 @dataclass(frozen=True)
-class _ClaimQueries:
+class _ClaimStatements:
     any_runnable: Any  # sqlmodel's select types; Any keeps Session.exec's overloads happy
-    next_runnable: Any
-    next_runnable_except: Any  # passing over the workers found full in this claim
+    claim: Any
+    claim_except: Any  # passing over the workers found full in this claim
     running_of_worker: Any
 
 
 @lru_cache(maxsize=1)
-def _claim_queries() -> _ClaimQueries:
-    """Built once: constructing these statements costs more than running them."""
+def _claim_statements() -> _ClaimStatements:
+    """Built once: constructing these statements costs more than running them.
+
+    The claim is one UPDATE of the oldest runnable queued run that RETURNs it: PostgreSQL
+    picks it with SKIP LOCKED, so claims on several nodes never wait on each other's row;
+    SQLite runs it under the write lock. A worker's `concurrency` counts its running runs
+    in the same statement.
+    """
+    check_transition(QUEUED, RUNNING, by=EXECUTOR)  # the move the statement makes
+    runs = Run.__table__  # type: ignore[attr-defined]
     now = bindparam("now", type_=UTCDateTime())
-    busy = aliased(Run)
-    running_of_worker = (
+    candidate = runs.alias("candidate")
+    busy = runs.alias("busy")
+    running_of_candidate = (
         select(func.count())
         .select_from(busy)
-        .where(busy.worker_name == Run.worker_name, busy.status == RUNNING)
+        .where(busy.c.worker_name == candidate.c.worker_name, busy.c.status == RUNNING)
         .scalar_subquery()
     )
     runnable = (
-        Run.status == QUEUED,
-        or_(col(Run.not_before).is_(None), col(Run.not_before) <= now),
+        candidate.c.status == QUEUED,
+        or_(candidate.c.not_before.is_(None), candidate.c.not_before <= now),
     )
-    next_runnable = (
-        select(Run)
+    oldest = (
+        select(candidate.c.id)
         .where(
             *runnable,
-            or_(col(Run.concurrency).is_(None), running_of_worker < col(Run.concurrency)),
+            or_(candidate.c.concurrency.is_(None), running_of_candidate < candidate.c.concurrency),
         )
-        .order_by(col(Run.id))
+        .order_by(candidate.c.id)
         .limit(1)
         .with_for_update(skip_locked=True)
     )
-    return _ClaimQueries(
-        any_runnable=select(Run.id).where(*runnable).limit(1),
-        next_runnable=next_runnable,
-        next_runnable_except=next_runnable.where(
-            col(Run.worker_name).not_in(bindparam("full", expanding=True))
+    fields = claimed_fields(node_id="", lease_seconds=0, now=utcnow())
+    claim = (
+        update(runs)
+        .values({name: bindparam(name, type_=runs.c[name].type) for name in fields})
+        .returning(*runs.c)
+    )
+    full: Any = bindparam("full", expanding=True)
+    return _ClaimStatements(
+        any_runnable=select(candidate.c.id).where(*runnable).limit(1),
+        claim=claim.where(runs.c.id == oldest.scalar_subquery()),
+        claim_except=claim.where(
+            runs.c.id == oldest.where(candidate.c.worker_name.not_in(full)).scalar_subquery()
         ),
         running_of_worker=select(func.count())
-        .select_from(Run)
-        .where(Run.worker_name == bindparam("worker"), Run.status == RUNNING),
+        .select_from(runs)
+        .where(runs.c.worker_name == bindparam("worker"), runs.c.status == RUNNING),
     )
 
 
@@ -95,30 +114,32 @@ def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
     `concurrency` limit are passed over, on every node at once (see `worker_has_room`).
     """
     now = utcnow()
-    queries = _claim_queries()
+    statements = _claim_statements()
     # A read first when the queue was last seen empty: most such calls find nothing, and a
     # read takes no write lock on SQLite. Draining a busy queue skips it.
     if look_first:
         with session_scope(ctx.engine) as s:
-            if s.exec(queries.any_runnable, params={"now": now}).first() is None:
+            if s.execute(statements.any_runnable, {"now": now}).first() is None:
                 return None
+    params: dict[str, Any] = {
+        "now": now,
+        **claimed_fields(node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now),
+    }
+    postgres = is_postgres(ctx.engine)
     full: list[str] = []
     while len(full) <= MAX_FULL_WORKERS_PER_CLAIM:
         with session_scope(ctx.engine, write=True) as s:
-            if full:
-                params = {"now": now, "full": full}
-                run = s.exec(queries.next_runnable_except, params=params).first()
-            else:
-                run = s.exec(queries.next_runnable, params={"now": now}).first()
-            if run is None:
+            claim = statements.claim_except if full else statements.claim
+            row = s.execute(claim, {**params, "full": full} if full else params).first()
+            if row is None:
                 return None
-            if not worker_has_room(s, run):
+            run = Run(**row._mapping)
+            # On SQLite the statement counted under the write lock: exact already.
+            if postgres and not worker_has_room(s, run):
+                # Undone with the transaction, which also frees the worker's lock.
+                s.rollback()
                 full.append(run.worker_name)
-                continue  # leaving the transaction frees the row and the worker's lock
-            mark_claimed(
-                run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now
-            )
-            s.add(run)
+                continue
             system_event(
                 s,
                 run_id=run.id,
@@ -130,15 +151,18 @@ def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
 
 
 def worker_has_room(s: Session, run: Run) -> bool:
-    """Whether `run` may start under its worker's `concurrency` limit, counted exactly.
+    """Whether `run` may run under its worker's `concurrency` limit, counted exactly: the
+    worker's other running runs, seen from this write transaction, are fewer than the limit.
+    `run` is either claimed in this transaction already (the queue's claim on PostgreSQL)
+    or a queued run about to be (an agent's child run).
 
-    On PostgreSQL the claim's own count runs under READ COMMITTED beside SKIP LOCKED: two
-    nodes claiming two runs of one worker at once each count the other's claim as not yet
-    running, and both start. So a limited run's claim takes a transaction-scoped advisory
-    lock on its worker and counts again: a second claimer waits for the first to commit
-    and then sees its run as running. One claim holds at most one such lock at a time
-    (the caller ends the transaction before trying another worker), so claims cannot
-    deadlock. On SQLite the claim holds the database's write lock, so counting is enough.
+    On PostgreSQL a count runs under READ COMMITTED beside SKIP LOCKED: two nodes claiming
+    two runs of one worker at once each count the other's claim as not yet running, and
+    both start. So a limited run's claim takes a transaction-scoped advisory lock on its
+    worker and counts again: a second claimer waits for the first to commit and then sees
+    its run as running. One claim holds at most one such lock at a time (the caller ends
+    the transaction before trying another worker), so claims cannot deadlock. On SQLite the
+    write lock makes any count in the transaction exact.
     """
     if run.concurrency is None:
         return True
@@ -147,8 +171,13 @@ def worker_has_room(s: Session, run: Run) -> bool:
             text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
             {"key": WORKER_LOCK + run.worker_name},
         )
-    running = s.exec(_claim_queries().running_of_worker, params={"worker": run.worker_name}).one()
-    return int(running) < run.concurrency
+    return _count_running(s, run) < run.concurrency
+
+
+def _count_running(s: Session, run: Run) -> int:
+    """Running runs of `run`'s worker other than `run` itself."""
+    count = s.execute(_claim_statements().running_of_worker, {"worker": run.worker_name}).one()
+    return int(count[0]) - (1 if run.status == RUNNING else 0)
 
 
 def renew_leases(ctx: Context, run_ids: list[str]) -> tuple[set[str], set[str]]:
@@ -200,45 +229,70 @@ def finish_attempt(
 
     `log_lines` are the attempt's last unwritten lines; they are stored first, in the same
     transaction. Returns the run's new status. If this node no longer holds the run (the
-    reaper took it after a lost lease), only the lines are written and the status found is
-    returned.
+    reaper took it after a lost lease, or it paused for a decision), only the lines are
+    written and the status found is returned.
+
+    The run's row is written by one UPDATE that holds only while this node still holds this
+    attempt (running, its lease, its attempt number); the new values come from the rules
+    applied to a copy of the run as claimed (`run` itself is left as it was, so a write that
+    failed can be tried again).
     """
     now = utcnow()
     closing: list[tuple[str, str, datetime | None]] = list(log_lines)
+    ended = Run(**{name: getattr(run, name) for name in ("id", *RULE_FIELDS)})
+    ended.status = RUNNING  # as the UPDATE finds it, or it writes nothing
+    retry = outcome.status in RETRYABLE and outcome.retryable and run.attempt < run.max_attempts
+    if retry:
+        delay = backoff * (2 ** (run.attempt - 1)) if exponential else backoff
+        message = (
+            f"attempt {run.attempt} {outcome.status}: {outcome.error_message}; "
+            f"retrying in {delay:.0f}s"
+        )
+        requeue_next_attempt(
+            ended,
+            by=EXECUTOR,
+            now=now,
+            delay_seconds=delay,
+            ended=outcome.error_code or outcome.status,
+        )
+    else:
+        transition(
+            ended,
+            outcome.status,
+            by=EXECUTOR,
+            now=now,
+            error_code=outcome.error_code,
+            error_message=outcome.error_message,
+        )
+        message = f"{outcome.status}"
+        if outcome.error_message:
+            message += f": {outcome.error_message}"
+    values: dict[str, Any] = {name: getattr(ended, name) for name in RULE_FIELDS}
+    values["exit_code"] = outcome.exit_code
+    if not retry:
+        values["outputs_json"] = (
+            json.dumps(outcome.outputs) if outcome.outputs is not None else None
+        )
+    held = {
+        "held_id": run.id,
+        "held_owner": ctx.node_id,
+        "held_attempt": run.attempt,
+        "sandbox_seconds_added": outcome.sandbox_seconds,
+    }
     with session_scope(ctx.engine, write=True) as s:
         lock_events(s, run_id=run.id)
-        current = s.get(Run, run.id, with_for_update=True)
-        if current is None or current.status != RUNNING or current.lease_owner != ctx.node_id:
+        result = s.execute(_finish_statement(tuple(values)), {**values, **held})
+        written = cast("CursorResult[Any]", result).rowcount
+        if not written:
             if closing:
                 append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
-            return current.status if current else CANCELLED
-        current.sandbox_seconds += outcome.sandbox_seconds
-        current.exit_code = outcome.exit_code
-        retry = (
-            outcome.status in RETRYABLE
-            and outcome.retryable
-            and current.attempt < current.max_attempts
-        )
+            found = s.execute(select(Run.status).where(Run.id == run.id)).scalar()
+            return found or CANCELLED
         # Artifacts from before exist only after an earlier attempt or a pause for a
         # decision (which always sets the phase): a plain first attempt has none to replace.
-        if current.attempt > 1 or current.phase is not None:
-            for old in s.exec(select(Artifact).where(Artifact.run_id == run.id)).all():
-                s.delete(old)
-        if retry:
-            delay = backoff * (2 ** (current.attempt - 1)) if exponential else backoff
-            message = (
-                f"attempt {current.attempt} {outcome.status}: {outcome.error_message}; "
-                f"retrying in {delay:.0f}s"
-            )
-            requeue_next_attempt(
-                current,
-                by=EXECUTOR,
-                now=now,
-                delay_seconds=delay,
-                ended=outcome.error_code or outcome.status,
-            )
-        else:
-            s.flush()
+        if run.attempt > 1 or run.phase is not None:
+            s.execute(delete(Artifact).where(col(Artifact.run_id) == run.id))
+        if not retry:
             for name, data, content_type in outcome.artifacts:
                 digest = insert_blob(s, data)
                 s.add(
@@ -250,29 +304,32 @@ def finish_attempt(
                         content_type=content_type,
                     )
                 )
-            transition(
-                current,
-                outcome.status,
-                by=EXECUTOR,
-                now=now,
-                error_code=outcome.error_code,
-                error_message=outcome.error_message,
-            )
-            current.outputs_json = (
-                json.dumps(outcome.outputs) if outcome.outputs is not None else None
-            )
-            message = f"{outcome.status}"
-            if outcome.error_message:
-                message += f": {outcome.error_message}"
         closing.append(("system", message, None))
         append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
-        s.add(current)
-        status = current.status
-        if current.concurrency is not None:
+        if run.concurrency is not None:
             # A limited worker has room again: a run of it queued on another node may start.
             signals.publish(s, signals.RUN_QUEUED)
     ctx.notify_run_ended()
-    return status
+    return ended.status
+
+
+@lru_cache(maxsize=4)
+def _finish_statement(columns: tuple[str, ...]) -> Any:
+    """The attempt's end as one UPDATE of `columns` (and the sandbox time added), matching
+    only while this node holds this attempt; built once per column set."""
+    runs = Run.__table__  # type: ignore[attr-defined]
+    values: dict[str, Any] = {name: bindparam(name, type_=runs.c[name].type) for name in columns}
+    values["sandbox_seconds"] = runs.c.sandbox_seconds + bindparam("sandbox_seconds_added")
+    return (
+        update(runs)
+        .where(
+            runs.c.id == bindparam("held_id"),
+            runs.c.status == RUNNING,
+            runs.c.lease_owner == bindparam("held_owner"),
+            runs.c.attempt == bindparam("held_attempt"),
+        )
+        .values(values)
+    )
 
 
 def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:

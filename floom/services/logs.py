@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, text
+from sqlalchemy import bindparam, func, insert, text
+from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from floom.store.db import session_scope
@@ -25,29 +28,56 @@ def append_events(
     attempt: int,
     lines: Sequence[tuple[str, str, datetime | None]],
     first: bool = False,
-) -> int:
-    """Append (stream, line, ts) rows after the run's last seq; returns the last seq written.
+) -> None:
+    """Append (stream, line, ts) rows after the run's last seq, in order.
     `first`: the run was inserted in this very transaction, so it has no events yet and no
-    other writer can see it (no read of the last seq, no lock).
+    other writer can see it (seqs from 1, no lock).
 
-    Callers hold a write session, which makes the read of the last seq and the inserts one
-    atomic step: SQLite's write lock does it there; on PostgreSQL a per-run advisory lock
+    Callers hold a write session, which makes each row's read of the last seq and its insert
+    one atomic step: SQLite's write lock does it there; on PostgreSQL a per-run advisory lock
     does, since an executor's log flusher and a state change (a pause, a decision) may append
     at the same moment. (Not the run's row lock: heartbeats skip locked runs as lost.)
     """
-    seq = 0
-    if not first:
-        lock_events(s, run_id=run_id)
-        last = s.exec(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run_id)).one()
-        seq = int(last or 0)
-    for stream, line, ts in lines:
-        seq += 1
-        s.add(
-            RunEvent(
-                run_id=run_id, seq=seq, attempt=attempt, ts=ts or utcnow(), stream=stream, line=line
-            )
-        )
-    return seq
+    if not lines:
+        return
+    statements = _event_statements()
+    now = utcnow()
+    rows = [
+        {"run_id": run_id, "attempt": attempt, "ts": ts or now, "stream": stream, "line": line}
+        for stream, line, ts in lines
+    ]
+    if first:
+        for seq, row in enumerate(rows, 1):
+            row["seq"] = seq
+        s.execute(statements.insert, rows)
+        return
+    lock_events(s, run_id=run_id)
+    # One statement per row that reads the last seq itself; run as one executemany.
+    s.execute(statements.insert_next, rows)
+
+
+@dataclass(frozen=True)
+class _EventStatements:
+    insert: Any
+    insert_next: Any  # each row's seq is the run's last seq + 1, read by the insert itself
+
+
+@lru_cache(maxsize=1)
+def _event_statements() -> _EventStatements:
+    """Built once (building a statement costs more than running it); Core inserts, since the
+    rows are never read back."""
+    events = RunEvent.__table__  # type: ignore[attr-defined]
+    names = ("run_id", "attempt", "ts", "stream", "line")
+    last = (
+        core_select(func.coalesce(func.max(events.c.seq), 0) + 1)
+        .where(events.c.run_id == bindparam("run_id"))
+        .scalar_subquery()
+    )
+    fill = core_select(*(bindparam(n, type_=events.c[n].type) for n in names), last)
+    return _EventStatements(
+        insert=insert(events),
+        insert_next=insert(events).from_select([*names, "seq"], fill),
+    )
 
 
 def lock_events(s: Session, *, run_id: str) -> None:

@@ -8,7 +8,7 @@ sets from here without loading SQLAlchemy (their start-up time matters).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from floom.errors import IllegalTransition, InvalidRequest
 
@@ -154,13 +154,42 @@ def transition(
         run.error_message = error_message
 
 
+def claimed_fields(*, node_id: str, lease_seconds: float, now: datetime) -> dict[str, Any]:
+    """The fields a queued run gets when this node takes it: running, under a lease the node
+    renews. The queue's claim writes them in its one UPDATE; `mark_claimed` sets them on a
+    run in hand."""
+    return {
+        "status": RUNNING,
+        "lease_owner": node_id,
+        "lease_expires_at": now + timedelta(seconds=lease_seconds),
+        "started_at": now,
+        "cancel_requested": False,
+    }
+
+
 def mark_claimed(run: Run, *, node_id: str, lease_seconds: float, now: datetime) -> None:
     """A queued run taken by this node: running, under a lease the node renews."""
-    transition(run, RUNNING, by=EXECUTOR)
-    run.lease_owner = node_id
-    run.lease_expires_at = now + timedelta(seconds=lease_seconds)
-    run.started_at = now
-    run.cancel_requested = False
+    check_transition(run.status, RUNNING, by=EXECUTOR)
+    for name, value in claimed_fields(
+        node_id=node_id, lease_seconds=lease_seconds, now=now
+    ).items():
+        setattr(run, name, value)
+
+
+# The fields `transition` and `requeue_next_attempt` may change: what a writer that
+# applies them to a copy of a run writes back.
+RULE_FIELDS = (
+    "status",
+    "lease_owner",
+    "lease_expires_at",
+    "started_at",
+    "not_before",
+    "finished_at",
+    "error_code",
+    "error_message",
+    "attempt",
+    "max_attempts",
+)
 
 
 def requeue_next_attempt(
