@@ -7,7 +7,6 @@ It prints nothing: every failure is a FloomError carrying floom's error code, me
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,16 +17,26 @@ from urllib.parse import quote
 import httpx
 
 from floom.client_env import admin_key_file, client_base_url
-from floom.errors import ClientError, FloomError, TooManyWaits, rebuild
+from floom.client_wire import (
+    CONNECT_SECONDS,
+    USER_AGENT,
+    WAIT_CALL_SECONDS,
+    WAIT_READ_MARGIN_SECONDS,
+    StartRequest,
+    answer_error,
+    bad_url,
+    missing_key,
+    timed_out,
+    transport_failed,
+    unreachable,
+)
+from floom.client_wire import configured_api_key as configured_api_key
+from floom.client_wire import url_path as url_path
+from floom.errors import ClientError, FloomError, TooManyWaits
 from floom.services.run_rules import FINISHED as TERMINAL_STATUSES
 from floom.services.run_rules import WAITING as WAITING_STATUSES
 
-UNREACHABLE_HINT = "start it with `floom serve` or set FLOOM_BASE_URL"
 POLL_SECONDS = 0.3
-# One `?wait=` request (the server allows 60 s); the read timeout leaves room for the answer.
-WAIT_CALL_SECONDS = 30.0
-MAX_SERVER_WAIT_SECONDS = 60.0
-WAIT_READ_MARGIN_SECONDS = 15.0
 MIN_WAIT_CALL_SPACING_SECONDS = 1.0
 RECONNECT_SECONDS = 0.5
 # Streams that break this many times in a row give way to polling /logs, which always works.
@@ -52,44 +61,8 @@ def admin_key_path() -> Path | None:
     return admin_key_file()
 
 
-def configured_api_key() -> str | None:
-    """FLOOM_API_KEY, else the admin key a local server saved in its data dir."""
-    key = os.environ.get("FLOOM_API_KEY", "").strip()
-    if key:
-        return key
-    path = admin_key_path()
-    if path is None:
-        return None
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
-
-
 def _error_from(response: httpx.Response) -> FloomError:
-    try:
-        body = response.json()
-        err = body["error"]
-        return rebuild(
-            status=response.status_code,
-            code=str(err.get("code") or "http_error"),
-            message=str(err.get("message") or f"HTTP {response.status_code}"),
-            hint=err.get("hint"),
-            details=err.get("details"),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError):
-        text = response.text.strip()[:200]
-        return ClientError(
-            f"floom answered HTTP {response.status_code}" + (f": {text}" if text else ""),
-            status=response.status_code,
-            code="http_error",
-            hint="check that FLOOM_BASE_URL points at a floom server",
-        )
-
-
-def url_path(*parts: str) -> str:
-    """URL path segments joined by slashes, each percent-encoded so an id cannot add a segment."""
-    return "/".join(quote(p, safe="") for p in parts)
+    return answer_error(response.status_code, response.content, response.text)
 
 
 class FloomClient:
@@ -106,7 +79,7 @@ class FloomClient:
     ) -> None:
         self.base_url = (base_url or client_base_url()).rstrip("/")
         self.api_key = api_key
-        headers = {"User-Agent": "floom-client"}
+        headers = {"User-Agent": USER_AGENT}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         if surface:
@@ -142,37 +115,16 @@ class FloomClient:
     def _check_key(self) -> None:
         if self.api_key:
             return
-        where = admin_key_path()
-        saved = f", or run where the server saved its admin key ({where})" if where else ""
-        raise ClientError(
-            "no API key configured", status=0, code="no_api_key", hint=f"set FLOOM_API_KEY{saved}"
-        )
+        raise missing_key(admin_key_path())
 
     def _transport_error(self, exc: httpx.HTTPError) -> ClientError:
         if isinstance(exc, httpx.ConnectError):
-            return ClientError(
-                f"cannot reach floom at {self.base_url}",
-                status=0,
-                code="unreachable",
-                hint=UNREACHABLE_HINT,
-            )
+            return unreachable(self.base_url)
         if isinstance(exc, httpx.TimeoutException):
-            return ClientError(
-                f"floom at {self.base_url} did not answer in time",
-                status=0,
-                code="timeout",
-                hint="check that the server is running and not overloaded",
-            )
+            return timed_out(self.base_url)
         if isinstance(exc, httpx.UnsupportedProtocol | httpx.InvalidURL):
-            return ClientError(
-                f"'{self.base_url}' is not a usable floom URL",
-                status=0,
-                code="bad_url",
-                hint="set FLOOM_BASE_URL to e.g. http://127.0.0.1:8321",
-            )
-        return ClientError(
-            f"talking to floom at {self.base_url} failed: {exc}", status=0, code="transport"
-        )
+            return bad_url(self.base_url)
+        return transport_failed(self.base_url, exc)
 
     def _send(self, method: str, path: str, *, auth: bool = True, **kwargs: Any) -> httpx.Response:
         if auth:
@@ -305,19 +257,22 @@ class FloomClient:
         run to end (or settle) and answers with the whole run record; check its status, as
         the answer comes after `wait` seconds (or at once, over the key's cap of waits)
         either way."""
-        body: dict[str, Any] = {"inputs": inputs or {}, "coerce_strings": coerce_strings}
-        if version_id:
-            body["version_id"] = version_id
-        if force:
-            body["force"] = True
-        path = f"/api/v1/workers/{url_path(worker)}/runs"
-        if wait <= 0:
-            result: dict[str, Any] = self._json("POST", path, json=body)
+        request = StartRequest(
+            worker,
+            inputs,
+            coerce_strings=coerce_strings,
+            version_id=version_id,
+            force=force,
+            wait=wait,
+            until=until,
+        )
+        if request.read_seconds is None:
+            result: dict[str, Any] = self._json("POST", request.path, json=request.body)
             return result
-        wait = min(wait, MAX_SERVER_WAIT_SECONDS)
-        params = {"wait": f"{wait:g}", "until": until}
-        timeout = httpx.Timeout(10.0, read=wait + WAIT_READ_MARGIN_SECONDS)
-        result = self._json("POST", path, json=body, params=params, timeout=timeout)
+        timeout = httpx.Timeout(CONNECT_SECONDS, read=request.read_seconds)
+        result = self._json(
+            "POST", request.path, json=request.body, params=request.params, timeout=timeout
+        )
         return result
 
     def list_runs(
@@ -343,7 +298,7 @@ class FloomClient:
             result: dict[str, Any] = self._json("GET", path)
             return result
         params = {"wait": f"{wait:g}", "until": until}
-        timeout = httpx.Timeout(10.0, read=wait + WAIT_READ_MARGIN_SECONDS)
+        timeout = httpx.Timeout(CONNECT_SECONDS, read=wait + WAIT_READ_MARGIN_SECONDS)
         result = self._json("GET", path, params=params, timeout=timeout)
         return result
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import typer
@@ -55,26 +56,40 @@ def floom() -> None:
 
 def main() -> None:
     """Entry point: floom's errors become "error:" and "hint:" lines and exit code 1."""
+    guarded(app)
+
+
+def guarded(call: Callable[[], Any]) -> None:
+    """Call `call` as the floom command runs its commands: a typer.Exit ends the process with
+    its code, and any other failure ends it as `exit_on_error` says."""
     try:
-        app()
-    except FloomError as exc:
-        _exit_with(exc.message, exc.hint, exc.details)
+        call()
+    except typer.Exit as done:  # raised by a command run outside the typer app
+        sys.exit(done.exit_code)
     except Exception as exc:  # the outermost boundary: a bug should still not dump a trace
-        # A settings error comes from pydantic, loaded only by the commands that read them.
-        pydantic_core = sys.modules.get("pydantic_core")
-        if pydantic_core is not None and isinstance(exc, pydantic_core.ValidationError):
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            _exit_with(
-                f"invalid setting {where.upper() and 'FLOOM_' + where.upper()}: {first.get('msg')}",
-                "check the FLOOM_* environment variables",
-            )
-        if os.environ.get("FLOOM_DEBUG"):
-            raise
+        exit_on_error(exc)
+
+
+def exit_on_error(exc: Exception) -> NoReturn:
+    """End the command for a failure: floom's errors become "error:" and "hint:" lines and
+    exit code 1, and so does a bug, as an "unexpected" line (raised again with FLOOM_DEBUG)."""
+    if isinstance(exc, FloomError):
+        _exit_with(exc.message, exc.hint, exc.details)
+    # A settings error comes from pydantic, loaded only by the commands that read them.
+    pydantic_core = sys.modules.get("pydantic_core")
+    if pydantic_core is not None and isinstance(exc, pydantic_core.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
         _exit_with(
-            f"unexpected {type(exc).__name__}: {exc}",
-            "this is a bug in floom; rerun with FLOOM_DEBUG=1 for the traceback",
+            f"invalid setting {where.upper() and 'FLOOM_' + where.upper()}: {first.get('msg')}",
+            "check the FLOOM_* environment variables",
         )
+    if os.environ.get("FLOOM_DEBUG"):
+        raise exc
+    _exit_with(
+        f"unexpected {type(exc).__name__}: {exc}",
+        "this is a bug in floom; rerun with FLOOM_DEBUG=1 for the traceback",
+    )
 
 
 def _exit_with(message: str, hint: str | None, details: Any = None) -> NoReturn:

@@ -1,0 +1,147 @@
+"""`floom run` through the quick path (floom/cli/quick.py: no typer, rich or httpx) prints the
+same bytes and exits with the same code as the typer command, and hands a run that outlasts
+its start request over to the typer command's wait."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    EXAMPLES,
+    LiveServer,
+    deploy_folder,
+    free_port,
+    live_server,
+    make_worker,
+    wait_until,
+)
+from tests.test_waits import NOOP, SLEEPER, keys_of
+
+BROKEN = "import sys\nprint('about to fail', file=sys.stderr)\nsys.exit(3)\n"
+# What changes from one run to the next: ids, times, digests, durations.
+VARYING = re.compile(
+    r'run_[0-9a-f]+|"\d{4}-\d\d-\d\dT[0-9:.+]+"|"sandbox_seconds": [0-9.]+|"digest": "[0-9a-f]+"'
+)
+TYPER_ONLY = "import sys; from floom.cli.command import main; sys.argv[0] = 'floom'; main()"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One SQLite server for the module, whose key may hold one wait at a time."""
+    root = tmp_path_factory.mktemp("quick")
+    with live_server(root / "data", f"sqlite:///{root / 'floom.db'}", max_waits_per_key=1) as srv:
+        with srv.client() as api:
+            deploy_folder(api, EXAMPLES / "hello")
+            for name, script in (("broken", BROKEN), ("noop", NOOP), ("sleeper", SLEEPER)):
+                manifest = f"name: {name}\nlimits: {{timeout_seconds: 900}}\n"
+                deploy_folder(api, make_worker(root / name, manifest, {"run.py": script}))
+        yield srv
+
+
+def floom(env: dict[str, str], *args: str, typer_only: bool = False) -> tuple[int, str, str]:
+    head = ["-c", TYPER_ONLY] if typer_only else ["-m", "floom.cli"]
+    done = subprocess.run(
+        [sys.executable, *head, *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, VARYING.sub("X", done.stdout), done.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run", "hello", "-i", "name=Ada", "--wait", "--json"),
+        ("run", "hello", "--input-json", '{"name": "Bo", "times": 2}', "--wait", "--json"),
+        ("run", "hello", "--json", "--force"),
+        ("run", "hello", "-i", "name=Cy", "--timeout", "20", "--json"),
+        ("run", "hello"),
+        ("run", "broken", "--wait", "--json"),
+        ("run", "hello", "-i", "times=abc", "--wait", "--json"),
+        ("run", "nosuch", "--wait", "--json"),
+    ],
+)
+def test_the_quick_path_prints_what_the_typer_command_prints(
+    server: LiveServer, args: tuple[str, ...]
+) -> None:
+    env = server.cli_env()
+    quick = floom(env, *args)
+    assert quick == floom(env, *args, typer_only=True)
+    assert quick[0] == (1 if args[1] in ("broken", "nosuch") or "times=abc" in args else 0)
+
+
+@pytest.mark.parametrize(
+    "case", ["no key", "bad key", "unreachable", "read-only key"], ids=lambda c: c
+)
+def test_the_quick_path_fails_as_the_typer_command_does(
+    server: LiveServer, tmp_path: Path, case: str
+) -> None:
+    env = server.cli_env()
+    if case == "no key":
+        env.update(FLOOM_API_KEY="", FLOOM_DATA_DIR=str(tmp_path / "nowhere"))
+    elif case == "bad key":
+        env["FLOOM_API_KEY"] = "flm_not_a_key"
+    elif case == "unreachable":
+        env["FLOOM_BASE_URL"] = f"http://127.0.0.1:{free_port()}"
+    else:
+        env["FLOOM_API_KEY"] = floom(env, "keys", "create", "--scope", "read")[1].strip()
+    args = ("run", "hello", "--wait", "--json")
+    quick = floom(env, *args)
+    assert quick == floom(env, *args, typer_only=True)
+    code, stdout, stderr = quick
+    assert code == 1 and stdout == ""
+    assert stderr.startswith("error: ") and "\nhint: " in stderr
+
+
+def test_run_wait_json_loads_neither_typer_rich_nor_httpx(server: LiveServer) -> None:
+    probe = (
+        "import sys; sys.argv = ['floom', 'run', 'hello', '--wait', '--json']\n"
+        "from floom.cli import main\n"
+        "try:\n    main()\nexcept SystemExit as done:\n    code = done.code\n"
+        "heavy = [m for m in ('typer', 'rich', 'httpx', 'pydantic') if m in sys.modules]\n"
+        "print('LOADED', heavy, code, file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        env=server.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert '"status": "succeeded"' in done.stdout
+    assert done.stderr.strip().endswith("LOADED [] 0"), done.stderr
+
+
+def test_a_run_that_outlasts_its_start_request_is_followed_to_its_end(server: LiveServer) -> None:
+    # The key's one wait is held by a request on a sleeping run, so the start is answered at
+    # once with the run queued; the typer command's wait then follows it to its end.
+    with server.client() as api, ThreadPoolExecutor(max_workers=1) as pool:
+        held = api.post("/api/v1/workers/sleeper/runs", json={}).json()["id"]
+        pool.submit(api.get, f"/api/v1/runs/{held}", params={"wait": 30}, timeout=50)
+        wait_until(lambda: server.ctx.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
+        try:
+            code, stdout, stderr = floom(server.cli_env(), "run", "noop", "--wait", "--json")
+        finally:
+            api.post(f"/api/v1/runs/{held}/cancel")
+    assert code == 0, stderr
+    assert '"status": "succeeded"' in stdout and '"worker": "noop"' in stdout
+
+
+def test_a_proxy_setting_sends_the_command_through_httpx_and_its_proxy(
+    server: LiveServer,
+) -> None:
+    env = {**server.cli_env(), "HTTP_PROXY": f"http://127.0.0.1:{free_port()}"}
+    quick = floom(env, "run", "hello", "--json")
+    assert quick == floom(env, "run", "hello", "--json", typer_only=True)
+    assert quick[0] == 1 and "error: " in quick[2]  # the proxy that httpx goes through is down
