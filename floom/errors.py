@@ -114,6 +114,15 @@ class Forbidden(FloomError):
     code = "forbidden"
 
 
+class NotExposed(FloomError):
+    """The worker cannot be started from this surface: its worker.yml `expose` leaves it out.
+
+    `details` name the surface ("surface") and the ones the worker allows ("allowed")."""
+
+    status = 403
+    code = "not_exposed"
+
+
 class NotFound(FloomError):
     """The thing asked for does not exist."""
 

@@ -198,7 +198,11 @@ class Manifest(_Frozen):
     calls: list[SlugStr] = Field(default_factory=list)
     approvals: dict[str, Any] = Field(default_factory=dict)
     model: str | None = None
-    expose: list[str] = Field(default_factory=list)
+    expose: list[str] = Field(
+        default_factory=list,
+        description="the surfaces that may start the worker (ui, rest, mcp; all when left out); "
+        "mcp also makes it an MCP tool of its own. Triggers start it whatever this says",
+    )
     replay: dict[str, Any] = Field(
         default_factory=dict,
         description="replays and evals: live_tools, compare (per output), gate (on deploy)",
@@ -375,6 +379,7 @@ def manifest_json_schema() -> dict[str, Any]:
     props["approvals"] = {"$ref": "#/$defs/Approvals"}
     schema["$defs"]["Approvals"] = Approvals.model_json_schema()
     props["expose"]["items"] = {"enum": list(EXPOSE_TARGETS)}
+    props["expose"]["minItems"] = 1  # leave it out for every surface
     props["triggers"]["items"] = {
         "type": "object",
         "minProperties": 1,

@@ -344,6 +344,13 @@ def _check_network_allow(raw: Any, path: str, out: list[Problem]) -> Any:
 
 
 def _check_expose(raw: Any, path: str, out: list[Problem]) -> Any:
+    # Absent means every surface; an empty list would read as none, yet stored manifests
+    # carry [] for an absent expose, so it is refused rather than given a second meaning.
+    if raw == []:
+        hint = f"leave `expose` out to allow every surface, or list some of {list(EXPOSE_TARGETS)}"
+        out.append(Problem(path, "lists no surface", hint))
+        return _BAD
+
     def check(item: Any, item_path: str) -> bool:
         if item in EXPOSE_TARGETS:
             return True

@@ -349,6 +349,11 @@ tools:
     assert "tools[0]" not in problems
 
 
+def test_an_empty_expose_is_refused_rather_than_read_as_no_surface_or_every_one() -> None:
+    problem = problems_of("name: w\nexpose: []\n")["expose"]
+    assert problem.message == "lists no surface" and "leave `expose` out" in (problem.hint or "")
+
+
 def test_calls_and_expose_are_checked_for_shape() -> None:
     problems = problems_of("name: w\ncalls: [Other_Worker]\nexpose: [mcp, rset]\n")
 

@@ -33,7 +33,7 @@ from floom.api.ui_support import (
     render,
 )
 from floom.errors import FloomError, InputInvalid, InvalidRequest
-from floom.services import diffs, lineage, run_stats, runs, worker_deletion, workers
+from floom.services import diffs, exposure, lineage, run_stats, runs, worker_deletion, workers
 from floom.services.context import Context
 from floom.store.models import Worker
 
@@ -121,6 +121,7 @@ def _worker_context(ctx: Context, name: str, base_url: str) -> dict[str, Any]:
         "manifest": manifest,
         "files": sorted(files),
         "fields": run_form(manifest) if manifest else [],
+        "exposed_to": exposure.allowed_surfaces(manifest) if manifest else (),
         "recent": recent,
         "triggers": ui_features.worker_triggers(ctx, worker_name=name, base_url=base_url),
         "deliveries": ui_features.webhook_deliveries(ctx, worker_name=name),

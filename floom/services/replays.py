@@ -85,7 +85,9 @@ def start_replay(
         caller=caller,
         version_id=version_id,
         replay_of=original.id,
-        force=True,  # a replay acts on nothing, so a paused worker may still be tested
+        # A replay acts on nothing, so a paused worker may still be tested, from any surface.
+        force=True,
+        from_recording=True,
         in_transaction=link,
     )
 

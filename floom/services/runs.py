@@ -19,7 +19,7 @@ from floom.errors import (
     WorkerPaused,
 )
 from floom.manifest import nesting_depth
-from floom.services import agent_runs, approvals, workers
+from floom.services import agent_runs, approvals, exposure, workers
 from floom.services.logs import system_event
 from floom.services.principal import Principal
 from floom.services.run_rules import (
@@ -67,14 +67,17 @@ def create_run(
     force: bool = False,
     in_transaction: Callable[[Session, Run], None] | None = None,
     parent_run_id: str | None = None,
+    from_recording: bool = False,
 ) -> Run:
     """Validate the inputs against the version's manifest and queue a run.
 
     Bad inputs raise InputInvalid and create nothing. The run is pinned to `version_id`,
-    or to the worker's active version. A paused worker refuses runs (WorkerPaused) unless
-    `force`. `in_transaction` runs in the transaction that inserts the run, so a trigger can
-    record its fire or delivery atomically with it; what it raises undoes the run. Needs
-    the run scope.
+    or to the worker's active version. A caller on a surface the worker's active manifest
+    does not `expose` is refused (NotExposed; floom's own triggers never are, nor is a
+    replay `from_recording`, which acts on nothing). A paused worker refuses runs
+    (WorkerPaused) unless `force`. `in_transaction` runs in the transaction that inserts the
+    run, so a trigger can record its fire or delivery atomically with it; what it raises
+    undoes the run. Needs the run scope.
     """
     caller.require("run")
     if trigger not in TRIGGERS:
@@ -96,7 +99,8 @@ def create_run(
                 inputs=inputs,
                 coerce_strings=coerce_strings,
                 trigger=trigger,
-                actor=caller.actor,
+                caller=caller,
+                check_surface=not from_recording,
                 version_id=version_id,
                 replay_of=replay_of,
                 scheduled_for=scheduled_for,
@@ -129,7 +133,8 @@ def _queue_run(
     inputs: Mapping[str, Any] | None,
     coerce_strings: bool,
     trigger: str,
-    actor: str | None,
+    caller: Principal,
+    check_surface: bool,
     version_id: str | None,
     replay_of: str | None,
     scheduled_for: datetime | None,
@@ -139,12 +144,6 @@ def _queue_run(
 ) -> tuple[Run, Worker]:
     """create_run's checks and insert for `worker`; raises _StaleWorker when
     `check_against_lock` and the locked row says otherwise."""
-    if worker.paused and not force:
-        raise WorkerPaused(
-            f"worker '{worker.name}' is paused",
-            hint=f"resume it with `floom resume {worker.name}`, or run it anyway with "
-            f"`floom run {worker.name} --force`",
-        )
     version_id = version_id or worker.active_version_id
     if version_id is None:
         raise Conflict(
@@ -153,6 +152,19 @@ def _queue_run(
         )
     version = workers.get_version(ctx, version_id=version_id, worker_name=worker.name)
     manifest = workers.manifest_of(version)
+    if check_surface:
+        # What the worker allows now, even for a run pinned to an older version.
+        current = manifest
+        if worker.active_version_id not in (None, version.id):
+            active = workers.get_version(ctx, version_id=worker.active_version_id)
+            current = workers.manifest_of(active)
+        exposure.check_exposed(current, worker=worker.name, caller=caller)
+    if worker.paused and not force:
+        raise WorkerPaused(
+            f"worker '{worker.name}' is paused",
+            hint=f"resume it with `floom resume {worker.name}`, or run it anyway with "
+            f"`floom run {worker.name} --force`",
+        )
     agent_runs.check_monthly_cap(ctx, worker_name=worker.name, manifest=manifest)
     clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
     run = Run(
@@ -166,7 +178,7 @@ def _queue_run(
         concurrency=manifest.concurrency,
         replay_of=replay_of,
         scheduled_for=scheduled_for,
-        created_by=actor,
+        created_by=caller.actor,
         parent_run_id=parent_run_id,
     )
     with session_scope(ctx.engine, write=True) as s:
