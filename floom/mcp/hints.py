@@ -96,7 +96,11 @@ _TOOLS: dict[str, Render] = {
     "runs": _runs,
     "show": _run_tool("get_run"),
     "logs": _run_tool("get_run_logs"),
-    "artifacts": _run_tool("get_run"),
+    "artifacts": lambda w: (
+        _call("get_artifact", run_id=first(w, "RUN_ID"), name=option(w, "--download", "NAME"))
+        if "--download" in w
+        else _call("get_run", run_id=first(w, "RUN_ID"))
+    ),
     "run": lambda w: (
         _call("run_worker", worker=first(w, "WORKER"), force=True)
         if "--force" in w

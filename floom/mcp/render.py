@@ -8,8 +8,9 @@ from typing import Any
 
 from mcp_types import CallToolResult, TextContent
 
+from floom.mcp.hints import for_mcp
 from floom.services.run_rules import ACTIVE as ACTIVE_STATUSES
-from floom.services.run_rules import WAITING
+from floom.services.run_rules import FAILED, LIMIT_EXCEEDED, TIMED_OUT, WAITING
 
 MAX_TEXT_ITEMS = 30
 
@@ -68,7 +69,7 @@ def workers_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
 
 def run_line(run: dict[str, Any]) -> str:
     error = run.get("error") or {}
-    why = f" ({error.get('code')}: {error.get('message')})" if error else ""
+    why = f" ({error.get('code')}: {for_mcp(error.get('message'))})" if error else ""
     return (
         f"{run['id']}  {run.get('worker')}  {run['status']}{why}  trigger={run.get('trigger')}"
         f"  created={run.get('created_at')}"
@@ -88,7 +89,8 @@ def run_text(run: dict[str, Any]) -> str:
     status = run["status"]
     lines[0] += status
     if run.get("error"):
-        lines.append(f"error {run['error'].get('code')}: {run['error'].get('message')}")
+        error = run["error"]
+        lines.append(f"error {error.get('code')}: {for_mcp(error.get('message'))}")
     if run.get("outputs") is not None:
         lines.append(f"outputs: {short(run['outputs'], 1000)}")
     if run.get("inputs"):
@@ -103,7 +105,23 @@ def run_text(run: dict[str, Any]) -> str:
         lines.append(f"still {status}; follow it with watch_run(run_id='{run['id']}')")
     elif status in WAITING:
         lines.append(waiting_text(run))
+    elif status in _WENT_WRONG:
+        lines.append(went_wrong_text(run))
     return "\n".join(lines)
+
+
+# Ends an agent looks into: the logs say why, and a replay tries the same inputs again.
+_WENT_WRONG = frozenset({FAILED, TIMED_OUT, LIMIT_EXCEEDED})
+
+
+def went_wrong_text(run: dict[str, Any]) -> str:
+    """What to do about a run that went wrong: read why, then run its inputs again."""
+    run_id = run["id"]
+    return (
+        f"read why with get_run_logs(run_id='{run_id}', tail=50); after a fix, "
+        f"replay_run(run_id='{run_id}', latest=True) runs the same inputs on the active "
+        "version (rollback_worker makes an earlier version active)"
+    )
 
 
 def artifacts_text(run_id: str, artifacts: list[dict[str, Any]]) -> str:
@@ -167,7 +185,13 @@ def trigger_line(t: dict[str, Any]) -> str:
 
 
 def log_lines_text(events: list[dict[str, Any]]) -> str:
-    return "\n".join(f"[{e['seq']}] {e['stream']}: {e['line']}" for e in events)
+    return "\n".join(f"[{e['seq']}] {e['stream']}: {_line(e)}" for e in events)
+
+
+def _line(event: dict[str, Any]) -> str:
+    # floom's own notices name what to do next as CLI commands; the agent gets the tools.
+    line = str(event["line"])
+    return (for_mcp(line) or line) if event["stream"] == "system" else line
 
 
 def versions_text(name: str, items: list[dict[str, Any]]) -> str:
