@@ -1,8 +1,9 @@
 """The scheduler: a thread that fires due schedule ticks (floom/services/schedules.py).
 
-It sleeps until the next fire time (at most a second, so new and changed triggers are seen
-quickly), which keeps fire-time skew in milliseconds. The clock is injectable: tests call
-`tick(now)` directly instead of starting the thread.
+It sleeps until the next fire time (at most a second, so changed triggers are seen quickly
+and an injected clock that runs fast is followed), which keeps fire-time skew in
+milliseconds. With no schedule at all it sleeps until one is synced (wakeups.SCHEDULES).
+The clock is injectable: tests call `tick(now)` directly instead of starting the thread.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from floom.services import wakeups
 from floom.services.schedules import NextFireCache, fire_due
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ class Scheduler:
         return fire_due(self.ctx, now=now or self.clock(), cache=self._cache)
 
     def start(self) -> None:
+        wakeups.SCHEDULES.subscribe(self._wake)
         self._thread = threading.Thread(target=self._loop, name="floom-scheduler", daemon=True)
         self._thread.start()
 
@@ -54,6 +57,7 @@ class Scheduler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        wakeups.SCHEDULES.unsubscribe(self._wake)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -62,8 +66,10 @@ class Scheduler:
                 upcoming = self.tick()
             except Exception:  # the loop must outlive a bad tick (e.g. a lost database)
                 log.exception("scheduler tick failed; retrying")
-            delay = MAX_SLEEP_SECONDS
-            if upcoming is not None:
-                delay = min(delay, max(0.0, (upcoming - self.clock()).total_seconds()))
+            if upcoming is None:
+                # No schedule: nothing to do until one is synced (wakeups.SCHEDULES).
+                delay = wakeups.IDLE_LOOK_SECONDS
+            else:
+                delay = min(MAX_SLEEP_SECONDS, max(0.0, (upcoming - self.clock()).total_seconds()))
             self._wake.wait(delay)
             self._wake.clear()

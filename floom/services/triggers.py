@@ -12,7 +12,7 @@ from sqlmodel import Session, col, select
 
 from floom.errors import InvalidRequest, NotFound
 from floom.manifest import Manifest
-from floom.services import secrets
+from floom.services import secrets, wakeups
 from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import Worker, new_id, utcnow
@@ -68,6 +68,12 @@ def sync_triggers(s: Session, *, worker_name: str, manifest: Manifest) -> None:
             row.removed_at = now
             row.updated_at = now
             s.add(row)
+    # The scheduler and the handoff bridge sleep until their triggers change.
+    kinds = {spec.kind for spec in specs}
+    if "schedule" in kinds:
+        wakeups.SCHEDULES.notify_on_commit(s)
+    if "handoff" in kinds or any(row.kind == "handoff" for row in rows.values()):
+        wakeups.HANDOFFS.notify_on_commit(s)
 
 
 def spec_of(trigger: Trigger) -> TriggerSpec:
@@ -123,6 +129,8 @@ def set_paused(
             worker.paused = paused
             worker.updated_at = utcnow()
             s.add(worker)
+        # A paused bridge takes no job; a resumed one starts taking them again.
+        wakeups.HANDOFFS.notify_on_commit(s)
     return worker, trigger
 
 

@@ -22,7 +22,9 @@ log = logging.getLogger("floom.signals")
 RUN_QUEUED = "floom_run_queued"  # a run became claimable (payload: none)
 RUN_CANCEL = "floom_run_cancel"  # a running run is to stop (payload: its id)
 KEY_REVOKED = "floom_key_revoked"  # an API key stopped being valid (payload: its hash)
-CHANNELS = (RUN_QUEUED, RUN_CANCEL, KEY_REVOKED)
+SCHEDULES_CHANGED = "floom_schedules_changed"  # schedule triggers were synced (payload: none)
+HANDOFFS_CHANGED = "floom_handoffs_changed"  # a handoff job took a lease, or bridges changed
+CHANNELS = (RUN_QUEUED, RUN_CANCEL, KEY_REVOKED, SCHEDULES_CHANGED, HANDOFFS_CHANGED)
 APPLICATION_NAME = "floom-listen"  # how the listener's connection shows in pg_stat_activity
 
 # How long the listener waits for a signal before it checks whether it is to stop, and

@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest
+from floom.services import wakeups
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, system_actor
 from floom.services.handoffs.jobs import as_actor, jobs_to_dicts, load_visible, record
@@ -108,6 +109,7 @@ def _move(
             job.assignee_agent_id = actor.agent_id
             job.claimed_at = now
         job.lease_expires_at = now + (lease or timedelta(seconds=600))
+        wakeups.HANDOFFS.notify_on_commit(s)  # the lease reaper has a lease to watch
     elif new == rules.PUBLISHED:
         job.assignee_agent_id = None
         job.claimed_at = None
@@ -235,6 +237,14 @@ def heartbeat(
                 details={"status": job.status},
             )
         return {"id": job.id, "status": job.status, "lease_expires_at": job.lease_expires_at}
+
+
+def any_lease_held(ctx: Context) -> bool:
+    """Whether any job holds a lease (is in progress): the lease reaper sleeps while none
+    does, until a job takes one (wakeups.HANDOFFS)."""
+    with session_scope(ctx.engine) as s:
+        q = select(Job.id).where(Job.status == rules.IN_PROGRESS).limit(1)
+        return s.exec(q).first() is not None
 
 
 def reap_expired_leases(ctx: Context) -> int:
