@@ -12,7 +12,6 @@ import logging
 import threading
 from collections.abc import Callable
 
-import psycopg
 from sqlalchemy import text
 from sqlalchemy.engine import URL
 from sqlmodel import Session
@@ -78,6 +77,10 @@ class Listener:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
+        # Imported here: only a node on PostgreSQL listens, and psycopg costs a node on
+        # SQLite about 8 MiB of resident memory.
+        import psycopg  # noqa: PLC0415
+
         while not self._stop.is_set():
             try:
                 # Keepalives, so a connection to a vanished server is noticed in seconds.
