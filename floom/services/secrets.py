@@ -10,7 +10,6 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from cryptography.fernet import Fernet, InvalidToken
 from sqlmodel import select
 
 from floom.errors import InvalidRequest, NotFound, SecretUndecryptable
@@ -19,6 +18,8 @@ from floom.store.db import session_scope
 from floom.store.models import Secret, utcnow
 
 if TYPE_CHECKING:
+    from cryptography.fernet import Fernet
+
     from floom.config import Settings
     from floom.services.context import Context
 
@@ -31,8 +32,19 @@ class SecretBox:
     """Fernet encryption with a key from FLOOM_SECRET_KEY or a 0600 key file."""
 
     def __init__(self, key_material: bytes) -> None:
-        self._fernet = Fernet(base64.urlsafe_b64encode(hashlib.sha256(key_material).digest()))
         self._material = key_material
+        self._cipher: Fernet | None = None
+
+    @property
+    def _fernet(self) -> Fernet:
+        # Built at the first use: cryptography (its own OpenSSL) costs a node about 6 MiB
+        # resident, which a node that never reads or writes a secret need not pay.
+        if self._cipher is None:
+            from cryptography.fernet import Fernet  # noqa: PLC0415
+
+            key = base64.urlsafe_b64encode(hashlib.sha256(self._material).digest())
+            self._cipher = Fernet(key)
+        return self._cipher
 
     def derive_key(self, purpose: str) -> bytes:
         """A key for another use (e.g. signing cookies), independent of the encryption key."""
@@ -53,6 +65,8 @@ class SecretBox:
         return self._fernet.encrypt(value.encode())
 
     def decrypt(self, token: bytes) -> str:
+        from cryptography.fernet import InvalidToken  # noqa: PLC0415 - loaded by _fernet
+
         try:
             return self._fernet.decrypt(token).decode()
         except InvalidToken as exc:
