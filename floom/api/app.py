@@ -6,12 +6,12 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from sqlalchemy import text
 
 from floom import __version__
-from floom.agent.runner import run_agent
 from floom.api import (
     errors,
     metrics,
@@ -43,6 +43,10 @@ from floom.services import keys, wakeups, workers
 from floom.services.context import Context
 from floom.services.examples import deploy_examples
 from floom.store.db import BOOTSTRAP_LOCK, cluster_lock
+
+if TYPE_CHECKING:
+    from floom.engine.attempt import Attempt
+    from floom.engine.queue import Outcome
 
 log = logging.getLogger("floom")
 
@@ -79,6 +83,15 @@ def bootstrap_store(ctx: Context) -> None:
                 log.info("deployed example workers: %s", ", ".join(names))
 
 
+def run_agent_attempt(attempt: Attempt) -> Outcome:
+    """The executor's agent runner (floom.agent.runner.run_agent), loaded at the first agent
+    run: the agent package with httpx costs a node about 5 MiB resident that a node running
+    only scripts never needs."""
+    from floom.agent.runner import run_agent  # noqa: PLC0415
+
+    return run_agent(attempt)
+
+
 def create_app(settings: Settings | None = None, *, ctx: Context | None = None) -> FastAPI:
     settings = settings or (ctx.settings if ctx else Settings())
     roles = settings.role_set
@@ -98,7 +111,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             sandbox.check()
             app.state.protections = sandbox.protections()
             app.state.sandboxes = backend_readiness(settings)
-            executor = Executor(context, sandbox, run_agent=run_agent)
+            executor = Executor(context, sandbox, run_agent=run_agent_attempt)
             executor.start()
         app.state.executor = executor
         presence = NodePresence(
