@@ -14,7 +14,6 @@ import typer
 from typer.core import TyperGroup
 
 from floom.cli.index import COMMANDS, help_text
-from floom.cli.output import fail
 from floom.errors import FloomError
 
 
@@ -93,6 +92,10 @@ def exit_on_error(exc: Exception) -> NoReturn:
 
 
 def _exit_with(message: str, hint: str | None, details: Any = None) -> NoReturn:
+    # Imported here: rich is for the error lines, which `floom serve`'s process, running
+    # for days, need not hold.
+    from floom.cli.output import fail  # noqa: PLC0415
+
     try:
         fail(message, hint, details)
     except typer.Exit as done:
