@@ -1,0 +1,51 @@
+"""A started floom server on SQLite, idle with the examples deployed, has not loaded what only
+some uses need (Alembic, psycopg, cryptography, httpx, rich, the agent package): each stays
+out of its resident memory until a database is behind, PostgreSQL is used, a secret is read,
+an agent runs or an error is printed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import free_port
+
+PROBE = """
+import sys, threading, time, urllib.request
+import uvicorn
+import floom.cli.command, floom.cli.serve
+from floom.api.app import create_app
+from floom.config import Settings
+
+data_dir, port = sys.argv[1], int(sys.argv[2])
+settings = Settings(data_dir=data_dir, deploy_examples=True, secret_key="test-secret-key")
+config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+server = uvicorn.Server(config)
+thread = threading.Thread(target=server.run, daemon=True)
+thread.start()
+deadline = time.monotonic() + 60
+while not server.started and time.monotonic() < deadline:
+    time.sleep(0.05)
+with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+    assert answer.status == 200
+loaded = sorted(
+    {m.split(".")[0] for m in sys.modules}
+    & {"alembic", "psycopg", "cryptography", "httpx", "rich", "pygments"}
+    | {m for m in sys.modules if m.startswith("floom.agent")}
+)
+print("LOADED", loaded)
+server.should_exit = True
+thread.join(30)
+"""
+
+
+def test_an_idle_server_has_not_loaded_what_only_some_uses_need(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(tmp_path / "data"), str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
+    assert lines == ["LOADED []"], done.stdout + done.stderr
