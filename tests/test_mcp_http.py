@@ -98,6 +98,8 @@ def test_a_read_key_can_look_but_is_refused_running_or_deploying_naming_the_scop
         async with http_client(server, read_key) as mcp:
             listed = await call(mcp, "list_workers")
             assert [w["name"] for w in listed["items"]] == ["hello"]
+            # hello names no `expose`: every surface may start it, and the listing says so.
+            assert sorted(listed["items"][0]["expose"]) == ["mcp", "rest", "ui"]
             refused = await call_error(mcp, "run_worker", worker="hello")
             assert refused["code"] == "forbidden" and "'run'" in refused["message"]
             # Named for an MCP client: the scope it needs, not a CLI command it may not have.

@@ -8,6 +8,7 @@ from typing import Any
 
 from mcp_types import CallToolResult, TextContent
 
+from floom.manifest import EXPOSE_TARGETS
 from floom.mcp.hints import for_mcp
 from floom.services.run_rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.run_rules import FAILED, LIMIT_EXCEEDED, TIMED_OUT, WAITING
@@ -49,7 +50,8 @@ def worker_summary(worker: dict[str, Any]) -> dict[str, Any]:
         "active_version_id": worker.get("active_version_id"),
         "paused": worker.get("paused"),
         "inputs": {k: v.get("type") for k, v in (manifest.get("inputs") or {}).items()},
-        "expose": manifest.get("expose") or [],
+        # The surfaces that may start it: all of them when worker.yml names none.
+        "expose": manifest.get("expose") or list(EXPOSE_TARGETS),
         "updated_at": worker.get("updated_at"),
     }
 
