@@ -23,6 +23,7 @@ from floom.services import keys
 from floom.services.context import Context
 from floom.services.principal import SYSTEM
 from floom.services.run_rules import FINISHED
+from tests.pg_databases import DatabasePool
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "workers"
@@ -73,6 +74,19 @@ def pg_template(pg_available: bool) -> Iterator[str | None]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="session")
+def pg_databases(pg_template: str | None) -> Iterator[DatabasePool | None]:
+    """This test process's migrated PostgreSQL databases, emptied and reused between tests."""
+    if pg_template is None:
+        yield None
+        return
+    pool = DatabasePool(admin_url=PG_ADMIN_URL, template=pg_template)
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
 def _database(request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'floom.db'}"
@@ -81,10 +95,17 @@ def _database(request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool)
         pytest.skip("PostgreSQL not reachable on 127.0.0.1:5432")
     import psycopg
 
-    template = request.getfixturevalue("pg_template") if migrated else None
+    if migrated:
+        pool: DatabasePool = request.getfixturevalue("pg_databases")
+        name = pool.take()
+        try:
+            yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+        finally:
+            pool.give_back(name)
+        return
     name = f"floom_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        conn.execute(f'CREATE DATABASE "{name}"')
     try:
         yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     finally:
@@ -94,8 +115,8 @@ def _database(request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool)
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Each behaviour test runs once on SQLite and once on a fresh PostgreSQL database
-    (cloned from a migrated template)."""
+    """Each behaviour test runs once on SQLite and once on an empty migrated PostgreSQL
+    database of its own (cloned from a template, emptied again after each test)."""
     yield from _database(request, tmp_path, migrated=True)
 
 
