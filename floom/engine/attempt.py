@@ -119,6 +119,8 @@ class Attempt:
         self.base = self.ctx.settings.work_root / f"{run.id}-{run.attempt}"
         self.workdir = self.base / "work"
         self.output_dir = self.base / "output"
+        # The version's cached files when the sandbox lays the work dir over them.
+        self.files: Path | None = None
         self.secrets: dict[str, str] = {}
         self.redactor = Redactor([])
         self.sandbox_seconds = 0.0
@@ -145,16 +147,27 @@ class Attempt:
         return None
 
     @contextmanager
-    def workspace(self) -> Iterator[None]:
-        """The prepared work dir for the block; discarded after it, whatever happens."""
+    def workspace(self, *, layered: bool = False) -> Iterator[None]:
+        """The prepared work dir for the block; discarded after it, whatever happens. See
+        `prepare` for `layered`."""
         try:
-            self.prepare()
+            self.prepare(layered=layered)
             yield
         finally:
             discard_later(self.base)
 
-    def prepare(self) -> None:
-        shutil.copytree(version_files(self.ctx, self.version), self.workdir)
+    def prepare(self, *, layered: bool = False) -> None:
+        """The work dir with the version's files and `inputs.json`, and an empty output dir.
+
+        `layered`: floom reads back only what the process writes (a script's result.json),
+        so where the sandbox can lay the work dir over the version's cached files, they are
+        not copied: the work dir starts with `inputs.json` alone (SandboxSpec.files)."""
+        files = version_files(self.ctx, self.version)
+        if layered and self.host.sandbox_for(self.manifest).layers_files:
+            self.files = files
+            self.workdir.mkdir(parents=True)
+        else:
+            shutil.copytree(files, self.workdir)
         self.output_dir.mkdir(parents=True)
         write_regular(self.workdir, "inputs.json", self.run.inputs_json.encode())
 
@@ -188,6 +201,7 @@ class Attempt:
             command=command,
             timeout_seconds=timeout_seconds,
             node_id=self.ctx.node_id,
+            files=self.files,
         )
 
     @contextmanager
@@ -326,6 +340,6 @@ def run_script(attempt: Attempt) -> Outcome:
     ended = attempt.resolve_secrets(attempt.manifest.secrets)
     if ended is not None:
         return ended
-    with attempt.workspace():
+    with attempt.workspace(layered=True):
         result = attempt.run_sandbox(attempt.spec())
         return attempt.judge(result)

@@ -64,7 +64,7 @@ def _gated_script(attempt: Attempt) -> Outcome:
     ended = attempt.resolve_secrets([*manifest.secrets, *(manifest.apply_secrets if apply else [])])
     if ended is not None:
         return ended
-    with attempt.workspace():
+    with attempt.workspace(layered=True):
         decision: dict[str, Any] | None = None
         if apply:
             attempt.restore_artifacts()

@@ -23,6 +23,7 @@ def script_spec(
     command: list[str] | None = None,
     timeout_seconds: float | None = None,
     node_id: str = "",
+    files: Path | None = None,
 ) -> SandboxSpec:
     """The sandbox spec of a script worker's attempt: declared secrets and floom's values.
 
@@ -65,6 +66,7 @@ def script_spec(
         disk_mb=manifest.limits.disk_mb,
         metadata=metadata,
         template=manifest.sandbox.template or "",
+        files=files,
     )
 
 

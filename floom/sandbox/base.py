@@ -47,7 +47,11 @@ class SandboxSpec:
     """Everything a backend needs to run one attempt of a script worker.
 
     `workdir` is a fresh directory that already holds the version's files and `inputs.json`;
-    it becomes the process's working directory. `output_dir` is a fresh, empty directory
+    it becomes the process's working directory. With `files` (only for a backend whose
+    `layers_files` is true), `workdir` holds `inputs.json` alone and the version's files
+    are in `files`, floom's cached copy, shared by runs: the backend shows the process
+    `workdir` laid over them, writes (also to a version file) landing in `workdir` only,
+    and `files` is never changed. `output_dir` is a fresh, empty directory
     the process sees as `$FLOOM_OUTPUT_DIR`; files left there become artifacts. `env` is
     the whole environment the process gets (declared secrets and FLOOM_* values); a backend
     adds only PATH, HOME, LANG and similar inert values, never anything of the host's.
@@ -77,6 +81,7 @@ class SandboxSpec:
     disk_mb: int = 1024
     metadata: dict[str, str] = field(default_factory=dict)
     template: str = ""
+    files: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,13 @@ class Sandbox(abc.ABC):
     """
 
     name: str = "base"
+
+    @property
+    def layers_files(self) -> bool:
+        """Whether `run` takes the version's files read-only as `spec.files`, with
+        `spec.workdir` a writable layer over them: no copy of the files per run. Default:
+        no; `spec.workdir` must hold them."""
+        return False
 
     @abc.abstractmethod
     def run(
@@ -291,7 +303,10 @@ def validate_spec(spec: SandboxSpec) -> None:
             "must be positive",
             hint="set a timeout in seconds and a memory limit in MiB above zero",
         )
-    for label, path in (("workdir", spec.workdir), ("output_dir", spec.output_dir)):
+    dirs = [("workdir", spec.workdir), ("output_dir", spec.output_dir)]
+    if spec.files is not None:
+        dirs.append(("files", spec.files))
+    for label, path in dirs:
         if not path.is_dir():
             raise InvalidRequest(
                 f"{label} {path} is not a directory", hint="create it before running the sandbox"

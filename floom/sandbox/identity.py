@@ -35,6 +35,37 @@ exec "$@"
 """
 
 
+# The same, with the run's work dir laid over the version's files: one overlay mount in
+# place of the work dir's bind ($4: the version's cached files, $5: the overlay's scratch
+# dir, beside the work dir on the same mount as overlayfs wants), so starting a run costs
+# no more mounts than before.
+_LAYERED_STAGE_SCRIPT: Final = """set -e
+mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
+mkdir -p "$1$2" "$1$3"
+mount -t overlay floom-work -o "lowerdir=$4,upperdir=$2,workdir=$5" "$1$2"
+mount --bind "$3" "$1$3"
+shift 5
+exec "$@"
+"""
+# Characters that overlayfs's options would read as separators or escapes: paths holding
+# one are first bound to plain names under the stage (two more mounts per run).
+_OPTION_SEPARATORS: Final = frozenset(",:\\")
+_LAYERED_STAGE_SCRIPT_BOUND: Final = """set -e
+mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
+mkdir -p "$1$2" "$1$3" "$1/.files" "$1/.run"
+mount --bind "$4" "$1/.files"
+mount --bind "$(dirname "$2")" "$1/.run"
+mount -t overlay floom-work \\
+    -o "lowerdir=$1/.files,upperdir=$1/.run/$(basename "$2"),workdir=$1/.run/$(basename "$5")" \\
+    "$1$2"
+mount --bind "$3" "$1$3"
+shift 5
+exec "$@"
+"""
+OVERLAY_SCRATCH_SUFFIX: Final = ".overlay"
+"""The overlay's scratch dir is the work dir's sibling with this suffix."""
+
+
 class IdentityUnavailable(FloomError):
     """The tools to start a sandbox as another uid are missing."""
 
@@ -61,6 +92,18 @@ class SandboxIdentity:
                 for name in (*dirs, *files):
                     os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
 
+    def hand_over_files(self, files: Path) -> None:
+        """Give a version's cached files to the sandbox uid, once: a run sees them only
+        through an overlay (a write lands in its own layer), and owning them lets a script
+        rewrite a version file in place as it could its own copy. The top dir is changed
+        last, so its owner says the whole tree was."""
+        if not self.switched or os.lstat(files).st_uid == self.uid:
+            return
+        for root, dirs, names in os.walk(files, topdown=False):
+            for name in (*dirs, *names):
+                os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
+        os.chown(files, self.uid, self.gid, follow_symlinks=False)
+
     def bind_source(self, path: Path) -> str:
         """The path bubblewrap binds `path` from."""
         absolute = os.path.abspath(path)
@@ -86,15 +129,28 @@ class SandboxIdentity:
             "--",
         )
 
-    def launcher(self, workdir: Path, output_dir: Path) -> list[str]:
-        """The command line that starts bubblewrap's own command line as this identity."""
+    def launcher(self, workdir: Path, output_dir: Path, files: Path | None = None) -> list[str]:
+        """The command line that starts bubblewrap's own command line as this identity;
+        with `files`, the work dir it binds is laid over them (an overlay whose scratch dir
+        is the work dir's sibling, see OVERLAY_SCRATCH_SUFFIX)."""
         if not self.switched:
+            if files is not None:
+                raise IdentityUnavailable("a layered work dir needs floom to run as root")
             return []
         tools = {name: shutil.which(name) for name in ("unshare", "setpriv", "mount", "sh")}
         missing = sorted(name for name, path in tools.items() if path is None)
         if missing:
             raise IdentityUnavailable(f"{', '.join(missing)} not on PATH")
         STAGE_DIR.mkdir(mode=0o700, exist_ok=True)
+        dirs = [os.path.abspath(workdir), os.path.abspath(output_dir)]
+        script = _STAGE_SCRIPT
+        if files is not None:
+            work = Path(dirs[0])
+            scratch = work.with_name(work.name + OVERLAY_SCRATCH_SUFFIX)
+            scratch.mkdir(mode=0o700, exist_ok=True)
+            dirs += [os.path.abspath(files), str(scratch)]
+            plain = not any(_OPTION_SEPARATORS & set(path) for path in dirs)
+            script = _LAYERED_STAGE_SCRIPT if plain else _LAYERED_STAGE_SCRIPT_BOUND
         return [
             str(tools["unshare"]),
             "--mount",
@@ -102,11 +158,10 @@ class SandboxIdentity:
             "--",
             str(tools["sh"]),
             "-c",
-            _STAGE_SCRIPT,
+            script,
             "floom-stage",
             str(STAGE_DIR),
-            os.path.abspath(workdir),
-            os.path.abspath(output_dir),
+            *dirs,
             str(tools["setpriv"]),
             *self._setpriv_args(),
         ]

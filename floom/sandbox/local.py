@@ -164,6 +164,12 @@ class LocalSandbox(Sandbox):
     def check(self) -> None:
         self._command_prefix()
 
+    @property
+    def layers_files(self) -> bool:
+        # The overlay is mounted in the run's stage namespace, which exists only when floom
+        # is root and starts sandboxes as another uid (floom/sandbox/identity.py).
+        return self._identity.switched
+
     def run(
         self,
         spec: SandboxSpec,
@@ -174,8 +180,10 @@ class LocalSandbox(Sandbox):
         prefix = self._command_prefix()
         validate_spec(spec)
         try:
-            launcher = self._identity.launcher(spec.workdir, spec.output_dir)
+            launcher = self._identity.launcher(spec.workdir, spec.output_dir, spec.files)
             self._identity.hand_over(spec.workdir, spec.output_dir)
+            if spec.files is not None:
+                self._identity.hand_over_files(spec.files)
             run_limits = limits.RunLimits(spec, cgroups.detect())
         except (IdentityUnavailable, cgroups.CgroupError, OSError) as exc:
             raise SandboxUnavailable(
