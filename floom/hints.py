@@ -1,5 +1,6 @@
-"""Hints name the CLI command that fixes a problem (`floom resume hello`); each surface
-retells them for its caller: the MCP tool over MCP (floom.mcp.hints), the REST endpoint for
+"""Hints name the CLI command that fixes a problem (`floom resume hello`), and so do the
+run errors and log notices floom stores; each surface retells them for its caller when it
+answers (floom.surface_hints): the MCP tool over MCP (floom.mcp.hints), the REST endpoint for
 a plain REST client (floom.api.hints), the command itself for the CLI. This module finds the
 commands in a text and reads their words; each surface brings its own table."""
 

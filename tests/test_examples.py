@@ -50,7 +50,8 @@ def test_github_digest_fails_clearly_without_its_secret(api: httpx.Client) -> No
     run = wait_for_run(api, run_id)
     assert run["status"] == "failed"
     assert run["error"]["code"] == "secret_missing"
-    assert "floom secrets set GITHUB_TOKEN" in run["error"]["message"]
+    # A plain REST client is told the request that sets it.
+    assert "`PUT /api/v1/secrets/GITHUB_TOKEN" in run["error"]["message"]
 
 
 def test_a_fresh_install_deploys_the_examples_with_unready_schedules_paused(

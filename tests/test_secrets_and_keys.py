@@ -71,7 +71,7 @@ def test_a_run_whose_declared_secret_is_missing_fails_before_start_naming_it(
     assert run["status"] == "failed"
     assert run["error"]["code"] == "secret_missing"
     assert "API_TOKEN" in run["error"]["message"]
-    assert "floom secrets set API_TOKEN" in run["error"]["message"]
+    assert "`PUT /api/v1/secrets/API_TOKEN" in run["error"]["message"]
     stdout = [
         e
         for e in api.get(f"/api/v1/runs/{run['id']}/logs").json()["items"]

@@ -11,11 +11,10 @@ from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException
 
 from floom.api.auth import request_surface
-from floom.api.hints import for_rest
 from floom.errors import FloomError, RateLimited
-from floom.mcp.hints import for_mcp
 from floom.services.principal import Surface
 from floom.store.db import UNAVAILABLE, store_unavailable
+from floom.surface_hints import tell
 
 log = logging.getLogger("floom.api")
 
@@ -26,17 +25,14 @@ def error_response(status: int, code: str, message: str, hint: str | None = None
     )
 
 
-# The services' hints name CLI commands; a caller that is not the CLI is told what it can use.
-_RETELL = {"rest": for_rest, "mcp": for_mcp}
-
-
 def floom_error_response(exc: FloomError, *, surface: Surface = "cli") -> JSONResponse:
     """A FloomError in the one error shape, with the headers its status calls for; its
     message and hint name what `surface` offers (REST requests, MCP tools, CLI commands)."""
     body = exc.to_dict()
-    retell = _RETELL.get(surface)
-    if retell is not None:
-        body["message"], body["hint"] = retell(exc.message), retell(exc.hint)
+    body["message"], body["hint"] = (
+        tell(exc.message, surface=surface),
+        tell(exc.hint, surface=surface),
+    )
     response = JSONResponse(status_code=exc.status, content={"error": body})
     if isinstance(exc, RateLimited) and isinstance(exc.details, dict):
         response.headers["Retry-After"] = str(exc.details.get("retry_after_seconds", 1))

@@ -122,7 +122,8 @@ async def worker_hook(
     if answer.run_id and answer.status is None and wait > 0:
         ended = await _wait_for(ctx, answer.run_id, wait, worker=worker)
         if ended is not None:
-            run = run_public(ended)
+            # A webhook's sender is a plain REST client.
+            run = run_public(ended, surface="rest")
             waited = answer.model_copy(
                 update={
                     "status": run.status,

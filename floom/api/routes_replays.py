@@ -42,7 +42,7 @@ def start_replay(run_id: str, body: ReplayStart, ctx: CtxDep, caller: RunCaller)
         model=body.model,
         caller=caller,
     )
-    return views.run_public(run, artifacts=[])
+    return views.run_public(run, artifacts=[], surface=caller.surface)
 
 
 @router.get(

@@ -21,6 +21,7 @@ from floom.schemas import runs as views
 from floom.schemas.common import Page
 from floom.services import logs, run_rules, run_waits, runs
 from floom.services.context import Context
+from floom.services.principal import Surface
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 
@@ -99,7 +100,7 @@ async def start_run(
             force=body.force,
         )
     )
-    queued = views.run_public(run, artifacts=[])
+    queued = views.run_public(run, artifacts=[], surface=caller.surface)
     if not wait:
         return queued
     # One round trip for a caller that wants the result: the same wait as GET ?wait=, under
@@ -112,7 +113,7 @@ async def start_run(
         await unless_caller_leaves(request, waiting)
     except TooManyWaits:
         return queued
-    detail = await run_in_threadpool(views.run_detail, ctx, run_id=run.id)
+    detail = await run_in_threadpool(views.run_detail, ctx, run_id=run.id, surface=caller.surface)
     status = 200 if detail.status in run_waits.STOP_STATUSES[until] else 202
     return JSONResponse(status_code=status, content=detail.to_json())
 
@@ -120,7 +121,7 @@ async def start_run(
 @router.get("/runs", response_model=Page[views.RunPublic], responses=authed(400, 422))
 def list_runs(
     ctx: CtxDep,
-    _: ReadCaller,
+    caller: ReadCaller,
     worker: str | None = Query(None, description="only this worker's runs"),
     status: str | None = enum_query(run_rules.STATUSES, "only runs in this status"),
     trigger: str | None = enum_query(runs.TRIGGERS, "only runs started this way"),
@@ -130,7 +131,7 @@ def list_runs(
     rows, next_cursor = runs.list_runs(
         ctx, worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
     )
-    return views.run_page(rows, next_cursor)
+    return views.run_page(rows, next_cursor, surface=caller.surface)
 
 
 @router.get("/runs/{run_id}", response_model=views.RunDetail, responses=authed(404, 422, 429))
@@ -154,7 +155,7 @@ async def get_run(
             ctx, run_id=run_id, timeout=wait, until=until, waiter=caller.actor
         )
         await unless_caller_leaves(request, waiting)
-    return await run_in_threadpool(views.run_detail, ctx, run_id=run_id)
+    return await run_in_threadpool(views.run_detail, ctx, run_id=run_id, surface=caller.surface)
 
 
 async def unless_caller_leaves(request: Request, waiting: Coroutine[Any, Any, object]) -> None:
@@ -183,12 +184,14 @@ async def _disconnected(request: Request) -> None:
 def get_logs(
     run_id: str,
     ctx: CtxDep,
-    _: ReadCaller,
+    caller: ReadCaller,
     after: int = Query(0, ge=0, description="return events with a seq above this"),
     tail: int | None = Query(None, ge=1, le=10_000, description="only the last N events"),
     limit: int = Query(1000, ge=1, le=10_000),
 ) -> views.LogPage:
-    return views.log_page(ctx, run_id=run_id, after=after, tail=tail, limit=limit)
+    return views.log_page(
+        ctx, run_id=run_id, after=after, tail=tail, limit=limit, surface=caller.surface
+    )
 
 
 @router.get(
@@ -208,17 +211,23 @@ async def stream_logs(
     run_id: str,
     request: Request,
     ctx: CtxDep,
-    _: ReadCaller,
+    caller: ReadCaller,
     after: int = Query(0, ge=0),
     last_event_id: str | None = Header(None),
 ) -> StreamingResponse:
     await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
-    return log_event_stream(ctx, run_id, start=start, request=request)
+    return log_event_stream(ctx, run_id, start=start, request=request, surface=caller.surface)
 
 
 def log_event_stream(
-    ctx: Context, run_id: str, *, start: int, request: Request, statuses: bool = False
+    ctx: Context,
+    run_id: str,
+    *,
+    start: int,
+    request: Request,
+    surface: Surface,
+    statuses: bool = False,
 ) -> StreamingResponse:
     """Server-sent events of a run's log after seq `start`, ending with an `end` event when the
     run has ended; the REST API and the web UI (behind its own sign-in) both serve it. With
@@ -233,7 +242,7 @@ def log_event_stream(
             rows = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
             for e in rows:
                 seq = e.seq
-                data = views.event_public(e).model_dump_json()
+                data = views.event_public(e, surface=surface).model_dump_json()
                 yield f"id: {e.seq}\nevent: log\ndata: {data}\n\n"
             if rows and time.monotonic() - status_seen_at < SSE_STATUS_SECONDS:
                 idle = 0.0
@@ -253,9 +262,9 @@ def log_event_stream(
                 rest = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
                 for e in rest:
                     seq = e.seq
-                    data = views.event_public(e).model_dump_json()
+                    data = views.event_public(e, surface=surface).model_dump_json()
                     yield f"id: {e.seq}\nevent: log\ndata: {data}\n\n"
-                body = views.run_public(run).model_dump_json()
+                body = views.run_public(run, surface=surface).model_dump_json()
                 yield f"event: end\ndata: {body}\n\n"
                 return
             await asyncio.sleep(SSE_POLL_SECONDS)
@@ -307,7 +316,7 @@ def download_artifact(run_id: str, name: str, ctx: CtxDep, _: ReadCaller) -> Res
 @router.post("/runs/{run_id}/cancel", response_model=views.RunDetail, responses=authed(404, 409))
 def cancel_run(run_id: str, ctx: CtxDep, caller: RunCaller) -> views.RunDetail:
     runs.cancel_run(ctx, run_id=run_id, caller=caller)
-    return views.run_detail(ctx, run_id=run_id)
+    return views.run_detail(ctx, run_id=run_id, surface=caller.surface)
 
 
 @router.post(
@@ -326,4 +335,4 @@ def replay_run(
         caller=caller,
         force=bool(body and body.force),
     )
-    return views.run_public(run, artifacts=[])
+    return views.run_public(run, artifacts=[], surface=caller.surface)

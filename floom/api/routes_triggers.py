@@ -115,4 +115,4 @@ def replay_delivery(
     run = webhooks.replay_delivery(
         ctx, delivery_id=delivery_id, caller=caller, force=bool(body and body.force)
     )
-    return run_public(run, artifacts=[])
+    return run_public(run, artifacts=[], surface=caller.surface)

@@ -105,8 +105,8 @@ def list_workers(
 
 
 @router.get("/workers/{name}", response_model=views.WorkerDetail, responses=authed(404))
-def get_worker(name: WorkerName, ctx: CtxDep, _: ReadCaller) -> views.WorkerDetail:
-    return views.worker_detail(ctx, name=name)
+def get_worker(name: WorkerName, ctx: CtxDep, caller: ReadCaller) -> views.WorkerDetail:
+    return views.worker_detail(ctx, name=name, surface=caller.surface)
 
 
 @router.get(

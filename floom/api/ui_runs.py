@@ -219,7 +219,7 @@ async def log_stream(
     bearer header); resumes after the last seq the page or the reconnecting browser saw."""
     await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
-    return log_event_stream(ctx, run_id, start=start, request=request, statuses=True)
+    return log_event_stream(ctx, run_id, start=start, request=request, surface="ui", statuses=True)
 
 
 def _preview(content_type: str, name: str, data: bytes) -> dict[str, Any]:

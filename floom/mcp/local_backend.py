@@ -98,7 +98,9 @@ class LocalBackend(Backend):
         return worker_views.worker_page(ctx, cursor=cursor, limit=limit).to_json()
 
     def get_worker(self, name: str) -> JSON:
-        return worker_views.worker_detail(self.ctx, name=name).to_json()
+        return worker_views.worker_detail(
+            self.ctx, name=name, surface=self.principal.surface
+        ).to_json()
 
     def get_manifest_yaml(self, name: str) -> str:
         ctx = self.ctx
@@ -151,7 +153,7 @@ class LocalBackend(Backend):
             caller=self.principal,
             force=force,
         )
-        return run_views.run_public(run, artifacts=[]).to_json()
+        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
 
     def list_runs(
         self,
@@ -166,10 +168,12 @@ class LocalBackend(Backend):
         rows, next_cursor = runs.list_runs(
             ctx, worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
         )
-        return run_views.run_page(rows, next_cursor).to_json()
+        return run_views.run_page(rows, next_cursor, surface=self.principal.surface).to_json()
 
     def get_run(self, run_id: str) -> JSON:
-        return run_views.run_detail(self.ctx, run_id=run_id).to_json()
+        return run_views.run_detail(
+            self.ctx, run_id=run_id, surface=self.principal.surface
+        ).to_json()
 
     async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
         ctx = self.ctx
@@ -182,7 +186,9 @@ class LocalBackend(Backend):
         self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
     ) -> JSON:
         ctx = self.ctx
-        page = run_views.log_page(ctx, run_id=run_id, after=after, tail=tail, limit=limit)
+        page = run_views.log_page(
+            ctx, run_id=run_id, after=after, tail=tail, limit=limit, surface=self.principal.surface
+        )
         return page.to_json()
 
     def list_artifacts(self, run_id: str) -> JSON:
@@ -203,7 +209,7 @@ class LocalBackend(Backend):
     def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
         ctx = self.ctx
         run = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=self.principal, force=force)
-        return run_views.run_public(run, artifacts=[]).to_json()
+        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
 
     # -- replays from recordings and evals -----------------------------------------------------
 
@@ -214,7 +220,7 @@ class LocalBackend(Backend):
         run = replays.start_replay(
             ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, caller=self.principal
         )
-        return run_views.run_public(run, artifacts=[]).to_json()
+        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
 
     def get_replay(self, run_id: str) -> JSON:
         ctx = self.ctx

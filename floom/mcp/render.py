@@ -9,7 +9,6 @@ from typing import Any
 from mcp_types import CallToolResult, TextContent
 
 from floom.manifest import EXPOSE_TARGETS
-from floom.mcp.hints import for_mcp
 from floom.services.run_rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.run_rules import FAILED, LIMIT_EXCEEDED, TIMED_OUT, WAITING
 
@@ -71,7 +70,7 @@ def workers_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
 
 def run_line(run: dict[str, Any]) -> str:
     error = run.get("error") or {}
-    why = f" ({error.get('code')}: {for_mcp(error.get('message'))})" if error else ""
+    why = f" ({error.get('code')}: {error.get('message')})" if error else ""
     return (
         f"{run['id']}  {run.get('worker')}  {run['status']}{why}  trigger={run.get('trigger')}"
         f"  created={run.get('created_at')}"
@@ -92,7 +91,7 @@ def run_text(run: dict[str, Any]) -> str:
     lines[0] += status
     if run.get("error"):
         error = run["error"]
-        lines.append(f"error {error.get('code')}: {for_mcp(error.get('message'))}")
+        lines.append(f"error {error.get('code')}: {error.get('message')}")
     if run.get("outputs") is not None:
         lines.append(f"outputs: {short(run['outputs'], 1000)}")
     if run.get("inputs"):
@@ -187,13 +186,8 @@ def trigger_line(t: dict[str, Any]) -> str:
 
 
 def log_lines_text(events: list[dict[str, Any]]) -> str:
-    return "\n".join(f"[{e['seq']}] {e['stream']}: {_line(e)}" for e in events)
-
-
-def _line(event: dict[str, Any]) -> str:
-    # floom's own notices name what to do next as CLI commands; the agent gets the tools.
-    line = str(event["line"])
-    return (for_mcp(line) or line) if event["stream"] == "system" else line
+    # floom's own notices come told for MCP already (floom/surface_hints.py): tools, not commands.
+    return "\n".join(f"[{e['seq']}] {e['stream']}: {e['line']}" for e in events)
 
 
 def versions_text(name: str, items: list[dict[str, Any]]) -> str:

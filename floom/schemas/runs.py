@@ -9,8 +9,10 @@ from pydantic import Field
 from floom.schemas.common import Page, Public, Timestamp
 from floom.services import agent_runs, approvals, logs, run_records, run_rules, runs
 from floom.services.context import Context
+from floom.services.principal import Surface
 from floom.store.agents import Approval
 from floom.store.models import Artifact, Run, RunEvent
+from floom.surface_hints import tell
 
 
 class RunError(Public):
@@ -144,27 +146,49 @@ class TranscriptPublic(Public):
 # -- builders: the one place each body is assembled ---------------------------------------------
 
 
-def run_public(run: Run, *, artifacts: list[Artifact] | None = None) -> RunPublic:
-    return RunPublic.model_validate(runs.run_to_dict(run, artifacts=artifacts))
+def run_public(run: Run, *, surface: Surface, artifacts: list[Artifact] | None = None) -> RunPublic:
+    return RunPublic.model_validate(_told(runs.run_to_dict(run, artifacts=artifacts), surface))
 
 
-def run_page(rows: list[Run], next_cursor: str | None) -> Page[RunPublic]:
-    return Page[RunPublic](items=[run_public(r) for r in rows], next_cursor=next_cursor)
+def run_page(rows: list[Run], next_cursor: str | None, *, surface: Surface) -> Page[RunPublic]:
+    items = [run_public(r, surface=surface) for r in rows]
+    return Page[RunPublic](items=items, next_cursor=next_cursor)
 
 
-def run_detail(ctx: Context, *, run_id: str) -> RunDetail:
+def run_detail(ctx: Context, *, run_id: str, surface: Surface) -> RunDetail:
     run, artifacts, asked = run_records.run_record(ctx, run_id=run_id)
     body = runs.run_to_dict(run, artifacts=artifacts)
     body.update(run_records.run_extras(ctx, run=run, run_approvals=asked))
-    return RunDetail.model_validate(body)
+    return RunDetail.model_validate(_told(body, surface))
 
 
-def event_public(event: RunEvent) -> RunEventPublic:
-    return RunEventPublic.model_validate(logs.event_to_dict(event))
+def _told(body: dict[str, Any], surface: Surface) -> dict[str, Any]:
+    # A stored error may name what to do as a floom command (set a secret, then replay).
+    if body.get("error"):
+        body["error"] = {
+            **body["error"],
+            "message": tell(body["error"]["message"], surface=surface),
+        }
+    return body
+
+
+def event_public(event: RunEvent, *, surface: Surface) -> RunEventPublic:
+    body = logs.event_to_dict(event)
+    if body["stream"] == "system":
+        # floom's own notices name what to do next (decide an approval) as floom commands;
+        # what the script printed is its own and stays as printed.
+        body["line"] = tell(body["line"], surface=surface)
+    return RunEventPublic.model_validate(body)
 
 
 def log_page(
-    ctx: Context, *, run_id: str, after: int = 0, tail: int | None = None, limit: int = 1000
+    ctx: Context,
+    *,
+    run_id: str,
+    surface: Surface,
+    after: int = 0,
+    tail: int | None = None,
+    limit: int = 1000,
 ) -> LogPage:
     run = runs.get_run(ctx, run_id=run_id)
     if tail:
@@ -172,7 +196,7 @@ def log_page(
     else:
         rows = logs.list_events(ctx, run_id=run_id, after=after, limit=limit)
     return LogPage(
-        items=[event_public(e) for e in rows],
+        items=[event_public(e, surface=surface) for e in rows],
         last_seq=rows[-1].seq if rows else after,
         run_status=run.status,
         complete=run.status in run_rules.FINISHED and len(rows) < limit,

@@ -14,6 +14,7 @@ from floom.services import triggers, webhooks
 from floom.services.context import Context
 from floom.services.run_rules import SKIPPED
 from floom.store.triggers import WebhookDelivery
+from floom.surface_hints import tell
 
 
 class TriggerPublic(Public):
@@ -134,4 +135,8 @@ def hook_answer(received: webhooks.Received) -> HookAnswer:
 
 
 def hook_refusal(error: FloomError, answer: HookAnswer) -> HookRefusal:
-    return HookRefusal(error=ErrorDetail.model_validate(error.to_dict()), delivery=answer)
+    # A webhook's sender is a plain REST client: it is told REST requests, not floom commands.
+    body = error.to_dict()
+    for field in ("message", "hint"):
+        body[field] = tell(body[field], surface="rest")
+    return HookRefusal(error=ErrorDetail.model_validate(body), delivery=answer)

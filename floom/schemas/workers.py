@@ -11,6 +11,7 @@ from floom.schemas.common import IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic, run_public
 from floom.services import runs, triggers, workers
 from floom.services.context import Context
+from floom.services.principal import Surface
 from floom.services.worker_deletion import Deletion
 from floom.store.models import Version
 
@@ -125,10 +126,10 @@ def worker_page(ctx: Context, *, cursor: str | None = None, limit: int = 50) -> 
     return Page[WorkerPublic](items=items, next_cursor=next_cursor)
 
 
-def worker_detail(ctx: Context, *, name: str) -> WorkerDetail:
+def worker_detail(ctx: Context, *, name: str, surface: Surface) -> WorkerDetail:
     body = _worker_body(ctx, name)
     recent, _cursor = runs.list_runs(ctx, worker=name, limit=RECENT_RUNS)
-    body["recent_runs"] = [run_public(r) for r in recent]
+    body["recent_runs"] = [run_public(r, surface=surface) for r in recent]
     return WorkerDetail.model_validate(body)
 
 
