@@ -1,7 +1,8 @@
 """A started floom server on SQLite, idle with the examples deployed, has not loaded what only
-some uses need (Alembic, psycopg, cryptography, httpx, rich, the agent package): each stays
-out of its resident memory until a database is behind, PostgreSQL is used, a secret is read,
-an agent runs or an error is printed."""
+some uses need (Alembic, psycopg and SQLAlchemy's PostgreSQL dialect, cryptography, httpx,
+rich, prometheus-client, the agent package): each stays out of its resident memory until a
+database is behind, PostgreSQL is used, a secret is read, an agent runs, /metrics is scraped
+or an error is printed."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as a
     assert answer.status == 200
 loaded = sorted(
     {m.split(".")[0] for m in sys.modules}
-    & {"alembic", "psycopg", "cryptography", "httpx", "rich", "pygments"}
-    | {m for m in sys.modules if m.startswith("floom.agent")}
+    & {"alembic", "psycopg", "cryptography", "httpx", "rich", "pygments", "prometheus_client"}
+    | {m for m in sys.modules if m.startswith(("floom.agent", "sqlalchemy.dialects.postgresql"))}
 )
 print("LOADED", loaded)
 server.should_exit = True

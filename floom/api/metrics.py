@@ -6,11 +6,14 @@ Prometheus sends the key as a bearer token (README: "Metrics").
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from floom.api.auth import CtxDep, ReadCaller
-from floom.services.metrics import StoreCollector
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 router = APIRouter(tags=["health"])
 
@@ -18,6 +21,12 @@ router = APIRouter(tags=["health"])
 def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
     """One registry per app (not prometheus-client's global one): several apps in one
     process, as in tests, each report their own store."""
+    # prometheus-client is imported at the first scrape: a node that nobody scrapes need
+    # not hold it (about 1 MiB resident).
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from floom.services.metrics import StoreCollector  # noqa: PLC0415
+
     registry: CollectorRegistry | None = getattr(request.app.state, "metrics_registry", None)
     if registry is None:
         registry = CollectorRegistry(auto_describe=False)
@@ -28,4 +37,6 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
 
 @router.get("/metrics", response_class=Response, include_in_schema=False)
 def metrics(request: Request, ctx: CtxDep, _: ReadCaller) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415
+
     return Response(generate_latest(_registry(request, ctx)), media_type=CONTENT_TYPE_LATEST)
