@@ -56,14 +56,18 @@ def test_the_scheduler_sleeps_until_a_schedule_is_synced(ctx: Context, tmp_path:
         assert scheduler.ticks == [None]
         folder = make_worker(
             tmp_path / "tick",
-            'name: tick\ntriggers:\n  - schedule: {cron: "0 9 * * *"}\n',
+            'name: tick\ntriggers:\n  - schedule: {cron: "0 0 1 1 *"}\n',
             {"run.py": "print('tick')\n"},
         )
         workers.deploy(
             ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**6).to_archive()
         )
-        # Woken by the deploy's commit, it finds the schedule and its next fire time.
+        # Woken by the deploy's commit, it finds the schedule and its next fire time...
         wait_until(lambda: any(upcoming is not None for upcoming in scheduler.ticks))
+        # ...and sleeps until then (New Year), not second by second.
+        ticks = len(scheduler.ticks)
+        watch_quietly()
+        assert len(scheduler.ticks) == ticks
     finally:
         scheduler.stop()
 

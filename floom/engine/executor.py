@@ -74,6 +74,8 @@ class Executor:
         self._pool = ThreadPoolExecutor(self.slots, thread_name_prefix="floom-run")
         self._stop = threading.Event()
         self._interrupt_now = threading.Event()
+        # Set when an attempt starts here: the log flusher sleeps on it while none runs.
+        self._attempt_started = threading.Event()
         self._active: dict[str, RunLog] = {}
         self._active_lock = threading.Lock()
         self._cancel: set[str] = set()
@@ -110,6 +112,7 @@ class Executor:
         as a new attempt that costs none of its retries."""
         self._stop.set()
         self.ctx.run_queued.set()
+        self._attempt_started.set()
         if grace_seconds is None:
             grace_seconds = self.ctx.settings.drain_seconds
         if self.active_count():
@@ -178,7 +181,15 @@ class Executor:
                 self._cancel.update(r for r in cancel | lost if self._active.get(r) is seen[r])
 
     def _flush_loop(self) -> None:
-        while not self._stop.wait(LOG_FLUSH_SECONDS):
+        while not self._stop.is_set():
+            if not self.active_count():
+                # Nothing runs here, so nothing to flush: sleep until an attempt starts.
+                self._attempt_started.clear()
+                if not self.active_count():
+                    self._attempt_started.wait()
+                continue
+            if self._stop.wait(LOG_FLUSH_SECONDS):
+                return
             self._flush_all()
 
     def _flush_all(self) -> None:
@@ -278,6 +289,7 @@ class Executor:
         with self._active_lock:
             self._active[run.id] = run_log
             self._cancel.discard(run.id)
+        self._attempt_started.set()
         self._pool.submit(self._run_attempt, run, run_log)
 
     def run_claimed_inline(self, run: Run) -> None:
@@ -286,6 +298,7 @@ class Executor:
         run_log = self._new_run_log(run)
         with self._active_lock:
             self._active[run.id] = run_log
+        self._attempt_started.set()
         self._run_attempt(run, run_log)
 
     def should_cancel(self, run_id: str) -> bool:

@@ -1,8 +1,9 @@
 """The scheduler: a thread that fires due schedule ticks (floom/services/schedules.py).
 
-It sleeps until the next fire time (at most a second, so changed triggers are seen quickly
-and an injected clock that runs fast is followed), which keeps fire-time skew in
-milliseconds. With no schedule at all it sleeps until one is synced (wakeups.SCHEDULES).
+It sleeps until the next fire time, which keeps fire-time skew in milliseconds, or until
+schedules are synced (wakeups.SCHEDULES): with no schedule at all it has nothing to do
+until then (it looks again every wakeups.IDLE_LOOK_SECONDS for writers it cannot hear).
+An injected clock, which may run fast, is read at least every second.
 The clock is injectable: tests call `tick(now)` directly instead of starting the thread.
 """
 
@@ -62,14 +63,18 @@ class Scheduler:
     def _loop(self) -> None:
         while not self._stop.is_set():
             upcoming = None
+            delay = wakeups.IDLE_LOOK_SECONDS  # no schedule: until one is synced
             try:
                 upcoming = self.tick()
             except Exception:  # the loop must outlive a bad tick (e.g. a lost database)
                 log.exception("scheduler tick failed; retrying")
-            if upcoming is None:
-                # No schedule: nothing to do until one is synced (wakeups.SCHEDULES).
-                delay = wakeups.IDLE_LOOK_SECONDS
-            else:
-                delay = min(MAX_SLEEP_SECONDS, max(0.0, (upcoming - self.clock()).total_seconds()))
+                delay = MAX_SLEEP_SECONDS
+            if upcoming is not None:
+                # The system clock is slept on until the next fire (a synced change wakes
+                # it earlier); an injected one may run fast, so it is read every second.
+                longest = (
+                    wakeups.IDLE_LOOK_SECONDS if self.clock is system_clock else MAX_SLEEP_SECONDS
+                )
+                delay = min(longest, max(0.0, (upcoming - self.clock()).total_seconds()))
             self._wake.wait(delay)
             self._wake.clear()
