@@ -287,6 +287,39 @@ def test_a_paused_worker_stores_webhooks_as_skipped_and_refuses_manual_runs_with
     assert wait_for_run(api, replayed.json()["id"])["outputs"]["event"] == {"while": "paused"}
 
 
+def test_a_delivery_refused_for_its_inputs_answers_with_the_skipped_run_it_stored(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    api.put("/api/v1/secrets/STD_HOOK_SECRET", json={"value": STANDARD_SECRET})
+    deploy_hook(
+        api,
+        tmp_path,
+        "mapped",
+        "inputs: {repo: {type: string, required: true}}\ntriggers:\n"
+        "  - webhook: {secret: STD_HOOK_SECRET, inputs: {repo: repository.full_name}}\n",
+    )
+    body = b'{"repository": {}}'
+    refused = hook(server, "/hooks/mapped", body, standard_headers(body, "msg_bad"))
+
+    assert refused.status_code == 422, refused.text
+    error, delivery = refused.json()["error"], refused.json()["delivery"]
+    assert error["code"] == "input_invalid" and "repo" in error["message"]
+    assert "floom " not in json.dumps(error)  # the sender is a plain REST client
+    # What the answer says is what was stored: the delivery and the skipped run it names.
+    (skipped,) = runs_of(api, "mapped")
+    assert (delivery["run_id"], delivery["status"]) == (skipped["id"], "skipped")
+    assert skipped["status"] == "skipped" and skipped["error"]["code"] == "input_invalid"
+    assert delivery["outcome"] == "input_invalid"
+    (stored,) = api.get("/api/v1/workers/mapped/deliveries").json()["items"]
+    assert (stored["id"], stored["delivery_id"]) == (delivery["delivery_id"], "msg_bad")
+    assert (stored["outcome"], stored["run_id"]) == ("input_invalid", skipped["id"])
+    # The same delivery again is a duplicate that names the same skipped run, and stores nothing.
+    again = hook(server, "/hooks/mapped", body, standard_headers(body, "msg_bad"))
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert (again.json()["run_id"], again.json()["status"]) == (skipped["id"], "skipped")
+    assert len(runs_of(api, "mapped")) == 1
+
+
 def test_the_triggers_api_lists_next_fires_in_the_timezone_and_the_webhook_url(
     server: LiveServer, api: httpx.Client, tmp_path: Path
 ) -> None:

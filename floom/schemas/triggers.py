@@ -68,10 +68,16 @@ class HookAnswer(Public):
     """What a webhook's sender is told; with `?wait=` and a run that ended in time, also the
     run's status, outputs and error."""
 
-    delivery_id: str
+    delivery_id: str = Field(
+        description="floom's id of the stored delivery: its `id` in the worker's deliveries, "
+        "the one POST /deliveries/{id}/replay takes (the sender's own id is its `delivery_id`)"
+    )
     worker: str | None
     outcome: str
-    run_id: str | None
+    run_id: str | None = Field(
+        description="the run the delivery started, or the skipped run stored for a delivery "
+        "that was refused (a paused worker, inputs that do not fit)"
+    )
     duplicate: bool
     message: str | None
     status: str | None = None
