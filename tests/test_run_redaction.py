@@ -7,6 +7,8 @@ from pathlib import Path
 
 import httpx
 
+from floom.engine.runlog import RunLog
+from floom.services.secrets import Redactor
 from tests.agent_helpers import live_server, log_lines
 from tests.conftest import deploy_folder, make_worker, wait_for_run
 
@@ -99,4 +101,23 @@ def test_a_runs_log_stops_at_its_byte_quota_with_one_line_saying_so(
     notes = [e["line"] for e in items if "log limit of 20000 bytes reached" in e["line"]]
     assert notes == [
         "log limit of 20000 bytes reached; dropping further lines (FLOOM_MAX_LOG_BYTES_PER_RUN)"
+    ]
+
+
+def test_a_runs_log_stops_at_its_line_quota_with_one_line_naming_the_setting() -> None:
+    run_log = RunLog(
+        run_id="run_x", attempt=1, redactor=Redactor([]), max_lines=3, max_bytes=10_000
+    )
+    for i in range(10):
+        run_log.add("stdout", f"line {i}")
+
+    kept = [(stream, line) for stream, line, _ in run_log.drain()]
+    assert kept == [
+        ("stdout", "line 0"),
+        ("stdout", "line 1"),
+        ("stdout", "line 2"),
+        (
+            "system",
+            "log limit of 3 lines reached; dropping further lines (FLOOM_MAX_LOG_LINES_PER_RUN)",
+        ),
     ]

@@ -73,7 +73,10 @@ def test_a_timeout_kills_the_run_and_records_timed_out(api: httpx.Client, tmp_pa
     run_id = api.post("/api/v1/workers/slow/runs", json={}).json()["id"]
     run = wait_for_run(api, run_id, timeout=20)
     assert run["status"] == "timed_out"
-    assert "timeout_seconds" in run["error"]["message"]
+    assert run["error"] == {
+        "code": "timed_out",
+        "message": "timed out after 1s (limits.timeout_seconds in worker.yml)",
+    }
 
 
 def test_cancel_stops_a_running_run(api: httpx.Client, tmp_path: Path) -> None:

@@ -61,7 +61,10 @@ class RunLog:
                 return
             self._count += 1
             if self._count > self._max:
-                self._stop(f"log limit of {self._max} lines reached; dropping further lines")
+                self._stop(
+                    f"log limit of {self._max} lines reached; dropping further lines "
+                    "(FLOOM_MAX_LOG_LINES_PER_RUN)"
+                )
                 return
             if self._bytes + size > self._max_bytes:
                 self._stop(
