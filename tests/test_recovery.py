@@ -78,6 +78,7 @@ def test_a_run_on_a_killed_server_is_retried_after_restart(
         assert run["attempt"] == 2
         # The script is told its node died under the attempt before (it may have acted).
         assert run["outputs"] == {"attempt": 2, "previous": "lost"}
+        assert run["previous_attempt"] == "lost"  # kept once the run has ended
         lines = [e["line"] for e in api.get(f"/api/v1/runs/{run_id}/logs").json()["items"]]
         assert any("lease expired" in line and "requeued" in line for line in lines), lines
 

@@ -55,7 +55,7 @@ def servers(data_dir: Path) -> Iterator[list[ServerProcess]]:
 def _start_run(sp: ServerProcess, tmp_path: Path, first_seconds: float) -> str:
     folder = make_worker(
         tmp_path / "slow",
-        "name: slow\n",
+        "name: slow\nconcurrency: 1\n",
         {"run.py": SLOW_FIRST_ATTEMPT.format(first_seconds=first_seconds)},
     )
     with sp.client() as api:
@@ -85,10 +85,14 @@ def test_sigterm_lets_a_running_run_finish_within_the_drain(
     servers.append(sp)
     sp.start()
     run_id = _start_run(sp, tmp_path, first_seconds=2)
+    with sp.client() as api:  # queued behind the first (concurrency: 1)
+        waiting = api.post("/api/v1/workers/slow/runs", json={}).json()["id"]
     sp.signal(signal.SIGTERM)
     sp.wait_exit(timeout=30)
     assert "draining: 1 run(s)" in sp.log()
     assert _stored(data_dir, run_id)[:2] == ("succeeded", 1)
+    # The node stopped claiming at the signal: the run that had room during the drain waits.
+    assert _stored(data_dir, waiting) == ("queued", 1, None)
 
 
 def test_a_run_still_running_when_the_drain_ends_is_requeued_and_told_so(
@@ -106,20 +110,22 @@ def test_a_run_still_running_when_the_drain_ends_is_requeued_and_told_so(
         run = wait_for_run(api, run_id)
     assert run["status"] == "succeeded", run
     assert run["outputs"] == {"attempt": 2, "previous": "interrupted"}
+    assert run["previous_attempt"] == "interrupted"
     assert run["max_attempts"] == 2
     assert run["error"] is None
 
 
-def test_a_second_signal_interrupts_running_runs_at_once(
+def test_a_second_ctrl_c_interrupts_running_runs_at_once(
     data_dir: Path, tmp_path: Path, servers: list[ServerProcess]
 ) -> None:
+    # Ctrl-C (SIGINT) drains as SIGTERM does; the SIGTERM tests above cover that signal.
     sp = _server(data_dir, drain_seconds=300)
     servers.append(sp)
     sp.start()
     run_id = _start_run(sp, tmp_path, first_seconds=300)
-    sp.signal(signal.SIGTERM)
+    sp.signal(signal.SIGINT)
     wait_until(lambda: "draining: 1 run(s)" in sp.log(), timeout=20)
-    sp.signal(signal.SIGTERM)
+    sp.signal(signal.SIGINT)
     sp.wait_exit(timeout=20)  # far less than the 300 s drain
     assert _stored(data_dir, run_id) == ("queued", 2, "interrupted")
 
@@ -142,3 +148,4 @@ def test_a_retried_attempt_is_told_the_one_before_it_failed(
     run = wait_for_run(api, run_id)
     assert run["status"] == "succeeded", run
     assert (run["attempt"], run["outputs"]) == (2, {"previous": "failed"})
+    assert run["previous_attempt"] == "failed"

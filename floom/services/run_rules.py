@@ -189,6 +189,7 @@ RULE_FIELDS = (
     "error_message",
     "attempt",
     "max_attempts",
+    "previous_attempt",
 )
 
 
@@ -207,10 +208,11 @@ def requeue_next_attempt(
     node shut down under it) is given back, so it costs the worker none of its retries.
     `ended` says how the attempt that stops here ended (INTERRUPTED, EXECUTOR_LOST, or the
     failure's error code); the queued run keeps it as its error code until its next attempt
-    ends, and the next attempt's script sees it (`previous_attempt`).
+    ends, and as `previous_attempt` for good, which the next attempt's script sees.
     """
     transition(run, QUEUED, by=by)
     run.error_code = ended
+    run.previous_attempt = {INTERRUPTED: "interrupted", EXECUTOR_LOST: "lost"}.get(ended, "failed")
     run.attempt += 1
     if not counts_as_attempt:
         run.max_attempts += 1
@@ -218,8 +220,8 @@ def requeue_next_attempt(
         run.not_before = (now or datetime.now(UTC)) + timedelta(seconds=delay_seconds)
 
 
-# How an attempt that was followed by another one ended, as the script of the next one sees
-# it in $FLOOM_PREVIOUS_ATTEMPT (the run's error code while it waits between attempts).
+# How an attempt that was followed by another one ended (its error code), as the run keeps it
+# in `previous_attempt` and the script of the next one sees it in $FLOOM_PREVIOUS_ATTEMPT.
 INTERRUPTED = "interrupted"
 EXECUTOR_LOST = "executor_lost"
 
@@ -229,6 +231,4 @@ def previous_attempt(run: Run) -> str | None:
     ran), `lost` (its node died or stopped renewing its lease), `failed` (it failed and is
     retried), or None on a first attempt. A worker with side effects checks it to avoid
     doing them twice."""
-    if run.attempt <= 1 or run.error_code is None:
-        return None
-    return {INTERRUPTED: "interrupted", EXECUTOR_LOST: "lost"}.get(run.error_code, "failed")
+    return run.previous_attempt if run.attempt > 1 else None

@@ -103,6 +103,9 @@ class Run(SQLModel, table=True):
     exit_code: int | None = None
     attempt: int = 1
     max_attempts: int = 1
+    # How the attempt before this one ended (interrupted, lost, failed); kept once the run
+    # ends, while error_code then says how the run ended.
+    previous_attempt: str | None = Field(default=None, max_length=16)
     concurrency: int | None = None
     replay_of: str | None = Field(default=None, max_length=40)
     retry_of: str | None = Field(default=None, max_length=40)
