@@ -64,10 +64,18 @@ def test_an_exposed_worker_awaiting_approval_says_it_waits_and_how_to_decide_it(
             assert run_id in text and approval["id"] in text and "decide_approval" in text
             assert "failed" not in text and "ended" not in text
 
-            # Following the reply's advice finishes the run.
-            await call(mcp, "decide_approval", approval_id=approval["id"], decision="approve")
-            done = await call(mcp, "watch_run", run_id=run_id, timeout_seconds=30)
-            assert done["run"]["status"] == "succeeded"
-            assert any("publishing Draft title" in e["line"] for e in done["logs"])
+            # Following the reply's advice finishes the run; the decision can wait for its end
+            # as run_worker and replay_run do.
+            decided = await call(
+                mcp,
+                "decide_approval",
+                approval_id=approval["id"],
+                decision="approve",
+                wait_seconds=30,
+            )
+            assert decided["status"] == "approved" and decided["finished"] is True
+            assert decided["run"]["status"] == "succeeded"
+            logs = await call(mcp, "get_run_logs", run_id=run_id)
+            assert any("publishing Draft title" in e["line"] for e in logs["items"])
 
     anyio.run(session)

@@ -402,16 +402,26 @@ async def decide_approval(
         dict[str, Any] | None, Field(description="approve with these edited values instead")
     ] = None,
     comment: Annotated[str | None, Field(description="why; the run sees it")] = None,
+    wait_seconds: WaitSeconds = 0,
 ) -> Reply:
-    """Approve (optionally with edits) or reject a pending approval; the run resumes."""
+    """Approve (optionally with edits) or reject a pending approval; the run resumes. With
+    wait_seconds, wait for the run to end (or to wait for a person again), as run_worker
+    does."""
+    backend = backend_of(ctx)
     result = await off(
-        backend_of(ctx).decide_approval,
+        backend.decide_approval,
         approval_id,
         approve=decision == "approve",
         edits=edits,
         comment=comment,
     )
-    return Reply(f"approval {approval_id}: {result.get('status', decision)}", result)
+    head = f"approval {approval_id}: {result.get('status', decision)}"
+    if wait_seconds <= 0:
+        run_id = result["run_id"]
+        follow = f"; watch_run(run_id='{run_id}') follows run {run_id} to its end"
+        return Reply(head + follow, result)
+    run, finished = await settle(backend, result["run_id"], wait_seconds)
+    return Reply(head + "\n" + run_text(run), {**result, "run": run, "finished": finished})
 
 
 @floom_tool
