@@ -6,6 +6,7 @@ approve, hand off. Every tool an answer names must be one that tools/list shows.
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shutil
 from collections.abc import Callable, Iterator
@@ -140,6 +141,9 @@ class Agent:
         assert tool in self.tools, f"{tool} is not in tools/list"
         assert set(arguments) <= set(self.tools[tool].get("properties") or {}), (tool, arguments)
         result = await call_raw(self.mcp, tool, **arguments)
+        # The data once, as structured content; the one text block summarises, not a copy.
+        assert len(result.content) == 1, (tool, result.content)
+        assert not text_of(result).lstrip().startswith(("{", "[")), (tool, text_of(result))
         data = result.structured_content or {}
         error = data.get("error") if result.is_error else None
         hint = str((error or {}).get("hint") or "")
@@ -152,7 +156,8 @@ class Agent:
         named = {c.tool for a in self.answers for c in a.calls()}
         assert named <= set(self.tools), named - set(self.tools)
         for answer in self.answers:
-            assert "`floom " not in answer.text + answer.hint, answer
+            # Structured content too: stored run errors and log notices come told for MCP.
+            assert "`floom " not in answer.text + answer.hint + json.dumps(answer.data), answer
             assert "/api/v1" not in answer.hint, answer
 
 
