@@ -8,6 +8,7 @@ Messages API is tested through the stand-in (tests/test_agent_loop.py).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -375,3 +376,61 @@ def test_build_provider_refuses_without_a_key_and_builds_the_messages_client_wit
     assert "FLOOM_ANTHROPIC_API_KEY" in refused.value.message
     provider = build_provider(Settings(data_dir=tmp_path, anthropic_api_key="sk-test"))
     assert isinstance(provider, AnthropicProvider)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_an_agent_run_interrupted_by_a_node_shutdown_resumes_on_the_next_node_as_told(
+    ctx: Context, tmp_path: Path
+) -> None:
+    # What README's "Stopping a node" says holds for agent runs too: interrupted, requeued as
+    # the next attempt at no cost of a retry, and resumed without redoing the calls made.
+    model = FakeProvider()
+    ctx.provider_factory = model.factory
+    started = threading.Event()
+
+    def long_command(p: FakeProcess) -> int:
+        if p.spec.command[-1] == "long":
+            started.set()
+            p.sleep(120)  # ended by the interruption
+        return 0
+
+    sandbox = FakeSandbox({"long": long_command, "quick": long_command})
+    rig = Rig(ctx=ctx, model=model, sandbox=sandbox, tmp=tmp_path)
+    rig.deploy("name: busy\ntools: [{builtin: write_file}, {builtin: run_command}]\n")
+    model.script(
+        call("write_file", {"path": "draft.md", "content": "kept"}),
+        call("run_command", {"command": "long"}),
+        call("run_command", {"command": "quick"}),
+        finish({}),
+    )
+    first = Executor(ctx, sandbox, run_agent=run_agent)
+    first.start()
+    run_id = runs.create_run(ctx, caller=SYSTEM, worker_name="busy", inputs={}).id
+    assert started.wait(20)
+    first.stop(grace_seconds=0)  # the drain is over: what still runs is interrupted
+
+    between = runs.get_run(ctx, run_id=run_id)
+    assert (between.status, between.attempt, between.max_attempts) == ("queued", 2, 2)
+    assert runs.run_to_dict(between)["previous_attempt"] == "interrupted"
+    second = Executor(ctx, sandbox, run_agent=run_agent)
+    second.start()
+    try:
+        done = wait_until(
+            lambda: (r := runs.get_run(ctx, run_id=run_id)).finished_at is not None and r,
+            timeout=20,
+        )
+    finally:
+        second.stop(grace_seconds=2)
+
+    assert (done.status, done.attempt) == ("succeeded", 2), done.error_message
+    assert runs.run_to_dict(done)["previous_attempt"] == "interrupted"
+    # The call made before is not made again; the one cut short is recorded as such, and the
+    # model, told so, decides what to do next on the new attempt.
+    assert rig.calls(done) == [
+        ("write_file", "ok", 1),
+        ("run_command", "error", 1),
+        ("run_command", "ok", 2),
+        ("finish", "ok", 2),
+    ]
+    notices = [e.line for e in list_events(ctx, run_id=run_id) if e.stream == "system"]
+    assert any("interrupted by node shutdown; requeued" in line for line in notices), notices
