@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
+
 import httpx
+import pytest
 
 from floom.services import secrets, triggers
 from floom.services.context import Context
 from floom.services.examples import deploy_examples
 from floom.services.principal import SYSTEM
-from tests.conftest import EXAMPLES, deploy_folder, wait_for_run
+from tests.conftest import EXAMPLES, LiveServer, deploy_folder, wait_for_run
 from tests.netns_support import namespace_host, needs_netns
 from tests.standins.github import github_standin
 
@@ -70,3 +75,35 @@ def test_an_example_whose_secrets_are_set_keeps_its_schedule_running(ctx: Contex
     deploy_examples(ctx)
     _, found = triggers.list_triggers(ctx, worker_name="github-digest")
     assert [t.paused for t in found if t.kind == "schedule"] == [False]
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_steps_the_readme_and_the_log_give_turn_a_paused_example_schedule_on(
+    server: LiveServer, api: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="floom"):
+        deploy_examples(server.ctx)
+    (trigger,) = api.get("/api/v1/workers/github-digest/triggers").json()["items"]
+    assert trigger["kind"] == "schedule" and trigger["paused"] is True
+    said = caplog.text
+    assert "floom secrets set GITHUB_TOKEN" in said
+    assert f"floom resume github-digest --trigger {trigger['id']}" in said
+
+    def floom(*args: str, stdin: str = "") -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "floom.cli", *args],
+            env=server.cli_env(),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    # README's quick start: set the secret, find the schedule's id, resume that trigger.
+    floom("secrets", "set", "GITHUB_TOKEN", stdin="ghp_from_the_readme\n")
+    assert trigger["id"] in floom("triggers", "github-digest")
+    floom("resume", "github-digest", "--trigger", trigger["id"])
+    (resumed,) = api.get("/api/v1/workers/github-digest/triggers").json()["items"]
+    assert resumed["paused"] is False and resumed["next_fires"]
