@@ -23,6 +23,7 @@ from floom.services.run_rules import (
     RETRYABLE,
     RULE_FIELDS,
     RUNNING,
+    RunFields,
     check_transition,
     claimed_fields,
     requeue_next_attempt,
@@ -239,7 +240,7 @@ def finish_attempt(
     """
     now = utcnow()
     closing: list[tuple[str, str, datetime | None]] = list(log_lines)
-    ended = Run(**{name: getattr(run, name) for name in ("id", *RULE_FIELDS)})
+    ended = RunFields.of(run)
     ended.status = RUNNING  # as the UPDATE finds it, or it writes nothing
     retry = outcome.status in RETRYABLE and outcome.retryable and run.attempt < run.max_attempts
     if retry:

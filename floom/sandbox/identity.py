@@ -137,7 +137,7 @@ class SandboxIdentity:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
             return []
-        tools = {name: shutil.which(name) for name in ("unshare", "setpriv", "mount", "sh")}
+        tools = _launcher_tools()
         missing = sorted(name for name, path in tools.items() if path is None)
         if missing:
             raise IdentityUnavailable(f"{', '.join(missing)} not on PATH")
@@ -165,6 +165,18 @@ class SandboxIdentity:
             str(tools["setpriv"]),
             *self._setpriv_args(),
         ]
+
+
+def _launcher_tools() -> dict[str, str | None]:
+    """Where the launcher's tools are; looked up once per process while all are found (a
+    search of PATH costs more than the rest of the launcher)."""
+    global _tools
+    if _tools is None or None in _tools.values():
+        _tools = {name: shutil.which(name) for name in ("unshare", "setpriv", "mount", "sh")}
+    return _tools
+
+
+_tools: dict[str, str | None] | None = None
 
 
 def sandbox_identity(configured_uid: int = DEFAULT_SANDBOX_UID) -> SandboxIdentity:

@@ -7,6 +7,7 @@ sets from here without loading SQLAlchemy (their start-up time matters).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -126,7 +127,7 @@ def check_transition(current: str, to: str, *, by: str) -> None:
 
 
 def transition(
-    run: Run,
+    run: Run | RunFields,
     to: str,
     *,
     by: str,
@@ -176,25 +177,34 @@ def mark_claimed(run: Run, *, node_id: str, lease_seconds: float, now: datetime)
         setattr(run, name, value)
 
 
-# The fields `transition` and `requeue_next_attempt` may change: what a writer that
-# applies them to a copy of a run writes back.
-RULE_FIELDS = (
-    "status",
-    "lease_owner",
-    "lease_expires_at",
-    "started_at",
-    "not_before",
-    "finished_at",
-    "error_code",
-    "error_message",
-    "attempt",
-    "max_attempts",
-    "previous_attempt",
-)
+@dataclass
+class RunFields:
+    """The fields of a run that the rules read and write, detached from its row: a writer
+    that applies the rules to a copy and writes the result in one statement (the queue's
+    attempt end) starts from `RunFields.of(run)`."""
+
+    status: str
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    started_at: datetime | None
+    not_before: datetime | None
+    finished_at: datetime | None
+    error_code: str | None
+    error_message: str | None
+    attempt: int
+    max_attempts: int
+    previous_attempt: str | None
+
+    @classmethod
+    def of(cls, run: Run) -> RunFields:
+        return cls(**{name: getattr(run, name) for name in RULE_FIELDS})
+
+
+RULE_FIELDS = tuple(f.name for f in fields(RunFields))
 
 
 def requeue_next_attempt(
-    run: Run,
+    run: Run | RunFields,
     *,
     by: str,
     now: datetime | None = None,

@@ -19,8 +19,8 @@ def insert_blob(s: Session, data: bytes, *, digest: str | None = None) -> str:
     """Store `data` under `digest` (its sha256 unless given) once, even when a concurrent
     transaction stores the same bytes: a plain get-then-add collides on PostgreSQL."""
     digest = digest or hashlib.sha256(data).hexdigest()
-    if s.get(Blob, digest) is not None:
-        return digest
+    if s.execute(select(Blob.digest).where(Blob.digest == digest)).first() is not None:
+        return digest  # stored already (its bytes are not read back to find out)
     # The dialect's own INSERT, imported here: SQLAlchemy's PostgreSQL dialect costs a node
     # on SQLite about 2 MiB resident (and the SQLite one is loaded there anyway).
     row = {"digest": digest, "size": len(data), "data": data, "created_at": utcnow()}
