@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -49,6 +51,28 @@ TOP = 15
 
 def rss_mib() -> float:
     return rss_kib(os.getpid()) / 1024
+
+
+def traced_mib() -> float:
+    return tracemalloc.get_traced_memory()[0] / 2**20
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} {five:.1f}"
+
+
+def memory(ctx: Context) -> str:
+    """Where the RSS is (anonymous or file-backed) and the store's pooled connections (each
+    SQLite connection keeps its own page cache)."""
+    status = Path(f"/proc/{os.getpid()}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    pool = ctx.engine.pool
+    kept = pool.checkedin() if hasattr(pool, "checkedin") else "?"
+    return (
+        f"RssAnon {fields.get('RssAnon', '?').strip()}, RssFile "
+        f"{fields.get('RssFile', '?').strip()}; pooled connections idle: {kept}"
+    )
 
 
 def store_bytes(data_dir: Path) -> int:
@@ -87,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20000)
     parser.add_argument("--baseline", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--keep", action="store_true", help="keep the data dir")
     args = parser.parse_args(argv)
+    if args.runs <= args.baseline:
+        parser.error("--runs must be more than --baseline")
     tracemalloc.start(10)
     data_dir = Path(tempfile.mkdtemp(prefix="floom-soak-"))
     settings = Settings(data_dir=data_dir, deploy_examples=True, secret_key="soak-secret-key")
@@ -120,11 +147,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_some(client: httpx.Client, count: int) -> None:
         for _ in range(count):
-            body = client.post(
+            resp = client.post(
                 "/api/v1/workers/hello/runs", params={"wait": 30}, json={"inputs": {"name": "s"}}
-            ).json()
+            )
+            body = resp.json()
             with lock:
                 done[0] += 1
+                if "id" not in body:  # refused: the answer says why
+                    failed.append(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                    continue
                 last_id[0] = body["id"]
                 if body.get("status") != "succeeded":
                     failed.append(f"{body['id']}: {body.get('status')}")
@@ -138,16 +169,26 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t0 = time.perf_counter()
         phase(args.baseline)
-        base_rss, base_snap = rss_mib(), tracemalloc.take_snapshot()
+        # The baseline snapshot (tens of MiB of traces) is held until the end, so it is
+        # taken before the baseline reading: both RSS readings include it.
+        base_snap = tracemalloc.take_snapshot()
+        gc.collect()
+        base_rss, base_traced = rss_mib(), traced_mib()
         base_bytes, base_runs = store_bytes(data_dir), done[0]
         base_costs = probe_costs(clients[0], last_id[0])
-        print(f"after {done[0]} runs ({time.perf_counter() - t0:.0f} s): RSS {base_rss:.1f} MiB")
+        elapsed = time.perf_counter() - t0
+        print(f"after {done[0]} runs ({elapsed:.0f} s, {load()}): RSS {base_rss:.1f} MiB")
+        print(f"  {memory(ctx)}")
         phase(args.runs - args.baseline)
-        end_rss, end_snap = rss_mib(), tracemalloc.take_snapshot()
+        gc.collect()
+        end_rss, end_traced = rss_mib(), traced_mib()
+        end_snap = tracemalloc.take_snapshot()
         end_bytes = store_bytes(data_dir)
         end_costs = probe_costs(clients[0], last_id[0])
         per_run = (end_bytes - base_bytes) / max(1, done[0] - base_runs)
-        print(f"after {done[0]} runs ({time.perf_counter() - t0:.0f} s): RSS {end_rss:.1f} MiB")
+        elapsed = time.perf_counter() - t0
+        print(f"after {done[0]} runs ({elapsed:.0f} s, {load()}): RSS {end_rss:.1f} MiB")
+        print(f"  {memory(ctx)}")
         print(f"failed runs: {len(failed)}" + (f" (first: {failed[0]})" if failed else ""))
         print(f"store: {per_run:.0f} bytes per run (database pages in use)")
         for name in base_costs:
@@ -156,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         ok = growth <= GROWTH_LIMIT_MIB
         verdict = "OK" if ok else "MISS"
         print(f"RSS growth {growth:+.1f} MiB, target <= {GROWTH_LIMIT_MIB:g}: {verdict}")
-        if not ok:
+        # Python's own heap, which RSS can hide (freed memory is reused before RSS grows).
+        traced = end_traced - base_traced
+        print(f"traced Python memory growth {traced:+.1f} MiB")
+        if not ok or traced > GROWTH_LIMIT_MIB:
             print(f"tracemalloc top {TOP} growth since the baseline:")
             for stat in end_snap.compare_to(base_snap, "lineno")[:TOP]:
                 print(f"  {stat}")
@@ -166,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         server.should_exit = True
         thread.join(timeout=30)
         ctx.engine.dispose()
+        if args.keep:
+            print(f"kept {data_dir}")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
     return 0
 
 
