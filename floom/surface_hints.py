@@ -2,20 +2,24 @@
 it logs into a run) name the action as a CLI command in backticks, the one notation they are
 written and stored in (floom.hints); every answer retells them for the surface it goes to.
 
-A plain REST client gets the REST request, an MCP client the tool, floom's CLI the command as
-written. The web UI keeps the command as written too (it has no table of its own yet), and
-floom's internals act on codes, not words. Retelling when answering, not when storing, also
-covers what older versions stored."""
+A plain REST client gets the REST request, an MCP client the tool, a person at the web UI the
+page and its button, floom's CLI the command as written; floom's internals act on codes, not
+words. Retelling when answering, not when storing, also covers what older versions stored."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from floom.api.hints import for_rest
+from floom.api.ui_hints import for_ui
 from floom.mcp.hints import for_mcp
 from floom.services.principal import Surface
 
-_RETELL: dict[Surface, Callable[[str | None], str | None]] = {"rest": for_rest, "mcp": for_mcp}
+_RETELL: dict[Surface, Callable[[str | None], str | None]] = {
+    "rest": for_rest,
+    "mcp": for_mcp,
+    "ui": for_ui,
+}
 
 
 def tell(text: str | None, *, surface: Surface) -> str | None:

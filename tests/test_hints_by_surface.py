@@ -10,8 +10,10 @@ import anyio
 import httpx
 import pytest
 
+from floom.api import ui, ui_admin, ui_approvals, ui_handoffs, ui_nodes, ui_ops, ui_runs
 from floom.api.app import create_app
 from floom.api.hints import for_rest
+from floom.api.ui_hints import for_ui
 from floom.services import keys
 from floom.services.principal import SYSTEM
 from tests.conftest import EXAMPLES, LiveServer, deploy_folder, fast_settings
@@ -21,6 +23,19 @@ FLOOM = Path(__file__).resolve().parent.parent / "floom"
 ONE_DATABASE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 CLI = {"X-Floom-Client": "cli"}
 REST_REQUEST = re.compile(r"`(GET|POST|PUT|PATCH|DELETE) (/api/v1/[^ `?]*)")
+UI_ROUTERS = [
+    m.router for m in (ui, ui_admin, ui_approvals, ui_handoffs, ui_nodes, ui_ops, ui_runs)
+]
+UI_PAGE = re.compile(r"\((/[^)?\s]*)[^)]*\)")
+
+
+def _commands_hints_name() -> set[str]:
+    commands = set()
+    for path in FLOOM.rglob("*.py"):
+        if path.name not in ("hints.py", "ui_hints.py"):  # the retellings' own patterns
+            commands |= set(re.findall(r"`floom [^`{]*`", path.read_text()))
+    assert len(commands) > 20
+    return commands
 
 
 @ONE_DATABASE
@@ -95,11 +110,7 @@ def test_every_cli_command_a_hint_names_is_retold_as_an_endpoint_that_exists_or_
         for path, operations in app.openapi()["paths"].items()
         for method in operations
     }
-    commands = set()
-    for path in FLOOM.rglob("*.py"):
-        if path.name != "hints.py":  # the retelling itself, whose patterns are not commands
-            commands |= set(re.findall(r"`floom [^`{]*`", path.read_text()))
-    assert len(commands) > 20
+    commands = _commands_hints_name()
     kept = set()
     for command in sorted(commands):
         retold = for_rest(f"try {command}") or ""
@@ -112,6 +123,45 @@ def test_every_cli_command_a_hint_names_is_retold_as_an_endpoint_that_exists_or_
             assert any(m == method and p.match(path) for m, p in routes), (command, retold)
     # What a REST client cannot do over REST is an operator's: starting or checking a node.
     assert kept <= {
+        "serve",
+        "mcp",
+        "backup",
+        "restore",
+        "migrate-store",
+        "doctor",
+        "retention",
+        "--help",
+        "COMMAND",
+        "...",
+    }, kept
+
+
+def test_every_cli_command_a_hint_names_is_retold_as_a_ui_page_that_exists_or_kept() -> None:
+    pages = [
+        re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", route.path) + "$")
+        for router in UI_ROUTERS
+        for route in router.routes
+        if "GET" in (getattr(route, "methods", None) or ())
+    ]
+    kept = set()
+    for command in sorted(_commands_hints_name()):
+        retold = for_ui(f"try {command}") or ""
+        if retold == f"try {command}":
+            kept.add(command.split()[1].strip("`"))
+            continue
+        assert "`floom" not in retold, (command, retold)
+        shown = UI_PAGE.findall(retold)
+        assert shown, (command, retold)
+        for path in shown:
+            assert any(page.match(path) for page in pages), (command, retold)
+    # The UI has no page to deploy a folder, run an eval, manage agents or run a node.
+    assert kept <= {
+        "deploy",
+        "validate",
+        "eval",
+        "replay-delivery",
+        "agents",
+        "roles",
         "serve",
         "mcp",
         "backup",

@@ -1,7 +1,7 @@
 """What floom stored about a run (its error, the notices it logged) names what to do in the
-reader's terms: REST requests for a plain REST client, tools over MCP, `floom` commands for
-floom's CLI, on every read of it: the run, run lists, the worker's recent runs, the log page
-and the log stream."""
+reader's terms: REST requests for a plain REST client, tools over MCP, pages at the web UI,
+`floom` commands for floom's CLI, on every read of it: the run, run lists, the worker's recent
+runs, the log page and the log stream."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from tests.agent_helpers import wait_status
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.mcp_support import call, call_raw, http_client, text_of
+from tests.web_support import signed_in_client
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
@@ -54,9 +55,11 @@ def _notice(page: dict[str, Any]) -> str:
     return str(line)
 
 
-def _sse_end(api: httpx.Client, run_id: str, headers: dict[str, str]) -> dict[str, Any]:
+def _sse_end(
+    api: httpx.Client, run_id: str, headers: dict[str, str], *, prefix: str = "/api/v1"
+) -> dict[str, Any]:
     """The run the log stream of an ended run closes with."""
-    with api.stream("GET", f"/api/v1/runs/{run_id}/logs/stream", headers=headers) as stream:
+    with api.stream("GET", f"{prefix}/runs/{run_id}/logs/stream", headers=headers) as stream:
         event = ""
         for line in stream.iter_lines():
             if line.startswith("event: "):
@@ -128,3 +131,21 @@ def test_an_agent_over_mcp_reads_stored_notices_as_tool_calls_in_data_and_text(
                 assert "`floom " not in said and "/api/v1/secrets" not in said, (tool, said)
 
     anyio.run(over_mcp)
+
+
+def test_a_person_at_the_web_ui_reads_stored_notices_as_the_pages_that_act_on_them(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    needy, gated, _ = _runs(api, tmp_path)
+    ui = signed_in_client(server, server.admin_key)
+
+    failed = ui.get(f"/runs/{needy}").text
+    assert "the Secrets page (/secrets), adding NEVER_SET_TOKEN" in failed
+    assert "floom secrets" not in failed
+    ended = _sse_end(ui, needy, {}, prefix="")
+    assert "the Secrets page (/secrets)" in ended["error"]["message"]
+    waiting = ui.get(f"/runs/{gated}").text
+    assert "Approve on the Approvals page (/approvals)" in waiting
+    assert "floom approve" not in waiting and "floom reject" not in waiting
+    missing = ui.get("/runs/run_nope").text  # an error page's hint too
+    assert "the Runs page (/runs)" in missing and "`floom runs`" not in missing

@@ -121,7 +121,7 @@ def test_errors_are_pages_with_the_message_and_the_hint_not_json(
     client = signed_in_client(server, server.admin_key)
     missing = client.get("/runs/run_nope")
     assert missing.status_code == 404 and missing.headers["content-type"].startswith("text/html")
-    assert "no run run_nope" in missing.text and "floom runs" in missing.text
+    assert "no run run_nope" in missing.text and "the Runs page (/runs)" in missing.text
     bad_filter = client.get("/runs", params={"status": "exploded"})
     assert bad_filter.status_code == 400 and "unknown status" in bad_filter.text
     no_worker = client.get("/workers/nope")

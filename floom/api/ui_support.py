@@ -27,6 +27,7 @@ from floom.errors import FloomError, InvalidRequest, Unauthorized
 from floom.services import web_sessions
 from floom.services.context import Context
 from floom.services.web_sessions import SignedIn
+from floom.surface_hints import tell
 
 WEB_DIR = Path(__file__).resolve().parent.parent.parent / "web"
 SESSION_COOKIE = "floom_session"
@@ -130,6 +131,12 @@ def short(value: str | None, length: int = 18) -> str:
     return value if len(value) <= length else value[: length - 1] + "…"
 
 
+def told(text: str | None) -> str:
+    """floom's own words (an error's message and hint, a stored notice) naming the page that
+    does what they say, where they name a floom command."""
+    return tell(text, surface="ui") or ""
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(WEB_DIR / "templates"),
@@ -137,7 +144,9 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, badge=badge, pretty_json=pretty_json, size=size, short=short)
+    env.filters.update(
+        when=when, badge=badge, pretty_json=pretty_json, size=size, short=short, told=told
+    )
     env.globals.update(duration=duration, quote=quote)
     return env
 
@@ -264,8 +273,8 @@ def to_login(request: Request) -> RedirectResponse:
 
 
 def error_markup(exc: FloomError) -> Markup:
-    hint = Markup(' <span class="hint">{}</span>').format(exc.hint) if exc.hint else ""
-    return Markup("{}{}").format(escape(exc.message), hint)
+    hint = Markup(' <span class="hint">{}</span>').format(told(exc.hint)) if exc.hint else ""
+    return Markup("{}{}").format(escape(told(exc.message)), hint)
 
 
 class UiRoute(APIRoute):
