@@ -7,7 +7,9 @@ from datetime import timedelta
 
 from floom.engine.phases import claim_run
 from floom.engine.queue import (
+    Claim,
     Outcome,
+    claim_next,
     claim_next_run,
     finish_attempt,
     reap_expired_leases,
@@ -197,3 +199,13 @@ def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Con
         assert row is not None
         assert (row.status, row.lease_owner) == ("succeeded", None)
         assert row.outputs_json == '{"ok": true}'
+
+
+def test_a_claim_says_whether_another_runnable_run_is_queued(ctx: Context) -> None:
+    first, second = _enqueue(ctx, 2)
+    _enqueue(ctx, 1, not_before=utcnow() + timedelta(hours=1))
+    taken = claim_next(ctx)
+    assert (taken.run.id if taken.run else None, taken.more) == (first, True)
+    taken = claim_next(ctx, look_first=False)
+    assert (taken.run.id if taken.run else None, taken.more) == (second, False)
+    assert claim_next(ctx, look_first=False) == Claim(None)

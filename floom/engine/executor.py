@@ -22,7 +22,7 @@ from floom.engine.cleanup import reap_sandbox_orphans
 from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
-    claim_next_run,
+    claim_next,
     finish_attempt,
     reap_expired_leases,
     renew_leases,
@@ -38,6 +38,7 @@ from floom.services.run_rules import (
     EXECUTOR,
     FAILED,
     INTERRUPTED,
+    QUEUED,
     RUNNING,
     requeue_next_attempt,
 )
@@ -76,6 +77,8 @@ class Executor:
         self._interrupt_now = threading.Event()
         # Set when an attempt starts here: the log flusher sleeps on it while none runs.
         self._attempt_started = threading.Event()
+        # Set when an attempt ends here: the dispatcher sleeps on it while all slots are taken.
+        self._slot_freed = threading.Event()
         self._active: dict[str, RunLog] = {}
         self._active_lock = threading.Lock()
         self._cancel: set[str] = set()
@@ -113,6 +116,7 @@ class Executor:
         self._stop.set()
         self.ctx.run_queued.set()
         self._attempt_started.set()
+        self._slot_freed.set()
         if grace_seconds is None:
             grace_seconds = self.ctx.settings.drain_seconds
         if self.active_count():
@@ -146,24 +150,29 @@ class Executor:
     # loops
 
     def _dispatch_loop(self) -> None:
-        busy = False  # the last claim found a run: the queue is likely not empty
+        # Whether the next claim reads first: not when the last claim saw another runnable
+        # run, nor when a wake-up just said a run was queued (most likely it is claimable).
+        look_first = True
         while not self._stop.is_set():
             try:
                 if self.active_count() >= self.slots:
-                    # Full: sleep until an attempt ends (it sets the event), not in a spin.
-                    self.ctx.run_queued.clear()
+                    # Full: sleep until an attempt ends, not in a spin.
+                    self._slot_freed.clear()
                     if self.active_count() >= self.slots:
-                        self.ctx.run_queued.wait(self.ctx.settings.poll_interval_seconds)
+                        self._slot_freed.wait(self.ctx.settings.poll_interval_seconds)
                     continue
                 self.ctx.run_queued.clear()
-                run = claim_next_run(self.ctx, look_first=not busy)
-                busy = run is not None
-                if run is not None:
-                    self._launch(run)
+                claim = claim_next(self.ctx, look_first=look_first)
+                if claim.run is not None:
+                    self._launch(claim.run)
+                if claim.more:
+                    look_first = False
                     continue
-                self.ctx.run_queued.wait(self.ctx.settings.poll_interval_seconds)
+                # Nothing else to claim: until a run is queued (set since the clear).
+                look_first = not self.ctx.run_queued.wait(self.ctx.settings.poll_interval_seconds)
             except Exception as exc:  # the loop must survive a database hiccup; it retries
                 self._log_failure("dispatch failed; retrying", exc)
+                look_first = True
                 self._stop.wait(1.0)
 
     def _heartbeat_loop(self) -> None:
@@ -343,9 +352,10 @@ class Executor:
             )
             backoff, exponential = 5.0, True
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
+        status: str | None = None
         try:
             lines = run_log.drain()
-            self._record_end(run, outcome, lines, backoff=backoff, exponential=exponential)
+            status = self._record_end(run, outcome, lines, backoff=backoff, exponential=exponential)
         finally:
             with self._active_lock:
                 # A resumed run may already be back here as a new attempt: leave that one be.
@@ -353,7 +363,11 @@ class Executor:
                     self._active.pop(run.id, None)
                     self._cancel.discard(run.id)
                     self.ctx.local_cancels.discard(run.id)
-            self.ctx.run_queued.set()
+            self._slot_freed.set()
+            # Something may have become claimable: the run itself (queued again), or a run of
+            # its limited worker that a claim passed over.
+            if status in (None, QUEUED) or run.concurrency is not None:
+                self.ctx.run_queued.set()
 
     def _record_end(
         self,
@@ -363,12 +377,13 @@ class Executor:
         *,
         backoff: float,
         exponential: bool,
-    ) -> None:
-        """Store how the attempt ended. While the database is unreachable, keep the result
-        and try again until it answers (the slot stays taken; the lease is renewed once the
-        database is back): a result in hand is never thrown away for a few seconds' outage.
-        Other failures are tried three times, then left to the reaper, which requeues the run
-        once its lease expires."""
+    ) -> str | None:
+        """Store how the attempt ended; returns the run's status then (None if it was not
+        stored). While the database is unreachable, keep the result and try again until it
+        answers (the slot stays taken; the lease is renewed once the database is back): a
+        result in hand is never thrown away for a few seconds' outage. Other failures are
+        tried three times, then left to the reaper, which requeues the run once its lease
+        expires."""
         other_failures = 0
         delay = 0.25
         while True:
@@ -376,25 +391,24 @@ class Executor:
                 if run.id in self._interrupted and outcome.status == CANCELLED:
                     self._requeue_interrupted(run, lines)
                     self._interrupted.discard(run.id)
-                else:
-                    finish_attempt(
-                        self.ctx,
-                        run=run,
-                        outcome=outcome,
-                        backoff=backoff,
-                        exponential=exponential,
-                        log_lines=lines,
-                    )
-                return
+                    return QUEUED
+                return finish_attempt(
+                    self.ctx,
+                    run=run,
+                    outcome=outcome,
+                    backoff=backoff,
+                    exponential=exponential,
+                    log_lines=lines,
+                )
             except STORE_DOWN as exc:
                 self._log_failure(f"recording the end of {run.id} failed", exc)
                 if self._stop.is_set():
-                    return
+                    return None
             except Exception:  # a bug must not strand the run; the reaper takes it over
                 log.exception("recording the end of %s failed", run.id)
                 other_failures += 1
                 if other_failures >= 3:
-                    return
+                    return None
             self._stop.wait(delay)
             delay = min(delay * 2, 2.0)
 

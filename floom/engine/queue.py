@@ -107,8 +107,22 @@ WORKER_LOCK = "floom.worker-claim:"
 MAX_FULL_WORKERS_PER_CLAIM = 20
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What a claim took (None: nothing runnable), and whether another runnable run was
+    queued besides it (the dispatcher then claims again at once)."""
+
+    run: Run | None
+    more: bool = False
+
+
 def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
-    """Take the oldest runnable queued run for this node, or None.
+    """Take the oldest runnable queued run for this node, or None (see `claim_next`)."""
+    return claim_next(ctx, look_first=look_first).run
+
+
+def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
+    """Take the oldest runnable queued run for this node, if any.
 
     Two nodes never get the same run: PostgreSQL skips rows another claim has locked;
     SQLite serialises the whole step under its write lock. Runs of a worker already at its
@@ -121,7 +135,7 @@ def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
     if look_first:
         with session_scope(ctx.engine) as s:
             if s.execute(statements.any_runnable, {"now": now}).first() is None:
-                return None
+                return Claim(None)
     params: dict[str, Any] = {
         "now": now,
         **claimed_fields(node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now),
@@ -133,7 +147,7 @@ def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
             claim = statements.claim_except if full else statements.claim
             row = s.execute(claim, {**params, "full": full} if full else params).first()
             if row is None:
-                return None
+                return Claim(None)
             run = Run(**row._mapping)
             # On SQLite the statement counted under the write lock: exact already.
             if postgres and not worker_has_room(s, run):
@@ -147,8 +161,10 @@ def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
                 attempt=run.attempt,
                 message=f"started attempt {run.attempt} of {run.max_attempts} on {ctx.node_id}",
             )
-        return run
-    return None
+            # One more statement here spares the dispatcher a claim that finds nothing.
+            more = s.execute(statements.any_runnable, {"now": now}).first() is not None
+        return Claim(run, more)
+    return Claim(None)
 
 
 def worker_has_room(s: Session, run: Run) -> bool:
