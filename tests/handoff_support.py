@@ -17,7 +17,7 @@ from tests.conftest import LiveServer
 
 def roles(ctx: Context, *names: str) -> None:
     for name in names:
-        handoff_agents.create_role(ctx, name=name)
+        handoff_agents.create_role(ctx, caller=SYSTEM, name=name)
 
 
 def agent(ctx: Context, label: str, *role_names: str, scopes: list[str] | None = None) -> ApiKey:

@@ -66,7 +66,7 @@ def test_an_agents_commands_share_one_e2b_sandbox_killed_when_the_run_ends(
     run_id = runs.create_run(ctx, caller=SYSTEM, worker_name="shell", inputs={}).id
 
     def ended() -> Run | None:
-        run = runs.get_run(ctx, run_id=run_id)
+        run = runs.get_run(ctx, caller=SYSTEM, run_id=run_id)
         return run if run.finished_at is not None else None
 
     done: Run = wait_until(ended, timeout=60)

@@ -72,7 +72,7 @@ class Rig:
         ).id
 
         def ended() -> Run | None:
-            run = runs.get_run(self.ctx, run_id=run_id)
+            run = runs.get_run(self.ctx, caller=SYSTEM, run_id=run_id)
             return run if run.finished_at is not None else None
 
         done: Run = wait_until(ended, timeout=20)
@@ -81,7 +81,7 @@ class Rig:
     def calls(self, run: Run) -> list[tuple[str, str, int]]:
         return [
             (c.tool, c.status, c.attempt)
-            for c in agent_runs.list_tool_calls(self.ctx, run_id=run.id)
+            for c in agent_runs.list_tool_calls(self.ctx, caller=SYSTEM, run_id=run.id)
         ]
 
 
@@ -122,7 +122,9 @@ def test_the_loop_runs_tools_in_the_order_the_model_asks_and_records_every_call(
 
     assert (run.status, run.error_code) == ("succeeded", None), run.error_message
     assert json.loads(run.outputs_json or "null") == {"summary": "two facts", "count": 2}
-    assert [a.name for a in runs.list_artifacts(rig.ctx, run_id=run.id)] == ["summary.md"]
+    assert [a.name for a in runs.list_artifacts(rig.ctx, caller=SYSTEM, run_id=run.id)] == [
+        "summary.md"
+    ]
     assert rig.calls(run) == [
         ("list_files", "ok", 1),
         ("read_file", "ok", 1),
@@ -145,7 +147,7 @@ def test_the_loop_runs_tools_in_the_order_the_model_asks_and_records_every_call(
     assert rig.sandbox.specs[-1].command == ["bash", "-c", "wc -l data/facts.txt"]
     assert not any(r.get("is_error") for q in rig.model.requests for r in q.tool_results)
     assert rig.model.built_with == [rig.ctx.settings]
-    lines = [e.line for e in list_events(rig.ctx, run_id=run.id)]
+    lines = [e.line for e in list_events(rig.ctx, caller=SYSTEM, run_id=run.id)]
     assert "agent: Looking around." in lines
 
 
@@ -180,7 +182,7 @@ def test_a_failed_tool_call_goes_back_to_the_model_as_an_error_result(rig: Rig) 
     (result,) = rig.model.requests[1].tool_results
     assert result["is_error"] is True
     assert "missing.txt" in result["content"]
-    failed = agent_runs.list_tool_calls(rig.ctx, run_id=run.id)[0]
+    failed = agent_runs.list_tool_calls(rig.ctx, caller=SYSTEM, run_id=run.id)[0]
     assert (failed.tool, failed.status, failed.error) == ("read_file", "error", result["content"])
     assert json.loads(run.outputs_json or "null") == {"summary": result["content"]}
 
@@ -306,7 +308,7 @@ def test_token_usage_and_its_estimated_cost_are_recorded_per_run(rig: Rig) -> No
 
     assert run.status == "succeeded", run.error_message
     assert [r.model for r in rig.model.requests] == ["claude-haiku-4-5"] * 2
-    usage = run_records.run_extras(rig.ctx, run=run)["model_usage"]
+    usage = run_records.run_extras(rig.ctx, caller=SYSTEM, run=run)["model_usage"]
     assert usage == {
         "model": "claude-haiku-4-5",
         "iterations": 2,
@@ -316,7 +318,7 @@ def test_token_usage_and_its_estimated_cost_are_recorded_per_run(rig: Rig) -> No
         "cost_usd": round(estimate_cost("claude-haiku-4-5", 2700, 350), 6),
     }
     assert usage["cost_usd"] == pytest.approx((2700 * 1.0 + 350 * 5.0) / 1e6)
-    lines = [e.line for e in list_events(rig.ctx, run_id=run.id)]
+    lines = [e.line for e in list_events(rig.ctx, caller=SYSTEM, run_id=run.id)]
     assert "model turn 1: 1200 in + 300 out tokens" in lines
     assert "model turn 2: 1500 in + 50 out tokens" in lines
 
@@ -335,7 +337,7 @@ def test_a_tool_outside_the_allowlist_is_never_shown_and_a_call_to_it_is_refused
 
     assert run.status == "succeeded", run.error_message
     assert "http_request" not in rig.model.requests[0].tool_names
-    refused = agent_runs.list_tool_calls(rig.ctx, run_id=run.id)[0]
+    refused = agent_runs.list_tool_calls(rig.ctx, caller=SYSTEM, run_id=run.id)[0]
     assert (refused.tool, refused.status) == ("http_request", "refused")
     assert "no tool 'http_request'" in (refused.error or "")
     assert rig.model.requests[1].tool_results[0]["is_error"] is True

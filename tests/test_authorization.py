@@ -90,7 +90,7 @@ def test_each_route_refuses_no_key_and_every_lower_scope_and_admits_its_own(
     server: LiveServer,
 ) -> None:
     # Keys of an agent, so the handoff routes (which also need an agent) admit them too.
-    handoff_agents.create_role(server.ctx, name="walker")
+    handoff_agents.create_role(server.ctx, caller=SYSTEM, name="walker")
     agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
     tokens = {
         scope: handoff_agents.create_agent_key(
@@ -140,7 +140,7 @@ def test_each_mcp_tool_refuses_no_key_and_every_lower_scope_and_admits_its_own(
     # makes an admitted call with no arguments fail on the input, starting nothing.
     with server.client() as api:
         deploy_folder(api, make_worker(tmp_path / "walked", EXPOSED_YML, {"run.py": "pass\n"}))
-    handoff_agents.create_role(server.ctx, name="walker")
+    handoff_agents.create_role(server.ctx, caller=SYSTEM, name="walker")
     agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
     tokens = {
         scope: handoff_agents.create_agent_key(

@@ -62,7 +62,7 @@ def executor(ctx: Context, fake: FakeSandbox, tmp_path: Path) -> Iterator[Execut
 
 
 def _finished(ctx: Context, run_id: str) -> object:
-    run = runs.get_run(ctx, run_id=run_id)
+    run = runs.get_run(ctx, caller=SYSTEM, run_id=run_id)
     return run if run.finished_at is not None else None
 
 
@@ -73,8 +73,8 @@ def test_a_run_goes_through_queue_sandbox_and_judge_to_succeeded(
     done = wait_until(lambda: _finished(ctx, run.id), timeout=20)
     assert done.status == "succeeded"
     assert json.loads(done.outputs_json) == {"sum": 5}
-    assert [a.name for a in runs.list_artifacts(ctx, run_id=run.id)] == ["note.txt"]
-    lines = [e.line for e in list_events(ctx, run_id=run.id)]
+    assert [a.name for a in runs.list_artifacts(ctx, caller=SYSTEM, run_id=run.id)] == ["note.txt"]
+    lines = [e.line for e in list_events(ctx, caller=SYSTEM, run_id=run.id)]
     assert "adding 2 and 3" in lines
     env = fake.specs[-1].env
     assert (env["FLOOM_RUN_ID"], env["FLOOM_WORKER"]) == (run.id, "adder")

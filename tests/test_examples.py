@@ -64,7 +64,7 @@ def test_a_fresh_install_deploys_the_examples_with_unready_schedules_paused(
 ) -> None:
     names = deploy_examples(ctx)
     assert "github-digest" in names
-    _, found = triggers.list_triggers(ctx, worker_name="github-digest")
+    _, found = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="github-digest")
     schedules = [t for t in found if t.kind == "schedule"]
     # GITHUB_TOKEN is not set: the daily digest must not act (or fail) on its own.
     assert schedules and all(t.paused for t in schedules)
@@ -73,7 +73,7 @@ def test_a_fresh_install_deploys_the_examples_with_unready_schedules_paused(
 def test_an_example_whose_secrets_are_set_keeps_its_schedule_running(ctx: Context) -> None:
     secrets.set_secret(ctx, caller=SYSTEM, name="GITHUB_TOKEN", value="ghp_already_there")
     deploy_examples(ctx)
-    _, found = triggers.list_triggers(ctx, worker_name="github-digest")
+    _, found = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="github-digest")
     assert [t.paused for t in found if t.kind == "schedule"] == [False]
 
 

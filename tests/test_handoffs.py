@@ -123,7 +123,7 @@ def test_agents_see_jobs_of_their_roles_and_ones_they_created_or_hold_admins_see
         flow.claim(ctx, actor=coder, job_id=ops["id"])
     # Holding a job keeps it visible after the holder loses the role.
     flow.claim(ctx, actor=coder, job_id=code["id"])
-    handoff_agents.update_agent(ctx, agent="coder-1", roles=["reviewer"])
+    handoff_agents.update_agent(ctx, caller=SYSTEM, agent="coder-1", roles=["reviewer"])
     assert ids(coder) == {code["id"]}
     mine, _ = handoffs.list_jobs(ctx, actor=coder, assignee="me")
     assert [j["id"] for j in mine] == [code["id"]]
@@ -133,9 +133,9 @@ def test_an_agents_roles_are_read_on_every_call_never_frozen(ctx: Context, team:
     key = team["lead"]  # the same key object throughout, as a long-lived client would hold
     job = handoffs.create_job(ctx, actor=key, summary="x", role="ops")
     assert flow.claim_next(ctx, actor=key) is None
-    handoff_agents.update_agent(ctx, agent="lead", roles=["ops"])
+    handoff_agents.update_agent(ctx, caller=SYSTEM, agent="lead", roles=["ops"])
     assert handoff_agents.my_roles(ctx, actor=handoffs.as_actor(ctx, key))["roles"] == ["ops"]
-    handoff_agents.update_role(ctx, role="ops", name="operations")
+    handoff_agents.update_role(ctx, caller=SYSTEM, role="ops", name="operations")
     claimed = flow.claim_next(ctx, actor=key, role="operations")
     assert claimed is not None and claimed["id"] == job["id"]
     assert claimed["role"] == "operations"
@@ -403,7 +403,7 @@ def test_retiring_an_agent_revokes_its_keys_and_publishes_the_jobs_it_held(
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     flow.claim(ctx, actor=team["coder"], job_id=job["id"])
-    retire_agent(ctx, agent="coder-1")
+    retire_agent(ctx, caller=SYSTEM, agent="coder-1")
     body = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
     assert body["status"] == "published" and body["assignee"] is None
     assert events(ctx, job["id"])[-1]["payload"]["reason"] == "agent coder-1 retired"
@@ -416,11 +416,11 @@ def test_retiring_an_agent_revokes_its_keys_and_publishes_the_jobs_it_held(
 
 
 def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, team: dict) -> None:
-    handoff_agents.retire_role(ctx, role="ops")
+    handoff_agents.retire_role(ctx, caller=SYSTEM, role="ops")
     with pytest.raises(Conflict) as info:
         handoffs.create_job(ctx, actor=team["lead"], summary="x", role="ops")
     assert "retired" in info.value.message
-    assert "ops" not in [r["name"] for r in handoff_agents.list_roles(ctx)]
+    assert "ops" not in [r["name"] for r in handoff_agents.list_roles(ctx, caller=SYSTEM)]
 
 
 def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: dict) -> None:
@@ -453,12 +453,12 @@ def test_bad_job_parts_are_refused_and_create_nothing(ctx: Context, team: dict) 
 
 
 def test_an_agent_with_an_unknown_scope_is_refused_and_nothing_is_created(ctx: Context) -> None:
-    handoff_agents.create_role(ctx, name="writer")
+    handoff_agents.create_role(ctx, caller=SYSTEM, name="writer")
     with pytest.raises(InvalidRequest):
         handoff_agents.create_agent(
             ctx, caller=SYSTEM, label="half", roles=["writer"], scopes=["root"]
         )
-    assert [a["label"] for a in handoff_agents.list_agents(ctx)] == []
+    assert [a["label"] for a in handoff_agents.list_agents(ctx, caller=SYSTEM)] == []
     # The label is free: nothing half-made holds it.
     made = handoff_agents.create_agent(
         ctx, caller=SYSTEM, label="half", roles=["writer"], scopes=["run"]

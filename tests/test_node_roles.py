@@ -17,6 +17,7 @@ from floom.config import Settings
 from floom.errors import StoreNewerThanNode
 from floom.services import runs
 from floom.services.context import Context
+from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.nodes import Node
 from tests.conftest import (
@@ -105,7 +106,7 @@ def test_only_a_node_with_the_executor_role_claims_runs_and_only_a_scheduler_nod
                 return row is not None and (row.heartbeat_at - seen).total_seconds() > 0.5
 
         wait_until(beats, timeout=20)
-        assert runs.get_run(api_node.ctx, run_id=run_id).status == "queued"
+        assert runs.get_run(api_node.ctx, caller=SYSTEM, run_id=run_id).status == "queued"
         with live_server(tmp_path / "exec", url, roles="executor") as executor_node:
             done = wait_for_run(c, run_id)
             assert done["status"] == "succeeded"

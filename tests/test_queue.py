@@ -17,6 +17,7 @@ from floom.engine.queue import (
 )
 from floom.services.context import Context
 from floom.services.logs import list_events
+from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id, utcnow
 
@@ -188,7 +189,7 @@ def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Con
         row = s.get(Run, run_id)
         assert row is not None
         assert (row.status, row.attempt, row.lease_owner) == ("running", 2, ctx.node_id)
-    events = list_events(ctx, run_id=run_id)
+    events = list_events(ctx, run_id=run_id, caller=SYSTEM)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert [(e.line, e.attempt) for e in events if e.stream == "stdout"] == [("late line", 1)]
     # The attempt that holds the run records its end as usual.

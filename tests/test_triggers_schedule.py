@@ -41,7 +41,7 @@ def as_if_deployed_at(ctx: Context, when: datetime, *, name: str = "tick") -> No
 
 
 def schedule_runs(ctx: Context, name: str = "tick") -> list[Run]:
-    rows, _ = runs.list_runs(ctx, worker=name, trigger="schedule", limit=500)
+    rows, _ = runs.list_runs(ctx, caller=SYSTEM, worker=name, trigger="schedule", limit=500)
     return sorted(rows, key=lambda r: (r.scheduled_for or r.created_at, r.id))
 
 
@@ -134,7 +134,7 @@ def test_overlap_skip_records_a_skipped_run_while_the_previous_one_is_active(
     ]
     skipped = schedule_runs(ctx)[1]
     assert skipped.error_message is not None and first.id in skipped.error_message
-    listed, _ = runs.list_runs(ctx, worker="tick", status="skipped")
+    listed, _ = runs.list_runs(ctx, caller=SYSTEM, worker="tick", status="skipped")
     assert [r.id for r in listed] == [skipped.id]
 
 
@@ -156,7 +156,7 @@ def test_overlap_queue_allow_and_cancel_running(ctx: Context, tmp_path: Path) ->
     assert schedule_runs(ctx, "allow")[1].concurrency is None
     cancelled = schedule_runs(ctx, "cancel-running")
     assert [r.status for r in cancelled] == ["running", "queued"]
-    assert runs.get_run(ctx, run_id=cancelled[0].id).cancel_requested
+    assert runs.get_run(ctx, caller=SYSTEM, run_id=cancelled[0].id).cancel_requested
 
 
 @pytest.mark.parametrize(
@@ -290,7 +290,7 @@ def test_a_paused_worker_records_each_tick_as_skipped_and_resumes_without_backfi
         ("2025-01-06T11:00:00+00:00", "queued", None),
     ]
 
-    _, (trigger,) = triggers.list_triggers(ctx, worker_name="tick")
+    _, (trigger,) = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="tick")
     triggers.set_paused(ctx, caller=SYSTEM, worker_name="tick", paused=True, trigger_id=trigger.id)
     scheduler.tick(MONDAY + timedelta(hours=4))
     assert summary(ctx)[-1] == ("2025-01-06T12:00:00+00:00", "skipped", "paused")
@@ -303,14 +303,14 @@ def test_redeploys_keep_unchanged_triggers_and_stop_removed_ones(
     folder = tmp_path / "w"
     deploy(ctx, folder, ['{cron: "0 * * * *", overlap: allow}'])
     as_if_deployed_at(ctx, MONDAY)
-    _, (before,) = triggers.list_triggers(ctx, worker_name="tick")
-    v1 = workers.get_worker(ctx, name="tick").active_version_id
+    _, (before,) = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="tick")
+    v1 = workers.get_worker(ctx, caller=SYSTEM, name="tick").active_version_id
     scheduler = Scheduler(ctx)
 
     # 09:00 is due; a redeploy with a changed script and policy lands before the tick.
     (folder / "run.py").write_text("print('tock')\n")
     deploy(ctx, folder, ['{cron: "0 * * * *", overlap: queue}'])
-    _, (kept,) = triggers.list_triggers(ctx, worker_name="tick")
+    _, (kept,) = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="tick")
     assert (kept.id, kept.last_fire_at) == (before.id, MONDAY)
     scheduler.tick(MONDAY + timedelta(hours=1, seconds=5))
     deploy(ctx, folder, ['{cron: "0 * * * *", overlap: queue}'])
@@ -318,13 +318,13 @@ def test_redeploys_keep_unchanged_triggers_and_stop_removed_ones(
     assert summary(ctx) == [("2025-01-06T09:00:00+00:00", "queued", None)]
 
     deploy(ctx, folder, [])  # the schedule is removed: it stops
-    assert triggers.list_triggers(ctx, worker_name="tick")[1] == []
+    assert triggers.list_triggers(ctx, caller=SYSTEM, worker_name="tick")[1] == []
     scheduler.tick(MONDAY + timedelta(hours=5))
     assert len(schedule_runs(ctx)) == 1
 
     # Rolling back brings the schedule back from now on, without back-filling the gap.
     workers.rollback(ctx, caller=SYSTEM, name="tick", version_id=v1)
-    _, (back,) = triggers.list_triggers(ctx, worker_name="tick")
+    _, (back,) = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="tick")
     assert back.id == before.id and back.last_fire_at is not None
     assert back.last_fire_at > MONDAY + timedelta(days=1)  # the real "now" of the rollback
     scheduler.tick(MONDAY + timedelta(hours=6))
@@ -336,8 +336,10 @@ def test_a_new_schedule_starts_from_now_without_backfill(ctx: Context, tmp_path:
     now = datetime.now(UTC)
     Scheduler(ctx).tick(now)
     assert schedule_runs(ctx) == []
-    _, (trigger,) = triggers.list_triggers(ctx, worker_name="tick")
-    listed = triggers.trigger_to_dict(ctx, trigger, worker=workers.get_worker(ctx, name="tick"))
+    _, (trigger,) = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="tick")
+    listed = triggers.trigger_to_dict(
+        ctx, trigger, worker=workers.get_worker(ctx, caller=SYSTEM, name="tick")
+    )
     assert listed["timezone"] == "UTC" and len(listed["next_fires"]) == 3
     assert listed["next_fires"][0].endswith("+00:00")
 

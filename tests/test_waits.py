@@ -258,8 +258,12 @@ def test_the_blocking_wait_answers_a_worker_thread_when_the_run_ends(
     with server.client() as api, ThreadPoolExecutor(max_workers=1) as pool:
         deploy(api, tmp_path, "idle", NOOP)
         run_id = start(api, "idle")
-        waited = pool.submit(run_waits.wait_for_end_blocking, server.ctx, run_id=run_id, timeout=30)
-        queued = run_waits.wait_for_end_blocking(server.ctx, run_id=run_id, timeout=0.2)
+        waited = pool.submit(
+            run_waits.wait_for_end_blocking, server.ctx, run_id=run_id, timeout=30, caller=SYSTEM
+        )
+        queued = run_waits.wait_for_end_blocking(
+            server.ctx, caller=SYSTEM, run_id=run_id, timeout=0.2
+        )
         assert queued.status == "queued" and not waited.done()
         cancelled = time.monotonic()
         runs.cancel_run(server.ctx, caller=SYSTEM, run_id=run_id)

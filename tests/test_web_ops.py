@@ -113,7 +113,7 @@ def test_the_log_stream_tells_the_page_when_a_queued_run_starts(tmp_path: Path) 
                     if len(seen) == 2:
                         break
         assert seen == ["queued", "running"]
-        assert runs.get_run(node.ctx, run_id=run_id).status == "running"
+        assert runs.get_run(node.ctx, caller=SYSTEM, run_id=run_id).status == "running"
 
 
 def test_pause_and_resume_buttons_pause_a_worker_and_one_trigger_for_deploy_keys_only(
@@ -128,20 +128,22 @@ def test_pause_and_resume_buttons_pause_a_worker_and_one_trigger_for_deploy_keys
     client = signed_in_client(server, server.admin_key)
     page = client.get("/workers/ticker")
     assert 'action="/workers/ticker/pause"' in page.text
-    (trigger,) = triggers.list_triggers(server.ctx, worker_name="ticker")[1]
+    (trigger,) = triggers.list_triggers(server.ctx, caller=SYSTEM, worker_name="ticker")[1]
 
     done = client.post(
         "/workers/ticker/pause", data={"csrf": csrf_of(page.text), "trigger_id": trigger.id}
     )
     assert done.status_code == 303 and "notice=paused" in done.headers["location"]
-    worker, (paused_trigger,) = triggers.list_triggers(server.ctx, worker_name="ticker")
+    worker, (paused_trigger,) = triggers.list_triggers(
+        server.ctx, caller=SYSTEM, worker_name="ticker"
+    )
     assert paused_trigger.paused and not worker.paused
     client.post("/workers/ticker/pause", data={"csrf": csrf_of(page.text)})
-    assert triggers.list_triggers(server.ctx, worker_name="ticker")[0].paused
+    assert triggers.list_triggers(server.ctx, caller=SYSTEM, worker_name="ticker")[0].paused
     after = client.get("/workers/ticker", params={"notice": "paused"})
     assert 'action="/workers/ticker/resume"' in after.text and "Paused:" in after.text
     client.post("/workers/ticker/resume", data={"csrf": csrf_of(after.text)})
-    assert not triggers.list_triggers(server.ctx, worker_name="ticker")[0].paused
+    assert not triggers.list_triggers(server.ctx, caller=SYSTEM, worker_name="ticker")[0].paused
 
     _, reader = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="looker")
     looker = signed_in_client(server, reader)
@@ -149,7 +151,7 @@ def test_pause_and_resume_buttons_pause_a_worker_and_one_trigger_for_deploy_keys
     assert 'action="/workers/ticker/pause"' not in seen.text
     refused = looker.post("/workers/ticker/pause", data={"csrf": csrf_of(seen.text)})
     assert refused.status_code == 403
-    assert not triggers.list_triggers(server.ctx, worker_name="ticker")[0].paused
+    assert not triggers.list_triggers(server.ctx, caller=SYSTEM, worker_name="ticker")[0].paused
 
 
 def test_a_worker_page_charts_its_last_30_days_by_outcome_with_duration_percentiles(
@@ -181,7 +183,7 @@ def test_a_worker_page_charts_its_last_30_days_by_outcome_with_duration_percenti
                 created_at=now - timedelta(days=40),
             )
         )
-    history = run_stats.daily_history(server.ctx, worker_name="hello", now=now)
+    history = run_stats.daily_history(server.ctx, caller=SYSTEM, worker_name="hello", now=now)
     assert len(history) == 30 and sum(d.total for d in history) == 6
     busy = history[-3]
     assert busy.counts == {"succeeded": 4, "failed": 1, "other": 1}

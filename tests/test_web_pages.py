@@ -152,7 +152,7 @@ def test_a_version_diff_covers_the_manifest_and_every_added_removed_or_changed_f
         ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive()
     ).version
 
-    result = diffs.diff_versions(ctx, worker_name="dif", old_id=v1.id, new_id=v2.id)
+    result = diffs.diff_versions(ctx, caller=SYSTEM, worker_name="dif", old_id=v1.id, new_id=v2.id)
     by_path = {f.path: f for f in result.files}
     assert result.files[0].path == "worker.yml"
     assert {p: f.status for p, f in by_path.items()} == {

@@ -14,6 +14,7 @@ import pytest
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import LocalSandbox
 from floom.services.logs import list_events
+from floom.services.principal import SYSTEM
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run
 
 # What a hostile script does to the version's files after printing what it found.
@@ -44,7 +45,8 @@ FILES = {"run.py": SCRIPT, "data.txt": "original\n", "sub/x.txt": "shipped\n", "
 
 
 def seen_by(server: LiveServer, run_id: str) -> dict[str, Any]:
-    lines = [e.line for e in list_events(server.ctx, run_id=run_id) if e.stream == "stdout"]
+    events = list_events(server.ctx, caller=SYSTEM, run_id=run_id)
+    lines = [e.line for e in events if e.stream == "stdout"]
     found: dict[str, Any] = json.loads(lines[0].removeprefix("SEEN "))
     return found
 

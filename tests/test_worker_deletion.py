@@ -140,15 +140,15 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
     assert (result.runs_kept, result.runs_purged, result.runs_cancelled) == (3, 0, 2)
     assert result.approvals_closed == 1 and result.versions == [version]
     with pytest.raises(NotFound):
-        workers.get_worker(ctx, name="doomed")
-    assert runs.get_run(ctx, run_id=queued.id).status == run_rules.CANCELLED
-    assert runs.get_run(ctx, run_id=paused.id).status == run_rules.CANCELLED
+        workers.get_worker(ctx, caller=SYSTEM, name="doomed")
+    assert runs.get_run(ctx, caller=SYSTEM, run_id=queued.id).status == run_rules.CANCELLED
+    assert runs.get_run(ctx, caller=SYSTEM, run_id=paused.id).status == run_rules.CANCELLED
     assert rows(ctx, Approval, Approval.id == "apr_pending")[0].status == "cancelled"
-    kept, _ = runs.list_runs(ctx, worker="doomed")
+    kept, _ = runs.list_runs(ctx, caller=SYSTEM, worker="doomed")
     assert {r.id for r in kept} == {done.id, queued.id, paused.id}
-    art, data = runs.read_artifact(ctx, run_id=done.id, name="report.txt")
+    art, data = runs.read_artifact(ctx, caller=SYSTEM, run_id=done.id, name="report.txt")
     assert data == b"kept report"
-    assert runs.version_of_run(ctx, run=done).id == version
+    assert runs.version_of_run(ctx, caller=SYSTEM, run=done).id == version
     assert blob_exists(ctx, art.digest)
     with pytest.raises(NotFound):
         runs.create_run(ctx, caller=SYSTEM, worker_name="doomed")
@@ -160,10 +160,14 @@ def test_purging_removes_runs_and_their_blobs_but_keeps_blobs_others_refer_to(
     deploy(ctx, tmp_path / "doomed", "name: doomed\n")
     deploy(ctx, tmp_path / "other", "name: other\n")
     other_version = workers.get_version(
-        ctx, version_id=workers.get_worker(ctx, name="other").active_version_id or ""
+        ctx,
+        caller=SYSTEM,
+        version_id=workers.get_worker(ctx, caller=SYSTEM, name="other").active_version_id or "",
     )
     doomed_version = workers.get_version(
-        ctx, version_id=workers.get_worker(ctx, name="doomed").active_version_id or ""
+        ctx,
+        caller=SYSTEM,
+        version_id=workers.get_worker(ctx, caller=SYSTEM, name="doomed").active_version_id or "",
     )
     doomed_run = runs.create_run(ctx, caller=SYSTEM, worker_name="doomed")
     finish_with(
@@ -194,7 +198,7 @@ def test_purging_removes_runs_and_their_blobs_but_keeps_blobs_others_refer_to(
 
     assert (result.runs_purged, result.runs_kept) == (1, 0)
     with pytest.raises(NotFound):
-        runs.get_run(ctx, run_id=doomed_run.id)
+        runs.get_run(ctx, caller=SYSTEM, run_id=doomed_run.id)
     for model in (RunEvent, Artifact, ToolCall, Approval, Transcript):
         assert rows(ctx, model, model.run_id == doomed_run.id) == [], model
     assert rows(ctx, Version, Version.worker_name == "doomed") == []
@@ -207,11 +211,11 @@ def test_purging_removes_runs_and_their_blobs_but_keeps_blobs_others_refer_to(
     # Still referred to by the other worker's run and version.
     assert blob_exists(ctx, digests["shared.txt"])
     assert blob_exists(ctx, digests["archive.tgz"])
-    assert runs.read_artifact(ctx, run_id=other_run.id, name="shared.txt")[1] == (
+    assert runs.read_artifact(ctx, caller=SYSTEM, run_id=other_run.id, name="shared.txt")[1] == (
         b"both workers wrote this"
     )
     assert workers.load_bundle(ctx, version=other_version).digest == other_version.digest
-    assert [r.id for r in runs.list_runs(ctx, worker="other")[0]] == [other_run.id]
+    assert [r.id for r in runs.list_runs(ctx, caller=SYSTEM, worker="other")[0]] == [other_run.id]
 
 
 def test_a_deleted_workers_schedule_never_fires_again(ctx: Context, tmp_path: Path) -> None:
@@ -222,7 +226,7 @@ def test_a_deleted_workers_schedule_never_fires_again(ctx: Context, tmp_path: Pa
             t.last_fire_at = MONDAY
             s.add(t)
     schedules.fire_due(ctx, now=MONDAY + timedelta(minutes=15, seconds=1))
-    assert len(runs.list_runs(ctx, worker="ticker", trigger="schedule")[0]) == 1
+    assert len(runs.list_runs(ctx, caller=SYSTEM, worker="ticker", trigger="schedule")[0]) == 1
 
     result = delete_worker(ctx, name="ticker", purge_runs=False, caller=ADMIN)
 
@@ -230,7 +234,7 @@ def test_a_deleted_workers_schedule_never_fires_again(ctx: Context, tmp_path: Pa
     assert rows(ctx, Trigger, Trigger.worker_name == "ticker") == []
     upcoming = schedules.fire_due(ctx, now=MONDAY + timedelta(days=2))
     assert upcoming is None  # nothing left to schedule
-    assert len(runs.list_runs(ctx, worker="ticker", trigger="schedule")[0]) == 1
+    assert len(runs.list_runs(ctx, caller=SYSTEM, worker="ticker", trigger="schedule")[0]) == 1
 
 
 def test_a_redeploy_of_the_name_starts_at_its_first_version_without_old_triggers(
@@ -240,21 +244,27 @@ def test_a_redeploy_of_the_name_starts_at_its_first_version_without_old_triggers
     first = deploy(ctx, tmp_path / "a", f"name: phoenix\ntriggers:\n{schedule}")
     second = deploy(ctx, tmp_path / "b", f"name: phoenix\ndescription: v2\ntriggers:\n{schedule}")
     old_run = runs.create_run(ctx, caller=SYSTEM, worker_name="phoenix")
-    old_triggers = {t.id for t in triggers.list_triggers(ctx, worker_name="phoenix")[1]}
+    old_triggers = {
+        t.id for t in triggers.list_triggers(ctx, caller=SYSTEM, worker_name="phoenix")[1]
+    }
     runs.cancel_run(ctx, caller=SYSTEM, run_id=old_run.id)
 
     delete_worker(ctx, name="phoenix", purge_runs=False, caller=ADMIN)
     again = deploy(ctx, tmp_path / "a", f"name: phoenix\ntriggers:\n{schedule}")
 
     assert again == first
-    assert [v.id for v in workers.list_versions(ctx, name="phoenix")] == [first]
-    new_triggers = {t.id for t in triggers.list_triggers(ctx, worker_name="phoenix")[1]}
+    assert [v.id for v in workers.list_versions(ctx, caller=SYSTEM, name="phoenix")] == [first]
+    new_triggers = {
+        t.id for t in triggers.list_triggers(ctx, caller=SYSTEM, worker_name="phoenix")[1]
+    }
     assert len(new_triggers) == 1 and not new_triggers & old_triggers
     with pytest.raises(NotFound):  # the old incarnation's other version is gone from the name
         workers.rollback(ctx, caller=SYSTEM, name="phoenix", version_id=second)
     with pytest.raises(NotFound):
         runs.create_run(ctx, caller=SYSTEM, worker_name="phoenix", version_id=second)
-    assert runs.version_of_run(ctx, run=old_run).id == second  # the kept run still reads it
+    assert (
+        runs.version_of_run(ctx, caller=SYSTEM, run=old_run).id == second
+    )  # the kept run still reads it
     fresh = runs.create_run(ctx, caller=SYSTEM, worker_name="phoenix")
     assert fresh.version_id == first
 
@@ -265,7 +275,9 @@ def test_every_deletion_is_audited_with_its_actor_and_counts(ctx: Context, tmp_p
 
     result = delete_worker(ctx, name="doomed", purge_runs=True, caller=ADMIN)
 
-    events, _ = audit.list_events(ctx, type=audit.WORKER_DELETED, subject="worker:doomed")
+    events, _ = audit.list_events(
+        ctx, caller=SYSTEM, type=audit.WORKER_DELETED, subject="worker:doomed"
+    )
     assert [e.id for e in events] == [result.deletion_id]
     body = audit.event_to_dict(events[0])
     assert body["actor"] == {"key_id": "key_test", "label": "test admin"}
@@ -474,7 +486,7 @@ def test_a_schedule_tick_racing_the_deletion_leaves_no_run_behind(
 
     assert rows(ctx, Run, Run.worker_name == "racer") == []
     with pytest.raises(NotFound):
-        workers.get_worker(ctx, name="racer")
+        workers.get_worker(ctx, caller=SYSTEM, name="racer")
 
 
 def test_the_worker_page_deletes_only_with_csrf_the_typed_name_and_the_deploy_scope(
@@ -523,7 +535,7 @@ def test_a_deleted_workers_composio_and_handoff_triggers_take_nothing_more(
         fast_settings(tmp_path / "data", database_url, composio_webhook_secret=COMPOSIO_SECRET)
     )
     try:
-        handoff_agents.create_role(ctx, name="reviewer")
+        handoff_agents.create_role(ctx, caller=SYSTEM, name="reviewer")
         manifest = (
             "name: listener\ninputs: {event: object}\ntriggers:\n"
             "  - composio: {event: GITHUB_COMMIT_EVENT}\n  - handoff: {role: reviewer}\n"
@@ -580,10 +592,10 @@ def test_a_deletion_failing_midway_leaves_everything_in_place(
     with pytest.raises(RuntimeError):
         delete_worker(ctx, name="sturdy", purge_runs=True, caller=ADMIN)
 
-    assert workers.get_worker(ctx, name="sturdy").active_version_id == version
-    assert len(triggers.list_triggers(ctx, worker_name="sturdy")[1]) == 1
-    assert runs.read_artifact(ctx, run_id=done.id, name="a.txt")[1] == b"still here"
-    assert [v.id for v in workers.list_versions(ctx, name="sturdy")] == [version]
+    assert workers.get_worker(ctx, caller=SYSTEM, name="sturdy").active_version_id == version
+    assert len(triggers.list_triggers(ctx, caller=SYSTEM, worker_name="sturdy")[1]) == 1
+    assert runs.read_artifact(ctx, caller=SYSTEM, run_id=done.id, name="a.txt")[1] == b"still here"
+    assert [v.id for v in workers.list_versions(ctx, caller=SYSTEM, name="sturdy")] == [version]
     assert rows(ctx, ToolCall, ToolCall.run_id == done.id)
 
 
@@ -602,8 +614,10 @@ def test_a_purge_refuses_while_a_run_will_not_stop_and_deletes_nothing(
         delete_worker(ctx, name="stuck", purge_runs=True, caller=ADMIN, stop_wait_seconds=0.3)
 
     assert caught.value.details == {"running": [run.id]}
-    assert workers.get_worker(ctx, name="stuck")
-    assert runs.get_run(ctx, run_id=run.id).cancel_requested  # asked to stop all the same
+    assert workers.get_worker(ctx, caller=SYSTEM, name="stuck")
+    assert runs.get_run(
+        ctx, caller=SYSTEM, run_id=run.id
+    ).cancel_requested  # asked to stop all the same
     assert rows(ctx, AuditEvent, col(AuditEvent.id).is_not(None)) == []
     kept = delete_worker(ctx, name="stuck", purge_runs=False, caller=ADMIN)
     assert (kept.runs_kept, kept.runs_stopping) == (1, 1)
@@ -618,7 +632,7 @@ from floom.services.principal import SYSTEM
 from tests.conftest import fast_settings
 
 ctx = Context.open(fast_settings(sys.argv[1], sys.argv[2]))
-workers.get_version(ctx, version_id=sys.argv[3], worker_name="twin")
+workers.get_version(ctx, version_id=sys.argv[3], worker_name="twin", caller=SYSTEM)
 print("cached", flush=True)
 sys.stdin.readline()
 try:
@@ -699,7 +713,7 @@ def test_on_postgresql_a_deletion_waits_for_a_run_being_created_then_cancels_it(
         deleter.join(timeout=60)
     (run,) = created
     (result,) = deleted
-    assert runs.get_run(ctx, run_id=run.id).status == run_rules.CANCELLED
+    assert runs.get_run(ctx, caller=SYSTEM, run_id=run.id).status == run_rules.CANCELLED
     assert result.runs_cancelled == 1 and result.runs_kept == 1
     with pytest.raises(NotFound):
-        workers.get_worker(ctx, name="contended")
+        workers.get_worker(ctx, caller=SYSTEM, name="contended")

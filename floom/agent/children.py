@@ -58,7 +58,7 @@ def invoke_child(env: AgentEnv, *, worker: str, inputs: dict[str, Any]) -> dict[
     if claimed is not None:
         env.host.run_claimed_inline(claimed)
     while True:
-        current = runs.get_run(ctx, run_id=child.id)
+        current = runs.get_run(ctx, run_id=child.id, caller=principal.SYSTEM)
         if current.status in run_rules.FINISHED or current.status in run_rules.WAITING:
             break
         if env.cancelled():

@@ -26,6 +26,7 @@ from floom.services.approvals import (
     new_approval,
     pause_run,
 )
+from floom.services.principal import SYSTEM
 from floom.services.run_rules import AWAITING_APPROVAL, CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED
 from floom.store.models import new_id
 
@@ -212,7 +213,7 @@ class AgentLoop:
     def _decided(
         self, tool: Tool, use_id: str, args: dict[str, Any], awaiting: dict[str, Any]
     ) -> tuple[Outcome | None, dict[str, Any] | None]:
-        approval = get_approval(self.env.ctx, approval_id=awaiting["approval_id"])
+        approval = get_approval(self.env.ctx, approval_id=awaiting["approval_id"], caller=SYSTEM)
         call_id = awaiting["tool_call_id"]
         by = f" ({approval.decided_by})" if approval.decided_by else ""
         if approval.status == REJECTED_DECISION:
@@ -353,7 +354,7 @@ class AgentLoop:
         env = self.env
         approved = json.loads(env.run.outputs_json or "{}")
         if env.apply and awaiting is not None:
-            approval = get_approval(env.ctx, approval_id=awaiting["approval_id"])
+            approval = get_approval(env.ctx, approval_id=awaiting["approval_id"], caller=SYSTEM)
             answer = {"decision": "approved", "outputs": approved, "comment": approval.comment}
             text = f"{json.dumps(answer)}\n{APPLY_NOTE}"
             agent_runs.finish_tool_call(

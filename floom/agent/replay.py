@@ -25,6 +25,7 @@ from floom.agent.tools import RecordedToolError, Tool, Toolbox, ToolError
 from floom.errors import RecordingEnded, ReplayDiverged
 from floom.manifest_replay import NEVER_LIVE, replay_rules
 from floom.services import replays
+from floom.services.principal import SYSTEM
 from floom.services.recordings import (
     NOT_RECORDED,
     UNKNOWN_TOOL_PREFIX,
@@ -145,10 +146,10 @@ class ReplaySession:
 
 def replay_session(ctx: Context, *, run: Run) -> ReplaySession | None:
     """The replay session of `run`, or None when the run is not a replay."""
-    row = replays.replay_of_run(ctx, run_id=run.id)
+    row = replays.replay_of_run(ctx, run_id=run.id, caller=SYSTEM)
     if row is None:
         return None
-    rec = load_recording(ctx, run_id=row.original_run_id)
+    rec = load_recording(ctx, run_id=row.original_run_id, caller=SYSTEM)
     return ReplaySession(ctx, run=run, mode=row.mode, model=row.model, rec=rec)
 
 

@@ -19,6 +19,7 @@ from floom.errors import ProviderError
 from floom.manifest_agent import ToolSpec, tool_specs
 from floom.services import agent_runs
 from floom.services.approvals import PHASE_APPLY
+from floom.services.principal import SYSTEM
 from floom.services.run_rules import FAILED
 from floom.store.agents import Transcript
 
@@ -70,7 +71,7 @@ def run_agent(attempt: Attempt) -> Outcome:
     # One sandbox session serves the run's commands; it ends when the run ends or pauses
     # (the workspace is kept in the store then, and restored into the next session).
     with attempt.workspace(), attempt.session():
-        transcript = agent_runs.load_transcript(ctx, run_id=run.id)
+        transcript = agent_runs.load_transcript(ctx, run_id=run.id, caller=SYSTEM)
         if transcript is not None:
             attempt.restore_artifacts()
             if transcript.workspace_digest:

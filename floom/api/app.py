@@ -39,7 +39,7 @@ from floom.engine.presence import NodePresence
 from floom.engine.scheduler import Scheduler
 from floom.sandbox import backend_readiness, get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
-from floom.services import keys, wakeups, workers
+from floom.services import keys, principal, wakeups, workers
 from floom.services.context import Context
 from floom.services.examples import deploy_examples
 from floom.store.db import BOOTSTRAP_LOCK, cluster_lock
@@ -60,7 +60,7 @@ def preflight(settings: Settings) -> Context:
 
 
 def _has_worker(ctx: Context) -> bool:
-    rows, _ = workers.list_workers(ctx, limit=1)
+    rows, _ = workers.list_workers(ctx, limit=1, caller=principal.SYSTEM)
     return bool(rows)
 
 

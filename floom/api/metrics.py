@@ -36,7 +36,10 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
 
 
 @router.get("/metrics", response_class=Response, include_in_schema=False)
-def metrics(request: Request, ctx: CtxDep, _: ReadCaller) -> Response:
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # noqa: PLC0415
+def metrics(request: Request, ctx: CtxDep, caller: ReadCaller) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST  # noqa: PLC0415
 
-    return Response(generate_latest(_registry(request, ctx)), media_type=CONTENT_TYPE_LATEST)
+    from floom.services.metrics import exposition  # noqa: PLC0415
+
+    body = exposition(_registry(request, ctx), caller=caller)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

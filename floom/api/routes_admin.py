@@ -56,7 +56,7 @@ def delete_secret(name: SecretName, ctx: CtxDep, caller: DeployCaller) -> views.
     responses=authed(),
 )
 def my_key(ctx: CtxDep, caller: ReadCaller) -> views.KeyPublic:
-    return views.key_public(keys.get_key(ctx, key_id=caller.key_id or ""))
+    return views.key_public(keys.get_key(ctx, key_id=caller.key_id or "", caller=caller))
 
 
 @router.get("/keys", response_model=Page[views.KeyPublic], responses=authed())

@@ -54,8 +54,10 @@ class AgentKeyRequest(BaseModel):
 
 
 @router.get("/roles", response_model=Page[views.RolePublic], responses=authed(422))
-def list_roles(ctx: CtxDep, _: ReadCaller, include_retired: bool = False) -> Page[views.RolePublic]:
-    rows = agents.list_roles(ctx, include_retired=include_retired)
+def list_roles(
+    ctx: CtxDep, caller: ReadCaller, include_retired: bool = False
+) -> Page[views.RolePublic]:
+    rows = agents.list_roles(ctx, include_retired=include_retired, caller=caller)
     items = [views.RolePublic.model_validate(r) for r in rows]
     return Page[views.RolePublic](items=items, next_cursor=None)
 
@@ -63,31 +65,32 @@ def list_roles(ctx: CtxDep, _: ReadCaller, include_retired: bool = False) -> Pag
 @router.post(
     "/roles", status_code=201, response_model=views.RolePublic, responses=authed(400, 409, 422)
 )
-def create_role(body: RoleRequest, ctx: CtxDep, _: AdminCaller) -> views.RolePublic:
+def create_role(body: RoleRequest, ctx: CtxDep, caller: AdminCaller) -> views.RolePublic:
     return views.RolePublic.model_validate(
-        agents.create_role(ctx, name=body.name, description=body.description)
+        agents.create_role(ctx, name=body.name, description=body.description, caller=caller)
     )
 
 
 @router.patch(
     "/roles/{role}", response_model=views.RolePublic, responses=authed(400, 404, 409, 422)
 )
-def update_role(role: str, body: RoleUpdate, ctx: CtxDep, _: AdminCaller) -> views.RolePublic:
-    return views.RolePublic.model_validate(
-        agents.update_role(ctx, role=role, name=body.name, description=body.description)
+def update_role(role: str, body: RoleUpdate, ctx: CtxDep, caller: AdminCaller) -> views.RolePublic:
+    updated = agents.update_role(
+        ctx, role=role, name=body.name, description=body.description, caller=caller
     )
+    return views.RolePublic.model_validate(updated)
 
 
 @router.post("/roles/{role}/retire", response_model=views.RolePublic, responses=authed(404))
-def retire_role(role: str, ctx: CtxDep, _: AdminCaller) -> views.RolePublic:
-    return views.RolePublic.model_validate(agents.retire_role(ctx, role=role))
+def retire_role(role: str, ctx: CtxDep, caller: AdminCaller) -> views.RolePublic:
+    return views.RolePublic.model_validate(agents.retire_role(ctx, role=role, caller=caller))
 
 
 @router.get("/agents", response_model=Page[views.AgentPublic], responses=authed(422))
 def list_agents(
-    ctx: CtxDep, _: ReadCaller, include_retired: bool = False
+    ctx: CtxDep, caller: ReadCaller, include_retired: bool = False
 ) -> Page[views.AgentPublic]:
-    rows = agents.list_agents(ctx, include_retired=include_retired)
+    rows = agents.list_agents(ctx, include_retired=include_retired, caller=caller)
     items = [views.AgentPublic.model_validate(a) for a in rows]
     return Page[views.AgentPublic](items=items, next_cursor=None)
 
@@ -116,23 +119,30 @@ def create_agent(body: AgentRequest, ctx: CtxDep, caller: AdminCaller) -> views.
 
 
 @router.get("/agents/{agent}", response_model=views.AgentPublic, responses=authed(404))
-def get_agent(agent: str, ctx: CtxDep, _: ReadCaller) -> views.AgentPublic:
-    return views.AgentPublic.model_validate(agents.get_agent(ctx, agent=agent))
+def get_agent(agent: str, ctx: CtxDep, caller: ReadCaller) -> views.AgentPublic:
+    return views.AgentPublic.model_validate(agents.get_agent(ctx, agent=agent, caller=caller))
 
 
 @router.patch(
     "/agents/{agent}", response_model=views.AgentPublic, responses=authed(400, 404, 409, 422)
 )
-def update_agent(agent: str, body: AgentUpdate, ctx: CtxDep, _: AdminCaller) -> views.AgentPublic:
+def update_agent(
+    agent: str, body: AgentUpdate, ctx: CtxDep, caller: AdminCaller
+) -> views.AgentPublic:
     updated = agents.update_agent(
-        ctx, agent=agent, roles=body.roles, label=body.label, tool_family=body.tool_family
+        ctx,
+        agent=agent,
+        roles=body.roles,
+        label=body.label,
+        tool_family=body.tool_family,
+        caller=caller,
     )
     return views.AgentPublic.model_validate(updated)
 
 
 @router.post("/agents/{agent}/retire", response_model=views.AgentPublic, responses=authed(404))
-def retire_agent(agent: str, ctx: CtxDep, _: AdminCaller) -> views.AgentPublic:
-    return views.AgentPublic.model_validate(retire.retire_agent(ctx, agent=agent))
+def retire_agent(agent: str, ctx: CtxDep, caller: AdminCaller) -> views.AgentPublic:
+    return views.AgentPublic.model_validate(retire.retire_agent(ctx, agent=agent, caller=caller))
 
 
 @router.post(

@@ -34,7 +34,7 @@ class RejectRequest(BaseModel):
 @router.get("/approvals", response_model=Page[views.ApprovalPublic], responses=authed(400, 422))
 def list_approvals(
     ctx: CtxDep,
-    _: ReadCaller,
+    caller: ReadCaller,
     status: str = Query(
         approvals.PENDING,
         description="only approvals in this status, or all",
@@ -45,15 +45,17 @@ def list_approvals(
     limit: Limit = 50,
 ) -> Page[views.ApprovalPublic]:
     rows, next_cursor = approvals.list_approvals(
-        ctx, status=status, run_id=run_id, cursor=cursor, limit=limit
+        ctx, status=status, run_id=run_id, cursor=cursor, limit=limit, caller=caller
     )
     items = [views.approval_public(a) for a in rows]
     return Page[views.ApprovalPublic](items=items, next_cursor=next_cursor)
 
 
 @router.get("/approvals/{approval_id}", response_model=views.ApprovalPublic, responses=authed(404))
-def get_approval(approval_id: str, ctx: CtxDep, _: ReadCaller) -> views.ApprovalPublic:
-    return views.approval_public(approvals.get_approval(ctx, approval_id=approval_id))
+def get_approval(approval_id: str, ctx: CtxDep, caller: ReadCaller) -> views.ApprovalPublic:
+    return views.approval_public(
+        approvals.get_approval(ctx, approval_id=approval_id, caller=caller)
+    )
 
 
 @router.post(
@@ -72,7 +74,7 @@ def approve(
         comment=body.comment if body else None,
         caller=caller,
     )
-    return views.approval_decided(ctx, approval_id=approval_id)
+    return views.approval_decided(ctx, approval_id=approval_id, caller=caller)
 
 
 @router.post(
@@ -86,7 +88,7 @@ def reject(
     approvals.decide_approval(
         ctx, approval_id=approval_id, decision="reject", comment=body.comment, caller=caller
     )
-    return views.approval_decided(ctx, approval_id=approval_id)
+    return views.approval_decided(ctx, approval_id=approval_id, caller=caller)
 
 
 @router.get(
@@ -94,16 +96,16 @@ def reject(
     response_model=Page[views.ToolCallPublic],
     responses=authed(404),
 )
-def list_tool_calls(run_id: str, ctx: CtxDep, _: ReadCaller) -> Page[views.ToolCallPublic]:
-    return views.tool_call_page(ctx, run_id=run_id)
+def list_tool_calls(run_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[views.ToolCallPublic]:
+    return views.tool_call_page(ctx, run_id=run_id, caller=caller)
 
 
 @router.get(
     "/runs/{run_id}/transcript", response_model=views.TranscriptPublic, responses=authed(404)
 )
-def get_transcript(run_id: str, ctx: CtxDep, _: ReadCaller) -> views.TranscriptPublic:
-    run = runs.get_run(ctx, run_id=run_id)
-    transcript = views.transcript_public(ctx, run_id=run_id)
+def get_transcript(run_id: str, ctx: CtxDep, caller: ReadCaller) -> views.TranscriptPublic:
+    run = runs.get_run(ctx, run_id=run_id, caller=caller)
+    transcript = views.transcript_public(ctx, run_id=run_id, caller=caller)
     if transcript is None:
         raise NotFound(
             f"run {run_id} has no transcript",

@@ -21,13 +21,13 @@ router = APIRouter(prefix="/api/v1", tags=["audit"])
 )
 def list_audit_events(
     ctx: CtxDep,
-    _: AdminCaller,
+    caller: AdminCaller,
     type: str | None = Query(None, max_length=64, description="e.g. worker.deleted"),
     subject: str | None = Query(None, max_length=200, description="e.g. worker:hello"),
     cursor: str | None = Query(None, max_length=40, description="next_cursor of a prior page"),
     limit: Limit = 50,
 ) -> Page[AuditEventPublic]:
     rows, next_cursor = audit.list_events(
-        ctx, type=type, subject=subject, cursor=cursor, limit=limit
+        ctx, type=type, subject=subject, cursor=cursor, limit=limit, caller=caller
     )
     return audit_page(rows, next_cursor)

@@ -14,7 +14,7 @@ from floom.api.openapi import errors
 from floom.errors import TooManyWaits
 from floom.schemas import triggers as views
 from floom.schemas.runs import run_public
-from floom.services import composio_events, run_waits, webhooks
+from floom.services import composio_events, principal, run_waits, webhooks
 from floom.services.context import Context
 from floom.services.run_rules import FINISHED
 from floom.store.models import Run
@@ -142,7 +142,7 @@ async def _wait_for(ctx: Context, run_id: str, seconds: float, *, worker: str) -
     its delivery is stored and its run started: a 429 would only make it send again."""
     try:
         run = await run_waits.wait_for_end(
-            ctx, run_id=run_id, timeout=seconds, waiter=f"hook:{worker}"
+            ctx, run_id=run_id, timeout=seconds, caller=principal.system(f"hook:{worker}")
         )
     except TooManyWaits:
         return None

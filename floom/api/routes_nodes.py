@@ -18,5 +18,5 @@ router = APIRouter(prefix="/api/v1", tags=["nodes"])
     response_model=NodeList,
     responses=authed(),
 )
-def list_nodes(ctx: CtxDep, _: ReadCaller) -> NodeList:
-    return NodeList(items=[node_public(v) for v in nodes.list_nodes(ctx)])
+def list_nodes(ctx: CtxDep, caller: ReadCaller) -> NodeList:
+    return NodeList(items=[node_public(v) for v in nodes.list_nodes(ctx, caller=caller)])

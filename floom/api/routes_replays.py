@@ -50,8 +50,8 @@ def start_replay(run_id: str, body: ReplayStart, ctx: CtxDep, caller: RunCaller)
     response_model=replay_views.ReplayReport,
     responses=authed(404),
 )
-def get_replay(run_id: str, ctx: CtxDep, _: ReadCaller) -> replay_views.ReplayReport:
-    return replay_views.replay_report(replays.replay_report(ctx, run_id=run_id))
+def get_replay(run_id: str, ctx: CtxDep, caller: ReadCaller) -> replay_views.ReplayReport:
+    return replay_views.replay_report(replays.replay_report(ctx, run_id=run_id, caller=caller))
 
 
 class EvalStart(BaseModel):
@@ -83,9 +83,9 @@ def start_eval(
         model=body.model,
         caller=caller,
     )
-    return replay_views.eval_report(evals.eval_report(ctx, eval_id=row.id))
+    return replay_views.eval_report(evals.eval_report(ctx, eval_id=row.id, caller=caller))
 
 
 @router.get("/evals/{eval_id}", response_model=replay_views.EvalReport, responses=authed(404))
-def get_eval(eval_id: str, ctx: CtxDep, _: ReadCaller) -> replay_views.EvalReport:
-    return replay_views.eval_report(evals.eval_report(ctx, eval_id=eval_id))
+def get_eval(eval_id: str, ctx: CtxDep, caller: ReadCaller) -> replay_views.EvalReport:
+    return replay_views.eval_report(evals.eval_report(ctx, eval_id=eval_id, caller=caller))

@@ -21,7 +21,7 @@ from floom.schemas import runs as views
 from floom.schemas.common import Page
 from floom.services import logs, run_rules, run_waits, runs
 from floom.services.context import Context
-from floom.services.principal import Surface
+from floom.services.principal import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 
@@ -107,13 +107,13 @@ async def start_run(
     # the same per-key cap. Over the cap the run still stands, so the answer is the 202 a
     # caller without `wait` gets, never a refusal that would hide the run it created.
     waiting = run_waits.wait_for_end(
-        ctx, run_id=run.id, timeout=wait, until=until, waiter=caller.actor, fresh=run
+        ctx, run_id=run.id, timeout=wait, until=until, caller=caller, fresh=run
     )
     try:
         await unless_caller_leaves(request, waiting)
     except TooManyWaits:
         return queued
-    detail = await run_in_threadpool(views.run_detail, ctx, run_id=run.id, surface=caller.surface)
+    detail = await run_in_threadpool(views.run_detail, ctx, run_id=run.id, caller=caller)
     status = 200 if detail.status in run_waits.STOP_STATUSES[until] else 202
     return JSONResponse(status_code=status, content=detail.to_json())
 
@@ -129,7 +129,13 @@ def list_runs(
     limit: Limit = 50,
 ) -> Page[views.RunPublic]:
     rows, next_cursor = runs.list_runs(
-        ctx, worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
+        ctx,
+        worker=worker,
+        status=status,
+        trigger=trigger,
+        cursor=cursor,
+        limit=limit,
+        caller=caller,
     )
     return views.run_page(rows, next_cursor, surface=caller.surface)
 
@@ -152,10 +158,10 @@ async def get_run(
     # Async so a waiter holds no thread: the API's thread pool stays free for other calls.
     if wait:
         waiting = run_waits.wait_for_end(
-            ctx, run_id=run_id, timeout=wait, until=until, waiter=caller.actor
+            ctx, run_id=run_id, timeout=wait, until=until, caller=caller
         )
         await unless_caller_leaves(request, waiting)
-    return await run_in_threadpool(views.run_detail, ctx, run_id=run_id, surface=caller.surface)
+    return await run_in_threadpool(views.run_detail, ctx, run_id=run_id, caller=caller)
 
 
 async def unless_caller_leaves(request: Request, waiting: Coroutine[Any, Any, object]) -> None:
@@ -189,9 +195,7 @@ def get_logs(
     tail: int | None = Query(None, ge=1, le=10_000, description="only the last N events"),
     limit: int = Query(1000, ge=1, le=10_000),
 ) -> views.LogPage:
-    return views.log_page(
-        ctx, run_id=run_id, after=after, tail=tail, limit=limit, surface=caller.surface
-    )
+    return views.log_page(ctx, run_id=run_id, after=after, tail=tail, limit=limit, caller=caller)
 
 
 @router.get(
@@ -215,9 +219,9 @@ async def stream_logs(
     after: int = Query(0, ge=0),
     last_event_id: str | None = Header(None),
 ) -> StreamingResponse:
-    await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
+    await run_in_threadpool(functools.partial(runs.get_run, ctx, run_id=run_id, caller=caller))
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
-    return log_event_stream(ctx, run_id, start=start, request=request, surface=caller.surface)
+    return log_event_stream(ctx, run_id, start=start, request=request, caller=caller)
 
 
 def log_event_stream(
@@ -226,12 +230,16 @@ def log_event_stream(
     *,
     start: int,
     request: Request,
-    surface: Surface,
+    caller: Principal,
     statuses: bool = False,
 ) -> StreamingResponse:
     """Server-sent events of a run's log after seq `start`, ending with an `end` event when the
     run has ended; the REST API and the web UI (behind its own sign-in) both serve it. With
     `statuses` (the web UI's stream), a `status` event also tells each change of status."""
+
+    surface = caller.surface
+    read_events = functools.partial(logs.list_events, ctx, run_id=run_id, caller=caller)
+    read_run = functools.partial(runs.get_run, ctx, run_id=run_id, caller=caller)
 
     async def events() -> AsyncIterator[str]:
         seq = start
@@ -239,7 +247,7 @@ def log_event_stream(
         status = ""
         status_seen_at = 0.0
         while not await request.is_disconnected():
-            rows = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
+            rows = await run_in_threadpool(read_events, after=seq)
             for e in rows:
                 seq = e.seq
                 data = views.event_public(e, surface=surface).model_dump_json()
@@ -247,7 +255,7 @@ def log_event_stream(
             if rows and time.monotonic() - status_seen_at < SSE_STATUS_SECONDS:
                 idle = 0.0
                 continue
-            run = await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
+            run = await run_in_threadpool(read_run)
             status_seen_at = time.monotonic()
             if statuses and run.status != status:
                 # A page shows the run's status from this event (a page opened while the run
@@ -259,7 +267,7 @@ def log_event_stream(
                 continue
             if run.status in run_rules.FINISHED:
                 # A last read closes the gap between the empty page and the status check.
-                rest = await run_in_threadpool(logs.list_events, ctx, run_id=run_id, after=seq)
+                rest = await run_in_threadpool(read_events, after=seq)
                 for e in rest:
                     seq = e.seq
                     data = views.event_public(e, surface=surface).model_dump_json()
@@ -285,8 +293,8 @@ def log_event_stream(
     response_model=Page[views.ArtifactPublic],
     responses=authed(404),
 )
-def list_artifacts(run_id: str, ctx: CtxDep, _: ReadCaller) -> Page[views.ArtifactPublic]:
-    return views.artifact_page(ctx, run_id=run_id)
+def list_artifacts(run_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[views.ArtifactPublic]:
+    return views.artifact_page(ctx, run_id=run_id, caller=caller)
 
 
 @router.get(
@@ -300,8 +308,8 @@ def list_artifacts(run_id: str, ctx: CtxDep, _: ReadCaller) -> Page[views.Artifa
         **authed(404),
     },
 )
-def download_artifact(run_id: str, name: str, ctx: CtxDep, _: ReadCaller) -> Response:
-    art, data = runs.read_artifact(ctx, run_id=run_id, name=name)
+def download_artifact(run_id: str, name: str, ctx: CtxDep, caller: ReadCaller) -> Response:
+    art, data = runs.read_artifact(ctx, run_id=run_id, name=name, caller=caller)
     filename = name.rsplit("/", 1)[-1].replace('"', "")
     return Response(
         content=data,
@@ -316,7 +324,7 @@ def download_artifact(run_id: str, name: str, ctx: CtxDep, _: ReadCaller) -> Res
 @router.post("/runs/{run_id}/cancel", response_model=views.RunDetail, responses=authed(404, 409))
 def cancel_run(run_id: str, ctx: CtxDep, caller: RunCaller) -> views.RunDetail:
     runs.cancel_run(ctx, run_id=run_id, caller=caller)
-    return views.run_detail(ctx, run_id=run_id, surface=caller.surface)
+    return views.run_detail(ctx, run_id=run_id, caller=caller)
 
 
 @router.post(

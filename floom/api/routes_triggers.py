@@ -37,9 +37,9 @@ def hook_urls(request: Request, ctx: Context) -> triggers.HookUrls:
     responses=authed(404),
 )
 def list_triggers(
-    name: WorkerName, request: Request, ctx: CtxDep, _: ReadCaller
+    name: WorkerName, request: Request, ctx: CtxDep, caller: ReadCaller
 ) -> views.TriggerListing:
-    return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx))
+    return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx), caller=caller)
 
 
 @router.post(
@@ -57,7 +57,7 @@ def pause(
 ) -> views.TriggerListing:
     trigger_id = body.trigger_id if body else None
     triggers.set_paused(ctx, worker_name=name, paused=True, trigger_id=trigger_id, caller=caller)
-    return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx))
+    return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx), caller=caller)
 
 
 @router.post(
@@ -75,7 +75,7 @@ def resume(
 ) -> views.TriggerListing:
     trigger_id = body.trigger_id if body else None
     triggers.set_paused(ctx, worker_name=name, paused=False, trigger_id=trigger_id, caller=caller)
-    return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx))
+    return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx), caller=caller)
 
 
 @router.get(
@@ -85,9 +85,11 @@ def resume(
     responses=authed(400, 404, 422),
 )
 def list_deliveries(
-    name: WorkerName, ctx: CtxDep, _: ReadCaller, cursor: Cursor = None, limit: Limit = 50
+    name: WorkerName, ctx: CtxDep, caller: ReadCaller, cursor: Cursor = None, limit: Limit = 50
 ) -> Page[views.DeliveryPublic]:
-    rows, next_cursor = webhooks.list_deliveries(ctx, worker_name=name, cursor=cursor, limit=limit)
+    rows, next_cursor = webhooks.list_deliveries(
+        ctx, worker_name=name, cursor=cursor, limit=limit, caller=caller
+    )
     items = [views.delivery_public(d) for d in rows]
     return Page[views.DeliveryPublic](items=items, next_cursor=next_cursor)
 
@@ -98,8 +100,8 @@ def list_deliveries(
     response_model=views.DeliveryDetail,
     responses=authed(404),
 )
-def get_delivery(delivery_id: str, ctx: CtxDep, _: ReadCaller) -> views.DeliveryDetail:
-    return views.delivery_detail(ctx, delivery_id=delivery_id)
+def get_delivery(delivery_id: str, ctx: CtxDep, caller: ReadCaller) -> views.DeliveryDetail:
+    return views.delivery_detail(ctx, delivery_id=delivery_id, caller=caller)
 
 
 @router.post(

@@ -81,7 +81,7 @@ async def deploy_worker(
     result = await run_in_threadpool(
         eval_gate.deploy_gated, ctx, archive=archive, caller=caller, skip_gate=skip_eval_gate
     )
-    return await run_in_threadpool(views.deploy_result, ctx, result)
+    return await run_in_threadpool(views.deploy_result, ctx, result, caller=caller)
 
 
 @router.post(
@@ -91,22 +91,26 @@ async def deploy_worker(
     responses=authed(400, 413, 422),
     openapi_extra=ARCHIVE_BODY,
 )
-async def validate_worker(request: Request, ctx: CtxDep, _: ReadCaller) -> views.ValidationResult:
+async def validate_worker(
+    request: Request, ctx: CtxDep, caller: ReadCaller
+) -> views.ValidationResult:
     archive = await _read_archive(request, ctx)
-    manifest, problems = await run_in_threadpool(workers.validate_archive, ctx, archive=archive)
+    manifest, problems = await run_in_threadpool(
+        workers.validate_archive, ctx, archive=archive, caller=caller
+    )
     return views.validation_result(manifest, problems)
 
 
 @router.get("/workers", response_model=Page[views.WorkerPublic], responses=authed(400, 422))
 def list_workers(
-    ctx: CtxDep, _: ReadCaller, cursor: Cursor = None, limit: Limit = 50
+    ctx: CtxDep, caller: ReadCaller, cursor: Cursor = None, limit: Limit = 50
 ) -> Page[views.WorkerPublic]:
-    return views.worker_page(ctx, cursor=cursor, limit=limit)
+    return views.worker_page(ctx, cursor=cursor, limit=limit, caller=caller)
 
 
 @router.get("/workers/{name}", response_model=views.WorkerDetail, responses=authed(404))
 def get_worker(name: WorkerName, ctx: CtxDep, caller: ReadCaller) -> views.WorkerDetail:
-    return views.worker_detail(ctx, name=name, surface=caller.surface)
+    return views.worker_detail(ctx, name=name, caller=caller)
 
 
 @router.get(
@@ -114,8 +118,8 @@ def get_worker(name: WorkerName, ctx: CtxDep, caller: ReadCaller) -> views.Worke
     response_model=Page[views.VersionPublic],
     responses=authed(404),
 )
-def list_versions(name: WorkerName, ctx: CtxDep, _: ReadCaller) -> Page[views.VersionPublic]:
-    return views.version_page(ctx, name=name)
+def list_versions(name: WorkerName, ctx: CtxDep, caller: ReadCaller) -> Page[views.VersionPublic]:
+    return views.version_page(ctx, name=name, caller=caller)
 
 
 @router.get(
@@ -124,9 +128,9 @@ def list_versions(name: WorkerName, ctx: CtxDep, _: ReadCaller) -> Page[views.Ve
     responses=authed(404),
 )
 def get_version(
-    name: WorkerName, version_id: str, ctx: CtxDep, _: ReadCaller
+    name: WorkerName, version_id: str, ctx: CtxDep, caller: ReadCaller
 ) -> views.VersionDetail:
-    return views.version_detail(ctx, name=name, version_id=version_id)
+    return views.version_detail(ctx, name=name, version_id=version_id, caller=caller)
 
 
 class RollbackRequest(BaseModel):
@@ -155,7 +159,7 @@ def rollback(
     rollback = workers.rollback(
         ctx, name=name, version_id=body.version_id, run_id=body.run_id, caller=caller
     )
-    return views.rollback_result(ctx, name=name, rollback=rollback)
+    return views.rollback_result(ctx, name=name, rollback=rollback, caller=caller)
 
 
 @router.delete(

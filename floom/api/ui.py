@@ -35,6 +35,8 @@ from floom.api.ui_support import (
 from floom.errors import FloomError, InputInvalid, InvalidRequest
 from floom.services import diffs, exposure, lineage, run_stats, runs, worker_deletion, workers
 from floom.services.context import Context
+from floom.services.principal import Principal
+from floom.services.web_sessions import SignedIn
 from floom.store.models import Worker
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
@@ -66,12 +68,12 @@ def install(app: FastAPI) -> None:
     app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
 
 
-def _worker_rows(ctx: Context, rows: list[Worker]) -> list[dict[str, Any]]:
-    last = lineage.last_runs(ctx, worker_names=[w.name for w in rows])
+def _worker_rows(ctx: Context, rows: list[Worker], caller: Principal) -> list[dict[str, Any]]:
+    last = lineage.last_runs(ctx, worker_names=[w.name for w in rows], caller=caller)
     items = []
     for w in rows:
         version = (
-            workers.get_version(ctx, version_id=w.active_version_id)
+            workers.get_version(ctx, version_id=w.active_version_id, caller=caller)
             if w.active_version_id
             else None
         )
@@ -81,7 +83,7 @@ def _worker_rows(ctx: Context, rows: list[Worker]) -> list[dict[str, Any]]:
                 "worker": w,
                 "manifest": manifest,
                 "last_run": last.get(w.name),
-                "triggers": ui_features.trigger_summaries(ctx, worker_name=w.name),
+                "triggers": ui_features.trigger_summaries(ctx, worker_name=w.name, caller=caller),
             }
         )
     return items
@@ -91,12 +93,12 @@ def _worker_rows(ctx: Context, rows: list[Worker]) -> list[dict[str, Any]]:
 def workers_page(
     request: Request, ctx: CtxDep, me: Me, cursor: str | None = None, notice: str | None = None
 ) -> Response:
-    rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=50)
+    rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=50, caller=me.caller)
     return render(
         request,
         "workers.html",
         {
-            "items": _worker_rows(ctx, rows),
+            "items": _worker_rows(ctx, rows, me.caller),
             "next_cursor": next_cursor,
             "cursor": cursor,
             "notice": NOTICES.get(notice or ""),
@@ -104,16 +106,17 @@ def workers_page(
     )
 
 
-def _worker_context(ctx: Context, name: str, base_url: str) -> dict[str, Any]:
-    worker = workers.get_worker(ctx, name=name)
-    versions = workers.list_versions(ctx, name=name)
+def _worker_context(ctx: Context, me: SignedIn, name: str, base_url: str) -> dict[str, Any]:
+    caller = me.caller
+    worker = workers.get_worker(ctx, name=name, caller=caller)
+    versions = workers.list_versions(ctx, name=name, caller=caller)
     active = next((v for v in versions if v.id == worker.active_version_id), None)
     manifest = workers.manifest_of(active) if active else None
     files: list[tuple[str, int]] = []
     if active is not None:
         bundle = workers.load_bundle(ctx, version=active)
         files = [(f.path, len(f.data)) for f in bundle.files.values()]
-    recent, _ = runs.list_runs(ctx, worker=name, limit=10)
+    recent, _ = runs.list_runs(ctx, worker=name, limit=10, caller=caller)
     return {
         "worker": worker,
         "versions": versions,
@@ -123,9 +126,11 @@ def _worker_context(ctx: Context, name: str, base_url: str) -> dict[str, Any]:
         "fields": run_form(manifest) if manifest else [],
         "exposed_to": exposure.allowed_surfaces(manifest) if manifest else (),
         "recent": recent,
-        "triggers": ui_features.worker_triggers(ctx, worker_name=name, base_url=base_url),
-        "deliveries": ui_features.webhook_deliveries(ctx, worker_name=name),
-        "history": history_chart(run_stats.daily_history(ctx, worker_name=name)),
+        "triggers": ui_features.worker_triggers(
+            ctx, worker_name=name, base_url=base_url, caller=caller
+        ),
+        "deliveries": ui_features.webhook_deliveries(ctx, worker_name=name, caller=caller),
+        "history": history_chart(run_stats.daily_history(ctx, worker_name=name, caller=caller)),
     }
 
 
@@ -133,7 +138,7 @@ def _worker_context(ctx: Context, name: str, base_url: str) -> dict[str, Any]:
 def worker_page(
     request: Request, name: str, ctx: CtxDep, me: Me, notice: str | None = None
 ) -> Response:
-    values = _worker_context(ctx, name, str(request.base_url))
+    values = _worker_context(ctx, me, name, str(request.base_url))
     values["notice"] = NOTICES.get(notice or "")
     return render(request, "worker.html", values)
 
@@ -141,7 +146,7 @@ def worker_page(
 @router.post("/workers/{name}/runs")
 async def start_run(request: Request, name: str, ctx: CtxDep, me: Me) -> Response:
     form = await checked_form(request, me)
-    values = await run_in_threadpool(_worker_context, ctx, name, str(request.base_url))
+    values = await run_in_threadpool(_worker_context, ctx, me, name, str(request.base_url))
     manifest = values["manifest"]
     text = submitted_text(manifest, form) if manifest else {}
     try:
@@ -172,7 +177,7 @@ async def rollback(request: Request, name: str, ctx: CtxDep, me: Me) -> Response
             workers.rollback, ctx, name=name, version_id=version_id, caller=me.caller
         )
     except FloomError as exc:
-        values = await run_in_threadpool(_worker_context, ctx, name, str(request.base_url))
+        values = await run_in_threadpool(_worker_context, ctx, me, name, str(request.base_url))
         values["versions_error"] = error_markup(exc)
         return await run_in_threadpool(render, request, "worker.html", values, exc.status)
     return RedirectResponse(f"/workers/{name}?notice=rolled-back#versions", status_code=303)
@@ -198,7 +203,7 @@ async def delete(request: Request, name: str, ctx: CtxDep, me: Me) -> Response:
             caller=me.caller,
         )
     except FloomError as exc:
-        values = await run_in_threadpool(_worker_context, ctx, name, str(request.base_url))
+        values = await run_in_threadpool(_worker_context, ctx, me, name, str(request.base_url))
         values["delete_error"] = error_markup(exc)
         return await run_in_threadpool(render, request, "worker.html", values, exc.status)
     return RedirectResponse(f"/?notice={'purged' if purge else 'deleted'}", status_code=303)
@@ -213,8 +218,8 @@ def diff_page(
     old: str | None = None,
     new: str | None = None,
 ) -> Response:
-    worker = workers.get_worker(ctx, name=name)
-    versions = workers.list_versions(ctx, name=name)
+    worker = workers.get_worker(ctx, name=name, caller=me.caller)
+    versions = workers.list_versions(ctx, name=name, caller=me.caller)
     # Newest first: by default compare the active version with the one deployed before it.
     new = new or worker.active_version_id or (versions[0].id if versions else None)
     ids = [v.id for v in versions]
@@ -222,7 +227,9 @@ def diff_page(
         old = ids[ids.index(new) + 1]
     result = None
     if old and new:
-        result = diffs.diff_versions(ctx, worker_name=name, old_id=old, new_id=new)
+        result = diffs.diff_versions(
+            ctx, worker_name=name, old_id=old, new_id=new, caller=me.caller
+        )
     return render(
         request,
         "diff.html",

@@ -27,18 +27,22 @@ NOTICES = {
 
 
 def _inbox(
-    request: Request, ctx: Context, extra: dict[str, Any] | None = None, status: int = 200
+    request: Request,
+    ctx: Context,
+    me: SignedIn,
+    extra: dict[str, Any] | None = None,
+    status: int = 200,
 ) -> Response:
-    items = ui_features.pending_approvals(ctx)
+    items = ui_features.pending_approvals(ctx, caller=me.caller)
     return render(request, "approvals.html", {"items": items, **(extra or {})}, status)
 
 
 @router.get("/approvals")
 def approvals_page(request: Request, ctx: CtxDep, me: Me, notice: str | None = None) -> Response:
-    return _inbox(request, ctx, {"notice": NOTICES.get(notice or "")})
+    return _inbox(request, ctx, me, {"notice": NOTICES.get(notice or "")})
 
 
-def _edits(ctx: Context, approval_id: str, form: FormData) -> dict[str, Any] | None:
+def _edits(ctx: Context, me: SignedIn, approval_id: str, form: FormData) -> dict[str, Any] | None:
     """The values a person changed in the edit box: only keys whose value differs from the
     proposal count as edits, so "approve with edits" without a change is a plain approval."""
     text = form.get("edited")
@@ -56,7 +60,7 @@ def _edits(ctx: Context, approval_id: str, form: FormData) -> dict[str, Any] | N
             "the edited values must be a JSON object of names to values",
             hint='e.g. {"title": "a better title"}',
         )
-    proposed = ui_features.proposed_of(ctx, approval_id=approval_id)
+    proposed = ui_features.proposed_of(ctx, approval_id=approval_id, caller=me.caller)
     changed = {k: v for k, v in edited.items() if k not in proposed or proposed[k] != v}
     return changed or None
 
@@ -69,7 +73,7 @@ async def _decide(
     comment = str(form.get("comment") or "")
 
     def action() -> None:
-        edited = _edits(ctx, approval_id, form) if decision == "approve" else None
+        edited = _edits(ctx, me, approval_id, form) if decision == "approve" else None
         ui_features.decide(
             ctx,
             approval_id=approval_id,
@@ -85,8 +89,10 @@ async def _decide(
         extra = {"decide_error": error_markup(exc), "decide_error_id": approval_id}
         if back.startswith("/runs/"):
             run_id = back.removeprefix("/runs/").split("?")[0].split("#")[0]
-            return await run_in_threadpool(run_page_with, request, ctx, run_id, extra, exc.status)
-        return await run_in_threadpool(_inbox, request, ctx, extra, exc.status)
+            return await run_in_threadpool(
+                run_page_with, request, ctx, me, run_id, extra, exc.status
+            )
+        return await run_in_threadpool(_inbox, request, ctx, me, extra, exc.status)
     verdict = "approved" if decision == "approve" else "rejected"
     joiner = "&" if "?" in back else "?"
     return RedirectResponse(f"{back}{joiner}notice={verdict}", status_code=303)

@@ -42,10 +42,10 @@ def _describe(kind: str, config: dict[str, Any]) -> str:
 
 
 def worker_triggers(
-    ctx: Context, *, worker_name: str, base_url: str = ""
+    ctx: Context, *, worker_name: str, base_url: str = "", caller: Principal
 ) -> list[dict[str, Any]] | None:
     """Each current trigger: kind, description, next fire and its timezone, webhook URL."""
-    worker, rows = triggers.list_triggers(ctx, worker_name=worker_name)
+    worker, rows = triggers.list_triggers(ctx, worker_name=worker_name, caller=caller)
     urls = triggers.HookUrls(ctx.settings.public_url or base_url)
     items = []
     for row in rows:
@@ -73,10 +73,12 @@ def worker_triggers(
     return items
 
 
-def trigger_summaries(ctx: Context, *, worker_name: str) -> list[dict[str, Any]] | None:
+def trigger_summaries(
+    ctx: Context, *, worker_name: str, caller: Principal
+) -> list[dict[str, Any]] | None:
     """The short form for the workers list: kind, cron, next fire, timezone."""
     items = []
-    for item in triggers.summary(ctx, worker_name=worker_name):
+    for item in triggers.summary(ctx, worker_name=worker_name, caller=caller):
         config = {"cron": item.get("cron")} if item.get("cron") else {}
         items.append(
             {
@@ -93,10 +95,12 @@ def trigger_summaries(ctx: Context, *, worker_name: str) -> list[dict[str, Any]]
 
 
 def webhook_deliveries(
-    ctx: Context, *, worker_name: str
+    ctx: Context, *, worker_name: str, caller: Principal
 ) -> list[trigger_views.DeliveryPublic] | None:
     """The newest deliveries to the worker's webhook (and Composio events), newest first."""
-    rows, _ = webhooks.list_deliveries(ctx, worker_name=worker_name, limit=RECENT_DELIVERIES)
+    rows, _ = webhooks.list_deliveries(
+        ctx, worker_name=worker_name, limit=RECENT_DELIVERIES, caller=caller
+    )
     return [trigger_views.delivery_public(d) for d in rows]
 
 
@@ -106,23 +110,29 @@ def _approval_view(a: Approval) -> dict[str, Any]:
     return body
 
 
-def pending_approvals(ctx: Context, *, limit: int = NAV_COUNT_LIMIT) -> list[dict[str, Any]] | None:
+def pending_approvals(
+    ctx: Context, *, limit: int = NAV_COUNT_LIMIT, caller: Principal
+) -> list[dict[str, Any]] | None:
     """Everything waiting for a person, oldest first."""
-    rows, _ = approvals.list_approvals(ctx, status=approvals.PENDING, limit=limit)
+    rows, _ = approvals.list_approvals(ctx, status=approvals.PENDING, limit=limit, caller=caller)
     return [_approval_view(a) for a in rows]
 
 
-def run_approvals(ctx: Context, *, run_id: str) -> list[dict[str, Any]] | None:
-    return [_approval_view(a) for a in approvals.approvals_of_run(ctx, run_id=run_id)]
+def run_approvals(ctx: Context, *, run_id: str, caller: Principal) -> list[dict[str, Any]] | None:
+    rows = approvals.approvals_of_run(ctx, run_id=run_id, caller=caller)
+    return [_approval_view(a) for a in rows]
 
 
-def run_tool_calls(ctx: Context, *, run_id: str) -> list[run_views.ToolCallPublic] | None:
-    rows = agent_runs.list_tool_calls(ctx, run_id=run_id)
-    return [run_views.ToolCallPublic.model_validate(agent_runs.tool_call_to_dict(c)) for c in rows]
+def run_tool_calls(
+    ctx: Context, *, run_id: str, caller: Principal
+) -> list[run_views.ToolCallPublic] | None:
+    rows = agent_runs.list_tool_calls(ctx, run_id=run_id, caller=caller)
+    return [run_views.tool_call_public(c) for c in rows]
 
 
-def model_usage(ctx: Context, *, run_id: str) -> dict[str, Any] | None:
-    return agent_runs.usage_of(agent_runs.load_transcript(ctx, run_id=run_id)) or None
+def model_usage(ctx: Context, *, run_id: str, caller: Principal) -> dict[str, Any] | None:
+    transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller)
+    return agent_runs.usage_of(transcript) or None
 
 
 def decide(
@@ -144,12 +154,15 @@ def decide(
     )
 
 
-def proposed_of(ctx: Context, *, approval_id: str) -> dict[str, Any]:
-    proposed = approvals.approval_to_dict(approvals.get_approval(ctx, approval_id=approval_id))
+def proposed_of(ctx: Context, *, approval_id: str, caller: Principal) -> dict[str, Any]:
+    approval = approvals.get_approval(ctx, approval_id=approval_id, caller=caller)
+    proposed = approvals.approval_to_dict(approval)
     value = proposed["proposed"]
     return value if isinstance(value, dict) else {}
 
 
 def nav_counts(ctx: Context, me: SignedIn) -> dict[str, Any]:
-    rows, _ = approvals.list_approvals(ctx, status=approvals.PENDING, limit=NAV_COUNT_LIMIT)
+    rows, _ = approvals.list_approvals(
+        ctx, status=approvals.PENDING, limit=NAV_COUNT_LIMIT, caller=me.caller
+    )
     return {"approvals_count": len(rows)}

@@ -14,6 +14,5 @@ router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
 @router.get("/nodes")
 def nodes_page(request: Request, ctx: CtxDep, me: Me) -> Response:
-    me.caller.require("read")
-    items = [node_public(v) for v in nodes.list_nodes(ctx)]
+    items = [node_public(v) for v in nodes.list_nodes(ctx, caller=me.caller)]
     return render(request, "nodes.html", {"items": items})

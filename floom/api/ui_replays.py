@@ -15,7 +15,7 @@ router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
 @router.get("/replays/{run_id}")
 def replay_page(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response:
-    report = replays.replay_report(ctx, run_id=run_id)
+    report = replays.replay_report(ctx, run_id=run_id, caller=me.caller)
     return render(request, "replay.html", {"r": report})
 
 
@@ -30,7 +30,8 @@ async def start_replay(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Re
 
 @router.get("/evals/{eval_id}")
 def eval_page(request: Request, eval_id: str, ctx: CtxDep, me: Me) -> Response:
-    return render(request, "eval.html", {"e": evals.eval_report(ctx, eval_id=eval_id)})
+    report = evals.eval_report(ctx, eval_id=eval_id, caller=me.caller)
+    return render(request, "eval.html", {"e": report})
 
 
 @router.post("/workers/{name}/evals")

@@ -21,6 +21,7 @@ from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup
 from floom.errors import FloomError, InvalidRequest, NotFound
 from floom.services import keys, lineage, logs, run_rules, runs, workers
 from floom.services.context import Context
+from floom.services.web_sessions import SignedIn
 from floom.store.models import Worker, utcnow
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
@@ -65,6 +66,7 @@ def runs_page(
         created_after = utcnow() - window[1]
     rows, next_cursor = runs.list_runs(
         ctx,
+        caller=me.caller,
         worker=worker or None,
         status=status or None,
         trigger=trigger or None,
@@ -73,7 +75,7 @@ def runs_page(
         created_after=created_after,
         created_before=time_bound(before, name="to"),
     )
-    names = [w.name for w in workers.list_workers(ctx, limit=500)[0]]
+    names = [w.name for w in workers.list_workers(ctx, limit=500, caller=me.caller)[0]]
     filters = {
         "worker": worker,
         "status": status,
@@ -117,57 +119,65 @@ def time_bound(value: str, *, name: str) -> datetime | None:
     return when.replace(tzinfo=UTC) if when.tzinfo is None else when
 
 
-def _run_context(ctx: Context, run_id: str) -> dict[str, Any]:
-    run = runs.get_run(ctx, run_id=run_id)
+def _run_context(ctx: Context, me: SignedIn, run_id: str) -> dict[str, Any]:
+    caller = me.caller
+    run = runs.get_run(ctx, run_id=run_id, caller=caller)
     try:
-        worker: Worker | None = workers.get_worker(ctx, name=run.worker_name)
+        worker: Worker | None = workers.get_worker(ctx, name=run.worker_name, caller=caller)
     except NotFound:
         worker = None  # deleted with its runs kept: they stay readable
-    events = logs.tail_events(ctx, run_id=run_id, count=LOG_TAIL)
+    events = logs.tail_events(ctx, run_id=run_id, count=LOG_TAIL, caller=caller)
     return {
         "run": run,
         "worker": worker,
         "inputs": json.loads(run.inputs_json),
         "outputs": json.loads(run.outputs_json) if run.outputs_json else None,
-        "artifacts": runs.list_artifacts(ctx, run_id=run_id),
+        "artifacts": runs.list_artifacts(ctx, run_id=run_id, caller=caller),
         "events": events,
         "last_seq": events[-1].seq if events else 0,
         "log_truncated": bool(events) and events[0].seq > 1,
         "terminal": run.status in run_rules.FINISHED,
-        "children": lineage.child_runs(ctx, run_id=run_id),
+        "children": lineage.child_runs(ctx, run_id=run_id, caller=caller),
         "is_active_version": worker is not None and worker.active_version_id == run.version_id,
-        "approvals": ui_features.run_approvals(ctx, run_id=run_id),
-        "tool_calls": ui_features.run_tool_calls(ctx, run_id=run_id),
-        "model_usage": ui_features.model_usage(ctx, run_id=run_id),
-        "started_by": keys.key_names(ctx, key_ids=[run.created_by or ""]).get(run.created_by or ""),
+        "approvals": ui_features.run_approvals(ctx, run_id=run_id, caller=caller),
+        "tool_calls": ui_features.run_tool_calls(ctx, run_id=run_id, caller=caller),
+        "model_usage": ui_features.model_usage(ctx, run_id=run_id, caller=caller),
+        "started_by": keys.key_names(ctx, key_ids=[run.created_by or ""], caller=caller).get(
+            run.created_by or ""
+        ),
     }
 
 
 def run_page_with(
-    request: Request, ctx: Context, run_id: str, extra: dict[str, Any], status: int = 200
+    request: Request,
+    ctx: Context,
+    me: SignedIn,
+    run_id: str,
+    extra: dict[str, Any],
+    status: int = 200,
 ) -> Response:
     """The run page with something extra in it, such as the error of an action on it."""
-    return render(request, "run.html", {**_run_context(ctx, run_id), **extra}, status)
+    return render(request, "run.html", {**_run_context(ctx, me, run_id), **extra}, status)
 
 
 @router.get("/runs/{run_id}")
 def run_page(
     request: Request, run_id: str, ctx: CtxDep, me: Me, notice: str | None = None
 ) -> Response:
-    values = _run_context(ctx, run_id)
+    values = _run_context(ctx, me, run_id)
     values["notice"] = NOTICES.get(notice or "")
     return render(request, "run.html", values)
 
 
 async def _act(
-    request: Request, run_id: str, ctx: Context, action: Callable[[], Response]
+    request: Request, run_id: str, ctx: Context, me: SignedIn, action: Callable[[], Response]
 ) -> Response:
     """Run an action of the run page; on a floom error show the page again with it."""
     try:
         return await run_in_threadpool(action)
     except FloomError as exc:
         extra = {"action_error": error_markup(exc)}
-        return await run_in_threadpool(run_page_with, request, ctx, run_id, extra, exc.status)
+        return await run_in_threadpool(run_page_with, request, ctx, me, run_id, extra, exc.status)
 
 
 @router.post("/runs/{run_id}/replay")
@@ -179,7 +189,7 @@ async def replay(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response
         new = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=me.caller)
         return RedirectResponse(f"/runs/{new.id}", status_code=303)
 
-    return await _act(request, run_id, ctx, action)
+    return await _act(request, run_id, ctx, me, action)
 
 
 @router.post("/runs/{run_id}/cancel")
@@ -190,7 +200,7 @@ async def cancel(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response
         runs.cancel_run(ctx, run_id=run_id, caller=me.caller)
         return RedirectResponse(f"/runs/{run_id}?notice=cancel-requested", status_code=303)
 
-    return await _act(request, run_id, ctx, action)
+    return await _act(request, run_id, ctx, me, action)
 
 
 @router.post("/runs/{run_id}/rollback")
@@ -199,11 +209,11 @@ async def rollback_to_run(request: Request, run_id: str, ctx: CtxDep, me: Me) ->
 
     def action() -> Response:
         me.caller.require("deploy")  # before the run is read, so a refusal tells nothing
-        run = runs.get_run(ctx, run_id=run_id)
+        run = runs.get_run(ctx, run_id=run_id, caller=me.caller)
         workers.rollback(ctx, name=run.worker_name, run_id=run_id, caller=me.caller)
         return RedirectResponse(f"/runs/{run_id}?notice=rolled-back", status_code=303)
 
-    return await _act(request, run_id, ctx, action)
+    return await _act(request, run_id, ctx, me, action)
 
 
 @router.get("/runs/{run_id}/logs/stream")
@@ -217,9 +227,11 @@ async def log_stream(
 ) -> Response:
     """The REST API's log stream behind the browser session (EventSource cannot send a
     bearer header); resumes after the last seq the page or the reconnecting browser saw."""
-    await run_in_threadpool(runs.get_run, ctx, run_id=run_id)
+    await run_in_threadpool(runs.get_run, ctx, run_id=run_id, caller=me.caller)
     start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
-    return log_event_stream(ctx, run_id, start=start, request=request, surface="ui", statuses=True)
+    return log_event_stream(
+        ctx, run_id, start=start, request=request, caller=me.caller, statuses=True
+    )
 
 
 def _preview(content_type: str, name: str, data: bytes) -> dict[str, Any]:
@@ -254,8 +266,8 @@ def _preview(content_type: str, name: str, data: bytes) -> dict[str, Any]:
 
 @router.get("/runs/{run_id}/artifacts/{name:path}")
 def artifact_page(request: Request, run_id: str, name: str, ctx: CtxDep, me: Me) -> Response:
-    run = runs.get_run(ctx, run_id=run_id)
-    art, data = runs.read_artifact(ctx, run_id=run_id, name=name)
+    run = runs.get_run(ctx, run_id=run_id, caller=me.caller)
+    art, data = runs.read_artifact(ctx, run_id=run_id, name=name, caller=me.caller)
     return render(
         request,
         "artifact.html",
@@ -265,7 +277,7 @@ def artifact_page(request: Request, run_id: str, name: str, ctx: CtxDep, me: Me)
 
 @router.get("/runs/{run_id}/files/{name:path}")
 def artifact_file(run_id: str, name: str, ctx: CtxDep, me: Me) -> Response:
-    art, data = runs.read_artifact(ctx, run_id=run_id, name=name)
+    art, data = runs.read_artifact(ctx, run_id=run_id, name=name, caller=me.caller)
     filename = name.rsplit("/", 1)[-1]
     fallback = filename.encode("ascii", "replace").decode().replace('"', "").replace("\\", "")
     disposition = "attachment"  # binary artifacts are never shown inline (see _preview)

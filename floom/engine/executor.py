@@ -33,6 +33,7 @@ from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable
 from floom.services import workers
 from floom.services.logs import append_events, system_event
+from floom.services.principal import SYSTEM
 from floom.services.run_rules import (
     CANCELLED,
     EXECUTOR,
@@ -322,7 +323,7 @@ class Executor:
     def _run_attempt(self, run: Run, run_log: RunLog) -> None:
         started = time.monotonic()
         try:
-            version = workers.get_version(self.ctx, version_id=run.version_id)
+            version = workers.get_version(self.ctx, version_id=run.version_id, caller=SYSTEM)
             manifest = workers.manifest_of(version)
             attempt = Attempt(self, run=run, version=version, manifest=manifest, run_log=run_log)
             try:

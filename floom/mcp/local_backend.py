@@ -35,7 +35,7 @@ from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs import review as handoff_review
-from floom.services.principal import Principal
+from floom.services.principal import SYSTEM, Principal
 from floom.store.models import Worker
 
 
@@ -59,7 +59,7 @@ class CatalogSource:
         rows: list[Worker] = []
         cursor: str | None = None
         while len(rows) < self._cap:
-            page, cursor = workers.list_workers(ctx, cursor=cursor, limit=200)
+            page, cursor = workers.list_workers(ctx, cursor=cursor, limit=200, caller=SYSTEM)
             rows.extend(page)
             if not cursor:
                 break
@@ -69,7 +69,9 @@ class CatalogSource:
             if known is None or known[0] != w.active_version_id:
                 manifest = None
                 if w.active_version_id:
-                    version = workers.get_version(ctx, version_id=w.active_version_id)
+                    version = workers.get_version(
+                        ctx, version_id=w.active_version_id, caller=SYSTEM
+                    )
                     manifest = json.loads(version.manifest_json)
                 known = (w.active_version_id, {"name": w.name, "manifest": manifest})
             seen[w.name] = known
@@ -94,41 +96,43 @@ class LocalBackend(Backend):
     # -- workers and versions ------------------------------------------------------------------
 
     def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
-        ctx = self.ctx
-        return worker_views.worker_page(ctx, cursor=cursor, limit=limit).to_json()
+        ctx, caller = self.ctx, self.principal
+        return worker_views.worker_page(ctx, cursor=cursor, limit=limit, caller=caller).to_json()
 
     def get_worker(self, name: str) -> JSON:
-        return worker_views.worker_detail(
-            self.ctx, name=name, surface=self.principal.surface
-        ).to_json()
+        return worker_views.worker_detail(self.ctx, name=name, caller=self.principal).to_json()
 
     def get_manifest_yaml(self, name: str) -> str:
-        ctx = self.ctx
-        worker = workers.get_worker(ctx, name=name)
+        ctx, caller = self.ctx, self.principal
+        worker = workers.get_worker(ctx, name=name, caller=caller)
         if worker.active_version_id is None:
             raise Conflict(f"worker '{name}' has no active version", hint="deploy it")
-        return workers.get_version(ctx, version_id=worker.active_version_id).manifest_yaml
+        version = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
+        return version.manifest_yaml
 
     def validate(self, archive: bytes) -> JSON:
         ctx = self.ctx
-        manifest, problems = workers.validate_archive(ctx, archive=archive)
+        manifest, problems = workers.validate_archive(ctx, archive=archive, caller=self.principal)
         return worker_views.validation_result(manifest, problems).to_json()
 
     def deploy(self, archive: bytes) -> JSON:
         ctx = self.ctx
         # Through the eval gate like REST; MCP offers no override (a person uses the CLI).
         result = eval_gate.deploy_gated(ctx, archive=archive, caller=self.principal)
-        return worker_views.deploy_result(ctx, result).to_json()
+        return worker_views.deploy_result(ctx, result, caller=self.principal).to_json()
 
     def list_versions(self, name: str) -> JSON:
-        return worker_views.version_page(self.ctx, name=name).to_json()
+        return worker_views.version_page(self.ctx, name=name, caller=self.principal).to_json()
 
     def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
         ctx = self.ctx
         rollback = workers.rollback(
             ctx, name=name, version_id=version_id, run_id=run_id, caller=self.principal
         )
-        return worker_views.rollback_result(ctx, name=name, rollback=rollback).to_json()
+        result = worker_views.rollback_result(
+            ctx, name=name, rollback=rollback, caller=self.principal
+        )
+        return result.to_json()
 
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
         ctx = self.ctx
@@ -166,19 +170,23 @@ class LocalBackend(Backend):
     ) -> JSON:
         ctx = self.ctx
         rows, next_cursor = runs.list_runs(
-            ctx, worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
+            ctx,
+            worker=worker,
+            status=status,
+            trigger=trigger,
+            cursor=cursor,
+            limit=limit,
+            caller=self.principal,
         )
         return run_views.run_page(rows, next_cursor, surface=self.principal.surface).to_json()
 
     def get_run(self, run_id: str) -> JSON:
-        return run_views.run_detail(
-            self.ctx, run_id=run_id, surface=self.principal.surface
-        ).to_json()
+        return run_views.run_detail(self.ctx, run_id=run_id, caller=self.principal).to_json()
 
     async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
         ctx = self.ctx
         await run_waits.wait_for_end(
-            ctx, run_id=run_id, timeout=seconds, until="settled", waiter=self.principal.actor
+            ctx, run_id=run_id, timeout=seconds, until="settled", caller=self.principal
         )
         return await anyio.to_thread.run_sync(self.get_run, run_id)
 
@@ -187,15 +195,15 @@ class LocalBackend(Backend):
     ) -> JSON:
         ctx = self.ctx
         page = run_views.log_page(
-            ctx, run_id=run_id, after=after, tail=tail, limit=limit, surface=self.principal.surface
+            ctx, run_id=run_id, after=after, tail=tail, limit=limit, caller=self.principal
         )
         return page.to_json()
 
     def list_artifacts(self, run_id: str) -> JSON:
-        return run_views.artifact_page(self.ctx, run_id=run_id).to_json()
+        return run_views.artifact_page(self.ctx, run_id=run_id, caller=self.principal).to_json()
 
     def read_artifact(self, run_id: str, name: str) -> bytes:
-        _, data = runs.read_artifact(self.ctx, run_id=run_id, name=name)
+        _, data = runs.read_artifact(self.ctx, run_id=run_id, name=name, caller=self.principal)
         return data
 
     def link(self, path: str) -> str:
@@ -224,7 +232,8 @@ class LocalBackend(Backend):
 
     def get_replay(self, run_id: str) -> JSON:
         ctx = self.ctx
-        return replay_views.replay_report(replays.replay_report(ctx, run_id=run_id)).to_json()
+        report = replays.replay_report(ctx, run_id=run_id, caller=self.principal)
+        return replay_views.replay_report(report).to_json()
 
     def start_eval(self, worker: str, body: JSON) -> JSON:
         ctx = self.ctx
@@ -240,7 +249,8 @@ class LocalBackend(Backend):
 
     def get_eval(self, eval_id: str) -> JSON:
         ctx = self.ctx
-        return replay_views.eval_report(evals.eval_report(ctx, eval_id=eval_id)).to_json()
+        report = evals.eval_report(ctx, eval_id=eval_id, caller=self.principal)
+        return replay_views.eval_report(report).to_json()
 
     # -- triggers, approvals -------------------------------------------------------------------
 
@@ -255,11 +265,16 @@ class LocalBackend(Backend):
         return self._triggers(ctx, name)
 
     def _triggers(self, ctx: Context, name: str) -> JSON:
-        return trigger_views.trigger_listing(ctx, name=name, urls=self.hook_urls).to_json()
+        listing = trigger_views.trigger_listing(
+            ctx, name=name, urls=self.hook_urls, caller=self.principal
+        )
+        return listing.to_json()
 
     def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
         ctx = self.ctx
-        rows, next_cursor = approvals.list_approvals(ctx, status=status or "pending", limit=500)
+        rows, next_cursor = approvals.list_approvals(
+            ctx, status=status or "pending", limit=500, caller=self.principal
+        )
         items = [
             run_views.approval_public(a) for a in rows if not worker or a.worker_name == worker
         ]
@@ -282,7 +297,9 @@ class LocalBackend(Backend):
             comment=comment,
             caller=self.principal,
         )
-        return run_views.approval_decided(ctx, approval_id=approval_id).to_json()
+        return run_views.approval_decided(
+            ctx, approval_id=approval_id, caller=self.principal
+        ).to_json()
 
     # -- secrets -------------------------------------------------------------------------------
 

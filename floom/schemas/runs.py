@@ -9,8 +9,8 @@ from pydantic import Field
 from floom.schemas.common import Page, Public, Timestamp
 from floom.services import agent_runs, approvals, logs, run_records, run_rules, runs
 from floom.services.context import Context
-from floom.services.principal import Surface
-from floom.store.agents import Approval
+from floom.services.principal import Principal, Surface
+from floom.store.agents import Approval, ToolCall
 from floom.store.models import Artifact, Run, RunEvent
 from floom.surface_hints import tell
 
@@ -155,11 +155,11 @@ def run_page(rows: list[Run], next_cursor: str | None, *, surface: Surface) -> P
     return Page[RunPublic](items=items, next_cursor=next_cursor)
 
 
-def run_detail(ctx: Context, *, run_id: str, surface: Surface) -> RunDetail:
-    run, artifacts, asked = run_records.run_record(ctx, run_id=run_id)
+def run_detail(ctx: Context, *, run_id: str, caller: Principal) -> RunDetail:
+    run, artifacts, asked = run_records.run_record(ctx, run_id=run_id, caller=caller)
     body = runs.run_to_dict(run, artifacts=artifacts)
-    body.update(run_records.run_extras(ctx, run=run, run_approvals=asked))
-    return RunDetail.model_validate(_told(body, surface))
+    body.update(run_records.run_extras(ctx, run=run, run_approvals=asked, caller=caller))
+    return RunDetail.model_validate(_told(body, caller.surface))
 
 
 def _told(body: dict[str, Any], surface: Surface) -> dict[str, Any]:
@@ -185,50 +185,57 @@ def log_page(
     ctx: Context,
     *,
     run_id: str,
-    surface: Surface,
     after: int = 0,
     tail: int | None = None,
     limit: int = 1000,
+    caller: Principal,
 ) -> LogPage:
-    run = runs.get_run(ctx, run_id=run_id)
+    run = runs.get_run(ctx, run_id=run_id, caller=caller)
     if tail:
-        rows = logs.tail_events(ctx, run_id=run_id, count=tail)
+        rows = logs.tail_events(ctx, run_id=run_id, count=tail, caller=caller)
     else:
-        rows = logs.list_events(ctx, run_id=run_id, after=after, limit=limit)
+        rows = logs.list_events(ctx, run_id=run_id, after=after, limit=limit, caller=caller)
     return LogPage(
-        items=[event_public(e, surface=surface) for e in rows],
+        items=[event_public(e, surface=caller.surface) for e in rows],
         last_seq=rows[-1].seq if rows else after,
         run_status=run.status,
         complete=run.status in run_rules.FINISHED and len(rows) < limit,
     )
 
 
-def artifact_page(ctx: Context, *, run_id: str) -> Page[ArtifactPublic]:
-    rows = runs.list_artifacts(ctx, run_id=run_id)
-    items = [ArtifactPublic.model_validate(runs.artifact_to_dict(a)) for a in rows]
-    return Page[ArtifactPublic](items=items, next_cursor=None)
+def artifact_public(artifact: Artifact) -> ArtifactPublic:
+    return ArtifactPublic.model_validate(runs.artifact_to_dict(artifact))
+
+
+def artifact_page(ctx: Context, *, run_id: str, caller: Principal) -> Page[ArtifactPublic]:
+    rows = runs.list_artifacts(ctx, run_id=run_id, caller=caller)
+    return Page[ArtifactPublic](items=[artifact_public(a) for a in rows], next_cursor=None)
 
 
 def approval_public(approval: Approval) -> ApprovalPublic:
     return ApprovalPublic.model_validate(approvals.approval_to_dict(approval))
 
 
-def approval_decided(ctx: Context, *, approval_id: str) -> ApprovalDecided:
+def approval_decided(ctx: Context, *, approval_id: str, caller: Principal) -> ApprovalDecided:
     """An approval after a decision, with the status its run moved to."""
-    body = approvals.approval_to_dict(approvals.get_approval(ctx, approval_id=approval_id))
-    body["run_status"] = runs.get_run(ctx, run_id=body["run_id"]).status
+    approval = approvals.get_approval(ctx, approval_id=approval_id, caller=caller)
+    body = approvals.approval_to_dict(approval)
+    body["run_status"] = runs.get_run(ctx, run_id=body["run_id"], caller=caller).status
     return ApprovalDecided.model_validate(body)
 
 
-def tool_call_page(ctx: Context, *, run_id: str) -> Page[ToolCallPublic]:
-    runs.get_run(ctx, run_id=run_id)
-    rows = agent_runs.list_tool_calls(ctx, run_id=run_id)
-    items = [ToolCallPublic.model_validate(agent_runs.tool_call_to_dict(c)) for c in rows]
-    return Page[ToolCallPublic](items=items, next_cursor=None)
+def tool_call_public(call: ToolCall) -> ToolCallPublic:
+    return ToolCallPublic.model_validate(agent_runs.tool_call_to_dict(call))
 
 
-def transcript_public(ctx: Context, *, run_id: str) -> TranscriptPublic | None:
-    transcript = agent_runs.load_transcript(ctx, run_id=run_id)
+def tool_call_page(ctx: Context, *, run_id: str, caller: Principal) -> Page[ToolCallPublic]:
+    runs.get_run(ctx, run_id=run_id, caller=caller)
+    rows = agent_runs.list_tool_calls(ctx, run_id=run_id, caller=caller)
+    return Page[ToolCallPublic](items=[tool_call_public(c) for c in rows], next_cursor=None)
+
+
+def transcript_public(ctx: Context, *, run_id: str, caller: Principal) -> TranscriptPublic | None:
+    transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller)
     if transcript is None:
         return None
     return TranscriptPublic.model_validate(agent_runs.transcript_to_dict(transcript))

@@ -12,6 +12,7 @@ from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic
 from floom.services import triggers, webhooks
 from floom.services.context import Context
+from floom.services.principal import Principal
 from floom.services.run_rules import SKIPPED
 from floom.store.triggers import WebhookDelivery
 from floom.surface_hints import tell
@@ -106,8 +107,10 @@ class ComposioAnswer(Public):
 # -- builders -----------------------------------------------------------------------------------
 
 
-def trigger_listing(ctx: Context, *, name: str, urls: triggers.HookUrls) -> TriggerListing:
-    worker, rows = triggers.list_triggers(ctx, worker_name=name)
+def trigger_listing(
+    ctx: Context, *, name: str, urls: triggers.HookUrls, caller: Principal
+) -> TriggerListing:
+    worker, rows = triggers.list_triggers(ctx, worker_name=name, caller=caller)
     items = [
         TriggerPublic.model_validate(triggers.trigger_to_dict(ctx, t, worker=worker, urls=urls))
         for t in rows
@@ -119,8 +122,8 @@ def delivery_public(delivery: WebhookDelivery) -> DeliveryPublic:
     return DeliveryPublic.model_validate(webhooks.delivery_to_dict(delivery))
 
 
-def delivery_detail(ctx: Context, *, delivery_id: str) -> DeliveryDetail:
-    delivery = webhooks.get_delivery(ctx, delivery_id=delivery_id)
+def delivery_detail(ctx: Context, *, delivery_id: str, caller: Principal) -> DeliveryDetail:
+    delivery = webhooks.get_delivery(ctx, delivery_id=delivery_id, caller=caller)
     return DeliveryDetail.model_validate(webhooks.delivery_to_dict(delivery, with_body=True))
 
 

@@ -11,7 +11,7 @@ from floom.schemas.common import IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic, run_public
 from floom.services import runs, triggers, workers
 from floom.services.context import Context
-from floom.services.principal import Surface
+from floom.services.principal import Principal
 from floom.services.worker_deletion import Deletion
 from floom.store.models import Version
 
@@ -104,32 +104,34 @@ class ValidationResult(Public):
 # -- builders -----------------------------------------------------------------------------------
 
 
-def worker_public(ctx: Context, *, name: str) -> WorkerPublic:
-    return WorkerPublic.model_validate(_worker_body(ctx, name))
+def worker_public(ctx: Context, *, name: str, caller: Principal) -> WorkerPublic:
+    return WorkerPublic.model_validate(_worker_body(ctx, name, caller))
 
 
-def _worker_body(ctx: Context, name: str) -> dict[str, Any]:
-    worker = workers.get_worker(ctx, name=name)
+def _worker_body(ctx: Context, name: str, caller: Principal) -> dict[str, Any]:
+    worker = workers.get_worker(ctx, name=name, caller=caller)
     version = (
-        workers.get_version(ctx, version_id=worker.active_version_id)
+        workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
         if worker.active_version_id
         else None
     )
     body = workers.worker_to_dict(worker, version)
-    body["triggers"] = triggers.summary(ctx, worker_name=name)
+    body["triggers"] = triggers.summary(ctx, worker_name=name, caller=caller)
     return body
 
 
-def worker_page(ctx: Context, *, cursor: str | None = None, limit: int = 50) -> Page[WorkerPublic]:
-    rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=limit)
-    items = [worker_public(ctx, name=w.name) for w in rows]
+def worker_page(
+    ctx: Context, *, cursor: str | None = None, limit: int = 50, caller: Principal
+) -> Page[WorkerPublic]:
+    rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=limit, caller=caller)
+    items = [worker_public(ctx, name=w.name, caller=caller) for w in rows]
     return Page[WorkerPublic](items=items, next_cursor=next_cursor)
 
 
-def worker_detail(ctx: Context, *, name: str, surface: Surface) -> WorkerDetail:
-    body = _worker_body(ctx, name)
-    recent, _cursor = runs.list_runs(ctx, worker=name, limit=RECENT_RUNS)
-    body["recent_runs"] = [run_public(r, surface=surface) for r in recent]
+def worker_detail(ctx: Context, *, name: str, caller: Principal) -> WorkerDetail:
+    body = _worker_body(ctx, name, caller)
+    recent, _cursor = runs.list_runs(ctx, worker=name, limit=RECENT_RUNS, caller=caller)
+    body["recent_runs"] = [run_public(r, surface=caller.surface) for r in recent]
     return WorkerDetail.model_validate(body)
 
 
@@ -137,16 +139,16 @@ def version_public(version: Version, *, active_id: str | None) -> VersionPublic:
     return VersionPublic.model_validate(workers.version_to_dict(version, active_id=active_id))
 
 
-def version_page(ctx: Context, *, name: str) -> Page[VersionPublic]:
-    worker = workers.get_worker(ctx, name=name)
-    rows = workers.list_versions(ctx, name=name)
+def version_page(ctx: Context, *, name: str, caller: Principal) -> Page[VersionPublic]:
+    worker = workers.get_worker(ctx, name=name, caller=caller)
+    rows = workers.list_versions(ctx, name=name, caller=caller)
     items = [version_public(v, active_id=worker.active_version_id) for v in rows]
     return Page[VersionPublic](items=items, next_cursor=None)
 
 
-def version_detail(ctx: Context, *, name: str, version_id: str) -> VersionDetail:
-    worker = workers.get_worker(ctx, name=name)
-    version = workers.get_version(ctx, version_id=version_id, worker_name=name)
+def version_detail(ctx: Context, *, name: str, version_id: str, caller: Principal) -> VersionDetail:
+    worker = workers.get_worker(ctx, name=name, caller=caller)
+    version = workers.get_version(ctx, version_id=version_id, worker_name=name, caller=caller)
     bundle = workers.load_bundle(ctx, version=version)
     body = workers.version_to_dict(version, active_id=worker.active_version_id)
     body["manifest_yaml"] = version.manifest_yaml
@@ -154,18 +156,20 @@ def version_detail(ctx: Context, *, name: str, version_id: str) -> VersionDetail
     return VersionDetail.model_validate(body)
 
 
-def deploy_result(ctx: Context, result: workers.DeployResult) -> DeployResult:
+def deploy_result(ctx: Context, result: workers.DeployResult, *, caller: Principal) -> DeployResult:
     return DeployResult(
-        worker=worker_public(ctx, name=result.worker.name),
+        worker=worker_public(ctx, name=result.worker.name, caller=caller),
         version=version_public(result.version, active_id=result.version.id),
         created=result.created,
         activated=result.activated,
     )
 
 
-def rollback_result(ctx: Context, *, name: str, rollback: workers.Rollback) -> RollbackResult:
+def rollback_result(
+    ctx: Context, *, name: str, rollback: workers.Rollback, caller: Principal
+) -> RollbackResult:
     return RollbackResult(
-        worker=worker_public(ctx, name=name),
+        worker=worker_public(ctx, name=name, caller=caller),
         version=version_public(rollback.version, active_id=rollback.version.id),
         changed=rollback.changed,
     )

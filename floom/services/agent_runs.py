@@ -12,6 +12,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from floom.errors import LimitExceeded
+from floom.services.principal import Principal
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
@@ -136,7 +137,9 @@ def finish_tool_call(
         s.add(call)
 
 
-def list_tool_calls(ctx: Context, *, run_id: str) -> list[ToolCall]:
+def list_tool_calls(ctx: Context, *, run_id: str, caller: Principal) -> list[ToolCall]:
+    """An agent run's tool calls in order. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return list(
             s.exec(select(ToolCall).where(ToolCall.run_id == run_id).order_by(col(ToolCall.seq)))
@@ -163,7 +166,9 @@ def tool_call_to_dict(c: ToolCall) -> dict[str, Any]:
 # -- transcripts ------------------------------------------------------------------------------
 
 
-def load_transcript(ctx: Context, *, run_id: str) -> Transcript | None:
+def load_transcript(ctx: Context, *, run_id: str, caller: Principal) -> Transcript | None:
+    """An agent run's transcript (None for a script's run). Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return s.get(Transcript, run_id)
 

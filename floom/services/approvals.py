@@ -119,8 +119,11 @@ def list_approvals(
     run_id: str | None = None,
     cursor: str | None = None,
     limit: int = 50,
+    caller: Principal,
 ) -> tuple[list[Approval], str | None]:
-    """Oldest first; `status` None (or "all") lists every status; `cursor` is the last id seen."""
+    """Oldest first; `status` None (or "all") lists every status; `cursor` is the last id seen.
+    Needs the read scope."""
+    caller.require("read")
     if status == "all":
         status = None
     if status is not None and status not in APPROVAL_STATUSES:
@@ -143,7 +146,9 @@ def list_approvals(
     return rows[:limit], next_cursor
 
 
-def approvals_of_run(ctx: Context, *, run_id: str) -> list[Approval]:
+def approvals_of_run(ctx: Context, *, run_id: str, caller: Principal) -> list[Approval]:
+    """A run's approvals, oldest first. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return list(
             s.exec(
@@ -152,7 +157,9 @@ def approvals_of_run(ctx: Context, *, run_id: str) -> list[Approval]:
         )
 
 
-def get_approval(ctx: Context, *, approval_id: str) -> Approval:
+def get_approval(ctx: Context, *, approval_id: str, caller: Principal) -> Approval:
+    """One approval; NotFound when there is none. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return _get(s, approval_id)
 

@@ -74,8 +74,11 @@ def list_events(
     subject: str | None = None,
     cursor: str | None = None,
     limit: int = 50,
+    caller: Principal,
 ) -> tuple[list[AuditEvent], str | None]:
-    """Newest first; `cursor` is the id of the last event of the previous page."""
+    """Newest first; `cursor` is the id of the last event of the previous page. The trail
+    names keys and what they did, so reading it needs the admin scope."""
+    caller.require("admin")
     if not 1 <= limit <= 500:
         raise InvalidRequest("limit must be between 1 and 500", hint="use the cursor to page")
     q = select(AuditEvent).order_by(col(AuditEvent.id).desc()).limit(limit + 1)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from floom.services import workers
+from floom.services.principal import Principal
 
 if TYPE_CHECKING:
     from floom.bundle import Bundle
@@ -96,10 +97,13 @@ def _file_diff(path: str, old: Bundle, new: Bundle) -> FileDiff:
     return FileDiff(path, status, sizes[0], sizes[1], lines=lines)
 
 
-def diff_versions(ctx: Context, *, worker_name: str, old_id: str, new_id: str) -> VersionDiff:
-    """Compare two versions of one worker, worker.yml first, then the files by path."""
-    old = workers.get_version(ctx, version_id=old_id, worker_name=worker_name)
-    new = workers.get_version(ctx, version_id=new_id, worker_name=worker_name)
+def diff_versions(
+    ctx: Context, *, worker_name: str, old_id: str, new_id: str, caller: Principal
+) -> VersionDiff:
+    """Compare two versions of one worker, worker.yml first, then the files by path. Needs
+    the read scope."""
+    old = workers.get_version(ctx, version_id=old_id, worker_name=worker_name, caller=caller)
+    new = workers.get_version(ctx, version_id=new_id, worker_name=worker_name, caller=caller)
     old_bundle = workers.load_bundle(ctx, version=old)
     new_bundle = workers.load_bundle(ctx, version=new)
     paths = sorted(set(old_bundle.files) | set(new_bundle.files))

@@ -48,7 +48,8 @@ def deploy_gated(
                 details={"eval_id": outcome["id"], "version_id": version.id, "totals": totals},
             )
     workers.rollback(ctx, name=worker.name, version_id=version.id, caller=caller)
-    return replace(result, worker=workers.get_worker(ctx, name=worker.name), activated=True)
+    active = workers.get_worker(ctx, name=worker.name, caller=caller)
+    return replace(result, worker=active, activated=True)
 
 
 def run_gate(
@@ -63,16 +64,16 @@ def run_gate(
     """The gate's eval report with "passed", or None when there is no recorded run to
     replay yet (a gate cannot judge a worker that never ran)."""
     selector = f"last:{gate.runs}"
-    if not evals.select_runs(ctx, worker_name=worker_name, selector=selector):
+    if not evals.select_runs(ctx, worker_name=worker_name, selector=selector, caller=caller):
         return None
     row = evals.start_eval(
         ctx, worker_name=worker_name, selector=selector, version_id=version_id, caller=caller
     )
     deadline = time.monotonic() + timeout
-    report = evals.eval_report(ctx, eval_id=row.id)
+    report = evals.eval_report(ctx, eval_id=row.id, caller=caller)
     while not report["finished"] and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
-        report = evals.eval_report(ctx, eval_id=row.id)
+        report = evals.eval_report(ctx, eval_id=row.id, caller=caller)
     different = report["totals"]["outputs_different"]
     report["passed"] = report["finished"] and different <= gate.max_different
     return report

@@ -48,8 +48,10 @@ def parse_selector(selector: str) -> tuple[str, str]:
     return kind, value.strip()
 
 
-def select_runs(ctx: Context, *, worker_name: str, selector: str) -> list[Run]:
-    """The worker's finished runs the selector names, newest first (never replays)."""
+def select_runs(ctx: Context, *, worker_name: str, selector: str, caller: Principal) -> list[Run]:
+    """The worker's finished runs the selector names, newest first (never replays). Needs the
+    read scope."""
+    caller.require("read")
     kind, value = parse_selector(selector)
     query = (
         select(Run)
@@ -69,7 +71,9 @@ def select_runs(ctx: Context, *, worker_name: str, selector: str) -> list[Run]:
     with session_scope(ctx.engine) as s:
         found = list(s.exec(query.order_by(col(Run.id).desc()).limit(limit)).all())
     agent_versions = {
-        v.id for v in workers.list_versions(ctx, name=worker_name) if v.kind == "agent"
+        v.id
+        for v in workers.list_versions(ctx, name=worker_name, caller=caller)
+        if v.kind == "agent"
     }
     return [r for r in found if r.version_id in agent_versions]
 
@@ -87,16 +91,18 @@ def start_eval(
     worker's active version) and `model` (default: that version's). Needs the run scope."""
     caller.require("run")
     actor = caller.actor
-    worker = workers.get_worker(ctx, name=worker_name)
+    worker = workers.get_worker(ctx, name=worker_name, caller=caller)
     version_id = version_id or worker.active_version_id
     if version_id is None:
         raise InvalidRequest(f"worker '{worker_name}' has no version to evaluate")
-    version = workers.get_version(ctx, version_id=version_id, worker_name=worker_name)
+    version = workers.get_version(
+        ctx, version_id=version_id, worker_name=worker_name, caller=caller
+    )
     if version.kind != "agent":
         raise InvalidRequest(
             f"version {version_id} is a script; evals replay agent runs from their recordings"
         )
-    chosen = select_runs(ctx, worker_name=worker_name, selector=selector)
+    chosen = select_runs(ctx, worker_name=worker_name, selector=selector, caller=caller)
     if not chosen:
         raise InvalidRequest(
             f"no finished agent run of '{worker_name}' matches {selector!r}",
@@ -125,7 +131,9 @@ def start_eval(
     return row
 
 
-def get_eval(ctx: Context, *, eval_id: str) -> Eval:
+def get_eval(ctx: Context, *, eval_id: str, caller: Principal) -> Eval:
+    """One eval; NotFound when there is none. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         row = s.get(Eval, eval_id)
     if row is None:
@@ -133,13 +141,14 @@ def get_eval(ctx: Context, *, eval_id: str) -> Eval:
     return row
 
 
-def eval_report(ctx: Context, *, eval_id: str) -> dict[str, Any]:
+def eval_report(ctx: Context, *, eval_id: str, caller: Principal) -> dict[str, Any]:
     """Per run and in total: outputs equal or different (by the version's comparison rules),
-    tool calls diverged, refused unmatched calls, tokens and cost against the originals."""
-    row = get_eval(ctx, eval_id=eval_id)
+    tool calls diverged, refused unmatched calls, tokens and cost against the originals.
+    Needs the read scope."""
+    row = get_eval(ctx, eval_id=eval_id, caller=caller)
     items = []
-    for rp in replays.replays_of_eval(ctx, eval_id=eval_id):
-        report = replays.replay_report(ctx, run_id=rp.run_id)
+    for rp in replays.replays_of_eval(ctx, eval_id=eval_id, caller=caller):
+        report = replays.replay_report(ctx, run_id=rp.run_id, caller=caller)
         diff = report["diff"] or {}
         items.append(
             {

@@ -42,7 +42,9 @@ def pause_schedules_missing_secrets(ctx: Context, worker_name: str, version: Ver
     _, missing = secrets.resolve(ctx, workers.manifest_of(version).secrets)
     if not missing:
         return
-    _, found = triggers.list_triggers(ctx, worker_name=worker_name)
+    _, found = triggers.list_triggers(
+        ctx, worker_name=worker_name, caller=principal.system("examples")
+    )
     paused = [t for t in found if t.kind == "schedule" and t.removed_at is None]
     for trigger in paused:
         triggers.set_paused(

@@ -99,8 +99,9 @@ def authenticate(ctx: Context, token: str | None) -> ApiKey:
     return key
 
 
-def get_key(ctx: Context, *, key_id: str) -> ApiKey:
-    """One key by id (a caller reading its own key needs no scope beyond its own)."""
+def get_key(ctx: Context, *, key_id: str, caller: Principal) -> ApiKey:
+    """One key by id: a caller's own key needs the read scope, another key the admin scope."""
+    caller.require("read" if key_id == caller.key_id else "admin")
     with session_scope(ctx.engine) as s:
         key = s.get(ApiKey, key_id)
     if key is None:
@@ -130,9 +131,10 @@ def revoke_key(ctx: Context, *, key_id: str, caller: Principal) -> ApiKey:
     return key
 
 
-def key_names(ctx: Context, *, key_ids: list[str]) -> dict[str, str]:
+def key_names(ctx: Context, *, key_ids: list[str], caller: Principal) -> dict[str, str]:
     """The name (or, unnamed, the prefix) of each of these keys that exists, revoked or not:
-    how pages say who started a run or deployed a version."""
+    how pages say who started a run or deployed a version. Needs the read scope."""
+    caller.require("read")
     wanted = sorted({k for k in key_ids if k})
     if not wanted:
         return {}

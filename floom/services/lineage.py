@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from sqlmodel import col, or_, select
 
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import Run
 
@@ -15,8 +16,10 @@ if TYPE_CHECKING:
 MAX_CHILDREN = 100
 
 
-def child_runs(ctx: Context, *, run_id: str) -> list[Run]:
-    """Runs started from this one (replays, retries, runs it called), oldest first."""
+def child_runs(ctx: Context, *, run_id: str, caller: Principal) -> list[Run]:
+    """Runs started from this one (replays, retries, runs it called), oldest first. Needs the
+    read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return list(
             s.exec(
@@ -34,8 +37,9 @@ def child_runs(ctx: Context, *, run_id: str) -> list[Run]:
         )
 
 
-def last_runs(ctx: Context, *, worker_names: list[str]) -> dict[str, Run]:
-    """The newest run of each named worker that has run at all."""
+def last_runs(ctx: Context, *, worker_names: list[str], caller: Principal) -> dict[str, Run]:
+    """The newest run of each named worker that has run at all. Needs the read scope."""
+    caller.require("read")
     found: dict[str, Run] = {}
     with session_scope(ctx.engine) as s:
         for name in worker_names:

@@ -12,6 +12,7 @@ from sqlalchemy import bindparam, func, insert, text
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import RunEvent, utcnow
 
@@ -93,7 +94,11 @@ def system_event(
     append_events(s, run_id=run_id, attempt=attempt, lines=[("system", message, None)], first=first)
 
 
-def list_events(ctx: Context, *, run_id: str, after: int = 0, limit: int = 1000) -> list[RunEvent]:
+def list_events(
+    ctx: Context, *, run_id: str, after: int = 0, limit: int = 1000, caller: Principal
+) -> list[RunEvent]:
+    """A run's log events with a seq above `after`, oldest first. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return list(
             s.exec(
@@ -105,7 +110,9 @@ def list_events(ctx: Context, *, run_id: str, after: int = 0, limit: int = 1000)
         )
 
 
-def tail_events(ctx: Context, *, run_id: str, count: int) -> list[RunEvent]:
+def tail_events(ctx: Context, *, run_id: str, count: int, caller: Principal) -> list[RunEvent]:
+    """A run's last `count` log events, oldest first. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         rows = s.exec(
             select(RunEvent)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -26,6 +27,7 @@ from sqlmodel import col, select
 
 from floom import __version__
 from floom.services import approvals, run_rules
+from floom.services.principal import Principal
 from floom.store.agents import Approval, Transcript
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
@@ -102,6 +104,13 @@ class DurationTally:
                 buckets.append(("+Inf", counts[-1]))
                 metric.add_metric([worker], buckets, sum_value=self._sums[worker])
         return metric
+
+
+def exposition(registry: CollectorRegistry, *, caller: Principal) -> bytes:
+    """The registry's metrics (a StoreCollector's among them) in the Prometheus text format.
+    Needs the read scope."""
+    caller.require("read")
+    return generate_latest(registry)
 
 
 class StoreCollector(Collector):

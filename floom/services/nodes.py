@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Literal
 from sqlmodel import col, delete, select
 
 from floom import __version__
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import utcnow
 from floom.store.nodes import Node
@@ -80,8 +81,10 @@ def state_of(node: Node, *, now: datetime) -> tuple[NodeState, float]:
     return ("lost" if silent > node.lease_seconds else "live"), silent
 
 
-def list_nodes(ctx: Context) -> list[NodeView]:
-    """Every node seen within FORGET_AFTER, live ones first, each group by id."""
+def list_nodes(ctx: Context, *, caller: Principal) -> list[NodeView]:
+    """Every node seen within FORGET_AFTER, live ones first, each group by id. Needs the read
+    scope."""
+    caller.require("read")
     now = utcnow()
     with session_scope(ctx.engine) as s:
         rows = s.exec(select(Node).where(col(Node.heartbeat_at) >= now - FORGET_AFTER)).all()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from floom.errors import NotReplayable
 from floom.services import agent_runs, runs, workers
+from floom.services.principal import SYSTEM, Principal
 from floom.services.run_rules import FINISHED, SKIPPED
 
 if TYPE_CHECKING:
@@ -74,11 +75,12 @@ def _normalise(value: Any) -> Any:
     return value
 
 
-def load_recording(ctx: Context, *, run_id: str) -> Recording:
-    """The recording of a finished agent run; NotReplayable says why a run has none."""
-    run = runs.get_run(ctx, run_id=run_id)
+def load_recording(ctx: Context, *, run_id: str, caller: Principal) -> Recording:
+    """The recording of a finished agent run; NotReplayable says why a run has none. Needs
+    the read scope."""
+    run = runs.get_run(ctx, run_id=run_id, caller=caller)
     check_replayable(ctx, run=run)
-    transcript = agent_runs.load_transcript(ctx, run_id=run.id)
+    transcript = agent_runs.load_transcript(ctx, run_id=run.id, caller=caller)
     if transcript is None:
         raise NotReplayable(
             f"run {run.id} kept no transcript",
@@ -86,7 +88,7 @@ def load_recording(ctx: Context, *, run_id: str) -> Recording:
         )
     messages: list[dict[str, Any]] = json.loads(transcript.messages_json)
     state = json.loads(transcript.state_json or "{}")
-    stored = agent_runs.list_tool_calls(ctx, run_id=run.id)
+    stored = agent_runs.list_tool_calls(ctx, run_id=run.id, caller=caller)
     turns: list[list[dict[str, Any]]] = []
     starts: list[int] = []
     uses: list[tuple[dict[str, Any], dict[str, Any] | None]] = []
@@ -142,12 +144,14 @@ def load_recording(ctx: Context, *, run_id: str) -> Recording:
 
 
 def check_replayable(ctx: Context, *, run: Run) -> None:
+    """Refuse (NotReplayable) a run with no whole recording: unfinished, or a script's. A
+    rule about a run its caller has read already, so the version is read as floom."""
     if run.status not in FINISHED or run.status == SKIPPED:
         raise NotReplayable(
             f"run {run.id} is {run.status}; only finished runs have a whole recording",
             hint=f"wait for it to end: `floom logs -f {run.id}`",
         )
-    version = workers.get_version(ctx, version_id=run.version_id)
+    version = workers.get_version(ctx, version_id=run.version_id, caller=SYSTEM)
     if version.kind != "agent":
         raise NotReplayable(
             f"run {run.id} is a script run; replays from a recording are for agent runs",

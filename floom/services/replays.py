@@ -52,19 +52,20 @@ def start_replay(
             "an exact replay runs the original's version and recorded model replies",
             hint="use a what-if replay (--against VERSION or --model M) to change either",
         )
-    recording = load_recording(ctx, run_id=run_id)
+    recording = load_recording(ctx, run_id=run_id, caller=caller)
     if mode == EXACT:
         version_id = recording.version_id
     elif version_id is not None:
-        version = workers.get_version(ctx, version_id=version_id)
+        version = workers.get_version(ctx, version_id=version_id, caller=caller)
         if version.worker_name != recording.worker_name:
             raise InvalidRequest(
                 f"version {version_id} is not a version of worker '{recording.worker_name}'",
                 hint=f"`floom versions {recording.worker_name}` lists its versions",
             )
     else:
-        version_id = workers.get_worker(ctx, name=recording.worker_name).active_version_id
-    original = runs.get_run(ctx, run_id=run_id)
+        worker = workers.get_worker(ctx, name=recording.worker_name, caller=caller)
+        version_id = worker.active_version_id
+    original = runs.get_run(ctx, run_id=run_id, caller=caller)
 
     def link(s: Session, run: Run) -> None:
         s.add(
@@ -92,13 +93,17 @@ def start_replay(
     )
 
 
-def replay_of_run(ctx: Context, *, run_id: str) -> Replay | None:
-    """The replay record of a run, or None for a run that is not a replay."""
+def replay_of_run(ctx: Context, *, run_id: str, caller: Principal) -> Replay | None:
+    """The replay record of a run, or None for a run that is not a replay. Needs the read
+    scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return s.get(Replay, run_id)
 
 
-def replays_of_eval(ctx: Context, *, eval_id: str) -> list[Replay]:
+def replays_of_eval(ctx: Context, *, eval_id: str, caller: Principal) -> list[Replay]:
+    """The replays an eval started, by run id. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return list(
             s.exec(select(Replay).where(Replay.eval_id == eval_id).order_by(col(Replay.run_id)))
@@ -114,8 +119,10 @@ def record_divergence(ctx: Context, *, run_id: str, divergence: dict[str, Any]) 
             s.add(row)
 
 
-def get_replay(ctx: Context, *, run_id: str) -> Replay:
-    row = replay_of_run(ctx, run_id=run_id)
+def get_replay(ctx: Context, *, run_id: str, caller: Principal) -> Replay:
+    """The replay record of a run; NotFound for a run that is not a replay. Needs the read
+    scope."""
+    row = replay_of_run(ctx, run_id=run_id, caller=caller)
     if row is None:
         raise NotFound(
             f"run {run_id} is not a replay",
@@ -124,19 +131,20 @@ def get_replay(ctx: Context, *, run_id: str) -> Replay:
     return row
 
 
-def run_record(ctx: Context, *, run: Run) -> dict[str, Any]:
+def run_record(ctx: Context, *, run: Run, caller: Principal) -> dict[str, Any]:
     """A run as the diff reads it: its public body with tool calls and model usage."""
-    return {**runs.run_to_dict(run), **run_records.run_extras(ctx, run=run)}
+    return {**runs.run_to_dict(run), **run_records.run_extras(ctx, run=run, caller=caller)}
 
 
-def replay_report(ctx: Context, *, run_id: str) -> dict[str, Any]:
+def replay_report(ctx: Context, *, run_id: str, caller: Principal) -> dict[str, Any]:
     """The replay, its original, and (once it finished) the diff between them; an exact
     replay also says whether it reproduced the original, and if not, the first step where
-    it left it."""
-    row = get_replay(ctx, run_id=run_id)
-    replay = runs.get_run(ctx, run_id=run_id)
-    original = runs.get_run(ctx, run_id=row.original_run_id)
-    rules = replay_rules(workers.manifest_of(runs.version_of_run(ctx, run=replay))).compare
+    it left it. Needs the read scope."""
+    row = get_replay(ctx, run_id=run_id, caller=caller)
+    replay = runs.get_run(ctx, run_id=run_id, caller=caller)
+    original = runs.get_run(ctx, run_id=row.original_run_id, caller=caller)
+    version = runs.version_of_run(ctx, run=replay, caller=caller)
+    rules = replay_rules(workers.manifest_of(version)).compare
     body: dict[str, Any] = {
         "run_id": replay.id,
         "original_run_id": original.id,
@@ -153,7 +161,8 @@ def replay_report(ctx: Context, *, run_id: str) -> dict[str, Any]:
     }
     if replay.status not in FINISHED:
         return body
-    mine, theirs = run_record(ctx, run=replay), run_record(ctx, run=original)
+    mine = run_record(ctx, run=replay, caller=caller)
+    theirs = run_record(ctx, run=original, caller=caller)
     body["diff"] = run_diff(theirs, mine, rules=rules)
     body["refused_calls"] = sum(
         1

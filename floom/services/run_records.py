@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import col, select
 
 from floom.services import agent_runs, approvals, runs, workers
+from floom.services.principal import SYSTEM, Principal
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Run
@@ -17,21 +18,24 @@ if TYPE_CHECKING:
 
 
 def run_extras(
-    ctx: Context, *, run: Run, run_approvals: list[Approval] | None = None
+    ctx: Context, *, run: Run, run_approvals: list[Approval] | None = None, caller: Principal
 ) -> dict[str, Any]:
     """What the run record gains for tool calls, approvals and model usage (`run_approvals`
-    when the caller has read them already)."""
+    when the caller has read them already). Needs the read scope."""
+    caller.require("read")
     run_id = run.id
     if run_approvals is None:
         run_approvals = (
-            approvals.approvals_of_run(ctx, run_id=run_id) if may_have_approvals(ctx, run) else []
+            approvals.approvals_of_run(ctx, run_id=run_id, caller=caller)
+            if may_have_approvals(ctx, run)
+            else []
         )
     asked = [approvals.approval_to_dict(a) for a in run_approvals]
-    version = workers.get_version(ctx, version_id=run.version_id)
+    version = workers.get_version(ctx, version_id=run.version_id, caller=caller)
     if version.kind != "agent":  # scripts make no tool calls and keep no transcript
         return {"tool_calls": [], "approvals": asked, "model_usage": None}
-    calls = agent_runs.list_tool_calls(ctx, run_id=run_id)
-    transcript = agent_runs.load_transcript(ctx, run_id=run_id)
+    calls = agent_runs.list_tool_calls(ctx, run_id=run_id, caller=caller)
+    transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller)
     return {
         "tool_calls": [agent_runs.tool_call_to_dict(c) for c in calls],
         "approvals": asked,
@@ -41,14 +45,18 @@ def run_extras(
 
 def may_have_approvals(ctx: Context, run: Run) -> bool:
     """Whether the run can have approvals: an agent's, or a script's behind a run-level
-    approval. A version's manifest never changes, so the others never have any."""
-    version = workers.get_version(ctx, version_id=run.version_id)
+    approval. A version's manifest never changes, so the others never have any. (A rule of
+    floom's, not a read for a client: the run was read by a caller already.)"""
+    version = workers.get_version(ctx, version_id=run.version_id, caller=SYSTEM)
     return version.kind == "agent" or bool(workers.manifest_of(version).approvals.get("required"))
 
 
-def run_record(ctx: Context, *, run_id: str) -> tuple[Run, list[Artifact], list[Approval]]:
+def run_record(
+    ctx: Context, *, run_id: str, caller: Principal
+) -> tuple[Run, list[Artifact], list[Approval]]:
     """The run with its artifacts and approvals, read in one transaction (a run's whole
-    record is read after every wait: one session instead of three)."""
+    record is read after every wait: one session instead of three). Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         run = runs.run_in_session(s, run_id)
         artifacts = list(

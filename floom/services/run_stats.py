@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from sqlmodel import col, select
 
 from floom.services import run_rules
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 
@@ -41,11 +42,17 @@ def outcome_of(status: str) -> str:
 
 
 def daily_history(
-    ctx: Context, *, worker_name: str, days: int = 30, now: datetime | None = None
+    ctx: Context,
+    *,
+    worker_name: str,
+    days: int = 30,
+    now: datetime | None = None,
+    caller: Principal,
 ) -> list[Day]:
     """The last `days` UTC days, oldest first, with the runs created on each: finished runs
     by outcome (succeeded, failed incl. timed out and over limits, other ended states) and
-    the duration percentiles of those that ran."""
+    the duration percentiles of those that ran. Needs the read scope."""
+    caller.require("read")
     today = (now or utcnow()).astimezone(UTC).date()
     first = today - timedelta(days=days - 1)
     start = datetime(first.year, first.month, first.day, tzinfo=UTC)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 import anyio.to_thread
 
 from floom.errors import NotFound, TooManyWaits
+from floom.services.principal import Principal
 from floom.services.run_rules import FINISHED, WAITING
 from floom.store.db import session_scope
 from floom.store.models import Run
@@ -125,16 +126,20 @@ async def wait_for_end(
     run_id: str,
     timeout: float,
     until: Until = "ended",
-    waiter: str | None = None,
+    caller: Principal,
     fresh: Run | None = None,
 ) -> Run:
     """The run once it has ended (or, with until="settled", also once it waits for a person),
     or as it is when `timeout` seconds have passed. `fresh`: the run as its caller has just
-    written it (a start that waits), which spares the first read.
+    written it (a start that waits), which spares the first read. Needs the read scope.
 
-    Raises NotFound for an unknown run, and TooManyWaits when `waiter` (the caller's API key
-    id) already holds FLOOM_MAX_WAITS_PER_KEY waits on this node; a run that has already
-    ended is answered at once and holds no wait."""
+    Raises NotFound for an unknown run, and TooManyWaits when the caller already holds
+    FLOOM_MAX_WAITS_PER_KEY waits on this node: an API key's waits count against its id;
+    floom's own count against the name it acts for (a hook's, "hook:WORKER"), and plain
+    floom's against none. A run that has already ended is answered at once and holds no
+    wait."""
+    caller.require("read")
+    waiter = caller.key_id or caller.name or None
     stop = STOP_STATUSES[until]
     deadline = time.monotonic() + max(0.0, timeout)
     with ctx.run_ends.listening() as woken:
@@ -165,11 +170,11 @@ def wait_for_end_blocking(
     run_id: str,
     timeout: float,
     until: Until = "ended",
-    waiter: str | None = None,
+    caller: Principal,
 ) -> Run:
     """wait_for_end for code on a worker thread (no running event loop in that thread)."""
     return asyncio.run(
-        wait_for_end(ctx, run_id=run_id, timeout=timeout, until=until, waiter=waiter)
+        wait_for_end(ctx, run_id=run_id, timeout=timeout, until=until, caller=caller)
     )
 
 

@@ -89,7 +89,7 @@ def create_run(
         worker = (
             workers.cached_worker(ctx, name=worker_name)
             if cached
-            else workers.get_worker(ctx, name=worker_name)
+            else workers.get_worker(ctx, name=worker_name, caller=caller)
         )
         try:
             run, locked = _queue_run(
@@ -150,13 +150,15 @@ def _queue_run(
             f"worker '{worker.name}' has no active version",
             hint=f"deploy it with `floom deploy` or `floom rollback {worker.name} --to VERSION`",
         )
-    version = workers.get_version(ctx, version_id=version_id, worker_name=worker.name)
+    version = workers.get_version(
+        ctx, version_id=version_id, worker_name=worker.name, caller=caller
+    )
     manifest = workers.manifest_of(version)
     if check_surface:
         # What the worker allows now, even for a run pinned to an older version.
         current = manifest
         if worker.active_version_id not in (None, version.id):
-            active = workers.get_version(ctx, version_id=worker.active_version_id)
+            active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
             current = workers.manifest_of(active)
         exposure.check_exposed(current, worker=worker.name, caller=caller)
     if worker.paused and not force:
@@ -260,7 +262,9 @@ def _check_input_bounds(inputs: Any, *, max_bytes: int) -> None:
         )
 
 
-def get_run(ctx: Context, *, run_id: str) -> Run:
+def get_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
+    """One run; NotFound when there is none. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return run_in_session(s, run_id)
 
@@ -283,8 +287,11 @@ def list_runs(
     limit: int = 50,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
+    caller: Principal,
 ) -> tuple[list[Run], str | None]:
-    """Newest first; `cursor` is the id of the last run of the previous page."""
+    """Newest first; `cursor` is the id of the last run of the previous page. Needs the
+    read scope."""
+    caller.require("read")
     if status and status not in STATUSES:
         raise InvalidRequest(f"unknown status '{status}'", hint=f"one of {', '.join(STATUSES)}")
     if not 1 <= limit <= 500:
@@ -355,7 +362,7 @@ def replay_run(
     """Run again with the same inputs, on the same version unless `latest`. Needs the run
     scope."""
     caller.require("run")
-    original = get_run(ctx, run_id=run_id)
+    original = get_run(ctx, run_id=run_id, caller=caller)
     return create_run(
         ctx,
         worker_name=original.worker_name,
@@ -368,7 +375,9 @@ def replay_run(
     )
 
 
-def list_artifacts(ctx: Context, *, run_id: str) -> list[Artifact]:
+def list_artifacts(ctx: Context, *, run_id: str, caller: Principal) -> list[Artifact]:
+    """A run's artifacts by name; NotFound when there is no such run. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         run_in_session(s, run_id)
         return list(
@@ -376,7 +385,11 @@ def list_artifacts(ctx: Context, *, run_id: str) -> list[Artifact]:
         )
 
 
-def read_artifact(ctx: Context, *, run_id: str, name: str) -> tuple[Artifact, bytes]:
+def read_artifact(
+    ctx: Context, *, run_id: str, name: str, caller: Principal
+) -> tuple[Artifact, bytes]:
+    """One artifact of a run with its bytes. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         run_in_session(s, run_id)
         art = s.exec(
@@ -438,5 +451,6 @@ def artifact_to_dict(a: Artifact) -> dict[str, Any]:
     }
 
 
-def version_of_run(ctx: Context, *, run: Run) -> Version:
-    return workers.get_version(ctx, version_id=run.version_id)
+def version_of_run(ctx: Context, *, run: Run, caller: Principal) -> Version:
+    """The version a run ran (kept even after its worker was deleted). Needs the read scope."""
+    return workers.get_version(ctx, version_id=run.version_id, caller=caller)

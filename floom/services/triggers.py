@@ -80,8 +80,11 @@ def spec_of(trigger: Trigger) -> TriggerSpec:
     return spec_from_config(trigger.kind, json.loads(trigger.config_json))
 
 
-def list_triggers(ctx: Context, *, worker_name: str) -> tuple[Worker, list[Trigger]]:
-    """The worker and its current triggers, in worker.yml order."""
+def list_triggers(
+    ctx: Context, *, worker_name: str, caller: Principal
+) -> tuple[Worker, list[Trigger]]:
+    """The worker and its current triggers, in worker.yml order. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         worker = _worker(s, worker_name)
         rows = s.exec(
@@ -92,7 +95,11 @@ def list_triggers(ctx: Context, *, worker_name: str) -> tuple[Worker, list[Trigg
         return worker, list(rows)
 
 
-def get_trigger(ctx: Context, *, trigger_id: str, worker_name: str | None = None) -> Trigger:
+def get_trigger(
+    ctx: Context, *, trigger_id: str, worker_name: str | None = None, caller: Principal
+) -> Trigger:
+    """One trigger (of `worker_name`, when given). Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return _trigger(s, trigger_id, worker_name)
 
@@ -204,8 +211,10 @@ def trigger_to_dict(
     return body
 
 
-def summary(ctx: Context, *, worker_name: str) -> list[dict[str, Any]]:
-    """A short view of a worker's triggers for worker listings: kind, pause, next fire."""
+def summary(ctx: Context, *, worker_name: str, caller: Principal) -> list[dict[str, Any]]:
+    """A short view of a worker's triggers for worker listings: kind, pause, next fire. Needs
+    the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         rows = s.exec(
             select(Trigger)

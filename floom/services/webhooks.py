@@ -283,7 +283,9 @@ def event_inputs(
     content_type: str,
 ) -> dict[str, Any]:
     """The run's inputs: the body as `event` (if declared) and the mapped body fields."""
-    version = workers.get_version(ctx, version_id=worker.active_version_id or "")
+    version = workers.get_version(
+        ctx, version_id=worker.active_version_id or "", caller=principal.SYSTEM
+    )
     manifest = workers.manifest_of(version)
     parsed = parse_body(body, content_type)
     inputs: dict[str, Any] = {}
@@ -326,10 +328,16 @@ def _redact_bytes(body: bytes, values: list[str]) -> bytes:
 
 
 def list_deliveries(
-    ctx: Context, *, worker_name: str, cursor: str | None = None, limit: int = 50
+    ctx: Context,
+    *,
+    worker_name: str,
+    cursor: str | None = None,
+    limit: int = 50,
+    caller: principal.Principal,
 ) -> tuple[list[WebhookDelivery], str | None]:
-    """A worker's deliveries, newest first; `cursor` is the last id of the previous page."""
-    workers.get_worker(ctx, name=worker_name)
+    """A worker's deliveries, newest first; `cursor` is the last id of the previous page.
+    Needs the read scope."""
+    workers.get_worker(ctx, name=worker_name, caller=caller)
     q = (
         select(WebhookDelivery)
         .where(WebhookDelivery.worker_name == worker_name)
@@ -344,7 +352,9 @@ def list_deliveries(
     return rows[:limit], next_cursor
 
 
-def get_delivery(ctx: Context, *, delivery_id: str) -> WebhookDelivery:
+def get_delivery(ctx: Context, *, delivery_id: str, caller: principal.Principal) -> WebhookDelivery:
+    """One delivery with its headers and body. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         delivery = s.get(WebhookDelivery, delivery_id)
     if delivery is None:
@@ -361,7 +371,7 @@ def replay_delivery(
     with its inputs taken from the stored body by the trigger's current settings. Needs the
     run scope."""
     caller.require("run")
-    delivery = get_delivery(ctx, delivery_id=delivery_id)
+    delivery = get_delivery(ctx, delivery_id=delivery_id, caller=caller)
     if not delivery.worker_name:
         raise Conflict(
             f"delivery {delivery_id} matched no worker, so there is nothing to run again",
@@ -369,7 +379,7 @@ def replay_delivery(
         )
     with session_scope(ctx.engine) as s:
         trigger = s.get(Trigger, delivery.trigger_id) if delivery.trigger_id else None
-    worker = workers.get_worker(ctx, name=delivery.worker_name)
+    worker = workers.get_worker(ctx, name=delivery.worker_name, caller=caller)
     if trigger is None:
         raise NotFound(f"the trigger of delivery {delivery_id} no longer exists")
     spec = spec_of(trigger)

@@ -88,7 +88,7 @@ def delete_worker(
     """
     caller.require("deploy")
     actor = AuditActor.of(caller)
-    workers.get_worker(ctx, name=name)
+    workers.get_worker(ctx, name=name, caller=caller)
     label = f"deletion of worker {name} by {actor.label}"
     cancelled = closed = 0
     for _ in range(_ROUNDS):
@@ -162,7 +162,9 @@ def _wait_for_running(ctx: Context, *, name: str, timeout: float) -> None:
         if left is None:
             return
         left_seconds = max(0.0, deadline - time.monotonic())
-        run_waits.wait_for_end_blocking(ctx, run_id=left, timeout=left_seconds)
+        run_waits.wait_for_end_blocking(
+            ctx, run_id=left, timeout=left_seconds, caller=principal.SYSTEM
+        )
 
 
 def _delete(

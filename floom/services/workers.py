@@ -15,7 +15,7 @@ from floom.errors import InvalidRequest, ManifestInvalid, NotFound
 from floom.manifest import Manifest, Problem
 from floom.manifest_load import check_manifest, parse_manifest
 from floom.sandbox import configuration_problem
-from floom.services.principal import Principal
+from floom.services.principal import SYSTEM, Principal
 from floom.services.triggers import sync_triggers
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
@@ -43,7 +43,11 @@ def _bundle_manifest_text(bundle: Bundle) -> str:
     return text
 
 
-def validate_archive(ctx: Context, *, archive: bytes) -> tuple[Manifest | None, list[Problem]]:
+def validate_archive(
+    ctx: Context, *, archive: bytes, caller: Principal
+) -> tuple[Manifest | None, list[Problem]]:
+    """Check a worker archive without storing anything. Needs the read scope."""
+    caller.require("read")
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = bundle.text("worker.yml")
     if text is None:
@@ -168,7 +172,9 @@ def _revive(s: Session, *, version_id: str, worker_name: str, actor: str | None)
     return version
 
 
-def get_worker(ctx: Context, *, name: str) -> Worker:
+def get_worker(ctx: Context, *, name: str, caller: Principal) -> Worker:
+    """One worker; NotFound (naming the known ones) when there is none. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         return _get_worker(s, name)
 
@@ -183,7 +189,7 @@ def cached_worker(ctx: Context, *, name: str) -> Worker:
     checking it against the row lock_worker returns (then `remember_worker` that row)."""
     worker = _worker_cache.get((id(ctx.engine), name))
     if worker is None:
-        worker = get_worker(ctx, name=name)
+        worker = get_worker(ctx, name=name, caller=SYSTEM)
         remember_worker(ctx, worker)
     return worker
 
@@ -235,8 +241,10 @@ def _get_worker(s: Session, name: str, *, lock: dict[str, bool] | bool = False) 
 
 
 def list_workers(
-    ctx: Context, *, cursor: str | None = None, limit: int = 50
+    ctx: Context, *, cursor: str | None = None, limit: int = 50, caller: Principal
 ) -> tuple[list[Worker], str | None]:
+    """Workers by name; `cursor` is the last name of the previous page. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         q = select(Worker).order_by(Worker.name).limit(limit + 1)
         if cursor:
@@ -250,7 +258,11 @@ def list_workers(
 _version_cache: dict[tuple[int, str], Version] = {}
 
 
-def get_version(ctx: Context, *, version_id: str, worker_name: str | None = None) -> Version:
+def get_version(
+    ctx: Context, *, version_id: str, worker_name: str | None = None, caller: Principal
+) -> Version:
+    """One version (of `worker_name`, when given); NotFound otherwise. Needs the read scope."""
+    caller.require("read")
     key = (id(ctx.engine), version_id)
     version = _version_cache.get(key)
     if version is None or (worker_name and version.worker_name != worker_name):
@@ -274,7 +286,9 @@ def forget_versions(version_ids: list[str]) -> None:
         _version_cache.pop(key, None)
 
 
-def list_versions(ctx: Context, *, name: str) -> list[Version]:
+def list_versions(ctx: Context, *, name: str, caller: Principal) -> list[Version]:
+    """A worker's versions, newest first. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         _get_worker(s, name)
         return list(

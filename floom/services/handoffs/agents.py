@@ -141,7 +141,11 @@ def _check_role_name(name: str) -> str:
     return name
 
 
-def create_role(ctx: Context, *, name: str, description: str = "") -> dict[str, Any]:
+def create_role(
+    ctx: Context, *, name: str, description: str = "", caller: Principal
+) -> dict[str, Any]:
+    """A new role agents can hold and jobs can target. Needs the admin scope."""
+    caller.require("admin")
     role = Role(id=new_id("rol"), name=_check_role_name(name), description=description)
     try:
         with session_scope(ctx.engine, write=True) as s:
@@ -153,7 +157,11 @@ def create_role(ctx: Context, *, name: str, description: str = "") -> dict[str, 
     return role_to_dict(role)
 
 
-def list_roles(ctx: Context, *, include_retired: bool = False) -> list[dict[str, Any]]:
+def list_roles(
+    ctx: Context, *, include_retired: bool = False, caller: Principal
+) -> list[dict[str, Any]]:
+    """The roles by name, the retired ones too with `include_retired`. Needs the read scope."""
+    caller.require("read")
     q = select(Role).order_by(col(Role.name))
     if not include_retired:
         q = q.where(col(Role.retired_at).is_(None))
@@ -162,9 +170,16 @@ def list_roles(ctx: Context, *, include_retired: bool = False) -> list[dict[str,
 
 
 def update_role(
-    ctx: Context, *, role: str, name: str | None = None, description: str | None = None
+    ctx: Context,
+    *,
+    role: str,
+    name: str | None = None,
+    description: str | None = None,
+    caller: Principal,
 ) -> dict[str, Any]:
-    """Rename a role or change its description; jobs and agents keep it, by id."""
+    """Rename a role or change its description; jobs and agents keep it, by id. Needs the
+    admin scope."""
+    caller.require("admin")
     try:
         with session_scope(ctx.engine, write=True) as s:
             found = find_role(s, role, active=False)
@@ -179,8 +194,10 @@ def update_role(
     return role_to_dict(found)
 
 
-def retire_role(ctx: Context, *, role: str) -> dict[str, Any]:
-    """No new jobs target a retired role and its holders lose it; its jobs stay as they are."""
+def retire_role(ctx: Context, *, role: str, caller: Principal) -> dict[str, Any]:
+    """No new jobs target a retired role and its holders lose it; its jobs stay as they are.
+    Needs the admin scope."""
+    caller.require("admin")
     with session_scope(ctx.engine, write=True) as s:
         found = find_role(s, role, active=False)
         if found.retired_at is None:
@@ -278,7 +295,11 @@ def create_agent_key(
     return {**keys.key_to_dict(key), "key": token}
 
 
-def list_agents(ctx: Context, *, include_retired: bool = False) -> list[dict[str, Any]]:
+def list_agents(
+    ctx: Context, *, include_retired: bool = False, caller: Principal
+) -> list[dict[str, Any]]:
+    """The agents by label with their roles. Needs the read scope."""
+    caller.require("read")
     q = select(Agent).order_by(col(Agent.label))
     if not include_retired:
         q = q.where(col(Agent.retired_at).is_(None))
@@ -286,7 +307,9 @@ def list_agents(ctx: Context, *, include_retired: bool = False) -> list[dict[str
         return [agent_to_dict(a, roles_of(s, a.id)) for a in s.exec(q).all()]
 
 
-def get_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
+def get_agent(ctx: Context, *, agent: str, caller: Principal) -> dict[str, Any]:
+    """One agent (by id or label) with its roles. Needs the read scope."""
+    caller.require("read")
     with session_scope(ctx.engine) as s:
         found = find_agent(s, agent)
         return agent_to_dict(found, roles_of(s, found.id))
@@ -299,8 +322,11 @@ def update_agent(
     roles: list[str] | None = None,
     label: str | None = None,
     tool_family: str | None = None,
+    caller: Principal,
 ) -> dict[str, Any]:
-    """Change an agent's roles (the full new list), label or tool family."""
+    """Change an agent's roles (the full new list), label or tool family. Needs the admin
+    scope."""
+    caller.require("admin")
     try:
         with session_scope(ctx.engine, write=True) as s:
             found = find_agent(s, agent)

@@ -13,7 +13,7 @@ from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, list_roles
 from floom.services.handoffs.flow import parties
 from floom.services.handoffs.jobs import get_job, list_jobs, load_visible, visible_clause
-from floom.services.principal import Principal
+from floom.services.principal import SYSTEM, Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Job, JobDependency
 
@@ -43,6 +43,7 @@ def board(
     Open columns list jobs in claim order (most urgent, then oldest); finished ones, the
     latest change first."""
     who = as_actor(ctx, actor)
+    reader = actor if isinstance(actor, Principal) else SYSTEM  # an Actor is floom's own
     items, next_cursor = list_jobs(ctx, actor=who, role=role or None, limit=limit)
     columns = []
     for status in COLUMNS:
@@ -56,7 +57,7 @@ def board(
         "columns": columns,
         "total": len(items),
         "more": next_cursor is not None,
-        "roles": [r["name"] for r in list_roles(ctx, include_retired=True)],
+        "roles": [r["name"] for r in list_roles(ctx, include_retired=True, caller=reader)],
         "viewer": who,
     }
 

@@ -122,8 +122,10 @@ def _in_flight(ctx: Context, agent_id: str) -> int:
 
 def _inputs_for(ctx: Context, worker: str, context: dict[str, Any]) -> dict[str, Any]:
     """The job's context as the worker's inputs: keys the worker does not declare stay out."""
-    found = workers.get_worker(ctx, name=worker)
-    version = workers.get_version(ctx, version_id=found.active_version_id or "")
+    found = workers.get_worker(ctx, name=worker, caller=principal.SYSTEM)
+    version = workers.get_version(
+        ctx, version_id=found.active_version_id or "", caller=principal.SYSTEM
+    )
     declared = workers.manifest_of(version).inputs
     return {k: v for k, v in context.items() if k in declared}
 
@@ -160,7 +162,7 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: dict[str, Any]) -> N
 
 def _finish(ctx: Context, actor: Actor, job: Job) -> None:
     """Complete or fail a bridged job whose run ended; extend the lease while it runs."""
-    run = runs.get_run(ctx, run_id=job.run_id or "")
+    run = runs.get_run(ctx, run_id=job.run_id or "", caller=principal.SYSTEM)
     if run.status not in run_rules.FINISHED:
         flow.heartbeat(ctx, actor=actor, job_id=job.id)
         return
@@ -176,7 +178,10 @@ def _finish(ctx: Context, actor: Actor, job: Job) -> None:
                     "content_type": body["content_type"],
                 },
             }
-            for body in map(runs.artifact_to_dict, runs.list_artifacts(ctx, run_id=run.id))
+            for body in map(
+                runs.artifact_to_dict,
+                runs.list_artifacts(ctx, run_id=run.id, caller=principal.SYSTEM),
+            )
         ]
         outputs = json.loads(run.outputs_json) if run.outputs_json else {}
         flow.complete(

@@ -11,6 +11,7 @@ from sqlmodel import col, select
 from floom.services import keys
 from floom.services.handoffs.agents import agent_to_dict, find_agent, roles_of
 from floom.services.handoffs.flow import release_jobs_of_agent
+from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, utcnow
 
@@ -18,8 +19,10 @@ if TYPE_CHECKING:
     from floom.services.context import Context
 
 
-def retire_agent(ctx: Context, *, agent: str) -> dict[str, Any]:
-    """Retire an agent: its keys are revoked and the jobs it holds go back to `published`."""
+def retire_agent(ctx: Context, *, agent: str, caller: Principal) -> dict[str, Any]:
+    """Retire an agent: its keys are revoked and the jobs it holds go back to `published`.
+    Needs the admin scope."""
+    caller.require("admin")
     revoked: list[str] = []
     with session_scope(ctx.engine, write=True) as s:
         found = find_agent(s, agent)
