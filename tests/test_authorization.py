@@ -1,10 +1,16 @@
 """Every REST route and every MCP tool is walked with no key and with each scope, from the
 app's own route table, its OpenAPI document and the MCP tool list, so a new route or tool
-cannot skip authorization."""
+cannot skip authorization; and every service that takes a caller is called with a caller
+holding no scope, so the rule holds below the surfaces too."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import inspect
+import pkgutil
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +18,14 @@ import anyio
 import httpx
 from fastapi.routing import APIRoute
 
+import floom.services
+from floom.errors import Forbidden
 from floom.mcp import tools as mcp_tools
 from floom.services import keys
+from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.keys import SCOPES
-from floom.services.principal import SYSTEM
+from floom.services.principal import SYSTEM, Principal
 from tests.conftest import LiveServer, deploy_folder, make_worker
 from tests.mcp_support import http_client
 
@@ -188,3 +197,88 @@ def _mcp_call_without_key(server: LiveServer, tool: str) -> tuple[int, str | Non
     headers = {"Accept": "application/json, text/event-stream"}
     resp = httpx.post(f"{server.base_url}/mcp", json=message, headers=headers, timeout=30)
     return resp.status_code, _code(resp)
+
+
+# -- services: the rule itself, below every surface --------------------------------------------
+
+# The reads each surface serves. Every one decides access itself (caller.require), so a new
+# surface that forgets to check cannot read around it.
+READ_SERVICES = (
+    "agent_runs.list_tool_calls agent_runs.load_transcript approvals.approvals_of_run "
+    "approvals.get_approval approvals.list_approvals audit.list_events diffs.diff_versions "
+    "evals.eval_report evals.get_eval evals.select_runs keys.get_key keys.key_names "
+    "keys.list_keys lineage.child_runs lineage.last_runs logs.list_events logs.tail_events "
+    "metrics.exposition nodes.list_nodes recordings.load_recording replays.get_replay "
+    "replays.replay_of_run replays.replay_report replays.replays_of_eval "
+    "run_records.run_extras run_records.run_record run_stats.daily_history "
+    "run_waits.wait_for_end runs.get_run runs.list_artifacts runs.list_runs "
+    "runs.read_artifact runs.version_of_run secrets.list_secrets triggers.get_trigger "
+    "triggers.list_triggers triggers.summary webhooks.get_delivery webhooks.list_deliveries "
+    "workers.get_version workers.get_worker workers.list_versions workers.list_workers "
+    "workers.validate_archive handoffs.agents.get_agent handoffs.agents.list_agents "
+    "handoffs.agents.list_roles"
+).split()
+
+
+# Functions that take a caller to apply a rule about it, after the service that calls them
+# has checked its scope, and read nothing themselves.
+RULES_ABOUT_THE_CALLER = {"exposure.check_exposed": "create_run's surface check"}
+
+
+def _services_taking_a_caller() -> dict[str, Callable[..., Any]]:
+    found: dict[str, Callable[..., Any]] = {}
+    for info in pkgutil.walk_packages(floom.services.__path__, "floom.services."):
+        module = importlib.import_module(info.name)
+        for name, fn in inspect.getmembers(module, inspect.isfunction):
+            if fn.__module__ != module.__name__ or name.startswith("_"):
+                continue
+            param = inspect.signature(fn).parameters.get("caller")
+            dotted = f"{info.name.removeprefix('floom.services.')}.{name}"
+            if dotted in RULES_ABOUT_THE_CALLER:
+                continue
+            if param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY:
+                found[dotted] = fn
+    return found
+
+
+def test_every_read_service_takes_the_caller() -> None:
+    walked = _services_taking_a_caller()
+    assert [name for name in READ_SERVICES if name not in walked] == []
+
+
+def test_every_service_refuses_a_caller_without_a_scope_before_reading_anything(
+    ctx: Context,
+) -> None:
+    # A key with no scope at all: what a surface that forgot to check would pass along.
+    nobody = Principal(key_id="key_nobody", name="nobody", scopes=())
+    wrong: list[str] = []
+    for name, fn in sorted(_services_taking_a_caller().items()):
+        args, kwargs = _placeholders(fn, ctx)
+        try:
+            result = fn(*args, **kwargs, caller=nobody)
+            if inspect.iscoroutine(result):
+                asyncio.run(result)
+        except Forbidden as exc:
+            if exc.details.get("scope_needed") not in SCOPES:
+                wrong.append(f"{name} refused without naming the scope it needs")
+            continue
+        except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
+            wrong.append(f"{name} looked at its arguments first ({type(exc).__name__}: {exc})")
+            continue
+        wrong.append(f"{name} answered a caller without a scope")
+    assert wrong == [], "\n".join(wrong)
+
+
+def _placeholders(fn: Callable[..., Any], ctx: Context) -> tuple[list[Any], dict[str, Any]]:
+    """Arguments no service could act on: the refusal must come before they are looked at."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.name == "caller" or param.default is not inspect.Parameter.empty:
+            continue
+        value = ctx if param.name == "ctx" else "nope-0"
+        if param.kind is inspect.Parameter.KEYWORD_ONLY:
+            kwargs[param.name] = value
+        else:
+            args.append(value)
+    return args, kwargs

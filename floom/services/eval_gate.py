@@ -62,7 +62,9 @@ def run_gate(
     timeout: float = GATE_TIMEOUT_SECONDS,
 ) -> dict[str, Any] | None:
     """The gate's eval report with "passed", or None when there is no recorded run to
-    replay yet (a gate cannot judge a worker that never ran)."""
+    replay yet (a gate cannot judge a worker that never ran). Needs the run scope (it starts
+    an eval)."""
+    caller.require("run")
     selector = f"last:{gate.runs}"
     if not evals.select_runs(ctx, worker_name=worker_name, selector=selector, caller=caller):
         return None

@@ -132,7 +132,9 @@ def get_replay(ctx: Context, *, run_id: str, caller: Principal) -> Replay:
 
 
 def run_record(ctx: Context, *, run: Run, caller: Principal) -> dict[str, Any]:
-    """A run as the diff reads it: its public body with tool calls and model usage."""
+    """A run as the diff reads it: its public body with tool calls and model usage. Needs the
+    read scope."""
+    caller.require("read")
     return {**runs.run_to_dict(run), **run_records.run_extras(ctx, run=run, caller=caller)}
 
 

@@ -453,4 +453,5 @@ def artifact_to_dict(a: Artifact) -> dict[str, Any]:
 
 def version_of_run(ctx: Context, *, run: Run, caller: Principal) -> Version:
     """The version a run ran (kept even after its worker was deleted). Needs the read scope."""
+    caller.require("read")
     return workers.get_version(ctx, version_id=run.version_id, caller=caller)
