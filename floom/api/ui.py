@@ -33,11 +33,12 @@ from floom.api.ui_support import (
     render,
 )
 from floom.errors import FloomError, InputInvalid, InvalidRequest
+from floom.manifest import Manifest
+from floom.schemas import runs as run_views
+from floom.schemas import workers as worker_views
 from floom.services import diffs, exposure, lineage, run_stats, runs, worker_deletion, workers
 from floom.services.context import Context
-from floom.services.principal import Principal
 from floom.services.web_sessions import SignedIn
-from floom.store.models import Worker
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 log = logging.getLogger("floom.ui")
@@ -68,38 +69,30 @@ def install(app: FastAPI) -> None:
     app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
 
 
-def _worker_rows(ctx: Context, rows: list[Worker], caller: Principal) -> list[dict[str, Any]]:
-    last = lineage.last_runs(ctx, worker_names=[w.name for w in rows], caller=caller)
-    items = []
-    for w in rows:
-        version = (
-            workers.get_version(ctx, version_id=w.active_version_id, caller=caller)
-            if w.active_version_id
-            else None
-        )
-        manifest = workers.manifest_of(version) if version else None
-        items.append(
-            {
-                "worker": w,
-                "manifest": manifest,
-                "last_run": last.get(w.name),
-                "triggers": ui_features.trigger_summaries(ctx, worker_name=w.name, caller=caller),
-            }
-        )
-    return items
-
-
 @router.get("/")
 def workers_page(
     request: Request, ctx: CtxDep, me: Me, cursor: str | None = None, notice: str | None = None
 ) -> Response:
-    rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=50, caller=me.caller)
+    caller = me.caller
+    page = worker_views.worker_page(ctx, cursor=cursor, limit=50, caller=caller)
+    last = lineage.last_runs(ctx, worker_names=[w.name for w in page.items], caller=caller)
+    surface = caller.surface
+    items = [
+        {
+            "worker": w,
+            "last_run": run_views.run_public(last[w.name], surface=surface)
+            if w.name in last
+            else None,
+            "triggers": ui_features.trigger_summaries(w.triggers),
+        }
+        for w in page.items
+    ]
     return render(
         request,
         "workers.html",
         {
-            "items": _worker_rows(ctx, rows, me.caller),
-            "next_cursor": next_cursor,
+            "items": items,
+            "next_cursor": page.next_cursor,
             "cursor": cursor,
             "notice": NOTICES.get(notice or ""),
         },
@@ -108,15 +101,14 @@ def workers_page(
 
 def _worker_context(ctx: Context, me: SignedIn, name: str, base_url: str) -> dict[str, Any]:
     caller = me.caller
-    worker = workers.get_worker(ctx, name=name, caller=caller)
-    versions = workers.list_versions(ctx, name=name, caller=caller)
-    active = next((v for v in versions if v.id == worker.active_version_id), None)
-    manifest = workers.manifest_of(active) if active else None
+    worker = worker_views.worker_detail(ctx, name=name, caller=caller)
+    versions = worker_views.version_page(ctx, name=name, caller=caller).items
+    active = next((v for v in versions if v.active), None)
+    manifest = Manifest.model_validate(worker.manifest) if worker.manifest else None
     files: list[tuple[str, int]] = []
     if active is not None:
-        bundle = workers.load_bundle(ctx, version=active)
-        files = [(f.path, len(f.data)) for f in bundle.files.values()]
-    recent, _ = runs.list_runs(ctx, worker=name, limit=10, caller=caller)
+        detail = worker_views.version_detail(ctx, name=name, version_id=active.id, caller=caller)
+        files = [(f.path, f.size) for f in detail.files]
     return {
         "worker": worker,
         "versions": versions,
@@ -125,7 +117,7 @@ def _worker_context(ctx: Context, me: SignedIn, name: str, base_url: str) -> dic
         "files": sorted(files),
         "fields": run_form(manifest) if manifest else [],
         "exposed_to": exposure.allowed_surfaces(manifest) if manifest else (),
-        "recent": recent,
+        "recent": worker.recent_runs,
         "triggers": ui_features.worker_triggers(
             ctx, worker_name=name, base_url=base_url, caller=caller
         ),
@@ -218,8 +210,8 @@ def diff_page(
     old: str | None = None,
     new: str | None = None,
 ) -> Response:
-    worker = workers.get_worker(ctx, name=name, caller=me.caller)
-    versions = workers.list_versions(ctx, name=name, caller=me.caller)
+    worker = worker_views.worker_public(ctx, name=name, caller=me.caller)
+    versions = worker_views.version_page(ctx, name=name, caller=me.caller).items
     # Newest first: by default compare the active version with the one deployed before it.
     new = new or worker.active_version_id or (versions[0].id if versions else None)
     ids = [v.id for v in versions]

@@ -1,6 +1,7 @@
 """The UI's view of features that other parts of floom provide: triggers (next fires, webhook
-URL and deliveries), approvals and tool calls, shaped for the templates. A function that
-returns None means the feature is not in this floom; the page then shows a marked place."""
+URL and deliveries) and approvals, shaped for the templates from their public models. A
+function that returns None means the feature is not in this floom; the page then shows a
+marked place."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from floom.schemas import runs as run_views
 from floom.schemas import triggers as trigger_views
-from floom.services import agent_runs, approvals, triggers, webhooks
+from floom.schemas import workers as worker_views
+from floom.services import approvals, triggers, webhooks
 from floom.services.principal import Principal
-from floom.store.agents import Approval
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -73,25 +74,21 @@ def worker_triggers(
     return items
 
 
-def trigger_summaries(
-    ctx: Context, *, worker_name: str, caller: Principal
-) -> list[dict[str, Any]] | None:
-    """The short form for the workers list: kind, cron, next fire, timezone."""
-    items = []
-    for item in triggers.summary(ctx, worker_name=worker_name, caller=caller):
-        config = {"cron": item.get("cron")} if item.get("cron") else {}
-        items.append(
-            {
-                "kind": item["kind"],
-                "description": _describe(item["kind"], config) if config else "",
-                "next_fire": _instant(item.get("next_fire")),
-                "next_fire_wall": _wall(item.get("next_fire")),
-                "timezone": item.get("timezone"),
-                "paused": item.get("paused", False),
-                "active": not item.get("paused", False),
-            }
-        )
-    return items
+def trigger_summaries(summaries: list[worker_views.TriggerSummary]) -> list[dict[str, Any]]:
+    """The short form for the workers list (from a worker's public model): kind, cron, next
+    fire, timezone."""
+    return [
+        {
+            "kind": t.kind,
+            "description": _describe(t.kind, {"cron": t.cron}) if t.cron else "",
+            "next_fire": _instant(t.next_fire),
+            "next_fire_wall": _wall(t.next_fire),
+            "timezone": t.timezone,
+            "paused": t.paused,
+            "active": not t.paused,
+        }
+        for t in summaries
+    ]
 
 
 def webhook_deliveries(
@@ -104,8 +101,9 @@ def webhook_deliveries(
     return [trigger_views.delivery_public(d) for d in rows]
 
 
-def _approval_view(a: Approval) -> dict[str, Any]:
-    body = run_views.approval_public(a).model_dump()
+def approval_view(approval: run_views.ApprovalPublic) -> dict[str, Any]:
+    """An approval's public model, with its proposal as the edit box shows it."""
+    body = approval.model_dump()
     body["proposed_text"] = json.dumps(body["proposed"], indent=2, ensure_ascii=False)
     return body
 
@@ -115,24 +113,7 @@ def pending_approvals(
 ) -> list[dict[str, Any]] | None:
     """Everything waiting for a person, oldest first."""
     rows, _ = approvals.list_approvals(ctx, status=approvals.PENDING, limit=limit, caller=caller)
-    return [_approval_view(a) for a in rows]
-
-
-def run_approvals(ctx: Context, *, run_id: str, caller: Principal) -> list[dict[str, Any]] | None:
-    rows = approvals.approvals_of_run(ctx, run_id=run_id, caller=caller)
-    return [_approval_view(a) for a in rows]
-
-
-def run_tool_calls(
-    ctx: Context, *, run_id: str, caller: Principal
-) -> list[run_views.ToolCallPublic] | None:
-    rows = agent_runs.list_tool_calls(ctx, run_id=run_id, caller=caller)
-    return [run_views.tool_call_public(c) for c in rows]
-
-
-def model_usage(ctx: Context, *, run_id: str, caller: Principal) -> dict[str, Any] | None:
-    transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller)
-    return agent_runs.usage_of(transcript) or None
+    return [approval_view(run_views.approval_public(a)) for a in rows]
 
 
 def decide(

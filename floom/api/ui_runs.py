@@ -19,10 +19,12 @@ from floom.api import ui_features
 from floom.api.routes_runs import log_event_stream
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render
 from floom.errors import FloomError, InvalidRequest, NotFound
-from floom.services import keys, lineage, logs, run_rules, runs, workers
+from floom.schemas import runs as run_views
+from floom.schemas import workers as worker_views
+from floom.services import agent_runs, keys, lineage, logs, run_rules, runs, workers
 from floom.services.context import Context
 from floom.services.web_sessions import SignedIn
-from floom.store.models import Worker, utcnow
+from floom.store.models import utcnow
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
@@ -90,7 +92,7 @@ def runs_page(
         request,
         "runs.html",
         {
-            "items": rows,
+            "items": run_views.run_page(rows, next_cursor, surface=me.caller.surface).items,
             "next_cursor": next_cursor,
             "cursor": cursor,
             "filters": filters,
@@ -121,30 +123,35 @@ def time_bound(value: str, *, name: str) -> datetime | None:
 
 def _run_context(ctx: Context, me: SignedIn, run_id: str) -> dict[str, Any]:
     caller = me.caller
-    run = runs.get_run(ctx, run_id=run_id, caller=caller)
+    run = run_views.run_detail(ctx, run_id=run_id, caller=caller)
     try:
-        worker: Worker | None = workers.get_worker(ctx, name=run.worker_name, caller=caller)
+        worker: worker_views.WorkerPublic | None = worker_views.worker_public(
+            ctx, name=run.worker, caller=caller
+        )
     except NotFound:
         worker = None  # deleted with its runs kept: they stay readable
-    events = logs.tail_events(ctx, run_id=run_id, count=LOG_TAIL, caller=caller)
+    rows = logs.tail_events(ctx, run_id=run_id, count=LOG_TAIL, caller=caller)
+    events = [run_views.event_public(e, surface=caller.surface) for e in rows]
+    children = lineage.child_runs(ctx, run_id=run_id, caller=caller)
+    calls = agent_runs.list_tool_calls(ctx, run_id=run_id, caller=caller)
+    started_by = keys.key_names(ctx, key_ids=[run.created_by or ""], caller=caller)
     return {
         "run": run,
         "worker": worker,
-        "inputs": json.loads(run.inputs_json),
-        "outputs": json.loads(run.outputs_json) if run.outputs_json else None,
-        "artifacts": runs.list_artifacts(ctx, run_id=run_id, caller=caller),
+        "inputs": run.inputs,
+        "outputs": run.outputs,
+        "artifacts": run.artifacts,
         "events": events,
         "last_seq": events[-1].seq if events else 0,
         "log_truncated": bool(events) and events[0].seq > 1,
         "terminal": run.status in run_rules.FINISHED,
-        "children": lineage.child_runs(ctx, run_id=run_id, caller=caller),
+        "children": [run_views.run_public(c, surface=caller.surface) for c in children],
         "is_active_version": worker is not None and worker.active_version_id == run.version_id,
-        "approvals": ui_features.run_approvals(ctx, run_id=run_id, caller=caller),
-        "tool_calls": ui_features.run_tool_calls(ctx, run_id=run_id, caller=caller),
-        "model_usage": ui_features.model_usage(ctx, run_id=run_id, caller=caller),
-        "started_by": keys.key_names(ctx, key_ids=[run.created_by or ""], caller=caller).get(
-            run.created_by or ""
-        ),
+        "approvals": [ui_features.approval_view(a) for a in run.approvals],
+        # Every recorded call, whatever the run's kind (the run record lists an agent's only).
+        "tool_calls": [run_views.tool_call_public(c) for c in calls],
+        "model_usage": run.model_usage,
+        "started_by": started_by.get(run.created_by or ""),
     }
 
 
@@ -266,12 +273,15 @@ def _preview(content_type: str, name: str, data: bytes) -> dict[str, Any]:
 
 @router.get("/runs/{run_id}/artifacts/{name:path}")
 def artifact_page(request: Request, run_id: str, name: str, ctx: CtxDep, me: Me) -> Response:
-    run = runs.get_run(ctx, run_id=run_id, caller=me.caller)
     art, data = runs.read_artifact(ctx, run_id=run_id, name=name, caller=me.caller)
     return render(
         request,
         "artifact.html",
-        {"run": run, "artifact": art, "preview": _preview(art.content_type, name, data)},
+        {
+            "run_id": run_id,
+            "artifact": run_views.artifact_public(art),
+            "preview": _preview(art.content_type, name, data),
+        },
     )
 
 

@@ -54,6 +54,11 @@ class RunPublic(Public):
     retry_of: str | None
     parent_run_id: str | None
     phase: str | None
+    created_by: str | None = Field(
+        None,
+        description="who started it: an API key's id, or what floom started it for (an agent "
+        "id, a label); null when floom started it on its own (a schedule, a webhook)",
+    )
     scheduled_for: Timestamp | None
     created_at: Timestamp
     started_at: Timestamp | None

@@ -429,6 +429,7 @@ def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[st
         "retry_of": run.retry_of,
         "parent_run_id": run.parent_run_id,
         "phase": run.phase,
+        "created_by": run.created_by,
         "scheduled_for": run.scheduled_for,
         "created_at": run.created_at,
         "started_at": run.started_at,
