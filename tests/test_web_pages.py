@@ -225,3 +225,24 @@ def test_a_run_page_shows_its_tool_calls_in_order_with_arguments_and_results(
     timeline = page[page.index('id="tool-calls"') : page.index('id="approvals"')]
     assert timeline.index("web_fetch") < timeline.index("remember")
     assert "http://127.0.0.1/a" in timeline and "&lt;p&gt;page&lt;/p&gt;" in timeline
+
+
+def test_a_read_key_is_refused_a_rollback_from_a_run_page_and_nothing_changes(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    first = deploy_folder(
+        api, make_worker(tmp_path / "v1", "name: roll\n", {"run.py": "print(1)\n"})
+    )
+    run = wait_for_run(api, api.post("/api/v1/workers/roll/runs", json={}).json()["id"])
+    second = deploy_folder(
+        api, make_worker(tmp_path / "v2", "name: roll\n", {"run.py": "print(2)\n"})
+    )
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="looker")
+    client = signed_in_client(server, read_key)
+    page = client.get(f"/runs/{run['id']}")
+    assert page.status_code == 200 and "Roll back" not in page.text
+
+    refused = client.post(f"/runs/{run['id']}/rollback", data={"csrf": csrf_of(page.text)})
+    assert refused.status_code == 403 and "lacks the &#39;deploy&#39; scope" in refused.text
+    active = api.get("/api/v1/workers/roll").json()["active_version_id"]
+    assert active == second["version"]["id"] != first["version"]["id"]
