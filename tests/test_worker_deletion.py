@@ -502,6 +502,11 @@ def test_the_worker_page_deletes_only_with_csrf_the_typed_name_and_the_deploy_sc
         "/workers/uidel/delete", data={"csrf": csrf_of(page.text), "confirm_name": "uidel"}
     )
     assert refused.status_code == 403
+    # The scope is decided before the typed name is looked at: a run key learns nothing.
+    mistyped_by_runner = limited.post(
+        "/workers/uidel/delete", data={"csrf": csrf_of(page.text), "confirm_name": "nope"}
+    )
+    assert mistyped_by_runner.status_code == 403
 
     browser = signed_in_client(server, server.admin_key)
     page = browser.get("/workers/uidel")

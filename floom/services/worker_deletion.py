@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, func, update
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, NotFound
+from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.services import approvals, audit, principal, run_rules, run_waits, runs, workers
 from floom.services.audit import AuditActor
 from floom.services.handoffs.bridge import agent_label
@@ -73,6 +73,7 @@ def delete_worker(
     name: str,
     purge_runs: bool,
     caller: Principal,
+    confirm_name: str | None = None,
     stop_wait_seconds: float = STOP_WAIT_SECONDS,
 ) -> Deletion:
     """Delete the worker `name` and stop everything that could start it again, at once.
@@ -84,9 +85,15 @@ def delete_worker(
     one else refers to; if a run is still running then, it raises Conflict and deletes
     nothing. Without it, runs and versions stay readable; the versions are retired from the
     name. One transaction deletes everything, with the audit event; unknown names raise
-    NotFound. Needs the deploy scope.
+    NotFound. Needs the deploy scope; `confirm_name`, when given (a person typed it to
+    confirm), must be the worker's name, or nothing is deleted.
     """
     caller.require("deploy")
+    if confirm_name is not None and confirm_name.strip() != name:
+        raise InvalidRequest(
+            "the name typed does not match; nothing was deleted",
+            hint=f"type {name} into the box to confirm",
+        )
     actor = AuditActor.of(caller)
     workers.get_worker(ctx, name=name, caller=caller)
     label = f"deletion of worker {name} by {actor.label}"
