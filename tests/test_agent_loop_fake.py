@@ -411,14 +411,16 @@ def test_an_agent_run_interrupted_by_a_node_shutdown_resumes_on_the_next_node_as
     assert started.wait(20)
     first.stop(grace_seconds=0)  # the drain is over: what still runs is interrupted
 
-    between = runs.get_run(ctx, run_id=run_id)
+    between = runs.get_run(ctx, caller=SYSTEM, run_id=run_id)
     assert (between.status, between.attempt, between.max_attempts) == ("queued", 2, 2)
     assert runs.run_to_dict(between)["previous_attempt"] == "interrupted"
     second = Executor(ctx, sandbox, run_agent=run_agent)
     second.start()
     try:
         done = wait_until(
-            lambda: (r := runs.get_run(ctx, run_id=run_id)).finished_at is not None and r,
+            lambda: (
+                (r := runs.get_run(ctx, caller=SYSTEM, run_id=run_id)).finished_at is not None and r
+            ),
             timeout=20,
         )
     finally:
@@ -434,5 +436,7 @@ def test_an_agent_run_interrupted_by_a_node_shutdown_resumes_on_the_next_node_as
         ("run_command", "ok", 2),
         ("finish", "ok", 2),
     ]
-    notices = [e.line for e in list_events(ctx, run_id=run_id) if e.stream == "system"]
+    notices = [
+        e.line for e in list_events(ctx, caller=SYSTEM, run_id=run_id) if e.stream == "system"
+    ]
     assert any("interrupted by node shutdown; requeued" in line for line in notices), notices
