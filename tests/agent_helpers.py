@@ -25,14 +25,30 @@ from tests.standins.echo import echo_service
 def wait_status(
     api: httpx.Client, run_id: str, statuses: set[str] | None = None, *, timeout: float = 30
 ) -> dict[str, Any]:
-    """Poll the run until its status is one of `statuses` (default: any end state)."""
+    """Poll the run until its status is one of `statuses` (default: any end state). A run
+    that ends otherwise fails the wait at once, with the run and its log: it never moves
+    again."""
     wanted = statuses or FINISHED
 
     def reached() -> dict[str, Any] | None:
         body: dict[str, Any] = api.get(f"/api/v1/runs/{run_id}").json()
+        if body["status"] in FINISHED and body["status"] not in wanted:
+            raise AssertionError(
+                f"run {run_id} ended {body['status']}, not {sorted(wanted)}: {body}\n"
+                + "\n".join(log_lines(api, run_id))
+            )
         return body if body["status"] in wanted else None
 
-    result: dict[str, Any] = wait_until(reached, timeout=timeout)
+    try:
+        result: dict[str, Any] = wait_until(reached, timeout=timeout)
+    except AssertionError as exc:
+        if "not met within" not in str(exc):
+            raise
+        body = api.get(f"/api/v1/runs/{run_id}").json()
+        raise AssertionError(
+            f"run {run_id} is still {body['status']} after {timeout}s, not {sorted(wanted)}: "
+            f"{body}\n" + "\n".join(log_lines(api, run_id))
+        ) from None
     return result
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.agent_helpers import agent_rig, start_run, wait_status
+from tests.agent_helpers import agent_rig, log_lines, start_run, wait_status
 from tests.conftest import EXAMPLES
 from tests.standins.anthropic_api import reply, text, tool_use
 from tests.standins.github import github_standin
@@ -63,8 +63,9 @@ def test_repo_triage_labels_an_issue_after_approval_and_reports(
         )
         rig.api.post(f"/api/v1/approvals/{paused['approvals'][0]['id']}/approve", json={})
         run = wait_status(rig.api, run_id)
+        logs = log_lines(rig.api, run_id)
 
-    assert run["status"] == "succeeded", run
+    assert run["status"] == "succeeded", (run, logs)
     assert run["outputs"] == {"summary": "Labelled #1 as a bug.", "triaged": 1}
     assert [a["name"] for a in run["artifacts"]] == ["triage.md"]
     assert [c["tool"] for c in run["tool_calls"]] == [

@@ -109,10 +109,11 @@ def test_only_a_node_with_the_executor_role_claims_runs_and_only_a_scheduler_nod
         assert runs.get_run(api_node.ctx, caller=SYSTEM, run_id=run_id).status == "queued"
         with live_server(tmp_path / "exec", url, roles="executor") as executor_node:
             done = wait_for_run(c, run_id)
-            assert done["status"] == "succeeded"
-            assert executor_node.ctx.node_id in "\n".join(
+            logs = "\n".join(
                 e["line"] for e in c.get(f"/api/v1/runs/{run_id}/logs").json()["items"]
             )
+            assert done["status"] == "succeeded", (done, logs)
+            assert executor_node.ctx.node_id in logs
             assert api_node.ctx.node_id != executor_node.ctx.node_id
     with live_server(tmp_path / "sched", url, roles="scheduler"):
         assert "floom-scheduler" in {t.name for t in threading.enumerate()}
