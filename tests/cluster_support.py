@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, plain_client, wait_until
 
 
 class NodeProcess:
@@ -48,14 +48,16 @@ class NodeProcess:
         return self
 
     def wait_healthy(self) -> None:
-        def healthy() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, "node exited"
-            try:
-                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
+        with plain_client(self.url, timeout=1) as probe:
 
-        wait_until(healthy, timeout=90, interval=0.1)  # start-ups overlap on 2 cores
+            def healthy() -> bool:
+                assert self.proc is not None and self.proc.poll() is None, "node exited"
+                try:
+                    return probe.get("/healthz").status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(healthy, timeout=90, interval=0.1)  # start-ups overlap on 2 cores
 
     def kill9(self) -> None:
         assert self.proc is not None

@@ -31,7 +31,7 @@ import httpx
 import psycopg
 import yaml
 
-from tests.conftest import PG_ADMIN_URL, REPO, free_port, wait_until
+from tests.conftest import PG_ADMIN_URL, REPO, free_port, plain_client, wait_until
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 # What an operator exports before `docker compose up` (see the file's header).
@@ -145,7 +145,8 @@ class Node:
             f"{self.name} exited:\n{self.log()[-3000:]}"
         )
         try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200
+            with plain_client(self.url, timeout=2) as probe:
+                return probe.get("/healthz").status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -183,8 +184,8 @@ class Cluster:
     direct_url: str = field(default="")  # the same database without any proxy, for checks
 
     def api(self, name: str = "api") -> httpx.Client:
-        return httpx.Client(
-            base_url=self.nodes[name].url,
+        return plain_client(
+            self.nodes[name].url,
             headers={"Authorization": f"Bearer {self.admin_key}"},
             timeout=30,
         )

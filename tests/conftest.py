@@ -149,6 +149,12 @@ def ctx(tmp_path: Path, database_url: str) -> Iterator[Context]:
     context.engine.dispose()
 
 
+def plain_client(base_url: str, **options: Any) -> httpx.Client:
+    """An httpx client for a server of the tests: plain HTTP on loopback, so no TLS context
+    (as floom's own client does): loading the CA bundle costs each client 0.1-0.5 s here."""
+    return httpx.Client(base_url=base_url, verify=False, **options)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -164,7 +170,7 @@ class LiveServer:
     def client(self, key: str | None = None) -> httpx.Client:
         token = self.admin_key if key is None else key
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30)
+        return plain_client(self.base_url, headers=headers, timeout=30)
 
     def cli_env(self, key: str | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}

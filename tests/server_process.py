@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import free_port, plain_client, wait_until
 
 KEY = "flm_server_process_test_admin_key"
 
@@ -33,9 +33,7 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
-        )
+        return plain_client(self.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
@@ -59,14 +57,16 @@ class ServerProcess:
                 start_new_session=True,
             )
 
-        def healthy() -> bool:
-            assert self.proc is not None and self.proc.poll() is None, "server exited"
-            try:
-                return httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
+        with plain_client(self.url, timeout=1) as probe:
 
-        wait_until(healthy, timeout=30, interval=0.1)
+            def healthy() -> bool:
+                assert self.proc is not None and self.proc.poll() is None, "server exited"
+                try:
+                    return probe.get("/healthz").status_code == 200
+                except httpx.HTTPError:
+                    return False
+
+            wait_until(healthy, timeout=30, interval=0.1)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

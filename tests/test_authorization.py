@@ -11,6 +11,7 @@ import inspect
 import pkgutil
 import re
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.keys import SCOPES
 from floom.services.principal import SYSTEM, Principal
-from tests.conftest import LiveServer, deploy_folder, make_worker
+from tests.conftest import LiveServer, deploy_folder, make_worker, plain_client
 from tests.mcp_support import http_client
 
 API = "/api/v1"
@@ -108,22 +109,28 @@ def test_each_route_refuses_no_key_and_every_lower_scope_and_admits_its_own(
         for scope in SCOPES
     }
     wrong: list[str] = []
-    for method, path, scope in _api_routes(server):
-        if scope is None:
-            continue
-        url = _concrete(path)
-        with server.client(key="") as anonymous:
+    with ExitStack() as stack:
+        anonymous = stack.enter_context(server.client(key=""))
+        clients = {held: stack.enter_context(server.client(key=tokens[held])) for held in SCOPES}
+        for method, path, scope in _api_routes(server):
+            if scope is None:
+                continue
+            url = _concrete(path)
             status = anonymous.request(method, url, json={}).status_code
-        if status != 401:
-            wrong.append(f"{method} {path} without a key answered {status}, not 401")
-        for held in SCOPES:
-            with server.client(key=tokens[held]) as api:
+            if status != 401:
+                wrong.append(f"{method} {path} without a key answered {status}, not 401")
+            for held, api in clients.items():
                 resp = api.request(method, url, json={}, params={"wait": 0})
-            allowed = keys.grants([held], scope)
-            if not allowed and (resp.status_code != 403 or _code(resp) != "forbidden"):
-                wrong.append(f"{method} {path} with {held} answered {resp.status_code}")
-            if allowed and resp.status_code in (401, 403):
-                wrong.append(f"{method} {path} refused {held} ({resp.status_code}), needs {scope}")
+                allowed = keys.grants([held], scope)
+                if not allowed and (resp.status_code != 403 or _code(resp) != "forbidden"):
+                    wrong.append(f"{method} {path} with {held} answered {resp.status_code}")
+                if allowed and resp.status_code in (401, 403):
+                    wrong.append(
+                        f"{method} {path} refused {held} ({resp.status_code}), needs {scope}"
+                    )
+        # One client per key for the whole walk: no answer may have set a cookie that
+        # would stand in for the key in the requests after it.
+        assert not any(c.cookies for c in (anonymous, *clients.values()))
     assert wrong == [], "\n".join(wrong)
 
 
@@ -164,10 +171,11 @@ def test_each_mcp_tool_refuses_no_key_and_every_lower_scope_and_admits_its_own(
             listed = (await admin.list_tools()).tools
         names = [t.name for t in listed]
         assert "walked" in names and "deploy_worker" in names, names
-        for name in names:
-            unauthenticated = _mcp_call_without_key(server, name)
-            if unauthenticated != (401, "unauthorized"):
-                wrong.append(f"{name} without a key answered {unauthenticated}")
+        with plain_client(server.base_url, timeout=30) as anonymous:
+            for name in names:
+                unauthenticated = _mcp_call_without_key(anonymous, name)
+                if unauthenticated != (401, "unauthorized"):
+                    wrong.append(f"{name} without a key answered {unauthenticated}")
         for held in SCOPES:
             async with http_client(server, tokens[held]) as mcp:
                 shown = {t.name for t in (await mcp.list_tools()).tools}
@@ -187,7 +195,7 @@ def test_each_mcp_tool_refuses_no_key_and_every_lower_scope_and_admits_its_own(
     assert wrong == [], "\n".join(wrong)
 
 
-def _mcp_call_without_key(server: LiveServer, tool: str) -> tuple[int, str | None]:
+def _mcp_call_without_key(anonymous: httpx.Client, tool: str) -> tuple[int, str | None]:
     message = {
         "jsonrpc": "2.0",
         "id": 1,
@@ -195,7 +203,7 @@ def _mcp_call_without_key(server: LiveServer, tool: str) -> tuple[int, str | Non
         "params": {"name": tool, "arguments": {}},
     }
     headers = {"Accept": "application/json, text/event-stream"}
-    resp = httpx.post(f"{server.base_url}/mcp", json=message, headers=headers, timeout=30)
+    resp = anonymous.post("/mcp", json=message, headers=headers)
     return resp.status_code, _code(resp)
 
 
