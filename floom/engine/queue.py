@@ -91,9 +91,10 @@ def _claim_statements() -> _ClaimStatements:
     full: Any = bindparam("full", expanding=True)
     return _ClaimStatements(
         any_runnable=select(candidate.c.id).where(*runnable).limit(1),
-        claim=claim.where(runs.c.id == oldest.scalar_subquery()),
+        claim=claim.where(runs.c.id == oldest.scalar_subquery(), runs.c.status == QUEUED),
         claim_except=claim.where(
-            runs.c.id == oldest.where(candidate.c.worker_name.not_in(full)).scalar_subquery()
+            runs.c.id == oldest.where(candidate.c.worker_name.not_in(full)).scalar_subquery(),
+            runs.c.status == QUEUED,
         ),
         running_of_worker=select(func.count())
         .select_from(runs)
