@@ -31,14 +31,6 @@ def serve(
     ] = None,
 ) -> None:
     """Run the floom server: API, scheduler and executor in one process."""
-    # Imported here, not at the top: the server app costs ~0.75 s, which `floom serve --help`
-    # need not pay.
-    import uvicorn
-
-    from floom.api.app import create_app, preflight
-    from floom.sandbox import backend_readiness, get_sandbox
-    from floom.sandbox.base import describe_protections
-
     given = {
         "host": host,
         "port": port,
@@ -47,8 +39,18 @@ def serve(
         "sandbox": sandbox,
     }
     # A flag wins over its environment variable; an unset flag leaves the variable in force.
+    # Settings are checked before the server is loaded: a mistyped one is refused at once.
     overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     settings = Settings(**overrides)
+
+    # Imported here, not at the top: the server app costs ~0.75 s, which `floom serve --help`
+    # (and a refused setting) need not pay.
+    import uvicorn
+
+    from floom.api.app import create_app, preflight
+    from floom.sandbox import backend_readiness, get_sandbox
+    from floom.sandbox.base import describe_protections
+
     url = settings.public_url or f"http://{settings.host}:{settings.port}"
     _say(
         f"floom on {url}  data dir {settings.data_dir}  "
