@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import deploy_folder, make_worker, wait_for_run, wait_until
-from tests.server_process import KEY, ServerProcess
+from tests.server_process import ServerProcess
 
 
 @pytest.fixture
@@ -46,59 +46,41 @@ def _no_sandbox_left(marker: str) -> bool:
     return True
 
 
-def test_a_run_on_a_killed_server_is_retried_after_restart(
+def _attempt_1_started(api: httpx.Client, run_id: str) -> bool:
+    lines = api.get(f"/api/v1/runs/{run_id}/logs").json()["items"]
+    return any(e["line"] == "attempt 1" for e in lines)
+
+
+def test_runs_on_a_killed_server_are_retried_or_failed_by_their_policy_after_restart(
     server_process: ServerProcess, tmp_path: Path
 ) -> None:
-    folder = make_worker(
+    crashy = make_worker(
         tmp_path / "crashy",
         "name: crashy\nretries: {count: 1, backoff_seconds: 0}\n",
         {"run.py": SCRIPT},
     )
+    once = make_worker(tmp_path / "once", "name: once\n", {"run.py": SCRIPT})
     server_process.start()
-    with httpx.Client(
-        base_url=server_process.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
-    ) as api:
-        deploy_folder(api, folder)
-        run_id = api.post("/api/v1/workers/crashy/runs", json={}).json()["id"]
-        wait_until(
-            lambda: any(
-                e["line"] == "attempt 1"
-                for e in api.get(f"/api/v1/runs/{run_id}/logs").json()["items"]
-            )
-        )
+    with server_process.client() as api:
+        deploy_folder(api, crashy)
+        deploy_folder(api, once)
+        retried = api.post("/api/v1/workers/crashy/runs", json={}).json()["id"]
+        lost = api.post("/api/v1/workers/once/runs", json={}).json()["id"]
+        wait_until(lambda: _attempt_1_started(api, retried) and _attempt_1_started(api, lost))
     server_process.kill9()
-    # The sandbox dies with its parent; no orphaned worker process keeps running.
-    wait_until(lambda: _no_sandbox_left(run_id), timeout=10)
+    # The sandboxes die with their parent; no orphaned worker process keeps running.
+    wait_until(lambda: _no_sandbox_left(retried) and _no_sandbox_left(lost), timeout=10)
     server_process.start()
-    with httpx.Client(
-        base_url=server_process.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
-    ) as api:
-        run = wait_for_run(api, run_id, timeout=30)
+    with server_process.client() as api:
+        run = wait_for_run(api, retried, timeout=30)
         assert run["status"] == "succeeded", run
         assert run["attempt"] == 2
         # The script is told its node died under the attempt before (it may have acted).
         assert run["outputs"] == {"attempt": 2, "previous": "lost"}
         assert run["previous_attempt"] == "lost"  # kept once the run has ended
-        lines = [e["line"] for e in api.get(f"/api/v1/runs/{run_id}/logs").json()["items"]]
+        lines = [e["line"] for e in api.get(f"/api/v1/runs/{retried}/logs").json()["items"]]
         assert any("lease expired" in line and "requeued" in line for line in lines), lines
-
-
-def test_a_run_without_retries_on_a_killed_server_ends_failed_not_running(
-    server_process: ServerProcess, tmp_path: Path
-) -> None:
-    folder = make_worker(tmp_path / "once", "name: once\n", {"run.py": SCRIPT})
-    server_process.start()
-    with httpx.Client(
-        base_url=server_process.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
-    ) as api:
-        deploy_folder(api, folder)
-        run_id = api.post("/api/v1/workers/once/runs", json={}).json()["id"]
-        wait_until(lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "running")
-    server_process.kill9()
-    server_process.start()
-    with httpx.Client(
-        base_url=server_process.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
-    ) as api:
-        run = wait_for_run(api, run_id, timeout=30)
-        assert run["status"] == "failed"
-        assert run["error"]["code"] == "executor_lost"
+        # Without retries the run ends failed, not running forever.
+        failed = wait_for_run(api, lost, timeout=30)
+        assert failed["status"] == "failed", failed
+        assert failed["error"]["code"] == "executor_lost"
