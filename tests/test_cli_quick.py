@@ -5,14 +5,19 @@ its start request over to the typer command's wait."""
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from floom.client_lite import LiteClient
+from floom.client_wire import StartRequest
+from floom.errors import ClientError
 from tests.conftest import (
     EXAMPLES,
     LiveServer,
@@ -145,3 +150,44 @@ def test_a_proxy_setting_sends_the_command_through_httpx_and_its_proxy(
     quick = floom(env, "run", "hello", "--json")
     assert quick == floom(env, "run", "hello", "--json", typer_only=True)
     assert quick[0] == 1 and "error: " in quick[2]  # the proxy that httpx goes through is down
+
+
+def _answer_once(answer: bytes) -> tuple[str, threading.Thread]:
+    """A loopback listener that reads one request and sends `answer`, then closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener, listener.accept()[0] as conn:
+            conn.settimeout(10)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(4096)
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", thread
+
+
+def test_the_quick_client_reads_a_chunked_answer_and_refuses_a_cut_one() -> None:
+    record = b'{"id": "run_1", "status": "queued"}'
+    chunked = (
+        b"HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n" % (10, record[:10])
+        + b"%x\r\n%s\r\n" % (len(record) - 10, record[10:])
+        + b"0\r\n\r\n"
+    )
+    url, thread = _answer_once(chunked)
+    assert LiteClient(url, "flm_key", surface="cli").start_run(StartRequest("w")) == {
+        "id": "run_1",
+        "status": "queued",
+    }
+    thread.join(10)
+
+    cut = b"HTTP/1.1 202 Accepted\r\ncontent-length: 100\r\n\r\n" + record
+    url, thread = _answer_once(cut)
+    with pytest.raises(ClientError) as caught:
+        LiteClient(url, "flm_key", surface="cli").start_run(StartRequest("w"))
+    assert caught.value.code == "transport" and "cut short" in caught.value.message
+    thread.join(10)
