@@ -12,7 +12,9 @@ a fresh data dir with the examples deployed, and measures:
   /healthz answers;
 - `floom --help` wall time, median of `--repeats`;
 - `floom run hello -i name=bench --wait --json` wall time, median, each paired with a floor
-  run (bubblewrap running hello with floom's own flags, bench/floor.py).
+  run (bubblewrap running hello with floom's own flags, bench/floor.py) and with the same
+  request sent from this warm process, which splits the time into the server's share and
+  the CLI's own (start-up, imports, one connection).
 
 It prints the figures and the targets with OK/MISS; it asserts only that every command
 succeeded. The machine's load average is printed with the figures (absolute times move
@@ -69,6 +71,20 @@ class Checkout:
         cpu = (proc_cpu_seconds(pid) - cpu0) / IDLE_SECONDS * 100
         return tree_rss_mb(pid)[0], cpu
 
+    def request(self) -> float:
+        """The same run as one request from this warm process: the server's share."""
+        t0 = time.perf_counter()
+        answer = self.server.client.post(
+            "/api/v1/workers/hello/runs",
+            params={"wait": 30},
+            json={"inputs": {"name": "bench"}, "coerce_strings": True},
+            timeout=60,
+        )
+        elapsed = time.perf_counter() - t0
+        if answer.status_code != 200 or answer.json()["status"] != "succeeded":
+            raise RuntimeError(f"{self.name}: the run request failed: {answer.text[:300]}")
+        return elapsed
+
     def call(self, *args: str) -> float:
         t0 = time.perf_counter()
         done = subprocess.run(
@@ -90,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     checkouts: list[Checkout] = []
     try:
         floor = FloorSlot(root / "floor", "lane0")
-        wanted = [("this", None)]
+        wanted: list[tuple[str, Path | None]] = [("this", None)]
         if args.before:
             wanted.append(("before", Path(args.before).resolve()))
         for name, checkout in wanted:
@@ -100,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.name}: idle RSS {idle[c.name][0]:.1f} MiB, idle CPU {idle[c.name][1]:.1f}%")
         helps: dict[str, list[float]] = {c.name: [] for c in checkouts}
         runs: dict[str, list[float]] = {c.name: [] for c in checkouts}
+        requests: dict[str, list[float]] = {c.name: [] for c in checkouts}
         floors: list[float] = []
         for c in checkouts:  # warm-up: the page cache, the server's first run
             c.call("--help")
@@ -111,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             floors.append(floor.run_once())
             for c in checkouts:
                 runs[c.name].append(c.call("run", "hello", "-i", "name=bench", "--wait", "--json"))
+                requests[c.name].append(c.request())
         floor_ms = statistics.median(floors) * 1000
         print(f"floor (bwrap python3 run.py): {floor_ms:.0f} ms; {loadavg()}")
         for c in checkouts:
@@ -127,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"  floom run hello --wait --json {run_ms:.0f} ms = floor {over:+.0f} ms "
                 f"(target <= +{CLI_RUN_OVER_FLOOR_MS:g}): "
                 f"{'OK' if over <= CLI_RUN_OVER_FLOOR_MS else 'MISS'}"
+            )
+            request_ms = statistics.median(requests[c.name]) * 1000
+            print(
+                f"    of which the server: the same request from a warm client {request_ms:.0f} "
+                f"ms (floor {request_ms - floor_ms:+.0f} ms); the CLI {run_ms - request_ms:+.0f} ms"
             )
             print(
                 f"  idle RSS {rss:.1f} MiB (target <= {IDLE_RSS_MIB:g}): "
