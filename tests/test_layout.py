@@ -1,4 +1,4 @@
-"""The package layout stays acyclic: floom's packages (agent, api, cli, engine, mcp, sandbox,
+"""The package layout stays acyclic: floom's packages (agent, api, cli, engine, hints, mcp, sandbox,
 services, store, triggers, schemas) and its top-level modules import one another without a
 cycle, and a floom import inside a function is allowed only where it saves start-up time or
 memory, each listed here with its reason.
@@ -35,6 +35,19 @@ DELIBERATE_LOCAL_IMPORTS = {
     ("floom/cli/workers.py", "floom.manifest_load"),
     # Only deploy archives a folder (tarfile, lzma: ~4 ms).
     ("floom/cli/workers.py", "floom.bundle"),
+    # The agent package with httpx (~5 MiB resident) only on a node's first agent run.
+    ("floom/api/app.py", "floom.agent.runner"),
+    # prometheus-client (~1 MiB resident) only at the first scrape of /metrics.
+    ("floom/api/metrics.py", "floom.services.metrics"),
+    # rich only for error lines, which `floom serve` (running for days) need not hold.
+    ("floom/cli/command.py", "floom.cli.output"),
+    ("floom/cli/serve.py", "floom.cli.output"),
+    # `floom run`'s stdlib-only path: typer, rich and httpx are loaded only when it hands
+    # the command line over (an error, or a run outlasting the start's wait).
+    ("floom/cli/index.py", "floom.cli.quick"),
+    ("floom/cli/quick.py", "floom.cli.command"),
+    ("floom/cli/quick.py", "floom.cli.common"),
+    ("floom/cli/quick.py", "floom.cli.runs"),
 }
 
 

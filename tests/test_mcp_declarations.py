@@ -9,7 +9,8 @@ from typing import Any, get_args
 
 import anyio
 
-from floom.mcp import handoff_tools, hints
+from floom.hints import mcp as hints
+from floom.mcp import handoff_tools
 from floom.mcp import tools as mcp_tools
 from floom.mcp.server import FloomMCPServer
 from floom.services import approvals, run_rules, runs

@@ -84,9 +84,9 @@ def bootstrap_store(ctx: Context) -> None:
 
 
 def run_agent_attempt(attempt: Attempt) -> Outcome:
-    """The executor's agent runner (floom.agent.runner.run_agent), loaded at the first agent
-    run: the agent package with httpx costs a node about 5 MiB resident that a node running
-    only scripts never needs."""
+    """The executor's agent runner (floom.agent.runner.run_agent). Imported on first use, at
+    the first agent run: the agent package with httpx costs a node about 5 MiB resident that
+    a node running only scripts never needs."""
     from floom.agent.runner import run_agent  # noqa: PLC0415
 
     return run_agent(attempt)

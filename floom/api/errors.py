@@ -12,9 +12,9 @@ from starlette.exceptions import HTTPException
 
 from floom.api.auth import request_surface
 from floom.errors import FloomError, RateLimited
+from floom.hints.surface import tell
 from floom.services.principal import Surface
 from floom.store.db import UNAVAILABLE, store_unavailable
-from floom.surface_hints import tell
 
 log = logging.getLogger("floom.api")
 

@@ -21,7 +21,7 @@ router = APIRouter(tags=["health"])
 def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
     """One registry per app (not prometheus-client's global one): several apps in one
     process, as in tests, each report their own store."""
-    # prometheus-client is imported at the first scrape: a node that nobody scrapes need
+    # Imported on first use: prometheus-client at the first scrape; a node that nobody scrapes need
     # not hold it (about 1 MiB resident).
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 

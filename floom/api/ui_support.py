@@ -24,10 +24,10 @@ from starlette.responses import RedirectResponse, Response
 
 from floom.api import ui_features
 from floom.errors import FloomError, InvalidRequest, Unauthorized
+from floom.hints.surface import tell
 from floom.services import web_sessions
 from floom.services.context import Context
 from floom.services.web_sessions import SignedIn
-from floom.surface_hints import tell
 
 WEB_DIR = Path(__file__).resolve().parent.parent.parent / "web"
 SESSION_COOKIE = "floom_session"

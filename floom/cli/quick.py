@@ -167,7 +167,8 @@ def _serve(line: RunLine, client: LiteClient) -> int:
 
 
 def _watch(started: dict[str, Any], timeout: float | None, asked: float) -> None:
-    """The run outlasted the start's wait: the typer command's own wait takes over."""
+    """The run outlasted the start's wait: the typer command's own wait takes over.
+    Imported here, not at the top: typer, rich and httpx only for this, or an error."""
     from floom.cli.command import guarded  # noqa: PLC0415 - a long wait: start-up cost is moot
     from floom.cli.common import open_client  # noqa: PLC0415
     from floom.cli.runs import watch_run  # noqa: PLC0415

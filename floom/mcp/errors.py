@@ -10,7 +10,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from floom.errors import FloomError, InvalidRequest, NotFound
-from floom.mcp.hints import for_mcp
+from floom.hints.mcp import for_mcp
 
 log = logging.getLogger("floom.mcp")
 

@@ -186,7 +186,7 @@ def trigger_line(t: dict[str, Any]) -> str:
 
 
 def log_lines_text(events: list[dict[str, Any]]) -> str:
-    # floom's own notices come told for MCP already (floom/surface_hints.py): tools, not commands.
+    # floom's own notices come told for MCP already (floom/hints/surface.py): tools, not commands.
     return "\n".join(f"[{e['seq']}] {e['stream']}: {e['line']}" for e in events)
 
 

@@ -6,13 +6,13 @@ from typing import Any
 
 from pydantic import Field
 
+from floom.hints.surface import tell
 from floom.schemas.common import Page, Public, Timestamp
 from floom.services import agent_runs, approvals, logs, run_records, run_rules, runs
 from floom.services.context import Context
 from floom.services.principal import Principal, Surface
 from floom.store.agents import Approval, ToolCall
 from floom.store.models import Artifact, Run, RunEvent
-from floom.surface_hints import tell
 
 
 class RunError(Public):

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from floom.errors import FloomError
+from floom.hints.surface import tell
 from floom.manifest import TRIGGER_KINDS
 from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic
@@ -15,7 +16,6 @@ from floom.services.context import Context
 from floom.services.principal import Principal
 from floom.services.run_rules import SKIPPED
 from floom.store.triggers import WebhookDelivery
-from floom.surface_hints import tell
 
 
 class TriggerPublic(Public):

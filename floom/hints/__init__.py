@@ -1,7 +1,7 @@
 """Hints name the CLI command that fixes a problem (`floom resume hello`), and so do the
 run errors and log notices floom stores; each surface retells them for its caller when it
-answers (floom.surface_hints): the MCP tool over MCP (floom.mcp.hints), the REST endpoint for
-a plain REST client (floom.api.hints), the command itself for the CLI. This module finds the
+answers (floom.hints.surface): the MCP tool over MCP (floom.hints.mcp), the REST endpoint for
+a plain REST client (floom.hints.rest), the command itself for the CLI. This module finds the
 commands in a text and reads their words; each surface brings its own table."""
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from floom.api.hints import for_rest
-from floom.api.ui_hints import for_ui
-from floom.mcp.hints import for_mcp
+from floom.hints.mcp import for_mcp
+from floom.hints.rest import for_rest
+from floom.hints.ui import for_ui
 from floom.services.principal import Surface
 
 _RETELL: dict[Surface, Callable[[str | None], str | None]] = {
