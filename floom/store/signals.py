@@ -9,6 +9,8 @@ are hints, never the only path: a node that was not listening loses them, so on 
 from __future__ import annotations
 
 import logging
+import select
+import socket
 import threading
 from collections.abc import Callable
 
@@ -26,8 +28,8 @@ HANDOFFS_CHANGED = "floom_handoffs_changed"  # a handoff job took a lease, or br
 CHANNELS = (RUN_QUEUED, RUN_CANCEL, KEY_REVOKED, SCHEDULES_CHANGED, HANDOFFS_CHANGED)
 APPLICATION_NAME = "floom-listen"  # how the listener's connection shows in pg_stat_activity
 
-# How long the listener waits for a signal before it checks whether it is to stop, and
-# how long it waits before reconnecting after losing its connection.
+# How long the listener waits for a signal before it looks at its connection again (a stop
+# wakes it at once), and how long it waits before reconnecting after losing its connection.
 WAIT_SECONDS = 1.0
 RECONNECT_SECONDS = 1.0
 
@@ -64,6 +66,9 @@ class Listener:
         self._on_connect = on_connect
         self._on_disconnect = on_disconnect
         self._stop = threading.Event()
+        # Written by stop() to wake the wait for a signal at once, not at its next timeout:
+        # a node stops (and a test's server is torn down) without waiting up to a second.
+        self._wake_reader, self._wake_writer = socket.socketpair()
         self._thread: threading.Thread | None = None
         self.connected = threading.Event()
 
@@ -73,8 +78,13 @@ class Listener:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self._wake_writer.send(b"x")
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                return  # still in a connect; its sockets close with the process
+        self._wake_reader.close()
+        self._wake_writer.close()
 
     def _loop(self) -> None:
         # Imported here: only a node on PostgreSQL listens, and psycopg costs a node on
@@ -99,8 +109,11 @@ class Listener:
                     self.connected.set()
                     self._on_connect()
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=WAIT_SECONDS):
+                        # What has arrived (also during LISTEN), then wait for more or a stop.
+                        for note in conn.notifies(timeout=0):
                             self._on_signal(note.channel, note.payload)
+                        readable = [conn.fileno(), self._wake_reader.fileno()]
+                        select.select(readable, [], [], WAIT_SECONDS)
             except psycopg.Error as exc:
                 if self.connected.is_set():
                     log.warning("lost the signal connection (%s); polling meanwhile", exc)
