@@ -43,7 +43,7 @@ class Answer(NamedTuple):
     body: bytes
 
 
-class BadAnswer(Exception):
+class _BadAnswer(Exception):
     """The bytes the server sent are not an HTTP/1.1 answer this client can read."""
 
 
@@ -132,7 +132,7 @@ class LiteClient:
             return _parse(received)
         except TimeoutError as exc:
             raise timed_out(self.base_url) from exc
-        except (OSError, BadAnswer) as exc:
+        except (OSError, _BadAnswer) as exc:
             raise transport_failed(self.base_url, exc) from exc
 
 
@@ -155,7 +155,7 @@ def _parse(data: bytes) -> Answer:
     version, _, status_and_reason = lines[0].partition(" ")
     status = status_and_reason.partition(" ")[0]
     if not sep or not version.startswith("HTTP/1.") or not status.isdigit():
-        raise BadAnswer("the server's answer was cut short or is not HTTP/1.1")
+        raise _BadAnswer("the server's answer was cut short or is not HTTP/1.1")
     headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")
@@ -165,7 +165,7 @@ def _parse(data: bytes) -> Answer:
     length = headers.get("content-length")
     if length is not None:
         if not length.isdigit() or len(rest) < int(length):
-            raise BadAnswer("the server's answer was cut short")
+            raise _BadAnswer("the server's answer was cut short")
         rest = rest[: int(length)]
     return Answer(int(status), headers, rest)
 
@@ -184,7 +184,7 @@ def _dechunk(data: bytes) -> bytes:
             if at > len(data):
                 raise ValueError
     except ValueError as exc:
-        raise BadAnswer("the server's chunked answer was cut short") from exc
+        raise _BadAnswer("the server's chunked answer was cut short") from exc
 
 
 def _charset(content_type: str) -> str | None:
