@@ -10,9 +10,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import httpx
-
-from tests.conftest import free_port, plain_client, wait_until
+from tests.conftest import free_port
+from tests.server_process import wait_healthy
 
 
 class NodeProcess:
@@ -48,16 +47,8 @@ class NodeProcess:
         return self
 
     def wait_healthy(self) -> None:
-        with plain_client(self.url, timeout=1) as probe:
-
-            def healthy() -> bool:
-                assert self.proc is not None and self.proc.poll() is None, "node exited"
-                try:
-                    return probe.get("/healthz").status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            wait_until(healthy, timeout=90, interval=0.1)  # start-ups overlap on 2 cores
+        assert self.proc is not None
+        wait_healthy(self.proc, self.url, timeout=90)  # start-ups overlap on 2 cores
 
     def kill9(self) -> None:
         assert self.proc is not None

@@ -16,6 +16,21 @@ from tests.conftest import free_port, plain_client, wait_until
 KEY = "flm_server_process_test_admin_key"
 
 
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, *, timeout: float) -> None:
+    """Until the `floom serve` process `proc` answers /healthz at `url`; fails at once if it
+    exits."""
+    with plain_client(url, timeout=1) as probe:
+
+        def healthy() -> bool:
+            assert proc.poll() is None, f"the floom process at {url} exited"
+            try:
+                return probe.get("/healthz").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(healthy, timeout=timeout, interval=0.1)
+
+
 class ServerProcess:
     """`floom serve` on a free loopback port with fast leases; `env` adds FLOOM_* settings.
     Its stderr (the server's log) is kept in `log_path`."""
@@ -57,16 +72,7 @@ class ServerProcess:
                 start_new_session=True,
             )
 
-        with plain_client(self.url, timeout=1) as probe:
-
-            def healthy() -> bool:
-                assert self.proc is not None and self.proc.poll() is None, "server exited"
-                try:
-                    return probe.get("/healthz").status_code == 200
-                except httpx.HTTPError:
-                    return False
-
-            wait_until(healthy, timeout=30, interval=0.1)
+        wait_healthy(self.proc, self.url, timeout=30)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
