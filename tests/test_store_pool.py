@@ -4,8 +4,10 @@ restart, an idle timeout) is replaced before anyone uses it."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -44,3 +46,42 @@ def test_a_connection_that_died_while_idle_is_replaced_before_use(
     finally:
         engine.dispose()
     assert second != first
+
+
+def test_a_sqlite_writer_waits_only_for_writers_of_its_own_database(tmp_path: Path) -> None:
+    """The process-side SQLite write lock is per database file: a writer stuck in one
+    database (a leftover thread, a slow step inside a write) does not stall writers of
+    another, while two engines on one file (two nodes of a test) still queue on one lock."""
+    stuck_engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    same_file = make_engine(f"sqlite:///{tmp_path / '.' / 'a.db'}")
+    other_engine = make_engine(f"sqlite:///{tmp_path / 'b.db'}")
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_a_write() -> None:
+        with session_scope(stuck_engine, write=True) as s:
+            s.execute(text("CREATE TABLE t (x INTEGER)"))
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_a_write)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        wrote = threading.Event()
+
+        def write_elsewhere() -> None:
+            with session_scope(other_engine, write=True) as s:
+                s.execute(text("CREATE TABLE u (x INTEGER)"))
+            wrote.set()
+
+        writer = threading.Thread(target=write_elsewhere)
+        writer.start()
+        writer.join(20)
+        assert wrote.is_set(), "a write to another database waited for the stuck one"
+        assert db._sqlite_write_lock(same_file) is db._sqlite_write_lock(stuck_engine)
+        assert db._sqlite_write_lock(other_engine) is not db._sqlite_write_lock(stuck_engine)
+    finally:
+        release.set()
+        holder.join(30)
+        for engine in (stuck_engine, same_file, other_engine):
+            engine.dispose()

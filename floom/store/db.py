@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +25,24 @@ from floom.store import replays as _replay_tables  # noqa: F401 - registers the 
 from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 
-_sqlite_write_lock = threading.RLock()
+# One write lock per SQLite database file, shared by every engine on that file in this
+# process (two contexts on one file stand for two nodes in tests and tools). Writers to other
+# files never wait on it: a thread stuck writing one database cannot stall another.
+_sqlite_write_locks: dict[str, threading.RLock] = {}
+_sqlite_write_locks_guard = threading.Lock()
+
+
+def _sqlite_write_lock(engine: Engine) -> threading.RLock:
+    database = engine.url.database or ""
+    lock = _sqlite_write_locks.get(database)
+    if lock is None:
+        file = os.path.realpath(database) if database and database != ":memory:" else database
+        with _sqlite_write_locks_guard:
+            lock = _sqlite_write_locks.get(file)
+            if lock is None:
+                lock = _sqlite_write_locks[file] = threading.RLock()
+            _sqlite_write_locks[database] = lock
+    return lock
 
 
 def make_engine(url: str) -> Engine:
@@ -124,7 +142,7 @@ def session_scope(engine: Engine, *, write: bool = False) -> Iterator[Session]:
     sqlite = engine.dialect.name == "sqlite"
     bind = engine.execution_options(floom_write=True) if write and sqlite else engine
     try:
-        with _sqlite_write_lock if write and sqlite else nullcontext():
+        with _sqlite_write_lock(engine) if write and sqlite else nullcontext():
             with Session(bind, expire_on_commit=False) as session:
                 try:
                     yield session
