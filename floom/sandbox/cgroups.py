@@ -55,12 +55,19 @@ class RunCgroup:
     def __init__(self, *, version: int, dirs: dict[str, Path]) -> None:
         self.version = version
         self.dirs = dirs  # limit name -> the directory of the cgroup that enforces it
+        # Its files are read and written about a dozen times per run, by path strings built
+        # once: through pathlib that cost more CPU than the system calls themselves.
+        self._paths = tuple(dict.fromkeys(os.fspath(path) for path in dirs.values()))
+        memory, pids = dirs.get(MEMORY), dirs.get(PROCESSES)
+        events = "memory.events" if version == 2 else "memory.oom_control"
+        self._oom_file = None if memory is None else f"{memory}/{events}"
+        self._pids_file = None if pids is None else f"{pids}/pids.events"
 
     def add(self, pid: int) -> None:
         """Move process `pid` (all its threads) into every hierarchy of this cgroup."""
-        for path in set(self.dirs.values()):
+        for path in self._paths:
             try:
-                (path / "cgroup.procs").write_text(str(pid))
+                _write(f"{path}/cgroup.procs", str(pid))
             except ProcessLookupError:
                 continue  # it ended already; nothing of it is left to limit
             except OSError as exc:
@@ -69,35 +76,31 @@ class RunCgroup:
     def limit_reached(self) -> str | None:
         """The limit that stopped the tree (`memory` after an OOM kill, `processes` after a
         refused fork), or None."""
-        memory = self.dirs.get(MEMORY)
-        if memory is not None:
-            name = "memory.events" if self.version == 2 else "memory.oom_control"
-            if _counter(memory / name, "oom_kill") > 0:
-                return MEMORY
-        pids = self.dirs.get(PROCESSES)
-        if pids is not None and _counter(pids / "pids.events", "max") > 0:
+        if self._oom_file is not None and _counter(self._oom_file, "oom_kill") > 0:
+            return MEMORY
+        if self._pids_file is not None and _counter(self._pids_file, "max") > 0:
             return PROCESSES
         return None
 
     def pids(self) -> set[int]:
         found: set[int] = set()
-        for path in set(self.dirs.values()):
+        for path in self._paths:
             with contextlib.suppress(OSError):
-                found.update(int(p) for p in (path / "cgroup.procs").read_text().split())
+                found.update(int(p) for p in _read(f"{path}/cgroup.procs").split())
         return found
 
     def kill_all(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
         """SIGKILL everything in the cgroup until it is empty; False when it was still not
         empty after `timeout` seconds."""
         deadline = time.monotonic() + timeout
-        kill_file = next(iter(self.dirs.values()), None)
+        kill_file = f"{self._paths[0]}/cgroup.kill" if self._paths else None
         while True:
             pids = self.pids()
             if not pids:
                 return True
-            if self.version == 2 and kill_file is not None and (kill_file / "cgroup.kill").exists():
+            if self.version == 2 and kill_file is not None and os.path.exists(kill_file):
                 with contextlib.suppress(OSError):
-                    (kill_file / "cgroup.kill").write_text("1")
+                    _write(kill_file, "1")
             else:
                 for pid in pids:
                     with contextlib.suppress(OSError):
@@ -108,21 +111,37 @@ class RunCgroup:
 
     def remove(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
         """Kill what is left and delete the cgroup's directories; False if one stayed."""
-        self.kill_all(timeout)
-        deadline = time.monotonic() + timeout
-        for path in set(self.dirs.values()):
-            while True:
-                try:
-                    path.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:
-                    # EBUSY: killed tasks are still exiting.
-                    if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
-                        return False
-                    time.sleep(0.01)
+        # By now a run's tree has normally ended and left its cgroup empty: the kernel
+        # refuses to remove a cgroup that still holds a process (EBUSY), so removing first
+        # and killing only on that refusal keeps the guarantee without reading every
+        # hierarchy's process list on each run.
+        try:
+            if self._rmdirs():
+                return True
+            self.kill_all(timeout)
+            deadline = time.monotonic() + timeout
+            while not self._rmdirs():
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.01)
+        except OSError:
+            return False
         return True
+
+    def _rmdirs(self) -> bool:
+        """Remove every directory still there; False when one is busy (a process left, or
+        killed ones still exiting). Raises OSError on any other failure."""
+        done = True
+        for path in self._paths:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                done = False
+        return done
 
 
 class CgroupTree:
@@ -142,13 +161,12 @@ class CgroupTree:
         dirs = {limit: parent / name for limit, parent in self.parents.items()}
         group = RunCgroup(version=self.version, dirs=dirs)
         try:
-            for path in set(dirs.values()):
-                path.mkdir()
-            for limit, path in dirs.items():
+            for path in group._paths:
+                os.mkdir(path)
+            for limit, directory in dirs.items():
                 for file, value in _settings(self.version, limit, limits):
-                    target = path / file
-                    if target.exists():
-                        target.write_text(value)
+                    with contextlib.suppress(FileNotFoundError):  # not on this kernel
+                        _write(f"{directory}/{file}", value)
         except OSError as exc:
             group.remove(timeout=1.0)
             raise CgroupError(f"cannot create the run's cgroup {name}: {exc}") from exc
@@ -197,9 +215,30 @@ def _settings(version: int, limit: str, limits: CgroupLimits) -> list[tuple[str,
     }[limit]
 
 
-def _counter(path: Path, key: str) -> int:
+def _write(path: str, value: str) -> None:
+    """One write of `value` to a cgroup file, as the kernel wants it (no create, no
+    truncate)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     try:
-        for line in path.read_text().splitlines():
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _read(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
+def _counter(path: str, key: str) -> int:
+    try:
+        for line in _read(path).splitlines():
             name, _, value = line.partition(" ")
             if name == key:
                 return int(value)
