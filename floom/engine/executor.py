@@ -75,6 +75,9 @@ class Executor:
         self.slots = max(1, ctx.settings.executor_slots)
         self._pool = ThreadPoolExecutor(self.slots, thread_name_prefix="floom-run")
         self._stop = threading.Event()
+        # Set once no attempt runs here any more: leases are renewed until then, through a
+        # drain too, or another node would take a draining run over and run it again.
+        self._attempts_over = threading.Event()
         self._interrupt_now = threading.Event()
         # Set when an attempt starts here: the log flusher sleeps on it while none runs.
         self._attempt_started = threading.Event()
@@ -136,6 +139,7 @@ class Executor:
                 log.warning("interrupting %d run(s); each is requeued", len(self._active))
             self._interrupted.update(self._active)
         self._pool.shutdown(wait=True)
+        self._attempts_over.set()
         for t in self._threads:
             t.join(timeout=5)
         self._flush_all()
@@ -177,7 +181,7 @@ class Executor:
                 self._stop.wait(1.0)
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.ctx.settings.heartbeat_seconds):
+        while not self._attempts_over.wait(self.ctx.settings.heartbeat_seconds):
             with self._active_lock:
                 seen = dict(self._active)
             try:
@@ -220,7 +224,9 @@ class Executor:
             if not self._store_settled():
                 continue
             try:
-                reap_expired_leases(self.ctx)
+                # The runs live here are never taken from this node by its own reaper: a
+                # late heartbeat (a starved CPU, a slow write) would have it kill them.
+                reap_expired_leases(self.ctx, live=self._live_attempts())
             except Exception as exc:  # the next pass retries
                 self._log_failure("reaper failed", exc)
             if time.monotonic() >= next_orphan_pass:
@@ -232,6 +238,10 @@ class Executor:
     def _live_run_ids(self) -> set[str]:
         with self._active_lock:
             return set(self._active)
+
+    def _live_attempts(self) -> dict[str, int]:
+        with self._active_lock:
+            return {run_id: run_log.attempt for run_id, run_log in self._active.items()}
 
     def _reap_sandboxes(self, *, live_run_ids: Callable[[], Collection[str]]) -> int:
         return reap_sandbox_orphans(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -199,11 +199,19 @@ def _count_running(s: Session, run: Run) -> int:
 
 
 def renew_leases(ctx: Context, run_ids: list[str]) -> tuple[set[str], set[str]]:
-    """Extend the leases this node holds. Returns (runs to cancel, runs this node lost)."""
+    """Extend the leases this node holds. Returns (runs to cancel, runs this node lost).
+
+    A run is lost only when its row is no longer running under this node's lease. On
+    PostgreSQL a row that another transaction has locked right now (a cancel, a decision,
+    the attempt's own end) is skipped, not waited for, and it is not lost for that: the next
+    heartbeat renews it (a lease outlasts several heartbeats) or finds what changed.
+    """
     if not run_ids:
         return set(), set()
-    expires = utcnow() + timedelta(seconds=ctx.settings.lease_seconds)
     with session_scope(ctx.engine, write=True) as s:
+        # Taken once in the transaction: a wait for SQLite's write lock must not come off
+        # the lease.
+        expires = utcnow() + timedelta(seconds=ctx.settings.lease_seconds)
         rows = s.exec(
             select(Run).where(col(Run.id).in_(run_ids)).with_for_update(skip_locked=True)
         ).all()
@@ -217,6 +225,18 @@ def renew_leases(ctx: Context, run_ids: list[str]) -> tuple[set[str], set[str]]:
             s.add(run)
             if run.cancel_requested:
                 cancel.add(run.id)
+        locked = set(run_ids) - {run.id for run in rows}
+        if locked:
+            # Read without a lock, so as it was last committed: still this node's, it is kept.
+            held.update(
+                s.exec(
+                    select(Run.id).where(
+                        col(Run.id).in_(locked),
+                        Run.status == RUNNING,
+                        Run.lease_owner == ctx.node_id,
+                    )
+                ).all()
+            )
     return cancel, set(run_ids) - held
 
 
@@ -350,12 +370,20 @@ def _finish_statement(columns: tuple[str, ...]) -> Any:
     )
 
 
-def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
+def reap_expired_leases(
+    ctx: Context, *, own_node_restart: bool = False, live: Mapping[str, int] | None = None
+) -> int:
     """Requeue or fail runs whose executor stopped renewing their lease.
+
+    `live` maps the runs whose attempts run in the calling process to their attempt number:
+    their executor has not stopped, whatever their lease says (a heartbeat late behind a
+    starved CPU or a slow write), so their leases are renewed here instead. Another node
+    cannot see them and reaps an expired lease all the same: that is what a lease is for.
 
     With `own_node_restart`, runs this node id held before a restart are reaped at once:
     the process that held them is gone. Returns how many runs were reaped.
     """
+    live = live or {}
     now = utcnow()
     cond = col(Run.lease_expires_at) < now
     if own_node_restart:
@@ -364,7 +392,14 @@ def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
         rows = s.exec(
             select(Run).where(Run.status == RUNNING, cond).with_for_update(skip_locked=True)
         ).all()
+        renewed = utcnow() + timedelta(seconds=ctx.settings.lease_seconds)
+        reaped = 0
         for run in rows:
+            if run.lease_owner == ctx.node_id and live.get(run.id) == run.attempt:
+                run.lease_expires_at = renewed
+                s.add(run)
+                continue
+            reaped += 1
             lost = f"executor {run.lease_owner} stopped (lease expired)"
             if run.cancel_requested:
                 transition(
@@ -390,9 +425,8 @@ def reap_expired_leases(ctx: Context, *, own_node_restart: bool = False) -> int:
             if run.status != QUEUED:
                 system_event(s, run_id=run.id, attempt=run.attempt, message=f"{run.status}: {lost}")
             s.add(run)
-        count = len(rows)
-        if count:
+        if reaped:
             signals.publish(s, signals.RUN_QUEUED)
-    if count:
+    if reaped:
         ctx.run_queued.set()
-    return count
+    return reaped
