@@ -64,6 +64,16 @@ def _recording_popen(seen: list[tuple[list[str], dict[str, str]]]) -> Iterator[N
             subprocess.Popen = real  # type: ignore[misc]
 
 
+def _without_cgroup_join(argv: list[str]) -> list[str]:
+    """The command line without the run's cgroup (the floor has none, and that run's cgroup
+    is gone): as root, the launcher's stage script gets the `cgroup.procs` files to join
+    between its name and the first "--" (floom/sandbox/identity.py)."""
+    if "floom-stage" not in argv:
+        return argv
+    name = argv.index("floom-stage")
+    return [*argv[: name + 1], *argv[argv.index("--", name) :]]
+
+
 class FloorSlot:
     """One private copy of workers/hello plus an output dir, reused by one loop."""
 
@@ -93,7 +103,8 @@ class FloorSlot:
         if result.exit_code != 0 or not seen:
             raise RuntimeError(f"floom's sandbox could not run hello: {result}")
         self._check_result()
-        return seen[-1]
+        argv, env = seen[-1]
+        return _without_cgroup_join(argv), env
 
     def _check_result(self) -> None:
         report = json.loads((self.workdir / "result.json").read_text())

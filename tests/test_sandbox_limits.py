@@ -3,6 +3,7 @@ disk limit, an unprivileged uid without capabilities, and a seccomp filter."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -22,6 +23,7 @@ import httpx
 import pytest
 
 from floom.sandbox import LocalSandbox, SandboxResult, cgroups, seccomp
+from floom.sandbox.identity import CGROUP_JOIN_FAILED, sandbox_identity
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.sandbox_support import Lines
 from tests.sandbox_support import run_script as run_in_sandbox
@@ -184,14 +186,13 @@ def test_a_cpu_limit_of_half_a_core_throttles_two_busy_processes(tmp_path: Path)
     cpu_parent = cgroups.detect().parents.get(cgroups.CPU)
     if cpu_parent is None:
         pytest.skip("the cpu controller is not usable here")
+    marker = f"cpu-probe-{uuid.uuid4().hex[:8]}"
     throttled: list[int] = []
-    seen: Lines = []
 
     def sample_the_runs_cgroup(stream: str, line: str) -> None:
-        seen.append((stream, line))
         if line != "ready":
             return
-        [name] = {text.rsplit("/", 1)[1] for _, text in seen if "/floom/" in text}
+        [name] = _run_cgroup_names(_host_cgroups(marker))
         stat = cpu_parent / name / "cpu.stat"
         # At least ten 100 ms quota periods, so start-up bursts do not decide the measure.
         wait_until(lambda: _counter(stat, "nr_periods") >= 10, timeout=20)
@@ -202,7 +203,6 @@ def test_a_cpu_limit_of_half_a_core_throttles_two_busy_processes(tmp_path: Path)
         tmp_path,
         """
         import os, resource, subprocess, sys, time
-        print(open("/proc/self/cgroup").read())
         busy = ("import os, time\\nend = time.monotonic() + 20\\n"
                 "while not os.path.exists('stop') and time.monotonic() < end: pass")
         start = time.monotonic()
@@ -215,6 +215,7 @@ def test_a_cpu_limit_of_half_a_core_throttles_two_busy_processes(tmp_path: Path)
         """,
         cpu=0.5,
         on_line=sample_the_runs_cgroup,
+        command=["python3", "run.py", marker],
     )
 
     assert result.exit_code == 0, lines
@@ -296,16 +297,37 @@ def test_io_uring_ptrace_keyrings_and_bpf_are_refused_with_eperm(tmp_path: Path)
 
 @needs_cgroups
 def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(tmp_path: Path) -> None:
-    result, lines = run_script(tmp_path, "print(open('/proc/self/cgroup').read())")
+    # Read from the host while the run waits: inside, its cgroup namespace may show its own
+    # cgroup as "/".
+    marker = f"cgroup-probe-{uuid.uuid4().hex[:8]}"
+    seen: list[list[str]] = []
+
+    def on_line(_stream: str, line: str) -> None:
+        if line == "ready":
+            seen.extend(_host_cgroups(marker))
+            (tmp_path / "output" / "go").write_text("")
+
+    result, lines = run_script(
+        tmp_path,
+        """
+        import os, time
+        print("ready", flush=True)
+        deadline = time.monotonic() + 30
+        while not os.path.exists("/output/go") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        """,
+        command=["python3", "run.py", marker],
+        on_line=on_line,
+    )
 
     assert result.exit_code == 0, lines
-    names = {
-        line.rsplit("/", 1)[1]
-        for line in stdout(lines)
-        if line.count(":") >= 2 and "/floom/" in line
-    }
-    assert len(names) == 1, lines
+    assert seen, "no process of the run was found from the host"
+    names = _run_cgroup_names(seen)
+    assert len(names) == 1, seen
     [name] = names
+    hierarchies = len(set(cgroups.detect().parents.values()))
+    for found in seen:  # bwrap, the sandbox's pid 1 and the command: in every hierarchy
+        assert sum(line.endswith(f"/floom/{name}") for line in found) == hierarchies, found
     for parent in cgroups.detect().parents.values():
         assert not (parent / name).exists()
 
@@ -422,6 +444,22 @@ def _is_probe(pid: str, marker: str) -> bool:
     """Whether `pid` is the worker's python process (bwrap's own argv holds the marker too)."""
     cmdline = _cmdline(pid)
     return cmdline.startswith(b"python3\0") and marker.encode() in cmdline
+
+
+def _host_cgroups(marker: str) -> list[list[str]]:
+    """/proc/PID/cgroup, read from the host, of each process whose argv holds `marker` (bwrap,
+    the sandbox's pid 1 and the command): inside, the run's cgroup namespace may show its
+    own cgroup as "/"."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and marker.encode() in _cmdline(pid):
+            with contextlib.suppress(OSError):
+                found.append(Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+    return found
+
+
+def _run_cgroup_names(seen: list[list[str]]) -> set[str]:
+    return {line.rsplit("/", 1)[1] for found in seen for line in found if "/floom/" in line}
 
 
 def _counter(path: Path, key: str) -> int:
@@ -580,3 +618,41 @@ def test_a_floom_that_is_not_root_runs_sandboxes_as_its_own_uid(tmp_path: Path) 
         shutil.rmtree(home)
 
     assert done.stdout.splitlines() == [str(uid), f"stdout {uid}", "exit 0"], done.stderr
+
+
+@needs_cgroups
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes get a launcher only from a root floom")
+def test_the_launcher_joins_the_run_cgroup_in_every_hierarchy_or_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    identity = sandbox_identity()
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    limits = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=16, cpu_cores=1)
+    group = cgroups.detect().create(f"launcher-test-{uuid.uuid4().hex[:8]}", limits)
+    try:
+
+        def launch(procs: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+            argv = identity.launcher(workdir, output_dir, cgroup_procs=procs)
+            return subprocess.run(
+                [*argv, "/bin/cat", "/proc/self/cgroup"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+
+        joined = launch(group.procs_files)
+        missing = str(tmp_path / "gone" / "cgroup.procs")
+        refused = launch((*group.procs_files, missing))
+    finally:
+        assert group.remove()
+
+    assert joined.returncode == 0, joined.stderr
+    paths = {line.split(":", 2)[2] for line in joined.stdout.splitlines()}
+    for directory in set(group.dirs.values()):
+        assert any(directory.as_posix().endswith(path) for path in paths if path != "/")
+    assert len(paths & {f"/floom/{directory.name}" for directory in group.dirs.values()}) == 1
+    assert refused.returncode != 0
+    assert refused.stderr.startswith(f"{CGROUP_JOIN_FAILED} {missing}")
+    assert refused.stdout == ""  # cat never ran

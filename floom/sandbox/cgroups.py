@@ -63,6 +63,12 @@ class RunCgroup:
         self._oom_file = None if memory is None else f"{memory}/{events}"
         self._pids_file = None if pids is None else f"{pids}/pids.events"
 
+    @property
+    def procs_files(self) -> tuple[str, ...]:
+        """The `cgroup.procs` file of each of its hierarchies: a process that writes its pid
+        to each has moved itself in."""
+        return tuple(f"{path}/cgroup.procs" for path in self._paths)
+
     def add(self, pid: int) -> None:
         """Move process `pid` (all its threads) into every hierarchy of this cgroup."""
         for path in self._paths:

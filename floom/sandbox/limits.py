@@ -93,6 +93,11 @@ class RunLimits:
             args.append(f"--data={self.spec.memory_mb * 1024 * 1024}")
         return args
 
+    def procs_files(self) -> tuple[str, ...]:
+        """Where a process writes its pid to move itself into the run's cgroup (none when
+        there is no cgroup)."""
+        return () if self.cgroup is None else self.cgroup.procs_files
+
     def join(self, *pids: int) -> None:
         """Put the sandbox's processes into the run's cgroup (before its command starts)."""
         if self.cgroup is not None:

@@ -29,6 +29,7 @@ from floom.sandbox.base import (
     validate_spec,
 )
 from floom.sandbox.identity import (
+    CGROUP_JOIN_FAILED,
     DEFAULT_SANDBOX_UID,
     IdentityUnavailable,
     SandboxIdentity,
@@ -180,17 +181,26 @@ class LocalSandbox(Sandbox):
         prefix = self._command_prefix()
         validate_spec(spec)
         try:
-            launcher = self._identity.launcher(spec.workdir, spec.output_dir, spec.files)
+            run_limits = limits.RunLimits(spec, cgroups.detect())
+        except (cgroups.CgroupError, OSError) as exc:
+            raise _unprepared(exc) from exc
+        # Started as another uid, the sandbox's launcher moves itself into the run's cgroup
+        # before it starts anything (floom/sandbox/identity.py); otherwise bwrap and the
+        # sandbox's pid 1 are moved in before the command starts.
+        joined_by_launcher = self._identity.switched
+        try:
+            launcher = self._identity.launcher(
+                spec.workdir,
+                spec.output_dir,
+                spec.files,
+                cgroup_procs=run_limits.procs_files(),
+            )
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
-            run_limits = limits.RunLimits(spec, cgroups.detect())
-        except (IdentityUnavailable, cgroups.CgroupError, OSError) as exc:
-            raise SandboxUnavailable(
-                f"cannot prepare the sandbox: {exc}",
-                hint="floom needs util-linux (unshare, setpriv, mount) and a writable cgroup "
-                "tree when it runs as root",
-            ) from exc
+        except (IdentityUnavailable, OSError) as exc:
+            run_limits.close()
+            raise _unprepared(exc) from exc
         seccomp_fd = _seccomp_fd()
         info_r, info_w = os.pipe()
         # bwrap --block-fd: the command waits until this pipe is written or closed, so the
@@ -232,15 +242,13 @@ class LocalSandbox(Sandbox):
             run_scope.callback(run_limits.close)
 
             def before_command(child_pid: int) -> None:
-                # The whole tree is limited from its first instruction: bwrap and the
-                # sandbox's pid 1 join the run's cgroup, and the command forks from pid 1.
-                try:
-                    run_limits.join(proc.pid, child_pid)
-                except cgroups.CgroupError as exc:
-                    raise SandboxUnavailable(
-                        f"cannot put the run under its limits: {exc}",
-                        hint="check that floom may write to its cgroups (see /healthz)",
-                    ) from exc
+                if not joined_by_launcher:
+                    # The whole tree is limited from its first instruction: bwrap and the
+                    # sandbox's pid 1 join the run's cgroup, and the command forks from pid 1.
+                    try:
+                        run_limits.join(proc.pid, child_pid)
+                    except cgroups.CgroupError as exc:
+                        raise _not_limited(str(exc)) from exc
                 # What these steps leave running ends with the run, after its process tree.
                 if spec.network:
                     networking = attach_user_networking(
@@ -258,6 +266,8 @@ class LocalSandbox(Sandbox):
             )
         if result.limit_exceeded:
             return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
+        if result.error is not None and result.error.startswith(CGROUP_JOIN_FAILED):
+            raise _not_limited(result.error)  # the launcher exited before starting bwrap
         return result
 
     def _command_prefix(self) -> tuple[str, ...]:
@@ -282,6 +292,21 @@ class LocalSandbox(Sandbox):
             namespaces = _probe_namespaces(bwrap, system, as_sandbox_user)
             self._prefix = (prlimit, bwrap, *namespaces, *system, *_FRESH_MOUNTS)
         return self._prefix
+
+
+def _unprepared(exc: Exception) -> SandboxUnavailable:
+    return SandboxUnavailable(
+        f"cannot prepare the sandbox: {exc}",
+        hint="floom needs util-linux (unshare, setpriv, mount) and a writable cgroup "
+        "tree when it runs as root",
+    )
+
+
+def _not_limited(problem: str) -> SandboxUnavailable:
+    return SandboxUnavailable(
+        f"cannot put the run under its limits: {problem}",
+        hint="check that floom may write to its cgroups (see /healthz)",
+    )
 
 
 def _run_id_of(path: bytes, marker: bytes) -> str:

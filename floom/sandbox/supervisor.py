@@ -24,7 +24,14 @@ CANCEL_POLL_SECONDS: Final = 0.1
 KILL_WAIT_SECONDS: Final = 5.0
 # How the tools that start the sandbox prefix their own errors, which precede anything the
 # command prints.
-STARTUP_ERROR_PREFIXES: Final = ("bwrap: ", "prlimit: ", "setpriv: ", "unshare: ", "mount: ")
+STARTUP_ERROR_PREFIXES: Final = (
+    "bwrap: ",
+    "prlimit: ",
+    "setpriv: ",
+    "unshare: ",
+    "mount: ",
+    "floom-stage: ",
+)
 
 
 class Supervisor:
