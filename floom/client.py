@@ -26,6 +26,7 @@ from floom.client_wire import (
     answer_error,
     bad_url,
     missing_key,
+    sse_events,
     timed_out,
     transport_failed,
     unreachable,
@@ -502,7 +503,7 @@ class FloomClient:
             if response.is_error:
                 response.read()
                 raise _error_from(response)
-            for kind, data in _sse_events(response.iter_lines()):
+            for kind, data in sse_events(response.iter_lines()):
                 if kind in ("log", "end"):
                     yield FollowEvent(kind, json.loads(data))
                 if deadline is not None and time.monotonic() >= deadline:
@@ -605,23 +606,3 @@ class FloomClient:
 
 class _StreamUnavailable(Exception):
     """The server offers no SSE log stream here; polling takes over."""
-
-
-def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str, str]]:
-    """(event, data) pairs of a server-sent event stream; comments and ids are skipped."""
-    kind = "message"
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield kind, "\n".join(data)
-            kind, data = "message", []
-            continue
-        if line.startswith(":"):
-            continue
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "event":
-            kind = value
-        elif field == "data":
-            data.append(value)

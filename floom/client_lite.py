@@ -11,9 +11,12 @@ the rest.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
+import re
 import socket
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 from urllib.parse import urlencode, urlsplit
 
@@ -26,15 +29,21 @@ from floom.client_wire import (
     configured_api_key,
     json_body,
     missing_key,
+    sse_events,
     timed_out,
     transport_failed,
     unreachable,
+    url_path,
 )
 
 DEFAULT_TIMEOUT_SECONDS = 30.0  # FloomClient's
+# FloomClient's read timeout on the log stream: the server says something (a keep-alive
+# comment) every 15 s, so a longer silence is a stalled connection.
+STREAM_READ_SECONDS = 30.0
 # httpx reads these (any case) and would go through a proxy: leave those calls to it.
 PROXY_VARIABLES = ("http_proxy", "all_proxy")
 READ_BYTES = 65536
+LINE_END = re.compile("\r\n|\r|\n")
 
 
 class Answer(NamedTuple):
@@ -93,8 +102,6 @@ class LiteClient:
 
     def start_run(self, request: StartRequest) -> dict[str, Any]:
         """The answer to `POST /workers/{name}/runs` (with `?wait=` when the request waits)."""
-        if not self.api_key:
-            raise missing_key(admin_key_file())
         path = self.prefix + request.path
         if request.params:
             path += "?" + urlencode(request.params)
@@ -104,29 +111,84 @@ class LiteClient:
             connect = read = DEFAULT_TIMEOUT_SECONDS
         else:
             connect, read = CONNECT_SECONDS, request.read_seconds
-        answer = self._exchange("POST", path, json_body(request.body), connect, read)
+        return self._json("POST", path, json_body(request.body), connect, read)
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        """The answer to `GET /runs/{id}`: the run record."""
+        path = f"{self.prefix}/api/v1/runs/{url_path(run_id)}"
+        return self._json("GET", path, None, DEFAULT_TIMEOUT_SECONDS, DEFAULT_TIMEOUT_SECONDS)
+
+    def follow_log(self, run_id: str, *, after: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
+        """("log", event) for each of the run's log events above seq `after` as it is
+        written, then ("end", run) once the run has ended, from the server-sent event stream.
+        Raises ClientError when the stream cannot be read to its end event (refused, not a
+        stream, cut off, silent for STREAM_READ_SECONDS): FloomClient.follow, which
+        reconnects and falls back to polling, can take over from the last seq."""
+        if not self.api_key:
+            raise missing_key(admin_key_file())
+        path = f"{self.prefix}/api/v1/runs/{url_path(run_id)}/logs/stream?after={after}"
+        sock = self._connect(CONNECT_SECONDS)
+        try:
+            with sock:
+                sock.settimeout(STREAM_READ_SECONDS)
+                sock.sendall(self._head("GET", path, {"Accept": "text/event-stream"}))
+                received = _Received(sock)
+                status, headers = _parse_head(received.until(b"\r\n\r\n"))
+                kind = headers.get("content-type", "")
+                if status != 200 or not kind.startswith("text/event-stream"):
+                    raise _BadAnswer(f"the log stream answered HTTP {status} ({kind or 'no type'})")
+                chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+                body = received.chunks() if chunked else received.rest()
+                for event, data in sse_events(_lines(body)):
+                    if event in ("log", "end"):
+                        yield event, json.loads(data)
+                    if event == "end":
+                        return
+            raise _BadAnswer("the log stream ended before the run did")
+        except TimeoutError as exc:
+            raise timed_out(self.base_url) from exc
+        except (OSError, ValueError, _BadAnswer) as exc:  # ValueError: a garbled event
+            raise transport_failed(self.base_url, exc) from exc
+
+    def _json(
+        self, method: str, path: str, body: bytes | None, connect: float, read: float
+    ) -> dict[str, Any]:
+        if not self.api_key:
+            raise missing_key(admin_key_file())
+        answer = self._exchange(method, path, body, connect, read)
         if answer.status >= 400:
             charset = _charset(answer.headers.get("content-type", "")) or "utf-8"
             raise answer_error(answer.status, answer.body, answer.body.decode(charset, "replace"))
         result: dict[str, Any] = json.loads(answer.body)
         return result
 
-    def _exchange(self, method: str, path: str, body: bytes, connect: float, read: float) -> Answer:
-        headers = {**self.headers, "Content-Type": "application/json"}
-        headers["Content-Length"] = str(len(body))
+    def _head(self, method: str, path: str, extra: dict[str, str]) -> bytes:
+        headers = {**self.headers, **extra}
         head = f"{method} {path} HTTP/1.1\r\n"
         head += "".join(f"{name}: {value}\r\n" for name, value in headers.items()) + "\r\n"
+        return head.encode("ascii")
+
+    def _connect(self, seconds: float) -> socket.socket:
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=connect)
+            return socket.create_connection((self.host, self.port), timeout=seconds)
         except TimeoutError as exc:
             raise timed_out(self.base_url) from exc
         except OSError as exc:  # refused, no route, unknown host
             raise unreachable(self.base_url) from exc
+
+    def _exchange(
+        self, method: str, path: str, body: bytes | None, connect: float, read: float
+    ) -> Answer:
+        # As httpx sends them: a body's type and length, and neither without a body.
+        extra = {}
+        if body is not None:
+            extra = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+        sock = self._connect(connect)
         received = b""
         try:
             with sock:
                 sock.settimeout(read)  # between two reads, as httpx's read timeout
-                sock.sendall(head.encode("ascii") + body)
+                sock.sendall(self._head(method, path, extra) + (body or b""))
                 while not _complete(received) and (chunk := sock.recv(READ_BYTES)):
                     received += chunk
             return _parse(received)
@@ -134,6 +196,69 @@ class LiteClient:
             raise timed_out(self.base_url) from exc
         except (OSError, _BadAnswer) as exc:
             raise transport_failed(self.base_url, exc) from exc
+
+
+class _Received:
+    """An answer's bytes, read from its socket as they are asked for."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = b""
+
+    def _more(self) -> bool:
+        chunk = self.sock.recv(READ_BYTES)
+        self.buffer += chunk
+        return bool(chunk)
+
+    def until(self, separator: bytes) -> bytes:
+        """The bytes before the next `separator` (which is consumed)."""
+        while separator not in self.buffer:
+            if not self._more():
+                raise _BadAnswer("the server's answer was cut short")
+        part, _, self.buffer = self.buffer.partition(separator)
+        return part
+
+    def chunks(self) -> Iterator[bytes]:
+        """A chunked body's data, chunk by chunk, up to the last (empty) chunk."""
+        while True:
+            try:
+                size = int(self.until(b"\r\n").split(b";", 1)[0], 16)
+            except ValueError as exc:
+                raise _BadAnswer("the server's chunked answer is garbled") from exc
+            if size == 0:
+                return
+            while len(self.buffer) < size + 2:
+                if not self._more():
+                    raise _BadAnswer("the server's chunked answer was cut short")
+            data, self.buffer = self.buffer[:size], self.buffer[size + 2 :]
+            yield data
+
+    def rest(self) -> Iterator[bytes]:
+        """The body up to the server's close."""
+        if self.buffer:
+            yield self.buffer
+            self.buffer = b""
+        while self._more():
+            yield self.buffer
+            self.buffer = b""
+
+
+def _lines(body: Iterator[bytes]) -> Iterator[str]:
+    """The body's lines as text, each as soon as its end (\\r\\n, \\n or \\r) arrives: only
+    those end an event stream's line, not every break str.splitlines knows (U+2028 and
+    the like travel unescaped inside JSON)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    pending = ""
+    for data in body:
+        pending += decoder.decode(data)
+        # A "\r" at the end may be the first half of "\r\n": keep it for the next read.
+        held = pending.endswith("\r")
+        *lines, pending = LINE_END.split(pending[:-1] if held else pending)
+        pending += "\r" if held else ""
+        yield from lines
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield from LINE_END.split(pending.removesuffix("\r"))
 
 
 def _complete(data: bytes) -> bool:
@@ -149,25 +274,33 @@ def _complete(data: bytes) -> bool:
     return False
 
 
-def _parse(data: bytes) -> Answer:
-    head, sep, rest = data.partition(b"\r\n\r\n")
+def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """The status and headers (names in lower case) of an answer's head."""
     lines = head.decode("latin-1").split("\r\n")
     version, _, status_and_reason = lines[0].partition(" ")
     status = status_and_reason.partition(" ")[0]
-    if not sep or not version.startswith("HTTP/1.") or not status.isdigit():
-        raise _BadAnswer("the server's answer was cut short or is not HTTP/1.1")
+    if not version.startswith("HTTP/1.") or not status.isdigit():
+        raise _BadAnswer("the server's answer is not HTTP/1.1")
     headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
+    return int(status), headers
+
+
+def _parse(data: bytes) -> Answer:
+    head, sep, rest = data.partition(b"\r\n\r\n")
+    if not sep:
+        raise _BadAnswer("the server's answer was cut short or is not HTTP/1.1")
+    status, headers = _parse_head(head)
     if "chunked" in headers.get("transfer-encoding", "").lower():
-        return Answer(int(status), headers, _dechunk(rest))
+        return Answer(status, headers, _dechunk(rest))
     length = headers.get("content-length")
     if length is not None:
         if not length.isdigit() or len(rest) < int(length):
             raise _BadAnswer("the server's answer was cut short")
         rest = rest[: int(length)]
-    return Answer(int(status), headers, rest)
+    return Answer(status, headers, rest)
 
 
 def _dechunk(data: bytes) -> bytes:

@@ -1,11 +1,12 @@
 """What every floom client says and reads on the wire, with the standard library only: the API
 key it sends, how a start request is built, and the FloomError an answer or a failed
-connection becomes. FloomClient (httpx) and the CLI's quick path (http.client) share it."""
+connection becomes. FloomClient (httpx) and the CLI's quick path (client_lite, sockets) share it."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -128,3 +129,23 @@ def bad_url(base_url: str) -> ClientError:
 
 def transport_failed(base_url: str, exc: Exception) -> ClientError:
     return ClientError(f"talking to floom at {base_url} failed: {exc}", status=0, code="transport")
+
+
+def sse_events(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
+    """(event, data) pairs of a server-sent event stream; comments and ids are skipped."""
+    kind = "message"
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield kind, "\n".join(data)
+            kind, data = "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "event":
+            kind = value
+        elif field == "data":
+            data.append(value)

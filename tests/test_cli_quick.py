@@ -1,9 +1,11 @@
-"""`floom run` through the quick path (floom/cli/quick.py: no typer, rich or httpx) prints the
-same bytes and exits with the same code as the typer command, and hands a run that outlasts
-its start request over to the typer command's wait."""
+"""`floom run` through the quick path (floom/cli/quick.py: no typer or httpx, and no rich
+unless log lines are shown) prints the same bytes and exits with the same code as the typer
+command, and hands a run that outlasts its start request, or a log stream that breaks off,
+over to the typer command's wait."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import subprocess
@@ -12,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -30,9 +33,15 @@ from tests.conftest import (
 from tests.test_waits import NOOP, SLEEPER, keys_of
 
 BROKEN = "import sys\nprint('about to fail', file=sys.stderr)\nsys.exit(3)\n"
-# What changes from one run to the next: ids, times, digests, durations.
+CHATTY = (
+    "import json, time\n"
+    "for n in range(4):\n    print('line', n, flush=True)\n    time.sleep(0.3)\n"
+    "json.dump({'outputs': {'said': 4}}, open('result.json', 'w'))\n"
+)
+# What changes from one run to the next: ids, times, digests, durations, version ids.
 VARYING = re.compile(
     r'run_[0-9a-f]+|"\d{4}-\d\d-\d\dT[0-9:.+]+"|"sandbox_seconds": [0-9.]+|"digest": "[0-9a-f]+"'
+    r"|\b\d\d:\d\d:\d\d\b|(?<= in )\d+\.\d[sm]\b|\bv[0-9a-f]{12}\b"
 )
 TYPER_ONLY = "import sys; from floom.cli.command import main; sys.argv[0] = 'floom'; main()"
 
@@ -44,7 +53,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with live_server(root / "data", f"sqlite:///{root / 'floom.db'}", max_waits_per_key=1) as srv:
         with srv.client() as api:
             deploy_folder(api, EXAMPLES / "hello")
-            for name, script in (("broken", BROKEN), ("noop", NOOP), ("sleeper", SLEEPER)):
+            workers = (("broken", BROKEN), ("noop", NOOP), ("sleeper", SLEEPER), ("chatty", CHATTY))
+            for name, script in workers:
                 manifest = f"name: {name}\nlimits: {{timeout_seconds: 900}}\n"
                 deploy_folder(api, make_worker(root / name, manifest, {"run.py": script}))
         yield srv
@@ -75,6 +85,11 @@ def floom(env: dict[str, str], *args: str, typer_only: bool = False) -> tuple[in
         ("run", "broken", "--wait", "--json"),
         ("run", "hello", "-i", "times=abc", "--wait", "--json"),
         ("run", "nosuch", "--wait", "--json"),
+        ("run", "hello", "-i", "name=Ada", "-i", "times=2", "--wait"),
+        ("run", "chatty", "--wait"),
+        ("run", "broken", "--wait"),
+        ("run", "hello", "-i", "times=abc", "--wait"),
+        ("run", "nosuch", "--wait"),
     ],
 )
 def test_the_quick_path_prints_what_the_typer_command_prints(
@@ -84,6 +99,8 @@ def test_the_quick_path_prints_what_the_typer_command_prints(
     quick = floom(env, *args)
     assert quick == floom(env, *args, typer_only=True)
     assert quick[0] == (1 if args[1] in ("broken", "nosuch") or "times=abc" in args else 0)
+    if "--wait" in args and "--json" not in args and quick[0] == 0:
+        assert quick[1].startswith("run X of ") and "succeeded in X" in quick[1]
 
 
 @pytest.mark.parametrize(
@@ -109,23 +126,96 @@ def test_the_quick_path_fails_as_the_typer_command_does(
     assert stderr.startswith("error: ") and "\nhint: " in stderr
 
 
-def test_run_wait_json_loads_neither_typer_rich_nor_httpx(server: LiveServer) -> None:
+def _loaded(env: dict[str, str], *args: str) -> tuple[str, str]:
+    """`floom ARGS`'s stdout, and its stderr ending with the heavy modules it loaded."""
     probe = (
-        "import sys; sys.argv = ['floom', 'run', 'hello', '--wait', '--json']\n"
+        f"import sys; sys.argv = ['floom', *{args!r}]\n"
         "from floom.cli import main\n"
         "try:\n    main()\nexcept SystemExit as done:\n    code = done.code\n"
         "heavy = [m for m in ('typer', 'rich', 'httpx', 'pydantic') if m in sys.modules]\n"
         "print('LOADED', heavy, code, file=sys.stderr)"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe],
-        env=server.cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
     )
-    assert '"status": "succeeded"' in done.stdout
-    assert done.stderr.strip().endswith("LOADED [] 0"), done.stderr
+    return done.stdout, done.stderr.strip()
+
+
+def test_run_wait_json_loads_neither_typer_rich_nor_httpx(server: LiveServer) -> None:
+    stdout, stderr = _loaded(server.cli_env(), "run", "hello", "--wait", "--json")
+    assert '"status": "succeeded"' in stdout
+    assert stderr.endswith("LOADED [] 0"), stderr
+
+
+def test_run_wait_shows_the_log_without_loading_typer_or_httpx(server: LiveServer) -> None:
+    stdout, stderr = _loaded(server.cli_env(), "run", "chatty", "--wait")
+    assert stderr.endswith("LOADED ['rich'] 0"), stderr
+    lines = VARYING.sub("X", stdout).splitlines()
+    assert lines[0] == "run X of chatty (X)"
+    assert [line for line in lines if " stdout " in line] == [
+        f"X stdout line {n}" for n in range(4)
+    ]
+    assert lines[-3:] == ["run X succeeded in X", "outputs:", "  said: 4"]
+
+
+class CuttingRelay:
+    """A loopback relay to a server that cuts the first log stream sent through it right
+    after passing on a log event; every other exchange passes whole."""
+
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname or "", parts.port or 80)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.streams = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with self.listener:
+            while True:
+                try:
+                    near = self.listener.accept()[0]
+                except OSError:
+                    return
+                threading.Thread(target=self._relay, args=(near,), daemon=True).start()
+
+    def _relay(self, near: socket.socket) -> None:
+        far = socket.create_connection(self.upstream)
+        with near, far, contextlib.suppress(OSError):
+            first = near.recv(65536)
+            cut = b"/logs/stream" in first and self.streams == 0
+            self.streams += b"/logs/stream" in first
+            far.sendall(first)
+            threading.Thread(target=self._copy, args=(near, far), daemon=True).start()
+            while answer := far.recv(65536):
+                near.sendall(answer)
+                if cut and b"event: log" in answer:
+                    break
+            for sock in (near, far):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    @staticmethod
+    def _copy(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_log_stream_that_breaks_off_is_followed_on_without_a_line_twice(
+    server: LiveServer,
+) -> None:
+    relay = CuttingRelay(server.base_url)
+    try:
+        env = {**server.cli_env(), "FLOOM_BASE_URL": relay.url}
+        quick = floom(env, "run", "chatty", "--wait")
+    finally:
+        relay.close()
+    assert relay.streams == 2  # the quick path's, cut; then the typer command's follow
+    assert quick == floom(server.cli_env(), "run", "chatty", "--wait", typer_only=True)
+    assert quick[0] == 0 and quick[1].count("stdout line") == 4
 
 
 def test_a_run_that_outlasts_its_start_request_is_followed_to_its_end(server: LiveServer) -> None:

@@ -48,6 +48,8 @@ DELIBERATE_LOCAL_IMPORTS = {
     ("floom/cli/quick.py", "floom.cli.command"),
     ("floom/cli/quick.py", "floom.cli.common"),
     ("floom/cli/quick.py", "floom.cli.runs"),
+    # rich (about 50 ms) only when `floom run --wait` shows log lines; --json prints without it.
+    ("floom/cli/quick.py", "floom.cli.console"),
 }
 
 

@@ -1,14 +1,17 @@
-"""`floom run` without typer, rich or httpx, for the command lines agents and scripts call all
-the time: `floom run WORKER [-i K=V ...] [--input-json JSON] [--force] [--json]` and the same
-with `--wait --json` (one round trip: the start request waits for the end).
+"""`floom run` without typer or httpx, for the command lines agents, scripts and people call
+all the time: `floom run WORKER [-i K=V ...] [--input-json JSON] [--force] [--json]`, the same
+with `--wait --json` (one round trip: the start request waits for the end), and with `--wait`
+alone (the run's log lines as they are written, then its result, printed by rich as the typer
+command prints them).
 
-Loading typer, rich and httpx costs more than the run itself on a small machine. This path
-reads the command line with the same meaning as the typer command in runs.py, sends the
-same request through LiteClient and prints the same bytes. It handles only well-formed
-command lines whose answer it can print itself: anything else (help, a usage error, an
-option it does not know, live log lines, a run that outlasts the wait, an HTTPS server or a
-proxy) goes to the typer command, so behaviour is the typer command's by construction.
-Errors are printed by the typer command's own error lines (loaded only then).
+Loading typer and httpx costs more than the run itself on a small machine. This path reads
+the command line with the same meaning as the typer command in runs.py, sends the same
+requests through LiteClient and prints the same bytes. It handles only well-formed command
+lines whose answer it can print itself: anything else (help, a usage error, an option it does
+not know, `--wait --timeout` without `--json`, a run that outlasts the wait, a log stream
+that breaks off, an HTTPS server or a proxy) goes to the typer command, so behaviour is the
+typer command's by construction. Errors are printed by the typer command's own error lines
+(loaded only then).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from floom.client_lite import LiteClient
 from floom.client_wire import WAIT_CALL_SECONDS, StartRequest
+from floom.errors import FloomError
 from floom.services.run_rules import FINISHED
 
 FLAGS = {"--wait": "wait", "--json": "as_json", "--force": "force"}
@@ -79,8 +83,8 @@ def parse(args: list[str]) -> RunLine | None:
     if inputs is None or timeout is False:
         return None
     waits = "wait" in flags or timeout is not None
-    if waits and "as_json" not in flags:
-        return None  # live log lines: the typer command follows the stream
+    if timeout is not None and "as_json" not in flags:
+        return None  # a deadline on live log lines: the typer command keeps that one
     return RunLine(
         worker=worker,
         inputs=inputs[0],
@@ -144,6 +148,8 @@ def run(args: list[str]) -> None:
 
 
 def _serve(line: RunLine, client: LiteClient) -> int:
+    if line.wait and not line.as_json:
+        return _follow(line, client)
     wait = 0.0
     if line.wait:
         wait = min(line.timeout, WAIT_CALL_SECONDS) if line.timeout else WAIT_CALL_SECONDS
@@ -166,8 +172,40 @@ def _serve(line: RunLine, client: LiteClient) -> int:
     return 0 if started["status"] == "succeeded" else 1
 
 
-def _watch(started: dict[str, Any], timeout: float | None, asked: float) -> None:
-    """The run outlasted the start's wait: the typer command's own wait takes over.
+def _follow(line: RunLine, client: LiteClient) -> int:
+    """`--wait` without `--json`: start the run, print its heading, its log lines as the
+    stream brings them and its result, as runs.watch_run does.
+    Imported here, not at the top: rich (about 50 ms) only for the lines a person reads."""
+    from floom.cli.console import log_line, out, print_result, run_heading  # noqa: PLC0415
+
+    request = StartRequest(
+        line.worker, line.inputs, coerce_strings=line.coerce_strings, force=line.force
+    )
+    started = client.start_run(request)
+    shown = 0
+    try:
+        out.print(run_heading(started))
+        try:
+            for kind, data in client.follow_log(started["id"]):
+                if kind == "log":
+                    out.print(log_line(data))
+                    shown = max(shown, int(data.get("seq", shown)))
+        except FloomError:
+            # The stream broke off or is not offered here: the typer command's follow,
+            # which reconnects or polls, goes on from the last line shown.
+            _watch(started, None, time.monotonic(), shown=shown)
+        final = client.get_run(started["id"])
+        print_result(final)
+    except KeyboardInterrupt:
+        _stopped_waiting(started["id"])
+    return 0 if final["status"] == "succeeded" else 1
+
+
+def _watch(
+    started: dict[str, Any], timeout: float | None, asked: float, *, shown: int | None = None
+) -> NoReturn:
+    """The run outlasted the start's wait (or, with `shown`, its log stream broke off): the
+    typer command's own wait takes over and ends the process.
     Imported here, not at the top: typer, rich and httpx only for this, or an error."""
     from floom.cli.command import guarded  # noqa: PLC0415 - a long wait: start-up cost is moot
     from floom.cli.common import open_client  # noqa: PLC0415
@@ -178,9 +216,19 @@ def _watch(started: dict[str, Any], timeout: float | None, asked: float) -> None
 
     def watch() -> None:
         with open_client() as client:
-            watch_run(client, started, as_json=True, timeout=timeout)
+            watch_run(client, started, as_json=shown is None, timeout=timeout, shown=shown)
 
     guarded(watch)
+    sys.exit(0)
+
+
+def _stopped_waiting(run_id: str) -> NoReturn:
+    """Ctrl-C while following: the typer command's "stopped waiting" lines and exit code."""
+    from floom.cli.command import guarded  # noqa: PLC0415 - typer, rich: this line only
+    from floom.cli.runs import stopped_waiting  # noqa: PLC0415
+
+    guarded(lambda: stopped_waiting(run_id))
+    sys.exit(1)
 
 
 def _write(text: str) -> None:

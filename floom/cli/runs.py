@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
@@ -25,6 +25,7 @@ from floom.cli.output import (
     print_json,
     print_outcome,
     print_result,
+    run_heading,
     status_text,
     value_text,
     when,
@@ -69,9 +70,16 @@ def _follow(client: FloomClient, run_id: str, *, after: int, deadline: float | N
 
 
 def watch_run(
-    client: FloomClient, run: dict[str, Any], *, as_json: bool, timeout: float | None
+    client: FloomClient,
+    run: dict[str, Any],
+    *,
+    as_json: bool,
+    timeout: float | None,
+    shown: int | None = None,
 ) -> None:
-    """Wait for a run to end, printing its log (or only its record with --json)."""
+    """Wait for a run to end, printing its log (or only its record with --json). `shown`:
+    the heading and the log up to this seq are printed already (by the quick path, whose
+    stream broke off)."""
     deadline = time.monotonic() + timeout if timeout else None
     run_id = run["id"]
     try:
@@ -79,14 +87,20 @@ def watch_run(
             final = client.wait(run_id, deadline=deadline)
             print_json(final)
         else:
-            out.print(Text(f"run {run_id} of {run['worker']} ({run['version_id']})", style="dim"))
-            _follow(client, run_id, after=0, deadline=deadline)
+            if shown is None:
+                out.print(run_heading(run))
+            _follow(client, run_id, after=shown or 0, deadline=deadline)
             final = client.get_run(run_id)
             print_result(final)
     except KeyboardInterrupt:
-        fail(f"stopped waiting; run {run_id} goes on", f"follow it with `floom logs -f {run_id}`")
+        stopped_waiting(run_id)
     if final["status"] != "succeeded":
         raise typer.Exit(1)
+
+
+def stopped_waiting(run_id: str) -> NoReturn:
+    """Ctrl-C while following a run: it goes on without us."""
+    fail(f"stopped waiting; run {run_id} goes on", f"follow it with `floom logs -f {run_id}`")
 
 
 WaitOpt = Annotated[bool, typer.Option("--wait", help="follow the run until it ends")]

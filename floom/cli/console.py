@@ -1,0 +1,136 @@
+"""The floom command's consoles and how run records and log lines print on them, with rich
+alone (no typer): the quick `floom run --wait` path prints through these too."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+
+def _console(*, stderr: bool = False) -> Console:
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        # Piped output is read by scripts and tests: don't fold ids at 80 columns.
+        console.width = max(console.width, 200)
+    return console
+
+
+out = _console()
+err = _console(stderr=True)
+
+STATUS_STYLES = {
+    "succeeded": "green",
+    "failed": "red",
+    "timed_out": "red",
+    "cancelled": "yellow",
+    "running": "cyan",
+    "queued": "blue",
+    "awaiting_approval": "yellow",
+    "rejected": "red",
+    "limit_exceeded": "red",
+    "skipped": "dim",
+}
+STREAM_STYLES = {"stderr": "red", "system": "dim"}
+
+
+def print_json(value: Any) -> None:
+    """Print a value as indented JSON on stdout (what --json prints)."""
+    out.print(Text(json.dumps(value, indent=2, default=str)))
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)  # floom stores UTC
+    return parsed.astimezone()
+
+
+def when(value: str | None) -> str:
+    """A stored timestamp (UTC) in local time, or "-"."""
+    parsed = _parse_time(value)
+    return parsed.strftime("%Y-%m-%d %H:%M:%S") if parsed else "-"
+
+
+def duration(run: dict[str, Any]) -> str:
+    """How long a run took, or has been running so far."""
+    start, end = _parse_time(run.get("started_at")), _parse_time(run.get("finished_at"))
+    if not start:
+        return "-"
+    seconds = ((end or datetime.now(UTC)) - start).total_seconds()
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
+
+
+def human_size(n: int | None) -> str:
+    """A byte count in B, KiB or MiB."""
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n} B"
+    if n < 1024 * 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n / (1024 * 1024):.1f} MiB"
+
+
+def status_text(status: str) -> Text:
+    """A run status in its colour."""
+    return Text(status, style=STATUS_STYLES.get(status, ""))
+
+
+def value_text(value: Any) -> str:
+    """An input or output value on one line: text as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def run_heading(run: dict[str, Any]) -> Text:
+    """The first line of a followed run: its id, worker and version."""
+    return Text(f"run {run['id']} of {run['worker']} ({run['version_id']})", style="dim")
+
+
+def log_line(event: dict[str, Any]) -> Text:
+    """A log event as a line: time, stream, text."""
+    parsed = _parse_time(event.get("ts"))
+    stream = str(event.get("stream", ""))
+    line = Text(parsed.strftime("%H:%M:%S") if parsed else "--:--:--", style="dim")
+    line.append(f" {stream:<6} ", style="dim")
+    line.append(str(event.get("line", "")), style=STREAM_STYLES.get(stream, ""))
+    return line
+
+
+def print_result(run: dict[str, Any]) -> None:
+    """The end of a followed run: its status, duration and outcome."""
+    line = Text(f"run {run['id']} ")
+    line.append_text(status_text(run["status"]))
+    line.append(f" in {duration(run)}")
+    out.print(line)
+    print_outcome(run)
+    if run.get("artifacts"):
+        out.print(
+            Text(f"  download with `floom artifacts {run['id']} --download NAME`", style="dim")
+        )
+
+
+def print_outcome(r: dict[str, Any]) -> None:
+    """A run's error, outputs and artifacts, where it has them."""
+    if r.get("error"):
+        out.print(
+            Text(f"error: {r['error'].get('code')}: {r['error'].get('message')}", style="red")
+        )
+    if r.get("outputs"):
+        out.print("outputs:")
+        for name, value in r["outputs"].items():
+            out.print(Text(f"  {name}: {value_text(value)}"))
+    if r.get("artifacts"):
+        out.print("artifacts:")
+        for a in r["artifacts"]:
+            out.print(
+                Text(f"  {a['name']}  {human_size(a.get('size'))}  {a.get('content_type', '')}")
+            )
