@@ -7,6 +7,7 @@ it (`--seccomp FD`) after it has set the sandbox up, just before it runs the com
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import struct
 from typing import Final
@@ -133,7 +134,11 @@ def supported(machine: str | None = None) -> bool:
 def deny_filter(machine: str | None = None) -> bytes:
     """The filter program (an array of struct sock_filter) for `machine`, this one by
     default. Syscalls of any other ABI (32-bit compat, x32) are refused as a whole."""
-    machine = machine or platform.machine()
+    return _deny_filter(machine or platform.machine())
+
+
+@functools.cache  # every sandbox gets the same program: built once per process
+def _deny_filter(machine: str) -> bytes:
     if machine not in _ARCHES:
         raise ValueError(f"no seccomp syscall table for {machine}")
     audit_arch, numbers = _ARCHES[machine]
