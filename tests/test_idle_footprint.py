@@ -1,8 +1,8 @@
 """A started floom server on SQLite, idle with the examples deployed, has not loaded what only
 some uses need (Alembic, psycopg and SQLAlchemy's PostgreSQL dialect, cryptography, httpx,
-rich, prometheus-client, the agent package): each stays out of its resident memory until a
-database is behind, PostgreSQL is used, a secret is read, an agent runs, /metrics is scraped
-or an error is printed."""
+rich, prometheus-client, the agent package, the web UI with jinja2): each stays out of its
+resident memory until a database is behind, PostgreSQL is used, a secret is read, an agent
+runs, /metrics is scraped, an error is printed or a page of the UI is asked for."""
 
 from __future__ import annotations
 
@@ -32,10 +32,14 @@ with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as a
     assert answer.status == 200
 loaded = sorted(
     {m.split(".")[0] for m in sys.modules}
-    & {"alembic", "psycopg", "cryptography", "httpx", "rich", "pygments", "prometheus_client"}
+    & {"alembic", "psycopg", "cryptography", "httpx", "rich", "pygments", "prometheus_client",
+       "jinja2"}
     | {m for m in sys.modules if m.startswith(("floom.agent", "sqlalchemy.dialects.postgresql"))}
+    | {m for m in sys.modules if m in ("floom.api.ui", "floom.api.ui_support")}
 )
 print("LOADED", loaded)
+with urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=30) as answer:
+    print("UI", answer.status, "jinja2" in sys.modules)
 server.should_exit = True
 thread.join(30)
 """
@@ -50,3 +54,4 @@ def test_an_idle_server_has_not_loaded_what_only_some_uses_need(tmp_path: Path) 
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("LOADED")]
     assert lines == ["LOADED []"], done.stdout + done.stderr
+    assert "\nUI 200 True\n" in done.stdout, done.stdout + done.stderr  # the first page loads it

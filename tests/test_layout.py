@@ -37,6 +37,9 @@ DELIBERATE_LOCAL_IMPORTS = {
     ("floom/cli/workers.py", "floom.bundle"),
     # The agent package with httpx (~5 MiB resident) only on a node's first agent run.
     ("floom/api/app.py", "floom.agent.runner"),
+    # The web UI (jinja2, the pages' modules and routes: ~5 MiB resident) only at the first
+    # request no API route answers.
+    ("floom/api/ui_mount.py", "floom.api.ui"),
     # prometheus-client (~1 MiB resident) only at the first scrape of /metrics.
     ("floom/api/metrics.py", "floom.services.metrics"),
     # rich only for error lines, which `floom serve` (running for days) need not hold.

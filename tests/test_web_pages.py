@@ -246,3 +246,25 @@ def test_a_read_key_is_refused_a_rollback_from_a_run_page_and_nothing_changes(
     assert refused.status_code == 403 and "lacks the &#39;deploy&#39; scope" in refused.text
     active = api.get("/api/v1/workers/roll").json()["active_version_id"]
     assert active == second["version"]["id"] != first["version"]["id"]
+
+
+# The first of these reaches no API route, so it loads the web UI (floom/api/ui_mount.py).
+ASKED = [
+    ("GET", "/api/v1/no-such-thing"),
+    ("POST", "/healthz"),
+    ("GET", "/no/such/page"),
+    ("GET", "/login"),
+    ("GET", "/api/v1/runs/"),
+]
+
+
+def test_the_ui_loaded_by_a_first_request_changes_no_answer_from_that_one_on(
+    server: LiveServer,
+) -> None:
+    client = httpx.Client(base_url=server.base_url, timeout=10)
+    first = [client.request(method, path) for method, path in ASKED]
+    again = [client.request(method, path) for method, path in ASKED]
+    assert [(r.status_code, r.text) for r in first] == [(r.status_code, r.text) for r in again]
+    assert [r.status_code for r in first] == [404, 405, 404, 200, 307]
+    assert first[0].json()["error"]["code"] == "not_found"
+    assert 'name="api_key"' in first[3].text

@@ -27,10 +27,10 @@ from floom.api import (
     routes_runs,
     routes_triggers,
     routes_workers,
-    ui,
 )
 from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.mcp_mount import LazyMCPMount
+from floom.api.ui_mount import LazyUI
 from floom.config import ROLES, Settings
 from floom.engine.executor import Executor, interrupt_on_signal
 from floom.engine.handoff_loop import HandoffLoop
@@ -178,7 +178,6 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             routes_nodes.router,
         ):
             app.include_router(router)
-        ui.install(app)  # the web UI at / (after the API, so /api/v1 routes match first)
         mcp_endpoint = LazyMCPMount(app, settings)
 
     @app.get("/healthz", tags=["health"], response_model=Health, responses=openapi.errors(503))
@@ -200,4 +199,6 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             sandboxes=app.state.sandboxes,
         )
 
+    if "api" in roles:
+        LazyUI(app)  # the web UI at /, last, so that every other route matches first
     return app
