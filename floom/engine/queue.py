@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import bindparam, delete, func, or_, text, update
+from sqlalchemy import bindparam, delete, func, insert, or_, text, update
 from sqlmodel import Session, col, select
 
 from floom.services.logs import append_events, lock_events, system_event
@@ -330,18 +330,22 @@ def finish_attempt(
         # decision (which always sets the phase): a plain first attempt has none to replace.
         if run.attempt > 1 or run.phase is not None:
             s.execute(delete(Artifact).where(col(Artifact.run_id) == run.id))
-        if not retry:
-            for name, data, content_type in outcome.artifacts:
-                digest = insert_blob(s, data)
-                s.add(
-                    Artifact(
-                        run_id=run.id,
-                        name=name,
-                        size=len(data),
-                        digest=digest,
-                        content_type=content_type,
-                    )
-                )
+        if not retry and outcome.artifacts:
+            # One INSERT of plain rows: the values are floom's own (collected and named by
+            # floom/engine/collect.py), so building, validating and flushing ORM objects for
+            # them bought nothing.
+            rows = [
+                {
+                    "run_id": run.id,
+                    "name": name,
+                    "size": len(data),
+                    "digest": insert_blob(s, data),
+                    "content_type": content_type,
+                    "created_at": now,
+                }
+                for name, data, content_type in outcome.artifacts
+            ]
+            s.execute(insert(Artifact), rows)
         closing.append(("system", message, None))
         append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
         if run.concurrency is not None:
