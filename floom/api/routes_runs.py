@@ -7,7 +7,7 @@ import functools
 import json
 import time
 from collections.abc import AsyncIterator, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -24,6 +24,8 @@ from floom.services.context import Context
 from floom.services.principal import Principal
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
+
+T = TypeVar("T")
 
 SSE_POLL_SECONDS = 0.2
 SSE_KEEPALIVE_SECONDS = 15.0
@@ -100,20 +102,27 @@ async def start_run(
             force=body.force,
         )
     )
-    queued = views.run_public(run, artifacts=[], surface=caller.surface)
     if not wait:
-        return queued
+        return views.run_public(run, artifacts=[], surface=caller.surface)
     # One round trip for a caller that wants the result: the same wait as GET ?wait=, under
     # the same per-key cap. Over the cap the run still stands, so the answer is the 202 a
     # caller without `wait` gets, never a refusal that would hide the run it created.
-    waiting = run_waits.wait_for_end(
-        ctx, run_id=run.id, timeout=wait, until=until, caller=caller, fresh=run
+    waiting = run_waits.wait_and_read(
+        ctx,
+        run_id=run.id,
+        timeout=wait,
+        until=until,
+        caller=caller,
+        fresh=run,
+        then=functools.partial(views.run_detail_in_session, ctx, caller=caller),
     )
     try:
-        await unless_caller_leaves(request, waiting)
+        ended = await unless_caller_leaves(request, waiting)
     except TooManyWaits:
-        return queued
-    detail = await run_in_threadpool(views.run_detail, ctx, run_id=run.id, caller=caller)
+        return views.run_public(run, artifacts=[], surface=caller.surface)
+    detail = ended[1] if ended is not None else None
+    if detail is None:  # the wait ran out (or the caller left): the run as it is now
+        detail = await run_in_threadpool(views.run_detail, ctx, run_id=run.id, caller=caller)
     status = 200 if detail.status in run_waits.STOP_STATUSES[until] else 202
     return JSONResponse(status_code=status, content=detail.to_json())
 
@@ -157,16 +166,24 @@ async def get_run(
 ) -> views.RunDetail:
     # Async so a waiter holds no thread: the API's thread pool stays free for other calls.
     if wait:
-        waiting = run_waits.wait_for_end(
-            ctx, run_id=run_id, timeout=wait, until=until, caller=caller
+        waiting = run_waits.wait_and_read(
+            ctx,
+            run_id=run_id,
+            timeout=wait,
+            until=until,
+            caller=caller,
+            then=functools.partial(views.run_detail_in_session, ctx, caller=caller),
         )
-        await unless_caller_leaves(request, waiting)
+        ended = await unless_caller_leaves(request, waiting)
+        if ended is not None and ended[1] is not None:  # read with the run that ended the wait
+            return ended[1]
     return await run_in_threadpool(views.run_detail, ctx, run_id=run_id, caller=caller)
 
 
-async def unless_caller_leaves(request: Request, waiting: Coroutine[Any, Any, object]) -> None:
-    """Await `waiting`, or cancel it as soon as the client disconnects, so a dropped request
-    gives its key's wait back at once instead of when ?wait runs out."""
+async def unless_caller_leaves(request: Request, waiting: Coroutine[Any, Any, T]) -> T | None:
+    """Await `waiting` and return what it returns, or cancel it (and return None) as soon as
+    the client disconnects, so a dropped request gives its key's wait back at once instead
+    of when ?wait runs out."""
     wait_task = asyncio.ensure_future(waiting)
     gone_task = asyncio.ensure_future(_disconnected(request))
     try:
@@ -176,8 +193,9 @@ async def unless_caller_leaves(request: Request, waiting: Coroutine[Any, Any, ob
         if not wait_task.done():
             wait_task.cancel()
             await asyncio.gather(wait_task, return_exceptions=True)
-    if not wait_task.cancelled():
-        wait_task.result()  # the wait's own refusals (not_found, too_many_waits) stand
+    if wait_task.cancelled():
+        return None
+    return wait_task.result()  # the wait's own refusals (not_found, too_many_waits) stand
 
 
 async def _disconnected(request: Request) -> None:

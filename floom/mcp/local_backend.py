@@ -3,6 +3,7 @@ the API key the MCP client sent, whose scope decides what it may do."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -185,9 +186,16 @@ class LocalBackend(Backend):
 
     async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
         ctx = self.ctx
-        await run_waits.wait_for_end(
-            ctx, run_id=run_id, timeout=seconds, until="settled", caller=self.principal
+        _, detail = await run_waits.wait_and_read(
+            ctx,
+            run_id=run_id,
+            timeout=seconds,
+            until="settled",
+            caller=self.principal,
+            then=functools.partial(run_views.run_detail_in_session, ctx, caller=self.principal),
         )
+        if detail is not None:  # read with the run that ended the wait
+            return detail.to_json()
         return await anyio.to_thread.run_sync(self.get_run, run_id)
 
     def get_logs(

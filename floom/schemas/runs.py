@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import Field
+from sqlmodel import Session
 
 from floom.hints.surface import tell
 from floom.schemas.common import Page, Public, Timestamp
@@ -162,6 +163,20 @@ def run_page(rows: list[Run], next_cursor: str | None, *, surface: Surface) -> P
 
 def run_detail(ctx: Context, *, run_id: str, caller: Principal) -> RunDetail:
     run, artifacts, asked = run_records.run_record(ctx, run_id=run_id, caller=caller)
+    return _detail(ctx, run, artifacts, asked, caller)
+
+
+def run_detail_in_session(ctx: Context, s: Session, run: Run, *, caller: Principal) -> RunDetail:
+    """run_detail for a run the caller has just read in `s` (the read that ends a wait): the
+    rest of the record is read in the same transaction, the run not read again."""
+    caller.require("read")
+    artifacts, asked = run_records.record_in_session(ctx, s, run)
+    return _detail(ctx, run, artifacts, asked, caller)
+
+
+def _detail(
+    ctx: Context, run: Run, artifacts: list[Artifact], asked: list[Approval], caller: Principal
+) -> RunDetail:
     body = runs.run_to_dict(run, artifacts=artifacts)
     body.update(run_records.run_extras(ctx, run=run, run_approvals=asked, caller=caller))
     return RunDetail.model_validate(_told(body, caller.surface))

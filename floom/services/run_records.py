@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from floom.services import agent_runs, approvals, runs, workers
 from floom.services.principal import SYSTEM, Principal
@@ -59,14 +59,21 @@ def run_record(
     caller.require("read")
     with session_scope(ctx.engine) as s:
         run = runs.run_in_session(s, run_id)
-        artifacts = list(
-            s.exec(select(Artifact).where(Artifact.run_id == run_id).order_by(Artifact.name)).all()
-        )
-        asked: list[Approval] = []
-        if may_have_approvals(ctx, run):
-            asked = list(
-                s.exec(
-                    select(Approval).where(Approval.run_id == run_id).order_by(col(Approval.id))
-                ).all()
-            )
+        artifacts, asked = record_in_session(ctx, s, run)
     return run, artifacts, asked
+
+
+def record_in_session(ctx: Context, s: Session, run: Run) -> tuple[list[Artifact], list[Approval]]:
+    """The artifacts and approvals of `run`, read in the session that read the run (a rule
+    of floom's, not a read for a client: the caller has read the run already)."""
+    artifacts = list(
+        s.exec(select(Artifact).where(Artifact.run_id == run.id).order_by(Artifact.name)).all()
+    )
+    asked: list[Approval] = []
+    if may_have_approvals(ctx, run):
+        asked = list(
+            s.exec(
+                select(Approval).where(Approval.run_id == run.id).order_by(col(Approval.id))
+            ).all()
+        )
+    return artifacts, asked

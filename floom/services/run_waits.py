@@ -14,9 +14,9 @@ import asyncio
 import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import anyio.to_thread
 
@@ -27,7 +27,11 @@ from floom.store.db import session_scope
 from floom.store.models import Run
 
 if TYPE_CHECKING:
+    from sqlmodel import Session
+
     from floom.services.context import Context
+
+T = TypeVar("T")
 
 # How often a waiter reads the store when no end was announced in this process: the delay
 # before an end recorded by another node is seen.
@@ -138,15 +142,39 @@ async def wait_for_end(
     floom's own count against the name it acts for (a hook's, "hook:WORKER"), and plain
     floom's against none. A run that has already ended is answered at once and holds no
     wait."""
+    run, _ = await wait_and_read(
+        ctx, run_id=run_id, timeout=timeout, until=until, caller=caller, fresh=fresh
+    )
+    return run
+
+
+async def wait_and_read(
+    ctx: Context,
+    *,
+    run_id: str,
+    timeout: float,
+    until: Until = "ended",
+    caller: Principal,
+    fresh: Run | None = None,
+    then: Callable[[Session, Run], T] | None = None,
+) -> tuple[Run, T | None]:
+    """wait_for_end, and `then(session, run)` called in the session of the read that found
+    the run at the end of the wait (a stop status of `until`): a caller that answers with
+    the whole record reads the rest of it in that same transaction instead of reading the
+    run again. None instead of `then`'s result when the wait ran out first, or when the
+    run was answered as `fresh` without a read."""
     caller.require("read")
     waiter = caller.key_id or caller.name or None
     stop = STOP_STATUSES[until]
     deadline = time.monotonic() + max(0.0, timeout)
     with ctx.run_ends.listening() as woken:
         # Listening before the first read: an end announced during the read still wakes us.
-        run = fresh if fresh is not None else await _read_off_loop(ctx, run_id)
+        if fresh is not None:
+            run, extra = fresh, None
+        else:
+            run, extra = await _read_off_loop(ctx, run_id, stop, then)
         if run.status in stop or timeout <= 0:
-            return run
+            return run, extra
         held = (
             ctx.run_ends.holding_wait(waiter, limit=ctx.settings.max_waits_per_key)
             if waiter is not None
@@ -156,12 +184,12 @@ async def wait_for_end(
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return run
+                    return run, None
                 await woken.wait(min(left, STORE_CHECK_SECONDS))
                 woken.clear()
-                run = await _read_off_loop(ctx, run_id)
+                run, extra = await _read_off_loop(ctx, run_id, stop, then)
                 if run.status in stop:
-                    return run
+                    return run, extra
 
 
 def wait_for_end_blocking(
@@ -178,13 +206,24 @@ def wait_for_end_blocking(
     )
 
 
-async def _read_off_loop(ctx: Context, run_id: str) -> Run:
-    return await anyio.to_thread.run_sync(functools.partial(_read, ctx, run_id))
+async def _read_off_loop(
+    ctx: Context,
+    run_id: str,
+    stop: frozenset[str],
+    then: Callable[[Session, Run], T] | None,
+) -> tuple[Run, T | None]:
+    return await anyio.to_thread.run_sync(functools.partial(_read, ctx, run_id, stop, then))
 
 
-def _read(ctx: Context, run_id: str) -> Run:
+def _read(
+    ctx: Context,
+    run_id: str,
+    stop: frozenset[str],
+    then: Callable[[Session, Run], T] | None,
+) -> tuple[Run, T | None]:
     with session_scope(ctx.engine) as s:
         run = s.get(Run, run_id)
-    if run is None:
-        raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
-    return run
+        if run is None:
+            raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
+        extra = then(s, run) if then is not None and run.status in stop else None
+    return run, extra
