@@ -88,7 +88,12 @@ def rate_limiter(app: Any) -> RateLimiter:
 async def authenticate_request(request: Request) -> ApiKey:
     """The request's API key, charged one request of its rate: every REST route and /mcp
     authenticate here. Raises Unauthorized or RateLimited."""
-    key = await run_in_threadpool(keys.authenticate, get_ctx(request), bearer_token(request))
+    ctx, token = get_ctx(request), bearer_token(request)
+    # A key authenticated moments ago is answered here, without a trip to a worker thread
+    # (the trip costs more than the lookup); revocations reach that cache at once.
+    key = keys.authenticated_recently(ctx, token)
+    if key is None:
+        key = await run_in_threadpool(keys.authenticate, ctx, token)
     rate_limiter(request.app).charge(key.id)
     return key
 

@@ -77,6 +77,15 @@ def forget_key(ctx: Context, key_hash: str) -> None:
     ctx.auth_cache.forget(key_hash)
 
 
+def authenticated_recently(ctx: Context, token: str | None) -> ApiKey | None:
+    """The key of `token` if this node authenticated it within AUTH_CACHE_SECONDS and has
+    heard of no revocation since, else None (then `authenticate`). Reads nothing: an event
+    loop may call it without a worker thread."""
+    if not token:
+        return None
+    return ctx.auth_cache.get(_hash(token))
+
+
 def authenticate(ctx: Context, token: str | None) -> ApiKey:
     if not token:
         raise Unauthorized(
