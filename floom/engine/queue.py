@@ -32,7 +32,7 @@ from floom.services.run_rules import (
 from floom.store import signals
 from floom.store.blobs import insert_blob
 from floom.store.db import is_postgres, session_scope
-from floom.store.models import Artifact, Run, UTCDateTime, utcnow
+from floom.store.models import Artifact, Run, UTCDateTime, trusted_row, utcnow
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import CursorResult
@@ -149,7 +149,7 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
             row = s.execute(claim, {**params, "full": full} if full else params).first()
             if row is None:
                 return Claim(None)
-            run = Run(**row._mapping)
+            run = trusted_row(Run, row._mapping)
             # On SQLite the statement counted under the write lock: exact already.
             if postgres and not worker_has_room(s, run):
                 # Undone with the transaction, which also frees the worker's lock.

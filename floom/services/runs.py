@@ -35,7 +35,16 @@ from floom.services.run_rules import (
 )
 from floom.store import signals
 from floom.store.db import session_scope
-from floom.store.models import Artifact, Blob, Run, Version, Worker, new_id, utcnow
+from floom.store.models import (
+    Artifact,
+    Blob,
+    Run,
+    Version,
+    Worker,
+    new_id,
+    trusted_row,
+    utcnow,
+)
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -169,19 +178,22 @@ def _queue_run(
         )
     agent_runs.check_monthly_cap(ctx, worker_name=worker.name, manifest=manifest)
     clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
-    run = Run(
-        id=new_id("run"),
-        worker_name=worker.name,
-        version_id=version.id,
-        status=QUEUED,
-        trigger=trigger,
-        inputs_json=json.dumps(clean),
-        max_attempts=manifest.retries.count + 1,
-        concurrency=manifest.concurrency,
-        replay_of=replay_of,
-        scheduled_for=scheduled_for,
-        created_by=caller.actor,
-        parent_run_id=parent_run_id,
+    run = trusted_row(
+        Run,
+        {
+            "id": new_id("run"),
+            "worker_name": worker.name,
+            "version_id": version.id,
+            "status": QUEUED,
+            "trigger": trigger,
+            "inputs_json": json.dumps(clean),
+            "max_attempts": manifest.retries.count + 1,
+            "concurrency": manifest.concurrency,
+            "replay_of": replay_of,
+            "scheduled_for": scheduled_for,
+            "created_by": caller.actor,
+            "parent_run_id": parent_run_id,
+        },
     )
     with session_scope(ctx.engine, write=True) as s:
         # A deletion since the checks above wins, even over this process's cached version.

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic_core import PydanticUndefined
 from sqlalchemy import Column, DateTime, Index, LargeBinary, Text, TypeDecorator, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -48,6 +50,34 @@ def new_id(prefix: str) -> str:
         _last_micros = max(int(time.time() * 1_000_000), _last_micros + 1)
         micros = _last_micros
     return f"{prefix}_{micros:014x}{os.urandom(4).hex()}"
+
+
+M = TypeVar("M", bound=SQLModel)
+
+# Per table class: each field's default, as (name, value or factory, is it a factory).
+_defaults: dict[type[Any], list[tuple[str, Any, bool]]] = {}
+
+
+def trusted_row(model: type[M], values: Mapping[Any, Any]) -> M:
+    """A new (transient) `model` holding `values`, the rest at their declared defaults: the
+    same object `model(**values)` makes, built as SQLAlchemy builds a loaded row, without the
+    instrumented setattr of each field (`Run(**row)` costs ~130 us, this ~10 us). For values
+    floom wrote or read itself: a table model validates nothing either way, and `values`
+    must name fields of the table only."""
+    defaults = _defaults.get(model)
+    if defaults is None:
+        defaults = _defaults[model] = [
+            (name, field.default_factory or field.default, field.default_factory is not None)
+            for name, field in model.model_fields.items()
+            if field.default_factory is not None or field.default is not PydanticUndefined
+        ]
+    row: M = model._sa_class_manager.new_instance()  # type: ignore[attr-defined]
+    data = row.__dict__
+    for name, default, factory in defaults:
+        if name not in values:
+            data[name] = default() if factory else default
+    data.update(values)
+    return row
 
 
 class Blob(SQLModel, table=True):
