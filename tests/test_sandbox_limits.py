@@ -43,10 +43,11 @@ def run_script(
     *,
     on_line: Callable[[str, str], None] | None = None,
     command: list[str] | None = None,
+    sandbox: LocalSandbox | None = None,
     **limits: Any,
 ) -> tuple[SandboxResult, Lines]:
     return run_in_sandbox(
-        LocalSandbox(),
+        sandbox or LocalSandbox(),
         tmp_path,
         script,
         on_line=on_line,
@@ -296,7 +297,17 @@ def test_io_uring_ptrace_keyrings_and_bpf_are_refused_with_eperm(tmp_path: Path)
 
 
 @needs_cgroups
-def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "sandbox_uid",
+    [
+        pytest.param(None, id="the-default-uid"),
+        # Started as floom's own uid there is no launcher: floom moves the sandbox in.
+        pytest.param(os.geteuid(), id="floom-s-own-uid"),
+    ],
+)
+def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(
+    tmp_path: Path, sandbox_uid: int | None
+) -> None:
     # Read from the host while the run waits: inside, its cgroup namespace may show its own
     # cgroup as "/".
     marker = f"cgroup-probe-{uuid.uuid4().hex[:8]}"
@@ -318,6 +329,7 @@ def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(tmp_path: P
         """,
         command=["python3", "run.py", marker],
         on_line=on_line,
+        sandbox=LocalSandbox() if sandbox_uid is None else LocalSandbox(sandbox_uid=sandbox_uid),
     )
 
     assert result.exit_code == 0, lines
