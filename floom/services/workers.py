@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import bindparam
+from sqlalchemy import select as sql_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -19,7 +21,7 @@ from floom.services.principal import SYSTEM, Principal
 from floom.services.triggers import sync_triggers
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
-from floom.store.models import Blob, Run, Version, Worker, utcnow
+from floom.store.models import Blob, Run, Version, Worker, trusted_row, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -207,37 +209,64 @@ def forget_worker(ctx: Context, *, name: str) -> None:
 def lock_worker(s: Session, name: str, *, version_id: str | None = None) -> Worker:
     """The worker, share-locked until the caller's transaction ends: a deletion at the same
     time either waits for that transaction and then sees what it wrote, or has committed and
-    this raises NotFound (SQLite's write transactions are serial anyway).
+    this raises NotFound (SQLite's write transactions are serial anyway). The row comes back
+    as read, not attached to `s` (the callers only look at it).
 
     With `version_id`, the version must still be the worker's: another node may have retired
     it in a deletion after this process cached it.
+
+    One statement reads the row and the version's owner (it runs for every queued run).
     """
-    # KEY SHARE on PostgreSQL: it waits only for a DELETE, not for a deploy or pause.
-    worker = _get_worker(s, name, lock={"read": True, "key_share": True})
-    if version_id is not None:
-        owner = s.exec(select(Version.worker_name).where(Version.id == version_id)).first()
-        if owner != name:
-            forget_versions([version_id])
-            raise NotFound(
-                f"no version {version_id} of worker '{name}'",
-                hint=f"`floom versions {name}` lists the versions",
-            )
-    return worker
-
-
-def _get_worker(s: Session, name: str, *, lock: dict[str, bool] | bool = False) -> Worker:
-    worker = s.get(Worker, name, with_for_update=lock or None, populate_existing=bool(lock))
-    if worker is None:
-        known = s.exec(select(Worker.name).order_by(Worker.name).limit(20)).all()
+    row = s.execute(_lock_statement(), {"name": name, "version_id": version_id or ""}).first()
+    if row is None:
+        raise _no_worker(s, name)
+    values = dict(row._mapping)
+    owner = values.pop("version_owner")
+    if version_id is not None and owner != name:
+        forget_versions([version_id])
         raise NotFound(
-            f"no worker named '{name}'",
-            hint=(
-                f"known workers: {', '.join(known)}"
-                if known
-                else "deploy one with `floom deploy FOLDER`"
-            ),
+            f"no version {version_id} of worker '{name}'",
+            hint=f"`floom versions {name}` lists the versions",
         )
+    return trusted_row(Worker, values)
+
+
+@lru_cache(maxsize=1)
+def _lock_statement() -> Any:
+    # KEY SHARE on PostgreSQL: it waits only for a DELETE, not for a deploy or pause. The
+    # version's owner is a subquery of the select list, which locks nothing.
+    workers = Worker.__table__  # type: ignore[attr-defined]
+    versions = Version.__table__  # type: ignore[attr-defined]
+    owner = (
+        sql_select(versions.c.worker_name)
+        .where(versions.c.id == bindparam("version_id"))
+        .scalar_subquery()
+        .label("version_owner")
+    )
+    return (
+        sql_select(*workers.c, owner)
+        .where(workers.c.name == bindparam("name"))
+        .with_for_update(read=True, key_share=True)
+    )
+
+
+def _get_worker(s: Session, name: str) -> Worker:
+    worker = s.get(Worker, name)
+    if worker is None:
+        raise _no_worker(s, name)
     return worker
+
+
+def _no_worker(s: Session, name: str) -> NotFound:
+    known = s.exec(select(Worker.name).order_by(Worker.name).limit(20)).all()
+    return NotFound(
+        f"no worker named '{name}'",
+        hint=(
+            f"known workers: {', '.join(known)}"
+            if known
+            else "deploy one with `floom deploy FOLDER`"
+        ),
+    )
 
 
 def list_workers(
