@@ -34,8 +34,8 @@ from floom.client_wire import (
 from floom.client_wire import configured_api_key as configured_api_key
 from floom.client_wire import url_path as url_path
 from floom.errors import ClientError, FloomError, TooManyWaits
-from floom.services.run_rules import FINISHED as TERMINAL_STATUSES
-from floom.services.run_rules import WAITING as WAITING_STATUSES
+from floom.services.run_statuses import FINISHED as TERMINAL_STATUSES
+from floom.services.run_statuses import WAITING as WAITING_STATUSES
 
 POLL_SECONDS = 0.3
 MIN_WAIT_CALL_SPACING_SECONDS = 1.0

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, NoReturn
 from floom.client_lite import LiteClient
 from floom.client_wire import WAIT_CALL_SECONDS, StartRequest
 from floom.errors import FloomError
-from floom.services.run_rules import FINISHED
+from floom.services.run_statuses import FINISHED
 
 FLAGS = {"--wait": "wait", "--json": "as_json", "--force": "force"}
 VALUED = {"-i": "input", "--input": "input", "--input-json": "input_json", "--timeout": "timeout"}

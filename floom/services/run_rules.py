@@ -1,8 +1,7 @@
-"""The run state machine: run statuses, the sets callers test them against, and the one
-transition table that every writer of a run's status goes through.
+"""The run state machine: the one transition table that every writer of a run's status goes
+through (the statuses and their sets live in run_statuses.py and are importable from here).
 
-Plain data and attribute writes, no store imports: the client and the CLI import the status
-sets from here without loading SQLAlchemy (their start-up time matters).
+Plain data and attribute writes, no store imports.
 """
 
 from __future__ import annotations
@@ -12,47 +11,28 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from floom.errors import IllegalTransition, InvalidRequest
+from floom.services.run_statuses import (  # noqa: F401 - also read from here
+    ACTIVE,
+    ATTEMPT_ENDS,
+    AWAITING_APPROVAL,
+    CANCELLED,
+    FAILED,
+    FINISHED,
+    INITIAL,
+    LIMIT_EXCEEDED,
+    QUEUED,
+    REJECTED,
+    RETRYABLE,
+    RUNNING,
+    SKIPPED,
+    STATUSES,
+    SUCCEEDED,
+    TIMED_OUT,
+    WAITING,
+)
 
 if TYPE_CHECKING:
     from floom.store.models import Run
-
-QUEUED = "queued"
-RUNNING = "running"
-# Waiting for a person (floom/services/approvals.py); holds no executor slot meanwhile.
-AWAITING_APPROVAL = "awaiting_approval"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-TIMED_OUT = "timed_out"
-CANCELLED = "cancelled"
-REJECTED = "rejected"
-LIMIT_EXCEEDED = "limit_exceeded"
-# A trigger's tick or event that did not become a run (overlap, missed, paused, bad input);
-# the error says why. Born finished: it never runs.
-SKIPPED = "skipped"
-STATUSES = (
-    QUEUED,
-    RUNNING,
-    AWAITING_APPROVAL,
-    SUCCEEDED,
-    FAILED,
-    TIMED_OUT,
-    CANCELLED,
-    REJECTED,
-    LIMIT_EXCEEDED,
-    SKIPPED,
-)
-# Ended for good: nothing moves the run again (a replay is a new run).
-FINISHED = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, REJECTED, LIMIT_EXCEEDED, SKIPPED})
-# Moves on by itself: waiting for an executor slot, or holding one.
-ACTIVE = frozenset({QUEUED, RUNNING})
-# Neither active nor finished: stays until a person decides (or cancels).
-WAITING = frozenset({AWAITING_APPROVAL})
-# The statuses a run is inserted with.
-INITIAL = frozenset({QUEUED, SKIPPED})
-# How the executor may judge an attempt that ran to its end.
-ATTEMPT_ENDS = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, LIMIT_EXCEEDED})
-# Attempt ends that the manifest's retry policy may turn into another attempt.
-RETRYABLE = frozenset({FAILED, TIMED_OUT})
 
 # Who makes a move.
 EXECUTOR = "executor"  # the node holding the run's lease (or claiming it)
