@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from sqlmodel import SQLModel
 
+from floom.errors import NotFound
+from floom.services import runs
 from floom.store.db import make_engine, session_scope
 from floom.store.models import Run, trusted_row
 
@@ -51,5 +54,23 @@ def test_a_trusted_row_is_inserted_updated_and_read_back(database_url: str) -> N
         with session_scope(engine) as s:
             stored = s.get(Run, VALUES["id"])
             assert stored is not None and stored.status == "running"
+    finally:
+        engine.dispose()
+
+
+def test_a_peeked_run_is_the_stored_row_and_changing_it_writes_nothing(database_url: str) -> None:
+    engine = make_engine(database_url)
+    try:
+        SQLModel.metadata.create_all(engine)
+        with session_scope(engine, write=True) as s:
+            s.add(trusted_row(Run, VALUES))
+        with session_scope(engine, write=True) as s:
+            peeked = runs.peek_run(s, VALUES["id"])
+            assert peeked.model_dump() == runs.run_in_session(s, VALUES["id"]).model_dump()
+            peeked.status = "cancelled"
+        with session_scope(engine) as s:
+            assert runs.run_in_session(s, VALUES["id"]).status == "queued"
+            with pytest.raises(NotFound):
+                runs.peek_run(s, "run_missing")
     finally:
         engine.dispose()

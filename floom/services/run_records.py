@@ -58,7 +58,7 @@ def run_record(
     record is read after every wait: one session instead of three). Needs the read scope."""
     caller.require("read")
     with session_scope(ctx.engine) as s:
-        run = runs.run_in_session(s, run_id)
+        run = runs.peek_run(s, run_id)
         artifacts, asked = record_in_session(ctx, s, run)
     return run, artifacts, asked
 

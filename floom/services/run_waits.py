@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 import anyio.to_thread
 
-from floom.errors import NotFound, TooManyWaits
+from floom.errors import TooManyWaits
 from floom.services.principal import Principal
 from floom.services.run_rules import FINISHED, WAITING
+from floom.services.runs import peek_run
 from floom.store.db import session_scope
 from floom.store.models import Run
 
@@ -222,8 +223,6 @@ def _read(
     then: Callable[[Session, Run], T] | None,
 ) -> tuple[Run, T | None]:
     with session_scope(ctx.engine) as s:
-        run = s.get(Run, run_id)
-        if run is None:
-            raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
+        run = peek_run(s, run_id)
         extra = then(s, run) if then is not None and run.status in stop else None
     return run, extra

@@ -8,7 +8,8 @@ from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert
+from sqlalchemy import bindparam, insert
+from sqlalchemy import select as sql_select
 from sqlalchemy.orm import make_transient_to_detached
 from sqlmodel import Session, col, select
 
@@ -308,6 +309,22 @@ def run_in_session(s: Session, run_id: str) -> Run:
     if run is None:
         raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
     return run
+
+
+def peek_run(s: Session, run_id: str) -> Run:
+    """The run as stored, read in the caller's session for looking at only: a copy that is
+    not attached to `s` (a change to it is not written), built without the ORM's loading
+    (~250 us less per read; waits read runs often). NotFound when there is none."""
+    row = s.execute(_run_by_id(), {"id": run_id}).first()
+    if row is None:
+        raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
+    return trusted_row(Run, row._mapping)
+
+
+@lru_cache(maxsize=1)
+def _run_by_id() -> Any:
+    runs = Run.__table__  # type: ignore[attr-defined]
+    return sql_select(*runs.c).where(runs.c.id == bindparam("id"))
 
 
 def list_runs(
