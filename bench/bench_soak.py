@@ -9,7 +9,8 @@ dir; `--database-url` for another store) served by uvicorn on a loopback port, w
 tracemalloc tracing, and the clients that run workers/hello through it (each run one
 `POST /workers/hello/runs?wait=30`). It reads the process's RSS and a tracemalloc snapshot
 after `--baseline` runs and again at the end. Target (issue 14): RSS at the end within
-5 MiB of RSS after the baseline; on a miss it prints tracemalloc's top growth. It also
+5 MiB of RSS after the baseline; on a miss it prints tracemalloc's top growth. With each
+RSS it prints what the SQLite library holds (its connections' page caches). It also
 prints the store's bytes per run and how long listing, paging, reading logs and submitting
 take at the start and at the end (flat cost per run).
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import os
 import shutil
@@ -46,6 +49,7 @@ from floom.services import keys  # noqa: E402
 from floom.services.context import Context  # noqa: E402
 
 GROWTH_LIMIT_MIB = 5.0
+SQLITE_STATUS_MEMORY_USED = 0
 TOP = 15
 
 
@@ -62,16 +66,33 @@ def load() -> str:
     return f"load average {one:.1f} {five:.1f}"
 
 
+def sqlite_heap() -> str:
+    """What the SQLite library has allocated now and at most (its connections' page caches
+    are most of it), read from libsqlite3's own counter; "?" where it cannot be read."""
+    now, high = ctypes.c_int64(), ctypes.c_int64()
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("sqlite3") or "libsqlite3.so.0")
+        failed = lib.sqlite3_status64(
+            SQLITE_STATUS_MEMORY_USED, ctypes.byref(now), ctypes.byref(high), 0
+        )
+    except (OSError, AttributeError):
+        return "?"
+    if failed:
+        return "?"
+    return f"{now.value / 2**20:.1f} MiB (at most {high.value / 2**20:.1f})"
+
+
 def memory(ctx: Context) -> str:
-    """Where the RSS is (anonymous or file-backed) and the store's pooled connections (each
-    SQLite connection keeps its own page cache)."""
+    """Where the RSS is (anonymous or file-backed), the store's pooled connections and what
+    SQLite holds (each SQLite connection keeps its own page cache)."""
     status = Path(f"/proc/{os.getpid()}/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     pool = ctx.engine.pool
     kept = pool.checkedin() if hasattr(pool, "checkedin") else "?"
     return (
         f"RssAnon {fields.get('RssAnon', '?').strip()}, RssFile "
-        f"{fields.get('RssFile', '?').strip()}; pooled connections idle: {kept}"
+        f"{fields.get('RssFile', '?').strip()}; pooled connections idle: {kept}; "
+        f"SQLite heap {sqlite_heap()}"
     )
 
 
