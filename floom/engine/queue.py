@@ -351,7 +351,7 @@ def finish_attempt(
         if run.concurrency is not None:
             # A limited worker has room again: a run of it queued on another node may start.
             signals.publish(s, signals.RUN_QUEUED)
-    ctx.notify_run_ended()
+    ctx.notify_run_ended(run.id)
     return ended.status
 
 

@@ -32,7 +32,7 @@ class Context:
     # Runs cancelled through this process, so a local executor kills them without waiting
     # for its next look at the database.
     local_cancels: set[str] = field(default_factory=set)
-    # Notified whenever this process records a run's end, so waiters here wake at once
+    # Notified whenever this process records a run's end, so its waiters here wake at once
     # (floom/services/run_waits.py); also counts each API key's open waits.
     run_ends: RunEnds = field(default_factory=RunEnds)
     # Builds the model provider of the agent runs this process executes (a ProviderFactory,
@@ -43,8 +43,8 @@ class Context:
     # (floom/services/auth_cache.py), so a context built by hand caches nothing.
     auth_cache: AuthCache = field(default_factory=lambda: AuthCache(trusted=False))
 
-    def notify_run_ended(self) -> None:
-        self.run_ends.notify()
+    def notify_run_ended(self, run_id: str) -> None:
+        self.run_ends.notify(run_id)
 
     @classmethod
     def open(cls, settings: Settings) -> Context:

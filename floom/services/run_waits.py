@@ -70,31 +70,35 @@ class _Listener:
 class RunEnds:
     """This process's notice of run ends, and the count of open waits per API key.
 
-    `notify` may be called from any thread (executor threads record most ends); every waiter
-    then reads its run again. A notice carries no run id: waiters are few and a read is one
-    primary-key lookup, so a per-run index would not pay for itself."""
+    `notify` may be called from any thread (executor threads record most ends); the waiters
+    of that run then read it again. Only its own waiters: with several callers waiting at
+    once, waking every waiter at every end cost each end one store read per waiter."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._listeners: set[_Listener] = set()
+        self._listeners: dict[str, set[_Listener]] = {}
         self._waits: dict[str, int] = {}
 
-    def notify(self) -> None:
+    def notify(self, run_id: str) -> None:
         with self._lock:
-            listeners = list(self._listeners)
+            listeners = list(self._listeners.get(run_id, ()))
         for listener in listeners:
             listener.wake()
 
     @contextmanager
-    def listening(self) -> Iterator[_Listener]:
+    def listening(self, run_id: str) -> Iterator[_Listener]:
         listener = _Listener(asyncio.get_running_loop())
         with self._lock:
-            self._listeners.add(listener)
+            self._listeners.setdefault(run_id, set()).add(listener)
         try:
             yield listener
         finally:
             with self._lock:
-                self._listeners.discard(listener)
+                mine = self._listeners.get(run_id)
+                if mine is not None:
+                    mine.discard(listener)
+                    if not mine:
+                        del self._listeners[run_id]
 
     @contextmanager
     def holding_wait(self, waiter: str, *, limit: int) -> Iterator[None]:
@@ -168,7 +172,7 @@ async def wait_and_read(
     waiter = caller.key_id or caller.name or None
     stop = STOP_STATUSES[until]
     deadline = time.monotonic() + max(0.0, timeout)
-    with ctx.run_ends.listening() as woken:
+    with ctx.run_ends.listening(run_id) as woken:
         # Listening before the first read: an end announced during the read still wakes us.
         if fresh is not None:
             run, extra = fresh, None

@@ -396,7 +396,7 @@ def cancel_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
             signals.publish(s, signals.RUN_CANCEL, run.id)
         s.add(run)
     ctx.local_cancels.add(run_id)
-    ctx.notify_run_ended()
+    ctx.notify_run_ended(run_id)
     return run
 
 
