@@ -27,6 +27,7 @@ from floom.client_wire import (
     bad_url,
     missing_key,
     sse_events,
+    text_lines,
     timed_out,
     transport_failed,
     unreachable,
@@ -503,7 +504,7 @@ class FloomClient:
             if response.is_error:
                 response.read()
                 raise _error_from(response)
-            for kind, data in sse_events(response.iter_lines()):
+            for kind, data in sse_events(text_lines(response.iter_bytes())):
                 if kind in ("log", "end"):
                     yield FollowEvent(kind, json.loads(data))
                 if deadline is not None and time.monotonic() >= deadline:

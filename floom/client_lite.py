@@ -11,10 +11,8 @@ the rest.
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
-import re
 import socket
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -30,6 +28,7 @@ from floom.client_wire import (
     json_body,
     missing_key,
     sse_events,
+    text_lines,
     timed_out,
     transport_failed,
     unreachable,
@@ -43,7 +42,6 @@ STREAM_READ_SECONDS = 30.0
 # httpx reads these (any case) and would go through a proxy: leave those calls to it.
 PROXY_VARIABLES = ("http_proxy", "all_proxy")
 READ_BYTES = 65536
-LINE_END = re.compile("\r\n|\r|\n")
 
 
 class Answer(NamedTuple):
@@ -139,7 +137,7 @@ class LiteClient:
                     raise _BadAnswer(f"the log stream answered HTTP {status} ({kind or 'no type'})")
                 chunked = "chunked" in headers.get("transfer-encoding", "").lower()
                 body = received.chunks() if chunked else received.rest()
-                for event, data in sse_events(_lines(body)):
+                for event, data in sse_events(text_lines(body)):
                     if event in ("log", "end"):
                         yield event, json.loads(data)
                     if event == "end":
@@ -241,24 +239,6 @@ class _Received:
         while self._more():
             yield self.buffer
             self.buffer = b""
-
-
-def _lines(body: Iterator[bytes]) -> Iterator[str]:
-    """The body's lines as text, each as soon as its end (\\r\\n, \\n or \\r) arrives: only
-    those end an event stream's line, not every break str.splitlines knows (U+2028 and
-    the like travel unescaped inside JSON)."""
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    pending = ""
-    for data in body:
-        pending += decoder.decode(data)
-        # A "\r" at the end may be the first half of "\r\n": keep it for the next read.
-        held = pending.endswith("\r")
-        *lines, pending = LINE_END.split(pending[:-1] if held else pending)
-        pending += "\r" if held else ""
-        yield from lines
-    pending += decoder.decode(b"", final=True)
-    if pending:
-        yield from LINE_END.split(pending.removesuffix("\r"))
 
 
 def _complete(data: bytes) -> bool:

@@ -1,11 +1,14 @@
 """What every floom client says and reads on the wire, with the standard library only: the API
-key it sends, how a start request is built, and the FloomError an answer or a failed
-connection becomes. FloomClient (httpx) and the CLI's quick path (client_lite, sockets) share it."""
+key it sends, how a start request is built, how a log stream's lines and events are read,
+and the FloomError an answer or a failed connection becomes. FloomClient (httpx) and the
+CLI's quick path (client_lite, sockets) share it."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ MAX_SERVER_WAIT_SECONDS = 60.0
 WAIT_READ_MARGIN_SECONDS = 15.0
 CONNECT_SECONDS = 10.0
 USER_AGENT = "floom-client"
+LINE_END = re.compile("\r\n|\r|\n")
 
 
 def configured_api_key() -> str | None:
@@ -149,3 +153,21 @@ def sse_events(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
             kind = value
         elif field == "data":
             data.append(value)
+
+
+def text_lines(body: Iterable[bytes]) -> Iterator[str]:
+    """The body's lines as text, each as soon as its end (\\r\\n, \\n or \\r) arrives: only
+    those end an event stream's line, not every break str.splitlines knows (U+2028 and
+    the like travel unescaped inside JSON)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    pending = ""
+    for data in body:
+        pending += decoder.decode(data)
+        # A "\r" at the end may be the first half of "\r\n": keep it for the next read.
+        held = pending.endswith("\r")
+        *lines, pending = LINE_END.split(pending[:-1] if held else pending)
+        pending += "\r" if held else ""
+        yield from lines
+    pending += decoder.decode(b"", final=True)
+    if pending:
+        yield from LINE_END.split(pending.removesuffix("\r"))

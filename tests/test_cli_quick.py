@@ -38,6 +38,8 @@ CHATTY = (
     "for n in range(4):\n    print('line', n, flush=True)\n    time.sleep(0.3)\n"
     "json.dump({'outputs': {'said': 4}}, open('result.json', 'w'))\n"
 )
+# Line breaks that JSON leaves unescaped and str.splitlines splits at, inside one log line.
+ODD = "print('before\\u2028after\\x85end', flush=True)\n"
 # What changes from one run to the next: ids, times, digests, durations, version ids.
 VARYING = re.compile(
     r'run_[0-9a-f]+|"\d{4}-\d\d-\d\dT[0-9:.+]+"|"sandbox_seconds": [0-9.]+|"digest": "[0-9a-f]+"'
@@ -53,7 +55,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with live_server(root / "data", f"sqlite:///{root / 'floom.db'}", max_waits_per_key=1) as srv:
         with srv.client() as api:
             deploy_folder(api, EXAMPLES / "hello")
-            workers = (("broken", BROKEN), ("noop", NOOP), ("sleeper", SLEEPER), ("chatty", CHATTY))
+            workers = (
+                ("broken", BROKEN),
+                ("noop", NOOP),
+                ("sleeper", SLEEPER),
+                ("chatty", CHATTY),
+                ("odd", ODD),
+            )
             for name, script in workers:
                 manifest = f"name: {name}\nlimits: {{timeout_seconds: 900}}\n"
                 deploy_folder(api, make_worker(root / name, manifest, {"run.py": script}))
@@ -90,6 +98,7 @@ def floom(env: dict[str, str], *args: str, typer_only: bool = False) -> tuple[in
         ("run", "broken", "--wait"),
         ("run", "hello", "-i", "times=abc", "--wait"),
         ("run", "nosuch", "--wait"),
+        ("run", "odd", "--wait"),
     ],
 )
 def test_the_quick_path_prints_what_the_typer_command_prints(
@@ -101,6 +110,8 @@ def test_the_quick_path_prints_what_the_typer_command_prints(
     assert quick[0] == (1 if args[1] in ("broken", "nosuch") or "times=abc" in args else 0)
     if "--wait" in args and "--json" not in args and quick[0] == 0:
         assert quick[1].startswith("run X of ") and "succeeded in X" in quick[1]
+    if args[1] == "odd":
+        assert "stdout before\u2028after\x85end\n" in quick[1]
 
 
 @pytest.mark.parametrize(
