@@ -26,30 +26,10 @@ from floom.sandbox.fake import FakeProcess, FakeSandbox
 from floom.services import runs, workers
 from floom.services.context import Context
 from floom.services.principal import SYSTEM
-from floom.store.db import make_engine, session_scope
-from floom.store.models import Run, new_id, utcnow
+from floom.store.db import session_scope
+from floom.store.models import Run, utcnow
 from tests.conftest import fast_settings, make_worker, wait_until
-
-
-def _enqueue(ctx: Context, count: int, **fields: Any) -> list[str]:
-    ids = []
-    with session_scope(ctx.engine, write=True) as s:
-        for _ in range(count):
-            run = Run(id=new_id("run"), worker_name="w", version_id="v", status="queued")
-            for name, value in fields.items():
-                setattr(run, name, value)
-            s.add(run)
-            ids.append(run.id)
-    return ids
-
-
-def _other_node(ctx: Context, name: str) -> Context:
-    return Context(
-        settings=ctx.settings,
-        engine=make_engine(ctx.settings.resolved_database_url),
-        secret_box=ctx.secret_box,
-        node_id=name,
-    )
+from tests.queue_support import enqueue, other_node
 
 
 def _expire_lease(ctx: Context, run_id: str) -> None:
@@ -80,7 +60,7 @@ def _lease_renewed_or_run_taken(ctx: Context, run_id: str) -> bool:
 def test_a_reaper_renews_the_lapsed_leases_of_the_attempts_live_in_its_own_process(
     ctx: Context,
 ) -> None:
-    live, stale = _enqueue(ctx, 2, max_attempts=2)
+    live, stale = enqueue(ctx, 2, max_attempts=2)
     assert claim_next_run(ctx) is not None
     assert claim_next_run(ctx) is not None
     _expire_lease(ctx, live)
@@ -94,7 +74,7 @@ def test_a_reaper_renews_the_lapsed_leases_of_the_attempts_live_in_its_own_proce
     assert (reaped.status, reaped.attempt) == ("queued", 2)
     # Another node cannot see this process: an expired lease of it is reaped there.
     _expire_lease(ctx, live)
-    other = _other_node(ctx, "node-b")
+    other = other_node(ctx, "node-b")
     try:
         assert reap_expired_leases(other, live={live: 1}) == 1
     finally:
@@ -105,7 +85,7 @@ def test_a_reaper_renews_the_lapsed_leases_of_the_attempts_live_in_its_own_proce
 def test_a_restarted_node_reaps_its_own_runs_at_once_but_not_an_attempt_live_in_it(
     ctx: Context,
 ) -> None:
-    left, live = _enqueue(ctx, 2, max_attempts=2)
+    left, live = enqueue(ctx, 2, max_attempts=2)
     assert claim_next_run(ctx) is not None
     assert claim_next_run(ctx) is not None
     assert reap_expired_leases(ctx, own_node_restart=True, live={live: 1}) == 1
@@ -116,7 +96,7 @@ def test_a_restarted_node_reaps_its_own_runs_at_once_but_not_an_attempt_live_in_
 def test_a_row_another_transaction_has_locked_is_renewed_later_never_reported_lost(
     ctx: Context,
 ) -> None:
-    cancelled, ended, free = _enqueue(ctx, 3)
+    cancelled, ended, free = enqueue(ctx, 3)
     for _ in range(3):
         assert claim_next_run(ctx) is not None
     with ctx.engine.connect() as other:
@@ -241,7 +221,7 @@ def test_a_draining_node_keeps_renewing_its_runs_leases_until_they_end(
         _expire_lease(ctx, run_id)
         # Another node would take the run over once its lease lapsed; the drain renews it.
         wait_until(lambda: _lease_renewed_or_run_taken(ctx, run_id))
-        other = _other_node(ctx, "node-b")
+        other = other_node(ctx, "node-b")
         try:
             assert reap_expired_leases(other) == 0
         finally:

@@ -19,35 +19,13 @@ from floom.services.context import Context
 from floom.services.logs import list_events
 from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
-from floom.store.models import Run, new_id, utcnow
-
-
-def _enqueue(ctx: Context, count: int, **fields: object) -> list[str]:
-    ids = []
-    with session_scope(ctx.engine, write=True) as s:
-        for _ in range(count):
-            run = Run(id=new_id("run"), worker_name="w", version_id="v", status="queued")
-            for k, v in fields.items():
-                setattr(run, k, v)
-            s.add(run)
-            ids.append(run.id)
-    return ids
-
-
-def _other_node(ctx: Context, name: str) -> Context:
-    from floom.store.db import make_engine
-
-    return Context(
-        settings=ctx.settings,
-        engine=make_engine(ctx.settings.resolved_database_url),
-        secret_box=ctx.secret_box,
-        node_id=name,
-    )
+from floom.store.models import Run, utcnow
+from tests.queue_support import enqueue, other_node
 
 
 def test_racing_nodes_never_claim_the_same_run(ctx: Context) -> None:
-    ids = _enqueue(ctx, 60)
-    nodes = [ctx, _other_node(ctx, "node-b"), _other_node(ctx, "node-c")]
+    ids = enqueue(ctx, 60)
+    nodes = [ctx, other_node(ctx, "node-b"), other_node(ctx, "node-c")]
     claimed: list[tuple[str, str]] = []
     lock = threading.Lock()
     start = threading.Barrier(9)
@@ -78,8 +56,8 @@ def test_racing_nodes_never_claim_the_same_run(ctx: Context) -> None:
 
 
 def test_claims_take_the_oldest_first_and_respect_not_before(ctx: Context) -> None:
-    later = _enqueue(ctx, 1, not_before=utcnow() + timedelta(hours=1))
-    first, second = _enqueue(ctx, 2)
+    later = enqueue(ctx, 1, not_before=utcnow() + timedelta(hours=1))
+    first, second = enqueue(ctx, 2)
     assert claim_next_run(ctx).id == first  # type: ignore[union-attr]
     assert claim_next_run(ctx).id == second  # type: ignore[union-attr]
     assert claim_next_run(ctx) is None
@@ -87,8 +65,8 @@ def test_claims_take_the_oldest_first_and_respect_not_before(ctx: Context) -> No
 
 
 def test_a_worker_at_its_concurrency_limit_is_passed_over(ctx: Context) -> None:
-    a1, a2 = _enqueue(ctx, 2, concurrency=1, worker_name="solo")
-    (b1,) = _enqueue(ctx, 1, worker_name="other")
+    a1, a2 = enqueue(ctx, 2, concurrency=1, worker_name="solo")
+    (b1,) = enqueue(ctx, 1, worker_name="other")
     assert claim_next_run(ctx).id == a1  # type: ignore[union-attr]
     assert claim_next_run(ctx).id == b1  # type: ignore[union-attr]
     assert claim_next_run(ctx) is None
@@ -96,9 +74,9 @@ def test_a_worker_at_its_concurrency_limit_is_passed_over(ctx: Context) -> None:
 
 
 def test_an_expired_lease_is_requeued_with_the_next_attempt_or_failed(ctx: Context) -> None:
-    (retryable,) = _enqueue(ctx, 1, max_attempts=2)
-    (final,) = _enqueue(ctx, 1, max_attempts=1)
-    dead = _other_node(ctx, "dead-node")
+    (retryable,) = enqueue(ctx, 1, max_attempts=2)
+    (final,) = enqueue(ctx, 1, max_attempts=1)
+    dead = other_node(ctx, "dead-node")
     assert claim_next_run(dead) is not None
     assert claim_next_run(dead) is not None
     # Nobody renews; push the leases into the past instead of waiting for them.
@@ -123,7 +101,7 @@ def test_an_expired_lease_is_requeued_with_the_next_attempt_or_failed(ctx: Conte
 
 
 def test_a_restarted_node_reclaims_its_own_runs_at_once(ctx: Context) -> None:
-    (run_id,) = _enqueue(ctx, 1, max_attempts=3)
+    (run_id,) = enqueue(ctx, 1, max_attempts=3)
     assert claim_next_run(ctx) is not None
     # Lease still valid, but the same node id starting again means its old process is gone.
     assert reap_expired_leases(ctx) == 0
@@ -136,8 +114,8 @@ def test_a_restarted_node_reclaims_its_own_runs_at_once(ctx: Context) -> None:
 def test_racing_nodes_never_start_more_runs_of_a_worker_than_its_concurrency(
     ctx: Context,
 ) -> None:
-    _enqueue(ctx, 30, concurrency=2)
-    nodes = [ctx, _other_node(ctx, "node-b"), _other_node(ctx, "node-c")]
+    enqueue(ctx, 30, concurrency=2)
+    nodes = [ctx, other_node(ctx, "node-b"), other_node(ctx, "node-c")]
     claimed: list[str] = []
     lock = threading.Lock()
     start = threading.Barrier(9)
@@ -159,7 +137,7 @@ def test_racing_nodes_never_start_more_runs_of_a_worker_than_its_concurrency(
 
 
 def test_an_agent_s_child_run_is_not_claimed_past_its_worker_s_concurrency(ctx: Context) -> None:
-    first, child = _enqueue(ctx, 2, concurrency=1)
+    first, child = enqueue(ctx, 2, concurrency=1)
     assert claim_next_run(ctx) is not None
     assert claim_run(ctx, run_id=child) is None
     with session_scope(ctx.engine) as s:
@@ -167,7 +145,7 @@ def test_an_agent_s_child_run_is_not_claimed_past_its_worker_s_concurrency(ctx: 
 
 
 def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Context) -> None:
-    (run_id,) = _enqueue(ctx, 1, max_attempts=3)
+    (run_id,) = enqueue(ctx, 1, max_attempts=3)
     first = claim_next_run(ctx)
     assert first is not None
     # Its lease lapses, the reaper requeues it, and this same node claims attempt 2 while
@@ -203,8 +181,8 @@ def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Con
 
 
 def test_a_claim_says_whether_another_runnable_run_is_queued(ctx: Context) -> None:
-    first, second = _enqueue(ctx, 2)
-    _enqueue(ctx, 1, not_before=utcnow() + timedelta(hours=1))
+    first, second = enqueue(ctx, 2)
+    enqueue(ctx, 1, not_before=utcnow() + timedelta(hours=1))
     taken = claim_next(ctx)
     assert (taken.run.id if taken.run else None, taken.more) == (first, True)
     taken = claim_next(ctx, look_first=False)
