@@ -31,6 +31,30 @@ PG_ADMIN_URL = os.environ.get("FLOOM_TEST_PG", "postgresql://postgres@127.0.0.1:
 PG_REQUIRED = bool(os.environ.get("CI") or os.environ.get("FLOOM_REQUIRE_POSTGRES"))
 
 
+# FastAPI remembers how to call each endpoint and dependency in caches of 4,096 entries
+# keyed by the function. A server's endpoints are closures over its app and context, so
+# without this a test process would keep the last few dozen servers of earlier tests alive
+# (the workers grew past 1 GiB, and the collector's full passes over that heap paused every
+# thread, heartbeats included, for seconds). One app per process, as floom serve has, never
+# fills them.
+_FASTAPI_CALL_CACHES = (
+    "_is_gen_callable_cached",
+    "_is_async_gen_callable_cached",
+    "_is_coroutine_callable_cached",
+)
+
+
+@pytest.fixture(autouse=True)
+def _forget_finished_servers() -> Iterator[None]:
+    yield
+    import fastapi.dependencies.models as fastapi_models
+
+    for name in _FASTAPI_CALL_CACHES:
+        cache = getattr(fastapi_models, name, None)
+        if cache is not None:
+            cache.cache_clear()
+
+
 def _pg_reachable() -> bool:
     try:
         import psycopg
