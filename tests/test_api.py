@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 
+from floom.api import routes_runs
 from floom.bundle import read_folder
 from tests.conftest import (
     EXAMPLES,
@@ -154,6 +156,37 @@ def test_sse_log_stream_delivers_ordered_lines_then_ends_and_resumes(
     assert [e["line"] for e in events if e["stream"] == "stdout"] == ["0", "1", "2", "3", "4"]
     resumed, _ = read_stream(events[2]["seq"])  # type: ignore[arg-type]
     assert resumed == events[3:]
+
+
+def test_a_followed_run_s_end_ends_its_stream_without_waiting_out_the_poll(
+    api: httpx.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A poll longer than the client's patience: only the run's end waking the stream can end
+    # it in time.
+    monkeypatch.setattr(routes_runs, "SSE_POLL_SECONDS", 120.0)
+    folder = make_worker(
+        tmp_path / "slow",
+        "name: slow\n",
+        {"run.py": "import time\ntime.sleep(1.5)\nprint('done', flush=True)\n"},
+    )
+    deploy_folder(api, folder)
+    run_id = api.post("/api/v1/workers/slow/runs", json={}).json()["id"]
+
+    lines: list[str] = []
+    end = None
+    with api.stream("GET", f"/api/v1/runs/{run_id}/logs/stream", timeout=20) as resp:
+        event = None
+        for line in resp.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                if event == "end":
+                    end = data
+                    break
+                lines.append(data["line"])
+    assert end is not None and end["status"] == "succeeded"
+    assert "done" in lines
 
 
 def test_errors_have_one_shape(server: LiveServer, api: httpx.Client) -> None:

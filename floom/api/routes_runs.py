@@ -260,6 +260,13 @@ def log_event_stream(
     read_run = functools.partial(runs.get_run, ctx, run_id=run_id, caller=caller)
 
     async def events() -> AsyncIterator[str]:
+        # The run's end on this node wakes the stream at once (its last lines are stored by
+        # then), so a follower hears the end without waiting out a poll.
+        with ctx.run_ends.listening(run_id) as ended:
+            async for chunk in stream(ended):
+                yield chunk
+
+    async def stream(ended: run_waits.Listener) -> AsyncIterator[str]:
         seq = start
         idle = 0.0
         status = ""
@@ -293,7 +300,8 @@ def log_event_stream(
                 body = views.run_public(run, surface=surface).model_dump_json()
                 yield f"event: end\ndata: {body}\n\n"
                 return
-            await asyncio.sleep(SSE_POLL_SECONDS)
+            await ended.wait(SSE_POLL_SECONDS)
+            ended.clear()
             idle += SSE_POLL_SECONDS
             if idle >= SSE_KEEPALIVE_SECONDS:
                 idle = 0.0

@@ -44,7 +44,7 @@ Until = Literal["ended", "settled"]
 STOP_STATUSES: dict[str, frozenset[str]] = {"ended": FINISHED, "settled": FINISHED | WAITING}
 
 
-class _Listener:
+class Listener:
     """One waiter's wake-up call, set from any thread on the waiter's own event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -76,7 +76,7 @@ class RunEnds:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._listeners: dict[str, set[_Listener]] = {}
+        self._listeners: dict[str, set[Listener]] = {}
         self._waits: dict[str, int] = {}
 
     def notify(self, run_id: str) -> None:
@@ -86,8 +86,8 @@ class RunEnds:
             listener.wake()
 
     @contextmanager
-    def listening(self, run_id: str) -> Iterator[_Listener]:
-        listener = _Listener(asyncio.get_running_loop())
+    def listening(self, run_id: str) -> Iterator[Listener]:
+        listener = Listener(asyncio.get_running_loop())
         with self._lock:
             self._listeners.setdefault(run_id, set()).add(listener)
         try:
