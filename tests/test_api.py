@@ -117,6 +117,30 @@ def test_run_lists_page_by_cursor_newest_first_and_filter(api: httpx.Client) -> 
     assert "succeeded" in bad.json()["error"]["hint"]
 
 
+def _read_log_stream(
+    api: httpx.Client, run_id: str, *, after: int, timeout: float
+) -> tuple[list[dict[str, object]], dict[str, object] | None]:
+    """A run's log events after `after` from its event stream, and the run of its `end` event
+    (None if the stream closed without one)."""
+    got: list[dict[str, object]] = []
+    end = None
+    with api.stream(
+        "GET", f"/api/v1/runs/{run_id}/logs/stream", params={"after": after}, timeout=timeout
+    ) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        event = None
+        for line in resp.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                if event == "end":
+                    end = data
+                    break
+                got.append(data)
+    return got, end
+
+
 def test_sse_log_stream_delivers_ordered_lines_then_ends_and_resumes(
     api: httpx.Client, tmp_path: Path
 ) -> None:
@@ -131,30 +155,11 @@ def test_sse_log_stream_delivers_ordered_lines_then_ends_and_resumes(
     deploy_folder(api, folder)
     run_id = api.post("/api/v1/workers/counter/runs", json={}).json()["id"]
 
-    def read_stream(after: int) -> tuple[list[dict[str, object]], dict[str, object] | None]:
-        got: list[dict[str, object]] = []
-        end = None
-        with api.stream(
-            "GET", f"/api/v1/runs/{run_id}/logs/stream", params={"after": after}, timeout=30
-        ) as resp:
-            assert resp.headers["content-type"].startswith("text/event-stream")
-            event = None
-            for line in resp.iter_lines():
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: "):
-                    data = json.loads(line[6:])
-                    if event == "end":
-                        end = data
-                        break
-                    got.append(data)
-        return got, end
-
-    events, end = read_stream(0)
+    events, end = _read_log_stream(api, run_id, after=0, timeout=30)
     assert end is not None and end["status"] == "succeeded"
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert [e["line"] for e in events if e["stream"] == "stdout"] == ["0", "1", "2", "3", "4"]
-    resumed, _ = read_stream(events[2]["seq"])  # type: ignore[arg-type]
+    resumed, _ = _read_log_stream(api, run_id, after=events[2]["seq"], timeout=30)  # type: ignore[arg-type]
     assert resumed == events[3:]
 
 
@@ -172,21 +177,9 @@ def test_a_followed_run_s_end_ends_its_stream_without_waiting_out_the_poll(
     deploy_folder(api, folder)
     run_id = api.post("/api/v1/workers/slow/runs", json={}).json()["id"]
 
-    lines: list[str] = []
-    end = None
-    with api.stream("GET", f"/api/v1/runs/{run_id}/logs/stream", timeout=20) as resp:
-        event = None
-        for line in resp.iter_lines():
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: "):
-                data = json.loads(line[6:])
-                if event == "end":
-                    end = data
-                    break
-                lines.append(data["line"])
+    events, end = _read_log_stream(api, run_id, after=0, timeout=20)
     assert end is not None and end["status"] == "succeeded"
-    assert "done" in lines
+    assert "done" in [e["line"] for e in events]
 
 
 def test_errors_have_one_shape(server: LiveServer, api: httpx.Client) -> None:
