@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 import uuid
@@ -24,6 +23,7 @@ from floom.services.context import Context
 from floom.services.principal import SYSTEM
 from floom.services.run_rules import FINISHED
 from tests.pg_databases import DatabasePool
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "workers"
@@ -177,12 +177,6 @@ def plain_client(base_url: str, **options: Any) -> httpx.Client:
     """An httpx client for a server of the tests: plain HTTP on loopback, so no TLS context
     (as floom's own client does): loading the CA bundle costs each client 0.1-0.5 s here."""
     return httpx.Client(base_url=base_url, verify=False, **options)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

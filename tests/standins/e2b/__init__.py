@@ -3,7 +3,6 @@ on loopback, so the real `e2b` SDK runs unmodified in the tests. See README.md h
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import threading
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from tests.ports import free_port
 from tests.standins.e2b.control import control_app
 from tests.standins.e2b.core import QUOTA_MESSAGE, Fault, StandinCore
 from tests.standins.e2b.envd import envd_app
@@ -32,19 +32,13 @@ FAULTS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _Server:
     """One uvicorn server in a thread, on a fixed loopback port so it can stop and start."""
 
     def __init__(self, app: Any, name: str) -> None:
         self.app = app
         self.name = name
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
