@@ -5,14 +5,20 @@ These need no browser, so they run on SQLite and PostgreSQL like the REST tests.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
+from pydantic import BaseModel
 
+from floom.api import ui_support
 from floom.api.ui_support import SESSION_COOKIE
 from floom.bundle import read_folder
+from floom.schemas import workers as worker_views
 from floom.services import agent_runs, diffs, keys, workers
 from floom.services.context import Context
 from floom.services.principal import SYSTEM
@@ -167,6 +173,109 @@ def test_a_version_diff_covers_the_manifest_and_every_added_removed_or_changed_f
     assert by_path["new.txt"].lines[-1] == "+hello"
     assert by_path["blob.bin"].text is False and by_path["blob.bin"].new_size == 4
     assert [f.path for f in result.changed] == ["worker.yml", "blob.bin", "new.txt", "old.txt"]
+
+
+def test_the_diff_page_is_given_the_versions_public_models(ctx: Context, tmp_path: Path) -> None:
+    folder = make_worker(tmp_path / "pub", "name: pub\n", {"run.py": "print(1)\n"})
+    v1 = workers.deploy(
+        ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive()
+    ).version
+    (folder / "run.py").write_text("print(2)\n")
+    v2 = workers.deploy(
+        ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive()
+    ).version
+
+    diff = worker_views.version_diff(ctx, name="pub", old_id=v1.id, new_id=v2.id, caller=SYSTEM)
+    assert isinstance(diff.old, worker_views.VersionPublic)
+    assert (diff.old.id, diff.old.active, diff.new.id, diff.new.active) == (
+        v1.id,
+        False,
+        v2.id,
+        True,
+    )
+    assert [(f.path, f.status) for f in diff.changed] == [("run.py", "changed")]
+    assert diff.to_json()["files"][1]["lines"] == ["@@ -1 +1 @@", "-print(1)", "+print(2)"]
+
+
+def _rows_in(value: Any, where: str, depth: int = 0) -> list[str]:
+    """Where a database row sits in a template's values (table models have a __table__)."""
+    if hasattr(type(value), "__table__"):
+        return [f"{where}: {type(value).__name__}"]
+    if depth > 8:
+        return []
+    found: list[str] = []
+    if isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            found += _rows_in(getattr(value, name), f"{where}.{name}", depth + 1)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            found += _rows_in(getattr(value, f.name), f"{where}.{f.name}", depth + 1)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found += _rows_in(item, f"{where}[{key!r}]", depth + 1)
+    elif isinstance(value, list | tuple | set | frozenset):
+        for i, item in enumerate(value):
+            found += _rows_in(item, f"{where}[{i}]", depth + 1)
+    return found
+
+
+def test_pages_are_given_public_models_never_database_rows(
+    server: LiveServer, api: httpx.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows: dict[str, list[str]] = {}
+    render = ui_support.templates.TemplateResponse
+
+    def recording(request: Any, name: str, context: dict[str, Any], **options: Any) -> Any:
+        rows[name] = _rows_in(context, name)
+        return render(request, name, context, **options)
+
+    monkeypatch.setattr(ui_support.templates, "TemplateResponse", recording)
+    script = (
+        'import os\nopen(os.environ["FLOOM_OUTPUT_DIR"] + "/report.csv", "w").write("a\\n1\\n")\n'
+    )
+    folder = make_worker(tmp_path / "rows", "name: rows\n", {"run.py": script})
+    deploy_folder(api, folder)
+    (folder / "worker.yml").write_text("name: rows\ndescription: again\n")
+    deploy_folder(api, folder)
+    run_id = api.post("/api/v1/workers/rows/runs", json={}).json()["id"]
+    assert wait_for_run(api, run_id)["status"] == "succeeded"
+    api.put("/api/v1/secrets/TOKEN", json={"value": "value-1234"})
+    client = signed_in_client(server, server.admin_key)
+    pages = [
+        "/",
+        "/workers/rows",
+        "/workers/rows/diff",
+        "/runs",
+        f"/runs/{run_id}",
+        f"/runs/{run_id}/artifacts/report.csv",
+        "/approvals",
+        "/secrets",
+        "/keys",
+        "/nodes",
+        "/handoffs",
+        "/runs/run_nope",
+    ]
+    for page in pages:
+        assert client.get(page).status_code in (200, 404), page
+    form = {"csrf": csrf_of(client.get("/keys").text), "name": "k", "scope": "read"}
+    created = client.post("/keys", data=form)
+    assert created.status_code == 200 and "shown only this once" in created.text
+
+    assert {
+        "workers.html",
+        "worker.html",
+        "diff.html",
+        "runs.html",
+        "run.html",
+        "artifact.html",
+        "approvals.html",
+        "secrets.html",
+        "keys.html",
+        "nodes.html",
+        "handoffs.html",
+        "error.html",
+    } <= set(rows)
+    assert {name: found for name, found in rows.items() if found} == {}
 
 
 def _run_ids(html: str) -> list[str]:

@@ -36,7 +36,7 @@ from floom.errors import FloomError, InputInvalid
 from floom.manifest import Manifest
 from floom.schemas import runs as run_views
 from floom.schemas import workers as worker_views
-from floom.services import diffs, exposure, lineage, run_stats, runs, worker_deletion, workers
+from floom.services import exposure, lineage, run_stats, runs, worker_deletion, workers
 from floom.services.context import Context
 from floom.services.web_sessions import SignedIn
 
@@ -213,9 +213,7 @@ def diff_page(
         old = ids[ids.index(new) + 1]
     result = None
     if old and new:
-        result = diffs.diff_versions(
-            ctx, worker_name=name, old_id=old, new_id=new, caller=me.caller
-        )
+        result = worker_views.version_diff(ctx, name=name, old_id=old, new_id=new, caller=me.caller)
     return render(
         request,
         "diff.html",

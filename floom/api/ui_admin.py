@@ -27,6 +27,7 @@ from floom.api.ui_support import (
     unsign_cookie,
 )
 from floom.errors import FloomError, Forbidden, Unauthorized
+from floom.schemas import admin as admin_views
 from floom.services import keys, secrets, web_sessions
 from floom.services.context import Context
 from floom.services.web_sessions import SignedIn
@@ -112,7 +113,7 @@ async def logout(request: Request, ctx: CtxDep, me: Me) -> Response:
 def _secrets_page(
     request: Request, ctx: Context, me: SignedIn, extra: dict[str, Any], status: int = 200
 ) -> Response:
-    items = secrets.list_secrets(ctx, caller=me.caller)
+    items = admin_views.secret_page(ctx, caller=me.caller).items
     return render(request, "secrets.html", {"items": items, **extra}, status)
 
 
@@ -152,7 +153,8 @@ async def delete_secret(request: Request, name: str, ctx: CtxDep, me: Me) -> Res
 def _keys_page(
     request: Request, ctx: Context, me: SignedIn, extra: dict[str, Any], status: int = 200
 ) -> Response:
-    values = {"items": keys.list_keys(ctx, caller=me.caller), "scopes": keys.SCOPES, **extra}
+    items = admin_views.key_page(ctx, caller=me.caller).items
+    values = {"items": items, "scopes": keys.SCOPES, **extra}
     return render(request, "keys.html", values, status)
 
 
@@ -174,7 +176,7 @@ async def create_key(request: Request, ctx: CtxDep, me: Me) -> Response:
         failed: dict[str, Any] = {"form_error": error_markup(exc), "name": name}
         return await run_in_threadpool(_keys_page, request, ctx, me, failed, exc.status)
     # Rendered, not redirected: the plaintext exists only in this one response.
-    created: dict[str, Any] = {"created": key, "created_token": token}
+    created: dict[str, Any] = {"created": admin_views.key_public(key), "created_token": token}
     return await run_in_threadpool(_keys_page, request, ctx, me, created)
 
 

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, render
+from floom.schemas import replays as replay_views
 from floom.services import evals, replays
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
@@ -15,7 +16,7 @@ router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
 @router.get("/replays/{run_id}")
 def replay_page(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Response:
-    report = replays.replay_report(ctx, run_id=run_id, caller=me.caller)
+    report = replay_views.replay_report(replays.replay_report(ctx, run_id=run_id, caller=me.caller))
     return render(request, "replay.html", {"r": report})
 
 
@@ -30,7 +31,7 @@ async def start_replay(request: Request, run_id: str, ctx: CtxDep, me: Me) -> Re
 
 @router.get("/evals/{eval_id}")
 def eval_page(request: Request, eval_id: str, ctx: CtxDep, me: Me) -> Response:
-    report = evals.eval_report(ctx, eval_id=eval_id, caller=me.caller)
+    report = replay_views.eval_report(evals.eval_report(ctx, eval_id=eval_id, caller=me.caller))
     return render(request, "eval.html", {"e": report})
 
 

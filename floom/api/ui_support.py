@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -25,6 +26,7 @@ from starlette.responses import RedirectResponse, Response
 from floom.api import ui_features
 from floom.errors import FloomError, InvalidRequest, Unauthorized
 from floom.hints.surface import tell
+from floom.schemas.admin import KeyPublic, key_public
 from floom.services import web_sessions
 from floom.services.context import Context
 from floom.services.web_sessions import SignedIn
@@ -228,11 +230,23 @@ def safe_next(target: str | None) -> str:
 # -- rendering -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Viewer:
+    """Who is signed in, as the pages show it: the key's public model, never its row."""
+
+    key: KeyPublic
+
+
 def render(
     request: Request, template: str, context: dict[str, Any] | None = None, status: int = 200
 ) -> Response:
     me: SignedIn | None = getattr(request.state, "signed_in", None)
-    values: dict[str, Any] = {"me": me, "path": request.url.path, "error": None, "notice": None}
+    values: dict[str, Any] = {
+        "me": Viewer(key_public(me.key)) if me is not None else None,
+        "path": request.url.path,
+        "error": None,
+        "notice": None,
+    }
     if me is not None:
         ctx = get_ctx(request)
         values["csrf"] = me.session.csrf_token

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from pydantic import Field
@@ -9,7 +10,7 @@ from pydantic import Field
 from floom.manifest import Manifest, Problem
 from floom.schemas.common import IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic, run_public
-from floom.services import runs, triggers, workers
+from floom.services import diffs, runs, triggers, workers
 from floom.services.context import Context
 from floom.services.principal import Principal
 from floom.services.worker_deletion import Deletion
@@ -72,6 +73,31 @@ class VersionFile(Public):
 class VersionDetail(VersionPublic):
     manifest_yaml: str
     files: list[VersionFile]
+
+
+class FileDiff(Public):
+    path: str
+    status: str = Field(json_schema_extra={"enum": ["added", "removed", "changed", "unchanged"]})
+    old_size: int | None = Field(description="null when the file was added")
+    new_size: int | None = Field(description="null when the file was removed")
+    lines: list[str] = Field(
+        description="the unified diff without its ---/+++ header; empty for binary or large files"
+    )
+    text: bool = Field(description="false for binary or large files, which are not diffed")
+
+
+class VersionDiff(Public):
+    """What changed between two versions of one worker: worker.yml first, then every file by
+    path."""
+
+    worker: str
+    old: VersionPublic
+    new: VersionPublic
+    files: list[FileDiff]
+
+    @property
+    def changed(self) -> list[FileDiff]:
+        return [f for f in self.files if f.status != "unchanged"]
 
 
 class DeployResult(Public):
@@ -154,6 +180,20 @@ def version_detail(ctx: Context, *, name: str, version_id: str, caller: Principa
     body["manifest_yaml"] = version.manifest_yaml
     body["files"] = [{"path": f.path, "size": len(f.data)} for f in bundle.files.values()]
     return VersionDetail.model_validate(body)
+
+
+def version_diff(
+    ctx: Context, *, name: str, old_id: str, new_id: str, caller: Principal
+) -> VersionDiff:
+    worker = workers.get_worker(ctx, name=name, caller=caller)
+    diff = diffs.diff_versions(ctx, worker_name=name, old_id=old_id, new_id=new_id, caller=caller)
+    active_id = worker.active_version_id
+    return VersionDiff(
+        worker=name,
+        old=version_public(diff.old, active_id=active_id),
+        new=version_public(diff.new, active_id=active_id),
+        files=[FileDiff.model_validate(asdict(f)) for f in diff.files],
+    )
 
 
 def deploy_result(ctx: Context, result: workers.DeployResult, *, caller: Principal) -> DeployResult:
