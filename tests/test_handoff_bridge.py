@@ -3,12 +3,16 @@ the job's context as inputs, and completes or fails the job with the run's outco
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_until
+from tests.mcp_support import call, http_client
+from tests.web_support import signed_in_client
 
 JOBS = "/api/v1/handoffs/jobs"
 REVIEWER_YML = """\
@@ -104,3 +108,47 @@ def test_a_worker_with_a_handoff_trigger_takes_its_roles_jobs_and_finishes_them(
     refused = wait_until(lambda: _finished(lead, missing["id"]), timeout=60)
     assert refused["status"] == "failed" and "could not start" in refused["reason"]
     assert refused["run_id"] is None
+
+
+def test_a_job_failed_by_its_run_tells_each_caller_what_to_do_in_its_own_terms(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    # The run fails with a stored error naming `floom secrets set KEEPER_TOKEN`; the job's
+    # reason quotes it, and each surface retells it as it does the run's own error.
+    assert api.post("/api/v1/roles", json={"name": "keeper"}).status_code == 201
+    manifest = REVIEWER_YML.format(name="keeper", role="keeper") + "secrets: [KEEPER_TOKEN]\n"
+    deploy_folder(api, make_worker(tmp_path / "keeper", manifest, {"run.py": REVIEWER_PY}))
+    made = api.post("/api/v1/agents", json={"label": "lead", "roles": []}).json()
+    lead = server.client(made["key"])
+    job = lead.post(
+        JOBS, json={"summary": "keep it", "role": "keeper", "context": {"text": "hi"}}
+    ).json()
+    failed = wait_until(lambda: _finished(lead, job["id"]), timeout=60)
+    assert failed["status"] == "failed" and "secret KEEPER_TOKEN is not set" in failed["reason"]
+    (moved,) = [e for e in failed["events"] if e["type"] == "failed"]
+
+    rest = '`PUT /api/v1/secrets/KEEPER_TOKEN {"value": "VALUE"}`'
+    assert rest in failed["reason"] and "floom" not in failed["reason"]
+    assert moved["payload"]["reason"] == failed["reason"]
+    listed = lead.get(JOBS, params={"status": "failed"}).json()["items"]
+    assert [j["reason"] for j in listed] == [failed["reason"]]
+
+    cli = lead.get(f"{JOBS}/{job['id']}", headers={"X-Floom-Client": "cli"}).json()
+    assert "`floom secrets set KEEPER_TOKEN`" in cli["reason"]
+
+    async def over_mcp() -> None:
+        async with http_client(server, made["key"]) as mcp:
+            told = await call(mcp, "handoff_get_job", job_id=job["id"])
+            assert "set_secret(name='KEEPER_TOKEN', value=VALUE)" in told["reason"]
+            assert "floom" not in told["reason"] and "/api/v1" not in told["reason"]
+            (event,) = [e for e in told["events"] if e["type"] == "failed"]
+            assert event["payload"]["reason"] == told["reason"]
+
+    anyio.run(over_mcp)
+
+    ui = signed_in_client(server, server.admin_key)
+    for page in (f"/handoffs/jobs/{job['id']}", "/handoffs"):
+        shown = html.unescape(ui.get(page).text)
+        assert "the Secrets page (/secrets), adding KEEPER_TOKEN" in shown, page
+        assert "floom secrets" not in shown and "/api/v1/secrets" not in shown, page
+    ui.close()

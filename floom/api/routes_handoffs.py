@@ -166,9 +166,7 @@ def list_jobs(
         cursor=cursor,
         limit=limit,
     )
-    return Page[views.JobPublic](
-        items=[views.JobPublic.model_validate(j) for j in items], next_cursor=next_cursor
-    )
+    return views.job_page(items, next_cursor, surface=caller.surface)
 
 
 @router.post(
@@ -186,7 +184,7 @@ def create_job(
     job = handoffs.create_job(ctx, actor=caller, **body.model_dump())
     if job.get("replayed"):
         response.status_code = 200
-    return views.JobPublic.model_validate(job)
+    return views.job_public(job, surface=caller.surface)
 
 
 @router.post(
@@ -194,14 +192,13 @@ def create_job(
 )
 def claim_next(body: ClaimNextRequest, ctx: CtxDep, caller: RunCaller) -> views.ClaimNextResult:
     job = flow.claim_next(ctx, actor=caller, role=body.role, lease_seconds=body.lease_seconds)
-    return views.ClaimNextResult.model_validate({"job": job})
+    return views.claim_next_result(job, surface=caller.surface)
 
 
 @router.get("/jobs/{job_id}", response_model=views.JobPublic, responses=authed(404, 422))
 def get_job(job_id: str, ctx: CtxDep, caller: ReadCaller, events: bool = False) -> views.JobPublic:
-    return views.JobPublic.model_validate(
-        handoffs.get_job(ctx, actor=caller, job_id=job_id, events=events)
-    )
+    job = handoffs.get_job(ctx, actor=caller, job_id=job_id, events=events)
+    return views.job_public(job, surface=caller.surface)
 
 
 @router.get(
@@ -210,7 +207,7 @@ def get_job(job_id: str, ctx: CtxDep, caller: ReadCaller, events: bool = False) 
 def list_events(job_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[views.JobEventPublic]:
     items = handoffs.list_events(ctx, actor=caller, job_id=job_id)
     return Page[views.JobEventPublic](
-        items=[views.JobEventPublic.model_validate(e) for e in items], next_cursor=None
+        items=[views.event_public(e, surface=caller.surface) for e in items], next_cursor=None
     )
 
 
@@ -221,7 +218,7 @@ def update_job(job_id: str, body: JobUpdate, ctx: CtxDep, caller: RunCaller) -> 
     job = handoffs.update_job(
         ctx, actor=caller, job_id=job_id, context=body.context, constraints=body.constraints
     )
-    return views.JobPublic.model_validate(job)
+    return views.job_public(job, surface=caller.surface)
 
 
 @router.post(
@@ -229,7 +226,7 @@ def update_job(job_id: str, body: JobUpdate, ctx: CtxDep, caller: RunCaller) -> 
 )
 def claim(job_id: str, body: LeaseRequest, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
     job = flow.claim(ctx, actor=caller, job_id=job_id, lease_seconds=body.lease_seconds)
-    return views.JobPublic.model_validate(job)
+    return views.job_public(job, surface=caller.surface)
 
 
 @router.post(
@@ -254,7 +251,7 @@ def set_status(job_id: str, body: StatusRequest, ctx: CtxDep, caller: RunCaller)
         reason=body.reason,
         lease_seconds=body.lease_seconds,
     )
-    return views.JobPublic.model_validate(job)
+    return views.job_public(job, surface=caller.surface)
 
 
 @router.post(
@@ -271,7 +268,7 @@ def complete(job_id: str, body: CompleteRequest, ctx: CtxDep, caller: RunCaller)
         data=body.data,
         artifacts=body.artifacts,
     )
-    return views.JobPublic.model_validate(job)
+    return views.job_public(job, surface=caller.surface)
 
 
 @router.post(
@@ -289,7 +286,7 @@ def reject(job_id: str, body: RejectRequest, ctx: CtxDep, caller: RunCaller) -> 
         role=body.role,
         priority=body.priority,
     )
-    return views.JobPublic.model_validate(retry)
+    return views.job_public(retry, surface=caller.surface)
 
 
 @router.get(

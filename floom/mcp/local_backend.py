@@ -40,10 +40,6 @@ from floom.services.principal import SYSTEM, Principal
 from floom.store.models import Worker
 
 
-def _job(job: dict[str, Any]) -> JSON:
-    return handoff_views.JobPublic.model_validate(job).to_json()
-
-
 class CatalogSource:
     """Every worker's name and active manifest, for the MCP catalog (server-internal, no key).
 
@@ -324,6 +320,9 @@ class LocalBackend(Backend):
 
     # -- handoffs: the key is the actor; the services apply visibility and the table -----------
 
+    def _job(self, job: dict[str, Any]) -> JSON:
+        return handoff_views.job_public(job, surface=self.principal.surface).to_json()
+
     def handoff_my_roles(self) -> JSON:
         who = handoff_agents.my_roles(self.ctx, actor=self.principal)
         return handoff_views.WhoAmI.model_validate(who).to_json()
@@ -350,22 +349,22 @@ class LocalBackend(Backend):
             cursor=cursor,
             limit=limit,
         )
-        jobs = [handoff_views.JobPublic.model_validate(j) for j in items]
-        return Page[handoff_views.JobPublic](items=jobs, next_cursor=next_cursor).to_json()
+        surface = self.principal.surface
+        return handoff_views.job_page(items, next_cursor, surface=surface).to_json()
 
     def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
         ctx = self.ctx
-        return _job(handoffs.get_job(ctx, actor=self.principal, job_id=job_id, events=events))
+        return self._job(handoffs.get_job(ctx, actor=self.principal, job_id=job_id, events=events))
 
     def handoff_create_job(self, **spec: Any) -> JSON:
-        return _job(handoffs.create_job(self.ctx, actor=self.principal, **spec))
+        return self._job(handoffs.create_job(self.ctx, actor=self.principal, **spec))
 
     def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
         ctx = self.ctx
         job = handoff_flow.claim(
             ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
         )
-        return _job(job)
+        return self._job(job)
 
     def handoff_claim_next_job(
         self, *, role: str | None = None, lease_seconds: float | None = None
@@ -374,7 +373,7 @@ class LocalBackend(Backend):
         job = handoff_flow.claim_next(
             ctx, actor=self.principal, role=role, lease_seconds=lease_seconds
         )
-        return handoff_views.ClaimNextResult.model_validate({"job": job}).to_json()
+        return handoff_views.claim_next_result(job, surface=self.principal.surface).to_json()
 
     def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
         ctx = self.ctx
@@ -399,7 +398,7 @@ class LocalBackend(Backend):
             reason=reason,
             lease_seconds=lease_seconds,
         )
-        return _job(job)
+        return self._job(job)
 
     def handoff_update_job(
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
@@ -411,7 +410,7 @@ class LocalBackend(Backend):
             context=context,
             constraints=constraints,
         )
-        return _job(job)
+        return self._job(job)
 
     def handoff_complete_job(
         self,
@@ -429,7 +428,7 @@ class LocalBackend(Backend):
             data=data,
             artifacts=artifacts,
         )
-        return _job(job)
+        return self._job(job)
 
     def handoff_reject_job(
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
@@ -442,7 +441,7 @@ class LocalBackend(Backend):
             role=role,
             priority=priority,
         )
-        return _job(retry)
+        return self._job(retry)
 
     def handoff_reopen_context(self, job_id: str) -> JSON:
         ctx = self.ctx

@@ -141,7 +141,10 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: dict[str, Any]) -> N
             caller=principal.system(agent_id=actor.agent_id),
         )
     except FloomError as exc:
-        reason = f"worker {bridge.worker} could not start: {exc.message}"
+        # The hint says how to let it start (resume it, deploy a version), as a floom command
+        # that each caller is told in its own terms (schemas.handoffs.job_public).
+        hint = f"; {exc.hint}" if exc.hint else ""
+        reason = f"worker {bridge.worker} could not start: {exc.message}{hint}"
         flow.set_status(ctx, actor=actor, job_id=job["id"], status=rules.FAILED, reason=reason)
         return
     with session_scope(ctx.engine, write=True) as s:
