@@ -139,7 +139,9 @@ class FloomClient:
             raise _error_from(response)
         return response
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+    def request_json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One call of the REST API and its JSON answer; a refusal raises the FloomError
+        subclass of its code, a transport failure a transport error."""
         return self._send(method, path, **kwargs).json()
 
     @staticmethod
@@ -149,7 +151,7 @@ class FloomClient:
     # -- health, workers, versions -------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", "/healthz", auth=False)
+        result: dict[str, Any] = self.request_json("GET", "/healthz", auth=False)
         return result
 
     def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> dict[str, Any]:
@@ -159,7 +161,7 @@ class FloomClient:
         params = {"skip_eval_gate": "true"} if skip_eval_gate else None
         # A worker with an eval gate answers once its eval ends (10 minutes at most).
         timeout = httpx.Timeout(30.0, read=660.0)
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST",
             "/api/v1/workers",
             content=archive,
@@ -171,7 +173,7 @@ class FloomClient:
 
     def validate(self, archive: bytes) -> dict[str, Any]:
         headers = {"Content-Type": "application/gzip"}
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST", "/api/v1/workers/validate", content=archive, headers=headers
         )
         return result
@@ -180,27 +182,29 @@ class FloomClient:
         self, *, cursor: str | None = None, limit: int | None = None
     ) -> dict[str, Any]:
         params = self._params(cursor=cursor, limit=limit)
-        result: dict[str, Any] = self._json("GET", "/api/v1/workers", params=params)
+        result: dict[str, Any] = self.request_json("GET", "/api/v1/workers", params=params)
         return result
 
     def get_worker(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{url_path(name)}")
+        result: dict[str, Any] = self.request_json("GET", f"/api/v1/workers/{url_path(name)}")
         return result
 
     def list_versions(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{url_path(name)}/versions")
+        result: dict[str, Any] = self.request_json(
+            "GET", f"/api/v1/workers/{url_path(name)}/versions"
+        )
         return result
 
     def get_version(self, name: str, version_id: str) -> dict[str, Any]:
         """One version: its manifest (also as worker.yml text) and its file list."""
         path = f"/api/v1/workers/{url_path(name)}/versions/{url_path(version_id)}"
-        result: dict[str, Any] = self._json("GET", path)
+        result: dict[str, Any] = self.request_json("GET", path)
         return result
 
     def api_paths(self) -> set[str]:
         """The route templates this server offers (from its OpenAPI document), so a client
         can tell a feature the server lacks from a thing that does not exist."""
-        doc = self._json("GET", "/openapi.json", auth=False)
+        doc = self.request_json("GET", "/openapi.json", auth=False)
         return set(doc.get("paths") or {})
 
     def rollback(
@@ -208,7 +212,7 @@ class FloomClient:
     ) -> dict[str, Any]:
         """Make a version active again: by its id, or the version a run used."""
         body = self._params(version_id=version_id, run_id=run_id)
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST", f"/api/v1/workers/{url_path(name)}/rollback", json=body
         )
         return result
@@ -219,14 +223,16 @@ class FloomClient:
         params = {"purge_runs": "true" if purge_runs else "false"}
         # A purge first waits (20 s at most) for the worker's running runs to stop.
         timeout = httpx.Timeout(10.0, read=60.0)
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "DELETE", f"/api/v1/workers/{url_path(name)}", params=params, timeout=timeout
         )
         return result
 
     def list_triggers(self, name: str) -> dict[str, Any]:
         """The worker's triggers with their next fire times (and whether it is paused)."""
-        result: dict[str, Any] = self._json("GET", f"/api/v1/workers/{url_path(name)}/triggers")
+        result: dict[str, Any] = self.request_json(
+            "GET", f"/api/v1/workers/{url_path(name)}/triggers"
+        )
         return result
 
     def set_paused(
@@ -234,7 +240,7 @@ class FloomClient:
     ) -> dict[str, Any]:
         """Pause or resume a worker, or one of its triggers; returns the trigger listing."""
         action = "pause" if paused else "resume"
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST",
             f"/api/v1/workers/{url_path(name)}/{action}",
             json=self._params(trigger_id=trigger_id),
@@ -269,10 +275,10 @@ class FloomClient:
             until=until,
         )
         if request.read_seconds is None:
-            result: dict[str, Any] = self._json("POST", request.path, json=request.body)
+            result: dict[str, Any] = self.request_json("POST", request.path, json=request.body)
             return result
         timeout = httpx.Timeout(CONNECT_SECONDS, read=request.read_seconds)
-        result = self._json(
+        result = self.request_json(
             "POST", request.path, json=request.body, params=request.params, timeout=timeout
         )
         return result
@@ -289,7 +295,7 @@ class FloomClient:
         params = self._params(
             worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
         )
-        result: dict[str, Any] = self._json("GET", "/api/v1/runs", params=params)
+        result: dict[str, Any] = self.request_json("GET", "/api/v1/runs", params=params)
         return result
 
     def get_run(self, run_id: str, *, wait: float = 0, until: str = "ended") -> dict[str, Any]:
@@ -297,11 +303,11 @@ class FloomClient:
         until="settled", also when it waits for a person) or after `wait` seconds."""
         path = f"/api/v1/runs/{url_path(run_id)}"
         if wait <= 0:
-            result: dict[str, Any] = self._json("GET", path)
+            result: dict[str, Any] = self.request_json("GET", path)
             return result
         params = {"wait": f"{wait:g}", "until": until}
         timeout = httpx.Timeout(CONNECT_SECONDS, read=wait + WAIT_READ_MARGIN_SECONDS)
-        result = self._json("GET", path, params=params, timeout=timeout)
+        result = self.request_json("GET", path, params=params, timeout=timeout)
         return result
 
     def wait_for_run(
@@ -334,7 +340,7 @@ class FloomClient:
         limit: int | None = None,
     ) -> dict[str, Any]:
         params = self._params(after=after, tail=tail, limit=limit)
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "GET", f"/api/v1/runs/{url_path(run_id)}/logs", params=params
         )
         return result
@@ -350,7 +356,9 @@ class FloomClient:
             after = page["last_seq"]
 
     def list_artifacts(self, run_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/runs/{url_path(run_id)}/artifacts")
+        result: dict[str, Any] = self.request_json(
+            "GET", f"/api/v1/runs/{url_path(run_id)}/artifacts"
+        )
         return result
 
     def download_artifact(self, run_id: str, name: str) -> bytes:
@@ -358,7 +366,9 @@ class FloomClient:
         return self._send("GET", path).content
 
     def cancel_run(self, run_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("POST", f"/api/v1/runs/{url_path(run_id)}/cancel")
+        result: dict[str, Any] = self.request_json(
+            "POST", f"/api/v1/runs/{url_path(run_id)}/cancel"
+        )
         return result
 
     def replay_run(
@@ -368,7 +378,7 @@ class FloomClient:
         body: dict[str, Any] = {"latest": latest}
         if force:
             body["force"] = True
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST", f"/api/v1/runs/{url_path(run_id)}/replay", json=body
         )
         return result
@@ -385,24 +395,24 @@ class FloomClient:
     ) -> dict[str, Any]:
         """Replay an agent run from its recording (exact or what_if); the new run."""
         body = self._params(mode=mode, version_id=version_id, model=model)
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST", f"/api/v1/runs/{url_path(run_id)}/replays", json=body
         )
         return result
 
     def get_replay(self, run_id: str) -> dict[str, Any]:
         """A replay's report: status, and once finished its diff against the original."""
-        result: dict[str, Any] = self._json("GET", f"/api/v1/replays/{url_path(run_id)}")
+        result: dict[str, Any] = self.request_json("GET", f"/api/v1/replays/{url_path(run_id)}")
         return result
 
     def start_eval(self, worker: str, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST", f"/api/v1/workers/{url_path(worker)}/evals", json=body
         )
         return result
 
     def get_eval(self, eval_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/evals/{url_path(eval_id)}")
+        result: dict[str, Any] = self.request_json("GET", f"/api/v1/evals/{url_path(eval_id)}")
         return result
 
     # -- webhook deliveries --------------------------------------------------------------------
@@ -411,7 +421,7 @@ class FloomClient:
         self, name: str, *, cursor: str | None = None, limit: int | None = None
     ) -> dict[str, Any]:
         """A worker's stored webhook and Composio deliveries, newest first."""
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "GET",
             f"/api/v1/workers/{url_path(name)}/deliveries",
             params=self._params(cursor=cursor, limit=limit),
@@ -419,12 +429,14 @@ class FloomClient:
         return result
 
     def get_delivery(self, delivery_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/deliveries/{url_path(delivery_id)}")
+        result: dict[str, Any] = self.request_json(
+            "GET", f"/api/v1/deliveries/{url_path(delivery_id)}"
+        )
         return result
 
     def replay_delivery(self, delivery_id: str, *, force: bool = False) -> dict[str, Any]:
         """Run a stored delivery again; returns the new run."""
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST", f"/api/v1/deliveries/{url_path(delivery_id)}/replay", json={"force": force}
         )
         return result
@@ -526,43 +538,43 @@ class FloomClient:
     # -- nodes ---------------------------------------------------------------------------------
 
     def list_nodes(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", "/api/v1/nodes")
+        result: dict[str, Any] = self.request_json("GET", "/api/v1/nodes")
         return result
 
     # -- secrets and keys ----------------------------------------------------------------------
 
     def list_secrets(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", "/api/v1/secrets")
+        result: dict[str, Any] = self.request_json("GET", "/api/v1/secrets")
         return result
 
     def set_secret(self, name: str, value: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "PUT", f"/api/v1/secrets/{url_path(name)}", json={"value": value}
         )
         return result
 
     def delete_secret(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", f"/api/v1/secrets/{url_path(name)}")
+        result: dict[str, Any] = self.request_json("DELETE", f"/api/v1/secrets/{url_path(name)}")
         return result
 
     def my_key(self) -> dict[str, Any]:
         """The key this client uses (never its value): id, name, scopes, agent."""
-        result: dict[str, Any] = self._json("GET", "/api/v1/keys/me")
+        result: dict[str, Any] = self.request_json("GET", "/api/v1/keys/me")
         return result
 
     def list_keys(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", "/api/v1/keys")
+        result: dict[str, Any] = self.request_json("GET", "/api/v1/keys")
         return result
 
     def create_key(self, *, scopes: list[str], name: str = "") -> dict[str, Any]:
         """A new API key; its plaintext is in "key" and is never returned again."""
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST", "/api/v1/keys", json={"scopes": scopes, "name": name}
         )
         return result
 
     def revoke_key(self, key_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("DELETE", f"/api/v1/keys/{url_path(key_id)}")
+        result: dict[str, Any] = self.request_json("DELETE", f"/api/v1/keys/{url_path(key_id)}")
         return result
 
     # -- approvals -----------------------------------------------------------------------------
@@ -577,11 +589,13 @@ class FloomClient:
     ) -> dict[str, Any]:
         """Approvals oldest first; status pending (default), approved, rejected or all."""
         params = self._params(status=status, run_id=run_id, cursor=cursor, limit=limit)
-        result: dict[str, Any] = self._json("GET", "/api/v1/approvals", params=params)
+        result: dict[str, Any] = self.request_json("GET", "/api/v1/approvals", params=params)
         return result
 
     def get_approval(self, approval_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json("GET", f"/api/v1/approvals/{url_path(approval_id)}")
+        result: dict[str, Any] = self.request_json(
+            "GET", f"/api/v1/approvals/{url_path(approval_id)}"
+        )
         return result
 
     def approve(
@@ -593,13 +607,13 @@ class FloomClient:
     ) -> dict[str, Any]:
         """Approve; `edited` replaces proposed values (tool arguments or outputs) key by key."""
         body = self._params(edited=edited, comment=comment)
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST", f"/api/v1/approvals/{url_path(approval_id)}/approve", json=body
         )
         return result
 
     def reject(self, approval_id: str, *, comment: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._json(
+        result: dict[str, Any] = self.request_json(
             "POST", f"/api/v1/approvals/{url_path(approval_id)}/reject", json={"comment": comment}
         )
         return result

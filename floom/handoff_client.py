@@ -16,7 +16,7 @@ class HandoffClient:
         self.client = client
 
     def _call(self, method: str, path: str, **kwargs: Any) -> JSON:
-        result: JSON = self.client._json(method, path, **kwargs)
+        result: JSON = self.client.request_json(method, path, **kwargs)
         return result
 
     @staticmethod

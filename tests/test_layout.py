@@ -1,7 +1,7 @@
 """The package layout stays acyclic: floom's packages (agent, api, cli, engine, hints, mcp, sandbox,
 services, store, triggers, schemas) and its top-level modules import one another without a
-cycle, and a floom import inside a function is allowed only where it saves start-up time or
-memory, each listed here with its reason.
+cycle, a floom import inside a function is allowed only where it saves start-up time or
+memory, each listed here with its reason, and no module uses another module's underscore names.
 
 The graph is read from the source with ast: imports at module level count (including those
 under a module-level `if` or `try`), imports under `if TYPE_CHECKING:` do not."""
@@ -210,3 +210,50 @@ def test_every_deliberate_local_import_says_why_in_its_file() -> None:
     for file, _ in DELIBERATE_LOCAL_IMPORTS:
         text = (FLOOM.parent / file).read_text()
         assert "Imported here, not at the top" in text or "Imported on first use" in text, file
+
+
+# Underscore names of other libraries that floom uses knowingly: SQLAlchemy's Row._mapping is
+# its documented public accessor; the mapper's class manager tells a table model; the MCP SDK
+# offers no setting for the list-change capabilities its low-level server announces.
+FOREIGN_PRIVATE_NAMES = {"_mapping", "_sa_class_manager", "_lowlevel_server"}
+
+
+def _names_bound_in(tree: ast.Module) -> set[str]:
+    """Every name a file defines or binds: its functions, classes, variables, attributes it
+    assigns, parameters and import aliases."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name | ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.id if isinstance(node, ast.Name) else node.attr)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name.split(".")[0])
+    return names
+
+
+def test_no_module_uses_another_modules_underscore_names() -> None:
+    reached = []
+    for module, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        own = _names_bound_in(tree) | FOREIGN_PRIVATE_NAMES
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("floom"):
+                reached += [
+                    f"{module}:{node.lineno} imports {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and node.attr not in own
+            ):
+                reached.append(f"{module}:{node.lineno} uses {ast.unparse(node)}")
+    assert not reached, (
+        "a name two modules need is a concept: give it a public name (or a module of its own) "
+        "instead of reaching into another module's underscore names:\n" + "\n".join(reached)
+    )
