@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -197,3 +199,71 @@ def test_the_client_uses_the_one_finished_set_and_loads_no_store_to_get_it() -> 
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert loaded.stdout.strip() == "[]"
+
+
+FLOOM = Path(__file__).resolve().parent.parent / "floom"
+# Every `X.status = ...` in floom outside run_rules, with what X is: none of them is a run's.
+OTHER_STATUS_WRITES = {
+    ("errors.py", "self.status"),  # an error's HTTP status
+    ("services/agent_runs.py", "call.status"),  # a tool call
+    ("services/approvals.py", "approval.status"),
+    ("services/approvals.py", "call.status"),  # a tool call withdrawn with its approval
+    ("services/handoffs/jobs.py", "job.status"),  # handoff jobs have their own table
+    ("services/handoffs/flow.py", "job.status"),
+    ("schemas/triggers.py", "answer.status"),  # a webhook's answer to its sender
+    # The queue's detached copy of the run starts from the status its conditional UPDATE
+    # matches; the move itself goes through transition or requeue_next_attempt.
+    ("engine/queue.py", "ended.status"),
+}
+# A run is created in an initial status (queued, or skipped by a trigger) only here.
+RUN_CREATORS = {"services/runs.py"}
+
+
+def _status_writes() -> tuple[set[tuple[str, str]], set[str]]:
+    writes, creators = set(), set()
+    for path in FLOOM.rglob("*.py"):
+        if "migrations" in path.parts or path.name == "run_rules.py":
+            continue
+        rel = path.relative_to(FLOOM).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            writes.update(
+                (rel, ast.unparse(t))
+                for t in targets
+                if isinstance(t, ast.Attribute) and t.attr == "status"
+            )
+            if isinstance(node, ast.Call):
+                name = ast.unparse(node.func)
+                if name == "setattr" and any(
+                    isinstance(a, ast.Constant) and a.value == "status" for a in node.args
+                ):
+                    writes.add((rel, ast.unparse(node)))
+                makes_run = name == "Run" or (
+                    name == "trusted_row" and node.args and ast.unparse(node.args[0]) == "Run"
+                )
+                keys = [k.arg for k in node.keywords] + [
+                    k.value
+                    for a in node.args
+                    if isinstance(a, ast.Dict)
+                    for k in a.keys
+                    if isinstance(k, ast.Constant)
+                ]
+                if makes_run and "status" in keys:
+                    creators.add(rel)
+    return writes, creators
+
+
+def test_every_writer_of_a_runs_status_goes_through_the_state_machine() -> None:
+    writes, creators = _status_writes()
+    unlisted = writes - OTHER_STATUS_WRITES
+    assert not unlisted, (
+        "a run's status changes only through run_rules (transition, requeue_next_attempt, "
+        f"mark_claimed); if this is not a run, list it with what it is: {unlisted}"
+    )
+    assert creators <= RUN_CREATORS, f"runs are created with a status only in {RUN_CREATORS}"
+    # The scan sees what it looks for.
+    assert ("services/approvals.py", "approval.status") in writes and creators
