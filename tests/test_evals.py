@@ -4,6 +4,7 @@ anthropic SDK against the Messages stand-in (answers chosen from each request's 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,14 @@ def test_an_eval_over_ten_recorded_runs_reports_the_right_counts(
         assert "7 outputs equal, 3 different, 1 with diverged tool calls" in page.text
         replay_id = report["items"][0]["replay_run_id"]
         assert web.get(f"/replays/{replay_id}").status_code == 200
+        # The worker's page starts an eval of each version (what the UI retells
+        # `floom eval lookup --against VERSION` as).
+        worker_page = web.get("/workers/lookup").text
+        assert re.search(
+            r'<form method="post" action="/workers/lookup/evals"[^>]*>\s*<input type="hidden" '
+            rf'name="csrf"[^>]*><input type="hidden" name="version_id" value="{v2}">',
+            worker_page,
+        ), worker_page
     finally:
         web.close()
 

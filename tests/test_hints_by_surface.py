@@ -10,7 +10,16 @@ import anyio
 import httpx
 import pytest
 
-from floom.api import ui, ui_admin, ui_approvals, ui_handoffs, ui_nodes, ui_ops, ui_runs
+from floom.api import (
+    ui,
+    ui_admin,
+    ui_approvals,
+    ui_handoffs,
+    ui_nodes,
+    ui_ops,
+    ui_replays,
+    ui_runs,
+)
 from floom.api.app import create_app
 from floom.hints.rest import for_rest
 from floom.hints.ui import for_ui
@@ -24,7 +33,8 @@ ONE_DATABASE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True
 CLI = {"X-Floom-Client": "cli"}
 REST_REQUEST = re.compile(r"`(GET|POST|PUT|PATCH|DELETE) (/api/v1/[^ `?]*)")
 UI_ROUTERS = [
-    m.router for m in (ui, ui_admin, ui_approvals, ui_handoffs, ui_nodes, ui_ops, ui_runs)
+    m.router
+    for m in (ui, ui_admin, ui_approvals, ui_handoffs, ui_nodes, ui_ops, ui_replays, ui_runs)
 ]
 UI_PAGE = re.compile(r"\((/[^)?\s]*)[^)]*\)")
 
@@ -142,30 +152,50 @@ def test_every_cli_command_a_hint_names_is_retold_as_an_endpoint_that_exists_or_
     assert kept <= OPERATOR_COMMANDS, kept
 
 
-def test_every_cli_command_a_hint_names_is_retold_as_a_ui_page_that_exists_or_kept() -> None:
+def test_every_cli_command_a_hint_names_is_retold_as_a_ui_page_that_exists_or_said_to_be_one() -> (
+    None
+):
     pages = [
         re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", route.path) + "$")
         for router in UI_ROUTERS
         for route in router.routes
         if "GET" in (getattr(route, "methods", None) or ())
     ]
-    kept = set()
+    at_a_shell = set()
     for command in sorted(_commands_hints_name()):
         retold = for_ui(f"try {command}") or ""
-        if retold == f"try {command}":
-            kept.add(command.split()[1].strip("`"))
+        assert retold != f"try {command}", f"{command} is shown to a person at the UI as it is"
+        if retold.startswith(f"try {command} ("):
+            # No page does it: the person is told whose command it is and where it runs.
+            name = command.split()[1].strip("`")
+            at_a_shell.add(name)
+            said = retold[len(f"try {command} (") :]
+            if name in OPERATOR_COMMANDS - {"mcp", "--help", "COMMAND", "..."}:
+                assert said.startswith("an operator's command, run on the floom server's host")
+            else:
+                assert "floom CLI" in said or "MCP server" in said, retold
             continue
         assert "`floom" not in retold, (command, retold)
         shown = UI_PAGE.findall(retold)
         assert shown, (command, retold)
         for path in shown:
             assert any(page.match(path) for page in pages), (command, retold)
-    # The UI has no page to deploy a folder, run an eval, manage agents or run a node.
-    assert kept <= OPERATOR_COMMANDS | {
-        "deploy",
-        "validate",
-        "eval",
-        "replay-delivery",
-        "agents",
-        "roles",
-    }, kept
+    # The UI has no page to deploy a folder, manage agents and roles, replay a webhook
+    # delivery, or run a node.
+    cli_only = {"deploy", "validate", "agents", "roles", "replay-delivery"}
+    assert at_a_shell <= OPERATOR_COMMANDS | cli_only, at_a_shell
+    assert {"deploy", "agents", "serve", "backup"} <= at_a_shell
+
+
+def test_a_person_at_the_ui_is_told_plainly_what_only_a_shell_can_do() -> None:
+    assert for_ui("deploy one with `floom deploy FOLDER`") == (
+        "deploy one with `floom deploy FOLDER` (a command of the floom CLI, which uploads the "
+        "worker's folder; the web UI cannot deploy)"
+    )
+    assert for_ui("restore it with `floom restore DIR`") == (
+        "restore it with `floom restore DIR` (an operator's command, run on the floom server's "
+        "host; the web UI cannot do it)"
+    )
+    assert for_ui("see `floom eval lookup --against v_2`") == (
+        "see Eval against v_2 on the worker's page (/workers/lookup)"
+    )

@@ -19,8 +19,11 @@ PLACEHOLDERS = frozenset(
 )
 
 
-def retell(text: str | None, table: Mapping[str, Render]) -> str | None:
-    """`text` with each `floom COMMAND ...` that `table` knows replaced by its rendering."""
+def retell(
+    text: str | None, table: Mapping[str, Render], *, otherwise: Render | None = None
+) -> str | None:
+    """`text` with each `floom COMMAND ...` that `table` knows replaced by its rendering;
+    `otherwise` renders the rest (given all the command's words, its name first)."""
 
     def one(match: re.Match[str]) -> str:
         try:
@@ -28,7 +31,10 @@ def retell(text: str | None, table: Mapping[str, Render]) -> str | None:
         except ValueError:
             return match.group(0)
         render = table.get(words[0]) if words else None
-        told = render(words[1:]) if render is not None else None
+        if render is not None:
+            told = render(words[1:])
+        else:
+            told = otherwise(words) if otherwise is not None and words else None
         return match.group(0) if told is None else told
 
     return CLI_COMMAND.sub(one, text) if text else text

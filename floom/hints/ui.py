@@ -1,10 +1,11 @@
 """Hints retold for a person at floom's web UI: each `floom ...` CLI command a message, hint or
-stored notice names becomes the page (and the button on it) that does the same. Commands the
-UI has no page for (deploying a folder, evals, starting a server, backups) stay as they are:
-they are run at a shell."""
+stored notice names becomes the page (and the button on it) that does the same. A command the
+UI has no page for (deploying a folder, agents and roles, starting or backing up a server)
+stays a command, said plainly to be one: of the floom CLI, or of the server's operator."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from urllib.parse import quote
 
@@ -43,6 +44,34 @@ def _workers(words: list[str]) -> str:
     return "the Workers page (/)"
 
 
+def _eval(words: list[str]) -> str:
+    page = _path("workers", first(words, "WORKER"))
+    if "--against" in words:
+        return f"Eval against {option(words, '--against', 'VERSION')} on the worker's page ({page})"
+    return f"Eval on the worker's page ({page})"
+
+
+# What a command the UI cannot give is, next to the command: the person at the UI may have no
+# shell, or no shell on the server.
+_ON_THE_HOST = "an operator's command, run on the floom server's host; the web UI cannot do it"
+_IN_THE_CLI = "a command of the floom CLI; the web UI has no page for it"
+_WHAT_IT_IS = {
+    "deploy": "a command of the floom CLI, which uploads the worker's folder; "
+    "the web UI cannot deploy",
+    "validate": "a command of the floom CLI, which checks a worker's folder before deploying it",
+    "agents": "an admin's command of the floom CLI; the web UI has no page for agents",
+    "roles": "an admin's command of the floom CLI; the web UI has no page for roles",
+    "mcp": "the MCP server a coding agent starts on its own machine",
+    **dict.fromkeys(
+        ("serve", "backup", "restore", "migrate-store", "doctor", "retention"), _ON_THE_HOST
+    ),
+}
+
+
+def _at_a_shell(words: list[str]) -> str:
+    return f"`floom {shlex.join(words)}` ({_WHAT_IT_IS.get(words[0], _IN_THE_CLI)})"
+
+
 _PAGES: dict[str, Render] = {
     "workers": _workers,
     "versions": _on_worker("the versions"),
@@ -58,6 +87,7 @@ _PAGES: dict[str, Render] = {
     "artifacts": _on_run("the artifacts"),
     "cancel": _on_run("Cancel run"),
     "replay": _on_run("Replay"),
+    "eval": _eval,
     "approvals": lambda w: "the Approvals page (/approvals)",
     "approve": lambda w: "Approve on the Approvals page (/approvals)",
     "reject": lambda w: "Reject, with a comment, on the Approvals page (/approvals)",
@@ -69,5 +99,6 @@ _PAGES: dict[str, Render] = {
 
 
 def for_ui(text: str | None) -> str | None:
-    """`text` with each CLI command that has a page in the UI replaced by that page."""
-    return retell(text, _PAGES)
+    """`text` with each CLI command that has a page in the UI replaced by that page, and each
+    other one said to be a command of the CLI or of the server's operator."""
+    return retell(text, _PAGES, otherwise=_at_a_shell)
