@@ -18,7 +18,14 @@ from floom.mcp.http import transport_security
 from floom.services import keys
 from floom.services.principal import SYSTEM
 from tests.agent_helpers import live_server
-from tests.conftest import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_for_run
+from tests.conftest import (
+    EXAMPLES,
+    LiveServer,
+    deploy_folder,
+    make_worker,
+    wait_for_run,
+    wait_until,
+)
 from tests.mcp_support import (
     CALL_TIMEOUT,
     FLOOM_TOOLS,
@@ -306,6 +313,18 @@ def test_triggers_show_their_next_fires_and_a_worker_can_be_paused_and_resumed(
             assert cancelled["status"] in ("cancelled", "running")
             ended = await call(mcp, "watch_run", run_id=cancelled["id"], timeout_seconds=30)
             assert ended["run"]["status"] == "cancelled"
+            # Like every tool that starts or changes a run, cancel_run can wait for the end.
+            started = await call(mcp, "run_worker", worker="sleepy")
+            run_id = started["run"]["id"]
+            await anyio.to_thread.run_sync(
+                lambda: wait_until(
+                    lambda: api.get(f"/api/v1/runs/{run_id}").json()["status"] == "running"
+                )
+            )
+            waited = await call_raw(mcp, "cancel_run", run_id=run_id, wait_seconds=30)
+            stopped = waited.structured_content or {}
+            assert (stopped["status"], stopped["finished"]) == ("cancelled", True)
+            assert text_of(waited).startswith(f"cancel accepted: run {run_id} is cancelled")
 
     anyio.run(session)
 

@@ -45,7 +45,7 @@ from floom.mcp.toolkit import (
     server_of,
     settle,
 )
-from floom.services.run_rules import CANCELLED, SUCCEEDED, WAITING
+from floom.services.run_rules import SUCCEEDED, WAITING
 
 LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")
 
@@ -341,19 +341,26 @@ async def watch_run(
 
 
 @floom_tool
-async def cancel_run(ctx: Context, run_id: RunId) -> Reply:
+async def cancel_run(ctx: Context, run_id: RunId, wait_seconds: WaitSeconds = 0) -> Reply:
     """Cancel a queued, running or waiting run. A queued or waiting run ends cancelled at
     once; a running one is asked to stop (its whole process tree is killed within seconds)
-    and ends cancelled. Says which happened and the run's status now."""
-    run = await off(backend_of(ctx).cancel_run, run_id)
-    if run["status"] == CANCELLED:
-        head = f"cancel accepted: run {run_id} is cancelled"
+    and ends cancelled. Says which happened and the run's status now. With wait_seconds,
+    wait for a running run to end, as run_worker does."""
+    backend = backend_of(ctx)
+    run = await off(backend.cancel_run, run_id)
+    finished = run["status"] not in ACTIVE_STATUSES
+    if wait_seconds > 0 and not finished:
+        run, finished = await settle(backend, run_id, wait_seconds)
+    if finished:
+        head = f"cancel accepted: run {run_id} is {run['status']}"
     else:
         head = (
             f"cancel accepted: run {run_id} is {run['status']} and was asked to stop; "
             f"watch_run(run_id='{run_id}') follows it to cancelled"
         )
-    return Reply(head + "\n" + run_text(run), {**run, "cancel_accepted": True})
+    return Reply(
+        head + "\n" + run_text(run), {**run, "cancel_accepted": True, "finished": finished}
+    )
 
 
 @floom_tool
