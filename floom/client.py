@@ -584,11 +584,14 @@ class FloomClient:
         *,
         status: str | None = "pending",
         run_id: str | None = None,
+        worker: str | None = None,
         cursor: str | None = None,
         limit: int | None = None,
     ) -> dict[str, Any]:
         """Approvals oldest first; status pending (default), approved, rejected or all."""
-        params = self._params(status=status, run_id=run_id, cursor=cursor, limit=limit)
+        params = self._params(
+            status=status, run_id=run_id, worker=worker, cursor=cursor, limit=limit
+        )
         result: dict[str, Any] = self.request_json("GET", "/api/v1/approvals", params=params)
         return result
 

@@ -6,8 +6,12 @@ from pathlib import Path
 
 import httpx
 
+from floom.mcp.local_backend import LocalBackend
+from floom.services.principal import SYSTEM
+from floom.store.agents import Approval
+from floom.store.db import session_scope
 from tests.agent_helpers import log_lines, start_run, wait_status
-from tests.conftest import deploy_folder, make_worker
+from tests.conftest import LiveServer, deploy_folder, make_worker
 
 MAILER_YML = """\
 name: mailer
@@ -155,6 +159,25 @@ def test_approvals_list_oldest_first_in_pages_and_filter_by_run(
     assert [a["id"] for a in by_run] == [ids[1]]
     assert api.get("/api/v1/approvals", params={"status": "maybe"}).status_code == 400
     assert api.get("/api/v1/approvals/apr_nope").status_code == 404
+
+
+def test_approvals_filter_by_worker_before_paging_over_rest_and_mcp(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    with session_scope(server.ctx.engine, write=True) as s:
+        for i, worker in enumerate(["a", "b", "a", "b", "b"]):
+            s.add(Approval(id=f"apr_{i}", run_id=f"run_{i}", worker_name=worker, kind="run"))
+
+    first = api.get("/api/v1/approvals", params={"worker": "b", "limit": 2}).json()
+    cursor = first["next_cursor"]
+    rest = api.get("/api/v1/approvals", params={"worker": "b", "limit": 2, "cursor": cursor})
+
+    assert [a["id"] for a in first["items"]] == ["apr_1", "apr_3"]
+    assert [a["id"] for a in rest.json()["items"]] == ["apr_4"]
+    assert rest.json()["next_cursor"] is None
+    # The /mcp tool asks the same service, so a worker's approvals are never cut off by others'.
+    page = LocalBackend(server.ctx, SYSTEM).list_approvals(worker="a")
+    assert [a["id"] for a in page["items"]] == ["apr_0", "apr_2"]
 
 
 def test_deciding_needs_the_run_scope(server: object, api: httpx.Client, tmp_path: Path) -> None:

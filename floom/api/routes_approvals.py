@@ -40,15 +40,21 @@ def list_approvals(
         description="only approvals in this status, or all",
         json_schema_extra={"enum": [*approvals.APPROVAL_STATUSES, "all"]},
     ),
-    run_id: str | None = None,
+    run_id: str | None = Query(None, description="only this run's approvals"),
+    worker: str | None = Query(None, description="only this worker's approvals"),
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> Page[views.ApprovalPublic]:
     rows, next_cursor = approvals.list_approvals(
-        ctx, status=status, run_id=run_id, cursor=cursor, limit=limit, caller=caller
+        ctx,
+        status=status,
+        run_id=run_id,
+        worker=worker,
+        cursor=cursor,
+        limit=limit,
+        caller=caller,
     )
-    items = [views.approval_public(a) for a in rows]
-    return Page[views.ApprovalPublic](items=items, next_cursor=next_cursor)
+    return views.approval_page(rows, next_cursor)
 
 
 @router.get("/approvals/{approval_id}", response_model=views.ApprovalPublic, responses=authed(404))

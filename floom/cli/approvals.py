@@ -45,13 +45,18 @@ def list_approvals(
         str, typer.Option(help="pending, approved, rejected, cancelled or all")
     ] = "pending",
     run: Annotated[str | None, typer.Option("--run", help="only this run's approvals")] = None,
+    worker: Annotated[
+        str | None, typer.Option("--worker", help="only this worker's approvals")
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="approvals per page")] = 50,
     cursor: Annotated[str | None, typer.Option(help="continue after this page")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List approvals, oldest first (pending ones unless --status)."""
     with open_client() as client:
-        page = client.list_approvals(status=status, run_id=run, cursor=cursor, limit=limit)
+        page = client.list_approvals(
+            status=status, run_id=run, worker=worker, cursor=cursor, limit=limit
+        )
     if as_json:
         print_json(page)
         return

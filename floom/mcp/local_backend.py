@@ -18,7 +18,6 @@ from floom.schemas import replays as replay_views
 from floom.schemas import runs as run_views
 from floom.schemas import triggers as trigger_views
 from floom.schemas import workers as worker_views
-from floom.schemas.common import Page
 from floom.services import (
     approvals,
     eval_gate,
@@ -277,12 +276,9 @@ class LocalBackend(Backend):
     def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
         ctx = self.ctx
         rows, next_cursor = approvals.list_approvals(
-            ctx, status=status or "pending", limit=500, caller=self.principal
+            ctx, status=status or "pending", worker=worker, limit=500, caller=self.principal
         )
-        items = [
-            run_views.approval_public(a) for a in rows if not worker or a.worker_name == worker
-        ]
-        return Page[run_views.ApprovalPublic](items=items, next_cursor=next_cursor).to_json()
+        return run_views.approval_page(rows, next_cursor).to_json()
 
     def decide_approval(
         self,

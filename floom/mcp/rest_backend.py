@@ -215,10 +215,7 @@ class RestBackend(Backend):
 
     def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
         self._offers("/api/v1/approvals", "approvals")
-        page = self.client.list_approvals(status=status, limit=500)
-        if worker:
-            page["items"] = [a for a in page["items"] if a.get("worker") == worker]
-        return page
+        return self.client.list_approvals(status=status, worker=worker, limit=500)
 
     def decide_approval(
         self,

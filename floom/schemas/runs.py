@@ -236,6 +236,10 @@ def approval_public(approval: Approval) -> ApprovalPublic:
     return ApprovalPublic.model_validate(approvals.approval_to_dict(approval))
 
 
+def approval_page(rows: list[Approval], next_cursor: str | None) -> Page[ApprovalPublic]:
+    return Page[ApprovalPublic](items=[approval_public(a) for a in rows], next_cursor=next_cursor)
+
+
 def approval_decided(ctx: Context, *, approval_id: str, caller: Principal) -> ApprovalDecided:
     """An approval after a decision, with the status its run moved to."""
     approval = approvals.get_approval(ctx, approval_id=approval_id, caller=caller)

@@ -117,12 +117,13 @@ def list_approvals(
     *,
     status: str | None = PENDING,
     run_id: str | None = None,
+    worker: str | None = None,
     cursor: str | None = None,
     limit: int = 50,
     caller: Principal,
 ) -> tuple[list[Approval], str | None]:
-    """Oldest first; `status` None (or "all") lists every status; `cursor` is the last id seen.
-    Needs the read scope."""
+    """Oldest first; `status` None (or "all") lists every status; `run_id` and `worker` keep
+    one run's or one worker's; `cursor` is the last id seen. Needs the read scope."""
     caller.require("read")
     if status == "all":
         status = None
@@ -138,6 +139,8 @@ def list_approvals(
         q = q.where(Approval.status == status)
     if run_id:
         q = q.where(Approval.run_id == run_id)
+    if worker:
+        q = q.where(Approval.worker_name == worker)
     if cursor:
         q = q.where(Approval.id > cursor)
     with session_scope(ctx.engine) as s:
