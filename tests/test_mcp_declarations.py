@@ -51,18 +51,31 @@ def test_a_folder_argument_is_offered_only_by_a_server_on_the_callers_machine() 
         assert "files" in inside[name] and inside[name] == local[name] - {"folder"}
 
 
-def test_every_cli_command_a_hint_names_is_retold_as_a_tool_that_exists_or_kept() -> None:
+def test_every_cli_command_a_hint_names_is_retold_as_a_tool_that_exists_or_said_to_be_one() -> None:
     # Every `floom ...` command written in floom's messages and hints, as the source has it.
     commands = set()
     for path in FLOOM.rglob("*.py"):
-        commands |= set(re.findall(r"`floom [^`{]*`", path.read_text()))
+        if path.parent.name != "hints":  # the retellings' own patterns
+            commands |= set(re.findall(r"`floom [^`{\n]*`", path.read_text()))
     assert len(commands) > 20
+    operators = set()
     for command in sorted(commands):
         retold = hints.for_mcp(f"try {command}") or ""
-        if retold == f"try {command}":
-            continue  # operator commands (keys, agents, serve, mcp) have no tool
+        if retold.startswith(f"try {command} ("):
+            # No tool does it (keys, agents, serve): the agent is told it is the operator's.
+            assert retold.endswith("; no MCP tool does it)"), retold
+            operators.add(command.split()[1].strip("`"))
+            continue
+        if command.startswith("`floom mcp"):
+            assert retold == f"try {command}"  # the stdio server, named where it is explained
+            continue
         tool = retold.removeprefix("try ").split("(")[0]
         assert tool in mcp_tools.TOOL_NAMES, (command, retold)
+    assert {"keys", "agents", "serve", "backup"} <= operators
+    assert hints.for_mcp("`floom backup`") == (
+        "`floom backup` (an operator's command, run on the floom server's host; no MCP tool "
+        "does it)"
+    )
 
 
 def _no_backend(_ctx: Any) -> Any:

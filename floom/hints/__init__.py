@@ -17,6 +17,10 @@ Render = Callable[[list[str]], str | None]
 PLACEHOLDERS = frozenset(
     {"WORKER", "RUN_ID", "RUN", "VERSION", "NAME", "VALUE", "WHY", "APPROVAL_ID", "ID", "FOLDER"}
 )
+# Commands given at the shell of the server's host (start, check, back up, move a node's store):
+# no page, tool or endpoint does them.
+SERVER_COMMANDS = frozenset({"serve", "backup", "restore", "migrate-store", "doctor", "retention"})
+ON_THE_HOST = "an operator's command, run on the floom server's host"
 
 
 def retell(
@@ -38,6 +42,11 @@ def retell(
         return match.group(0) if told is None else told
 
     return CLI_COMMAND.sub(one, text) if text else text
+
+
+def said(words: list[str], what: str) -> str:
+    """The command as written, with what it is: for a surface that has nothing doing it."""
+    return f"`floom {shlex.join(words)}` ({what})"
 
 
 def first(words: list[str], default: str) -> str:

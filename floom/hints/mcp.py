@@ -2,15 +2,25 @@
 command a hint or message names becomes the MCP tool (and its arguments) that does the same.
 
 An agent over HTTP has no `floom` binary, so the services' hints, which name CLI commands,
-are translated here, at the one place errors become tool errors. Commands with no tool (key,
-agent and role administration, starting a server) stay as they are: an operator runs them.
+are translated here, at the one place errors become tool errors. A command no tool does (key,
+agent and role administration, starting or backing up a server) stays a command, said plainly
+to be the operator's: the agent asks them, it cannot run it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from floom.hints import PLACEHOLDERS, Render, first, option, retell
+from floom.hints import (
+    ON_THE_HOST,
+    PLACEHOLDERS,
+    SERVER_COMMANDS,
+    Render,
+    first,
+    option,
+    retell,
+    said,
+)
 
 
 def _call(tool: str, **arguments: str | bool) -> str:
@@ -118,9 +128,19 @@ _TOOLS: dict[str, Render] = {
     "deploy": lambda w: "deploy_worker(files={...})",
     "validate": lambda w: "validate_worker(files={...})",
     "handoffs": _handoffs,
+    "cancel": _run_tool("cancel_run"),
+    # Named where it already says what it is: the server on the agent's own machine.
+    "mcp": lambda w: None,
 }
 
 
+def _not_a_tool(words: list[str]) -> str:
+    if words[0] in SERVER_COMMANDS:
+        return said(words, f"{ON_THE_HOST}; no MCP tool does it")
+    return said(words, "a command of the floom CLI for floom's operator; no MCP tool does it")
+
+
 def for_mcp(text: str | None) -> str | None:
-    """`text` with each CLI command that has an MCP tool replaced by that tool's call."""
-    return retell(text, _TOOLS)
+    """`text` with each CLI command that has an MCP tool replaced by that tool's call, and
+    each other one said to be the operator's."""
+    return retell(text, _TOOLS, otherwise=_not_a_tool)

@@ -1,8 +1,8 @@
 """Hints retold for a plain REST client: each `floom ...` CLI command a message or hint
 names becomes the REST request (method and path, and the body where it matters) that does
 the same. Such a client may have no `floom` binary; floom's own CLI says so in its
-X-Floom-Client header and keeps the commands. Commands with no endpoint (starting a server,
-backups, store migrations) stay as they are: an operator runs them."""
+X-Floom-Client header and keeps the commands. A command with no endpoint (starting a server,
+backups, store migrations) stays a command, said plainly to be run on the server's host."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ import json
 from collections.abc import Callable, Mapping
 from urllib.parse import quote
 
-from floom.hints import PLACEHOLDERS, Render, first, option, retell
+from floom.hints import (
+    ON_THE_HOST,
+    PLACEHOLDERS,
+    SERVER_COMMANDS,
+    Render,
+    first,
+    option,
+    retell,
+    said,
+)
 
 API = "/api/v1"
 
@@ -160,6 +169,13 @@ _ENDPOINTS: dict[str, Render] = {
 }
 
 
+def _no_endpoint(words: list[str]) -> str | None:
+    if words[0] in SERVER_COMMANDS:
+        return said(words, f"{ON_THE_HOST}; no endpoint does it")
+    return None  # the stdio MCP server, the CLI's own help: named where they are explained
+
+
 def for_rest(text: str | None) -> str | None:
-    """`text` with each CLI command that has an endpoint replaced by that REST request."""
-    return retell(text, _ENDPOINTS)
+    """`text` with each CLI command that has an endpoint replaced by that REST request, and
+    each command of the server's host said to be one."""
+    return retell(text, _ENDPOINTS, otherwise=_no_endpoint)

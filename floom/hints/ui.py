@@ -5,11 +5,19 @@ stays a command, said plainly to be one: of the floom CLI, or of the server's op
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
 from urllib.parse import quote
 
-from floom.hints import PLACEHOLDERS, Render, first, option, retell
+from floom.hints import (
+    ON_THE_HOST,
+    PLACEHOLDERS,
+    SERVER_COMMANDS,
+    Render,
+    first,
+    option,
+    retell,
+    said,
+)
 
 
 def _path(*parts: str) -> str:
@@ -53,7 +61,6 @@ def _eval(words: list[str]) -> str:
 
 # What a command the UI cannot give is, next to the command: the person at the UI may have no
 # shell, or no shell on the server.
-_ON_THE_HOST = "an operator's command, run on the floom server's host; the web UI cannot do it"
 _IN_THE_CLI = "a command of the floom CLI; the web UI has no page for it"
 _WHAT_IT_IS = {
     "deploy": "a command of the floom CLI, which uploads the worker's folder; "
@@ -62,14 +69,12 @@ _WHAT_IT_IS = {
     "agents": "an admin's command of the floom CLI; the web UI has no page for agents",
     "roles": "an admin's command of the floom CLI; the web UI has no page for roles",
     "mcp": "the MCP server a coding agent starts on its own machine",
-    **dict.fromkeys(
-        ("serve", "backup", "restore", "migrate-store", "doctor", "retention"), _ON_THE_HOST
-    ),
+    **dict.fromkeys(SERVER_COMMANDS, f"{ON_THE_HOST}; the web UI cannot do it"),
 }
 
 
 def _at_a_shell(words: list[str]) -> str:
-    return f"`floom {shlex.join(words)}` ({_WHAT_IT_IS.get(words[0], _IN_THE_CLI)})"
+    return said(words, _WHAT_IT_IS.get(words[0], _IN_THE_CLI))
 
 
 _PAGES: dict[str, Render] = {
