@@ -161,10 +161,11 @@ class RunningProcess:
         )
 
     def _run(self, local: LocalSandbox, spec: SandboxSpec) -> None:
+        end = Event("failed", error="the stand-in could not run the command")
         try:
             result = local.run(spec, on_line=self._on_line, should_cancel=self.cancel.is_set)
         except Exception as exc:  # noqa: BLE001 - any stand-in failure reaches the client as an RPC error
-            self.publish(Event("failed", error=f"the stand-in could not run the command: {exc}"))
+            end = Event("failed", error=f"the stand-in could not run the command: {exc}")
         else:
             if result.exit_code is None:
                 end = Event("end", exit_code=-1, exited=False, status="signal: killed")
@@ -177,10 +178,12 @@ class RunningProcess:
                 )
             if result.limit_exceeded:
                 end.error = result.error
-            self.publish(end)
         finally:
-            self.done.set()
+            # Off the process list before its end is told, as envd: a client that saw the
+            # end and then lists the processes must not find it there.
             self.sandbox.processes.pop(self.pid, None)
+            self.done.set()
+            self.publish(end)
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
 
