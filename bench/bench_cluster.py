@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from floom.bundle import read_folder  # noqa: E402
+from floom.services.run_statuses import FINISHED  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("FLOOM_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 KEY = "flm_bench_cluster_" + uuid.uuid4().hex
@@ -161,7 +162,7 @@ def deploy_trivial(http: httpx.Client, root: Path) -> None:
 
 def finished(http: httpx.Client, run_id: str) -> dict[str, Any] | None:
     body: dict[str, Any] = http.get(f"/api/v1/runs/{run_id}").json()
-    return body if body["status"] not in ("queued", "running") else None
+    return body if body["status"] in FINISHED else None
 
 
 def start_latencies(http: httpx.Client, runs: int) -> list[float]:

@@ -10,6 +10,7 @@ import pytest
 
 from floom.api import routes_runs
 from floom.bundle import read_folder
+from floom.services.run_statuses import ACTIVE
 from tests.conftest import (
     EXAMPLES,
     LiveServer,
@@ -245,7 +246,7 @@ def test_get_run_with_wait_returns_once_the_run_has_ended(
     )
     deploy_folder(api, folder)
     run_id = api.post("/api/v1/workers/pause/runs", json={}).json()["id"]
-    assert api.get(f"/api/v1/runs/{run_id}").json()["status"] in ("queued", "running")
+    assert api.get(f"/api/v1/runs/{run_id}").json()["status"] in ACTIVE
     ended = api.get(f"/api/v1/runs/{run_id}", params={"wait": 20}, timeout=30).json()
     assert ended["status"] == "succeeded"
     too_long = api.get(f"/api/v1/runs/{run_id}", params={"wait": 61})

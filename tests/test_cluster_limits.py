@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from floom.services.run_statuses import FINISHED
 from tests.cluster_support import node_processes
 from tests.conftest import deploy_folder, live_server, make_worker, wait_until
 
@@ -50,7 +51,7 @@ def test_concurrency_one_never_overlaps_across_three_executor_nodes(
         def all_done() -> list[dict[str, object]] | None:
             body = api.get("/api/v1/runs", params={"worker": "one-at-a-time", "limit": 100})
             rows = body.json()["items"]
-            done = [r for r in rows if r["status"] not in ("queued", "running")]
+            done = [r for r in rows if r["status"] in FINISHED]
             return rows if len(done) == RUNS else None
 
         wait_until(all_done, timeout=90, interval=0.2)

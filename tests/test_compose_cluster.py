@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from floom.services.run_statuses import FINISHED
 from tests.compose_support import Cluster, compose_cluster
 from tests.conftest import EXAMPLES, deploy_folder, free_port, make_worker, wait_until
 from tests.tcp_proxy import TcpProxy
@@ -33,7 +34,6 @@ FAST = {
     "FLOOM_HEARTBEAT_SECONDS": "0.5",
     "FLOOM_REAP_INTERVAL_SECONDS": str(REAP),
 }
-FINISHED = ("succeeded", "failed", "timed_out", "cancelled", "rejected", "limit_exceeded")
 STARTED = re.compile(r"^started attempt (\d+) of \d+ on (\S+)$")
 
 
@@ -64,7 +64,7 @@ def finished_count(c: Cluster, worker: str) -> int:
     rows = c.sql(
         "SELECT count(*) FROM runs WHERE worker_name = %s AND status = ANY(%s)",
         worker,
-        list(FINISHED),
+        sorted(FINISHED),
     )
     return int(rows[0][0])
 
