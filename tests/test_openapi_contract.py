@@ -246,12 +246,31 @@ def test_an_unsupported_method_answers_405_with_allow(contract: Contract) -> Non
             assert resp.json()["error"]["code"] == "method_not_allowed"
 
 
-def test_the_document_describes_the_archive_bodies_and_every_error(contract: Contract) -> None:
+# JSON answers whose shape is open by nature: worker.yml's JSON Schema is itself the answer.
+FREE_FORM_ANSWERS = {"/api/v1/manifest-schema"}
+
+
+def test_the_document_describes_the_archive_bodies_every_answer_and_every_error(
+    contract: Contract,
+) -> None:
     doc = httpx.get(f"{contract.server.base_url}/openapi.json").json()
     for path in ("/api/v1/workers", "/api/v1/workers/validate"):
         content = doc["paths"][path]["post"]["requestBody"]["content"]
         assert content["application/gzip"]["schema"]["format"] == "binary"
     for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            # Every answer that is not a refusal has a declared shape (a route's response
+            # model, or the stream or file it sends), never a free-form object.
+            for status, answer in operation["responses"].items():
+                if status.startswith("2"):
+                    assert answer.get("content"), (method, path, status)
+                    for media, body in answer["content"].items():
+                        schema = body.get("schema", {})
+                        if media != "application/json":
+                            assert schema.get("type") == "string", (method, path, media)
+                        elif path not in FREE_FORM_ANSWERS:
+                            declared = {"$ref", "properties", "items", "anyOf", "oneOf"}
+                            assert declared & set(schema), (method, path, status, schema)
         if not path.startswith("/api/v1/"):
             continue
         for method, operation in operations.items():
