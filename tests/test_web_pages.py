@@ -21,10 +21,12 @@ from floom.bundle import read_folder
 from floom.schemas import workers as worker_views
 from floom.services import agent_runs, diffs, keys, workers
 from floom.services.context import Context
+from floom.services.handoffs import jobs as handoff_jobs
 from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 from tests.conftest import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_for_run
+from tests.handoff_support import agent, roles
 from tests.web_support import csrf_of, signed_in_client
 
 
@@ -240,6 +242,9 @@ def test_pages_are_given_public_models_never_database_rows(
     run_id = api.post("/api/v1/workers/rows/runs", json={}).json()["id"]
     assert wait_for_run(api, run_id)["status"] == "succeeded"
     api.put("/api/v1/secrets/TOKEN", json={"value": "value-1234"})
+    roles(server.ctx, "coder")
+    coder = agent(server.ctx, "alice", "coder")
+    job = handoff_jobs.create_job(server.ctx, actor=coder, summary="fix it", role="coder")
     client = signed_in_client(server, server.admin_key)
     pages = [
         "/",
@@ -253,6 +258,7 @@ def test_pages_are_given_public_models_never_database_rows(
         "/keys",
         "/nodes",
         "/handoffs",
+        f"/handoffs/jobs/{job['id']}",
         "/runs/run_nope",
     ]
     for page in pages:
@@ -273,6 +279,7 @@ def test_pages_are_given_public_models_never_database_rows(
         "keys.html",
         "nodes.html",
         "handoffs.html",
+        "handoff_job.html",
         "error.html",
     } <= set(rows)
     assert {name: found for name, found in rows.items() if found} == {}
