@@ -70,9 +70,12 @@ def test_without_configuration_it_starts_lists_its_tools_and_each_call_explains_
                 assert "FLOOM_API_KEY" in error["message"]
                 assert "--key-file" in error["message"]
                 assert "FLOOM_BASE_URL" in error["hint"]
-                assert "floom keys create --scope deploy" in error["hint"]
                 admin_key = tmp_path / "no-server-here" / "admin.key"
                 assert f"--key-file {admin_key}" in error["hint"]
+                # The setup is for the person at this machine's shell: its commands are told
+                # as written, not as another surface's.
+                assert "(the admin key a `floom serve` on this machine saved)" in error["hint"]
+                assert "`floom keys create --scope deploy`. With Claude" in error["hint"]
 
     anyio.run(session)
 
@@ -188,6 +191,14 @@ def test_the_scope_of_the_configured_key_limits_what_it_can_do(server: LiveServe
             assert (await call(mcp, "list_workers"))["items"] == []
             error = await call_error(mcp, "deploy_worker", folder=str(EXAMPLES / "hello"))
             assert error["code"] == "forbidden" and "'deploy'" in error["message"]
+
+        async with stdio_client(server) as mcp:
+            # The server told this error for MCP already; the stdio server passes it on as
+            # told, saying once that no tool creates an agent.
+            error = await call_error(mcp, "handoff_claim_next_job")
+            assert error["code"] == "forbidden"
+            assert error["hint"].count("`floom agents create`") == 1
+            assert error["hint"].count("no MCP tool does it") == 1
 
     anyio.run(session)
 

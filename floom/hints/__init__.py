@@ -10,7 +10,13 @@ import re
 import shlex
 from collections.abc import Callable, Mapping
 
-CLI_COMMAND = re.compile(r"`floom ([^`]*)`")
+# What a surface says of a command it has nothing for starts with one of these (said() checks);
+# a command already so said is not retold again (an error told by the server for MCP passes
+# through the stdio server's retelling too).
+SAID = ("an operator's command", "an admin's command", "a command of the floom CLI", "the MCP ")
+CLI_COMMAND = re.compile(
+    r"`floom ([^`]*)`(?! \((?:" + "|".join(re.escape(opening) for opening in SAID) + "))"
+)
 # A command's words after its name; None leaves the command as it is (an operator runs it).
 Render = Callable[[list[str]], str | None]
 # The CLI's placeholders ({name} already filled in) stay bare in what a surface shows.
@@ -46,6 +52,8 @@ def retell(
 
 def said(words: list[str], what: str) -> str:
     """The command as written, with what it is: for a surface that has nothing doing it."""
+    if not what.startswith(SAID):
+        raise ValueError(f"what a command is starts with one of {SAID}: {what!r}")
     return f"`floom {shlex.join(words)}` ({what})"
 
 

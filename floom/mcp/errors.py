@@ -23,10 +23,11 @@ def describe(exc: BaseException) -> dict[str, Any]:
     else, whose text stays in the server log because it may hold internals."""
     if isinstance(exc, FloomError):
         # The services name CLI commands; an agent over MCP gets the tools that do the same.
+        tell = (lambda text: text) if exc.as_written else for_mcp
         body: dict[str, Any] = {
             "code": exc.code,
-            "message": for_mcp(exc.message),
-            "hint": for_mcp(exc.hint),
+            "message": tell(exc.message),
+            "hint": tell(exc.hint),
         }
         if exc.details is not None:
             body["details"] = exc.details

@@ -23,6 +23,8 @@ NO_KEY = (
 class NotConfigured(ClientError):
     """`floom mcp` was started without a key to act as (or with a key file it cannot use)."""
 
+    as_written = True
+
     def __init__(self, message: str = NO_KEY) -> None:
         super().__init__(message, status=0, code="not_configured", hint=setup_hint())
 
