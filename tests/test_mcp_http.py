@@ -17,6 +17,8 @@ from floom.config import Settings
 from floom.mcp.http import transport_security
 from floom.services import keys
 from floom.services.principal import SYSTEM
+from floom.store.agents import Approval
+from floom.store.db import session_scope
 from tests.agent_helpers import live_server
 from tests.conftest import (
     EXAMPLES,
@@ -349,3 +351,40 @@ def test_a_handshake_era_client_works_over_http_and_hears_of_new_tools(
             assert (await call(mcp, "shout", text="ok"))["outputs"] == {"shouted": "OK"}
 
     anyio.run(session)
+
+
+def test_the_tools_answer_with_the_bodies_rest_answers_for_the_same_entities(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    everywhere = SHOUT_YML.replace("expose: [mcp]\n", "")  # REST starts the run
+    deploy_folder(api, make_worker(tmp_path / "shout", everywhere, {"run.py": SHOUT_PY}))
+    deploy_folder(api, make_worker(tmp_path / "nightly", SCHEDULED_YML, {"run.sh": "echo hi\n"}))
+    run_id = api.post("/api/v1/workers/shout/runs", json={"inputs": {"text": "hi"}}).json()["id"]
+    assert wait_for_run(api, run_id)["status"] == "succeeded"
+    api.put("/api/v1/secrets/SHOUT_TOKEN", json={"value": "value-1234"})
+    with session_scope(server.ctx.engine, write=True) as s:
+        s.add(Approval(id="apr_1", run_id=run_id, worker_name="shout", kind="run"))
+    rest = {
+        "list_runs": api.get("/api/v1/runs", params={"worker": "shout", "limit": 20}),
+        "list_versions": api.get("/api/v1/workers/shout/versions"),
+        "list_triggers": api.get("/api/v1/workers/nightly/triggers"),
+        "list_secrets": api.get("/api/v1/secrets"),
+        "list_approvals": api.get("/api/v1/approvals", params={"worker": "shout"}),
+    }
+    arguments: dict[str, dict[str, Any]] = {
+        "list_runs": {"worker": "shout"},
+        "list_versions": {"worker": "shout"},
+        "list_triggers": {"worker": "nightly"},
+        "list_approvals": {"worker": "shout"},
+    }
+
+    async def session() -> dict[str, dict[str, Any]]:
+        async with http_client(server) as mcp:
+            return {tool: await call(mcp, tool, **arguments.get(tool, {})) for tool in rest}
+
+    answered = anyio.run(session)
+    # One public model per entity: /mcp's structured content is REST's body, field for field.
+    for tool, response in rest.items():
+        assert response.status_code == 200, (tool, response.text)
+        assert response.json()["items"], tool
+        assert answered[tool] == response.json(), tool
