@@ -208,3 +208,8 @@ def test_a_person_at_the_ui_is_told_plainly_what_only_a_shell_can_do() -> None:
     assert for_ui("see `floom eval lookup --against v_2`") == (
         "see Eval against v_2 on the worker's page (/workers/lookup)"
     )
+    # Each replay is the run page's button that does it.
+    assert for_ui("`floom replay r_1 --exact` or `floom replay r_1 --against v_2`") == (
+        "Replay exactly from the recording on the run's page (/runs/r_1) or What-if on the "
+        "active version on the run's page (/runs/r_1)"
+    )

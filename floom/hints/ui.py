@@ -52,6 +52,15 @@ def _workers(words: list[str]) -> str:
     return "the Workers page (/)"
 
 
+def _replay(words: list[str]) -> str:
+    # The run page's buttons: a what-if there runs on the active version.
+    if "--exact" in words:
+        return _on_run("Replay exactly from the recording")(words)
+    if "--against" in words:
+        return _on_run("What-if on the active version")(words)
+    return _on_run("Replay")(words)
+
+
 def _eval(words: list[str]) -> str:
     page = _path("workers", first(words, "WORKER"))
     if "--against" in words:
@@ -91,7 +100,7 @@ _PAGES: dict[str, Render] = {
     "logs": _on_run("the log"),
     "artifacts": _on_run("the artifacts"),
     "cancel": _on_run("Cancel run"),
-    "replay": _on_run("Replay"),
+    "replay": _replay,
     "eval": _eval,
     "approvals": lambda w: "the Approvals page (/approvals)",
     "approve": lambda w: "Approve on the Approvals page (/approvals)",

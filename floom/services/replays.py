@@ -126,7 +126,8 @@ def get_replay(ctx: Context, *, run_id: str, caller: Principal) -> Replay:
     if row is None:
         raise NotFound(
             f"run {run_id} is not a replay",
-            hint="start one with `floom replay RUN --exact` or `--against VERSION`",
+            hint="start one with `floom replay RUN --exact` or "
+            "`floom replay RUN --against VERSION`",
         )
     return row
 
