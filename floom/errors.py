@@ -193,6 +193,13 @@ class StoreNewerThanNode(FloomError):
     code = "store_newer_than_node"
 
 
+class DataDirInUse(FloomError):
+    """Another floom node process runs its sandboxes from this data dir."""
+
+    status = 409
+    code = "data_dir_in_use"
+
+
 class RateLimited(FloomError):
     """Too many requests with this API key; wait and try again."""
 

@@ -37,6 +37,7 @@ from floom.engine.handoff_loop import HandoffLoop
 from floom.engine.housekeeping import Housekeeping
 from floom.engine.presence import NodePresence
 from floom.engine.scheduler import Scheduler
+from floom.engine.work_root import hold_work_root
 from floom.sandbox import backend_readiness, get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
 from floom.services import keys, principal, wakeups, workers
@@ -56,6 +57,7 @@ def preflight(settings: Settings) -> Context:
     clear error and hint instead of a traceback from inside the server's start-up."""
     if "executor" in settings.role_set:
         get_sandbox(settings.sandbox, settings).check()
+        hold_work_root(settings.data_dir)  # held until the executor stops
     return Context.open(settings)
 
 

@@ -28,6 +28,7 @@ from floom.engine.queue import (
     renew_leases,
 )
 from floom.engine.runlog import LogLine, RunLog
+from floom.engine.work_root import hold_work_root, release_work_root
 from floom.errors import StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable
@@ -94,6 +95,9 @@ class Executor:
     # lifecycle
 
     def start(self) -> None:
+        # First: what follows empties the work root and kills every sandbox on it, which
+        # is only right when no other process runs sandboxes from it.
+        hold_work_root(self.ctx.settings.data_dir)
         # Work dirs left by a killed process belong to runs the reaper requeues below; no
         # run is live here yet, so every sandbox this node left is an orphan.
         orphans = self._reap_sandboxes(live_run_ids=frozenset)
@@ -143,6 +147,7 @@ class Executor:
         for t in self._threads:
             t.join(timeout=5)
         self._flush_all()
+        release_work_root(self.ctx.settings.data_dir)
 
     def interrupt_now(self) -> None:
         """End a drain at once (a second signal): running attempts are interrupted."""
