@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -388,3 +389,37 @@ def test_the_tools_answer_with_the_bodies_rest_answers_for_the_same_entities(
         assert response.status_code == 200, (tool, response.text)
         assert response.json()["items"], tool
         assert answered[tool] == response.json(), tool
+
+
+def test_approvals_are_listed_a_page_at_a_time_each_saying_what_it_waits_for(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    everywhere = SHOUT_YML.replace("expose: [mcp]\n", "")
+    deploy_folder(api, make_worker(tmp_path / "shout", everywhere, {"run.py": SHOUT_PY}))
+    run_id = api.post("/api/v1/workers/shout/runs", json={"inputs": {"text": "hi"}}).json()["id"]
+    assert wait_for_run(api, run_id)["status"] == "succeeded"
+    with session_scope(server.ctx.engine, write=True) as s:
+        for n in range(3):
+            proposed = json.dumps({"title": f"draft {n}"})
+            s.add(
+                Approval(
+                    id=f"apr_{n}",
+                    run_id=run_id,
+                    worker_name="shout",
+                    kind="run",
+                    proposed_json=proposed,
+                )
+            )
+
+    async def session() -> None:
+        async with http_client(server) as mcp:
+            first = await call_raw(mcp, "list_approvals", limit=2)
+            page = first.structured_content or {}
+            assert [a["id"] for a in page["items"]] == ["apr_0", "apr_1"] and page["next_cursor"]
+            assert f"apr_0  shout  run {run_id}  run  pending" in text_of(first)
+            assert 'proposes {"title": "draft 0"}' in text_of(first)
+            assert f"cursor={page['next_cursor']}" in text_of(first)
+            rest = await call(mcp, "list_approvals", limit=2, cursor=page["next_cursor"])
+            assert [a["id"] for a in rest["items"]] == ["apr_2"] and rest["next_cursor"] is None
+
+    anyio.run(session)

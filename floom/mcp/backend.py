@@ -176,8 +176,15 @@ class Backend(abc.ABC):
         """Pause or resume a worker (or one trigger, by id); returns the trigger listing."""
 
     @abc.abstractmethod
-    def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
-        """{"items": [approval]}."""
+    def list_approvals(
+        self,
+        *,
+        status: str | None = None,
+        worker: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
+        """{"items": [approval], "next_cursor"}: oldest first, a page at a time."""
 
     @abc.abstractmethod
     def decide_approval(

@@ -273,10 +273,21 @@ class LocalBackend(Backend):
         )
         return listing.to_json()
 
-    def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
-        ctx = self.ctx
+    def list_approvals(
+        self,
+        *,
+        status: str | None = None,
+        worker: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
         rows, next_cursor = approvals.list_approvals(
-            ctx, status=status or "pending", worker=worker, limit=500, caller=self.principal
+            self.ctx,
+            status=status or "pending",
+            worker=worker,
+            cursor=cursor,
+            limit=limit,
+            caller=self.principal,
         )
         return run_views.approval_page(rows, next_cursor).to_json()
 

@@ -198,6 +198,21 @@ def versions_text(name: str, items: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def approvals_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
+    if not items:
+        return "no approvals match" + _more(items, next_cursor)
+    lines = [f"{len(items)} approval(s), oldest first:"]
+    for a in items[:MAX_TEXT_ITEMS]:
+        what = f"tool {a['tool']}" if a.get("tool") else a.get("kind")
+        line = f"  {a['id']}  {a.get('worker')}  run {a.get('run_id')}  {what}  {a.get('status')}"
+        if a.get("proposed") is not None:
+            line += f"  proposes {short(a['proposed'], 200)}"
+        lines.append(line)
+    if any(a.get("status") == "pending" for a in items):
+        lines.append("decide one with decide_approval(approval_id=..., decision='approve')")
+    return "\n".join(lines) + _more(items, next_cursor)
+
+
 def names_text(what: str, items: list[dict[str, Any]], key: str = "name") -> str:
     if not items:
         return f"no {what}"

@@ -215,9 +215,16 @@ class RestBackend(Backend):
         self._offers("/api/v1/workers/{name}/pause", "pausing and resuming")
         return self.client.set_paused(name, paused=paused, trigger_id=trigger)
 
-    def list_approvals(self, *, status: str | None = None, worker: str | None = None) -> JSON:
+    def list_approvals(
+        self,
+        *,
+        status: str | None = None,
+        worker: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
         self._offers("/api/v1/approvals", "approvals")
-        return self.client.list_approvals(status=status, worker=worker, limit=500)
+        return self.client.list_approvals(status=status, worker=worker, cursor=cursor, limit=limit)
 
     def decide_approval(
         self,

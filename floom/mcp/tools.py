@@ -16,6 +16,7 @@ from floom.mcp.handoff_tools import HANDOFF_TOOLS
 from floom.mcp.render import (
     ACTIVE_STATUSES,
     Reply,
+    approvals_text,
     log_lines_text,
     names_text,
     page_of,
@@ -394,10 +395,15 @@ async def list_approvals(
         ApprovalStatus | None, Field(description="approvals in this status (default pending)")
     ] = None,
     worker: Annotated[str | None, Field(description="only approvals of this worker")] = None,
+    cursor: Cursor = None,
+    limit: Annotated[int, Field(ge=1, le=500)] = 50,
 ) -> Reply:
-    """Approvals waiting for (or given) a decision: what a run proposes and why it waits."""
-    page = await off(backend_of(ctx).list_approvals, status=status, worker=worker)
-    return Reply(names_text("approval(s)", page["items"], key="id"), page)
+    """Approvals waiting for (or given) a decision, oldest first: what each run proposes and
+    why it waits, a page at a time (next_cursor continues)."""
+    page = await off(
+        backend_of(ctx).list_approvals, status=status, worker=worker, cursor=cursor, limit=limit
+    )
+    return Reply(approvals_text(page["items"], page.get("next_cursor")), page)
 
 
 @floom_tool
