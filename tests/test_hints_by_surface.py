@@ -129,6 +129,19 @@ def test_a_missing_run_points_a_rest_client_at_the_runs_endpoint(
     assert other["error"]["hint"] == rest["hint"]
 
 
+@ONE_DATABASE
+def test_a_run_that_is_not_a_replay_names_how_to_replay_that_very_run(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    run_id = api.post("/api/v1/workers/hello/runs", json={"inputs": {"name": "x"}}).json()["id"]
+    rest = api.get(f"/api/v1/replays/{run_id}").json()["error"]
+    assert rest["code"] == "not_found"
+    assert f'`POST /api/v1/runs/{run_id}/replays {{"mode": "exact"}}`' in rest["hint"]
+    cli = api.get(f"/api/v1/replays/{run_id}", headers=CLI).json()["error"]
+    assert f"`floom replay {run_id} --against VERSION`" in cli["hint"]
+
+
 def test_every_cli_command_a_hint_names_is_retold_as_an_endpoint_that_exists_or_kept(
     tmp_path: Path,
 ) -> None:

@@ -126,8 +126,8 @@ def get_replay(ctx: Context, *, run_id: str, caller: Principal) -> Replay:
     if row is None:
         raise NotFound(
             f"run {run_id} is not a replay",
-            hint="start one with `floom replay RUN --exact` or "
-            "`floom replay RUN --against VERSION`",
+            hint=f"start one with `floom replay {run_id} --exact` or "
+            f"`floom replay {run_id} --against VERSION`",
         )
     return row
 
