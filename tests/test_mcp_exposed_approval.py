@@ -50,7 +50,9 @@ def test_an_exposed_worker_awaiting_approval_says_it_waits_and_how_to_decide_it(
 
     async def session() -> None:
         async with connect(server) as mcp:
-            assert "publish" in {t.name for t in (await mcp.list_tools()).tools}
+            (tool,) = [t for t in (await mcp.list_tools()).tools if t.name == "publish"]
+            # Its description says a run may wait for a person, and what it then returns.
+            assert "approval_id for decide_approval" in (tool.description or "")
             result = await call_raw(mcp, "publish")
             assert not result.is_error, text_of(result)
             waiting = result.structured_content

@@ -68,12 +68,21 @@ def exposed_worker(worker: dict[str, Any]) -> ExposedWorker | None:
     timeout = float((manifest.get("limits") or {}).get("timeout_seconds") or 0) or 600.0
     title = str(manifest.get("title") or worker["name"])
     what = manifest.get("description") or title
+    # A run that may stop for a person (a run gate, an agent's gated tool) answers with the
+    # approval to decide: the agent should expect that rather than outputs.
+    gated = (manifest.get("approvals") or {}).get("required") or worker.get("kind") == "agent"
+    waits = (
+        " A run that waits for a person's approval returns what it proposes and its "
+        "approval_id for decide_approval."
+        if gated
+        else ""
+    )
     return ExposedWorker(
         name=worker["name"],
         title=title,
         description=(
             f"{what}\n\nRuns the floom worker '{worker['name']}' with these inputs and returns "
-            "its outputs; a run still going after the wait returns its id for watch_run."
+            f"its outputs; a run still going after the wait returns its id for watch_run.{waits}"
         ),
         input_schema=input_schema(manifest.get("inputs") or {}),
         wait_seconds=min(timeout + 5.0, MAX_EXPOSED_WAIT_SECONDS),
