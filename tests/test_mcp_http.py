@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from tests.mcp_support import (
     text_of,
     worker_files,
 )
+from tests.web_support import signed_in_client
 
 SHOUT_YML = """\
 name: shout
@@ -423,3 +425,39 @@ def test_approvals_are_listed_a_page_at_a_time_each_saying_what_it_waits_for(
             assert [a["id"] for a in rest["items"]] == ["apr_2"] and rest["next_cursor"] is None
 
     anyio.run(session)
+
+
+def test_a_worker_whose_secret_is_not_set_says_so_and_how_to_turn_its_schedule_on(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    # As a fresh install leaves an example: a declared secret not set, its schedule paused.
+    manifest = 'name: needy\nsecrets: [NEEDY_TOKEN]\ntriggers:\n  - schedule: {cron: "0 3 * * *"}\n'
+    deploy_folder(api, make_worker(tmp_path / "needy", manifest, {"run.sh": "echo hi\n"}))
+    (trigger,) = api.get("/api/v1/workers/needy/triggers").json()["items"]
+    paused = api.post("/api/v1/workers/needy/pause", json={"trigger_id": trigger["id"]})
+    assert paused.status_code == 200, paused.text
+    assert api.get("/api/v1/workers/needy").json()["secrets_missing"] == ["NEEDY_TOKEN"]
+    # Which secrets are set is the deploy scope's to know, as their names are.
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
+    with server.client(read_key) as reader:
+        assert "secrets_missing" not in reader.get("/api/v1/workers/needy").json()
+
+    async def session() -> None:
+        async with http_client(server) as mcp:
+            told = await call_raw(mcp, "get_worker", worker="needy")
+            assert (told.structured_content or {})["secrets_missing"] == ["NEEDY_TOKEN"]
+            assert "set_secret(name='NEEDY_TOKEN', value=VALUE)" in text_of(told)
+            assert f"resume_worker(worker='needy', trigger='{trigger['id']}')" in text_of(told)
+
+    anyio.run(session)
+    web = signed_in_client(server, server.admin_key)
+    try:
+        page = web.get("/workers/needy").text
+        assert re.search(r'id="secrets-missing"><strong>Not set:</strong> NEEDY_TOKEN\.', page)
+        assert 'on the <a href="/secrets">Secrets page</a>, then resume its paused' in page
+        set_it = api.put("/api/v1/secrets/NEEDY_TOKEN", json={"value": "value-1234"})
+        assert set_it.status_code == 200, set_it.text
+        assert api.get("/api/v1/workers/needy").json()["secrets_missing"] == []
+        assert 'id="secrets-missing"' not in web.get("/workers/needy").text
+    finally:
+        web.close()

@@ -134,6 +134,16 @@ async def get_worker(ctx: Context, worker: WorkerName) -> Reply:
     )
     if body.get("description"):
         text += f"\n{body['description']}"
+    for name in body.get("secrets_missing") or []:
+        text += (
+            f"\nsecret {name} is not set: its runs fail until it is; "
+            f"set_secret(name='{name}', value=VALUE)"
+        )
+    if body.get("secrets_missing"):
+        # What a fresh install pauses (the examples' schedules) until the secrets are set.
+        for t in body["triggers"]:
+            if t.get("paused"):
+                text += f"\nthen resume_worker(worker='{worker}', trigger='{t['id']}')"
     if recent:
         text += "\n" + runs_text(recent, None)
     return Reply(text, body)

@@ -10,7 +10,7 @@ from pydantic import Field
 from floom.manifest import Manifest, Problem
 from floom.schemas.common import IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic, run_public
-from floom.services import diffs, runs, triggers, workers
+from floom.services import diffs, runs, secrets, triggers, workers
 from floom.services.context import Context
 from floom.services.principal import Principal
 from floom.services.worker_deletion import Deletion
@@ -52,6 +52,13 @@ class WorkerPublic(Public):
 
 class WorkerDetail(WorkerPublic):
     recent_runs: list[RunPublic] = Field(description=f"the last {RECENT_RUNS} runs, newest first")
+    secrets_missing: list[str] = Field(
+        default_factory=list,
+        description="secrets the active version declares that are not set: its runs fail "
+        "until they are (told to a key with the deploy scope, which may see secret names)",
+    )
+
+    omit_when_unset = WorkerPublic.omit_when_unset | {"secrets_missing"}
 
 
 class VersionPublic(Public):
@@ -158,6 +165,9 @@ def worker_detail(ctx: Context, *, name: str, caller: Principal) -> WorkerDetail
     body = _worker_body(ctx, name, caller)
     recent, _cursor = runs.list_runs(ctx, worker=name, limit=RECENT_RUNS, caller=caller)
     body["recent_runs"] = [run_public(r, surface=caller.surface) for r in recent]
+    declared = (body.get("manifest") or {}).get("secrets") or []
+    if declared and caller.can("deploy"):
+        body["secrets_missing"] = secrets.missing(ctx, declared, caller=caller)
     return WorkerDetail.model_validate(body)
 
 

@@ -126,6 +126,19 @@ def list_secrets(ctx: Context, *, caller: Principal) -> list[dict[str, Any]]:
         ]
 
 
+def missing(ctx: Context, names: Iterable[str], *, caller: Principal) -> list[str]:
+    """The names among `names` that no secret is stored under (nothing is decrypted). Needs
+    the deploy scope, as the names do."""
+    caller.require("deploy")
+    wanted = list(dict.fromkeys(names))
+    if not wanted:
+        return []
+    with session_scope(ctx.engine) as s:
+        q = select(Secret.name).where(Secret.name.in_(wanted))  # type: ignore[attr-defined]
+        found = set(s.exec(q).all())
+    return [n for n in wanted if n not in found]
+
+
 def resolve(ctx: Context, names: Iterable[str]) -> tuple[dict[str, str], list[str]]:
     """The values of the named secrets, and the names that are not set."""
     wanted = list(dict.fromkeys(names))
