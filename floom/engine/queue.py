@@ -29,6 +29,7 @@ from floom.services.run_rules import (
     requeue_next_attempt,
     transition,
 )
+from floom.services.runs import any_runnable_statement
 from floom.store import signals
 from floom.store.blobs import insert_blob
 from floom.store.db import is_postgres, session_scope
@@ -90,7 +91,7 @@ def _claim_statements() -> _ClaimStatements:
     )
     full: Any = bindparam("full", expanding=True)
     return _ClaimStatements(
-        any_runnable=select(candidate.c.id).where(*runnable).limit(1),
+        any_runnable=any_runnable_statement(),
         claim=claim.where(runs.c.id == oldest.scalar_subquery(), runs.c.status == QUEUED),
         claim_except=claim.where(
             runs.c.id == oldest.where(candidate.c.worker_name.not_in(full)).scalar_subquery(),
@@ -345,7 +346,7 @@ def finish_attempt(
                 }
                 for name, data, content_type in outcome.artifacts
             ]
-            s.execute(insert(Artifact), rows)
+            s.execute(insert(Artifact.__table__), rows)  # type: ignore[attr-defined]
         closing.append(("system", message, None))
         append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
         if run.concurrency is not None:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from functools import lru_cache
+from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import bindparam, delete
+from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from floom.store.agents import Transcript
@@ -19,20 +22,32 @@ def insert_blob(s: Session, data: bytes, *, digest: str | None = None) -> str:
     """Store `data` under `digest` (its sha256 unless given) once, even when a concurrent
     transaction stores the same bytes: a plain get-then-add collides on PostgreSQL."""
     digest = digest or hashlib.sha256(data).hexdigest()
-    if s.execute(select(Blob.digest).where(Blob.digest == digest)).first() is not None:
+    postgres = s.get_bind().dialect.name == "postgresql"
+    stored, insert_new = _blob_statements(postgres)
+    if s.execute(stored, {"digest": digest}).first() is not None:
         return digest  # stored already (its bytes are not read back to find out)
-    # The dialect's own INSERT, imported here: SQLAlchemy's PostgreSQL dialect costs a node
-    # on SQLite about 2 MiB resident (and the SQLite one is loaded there anyway).
-    row = {"digest": digest, "size": len(data), "data": data, "created_at": utcnow()}
-    if s.get_bind().dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert  # noqa: PLC0415
-
-        s.execute(pg_insert(Blob).values(**row).on_conflict_do_nothing(index_elements=["digest"]))
-    else:
-        from sqlalchemy.dialects.sqlite import insert  # noqa: PLC0415
-
-        s.execute(insert(Blob).values(**row).on_conflict_do_nothing(index_elements=["digest"]))
+    s.execute(
+        insert_new, {"digest": digest, "size": len(data), "data": data, "created_at": utcnow()}
+    )
     return digest
+
+
+@lru_cache(maxsize=2)
+def _blob_statements(postgres: bool) -> tuple[Any, Any]:
+    """Whether a digest is stored, and the INSERT that skips a digest stored meanwhile: Core
+    statements built once per dialect (building one costs more than running it, and an ORM
+    statement takes the ORM's longer path for rows floom never reads back as objects).
+
+    The dialect's own INSERT, imported here: SQLAlchemy's PostgreSQL dialect costs a node on
+    SQLite about 2 MiB resident (and the SQLite one is loaded there anyway)."""
+    blobs = Blob.__table__  # type: ignore[attr-defined]
+    if postgres:
+        from sqlalchemy.dialects.postgresql import insert  # noqa: PLC0415
+    else:
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment] # noqa: PLC0415
+    stored = core_select(blobs.c.digest).where(blobs.c.digest == bindparam("digest"))
+    insert_new = insert(blobs).on_conflict_do_nothing(index_elements=["digest"])
+    return stored, insert_new
 
 
 def delete_unreferenced_blobs(s: Session, digests: Iterable[str]) -> int:
