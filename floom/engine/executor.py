@@ -85,6 +85,8 @@ class Executor:
         # Set when an attempt ends here: the dispatcher sleeps on it while all slots are taken.
         self._slot_freed = threading.Event()
         self._active: dict[str, RunLog] = {}
+        # Slots held for runs being queued with this node as their claimer (`reserve`).
+        self._reserved = 0
         self._active_lock = threading.Lock()
         self._cancel: set[str] = set()
         self._interrupted: set[str] = set()
@@ -116,12 +118,15 @@ class Executor:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
+        self.ctx.local_slots = self
 
     def stop(self, *, grace_seconds: float | None = None) -> None:
         """Stop claiming; give running attempts `grace_seconds` (the drain setting by
         default) to end, or until `interrupt_now`, then interrupt the rest: each is requeued
         as a new attempt that costs none of its retries."""
         self._stop.set()
+        if self.ctx.local_slots is self:
+            self.ctx.local_slots = None
         self.ctx.run_queued.set()
         self._attempt_started.set()
         self._slot_freed.set()
@@ -157,6 +162,29 @@ class Executor:
         with self._active_lock:
             return len(self._active)
 
+    def _taken_slots(self) -> int:
+        with self._active_lock:
+            return len(self._active) + self._reserved
+
+    # runs queued with this node as their claimer (floom.services.context.LocalSlots)
+
+    def reserve(self) -> bool:
+        with self._active_lock:
+            if self._stop.is_set() or len(self._active) + self._reserved >= self.slots:
+                return False
+            self._reserved += 1
+            return True
+
+    def start_claimed(self, run: Run) -> None:
+        with self._active_lock:
+            self._reserved -= 1
+        self._launch(run)
+
+    def release(self) -> None:
+        with self._active_lock:
+            self._reserved -= 1
+        self._slot_freed.set()
+
     # loops
 
     def _dispatch_loop(self) -> None:
@@ -165,10 +193,10 @@ class Executor:
         look_first = True
         while not self._stop.is_set():
             try:
-                if self.active_count() >= self.slots:
+                if self._taken_slots() >= self.slots:
                     # Full: sleep until an attempt ends, not in a spin.
                     self._slot_freed.clear()
-                    if self.active_count() >= self.slots:
+                    if self._taken_slots() >= self.slots:
                         self._slot_freed.wait(self.ctx.settings.poll_interval_seconds)
                     continue
                 self.ctx.run_queued.clear()

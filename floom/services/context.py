@@ -7,7 +7,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -19,6 +19,29 @@ from floom.services.run_waits import RunEnds
 from floom.services.secrets import SecretBox
 from floom.store.db import is_postgres, make_engine
 from floom.store.migrate import migrate
+
+if TYPE_CHECKING:
+    from floom.store.models import Run
+
+
+class LocalSlots(Protocol):
+    """This node's executor, as the queue's writers see it: a run queued while it has a free
+    slot is taken in the queueing transaction and started here at once, instead of being
+    queued for its dispatcher to claim in a transaction of its own (floom/engine/executor.py
+    implements it)."""
+
+    def reserve(self) -> bool:
+        """Hold a free slot for a run about to be queued; False when none is free (or the
+        node is draining). A held slot is then either started (`start_claimed`) or `release`d."""
+        ...
+
+    def start_claimed(self, run: Run) -> None:
+        """Run `run`, committed as claimed by this node, in the slot held for it."""
+        ...
+
+    def release(self) -> None:
+        """Give back a held slot: the run was queued for any node after all, or not at all."""
+        ...
 
 
 @dataclass
@@ -42,6 +65,8 @@ class Context:
     # Keys this node authenticated lately; trusted only while revocations reach it at once
     # (floom/services/auth_cache.py), so a context built by hand caches nothing.
     auth_cache: AuthCache = field(default_factory=lambda: AuthCache(trusted=False))
+    # This node's executor while it runs (None on a node without the executor role).
+    local_slots: LocalSlots | None = None
 
     def notify_run_ended(self, run_id: str) -> None:
         self.run_ends.notify(run_id)

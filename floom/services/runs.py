@@ -8,7 +8,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, insert
+from sqlalchemy import bindparam, insert, or_
 from sqlalchemy import select as sql_select
 from sqlalchemy.orm import make_transient_to_detached
 from sqlmodel import Session, col, select
@@ -24,7 +24,7 @@ from floom.errors import (
 )
 from floom.manifest import nesting_depth
 from floom.services import agent_runs, approvals, exposure, workers
-from floom.services.logs import system_event
+from floom.services.logs import append_events, system_event
 from floom.services.principal import Principal
 from floom.services.run_rules import (
     AWAITING_APPROVAL,
@@ -34,6 +34,7 @@ from floom.services.run_rules import (
     QUEUED,
     SKIPPED,
     STATUSES,
+    mark_claimed,
     previous_attempt,
     transition,
 )
@@ -130,7 +131,8 @@ def create_run(
             continue
         workers.remember_worker(ctx, locked)
         break
-    ctx.run_queued.set()
+    if run.status == QUEUED:  # not taken by this node in the queueing transaction
+        ctx.run_queued.set()
     return run
 
 
@@ -199,22 +201,47 @@ def _queue_run(
             "parent_run_id": parent_run_id,
         },
     )
-    with session_scope(ctx.engine, write=True) as s:
-        # A deletion since the checks above wins, even over this process's cached version.
-        locked = workers.lock_worker(s, worker.name, version_id=version.id)
-        if check_against_lock and (locked.paused, locked.active_version_id) != (
-            worker.paused,
-            worker.active_version_id,
-        ):
-            raise _StaleWorker
-        _insert_run(s, run)
-        note = f"queued ({trigger}) on version {version.id}"
-        if replay_of:
-            note += f", replay of {replay_of}"
-        system_event(s, run_id=run.id, attempt=1, message=note, first=True)
-        if in_transaction is not None:
-            in_transaction(s, run)
-        signals.publish(s, signals.RUN_QUEUED)
+    # A free slot of this node's executor takes the run in this very transaction (an agent's
+    # child run is claimed by its agent; a limited worker's run waits for the queue's count).
+    slots = ctx.local_slots if parent_run_id is None and run.concurrency is None else None
+    held = slots is not None and slots.reserve()
+    started = False
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            # A deletion since the checks above wins, even over this process's cached version.
+            locked = workers.lock_worker(s, worker.name, version_id=version.id)
+            if check_against_lock and (locked.paused, locked.active_version_id) != (
+                worker.paused,
+                worker.active_version_id,
+            ):
+                raise _StaleWorker
+            note = f"queued ({trigger}) on version {version.id}"
+            if replay_of:
+                note += f", replay of {replay_of}"
+            notes = [("system", note, None)]
+            # Never ahead of a run queued before it: then this one queues behind it.
+            if held and s.execute(any_runnable_statement(), {"now": utcnow()}).first() is None:
+                mark_claimed(
+                    run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=utcnow()
+                )
+                notes.append(
+                    ("system", f"started attempt 1 of {run.max_attempts} on {ctx.node_id}", None)
+                )
+                started = True
+            _insert_run(s, run)
+            append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
+            if in_transaction is not None:
+                in_transaction(s, run)
+            if not started:
+                signals.publish(s, signals.RUN_QUEUED)
+    except BaseException:
+        if held:
+            slots.release()  # type: ignore[union-attr]
+        raise
+    if started:
+        slots.start_claimed(run)  # type: ignore[union-attr]
+    elif held:
+        slots.release()  # type: ignore[union-attr]
     return run, locked
 
 
@@ -225,6 +252,22 @@ def _insert_run(s: Session, run: Run) -> None:
     s.execute(_run_insert(), [{name: run.__dict__[name] for name in _run_columns()}])
     make_transient_to_detached(run)
     s.add(run)
+
+
+@lru_cache(maxsize=1)
+def any_runnable_statement() -> Any:
+    """Whether any queued run may start now (the queue's claim would find one): a select of
+    one id, with the time as `now`."""
+    table = Run.__table__  # type: ignore[attr-defined]
+    now = bindparam("now", type_=table.c.not_before.type)
+    return (
+        sql_select(table.c.id)
+        .where(
+            table.c.status == QUEUED,
+            or_(table.c.not_before.is_(None), table.c.not_before <= now),
+        )
+        .limit(1)
+    )
 
 
 @lru_cache(maxsize=1)

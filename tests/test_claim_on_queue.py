@@ -1,0 +1,128 @@
+"""A run queued while this node's executor has a free slot is taken in the queueing
+transaction itself (no claim of its own): never ahead of an older runnable run, never for a
+limited worker, and a held slot is always given back when the run is not taken."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session
+
+from floom.bundle import read_folder
+from floom.errors import FloomError
+from floom.services import runs, workers
+from floom.services.context import Context
+from floom.services.logs import list_events
+from floom.services.principal import SYSTEM
+from floom.store.models import Run
+from tests.conftest import make_worker
+from tests.queue_support import enqueue
+
+
+class Slots:
+    """A stand-in executor with `free` slots, recording what it was handed."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+        self.held = 0
+        self.started: list[Run] = []
+
+    def reserve(self) -> bool:
+        if self.free - self.held <= 0:
+            return False
+        self.held += 1
+        return True
+
+    def start_claimed(self, run: Run) -> None:
+        self.held -= 1
+        self.free -= 1
+        self.started.append(run)
+
+    def release(self) -> None:
+        self.held -= 1
+
+
+def deploy(ctx: Context, tmp_path: Path, name: str, extra: str = "") -> None:
+    folder = make_worker(tmp_path / name, f"name: {name}\n{extra}", {"run.py": "print('hi')\n"})
+    archive = read_folder(folder, max_bytes=1 << 20).to_archive()
+    workers.deploy(ctx, caller=SYSTEM, archive=archive)
+
+
+def lines(ctx: Context, run_id: str) -> list[str]:
+    return [e.line for e in list_events(ctx, run_id=run_id, caller=SYSTEM)]
+
+
+def test_a_free_slot_takes_the_run_in_the_queueing_transaction(
+    ctx: Context, tmp_path: Path
+) -> None:
+    deploy(ctx, tmp_path, "w1")
+    slots = Slots(free=1)
+    ctx.local_slots = slots
+    ctx.run_queued.clear()
+
+    run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
+
+    stored = runs.get_run(ctx, run_id=run.id, caller=SYSTEM)
+    assert (stored.status, stored.lease_owner) == ("running", ctx.node_id)
+    assert stored.lease_expires_at is not None and stored.started_at is not None
+    assert [r.id for r in slots.started] == [run.id] and slots.held == 0
+    assert lines(ctx, run.id) == [
+        f"queued (api) on version {stored.version_id}",
+        f"started attempt 1 of 1 on {ctx.node_id}",
+    ]
+    # The dispatcher is not woken for a run nobody needs to claim.
+    assert not ctx.run_queued.is_set()
+
+    # No slot left: the next run is queued for the dispatcher, and the slot was not held.
+    second = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
+    assert runs.get_run(ctx, run_id=second.id, caller=SYSTEM).status == "queued"
+    assert ctx.run_queued.is_set()
+    assert len(slots.started) == 1 and slots.held == 0
+
+
+def test_a_run_never_jumps_ahead_of_an_older_runnable_run(ctx: Context, tmp_path: Path) -> None:
+    deploy(ctx, tmp_path, "w1")
+    (older,) = enqueue(ctx, 1)
+    slots = Slots(free=4)
+    ctx.local_slots = slots
+
+    run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
+
+    assert runs.get_run(ctx, run_id=run.id, caller=SYSTEM).status == "queued"
+    assert runs.get_run(ctx, run_id=older, caller=SYSTEM).status == "queued"
+    assert slots.started == [] and slots.held == 0
+
+
+def test_a_limited_workers_run_and_an_agents_child_run_go_through_the_queue(
+    ctx: Context, tmp_path: Path
+) -> None:
+    deploy(ctx, tmp_path, "limited", "concurrency: 1\n")
+    deploy(ctx, tmp_path, "plain")
+    slots = Slots(free=4)
+    ctx.local_slots = slots
+
+    limited = runs.create_run(ctx, worker_name="limited", caller=SYSTEM)
+    child = runs.create_run(ctx, worker_name="plain", caller=SYSTEM, parent_run_id=limited.id)
+
+    for run in (limited, child):
+        assert runs.get_run(ctx, run_id=run.id, caller=SYSTEM).status == "queued"
+    assert slots.started == [] and slots.held == 0
+
+
+def test_a_refused_queueing_gives_the_held_slot_back_and_stores_nothing(
+    ctx: Context, tmp_path: Path
+) -> None:
+    deploy(ctx, tmp_path, "w1")
+    slots = Slots(free=1)
+    ctx.local_slots = slots
+
+    def refuse(_s: Session, _run: Run) -> None:
+        raise FloomError("the trigger's own step failed")
+
+    with pytest.raises(FloomError):
+        runs.create_run(ctx, worker_name="w1", caller=SYSTEM, in_transaction=refuse)
+
+    assert slots.held == 0 and slots.started == []
+    page, _ = runs.list_runs(ctx, caller=SYSTEM)
+    assert page == []
