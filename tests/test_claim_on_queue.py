@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session
 
+from floom.agent.runner import run_agent
 from floom.bundle import read_folder
+from floom.engine.executor import Executor
 from floom.errors import FloomError
+from floom.sandbox.fake import FakeSandbox
 from floom.services import runs, workers
 from floom.services.context import Context
 from floom.services.logs import list_events
@@ -126,3 +129,51 @@ def test_a_refused_queueing_gives_the_held_slot_back_and_stores_nothing(
     assert slots.held == 0 and slots.started == []
     page, _ = runs.list_runs(ctx, caller=SYSTEM)
     assert page == []
+
+
+def test_a_triggers_step_decides_before_the_run_is_taken(ctx: Context, tmp_path: Path) -> None:
+    deploy(ctx, tmp_path, "w1")
+    slots = Slots(free=4)
+    ctx.local_slots = slots
+
+    def queue_overlapping(_s: Session, run: Run) -> None:
+        run.concurrency = 1  # as a schedule with `overlap: queue` does
+
+    def plain(_s: Session, run: Run) -> None:
+        run.trigger_id = None
+
+    limited = runs.create_run(
+        ctx, worker_name="w1", caller=SYSTEM, in_transaction=queue_overlapping
+    )
+    assert runs.get_run(ctx, run_id=limited.id, caller=SYSTEM).status == "queued"
+    assert slots.started == [] and slots.held == 0
+
+    # With the queued run cancelled out of the way, a run whose step limits nothing is taken.
+    runs.cancel_run(ctx, run_id=limited.id, caller=SYSTEM)
+    taken = runs.create_run(ctx, worker_name="w1", caller=SYSTEM, in_transaction=plain)
+    stored = runs.get_run(ctx, run_id=taken.id, caller=SYSTEM)
+    assert (stored.status, stored.lease_owner) == ("running", ctx.node_id)
+    assert [r.id for r in slots.started] == [taken.id]
+    assert lines(ctx, taken.id)[1] == f"started attempt 1 of 1 on {ctx.node_id}"
+
+
+def test_a_run_taken_as_the_node_stops_is_requeued_not_lost(ctx: Context, tmp_path: Path) -> None:
+    deploy(ctx, tmp_path, "w1")
+    engine = Executor(ctx, FakeSandbox(), run_agent=run_agent)
+    engine.start()
+    assert ctx.local_slots is engine
+    # The slot is held, the run committed as this node's, and the node stops before the run
+    # reaches its slot: a drain that ran out (grace 0) shut the slots down meanwhile.
+    assert engine.reserve()
+    ctx.local_slots = Slots(free=1)
+    run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
+    assert run.status == "running"
+    engine.stop(grace_seconds=0)
+    assert ctx.local_slots is not engine
+
+    engine.start_claimed(run)
+
+    stored = runs.get_run(ctx, run_id=run.id, caller=SYSTEM)
+    assert stored.status == "queued"
+    assert stored.previous_attempt == "interrupted"
+    assert "interrupted by node shutdown; requeued" in lines(ctx, run.id)

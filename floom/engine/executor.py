@@ -140,7 +140,8 @@ class Executor:
                 grace_seconds,
             )
         deadline = time.monotonic() + grace_seconds
-        while self.active_count() and time.monotonic() < deadline:
+        # Slots held for runs being queued count: their runs start here, and drain too.
+        while self._taken_slots() and time.monotonic() < deadline:
             if self._interrupt_now.wait(0.05):
                 break
         with self._active_lock:
@@ -178,7 +179,15 @@ class Executor:
     def start_claimed(self, run: Run) -> None:
         with self._active_lock:
             self._reserved -= 1
-        self._launch(run)
+        try:
+            self._launch(run)
+        except RuntimeError:
+            # The pool shut down meanwhile (a drain ran out): the run is requeued as an
+            # interrupted attempt, as the runs still running then were.
+            with self._active_lock:
+                self._active.pop(run.id, None)
+            self._requeue_interrupted(run, [])
+            self.ctx.run_queued.set()
 
     def release(self) -> None:
         with self._active_lock:

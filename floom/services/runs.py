@@ -220,18 +220,21 @@ def _queue_run(
                 note += f", replay of {replay_of}"
             notes = [("system", note, None)]
             # Never ahead of a run queued before it: then this one queues behind it.
-            if held and s.execute(any_runnable_statement(), {"now": utcnow()}).first() is None:
-                mark_claimed(
-                    run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=utcnow()
-                )
-                notes.append(
-                    ("system", f"started attempt 1 of {run.max_attempts} on {ctx.node_id}", None)
-                )
+            take = held and s.execute(any_runnable_statement(), {"now": utcnow()}).first() is None
+            if take and in_transaction is None:
+                _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
+                notes.append(_started_note(ctx, run))
                 started = True
             _insert_run(s, run)
             append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
             if in_transaction is not None:
                 in_transaction(s, run)
+                # The trigger's step may have limited the run (a schedule that queues
+                # overlapping runs): only then is it known whether it may start here.
+                if take and run.concurrency is None:
+                    _claim_here(ctx, run)  # written with the step's own changes at commit
+                    append_events(s, run_id=run.id, attempt=1, lines=[_started_note(ctx, run)])
+                    started = True
             if not started:
                 signals.publish(s, signals.RUN_QUEUED)
     except BaseException:
@@ -243,6 +246,14 @@ def _queue_run(
     elif held:
         slots.release()  # type: ignore[union-attr]
     return run, locked
+
+
+def _claim_here(ctx: Context, run: Run) -> None:
+    mark_claimed(run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=utcnow())
+
+
+def _started_note(ctx: Context, run: Run) -> tuple[str, str, None]:
+    return ("system", f"started attempt 1 of {run.max_attempts} on {ctx.node_id}", None)
 
 
 def _insert_run(s: Session, run: Run) -> None:
