@@ -225,7 +225,7 @@ def _queue_run(
                 _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
                 notes.append(_started_note(ctx, run))
                 started = True
-            _insert_run(s, run)
+            _insert_run(s, run, attach=in_transaction is not None)
             append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
             if in_transaction is not None:
                 in_transaction(s, run)
@@ -256,13 +256,15 @@ def _started_note(ctx: Context, run: Run) -> tuple[str, str, None]:
     return ("system", f"started attempt 1 of {run.max_attempts} on {ctx.node_id}", None)
 
 
-def _insert_run(s: Session, run: Run) -> None:
+def _insert_run(s: Session, run: Run, *, attach: bool) -> None:
     """Insert a run built by trusted_row with one Core statement instead of the unit of work's
-    flush, then attach it to `s` as the stored row it now is: whatever the caller's
-    transaction changes on it after this (a trigger's id) is written at commit."""
+    flush. With `attach`, it is then attached to `s` as the stored row it now is: whatever the
+    caller's transaction changes on it after this (a trigger's id) is written at commit.
+    Without, the session never tracks it (nothing changes it after the insert)."""
     s.execute(_run_insert(), [{name: run.__dict__[name] for name in _run_columns()}])
     make_transient_to_detached(run)
-    s.add(run)
+    if attach:
+        s.add(run)
 
 
 @lru_cache(maxsize=1)
