@@ -165,7 +165,8 @@ def test_triggers_start_a_worker_whatever_expose_says(
     assert run["outputs"] == {"got": "pushed"}
     # floom itself (a schedule fire, an agent's call) is never a surface.
     scheduled = runs.create_run(server.ctx, worker_name="hooked", trigger="schedule", caller=SYSTEM)
-    assert scheduled.status == "queued"
+    # Accepted: queued, or already started by the server's executor with a slot free.
+    assert scheduled.status in ("queued", "running")
 
 
 @ONE_DATABASE
