@@ -132,10 +132,14 @@ def storage_bytes(server: Server, database: str | None) -> int:
     pages and the write-ahead log left out; PostgreSQL: pg_database_size) and its data dir
     except the transient run work dirs and the SQLite files."""
     keep = 0
-    for path in server.data_dir.rglob("*"):
-        if path.is_file() and "runs" not in path.relative_to(server.data_dir).parts[:1]:
-            if not path.name.startswith("floom.db"):
-                keep += path.stat().st_size
+    for root, dirs, files in os.walk(server.data_dir):
+        if Path(root) == server.data_dir:
+            # The run work dirs, which the server deletes as it goes: not kept, not walked.
+            dirs[:] = [d for d in dirs if d != "runs"]
+        for name in files:
+            if not name.startswith("floom.db"):
+                with contextlib.suppress(FileNotFoundError):
+                    keep += (Path(root) / name).stat().st_size
     if database:
         import psycopg  # noqa: PLC0415 - only with --postgres
 
