@@ -2,17 +2,19 @@
 
 Run from the repository root:
 
-    .venv/bin/python bench/bench_soak.py [--runs 20000] [--baseline 1000] [--clients 4]
+    .venv/bin/python bench/bench_soak.py [--runs 20000] [--baseline 1000] [--clients 8]
 
-One process holds a real floom server (API, executor, local sandbox, SQLite in a fresh data
-dir; `--database-url` for another store) served by uvicorn on a loopback port, with
-tracemalloc tracing, and the clients that run workers/hello through it (each run one
-`POST /workers/hello/runs?wait=30`). It reads the process's RSS and a tracemalloc snapshot
-after `--baseline` runs and again at the end. Target (issue 14): RSS at the end within
-5 MiB of RSS after the baseline; on a miss it prints tracemalloc's top growth. With each
-RSS it prints what the SQLite library holds (its connections' page caches). It also
-prints the store's bytes per run and how long listing, paging, reading logs and submitting
-take at the start and at the end (flat cost per run).
+This process holds only a real floom server (API, executor, local sandbox, SQLite in a fresh
+data dir) served by uvicorn on a loopback port, with tracemalloc tracing (one frame: top
+growth by line). The clients that run workers/hello through it (each run one
+`POST /workers/hello/runs?wait=30`) are a separate process (bench/soak_client.py), so their
+CPU, allocations and GIL are not the server's. It reads this process's RSS and a
+tracemalloc snapshot after `--baseline` runs and again at the end, and the RSS every 1,000
+runs between. Target (issue 14): RSS at the end within 5 MiB of RSS after the baseline; on a
+miss it prints tracemalloc's top growth. With each RSS it prints what the SQLite library
+holds (its connections' page caches). It also prints the store's bytes per run and how long
+listing, paging, reading logs and submitting take at the start and at the end (flat cost
+per run). Every run must succeed; failed runs are counted and printed.
 """
 
 from __future__ import annotations
@@ -22,39 +24,49 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
+import json
 import os
 import shutil
+import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 import tracemalloc
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-from floom.services.principal import SYSTEM
+from typing import IO, Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
-sys.path[:0] = [str(BENCH), str(REPO)]
+sys.path.insert(0, str(REPO))  # this checkout's floom, wherever it is run from
 
-import httpx  # noqa: E402
 import uvicorn  # noqa: E402
-from server import free_port, rss_kib  # noqa: E402
 
 from floom.api.app import create_app  # noqa: E402
 from floom.config import Settings  # noqa: E402
 from floom.services import keys  # noqa: E402
 from floom.services.context import Context  # noqa: E402
+from floom.services.principal import SYSTEM  # noqa: E402
 
 GROWTH_LIMIT_MIB = 5.0
 SQLITE_STATUS_MEMORY_USED = 0
 TOP = 15
 
 
+def free_port() -> int:
+    # Not bench/server.py's: it imports httpx, which an idle floom server does not load.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def rss_mib() -> float:
-    return rss_kib(os.getpid()) / 1024
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit("soak: no VmRSS in /proc/self/status")
 
 
 def traced_mib() -> float:
@@ -105,40 +117,73 @@ def store_bytes(data_dir: Path) -> int:
     return int((pages - free) * size)
 
 
-def probe_costs(client: httpx.Client, run_id: str) -> dict[str, float]:
-    """Milliseconds of the calls whose cost must not grow with the number of runs."""
-    costs = {}
-    calls = {
-        "list": lambda: client.get("/api/v1/runs", params={"limit": 50}),
-        "page": lambda: client.get(
-            "/api/v1/runs",
-            params={"limit": 50, "cursor": client.get("/api/v1/runs").json()["next_cursor"]},
-        ),
-        "logs": lambda: client.get(f"/api/v1/runs/{run_id}/logs"),
-        "submit": lambda: client.post("/api/v1/workers/hello/runs?wait=30", json={}),
-    }
-    for name, call in calls.items():
-        times = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            call().raise_for_status()
-            times.append(time.perf_counter() - t0)
-        costs[name] = sorted(times)[2] * 1000
-    return costs
+class Clients:
+    """The client process (bench/soak_client.py), driven over its stdin and stdout."""
+
+    def __init__(self, url: str, token: str, clients: int) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(BENCH / "soak_client.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.stdin: IO[str] = self.proc.stdin  # type: ignore[assignment]
+        self.stdout: IO[str] = self.proc.stdout  # type: ignore[assignment]
+        self.send({"url": url, "token": token, "clients": clients})
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.stdin.write(json.dumps(message) + "\n")
+        self.stdin.flush()
+
+    def answer(self) -> dict[str, Any]:
+        line = self.stdout.readline()
+        if not line:
+            raise SystemExit(f"soak: the client process ended ({self.proc.wait()})")
+        return dict(json.loads(line))
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20000)
     parser.add_argument("--baseline", type=int, default=1000)
-    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=8,
+        help="client threads, each waiting for its run (the executor has 4 slots; one API key "
+        "may wait for at most FLOOM_MAX_WAITS_PER_KEY runs at once, 8 by default)",
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0,
+        help="end the runs after --baseline at this many minutes from the start, even short "
+        "of --runs, and report what was reached (0: no limit)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the data dir")
     args = parser.parse_args(argv)
     if args.runs <= args.baseline:
         parser.error("--runs must be more than --baseline")
-    tracemalloc.start(10)
+    stop_at = time.time() + args.max_minutes * 60 if args.max_minutes else 0
+    tracemalloc.start(1)
     data_dir = Path(tempfile.mkdtemp(prefix="floom-soak-"))
     settings = Settings(data_dir=data_dir, deploy_examples=True, secret_key="soak-secret-key")
+    if args.clients > settings.max_waits_per_key:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        parser.error(f"--clients: one API key may wait for {settings.max_waits_per_key} at most")
     ctx = Context.open(settings)
     _, token = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="soak")
     port = free_port()
@@ -152,65 +197,80 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() > deadline or not thread.is_alive():
             raise SystemExit("soak: the server did not start")
         time.sleep(0.05)
-    clients = [
-        httpx.Client(
-            base_url=f"http://127.0.0.1:{port}",
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=60,
-            trust_env=False,
-        )
-        for _ in range(args.clients)
-    ]
+    clients = Clients(f"http://127.0.0.1:{port}", token, args.clients)
     done = [0]
+    failures = [0]
     failed: list[str] = []
-    lock = threading.Lock()
     last_id = [""]
+    t0 = time.perf_counter()
 
-    def run_some(client: httpx.Client, count: int) -> None:
-        for _ in range(count):
-            resp = client.post(
-                "/api/v1/workers/hello/runs", params={"wait": 30}, json={"inputs": {"name": "s"}}
+    def phase(count: int, until: float = 0) -> float:
+        """Runs `count` runs through the clients, printing RSS every 1,000; their rate."""
+        cpu0, client_cpu0 = os.times(), clients.cpu_seconds()
+        clients.send({"cmd": "runs", "count": count, "stop_at": until})
+        while "progress" in (msg := clients.answer()):
+            print(
+                f"  {done[0] + msg['progress']} runs ({time.perf_counter() - t0:.0f} s, "
+                f"{msg['progress'] / msg['seconds']:.1f} runs/s, {load()}): RSS "
+                f"{rss_mib():.1f} MiB, traced {traced_mib():.1f} MiB, "
+                f"failed {failures[0] + msg['failures']}",
+                flush=True,
             )
-            body = resp.json()
-            with lock:
-                done[0] += 1
-                if "id" not in body:  # refused: the answer says why
-                    failed.append(f"HTTP {resp.status_code}: {resp.text[:200]}")
-                    continue
-                last_id[0] = body["id"]
-                if body.get("status") != "succeeded":
-                    failed.append(f"{body['id']}: {body.get('status')}")
+        done[0] += msg["done"]
+        failures[0] += msg["failures"]
+        failed.extend(msg["failed"])
+        last_id[0] = msg["last_id"] or last_id[0]
+        cpu1 = os.times()
+        server_cpu = cpu1.user + cpu1.system - cpu0.user - cpu0.system
+        sandbox_cpu = (
+            cpu1.children_user + cpu1.children_system - cpu0.children_user - cpu0.children_system
+        )
+        client_cpu = clients.cpu_seconds() - client_cpu0
+        runs = max(1, msg["done"])
+        print(
+            f"  CPU per run: server process {server_cpu / runs * 1000:.1f} ms, its children "
+            f"(the sandboxes) {sandbox_cpu / runs * 1000:.1f} ms, the clients' process "
+            f"{client_cpu / runs * 1000:.1f} ms",
+            flush=True,
+        )
+        return float(msg["done"] / max(msg["seconds"], 1e-9))
 
-    def phase(count: int) -> None:
-        per = max(1, count // args.clients)
-        with ThreadPoolExecutor(args.clients) as pool:
-            for f in [pool.submit(run_some, c, per) for c in clients]:
-                f.result()
+    def probe_costs() -> dict[str, float]:
+        clients.send({"cmd": "probe", "run_id": last_id[0]})
+        return {k: float(v) for k, v in clients.answer().items()}
 
     try:
-        t0 = time.perf_counter()
-        phase(args.baseline)
-        # The baseline snapshot (tens of MiB of traces) is held until the end, so it is
-        # taken before the baseline reading: both RSS readings include it.
+        base_rate = phase(args.baseline)
+        # The baseline snapshot (MiB of traces) is held until the end, so it is taken
+        # before the baseline reading: both RSS readings include it.
         base_snap = tracemalloc.take_snapshot()
         gc.collect()
         base_rss, base_traced = rss_mib(), traced_mib()
         base_bytes, base_runs = store_bytes(data_dir), done[0]
-        base_costs = probe_costs(clients[0], last_id[0])
+        base_costs = probe_costs()
         elapsed = time.perf_counter() - t0
-        print(f"after {done[0]} runs ({elapsed:.0f} s, {load()}): RSS {base_rss:.1f} MiB")
-        print(f"  {memory(ctx)}")
-        phase(args.runs - args.baseline)
+        print(
+            f"after {done[0]} runs ({elapsed:.0f} s, {base_rate:.1f} runs/s, {load()}): "
+            f"RSS {base_rss:.1f} MiB, traced {base_traced:.1f} MiB",
+            flush=True,
+        )
+        print(f"  {memory(ctx)}", flush=True)
+        rate = phase(args.runs - args.baseline, stop_at)
         gc.collect()
         end_rss, end_traced = rss_mib(), traced_mib()
         end_snap = tracemalloc.take_snapshot()
         end_bytes = store_bytes(data_dir)
-        end_costs = probe_costs(clients[0], last_id[0])
+        end_costs = probe_costs()
         per_run = (end_bytes - base_bytes) / max(1, done[0] - base_runs)
         elapsed = time.perf_counter() - t0
-        print(f"after {done[0]} runs ({elapsed:.0f} s, {load()}): RSS {end_rss:.1f} MiB")
+        print(
+            f"after {done[0]} runs ({elapsed:.0f} s, {rate:.1f} runs/s since the baseline, "
+            f"{load()}): RSS {end_rss:.1f} MiB, traced {end_traced:.1f} MiB"
+        )
+        if done[0] < args.runs:
+            print(f"  stopped short of {args.runs} runs by --max-minutes {args.max_minutes:g}")
         print(f"  {memory(ctx)}")
-        print(f"failed runs: {len(failed)}" + (f" (first: {failed[0]})" if failed else ""))
+        print(f"failed runs: {failures[0]}" + (f" (first: {failed[0]})" if failed else ""))
         print(f"store: {per_run:.0f} bytes per run (database pages in use)")
         for name in base_costs:
             print(f"  {name}: {base_costs[name]:.1f} ms -> {end_costs[name]:.1f} ms")
@@ -226,8 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             for stat in end_snap.compare_to(base_snap, "lineno")[:TOP]:
                 print(f"  {stat}")
     finally:
-        for c in clients:
-            c.close()
+        clients.close()
         server.should_exit = True
         thread.join(timeout=30)
         ctx.engine.dispose()
@@ -235,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kept {data_dir}")
         else:
             shutil.rmtree(data_dir, ignore_errors=True)
-    return 0
+    return 1 if failures[0] else 0
 
 
 if __name__ == "__main__":
