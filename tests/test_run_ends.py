@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from floom.services.run_waits import RunEnds
+from floom.services.run_waits import RECENT_ENDS, RunEnds
 
 
 def test_an_end_wakes_the_waiters_of_its_run_and_no_others() -> None:
@@ -33,3 +33,27 @@ def test_a_notice_after_the_last_waiter_left_wakes_nobody_and_keeps_nothing() ->
         assert ends._listeners == {}
 
     asyncio.run(scenario())
+
+
+def test_a_waiter_that_starts_listening_just_after_the_end_is_woken_at_once() -> None:
+    async def scenario() -> tuple[bool, bool]:
+        ends = RunEnds()
+        # The run ended while its starter's request was on its way back to the event loop.
+        ends.notify("run_a")
+        with ends.listening("run_a") as late, ends.listening("run_b") as other:
+            await asyncio.sleep(0)
+            return late._event.is_set(), other._event.is_set()
+
+    assert asyncio.run(scenario()) == (True, False)
+
+
+def test_only_the_latest_ends_are_remembered() -> None:
+    async def scenario() -> bool:
+        ends = RunEnds()
+        for n in range(RECENT_ENDS + 1):
+            ends.notify(f"run_{n}")
+        with ends.listening("run_0") as oldest:
+            await asyncio.sleep(0)
+            return oldest._event.is_set()
+
+    assert asyncio.run(scenario()) is False

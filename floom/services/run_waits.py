@@ -14,6 +14,7 @@ import asyncio
 import functools
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -37,6 +38,9 @@ T = TypeVar("T")
 # How often a waiter reads the store when no end was announced in this process: the delay
 # before an end recorded by another node is seen.
 STORE_CHECK_SECONDS = 0.5
+
+# How many of the latest run ends this process remembers for waiters that come just after.
+RECENT_ENDS = 1024
 
 Until = Literal["ended", "settled"]
 # "ended": a final status. "settled": ended, or paused until a person decides (an agent that
@@ -78,10 +82,18 @@ class RunEnds:
         self._lock = threading.Lock()
         self._listeners: dict[str, set[Listener]] = {}
         self._waits: dict[str, int] = {}
+        # The runs whose end this process told last, newest at the end: a waiter that starts
+        # listening just after the end (a run started and ended while its starter's request
+        # went back to the event loop) is woken at once instead of at its next store check.
+        self._recent: OrderedDict[str, None] = OrderedDict()
 
     def notify(self, run_id: str) -> None:
         with self._lock:
             listeners = list(self._listeners.get(run_id, ()))
+            self._recent[run_id] = None
+            self._recent.move_to_end(run_id)
+            if len(self._recent) > RECENT_ENDS:
+                self._recent.popitem(last=False)
         for listener in listeners:
             listener.wake()
 
@@ -90,6 +102,9 @@ class RunEnds:
         listener = Listener(asyncio.get_running_loop())
         with self._lock:
             self._listeners.setdefault(run_id, set()).add(listener)
+            ended_already = run_id in self._recent
+        if ended_already:
+            listener.wake()
         try:
             yield listener
         finally:
