@@ -52,6 +52,12 @@ def deploy(ctx: Context, tmp_path: Path, name: str, extra: str = "") -> None:
     workers.deploy(ctx, caller=SYSTEM, archive=archive)
 
 
+def given_slots(ctx: Context, *, free: int) -> Slots:
+    """This node's executor, as the queue's writers see it, with `free` slots."""
+    ctx.local_slots = slots = Slots(free)
+    return slots
+
+
 def lines(ctx: Context, run_id: str) -> list[str]:
     return [e.line for e in list_events(ctx, run_id=run_id, caller=SYSTEM)]
 
@@ -60,8 +66,7 @@ def test_a_free_slot_takes_the_run_in_the_queueing_transaction(
     ctx: Context, tmp_path: Path
 ) -> None:
     deploy(ctx, tmp_path, "w1")
-    slots = Slots(free=1)
-    ctx.local_slots = slots
+    slots = given_slots(ctx, free=1)
     ctx.run_queued.clear()
 
     run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
@@ -87,8 +92,7 @@ def test_a_free_slot_takes_the_run_in_the_queueing_transaction(
 def test_a_run_never_jumps_ahead_of_an_older_runnable_run(ctx: Context, tmp_path: Path) -> None:
     deploy(ctx, tmp_path, "w1")
     (older,) = enqueue(ctx, 1)
-    slots = Slots(free=4)
-    ctx.local_slots = slots
+    slots = given_slots(ctx, free=4)
 
     run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
 
@@ -102,8 +106,7 @@ def test_a_limited_workers_run_and_an_agents_child_run_go_through_the_queue(
 ) -> None:
     deploy(ctx, tmp_path, "limited", "concurrency: 1\n")
     deploy(ctx, tmp_path, "plain")
-    slots = Slots(free=4)
-    ctx.local_slots = slots
+    slots = given_slots(ctx, free=4)
 
     limited = runs.create_run(ctx, worker_name="limited", caller=SYSTEM)
     child = runs.create_run(ctx, worker_name="plain", caller=SYSTEM, parent_run_id=limited.id)
@@ -117,8 +120,7 @@ def test_a_refused_queueing_gives_the_held_slot_back_and_stores_nothing(
     ctx: Context, tmp_path: Path
 ) -> None:
     deploy(ctx, tmp_path, "w1")
-    slots = Slots(free=1)
-    ctx.local_slots = slots
+    slots = given_slots(ctx, free=1)
 
     def refuse(_s: Session, _run: Run) -> None:
         raise FloomError("the trigger's own step failed")
@@ -133,8 +135,7 @@ def test_a_refused_queueing_gives_the_held_slot_back_and_stores_nothing(
 
 def test_a_triggers_step_decides_before_the_run_is_taken(ctx: Context, tmp_path: Path) -> None:
     deploy(ctx, tmp_path, "w1")
-    slots = Slots(free=4)
-    ctx.local_slots = slots
+    slots = given_slots(ctx, free=4)
 
     def queue_overlapping(_s: Session, run: Run) -> None:
         run.concurrency = 1  # as a schedule with `overlap: queue` does
