@@ -32,7 +32,7 @@ from floom.services.run_rules import (
 from floom.services.runs import any_runnable_statement
 from floom.store import signals
 from floom.store.blobs import insert_blob
-from floom.store.db import is_postgres, session_scope
+from floom.store.db import is_postgres, on_postgres, session_scope, write_connection
 from floom.store.models import Artifact, Run, UTCDateTime, trusted_row, utcnow
 
 if TYPE_CHECKING:
@@ -185,7 +185,7 @@ def worker_has_room(s: Session, run: Run) -> bool:
     """
     if run.concurrency is None:
         return True
-    if s.get_bind().dialect.name == "postgresql":
+    if on_postgres(s):
         s.execute(
             text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
             {"key": WORKER_LOCK + run.worker_name},
@@ -318,7 +318,7 @@ def finish_attempt(
         "held_attempt": run.attempt,
         "sandbox_seconds_added": outcome.sandbox_seconds,
     }
-    with session_scope(ctx.engine, write=True) as s:
+    with write_connection(ctx.engine) as s:
         lock_events(s, run_id=run.id)
         result = s.execute(_finish_statement(tuple(values)), {**values, **held})
         written = cast("CursorResult[Any]", result).rowcount

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, func, insert, text
 from sqlalchemy import select as core_select
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from floom.services.principal import Principal
-from floom.store.db import session_scope
+from floom.store.db import Writer, on_postgres, session_scope
 from floom.store.models import RunEvent, utcnow
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ STREAMS = ("stdout", "stderr", "system")
 
 
 def append_events(
-    s: Session,
+    s: Writer,
     *,
     run_id: str,
     attempt: int,
@@ -81,15 +81,15 @@ def _event_statements() -> _EventStatements:
     )
 
 
-def lock_events(s: Session, *, run_id: str) -> None:
+def lock_events(s: Writer, *, run_id: str) -> None:
     """Take the run's event lock for this transaction (PostgreSQL; SQLite's write lock already
     serialises writers). Writers that also lock the run's row take this lock first."""
-    if s.get_bind().dialect.name == "postgresql":
+    if on_postgres(s):
         s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:run_id))"), {"run_id": run_id})
 
 
 def system_event(
-    s: Session, *, run_id: str, attempt: int, message: str, first: bool = False
+    s: Writer, *, run_id: str, attempt: int, message: str, first: bool = False
 ) -> None:
     append_events(s, run_id=run_id, attempt=attempt, lines=[("system", message, None)], first=first)
 

@@ -12,17 +12,18 @@ from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from floom.store.agents import Transcript
+from floom.store.db import Writer, on_postgres
 from floom.store.models import Artifact, Blob, Version, utcnow
 
 # Digests per statement when asking which blobs are still referred to.
 _CHUNK = 500
 
 
-def insert_blob(s: Session, data: bytes, *, digest: str | None = None) -> str:
+def insert_blob(s: Writer, data: bytes, *, digest: str | None = None) -> str:
     """Store `data` under `digest` (its sha256 unless given) once, even when a concurrent
     transaction stores the same bytes: a plain get-then-add collides on PostgreSQL."""
     digest = digest or hashlib.sha256(data).hexdigest()
-    postgres = s.get_bind().dialect.name == "postgresql"
+    postgres = on_postgres(s)
     stored, insert_new = _blob_statements(postgres)
     if s.execute(stored, {"digest": digest}).first() is not None:
         return digest  # stored already (its bytes are not read back to find out)

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlmodel import Session, create_engine
 
 from floom.config import mask_password
@@ -107,6 +107,16 @@ def is_postgres(engine: Engine) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+# A transaction a step writes in: an ORM session, or a plain connection (write_connection).
+Writer = Session | Connection
+
+
+def on_postgres(s: Writer) -> bool:
+    """Whether the transaction `s` runs on PostgreSQL."""
+    bind = s if isinstance(s, Connection) else s.get_bind()
+    return bind.dialect.name == "postgresql"
+
+
 # Keys of PostgreSQL advisory locks that floom takes (one number per purpose).
 MIGRATION_LOCK = 0x666C6F6F6D01
 BOOTSTRAP_LOCK = 0x666C6F6F6D02
@@ -150,6 +160,22 @@ def session_scope(engine: Engine, *, write: bool = False) -> Iterator[Session]:
                 except BaseException:
                     session.rollback()
                     raise
+    except UNAVAILABLE as exc:
+        raise store_unavailable(exc) from exc
+
+
+@contextmanager
+def write_connection(engine: Engine) -> Iterator[Connection]:
+    """session_scope(write=True) without the ORM: a plain connection in a write transaction
+    that commits on success and rolls back on error, for steps that run Core statements
+    only (an attempt's end, on every run): the session's unit of work, identity map and ORM
+    execution path cost each such step more than its statements."""
+    sqlite = engine.dialect.name == "sqlite"
+    bind = _write_bind(engine) if sqlite else engine
+    try:
+        with _sqlite_write_lock(engine) if sqlite else nullcontext():
+            with bind.begin() as conn:
+                yield conn
     except UNAVAILABLE as exc:
         raise store_unavailable(exc) from exc
 

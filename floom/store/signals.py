@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from sqlalchemy import text
 from sqlalchemy.engine import URL
-from sqlmodel import Session
+
+from floom.store.db import Writer, on_postgres
 
 log = logging.getLogger("floom.signals")
 
@@ -34,10 +35,10 @@ WAIT_SECONDS = 1.0
 RECONNECT_SECONDS = 1.0
 
 
-def publish(s: Session, channel: str, payload: str = "") -> None:
+def publish(s: Writer, channel: str, payload: str = "") -> None:
     """Send `channel` when `s` commits (PostgreSQL); nothing on SQLite, where one process
     serves the database and wakes its own threads directly."""
-    if s.get_bind().dialect.name == "postgresql":
+    if on_postgres(s):
         s.execute(
             text("SELECT pg_notify(:channel, :payload)"),
             {"channel": channel, "payload": payload},
