@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import bindparam, delete, func, insert, or_, text, update
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from floom.services.logs import append_events, lock_events, system_event
 from floom.services.run_rules import (
@@ -32,7 +32,7 @@ from floom.services.run_rules import (
 from floom.services.runs import any_runnable_statement
 from floom.store import signals
 from floom.store.blobs import insert_blob
-from floom.store.db import is_postgres, on_postgres, session_scope, write_connection
+from floom.store.db import Writer, is_postgres, on_postgres, session_scope, write_connection
 from floom.store.models import Artifact, Run, UTCDateTime, trusted_row, utcnow
 
 if TYPE_CHECKING:
@@ -145,31 +145,38 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
     postgres = is_postgres(ctx.engine)
     full: list[str] = []
     while len(full) <= MAX_FULL_WORKERS_PER_CLAIM:
-        with session_scope(ctx.engine, write=True) as s:
-            claim = statements.claim_except if full else statements.claim
-            row = s.execute(claim, {**params, "full": full} if full else params).first()
-            if row is None:
-                return Claim(None)
-            run = trusted_row(Run, row._mapping)
-            # On SQLite the statement counted under the write lock: exact already.
-            if postgres and not worker_has_room(s, run):
-                # Undone with the transaction, which also frees the worker's lock.
-                s.rollback()
-                full.append(run.worker_name)
-                continue
-            system_event(
-                s,
-                run_id=run.id,
-                attempt=run.attempt,
-                message=f"started attempt {run.attempt} of {run.max_attempts} on {ctx.node_id}",
-            )
-            # One more statement here spares the dispatcher a claim that finds nothing.
-            more = s.execute(statements.any_runnable, {"now": now}).first() is not None
+        try:
+            # Core statements only: a plain connection, not an ORM session (write_connection).
+            with write_connection(ctx.engine) as s:
+                claim = statements.claim_except if full else statements.claim
+                row = s.execute(claim, {**params, "full": full} if full else params).first()
+                if row is None:
+                    return Claim(None)
+                run = trusted_row(Run, row._mapping)
+                # On SQLite the statement counted under the write lock: exact already.
+                if postgres and not worker_has_room(s, run):
+                    full.append(run.worker_name)
+                    # Undone with the transaction, which also frees the worker's lock.
+                    raise _WorkerFull
+                system_event(
+                    s,
+                    run_id=run.id,
+                    attempt=run.attempt,
+                    message=f"started attempt {run.attempt} of {run.max_attempts} on {ctx.node_id}",
+                )
+                # One more statement here spares the dispatcher a claim that finds nothing.
+                more = s.execute(statements.any_runnable, {"now": now}).first() is not None
+        except _WorkerFull:
+            continue
         return Claim(run, more)
     return Claim(None)
 
 
-def worker_has_room(s: Session, run: Run) -> bool:
+class _WorkerFull(Exception):
+    """The claimed run's worker is at its limit: the claim's transaction is rolled back."""
+
+
+def worker_has_room(s: Writer, run: Run) -> bool:
     """Whether `run` may run under its worker's `concurrency` limit, counted exactly: the
     worker's other running runs, seen from this write transaction, are fewer than the limit.
     `run` is either claimed in this transaction already (the queue's claim on PostgreSQL)
@@ -193,7 +200,7 @@ def worker_has_room(s: Session, run: Run) -> bool:
     return _count_running(s, run) < run.concurrency
 
 
-def _count_running(s: Session, run: Run) -> int:
+def _count_running(s: Writer, run: Run) -> int:
     """Running runs of `run`'s worker other than `run` itself."""
     count = s.execute(_claim_statements().running_of_worker, {"worker": run.worker_name}).one()
     return int(count[0]) - (1 if run.status == RUNNING else 0)
