@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import bindparam, insert, or_
 from sqlalchemy import select as sql_select
@@ -39,7 +39,7 @@ from floom.services.run_rules import (
     transition,
 )
 from floom.store import signals
-from floom.store.db import session_scope
+from floom.store.db import Writer, session_scope, write_connection
 from floom.store.models import (
     Artifact,
     Blob,
@@ -206,8 +206,15 @@ def _queue_run(
     slots = ctx.local_slots if parent_run_id is None and run.concurrency is None else None
     held = slots is not None and slots.reserve()
     started = False
+    # A trigger's step adds rows through the ORM; without one, every statement is Core and a
+    # plain connection does (store.db.write_connection).
+    transaction = (
+        write_connection(ctx.engine)
+        if in_transaction is None
+        else session_scope(ctx.engine, write=True)
+    )
     try:
-        with session_scope(ctx.engine, write=True) as s:
+        with transaction as s:
             # A deletion since the checks above wins, even over this process's cached version.
             locked = workers.lock_worker(s, worker.name, version_id=version.id)
             if check_against_lock and (locked.paused, locked.active_version_id) != (
@@ -228,7 +235,7 @@ def _queue_run(
             _insert_run(s, run, attach=in_transaction is not None)
             append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
             if in_transaction is not None:
-                in_transaction(s, run)
+                in_transaction(cast(Session, s), run)  # a session: see `transaction`
                 # The trigger's step may have limited the run (a schedule that queues
                 # overlapping runs): only then is it known whether it may start here.
                 if take and run.concurrency is None:
@@ -256,7 +263,7 @@ def _started_note(ctx: Context, run: Run) -> tuple[str, str, None]:
     return ("system", f"started attempt 1 of {run.max_attempts} on {ctx.node_id}", None)
 
 
-def _insert_run(s: Session, run: Run, *, attach: bool) -> None:
+def _insert_run(s: Writer, run: Run, *, attach: bool) -> None:
     """Insert a run built by trusted_row with one Core statement instead of the unit of work's
     flush. With `attach`, it is then attached to `s` as the stored row it now is: whatever the
     caller's transaction changes on it after this (a trigger's id) is written at commit.
@@ -264,7 +271,7 @@ def _insert_run(s: Session, run: Run, *, attach: bool) -> None:
     s.execute(_run_insert(), [{name: run.__dict__[name] for name in _run_columns()}])
     make_transient_to_detached(run)
     if attach:
-        s.add(run)
+        cast(Session, s).add(run)  # a trigger's step runs in a session
 
 
 @lru_cache(maxsize=1)

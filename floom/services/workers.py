@@ -20,7 +20,7 @@ from floom.sandbox import configuration_problem
 from floom.services.principal import SYSTEM, Principal
 from floom.services.triggers import sync_triggers
 from floom.store.blobs import insert_blob
-from floom.store.db import session_scope
+from floom.store.db import Writer, session_scope
 from floom.store.models import Blob, Run, Version, Worker, trusted_row, utcnow
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ def forget_worker(ctx: Context, *, name: str) -> None:
     _worker_cache.pop((id(ctx.engine), name), None)
 
 
-def lock_worker(s: Session, name: str, *, version_id: str | None = None) -> Worker:
+def lock_worker(s: Writer, name: str, *, version_id: str | None = None) -> Worker:
     """The worker, share-locked until the caller's transaction ends: a deletion at the same
     time either waits for that transaction and then sees what it wrote, or has committed and
     this raises NotFound (SQLite's write transactions are serial anyway). The row comes back
@@ -257,8 +257,8 @@ def _get_worker(s: Session, name: str) -> Worker:
     return worker
 
 
-def _no_worker(s: Session, name: str) -> NotFound:
-    known = s.exec(select(Worker.name).order_by(Worker.name).limit(20)).all()
+def _no_worker(s: Writer, name: str) -> NotFound:
+    known = list(s.execute(select(Worker.name).order_by(Worker.name).limit(20)).scalars())
     return NotFound(
         f"no worker named '{name}'",
         hint=(
