@@ -14,7 +14,13 @@ from floom.engine.queue import Outcome, worker_has_room
 from floom.engine.safefiles import write_regular
 from floom.services.approvals import PHASE_APPLY, new_approval, pause_run
 from floom.services.logs import system_event
-from floom.services.run_rules import AWAITING_APPROVAL, QUEUED, SUCCEEDED, mark_claimed
+from floom.services.run_rules import (
+    AWAITING_APPROVAL,
+    QUEUED,
+    SUCCEEDED,
+    mark_claimed,
+    started_message,
+)
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
@@ -109,7 +115,6 @@ def claim_run(ctx: Context, *, run_id: str) -> Run | None:
             s,
             run_id=run.id,
             attempt=run.attempt,
-            message=f"started attempt {run.attempt} of {run.max_attempts} on {ctx.node_id} "
-            f"(called by {run.parent_run_id})",
+            message=f"{started_message(run, node_id=ctx.node_id)} (called by {run.parent_run_id})",
         )
     return run

@@ -27,6 +27,7 @@ from floom.services.run_rules import (
     check_transition,
     claimed_fields,
     requeue_next_attempt,
+    started_message,
     transition,
 )
 from floom.services.runs import any_runnable_statement
@@ -162,7 +163,7 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
                     s,
                     run_id=run.id,
                     attempt=run.attempt,
-                    message=f"started attempt {run.attempt} of {run.max_attempts} on {ctx.node_id}",
+                    message=started_message(run, node_id=ctx.node_id),
                 )
                 # One more statement here spares the dispatcher a claim that finds nothing.
                 more = s.execute(statements.any_runnable, {"now": now}).first() is not None

@@ -39,12 +39,12 @@ def pause_schedules_missing_secrets(ctx: Context, worker_name: str, version: Ver
     """An example never acts on its own on a fresh install: its schedules start paused while
     a secret it declares is not set (each tick would only fail), and the log says how to
     turn them on."""
-    _, missing = secrets.resolve(ctx, workers.manifest_of(version).secrets)
+    examples = principal.system("examples")
+    # Names only: nothing is decrypted to learn which are set.
+    missing = secrets.missing(ctx, workers.manifest_of(version).secrets, caller=examples)
     if not missing:
         return
-    _, found = triggers.list_triggers(
-        ctx, worker_name=worker_name, caller=principal.system("examples")
-    )
+    _, found = triggers.list_triggers(ctx, worker_name=worker_name, caller=examples)
     paused = [t for t in found if t.kind == "schedule" and t.removed_at is None]
     for trigger in paused:
         triggers.set_paused(
@@ -52,7 +52,7 @@ def pause_schedules_missing_secrets(ctx: Context, worker_name: str, version: Ver
             worker_name=worker_name,
             paused=True,
             trigger_id=trigger.id,
-            caller=principal.system("examples"),
+            caller=examples,
         )
     if paused:
         log.warning(

@@ -148,6 +148,11 @@ def claimed_fields(*, node_id: str, lease_seconds: float, now: datetime) -> dict
     }
 
 
+def started_message(run: Run, *, node_id: str) -> str:
+    """The log line of a claim: which attempt of how many, on which node."""
+    return f"started attempt {run.attempt} of {run.max_attempts} on {node_id}"
+
+
 def mark_claimed(run: Run, *, node_id: str, lease_seconds: float, now: datetime) -> None:
     """A queued run taken by this node: running, under a lease the node renews."""
     check_transition(run.status, RUNNING, by=EXECUTOR)

@@ -36,6 +36,7 @@ from floom.services.run_rules import (
     STATUSES,
     mark_claimed,
     previous_attempt,
+    started_message,
     transition,
 )
 from floom.store import signals
@@ -260,7 +261,7 @@ def _claim_here(ctx: Context, run: Run) -> None:
 
 
 def _started_note(ctx: Context, run: Run) -> tuple[str, str, None]:
-    return ("system", f"started attempt 1 of {run.max_attempts} on {ctx.node_id}", None)
+    return ("system", started_message(run, node_id=ctx.node_id), None)
 
 
 def _insert_run(s: Writer, run: Run, *, attach: bool) -> None:
