@@ -30,6 +30,7 @@ from floom.api import (
 )
 from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.mcp_mount import LazyMCPMount
+from floom.api.routing import add_routes
 from floom.api.ui_mount import LazyUI
 from floom.config import ROLES, Settings
 from floom.engine.executor import Executor, interrupt_on_signal
@@ -161,7 +162,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
     openapi.install(app)
-    app.include_router(metrics.router)
+    add_routes(app, metrics.router)
     mcp_endpoint: LazyMCPMount | None = None
     # A node without the api role answers /healthz and /metrics only: its port is for health
     # checks and monitoring.
@@ -179,7 +180,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             routes_hooks.router,
             routes_nodes.router,
         ):
-            app.include_router(router)
+            add_routes(app, router)
         mcp_endpoint = LazyMCPMount(app, settings)
 
     @app.get("/healthz", tags=["health"], response_model=Health, responses=openapi.errors(503))

@@ -21,6 +21,7 @@ from floom.api import (
     ui_replays,
     ui_runs,
 )
+from floom.api.routing import add_routes
 from floom.api.ui_chart import history_chart
 from floom.api.ui_forms import inputs_from_text, problems_by_input, run_form, submitted_text
 from floom.api.ui_support import (
@@ -58,14 +59,14 @@ def install(app: FastAPI) -> None:
         # An install without the source tree's web/ folder still serves the API.
         log.warning("web UI not served: %s has no templates/ and static/", WEB_DIR)
         return
-    app.include_router(ui_admin.router)
-    app.include_router(ui_runs.router)
-    app.include_router(ui_approvals.router)
-    app.include_router(ui_handoffs.router)
-    app.include_router(ui_nodes.router)
-    app.include_router(ui_replays.router)
-    app.include_router(ui_ops.router)
-    app.include_router(router)
+    add_routes(app, ui_admin.router)
+    add_routes(app, ui_runs.router)
+    add_routes(app, ui_approvals.router)
+    add_routes(app, ui_handoffs.router)
+    add_routes(app, ui_nodes.router)
+    add_routes(app, ui_replays.router)
+    add_routes(app, ui_ops.router)
+    add_routes(app, router)
     app.mount("/static", StaticFiles(directory=WEB_DIR / "static"), name="static")
 
 
