@@ -24,7 +24,13 @@ def get_ctx(request: Request) -> Context:
     return ctx
 
 
-CtxDep = Annotated[Context, Depends(get_ctx)]
+async def request_ctx(request: Request) -> Context:
+    """get_ctx as a route dependency. Async on purpose: FastAPI runs a plain `def`
+    dependency on a worker thread, a round trip per request for an attribute read."""
+    return get_ctx(request)
+
+
+CtxDep = Annotated[Context, Depends(request_ctx)]
 
 
 def bearer_token(request: Request) -> str | None:

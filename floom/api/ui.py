@@ -21,12 +21,12 @@ from floom.api import (
     ui_replays,
     ui_runs,
 )
+from floom.api.auth import CtxDep
 from floom.api.routing import add_routes
 from floom.api.ui_chart import history_chart
 from floom.api.ui_forms import inputs_from_text, problems_by_input, run_form, submitted_text
 from floom.api.ui_support import (
     WEB_DIR,
-    CtxDep,
     Me,
     UiRoute,
     checked_form,

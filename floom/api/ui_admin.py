@@ -9,11 +9,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from floom.api.auth import CtxDep
 from floom.api.ui_support import (
     LOGIN_COOKIE,
     SESSION_COOKIE,
     SESSION_MAX_AGE,
-    CtxDep,
     Me,
     UiRoute,
     checked_form,

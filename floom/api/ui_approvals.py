@@ -12,8 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 
 from floom.api import ui_features
+from floom.api.auth import CtxDep
 from floom.api.ui_runs import run_page_with
-from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render, safe_next
+from floom.api.ui_support import Me, UiRoute, checked_form, error_markup, render, safe_next
 from floom.errors import FloomError, InvalidRequest
 from floom.services.context import Context
 from floom.services.web_sessions import SignedIn

@@ -10,7 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render
+from floom.api.auth import CtxDep
+from floom.api.ui_support import Me, UiRoute, checked_form, error_markup, render
 from floom.errors import FloomError, Forbidden
 from floom.services.context import Context
 from floom.services.handoffs import board as handoff_board

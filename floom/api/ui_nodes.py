@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from floom.api.ui_support import CtxDep, Me, UiRoute, render
+from floom.api.auth import CtxDep
+from floom.api.ui_support import Me, UiRoute, render
 from floom.schemas.nodes import node_public
 from floom.services import nodes
 

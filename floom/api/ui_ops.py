@@ -6,7 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form
+from floom.api.auth import CtxDep
+from floom.api.ui_support import Me, UiRoute, checked_form
 from floom.services import triggers
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)

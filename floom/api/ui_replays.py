@@ -7,7 +7,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, render
+from floom.api.auth import CtxDep
+from floom.api.ui_support import Me, UiRoute, checked_form, render
 from floom.schemas import replays as replay_views
 from floom.services import evals, replays
 

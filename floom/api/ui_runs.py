@@ -16,8 +16,9 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from floom.api import ui_features
+from floom.api.auth import CtxDep
 from floom.api.routes_runs import log_event_stream
-from floom.api.ui_support import CtxDep, Me, UiRoute, checked_form, error_markup, render
+from floom.api.ui_support import Me, UiRoute, checked_form, error_markup, render
 from floom.errors import FloomError, InvalidRequest, NotFound
 from floom.schemas import runs as run_views
 from floom.schemas import workers as worker_views

@@ -24,6 +24,7 @@ from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
 from floom.api import ui_features
+from floom.api.auth import get_ctx
 from floom.errors import FloomError, InvalidRequest, Unauthorized
 from floom.hints.surface import tell
 from floom.schemas.admin import KeyPublic, key_public
@@ -159,11 +160,6 @@ templates = Jinja2Templates(env=_environment())
 # -- sessions and CSRF -----------------------------------------------------------------------
 
 
-def get_ctx(request: Request) -> Context:
-    ctx: Context = request.app.state.ctx
-    return ctx
-
-
 def _serializer(ctx: Context, purpose: str) -> URLSafeTimedSerializer:
     return URLSafeTimedSerializer(ctx.secret_box.derive_key("web-ui"), salt=f"floom.{purpose}")
 
@@ -205,7 +201,6 @@ async def current_session(request: Request) -> SignedIn:
 
 
 Me = Annotated[SignedIn, Depends(current_session)]
-CtxDep = Annotated[Context, Depends(get_ctx)]
 
 
 async def checked_form(request: Request, me: SignedIn) -> FormData:
