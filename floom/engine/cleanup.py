@@ -9,6 +9,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
@@ -16,14 +17,25 @@ from floom.sandbox.base import Sandbox
 
 log = logging.getLogger("floom.cleanup")
 
-_pending: queue.SimpleQueue[Path] = queue.SimpleQueue()
+# How long a discarded work dir waits before it is deleted. A run's end is recorded just
+# before its work dir is discarded, and its waiter then reads and answers on other threads:
+# deleting the tree at once made this thread hold the GIL right when they needed it (each
+# of the few dozen system calls of a removal hands the GIL back and forth), which delayed
+# the answer by milliseconds. A moment later the answer has gone out.
+DELAY_SECONDS = 0.1
+
+_pending: queue.SimpleQueue[tuple[float, Path]] = queue.SimpleQueue()
 _started = threading.Lock()
 _thread: threading.Thread | None = None
 
 
 def _drain() -> None:
     while True:
-        shutil.rmtree(_pending.get(), ignore_errors=True)
+        due, path = _pending.get()
+        wait = due - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def discard_later(path: Path) -> None:
@@ -40,7 +52,7 @@ def discard_later(path: Path) -> None:
         if _thread is None:
             _thread = threading.Thread(target=_drain, name="floom-cleanup", daemon=True)
             _thread.start()
-    _pending.put(trash)
+    _pending.put((time.monotonic() + DELAY_SECONDS, trash))
 
 
 def reap_sandbox_orphans(
