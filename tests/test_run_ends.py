@@ -4,8 +4,10 @@ waiter at every end cost each end one store read per waiter."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 
-from floom.services.run_waits import RECENT_ENDS, RunEnds
+from floom.services.run_waits import DELIVERED_READS, RECENT_ENDS, RunEnds
 
 
 def test_an_end_wakes_the_waiters_of_its_run_and_no_others() -> None:
@@ -57,3 +59,59 @@ def test_only_the_latest_ends_are_remembered() -> None:
             return oldest._event.is_set()
 
     assert asyncio.run(scenario()) is False
+
+
+def test_the_thread_that_records_an_end_does_its_waiters_read_and_hands_it_over() -> None:
+    # The waiter answers with that read: no trip of its own to a worker thread and back.
+    async def scenario() -> tuple[object, bool]:
+        ends = RunEnds()
+        read_on: list[int] = []
+
+        def reader() -> str:
+            read_on.append(threading.get_ident())
+            return "the run as it ended"
+
+        with ends.listening("run_a", reader=reader) as woken:
+            ender = threading.Thread(target=ends.notify, args=("run_a",))
+            ender.start()
+            await woken.wait(5.0)
+            ender.join()
+            return woken.take(), read_on == [ender.ident]
+
+    found, on_the_ending_thread = asyncio.run(scenario())
+    assert found == "the run as it ended"
+    assert on_the_ending_thread
+
+
+def test_a_read_that_fails_at_the_end_still_wakes_the_waiter_to_read_for_itself() -> None:
+    async def scenario() -> tuple[bool, object]:
+        ends = RunEnds()
+
+        def reader() -> str:
+            raise RuntimeError("the store went away")
+
+        with ends.listening("run_a", reader=reader) as woken:
+            ends.notify("run_a")
+            await woken.wait(5.0)
+            return woken._event.is_set(), woken.take()
+
+    assert asyncio.run(scenario()) == (True, None)
+
+
+def test_only_the_first_waiters_of_a_run_get_their_read_done_at_its_end() -> None:
+    # A crowd of waiters on one run must not hold the ending executor slot for their reads.
+    async def scenario() -> tuple[int, int]:
+        ends = RunEnds()
+        reads: list[int] = []
+        with contextlib.ExitStack() as stack:
+            listeners = [
+                stack.enter_context(ends.listening("run_a", reader=lambda n=n: reads.append(n)))
+                for n in range(DELIVERED_READS + 3)
+            ]
+            ends.notify("run_a")
+            await asyncio.sleep(0)
+            return len(reads), sum(listener._event.is_set() for listener in listeners)
+
+    reads, woken = asyncio.run(scenario())
+    assert reads == DELIVERED_READS
+    assert woken == DELIVERED_READS + 3

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 import anyio.to_thread
 
@@ -35,12 +36,19 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+log = logging.getLogger("floom.run_waits")
+
 # How often a waiter reads the store when no end was announced in this process: the delay
 # before an end recorded by another node is seen.
 STORE_CHECK_SECONDS = 0.5
 
 # How many of the latest run ends this process remembers for waiters that come just after.
 RECENT_ENDS = 1024
+
+# How many of a run's waiters have their read done by the thread that recorded its end
+# (Listener); the others, rare (several callers waiting on one run), read for themselves,
+# so an end never holds its executor slot for a crowd of reads.
+DELIVERED_READS = 4
 
 Until = Literal["ended", "settled"]
 # "ended": a final status. "settled": ended, or paused until a person decides (an agent that
@@ -49,17 +57,49 @@ STOP_STATUSES: dict[str, frozenset[str]] = {"ended": FINISHED, "settled": FINISH
 
 
 class Listener:
-    """One waiter's wake-up call, set from any thread on the waiter's own event loop."""
+    """One waiter's wake-up call, set from any thread on the waiter's own event loop.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    A waiter that will read the run once it ends may leave its read here (`reader`): the
+    thread that records the end then reads it at once, right after its commit, and hands
+    the result over with the wake-up. The waiter answers without a trip of its own to a
+    worker thread and back, the longest step between a run's end and its answer."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, reader: Callable[[], object] | None = None
+    ) -> None:
         self._loop = loop
         self._event = asyncio.Event()
+        self._reader = reader
+        self._delivered: object | None = None
 
     def wake(self) -> None:
         try:
             self._loop.call_soon_threadsafe(self._event.set)
         except RuntimeError:
             pass  # the waiter's loop has closed: nobody is left to wake
+
+    def deliver(self) -> None:
+        """Wake the waiter with its read done here (just a wake-up if it left none, or if
+        the read failed: the waiter then reads for itself)."""
+        found = None
+        if self._reader is not None:
+            try:
+                found = self._reader()
+            except Exception:  # the waiter's own read will meet the problem and say it
+                log.debug("a waiter's read at the run's end failed", exc_info=True)
+        try:
+            self._loop.call_soon_threadsafe(self._hand_over, found)
+        except RuntimeError:
+            pass
+
+    def _hand_over(self, found: object | None) -> None:
+        self._delivered = found
+        self._event.set()
+
+    def take(self) -> object | None:
+        """What the end's thread read for this waiter since it last looked, if anything."""
+        found, self._delivered = self._delivered, None
+        return found
 
     def clear(self) -> None:
         self._event.clear()
@@ -88,18 +128,27 @@ class RunEnds:
         self._recent: OrderedDict[str, None] = OrderedDict()
 
     def notify(self, run_id: str) -> None:
+        """Wake the run's waiters; called by whoever recorded its end, after the commit, on
+        that thread: the first DELIVERED_READS waiters' reads are done here."""
         with self._lock:
             listeners = list(self._listeners.get(run_id, ()))
             self._recent[run_id] = None
             self._recent.move_to_end(run_id)
             if len(self._recent) > RECENT_ENDS:
                 self._recent.popitem(last=False)
-        for listener in listeners:
-            listener.wake()
+        for n, listener in enumerate(listeners):
+            if n < DELIVERED_READS:
+                listener.deliver()
+            else:
+                listener.wake()
 
     @contextmanager
-    def listening(self, run_id: str) -> Iterator[Listener]:
-        listener = Listener(asyncio.get_running_loop())
+    def listening(
+        self, run_id: str, *, reader: Callable[[], object] | None = None
+    ) -> Iterator[Listener]:
+        """A listener for `run_id`'s end, for the block; `reader` (see Listener) is called
+        on the recording thread when the end is announced."""
+        listener = Listener(asyncio.get_running_loop(), reader)
         with self._lock:
             self._listeners.setdefault(run_id, set()).add(listener)
             ended_already = run_id in self._recent
@@ -187,7 +236,8 @@ async def wait_and_read(
     waiter = caller.key_id or caller.name or None
     stop = STOP_STATUSES[until]
     deadline = time.monotonic() + max(0.0, timeout)
-    with ctx.run_ends.listening(run_id) as woken:
+    reader = functools.partial(_read, ctx, run_id, stop, then)
+    with ctx.run_ends.listening(run_id, reader=reader) as woken:
         # Listening before the first read: an end announced during the read still wakes us.
         if fresh is not None:
             run, extra = fresh, None
@@ -207,7 +257,11 @@ async def wait_and_read(
                     return run, None
                 await woken.wait(min(left, STORE_CHECK_SECONDS))
                 woken.clear()
-                run, extra = await _read_off_loop(ctx, run_id, stop, then)
+                delivered = cast("tuple[Run, T | None] | None", woken.take())
+                if delivered is not None:  # read by the thread that announced the end
+                    run, extra = delivered
+                else:
+                    run, extra = await _read_off_loop(ctx, run_id, stop, then)
                 if run.status in stop:
                     return run, extra
 
