@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from floom.cli import serving
 from floom.client import FloomClient, FollowEvent
 from floom.config import mask_password
 from floom.errors import ClientError, NotFound
@@ -167,6 +168,23 @@ def test_serve_flags_override_the_environment(tmp_path: Path) -> None:
     assert f"http://127.0.0.1:{port}" in first
     assert str(tmp_path / "home") in first
     assert "sqlite:///" in first
+
+
+def test_serve_reads_its_own_options_without_typer_and_hands_anything_else_to_typer() -> None:
+    assert serving.parse([]) == {}
+    assert serving.parse(
+        ["--host", "0.0.0.0", "--port=8080", "--roles", "api", "--database-url=sqlite:///x.db"]
+    ) == {"host": "0.0.0.0", "port": 8080, "roles": "api", "database_url": "sqlite:///x.db"}
+    assert serving.parse(["--sandbox", "e2b", "--sandbox", "local"]) == {"sandbox": "local"}
+    for typer_reads in (
+        ["--help"],
+        ["--port", "eighty"],
+        ["--port"],
+        ["--role", "api"],
+        ["extra"],
+        ["--", "--port", "1"],
+    ):
+        assert serving.parse(typer_reads) is None, typer_reads
 
 
 # -- workers and versions --------------------------------------------------------------------

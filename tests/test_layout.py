@@ -20,9 +20,13 @@ DELIBERATE_LOCAL_IMPORTS = {
     # The MCP SDK costs ~50 MB; a server nobody reaches over MCP does not load it.
     ("floom/api/mcp_mount.py", "floom.mcp.http"),
     # `floom serve` alone needs the server app and the sandbox (~0.75 s of every CLI start-up).
-    ("floom/cli/serve.py", "floom.api.app"),
-    ("floom/cli/serve.py", "floom.sandbox"),
-    ("floom/cli/serve.py", "floom.sandbox.base"),
+    ("floom/cli/serving.py", "floom.api.app"),
+    ("floom/cli/serving.py", "floom.sandbox"),
+    ("floom/cli/serving.py", "floom.sandbox.base"),
+    # `floom serve` without typer (about 1.3 MiB resident that a server holds for days): the
+    # plain command line is read by serving.py; typer and rich are loaded for an error line.
+    ("floom/cli/index.py", "floom.cli.serving"),
+    ("floom/cli/serving.py", "floom.cli.command"),
     # `floom` and `floom --help` print the command index without typer and the command
     # modules: 0.09 s instead of 0.25 s on a quiet 2-core machine (bench/bench_cli.py).
     ("floom/cli/index.py", "floom.cli.command"),
@@ -44,7 +48,6 @@ DELIBERATE_LOCAL_IMPORTS = {
     ("floom/api/metrics.py", "floom.services.metrics"),
     # rich only for error lines, which `floom serve` (running for days) need not hold.
     ("floom/cli/command.py", "floom.cli.output"),
-    ("floom/cli/serve.py", "floom.cli.output"),
     # `floom run`'s stdlib-only path: typer, rich and httpx are loaded only when it hands
     # the command line over (an error, or a run outlasting the start's wait).
     ("floom/cli/index.py", "floom.cli.quick"),

@@ -3,8 +3,9 @@ help, in `floom --help` order; and the entry point.
 
 `floom` and `floom --help` print the index without importing typer, rich, httpx or a command
 module (~0.3 s of start-up on a 2-core machine); `floom run` goes through the stdlib-only quick
-path (quick.py) when it can; any other invocation loads typer and only the module of the
-command it names. tests/test_cli_index.py checks this index against the
+path (quick.py) when it can, and `floom serve` with its own options starts the server without
+typer (serving.py); any other invocation loads typer and only the module of the command it
+names. tests/test_cli_index.py checks this index against the
 commands' own docstrings.
 """
 
@@ -172,6 +173,12 @@ def main() -> None:
         from floom.cli import quick
 
         quick.run(args[1:])
+    if args[0] == "serve":
+        # Imported here: `floom serve` without typer, which returns when typer should read
+        # this command line.
+        from floom.cli import serving
+
+        serving.run(args[1:])
     # Imported here, not at the top: typer and the command modules cost ~0.3 s that
     # `floom --help` does not need.
     from floom.cli.command import main as run_command
