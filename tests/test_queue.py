@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import event
 
 from floom.engine.phases import claim_run
 from floom.engine.queue import (
@@ -188,3 +191,31 @@ def test_a_claim_says_whether_another_runnable_run_is_queued(ctx: Context) -> No
     taken = claim_next(ctx, look_first=False)
     assert (taken.run.id if taken.run else None, taken.more) == (second, False)
     assert claim_next(ctx, look_first=False) == Claim(None)
+
+
+def test_an_attempts_end_takes_the_runs_event_lock_once(ctx: Context) -> None:
+    # finish_attempt takes the lock first (before the run's row); its closing lines must not
+    # take it again: on PostgreSQL each take is one more round trip on every run's end.
+    enqueue(ctx, 1)
+    run = claim_next_run(ctx)
+    assert run is not None
+    statements: list[str] = []
+
+    def seen(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        statements.append(statement)
+
+    event.listen(ctx.engine, "before_cursor_execute", seen)
+    try:
+        done = Outcome(status="succeeded", outputs={"ok": True})
+        lines = [("stdout", "last line", None)]
+        assert finish_attempt(ctx, run=run, outcome=done, backoff=0, log_lines=lines) == (
+            "succeeded"
+        )
+    finally:
+        event.remove(ctx.engine, "before_cursor_execute", seen)
+    locks = [s for s in statements if "pg_advisory_xact_lock" in s]
+    assert len(locks) == (1 if ctx.engine.dialect.name == "postgresql" else 0)
+    assert [e.line for e in list_events(ctx, run_id=run.id, caller=SYSTEM)][-2:] == [
+        "last line",
+        "succeeded",
+    ]

@@ -332,7 +332,7 @@ def finish_attempt(
         written = cast("CursorResult[Any]", result).rowcount
         if not written:
             if closing:
-                append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
+                append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)
             found = s.execute(select(Run.status).where(Run.id == run.id)).scalar()
             return found or CANCELLED
         # Artifacts from before exist only after an earlier attempt or a pause for a
@@ -356,7 +356,7 @@ def finish_attempt(
             ]
             s.execute(insert(Artifact.__table__), rows)  # type: ignore[attr-defined]
         closing.append(("system", message, None))
-        append_events(s, run_id=run.id, attempt=run.attempt, lines=closing)
+        append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)
         if run.concurrency is not None:
             # A limited worker has room again: a run of it queued on another node may start.
             signals.publish(s, signals.RUN_QUEUED)

@@ -29,10 +29,12 @@ def append_events(
     attempt: int,
     lines: Sequence[tuple[str, str, datetime | None]],
     first: bool = False,
+    locked: bool = False,
 ) -> None:
     """Append (stream, line, ts) rows after the run's last seq, in order.
     `first`: the run was inserted in this very transaction, so it has no events yet and no
-    other writer can see it (seqs from 1, no lock).
+    other writer can see it (seqs from 1, no lock). `locked`: the transaction has taken the
+    run's event lock already (lock_events), which spares PostgreSQL a second round trip.
 
     Callers hold a write session, which makes each row's read of the last seq and its insert
     one atomic step: SQLite's write lock does it there; on PostgreSQL a per-run advisory lock
@@ -52,7 +54,8 @@ def append_events(
             row["seq"] = seq
         s.execute(statements.insert, rows)
         return
-    lock_events(s, run_id=run_id)
+    if not locked:
+        lock_events(s, run_id=run_id)
     # One statement per row that reads the last seq itself; run as one executemany.
     s.execute(statements.insert_next, rows)
 
