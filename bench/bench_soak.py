@@ -10,11 +10,15 @@ growth by line). The clients that run workers/hello through it (each run one
 `POST /workers/hello/runs?wait=30`) are a separate process (bench/soak_client.py), so their
 CPU, allocations and GIL are not the server's. It reads this process's RSS and a
 tracemalloc snapshot after `--baseline` runs and again at the end, and the RSS every 1,000
-runs between. Target (issue 14): RSS at the end within 5 MiB of RSS after the baseline; on a
-miss it prints tracemalloc's top growth. With each RSS it prints what the SQLite library
-holds (its connections' page caches). It also prints the store's bytes per run and how long
-listing, paging, reading logs and submitting take at the start and at the end (flat cost
-per run). Every run must succeed; failed runs are counted and printed.
+runs between. The two RSS readings that the target compares are taken right after handing the
+C heap's free pages back to the system, which the server does itself every
+presence.RELEASE_SECONDS (engine/heap.py), so that they do not depend on when its last release
+was; the readings before that release are printed too. Target (issue 14): RSS at the end
+within 5 MiB of RSS after the baseline; on a miss it prints tracemalloc's top growth. With
+each RSS it prints what the SQLite library holds (its connections' page caches) and the C
+heap's memory in use and free (glibc's mallinfo2). It also prints the store's bytes per
+run and how long listing, paging, reading logs and submitting take at the start and at the
+end (flat cost per run). Every run must succeed; failed runs are counted and printed.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import uvicorn  # noqa: E402
 
 from floom.api.app import create_app  # noqa: E402
 from floom.config import Settings  # noqa: E402
+from floom.engine.heap import release_free_memory  # noqa: E402
 from floom.services import keys  # noqa: E402
 from floom.services.context import Context  # noqa: E402
 from floom.services.principal import SYSTEM  # noqa: E402
@@ -94,9 +99,40 @@ def sqlite_heap() -> str:
     return f"{now.value / 2**20:.1f} MiB (at most {high.value / 2**20:.1f})"
 
 
+class MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def c_heap() -> str:
+    """The C heap (glibc's mallinfo2, all arenas): memory in use and memory free in it (free
+    chunks stay resident until released, engine/heap.py); "?" where it cannot be read."""
+    try:
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return "?"
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return f"{info.uordblks / 2**20:.1f} MiB in use, {info.fordblks / 2**20:.1f} MiB free"
+
+
+def released_rss() -> tuple[float, float]:
+    """RSS before and after handing the C heap's free pages back to the system, as the
+    server does every presence.RELEASE_SECONDS: readings after a release do not depend on
+    how long ago the server's last one was."""
+    before = rss_mib()
+    release_free_memory()
+    return before, rss_mib()
+
+
 def memory(ctx: Context) -> str:
-    """Where the RSS is (anonymous or file-backed), the store's pooled connections and what
-    SQLite holds (each SQLite connection keeps its own page cache)."""
+    """Where the RSS is (anonymous or file-backed), the store's pooled connections, what
+    SQLite holds (each SQLite connection keeps its own page cache) and the C heap."""
     status = Path(f"/proc/{os.getpid()}/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     pool = ctx.engine.pool
@@ -104,7 +140,7 @@ def memory(ctx: Context) -> str:
     return (
         f"RssAnon {fields.get('RssAnon', '?').strip()}, RssFile "
         f"{fields.get('RssFile', '?').strip()}; pooled connections idle: {kept}; "
-        f"SQLite heap {sqlite_heap()}"
+        f"SQLite heap {sqlite_heap()}; C heap {c_heap()}"
     )
 
 
@@ -212,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {done[0] + msg['progress']} runs ({time.perf_counter() - t0:.0f} s, "
                 f"{msg['progress'] / msg['seconds']:.1f} runs/s, {load()}): RSS "
-                f"{rss_mib():.1f} MiB, traced {traced_mib():.1f} MiB, "
+                f"{rss_mib():.1f} MiB, traced {traced_mib():.1f} MiB, C heap {c_heap()}, "
                 f"failed {failures[0] + msg['failures']}",
                 flush=True,
             )
@@ -245,19 +281,22 @@ def main(argv: list[str] | None = None) -> int:
         # before the baseline reading: both RSS readings include it.
         base_snap = tracemalloc.take_snapshot()
         gc.collect()
-        base_rss, base_traced = rss_mib(), traced_mib()
+        base_unreleased, base_rss = released_rss()
+        base_traced = traced_mib()
         base_bytes, base_runs = store_bytes(data_dir), done[0]
         base_costs = probe_costs()
         elapsed = time.perf_counter() - t0
         print(
             f"after {done[0]} runs ({elapsed:.0f} s, {base_rate:.1f} runs/s, {load()}): "
-            f"RSS {base_rss:.1f} MiB, traced {base_traced:.1f} MiB",
+            f"RSS {base_rss:.1f} MiB ({base_unreleased:.1f} before the release), traced "
+            f"{base_traced:.1f} MiB",
             flush=True,
         )
         print(f"  {memory(ctx)}", flush=True)
         rate = phase(args.runs - args.baseline, stop_at)
         gc.collect()
-        end_rss, end_traced = rss_mib(), traced_mib()
+        end_unreleased, end_rss = released_rss()
+        end_traced = traced_mib()
         end_snap = tracemalloc.take_snapshot()
         end_bytes = store_bytes(data_dir)
         end_costs = probe_costs()
@@ -265,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - t0
         print(
             f"after {done[0]} runs ({elapsed:.0f} s, {rate:.1f} runs/s since the baseline, "
-            f"{load()}): RSS {end_rss:.1f} MiB, traced {end_traced:.1f} MiB"
+            f"{load()}): RSS {end_rss:.1f} MiB ({end_unreleased:.1f} before the release), "
+            f"traced {end_traced:.1f} MiB"
         )
         if done[0] < args.runs:
             print(f"  stopped short of {args.runs} runs by --max-minutes {args.max_minutes:g}")
@@ -277,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         growth = end_rss - base_rss
         ok = growth <= GROWTH_LIMIT_MIB
         verdict = "OK" if ok else "MISS"
-        print(f"RSS growth {growth:+.1f} MiB, target <= {GROWTH_LIMIT_MIB:g}: {verdict}")
+        print(
+            f"RSS growth {growth:+.1f} MiB, target <= {GROWTH_LIMIT_MIB:g}: {verdict} (before "
+            f"the releases: {end_unreleased - base_unreleased:+.1f} MiB)"
+        )
         # Python's own heap, which RSS can hide (freed memory is reused before RSS grows).
         traced = end_traced - base_traced
         print(f"traced Python memory growth {traced:+.1f} MiB")
