@@ -246,14 +246,15 @@ class Executor:
                 continue
             if self._stop.wait(LOG_FLUSH_SECONDS):
                 return
-            self._flush_all()
+            self._flush_all(waited=LOG_FLUSH_SECONDS)
 
-    def _flush_all(self) -> None:
+    def _flush_all(self, *, waited: float = 0.0) -> None:
+        """Write the active runs' pending lines (with `waited`: those waiting that long)."""
         with self._active_lock:
             logs = list(self._active.values())
         for run_log in logs:
             try:
-                run_log.flush(self.ctx)
+                run_log.flush(self.ctx, waited=waited)
             except Exception as exc:  # the lines stay buffered for the next flush
                 if self._store_failed_at is not None and isinstance(exc, STORE_DOWN):
                     self._store_failed_at = time.monotonic()  # said once by the others

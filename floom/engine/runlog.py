@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,7 @@ class RunLog:
         self.attempt = attempt
         self._redactor = redactor
         self._pending: list[LogLine] = []
+        self._pending_since = 0.0  # time.monotonic() of the oldest pending line
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._count = 0
@@ -73,6 +75,8 @@ class RunLog:
                 )
                 return
             self._bytes += size
+            if not self._pending:
+                self._pending_since = time.monotonic()
             self._pending.append((stream, line, utcnow()))
             if stream == "stderr" and line.strip():
                 self.last_stderr = line
@@ -92,6 +96,8 @@ class RunLog:
 
     def _stop(self, message: str) -> None:
         self._full = True
+        if not self._pending:
+            self._pending_since = time.monotonic()
         self._pending.append(("system", message, utcnow()))
 
     def drain(self) -> list[LogLine]:
@@ -101,11 +107,20 @@ class RunLog:
             batch, self._pending = self._pending, []
         return batch
 
-    def flush(self, ctx: Context) -> None:
+    def flush(self, ctx: Context, *, waited: float = 0.0) -> None:
+        """Write the pending lines; with `waited`, only once the oldest of them has waited
+        that many seconds. The flusher passes its interval: the lines of a run that ends
+        sooner are written with its end, in that one transaction, instead of in a write
+        transaction of their own (most runs end within the interval), and a line of a
+        longer run still reaches the store within two intervals."""
         # One flush at a time per run: the flusher thread and the run's own final flush
         # must not interleave, or lines could land after the run's closing event.
         with self._flush_lock:
             with self._lock:
+                if waited and (
+                    not self._pending or time.monotonic() - self._pending_since < waited
+                ):
+                    return
                 batch, self._pending = self._pending, []
             if batch:
                 try:
@@ -116,4 +131,5 @@ class RunLog:
                     # must not cut lines out of the middle of a run's log.
                     with self._lock:
                         self._pending[:0] = batch
+                        self._pending_since = 0.0  # overdue: the next pass writes them
                     raise
