@@ -4,14 +4,19 @@ limited worker, and a held slot is always given back when the run is not taken."
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlmodel import Session
 
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
+from floom.engine import executor as executor_module
 from floom.engine.executor import Executor
+from floom.engine.queue import Claim
 from floom.errors import FloomError
 from floom.sandbox.fake import FakeSandbox
 from floom.services import runs, workers
@@ -19,7 +24,7 @@ from floom.services.context import Context
 from floom.services.logs import list_events
 from floom.services.principal import SYSTEM
 from floom.store.models import Run
-from tests.conftest import make_worker
+from tests.conftest import fast_settings, make_worker
 from tests.queue_support import enqueue
 
 
@@ -178,3 +183,39 @@ def test_a_run_taken_as_the_node_stops_is_requeued_not_lost(ctx: Context, tmp_pa
     assert stored.status == "queued"
     assert stored.previous_attempt == "interrupted"
     assert "interrupted by node shutdown; requeued" in lines(ctx, run.id)
+
+
+def test_a_slot_goes_on_to_the_next_queued_run_itself(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In a burst, the slot whose run just ended claims the next queued run and runs it in
+    # its own thread: the dispatcher is not woken and no run is handed to another thread.
+    ctx = Context.open(fast_settings(tmp_path / "data", database_url, executor_slots=1))
+    deploy(ctx, tmp_path, "w1")
+    ids = [runs.create_run(ctx, worker_name="w1", caller=SYSTEM).id for _ in range(4)]
+    claimed_on: list[str] = []
+    real_claim = executor_module.claim_next
+
+    def recording_claim(c: Context, **kwargs: Any) -> Claim:
+        claim = real_claim(c, **kwargs)
+        if claim.run is not None:
+            claimed_on.append(threading.current_thread().name)
+        return claim
+
+    monkeypatch.setattr(executor_module, "claim_next", recording_claim)
+    engine = Executor(ctx, FakeSandbox({"run.py": lambda p: 0}), run_agent=run_agent)
+    engine.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            statuses = {runs.get_run(ctx, run_id=i, caller=SYSTEM).status for i in ids}
+            if statuses == {"succeeded"}:
+                break
+            time.sleep(0.05)
+        assert statuses == {"succeeded"}
+    finally:
+        engine.stop()
+        ctx.engine.dispose()
+    assert len(claimed_on) == 4
+    assert claimed_on[0] == "floom-dispatch"  # the queue's first run: nothing ran yet
+    assert all(name.startswith("floom-run") for name in claimed_on[1:]), claimed_on

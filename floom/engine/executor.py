@@ -85,8 +85,11 @@ class Executor:
         # Set when an attempt ends here: the dispatcher sleeps on it while all slots are taken.
         self._slot_freed = threading.Event()
         self._active: dict[str, RunLog] = {}
-        # Slots held for runs being queued with this node as their claimer (`reserve`).
+        # Slots held for runs being queued with this node as their claimer (`reserve`), and
+        # for the next run of a slot whose attempt just ended (`_next_in_slot`).
         self._reserved = 0
+        # Whether the last claim saw another runnable run queued besides the one it took.
+        self._queue_more = False
         self._active_lock = threading.Lock()
         self._cancel: set[str] = set()
         self._interrupted: set[str] = set()
@@ -210,6 +213,7 @@ class Executor:
                     continue
                 self.ctx.run_queued.clear()
                 claim = claim_next(self.ctx, look_first=look_first)
+                self._queue_more = claim.more
                 if claim.run is not None:
                     self._launch(claim.run)
                 if claim.more:
@@ -348,21 +352,48 @@ class Executor:
         )
 
     def _launch(self, run: Run) -> None:
+        self._pool.submit(self._run_slot, run, self._register(run))
+
+    def _register(self, run: Run) -> RunLog:
         run_log = self._new_run_log(run)
         with self._active_lock:
             self._active[run.id] = run_log
             self._cancel.discard(run.id)
         self._attempt_started.set()
-        self._pool.submit(self._run_attempt, run, run_log)
+        return run_log
+
+    def _run_slot(self, run: Run, run_log: RunLog) -> None:
+        """Run the attempt, then, while runs are queued, the next ones in this same slot and
+        thread: in a burst each slot goes from one run to the next without waking the
+        dispatcher and handing the run over to a pool thread."""
+        next_run: Run | None = run
+        while next_run is not None:
+            if not self._run_attempt(next_run, run_log):
+                return
+            next_run = self._next_in_slot()
+            if next_run is not None:
+                run_log = self._register(next_run)
+
+    def _next_in_slot(self) -> Run | None:
+        """Claim the next queued run for the slot `_run_attempt` kept (reserved); frees the
+        slot when there is none, or when the claim fails (the dispatcher retries)."""
+        run: Run | None = None
+        try:
+            claim = claim_next(self.ctx, look_first=not self._queue_more)
+            self._queue_more = claim.more
+            run = claim.run
+        except Exception as exc:  # the dispatcher's own claim retries; the slot is freed
+            self._log_failure("claiming the next run in a slot failed", exc)
+        with self._active_lock:
+            self._reserved -= 1
+        if run is None:
+            self._slot_freed.set()
+        return run
 
     def run_claimed_inline(self, run: Run) -> None:
         """Run an attempt this node just claimed in the calling thread, as a slot would: an
         agent waiting on its child run must not wait for a free slot it may itself hold."""
-        run_log = self._new_run_log(run)
-        with self._active_lock:
-            self._active[run.id] = run_log
-        self._attempt_started.set()
-        self._run_attempt(run, run_log)
+        self._run_attempt(run, self._register(run), keep_slot=False)
 
     def should_cancel(self, run_id: str) -> bool:
         """Whether the attempt of `run_id` on this node is to stop: cancelled by a caller,
@@ -373,7 +404,10 @@ class Executor:
             or run_id in self._interrupted
         )
 
-    def _run_attempt(self, run: Run, run_log: RunLog) -> None:
+    def _run_attempt(self, run: Run, run_log: RunLog, *, keep_slot: bool = True) -> bool:
+        """Run one attempt and record its end. Returns True when its slot was kept, as a
+        reservation, for the next queued run (`keep_slot` and the queue likely holds one:
+        runs were queued since the dispatcher last looked, or its last claim saw more)."""
         started = time.monotonic()
         try:
             version = workers.get_version(self.ctx, version_id=run.version_id, caller=SYSTEM)
@@ -407,21 +441,33 @@ class Executor:
             backoff, exponential = 5.0, True
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
         status: str | None = None
+        kept = False
         try:
             lines = run_log.drain()
             status = self._record_end(run, outcome, lines, backoff=backoff, exponential=exponential)
         finally:
+            # Something may have become claimable: the run itself (queued again), or a run of
+            # its limited worker that a claim passed over.
+            if status in (None, QUEUED) or run.concurrency is not None:
+                self.ctx.run_queued.set()
             with self._active_lock:
                 # A resumed run may already be back here as a new attempt: leave that one be.
                 if self._active.get(run.id) is run_log:
                     self._active.pop(run.id, None)
                     self._cancel.discard(run.id)
                     self.ctx.local_cancels.discard(run.id)
-            self._slot_freed.set()
-            # Something may have become claimable: the run itself (queued again), or a run of
-            # its limited worker that a claim passed over.
-            if status in (None, QUEUED) or run.concurrency is not None:
-                self.ctx.run_queued.set()
+                # Kept only while no drain is under way: the slot then holds no new run.
+                kept = (
+                    keep_slot
+                    and status is not None
+                    and not self._stop.is_set()
+                    and (self._queue_more or self.ctx.run_queued.is_set())
+                )
+                if kept:
+                    self._reserved += 1
+            if not kept:
+                self._slot_freed.set()
+        return kept
 
     def _record_end(
         self,
