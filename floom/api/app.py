@@ -35,6 +35,7 @@ from floom.api.ui_mount import LazyUI
 from floom.config import ROLES, Settings
 from floom.engine.executor import Executor, interrupt_on_signal
 from floom.engine.handoff_loop import HandoffLoop
+from floom.engine.heap import limit_arenas
 from floom.engine.housekeeping import Housekeeping
 from floom.engine.presence import NodePresence
 from floom.engine.scheduler import Scheduler
@@ -101,6 +102,8 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Before the node's threads start: they share two malloc arenas (engine/heap.py).
+        limit_arenas()
         context = ctx or Context.open(settings)
         app.state.ctx = context
         # First, so that this node hears other nodes' revocations and queued runs at once.
