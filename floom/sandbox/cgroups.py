@@ -32,6 +32,9 @@ KILL_WAIT_SECONDS: Final = 5.0
 # removed; one empty for this long was left by a floom process that died.
 STALE_AFTER_SECONDS: Final = 60.0
 _PARENT_NAME: Final = "floom"
+# A new group's CPU weight, as one process's: cgroup v1 cpu.shares, cgroup v2 cpu.weight.
+DEFAULT_CPU_SHARES_V1: Final = 1024
+DEFAULT_CPU_WEIGHT_V2: Final = 100
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,30 @@ class CgroupTree:
             group.remove(timeout=1.0)
             raise CgroupError(f"cannot create the run's cgroup {name}: {exc}") from exc
         return group
+
+
+def weigh_runs(tree: CgroupTree, slots: int) -> bool:
+    """Give the group all run cgroups sit in (floom/) the CPU weight of `slots` ordinary
+    processes; False when there is no CPU hierarchy or the weight cannot be written.
+
+    Under CPU contention the kernel shares the CPU between sibling groups by weight, and a
+    new group gets the weight of one process: with every run under floom/, all of a node's
+    runs together got one process's share, so a run on a busy host took about twice as long
+    as the same command outside floom (bench: 150 against 82 ms at load 10). Each run's own
+    group keeps the default weight among its siblings and its `cpu_cores` quota."""
+    parent = tree.parents.get(CPU)
+    if parent is None:
+        return False
+    slots = max(1, slots)
+    if tree.version == 2:
+        setting = ("cpu.weight", str(min(10_000, DEFAULT_CPU_WEIGHT_V2 * slots)))
+    else:
+        setting = ("cpu.shares", str(DEFAULT_CPU_SHARES_V1 * slots))
+    try:
+        _write(f"{parent}/{setting[0]}", setting[1])
+    except OSError:
+        return False
+    return True
 
 
 def remove_stale(tree: CgroupTree, *, older_than: float = STALE_AFTER_SECONDS) -> int:
