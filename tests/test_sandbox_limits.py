@@ -22,20 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from floom.agent.runner import run_agent
-from floom.engine.executor import Executor
 from floom.sandbox import LocalSandbox, SandboxResult, cgroups, seccomp
-from floom.sandbox.fake import FakeSandbox
 from floom.sandbox.identity import CGROUP_JOIN_FAILED, sandbox_identity
-from floom.services.context import Context
-from tests.conftest import (
-    LiveServer,
-    deploy_folder,
-    fast_settings,
-    make_worker,
-    wait_for_run,
-    wait_until,
-)
+from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.sandbox_support import Lines
 from tests.sandbox_support import run_script as run_in_sandbox
 
@@ -682,7 +671,7 @@ def test_the_launcher_joins_the_run_cgroup_in_every_hierarchy_or_starts_nothing(
 
 
 @needs_cgroups
-def test_the_runs_cpu_group_gets_the_weight_of_as_many_processes_as_slots() -> None:
+def test_the_runs_cpu_group_weighs_as_many_processes_as_it_holds_runs() -> None:
     # Under CPU contention the kernel shares CPU between sibling groups by weight: with the
     # default (one process's), all of a node's runs together got one process's CPU time.
     tree = cgroups.detect()
@@ -690,29 +679,24 @@ def test_the_runs_cpu_group_gets_the_weight_of_as_many_processes_as_slots() -> N
         pytest.skip("no CPU controller here")
     # A group of the test's own under floom/, standing for floom/ itself: the real one is
     # shared with the servers other tests start at the same time.
-    group = tree.parents[cgroups.CPU] / f"weigh-test-{uuid.uuid4().hex[:8]}"
-    group.mkdir()
+    parent = tree.parents[cgroups.CPU] / f"weigh-test-{uuid.uuid4().hex[:8]}"
+    parent.mkdir()
+    own = cgroups.CgroupTree(version=tree.version, parents={cgroups.CPU: parent})
+    name = "cpu.weight" if tree.version == 2 else "cpu.shares"
+    one = cgroups.DEFAULT_CPU_WEIGHT_V2 if tree.version == 2 else cgroups.DEFAULT_CPU_SHARES_V1
+    limits = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=64, cpu_cores=1)
+
+    def weight() -> int:
+        return int((parent / name).read_text())
+
     try:
-        own = cgroups.CgroupTree(version=tree.version, parents={cgroups.CPU: group})
-        name = "cpu.weight" if tree.version == 2 else "cpu.shares"
-        one = cgroups.DEFAULT_CPU_WEIGHT_V2 if tree.version == 2 else cgroups.DEFAULT_CPU_SHARES_V1
-        assert int((group / name).read_text()) == one  # a new group: one process's weight
-        assert cgroups.weigh_runs(own, 3)
-        assert int((group / name).read_text()) == 3 * one
+        first = own.create("run-a", limits)
+        assert weight() == one
+        second = own.create("run-b", limits)
+        assert weight() == 2 * one
+        first.remove()
+        assert weight() == one
+        second.remove()
+        assert weight() == one
     finally:
-        group.rmdir()
-
-
-def test_the_executor_tells_its_sandbox_backends_its_slot_count(tmp_path: Path) -> None:
-    told: list[int] = []
-
-    class Recording(FakeSandbox):
-        def size_for(self, slots: int) -> None:
-            told.append(slots)
-
-    ctx = Context.open(fast_settings(tmp_path / "data", f"sqlite:///{tmp_path / 'f.db'}"))
-    engine = Executor(ctx, Recording(), run_agent=run_agent)
-    engine.start()
-    engine.stop()
-    ctx.engine.dispose()
-    assert told == [ctx.settings.executor_slots]
+        parent.rmdir()

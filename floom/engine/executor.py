@@ -109,8 +109,6 @@ class Executor:
         if orphans:
             log.warning("killed %d sandbox(es) a previous process left running", orphans)
         shutil.rmtree(self.ctx.settings.work_root, ignore_errors=True)
-        for backend in self.backends.values():
-            backend.size_for(self.slots)
         reaped = reap_expired_leases(self.ctx, own_node_restart=True)
         if reaped:
             log.warning("requeued or failed %d run(s) abandoned by a previous process", reaped)

@@ -174,11 +174,6 @@ class Sandbox(abc.ABC):
         """Raise SandboxUnavailable with a hint when this backend cannot run on this node
         (not installed, not configured); cheap, and without starting a sandbox."""
 
-    def size_for(self, slots: int) -> None:  # noqa: B027 - optional hook, default is a no-op
-        """Told once by the node's executor how many runs it runs at once, before the first:
-        a backend whose runs share this host's resources sizes their share (the local one
-        weighs its runs' CPU group as `slots` processes). Raises nothing."""
-
     def protections(self) -> dict[str, bool | str]:
         """Which protections runs get on this node (for /healthz and the start line):
         True/False per protection, or a short value such as the cgroup version."""

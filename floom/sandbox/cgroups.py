@@ -13,6 +13,7 @@ import errno
 import functools
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,12 +52,44 @@ class CgroupError(FloomError):
     code = "cgroup_unavailable"
 
 
+class _RunsWeight:
+    """The CPU weight of the group all run cgroups sit in (floom/), kept at one process's
+    per live run cgroup of this process.
+
+    Under CPU contention the kernel shares the CPU between sibling groups by weight, and a
+    group weighs as one process unless told otherwise: with every run under floom/, all of a
+    node's runs together got one process's share, so on a busy host a run took about twice
+    as long as the same command outside floom (bench: 150 against 82 ms at load 10). With
+    the weight of its live runs, each run weighs as the process it would be outside floom
+    (each run's own group keeps the default weight among its siblings, and its quota)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[Path, int] = {}
+
+    def change(self, parent: Path, version: int, by: int) -> None:
+        with self._lock:
+            live = self._live[parent] = self._live.get(parent, 0) + by
+            if version == 2:
+                file, value = "cpu.weight", min(10_000, DEFAULT_CPU_WEIGHT_V2 * max(1, live))
+            else:
+                file, value = "cpu.shares", DEFAULT_CPU_SHARES_V1 * max(1, live)
+            # Best effort: a group floom may not weigh only keeps the default.
+            with contextlib.suppress(OSError):
+                _write(f"{parent}/{file}", str(value))
+
+
+_runs_weight = _RunsWeight()
+
+
 class RunCgroup:
     """One run's cgroup, with one directory per hierarchy that holds one of its limits
     (one in total on cgroup v2)."""
 
     def __init__(self, *, version: int, dirs: dict[str, Path]) -> None:
         self.version = version
+        # The CPU parent whose weight counts this run, once `weigh` has counted it.
+        self._weighed: Path | None = None
         self.dirs = dirs  # limit name -> the directory of the cgroup that enforces it
         # Its files are read and written about a dozen times per run, by path strings built
         # once: through pathlib that cost more CPU than the system calls themselves.
@@ -118,8 +151,18 @@ class RunCgroup:
                 return False
             time.sleep(0.01)
 
+    def weigh(self) -> None:
+        """Count this run in its CPU parent's weight (until `remove`)."""
+        cpu = self.dirs.get(CPU)
+        if cpu is not None and self._weighed is None:
+            self._weighed = cpu.parent
+            _runs_weight.change(cpu.parent, self.version, +1)
+
     def remove(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
         """Kill what is left and delete the cgroup's directories; False if one stayed."""
+        if self._weighed is not None:
+            _runs_weight.change(self._weighed, self.version, -1)
+            self._weighed = None
         # By now a run's tree has normally ended and left its cgroup empty: the kernel
         # refuses to remove a cgroup that still holds a process (EBUSY), so removing first
         # and killing only on that refusal keeps the guarantee without reading every
@@ -179,31 +222,8 @@ class CgroupTree:
         except OSError as exc:
             group.remove(timeout=1.0)
             raise CgroupError(f"cannot create the run's cgroup {name}: {exc}") from exc
+        group.weigh()
         return group
-
-
-def weigh_runs(tree: CgroupTree, slots: int) -> bool:
-    """Give the group all run cgroups sit in (floom/) the CPU weight of `slots` ordinary
-    processes; False when there is no CPU hierarchy or the weight cannot be written.
-
-    Under CPU contention the kernel shares the CPU between sibling groups by weight, and a
-    new group gets the weight of one process: with every run under floom/, all of a node's
-    runs together got one process's share, so a run on a busy host took about twice as long
-    as the same command outside floom (bench: 150 against 82 ms at load 10). Each run's own
-    group keeps the default weight among its siblings and its `cpu_cores` quota."""
-    parent = tree.parents.get(CPU)
-    if parent is None:
-        return False
-    slots = max(1, slots)
-    if tree.version == 2:
-        setting = ("cpu.weight", str(min(10_000, DEFAULT_CPU_WEIGHT_V2 * slots)))
-    else:
-        setting = ("cpu.shares", str(DEFAULT_CPU_SHARES_V1 * slots))
-    try:
-        _write(f"{parent}/{setting[0]}", setting[1])
-    except OSError:
-        return False
-    return True
 
 
 def remove_stale(tree: CgroupTree, *, older_than: float = STALE_AFTER_SECONDS) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
-import logging
 import os
 import shutil
 import signal
@@ -43,8 +42,6 @@ from floom.sandbox.network import (
     protection_summary,
 )
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
-
-log = logging.getLogger("floom.sandbox")
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 
@@ -141,15 +138,6 @@ class LocalSandbox(Sandbox):
     def __init__(self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
         self._prefix: tuple[str, ...] | None = None
         self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
-
-    def size_for(self, slots: int) -> None:
-        tree = cgroups.detect()
-        if limits.CPU in tree.enforced and not cgroups.weigh_runs(tree, slots):
-            log.warning(
-                "could not give the runs' CPU group the weight of %d processes; under CPU "
-                "contention all runs of this node share one process's CPU time",
-                slots,
-            )
 
     def protections(self) -> dict[str, bool | str]:
         """Which protections runs get on this node, for /healthz and the start line."""
