@@ -33,7 +33,14 @@ from floom.services.run_rules import (
 from floom.services.runs import any_runnable_statement
 from floom.store import signals
 from floom.store.blobs import insert_blob
-from floom.store.db import Writer, is_postgres, on_postgres, session_scope, write_connection
+from floom.store.db import (
+    Writer,
+    is_postgres,
+    on_postgres,
+    read_connection,
+    session_scope,
+    write_connection,
+)
 from floom.store.models import Artifact, Run, UTCDateTime, trusted_row, utcnow
 
 if TYPE_CHECKING:
@@ -136,8 +143,8 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
     # A read first when the queue was last seen empty: most such calls find nothing, and a
     # read takes no write lock on SQLite. Draining a busy queue skips it.
     if look_first:
-        with session_scope(ctx.engine) as s:
-            if s.execute(statements.any_runnable, {"now": now}).first() is None:
+        with read_connection(ctx.engine) as conn:
+            if conn.execute(statements.any_runnable, {"now": now}).first() is None:
                 return Claim(None)
     params: dict[str, Any] = {
         "now": now,

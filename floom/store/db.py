@@ -180,6 +180,18 @@ def write_connection(engine: Engine) -> Iterator[Connection]:
         raise store_unavailable(exc) from exc
 
 
+@contextmanager
+def read_connection(engine: Engine) -> Iterator[Connection]:
+    """session_scope() without the ORM, for a read of Core statements only (the queue's
+    look for a runnable run, twice a second on an idle node): a plain connection, its
+    transaction rolled back when the block ends."""
+    try:
+        with engine.connect() as conn:
+            yield conn
+    except UNAVAILABLE as exc:
+        raise store_unavailable(exc) from exc
+
+
 def _write_bind(engine: Engine) -> Engine:
     # Made once per engine: execution_options() builds a new proxy engine (~35 us), and a
     # run opens several write sessions. The proxy shares the engine's pool.
