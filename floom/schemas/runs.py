@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import Field
-from sqlmodel import Session
 
 from floom.hints.surface import tell
 from floom.schemas.common import Page, Public, Timestamp
@@ -13,6 +12,7 @@ from floom.services import agent_runs, approvals, logs, run_records, run_rules, 
 from floom.services.context import Context
 from floom.services.principal import Principal, Surface
 from floom.store.agents import Approval, ToolCall
+from floom.store.db import Reader
 from floom.store.models import Artifact, Run, RunEvent
 
 
@@ -166,7 +166,7 @@ def run_detail(ctx: Context, *, run_id: str, caller: Principal) -> RunDetail:
     return _detail(ctx, run, artifacts, asked, caller)
 
 
-def run_detail_in_session(ctx: Context, s: Session, run: Run, *, caller: Principal) -> RunDetail:
+def run_detail_in_session(ctx: Context, s: Reader, run: Run, *, caller: Principal) -> RunDetail:
     """run_detail for a run the caller has just read in `s` (the read that ends a wait): the
     rest of the record is read in the same transaction, the run not read again."""
     caller.require("read")

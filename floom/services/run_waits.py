@@ -26,12 +26,10 @@ from floom.errors import TooManyWaits
 from floom.services.principal import Principal
 from floom.services.run_rules import FINISHED, WAITING
 from floom.services.runs import peek_run
-from floom.store.db import session_scope
+from floom.store.db import Reader, read_connection
 from floom.store.models import Run
 
 if TYPE_CHECKING:
-    from sqlmodel import Session
-
     from floom.services.context import Context
 
 T = TypeVar("T")
@@ -225,7 +223,7 @@ async def wait_and_read(
     until: Until = "ended",
     caller: Principal,
     fresh: Run | None = None,
-    then: Callable[[Session, Run], T] | None = None,
+    then: Callable[[Reader, Run], T] | None = None,
 ) -> tuple[Run, T | None]:
     """wait_for_end, and `then(session, run)` called in the session of the read that found
     the run at the end of the wait (a stop status of `until`): a caller that answers with
@@ -284,7 +282,7 @@ async def _read_off_loop(
     ctx: Context,
     run_id: str,
     stop: frozenset[str],
-    then: Callable[[Session, Run], T] | None,
+    then: Callable[[Reader, Run], T] | None,
 ) -> tuple[Run, T | None]:
     return await anyio.to_thread.run_sync(functools.partial(_read, ctx, run_id, stop, then))
 
@@ -293,9 +291,10 @@ def _read(
     ctx: Context,
     run_id: str,
     stop: frozenset[str],
-    then: Callable[[Session, Run], T] | None,
+    then: Callable[[Reader, Run], T] | None,
 ) -> tuple[Run, T | None]:
-    with session_scope(ctx.engine) as s:
-        run = peek_run(s, run_id)
-        extra = then(s, run) if then is not None and run.status in stop else None
+    # Core statements only (peek_run, the record's rows): a plain connection will do.
+    with read_connection(ctx.engine) as conn:
+        run = peek_run(conn, run_id)
+        extra = then(conn, run) if then is not None and run.status in stop else None
     return run, extra

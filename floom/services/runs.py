@@ -40,7 +40,7 @@ from floom.services.run_rules import (
     transition,
 )
 from floom.store import signals
-from floom.store.db import Writer, session_scope, write_connection
+from floom.store.db import Reader, Writer, session_scope, write_connection
 from floom.store.models import (
     Artifact,
     Blob,
@@ -375,7 +375,7 @@ def run_in_session(s: Session, run_id: str) -> Run:
     return run
 
 
-def peek_run(s: Session, run_id: str) -> Run:
+def peek_run(s: Reader, run_id: str) -> Run:
     """The run as stored, read in the caller's session for looking at only: a copy that is
     not attached to `s` (a change to it is not written), built without the ORM's loading
     (~250 us less per read; waits read runs often). NotFound when there is none."""

@@ -109,6 +109,8 @@ def is_postgres(engine: Engine) -> bool:
 
 # A transaction a step writes in: an ORM session, or a plain connection (write_connection).
 Writer = Session | Connection
+# What a read of Core statements only takes: an ORM session or a plain connection.
+Reader = Session | Connection
 
 
 def on_postgres(s: Writer) -> bool:
