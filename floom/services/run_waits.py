@@ -225,11 +225,12 @@ async def wait_and_read(
     fresh: Run | None = None,
     then: Callable[[Reader, Run], T] | None = None,
 ) -> tuple[Run, T | None]:
-    """wait_for_end, and `then(session, run)` called in the session of the read that found
-    the run at the end of the wait (a stop status of `until`): a caller that answers with
-    the whole record reads the rest of it in that same transaction instead of reading the
-    run again. None instead of `then`'s result when the wait ran out first, or when the
-    run was answered as `fresh` without a read."""
+    """wait_for_end, and `then(s, run)` called in the read that found the run at the end of
+    the wait (a stop status of `until`; `s` a plain connection or a session, so `then` runs
+    Core statements only): a caller that answers with the whole record reads the rest of it
+    in that same transaction instead of reading the run again. None instead of `then`'s
+    result when the wait ran out first, or when the run was answered as `fresh` without a
+    read."""
     caller.require("read")
     waiter = caller.key_id or caller.name or None
     stop = STOP_STATUSES[until]
