@@ -5,7 +5,6 @@ limited worker, and a held slot is always given back when the run is not taken."
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from floom.services.context import Context
 from floom.services.logs import list_events
 from floom.services.principal import SYSTEM
 from floom.store.models import Run
-from tests.conftest import fast_settings, make_worker
+from tests.conftest import fast_settings, make_worker, wait_until
 from tests.queue_support import enqueue
 
 
@@ -206,13 +205,12 @@ def test_a_slot_goes_on_to_the_next_queued_run_itself(
     engine = Executor(ctx, FakeSandbox({"run.py": lambda p: 0}), run_agent=run_agent)
     engine.start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            statuses = {runs.get_run(ctx, run_id=i, caller=SYSTEM).status for i in ids}
-            if statuses == {"succeeded"}:
-                break
-            time.sleep(0.05)
-        assert statuses == {"succeeded"}
+        wait_until(
+            lambda: (
+                {runs.get_run(ctx, run_id=i, caller=SYSTEM).status for i in ids} == {"succeeded"}
+            ),
+            timeout=30,
+        )
     finally:
         engine.stop()
         ctx.engine.dispose()

@@ -23,16 +23,12 @@ side by side the limit left 3.5 MiB less resident and the server's CPU per run t
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Callable
 from typing import Any
 
 ARENAS = 2
 M_ARENA_MAX = -8  # glibc's malloc.h
-
-_trim: Callable[[int], int] | None = None
-_looked_up = False
-_lookup = threading.Lock()
 
 
 def _libc_call(name: str) -> Any:
@@ -46,6 +42,7 @@ def _libc_call(name: str) -> Any:
         return None
 
 
+@functools.cache
 def _find_trim() -> Callable[[int], int] | None:
     import ctypes
 
@@ -72,13 +69,8 @@ def limit_arenas(count: int = ARENAS) -> bool:
 def release_free_memory() -> bool:
     """Give the C heap's free pages back to the system; False where that cannot be done
     (not glibc), True otherwise."""
-    global _trim, _looked_up
-    if not _looked_up:
-        with _lookup:
-            if not _looked_up:
-                _trim = _find_trim()
-                _looked_up = True
-    if _trim is None:
+    trim = _find_trim()
+    if trim is None:
         return False
-    _trim(0)
+    trim(0)
     return True
