@@ -3,7 +3,7 @@ with floom's own flags, started with a plain `subprocess.run`.
 
 The command line is not replicated here: it is the one floom's LocalSandbox builds, recorded
 while LocalSandbox runs the same spec once (that first run is also the slot's warm-up), then
-replayed with fresh file descriptors. So the floor has floom's launcher (the stage namespace
+replayed with fresh file descriptors. So the floor has floom's stage (its mount namespace
 and setpriv when floom runs as root), prlimit, the namespaces, binds, tmpfs sizes and seccomp
 filter, and lacks only what floom does around the process: the per-run cgroup, the
 supervisor reading lines, the work dir, the database and the HTTP API.
@@ -16,14 +16,14 @@ import os
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from floom.sandbox import seccomp
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import LocalSandbox
+from floom.sandbox.standby import Launcher
 
 REPO = Path(__file__).resolve().parent.parent
 HELLO = REPO / "workers" / "hello"
@@ -44,34 +44,23 @@ _record_lock = threading.Lock()
 
 
 @contextmanager
-def _recording_popen(seen: list[tuple[list[str], dict[str, str]]]) -> Iterator[None]:
-    """Record the argv and env of the bwrap command lines started meanwhile (subprocess.Popen
-    is module-global, so the namespace probe's runs pass through too; they have no
-    --info-fd and are skipped)."""
-    real = subprocess.Popen
+def _recording_launches(seen: list[tuple[list[str], dict[str, str], bytes]]) -> Iterator[None]:
+    """Record the command line, environment and /etc/resolv.conf each sandbox launcher is
+    started with meanwhile (floom/sandbox/standby.py)."""
+    real = Launcher.start
 
-    class Recording(real):  # type: ignore[misc,valid-type]
-        def __init__(self, args: Any, *rest: Any, **kwargs: Any) -> None:
-            if isinstance(args, list) and "--info-fd" in args:
-                seen.append(([str(a) for a in args], dict(kwargs.get("env") or {})))
-            super().__init__(args, *rest, **kwargs)
+    def recording(
+        launcher: Launcher, argv: Sequence[str], env: Mapping[str, str], *, resolv_conf: bytes
+    ) -> None:
+        seen.append(([str(a) for a in argv], dict(env), resolv_conf))
+        real(launcher, argv, env, resolv_conf=resolv_conf)
 
     with _record_lock:
-        subprocess.Popen = Recording  # type: ignore[misc]
+        Launcher.start = recording  # type: ignore[method-assign]
         try:
             yield
         finally:
-            subprocess.Popen = real  # type: ignore[misc]
-
-
-def _without_cgroup_join(argv: list[str]) -> list[str]:
-    """The command line without the run's cgroup (the floor has none, and that run's cgroup
-    is gone): as root, the launcher's stage script gets the `cgroup.procs` files to join
-    between its name and the first "--" (floom/sandbox/identity.py)."""
-    if "floom-stage" not in argv:
-        return argv
-    name = argv.index("floom-stage")
-    return [*argv[: name + 1], *argv[argv.index("--", name) :]]
+            Launcher.start = real  # type: ignore[method-assign]
 
 
 class FloorSlot:
@@ -84,6 +73,7 @@ class FloorSlot:
         shutil.copytree(HELLO, self.workdir)
         self.output_dir.mkdir(parents=True)
         (self.workdir / "inputs.json").write_text(json.dumps(HELLO_INPUTS))
+        self.resolv_conf = b""
         self.argv, self.env = self._record(sandbox or LocalSandbox())
 
     def _record(self, sandbox: LocalSandbox) -> tuple[list[str], dict[str, str]]:
@@ -97,14 +87,14 @@ class FloorSlot:
             timeout_seconds=HELLO_TIMEOUT_SECONDS,
             memory_mb=HELLO_MEMORY_MB,
         )
-        seen: list[tuple[list[str], dict[str, str]]] = []
-        with _recording_popen(seen):
+        seen: list[tuple[list[str], dict[str, str], bytes]] = []
+        with _recording_launches(seen):
             result = sandbox.run(spec, on_line=lambda _s, _l: None, should_cancel=lambda: False)
         if result.exit_code != 0 or not seen:
             raise RuntimeError(f"floom's sandbox could not run hello: {result}")
         self._check_result()
-        argv, env = seen[-1]
-        return _without_cgroup_join(argv), env
+        argv, env, self.resolv_conf = seen[-1]
+        return argv, env
 
     def _check_result(self) -> None:
         report = json.loads((self.workdir / "result.json").read_text())
@@ -130,7 +120,15 @@ class FloorSlot:
         filter_fd = os.memfd_create("floor-seccomp")
         os.write(filter_fd, seccomp.deny_filter())
         os.lseek(filter_fd, 0, os.SEEK_SET)
-        fds = {"--info-fd": info_w, "--block-fd": release_r, "--seccomp": filter_fd}
+        resolv_r, resolv_w = os.pipe()
+        os.write(resolv_w, self.resolv_conf)
+        os.close(resolv_w)
+        fds = {
+            "--info-fd": info_w,
+            "--block-fd": release_r,
+            "--seccomp": filter_fd,
+            "--ro-bind-data": resolv_r,
+        }
         argv = list(self.argv)
         for i, arg in enumerate(argv[:-1]):
             if arg in fds:
@@ -148,7 +146,7 @@ class FloorSlot:
             )
             elapsed = time.perf_counter() - t0
         finally:
-            for fd in (info_r, info_w, release_r, filter_fd):
+            for fd in (info_r, *fds.values()):
                 os.close(fd)
         if done.returncode != 0:
             raise RuntimeError(f"floor run failed ({done.returncode}): {done.stderr[-400:]!r}")

@@ -218,6 +218,18 @@ def test_a_spec_without_a_command_is_refused_before_anything_runs(
         sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
 
 
+@pytest.mark.parametrize("name", ["NOT-A-NAME", "1ST", "A B", ""])
+def test_an_environment_variable_no_shell_could_name_is_refused_before_anything_runs(
+    backend: str, tmp_path: Path, name: str
+) -> None:
+    sandbox = build(backend)
+    spec = SandboxSpec(
+        run_id="r", command=["true"], workdir=tmp_path, output_dir=tmp_path, env={name: "x"}
+    )
+    with pytest.raises(InvalidRequest, match="environment variable"):
+        sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
+
+
 # -- sessions: several commands in one workspace ----------------------------------------------
 
 

@@ -23,7 +23,6 @@ import httpx
 import pytest
 
 from floom.sandbox import LocalSandbox, SandboxResult, cgroups, seccomp
-from floom.sandbox.identity import CGROUP_JOIN_FAILED, sandbox_identity
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.sandbox_support import Lines
 from tests.sandbox_support import run_script as run_in_sandbox
@@ -301,7 +300,7 @@ def test_io_uring_ptrace_keyrings_and_bpf_are_refused_with_eperm(tmp_path: Path)
     "sandbox_uid",
     [
         pytest.param(None, id="the-default-uid"),
-        # Started as floom's own uid there is no launcher: floom moves the sandbox in.
+        # Started as floom's own uid there is no stage between the launcher and bwrap.
         pytest.param(os.geteuid(), id="floom-s-own-uid"),
     ],
 )
@@ -630,44 +629,6 @@ def test_a_floom_that_is_not_root_runs_sandboxes_as_its_own_uid(tmp_path: Path) 
         shutil.rmtree(home)
 
     assert done.stdout.splitlines() == [str(uid), f"stdout {uid}", "exit 0"], done.stderr
-
-
-@needs_cgroups
-@pytest.mark.skipif(os.geteuid() != 0, reason="sandboxes get a launcher only from a root floom")
-def test_the_launcher_joins_the_run_cgroup_in_every_hierarchy_or_starts_nothing(
-    tmp_path: Path,
-) -> None:
-    identity = sandbox_identity()
-    workdir, output_dir = tmp_path / "work", tmp_path / "output"
-    workdir.mkdir()
-    output_dir.mkdir()
-    limits = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=16, cpu_cores=1)
-    group = cgroups.detect().create(f"launcher-test-{uuid.uuid4().hex[:8]}", limits)
-    try:
-
-        def launch(procs: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
-            argv = identity.launcher(workdir, output_dir, cgroup_procs=procs)
-            return subprocess.run(
-                [*argv, "/bin/cat", "/proc/self/cgroup"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-
-        joined = launch(group.procs_files)
-        missing = str(tmp_path / "gone" / "cgroup.procs")
-        refused = launch((*group.procs_files, missing))
-    finally:
-        assert group.remove()
-
-    assert joined.returncode == 0, joined.stderr
-    paths = {line.split(":", 2)[2] for line in joined.stdout.splitlines()}
-    for directory in set(group.dirs.values()):
-        assert any(directory.as_posix().endswith(path) for path in paths if path != "/")
-    assert len(paths & {f"/floom/{directory.name}" for directory in group.dirs.values()}) == 1
-    assert refused.returncode != 0
-    assert refused.stderr.startswith(f"{CGROUP_JOIN_FAILED} {missing}")
-    assert refused.stdout == ""  # cat never ran
 
 
 @needs_cgroups

@@ -156,6 +156,10 @@ class Executor:
         for t in self._threads:
             t.join(timeout=5)
         self._flush_all()
+        with self._backends_lock:
+            backends = list(self.backends.values())
+        for backend in backends:
+            backend.close()
         release_work_root(self.ctx.settings.data_dir)
 
     def interrupt_now(self) -> None:

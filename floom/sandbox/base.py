@@ -8,6 +8,7 @@ tests/test_sandbox_contract.py runs one suite over every backend.
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,10 @@ from types import TracebackType
 from typing import Any
 
 from floom.errors import FloomError, InvalidRequest
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""What a sandbox's environment variable may be called: a name every shell and program
+can read."""
 
 
 class SandboxUnavailable(FloomError):
@@ -170,6 +175,10 @@ class Sandbox(abc.ABC):
         paths, which keeps the files between commands (the local and fake backends)."""
         return HostSession(self)
 
+    def close(self) -> None:  # noqa: B027 - optional hook, default is a no-op
+        """Let go of what the backend keeps ready between runs (the local backend's
+        launchers). Runs may still follow; they start as the first one did."""
+
     def check(self) -> None:  # noqa: B027 - optional hook, default is a no-op
         """Raise SandboxUnavailable with a hint when this backend cannot run on this node
         (not installed, not configured); cheap, and without starting a sandbox."""
@@ -312,8 +321,14 @@ def validate_spec(spec: SandboxSpec) -> None:
                 f"{label} {path} is not a directory", hint="create it before running the sandbox"
             )
     for key, value in spec.env.items():
-        if not key or "=" in key or "\0" in key or "\0" in value:
+        if not ENV_NAME.fullmatch(key) or "\0" in value:
             raise InvalidRequest(
                 f"environment variable {key!r} cannot be passed to a process",
-                hint="use a name without '=' or NUL characters, and a value without NUL",
+                hint="use a name of letters, digits and underscores that does not start "
+                "with a digit, and a value without NUL",
             )
+    if any("\0" in arg for arg in spec.command):
+        raise InvalidRequest(
+            "the sandbox's command holds a NUL character",
+            hint="remove it from the command in worker.yml",
+        )

@@ -99,12 +99,6 @@ class RunCgroup:
         self._oom_file = None if memory is None else f"{memory}/{events}"
         self._pids_file = None if pids is None else f"{pids}/pids.events"
 
-    @property
-    def procs_files(self) -> tuple[str, ...]:
-        """The `cgroup.procs` file of each of its hierarchies: a process that writes its pid
-        to each has moved itself in."""
-        return tuple(f"{path}/cgroup.procs" for path in self._paths)
-
     def add(self, pid: int) -> None:
         """Move process `pid` (all its threads) into every hierarchy of this cgroup."""
         for path in self._paths:
@@ -150,6 +144,19 @@ class RunCgroup:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
+
+    def configure(self, limits: CgroupLimits) -> None:
+        """Write the run's limits and count it in its CPU parent's weight (until `remove`);
+        raises CgroupError. Until then the cgroup limits nothing and weighs nothing, so a
+        process may wait in it for a run (floom/sandbox/standby.py)."""
+        try:
+            for limit, directory in self.dirs.items():
+                for file, value in _settings(self.version, limit, limits):
+                    with contextlib.suppress(FileNotFoundError):  # not on this kernel
+                        _write(f"{directory}/{file}", value)
+        except OSError as exc:
+            raise CgroupError(f"cannot set the limits of {self._paths[0]}: {exc}") from exc
+        self.weigh()
 
     def weigh(self) -> None:
         """Count this run in its CPU parent's weight (until `remove`)."""
@@ -210,19 +217,25 @@ class CgroupTree:
 
     def create(self, name: str, limits: CgroupLimits) -> RunCgroup:
         """Create and configure the cgroup `name`; raises CgroupError, leaving nothing."""
+        group = self.make(name)
+        try:
+            group.configure(limits)
+        except CgroupError:
+            group.remove(timeout=1.0)
+            raise
+        return group
+
+    def make(self, name: str) -> RunCgroup:
+        """Create the cgroup `name` without limits yet (see RunCgroup.configure); raises
+        CgroupError, leaving nothing."""
         dirs = {limit: parent / name for limit, parent in self.parents.items()}
         group = RunCgroup(version=self.version, dirs=dirs)
         try:
             for path in group._paths:
                 os.mkdir(path)
-            for limit, directory in dirs.items():
-                for file, value in _settings(self.version, limit, limits):
-                    with contextlib.suppress(FileNotFoundError):  # not on this kernel
-                        _write(f"{directory}/{file}", value)
         except OSError as exc:
             group.remove(timeout=1.0)
             raise CgroupError(f"cannot create the run's cgroup {name}: {exc}") from exc
-        group.weigh()
         return group
 
 

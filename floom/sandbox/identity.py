@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -23,57 +22,37 @@ DEFAULT_SANDBOX_UID: Final = 65534
 STAGE_DIR: Final = Path("/run/floom-sandbox")
 """Mount point of each run's stage, in the run's own mount namespace only."""
 
-CGROUP_JOIN_FAILED: Final = "floom-stage: cannot join the run's cgroup through"
-"""How the launcher's stderr starts when it could not move itself into the run's cgroup (it
-then exits before starting anything)."""
-
-# Each stage script starts here, as root: the launcher moves itself into the run's cgroup
-# (the `cgroup.procs` files before the first "--"), so everything it starts (the stage's
-# mounts, bwrap, the sandbox) is under the run's limits from its first instruction, and
-# floom itself moves no process (each move costs its thread a cgroup write per hierarchy).
-_JOIN_CGROUP: Final = f"""set -e
-while [ "$1" != -- ]; do
-    echo $$ 2>/dev/null >"$1" || {{ echo "{CGROUP_JOIN_FAILED} $1" >&2; exit 1; }}
-    shift
-done
-shift
-"""
-
-# Then, in the run's private mount namespace: a small world-traversable tmpfs over the
-# stage mount point, the run's directories bound under it at their host paths, then the
-# rest of the command line (setpriv, prlimit, bwrap).
-_STAGE_SCRIPT: Final = (
-    _JOIN_CGROUP
-    + """mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
+# Each stage script runs as root in the run's private mount namespace, already in the run's
+# cgroup (floom/sandbox/standby.py): a small world-traversable tmpfs over the stage mount
+# point, the run's directories bound under it at their host paths, then the rest of the
+# command line (setpriv, prlimit, bwrap).
+_STAGE_SCRIPT: Final = """set -e
+mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
 mkdir -p "$1$2" "$1$3"
 mount --bind "$2" "$1$2"
 mount --bind "$3" "$1$3"
 shift 3
 exec "$@"
 """
-)
 
 
 # The same, with the run's work dir laid over the version's files: one overlay mount in
 # place of the work dir's bind ($4: the version's cached files, $5: the overlay's scratch
 # dir, beside the work dir on the same mount as overlayfs wants), so starting a run costs
 # no more mounts than before.
-_LAYERED_STAGE_SCRIPT: Final = (
-    _JOIN_CGROUP
-    + """mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
+_LAYERED_STAGE_SCRIPT: Final = """set -e
+mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
 mkdir -p "$1$2" "$1$3"
 mount -t overlay floom-work -o "lowerdir=$4,upperdir=$2,workdir=$5" "$1$2"
 mount --bind "$3" "$1$3"
 shift 5
 exec "$@"
 """
-)
 # Characters that overlayfs's options would read as separators or escapes: paths holding
 # one are first bound to plain names under the stage (two more mounts per run).
 _OPTION_SEPARATORS: Final = frozenset(",:\\")
-_LAYERED_STAGE_SCRIPT_BOUND: Final = (
-    _JOIN_CGROUP
-    + """mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
+_LAYERED_STAGE_SCRIPT_BOUND: Final = """set -e
+mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
 mkdir -p "$1$2" "$1$3" "$1/.files" "$1/.run"
 mount --bind "$4" "$1/.files"
 mount --bind "$(dirname "$2")" "$1/.run"
@@ -84,7 +63,6 @@ mount --bind "$3" "$1$3"
 shift 5
 exec "$@"
 """
-)
 OVERLAY_SCRATCH_SUFFIX: Final = ".overlay"
 """The overlay's scratch dir is the work dir's sibling with this suffix."""
 
@@ -157,17 +135,12 @@ class SandboxIdentity:
         workdir: Path,
         output_dir: Path,
         files: Path | None = None,
-        *,
-        cgroup_procs: Sequence[str] = (),
     ) -> list[str]:
         """The command line that starts bubblewrap's own command line as this identity;
         with `files`, the work dir it binds is laid over them (an overlay whose scratch dir
-        is the work dir's sibling, see OVERLAY_SCRATCH_SUFFIX). It first moves itself into
-        the cgroup whose `cgroup.procs` files are `cgroup_procs`, or, when it cannot, exits
-        with CGROUP_JOIN_FAILED on stderr before starting anything.
+        is the work dir's sibling, see OVERLAY_SCRATCH_SUFFIX).
 
-        An empty list when this identity is floom's own: there is no launcher then, and
-        the caller moves the sandbox into its cgroup itself."""
+        An empty list when this identity is floom's own: bubblewrap then needs no stage."""
         if not self.switched:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
@@ -195,8 +168,6 @@ class SandboxIdentity:
             "-c",
             script,
             "floom-stage",
-            *cgroup_procs,
-            "--",
             str(STAGE_DIR),
             *dirs,
             str(tools["setpriv"]),

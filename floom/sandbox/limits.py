@@ -8,7 +8,6 @@ size of the run's work and output directories, ending the run once it reaches th
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import Final
 
@@ -70,19 +69,19 @@ def allocated_bytes(paths: tuple[Path, ...], *, max_entries: int = MAX_DISK_ENTR
 class RunLimits:
     """The limits of one sandbox run: its cgroup while it exists, and its disk use."""
 
-    def __init__(self, spec: SandboxSpec, tree: cgroups.CgroupTree) -> None:
+    def __init__(self, spec: SandboxSpec, cgroup: cgroups.RunCgroup | None) -> None:
+        """Limit `cgroup` (the run's, created without limits; None where no hierarchy is
+        usable) to the spec's memory, processes and CPU; raises CgroupError."""
         self.spec = spec
-        self.enforced = tree.enforced
-        self.cgroup: cgroups.RunCgroup | None = None
-        if tree.enforced:
-            name = f"{spec.run_id}-{secrets.token_hex(4)}"
-            self.cgroup = tree.create(
-                name,
+        self.enforced = frozenset(cgroup.dirs) if cgroup is not None else frozenset()
+        self.cgroup = cgroup
+        if cgroup is not None:
+            cgroup.configure(
                 cgroups.CgroupLimits(
                     memory_bytes=spec.memory_mb * 1024 * 1024,
                     processes=spec.processes,
                     cpu_cores=spec.cpu,
-                ),
+                )
             )
 
     def prlimit_args(self) -> list[str]:
@@ -92,17 +91,6 @@ class RunLimits:
             # Without a memory cgroup, a per-process cap is the best there is.
             args.append(f"--data={self.spec.memory_mb * 1024 * 1024}")
         return args
-
-    def procs_files(self) -> tuple[str, ...]:
-        """Where a process writes its pid to move itself into the run's cgroup (none when
-        there is no cgroup)."""
-        return () if self.cgroup is None else self.cgroup.procs_files
-
-    def join(self, *pids: int) -> None:
-        """Put the sandbox's processes into the run's cgroup (before its command starts)."""
-        if self.cgroup is not None:
-            for pid in pids:
-                self.cgroup.add(pid)
 
     def reached(self) -> str | None:
         """The limit the run has reached, if any: memory, processes, then disk."""

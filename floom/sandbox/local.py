@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import time
+import weakref
 from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
@@ -29,18 +30,19 @@ from floom.sandbox.base import (
     validate_spec,
 )
 from floom.sandbox.identity import (
-    CGROUP_JOIN_FAILED,
     DEFAULT_SANDBOX_UID,
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
 )
 from floom.sandbox.network import (
+    OFFLINE_RESOLV_CONF,
     SANDBOX_RESOLV_CONF,
     attach_user_networking,
     floom_slirp_owner,
     protection_summary,
 )
+from floom.sandbox.standby import ChildFds, Standby
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
@@ -59,10 +61,11 @@ INERT_ENV: Final = {
 BWRAP_HINT: Final = "install bubblewrap: apt-get install bubblewrap"
 # Entries of /etc that programs need to resolve names, verify TLS, load libraries and
 # know the time zone; each bind costs bwrap a mount, so only these. Anything else of /etc
-# (pip.conf, npmrc, machine-id, ...) may hold host secrets.
+# (pip.conf, npmrc, machine-id, ...) may hold host secrets. /etc/resolv.conf is the
+# sandbox's own (network.SANDBOX_RESOLV_CONF, or OFFLINE_RESOLV_CONF without network).
 _ETC_ENTRIES: Final = """
     alternatives group hosts ld.so.cache localtime nsswitch.conf os-release passwd pki
-    protocols resolv.conf services ssl
+    protocols services ssl
 """.split()
 _ROOT_LINKS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # Strongest first: an explicit user namespace lets bwrap forbid nested ones; hosts that
@@ -74,14 +77,14 @@ _FRESH_MOUNTS: Final = ("--proc", "/proc", "--dev", "/dev")
 class LocalSandbox(Sandbox):
     """Runs each process under bubblewrap with fresh pid, ipc, uts, net and mount namespaces.
 
-    Each run gets its own cgroup (memory, processes, CPU; floom/sandbox/limits.py), joined
-    before its command starts, and a polled disk limit; where no cgroup is usable, memory
-    falls back to a per-process RLIMIT_DATA. /tmp and /dev/shm are tmpfs of the memory
-    limit's size. The process runs as an unprivileged host uid (floom/sandbox/identity.py)
-    without capabilities, under a seccomp filter (floom/sandbox/seccomp.py). The
-    environment reaches bwrap
-    through execve, never its argv, so declared secrets do not show in the host's process
-    list. `on_line` is called from the thread that called `run`.
+    Each run gets its own cgroup (memory, processes, CPU; floom/sandbox/limits.py), which
+    its launcher joined before the run arrived (floom/sandbox/standby.py), and a polled disk
+    limit; where no cgroup is usable, memory falls back to a per-process RLIMIT_DATA. /tmp
+    and /dev/shm are tmpfs of the memory limit's size. The process runs as an unprivileged
+    host uid (floom/sandbox/identity.py) without capabilities, under a seccomp filter
+    (floom/sandbox/seccomp.py). The environment reaches bwrap through the launcher's
+    exports and execve, never an argv, so declared secrets do not show in the host's
+    process list. `on_line` is called from the thread that called `run`.
     """
 
     name = "local"
@@ -138,6 +141,12 @@ class LocalSandbox(Sandbox):
     def __init__(self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
         self._prefix: tuple[str, ...] | None = None
         self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
+        self.standby = Standby()
+        # Its launchers and thread end with this sandbox, whoever forgets to close it.
+        weakref.finalize(self, self.standby.close)
+
+    def close(self) -> None:
+        self.standby.close()
 
     def protections(self) -> dict[str, bool | str]:
         """Which protections runs get on this node, for /healthz and the start line."""
@@ -181,74 +190,32 @@ class LocalSandbox(Sandbox):
         prefix = self._command_prefix()
         validate_spec(spec)
         try:
-            run_limits = limits.RunLimits(spec, cgroups.detect())
-        except (cgroups.CgroupError, OSError) as exc:
-            raise _unprepared(exc) from exc
-        # Started as another uid, the sandbox's launcher moves itself into the run's cgroup
-        # before it starts anything (floom/sandbox/identity.py); otherwise bwrap and the
-        # sandbox's pid 1 are moved in before the command starts.
-        joined_by_launcher = self._identity.switched
+            launcher = self.standby.take()
+        except cgroups.CgroupError as exc:
+            raise _not_limited(str(exc)) from exc
         try:
-            launcher = self._identity.launcher(
-                spec.workdir,
-                spec.output_dir,
-                spec.files,
-                cgroup_procs=run_limits.procs_files(),
-            )
+            run_limits = limits.RunLimits(spec, launcher.cgroup)
+            stage = self._identity.launcher(spec.workdir, spec.output_dir, spec.files)
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
-        except (IdentityUnavailable, OSError) as exc:
-            run_limits.close()
-            raise _unprepared(exc) from exc
-        seccomp_fd = _seccomp_fd()
-        info_r, info_w = os.pipe()
-        # bwrap --block-fd: the command waits until this pipe is written or closed, so the
-        # before-command steps can finish their work on the sandbox's namespaces first.
-        release_r, release_w = os.pipe()
-        child_fds = [info_w, release_r]
-        if spec.network:
-            child_fds.append(_data_fd(SANDBOX_RESOLV_CONF))
-        try:
-            proc = subprocess.Popen(
-                [
-                    *launcher,
-                    *_argv(
-                        prefix,
-                        spec,
-                        *child_fds,
-                        seccomp_fd=seccomp_fd,
-                        run_limits=run_limits,
-                        identity=self._identity,
-                    ),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=_sandbox_env(spec),
-                start_new_session=True,
-                pass_fds=(*child_fds, *_present(seccomp_fd)),
+            argv = _argv(prefix, spec, launcher.child_fds, run_limits, self._identity)
+            launcher.start(
+                [*stage, *argv],
+                _sandbox_env(spec),
+                resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
             )
-        except OSError as exc:
-            os.close(info_r)
-            os.close(release_w)
-            run_limits.close()
-            raise SandboxUnavailable(f"could not start bubblewrap: {exc}", hint=BWRAP_HINT) from exc
-        finally:
-            for fd in (*child_fds, *_present(seccomp_fd)):
-                os.close(fd)
+        except (cgroups.CgroupError, IdentityUnavailable, OSError) as exc:
+            launcher.discard()
+            raise _unprepared(exc) from exc
+        except BaseException:
+            launcher.discard()
+            raise
         with contextlib.ExitStack() as run_scope:
             # Registered first so it runs last: the cgroup goes once everything else ended.
             run_scope.callback(run_limits.close)
 
             def before_command(child_pid: int) -> None:
-                if not joined_by_launcher:
-                    # The whole tree is limited from its first instruction: bwrap and the
-                    # sandbox's pid 1 join the run's cgroup, and the command forks from pid 1.
-                    try:
-                        run_limits.join(proc.pid, child_pid)
-                    except cgroups.CgroupError as exc:
-                        raise _not_limited(str(exc)) from exc
                 # What these steps leave running ends with the run, after its process tree.
                 if spec.network:
                     networking = attach_user_networking(
@@ -256,18 +223,16 @@ class LocalSandbox(Sandbox):
                     )
                     run_scope.callback(networking.close)
 
-            result = Supervisor(proc, info_r, on_line).supervise(
+            result = Supervisor(launcher.proc, launcher.info_fd, on_line).supervise(
                 deadline=time.monotonic() + spec.timeout_seconds,
                 should_cancel=should_cancel,
                 timeout_seconds=spec.timeout_seconds,
-                release_fd=release_w,
+                release_fd=launcher.release_fd,
                 before_command=before_command,
                 check_limits=run_limits.reached,
             )
         if result.limit_exceeded:
             return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
-        if result.error is not None and result.error.startswith(CGROUP_JOIN_FAILED):
-            raise _not_limited(result.error)  # the launcher exited before starting bwrap
         return result
 
     def _command_prefix(self) -> tuple[str, ...]:
@@ -315,39 +280,10 @@ def _run_id_of(path: bytes, marker: bytes) -> str:
     return os.fsdecode(run_dir).rsplit("-", 1)[0]
 
 
-def _seccomp_fd() -> int | None:
-    """A file descriptor holding the seccomp filter, for bwrap's --seccomp; None on an
-    architecture floom has no syscall table for."""
-    if not seccomp.supported():
-        return None
-    fd = os.memfd_create("floom-seccomp")
-    os.write(fd, seccomp.deny_filter())
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
-def _present(fd: int | None) -> tuple[int, ...]:
-    return () if fd is None else (fd,)
-
-
-def _data_fd(data: bytes) -> int:
-    """A pipe's read end that yields `data`, for bwrap's --ro-bind-data."""
-    read_fd, write_fd = os.pipe()
-    try:
-        os.write(write_fd, data)  # far below a pipe's buffer, so this never blocks
-    finally:
-        os.close(write_fd)
-    return read_fd
-
-
 def _argv(
     prefix: tuple[str, ...],
     spec: SandboxSpec,
-    info_fd: int,
-    release_fd: int,
-    resolv_conf_fd: int | None = None,
-    *,
-    seccomp_fd: int | None,
+    fds: ChildFds,
     run_limits: limits.RunLimits,
     identity: SandboxIdentity,
 ) -> list[str]:
@@ -358,12 +294,11 @@ def _argv(
     argv += ("--size", memory, "--tmpfs", "/tmp")
     argv += ("--bind", identity.bind_source(spec.workdir), SANDBOX_WORKDIR)
     argv += ("--bind", identity.bind_source(spec.output_dir), SANDBOX_OUTPUT_DIR)
-    if seccomp_fd is not None:
-        argv += ("--seccomp", str(seccomp_fd))
-    if resolv_conf_fd is not None:
-        argv += ("--ro-bind-data", str(resolv_conf_fd), "/etc/resolv.conf")
-    argv += ("--chdir", SANDBOX_WORKDIR, "--remount-ro", "/", "--info-fd", str(info_fd))
-    argv += ("--block-fd", str(release_fd))
+    if fds.seccomp is not None:
+        argv += ("--seccomp", str(fds.seccomp))
+    argv += ("--ro-bind-data", str(fds.resolv_conf), "/etc/resolv.conf")
+    argv += ("--chdir", SANDBOX_WORKDIR, "--remount-ro", "/", "--info-fd", str(fds.info))
+    argv += ("--block-fd", str(fds.release))
     argv.append("--")
     argv += spec.command
     return argv

@@ -31,6 +31,9 @@ SANDBOX_DEVICE: Final = "tap0"
 SANDBOX_RESOLV_CONF: Final = f"nameserver {SLIRP_DNS}\n".encode()
 """The sandbox's /etc/resolv.conf: slirp4netns's DNS forwarder. The host's own resolver
 usually sits on its loopback or a private address, both out of the sandbox's reach."""
+OFFLINE_RESOLV_CONF: Final = b"# no network: this worker's worker.yml has network: none\n"
+"""/etc/resolv.conf of a sandbox without network: no resolver, and nothing of the host's
+(its servers and search domains say where the host is)."""
 
 # Addresses no sandbox reaches unless its manifest allows them: the host's own and private
 # networks, carrier-grade NAT, link-local (cloud metadata lives at 169.254.169.254),

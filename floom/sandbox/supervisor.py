@@ -31,6 +31,7 @@ STARTUP_ERROR_PREFIXES: Final = (
     "unshare: ",
     "mount: ",
     "floom-stage: ",
+    "floom-launcher: ",
 )
 
 

@@ -1,0 +1,187 @@
+"""Launchers started ahead of their runs: each waits in a cgroup of its own, joined before the
+run arrives, and execs exactly the command line and environment it is sent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from floom.sandbox import LocalSandbox, cgroups
+from floom.sandbox.base import SandboxUnavailable
+from floom.sandbox.standby import LAUNCHER_NAME, Standby, start_launcher
+from tests.conftest import wait_until
+from tests.sandbox_support import run_script
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
+)
+needs_cgroups = pytest.mark.skipif(
+    not cgroups.detect().enforced, reason="no usable cgroup hierarchy on this node"
+)
+# Characters a shell would read as its own: quotes, substitutions, separators, a newline.
+HOSTILE = 'it\'s "$(touch /output/pwned)" `touch /output/pwned2`; $HOME \\ \n next'
+
+
+def _cgroup_paths(pid: int) -> set[str]:
+    return {line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()}
+
+
+def _own_launchers() -> set[int]:
+    """The launcher shells this test process started that are still running (other tests'
+    sandboxes keep theirs until they are collected)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if LAUNCHER_NAME.encode() in argv and int(stat[1]) == os.getpid() and stat[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+@needs_cgroups
+def test_a_launcher_waits_in_its_own_cgroup_in_every_hierarchy_before_its_run() -> None:
+    launcher = start_launcher()
+    try:
+        assert launcher.alive()
+        assert launcher.cgroup is not None
+        paths = _cgroup_paths(launcher.proc.pid)
+        dirs = set(launcher.cgroup.dirs.values())
+        for directory in dirs:
+            assert any(directory.as_posix().endswith(path) for path in paths if path != "/")
+        assert len({d.name for d in dirs}) == 1
+        pids = launcher.cgroup.dirs.get(cgroups.PROCESSES)
+        if pids is not None:  # no limit until a run writes its own
+            assert (pids / "pids.max").read_text().strip() == "max"
+    finally:
+        launcher.discard()
+    assert not launcher.alive()
+    assert not any(directory.exists() for directory in dirs)
+
+
+@needs_cgroups
+def test_a_run_takes_a_launcher_whose_cgroup_was_joined_before_the_run_was_asked_for(
+    tmp_path: Path,
+) -> None:
+    sandbox = LocalSandbox()
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    try:
+        first, lines = run_script(sandbox, tmp_path / "first", "print('one')")
+        assert first.exit_code == 0, lines
+        wait_until(lambda: len(sandbox.standby.waiting()) == 2)
+        waiting = sandbox.standby.waiting()
+        result, lines = run_script(sandbox, tmp_path / "second", "print('two')")
+        left = sandbox.standby.waiting()
+    finally:
+        sandbox.close()
+
+    assert result.exit_code == 0, lines
+    # The oldest became the second run's bwrap (reaped when the run ended) and its cgroup
+    # went with the run.
+    assert waiting[0].proc.returncode == 0
+    assert waiting[0].cgroup is not None
+    assert not any(path.exists() for path in waiting[0].cgroup.dirs.values())
+    assert left  # closing the sandbox ended the ones still waiting
+    assert not any(launcher.alive() for launcher in left)
+
+
+def test_the_command_gets_its_environment_and_arguments_verbatim_and_only_three_streams(
+    tmp_path: Path,
+) -> None:
+    result, lines = run_script(
+        LocalSandbox(),
+        tmp_path,
+        """
+        import json, os, sys
+        fds = sorted(os.listdir("/proc/self/fd"))
+        stdin = os.readlink("/proc/self/fd/0")
+        print(json.dumps([sys.argv[1:], os.environ["HOSTILE"], fds, stdin]))
+        """,
+        command=["python3", "run.py", HOSTILE, "$PATH"],
+        env={"HOSTILE": HOSTILE},
+    )
+
+    assert result.exit_code == 0, lines
+    [(_stream, line)] = lines
+    argv, value, fds, stdin = json.loads(line)
+    assert argv == [HOSTILE, "$PATH"]
+    assert value == HOSTILE
+    assert os.listdir(tmp_path / "output") == []
+    # stdin, stdout, stderr and the one os.listdir read the list through: no pipe of the
+    # launcher's, no seccomp filter or resolv.conf left open.
+    assert fds == ["0", "1", "2", "3"]
+    assert stdin == "/dev/null"
+
+
+def test_a_launcher_left_without_a_run_exits_on_its_own() -> None:
+    # The pipe floom would send the script on closes when floom ends, however it ends.
+    launcher = start_launcher()
+    try:
+        assert launcher.proc.stdin is not None
+        launcher.proc.stdin.close()
+        assert launcher.proc.wait(timeout=10) == 0
+    finally:
+        launcher.discard()
+
+
+def test_a_dead_ready_launcher_is_replaced_and_close_ends_the_rest() -> None:
+    standby = Standby(ready=2)
+    try:
+        standby.take().discard()
+        wait_until(lambda: len(standby.waiting()) == 2)
+        dead, alive = standby.waiting()
+        os.kill(dead.proc.pid, signal.SIGKILL)
+        dead.proc.wait(timeout=10)
+
+        taken = standby.take()
+        assert taken is alive
+        taken.discard()
+        assert dead.cgroup is None or not any(p.exists() for p in dead.cgroup.dirs.values())
+        wait_until(lambda: len(standby.waiting()) == 2)
+        left = standby.waiting()
+    finally:
+        standby.close()
+
+    assert standby.waiting() == ()
+    assert not any(launcher.alive() for launcher in left)
+
+
+def test_a_launcher_that_cannot_join_its_cgroup_is_ended_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A directory that is no cgroup: creating the run's group works, moving into it fails.
+    parent = tmp_path / "not-a-cgroup"
+    parent.mkdir()
+    tree = cgroups.CgroupTree(version=1, parents={cgroups.PROCESSES: parent})
+    monkeypatch.setattr(cgroups, "detect", lambda: tree)
+    before = _own_launchers()
+
+    with pytest.raises(SandboxUnavailable) as refused:
+        run_script(LocalSandbox(), tmp_path, "print('never')")
+
+    assert "cannot put the run under its limits" in refused.value.message
+    assert list(parent.iterdir()) == []
+    assert _own_launchers() <= before  # other tests' sandboxes may end theirs meanwhile
+
+
+def test_a_missing_shell_is_reported_with_a_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_which = shutil.which
+    monkeypatch.setattr(
+        shutil, "which", lambda name, *a, **k: None if name == "sh" else real_which(name, *a, **k)
+    )
+    with pytest.raises(SandboxUnavailable) as refused:
+        run_script(LocalSandbox(), tmp_path, "print('never')")
+
+    assert "sh is not on PATH" in refused.value.message
