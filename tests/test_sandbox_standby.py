@@ -138,6 +138,8 @@ def test_a_dead_ready_launcher_is_replaced_and_close_ends_the_rest() -> None:
     standby = Standby(ready=2)
     try:
         standby.take().discard()
+        assert standby.waiting() == ()  # none until asked: starting one holds the GIL
+        standby.replenish()
         wait_until(lambda: len(standby.waiting()) == 2)
         dead, alive = standby.waiting()
         os.kill(dead.proc.pid, signal.SIGKILL)
@@ -147,6 +149,7 @@ def test_a_dead_ready_launcher_is_replaced_and_close_ends_the_rest() -> None:
         assert taken is alive
         taken.discard()
         assert dead.cgroup is None or not any(p.exists() for p in dead.cgroup.dirs.values())
+        standby.replenish()
         wait_until(lambda: len(standby.waiting()) == 2)
         left = standby.waiting()
     finally:

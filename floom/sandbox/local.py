@@ -230,6 +230,7 @@ class LocalSandbox(Sandbox):
                 release_fd=launcher.release_fd,
                 before_command=before_command,
                 check_limits=run_limits.reached,
+                command_released=self.standby.replenish,
             )
         if result.limit_exceeded:
             return replace(result, error=limits.limit_message(result.limit_exceeded, spec))

@@ -120,7 +120,7 @@ class Standby:
 
     def take(self) -> Launcher:
         """A ready launcher, or one started now; raises SandboxUnavailable (or CgroupError
-        when its cgroup cannot be made or joined). The thread then starts the next."""
+        when its cgroup cannot be made or joined)."""
         taken: Launcher | None = None
         dead: list[Launcher] = []
         with self._changed:
@@ -134,6 +134,12 @@ class Standby:
             launcher.discard()
         if taken is None:
             taken = start_launcher()
+        return taken
+
+    def replenish(self) -> None:
+        """Have the thread start launchers until `ready` wait again. Called once a run's
+        command is under way: starting a process holds the GIL for a moment, which the
+        run's own start should not wait for."""
         with self._changed:
             if not self._closed:
                 self._failed = False
@@ -143,7 +149,6 @@ class Standby:
                     )
                     self._filler.start()
                 self._changed.notify()
-        return taken
 
     def waiting(self) -> tuple[Launcher, ...]:
         """The launchers ready now, oldest first."""

@@ -69,13 +69,18 @@ class Supervisor:
         release_fd: int,
         before_command: Callable[[int], None],
         check_limits: Callable[[], str | None],
+        command_released: Callable[[], None] = lambda: None,
     ) -> SandboxResult:
+        """Release the command once `before_command` has run on the sandbox's pid 1, then
+        call `command_released`; stream the output until the tree ends, ending it on a
+        timeout, a cancel or a limit reached."""
         proc = self.proc
         outcome: str | None = None
         limit: str | None = None
         ended_with: int | None = None
         try:
             self._release_command(release_fd, before_command)
+            command_released()
             try:
                 bwrap_pidfd = os.pidfd_open(proc.pid)
             except OSError as exc:
