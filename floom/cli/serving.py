@@ -91,7 +91,15 @@ def serve(overrides: dict[str, Any]) -> None:
         _say(f"sandbox {settings.sandbox}: {describe_protections(protections)}")
         ready = backend_readiness(settings)
         _say("sandboxes: " + "; ".join(f"{n} {state}" for n, state in ready.items()))
-    uvicorn.run(create_app(ctx=ctx), host=settings.host, port=settings.port, log_level="info")
+    # httptools: uvicorn's C parser, about 0.5 ms less CPU per request than its pure-Python
+    # h11 (bench/README.md).
+    uvicorn.run(
+        create_app(ctx=ctx),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        http="httptools",
+    )
 
 
 def _say(line: str) -> None:
