@@ -3,6 +3,7 @@ run arrives, and execs exactly the command line and environment it is sent."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -188,3 +189,42 @@ def test_a_missing_shell_is_reported_with_a_hint(
         run_script(LocalSandbox(), tmp_path, "print('never')")
 
     assert "sh is not on PATH" in refused.value.message
+
+
+def test_running_out_of_descriptors_is_a_sandbox_error_that_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real_pipe = os.pipe
+    made: list[tuple[int, int]] = []
+
+    def second_pipe_fails() -> tuple[int, int]:
+        if made:
+            raise OSError(errno.EMFILE, "Too many open files")
+        made.append(real_pipe())
+        return made[-1]
+
+    monkeypatch.setattr(os, "pipe", second_pipe_fails)
+    real_close = os.close
+    closed: list[int] = []
+
+    def recorded_close(fd: int) -> None:
+        closed.append(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "close", recorded_close)
+    groups: list[cgroups.RunCgroup] = []
+    real_make = cgroups.CgroupTree.make
+
+    def recorded_make(tree: cgroups.CgroupTree, name: str) -> cgroups.RunCgroup:
+        groups.append(real_make(tree, name))
+        return groups[-1]
+
+    monkeypatch.setattr(cgroups.CgroupTree, "make", recorded_make)
+
+    with pytest.raises(SandboxUnavailable) as refused:
+        start_launcher()
+
+    assert "Too many open files" in refused.value.message
+    assert set(made[0]) <= set(closed)  # the first pipe was closed again
+    for group in groups:  # and the cgroup made for it removed
+        assert not any(path.exists() for path in group.dirs.values())

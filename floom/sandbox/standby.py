@@ -173,7 +173,7 @@ class Standby:
                     return
             try:
                 launcher = start_launcher()
-            except (SandboxUnavailable, cgroups.CgroupError):
+            except (SandboxUnavailable, cgroups.CgroupError, OSError):
                 # The next run starts its own launcher and reports why; try again after it.
                 with self._changed:
                     self._failed = True
@@ -194,33 +194,35 @@ def start_launcher() -> Launcher:
         raise SandboxUnavailable("sh is not on PATH", hint="install dash or another POSIX sh")
     tree = cgroups.detect()
     cgroup = tree.make(f"run-{secrets.token_hex(8)}") if tree.enforced else None
-    info_r, info_w = os.pipe()
-    release_r, release_w = os.pipe()
-    resolv_r, resolv_w = os.pipe()
-    fds = ChildFds(info_w, release_r, resolv_r, _seccomp_fd())
-    given = (fds.info, fds.release, fds.resolv_conf, *_present(fds.seccomp))
-    try:
-        proc = subprocess.Popen(
-            [shell, "-c", _WAIT_FOR_SCRIPT, LAUNCHER_NAME],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={},
-            start_new_session=True,
-            pass_fds=given,
-        )
-    except OSError as exc:
-        for fd in (info_r, release_w, resolv_w):
-            os.close(fd)
+    with contextlib.ExitStack() as undo:
         if cgroup is not None:
-            cgroup.remove()
-        raise SandboxUnavailable(
-            f"could not start the sandbox's launcher: {exc}",
-            hint="the node may be short of memory or processes; try again",
-        ) from exc
-    finally:
-        for fd in given:
-            os.close(fd)
+            undo.callback(cgroup.remove)
+        try:
+            info_r, info_w = _pipe(undo)
+            release_r, release_w = _pipe(undo)
+            resolv_r, resolv_w = _pipe(undo)
+            seccomp_fd = _seccomp_fd()
+            if seccomp_fd is not None:
+                undo.callback(os.close, seccomp_fd)
+            fds = ChildFds(info_w, release_r, resolv_r, seccomp_fd)
+            proc = subprocess.Popen(
+                [shell, "-c", _WAIT_FOR_SCRIPT, LAUNCHER_NAME],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={},
+                start_new_session=True,
+                pass_fds=(info_w, release_r, resolv_r, *_present(seccomp_fd)),
+            )
+        except OSError as exc:  # out of descriptors, memory or processes
+            raise SandboxUnavailable(
+                f"could not start the sandbox's launcher: {exc}",
+                hint="the node may be short of memory, processes or file descriptors; try again",
+            ) from exc
+        undo.pop_all()
+    # The launcher holds its ends now; floom keeps only its own.
+    for fd in (info_w, release_r, resolv_r, *_present(seccomp_fd)):
+        os.close(fd)
     launcher = Launcher(
         proc,
         cgroup,
@@ -236,6 +238,14 @@ def start_launcher() -> Launcher:
             launcher.discard()
             raise
     return launcher
+
+
+def _pipe(undo: contextlib.ExitStack) -> tuple[int, int]:
+    """A pipe whose ends `undo` closes unless it is dismissed."""
+    read_fd, write_fd = os.pipe()
+    undo.callback(os.close, read_fd)
+    undo.callback(os.close, write_fd)
+    return read_fd, write_fd
 
 
 def _script(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
