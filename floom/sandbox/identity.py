@@ -130,7 +130,7 @@ class SandboxIdentity:
             "--",
         )
 
-    def launcher(
+    def stage_command(
         self,
         workdir: Path,
         output_dir: Path,
@@ -145,7 +145,7 @@ class SandboxIdentity:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
             return []
-        tools = _launcher_tools()
+        tools = _stage_tools()
         missing = sorted(name for name, path in tools.items() if path is None)
         if missing:
             raise IdentityUnavailable(f"{', '.join(missing)} not on PATH")
@@ -175,9 +175,9 @@ class SandboxIdentity:
         ]
 
 
-def _launcher_tools() -> dict[str, str | None]:
-    """Where the launcher's tools are; looked up once per process while all are found (a
-    search of PATH costs more than the rest of the launcher)."""
+def _stage_tools() -> dict[str, str | None]:
+    """Where the stage's tools are; looked up once per process while all are found (a
+    search of PATH costs more than the rest of the stage)."""
     global _tools
     if _tools is None or None in _tools.values():
         _tools = {name: shutil.which(name) for name in ("unshare", "setpriv", "mount", "sh")}

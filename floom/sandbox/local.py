@@ -195,7 +195,7 @@ class LocalSandbox(Sandbox):
             raise _not_limited(str(exc)) from exc
         try:
             run_limits = limits.RunLimits(spec, launcher.cgroup)
-            stage = self._identity.launcher(spec.workdir, spec.output_dir, spec.files)
+            stage = self._identity.stage_command(spec.workdir, spec.output_dir, spec.files)
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)

@@ -97,8 +97,10 @@ class Launcher:
 @dataclass(frozen=True)
 class ChildFds:
     """The descriptors a launcher holds for bubblewrap, by number: its --info-fd and
-    --block-fd ends, the sandbox's /etc/resolv.conf (--ro-bind-data), and the seccomp
-    filter (--seccomp; None on an architecture floom has no syscall table for)."""
+    --block-fd ends (bwrap reports the sandbox's pid 1 on the first, and its command waits
+    until floom closes the other, so the before-command steps finish their work on the
+    sandbox's namespaces first), the sandbox's /etc/resolv.conf (--ro-bind-data), and the
+    seccomp filter (--seccomp; None on an architecture floom has no syscall table for)."""
 
     info: int
     release: int
@@ -108,7 +110,7 @@ class ChildFds:
 
 class Standby:
     """Keeps up to `ready` launchers started and in their cgroups; a thread of its own
-    starts the next after each take. Nothing runs until the first take."""
+    starts more when asked (`replenish`). Nothing runs until the first time it is asked."""
 
     def __init__(self, *, ready: int = READY) -> None:
         self._size = ready
