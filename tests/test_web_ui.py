@@ -391,6 +391,8 @@ def test_core_pages_work_without_javascript_on_a_phone(
         assert phone.page.evaluate(no_sideways_scroll)
         phone.shot("run-phone")
         phone.page.get_by_role("navigation", name="Main").get_by_role("link", name="Runs").click()
+        # The page the link loads, not the one it leaves (mid-navigation there is no document).
+        phone.page.wait_for_url(phone.url("/runs"))
         assert phone.page.evaluate(no_sideways_scroll)
         phone.shot("runs-phone")
         assert phone.problems == []
