@@ -1,12 +1,14 @@
 """The floor every bench figure is a ratio to: bubblewrap running workers/hello's `python3 run.py`
 with floom's own flags, started with a plain `subprocess.run`.
 
-The command line is not replicated here: it is the one floom's LocalSandbox builds, recorded
-while LocalSandbox runs the same spec once (that first run is also the slot's warm-up), then
-replayed with fresh file descriptors. So the floor has floom's stage (its mount namespace
-and setpriv when floom runs as root), prlimit, the namespaces, binds, tmpfs sizes and seccomp
-filter, and lacks only what floom does around the process: the per-run cgroup, the
-supervisor reading lines, the work dir, the database and the HTTP API.
+The command line is not replicated here: it is the launch floom's LocalSandbox makes,
+recorded while LocalSandbox runs the same spec once (that first run is also the slot's
+warm-up), then replayed with fresh file descriptors: the launcher started and fed its script
+in one go. So the floor has floom's stage (the launcher's mount namespace and stage tmpfs,
+the run's binds and setpriv when floom runs as root), prlimit, the namespaces, binds, tmpfs
+sizes and seccomp filter, and lacks only what floom does around the process: starting the
+launcher ahead in its cgroup, the per-run cgroup, the supervisor reading lines, the work
+dir, the database and the HTTP API.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import subprocess
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from floom.sandbox import seccomp
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import LocalSandbox
-from floom.sandbox.standby import Launcher
+from floom.sandbox.standby import Launcher, launcher_script
 
 REPO = Path(__file__).resolve().parent.parent
 HELLO = REPO / "workers" / "hello"
@@ -43,17 +46,35 @@ FD_OPTIONS = ("--info-fd", "--block-fd", "--seccomp", "--ro-bind-data")
 _record_lock = threading.Lock()
 
 
+@dataclass
+class Launch:
+    """What floom started one sandbox with: the launcher's own command line (the mount
+    namespace and stage tmpfs it made ahead of the run, when root), the stage's shell lines,
+    bubblewrap's command line and environment, and the sandbox's /etc/resolv.conf."""
+
+    launcher: list[str]
+    prelude: str
+    argv: list[str]
+    env: dict[str, str]
+    resolv_conf: bytes
+
+
 @contextmanager
-def _recording_launches(seen: list[tuple[list[str], dict[str, str], bytes]]) -> Iterator[None]:
-    """Record the command line, environment and /etc/resolv.conf each sandbox launcher is
-    started with meanwhile (floom/sandbox/standby.py)."""
+def _recording_launches(seen: list[Launch]) -> Iterator[None]:
+    """Record each sandbox launch meanwhile (floom/sandbox/standby.py)."""
     real = Launcher.start
 
     def recording(
-        launcher: Launcher, argv: Sequence[str], env: Mapping[str, str], *, resolv_conf: bytes
+        launcher: Launcher,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        resolv_conf: bytes,
+        prelude: str = "",
     ) -> None:
-        seen.append(([str(a) for a in argv], dict(env), resolv_conf))
-        real(launcher, argv, env, resolv_conf=resolv_conf)
+        args = [str(a) for a in launcher.proc.args]  # type: ignore[union-attr]
+        seen.append(Launch(args, prelude, [str(a) for a in argv], dict(env), resolv_conf))
+        real(launcher, argv, env, resolv_conf=resolv_conf, prelude=prelude)
 
     with _record_lock:
         Launcher.start = recording  # type: ignore[method-assign]
@@ -73,10 +94,10 @@ class FloorSlot:
         shutil.copytree(HELLO, self.workdir)
         self.output_dir.mkdir(parents=True)
         (self.workdir / "inputs.json").write_text(json.dumps(HELLO_INPUTS))
-        self.resolv_conf = b""
-        self.argv, self.env = self._record(sandbox or LocalSandbox())
+        self.launch = self._record(sandbox or LocalSandbox())
+        self.argv = self.launch.argv
 
-    def _record(self, sandbox: LocalSandbox) -> tuple[list[str], dict[str, str]]:
+    def _record(self, sandbox: LocalSandbox) -> Launch:
         spec = SandboxSpec(
             run_id="run_bench",
             command=["python3", "run.py"],
@@ -87,14 +108,13 @@ class FloorSlot:
             timeout_seconds=HELLO_TIMEOUT_SECONDS,
             memory_mb=HELLO_MEMORY_MB,
         )
-        seen: list[tuple[list[str], dict[str, str], bytes]] = []
+        seen: list[Launch] = []
         with _recording_launches(seen):
             result = sandbox.run(spec, on_line=lambda _s, _l: None, should_cancel=lambda: False)
         if result.exit_code != 0 or not seen:
             raise RuntimeError(f"floom's sandbox could not run hello: {result}")
         self._check_result()
-        argv, env, self.resolv_conf = seen[-1]
-        return argv, env
+        return seen[-1]
 
     def _check_result(self) -> None:
         report = json.loads((self.workdir / "result.json").read_text())
@@ -121,7 +141,7 @@ class FloorSlot:
         os.write(filter_fd, seccomp.deny_filter())
         os.lseek(filter_fd, 0, os.SEEK_SET)
         resolv_r, resolv_w = os.pipe()
-        os.write(resolv_w, self.resolv_conf)
+        os.write(resolv_w, self.launch.resolv_conf)
         os.close(resolv_w)
         fds = {
             "--info-fd": info_w,
@@ -133,13 +153,15 @@ class FloorSlot:
         for i, arg in enumerate(argv[:-1]):
             if arg in fds:
                 argv[i + 1] = str(fds[arg])
+        # The launcher started and fed in one go, as floom's would be without a standby.
+        script = launcher_script(argv, self.launch.env, prelude=self.launch.prelude)
         try:
             t0 = time.perf_counter()
             done = subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL,
+                self.launch.launcher,
+                input=script,
                 capture_output=True,
-                env=self.env,
+                env={},
                 start_new_session=True,
                 pass_fds=tuple(fds.values()),
                 timeout=RUN_DEADLINE_SECONDS,

@@ -8,11 +8,12 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from floom.sandbox import LocalSandbox, cgroups
+from floom.sandbox import LocalSandbox, cgroups, standby
 from floom.sandbox.base import SandboxUnavailable
 from floom.sandbox.standby import LAUNCHER_NAME, Standby, start_launcher
 from tests.conftest import wait_until
@@ -186,7 +187,7 @@ def test_a_missing_shell_is_reported_with_a_hint(
         shutil, "which", lambda name, *a, **k: None if name == "sh" else real_which(name, *a, **k)
     )
     with pytest.raises(SandboxUnavailable) as refused:
-        run_script(LocalSandbox(), tmp_path, "print('never')")
+        start_launcher()  # as floom's own uid; as root the stage's tools are checked
 
     assert "sh is not on PATH" in refused.value.message
 
@@ -228,3 +229,44 @@ def test_running_out_of_descriptors_is_a_sandbox_error_that_leaves_nothing(
     assert set(made[0]) <= set(closed)  # the first pipe was closed again
     for group in groups:  # and the cgroup made for it removed
         assert not any(path.exists() for path in group.dirs.values())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root floom gives launchers a stage")
+def test_a_launcher_made_before_a_host_mount_still_sees_it(tmp_path: Path) -> None:
+    # The launcher's mount namespace follows the host's (a slave): a data dir mounted after
+    # the launchers were started is there for their runs, not an empty directory under it.
+    sandbox = LocalSandbox()
+    later = tmp_path / "mounted-later"
+    later.mkdir()
+    (tmp_path / "first").mkdir()
+    try:
+        first, lines = run_script(sandbox, tmp_path / "first", "print('one')")
+        assert first.exit_code == 0, lines
+        wait_until(lambda: len(sandbox.standby.waiting()) == 2)
+        launcher = sandbox.standby.waiting()[0]
+        assert os.readlink(f"/proc/{launcher.proc.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        subprocess.run(["mount", "-t", "tmpfs", "floom-test", str(later)], check=True)
+        try:
+            result, lines = run_script(sandbox, later, "print('seen')")
+        finally:
+            subprocess.run(["umount", "--lazy", str(later)], check=True)
+    finally:
+        sandbox.close()
+
+    assert result.exit_code == 0, lines
+    assert lines == [("stdout", "seen")]
+
+
+def test_an_idle_launcher_is_replaced_once_it_is_too_old(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(standby, "MAX_AGE_SECONDS", 0.5)
+    waiting = Standby(ready=1)
+    try:
+        waiting.take().discard()
+        waiting.replenish()
+        wait_until(lambda: len(waiting.waiting()) == 1)
+        [first] = waiting.waiting()
+        wait_until(lambda: waiting.waiting() not in ((), (first,)))
+        assert not first.alive()
+        assert first.cgroup is None or not any(p.exists() for p in first.cgroup.dirs.values())
+    finally:
+        waiting.close()

@@ -3,66 +3,35 @@
 When floom runs as root, each sandbox is started as a dedicated unprivileged uid and gid
 (setting `sandbox_uid`). The run's work and output directories are handed to that uid, and
 because the path to them may pass through directories only root can enter (a data dir
-under /root), they are bind-mounted onto a small stage in a private mount namespace that
-exists only for the run's bubblewrap, where the sandbox uid can reach them. When floom is
+under /root), they are bind-mounted onto a small stage in the mount namespace of the run's
+launcher (floom/sandbox/standby.py), made before the run, where the sandbox uid can reach
+them. When floom is
 not root, bubblewrap's user namespace maps the sandbox to floom's own uid.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from floom.errors import FloomError
+from floom.sandbox import standby
 
 DEFAULT_SANDBOX_UID: Final = 65534
 STAGE_DIR: Final = Path("/run/floom-sandbox")
-"""Mount point of each run's stage, in the run's own mount namespace only."""
+"""Mount point of each run's stage, in its launcher's own mount namespace only."""
 
-# Each stage script runs as root in the run's private mount namespace, already in the run's
-# cgroup (floom/sandbox/standby.py): a small world-traversable tmpfs over the stage mount
-# point, the run's directories bound under it at their host paths, then the rest of the
-# command line (setpriv, prlimit, bwrap).
-_STAGE_SCRIPT: Final = """set -e
-mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
-mkdir -p "$1$2" "$1$3"
-mount --bind "$2" "$1$2"
-mount --bind "$3" "$1$3"
-shift 3
-exec "$@"
-"""
-
-
-# The same, with the run's work dir laid over the version's files: one overlay mount in
-# place of the work dir's bind ($4: the version's cached files, $5: the overlay's scratch
-# dir, beside the work dir on the same mount as overlayfs wants), so starting a run costs
-# no more mounts than before.
-_LAYERED_STAGE_SCRIPT: Final = """set -e
-mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
-mkdir -p "$1$2" "$1$3"
-mount -t overlay floom-work -o "lowerdir=$4,upperdir=$2,workdir=$5" "$1$2"
-mount --bind "$3" "$1$3"
-shift 5
-exec "$@"
-"""
+# The stage's tmpfs: small, world-traversable, mounted over STAGE_DIR when the launcher starts
+# (in its own mount namespace, ahead of its run); the run's directories are bound under it
+# at their host paths.
+_STAGE_TMPFS: Final = ("-t", "tmpfs", "-o", "mode=0755,size=64k,nosuid,nodev,noexec", "floom-stage")
 # Characters that overlayfs's options would read as separators or escapes: paths holding
 # one are first bound to plain names under the stage (two more mounts per run).
 _OPTION_SEPARATORS: Final = frozenset(",:\\")
-_LAYERED_STAGE_SCRIPT_BOUND: Final = """set -e
-mount -t tmpfs -o mode=0755,size=64k,nosuid,nodev,noexec floom-stage "$1"
-mkdir -p "$1$2" "$1$3" "$1/.files" "$1/.run"
-mount --bind "$4" "$1/.files"
-mount --bind "$(dirname "$2")" "$1/.run"
-mount -t overlay floom-work \\
-    -o "lowerdir=$1/.files,upperdir=$1/.run/$(basename "$2"),workdir=$1/.run/$(basename "$5")" \\
-    "$1$2"
-mount --bind "$3" "$1$3"
-shift 5
-exec "$@"
-"""
 OVERLAY_SCRATCH_SUFFIX: Final = ".overlay"
 """The overlay's scratch dir is the work dir's sibling with this suffix."""
 
@@ -114,7 +83,7 @@ class SandboxIdentity:
         """The command line that starts a program as this identity (no directories)."""
         if not self.switched:
             return ()
-        setpriv = shutil.which("setpriv")
+        setpriv = _stage_tools()["setpriv"]
         if setpriv is None:
             raise IdentityUnavailable("setpriv not on PATH")
         return (setpriv, *self._setpriv_args())
@@ -130,49 +99,67 @@ class SandboxIdentity:
             "--",
         )
 
-    def stage_command(
-        self,
-        workdir: Path,
-        output_dir: Path,
-        files: Path | None = None,
-    ) -> list[str]:
-        """The command line that starts bubblewrap's own command line as this identity;
-        with `files`, the work dir it binds is laid over them (an overlay whose scratch dir
-        is the work dir's sibling, see OVERLAY_SCRATCH_SUFFIX).
-
-        An empty list when this identity is floom's own: bubblewrap then needs no stage."""
+    def launcher_command(self) -> list[str]:
+        """The command line of a sandbox launcher (floom/sandbox/standby.py) for this
+        identity. As another uid: in a mount namespace of its own, a slave of the host's
+        (where the host's mounts are shared, those it makes later reach it; its own never
+        leave it), with the stage's tmpfs already mounted; raises IdentityUnavailable when
+        a tool is missing."""
         if not self.switched:
-            if files is not None:
-                raise IdentityUnavailable("a layered work dir needs floom to run as root")
-            return []
+            return standby.plain_launcher()
         tools = _stage_tools()
         missing = sorted(name for name, path in tools.items() if path is None)
         if missing:
             raise IdentityUnavailable(f"{', '.join(missing)} not on PATH")
         STAGE_DIR.mkdir(mode=0o700, exist_ok=True)
-        dirs = [os.path.abspath(workdir), os.path.abspath(output_dir)]
-        script = _STAGE_SCRIPT
-        if files is not None:
-            work = Path(dirs[0])
-            scratch = work.with_name(work.name + OVERLAY_SCRATCH_SUFFIX)
-            scratch.mkdir(mode=0o700, exist_ok=True)
-            dirs += [os.path.abspath(files), str(scratch)]
-            plain = not any(_OPTION_SEPARATORS & set(path) for path in dirs)
-            script = _LAYERED_STAGE_SCRIPT if plain else _LAYERED_STAGE_SCRIPT_BOUND
         return [
             str(tools["unshare"]),
             "--mount",
-            "--propagation=private",
+            "--propagation=slave",
             "--",
             str(tools["sh"]),
             "-c",
-            script,
-            "floom-stage",
-            str(STAGE_DIR),
-            *dirs,
-            str(tools["setpriv"]),
-            *self._setpriv_args(),
+            f"{shlex.join([str(tools['mount']), *_STAGE_TMPFS, str(STAGE_DIR)])} && "
+            f"{standby.WAIT_FOR_SCRIPT}",
+            standby.LAUNCHER_NAME,
         ]
+
+    def stage(self, workdir: Path, output_dir: Path, files: Path | None = None) -> str:
+        """The shell lines a launcher runs before bubblewrap: the run's directories bound
+        onto the stage at their host paths; with `files`, the work dir laid over them (an
+        overlay whose scratch dir is the work dir's sibling, see OVERLAY_SCRATCH_SUFFIX).
+        Empty when this identity is floom's own: bubblewrap then needs no stage."""
+        if not self.switched:
+            if files is not None:
+                raise IdentityUnavailable("a layered work dir needs floom to run as root")
+            return ""
+        tools = _stage_tools()
+        mount, mkdir = str(tools["mount"]), str(tools["mkdir"])
+        work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
+        on_stage = {path: f"{STAGE_DIR}{path}" for path in (work, output)}
+        made = [on_stage[work], on_stage[output]]
+        mounts: list[list[str]] = []
+        if files is None:
+            mounts.append([mount, "--bind", work, on_stage[work]])
+        else:
+            scratch = Path(work).with_name(Path(work).name + OVERLAY_SCRATCH_SUFFIX)
+            scratch.mkdir(mode=0o700, exist_ok=True)
+            lower, upper, scratch_dir = os.path.abspath(files), work, str(scratch)
+            if any(_OPTION_SEPARATORS & set(path) for path in (lower, upper, scratch_dir)):
+                # Bound first to plain names, which overlayfs's options can hold.
+                plain_files, plain_run = f"{STAGE_DIR}/.files", f"{STAGE_DIR}/.run"
+                made += [plain_files, plain_run]
+                mounts.append([mount, "--bind", lower, plain_files])
+                mounts.append([mount, "--bind", os.path.dirname(work), plain_run])
+                lower = plain_files
+                upper = f"{plain_run}/{os.path.basename(work)}"
+                scratch_dir = f"{plain_run}/{scratch.name}"
+            options = f"lowerdir={lower},upperdir={upper},workdir={scratch_dir}"
+            mounts.append([mount, "-t", "overlay", "floom-work", "-o", options, on_stage[work]])
+        mounts.append([mount, "--bind", output, on_stage[output]])
+        lines = ["set -e", shlex.join([mkdir, "-p", *made])]
+        lines += [shlex.join(command) for command in mounts]
+        return "\n".join(lines) + "\n"
 
 
 def _stage_tools() -> dict[str, str | None]:
@@ -180,7 +167,8 @@ def _stage_tools() -> dict[str, str | None]:
     search of PATH costs more than the rest of the stage)."""
     global _tools
     if _tools is None or None in _tools.values():
-        _tools = {name: shutil.which(name) for name in ("unshare", "setpriv", "mount", "sh")}
+        names = ("unshare", "setpriv", "mount", "mkdir", "sh")
+        _tools = {name: shutil.which(name) for name in names}
     return _tools
 
 

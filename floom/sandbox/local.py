@@ -141,7 +141,7 @@ class LocalSandbox(Sandbox):
     def __init__(self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
         self._prefix: tuple[str, ...] | None = None
         self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
-        self.standby = Standby()
+        self.standby = Standby(command=self._identity.launcher_command)
         # Its launchers and thread end with this sandbox, whoever forgets to close it.
         weakref.finalize(self, self.standby.close)
 
@@ -189,21 +189,27 @@ class LocalSandbox(Sandbox):
     ) -> SandboxResult:
         prefix = self._command_prefix()
         validate_spec(spec)
+        # A launcher of a root floom has its own mount namespace, made when it started: it
+        # must see the run's directories as floom does (standby.Launcher.sees).
+        seeing = [spec.workdir, spec.output_dir, *([spec.files] if spec.files else [])]
         try:
-            launcher = self.standby.take()
+            launcher = self.standby.take(seeing=seeing if self._identity.switched else ())
         except cgroups.CgroupError as exc:
             raise _not_limited(str(exc)) from exc
+        except IdentityUnavailable as exc:
+            raise _unprepared(exc) from exc
         try:
             run_limits = limits.RunLimits(spec, launcher.cgroup)
-            stage = self._identity.stage_command(spec.workdir, spec.output_dir, spec.files)
+            stage = self._identity.stage(spec.workdir, spec.output_dir, spec.files)
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
             argv = _argv(prefix, spec, launcher.child_fds, run_limits, self._identity)
             launcher.start(
-                [*stage, *argv],
+                [*self._identity.probe_prefix(), *argv],
                 _sandbox_env(spec),
                 resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
+                prelude=stage,
             )
         except (cgroups.CgroupError, IdentityUnavailable, OSError) as exc:
             launcher.discard()

@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import secrets
 import shutil
 import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
+from floom.errors import FloomError
 from floom.sandbox import cgroups, seccomp
 from floom.sandbox.base import ENV_NAME, SandboxUnavailable
 
@@ -31,12 +35,16 @@ READY: Final = 2
 """Launchers a Standby keeps ready: one for a node that starts runs one after another, one
 more for two at once. A burst starts the rest on the spot, where moves come close together
 and cost little."""
+MAX_AGE_SECONDS: Final = 300.0
+"""A launcher waits at most this long: one with a mount namespace of its own keeps the
+host's mounts of its start alive (on a host whose mounts do not propagate, a volume
+unmounted since would stay busy), so an idle node replaces its launchers this often."""
 LAUNCHER_NAME: Final = "floom-launcher"
 """The launcher shell's name, which starts each of its own error lines."""
-# A shell reads its commands from its stdin through a descriptor of its own (`.`), so the
-# script can point stdin at /dev/null before it execs. Without a script (floom ended) it
-# reads end-of-file and exits.
-_WAIT_FOR_SCRIPT: Final = ". /dev/stdin"
+WAIT_FOR_SCRIPT: Final = ". /dev/stdin"
+"""What a launcher's shell runs to wait for its script: it reads the commands from its stdin
+through a descriptor of its own (`.`), so the script can point stdin at /dev/null before it
+execs. Without a script (floom ended) it reads end-of-file and exits."""
 
 
 @dataclass(eq=False)
@@ -55,28 +63,58 @@ class Launcher:
     release_fd: int
     resolv_conf_fd: int
     child_fds: ChildFds
+    started: float = dataclasses.field(default_factory=time.monotonic)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], *, resolv_conf: bytes) -> None:
-        """Exec `argv` with exactly `env` in the launcher, the sandbox's /etc/resolv.conf to
-        be `resolv_conf`. The environment goes through the shell's exports, never an argv,
-        so declared secrets do not show in the host's process list. Raises
-        SandboxUnavailable when the launcher is gone."""
+    def sees(self, paths: Sequence[Path]) -> bool:
+        """Whether each of `paths` is, in the launcher's mount namespace, the directory
+        floom sees there (false for one under a mount the host made after the launcher
+        started, where the host's mounts do not propagate); read through /proc, with no
+        process started."""
+        for path in paths:
+            try:
+                ours = os.stat(path)
+                theirs = os.stat(f"/proc/{self.proc.pid}/root{os.path.abspath(path)}")
+            except OSError:
+                return False
+            if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
+                return False
+        return True
+
+    def start(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        resolv_conf: bytes,
+        prelude: str = "",
+    ) -> None:
+        """Run the shell lines `prelude` (floom's own, before any of the run's values are
+        in the environment), then exec `argv` with exactly `env`, the sandbox's
+        /etc/resolv.conf to be `resolv_conf`. The environment goes through the shell's
+        exports, never an argv, so declared secrets do not show in the host's process
+        list. Raises SandboxUnavailable when the launcher is gone."""
         stdin = self.proc.stdin
         assert stdin is not None
         try:
             resolv, self.resolv_conf_fd = self.resolv_conf_fd, -1
             with open(resolv, "wb") as file:
                 file.write(resolv_conf)  # far below a pipe's buffer: this never blocks
-            stdin.write(_script(argv, env))
+            stdin.write(launcher_script(argv, env, prelude=prelude))
             stdin.close()
         except OSError as exc:
             raise SandboxUnavailable(
-                f"the sandbox's launcher ended before its run: {exc}",
+                f"the sandbox's launcher ended before its run: {self._last_words() or exc}",
                 hint="the node may be short of memory or processes; try again",
             ) from exc
+
+    def _last_words(self) -> str:
+        """The first line the launcher printed on stderr before it ended, if it has."""
+        if self.proc.poll() is None or self.proc.stderr is None:
+            return ""
+        return self.proc.stderr.read(4096).decode("utf-8", "replace").strip().split("\n")[0]
 
     def discard(self) -> None:
         """End the launcher and remove its cgroup."""
@@ -112,30 +150,36 @@ class Standby:
     """Keeps up to `ready` launchers started and in their cgroups; a thread of its own
     starts more when asked (`replenish`). Nothing runs until the first time it is asked."""
 
-    def __init__(self, *, ready: int = READY) -> None:
+    def __init__(
+        self, *, ready: int = READY, command: Callable[[], list[str]] | None = None
+    ) -> None:
+        """`command` builds a launcher's command line (plain_launcher by default)."""
         self._size = ready
+        self._command = command or plain_launcher
         self._changed = threading.Condition()
         self._ready: collections.deque[Launcher] = collections.deque()
         self._filler: threading.Thread | None = None
         self._failed = False
         self._closed = False
 
-    def take(self) -> Launcher:
-        """A ready launcher, or one started now; raises SandboxUnavailable (or CgroupError
-        when its cgroup cannot be made or joined)."""
+    def take(self, *, seeing: Sequence[Path] = ()) -> Launcher:
+        """A ready launcher that sees `seeing` as floom does (Launcher.sees), or one started
+        now; raises SandboxUnavailable, what the command raises, or CgroupError when the
+        cgroup cannot be made or joined."""
         taken: Launcher | None = None
-        dead: list[Launcher] = []
+        dropped: list[Launcher] = []
         with self._changed:
             while self._ready and taken is None:
                 launcher = self._ready.popleft()
-                if launcher.alive():
+                fresh = time.monotonic() - launcher.started < MAX_AGE_SECONDS
+                if fresh and launcher.alive() and launcher.sees(seeing):
                     taken = launcher
                 else:
-                    dead.append(launcher)
-        for launcher in dead:
+                    dropped.append(launcher)
+        for launcher in dropped:
             launcher.discard()
         if taken is None:
-            taken = start_launcher()
+            taken = start_launcher(self._command)
         return taken
 
     def replenish(self) -> None:
@@ -169,13 +213,21 @@ class Standby:
     def _fill(self) -> None:
         while True:
             with self._changed:
-                while not self._closed and (self._failed or len(self._ready) >= self._size):
-                    self._changed.wait()
+                while not self._closed:
+                    stale = self._stale()
+                    if stale or not (self._failed or len(self._ready) >= self._size):
+                        break
+                    oldest = self._ready[0].started if self._ready else time.monotonic()
+                    self._changed.wait(max(0.0, oldest + MAX_AGE_SECONDS - time.monotonic()))
                 if self._closed:
                     return
+            for launcher in stale:
+                launcher.discard()
+            if self._failed or len(self._ready) >= self._size:
+                continue
             try:
-                launcher = start_launcher()
-            except (SandboxUnavailable, cgroups.CgroupError, OSError):
+                launcher = start_launcher(self._command)
+            except (FloomError, OSError):
                 # The next run starts its own launcher and reports why; try again after it.
                 with self._changed:
                     self._failed = True
@@ -187,13 +239,28 @@ class Standby:
             launcher.discard()
             return
 
+    def _stale(self) -> list[Launcher]:
+        """Take the launchers past MAX_AGE_SECONDS out of the ready ones (under the lock)."""
+        now = time.monotonic()
+        stale = [launcher for launcher in self._ready if now - launcher.started >= MAX_AGE_SECONDS]
+        for launcher in stale:
+            self._ready.remove(launcher)
+        return stale
 
-def start_launcher() -> Launcher:
-    """Start a launcher and move it into a new cgroup (none where no hierarchy is usable);
-    raises SandboxUnavailable, or CgroupError, leaving nothing."""
+
+def plain_launcher() -> list[str]:
+    """The command line of a launcher that needs nothing before its script: a shell."""
     shell = shutil.which("sh")
     if shell is None:
         raise SandboxUnavailable("sh is not on PATH", hint="install dash or another POSIX sh")
+    return [shell, "-c", WAIT_FOR_SCRIPT, LAUNCHER_NAME]
+
+
+def start_launcher(command: Callable[[], list[str]] = plain_launcher) -> Launcher:
+    """Start a launcher (the command line `command` builds, which runs WAIT_FOR_SCRIPT) and
+    move it into a new cgroup (none where no hierarchy is usable); raises
+    SandboxUnavailable, or what `command` raises, or CgroupError, leaving nothing."""
+    argv = command()
     tree = cgroups.detect()
     cgroup = tree.make(f"run-{secrets.token_hex(8)}") if tree.enforced else None
     with contextlib.ExitStack() as undo:
@@ -208,7 +275,7 @@ def start_launcher() -> Launcher:
                 undo.callback(os.close, seccomp_fd)
             fds = ChildFds(info_w, release_r, resolv_r, seccomp_fd)
             proc = subprocess.Popen(
-                [shell, "-c", _WAIT_FOR_SCRIPT, LAUNCHER_NAME],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -250,16 +317,17 @@ def _pipe(undo: contextlib.ExitStack) -> tuple[int, int]:
     return read_fd, write_fd
 
 
-def _script(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
-    """The launcher's commands: stdin from /dev/null, exactly `env` exported (the shell's
-    own PWD unset), then exec `argv`; every value single-quoted, so none is read as shell."""
-    lines = [b"exec </dev/null", b"unset PWD"]
+def launcher_script(argv: Sequence[str], env: Mapping[str, str], *, prelude: str = "") -> bytes:
+    """A launcher's commands: stdin from /dev/null, `prelude`, exactly `env` exported (the
+    shell's own PWD unset), then exec `argv`; every value single-quoted, so none is read
+    as shell."""
+    lines = [b"exec </dev/null", b"unset PWD", prelude.encode().rstrip(b"\n")]
     for name, value in env.items():
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not an environment variable name")
         lines.append(b"export " + name.encode() + b"=" + _quoted(value))
     lines.append(b"exec " + b" ".join(_quoted(arg) for arg in argv))
-    return b"\n".join(lines) + b"\n"
+    return b"\n".join(line for line in lines if line) + b"\n"
 
 
 def _quoted(value: str) -> bytes:

@@ -30,7 +30,7 @@ STARTUP_ERROR_PREFIXES: Final = (
     "setpriv: ",
     "unshare: ",
     "mount: ",
-    "floom-stage: ",
+    "mkdir: ",
     "floom-launcher: ",
 )
 
