@@ -179,9 +179,7 @@ def test_a_launcher_that_cannot_join_its_cgroup_is_ended_and_leaves_nothing(
     assert _own_launchers() <= before  # other tests' sandboxes may end theirs meanwhile
 
 
-def test_a_missing_shell_is_reported_with_a_hint(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_missing_shell_is_reported_with_a_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     real_which = shutil.which
     monkeypatch.setattr(
         shutil, "which", lambda name, *a, **k: None if name == "sh" else real_which(name, *a, **k)

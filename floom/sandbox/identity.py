@@ -79,8 +79,9 @@ class SandboxIdentity:
         absolute = os.path.abspath(path)
         return f"{STAGE_DIR}{absolute}" if self.switched else absolute
 
-    def probe_prefix(self) -> tuple[str, ...]:
-        """The command line that starts a program as this identity (no directories)."""
+    def as_sandbox_user(self) -> tuple[str, ...]:
+        """The command line that starts a program as this identity: the run's bubblewrap, after
+        its stage, and the namespace probe."""
         if not self.switched:
             return ()
         setpriv = _stage_tools()["setpriv"]

@@ -206,7 +206,7 @@ class LocalSandbox(Sandbox):
                 self._identity.hand_over_files(spec.files)
             argv = _argv(prefix, spec, launcher.child_fds, run_limits, self._identity)
             launcher.start(
-                [*self._identity.probe_prefix(), *argv],
+                [*self._identity.as_sandbox_user(), *argv],
                 _sandbox_env(spec),
                 resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
                 prelude=stage,
@@ -255,7 +255,7 @@ class LocalSandbox(Sandbox):
                 )
             system = _system_args()
             try:
-                as_sandbox_user = self._identity.probe_prefix()
+                as_sandbox_user = self._identity.as_sandbox_user()
             except IdentityUnavailable as exc:
                 raise SandboxUnavailable(
                     f"cannot start sandboxes as uid {self._identity.uid}: {exc}",

@@ -241,7 +241,7 @@ async def wait_and_read(
         if fresh is not None:
             run, extra = fresh, None
         else:
-            run, extra = await _read_off_loop(ctx, run_id, stop, then)
+            run, extra = await anyio.to_thread.run_sync(reader)
         if run.status in stop or timeout <= 0:
             return run, extra
         held = (
@@ -260,7 +260,7 @@ async def wait_and_read(
                 if delivered is not None:  # read by the thread that announced the end
                     run, extra = delivered
                 else:
-                    run, extra = await _read_off_loop(ctx, run_id, stop, then)
+                    run, extra = await anyio.to_thread.run_sync(reader)
                 if run.status in stop:
                     return run, extra
 
@@ -277,15 +277,6 @@ def wait_for_end_blocking(
     return asyncio.run(
         wait_for_end(ctx, run_id=run_id, timeout=timeout, until=until, caller=caller)
     )
-
-
-async def _read_off_loop(
-    ctx: Context,
-    run_id: str,
-    stop: frozenset[str],
-    then: Callable[[Reader, Run], T] | None,
-) -> tuple[Run, T | None]:
-    return await anyio.to_thread.run_sync(functools.partial(_read, ctx, run_id, stop, then))
 
 
 def _read(
