@@ -19,10 +19,10 @@ from floom.engine.queue import Claim
 from floom.errors import FloomError
 from floom.sandbox.fake import FakeSandbox
 from floom.services import runs, workers
-from floom.services.context import Context
+from floom.services.context import Context, StartedRun
 from floom.services.logs import list_events
 from floom.services.principal import SYSTEM
-from floom.store.models import Run
+from floom.store.models import Run, Version
 from tests.conftest import fast_settings, make_worker, wait_until
 from tests.queue_support import enqueue
 
@@ -41,7 +41,10 @@ class Slots:
         self.held += 1
         return True
 
-    def start_claimed(self, run: Run) -> None:
+    def start_ahead(self, run: Run, version: Version) -> None:
+        return None
+
+    def start_claimed(self, run: Run, ahead: StartedRun | None = None) -> None:
         self.held -= 1
         self.free -= 1
         self.started.append(run)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from typing import cast
 
+from floom.services.run_records import RunRecord
 from floom.services.run_waits import DELIVERED_READS, RECENT_ENDS, RunEnds
 
 
@@ -67,7 +69,7 @@ def test_the_thread_that_records_an_end_does_its_waiters_read_and_hands_it_over(
         ends = RunEnds()
         read_on: list[int] = []
 
-        def reader() -> str:
+        def reader(record: object) -> str:
             read_on.append(threading.get_ident())
             return "the run as it ended"
 
@@ -83,11 +85,28 @@ def test_the_thread_that_records_an_end_does_its_waiters_read_and_hands_it_over(
     assert on_the_ending_thread
 
 
+def test_the_record_the_end_wrote_is_handed_to_the_waiters_read() -> None:
+    # Written and read back in the end's own transaction: the waiter's read needs no store.
+    async def scenario() -> list[object]:
+        ends = RunEnds()
+        given: list[object] = []
+        record = cast(RunRecord, object())
+        with ends.listening("run_a", reader=given.append) as woken:
+            ends.notify("run_a", record)
+            await woken.wait(5.0)
+        with ends.listening("run_b", reader=given.append) as woken:
+            ends.notify("run_b")  # an end recorded without its record (a cancel)
+            await woken.wait(5.0)
+        return [x is record for x in given[:1]] + given[1:]
+
+    assert asyncio.run(scenario()) == [True, None]
+
+
 def test_a_read_that_fails_at_the_end_still_wakes_the_waiter_to_read_for_itself() -> None:
     async def scenario() -> tuple[bool, object]:
         ends = RunEnds()
 
-        def reader() -> str:
+        def reader(record: object) -> str:
             raise RuntimeError("the store went away")
 
         with ends.listening("run_a", reader=reader) as woken:
@@ -105,7 +124,9 @@ def test_only_the_first_waiters_of_a_run_get_their_read_done_at_its_end() -> Non
         reads: list[int] = []
         with contextlib.ExitStack() as stack:
             listeners = [
-                stack.enter_context(ends.listening("run_a", reader=lambda n=n: reads.append(n)))
+                stack.enter_context(
+                    ends.listening("run_a", reader=lambda record, n=n: reads.append(n))
+                )
                 for n in range(DELIVERED_READS + 3)
             ]
             ends.notify("run_a")

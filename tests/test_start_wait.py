@@ -4,12 +4,17 @@ one round trip for a caller that wants the result, under the same per-key cap of
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from floom.client import FloomClient
+from floom.services import run_waits
 from tests.conftest import LiveServer, wait_until
 from tests.test_waits import NOOP, CountingTransport, deploy, keys_of, make_server, start
 
@@ -29,6 +34,36 @@ def test_a_start_with_wait_answers_200_with_the_ended_run_in_one_request(
     assert "tool_calls" in run  # the whole record, as GET /runs/{id} gives it
     (request,) = transport.requests
     assert (request.method, request.url.path) == ("POST", "/api/v1/workers/quick/runs")
+
+
+def test_a_start_with_wait_answers_with_the_record_its_end_wrote_without_reading_it_back(
+    make_server: Callable[..., LiveServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = make_server()
+    script = (
+        "import json, os\n"
+        "open(os.path.join(os.environ['FLOOM_OUTPUT_DIR'], 'note.txt'), 'w').write('hi')\n"
+        "json.dump({'outputs': {'n': 1}}, open('result.json', 'w'))\n"
+    )
+    reads: list[str] = []
+    real_read = run_waits.read_connection
+
+    def counting_read(engine: Any) -> Any:
+        reads.append(threading.current_thread().name)
+        return real_read(engine)
+
+    with server.client() as api:
+        deploy(api, tmp_path, "noted", script)
+        monkeypatch.setattr(run_waits, "read_connection", counting_read)
+        resp = api.post("/api/v1/workers/noted/runs", params={"wait": 30}, json={})
+        monkeypatch.undo()
+        assert resp.status_code == 200, resp.text
+        stored = api.get(f"/api/v1/runs/{resp.json()['id']}").json()
+    answer = resp.json()
+    assert answer["status"] == "succeeded" and answer["outputs"] == {"n": 1}
+    assert [a["name"] for a in answer["artifacts"]] == ["note.txt"]
+    assert answer == stored  # the record as stored, to the field
+    assert reads == []
 
 
 def test_a_start_whose_run_outlasts_the_wait_answers_202_with_the_run_as_it_is(

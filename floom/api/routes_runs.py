@@ -114,7 +114,7 @@ async def start_run(
         until=until,
         caller=caller,
         fresh=run,
-        then=functools.partial(views.run_detail_in_session, ctx, caller=caller),
+        then=functools.partial(views.run_detail_of, ctx, caller=caller),
     )
     try:
         ended = await unless_caller_leaves(request, waiting)
@@ -172,7 +172,7 @@ async def get_run(
             timeout=wait,
             until=until,
             caller=caller,
-            then=functools.partial(views.run_detail_in_session, ctx, caller=caller),
+            then=functools.partial(views.run_detail_of, ctx, caller=caller),
         )
         ended = await unless_caller_leaves(request, waiting)
         if ended is not None and ended[1] is not None:  # read with the run that ended the wait

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         SandboxSession,
         SandboxSpec,
         SandboxUnavailable,
+        StartedAhead,
     )
     from floom.services.context import Context
     from floom.store.models import Run, Version
@@ -147,11 +148,12 @@ class Attempt:
         return None
 
     @contextmanager
-    def workspace(self, *, layered: bool = False) -> Iterator[None]:
-        """The prepared work dir for the block; discarded after it, whatever happens. See
-        `prepare` for `layered`."""
+    def workspace(self, *, layered: bool = False, prepared: bool = False) -> Iterator[None]:
+        """The prepared work dir for the block (`prepared`: by the caller already); discarded
+        after it, whatever happens. See `prepare` for `layered`."""
         try:
-            self.prepare(layered=layered)
+            if not prepared:
+                self.prepare(layered=layered)
             yield
         finally:
             discard_later(self.base)
@@ -217,17 +219,25 @@ class Attempt:
             self.open_session = None
             session.close()
 
-    def run_sandbox(self, spec: SandboxSpec, *, on_line: LineSink | None = None) -> SandboxResult:
-        """Run one process in the sandbox (in the open session, if any); its lines go to the
-        run's log unless `on_line`. Raises SandboxUnavailable as the backend does."""
+    def run_sandbox(
+        self,
+        spec: SandboxSpec,
+        *,
+        on_line: LineSink | None = None,
+        ahead: StartedAhead | None = None,
+    ) -> SandboxResult:
+        """Run one process in the sandbox (in the open session, if any; `ahead`: the one
+        started ahead for `spec`); its lines go to the run's log unless `on_line`. Raises
+        SandboxUnavailable as the backend does."""
         t0 = time.monotonic()
         if self.deadline is None:
             self.deadline = t0 + spec.timeout_seconds
-        runner = self.open_session or self.host.sandbox_for(self.manifest)
+        sink = on_line or self.run_log.add
         try:
-            return runner.run(
-                spec, on_line=on_line or self.run_log.add, should_cancel=self.cancelled
-            )
+            if ahead is not None:
+                return ahead.run(on_line=sink, should_cancel=self.cancelled)
+            runner = self.open_session or self.host.sandbox_for(self.manifest)
+            return runner.run(spec, on_line=sink, should_cancel=self.cancelled)
         finally:
             self.sandbox_seconds += time.monotonic() - t0
 
@@ -335,11 +345,40 @@ class Attempt:
         return collected
 
 
-def run_script(attempt: Attempt) -> Outcome:
-    """One attempt of a script worker without a run-level approval."""
-    ended = attempt.resolve_secrets(attempt.manifest.secrets)
-    if ended is not None:
-        return ended
-    with attempt.workspace(layered=True):
-        result = attempt.run_sandbox(attempt.spec())
+def run_script(attempt: Attempt, *, ahead: StartedAhead | None = None) -> Outcome:
+    """One attempt of a script worker without a run-level approval. `ahead`: its sandbox,
+    started ahead by `start_script_ahead` (its secrets resolved, its work dir prepared)."""
+    if ahead is None:
+        ended = attempt.resolve_secrets(attempt.manifest.secrets)
+        if ended is not None:
+            return ended
+    with attempt.workspace(layered=True, prepared=ahead is not None):
+        if ahead is None:
+            result = attempt.run_sandbox(attempt.spec())
+        else:
+            try:
+                result = attempt.run_sandbox(ahead.spec, ahead=ahead)
+            finally:
+                ahead.discard()  # ends it only if something failed before its run
         return attempt.judge(result)
+
+
+def start_script_ahead(attempt: Attempt) -> StartedAhead | None:
+    """Start the sandbox of a script attempt up to its command, as run_script would start it
+    (its secrets resolved, its work dir prepared): for `run_script(attempt, ahead=...)`.
+    None when the backend cannot or a secret is missing; a step that fails raises, leaving
+    nothing behind. Either way run_script then meets the same and says so."""
+    sandbox = attempt.host.sandbox_for(attempt.manifest)
+    if not sandbox.starts_ahead:
+        return None
+    if attempt.resolve_secrets(attempt.manifest.secrets) is not None:
+        return None
+    try:
+        attempt.prepare(layered=True)
+        ahead = sandbox.start_ahead(attempt.spec())
+    except BaseException:
+        discard_later(attempt.base)
+        raise
+    if ahead is None:
+        discard_later(attempt.base)
+    return ahead

@@ -17,8 +17,9 @@ from floom.engine.attempt import (
     cancelled_outcome,
     run_script,
     sandbox_unavailable_outcome,
+    start_script_ahead,
 )
-from floom.engine.cleanup import reap_sandbox_orphans
+from floom.engine.cleanup import discard_later, reap_sandbox_orphans
 from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
@@ -31,7 +32,7 @@ from floom.engine.runlog import LogLine, RunLog
 from floom.engine.work_root import hold_work_root, release_work_root
 from floom.errors import StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
-from floom.sandbox.base import Sandbox, SandboxUnavailable
+from floom.sandbox.base import Sandbox, SandboxUnavailable, StartedAhead
 from floom.services import workers
 from floom.services.logs import append_events, system_event
 from floom.services.principal import SYSTEM
@@ -51,13 +52,41 @@ from floom.store.models import Run
 
 if TYPE_CHECKING:
     from floom.manifest import Manifest
-    from floom.services.context import Context
+    from floom.services.context import Context, StartedRun
+    from floom.store.models import Version
 
 log = logging.getLogger("floom.executor")
 
 LOG_FLUSH_SECONDS = 0.1
 # What a call raises while the database cannot be reached (translated by the store or not).
 STORE_DOWN: tuple[type[Exception], ...] = (StoreUnavailable, *UNAVAILABLE)
+
+
+class StartedAttempt:
+    """An attempt started ahead (Executor.start_ahead): its work dir prepared and its sandbox
+    waiting to run its command. Either used by its attempt or discarded, once."""
+
+    def __init__(self, executor: Executor, attempt: Attempt, sandbox: StartedAhead) -> None:
+        self.attempt = attempt
+        self._executor = executor
+        self._sandbox: StartedAhead | None = sandbox
+
+    def use(self) -> StartedAhead:
+        """The sandbox, for the attempt's run_script (which discards the work dir after)."""
+        sandbox, self._sandbox = self._sandbox, None
+        assert sandbox is not None, "a sandbox started ahead is used once"
+        return sandbox
+
+    def discard(self) -> None:
+        """End the sandbox and the work dir unless the attempt used them: the run was not
+        started here after all (refused, queued behind others, or the node stopping)."""
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is None:
+            return
+        sandbox.discard()
+        discard_later(self.attempt.base)
+        with self._executor._active_lock:
+            self._executor._ahead.discard(self.attempt.run.id)
 
 
 class Executor:
@@ -93,6 +122,9 @@ class Executor:
         self._active_lock = threading.Lock()
         self._cancel: set[str] = set()
         self._interrupted: set[str] = set()
+        # Runs whose sandbox was started ahead while they are being queued (start_ahead):
+        # live here, though not active yet.
+        self._ahead: set[str] = set()
         self._threads: list[threading.Thread] = []
         # When the database last failed a call of this executor (monotonic), if ever.
         self._store_failed_at: float | None = None
@@ -183,16 +215,45 @@ class Executor:
             self._reserved += 1
             return True
 
-    def start_claimed(self, run: Run) -> None:
+    def start_ahead(self, run: Run, version: Version) -> StartedAttempt | None:
+        """Start the attempt of `run`, being queued for the slot held for it, up to its
+        sandbox's command while its queueing transaction commits: the sandbox's own start
+        (a few processes' execs) then overlaps the commit. Only for a plain script on a
+        backend that can (Sandbox.start_ahead), and not while runs queue here: a run queued
+        behind them would not start here. The command waits for `start_claimed`; anything
+        that fails here returns None and happens again, said, on the attempt's own path."""
+        manifest = workers.manifest_of(version)
+        if self._queue_more or self._stop.is_set() or is_phased(manifest):
+            return None
+        attempt = Attempt(
+            self, run=run, version=version, manifest=manifest, run_log=self._new_run_log(run)
+        )
+        with self._active_lock:
+            self._ahead.add(run.id)  # not an orphan for the reaper, from before its start
+        try:
+            sandbox = start_script_ahead(attempt)
+        except Exception:  # the attempt's own path meets it again and says it there
+            log.debug("starting run %s ahead failed", run.id, exc_info=True)
+            sandbox = None
+        if sandbox is None:
+            with self._active_lock:
+                self._ahead.discard(run.id)
+            return None
+        return StartedAttempt(self, attempt, sandbox)
+
+    def start_claimed(self, run: Run, ahead: StartedRun | None = None) -> None:
+        assert ahead is None or isinstance(ahead, StartedAttempt), "started by start_ahead"
         with self._active_lock:
             self._reserved -= 1
         try:
-            self._launch(run)
+            self._launch(run, ahead)
         except RuntimeError:
             # The pool shut down meanwhile (a drain ran out): the run is requeued as an
             # interrupted attempt, as the runs still running then were.
             with self._active_lock:
                 self._active.pop(run.id, None)
+            if ahead is not None:
+                ahead.discard()
             self._requeue_interrupted(run, [])
             self.ctx.run_queued.set()
 
@@ -288,7 +349,7 @@ class Executor:
 
     def _live_run_ids(self) -> set[str]:
         with self._active_lock:
-            return set(self._active)
+            return set(self._active) | self._ahead
 
     def _live_attempts(self) -> dict[str, int]:
         with self._active_lock:
@@ -355,24 +416,27 @@ class Executor:
             max_bytes=self.ctx.settings.max_log_bytes_per_run,
         )
 
-    def _launch(self, run: Run) -> None:
-        self._pool.submit(self._run_slot, run, self._register(run))
+    def _launch(self, run: Run, ahead: StartedAttempt | None = None) -> None:
+        self._pool.submit(self._run_slot, run, self._register(run, ahead), ahead)
 
-    def _register(self, run: Run) -> RunLog:
-        run_log = self._new_run_log(run)
+    def _register(self, run: Run, ahead: StartedAttempt | None = None) -> RunLog:
+        run_log = ahead.attempt.run_log if ahead is not None else self._new_run_log(run)
         with self._active_lock:
             self._active[run.id] = run_log
+            self._ahead.discard(run.id)
             self._cancel.discard(run.id)
         self._attempt_started.set()
         return run_log
 
-    def _run_slot(self, run: Run, run_log: RunLog) -> None:
+    def _run_slot(self, run: Run, run_log: RunLog, ahead: StartedAttempt | None = None) -> None:
         """Run the attempt, then, while runs are queued, the next ones in this same slot and
         thread: in a burst each slot goes from one run to the next without waking the
         dispatcher and handing the run over to a pool thread."""
         next_run: Run | None = run
         while next_run is not None:
-            if not self._run_attempt(next_run, run_log):
+            kept = self._run_attempt(next_run, run_log, ahead=ahead)
+            ahead = None
+            if not kept:
                 return
             next_run = self._next_in_slot()
             if next_run is not None:
@@ -408,17 +472,33 @@ class Executor:
             or run_id in self._interrupted
         )
 
-    def _run_attempt(self, run: Run, run_log: RunLog, *, keep_slot: bool = True) -> bool:
-        """Run one attempt and record its end. Returns True when its slot was kept, as a
-        reservation, for the next queued run (`keep_slot` and the queue likely holds one:
-        runs were queued since the dispatcher last looked, or its last claim saw more)."""
+    def _run_attempt(
+        self,
+        run: Run,
+        run_log: RunLog,
+        *,
+        keep_slot: bool = True,
+        ahead: StartedAttempt | None = None,
+    ) -> bool:
+        """Run one attempt (started `ahead`, or from the beginning) and record its end.
+        Returns True when its slot was kept, as a reservation, for the next queued run
+        (`keep_slot` and the queue likely holds one: runs were queued since the dispatcher
+        last looked, or its last claim saw more)."""
         started = time.monotonic()
         try:
-            version = workers.get_version(self.ctx, version_id=run.version_id, caller=SYSTEM)
-            manifest = workers.manifest_of(version)
-            attempt = Attempt(self, run=run, version=version, manifest=manifest, run_log=run_log)
+            if ahead is not None:
+                attempt = ahead.attempt
+                manifest = attempt.manifest
+            else:
+                version = workers.get_version(self.ctx, version_id=run.version_id, caller=SYSTEM)
+                manifest = workers.manifest_of(version)
+                attempt = Attempt(
+                    self, run=run, version=version, manifest=manifest, run_log=run_log
+                )
             try:
-                if is_phased(manifest):
+                if ahead is not None:
+                    outcome = run_script(attempt, ahead=ahead.use())
+                elif is_phased(manifest):
                     outcome = execute_phased(attempt, run_agent=self.run_agent)
                 else:
                     outcome = run_script(attempt)
@@ -443,6 +523,8 @@ class Executor:
                 retryable=True,
             )
             backoff, exponential = 5.0, True
+        if ahead is not None:
+            ahead.discard()  # its sandbox never ran if the attempt failed before it
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
         status: str | None = None
         kept = False

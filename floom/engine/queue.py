@@ -7,12 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, delete, func, insert, or_, text, update
 from sqlmodel import col, select
 
 from floom.services.logs import append_events, lock_events, system_event
+from floom.services.run_records import RunRecord, record_in_session
 from floom.services.run_rules import (
     CANCELLED,
     EXECUTOR,
@@ -44,8 +45,6 @@ from floom.store.db import (
 from floom.store.models import Artifact, Run, UTCDateTime, trusted_row, utcnow
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import CursorResult
-
     from floom.services.context import Context
 
 
@@ -333,11 +332,11 @@ def finish_attempt(
         "held_attempt": run.attempt,
         "sandbox_seconds_added": outcome.sandbox_seconds,
     }
+    record: RunRecord | None = None
     with write_connection(ctx.engine) as s:
         lock_events(s, run_id=run.id)
-        result = s.execute(_finish_statement(tuple(values)), {**values, **held})
-        written = cast("CursorResult[Any]", result).rowcount
-        if not written:
+        written = s.execute(_finish_statement(tuple(values)), {**values, **held}).first()
+        if written is None:
             if closing:
                 append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)
             found = s.execute(select(Run.status).where(Run.id == run.id)).scalar()
@@ -367,14 +366,19 @@ def finish_attempt(
         if run.concurrency is not None:
             # A limited worker has room again: a run of it queued on another node may start.
             signals.publish(s, signals.RUN_QUEUED)
-    ctx.notify_run_ended(run.id)
+        if ctx.run_ends.waited_on(run.id):
+            # Its waiters answer with the record as this transaction leaves it (the row as
+            # the UPDATE returned it), not with a read of their own after the commit.
+            record = record_in_session(ctx, s, trusted_row(Run, written._mapping))
+    ctx.notify_run_ended(run.id, record)
     return ended.status
 
 
 @lru_cache(maxsize=4)
 def _finish_statement(columns: tuple[str, ...]) -> Any:
     """The attempt's end as one UPDATE of `columns` (and the sandbox time added), matching
-    only while this node holds this attempt; built once per column set."""
+    only while this node holds this attempt and returning the row it wrote; built once per
+    column set."""
     runs = Run.__table__  # type: ignore[attr-defined]
     values: dict[str, Any] = {name: bindparam(name, type_=runs.c[name].type) for name in columns}
     values["sandbox_seconds"] = runs.c.sandbox_seconds + bindparam("sandbox_seconds_added")
@@ -387,6 +391,7 @@ def _finish_statement(columns: tuple[str, ...]) -> Any:
             runs.c.attempt == bindparam("held_attempt"),
         )
         .values(values)
+        .returning(*runs.c)
     )
 
 

@@ -187,7 +187,7 @@ class LocalBackend(Backend):
             timeout=seconds,
             until="settled",
             caller=self.principal,
-            then=functools.partial(run_views.run_detail_in_session, ctx, caller=self.principal),
+            then=functools.partial(run_views.run_detail_of, ctx, caller=self.principal),
         )
         if detail is not None:  # read with the run that ended the wait
             return detail.to_json()

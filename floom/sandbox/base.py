@@ -125,6 +125,21 @@ def describe_protections(protections: dict[str, bool | str]) -> str:
     return line
 
 
+class StartedAhead(abc.ABC):
+    """A sandbox started by `Sandbox.start_ahead`, its command not released yet. Exactly one
+    of `run` and `discard` ends it; `discard` after `run` does nothing."""
+
+    spec: SandboxSpec
+
+    @abc.abstractmethod
+    def run(self, *, on_line: LineSink, should_cancel: Callable[[], bool]) -> SandboxResult:
+        """Release the command and supervise it as `Sandbox.run` does."""
+
+    @abc.abstractmethod
+    def discard(self) -> None:
+        """End the sandbox, its command never run, and free what it holds."""
+
+
 class Sandbox(abc.ABC):
     """A place to run processes in isolation.
 
@@ -166,6 +181,18 @@ class Sandbox(abc.ABC):
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult: ...
+
+    @property
+    def starts_ahead(self) -> bool:
+        """Whether `start_ahead` can start a sandbox ahead of its run. Default: no."""
+        return False
+
+    def start_ahead(self, spec: SandboxSpec) -> StartedAhead | None:
+        """Start `spec`'s sandbox up to, not including, its command, which waits until the
+        returned handle's `run` releases it (or `discard` ends the sandbox without it ever
+        running): a run's sandbox then starts while the run's queueing transaction commits.
+        None when this backend cannot (`starts_ahead`); raises as `run` does."""
+        return None
 
     def open_session(self) -> SandboxSession:
         """A session: several commands in one workspace, for an agent's `run_command`.

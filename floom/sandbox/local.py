@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 import weakref
 from collections.abc import Callable, Collection
@@ -27,6 +28,7 @@ from floom.sandbox.base import (
     SandboxResult,
     SandboxSpec,
     SandboxUnavailable,
+    StartedAhead,
     validate_spec,
 )
 from floom.sandbox.identity import (
@@ -42,7 +44,7 @@ from floom.sandbox.network import (
     floom_slirp_owner,
     protection_summary,
 )
-from floom.sandbox.standby import ChildFds, Standby
+from floom.sandbox.standby import ChildFds, Launcher, Standby
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
@@ -187,6 +189,19 @@ class LocalSandbox(Sandbox):
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult:
+        launcher, run_limits = self._start(spec)
+        return self._supervise(spec, launcher, run_limits, on_line, should_cancel)
+
+    @property
+    def starts_ahead(self) -> bool:
+        return True
+
+    def start_ahead(self, spec: SandboxSpec) -> StartedAhead:
+        return _StartedAhead(self, spec, *self._start(spec))
+
+    def _start(self, spec: SandboxSpec) -> tuple[Launcher, limits.RunLimits]:
+        """A launcher in its limited cgroup, sent `spec`'s command: bwrap makes the sandbox
+        and waits on its block fd until the supervisor releases the command."""
         prefix = self._command_prefix()
         validate_spec(spec)
         # A launcher of a root floom has its own mount namespace, made when it started: it
@@ -217,6 +232,16 @@ class LocalSandbox(Sandbox):
         except BaseException:
             launcher.discard()
             raise
+        return launcher, run_limits
+
+    def _supervise(
+        self,
+        spec: SandboxSpec,
+        launcher: Launcher,
+        run_limits: limits.RunLimits,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
+    ) -> SandboxResult:
         with contextlib.ExitStack() as run_scope:
             # Registered first so it runs last: the cgroup goes once everything else ended.
             run_scope.callback(run_limits.close)
@@ -242,6 +267,13 @@ class LocalSandbox(Sandbox):
             return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
         return result
 
+    def _abandon(self, launcher: Launcher, run_limits: limits.RunLimits) -> None:
+        try:
+            Supervisor(launcher.proc, launcher.info_fd, _ignore_line).abandon(launcher.release_fd)
+        finally:
+            run_limits.close()
+            self.standby.replenish()
+
     def _command_prefix(self) -> tuple[str, ...]:
         if self._prefix is None:
             bwrap = shutil.which("bwrap")
@@ -264,6 +296,40 @@ class LocalSandbox(Sandbox):
             namespaces = _probe_namespaces(bwrap, system, as_sandbox_user)
             self._prefix = (prlimit, bwrap, *namespaces, *system, *_FRESH_MOUNTS)
         return self._prefix
+
+
+class _StartedAhead(StartedAhead):
+    def __init__(
+        self,
+        sandbox: LocalSandbox,
+        spec: SandboxSpec,
+        launcher: Launcher,
+        run_limits: limits.RunLimits,
+    ) -> None:
+        self.spec = spec
+        self._sandbox = sandbox
+        self._started: tuple[Launcher, limits.RunLimits] | None = (launcher, run_limits)
+        self._lock = threading.Lock()
+
+    def _take(self) -> tuple[Launcher, limits.RunLimits] | None:
+        with self._lock:
+            started, self._started = self._started, None
+        return started
+
+    def run(self, *, on_line: LineSink, should_cancel: Callable[[], bool]) -> SandboxResult:
+        started = self._take()
+        if started is None:
+            raise SandboxUnavailable("this sandbox was discarded before its run")
+        return self._sandbox._supervise(self.spec, *started, on_line, should_cancel)
+
+    def discard(self) -> None:
+        started = self._take()
+        if started is not None:
+            self._sandbox._abandon(*started)
+
+
+def _ignore_line(stream: str, line: str) -> None:
+    """What a sandbox discarded before its command printed: bwrap's own words, unread."""
 
 
 def _unprepared(exc: Exception) -> SandboxUnavailable:

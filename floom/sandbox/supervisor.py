@@ -137,15 +137,7 @@ class Supervisor:
                 # past the disk limit) still decides the run.
                 limit = check_limits()
         finally:
-            if proc.poll() is None:
-                self.kill_tree()
-            for fd in self.open_fds - self.readers.keys():
-                os.close(fd)
-            if self.init_pidfd is not None:
-                os.close(self.init_pidfd)
-            for stream in (proc.stdout, proc.stderr):
-                assert stream is not None
-                stream.close()
+            self._end()
         returncode = proc.wait()
         if outcome == "timed_out":
             return SandboxResult(
@@ -165,6 +157,29 @@ class Supervisor:
             exit_code != 0 and first is not None and first.startswith(STARTUP_ERROR_PREFIXES)
         )
         return SandboxResult(exit_code=exit_code, error=first if failed_to_start else None)
+
+    def abandon(self, release_fd: int) -> None:
+        """End a sandbox whose command was never released: its tree is killed before the
+        release fd closes (bwrap runs the command on end-of-file too)."""
+        try:
+            self.kill_tree()
+        finally:
+            os.close(release_fd)
+            self._end()
+
+    def _end(self) -> None:
+        """Kill what is left of the tree and close every descriptor held for it."""
+        if self.proc.poll() is None:
+            self.kill_tree()
+        for fd in self.open_fds - self.readers.keys():
+            os.close(fd)
+        self.open_fds.clear()
+        if self.init_pidfd is not None:
+            os.close(self.init_pidfd)
+            self.init_pidfd = None
+        for stream in (self.proc.stdout, self.proc.stderr):
+            assert stream is not None
+            stream.close()
 
     def _ended_under_stopped_init(self) -> int | None:
         # Judge by the command itself when something holds pid 1 stopped: bwrap would

@@ -11,8 +11,8 @@ from floom.schemas.common import Page, Public, Timestamp
 from floom.services import agent_runs, approvals, logs, run_records, run_rules, runs
 from floom.services.context import Context
 from floom.services.principal import Principal, Surface
+from floom.services.run_records import RunRecord
 from floom.store.agents import Approval, ToolCall
-from floom.store.db import Reader
 from floom.store.models import Artifact, Run, RunEvent
 
 
@@ -162,23 +162,17 @@ def run_page(rows: list[Run], next_cursor: str | None, *, surface: Surface) -> P
 
 
 def run_detail(ctx: Context, *, run_id: str, caller: Principal) -> RunDetail:
-    run, artifacts, asked = run_records.run_record(ctx, run_id=run_id, caller=caller)
-    return _detail(ctx, run, artifacts, asked, caller)
+    record = run_records.run_record(ctx, run_id=run_id, caller=caller)
+    return run_detail_of(ctx, record, caller=caller)
 
 
-def run_detail_in_session(ctx: Context, s: Reader, run: Run, *, caller: Principal) -> RunDetail:
-    """run_detail for a run the caller has just read in `s` (the read that ends a wait): the
-    rest of the record is read in the same transaction, the run not read again."""
+def run_detail_of(ctx: Context, record: RunRecord, *, caller: Principal) -> RunDetail:
+    """run_detail for a record the caller has in hand (the one that ended a wait, read with
+    the run or written with its end)."""
     caller.require("read")
-    artifacts, asked = run_records.record_in_session(ctx, s, run)
-    return _detail(ctx, run, artifacts, asked, caller)
-
-
-def _detail(
-    ctx: Context, run: Run, artifacts: list[Artifact], asked: list[Approval], caller: Principal
-) -> RunDetail:
-    body = runs.run_to_dict(run, artifacts=artifacts)
-    body.update(run_records.run_extras(ctx, run=run, run_approvals=asked, caller=caller))
+    run = record.run
+    body = runs.run_to_dict(run, artifacts=record.artifacts)
+    body.update(run_records.run_extras(ctx, run=run, run_approvals=record.approvals, caller=caller))
     return RunDetail.model_validate(_told(body, caller.surface))
 
 

@@ -21,7 +21,16 @@ from floom.store.db import is_postgres, make_engine
 from floom.store.migrate import migrate
 
 if TYPE_CHECKING:
-    from floom.store.models import Run
+    from floom.services.run_records import RunRecord
+    from floom.store.models import Run, Version
+
+
+class StartedRun(Protocol):
+    """A run started ahead by LocalSlots.start_ahead."""
+
+    def discard(self) -> None:
+        """End it, its command never run."""
+        ...
 
 
 class LocalSlots(Protocol):
@@ -35,8 +44,16 @@ class LocalSlots(Protocol):
         node is draining). A held slot is then either started (`start_claimed`) or `release`d."""
         ...
 
-    def start_claimed(self, run: Run) -> None:
-        """Run `run`, committed as claimed by this node, in the slot held for it."""
+    def start_ahead(self, run: Run, version: Version) -> StartedRun | None:
+        """Start `run`, about to be queued as claimed by this node in the slot held for it,
+        up to its sandbox's command, which waits: the sandbox's start then overlaps the
+        queueing transaction. None when it cannot. What it returns goes to `start_claimed`
+        once the run is committed as claimed here, and is discarded otherwise."""
+        ...
+
+    def start_claimed(self, run: Run, ahead: StartedRun | None = None) -> None:
+        """Run `run`, committed as claimed by this node, in the slot held for it (from
+        `ahead` when it was started ahead)."""
         ...
 
     def release(self) -> None:
@@ -68,8 +85,8 @@ class Context:
     # This node's executor while it runs (None on a node without the executor role).
     local_slots: LocalSlots | None = None
 
-    def notify_run_ended(self, run_id: str) -> None:
-        self.run_ends.notify(run_id)
+    def notify_run_ended(self, run_id: str, record: RunRecord | None = None) -> None:
+        self.run_ends.notify(run_id, record)
 
     @classmethod
     def open(cls, settings: Settings) -> Context:

@@ -4,7 +4,7 @@ with as few transactions as the run's kind allows (it is read after every wait).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import bindparam
 from sqlalchemy import select as sql_select
@@ -17,6 +17,14 @@ from floom.store.models import Artifact, Run, trusted_row
 
 if TYPE_CHECKING:
     from floom.services.context import Context
+
+
+class RunRecord(NamedTuple):
+    """A run with its artifacts and approvals, as read in one transaction."""
+
+    run: Run
+    artifacts: list[Artifact]
+    approvals: list[Approval]
 
 
 def run_extras(
@@ -53,22 +61,19 @@ def may_have_approvals(ctx: Context, run: Run) -> bool:
     return version.kind == "agent" or bool(workers.manifest_of(version).approvals.get("required"))
 
 
-def run_record(
-    ctx: Context, *, run_id: str, caller: Principal
-) -> tuple[Run, list[Artifact], list[Approval]]:
+def run_record(ctx: Context, *, run_id: str, caller: Principal) -> RunRecord:
     """The run with its artifacts and approvals, read in one transaction (a run's whole
     record is read after every wait: one session instead of three). Needs the read scope."""
     caller.require("read")
     with session_scope(ctx.engine) as s:
-        run = runs.peek_run(s, run_id)
-        artifacts, asked = record_in_session(ctx, s, run)
-    return run, artifacts, asked
+        return record_in_session(ctx, s, runs.peek_run(s, run_id))
 
 
-def record_in_session(ctx: Context, s: Reader, run: Run) -> tuple[list[Artifact], list[Approval]]:
-    """The artifacts and approvals of `run`, read in the session (or plain connection) that
-    read the run (a rule of floom's, not a read for a client: the caller has read the run
-    already). Core statements only, so either kind of read will do."""
+def record_in_session(ctx: Context, s: Reader, run: Run) -> RunRecord:
+    """`run`'s record with its artifacts and approvals read in the session (or plain
+    connection) that read the run, or that has just written it (a rule of floom's, not a
+    read for a client: the caller has the run already). Core statements only, so either kind
+    of connection will do."""
     # Core rows into detached copies: the record is only looked at (~200 us less than the
     # ORM's select, on every waited run).
     artifacts = [
@@ -81,7 +86,7 @@ def record_in_session(ctx: Context, s: Reader, run: Run) -> tuple[list[Artifact]
             trusted_row(Approval, row._mapping)
             for row in s.execute(_approvals_of_run(), {"run_id": run.id})
         ]
-    return artifacts, asked
+    return RunRecord(run, artifacts, asked)
 
 
 @lru_cache(maxsize=1)

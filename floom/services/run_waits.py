@@ -24,9 +24,10 @@ import anyio.to_thread
 
 from floom.errors import TooManyWaits
 from floom.services.principal import Principal
+from floom.services.run_records import RunRecord, record_in_session
 from floom.services.run_rules import FINISHED, WAITING
 from floom.services.runs import peek_run
-from floom.store.db import Reader, read_connection
+from floom.store.db import read_connection
 from floom.store.models import Run
 
 if TYPE_CHECKING:
@@ -58,12 +59,16 @@ class Listener:
     """One waiter's wake-up call, set from any thread on the waiter's own event loop.
 
     A waiter that will read the run once it ends may leave its read here (`reader`): the
-    thread that records the end then reads it at once, right after its commit, and hands
-    the result over with the wake-up. The waiter answers without a trip of its own to a
-    worker thread and back, the longest step between a run's end and its answer."""
+    thread that records the end then calls it at once, right after its commit, with the
+    record it wrote when it has it (the run as the end left it, read back in the end's own
+    transaction), and hands the result over with the wake-up. The waiter answers without a
+    trip of its own to a worker thread and back, the longest step between a run's end and
+    its answer, and without a read of its own."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, reader: Callable[[], object] | None = None
+        self,
+        loop: asyncio.AbstractEventLoop,
+        reader: Callable[[RunRecord | None], object] | None = None,
     ) -> None:
         self._loop = loop
         self._event = asyncio.Event()
@@ -76,13 +81,13 @@ class Listener:
         except RuntimeError:
             pass  # the waiter's loop has closed: nobody is left to wake
 
-    def deliver(self) -> None:
-        """Wake the waiter with its read done here (just a wake-up if it left none, or if
-        the read failed: the waiter then reads for itself)."""
+    def deliver(self, record: RunRecord | None = None) -> None:
+        """Wake the waiter with its read done here, from `record` when there is one (just a
+        wake-up if it left none, or if the read failed: the waiter then reads for itself)."""
         found = None
         if self._reader is not None:
             try:
-                found = self._reader()
+                found = self._reader(record)
             except Exception:  # the waiter's own read will meet the problem and say it
                 log.debug("a waiter's read at the run's end failed", exc_info=True)
         try:
@@ -125,9 +130,16 @@ class RunEnds:
         # went back to the event loop) is woken at once instead of at its next store check.
         self._recent: OrderedDict[str, None] = OrderedDict()
 
-    def notify(self, run_id: str) -> None:
+    def waited_on(self, run_id: str) -> bool:
+        """Whether anyone in this process waits for the run's end right now: whoever records
+        it then reads its record back in the same transaction, for `notify`."""
+        with self._lock:
+            return run_id in self._listeners
+
+    def notify(self, run_id: str, record: RunRecord | None = None) -> None:
         """Wake the run's waiters; called by whoever recorded its end, after the commit, on
-        that thread: the first DELIVERED_READS waiters' reads are done here."""
+        that thread: the first DELIVERED_READS waiters' reads are done here, from `record`
+        (the run's record as that commit left it) when it is given."""
         with self._lock:
             listeners = list(self._listeners.get(run_id, ()))
             self._recent[run_id] = None
@@ -136,13 +148,13 @@ class RunEnds:
                 self._recent.popitem(last=False)
         for n, listener in enumerate(listeners):
             if n < DELIVERED_READS:
-                listener.deliver()
+                listener.deliver(record)
             else:
                 listener.wake()
 
     @contextmanager
     def listening(
-        self, run_id: str, *, reader: Callable[[], object] | None = None
+        self, run_id: str, *, reader: Callable[[RunRecord | None], object] | None = None
     ) -> Iterator[Listener]:
         """A listener for `run_id`'s end, for the block; `reader` (see Listener) is called
         on the recording thread when the end is announced."""
@@ -223,14 +235,13 @@ async def wait_and_read(
     until: Until = "ended",
     caller: Principal,
     fresh: Run | None = None,
-    then: Callable[[Reader, Run], T] | None = None,
+    then: Callable[[RunRecord], T] | None = None,
 ) -> tuple[Run, T | None]:
-    """wait_for_end, and `then(s, run)` called in the read that found the run at the end of
-    the wait (a stop status of `until`; `s` a plain connection or a session, so `then` runs
-    Core statements only): a caller that answers with the whole record reads the rest of it
-    in that same transaction instead of reading the run again. None instead of `then`'s
-    result when the wait ran out first, or when the run was answered as `fresh` without a
-    read."""
+    """wait_for_end, and `then(record)` called with the run's whole record as found at the
+    end of the wait (a stop status of `until`): read in the same transaction as the run, or
+    written with its end by this process, so a caller that answers with the whole record
+    never reads the run again. None instead of `then`'s result when the wait ran out first,
+    or when the run was answered as `fresh` without a read."""
     caller.require("read")
     waiter = caller.key_id or caller.name or None
     stop = STOP_STATUSES[until]
@@ -241,7 +252,7 @@ async def wait_and_read(
         if fresh is not None:
             run, extra = fresh, None
         else:
-            run, extra = await anyio.to_thread.run_sync(reader)
+            run, extra = await anyio.to_thread.run_sync(reader, None)
         if run.status in stop or timeout <= 0:
             return run, extra
         held = (
@@ -260,7 +271,7 @@ async def wait_and_read(
                 if delivered is not None:  # read by the thread that announced the end
                     run, extra = delivered
                 else:
-                    run, extra = await anyio.to_thread.run_sync(reader)
+                    run, extra = await anyio.to_thread.run_sync(reader, None)
                 if run.status in stop:
                     return run, extra
 
@@ -283,10 +294,17 @@ def _read(
     ctx: Context,
     run_id: str,
     stop: frozenset[str],
-    then: Callable[[Reader, Run], T] | None,
+    then: Callable[[RunRecord], T] | None,
+    record: RunRecord | None,
 ) -> tuple[Run, T | None]:
-    # Core statements only (peek_run, the record's rows): a plain connection will do.
-    with read_connection(ctx.engine) as conn:
-        run = peek_run(conn, run_id)
-        extra = then(conn, run) if then is not None and run.status in stop else None
-    return run, extra
+    """The run, and `then` of its record if it is in a stop status: from `record` (written
+    by the run's end) when given, else read."""
+    if record is None:
+        # Core statements only (peek_run, the record's rows): a plain connection will do.
+        with read_connection(ctx.engine) as conn:
+            run = peek_run(conn, run_id)
+            if then is None or run.status not in stop:
+                return run, None
+            record = record_in_session(ctx, conn, run)
+    run = record.run
+    return run, then(record) if then is not None and run.status in stop else None

@@ -206,6 +206,10 @@ def _queue_run(
     # child run is claimed by its agent; a limited worker's run waits for the queue's count).
     slots = ctx.local_slots if parent_run_id is None and run.concurrency is None else None
     held = slots is not None and slots.reserve()
+    ahead = None
+    if held and in_transaction is None:
+        # Its sandbox starts while the transaction commits; its command waits for the commit.
+        ahead = slots.start_ahead(run, version)  # type: ignore[union-attr]
     started = False
     # A trigger's step adds rows through the ORM; without one, every statement is Core and a
     # plain connection does (store.db.write_connection).
@@ -246,13 +250,18 @@ def _queue_run(
             if not started:
                 signals.publish(s, signals.RUN_QUEUED)
     except BaseException:
+        if ahead is not None:
+            ahead.discard()
         if held:
             slots.release()  # type: ignore[union-attr]
         raise
     if started:
-        slots.start_claimed(run)  # type: ignore[union-attr]
-    elif held:
-        slots.release()  # type: ignore[union-attr]
+        slots.start_claimed(run, ahead)  # type: ignore[union-attr]
+    else:
+        if ahead is not None:
+            ahead.discard()
+        if held:
+            slots.release()  # type: ignore[union-attr]
     return run, locked
 
 

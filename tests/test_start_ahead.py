@@ -1,0 +1,210 @@
+"""A run's sandbox started ahead while the run is being queued: bubblewrap makes the sandbox
+and waits; the command runs only once the run is committed as this node's, and a run that is
+not (refused, queued behind others) ends its sandbox without the command ever running."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from floom.agent.runner import run_agent
+from floom.bundle import read_folder
+from floom.engine.executor import Executor
+from floom.errors import WorkerPaused
+from floom.sandbox import LocalSandbox
+from floom.sandbox import local as local_module
+from floom.sandbox.base import SandboxSpec, SandboxUnavailable
+from floom.sandbox.supervisor import Supervisor
+from floom.services import runs, workers
+from floom.services.context import Context
+from floom.services.principal import SYSTEM
+from floom.store.db import session_scope
+from floom.store.models import Run, Worker, new_id, trusted_row
+from tests.conftest import make_worker, wait_until
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
+)
+
+# Leaves a mark in the output dir (a host path) the moment it runs.
+MARKING = "open('/output/ran', 'w').write('yes'); print('ran')"
+
+
+def _spec(tmp_path: Path, script: str = MARKING) -> SandboxSpec:
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text(script)
+    return SandboxSpec(
+        run_id=f"run-test-{uuid.uuid4().hex[:8]}",
+        command=["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        timeout_seconds=30.0,
+    )
+
+
+def _launcher_of(ahead: Any) -> Any:
+    started = ahead._started
+    assert started is not None
+    return started[0]
+
+
+def test_a_sandbox_started_ahead_runs_its_command_only_once_released(tmp_path: Path) -> None:
+    sandbox = LocalSandbox()
+    try:
+        spec = _spec(tmp_path)
+        ahead = sandbox.start_ahead(spec)
+        launcher = _launcher_of(ahead)
+        # bubblewrap has made the sandbox (it reports pid 1 on the info fd) and waits.
+        wait_until(lambda: bool(_readable(launcher.info_fd)), timeout=10)
+        time.sleep(0.3)
+        assert not (spec.output_dir / "ran").exists()
+        assert launcher.proc.poll() is None
+
+        lines: list[tuple[str, str]] = []
+        result = ahead.run(on_line=lambda s, line: lines.append((s, line)), should_cancel=bool)
+
+        assert (result.exit_code, result.error) == (0, None)
+        assert ("stdout", "ran") in lines
+        assert (spec.output_dir / "ran").read_text() == "yes"
+        ahead.discard()  # after its run: nothing left to end
+        with pytest.raises(SandboxUnavailable):
+            ahead.run(on_line=lambda s, line: None, should_cancel=bool)
+    finally:
+        sandbox.close()
+
+
+def test_a_discarded_sandbox_is_killed_before_its_command_could_run_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bubblewrap runs the command on end-of-file of its block fd as on a byte: closing the
+    # fd before the tree is killed would let the command start.
+    sandbox = LocalSandbox()
+    release_open_at_kill: list[bool] = []
+    real_kill = Supervisor.kill_tree
+
+    def kill_tree(self: Supervisor) -> bool:
+        release_open_at_kill.append(_pipe_of(launcher.release_fd) == release_pipe)
+        return real_kill(self)
+
+    monkeypatch.setattr(Supervisor, "kill_tree", kill_tree)
+    try:
+        spec = _spec(tmp_path)
+        ahead = sandbox.start_ahead(spec)
+        launcher = _launcher_of(ahead)
+        cgroup = launcher.cgroup
+        release_pipe = _pipe_of(launcher.release_fd)
+        wait_until(lambda: bool(_readable(launcher.info_fd)), timeout=10)
+
+        ahead.discard()
+
+        assert release_open_at_kill and release_open_at_kill[0]
+        assert launcher.proc.poll() is not None
+        if cgroup is not None:
+            assert not any(Path(d).exists() for d in cgroup.dirs.values())
+        time.sleep(0.3)
+        assert not (spec.output_dir / "ran").exists()
+        with pytest.raises(SandboxUnavailable):
+            ahead.run(on_line=lambda s, line: None, should_cancel=bool)
+        ahead.discard()  # twice: nothing more
+    finally:
+        sandbox.close()
+
+
+def _deploy(ctx: Context, tmp_path: Path, name: str, script: str) -> None:
+    folder = make_worker(tmp_path / name, f"name: {name}\n", {"run.py": script})
+    archive = read_folder(folder, max_bytes=1 << 20).to_archive()
+    workers.deploy(ctx, caller=SYSTEM, archive=archive)
+
+
+def test_a_run_refused_in_its_queueing_transaction_ends_its_started_sandbox(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _deploy(ctx, tmp_path, "w1", MARKING)
+    sandbox = LocalSandbox()
+    engine = Executor(ctx, sandbox, run_agent=run_agent)
+    engine.start()
+    abandoned: list[str] = []
+    real_abandon = local_module.LocalSandbox._abandon
+
+    def abandon(self: LocalSandbox, launcher: Any, run_limits: Any) -> None:
+        abandoned.append(str(launcher.proc.pid))
+        real_abandon(self, launcher, run_limits)
+
+    monkeypatch.setattr(local_module.LocalSandbox, "_abandon", abandon)
+    try:
+        runs.create_run(ctx, worker_name="w1", caller=SYSTEM)  # this process caches w1
+        # Paused behind this process's back: the copy it checks first says it is not, so
+        # the run's sandbox starts ahead; the queueing transaction then finds it paused.
+        with session_scope(ctx.engine, write=True) as s:
+            worker = s.get(Worker, "w1")
+            assert worker is not None
+            worker.paused = True
+            s.add(worker)
+        wait_until(lambda: engine.active_count() == 0, timeout=30)
+
+        with pytest.raises(WorkerPaused):
+            runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
+
+        assert len(abandoned) == 1
+        assert not engine._ahead
+        assert engine.active_count() == 0 and engine._taken_slots() == 0
+        # Its work dir goes too (in the background, as every run's).
+        wait_until(lambda: not any(ctx.settings.work_root.iterdir()), timeout=10)
+    finally:
+        engine.stop()
+
+
+def test_the_reaper_leaves_a_sandbox_started_ahead_alone(ctx: Context, tmp_path: Path) -> None:
+    _deploy(ctx, tmp_path, "w1", MARKING)
+    engine = Executor(ctx, LocalSandbox(), run_agent=run_agent)
+    engine.start()
+    try:
+        worker = workers.get_worker(ctx, name="w1", caller=SYSTEM)
+        assert worker.active_version_id is not None
+        version = workers.get_version(ctx, version_id=worker.active_version_id, caller=SYSTEM)
+        run = trusted_row(
+            Run,
+            {
+                "id": new_id("run"),
+                "worker_name": "w1",
+                "version_id": version.id,
+                "status": "queued",
+                "trigger": "api",
+                "inputs_json": "{}",
+            },
+        )
+        assert engine.reserve()
+        ahead = engine.start_ahead(run, version)
+        assert ahead is not None
+        launcher = _launcher_of(ahead._sandbox)
+        wait_until(lambda: bool(_readable(launcher.info_fd)), timeout=10)
+
+        assert engine._reap_sandboxes(live_run_ids=engine._live_run_ids) == 0
+        assert launcher.proc.poll() is None
+
+        ahead.discard()
+        engine.release()
+        assert not engine._ahead
+    finally:
+        engine.stop()
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def _pipe_of(fd: int) -> int | None:
+    """The inode of the pipe `fd` holds, None once it is closed."""
+    try:
+        return os.fstat(fd).st_ino
+    except OSError:
+        return None
