@@ -16,7 +16,8 @@ import pytest
 
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
-from floom.engine.executor import Executor
+from floom.engine.executor import Executor, StartedAttempt
+from floom.engine.queue import claim_next
 from floom.errors import WorkerPaused
 from floom.sandbox import LocalSandbox
 from floom.sandbox import local as local_module
@@ -28,6 +29,7 @@ from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, new_id, trusted_row
 from tests.conftest import make_worker, wait_until
+from tests.queue_support import enqueue
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
@@ -161,6 +163,37 @@ def test_a_run_refused_in_its_queueing_transaction_ends_its_started_sandbox(
         wait_until(lambda: not any(ctx.settings.work_root.iterdir()), timeout=10)
     finally:
         engine.stop()
+
+
+def test_a_run_queued_behind_an_older_one_runs_later_while_its_early_start_is_discarded(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run is committed as queued (an older run is runnable), so its sandbox started
+    # ahead is discarded; a claim of the run may meanwhile prepare and run it on this node.
+    _deploy(ctx, tmp_path, "w1", MARKING)
+    engine = Executor(ctx, LocalSandbox(), run_agent=run_agent)
+    ctx.local_slots = engine
+    (older,) = enqueue(ctx, 1)
+    statuses: list[str] = []
+    real_discard = StartedAttempt.discard
+
+    def claimed_meanwhile(self: StartedAttempt) -> None:
+        claimed = [claim_next(ctx).run for _ in range(2)]
+        assert [r.id for r in claimed if r is not None][0] == older
+        (mine,) = [r for r in claimed if r is not None and r.id == self.attempt.run.id]
+        engine.run_claimed_inline(mine)
+        statuses.append(runs.get_run(ctx, run_id=mine.id, caller=SYSTEM).status)
+        real_discard(self)
+
+    monkeypatch.setattr(StartedAttempt, "discard", claimed_meanwhile)
+    try:
+        run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
+
+        assert run.status == "queued" and statuses == ["succeeded"]
+        assert engine._taken_slots() == 0 and not engine._ahead
+    finally:
+        ctx.local_slots = None
+        engine.sandbox.close()
 
 
 def test_the_reaper_leaves_a_sandbox_started_ahead_alone(ctx: Context, tmp_path: Path) -> None:

@@ -110,6 +110,7 @@ class Attempt:
         version: Version,
         manifest: Manifest,
         run_log: RunLog,
+        ahead: bool = False,
     ) -> None:
         self.host = host
         self.ctx = host.ctx
@@ -117,7 +118,11 @@ class Attempt:
         self.version = version
         self.manifest = manifest
         self.run_log = run_log
-        self.base = self.ctx.settings.work_root / f"{run.id}-{run.attempt}"
+        # An attempt started ahead (start_script_ahead) has dirs of its own: when its run is
+        # queued for the dispatcher after all, a claim of the run may prepare the plain ones
+        # while these are being discarded.
+        suffix = ".ahead" if ahead else ""
+        self.base = self.ctx.settings.work_root / f"{run.id}-{run.attempt}{suffix}"
         self.workdir = self.base / "work"
         self.output_dir = self.base / "output"
         # The version's cached files when the sandbox lays the work dir over them.

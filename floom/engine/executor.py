@@ -223,10 +223,16 @@ class Executor:
         behind them would not start here. The command waits for `start_claimed`; anything
         that fails here returns None and happens again, said, on the attempt's own path."""
         manifest = workers.manifest_of(version)
-        if self._queue_more or self._stop.is_set() or is_phased(manifest):
+        queued_here = self._queue_more or self.ctx.run_queued.is_set()
+        if queued_here or self._stop.is_set() or is_phased(manifest):
             return None
         attempt = Attempt(
-            self, run=run, version=version, manifest=manifest, run_log=self._new_run_log(run)
+            self,
+            run=run,
+            version=version,
+            manifest=manifest,
+            run_log=self._new_run_log(run),
+            ahead=True,
         )
         with self._active_lock:
             self._ahead.add(run.id)  # not an orphan for the reaper, from before its start
