@@ -42,7 +42,8 @@ def test_a_start_with_wait_answers_with_the_record_its_end_wrote_without_reading
     server = make_server()
     script = (
         "import json, os\n"
-        "open(os.path.join(os.environ['FLOOM_OUTPUT_DIR'], 'note.txt'), 'w').write('hi')\n"
+        "for name in ('note.txt', 'a.txt'):\n"
+        "    open(os.path.join(os.environ['FLOOM_OUTPUT_DIR'], name), 'w').write(name)\n"
         "json.dump({'outputs': {'n': 1}}, open('result.json', 'w'))\n"
     )
     reads: list[str] = []
@@ -61,7 +62,7 @@ def test_a_start_with_wait_answers_with_the_record_its_end_wrote_without_reading
         stored = api.get(f"/api/v1/runs/{resp.json()['id']}").json()
     answer = resp.json()
     assert answer["status"] == "succeeded" and answer["outputs"] == {"n": 1}
-    assert [a["name"] for a in answer["artifacts"]] == ["note.txt"]
+    assert [a["name"] for a in answer["artifacts"]] == ["a.txt", "note.txt"]
     assert answer == stored  # the record as stored, to the field
     assert reads == []
 

@@ -333,6 +333,8 @@ def finish_attempt(
         "sandbox_seconds_added": outcome.sandbox_seconds,
     }
     record: RunRecord | None = None
+    # This attempt's artifacts are the run's only ones: earlier ones are deleted below.
+    artifacts: list[Artifact] = []
     with write_connection(ctx.engine) as s:
         lock_events(s, run_id=run.id)
         written = s.execute(_finish_statement(tuple(values)), {**values, **held}).first()
@@ -360,7 +362,10 @@ def finish_attempt(
                 }
                 for name, data, content_type in outcome.artifacts
             ]
-            s.execute(insert(Artifact.__table__), rows)  # type: ignore[attr-defined]
+            stored = s.execute(_artifacts_insert(), rows)
+            artifacts = sorted(
+                (trusted_row(Artifact, row._mapping) for row in stored), key=_artifact_name
+            )
         closing.append(("system", message, None))
         append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)
         if run.concurrency is not None:
@@ -369,9 +374,21 @@ def finish_attempt(
         if ctx.run_ends.waited_on(run.id):
             # Its waiters answer with the record as this transaction leaves it (the row as
             # the UPDATE returned it), not with a read of their own after the commit.
-            record = record_in_session(ctx, s, trusted_row(Run, written._mapping))
+            ended_run = trusted_row(Run, written._mapping)
+            record = record_in_session(ctx, s, ended_run, artifacts=artifacts)
     ctx.notify_run_ended(run.id, record)
     return ended.status
+
+
+@lru_cache(maxsize=1)
+def _artifacts_insert() -> Any:
+    """The INSERT of an attempt's artifacts, returning the rows it stored (for the record)."""
+    table = Artifact.__table__  # type: ignore[attr-defined]
+    return insert(table).returning(*table.c)
+
+
+def _artifact_name(artifact: Artifact) -> str:
+    return artifact.name
 
 
 @lru_cache(maxsize=4)

@@ -69,17 +69,20 @@ def run_record(ctx: Context, *, run_id: str, caller: Principal) -> RunRecord:
         return record_in_session(ctx, s, runs.peek_run(s, run_id))
 
 
-def record_in_session(ctx: Context, s: Reader, run: Run) -> RunRecord:
-    """`run`'s record with its artifacts and approvals read in the session (or plain
-    connection) that read the run, or that has just written it (a rule of floom's, not a
-    read for a client: the caller has the run already). Core statements only, so either kind
-    of connection will do."""
-    # Core rows into detached copies: the record is only looked at (~200 us less than the
-    # ORM's select, on every waited run).
-    artifacts = [
-        trusted_row(Artifact, row._mapping)
-        for row in s.execute(_artifacts_of_run(), {"run_id": run.id})
-    ]
+def record_in_session(
+    ctx: Context, s: Reader, run: Run, *, artifacts: list[Artifact] | None = None
+) -> RunRecord:
+    """`run`'s record with its artifacts (unless the caller has them, by name) and approvals
+    read in the session (or plain connection) that read the run, or that has just written
+    it (a rule of floom's, not a read for a client: the caller has the run already). Core
+    statements only, so either kind of connection will do."""
+    if artifacts is None:
+        # Core rows into detached copies: the record is only looked at (~200 us less than
+        # the ORM's select, on every waited run).
+        artifacts = [
+            trusted_row(Artifact, row._mapping)
+            for row in s.execute(_artifacts_of_run(), {"run_id": run.id})
+        ]
     asked: list[Approval] = []
     if may_have_approvals(ctx, run):
         asked = [
