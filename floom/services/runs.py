@@ -53,7 +53,7 @@ from floom.store.models import (
 )
 
 if TYPE_CHECKING:
-    from floom.services.context import Context
+    from floom.services.context import Context, StartedRun
 
 TRIGGERS = (
     "manual",
@@ -206,10 +206,7 @@ def _queue_run(
     # child run is claimed by its agent; a limited worker's run waits for the queue's count).
     slots = ctx.local_slots if parent_run_id is None and run.concurrency is None else None
     held = slots is not None and slots.reserve()
-    ahead = None
-    if held and in_transaction is None:
-        # Its sandbox starts while the transaction commits; its command waits for the commit.
-        ahead = slots.start_ahead(run, version)  # type: ignore[union-attr]
+    ahead: StartedRun | None = None
     started = False
     # A trigger's step adds rows through the ORM; without one, every statement is Core and a
     # plain connection does (store.db.write_connection).
@@ -219,6 +216,9 @@ def _queue_run(
         else session_scope(ctx.engine, write=True)
     )
     try:
+        if held and in_transaction is None:
+            # Its sandbox starts while the transaction commits; its command waits for that.
+            ahead = slots.start_ahead(run, version)  # type: ignore[union-attr]
         with transaction as s:
             # A deletion since the checks above wins, even over this process's cached version.
             locked = workers.lock_worker(s, worker.name, version_id=version.id)
