@@ -661,3 +661,40 @@ def test_the_runs_cpu_group_weighs_as_many_processes_as_it_holds_runs() -> None:
         assert weight() == one
     finally:
         parent.rmdir()
+
+
+@needs_cgroups
+def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One live run weighs as one process, as no run does: the kernel spends about 0.7 ms on
+    # each write of a group's weight, twice per run if it were written regardless.
+    tree = cgroups.detect()
+    if cgroups.CPU not in tree.enforced:
+        pytest.skip("no CPU controller here")
+    parent = tree.parents[cgroups.CPU] / f"weigh-test-{uuid.uuid4().hex[:8]}"
+    parent.mkdir()
+    own = cgroups.CgroupTree(version=tree.version, parents={cgroups.CPU: parent})
+    name = "cpu.weight" if tree.version == 2 else "cpu.shares"
+    limits = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=64, cpu_cores=1)
+    written: list[str] = []
+    real_write = cgroups._write
+
+    def write(path: str, value: str) -> None:
+        if path == f"{parent}/{name}":
+            written.append(value)
+        real_write(path, value)
+
+    monkeypatch.setattr(cgroups, "_write", write)
+    try:
+        own.create("run-a", limits).remove()  # the group's first run: its weight is set
+        written.clear()
+        for n in range(3):
+            own.create(f"run-{n}", limits).remove()
+        assert written == []
+        both = [own.create("run-x", limits), own.create("run-y", limits)]
+        for run in both:
+            run.remove()
+        assert len(written) == 2  # two runs at once, then one again
+    finally:
+        parent.rmdir()
