@@ -676,6 +676,7 @@ def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
     parent.mkdir()
     own = cgroups.CgroupTree(version=tree.version, parents={cgroups.CPU: parent})
     name = "cpu.weight" if tree.version == 2 else "cpu.shares"
+    one = cgroups.DEFAULT_CPU_WEIGHT_V2 if tree.version == 2 else cgroups.DEFAULT_CPU_SHARES_V1
     limits = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=64, cpu_cores=1)
     written: list[str] = []
     real_write = cgroups._write
@@ -696,5 +697,16 @@ def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
         for run in both:
             run.remove()
         assert len(written) == 2  # two runs at once, then one again
+        # A burst moving between three and four live runs: the weight rises with them and
+        # is not lowered on each end until they have halved or the last one ended.
+        written.clear()
+        live = [own.create(f"burst-{n}", limits) for n in range(4)]
+        for n in range(4, 10):
+            live.pop(0).remove()
+            live.append(own.create(f"burst-{n}", limits))
+        assert [int(v) for v in written] == [2 * one, 3 * one, 4 * one]
+        while live:
+            live.pop().remove()
+        assert [int(v) for v in written[3:]] == [2 * one, one]
     finally:
         parent.rmdir()
