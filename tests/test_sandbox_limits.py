@@ -667,8 +667,8 @@ def test_the_runs_cpu_group_weighs_as_many_processes_as_it_holds_runs() -> None:
 def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # One live run weighs as one process, as no run does: the kernel spends about 0.7 ms on
-    # each write of a group's weight, twice per run if it were written regardless.
+    # One live run weighs as one process, as no run does: nothing to write at its start
+    # and end.
     tree = cgroups.detect()
     if cgroups.CPU not in tree.enforced:
         pytest.skip("no CPU controller here")
@@ -676,7 +676,6 @@ def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
     parent.mkdir()
     own = cgroups.CgroupTree(version=tree.version, parents={cgroups.CPU: parent})
     name = "cpu.weight" if tree.version == 2 else "cpu.shares"
-    one = cgroups.DEFAULT_CPU_WEIGHT_V2 if tree.version == 2 else cgroups.DEFAULT_CPU_SHARES_V1
     limits = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=64, cpu_cores=1)
     written: list[str] = []
     real_write = cgroups._write
@@ -697,16 +696,5 @@ def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
         for run in both:
             run.remove()
         assert len(written) == 2  # two runs at once, then one again
-        # A burst moving between three and four live runs: the weight rises with them and
-        # is not lowered on each end until they have halved or the last one ended.
-        written.clear()
-        live = [own.create(f"burst-{n}", limits) for n in range(4)]
-        for n in range(4, 10):
-            live.pop(0).remove()
-            live.append(own.create(f"burst-{n}", limits))
-        assert [int(v) for v in written] == [2 * one, 3 * one, 4 * one]
-        while live:
-            live.pop().remove()
-        assert [int(v) for v in written[3:]] == [2 * one, one]
     finally:
         parent.rmdir()
