@@ -85,8 +85,7 @@ class StartedAttempt:
             return
         sandbox.discard()
         discard_later(self.attempt.base)
-        with self._executor._active_lock:
-            self._executor._ahead.discard(self.attempt.run.id)
+        self._executor.forget_ahead(self.attempt.run.id)
 
 
 class Executor:
@@ -242,10 +241,14 @@ class Executor:
             log.debug("starting run %s ahead failed", run.id, exc_info=True)
             sandbox = None
         if sandbox is None:
-            with self._active_lock:
-                self._ahead.discard(run.id)
+            self.forget_ahead(run.id)
             return None
         return StartedAttempt(self, attempt, sandbox)
+
+    def forget_ahead(self, run_id: str) -> None:
+        """`run_id`'s sandbox started ahead is gone: the reaper may take what is left."""
+        with self._active_lock:
+            self._ahead.discard(run_id)
 
     def start_claimed(self, run: Run, ahead: StartedRun | None = None) -> None:
         assert ahead is None or isinstance(ahead, StartedAttempt), "started by start_ahead"
