@@ -15,7 +15,7 @@ import tempfile
 import textwrap
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -631,52 +631,62 @@ def test_a_floom_that_is_not_root_runs_sandboxes_as_its_own_uid(tmp_path: Path) 
     assert done.stdout.splitlines() == [str(uid), f"stdout {uid}", "exit 0"], done.stderr
 
 
-@needs_cgroups
-def test_the_runs_cpu_group_weighs_as_many_processes_as_it_holds_runs() -> None:
-    # Under CPU contention the kernel shares CPU between sibling groups by weight: with the
-    # default (one process's), all of a node's runs together got one process's CPU time.
+CPU_GROUP_LIMITS = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=64, cpu_cores=1)
+
+
+@pytest.fixture
+def own_cpu_group() -> Iterator[tuple[cgroups.CgroupTree, Path]]:
+    """A CPU group of the test's own under floom/, standing for floom/ itself (the real one
+    is shared with the servers other tests start at the same time), and a tree of run
+    cgroups under it."""
     tree = cgroups.detect()
     if cgroups.CPU not in tree.enforced:
         pytest.skip("no CPU controller here")
-    # A group of the test's own under floom/, standing for floom/ itself: the real one is
-    # shared with the servers other tests start at the same time.
     parent = tree.parents[cgroups.CPU] / f"weigh-test-{uuid.uuid4().hex[:8]}"
     parent.mkdir()
-    own = cgroups.CgroupTree(version=tree.version, parents={cgroups.CPU: parent})
-    name = "cpu.weight" if tree.version == 2 else "cpu.shares"
-    one = cgroups.DEFAULT_CPU_WEIGHT_V2 if tree.version == 2 else cgroups.DEFAULT_CPU_SHARES_V1
-    limits = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=64, cpu_cores=1)
-
-    def weight() -> int:
-        return int((parent / name).read_text())
-
     try:
-        first = own.create("run-a", limits)
-        assert weight() == one
-        second = own.create("run-b", limits)
-        assert weight() == 2 * one
-        first.remove()
-        assert weight() == one
-        second.remove()
-        assert weight() == one
+        yield cgroups.CgroupTree(version=tree.version, parents={cgroups.CPU: parent}), parent
     finally:
         parent.rmdir()
 
 
+def _weight_file(tree: cgroups.CgroupTree) -> tuple[str, int]:
+    """The group's weight file and one process's weight in it."""
+    if tree.version == 2:
+        return "cpu.weight", cgroups.DEFAULT_CPU_WEIGHT_V2
+    return "cpu.shares", cgroups.DEFAULT_CPU_SHARES_V1
+
+
+@needs_cgroups
+def test_the_runs_cpu_group_weighs_as_many_processes_as_it_holds_runs(
+    own_cpu_group: tuple[cgroups.CgroupTree, Path],
+) -> None:
+    # Under CPU contention the kernel shares CPU between sibling groups by weight: with the
+    # default (one process's), all of a node's runs together got one process's CPU time.
+    own, parent = own_cpu_group
+    name, one = _weight_file(own)
+
+    def weight() -> int:
+        return int((parent / name).read_text())
+
+    first = own.create("run-a", CPU_GROUP_LIMITS)
+    assert weight() == one
+    second = own.create("run-b", CPU_GROUP_LIMITS)
+    assert weight() == 2 * one
+    first.remove()
+    assert weight() == one
+    second.remove()
+    assert weight() == one
+
+
 @needs_cgroups
 def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
-    monkeypatch: pytest.MonkeyPatch,
+    own_cpu_group: tuple[cgroups.CgroupTree, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One live run weighs as one process, as no run does: nothing to write at its start
     # and end.
-    tree = cgroups.detect()
-    if cgroups.CPU not in tree.enforced:
-        pytest.skip("no CPU controller here")
-    parent = tree.parents[cgroups.CPU] / f"weigh-test-{uuid.uuid4().hex[:8]}"
-    parent.mkdir()
-    own = cgroups.CgroupTree(version=tree.version, parents={cgroups.CPU: parent})
-    name = "cpu.weight" if tree.version == 2 else "cpu.shares"
-    limits = cgroups.CgroupLimits(memory_bytes=64 << 20, processes=64, cpu_cores=1)
+    own, parent = own_cpu_group
+    name, _ = _weight_file(own)
     written: list[str] = []
     real_write = cgroups._write
 
@@ -686,15 +696,12 @@ def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
         real_write(path, value)
 
     monkeypatch.setattr(cgroups, "_write", write)
-    try:
-        own.create("run-a", limits).remove()  # the group's first run: its weight is set
-        written.clear()
-        for n in range(3):
-            own.create(f"run-{n}", limits).remove()
-        assert written == []
-        both = [own.create("run-x", limits), own.create("run-y", limits)]
-        for run in both:
-            run.remove()
-        assert len(written) == 2  # two runs at once, then one again
-    finally:
-        parent.rmdir()
+    own.create("run-a", CPU_GROUP_LIMITS).remove()  # the group's first run: its weight is set
+    written.clear()
+    for n in range(3):
+        own.create(f"run-{n}", CPU_GROUP_LIMITS).remove()
+    assert written == []
+    both = [own.create("run-x", CPU_GROUP_LIMITS), own.create("run-y", CPU_GROUP_LIMITS)]
+    for run in both:
+        run.remove()
+    assert len(written) == 2  # two runs at once, then one again
