@@ -5,10 +5,10 @@ The command line is not replicated here: it is the launch floom's LocalSandbox m
 recorded while LocalSandbox runs the same spec once (that first run is also the slot's
 warm-up), then replayed with fresh file descriptors: the launcher started and fed its script
 in one go. So the floor has floom's stage (the launcher's mount namespace and stage tmpfs,
-the run's binds and setpriv when floom runs as root), prlimit, the namespaces, binds, tmpfs
-sizes and seccomp filter, and lacks only what floom does around the process: starting the
-launcher ahead in its cgroup, the per-run cgroup, the supervisor reading lines, the work
-dir, the database and the HTTP API.
+the run's binds and setpriv when floom runs as root), the shell's ulimits, the namespaces,
+binds, tmpfs sizes and seccomp filter, and lacks only what floom does around the process:
+starting the launcher ahead in its cgroup, the per-run cgroup, the supervisor reading
+lines, the work dir, the database and the HTTP API.
 """
 
 from __future__ import annotations

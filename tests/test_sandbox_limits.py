@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import signal
@@ -161,6 +162,37 @@ def test_one_file_cannot_grow_past_the_disk_limit(tmp_path: Path) -> None:
     assert result.limit_exceeded == "disk", lines
     assert "wrote 64 MiB" not in stdout(lines)
     assert (tmp_path / "work" / "big.bin").stat().st_size <= 16 * 1024 * 1024
+
+
+LIMITS_SEEN = """
+import json, resource
+names = ("RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_DATA")
+print(json.dumps({name: resource.getrlimit(getattr(resource, name)) for name in names}))
+"""
+
+
+@pytest.mark.parametrize("memory_cgroup", [True, False])
+def test_the_per_process_limits_are_set_soft_and_hard_before_the_command_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, memory_cgroup: bool
+) -> None:
+    # The launcher's shell sets them (ulimit) and bwrap keeps them: each file's size in
+    # bytes (the shell counts 512-byte blocks), no core files, and where no memory cgroup
+    # holds the run, the data segment (the shell counts KiB). Hard as soft: the sandbox
+    # cannot raise them.
+    if memory_cgroup and cgroups.MEMORY not in cgroups.detect().enforced:
+        pytest.skip("no memory cgroup here")
+    if not memory_cgroup:
+        monkeypatch.setattr(cgroups, "detect", lambda: cgroups.CgroupTree(version=1, parents={}))
+    result, lines = run_script(tmp_path, LIMITS_SEEN, disk_mb=24, memory_mb=96)
+
+    assert result.exit_code == 0, lines
+    seen = json.loads(stdout(lines)[-1])
+    assert seen["RLIMIT_FSIZE"] == [24 << 20, 24 << 20]
+    assert seen["RLIMIT_CORE"] == [0, 0]
+    if not memory_cgroup:
+        assert seen["RLIMIT_DATA"] == [96 << 20, 96 << 20]
+    else:
+        assert seen["RLIMIT_DATA"] != [96 << 20, 96 << 20]
 
 
 def test_more_files_than_the_disk_check_counts_end_the_run(tmp_path: Path) -> None:

@@ -219,12 +219,12 @@ class LocalSandbox(Sandbox):
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
-            argv = _argv(prefix, spec, launcher.child_fds, run_limits, self._identity)
+            argv = _argv(prefix, spec, launcher.child_fds, self._identity)
             launcher.start(
                 [*self._identity.as_sandbox_user(), *argv],
                 _sandbox_env(spec),
                 resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
-                prelude=stage,
+                prelude=stage + run_limits.shell_lines(),
             )
         except (cgroups.CgroupError, IdentityUnavailable, OSError) as exc:
             launcher.discard()
@@ -279,12 +279,6 @@ class LocalSandbox(Sandbox):
             bwrap = shutil.which("bwrap")
             if bwrap is None:
                 raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
-            prlimit = shutil.which("prlimit")
-            if prlimit is None:
-                raise SandboxUnavailable(
-                    "prlimit is not on PATH; the local sandbox needs it to cap memory",
-                    hint="install util-linux: apt-get install util-linux",
-                )
             system = _system_args()
             try:
                 as_sandbox_user = self._identity.as_sandbox_user()
@@ -294,7 +288,7 @@ class LocalSandbox(Sandbox):
                     hint="install util-linux: apt-get install util-linux",
                 ) from exc
             namespaces = _probe_namespaces(bwrap, system, as_sandbox_user)
-            self._prefix = (prlimit, bwrap, *namespaces, *system, *_FRESH_MOUNTS)
+            self._prefix = (bwrap, *namespaces, *system, *_FRESH_MOUNTS)
         return self._prefix
 
 
@@ -357,12 +351,10 @@ def _argv(
     prefix: tuple[str, ...],
     spec: SandboxSpec,
     fds: ChildFds,
-    run_limits: limits.RunLimits,
     identity: SandboxIdentity,
 ) -> list[str]:
     memory = str(spec.memory_mb * 1024 * 1024)
-    prlimit, *bwrap = prefix
-    argv = [prlimit, *run_limits.prlimit_args(), "--", *bwrap]
+    argv = [*prefix]
     argv += ("--size", memory, "--tmpfs", "/dev/shm", "--remount-ro", "/dev")
     argv += ("--size", memory, "--tmpfs", "/tmp")
     argv += ("--bind", identity.bind_source(spec.workdir), SANDBOX_WORKDIR)

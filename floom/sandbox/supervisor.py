@@ -27,7 +27,6 @@ KILL_WAIT_SECONDS: Final = 5.0
 # command prints.
 STARTUP_ERROR_PREFIXES: Final = (
     "bwrap: ",
-    "prlimit: ",
     "setpriv: ",
     "unshare: ",
     "mount: ",
