@@ -1,7 +1,7 @@
 # One image for every floom node; docker-compose.yml gives each node its roles.
 FROM python:3.11-slim-bookworm
 
-# The local (bubblewrap) sandbox's tools: bwrap; setpriv, unshare and prlimit to start a
+# The local (bubblewrap) sandbox's tools: bwrap; setpriv and unshare to start a
 # sandbox as an unprivileged uid; mount; slirp4netns and ip for workers with network: full.
 # E2B executors and API nodes do not use them; one image keeps every node the same.
 RUN apt-get update \
