@@ -61,10 +61,16 @@ class Launch:
 
 @contextmanager
 def _recording_launches(seen: list[Launch]) -> Iterator[None]:
-    """Record each sandbox launch meanwhile (floom/sandbox/standby.py)."""
-    real = Launcher.start
+    """Record each sandbox launch meanwhile (floom/sandbox/standby.py): the lines a run
+    sends its launcher ahead (`begin`) and the rest (`start`), as one prelude."""
+    real_begin, real_start = Launcher.begin, Launcher.start
+    sent_ahead: dict[int, str] = {}
 
-    def recording(
+    def recording_begin(launcher: Launcher, prelude: str) -> None:
+        sent_ahead[id(launcher)] = prelude
+        real_begin(launcher, prelude)
+
+    def recording_start(
         launcher: Launcher,
         argv: Sequence[str],
         env: Mapping[str, str],
@@ -73,15 +79,18 @@ def _recording_launches(seen: list[Launch]) -> Iterator[None]:
         prelude: str = "",
     ) -> None:
         args = [str(a) for a in launcher.proc.args]  # type: ignore[union-attr]
-        seen.append(Launch(args, prelude, [str(a) for a in argv], dict(env), resolv_conf))
-        real(launcher, argv, env, resolv_conf=resolv_conf, prelude=prelude)
+        whole = sent_ahead.pop(id(launcher), "") + prelude
+        seen.append(Launch(args, whole, [str(a) for a in argv], dict(env), resolv_conf))
+        real_start(launcher, argv, env, resolv_conf=resolv_conf, prelude=prelude)
 
     with _record_lock:
-        Launcher.start = recording  # type: ignore[method-assign]
+        Launcher.begin = recording_begin  # type: ignore[method-assign]
+        Launcher.start = recording_start  # type: ignore[method-assign]
         try:
             yield
         finally:
-            Launcher.start = real  # type: ignore[method-assign]
+            Launcher.begin = real_begin  # type: ignore[method-assign]
+            Launcher.start = real_start  # type: ignore[method-assign]
 
 
 class FloorSlot:

@@ -125,6 +125,23 @@ def test_the_command_gets_its_environment_and_arguments_verbatim_and_only_three_
     assert stdin == "/dev/null"
 
 
+def test_a_launcher_runs_the_lines_sent_ahead_while_the_rest_is_built(tmp_path: Path) -> None:
+    # A run's stage mount points are made while floom prepares the rest of the script.
+    launcher = start_launcher()
+    made = tmp_path / "made"
+    try:
+        launcher.begin(f"mkdir {made}")
+        wait_until(made.is_dir, timeout=10)
+        assert launcher.alive()
+
+        launcher.start([shutil.which("sh") or "sh", "-c", "echo rest"], {}, resolv_conf=b"")
+        assert launcher.proc.stdout is not None
+        assert launcher.proc.stdout.read() == b"rest\n"
+        assert launcher.proc.wait(timeout=10) == 0
+    finally:
+        launcher.discard()
+
+
 def test_a_launcher_left_without_a_run_exits_on_its_own() -> None:
     # The pipe floom would send the script on closes when floom ends, however it ends.
     launcher = start_launcher()

@@ -32,6 +32,9 @@ _STAGE_TMPFS: Final = ("-t", "tmpfs", "-o", "mode=0755,size=64k,nosuid,nodev,noe
 # Characters that overlayfs's options would read as separators or escapes: paths holding
 # one are first bound to plain names under the stage (two more mounts per run).
 _OPTION_SEPARATORS: Final = frozenset(",:\\")
+# Where the overlay's paths are bound first when one holds such a character.
+_PLAIN_FILES: Final = f"{STAGE_DIR}/.files"
+_PLAIN_RUN: Final = f"{STAGE_DIR}/.run"
 OVERLAY_SCRATCH_SUFFIX: Final = ".overlay"
 """The overlay's scratch dir is the work dir's sibling with this suffix."""
 
@@ -125,42 +128,59 @@ class SandboxIdentity:
             standby.LAUNCHER_NAME,
         ]
 
-    def stage(self, workdir: Path, output_dir: Path, files: Path | None = None) -> str:
-        """The shell lines a launcher runs before bubblewrap: the run's directories bound
-        onto the stage at their host paths; with `files`, the work dir laid over them (an
+    def stage_dirs(self, workdir: Path, output_dir: Path, files: Path | None = None) -> str:
+        """The first of a launcher's shell lines before bubblewrap (`stage_mounts` follows):
+        the stage's mount points for the run's directories, made while floom prepares the
+        rest. Empty when this identity is floom's own: bubblewrap then needs no stage."""
+        if not self.switched:
+            return ""
+        work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
+        made = [f"{STAGE_DIR}{work}", f"{STAGE_DIR}{output}"]
+        if files is not None and _needs_plain_names(work, files):
+            made += [_PLAIN_FILES, _PLAIN_RUN]
+        return "set -e\n" + shlex.join([str(_stage_tools()["mkdir"]), "-p", *made]) + "\n"
+
+    def stage_mounts(self, workdir: Path, output_dir: Path, files: Path | None = None) -> str:
+        """The shell lines that bind the run's directories onto the stage (made by
+        `stage_dirs`) at their host paths; with `files`, the work dir laid over them (an
         overlay whose scratch dir is the work dir's sibling, see OVERLAY_SCRATCH_SUFFIX).
-        Empty when this identity is floom's own: bubblewrap then needs no stage."""
+        Empty when this identity is floom's own."""
         if not self.switched:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
             return ""
-        tools = _stage_tools()
-        mount, mkdir = str(tools["mount"]), str(tools["mkdir"])
+        mount = str(_stage_tools()["mount"])
         work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
-        on_stage = {path: f"{STAGE_DIR}{path}" for path in (work, output)}
-        made = [on_stage[work], on_stage[output]]
         mounts: list[list[str]] = []
         if files is None:
-            mounts.append([mount, "--bind", work, on_stage[work]])
+            mounts.append([mount, "--bind", work, f"{STAGE_DIR}{work}"])
         else:
-            scratch = Path(work).with_name(Path(work).name + OVERLAY_SCRATCH_SUFFIX)
+            scratch = _scratch_of(work)
             scratch.mkdir(mode=0o700, exist_ok=True)
             lower, upper, scratch_dir = os.path.abspath(files), work, str(scratch)
-            if any(_OPTION_SEPARATORS & set(path) for path in (lower, upper, scratch_dir)):
+            if _needs_plain_names(work, files):
                 # Bound first to plain names, which overlayfs's options can hold.
-                plain_files, plain_run = f"{STAGE_DIR}/.files", f"{STAGE_DIR}/.run"
-                made += [plain_files, plain_run]
-                mounts.append([mount, "--bind", lower, plain_files])
-                mounts.append([mount, "--bind", os.path.dirname(work), plain_run])
-                lower = plain_files
-                upper = f"{plain_run}/{os.path.basename(work)}"
-                scratch_dir = f"{plain_run}/{scratch.name}"
+                mounts.append([mount, "--bind", lower, _PLAIN_FILES])
+                mounts.append([mount, "--bind", os.path.dirname(work), _PLAIN_RUN])
+                lower = _PLAIN_FILES
+                upper = f"{_PLAIN_RUN}/{os.path.basename(work)}"
+                scratch_dir = f"{_PLAIN_RUN}/{scratch.name}"
             options = f"lowerdir={lower},upperdir={upper},workdir={scratch_dir}"
-            mounts.append([mount, "-t", "overlay", "floom-work", "-o", options, on_stage[work]])
-        mounts.append([mount, "--bind", output, on_stage[output]])
-        lines = ["set -e", shlex.join([mkdir, "-p", *made])]
-        lines += [shlex.join(command) for command in mounts]
-        return "\n".join(lines) + "\n"
+            overlay = [mount, "-t", "overlay", "floom-work", "-o", options]
+            mounts.append([*overlay, f"{STAGE_DIR}{work}"])
+        mounts.append([mount, "--bind", output, f"{STAGE_DIR}{output}"])
+        return "".join(shlex.join(command) + "\n" for command in mounts)
+
+
+def _scratch_of(work: str) -> Path:
+    """The overlay's scratch dir of a work dir."""
+    return Path(work).with_name(Path(work).name + OVERLAY_SCRATCH_SUFFIX)
+
+
+def _needs_plain_names(work: str, files: Path) -> bool:
+    """Whether a path of the overlay holds a character its options would misread."""
+    paths = (os.path.abspath(files), work, str(_scratch_of(work)))
+    return any(_OPTION_SEPARATORS & set(path) for path in paths)
 
 
 def _stage_tools() -> dict[str, str | None]:

@@ -214,8 +214,12 @@ class LocalSandbox(Sandbox):
         except IdentityUnavailable as exc:
             raise _unprepared(exc) from exc
         try:
+            # The stage's mount points are made (an exec of mkdir) while the rest is built.
+            first = self._identity.stage_dirs(spec.workdir, spec.output_dir, spec.files)
+            if first:
+                launcher.begin(first)
             run_limits = limits.RunLimits(spec, launcher.cgroup)
-            stage = self._identity.stage(spec.workdir, spec.output_dir, spec.files)
+            stage = self._identity.stage_mounts(spec.workdir, spec.output_dir, spec.files)
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)

@@ -64,6 +64,8 @@ class Launcher:
     resolv_conf_fd: int
     child_fds: ChildFds
     started: float = dataclasses.field(default_factory=time.monotonic)
+    # Whether the script's first lines were sent ahead of the rest (`begin`).
+    begun: bool = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -82,6 +84,19 @@ class Launcher:
             if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
                 return False
         return True
+
+    def begin(self, prelude: str) -> None:
+        """Send the script's first lines ahead of the rest: stdin from /dev/null, then the
+        shell lines `prelude` (floom's own), which the launcher runs while floom prepares
+        the rest for `start`. Raises SandboxUnavailable when the launcher is gone."""
+        stdin = self.proc.stdin
+        assert stdin is not None and not self.begun
+        try:
+            stdin.write(launcher_head(prelude))
+            stdin.flush()
+        except OSError as exc:
+            raise self._gone(exc) from exc
+        self.begun = True
 
     def start(
         self,
@@ -102,13 +117,17 @@ class Launcher:
             resolv, self.resolv_conf_fd = self.resolv_conf_fd, -1
             with open(resolv, "wb") as file:
                 file.write(resolv_conf)  # far below a pipe's buffer: this never blocks
-            stdin.write(launcher_script(argv, env, prelude=prelude))
+            head = b"" if self.begun else launcher_head()
+            stdin.write(head + launcher_rest(argv, env, prelude=prelude))
             stdin.close()
         except OSError as exc:
-            raise SandboxUnavailable(
-                f"the sandbox's launcher ended before its run: {self._last_words() or exc}",
-                hint="the node may be short of memory or processes; try again",
-            ) from exc
+            raise self._gone(exc) from exc
+
+    def _gone(self, exc: OSError) -> SandboxUnavailable:
+        return SandboxUnavailable(
+            f"the sandbox's launcher ended before its run: {self._last_words() or exc}",
+            hint="the node may be short of memory or processes; try again",
+        )
 
     def _last_words(self) -> str:
         """The first line the launcher printed on stderr before it ended, if it has."""
@@ -320,14 +339,29 @@ def _pipe(undo: contextlib.ExitStack) -> tuple[int, int]:
 def launcher_script(argv: Sequence[str], env: Mapping[str, str], *, prelude: str = "") -> bytes:
     """A launcher's commands: stdin from /dev/null, `prelude`, exactly `env` exported (the
     shell's own PWD unset), then exec `argv`; every value single-quoted, so none is read
-    as shell."""
-    lines = [b"exec </dev/null", b"unset PWD", prelude.encode().rstrip(b"\n")]
+    as shell. `launcher_head` and `launcher_rest` are its two parts, when sent apart."""
+    return launcher_head() + launcher_rest(argv, env, prelude=prelude)
+
+
+def launcher_head(prelude: str = "") -> bytes:
+    """The script's first lines: stdin from /dev/null, the shell's own PWD unset, then
+    `prelude`."""
+    return _lines([b"exec </dev/null", b"unset PWD", prelude.encode().rstrip(b"\n")])
+
+
+def launcher_rest(argv: Sequence[str], env: Mapping[str, str], *, prelude: str = "") -> bytes:
+    """The rest of the script after `launcher_head`: `prelude`, `env` exported, exec `argv`."""
+    lines = [prelude.encode().rstrip(b"\n")]
     for name, value in env.items():
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not an environment variable name")
         lines.append(b"export " + name.encode() + b"=" + _quoted(value))
     lines.append(b"exec " + b" ".join(_quoted(arg) for arg in argv))
-    return b"\n".join(line for line in lines if line) + b"\n"
+    return _lines(lines)
+
+
+def _lines(lines: Sequence[bytes]) -> bytes:
+    return b"".join(line + b"\n" for line in lines if line)
 
 
 def _quoted(value: str) -> bytes:
