@@ -5,9 +5,7 @@ not (refused, queued behind others) ends its sandbox without the command ever ru
 from __future__ import annotations
 
 import os
-import select
 import shutil
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -65,9 +63,9 @@ def test_a_sandbox_started_ahead_runs_its_command_only_once_released(tmp_path: P
         spec = _spec(tmp_path)
         ahead = sandbox.start_ahead(spec)
         launcher = _launcher_of(ahead)
-        # bubblewrap has made the sandbox (it reports pid 1 on the info fd) and waits.
-        wait_until(lambda: bool(_readable(launcher.info_fd)), timeout=10)
-        time.sleep(0.3)
+        # bubblewrap has made the sandbox, and its pid 1 is blocked reading the release fd:
+        # the command cannot have started, and does not until it is released.
+        wait_until(lambda: _waiting_for_release(launcher), timeout=10)
         assert not (spec.output_dir / "ran").exists()
         assert launcher.proc.poll() is None
 
@@ -104,7 +102,7 @@ def test_a_discarded_sandbox_is_killed_before_its_command_could_run_and_leaves_n
         launcher = _launcher_of(ahead)
         cgroup = launcher.cgroup
         release_pipe = _pipe_of(launcher.release_fd)
-        wait_until(lambda: bool(_readable(launcher.info_fd)), timeout=10)
+        wait_until(lambda: _waiting_for_release(launcher), timeout=10)
 
         ahead.discard()
 
@@ -112,7 +110,7 @@ def test_a_discarded_sandbox_is_killed_before_its_command_could_run_and_leaves_n
         assert launcher.proc.poll() is not None
         if cgroup is not None:
             assert not any(Path(d).exists() for d in cgroup.dirs.values())
-        time.sleep(0.3)
+        # The whole tree is gone (bwrap reaped, the cgroup removed): nothing can write later.
         assert not (spec.output_dir / "ran").exists()
         with pytest.raises(SandboxUnavailable):
             ahead.run(on_line=lambda s, line: None, should_cancel=bool)
@@ -219,7 +217,7 @@ def test_the_reaper_leaves_a_sandbox_started_ahead_alone(ctx: Context, tmp_path:
         ahead = engine.start_ahead(run, version)
         assert ahead is not None
         launcher = _launcher_of(ahead._sandbox)
-        wait_until(lambda: bool(_readable(launcher.info_fd)), timeout=10)
+        wait_until(lambda: _waiting_for_release(launcher), timeout=10)
 
         assert engine._reap_sandboxes(live_run_ids=engine._live_run_ids) == 0
         assert launcher.proc.poll() is None
@@ -231,8 +229,22 @@ def test_the_reaper_leaves_a_sandbox_started_ahead_alone(ctx: Context, tmp_path:
         engine.stop()
 
 
-def _readable(fd: int) -> bool:
-    return bool(select.select([fd], [], [], 0)[0])
+# The read system call's number, as /proc/PID/syscall shows it: x86_64's, then the generic
+# table's (aarch64, riscv64).
+_READ_SYSCALLS = {"0", "63"}
+
+
+def _waiting_for_release(launcher: Any) -> bool:
+    """Whether the sandbox's pid 1 (bubblewrap's child, the launcher's only one) sits in a
+    read of the release fd, where bwrap holds the command until floom releases it."""
+    try:
+        (child,) = (
+            Path(f"/proc/{launcher.proc.pid}/task/{launcher.proc.pid}/children").read_text().split()
+        )
+        call = Path(f"/proc/{child}/syscall").read_text().split()
+    except (OSError, ValueError):
+        return False
+    return call[0] in _READ_SYSCALLS and int(call[1], 16) == launcher.child_fds.release
 
 
 def _pipe_of(fd: int) -> int | None:

@@ -532,8 +532,6 @@ class Executor:
                 retryable=True,
             )
             backoff, exponential = 5.0, True
-        if ahead is not None:
-            ahead.discard()  # its sandbox never ran if the attempt failed before it
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
         status: str | None = None
         kept = False

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, delete, func, insert, or_, text, update
@@ -364,7 +365,7 @@ def finish_attempt(
             ]
             stored = s.execute(_artifacts_insert(), rows)
             artifacts = sorted(
-                (trusted_row(Artifact, row._mapping) for row in stored), key=_artifact_name
+                (trusted_row(Artifact, row._mapping) for row in stored), key=attrgetter("name")
             )
         closing.append(("system", message, None))
         append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)
@@ -385,10 +386,6 @@ def _artifacts_insert() -> Any:
     """The INSERT of an attempt's artifacts, returning the rows it stored (for the record)."""
     table = Artifact.__table__  # type: ignore[attr-defined]
     return insert(table).returning(*table.c)
-
-
-def _artifact_name(artifact: Artifact) -> str:
-    return artifact.name
 
 
 @lru_cache(maxsize=4)

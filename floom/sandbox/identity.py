@@ -134,9 +134,8 @@ class SandboxIdentity:
         rest. Empty when this identity is floom's own: bubblewrap then needs no stage."""
         if not self.switched:
             return ""
-        work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
-        made = [f"{STAGE_DIR}{work}", f"{STAGE_DIR}{output}"]
-        if files is not None and _needs_plain_names(work, files):
+        made = [self.bind_source(workdir), self.bind_source(output_dir)]
+        if files is not None and _needs_plain_names(os.path.abspath(workdir), files):
             made += [_PLAIN_FILES, _PLAIN_RUN]
         return "set -e\n" + shlex.join([str(_stage_tools()["mkdir"]), "-p", *made]) + "\n"
 
@@ -153,7 +152,7 @@ class SandboxIdentity:
         work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
         mounts: list[list[str]] = []
         if files is None:
-            mounts.append([mount, "--bind", work, f"{STAGE_DIR}{work}"])
+            mounts.append([mount, "--bind", work, self.bind_source(workdir)])
         else:
             scratch = _scratch_of(work)
             scratch.mkdir(mode=0o700, exist_ok=True)
@@ -167,8 +166,8 @@ class SandboxIdentity:
                 scratch_dir = f"{_PLAIN_RUN}/{scratch.name}"
             options = f"lowerdir={lower},upperdir={upper},workdir={scratch_dir}"
             overlay = [mount, "-t", "overlay", "floom-work", "-o", options]
-            mounts.append([*overlay, f"{STAGE_DIR}{work}"])
-        mounts.append([mount, "--bind", output, f"{STAGE_DIR}{output}"])
+            mounts.append([*overlay, self.bind_source(workdir)])
+        mounts.append([mount, "--bind", output, self.bind_source(output_dir)])
         return "".join(shlex.join(command) + "\n" for command in mounts)
 
 
