@@ -4,7 +4,7 @@ with floom's own flags, started with a plain `subprocess.run`.
 The command line is not replicated here: it is the launch floom's LocalSandbox makes,
 recorded while LocalSandbox runs the same spec once (that first run is also the slot's
 warm-up), then replayed with fresh file descriptors: the launcher started and fed its script
-in one go. So the floor has floom's stage (the launcher's mount namespace and stage tmpfs,
+in one go. So the floor has floom's stage (the launcher's mount namespace,
 the run's binds and setpriv when floom runs as root), the shell's ulimits, the namespaces,
 binds, tmpfs sizes and seccomp filter, and lacks only what floom does around the process:
 starting the launcher ahead in its cgroup, the per-run cgroup, the supervisor reading
@@ -49,7 +49,7 @@ _record_lock = threading.Lock()
 @dataclass
 class Launch:
     """What floom started one sandbox with: the launcher's own command line (the mount
-    namespace and stage tmpfs it made ahead of the run, when root), the stage's shell lines,
+    namespace it made ahead of the run, when root), the stage's shell lines,
     bubblewrap's command line and environment, and the sandbox's /etc/resolv.conf."""
 
     launcher: list[str]

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from floom.sandbox.local import OWNER_VARIABLE
 from floom.services.run_statuses import FINISHED
 from tests.compose_support import Cluster, compose_cluster
 from tests.conftest import EXAMPLES, deploy_folder, free_port, make_worker, wait_until
@@ -295,16 +296,20 @@ def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_an
 
 
 def sandbox_pids(work_root: str) -> list[int]:
-    """Processes (bwrap and what runs in it) started for runs under `work_root`."""
+    """The bwrap processes (the sandboxes' outer and pid 1) started for runs under
+    `work_root`: floom names the run's work dir in their environment (OWNER_VARIABLE)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
+                if not f.read().split(b"\0", 1)[0].endswith(b"bwrap"):
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
         except OSError:
             continue
-        if work_root.encode() in cmdline:
+        if f"\0{OWNER_VARIABLE}={os.path.realpath(work_root)}/".encode() in b"\0" + environ:
             found.append(int(entry))
     return found

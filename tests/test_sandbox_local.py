@@ -18,7 +18,12 @@ import pytest
 
 from floom.errors import InvalidRequest
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec, get_sandbox
-from floom.sandbox.local import MAX_LINE_BYTES, SANDBOX_OUTPUT_DIR, SandboxUnavailable
+from floom.sandbox.local import (
+    MAX_LINE_BYTES,
+    OWNER_VARIABLE,
+    SANDBOX_OUTPUT_DIR,
+    SandboxUnavailable,
+)
 from tests.sandbox_support import Lines, run_script
 
 pytestmark = pytest.mark.skipif(
@@ -485,11 +490,14 @@ def test_background_processes_end_with_the_worker(sandbox: LocalSandbox, tmp_pat
 
 
 def _bwrap_sleeping_on(folder: Path) -> subprocess.Popen[bytes]:
+    # Marked as floom marks the sandboxes it starts (its command line may name only the
+    # stage's paths).
     folder.mkdir(parents=True)
     return subprocess.Popen(
         ["bwrap", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
          "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
          "--bind", str(folder), "/work", "--unshare-all", "--", "sleep", "60"],
+        env={"PATH": "/usr/bin:/bin", OWNER_VARIABLE: str(folder)},
         start_new_session=True,
     )  # fmt: skip
 

@@ -8,12 +8,14 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
-from floom.sandbox import LocalSandbox, cgroups, standby
+from floom.sandbox import LocalSandbox, cgroups, identity, standby
 from floom.sandbox.base import SandboxUnavailable
 from floom.sandbox.standby import LAUNCHER_NAME, Standby, start_launcher
 from tests.conftest import wait_until
@@ -126,7 +128,7 @@ def test_the_command_gets_its_environment_and_arguments_verbatim_and_only_three_
 
 
 def test_a_launcher_runs_the_lines_sent_ahead_while_the_rest_is_built(tmp_path: Path) -> None:
-    # A run's stage mount points are made while floom prepares the rest of the script.
+    # A run's stage mounts are made while floom prepares the rest of the script.
     launcher = start_launcher()
     made = tmp_path / "made"
     try:
@@ -285,3 +287,66 @@ def test_an_idle_launcher_is_replaced_once_it_is_too_old(monkeypatch: pytest.Mon
         assert first.cgroup is None or not any(p.exists() for p in first.cgroup.dirs.values())
     finally:
         waiting.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root floom gives launchers a stage")
+def test_runs_bind_onto_the_stage_in_their_launchers_namespace_only(tmp_path: Path) -> None:
+    # Every run's directories go onto the stage's same fixed names, each in the mount
+    # namespace of its own launcher: two runs at once see their own, the host sees none.
+    sandbox = LocalSandbox()
+    results: dict[str, tuple[object, list[tuple[str, str]]]] = {}
+    script = """
+    import os, time
+    open("/output/mine", "w").write(open("inputs.json").read())
+    time.sleep(0.5)
+    print(sorted(os.listdir("/output")), open("/output/mine").read())
+    """
+
+    def run(name: str) -> None:
+        folder = tmp_path / name
+        (folder / "work").mkdir(parents=True)
+        (folder / "work" / "inputs.json").write_text(name)
+        results[name] = run_script(sandbox, folder, script)
+
+    try:
+        threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        sandbox.close()
+
+    for name in ("a", "b"):
+        _result, lines = results[name]
+        assert lines == [("stdout", f"['mine'] {name}")], lines
+        assert (tmp_path / name / "output" / "mine").read_text() == name
+    for point in ("work", "output", ".files", ".run"):
+        assert os.listdir(identity.STAGE_DIR / point) == []
+        assert stat.S_IMODE(os.stat(identity.STAGE_DIR / point).st_mode) == 0o755
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the stage is root's")
+def test_the_stage_is_made_root_s_and_world_traversable_and_a_link_is_refused(
+    tmp_path: Path,
+) -> None:
+    stage = tmp_path / "stage"
+    stage.mkdir(mode=0o700)
+    (stage / "work").mkdir(mode=0o700)
+    identity.make_stage(stage)
+    for path in (stage, stage / "work", stage / "output", stage / ".files", stage / ".run"):
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0o755
+        assert os.lstat(path).st_uid == 0
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (stage / "output").rmdir()
+    (stage / "output").symlink_to(elsewhere)
+    with pytest.raises(identity.IdentityUnavailable) as refused:
+        identity.make_stage(stage)
+    assert f"{stage}/output is not a directory of root's" in refused.value.message
+    os.chown(elsewhere, 65534, 65534)
+    (stage / "output").unlink()
+    elsewhere.rename(stage / "output")
+    with pytest.raises(identity.IdentityUnavailable):
+        identity.make_stage(stage)

@@ -3,17 +3,18 @@
 When floom runs as root, each sandbox is started as a dedicated unprivileged uid and gid
 (setting `sandbox_uid`). The run's work and output directories are handed to that uid, and
 because the path to them may pass through directories only root can enter (a data dir
-under /root), they are bind-mounted onto a small stage in the mount namespace of the run's
-launcher (floom/sandbox/standby.py), made before the run, where the sandbox uid can reach
-them. When floom is
-not root, bubblewrap's user namespace maps the sandbox to floom's own uid.
+under /root), they are bind-mounted onto a stage in the mount namespace of the run's launcher
+(floom/sandbox/standby.py), made before the run, where the sandbox uid can reach them. When
+floom is not root, bubblewrap's user namespace maps the sandbox to floom's own uid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -23,24 +24,24 @@ from floom.sandbox import standby
 
 DEFAULT_SANDBOX_UID: Final = 65534
 STAGE_DIR: Final = Path("/run/floom-sandbox")
-"""Mount point of each run's stage, in its launcher's own mount namespace only."""
-
-# The stage's tmpfs: small, world-traversable, mounted over STAGE_DIR when the launcher starts
-# (in its own mount namespace, ahead of its run); the run's directories are bound under it
-# at their host paths.
-_STAGE_TMPFS: Final = ("-t", "tmpfs", "-o", "mode=0755,size=64k,nosuid,nodev,noexec", "floom-stage")
+"""The stage: root's directory of empty mount points, world-traversable. A launcher serves one
+run, in a mount namespace of its own: the run's directories are bound onto the stage's fixed
+names there, and the host's stay empty."""
+STAGE_WORK: Final = f"{STAGE_DIR}/work"
+STAGE_OUTPUT: Final = f"{STAGE_DIR}/output"
 # Characters that overlayfs's options would read as separators or escapes: paths holding
 # one are first bound to plain names under the stage (two more mounts per run).
 _OPTION_SEPARATORS: Final = frozenset(",:\\")
 # Where the overlay's paths are bound first when one holds such a character.
 _PLAIN_FILES: Final = f"{STAGE_DIR}/.files"
 _PLAIN_RUN: Final = f"{STAGE_DIR}/.run"
+_STAGE_POINTS: Final = ("work", "output", ".files", ".run")
 OVERLAY_SCRATCH_SUFFIX: Final = ".overlay"
 """The overlay's scratch dir is the work dir's sibling with this suffix."""
 
 
 class IdentityUnavailable(FloomError):
-    """The tools to start a sandbox as another uid are missing."""
+    """The tools to start a sandbox as another uid are missing, or its stage is not root's."""
 
     status = 503
     code = "sandbox_identity_unavailable"
@@ -77,10 +78,11 @@ class SandboxIdentity:
                 os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
         os.chown(files, self.uid, self.gid, follow_symlinks=False)
 
-    def bind_source(self, path: Path) -> str:
-        """The path bubblewrap binds `path` from."""
-        absolute = os.path.abspath(path)
-        return f"{STAGE_DIR}{absolute}" if self.switched else absolute
+    def bind_sources(self, workdir: Path, output_dir: Path) -> tuple[str, str]:
+        """The paths bubblewrap binds the run's work and output dirs from."""
+        if self.switched:
+            return STAGE_WORK, STAGE_OUTPUT
+        return os.path.abspath(workdir), os.path.abspath(output_dir)
 
     def as_sandbox_user(self) -> tuple[str, ...]:
         """The command line that starts a program as this identity: the run's bubblewrap, after
@@ -107,15 +109,15 @@ class SandboxIdentity:
         """The command line of a sandbox launcher (floom/sandbox/standby.py) for this
         identity. As another uid: in a mount namespace of its own, a slave of the host's
         (where the host's mounts are shared, those it makes later reach it; its own never
-        leave it), with the stage's tmpfs already mounted; raises IdentityUnavailable when
-        a tool is missing."""
+        leave it), the stage's mount points made; raises IdentityUnavailable when a tool is
+        missing or the stage is not root's."""
         if not self.switched:
             return standby.plain_launcher()
         tools = _stage_tools()
         missing = sorted(name for name, path in tools.items() if path is None)
         if missing:
             raise IdentityUnavailable(f"{', '.join(missing)} not on PATH")
-        STAGE_DIR.mkdir(mode=0o700, exist_ok=True)
+        make_stage(STAGE_DIR)
         return [
             str(tools["unshare"]),
             "--mount",
@@ -123,27 +125,15 @@ class SandboxIdentity:
             "--",
             str(tools["sh"]),
             "-c",
-            f"{shlex.join([str(tools['mount']), *_STAGE_TMPFS, str(STAGE_DIR)])} && "
-            f"{standby.WAIT_FOR_SCRIPT}",
+            standby.WAIT_FOR_SCRIPT,
             standby.LAUNCHER_NAME,
         ]
 
-    def stage_dirs(self, workdir: Path, output_dir: Path, files: Path | None = None) -> str:
-        """The first of a launcher's shell lines before bubblewrap (`stage_mounts` follows):
-        the stage's mount points for the run's directories, made while floom prepares the
-        rest. Empty when this identity is floom's own: bubblewrap then needs no stage."""
-        if not self.switched:
-            return ""
-        made = [self.bind_source(workdir), self.bind_source(output_dir)]
-        if files is not None and _needs_plain_names(os.path.abspath(workdir), files):
-            made += [_PLAIN_FILES, _PLAIN_RUN]
-        return "set -e\n" + shlex.join([str(_stage_tools()["mkdir"]), "-p", *made]) + "\n"
-
     def stage_mounts(self, workdir: Path, output_dir: Path, files: Path | None = None) -> str:
-        """The shell lines that bind the run's directories onto the stage (made by
-        `stage_dirs`) at their host paths; with `files`, the work dir laid over them (an
-        overlay whose scratch dir is the work dir's sibling, see OVERLAY_SCRATCH_SUFFIX).
-        Empty when this identity is floom's own."""
+        """The launcher's shell lines that bind the run's directories onto the stage; with
+        `files`, the work dir laid over them (an overlay whose scratch dir is the work dir's
+        sibling, see OVERLAY_SCRATCH_SUFFIX). Empty when this identity is floom's own:
+        bubblewrap then needs no stage."""
         if not self.switched:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
@@ -152,7 +142,7 @@ class SandboxIdentity:
         work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
         mounts: list[list[str]] = []
         if files is None:
-            mounts.append([mount, "--bind", work, self.bind_source(workdir)])
+            mounts.append([mount, "--bind", work, STAGE_WORK])
         else:
             scratch = _scratch_of(work)
             scratch.mkdir(mode=0o700, exist_ok=True)
@@ -166,9 +156,26 @@ class SandboxIdentity:
                 scratch_dir = f"{_PLAIN_RUN}/{scratch.name}"
             options = f"lowerdir={lower},upperdir={upper},workdir={scratch_dir}"
             overlay = [mount, "-t", "overlay", "floom-work", "-o", options]
-            mounts.append([*overlay, self.bind_source(workdir)])
-        mounts.append([mount, "--bind", output, self.bind_source(output_dir)])
-        return "".join(shlex.join(command) + "\n" for command in mounts)
+            mounts.append([*overlay, STAGE_WORK])
+        mounts.append([mount, "--bind", output, STAGE_OUTPUT])
+        return "set -e\n" + "".join(shlex.join(command) + "\n" for command in mounts)
+
+
+def make_stage(stage: Path) -> None:
+    """The stage's mount points under `stage`, root's and world-traversable (the sandbox
+    uid's bubblewrap binds from them). Made on the host, where they stay empty, before each
+    launcher starts: no process of the run's makes them. Raises IdentityUnavailable for one
+    that is not a directory of root's (a link, a file)."""
+    for path in (str(stage), *(f"{stage}/{name}" for name in _STAGE_POINTS)):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o755)
+        found = os.lstat(path)
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != 0:
+            raise IdentityUnavailable(
+                f"{path} is not a directory of root's; remove it and start the server again"
+            )
+        if stat.S_IMODE(found.st_mode) != 0o755:
+            os.chmod(path, 0o755)
 
 
 def _scratch_of(work: str) -> Path:
@@ -187,7 +194,7 @@ def _stage_tools() -> dict[str, str | None]:
     search of PATH costs more than the rest of the stage)."""
     global _tools
     if _tools is None or None in _tools.values():
-        names = ("unshare", "setpriv", "mount", "mkdir", "sh")
+        names = ("unshare", "setpriv", "mount", "sh")
         _tools = {name: shutil.which(name) for name in names}
     return _tools
 

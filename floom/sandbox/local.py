@@ -42,6 +42,7 @@ from floom.sandbox.network import (
     SANDBOX_RESOLV_CONF,
     attach_user_networking,
     floom_slirp_owner,
+    owner_in_environ,
     protection_summary,
 )
 from floom.sandbox.standby import ChildFds, Launcher, Standby
@@ -52,6 +53,10 @@ __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 SANDBOX_WORKDIR: Final = "/work"
 SANDBOX_OUTPUT_DIR: Final = "/output"
 SANDBOX_HOSTNAME: Final = "floom"
+OWNER_VARIABLE: Final = "FLOOM_SANDBOX_FOR"
+"""In bubblewrap's environment, never its command's: the run's work dir, so that a later
+executor can recognise (and kill) the sandboxes a killed predecessor left behind. The command
+line cannot say it: started as another uid, bubblewrap binds from the stage's fixed paths."""
 INERT_ENV: Final = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -119,10 +124,9 @@ class LocalSandbox(Sandbox):
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            # `in`: a sandbox started as another uid binds its dirs from a stage path.
             owner: bytes | None = None
             if argv[0].endswith(b"bwrap"):
-                owner = next((a for a in argv if marker in a), None)
+                owner = owner_in_environ(entry, OWNER_VARIABLE, marker)
             else:
                 owner = floom_slirp_owner(entry, argv, marker)
             if owner is not None:
@@ -214,21 +218,20 @@ class LocalSandbox(Sandbox):
         except IdentityUnavailable as exc:
             raise _unprepared(exc) from exc
         try:
-            # The stage's mount points are made (an exec of mkdir) while the rest is built.
-            first = self._identity.stage_dirs(spec.workdir, spec.output_dir, spec.files)
-            if first:
-                launcher.begin(first)
-            run_limits = limits.RunLimits(spec, launcher.cgroup)
-            stage = self._identity.stage_mounts(spec.workdir, spec.output_dir, spec.files)
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
+            # The stage's mounts (an exec of mount each) run while the rest is built.
+            stage = self._identity.stage_mounts(spec.workdir, spec.output_dir, spec.files)
+            if stage:
+                launcher.begin(stage)
+            run_limits = limits.RunLimits(spec, launcher.cgroup)
             argv = _argv(prefix, spec, launcher.child_fds, self._identity)
             launcher.start(
                 [*self._identity.as_sandbox_user(), *argv],
                 _sandbox_env(spec),
                 resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
-                prelude=stage + run_limits.shell_lines(),
+                prelude=run_limits.shell_lines(),
             )
         except (cgroups.CgroupError, IdentityUnavailable, OSError) as exc:
             launcher.discard()
@@ -361,8 +364,9 @@ def _argv(
     argv = [*prefix]
     argv += ("--size", memory, "--tmpfs", "/dev/shm", "--remount-ro", "/dev")
     argv += ("--size", memory, "--tmpfs", "/tmp")
-    argv += ("--bind", identity.bind_source(spec.workdir), SANDBOX_WORKDIR)
-    argv += ("--bind", identity.bind_source(spec.output_dir), SANDBOX_OUTPUT_DIR)
+    work, output = identity.bind_sources(spec.workdir, spec.output_dir)
+    argv += ("--bind", work, SANDBOX_WORKDIR)
+    argv += ("--bind", output, SANDBOX_OUTPUT_DIR, "--unsetenv", OWNER_VARIABLE)
     if fds.seccomp is not None:
         argv += ("--seccomp", str(fds.seccomp))
     argv += ("--ro-bind-data", str(fds.resolv_conf), "/etc/resolv.conf")
@@ -375,7 +379,12 @@ def _argv(
 
 def _sandbox_env(spec: SandboxSpec) -> dict[str, str]:
     # Only the backend knows where the output directory is inside the sandbox.
-    return {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR}
+    return {
+        **INERT_ENV,
+        **spec.env,
+        "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR,
+        OWNER_VARIABLE: os.path.realpath(spec.workdir),
+    }
 
 
 @functools.cache

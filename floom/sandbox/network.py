@@ -348,12 +348,18 @@ def floom_slirp_owner(pid: str, argv: list[bytes], work_root: bytes) -> bytes | 
     None when it is not one floom started there."""
     if os.path.basename(argv[0]) != b"slirp4netns":
         return None
+    return owner_in_environ(pid, SLIRP_OWNER_VARIABLE, work_root)
+
+
+def owner_in_environ(pid: str, variable: str, work_root: bytes) -> bytes | None:
+    """The value of `variable` in the environment process `pid` started with, when it is a
+    path under `work_root`; None otherwise."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             environ = f.read().split(b"\0")
     except OSError:
         return None  # it ended, or it is not ours to read
-    prefix = SLIRP_OWNER_VARIABLE.encode() + b"=" + work_root
+    prefix = variable.encode() + b"=" + work_root
     owner = next((v for v in environ if v.startswith(prefix)), None)
     return None if owner is None else owner.split(b"=", 1)[1]
 
