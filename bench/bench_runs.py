@@ -37,7 +37,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path[:0] = [str(BENCH), str(REPO)]
 
-from server import VENV_BIN, Server, tree_rss_mb  # noqa: E402
+from server import VENV_BIN, Server, machine_busy_seconds, tree_rss_mb  # noqa: E402
 from systems import CeleryStack, Floom, Floor, celery_missing  # noqa: E402
 
 from floom.services.run_rules import FINISHED  # noqa: E402
@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         lat, lat_cpu = latency(systems, args.runs)
         rates: dict[str, dict[str, float]] = {s.name: {} for s in systems}
         cpu_load: dict[str, float] = {}
+        machine: dict[str, float] = {}
         for clients in (2, 4):
             say(f"throughput: {clients} clients x {args.per_client} runs ...")
             for s in systems:
@@ -270,14 +271,17 @@ def main(argv: list[str] | None = None) -> int:
                 storage_bytes(server, pg_name if s.name == "postgres" else None) if server else 0
             )
             phase = Phase([s])
+            busy = machine_busy_seconds()
             rates[s.name]["burst"] = args.burst / timed(lambda s=s: s.burst(args.burst))
             cpu_load[s.name] = phase.per_run_ms(args.burst)[s.name]
+            machine[s.name] = (machine_busy_seconds() - busy) * 1000 / args.burst
             if server:
                 size1 = storage_bytes(server, pg_name if s.name == "postgres" else None)
                 stored[s.name] = (size1 - size0) / args.burst
         cli = cli_timings(servers["sqlite"], floor)
         logs = {s.name: check_logs(s) for s in systems if isinstance(s, Floom)}
-        report(args, floor, systems, lat, lat_cpu, rates, cpu_load, stored, cli, idle, logs)
+        costs = {"seq": lat_cpu, "load": cpu_load, "machine": machine}
+        report(args, floor, systems, lat, costs, rates, stored, cli, idle, logs)
     finally:
         for s in systems:
             if hasattr(s, "close"):
@@ -299,22 +303,28 @@ def report(
     floor: Floor,
     systems: list[Any],
     lat: dict[str, list[float]],
-    lat_cpu: dict[str, float],
+    costs: dict[str, dict[str, float]],
     rates: dict[str, dict[str, float]],
-    cpu_load: dict[str, float],
     stored: dict[str, float],
     cli: dict[str, float],
     idle: dict[str, tuple[float, float]],
     logs: dict[str, tuple[int, int]],
 ) -> None:
     base = median(lat["floor"])
+    lat_cpu, cpu_load, machine = costs["seq"], costs["load"], costs["machine"]
     say("")
     say(
         f"floor: latency p50 {base * 1000:.1f} ms; throughput "
         + " / ".join(f"{rates['floor'][k]:.1f}" for k in ("2", "4", "burst"))
-        + " runs/s (2 / 4 clients, burst)"
+        + f" runs/s (2 / 4 clients, burst); machine {machine['floor']:.1f} ms/run in the burst"
     )
-    header = ("", "latency p50", "throughput vs floor (2 / 4 / burst)", "CPU/run seq, load")
+    header = (
+        "",
+        "latency p50",
+        "throughput vs floor (2 / 4 / burst)",
+        "CPU/run seq, load",
+        "machine/run (burst)",
+    )
     rows = [header]
     for s in systems[1:]:
         r = rates[s.name]
@@ -326,13 +336,17 @@ def report(
                 f"{p50 / base:.2f}x ({(p50 - base) * 1000:+.1f} ms)",
                 ratio,
                 f"{lat_cpu[s.name]:.1f} ms, {cpu_load[s.name]:.1f} ms",
+                f"{machine[s.name]:.1f} ms ({machine[s.name] - machine['floor']:+.1f})",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for r in rows:
         say("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     say("(CPU/run: the system's own processes, sandboxes excluded; seq = latency phase, load =")
-    say(" burst; floom = the server process, celery = its worker and children, not Redis)")
+    say(" burst; floom = the server process, celery = its worker and children, not Redis.")
+    say(" machine/run: the whole machine's busy CPU over the burst per run, sandboxes, clients,")
+    say(" Redis and PostgreSQL included, and the difference to the floor's: what a CPU-bound")
+    say(" node pays for a run, so throughput vs floor is about floor's / system's.)")
 
     say("")
     checks: list[tuple[str, str, str]] = []
