@@ -321,7 +321,7 @@ def test_runs_bind_onto_the_stage_in_their_launchers_namespace_only(tmp_path: Pa
         _result, lines = results[name]
         assert lines == [("stdout", f"['mine'] {name}")], lines
         assert (tmp_path / name / "output" / "mine").read_text() == name
-    for point in ("work", "output", ".files", ".run"):
+    for point in ("work", "output", ".output", ".files", ".run"):
         assert os.listdir(identity.STAGE_DIR / point) == []
         assert stat.S_IMODE(os.stat(identity.STAGE_DIR / point).st_mode) == 0o755
 
@@ -334,7 +334,8 @@ def test_the_stage_is_made_root_s_and_world_traversable_and_a_link_is_refused(
     stage.mkdir(mode=0o700)
     (stage / "work").mkdir(mode=0o700)
     identity.make_stage(stage)
-    for path in (stage, stage / "work", stage / "output", stage / ".files", stage / ".run"):
+    points = ("work", "output", ".output", ".files", ".run")
+    for path in (stage, *(stage / name for name in points)):
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o755
         assert os.lstat(path).st_uid == 0
 
@@ -350,3 +351,72 @@ def test_the_stage_is_made_root_s_and_world_traversable_and_a_link_is_refused(
     elsewhere.rename(stage / "output")
     with pytest.raises(identity.IdentityUnavailable):
         identity.make_stage(stage)
+
+
+def _run_in(sandbox: LocalSandbox, base: Path, script: str) -> tuple[object, list[tuple[str, str]]]:
+    (base / "work").mkdir(parents=True)
+    return run_script(sandbox, base, script)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root floom gives launchers a stage")
+def test_a_run_adopts_the_output_dir_its_launcher_bound_as_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A ready launcher has bound an empty dir of its own onto the stage's output: the run's
+    # output dir becomes that dir, and the run's script binds no output itself.
+    work_root = tmp_path / "runs"
+    sandbox = LocalSandbox(work_root=work_root)
+    sent: list[str] = []
+    real_begin = standby.Launcher.begin
+
+    def recording_begin(launcher: standby.Launcher, prelude: str) -> None:
+        sent.append(prelude)
+        real_begin(launcher, prelude)
+
+    monkeypatch.setattr(standby.Launcher, "begin", recording_begin)
+    script = "open('/output/made', 'w').write('by the run')"
+    try:
+        first, lines = _run_in(sandbox, work_root / "first", script)
+        assert first.exit_code == 0, lines  # type: ignore[attr-defined]
+        wait_until(lambda: len(sandbox.standby.waiting()) == 2)
+        waiting = {launcher.output_dir for launcher in sandbox.standby.waiting()}
+        assert set((work_root / ".launchers").iterdir()) == waiting
+        second, lines = _run_in(sandbox, work_root / "second", script)
+        assert second.exit_code == 0, lines  # type: ignore[attr-defined]
+    finally:
+        sandbox.close()
+
+    for name in ("first", "second"):
+        assert (work_root / name / "output" / "made").read_text() == "by the run"
+    assert len(sent) == 2
+    assert all(f" {identity.STAGE_OUTPUT}\n" not in prelude for prelude in sent), sent
+    assert list((work_root / ".launchers").iterdir()) == []  # close removed the rest
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root floom gives launchers a stage")
+def test_a_launcher_whose_output_dir_went_or_a_full_output_dir_gets_a_bind_of_its_own(
+    tmp_path: Path,
+) -> None:
+    # The executor empties its work root when it starts: a ready launcher's dir may be gone.
+    # An output dir that already holds files (artifacts restored after a pause) cannot be
+    # swapped. Either way the run binds its own output dir, and sees exactly its files.
+    work_root = tmp_path / "runs"
+    sandbox = LocalSandbox(work_root=work_root)
+    script = "import os; print(sorted(os.listdir('/output'))); open('/output/new', 'w')"
+    try:
+        warm, lines = _run_in(sandbox, work_root / "warm", "pass")
+        assert warm.exit_code == 0, lines  # type: ignore[attr-defined]
+        wait_until(lambda: len(sandbox.standby.waiting()) == 2)
+        shutil.rmtree(work_root / ".launchers")
+        gone, gone_lines = _run_in(sandbox, work_root / "gone", script)
+        (work_root / "full" / "output").mkdir(parents=True)
+        (work_root / "full" / "output" / "restored").write_text("kept")
+        full, full_lines = _run_in(sandbox, work_root / "full", script)
+    finally:
+        sandbox.close()
+
+    assert gone.exit_code == 0 and gone_lines == [("stdout", "[]")], gone_lines  # type: ignore[attr-defined]
+    assert (work_root / "gone" / "output" / "new").exists()
+    assert full.exit_code == 0 and full_lines == [("stdout", "['restored']")], full_lines  # type: ignore[attr-defined]
+    assert sorted(os.listdir(work_root / "full" / "output")) == ["new", "restored"]
+    assert list((work_root / ".launchers").iterdir()) == []  # none left behind

@@ -29,13 +29,16 @@ run, in a mount namespace of its own: the run's directories are bound onto the s
 names there, and the host's stay empty."""
 STAGE_WORK: Final = f"{STAGE_DIR}/work"
 STAGE_OUTPUT: Final = f"{STAGE_DIR}/output"
+STAGE_LAUNCHER_OUTPUT: Final = f"{STAGE_DIR}/.output"
+"""Where a launcher binds the output dir it was given as it starts (its run adopts that dir);
+apart from STAGE_OUTPUT, so a run that cannot adopt it binds its own output there."""
 # Characters that overlayfs's options would read as separators or escapes: paths holding
 # one are first bound to plain names under the stage (two more mounts per run).
 _OPTION_SEPARATORS: Final = frozenset(",:\\")
 # Where the overlay's paths are bound first when one holds such a character.
 _PLAIN_FILES: Final = f"{STAGE_DIR}/.files"
 _PLAIN_RUN: Final = f"{STAGE_DIR}/.run"
-_STAGE_POINTS: Final = ("work", "output", ".files", ".run")
+_STAGE_POINTS: Final = ("work", "output", ".output", ".files", ".run")
 OVERLAY_SCRATCH_SUFFIX: Final = ".overlay"
 """The overlay's scratch dir is the work dir's sibling with this suffix."""
 
@@ -78,10 +81,13 @@ class SandboxIdentity:
                 os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
         os.chown(files, self.uid, self.gid, follow_symlinks=False)
 
-    def bind_sources(self, workdir: Path, output_dir: Path) -> tuple[str, str]:
-        """The paths bubblewrap binds the run's work and output dirs from."""
+    def bind_sources(
+        self, workdir: Path, output_dir: Path, *, output_bound: bool = False
+    ) -> tuple[str, str]:
+        """The paths bubblewrap binds the run's work and output dirs from (`output_bound`:
+        the output dir is the one its launcher bound as it started)."""
         if self.switched:
-            return STAGE_WORK, STAGE_OUTPUT
+            return STAGE_WORK, STAGE_LAUNCHER_OUTPUT if output_bound else STAGE_OUTPUT
         return os.path.abspath(workdir), os.path.abspath(output_dir)
 
     def as_sandbox_user(self) -> tuple[str, ...]:
@@ -105,19 +111,28 @@ class SandboxIdentity:
             "--",
         )
 
-    def launcher_command(self) -> list[str]:
+    def launcher_command(self, output_dir: Path | None = None) -> list[str]:
         """The command line of a sandbox launcher (floom/sandbox/standby.py) for this
         identity. As another uid: in a mount namespace of its own, a slave of the host's
         (where the host's mounts are shared, those it makes later reach it; its own never
-        leave it), the stage's mount points made; raises IdentityUnavailable when a tool is
-        missing or the stage is not root's."""
+        leave it), with the stage's mount points made and, given `output_dir`, that dir bound
+        onto STAGE_LAUNCHER_OUTPUT as the launcher starts (its run adopts it: the run's
+        script then binds no output of its own). A launcher whose bind fails waits all the same,
+        silently (its stderr is its run's): Launcher.adopt_output sees no bind, and the run's
+        script makes its own. Raises IdentityUnavailable when a tool is missing or the stage
+        is not root's."""
         if not self.switched:
-            return standby.plain_launcher()
+            return standby.plain_launcher(output_dir)
         tools = _stage_tools()
         missing = sorted(name for name, path in tools.items() if path is None)
         if missing:
             raise IdentityUnavailable(f"{', '.join(missing)} not on PATH")
         make_stage(STAGE_DIR)
+        script = standby.WAIT_FOR_SCRIPT
+        if output_dir is not None:
+            output = os.path.abspath(output_dir)
+            bind = [str(tools["mount"]), "--bind", output, STAGE_LAUNCHER_OUTPUT]
+            script = f"{shlex.join(bind)} 2>/dev/null; {script}"
         return [
             str(tools["unshare"]),
             "--mount",
@@ -125,12 +140,20 @@ class SandboxIdentity:
             "--",
             str(tools["sh"]),
             "-c",
-            standby.WAIT_FOR_SCRIPT,
+            script,
             standby.LAUNCHER_NAME,
         ]
 
-    def stage_mounts(self, workdir: Path, output_dir: Path, files: Path | None = None) -> str:
-        """The launcher's shell lines that bind the run's directories onto the stage; with
+    def stage_mounts(
+        self,
+        workdir: Path,
+        output_dir: Path,
+        files: Path | None = None,
+        *,
+        output_bound: bool = False,
+    ) -> str:
+        """The launcher's shell lines that bind the run's directories onto the stage (the
+        output dir not when the launcher bound it as it started: `output_bound`); with
         `files`, the work dir laid over them (an overlay whose scratch dir is the work dir's
         sibling, see OVERLAY_SCRATCH_SUFFIX). Empty when this identity is floom's own:
         bubblewrap then needs no stage."""
@@ -157,7 +180,8 @@ class SandboxIdentity:
             options = f"lowerdir={lower},upperdir={upper},workdir={scratch_dir}"
             overlay = [mount, "-t", "overlay", "floom-work", "-o", options]
             mounts.append([*overlay, STAGE_WORK])
-        mounts.append([mount, "--bind", output, STAGE_OUTPUT])
+        if not output_bound:
+            mounts.append([mount, "--bind", output, STAGE_OUTPUT])
         return "set -e\n" + "".join(shlex.join(command) + "\n" for command in mounts)
 
 

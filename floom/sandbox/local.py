@@ -33,6 +33,7 @@ from floom.sandbox.base import (
 )
 from floom.sandbox.identity import (
     DEFAULT_SANDBOX_UID,
+    STAGE_LAUNCHER_OUTPUT,
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
@@ -53,6 +54,8 @@ __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 SANDBOX_WORKDIR: Final = "/work"
 SANDBOX_OUTPUT_DIR: Final = "/output"
 SANDBOX_HOSTNAME: Final = "floom"
+LAUNCHER_OUTPUTS: Final = ".launchers"
+"""Under the work root: the empty dirs ready launchers bound as their runs' output dirs."""
 OWNER_VARIABLE: Final = "FLOOM_SANDBOX_FOR"
 """In bubblewrap's environment, never its command's: the run's work dir, so that a later
 executor can recognise (and kill) the sandboxes a killed predecessor left behind. The command
@@ -144,10 +147,16 @@ class LocalSandbox(Sandbox):
         cgroups.remove_stale(cgroups.detect())
         return killed
 
-    def __init__(self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
+    def __init__(
+        self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID, work_root: Path | None = None
+    ) -> None:
+        """`work_root`: where the runs' dirs are made. A launcher with a stage then binds an
+        empty dir made there (under LAUNCHER_OUTPUTS) as it starts, which becomes its run's
+        output dir: one mount less on the run's path."""
         self._prefix: tuple[str, ...] | None = None
         self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
-        self.standby = Standby(command=self._identity.launcher_command)
+        outputs = work_root / LAUNCHER_OUTPUTS if work_root and self._identity.switched else None
+        self.standby = Standby(command=self._identity.launcher_command, output_root=outputs)
         # Its launchers and thread end with this sandbox, whoever forgets to close it.
         weakref.finalize(self, self.standby.close)
 
@@ -218,15 +227,18 @@ class LocalSandbox(Sandbox):
         except IdentityUnavailable as exc:
             raise _unprepared(exc) from exc
         try:
+            output_bound = launcher.adopt_output(spec.output_dir, bound_at=STAGE_LAUNCHER_OUTPUT)
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
             # The stage's mounts (an exec of mount each) run while the rest is built.
-            stage = self._identity.stage_mounts(spec.workdir, spec.output_dir, spec.files)
+            stage = self._identity.stage_mounts(
+                spec.workdir, spec.output_dir, spec.files, output_bound=output_bound
+            )
             if stage:
                 launcher.begin(stage)
             run_limits = limits.RunLimits(spec, launcher.cgroup)
-            argv = _argv(prefix, spec, launcher.child_fds, self._identity)
+            argv = _argv(prefix, spec, launcher.child_fds, self._identity, output_bound)
             launcher.start(
                 [*self._identity.as_sandbox_user(), *argv],
                 _sandbox_env(spec),
@@ -359,12 +371,13 @@ def _argv(
     spec: SandboxSpec,
     fds: ChildFds,
     identity: SandboxIdentity,
+    output_bound: bool = False,
 ) -> list[str]:
     memory = str(spec.memory_mb * 1024 * 1024)
     argv = [*prefix]
     argv += ("--size", memory, "--tmpfs", "/dev/shm", "--remount-ro", "/dev")
     argv += ("--size", memory, "--tmpfs", "/tmp")
-    work, output = identity.bind_sources(spec.workdir, spec.output_dir)
+    work, output = identity.bind_sources(spec.workdir, spec.output_dir, output_bound=output_bound)
     argv += ("--bind", work, SANDBOX_WORKDIR)
     argv += ("--bind", output, SANDBOX_OUTPUT_DIR, "--unsetenv", OWNER_VARIABLE)
     if fds.seccomp is not None:
