@@ -151,38 +151,56 @@ class SandboxIdentity:
         files: Path | None = None,
         *,
         output_bound: bool = False,
+        work_mounted: bool = False,
     ) -> str:
-        """The launcher's shell lines that bind the run's directories onto the stage (the
-        output dir not when the launcher bound it as it started: `output_bound`); with
-        `files`, the work dir laid over them (an overlay whose scratch dir is the work dir's
-        sibling, see OVERLAY_SCRATCH_SUFFIX). Empty when this identity is floom's own:
-        bubblewrap then needs no stage."""
+        """The launcher's shell lines that bind the run's directories onto the stage: the
+        output dir unless the launcher bound it as it started (`output_bound`), the work dir
+        unless floom mounted it already (`work_mounted`); with `files`, the work dir laid
+        over them (an overlay whose scratch dir is the work dir's sibling, see
+        OVERLAY_SCRATCH_SUFFIX). Empty when this identity is floom's own: bubblewrap then
+        needs no stage."""
         if not self.switched:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
             return ""
         mount = str(_stage_tools()["mount"])
         work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
-        mounts: list[list[str]] = []
-        if files is None:
-            mounts.append([mount, "--bind", work, STAGE_WORK])
-        else:
-            scratch = _scratch_of(work)
-            scratch.mkdir(mode=0o700, exist_ok=True)
-            lower, upper, scratch_dir = os.path.abspath(files), work, str(scratch)
-            if _needs_plain_names(work, files):
-                # Bound first to plain names, which overlayfs's options can hold.
-                mounts.append([mount, "--bind", lower, _PLAIN_FILES])
-                mounts.append([mount, "--bind", os.path.dirname(work), _PLAIN_RUN])
-                lower = _PLAIN_FILES
-                upper = f"{_PLAIN_RUN}/{os.path.basename(work)}"
-                scratch_dir = f"{_PLAIN_RUN}/{scratch.name}"
-            options = f"lowerdir={lower},upperdir={upper},workdir={scratch_dir}"
-            overlay = [mount, "-t", "overlay", "floom-work", "-o", options]
-            mounts.append([*overlay, STAGE_WORK])
+        mounts = [] if work_mounted else _work_mounts(mount, work, files)
         if not output_bound:
             mounts.append([mount, "--bind", output, STAGE_OUTPUT])
+        if not mounts:
+            return ""
         return "set -e\n" + "".join(shlex.join(command) + "\n" for command in mounts)
+
+    def work_overlay(self, workdir: Path, files: Path) -> str | None:
+        """The options of the overlay that lays `workdir` over `files` on the stage, for
+        floom to mount itself (floom/sandbox/ns_mount.py), its scratch dir made; None when a
+        path holds a character the options would misread (the launcher's script then binds
+        plain names first, `stage_mounts`)."""
+        work = os.path.abspath(workdir)
+        if not self.switched or _needs_plain_names(work, files):
+            return None
+        return _overlay_options(os.path.abspath(files), work, str(_make_scratch(work)))
+
+
+def _work_mounts(mount: str, work: str, files: Path | None) -> list[list[str]]:
+    """The mount commands that put the work dir on the stage: a bind, or with `files` the
+    overlay (after binds to plain names when a path holds an option separator)."""
+    if files is None:
+        return [[mount, "--bind", work, STAGE_WORK]]
+    scratch = _make_scratch(work)
+    lower, upper, scratch_dir = os.path.abspath(files), work, str(scratch)
+    mounts: list[list[str]] = []
+    if _needs_plain_names(work, files):
+        # Bound first to plain names, which overlayfs's options can hold.
+        mounts.append([mount, "--bind", lower, _PLAIN_FILES])
+        mounts.append([mount, "--bind", os.path.dirname(work), _PLAIN_RUN])
+        lower = _PLAIN_FILES
+        upper = f"{_PLAIN_RUN}/{os.path.basename(work)}"
+        scratch_dir = f"{_PLAIN_RUN}/{scratch.name}"
+    options = _overlay_options(lower, upper, scratch_dir)
+    mounts.append([mount, "-t", "overlay", "floom-work", "-o", options, STAGE_WORK])
+    return mounts
 
 
 def make_stage(stage: Path) -> None:
@@ -205,6 +223,16 @@ def make_stage(stage: Path) -> None:
 def _scratch_of(work: str) -> Path:
     """The overlay's scratch dir of a work dir."""
     return Path(work).with_name(Path(work).name + OVERLAY_SCRATCH_SUFFIX)
+
+
+def _make_scratch(work: str) -> Path:
+    scratch = _scratch_of(work)
+    scratch.mkdir(mode=0o700, exist_ok=True)
+    return scratch
+
+
+def _overlay_options(lower: str, upper: str, scratch: str) -> str:
+    return f"lowerdir={lower},upperdir={upper},workdir={scratch}"
 
 
 def _needs_plain_names(work: str, files: Path) -> bool:

@@ -34,6 +34,7 @@ from floom.sandbox.base import (
 from floom.sandbox.identity import (
     DEFAULT_SANDBOX_UID,
     STAGE_LAUNCHER_OUTPUT,
+    STAGE_WORK,
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
@@ -46,6 +47,7 @@ from floom.sandbox.network import (
     owner_in_environ,
     protection_summary,
 )
+from floom.sandbox.ns_mount import OverlayMounter
 from floom.sandbox.standby import ChildFds, Launcher, Standby
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
 
@@ -60,6 +62,8 @@ OWNER_VARIABLE: Final = "FLOOM_SANDBOX_FOR"
 """In bubblewrap's environment, never its command's: the run's work dir, so that a later
 executor can recognise (and kill) the sandboxes a killed predecessor left behind. The command
 line cannot say it: started as another uid, bubblewrap binds from the stage's fixed paths."""
+_OVERLAYS = OverlayMounter()
+"""The one thread per process that mounts runs' overlays in their launchers' namespaces."""
 INERT_ENV: Final = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -231,9 +235,19 @@ class LocalSandbox(Sandbox):
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
-            # The stage's mounts (an exec of mount each) run while the rest is built.
+            work_mounted = False
+            if spec.files is not None:
+                # Mounted from here, in the launcher's namespace: no exec of mount.
+                options = self._identity.work_overlay(spec.workdir, spec.files)
+                if options is not None:
+                    work_mounted = _OVERLAYS.mount_overlay(launcher.proc.pid, options, STAGE_WORK)
+            # The stage's mounts left (an exec of mount each) run while the rest is built.
             stage = self._identity.stage_mounts(
-                spec.workdir, spec.output_dir, spec.files, output_bound=output_bound
+                spec.workdir,
+                spec.output_dir,
+                spec.files,
+                output_bound=output_bound,
+                work_mounted=work_mounted,
             )
             if stage:
                 launcher.begin(stage)

@@ -1,0 +1,117 @@
+"""A run's overlay mounted from floom's own process, in its launcher's mount namespace
+(floom/sandbox/ns_mount.py), never in floom's own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from floom.sandbox import LocalSandbox, standby
+from floom.sandbox.base import SandboxSpec
+from floom.sandbox.ns_mount import OverlayMounter
+from tests.conftest import wait_until
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="only a root floom mounts overlays"),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+]
+
+
+def _layers(root: Path) -> tuple[str, Path, Path]:
+    lower, upper, scratch = root / "lower", root / "upper", root / "scratch"
+    for path in (lower, upper, scratch):
+        path.mkdir(parents=True)
+    (lower / "shipped.txt").write_text("from the version\n")
+    return f"lowerdir={lower},upperdir={upper},workdir={scratch}", lower, upper
+
+
+def _mounted_on(target: Path) -> bool:
+    return any(line.split()[4] == str(target) for line in open("/proc/self/mountinfo"))
+
+
+def test_nothing_is_mounted_for_a_process_in_floom_s_own_namespace(tmp_path: Path) -> None:
+    # A launcher that has not made its namespace yet shares floom's: a mount there would be
+    # the host's, seen by every other launcher. The caller's script mounts it instead.
+    options, _lower, _upper = _layers(tmp_path)
+    target = tmp_path / "target"
+    target.mkdir()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        mounter = OverlayMounter()
+        assert mounter.mount_overlay(child.pid, options, str(target)) is False
+        assert mounter.mount_overlay(os.getpid(), options, str(target)) is False
+    finally:
+        child.kill()
+        child.wait()
+    assert not _mounted_on(target)
+    assert list(target.iterdir()) == []
+
+
+def test_the_overlay_lands_in_the_other_process_s_namespace_only(tmp_path: Path) -> None:
+    options, _lower, upper = _layers(tmp_path)
+    target = tmp_path / "target"
+    target.mkdir()
+    # A process in a mount namespace of its own (as a launcher is), waiting on its stdin.
+    other = subprocess.Popen(
+        ["unshare", "--mount", "--propagation=slave", "--", "sh", "-c", "read x; ls $0", target],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        theirs = f"/proc/{other.pid}/ns/mnt"
+        wait_until(lambda: os.readlink(theirs) != os.readlink("/proc/self/ns/mnt"), timeout=10)
+        assert OverlayMounter().mount_overlay(other.pid, options, str(target)) is True
+        seen, _ = other.communicate(b"go\n", timeout=10)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    assert seen == b"shipped.txt\n"  # the version's file, through the overlay
+    assert not _mounted_on(target)  # floom's own namespace is untouched
+    assert list(target.iterdir()) == []
+    assert list(upper.iterdir()) == []
+
+
+def test_a_layered_run_s_script_mounts_nothing_for_its_work_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[str] = []
+    real_begin, real_start = standby.Launcher.begin, standby.Launcher.start
+
+    def recording_begin(launcher: standby.Launcher, prelude: str) -> None:
+        sent.append(prelude)
+        real_begin(launcher, prelude)
+
+    def recording_start(launcher: standby.Launcher, *args: object, **kwargs: object) -> None:
+        sent.append(str(kwargs.get("prelude", "")))
+        real_start(launcher, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(standby.Launcher, "begin", recording_begin)
+    monkeypatch.setattr(standby.Launcher, "start", recording_start)
+    files, work, output = tmp_path / "v1", tmp_path / "r" / "work", tmp_path / "r" / "output"
+    for path in (files, work, output):
+        path.mkdir(parents=True)
+    (files / "data.txt").write_text("original\n")
+    sandbox = LocalSandbox()
+    lines: list[str] = []
+    spec = SandboxSpec(
+        run_id="run_ns_mount",
+        command=["sh", "-c", "cat data.txt; echo more >> data.txt"],
+        workdir=work,
+        output_dir=output,
+        files=files,
+        timeout_seconds=30,
+    )
+    try:
+        result = sandbox.run(spec, on_line=lambda _s, line: lines.append(line), should_cancel=bool)
+    finally:
+        sandbox.close()
+
+    assert result.exit_code == 0 and lines == ["original"], lines
+    assert (work / "data.txt").read_text() == "original\nmore\n"
+    assert (files / "data.txt").read_text() == "original\n"
+    assert not any("overlay" in prelude for prelude in sent), sent
