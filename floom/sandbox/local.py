@@ -235,24 +235,25 @@ class LocalSandbox(Sandbox):
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
-            work_mounted = False
+            overlay = None
             if spec.files is not None:
-                # Mounted from here, in the launcher's namespace: no exec of mount.
+                # Mounted from here, in the launcher's namespace (no exec of mount), while
+                # the limits and the command line are made.
                 options = self._identity.work_overlay(spec.workdir, spec.files)
                 if options is not None:
-                    work_mounted = _OVERLAYS.mount_overlay(launcher.proc.pid, options, STAGE_WORK)
-            # The stage's mounts left (an exec of mount each) run while the rest is built.
+                    overlay = _OVERLAYS.start(launcher.proc.pid, options, STAGE_WORK)
+            run_limits = limits.RunLimits(spec, launcher.cgroup)
+            argv = _argv(prefix, spec, launcher.child_fds, self._identity, output_bound)
+            # The stage's mounts left, if any (an exec of mount each).
             stage = self._identity.stage_mounts(
                 spec.workdir,
                 spec.output_dir,
                 spec.files,
                 output_bound=output_bound,
-                work_mounted=work_mounted,
+                work_mounted=overlay is not None and overlay.wait(),
             )
             if stage:
                 launcher.begin(stage)
-            run_limits = limits.RunLimits(spec, launcher.cgroup)
-            argv = _argv(prefix, spec, launcher.child_fds, self._identity, output_bound)
             launcher.start(
                 [*self._identity.as_sandbox_user(), *argv],
                 _sandbox_env(spec),

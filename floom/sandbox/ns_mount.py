@@ -34,7 +34,9 @@ thread's mount, if it comes later, lies under the script's)."""
 
 
 @dataclass
-class _Job:
+class PendingMount:
+    """An overlay mount handed to the thread; `wait` says whether it was made."""
+
     pid: int
     options: str
     target: str
@@ -44,13 +46,25 @@ class _Job:
     abandoned: bool = False
     mounted: bool = False
 
+    def wait(self) -> bool:
+        """True once mounted; False when it was not, or when the thread did not start on it
+        in WAIT_SECONDS (it then never will: two overlays on one upper dir refuse each
+        other)."""
+        if not self.done.wait(WAIT_SECONDS):
+            with self.lock:
+                if not self.started:
+                    self.abandoned = True
+                    return False
+            self.done.wait()
+        return self.mounted
+
 
 class OverlayMounter:
     """Mounts overlays in other processes' mount namespaces from one thread of this process,
     started on first use."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[PendingMount] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._broken = False
@@ -59,24 +73,22 @@ class OverlayMounter:
         """Mount an overlay with `options` (lowerdir, upperdir, workdir) on `target` in the
         mount namespace of process `pid`, a child of floom's that has one of its own. False
         when it was not mounted: the caller mounts it another way."""
+        return self.start(pid, options, target).wait()
+
+    def start(self, pid: int, options: str, target: str) -> PendingMount:
+        """`mount_overlay` without waiting: the caller goes on and `wait`s for it later."""
+        job = PendingMount(pid, options, target)
         if self._broken:
-            return False
+            job.done.set()
+            return job
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._serve, name="floom-ns-mount", daemon=True
                 )
                 self._thread.start()
-        job = _Job(pid, options, target)
         self._jobs.put(job)
-        if not job.done.wait(WAIT_SECONDS):
-            with job.lock:
-                if not job.started:
-                    # Never mounted now: two overlays on one upper dir would refuse each other.
-                    job.abandoned = True
-                    return False
-            job.done.wait()
-        return job.mounted
+        return job
 
     def _serve(self) -> None:
         try:
@@ -100,7 +112,7 @@ class OverlayMounter:
                 job.done.set()
         self._fail_all()
 
-    def _mount(self, libc: ctypes.CDLL, home: int, job: _Job) -> bool:
+    def _mount(self, libc: ctypes.CDLL, home: int, job: PendingMount) -> bool:
         try:
             theirs = os.open(f"/proc/{job.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
