@@ -15,7 +15,6 @@ floom's namespace is never used again.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -29,8 +28,8 @@ log = logging.getLogger("floom.sandbox")
 CLONE_FS: Final = 0x00000200
 CLONE_NEWNS: Final = 0x00020000
 WAIT_SECONDS: Final = 5.0
-"""How long a caller waits for the thread; after that its script mounts the overlay (the
-thread's mount, if it comes later, lies under the script's)."""
+"""How long a caller waits for the thread to start on its mount; after that the mount is
+abandoned (never made later) and the launcher's script makes it."""
 
 
 @dataclass
@@ -155,8 +154,8 @@ class OverlayMounter:
 
 
 def _libc() -> ctypes.CDLL:
-    name = ctypes.util.find_library("c") or "libc.so.6"
-    libc = ctypes.CDLL(name, use_errno=True)
+    # The C library this process already has loaded (find_library would run ldconfig).
+    libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [
         ctypes.c_char_p,
         ctypes.c_char_p,
