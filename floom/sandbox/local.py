@@ -233,10 +233,9 @@ class LocalSandbox(Sandbox):
         try:
             output_bound = launcher.adopt_output(spec.output_dir, bound_at=STAGE_LAUNCHER_OUTPUT)
             self._identity.hand_over(spec.workdir, spec.output_dir)
-            if spec.files is not None:
-                self._identity.hand_over_files(spec.files)
             overlay = None
             if spec.files is not None:
+                self._identity.hand_over_files(spec.files)
                 # Mounted from here, in the launcher's namespace (no exec of mount), while
                 # the limits and the command line are made.
                 options = self._identity.work_overlay(spec.workdir, spec.files)
