@@ -420,3 +420,21 @@ def test_a_launcher_whose_output_dir_went_or_a_full_output_dir_gets_a_bind_of_it
     assert full.exit_code == 0 and full_lines == [("stdout", "['restored']")], full_lines  # type: ignore[attr-defined]
     assert sorted(os.listdir(work_root / "full" / "output")) == ["new", "restored"]
     assert list((work_root / ".launchers").iterdir()) == []  # none left behind
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root floom gives launchers a stage")
+def test_a_launcher_whose_output_dir_cannot_be_made_serves_its_run_all_the_same(
+    tmp_path: Path,
+) -> None:
+    # The launchers' dirs are an optimisation: where they cannot be made (here a file holds
+    # their place), a launcher starts without one and its run binds its own output dir.
+    work_root = tmp_path / "runs"
+    work_root.mkdir()
+    (work_root / ".launchers").write_text("not a dir")
+    sandbox = LocalSandbox(work_root=work_root)
+    try:
+        result, lines = _run_in(sandbox, work_root / "r", "open('/output/made', 'w')")
+    finally:
+        sandbox.close()
+    assert result.exit_code == 0, lines  # type: ignore[attr-defined]
+    assert (work_root / "r" / "output" / "made").exists()

@@ -320,17 +320,20 @@ def start_launcher(
 ) -> Launcher:
     """Start a launcher (the command line `command` builds, which runs WAIT_FOR_SCRIPT) and
     move it into a new cgroup (none where no hierarchy is usable); with `output_root`, the
-    command is given an empty dir made under it, which the launcher binds onto its stage as
-    it starts. Raises SandboxUnavailable, or what `command` raises, or CgroupError, or
-    OSError when the dir cannot be made, leaving nothing."""
+    command is given an empty dir made under it (none if it cannot be made), which the
+    launcher binds onto its stage as it starts. Raises SandboxUnavailable, or what `command`
+    raises, or CgroupError, leaving nothing."""
     token = secrets.token_hex(8)
     output_dir: Path | None = None
     with contextlib.ExitStack() as undo:
         if output_root is not None:
-            output_root.mkdir(mode=0o700, exist_ok=True)
-            output_dir = output_root / token
-            output_dir.mkdir(mode=0o700)
-            undo.callback(os.rmdir, output_dir)
+            try:
+                output_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+                (output_root / token).mkdir(mode=0o700)
+                output_dir = output_root / token
+                undo.callback(os.rmdir, output_dir)
+            except OSError:
+                pass  # a launcher without one: its run binds its own output dir
         argv = command(output_dir)
         tree = cgroups.detect()
         cgroup = tree.make(f"run-{token}") if tree.enforced else None
