@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from floom.sandbox import LocalSandbox, cgroups, identity, standby
-from floom.sandbox.base import SandboxUnavailable
+from floom.sandbox.base import SandboxResult, SandboxUnavailable
 from floom.sandbox.standby import LAUNCHER_NAME, Standby, start_launcher
 from tests.conftest import wait_until
-from tests.sandbox_support import run_script
+from tests.sandbox_support import Lines, run_script
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
@@ -353,7 +353,7 @@ def test_the_stage_is_made_root_s_and_world_traversable_and_a_link_is_refused(
         identity.make_stage(stage)
 
 
-def _run_in(sandbox: LocalSandbox, base: Path, script: str) -> tuple[object, list[tuple[str, str]]]:
+def _run_in(sandbox: LocalSandbox, base: Path, script: str) -> tuple[SandboxResult, Lines]:
     (base / "work").mkdir(parents=True)
     return run_script(sandbox, base, script)
 
@@ -377,12 +377,12 @@ def test_a_run_adopts_the_output_dir_its_launcher_bound_as_it_started(
     script = "open('/output/made', 'w').write('by the run')"
     try:
         first, lines = _run_in(sandbox, work_root / "first", script)
-        assert first.exit_code == 0, lines  # type: ignore[attr-defined]
+        assert first.exit_code == 0, lines
         wait_until(lambda: len(sandbox.standby.waiting()) == 2)
         waiting = {launcher.output_dir for launcher in sandbox.standby.waiting()}
         assert set((work_root / ".launchers").iterdir()) == waiting
         second, lines = _run_in(sandbox, work_root / "second", script)
-        assert second.exit_code == 0, lines  # type: ignore[attr-defined]
+        assert second.exit_code == 0, lines
     finally:
         sandbox.close()
 
@@ -405,7 +405,7 @@ def test_a_launcher_whose_output_dir_went_or_a_full_output_dir_gets_a_bind_of_it
     script = "import os; print(sorted(os.listdir('/output'))); open('/output/new', 'w')"
     try:
         warm, lines = _run_in(sandbox, work_root / "warm", "pass")
-        assert warm.exit_code == 0, lines  # type: ignore[attr-defined]
+        assert warm.exit_code == 0, lines
         wait_until(lambda: len(sandbox.standby.waiting()) == 2)
         shutil.rmtree(work_root / ".launchers")
         gone, gone_lines = _run_in(sandbox, work_root / "gone", script)
@@ -415,9 +415,9 @@ def test_a_launcher_whose_output_dir_went_or_a_full_output_dir_gets_a_bind_of_it
     finally:
         sandbox.close()
 
-    assert gone.exit_code == 0 and gone_lines == [("stdout", "[]")], gone_lines  # type: ignore[attr-defined]
+    assert gone.exit_code == 0 and gone_lines == [("stdout", "[]")], gone_lines
     assert (work_root / "gone" / "output" / "new").exists()
-    assert full.exit_code == 0 and full_lines == [("stdout", "['restored']")], full_lines  # type: ignore[attr-defined]
+    assert full.exit_code == 0 and full_lines == [("stdout", "['restored']")], full_lines
     assert sorted(os.listdir(work_root / "full" / "output")) == ["new", "restored"]
     assert list((work_root / ".launchers").iterdir()) == []  # none left behind
 
@@ -436,5 +436,5 @@ def test_a_launcher_whose_output_dir_cannot_be_made_serves_its_run_all_the_same(
         result, lines = _run_in(sandbox, work_root / "r", "open('/output/made', 'w')")
     finally:
         sandbox.close()
-    assert result.exit_code == 0, lines  # type: ignore[attr-defined]
+    assert result.exit_code == 0, lines
     assert (work_root / "r" / "output" / "made").exists()
