@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from floom.sandbox.local import OWNER_VARIABLE
+from floom.sandbox.network import owner_in_environ
 from floom.services.run_statuses import FINISHED
 from tests.compose_support import Cluster, compose_cluster
 from tests.conftest import EXAMPLES, deploy_folder, free_port, make_worker, wait_until
@@ -298,6 +299,7 @@ def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_an
 def sandbox_pids(work_root: str) -> list[int]:
     """The bwrap processes (the sandboxes' outer and pid 1) started for runs under
     `work_root`: floom names the run's work dir in their environment (OWNER_VARIABLE)."""
+    marker = os.fsencode(f"{os.path.realpath(work_root)}/")
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -306,10 +308,8 @@ def sandbox_pids(work_root: str) -> list[int]:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 if not f.read().split(b"\0", 1)[0].endswith(b"bwrap"):
                     continue
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read()
         except OSError:
             continue
-        if f"\0{OWNER_VARIABLE}={os.path.realpath(work_root)}/".encode() in b"\0" + environ:
+        if owner_in_environ(entry, OWNER_VARIABLE, marker) is not None:
             found.append(int(entry))
     return found

@@ -295,10 +295,14 @@ def test_runs_bind_onto_the_stage_in_their_launchers_namespace_only(tmp_path: Pa
     # namespace of its own launcher: two runs at once see their own, the host sees none.
     sandbox = LocalSandbox()
     results: dict[str, tuple[object, list[tuple[str, str]]]] = {}
+    # Each run waits, its output written, until both are (the test says "go" in both work
+    # dirs): the two sandboxes are up at the same time.
     script = """
     import os, time
     open("/output/mine", "w").write(open("inputs.json").read())
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while not os.path.exists("go") and time.monotonic() < deadline:
+        time.sleep(0.01)
     print(sorted(os.listdir("/output")), open("/output/mine").read())
     """
 
@@ -312,6 +316,10 @@ def test_runs_bind_onto_the_stage_in_their_launchers_namespace_only(tmp_path: Pa
         threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
         for thread in threads:
             thread.start()
+        mine = [tmp_path / name / "output" / "mine" for name in ("a", "b")]
+        wait_until(lambda: all(path.exists() for path in mine), timeout=30)
+        for name in ("a", "b"):
+            (tmp_path / name / "work" / "go").touch()
         for thread in threads:
             thread.join(60)
     finally:
@@ -353,6 +361,22 @@ def test_the_stage_is_made_root_s_and_world_traversable_and_a_link_is_refused(
         identity.make_stage(stage)
 
 
+def _ready_and_bound(sandbox: LocalSandbox) -> bool:
+    """Whether the standby's launchers are all ready, each with its output dir bound."""
+    waiting = sandbox.standby.waiting()
+    return len(waiting) == standby.READY and all(_bound(launcher) for launcher in waiting)
+
+
+def _bound(launcher: standby.Launcher) -> bool:
+    if launcher.output_dir is None:
+        return False
+    try:
+        there = os.stat(f"/proc/{launcher.proc.pid}/root{identity.STAGE_LAUNCHER_OUTPUT}")
+        return there.st_ino == os.stat(launcher.output_dir).st_ino
+    except OSError:
+        return False
+
+
 def _run_in(sandbox: LocalSandbox, base: Path, script: str) -> tuple[SandboxResult, Lines]:
     (base / "work").mkdir(parents=True)
     return run_script(sandbox, base, script)
@@ -376,9 +400,13 @@ def test_a_run_adopts_the_output_dir_its_launcher_bound_as_it_started(
     monkeypatch.setattr(standby.Launcher, "begin", recording_begin)
     script = "open('/output/made', 'w').write('by the run')"
     try:
+        # Each run takes a ready launcher whose bind is made (one started on the spot may
+        # not have made it yet: its run binds its own output dir, the fallback below).
+        sandbox.standby.replenish()
+        wait_until(lambda: _ready_and_bound(sandbox))
         first, lines = _run_in(sandbox, work_root / "first", script)
         assert first.exit_code == 0, lines
-        wait_until(lambda: len(sandbox.standby.waiting()) == 2)
+        wait_until(lambda: _ready_and_bound(sandbox))
         waiting = {launcher.output_dir for launcher in sandbox.standby.waiting()}
         assert set((work_root / ".launchers").iterdir()) == waiting
         second, lines = _run_in(sandbox, work_root / "second", script)

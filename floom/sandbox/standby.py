@@ -81,15 +81,17 @@ class Launcher:
         floom sees there (false for one under a mount the host made after the launcher
         started, where the host's mounts do not propagate); read through /proc, with no
         process started."""
-        for path in paths:
-            try:
-                ours = os.stat(path)
-                theirs = os.stat(f"/proc/{self.proc.pid}/root{os.path.abspath(path)}")
-            except OSError:
-                return False
-            if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
-                return False
-        return True
+        return all(self._sees_as(path, os.path.abspath(path)) for path in paths)
+
+    def _sees_as(self, ours: Path, theirs: str) -> bool:
+        """Whether `theirs`, in the launcher's mount namespace, is the directory `ours` is
+        in floom's (read through /proc); False when either cannot be read."""
+        try:
+            here = os.stat(ours)
+            there = os.stat(f"/proc/{self.proc.pid}/root{theirs}")
+        except OSError:
+            return False
+        return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
     def adopt_output(self, target: Path, *, bound_at: str) -> bool:
         """Make `target`, the run's empty output dir, the dir this launcher bound onto
@@ -101,14 +103,12 @@ class Launcher:
         own, self.output_dir = self.output_dir, None
         if own is None:
             return False
-        try:
-            ours = os.stat(own)
-            theirs = os.stat(f"/proc/{self.proc.pid}/root{bound_at}")
-            if (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino):
+        if self._sees_as(own, bound_at):
+            try:
                 os.rename(own, target)
                 return True
-        except OSError:
-            pass
+            except OSError:
+                pass
         shutil.rmtree(own, ignore_errors=True)
         return False
 

@@ -215,6 +215,14 @@ def _queue_run(
         if in_transaction is None
         else session_scope(ctx.engine, write=True)
     )
+
+    def give_back() -> None:
+        """The run is not started here: end its early start and free its slot."""
+        if ahead is not None:
+            ahead.discard()
+        if held:
+            slots.release()  # type: ignore[union-attr]
+
     try:
         if held and in_transaction is None:
             # Its sandbox starts while the transaction commits; its command waits for that.
@@ -250,18 +258,12 @@ def _queue_run(
             if not started:
                 signals.publish(s, signals.RUN_QUEUED)
     except BaseException:
-        if ahead is not None:
-            ahead.discard()
-        if held:
-            slots.release()  # type: ignore[union-attr]
+        give_back()
         raise
     if started:
         slots.start_claimed(run, ahead)  # type: ignore[union-attr]
     else:
-        if ahead is not None:
-            ahead.discard()
-        if held:
-            slots.release()  # type: ignore[union-attr]
+        give_back()
     return run, locked
 
 
