@@ -42,8 +42,8 @@ def test_nothing_is_mounted_for_a_process_in_floom_s_own_namespace(tmp_path: Pat
     child = subprocess.Popen(["sleep", "30"])
     try:
         mounter = OverlayMounter()
-        assert mounter.mount_overlay(child.pid, options, str(target)) is False
-        assert mounter.mount_overlay(os.getpid(), options, str(target)) is False
+        assert mounter.start(child.pid, options, str(target)).wait() is False
+        assert mounter.start(os.getpid(), options, str(target)).wait() is False
     finally:
         child.kill()
         child.wait()
@@ -64,7 +64,7 @@ def test_the_overlay_lands_in_the_other_process_s_namespace_only(tmp_path: Path)
     try:
         theirs = f"/proc/{other.pid}/ns/mnt"
         wait_until(lambda: os.readlink(theirs) != os.readlink("/proc/self/ns/mnt"), timeout=10)
-        assert OverlayMounter().mount_overlay(other.pid, options, str(target)) is True
+        assert OverlayMounter().start(other.pid, options, str(target)).wait() is True
         seen, _ = other.communicate(b"go\n", timeout=10)
     finally:
         if other.poll() is None:

@@ -68,14 +68,11 @@ class OverlayMounter:
         self._thread: threading.Thread | None = None
         self._broken = False
 
-    def mount_overlay(self, pid: int, options: str, target: str) -> bool:
-        """Mount an overlay with `options` (lowerdir, upperdir, workdir) on `target` in the
-        mount namespace of process `pid`, a child of floom's that has one of its own. False
-        when it was not mounted: the caller mounts it another way."""
-        return self.start(pid, options, target).wait()
-
     def start(self, pid: int, options: str, target: str) -> PendingMount:
-        """`mount_overlay` without waiting: the caller goes on and `wait`s for it later."""
+        """Have the thread mount an overlay with `options` (lowerdir, upperdir, workdir) on
+        `target` in the mount namespace of process `pid`, a child of floom's that has one of
+        its own; the caller goes on and `wait`s for it later (False: not mounted, the caller
+        mounts it another way)."""
         job = PendingMount(pid, options, target)
         if self._broken:
             job.done.set()
