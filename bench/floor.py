@@ -1,14 +1,15 @@
 """The floor every bench figure is a ratio to: bubblewrap running workers/hello's `python3 run.py`
-with floom's own flags, started with a plain `subprocess.run`.
+with floom's own flags, started with a plain `subprocess.Popen`.
 
 The command line is not replicated here: it is the launch floom's LocalSandbox makes,
 recorded while LocalSandbox runs the same spec once (that first run is also the slot's
-warm-up), then replayed with fresh file descriptors: the launcher started and fed its script
-in one go. So the floor has floom's stage (the launcher's mount namespace,
-the run's binds and setpriv when floom runs as root), the shell's ulimits, the namespaces,
-binds, tmpfs sizes and seccomp filter, and lacks only what floom does around the process:
-starting the launcher ahead in its cgroup, the per-run cgroup, the supervisor reading
-lines, the work dir, the database and the HTTP API.
+warm-up), then replayed with fresh file descriptors: the launcher started, the run's binds
+made in its mount namespace from this process as floom makes them (floom/sandbox/ns_mount.py),
+and the launcher fed its script. So the floor has floom's stage (the launcher's mount
+namespace, the run's binds and setpriv when floom runs as root), the shell's ulimits, the
+namespaces, binds, tmpfs sizes and seccomp filter, and lacks only what floom does around the
+process: starting the launcher ahead in its cgroup, the per-run cgroup, the supervisor
+reading lines, the work dir, the database and the HTTP API.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from floom.sandbox import seccomp
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import LocalSandbox
+from floom.sandbox.ns_mount import Mount, NamespaceMounter
 from floom.sandbox.standby import Launcher, launcher_script
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,15 +47,18 @@ RUN_ENV = {
 FD_OPTIONS = ("--info-fd", "--block-fd", "--seccomp", "--ro-bind-data")
 
 _record_lock = threading.Lock()
+_MOUNTER = NamespaceMounter()
 
 
 @dataclass
 class Launch:
     """What floom started one sandbox with: the launcher's own command line (the mount
-    namespace it made ahead of the run, when root), the stage's shell lines,
-    bubblewrap's command line and environment, and the sandbox's /etc/resolv.conf."""
+    namespace it made ahead of the run, when root), the mounts floom made in that namespace
+    from its own process, the stage's shell lines, bubblewrap's command line and
+    environment, and the sandbox's /etc/resolv.conf."""
 
     launcher: list[str]
+    mounts: tuple[Mount, ...]
     prelude: str
     argv: list[str]
     env: dict[str, str]
@@ -64,7 +70,15 @@ def _recording_launches(seen: list[Launch]) -> Iterator[None]:
     """Record each sandbox launch meanwhile (floom/sandbox/standby.py): the lines a run
     sends its launcher ahead (`begin`) and the rest (`start`), as one prelude."""
     real_begin, real_start = Launcher.begin, Launcher.start
+    real_mount = NamespaceMounter.start
     sent_ahead: dict[int, str] = {}
+    mounted: dict[int, tuple[Mount, ...]] = {}
+
+    def recording_mount(mounter: NamespaceMounter, pid: int, mounts: tuple[Mount, ...]) -> Any:
+        pending = real_mount(mounter, pid, mounts)
+        made = pending.wait()
+        mounted[pid] = tuple(mount for mount, done in zip(mounts, made, strict=True) if done)
+        return pending
 
     def recording_begin(launcher: Launcher, prelude: str) -> None:
         sent_ahead[id(launcher)] = prelude
@@ -80,17 +94,20 @@ def _recording_launches(seen: list[Launch]) -> Iterator[None]:
     ) -> None:
         args = [str(a) for a in launcher.proc.args]  # type: ignore[union-attr]
         whole = sent_ahead.pop(id(launcher), "") + prelude
-        seen.append(Launch(args, whole, [str(a) for a in argv], dict(env), resolv_conf))
+        mounts = mounted.pop(launcher.proc.pid, ())
+        seen.append(Launch(args, mounts, whole, [str(a) for a in argv], dict(env), resolv_conf))
         real_start(launcher, argv, env, resolv_conf=resolv_conf, prelude=prelude)
 
     with _record_lock:
         Launcher.begin = recording_begin  # type: ignore[method-assign]
         Launcher.start = recording_start  # type: ignore[method-assign]
+        NamespaceMounter.start = recording_mount  # type: ignore[method-assign]
         try:
             yield
         finally:
             Launcher.begin = real_begin  # type: ignore[method-assign]
             Launcher.start = real_start  # type: ignore[method-assign]
+            NamespaceMounter.start = real_mount  # type: ignore[method-assign]
 
 
 class FloorSlot:
@@ -166,20 +183,44 @@ class FloorSlot:
         script = launcher_script(argv, self.launch.env, prelude=self.launch.prelude)
         try:
             t0 = time.perf_counter()
-            done = subprocess.run(
+            proc = subprocess.Popen(
                 self.launch.launcher,
-                input=script,
-                capture_output=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 env={},
                 start_new_session=True,
                 pass_fds=tuple(fds.values()),
-                timeout=RUN_DEADLINE_SECONDS,
             )
+            try:
+                if self.launch.mounts:
+                    _wait_for_own_namespace(proc.pid)
+                    made = _MOUNTER.start(proc.pid, self.launch.mounts).wait()
+                    if not all(made):
+                        raise RuntimeError(f"floor run: the stage's mounts failed: {made}")
+                _, stderr = proc.communicate(script, timeout=RUN_DEADLINE_SECONDS)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
             elapsed = time.perf_counter() - t0
         finally:
             for fd in (info_r, *fds.values()):
                 os.close(fd)
-        if done.returncode != 0:
-            raise RuntimeError(f"floor run failed ({done.returncode}): {done.stderr[-400:]!r}")
+        if proc.returncode != 0:
+            raise RuntimeError(f"floor run failed ({proc.returncode}): {stderr[-400:]!r}")
         self._check_result()
         return elapsed
+
+
+def _wait_for_own_namespace(pid: int) -> None:
+    """Until the launcher `pid` has made its mount namespace (floom's launchers have, being
+    started ahead); polled with sleeps, so the wait costs the floor no CPU."""
+    import time
+
+    ours = os.readlink("/proc/self/ns/mnt")
+    deadline = time.monotonic() + RUN_DEADLINE_SECONDS
+    while os.readlink(f"/proc/{pid}/ns/mnt") == ours:
+        if time.monotonic() > deadline:
+            raise RuntimeError("floor run: the launcher made no mount namespace")
+        time.sleep(0.0002)

@@ -1,4 +1,4 @@
-"""A run's overlay mounted from floom's own process, in its launcher's mount namespace
+"""A run's stage mounted from floom's own process, in its launcher's mount namespace
 (floom/sandbox/ns_mount.py), never in floom's own."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from floom.sandbox import LocalSandbox, standby
 from floom.sandbox.base import SandboxSpec
-from floom.sandbox.ns_mount import OverlayMounter
+from floom.sandbox.ns_mount import Mount, NamespaceMounter
 from tests.conftest import wait_until
 
 pytestmark = [
@@ -29,6 +29,19 @@ def _layers(root: Path) -> tuple[str, Path, Path]:
     return f"lowerdir={lower},upperdir={upper},workdir={scratch}", lower, upper
 
 
+def _in_namespace_of_its_own(command: str, *args: object) -> subprocess.Popen[bytes]:
+    """A process in a mount namespace of its own (as a launcher is), running `command` once
+    it reads a line from its stdin."""
+    other = subprocess.Popen(
+        ["unshare", "--mount", "--propagation=slave", "--", "sh", "-c", command, *map(str, args)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    theirs = f"/proc/{other.pid}/ns/mnt"
+    wait_until(lambda: os.readlink(theirs) != os.readlink("/proc/self/ns/mnt"), timeout=10)
+    return other
+
+
 def _mounted_on(target: Path) -> bool:
     return any(line.split()[4] == str(target) for line in open("/proc/self/mountinfo"))
 
@@ -40,10 +53,11 @@ def test_nothing_is_mounted_for_a_process_in_floom_s_own_namespace(tmp_path: Pat
     target = tmp_path / "target"
     target.mkdir()
     child = subprocess.Popen(["sleep", "30"])
+    mounts = (Mount.overlay(options, str(target)), Mount.bind(str(tmp_path / "upper"), str(target)))
     try:
-        mounter = OverlayMounter()
-        assert mounter.start(child.pid, options, str(target)).wait() is False
-        assert mounter.start(os.getpid(), options, str(target)).wait() is False
+        mounter = NamespaceMounter()
+        assert mounter.start(child.pid, mounts).wait() == (False, False)
+        assert mounter.start(os.getpid(), mounts).wait() == (False, False)
     finally:
         child.kill()
         child.wait()
@@ -55,16 +69,10 @@ def test_the_overlay_lands_in_the_other_process_s_namespace_only(tmp_path: Path)
     options, _lower, upper = _layers(tmp_path)
     target = tmp_path / "target"
     target.mkdir()
-    # A process in a mount namespace of its own (as a launcher is), waiting on its stdin.
-    other = subprocess.Popen(
-        ["unshare", "--mount", "--propagation=slave", "--", "sh", "-c", "read x; ls $0", target],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-    )
+    other = _in_namespace_of_its_own("read x; ls $0", target)
     try:
-        theirs = f"/proc/{other.pid}/ns/mnt"
-        wait_until(lambda: os.readlink(theirs) != os.readlink("/proc/self/ns/mnt"), timeout=10)
-        assert OverlayMounter().start(other.pid, options, str(target)).wait() is True
+        mounts = (Mount.overlay(options, str(target)),)
+        assert NamespaceMounter().start(other.pid, mounts).wait() == (True,)
         seen, _ = other.communicate(b"go\n", timeout=10)
     finally:
         if other.poll() is None:
@@ -76,8 +84,22 @@ def test_the_overlay_lands_in_the_other_process_s_namespace_only(tmp_path: Path)
     assert list(upper.iterdir()) == []
 
 
-def test_a_layered_run_s_script_mounts_nothing_for_its_work_dir(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def _ready_in_namespaces_of_their_own(sandbox: LocalSandbox) -> bool:
+    """Whether the standby's launchers are all ready, each in its own mount namespace (one
+    started on the spot may not be yet: its script then makes the mounts, the fallback)."""
+    waiting = sandbox.standby.waiting()
+    ours = os.readlink("/proc/self/ns/mnt")
+    try:
+        return len(waiting) == standby.READY and all(
+            os.readlink(f"/proc/{launcher.proc.pid}/ns/mnt") != ours for launcher in waiting
+        )
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("layered", [True, False], ids=["overlay", "bind"])
+def test_a_run_s_script_mounts_nothing_for_its_work_and_output_dirs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layered: bool
 ) -> None:
     sent: list[str] = []
     real_begin, real_start = standby.Launcher.begin, standby.Launcher.start
@@ -95,23 +117,50 @@ def test_a_layered_run_s_script_mounts_nothing_for_its_work_dir(
     files, work, output = tmp_path / "v1", tmp_path / "r" / "work", tmp_path / "r" / "output"
     for path in (files, work, output):
         path.mkdir(parents=True)
-    (files / "data.txt").write_text("original\n")
+    (files if layered else work).joinpath("data.txt").write_text("original\n")
     sandbox = LocalSandbox()
     lines: list[str] = []
     spec = SandboxSpec(
         run_id="run_ns_mount",
-        command=["sh", "-c", "cat data.txt; echo more >> data.txt"],
+        command=["sh", "-c", "cat data.txt; echo more >> data.txt; echo made > /output/made"],
         workdir=work,
         output_dir=output,
-        files=files,
+        files=files if layered else None,
         timeout_seconds=30,
     )
     try:
+        sandbox.standby.replenish()
+        wait_until(lambda: _ready_in_namespaces_of_their_own(sandbox))
         result = sandbox.run(spec, on_line=lambda _s, line: lines.append(line), should_cancel=bool)
     finally:
         sandbox.close()
 
     assert result.exit_code == 0 and lines == ["original"], lines
     assert (work / "data.txt").read_text() == "original\nmore\n"
-    assert (files / "data.txt").read_text() == "original\n"
-    assert not any("overlay" in prelude for prelude in sent), sent
+    assert (output / "made").read_text() == "made\n"
+    if layered:
+        assert (files / "data.txt").read_text() == "original\n"
+    assert sent and not any("mount" in prelude for prelude in sent), sent
+
+
+def test_each_mount_is_made_or_refused_on_its_own(tmp_path: Path) -> None:
+    # A refused mount (here a bind of a source that is not there) leaves it to the caller's
+    # script; the job's other mounts are made all the same.
+    output, target = tmp_path / "output", tmp_path / "target"
+    for path in (output, target):
+        path.mkdir()
+    (output / "mine").write_text("x")
+    other = _in_namespace_of_its_own("read x; ls $0", target)
+    try:
+        mounts = (
+            Mount.bind(str(tmp_path / "gone"), str(target)),
+            Mount.bind(str(output), str(target)),
+        )
+        assert NamespaceMounter().start(other.pid, mounts).wait() == (False, True)
+        seen, _ = other.communicate(b"go\n", timeout=10)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    assert seen == b"mine\n"
+    assert not _mounted_on(target)

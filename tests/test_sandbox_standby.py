@@ -329,7 +329,7 @@ def test_runs_bind_onto_the_stage_in_their_launchers_namespace_only(tmp_path: Pa
         _result, lines = results[name]
         assert lines == [("stdout", f"['mine'] {name}")], lines
         assert (tmp_path / name / "output" / "mine").read_text() == name
-    for point in ("work", "output", ".output", ".files", ".run"):
+    for point in ("work", "output", ".files", ".run"):
         assert os.listdir(identity.STAGE_DIR / point) == []
         assert stat.S_IMODE(os.stat(identity.STAGE_DIR / point).st_mode) == 0o755
 
@@ -342,7 +342,7 @@ def test_the_stage_is_made_root_s_and_world_traversable_and_a_link_is_refused(
     stage.mkdir(mode=0o700)
     (stage / "work").mkdir(mode=0o700)
     identity.make_stage(stage)
-    points = ("work", "output", ".output", ".files", ".run")
+    points = ("work", "output", ".files", ".run")
     for path in (stage, *(stage / name for name in points)):
         assert stat.S_IMODE(os.lstat(path).st_mode) == 0o755
         assert os.lstat(path).st_uid == 0
@@ -361,108 +361,23 @@ def test_the_stage_is_made_root_s_and_world_traversable_and_a_link_is_refused(
         identity.make_stage(stage)
 
 
-def _ready_and_bound(sandbox: LocalSandbox) -> bool:
-    """Whether the standby's launchers are all ready, each with its output dir bound."""
-    waiting = sandbox.standby.waiting()
-    return len(waiting) == standby.READY and all(_bound(launcher) for launcher in waiting)
-
-
-def _bound(launcher: standby.Launcher) -> bool:
-    if launcher.output_dir is None:
-        return False
-    try:
-        there = os.stat(f"/proc/{launcher.proc.pid}/root{identity.STAGE_LAUNCHER_OUTPUT}")
-        return there.st_ino == os.stat(launcher.output_dir).st_ino
-    except OSError:
-        return False
-
-
 def _run_in(sandbox: LocalSandbox, base: Path, script: str) -> tuple[SandboxResult, Lines]:
     (base / "work").mkdir(parents=True)
     return run_script(sandbox, base, script)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root floom gives launchers a stage")
-def test_a_run_adopts_the_output_dir_its_launcher_bound_as_it_started(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A ready launcher has bound an empty dir of its own onto the stage's output: the run's
-    # output dir becomes that dir, and the run's script binds no output itself.
-    work_root = tmp_path / "runs"
-    sandbox = LocalSandbox(work_root=work_root)
-    sent: list[str] = []
-    real_begin = standby.Launcher.begin
-
-    def recording_begin(launcher: standby.Launcher, prelude: str) -> None:
-        sent.append(prelude)
-        real_begin(launcher, prelude)
-
-    monkeypatch.setattr(standby.Launcher, "begin", recording_begin)
-    script = "open('/output/made', 'w').write('by the run')"
-    try:
-        # Each run takes a ready launcher whose bind is made (one started on the spot may
-        # not have made it yet: its run binds its own output dir, the fallback below).
-        sandbox.standby.replenish()
-        wait_until(lambda: _ready_and_bound(sandbox))
-        first, lines = _run_in(sandbox, work_root / "first", script)
-        assert first.exit_code == 0, lines
-        wait_until(lambda: _ready_and_bound(sandbox))
-        waiting = {launcher.output_dir for launcher in sandbox.standby.waiting()}
-        assert set((work_root / ".launchers").iterdir()) == waiting
-        second, lines = _run_in(sandbox, work_root / "second", script)
-        assert second.exit_code == 0, lines
-    finally:
-        sandbox.close()
-
-    for name in ("first", "second"):
-        assert (work_root / name / "output" / "made").read_text() == "by the run"
-    assert len(sent) == 2
-    assert all(f" {identity.STAGE_OUTPUT}\n" not in prelude for prelude in sent), sent
-    assert list((work_root / ".launchers").iterdir()) == []  # close removed the rest
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="only a root floom gives launchers a stage")
-def test_a_launcher_whose_output_dir_went_or_a_full_output_dir_gets_a_bind_of_its_own(
-    tmp_path: Path,
-) -> None:
-    # The executor empties its work root when it starts: a ready launcher's dir may be gone.
-    # An output dir that already holds files (artifacts restored after a pause) cannot be
-    # swapped. Either way the run binds its own output dir, and sees exactly its files.
-    work_root = tmp_path / "runs"
-    sandbox = LocalSandbox(work_root=work_root)
+def test_an_output_dir_that_holds_files_is_bound_as_it_is(tmp_path: Path) -> None:
+    # Artifacts restored after a pause: the run sees exactly its own files, and what it adds
+    # lands beside them.
+    sandbox = LocalSandbox()
     script = "import os; print(sorted(os.listdir('/output'))); open('/output/new', 'w')"
     try:
-        warm, lines = _run_in(sandbox, work_root / "warm", "pass")
-        assert warm.exit_code == 0, lines
-        wait_until(lambda: len(sandbox.standby.waiting()) == 2)
-        shutil.rmtree(work_root / ".launchers")
-        gone, gone_lines = _run_in(sandbox, work_root / "gone", script)
-        (work_root / "full" / "output").mkdir(parents=True)
-        (work_root / "full" / "output" / "restored").write_text("kept")
-        full, full_lines = _run_in(sandbox, work_root / "full", script)
+        (tmp_path / "full" / "output").mkdir(parents=True)
+        (tmp_path / "full" / "output" / "restored").write_text("kept")
+        full, lines = _run_in(sandbox, tmp_path / "full", script)
     finally:
         sandbox.close()
 
-    assert gone.exit_code == 0 and gone_lines == [("stdout", "[]")], gone_lines
-    assert (work_root / "gone" / "output" / "new").exists()
-    assert full.exit_code == 0 and full_lines == [("stdout", "['restored']")], full_lines
-    assert sorted(os.listdir(work_root / "full" / "output")) == ["new", "restored"]
-    assert list((work_root / ".launchers").iterdir()) == []  # none left behind
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="only a root floom gives launchers a stage")
-def test_a_launcher_whose_output_dir_cannot_be_made_serves_its_run_all_the_same(
-    tmp_path: Path,
-) -> None:
-    # The launchers' dirs are an optimisation: where they cannot be made (here a file holds
-    # their place), a launcher starts without one and its run binds its own output dir.
-    work_root = tmp_path / "runs"
-    work_root.mkdir()
-    (work_root / ".launchers").write_text("not a dir")
-    sandbox = LocalSandbox(work_root=work_root)
-    try:
-        result, lines = _run_in(sandbox, work_root / "r", "open('/output/made', 'w')")
-    finally:
-        sandbox.close()
-    assert result.exit_code == 0, lines
-    assert (work_root / "r" / "output" / "made").exists()
+    assert full.exit_code == 0 and lines == [("stdout", "['restored']")], lines
+    assert sorted(os.listdir(tmp_path / "full" / "output")) == ["new", "restored"]

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from floom.config import Settings
 from floom.errors import InvalidRequest
 from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec, SandboxUnavailable
+from floom.sandbox.identity import DEFAULT_SANDBOX_UID
 from floom.sandbox.local import LocalSandbox
 
 __all__ = [
@@ -31,9 +32,7 @@ def e2b_api_key(settings: Settings) -> str:
 
 
 def _local(settings: Settings | None) -> Sandbox:
-    if settings is None:
-        return LocalSandbox()
-    return LocalSandbox(sandbox_uid=settings.sandbox_uid, work_root=settings.work_root)
+    return LocalSandbox(sandbox_uid=settings.sandbox_uid if settings else DEFAULT_SANDBOX_UID)
 
 
 def _e2b(settings: Settings | None) -> Sandbox:

@@ -21,6 +21,7 @@ from typing import Final
 
 from floom.errors import FloomError
 from floom.sandbox import standby
+from floom.sandbox.ns_mount import Mount
 
 DEFAULT_SANDBOX_UID: Final = 65534
 STAGE_DIR: Final = Path("/run/floom-sandbox")
@@ -29,16 +30,13 @@ run, in a mount namespace of its own: the run's directories are bound onto the s
 names there, and the host's stay empty."""
 STAGE_WORK: Final = f"{STAGE_DIR}/work"
 STAGE_OUTPUT: Final = f"{STAGE_DIR}/output"
-STAGE_LAUNCHER_OUTPUT: Final = f"{STAGE_DIR}/.output"
-"""Where a launcher binds the output dir it was given as it starts (its run adopts that dir);
-apart from STAGE_OUTPUT, so a run that cannot adopt it binds its own output there."""
 # Characters that overlayfs's options would read as separators or escapes: paths holding
 # one are first bound to plain names under the stage (two more mounts per run).
 _OPTION_SEPARATORS: Final = frozenset(",:\\")
 # Where the overlay's paths are bound first when one holds such a character.
 _PLAIN_FILES: Final = f"{STAGE_DIR}/.files"
 _PLAIN_RUN: Final = f"{STAGE_DIR}/.run"
-_STAGE_POINTS: Final = ("work", "output", ".output", ".files", ".run")
+_STAGE_POINTS: Final = ("work", "output", ".files", ".run")
 OVERLAY_SCRATCH_SUFFIX: Final = ".overlay"
 """The overlay's scratch dir is the work dir's sibling with this suffix."""
 
@@ -81,13 +79,10 @@ class SandboxIdentity:
                 os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
         os.chown(files, self.uid, self.gid, follow_symlinks=False)
 
-    def bind_sources(
-        self, workdir: Path, output_dir: Path, *, output_bound: bool = False
-    ) -> tuple[str, str]:
-        """The paths bubblewrap binds the run's work and output dirs from (`output_bound`:
-        the output dir is the one its launcher bound as it started)."""
+    def bind_sources(self, workdir: Path, output_dir: Path) -> tuple[str, str]:
+        """The paths bubblewrap binds the run's work and output dirs from."""
         if self.switched:
-            return STAGE_WORK, STAGE_LAUNCHER_OUTPUT if output_bound else STAGE_OUTPUT
+            return STAGE_WORK, STAGE_OUTPUT
         return os.path.abspath(workdir), os.path.abspath(output_dir)
 
     def as_sandbox_user(self) -> tuple[str, ...]:
@@ -111,28 +106,19 @@ class SandboxIdentity:
             "--",
         )
 
-    def launcher_command(self, output_dir: Path | None = None) -> list[str]:
+    def launcher_command(self) -> list[str]:
         """The command line of a sandbox launcher (floom/sandbox/standby.py) for this
         identity. As another uid: in a mount namespace of its own, a slave of the host's
         (where the host's mounts are shared, those it makes later reach it; its own never
-        leave it), with the stage's mount points made and, given `output_dir`, that dir bound
-        onto STAGE_LAUNCHER_OUTPUT as the launcher starts (its run adopts it: the run's
-        script then binds no output of its own). A launcher whose bind fails waits all the same,
-        silently (its stderr is its run's): Launcher.adopt_output sees no bind, and the run's
-        script makes its own. Raises IdentityUnavailable when a tool is missing or the stage
-        is not root's."""
+        leave it), with the stage's mount points made. Raises IdentityUnavailable when a tool
+        is missing or the stage is not root's."""
         if not self.switched:
-            return standby.plain_launcher(output_dir)
+            return standby.plain_launcher()
         tools = _stage_tools()
         missing = sorted(name for name, path in tools.items() if path is None)
         if missing:
             raise IdentityUnavailable(f"{', '.join(missing)} not on PATH")
         make_stage(STAGE_DIR)
-        script = standby.WAIT_FOR_SCRIPT
-        if output_dir is not None:
-            output = os.path.abspath(output_dir)
-            bind = [str(tools["mount"]), "--bind", output, STAGE_LAUNCHER_OUTPUT]
-            script = f"{shlex.join(bind)} 2>/dev/null; {script}"
         return [
             str(tools["unshare"]),
             "--mount",
@@ -140,7 +126,7 @@ class SandboxIdentity:
             "--",
             str(tools["sh"]),
             "-c",
-            script,
+            standby.WAIT_FOR_SCRIPT,
             standby.LAUNCHER_NAME,
         ]
 
@@ -150,15 +136,14 @@ class SandboxIdentity:
         output_dir: Path,
         files: Path | None = None,
         *,
-        output_bound: bool = False,
         work_mounted: bool = False,
+        output_mounted: bool = False,
     ) -> str:
-        """The launcher's shell lines that bind the run's directories onto the stage: the
-        output dir unless the launcher bound it as it started (`output_bound`), the work dir
-        unless floom mounted it already (`work_mounted`); with `files`, the work dir laid
-        over them (an overlay whose scratch dir is the work dir's sibling, see
-        OVERLAY_SCRATCH_SUFFIX). Empty when this identity is floom's own: bubblewrap then
-        needs no stage."""
+        """The launcher's shell lines that put the run's directories on the stage, those
+        floom did not mount itself (`work_mounted`, `output_mounted`; see `direct_mounts`):
+        the output dir bound, the work dir bound or, with `files`, laid over them (an overlay
+        whose scratch dir is the work dir's sibling, see OVERLAY_SCRATCH_SUFFIX). Empty when
+        this identity is floom's own: bubblewrap then needs no stage."""
         if not self.switched:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
@@ -166,21 +151,30 @@ class SandboxIdentity:
         mount = str(_stage_tools()["mount"])
         work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
         mounts = [] if work_mounted else _work_mounts(mount, work, files)
-        if not output_bound:
+        if not output_mounted:
             mounts.append([mount, "--bind", output, STAGE_OUTPUT])
         if not mounts:
             return ""
         return "set -e\n" + "".join(shlex.join(command) + "\n" for command in mounts)
 
-    def work_overlay(self, workdir: Path, files: Path) -> str | None:
-        """The options of the overlay that lays `workdir` over `files` on the stage, for
-        floom to mount itself (floom/sandbox/ns_mount.py), its scratch dir made; None when a
-        path holds a character the options would misread (the launcher's script then binds
-        plain names first, `stage_mounts`)."""
+    def direct_mounts(
+        self, workdir: Path, output_dir: Path, files: Path | None = None
+    ) -> tuple[Mount | None, Mount]:
+        """The mounts that put the run's directories on the stage, for floom to make itself
+        in the launcher's namespace (floom/sandbox/ns_mount.py): the work dir's (bound, or
+        with `files` the overlay, its scratch dir made) and the output dir's bind. The work
+        dir's is None when a path holds a character the overlay's options would misread (the
+        launcher's script then binds plain names first, `stage_mounts`). Only for a stage:
+        this identity must be another uid's."""
+        assert self.switched, "only a launcher with a stage has mounts made for it"
         work = os.path.abspath(workdir)
-        if not self.switched or _needs_plain_names(work, files):
-            return None
-        return _overlay_options(os.path.abspath(files), work, str(_make_scratch(work)))
+        output = Mount.bind(os.path.abspath(output_dir), STAGE_OUTPUT)
+        if files is None:
+            return Mount.bind(work, STAGE_WORK), output
+        if _needs_plain_names(work, files):
+            return None, output
+        options = _overlay_options(os.path.abspath(files), work, str(_make_scratch(work)))
+        return Mount.overlay(options, STAGE_WORK), output
 
 
 def _work_mounts(mount: str, work: str, files: Path | None) -> list[list[str]]:

@@ -33,8 +33,6 @@ from floom.sandbox.base import (
 )
 from floom.sandbox.identity import (
     DEFAULT_SANDBOX_UID,
-    STAGE_LAUNCHER_OUTPUT,
-    STAGE_WORK,
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
@@ -47,7 +45,7 @@ from floom.sandbox.network import (
     owner_in_environ,
     protection_summary,
 )
-from floom.sandbox.ns_mount import OverlayMounter
+from floom.sandbox.ns_mount import NamespaceMounter
 from floom.sandbox.standby import ChildFds, Launcher, Standby
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
 
@@ -56,14 +54,12 @@ __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 SANDBOX_WORKDIR: Final = "/work"
 SANDBOX_OUTPUT_DIR: Final = "/output"
 SANDBOX_HOSTNAME: Final = "floom"
-LAUNCHER_OUTPUTS: Final = ".launchers"
-"""Under the work root: the empty dirs ready launchers bound as their runs' output dirs."""
 OWNER_VARIABLE: Final = "FLOOM_SANDBOX_FOR"
 """In bubblewrap's environment, never its command's: the run's work dir, so that a later
 executor can recognise (and kill) the sandboxes a killed predecessor left behind. The command
 line cannot say it: started as another uid, bubblewrap binds from the stage's fixed paths."""
-_OVERLAYS = OverlayMounter()
-"""The one thread per process that mounts runs' overlays in their launchers' namespaces."""
+_MOUNTER = NamespaceMounter()
+"""The one thread per process that mounts runs' stages in their launchers' namespaces."""
 INERT_ENV: Final = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/tmp",
@@ -151,16 +147,10 @@ class LocalSandbox(Sandbox):
         cgroups.remove_stale(cgroups.detect())
         return killed
 
-    def __init__(
-        self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID, work_root: Path | None = None
-    ) -> None:
-        """`work_root`: where the runs' dirs are made. A launcher with a stage then binds an
-        empty dir made there (under LAUNCHER_OUTPUTS) as it starts, which becomes its run's
-        output dir: one mount less on the run's path."""
+    def __init__(self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
         self._prefix: tuple[str, ...] | None = None
         self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
-        outputs = work_root / LAUNCHER_OUTPUTS if work_root and self._identity.switched else None
-        self.standby = Standby(command=self._identity.launcher_command, output_root=outputs)
+        self.standby = Standby(command=self._identity.launcher_command)
         # Its launchers and thread end with this sandbox, whoever forgets to close it.
         weakref.finalize(self, self.standby.close)
 
@@ -231,25 +221,28 @@ class LocalSandbox(Sandbox):
         except IdentityUnavailable as exc:
             raise _unprepared(exc) from exc
         try:
-            output_bound = launcher.adopt_output(spec.output_dir, bound_at=STAGE_LAUNCHER_OUTPUT)
             self._identity.hand_over(spec.workdir, spec.output_dir)
-            overlay = None
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
+            pending = None
+            if self._identity.switched:
                 # Mounted from here, in the launcher's namespace (no exec of mount), while
                 # the limits and the command line are made.
-                options = self._identity.work_overlay(spec.workdir, spec.files)
-                if options is not None:
-                    overlay = _OVERLAYS.start(launcher.proc.pid, options, STAGE_WORK)
+                work, output = self._identity.direct_mounts(
+                    spec.workdir, spec.output_dir, spec.files
+                )
+                mounts = (output,) if work is None else (output, work)
+                pending = _MOUNTER.start(launcher.proc.pid, mounts)
             run_limits = limits.RunLimits(spec, launcher.cgroup)
-            argv = _argv(prefix, spec, launcher.child_fds, self._identity, output_bound)
+            argv = _argv(prefix, spec, launcher.child_fds, self._identity)
+            made = pending.wait() if pending is not None else ()
             # The stage's mounts left, if any (an exec of mount each).
             stage = self._identity.stage_mounts(
                 spec.workdir,
                 spec.output_dir,
                 spec.files,
-                output_bound=output_bound,
-                work_mounted=overlay is not None and overlay.wait(),
+                output_mounted=made[:1] == (True,),
+                work_mounted=made[1:] == (True,),
             )
             if stage:
                 launcher.begin(stage)
@@ -385,13 +378,12 @@ def _argv(
     spec: SandboxSpec,
     fds: ChildFds,
     identity: SandboxIdentity,
-    output_bound: bool = False,
 ) -> list[str]:
     memory = str(spec.memory_mb * 1024 * 1024)
     argv = [*prefix]
     argv += ("--size", memory, "--tmpfs", "/dev/shm", "--remount-ro", "/dev")
     argv += ("--size", memory, "--tmpfs", "/tmp")
-    work, output = identity.bind_sources(spec.workdir, spec.output_dir, output_bound=output_bound)
+    work, output = identity.bind_sources(spec.workdir, spec.output_dir)
     argv += ("--bind", work, SANDBOX_WORKDIR)
     argv += ("--bind", output, SANDBOX_OUTPUT_DIR, "--unsetenv", OWNER_VARIABLE)
     if fds.seccomp is not None:

@@ -1,14 +1,15 @@
-"""A run's overlay mounted from floom's own process, in its launcher's mount namespace.
+"""A run's stage mounted from floom's own process, in its launcher's mount namespace.
 
-A root floom lays each run's work dir over the version's cached files with an overlay
-mounted on the launcher's stage (floom/sandbox/identity.py). Exec'ing mount(8) for it costs
-about 1.1 ms on the run's path. Instead, one thread of floom's, with filesystem attributes of
-its own (unshare CLONE_FS, without which a threaded process may not change its mount
-namespace), enters the launcher's mount namespace (setns), calls mount(2), and goes back.
+A root floom puts each run's directories on its launcher's stage (floom/sandbox/identity.py):
+the work dir laid over the version's cached files with an overlay, the output dir bound.
+Exec'ing mount(8) costs about 1.1 ms a mount (0.8 ms of it loading the program and its
+libraries). Instead, one thread of floom's, with filesystem attributes of its own (unshare
+CLONE_FS, without which a threaded process may not change its mount namespace), enters the
+launcher's mount namespace (setns), calls mount(2) for each, and goes back.
 
-Whatever it cannot do is left to the launcher's script, as before: the caller gets False
-when the launcher is not in a namespace of its own yet (the mount would land on the host),
-when the kernel refuses, or when the thread is unusable. A thread that could not go back to
+Whatever it cannot do is left to the launcher's script, as before: a mount is reported as not
+made when the launcher is not in a namespace of its own yet (it would land on the host), when
+the kernel refuses it, or when the thread is unusable. A thread that could not go back to
 floom's namespace is never used again.
 """
 
@@ -27,53 +28,74 @@ log = logging.getLogger("floom.sandbox")
 
 CLONE_FS: Final = 0x00000200
 CLONE_NEWNS: Final = 0x00020000
+MS_BIND: Final = 0x1000
 WAIT_SECONDS: Final = 5.0
-"""How long a caller waits for the thread to start on its mount; after that the mount is
-abandoned (never made later) and the launcher's script makes it."""
+"""How long a caller waits for the thread to start on its mounts; after that they are
+abandoned (never made later) and the launcher's script makes them."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One mount(2): an overlay (`fstype` "overlay", its options in `data`) or a bind."""
+
+    source: str
+    target: str
+    fstype: str | None = None
+    flags: int = 0
+    data: str | None = None
+
+    @classmethod
+    def bind(cls, source: str, target: str) -> Mount:
+        return cls(source, target, flags=MS_BIND)
+
+    @classmethod
+    def overlay(cls, options: str, target: str) -> Mount:
+        return cls("floom-work", target, "overlay", 0, options)
 
 
 @dataclass
-class PendingMount:
-    """An overlay mount handed to the thread; `wait` says whether it was made."""
+class PendingMounts:
+    """Mounts handed to the thread; `wait` says which were made."""
 
     pid: int
-    options: str
-    target: str
+    mounts: tuple[Mount, ...]
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     started: bool = False
     abandoned: bool = False
-    mounted: bool = False
+    made: tuple[bool, ...] = ()
 
-    def wait(self) -> bool:
-        """True once mounted; False when it was not, or when the thread did not start on it
-        in WAIT_SECONDS (it then never will: two overlays on one upper dir refuse each
+    def wait(self) -> tuple[bool, ...]:
+        """Whether each mount was made, in order: all False when the thread did not start on
+        them in WAIT_SECONDS (it then never will: two overlays on one upper dir refuse each
         other)."""
         if not self.done.wait(WAIT_SECONDS):
             with self.lock:
                 if not self.started:
                     self.abandoned = True
-                    return False
+                    return self._made()
             self.done.wait()
-        return self.mounted
+        return self._made()
+
+    def _made(self) -> tuple[bool, ...]:
+        return self.made or (False,) * len(self.mounts)
 
 
-class OverlayMounter:
-    """Mounts overlays in other processes' mount namespaces from one thread of this process,
-    started on first use."""
+class NamespaceMounter:
+    """Mounts in other processes' mount namespaces from one thread of this process, started
+    on first use."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[PendingMount] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[PendingMounts] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._broken = False
 
-    def start(self, pid: int, options: str, target: str) -> PendingMount:
-        """Have the thread mount an overlay with `options` (lowerdir, upperdir, workdir) on
-        `target` in the mount namespace of process `pid`, a child of floom's that has one of
-        its own; the caller goes on and `wait`s for it later (False: not mounted, the caller
-        mounts it another way)."""
-        job = PendingMount(pid, options, target)
+    def start(self, pid: int, mounts: tuple[Mount, ...]) -> PendingMounts:
+        """Have the thread make `mounts`, in order, in the mount namespace of process `pid`,
+        a child of floom's that has one of its own; the caller goes on and `wait`s for them
+        later (a mount not made is the caller's to make another way)."""
+        job = PendingMounts(pid, mounts)
         if self._broken:
             job.done.set()
             return job
@@ -93,7 +115,7 @@ class OverlayMounter:
                 raise _errno_error("unshare")
             home = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            log.warning("mounting overlays from floom's process is unavailable: %s", exc)
+            log.warning("mounting runs' stages from floom's process is unavailable: %s", exc)
             self._broken = True
             self._fail_all()
             return
@@ -103,35 +125,24 @@ class OverlayMounter:
                 with job.lock:
                     job.started = not job.abandoned
                 if job.started:
-                    job.mounted = self._mount(libc, home, job)
+                    job.made = self._mount(libc, home, job)
             finally:
                 job.done.set()
         self._fail_all()
 
-    def _mount(self, libc: ctypes.CDLL, home: int, job: PendingMount) -> bool:
+    def _mount(self, libc: ctypes.CDLL, home: int, job: PendingMounts) -> tuple[bool, ...]:
+        none = (False,) * len(job.mounts)
         try:
             theirs = os.open(f"/proc/{job.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return False  # it ended
+            return none  # it ended
         try:
             if os.fstat(theirs).st_ino == os.fstat(home).st_ino:
-                return False  # not in a namespace of its own yet: this would be the host's
+                return none  # not in a namespace of its own yet: this would be the host's
             if libc.setns(theirs, CLONE_NEWNS) != 0:
-                return False
+                return none
             try:
-                mounted = (
-                    libc.mount(
-                        b"floom-work",
-                        os.fsencode(job.target),
-                        b"overlay",
-                        ctypes.c_ulong(0),
-                        os.fsencode(job.options),
-                    )
-                    == 0
-                )
-                if not mounted:
-                    log.debug("overlay mount refused: %s", os.strerror(ctypes.get_errno()))
-                return mounted
+                return tuple(_mount_one(libc, mount) for mount in job.mounts)
             finally:
                 if libc.setns(home, CLONE_NEWNS) != 0:
                     # Stuck in the launcher's namespace: never used again.
@@ -148,6 +159,22 @@ class OverlayMounter:
             except queue.Empty:
                 return
             job.done.set()
+
+
+def _mount_one(libc: ctypes.CDLL, mount: Mount) -> bool:
+    made = (
+        libc.mount(
+            os.fsencode(mount.source),
+            os.fsencode(mount.target),
+            None if mount.fstype is None else os.fsencode(mount.fstype),
+            ctypes.c_ulong(mount.flags),
+            None if mount.data is None else os.fsencode(mount.data),
+        )
+        == 0
+    )
+    if not made:
+        log.debug("mount on %s refused: %s", mount.target, os.strerror(ctypes.get_errno()))
+    return made
 
 
 def _libc() -> ctypes.CDLL:

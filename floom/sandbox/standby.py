@@ -31,9 +31,6 @@ from floom.errors import FloomError
 from floom.sandbox import cgroups, seccomp
 from floom.sandbox.base import ENV_NAME, SandboxUnavailable
 
-LauncherCommand = Callable[[Path | None], list[str]]
-"""Builds a launcher's command line; given a dir, the launcher binds it onto its stage's output
-mount point as it starts (a launcher with a stage: floom/sandbox/identity.py)."""
 READY: Final = 2
 """Launchers a Standby keeps ready: one for a node that starts runs one after another, one
 more for two at once. A burst starts the rest on the spot, where moves come close together
@@ -69,9 +66,6 @@ class Launcher:
     started: float = dataclasses.field(default_factory=time.monotonic)
     # Whether the script's first lines were sent ahead of the rest (`begin`).
     begun: bool = False
-    # The empty dir this launcher bound onto its stage's output mount point as it started
-    # (a launcher with a stage, given an output root); the run's output dir becomes it.
-    output_dir: Path | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -81,36 +75,15 @@ class Launcher:
         floom sees there (false for one under a mount the host made after the launcher
         started, where the host's mounts do not propagate); read through /proc, with no
         process started."""
-        return all(self._sees_as(path, os.path.abspath(path)) for path in paths)
-
-    def _sees_as(self, ours: Path, theirs: str) -> bool:
-        """Whether `theirs`, in the launcher's mount namespace, is the directory `ours` is
-        in floom's (read through /proc); False when either cannot be read."""
-        try:
-            here = os.stat(ours)
-            there = os.stat(f"/proc/{self.proc.pid}/root{theirs}")
-        except OSError:
-            return False
-        return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
-
-    def adopt_output(self, target: Path, *, bound_at: str) -> bool:
-        """Make `target`, the run's empty output dir, the dir this launcher bound onto
-        `bound_at` in its mount namespace as it started: renamed over it (in one step; the
-        bind follows the directory), so the run's script needs no bind of its own. False
-        when the launcher has no such bind in place (none asked, its dir gone, its mount not
-        made yet or failed), or `target` is not an empty dir on the same filesystem: then
-        `target` is as it was. Either way the launcher's own dir is its run's or gone."""
-        own, self.output_dir = self.output_dir, None
-        if own is None:
-            return False
-        if self._sees_as(own, bound_at):
+        for path in paths:
             try:
-                os.rename(own, target)
-                return True
+                ours = os.stat(path)
+                theirs = os.stat(f"/proc/{self.proc.pid}/root{os.path.abspath(path)}")
             except OSError:
-                pass
-        shutil.rmtree(own, ignore_errors=True)
-        return False
+                return False
+            if (ours.st_dev, ours.st_ino) != (theirs.st_dev, theirs.st_ino):
+                return False
+        return True
 
     def begin(self, prelude: str) -> None:
         """Send the script's first lines ahead of the rest: stdin from /dev/null, then the
@@ -176,9 +149,6 @@ class Launcher:
                 os.close(fd)
         if self.cgroup is not None:
             self.cgroup.remove()
-        if self.output_dir is not None:
-            shutil.rmtree(self.output_dir, ignore_errors=True)
-            self.output_dir = None
 
 
 @dataclass(frozen=True)
@@ -200,18 +170,11 @@ class Standby:
     starts more when asked (`replenish`). Nothing runs until the first time it is asked."""
 
     def __init__(
-        self,
-        *,
-        ready: int = READY,
-        command: LauncherCommand | None = None,
-        output_root: Path | None = None,
+        self, *, ready: int = READY, command: Callable[[], list[str]] | None = None
     ) -> None:
-        """`command` builds a launcher's command line (plain_launcher by default); with
-        `output_root`, each launcher gets an empty dir made under it to bind onto its stage
-        as it starts (start_launcher)."""
+        """`command` builds a launcher's command line (plain_launcher by default)."""
         self._size = ready
         self._command = command or plain_launcher
-        self._output_root = output_root
         self._changed = threading.Condition()
         self._ready: collections.deque[Launcher] = collections.deque()
         self._filler: threading.Thread | None = None
@@ -235,7 +198,7 @@ class Standby:
         for launcher in dropped:
             launcher.discard()
         if taken is None:
-            taken = start_launcher(self._command, output_root=self._output_root)
+            taken = start_launcher(self._command)
         return taken
 
     def replenish(self) -> None:
@@ -282,7 +245,7 @@ class Standby:
             if self._failed or len(self._ready) >= self._size:
                 continue
             try:
-                launcher = start_launcher(self._command, output_root=self._output_root)
+                launcher = start_launcher(self._command)
             except (FloomError, OSError):
                 # The next run starts its own launcher and reports why; try again after it.
                 with self._changed:
@@ -304,39 +267,22 @@ class Standby:
         return stale
 
 
-def plain_launcher(output_dir: Path | None = None) -> list[str]:
-    """The command line of a launcher that needs nothing before its script: a shell. It has
-    no stage to bind an `output_dir` onto."""
-    if output_dir is not None:
-        raise ValueError("a plain launcher has no stage to bind an output dir onto")
+def plain_launcher() -> list[str]:
+    """The command line of a launcher that needs nothing before its script: a shell."""
     shell = shutil.which("sh")
     if shell is None:
         raise SandboxUnavailable("sh is not on PATH", hint="install dash or another POSIX sh")
     return [shell, "-c", WAIT_FOR_SCRIPT, LAUNCHER_NAME]
 
 
-def start_launcher(
-    command: LauncherCommand = plain_launcher, *, output_root: Path | None = None
-) -> Launcher:
+def start_launcher(command: Callable[[], list[str]] = plain_launcher) -> Launcher:
     """Start a launcher (the command line `command` builds, which runs WAIT_FOR_SCRIPT) and
-    move it into a new cgroup (none where no hierarchy is usable); with `output_root`, the
-    command is given an empty dir made under it (none if it cannot be made), which the
-    launcher binds onto its stage as it starts. Raises SandboxUnavailable, or what `command`
-    raises, or CgroupError, leaving nothing."""
-    token = secrets.token_hex(8)
-    output_dir: Path | None = None
+    move it into a new cgroup (none where no hierarchy is usable); raises
+    SandboxUnavailable, or what `command` raises, or CgroupError, leaving nothing."""
+    argv = command()
+    tree = cgroups.detect()
+    cgroup = tree.make(f"run-{secrets.token_hex(8)}") if tree.enforced else None
     with contextlib.ExitStack() as undo:
-        if output_root is not None:
-            try:
-                output_root.mkdir(mode=0o700, parents=True, exist_ok=True)
-                (output_root / token).mkdir(mode=0o700)
-                output_dir = output_root / token
-                undo.callback(os.rmdir, output_dir)
-            except OSError:
-                pass  # a launcher without one: its run binds its own output dir
-        argv = command(output_dir)
-        tree = cgroups.detect()
-        cgroup = tree.make(f"run-{token}") if tree.enforced else None
         if cgroup is not None:
             undo.callback(cgroup.remove)
         try:
@@ -372,7 +318,6 @@ def start_launcher(
         release_fd=release_w,
         resolv_conf_fd=resolv_w,
         child_fds=fds,
-        output_dir=output_dir,
     )
     if cgroup is not None:
         try:
