@@ -33,11 +33,15 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, *, timeout: float) -> 
 
 class ServerProcess:
     """`floom serve` on a free loopback port with fast leases; `env` adds FLOOM_* settings.
-    Its stderr (the server's log) is kept in `log_path`."""
+    Its stderr (the server's log) is kept in `log_path`, and its stdout too with
+    `keep_stdout`."""
 
-    def __init__(self, data_dir: Path, database_url: str, **env: str) -> None:
+    def __init__(
+        self, data_dir: Path, database_url: str, *, keep_stdout: bool = False, **env: str
+    ) -> None:
         self.data_dir = data_dir
         self.database_url = database_url
+        self.keep_stdout = keep_stdout
         self.env = env
         self.port = free_port()
         self.log_path = data_dir.parent / f"server-{self.port}.log"
@@ -67,7 +71,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "floom.cli", "serve", "--port", str(self.port)],
                 env=env,
-                stdout=subprocess.DEVNULL,
+                stdout=log_file if self.keep_stdout else subprocess.DEVNULL,
                 stderr=log_file,
                 start_new_session=True,
             )

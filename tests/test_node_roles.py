@@ -28,6 +28,7 @@ from tests.conftest import (
     wait_for_run,
     wait_until,
 )
+from tests.server_process import ServerProcess
 
 
 def serve(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -133,3 +134,24 @@ def test_a_node_older_than_the_database_schema_refuses_to_start_naming_the_revis
     assert refused.value.code == "store_newer_than_node" and "upgrade this node" in str(
         refused.value.hint
     )
+
+
+@pytest.mark.parametrize("access_log", ["", "true"], ids=["default", "on"])
+def test_serve_prints_a_line_per_request_only_when_the_access_log_is_on(
+    tmp_path: Path, access_log: str
+) -> None:
+    env = {"FLOOM_ROLES": "api"} | ({"FLOOM_ACCESS_LOG": access_log} if access_log else {})
+    server = ServerProcess(
+        tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}", keep_stdout=True, **env
+    )
+    server.start()
+    try:
+        with server.client() as c:
+            assert c.get("/api/v1/workers", params={"limit": 7}).status_code == 200
+    finally:
+        server.stop()
+    logged = [line for line in server.log().splitlines() if "/api/v1/workers" in line]
+    if access_log:
+        assert len(logged) == 1 and '"GET /api/v1/workers?limit=7 HTTP/1.1" 200' in logged[0]
+    else:
+        assert logged == [], logged

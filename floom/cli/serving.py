@@ -100,6 +100,7 @@ def serve(overrides: dict[str, Any]) -> None:
         host=settings.host,
         port=settings.port,
         log_level="info",
+        access_log=settings.access_log,
         http="httptools",
         loop="asyncio",
     )
