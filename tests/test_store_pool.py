@@ -85,3 +85,27 @@ def test_a_sqlite_writer_waits_only_for_writers_of_its_own_database(tmp_path: Pa
         holder.join(30)
         for engine in (stuck_engine, same_file, other_engine):
             engine.dispose()
+
+
+def test_a_read_on_postgresql_keeps_the_connection_s_prepared_statements(pg_url: str) -> None:
+    # A read that ended in ROLLBACK made psycopg deallocate every statement it had prepared
+    # on the connection (DEALLOCATE ALL): the next statements were planned again.
+    engine = make_engine(pg_url)
+    engine.pool.dispose()
+    statement = text("SELECT pg_backend_pid() + :n")
+    try:
+        with db.write_connection(engine) as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            for n in range(8):  # psycopg prepares a statement on its fifth execution
+                conn.execute(statement, {"n": n})
+            prepared = conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar()
+        assert prepared and prepared > 0
+        with db.read_connection(engine) as conn:
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
+            conn.execute(statement, {"n": 0})
+        with db.write_connection(engine) as conn:
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
+            kept = conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar()
+    finally:
+        engine.dispose()
+    assert kept == prepared

@@ -185,13 +185,28 @@ def write_connection(engine: Engine) -> Iterator[Connection]:
 @contextmanager
 def read_connection(engine: Engine) -> Iterator[Connection]:
     """session_scope() without the ORM, for a read of Core statements only (the queue's
-    look for a runnable run, twice a second on an idle node): a plain connection, its
-    transaction rolled back when the block ends."""
+    look for a runnable run, twice a second on an idle node; a waiter's read of its run): a
+    plain connection. On SQLite its transaction is rolled back when the block ends. On
+    PostgreSQL it runs in autocommit, each statement on its own as under READ COMMITTED in
+    a transaction: no BEGIN and ROLLBACK round trips, and no rollback, after which psycopg
+    deallocates every statement it prepared on the connection (DEALLOCATE ALL, one more round
+    trip, and the next statements planned again)."""
     try:
-        with engine.connect() as conn:
+        with _read_bind(engine).connect() as conn:
             yield conn
     except UNAVAILABLE as exc:
         raise store_unavailable(exc) from exc
+
+
+def _read_bind(engine: Engine) -> Engine:
+    # Made once per engine, as _write_bind; the proxy shares the engine's pool, and its
+    # connections go back to it with their isolation level reset.
+    bind: Engine | None = getattr(engine, "_floom_read_bind", None)
+    if bind is None:
+        postgres = is_postgres(engine)
+        bind = engine.execution_options(isolation_level="AUTOCOMMIT") if postgres else engine
+        engine._floom_read_bind = bind  # type: ignore[attr-defined]
+    return bind
 
 
 def _write_bind(engine: Engine) -> Engine:
