@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import os
 import secrets
 import shutil
@@ -356,7 +357,7 @@ def launcher_rest(argv: Sequence[str], env: Mapping[str, str], *, prelude: str =
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not an environment variable name")
         lines.append(b"export " + name.encode() + b"=" + _quoted(value))
-    lines.append(b"exec " + b" ".join(_quoted(arg) for arg in argv))
+    lines.append(b"exec " + b" ".join(_quoted_arg(arg) for arg in argv))
     return _lines(lines)
 
 
@@ -369,6 +370,14 @@ def _quoted(value: str) -> bytes:
     if b"\0" in raw:
         raise ValueError("a NUL byte cannot be passed to a process")
     return b"'" + raw.replace(b"'", b"'\\''") + b"'"
+
+
+@functools.lru_cache(maxsize=4096)
+def _quoted_arg(arg: str) -> bytes:
+    """_quoted, remembered: bubblewrap's command line is about a hundred words, nearly all
+    the same from run to run. Only for a command line, which holds no secret (the process list
+    shows it); the environment's values are quoted afresh each time and never kept."""
+    return _quoted(arg)
 
 
 def _seccomp_fd() -> int | None:
