@@ -235,6 +235,7 @@ class LocalSandbox(Sandbox):
                 pending = _MOUNTER.start(launcher.proc.pid, mounts)
             run_limits = limits.RunLimits(spec, launcher.cgroup)
             argv = _argv(prefix, spec, launcher.child_fds, self._identity)
+            # Whether each was made: the output dir's, then the work dir's when floom mounts it.
             made = pending.wait() if pending is not None else ()
             # The stage's mounts left, if any (an exec of mount each).
             stage = self._identity.stage_mounts(
