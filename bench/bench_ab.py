@@ -9,7 +9,8 @@ sequential runs (one client, each run waited for in the same request) go in `--b
 alternating blocks, so each server's runs follow its own: a block of the other checkout never
 sits between two of them. Then `--bursts` alternating bursts of `--burst` runs queued at once.
 Printed per checkout: latency p50 of the sequential runs, the server's CPU per run in both
-phases, and the bursts' runs per second.
+phases, the bursts' runs per second, and the whole machine's busy CPU per run in the bursts
+(sandboxes and clients included: what a CPU-bound node pays for a run).
 
 Use it where bench_runs.py's interleaving misleads. Moving a process into a cgroup leaves
 the kernel's lock ready for about one RCU grace period, so, interleaved round by round, the
@@ -27,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from server import Server, proc_cpu_seconds
+from server import Server, machine_busy_seconds, proc_cpu_seconds
 from systems import Floom
 
 WARM_UP_RUNS = 5
@@ -68,23 +69,30 @@ def main() -> int:
                 cpu[name] += proc_cpu_seconds(system.server.proc.pid) - before_cpu
         burst_cpu = dict.fromkeys(systems, 0.0)
         burst_seconds = dict.fromkeys(systems, 0.0)
+        burst_machine = dict.fromkeys(systems, 0.0)
         for _ in range(args.bursts):
             for name, system in systems.items():
                 before_cpu = proc_cpu_seconds(system.server.proc.pid)
+                before_machine = machine_busy_seconds()
                 started = time.perf_counter()
                 system.burst(args.burst)
                 burst_seconds[name] += time.perf_counter() - started
+                burst_machine[name] += machine_busy_seconds() - before_machine
                 burst_cpu[name] += proc_cpu_seconds(system.server.proc.pid) - before_cpu
         runs = per_block * args.blocks
         burst_runs = args.burst * args.bursts
         print(f"{runs} sequential runs in {args.blocks} blocks; {args.bursts} x {args.burst} burst")
-        print("checkout  latency p50  CPU/run seq  CPU/run burst  burst runs/s")
+        print("checkout  latency p50  CPU/run seq  CPU/run burst  burst runs/s  machine/run burst")
         for name in systems:
             p50 = statistics.median(latencies[name]) * 1000
             seq = cpu[name] * 1000 / runs
             burst = burst_cpu[name] * 1000 / burst_runs if burst_runs else 0.0
             rate = burst_runs / burst_seconds[name] if burst_runs else 0.0
-            print(f"{name:8s}  {p50:8.1f} ms  {seq:8.2f} ms  {burst:10.2f} ms  {rate:12.1f}")
+            machine = burst_machine[name] * 1000 / burst_runs if burst_runs else 0.0
+            print(
+                f"{name:8s}  {p50:8.1f} ms  {seq:8.2f} ms  {burst:10.2f} ms  {rate:12.1f}"
+                f"  {machine:14.2f} ms"
+            )
     finally:
         for system in systems.values():
             system.server.stop()
