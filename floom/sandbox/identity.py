@@ -148,14 +148,14 @@ class SandboxIdentity:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
             return ""
-        mount = str(_stage_tools()["mount"])
         work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
-        mounts = [] if work_mounted else _work_mounts(mount, work, files)
+        mounts = [] if work_mounted else _work_mounts(work, files)
         if not output_mounted:
-            mounts.append([mount, "--bind", output, STAGE_OUTPUT])
+            mounts.append(Mount.bind(output, STAGE_OUTPUT))
         if not mounts:
             return ""
-        return "set -e\n" + "".join(shlex.join(command) + "\n" for command in mounts)
+        program = str(_stage_tools()["mount"])
+        return "set -e\n" + "".join(shlex.join(m.command(program)) + "\n" for m in mounts)
 
     def direct_mounts(
         self, workdir: Path, output_dir: Path, files: Path | None = None
@@ -167,33 +167,27 @@ class SandboxIdentity:
         launcher's script then binds plain names first, `stage_mounts`). Only for a stage:
         this identity must be another uid's."""
         assert self.switched, "only a launcher with a stage has mounts made for it"
-        work = os.path.abspath(workdir)
+        work = _work_mounts(os.path.abspath(workdir), files)
         output = Mount.bind(os.path.abspath(output_dir), STAGE_OUTPUT)
-        if files is None:
-            return Mount.bind(work, STAGE_WORK), output
-        if _needs_plain_names(work, files):
-            return None, output
-        options = _overlay_options(os.path.abspath(files), work, str(_make_scratch(work)))
-        return Mount.overlay(options, STAGE_WORK), output
+        return (work[0] if len(work) == 1 else None), output
 
 
-def _work_mounts(mount: str, work: str, files: Path | None) -> list[list[str]]:
-    """The mount commands that put the work dir on the stage: a bind, or with `files` the
+def _work_mounts(work: str, files: Path | None) -> list[Mount]:
+    """The mounts that put the work dir on the stage, in order: a bind, or with `files` the
     overlay (after binds to plain names when a path holds an option separator)."""
     if files is None:
-        return [[mount, "--bind", work, STAGE_WORK]]
+        return [Mount.bind(work, STAGE_WORK)]
     scratch = _make_scratch(work)
     lower, upper, scratch_dir = os.path.abspath(files), work, str(scratch)
-    mounts: list[list[str]] = []
+    mounts: list[Mount] = []
     if _needs_plain_names(work, files):
         # Bound first to plain names, which overlayfs's options can hold.
-        mounts.append([mount, "--bind", lower, _PLAIN_FILES])
-        mounts.append([mount, "--bind", os.path.dirname(work), _PLAIN_RUN])
+        mounts.append(Mount.bind(lower, _PLAIN_FILES))
+        mounts.append(Mount.bind(os.path.dirname(work), _PLAIN_RUN))
         lower = _PLAIN_FILES
         upper = f"{_PLAIN_RUN}/{os.path.basename(work)}"
         scratch_dir = f"{_PLAIN_RUN}/{scratch.name}"
-    options = _overlay_options(lower, upper, scratch_dir)
-    mounts.append([mount, "-t", "overlay", "floom-work", "-o", options, STAGE_WORK])
+    mounts.append(Mount.overlay(_overlay_options(lower, upper, scratch_dir), STAGE_WORK))
     return mounts
 
 

@@ -45,7 +45,7 @@ from floom.sandbox.network import (
     owner_in_environ,
     protection_summary,
 )
-from floom.sandbox.ns_mount import NamespaceMounter
+from floom.sandbox.ns_mount import Mount, NamespaceMounter
 from floom.sandbox.standby import ChildFds, Launcher, Standby
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
 
@@ -224,6 +224,8 @@ class LocalSandbox(Sandbox):
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
+            work: Mount | None = None
+            output: Mount | None = None
             pending = None
             if self._identity.switched:
                 # Mounted from here, in the launcher's namespace (no exec of mount), while
@@ -231,19 +233,20 @@ class LocalSandbox(Sandbox):
                 work, output = self._identity.direct_mounts(
                     spec.workdir, spec.output_dir, spec.files
                 )
-                mounts = (output,) if work is None else (output, work)
+                mounts = tuple(m for m in (output, work) if m is not None)
                 pending = _MOUNTER.start(launcher.proc.pid, mounts)
             run_limits = limits.RunLimits(spec, launcher.cgroup)
             argv = _argv(prefix, spec, launcher.child_fds, self._identity)
-            # Whether each was made: the output dir's, then the work dir's when floom mounts it.
-            made = pending.wait() if pending is not None else ()
+            made: set[Mount] = set()
+            if pending is not None:
+                made = {m for m, done in zip(pending.mounts, pending.wait(), strict=True) if done}
             # The stage's mounts left, if any (an exec of mount each).
             stage = self._identity.stage_mounts(
                 spec.workdir,
                 spec.output_dir,
                 spec.files,
-                output_mounted=made[:1] == (True,),
-                work_mounted=made[1:] == (True,),
+                output_mounted=output in made,
+                work_mounted=work in made,
             )
             if stage:
                 launcher.begin(stage)

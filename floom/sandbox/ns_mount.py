@@ -52,6 +52,12 @@ class Mount:
     def overlay(cls, options: str, target: str) -> Mount:
         return cls("floom-work", target, "overlay", 0, options)
 
+    def command(self, program: str) -> list[str]:
+        """The same mount as a command line of mount(8) at `program`, for a shell to run."""
+        if self.fstype is None:
+            return [program, "--bind", self.source, self.target]
+        return [program, "-t", self.fstype, self.source, "-o", self.data or "", self.target]
+
 
 @dataclass
 class PendingMounts:

@@ -199,23 +199,24 @@ def read_connection(engine: Engine) -> Iterator[Connection]:
 
 
 def _read_bind(engine: Engine) -> Engine:
-    # Made once per engine, as _write_bind; the proxy shares the engine's pool, and its
-    # connections go back to it with their isolation level reset.
-    bind: Engine | None = getattr(engine, "_floom_read_bind", None)
-    if bind is None:
-        postgres = is_postgres(engine)
-        bind = engine.execution_options(isolation_level="AUTOCOMMIT") if postgres else engine
-        engine._floom_read_bind = bind  # type: ignore[attr-defined]
-    return bind
+    # Its connections go back to the pool with their isolation level reset.
+    if not is_postgres(engine):
+        return engine
+    return _proxy(engine, "_floom_read_bind", isolation_level="AUTOCOMMIT")
 
 
 def _write_bind(engine: Engine) -> Engine:
-    # Made once per engine: execution_options() builds a new proxy engine (~35 us), and a
-    # run opens several write sessions. The proxy shares the engine's pool.
-    bind: Engine | None = getattr(engine, "_floom_write_bind", None)
+    return _proxy(engine, "_floom_write_bind", floom_write=True)
+
+
+def _proxy(engine: Engine, name: str, **options: Any) -> Engine:
+    """engine.execution_options(**options), made once per engine and kept on it as `name`:
+    execution_options() builds a new proxy engine (~35 us), and a run opens several
+    transactions. The proxy shares the engine's pool."""
+    bind: Engine | None = getattr(engine, name, None)
     if bind is None:
-        bind = engine.execution_options(floom_write=True)
-        engine._floom_write_bind = bind  # type: ignore[attr-defined]
+        bind = engine.execution_options(**options)
+        setattr(engine, name, bind)
     return bind
 
 
