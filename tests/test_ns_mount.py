@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from floom.sandbox import LocalSandbox, standby
+from floom.sandbox import LocalSandbox, local, standby
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.ns_mount import Mount, NamespaceMounter
 from tests.conftest import wait_until
@@ -164,3 +164,49 @@ def test_each_mount_is_made_or_refused_on_its_own(tmp_path: Path) -> None:
             other.wait()
     assert seen == b"mine\n"
     assert not _mounted_on(target)
+
+
+@pytest.mark.parametrize("layered", [True, False], ids=["overlay", "bind"])
+def test_a_run_whose_mounts_floom_could_not_make_has_its_script_make_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layered: bool
+) -> None:
+    # The mount thread unavailable (its setup failed, or it was stuck in a launcher's
+    # namespace): every mount falls back to the launcher's script, and the run sees the same
+    # dirs as when floom mounts them.
+    sent: list[str] = []
+    real_begin = standby.Launcher.begin
+
+    def recording_begin(launcher: standby.Launcher, prelude: str) -> None:
+        sent.append(prelude)
+        real_begin(launcher, prelude)
+
+    monkeypatch.setattr(standby.Launcher, "begin", recording_begin)
+    monkeypatch.setattr(local._MOUNTER, "_broken", True)
+    files, work, output = tmp_path / "v1", tmp_path / "r" / "work", tmp_path / "r" / "output"
+    for path in (files, work, output):
+        path.mkdir(parents=True)
+    (files if layered else work).joinpath("data.txt").write_text("original\n")
+    sandbox = LocalSandbox()
+    lines: list[str] = []
+    spec = SandboxSpec(
+        run_id="run_ns_fallback",
+        command=["sh", "-c", "cat data.txt; echo more >> data.txt; echo made > /output/made"],
+        workdir=work,
+        output_dir=output,
+        files=files if layered else None,
+        timeout_seconds=30,
+    )
+    try:
+        result = sandbox.run(spec, on_line=lambda _s, line: lines.append(line), should_cancel=bool)
+    finally:
+        sandbox.close()
+
+    assert result.exit_code == 0 and lines == ["original"], (result, lines)
+    assert (work / "data.txt").read_text() == "original\nmore\n"
+    assert (output / "made").read_text() == "made\n"
+    if layered:
+        assert (files / "data.txt").read_text() == "original\n"
+    script = "".join(sent)
+    assert f"--bind {output} " in script, script
+    assert ("-t overlay" in script) == layered, script
+    assert (f"--bind {work} " in script) != layered, script
