@@ -29,7 +29,7 @@ from floom.sandbox import seccomp
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import LocalSandbox
 from floom.sandbox.ns_mount import Mount, NamespaceMounter
-from floom.sandbox.standby import Launcher, launcher_script
+from floom.sandbox.standby import READY, Launcher, launcher_script
 
 REPO = Path(__file__).resolve().parent.parent
 HELLO = REPO / "workers" / "hello"
@@ -120,7 +120,13 @@ class FloorSlot:
         shutil.copytree(HELLO, self.workdir)
         self.output_dir.mkdir(parents=True)
         (self.workdir / "inputs.json").write_text(json.dumps(HELLO_INPUTS))
-        self.launch = self._record(sandbox or LocalSandbox())
+        own = sandbox is None
+        recorder = sandbox or LocalSandbox()
+        try:
+            self.launch = self._record(recorder)
+        finally:
+            if own:
+                recorder.close()  # its launchers: the floor starts its own
         self.argv = self.launch.argv
 
     def _record(self, sandbox: LocalSandbox) -> Launch:
@@ -135,12 +141,17 @@ class FloorSlot:
             memory_mb=HELLO_MEMORY_MB,
         )
         seen: list[Launch] = []
+        _await_standby(sandbox)
         with _recording_launches(seen):
             result = sandbox.run(spec, on_line=lambda _s, _l: None, should_cancel=lambda: False)
         if result.exit_code != 0 or not seen:
             raise RuntimeError(f"floom's sandbox could not run hello: {result}")
         self._check_result()
-        return seen[-1]
+        launch = seen[-1]
+        if "--bind" in launch.prelude:
+            # Replayed, it would exec mount(8) twice on every floor run.
+            raise RuntimeError("the recorded launch mounted its stage from its script")
+        return launch
 
     def _check_result(self) -> None:
         report = json.loads((self.workdir / "result.json").read_text())
@@ -211,6 +222,34 @@ class FloorSlot:
             raise RuntimeError(f"floor run failed ({proc.returncode}): {stderr[-400:]!r}")
         self._check_result()
         return elapsed
+
+
+def _await_standby(sandbox: LocalSandbox) -> None:
+    """Until `sandbox`'s launchers wait ready, each in a mount namespace of its own where
+    floom's have one, as a serving node's do (started ahead of their runs). A launcher started
+    on the spot for the run being recorded may not have made its namespace yet when floom
+    mounts the run's stage: its script then execs mount(8) for the stage instead, which the
+    recorded launch, replayed on every floor and Celery run, would repeat."""
+    import time
+
+    ours = os.readlink("/proc/self/ns/mnt")
+
+    def ready(launcher: Launcher) -> bool:
+        if not sandbox.layers_files:  # floom's own uid: plain shells, no namespace of their own
+            return launcher.alive()
+        try:
+            return os.readlink(f"/proc/{launcher.proc.pid}/ns/mnt") != ours
+        except OSError:
+            return False
+
+    sandbox.standby.replenish()
+    deadline = time.monotonic() + RUN_DEADLINE_SECONDS
+    while time.monotonic() < deadline:
+        waiting = sandbox.standby.waiting()
+        if len(waiting) >= READY and all(ready(launcher) for launcher in waiting):
+            return
+        time.sleep(0.005)
+    raise RuntimeError("floom's sandbox launchers did not get ready")
 
 
 def _wait_for_own_namespace(pid: int) -> None:
