@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,19 @@ elif attack == "artifact-dir-link":
 elif attack == "artifact-sparse":
     with open(out + "/big.bin", "wb") as f:
         f.truncate(600 * 1024 * 1024)
+elif attack == "deep-tree":
+    # Too deep to recurse into, in both dirs, with links to a host folder at both ends.
+    json.dump({"outputs": {}}, open("result.json", "w"))
+    for top in (".", out):
+        os.symlink(host, top + "/hostdir")
+        fd = os.open(top, os.O_RDONLY)
+        for _ in range(1200):
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        os.symlink(host, "hostdir", dir_fd=fd)
+        os.close(fd)
 elif attack == "many-entries":
     os.mkdir(out + "/many")
     open(out + "/many/00000", "w").close()
@@ -210,6 +224,32 @@ def test_a_tree_of_many_entries_is_walked_only_so_far(api: httpx.Client, tmp_pat
     assert run["status"] == "succeeded", run
     assert len(run["artifacts"]) <= 1000
     assert "more than 10000 entries; floom stopped looking there" in log_lines(api, run["id"])
+
+
+def test_a_run_s_dirs_too_deep_to_recurse_into_are_removed_without_following_its_links(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "keep.txt").write_text(HOST_SECRET)
+
+    work_root = server.ctx.settings.work_root
+
+    def gone(run_id: str) -> bool:
+        return not any(p.name.startswith(run_id) for p in work_root.iterdir())
+
+    try:
+        run = _leave(api, tmp_path, "deep-tree", str(host))
+        again = _leave(api, tmp_path, "artifact-fifo")
+
+        assert run["status"] == "succeeded", run
+        assert again["status"] == "succeeded", again
+        # Both removed: the deep tree did not end the thread that removes work dirs.
+        wait_until(lambda: gone(run["id"]) and gone(again["id"]), timeout=30)
+        assert (host / "keep.txt").read_text() == HOST_SECRET
+    finally:
+        # What a failing run leaves: pytest removes old temporary dirs with shutil.rmtree.
+        subprocess.run(["rm", "-rf", "--", str(work_root)], check=False)
 
 
 GATED_YML = """\

@@ -1,17 +1,30 @@
 """Cleaning up after runs off their path: work dirs removed in the background (deleting a
 tree costs milliseconds that an executor slot should spend on the next run), and sandboxes
-left running by a node that died, reaped through each backend."""
+left running by a node that died, reaped through each backend.
+
+A work dir holds whatever its run left: links to anywhere, FIFOs, unreadable folders, trees
+thousands of folders deep (shutil.rmtree recurses: its RecursionError ended the cleanup thread
+for good, and kept a server from starting over such a leftover). `remove_trees` deletes such a
+tree whole without following a link: with one `rm` process for a batch of trees, which also
+keeps the thousands of system calls of a burst's removals from trading the GIL with the
+threads that serve runs (bench/README.md), then, for anything left, in Python without
+recursion.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
 import shutil
+import stat
+import subprocess
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
+from typing import Final
 
 from floom.sandbox.base import Sandbox
 
@@ -24,6 +37,10 @@ log = logging.getLogger("floom.cleanup")
 # the answer by milliseconds. A moment later the answer has gone out.
 DELAY_SECONDS = 0.1
 
+# The most trees one `rm` is given: a burst's discarded work dirs, within any argv limit.
+MAX_BATCH: Final = 64
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 _pending: queue.SimpleQueue[tuple[float, Path]] = queue.SimpleQueue()
 _started = threading.Lock()
 _thread: threading.Thread | None = None
@@ -35,7 +52,134 @@ def _drain() -> None:
         wait = due - time.monotonic()
         if wait > 0:
             time.sleep(wait)
-        shutil.rmtree(path, ignore_errors=True)
+        # With those discarded meanwhile, due within DELAY_SECONDS of it.
+        batch = [path]
+        while len(batch) < MAX_BATCH:
+            try:
+                batch.append(_pending.get_nowait()[1])
+            except queue.Empty:
+                break
+        try:
+            remove_trees(batch)
+        except Exception:  # the thread must outlive any tree; the next start empties the root
+            log.exception("removing %d discarded work dir(s) failed", len(batch))
+
+
+def remove_trees(paths: Sequence[Path]) -> None:
+    """Delete each of `paths` with all it holds, without following a link and at any depth;
+    what another filesystem has mounted below one is left alone."""
+    rm = _rm()
+    if rm is not None:
+        try:
+            subprocess.run(
+                [rm, "-rf", "--one-file-system", "--", *map(os.fspath, paths)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={},
+                check=False,
+            )
+        except OSError as exc:  # out of processes or memory: the slow way below
+            log.debug("rm could not start: %s", exc)
+    for path in paths:
+        if os.path.lexists(path):
+            _remove_flat(path)
+
+
+@functools.cache
+def _rm() -> str | None:
+    return shutil.which("rm")
+
+
+def _remove_flat(top: Path) -> None:
+    """Delete the tree `top` in Python, with two descriptors and no recursion at any depth:
+    a folder's subfolders are renamed up to sit directly under `top` before the folder is
+    emptied and removed. Each folder is made the owner's to read first (a run under floom's
+    own uid may have taken its rights on one away). What cannot go is left, said in the log."""
+    try:
+        if not stat.S_ISDIR(os.lstat(top).st_mode):
+            os.unlink(top)
+            return
+        os.chmod(top, 0o700)
+        top_fd = os.open(top, _DIR_FLAGS)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.warning("could not remove %s: %s", top, exc)
+        return
+    try:
+        left = _empty(top_fd)
+    finally:
+        os.close(top_fd)
+    try:
+        os.rmdir(top)
+    except OSError as exc:
+        log.warning("could not remove all of %s (%d entries left): %s", top, left, exc)
+
+
+def _empty(top_fd: int) -> int:
+    """Remove everything in the folder open as `top_fd`; returns how many entries stayed."""
+    left = 0
+    folders: list[str | None] = [None]  # None: the top itself; else a name directly in it
+    moved = 0
+    while folders:
+        name = folders.pop()
+        try:
+            if name is not None:
+                os.chmod(name, 0o700, dir_fd=top_fd)  # a folder: it was listed as one
+                fd = os.open(name, _DIR_FLAGS, dir_fd=top_fd)
+            else:
+                fd = top_fd
+        except OSError:
+            left += 1
+            continue
+        try:
+            with os.scandir(fd) as entries:
+                found = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+            for entry, is_dir in found:
+                if not is_dir:
+                    left += _unlinked_not(entry, fd)
+                elif name is None:
+                    folders.append(entry)
+                else:
+                    while _exists(f".floom-rm-{moved}", top_fd):
+                        moved += 1
+                    up = f".floom-rm-{moved}"
+                    try:
+                        os.rename(entry, up, src_dir_fd=fd, dst_dir_fd=top_fd)
+                    except OSError:
+                        left += 1  # a mount point, most likely
+                        continue
+                    folders.append(up)
+                    moved += 1
+        finally:
+            if fd != top_fd:
+                os.close(fd)
+        if name is not None:
+            try:
+                os.rmdir(name, dir_fd=top_fd)
+            except OSError:
+                left += 1
+    return left
+
+
+def _unlinked_not(name: str, dir_fd: int) -> int:
+    """0 once `name` is gone, 1 when it could not be unlinked."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return 1
+    return 0
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def discard_later(path: Path) -> None:

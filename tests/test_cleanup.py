@@ -1,0 +1,111 @@
+"""Removing what runs leave (floom/engine/cleanup.py): whatever a tree holds, nothing outside
+it goes, with `rm` or without it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from floom.engine import cleanup
+from tests.conftest import fast_settings, live_server
+
+DEPTH = 1200  # past Python's recursion limit (1000), which ended shutil.rmtree
+
+
+@pytest.fixture(autouse=True)
+def _no_deep_tree_left(tmp_path: Path) -> Iterator[None]:
+    # Whatever a failing test leaves: pytest removes old temporary dirs with shutil.rmtree.
+    yield
+    subprocess.run(["rm", "-rf", "--", str(tmp_path)], check=False)
+
+
+def _hostile_tree(top: Path, outside: Path) -> None:
+    """What a run may leave: folders too deep to recurse into, links to a host file and folder
+    at the top and the bottom, a FIFO, a folder and a file without rights, names an option
+    parser would take."""
+    top.mkdir()
+    (top / "-rf").write_text("x")
+    (top / "--one-file-system").mkdir()
+    os.mkfifo(top / "pipe")
+    locked = top / "locked"
+    locked.mkdir()
+    (locked / "inside.txt").write_text("x")
+    (top / "no-rights.txt").write_text("x")
+    (top / "no-rights.txt").chmod(0)
+    fd = os.open(top, os.O_RDONLY)
+    for level in range(DEPTH + 1):
+        if level in (0, DEPTH):
+            os.symlink(outside, "folder-link", dir_fd=fd)
+            os.symlink(outside / "keep.txt", "file-link", dir_fd=fd)
+        if level < DEPTH:
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+    os.close(fd)
+    locked.chmod(0)
+
+
+@pytest.mark.parametrize("with_rm", [True, False], ids=["rm", "python"])
+def test_trees_are_removed_whole_without_following_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, with_rm: bool
+) -> None:
+    if not with_rm:
+        monkeypatch.setattr(cleanup, "_rm", lambda: None)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("kept")
+    trees = [tmp_path / "run-1.trash-a", tmp_path / "run-2.trash-b"]
+    for top in trees:
+        _hostile_tree(top, outside)
+    (tmp_path / "plain-file").write_text("x")
+
+    cleanup.remove_trees([*trees, tmp_path / "plain-file", tmp_path / "never-there"])
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside"]
+    assert (outside / "keep.txt").read_text() == "kept"
+
+
+def test_the_python_removal_leaves_a_folder_taken_by_a_mount_and_the_rest_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting needs root")
+    monkeypatch.setattr(cleanup, "_rm", lambda: None)
+    top = tmp_path / "run.trash"
+    (top / "a" / "mounted").mkdir(parents=True)
+    (top / "a" / "file.txt").write_text("x")
+    target = top / "a" / "mounted"
+    mounted = tmp_path / "elsewhere"
+    mounted.mkdir()
+    (mounted / "theirs.txt").write_text("theirs")
+    subprocess.run(["mount", "--bind", str(mounted), str(target)], check=True)
+    try:
+        cleanup.remove_trees([top])
+        assert (mounted / "theirs.txt").read_text() == "theirs"
+        assert not (top / "a" / "file.txt").exists()
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
+
+
+def test_a_server_starts_over_a_work_root_a_killed_one_left_a_deep_tree_in(
+    tmp_path: Path, database_url: str
+) -> None:
+    # The executor empties its work root on start: a tree left by a run of a killed server
+    # once raised RecursionError there, and no server could start on that data dir.
+    data_dir = tmp_path / "data"
+    work_root = fast_settings(data_dir, database_url).work_root
+    work_root.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("kept")
+    _hostile_tree(work_root / "run_left-1", outside)
+
+    with live_server(data_dir, database_url) as server, server.client() as client:
+        assert client.get("/healthz").status_code == 200
+        assert not work_root.exists() or not any(work_root.iterdir())
+    assert (outside / "keep.txt").read_text() == "kept"
