@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from floom.sandbox import LocalSandbox, SandboxResult, cgroups, seccomp
+from floom.sandbox import LocalSandbox, SandboxResult, cgroups, limits, seccomp
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.sandbox_support import Lines
 from tests.sandbox_support import run_script as run_in_sandbox
@@ -162,6 +162,74 @@ def test_one_file_cannot_grow_past_the_disk_limit(tmp_path: Path) -> None:
     assert result.limit_exceeded == "disk", lines
     assert "wrote 64 MiB" not in stdout(lines)
     assert (tmp_path / "work" / "big.bin").stat().st_size <= 16 * 1024 * 1024
+
+
+def test_files_hidden_under_folders_too_long_to_name_count_toward_the_disk_limit(
+    tmp_path: Path,
+) -> None:
+    # Twenty folders of 250-character names: past PATH_MAX, where a walk by whole paths
+    # could not look, so what they hold went uncounted.
+    result, lines = run_script(
+        tmp_path,
+        """
+        import os
+        fd = os.open(os.environ["FLOOM_OUTPUT_DIR"], os.O_RDONLY)
+        for _ in range(20):
+            os.mkdir("x" * 250, dir_fd=fd)
+            deeper = os.open("x" * 250, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        for name in ("a.bin", "b.bin"):
+            out = os.open(name, os.O_WRONLY | os.O_CREAT, dir_fd=fd)
+            os.write(out, os.urandom(15 * 1024 * 1024))
+            os.close(out)
+        print("wrote 30 MiB")
+        import time; time.sleep(5)
+        """,
+        disk_mb=20,
+    )
+
+    assert result.limit_exceeded == "disk", lines
+    assert result.error == "disk limit of 20 MiB reached (limits.disk_mb in worker.yml)"
+
+
+def test_folders_nested_past_the_disk_walk_s_depth_end_the_run(tmp_path: Path) -> None:
+    result, lines = run_script(
+        tmp_path,
+        """
+        import os
+        fd = os.open(".", os.O_RDONLY)
+        for _ in range(300):
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        print("nested")
+        import time; time.sleep(5)
+        """,
+    )
+
+    assert result.limit_exceeded == "depth", (result, lines)
+    assert result.error is not None and "folders nested more than 256 deep" in result.error
+
+
+def test_the_disk_walk_counts_to_its_depth_and_no_further(tmp_path: Path) -> None:
+    for depth, counted in ((limits.MAX_DISK_DEPTH, True), (limits.MAX_DISK_DEPTH + 1, False)):
+        top = tmp_path / f"top{depth}"
+        top.mkdir()
+        fd = os.open(top, os.O_RDONLY)
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        os.close(fd)
+        if counted:
+            assert limits.allocated_bytes((top,)) > 0
+        else:
+            with pytest.raises(limits.Uncounted) as raised:
+                limits.allocated_bytes((top,))
+            assert raised.value.limit == limits.DEPTH
 
 
 LIMITS_SEEN = """

@@ -8,6 +8,7 @@ size of the run's work and output directories, ending the run once it reaches th
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Final
 
@@ -19,10 +20,14 @@ PROCESSES: Final = cgroups.PROCESSES
 CPU: Final = cgroups.CPU
 DISK: Final = "disk"
 FILES: Final = "files"
+DEPTH: Final = "depth"
 POLL_SECONDS: Final = 0.5
 # A walk of the run's directories stops here; more entries than this end the run, since
 # counting them every poll would cost the node more than the run is worth.
 MAX_DISK_ENTRIES: Final = 100_000
+# Folders nested deeper than this end the run too: the walk holds a descriptor per level.
+MAX_DISK_DEPTH: Final = 256
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def limit_message(limit: str, spec: SandboxSpec) -> str:
@@ -38,32 +43,91 @@ def limit_message(limit: str, spec: SandboxSpec) -> str:
             f"file limit of {MAX_DISK_ENTRIES} files and directories reached in the run's "
             "work and output dirs"
         )
+    if limit == DEPTH:
+        return (
+            f"folders nested more than {MAX_DISK_DEPTH} deep in the run's work or output dir; "
+            "floom counts a run's disk use only that far"
+        )
     return f"{limit} limit reached"
 
 
-def allocated_bytes(paths: tuple[Path, ...], *, max_entries: int = MAX_DISK_ENTRIES) -> int | None:
-    """Bytes allocated on disk under `paths` (from st_blocks, so sparse files count as
-    what they hold); None when there are more than `max_entries` entries. Links are
+class Uncounted(Exception):
+    """The run's dirs hold more than floom counts; `limit` says what: FILES or DEPTH."""
+
+    def __init__(self, limit: str) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+def allocated_bytes(
+    paths: tuple[Path, ...],
+    *,
+    max_entries: int = MAX_DISK_ENTRIES,
+    max_depth: int = MAX_DISK_DEPTH,
+) -> int:
+    """Bytes allocated on disk under `paths` (from st_blocks, so sparse files count as what
+    they hold). Raises Uncounted past `max_entries` entries or `max_depth` nested folders.
+    Each folder is opened from its parent's descriptor, never by its whole path (which a
+    deep tree of long names would take past PATH_MAX, hiding what it holds); links are
     counted as themselves and never followed; entries that vanish mid-walk are skipped."""
-    total = 0
-    entries = 0
-    stack = [os.fspath(p) for p in paths]
-    while stack:
+    count = _Count(max_entries)
+    for top in paths:
         try:
-            with os.scandir(stack.pop()) as it:
-                for entry in it:
-                    entries += 1
-                    if entries > max_entries:
-                        return None
-                    try:
-                        total += entry.stat(follow_symlinks=False).st_blocks * 512
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-                    except OSError:
-                        continue
+            fd = os.open(top, _DIR_FLAGS)
         except OSError:
             continue
-    return total
+        # Each open folder, with its subfolders still to visit: a descriptor per level.
+        frames: list[tuple[int, list[str]]] = []
+        try:
+            frames.append((fd, []))
+            frames[-1] = (fd, count.folder(fd))
+            while frames:
+                parent, todo = frames[-1]
+                if not todo:
+                    frames.pop()
+                    os.close(parent)
+                    continue
+                try:
+                    child = os.open(todo.pop(), _DIR_FLAGS, dir_fd=parent)
+                except OSError:
+                    continue  # gone meanwhile, or a link in its place
+                frames.append((child, []))
+                if len(frames) > max_depth + 1:  # the top itself is no level
+                    raise Uncounted(DEPTH)
+                frames[-1] = (child, count.folder(child))
+        finally:
+            for open_fd, _ in frames:
+                os.close(open_fd)
+    return count.bytes
+
+
+class _Count:
+    """What allocated_bytes has counted so far."""
+
+    def __init__(self, max_entries: int) -> None:
+        self.max_entries = max_entries
+        self.entries = 0
+        self.bytes = 0
+
+    def folder(self, fd: int) -> list[str]:
+        """Count the entries of the folder open as `fd`; returns its subfolders' names."""
+        subfolders: list[str] = []
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    self.entries += 1
+                    if self.entries > self.max_entries:
+                        raise Uncounted(FILES)
+                    try:
+                        found = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    self.bytes += found.st_blocks * 512
+                    if stat.S_ISDIR(found.st_mode):
+                        subfolders.append(entry.name)
+        except OSError:
+            pass  # unreadable: what it holds is counted as nothing, as before
+        return subfolders
 
 
 class RunLimits:
@@ -101,9 +165,10 @@ class RunLimits:
         """The limit the run has reached, if any: memory, processes, then disk."""
         if self.cgroup is not None and (limit := self.cgroup.limit_reached()):
             return limit
-        used = allocated_bytes((self.spec.workdir, self.spec.output_dir))
-        if used is None:
-            return FILES
+        try:
+            used = allocated_bytes((self.spec.workdir, self.spec.output_dir))
+        except Uncounted as exc:
+            return exc.limit
         return DISK if used >= spec_disk_bytes(self.spec) else None
 
     def close(self) -> None:
