@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from floom.sandbox import LocalSandbox, local, standby
-from floom.sandbox.base import SandboxSpec
+from floom.sandbox.base import SandboxResult, SandboxSpec
 from floom.sandbox.ns_mount import Mount, NamespaceMounter
 from tests.conftest import wait_until
 
@@ -97,6 +98,50 @@ def _ready_in_namespaces_of_their_own(sandbox: LocalSandbox) -> bool:
         return False
 
 
+@dataclass
+class _DataRun:
+    """A run of a script that reads data.txt (the version's, or its work dir's own), appends
+    to it and writes to its output dir."""
+
+    result: SandboxResult
+    lines: list[str]
+    files: Path
+    work: Path
+    output: Path
+
+    def check(self, layered: bool) -> None:
+        assert self.result.exit_code == 0 and self.lines == ["original"], (self.result, self.lines)
+        assert (self.work / "data.txt").read_text() == "original\nmore\n"
+        assert (self.output / "made").read_text() == "made\n"
+        if layered:
+            assert (self.files / "data.txt").read_text() == "original\n"
+
+
+def _run_on_data(tmp_path: Path, *, layered: bool, launchers_ready: bool) -> _DataRun:
+    files, work, output = tmp_path / "v1", tmp_path / "r" / "work", tmp_path / "r" / "output"
+    for path in (files, work, output):
+        path.mkdir(parents=True)
+    (files if layered else work).joinpath("data.txt").write_text("original\n")
+    sandbox = LocalSandbox()
+    lines: list[str] = []
+    spec = SandboxSpec(
+        run_id="run_ns_mount",
+        command=["sh", "-c", "cat data.txt; echo more >> data.txt; echo made > /output/made"],
+        workdir=work,
+        output_dir=output,
+        files=files if layered else None,
+        timeout_seconds=30,
+    )
+    try:
+        if launchers_ready:
+            sandbox.standby.replenish()
+            wait_until(lambda: _ready_in_namespaces_of_their_own(sandbox))
+        result = sandbox.run(spec, on_line=lambda _s, line: lines.append(line), should_cancel=bool)
+    finally:
+        sandbox.close()
+    return _DataRun(result, lines, files, work, output)
+
+
 @pytest.mark.parametrize("layered", [True, False], ids=["overlay", "bind"])
 def test_a_run_s_script_mounts_nothing_for_its_work_and_output_dirs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layered: bool
@@ -114,32 +159,8 @@ def test_a_run_s_script_mounts_nothing_for_its_work_and_output_dirs(
 
     monkeypatch.setattr(standby.Launcher, "begin", recording_begin)
     monkeypatch.setattr(standby.Launcher, "start", recording_start)
-    files, work, output = tmp_path / "v1", tmp_path / "r" / "work", tmp_path / "r" / "output"
-    for path in (files, work, output):
-        path.mkdir(parents=True)
-    (files if layered else work).joinpath("data.txt").write_text("original\n")
-    sandbox = LocalSandbox()
-    lines: list[str] = []
-    spec = SandboxSpec(
-        run_id="run_ns_mount",
-        command=["sh", "-c", "cat data.txt; echo more >> data.txt; echo made > /output/made"],
-        workdir=work,
-        output_dir=output,
-        files=files if layered else None,
-        timeout_seconds=30,
-    )
-    try:
-        sandbox.standby.replenish()
-        wait_until(lambda: _ready_in_namespaces_of_their_own(sandbox))
-        result = sandbox.run(spec, on_line=lambda _s, line: lines.append(line), should_cancel=bool)
-    finally:
-        sandbox.close()
 
-    assert result.exit_code == 0 and lines == ["original"], lines
-    assert (work / "data.txt").read_text() == "original\nmore\n"
-    assert (output / "made").read_text() == "made\n"
-    if layered:
-        assert (files / "data.txt").read_text() == "original\n"
+    _run_on_data(tmp_path, layered=layered, launchers_ready=True).check(layered)
     assert sent and not any("mount" in prelude for prelude in sent), sent
 
 
@@ -182,31 +203,11 @@ def test_a_run_whose_mounts_floom_could_not_make_has_its_script_make_them(
 
     monkeypatch.setattr(standby.Launcher, "begin", recording_begin)
     monkeypatch.setattr(local._MOUNTER, "_broken", True)
-    files, work, output = tmp_path / "v1", tmp_path / "r" / "work", tmp_path / "r" / "output"
-    for path in (files, work, output):
-        path.mkdir(parents=True)
-    (files if layered else work).joinpath("data.txt").write_text("original\n")
-    sandbox = LocalSandbox()
-    lines: list[str] = []
-    spec = SandboxSpec(
-        run_id="run_ns_fallback",
-        command=["sh", "-c", "cat data.txt; echo more >> data.txt; echo made > /output/made"],
-        workdir=work,
-        output_dir=output,
-        files=files if layered else None,
-        timeout_seconds=30,
-    )
-    try:
-        result = sandbox.run(spec, on_line=lambda _s, line: lines.append(line), should_cancel=bool)
-    finally:
-        sandbox.close()
 
-    assert result.exit_code == 0 and lines == ["original"], (result, lines)
-    assert (work / "data.txt").read_text() == "original\nmore\n"
-    assert (output / "made").read_text() == "made\n"
-    if layered:
-        assert (files / "data.txt").read_text() == "original\n"
+    run = _run_on_data(tmp_path, layered=layered, launchers_ready=False)
+
+    run.check(layered)
     script = "".join(sent)
-    assert f"--bind {output} " in script, script
+    assert f"--bind {run.output} " in script, script
     assert ("-t overlay" in script) == layered, script
-    assert (f"--bind {work} " in script) != layered, script
+    assert (f"--bind {run.work} " in script) != layered, script

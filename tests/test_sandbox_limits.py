@@ -125,21 +125,30 @@ def test_a_fork_bomb_is_bounded_by_the_process_limit_and_leaves_nothing_behind(
     assert not left
 
 
+WRITE_30_MIB = """
+import os
+fd = os.open(os.environ["FLOOM_OUTPUT_DIR"], os.O_RDONLY)
+for _ in range(NESTED):
+    os.mkdir("x" * 250, dir_fd=fd)
+    deeper = os.open("x" * 250, os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = deeper
+for name in ("a.bin", "b.bin"):
+    out = os.open(name, os.O_WRONLY | os.O_CREAT, dir_fd=fd)
+    os.write(out, os.urandom(15 * 1024 * 1024))
+    os.close(out)
+print("wrote 30 MiB")
+"""
+
+
+# Two files each under the per-file cap: only the polled total catches them. Under twenty
+# folders of 250-character names, past PATH_MAX: a walk by whole paths could not look there,
+# so what they held went uncounted.
+@pytest.mark.parametrize("nested", [0, 20], ids=["in-the-output-dir", "past-path-max"])
 def test_writing_past_the_disk_limit_ends_the_run_with_the_disk_limit_error(
-    tmp_path: Path,
+    tmp_path: Path, nested: int
 ) -> None:
-    # Two files each under the per-file cap: only the polled total catches them.
-    result, lines = run_script(
-        tmp_path,
-        """
-        import os
-        for name in ("a.bin", "b.bin"):
-            with open(os.path.join(os.environ["FLOOM_OUTPUT_DIR"], name), "wb") as f:
-                f.write(os.urandom(15 * 1024 * 1024))
-        print("wrote 30 MiB")
-        """,
-        disk_mb=20,
-    )
+    result, lines = run_script(tmp_path, WRITE_30_MIB.replace("NESTED", str(nested)), disk_mb=20)
 
     assert result.limit_exceeded == "disk", lines
     assert result.error == "disk limit of 20 MiB reached (limits.disk_mb in worker.yml)"
@@ -164,35 +173,6 @@ def test_one_file_cannot_grow_past_the_disk_limit(tmp_path: Path) -> None:
     assert (tmp_path / "work" / "big.bin").stat().st_size <= 16 * 1024 * 1024
 
 
-def test_files_hidden_under_folders_too_long_to_name_count_toward_the_disk_limit(
-    tmp_path: Path,
-) -> None:
-    # Twenty folders of 250-character names: past PATH_MAX, where a walk by whole paths
-    # could not look, so what they hold went uncounted.
-    result, lines = run_script(
-        tmp_path,
-        """
-        import os
-        fd = os.open(os.environ["FLOOM_OUTPUT_DIR"], os.O_RDONLY)
-        for _ in range(20):
-            os.mkdir("x" * 250, dir_fd=fd)
-            deeper = os.open("x" * 250, os.O_RDONLY, dir_fd=fd)
-            os.close(fd)
-            fd = deeper
-        for name in ("a.bin", "b.bin"):
-            out = os.open(name, os.O_WRONLY | os.O_CREAT, dir_fd=fd)
-            os.write(out, os.urandom(15 * 1024 * 1024))
-            os.close(out)
-        print("wrote 30 MiB")
-        import time; time.sleep(5)
-        """,
-        disk_mb=20,
-    )
-
-    assert result.limit_exceeded == "disk", lines
-    assert result.error == "disk limit of 20 MiB reached (limits.disk_mb in worker.yml)"
-
-
 def test_folders_nested_past_the_disk_walk_s_depth_end_the_run(tmp_path: Path) -> None:
     result, lines = run_script(
         tmp_path,
@@ -205,7 +185,6 @@ def test_folders_nested_past_the_disk_walk_s_depth_end_the_run(tmp_path: Path) -
             os.close(fd)
             fd = deeper
         print("nested")
-        import time; time.sleep(5)
         """,
     )
 
