@@ -77,10 +77,9 @@ def allocated_bytes(
         except OSError:
             continue
         # Each open folder, with its subfolders still to visit: a descriptor per level.
-        frames: list[tuple[int, list[str]]] = []
+        frames: list[tuple[int, list[str]]] = [(fd, [])]
         try:
-            frames.append((fd, []))
-            frames[-1] = (fd, count.folder(fd))
+            frames[0][1].extend(count.folder(fd))
             while frames:
                 parent, todo = frames[-1]
                 if not todo:
@@ -94,7 +93,7 @@ def allocated_bytes(
                 frames.append((child, []))
                 if len(frames) > max_depth + 1:  # the top itself is no level
                     raise Uncounted(DEPTH)
-                frames[-1] = (child, count.folder(child))
+                frames[-1][1].extend(count.folder(child))
         finally:
             for open_fd, _ in frames:
                 os.close(open_fd)

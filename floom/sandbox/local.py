@@ -225,7 +225,7 @@ class LocalSandbox(Sandbox):
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
             # The limits first: while the mount thread works, this thread's writes to the
-            # cgroup's files would trade the GIL with it at every system call (0.45 against
+            # cgroup's files would trade the GIL with it at every system call (0.50 against
             # 0.12 ms, bench/README.md).
             run_limits = limits.RunLimits(spec, launcher.cgroup)
             work: Mount | None = None
