@@ -94,8 +94,8 @@ class SandboxResult:
     """How the process ended. `exit_code` is None when it was killed by a timeout or cancel.
 
     `limit_exceeded` names the resource limit that ended the run (`memory`, `processes`,
-    `disk`, `files`); `error` then says which limit it was and the manifest key that sets
-    it.
+    `disk`, or what keeps the disk from being counted: `files`, `depth`, `unreadable`);
+    `error` then says which limit it was and, where one does, the manifest key that sets it.
     """
 
     exit_code: int | None

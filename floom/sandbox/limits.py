@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 from floom.sandbox import cgroups
 from floom.sandbox.base import SandboxSpec
@@ -21,6 +21,7 @@ CPU: Final = cgroups.CPU
 DISK: Final = "disk"
 FILES: Final = "files"
 DEPTH: Final = "depth"
+UNREADABLE: Final = "unreadable"
 POLL_SECONDS: Final = 0.5
 # A walk of the run's directories stops here; more entries than this end the run, since
 # counting them every poll would cost the node more than the run is worth.
@@ -48,11 +49,24 @@ def limit_message(limit: str, spec: SandboxSpec) -> str:
             f"folders nested more than {MAX_DISK_DEPTH} deep in the run's work or output dir; "
             "floom counts a run's disk use only that far"
         )
+    if limit == UNREADABLE:
+        return (
+            "a folder in the run's work or output dir was made unreadable; floom must read "
+            "them all to count the run's disk use"
+        )
     return f"{limit} limit reached"
 
 
-class Uncounted(Exception):
-    """The run's dirs hold more than floom counts; `limit` says what: FILES or DEPTH."""
+class DiskUse(NamedTuple):
+    """What a walk of a run's dirs found: the bytes allocated, and why it stopped short if it
+    did (FILES, DEPTH or UNREADABLE: the run then ends, as floom cannot count its disk)."""
+
+    bytes: int
+    uncounted: str | None = None
+
+
+class _Uncounted(Exception):
+    """The walk stops: `limit` says why."""
 
     def __init__(self, limit: str) -> None:
         super().__init__(limit)
@@ -64,40 +78,54 @@ def allocated_bytes(
     *,
     max_entries: int = MAX_DISK_ENTRIES,
     max_depth: int = MAX_DISK_DEPTH,
-) -> int:
+) -> DiskUse:
     """Bytes allocated on disk under `paths` (from st_blocks, so sparse files count as what
-    they hold). Raises Uncounted past `max_entries` entries or `max_depth` nested folders.
-    Each folder is opened from its parent's descriptor, never by its whole path (which a
-    deep tree of long names would take past PATH_MAX, hiding what it holds); links are
-    counted as themselves and never followed; entries that vanish mid-walk are skipped."""
+    they hold). The walk stops short (`uncounted`) past `max_entries` entries or
+    `max_depth` nested folders, or at a folder it may not read (a run under floom's own uid
+    can take its own rights away, to hide what the folder holds). Each folder is opened
+    from its parent's descriptor, never by its whole path (which a deep tree of long names
+    would take past PATH_MAX, hiding what it holds); links are counted as themselves and
+    never followed; entries that vanish mid-walk are skipped."""
     count = _Count(max_entries)
-    for top in paths:
-        try:
-            fd = os.open(top, _DIR_FLAGS)
-        except OSError:
-            continue
-        # Each open folder, with its subfolders still to visit: a descriptor per level.
-        frames: list[tuple[int, list[str]]] = [(fd, [])]
-        try:
-            frames[0][1].extend(count.folder(fd))
-            while frames:
-                parent, todo = frames[-1]
-                if not todo:
-                    frames.pop()
-                    os.close(parent)
-                    continue
-                try:
-                    child = os.open(todo.pop(), _DIR_FLAGS, dir_fd=parent)
-                except OSError:
-                    continue  # gone meanwhile, or a link in its place
-                frames.append((child, []))
-                if len(frames) > max_depth + 1:  # the top itself is no level
-                    raise Uncounted(DEPTH)
-                frames[-1][1].extend(count.folder(child))
-        finally:
-            for open_fd, _ in frames:
-                os.close(open_fd)
-    return count.bytes
+    try:
+        for top in paths:
+            _walk(top, count, max_depth)
+    except _Uncounted as stop:
+        return DiskUse(count.bytes, stop.limit)
+    return DiskUse(count.bytes)
+
+
+def _walk(top: Path, count: _Count, max_depth: int) -> None:
+    """Count the tree `top` into `count`; raises _Uncounted."""
+    try:
+        fd = os.open(top, _DIR_FLAGS)
+    except PermissionError as exc:
+        raise _Uncounted(UNREADABLE) from exc
+    except OSError:
+        return
+    # Each open folder, with its subfolders still to visit: a descriptor per level.
+    frames: list[tuple[int, list[str]]] = [(fd, [])]
+    try:
+        frames[0][1].extend(count.folder(fd))
+        while frames:
+            parent, todo = frames[-1]
+            if not todo:
+                frames.pop()
+                os.close(parent)
+                continue
+            try:
+                child = os.open(todo.pop(), _DIR_FLAGS, dir_fd=parent)
+            except PermissionError as exc:
+                raise _Uncounted(UNREADABLE) from exc
+            except OSError:
+                continue  # gone meanwhile, or a link in its place
+            frames.append((child, []))
+            if len(frames) > max_depth + 1:  # the top itself is no level
+                raise _Uncounted(DEPTH)
+            frames[-1][1].extend(count.folder(child))
+    finally:
+        for open_fd, _ in frames:
+            os.close(open_fd)
 
 
 class _Count:
@@ -116,16 +144,20 @@ class _Count:
                 for entry in entries:
                     self.entries += 1
                     if self.entries > self.max_entries:
-                        raise Uncounted(FILES)
+                        raise _Uncounted(FILES)
                     try:
                         found = entry.stat(follow_symlinks=False)
+                    except PermissionError as exc:  # a folder it may list, not search
+                        raise _Uncounted(UNREADABLE) from exc
                     except OSError:
                         continue
                     self.bytes += found.st_blocks * 512
                     if stat.S_ISDIR(found.st_mode):
                         subfolders.append(entry.name)
+        except PermissionError as exc:
+            raise _Uncounted(UNREADABLE) from exc
         except OSError:
-            pass  # unreadable: what it holds is counted as nothing, as before
+            pass  # gone meanwhile
         return subfolders
 
 
@@ -164,11 +196,10 @@ class RunLimits:
         """The limit the run has reached, if any: memory, processes, then disk."""
         if self.cgroup is not None and (limit := self.cgroup.limit_reached()):
             return limit
-        try:
-            used = allocated_bytes((self.spec.workdir, self.spec.output_dir))
-        except Uncounted as exc:
-            return exc.limit
-        return DISK if used >= spec_disk_bytes(self.spec) else None
+        used = allocated_bytes((self.spec.workdir, self.spec.output_dir))
+        if used.uncounted is not None:
+            return used.uncounted
+        return DISK if used.bytes >= spec_disk_bytes(self.spec) else None
 
     def close(self) -> None:
         """Kill whatever is left of the run and remove its cgroup."""
