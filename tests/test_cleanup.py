@@ -92,20 +92,29 @@ def test_the_python_removal_leaves_a_folder_taken_by_a_mount_and_the_rest_goes(
         subprocess.run(["umount", str(target)], check=True)
 
 
+@pytest.mark.parametrize("linked", [False, True], ids=["work-root", "linked-work-root"])
 def test_a_server_starts_over_a_work_root_a_killed_one_left_a_deep_tree_in(
-    tmp_path: Path, database_url: str
+    tmp_path: Path, database_url: str, linked: bool
 ) -> None:
     # The executor empties its work root on start: a tree left by a run of a killed server
-    # once raised RecursionError there, and no server could start on that data dir.
+    # once raised RecursionError there, and no server could start on that data dir. A work
+    # root an operator linked to another disk stays linked, emptied there.
     data_dir = tmp_path / "data"
     work_root = fast_settings(data_dir, database_url).work_root
-    work_root.mkdir(parents=True)
+    work_root.parent.mkdir(parents=True)
+    if linked:
+        (tmp_path / "other-disk").mkdir()
+        work_root.symlink_to(tmp_path / "other-disk")
+    else:
+        work_root.mkdir()
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("kept")
     _hostile_tree(work_root / "run_left-1", outside)
+    (work_root / "run_left-2.trash-0f").mkdir()
 
     with live_server(data_dir, database_url) as server, server.client() as client:
         assert client.get("/healthz").status_code == 200
-        assert not work_root.exists() or not any(work_root.iterdir())
+        assert list(work_root.iterdir()) == []
+        assert work_root.is_symlink() == linked
     assert (outside / "keep.txt").read_text() == "kept"

@@ -37,8 +37,10 @@ log = logging.getLogger("floom.cleanup")
 # the answer by milliseconds. A moment later the answer has gone out.
 DELAY_SECONDS = 0.1
 
-# The most trees one `rm` is given: a burst's discarded work dirs, within any argv limit.
+# The most trees the cleanup thread removes at once: a burst's discarded work dirs.
 MAX_BATCH: Final = 64
+# The most paths one `rm` is given, well within any argv limit (a work root left full).
+RM_ARGUMENTS: Final = 512
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 _pending: queue.SimpleQueue[tuple[float, Path]] = queue.SimpleQueue()
@@ -69,10 +71,13 @@ def remove_trees(paths: Sequence[Path]) -> None:
     """Delete each of `paths` with all it holds, without following a link and at any depth;
     what another filesystem has mounted below one is left alone."""
     rm = _rm()
-    if rm is not None:
+    for start in range(0, len(paths), RM_ARGUMENTS):
+        if rm is None:
+            break
+        some = [os.fspath(path) for path in paths[start : start + RM_ARGUMENTS]]
         try:
             subprocess.run(
-                [rm, "-rf", "--one-file-system", "--", *map(os.fspath, paths)],
+                [rm, "-rf", "--one-file-system", "--", *some],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -84,6 +89,16 @@ def remove_trees(paths: Sequence[Path]) -> None:
     for path in paths:
         if os.path.lexists(path):
             _remove_flat(path)
+
+
+def empty_folder(folder: Path) -> None:
+    """Delete everything in `folder`, which stays (a link to a folder too: what it points
+    at is emptied, as an operator who put the work root on another disk expects)."""
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    remove_trees([folder / name for name in names])
 
 
 @functools.cache

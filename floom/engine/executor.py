@@ -18,7 +18,7 @@ from floom.engine.attempt import (
     sandbox_unavailable_outcome,
     start_script_ahead,
 )
-from floom.engine.cleanup import discard_later, reap_sandbox_orphans, remove_trees
+from floom.engine.cleanup import discard_later, empty_folder, reap_sandbox_orphans
 from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
@@ -138,7 +138,7 @@ class Executor:
         orphans = self._reap_sandboxes(live_run_ids=frozenset)
         if orphans:
             log.warning("killed %d sandbox(es) a previous process left running", orphans)
-        remove_trees([self.ctx.settings.work_root])
+        empty_folder(self.ctx.settings.work_root)
         reaped = reap_expired_leases(self.ctx, own_node_restart=True)
         if reaped:
             log.warning("requeued or failed %d run(s) abandoned by a previous process", reaped)
