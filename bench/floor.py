@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -168,8 +169,6 @@ class FloorSlot:
 
     def run_once(self) -> float:
         """Seconds of one sandboxed `python3 run.py`; raises if the script did not succeed."""
-        import time
-
         (self.workdir / "result.json").unlink(missing_ok=True)
         info_r, info_w = os.pipe()
         release_r, release_w = os.pipe()
@@ -230,17 +229,11 @@ def _await_standby(sandbox: LocalSandbox) -> None:
     on the spot for the run being recorded may not have made its namespace yet when floom
     mounts the run's stage: its script then execs mount(8) for the stage instead, which the
     recorded launch, replayed on every floor and Celery run, would repeat."""
-    import time
-
-    ours = os.readlink("/proc/self/ns/mnt")
 
     def ready(launcher: Launcher) -> bool:
         if not sandbox.layers_files:  # floom's own uid: plain shells, no namespace of their own
             return launcher.alive()
-        try:
-            return os.readlink(f"/proc/{launcher.proc.pid}/ns/mnt") != ours
-        except OSError:
-            return False
+        return _has_own_mount_namespace(launcher.proc.pid)
 
     sandbox.standby.replenish()
     deadline = time.monotonic() + RUN_DEADLINE_SECONDS
@@ -255,11 +248,17 @@ def _await_standby(sandbox: LocalSandbox) -> None:
 def _wait_for_own_namespace(pid: int) -> None:
     """Until the launcher `pid` has made its mount namespace (floom's launchers have, being
     started ahead); polled with sleeps, so the wait costs the floor no CPU."""
-    import time
-
-    ours = os.readlink("/proc/self/ns/mnt")
     deadline = time.monotonic() + RUN_DEADLINE_SECONDS
-    while os.readlink(f"/proc/{pid}/ns/mnt") == ours:
+    while not _has_own_mount_namespace(pid):
         if time.monotonic() > deadline:
             raise RuntimeError("floor run: the launcher made no mount namespace")
         time.sleep(0.0002)
+
+
+def _has_own_mount_namespace(pid: int) -> bool:
+    """Whether process `pid` is in a mount namespace other than this process's (False once it
+    has ended)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return False

@@ -5,7 +5,6 @@ restart, an idle timeout) is replaced before anyone uses it."""
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,17 +104,15 @@ def test_a_read_on_postgresql_keeps_the_connection_s_prepared_statements(pg_url:
             assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
             conn.execute(statement, {"n": 0})
             # Each statement of a read is a transaction of its own.
-            first = conn.execute(text("SELECT now()")).scalar_one()
-            time.sleep(0.01)
-            assert conn.execute(text("SELECT now()")).scalar_one() > first
+            first = conn.execute(text("SELECT txid_current()")).scalar_one()
+            assert conn.execute(text("SELECT txid_current()")).scalar_one() > first
         with db.write_connection(engine) as conn:
             assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
             kept = conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar()
             # The connection went back to the pool as it was: a write is one transaction
-            # again (now() is the transaction's start, the same for both statements).
-            first = conn.execute(text("SELECT now()")).scalar_one()
-            time.sleep(0.01)
-            assert conn.execute(text("SELECT now()")).scalar_one() == first
+            # again (one transaction id for both statements).
+            first = conn.execute(text("SELECT txid_current()")).scalar_one()
+            assert conn.execute(text("SELECT txid_current()")).scalar_one() == first
     finally:
         engine.dispose()
     assert kept == prepared

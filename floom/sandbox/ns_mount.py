@@ -137,16 +137,16 @@ class NamespaceMounter:
         self._fail_all()
 
     def _mount(self, libc: ctypes.CDLL, home: int, job: PendingMounts) -> tuple[bool, ...]:
-        none = (False,) * len(job.mounts)
+        """Which of the job's mounts were made; () for none (PendingMounts.wait)."""
         try:
             theirs = os.open(f"/proc/{job.pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return none  # it ended
+            return ()  # it ended
         try:
             if os.fstat(theirs).st_ino == os.fstat(home).st_ino:
-                return none  # not in a namespace of its own yet: this would be the host's
+                return ()  # not in a namespace of its own yet: this would be the host's
             if libc.setns(theirs, CLONE_NEWNS) != 0:
-                return none
+                return ()
             try:
                 return tuple(_mount_one(libc, mount) for mount in job.mounts)
             finally:
