@@ -156,7 +156,7 @@ def refused_for_runs(names: Iterable[str]) -> str | None:
             return (
                 f"secret {name} cannot be given to a run: {why}. Rename it: "
                 f"`floom secrets set NEW_NAME`, list NEW_NAME instead of {name} in worker.yml "
-                f"and deploy, then `floom secrets delete {name}`"
+                f"and deploy, then `floom secrets rm {name}`"
             )
     return None
 
