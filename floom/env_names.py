@@ -103,6 +103,11 @@ def refusal(name: str) -> str | None:
     return None if named is None else f"{name} is refused: {named}"
 
 
+MAX_ENTRY_BYTES: Final = 128 * 1024 - 1
+"""The longest `NAME=value` a process's environment holds (the kernel's MAX_ARG_STRLEN, its
+NUL included)."""
+
+
 RENAME_HINT: Final = (
     "choose another name (e.g. prefixed with your service: MYAPP_PATH); refused are "
     + REFUSED_SUMMARY

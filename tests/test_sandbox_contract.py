@@ -249,6 +249,20 @@ def test_a_variable_that_changes_how_programs_load_or_run_is_refused_before_anyt
         sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
 
 
+@pytest.mark.parametrize(
+    "env",
+    [{"BIG": "x" * (128 * 1024)}, {f"PART_{i}": "x" * (100 * 1024) for i in range(12)}],
+    ids=["one variable", "all of them"],
+)
+def test_an_environment_no_process_could_start_with_is_refused_before_anything_runs(
+    backend: str, tmp_path: Path, env: dict[str, str]
+) -> None:
+    sandbox = build(backend)
+    spec = SandboxSpec(run_id="r", command=["true"], workdir=tmp_path, output_dir=tmp_path, env=env)
+    with pytest.raises(InvalidRequest, match="bytes"):
+        sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
+
+
 # -- sessions: several commands in one workspace ----------------------------------------------
 
 

@@ -188,3 +188,13 @@ def test_a_secret_stored_under_a_refused_name_before_the_rule_never_reaches_a_ru
     assert "Rename it" in run["error"]["message"]
     lines = [e["line"] for e in api.get(f"/api/v1/runs/{run['id']}/logs").json()["items"]]
     assert "ran" not in lines
+
+
+def test_a_secret_too_long_for_any_process_environment_is_refused_when_set(
+    api: httpx.Client,
+) -> None:
+    resp = api.put("/api/v1/secrets/BIG_TOKEN", json={"value": "x" * (200 * 1024)})
+
+    assert resp.status_code == 400, resp.text
+    assert "environment variable" in resp.json()["error"]["message"]
+    assert api.get("/api/v1/secrets").json()["items"] == []

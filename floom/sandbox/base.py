@@ -22,9 +22,7 @@ from floom.errors import FloomError, InvalidRequest
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What a sandbox's environment variable may be called: a name every shell and program
 can read."""
-MAX_ENV_ENTRY_BYTES = 128 * 1024 - 1
-"""The longest `NAME=value` a process's environment holds (the kernel's MAX_ARG_STRLEN, its
-NUL included)."""
+MAX_ENV_ENTRY_BYTES = env_names.MAX_ENTRY_BYTES
 MAX_ENV_BYTES = 1024 * 1024
 """What a sandbox's environment and command may hold in all: half of what the kernel lets a
 program start with under the usual 8 MiB stack."""

@@ -103,6 +103,14 @@ def set_secret(ctx: Context, *, name: str, value: str, caller: Principal) -> Non
             hint="floom redacts secret values from logs and outputs; values this short "
             "cannot be redacted without destroying the logs",
         )
+    size = len(name) + 2 + len(value.encode())
+    if size > env_names.MAX_ENTRY_BYTES:
+        raise InvalidRequest(
+            f"the value of {name} is {len(value.encode())} bytes: a secret becomes an "
+            f"environment variable, which holds at most {env_names.MAX_ENTRY_BYTES} bytes "
+            "with its name",
+            hint="keep large values in a file of the worker's bundle or pass them as inputs",
+        )
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Secret, name)
         if row is None:
