@@ -188,12 +188,15 @@ class RunLimits:
 
     def shell_lines(self) -> str:
         """The launcher's shell lines that set the per-process limits before bubblewrap
-        starts (setpriv and bwrap keep them for the sandbox): each file's size, no core
-        files and, without a memory cgroup, the data segment. The shell's own `ulimit`, not
+        starts (setpriv and bwrap keep them for the sandbox): each file's size (without a
+        disk of the run's own), no core files and, without a memory cgroup, the data segment. The shell's own `ulimit`, not
         an exec of prlimit: one process less on every run's path. Soft and hard alike, so
         nothing in the sandbox can raise them; a limit the shell cannot set ends the
         launcher with the shell's own error, before bubblewrap."""
-        limits = ["ulimit -c 0", f"ulimit -f {spec_disk_bytes(self.spec) // 512}"]  # blocks
+        limits = ["ulimit -c 0"]
+        if self.disk is None:
+            # A disk of the run's own bounds what it allocates, not a sparse file's length.
+            limits.append(f"ulimit -f {spec_disk_bytes(self.spec) // 512}")  # blocks
         if MEMORY not in self.enforced:
             # Without a memory cgroup, a per-process cap is the best there is (KiB).
             limits.append(f"ulimit -d {self.spec.memory_mb * 1024}")
