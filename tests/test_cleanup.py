@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from floom.engine import cleanup
+from floom.sandbox.disks import unmount_under
 from tests.conftest import fast_settings, live_server
 
 DEPTH = 1200  # past Python's recursion limit (1000), which ended shutil.rmtree
@@ -151,9 +152,12 @@ def test_a_server_starts_over_the_run_disks_a_killed_one_left_mounted(
     images = list((work_root / ".disks").glob("*.img"))
     assert images
 
-    with live_server(data_dir, database_url) as server, server.client() as client:
-        assert client.get("/healthz").status_code == 200
-        assert not os.path.ismount(left)
-        assert list(work_root.iterdir()) == []
-    with open("/proc/self/mountinfo") as table:
-        assert str(work_root) not in table.read()
+    try:
+        with live_server(data_dir, database_url) as server, server.client() as client:
+            assert client.get("/healthz").status_code == 200
+            assert not os.path.ismount(left)
+            assert list(work_root.iterdir()) == []
+        with open("/proc/self/mountinfo") as table:
+            assert str(work_root) not in table.read()
+    finally:
+        unmount_under(work_root)  # whatever a failure left
