@@ -1024,3 +1024,16 @@ def test_the_sandbox_s_mount_table_names_no_host_path(tmp_path: Path) -> None:
                 for option in fields[-1].split(",")
                 if option.startswith(("lowerdir=", "upperdir=", "workdir="))
             ), line
+
+
+def test_protections_say_whether_the_kernel_or_a_poll_bounds_the_disk() -> None:
+    sandbox = LocalSandbox()
+    enforced = sandbox.disks is not None and sandbox.disks.usable()
+    assert sandbox.protections()["disk_limit"] == ("enforced" if enforced else "polled")
+    if os.geteuid() == 0:
+        assert enforced == bool(os.path.exists("/dev/loop-control") and shutil.which("mkfs.ext4"))
+    # Sandboxes under floom's own uid have no stage to mount a disk on: polled.
+    own = LocalSandbox(sandbox_uid=0)
+    assert own.disks is None and own.protections()["disk_limit"] == "polled"
+    sandbox.close()
+    own.close()
