@@ -189,8 +189,9 @@ class RunLimits:
     def shell_lines(self) -> str:
         """The launcher's shell lines that set the per-process limits before bubblewrap
         starts (setpriv and bwrap keep them for the sandbox): each file's size (without a
-        disk of the run's own), no core files and, without a memory cgroup, the data segment. The shell's own `ulimit`, not
-        an exec of prlimit: one process less on every run's path. Soft and hard alike, so
+        disk of the run's own), no core files and, without a memory cgroup, the data
+        segment. The shell's own `ulimit`, not an exec of prlimit: one process less on
+        every run's path. Soft and hard alike, so
         nothing in the sandbox can raise them; a limit the shell cannot set ends the
         launcher with the shell's own error, before bubblewrap."""
         limits = ["ulimit -c 0"]
