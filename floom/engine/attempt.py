@@ -18,6 +18,7 @@ from floom.engine.queue import Outcome
 from floom.engine.runlog import RunLog
 from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
+from floom.errors import FloomError
 from floom.sandbox import e2b_api_key
 from floom.services import agent_runs, workers
 from floom.services import secrets as secret_service
@@ -168,6 +169,8 @@ class Attempt:
         with a disk of its own is unmounted first)."""
         try:
             self.host.sandbox_for(self.manifest).release_run_dir(self.base)
+        except FloomError:
+            pass  # no backend for it now, so none made the run dir: nothing to let go of
         finally:
             discard_later(self.base)
 

@@ -30,6 +30,7 @@ import shutil
 import struct
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -39,6 +40,10 @@ log = logging.getLogger("floom.sandbox")
 READY: Final = 2
 """Disks kept ready per size: one for a node that starts runs one after another, one more
 for two at once."""
+DELAY_SECONDS: Final = 0.1
+"""How long the thread waits before it closes a disk let go of or makes one ahead (unless
+the next run would have to make its own): a run's end is recorded and answered just after
+its run dir is let go of, and the thread's system calls would trade the GIL with that."""
 KEPT_SIZES: Final = 2
 """Sizes disks are kept ready for: the most recently asked for."""
 DISKS_DIR: Final = ".disks"
@@ -125,6 +130,8 @@ class Disks:
         self._to_close: list[RunDisk] = []
         self._thread: threading.Thread | None = None
         self._closed = False
+        # When the thread is to work next (monotonic), if it has work.
+        self._due: float | None = None
         self.problem: str | None = None
 
     def usable(self) -> bool:
@@ -184,6 +191,8 @@ class Disks:
             log.warning("could not unmount %s: %s", base, os.strerror(ctypes.get_errno()))
         with self._changed:
             self._to_close.append(disk)
+            if self._due is None:
+                self._due = time.monotonic() + DELAY_SECONDS
             self._start_thread()
             self._changed.notify()
 
@@ -215,6 +224,10 @@ class Disks:
                 self._to_close.extend(self._ready.pop(old, ()))
             ready = self._ready.get(key)
             disk = ready.popleft() if ready else None
+            if not ready:
+                self._due = time.monotonic()  # the next run would make its own: now
+            elif self._due is None:
+                self._due = time.monotonic() + DELAY_SECONDS
             self._start_thread()
             self._changed.notify()
         return disk
@@ -236,11 +249,18 @@ class Disks:
     def _serve(self) -> None:
         while True:
             with self._changed:
-                while not self._to_close and self._wanted() is None:
-                    if self._closed:
-                        self._thread = None
-                        return
-                    self._changed.wait()
+                while True:
+                    if not self._to_close and self._wanted() is None:
+                        if self._closed:
+                            self._thread = None
+                            return
+                        self._due = None
+                        self._changed.wait()
+                        continue
+                    wait = 0.0 if self._due is None else self._due - time.monotonic()
+                    if wait <= 0 or self._closed:
+                        break
+                    self._changed.wait(wait)
                 closing, self._to_close = self._to_close, []
                 key = self._wanted()
             for disk in closing:
