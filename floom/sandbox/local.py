@@ -93,8 +93,8 @@ class LocalSandbox(Sandbox):
     its launcher joined before the run arrived (floom/sandbox/standby.py). A root floom
     gives each run dir a filesystem of `disk_mb` (floom/sandbox/disks.py, `make_run_dir`):
     the kernel bounds its disk use; otherwise the disk use is polled. Where no cgroup is
-    usable, memory falls back to a per-process RLIMIT_DATA. /tmp
-    and /dev/shm are tmpfs of the memory limit's size. The process runs as an unprivileged
+    usable, memory falls back to a per-process RLIMIT_DATA. /tmp and /dev/shm are tmpfs of
+    the memory limit's size. The process runs as an unprivileged
     host uid (floom/sandbox/identity.py) without capabilities, under a seccomp filter
     (floom/sandbox/seccomp.py). The environment reaches bwrap through the launcher's
     exports and execve, never an argv, so declared secrets do not show in the host's
