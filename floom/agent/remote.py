@@ -15,7 +15,13 @@ from urllib.parse import quote
 import httpx
 
 from floom.agent.tools import Tool, ToolError
-from floom.egress import EgressPolicy, describe_failure, guarded_async_client, guarded_client
+from floom.egress import (
+    EgressPolicy,
+    EgressRefused,
+    describe_failure,
+    guarded_async_client,
+    guarded_client,
+)
 from floom.errors import SourceUnavailable
 from floom.manifest_agent import ToolSpec
 
@@ -205,7 +211,7 @@ def composio_tools(
                         continue
                     resp.raise_for_status()
                     items.append(resp.json())
-    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+    except (httpx.HTTPError, ValueError, AttributeError, EgressRefused) as exc:
         raise SourceUnavailable(
             f"Composio tools of '{app}' cannot be listed: {describe_failure(exc)}"
         ) from exc
