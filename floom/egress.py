@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from floom.errors import ToolError
-from floom.host_addresses import HostAddressesUnknown, Network, host_networks
+from floom.host_addresses import Network, host_networks
 
 if TYPE_CHECKING:
     import httpx
@@ -178,7 +178,7 @@ def resolve_checked(host: str, port: int, policy: EgressPolicy) -> str:
         raise EgressRefused(f"{host} has no address")
     try:
         networks = () if policy.allow_private else host_networks()
-    except HostAddressesUnknown as exc:
+    except OSError as exc:
         raise EgressRefused(
             f"refused: cannot tell whether {host} is this host ({exc}); try again"
         ) from exc

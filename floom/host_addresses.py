@@ -41,14 +41,10 @@ _RTMSG: Final = struct.Struct("=BBBBBBBBI")
 _RTATTR: Final = struct.Struct("=HH")
 
 
-class HostAddressesUnknown(OSError):
-    """The kernel did not say which addresses are this host's."""
-
-
 def host_networks() -> tuple[Network, ...]:
     """Every destination this host delivers to itself, as networks (an address is a /32 or
-    /128): the kernel's `local` table, in this process's network namespace. Raises
-    HostAddressesUnknown when it cannot be read; callers then refuse (fail closed)."""
+    /128): the kernel's `local` table, in this process's network namespace. Raises OSError
+    when it cannot be read; callers then refuse (fail closed)."""
     try:
         with socket.socket(
             socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE
@@ -68,9 +64,7 @@ def host_networks() -> tuple[Network, ...]:
             sock.sendall(header + request)
             return tuple(_read_dump(sock, seq))
     except OSError as exc:
-        if isinstance(exc, HostAddressesUnknown):
-            raise
-        raise HostAddressesUnknown(f"cannot read this host's addresses: {exc}") from exc
+        raise OSError(f"cannot read this host's addresses: {exc}") from exc
 
 
 def _read_dump(sock: socket.socket, seq: int) -> list[Network]:
@@ -78,12 +72,12 @@ def _read_dump(sock: socket.socket, seq: int) -> list[Network]:
     while True:
         data = sock.recv(1 << 16)
         if not data:
-            raise HostAddressesUnknown("the kernel's route dump ended early")
+            raise OSError("the kernel's route dump ended early")
         offset = 0
         while offset + _HEADER.size <= len(data):
             length, kind, _, msg_seq, _ = _HEADER.unpack_from(data, offset)
             if length < _HEADER.size:
-                raise HostAddressesUnknown("a malformed netlink message")
+                raise OSError("a malformed netlink message")
             body = data[offset + _HEADER.size : offset + length]
             offset += (length + 3) & ~3
             if msg_seq != seq:
@@ -93,9 +87,7 @@ def _read_dump(sock: socket.socket, seq: int) -> list[Network]:
             if kind == _NLMSG_ERROR:
                 (code,) = struct.unpack_from("=i", body)
                 if code:
-                    raise HostAddressesUnknown(
-                        f"the kernel refused the route dump: {os.strerror(-code)}"
-                    )
+                    raise OSError(f"the kernel refused the route dump: {os.strerror(-code)}")
                 continue
             if kind == _RTM_NEWROUTE:
                 network = _host_route(body)

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from floom.errors import FloomError, InvalidRequest
-from floom.host_addresses import HostAddressesUnknown, host_networks
+from floom.host_addresses import host_networks
 from floom.sandbox.cgroups import CgroupError, RunCgroup
 
 # slirp4netns's fixed virtual network: the sandbox is 10.0.2.100, the gateway 10.0.2.2 (which
@@ -160,7 +160,7 @@ def host_ipv4_networks() -> list[ipaddress.IPv4Network]:
     does not say (the run must not start unfenced)."""
     try:
         found = host_networks()
-    except HostAddressesUnknown as exc:
+    except OSError as exc:
         raise NetworkSetupFailed(f"cannot fence the host's own addresses: {exc}") from exc
     return [net for net in found if isinstance(net, ipaddress.IPv4Network)]
 
