@@ -6,6 +6,7 @@ tests create (tests/netns_support.py), nowhere else."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import socket
@@ -25,6 +26,8 @@ from floom.egress import (
     DESCRIBE_LIMIT,
     EgressPolicy,
     EgressRefused,
+    guarded_async_client,
+    guarded_client,
     parse_allowed_networks,
     refusal,
     resolve_checked,
@@ -324,6 +327,48 @@ def test_http_request_never_reaches_the_hosts_own_addresses_even_in_an_allowed_n
         assert call["status"] == "error", call
         assert f"{test_host.outer_address}, an address of this host" in call["error"], call
     assert peers == []
+
+
+@needs_netns
+def test_a_name_is_connected_to_at_the_address_that_was_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # DNS rebinding: the name answers an allowed address first, then the host's loopback.
+    # Both guarded clients must connect where the check looked (the test host), never
+    # resolve again on their own (to the loopback service on the same port).
+    real = socket.getaddrinfo
+    with namespace_host(public=True) as test_host, _answering(b"loopback", "text/plain") as port:
+        answers: list[str] = []
+
+        def rebinding(host: Any, *args: Any, **kwargs: Any) -> Any:
+            if host == "rebind.test":
+                answer = test_host.address if len(answers) % 2 == 0 else "127.0.0.1"
+                answers.append(answer)
+                return real(answer, *args, **kwargs)
+            return real(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+        policy = EgressPolicy(allow_networks=parse_allowed_networks(test_host.network))
+        url = f"http://rebind.test:{port}/"
+        with _namespace_server(test_host, port):
+            with guarded_client(policy, timeout=10) as client:
+                first = client.get(url).text
+                looked_up = len(answers)
+                with pytest.raises(EgressRefused, match="127.0.0.1, a loopback address"):
+                    client.get(url)
+
+            async def fetch() -> str:
+                async with guarded_async_client(policy, timeout=10) as client:
+                    text = (await client.get(url)).text
+                    with pytest.raises(EgressRefused, match="a loopback address"):
+                        await client.get(url)
+                    return text
+
+            answers.clear()
+            first_async = asyncio.run(fetch())
+
+    assert (first, looked_up) == ("inside", 1)
+    assert first_async == "inside"
 
 
 # -- the rules ---------------------------------------------------------------------------------
