@@ -18,10 +18,19 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from floom.services import wakeups
 from floom.services.auth_cache import HEARD_WITHIN_SECONDS
+from floom.services.context import Context
 from floom.store.signals import APPLICATION_NAME
 from tests.cluster_support import NodeProcess
-from tests.conftest import PG_ADMIN_URL, LiveServer, free_port, live_server, wait_until
+from tests.conftest import (
+    PG_ADMIN_URL,
+    LiveServer,
+    fast_settings,
+    free_port,
+    live_server,
+    wait_until,
+)
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
@@ -177,10 +186,32 @@ def test_a_key_revoked_while_a_node_is_paused_is_refused_there_as_it_resumes(
         revoked_at = revoke_on_a(node_a, key_id)
         wait_until(past(revoked_at + HEARD_WITHIN_SECONDS + 0.2), timeout=10)
         # Requests waiting in B's sockets as it resumes, and more right after.
-        queued = [mint(node_b, key, f"{HEIR} queued {i}") for i in range(8)]
-        queued += [read(node_b, key) for _ in range(4)]
+        queued = [read(node_b, key) for _ in range(8)]
+        queued += [mint(node_b, key, f"{HEIR} queued {i}") for i in range(8)]
         os.killpg(node_b.proc.pid, signal.SIGCONT)
         resumed = [mint(node_b, key, f"{HEIR} resumed {i}") for i in range(4)]
         statuses = [r.answer() for r in queued + resumed]
     assert statuses == [401] * len(statuses)
     assert active_heirs(database_url) == []
+
+
+def test_a_node_whose_signal_connection_freezes_stops_trusting_its_key_cache_within_the_bound(
+    tmp_path: Path, database_url: str
+) -> None:
+    with ExitStack() as stack:
+        proxy = TcpProxy(target=("127.0.0.1", 5432), port=free_port())
+        stack.callback(proxy.close)
+        url = database_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+        ctx = Context.open(fast_settings(tmp_path / "data", url))
+        stack.callback(ctx.engine.dispose)
+        listener = wakeups.start_listening(ctx)
+        assert listener is not None
+        stack.callback(listener.stop, timeout=1)
+        stack.callback(proxy.thaw)
+        wait_until(lambda: ctx.auth_cache.trusted, timeout=10)
+        frozen_at = time.monotonic()
+        proxy.freeze()  # the connection stays open: nothing says it is lost
+        wait_until(lambda: not ctx.auth_cache.trusted, timeout=HEARD_WITHIN_SECONDS + 2)
+        assert time.monotonic() - frozen_at <= HEARD_WITHIN_SECONDS + 0.5
+        proxy.thaw()
+        wait_until(lambda: ctx.auth_cache.trusted, timeout=10)  # caught up again

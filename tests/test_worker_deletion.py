@@ -63,6 +63,8 @@ def admin(ctx: Context) -> Principal:
     """A real admin key's caller: deletion reads the caller's key again in its transaction."""
     key, _ = keys.create_key(ctx, scopes=["admin"], name="test admin", caller=SYSTEM)
     return Principal.of_key(key)
+
+
 PLAIN = "print('hello')\n"
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(120)\n"
 WITH_ARTIFACT = """\
