@@ -113,7 +113,9 @@ class Listener:
 
         while not self._stop.is_set():
             try:
-                # Keepalives, so a connection to a vanished server is noticed in seconds.
+                # Keepalives, so a connection to a vanished server is noticed in seconds; and
+                # as a heartbeat is often in flight, a limit on unacknowledged data too
+                # (keepalives only probe an idle connection).
                 with psycopg.connect(
                     self._conninfo,
                     autocommit=True,
@@ -123,6 +125,7 @@ class Listener:
                     keepalives_idle=5,
                     keepalives_interval=2,
                     keepalives_count=2,
+                    tcp_user_timeout=10_000,  # ms
                 ) as conn:
                     # A channel of this connection's own: other nodes never hear its beats.
                     heard = f"{HEARTBEAT_PREFIX}{os.urandom(6).hex()}"
