@@ -315,3 +315,25 @@ def test_the_key_cache_is_not_used_once_its_listener_was_not_heard_within_the_bo
     assert not stale.trusted and stale.get("h") is None
     cache.clear(trusted=False)  # a lost connection
     assert not cache.trusted and cache.get("h") is None
+
+
+def test_every_deploy_or_admin_service_that_opens_a_write_checks_its_caller_inside_it() -> None:
+    """A new privileged write must read its caller's key in its transaction too."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import floom.services
+
+    unchecked = []
+    for info in pkgutil.walk_packages(floom.services.__path__, "floom.services."):
+        module = importlib.import_module(info.name)
+        for name, fn in inspect.getmembers(module, inspect.isfunction):
+            if fn.__module__ != module.__name__:
+                continue
+            source = inspect.getsource(fn)
+            privileged = '.require("deploy")' in source or '.require("admin")' in source
+            checked = ".require_in(" in source or "add_key(" in source  # add_key checks
+            if privileged and "write=True" in source and not checked:
+                unchecked.append(f"{info.name}.{name}")
+    assert unchecked == []
