@@ -3,13 +3,13 @@ the artifacts (secrets redacted from their names and from text contents)."""
 
 from __future__ import annotations
 
-import json
 import mimetypes
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from floom import jsonvalues
 from floom.engine.safefiles import Bounds, Cancelled, Refused, read_regular, walk
 from floom.services.secrets import Redactor
 
@@ -34,10 +34,11 @@ def read_result(workdir: Path, *, limit: int) -> tuple[dict[str, Any], str | Non
         return {}, exc.message
     except OSError as exc:
         return {}, f"result.json could not be read: {exc.strerror}"
-    try:
-        report = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return {}, f"result.json is not valid JSON ({exc})"
+    report, breach = jsonvalues.parse(data, where="result.json", max_bytes=None)
+    if breach is not None:
+        if breach.limit == "json":
+            return {}, breach.message
+        return {}, f"{breach.message} ({breach.limit} bound): {jsonvalues.bounds_hint()}"
     if not isinstance(report, dict):
         return {}, 'result.json must be an object like {"outputs": {...}}'
     if "outputs" in report and not isinstance(report["outputs"], dict):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.services import workers
 from floom.services.agent_runs import replace_artifacts
@@ -226,7 +227,7 @@ def decide_approval(
                 f"run {approval.run_id} is {state}, not awaiting this approval",
                 hint=f"`floom show {approval.run_id}` shows what happened",
             )
-        final = {**json.loads(approval.proposed_json), **(edited or {})}
+        final = {**jsonvalues.stored(approval.proposed_json, expect=dict), **(edited or {})}
         if approval.kind == "run" and decision == "approve":
             version = s.get(Version, run.version_id)
             if version is not None:
@@ -312,8 +313,8 @@ def approval_to_dict(a: Approval) -> dict[str, Any]:
         "tool": a.tool,
         "tool_call_id": a.tool_call_id,
         "status": a.status,
-        "proposed": json.loads(a.proposed_json),
-        "edited": json.loads(a.edited_json) if a.edited_json else None,
+        "proposed": jsonvalues.stored(a.proposed_json),
+        "edited": jsonvalues.stored(a.edited_json) if a.edited_json else None,
         "comment": a.comment,
         "decided_by": a.decided_by,
         "created_at": a.created_at,

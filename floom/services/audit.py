@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import InvalidRequest
 from floom.services.principal import Principal
 from floom.store.audit import AuditEvent
@@ -100,6 +101,6 @@ def event_to_dict(event: AuditEvent) -> dict[str, Any]:
         "type": event.type,
         "actor": {"key_id": event.actor_key_id, "label": event.actor},
         "subject": event.subject,
-        "payload": json.loads(event.payload_json),
+        "payload": jsonvalues.stored(event.payload_json, expect=dict),
         "created_at": event.created_at,
     }

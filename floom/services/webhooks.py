@@ -14,6 +14,7 @@ from sqlalchemy import or_
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import (
     Conflict,
     FloomError,
@@ -424,6 +425,6 @@ def delivery_to_dict(delivery: WebhookDelivery, *, with_body: bool = False) -> d
         "content_type": delivery.content_type,
     }
     if with_body:
-        body["headers"] = json.loads(delivery.headers_json)
+        body["headers"] = jsonvalues.stored(delivery.headers_json, expect=dict)
         body["body"] = delivery.body.decode("utf-8", errors="replace")
     return body
