@@ -48,9 +48,12 @@ class Breach:
         return {"path": self.path, "limit": self.limit, "max": self.max}
 
 
-def breach_of(value: Any, *, where: str, max_bytes: int | None = None) -> Breach | None:
+def breach_of(
+    value: Any, *, where: str, max_bytes: int | None = None, strict_types: bool = True
+) -> Breach | None:
     """The first bound `value` is over, or None. Walks without recursion and stops at the
-    first breach, so a hostile value costs no more than its part within the bounds."""
+    first breach, so a hostile value costs no more than its part within the bounds.
+    `strict_types=False` lets through values JSON has no word for (written as their text)."""
     stack: list[tuple[Any, int, str]] = [(value, 0, where)]
     while stack:
         item, depth, path = stack.pop()
@@ -92,10 +95,10 @@ def breach_of(value: Any, *, where: str, max_bytes: int | None = None) -> Breach
             else:
                 stack.extend((child, depth + 1, f"{path}[{i}]") for i, child in enumerate(item))
             continue
-        if not isinstance(item, _SCALARS):
+        if strict_types and not isinstance(item, _SCALARS):
             return _type(path, item)
     if max_bytes is not None:
-        size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+        size = len(json.dumps(value, ensure_ascii=False, default=str).encode("utf-8"))
         if size > max_bytes:
             return Breach(
                 where, "bytes", max_bytes, f"{where} is {size} bytes as JSON, over {max_bytes}"
@@ -132,6 +135,16 @@ def check(
             hint=hint or bounds_hint(),
             details=[found.detail()],
         )
+
+
+def dumps(value: Any, *, where: str) -> str:
+    """`value` as JSON text to store, values JSON has no word for as their text; a value over
+    a bound is stored as a marker saying so (the net under every write: what comes from
+    outside is refused with `check` before it gets here)."""
+    found = breach_of(value, where=where, strict_types=False)
+    if found is not None:
+        return json.dumps(unreadable(f"not kept: {found.message}"))
+    return json.dumps(value, default=str)
 
 
 def bounds_hint() -> str:

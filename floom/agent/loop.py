@@ -105,8 +105,8 @@ class AgentLoop:
         now = time.monotonic()
         self.t.active_seconds += now - self._mark
         self._mark = now
-        self.t.messages_json = json.dumps(self.messages)
-        self.t.state_json = json.dumps(self.state)
+        self.t.messages_json = jsonvalues.dumps(self.messages, where="messages")
+        self.t.state_json = jsonvalues.dumps(self.state, where="state")
         agent_runs.save_transcript(self.env.ctx, self.t)
 
     def _note(self, text: str) -> None:
@@ -194,6 +194,12 @@ class AgentLoop:
         use_id, name = str(block.get("id")), str(block.get("name"))
         raw = block.get("input")
         args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        found = jsonvalues.breach_of(args, where="the input", strict_types=False)
+        if found is not None:
+            # Before anything walks the input (the redactor recurses) or stores it.
+            message = f"refused: {found.message} ({found.limit} bound); {jsonvalues.bounds_hint()}"
+            self._record(name, jsonvalues.unreadable(found.message), "refused", error=message)
+            return None, _result(use_id, message, error=True)
         awaiting = self.state["awaiting"]
         if not awaiting or awaiting.get("tool_use_id") != use_id:
             awaiting = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, delete, func, insert, or_, text, update
 from sqlmodel import col, select
 
+from floom import jsonvalues
 from floom.services.logs import append_events, lock_events, system_event
 from floom.services.run_records import RunRecord, record_in_session
 from floom.services.run_rules import (
@@ -325,7 +325,9 @@ def finish_attempt(
     values["exit_code"] = outcome.exit_code
     if not retry:
         values["outputs_json"] = (
-            json.dumps(outcome.outputs) if outcome.outputs is not None else None
+            jsonvalues.dumps(outcome.outputs, where="outputs")
+            if outcome.outputs is not None
+            else None
         )
     held = {
         "held_id": run.id,

@@ -3,7 +3,6 @@ artifacts a paused run keeps. Callers pass values already redacted."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -103,7 +102,7 @@ def record_tool_call(
             attempt=attempt,
             tool=tool,
             status=status,
-            arguments_json=json.dumps(arguments, default=str),
+            arguments_json=jsonvalues.dumps(arguments, where="arguments"),
             result=_cap(result),
             result_size=len(result or ""),
             error=_cap(error),
@@ -130,7 +129,7 @@ def finish_tool_call(
         if call is None:
             return
         call.status = status
-        call.arguments_json = json.dumps(arguments, default=str)
+        call.arguments_json = jsonvalues.dumps(arguments, where="arguments")
         call.result = _cap(result)
         call.result_size = len(result or "")
         call.error = _cap(error)
@@ -257,7 +256,10 @@ def remember(ctx: Context, *, worker_name: str, key: str, value: Any, run_id: st
     with session_scope(ctx.engine, write=True) as s:
         s.add(
             MemoryEntry(
-                worker_name=worker_name, key=key, value_json=json.dumps(value), run_id=run_id
+                worker_name=worker_name,
+                key=key,
+                value_json=jsonvalues.dumps(value, where="value"),
+                run_id=run_id,
             )
         )
 

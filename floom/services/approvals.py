@@ -9,7 +9,6 @@ ends the run as `rejected`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +66,7 @@ def new_approval(
         kind=kind,
         tool=tool,
         tool_call_id=tool_call_id,
-        proposed_json=json.dumps(proposed, default=str),
+        proposed_json=jsonvalues.dumps(proposed, where="proposed"),
     )
 
 
@@ -98,7 +97,7 @@ def pause_run(
         if artifacts is not None:
             replace_artifacts(s, run_id=run.id, artifacts=artifacts)
         if proposed_outputs is not None:
-            current.outputs_json = json.dumps(proposed_outputs)
+            current.outputs_json = jsonvalues.dumps(proposed_outputs, where="outputs")
         transition(current, AWAITING_APPROVAL, by=EXECUTOR)
         current.sandbox_seconds += sandbox_seconds
         s.add(current)
@@ -203,6 +202,8 @@ def decide_approval(
             "edited must be a JSON object of the values to change",
             hint='e.g. {"title": "a better title"}',
         )
+    if edited is not None:
+        jsonvalues.check(edited, where="edited", max_bytes=ctx.settings.max_result_bytes)
     comment = (comment or "").strip() or None
     if decision == "reject":
         if edited:
@@ -241,7 +242,7 @@ def decide_approval(
                     )
         now = utcnow()
         approval.status = APPROVED if decision == "approve" else REJECTED_DECISION
-        approval.edited_json = json.dumps(edited) if edited else None
+        approval.edited_json = jsonvalues.dumps(edited, where="edited") if edited else None
         approval.comment = comment
         approval.decided_by = actor
         approval.decided_at = now
@@ -273,7 +274,7 @@ def _apply_decision(
     else:
         transition(run, QUEUED, by=CALLER)
         if approval.kind == "run":
-            run.outputs_json = json.dumps(final)
+            run.outputs_json = jsonvalues.dumps(final, where="outputs")
             run.phase = PHASE_APPLY
             edits = " with edits" if approval.edited_json else ""
             message = f"outputs approved{who}{edits}{note}; apply phase queued"

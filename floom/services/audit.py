@@ -3,7 +3,6 @@ them back (admin only, through the API)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +61,7 @@ def record(
         actor_key_id=actor.key_id,
         actor=actor.label[:160],
         subject=subject[:200],
-        payload_json=json.dumps(payload, sort_keys=True, default=str),
+        payload_json=jsonvalues.dumps(payload, where="payload"),
     )
     s.add(event)
     return event

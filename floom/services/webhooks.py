@@ -269,10 +269,16 @@ def parse_body(body: bytes, content_type: str) -> Any:
         form = urllib.parse.parse_qs(text)
         if "payload" in form:
             text = form["payload"][0]
-    try:
-        return json.loads(text)
-    except ValueError:
+    value, breach = jsonvalues.parse(text, where="the body")
+    if breach is None:
+        return value
+    if breach.limit == "json":
         return text
+    raise InputInvalid(
+        f"{breach.message} ({breach.limit} bound)",
+        hint=jsonvalues.bounds_hint(),
+        details=[breach.detail()],
+    )
 
 
 def event_inputs(

@@ -48,7 +48,7 @@ def record(
             actor_agent_id=actor.agent_id,
             actor_key_id=actor.key_id,
             actor=actor.describe()[:160],
-            payload_json=json.dumps(payload or {}, default=str),
+            payload_json=jsonvalues.dumps(payload or {}, where="payload"),
         )
     )
 
