@@ -247,7 +247,8 @@ def _keys(value: Any) -> Any:
 
 
 def _word(kind: type) -> str:
-    return {dict: "object", list: "list", str: "string"}.get(kind, kind.__name__)
+    words: dict[type, str] = {dict: "object", list: "list", str: "string"}
+    return words.get(kind, kind.__name__)
 
 
 def _stored(text: Any) -> Any:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 from itertools import product
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
