@@ -55,11 +55,13 @@ def breach_of(
     first breach, so a hostile value costs no more than its part within the bounds.
     `strict_types=False` lets through values JSON has no word for (written as their text)."""
     stack: list[tuple[Any, int, str]] = [(value, 0, where)]
+    # A long string is told after the size: over both, the size is the bound to name.
+    long_string: Breach | None = None
     while stack:
         item, depth, path = stack.pop()
         if isinstance(item, str):
-            if len(item) > MAX_STRING_CHARS:
-                return _string(path)
+            if len(item) > MAX_STRING_CHARS and long_string is None:
+                long_string = _string(path)
             continue
         if isinstance(item, bool) or item is None:
             continue
@@ -89,8 +91,8 @@ def breach_of(
                 for key, child in item.items():
                     if not isinstance(key, str):
                         return _type(f"{path} key {key!r}", key)
-                    if len(key) > MAX_STRING_CHARS:
-                        return _string(f"{path} key")
+                    if len(key) > MAX_STRING_CHARS and long_string is None:
+                        long_string = _string(f"{path} key")
                     stack.append((child, depth + 1, f"{path}.{key[:40]}"))
             else:
                 stack.extend((child, depth + 1, f"{path}[{i}]") for i, child in enumerate(item))
@@ -103,7 +105,7 @@ def breach_of(
             return Breach(
                 where, "bytes", max_bytes, f"{where} is {size} bytes as JSON, over {max_bytes}"
             )
-    return None
+    return long_string
 
 
 def _string(path: str) -> Breach:

@@ -351,14 +351,15 @@ MAX_INPUT_DEPTH = jsonvalues.MAX_DEPTH
 
 
 def _check_input_bounds(inputs: Any, *, max_bytes: int) -> None:
-    # Before anything is read or stored for the run; the shape first (depth, keys, strings,
-    # numbers), so that measuring the size cannot recurse without bound.
-    jsonvalues.check(
-        inputs,
-        where="inputs",
-        error=InputInvalid,
-        hint="flatten the value, or pass it as a file input; " + jsonvalues.bounds_hint(),
-    )
+    # Before anything is read or stored for the run; the shape first (depth, keys, numbers),
+    # so that measuring the size cannot recurse without bound; a long string after the size.
+    found = jsonvalues.breach_of(inputs, where="inputs")
+    if found is not None and found.limit != "string":
+        raise InputInvalid(
+            found.message,
+            hint="flatten the value, or pass it as a file input; " + jsonvalues.bounds_hint(),
+            details=[found.detail()],
+        )
     size = len(json.dumps(inputs or {}, default=str, ensure_ascii=False).encode("utf-8"))
     if size > max_bytes:
         raise InputsTooLarge(
@@ -367,6 +368,8 @@ def _check_input_bounds(inputs: Any, *, max_bytes: int) -> None:
             "sets FLOOM_MAX_INPUT_BYTES",
             details=[{"path": "inputs", "limit": "bytes", "max": max_bytes}],
         )
+    if found is not None:
+        raise InputInvalid(found.message, hint=jsonvalues.bounds_hint(), details=[found.detail()])
 
 
 def get_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
