@@ -23,7 +23,7 @@ from floom.errors import (
     NotFound,
     WorkerPaused,
 )
-from floom.services import agent_runs, approvals, exposure, workers
+from floom.services import agent_runs, approvals, artifact_scan, exposure, workers
 from floom.services.logs import append_events, system_event
 from floom.services.principal import Principal
 from floom.services.run_rules import (
@@ -526,9 +526,15 @@ def read_artifact(
                 f"run {run_id} has no artifact '{name}'",
                 hint=f"`floom runs show {run_id}` lists its artifacts",
             )
+        artifact_scan.check_may_read(
+            name=name, content_type=art.content_type, data=None, caller=caller
+        )
         blob = s.get(Blob, art.digest)
         if blob is None:
             raise NotFound(f"the content of artifact '{name}' is missing from the store")
+        artifact_scan.check_may_read(
+            name=name, content_type=art.content_type, data=blob.data, caller=caller
+        )
         return art, blob.data
 
 
@@ -575,6 +581,7 @@ def artifact_to_dict(a: Artifact) -> dict[str, Any]:
         "digest": a.digest,
         "content_type": a.content_type,
         "url": f"/api/v1/runs/{a.run_id}/artifacts/{a.name}",
+        "scanned": artifact_scan.scanned(a.content_type),
     }
 
 
