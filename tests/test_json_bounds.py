@@ -7,6 +7,9 @@ nested past the parser's recursion) is a 4xx naming where, never a 500."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from floom.services.principal import SYSTEM
 from floom.services.webhooks import parse_body
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.test_limits_parsers import archive
+from tests.web_support import csrf_of, signed_in_client
 
 BIG = "9" * 5000
 DEEP_LIST = "[" * 5000 + "]" * 5000
@@ -185,3 +189,46 @@ def test_a_value_written_over_a_bound_is_stored_as_a_marker() -> None:
     stored = json.loads(jsonvalues.dumps({"x": _nested(70)}, where="outputs"))
     assert list(stored) == [jsonvalues.UNREADABLE]
     assert json.loads(jsonvalues.dumps({"x": 1}, where="outputs")) == {"x": 1}
+
+
+def test_an_edit_in_the_web_ui_that_trips_the_json_parser_is_a_400(
+    server: LiveServer,
+) -> None:
+    page = signed_in_client(server, server.admin_key)
+    try:
+        csrf = csrf_of(page.get("/approvals").text)
+        for text in (DEEP_LIST, '{"x": ' + BIG + "}"):
+            # The inbox is shown again with a 400 (the message sits by a listed approval).
+            form = {"csrf": csrf, "edited": text}
+            response = page.post("/approvals/apr_none/approve", data=form)
+            assert response.status_code == 400, response.text[-500:]
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "any", "--input-json", DEEP_LIST],
+        ["run", "any", "--input-json", '{"x": ' + BIG + "}"],
+        ["approve", "apr_none", "--edit", DEEP_LIST],
+        ["handoffs", "create", "s", "--role", "r", "--context", DEEP_LIST],
+    ],
+    ids=["run-deep", "run-huge-integer", "approve-deep", "handoff-deep"],
+)
+def test_a_cli_json_option_that_trips_the_parser_says_why_without_a_traceback(
+    tmp_path: Path, args: list[str]
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
+    env |= {"FLOOM_BASE_URL": "http://127.0.0.1:9", "FLOOM_API_KEY": "flm_x"}
+    env["FLOOM_DATA_DIR"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "floom.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode in (1, 2), (done.returncode, done.stderr[-500:])
+    assert "levels" in done.stderr or "digits" in done.stderr, done.stderr[-800:]
