@@ -198,7 +198,9 @@ class AgentLoop:
         if found is not None:
             # Before anything walks the input (the redactor recurses) or stores it.
             message = f"refused: {found.message} ({found.limit} bound); {jsonvalues.bounds_hint()}"
-            self._record(name, jsonvalues.unreadable(found.message), "refused", error=message)
+            # The transcript keeps the marker too, so that it stays within the bounds.
+            block["input"] = jsonvalues.unreadable(found.message)
+            self._record(name, block["input"], "refused", error=message)
             return None, _result(use_id, message, error=True)
         awaiting = self.state["awaiting"]
         if not awaiting or awaiting.get("tool_use_id") != use_id:
