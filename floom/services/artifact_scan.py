@@ -61,17 +61,18 @@ def mask_bytes(data: bytes, secrets: Iterable[str]) -> bytes:
     return data
 
 
-def check_may_read(*, name: str, content_type: str, data: bytes | None, caller: Principal) -> None:
-    """Refuse (403, naming why) an artifact floom could not scan for secrets to a caller that
-    may not run workers. Judged by the recorded content type and, where the bytes are at
-    hand, by their first bytes too (an artifact collected before floom marked them)."""
+def check_may_read(*, name: str, content_type: str, data: bytes | None, reader: Principal) -> None:
+    """Refuse (403, naming why) an artifact floom could not scan for secrets to a reader that
+    may not run workers (the read scope was checked before). Judged by the recorded content
+    type and, where the bytes are at hand, by their first bytes too (an artifact collected
+    before floom marked them)."""
     found = content_type in UNSCANNABLE_TYPES
     kind = content_type
     if not found and data is not None:
         detected = unscannable_kind(data)
         if detected is not None:
             found, kind = True, detected[0]
-    if not found or caller.can(SCOPE_FOR_UNSCANNABLE):
+    if not found or reader.can(SCOPE_FOR_UNSCANNABLE):
         return
     raise Forbidden(
         f"artifact '{name}' is {kind} data that floom cannot scan for secrets, so only keys "

@@ -527,13 +527,13 @@ def read_artifact(
                 hint=f"`floom runs show {run_id}` lists its artifacts",
             )
         artifact_scan.check_may_read(
-            name=name, content_type=art.content_type, data=None, caller=caller
+            name=name, content_type=art.content_type, data=None, reader=caller
         )
         blob = s.get(Blob, art.digest)
         if blob is None:
             raise NotFound(f"the content of artifact '{name}' is missing from the store")
         artifact_scan.check_may_read(
-            name=name, content_type=art.content_type, data=blob.data, caller=caller
+            name=name, content_type=art.content_type, data=blob.data, reader=caller
         )
         return art, blob.data
 
