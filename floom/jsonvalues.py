@@ -48,57 +48,54 @@ class Breach:
         return {"path": self.path, "limit": self.limit, "max": self.max}
 
 
+# A place in a value, built only when a breach is told: (the parent's trail, key or index).
+Trail = tuple[Any, Any] | None
+_CONTAINER: Final = object()
+
+
 def breach_of(
     value: Any, *, where: str, max_bytes: int | None = None, strict_types: bool = True
 ) -> Breach | None:
     """The first bound `value` is over, or None. Walks without recursion and stops at the
     first breach, so a hostile value costs no more than its part within the bounds.
     `strict_types=False` lets through values JSON has no word for (written as their text)."""
-    stack: list[tuple[Any, int, str]] = [(value, 0, where)]
     # A long string is told after the size: over both, the size is the bound to name.
     long_string: Breach | None = None
+    kind = _kind(value, strict_types)
+    if kind is _CONTAINER:
+        stack: list[tuple[Any, int, Trail]] = [(value, 0, None)]
+    elif kind is None:
+        stack = []
+    elif kind == "string":
+        stack, long_string = [], _breach("string", where, None, value)
+    else:
+        return _breach(str(kind), where, None, value)
     while stack:
-        item, depth, path = stack.pop()
-        if isinstance(item, str):
-            if len(item) > MAX_STRING_CHARS and long_string is None:
-                long_string = _string(path)
-            continue
-        if isinstance(item, bool) or item is None:
-            continue
-        if isinstance(item, int):
-            if item.bit_length() > _MAX_INT_BITS:
-                return Breach(
-                    path,
-                    "number",
-                    MAX_INT_DIGITS,
-                    f"{path} is an integer of more than {MAX_INT_DIGITS} digits",
-                )
-            continue
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                return Breach(path, "number", None, f"{path} is {item}, which JSON cannot hold")
-            continue
-        if isinstance(item, (Mapping, list, tuple)):
-            if depth >= MAX_DEPTH:
-                return Breach(
-                    path, "depth", MAX_DEPTH, f"{where} nests deeper than {MAX_DEPTH} levels"
-                )
-            if isinstance(item, Mapping):
-                if len(item) > MAX_KEYS:
-                    return Breach(
-                        path, "keys", MAX_KEYS, f"{path} is an object of more than {MAX_KEYS} keys"
-                    )
-                for key, child in item.items():
-                    if not isinstance(key, str):
-                        return _type(f"{path} key {key!r}", key)
-                    if len(key) > MAX_STRING_CHARS and long_string is None:
-                        long_string = _string(f"{path} key")
-                    stack.append((child, depth + 1, f"{path}.{key[:40]}"))
+        item, depth, trail = stack.pop()
+        if depth >= MAX_DEPTH:
+            return _breach("depth", where, trail, item)
+        mapping = isinstance(item, Mapping)
+        if mapping:
+            if len(item) > MAX_KEYS:
+                return _breach("keys", where, trail, item)
+            children: Any = item.items()
+        else:
+            children = enumerate(item)
+        for key, child in children:
+            if mapping and type(key) is not str:
+                return _breach("type", where, trail, key)
+            if type(key) is str and len(key) > MAX_STRING_CHARS and long_string is None:
+                long_string = _breach("string", where, trail, key)
+            kind = _kind(child, strict_types)
+            if kind is None:
+                continue
+            if kind is _CONTAINER:
+                stack.append((child, depth + 1, (trail, key)))
+            elif kind == "string":
+                if long_string is None:
+                    long_string = _breach("string", where, (trail, key), child)
             else:
-                stack.extend((child, depth + 1, f"{path}[{i}]") for i, child in enumerate(item))
-            continue
-        if strict_types and not isinstance(item, _SCALARS):
-            return _type(path, item)
+                return _breach(str(kind), where, (trail, key), child)
     if max_bytes is not None:
         size = len(json.dumps(value, ensure_ascii=False, default=str).encode("utf-8"))
         if size > max_bytes:
@@ -108,16 +105,59 @@ def breach_of(
     return long_string
 
 
-def _string(path: str) -> Breach:
-    return Breach(
-        path,
-        "string",
-        MAX_STRING_CHARS,
-        f"{path} is a string of more than {MAX_STRING_CHARS} characters",
-    )
+def _kind(item: Any, strict_types: bool) -> Any:
+    """None for a scalar within the bounds, _CONTAINER for a list or mapping, else the name
+    of the bound it is over."""
+    t = type(item)
+    if t is str:
+        return "string" if len(item) > MAX_STRING_CHARS else None
+    if t is int:
+        return "number" if item.bit_length() > _MAX_INT_BITS else None
+    if t is float:
+        return None if math.isfinite(item) else "number"
+    if item is None or t is bool:
+        return None
+    if isinstance(item, (Mapping, list, tuple)):
+        return _CONTAINER
+    # Subclasses (an enum, a bool) are judged as their base type.
+    if isinstance(item, bool):
+        return None
+    for base in (str, int, float):
+        if isinstance(item, base):
+            return _kind(base(item), strict_types)
+    return "type" if strict_types else None
 
 
-def _type(path: str, item: Any) -> Breach:
+def _path(where: str, trail: Trail) -> str:
+    parts: list[str] = []
+    while trail is not None:
+        trail, key = trail
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{str(key)[:40]}")
+    return where + "".join(reversed(parts))
+
+
+def _breach(limit: str, where: str, trail: Trail, item: Any) -> Breach:
+    path = _path(where, trail)
+    if limit == "depth":
+        return Breach(path, "depth", MAX_DEPTH, f"{where} nests deeper than {MAX_DEPTH} levels")
+    if limit == "keys":
+        return Breach(path, "keys", MAX_KEYS, f"{path} is an object of more than {MAX_KEYS} keys")
+    if limit == "string":
+        return Breach(
+            path,
+            "string",
+            MAX_STRING_CHARS,
+            f"{path} is a string of more than {MAX_STRING_CHARS} characters",
+        )
+    if limit == "number" and isinstance(item, int):
+        return Breach(
+            path,
+            "number",
+            MAX_INT_DIGITS,
+            f"{path} is an integer of more than {MAX_INT_DIGITS} digits",
+        )
+    if limit == "number":
+        return Breach(path, "number", None, f"{path} is {item}, which JSON cannot hold")
     return Breach(path, "type", None, f"{path} is a {type(item).__name__}, which JSON cannot hold")
 
 
@@ -177,6 +217,11 @@ def parse(
 ) -> tuple[Any, Breach | None]:
     """JSON text from outside floom, parsed within the bounds: (value, None), or (None, the
     breach) when it is not JSON or is over a bound. Never raises for any input."""
+    if isinstance(text, bytes):
+        try:  # as json.loads reads bytes: UTF-8, or UTF-16/32 told by the first bytes
+            text = text.decode(json.detect_encoding(text), "surrogatepass")
+        except UnicodeDecodeError as exc:
+            return None, Breach(where, "json", None, f"{where} is not valid JSON ({_short(exc)})")
     try:
         value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
     except RecursionError:
@@ -194,6 +239,15 @@ def parse(
                 f"{where} holds an integer of more than {MAX_INT_DIGITS} digits",
             )
         return None, Breach(where, "json", None, f"{where} is not valid JSON ({_short(exc)})")
+    # Parsed JSON holds only JSON's types and finite numbers; no string can be longer than
+    # the text, no object have more keys than it has colons, and only many brackets can
+    # nest deep: most values need no walk, or one of their containers only.
+    if max_bytes is None and len(text) <= MAX_STRING_CHARS and text.count(":") <= MAX_KEYS:
+        if _too_deep(text, value):
+            return None, Breach(
+                where, "depth", MAX_DEPTH, f"{where} nests deeper than {MAX_DEPTH} levels"
+            )
+        return value, None
     return value, breach_of(value, where=where, max_bytes=max_bytes)
 
 
@@ -266,12 +320,24 @@ def _stored(text: Any) -> Any:
         return unreadable(f"the stored value nests deeper than {MAX_DEPTH} levels")
     except ValueError as exc:
         return unreadable(f"the stored value is not valid JSON ({_short(exc)})")
-    # Only many brackets can nest deep; most values skip the walk.
-    if text.count("[") + text.count("{") > MAX_DEPTH or len(text) > MAX_STRING_CHARS:
-        found = breach_of(value, where="value")
-        if found is not None:
-            return unreadable(f"the stored value is over a bound: {found.message}")
+    if _too_deep(text, value):
+        return unreadable(f"the stored value nests deeper than {MAX_DEPTH} levels")
     return value
+
+
+def _too_deep(text: str, value: Any) -> bool:
+    """Whether parsed JSON `value` nests deeper than MAX_DEPTH: at once when its text has
+    fewer brackets than that, else by a walk of its containers only."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH or type(value) not in (dict, list):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth >= MAX_DEPTH:
+            return True
+        children = item.values() if type(item) is dict else item
+        stack.extend([(c, depth + 1) for c in children if type(c) is dict or type(c) is list])
+    return False
 
 
 def shown(value: Any) -> Any:
