@@ -232,3 +232,31 @@ def test_a_cli_json_option_that_trips_the_parser_says_why_without_a_traceback(
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.returncode in (1, 2), (done.returncode, done.stderr[-500:])
     assert "levels" in done.stderr or "digits" in done.stderr, done.stderr[-800:]
+
+
+TYPED = "name: typed\ninputs:\n  n: integer\n  x: number\n  doc: object\n"
+
+
+@pytest.mark.parametrize(
+    ("field", "text", "said"),
+    [
+        ("n", BIG, "4300 digits"),
+        ("x", "1e999", "finite"),
+        ("doc", DEEP_LIST, "64 levels"),
+        ("doc", '{"a": ' + BIG + "}", "4300 digits"),
+    ],
+    ids=["huge-integer", "overflowing-number", "deep-object", "object-huge-integer"],
+)
+def test_a_run_form_value_that_trips_a_parser_is_a_4xx_naming_the_input(
+    server: LiveServer, api: httpx.Client, tmp_path: Path, field: str, text: str, said: str
+) -> None:
+    deploy_folder(api, make_worker(tmp_path / "typed", TYPED, {"run.py": "print(1)\n"}))
+    page = signed_in_client(server, server.admin_key)
+    try:
+        csrf = csrf_of(page.get("/workers/typed").text)
+        response = page.post("/workers/typed/runs", data={"csrf": csrf, field: text})
+        assert response.status_code == 422, response.text[-500:]
+        assert said in response.text
+    finally:
+        page.close()
+    assert api.get("/api/v1/runs").json()["items"] == []
