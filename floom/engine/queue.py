@@ -99,9 +99,11 @@ def _claim_statements() -> _ClaimStatements:
     claim = (
         update(runs)
         .values(
-            {name: bindparam(name, type_=runs.c[name].type) for name in fields},
-            # The attempt's fencing token: every write of it presents this epoch.
-            lease_epoch=runs.c.lease_epoch + 1,
+            {
+                **{name: bindparam(name, type_=runs.c[name].type) for name in fields},
+                # The attempt's fencing token: every write of it presents this epoch.
+                "lease_epoch": runs.c.lease_epoch + 1,
+            }
         )
         .returning(*runs.c)
     )
