@@ -159,3 +159,25 @@ def test_every_claim_and_reap_moves_the_epoch_on(ctx: Context) -> None:
         s.add(row)
     assert reap_expired_leases(other_node(ctx, "node-b")) == 1
     assert _row(ctx, run_id).lease_epoch == 2
+
+
+def test_the_reaper_takes_an_expired_lease_only_after_its_grace(ctx: Context) -> None:
+    (run_id,) = enqueue(ctx, 1, max_attempts=2)
+    assert claim_next_run(ctx) is not None
+    b = other_node(ctx, "node-b")
+    b.settings = b.settings.model_copy(update={"lease_grace_seconds": 30.0})
+
+    def expired(seconds_ago: float) -> None:
+        with session_scope(ctx.engine, write=True) as s:
+            row = s.get(Run, run_id)
+            assert row is not None
+            row.lease_expires_at = utcnow() - timedelta(seconds=seconds_ago)
+            s.add(row)
+
+    # Expired, but the holder's watchdog may still be ending its sandbox: not yet.
+    expired(20)
+    assert reap_expired_leases(b) == 0
+    assert _row(ctx, run_id).status == "running"
+    expired(31)
+    assert reap_expired_leases(b) == 1
+    assert _row(ctx, run_id).status == "queued"
