@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -38,6 +40,11 @@ WATCHDOG_PROGRAM: Final = Path(__file__).with_name("watchdog.py")
 MARGIN_SHARE: Final = 0.1
 MAX_MARGIN_SECONDS: Final = 1.0
 _PIPE_BUF: Final = 4096  # writes up to this size are atomic on a pipe
+# The pipe holds this much (F_SETPIPE_SZ; the kernel's default is 64 KiB): some ten thousand
+# lines, so a burst of runs never waits for the watchdog to read.
+PIPE_BYTES: Final = 1 << 20
+# A new sandbox waits at most this long for room in a full pipe before it is refused.
+WATCH_WAIT_SECONDS: Final = 1.0
 
 
 def margin_seconds(lease_seconds: float) -> float:
@@ -104,7 +111,7 @@ class LeaseFence:
         be told (the sandbox must then not start)."""
         lines = [f"watch {key} {target}" for target in targets]
         with self._lock:
-            if not self._send(lines):
+            if not self._send(lines, wait=WATCH_WAIT_SECONDS):
                 raise SandboxUnavailable(
                     "the lease watchdog is not answering, so the sandbox would not be ended "
                     "with its lease",
@@ -147,8 +154,9 @@ class LeaseFence:
             return True
         return False
 
-    def _send(self, lines: list[str]) -> bool:
-        """Write `lines` without blocking; False when the pipe is full or no watchdog runs."""
+    def _send(self, lines: list[str], *, wait: float = 0.0) -> bool:
+        """Write `lines` without blocking (with `wait`, for room in a full pipe up to that
+        many seconds); False when the pipe stayed full or no watchdog runs."""
         if not lines:
             return True
         if self._fd < 0 or (self._proc is not None and self._proc.poll() is not None):
@@ -157,6 +165,8 @@ class LeaseFence:
         try:
             self._write(lines)
         except BlockingIOError:
+            if wait and select.select([], [self._fd], [], wait)[1]:
+                return self._send(lines)
             log.warning("the lease watchdog's pipe is full; a change was not sent")
             return False
         except OSError as exc:
@@ -204,6 +214,8 @@ class LeaseFence:
             log.error("cannot start the lease watchdog: %s", exc)
             return False
         os.close(read_fd)
+        with contextlib.suppress(OSError):  # a smaller pipe only fills sooner
+            fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         os.set_blocking(write_fd, False)
         self._fd = write_fd
         state = [f"deadline {key} {when:.6f}" for key, when in self._deadlines.items()]

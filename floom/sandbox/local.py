@@ -376,7 +376,9 @@ def _watch(spec: SandboxSpec, launcher: Launcher) -> None:
 
 
 def _unwatch(spec: SandboxSpec, launcher: Launcher) -> None:
-    if spec.fence:
+    # A cgroup's directory is removed with its run and its name never comes back: the
+    # attempt's end (forget) drops it. A process group's id may be reused: dropped now.
+    if spec.fence and launcher.cgroup is None:
         node_fence().unwatch(spec.fence, _fence_targets(launcher))
 
 
