@@ -18,7 +18,7 @@ from floom.engine.attempt import (
     sandbox_unavailable_outcome,
     start_script_ahead,
 )
-from floom.engine.cleanup import discard_later, empty_folder, reap_sandbox_orphans
+from floom.engine.cleanup import empty_folder, reap_sandbox_orphans
 from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
@@ -84,7 +84,7 @@ class StartedAttempt:
         if sandbox is None:
             return
         sandbox.discard()
-        discard_later(self.attempt.base)
+        self.attempt.discard()
         self._executor.forget_ahead(self.attempt.run.id)
 
 

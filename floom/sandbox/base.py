@@ -185,6 +185,20 @@ class Sandbox(abc.ABC):
         should_cancel: Callable[[], bool],
     ) -> SandboxResult: ...
 
+    def make_run_dir(self, path: Path, *, disk_mb: int) -> None:
+        """Make the folder `path` (its parents as needed; it must not exist yet), in which
+        the caller then makes a run's work and output dirs, side by side, for specs of this
+        backend. A backend whose disk limit the kernel enforces mounts a filesystem of
+        `disk_mb` MiB there (the local one as root): the run's writes to both dirs end at
+        it with ENOSPC, and `run` reports the limit when the run filled it. Raises OSError.
+        Default: a plain folder."""
+        path.mkdir(parents=True)
+
+    def release_run_dir(self, path: Path) -> None:  # noqa: B027 - optional hook
+        """Let go of what `make_run_dir` put at `path` before the caller deletes it: what it
+        holds is gone after this (read the run's files first); the folder stays. Called once
+        the run dir's runs have ended; raises nothing. Default: nothing."""
+
     @property
     def starts_ahead(self) -> bool:
         """Whether `start_ahead` can start a sandbox ahead of its run. Default: no."""
