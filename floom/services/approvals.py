@@ -90,6 +90,7 @@ def pause_run(
             current is None
             or current.status != RUNNING
             or current.lease_owner != ctx.node_id
+            or current.lease_epoch != run.lease_epoch  # fenced: another node took the run
             or current.cancel_requested
         ):
             return False
