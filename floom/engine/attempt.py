@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,6 +21,7 @@ from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
 from floom.errors import FloomError, SecretNameRefused
 from floom.sandbox import e2b_api_key
+from floom.sandbox.fence import fence_key
 from floom.services import agent_runs, workers
 from floom.services import secrets as secret_service
 from floom.services.run_rules import CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED, TIMED_OUT
@@ -403,7 +405,11 @@ def start_script_ahead(attempt: Attempt) -> StartedAhead | None:
         return None
     try:
         attempt.prepare(layered=True)
-        ahead = sandbox.start_ahead(attempt.spec())
+        # Started while its queueing transaction claims it, which gives the run the next
+        # lease epoch: the watchdog knows its sandbox by that one.
+        run = attempt.run
+        spec = replace(attempt.spec(), fence=fence_key(run.id, run.lease_epoch + 1))
+        ahead = sandbox.start_ahead(spec)
     except BaseException:
         attempt.discard()
         raise

@@ -93,6 +93,9 @@ class SandboxSpec:
     metadata: dict[str, str] = field(default_factory=dict)
     template: str = ""
     files: Path | None = None
+    # The attempt's lease, as the node's watchdog knows it (floom/sandbox/fence.py): a
+    # backend that can names the sandbox's processes to it while they run. Empty: none.
+    fence: str = ""
 
 
 @dataclass(frozen=True)

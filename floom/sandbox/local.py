@@ -33,6 +33,7 @@ from floom.sandbox.base import (
     validate_spec,
 )
 from floom.sandbox.disks import Disks, RunDisk
+from floom.sandbox.fence import node_fence
 from floom.sandbox.identity import (
     DEFAULT_SANDBOX_UID,
     IdentityUnavailable,
@@ -260,6 +261,8 @@ class LocalSandbox(Sandbox):
         except IdentityUnavailable as exc:
             raise _unprepared(exc) from exc
         try:
+            # Before the run's command can exist: the watchdog ends it with its lease.
+            _watch(spec, launcher)
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
@@ -290,9 +293,11 @@ class LocalSandbox(Sandbox):
             )
         except (cgroups.CgroupError, IdentityUnavailable, OSError) as exc:
             launcher.discard()
+            _unwatch(spec, launcher)
             raise _unprepared(exc) from exc
         except BaseException:
             launcher.discard()
+            _unwatch(spec, launcher)
             raise
         return launcher, run_limits
 
@@ -308,6 +313,7 @@ class LocalSandbox(Sandbox):
             # Registered first so it runs last: the cgroup goes once everything else ended.
             run_scope.callback(run_limits.close)
             run_scope.callback(launcher.close_input)
+            run_scope.callback(_unwatch, spec, launcher)
 
             def before_command(child_pid: int) -> None:
                 # What these steps leave running ends with the run, after its process tree.
@@ -333,11 +339,12 @@ class LocalSandbox(Sandbox):
             return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
         return result
 
-    def _abandon(self, launcher: Launcher, run_limits: limits.RunLimits) -> None:
+    def _abandon(self, spec: SandboxSpec, launcher: Launcher, run_limits: limits.RunLimits) -> None:
         try:
             Supervisor(launcher.proc, launcher.info_fd, _ignore_line).abandon(launcher.release_fd)
         finally:
             launcher.close_input()
+            _unwatch(spec, launcher)
             run_limits.close()
             self.standby.replenish()
 
@@ -386,7 +393,27 @@ class _StartedAhead(StartedAhead):
     def discard(self) -> None:
         started = self._take()
         if started is not None:
-            self._sandbox._abandon(*started)
+            self._sandbox._abandon(self.spec, *started)
+
+
+def _fence_targets(launcher: Launcher) -> list[str]:
+    """The sandbox's processes as the lease watchdog finds them: its cgroup's directories, or
+    without a cgroup the launcher's process group (bwrap, whose pid 1 dies with it)."""
+    if launcher.cgroup is not None:
+        return [f"cgroup:{path}" for path in dict.fromkeys(launcher.cgroup.dirs.values())]
+    return [f"group:{launcher.proc.pid}"]
+
+
+def _watch(spec: SandboxSpec, launcher: Launcher) -> None:
+    if spec.fence:
+        node_fence().watch(spec.fence, _fence_targets(launcher))
+
+
+def _unwatch(spec: SandboxSpec, launcher: Launcher) -> None:
+    # A cgroup's directory is removed with its run and its name never comes back: the
+    # attempt's end (forget) drops it. A process group's id may be reused: dropped now.
+    if spec.fence and launcher.cgroup is None:
+        node_fence().unwatch(spec.fence, _fence_targets(launcher))
 
 
 def _ignore_line(stream: str, line: str) -> None:
