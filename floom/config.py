@@ -37,8 +37,10 @@ class Settings(BaseSettings):
     # worker runs in unless its worker.yml names one. E2B_DOMAIN etc. are the SDK's own.
     e2b_api_key: str = ""
     e2b_template: str = "base"
-    # When floom runs as root, local sandboxes run as this host uid (and gid), never root.
-    sandbox_uid: int = Field(65534, ge=1)
+    # When floom runs as root, each running local sandbox has a host uid (and gid) of its own
+    # from [base, base + count), never root (floom/sandbox/uid_pool.py; README: Sandbox uids).
+    sandbox_uid_base: int = Field(0x70000000, ge=1, le=2**31 - 1)
+    sandbox_uid_count: int = Field(1024, ge=1, le=1 << 20)
     executor_slots: int = 4
     # A line per HTTP request on stdout (uvicorn's access log): about 0.3 ms of the server's
     # CPU each, and what matters of a run, webhook or decision is in the store already.

@@ -426,15 +426,15 @@ def test_io_uring_ptrace_keyrings_and_bpf_are_refused_with_eperm(tmp_path: Path)
 
 @needs_cgroups
 @pytest.mark.parametrize(
-    "sandbox_uid",
+    "switched",
     [
-        pytest.param(None, id="the-default-uid"),
+        pytest.param(True, id="the-default-uids"),
         # Started as floom's own uid there is no stage between the launcher and bwrap.
-        pytest.param(os.geteuid(), id="floom-s-own-uid"),
+        pytest.param(False, id="floom-s-own-uid"),
     ],
 )
 def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(
-    tmp_path: Path, sandbox_uid: int | None
+    tmp_path: Path, switched: bool
 ) -> None:
     # Read from the host while the run waits: inside, its cgroup namespace may show its own
     # cgroup as "/".
@@ -457,7 +457,7 @@ def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(
         """,
         command=["python3", "run.py", marker],
         on_line=on_line,
-        sandbox=LocalSandbox() if sandbox_uid is None else LocalSandbox(sandbox_uid=sandbox_uid),
+        sandbox=LocalSandbox() if switched else LocalSandbox(uids=None),
     )
 
     assert result.exit_code == 0, lines

@@ -32,10 +32,10 @@ from floom.sandbox.base import (
     validate_spec,
 )
 from floom.sandbox.identity import (
-    DEFAULT_SANDBOX_UID,
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
+    share_files,
 )
 from floom.sandbox.network import (
     OFFLINE_RESOLV_CONF,
@@ -48,6 +48,7 @@ from floom.sandbox.network import (
 from floom.sandbox.ns_mount import Mount, NamespaceMounter
 from floom.sandbox.standby import ChildFds, Launcher, Standby
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
+from floom.sandbox.uid_pool import UidLease, UidPool, UidRange
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 
@@ -147,9 +148,13 @@ class LocalSandbox(Sandbox):
         cgroups.remove_stale(cgroups.detect())
         return killed
 
-    def __init__(self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
+    def __init__(self, *, uids: UidRange | None = UidRange()) -> None:
+        """`uids`: the host uids a root floom's sandboxes run as, one each while it runs
+        (floom/sandbox/uid_pool.py); None runs them as floom's own uid."""
         self._prefix: tuple[str, ...] | None = None
-        self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
+        # The node's identity; each run's is this one with the uid of its lease.
+        self._identity: SandboxIdentity = sandbox_identity(uids)
+        self._uids = UidPool(uids) if uids is not None and self._identity.switched else None
         self.standby = Standby(command=self._identity.launcher_command)
         # Its launchers and thread end with this sandbox, whoever forgets to close it.
         weakref.finalize(self, self.standby.close)
@@ -166,7 +171,7 @@ class LocalSandbox(Sandbox):
             "namespaces": True,
             "user_namespace": "--unshare-user" in self._command_prefix(),
             "unprivileged_uid": self._identity.uid != 0,
-            "sandbox_uid": str(self._identity.uid),
+            "sandbox_uid": str(self._uids.uids if self._uids else self._identity.uid),
             "seccomp": seccomp.supported(),
             "cgroup": f"v{tree.version}" if tree.version else "none",
             "memory_limit": limits.MEMORY in enforced,
@@ -196,8 +201,7 @@ class LocalSandbox(Sandbox):
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult:
-        launcher, run_limits = self._start(spec)
-        return self._supervise(spec, launcher, run_limits, on_line, should_cancel)
+        return self._supervise(spec, *self._start(spec), on_line, should_cancel)
 
     @property
     def starts_ahead(self) -> bool:
@@ -206,11 +210,25 @@ class LocalSandbox(Sandbox):
     def start_ahead(self, spec: SandboxSpec) -> StartedAhead:
         return _StartedAhead(self, spec, *self._start(spec))
 
-    def _start(self, spec: SandboxSpec) -> tuple[Launcher, limits.RunLimits]:
+    def _start(self, spec: SandboxSpec) -> tuple[Launcher, limits.RunLimits, UidLease | None]:
         """A launcher in its limited cgroup, sent `spec`'s command: bwrap makes the sandbox
-        and waits on its block fd until the supervisor releases the command."""
+        and waits on its block fd until the supervisor releases the command. As root, the
+        sandbox runs as a uid of its own (the lease), held until its processes ended."""
         prefix = self._command_prefix()
         validate_spec(spec)
+        lease = self._uids.take() if self._uids is not None else None
+        try:
+            launcher, run_limits = self._start_as(spec, prefix, lease)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        return launcher, run_limits, lease
+
+    def _start_as(
+        self, spec: SandboxSpec, prefix: tuple[str, ...], lease: UidLease | None
+    ) -> tuple[Launcher, limits.RunLimits]:
+        identity = self._identity if lease is None else self._identity.with_uid(lease.uid)
         # A launcher of a root floom has its own mount namespace, made when it started: it
         # must see the run's directories as floom does (standby.Launcher.sees).
         seeing = [spec.workdir, spec.output_dir, *([spec.files] if spec.files else [])]
@@ -221,9 +239,9 @@ class LocalSandbox(Sandbox):
         except IdentityUnavailable as exc:
             raise _unprepared(exc) from exc
         try:
-            self._identity.hand_over(spec.workdir, spec.output_dir)
-            if spec.files is not None:
-                self._identity.hand_over_files(spec.files)
+            identity.hand_over(spec.workdir, spec.output_dir)
+            if spec.files is not None and identity.switched:
+                share_files(spec.files)
             # The limits first: while the mount thread works, this thread's writes to the
             # cgroup's files would trade the GIL with it at every system call (0.50 against
             # 0.12 ms, bench/README.md).
@@ -239,7 +257,7 @@ class LocalSandbox(Sandbox):
                 )
                 mounts = tuple(m for m in (output, work) if m is not None)
                 pending = _MOUNTER.start(launcher.proc.pid, mounts)
-            argv = _argv(prefix, spec, launcher.child_fds, self._identity)
+            argv = _argv(prefix, spec, launcher.child_fds, identity)
             made: set[Mount] = set()
             if pending is not None:
                 made = {m for m, done in zip(pending.mounts, pending.wait(), strict=True) if done}
@@ -254,7 +272,7 @@ class LocalSandbox(Sandbox):
             if stage:
                 launcher.begin(stage)
             launcher.start(
-                [*self._identity.as_sandbox_user(), *argv],
+                [*identity.as_sandbox_user(), *argv],
                 _sandbox_env(spec),
                 resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
                 prelude=run_limits.shell_lines(),
@@ -272,12 +290,14 @@ class LocalSandbox(Sandbox):
         spec: SandboxSpec,
         launcher: Launcher,
         run_limits: limits.RunLimits,
+        lease: UidLease | None,
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult:
         with contextlib.ExitStack() as run_scope:
-            # Registered first so it runs last: the cgroup goes once everything else ended.
-            run_scope.callback(run_limits.close)
+            # Registered first so it runs last: the cgroup goes once everything else ended,
+            # and the uid with it.
+            run_scope.callback(_end_limits, run_limits, lease)
 
             def before_command(child_pid: int) -> None:
                 # What these steps leave running ends with the run, after its process tree.
@@ -300,11 +320,13 @@ class LocalSandbox(Sandbox):
             return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
         return result
 
-    def _abandon(self, launcher: Launcher, run_limits: limits.RunLimits) -> None:
+    def _abandon(
+        self, launcher: Launcher, run_limits: limits.RunLimits, lease: UidLease | None
+    ) -> None:
         try:
             Supervisor(launcher.proc, launcher.info_fd, _ignore_line).abandon(launcher.release_fd)
         finally:
-            run_limits.close()
+            _end_limits(run_limits, lease)
             self.standby.replenish()
 
     def _command_prefix(self) -> tuple[str, ...]:
@@ -312,8 +334,11 @@ class LocalSandbox(Sandbox):
             bwrap = shutil.which("bwrap")
             if bwrap is None:
                 raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
+            if self._uids is not None:
+                self._uids.check()  # a range that holds a user of this machine is refused
             system = _system_args()
             try:
+                # Probed as the range's first uid: one like every run's.
                 as_sandbox_user = self._identity.as_sandbox_user()
             except IdentityUnavailable as exc:
                 raise SandboxUnavailable(
@@ -332,13 +357,14 @@ class _StartedAhead(StartedAhead):
         spec: SandboxSpec,
         launcher: Launcher,
         run_limits: limits.RunLimits,
+        lease: UidLease | None,
     ) -> None:
         self.spec = spec
         self._sandbox = sandbox
-        self._started: tuple[Launcher, limits.RunLimits] | None = (launcher, run_limits)
+        self._started: _Started | None = (launcher, run_limits, lease)
         self._lock = threading.Lock()
 
-    def _take(self) -> tuple[Launcher, limits.RunLimits] | None:
+    def _take(self) -> _Started | None:
         with self._lock:
             started, self._started = self._started, None
         return started
@@ -353,6 +379,16 @@ class _StartedAhead(StartedAhead):
         started = self._take()
         if started is not None:
             self._sandbox._abandon(*started)
+
+
+_Started = tuple[Launcher, limits.RunLimits, UidLease | None]
+
+
+def _end_limits(run_limits: limits.RunLimits, lease: UidLease | None) -> None:
+    """End what is left of a run and remove its cgroup; then give its uid back, unless a
+    process of the run may still be there (the uid stays taken until floom exits)."""
+    if run_limits.close() and lease is not None:
+        lease.release()
 
 
 def _ignore_line(stream: str, line: str) -> None:
