@@ -41,6 +41,15 @@ class Settings(BaseSettings):
     # from [base, base + count), never root (floom/sandbox/uid_pool.py; README: Sandbox uids).
     sandbox_uid_base: int = Field(0x70000000, ge=1, le=2**31 - 1)
     sandbox_uid_count: int = Field(1024, ge=1, le=1 << 20)
+    # Ceilings on what one run's worker.yml `limits` may ask for on this server (unset: only
+    # worker.yml's own bounds); a worker over one is refused at deploy and by validate
+    # (floom/services/limit_ceilings.py; README: Resource limits).
+    max_timeout_seconds: int | None = Field(None, ge=1)
+    max_memory_mb: int | None = Field(None, ge=16)
+    max_processes: int | None = Field(None, ge=8)
+    max_cpu: float | None = Field(None, ge=0.05)
+    max_disk_mb: int | None = Field(None, ge=1)
+    max_tool_iterations: int | None = Field(None, ge=1)
     executor_slots: int = 4
     # A line per HTTP request on stdout (uvicorn's access log): about 0.3 ms of the server's
     # CPU each, and what matters of a run, webhook or decision is in the store already.
