@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from floom.client_env import DEFAULT_PORT
+from floom.egress import ALLOW_HINT, parse_allowed_networks
 
 # What a node may do (FLOOM_ROLES): serve the API and UI, fire schedules, execute runs.
 ROLES = ("api", "scheduler", "executor")
@@ -107,8 +108,12 @@ class Settings(BaseSettings):
     agent_max_output_tokens: int = 4096
     composio_api_key: str = ""
     composio_base_url: str = "https://backend.composio.dev"
-    # UNSAFE, for tests only: let http_request reach private and loopback addresses, and
-    # resolve names from "host=address,..." instead of DNS (like curl --resolve).
+    # Non-public networks ("10.1.2.0/24,...") that connections floom makes on a worker's
+    # behalf (http_request, MCP tool sources, Composio; floom/egress.py) may reach. Loopback
+    # and the host's own addresses stay closed whatever is listed.
+    egress_allow: str = ""
+    # UNSAFE, for tests only: let those connections reach private, loopback and the host's
+    # own addresses, and resolve names from "host=address,..." instead of DNS (curl --resolve).
     agent_http_allow_private: bool = False
     agent_http_resolve: str = ""
 
@@ -126,6 +131,16 @@ class Settings(BaseSettings):
         if not given:
             raise ValueError(f"no role given; roles are {', '.join(ROLES)} (comma-separated)")
         return ",".join(r for r in ROLES if r in given)
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _allowable_networks(cls, value: str) -> str:
+        """A bad entry would leave a network closed (or wider open) unnoticed: refuse it."""
+        try:
+            parse_allowed_networks(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; {ALLOW_HINT}") from exc
+        return value
 
     @cached_property
     def resolved_database_url(self) -> str:

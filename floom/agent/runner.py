@@ -14,6 +14,7 @@ from floom.agent.provider import ModelProvider, build_provider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
 from floom.agent.replay import replay_session
 from floom.agent.tools import Tool, Toolbox
+from floom.egress import RELAXED_WARNING
 from floom.engine.queue import Outcome
 from floom.errors import ProviderError
 from floom.manifest_agent import ToolSpec, tool_specs
@@ -122,6 +123,11 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
     def note(text: str) -> None:
         env.run_log.add("system", text)
 
+    egress = env.egress
+    if egress.relaxed_for_tests and any(
+        s.source != "builtin" or s.builtin == "http_request" for s in specs
+    ):
+        note(RELAXED_WARNING)
     tools: list[Tool] = []
     for spec in specs:
         if spec.source == "builtin":
@@ -130,7 +136,7 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
         elif spec.source == "mcp":
             secret = spec.options.get("auth_secret")
             token = values.get(str(secret)) if secret else None
-            tools.extend(mcp_tools(spec, token=token, timeout=timeout, note=note))
+            tools.extend(mcp_tools(spec, token=token, timeout=timeout, note=note, egress=egress))
         else:
             tools.extend(
                 composio_tools(
@@ -139,6 +145,7 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
                     api_key=settings.composio_api_key,
                     timeout=timeout,
                     note=note,
+                    egress=egress,
                 )
             )
     tools.append(finish_tool(env.manifest))

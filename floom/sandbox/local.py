@@ -303,7 +303,10 @@ class LocalSandbox(Sandbox):
                 # What these steps leave running ends with the run, after its process tree.
                 if spec.network:
                     networking = attach_user_networking(
-                        child_pid, allow=spec.network_allow, owner=str(spec.workdir)
+                        child_pid,
+                        allow=spec.network_allow,
+                        owner=str(spec.workdir),
+                        cgroup=run_limits.cgroup,
                     )
                     run_scope.callback(networking.close)
 
