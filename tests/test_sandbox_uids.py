@@ -22,7 +22,10 @@ pytestmark = [
 
 # Holds its uid's whole allowance of inotify instances until the test lets it go.
 HOG = """
-import ctypes, os, time
+import ctypes, os, resource, time
+# As many descriptors as allowed: the uid's allowance of instances, not the process's
+# descriptors, should run out (fs.inotify.max_user_instances, 128 by default).
+resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
 libc = ctypes.CDLL(None, use_errno=True)
 held = []
 while True:
