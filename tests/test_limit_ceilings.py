@@ -127,3 +127,26 @@ def test_without_ceilings_the_largest_limits_worker_yml_allows_deploy(
             "/api/v1/workers", content=archive, headers={"Content-Type": "application/gzip"}
         )
     assert deployed.status_code == 201, deployed.text
+
+
+@on_sqlite
+def test_a_rollback_to_a_version_over_a_ceiling_set_since_is_refused(
+    tmp_path: Path, database_url: str
+) -> None:
+    headers = {"Content-Type": "application/gzip"}
+    greedy = _archive(tmp_path, "w", limits_line(memory_mb="2048"))
+    modest = _archive(tmp_path / "again", "w", limits_line(memory_mb="256"))
+    with live_server(tmp_path / "data", database_url) as server, server.client() as api:
+        first = api.post("/api/v1/workers", content=greedy, headers=headers).json()["version"]
+        api.post("/api/v1/workers", content=modest, headers=headers).raise_for_status()
+    with (
+        live_server(tmp_path / "data", database_url, max_memory_mb=1024) as server,
+        server.client() as api,
+    ):
+        back = api.post("/api/v1/workers/w/rollback", json={"version_id": first["id"]})
+        active = api.get("/api/v1/workers/w").json()["active_version_id"]
+    assert back.status_code == 400, back.text
+    [problem] = back.json()["error"]["details"]
+    assert problem["path"] == "limits.memory_mb"
+    assert "ceiling of 1024 MiB (FLOOM_MAX_MEMORY_MB)" in problem["message"]
+    assert active != first["id"]

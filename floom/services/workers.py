@@ -382,6 +382,9 @@ def rollback(
             )
         if worker.active_version_id == version.id:
             return Rollback(version=version, changed=False)
+        over = over_ceilings(manifest_of(version), ctx.settings)
+        if over:  # deployed before this server's ceilings were set, or where they differ
+            raise manifest_invalid(over)
         worker.active_version_id = version.id
         worker.updated_at = utcnow()
         s.add(worker)
