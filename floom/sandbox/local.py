@@ -92,10 +92,10 @@ class LocalSandbox(Sandbox):
     its launcher joined before the run arrived (floom/sandbox/standby.py), and a polled disk
     limit; where no cgroup is usable, memory falls back to a per-process RLIMIT_DATA. /tmp
     and /dev/shm are tmpfs of the memory limit's size. The process runs as an unprivileged
-    host uid (floom/sandbox/identity.py) without capabilities, under a seccomp filter
-    (floom/sandbox/seccomp.py). The environment reaches bwrap through the launcher's
-    exports and execve, never an argv, so declared secrets do not show in the host's
-    process list. `on_line` is called from the thread that called `run`.
+    host uid of its own while it runs (floom/sandbox/identity.py, uid_pool.py) without
+    capabilities, under a seccomp filter (floom/sandbox/seccomp.py). The environment
+    reaches bwrap through the launcher's exports and execve, never an argv, so declared
+    secrets do not show in the host's process list. `on_line` is called from the thread that called `run`.
     """
 
     name = "local"
