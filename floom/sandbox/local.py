@@ -95,7 +95,8 @@ class LocalSandbox(Sandbox):
     host uid of its own while it runs (floom/sandbox/identity.py, uid_pool.py) without
     capabilities, under a seccomp filter (floom/sandbox/seccomp.py). The environment
     reaches bwrap through the launcher's exports and execve, never an argv, so declared
-    secrets do not show in the host's process list. `on_line` is called from the thread that called `run`.
+    secrets do not show in the host's process list. `on_line` is called from the thread
+    that called `run`.
     """
 
     name = "local"
