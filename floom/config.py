@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Final
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -160,6 +161,11 @@ class Settings(BaseSettings):
     def work_root(self) -> Path:
         return self.data_dir / "runs"
 
+    def limit_ceilings(self) -> dict[str, float]:
+        """The ceilings set on this server, by the worker.yml limit each caps."""
+        found = {key: getattr(self, setting) for key, setting in LIMIT_CEILINGS.items()}
+        return {key: value for key, value in found.items() if value is not None}
+
     @property
     def role_set(self) -> set[str]:
         return {r.strip() for r in self.roles.split(",") if r.strip()}
@@ -169,6 +175,17 @@ class Settings(BaseSettings):
             return self.examples_dir if self.examples_dir.is_dir() else None
         shipped = Path(__file__).resolve().parent.parent / "workers"
         return shipped if shipped.is_dir() else None
+
+
+LIMIT_CEILINGS: Final = {
+    "timeout_seconds": "max_timeout_seconds",
+    "memory_mb": "max_memory_mb",
+    "processes": "max_processes",
+    "cpu": "max_cpu",
+    "disk_mb": "max_disk_mb",
+    "max_tool_iterations": "max_tool_iterations",
+}
+"""worker.yml's `limits.<key>`: the setting of its ceiling (floom/services/limit_ceilings.py)."""
 
 
 def mask_password(url: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 from floom.bundle import read_folder
 from floom.services.limit_ceilings import CEILINGS
-from tests.conftest import live_server, make_worker
+from tests.conftest import live_server, make_worker, wait_for_run
 
 on_sqlite = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
@@ -150,3 +150,26 @@ def test_a_rollback_to_a_version_over_a_ceiling_set_since_is_refused(
     assert problem["path"] == "limits.memory_mb"
     assert "ceiling of 1024 MiB (FLOOM_MAX_MEMORY_MB)" in problem["message"]
     assert active != first["id"]
+
+
+@on_sqlite
+def test_a_run_of_a_version_over_a_ceiling_set_since_fails_naming_it_and_starts_nothing(
+    tmp_path: Path, database_url: str
+) -> None:
+    headers = {"Content-Type": "application/gzip"}
+    greedy = _archive(tmp_path, "w", limits_line(memory_mb="2048"))
+    with live_server(tmp_path / "data", database_url) as server, server.client() as api:
+        api.post("/api/v1/workers", content=greedy, headers=headers).raise_for_status()
+    with (
+        live_server(tmp_path / "data", database_url, max_memory_mb=1024) as server,
+        server.client() as api,
+    ):
+        run_id = api.post("/api/v1/workers/w/runs", json={}).json()["id"]
+        run = wait_for_run(api, run_id)
+    assert run["status"] == "failed", run
+    assert run["error"]["code"] == "sandbox_unavailable"
+    assert run["error"]["message"].startswith(
+        "this run asks for 2048 (limits.memory_mb), over this node's ceiling of 1024 "
+        "(FLOOM_MAX_MEMORY_MB)"
+    )
+    assert run["attempt"] == 1  # not retried: trying again cannot help

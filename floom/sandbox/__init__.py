@@ -34,7 +34,10 @@ def e2b_api_key(settings: Settings) -> str:
 def _local(settings: Settings | None) -> Sandbox:
     if settings is None:
         return LocalSandbox()
-    return LocalSandbox(uids=UidRange(settings.sandbox_uid_base, settings.sandbox_uid_count))
+    return LocalSandbox(
+        uids=UidRange(settings.sandbox_uid_base, settings.sandbox_uid_count),
+        ceilings=settings.limit_ceilings(),
+    )
 
 
 def _e2b(settings: Settings | None) -> Sandbox:

@@ -16,11 +16,12 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
+from floom.config import LIMIT_CEILINGS
 from floom.sandbox import cgroups, limits, seccomp
 from floom.sandbox.base import (
     LineSink,
@@ -149,10 +150,18 @@ class LocalSandbox(Sandbox):
         cgroups.remove_stale(cgroups.detect())
         return killed
 
-    def __init__(self, *, uids: UidRange | None = UidRange()) -> None:
+    def __init__(
+        self,
+        *,
+        uids: UidRange | None = UidRange(),
+        ceilings: Mapping[str, float] | None = None,
+    ) -> None:
         """`uids`: the host uids a root floom's sandboxes run as, one each while it runs
-        (floom/sandbox/uid_pool.py); None runs them as floom's own uid."""
+        (floom/sandbox/uid_pool.py); None runs them as floom's own uid. `ceilings`: the
+        most a run may ask for, by limit (Settings.limit_ceilings): a spec over one is
+        refused, whenever its version was deployed."""
         self._prefix: tuple[str, ...] | None = None
+        self._ceilings = dict(ceilings or {})
         # The node's identity; each run's is this one with the uid of its lease.
         self._identity: SandboxIdentity = sandbox_identity(uids)
         self._uids = UidPool(uids) if uids is not None and self._identity.switched else None
@@ -217,6 +226,14 @@ class LocalSandbox(Sandbox):
         sandbox runs as a uid of its own (the lease), held until its processes ended."""
         prefix = self._command_prefix()
         validate_spec(spec)
+        over = _over_ceiling(spec, self._ceilings)
+        if over:
+            raise SandboxUnavailable(
+                over,
+                hint="lower the limit in worker.yml and deploy again, or ask the operator "
+                "to raise the setting",
+                retryable=False,
+            )
         lease = self._uids.take() if self._uids is not None else None
         try:
             launcher, run_limits = self._start_as(spec, prefix, lease)
@@ -523,3 +540,20 @@ def _read_only(path: str) -> list[str]:
     if not os.path.exists(path_to_bind):
         return []
     return ["--ro-bind", path_to_bind, path]
+
+
+def _over_ceiling(spec: SandboxSpec, ceilings: Mapping[str, float]) -> str:
+    """What of `spec` is over this node's ceilings ("" for nothing): a version deployed
+    before a ceiling was set, or on a node with other settings."""
+    for key in _SPEC_LIMITS:
+        top, asked = ceilings.get(key), getattr(spec, key)
+        if top is not None and asked > top:
+            setting = f"FLOOM_{LIMIT_CEILINGS[key].upper()}"
+            return (
+                f"this run asks for {asked:g} (limits.{key}), over this node's ceiling of "
+                f"{top:g} ({setting})"
+            )
+    return ""
+
+
+_SPEC_LIMITS: Final = ("timeout_seconds", "memory_mb", "processes", "cpu", "disk_mb")

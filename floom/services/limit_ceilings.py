@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from floom.config import LIMIT_CEILINGS
 from floom.manifest import Manifest, Problem
 
 if TYPE_CHECKING:
@@ -30,13 +31,16 @@ class Ceiling:
         return f"FLOOM_{self.attribute.upper()}"
 
 
-CEILINGS: Final = (
-    Ceiling("timeout_seconds", "max_timeout_seconds", "seconds"),
-    Ceiling("memory_mb", "max_memory_mb", "MiB"),
-    Ceiling("processes", "max_processes", "processes"),
-    Ceiling("cpu", "max_cpu", "cores"),
-    Ceiling("disk_mb", "max_disk_mb", "MiB"),
-    Ceiling("max_tool_iterations", "max_tool_iterations", "model turns"),
+UNITS: Final = {
+    "timeout_seconds": "seconds",
+    "memory_mb": "MiB",
+    "processes": "processes",
+    "cpu": "cores",
+    "disk_mb": "MiB",
+    "max_tool_iterations": "model turns",
+}
+CEILINGS: Final = tuple(
+    Ceiling(key, setting, UNITS[key]) for key, setting in LIMIT_CEILINGS.items()
 )
 
 
