@@ -7,10 +7,10 @@ processes from the host. So each sandbox takes a uid of its own from the range
 `[base, base + count)` (settings FLOOM_SANDBOX_UID_BASE, FLOOM_SANDBOX_UID_COUNT) when it
 starts, and gives it back when its process tree has ended; its gid is the same number.
 
-A uid is held by an exclusive lock on the file named after it under LOCK_DIR (root's own,
-0700): the kernel drops the lock when the holder exits, so a uid is never lost to a crashed
-floom, and two floom processes on one machine (or two sandboxes of one process) never take
-the same uid while both run. Uniqueness is per machine, which is all the kernel's counters
+A uid is held by an exclusive record lock on the file named after it under LOCK_DIR (root's
+own, 0700), and within floom's process by a set: the kernel drops the lock when the holder
+exits, so a uid is never lost to a crashed floom, and two floom processes on one machine (or
+two sandboxes of one process) never take the same uid while both run. Uniqueness is per machine, which is all the kernel's counters
 are. A floom that crashed may leave sandboxes running as a uid it held; the next start kills
 them (LocalSandbox.kill_orphans) before it runs anything.
 
@@ -88,9 +88,11 @@ class UidLease:
     _fd: int
 
     def release(self) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)  # closing the file drops its lock
+        with _HOLDING:
+            fd, self._fd = self._fd, -1
+            if fd >= 0:
+                _HELD.discard(self.uid)
+                os.close(fd)  # closing the file drops its lock
 
 
 class UidPool:
@@ -100,7 +102,6 @@ class UidPool:
         self.uids = uids
         self._lock_dir = lock_dir
         self._next = 0
-        self._cursor = threading.Lock()
         self._checked = False
 
     def check(self) -> None:
@@ -124,40 +125,59 @@ class UidPool:
         uid of the range is held. Tries the uids in turn from after the last one taken, so
         a uid given back is the last to be taken again."""
         self.check()
-        with self._cursor:
-            start, self._next = self._next, (self._next + 1) % self.uids.count
-        for step in range(self.uids.count):
-            offset = (start + step) % self.uids.count
-            uid = self.uids.base + offset
-            fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                continue
-            if step:
-                with self._cursor:
-                    self._next = (offset + 1) % self.uids.count
-            return UidLease(uid, fd)
+        count = self.uids.count
+        with _HOLDING:
+            for step in range(count):
+                offset = (self._next + step) % count
+                uid = self.uids.base + offset
+                fd = self._lock(uid) if uid not in _HELD else None
+                if fd is not None:
+                    _HELD.add(uid)
+                    self._next = (offset + 1) % count
+                    return UidLease(uid, fd)
         raise UidsUnavailable(
-            f"all {self.uids.count} sandbox uids ({self.uids}) are in use",
+            f"all {count} sandbox uids ({self.uids}) are in use",
             hint="raise FLOOM_SANDBOX_UID_COUNT, or run fewer sandboxes at once on this node",
             retryable=True,
         )
 
+    def _lock(self, uid: int) -> int | None:
+        """An open descriptor of `uid`'s file holding its lock, or None when another process
+        holds it. A record lock (lockf), not flock: a child forked while it is held does not
+        inherit it (a launcher forked at that moment would hold a flock until it execs).
+        The caller holds _HOLDING and knows this process holds no lock on the file: closing
+        any descriptor of a file drops the process's record locks on it."""
+        fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        return fd
+
     def held(self) -> set[int]:
         """The uids of the range some process holds now (for tests and doctor)."""
         found = set()
-        for uid in range(self.uids.base, self.uids.last + 1):
-            with contextlib.suppress(FileNotFoundError):
-                fd = os.open(self._lock_dir / str(uid), os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError:
+        with _HOLDING:
+            for uid in range(self.uids.base, self.uids.last + 1):
+                if uid in _HELD:
                     found.add(uid)
-                finally:
-                    os.close(fd)
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    fd = os.open(self._lock_dir / str(uid), os.O_RDWR | os.O_CLOEXEC)
+                    try:
+                        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError:
+                        found.add(uid)
+                    finally:
+                        os.close(fd)
         return found
+
+
+_HOLDING = threading.Lock()
+_HELD: set[int] = set()
+"""The uids this process holds: record locks are the process's, so two of its sandboxes
+would not see each other's."""
 
 
 def _make_lock_dir(path: Path) -> None:
