@@ -10,9 +10,10 @@ starts, and gives it back when its process tree has ended; its gid is the same n
 A uid is held by an exclusive record lock on the file named after it under LOCK_DIR (root's
 own, 0700), and within floom's process by a set: the kernel drops the lock when the holder
 exits, so a uid is never lost to a crashed floom, and two floom processes on one machine (or
-two sandboxes of one process) never take the same uid while both run. Uniqueness is per machine, which is all the kernel's counters
-are. A floom that crashed may leave sandboxes running as a uid it held; the next start kills
-them (LocalSandbox.kill_orphans) before it runs anything.
+two sandboxes of one process) never take the same uid while both run. Uniqueness is per
+machine, which is all the kernel's counters are. A floom that crashed may leave sandboxes
+running as a uid it held; the next start kills them (LocalSandbox.kill_orphans) before it
+runs anything.
 
 The default range starts at 0x70000000 (1879048192), above every range distributions
 assign: regular users (1000-60000), systemd's dynamic users (61184-65519), nobody (65534),
