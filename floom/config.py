@@ -57,6 +57,10 @@ class Settings(BaseSettings):
     # CPU each, and what matters of a run, webhook or decision is in the store already.
     access_log: bool = False
     lease_seconds: float = 30.0
+    # The reaper takes an expired lease only this long after its expiry: the node that held
+    # it had its watchdog end the sandbox before the expiry; this covers the kill and the
+    # difference between nodes' clocks (README: How runs survive failures).
+    lease_grace_seconds: float = Field(1.0, ge=0)
     heartbeat_seconds: float = 2.0
     reap_interval_seconds: float = 5.0
     # On SIGTERM or Ctrl-C a node stops claiming and gives running attempts this long to end

@@ -7,6 +7,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from floom import jsonvalues
 from floom.agent import workspace
 from floom.agent.builtin import AgentEnv, finish_tool, make_builtin
 from floom.agent.loop import AgentLoop
@@ -184,7 +185,7 @@ def _new_transcript(
             "A rejected call comes back to you with the reason."
         )
     system = skill.strip() + "\n\n---\nHow this run works:\n" + "\n".join(f"- {n}" for n in notes)
-    inputs = json.loads(run.inputs_json)
+    inputs = jsonvalues.stored(run.inputs_json, expect=dict)
     first = (
         f"The run's inputs (JSON):\n{json.dumps(inputs, indent=2)}\n\n"
         "Do the task your instructions describe, then call finish."

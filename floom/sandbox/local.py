@@ -32,11 +32,14 @@ from floom.sandbox.base import (
     StartedAhead,
     validate_spec,
 )
+from floom.sandbox.disks import Disks, RunDisk
+from floom.sandbox.fence import node_fence
 from floom.sandbox.identity import (
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
     share_files,
+    stage_script,
 )
 from floom.sandbox.network import (
     OFFLINE_RESOLV_CONF,
@@ -46,7 +49,7 @@ from floom.sandbox.network import (
     owner_in_environ,
     protection_summary,
 )
-from floom.sandbox.ns_mount import Mount, NamespaceMounter
+from floom.sandbox.ns_mount import NamespaceMounter
 from floom.sandbox.standby import ChildFds, Launcher, Standby
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
 from floom.sandbox.uid_pool import UidLease, UidPool, UidRange
@@ -90,14 +93,15 @@ class LocalSandbox(Sandbox):
     """Runs each process under bubblewrap with fresh pid, ipc, uts, net and mount namespaces.
 
     Each run gets its own cgroup (memory, processes, CPU; floom/sandbox/limits.py), which
-    its launcher joined before the run arrived (floom/sandbox/standby.py), and a polled disk
-    limit; where no cgroup is usable, memory falls back to a per-process RLIMIT_DATA. /tmp
-    and /dev/shm are tmpfs of the memory limit's size. The process runs as an unprivileged
-    host uid of its own while it runs (floom/sandbox/identity.py, uid_pool.py) without
-    capabilities, under a seccomp filter (floom/sandbox/seccomp.py). The environment
-    reaches bwrap through the launcher's exports and execve, never an argv, so declared
-    secrets do not show in the host's process list. `on_line` is called from the thread
-    that called `run`.
+    its launcher joined before the run arrived (floom/sandbox/standby.py). A root floom
+    gives each run dir a filesystem of `disk_mb` (floom/sandbox/disks.py, `make_run_dir`):
+    the kernel bounds its disk use; otherwise the disk use is polled. Where no cgroup is
+    usable, memory falls back to a per-process RLIMIT_DATA. /tmp and /dev/shm are tmpfs of
+    the memory limit's size. The process runs as an unprivileged host uid of its own while
+    it runs (floom/sandbox/identity.py, uid_pool.py) without capabilities, under a seccomp
+    filter (floom/sandbox/seccomp.py). The environment reaches bwrap through the launcher's
+    exports and execve, never an argv, so declared secrets do not show in the host's
+    process list. `on_line` is called from the thread that called `run`.
     """
 
     name = "local"
@@ -166,11 +170,33 @@ class LocalSandbox(Sandbox):
         self._identity: SandboxIdentity = sandbox_identity(uids)
         self._uids = UidPool(uids) if uids is not None and self._identity.switched else None
         self.standby = Standby(command=self._identity.launcher_command)
-        # Its launchers and thread end with this sandbox, whoever forgets to close it.
+        # A root floom gives each run dir a disk of its own (floom/sandbox/disks.py).
+        self.disks: Disks | None = Disks() if self._identity.switched else None
+        # Its launchers, disks and threads end with this sandbox, whoever forgets to close it.
         weakref.finalize(self, self.standby.close)
+        if self.disks is not None:
+            weakref.finalize(self, self.disks.close)
 
     def close(self) -> None:
         self.standby.close()
+        if self.disks is not None:
+            self.disks.close()
+
+    def make_run_dir(self, path: Path, *, disk_mb: int) -> None:
+        if self.disks is None or self.disks.provide(path, disk_mb) is None:
+            # provide made the folder when it could not mount a disk on it.
+            path.mkdir(parents=True, exist_ok=self.disks is not None)
+
+    def release_run_dir(self, path: Path) -> None:
+        if self.disks is not None:
+            self.disks.release(path)
+
+    def _disk_of(self, spec: SandboxSpec) -> RunDisk | None:
+        """The disk of the run dir that holds `spec`'s work and output dirs, if it has one."""
+        run_dir = spec.workdir.parent
+        if self.disks is None or spec.output_dir.parent != run_dir:
+            return None
+        return self.disks.disk_of(run_dir)
 
     def protections(self) -> dict[str, bool | str]:
         """Which protections runs get on this node, for /healthz and the start line."""
@@ -187,7 +213,7 @@ class LocalSandbox(Sandbox):
             "memory_limit": limits.MEMORY in enforced,
             "process_limit": limits.PROCESSES in enforced,
             "cpu_limit": limits.CPU in enforced,
-            "disk_limit": "polled",
+            "disk_limit": "enforced" if self.disks and self.disks.usable() else "polled",
             "network": protection_summary(),
         }
         if missing:
@@ -247,9 +273,12 @@ class LocalSandbox(Sandbox):
         self, spec: SandboxSpec, prefix: tuple[str, ...], lease: UidLease | None
     ) -> tuple[Launcher, limits.RunLimits]:
         identity = self._identity if lease is None else self._identity.with_uid(lease.uid)
+        disk = self._disk_of(spec)
         # A launcher of a root floom has its own mount namespace, made when it started: it
-        # must see the run's directories as floom does (standby.Launcher.sees).
-        seeing = [spec.workdir, spec.output_dir, *([spec.files] if spec.files else [])]
+        # must see the run's directories as floom does (standby.Launcher.sees), but for a
+        # run's disk, mounted there by its device.
+        seeing = [spec.workdir, spec.output_dir] if disk is None else []
+        seeing += [spec.files] if spec.files else []
         try:
             launcher = self.standby.take(seeing=seeing if self._identity.switched else ())
         except cgroups.CgroupError as exc:
@@ -257,38 +286,30 @@ class LocalSandbox(Sandbox):
         except IdentityUnavailable as exc:
             raise _unprepared(exc) from exc
         try:
+            # Before the run's command can exist: the watchdog ends it with its lease.
+            _watch(spec, launcher)
             identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None and identity.switched:
                 share_files(spec.files)
             # The limits first: while the mount thread works, this thread's writes to the
             # cgroup's files would trade the GIL with it at every system call (0.50 against
             # 0.12 ms, bench/README.md).
-            run_limits = limits.RunLimits(spec, launcher.cgroup)
-            work: Mount | None = None
-            output: Mount | None = None
-            pending = None
-            if self._identity.switched:
-                # Mounted from here, in the launcher's namespace (no exec of mount), while
-                # the command line is made.
-                work, output = self._identity.direct_mounts(
-                    spec.workdir, spec.output_dir, spec.files
-                )
-                mounts = tuple(m for m in (output, work) if m is not None)
-                pending = _MOUNTER.start(launcher.proc.pid, mounts)
-            argv = _argv(prefix, spec, launcher.child_fds, identity)
-            made: set[Mount] = set()
-            if pending is not None:
-                made = {m for m, done in zip(pending.mounts, pending.wait(), strict=True) if done}
-            # The stage's mounts left, if any (an exec of mount each).
-            stage = self._identity.stage_mounts(
+            run_limits = limits.RunLimits(spec, launcher.cgroup, disk=disk)
+            mounts = self._identity.stage_mounts(
                 spec.workdir,
                 spec.output_dir,
                 spec.files,
-                output_mounted=output in made,
-                work_mounted=work in made,
+                device=disk.device if disk is not None else None,
             )
-            if stage:
-                launcher.begin(stage)
+            # Mounted from here, in the launcher's namespace (no exec of mount), while the
+            # command line is made; the launcher's script makes those left (an exec each).
+            pending = _MOUNTER.start(launcher.proc.pid, mounts) if mounts else None
+            argv = _argv(prefix, spec, launcher.child_fds, identity)
+            if pending is not None:
+                made = pending.wait()
+                left = tuple(m for m, done in zip(mounts, made, strict=True) if not done)
+                if left:
+                    launcher.begin(stage_script(left))
             launcher.start(
                 [*identity.as_sandbox_user(), *argv],
                 _sandbox_env(spec),
@@ -297,9 +318,11 @@ class LocalSandbox(Sandbox):
             )
         except (cgroups.CgroupError, IdentityUnavailable, OSError) as exc:
             launcher.discard()
+            _unwatch(spec, launcher)
             raise _unprepared(exc) from exc
         except BaseException:
             launcher.discard()
+            _unwatch(spec, launcher)
             raise
         return launcher, run_limits
 
@@ -316,6 +339,7 @@ class LocalSandbox(Sandbox):
             # Registered first so it runs last: the cgroup goes once everything else ended,
             # and the uid with it.
             run_scope.callback(_end_limits, run_limits, lease)
+            run_scope.callback(_unwatch, spec, launcher)
 
             def before_command(child_pid: int) -> None:
                 # What these steps leave running ends with the run, after its process tree.
@@ -342,11 +366,16 @@ class LocalSandbox(Sandbox):
         return result
 
     def _abandon(
-        self, launcher: Launcher, run_limits: limits.RunLimits, lease: UidLease | None
+        self,
+        spec: SandboxSpec,
+        launcher: Launcher,
+        run_limits: limits.RunLimits,
+        lease: UidLease | None,
     ) -> None:
         try:
             Supervisor(launcher.proc, launcher.info_fd, _ignore_line).abandon(launcher.release_fd)
         finally:
+            _unwatch(spec, launcher)
             _end_limits(run_limits, lease)
             self.standby.replenish()
 
@@ -399,7 +428,27 @@ class _StartedAhead(StartedAhead):
     def discard(self) -> None:
         started = self._take()
         if started is not None:
-            self._sandbox._abandon(*started)
+            self._sandbox._abandon(self.spec, *started)
+
+
+def _fence_targets(launcher: Launcher) -> list[str]:
+    """The sandbox's processes as the lease watchdog finds them: its cgroup's directories, or
+    without a cgroup the launcher's process group (bwrap, whose pid 1 dies with it)."""
+    if launcher.cgroup is not None:
+        return [f"cgroup:{path}" for path in dict.fromkeys(launcher.cgroup.dirs.values())]
+    return [f"group:{launcher.proc.pid}"]
+
+
+def _watch(spec: SandboxSpec, launcher: Launcher) -> None:
+    if spec.fence:
+        node_fence().watch(spec.fence, _fence_targets(launcher))
+
+
+def _unwatch(spec: SandboxSpec, launcher: Launcher) -> None:
+    # A cgroup's directory is removed with its run and its name never comes back: the
+    # attempt's end (forget) drops it. A process group's id may be reused: dropped now.
+    if spec.fence and launcher.cgroup is None:
+        node_fence().unwatch(spec.fence, _fence_targets(launcher))
 
 
 _Started = tuple[Launcher, limits.RunLimits, UidLease | None]

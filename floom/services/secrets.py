@@ -159,6 +159,11 @@ class Redactor:
     def __init__(self, values: Iterable[str]) -> None:
         self._values = sorted({v for v in values if v}, key=len, reverse=True)
 
+    @property
+    def values(self) -> tuple[str, ...]:
+        """The values redacted, longest first (for scanning bytes in other encodings)."""
+        return tuple(self._values)
+
     def text(self, text: str) -> str:
         for v in self._values:
             if v in text:
