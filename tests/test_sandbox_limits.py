@@ -1104,7 +1104,7 @@ def test_protections_say_whether_the_kernel_or_a_poll_bounds_the_disk() -> None:
     if os.geteuid() == 0:
         assert enforced == bool(os.path.exists("/dev/loop-control") and shutil.which("mkfs.ext4"))
     # Sandboxes under floom's own uid have no stage to mount a disk on: polled.
-    own = LocalSandbox(sandbox_uid=0)
+    own = LocalSandbox(uids=None)
     assert own.disks is None and own.protections()["disk_limit"] == "polled"
     sandbox.close()
     own.close()

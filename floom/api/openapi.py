@@ -62,7 +62,8 @@ WorkerName = Annotated[
 SecretName = Annotated[
     str,
     Path(
-        description="upper case letters, digits and '_'",
+        description="upper case letters, digits and '_'; names that change how programs "
+        "load or run are refused (400 secret_name_refused): LD_*, PYTHON*, PATH, FLOOM_*, ...",
         json_schema_extra={"pattern": secrets.NAME_RE.pattern},
     ),
 ]

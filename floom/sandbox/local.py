@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import hashlib
 import os
 import shutil
 import signal
@@ -46,11 +47,10 @@ from floom.sandbox.network import (
     SANDBOX_RESOLV_CONF,
     attach_user_networking,
     floom_slirp_owner,
-    owner_in_environ,
     protection_summary,
 )
 from floom.sandbox.ns_mount import NamespaceMounter
-from floom.sandbox.standby import ChildFds, Launcher, Standby
+from floom.sandbox.standby import ENTRY_NAME, ChildFds, Launcher, Standby, command_input
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
 from floom.sandbox.uid_pool import UidLease, UidPool, UidRange
 
@@ -59,10 +59,17 @@ __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 SANDBOX_WORKDIR: Final = "/work"
 SANDBOX_OUTPUT_DIR: Final = "/output"
 SANDBOX_HOSTNAME: Final = "floom"
-OWNER_VARIABLE: Final = "FLOOM_SANDBOX_FOR"
-"""In bubblewrap's environment, never its command's: the run's work dir, so that a later
-executor can recognise (and kill) the sandboxes a killed predecessor left behind. The command
-line cannot say it: started as another uid, bubblewrap binds from the stage's fixed paths."""
+OWNER_MARK: Final = "floom-sandbox:"
+"""Starts the word of bubblewrap's command line that names the run a sandbox serves, so that
+a later executor can recognise (and kill) the sandboxes a killed predecessor left behind:
+`owner_marker`, a digest of the work root and the run dir's name, no host path."""
+SANDBOX_SHELL: Final = "/bin/sh"
+ENTRY_SCRIPT: Final = '. /dev/stdin; : >/dev/stdin; exec </dev/null "$@"'
+"""The sandbox's first process, a shell started by bubblewrap after the drop, runs this: it
+sources its stdin (standby.command_input: the run's environment, and the command as its
+arguments, which no process with floom's privileges reads), empties that memory file so
+that no process holds the run's secrets in it any more, and execs the command with stdin
+from /dev/null. A shell that cannot read or empty it exits with its own error."""
 _MOUNTER = NamespaceMounter()
 """The one thread per process that mounts runs' stages in their launchers' namespaces."""
 INERT_ENV: Final = {
@@ -99,9 +106,12 @@ class LocalSandbox(Sandbox):
     usable, memory falls back to a per-process RLIMIT_DATA. /tmp and /dev/shm are tmpfs of
     the memory limit's size. The process runs as an unprivileged host uid of its own while
     it runs (floom/sandbox/identity.py, uid_pool.py) without capabilities, under a seccomp
-    filter (floom/sandbox/seccomp.py). The environment reaches bwrap through the launcher's
-    exports and execve, never an argv, so declared secrets do not show in the host's
-    process list. `on_line` is called from the thread that called `run`.
+    filter (floom/sandbox/seccomp.py). Every process the launcher starts before the
+    sandbox's process (setpriv, bubblewrap, the sandbox's pid 1) starts with an empty
+    environment: the run's environment and command reach only the sandbox's first process,
+    after the drop, through a memory file (ENTRY_SCRIPT), so no process with floom's
+    privileges reads a byte of them and declared secrets do not show in the host's process
+    list. `on_line` is called from the thread that called `run`.
     """
 
     name = "local"
@@ -125,6 +135,7 @@ class LocalSandbox(Sandbox):
         # starting it and bwrap arming that signal; such a sandbox would run on unattended.
         # slirp4netns exits when its exit fd closes with floom; this catches any that did not.
         marker = os.fsencode(f"{work_root.resolve()}/")
+        ours = os.fsencode(owner_prefix(work_root))
         found: list[tuple[int, str]] = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -134,12 +145,11 @@ class LocalSandbox(Sandbox):
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            owner: bytes | None = None
             if argv[0].endswith(b"bwrap"):
-                owner = owner_in_environ(entry, OWNER_VARIABLE, marker)
-            else:
-                owner = floom_slirp_owner(entry, argv, marker)
-            if owner is not None:
+                run_dir = next((a[len(ours) :] for a in argv if a.startswith(ours)), None)
+                if run_dir is not None:
+                    found.append((int(entry), _run_id_of_dir(run_dir)))
+            elif (owner := floom_slirp_owner(entry, argv, marker)) is not None:
                 found.append((int(entry), _run_id_of(owner, marker)))
         live = set(live_run_ids()) if found else set()
         killed = 0
@@ -312,7 +322,7 @@ class LocalSandbox(Sandbox):
                     launcher.begin(stage_script(left))
             launcher.start(
                 [*identity.as_sandbox_user(), *argv],
-                _sandbox_env(spec),
+                command_input(_sandbox_env(spec), spec.command),
                 resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
                 prelude=run_limits.shell_lines(),
             )
@@ -339,6 +349,7 @@ class LocalSandbox(Sandbox):
             # Registered first so it runs last: the cgroup goes once everything else ended,
             # and the uid with it.
             run_scope.callback(_end_limits, run_limits, lease)
+            run_scope.callback(launcher.close_input)
             run_scope.callback(_unwatch, spec, launcher)
 
             def before_command(child_pid: int) -> None:
@@ -375,6 +386,7 @@ class LocalSandbox(Sandbox):
         try:
             Supervisor(launcher.proc, launcher.info_fd, _ignore_line).abandon(launcher.release_fd)
         finally:
+            launcher.close_input()
             _unwatch(spec, launcher)
             _end_limits(run_limits, lease)
             self.standby.replenish()
@@ -482,8 +494,25 @@ def _not_limited(problem: str) -> SandboxUnavailable:
 
 def _run_id_of(path: bytes, marker: bytes) -> str:
     """The run id in a path under the work root, whose run dirs are named `<run>-<attempt>`."""
-    run_dir = path[path.index(marker) + len(marker) :].split(b"/", 1)[0]
+    return _run_id_of_dir(path[path.index(marker) + len(marker) :].split(b"/", 1)[0])
+
+
+def _run_id_of_dir(run_dir: bytes) -> str:
     return os.fsdecode(run_dir).rsplit("-", 1)[0]
+
+
+def owner_marker(workdir: Path) -> str:
+    """The word of a sandbox's command line that names its owner: the work dir's run dir
+    (`<work root>/<run>-<attempt>/work`) by the work root's digest and its own name. No
+    host path: the sandbox reads its pid 1's command line."""
+    run_dir = os.path.dirname(os.path.realpath(workdir))
+    return owner_prefix(Path(os.path.dirname(run_dir))) + os.path.basename(run_dir)
+
+
+def owner_prefix(work_root: Path) -> str:
+    """How the owner markers of the sandboxes on `work_root`'s run dirs start."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(work_root))).hexdigest()[:24]
+    return f"{OWNER_MARK}{digest}:"
 
 
 def _argv(
@@ -498,25 +527,21 @@ def _argv(
     argv += ("--size", memory, "--tmpfs", "/tmp")
     work, output = identity.bind_sources(spec.workdir, spec.output_dir)
     argv += ("--bind", work, SANDBOX_WORKDIR)
-    argv += ("--bind", output, SANDBOX_OUTPUT_DIR, "--unsetenv", OWNER_VARIABLE)
+    argv += ("--bind", output, SANDBOX_OUTPUT_DIR)
     if fds.seccomp is not None:
         argv += ("--seccomp", str(fds.seccomp))
     argv += ("--ro-bind-data", str(fds.resolv_conf), "/etc/resolv.conf")
     argv += ("--chdir", SANDBOX_WORKDIR, "--remount-ro", "/", "--info-fd", str(fds.info))
     argv += ("--block-fd", str(fds.release))
-    argv.append("--")
-    argv += spec.command
+    # The command and its environment follow on the entry shell's stdin; its first
+    # argument, until the command replaces it, names the run for kill_orphans.
+    argv += ("--", SANDBOX_SHELL, "-c", ENTRY_SCRIPT, ENTRY_NAME, owner_marker(spec.workdir))
     return argv
 
 
 def _sandbox_env(spec: SandboxSpec) -> dict[str, str]:
     # Only the backend knows where the output directory is inside the sandbox.
-    return {
-        **INERT_ENV,
-        **spec.env,
-        "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR,
-        OWNER_VARIABLE: os.path.realpath(spec.workdir),
-    }
+    return {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR}
 
 
 @functools.cache
