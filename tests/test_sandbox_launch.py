@@ -41,10 +41,10 @@ __attribute__((constructor)) static void mark(void) {
 
 @pytest.fixture(params=["own uid", "floom's uid"])
 def sandbox(request: pytest.FixtureRequest) -> LocalSandbox:
-    # sandbox_uid 0: no uid of its own (floom's; bubblewrap's user namespace maps it), as a
+    # uids=None: no uid of its own (floom's; bubblewrap's user namespace maps it), as a
     # floom that is not root starts its sandboxes.
     if request.param == "floom's uid":
-        return LocalSandbox(sandbox_uid=0)
+        return LocalSandbox(uids=None)
     return LocalSandbox()
 
 

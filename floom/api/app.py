@@ -30,7 +30,7 @@ from floom.api import (
 )
 from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.mcp_mount import LazyMCPMount
-from floom.api.routing import add_routes
+from floom.api.routing import EncodedSlashGuard, add_routes
 from floom.api.ui_mount import LazyUI
 from floom.config import ROLES, Settings
 from floom.engine.executor import Executor, interrupt_on_signal
@@ -164,6 +164,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     )
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
+    app.add_middleware(EncodedSlashGuard)
     openapi.install(app)
     add_routes(app, metrics.router)
     mcp_endpoint: LazyMCPMount | None = None

@@ -17,11 +17,12 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
+from floom.config import LIMIT_CEILINGS
 from floom.sandbox import cgroups, limits, seccomp
 from floom.sandbox.base import (
     LineSink,
@@ -35,10 +36,10 @@ from floom.sandbox.base import (
 from floom.sandbox.disks import Disks, RunDisk
 from floom.sandbox.fence import node_fence
 from floom.sandbox.identity import (
-    DEFAULT_SANDBOX_UID,
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
+    share_files,
     stage_script,
 )
 from floom.sandbox.network import (
@@ -51,6 +52,7 @@ from floom.sandbox.network import (
 from floom.sandbox.ns_mount import NamespaceMounter
 from floom.sandbox.standby import ENTRY_NAME, ChildFds, Launcher, Standby, command_input
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
+from floom.sandbox.uid_pool import UidLease, UidPool, UidRange
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 
@@ -102,14 +104,14 @@ class LocalSandbox(Sandbox):
     gives each run dir a filesystem of `disk_mb` (floom/sandbox/disks.py, `make_run_dir`):
     the kernel bounds its disk use; otherwise the disk use is polled. Where no cgroup is
     usable, memory falls back to a per-process RLIMIT_DATA. /tmp and /dev/shm are tmpfs of
-    the memory limit's size. The process runs as an unprivileged
-    host uid (floom/sandbox/identity.py) without capabilities, under a seccomp filter
-    (floom/sandbox/seccomp.py). Every process the launcher starts before the sandbox's
-    process (setpriv, bubblewrap, the sandbox's pid 1) starts with an empty environment:
-    the run's environment and command reach only the sandbox's first process, after the
-    drop, through a memory file (ENTRY_SCRIPT), so no process with floom's privileges
-    reads a byte of them and declared secrets do not show in the host's process list.
-    `on_line` is called from the thread that called `run`.
+    the memory limit's size. The process runs as an unprivileged host uid of its own while
+    it runs (floom/sandbox/identity.py, uid_pool.py) without capabilities, under a seccomp
+    filter (floom/sandbox/seccomp.py). Every process the launcher starts before the
+    sandbox's process (setpriv, bubblewrap, the sandbox's pid 1) starts with an empty
+    environment: the run's environment and command reach only the sandbox's first process,
+    after the drop, through a memory file (ENTRY_SCRIPT), so no process with floom's
+    privileges reads a byte of them and declared secrets do not show in the host's process
+    list. `on_line` is called from the thread that called `run`.
     """
 
     name = "local"
@@ -162,9 +164,21 @@ class LocalSandbox(Sandbox):
         cgroups.remove_stale(cgroups.detect())
         return killed
 
-    def __init__(self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
+    def __init__(
+        self,
+        *,
+        uids: UidRange | None = UidRange(),
+        ceilings: Mapping[str, float] | None = None,
+    ) -> None:
+        """`uids`: the host uids a root floom's sandboxes run as, one each while it runs
+        (floom/sandbox/uid_pool.py); None runs them as floom's own uid. `ceilings`: the
+        most a run may ask for, by limit (Settings.limit_ceilings): a spec over one is
+        refused, whenever its version was deployed."""
         self._prefix: tuple[str, ...] | None = None
-        self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
+        self._ceilings = dict(ceilings or {})
+        # The node's identity; each run's is this one with the uid of its lease.
+        self._identity: SandboxIdentity = sandbox_identity(uids)
+        self._uids = UidPool(uids) if uids is not None and self._identity.switched else None
         self.standby = Standby(command=self._identity.launcher_command)
         # A root floom gives each run dir a disk of its own (floom/sandbox/disks.py).
         self.disks: Disks | None = Disks() if self._identity.switched else None
@@ -203,7 +217,7 @@ class LocalSandbox(Sandbox):
             "namespaces": True,
             "user_namespace": "--unshare-user" in self._command_prefix(),
             "unprivileged_uid": self._identity.uid != 0,
-            "sandbox_uid": str(self._identity.uid),
+            "sandbox_uid": str(self._uids.uids if self._uids else self._identity.uid),
             "seccomp": seccomp.supported(),
             "cgroup": f"v{tree.version}" if tree.version else "none",
             "memory_limit": limits.MEMORY in enforced,
@@ -233,8 +247,7 @@ class LocalSandbox(Sandbox):
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult:
-        launcher, run_limits = self._start(spec)
-        return self._supervise(spec, launcher, run_limits, on_line, should_cancel)
+        return self._supervise(spec, *self._start(spec), on_line, should_cancel)
 
     @property
     def starts_ahead(self) -> bool:
@@ -243,11 +256,33 @@ class LocalSandbox(Sandbox):
     def start_ahead(self, spec: SandboxSpec) -> StartedAhead:
         return _StartedAhead(self, spec, *self._start(spec))
 
-    def _start(self, spec: SandboxSpec) -> tuple[Launcher, limits.RunLimits]:
+    def _start(self, spec: SandboxSpec) -> tuple[Launcher, limits.RunLimits, UidLease | None]:
         """A launcher in its limited cgroup, sent `spec`'s command: bwrap makes the sandbox
-        and waits on its block fd until the supervisor releases the command."""
+        and waits on its block fd until the supervisor releases the command. As root, the
+        sandbox runs as a uid of its own (the lease), held until its processes ended."""
         prefix = self._command_prefix()
         validate_spec(spec)
+        over = _over_ceiling(spec, self._ceilings)
+        if over:
+            raise SandboxUnavailable(
+                over,
+                hint="lower the limit in worker.yml and deploy again, or ask the operator "
+                "to raise the setting",
+                retryable=False,
+            )
+        lease = self._uids.take() if self._uids is not None else None
+        try:
+            launcher, run_limits = self._start_as(spec, prefix, lease)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        return launcher, run_limits, lease
+
+    def _start_as(
+        self, spec: SandboxSpec, prefix: tuple[str, ...], lease: UidLease | None
+    ) -> tuple[Launcher, limits.RunLimits]:
+        identity = self._identity if lease is None else self._identity.with_uid(lease.uid)
         disk = self._disk_of(spec)
         # A launcher of a root floom has its own mount namespace, made when it started: it
         # must see the run's directories as floom does (standby.Launcher.sees), but for a
@@ -263,9 +298,9 @@ class LocalSandbox(Sandbox):
         try:
             # Before the run's command can exist: the watchdog ends it with its lease.
             _watch(spec, launcher)
-            self._identity.hand_over(spec.workdir, spec.output_dir)
-            if spec.files is not None:
-                self._identity.hand_over_files(spec.files)
+            identity.hand_over(spec.workdir, spec.output_dir)
+            if spec.files is not None and identity.switched:
+                share_files(spec.files)
             # The limits first: while the mount thread works, this thread's writes to the
             # cgroup's files would trade the GIL with it at every system call (0.50 against
             # 0.12 ms, bench/README.md).
@@ -279,14 +314,14 @@ class LocalSandbox(Sandbox):
             # Mounted from here, in the launcher's namespace (no exec of mount), while the
             # command line is made; the launcher's script makes those left (an exec each).
             pending = _MOUNTER.start(launcher.proc.pid, mounts) if mounts else None
-            argv = _argv(prefix, spec, launcher.child_fds, self._identity)
+            argv = _argv(prefix, spec, launcher.child_fds, identity)
             if pending is not None:
                 made = pending.wait()
                 left = tuple(m for m, done in zip(mounts, made, strict=True) if not done)
                 if left:
                     launcher.begin(stage_script(left))
             launcher.start(
-                [*self._identity.as_sandbox_user(), *argv],
+                [*identity.as_sandbox_user(), *argv],
                 command_input(_sandbox_env(spec), spec.command),
                 resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
                 prelude=run_limits.shell_lines(),
@@ -306,12 +341,14 @@ class LocalSandbox(Sandbox):
         spec: SandboxSpec,
         launcher: Launcher,
         run_limits: limits.RunLimits,
+        lease: UidLease | None,
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult:
         with contextlib.ExitStack() as run_scope:
-            # Registered first so it runs last: the cgroup goes once everything else ended.
-            run_scope.callback(run_limits.close)
+            # Registered first so it runs last: the cgroup goes once everything else ended,
+            # and the uid with it.
+            run_scope.callback(_end_limits, run_limits, lease)
             run_scope.callback(launcher.close_input)
             run_scope.callback(_unwatch, spec, launcher)
 
@@ -339,13 +376,19 @@ class LocalSandbox(Sandbox):
             return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
         return result
 
-    def _abandon(self, spec: SandboxSpec, launcher: Launcher, run_limits: limits.RunLimits) -> None:
+    def _abandon(
+        self,
+        spec: SandboxSpec,
+        launcher: Launcher,
+        run_limits: limits.RunLimits,
+        lease: UidLease | None,
+    ) -> None:
         try:
             Supervisor(launcher.proc, launcher.info_fd, _ignore_line).abandon(launcher.release_fd)
         finally:
             launcher.close_input()
             _unwatch(spec, launcher)
-            run_limits.close()
+            _end_limits(run_limits, lease)
             self.standby.replenish()
 
     def _command_prefix(self) -> tuple[str, ...]:
@@ -353,8 +396,11 @@ class LocalSandbox(Sandbox):
             bwrap = shutil.which("bwrap")
             if bwrap is None:
                 raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
+            if self._uids is not None:
+                self._uids.check()  # a range that holds a user of this machine is refused
             system = _system_args()
             try:
+                # Probed as the range's first uid: one like every run's.
                 as_sandbox_user = self._identity.as_sandbox_user()
             except IdentityUnavailable as exc:
                 raise SandboxUnavailable(
@@ -373,13 +419,14 @@ class _StartedAhead(StartedAhead):
         spec: SandboxSpec,
         launcher: Launcher,
         run_limits: limits.RunLimits,
+        lease: UidLease | None,
     ) -> None:
         self.spec = spec
         self._sandbox = sandbox
-        self._started: tuple[Launcher, limits.RunLimits] | None = (launcher, run_limits)
+        self._started: _Started | None = (launcher, run_limits, lease)
         self._lock = threading.Lock()
 
-    def _take(self) -> tuple[Launcher, limits.RunLimits] | None:
+    def _take(self) -> _Started | None:
         with self._lock:
             started, self._started = self._started, None
         return started
@@ -414,6 +461,16 @@ def _unwatch(spec: SandboxSpec, launcher: Launcher) -> None:
     # attempt's end (forget) drops it. A process group's id may be reused: dropped now.
     if spec.fence and launcher.cgroup is None:
         node_fence().unwatch(spec.fence, _fence_targets(launcher))
+
+
+_Started = tuple[Launcher, limits.RunLimits, UidLease | None]
+
+
+def _end_limits(run_limits: limits.RunLimits, lease: UidLease | None) -> None:
+    """End what is left of a run and remove its cgroup; then give its uid back, unless a
+    process of the run may still be there (the uid stays taken until floom exits)."""
+    if run_limits.close() and lease is not None:
+        lease.release()
 
 
 def _ignore_line(stream: str, line: str) -> None:
@@ -557,3 +614,20 @@ def _read_only(path: str) -> list[str]:
     if not os.path.exists(path_to_bind):
         return []
     return ["--ro-bind", path_to_bind, path]
+
+
+def _over_ceiling(spec: SandboxSpec, ceilings: Mapping[str, float]) -> str:
+    """What of `spec` is over this node's ceilings ("" for nothing): a version deployed
+    before a ceiling was set, or on a node with other settings."""
+    for key in _SPEC_LIMITS:
+        top, asked = ceilings.get(key), getattr(spec, key)
+        if top is not None and asked > top:
+            setting = f"FLOOM_{LIMIT_CEILINGS[key].upper()}"
+            return (
+                f"this run asks for {asked:g} (limits.{key}), over this node's ceiling of "
+                f"{top:g} ({setting})"
+            )
+    return ""
+
+
+_SPEC_LIMITS: Final = ("timeout_seconds", "memory_mb", "processes", "cpu", "disk_mb")
