@@ -20,6 +20,7 @@ from floom.errors import WorkerPaused
 from floom.sandbox import LocalSandbox
 from floom.sandbox import local as local_module
 from floom.sandbox.base import SandboxSpec, SandboxUnavailable
+from floom.sandbox.disks import DISKS_DIR
 from floom.sandbox.supervisor import Supervisor
 from floom.services import runs, workers
 from floom.services.context import Context
@@ -135,9 +136,9 @@ def test_a_run_refused_in_its_queueing_transaction_ends_its_started_sandbox(
     abandoned: list[str] = []
     real_abandon = local_module.LocalSandbox._abandon
 
-    def abandon(self: LocalSandbox, spec: Any, launcher: Any, run_limits: Any) -> None:
+    def abandon(self: LocalSandbox, spec: Any, launcher: Any, *started: Any) -> None:
         abandoned.append(str(launcher.proc.pid))
-        real_abandon(self, spec, launcher, run_limits)
+        real_abandon(self, spec, launcher, *started)
 
     monkeypatch.setattr(local_module.LocalSandbox, "_abandon", abandon)
     try:
@@ -157,10 +158,55 @@ def test_a_run_refused_in_its_queueing_transaction_ends_its_started_sandbox(
         assert len(abandoned) == 1
         assert not engine._ahead
         assert engine.active_count() == 0 and engine._taken_slots() == 0
-        # Its work dir goes too (in the background, as every run's).
-        wait_until(lambda: not any(ctx.settings.work_root.iterdir()), timeout=10)
+        # Its work dir goes too (in the background, as every run's), its disk unmounted.
+        wait_until(lambda: not _run_dirs_left(ctx.settings.work_root), timeout=10)
     finally:
         engine.stop()
+
+
+def test_a_refused_run_lets_go_of_its_run_dir_started_ahead_though_ending_its_sandbox_failed(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The refusal reaches the caller, and the run dir (a disk of its own on a root floom)
+    # is unmounted and removed, whatever ending the sandbox started ahead met.
+    _deploy(ctx, tmp_path, "w1", MARKING)
+    sandbox = LocalSandbox()
+    engine = Executor(ctx, sandbox, run_agent=run_agent)
+    engine.start()
+    real_abandon = local_module.LocalSandbox._abandon
+
+    def abandon(self: LocalSandbox, *started: Any) -> None:
+        real_abandon(self, *started)
+        raise OSError("ending the sandbox failed")
+
+    monkeypatch.setattr(local_module.LocalSandbox, "_abandon", abandon)
+    try:
+        runs.create_run(ctx, worker_name="w1", caller=SYSTEM)  # this process caches w1
+        with session_scope(ctx.engine, write=True) as s:
+            worker = s.get(Worker, "w1")
+            assert worker is not None
+            worker.paused = True
+            s.add(worker)
+        wait_until(lambda: engine.active_count() == 0, timeout=30)
+
+        with pytest.raises(WorkerPaused):
+            runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
+
+        assert not engine._ahead
+        assert engine.active_count() == 0 and engine._taken_slots() == 0
+        wait_until(lambda: not _run_dirs_left(ctx.settings.work_root), timeout=10)
+    finally:
+        engine.stop()
+
+
+def _run_dirs_left(work_root: Path) -> list[str]:
+    """The run dirs (and mounts) left under `work_root`: not the disks kept ready for the
+    next runs (floom/sandbox/disks.py), whose images live there."""
+    left = [p.name for p in work_root.iterdir() if p.name != DISKS_DIR]
+    top = f"{os.path.realpath(work_root)}/"
+    with open("/proc/self/mountinfo") as table:
+        left += [line.split(" ")[4] for line in table if line.split(" ")[4].startswith(top)]
+    return left
 
 
 def test_a_run_queued_behind_an_older_one_runs_later_while_its_early_start_is_discarded(

@@ -79,13 +79,24 @@ class StartedAttempt:
 
     def discard(self) -> None:
         """End the sandbox and the work dir unless the attempt used them: the run was not
-        started here after all (refused, queued behind others, or the node stopping)."""
+        started here after all (refused, queued behind others, or the node stopping).
+        Never raises: the refusal or requeue it serves must reach its caller, and the run
+        dir (a disk of its own on a root floom) goes whatever ending the sandbox met."""
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is None:
             return
-        sandbox.discard()
-        self.attempt.discard()
-        self._executor.forget_ahead(self.attempt.run.id)
+        run_id = self.attempt.run.id
+        try:
+            sandbox.discard()
+        except Exception:
+            log.exception("run %s: ending its sandbox started ahead failed", run_id)
+        finally:
+            try:
+                self.attempt.discard()
+            except Exception:
+                log.exception("run %s: its run dir started ahead was not let go of", run_id)
+            finally:
+                self._executor.forget_ahead(run_id)
 
 
 class Executor:
