@@ -67,8 +67,16 @@ class Settings(BaseSettings):
     # result.json, and the log bytes one attempt may store before further lines are dropped.
     max_result_bytes: int = Field(1024 * 1024, ge=1)
     max_log_bytes_per_run: int = Field(10 * 1024 * 1024, ge=1)
+    # Each attempt's log rate (runlog.LogBudget): a token bucket of lines and bytes a second
+    # that holds ten seconds of each; lines over it are dropped, and one line in the log
+    # says how many, per five seconds of dropping. 0: no budget of that kind.
+    log_lines_per_second: float = Field(1000, ge=0)
+    log_bytes_per_second: float = Field(1024 * 1024, ge=0)
     # Runs one API key may wait for at once on a node (`?wait=`, MCP waits; 429 above).
     max_waits_per_key: int = Field(8, ge=1)
+    # Streams one API key may hold open at once on a node (SSE log streams of the API and
+    # the web UI, the MCP endpoint's event streams; 429 too_many_streams above).
+    max_streams_per_key: int = Field(16, ge=1)
     # Quotas (floom/services/runs.py, floom/api/auth.py): the largest inputs of one run as
     # JSON, and each API key's request rate, a token bucket refilled at rate_limit_per_minute
     # that holds rate_limit_burst (0 a minute: no limit). The rate is counted per process.
