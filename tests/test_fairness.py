@@ -19,6 +19,7 @@ from floom.services import keys
 from floom.services.principal import SYSTEM
 from floom.services.secrets import Redactor
 from tests.conftest import LiveServer, live_server, wait_for_run, wait_until
+from tests.test_cli import cli
 from tests.test_waits import NOOP, deploy, start, waiters
 
 
@@ -79,6 +80,21 @@ def test_a_key_over_its_stream_cap_gets_429_too_many_streams_while_other_keys_st
         assert open_stream(streams, reader, run_id).status_code == 200
         assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
     wait_until(lambda: server.ctx.run_ends.open_holds(key_id, kind="stream") == 0)
+
+
+def test_the_cli_over_its_keys_stream_cap_reads_the_log_page_by_page_instead(
+    make_server: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    server = make_server(roles="api", max_streams_per_key=1)
+    _, token = read_key(server)
+    with server.client() as api, server.client(token) as reader, ExitStack() as streams:
+        deploy(api, tmp_path, "idle", NOOP)
+        run_id = start(api, "idle")
+        assert open_stream(streams, reader, run_id).status_code == 200
+        assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
+        followed = cli(server, "logs", run_id, "-f", key=token)
+    assert followed.returncode == 0, followed.stderr
+    assert f"run {run_id} cancelled" in followed.stdout
 
 
 def test_a_stream_that_ends_with_its_run_gives_its_place_back(
