@@ -89,10 +89,12 @@ def test_the_cli_over_its_keys_stream_cap_reads_the_log_page_by_page_instead(
     _, token = read_key(server)
     with server.client() as api, server.client(token) as reader, ExitStack() as streams:
         deploy(api, tmp_path, "idle", NOOP)
-        run_id = start(api, "idle")
-        assert open_stream(streams, reader, run_id).status_code == 200
+        run_id, other = start(api, "idle"), start(api, "idle")
+        # The key's one stream, of a run that stays queued: it stays open.
+        assert open_stream(streams, reader, other).status_code == 200
         assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
         followed = cli(server, "logs", run_id, "-f", key=token)
+        assert api.post(f"/api/v1/runs/{other}/cancel").status_code == 200
     assert followed.returncode == 0, followed.stderr
     assert f"run {run_id} cancelled" in followed.stdout
 
