@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from floom.engine.runlog import DROP_NOTE_SECONDS, LogBudget, RunLog
+from floom.sandbox.supervisor import LineSplitter
 from floom.services import keys
 from floom.services.principal import SYSTEM
 from floom.services.secrets import Redactor
@@ -248,3 +249,30 @@ def test_a_flooding_run_keeps_only_its_budget_and_says_so_in_its_log(
     assert notes and {e["stream"] for e in notes} == {"system"}
     dropped = sum(int(e["line"].split()[1]) for e in notes)
     assert kept + dropped == 20000
+
+
+def test_a_reader_drops_whole_reads_over_the_budget_and_counts_every_line_once() -> None:
+    clock = Clock()
+    log = budgeted_log(lines=1, size=0, clock=clock)  # holds 10 lines
+    splitter = LineSplitter("stdout", log)
+    splitter.feed(b"".join(b"ok %d\n" % i for i in range(10)))  # fits whole: kept line by line
+    splitter.feed(b"a\nb\nc-sta")  # no room: dropped unsplit, the cut line's start kept
+    splitter.feed(b"rt\nd\n")  # still none: dropped, the cut line counted once
+    clock.now += 2.0  # room for two lines
+    splitter.feed(b"e\nf\n")
+    splitter.feed(b"g")
+    splitter.flush()
+    lines = [(stream, line) for stream, line, _ in log.drain()]
+    assert lines[:10] == [("stdout", f"ok {i}") for i in range(10)]
+    assert lines[10:12] == [("stdout", "e"), ("stdout", "f")]
+    assert lines[12][0] == "system" and lines[12][1].startswith("dropped 5 lines:")
+    assert len(lines) == 13  # "g" came with no room left: dropped, and counted
+
+
+def test_a_full_log_drops_further_reads_without_reading_them_line_by_line() -> None:
+    log = RunLog(run_id="run_x", attempt=1, redactor=Redactor([]), max_lines=2, max_bytes=10**6)
+    splitter = LineSplitter("stdout", log)
+    splitter.feed(b"one\ntwo\nthree\n")
+    assert log.drops("stdout", 1000, 10**5)
+    splitter.feed(b"four\n" * 1000)
+    assert [line for _, line, _ in log.drain()][:2] == ["one", "two"]

@@ -55,13 +55,11 @@ class LogBudget:
         self._first_dropped_at = 0.0
 
     def take(self, size: int) -> bool:
+        """Whether one line of `size` bytes fits (and is charged), else it is counted as
+        dropped."""
         now = self._clock()
-        passed, self._at = now - self._at, now
+        self._refill(now)
         lines_rate, bytes_rate = self.lines_per_second, self.bytes_per_second
-        if lines_rate > 0:
-            self._lines = min(lines_rate * BUDGET_BURST_SECONDS, self._lines + passed * lines_rate)
-        if bytes_rate > 0:
-            self._bytes = min(bytes_rate * BUDGET_BURST_SECONDS, self._bytes + passed * bytes_rate)
         if (lines_rate > 0 and self._lines < 1) or (bytes_rate > 0 and self._bytes < size):
             if not self.dropped:
                 self._first_dropped_at = now
@@ -70,6 +68,29 @@ class LogBudget:
         self._lines -= 1
         self._bytes -= size
         return True
+
+    def refuse(self, lines: int, size: int) -> bool:
+        """Whether `lines` whole lines of `size` bytes in all are dropped at once (and
+        counted as dropped): unless the budget has room for all of them (as much as it can
+        ever hold, for more), they are; if it has, `take` charges them line by line."""
+        self._refill(self._clock())
+        lines_rate, bytes_rate = self.lines_per_second, self.bytes_per_second
+        if (lines_rate <= 0 or self._lines >= min(lines, lines_rate * BUDGET_BURST_SECONDS)) and (
+            bytes_rate <= 0 or self._bytes >= min(size, bytes_rate * BUDGET_BURST_SECONDS)
+        ):
+            return False
+        if not self.dropped:
+            self._first_dropped_at = self._at
+        self.dropped += lines
+        return True
+
+    def _refill(self, now: float) -> None:
+        passed, self._at = now - self._at, now
+        lines_rate, bytes_rate = self.lines_per_second, self.bytes_per_second
+        if lines_rate > 0:
+            self._lines = min(lines_rate * BUDGET_BURST_SECONDS, self._lines + passed * lines_rate)
+        if bytes_rate > 0:
+            self._bytes = min(bytes_rate * BUDGET_BURST_SECONDS, self._bytes + passed * bytes_rate)
 
     def dropped_note(self, *, final: bool = False) -> str | None:
         """The one line that tells the lines dropped since the last note, once they have
@@ -119,6 +140,17 @@ class RunLog:
         """Known once the run's secrets are resolved; no line has arrived before that."""
         self._redactor = redactor
 
+    def drops(self, stream: str, lines: int, size: int) -> bool:
+        """For a reader of raw output (sandbox/supervisor.LineSplitter): whether `lines` whole
+        lines of `stream`, `size` bytes in all, are dropped unread because the log is full
+        or its budget has no room for them all now (then they are counted as dropped)."""
+        with self._lock:
+            if self._full:
+                return True  # the line that stopped the log said that the rest is dropped
+            if self._budget is None or stream == "system":
+                return False
+            return self._budget.refuse(lines, size)
+
     def add(self, stream: str, line: str) -> None:
         budget = self._budget
         with self._lock:
@@ -163,6 +195,8 @@ class RunLog:
         once per DROP_NOTE_SECONDS of dropping and at the end (`final`)."""
         if self._budget is not None and (note := self._budget.dropped_note(final=final)):
             self._append("system", note)
+
+    __call__ = add  # a RunLog is its run's line sink, whose `drops` the reader asks first
 
     def clean(self, line: str) -> str:
         """The line as stored: secrets redacted first, then cut to MAX_LINE, and any start of
