@@ -83,6 +83,13 @@ class Settings(BaseSettings):
     max_input_bytes: int = Field(1024 * 1024, ge=1)
     rate_limit_per_minute: int = Field(1200, ge=0)
     rate_limit_burst: int = Field(600, ge=1)
+    # What reaches floom without a valid key (webhooks, the sign-in page, /healthz, failed
+    # keys), per client address (floom/api/address_limit.py); 0 a minute: no limit.
+    anonymous_rate_limit_per_minute: int = Field(600, ge=0)
+    anonymous_rate_limit_burst: int = Field(300, ge=1)
+    # The proxies whose Forwarded / X-Forwarded-* headers floom believes (floom/api/
+    # forwarded.py): addresses or networks, comma-separated; "*" any peer, "" none.
+    forwarded_allow_ips: str = "127.0.0.1,::1"
     # Every request body but deploys, /mcp and /hooks (floom/api/body_limit.py); read no
     # further than this before a route sees it.
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
@@ -123,6 +130,15 @@ class Settings(BaseSettings):
         if not given:
             raise ValueError(f"no role given; roles are {', '.join(ROLES)} (comma-separated)")
         return ",".join(r for r in ROLES if r in given)
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        """A typo would silently trust no proxy (or the wrong one): refuse it at start."""
+        from floom.api.forwarded import trusted_networks  # noqa: PLC0415 - stdlib only
+
+        trusted_networks(value)
+        return value
 
     @cached_property
     def resolved_database_url(self) -> str:
