@@ -69,20 +69,22 @@ class LogBudget:
         self._bytes -= size
         return True
 
-    def refuse(self, lines: int, size: int) -> bool:
-        """Whether `lines` whole lines of `size` bytes in all are dropped at once (and
-        counted as dropped): unless the budget has room for all of them (as much as it can
-        ever hold, for more), they are; if it has, `take` charges them line by line."""
+    def admit(self, lines: int, size: int) -> bool:
+        """Whether `lines` whole lines of `size` bytes in all are kept, all of them (and
+        charged at once), or dropped, all of them (and counted): kept only if the budget has
+        room for them all (for more than it can ever hold, when it is full)."""
         self._refill(self._clock())
         lines_rate, bytes_rate = self.lines_per_second, self.bytes_per_second
         if (lines_rate <= 0 or self._lines >= min(lines, lines_rate * BUDGET_BURST_SECONDS)) and (
             bytes_rate <= 0 or self._bytes >= min(size, bytes_rate * BUDGET_BURST_SECONDS)
         ):
-            return False
+            self._lines -= lines
+            self._bytes -= size
+            return True
         if not self.dropped:
             self._first_dropped_at = self._at
         self.dropped += lines
-        return True
+        return False
 
     def _refill(self, now: float) -> None:
         passed, self._at = now - self._at, now
@@ -134,6 +136,7 @@ class RunLog:
         self._max_bytes = max_bytes
         self._full = False
         self._budget = budget
+        self._charged = 0  # lines of reads charged whole by `drops`, not yet added
         self.last_stderr = ""
 
     def redact_with(self, redactor: Redactor) -> None:
@@ -141,15 +144,21 @@ class RunLog:
         self._redactor = redactor
 
     def drops(self, stream: str, lines: int, size: int) -> bool:
-        """For a reader of raw output (sandbox/supervisor.LineSplitter): whether `lines` whole
-        lines of `stream`, `size` bytes in all, are dropped unread because the log is full
-        or its budget has no room for them all now (then they are counted as dropped)."""
+        """For a reader of raw output (sandbox/supervisor.LineSplitter), before it splits a
+        read: whether its `lines` whole lines of `stream`, `size` bytes in all, are dropped
+        unread, because the log is full or its budget has no room for them all now (they are
+        then counted as dropped). Lines let through are charged here, once for the read, so
+        `add` does not charge them again one by one."""
         with self._lock:
             if self._full:
                 return True  # the line that stopped the log said that the rest is dropped
             if self._budget is None or stream == "system":
                 return False
-            return self._budget.refuse(lines, size)
+            if not self._budget.admit(lines, size):
+                return True
+            self._charged += lines
+            self._note_dropped()  # the window of drops before these lines ends here
+            return False
 
     def add(self, stream: str, line: str) -> None:
         budget = self._budget
@@ -159,9 +168,12 @@ class RunLog:
             if self._full:
                 return
             if budget is not None and stream != "system":
-                if not budget.take(len(line.encode("utf-8", "replace")) + 1):
+                if self._charged:
+                    self._charged -= 1  # its reader's read was charged whole (`drops`)
+                elif not budget.take(len(line.encode("utf-8", "replace")) + 1):
                     return
-                self._note_dropped()  # the window of drops before this line ends here
+                elif budget.dropped:
+                    self._note_dropped()  # the window of drops before this line ends here
         line = self.clean(line)
         size = len(line.encode("utf-8", "replace")) + 1
         with self._lock:
