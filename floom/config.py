@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from floom.client_env import DEFAULT_PORT
+from floom.egress import ALLOW_HINT, parse_allowed_networks
 
 # What a node may do (FLOOM_ROLES): serve the API and UI, fire schedules, execute runs.
 ROLES = ("api", "scheduler", "executor")
@@ -44,6 +45,10 @@ class Settings(BaseSettings):
     # CPU each, and what matters of a run, webhook or decision is in the store already.
     access_log: bool = False
     lease_seconds: float = 30.0
+    # The reaper takes an expired lease only this long after its expiry: the node that held
+    # it had its watchdog end the sandbox before the expiry; this covers the kill and the
+    # difference between nodes' clocks (README: How runs survive failures).
+    lease_grace_seconds: float = Field(1.0, ge=0)
     heartbeat_seconds: float = 2.0
     reap_interval_seconds: float = 5.0
     # On SIGTERM or Ctrl-C a node stops claiming and gives running attempts this long to end
@@ -111,8 +116,12 @@ class Settings(BaseSettings):
     agent_max_output_tokens: int = 4096
     composio_api_key: str = ""
     composio_base_url: str = "https://backend.composio.dev"
-    # UNSAFE, for tests only: let http_request reach private and loopback addresses, and
-    # resolve names from "host=address,..." instead of DNS (like curl --resolve).
+    # Non-public networks ("10.1.2.0/24,...") that connections floom makes on a worker's
+    # behalf (http_request, MCP tool sources, Composio; floom/egress.py) may reach. Loopback
+    # and the host's own addresses stay closed whatever is listed.
+    egress_allow: str = ""
+    # UNSAFE, for tests only: let those connections reach private, loopback and the host's
+    # own addresses, and resolve names from "host=address,..." instead of DNS (curl --resolve).
     agent_http_allow_private: bool = False
     agent_http_resolve: str = ""
 
@@ -138,6 +147,16 @@ class Settings(BaseSettings):
         from floom.api.forwarded import trusted_networks  # noqa: PLC0415 - stdlib only
 
         trusted_networks(value)
+        return value
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _allowable_networks(cls, value: str) -> str:
+        """A bad entry would leave a network closed (or wider open) unnoticed: refuse it."""
+        try:
+            parse_allowed_networks(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; {ALLOW_HINT}") from exc
         return value
 
     @cached_property

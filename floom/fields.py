@@ -10,6 +10,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from floom import jsonvalues
+
 if TYPE_CHECKING:
     from floom.manifest import FieldSpec
 
@@ -45,10 +47,14 @@ def parse_text(type_: str, text: str) -> tuple[Any, str | None]:
     stripped = text.strip()
     if type_ in ("string", "file"):
         return text, None
+    if type_ in ("integer", "number") and len(stripped) > jsonvalues.MAX_INT_DIGITS:
+        return None, f"expected {type_} of at most {jsonvalues.MAX_INT_DIGITS} digits"
     if type_ == "integer" and re.fullmatch(r"[+-]?\d+", stripped):
         return int(stripped), None
     if type_ == "number" and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", stripped):
         number = float(stripped)
+        if not math.isfinite(number):
+            return None, f"expected a finite number, got {show(text)}"
         return (int(number) if re.fullmatch(r"[+-]?\d+", stripped) else number), None
     if type_ == "boolean":
         word = stripped.lower()
@@ -56,10 +62,11 @@ def parse_text(type_: str, text: str) -> tuple[Any, str | None]:
             return word in _TRUE_WORDS, None
         return None, f"expected boolean (true/false, yes/no, 1/0), got {show(text)}"
     if type_ in ("object", "array"):
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
+        value, breach = jsonvalues.parse(text, where="the value")
+        if breach is not None and breach.limit == "json":
             return None, f"expected {type_} as JSON text, got {show(text)}"
+        if breach is not None:
+            return None, f"{breach.message} ({breach.limit} bound)"
         return check_value(type_, value)
     return None, f"expected {type_}, got {show(text)}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 import types
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePosixPath
@@ -112,6 +113,12 @@ class _StrictLoader(yaml.SafeLoader):
             if nested:
                 self.depth -= 1
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, OverflowError, TypeError) as exc:
+            raise _UnreadableValue(node, _reason(exc)) from exc
+
 
 def _where(mark: Any) -> str:
     return f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -138,9 +145,52 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> Any:
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+class _UnreadableValue(Exception):
+    """A scalar PyYAML's constructors could not build (they raise ValueError and friends,
+    not YAMLError): an integer past Python's digit limit, a date that does not exist."""
+
+    def __init__(self, node: yaml.Node, reason: str) -> None:
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    if "integer string conversion" in text:
+        return f"is an integer of more than {sys.get_int_max_str_digits()} digits"
+    return f"cannot be read ({text[:200]})"
+
+
+def _path_to(root: yaml.Node, target: yaml.Node) -> str:
+    """Where `target` sits in the document ("inputs.count.default", "triggers[0]")."""
+    stack: list[tuple[yaml.Node, str]] = [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if node is target:
+            return path
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                name = str(key.value)[:80] if isinstance(key, yaml.ScalarNode) else "?"
+                if key is target:
+                    return f"{path}.{name}" if path else name
+                stack.append((value, f"{path}.{name}" if path else name))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(node.value))
+    return ""
+
+
 def load_yaml(text: str) -> tuple[Any, list[Problem]]:
+    loader = _StrictLoader(text)
+    root = None
     try:
-        return yaml.load(text, Loader=_StrictLoader), []
+        root = loader.get_single_node()
+        return (None if root is None else loader.construct_document(root)), []
+    except _UnreadableValue as exc:
+        path = _path_to(root, exc.node) if root is not None else ""
+        message = f"{path or 'a value'}{_where(exc.node.start_mark)} {exc.reason}"
+        hint = "quote it to keep it as text, or write a smaller value"
+        return None, [Problem(path, message, hint)]
     except yaml.YAMLError as exc:
         reason = getattr(exc, "problem", None) or str(exc)
         where = _where(getattr(exc, "problem_mark", None))
@@ -150,6 +200,8 @@ def load_yaml(text: str) -> tuple[Any, list[Problem]]:
         elif reason.startswith("duplicate key"):
             hint = "give each key once"
         return None, [Problem("", f"worker.yml is not valid YAML{where}: {reason}", hint)]
+    finally:
+        loader.dispose()
 
 
 # -- the document ----------------------------------------------------------------------------

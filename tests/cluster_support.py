@@ -33,6 +33,17 @@ class NodeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def log_path(self) -> Path:
+        return self.data_dir.parent / f"{self.data_dir.name}.log"
+
+    def log(self) -> str:
+        """What the node has written to stderr so far (its log)."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
@@ -41,7 +52,7 @@ class NodeProcess:
             [sys.executable, "-m", "floom.cli", "serve", "--port", str(self.port)],
             env=self.env,
             stdout=subprocess.DEVNULL,
-            stderr=open(self.data_dir.parent / f"{self.data_dir.name}.log", "wb"),
+            stderr=open(self.log_path, "wb"),
             start_new_session=True,
         )
         return self

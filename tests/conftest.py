@@ -159,6 +159,7 @@ def fast_settings(data_dir: Path, database_url: str, **overrides: Any) -> Settin
         "reap_interval_seconds": 0.3,
         "poll_interval_seconds": 0.05,
         "lease_seconds": 3.0,
+        "lease_grace_seconds": 0.2,
         "drain_seconds": 10.0,
         "secret_key": "test-secret-key",
     }

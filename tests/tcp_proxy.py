@@ -1,9 +1,12 @@
 """A TCP proxy on loopback that a test can cut and restore: the database "goes away" for the
-nodes behind it (connections dropped, new ones refused) without stopping the shared server."""
+nodes behind it (connections dropped, new ones refused) without stopping the shared server.
+It can also freeze: connections stay open and new ones are accepted, but no byte passes
+either way until it thaws (a network partition that TCP keepalives do not notice)."""
 
 from __future__ import annotations
 
 import contextlib
+import select
 import selectors
 import socket
 import threading
@@ -17,6 +20,8 @@ class TcpProxy:
         self._sockets: set[socket.socket] = set()
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self.restore()
 
     def restore(self) -> None:
@@ -42,8 +47,29 @@ class TcpProxy:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
+    def freeze(self) -> None:
+        """Pass no more bytes (what was sent waits in the sockets' buffers) until `thaw`."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
+
+    def held(self) -> int:
+        """How many of the proxied sockets (either side) have bytes waiting: while frozen,
+        a count that grows when a node behind the proxy sends something new."""
+        with self._lock:
+            sockets = [s for s in self._sockets if s.fileno() >= 0]
+        if not sockets:
+            return 0
+        try:
+            readable, _, _ = select.select(sockets, [], [], 0)
+        except (OSError, ValueError):
+            return 0  # a socket closed meanwhile; ask again
+        return len(readable)
+
     def close(self) -> None:
         self._stopped.set()
+        self._flowing.set()
         self.cut()
 
     def _accept(self, listener: socket.socket) -> None:
@@ -67,7 +93,13 @@ class TcpProxy:
         selector.register(b, selectors.EVENT_READ, a)
         try:
             while True:
-                for key, _ in selector.select(timeout=1.0):
+                if not self._flowing.is_set():
+                    self._flowing.wait(timeout=1.0)
+                    continue
+                ready = selector.select(timeout=1.0)
+                if not self._flowing.is_set():
+                    continue  # frozen while waiting: the bytes stay where they are
+                for key, _ in ready:
                     data = key.fileobj.recv(65536)  # type: ignore[union-attr]
                     if not data:
                         return

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from floom.engine import cleanup
+from floom.sandbox.disks import unmount_under
 from tests.conftest import fast_settings, live_server
 
 DEPTH = 1200  # past Python's recursion limit (1000), which ended shutil.rmtree
@@ -118,3 +120,44 @@ def test_a_server_starts_over_a_work_root_a_killed_one_left_a_deep_tree_in(
         assert list(work_root.iterdir()) == []
         assert work_root.is_symlink() == linked
     assert (outside / "keep.txt").read_text() == "kept"
+
+
+def test_a_server_starts_over_the_run_disks_a_killed_one_left_mounted(
+    tmp_path: Path, database_url: str
+) -> None:
+    # A root floom mounts a disk of its own on each run dir (floom/sandbox/disks.py); one
+    # killed mid-run leaves it mounted on the host, its image kept busy by the mount.
+    from floom.sandbox.local import LocalSandbox
+
+    if not LocalSandbox().disks or not LocalSandbox().disks.usable():  # type: ignore[union-attr]
+        pytest.skip("a run's own disk needs root and loop devices")
+    data_dir = tmp_path / "data"
+    work_root = fast_settings(data_dir, database_url).work_root
+    left = work_root / "run_left-1"
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from pathlib import Path;"
+            "from floom.sandbox.local import LocalSandbox;"
+            "run_dir = Path(sys.argv[1]); LocalSandbox().make_run_dir(run_dir, disk_mb=8);"
+            "(run_dir / 'work').mkdir(); (run_dir / 'work' / 'big').write_bytes(b'x' * 2**20);"
+            "os.kill(os.getpid(), 9)",
+            str(left),
+        ],
+        check=False,
+    )
+    assert killed.returncode == -9
+    assert os.path.ismount(left)
+    images = list((work_root / ".disks").glob("*.img"))
+    assert images
+
+    try:
+        with live_server(data_dir, database_url) as server, server.client() as client:
+            assert client.get("/healthz").status_code == 200
+            assert not os.path.ismount(left)
+            assert list(work_root.iterdir()) == []
+        with open("/proc/self/mountinfo") as table:
+            assert str(work_root) not in table.read()
+    finally:
+        unmount_under(work_root)  # whatever a failure left

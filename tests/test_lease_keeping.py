@@ -21,7 +21,7 @@ import floom.engine.executor as executor_module
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine.executor import Executor
-from floom.engine.queue import claim_next_run, reap_expired_leases, renew_leases
+from floom.engine.queue import Renewal, claim_next_run, reap_expired_leases, renew_leases
 from floom.sandbox.fake import FakeProcess, FakeSandbox
 from floom.services import runs, workers
 from floom.services.context import Context
@@ -190,14 +190,14 @@ def test_a_run_whose_row_is_locked_through_heartbeats_goes_on_running(
     ctx, _ = node
     run_id = _start(ctx, waiter)
     renewals = []
-    real = executor_module.renew_leases
+    real = executor_module.renew_held_leases
 
-    def counted(ctx: Context, run_ids: list[str]) -> tuple[set[str], set[str]]:
-        result = real(ctx, run_ids)
-        renewals.append(run_ids)
+    def counted(ctx: Context, epochs: dict[str, int | None]) -> Renewal:
+        result = real(ctx, epochs)
+        renewals.append(list(epochs))
         return result
 
-    monkeypatch.setattr(executor_module, "renew_leases", counted)
+    monkeypatch.setattr(executor_module, "renew_held_leases", counted)
     with ctx.engine.connect() as other:
         other.execute(select(Run.id).where(Run.id == run_id).with_for_update())
         seen = len(renewals)

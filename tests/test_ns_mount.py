@@ -208,6 +208,9 @@ def test_a_run_whose_mounts_floom_could_not_make_has_its_script_make_them(
 
     run.check(layered)
     script = "".join(sent)
-    assert f"--bind {run.output} " in script, script
+    # The run dir bound at the stage's plain name, each dir bound or laid from there.
+    assert f"--bind {run.output.parent} /run/floom-sandbox/.run\n" in script, script
+    assert "--bind /run/floom-sandbox/.run/output /run/floom-sandbox/output\n" in script, script
     assert ("-t overlay" in script) == layered, script
-    assert (f"--bind {run.work} " in script) != layered, script
+    work_bind = "--bind /run/floom-sandbox/.run/work /run/floom-sandbox/work\n"
+    assert (work_bind in script) != layered, script

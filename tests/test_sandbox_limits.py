@@ -834,3 +834,206 @@ def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
     for run in both:
         run.remove()
     assert len(written) == 2  # two runs at once, then one again
+
+
+# A run dir with a disk of its own (a root floom's, floom/sandbox/disks.py): the kernel
+# bounds what the run writes, whatever it tries. Each trick writes until the kernel refuses
+# (ENOSPC), says FULL, and holds what it has; the polled walk of a plain run dir missed the
+# first (the host lost 950 MiB under disk_mb: 20) and stopped short on the deep tree.
+FILL = """
+import errno, os, sys, time
+def fill(fd, size):
+    while size > 0:
+        size -= os.write(fd, b"x" * min(size, 1 << 20))
+def full(exc):
+    if exc.errno != errno.ENOSPC:
+        raise exc
+    print("FULL", flush=True)
+    time.sleep(60)
+    sys.exit(0)
+"""
+DISK_TRICKS = {
+    "unlinked-while-open": """
+held = []
+try:
+    for i in range(50):
+        fd = os.open(f"u{i}", os.O_CREAT | os.O_WRONLY, 0o600)
+        os.unlink(f"u{i}")
+        held.append(fd)
+        fill(fd, 19 << 20)
+except OSError as exc:
+    full(exc)
+""",
+    "sparse": """
+fd = os.open("sparse.bin", os.O_CREAT | os.O_WRONLY, 0o600)
+os.ftruncate(fd, 1 << 30)
+try:
+    for offset in range(0, 1 << 30, 1 << 20):
+        os.pwrite(fd, b"x" * (256 << 10), offset)
+except OSError as exc:
+    full(exc)
+""",
+    "hard-links": """
+try:
+    fd = os.open("a", os.O_CREAT | os.O_WRONLY, 0o600)
+    fill(fd, 1 << 20)
+    for i in range(200):
+        os.link("a", f"link{i}")
+        fd = os.open(f"link{i}", os.O_WRONLY | os.O_APPEND)
+        fill(fd, 1 << 20)
+        os.close(fd)
+except OSError as exc:
+    full(exc)
+""",
+    "many-small-files": """
+out = os.environ["FLOOM_OUTPUT_DIR"]
+try:
+    for i in range(100_000):
+        fd = os.open(os.path.join(out, str(i)), os.O_CREAT | os.O_WRONLY, 0o600)
+        os.close(fd)
+except OSError as exc:
+    full(exc)
+""",
+    "deep-tree": """
+fd = os.open(".", os.O_RDONLY)
+for _ in range(300):
+    os.mkdir("d", dir_fd=fd)
+    deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+    os.close(fd)
+    fd = deeper
+try:
+    for i in range(100):
+        out = os.open(f"f{i}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd)
+        fill(out, 1 << 20)
+        os.close(out)
+except OSError as exc:
+    full(exc)
+""",
+    "overlay-copy-ups": """
+try:
+    for name in sorted(n for n in os.listdir(".") if n.startswith("version-")):
+        with open(name, "ab") as f:
+            f.write(b"x")
+except OSError as exc:
+    full(exc)
+""",
+}
+
+
+def needs_disks() -> LocalSandbox:
+    sandbox = LocalSandbox()
+    if sandbox.disks is None or not sandbox.disks.usable():
+        pytest.skip("a run's own disk needs root and loop devices")
+    return sandbox
+
+
+@pytest.mark.parametrize("trick", list(DISK_TRICKS))
+def test_no_file_trick_writes_past_the_run_s_own_disk(tmp_path: Path, trick: str) -> None:
+    sandbox = needs_disks()
+    run_dir = tmp_path / "run"
+    sandbox.make_run_dir(run_dir, disk_mb=20)
+    files = tmp_path / "version"
+    files.mkdir()
+    for i in range(12):  # each copied up into the run's layer when written to
+        (files / f"version-{i:02}").write_bytes(os.urandom(2 << 20))
+    seen: dict[str, int] = {}
+
+    def on_line(stream: str, line: str) -> None:
+        if line == "FULL":
+            disk = sandbox.disks.disk_of(run_dir) if sandbox.disks else None
+            assert disk is not None
+            image, fs = os.stat(disk.image), os.statvfs(run_dir)
+            seen["image_size"] = image.st_size
+            seen["image_allocated"] = image.st_blocks * 512
+            seen["used"] = (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+
+    try:
+        result, lines = run_script(
+            run_dir,
+            FILL + DISK_TRICKS[trick],
+            on_line=on_line,
+            sandbox=sandbox,
+            disk_mb=20,
+            files=files,
+        )
+    finally:
+        sandbox.release_run_dir(run_dir)
+        sandbox.close()
+
+    assert result.limit_exceeded == "disk", (result, lines)
+    assert result.error == "disk limit of 20 MiB reached (limits.disk_mb in worker.yml)"
+    # While it held what it wrote, the host's disk held at most the 20 MiB of its image.
+    assert seen["image_size"] == 20 << 20, seen
+    assert seen["image_allocated"] <= 20 << 20, seen
+    assert seen["used"] <= 20 << 20, seen
+
+
+def test_a_run_s_disk_goes_with_its_run_dir(tmp_path: Path) -> None:
+    sandbox = needs_disks()
+    run_dir = tmp_path / "run"
+    sandbox.make_run_dir(run_dir, disk_mb=8)
+    disk = sandbox.disks.disk_of(run_dir) if sandbox.disks else None
+    assert disk is not None and os.path.ismount(run_dir)
+    backing = Path(f"/sys/block/{Path(disk.device).name}/loop/backing_file")
+    assert backing.read_text().strip() == str(disk.image)
+    try:
+        result, lines = run_script(run_dir, "open('result.json', 'w').write('{}')", sandbox=sandbox)
+        assert result.exit_code == 0, lines
+        # What the run left is in the host paths until the run dir is let go of.
+        assert (run_dir / "work" / "result.json").read_text() == "{}"
+    finally:
+        sandbox.release_run_dir(run_dir)
+        sandbox.close()
+
+    assert not os.path.ismount(run_dir) and os.listdir(run_dir) == []
+    wait_until(lambda: not disk.image.exists())
+    # Its loop device was cleared with its last mount (or serves another disk now).
+    wait_until(
+        lambda: not backing.exists() or backing.read_text().strip() != str(disk.image),
+        timeout=10,
+    )
+
+
+def test_the_sandbox_s_mount_table_names_no_host_path(tmp_path: Path) -> None:
+    sandbox = needs_disks()
+    run_dir = tmp_path / "run"
+    sandbox.make_run_dir(run_dir, disk_mb=16)
+    files = tmp_path / "version"
+    files.mkdir()
+    (files / "run.py").write_text("print(open('/proc/self/mountinfo').read())\n")
+    try:
+        result, lines = run_script(
+            run_dir, (files / "run.py").read_text(), sandbox=sandbox, files=files
+        )
+    finally:
+        sandbox.release_run_dir(run_dir)
+        sandbox.close()
+
+    assert result.exit_code == 0, lines
+    table = "\n".join(stdout(lines))
+    assert " /work " in table and " /output " in table
+    for host_path in {str(tmp_path), os.path.realpath(tmp_path)}:
+        assert host_path not in table, table
+    for line in table.splitlines():
+        fields = line.split()
+        if fields and fields[4] in ("/work", "/output"):
+            # Roots inside the run's own disk; the overlay's layers by the stage's names.
+            assert fields[3] in ("/", "/output"), line
+            assert all(
+                option.partition("=")[2].startswith("/run/floom-sandbox/")
+                for option in fields[-1].split(",")
+                if option.startswith(("lowerdir=", "upperdir=", "workdir="))
+            ), line
+
+
+def test_protections_say_whether_the_kernel_or_a_poll_bounds_the_disk() -> None:
+    sandbox = LocalSandbox()
+    enforced = sandbox.disks is not None and sandbox.disks.usable()
+    assert sandbox.protections()["disk_limit"] == ("enforced" if enforced else "polled")
+    if os.geteuid() == 0:
+        assert enforced == bool(os.path.exists("/dev/loop-control") and shutil.which("mkfs.ext4"))
+    # Sandboxes under floom's own uid have no stage to mount a disk on: polled.
+    own = LocalSandbox(sandbox_uid=0)
+    assert own.disks is None and own.protections()["disk_limit"] == "polled"
+    sandbox.close()
+    own.close()

@@ -10,6 +10,7 @@ tried only where that lookup already failed, to show it fails at once too.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import os
 import secrets
@@ -30,11 +31,12 @@ import httpx
 import pytest
 
 from floom.errors import InvalidRequest
+from floom.host_addresses import host_networks
 from floom.manifest_load import check_manifest
-from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
-from floom.sandbox.network import SLIRP_OWNER_VARIABLE, is_floom_slirp
+from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec, cgroups
+from floom.sandbox.network import SLIRP_OWNER_VARIABLE, is_floom_slirp, route_commands
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
-from tests.netns_support import namespace_host, needs_netns
+from tests.netns_support import NamespaceHost, namespace_host, needs_netns
 
 needs_bwrap = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
@@ -85,6 +87,13 @@ def probe(kind, host, port):
             return {"outcome": name(getattr(exc, "reason", exc))}
     if kind == "ipv6":
         return {"outcome": open("/proc/net/if_inet6").read().strip() or "none"}
+    if kind == "route6":  # a route lookup over IPv6; UDP sends nothing on connect
+        try:
+            with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+                s.connect((host, port))
+                return {"outcome": "routed"}
+        except OSError as exc:
+            return {"outcome": name(exc)}
     if kind == "links":
         rows = open("/proc/net/dev").read().splitlines()[2:]
         return {"outcome": sorted(row.split(":")[0].strip() for row in rows)}
@@ -206,6 +215,109 @@ def slirp_processes(work_root: Path) -> list[int]:
             if is_floom_slirp(entry.name, argv, marker):
                 found.append(int(entry.name))
     return found
+
+
+@contextmanager
+def host_wide_listener() -> Iterator[tuple[int, list[str]]]:
+    """A service bound to 0.0.0.0 on the host: every address of the host answers. Yields its
+    port and the peers that connected."""
+    peers: list[str] = []
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            peers.append(peer[0])
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], peers
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+def own_addresses(extra: str) -> dict[str, list[str]]:
+    """The host's own addresses, read now (the test host's veth end `extra` among them):
+    IPv4 and IPv6, each a single address."""
+    found: dict[str, list[str]] = {"v4": [], "v6": []}
+    for net in host_networks():
+        if net.prefixlen == net.max_prefixlen:
+            found["v4" if net.version == 4 else "v6"].append(str(net.network_address))
+    assert extra in found["v4"], found
+    return found
+
+
+def probe_own_addresses(
+    tmp_path: Path, test_host: NamespaceHost, port: int, **spec_fields: Any
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    own = own_addresses(test_host.outer_address)
+    probes: dict[str, list[Any]] = {f"v4 {a}": ["tcp", a, port] for a in own["v4"]}
+    probes |= {f"v6 {a}": ["route6", a.split("%")[0], port] for a in own["v6"]}
+    results, _ = probe(tmp_path, probes, network=True, **spec_fields)
+    return results, own
+
+
+@needs_bwrap
+@needs_netns
+def test_a_worker_with_network_reaches_no_address_of_its_own_host_in_any_range(
+    tmp_path: Path,
+) -> None:
+    # The test host's veth end in the root namespace is an address of this host in TEST-NET-3,
+    # which sandboxes treat as public; a service bound to 0.0.0.0 listens on it.
+    with namespace_host(public=True) as test_host, host_wide_listener() as (port, peers):
+        results, own = probe_own_addresses(tmp_path, test_host, port)
+
+    for address in own["v4"]:
+        outcome = results[f"v4 {address}"]
+        if address.startswith("127."):
+            # The sandbox's own loopback, where nothing listens.
+            assert outcome["outcome"] in {"ECONNREFUSED", *REFUSED_BY_ROUTE}, (address, outcome)
+        else:
+            assert_refused_by_route(outcome)
+    for address in own["v6"]:
+        assert results[f"v6 {address}"]["outcome"] != "routed", (address, results)
+    assert peers == []
+
+
+@needs_bwrap
+@needs_netns
+def test_network_allow_does_not_open_the_hosts_own_addresses(tmp_path: Path) -> None:
+    with namespace_host() as test_host, host_wide_listener() as (port, peers):
+        results, _ = probe(
+            tmp_path,
+            {
+                "host_end": ["tcp", test_host.outer_address, port],
+                "test_host": ["route", test_host.address, port],
+            },
+            network=True,
+            network_allow=(test_host.network,),
+        )
+
+    assert_refused_by_route(results["host_end"])
+    assert results["test_host"]["outcome"] == "routed"
+    assert peers == []
+
+
+def test_the_fence_closes_the_hosts_addresses_after_what_is_allowed() -> None:
+    allowed = ipaddress.IPv4Network("203.0.113.0/24")
+    own = ipaddress.IPv4Network("203.0.113.7/32")
+    script = route_commands([allowed], [own]).splitlines()
+
+    assert script[-1] == "route replace unreachable 203.0.113.7/32"
+    assert not any(line.endswith(f" {allowed}") for line in script)
 
 
 # -- through LocalSandbox ----------------------------------------------------------------------
@@ -376,6 +488,75 @@ def test_slirp4netns_runs_with_the_run_and_ends_with_it(tmp_path: Path) -> None:
     assert slirp_processes(tmp_path) == []
     with pytest.raises(ProcessLookupError):
         os.kill(seen_while_running[0], 0)
+
+
+needs_cgroups = pytest.mark.skipif(
+    not cgroups.detect().enforced, reason="no usable cgroup hierarchy on this node"
+)
+
+
+def _cgroup_lines(pid: int) -> set[str]:
+    return set(Path(f"/proc/{pid}/cgroup").read_text().splitlines())
+
+
+@needs_bwrap
+@needs_netns
+@needs_cgroups
+def test_slirp4netns_runs_in_the_runs_cgroup_with_nothing_of_the_worker(tmp_path: Path) -> None:
+    marker = f"worker-bytes-{secrets.token_hex(6)}"
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text("print('ready', flush=True)\nimport time\ntime.sleep(600)\n")
+    seen: dict[str, Any] = {}
+    cancel = threading.Event()
+
+    def on_line(stream: str, line: str) -> None:
+        if line != "ready":
+            return
+        [slirp] = slirp_processes(tmp_path)
+        [command] = [
+            int(pid)
+            for pid in os.listdir("/proc")
+            if pid.isdigit()
+            and Path(f"/proc/{pid}/cmdline").exists()
+            and _cmdline_of(pid).startswith(b"python3\0run.py\0" + marker.encode())
+        ]
+        seen["slirp"], seen["command"] = _cgroup_lines(slirp), _cgroup_lines(command)
+        seen["cwd"] = os.readlink(f"/proc/{slirp}/cwd")
+        seen["argv"] = _cmdline_of(str(slirp))
+        seen["environ"] = Path(f"/proc/{slirp}/environ").read_bytes()
+        cancel.set()
+
+    spec = SandboxSpec(
+        run_id="run-net",
+        command=["python3", "run.py", marker],
+        workdir=workdir,
+        output_dir=output_dir,
+        env={"WORKER_SAYS": marker},
+        network=True,
+        network_allow=("10.213.0.0/30",),
+        timeout_seconds=60.0,
+    )
+    result = LocalSandbox().run(spec, on_line=on_line, should_cancel=cancel.is_set)
+
+    assert result.cancelled, result
+    run_groups = {line for line in seen["command"] if "/floom/" in line}
+    assert run_groups, seen["command"]
+    # In the run's cgroup in every hierarchy that limits the run: its memory and CPU count.
+    assert run_groups <= seen["slirp"], seen
+    assert seen["cwd"] == "/"
+    for what in ("argv", "environ"):
+        assert marker.encode() not in seen[what], (what, seen[what])
+    names = {entry.split(b"=", 1)[0] for entry in seen["environ"].split(b"\0") if entry}
+    assert names == {b"PATH", SLIRP_OWNER_VARIABLE.encode()}
+
+
+def _cmdline_of(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 @needs_bwrap

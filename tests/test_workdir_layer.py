@@ -5,6 +5,7 @@ stays in its own run."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,26 @@ def test_the_local_sandbox_lays_the_work_dir_over_the_version_s_files(
     assert (workdir / "new.txt").read_text() == "new\n"
     assert (files / "data.txt").read_text() == "original\n"
     assert (files / "sub" / "x.txt").read_text() == "shipped\n"
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_run_s_mount_table_names_no_path_of_the_host(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    # The sandbox's mount table once named the data dir (the overlay's layers, the output
+    # dir's bind), which told a script where its files sat on the host.
+    if not LocalSandbox().layers_files:
+        pytest.skip("the stage's mounts are a root floom's")
+    script = "print(open('/proc/self/mountinfo').read())\nopen('result.json', 'w').write('{}')\n"
+    deploy_folder(api, make_worker(tmp_path / "mounts", "name: mounts\n", {"run.py": script}))
+    run_id = api.post("/api/v1/workers/mounts/runs", json={}).json()["id"]
+    run = wait_for_run(api, run_id)
+    assert run["status"] == "succeeded", run
+
+    events = list_events(server.ctx, caller=SYSTEM, run_id=run_id)
+    table = "\n".join(e.line for e in events if e.stream == "stdout")
+    assert " /work " in table and " /output " in table
+    settings = server.ctx.settings
+    for host_path in (settings.data_dir, settings.work_root, tmp_path):
+        for spelled in {str(host_path), os.path.realpath(host_path)}:
+            assert spelled not in table, table

@@ -57,7 +57,14 @@ from tests.mcp_support import call, call_error, http_client, stdio_client
 from tests.web_support import csrf_of, signed_in_client
 
 MONDAY = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
-ADMIN = Principal(key_id="key_test", name="test admin", scopes=("admin",))
+
+
+def admin(ctx: Context) -> Principal:
+    """A real admin key's caller: deletion reads the caller's key again in its transaction."""
+    key, _ = keys.create_key(ctx, scopes=["admin"], name="test admin", caller=SYSTEM)
+    return Principal.of_key(key)
+
+
 PLAIN = "print('hello')\n"
 SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(120)\n"
 WITH_ARTIFACT = """\
@@ -135,7 +142,7 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
         s.add(row)
         s.add(Approval(id="apr_pending", run_id=paused.id, worker_name="doomed", kind="run"))
 
-    result = delete_worker(ctx, name="doomed", purge_runs=False, caller=ADMIN)
+    result = delete_worker(ctx, name="doomed", purge_runs=False, caller=admin(ctx))
 
     assert (result.runs_kept, result.runs_purged, result.runs_cancelled) == (3, 0, 2)
     assert result.approvals_closed == 1 and result.versions == [version]
@@ -194,7 +201,7 @@ def test_purging_removes_runs_and_their_blobs_but_keeps_blobs_others_refer_to(
     digests = {a.name: a.digest for a in rows(ctx, Artifact, Artifact.run_id == doomed_run.id)}
     workspace = rows(ctx, Transcript, Transcript.run_id == doomed_run.id)[0].workspace_digest
 
-    result = delete_worker(ctx, name="doomed", purge_runs=True, caller=ADMIN)
+    result = delete_worker(ctx, name="doomed", purge_runs=True, caller=admin(ctx))
 
     assert (result.runs_purged, result.runs_kept) == (1, 0)
     with pytest.raises(NotFound):
@@ -228,7 +235,7 @@ def test_a_deleted_workers_schedule_never_fires_again(ctx: Context, tmp_path: Pa
     schedules.fire_due(ctx, now=MONDAY + timedelta(minutes=15, seconds=1))
     assert len(runs.list_runs(ctx, caller=SYSTEM, worker="ticker", trigger="schedule")[0]) == 1
 
-    result = delete_worker(ctx, name="ticker", purge_runs=False, caller=ADMIN)
+    result = delete_worker(ctx, name="ticker", purge_runs=False, caller=admin(ctx))
 
     assert result.triggers_removed == 1
     assert rows(ctx, Trigger, Trigger.worker_name == "ticker") == []
@@ -249,7 +256,7 @@ def test_a_redeploy_of_the_name_starts_at_its_first_version_without_old_triggers
     }
     runs.cancel_run(ctx, caller=SYSTEM, run_id=old_run.id)
 
-    delete_worker(ctx, name="phoenix", purge_runs=False, caller=ADMIN)
+    delete_worker(ctx, name="phoenix", purge_runs=False, caller=admin(ctx))
     again = deploy(ctx, tmp_path / "a", f"name: phoenix\ntriggers:\n{schedule}")
 
     assert again == first
@@ -273,21 +280,22 @@ def test_every_deletion_is_audited_with_its_actor_and_counts(ctx: Context, tmp_p
     version = deploy(ctx, tmp_path / "doomed", "name: doomed\n")
     runs.create_run(ctx, caller=SYSTEM, worker_name="doomed")
 
-    result = delete_worker(ctx, name="doomed", purge_runs=True, caller=ADMIN)
+    caller = admin(ctx)
+    result = delete_worker(ctx, name="doomed", purge_runs=True, caller=caller)
 
     events, _ = audit.list_events(
         ctx, caller=SYSTEM, type=audit.WORKER_DELETED, subject="worker:doomed"
     )
     assert [e.id for e in events] == [result.deletion_id]
     body = audit.event_to_dict(events[0])
-    assert body["actor"] == {"key_id": "key_test", "label": "test admin"}
+    assert body["actor"] == {"key_id": caller.key_id, "label": "test admin"}
     assert body["payload"]["versions"] == [version]
     assert body["payload"]["runs_purged"] == 1 and body["payload"]["purge_runs"] is True
 
 
 def test_deleting_an_unknown_worker_is_not_found_and_records_nothing(ctx: Context) -> None:
     with pytest.raises(NotFound) as caught:
-        delete_worker(ctx, name="ghost", purge_runs=True, caller=ADMIN)
+        delete_worker(ctx, name="ghost", purge_runs=True, caller=admin(ctx))
     assert caught.value.hint
     assert rows(ctx, AuditEvent, col(AuditEvent.id).is_not(None)) == []
 
@@ -478,7 +486,7 @@ def test_a_schedule_tick_racing_the_deletion_leaves_no_run_behind(
     def deleted_meanwhile(*args: Any, **kwargs: Any) -> Version:
         # The tick has read the worker; the deletion commits before the run is inserted.
         monkeypatch.setattr(workers, "get_version", read_version)
-        delete_worker(ctx, name="racer", purge_runs=False, caller=ADMIN)
+        delete_worker(ctx, name="racer", purge_runs=False, caller=admin(ctx))
         return read_version(*args, **kwargs)
 
     monkeypatch.setattr(workers, "get_version", deleted_meanwhile)
@@ -551,7 +559,7 @@ def test_a_deleted_workers_composio_and_handoff_triggers_take_nothing_more(
         (agent,) = rows(ctx, Agent, Agent.label == label)
         assert rows(ctx, AgentRole, AgentRole.agent_id == agent.id)
 
-        result = delete_worker(ctx, name="listener", purge_runs=False, caller=ADMIN)
+        result = delete_worker(ctx, name="listener", purge_runs=False, caller=admin(ctx))
 
         assert result.triggers_removed == 2
         assert rows(ctx, AgentRole, AgentRole.agent_id == agent.id) == []
@@ -595,7 +603,7 @@ def test_a_deletion_failing_midway_leaves_everything_in_place(
 
     monkeypatch.setattr(audit, "record", broken)
     with pytest.raises(RuntimeError):
-        delete_worker(ctx, name="sturdy", purge_runs=True, caller=ADMIN)
+        delete_worker(ctx, name="sturdy", purge_runs=True, caller=admin(ctx))
 
     assert workers.get_worker(ctx, caller=SYSTEM, name="sturdy").active_version_id == version
     assert len(triggers.list_triggers(ctx, caller=SYSTEM, worker_name="sturdy")[1]) == 1
@@ -616,7 +624,7 @@ def test_a_purge_refuses_while_a_run_will_not_stop_and_deletes_nothing(
         s.add(row)
 
     with pytest.raises(Conflict) as caught:
-        delete_worker(ctx, name="stuck", purge_runs=True, caller=ADMIN, stop_wait_seconds=0.3)
+        delete_worker(ctx, name="stuck", purge_runs=True, caller=admin(ctx), stop_wait_seconds=0.3)
 
     assert caught.value.details == {"running": [run.id]}
     assert workers.get_worker(ctx, caller=SYSTEM, name="stuck")
@@ -624,7 +632,7 @@ def test_a_purge_refuses_while_a_run_will_not_stop_and_deletes_nothing(
         ctx, caller=SYSTEM, run_id=run.id
     ).cancel_requested  # asked to stop all the same
     assert rows(ctx, AuditEvent, col(AuditEvent.id).is_not(None)) == []
-    kept = delete_worker(ctx, name="stuck", purge_runs=False, caller=ADMIN)
+    kept = delete_worker(ctx, name="stuck", purge_runs=False, caller=admin(ctx))
     assert (kept.runs_kept, kept.runs_stopping) == (1, 1)
 
 
@@ -663,7 +671,7 @@ def test_another_node_cannot_run_a_version_retired_by_a_deletion_it_had_cached(
     try:
         assert node.stdout is not None and node.stdin is not None
         assert node.stdout.readline().strip() == "cached"
-        delete_worker(ctx, name="twin", purge_runs=False, caller=ADMIN)
+        delete_worker(ctx, name="twin", purge_runs=False, caller=admin(ctx))
         deploy(ctx, tmp_path / "b", "name: twin\ndescription: second\n")
         node.stdin.write("go\n")
         node.stdin.flush()
@@ -695,7 +703,7 @@ def test_on_postgresql_a_deletion_waits_for_a_run_being_created_then_cancels_it(
     )
     deleter = threading.Thread(
         target=lambda: deleted.append(
-            delete_worker(ctx, name="contended", purge_runs=False, caller=ADMIN)
+            delete_worker(ctx, name="contended", purge_runs=False, caller=admin(ctx))
         )
     )
     creator.start()

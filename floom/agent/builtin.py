@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from floom.agent import netguard
 from floom.agent.children import invoke_child
 from floom.agent.tools import Tool, ToolError, object_schema, require_str
+from floom.egress import EgressPolicy, policy_of
 from floom.engine.safefiles import (
     MAX_WALK_ENTRIES,
     Bounds,
@@ -93,6 +94,11 @@ class AgentEnv:
     @property
     def sandbox_seconds(self) -> float:
         return self.attempt.sandbox_seconds
+
+    @property
+    def egress(self) -> EgressPolicy:
+        """The egress guard's policy for every connection this agent's tools make."""
+        return policy_of(self.ctx.settings)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -261,20 +267,12 @@ def fill_placeholders(text: str, secrets: dict[str, str]) -> str:
 
 
 def _http_request(spec: ToolSpec, env: AgentEnv) -> Any:
-    settings = env.ctx.settings
     methods = spec.options.get("methods")
     policy = netguard.HttpPolicy(
         allow_domains=tuple(str(d) for d in spec.options.get("allow_domains") or ()),
         methods=tuple(str(m).upper() for m in methods) if methods else None,
-        allow_private=settings.agent_http_allow_private,
-        resolve=netguard.parse_resolve(settings.agent_http_resolve),
+        egress=env.egress,
     )
-    if policy.allow_private or policy.resolve:
-        env.run_log.add(
-            "system",
-            "warning: FLOOM_AGENT_HTTP_ALLOW_PRIVATE or FLOOM_AGENT_HTTP_RESOLVE is set: "
-            "http_request address checks are relaxed (meant for tests only)",
-        )
 
     def run(args: dict[str, Any]) -> str:
         url = require_str(args, "url")

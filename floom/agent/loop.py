@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from floom import jsonvalues
 from floom.agent import workspace
 from floom.agent.provider import ModelProvider, ProviderError, estimate_cost
 from floom.agent.tools import RecordedToolError, Tool, ToolError
@@ -67,8 +68,10 @@ class AgentLoop:
         self.provider = provider
         # A replay never asks a person: it ends with the outputs a run would have proposed.
         self.replay = replay
-        self.messages: list[dict[str, Any]] = json.loads(transcript.messages_json)
-        state = json.loads(transcript.state_json or "{}")
+        self.messages: list[dict[str, Any]] = jsonvalues.stored(
+            transcript.messages_json, expect=list
+        )
+        state = jsonvalues.stored(transcript.state_json or "{}", expect=dict)
         self.state: dict[str, Any] = {
             "pending": state.get("pending") or [],
             "results": state.get("results") or [],
@@ -102,8 +105,8 @@ class AgentLoop:
         now = time.monotonic()
         self.t.active_seconds += now - self._mark
         self._mark = now
-        self.t.messages_json = json.dumps(self.messages)
-        self.t.state_json = json.dumps(self.state)
+        self.t.messages_json = jsonvalues.dumps(self.messages, where="messages")
+        self.t.state_json = jsonvalues.dumps(self.state, where="state")
         agent_runs.save_transcript(self.env.ctx, self.t)
 
     def _note(self, text: str) -> None:
@@ -191,6 +194,14 @@ class AgentLoop:
         use_id, name = str(block.get("id")), str(block.get("name"))
         raw = block.get("input")
         args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        found = jsonvalues.breach_of(args, where="the input", strict_types=False)
+        if found is not None:
+            # Before anything walks the input (the redactor recurses) or stores it.
+            message = f"refused: {found.message} ({found.limit} bound); {jsonvalues.bounds_hint()}"
+            # The transcript keeps the marker too, so that it stays within the bounds.
+            block["input"] = jsonvalues.unreadable(found.message)
+            self._record(name, block["input"], "refused", error=message)
+            return None, _result(use_id, message, error=True)
         awaiting = self.state["awaiting"]
         if not awaiting or awaiting.get("tool_use_id") != use_id:
             awaiting = None
@@ -228,7 +239,9 @@ class AgentLoop:
             return None, _result(use_id, message, error=True)
         if approval.status != APPROVED:
             return self._cancelled(), None
-        edited = json.loads(approval.edited_json) if approval.edited_json else {}
+        edited = (
+            jsonvalues.stored(approval.edited_json, expect=dict) if approval.edited_json else {}
+        )
         args = {**args, **edited}
         if tool.builtin == "request_approval":
             answer = {"decision": "approved", "comment": approval.comment, "edited": edited or None}
@@ -352,7 +365,7 @@ class AgentLoop:
         self, tool: Tool, use_id: str, args: dict[str, Any], awaiting: dict[str, Any] | None
     ) -> tuple[Outcome | None, dict[str, Any] | None]:
         env = self.env
-        approved = json.loads(env.run.outputs_json or "{}")
+        approved = jsonvalues.stored(env.run.outputs_json or "{}", expect=dict)
         if env.apply and awaiting is not None:
             approval = get_approval(env.ctx, approval_id=awaiting["approval_id"], caller=SYSTEM)
             answer = {"decision": "approved", "outputs": approved, "comment": approval.comment}

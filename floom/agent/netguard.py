@@ -1,16 +1,16 @@
-"""Outbound HTTP for agents: only to allowed domains, never to private, loopback or link-local
-addresses, checked after DNS resolution and pinned to the checked address (no rebinding)."""
+"""http_request's own rules over the egress guard (floom/egress.py): only the tool's
+allow_domains and methods, redirects followed hop by hop (each target checked like the first
+URL, credentials kept from other origins), the body read up to a bound."""
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 from dataclasses import dataclass
 from urllib.parse import urljoin
 
 import httpx
 
 from floom.agent.tools import ToolError
+from floom.egress import EgressPolicy, EgressRefused, describe_failure, guarded_client
 
 MAX_REDIRECTS = 5
 MAX_BODY_BYTES = 1024 * 1024
@@ -20,9 +20,7 @@ MAX_BODY_BYTES = 1024 * 1024
 class HttpPolicy:
     allow_domains: tuple[str, ...]
     methods: tuple[str, ...] | None = None
-    # Unsafe, for tests: reach private addresses, and resolve names from this map first.
-    allow_private: bool = False
-    resolve: tuple[tuple[str, str], ...] = ()
+    egress: EgressPolicy = EgressPolicy()
 
 
 @dataclass(frozen=True)
@@ -32,16 +30,6 @@ class HttpReply:
     body: str
     truncated: bool
     url: str
-
-
-def parse_resolve(text: str) -> tuple[tuple[str, str], ...]:
-    """ "host=address,host2=address" (FLOOM_AGENT_HTTP_RESOLVE) as pairs."""
-    pairs = []
-    for item in text.split(","):
-        host, sep, addr = item.strip().partition("=")
-        if sep and host and addr:
-            pairs.append((host.strip().lower(), addr.strip()))
-    return tuple(pairs)
 
 
 def domain_allowed(host: str, allowed: tuple[str, ...]) -> bool:
@@ -54,44 +42,6 @@ def domain_allowed(host: str, allowed: tuple[str, ...]) -> bool:
         elif host == pattern:
             return True
     return False
-
-
-def _kind_of(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    """Why an address is off limits, or None for a public address."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_link_local:
-        return "link-local"
-    if ip.is_private:
-        return "private"
-    if ip.is_multicast or ip.is_reserved or ip.is_unspecified or not ip.is_global:
-        return "non-public"
-    return None
-
-
-def resolve_checked(host: str, port: int, policy: HttpPolicy) -> str:
-    """The address to connect to for host, after refusing any non-public one."""
-    mapped = dict(policy.resolve).get(host.lower())
-    if mapped:
-        addresses = [mapped]
-    else:
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as exc:
-            raise ToolError(f"cannot resolve {host}: {exc.strerror}") from exc
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-    if not addresses:
-        raise ToolError(f"{host} has no address")
-    for address in addresses:
-        kind = _kind_of(ipaddress.ip_address(address.split("%")[0]))
-        if kind and not policy.allow_private:
-            raise ToolError(
-                f"refused: {host} resolves to {address}, a {kind} address; agents may only "
-                "reach public addresses"
-            )
-    return addresses[0]
 
 
 def request(
@@ -109,19 +59,18 @@ def request(
         raise ToolError(
             f"method {method} is not allowed for this tool; allowed: {', '.join(policy.methods)}"
         )
-    for _ in range(MAX_REDIRECTS + 1):
-        # A client per hop: a pooled connection is bound to the name it was checked for.
-        with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+    with guarded_client(policy.egress, timeout=timeout, follow_redirects=False) as client:
+        for _ in range(MAX_REDIRECTS + 1):
             reply, location = _one_hop(client, method, url, headers, content, policy)
-        if location is None:
-            return reply
-        target = urljoin(url, location)
-        if _origin(target) != _origin(url):
-            # Like browsers: credentials are not handed to another origin.
-            headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS}
-        url = target
-        if reply.status == 303 or (reply.status in (301, 302) and method == "POST"):
-            method, content = "GET", None
+            if location is None:
+                return reply
+            target = urljoin(url, location)
+            if _origin(target) != _origin(url):
+                # Like browsers: credentials are not handed to another origin.
+                headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS}
+            url = target
+            if reply.status == 303 or (reply.status in (301, 302) and method == "POST"):
+                method, content = "GET", None
     raise ToolError(f"more than {MAX_REDIRECTS} redirects")
 
 
@@ -156,21 +105,14 @@ def _one_hop(
             f"refused: {host} is not in this tool's allow_domains "
             f"({', '.join(policy.allow_domains)})"
         )
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
-    address = resolve_checked(host, port, policy)
-    pinned = parsed.copy_with(host=address)
     send_headers = {k: v for k, v in headers.items() if k.lower() != "host"}
-    send_headers["Host"] = parsed.netloc.decode("ascii")
-    extensions = {"sni_hostname": host} if parsed.scheme == "https" else {}
     try:
-        req = client.build_request(
-            method, pinned, headers=send_headers, content=content, extensions=extensions
-        )
+        req = client.build_request(method, parsed, headers=send_headers, content=content)
         response = client.send(req, stream=True)
-    except httpx.TimeoutException as exc:
-        raise ToolError(f"{method} {url} timed out") from exc
+    except EgressRefused:
+        raise
     except httpx.HTTPError as exc:
-        raise ToolError(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+        raise ToolError(f"{method} {url} failed: {describe_failure(exc)}") from exc
     try:
         if response.is_redirect and "location" in response.headers:
             return _reply(response, b"", False, url), response.headers["location"]

@@ -1,5 +1,7 @@
 """Remote tool sources: MCP servers over Streamable HTTP (the mcp SDK's Client) and Composio,
-each filtered by the worker's allowed_tools before the model sees anything."""
+each filtered by the worker's allowed_tools before the model sees anything. Every connection
+goes through the egress guard (floom/egress.py), and a failure is told in floom's words,
+never with what the other end answered."""
 
 from __future__ import annotations
 
@@ -8,14 +10,29 @@ import json
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 from floom.agent.tools import Tool, ToolError
+from floom.egress import (
+    EgressPolicy,
+    EgressRefused,
+    describe_failure,
+    guarded_async_client,
+    guarded_client,
+)
 from floom.errors import SourceUnavailable
 from floom.manifest_agent import ToolSpec
 
 TOOL_NAME_CAP = 64
+COMPOSIO_ERROR_CAP = 2000
+
+
+def _segment(text: str) -> str:
+    """A tool slug as one path segment: a worker's allowed_tools (or a listed slug) cannot
+    reach another path of the API floom calls with the operator's key."""
+    return quote(text, safe="")
 
 
 def _model_name(text: str) -> str:
@@ -31,18 +48,24 @@ def _allowed(spec: ToolSpec, name: str) -> bool:
 
 
 def mcp_tools(
-    spec: ToolSpec, *, token: str | None, timeout: float, note: Callable[[str], None]
+    spec: ToolSpec,
+    *,
+    token: str | None,
+    timeout: float,
+    note: Callable[[str], None],
+    egress: EgressPolicy,
 ) -> list[Tool]:
     """The allowed tools of one MCP server. Each call opens its own session, so a paused run
     resumed in another process needs no state from this one."""
     url = str(spec.options["url"])
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    server = _Server(url, headers, timeout, egress)
 
     try:
-        listed = asyncio.run(_mcp_list(url, headers, timeout))
+        listed = asyncio.run(_mcp_list(server))
     except Exception as exc:  # any transport or protocol failure means "unavailable"
         raise SourceUnavailable(
-            f"MCP server '{spec.name}' ({url}) cannot list its tools: {_describe(exc)}"
+            f"MCP server '{spec.name}' cannot list its tools: {describe_failure(exc)}"
         ) from exc
     tools = []
     seen = set()
@@ -55,7 +78,7 @@ def mcp_tools(
                 name=_model_name(f"{spec.name}__{item.name}"),
                 description=item.description or item.title or item.name,
                 input_schema=item.input_schema or {"type": "object"},
-                run=_mcp_caller(url, headers, item.name, timeout),
+                run=_mcp_caller(server, item.name),
                 gated=spec.gated,
                 source="mcp",
             )
@@ -66,19 +89,22 @@ def mcp_tools(
     return tools
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return _describe(exc.exceptions[0])
-    return f"{type(exc).__name__}: {exc}"[:300]
+class _Server:
+    """Where one MCP source is and how floom reaches it."""
+
+    def __init__(
+        self, url: str, headers: dict[str, str], timeout: float, egress: EgressPolicy
+    ) -> None:
+        self.url, self.headers, self.timeout, self.egress = url, headers, timeout, egress
 
 
-async def _mcp_list(url: str, headers: dict[str, str], timeout: float) -> list[Any]:
+async def _mcp_list(server: _Server) -> list[Any]:
     from mcp import Client
 
     tools: list[Any] = []
     async with (
-        _mcp_client(url, headers, timeout) as transport,
-        Client(transport, read_timeout_seconds=timeout, cache=None) as client,
+        _mcp_client(server) as transport,
+        Client(transport, read_timeout_seconds=server.timeout, cache=None) as client,
     ):
         cursor = None
         for _ in range(50):
@@ -91,33 +117,33 @@ async def _mcp_list(url: str, headers: dict[str, str], timeout: float) -> list[A
 
 
 class _mcp_client:  # noqa: N801 - used like a function in `async with`
-    """The Streamable HTTP transport with floom's headers, closing its HTTP client after."""
+    """The Streamable HTTP transport with floom's headers over the egress guard, closing its
+    HTTP client after."""
 
-    def __init__(self, url: str, headers: dict[str, str], timeout: float) -> None:
-        self._url, self._headers, self._timeout = url, headers, timeout
+    def __init__(self, server: _Server) -> None:
+        self._server = server
 
     async def __aenter__(self) -> Any:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
-        self._http = httpx2.AsyncClient(
-            headers=self._headers, timeout=httpx2.Timeout(self._timeout)
+        server = self._server
+        self._http = guarded_async_client(
+            server.egress, headers=server.headers, timeout=httpx2.Timeout(server.timeout)
         )
         await self._http.__aenter__()
-        return streamable_http_client(self._url, http_client=self._http)
+        return streamable_http_client(server.url, http_client=self._http)
 
     async def __aexit__(self, *exc: object) -> None:
         await self._http.__aexit__(None, None, None)
 
 
-def _mcp_caller(
-    url: str, headers: dict[str, str], name: str, timeout: float
-) -> Callable[[dict[str, Any]], str]:
+def _mcp_caller(server: _Server, name: str) -> Callable[[dict[str, Any]], str]:
     def run(args: dict[str, Any]) -> str:
         try:
-            result = asyncio.run(_mcp_call(url, headers, name, args, timeout))
+            result = asyncio.run(_mcp_call(server, name, args))
         except Exception as exc:  # the server's failure is the model's to read
-            raise ToolError(f"MCP call {name} failed: {_describe(exc)}") from exc
+            raise ToolError(f"MCP call {name} failed: {describe_failure(exc)}") from exc
         text = _mcp_text(result)
         if result.is_error:
             raise ToolError(text or f"MCP tool {name} reported an error")
@@ -126,14 +152,12 @@ def _mcp_caller(
     return run
 
 
-async def _mcp_call(
-    url: str, headers: dict[str, str], name: str, args: dict[str, Any], timeout: float
-) -> Any:
+async def _mcp_call(server: _Server, name: str, args: dict[str, Any]) -> Any:
     from mcp import Client
 
     async with (
-        _mcp_client(url, headers, timeout) as transport,
-        Client(transport, read_timeout_seconds=timeout, cache=None) as client,
+        _mcp_client(server) as transport,
+        Client(transport, read_timeout_seconds=server.timeout, cache=None) as client,
     ):
         return await client.call_tool(name, args)
 
@@ -154,7 +178,13 @@ def _mcp_text(result: Any) -> str:
 
 
 def composio_tools(
-    spec: ToolSpec, *, base_url: str, api_key: str, timeout: float, note: Callable[[str], None]
+    spec: ToolSpec,
+    *,
+    base_url: str,
+    api_key: str,
+    timeout: float,
+    note: Callable[[str], None],
+    egress: EgressPolicy,
 ) -> list[Tool]:
     """The allowed tools of one Composio app, described by Composio's tool schemas."""
     app = str(spec.options["app"])
@@ -162,8 +192,8 @@ def composio_tools(
     allowed = [str(t) for t in spec.options.get("allowed_tools") or []]
 
     def client() -> httpx.Client:
-        return httpx.Client(
-            base_url=base_url.rstrip("/"), headers={"x-api-key": api_key}, timeout=timeout
+        return guarded_client(
+            egress, base_url=base_url.rstrip("/"), headers={"x-api-key": api_key}, timeout=timeout
         )
 
     try:
@@ -175,28 +205,35 @@ def composio_tools(
             else:
                 items = []
                 for slug in allowed:
-                    resp = http.get(f"/api/v3/tools/{slug}")
+                    resp = http.get(f"/api/v3/tools/{_segment(slug)}")
                     if resp.status_code == 404:
                         note(f"Composio has no tool {slug} (listed in allowed_tools of {app})")
                         continue
                     resp.raise_for_status()
                     items.append(resp.json())
-    except (httpx.HTTPError, ValueError) as exc:
-        raise SourceUnavailable(f"Composio tools of '{app}' cannot be listed: {exc}") from exc
+    except (httpx.HTTPError, ValueError, AttributeError, EgressRefused) as exc:
+        raise SourceUnavailable(
+            f"Composio tools of '{app}' cannot be listed: {describe_failure(exc)}"
+        ) from exc
 
     def caller(slug: str) -> Callable[[dict[str, Any]], str]:
         def run(args: dict[str, Any]) -> str:
             try:
                 with client() as http:
                     resp = http.post(
-                        f"/api/v3/tools/execute/{slug}",
+                        f"/api/v3/tools/execute/{_segment(slug)}",
                         json={"arguments": args, "user_id": user_id},
                     )
                     body = resp.json()
             except (httpx.HTTPError, ValueError) as exc:
-                raise ToolError(f"Composio call {slug} failed: {exc}") from exc
+                raise ToolError(f"Composio call {slug} failed: {describe_failure(exc)}") from exc
+            if not isinstance(body, dict):
+                raise ToolError(f"Composio call {slug} answered HTTP {resp.status_code}")
             if resp.is_error or not body.get("successful", False):
-                raise ToolError(str(body.get("error") or f"Composio answered {resp.status_code}"))
+                error = body.get("error")
+                # The tool's own error is the model's to read; bounded.
+                text = str(error)[:COMPOSIO_ERROR_CAP] if error else ""
+                raise ToolError(text or f"Composio answered {resp.status_code}")
             return json.dumps(body.get("data"))
 
         return run

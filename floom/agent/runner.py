@@ -7,6 +7,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+from floom import jsonvalues
 from floom.agent import workspace
 from floom.agent.builtin import AgentEnv, finish_tool, make_builtin
 from floom.agent.loop import AgentLoop
@@ -14,6 +15,7 @@ from floom.agent.provider import ModelProvider, build_provider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
 from floom.agent.replay import replay_session
 from floom.agent.tools import Tool, Toolbox
+from floom.egress import RELAXED_WARNING
 from floom.engine.queue import Outcome
 from floom.errors import ProviderError
 from floom.manifest_agent import ToolSpec, tool_specs
@@ -122,6 +124,11 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
     def note(text: str) -> None:
         env.run_log.add("system", text)
 
+    egress = env.egress
+    if egress.relaxed_for_tests and any(
+        s.source != "builtin" or s.builtin == "http_request" for s in specs
+    ):
+        note(RELAXED_WARNING)
     tools: list[Tool] = []
     for spec in specs:
         if spec.source == "builtin":
@@ -130,7 +137,7 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
         elif spec.source == "mcp":
             secret = spec.options.get("auth_secret")
             token = values.get(str(secret)) if secret else None
-            tools.extend(mcp_tools(spec, token=token, timeout=timeout, note=note))
+            tools.extend(mcp_tools(spec, token=token, timeout=timeout, note=note, egress=egress))
         else:
             tools.extend(
                 composio_tools(
@@ -139,6 +146,7 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
                     api_key=settings.composio_api_key,
                     timeout=timeout,
                     note=note,
+                    egress=egress,
                 )
             )
     tools.append(finish_tool(env.manifest))
@@ -177,7 +185,7 @@ def _new_transcript(
             "A rejected call comes back to you with the reason."
         )
     system = skill.strip() + "\n\n---\nHow this run works:\n" + "\n".join(f"- {n}" for n in notes)
-    inputs = json.loads(run.inputs_json)
+    inputs = jsonvalues.stored(run.inputs_json, expect=dict)
     first = (
         f"The run's inputs (JSON):\n{json.dumps(inputs, indent=2)}\n\n"
         "Do the task your instructions describe, then call finish."

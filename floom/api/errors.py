@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException
 
+from floom import jsonvalues
 from floom.api.auth import request_surface
 from floom.errors import FloomError, RateLimited
 from floom.hints.surface import tell
@@ -91,7 +92,11 @@ def install(app: FastAPI) -> None:
         code, hint = _HTTP_REFUSALS.get(exc.status_code, ("http_error", None))
         if exc.status_code == 405 and exc.headers and "Allow" in exc.headers:
             hint = f"this path answers {exc.headers['Allow']}; see /docs"
-        response = error_response(exc.status_code, code, str(exc.detail), hint)
+        message = str(exc.detail)
+        why = _unparsable(exc.__cause__)
+        if why:
+            message, hint = f"{message}: the JSON body {why}", jsonvalues.bounds_hint()
+        response = error_response(exc.status_code, code, message, hint)
         # HTTP requires some of these (Allow with a 405); keep whatever the router set.
         response.headers.update(exc.headers or {})
         return response
@@ -102,3 +107,12 @@ def install(app: FastAPI) -> None:
         return error_response(
             500, "internal", "floom hit an unexpected error", "the server log has the details"
         )
+
+
+def _unparsable(cause: BaseException | None) -> str | None:
+    # FastAPI answers 400 for a body its JSON parser gave up on; say which limit it was.
+    if isinstance(cause, RecursionError):
+        return f"nests too deep (floom keeps at most {jsonvalues.MAX_DEPTH} levels)"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return f"holds an integer of more than {jsonvalues.MAX_INT_DIGITS} digits"
+    return None

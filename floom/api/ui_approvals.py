@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -11,6 +10,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 
+from floom import jsonvalues
 from floom.api import ui_features
 from floom.api.auth import CtxDep
 from floom.api.ui_runs import run_page_with
@@ -49,13 +49,14 @@ def _edits(ctx: Context, me: SignedIn, approval_id: str, form: FormData) -> dict
     text = form.get("edited")
     if not isinstance(text, str) or not text.strip():
         return None
-    try:
-        edited = json.loads(text)
-    except json.JSONDecodeError as exc:
+    edited, breach = jsonvalues.parse(text, where="the edited values")
+    if breach is not None:
         raise InvalidRequest(
-            f"the edited values are not valid JSON: {exc.msg} (line {exc.lineno})",
-            hint='write a JSON object such as {"title": "a better title"}',
-        ) from exc
+            breach.message,
+            hint='write a JSON object such as {"title": "a better title"}; '
+            + jsonvalues.bounds_hint(),
+            details=[breach.detail()],
+        )
     if not isinstance(edited, dict):
         raise InvalidRequest(
             "the edited values must be a JSON object of names to values",

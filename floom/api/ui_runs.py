@@ -244,8 +244,8 @@ async def log_stream(
 def _preview(content_type: str, name: str, data: bytes) -> dict[str, Any]:
     """How to show an artifact: a CSV table, pretty JSON, text, or nothing.
 
-    Binary artifacts (images included) are never shown inline: floom redacts secrets only in
-    text, so a binary file is stored as the worker wrote it and only downloads."""
+    Binary artifacts (images included) are never shown inline, only downloaded: their bytes
+    had secrets masked in each encoding, but what they show is the viewer's to decode."""
     lower = name.lower()
     if content_type in INLINE_IMAGES:
         return {"kind": "none", "reason": "binary files are not previewed"}
@@ -266,7 +266,7 @@ def _preview(content_type: str, name: str, data: bytes) -> dict[str, Any]:
     if content_type == "application/json" or lower.endswith(".json"):
         try:
             return {"kind": "json", "text": json.dumps(json.loads(text), indent=2)}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or past a parser limit: as text
             pass
     return {"kind": "text", "text": text}
 

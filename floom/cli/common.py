@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from floom import jsonvalues
 from floom.cli.visible import show_raw
 from floom.client import FloomClient
 from floom.handoff_client import HandoffClient
@@ -40,10 +40,9 @@ def json_object_option(value: str, *, option: str, example: str) -> dict[str, An
             text = Path(value[1:]).read_text()
         except OSError as exc:
             raise typer.BadParameter(f"cannot read {value[1:]}: {exc.strerror}") from exc
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise typer.BadParameter(f"not valid JSON: {exc}", param_hint=option) from exc
+    parsed, breach = jsonvalues.parse(text, where="the value")
+    if breach is not None:
+        raise typer.BadParameter(breach.message, param_hint=option)
     if not isinstance(parsed, dict):
         raise typer.BadParameter(f"expected a JSON object such as {example}", param_hint=option)
     return parsed

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.text import Text
 
+from floom import jsonvalues
 from floom.cli.common import HandoffSession, JsonOpt
 from floom.cli.output import fail, new_table, note, out, print_json, say, value_text, when
 
@@ -36,11 +36,12 @@ def _json_arg(value: str | None, *, what: str) -> Any:
         return None
     try:
         text = Path(value[1:]).read_text() if value.startswith("@") else value
-        return json.loads(text)
     except OSError as exc:
         fail(f"cannot read {what} from {value[1:]}: {exc.strerror}", "check the path")
-    except json.JSONDecodeError as exc:
-        fail(f"the {what} is not valid JSON: {exc.msg}", 'e.g. \'{"key": "value"}\' or @file.json')
+    parsed, breach = jsonvalues.parse(text, where=f"the {what}")
+    if breach is not None:
+        fail(breach.message, 'e.g. \'{"key": "value"}\' or @file.json')
+    return parsed
 
 
 def _artifacts(pairs: list[str]) -> list[dict[str, Any]]:

@@ -109,7 +109,7 @@ def _inputs(pairs: list[str], raw_json: str | None) -> tuple[dict[str, Any], boo
                 return None
         try:
             parsed = json.loads(text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # the full command says what is wrong
             return None
         return (parsed, False) if isinstance(parsed, dict) else None
     inputs: dict[str, Any] = {}

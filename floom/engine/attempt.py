@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -18,7 +19,9 @@ from floom.engine.queue import Outcome
 from floom.engine.runlog import RunLog
 from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
+from floom.errors import FloomError
 from floom.sandbox import e2b_api_key
+from floom.sandbox.fence import fence_key
 from floom.services import agent_runs, workers
 from floom.services import secrets as secret_service
 from floom.services.run_rules import CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED, TIMED_OUT
@@ -161,6 +164,16 @@ class Attempt:
                 self.prepare(layered=layered)
             yield
         finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Delete the work dir in the background, after its sandbox let go of it (a run dir
+        with a disk of its own is unmounted first)."""
+        try:
+            self.host.sandbox_for(self.manifest).release_run_dir(self.base)
+        except FloomError:
+            pass  # no backend for it now, so none made the run dir: nothing to let go of
+        finally:
             discard_later(self.base)
 
     def prepare(self, *, layered: bool = False) -> None:
@@ -170,12 +183,16 @@ class Attempt:
         so where the sandbox can lay the work dir over the version's cached files, they are
         not copied: the work dir starts with `inputs.json` alone (SandboxSpec.files)."""
         files = version_files(self.ctx, self.version)
-        if layered and self.host.sandbox_for(self.manifest).layers_files:
+        sandbox = self.host.sandbox_for(self.manifest)
+        # Where the backend bounds the run's disk with a filesystem of its own, both dirs
+        # are on it (a copy of the version's files counts toward it).
+        sandbox.make_run_dir(self.base, disk_mb=self.manifest.limits.disk_mb)
+        if layered and sandbox.layers_files:
             self.files = files
-            self.workdir.mkdir(parents=True)
+            self.workdir.mkdir()
         else:
             shutil.copytree(files, self.workdir)
-        self.output_dir.mkdir(parents=True)
+        self.output_dir.mkdir()
         write_regular(self.workdir, "inputs.json", self.run.inputs_json.encode())
 
     def restore_artifacts(self) -> int:
@@ -380,10 +397,14 @@ def start_script_ahead(attempt: Attempt) -> StartedAhead | None:
         return None
     try:
         attempt.prepare(layered=True)
-        ahead = sandbox.start_ahead(attempt.spec())
+        # Started while its queueing transaction claims it, which gives the run the next
+        # lease epoch: the watchdog knows its sandbox by that one.
+        run = attempt.run
+        spec = replace(attempt.spec(), fence=fence_key(run.id, run.lease_epoch + 1))
+        ahead = sandbox.start_ahead(spec)
     except BaseException:
-        discard_later(attempt.base)
+        attempt.discard()
         raise
     if ahead is None:
-        discard_later(attempt.base)
+        attempt.discard()
     return ahead

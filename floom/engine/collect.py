@@ -3,14 +3,15 @@ the artifacts (secrets redacted from their names and from text contents)."""
 
 from __future__ import annotations
 
-import json
 import mimetypes
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from floom import jsonvalues
 from floom.engine.safefiles import Bounds, Cancelled, Refused, read_regular, walk
+from floom.services import artifact_scan
 from floom.services.secrets import Redactor
 
 Artifact = tuple[str, bytes, str]
@@ -34,10 +35,11 @@ def read_result(workdir: Path, *, limit: int) -> tuple[dict[str, Any], str | Non
         return {}, exc.message
     except OSError as exc:
         return {}, f"result.json could not be read: {exc.strerror}"
-    try:
-        report = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return {}, f"result.json is not valid JSON ({exc})"
+    report, breach = jsonvalues.parse(data, where="result.json", max_bytes=None)
+    if breach is not None:
+        if breach.limit == "json":
+            return {}, breach.message
+        return {}, f"{breach.message} ({breach.limit} bound): {jsonvalues.bounds_hint()}"
     if not isinstance(report, dict):
         return {}, 'result.json must be an object like {"outputs": {...}}'
     if "outputs" in report and not isinstance(report["outputs"], dict):
@@ -108,12 +110,34 @@ def collect_artifacts(
             done.notes.append(f"artifact {name} could not be read: {exc.strerror}")
             continue
         total += len(data)
-        if is_text(data):
-            data = redactor.text(data.decode("utf-8")).encode("utf-8")
         name = _unique(name, names)
         content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        data, content_type = _scanned(data, name, content_type, redactor, done.notes)
         done.artifacts.append((name, data, content_type))
     return done
+
+
+def _scanned(
+    data: bytes, name: str, content_type: str, redactor: Redactor, notes: list[str]
+) -> tuple[bytes, str]:
+    """The artifact's bytes with every secret masked in each encoding it may be written in,
+    and the content type to record: a compressed or encrypted file floom cannot look inside
+    is recorded as what it is, which marks it unscannable (served to run keys only)."""
+    unscannable = artifact_scan.unscannable_kind(data)
+    if unscannable is not None:
+        kind, detected = unscannable
+        notes.append(
+            f"artifact {name} is {kind} data floom cannot scan for secrets: only keys with the "
+            "run scope may read it"
+        )
+        return data, detected
+    if not artifact_scan.scanned(content_type):
+        content_type = "application/octet-stream"  # named like an archive, but it is not one
+    if not redactor.values:
+        return data, content_type
+    if is_text(data):
+        data = redactor.text(data.decode("utf-8")).encode("utf-8")
+    return artifact_scan.mask_bytes(data, redactor.values), content_type
 
 
 def _encodable(name: str) -> bool:

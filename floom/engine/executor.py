@@ -18,20 +18,21 @@ from floom.engine.attempt import (
     sandbox_unavailable_outcome,
     start_script_ahead,
 )
-from floom.engine.cleanup import discard_later, empty_folder, reap_sandbox_orphans
+from floom.engine.cleanup import empty_folder, reap_sandbox_orphans
 from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
     claim_next,
     finish_attempt,
     reap_expired_leases,
-    renew_leases,
+    renew_held_leases,
 )
 from floom.engine.runlog import LogBudget, LogLine, RunLog
 from floom.engine.work_root import hold_work_root, release_work_root
 from floom.errors import StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable, StartedAhead
+from floom.sandbox.fence import fence_key, margin_seconds, node_fence
 from floom.services import workers
 from floom.services.logs import append_events, system_event
 from floom.services.principal import SYSTEM
@@ -47,7 +48,7 @@ from floom.services.run_rules import (
 from floom.services.secrets import Redactor
 from floom.store import signals
 from floom.store.db import UNAVAILABLE, session_scope
-from floom.store.models import Run
+from floom.store.models import Run, utcnow
 
 if TYPE_CHECKING:
     from floom.manifest import Manifest
@@ -83,7 +84,7 @@ class StartedAttempt:
         if sandbox is None:
             return
         sandbox.discard()
-        discard_later(self.attempt.base)
+        self.attempt.discard()
         self._executor.forget_ahead(self.attempt.run.id)
 
 
@@ -304,14 +305,23 @@ class Executor:
             with self._active_lock:
                 seen = dict(self._active)
             try:
-                cancel, lost = renew_leases(self.ctx, list(seen))
+                renewal = renew_held_leases(
+                    self.ctx, {run_id: run_log.epoch for run_id, run_log in seen.items()}
+                )
             except Exception as exc:  # a missed heartbeat is survivable; the lease has slack
                 self._log_failure("heartbeat failed", exc)
                 continue
+            # Committed: the watchdog may let the sandboxes live on, counted from a time no
+            # later than the one the stored expiry was counted from.
+            deadline = renewal.counted_from + self._lease_left(self.ctx.settings.lease_seconds)
+            fence = node_fence()
             with self._active_lock:
                 # Only the attempts this heartbeat looked at: a run that paused for approval
                 # may already run again here as a new attempt, which must not inherit this.
-                self._cancel.update(r for r in cancel | lost if self._active.get(r) is seen[r])
+                current = {r for r in seen if self._active.get(r) is seen[r]}
+                self._cancel.update((renewal.cancel | renewal.lost) & current)
+            for run_id in renewal.renewed & current:
+                fence.arm(_fence_of(seen[run_id]), deadline)
 
     def _flush_loop(self) -> None:
         while not self._stop.is_set():
@@ -360,8 +370,16 @@ class Executor:
             return set(self._active) | self._ahead
 
     def _live_attempts(self) -> dict[str, int]:
+        """The attempts running here whose lease has not lapsed (a lapsed one's sandbox is
+        being ended by the watchdog: its run is the reaper's like any other)."""
+        fence = node_fence()
         with self._active_lock:
-            return {run_id: run_log.attempt for run_id, run_log in self._active.items()}
+            logs = list(self._active.items())
+        return {
+            run_id: run_log.attempt
+            for run_id, run_log in logs
+            if not fence.lapsed(_fence_of(run_log))
+        }
 
     def _reap_sandboxes(self, *, live_run_ids: Callable[[], Collection[str]]) -> int:
         return reap_sandbox_orphans(
@@ -429,7 +447,22 @@ class Executor:
             redactor=Redactor([]),
             max_lines=settings.max_log_lines_per_run,
             max_bytes=settings.max_log_bytes_per_run,
+            epoch=run.lease_epoch,
             budget=budget,
+        )
+
+    def _lease_left(self, seconds: float) -> float:
+        """How long after a lease's start its sandboxes may live: the lease less the
+        watchdog's margin to end them before any node may take the lease."""
+        return seconds - margin_seconds(self.ctx.settings.lease_seconds)
+
+    def _arm_fence(self, run: Run) -> None:
+        """The watchdog's first deadline for the attempt: its claim's lease, as stored."""
+        left = float(self.ctx.settings.lease_seconds)
+        if run.lease_expires_at is not None:
+            left = (run.lease_expires_at - utcnow()).total_seconds()
+        node_fence().arm(
+            fence_key(run.id, run.lease_epoch), time.monotonic() + self._lease_left(left)
         )
 
     def _launch(self, run: Run, ahead: StartedAttempt | None = None) -> None:
@@ -437,6 +470,9 @@ class Executor:
 
     def _register(self, run: Run, ahead: StartedAttempt | None = None) -> RunLog:
         run_log = ahead.attempt.run_log if ahead is not None else self._new_run_log(run)
+        # Made before its claim, a run log started ahead learns the claim's epoch now.
+        run_log.epoch = run.lease_epoch
+        self._arm_fence(run)
         with self._active_lock:
             self._active[run.id] = run_log
             self._ahead.discard(run.id)
@@ -482,11 +518,14 @@ class Executor:
     def should_cancel(self, run_id: str) -> bool:
         """Whether the attempt of `run_id` on this node is to stop: cancelled by a caller,
         its lease lost, or this node shutting down."""
-        return (
+        if (
             run_id in self._cancel
             or run_id in self.ctx.local_cancels
             or run_id in self._interrupted
-        )
+        ):
+            return True
+        run_log = self._active.get(run_id)
+        return run_log is not None and node_fence().lapsed(_fence_of(run_log))
 
     def _run_attempt(
         self,
@@ -542,10 +581,26 @@ class Executor:
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
         status: str | None = None
         kept = False
+        fence = _fence_of(run_log)
         try:
             lines = run_log.drain()
-            status = self._record_end(run, outcome, lines, backoff=backoff, exponential=exponential)
+            if node_fence().lapsed(fence):
+                # Its lease was not renewed in time, so the watchdog ended its sandbox (or
+                # is ending it): what it left says nothing of the script. The reaper of some
+                # node requeues or fails the run once the lease is past its grace.
+                log.warning(
+                    "run %s attempt %d: its lease was not renewed in time; its sandbox was "
+                    "ended and its end (%d log line(s)) is not recorded",
+                    run.id,
+                    run.attempt,
+                    len(lines),
+                )
+            else:
+                status = self._record_end(
+                    run, outcome, lines, backoff=backoff, exponential=exponential
+                )
         finally:
+            node_fence().forget(fence)
             # Something may have become claimable: the run itself (queued again), or a run of
             # its limited worker that a claim passed over.
             if status in (None, QUEUED) or run.concurrency is not None:
@@ -622,6 +677,7 @@ class Executor:
                 or current.status != RUNNING
                 or current.lease_owner != self.ctx.node_id
                 or current.attempt != run.attempt
+                or current.lease_epoch != run.lease_epoch
                 or current.cancel_requested
             ):
                 return
@@ -633,6 +689,11 @@ class Executor:
             requeue_next_attempt(current, by=EXECUTOR, counts_as_attempt=False, ended=INTERRUPTED)
             s.add(current)
             signals.publish(s, signals.RUN_QUEUED)  # for the nodes that stay up
+
+
+def _fence_of(run_log: RunLog) -> str:
+    """The watchdog's key of the attempt whose lines `run_log` holds."""
+    return fence_key(run_log.run_id, run_log.epoch or 0)
 
 
 @contextmanager

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
 
+from floom import jsonvalues
 from floom.engine.attempt import Attempt, cancelled_outcome
 from floom.engine.queue import Outcome, worker_has_room
 from floom.engine.safefiles import write_regular
@@ -57,7 +58,7 @@ def approved_decision(ctx: Context, *, run: Run) -> dict[str, Any]:
         ).first()
     return {
         "decision": "approved",
-        "outputs": json.loads(run.outputs_json or "{}"),
+        "outputs": jsonvalues.stored(run.outputs_json or "{}", expect=dict),
         "comment": approval.comment if approval else None,
         "decided_by": approval.decided_by if approval else None,
         "approval_id": approval.id if approval else None,

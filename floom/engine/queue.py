@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import json
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, delete, func, insert, or_, text, update
 from sqlmodel import col, select
 
+from floom import jsonvalues
 from floom.services.logs import append_events, lock_events, system_event
 from floom.services.run_records import RunRecord, record_in_session
 from floom.services.run_rules import (
@@ -47,6 +49,8 @@ from floom.store.models import Artifact, Run, UTCDateTime, trusted_row, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
+
+log = logging.getLogger("floom.executor")
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,13 @@ def _claim_statements() -> _ClaimStatements:
     fields = claimed_fields(node_id="", lease_seconds=0, now=utcnow())
     claim = (
         update(runs)
-        .values({name: bindparam(name, type_=runs.c[name].type) for name in fields})
+        .values(
+            {
+                **{name: bindparam(name, type_=runs.c[name].type) for name in fields},
+                # The attempt's fencing token: every write of it presents this epoch.
+                "lease_epoch": runs.c.lease_epoch + 1,
+            }
+        )
         .returning(*runs.c)
     )
     full: Any = bindparam("full", expanding=True)
@@ -215,28 +225,58 @@ def _count_running(s: Writer, run: Run) -> int:
 
 
 def renew_leases(ctx: Context, run_ids: list[str]) -> tuple[set[str], set[str]]:
-    """Extend the leases this node holds. Returns (runs to cancel, runs this node lost).
+    """Extend the leases this node holds. Returns (runs to cancel, runs this node lost)."""
+    renewal = renew_held_leases(ctx, dict.fromkeys(run_ids))
+    return renewal.cancel, renewal.lost
 
-    A run is lost only when its row is no longer running under this node's lease. On
-    PostgreSQL a row that another transaction has locked right now (a cancel, a decision,
-    the attempt's own end) is skipped, not waited for, and it is not lost for that: the next
-    heartbeat renews it (a lease outlasts several heartbeats) or finds what changed.
+
+@dataclass(frozen=True)
+class Renewal:
+    """What a heartbeat's renewal did: the runs to cancel, the runs this node lost, the runs
+    whose lease it extended (committed), and when, on this host's monotonic clock, it took
+    the time the new expiry was counted from (no later than that: a watchdog deadline
+    counted from it never outlasts the stored lease)."""
+
+    cancel: set[str]
+    lost: set[str]
+    renewed: set[str]
+    counted_from: float
+
+
+def renew_held_leases(ctx: Context, epochs: Mapping[str, int | None]) -> Renewal:
+    """Extend the leases this node holds of the runs in `epochs` (run id -> the lease epoch
+    its attempt here was claimed with; None: any).
+
+    A run is lost only when its row is no longer running under this node's lease of that
+    epoch. On PostgreSQL a row that another transaction has locked right now (a cancel, a
+    decision, the attempt's own end) is skipped, not waited for, and it is not lost for that:
+    the next heartbeat renews it (a lease outlasts several heartbeats) or finds what
+    changed. Such a row's lease is not extended, so it is not in `renewed`.
     """
+    run_ids = list(epochs)
     if not run_ids:
-        return set(), set()
+        return Renewal(set(), set(), set(), time.monotonic())
+
+    def ours(run_id: str, status: str, owner: str | None, epoch: int) -> bool:
+        wanted = epochs.get(run_id)
+        return status == RUNNING and owner == ctx.node_id and (wanted is None or wanted == epoch)
+
     with session_scope(ctx.engine, write=True) as s:
         # Taken once in the transaction: a wait for SQLite's write lock must not come off
         # the lease.
+        counted_from = time.monotonic()
         expires = utcnow() + timedelta(seconds=ctx.settings.lease_seconds)
         rows = s.exec(
             select(Run).where(col(Run.id).in_(run_ids)).with_for_update(skip_locked=True)
         ).all()
         held = set()
+        renewed = set()
         cancel = set()
         for run in rows:
-            if run.status != RUNNING or run.lease_owner != ctx.node_id:
+            if not ours(run.id, run.status, run.lease_owner, run.lease_epoch):
                 continue
             held.add(run.id)
+            renewed.add(run.id)
             run.lease_expires_at = expires
             s.add(run)
             if run.cancel_requested:
@@ -244,16 +284,13 @@ def renew_leases(ctx: Context, run_ids: list[str]) -> tuple[set[str], set[str]]:
         locked = set(run_ids) - {run.id for run in rows}
         if locked:
             # Read without a lock, so as it was last committed: still this node's, it is kept.
-            held.update(
-                s.exec(
-                    select(Run.id).where(
-                        col(Run.id).in_(locked),
-                        Run.status == RUNNING,
-                        Run.lease_owner == ctx.node_id,
-                    )
-                ).all()
-            )
-    return cancel, set(run_ids) - held
+            found = s.exec(
+                select(Run.id, Run.status, Run.lease_owner, Run.lease_epoch).where(
+                    col(Run.id).in_(locked)
+                )
+            ).all()
+            held.update(row[0] for row in found if ours(*row))
+    return Renewal(cancel, set(run_ids) - held, renewed, counted_from)
 
 
 @dataclass
@@ -325,12 +362,15 @@ def finish_attempt(
     values["exit_code"] = outcome.exit_code
     if not retry:
         values["outputs_json"] = (
-            json.dumps(outcome.outputs) if outcome.outputs is not None else None
+            jsonvalues.dumps(outcome.outputs, where="outputs")
+            if outcome.outputs is not None
+            else None
         )
     held = {
         "held_id": run.id,
         "held_owner": ctx.node_id,
         "held_attempt": run.attempt,
+        "held_epoch": run.lease_epoch,
         "sandbox_seconds_added": outcome.sandbox_seconds,
     }
     record: RunRecord | None = None
@@ -340,10 +380,16 @@ def finish_attempt(
         lock_events(s, run_id=run.id)
         written = s.execute(_finish_statement(tuple(values)), {**values, **held}).first()
         if written is None:
-            if closing:
+            found = s.execute(select(Run.status, Run.lease_epoch).where(Run.id == run.id)).first()
+            if found is None:
+                return CANCELLED
+            if found[1] != run.lease_epoch:
+                refuse_fenced(run, now_epoch=found[1], what="end", lines=len(closing))
+            elif closing:
+                # Still this attempt's lease epoch: it ended the lease itself (paused for a
+                # decision, cancelled); its last lines belong to its log.
                 append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)
-            found = s.execute(select(Run.status).where(Run.id == run.id)).scalar()
-            return found or CANCELLED
+            return str(found[0])
         # Artifacts from before exist only after an earlier attempt or a pause for a
         # decision (which always sets the phase): a plain first attempt has none to replace.
         if run.attempt > 1 or run.phase is not None:
@@ -391,8 +437,8 @@ def _artifacts_insert() -> Any:
 @lru_cache(maxsize=4)
 def _finish_statement(columns: tuple[str, ...]) -> Any:
     """The attempt's end as one UPDATE of `columns` (and the sandbox time added), matching
-    only while this node holds this attempt and returning the row it wrote; built once per
-    column set."""
+    only while this node holds this attempt under its lease epoch (the fencing token) and
+    returning the row it wrote; built once per column set."""
     runs = Run.__table__  # type: ignore[attr-defined]
     values: dict[str, Any] = {name: bindparam(name, type_=runs.c[name].type) for name in columns}
     values["sandbox_seconds"] = runs.c.sandbox_seconds + bindparam("sandbox_seconds_added")
@@ -403,9 +449,25 @@ def _finish_statement(columns: tuple[str, ...]) -> Any:
             runs.c.status == RUNNING,
             runs.c.lease_owner == bindparam("held_owner"),
             runs.c.attempt == bindparam("held_attempt"),
+            runs.c.lease_epoch == bindparam("held_epoch"),
         )
         .values(values)
         .returning(*runs.c)
+    )
+
+
+def refuse_fenced(run: Run, *, now_epoch: int, what: str, lines: int = 0) -> None:
+    """Say in the node's log that a fenced attempt's write was refused (nothing was written)."""
+    more = f" and {lines} log line(s)" if lines else ""
+    log.warning(
+        "run %s attempt %d is fenced (its lease epoch %d, the run's now %d): its late %s%s "
+        "were refused",
+        run.id,
+        run.attempt,
+        run.lease_epoch,
+        now_epoch,
+        what,
+        more,
     )
 
 
@@ -419,12 +481,17 @@ def reap_expired_leases(
     starved CPU or a slow write), so their leases are renewed here instead. Another node
     cannot see them and reaps an expired lease all the same: that is what a lease is for.
 
+    A lease is taken only `lease_grace_seconds` after it expired: the node that held it had
+    its watchdog end the attempt's sandbox before the expiry (floom/sandbox/fence.py), and
+    the grace covers that kill and the difference between the nodes' clocks. Each run reaped
+    gets the next lease epoch, so whatever its old attempt still writes is refused.
+
     With `own_node_restart`, runs this node id held before a restart are reaped at once:
     the process that held them is gone. Returns how many runs were reaped.
     """
     live = live or {}
     now = utcnow()
-    cond = col(Run.lease_expires_at) < now
+    cond = col(Run.lease_expires_at) < now - timedelta(seconds=ctx.settings.lease_grace_seconds)
     if own_node_restart:
         cond = or_(cond, col(Run.lease_owner) == ctx.node_id)
     with session_scope(ctx.engine, write=True) as s:
@@ -439,6 +506,7 @@ def reap_expired_leases(
                 s.add(run)
                 continue
             reaped += 1
+            run.lease_epoch += 1  # the old attempt is fenced from here on
             lost = f"executor {run.lease_owner} stopped (lease expired)"
             if run.cancel_requested:
                 transition(

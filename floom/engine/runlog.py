@@ -3,17 +3,20 @@ in total and in rate, buffered until the executor's flusher writes them."""
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from sqlmodel import select
 
 from floom.services.logs import append_events
 from floom.services.secrets import Redactor
 from floom.store.db import session_scope
-from floom.store.models import utcnow
+from floom.store.models import Run, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -24,6 +27,9 @@ LINE_CUT_MARKER = f" [line truncated at {MAX_LINE} characters]"
 _SANDBOX_CUT = re.compile(r" \[line truncated at \d+ bytes\]\Z")
 
 LogLine = tuple[str, str, datetime | None]
+
+log = logging.getLogger("floom.executor")
+
 
 # A run's log budget holds this many seconds of its rate, so a burst (an install's output)
 # passes whole and only a sustained flood is cut.
@@ -121,10 +127,15 @@ class RunLog:
         redactor: Redactor,
         max_lines: int,
         max_bytes: int,
+        epoch: int | None = None,
         budget: LogBudget | None = None,
     ) -> None:
         self.run_id = run_id
         self.attempt = attempt
+        # The lease epoch the attempt was claimed with (its fencing token): lines are written
+        # only while the run still has it. None: not checked.
+        self.epoch = epoch
+        self.fenced = False
         self._redactor = redactor
         self._pending: list[LogLine] = []
         self._pending_since = 0.0  # time.monotonic() of the oldest pending line
@@ -228,6 +239,23 @@ class RunLog:
         self._full = True
         self._append("system", message)
 
+    def _holds(self, s: Any) -> bool:
+        """Whether the run still has this attempt's lease epoch; if not, the attempt is
+        fenced (another node's reaper or claim took the run) and its lines are refused."""
+        epoch = s.exec(select(Run.lease_epoch).where(Run.id == self.run_id)).first()
+        if epoch == self.epoch:
+            return True
+        self.fenced = True
+        log.warning(
+            "run %s attempt %d is fenced (its lease epoch %s, the run's now %s): its late "
+            "log lines were refused",
+            self.run_id,
+            self.attempt,
+            self.epoch,
+            epoch,
+        )
+        return False
+
     def drain(self) -> list[LogLine]:
         """Take every pending line, after any flush in progress has been written, so the
         caller can store them in the same transaction as the run's end."""
@@ -252,9 +280,13 @@ class RunLog:
                 ):
                     return
                 batch, self._pending = self._pending, []
+            if batch and self.fenced:
+                return
             if batch:
                 try:
                     with session_scope(ctx.engine, write=True) as s:
+                        if self.epoch is not None and not self._holds(s):
+                            return
                         append_events(s, run_id=self.run_id, attempt=self.attempt, lines=batch)
                 except BaseException:
                     # Kept, in order, for the next flush: a database away for a few seconds

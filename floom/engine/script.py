@@ -7,6 +7,7 @@ from pathlib import Path
 from floom.engine.queue import Outcome
 from floom.manifest import Manifest
 from floom.sandbox.base import SandboxSpec
+from floom.sandbox.fence import fence_key
 from floom.services.run_rules import previous_attempt
 from floom.services.secrets import Redactor
 from floom.store.models import Run
@@ -67,6 +68,7 @@ def script_spec(
         metadata=metadata,
         template=manifest.sandbox.template or "",
         files=files,
+        fence=fence_key(run.id, run.lease_epoch),
     )
 
 

@@ -58,9 +58,9 @@ def open_artifact(backend: Backend, run_id: str, name: str) -> JSON:
     MAX_INLINE_ARTIFACT_BYTES ("inline": true), else "why" it is a link only.
 
     Text is decided as floom.engine.collect decided it when the run ended (the same
-    is_text): floom redacts secrets from text only, so what comes inline was redacted, and a
-    binary file, kept as the worker wrote it, never does. Only a name the run's listing
-    holds is read."""
+    is_text); secrets were masked in every artifact's bytes then. An artifact floom could not
+    scan (compressed, encrypted) never comes inline and is refused to a key without the run
+    scope, as the REST download is. Only a name the run's listing holds is read."""
     listing = backend.list_artifacts(run_id)
     found = next((a for a in listing["items"] if a["name"] == name), None)
     if found is None:
@@ -68,6 +68,10 @@ def open_artifact(backend: Backend, run_id: str, name: str) -> JSON:
         hint = f"its artifacts: {', '.join(names)}" if names else f"run {run_id} left no files"
         raise NotFound(f"run {run_id} has no artifact '{name}'", hint=hint)
     view: dict[str, Any] = {**with_links(backend, run_id, found), "inline": False}
+    if found.get("scanned") is False:
+        backend.read_artifact(run_id, name)  # refuses a key that may not read it, as REST does
+        view["why"] = "not scanned for secrets (compressed or encrypted)"
+        return view
     if int(found["size"]) > MAX_INLINE_ARTIFACT_BYTES:
         view["why"] = f"larger than {MAX_INLINE_ARTIFACT_BYTES} bytes"
         return view

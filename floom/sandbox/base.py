@@ -87,6 +87,9 @@ class SandboxSpec:
     metadata: dict[str, str] = field(default_factory=dict)
     template: str = ""
     files: Path | None = None
+    # The attempt's lease, as the node's watchdog knows it (floom/sandbox/fence.py): a
+    # backend that can names the sandbox's processes to it while they run. Empty: none.
+    fence: str = ""
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,20 @@ class Sandbox(abc.ABC):
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult: ...
+
+    def make_run_dir(self, path: Path, *, disk_mb: int) -> None:
+        """Make the folder `path` (its parents as needed; it must not exist yet), in which
+        the caller then makes a run's work and output dirs, side by side, for specs of this
+        backend. A backend whose disk limit the kernel enforces mounts a filesystem of
+        `disk_mb` MiB there (the local one as root): the run's writes to both dirs end at
+        it with ENOSPC, and `run` reports the limit when the run filled it. Raises OSError.
+        Default: a plain folder."""
+        path.mkdir(parents=True)
+
+    def release_run_dir(self, path: Path) -> None:  # noqa: B027 - optional hook
+        """Let go of what `make_run_dir` put at `path` before the caller deletes it: what it
+        holds is gone after this (read the run's files first); the folder stays. Called once
+        the run dir's runs have ended; raises nothing. Default: nothing."""
 
     @property
     def starts_ahead(self) -> bool:

@@ -42,6 +42,7 @@ from floom.sandbox.base import (
     validate_spec,
 )
 from floom.sandbox.e2b_command import OUTPUT_DIR, WORKDIR, E2BCommand
+from floom.sandbox.fence import node_fence
 from floom.sandbox.transfer import (
     Snapshot,
     changed,
@@ -65,6 +66,8 @@ RUN_LABEL = "floom_run_id"
 # E2B kills it then even if floom could not.
 SANDBOX_SLACK_SECONDS = 120
 REQUEST_TIMEOUT = 30.0
+# How often a session moves its sandbox's E2B timeout on with its attempt's lease.
+LEASE_KEEP_SECONDS = 1.0
 KILL_TIMEOUT = 5.0
 KEY_HINT = f"set {KEY_SETTING} (or E2B_API_KEY) in the environment of the floom server"
 
@@ -199,6 +202,7 @@ class E2BSession(SandboxSession):
         self.box: E2BBox | None = None
         self.synced: Snapshot = {}
         self.lock = threading.Lock()
+        self.keeper: LeaseKeeper | None = None
 
     def run(
         self,
@@ -216,6 +220,8 @@ class E2BSession(SandboxSession):
         try:
             if first:
                 self.box = self._create(spec)
+                if spec.fence:
+                    self.keeper = LeaseKeeper(self.box, spec.fence)
             box = self.box
             if box is None:
                 raise SandboxUnavailable("this E2B session's sandbox is gone")
@@ -236,6 +242,10 @@ class E2BSession(SandboxSession):
     def _create(self, spec: SandboxSpec) -> E2BBox:
         template = spec.template or self.backend.template
         timeout = math.ceil(spec.timeout_seconds) + SANDBOX_SLACK_SECONDS
+        left = _lease_left(spec.fence)
+        if left is not None:
+            # E2B ends it with the attempt's lease unless the lease is renewed (LeaseKeeper).
+            timeout = min(timeout, left)
         try:
             return E2BBox.create(
                 template=template,
@@ -304,12 +314,58 @@ class E2BSession(SandboxSession):
         with self.lock:
             self.guard.closed = True
             box, self.box = self.box, None
+            keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            keeper.stop()
         if box is None:
             return
         try:
             box.kill(request_timeout=KILL_TIMEOUT)
         except Exception as exc:  # E2B ends it at its timeout; the orphan reaper retries
             log.warning("could not kill E2B sandbox %s: %s", box.sandbox_id, exc)
+
+
+def _lease_left(fence: str) -> int | None:
+    """Whole seconds until the attempt's lease deadline (at least 1), None without one."""
+    deadline = node_fence().deadline(fence) if fence else None
+    if deadline is None:
+        return None
+    return max(1, math.floor(deadline - time.monotonic()))
+
+
+class LeaseKeeper:
+    """Keeps an E2B sandbox's timeout at its attempt's lease deadline, moving it on as the
+    executor renews the lease (floom/sandbox/fence.py). When floom's process is frozen or
+    cut off from the database, the deadline stops moving and E2B itself ends the sandbox at
+    it (later by the latency of the last request at most): the SDK cannot be called from a
+    frozen process, so this is the one kill that does not need floom."""
+
+    def __init__(self, box: E2BBox, fence: str) -> None:
+        self._box = box
+        self._fence = fence
+        self._stopped = threading.Event()
+        self._sent = node_fence().deadline(fence)
+        self._thread = threading.Thread(target=self._keep, name="floom-e2b-lease", daemon=True)
+        self._thread.start()
+
+    def _keep(self) -> None:
+        while not self._stopped.wait(LEASE_KEEP_SECONDS):
+            fence = node_fence()
+            deadline = fence.deadline(self._fence)
+            if deadline is None or fence.lapsed(self._fence):
+                continue  # E2B ends it at the deadline it was given last
+            if self._sent is not None and deadline - self._sent < 1.0:
+                continue
+            try:
+                self._box.set_timeout(
+                    max(1, math.floor(deadline - time.monotonic())), request_timeout=KILL_TIMEOUT
+                )
+                self._sent = deadline
+            except Exception as exc:  # the next pass tries again; E2B keeps the last one
+                log.warning("could not move the E2B sandbox's timeout on: %s", exc)
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 def _read_bounded(box: E2BBox, path: str, *, limit: int) -> bytes | None:

@@ -30,10 +30,10 @@ run, in a mount namespace of its own: the run's directories are bound onto the s
 names there, and the host's stay empty."""
 STAGE_WORK: Final = f"{STAGE_DIR}/work"
 STAGE_OUTPUT: Final = f"{STAGE_DIR}/output"
-# Characters that overlayfs's options would read as separators or escapes: paths holding
-# one are first bound to plain names under the stage (two more mounts per run).
+# Characters that overlayfs's options would read as separators or escapes: its layers are
+# named by the stage's plain names below, never by a host path (which could hold one, and
+# which the sandbox would read in its mount table).
 _OPTION_SEPARATORS: Final = frozenset(",:\\")
-# Where the overlay's paths are bound first when one holds such a character.
 _PLAIN_FILES: Final = f"{STAGE_DIR}/.files"
 _PLAIN_RUN: Final = f"{STAGE_DIR}/.run"
 _STAGE_POINTS: Final = ("work", "output", ".files", ".run")
@@ -136,59 +136,53 @@ class SandboxIdentity:
         output_dir: Path,
         files: Path | None = None,
         *,
-        work_mounted: bool = False,
-        output_mounted: bool = False,
-    ) -> str:
-        """The launcher's shell lines that put the run's directories on the stage, those
-        floom did not mount itself (`work_mounted`, `output_mounted`; see `direct_mounts`):
-        the output dir bound, the work dir bound or, with `files`, laid over them (an overlay
-        whose scratch dir is the work dir's sibling, see OVERLAY_SCRATCH_SUFFIX). Empty when
-        this identity is floom's own: bubblewrap then needs no stage."""
+        device: str | None = None,
+    ) -> tuple[Mount, ...]:
+        """The mounts, in order, that put the run's directories on the stage (floom makes
+        them in the launcher's namespace, floom/sandbox/ns_mount.py; `stage_script` those
+        it could not). Layers and sources by the stage's fixed names only, so that nothing
+        in the sandbox's mount table names a host path:
+        - with `device`, the run's disk (floom/sandbox/disks.py, which holds both dirs at
+          its top) mounted by its device at the stage's .run: the binds' roots are then
+          paths inside the disk;
+        - else the run dir (the work dir's parent) bound there.
+        Then the work dir bound, or with `files` laid over them (bound at .files) with an
+        overlay whose scratch dir is the work dir's sibling (OVERLAY_SCRATCH_SUFFIX), and
+        the output dir bound. Empty when this identity is floom's own: bubblewrap then
+        needs no stage."""
         if not self.switched:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
-            return ""
+            return ()
         work, output = os.path.abspath(workdir), os.path.abspath(output_dir)
-        mounts = [] if work_mounted else _work_mounts(work, files)
-        if not output_mounted:
-            mounts.append(Mount.bind(output, STAGE_OUTPUT))
-        if not mounts:
-            return ""
-        program = str(_stage_tools()["mount"])
-        return "set -e\n" + "".join(shlex.join(m.command(program)) + "\n" for m in mounts)
-
-    def direct_mounts(
-        self, workdir: Path, output_dir: Path, files: Path | None = None
-    ) -> tuple[Mount | None, Mount]:
-        """The mounts that put the run's directories on the stage, for floom to make itself
-        in the launcher's namespace (floom/sandbox/ns_mount.py): the work dir's (bound, or
-        with `files` the overlay, its scratch dir made) and the output dir's bind. The work
-        dir's is None when a path holds a character the overlay's options would misread (the
-        launcher's script then binds plain names first, `stage_mounts`). Only for a stage:
-        this identity must be another uid's."""
-        assert self.switched, "only a launcher with a stage has mounts made for it"
-        work = _work_mounts(os.path.abspath(workdir), files)
-        output = Mount.bind(os.path.abspath(output_dir), STAGE_OUTPUT)
-        return (work[0] if len(work) == 1 else None), output
-
-
-def _work_mounts(work: str, files: Path | None) -> list[Mount]:
-    """The mounts that put the work dir on the stage, in order: a bind, or with `files` the
-    overlay (after binds to plain names when a path holds an option separator)."""
-    if files is None:
-        return [Mount.bind(work, STAGE_WORK)]
-    scratch = _make_scratch(work)
-    lower, upper, scratch_dir = os.path.abspath(files), work, str(scratch)
-    mounts: list[Mount] = []
-    if _needs_plain_names(work, files):
-        # Bound first to plain names, which overlayfs's options can hold.
-        mounts.append(Mount.bind(lower, _PLAIN_FILES))
-        mounts.append(Mount.bind(os.path.dirname(work), _PLAIN_RUN))
-        lower = _PLAIN_FILES
+        run = os.path.dirname(work)
+        mounts = [Mount.disk(device, _PLAIN_RUN) if device else Mount.bind(run, _PLAIN_RUN)]
         upper = f"{_PLAIN_RUN}/{os.path.basename(work)}"
-        scratch_dir = f"{_PLAIN_RUN}/{scratch.name}"
-    mounts.append(Mount.overlay(_overlay_options(lower, upper, scratch_dir), STAGE_WORK))
-    return mounts
+        if files is None:
+            mounts.append(Mount.bind(upper, STAGE_WORK))
+        else:
+            if _OPTION_SEPARATORS & set(os.path.basename(work)):
+                raise IdentityUnavailable(
+                    f"the work dir's name {os.path.basename(work)!r} cannot be an overlay's layer"
+                )
+            _make_scratch(work)
+            mounts.append(Mount.bind(os.path.abspath(files), _PLAIN_FILES))
+            scratch = f"{_PLAIN_RUN}/{_scratch_of(work).name}"
+            mounts.append(Mount.overlay(_overlay_options(_PLAIN_FILES, upper, scratch), STAGE_WORK))
+        if os.path.dirname(output) == run:
+            mounts.append(Mount.bind(f"{_PLAIN_RUN}/{os.path.basename(output)}", STAGE_OUTPUT))
+        else:
+            assert device is None, "a run's disk holds its output dir"
+            mounts.append(Mount.bind(output, STAGE_OUTPUT))
+        return tuple(mounts)
+
+
+def stage_script(mounts: tuple[Mount, ...]) -> str:
+    """The launcher's shell lines that make `mounts` (exec'ing mount(8)); empty for none."""
+    if not mounts:
+        return ""
+    program = str(_stage_tools()["mount"])
+    return "set -e\n" + "".join(shlex.join(m.command(program)) + "\n" for m in mounts)
 
 
 def make_stage(stage: Path) -> None:
@@ -221,12 +215,6 @@ def _make_scratch(work: str) -> Path:
 
 def _overlay_options(lower: str, upper: str, scratch: str) -> str:
     return f"lowerdir={lower},upperdir={upper},workdir={scratch}"
-
-
-def _needs_plain_names(work: str, files: Path) -> bool:
-    """Whether a path of the overlay holds a character its options would misread."""
-    paths = (os.path.abspath(files), work, str(_scratch_of(work)))
-    return any(_OPTION_SEPARATORS & set(path) for path in paths)
 
 
 def _stage_tools() -> dict[str, str | None]:

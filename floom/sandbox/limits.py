@@ -1,8 +1,10 @@
 """One run's resource limits, enforced on its whole process tree while it runs.
 
 Memory, process count and CPU go through the run's cgroup (floom/sandbox/cgroups.py).
-Disk has no cgroup: RLIMIT_FSIZE caps each file, and the supervisor polls the allocated
-size of the run's work and output directories, ending the run once it reaches the limit.
+Disk has no cgroup: a run dir with a disk of its own (floom/sandbox/disks.py) is bounded by
+the kernel, and the supervisor ends the run once it finds the disk full; without one,
+RLIMIT_FSIZE caps each file, and the supervisor polls the allocated size of the run's work
+and output directories, ending the run once it reaches the limit.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Final, NamedTuple
 
 from floom.sandbox import cgroups
 from floom.sandbox.base import SandboxSpec
+from floom.sandbox.disks import RunDisk
 
 MEMORY: Final = cgroups.MEMORY
 PROCESSES: Final = cgroups.PROCESSES
@@ -164,10 +167,14 @@ class _Count:
 class RunLimits:
     """The limits of one sandbox run: its cgroup while it exists, and its disk use."""
 
-    def __init__(self, spec: SandboxSpec, cgroup: cgroups.RunCgroup | None) -> None:
+    def __init__(
+        self, spec: SandboxSpec, cgroup: cgroups.RunCgroup | None, *, disk: RunDisk | None = None
+    ) -> None:
         """Limit `cgroup` (the run's, created without limits; None where no hierarchy is
-        usable) to the spec's memory, processes and CPU; raises CgroupError."""
+        usable) to the spec's memory, processes and CPU; raises CgroupError. `disk`: the
+        run dir's own, which bounds its disk use (else it is polled)."""
         self.spec = spec
+        self.disk = disk
         self.enforced = frozenset(cgroup.dirs) if cgroup is not None else frozenset()
         self.cgroup = cgroup
         if cgroup is not None:
@@ -181,12 +188,16 @@ class RunLimits:
 
     def shell_lines(self) -> str:
         """The launcher's shell lines that set the per-process limits before bubblewrap
-        starts (setpriv and bwrap keep them for the sandbox): each file's size, no core
-        files and, without a memory cgroup, the data segment. The shell's own `ulimit`, not
-        an exec of prlimit: one process less on every run's path. Soft and hard alike, so
+        starts (setpriv and bwrap keep them for the sandbox): each file's size (without a
+        disk of the run's own), no core files and, without a memory cgroup, the data
+        segment. The shell's own `ulimit`, not an exec of prlimit: one process less on
+        every run's path. Soft and hard alike, so
         nothing in the sandbox can raise them; a limit the shell cannot set ends the
         launcher with the shell's own error, before bubblewrap."""
-        limits = ["ulimit -c 0", f"ulimit -f {spec_disk_bytes(self.spec) // 512}"]  # blocks
+        limits = ["ulimit -c 0"]
+        if self.disk is None:
+            # A disk of the run's own bounds what it allocates, not a sparse file's length.
+            limits.append(f"ulimit -f {spec_disk_bytes(self.spec) // 512}")  # blocks
         if MEMORY not in self.enforced:
             # Without a memory cgroup, a per-process cap is the best there is (KiB).
             limits.append(f"ulimit -d {self.spec.memory_mb * 1024}")
@@ -196,6 +207,8 @@ class RunLimits:
         """The limit the run has reached, if any: memory, processes, then disk."""
         if self.cgroup is not None and (limit := self.cgroup.limit_reached()):
             return limit
+        if self.disk is not None:
+            return DISK if self.disk.full() else None
         used = allocated_bytes((self.spec.workdir, self.spec.output_dir))
         if used.uncounted is not None:
             return used.uncounted

@@ -31,11 +31,14 @@ from floom.sandbox.base import (
     StartedAhead,
     validate_spec,
 )
+from floom.sandbox.disks import Disks, RunDisk
+from floom.sandbox.fence import node_fence
 from floom.sandbox.identity import (
     DEFAULT_SANDBOX_UID,
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
+    stage_script,
 )
 from floom.sandbox.network import (
     OFFLINE_RESOLV_CONF,
@@ -45,7 +48,7 @@ from floom.sandbox.network import (
     owner_in_environ,
     protection_summary,
 )
-from floom.sandbox.ns_mount import Mount, NamespaceMounter
+from floom.sandbox.ns_mount import NamespaceMounter
 from floom.sandbox.standby import ChildFds, Launcher, Standby
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
 
@@ -88,9 +91,11 @@ class LocalSandbox(Sandbox):
     """Runs each process under bubblewrap with fresh pid, ipc, uts, net and mount namespaces.
 
     Each run gets its own cgroup (memory, processes, CPU; floom/sandbox/limits.py), which
-    its launcher joined before the run arrived (floom/sandbox/standby.py), and a polled disk
-    limit; where no cgroup is usable, memory falls back to a per-process RLIMIT_DATA. /tmp
-    and /dev/shm are tmpfs of the memory limit's size. The process runs as an unprivileged
+    its launcher joined before the run arrived (floom/sandbox/standby.py). A root floom
+    gives each run dir a filesystem of `disk_mb` (floom/sandbox/disks.py, `make_run_dir`):
+    the kernel bounds its disk use; otherwise the disk use is polled. Where no cgroup is
+    usable, memory falls back to a per-process RLIMIT_DATA. /tmp and /dev/shm are tmpfs of
+    the memory limit's size. The process runs as an unprivileged
     host uid (floom/sandbox/identity.py) without capabilities, under a seccomp filter
     (floom/sandbox/seccomp.py). The environment reaches bwrap through the launcher's
     exports and execve, never an argv, so declared secrets do not show in the host's
@@ -151,11 +156,33 @@ class LocalSandbox(Sandbox):
         self._prefix: tuple[str, ...] | None = None
         self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
         self.standby = Standby(command=self._identity.launcher_command)
-        # Its launchers and thread end with this sandbox, whoever forgets to close it.
+        # A root floom gives each run dir a disk of its own (floom/sandbox/disks.py).
+        self.disks: Disks | None = Disks() if self._identity.switched else None
+        # Its launchers, disks and threads end with this sandbox, whoever forgets to close it.
         weakref.finalize(self, self.standby.close)
+        if self.disks is not None:
+            weakref.finalize(self, self.disks.close)
 
     def close(self) -> None:
         self.standby.close()
+        if self.disks is not None:
+            self.disks.close()
+
+    def make_run_dir(self, path: Path, *, disk_mb: int) -> None:
+        if self.disks is None or self.disks.provide(path, disk_mb) is None:
+            # provide made the folder when it could not mount a disk on it.
+            path.mkdir(parents=True, exist_ok=self.disks is not None)
+
+    def release_run_dir(self, path: Path) -> None:
+        if self.disks is not None:
+            self.disks.release(path)
+
+    def _disk_of(self, spec: SandboxSpec) -> RunDisk | None:
+        """The disk of the run dir that holds `spec`'s work and output dirs, if it has one."""
+        run_dir = spec.workdir.parent
+        if self.disks is None or spec.output_dir.parent != run_dir:
+            return None
+        return self.disks.disk_of(run_dir)
 
     def protections(self) -> dict[str, bool | str]:
         """Which protections runs get on this node, for /healthz and the start line."""
@@ -172,7 +199,7 @@ class LocalSandbox(Sandbox):
             "memory_limit": limits.MEMORY in enforced,
             "process_limit": limits.PROCESSES in enforced,
             "cpu_limit": limits.CPU in enforced,
-            "disk_limit": "polled",
+            "disk_limit": "enforced" if self.disks and self.disks.usable() else "polled",
             "network": protection_summary(),
         }
         if missing:
@@ -211,9 +238,12 @@ class LocalSandbox(Sandbox):
         and waits on its block fd until the supervisor releases the command."""
         prefix = self._command_prefix()
         validate_spec(spec)
+        disk = self._disk_of(spec)
         # A launcher of a root floom has its own mount namespace, made when it started: it
-        # must see the run's directories as floom does (standby.Launcher.sees).
-        seeing = [spec.workdir, spec.output_dir, *([spec.files] if spec.files else [])]
+        # must see the run's directories as floom does (standby.Launcher.sees), but for a
+        # run's disk, mounted there by its device.
+        seeing = [spec.workdir, spec.output_dir] if disk is None else []
+        seeing += [spec.files] if spec.files else []
         try:
             launcher = self.standby.take(seeing=seeing if self._identity.switched else ())
         except cgroups.CgroupError as exc:
@@ -221,38 +251,30 @@ class LocalSandbox(Sandbox):
         except IdentityUnavailable as exc:
             raise _unprepared(exc) from exc
         try:
+            # Before the run's command can exist: the watchdog ends it with its lease.
+            _watch(spec, launcher)
             self._identity.hand_over(spec.workdir, spec.output_dir)
             if spec.files is not None:
                 self._identity.hand_over_files(spec.files)
             # The limits first: while the mount thread works, this thread's writes to the
             # cgroup's files would trade the GIL with it at every system call (0.50 against
             # 0.12 ms, bench/README.md).
-            run_limits = limits.RunLimits(spec, launcher.cgroup)
-            work: Mount | None = None
-            output: Mount | None = None
-            pending = None
-            if self._identity.switched:
-                # Mounted from here, in the launcher's namespace (no exec of mount), while
-                # the command line is made.
-                work, output = self._identity.direct_mounts(
-                    spec.workdir, spec.output_dir, spec.files
-                )
-                mounts = tuple(m for m in (output, work) if m is not None)
-                pending = _MOUNTER.start(launcher.proc.pid, mounts)
-            argv = _argv(prefix, spec, launcher.child_fds, self._identity)
-            made: set[Mount] = set()
-            if pending is not None:
-                made = {m for m, done in zip(pending.mounts, pending.wait(), strict=True) if done}
-            # The stage's mounts left, if any (an exec of mount each).
-            stage = self._identity.stage_mounts(
+            run_limits = limits.RunLimits(spec, launcher.cgroup, disk=disk)
+            mounts = self._identity.stage_mounts(
                 spec.workdir,
                 spec.output_dir,
                 spec.files,
-                output_mounted=output in made,
-                work_mounted=work in made,
+                device=disk.device if disk is not None else None,
             )
-            if stage:
-                launcher.begin(stage)
+            # Mounted from here, in the launcher's namespace (no exec of mount), while the
+            # command line is made; the launcher's script makes those left (an exec each).
+            pending = _MOUNTER.start(launcher.proc.pid, mounts) if mounts else None
+            argv = _argv(prefix, spec, launcher.child_fds, self._identity)
+            if pending is not None:
+                made = pending.wait()
+                left = tuple(m for m, done in zip(mounts, made, strict=True) if not done)
+                if left:
+                    launcher.begin(stage_script(left))
             launcher.start(
                 [*self._identity.as_sandbox_user(), *argv],
                 _sandbox_env(spec),
@@ -261,9 +283,11 @@ class LocalSandbox(Sandbox):
             )
         except (cgroups.CgroupError, IdentityUnavailable, OSError) as exc:
             launcher.discard()
+            _unwatch(spec, launcher)
             raise _unprepared(exc) from exc
         except BaseException:
             launcher.discard()
+            _unwatch(spec, launcher)
             raise
         return launcher, run_limits
 
@@ -278,12 +302,16 @@ class LocalSandbox(Sandbox):
         with contextlib.ExitStack() as run_scope:
             # Registered first so it runs last: the cgroup goes once everything else ended.
             run_scope.callback(run_limits.close)
+            run_scope.callback(_unwatch, spec, launcher)
 
             def before_command(child_pid: int) -> None:
                 # What these steps leave running ends with the run, after its process tree.
                 if spec.network:
                     networking = attach_user_networking(
-                        child_pid, allow=spec.network_allow, owner=str(spec.workdir)
+                        child_pid,
+                        allow=spec.network_allow,
+                        owner=str(spec.workdir),
+                        cgroup=run_limits.cgroup,
                     )
                     run_scope.callback(networking.close)
 
@@ -300,10 +328,11 @@ class LocalSandbox(Sandbox):
             return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
         return result
 
-    def _abandon(self, launcher: Launcher, run_limits: limits.RunLimits) -> None:
+    def _abandon(self, spec: SandboxSpec, launcher: Launcher, run_limits: limits.RunLimits) -> None:
         try:
             Supervisor(launcher.proc, launcher.info_fd, _ignore_line).abandon(launcher.release_fd)
         finally:
+            _unwatch(spec, launcher)
             run_limits.close()
             self.standby.replenish()
 
@@ -352,7 +381,27 @@ class _StartedAhead(StartedAhead):
     def discard(self) -> None:
         started = self._take()
         if started is not None:
-            self._sandbox._abandon(*started)
+            self._sandbox._abandon(self.spec, *started)
+
+
+def _fence_targets(launcher: Launcher) -> list[str]:
+    """The sandbox's processes as the lease watchdog finds them: its cgroup's directories, or
+    without a cgroup the launcher's process group (bwrap, whose pid 1 dies with it)."""
+    if launcher.cgroup is not None:
+        return [f"cgroup:{path}" for path in dict.fromkeys(launcher.cgroup.dirs.values())]
+    return [f"group:{launcher.proc.pid}"]
+
+
+def _watch(spec: SandboxSpec, launcher: Launcher) -> None:
+    if spec.fence:
+        node_fence().watch(spec.fence, _fence_targets(launcher))
+
+
+def _unwatch(spec: SandboxSpec, launcher: Launcher) -> None:
+    # A cgroup's directory is removed with its run and its name never comes back: the
+    # attempt's end (forget) drops it. A process group's id may be reused: dropped now.
+    if spec.fence and launcher.cgroup is None:
+        node_fence().unwatch(spec.fence, _fence_targets(launcher))
 
 
 def _ignore_line(stream: str, line: str) -> None:

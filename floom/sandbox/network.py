@@ -1,11 +1,18 @@
 """User-mode networking for a sandbox that may use the network: its own network namespace,
-reached through slirp4netns, fenced off from the host's loopback and the private ranges.
+reached through slirp4netns, fenced off from the host (its loopback and every address of its
+interfaces, in any range) and the private ranges.
 
 The sandbox's namespace gets a tap device that slirp4netns (running on the host) turns into
 ordinary host sockets, so the sandbox can talk to the internet like any host program while
 the host's own loopback services (floom's API, PostgreSQL) stay out of reach. Routes set
 from outside, before the command starts, make every blocked address fail at `connect()` in
 the sandbox (EHOSTUNREACH); no packet for it ever reaches slirp4netns.
+
+slirp4netns turns the sandbox's connections into the host's own sockets, so an address of
+the host (a public one on its interface included) would reach services bound to 0.0.0.0
+there: every address the host answers on is read when the run starts (addresses change)
+and fenced like the private ranges, and no `network_allow` opens it. The sandbox has no
+IPv6 at all, so no IPv6 address of the host is reachable either.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from collections.abc import Iterable
 from typing import Final
 
 from floom.errors import FloomError, InvalidRequest
+from floom.host_addresses import host_networks
+from floom.sandbox.cgroups import CgroupError, RunCgroup
 
 # slirp4netns's fixed virtual network: the sandbox is 10.0.2.100, the gateway 10.0.2.2 (which
 # it maps to the host's loopback unless told not to) and its DNS forwarder 10.0.2.3.
@@ -121,12 +130,16 @@ def blocked_networks(allow: Iterable[ipaddress.IPv4Network]) -> list[ipaddress.I
     return sorted(pieces)
 
 
-def route_commands(allow: Iterable[ipaddress.IPv4Network]) -> str:
+def route_commands(
+    allow: Iterable[ipaddress.IPv4Network], host: Iterable[ipaddress.IPv4Network] = ()
+) -> str:
     """The `ip -batch` script that fences a namespace slirp4netns has just configured.
 
     The connected /24 goes (every other address in it is the host); the default route names
     the gateway `onlink`, so the gateway itself needs no route and stays unreachable; DNS
-    reaches 10.0.2.3 on port 53 only.
+    reaches 10.0.2.3 on port 53 only. `host` (the host's own IPv4 networks, see
+    host_networks) stays unreachable whatever `allow` opens: a route to it is at least as
+    specific as any allowed network around it, and added last.
     """
     lines = [
         f"route del {SLIRP_NETWORK} dev {SANDBOX_DEVICE}",
@@ -138,7 +151,18 @@ def route_commands(allow: Iterable[ipaddress.IPv4Network]) -> str:
             f"rule add pref {pref} to {SLIRP_DNS}/32 ipproto {proto} dport 53 lookup {_DNS_TABLE}"
         )
     lines += [f"route replace unreachable {net}" for net in blocked_networks(allow)]
+    lines += [f"route replace unreachable {net}" for net in sorted(set(host))]
     return "\n".join(lines) + "\n"
+
+
+def host_ipv4_networks() -> list[ipaddress.IPv4Network]:
+    """The host's own IPv4 networks, read now; raises NetworkSetupFailed when the kernel
+    does not say (the run must not start unfenced)."""
+    try:
+        found = host_networks()
+    except OSError as exc:
+        raise NetworkSetupFailed(f"cannot fence the host's own addresses: {exc}") from exc
+    return [net for net in found if isinstance(net, ipaddress.IPv4Network)]
 
 
 class UserNetworking:
@@ -180,14 +204,19 @@ class UserNetworking:
 
 
 def attach_user_networking(
-    child_pid: int, *, allow: Iterable[str] = (), owner: str
+    child_pid: int, *, allow: Iterable[str] = (), owner: str, cgroup: RunCgroup | None = None
 ) -> UserNetworking:
     """Give the network namespace of `child_pid` user-mode networking, fenced; call it after
     the namespace exists and before the sandboxed command starts.
 
     `allow` lists networks (see parse_allowed_network) the sandbox may reach besides the
-    public internet. `owner` is the run's work dir: it goes into slirp4netns's argv[0]
-    (see SLIRP_OWNER_VARIABLE).
+    public internet. `owner` is the run's work dir: it goes into slirp4netns's environment
+    (see SLIRP_OWNER_VARIABLE). `cgroup` is the run's: slirp4netns joins it before it
+    serves the sandbox, so what the run's traffic makes it use (memory for buffers, CPU)
+    counts against the run's limits and ends with the run.
+    slirp4netns and the tools that fence the namespace run with floom's rights: what they
+    are handed (argv, environment, working directory "/") holds no byte the worker chose;
+    allowed networks reach them only as the addresses floom parsed, written anew.
     Raises NetworkSetupFailed (having stopped what it started) when a tool is missing or
     any step fails; the caller must then not start the command.
     """
@@ -203,12 +232,13 @@ def attach_user_networking(
             f"a worker with network needs {', '.join(missing)}, which is not on PATH",
             hint=INSTALL_HINT,
         )
+    host = host_ipv4_networks()
     _await_loopback(child_pid)
     namespaces = _SandboxNamespaces(child_pid)
     try:
-        networking = _start_slirp(namespaces, owner=owner, tools=found)
+        networking = _start_slirp(namespaces, owner=owner, tools=found, cgroup=cgroup)
         try:
-            _fence(namespaces, allowed, nsenter=found["nsenter"])
+            _fence(namespaces, allowed, host, nsenter=found["nsenter"])
         except BaseException:
             networking.close()
             raise
@@ -270,7 +300,11 @@ class _SandboxNamespaces:
 
 
 def _start_slirp(
-    namespaces: _SandboxNamespaces, *, owner: str, tools: dict[str, str]
+    namespaces: _SandboxNamespaces,
+    *,
+    owner: str,
+    tools: dict[str, str],
+    cgroup: RunCgroup | None,
 ) -> UserNetworking:
     ready_r, ready_w = os.pipe()
     exit_r, exit_w = os.pipe()
@@ -308,6 +342,7 @@ def _start_slirp(
             stderr=subprocess.PIPE,
             pass_fds=(ready_w, exit_r, *namespaces.fds),
             env={"PATH": _PATH, SLIRP_OWNER_VARIABLE: os.path.realpath(owner)},
+            cwd="/",
         )
     except OSError as exc:
         for fd in (ready_r, exit_w):
@@ -320,6 +355,15 @@ def _start_slirp(
     os.set_blocking(proc.stderr.fileno(), False)
     networking = UserNetworking(proc, exit_w)
     try:
+        if cgroup is not None:
+            # Before it is ready, so before the sandbox's first packet: all it does for the
+            # run is counted there (what it allocated while starting stays floom's).
+            try:
+                cgroup.add(proc.pid)
+            except CgroupError as exc:
+                raise NetworkSetupFailed(
+                    f"slirp4netns cannot join the run's cgroup: {exc}"
+                ) from exc
         _await_ready(ready_r, proc)
     except BaseException:
         networking.close()
@@ -334,7 +378,9 @@ def protection_summary() -> str:
     missing = [name for name in _TOOLS if shutil.which(name) is None]
     if missing:
         return f"unavailable ({', '.join(missing)} missing): runs with network cannot start"
-    return "user-mode (slirp4netns), host loopback and private ranges blocked"
+    return (
+        "user-mode (slirp4netns), the host's loopback and own addresses and private ranges blocked"
+    )
 
 
 def is_floom_slirp(pid: str, argv: list[bytes], work_root: bytes) -> bool:
@@ -378,7 +424,11 @@ def _await_ready(ready_fd: int, proc: subprocess.Popen[bytes]) -> None:
 
 
 def _fence(
-    namespaces: _SandboxNamespaces, allow: Iterable[ipaddress.IPv4Network], *, nsenter: str
+    namespaces: _SandboxNamespaces,
+    allow: Iterable[ipaddress.IPv4Network],
+    host: Iterable[ipaddress.IPv4Network],
+    *,
+    nsenter: str,
 ) -> None:
     enter = [nsenter, f"--net=/proc/self/fd/{namespaces.net}"]
     if namespaces.user is not None:
@@ -394,11 +444,12 @@ def _fence(
     try:
         done = subprocess.run(
             [*enter, "--", "sh", "-c", script],
-            input=route_commands(allow).encode(),
+            input=route_commands(allow, host).encode(),
             pass_fds=namespaces.fds,
             capture_output=True,
             timeout=SETUP_TIMEOUT_SECONDS,
             env={"PATH": _PATH, "LC_ALL": "C"},
+            cwd="/",
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise NetworkSetupFailed(f"could not fence the sandbox's network: {exc}") from exc

@@ -28,6 +28,8 @@ log = logging.getLogger("floom.sandbox")
 
 CLONE_FS: Final = 0x00000200
 CLONE_NEWNS: Final = 0x00020000
+MS_NOSUID: Final = 0x2
+MS_NODEV: Final = 0x4
 MS_BIND: Final = 0x1000
 WAIT_SECONDS: Final = 5.0
 """How long a caller waits for the thread to start on its mounts; after that they are
@@ -36,7 +38,8 @@ abandoned (never made later) and the launcher's script makes them."""
 
 @dataclass(frozen=True)
 class Mount:
-    """One mount(2): an overlay (`fstype` "overlay", its options in `data`) or a bind."""
+    """One mount(2): an overlay (`fstype` "overlay", its options in `data`), a run's disk
+    (`fstype` "ext4", its device the source) or a bind."""
 
     source: str
     target: str
@@ -52,11 +55,22 @@ class Mount:
     def overlay(cls, options: str, target: str) -> Mount:
         return cls("floom-work", target, "overlay", 0, options)
 
+    @classmethod
+    def disk(cls, device: str, target: str) -> Mount:
+        """A run's disk (floom/sandbox/disks.py), by its loop device: the same filesystem as
+        floom's own mount of it."""
+        return cls(device, target, "ext4", MS_NOSUID | MS_NODEV)
+
     def command(self, program: str) -> list[str]:
         """The same mount as a command line of mount(8) at `program`, for a shell to run."""
         if self.fstype is None:
             return [program, "--bind", self.source, self.target]
-        return [program, "-t", self.fstype, self.source, "-o", self.data or "", self.target]
+        options = [self.data] if self.data else []
+        options += [name for flag, name in _FLAG_NAMES if self.flags & flag]
+        return [program, "-t", self.fstype, self.source, "-o", ",".join(options), self.target]
+
+
+_FLAG_NAMES: Final = ((MS_NOSUID, "nosuid"), (MS_NODEV, "nodev"))
 
 
 @dataclass

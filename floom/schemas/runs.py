@@ -31,6 +31,11 @@ class ArtifactPublic(Public):
     digest: str
     content_type: str
     url: str = Field(description="where to download it (a path on this server)")
+    scanned: bool = Field(
+        True,
+        description="false when floom could not scan it for secrets (compressed or "
+        "encrypted): only keys with the run scope may download it",
+    )
 
 
 class RunPublic(Public):

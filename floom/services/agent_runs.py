@@ -3,7 +3,6 @@ artifacts a paused run keeps. Callers pass values already redacted."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -11,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import LimitExceeded
 from floom.services.principal import Principal
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
@@ -102,7 +102,7 @@ def record_tool_call(
             attempt=attempt,
             tool=tool,
             status=status,
-            arguments_json=json.dumps(arguments, default=str),
+            arguments_json=jsonvalues.dumps(arguments, where="arguments"),
             result=_cap(result),
             result_size=len(result or ""),
             error=_cap(error),
@@ -129,7 +129,7 @@ def finish_tool_call(
         if call is None:
             return
         call.status = status
-        call.arguments_json = json.dumps(arguments, default=str)
+        call.arguments_json = jsonvalues.dumps(arguments, where="arguments")
         call.result = _cap(result)
         call.result_size = len(result or "")
         call.error = _cap(error)
@@ -152,7 +152,7 @@ def tool_call_to_dict(c: ToolCall) -> dict[str, Any]:
         "seq": c.seq,
         "tool": c.tool,
         "status": c.status,
-        "arguments": json.loads(c.arguments_json),
+        "arguments": jsonvalues.stored(c.arguments_json),
         "result": c.result,
         "result_size": c.result_size,
         "error": c.error,
@@ -196,7 +196,7 @@ def transcript_to_dict(t: Transcript) -> dict[str, Any]:
     return {
         "run_id": t.run_id,
         "system": t.system,
-        "messages": json.loads(t.messages_json),
+        "messages": jsonvalues.stored(t.messages_json, expect=list),
         "usage": usage_of(t),
         "active_seconds": round(t.active_seconds, 3),
         "updated_at": t.updated_at,
@@ -256,7 +256,10 @@ def remember(ctx: Context, *, worker_name: str, key: str, value: Any, run_id: st
     with session_scope(ctx.engine, write=True) as s:
         s.add(
             MemoryEntry(
-                worker_name=worker_name, key=key, value_json=json.dumps(value), run_id=run_id
+                worker_name=worker_name,
+                key=key,
+                value_json=jsonvalues.dumps(value, where="value"),
+                run_id=run_id,
             )
         )
 
@@ -270,7 +273,7 @@ def recall(ctx: Context, *, worker_name: str, key: str) -> tuple[Any, str | None
             .order_by(col(MemoryEntry.id).desc())
             .limit(1)
         ).first()
-    return (json.loads(row.value_json), row.run_id) if row else (None, None)
+    return (jsonvalues.stored(row.value_json), row.run_id) if row else (None, None)
 
 
 def memory_keys(ctx: Context, *, worker_name: str, limit: int = 100) -> list[str]:
@@ -295,7 +298,7 @@ def memory_writes(ctx: Context, *, worker_name: str) -> list[dict[str, Any]]:
     return [
         {
             "key": r.key,
-            "value": json.loads(r.value_json),
+            "value": jsonvalues.stored(r.value_json),
             "run_id": r.run_id,
             "created_at": r.created_at,
         }

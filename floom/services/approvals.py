@@ -9,12 +9,12 @@ ends the run as `rejected`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.services import workers
 from floom.services.agent_runs import replace_artifacts
@@ -66,7 +66,7 @@ def new_approval(
         kind=kind,
         tool=tool,
         tool_call_id=tool_call_id,
-        proposed_json=json.dumps(proposed, default=str),
+        proposed_json=jsonvalues.dumps(proposed, where="proposed"),
     )
 
 
@@ -90,6 +90,7 @@ def pause_run(
             current is None
             or current.status != RUNNING
             or current.lease_owner != ctx.node_id
+            or current.lease_epoch != run.lease_epoch  # fenced: another node took the run
             or current.cancel_requested
         ):
             return False
@@ -97,7 +98,7 @@ def pause_run(
         if artifacts is not None:
             replace_artifacts(s, run_id=run.id, artifacts=artifacts)
         if proposed_outputs is not None:
-            current.outputs_json = json.dumps(proposed_outputs)
+            current.outputs_json = jsonvalues.dumps(proposed_outputs, where="outputs")
         transition(current, AWAITING_APPROVAL, by=EXECUTOR)
         current.sandbox_seconds += sandbox_seconds
         s.add(current)
@@ -202,6 +203,8 @@ def decide_approval(
             "edited must be a JSON object of the values to change",
             hint='e.g. {"title": "a better title"}',
         )
+    if edited is not None:
+        jsonvalues.check(edited, where="edited", max_bytes=ctx.settings.max_result_bytes)
     comment = (comment or "").strip() or None
     if decision == "reject":
         if edited:
@@ -226,7 +229,7 @@ def decide_approval(
                 f"run {approval.run_id} is {state}, not awaiting this approval",
                 hint=f"`floom show {approval.run_id}` shows what happened",
             )
-        final = {**json.loads(approval.proposed_json), **(edited or {})}
+        final = {**jsonvalues.stored(approval.proposed_json, expect=dict), **(edited or {})}
         if approval.kind == "run" and decision == "approve":
             version = s.get(Version, run.version_id)
             if version is not None:
@@ -240,7 +243,7 @@ def decide_approval(
                     )
         now = utcnow()
         approval.status = APPROVED if decision == "approve" else REJECTED_DECISION
-        approval.edited_json = json.dumps(edited) if edited else None
+        approval.edited_json = jsonvalues.dumps(edited, where="edited") if edited else None
         approval.comment = comment
         approval.decided_by = actor
         approval.decided_at = now
@@ -272,7 +275,7 @@ def _apply_decision(
     else:
         transition(run, QUEUED, by=CALLER)
         if approval.kind == "run":
-            run.outputs_json = json.dumps(final)
+            run.outputs_json = jsonvalues.dumps(final, where="outputs")
             run.phase = PHASE_APPLY
             edits = " with edits" if approval.edited_json else ""
             message = f"outputs approved{who}{edits}{note}; apply phase queued"
@@ -312,8 +315,8 @@ def approval_to_dict(a: Approval) -> dict[str, Any]:
         "tool": a.tool,
         "tool_call_id": a.tool_call_id,
         "status": a.status,
-        "proposed": json.loads(a.proposed_json),
-        "edited": json.loads(a.edited_json) if a.edited_json else None,
+        "proposed": jsonvalues.stored(a.proposed_json),
+        "edited": jsonvalues.stored(a.edited_json) if a.edited_json else None,
         "comment": a.comment,
         "decided_by": a.decided_by,
         "created_at": a.created_at,

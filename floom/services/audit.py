@@ -3,12 +3,12 @@ them back (admin only, through the API)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import InvalidRequest
 from floom.services.principal import Principal
 from floom.store.audit import AuditEvent
@@ -61,7 +61,7 @@ def record(
         actor_key_id=actor.key_id,
         actor=actor.label[:160],
         subject=subject[:200],
-        payload_json=json.dumps(payload, sort_keys=True, default=str),
+        payload_json=jsonvalues.dumps(payload, where="payload"),
     )
     s.add(event)
     return event
@@ -100,6 +100,6 @@ def event_to_dict(event: AuditEvent) -> dict[str, Any]:
         "type": event.type,
         "actor": {"key_id": event.actor_key_id, "label": event.actor},
         "subject": event.subject,
-        "payload": json.loads(event.payload_json),
+        "payload": jsonvalues.stored(event.payload_json, expect=dict),
         "created_at": event.created_at,
     }

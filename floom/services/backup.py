@@ -190,7 +190,7 @@ def _read_manifest(source: Path) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
         checksums: dict[str, str] = manifest["sha256"]
         files = manifest["summary"]["files"]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise BackupInvalid(f"{path} cannot be read", hint="the backup is damaged") from exc
     if manifest.get("format") != FORMAT:
         raise BackupInvalid(

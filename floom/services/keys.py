@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import secrets
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import IntegrityError
@@ -14,7 +15,7 @@ from sqlmodel import Session, col, select
 from floom.errors import InvalidRequest, NotFound, Unauthorized
 from floom.services.principal import SCOPES, SYSTEM, Principal, grants
 from floom.store import signals
-from floom.store.db import session_scope
+from floom.store.db import on_postgres, session_scope
 from floom.store.models import ApiKey, new_id, utcnow
 
 if TYPE_CHECKING:
@@ -49,8 +50,25 @@ def create_key(
     caller: Principal,
 ) -> tuple[ApiKey, str]:
     """Store a new key and return it with its plaintext, which is never stored or shown again.
-    Needs the admin scope."""
+    Needs the admin scope (checked again in the inserting transaction)."""
     caller.require("admin")
+    check_scopes(scopes)
+    with session_scope(ctx.engine, write=True) as s:
+        return add_key(s, scopes=scopes, name=name, token=token, agent_id=agent_id, caller=caller)
+
+
+def add_key(
+    s: Session,
+    *,
+    scopes: list[str],
+    name: str = "",
+    token: str | None = None,
+    agent_id: str | None = None,
+    caller: Principal,
+) -> tuple[ApiKey, str]:
+    """create_key in the caller's write transaction `s` (an agent and its first key commit
+    together); the caller's key is checked in `s` first."""
+    caller.require_in(s, "admin")
     check_scopes(scopes)
     token = token or KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(
@@ -61,8 +79,7 @@ def create_key(
         scopes=",".join(scopes),
         agent_id=agent_id,
     )
-    with session_scope(ctx.engine, write=True) as s:
-        s.add(key)
+    s.add(key)
     return key, token
 
 
@@ -126,10 +143,13 @@ def list_keys(ctx: Context, *, caller: Principal) -> list[ApiKey]:
 
 
 def revoke_key(ctx: Context, *, key_id: str, caller: Principal) -> ApiKey:
-    """Needs the admin scope; revoking twice changes nothing."""
+    """Needs the admin scope (checked again in the revoking transaction); revoking twice
+    changes nothing."""
     caller.require("admin")
     with session_scope(ctx.engine, write=True) as s:
-        key = s.get(ApiKey, key_id)
+        lock_keys(s, [key_id, caller.key_id])
+        caller.require_in(s, "admin")
+        key = s.get(ApiKey, key_id, populate_existing=True)
         if key is None:
             raise NotFound(f"no API key {key_id}", hint="`floom keys list` shows the key ids")
         if key.revoked_at is None:
@@ -138,6 +158,21 @@ def revoke_key(ctx: Context, *, key_id: str, caller: Principal) -> ApiKey:
             announce_revoked(s, key.key_hash)
     forget_key(ctx, key.key_hash)
     return key
+
+
+def lock_keys(s: Session, key_ids: Iterable[str | None]) -> None:
+    """Lock these key rows for update, in id order, before a transaction that revokes some
+    of them checks its caller's key (`require_in`, a share lock): two admins revoking each
+    other's keys at once then queue instead of deadlocking. PostgreSQL only; SQLite's write
+    transactions are serial."""
+    wanted = sorted({k for k in key_ids if k})
+    if wanted and on_postgres(s):
+        s.exec(
+            select(ApiKey.id)
+            .where(col(ApiKey.id).in_(wanted))
+            .order_by(col(ApiKey.id))
+            .with_for_update()
+        ).all()
 
 
 def key_names(ctx: Context, *, key_ids: list[str], caller: Principal) -> dict[str, str]:

@@ -4,15 +4,26 @@ id, name, scopes and agent), or floom itself, and the one rule for what a scope 
 Every surface (REST, the `/mcp` tools, the UI, webhooks) builds a Principal from the key it
 was given and passes it keyword-only as `caller=`; the service calls `caller.require(scope)`
 before it reads or changes anything, so a refusal changes nothing.
+
+The key a Principal was built from may have been read moments ago, from a node's cache
+(floom/services/auth_cache.py). A privileged write (deploy or admin scope) therefore asks
+again inside its own transaction, with `caller.require_in(s, scope)`: a key revoked before
+that transaction is refused and the write changes nothing, whatever any cache said.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from functools import lru_cache
+from typing import Any, Literal
 
-from floom.errors import Forbidden
+from sqlalchemy import bindparam, select
+from sqlalchemy.engine import Connection
+from sqlmodel import col
+
+from floom.errors import Forbidden, Unauthorized
+from floom.store.db import Writer, on_postgres
 from floom.store.models import ApiKey
 
 SCOPES = ("read", "run", "deploy", "admin")
@@ -72,8 +83,10 @@ class Principal:
 
     def require(self, scope: str) -> None:
         """Raise Forbidden (naming the scope needed) unless this caller holds `scope`."""
-        if self.can(scope):
-            return
+        if not self.can(scope):
+            raise self._lacks(scope)
+
+    def _lacks(self, scope: str) -> Forbidden:
         if self.surface == "mcp":
             hint = (
                 f"this MCP client's API key needs the '{scope}' scope (or higher); "
@@ -83,11 +96,47 @@ class Principal:
             hint = f"sign in with an API key that has the '{scope}' scope (or higher)"
         else:
             hint = f"use a key created with `floom keys create --scope {scope}` (or higher)"
-        raise Forbidden(
+        return Forbidden(
             f"this API key lacks the '{scope}' scope",
             hint=hint,
             details={"scope_needed": scope},
         )
+
+    def require_in(self, s: Writer, scope: str) -> None:
+        """`require(scope)`, then, inside the write transaction `s`, the caller's key read
+        again: it must still exist, be unrevoked and hold `scope`. Raises Unauthorized for
+        a key revoked (or deleted) since the request authenticated, Forbidden for a scope
+        no longer held; the write's transaction then rolls back and changes nothing.
+
+        On PostgreSQL the key row is read `FOR SHARE`: a revocation being committed now
+        is waited for and seen, and a revocation that starts after this read waits for
+        the write to commit (the write came first). On SQLite the write transaction holds
+        the database's write lock from its BEGIN, so no revocation commits meanwhile.
+        Cost: one primary-key read per privileged write. floom itself (`system`) passes.
+        """
+        self.require(scope)
+        if self.system:
+            return
+        # On a session, its connection: the ORM's execute path costs more than the read.
+        conn = s if isinstance(s, Connection) else s.connection()
+        row = conn.execute(_key_statement(on_postgres(s)), {"key_id": self.key_id}).first()
+        if row is None or row.revoked_at is not None:
+            raise Unauthorized(
+                "the API key is not valid or was revoked; nothing was changed",
+                hint="use a valid key; `floom keys list` on the server shows the keys",
+            )
+        if not grants(row.scopes, scope):
+            raise self._lacks(scope)
+
+
+@lru_cache(maxsize=2)
+def _key_statement(share_lock: bool) -> Any:
+    """The caller's key, as require_in reads it (built once: building it costs more than
+    running it on SQLite)."""
+    query = select(col(ApiKey.scopes), col(ApiKey.revoked_at)).where(
+        col(ApiKey.id) == bindparam("key_id")
+    )
+    return query.with_for_update(read=True) if share_lock else query
 
 
 def system(name: str = "", *, agent_id: str | None = None) -> Principal:

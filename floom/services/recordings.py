@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from floom import jsonvalues
 from floom.errors import NotReplayable
 from floom.services import agent_runs, runs, workers
 from floom.services.principal import SYSTEM, Principal
@@ -86,8 +87,8 @@ def load_recording(ctx: Context, *, run_id: str, caller: Principal) -> Recording
             f"run {run.id} kept no transcript",
             hint="only agent runs that reached the model can be replayed",
         )
-    messages: list[dict[str, Any]] = json.loads(transcript.messages_json)
-    state = json.loads(transcript.state_json or "{}")
+    messages: list[dict[str, Any]] = jsonvalues.stored(transcript.messages_json, expect=list)
+    state = jsonvalues.stored(transcript.state_json or "{}", expect=dict)
     stored = agent_runs.list_tool_calls(ctx, run_id=run.id, caller=caller)
     turns: list[list[dict[str, Any]]] = []
     starts: list[int] = []
@@ -139,7 +140,7 @@ def load_recording(ctx: Context, *, run_id: str, caller: Principal) -> Recording
         status=run.status,
         error_code=run.error_code,
         error_message=run.error_message,
-        outputs=json.loads(run.outputs_json) if run.outputs_json else None,
+        outputs=jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else None,
     )
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import InvalidRequest, NotFound
 from floom.manifest_replay import replay_rules
 from floom.services import run_records, runs, workers
@@ -81,7 +82,7 @@ def start_replay(
     return runs.create_run(
         ctx,
         worker_name=original.worker_name,
-        inputs=json.loads(original.inputs_json),
+        inputs=jsonvalues.stored(original.inputs_json, expect=dict),
         trigger="replay",
         caller=caller,
         version_id=version_id,
@@ -173,7 +174,17 @@ def replay_report(ctx: Context, *, run_id: str, caller: Principal) -> dict[str, 
         if c["status"] == "refused" and (c["error"] or "").startswith(NOT_RECORDED)
     )
     if row.mode == EXACT:
-        found = json.loads(row.divergence_json) if row.divergence_json else None
+        found = _divergence(row.divergence_json) if row.divergence_json else None
         body["divergence"] = found or first_divergence(theirs, mine)
         body["reproduced"] = body["divergence"] is None
     return body
+
+
+def _divergence(text: str) -> dict[str, Any]:
+    # Stored as {"step", "expected", "actual"} by floom; a row it did not write is shown as a
+    # divergence at an unreadable step, not as a broken page.
+    found = jsonvalues.stored(text, expect=dict)
+    if jsonvalues.UNREADABLE in found or "step" not in found:
+        why = found.get(jsonvalues.UNREADABLE, "the stored divergence has no step")
+        return {"step": "unknown", "expected": jsonvalues.unreadable(str(why)), "actual": None}
+    return {"expected": None, "actual": None, **found}

@@ -154,12 +154,14 @@ def started_message(run: Run, *, node_id: str) -> str:
 
 
 def mark_claimed(run: Run, *, node_id: str, lease_seconds: float, now: datetime) -> None:
-    """A queued run taken by this node: running, under a lease the node renews."""
+    """A queued run taken by this node: running, under a lease the node renews, with the
+    next lease epoch (its attempt's fencing token; the queue's claim adds one in SQL)."""
     check_transition(run.status, RUNNING, by=EXECUTOR)
     for name, value in claimed_fields(
         node_id=node_id, lease_seconds=lease_seconds, now=now
     ).items():
         setattr(run, name, value)
+    run.lease_epoch = (run.lease_epoch or 0) + 1
 
 
 @dataclass

@@ -13,6 +13,7 @@ from sqlalchemy import select as sql_select
 from sqlalchemy.orm import make_transient_to_detached
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import (
     Conflict,
     FloomError,
@@ -22,8 +23,7 @@ from floom.errors import (
     NotFound,
     WorkerPaused,
 )
-from floom.manifest import nesting_depth
-from floom.services import agent_runs, approvals, exposure, workers
+from floom.services import agent_runs, approvals, artifact_scan, exposure, workers
 from floom.services.logs import append_events, system_event
 from floom.services.principal import Principal
 from floom.services.run_rules import (
@@ -347,19 +347,18 @@ def insert_skipped_run(
     return run
 
 
-# Deeper than this, a value breaks JSON tools downstream (serialisers with recursion
-# guards, MCP clients); no real input needs it.
-MAX_INPUT_DEPTH = 64
+MAX_INPUT_DEPTH = jsonvalues.MAX_DEPTH
 
 
 def _check_input_bounds(inputs: Any, *, max_bytes: int) -> None:
-    # Before anything is read or stored for the run; the depth first, so that measuring
-    # the size cannot recurse without bound.
-    if nesting_depth(inputs, limit=MAX_INPUT_DEPTH) > MAX_INPUT_DEPTH:
+    # Before anything is read or stored for the run; the shape first (depth, keys, numbers),
+    # so that measuring the size cannot recurse without bound; a long string after the size.
+    found = jsonvalues.breach_of(inputs, where="inputs")
+    if found is not None and found.limit != "string":
         raise InputInvalid(
-            f"the inputs nest deeper than {MAX_INPUT_DEPTH} levels",
-            hint="flatten the value, or pass it as a file input",
-            details=[{"path": "inputs", "limit": "depth", "max": MAX_INPUT_DEPTH}],
+            found.message,
+            hint="flatten the value, or pass it as a file input; " + jsonvalues.bounds_hint(),
+            details=[found.detail()],
         )
     size = len(json.dumps(inputs or {}, default=str, ensure_ascii=False).encode("utf-8"))
     if size > max_bytes:
@@ -369,6 +368,8 @@ def _check_input_bounds(inputs: Any, *, max_bytes: int) -> None:
             "sets FLOOM_MAX_INPUT_BYTES",
             details=[{"path": "inputs", "limit": "bytes", "max": max_bytes}],
         )
+    if found is not None:
+        raise InputInvalid(found.message, hint=jsonvalues.bounds_hint(), details=[found.detail()])
 
 
 def get_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
@@ -491,7 +492,7 @@ def replay_run(
     return create_run(
         ctx,
         worker_name=original.worker_name,
-        inputs=json.loads(original.inputs_json),
+        inputs=jsonvalues.stored(original.inputs_json, expect=dict),
         trigger=trigger,
         caller=caller,
         version_id=None if latest else original.version_id,
@@ -525,9 +526,15 @@ def read_artifact(
                 f"run {run_id} has no artifact '{name}'",
                 hint=f"`floom runs show {run_id}` lists its artifacts",
             )
+        artifact_scan.check_may_read(
+            name=name, content_type=art.content_type, data=None, reader=caller
+        )
         blob = s.get(Blob, art.digest)
         if blob is None:
             raise NotFound(f"the content of artifact '{name}' is missing from the store")
+        artifact_scan.check_may_read(
+            name=name, content_type=art.content_type, data=blob.data, reader=caller
+        )
         return art, blob.data
 
 
@@ -538,8 +545,8 @@ def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[st
         "version_id": run.version_id,
         "status": run.status,
         "trigger": run.trigger,
-        "inputs": json.loads(run.inputs_json),
-        "outputs": json.loads(run.outputs_json) if run.outputs_json else None,
+        "inputs": jsonvalues.stored(run.inputs_json, expect=dict),
+        "outputs": jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else None,
         "error": (
             {"code": run.error_code, "message": run.error_message}
             # Between attempts the code says how the last one ended: not the run's error.
@@ -574,6 +581,7 @@ def artifact_to_dict(a: Artifact) -> dict[str, Any]:
         "digest": a.digest,
         "content_type": a.content_type,
         "url": f"/api/v1/runs/{a.run_id}/artifacts/{a.name}",
+        "scanned": artifact_scan.scanned(a.content_type),
     }
 
 

@@ -86,7 +86,8 @@ def check_name(name: str) -> None:
 
 
 def set_secret(ctx: Context, *, name: str, value: str, caller: Principal) -> None:
-    """Store (or replace) a secret's value, encrypted. Needs the deploy scope."""
+    """Store (or replace) a secret's value, encrypted. Needs the deploy scope (checked again
+    in the writing transaction)."""
     caller.require("deploy")
     check_name(name)
     if len(value) < MIN_VALUE_LENGTH:
@@ -96,6 +97,7 @@ def set_secret(ctx: Context, *, name: str, value: str, caller: Principal) -> Non
             "cannot be redacted without destroying the logs",
         )
     with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")
         row = s.get(Secret, name)
         if row is None:
             s.add(Secret(name=name, ciphertext=ctx.secret_box.encrypt(value)))
@@ -106,9 +108,10 @@ def set_secret(ctx: Context, *, name: str, value: str, caller: Principal) -> Non
 
 
 def delete_secret(ctx: Context, *, name: str, caller: Principal) -> None:
-    """Needs the deploy scope."""
+    """Needs the deploy scope (checked again in the deleting transaction)."""
     caller.require("deploy")
     with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")
         row = s.get(Secret, name)
         if row is None:
             raise NotFound(f"no secret named {name}", hint="`floom secrets list` shows the names")
@@ -155,6 +158,11 @@ class Redactor:
 
     def __init__(self, values: Iterable[str]) -> None:
         self._values = sorted({v for v in values if v}, key=len, reverse=True)
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        """The values redacted, longest first (for scanning bytes in other encodings)."""
+        return tuple(self._values)
 
     def text(self, text: str) -> str:
         for v in self._values:

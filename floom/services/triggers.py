@@ -116,10 +116,12 @@ def set_paused(
 
     Paused, a schedule keeps ticking but each tick is recorded as skipped (paused), and a
     webhook or Composio event is stored and answered without a run. Resuming does not
-    back-fill the ticks skipped meanwhile. Needs the deploy scope.
+    back-fill the ticks skipped meanwhile. Needs the deploy scope (checked again in the
+    writing transaction).
     """
     caller.require("deploy")
     with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")
         worker = _worker(s, worker_name)
         trigger = None
         if trigger_id:

@@ -93,8 +93,9 @@ def start_listening(ctx: Context) -> signals.Listener | None:
                 wakeup.notify()
 
     def on_connect() -> None:
-        # Whatever was signalled while away is lost: start from the database again.
-        ctx.auth_cache.clear(trusted=True)
+        # Whatever was signalled while away is lost: start from the database again. The key
+        # cache is trusted once the first heartbeat on this connection comes back.
+        ctx.auth_cache.clear(trusted=False)
         ctx.run_queued.set()
         for wakeup in WAKEUPS:
             wakeup.notify()
@@ -103,7 +104,11 @@ def start_listening(ctx: Context) -> signals.Listener | None:
         ctx.auth_cache.clear(trusted=False)
 
     listener = signals.Listener(
-        ctx.engine.url, on_signal=on_signal, on_connect=on_connect, on_disconnect=on_disconnect
+        ctx.engine.url,
+        on_signal=on_signal,
+        on_connect=on_connect,
+        on_disconnect=on_disconnect,
+        on_heard=ctx.auth_cache.heard,
     )
     listener.start()
     return listener

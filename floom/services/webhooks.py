@@ -14,6 +14,7 @@ from sqlalchemy import or_
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import (
     Conflict,
     FloomError,
@@ -268,10 +269,16 @@ def parse_body(body: bytes, content_type: str) -> Any:
         form = urllib.parse.parse_qs(text)
         if "payload" in form:
             text = form["payload"][0]
-    try:
-        return json.loads(text)
-    except ValueError:
+    value, breach = jsonvalues.parse(text, where="the body")
+    if breach is None:
+        return value
+    if breach.limit == "json":
         return text
+    raise InputInvalid(
+        f"{breach.message} ({breach.limit} bound)",
+        hint=jsonvalues.bounds_hint(),
+        details=[breach.detail()],
+    )
 
 
 def event_inputs(
@@ -424,6 +431,6 @@ def delivery_to_dict(delivery: WebhookDelivery, *, with_body: bool = False) -> d
         "content_type": delivery.content_type,
     }
     if with_body:
-        body["headers"] = json.loads(delivery.headers_json)
+        body["headers"] = jsonvalues.stored(delivery.headers_json, expect=dict)
         body["body"] = delivery.body.decode("utf-8", errors="replace")
     return body

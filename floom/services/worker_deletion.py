@@ -85,8 +85,9 @@ def delete_worker(
     one else refers to; if a run is still running then, it raises Conflict and deletes
     nothing. Without it, runs and versions stay readable; the versions are retired from the
     name. One transaction deletes everything, with the audit event; unknown names raise
-    NotFound. Needs the deploy scope; `confirm_name`, when given (a person typed it to
-    confirm), must be the worker's name, or nothing is deleted.
+    NotFound. Needs the deploy scope, read again from the caller's key before the first
+    cancel and inside the deleting transaction; `confirm_name`, when given (a person typed
+    it to confirm), must be the worker's name, or nothing is deleted.
     """
     caller.require("deploy")
     if confirm_name is not None and confirm_name.strip() != name:
@@ -95,6 +96,8 @@ def delete_worker(
             hint=f"type {name} into the box to confirm",
         )
     actor = AuditActor.of(caller)
+    with session_scope(ctx.engine) as s:
+        caller.require_in(s, "deploy")  # a revoked key cancels nothing
     workers.get_worker(ctx, name=name, caller=caller)
     label = f"deletion of worker {name} by {actor.label}"
     cancelled = closed = 0
@@ -105,6 +108,7 @@ def delete_worker(
             _wait_for_running(ctx, name=name, timeout=stop_wait_seconds)
         try:
             with session_scope(ctx.engine, write=True) as s:
+                caller.require_in(s, "deploy")
                 result = _delete(
                     s,
                     name=name,

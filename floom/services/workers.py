@@ -71,10 +71,9 @@ def deploy(
     Deploying content identical to an existing version of the worker creates nothing new;
     that version becomes the active one again. With `activate=False` (an eval gate decides
     later) the version is only stored, unless the worker has no active version yet. Needs
-    the deploy scope.
+    the deploy scope (checked again in the storing transaction).
     """
     caller.require("deploy")
-    actor = caller.actor
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
@@ -82,11 +81,11 @@ def deploy(
     digest = bundle.digest
     normalised = bundle.to_archive()
     try:
-        return _store_version(ctx, bundle, manifest, text, digest, normalised, actor, activate)
+        return _store_version(ctx, bundle, manifest, text, digest, normalised, caller, activate)
     except IntegrityError:
         # A concurrent first deploy of the same worker or content committed first (on
         # PostgreSQL both transactions saw no row); this one now finds it and reuses it.
-        return _store_version(ctx, bundle, manifest, text, digest, normalised, actor, activate)
+        return _store_version(ctx, bundle, manifest, text, digest, normalised, caller, activate)
 
 
 def _check_sandbox_configured(ctx: Context, manifest: Manifest) -> None:
@@ -110,10 +109,12 @@ def _store_version(
     text: str,
     digest: str,
     normalised: bytes,
-    actor: str | None,
+    caller: Principal,
     activate: bool = True,
 ) -> DeployResult:
+    actor = caller.actor
     with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")
         version = s.exec(
             select(Version).where(Version.worker_name == manifest.name, Version.digest == digest)
         ).first()
@@ -345,7 +346,8 @@ def rollback(
 ) -> Rollback:
     """Make an earlier version active again, given directly or as the version of a run.
     Rolling back to the version that is already active changes nothing and succeeds
-    (`changed` is False), so a retried rollback is harmless. Needs the deploy scope."""
+    (`changed` is False), so a retried rollback is harmless. Needs the deploy scope (checked
+    again in the writing transaction)."""
     caller.require("deploy")
     if bool(version_id) == bool(run_id):
         raise InvalidRequest(
@@ -353,6 +355,7 @@ def rollback(
             hint="`floom rollback WORKER --to VERSION` or `floom rollback WORKER --run RUN_ID`",
         )
     with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")
         worker = _get_worker(s, name)
         if run_id:
             run = s.get(Run, run_id)

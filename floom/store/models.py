@@ -148,6 +148,10 @@ class Run(SQLModel, table=True):
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     lease_owner: str | None = Field(default=None, max_length=80)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The fencing token of the run's lease: one more at each claim and each reap, so every
+    # write of an attempt presents the epoch it was claimed with and a fenced (older)
+    # attempt's writes match nothing (floom/engine/queue.py).
+    lease_epoch: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     cancel_requested: bool = False
     sandbox_seconds: float = 0.0
     created_by: str | None = Field(default=None, max_length=40)

@@ -4,14 +4,24 @@ A signal is sent in the transaction of the change it announces, so it is deliver
 commit, when the change is visible, and never for a change that was rolled back. Signals
 are hints, never the only path: a node that was not listening loses them, so on each
 (re)connect the listener tells its owner to look at the database again.
+
+The listener also proves, once a second, that it is caught up: it sends a heartbeat signal on
+a channel of its own connection and hears it come back. PostgreSQL delivers a listening
+connection's signals in commit order, so when a heartbeat sent at S is heard, every signal
+of a change committed before S has been heard too. A node that is paused, or whose
+connection is frozen (a proxy that passes no bytes, a half-open TCP connection that
+keepalives do not end), hears no heartbeat, and what trusts the signals (the key cache,
+floom/services/auth_cache.py) stops trusting them within its bound.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 from sqlalchemy import text
@@ -33,6 +43,11 @@ APPLICATION_NAME = "floom-listen"  # how the listener's connection shows in pg_s
 # wakes it at once), and how long it waits before reconnecting after losing its connection.
 WAIT_SECONDS = 1.0
 RECONNECT_SECONDS = 1.0
+# How often the listener sends itself a heartbeat (see the module's docstring). Each is a
+# one-statement transaction on the listener's own connection: on the server, one notify
+# queue entry and one transaction id a second per node.
+HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_PREFIX = "floom_heard_"  # + random hex: a channel only this connection listens on
 
 
 def publish(s: Writer, channel: str, payload: str = "") -> None:
@@ -50,7 +65,9 @@ class Listener:
 
     `on_signal(channel, payload)` is called for each signal, in the listener's thread;
     `on_connect()` after each (re)connect, before any signal (signals sent while the
-    listener was away are lost); `on_disconnect()` when the connection is lost. A lost
+    listener was away are lost); `on_disconnect()` when the connection is lost;
+    `on_heard(sent_at)` when the heartbeat sent at `sent_at` (time.monotonic) came back:
+    every signal committed before then was passed to `on_signal` already. A lost
     connection is retried every RECONNECT_SECONDS until `stop()`.
     """
 
@@ -61,11 +78,13 @@ class Listener:
         on_signal: Callable[[str, str], None],
         on_connect: Callable[[], None],
         on_disconnect: Callable[[], None],
+        on_heard: Callable[[float], None] | None = None,
     ) -> None:
         self._conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
         self._on_signal = on_signal
         self._on_connect = on_connect
         self._on_disconnect = on_disconnect
+        self._on_heard = on_heard
         self._stop = threading.Event()
         # Written by stop() to wake the wait for a signal at once, not at its next timeout:
         # a node stops (and a test's server is torn down) without waiting up to a second.
@@ -94,7 +113,9 @@ class Listener:
 
         while not self._stop.is_set():
             try:
-                # Keepalives, so a connection to a vanished server is noticed in seconds.
+                # Keepalives, so a connection to a vanished server is noticed in seconds; and
+                # as a heartbeat is often in flight, a limit on unacknowledged data too
+                # (keepalives only probe an idle connection).
                 with psycopg.connect(
                     self._conninfo,
                     autocommit=True,
@@ -104,17 +125,31 @@ class Listener:
                     keepalives_idle=5,
                     keepalives_interval=2,
                     keepalives_count=2,
+                    tcp_user_timeout=10_000,  # ms
                 ) as conn:
-                    for channel in CHANNELS:
+                    # A channel of this connection's own: other nodes never hear its beats.
+                    heard = f"{HEARTBEAT_PREFIX}{os.urandom(6).hex()}"
+                    for channel in (*CHANNELS, heard):
                         conn.execute(f"LISTEN {channel}")
                     self.connected.set()
                     self._on_connect()
+                    next_beat = 0.0
                     while not self._stop.is_set():
-                        # What has arrived (also during LISTEN), then wait for more or a stop.
+                        now = time.monotonic()
+                        if now >= next_beat:
+                            conn.execute("SELECT pg_notify(%s, %s)", (heard, repr(now)))
+                            next_beat = now + HEARTBEAT_SECONDS
+                        # What has arrived (also during the statements above), in order.
                         for note in conn.notifies(timeout=0):
-                            self._on_signal(note.channel, note.payload)
+                            if note.channel == heard:
+                                if self._on_heard is not None:
+                                    self._on_heard(float(note.payload))
+                            else:
+                                self._on_signal(note.channel, note.payload)
+                        # Then wait for more, the next heartbeat, or a stop.
                         readable = [conn.fileno(), self._wake_reader.fileno()]
-                        select.select(readable, [], [], WAIT_SECONDS)
+                        wait = min(WAIT_SECONDS, max(0.0, next_beat - time.monotonic()))
+                        select.select(readable, [], [], wait)
             except psycopg.Error as exc:
                 if self.connected.is_set():
                     log.warning("lost the signal connection (%s); polling meanwhile", exc)

@@ -34,12 +34,14 @@ TOOLS = {
 
 @contextmanager
 def composio_standin(api_key: str) -> Iterator[dict[str, Any]]:
-    """Yields {"url", "executed": [(slug, body)], "keys": [x-api-key values seen]}."""
-    state: dict[str, Any] = {"executed": [], "keys": []}
+    """Yields {"url", "executed": [(slug, body)], "keys": [x-api-key values seen], "paths":
+    [request paths, as sent]}."""
+    state: dict[str, Any] = {"executed": [], "keys": [], "paths": []}
 
     class Handler(JSONHandler):
         def _authorised(self) -> bool:
             state["keys"].append(self.headers.get("x-api-key"))
+            state["paths"].append(self.path)
             if self.headers.get("x-api-key") != api_key:
                 self._send(401, {"error": {"message": "invalid api key"}})
                 return False

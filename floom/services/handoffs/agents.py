@@ -149,6 +149,7 @@ def create_role(
     role = Role(id=new_id("rol"), name=_check_role_name(name), description=description)
     try:
         with session_scope(ctx.engine, write=True) as s:
+            caller.require_in(s, "admin")
             s.add(role)
     except IntegrityError as exc:
         raise Conflict(
@@ -182,6 +183,7 @@ def update_role(
     caller.require("admin")
     try:
         with session_scope(ctx.engine, write=True) as s:
+            caller.require_in(s, "admin")
             found = find_role(s, role, active=False)
             if name is not None:
                 found.name = _check_role_name(name)
@@ -199,6 +201,7 @@ def retire_role(ctx: Context, *, role: str, caller: Principal) -> dict[str, Any]
     Needs the admin scope."""
     caller.require("admin")
     with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "admin")
         found = find_role(s, role, active=False)
         if found.retired_at is None:
             found.retired_at = utcnow()
@@ -260,22 +263,24 @@ def create_agent(
     scopes: list[str] | None = None,
     caller: Principal,
 ) -> dict[str, Any]:
-    """Create an agent holding `roles`, and its first API key (in "key", shown only now).
-    Bad scopes are refused before anything is written. Needs the admin scope."""
+    """Create an agent holding `roles`, and its first API key (in "key", shown only now),
+    in one transaction. Bad scopes are refused before anything is written. Needs the admin
+    scope (checked again in that transaction)."""
     caller.require("admin")
     scopes = scopes or ["run"]
     keys.check_scopes(scopes)
     agent = Agent(id=new_id("agt"), label=_check_label(label), tool_family=tool_family[:40])
     try:
         with session_scope(ctx.engine, write=True) as s:
+            caller.require_in(s, "admin")
             s.add(agent)
             s.flush()
             held = _set_roles(s, agent.id, roles)
+            key, token = keys.add_key(
+                s, scopes=scopes, name=f"agent {agent.label}", agent_id=agent.id, caller=caller
+            )
     except IntegrityError as exc:
         raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
-    key, token = keys.create_key(
-        ctx, scopes=scopes, name=f"agent {agent.label}", agent_id=agent.id, caller=caller
-    )
     return {**agent_to_dict(agent, held), "key": token, "key_id": key.id}
 
 
@@ -283,15 +288,18 @@ def create_agent_key(
     ctx: Context, *, agent: str, scopes: list[str] | None = None, caller: Principal
 ) -> dict[str, Any]:
     """Another key for an agent (to rotate one); the plaintext is in "key", shown only now.
-    Needs the admin scope."""
+    Needs the admin scope (checked again in the inserting transaction)."""
     caller.require("admin")
-    with session_scope(ctx.engine) as s:
+    scopes = scopes or ["run"]
+    keys.check_scopes(scopes)
+    with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "admin")
         found = find_agent(s, agent)
-    if found.retired_at is not None:
-        raise Conflict(f"agent '{found.label}' is retired", hint="create a new agent instead")
-    key, token = keys.create_key(
-        ctx, scopes=scopes or ["run"], name=f"agent {found.label}", agent_id=found.id, caller=caller
-    )
+        if found.retired_at is not None:
+            raise Conflict(f"agent '{found.label}' is retired", hint="create a new agent instead")
+        key, token = keys.add_key(
+            s, scopes=scopes, name=f"agent {found.label}", agent_id=found.id, caller=caller
+        )
     return {**keys.key_to_dict(key), "key": token}
 
 
@@ -329,6 +337,7 @@ def update_agent(
     caller.require("admin")
     try:
         with session_scope(ctx.engine, write=True) as s:
+            caller.require_in(s, "admin")
             found = find_agent(s, agent)
             if found.retired_at is not None:
                 raise Conflict(f"agent '{found.label}' is retired", hint="it cannot change")

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
+from floom import jsonvalues
 from floom.errors import FloomError
 from floom.services import principal, run_rules, runs, workers
 from floom.services.handoffs import flow, rules
@@ -186,7 +187,7 @@ def _finish(ctx: Context, actor: Actor, job: Job) -> None:
                 runs.list_artifacts(ctx, run_id=run.id, caller=principal.SYSTEM),
             )
         ]
-        outputs = json.loads(run.outputs_json) if run.outputs_json else {}
+        outputs = jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else {}
         flow.complete(
             ctx,
             actor=actor,

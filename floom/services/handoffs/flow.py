@@ -20,7 +20,13 @@ from floom.errors import Conflict, Forbidden, InvalidRequest
 from floom.services import wakeups
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, system_actor
-from floom.services.handoffs.jobs import as_actor, jobs_to_dicts, load_visible, record
+from floom.services.handoffs.jobs import (
+    as_actor,
+    jobs_to_dicts,
+    load_visible,
+    record,
+    routing_rules,
+)
 from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Job, JobDependency, Role
@@ -384,7 +390,7 @@ def _fail_dependents(s: Session, blocker: Job) -> None:
 
 
 def _route(s: Session, job: Job, result: dict[str, Any], actor: Actor) -> None:
-    for i, rule in enumerate(json.loads(job.routing_json)):
+    for i, rule in enumerate(routing_rules(job.routing_json)):
         role = s.get(Role, rule["role_id"])
         skipped = None
         if not rules.evaluate(rule.get("condition"), result):

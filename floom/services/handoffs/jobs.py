@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, find_agent, find_role
@@ -47,7 +48,7 @@ def record(
             actor_agent_id=actor.agent_id,
             actor_key_id=actor.key_id,
             actor=actor.describe()[:160],
-            payload_json=json.dumps(payload or {}, default=str),
+            payload_json=jsonvalues.dumps(payload or {}, where="payload"),
         )
     )
 
@@ -101,7 +102,7 @@ def jobs_to_dicts(s: Session, jobs: list[Job]) -> list[dict[str, Any]]:
             .order_by(col(JobDependency.blocker_id))
         ).all():
             blockers[dep.job_id].append(dep.blocker_id)
-    routing = {j.id: json.loads(j.routing_json) for j in jobs}
+    routing = {j.id: routing_rules(j.routing_json) for j in jobs}
     role_ids = {j.target_role_id for j in jobs} | {
         r["role_id"] for rs in routing.values() for r in rs
     }
@@ -116,6 +117,26 @@ def jobs_to_dicts(s: Session, jobs: list[Job]) -> list[dict[str, Any]]:
         for r in rs:
             r["role"] = roles.get(r["role_id"], r["role_id"])
     return [_job_dict(j, roles, labels, blockers[j.id], routing[j.id]) for j in jobs]
+
+
+def routing_rules(text: str) -> list[dict[str, Any]]:
+    """A job's stored routing rules; an item that is not a rule (a row floom did not write)
+    is left out rather than breaking every list of jobs."""
+    rules = jsonvalues.stored(text, expect=list)
+    return [r for r in rules if isinstance(r, dict) and isinstance(r.get("role_id"), str)]
+
+
+def job_artifacts(text: str | None) -> list[dict[str, Any]]:
+    """A job's stored artifacts; an item that is not one (a row floom did not write) is
+    shown as an artifact of type `floom_unreadable` saying why."""
+    shown = []
+    for item in jsonvalues.stored_list(text, items=dict):
+        if isinstance(item.get("type"), str) and isinstance(item.get("uri"), str):
+            shown.append(item)
+        else:
+            why = item.get(jsonvalues.UNREADABLE) or "an artifact without a type and a uri"
+            shown.append({"type": jsonvalues.UNREADABLE, "uri": str(why)})
+    return shown
 
 
 def _who(agent_id: str | None, labels: dict[str, str]) -> dict[str, Any] | None:
@@ -138,9 +159,9 @@ def _job_dict(
         "priority": job.priority,
         "role": roles.get(job.target_role_id, job.target_role_id),
         "role_id": job.target_role_id,
-        "context": json.loads(job.context_json),
-        "constraints": json.loads(job.constraints_json),
-        "artifacts": json.loads(job.artifacts_json),
+        "context": jsonvalues.stored(job.context_json, expect=dict),
+        "constraints": jsonvalues.stored_list(job.constraints_json, items=str),
+        "artifacts": job_artifacts(job.artifacts_json),
         "routing": routing,
         "blocked_by": blocked_by,
         "source_agent": _who(job.source_agent_id, labels),
@@ -148,7 +169,7 @@ def _job_dict(
         "idempotency_key": job.idempotency_key,
         "claimed_at": job.claimed_at,
         "lease_expires_at": job.lease_expires_at,
-        "result": json.loads(job.result_json) if job.result_json else None,
+        "result": jsonvalues.stored(job.result_json) if job.result_json else None,
         "reason": job.reason,
         "follow_on_of": job.follow_on_of,
         "retry_of": job.retry_of,
@@ -174,7 +195,7 @@ def event_to_dict(event: JobEvent) -> dict[str, Any]:
         "to_status": event.to_status,
         "actor": event.actor,
         "actor_agent_id": event.actor_agent_id,
-        "payload": json.loads(event.payload_json),
+        "payload": jsonvalues.stored(event.payload_json, expect=dict),
     }
 
 
@@ -390,10 +411,10 @@ def update_job(
             )
         changes: dict[str, Any] = {}
         if new_context is not None:
-            changes["context"] = {"old": json.loads(job.context_json), "new": new_context}
+            changes["context"] = {"old": jsonvalues.stored(job.context_json), "new": new_context}
             job.context_json = rules.encode_json(new_context, what="context")
         if new_constraints is not None:
-            old = json.loads(job.constraints_json)
+            old = jsonvalues.stored(job.constraints_json)
             changes["constraints"] = {"old": old, "new": new_constraints}
             job.constraints_json = json.dumps(new_constraints)
         job.updated_at = utcnow()

@@ -21,11 +21,14 @@ if TYPE_CHECKING:
 
 def retire_agent(ctx: Context, *, agent: str, caller: Principal) -> dict[str, Any]:
     """Retire an agent: its keys are revoked and the jobs it holds go back to `published`.
-    Needs the admin scope."""
+    Needs the admin scope (checked again in the retiring transaction)."""
     caller.require("admin")
     revoked: list[str] = []
     with session_scope(ctx.engine, write=True) as s:
         found = find_agent(s, agent)
+        live = s.exec(select(ApiKey.id).where(ApiKey.agent_id == found.id)).all()
+        keys.lock_keys(s, [*live, caller.key_id])
+        caller.require_in(s, "admin")
         if found.retired_at is None:
             now = utcnow()
             found.retired_at = now

@@ -8,11 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import Conflict, Forbidden, InvalidRequest
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, find_role
 from floom.services.handoffs.flow import parties
-from floom.services.handoffs.jobs import as_actor, jobs_to_dicts, load_visible, record
+from floom.services.handoffs.jobs import (
+    as_actor,
+    job_artifacts,
+    jobs_to_dicts,
+    load_visible,
+    record,
+)
 from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, Job
@@ -74,10 +81,14 @@ def reject(
                 "or an admin may reject it",
                 hint="ask one of them, or publish a new job",
             )
-        result = json.loads(job.result_json or "{}")
-        carried = json.loads(job.artifacts_json)
+        result = jsonvalues.stored(job.result_json or "{}", expect=dict)
+        carried = job_artifacts(job.artifacts_json)
         uris = {a["uri"] for a in carried}
-        carried += [a for a in result.get("artifacts", []) if a["uri"] not in uris]
+        carried += [
+            a
+            for a in job_artifacts(json.dumps(result.get("artifacts", [])))
+            if a["uri"] not in uris
+        ]
         new_priority = rules.check_priority(priority or job.priority)
         retry = Job(
             id=new_id("job"),
@@ -135,7 +146,7 @@ def reopen_context(ctx: Context, *, actor: Actor | Principal, job_id: str) -> di
             "original_job_id": chain[0].id,
             "status": job.status,
             "summary": chain[0].summary,
-            "constraints": json.loads(job.constraints_json),
+            "constraints": jsonvalues.stored_list(job.constraints_json, items=str),
             "attempt": job.attempt,
             "rejections": [
                 {

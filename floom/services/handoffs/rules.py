@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from floom import jsonvalues
 from floom.errors import Forbidden, IllegalTransition, InvalidRequest
 
 PENDING = "pending"
@@ -136,6 +137,7 @@ def check_priority(priority: Any) -> str:
 
 
 def encode_json(value: Any, *, what: str) -> str:
+    jsonvalues.check(value, where=f"the {what}")
     text = json.dumps(value, separators=(",", ":"), allow_nan=False)
     if len(text.encode()) > MAX_JSON_BYTES:
         raise InvalidRequest(

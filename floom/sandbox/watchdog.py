@@ -1,0 +1,189 @@
+"""The lease watchdog: a small process of its own that ends a run's sandbox when the run's
+lease was not renewed in time, even while floom's own process is frozen or cut off.
+
+It is floom's code only, run as `python3 -I -S <this file>` (no site, no environment, no
+import of floom or of anything outside the standard library) in a session of its own, so a
+SIGSTOP of floom's process or process group does not stop it. Its one input is a pipe from
+floom (floom/sandbox/fence.py), one line per change, none carrying a worker's bytes:
+
+    deadline <key> <monotonic seconds>   the attempt's sandboxes end at this CLOCK_MONOTONIC
+    watch <key> cgroup:<dir>             a directory of one of its sandboxes' cgroups
+    watch <key> group:<pgid>             its launcher's process group (no cgroup on the node)
+    unwatch <key> <target>               that sandbox ended on its own
+    forget <key>                         the attempt ended
+
+A key is `<run id>.<lease epoch>`. Once a key's deadline passes, every process of its
+targets is killed and the key stays fired: a later `watch` of it is killed at once and a
+later `deadline` changes nothing. When the pipe closes (floom exited or died), the targets
+still watched are killed at once (their node is gone; nobody would record their end) and the
+watchdog exits.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import sys
+import time
+
+# A floom run id (run_<hex>) and its lease epoch.
+_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}\.[0-9]{1,18}")
+_KILL_SECONDS = 5.0
+
+
+class _Attempt:
+    __slots__ = ("deadline", "targets", "fired")
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None
+        self.targets: set[str] = set()
+        self.fired = False
+
+
+def _valid_target(target: str) -> bool:
+    kind, _, value = target.partition(":")
+    if kind == "cgroup":
+        # A run's cgroup directory as floom makes them: .../floom/run-<hex>.
+        parent, name = os.path.split(value)
+        return (
+            os.path.isabs(value)
+            and os.path.normpath(value) == value
+            and os.path.basename(parent) == "floom"
+            and name.startswith("run-")
+        )
+    if kind == "group":
+        return value.isdigit() and int(value) > 1
+    return False
+
+
+def _read_pids(directory: str) -> list[int]:
+    try:
+        with open(os.path.join(directory, "cgroup.procs"), "rb") as file:
+            return [int(p) for p in file.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def kill_target(target: str) -> None:
+    """Kill every process of `target` until none is left (bounded). A cgroup v2 directory
+    with cgroup.kill is killed by the kernel in one step; otherwise each pid it lists is
+    sent SIGKILL, pass after pass (its process limit bounds what a fork can add)."""
+    kind, _, value = target.partition(":")
+    if kind == "group":
+        try:
+            os.killpg(int(value), signal.SIGKILL)
+        except OSError:
+            pass
+        return
+    kill_file = os.path.join(value, "cgroup.kill")
+    deadline = time.monotonic() + _KILL_SECONDS
+    while time.monotonic() < deadline:
+        pids = _read_pids(value)
+        if not pids:
+            return
+        if os.path.exists(kill_file):
+            try:
+                with open(kill_file, "w") as file:
+                    file.write("1")
+            except OSError:
+                pass
+        else:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        time.sleep(0.005)
+
+
+def _say(message: str) -> None:
+    try:
+        os.write(2, f"floom-watchdog: {message}\n".encode())
+    except OSError:
+        pass
+
+
+class Watchdog:
+    def __init__(self) -> None:
+        self.attempts: dict[str, _Attempt] = {}
+
+    def handle(self, line: str) -> None:
+        words = line.split(" ")
+        if len(words) < 2 or not _KEY.fullmatch(words[1]):
+            _say(f"ignored a malformed line ({len(line)} characters)")
+            return
+        verb, key = words[0], words[1]
+        if verb == "forget" and len(words) == 2:
+            self.attempts.pop(key, None)
+            return
+        attempt = self.attempts.setdefault(key, _Attempt())
+        if verb == "deadline" and len(words) == 3:
+            try:
+                deadline = float(words[2])
+            except ValueError:
+                return
+            if not attempt.fired:
+                attempt.deadline = deadline
+        elif verb == "watch" and len(words) == 3 and _valid_target(words[2]):
+            attempt.targets.add(words[2])
+            if attempt.fired:
+                kill_target(words[2])
+        elif verb == "unwatch" and len(words) == 3:
+            attempt.targets.discard(words[2])
+        else:
+            _say(f"ignored a malformed line ({len(line)} characters)")
+
+    def fire_due(self, now: float) -> None:
+        for key, attempt in self.attempts.items():
+            if attempt.fired or attempt.deadline is None or attempt.deadline > now:
+                continue
+            attempt.fired = True
+            if attempt.targets:
+                _say(f"lease of {key} not renewed in time: ending its sandbox")
+            for target in attempt.targets:
+                kill_target(target)
+
+    def next_deadline(self) -> float | None:
+        due = [a.deadline for a in self.attempts.values() if not a.fired and a.deadline]
+        return min(due) if due else None
+
+    def kill_all(self) -> None:
+        for attempt in self.attempts.values():
+            for target in attempt.targets:
+                kill_target(target)
+        self.attempts.clear()
+
+
+def main() -> int:
+    # Not stopped by what stops floom's process group; a terminal's signals are not ours.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(sig, signal.SIG_IGN)
+    watchdog = Watchdog()
+    fd = sys.stdin.fileno()
+    pending = b""
+    while True:
+        watchdog.fire_due(time.monotonic())
+        due = watchdog.next_deadline()
+        timeout = None if due is None else max(0.0, due - time.monotonic())
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            continue
+        try:
+            data = os.read(fd, 65536)
+        except InterruptedError:
+            continue
+        if not data:
+            watchdog.kill_all()
+            return 0
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        if len(pending) > 4096:
+            pending = b""
+        for raw in lines:
+            watchdog.handle(raw.decode("ascii", "replace"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
