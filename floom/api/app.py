@@ -191,7 +191,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             add_routes(app, router)
         mcp_endpoint = LazyMCPMount(app, settings)
 
-    @app.get("/healthz", tags=["health"], response_model=Health, responses=openapi.errors(503))
+    @app.get("/healthz", tags=["health"], response_model=Health, responses=openapi.errors(429, 503))
     def healthz() -> Health:
         context: Context = app.state.ctx
         with context.engine.connect() as conn:
