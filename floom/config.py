@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import cached_property
 from pathlib import Path
 
@@ -144,8 +145,6 @@ class Settings(BaseSettings):
     @classmethod
     def _networks(cls, value: str) -> str:
         """A typo would silently trust no proxy (or the wrong one): refuse it at start."""
-        from floom.api.forwarded import trusted_networks  # noqa: PLC0415 - stdlib only
-
         trusted_networks(value)
         return value
 
@@ -193,3 +192,23 @@ def mask_password(url: str) -> str:
     import re
 
     return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def trusted_networks(
+    value: str,
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None:
+    """FLOOM_FORWARDED_ALLOW_IPS as networks: addresses or CIDR ranges, comma-separated;
+    None for "*" (trust every peer); an empty list for "" (trust none). Raises ValueError
+    naming an entry that is neither."""
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if "*" in entries:
+        return None
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"'{entry}' is not an address or a network (such as 10.0.0.0/8), nor '*'"
+            ) from None
+    return networks

@@ -14,25 +14,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def trusted_networks(value: str) -> list[Network] | None:
-    """FLOOM_FORWARDED_ALLOW_IPS as networks: addresses or CIDR ranges, comma-separated;
-    None for "*" (trust every peer); an empty list for "" (trust none). Raises ValueError
-    naming an entry that is neither."""
-    entries = [e.strip() for e in value.split(",") if e.strip()]
-    if "*" in entries:
-        return None
-    networks = []
-    for entry in entries:
-        try:
-            networks.append(ipaddress.ip_network(entry, strict=False))
-        except ValueError:
-            raise ValueError(
-                f"'{entry}' is not an address or a network (such as 10.0.0.0/8), nor '*'"
-            ) from None
-    return networks
+from floom.config import trusted_networks
 
 
 class ForwardedHeaders:
