@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +30,7 @@ from floom.sandbox import seccomp
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import LocalSandbox
 from floom.sandbox.ns_mount import Mount, NamespaceMounter
-from floom.sandbox.standby import READY, Launcher, launcher_script
+from floom.sandbox.standby import READY, Launcher, launcher_script, memory_file
 
 REPO = Path(__file__).resolve().parent.parent
 HELLO = REPO / "workers" / "hello"
@@ -55,14 +55,15 @@ _MOUNTER = NamespaceMounter()
 class Launch:
     """What floom started one sandbox with: the launcher's own command line (the mount
     namespace it made ahead of the run, when root), the mounts floom made in that namespace
-    from its own process, the stage's shell lines, bubblewrap's command line and
-    environment, and the sandbox's /etc/resolv.conf."""
+    from its own process, the stage's shell lines, bubblewrap's command line, what the
+    sandbox's entry shell reads on its stdin (the run's environment and command), and the
+    sandbox's /etc/resolv.conf."""
 
     launcher: list[str]
     mounts: tuple[Mount, ...]
     prelude: str
     argv: list[str]
-    env: dict[str, str]
+    command_input: bytes
     resolv_conf: bytes
 
 
@@ -88,7 +89,7 @@ def _recording_launches(seen: list[Launch]) -> Iterator[None]:
     def recording_start(
         launcher: Launcher,
         argv: Sequence[str],
-        env: Mapping[str, str],
+        command_input: bytes,
         *,
         resolv_conf: bytes,
         prelude: str = "",
@@ -96,8 +97,9 @@ def _recording_launches(seen: list[Launch]) -> Iterator[None]:
         args = [str(a) for a in launcher.proc.args]  # type: ignore[union-attr]
         whole = sent_ahead.pop(id(launcher), "") + prelude
         mounts = mounted.pop(launcher.proc.pid, ())
-        seen.append(Launch(args, mounts, whole, [str(a) for a in argv], dict(env), resolv_conf))
-        real_start(launcher, argv, env, resolv_conf=resolv_conf, prelude=prelude)
+        argv = [str(a) for a in argv]
+        seen.append(Launch(args, mounts, whole, argv, command_input, resolv_conf))
+        real_start(launcher, argv, command_input, resolv_conf=resolv_conf, prelude=prelude)
 
     with _record_lock:
         Launcher.begin = recording_begin  # type: ignore[method-assign]
@@ -179,6 +181,7 @@ class FloorSlot:
         resolv_r, resolv_w = os.pipe()
         os.write(resolv_w, self.launch.resolv_conf)
         os.close(resolv_w)
+        input_fd = memory_file(self.launch.command_input)
         fds = {
             "--info-fd": info_w,
             "--block-fd": release_r,
@@ -190,7 +193,8 @@ class FloorSlot:
             if arg in fds:
                 argv[i + 1] = str(fds[arg])
         # The launcher started and fed in one go, as floom's would be without a standby.
-        script = launcher_script(argv, self.launch.env, prelude=self.launch.prelude)
+        stdin = f"/proc/{os.getpid()}/fd/{input_fd}"
+        script = launcher_script(argv, stdin=stdin, prelude=self.launch.prelude)
         try:
             t0 = time.perf_counter()
             proc = subprocess.Popen(
@@ -215,7 +219,7 @@ class FloorSlot:
                     proc.wait()
             elapsed = time.perf_counter() - t0
         finally:
-            for fd in (info_r, *fds.values()):
+            for fd in (info_r, input_fd, *fds.values()):
                 os.close(fd)
         if proc.returncode != 0:
             raise RuntimeError(f"floor run failed ({proc.returncode}): {stderr[-400:]!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from functools import cached_property
 from pathlib import Path
+from typing import Final
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,8 +40,19 @@ class Settings(BaseSettings):
     # worker runs in unless its worker.yml names one. E2B_DOMAIN etc. are the SDK's own.
     e2b_api_key: str = ""
     e2b_template: str = "base"
-    # When floom runs as root, local sandboxes run as this host uid (and gid), never root.
-    sandbox_uid: int = Field(65534, ge=1)
+    # When floom runs as root, each running local sandbox has a host uid (and gid) of its own
+    # from [base, base + count), never root (floom/sandbox/uid_pool.py; README: Sandbox uids).
+    sandbox_uid_base: int = Field(0x70000000, ge=1, le=2**31 - 1)
+    sandbox_uid_count: int = Field(1024, ge=1, le=1 << 20)
+    # Ceilings on what one run's worker.yml `limits` may ask for on this server (unset: only
+    # worker.yml's own bounds); a worker over one is refused at deploy and by validate
+    # (floom/services/limit_ceilings.py; README: Resource limits).
+    max_timeout_seconds: int | None = Field(None, ge=1)
+    max_memory_mb: int | None = Field(None, ge=16)
+    max_processes: int | None = Field(None, ge=8)
+    max_cpu: float | None = Field(None, ge=0.05)
+    max_disk_mb: int | None = Field(None, ge=1)
+    max_tool_iterations: int | None = Field(None, ge=1)
     executor_slots: int = 4
     # A line per HTTP request on stdout (uvicorn's access log): about 0.3 ms of the server's
     # CPU each, and what matters of a run, webhook or decision is in the store already.
@@ -176,6 +188,11 @@ class Settings(BaseSettings):
     def work_root(self) -> Path:
         return self.data_dir / "runs"
 
+    def limit_ceilings(self) -> dict[str, float]:
+        """The ceilings set on this server, by the worker.yml limit each caps."""
+        found = {key: getattr(self, setting) for key, setting in LIMIT_CEILINGS.items()}
+        return {key: value for key, value in found.items() if value is not None}
+
     @property
     def role_set(self) -> set[str]:
         return {r.strip() for r in self.roles.split(",") if r.strip()}
@@ -185,6 +202,17 @@ class Settings(BaseSettings):
             return self.examples_dir if self.examples_dir.is_dir() else None
         shipped = Path(__file__).resolve().parent.parent / "workers"
         return shipped if shipped.is_dir() else None
+
+
+LIMIT_CEILINGS: Final = {
+    "timeout_seconds": "max_timeout_seconds",
+    "memory_mb": "max_memory_mb",
+    "processes": "max_processes",
+    "cpu": "max_cpu",
+    "disk_mb": "max_disk_mb",
+    "max_tool_iterations": "max_tool_iterations",
+}
+"""worker.yml's `limits.<key>`: the setting of its ceiling (floom/services/limit_ceilings.py)."""
 
 
 def mask_password(url: str) -> str:

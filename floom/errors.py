@@ -166,6 +166,12 @@ class SecretMissing(FloomError):
     code = "secret_missing"
 
 
+class SecretNameRefused(InvalidRequest):
+    """A secret's name would change how programs load or run (LD_*, PYTHON*, PATH, FLOOM_*...)."""
+
+    code = "secret_name_refused"
+
+
 class LimitExceeded(FloomError):
     """A limit set in worker.yml or by the server has been reached."""
 

@@ -34,8 +34,8 @@ SKIPPED_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules"})
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 FIELD_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SECRET_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"
-# The sandbox sets FLOOM_RUN_ID and friends; a secret of that name would shadow them.
-RESERVED_SECRET_PREFIX = "FLOOM_"
+# Names that change how programs load or run (FLOOM_* among them) are refused besides:
+# floom/env_names.py.
 
 INTERPRETERS = {".py": ["python3"], ".sh": ["bash"], ".js": ["node"]}
 _TS_COMMANDS = {

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from floom import env_names
 from floom.manifest import Manifest, Problem
 
 BUILTINS = (
@@ -259,6 +260,11 @@ def _check_source(
                 f"{secret!r} is not a secret name",
                 "upper-case, e.g. LINEAR_TOKEN (set it with `floom secrets set`)",
             )
+        )
+    elif secret is not None and (why := env_names.refusal(secret)):
+        # Never an environment variable, but a secret under this name cannot be set.
+        out.append(
+            Problem(f"{where}.auth_secret", f"{why} as a secret name", env_names.RENAME_HINT)
         )
     return []
 

@@ -14,6 +14,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel
 
+from floom import env_names
 from floom.errors import ManifestAliasesRefused
 from floom.fields import check_value, is_number, kind_of, show, suggest
 from floom.manifest import (
@@ -27,7 +28,6 @@ from floom.manifest import (
     MAX_NETWORK_ALLOW,
     NAME_PATTERN,
     NETWORK_ALLOW_WITHOUT_NETWORK,
-    RESERVED_SECRET_PREFIX,
     SECRET_NAME_PATTERN,
     TOOL_SOURCES,
     TRIGGER_KINDS,
@@ -362,9 +362,9 @@ def _check_secrets(raw: Any, path: str, out: list[Problem]) -> Any:
                 hint += f', e.g. "{suggestion}"'
             out.append(Problem(item_path, f"{show(item)} is not a valid secret name", hint))
             return False
-        if item.startswith(RESERVED_SECRET_PREFIX):
-            message = f"'{item}' is reserved: floom sets {RESERVED_SECRET_PREFIX}* variables"
-            out.append(Problem(item_path, message, "choose a name without that prefix"))
+        if why := env_names.refusal(item):
+            message = f"{why}; a declared secret becomes an environment variable of the run"
+            out.append(Problem(item_path, message, env_names.RENAME_HINT))
             return False
         return True
 

@@ -53,7 +53,7 @@ def parse_manifest(text: str, files: Iterable[str]) -> Manifest:
     """Like check_manifest, but raises ManifestInvalid listing every problem."""
     manifest, problems = check_manifest(text, files)
     if manifest is None:
-        raise _invalid(problems)
+        raise manifest_invalid(problems)
     return manifest
 
 
@@ -90,7 +90,7 @@ def load_folder(folder: Path) -> Manifest:
     """Read and validate a worker folder's worker.yml; raises ManifestInvalid."""
     manifest, problems = check_folder(folder)
     if manifest is None:
-        raise _invalid(problems)
+        raise manifest_invalid(problems)
     return manifest
 
 
@@ -112,7 +112,8 @@ def _check_size(text: str) -> None:
         raise _too_many_bytes()
 
 
-def _invalid(problems: list[Problem]) -> ManifestInvalid:
+def manifest_invalid(problems: list[Problem]) -> ManifestInvalid:
+    """The ManifestInvalid that lists `problems` (each in details, with its hint)."""
     count = len(problems)
     shown = "; ".join(f"{p.path or 'worker.yml'}: {p.message}" for p in problems[:5])
     more = f"; and {count - 5} more" if count > 5 else ""

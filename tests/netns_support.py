@@ -42,15 +42,17 @@ class NamespaceHost:
     address: str
     """The test host's address, inside its namespace."""
     outer_address: str
-    """The other end, in the root namespace: a service bound here is also off-host to a
-    sandbox, and can be an in-process stand-in."""
+    """The other end, in the root namespace: an address of floom's own host, which no
+    sandbox may reach (a stand-in for a sandbox to reach runs inside, by `popen`)."""
     network: str
 
-    def popen(self, argv: list[str]) -> subprocess.Popen[bytes]:
+    def popen(
+        self, argv: list[str], *, stdout: int = subprocess.DEVNULL
+    ) -> subprocess.Popen[bytes]:
         """Start a process inside the test host's namespace."""
         return subprocess.Popen(
             ["ip", "netns", "exec", self.namespace, *argv],
-            stdout=subprocess.DEVNULL,
+            stdout=stdout,
             stderr=subprocess.DEVNULL,
         )
 

@@ -100,3 +100,12 @@ def test_a_script_workers_tools_keep_the_plain_shape_check() -> None:
     manifest = parse_manifest("name: w\ntools: [{builtin: web_fetch}]\n", ["run.py"])
 
     assert manifest.tools == [{"builtin": "web_fetch"}]
+
+
+def test_an_mcp_auth_secret_under_a_refused_name_is_a_problem_saying_why() -> None:
+    problems = problems_of(
+        "name: w\ntools:\n"
+        '  - mcp: {name: linear, url: "https://mcp.linear.app/mcp", auth_secret: LD_PRELOAD}\n'
+    )
+
+    assert "dynamic loader" in problems["tools[0].mcp.auth_secret"].message

@@ -20,8 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from floom.sandbox.local import OWNER_VARIABLE
-from floom.sandbox.network import owner_in_environ
+from floom.sandbox.local import owner_prefix
 from floom.services.run_statuses import FINISHED
 from tests.compose_support import Cluster, compose_cluster
 from tests.conftest import EXAMPLES, deploy_folder, free_port, make_worker, wait_until
@@ -298,18 +297,17 @@ def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_an
 
 def sandbox_pids(work_root: str) -> list[int]:
     """The bwrap processes (the sandboxes' outer and pid 1) started for runs under
-    `work_root`: floom names the run's work dir in their environment (OWNER_VARIABLE)."""
-    marker = os.fsencode(f"{os.path.realpath(work_root)}/")
+    `work_root`: floom names the run in a word of their command line (owner_marker)."""
+    prefix = os.fsencode(owner_prefix(Path(work_root)))
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if not f.read().split(b"\0", 1)[0].endswith(b"bwrap"):
-                    continue
+                argv = f.read().split(b"\0")
         except OSError:
             continue
-        if owner_in_environ(entry, OWNER_VARIABLE, marker) is not None:
+        if argv[0].endswith(b"bwrap") and any(a.startswith(prefix) for a in argv):
             found.append(int(entry))
     return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -15,25 +16,30 @@ from floom.services.examples import deploy_examples
 from floom.services.principal import SYSTEM
 from tests.conftest import EXAMPLES, LiveServer, deploy_folder, wait_for_run
 from tests.netns_support import namespace_host, needs_netns
-from tests.standins.github import github_standin
 
 
-# A sandbox with network reaches public addresses only, so the stand-in listens on a test
-# host's public-range address rather than on loopback.
+# A sandbox with network reaches public addresses only, and none of its own host's, so the
+# stand-in runs on a test host: a public-range address in a network namespace of its own.
 @needs_netns
 def test_github_digest_summarises_a_repository_with_its_token(api: httpx.Client) -> None:
     deploy_folder(api, EXAMPLES / "github-digest")
     token = "ghp_standin_token_123"
     api.put("/api/v1/secrets/GITHUB_TOKEN", json={"value": token})
-    with (
-        namespace_host(public=True) as public,
-        github_standin(token, host=public.outer_address) as gh,
-    ):
-        inputs = {"repo": "acme/api", "days": 3, "api_url": gh["url"]}
-        run_id = api.post("/api/v1/workers/github-digest/runs", json={"inputs": inputs}).json()[
-            "id"
-        ]
-        run = wait_for_run(api, run_id, timeout=60)
+    with namespace_host(public=True) as public:
+        argv = [sys.executable, "-m", "tests.standins.github", token, public.address]
+        server = public.popen(argv, stdout=subprocess.PIPE)
+        try:
+            assert server.stdout is not None
+            url = server.stdout.readline().decode().strip()
+            inputs = {"repo": "acme/api", "days": 3, "api_url": url}
+            run_id = api.post("/api/v1/workers/github-digest/runs", json={"inputs": inputs}).json()[
+                "id"
+            ]
+            run = wait_for_run(api, run_id, timeout=60)
+        finally:
+            server.kill()
+            out, _ = server.communicate(timeout=10)
+    seen = [json.loads(line) for line in out.decode().splitlines() if line.startswith("[")]
     assert run["status"] == "succeeded", run
     assert run["outputs"]["commits"] == 2
     assert run["outputs"]["issues_opened"] == 1
@@ -42,7 +48,7 @@ def test_github_digest_summarises_a_repository_with_its_token(api: httpx.Client)
     assert [a["name"] for a in run["artifacts"]] == ["digest.md"]
     digest = api.get(run["artifacts"][0]["url"]).text
     assert "a1b2c3d Fix the parser" in digest
-    assert {auth for _, auth in gh["requests"]} == {f"Bearer {token}"}
+    assert {auth for _, auth in seen} == {f"Bearer {token}"}
     logs = api.get(f"/api/v1/runs/{run_id}/logs").text
     assert token not in logs
 

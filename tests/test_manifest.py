@@ -289,8 +289,47 @@ def test_secrets_must_be_unique_upper_case_names() -> None:
     assert problems["secrets[1]"].hint is not None
     assert '"OPENAI_KEY"' in problems["secrets[1]"].hint
     assert "twice" in problems["secrets[2]"].message
-    assert "reserved" in problems["secrets[3]"].message
+    assert "floom sets FLOOM_* variables" in problems["secrets[3]"].message
     assert manifest_with("secrets: [API_KEY, _PRIVATE2]\n").secrets == ["API_KEY", "_PRIVATE2"]
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("LD_PRELOAD", "dynamic loader"),
+        ("LD_LIBRARY_PATH", "dynamic loader"),
+        ("GCONV_PATH", "C library"),
+        ("GLIBC_TUNABLES", "C library"),
+        ("MALLOC_TRACE", "allocator"),
+        ("BASH_ENV", "shells"),
+        ("ENV", "shells"),
+        ("IFS", "shells"),
+        ("PATH", "floom sets it"),
+        ("HOME", "floom sets it"),
+        ("PYTHONPATH", "Python"),
+        ("PYTHONSTARTUP", "Python"),
+        ("NODE_OPTIONS", "Node.js"),
+        ("PERL5OPT", "Perl"),
+        ("RUBYOPT", "Ruby"),
+        ("JAVA_TOOL_OPTIONS", "Java"),
+        ("FLOOM_SANDBOX_FOR", "FLOOM_*"),
+    ],
+)
+def test_a_secret_name_that_changes_how_programs_load_or_run_is_refused_saying_why(
+    name: str, why: str
+) -> None:
+    for key in ("secrets", "apply_secrets"):
+        extra = "approvals: {required: true}\n" if key == "apply_secrets" else ""
+        problems = problems_of(f"name: w\n{extra}{key}: [API_KEY, {name}]\n")
+
+        assert list(problems) == [f"{key}[1]"], problems
+        assert why in problems[f"{key}[1]"].message
+        assert "LD_*" in (problems[f"{key}[1]"].hint or "")
+
+
+def test_names_beside_the_refused_ones_stay_allowed() -> None:
+    allowed = ["NODE_ENV", "OPENAI_API_KEY", "LDAP_PASSWORD", "PATHWAY_TOKEN", "HOMEPAGE_KEY"]
+    assert manifest_with(f"secrets: [{', '.join(allowed)}]\n").secrets == allowed
 
 
 def test_retries_may_be_a_bare_count() -> None:

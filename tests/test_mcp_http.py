@@ -276,6 +276,9 @@ def test_secrets_are_set_listed_by_name_and_deleted_but_never_shown(server: Live
             assert all(value not in text_of(r) for r in results)
             error = await call_error(mcp, "delete_secret", name="API_TOKEN")
             assert error["code"] == "not_found"
+            refused = await call_error(mcp, "set_secret", name="LD_PRELOAD", value="/work/x.so")
+            assert refused["code"] == "secret_name_refused"
+            assert "dynamic loader" in refused["message"]
 
     anyio.run(session)
 

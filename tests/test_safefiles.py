@@ -95,7 +95,9 @@ def test_a_walk_past_its_deadline_stops_and_a_cancel_ends_it(tmp_path: Path) -> 
     assert cancelled.cancelled and cancelled.artifacts == []
 
 
-def test_collected_artifacts_have_secrets_redacted_in_names_and_text_only(tmp_path: Path) -> None:
+def test_collected_artifacts_have_secrets_redacted_in_names_text_and_binary_bytes(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "a-tok123.txt").write_text("value tok123 here")
     (tmp_path / "b.bin").write_bytes(b"\0tok123")
     (tmp_path / "c-tok123.txt").write_text("second")
@@ -106,6 +108,6 @@ def test_collected_artifacts_have_secrets_redacted_in_names_and_text_only(tmp_pa
 
     assert [(n, d) for n, d, _ in done.artifacts] == [
         ("a-***.txt", b"value *** here"),
-        ("b.bin", b"\0tok123"),
+        ("b.bin", b"\0******"),  # masked in place, its length kept
         ("c-***.txt", b"second"),
     ]

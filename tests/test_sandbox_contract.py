@@ -230,6 +230,39 @@ def test_an_environment_variable_no_shell_could_name_is_refused_before_anything_
         sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
 
 
+@pytest.mark.parametrize(
+    "name", ["LD_PRELOAD", "GCONV_PATH", "BASH_ENV", "PATH", "PYTHONPATH", "FLOOM_SANDBOX_FOR"]
+)
+def test_a_variable_that_changes_how_programs_load_or_run_is_refused_before_anything_runs(
+    backend: str, tmp_path: Path, name: str
+) -> None:
+    # The last line of floom/env_names.py's rule, behind secrets set and worker.yml.
+    sandbox = build(backend)
+    spec = SandboxSpec(
+        run_id="r",
+        command=["true"],
+        workdir=tmp_path,
+        output_dir=tmp_path,
+        env={"FLOOM_RUN_ID": "r", name: str(tmp_path / "lib.so")},
+    )
+    with pytest.raises(InvalidRequest, match=f"{name} is refused"):
+        sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"BIG": "x" * (128 * 1024)}, {f"PART_{i}": "x" * (100 * 1024) for i in range(12)}],
+    ids=["one variable", "all of them"],
+)
+def test_an_environment_no_process_could_start_with_is_refused_before_anything_runs(
+    backend: str, tmp_path: Path, env: dict[str, str]
+) -> None:
+    sandbox = build(backend)
+    spec = SandboxSpec(run_id="r", command=["true"], workdir=tmp_path, output_dir=tmp_path, env=env)
+    with pytest.raises(InvalidRequest, match="bytes"):
+        sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
+
+
 # -- sessions: several commands in one workspace ----------------------------------------------
 
 

@@ -424,17 +424,58 @@ def test_io_uring_ptrace_keyrings_and_bpf_are_refused_with_eperm(tmp_path: Path)
     ]
 
 
+def test_sockets_of_families_other_than_unix_ip_and_netlink_routing_are_refused(
+    tmp_path: Path,
+) -> None:
+    result, lines = run_script(
+        tmp_path,
+        """
+        import errno, socket
+        tried = {
+            "unix": (1, 1, 0), "inet": (2, 2, 0), "inet6": (10, 2, 0),
+            "netlink-route": (16, 3, 0),
+            "vsock": (40, 1, 0), "packet": (17, 3, 0), "xdp": (44, 3, 0),
+            "netlink-uevent": (16, 3, 15), "netlink-sock-diag": (16, 3, 4),
+            "netlink-audit": (16, 3, 9), "netlink-generic": (16, 3, 16),
+            "alg": (38, 5, 0), "key": (15, 3, 2),
+        }
+        for name, (family, kind, protocol) in tried.items():
+            try:
+                socket.socket(family, kind, protocol).close()
+                print(name, "ok")
+            except OSError as exc:
+                print(name, errno.errorcode[exc.errno])
+        try:
+            socket.socketpair(40, 1).close()
+            print("socketpair-vsock ok")
+        except OSError as exc:
+            print("socketpair-vsock", errno.errorcode[exc.errno])
+        """,
+    )
+
+    assert result.exit_code == 0, lines
+    seen = dict(line.split() for line in stdout(lines))
+    assert {name: seen.pop(name) for name in ("unix", "inet", "inet6", "netlink-route")} == {
+        "unix": "ok",
+        "inet": "ok",
+        "inet6": "ok",
+        "netlink-route": "ok",
+    }
+    assert seen == dict.fromkeys(seen, "EAFNOSUPPORT")
+    assert len(seen) == 10
+
+
 @needs_cgroups
 @pytest.mark.parametrize(
-    "sandbox_uid",
+    "switched",
     [
-        pytest.param(None, id="the-default-uid"),
+        pytest.param(True, id="the-default-uids"),
         # Started as floom's own uid there is no stage between the launcher and bwrap.
-        pytest.param(os.geteuid(), id="floom-s-own-uid"),
+        pytest.param(False, id="floom-s-own-uid"),
     ],
 )
 def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(
-    tmp_path: Path, sandbox_uid: int | None
+    tmp_path: Path, switched: bool
 ) -> None:
     # Read from the host while the run waits: inside, its cgroup namespace may show its own
     # cgroup as "/".
@@ -457,7 +498,7 @@ def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(
         """,
         command=["python3", "run.py", marker],
         on_line=on_line,
-        sandbox=LocalSandbox() if sandbox_uid is None else LocalSandbox(sandbox_uid=sandbox_uid),
+        sandbox=LocalSandbox() if switched else LocalSandbox(uids=None),
     )
 
     assert result.exit_code == 0, lines
@@ -681,8 +722,38 @@ def test_the_seccomp_filter_of_each_architecture_refuses_its_own_syscall_numbers
         assert _run_bpf(program, nr=0x40000000 | allowed[0], arch=audit_arch) == eperm  # x32
 
 
-def _run_bpf(program: bytes, *, nr: int, arch: int) -> int:
-    data = struct.pack("=iI", nr, arch)
+@pytest.mark.parametrize(
+    ("machine", "audit_arch", "socket_calls"),
+    [
+        ("x86_64", 0xC000003E, (41, 53)),
+        ("aarch64", 0xC00000B7, (198, 199)),
+    ],
+)
+def test_the_seccomp_filter_of_each_architecture_lets_sockets_of_four_families_alone(
+    machine: str, audit_arch: int, socket_calls: tuple[int, int]
+) -> None:
+    program = seccomp.deny_filter(machine)
+    allow = 0x7FFF0000
+    no_family = 0x00050000 | errno.EAFNOSUPPORT
+    for nr in socket_calls:  # socket, socketpair
+        for family in (1, 2, 10):  # AF_UNIX, AF_INET, AF_INET6
+            assert _run_bpf(program, nr=nr, arch=audit_arch, args=(family, 1, 0)) == allow
+        # AF_NETLINK: the routing protocol only.
+        assert _run_bpf(program, nr=nr, arch=audit_arch, args=(16, 3, 0)) == allow
+        for protocol in (4, 9, 15, 16):  # sock_diag, audit, uevents, generic
+            refused = _run_bpf(program, nr=nr, arch=audit_arch, args=(16, 3, protocol))
+            assert refused == no_family
+        for family in (0, 3, 15, 17, 38, 40, 44, 45, 255, 1 << 16):
+            assert _run_bpf(program, nr=nr, arch=audit_arch, args=(family, 1, 0)) == no_family
+        # Only the int the kernel reads counts: high bits of the register change nothing.
+        assert _run_bpf(program, nr=nr, arch=audit_arch, args=(40 | 2 << 32, 1, 0)) == no_family
+        assert _run_bpf(program, nr=nr, arch=audit_arch, args=(2 | 40 << 32, 1, 0)) == allow
+
+
+def _run_bpf(
+    program: bytes, *, nr: int, arch: int, args: tuple[int, ...] = (0, 0, 0, 0, 0, 0)
+) -> int:
+    data = struct.pack("=iIQ6Q", nr, arch, 0, *args, *(0,) * (6 - len(args)))
     pc = 0
     accumulator = 0
     while True:
@@ -1033,7 +1104,7 @@ def test_protections_say_whether_the_kernel_or_a_poll_bounds_the_disk() -> None:
     if os.geteuid() == 0:
         assert enforced == bool(os.path.exists("/dev/loop-control") and shutil.which("mkfs.ext4"))
     # Sandboxes under floom's own uid have no stage to mount a disk on: polled.
-    own = LocalSandbox(sandbox_uid=0)
+    own = LocalSandbox(uids=None)
     assert own.disks is None and own.protections()["disk_limit"] == "polled"
     sandbox.close()
     own.close()

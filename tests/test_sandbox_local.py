@@ -20,9 +20,9 @@ from floom.errors import InvalidRequest
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec, get_sandbox
 from floom.sandbox.local import (
     MAX_LINE_BYTES,
-    OWNER_VARIABLE,
     SANDBOX_OUTPUT_DIR,
     SandboxUnavailable,
+    owner_marker,
 )
 from tests.sandbox_support import Lines, run_script
 
@@ -490,14 +490,15 @@ def test_background_processes_end_with_the_worker(sandbox: LocalSandbox, tmp_pat
 
 
 def _bwrap_sleeping_on(folder: Path) -> subprocess.Popen[bytes]:
-    # Marked as floom marks the sandboxes it starts (its command line may name only the
-    # stage's paths).
+    # Marked as floom marks the sandboxes it starts: a word of the command line that names
+    # no host path (the environment is empty, the binds are the stage's when root).
     folder.mkdir(parents=True)
     return subprocess.Popen(
         ["bwrap", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
          "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-         "--bind", str(folder), "/work", "--unshare-all", "--", "sleep", "60"],
-        env={"PATH": "/usr/bin:/bin", OWNER_VARIABLE: str(folder)},
+         "--unshare-all", "--", "/bin/sh", "-c", "exec sleep 60", "floom-run",
+         owner_marker(folder)],
+        env={},
         start_new_session=True,
     )  # fmt: skip
 

@@ -136,7 +136,7 @@ def test_a_launcher_runs_the_lines_sent_ahead_while_the_rest_is_built(tmp_path: 
         wait_until(made.is_dir, timeout=10)
         assert launcher.alive()
 
-        launcher.start([shutil.which("sh") or "sh", "-c", "echo rest"], {}, resolv_conf=b"")
+        launcher.start([shutil.which("sh") or "sh", "-c", "echo rest"], b"", resolv_conf=b"")
         assert launcher.proc.stdout is not None
         assert launcher.proc.stdout.read() == b"rest\n"
         assert launcher.proc.wait(timeout=10) == 0

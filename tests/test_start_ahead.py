@@ -135,9 +135,9 @@ def test_a_run_refused_in_its_queueing_transaction_ends_its_started_sandbox(
     abandoned: list[str] = []
     real_abandon = local_module.LocalSandbox._abandon
 
-    def abandon(self: LocalSandbox, launcher: Any, run_limits: Any) -> None:
+    def abandon(self: LocalSandbox, spec: Any, launcher: Any, run_limits: Any) -> None:
         abandoned.append(str(launcher.proc.pid))
-        real_abandon(self, launcher, run_limits)
+        real_abandon(self, spec, launcher, run_limits)
 
     monkeypatch.setattr(local_module.LocalSandbox, "_abandon", abandon)
     try:

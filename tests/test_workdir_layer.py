@@ -35,7 +35,10 @@ seen = {
 print("SEEN " + json.dumps(seen, sort_keys=True), flush=True)
 with open("data.txt", "a") as f:
     f.write("tampered\\n")
-os.chmod("data.txt", 0o777)
+try:  # refused where the file is the layer's (root's, under a run uid of its own)
+    os.chmod("data.txt", 0o777)
+except PermissionError:
+    pass
 Path("sub/x.txt").write_text("tampered\\n")
 os.remove("keep.txt")
 os.symlink("/etc/passwd", "sub/link")

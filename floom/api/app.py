@@ -32,7 +32,7 @@ from floom.api.address_limit import AddressRateLimit
 from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.forwarded import ForwardedHeaders
 from floom.api.mcp_mount import LazyMCPMount
-from floom.api.routing import add_routes
+from floom.api.routing import EncodedSlashGuard, add_routes
 from floom.api.ui_mount import LazyUI
 from floom.config import ROLES, Settings
 from floom.engine.executor import Executor, interrupt_on_signal
@@ -166,6 +166,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     )
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
+    app.add_middleware(EncodedSlashGuard)
     # Added last, so run first: the client's address is settled before it is counted.
     app.add_middleware(AddressRateLimit, settings=settings)
     app.add_middleware(ForwardedHeaders, trusted=settings.forwarded_allow_ips)

@@ -28,6 +28,7 @@ _MEANING = {
     503: "floom's database (or a service it needs) cannot be reached right now.",
 }
 
+_WITH_BODY = frozenset({"post", "put", "patch", "delete"})
 #: Every route behind an API key can answer these.
 AUTHENTICATED = (401, 403, 429, 503)
 
@@ -62,7 +63,8 @@ WorkerName = Annotated[
 SecretName = Annotated[
     str,
     Path(
-        description="upper case letters, digits and '_'",
+        description="upper case letters, digits and '_'; names that change how programs "
+        "load or run are refused (400 secret_name_refused): LD_*, PYTHON*, PATH, FLOOM_*, ...",
         json_schema_extra={"pattern": secrets.NAME_RE.pattern},
     ),
 ]
@@ -103,6 +105,16 @@ def _document(app: FastAPI) -> dict[str, Any]:
             if invalid and "HTTPValidationError" in str(invalid):
                 invalid["description"] = _MEANING[422]
                 invalid["content"] = {"application/json": {"schema": error_body}}
+        for method, operation in operations.items():
+            answers = operation.setdefault("responses", {})
+            # The body limit (api/body_limit.py) answers any method that may carry a body,
+            # before routing, whether or not the route reads one.
+            if method in _WITH_BODY:
+                answers.setdefault("413", _error_answer(413))
+            # A path whose segment names nothing (one holding an encoded '/', say) is
+            # matched by no route.
+            if "{" in path:
+                answers.setdefault("404", _error_answer(404))
     schemas = doc["components"].setdefault("schemas", {})
     schemas["HandoffCondition"] = CONDITION
     for unused in ("HTTPValidationError", "ValidationError"):
@@ -110,6 +122,13 @@ def _document(app: FastAPI) -> dict[str, Any]:
     doc["x-error-codes"] = floom_errors.catalogue()
     app.openapi_schema = doc
     return doc
+
+
+def _error_answer(status: int) -> dict[str, Any]:
+    return {
+        "description": _MEANING[status],
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+    }
 
 
 def install(app: FastAPI) -> None:

@@ -19,7 +19,7 @@ from floom.engine.queue import Outcome
 from floom.engine.runlog import RunLog
 from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
-from floom.errors import FloomError
+from floom.errors import FloomError, SecretNameRefused
 from floom.sandbox import e2b_api_key
 from floom.sandbox.fence import fence_key
 from floom.services import agent_runs, workers
@@ -146,7 +146,15 @@ class Attempt:
         """Resolve the named secrets into `secrets` and redact their values (and
         `also_redact`) from the run's log from now on. Returns the outcome that ends the
         attempt when one of them is not set, else None."""
-        values, missing = secret_service.resolve(self.ctx, list(names))
+        names = list(names)
+        if refused := secret_service.refused_for_runs(names):
+            return Outcome(
+                status=FAILED,
+                error_code=SecretNameRefused.code,
+                error_message=refused,
+                retryable=False,
+            )
+        values, missing = secret_service.resolve(self.ctx, names)
         if missing:
             return missing_secret_outcome(missing)
         self.secrets = values

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from floom.config import Settings
 from floom.errors import InvalidRequest
 from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec, SandboxUnavailable
-from floom.sandbox.identity import DEFAULT_SANDBOX_UID
 from floom.sandbox.local import LocalSandbox
+from floom.sandbox.uid_pool import UidRange
 
 __all__ = [
     "BACKENDS",
@@ -32,7 +32,12 @@ def e2b_api_key(settings: Settings) -> str:
 
 
 def _local(settings: Settings | None) -> Sandbox:
-    return LocalSandbox(sandbox_uid=settings.sandbox_uid if settings else DEFAULT_SANDBOX_UID)
+    if settings is None:
+        return LocalSandbox()
+    return LocalSandbox(
+        uids=UidRange(settings.sandbox_uid_base, settings.sandbox_uid_count),
+        ceilings=settings.limit_ceilings(),
+    )
 
 
 def _e2b(settings: Settings | None) -> Sandbox:

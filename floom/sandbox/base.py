@@ -8,6 +8,7 @@ tests/test_sandbox_contract.py runs one suite over every backend.
 from __future__ import annotations
 
 import abc
+import os
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -15,11 +16,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from floom import env_names
 from floom.errors import FloomError, InvalidRequest
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What a sandbox's environment variable may be called: a name every shell and program
 can read."""
+MAX_ENV_ENTRY_BYTES = env_names.MAX_ENTRY_BYTES
+MAX_ENV_BYTES = 1024 * 1024
+"""What a sandbox's environment and command may hold in all: half of what the kernel lets a
+program start with under the usual 8 MiB stack."""
 
 
 class SandboxUnavailable(FloomError):
@@ -364,6 +370,7 @@ def validate_spec(spec: SandboxSpec) -> None:
             raise InvalidRequest(
                 f"{label} {path} is not a directory", hint="create it before running the sandbox"
             )
+    total = sum(len(os.fsencode(arg)) + 1 for arg in spec.command)
     for key, value in spec.env.items():
         if not ENV_NAME.fullmatch(key) or "\0" in value:
             raise InvalidRequest(
@@ -371,6 +378,25 @@ def validate_spec(spec: SandboxSpec) -> None:
                 hint="use a name of letters, digits and underscores that does not start "
                 "with a digit, and a value without NUL",
             )
+        # The last line of floom/env_names.py's rule: secrets and worker.yml are checked
+        # where they are named, a name stored before the rule is refused here.
+        if (why := env_names.refusal(key)) and key not in env_names.RUN_VARIABLES:
+            raise InvalidRequest(
+                f"{why}; it cannot be in a sandbox's environment", hint=env_names.RENAME_HINT
+            )
+        entry = len(key) + 2 + len(os.fsencode(value))
+        if entry > MAX_ENV_ENTRY_BYTES:
+            raise InvalidRequest(
+                f"environment variable {key} holds {entry} bytes, over the "
+                f"{MAX_ENV_ENTRY_BYTES} a process's variable can hold",
+                hint="pass large values as inputs or files, not as secrets",
+            )
+        total += entry
+    if total > MAX_ENV_BYTES:
+        raise InvalidRequest(
+            f"the sandbox's environment and command hold {total} bytes, over {MAX_ENV_BYTES}",
+            hint="pass large values as inputs or files, not as secrets",
+        )
     if any("\0" in arg for arg in spec.command):
         raise InvalidRequest(
             "the sandbox's command holds a NUL character",

@@ -83,7 +83,7 @@ _AT_FDCWD: Final = -100
 _MNT_DETACH: Final = 2
 
 
-class DiskUnavailable(OSError):
+class _DiskUnavailable(OSError):
     """A disk could not be made: no loop devices, no mkfs.ext4, not root."""
 
 
@@ -283,7 +283,7 @@ class Disks:
 
 def make_disk(folder: Path, disk_mb: int) -> RunDisk:
     """A disk of `disk_mb` MiB whose image is in `folder` (made as needed), mounted
-    detached; raises OSError (DiskUnavailable when a tool or device is missing)."""
+    detached; raises OSError (_DiskUnavailable when a tool or device is missing)."""
     folder.mkdir(mode=0o700, exist_ok=True)
     template = _template(folder, disk_mb)
     image = folder / f"{secrets.token_hex(8)}.img"
@@ -340,7 +340,7 @@ def _template(folder: Path, disk_mb: int) -> Path:
         return path
     mkfs = _mkfs()
     if mkfs is None:
-        raise DiskUnavailable(errno.ENOENT, "mkfs.ext4 is not on PATH (apt-get install e2fsprogs)")
+        raise _DiskUnavailable(errno.ENOENT, "mkfs.ext4 is not on PATH (apt-get install e2fsprogs)")
     making = folder / f".template-{disk_mb}-{secrets.token_hex(4)}"
     try:
         fd = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -358,7 +358,7 @@ def _template(folder: Path, disk_mb: int) -> Path:
         )
         if done.returncode != 0:
             said = done.stderr.decode("utf-8", "replace").strip()
-            raise DiskUnavailable(errno.EIO, f"mkfs.ext4 failed: {said}")
+            raise _DiskUnavailable(errno.EIO, f"mkfs.ext4 failed: {said}")
         os.rename(making, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -414,7 +414,7 @@ def _attach(image_fd: int) -> tuple[int, int]:
     try:
         control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
     except OSError as exc:
-        raise DiskUnavailable(exc.errno, f"no loop devices: {exc.strerror}") from exc
+        raise _DiskUnavailable(exc.errno, f"no loop devices: {exc.strerror}") from exc
     try:
         for _ in range(32):
             number = fcntl.ioctl(control, _LOOP_CTL_GET_FREE)
@@ -429,7 +429,7 @@ def _attach(image_fd: int) -> tuple[int, int]:
             return number, device_fd
     finally:
         os.close(control)
-    raise DiskUnavailable(errno.EBUSY, "no free loop device")
+    raise _DiskUnavailable(errno.EBUSY, "no free loop device")
 
 
 def _fsmount(device: str) -> int:

@@ -1,7 +1,8 @@
 """Who a sandbox runs as on the host: never root.
 
-When floom runs as root, each sandbox is started as a dedicated unprivileged uid and gid
-(setting `sandbox_uid`). The run's work and output directories are handed to that uid, and
+When floom runs as root, each sandbox is started as an unprivileged uid and gid of its own,
+taken from the range floom owns (floom/sandbox/uid_pool.py) for as long as the sandbox runs.
+The run's work and output directories are handed to that uid, and
 because the path to them may pass through directories only root can enter (a data dir
 under /root), they are bind-mounted onto a stage in the mount namespace of the run's launcher
 (floom/sandbox/standby.py), made before the run, where the sandbox uid can reach them. When
@@ -15,15 +16,15 @@ import os
 import shlex
 import shutil
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Final
 
 from floom.errors import FloomError
 from floom.sandbox import standby
 from floom.sandbox.ns_mount import Mount
+from floom.sandbox.uid_pool import UidRange
 
-DEFAULT_SANDBOX_UID: Final = 65534
 STAGE_DIR: Final = Path("/run/floom-sandbox")
 """The stage: root's directory of empty mount points, world-traversable. A launcher serves one
 run, in a mount namespace of its own: the run's directories are bound onto the stage's fixed
@@ -56,6 +57,10 @@ class SandboxIdentity:
     gid: int
     switched: bool
 
+    def with_uid(self, uid: int) -> SandboxIdentity:
+        """This identity as host uid and gid `uid` (one run's, floom/sandbox/uid_pool.py)."""
+        return replace(self, uid=uid, gid=uid)
+
     def hand_over(self, *paths: Path) -> None:
         """Give the run's directories (and what floom put in them) to the sandbox uid.
         Links are changed themselves, never followed."""
@@ -66,18 +71,6 @@ class SandboxIdentity:
             for root, dirs, files in os.walk(top):
                 for name in (*dirs, *files):
                     os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
-
-    def hand_over_files(self, files: Path) -> None:
-        """Give a version's cached files to the sandbox uid, once: a run sees them only
-        through an overlay (a write lands in its own layer), and owning them lets a script
-        rewrite a version file in place as it could its own copy. The top dir is changed
-        last, so its owner says the whole tree was."""
-        if not self.switched or os.lstat(files).st_uid == self.uid:
-            return
-        for root, dirs, names in os.walk(files, topdown=False):
-            for name in (*dirs, *names):
-                os.chown(os.path.join(root, name), self.uid, self.gid, follow_symlinks=False)
-        os.chown(files, self.uid, self.gid, follow_symlinks=False)
 
     def bind_sources(self, workdir: Path, output_dir: Path) -> tuple[str, str]:
         """The paths bubblewrap binds the run's work and output dirs from."""
@@ -230,8 +223,41 @@ def _stage_tools() -> dict[str, str | None]:
 _tools: dict[str, str | None] | None = None
 
 
-def sandbox_identity(configured_uid: int = DEFAULT_SANDBOX_UID) -> SandboxIdentity:
-    """The identity sandboxes get from a floom running as the current user."""
-    if os.geteuid() == 0 and configured_uid != 0:
-        return SandboxIdentity(uid=configured_uid, gid=configured_uid, switched=True)
+def share_files(files: Path) -> None:
+    """Make a version's cached files fit to lie under any run's work dir, once: a run sees
+    them only through an overlay, where a write copies the file up into the run's own layer
+    and never reaches them, but overlayfs lets the run's uid open a file for writing (or
+    add and remove names in a folder) only as the file's mode allows. Runs have uids of
+    their own, so the files stay root's, every folder 0777 and every file writable by all
+    (its execute bits kept): a script rewrites a version file in place as it could its own
+    copy. No host process but root reaches them: the data dir is 0700 (and the versions
+    folder is made so here). Links are changed themselves, never followed. The top folder
+    is changed last, so its mode says the whole tree was."""
+    if os.geteuid() != 0:
+        return
+    top = os.lstat(files)
+    if stat.S_IMODE(top.st_mode) == 0o777 and top.st_uid == 0:
+        return
+    parent = os.lstat(files.parent)
+    if parent.st_uid == 0 and stat.S_IMODE(parent.st_mode) & 0o077:
+        os.chmod(files.parent, 0o700)
+    for root, dirs, names in os.walk(files, topdown=False):
+        for name in (*dirs, *names):
+            path = os.path.join(root, name)
+            os.chown(path, 0, 0, follow_symlinks=False)
+            found = os.lstat(path)
+            if stat.S_ISDIR(found.st_mode):
+                os.chmod(path, 0o777)
+            elif stat.S_ISREG(found.st_mode):
+                os.chmod(path, stat.S_IMODE(found.st_mode) | 0o666)
+    os.chown(files, 0, 0, follow_symlinks=False)
+    os.chmod(files, 0o777)
+
+
+def sandbox_identity(uids: UidRange | None = None) -> SandboxIdentity:
+    """The identity sandboxes get from a floom running as the current user: as root, the
+    first uid of `uids` (each run's own is `with_uid` of its lease); otherwise, or without
+    `uids`, floom's own uid."""
+    if os.geteuid() == 0 and uids is not None:
+        return SandboxIdentity(uid=uids.base, gid=uids.base, switched=True)
     return SandboxIdentity(uid=os.geteuid(), gid=os.getegid(), switched=False)

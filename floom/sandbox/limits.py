@@ -214,11 +214,14 @@ class RunLimits:
             return used.uncounted
         return DISK if used.bytes >= spec_disk_bytes(self.spec) else None
 
-    def close(self) -> None:
-        """Kill whatever is left of the run and remove its cgroup."""
-        if self.cgroup is not None:
-            self.cgroup.remove()
-            self.cgroup = None
+    def close(self) -> bool:
+        """Kill whatever is left of the run and remove its cgroup; False when a process of
+        the run may be left (the cgroup stayed)."""
+        if self.cgroup is None:
+            return True
+        removed = self.cgroup.remove()
+        self.cgroup = None
+        return removed
 
 
 def spec_disk_bytes(spec: SandboxSpec) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import hashlib
 import os
 import shutil
 import signal
@@ -16,11 +17,12 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
+from floom.config import LIMIT_CEILINGS
 from floom.sandbox import cgroups, limits, seccomp
 from floom.sandbox.base import (
     LineSink,
@@ -34,10 +36,10 @@ from floom.sandbox.base import (
 from floom.sandbox.disks import Disks, RunDisk
 from floom.sandbox.fence import node_fence
 from floom.sandbox.identity import (
-    DEFAULT_SANDBOX_UID,
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
+    share_files,
     stage_script,
 )
 from floom.sandbox.network import (
@@ -45,22 +47,29 @@ from floom.sandbox.network import (
     SANDBOX_RESOLV_CONF,
     attach_user_networking,
     floom_slirp_owner,
-    owner_in_environ,
     protection_summary,
 )
 from floom.sandbox.ns_mount import NamespaceMounter
-from floom.sandbox.standby import ChildFds, Launcher, Standby
+from floom.sandbox.standby import ENTRY_NAME, ChildFds, Launcher, Standby, command_input
 from floom.sandbox.supervisor import MAX_LINE_BYTES, Supervisor
+from floom.sandbox.uid_pool import UidLease, UidPool, UidRange
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 
 SANDBOX_WORKDIR: Final = "/work"
 SANDBOX_OUTPUT_DIR: Final = "/output"
 SANDBOX_HOSTNAME: Final = "floom"
-OWNER_VARIABLE: Final = "FLOOM_SANDBOX_FOR"
-"""In bubblewrap's environment, never its command's: the run's work dir, so that a later
-executor can recognise (and kill) the sandboxes a killed predecessor left behind. The command
-line cannot say it: started as another uid, bubblewrap binds from the stage's fixed paths."""
+OWNER_MARK: Final = "floom-sandbox:"
+"""Starts the word of bubblewrap's command line that names the run a sandbox serves, so that
+a later executor can recognise (and kill) the sandboxes a killed predecessor left behind:
+`owner_marker`, a digest of the work root and the run dir's name, no host path."""
+SANDBOX_SHELL: Final = "/bin/sh"
+ENTRY_SCRIPT: Final = '. /dev/stdin; : >/dev/stdin; exec </dev/null "$@"'
+"""The sandbox's first process, a shell started by bubblewrap after the drop, runs this: it
+sources its stdin (standby.command_input: the run's environment, and the command as its
+arguments, which no process with floom's privileges reads), empties that memory file so
+that no process holds the run's secrets in it any more, and execs the command with stdin
+from /dev/null. A shell that cannot read or empty it exits with its own error."""
 _MOUNTER = NamespaceMounter()
 """The one thread per process that mounts runs' stages in their launchers' namespaces."""
 INERT_ENV: Final = {
@@ -95,11 +104,14 @@ class LocalSandbox(Sandbox):
     gives each run dir a filesystem of `disk_mb` (floom/sandbox/disks.py, `make_run_dir`):
     the kernel bounds its disk use; otherwise the disk use is polled. Where no cgroup is
     usable, memory falls back to a per-process RLIMIT_DATA. /tmp and /dev/shm are tmpfs of
-    the memory limit's size. The process runs as an unprivileged
-    host uid (floom/sandbox/identity.py) without capabilities, under a seccomp filter
-    (floom/sandbox/seccomp.py). The environment reaches bwrap through the launcher's
-    exports and execve, never an argv, so declared secrets do not show in the host's
-    process list. `on_line` is called from the thread that called `run`.
+    the memory limit's size. The process runs as an unprivileged host uid of its own while
+    it runs (floom/sandbox/identity.py, uid_pool.py) without capabilities, under a seccomp
+    filter (floom/sandbox/seccomp.py). Every process the launcher starts before the
+    sandbox's process (setpriv, bubblewrap, the sandbox's pid 1) starts with an empty
+    environment: the run's environment and command reach only the sandbox's first process,
+    after the drop, through a memory file (ENTRY_SCRIPT), so no process with floom's
+    privileges reads a byte of them and declared secrets do not show in the host's process
+    list. `on_line` is called from the thread that called `run`.
     """
 
     name = "local"
@@ -123,6 +135,7 @@ class LocalSandbox(Sandbox):
         # starting it and bwrap arming that signal; such a sandbox would run on unattended.
         # slirp4netns exits when its exit fd closes with floom; this catches any that did not.
         marker = os.fsencode(f"{work_root.resolve()}/")
+        ours = os.fsencode(owner_prefix(work_root))
         found: list[tuple[int, str]] = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -132,12 +145,11 @@ class LocalSandbox(Sandbox):
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            owner: bytes | None = None
             if argv[0].endswith(b"bwrap"):
-                owner = owner_in_environ(entry, OWNER_VARIABLE, marker)
-            else:
-                owner = floom_slirp_owner(entry, argv, marker)
-            if owner is not None:
+                run_dir = next((a[len(ours) :] for a in argv if a.startswith(ours)), None)
+                if run_dir is not None:
+                    found.append((int(entry), _run_id_of_dir(run_dir)))
+            elif (owner := floom_slirp_owner(entry, argv, marker)) is not None:
                 found.append((int(entry), _run_id_of(owner, marker)))
         live = set(live_run_ids()) if found else set()
         killed = 0
@@ -152,9 +164,21 @@ class LocalSandbox(Sandbox):
         cgroups.remove_stale(cgroups.detect())
         return killed
 
-    def __init__(self, *, sandbox_uid: int = DEFAULT_SANDBOX_UID) -> None:
+    def __init__(
+        self,
+        *,
+        uids: UidRange | None = UidRange(),
+        ceilings: Mapping[str, float] | None = None,
+    ) -> None:
+        """`uids`: the host uids a root floom's sandboxes run as, one each while it runs
+        (floom/sandbox/uid_pool.py); None runs them as floom's own uid. `ceilings`: the
+        most a run may ask for, by limit (Settings.limit_ceilings): a spec over one is
+        refused, whenever its version was deployed."""
         self._prefix: tuple[str, ...] | None = None
-        self._identity: SandboxIdentity = sandbox_identity(sandbox_uid)
+        self._ceilings = dict(ceilings or {})
+        # The node's identity; each run's is this one with the uid of its lease.
+        self._identity: SandboxIdentity = sandbox_identity(uids)
+        self._uids = UidPool(uids) if uids is not None and self._identity.switched else None
         self.standby = Standby(command=self._identity.launcher_command)
         # A root floom gives each run dir a disk of its own (floom/sandbox/disks.py).
         self.disks: Disks | None = Disks() if self._identity.switched else None
@@ -193,7 +217,7 @@ class LocalSandbox(Sandbox):
             "namespaces": True,
             "user_namespace": "--unshare-user" in self._command_prefix(),
             "unprivileged_uid": self._identity.uid != 0,
-            "sandbox_uid": str(self._identity.uid),
+            "sandbox_uid": str(self._uids.uids if self._uids else self._identity.uid),
             "seccomp": seccomp.supported(),
             "cgroup": f"v{tree.version}" if tree.version else "none",
             "memory_limit": limits.MEMORY in enforced,
@@ -223,8 +247,7 @@ class LocalSandbox(Sandbox):
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult:
-        launcher, run_limits = self._start(spec)
-        return self._supervise(spec, launcher, run_limits, on_line, should_cancel)
+        return self._supervise(spec, *self._start(spec), on_line, should_cancel)
 
     @property
     def starts_ahead(self) -> bool:
@@ -233,11 +256,33 @@ class LocalSandbox(Sandbox):
     def start_ahead(self, spec: SandboxSpec) -> StartedAhead:
         return _StartedAhead(self, spec, *self._start(spec))
 
-    def _start(self, spec: SandboxSpec) -> tuple[Launcher, limits.RunLimits]:
+    def _start(self, spec: SandboxSpec) -> tuple[Launcher, limits.RunLimits, UidLease | None]:
         """A launcher in its limited cgroup, sent `spec`'s command: bwrap makes the sandbox
-        and waits on its block fd until the supervisor releases the command."""
+        and waits on its block fd until the supervisor releases the command. As root, the
+        sandbox runs as a uid of its own (the lease), held until its processes ended."""
         prefix = self._command_prefix()
         validate_spec(spec)
+        over = _over_ceiling(spec, self._ceilings)
+        if over:
+            raise SandboxUnavailable(
+                over,
+                hint="lower the limit in worker.yml and deploy again, or ask the operator "
+                "to raise the setting",
+                retryable=False,
+            )
+        lease = self._uids.take() if self._uids is not None else None
+        try:
+            launcher, run_limits = self._start_as(spec, prefix, lease)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        return launcher, run_limits, lease
+
+    def _start_as(
+        self, spec: SandboxSpec, prefix: tuple[str, ...], lease: UidLease | None
+    ) -> tuple[Launcher, limits.RunLimits]:
+        identity = self._identity if lease is None else self._identity.with_uid(lease.uid)
         disk = self._disk_of(spec)
         # A launcher of a root floom has its own mount namespace, made when it started: it
         # must see the run's directories as floom does (standby.Launcher.sees), but for a
@@ -253,9 +298,9 @@ class LocalSandbox(Sandbox):
         try:
             # Before the run's command can exist: the watchdog ends it with its lease.
             _watch(spec, launcher)
-            self._identity.hand_over(spec.workdir, spec.output_dir)
-            if spec.files is not None:
-                self._identity.hand_over_files(spec.files)
+            identity.hand_over(spec.workdir, spec.output_dir)
+            if spec.files is not None and identity.switched:
+                share_files(spec.files)
             # The limits first: while the mount thread works, this thread's writes to the
             # cgroup's files would trade the GIL with it at every system call (0.50 against
             # 0.12 ms, bench/README.md).
@@ -269,15 +314,15 @@ class LocalSandbox(Sandbox):
             # Mounted from here, in the launcher's namespace (no exec of mount), while the
             # command line is made; the launcher's script makes those left (an exec each).
             pending = _MOUNTER.start(launcher.proc.pid, mounts) if mounts else None
-            argv = _argv(prefix, spec, launcher.child_fds, self._identity)
+            argv = _argv(prefix, spec, launcher.child_fds, identity)
             if pending is not None:
                 made = pending.wait()
                 left = tuple(m for m, done in zip(mounts, made, strict=True) if not done)
                 if left:
                     launcher.begin(stage_script(left))
             launcher.start(
-                [*self._identity.as_sandbox_user(), *argv],
-                _sandbox_env(spec),
+                [*identity.as_sandbox_user(), *argv],
+                command_input(_sandbox_env(spec), spec.command),
                 resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
                 prelude=run_limits.shell_lines(),
             )
@@ -296,12 +341,15 @@ class LocalSandbox(Sandbox):
         spec: SandboxSpec,
         launcher: Launcher,
         run_limits: limits.RunLimits,
+        lease: UidLease | None,
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult:
         with contextlib.ExitStack() as run_scope:
-            # Registered first so it runs last: the cgroup goes once everything else ended.
-            run_scope.callback(run_limits.close)
+            # Registered first so it runs last: the cgroup goes once everything else ended,
+            # and the uid with it.
+            run_scope.callback(_end_limits, run_limits, lease)
+            run_scope.callback(launcher.close_input)
             run_scope.callback(_unwatch, spec, launcher)
 
             def before_command(child_pid: int) -> None:
@@ -328,12 +376,19 @@ class LocalSandbox(Sandbox):
             return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
         return result
 
-    def _abandon(self, spec: SandboxSpec, launcher: Launcher, run_limits: limits.RunLimits) -> None:
+    def _abandon(
+        self,
+        spec: SandboxSpec,
+        launcher: Launcher,
+        run_limits: limits.RunLimits,
+        lease: UidLease | None,
+    ) -> None:
         try:
             Supervisor(launcher.proc, launcher.info_fd, _ignore_line).abandon(launcher.release_fd)
         finally:
+            launcher.close_input()
             _unwatch(spec, launcher)
-            run_limits.close()
+            _end_limits(run_limits, lease)
             self.standby.replenish()
 
     def _command_prefix(self) -> tuple[str, ...]:
@@ -341,8 +396,11 @@ class LocalSandbox(Sandbox):
             bwrap = shutil.which("bwrap")
             if bwrap is None:
                 raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
+            if self._uids is not None:
+                self._uids.check()  # a range that holds a user of this machine is refused
             system = _system_args()
             try:
+                # Probed as the range's first uid: one like every run's.
                 as_sandbox_user = self._identity.as_sandbox_user()
             except IdentityUnavailable as exc:
                 raise SandboxUnavailable(
@@ -361,13 +419,14 @@ class _StartedAhead(StartedAhead):
         spec: SandboxSpec,
         launcher: Launcher,
         run_limits: limits.RunLimits,
+        lease: UidLease | None,
     ) -> None:
         self.spec = spec
         self._sandbox = sandbox
-        self._started: tuple[Launcher, limits.RunLimits] | None = (launcher, run_limits)
+        self._started: _Started | None = (launcher, run_limits, lease)
         self._lock = threading.Lock()
 
-    def _take(self) -> tuple[Launcher, limits.RunLimits] | None:
+    def _take(self) -> _Started | None:
         with self._lock:
             started, self._started = self._started, None
         return started
@@ -404,6 +463,16 @@ def _unwatch(spec: SandboxSpec, launcher: Launcher) -> None:
         node_fence().unwatch(spec.fence, _fence_targets(launcher))
 
 
+_Started = tuple[Launcher, limits.RunLimits, UidLease | None]
+
+
+def _end_limits(run_limits: limits.RunLimits, lease: UidLease | None) -> None:
+    """End what is left of a run and remove its cgroup; then give its uid back, unless a
+    process of the run may still be there (the uid stays taken until floom exits)."""
+    if run_limits.close() and lease is not None:
+        lease.release()
+
+
 def _ignore_line(stream: str, line: str) -> None:
     """What a sandbox discarded before its command printed: bwrap's own words, unread."""
 
@@ -425,8 +494,25 @@ def _not_limited(problem: str) -> SandboxUnavailable:
 
 def _run_id_of(path: bytes, marker: bytes) -> str:
     """The run id in a path under the work root, whose run dirs are named `<run>-<attempt>`."""
-    run_dir = path[path.index(marker) + len(marker) :].split(b"/", 1)[0]
+    return _run_id_of_dir(path[path.index(marker) + len(marker) :].split(b"/", 1)[0])
+
+
+def _run_id_of_dir(run_dir: bytes) -> str:
     return os.fsdecode(run_dir).rsplit("-", 1)[0]
+
+
+def owner_marker(workdir: Path) -> str:
+    """The word of a sandbox's command line that names its owner: the work dir's run dir
+    (`<work root>/<run>-<attempt>/work`) by the work root's digest and its own name. No
+    host path: the sandbox reads its pid 1's command line."""
+    run_dir = os.path.dirname(os.path.realpath(workdir))
+    return owner_prefix(Path(os.path.dirname(run_dir))) + os.path.basename(run_dir)
+
+
+def owner_prefix(work_root: Path) -> str:
+    """How the owner markers of the sandboxes on `work_root`'s run dirs start."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(work_root))).hexdigest()[:24]
+    return f"{OWNER_MARK}{digest}:"
 
 
 def _argv(
@@ -441,25 +527,21 @@ def _argv(
     argv += ("--size", memory, "--tmpfs", "/tmp")
     work, output = identity.bind_sources(spec.workdir, spec.output_dir)
     argv += ("--bind", work, SANDBOX_WORKDIR)
-    argv += ("--bind", output, SANDBOX_OUTPUT_DIR, "--unsetenv", OWNER_VARIABLE)
+    argv += ("--bind", output, SANDBOX_OUTPUT_DIR)
     if fds.seccomp is not None:
         argv += ("--seccomp", str(fds.seccomp))
     argv += ("--ro-bind-data", str(fds.resolv_conf), "/etc/resolv.conf")
     argv += ("--chdir", SANDBOX_WORKDIR, "--remount-ro", "/", "--info-fd", str(fds.info))
     argv += ("--block-fd", str(fds.release))
-    argv.append("--")
-    argv += spec.command
+    # The command and its environment follow on the entry shell's stdin; its first
+    # argument, until the command replaces it, names the run for kill_orphans.
+    argv += ("--", SANDBOX_SHELL, "-c", ENTRY_SCRIPT, ENTRY_NAME, owner_marker(spec.workdir))
     return argv
 
 
 def _sandbox_env(spec: SandboxSpec) -> dict[str, str]:
     # Only the backend knows where the output directory is inside the sandbox.
-    return {
-        **INERT_ENV,
-        **spec.env,
-        "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR,
-        OWNER_VARIABLE: os.path.realpath(spec.workdir),
-    }
+    return {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR}
 
 
 @functools.cache
@@ -532,3 +614,20 @@ def _read_only(path: str) -> list[str]:
     if not os.path.exists(path_to_bind):
         return []
     return ["--ro-bind", path_to_bind, path]
+
+
+def _over_ceiling(spec: SandboxSpec, ceilings: Mapping[str, float]) -> str:
+    """What of `spec` is over this node's ceilings ("" for nothing): a version deployed
+    before a ceiling was set, or on a node with other settings."""
+    for key in _SPEC_LIMITS:
+        top, asked = ceilings.get(key), getattr(spec, key)
+        if top is not None and asked > top:
+            setting = f"FLOOM_{LIMIT_CEILINGS[key].upper()}"
+            return (
+                f"this run asks for {asked:g} (limits.{key}), over this node's ceiling of "
+                f"{top:g} ({setting})"
+            )
+    return ""
+
+
+_SPEC_LIMITS: Final = ("timeout_seconds", "memory_mb", "processes", "cpu", "disk_mb")

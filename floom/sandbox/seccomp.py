@@ -1,4 +1,5 @@
-"""A seccomp filter for script workers: the syscalls a script never needs fail with EPERM.
+"""A seccomp filter for script workers: the syscalls a script never needs fail with EPERM,
+and sockets of an address family it never needs with EAFNOSUPPORT.
 
 The filter is classic BPF, built here so floom needs no libseccomp binding; bubblewrap loads
 it (`--seccomp FD`) after it has set the sandbox up, just before it runs the command.
@@ -15,6 +16,8 @@ from typing import Final
 # struct seccomp_data: int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6];
 _NR_OFFSET: Final = 0
 _ARCH_OFFSET: Final = 4
+_ARGS_OFFSET: Final = 16
+"""args[0]; on these little-endian machines its low 32 bits, all an int argument has."""
 _LD_W_ABS: Final = 0x20  # BPF_LD | BPF_W | BPF_ABS
 _JEQ_K: Final = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 _JGE_K: Final = 0x35  # BPF_JMP | BPF_JGE | BPF_K
@@ -125,6 +128,22 @@ _ARCHES: Final = {
 }
 DENIED_SYSCALLS: Final = tuple(_NAMES)
 
+# The address families a script may open sockets of; any other fails with EAFNOSUPPORT, as
+# on a kernel built without it. Local sockets, IPv4 and IPv6 (through the run's own network
+# namespace), and netlink's routing protocol alone (the C library reads the sandbox's own
+# interfaces and addresses with it). Refused as a class: vsock (reaches the hypervisor and
+# the host's vsock services whatever the network namespace), packet and XDP sockets, netlink's
+# other protocols (kernel uevents, audit, socket diagnostics, generic netlink families), the
+# kernel's crypto (AF_ALG) and key (AF_KEY) interfaces, and every other family.
+AF_UNIX: Final = 1
+AF_INET: Final = 2
+AF_INET6: Final = 10
+_AF_NETLINK: Final = 16
+_NETLINK_ROUTE: Final = 0
+ALLOWED_FAMILIES: Final = frozenset({AF_UNIX, AF_INET, AF_INET6})
+_SOCKET_CALLS: Final = {"x86_64": (41, 53), "aarch64": (198, 199)}
+"""socket and socketpair, by architecture."""
+
 
 def supported(machine: str | None = None) -> bool:
     """Whether floom has syscall numbers for this machine's architecture."""
@@ -143,21 +162,66 @@ def _deny_filter(machine: str) -> bytes:
         raise ValueError(f"no seccomp syscall table for {machine}")
     audit_arch, numbers = _ARCHES[machine]
     denied = sorted({numbers[name] for name in _NAMES})
-    program: list[tuple[int, int, int, int]] = []
-    # The deny return is the last instruction; jump offsets count from the next one.
-    body_len = 3 + (1 if machine == "x86_64" else 0) + len(denied) + 1
-
-    def to_deny() -> int:
-        return body_len - len(program) - 1
-
-    program.append((_LD_W_ABS, 0, 0, _ARCH_OFFSET))
-    program.append((_JEQ_K, 0, to_deny(), audit_arch))
-    program.append((_LD_W_ABS, 0, 0, _NR_OFFSET))
+    socket_calls = _SOCKET_CALLS[machine]
+    program = _Program()
+    program.load(_ARCH_OFFSET)
+    program.jump_if(audit_arch, "next", "deny")
+    program.load(_NR_OFFSET)
     if machine == "x86_64":
-        program.append((_JGE_K, to_deny(), 0, _X32_SYSCALL_BIT))
+        program.jump_if_at_least(_X32_SYSCALL_BIT, "deny", "next")
+    for number in socket_calls:
+        program.jump_if(number, "family", "next")
     for number in denied:
-        program.append((_JEQ_K, to_deny(), 0, number))
-    program.append((_RET_K, 0, 0, _RET_ALLOW))
-    program.append((_RET_K, 0, 0, _RET_ERRNO | errno.EPERM))
-    assert len(program) == body_len + 1
-    return b"".join(struct.pack("=HBBI", *insn) for insn in program)
+        program.jump_if(number, "deny", "next")
+    program.ret(_RET_ALLOW)
+    # socket(2) and socketpair(2): the address family is their first argument.
+    program.label("family")
+    program.load(_ARGS_OFFSET)
+    for family in sorted(ALLOWED_FAMILIES):
+        program.jump_if(family, "allow", "next")
+    program.jump_if(_AF_NETLINK, "next", "no_family")
+    program.load(_ARGS_OFFSET + 16)  # the protocol, the third argument
+    program.jump_if(_NETLINK_ROUTE, "allow", "no_family")
+    program.label("allow")
+    program.ret(_RET_ALLOW)
+    program.label("no_family")
+    program.ret(_RET_ERRNO | errno.EAFNOSUPPORT)
+    program.label("deny")
+    program.ret(_RET_ERRNO | errno.EPERM)
+    return program.assemble()
+
+
+class _Program:
+    """A classic BPF program whose forward jumps name labels ("next": the next one)."""
+
+    def __init__(self) -> None:
+        self._insns: list[tuple[int, str, str, int]] = []
+        self._labels: dict[str, int] = {}
+
+    def load(self, offset: int) -> None:
+        self._insns.append((_LD_W_ABS, "next", "next", offset))
+
+    def jump_if(self, value: int, then: str, otherwise: str) -> None:
+        self._insns.append((_JEQ_K, then, otherwise, value))
+
+    def jump_if_at_least(self, value: int, then: str, otherwise: str) -> None:
+        self._insns.append((_JGE_K, then, otherwise, value))
+
+    def ret(self, value: int) -> None:
+        self._insns.append((_RET_K, "next", "next", value))
+
+    def label(self, name: str) -> None:
+        self._labels[name] = len(self._insns)
+
+    def assemble(self) -> bytes:
+        def offset(at: int, label: str) -> int:
+            if label == "next":
+                return 0
+            distance = self._labels[label] - at - 1
+            assert 0 <= distance <= 255, "classic BPF jumps forward, at most 255"
+            return distance
+
+        return b"".join(
+            struct.pack("=HBBI", code, offset(at, then), offset(at, otherwise), k)
+            for at, (code, then, otherwise, k) in enumerate(self._insns)
+        )

@@ -7,8 +7,10 @@ bubblewrap (bench/README.md). A process forked inside a cgroup is in it at no su
 the move is made before the run arrives: a Standby keeps launchers ready, each a shell that
 was moved into a fresh cgroup with no limits yet, holding the sandbox's pipes and file
 descriptors, and waiting on its stdin. A run takes one, writes its limits into the cgroup
-and sends the script that sets its environment and execs its command line, so everything
-the run starts is in its cgroup from the first instruction.
+and sends the script that execs its command line, so everything the run starts is in its
+cgroup from the first instruction. The launcher runs with floom's privileges: what the run
+brings (its environment and command) never passes through it, but through a memory file
+only the sandbox's first process reads (`Launcher.start`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ host's mounts of its start alive (on a host whose mounts do not propagate, a vol
 unmounted since would stay busy), so an idle node replaces its launchers this often."""
 LAUNCHER_NAME: Final = "floom-launcher"
 """The launcher shell's name, which starts each of its own error lines."""
+ENTRY_NAME: Final = "floom-run"
+"""The name of the sandbox's entry shell (the first process after the drop, which reads
+`command_input`), which starts its error lines: a command not found, for one."""
 WAIT_FOR_SCRIPT: Final = ". /dev/stdin"
 """What a launcher's shell runs to wait for its script: it reads the commands from its stdin
 through a descriptor of its own (`.`), so the script can point stdin at /dev/null before it
@@ -67,6 +72,8 @@ class Launcher:
     started: float = dataclasses.field(default_factory=time.monotonic)
     # Whether the script's first lines were sent ahead of the rest (`begin`).
     begun: bool = False
+    # floom's descriptor of the command's input (`start`), until close_input.
+    input_fd: int = -1
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -102,27 +109,40 @@ class Launcher:
     def start(
         self,
         argv: Sequence[str],
-        env: Mapping[str, str],
+        command_input: bytes,
         *,
         resolv_conf: bytes,
         prelude: str = "",
     ) -> None:
-        """Run the shell lines `prelude` (floom's own, before any of the run's values are
-        in the environment), then exec `argv` with exactly `env`, the sandbox's
-        /etc/resolv.conf to be `resolv_conf`. The environment goes through the shell's
-        exports, never an argv, so declared secrets do not show in the host's process
-        list. Raises SandboxUnavailable when the launcher is gone."""
+        """Run the shell lines `prelude` (floom's own), then exec `argv` with an empty
+        environment and, as its stdin, a memory file holding `command_input` (/dev/null when
+        empty), the sandbox's /etc/resolv.conf to be `resolv_conf`. The launcher only opens
+        that file, by its path in floom's /proc: what the run brings (its environment,
+        its command) is read by the sandbox's first process alone, after the drop
+        (`command_input`), never by a process with the launcher's privileges, nor shown
+        in the host's process list. Raises SandboxUnavailable when the launcher is gone."""
         stdin = self.proc.stdin
         assert stdin is not None
         try:
             resolv, self.resolv_conf_fd = self.resolv_conf_fd, -1
             with open(resolv, "wb") as file:
                 file.write(resolv_conf)  # far below a pipe's buffer: this never blocks
+            source = "/dev/null"
+            if command_input:
+                self.input_fd = memory_file(command_input)
+                source = f"/proc/{os.getpid()}/fd/{self.input_fd}"
             head = b"" if self.begun else launcher_head()
-            stdin.write(head + launcher_rest(argv, env, prelude=prelude))
+            stdin.write(head + launcher_rest(argv, stdin=source, prelude=prelude))
             stdin.close()
         except OSError as exc:
             raise self._gone(exc) from exc
+
+    def close_input(self) -> None:
+        """Let go of floom's end of the command's input (`start`), once the launcher has
+        opened it or will not: when the run ended or was discarded."""
+        fd, self.input_fd = self.input_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def _gone(self, exc: OSError) -> SandboxUnavailable:
         return SandboxUnavailable(
@@ -148,6 +168,7 @@ class Launcher:
         for fd in (self.info_fd, self.release_fd, self.resolv_conf_fd):
             if fd >= 0:
                 os.close(fd)
+        self.close_input()
         if self.cgroup is not None:
             self.cgroup.remove()
 
@@ -337,11 +358,12 @@ def _pipe(undo: contextlib.ExitStack) -> tuple[int, int]:
     return read_fd, write_fd
 
 
-def launcher_script(argv: Sequence[str], env: Mapping[str, str], *, prelude: str = "") -> bytes:
-    """A launcher's commands: stdin from /dev/null, `prelude`, exactly `env` exported (the
-    shell's own PWD unset), then exec `argv`; every value single-quoted, so none is read
-    as shell. `launcher_head` and `launcher_rest` are its two parts, when sent apart."""
-    return launcher_head() + launcher_rest(argv, env, prelude=prelude)
+def launcher_script(argv: Sequence[str], *, stdin: str, prelude: str = "") -> bytes:
+    """A launcher's commands: stdin from /dev/null, the shell's own PWD unset, `prelude`,
+    then exec `argv` with its stdin opened from the path `stdin`; every word single-quoted,
+    so none is read as shell. The launcher exports nothing: `argv` starts with an empty
+    environment. `launcher_head` and `launcher_rest` are its two parts, when sent apart."""
+    return launcher_head() + launcher_rest(argv, stdin=stdin, prelude=prelude)
 
 
 def launcher_head(prelude: str = "") -> bytes:
@@ -350,14 +372,24 @@ def launcher_head(prelude: str = "") -> bytes:
     return _lines([b"exec </dev/null", b"unset PWD", prelude.encode().rstrip(b"\n")])
 
 
-def launcher_rest(argv: Sequence[str], env: Mapping[str, str], *, prelude: str = "") -> bytes:
-    """The rest of the script after `launcher_head`: `prelude`, `env` exported, exec `argv`."""
-    lines = [prelude.encode().rstrip(b"\n")]
+def launcher_rest(argv: Sequence[str], *, stdin: str, prelude: str = "") -> bytes:
+    """The rest of the script after `launcher_head`: `prelude`, then exec `argv` with its
+    stdin opened from the path `stdin` (floom's, never the run's)."""
+    words = b" ".join(_quoted_arg(arg) for arg in argv)
+    return _lines([prelude.encode().rstrip(b"\n"), b"exec <" + _quoted(stdin) + b" " + words])
+
+
+def command_input(env: Mapping[str, str], command: Sequence[str]) -> bytes:
+    """What a sandbox's first process, a POSIX shell, sources from its stdin after the
+    privilege drop: exactly `env` exported, and `command` as its positional parameters
+    (`set --`), for it to exec; every value single-quoted, so none is read as shell.
+    Raises ValueError for a name no shell can export or a NUL in a value."""
+    lines = []
     for name, value in env.items():
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not an environment variable name")
         lines.append(b"export " + name.encode() + b"=" + _quoted(value))
-    lines.append(b"exec " + b" ".join(_quoted_arg(arg) for arg in argv))
+    lines.append(b"set -- " + b" ".join(_quoted(arg) for arg in command))
     return _lines(lines)
 
 
@@ -378,6 +410,20 @@ def _quoted_arg(arg: str) -> bytes:
     the same from run to run. Only for a command line, which holds no secret (the process list
     shows it); the environment's values are quoted afresh each time and never kept."""
     return _quoted(arg)
+
+
+def memory_file(data: bytes) -> int:
+    """A descriptor of floom's (close-on-exec) on an anonymous memory file holding `data`:
+    no size limit to block on, as a pipe's buffer would, and nothing on any filesystem."""
+    fd = os.memfd_create("floom-run")
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _seccomp_fd() -> int | None:

@@ -15,7 +15,7 @@ from typing import Final
 
 from floom.sandbox import limits, procfs
 from floom.sandbox.base import LineSink, SandboxResult, SandboxUnavailable
-from floom.sandbox.standby import LAUNCHER_NAME
+from floom.sandbox.standby import ENTRY_NAME, LAUNCHER_NAME
 
 # Well above the 16 KiB a stored line keeps: the run's log redacts secrets before it cuts,
 # so a secret straddling its cut is still seen whole.
@@ -32,6 +32,7 @@ STARTUP_ERROR_PREFIXES: Final = (
     "mount: ",
     "mkdir: ",
     f"{LAUNCHER_NAME}: ",
+    f"{ENTRY_NAME}: ",
 )
 
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import select
 
-from floom.errors import InvalidRequest, NotFound, SecretUndecryptable
+from floom import env_names
+from floom.errors import InvalidRequest, NotFound, SecretNameRefused, SecretUndecryptable
 from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import Secret, utcnow
@@ -78,10 +79,17 @@ class SecretBox:
 
 
 def check_name(name: str) -> None:
+    """Raise InvalidRequest for a name that is not one, SecretNameRefused for a name that
+    would change how the run's programs load or run (floom/env_names.py)."""
     if not NAME_RE.match(name):
         raise InvalidRequest(
             f"'{name}' is not a valid secret name",
             hint="use upper-case letters, digits and underscores, e.g. GITHUB_TOKEN",
+        )
+    if why := env_names.refusal(name):
+        raise SecretNameRefused(
+            f"{why}; a secret becomes an environment variable of the run's process",
+            hint=env_names.RENAME_HINT,
         )
 
 
@@ -95,6 +103,14 @@ def set_secret(ctx: Context, *, name: str, value: str, caller: Principal) -> Non
             f"the value of {name} is shorter than {MIN_VALUE_LENGTH} characters",
             hint="floom redacts secret values from logs and outputs; values this short "
             "cannot be redacted without destroying the logs",
+        )
+    size = len(name) + 2 + len(value.encode())
+    if size > env_names.MAX_ENTRY_BYTES:
+        raise InvalidRequest(
+            f"the value of {name} is {len(value.encode())} bytes: a secret becomes an "
+            f"environment variable, which holds at most {env_names.MAX_ENTRY_BYTES} bytes "
+            "with its name",
+            hint="keep large values in a file of the worker's bundle or pass them as inputs",
         )
     with session_scope(ctx.engine, write=True) as s:
         caller.require_in(s, "deploy")
@@ -140,6 +156,20 @@ def missing(ctx: Context, names: Iterable[str], *, caller: Principal) -> list[st
         q = select(Secret.name).where(Secret.name.in_(wanted))  # type: ignore[attr-defined]
         found = set(s.exec(q).all())
     return [n for n in wanted if n not in found]
+
+
+def refused_for_runs(names: Iterable[str]) -> str | None:
+    """Why a run may not be given the secrets `names`, or None: a name refused since it was
+    stored or deployed (floom/env_names.py) never reaches a run, which fails saying how to
+    rename it. Nothing is decrypted."""
+    for name in dict.fromkeys(names):
+        if why := env_names.refusal(name):
+            return (
+                f"secret {name} cannot be given to a run: {why}. Rename it: "
+                f"`floom secrets set NEW_NAME`, list NEW_NAME instead of {name} in worker.yml "
+                f"and deploy, then `floom secrets rm {name}`"
+            )
+    return None
 
 
 def resolve(ctx: Context, names: Iterable[str]) -> tuple[dict[str, str], list[str]]:

@@ -15,8 +15,9 @@ from sqlmodel import Session, col, select
 from floom.bundle import Bundle, read_archive
 from floom.errors import InvalidRequest, ManifestInvalid, NotFound
 from floom.manifest import Manifest, Problem
-from floom.manifest_load import check_manifest, parse_manifest
+from floom.manifest_load import check_manifest, manifest_invalid, parse_manifest
 from floom.sandbox import configuration_problem
+from floom.services.limit_ceilings import over_ceilings
 from floom.services.principal import SYSTEM, Principal
 from floom.services.triggers import sync_triggers
 from floom.store.blobs import insert_blob
@@ -60,7 +61,12 @@ def validate_archive(
                 hint="create worker.yml in the folder with at least `name: my-worker`",
             )
         ]
-    return check_manifest(text, bundle.files.keys())
+    manifest, problems = check_manifest(text, bundle.files.keys())
+    if manifest is not None:
+        problems = over_ceilings(manifest, ctx.settings)
+        if problems:
+            return None, problems
+    return manifest, problems
 
 
 def deploy(
@@ -77,6 +83,9 @@ def deploy(
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
+    over = over_ceilings(manifest, ctx.settings)
+    if over:
+        raise manifest_invalid(over)
     _check_sandbox_configured(ctx, manifest)
     digest = bundle.digest
     normalised = bundle.to_archive()
@@ -373,6 +382,9 @@ def rollback(
             )
         if worker.active_version_id == version.id:
             return Rollback(version=version, changed=False)
+        over = over_ceilings(manifest_of(version), ctx.settings)
+        if over:  # deployed before this server's ceilings were set, or where they differ
+            raise manifest_invalid(over)
         worker.active_version_id = version.id
         worker.updated_at = utcnow()
         s.add(worker)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,13 +23,18 @@ ISSUES = [
 
 
 @contextmanager
-def github_standin(token: str, *, host: str = "127.0.0.1") -> Iterator[dict[str, Any]]:
-    """Serve /repos/{owner}/{name}/commits and /issues on `host`; yields url and seen headers."""
+def github_standin(
+    token: str, *, host: str = "127.0.0.1", echo: bool = False
+) -> Iterator[dict[str, Any]]:
+    """Serve /repos/{owner}/{name}/commits and /issues on `host`; yields url and seen headers
+    (with `echo`, each request is also printed as a JSON line)."""
     state: dict[str, Any] = {"requests": []}
 
     class Handler(JSONHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             state["requests"].append((self.path, self.headers.get("Authorization")))
+            if echo:
+                print(json.dumps([self.path, self.headers.get("Authorization")]), flush=True)
             if self.headers.get("Authorization") != f"Bearer {token}":
                 self._send(401, {"message": "Bad credentials"})
                 return
@@ -41,3 +49,11 @@ def github_standin(token: str, *, host: str = "127.0.0.1") -> Iterator[dict[str,
     with serve(Handler, host=host) as url:
         state["url"] = url
         yield state
+
+
+if __name__ == "__main__":
+    # python -m tests.standins.github TOKEN HOST: serve until killed, for a test host in a
+    # network namespace of its own; prints its URL, then each request as a JSON line.
+    with github_standin(sys.argv[1], host=sys.argv[2], echo=True) as served:
+        print(served["url"], flush=True)
+        threading.Event().wait()

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from floom.env_names import RUN_VARIABLES, refusal
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import LocalSandbox
 
@@ -137,6 +138,12 @@ class RunningProcess:
             **dict(self.config.envs),
         }
         env = {key: to_bwrap(value) for key, value in env.items()}
+        # A VM's own variables (HOME, PYTHONUNBUFFERED) are names the host's sandbox refuses
+        # in its environment (floom/env_names.py): the command sets them itself.
+        own = {k: v for k, v in env.items() if refusal(k) and k not in RUN_VARIABLES}
+        if own:
+            env = {k: v for k, v in env.items() if k not in own}
+            argv = ["/usr/bin/env", *(f"{k}={v}" for k, v in own.items()), *argv]
         # LocalSandbox sets FLOOM_OUTPUT_DIR=/output itself; binding the directory the
         # command asked for at /output keeps what it writes there under /home/user.
         output_dir = scratch
