@@ -509,7 +509,9 @@ class FloomClient:
             "GET", path, params={"after": after}, headers=headers, timeout=timeout
         ) as response:
             content_type = response.headers.get("content-type", "")
-            if response.status_code in (404, 405, 501) or (
+            # 429: this key holds as many streams as the server allows (too_many_streams);
+            # reading the log page by page still works.
+            if response.status_code in (404, 405, 429, 501) or (
                 not response.is_error and not content_type.startswith("text/event-stream")
             ):
                 raise _StreamUnavailable

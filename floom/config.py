@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import cached_property
 from pathlib import Path
 from typing import Final
@@ -84,14 +85,29 @@ class Settings(BaseSettings):
     # result.json, and the log bytes one attempt may store before further lines are dropped.
     max_result_bytes: int = Field(1024 * 1024, ge=1)
     max_log_bytes_per_run: int = Field(10 * 1024 * 1024, ge=1)
+    # Each attempt's log rate (runlog.LogBudget): a token bucket of lines and bytes a second
+    # that holds ten seconds of each; lines over it are dropped, and one line in the log
+    # says how many, per five seconds of dropping. 0: no budget of that kind.
+    log_lines_per_second: float = Field(1000, ge=0)
+    log_bytes_per_second: float = Field(1024 * 1024, ge=0)
     # Runs one API key may wait for at once on a node (`?wait=`, MCP waits; 429 above).
     max_waits_per_key: int = Field(8, ge=1)
+    # Streams one API key may hold open at once on a node (SSE log streams of the API and
+    # the web UI, the MCP endpoint's event streams; 429 too_many_streams above).
+    max_streams_per_key: int = Field(16, ge=1)
     # Quotas (floom/services/runs.py, floom/api/auth.py): the largest inputs of one run as
     # JSON, and each API key's request rate, a token bucket refilled at rate_limit_per_minute
     # that holds rate_limit_burst (0 a minute: no limit). The rate is counted per process.
     max_input_bytes: int = Field(1024 * 1024, ge=1)
     rate_limit_per_minute: int = Field(1200, ge=0)
     rate_limit_burst: int = Field(600, ge=1)
+    # What reaches floom without a valid key (webhooks, the sign-in page, /healthz, failed
+    # keys), per client address (floom/api/address_limit.py); 0 a minute: no limit.
+    anonymous_rate_limit_per_minute: int = Field(600, ge=0)
+    anonymous_rate_limit_burst: int = Field(300, ge=1)
+    # The proxies whose Forwarded / X-Forwarded-* headers floom believes (floom/api/
+    # forwarded.py): addresses or networks, comma-separated; "*" any peer, "" none.
+    forwarded_allow_ips: str = "127.0.0.1,::1"
     # Every request body but deploys, /mcp and /hooks (floom/api/body_limit.py); read no
     # further than this before a route sees it.
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
@@ -136,6 +152,13 @@ class Settings(BaseSettings):
         if not given:
             raise ValueError(f"no role given; roles are {', '.join(ROLES)} (comma-separated)")
         return ",".join(r for r in ROLES if r in given)
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        """A typo would silently trust no proxy (or the wrong one): refuse it at start."""
+        trusted_networks(value)
+        return value
 
     @field_validator("egress_allow")
     @classmethod
@@ -197,3 +220,23 @@ def mask_password(url: str) -> str:
     import re
 
     return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def trusted_networks(
+    value: str,
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None:
+    """FLOOM_FORWARDED_ALLOW_IPS as networks: addresses or CIDR ranges, comma-separated;
+    None for "*" (trust every peer); an empty list for "" (trust none). Raises ValueError
+    naming an entry that is neither."""
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if "*" in entries:
+        return None
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"'{entry}' is not an address or a network (such as 10.0.0.0/8), nor '*'"
+            ) from None
+    return networks

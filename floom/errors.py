@@ -213,11 +213,16 @@ class RateLimited(FloomError):
     code = "rate_limited"
 
 
-class TooManyWaits(FloomError):
+class TooManyWaits(RateLimited):
     """This API key already waits for as many runs at once as the server allows."""
 
-    status = 429
     code = "too_many_waits"
+
+
+class TooManyStreams(RateLimited):
+    """This API key already holds as many open streams as the server allows."""
+
+    code = "too_many_streams"
 
 
 class ProviderError(FloomError):

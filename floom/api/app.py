@@ -28,7 +28,9 @@ from floom.api import (
     routes_triggers,
     routes_workers,
 )
+from floom.api.address_limit import AddressRateLimit
 from floom.api.body_limit import BodyLimitMiddleware
+from floom.api.forwarded import ForwardedHeaders
 from floom.api.mcp_mount import LazyMCPMount
 from floom.api.routing import EncodedSlashGuard, add_routes
 from floom.api.ui_mount import LazyUI
@@ -165,6 +167,9 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
     app.add_middleware(EncodedSlashGuard)
+    # Added last, so run first: the client's address is settled before it is counted.
+    app.add_middleware(AddressRateLimit, settings=settings)
+    app.add_middleware(ForwardedHeaders, trusted=settings.forwarded_allow_ips)
     openapi.install(app)
     add_routes(app, metrics.router)
     mcp_endpoint: LazyMCPMount | None = None
@@ -187,7 +192,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             add_routes(app, router)
         mcp_endpoint = LazyMCPMount(app, settings)
 
-    @app.get("/healthz", tags=["health"], response_model=Health, responses=openapi.errors(503))
+    @app.get("/healthz", tags=["health"], response_model=Health, responses=openapi.errors(429, 503))
     def healthz() -> Health:
         context: Context = app.state.ctx
         with context.engine.connect() as conn:

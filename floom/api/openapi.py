@@ -23,7 +23,8 @@ _MEANING = {
     409: "The request conflicts with the current state.",
     413: "The body is larger than the server accepts.",
     422: "The request does not match the documented shape or a declared limit.",
-    429: "A limit was reached: this key's request rate or concurrent waits, or a worker's.",
+    429: "A limit was reached: this key's request rate, concurrent waits or open streams, "
+    "this address's rate of requests without a valid key, or a worker's.",
     503: "floom's database (or a service it needs) cannot be reached right now.",
 }
 
@@ -41,7 +42,7 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     if 429 in documented:
         documented[429]["headers"] = {
             "Retry-After": {
-                "description": "seconds until this key may send again (rate_limited)",
+                "description": "seconds until this key (or address) may send again",
                 "schema": {"type": "integer"},
             }
         }

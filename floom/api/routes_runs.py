@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
@@ -256,13 +257,18 @@ def log_event_stream(
     `statuses` (the web UI's stream), a `status` event also tells each change of status."""
 
     surface = caller.surface
+    # Counted before the first byte, so that a key over its cap is refused with a 429
+    # instead of a stream; given back when the stream ends, however it ends.
+    held = ctx.run_ends.hold(
+        caller.key_id or caller.name, kind="stream", limit=ctx.settings.max_streams_per_key
+    )
     read_events = functools.partial(logs.list_events, ctx, run_id=run_id, caller=caller)
     read_run = functools.partial(runs.get_run, ctx, run_id=run_id, caller=caller)
 
     async def events() -> AsyncIterator[str]:
         # The run's end on this node wakes the stream at once (its last lines are stored by
         # then), so a follower hears the end without waiting out a poll.
-        with ctx.run_ends.listening(run_id) as ended:
+        with held, ctx.run_ends.listening(run_id) as ended:
             async for chunk in stream(ended):
                 yield chunk
 
@@ -311,6 +317,8 @@ def log_event_stream(
         events(),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        # Also when the body never started (the client left first): release is idempotent.
+        background=BackgroundTask(held.release),
     )
 
 

@@ -8,10 +8,27 @@ from typing import Annotated, Any
 import typer
 
 from floom import jsonvalues
+from floom.cli.visible import show_raw
 from floom.client import FloomClient
 from floom.handoff_client import HandoffClient
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON only")]
+
+
+def _raw_output(on: bool) -> bool:
+    if on:
+        show_raw()
+    return on
+
+
+RawOpt = Annotated[
+    bool,
+    typer.Option(
+        "--raw",
+        help="print control characters as they are (by default they show as \\x1b...)",
+        callback=_raw_output,
+    ),
+]
 
 
 def json_object_option(value: str, *, option: str, example: str) -> dict[str, Any]:

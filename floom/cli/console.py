@@ -1,21 +1,53 @@
 """The floom command's consoles and how run records and log lines print on them, with rich
-alone (no typer): the quick `floom run --wait` path prints through these too."""
+alone (no typer): the quick `floom run --wait` path prints through these too.
+
+Whatever a worker or a caller controls reaches the terminal only through these consoles, and
+they show it as text: markup and emoji codes are not read (`[bold]` in a log line prints as
+it is), and every segment they write passes through `visible` (control characters shown,
+unless `--raw`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderHook
+from rich.segment import Segment
 from rich.text import Text
+
+from floom.cli.visible import is_raw, visible
+
+
+class _Visible:
+    """A renderable as its own segments, with their text through `visible`: the one place
+    where the command's output is made safe, below every printer, table and line."""
+
+    def __init__(self, renderable: ConsoleRenderable) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        for segment in console.render(self.renderable, options):
+            if segment.control or not segment.text:
+                yield segment  # rich's own (cursor, bell): never a worker's text
+            else:
+                yield Segment(visible(segment.text), segment.style)
+
+
+class _ShowControls(RenderHook):
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        if is_raw():
+            return renderables
+        return [_Visible(r) for r in renderables]
 
 
 def _console(*, stderr: bool = False) -> Console:
-    console = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    console = Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False, emoji=False)
     if not console.is_terminal:
         # Piped output is read by scripts and tests: don't fold ids at 80 columns.
         console.width = max(console.width, 200)
+    console.push_render_hook(_ShowControls())
     return console
 
 

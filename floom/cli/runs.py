@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from floom.cli.approvals import print_agent_details
-from floom.cli.common import JsonOpt, json_object_option, open_client
+from floom.cli.common import JsonOpt, RawOpt, json_object_option, open_client
 from floom.cli.output import (
     duration,
     fail,
@@ -125,6 +125,7 @@ def run(
     as_json: JsonOpt = False,
     timeout: TimeoutOpt = None,
     force: ForceOpt = False,
+    raw: RawOpt = False,
 ) -> None:
     """Start a run; with --wait, follow its log and exit 0 only if it succeeded."""
     values, coerce = _parse_inputs(inputs or [], input_json)
@@ -257,6 +258,7 @@ def list_runs(
 def show(
     run_id: Annotated[str, typer.Argument(help="run id")],
     as_json: JsonOpt = False,
+    raw: RawOpt = False,
 ) -> None:
     """Show one run: status, inputs, outputs, error, artifacts."""
     with open_client() as client:
@@ -302,6 +304,7 @@ def logs(
         int | None, typer.Option(min=1, max=10_000, help="only the last N lines")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON event per line")] = False,
+    raw: RawOpt = False,
 ) -> None:
     """Print a run's log lines in order, timestamped, with their stream."""
 
@@ -353,6 +356,7 @@ def artifacts(
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="file or folder to save to ('-': stdout)")
     ] = None,
+    raw: RawOpt = False,
 ) -> None:
     """List a run's artifacts, or download one."""
     with open_client() as client:
@@ -368,6 +372,10 @@ def artifacts(
             return
         data = client.download_artifact(run_id, download)
     if output is not None and str(output) == "-":
+        if sys.stdout.isatty() and not raw:
+            # A person reads it: as text, control characters shown (--raw for the bytes).
+            out.print(Text(data.decode("utf-8", "replace")), end="")
+            return
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return

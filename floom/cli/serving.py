@@ -103,6 +103,9 @@ def serve(overrides: dict[str, Any]) -> None:
         access_log=settings.access_log,
         http="httptools",
         loop="asyncio",
+        # floom reads forwarding headers itself, from FLOOM_FORWARDED_ALLOW_IPS only
+        # (floom/api/forwarded.py): uvicorn's own reading would trust its defaults too.
+        proxy_headers=False,
     )
 
 

@@ -262,7 +262,7 @@ class Attempt:
         t0 = time.monotonic()
         if self.deadline is None:
             self.deadline = t0 + spec.timeout_seconds
-        sink = on_line or self.run_log.add
+        sink = on_line or self.run_log
         try:
             if ahead is not None:
                 return ahead.run(on_line=sink, should_cancel=self.cancelled)

@@ -27,7 +27,7 @@ from floom.engine.queue import (
     reap_expired_leases,
     renew_held_leases,
 )
-from floom.engine.runlog import LogLine, RunLog
+from floom.engine.runlog import LogBudget, LogLine, RunLog
 from floom.engine.work_root import hold_work_root, release_work_root
 from floom.errors import StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
@@ -445,13 +445,21 @@ class Executor:
     # one attempt
 
     def _new_run_log(self, run: Run) -> RunLog:
+        settings = self.ctx.settings
+        budget = None
+        if settings.log_lines_per_second or settings.log_bytes_per_second:
+            budget = LogBudget(
+                lines_per_second=settings.log_lines_per_second,
+                bytes_per_second=settings.log_bytes_per_second,
+            )
         return RunLog(
             run_id=run.id,
             attempt=run.attempt,
             redactor=Redactor([]),
-            max_lines=self.ctx.settings.max_log_lines_per_run,
-            max_bytes=self.ctx.settings.max_log_bytes_per_run,
+            max_lines=settings.max_log_lines_per_run,
+            max_bytes=settings.max_log_bytes_per_run,
             epoch=run.lease_epoch,
+            budget=budget,
         )
 
     def _lease_left(self, seconds: float) -> float:

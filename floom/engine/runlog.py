@@ -1,5 +1,5 @@
-"""A run attempt's log lines between the sandbox and the store: redacted on arrival, capped,
-buffered until the executor's flusher writes them."""
+"""A run attempt's log lines between the sandbox and the store: redacted on arrival, capped
+in total and in rate, buffered until the executor's flusher writes them."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,91 @@ LogLine = tuple[str, str, datetime | None]
 log = logging.getLogger("floom.executor")
 
 
+# A run's log budget holds this many seconds of its rate, so a burst (an install's output)
+# passes whole and only a sustained flood is cut.
+BUDGET_BURST_SECONDS = 10.0
+# Lines dropped over the budget are told in one log line per this many seconds of dropping
+# (and at the run's end), however fast the run writes.
+DROP_NOTE_SECONDS = 5.0
+
+
+class LogBudget:
+    """A token bucket of lines and bytes a second for one attempt's log: `take` says whether
+    a line fits, and counts what did not until `dropped_note` tells it (a rate of 0: no
+    limit on that count). Not thread-safe: RunLog calls it under its lock."""
+
+    def __init__(
+        self,
+        *,
+        lines_per_second: float,
+        bytes_per_second: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lines_per_second = lines_per_second
+        self.bytes_per_second = bytes_per_second
+        self._clock = clock
+        self._lines = lines_per_second * BUDGET_BURST_SECONDS
+        self._bytes = bytes_per_second * BUDGET_BURST_SECONDS
+        self._at = clock()
+        self.dropped = 0
+        self._first_dropped_at = 0.0
+
+    def take(self, size: int) -> bool:
+        """Whether one line of `size` bytes fits (and is charged), else it is counted as
+        dropped."""
+        now = self._clock()
+        self._refill(now)
+        lines_rate, bytes_rate = self.lines_per_second, self.bytes_per_second
+        if (lines_rate > 0 and self._lines < 1) or (bytes_rate > 0 and self._bytes < size):
+            if not self.dropped:
+                self._first_dropped_at = now
+            self.dropped += 1
+            return False
+        self._lines -= 1
+        self._bytes -= size
+        return True
+
+    def admit(self, lines: int, size: int) -> bool:
+        """Whether `lines` whole lines of `size` bytes in all are kept, all of them (and
+        charged at once), or dropped, all of them (and counted): kept only if the budget has
+        room for them all (for more than it can ever hold, when it is full)."""
+        self._refill(self._clock())
+        lines_rate, bytes_rate = self.lines_per_second, self.bytes_per_second
+        if (lines_rate <= 0 or self._lines >= min(lines, lines_rate * BUDGET_BURST_SECONDS)) and (
+            bytes_rate <= 0 or self._bytes >= min(size, bytes_rate * BUDGET_BURST_SECONDS)
+        ):
+            self._lines -= lines
+            self._bytes -= size
+            return True
+        if not self.dropped:
+            self._first_dropped_at = self._at
+        self.dropped += lines
+        return False
+
+    def _refill(self, now: float) -> None:
+        passed, self._at = now - self._at, now
+        lines_rate, bytes_rate = self.lines_per_second, self.bytes_per_second
+        if lines_rate > 0:
+            self._lines = min(lines_rate * BUDGET_BURST_SECONDS, self._lines + passed * lines_rate)
+        if bytes_rate > 0:
+            self._bytes = min(bytes_rate * BUDGET_BURST_SECONDS, self._bytes + passed * bytes_rate)
+
+    def dropped_note(self, *, final: bool = False) -> str | None:
+        """The one line that tells the lines dropped since the last note, once they have
+        been dropped for DROP_NOTE_SECONDS (or, `final`, at once), else None."""
+        if not self.dropped:
+            return None
+        if not final and self._clock() - self._first_dropped_at < DROP_NOTE_SECONDS:
+            return None
+        dropped, self.dropped = self.dropped, 0
+        return (
+            f"dropped {dropped} line{'s' if dropped != 1 else ''}: this run wrote faster than "
+            f"its log budget of {self.lines_per_second:g} lines and "
+            f"{self.bytes_per_second:g} bytes a second (FLOOM_LOG_LINES_PER_SECOND, "
+            "FLOOM_LOG_BYTES_PER_SECOND)"
+        )
+
+
 class RunLog:
     """Buffers a run's lines (redacted on arrival) until the flusher writes them."""
 
@@ -42,6 +128,7 @@ class RunLog:
         max_lines: int,
         max_bytes: int,
         epoch: int | None = None,
+        budget: LogBudget | None = None,
     ) -> None:
         self.run_id = run_id
         self.attempt = attempt
@@ -59,13 +146,45 @@ class RunLog:
         self._bytes = 0
         self._max_bytes = max_bytes
         self._full = False
+        self._budget = budget
+        self._charged = 0  # lines of reads charged whole by `drops`, not yet added
         self.last_stderr = ""
 
     def redact_with(self, redactor: Redactor) -> None:
         """Known once the run's secrets are resolved; no line has arrived before that."""
         self._redactor = redactor
 
+    def drops(self, stream: str, lines: int, size: int) -> bool:
+        """For a reader of raw output (sandbox/supervisor.LineSplitter), before it splits a
+        read: whether its `lines` whole lines of `stream`, `size` bytes in all, are dropped
+        unread, because the log is full or its budget has no room for them all now (they are
+        then counted as dropped). Lines let through are charged here, once for the read, so
+        `add` does not charge them again one by one."""
+        with self._lock:
+            if self._full:
+                return True  # the line that stopped the log said that the rest is dropped
+            if self._budget is None or stream == "system":
+                return False
+            if not self._budget.admit(lines, size):
+                return True
+            self._charged += lines
+            self._note_dropped()  # the window of drops before these lines ends here
+            return False
+
     def add(self, stream: str, line: str) -> None:
+        budget = self._budget
+        with self._lock:
+            # Before the redaction, which costs the most here: a line that will not be kept
+            # costs the host as little as can be (floom's own lines are not the run's).
+            if self._full:
+                return
+            if budget is not None and stream != "system":
+                if self._charged:
+                    self._charged -= 1  # its reader's read was charged whole (`drops`)
+                elif not budget.take(len(line.encode("utf-8", "replace")) + 1):
+                    return
+                elif budget.dropped:
+                    self._note_dropped()  # the window of drops before this line ends here
         line = self.clean(line)
         size = len(line.encode("utf-8", "replace")) + 1
         with self._lock:
@@ -85,11 +204,22 @@ class RunLog:
                 )
                 return
             self._bytes += size
-            if not self._pending:
-                self._pending_since = time.monotonic()
-            self._pending.append((stream, line, utcnow()))
+            self._append(stream, line)
             if stream == "stderr" and line.strip():
                 self.last_stderr = line
+
+    def _append(self, stream: str, line: str) -> None:
+        if not self._pending:
+            self._pending_since = time.monotonic()
+        self._pending.append((stream, line, utcnow()))
+
+    def _note_dropped(self, *, final: bool = False) -> None:
+        """Under the lock: one line for the lines the budget dropped since the last note,
+        once per DROP_NOTE_SECONDS of dropping and at the end (`final`)."""
+        if self._budget is not None and (note := self._budget.dropped_note(final=final)):
+            self._append("system", note)
+
+    __call__ = add  # a RunLog is its run's line sink, whose `drops` the reader asks first
 
     def clean(self, line: str) -> str:
         """The line as stored: secrets redacted first, then cut to MAX_LINE, and any start of
@@ -105,10 +235,9 @@ class RunLog:
         return line + marker
 
     def _stop(self, message: str) -> None:
+        self._note_dropped(final=True)
         self._full = True
-        if not self._pending:
-            self._pending_since = time.monotonic()
-        self._pending.append(("system", message, utcnow()))
+        self._append("system", message)
 
     def _holds(self, s: Any) -> bool:
         """Whether the run still has this attempt's lease epoch; if not, the attempt is
@@ -131,6 +260,7 @@ class RunLog:
         """Take every pending line, after any flush in progress has been written, so the
         caller can store them in the same transaction as the run's end."""
         with self._flush_lock, self._lock:
+            self._note_dropped(final=True)
             batch, self._pending = self._pending, []
         return batch
 
@@ -144,6 +274,7 @@ class RunLog:
         # must not interleave, or lines could land after the run's closing event.
         with self._flush_lock:
             with self._lock:
+                self._note_dropped()
                 if waited and (
                     not self._pending or time.monotonic() - self._pending_since < waited
                 ):

@@ -142,4 +142,16 @@ class _Guard:
             await response(scope, receive, send)
             return
         scope.setdefault("state", {})[KEY_STATE] = key
-        await self.endpoint.server.session_manager.handle_request(scope, receive, send)
+        if request.method != "GET":
+            await self.endpoint.server.session_manager.handle_request(scope, receive, send)
+            return
+        # A GET opens a session's event stream, held until the client leaves: it counts
+        # against the key's open streams, as a log stream does.
+        ctx = self.endpoint.app.state.ctx
+        try:
+            held = ctx.run_ends.hold(key.id, kind="stream", limit=ctx.settings.max_streams_per_key)
+        except FloomError as exc:
+            await floom_error_response(exc, surface="mcp")(scope, receive, send)
+            return
+        with held:
+            await self.endpoint.server.session_manager.handle_request(scope, receive, send)

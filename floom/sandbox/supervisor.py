@@ -288,18 +288,34 @@ class Supervisor:
 
 
 class LineSplitter:
-    """Turns one stream's bytes into lines, capping each at MAX_LINE_BYTES."""
+    """Turns one stream's bytes into lines, capping each at MAX_LINE_BYTES.
 
-    __slots__ = ("stream", "sink", "pending", "dropping", "first_line")
+    A sink that may refuse lines wholesale (a run's log over its rate budget, or full:
+    engine/runlog.py) offers `drops(stream, lines, size) -> bool`: asked with the whole
+    lines of each read, it says whether it drops them all (and counts them); they are then
+    neither split, decoded nor handed over one by one, so a run that floods its output costs
+    the host a read and a count per chunk, not work per line. The first line of a stream is
+    always handed over (the supervisor reads start-up errors from it)."""
+
+    __slots__ = ("stream", "sink", "drops", "pending", "dropping", "first_line")
 
     def __init__(self, stream: str, sink: LineSink) -> None:
         self.stream = stream
         self.sink = sink
+        self.drops: Callable[[str, int, int], bool] | None = getattr(sink, "drops", None)
         self.pending = bytearray()
         self.dropping = False  # inside a line that was already emitted truncated
         self.first_line: str | None = None
 
     def feed(self, data: bytes) -> None:
+        if self.drops is not None and self.first_line is not None:
+            cut = data.rfind(b"\n") + 1
+            # A line emitted truncated already ends at the first newline: not one more line.
+            lines = data.count(b"\n", 0, cut) - self.dropping
+            if cut and self.drops(self.stream, lines, len(self.pending) + cut):
+                self.pending[:] = data[cut:]  # the start of the next line, kept
+                self.dropping = False
+                return
         pending = self.pending
         pending += data
         start = 0

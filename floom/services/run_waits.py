@@ -5,7 +5,10 @@ A waiter holds no thread while it waits: it sleeps on the event loop until this 
 records a run's end (`RunEnds.notify`, called by whoever writes the end) or until a modest
 interval has passed, then reads the run from the store briefly on a worker thread; the
 interval is how an end recorded by another node is seen. Each API key may hold only so many
-waits at once on a node (FLOOM_MAX_WAITS_PER_KEY), so no key can tie up a node by waiting.
+waits at once on a node (FLOOM_MAX_WAITS_PER_KEY), and only so many open streams (log
+streams over SSE, the MCP endpoint's event streams: FLOOM_MAX_STREAMS_PER_KEY), so no key
+can tie up a node by waiting or following: one count per key and kind (`RunEnds.hold`), one
+refusal shape (429 with Retry-After).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 import anyio.to_thread
 
-from floom.errors import TooManyWaits
+from floom.errors import RateLimited, TooManyStreams, TooManyWaits
 from floom.services.principal import Principal
 from floom.services.run_records import RunRecord, record_in_session
 from floom.services.run_rules import FINISHED, WAITING
@@ -48,6 +51,8 @@ RECENT_ENDS = 1024
 # (Listener); the others, rare (several callers waiting on one run), read for themselves,
 # so an end never holds its executor slot for a crowd of reads.
 DELIVERED_READS = 4
+
+HoldKind = Literal["wait", "stream"]
 
 Until = Literal["ended", "settled"]
 # "ended": a final status. "settled": ended, or paused until a person decides (an agent that
@@ -124,7 +129,7 @@ class RunEnds:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._listeners: dict[str, set[Listener]] = {}
-        self._waits: dict[str, int] = {}
+        self._held: dict[tuple[HoldKind, str], int] = {}
         # The runs whose end this process told last, newest at the end: a waiter that starts
         # listening just after the end (a run started and ended while its starter's request
         # went back to the event loop) is woken at once instead of at its next store check.
@@ -174,33 +179,78 @@ class RunEnds:
                     if not mine:
                         del self._listeners[run_id]
 
+    def hold(self, holder: str, *, kind: HoldKind, limit: int) -> Hold:
+        """Count one open wait or stream of `holder` (an API key id, or the name floom acts
+        for) until the Hold is released, or raise TooManyWaits / TooManyStreams (429, with
+        Retry-After) when it already holds `limit` of that kind on this node."""
+        with self._lock:
+            held = self._held.get((kind, holder), 0)
+            if held >= limit:
+                raise _refusal(kind, held)
+            self._held[(kind, holder)] = held + 1
+        return Hold(self, (kind, holder))
+
+    def _release(self, slot: tuple[HoldKind, str]) -> None:
+        with self._lock:
+            left = self._held[slot] - 1
+            if left:
+                self._held[slot] = left
+            else:
+                del self._held[slot]
+
     @contextmanager
     def holding_wait(self, waiter: str, *, limit: int) -> Iterator[None]:
-        """Count one open wait of `waiter` (an API key id) for the duration, or raise
-        TooManyWaits when it already holds `limit`."""
-        with self._lock:
-            held = self._waits.get(waiter, 0)
-            if held >= limit:
-                raise TooManyWaits(
-                    f"this API key already waits for {held} runs at once, the most this "
-                    "server allows",
-                    hint="retry once one of those waits has answered, or read the run "
-                    "without waiting",
-                )
-            self._waits[waiter] = held + 1
-        try:
+        """One open wait of `waiter` for the duration (see `hold`)."""
+        with self.hold(waiter, kind="wait", limit=limit):
             yield
-        finally:
-            with self._lock:
-                left = self._waits[waiter] - 1
-                if left:
-                    self._waits[waiter] = left
-                else:
-                    del self._waits[waiter]
 
     def open_waits(self, waiter: str) -> int:
+        return self.open_holds(waiter, kind="wait")
+
+    def open_holds(self, holder: str, *, kind: HoldKind) -> int:
         with self._lock:
-            return self._waits.get(waiter, 0)
+            return self._held.get((kind, holder), 0)
+
+
+class Hold:
+    """One counted wait or stream; released once, by `release` or by leaving its block
+    (a stream releases from whichever of its ends comes first)."""
+
+    def __init__(self, ends: RunEnds, slot: tuple[HoldKind, str]) -> None:
+        self._ends: RunEnds | None = ends
+        self._slot = slot
+
+    def release(self) -> None:
+        ends, self._ends = self._ends, None
+        if ends is not None:
+            ends._release(self._slot)
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# How long a refused caller is told to wait: a wait answers within a minute, a stream
+# lasts as long as its run.
+_RETRY_AFTER_SECONDS: dict[HoldKind, int] = {"wait": 1, "stream": 5}
+
+
+def _refusal(kind: HoldKind, held: int) -> RateLimited:
+    details = {"retry_after_seconds": _RETRY_AFTER_SECONDS[kind], "limit": held}
+    if kind == "wait":
+        return TooManyWaits(
+            f"this API key already waits for {held} runs at once, the most this server allows",
+            hint="retry once one of those waits has answered, or read the run without waiting",
+            details=details,
+        )
+    return TooManyStreams(
+        f"this API key already holds {held} open streams on this server, the most it allows",
+        hint="close a stream you no longer read (one per run is enough), or read the log "
+        "without following it; the operator sets FLOOM_MAX_STREAMS_PER_KEY",
+        details=details,
+    )
 
 
 async def wait_for_end(
