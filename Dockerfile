@@ -24,5 +24,5 @@ ENV FLOOM_DATA_DIR=/var/lib/floom \
     FLOOM_PORT=8321
 EXPOSE 8321
 # floom runs as root in the container so that local sandboxes can run as the unprivileged
-# FLOOM_SANDBOX_UID (65534) and get their own cgroups; scripts never run as root.
+# uids of their own (FLOOM_SANDBOX_UID_BASE and _COUNT) and cgroups; scripts never run as root.
 CMD ["floom", "serve"]

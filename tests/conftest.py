@@ -55,6 +55,17 @@ def _forget_finished_servers() -> Iterator[None]:
             cache.cache_clear()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _unmount_run_disks_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Run disks that a node killed on purpose (kill -9, never restarted) left mounted
+    under this process's temporary dirs are unmounted at the end, as a restarted node
+    would: pytest could not remove them, and the machine would keep their loop devices."""
+    yield
+    from floom.sandbox.disks import unmount_under
+
+    unmount_under(tmp_path_factory.getbasetemp())
+
+
 def _pg_reachable() -> bool:
     try:
         import psycopg
