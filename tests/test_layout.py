@@ -1,7 +1,9 @@
-"""The package layout stays acyclic: floom's packages (agent, api, cli, engine, hints, mcp, sandbox,
-services, store, triggers, schemas) and its top-level modules import one another without a
-cycle, a floom import inside a function is allowed only where it saves start-up time or
-memory, each listed here with its reason, and no module uses another module's underscore names.
+"""The package layout stays acyclic and shows its plan: floom's packages and its top-level
+modules import one another without a cycle and only downwards through the layers of LAYERS,
+surfaces read the store's tables but never its engine, a floom import inside a function is
+allowed only where it saves start-up time or memory, each listed here with its reason, no
+module uses another module's underscore names, and no folder holds more than MAX_MODULES
+modules or three modules sharing a prefix (a prefix is a folder waiting to be made).
 
 The graph is read from the source with ast: imports at module level count (including those
 under a module-level `if` or `try`), imports under `if TYPE_CHECKING:` do not."""
@@ -9,6 +11,7 @@ under a module-level `if` or `try`), imports under `if TYPE_CHECKING:` do not.""
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,8 +117,8 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
 
 
 def _group(module: str) -> str:
-    """The unit the layout is judged by: a subpackage (floom.services.runs -> services) or a
-    top-level module (floom.manifest -> manifest)."""
+    """The unit the layout is judged by: a package (floom.services.context -> services) or a
+    top-level module (floom.config -> config)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "floom"
 
@@ -197,6 +200,105 @@ def test_the_graph_sees_the_edges_the_layout_relies_on() -> None:
     assert "manifest" in graph["services"] or "manifest_load" in graph["services"]
     assert "engine" in graph["agent"]
     assert "agent" not in graph.get("engine", {})
+
+
+# The layers, bottom up: a group (a package, or a top-level module) imports only groups of its
+# own layer or of layers below it.
+LAYERS: list[tuple[str, set[str]]] = [
+    # Values and rules with no floom dependency beyond errors.
+    ("leaves", {"errors", "client_env", "net", "jsonvalues", "bundle", "triggers"}),
+    ("settings", {"config"}),
+    ("resources", {"store", "sandbox"}),
+    ("worker.yml", {"manifest"}),
+    # The domain; hints tell each surface what to do next, by the caller's scopes.
+    ("domain", {"services", "hints"}),
+    ("public models", {"schemas"}),
+    # The node: the run pipeline, its loops, and the agent loop that runs inside an attempt.
+    ("node", {"engine", "agent"}),
+    ("client", {"client"}),
+    ("surfaces", {"api", "ui", "mcp", "cli"}),
+]
+SURFACES = {"api", "ui", "mcp", "cli"}
+# The store's modules that hold tables (rows, their types and helpers): what a surface may read.
+STORE_TABLES = {
+    f"floom.store.{name}"
+    for name in ("models", "agents", "audit", "handoffs", "nodes", "replays", "triggers")
+} | {"floom.store.web_sessions"}
+# Today's exceptions, each a module import, until the node's composition leaves the API app
+# (issue 31, item 2: one module composes a node's roles).
+SURFACE_EXCEPTIONS = {
+    # create_app starts the node's roles and takes the cluster's bootstrap lock.
+    ("floom.api.app", "floom.store.db"),
+    ("floom.api.app", "floom.engine"),
+    # The one mapping of errors to answers knows the store's "unavailable" error.
+    ("floom.api.errors", "floom.store.db"),
+    # Whether an artifact is shown inline: the engine's text test, shared with collection.
+    ("floom.mcp", "floom.engine.collect"),
+}
+MAX_MODULES = 12
+
+
+def _module_edges() -> list[tuple[str, str]]:
+    edges = []
+    for module, path in MODULES.items():
+        for node in _module_level(ast.parse(path.read_text()).body):
+            edges += [(module, target) for target in _targets(module, node)]
+    return edges
+
+
+def _excepted(module: str, target: str) -> bool:
+    return any(
+        (module == a or module.startswith(a + ".")) and (target == b or target.startswith(b + "."))
+        for a, b in SURFACE_EXCEPTIONS
+    )
+
+
+def test_every_group_is_in_one_layer() -> None:
+    groups = {_group(module) for module in MODULES} - {"floom"}
+    placed = [group for _, members in LAYERS for group in members]
+    assert len(placed) == len(set(placed))
+    assert sorted(groups - set(placed)) == [], "give each new package or module a layer"
+
+
+def test_groups_import_only_their_own_layer_or_lower_ones() -> None:
+    rank = {group: i for i, (_, members) in enumerate(LAYERS) for group in members}
+    upwards = [
+        f"{edge} ({LAYERS[rank[a]][0]} -> {LAYERS[rank[b]][0]})"
+        for a, targets in _package_graph().items()
+        for b, edges in targets.items()
+        for edge in edges
+        if rank.get(b, 0) > rank.get(a, 0) and not _excepted(*edge.split(" -> "))
+    ]
+    assert upwards == []
+
+
+def test_services_never_import_the_engine_or_the_agent() -> None:
+    graph = _package_graph()
+    assert "engine" not in graph["services"]
+    assert "agent" not in graph["services"]
+
+
+def test_surfaces_read_the_stores_tables_only() -> None:
+    reaching = [
+        f"{module} -> {target}"
+        for module, target in _module_edges()
+        if _group(module) in SURFACES
+        and (_group(target) == "store" and target not in STORE_TABLES or _group(target) == "engine")
+        and not _excepted(module, target)
+    ]
+    assert reaching == [], "a surface calls the services; the store's engine is theirs"
+
+
+def test_no_folder_holds_more_than_twelve_modules_or_three_sharing_a_prefix() -> None:
+    crowded = []
+    for folder in sorted({path.parent for path in MODULES.values()}):
+        modules = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("__"))
+        rel = folder.relative_to(FLOOM.parent).as_posix()
+        if len(modules) > MAX_MODULES:
+            crowded.append(f"{rel}/ holds {len(modules)} modules")
+        prefixes = Counter(module.split("_")[0] for module in modules)
+        crowded += [f"{rel}/: {n} modules start with {p}_" for p, n in prefixes.items() if n > 2]
+    assert crowded == [], "give the concern a folder of its own"
 
 
 def test_function_local_floom_imports_are_only_the_deliberate_ones() -> None:
