@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from floom.bundle import read_folder  # noqa: E402
-from floom.services.run_statuses import FINISHED  # noqa: E402
+from floom.services.runs.statuses import FINISHED  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("FLOOM_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 KEY = "flm_bench_cluster_" + uuid.uuid4().hex

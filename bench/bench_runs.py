@@ -40,7 +40,7 @@ sys.path[:0] = [str(BENCH), str(REPO)]
 from server import VENV_BIN, Server, machine_busy_seconds, tree_rss_mb  # noqa: E402
 from systems import CeleryStack, Floom, Floor, celery_missing  # noqa: E402
 
-from floom.services.run_rules import FINISHED  # noqa: E402
+from floom.services.runs.rules import FINISHED  # noqa: E402
 
 EXECUTOR_SLOTS = 4  # floom's default executor_slots; the floor and Celery get the same
 IDLE_SECONDS = 3.0

@@ -12,7 +12,7 @@ CPU, allocations and GIL are not the server's. It reads this process's RSS and a
 tracemalloc snapshot after `--baseline` runs and again at the end, and the RSS every 1,000
 runs between. The two RSS readings that the target compares are taken right after handing the
 C heap's free pages back to the system, which the server does itself every
-presence.RELEASE_SECONDS (engine/heap.py), so that they do not depend on when its last release
+presence.RELEASE_SECONDS (engine/loops/heap.py), so that they do not depend on when its last release
 was; the readings before that release are printed too. Target (issue 14): RSS at the end
 within 5 MiB of RSS after the baseline, less what tracemalloc's own table of traces grew in
 between (tracemalloc.get_tracemalloc_memory: a server without tracemalloc holds none of it;
@@ -52,10 +52,10 @@ import uvicorn  # noqa: E402
 
 from floom.api.app import create_app  # noqa: E402
 from floom.config import Settings  # noqa: E402
-from floom.engine.heap import release_free_memory  # noqa: E402
-from floom.services import keys  # noqa: E402
+from floom.engine.loops.heap import release_free_memory  # noqa: E402
+from floom.services.access import keys  # noqa: E402
+from floom.services.access.principal import SYSTEM  # noqa: E402
 from floom.services.context import Context  # noqa: E402
-from floom.services.principal import SYSTEM  # noqa: E402
 
 GROWTH_LIMIT_MIB = 5.0
 SQLITE_STATUS_MEMORY_USED = 0
@@ -120,7 +120,7 @@ class MallInfo2(ctypes.Structure):
 
 def c_heap() -> str:
     """The C heap (glibc's mallinfo2, all arenas): memory in use and memory free in it (free
-    chunks stay resident until released, engine/heap.py); "?" where it cannot be read."""
+    chunks stay resident until released, engine/loops/heap.py); "?" where it cannot be read."""
     try:
         mallinfo2 = ctypes.CDLL(None).mallinfo2
     except (OSError, AttributeError):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from sqlmodel import col, select
 
-from floom.services.principal import SYSTEM
+from floom.services.access.principal import SYSTEM
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -41,10 +41,10 @@ from floom.agent.runner import run_agent  # noqa: E402
 from floom.bundle import read_folder  # noqa: E402
 from floom.config import Settings  # noqa: E402
 from floom.engine.executor import Executor  # noqa: E402
-from floom.engine.scheduler import Scheduler  # noqa: E402
+from floom.engine.loops.scheduler import Scheduler  # noqa: E402
 from floom.sandbox import get_sandbox  # noqa: E402
-from floom.services import workers  # noqa: E402
 from floom.services.context import Context  # noqa: E402
+from floom.services.workers import versions as workers  # noqa: E402
 from floom.store.db import session_scope  # noqa: E402
 from floom.store.models import Run  # noqa: E402
 

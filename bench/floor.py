@@ -4,7 +4,7 @@ with floom's own flags, started with a plain `subprocess.Popen`.
 The command line is not replicated here: it is the launch floom's LocalSandbox makes,
 recorded while LocalSandbox runs the same spec once (that first run is also the slot's
 warm-up), then replayed with fresh file descriptors: the launcher started, the run's binds
-made in its mount namespace from this process as floom makes them (floom/sandbox/ns_mount.py),
+made in its mount namespace from this process as floom makes them (floom/sandbox/local/ns_mount.py),
 and the launcher fed its script. So the floor has floom's stage (the launcher's mount
 namespace, the run's binds and setpriv when floom runs as root), the shell's ulimits, the
 namespaces, binds, tmpfs sizes and seccomp filter, and lacks only what floom does around the
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from floom.sandbox import seccomp
 from floom.sandbox.base import SandboxSpec
-from floom.sandbox.local import LocalSandbox
-from floom.sandbox.ns_mount import Mount, NamespaceMounter
-from floom.sandbox.standby import READY, Launcher, launcher_script, memory_file
+from floom.sandbox.local import seccomp
+from floom.sandbox.local.backend import LocalSandbox
+from floom.sandbox.local.ns_mount import Mount, NamespaceMounter
+from floom.sandbox.local.standby import READY, Launcher, launcher_script, memory_file
 
 REPO = Path(__file__).resolve().parent.parent
 HELLO = REPO / "workers" / "hello"
@@ -69,7 +69,7 @@ class Launch:
 
 @contextmanager
 def _recording_launches(seen: list[Launch]) -> Iterator[None]:
-    """Record each sandbox launch meanwhile (floom/sandbox/standby.py): the lines a run
+    """Record each sandbox launch meanwhile (floom/sandbox/local/standby.py): the lines a run
     sends its launcher ahead (`begin`) and the rest (`start`), as one prelude."""
     real_begin, real_start = Launcher.begin, Launcher.start
     real_mount = NamespaceMounter.start

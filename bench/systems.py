@@ -19,7 +19,7 @@ import httpx
 from floor import FloorSlot
 from server import VENV_BIN, Server, proc_cpu_seconds, tree_cpu_seconds
 
-from floom.services.run_rules import FINISHED, SUCCEEDED
+from floom.services.runs.rules import FINISHED, SUCCEEDED
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from floom.client_env import DEFAULT_PORT
-from floom.egress import ALLOW_HINT, parse_allowed_networks
+from floom.net.egress import ALLOW_HINT, parse_allowed_networks
 
 # What a node may do (FLOOM_ROLES): serve the API and UI, fire schedules, execute runs.
 ROLES = ("api", "scheduler", "executor")
@@ -36,17 +36,17 @@ class Settings(BaseSettings):
     roles: str = "api,scheduler,executor"
     node_id: str = Field("", max_length=80)
     sandbox: str = "local"
-    # The E2B backend (floom/sandbox/e2b.py): the key falls back to E2B_API_KEY; the template a
-    # worker runs in unless its worker.yml names one. E2B_DOMAIN etc. are the SDK's own.
+    # The E2B backend (floom/sandbox/e2b/backend.py): the key falls back to E2B_API_KEY; the
+    # template a worker runs in unless its worker.yml names one. E2B_DOMAIN etc. are the SDK's own.
     e2b_api_key: str = ""
     e2b_template: str = "base"
     # When floom runs as root, each running local sandbox has a host uid (and gid) of its own
-    # from [base, base + count), never root (floom/sandbox/uid_pool.py; README: Sandbox uids).
+    # from [base, base + count), never root (floom/sandbox/local/uid_pool.py; README: Sandbox uids).
     sandbox_uid_base: int = Field(0x70000000, ge=1, le=2**31 - 1)
     sandbox_uid_count: int = Field(1024, ge=1, le=1 << 20)
     # Ceilings on what one run's worker.yml `limits` may ask for on this server (unset: only
     # worker.yml's own bounds); a worker over one is refused at deploy and by validate
-    # (floom/services/limit_ceilings.py; README: Resource limits).
+    # (floom/services/workers/limit_ceilings.py; README: Resource limits).
     max_timeout_seconds: int | None = Field(None, ge=1)
     max_memory_mb: int | None = Field(None, ge=16)
     max_processes: int | None = Field(None, ge=8)
@@ -95,7 +95,7 @@ class Settings(BaseSettings):
     # Streams one API key may hold open at once on a node (SSE log streams of the API and
     # the web UI, the MCP endpoint's event streams; 429 too_many_streams above).
     max_streams_per_key: int = Field(16, ge=1)
-    # Quotas (floom/services/runs.py, floom/api/auth.py): the largest inputs of one run as
+    # Quotas (floom/services/runs/lifecycle.py, floom/api/auth.py): the largest inputs of one run as
     # JSON, and each API key's request rate, a token bucket refilled at rate_limit_per_minute
     # that holds rate_limit_burst (0 a minute: no limit). The rate is counted per process.
     max_input_bytes: int = Field(1024 * 1024, ge=1)
@@ -111,11 +111,11 @@ class Settings(BaseSettings):
     # Every request body but deploys, /mcp and /hooks (floom/api/body_limit.py); read no
     # further than this before a route sees it.
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    # Triggers (floom/services/webhooks.py): the largest webhook body accepted, and the
+    # Triggers (floom/services/triggers/webhooks.py): the largest webhook body accepted, and the
     # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
     webhook_max_bytes: int = 1024 * 1024
     composio_webhook_secret: str = ""
-    # Retention (floom/services/retention.py): finished runs' logs and artifacts are deleted
+    # Retention (floom/services/ops/retention.py): finished runs' logs and artifacts are deleted
     # this many days after the run ended (0: kept forever; a worker's `retention_days` wins),
     # by nodes with the scheduler role every retention_interval_seconds.
     retention_days: int = Field(0, ge=0, le=36500)
@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     composio_api_key: str = ""
     composio_base_url: str = "https://backend.composio.dev"
     # Non-public networks ("10.1.2.0/24,...") that connections floom makes on a worker's
-    # behalf (http_request, MCP tool sources, Composio; floom/egress.py) may reach. Loopback
+    # behalf (http_request, MCP tool sources, Composio; floom/net/egress.py) may reach. Loopback
     # and the host's own addresses stay closed whatever is listed.
     egress_allow: str = ""
     # UNSAFE, for tests only: let those connections reach private, loopback and the host's
@@ -212,7 +212,8 @@ LIMIT_CEILINGS: Final = {
     "disk_mb": "max_disk_mb",
     "max_tool_iterations": "max_tool_iterations",
 }
-"""worker.yml's `limits.<key>`: the setting of its ceiling (floom/services/limit_ceilings.py)."""
+"""worker.yml's `limits.<key>`: the setting of its ceiling
+(floom/services/workers/limit_ceilings.py)."""
 
 
 def mask_password(url: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from floom.services.run_rules import FINISHED
+from floom.services.runs.rules import FINISHED
 from tests.conftest import (
     LiveServer,
     deploy_folder,

@@ -18,10 +18,10 @@ import uvicorn
 
 from floom.api.app import create_app
 from floom.config import Settings
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
-from floom.services.run_rules import FINISHED
+from floom.services.runs.rules import FINISHED
 from tests.pg_databases import DatabasePool
 from tests.ports import free_port
 
@@ -61,7 +61,7 @@ def _unmount_run_disks_left_behind(tmp_path_factory: pytest.TempPathFactory) -> 
     under this process's temporary dirs are unmounted at the end, as a restarted node
     would: pytest could not remove them, and the machine would keep their loop devices."""
     yield
-    from floom.sandbox.disks import unmount_under
+    from floom.sandbox.local.disks import unmount_under
 
     unmount_under(tmp_path_factory.getbasetemp())
 

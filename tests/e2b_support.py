@@ -10,7 +10,7 @@ import pytest
 
 from floom.config import Settings
 from floom.sandbox import get_sandbox
-from floom.sandbox.e2b import E2BSandbox
+from floom.sandbox.e2b.backend import E2BSandbox
 from tests.standins.e2b import E2BStandin, running_e2b_standin
 
 

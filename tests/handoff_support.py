@@ -6,11 +6,11 @@ import subprocess
 import sys
 from typing import Any
 
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import jobs as handoffs
-from floom.services.principal import SYSTEM
 from floom.store.models import ApiKey
 from tests.conftest import LiveServer
 

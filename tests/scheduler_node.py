@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from floom.config import Settings
-from floom.engine.scheduler import Scheduler
+from floom.engine.loops.scheduler import Scheduler
 from floom.services.context import Context
 
 

@@ -10,9 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from floom.api.app import create_app
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
 from tests.conftest import fast_settings
 
 BOOTSTRAP = "flm_bootstrap-token-for-restart-tests-0123456789"

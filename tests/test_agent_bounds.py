@@ -9,8 +9,8 @@ import json
 from typing import Any
 
 from floom import jsonvalues
-from floom.services import agent_runs
-from floom.services.principal import SYSTEM
+from floom.services.access.principal import SYSTEM
+from floom.services.runs import agent as agent_runs
 from floom.store.agents import Transcript
 from tests.fake_provider import call, finish
 from tests.test_agent_loop_fake import Rig, _notes, rig  # noqa: F401  (rig is a fixture)

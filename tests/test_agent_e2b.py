@@ -13,9 +13,10 @@ from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine.executor import Executor
 from floom.sandbox.fake import FakeSandbox
-from floom.services import runs, workers
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.runs import lifecycle as runs
+from floom.services.workers import versions as workers
 from floom.store.models import Run
 from tests.conftest import make_worker, wait_until
 from tests.e2b_support import standin_for_module

@@ -24,10 +24,13 @@ from floom.config import Settings
 from floom.engine.executor import Executor
 from floom.errors import ProviderAuthFailed, ProviderError, ProviderKeyMissing
 from floom.sandbox.fake import FakeProcess, FakeSandbox
-from floom.services import agent_runs, run_records, runs, workers
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.logs import list_events
-from floom.services.principal import SYSTEM
+from floom.services.runs import agent as agent_runs
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import records as run_records
+from floom.services.runs.logs import list_events
+from floom.services.workers import versions as workers
 from floom.store.models import Run
 from tests.conftest import make_worker, wait_until
 from tests.fake_provider import FakeProvider, call, finish, reply, text, tool_use

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from floom.manifest import Problem
-from floom.manifest_agent import tool_specs
-from floom.manifest_load import check_manifest, parse_manifest
+from floom.manifest.agent import tool_specs
+from floom.manifest.load import check_manifest, parse_manifest
+from floom.manifest.schema import Problem
 
 
 def problems_of(text: str, files: list[str] | None = None) -> dict[str, Problem]:

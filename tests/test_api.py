@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from floom.api import routes_runs
+from floom.api.routes import runs as routes_runs
 from floom.bundle import read_folder
-from floom.services.run_statuses import ACTIVE
+from floom.services.runs.statuses import ACTIVE
 from tests.conftest import (
     EXAMPLES,
     LiveServer,

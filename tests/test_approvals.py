@@ -6,8 +6,8 @@ from pathlib import Path
 
 import httpx
 
-from floom.mcp.local_backend import LocalBackend
-from floom.services.principal import SYSTEM
+from floom.mcp.backends.local import LocalBackend
+from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from tests.agent_helpers import log_lines, start_run, wait_status

@@ -19,10 +19,10 @@ import pytest
 
 from floom.engine.collect import collect_artifacts
 from floom.engine.safefiles import Bounds
-from floom.services import keys
-from floom.services.artifact_scan import ENCODINGS, mask_bytes, unscannable_kind
-from floom.services.principal import SYSTEM
-from floom.services.secrets import Redactor
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.services.access.secrets import Redactor
+from floom.services.runs.artifact_scan import ENCODINGS, mask_bytes, unscannable_kind
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.mcp_support import call_error, http_client
 from tests.web_support import signed_in_client

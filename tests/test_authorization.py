@@ -21,12 +21,12 @@ from fastapi.routing import APIRoute
 
 import floom.services
 from floom.errors import Forbidden
-from floom.mcp import tools as mcp_tools
-from floom.services import keys
+from floom.mcp.tools import core as mcp_tools
+from floom.services.access import keys
+from floom.services.access.keys import SCOPES
+from floom.services.access.principal import SYSTEM, Principal
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
-from floom.services.keys import SCOPES
-from floom.services.principal import SYSTEM, Principal
 from tests.conftest import LiveServer, deploy_folder, make_worker, plain_client
 from tests.mcp_support import http_client
 
@@ -212,25 +212,28 @@ def _mcp_call_without_key(anonymous: httpx.Client, tool: str) -> tuple[int, str 
 # The reads each surface serves. Every one decides access itself (caller.require), so a new
 # surface that forgets to check cannot read around it.
 READ_SERVICES = (
-    "agent_runs.list_tool_calls agent_runs.load_transcript approvals.approvals_of_run "
-    "approvals.get_approval approvals.list_approvals audit.list_events diffs.diff_versions "
-    "evals.eval_report evals.get_eval evals.select_runs keys.get_key keys.key_names "
-    "keys.list_keys lineage.child_runs lineage.last_runs logs.list_events logs.tail_events "
-    "metrics.exposition nodes.list_nodes recordings.load_recording replays.get_replay "
-    "replays.replay_of_run replays.replay_report replays.replays_of_eval "
-    "run_records.run_extras run_records.run_record run_stats.daily_history "
-    "run_waits.wait_for_end runs.get_run runs.list_artifacts runs.list_runs "
-    "runs.read_artifact runs.version_of_run secrets.list_secrets triggers.get_trigger "
-    "triggers.list_triggers triggers.summary webhooks.get_delivery webhooks.list_deliveries "
-    "workers.get_version workers.get_worker workers.list_versions workers.list_workers "
-    "workers.validate_archive handoffs.agents.get_agent handoffs.agents.list_agents "
+    "runs.agent.list_tool_calls runs.agent.load_transcript runs.approvals.approvals_of_run "
+    "runs.approvals.get_approval runs.approvals.list_approvals access.audit.list_events "
+    "workers.diffs.diff_versions replays.evals.eval_report replays.evals.get_eval "
+    "replays.evals.select_runs access.keys.get_key access.keys.key_names access.keys.list_keys "
+    "runs.lineage.child_runs runs.lineage.last_runs runs.logs.list_events runs.logs.tail_events "
+    "ops.metrics.exposition ops.nodes.list_nodes replays.recordings.load_recording "
+    "replays.replay.get_replay replays.replay.replay_of_run replays.replay.replay_report "
+    "replays.replay.replays_of_eval runs.records.run_extras runs.records.run_record "
+    "runs.stats.daily_history runs.waits.wait_for_end runs.lifecycle.get_run "
+    "runs.lifecycle.list_artifacts runs.lifecycle.list_runs runs.lifecycle.read_artifact "
+    "runs.lifecycle.version_of_run access.secrets.list_secrets triggers.registry.get_trigger "
+    "triggers.registry.list_triggers triggers.registry.summary triggers.webhooks.get_delivery "
+    "triggers.webhooks.list_deliveries workers.versions.get_version workers.versions.get_worker "
+    "workers.versions.list_versions workers.versions.list_workers "
+    "workers.versions.validate_archive handoffs.agents.get_agent handoffs.agents.list_agents "
     "handoffs.agents.list_roles"
 ).split()
 
 
 # Functions that take a caller to apply a rule about it, after the service that calls them
 # has checked its scope, and read nothing themselves.
-RULES_ABOUT_THE_CALLER = {"exposure.check_exposed": "create_run's surface check"}
+RULES_ABOUT_THE_CALLER = {"workers.exposure.check_exposed": "create_run's surface check"}
 
 
 def _services_taking_a_caller() -> dict[str, Callable[..., Any]]:

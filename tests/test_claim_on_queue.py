@@ -18,10 +18,11 @@ from floom.engine.executor import Executor
 from floom.engine.queue import Claim
 from floom.errors import FloomError
 from floom.sandbox.fake import FakeSandbox
-from floom.services import runs, workers
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context, StartedRun
-from floom.services.logs import list_events
-from floom.services.principal import SYSTEM
+from floom.services.runs import lifecycle as runs
+from floom.services.runs.logs import list_events
+from floom.services.workers import versions as workers
 from floom.store.models import Run, Version
 from tests.conftest import fast_settings, make_worker, wait_until
 from tests.queue_support import enqueue

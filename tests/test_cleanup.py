@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from floom.engine import cleanup
-from floom.sandbox.disks import unmount_under
+from floom.sandbox.local.disks import unmount_under
 from tests.conftest import fast_settings, live_server
 
 DEPTH = 1200  # past Python's recursion limit (1000), which ended shutil.rmtree
@@ -125,9 +125,9 @@ def test_a_server_starts_over_a_work_root_a_killed_one_left_a_deep_tree_in(
 def test_a_server_starts_over_the_run_disks_a_killed_one_left_mounted(
     tmp_path: Path, database_url: str
 ) -> None:
-    # A root floom mounts a disk of its own on each run dir (floom/sandbox/disks.py); one
+    # A root floom mounts a disk of its own on each run dir (floom/sandbox/local/disks.py); one
     # killed mid-run leaves it mounted on the host, its image kept busy by the mount.
-    from floom.sandbox.local import LocalSandbox
+    from floom.sandbox.local.backend import LocalSandbox
 
     if not LocalSandbox().disks or not LocalSandbox().disks.usable():  # type: ignore[union-attr]
         pytest.skip("a run's own disk needs root and loop devices")
@@ -139,7 +139,7 @@ def test_a_server_starts_over_the_run_disks_a_killed_one_left_mounted(
             sys.executable,
             "-c",
             "import os, sys; from pathlib import Path;"
-            "from floom.sandbox.local import LocalSandbox;"
+            "from floom.sandbox.local.backend import LocalSandbox;"
             "run_dir = Path(sys.argv[1]); LocalSandbox().make_run_dir(run_dir, disk_mb=8);"
             "(run_dir / 'work').mkdir(); (run_dir / 'work' / 'big').write_bytes(b'x' * 2**20);"
             "os.kill(os.getpid(), 9)",

@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from floom.cli import serving
-from floom.client import FloomClient, FollowEvent
+from floom.client.rest import FloomClient, FollowEvent
 from floom.config import mask_password
 from floom.errors import ClientError, NotFound
-from floom.services import secrets
-from floom.services.principal import SYSTEM
+from floom.services.access import secrets
+from floom.services.access.principal import SYSTEM
 from tests.conftest import (
     EXAMPLES,
     LiveServer,

@@ -33,7 +33,7 @@ def test_floom_help_prints_the_index_without_loading_typer_or_a_command_module()
     probe = (
         "import sys, runpy; sys.argv = ['floom', '--help']; "
         "from floom.cli import main; main(); "
-        "heavy = [m for m in ('typer', 'rich', 'httpx', 'pydantic', 'floom.cli.runs') "
+        "heavy = [m for m in ('typer', 'rich', 'httpx', 'pydantic', 'floom.cli.commands.runs') "
         "if m in sys.modules]; print('LOADED', heavy)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
@@ -50,6 +50,11 @@ def test_a_command_line_loads_only_the_module_of_its_command() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     loaded = done.stdout.strip().splitlines()[-1]
-    assert "floom.cli.admin" in loaded
-    for other in ("floom.cli.runs", "floom.cli.handoffs", "floom.cli.serve", "floom.cli.workers"):
+    assert "floom.cli.commands.admin" in loaded
+    for other in (
+        "floom.cli.commands.runs",
+        "floom.cli.commands.handoffs",
+        "floom.cli.serve",
+        "floom.cli.commands.workers",
+    ):
         assert other not in loaded

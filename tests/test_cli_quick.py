@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from floom.client_lite import LiteClient
-from floom.client_wire import StartRequest
+from floom.client.lite import LiteClient
+from floom.client.wire import StartRequest
 from floom.errors import ClientError
 from tests.conftest import (
     EXAMPLES,
@@ -145,7 +145,7 @@ def _loaded(env: dict[str, str], *args: str) -> tuple[str, str]:
         f"import sys; sys.argv = ['floom', *{args!r}]\n"
         "from floom.cli import main\n"
         "try:\n    main()\nexcept SystemExit as done:\n    code = done.code\n"
-        "heavy = ('typer', 'rich', 'httpx', 'pydantic', 'floom.services.run_rules')\n"
+        "heavy = ('typer', 'rich', 'httpx', 'pydantic', 'floom.services.runs.rules')\n"
         "heavy = [m for m in heavy if m in sys.modules]\n"
         "print('LOADED', heavy, code, file=sys.stderr)"
     )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from floom.services.run_statuses import FINISHED
+from floom.services.runs.statuses import FINISHED
 from tests.cluster_support import node_processes
 from tests.conftest import deploy_folder, live_server, make_worker, wait_until
 

@@ -1,7 +1,7 @@
 """A key revoked on one node stays revoked on a node that was cut off from the database or
 paused when it happened: privileged writes read the caller's key again in their own
 transaction, and a node's key cache is not used once its signal listener has not been
-heard from within its bound (floom/services/auth_cache.py HEARD_WITHIN_SECONDS)."""
+heard from within its bound (floom/services/access/auth_cache.py HEARD_WITHIN_SECONDS)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from floom.services import wakeups
-from floom.services.auth_cache import HEARD_WITHIN_SECONDS
+from floom.services.access.auth_cache import HEARD_WITHIN_SECONDS
 from floom.services.context import Context
 from floom.store.signals import APPLICATION_NAME
 from tests.cluster_support import NodeProcess

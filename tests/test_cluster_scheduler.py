@@ -22,9 +22,9 @@ import pytest
 from sqlmodel import col, select
 
 from floom.bundle import read_folder
-from floom.services import workers
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run
 from tests.conftest import REPO, fast_settings, make_worker, wait_until

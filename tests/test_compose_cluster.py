@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from floom.sandbox.local import owner_prefix
-from floom.services.run_statuses import FINISHED
+from floom.sandbox.local.backend import owner_prefix
+from floom.services.runs.statuses import FINISHED
 from tests.compose_support import Cluster, compose_cluster
 from tests.conftest import EXAMPLES, deploy_folder, free_port, make_worker, wait_until
 from tests.tcp_proxy import TcpProxy

@@ -18,9 +18,9 @@ import uvicorn
 from floom.api.address_limit import AddressLimiter, client_key
 from floom.api.app import create_app
 from floom.config import Settings
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
 from tests.conftest import LiveServer, fast_settings, free_port
 from tests.web_support import csrf_of
 

@@ -1,4 +1,4 @@
-"""The egress guard (floom/egress.py) over every connection floom makes on a worker's behalf:
+"""The egress guard (floom/net/egress.py) over every connection floom makes on a worker's behalf:
 an agent's http_request, its MCP tool sources and Composio calls. Each source is shown
 refused where it must be, with nothing sent; a failure is told without what the other end
 answered. Traffic goes to loopback stand-ins and to test hosts in network namespaces the
@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from floom.config import Settings
-from floom.egress import (
+from floom.net.addresses import host_networks
+from floom.net.egress import (
     DESCRIBE_LIMIT,
     EgressPolicy,
     EgressRefused,
@@ -32,7 +33,6 @@ from floom.egress import (
     refusal,
     resolve_checked,
 )
-from floom.host_addresses import host_networks
 from tests.agent_helpers import agent_rig, agent_worker, start_run, wait_status
 from tests.conftest import wait_until
 from tests.netns_support import NamespaceHost, namespace_host, needs_netns

@@ -15,10 +15,11 @@ from floom.engine.executor import Executor
 from floom.errors import InvalidRequest
 from floom.sandbox.base import SandboxResult, SandboxSpec, SandboxUnavailable
 from floom.sandbox.fake import FakeProcess, FakeSandbox
-from floom.services import runs, workers
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.logs import list_events
-from floom.services.principal import SYSTEM
+from floom.services.runs import lifecycle as runs
+from floom.services.runs.logs import list_events
+from floom.services.workers import versions as workers
 from tests.conftest import make_worker, wait_until
 
 MANIFEST = """\

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from floom import env_names
+from floom.sandbox import env_names
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

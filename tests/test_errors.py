@@ -15,9 +15,9 @@ import floom
 from floom import errors
 from floom.bundle import read_folder
 from floom.errors import FloomError
-from floom.services import workers
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.workers import versions as workers
 from tests.conftest import PG_ADMIN_URL, LiveServer, make_worker
 
 

@@ -10,10 +10,11 @@ import sys
 import httpx
 import pytest
 
-from floom.services import secrets, triggers
+from floom.services.access import secrets
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.examples import deploy_examples
-from floom.services.principal import SYSTEM
+from floom.services.triggers import registry as triggers
+from floom.services.workers.examples import deploy_examples
 from tests.conftest import EXAMPLES, LiveServer, deploy_folder, wait_for_run
 from tests.netns_support import namespace_host, needs_netns
 

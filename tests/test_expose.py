@@ -15,8 +15,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from floom.errors import NotExposed
-from floom.services import runs
-from floom.services.principal import SYSTEM, Principal
+from floom.services.access.principal import SYSTEM, Principal
+from floom.services.runs import lifecycle as runs
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.mcp_support import call, call_error, http_client
 from tests.web_support import csrf_of, signed_in_client

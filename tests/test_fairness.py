@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from floom.engine.runlog import DROP_NOTE_SECONDS, LogBudget, RunLog
-from floom.sandbox.supervisor import LineSplitter
-from floom.services import keys
-from floom.services.principal import SYSTEM
-from floom.services.secrets import Redactor
+from floom.sandbox.local.supervisor import LineSplitter
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.services.access.secrets import Redactor
 from tests.conftest import LiveServer, live_server, wait_for_run, wait_until
 from tests.test_cli import cli
 from tests.test_waits import NOOP, deploy, start, waiters

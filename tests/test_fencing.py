@@ -18,11 +18,11 @@ from floom.engine.queue import (
     renew_held_leases,
 )
 from floom.engine.runlog import RunLog
-from floom.services.approvals import new_approval, pause_run
+from floom.services.access.principal import SYSTEM
+from floom.services.access.secrets import Redactor
 from floom.services.context import Context
-from floom.services.logs import list_events
-from floom.services.principal import SYSTEM
-from floom.services.secrets import Redactor
+from floom.services.runs.approvals import new_approval, pause_run
+from floom.services.runs.logs import list_events
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Run, utcnow

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow, review
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs.retire import retire_agent
 from floom.services.handoffs.rules import IllegalTransition
-from floom.services.principal import SYSTEM
 from tests.conftest import wait_until
 from tests.handoff_support import admin, agent, event_types, events, roles
 

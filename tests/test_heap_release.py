@@ -1,4 +1,4 @@
-"""A server keeps its C heap compact (engine/heap.py): on glibc a release makes freed memory
+"""A server keeps its C heap compact (engine/loops/heap.py): on glibc a release makes freed memory
 leave the resident set and every node's presence loop calls it every RELEASE_SECONDS; a
 starting app limits the malloc arenas before its threads start, and limited threads share
 them; where the C library has no such calls these do nothing."""
@@ -13,8 +13,8 @@ import time
 import pytest
 
 from floom.api import app as app_module
-from floom.engine import presence
-from floom.engine.presence import NodePresence
+from floom.engine.loops import presence
+from floom.engine.loops.presence import NodePresence
 from floom.services.context import Context
 from tests.conftest import start_server, wait_until
 
@@ -22,7 +22,7 @@ from tests.conftest import start_server, wait_until
 # freed: 16 MiB of free chunks between live ones, which glibc does not give back by itself.
 FRAGMENTED_HEAP = """
 import ctypes, sys
-from floom.engine.heap import release_free_memory
+from floom.engine.loops.heap import release_free_memory
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -57,7 +57,7 @@ class NoTrim:
 
 
 ctypes.CDLL = NoTrim
-from floom.engine.heap import limit_arenas, release_free_memory
+from floom.engine.loops.heap import limit_arenas, release_free_memory
 
 print(release_free_memory(), release_free_memory(), limit_arenas())
 """
@@ -109,7 +109,7 @@ def test_the_presence_loop_releases_free_memory_every_release_seconds_not_every_
 # eight per core) unless the arenas are limited. A thread arena is a 64 MiB reservation.
 THREAD_ARENAS = """
 import sys, threading
-from floom.engine.heap import limit_arenas
+from floom.engine.loops.heap import limit_arenas
 
 if sys.argv[1] == "limited":
     assert limit_arenas()

@@ -10,22 +10,20 @@ import anyio
 import httpx
 import pytest
 
-from floom.api import (
-    ui,
-    ui_admin,
-    ui_approvals,
-    ui_handoffs,
-    ui_nodes,
-    ui_ops,
-    ui_replays,
-    ui_runs,
-)
 from floom.api.app import create_app
 from floom.hints import SERVER_COMMANDS
 from floom.hints.rest import for_rest
 from floom.hints.ui import for_ui
-from floom.services import keys
-from floom.services.principal import SYSTEM
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.ui import admin as ui_admin
+from floom.ui import app as ui
+from floom.ui import approvals as ui_approvals
+from floom.ui import handoffs as ui_handoffs
+from floom.ui import nodes as ui_nodes
+from floom.ui import ops as ui_ops
+from floom.ui import replays as ui_replays
+from floom.ui import runs as ui_runs
 from tests.conftest import EXAMPLES, LiveServer, deploy_folder, fast_settings
 from tests.mcp_support import call, call_error, http_client
 

@@ -16,7 +16,6 @@ import anyio
 import pytest
 from sqlmodel import Session
 
-from floom.api import ui, ui_admin, ui_approvals, ui_handoffs, ui_nodes, ui_ops, ui_replays, ui_runs
 from floom.engine.collect import read_result
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent
@@ -24,6 +23,14 @@ from floom.store.handoffs import Job, JobEvent, Role
 from floom.store.models import Run, RunEvent
 from floom.store.replays import Replay
 from floom.store.triggers import WebhookDelivery
+from floom.ui import admin as ui_admin
+from floom.ui import app as ui
+from floom.ui import approvals as ui_approvals
+from floom.ui import handoffs as ui_handoffs
+from floom.ui import nodes as ui_nodes
+from floom.ui import ops as ui_ops
+from floom.ui import replays as ui_replays
+from floom.ui import runs as ui_runs
 from tests.conftest import LiveServer, deploy_folder, make_worker
 from tests.mcp_support import call_raw, http_client, text_of
 from tests.web_support import signed_in_client

@@ -21,9 +21,10 @@ from pathlib import Path
 from fastapi import APIRouter
 
 import floom.api
-from floom.api import ui
+import floom.ui
 from floom.api.app import create_app
 from floom.config import Settings
+from floom.ui import app as ui
 from tests.conftest import free_port
 
 # What only some uses need; each module (and anything under it) must stay out of an idle
@@ -39,14 +40,14 @@ ONLY_SOME_USES_NEED = (
     "e2b",  # a node running scripts in E2B
     "floom.agent",
     "floom.mcp",
-    "floom.sandbox.e2b",
+    "floom.sandbox.e2b.backend",
     "rich",  # the CLI's printing
     "pygments",
     "typer",  # the CLI's other commands: `floom serve` starts without it (cli/serving.py)
     "prometheus_client",  # the first scrape of /metrics
     "jinja2",  # the web UI's first page
-    "floom.api.ui",
-    "floom.api.ui_support",
+    "floom.ui.app",
+    "floom.ui.support",
 )
 POSTGRES_ONLY = ("psycopg", "sqlalchemy.dialects.postgresql")
 
@@ -130,8 +131,9 @@ def test_the_app_serves_its_routers_routes_as_built_not_a_second_build_of_each(
     # Every router floom's API package defines, found rather than listed: a new one is
     # checked too.
     modules = [
-        importlib.import_module(f"floom.api.{info.name}")
-        for info in pkgutil.iter_modules(floom.api.__path__)
+        importlib.import_module(info.name)
+        for package in (floom.api, floom.ui)
+        for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")
     ]
     routed = [m for m in modules if isinstance(getattr(m, "router", None), APIRouter)]
     assert len(routed) >= 20, [m.__name__ for m in routed]  # the API's and the UI's

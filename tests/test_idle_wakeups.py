@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 
 from floom.bundle import read_folder
-from floom.engine.handoff_loop import HandoffLoop
-from floom.engine.scheduler import Scheduler
-from floom.services import wakeups, workers
+from floom.engine.loops.handoffs import HandoffLoop
+from floom.engine.loops.scheduler import Scheduler
+from floom.services import wakeups
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.handoffs import flow
 from floom.services.handoffs import jobs as handoffs
-from floom.services.principal import SYSTEM
+from floom.services.workers import versions as workers
 from tests.conftest import make_worker, wait_until
 from tests.handoff_support import agent, roles
 

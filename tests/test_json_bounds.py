@@ -18,12 +18,12 @@ import pytest
 
 from floom import jsonvalues
 from floom.errors import InputInvalid, InvalidRequest
-from floom.manifest_load import check_manifest
-from floom.services import approvals
+from floom.manifest.load import check_manifest
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.handoffs import rules
-from floom.services.principal import SYSTEM
-from floom.services.webhooks import parse_body
+from floom.services.runs import approvals
+from floom.services.triggers.webhooks import parse_body
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.test_limits_parsers import archive
 from tests.web_support import csrf_of, signed_in_client

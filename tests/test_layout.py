@@ -34,21 +34,21 @@ DELIBERATE_LOCAL_IMPORTS = {
     # modules: 0.09 s instead of 0.25 s on a quiet 2-core machine (bench/bench_cli.py).
     ("floom/cli/index.py", "floom.cli.command"),
     # The e2b SDK (~1 s of CPU to import) only on a node that runs scripts in E2B.
-    ("floom/sandbox/__init__.py", "floom.sandbox.e2b"),
+    ("floom/sandbox/__init__.py", "floom.sandbox.e2b.backend"),
     # `floom mcp` alone needs the MCP SDK (~0.4 s of every CLI start-up).
-    ("floom/cli/mcp.py", "floom.mcp.stdio"),
+    ("floom/cli/commands/mcp.py", "floom.mcp.stdio"),
     # Only validate and deploy check a folder locally: the manifest schema costs ~27 ms.
-    ("floom/cli/workers.py", "floom.manifest"),
-    ("floom/cli/workers.py", "floom.manifest_load"),
+    ("floom/cli/commands/workers.py", "floom.manifest.schema"),
+    ("floom/cli/commands/workers.py", "floom.manifest.load"),
     # Only deploy archives a folder (tarfile, lzma: ~4 ms).
-    ("floom/cli/workers.py", "floom.bundle"),
+    ("floom/cli/commands/workers.py", "floom.bundle"),
     # The agent package with httpx (~5 MiB resident) only on a node's first agent run.
     ("floom/api/app.py", "floom.agent.runner"),
     # The web UI (jinja2, the pages' modules and routes: ~5 MiB resident) only at the first
     # request no API route answers.
-    ("floom/api/ui_mount.py", "floom.api.ui"),
+    ("floom/api/ui_mount.py", "floom.ui.app"),
     # prometheus-client (~1 MiB resident) only at the first scrape of /metrics.
-    ("floom/api/metrics.py", "floom.services.metrics"),
+    ("floom/api/metrics.py", "floom.services.ops.metrics"),
     # rich only for error lines, which `floom serve` (running for days) need not hold.
     ("floom/cli/command.py", "floom.cli.output"),
     # `floom run`'s stdlib-only path: typer, rich and httpx are loaded only when it hands
@@ -56,7 +56,7 @@ DELIBERATE_LOCAL_IMPORTS = {
     ("floom/cli/index.py", "floom.cli.quick"),
     ("floom/cli/quick.py", "floom.cli.command"),
     ("floom/cli/quick.py", "floom.cli.common"),
-    ("floom/cli/quick.py", "floom.cli.runs"),
+    ("floom/cli/quick.py", "floom.cli.commands.runs"),
     # rich (about 50 ms) only when `floom run --wait` shows log lines; --json prints without it.
     ("floom/cli/quick.py", "floom.cli.console"),
 }

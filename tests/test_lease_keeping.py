@@ -23,9 +23,10 @@ from floom.bundle import read_folder
 from floom.engine.executor import Executor
 from floom.engine.queue import Renewal, claim_next_run, reap_expired_leases, renew_leases
 from floom.sandbox.fake import FakeProcess, FakeSandbox
-from floom.services import runs, workers
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.runs import lifecycle as runs
+from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 from tests.conftest import fast_settings, make_worker, wait_until

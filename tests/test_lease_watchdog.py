@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from floom.sandbox import cgroups
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.fence import LeaseFence, node_fence
-from floom.sandbox.local import LocalSandbox
+from floom.sandbox.local import cgroups
+from floom.sandbox.local.backend import LocalSandbox
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(

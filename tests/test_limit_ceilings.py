@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from floom.bundle import read_folder
-from floom.services.limit_ceilings import CEILINGS
+from floom.services.workers.limit_ceilings import CEILINGS
 from tests.conftest import live_server, make_worker, wait_for_run
 
 on_sqlite = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

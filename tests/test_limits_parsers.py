@@ -19,9 +19,9 @@ import pytest
 from floom.api.auth import RateLimiter
 from floom.bundle import Bundle, BundleFile, read_archive
 from floom.errors import BundleTooLarge, ManifestTooLarge, RateLimited
-from floom.manifest import MAX_MANIFEST_DEPTH, Manifest
-from floom.services import keys
-from floom.services.principal import SYSTEM
+from floom.manifest.schema import MAX_MANIFEST_DEPTH, Manifest
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from tests.conftest import LiveServer, fast_settings, live_server
 from tests.mcp_support import call, http_client
 
@@ -211,7 +211,7 @@ def test_the_manifest_model_refuses_values_nested_deeper_than_the_limit() -> Non
 
 
 def test_a_folder_whose_worker_yml_is_too_large_is_refused_locally(tmp_path: Path) -> None:
-    from floom.manifest_load import check_folder
+    from floom.manifest.load import check_folder
 
     (tmp_path / "worker.yml").write_text("name: w\n" + "#" * 300_000 + "\n")
     (tmp_path / "run.py").write_text(RUN_PY)

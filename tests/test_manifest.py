@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from floom.errors import InputInvalid, ManifestInvalid
-from floom.manifest import (
+from floom.manifest.load import check_folder, check_manifest, load_folder, parse_manifest
+from floom.manifest.schema import (
     ENTRY_CANDIDATES,
     FieldSpec,
     Manifest,
@@ -15,7 +16,6 @@ from floom.manifest import (
     format_problems,
     manifest_json_schema,
 )
-from floom.manifest_load import check_folder, check_manifest, load_folder, parse_manifest
 
 GOOD = """
 name: daily-digest

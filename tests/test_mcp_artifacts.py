@@ -16,8 +16,8 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from floom.mcp.artifact_tools import LINK_MEDIA_TYPE, MAX_INLINE_ARTIFACT_BYTES
 from floom.mcp.server import FloomMCPServer
+from floom.mcp.tools.artifacts import LINK_MEDIA_TYPE, MAX_INLINE_ARTIFACT_BYTES
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.mcp_support import call, call_error, call_raw, http_client, stdio_client, text_of
 

@@ -10,11 +10,13 @@ from typing import Any, get_args
 import anyio
 
 from floom.hints import mcp as hints
-from floom.mcp import handoff_tools
-from floom.mcp import tools as mcp_tools
 from floom.mcp.server import FloomMCPServer
-from floom.services import approvals, run_rules, runs
+from floom.mcp.tools import core as mcp_tools
+from floom.mcp.tools import handoffs as handoff_tools
 from floom.services.handoffs import rules as handoff_rules
+from floom.services.runs import approvals
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import rules as run_rules
 
 FLOOM = Path(__file__).resolve().parent.parent / "floom"
 

@@ -17,8 +17,8 @@ from starlette.requests import Request
 
 from floom.config import Settings
 from floom.mcp.http import transport_security
-from floom.services import keys
-from floom.services.principal import SYSTEM
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from tests.agent_helpers import live_server

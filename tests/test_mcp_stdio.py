@@ -10,10 +10,10 @@ import anyio
 import pytest
 from mcp import Client
 
-from floom.client import FloomClient
+from floom.client.rest import FloomClient
 from floom.mcp.stdio import configured_key, identify
-from floom.services import keys
-from floom.services.principal import SYSTEM
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from tests.conftest import EXAMPLES, LiveServer, free_port, make_worker
 from tests.mcp_support import (
     CALL_TIMEOUT,

@@ -15,9 +15,9 @@ from sqlalchemy import create_engine, text
 
 from floom.config import Settings
 from floom.errors import StoreNewerThanNode
-from floom.services import runs
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.runs import lifecycle as runs
 from floom.store.db import session_scope
 from floom.store.nodes import Node
 from tests.conftest import (

@@ -13,9 +13,9 @@ import pytest
 
 from floom import __version__
 from floom.api.app import bootstrap_store
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
 from floom.store.db import session_scope
 from floom.store.models import utcnow
 from floom.store.nodes import Node

@@ -1,5 +1,5 @@
 """A run's stage mounted from floom's own process, in its launcher's mount namespace
-(floom/sandbox/ns_mount.py), never in floom's own."""
+(floom/sandbox/local/ns_mount.py), never in floom's own."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from floom.sandbox import LocalSandbox, local, standby
+from floom.sandbox import LocalSandbox
 from floom.sandbox.base import SandboxResult, SandboxSpec
-from floom.sandbox.ns_mount import Mount, NamespaceMounter
+from floom.sandbox.local import backend as local
+from floom.sandbox.local import standby
+from floom.sandbox.local.ns_mount import Mount, NamespaceMounter
 from tests.conftest import wait_until
 
 pytestmark = [

@@ -15,8 +15,8 @@ import pytest
 
 from floom.config import Settings
 from floom.errors import BackupInvalid, Conflict, InvalidRequest
-from floom.services.backup import MANIFEST, create_backup, restore_backup
 from floom.services.context import Context
+from floom.services.ops.backup import MANIFEST, create_backup, restore_backup
 from tests.conftest import (
     REPO,
     deploy_folder,

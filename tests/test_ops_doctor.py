@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 from floom.config import Settings
-from floom.doctor import FAIL, OK, check_database, check_secret_key, run_checks
-from floom.services import secrets
+from floom.services.access import secrets
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.ops.doctor import FAIL, OK, check_database, check_secret_key, run_checks
 from tests.conftest import REPO, fast_settings
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from floom.services import keys
-from floom.services.principal import SYSTEM
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval, Transcript
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id, utcnow

@@ -11,10 +11,10 @@ from sqlalchemy import func, select
 from sqlmodel import SQLModel
 
 from floom.errors import Conflict, InvalidRequest
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
-from floom.services.store_copy import copy_store
+from floom.services.ops.store_copy import copy_store
 from floom.store.db import make_engine
 from tests.conftest import (
     deploy_folder,

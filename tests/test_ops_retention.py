@@ -10,11 +10,11 @@ from pathlib import Path
 from sqlmodel import col, select
 
 from floom.bundle import read_folder
-from floom.engine.housekeeping import Housekeeping
-from floom.services import workers
+from floom.engine.loops.housekeeping import Housekeeping
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
-from floom.services.retention import ORPHAN_GRACE, apply_retention
+from floom.services.ops.retention import ORPHAN_GRACE, apply_retention
+from floom.services.workers import versions as workers
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, new_id, utcnow

@@ -18,9 +18,9 @@ from floom.engine.queue import (
     reap_expired_leases,
     renew_leases,
 )
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.logs import list_events
-from floom.services.principal import SYSTEM
+from floom.services.runs.logs import list_events
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 from tests.queue_support import enqueue, other_node

@@ -14,8 +14,8 @@ import pytest
 from sqlmodel import select
 
 from floom.bundle import read_folder
-from floom.services import agent_runs
-from floom.services.run_rules import FINISHED
+from floom.services.runs import agent as agent_runs
+from floom.services.runs.rules import FINISHED
 from floom.store.agents import ToolCall
 from floom.store.db import session_scope
 from tests.agent_helpers import AgentRig, agent_rig, agent_worker, start_run, wait_status

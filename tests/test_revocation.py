@@ -20,13 +20,15 @@ from sqlmodel import SQLModel
 
 from floom.bundle import read_folder
 from floom.errors import Forbidden, Unauthorized
-from floom.services import keys, secrets, triggers, workers
-from floom.services.auth_cache import HEARD_WITHIN_SECONDS, AuthCache
+from floom.services.access import keys, secrets
+from floom.services.access.auth_cache import HEARD_WITHIN_SECONDS, AuthCache
+from floom.services.access.principal import SYSTEM, Principal
 from floom.services.context import Context
 from floom.services.handoffs import agents
 from floom.services.handoffs.retire import retire_agent
-from floom.services.principal import SYSTEM, Principal
-from floom.services.worker_deletion import delete_worker
+from floom.services.triggers import registry as triggers
+from floom.services.workers import versions as workers
+from floom.services.workers.deletion import delete_worker
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, utcnow
 from tests.conftest import PG_ADMIN_URL, LiveServer, make_worker, wait_until

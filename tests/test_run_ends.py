@@ -8,8 +8,8 @@ import contextlib
 import threading
 from typing import cast
 
-from floom.services.run_records import RunRecord
-from floom.services.run_waits import DELIVERED_READS, RECENT_ENDS, RunEnds
+from floom.services.runs.records import RunRecord
+from floom.services.runs.waits import DELIVERED_READS, RECENT_ENDS, RunEnds
 
 
 def test_an_end_wakes_the_waiters_of_its_run_and_no_others() -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 
 from floom.engine.runlog import RunLog
+from floom.services.access.principal import SYSTEM
+from floom.services.access.secrets import Redactor
 from floom.services.context import Context
-from floom.services.logs import list_events
-from floom.services.principal import SYSTEM
-from floom.services.secrets import Redactor
+from floom.services.runs.logs import list_events
 from tests.queue_support import enqueue
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from floom.engine.runlog import RunLog
-from floom.services.secrets import Redactor
+from floom.services.access.secrets import Redactor
 from tests.agent_helpers import live_server, log_lines
 from tests.conftest import deploy_folder, make_worker, wait_for_run
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from floom.client import TERMINAL_STATUSES
+from floom.client.rest import TERMINAL_STATUSES
 from floom.errors import IllegalTransition, InvalidRequest
-from floom.services import run_rules as rules
-from floom.services.run_rules import (
+from floom.services.runs import rules
+from floom.services.runs.rules import (
     ACTORS,
     STATUSES,
     TRANSITIONS,
@@ -192,7 +192,7 @@ def test_requeue_refuses_a_run_that_is_not_running() -> None:
 def test_the_client_uses_the_one_finished_set_and_loads_no_store_to_get_it() -> None:
     assert TERMINAL_STATUSES is rules.FINISHED
     probe = (
-        "import sys, floom.client; "
+        "import sys, floom.client.rest; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'sqlmodel')))"
     )
     loaded = subprocess.run(
@@ -205,9 +205,9 @@ FLOOM = Path(__file__).resolve().parent.parent / "floom"
 # Every `X.status = ...` in floom outside run_rules, with what X is: none of them is a run's.
 OTHER_STATUS_WRITES = {
     ("errors.py", "self.status"),  # an error's HTTP status
-    ("services/agent_runs.py", "call.status"),  # a tool call
-    ("services/approvals.py", "approval.status"),
-    ("services/approvals.py", "call.status"),  # a tool call withdrawn with its approval
+    ("services/runs/agent.py", "call.status"),  # a tool call
+    ("services/runs/approvals.py", "approval.status"),
+    ("services/runs/approvals.py", "call.status"),  # a tool call withdrawn with its approval
     ("services/handoffs/jobs.py", "job.status"),  # handoff jobs have their own table
     ("services/handoffs/flow.py", "job.status"),
     ("schemas/triggers.py", "answer.status"),  # a webhook's answer to its sender
@@ -216,13 +216,16 @@ OTHER_STATUS_WRITES = {
     ("engine/queue.py", "ended.status"),
 }
 # A run is created in an initial status (queued, or skipped by a trigger) only here.
-RUN_CREATORS = {"services/runs.py"}
+RUN_CREATORS = {"services/runs/lifecycle.py"}
 
 
 def _status_writes() -> tuple[set[tuple[str, str]], set[str]]:
     writes, creators = set(), set()
     for path in FLOOM.rglob("*.py"):
-        if "migrations" in path.parts or path.name == "run_rules.py":
+        if (
+            "migrations" in path.parts
+            or path.relative_to(FLOOM).as_posix() == "services/runs/rules.py"
+        ):
             continue
         rel = path.relative_to(FLOOM).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
@@ -266,4 +269,4 @@ def test_every_writer_of_a_runs_status_goes_through_the_state_machine() -> None:
     )
     assert creators <= RUN_CREATORS, f"runs are created with a status only in {RUN_CREATORS}"
     # The scan sees what it looks for.
-    assert ("services/approvals.py", "approval.status") in writes and creators
+    assert ("services/runs/approvals.py", "approval.status") in writes and creators

@@ -18,7 +18,7 @@ from floom.engine.safefiles import (
     walk,
     write_regular,
 )
-from floom.services.secrets import Redactor
+from floom.services.access.secrets import Redactor
 
 
 def _later(seconds: float = 30.0) -> Bounds:

@@ -236,7 +236,7 @@ def test_an_environment_variable_no_shell_could_name_is_refused_before_anything_
 def test_a_variable_that_changes_how_programs_load_or_run_is_refused_before_anything_runs(
     backend: str, tmp_path: Path, name: str
 ) -> None:
-    # The last line of floom/env_names.py's rule, behind secrets set and worker.yml.
+    # The last line of floom/sandbox/env_names.py's rule, behind secrets set and worker.yml.
     sandbox = build(backend)
     spec = SandboxSpec(
         run_id="r",

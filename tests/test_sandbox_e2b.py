@@ -15,7 +15,7 @@ from e2b import Sandbox as E2BBox
 from floom.agent.runner import run_agent
 from floom.engine.executor import Executor
 from floom.sandbox.base import SandboxResult, SandboxSpec, SandboxUnavailable
-from floom.sandbox.e2b import E2BSandbox
+from floom.sandbox.e2b.backend import E2BSandbox
 from floom.sandbox.fake import FakeSandbox
 from floom.services.context import Context
 from tests.e2b_support import e2b_backend, standin_for_module

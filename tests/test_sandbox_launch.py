@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from floom.sandbox import LocalSandbox
-from floom.sandbox.local import owner_marker
+from floom.sandbox.local.backend import owner_marker
 from tests.sandbox_support import run_script
 
 pytestmark = pytest.mark.skipif(
@@ -96,7 +96,7 @@ def test_a_loader_variable_among_a_runs_secrets_loads_nothing_into_a_host_proces
         [gcc, "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(library), str(source)],
         check=True,
     )
-    monkeypatch.setattr("floom.sandbox.local.validate_spec", lambda spec: None)
+    monkeypatch.setattr("floom.sandbox.local.backend.validate_spec", lambda spec: None)
     loader_variables = {"LD_PRELOAD": str(library), "LD_AUDIT": str(library)}
 
     result, lines = run_script(sandbox, tmp_path, "print('ran')", env=loader_variables)

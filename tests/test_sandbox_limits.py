@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from floom.sandbox import LocalSandbox, SandboxResult, cgroups, limits, seccomp
+from floom.sandbox import LocalSandbox, SandboxResult
+from floom.sandbox.local import cgroups, limits, seccomp
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.sandbox_support import Lines
 from tests.sandbox_support import run_script as run_in_sandbox
@@ -907,7 +908,7 @@ def test_runs_one_at_a_time_never_rewrite_the_cpu_groups_weight(
     assert len(written) == 2  # two runs at once, then one again
 
 
-# A run dir with a disk of its own (a root floom's, floom/sandbox/disks.py): the kernel
+# A run dir with a disk of its own (a root floom's, floom/sandbox/local/disks.py): the kernel
 # bounds what the run writes, whatever it tries. Each trick writes until the kernel refuses
 # (ENOSPC), says FULL, and holds what it has; the polled walk of a plain run dir missed the
 # first (the host lost 950 MiB under disk_mb: 20) and stopped short on the deep tree.

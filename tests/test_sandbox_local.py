@@ -18,7 +18,7 @@ import pytest
 
 from floom.errors import InvalidRequest
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec, get_sandbox
-from floom.sandbox.local import (
+from floom.sandbox.local.backend import (
     MAX_LINE_BYTES,
     SANDBOX_OUTPUT_DIR,
     SandboxUnavailable,
@@ -452,7 +452,7 @@ def test_check_explains_how_to_install_bubblewrap_when_it_is_missing(
 ) -> None:
     real_which = shutil.which
     monkeypatch.setattr(
-        "floom.sandbox.local.shutil.which",
+        "floom.sandbox.local.backend.shutil.which",
         lambda name, *args, **kwargs: None if name == "bwrap" else real_which(name),
     )
 

@@ -31,10 +31,11 @@ import httpx
 import pytest
 
 from floom.errors import InvalidRequest
-from floom.host_addresses import host_networks
-from floom.manifest_load import check_manifest
-from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec, cgroups
-from floom.sandbox.network import SLIRP_OWNER_VARIABLE, is_floom_slirp, route_commands
+from floom.manifest.load import check_manifest
+from floom.net.addresses import host_networks
+from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
+from floom.sandbox.local import cgroups
+from floom.sandbox.local.network import SLIRP_OWNER_VARIABLE, is_floom_slirp, route_commands
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.netns_support import NamespaceHost, namespace_host, needs_netns
 

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from floom.sandbox import LocalSandbox, cgroups, identity, standby
+from floom.sandbox import LocalSandbox
 from floom.sandbox.base import SandboxResult, SandboxUnavailable
-from floom.sandbox.standby import LAUNCHER_NAME, Standby, start_launcher
+from floom.sandbox.local import cgroups, identity, standby
+from floom.sandbox.local.standby import LAUNCHER_NAME, Standby, start_launcher
 from tests.conftest import wait_until
 from tests.sandbox_support import Lines, run_script
 

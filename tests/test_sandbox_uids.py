@@ -1,4 +1,4 @@
-"""Each running local sandbox has a host uid of its own (floom/sandbox/uid_pool.py): runs
+"""Each running local sandbox has a host uid of its own (floom/sandbox/local/uid_pool.py): runs
 share no per-uid kernel counter, and a uid goes back to the range when its run ended."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from floom.sandbox import LocalSandbox, SandboxResult
 from floom.sandbox.base import SandboxUnavailable
-from floom.sandbox.uid_pool import DEFAULT_UID_BASE, UidPool, UidRange
+from floom.sandbox.local.uid_pool import DEFAULT_UID_BASE, UidPool, UidRange
 from tests.sandbox_support import Lines, run_script
 
 pytestmark = [

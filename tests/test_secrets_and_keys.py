@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from floom.services import workers
+from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, Secret, Version
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run

@@ -18,13 +18,14 @@ from floom.engine.executor import Executor, StartedAttempt
 from floom.engine.queue import claim_next
 from floom.errors import WorkerPaused
 from floom.sandbox import LocalSandbox
-from floom.sandbox import local as local_module
 from floom.sandbox.base import SandboxSpec, SandboxUnavailable
-from floom.sandbox.disks import DISKS_DIR
-from floom.sandbox.supervisor import Supervisor
-from floom.services import runs, workers
+from floom.sandbox.local import backend as local_module
+from floom.sandbox.local.disks import DISKS_DIR
+from floom.sandbox.local.supervisor import Supervisor
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.runs import lifecycle as runs
+from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, new_id, trusted_row
 from tests.conftest import make_worker, wait_until
@@ -201,7 +202,7 @@ def test_a_refused_run_lets_go_of_its_run_dir_started_ahead_though_ending_its_sa
 
 def _run_dirs_left(work_root: Path) -> list[str]:
     """The run dirs (and mounts) left under `work_root`: not the disks kept ready for the
-    next runs (floom/sandbox/disks.py), whose images live there."""
+    next runs (floom/sandbox/local/disks.py), whose images live there."""
     left = [p.name for p in work_root.iterdir() if p.name != DISKS_DIR]
     top = f"{os.path.realpath(work_root)}/"
     with open("/proc/self/mountinfo") as table:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from floom.client import FloomClient
-from floom.services import run_waits
+from floom.client.rest import FloomClient
+from floom.services.runs import waits as run_waits
 from tests.conftest import LiveServer, wait_until
 from tests.test_waits import NOOP, CountingTransport, deploy, keys_of, make_server, start
 

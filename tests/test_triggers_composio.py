@@ -13,7 +13,7 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from floom.services.composio_events import matches, read_event
+from floom.services.triggers.composio import matches, read_event
 from floom.triggers.spec import ComposioSpec
 from tests.conftest import (
     LiveServer,

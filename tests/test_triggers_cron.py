@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from floom.manifest_load import check_manifest
-from floom.services.schedules import NextFireCache
+from floom.manifest.load import check_manifest
+from floom.services.triggers.schedules import NextFireCache
 from floom.store.triggers import Trigger
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec, WebhookSpec, parse_duration, trigger_key

@@ -11,11 +11,14 @@ import pytest
 from sqlmodel import select
 
 from floom.bundle import read_folder
-from floom.engine.scheduler import Scheduler
+from floom.engine.loops.scheduler import Scheduler
 from floom.errors import WorkerPaused
-from floom.services import run_rules, runs, triggers, workers
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import rules as run_rules
+from floom.services.triggers import registry as triggers
+from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire

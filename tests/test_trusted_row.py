@@ -10,7 +10,7 @@ import pytest
 from sqlmodel import SQLModel
 
 from floom.errors import NotFound
-from floom.services import runs
+from floom.services.runs import lifecycle as runs
 from floom.store.db import make_engine, session_scope
 from floom.store.models import Run, trusted_row
 

@@ -13,10 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from floom.client import FloomClient
-from floom.services import keys, run_waits, runs
+from floom.client.rest import FloomClient
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import waits as run_waits
 from floom.triggers.signatures import sign_floom
 from tests.conftest import (
     LiveServer,

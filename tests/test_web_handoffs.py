@@ -6,13 +6,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs import review as handoff_review
 from floom.services.handoffs import rules
-from floom.services.principal import SYSTEM
 from tests.conftest import LiveServer
 from tests.handoff_support import roles
 from tests.web_support import csrf_of, signed_in_client

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs import review as handoff_review
-from floom.services.principal import SYSTEM
 from tests import web_support
 from tests.conftest import LiveServer
 from tests.handoff_support import roles

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import httpx
 
-from floom.api.ui_support import SESSION_COOKIE
-from floom.services import keys, run_stats, runs, triggers
-from floom.services.principal import SYSTEM
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import stats as run_stats
+from floom.services.triggers import registry as triggers
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id, utcnow
+from floom.ui.support import SESSION_COOKIE
 from tests.conftest import (
     EXAMPLES,
     LiveServer,

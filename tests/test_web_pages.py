@@ -15,16 +15,19 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from floom.api import ui_support
-from floom.api.ui_support import SESSION_COOKIE
 from floom.bundle import read_folder
 from floom.schemas import workers as worker_views
-from floom.services import agent_runs, diffs, keys, workers
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.handoffs import jobs as handoff_jobs
-from floom.services.principal import SYSTEM
+from floom.services.runs import agent as agent_runs
+from floom.services.workers import diffs
+from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
+from floom.ui import support as ui_support
+from floom.ui.support import SESSION_COOKIE
 from tests.conftest import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.handoff_support import agent, roles
 from tests.web_support import csrf_of, signed_in_client

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from floom.services import keys
-from floom.services.principal import SYSTEM
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from tests import web_support
 from tests.conftest import (
     EXAMPLES,

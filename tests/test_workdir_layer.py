@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from floom.sandbox.base import SandboxSpec
-from floom.sandbox.local import LocalSandbox
-from floom.services.logs import list_events
-from floom.services.principal import SYSTEM
+from floom.sandbox.local.backend import LocalSandbox
+from floom.services.access.principal import SYSTEM
+from floom.services.runs.logs import list_events
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run
 
 # What a hostile script does to the version's files after printing what it found.

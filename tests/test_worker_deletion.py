@@ -20,23 +20,20 @@ from standardwebhooks.webhooks import Webhook
 
 from floom.bundle import read_folder
 from floom.errors import Conflict, NotFound
-from floom.services import (
-    agent_runs,
-    audit,
-    composio_events,
-    keys,
-    run_rules,
-    runs,
-    schedules,
-    triggers,
-    workers,
-)
+from floom.services.access import audit, keys
+from floom.services.access.principal import SYSTEM, Principal
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import bridge as handoff_bridge
 from floom.services.handoffs import jobs as handoffs
-from floom.services.principal import SYSTEM, Principal
-from floom.services.worker_deletion import delete_worker
+from floom.services.runs import agent as agent_runs
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import rules as run_rules
+from floom.services.triggers import composio as composio_events
+from floom.services.triggers import registry as triggers
+from floom.services.triggers import schedules
+from floom.services.workers import versions as workers
+from floom.services.workers.deletion import delete_worker
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent
 from floom.store.db import session_scope
@@ -639,9 +636,10 @@ def test_a_purge_refuses_while_a_run_will_not_stop_and_deletes_nothing(
 OTHER_NODE = """\
 import sys
 from floom.errors import FloomError
-from floom.services import runs, workers
+from floom.services.runs import lifecycle as runs
+from floom.services.workers import versions as workers
 from floom.services.context import Context
-from floom.services.principal import SYSTEM
+from floom.services.access.principal import SYSTEM
 from tests.conftest import fast_settings
 
 ctx = Context.open(fast_settings(sys.argv[1], sys.argv[2]))

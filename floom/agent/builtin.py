@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from floom.agent import netguard
 from floom.agent.children import invoke_child
 from floom.agent.tools import Tool, ToolError, object_schema, require_str
-from floom.egress import EgressPolicy, policy_of
 from floom.engine.safefiles import (
     MAX_WALK_ENTRIES,
     Bounds,
@@ -27,16 +26,17 @@ from floom.engine.safefiles import (
     write_regular,
 )
 from floom.errors import FloomError
-from floom.manifest_agent import HTTP_METHODS, ToolSpec
+from floom.manifest.agent import HTTP_METHODS, ToolSpec
+from floom.net.egress import EgressPolicy, policy_of
 from floom.sandbox.base import SandboxUnavailable
-from floom.services import agent_runs
+from floom.services.runs import agent as agent_runs
 
 if TYPE_CHECKING:
     from floom.engine.attempt import Attempt, AttemptHost
     from floom.engine.runlog import RunLog
-    from floom.manifest import Manifest
+    from floom.manifest.schema import Manifest
+    from floom.services.access.secrets import Redactor
     from floom.services.context import Context
-    from floom.services.secrets import Redactor
     from floom.store.models import Run
 
 READ_CAP = 100 * 1024

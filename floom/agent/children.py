@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Any
 from floom.agent.tools import ToolError
 from floom.engine.phases import claim_run
 from floom.errors import FloomError
-from floom.services import principal, run_rules, runs
+from floom.services.access import principal
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import rules as run_rules
 from floom.store.db import session_scope
 from floom.store.models import Run
 

@@ -19,16 +19,22 @@ from floom.agent import workspace
 from floom.agent.provider import ModelProvider, ProviderError, estimate_cost
 from floom.agent.tools import RecordedToolError, Tool, ToolError
 from floom.engine.queue import Outcome
-from floom.services import agent_runs
-from floom.services.approvals import (
+from floom.services.access.principal import SYSTEM
+from floom.services.runs import agent as agent_runs
+from floom.services.runs.approvals import (
     APPROVED,
     REJECTED_DECISION,
     get_approval,
     new_approval,
     pause_run,
 )
-from floom.services.principal import SYSTEM
-from floom.services.run_rules import AWAITING_APPROVAL, CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED
+from floom.services.runs.rules import (
+    AWAITING_APPROVAL,
+    CANCELLED,
+    FAILED,
+    LIMIT_EXCEEDED,
+    SUCCEEDED,
+)
 from floom.store.models import new_id
 
 if TYPE_CHECKING:

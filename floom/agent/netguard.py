@@ -1,4 +1,4 @@
-"""http_request's own rules over the egress guard (floom/egress.py): only the tool's
+"""http_request's own rules over the egress guard (floom/net/egress.py): only the tool's
 allow_domains and methods, redirects followed hop by hop (each target checked like the first
 URL, credentials kept from other origins), the body read up to a bound."""
 
@@ -10,7 +10,7 @@ from urllib.parse import urljoin
 import httpx
 
 from floom.agent.tools import ToolError
-from floom.egress import EgressPolicy, EgressRefused, describe_failure, guarded_client
+from floom.net.egress import EgressPolicy, EgressRefused, describe_failure, guarded_client
 
 MAX_REDIRECTS = 5
 MAX_BODY_BYTES = 1024 * 1024

@@ -1,6 +1,6 @@
 """Remote tool sources: MCP servers over Streamable HTTP (the mcp SDK's Client) and Composio,
 each filtered by the worker's allowed_tools before the model sees anything. Every connection
-goes through the egress guard (floom/egress.py), and a failure is told in floom's words,
+goes through the egress guard (floom/net/egress.py), and a failure is told in floom's words,
 never with what the other end answered."""
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from urllib.parse import quote
 import httpx
 
 from floom.agent.tools import Tool, ToolError
-from floom.egress import (
+from floom.errors import SourceUnavailable
+from floom.manifest.agent import ToolSpec
+from floom.net.egress import (
     EgressPolicy,
     EgressRefused,
     describe_failure,
     guarded_async_client,
     guarded_client,
 )
-from floom.errors import SourceUnavailable
-from floom.manifest_agent import ToolSpec
 
 TOOL_NAME_CAP = 64
 COMPOSIO_ERROR_CAP = 2000

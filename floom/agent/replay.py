@@ -23,10 +23,10 @@ from floom.agent.builtin import finish_tool
 from floom.agent.provider import ModelProvider, ModelReply, TurnProgress
 from floom.agent.tools import RecordedToolError, Tool, Toolbox, ToolError
 from floom.errors import RecordingEnded, ReplayDiverged
-from floom.manifest_replay import NEVER_LIVE, replay_rules
-from floom.services import replays
-from floom.services.principal import SYSTEM
-from floom.services.recordings import (
+from floom.manifest.replay import NEVER_LIVE, replay_rules
+from floom.services.access.principal import SYSTEM
+from floom.services.replays import replay as replays
+from floom.services.replays.recordings import (
     NOT_RECORDED,
     UNKNOWN_TOOL_PREFIX,
     RecordedCall,

@@ -15,14 +15,14 @@ from floom.agent.provider import ModelProvider, build_provider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
 from floom.agent.replay import replay_session
 from floom.agent.tools import Tool, Toolbox
-from floom.egress import RELAXED_WARNING
 from floom.engine.queue import Outcome
 from floom.errors import ProviderError
-from floom.manifest_agent import ToolSpec, tool_specs
-from floom.services import agent_runs
-from floom.services.approvals import PHASE_APPLY
-from floom.services.principal import SYSTEM
-from floom.services.run_rules import FAILED
+from floom.manifest.agent import ToolSpec, tool_specs
+from floom.net.egress import RELAXED_WARNING
+from floom.services.access.principal import SYSTEM
+from floom.services.runs import agent as agent_runs
+from floom.services.runs.approvals import PHASE_APPLY
+from floom.services.runs.rules import FAILED
 from floom.store.agents import Transcript
 
 if TYPE_CHECKING:

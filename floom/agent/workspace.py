@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from floom.engine.collect import Artifact
 from floom.engine.safefiles import Cancelled, Refused, read_regular, walk
-from floom.services import agent_runs
+from floom.services.runs import agent as agent_runs
 
 if TYPE_CHECKING:
     from floom.agent.builtin import AgentEnv

@@ -12,41 +12,39 @@ from fastapi import FastAPI
 from sqlalchemy import text
 
 from floom import __version__
-from floom.api import (
-    errors,
-    metrics,
-    openapi,
-    routes_admin,
-    routes_agents,
-    routes_approvals,
-    routes_audit,
-    routes_handoffs,
-    routes_hooks,
-    routes_nodes,
-    routes_replays,
-    routes_runs,
-    routes_triggers,
-    routes_workers,
-)
+from floom.api import errors, metrics, openapi
 from floom.api.address_limit import AddressRateLimit
 from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.forwarded import ForwardedHeaders
 from floom.api.mcp_mount import LazyMCPMount
+from floom.api.routes import admin as routes_admin
+from floom.api.routes import agents as routes_agents
+from floom.api.routes import approvals as routes_approvals
+from floom.api.routes import audit as routes_audit
+from floom.api.routes import handoffs as routes_handoffs
+from floom.api.routes import hooks as routes_hooks
+from floom.api.routes import nodes as routes_nodes
+from floom.api.routes import replays as routes_replays
+from floom.api.routes import runs as routes_runs
+from floom.api.routes import triggers as routes_triggers
+from floom.api.routes import workers as routes_workers
 from floom.api.routing import EncodedSlashGuard, add_routes
 from floom.api.ui_mount import LazyUI
 from floom.config import ROLES, Settings
 from floom.engine.executor import Executor, interrupt_on_signal
-from floom.engine.handoff_loop import HandoffLoop
-from floom.engine.heap import limit_arenas
-from floom.engine.housekeeping import Housekeeping
-from floom.engine.presence import NodePresence
-from floom.engine.scheduler import Scheduler
+from floom.engine.loops.handoffs import HandoffLoop
+from floom.engine.loops.heap import limit_arenas
+from floom.engine.loops.housekeeping import Housekeeping
+from floom.engine.loops.presence import NodePresence
+from floom.engine.loops.scheduler import Scheduler
 from floom.engine.work_root import hold_work_root
 from floom.sandbox import backend_readiness, get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
-from floom.services import keys, principal, wakeups, workers
+from floom.services import wakeups
+from floom.services.access import keys, principal
 from floom.services.context import Context
-from floom.services.examples import deploy_examples
+from floom.services.workers import versions as workers
+from floom.services.workers.examples import deploy_examples
 from floom.store.db import BOOTSTRAP_LOCK, cluster_lock
 
 if TYPE_CHECKING:
@@ -104,7 +102,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Before the node's threads start: they share two malloc arenas (engine/heap.py).
+        # Before the node's threads start: they share two malloc arenas (engine/loops/heap.py).
         limit_arenas()
         context = ctx or Context.open(settings)
         app.state.ctx = context

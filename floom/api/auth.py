@@ -13,9 +13,9 @@ from starlette.concurrency import run_in_threadpool
 
 from floom.config import Settings
 from floom.errors import RateLimited
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import Principal, Surface
 from floom.services.context import Context
-from floom.services.principal import Principal, Surface
 from floom.store.models import ApiKey
 
 

@@ -14,7 +14,7 @@ from floom import jsonvalues
 from floom.api.auth import request_surface
 from floom.errors import FloomError, RateLimited
 from floom.hints.surface import tell
-from floom.services.principal import Surface
+from floom.services.access.principal import Surface
 from floom.store.db import UNAVAILABLE, store_unavailable
 
 log = logging.getLogger("floom.api")

@@ -25,7 +25,7 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
     # not hold it (about 1 MiB resident).
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from floom.services.metrics import StoreCollector  # noqa: PLC0415
+    from floom.services.ops.metrics import StoreCollector  # noqa: PLC0415
 
     registry: CollectorRegistry | None = getattr(request.app.state, "metrics_registry", None)
     if registry is None:
@@ -39,7 +39,7 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
 def metrics(request: Request, ctx: CtxDep, caller: ReadCaller) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST  # noqa: PLC0415
 
-    from floom.services.metrics import exposition  # noqa: PLC0415
+    from floom.services.ops.metrics import exposition  # noqa: PLC0415
 
     body = exposition(_registry(request, ctx), caller=caller)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -10,10 +10,10 @@ from fastapi import FastAPI, Path, Query
 from fastapi.openapi.utils import get_openapi
 
 from floom import errors as floom_errors
-from floom.manifest import NAME_PATTERN
+from floom.manifest.schema import NAME_PATTERN
 from floom.schemas.common import ErrorBody
 from floom.schemas.handoffs import CONDITION
-from floom.services import secrets
+from floom.services.access import secrets
 
 _MEANING = {
     400: "The request is not valid (the error's code says which rule it broke).",

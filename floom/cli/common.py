@@ -9,8 +9,8 @@ import typer
 
 from floom import jsonvalues
 from floom.cli.visible import show_raw
-from floom.client import FloomClient
-from floom.handoff_client import HandoffClient
+from floom.client.handoffs import HandoffClient
+from floom.client.rest import FloomClient
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON only")]
 

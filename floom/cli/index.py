@@ -32,120 +32,138 @@ COMMANDS: dict[str, Entry] = {
     "serve": Entry(
         "serve", "register", "Run the floom server: API, scheduler and executor in one process."
     ),
-    "validate": Entry("workers", "register", "Check a worker folder locally (no server needed)."),
+    "validate": Entry(
+        "commands.workers", "register", "Check a worker folder locally (no server needed)."
+    ),
     "deploy": Entry(
-        "workers",
+        "commands.workers",
         "register",
         "Validate a worker folder, then upload it as a new version and make it active.",
     ),
     "versions": Entry(
-        "workers", "register", "List a worker's versions, newest first; * marks the active one."
+        "commands.workers",
+        "register",
+        "List a worker's versions, newest first; * marks the active one.",
     ),
-    "rollback": Entry("workers", "register", "Make an earlier version active again."),
+    "rollback": Entry("commands.workers", "register", "Make an earlier version active again."),
     "run": Entry(
-        "runs",
+        "commands.runs",
         "register",
         "Start a run; with --wait, follow its log and exit 0 only if it succeeded.",
     ),
-    "replay": Entry("runs", "register", "Run a run's inputs again, as a new run linked to it."),
+    "replay": Entry(
+        "commands.runs", "register", "Run a run's inputs again, as a new run linked to it."
+    ),
     "eval": Entry(
-        "replay",
+        "commands.replay",
         "register",
         "Replay a worker's recorded runs against a version or model and report the differences.",
     ),
-    "runs": Entry("runs", "register", "List runs, newest first."),
-    "show": Entry("runs", "register", "Show one run: status, inputs, outputs, error, artifacts."),
-    "logs": Entry(
-        "runs", "register", "Print a run's log lines in order, timestamped, with their stream."
+    "runs": Entry("commands.runs", "register", "List runs, newest first."),
+    "show": Entry(
+        "commands.runs", "register", "Show one run: status, inputs, outputs, error, artifacts."
     ),
-    "cancel": Entry("runs", "register", "Cancel a queued or running run."),
-    "artifacts": Entry("runs", "register", "List a run's artifacts, or download one."),
+    "logs": Entry(
+        "commands.runs",
+        "register",
+        "Print a run's log lines in order, timestamped, with their stream.",
+    ),
+    "cancel": Entry("commands.runs", "register", "Cancel a queued or running run."),
+    "artifacts": Entry("commands.runs", "register", "List a run's artifacts, or download one."),
     "mcp": Entry(
-        "mcp",
+        "commands.mcp",
         "register",
         "Serve MCP over stdio for Claude Code, Codex, Gemini CLI, Cursor or VS Code.",
     ),
     "approvals": Entry(
-        "approvals",
+        "commands.approvals",
         "register",
         "List approvals, oldest first (pending ones unless --status).",
     ),
     "approve": Entry(
-        "approvals",
+        "commands.approvals",
         "register",
         "Approve a pending tool call or run outputs, optionally with edits; the run goes on.",
     ),
     "reject": Entry(
-        "approvals",
+        "commands.approvals",
         "register",
         "Reject: a tool call goes back to the agent as a refusal; run outputs end the run.",
     ),
     "triggers": Entry(
-        "triggers",
+        "commands.triggers",
         "register",
         "List a worker's triggers; schedules with their next three fire times in their timezone.",
     ),
     "pause": Entry(
-        "triggers",
+        "commands.triggers",
         "register",
         "Pause a worker (or one trigger): its ticks and webhooks are recorded, not run.",
     ),
     "resume": Entry(
-        "triggers",
+        "commands.triggers",
         "register",
         "Resume a worker (or one trigger); ticks skipped meanwhile are not run.",
     ),
     "deliveries": Entry(
-        "triggers", "register", "List a worker's webhook and Composio deliveries, newest first."
+        "commands.triggers",
+        "register",
+        "List a worker's webhook and Composio deliveries, newest first.",
     ),
-    "replay-delivery": Entry("triggers", "register", "Run a stored delivery again, as a new run."),
+    "replay-delivery": Entry(
+        "commands.triggers", "register", "Run a stored delivery again, as a new run."
+    ),
     "secrets": Entry(
-        "admin", "register", "Secrets that workers can declare (values are never shown)."
+        "commands.admin", "register", "Secrets that workers can declare (values are never shown)."
     ),
-    "keys": Entry("admin", "register", "API keys: create, list, revoke."),
+    "keys": Entry("commands.admin", "register", "API keys: create, list, revoke."),
     "agents": Entry(
-        "agents", "register", "Handoff agents: identities with roles and their own API keys."
+        "commands.agents",
+        "register",
+        "Handoff agents: identities with roles and their own API keys.",
     ),
     "roles": Entry(
-        "agents", "register", "Handoff roles: the kinds of work agents take on (admins manage)."
+        "commands.agents",
+        "register",
+        "Handoff roles: the kinds of work agents take on (admins manage).",
     ),
     "handoffs": Entry(
-        "handoffs",
+        "commands.handoffs",
         "register",
         "Handoff jobs: publish, claim, finish and review work by role.",
     ),
     "nodes": Entry(
-        "nodes",
+        "commands.nodes",
         "register",
         "List the cluster's nodes: state, roles, version, slots in use, last heartbeat.",
     ),
     "workers": Entry(
-        "workers",
+        "commands.workers",
         "register_group",
         "List the deployed workers (no subcommand), or delete one.",
     ),
     "backup": Entry(
-        "ops",
+        "commands.ops",
         "register",
         "Back up this node's SQLite database and data dir while floom keeps serving.",
     ),
     "restore": Entry(
-        "ops",
+        "commands.ops",
         "register",
         "Restore a backup into this node's data dir (FLOOM_DATA_DIR), which must be empty.",
     ),
     "migrate-store": Entry(
-        "ops",
+        "commands.ops",
         "register",
         "Copy this node's whole store into an empty PostgreSQL database (stop floom first).",
     ),
     "doctor": Entry(
-        "doctor",
+        "commands.doctor",
         "register",
         "Check this node: sandbox, database, secret key, disk; exit 1 when something fails.",
     ),
     "retention": Entry(
-        "ops", "register", "Delete old runs' logs and artifacts (FLOOM_RETENTION_DAYS)."
+        "commands.ops", "register", "Delete old runs' logs and artifacts (FLOOM_RETENTION_DAYS)."
     ),
 }
 

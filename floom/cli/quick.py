@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from floom.client_lite import LiteClient
-from floom.client_wire import WAIT_CALL_SECONDS, StartRequest
+from floom.client.lite import LiteClient
+from floom.client.wire import WAIT_CALL_SECONDS, StartRequest
 from floom.errors import FloomError
-from floom.services.run_statuses import FINISHED
+from floom.services.runs.statuses import FINISHED
 
 FLAGS = {"--wait": "wait", "--json": "as_json", "--force": "force"}
 VALUED = {"-i": "input", "--input": "input", "--input-json": "input_json", "--timeout": "timeout"}
@@ -208,8 +208,8 @@ def _watch(
     typer command's own wait takes over and ends the process.
     Imported here, not at the top: typer, rich and httpx only for this, or an error."""
     from floom.cli.command import guarded  # noqa: PLC0415 - a long wait: start-up cost is moot
+    from floom.cli.commands.runs import watch_run  # noqa: PLC0415
     from floom.cli.common import open_client  # noqa: PLC0415
-    from floom.cli.runs import watch_run  # noqa: PLC0415
 
     if timeout is not None:
         timeout = max(0.001, timeout - (time.monotonic() - asked))
@@ -225,7 +225,7 @@ def _watch(
 def _stopped_waiting(run_id: str) -> NoReturn:
     """Ctrl-C while following: the typer command's "stopped waiting" lines and exit code."""
     from floom.cli.command import guarded  # noqa: PLC0415 - typer, rich: this line only
-    from floom.cli.runs import stopped_waiting  # noqa: PLC0415
+    from floom.cli.commands.runs import stopped_waiting  # noqa: PLC0415
 
     guarded(lambda: stopped_waiting(run_id))
     sys.exit(1)

@@ -22,13 +22,14 @@ from floom.engine.script import redact_outcome, script_spec
 from floom.errors import FloomError, SecretNameRefused
 from floom.sandbox import e2b_api_key
 from floom.sandbox.fence import fence_key
-from floom.services import agent_runs, workers
-from floom.services import secrets as secret_service
-from floom.services.run_rules import CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED, TIMED_OUT
-from floom.services.secrets import Redactor
+from floom.services.access import secrets as secret_service
+from floom.services.access.secrets import Redactor
+from floom.services.runs import agent as agent_runs
+from floom.services.runs.rules import CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED, TIMED_OUT
+from floom.services.workers import versions as workers
 
 if TYPE_CHECKING:
-    from floom.manifest import Manifest
+    from floom.manifest.schema import Manifest
     from floom.sandbox.base import (
         LineSink,
         Sandbox,

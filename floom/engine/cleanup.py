@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Final
 
 from floom.sandbox.base import Sandbox
-from floom.sandbox.disks import unmount_under
+from floom.sandbox.local.disks import unmount_under
 
 log = logging.getLogger("floom.cleanup")
 
@@ -95,7 +95,7 @@ def remove_trees(paths: Sequence[Path]) -> None:
 def empty_folder(folder: Path) -> None:
     """Delete everything in `folder`, which stays (a link to a folder too: what it points
     at is emptied, as an operator who put the work root on another disk expects). What is
-    mounted below it (the disks of runs a killed process left, floom/sandbox/disks.py) is
+    mounted below it (the disks of runs a killed process left, floom/sandbox/local/disks.py) is
     unmounted first, so that their images go too."""
     unmount_under(folder)
     try:

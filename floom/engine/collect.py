@@ -11,8 +11,8 @@ from typing import Any
 
 from floom import jsonvalues
 from floom.engine.safefiles import Bounds, Cancelled, Refused, read_regular, walk
-from floom.services import artifact_scan
-from floom.services.secrets import Redactor
+from floom.services.access.secrets import Redactor
+from floom.services.runs import artifact_scan
 
 Artifact = tuple[str, bytes, str]
 

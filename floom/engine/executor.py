@@ -33,10 +33,10 @@ from floom.errors import StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable, StartedAhead
 from floom.sandbox.fence import fence_key, margin_seconds, node_fence
-from floom.services import workers
-from floom.services.logs import append_events, system_event
-from floom.services.principal import SYSTEM
-from floom.services.run_rules import (
+from floom.services.access.principal import SYSTEM
+from floom.services.access.secrets import Redactor
+from floom.services.runs.logs import append_events, system_event
+from floom.services.runs.rules import (
     CANCELLED,
     EXECUTOR,
     FAILED,
@@ -45,13 +45,13 @@ from floom.services.run_rules import (
     RUNNING,
     requeue_next_attempt,
 )
-from floom.services.secrets import Redactor
+from floom.services.workers import versions as workers
 from floom.store import signals
 from floom.store.db import UNAVAILABLE, session_scope
 from floom.store.models import Run, utcnow
 
 if TYPE_CHECKING:
-    from floom.manifest import Manifest
+    from floom.manifest.schema import Manifest
     from floom.services.context import Context, StartedRun
     from floom.store.models import Version
 

@@ -13,9 +13,9 @@ from floom import jsonvalues
 from floom.engine.attempt import Attempt, cancelled_outcome
 from floom.engine.queue import Outcome, worker_has_room
 from floom.engine.safefiles import write_regular
-from floom.services.approvals import PHASE_APPLY, new_approval, pause_run
-from floom.services.logs import system_event
-from floom.services.run_rules import (
+from floom.services.runs.approvals import PHASE_APPLY, new_approval, pause_run
+from floom.services.runs.logs import system_event
+from floom.services.runs.rules import (
     AWAITING_APPROVAL,
     QUEUED,
     SUCCEEDED,
@@ -27,7 +27,7 @@ from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 
 if TYPE_CHECKING:
-    from floom.manifest import Manifest
+    from floom.manifest.schema import Manifest
     from floom.services.context import Context
 
 

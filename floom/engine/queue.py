@@ -15,9 +15,10 @@ from sqlalchemy import bindparam, delete, func, insert, or_, text, update
 from sqlmodel import col, select
 
 from floom import jsonvalues
-from floom.services.logs import append_events, lock_events, system_event
-from floom.services.run_records import RunRecord, record_in_session
-from floom.services.run_rules import (
+from floom.services.runs.lifecycle import any_runnable_statement
+from floom.services.runs.logs import append_events, lock_events, system_event
+from floom.services.runs.records import RunRecord, record_in_session
+from floom.services.runs.rules import (
     CANCELLED,
     EXECUTOR,
     EXECUTOR_LOST,
@@ -34,7 +35,6 @@ from floom.services.run_rules import (
     started_message,
     transition,
 )
-from floom.services.runs import any_runnable_statement
 from floom.store import signals
 from floom.store.blobs import insert_blob
 from floom.store.db import (

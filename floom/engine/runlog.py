@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import select
 
-from floom.services.logs import append_events
-from floom.services.secrets import Redactor
+from floom.services.access.secrets import Redactor
+from floom.services.runs.logs import append_events
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 

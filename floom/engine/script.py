@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from floom.engine.queue import Outcome
-from floom.manifest import Manifest
+from floom.manifest.schema import Manifest
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.fence import fence_key
-from floom.services.run_rules import previous_attempt
-from floom.services.secrets import Redactor
+from floom.services.access.secrets import Redactor
+from floom.services.runs.rules import previous_attempt
 from floom.store.models import Run
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from floom.hints.mcp import for_mcp
 from floom.hints.rest import for_rest
 from floom.hints.ui import for_ui
-from floom.services.principal import Surface
+from floom.services.access.principal import Surface
 
 _RETELL: dict[Surface, Callable[[str | None], str | None]] = {
     "rest": for_rest,

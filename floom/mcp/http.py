@@ -23,9 +23,9 @@ from floom.api.auth import authenticate_request
 from floom.api.errors import error_response, floom_error_response
 from floom.config import Settings
 from floom.errors import FloomError, Unauthorized
-from floom.mcp.local_backend import CatalogSource, LocalBackend
+from floom.mcp.backends.local import CatalogSource, LocalBackend
 from floom.mcp.server import FloomMCPServer
-from floom.services.principal import Principal
+from floom.services.access.principal import Principal
 from floom.store.models import ApiKey
 
 log = logging.getLogger("floom.mcp")

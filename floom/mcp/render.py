@@ -8,9 +8,9 @@ from typing import Any
 
 from mcp_types import CallToolResult, TextContent
 
-from floom.manifest import EXPOSE_TARGETS
-from floom.services.run_rules import ACTIVE as ACTIVE_STATUSES
-from floom.services.run_rules import FAILED, LIMIT_EXCEEDED, TIMED_OUT, WAITING
+from floom.manifest.schema import EXPOSE_TARGETS
+from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
+from floom.services.runs.rules import FAILED, LIMIT_EXCEEDED, TIMED_OUT, WAITING
 
 MAX_TEXT_ITEMS = 30
 

@@ -31,13 +31,13 @@ from pydantic import AnyUrl
 
 from floom import __version__
 from floom.errors import FloomError
-from floom.mcp import tools
-from floom.mcp.artifact_tools import ARTIFACT_URI, artifact_contents
-from floom.mcp.backend import Backend
+from floom.mcp.backends.base import Backend
 from floom.mcp.catalog import Catalog
 from floom.mcp.errors import bad_arguments, resource_error, tool_error, unknown_tool
 from floom.mcp.toolkit import backend_of, off
-from floom.services.principal import Principal
+from floom.mcp.tools import core as tools
+from floom.mcp.tools.artifacts import ARTIFACT_URI, artifact_contents
+from floom.services.access.principal import Principal
 
 log = logging.getLogger("floom.mcp")
 
@@ -139,7 +139,8 @@ class FloomMCPServer(MCPServer[Any]):
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
         """A key sees in tools/list only the tools its scope allows (each tool declares its
-        scope in floom.mcp.tools); calling another still answers forbidden, naming the scope."""
+        scope in floom.mcp.tools.core); calling another still answers forbidden, naming the
+        scope."""
         result = await call_next(ctx)
         if ctx.method != "tools/list" or not isinstance(result, dict):
             return result  # the chain hands results on as wire dicts

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from floom.client import FloomClient
+from floom.client.rest import FloomClient
 from floom.client_env import client_base_url
 from floom.errors import FloomError
+from floom.mcp.backends.rest import NotConfigured, RestBackend, principal_of_key
 from floom.mcp.catalog import all_workers
-from floom.mcp.rest_backend import NotConfigured, RestBackend, principal_of_key
 from floom.mcp.server import INSTRUCTIONS, FloomMCPServer
-from floom.services.principal import SCOPES, Principal
+from floom.services.access.principal import SCOPES, Principal
 
 # Deploys made elsewhere reach the tool list this often (and on every list).
 POLL_SECONDS = 10.0

@@ -19,7 +19,7 @@ from mcp_types import CallToolResult, ToolAnnotations
 
 from floom.bundle import Bundle, BundleFile, read_folder
 from floom.errors import InvalidRequest
-from floom.mcp.backend import Backend
+from floom.mcp.backends.base import Backend
 from floom.mcp.errors import tool_error
 from floom.mcp.render import ACTIVE_STATUSES, Reply
 

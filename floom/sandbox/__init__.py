@@ -8,8 +8,8 @@ from collections.abc import Callable
 from floom.config import Settings
 from floom.errors import InvalidRequest
 from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec, SandboxUnavailable
-from floom.sandbox.local import LocalSandbox
-from floom.sandbox.uid_pool import UidRange
+from floom.sandbox.local.backend import LocalSandbox
+from floom.sandbox.local.uid_pool import UidRange
 
 __all__ = [
     "BACKENDS",
@@ -44,7 +44,7 @@ def _e2b(settings: Settings | None) -> Sandbox:
     # Imported on first use: the e2b SDK takes ~1 s of CPU to import (its HTTP clients and
     # protobuf messages), which only a node that runs scripts in E2B pays, not every CLI
     # command or local-only server.
-    from floom.sandbox.e2b import Budgets, E2BSandbox
+    from floom.sandbox.e2b.backend import Budgets, E2BSandbox
 
     s = settings or Settings()
     return E2BSandbox(

@@ -1,7 +1,7 @@
 """The sandbox interface: where a script worker's process runs, isolated from the host.
 
-A backend is built by `floom.sandbox.get_sandbox(name, settings)`; one module per backend
-(local.py: bubblewrap on this host, e2b.py: E2B microVMs, fake.py: in-memory for tests).
+A backend is built by `floom.sandbox.get_sandbox(name, settings)`; one module per backend (local.py:
+bubblewrap on this host, floom/sandbox/e2b/backend.py: E2B microVMs, fake.py: in-memory for tests).
 tests/test_sandbox_contract.py runs one suite over every backend.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from floom import env_names
 from floom.errors import FloomError, InvalidRequest
+from floom.sandbox import env_names
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What a sandbox's environment variable may be called: a name every shell and program
@@ -378,7 +378,7 @@ def validate_spec(spec: SandboxSpec) -> None:
                 hint="use a name of letters, digits and underscores that does not start "
                 "with a digit, and a value without NUL",
             )
-        # The last line of floom/env_names.py's rule: secrets and worker.yml are checked
+        # The last line of floom/sandbox/env_names.py's rule: secrets and worker.yml are checked
         # where they are named, a name stored before the rule is refused here.
         if (why := env_names.refusal(key)) and key not in env_names.RUN_VARIABLES:
             raise InvalidRequest(

@@ -6,9 +6,9 @@ from pydantic import Field
 from pydantic.json_schema import JsonDict
 
 from floom.schemas.common import Page, Public, Timestamp
-from floom.services import keys, secrets
+from floom.services.access import keys, secrets
+from floom.services.access.principal import Principal
 from floom.services.context import Context
-from floom.services.principal import Principal
 from floom.store.models import ApiKey
 
 SCOPE_SCHEMA: JsonDict = {"enum": list(keys.SCOPES)}

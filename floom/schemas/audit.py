@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from floom.schemas.common import Page, Public, Timestamp
-from floom.services import audit
+from floom.services.access import audit
 from floom.store.audit import AuditEvent
 
 

@@ -10,8 +10,8 @@ from pydantic.json_schema import JsonDict, JsonValue
 from floom.hints.surface import tell
 from floom.schemas.admin import KeyCreated
 from floom.schemas.common import Page, Public, Timestamp
+from floom.services.access.principal import Surface
 from floom.services.handoffs import rules
-from floom.services.principal import Surface
 
 JOB_STATUS: JsonDict = {"enum": list(rules.STATUSES)}
 PRIORITY: JsonDict = {"enum": list(rules.PRIORITIES)}

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from floom.schemas.common import Public, Timestamp
-from floom.services.nodes import NodeView
+from floom.services.ops.nodes import NodeView
 
 
 class NodePublic(Public):

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from floom.schemas.common import Public, Timestamp
-from floom.services import replays
+from floom.services.replays import replay as replays
 
 
 class ReplayReport(Public):

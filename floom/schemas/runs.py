@@ -8,10 +8,14 @@ from pydantic import Field
 
 from floom.hints.surface import tell
 from floom.schemas.common import Page, Public, Timestamp
-from floom.services import agent_runs, approvals, logs, run_records, run_rules, runs
+from floom.services.access.principal import Principal, Surface
 from floom.services.context import Context
-from floom.services.principal import Principal, Surface
-from floom.services.run_records import RunRecord
+from floom.services.runs import agent as agent_runs
+from floom.services.runs import approvals, logs
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import records as run_records
+from floom.services.runs import rules as run_rules
+from floom.services.runs.records import RunRecord
 from floom.store.agents import Approval, ToolCall
 from floom.store.models import Artifact, Run, RunEvent
 

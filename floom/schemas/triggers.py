@@ -8,13 +8,14 @@ from pydantic import Field
 
 from floom.errors import FloomError
 from floom.hints.surface import tell
-from floom.manifest import TRIGGER_KINDS
+from floom.manifest.schema import TRIGGER_KINDS
 from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic
-from floom.services import triggers, webhooks
+from floom.services.access.principal import Principal
 from floom.services.context import Context
-from floom.services.principal import Principal
-from floom.services.run_rules import SKIPPED
+from floom.services.runs.rules import SKIPPED
+from floom.services.triggers import registry as triggers
+from floom.services.triggers import webhooks
 from floom.store.triggers import WebhookDelivery
 
 

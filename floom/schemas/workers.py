@@ -7,13 +7,17 @@ from typing import Any
 
 from pydantic import Field
 
-from floom.manifest import Manifest, Problem
+from floom.manifest.schema import Manifest, Problem
 from floom.schemas.common import IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic, run_public
-from floom.services import diffs, runs, secrets, triggers, workers
+from floom.services.access import secrets
+from floom.services.access.principal import Principal
 from floom.services.context import Context
-from floom.services.principal import Principal
-from floom.services.worker_deletion import Deletion
+from floom.services.runs import lifecycle as runs
+from floom.services.triggers import registry as triggers
+from floom.services.workers import diffs
+from floom.services.workers import versions as workers
+from floom.services.workers.deletion import Deletion
 from floom.store.models import Version
 
 RECENT_RUNS = 10

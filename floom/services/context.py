@@ -14,14 +14,14 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from floom.config import Settings, mask_password
 from floom.errors import StoreUnavailable
-from floom.services.auth_cache import AuthCache
-from floom.services.run_waits import RunEnds
-from floom.services.secrets import SecretBox
+from floom.services.access.auth_cache import AuthCache
+from floom.services.access.secrets import SecretBox
+from floom.services.runs.waits import RunEnds
 from floom.store.db import is_postgres, make_engine
 from floom.store.migrate import migrate
 
 if TYPE_CHECKING:
-    from floom.services.run_records import RunRecord
+    from floom.services.runs.records import RunRecord
     from floom.store.models import Run, Version
 
 
@@ -73,14 +73,14 @@ class Context:
     # for its next look at the database.
     local_cancels: set[str] = field(default_factory=set)
     # Notified whenever this process records a run's end, so its waiters here wake at once
-    # (floom/services/run_waits.py); also counts each API key's open waits.
+    # (floom/services/runs/waits.py); also counts each API key's open waits.
     run_ends: RunEnds = field(default_factory=RunEnds)
     # Builds the model provider of the agent runs this process executes (a ProviderFactory,
     # floom/agent/provider.py); None means the configured one. Tests put an in-memory
     # provider here. Typed loosely so that services need not import the agent package.
     provider_factory: Callable[[Settings], Any] | None = None
     # Keys this node authenticated lately; trusted only while revocations reach it at once
-    # (floom/services/auth_cache.py), so a context built by hand caches nothing.
+    # (floom/services/access/auth_cache.py), so a context built by hand caches nothing.
     auth_cache: AuthCache = field(default_factory=lambda: AuthCache(trusted=False))
     # This node's executor while it runs (None on a node without the executor role).
     local_slots: LocalSlots | None = None

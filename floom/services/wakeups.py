@@ -22,7 +22,7 @@ log = logging.getLogger("floom.wakeups")
 # A loop sleeping on a Wakeup still looks every this many seconds: a writer it cannot hear
 # (another process on the same SQLite file, a PostgreSQL node with FLOOM_SIGNALS off) may
 # have changed something. Under a minute, so a schedule created that way fires on time
-# (services/schedules.py ON_TIME_SECONDS).
+# (services/triggers/schedules.py ON_TIME_SECONDS).
 IDLE_LOOK_SECONDS = 30.0
 
 

@@ -11,7 +11,7 @@ connection's signals in commit order, so when a heartbeat sent at S is heard, ev
 of a change committed before S has been heard too. A node that is paused, or whose
 connection is frozen (a proxy that passes no bytes, a half-open TCP connection that
 keepalives do not end), hears no heartbeat, and what trusts the signals (the key cache,
-floom/services/auth_cache.py) stops trusting them within its bound.
+floom/services/access/auth_cache.py) stops trusting them within its bound.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The triggers of worker.yml as values: their settings with defaults, and the identity that
-keeps a trigger (its id and last fire) across redeploys. floom/triggers/checks.py checks
+keeps a trigger (its id and last fire) across redeploys. floom/manifest/triggers.py checks
 them."""
 
 from __future__ import annotations

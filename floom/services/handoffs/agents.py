@@ -14,8 +14,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
-from floom.services import keys
-from floom.services.principal import Principal
+from floom.services.access import keys
+from floom.services.access.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole, Role
 from floom.store.models import ApiKey, new_id, utcnow

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
 
+from floom.services.access.principal import SYSTEM, Principal
 from floom.services.handoffs import review as handoff_review
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, list_roles
 from floom.services.handoffs.flow import parties
 from floom.services.handoffs.jobs import get_job, list_jobs, load_visible, visible_clause
-from floom.services.principal import SYSTEM, Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Job, JobDependency
 

@@ -20,10 +20,13 @@ from sqlmodel import Session, col, func, select
 
 from floom import jsonvalues
 from floom.errors import FloomError
-from floom.services import principal, run_rules, runs, workers
+from floom.services.access import principal
 from floom.services.handoffs import flow, rules
 from floom.services.handoffs.agents import WORKER_PREFIX, Actor
 from floom.services.handoffs.jobs import record
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import rules as run_rules
+from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole, Job, Role
 from floom.store.models import Worker, new_id

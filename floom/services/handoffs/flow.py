@@ -18,6 +18,7 @@ from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest
 from floom.services import wakeups
+from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, system_actor
 from floom.services.handoffs.jobs import (
@@ -27,7 +28,6 @@ from floom.services.handoffs.jobs import (
     record,
     routing_rules,
 )
-from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Job, JobDependency, Role
 from floom.store.models import new_id, utcnow

@@ -16,9 +16,9 @@ from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, find_agent, find_role
-from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, Job, JobDependency, JobEvent, Role
 from floom.store.models import new_id, utcnow

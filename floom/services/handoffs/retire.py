@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
 
-from floom.services import keys
+from floom.services.access import keys
+from floom.services.access.principal import Principal
 from floom.services.handoffs.agents import agent_to_dict, find_agent, roles_of
 from floom.services.handoffs.flow import release_jobs_of_agent
-from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, utcnow
 

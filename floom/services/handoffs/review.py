@@ -10,6 +10,7 @@ from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import Conflict, Forbidden, InvalidRequest
+from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, find_role
 from floom.services.handoffs.flow import parties
@@ -20,7 +21,6 @@ from floom.services.handoffs.jobs import (
     load_visible,
     record,
 )
-from floom.services.principal import Principal
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, Job
 from floom.store.models import new_id, utcnow

@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from floom.sandbox.local import LocalSandbox
+from floom.sandbox.local.backend import LocalSandbox
 from tests.standins.e2b.sandboxes import StandinSandbox, new_sandbox_id
 
 ENVD_VERSION = "0.6.1"

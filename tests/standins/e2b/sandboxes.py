@@ -19,9 +19,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from floom.env_names import RUN_VARIABLES, refusal
 from floom.sandbox.base import SandboxSpec
-from floom.sandbox.local import LocalSandbox
+from floom.sandbox.env_names import RUN_VARIABLES, refusal
+from floom.sandbox.local.backend import LocalSandbox
 
 HOME = "/home/user"
 BWRAP_HOME = "/work"  # where LocalSandbox binds its workdir
@@ -139,7 +139,7 @@ class RunningProcess:
         }
         env = {key: to_bwrap(value) for key, value in env.items()}
         # A VM's own variables (HOME, PYTHONUNBUFFERED) are names the host's sandbox refuses
-        # in its environment (floom/env_names.py): the command sets them itself.
+        # in its environment (floom/sandbox/env_names.py): the command sets them itself.
         own = {k: v for k, v in env.items() if refusal(k) and k not in RUN_VARIABLES}
         if own:
             env = {k: v for k, v in env.items() if k not in own}

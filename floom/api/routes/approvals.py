@@ -1,0 +1,121 @@
+"""REST routes for approvals, and for an agent run's transcript and tool calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from floom.api.auth import CtxDep, ReadCaller, RunCaller
+from floom.api.openapi import Cursor, Limit, authed
+from floom.errors import NotFound
+from floom.schemas import runs as views
+from floom.schemas.common import Page
+from floom.services.runs import approvals
+from floom.services.runs import lifecycle as runs
+
+router = APIRouter(prefix="/api/v1", tags=["approvals"])
+
+
+class ApproveRequest(BaseModel):
+    edited: dict[str, Any] | None = Field(
+        None, description="values replacing the proposed ones, key by key"
+    )
+    comment: str | None = None
+
+
+class RejectRequest(BaseModel):
+    comment: str = Field(
+        description="why: the agent or the worker's owner reads it",
+        json_schema_extra={"minLength": 1},
+    )
+
+
+@router.get("/approvals", response_model=Page[views.ApprovalPublic], responses=authed(400, 422))
+def list_approvals(
+    ctx: CtxDep,
+    caller: ReadCaller,
+    status: str = Query(
+        approvals.PENDING,
+        description="only approvals in this status, or all",
+        json_schema_extra={"enum": [*approvals.APPROVAL_STATUSES, "all"]},
+    ),
+    run_id: str | None = Query(None, description="only this run's approvals"),
+    worker: str | None = Query(None, description="only this worker's approvals"),
+    cursor: Cursor = None,
+    limit: Limit = 50,
+) -> Page[views.ApprovalPublic]:
+    rows, next_cursor = approvals.list_approvals(
+        ctx,
+        status=status,
+        run_id=run_id,
+        worker=worker,
+        cursor=cursor,
+        limit=limit,
+        caller=caller,
+    )
+    return views.approval_page(rows, next_cursor)
+
+
+@router.get("/approvals/{approval_id}", response_model=views.ApprovalPublic, responses=authed(404))
+def get_approval(approval_id: str, ctx: CtxDep, caller: ReadCaller) -> views.ApprovalPublic:
+    return views.approval_public(
+        approvals.get_approval(ctx, approval_id=approval_id, caller=caller)
+    )
+
+
+@router.post(
+    "/approvals/{approval_id}/approve",
+    response_model=views.ApprovalDecided,
+    responses=authed(400, 404, 409, 422),
+)
+def approve(
+    approval_id: str, ctx: CtxDep, caller: RunCaller, body: ApproveRequest | None = None
+) -> views.ApprovalDecided:
+    approvals.decide_approval(
+        ctx,
+        approval_id=approval_id,
+        decision="approve",
+        edited=body.edited if body else None,
+        comment=body.comment if body else None,
+        caller=caller,
+    )
+    return views.approval_decided(ctx, approval_id=approval_id, caller=caller)
+
+
+@router.post(
+    "/approvals/{approval_id}/reject",
+    response_model=views.ApprovalDecided,
+    responses=authed(400, 404, 409, 422),
+)
+def reject(
+    approval_id: str, body: RejectRequest, ctx: CtxDep, caller: RunCaller
+) -> views.ApprovalDecided:
+    approvals.decide_approval(
+        ctx, approval_id=approval_id, decision="reject", comment=body.comment, caller=caller
+    )
+    return views.approval_decided(ctx, approval_id=approval_id, caller=caller)
+
+
+@router.get(
+    "/runs/{run_id}/tool-calls",
+    response_model=Page[views.ToolCallPublic],
+    responses=authed(404),
+)
+def list_tool_calls(run_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[views.ToolCallPublic]:
+    return views.tool_call_page(ctx, run_id=run_id, caller=caller)
+
+
+@router.get(
+    "/runs/{run_id}/transcript", response_model=views.TranscriptPublic, responses=authed(404)
+)
+def get_transcript(run_id: str, ctx: CtxDep, caller: ReadCaller) -> views.TranscriptPublic:
+    run = runs.get_run(ctx, run_id=run_id, caller=caller)
+    transcript = views.transcript_public(ctx, run_id=run_id, caller=caller)
+    if transcript is None:
+        raise NotFound(
+            f"run {run_id} has no transcript",
+            hint=f"only agent (SKILL.md) runs have one; {run.worker_name} may be a script",
+        )
+    return transcript

@@ -1,0 +1,130 @@
+"""Operator commands that work on this node's store and data dir directly, not through the
+API: `floom backup`, `floom restore`, `floom migrate-store`, `floom retention run`.
+
+They read the same FLOOM_* settings as `floom serve` (FLOOM_DATA_DIR, FLOOM_DATABASE_URL).
+The store (SQLAlchemy, the tables) loads only when one of them is named (floom/cli/index.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from floom.cli.output import err, new_table, out, print_json
+from floom.config import Settings, mask_password
+from floom.services.context import Context
+from floom.services.ops.backup import create_backup, restore_backup
+from floom.services.ops.retention import apply_retention
+from floom.services.ops.store_copy import copy_store
+
+retention_app = typer.Typer(help="Delete old runs' logs and artifacts (FLOOM_RETENTION_DAYS).")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator commands to the floom command."""
+    app.command("backup")(backup)
+    app.command("restore")(restore)
+    app.command("migrate-store")(migrate_store)
+    app.add_typer(retention_app, name="retention", no_args_is_help=True)
+
+
+def _counts_table(counts: dict[str, int]) -> Any:
+    table = new_table("TABLE", "ROWS")
+    for name, n in counts.items():
+        table.add_row(name, str(n))
+    return table
+
+
+def backup(
+    dest: Annotated[Path, typer.Argument(help="a new directory to write the backup into")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Back up this node's SQLite database and data dir while floom keeps serving."""
+
+    summary = create_backup(settings=Settings(), dest=dest)
+    if as_json:
+        print_json(summary.to_dict())
+        return
+    out.print(Text(f"backup written to {summary.path} (schema {summary.schema_revision})"))
+    out.print(_counts_table(summary.counts))
+    for warning in summary.warnings:
+        err.print(Text(f"warning: {warning}", style="yellow"))
+
+
+def restore(
+    source: Annotated[Path, typer.Argument(help="a directory written by `floom backup`")],
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="replace the database and files of a non-empty data dir"),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Restore a backup into this node's data dir (FLOOM_DATA_DIR), which must be empty."""
+
+    summary = restore_backup(settings=Settings(), source=source, force=force)
+    if as_json:
+        print_json(summary.to_dict())
+        return
+    out.print(Text(f"restored into {summary.path} (schema {summary.schema_revision})"))
+    out.print(_counts_table(summary.counts))
+    for warning in summary.warnings:
+        err.print(Text(f"warning: {warning}", style="yellow"))
+
+
+def migrate_store(
+    to: Annotated[
+        str,
+        typer.Option("--to", help="the new, empty database, e.g. postgresql+psycopg://u:p@h/floom"),
+    ],
+    source: Annotated[
+        str | None,
+        typer.Option("--from", help="the database to copy (default: this node's store)"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Copy this node's whole store into an empty PostgreSQL database (stop floom first)."""
+
+    settings = Settings()
+    source_url = source or settings.resolved_database_url
+    err.print(Text(f"copying {mask_password(source_url)} -> {mask_password(to)}"))
+    result = copy_store(source_url=source_url, target_url=to)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    out.print(_counts_table(result.counts))
+    out.print(
+        Text(
+            "done: start floom with FLOOM_DATABASE_URL set to the new database and the same "
+            "secret key (FLOOM_SECRET_KEY, or this data dir's secret.key), or the stored "
+            "secrets cannot be read"
+        )
+    )
+
+
+@retention_app.command("run")
+def retention_run(
+    days: Annotated[
+        int | None,
+        typer.Option("--days", min=1, help="override FLOOM_RETENTION_DAYS for this pass"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Delete old finished runs' logs and artifacts now, and reclaim unreferenced blobs."""
+
+    ctx = Context.open(Settings())
+    try:
+        report = apply_retention(ctx, days=days)
+    finally:
+        ctx.engine.dispose()
+    if as_json:
+        print_json(report.to_dict())
+        return
+    out.print(
+        Text(
+            f"pruned {report.runs_pruned} run(s): {report.log_lines_deleted} log line(s), "
+            f"{report.artifacts_deleted} artifact(s); {report.blobs_deleted} blob(s) reclaimed"
+        )
+    )

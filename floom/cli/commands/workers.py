@@ -1,0 +1,202 @@
+"""`floom validate`, `deploy`, `versions`, `rollback` and `floom workers` (list, delete):
+thin clients of the workers REST API, plus the local check of a worker folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.text import Text
+
+from floom.cli.common import JsonOpt, open_client
+from floom.cli.output import err, human_size, new_table, out, when
+from floom.config import Settings
+
+if TYPE_CHECKING:
+    from floom.manifest.schema import Manifest
+
+workers_app = typer.Typer(
+    help="List the deployed workers (no subcommand), or delete one.",
+    add_completion=False,
+)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the worker commands to the floom command."""
+    app.command()(validate)
+    app.command()(deploy)
+    app.command()(versions)
+    app.command()(rollback)
+
+
+def register_group(app: typer.Typer) -> None:
+    """Add `floom workers`: without a subcommand it lists, as it always has."""
+    app.add_typer(workers_app, name="workers")
+
+
+@workers_app.callback(invoke_without_command=True)
+def workers(ctx: typer.Context) -> None:
+    """List deployed workers, or delete one (`floom workers delete NAME`)."""
+    if ctx.invoked_subcommand is None:
+        list_workers()
+
+
+def _check_locally(folder: Path) -> Manifest:
+    # Imported here, not at the top: the manifest schema costs ~27 ms of every CLI start-up.
+    from floom.manifest.load import check_folder
+    from floom.manifest.schema import format_problems
+
+    manifest, problems = check_folder(folder)
+    if manifest is None:
+        count = len(problems)
+        err.print(
+            Text(f"error: {folder} has {count} problem{'s' if count != 1 else ''}:", style="red")
+        )
+        err.print(Text(format_problems(problems)))
+        raise typer.Exit(1)
+    return manifest
+
+
+def validate(folder: Annotated[Path, typer.Argument(help="the worker's folder")]) -> None:
+    """Check a worker folder locally (no server needed)."""
+    manifest = _check_locally(folder)
+    out.print(Text(f"ok: {manifest.name} ({manifest.kind}, entry {manifest.entry})"))
+
+
+def deploy(
+    folder: Annotated[Path, typer.Argument(help="the worker's folder")],
+    skip_eval_gate: Annotated[
+        bool,
+        typer.Option("--skip-eval-gate", help="activate even though the worker's eval gate fails"),
+    ] = False,
+) -> None:
+    """Validate a worker folder, then upload it as a new version and make it active."""
+    # Imported here, not at the top: archiving (tarfile, lzma) costs ~4 ms of every CLI start-up.
+    from floom.bundle import read_folder
+
+    _check_locally(folder)
+    archive = read_folder(folder, max_bytes=Settings().max_bundle_bytes).to_archive()
+    with open_client() as client:
+        result = client.deploy(archive, skip_eval_gate=skip_eval_gate)
+    name, version = result["worker"]["name"], result["version"]["id"]
+    if result["created"]:
+        out.print(Text(f"deployed {name} version {version} (active)"))
+    elif result["activated"]:
+        out.print(Text(f"{name} version {version} unchanged; it is the active version again"))
+    else:
+        out.print(Text(f"{name} version {version} unchanged"))
+
+
+def list_workers() -> None:
+    """List deployed workers."""
+    table = new_table("NAME", "KIND", "ACTIVE VERSION", "UPDATED", "TITLE")
+    cursor: str | None = None
+    with open_client() as client:
+        while True:
+            page = client.list_workers(cursor=cursor)
+            for w in page["items"]:
+                table.add_row(
+                    w["name"],
+                    w.get("kind", "-"),
+                    w.get("active_version_id") or "-",
+                    when(w.get("updated_at")),
+                    w.get("title", ""),
+                )
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+    if table.row_count:
+        out.print(table)
+    else:
+        out.print("no workers yet: deploy one with `floom deploy FOLDER`")
+
+
+def versions(worker: Annotated[str, typer.Argument(help="worker name")]) -> None:
+    """List a worker's versions, newest first; * marks the active one."""
+    with open_client() as client:
+        items = client.list_versions(worker)["items"]
+    table = new_table("", "VERSION", "CREATED", "FILES", "SIZE", "DIGEST")
+    for v in items:
+        table.add_row(
+            "*" if v.get("active") else "",
+            v["id"],
+            when(v.get("created_at")),
+            str(v.get("file_count", "-")),
+            human_size(v.get("size")),
+            str(v.get("digest", ""))[:12],
+        )
+    out.print(table)
+
+
+def rollback(
+    worker: Annotated[str, typer.Argument(help="worker name")],
+    to: Annotated[str | None, typer.Option("--to", help="version id to activate")] = None,
+    run: Annotated[
+        str | None, typer.Option("--run", help="activate the version of this run")
+    ] = None,
+) -> None:
+    """Make an earlier version active again."""
+    if (to is None) == (run is None):
+        raise typer.BadParameter(
+            "give exactly one of --to VERSION or --run RUN_ID", param_hint="'--to' / '--run'"
+        )
+    with open_client() as client:
+        result = client.rollback(worker, version_id=to, run_id=run)
+    version = result["version"]["id"]
+    if result.get("changed") is False:
+        out.print(Text(f"{worker} already runs version {version}; nothing changed"))
+    else:
+        out.print(Text(f"{worker} now runs version {version}"))
+
+
+@workers_app.command("delete")
+def delete(
+    name: Annotated[str, typer.Argument(help="worker name")],
+    purge_runs: Annotated[
+        bool,
+        typer.Option(
+            "--purge-runs",
+            help="also delete its runs with their logs, artifacts, tool calls and approvals "
+            "(default: keep them readable)",
+        ),
+    ] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete a worker; its triggers stop at once, its runs are kept unless purged.
+
+    Its unfinished runs are cancelled; secrets stay. Needs a key with the deploy scope.
+    """
+    if not yes:
+        what = "and PURGE all its runs, logs and artifacts" if purge_runs else "(its runs are kept)"
+        if not typer.confirm(f"delete worker '{name}' {what}?", default=False, err=True):
+            err.print(Text("not deleted", style="yellow"))
+            raise typer.Exit(1)
+    with open_client() as client:
+        result = client.delete_worker(name, purge_runs=purge_runs)
+    if as_json:
+        out.print_json(json.dumps(result))
+        return
+    out.print(Text(_summary(result)))
+
+
+def _summary(result: dict[str, Any]) -> str:
+    versions = len(result.get("versions") or [])
+    runs = (
+        f"{result['runs_purged']} run(s) purged, {result['blobs_deleted']} blob(s) freed"
+        if result.get("purge_runs")
+        else f"{result['runs_kept']} run(s) kept"
+    )
+    parts = [
+        f"deleted worker {result['worker']}: {versions} version(s), {runs}",
+        f"{result['triggers_removed']} trigger(s) removed",
+    ]
+    if result.get("runs_cancelled"):
+        parts.append(f"{result['runs_cancelled']} unfinished run(s) cancelled")
+    if result.get("runs_stopping"):
+        parts.append(f"{result['runs_stopping']} running run(s) asked to stop")
+    if result.get("approvals_closed"):
+        parts.append(f"{result['approvals_closed']} pending approval(s) closed")
+    return "; ".join(parts) + f" (audit {result['deletion_id']})"

@@ -1,0 +1,80 @@
+"""The scheduler: a thread that fires due schedule ticks (floom/services/triggers/schedules.py).
+
+It sleeps until the next fire time, which keeps fire-time skew in milliseconds, or until
+schedules are synced (wakeups.SCHEDULES): with no schedule at all it has nothing to do
+until then (it looks again every wakeups.IDLE_LOOK_SECONDS for writers it cannot hear).
+An injected clock, which may run fast, is read at least every second.
+The clock is injectable: tests call `tick(now)` directly instead of starting the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from floom.services import wakeups
+from floom.services.triggers.schedules import NextFireCache, fire_due
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+log = logging.getLogger("floom.scheduler")
+
+Clock = Callable[[], datetime]
+MAX_SLEEP_SECONDS = 1.0
+
+
+def system_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+class Scheduler:
+    def __init__(self, ctx: Context, *, clock: Clock = system_clock) -> None:
+        self.ctx = ctx
+        self.clock = clock
+        self._cache = NextFireCache()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self, now: datetime | None = None) -> datetime | None:
+        """Handle every tick due at `now` (default: the clock); returns the next fire time."""
+        return fire_due(self.ctx, now=now or self.clock(), cache=self._cache)
+
+    def start(self) -> None:
+        wakeups.SCHEDULES.subscribe(self._wake)
+        self._thread = threading.Thread(target=self._loop, name="floom-scheduler", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Look at the triggers again now (after a change of the clock or of the triggers)."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        wakeups.SCHEDULES.unsubscribe(self._wake)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            upcoming = None
+            delay = wakeups.IDLE_LOOK_SECONDS  # no schedule: until one is synced
+            try:
+                upcoming = self.tick()
+            except Exception:  # the loop must outlive a bad tick (e.g. a lost database)
+                log.exception("scheduler tick failed; retrying")
+                delay = MAX_SLEEP_SECONDS
+            if upcoming is not None:
+                # The system clock is slept on until the next fire (a synced change wakes
+                # it earlier); an injected one may run fast, so it is read every second.
+                longest = (
+                    wakeups.IDLE_LOOK_SECONDS if self.clock is system_clock else MAX_SLEEP_SECONDS
+                )
+                delay = min(longest, max(0.0, (upcoming - self.clock()).total_seconds()))
+            self._wake.wait(delay)
+            self._wake.clear()

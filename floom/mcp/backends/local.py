@@ -1,0 +1,454 @@
+"""The Backend of the `/mcp` endpoint inside the floom server: floom's services, called with
+the API key the MCP client sent, whose scope decides what it may do."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import anyio.to_thread
+
+from floom.errors import Conflict
+from floom.mcp.backends.base import JSON, Backend
+from floom.schemas import admin as admin_views
+from floom.schemas import handoffs as handoff_views
+from floom.schemas import replays as replay_views
+from floom.schemas import runs as run_views
+from floom.schemas import triggers as trigger_views
+from floom.schemas import workers as worker_views
+from floom.services.access import secrets
+from floom.services.access.principal import SYSTEM, Principal
+from floom.services.context import Context
+from floom.services.handoffs import agents as handoff_agents
+from floom.services.handoffs import flow as handoff_flow
+from floom.services.handoffs import jobs as handoffs
+from floom.services.handoffs import review as handoff_review
+from floom.services.replays import evals
+from floom.services.replays import gate as eval_gate
+from floom.services.replays import replay as replays
+from floom.services.runs import approvals
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import waits as run_waits
+from floom.services.triggers import registry as triggers
+from floom.services.workers import deletion as worker_deletion
+from floom.services.workers import versions as workers
+from floom.store.models import Worker
+
+
+class CatalogSource:
+    """Every worker's name and active manifest, for the MCP catalog (server-internal, no key).
+
+    Polled every few seconds, so a manifest is read again only when the worker's active
+    version changed: one query per 200 workers in the steady state."""
+
+    def __init__(self, ctx: Callable[[], Context], *, cap: int = 1000) -> None:
+        self._ctx = ctx
+        self._cap = cap
+        self._seen: dict[str, tuple[str | None, JSON]] = {}
+
+    def __call__(self) -> list[JSON]:
+        ctx = self._ctx()
+        rows: list[Worker] = []
+        cursor: str | None = None
+        while len(rows) < self._cap:
+            page, cursor = workers.list_workers(ctx, cursor=cursor, limit=200, caller=SYSTEM)
+            rows.extend(page)
+            if not cursor:
+                break
+        seen: dict[str, tuple[str | None, JSON]] = {}
+        for w in rows[: self._cap]:
+            known = self._seen.get(w.name)
+            if known is None or known[0] != w.active_version_id:
+                manifest = None
+                if w.active_version_id:
+                    version = workers.get_version(
+                        ctx, version_id=w.active_version_id, caller=SYSTEM
+                    )
+                    manifest = json.loads(version.manifest_json)
+                known = (w.active_version_id, {"name": w.name, "manifest": manifest})
+            seen[w.name] = known
+        self._seen = seen
+        return [body for _, body in seen.values()]
+
+
+class LocalBackend(Backend):
+    """Calls floom's services as `caller`, which decide what it may do; this class only
+    translates their results into the tools' JSON. `base_url` is where the caller reached
+    this server, for webhook URLs when FLOOM_PUBLIC_URL is not set."""
+
+    def __init__(self, ctx: Context, caller: Principal, *, base_url: str = "") -> None:
+        self.ctx = ctx
+        self.principal = caller
+        self.public_url = (ctx.settings.public_url or base_url).rstrip("/")
+        self.hook_urls = triggers.HookUrls(self.public_url)
+
+    def caller(self) -> Principal:
+        return self.principal
+
+    # -- workers and versions ------------------------------------------------------------------
+
+    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
+        ctx, caller = self.ctx, self.principal
+        return worker_views.worker_page(ctx, cursor=cursor, limit=limit, caller=caller).to_json()
+
+    def get_worker(self, name: str) -> JSON:
+        return worker_views.worker_detail(self.ctx, name=name, caller=self.principal).to_json()
+
+    def get_manifest_yaml(self, name: str) -> str:
+        ctx, caller = self.ctx, self.principal
+        worker = workers.get_worker(ctx, name=name, caller=caller)
+        if worker.active_version_id is None:
+            raise Conflict(f"worker '{name}' has no active version", hint="deploy it")
+        version = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
+        return version.manifest_yaml
+
+    def validate(self, archive: bytes) -> JSON:
+        ctx = self.ctx
+        manifest, problems = workers.validate_archive(ctx, archive=archive, caller=self.principal)
+        return worker_views.validation_result(manifest, problems).to_json()
+
+    def deploy(self, archive: bytes) -> JSON:
+        ctx = self.ctx
+        # Through the eval gate like REST; MCP offers no override (a person uses the CLI).
+        result = eval_gate.deploy_gated(ctx, archive=archive, caller=self.principal)
+        return worker_views.deploy_result(ctx, result, caller=self.principal).to_json()
+
+    def list_versions(self, name: str) -> JSON:
+        return worker_views.version_page(self.ctx, name=name, caller=self.principal).to_json()
+
+    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
+        ctx = self.ctx
+        rollback = workers.rollback(
+            ctx, name=name, version_id=version_id, run_id=run_id, caller=self.principal
+        )
+        result = worker_views.rollback_result(
+            ctx, name=name, rollback=rollback, caller=self.principal
+        )
+        return result.to_json()
+
+    def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
+        ctx = self.ctx
+        deletion = worker_deletion.delete_worker(
+            ctx, name=name, purge_runs=purge_runs, caller=self.principal
+        )
+        return worker_views.worker_deleted(deletion).to_json()
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def start_run(
+        self, worker: str, inputs: JSON, *, force: bool = False, wait_seconds: float = 0
+    ) -> JSON:
+        # In the server's process a tool's wait costs no round trip: the tool awaits
+        # wait_for_run on the event loop instead of holding this worker thread.
+        ctx = self.ctx
+        run = runs.create_run(
+            ctx,
+            worker_name=worker,
+            inputs=inputs,
+            trigger="mcp",
+            caller=self.principal,
+            force=force,
+        )
+        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+
+    def list_runs(
+        self,
+        *,
+        worker: str | None = None,
+        status: str | None = None,
+        trigger: str | None = None,
+        cursor: str | None = None,
+        limit: int = 20,
+    ) -> JSON:
+        ctx = self.ctx
+        rows, next_cursor = runs.list_runs(
+            ctx,
+            worker=worker,
+            status=status,
+            trigger=trigger,
+            cursor=cursor,
+            limit=limit,
+            caller=self.principal,
+        )
+        return run_views.run_page(rows, next_cursor, surface=self.principal.surface).to_json()
+
+    def get_run(self, run_id: str) -> JSON:
+        return run_views.run_detail(self.ctx, run_id=run_id, caller=self.principal).to_json()
+
+    async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
+        ctx = self.ctx
+        _, detail = await run_waits.wait_and_read(
+            ctx,
+            run_id=run_id,
+            timeout=seconds,
+            until="settled",
+            caller=self.principal,
+            then=functools.partial(run_views.run_detail_of, ctx, caller=self.principal),
+        )
+        if detail is not None:  # read with the run that ended the wait
+            return detail.to_json()
+        return await anyio.to_thread.run_sync(self.get_run, run_id)
+
+    def get_logs(
+        self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
+    ) -> JSON:
+        ctx = self.ctx
+        page = run_views.log_page(
+            ctx, run_id=run_id, after=after, tail=tail, limit=limit, caller=self.principal
+        )
+        return page.to_json()
+
+    def list_artifacts(self, run_id: str) -> JSON:
+        return run_views.artifact_page(self.ctx, run_id=run_id, caller=self.principal).to_json()
+
+    def read_artifact(self, run_id: str, name: str) -> bytes:
+        _, data = runs.read_artifact(self.ctx, run_id=run_id, name=name, caller=self.principal)
+        return data
+
+    def link(self, path: str) -> str:
+        return self.public_url + path
+
+    def cancel_run(self, run_id: str) -> JSON:
+        ctx = self.ctx
+        runs.cancel_run(ctx, run_id=run_id, caller=self.principal)
+        return self.get_run(run_id)
+
+    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
+        ctx = self.ctx
+        run = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=self.principal, force=force)
+        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+
+    # -- replays from recordings and evals -----------------------------------------------------
+
+    def start_replay(
+        self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
+    ) -> JSON:
+        ctx = self.ctx
+        run = replays.start_replay(
+            ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, caller=self.principal
+        )
+        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+
+    def get_replay(self, run_id: str) -> JSON:
+        ctx = self.ctx
+        report = replays.replay_report(ctx, run_id=run_id, caller=self.principal)
+        return replay_views.replay_report(report).to_json()
+
+    def start_eval(self, worker: str, body: JSON) -> JSON:
+        ctx = self.ctx
+        row = evals.start_eval(
+            ctx,
+            worker_name=worker,
+            selector=str(body.get("runs") or "last:20"),
+            version_id=body.get("version_id"),
+            model=body.get("model"),
+            caller=self.principal,
+        )
+        return self.get_eval(row.id)
+
+    def get_eval(self, eval_id: str) -> JSON:
+        ctx = self.ctx
+        report = evals.eval_report(ctx, eval_id=eval_id, caller=self.principal)
+        return replay_views.eval_report(report).to_json()
+
+    # -- triggers, approvals -------------------------------------------------------------------
+
+    def list_triggers(self, name: str) -> JSON:
+        return self._triggers(self.ctx, name)
+
+    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
+        ctx = self.ctx
+        triggers.set_paused(
+            ctx, worker_name=name, paused=paused, trigger_id=trigger, caller=self.principal
+        )
+        return self._triggers(ctx, name)
+
+    def _triggers(self, ctx: Context, name: str) -> JSON:
+        listing = trigger_views.trigger_listing(
+            ctx, name=name, urls=self.hook_urls, caller=self.principal
+        )
+        return listing.to_json()
+
+    def list_approvals(
+        self,
+        *,
+        status: str | None = None,
+        worker: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
+        rows, next_cursor = approvals.list_approvals(
+            self.ctx,
+            status=status or "pending",
+            worker=worker,
+            cursor=cursor,
+            limit=limit,
+            caller=self.principal,
+        )
+        return run_views.approval_page(rows, next_cursor).to_json()
+
+    def decide_approval(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        edits: JSON | None = None,
+        comment: str | None = None,
+    ) -> JSON:
+        ctx = self.ctx
+        approvals.decide_approval(
+            ctx,
+            approval_id=approval_id,
+            decision="approve" if approve else "reject",
+            edited=edits,
+            comment=comment,
+            caller=self.principal,
+        )
+        return run_views.approval_decided(
+            ctx, approval_id=approval_id, caller=self.principal
+        ).to_json()
+
+    # -- secrets -------------------------------------------------------------------------------
+
+    def list_secrets(self) -> JSON:
+        return admin_views.secret_page(self.ctx, caller=self.principal).to_json()
+
+    def set_secret(self, name: str, value: str) -> JSON:
+        secrets.set_secret(self.ctx, name=name, value=value, caller=self.principal)
+        return admin_views.SecretSet(name=name, set=True).to_json()
+
+    def delete_secret(self, name: str) -> JSON:
+        secrets.delete_secret(self.ctx, name=name, caller=self.principal)
+        return admin_views.SecretDeleted(name=name, deleted=True).to_json()
+
+    # -- handoffs: the key is the actor; the services apply visibility and the table -----------
+
+    def _job(self, job: dict[str, Any]) -> JSON:
+        return handoff_views.job_public(job, surface=self.principal.surface).to_json()
+
+    def handoff_my_roles(self) -> JSON:
+        who = handoff_agents.my_roles(self.ctx, actor=self.principal)
+        return handoff_views.WhoAmI.model_validate(who).to_json()
+
+    def handoff_list_jobs(
+        self,
+        *,
+        status: list[str] | None = None,
+        role: str | None = None,
+        assignee: str | None = None,
+        source: str | None = None,
+        my_roles: bool = False,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
+        items, next_cursor = handoffs.list_jobs(
+            self.ctx,
+            actor=self.principal,
+            status=status,
+            role=role,
+            assignee=assignee,
+            source=source,
+            my_roles=my_roles,
+            cursor=cursor,
+            limit=limit,
+        )
+        surface = self.principal.surface
+        return handoff_views.job_page(items, next_cursor, surface=surface).to_json()
+
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+        ctx = self.ctx
+        return self._job(handoffs.get_job(ctx, actor=self.principal, job_id=job_id, events=events))
+
+    def handoff_create_job(self, **spec: Any) -> JSON:
+        return self._job(handoffs.create_job(self.ctx, actor=self.principal, **spec))
+
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        ctx = self.ctx
+        job = handoff_flow.claim(
+            ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
+        )
+        return self._job(job)
+
+    def handoff_claim_next_job(
+        self, *, role: str | None = None, lease_seconds: float | None = None
+    ) -> JSON:
+        ctx = self.ctx
+        job = handoff_flow.claim_next(
+            ctx, actor=self.principal, role=role, lease_seconds=lease_seconds
+        )
+        return handoff_views.claim_next_result(job, surface=self.principal.surface).to_json()
+
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        ctx = self.ctx
+        state = handoff_flow.heartbeat(
+            ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
+        )
+        return handoff_views.LeaseState.model_validate(state).to_json()
+
+    def handoff_set_status(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> JSON:
+        job = handoff_flow.set_status(
+            self.ctx,
+            actor=self.principal,
+            job_id=job_id,
+            status=status,
+            reason=reason,
+            lease_seconds=lease_seconds,
+        )
+        return self._job(job)
+
+    def handoff_update_job(
+        self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
+    ) -> JSON:
+        job = handoffs.update_job(
+            self.ctx,
+            actor=self.principal,
+            job_id=job_id,
+            context=context,
+            constraints=constraints,
+        )
+        return self._job(job)
+
+    def handoff_complete_job(
+        self,
+        job_id: str,
+        *,
+        summary: str = "",
+        data: JSON | None = None,
+        artifacts: list[JSON] | None = None,
+    ) -> JSON:
+        job = handoff_flow.complete(
+            self.ctx,
+            actor=self.principal,
+            job_id=job_id,
+            summary=summary,
+            data=data,
+            artifacts=artifacts,
+        )
+        return self._job(job)
+
+    def handoff_reject_job(
+        self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
+    ) -> JSON:
+        retry = handoff_review.reject(
+            self.ctx,
+            actor=self.principal,
+            job_id=job_id,
+            reason=reason,
+            role=role,
+            priority=priority,
+        )
+        return self._job(retry)
+
+    def handoff_reopen_context(self, job_id: str) -> JSON:
+        ctx = self.ctx
+        focus = handoff_review.reopen_context(ctx, actor=self.principal, job_id=job_id)
+        return handoff_views.ReopenContext.model_validate(focus).to_json()

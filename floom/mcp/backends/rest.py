@@ -1,0 +1,334 @@
+"""The Backend of the stdio server `floom mcp`: a client of a floom server's REST API."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import anyio.to_thread
+
+from floom.client.handoffs import HandoffClient
+from floom.client.rest import FloomClient
+from floom.client_env import admin_key_file
+from floom.errors import ClientError, Conflict, FloomError
+from floom.mcp.backends.base import JSON, Backend, NotAvailable
+from floom.services.access.principal import SCOPES, Principal
+
+NO_KEY = (
+    "the floom MCP server was started without an API key: FLOOM_API_KEY is not set and no "
+    "--key-file names one (it never picks up a key it was not given)"
+)
+
+
+class NotConfigured(ClientError):
+    """`floom mcp` was started without a key to act as (or with a key file it cannot use)."""
+
+    as_written = True
+
+    def __init__(self, message: str = NO_KEY) -> None:
+        super().__init__(message, status=0, code="not_configured", hint=setup_hint())
+
+
+def setup_hint() -> str:
+    """How to give `floom mcp` a key, naming where this machine's local server keeps its
+    admin key."""
+    admin_key = admin_key_file()
+    return (
+        f"start `floom mcp` with FLOOM_API_KEY set, or with `--key-file {admin_key}` (the "
+        "admin key a `floom serve` on this machine saved), and FLOOM_BASE_URL for a server "
+        "that is not on this machine; a key of its own is safer: `floom keys create --scope "
+        f"deploy`. With Claude Code: `claude mcp add floom -- floom mcp --key-file {admin_key}`"
+    )
+
+
+def principal_of_key(key: JSON) -> Principal:
+    """The caller a key's public record (GET /api/v1/keys/me) describes."""
+    return Principal(
+        key_id=key["id"],
+        name=key.get("name") or key["id"],
+        scopes=tuple(s for s in key.get("scopes") or () if s in SCOPES),
+        agent_id=key.get("agent_id"),
+        surface="mcp",
+    )
+
+
+class RestBackend(Backend):
+    """Without a client (no key configured) every call raises `setup_error`, a
+    NotConfigured saying how to configure one. `caller` is the key as the server described
+    it, when already asked."""
+
+    reads_local_folders = True
+
+    def __init__(
+        self,
+        client: FloomClient | None,
+        *,
+        caller: Principal | None = None,
+        setup_error: NotConfigured | None = None,
+    ) -> None:
+        self._client = client
+        self._setup_error = setup_error
+        self._paths: set[str] | None = None
+        self._handoffs: HandoffClient | None = None
+        self._caller = caller
+
+    @property
+    def client(self) -> FloomClient:
+        if self._client is None:
+            raise self._setup_error or NotConfigured()
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+    def caller(self) -> Principal | None:
+        """The configured key as the server knows it, asked once; None while it cannot be
+        known (no key, server unreachable or older), and then every tool is listed."""
+        if self._caller is None and self._client is not None:
+            try:
+                key = self._client.my_key()
+            except FloomError:
+                return None
+            self._caller = principal_of_key(key)
+        return self._caller
+
+    def _offers(self, path: str, what: str) -> None:
+        if self._paths is None:
+            self._paths = self.client.api_paths()
+        if path not in self._paths:
+            raise NotAvailable(
+                f"{what} are not available on the floom server at {self.client.base_url}",
+                hint="upgrade that floom server to a version with this feature",
+            )
+
+    # -- workers and versions ------------------------------------------------------------------
+
+    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
+        return self.client.list_workers(cursor=cursor, limit=limit)
+
+    def get_worker(self, name: str) -> JSON:
+        return self.client.get_worker(name)
+
+    def get_manifest_yaml(self, name: str) -> str:
+        worker = self.client.get_worker(name)
+        version_id = worker.get("active_version_id")
+        if not version_id:
+            raise Conflict(f"worker '{name}' has no active version", hint="deploy it")
+        return str(self.client.get_version(name, version_id)["manifest_yaml"])
+
+    def validate(self, archive: bytes) -> JSON:
+        return self.client.validate(archive)
+
+    def deploy(self, archive: bytes) -> JSON:
+        return self.client.deploy(archive)
+
+    def list_versions(self, name: str) -> JSON:
+        return self.client.list_versions(name)
+
+    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
+        return self.client.rollback(name, version_id=version_id, run_id=run_id)
+
+    def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
+        return self.client.delete_worker(name, purge_runs=purge_runs)
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def start_run(
+        self, worker: str, inputs: JSON, *, force: bool = False, wait_seconds: float = 0
+    ) -> JSON:
+        # One request when the tool waits: the server holds the start until the run settles.
+        return self.client.start_run(
+            worker, inputs, force=force, wait=wait_seconds, until="settled"
+        )
+
+    def list_runs(
+        self,
+        *,
+        worker: str | None = None,
+        status: str | None = None,
+        trigger: str | None = None,
+        cursor: str | None = None,
+        limit: int = 20,
+    ) -> JSON:
+        return self.client.list_runs(
+            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
+        )
+
+    def get_run(self, run_id: str) -> JSON:
+        return self.client.get_run(run_id)
+
+    async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
+        # The server does the waiting (?wait=); this process's thread only holds the request.
+        wait = functools.partial(self.client.wait_for_run, run_id, seconds=seconds, until="settled")
+        return await anyio.to_thread.run_sync(wait)
+
+    def get_logs(
+        self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
+    ) -> JSON:
+        if tail:
+            return self.client.get_logs(run_id, tail=tail)
+        return self.client.get_logs(run_id, after=after, limit=limit)
+
+    def list_artifacts(self, run_id: str) -> JSON:
+        return self.client.list_artifacts(run_id)
+
+    def read_artifact(self, run_id: str, name: str) -> bytes:
+        return self.client.download_artifact(run_id, name)
+
+    def link(self, path: str) -> str:
+        return self.client.base_url + path
+
+    def cancel_run(self, run_id: str) -> JSON:
+        return self.client.cancel_run(run_id)
+
+    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
+        return self.client.replay_run(run_id, latest=latest, force=force)
+
+    # -- replays from recordings and evals -----------------------------------------------------
+
+    def start_replay(
+        self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
+    ) -> JSON:
+        self._offers("/api/v1/runs/{run_id}/replays", "replays")
+        return self.client.start_replay(run_id, mode=mode, version_id=version_id, model=model)
+
+    def get_replay(self, run_id: str) -> JSON:
+        self._offers("/api/v1/replays/{run_id}", "replays")
+        return self.client.get_replay(run_id)
+
+    def start_eval(self, worker: str, body: JSON) -> JSON:
+        self._offers("/api/v1/workers/{name}/evals", "evals")
+        return self.client.start_eval(worker, body)
+
+    def get_eval(self, eval_id: str) -> JSON:
+        self._offers("/api/v1/evals/{eval_id}", "evals")
+        return self.client.get_eval(eval_id)
+
+    # -- triggers, approvals -------------------------------------------------------------------
+
+    def list_triggers(self, name: str) -> JSON:
+        self._offers("/api/v1/workers/{name}/triggers", "triggers")
+        return self.client.list_triggers(name)
+
+    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
+        self._offers("/api/v1/workers/{name}/pause", "pausing and resuming")
+        return self.client.set_paused(name, paused=paused, trigger_id=trigger)
+
+    def list_approvals(
+        self,
+        *,
+        status: str | None = None,
+        worker: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
+        self._offers("/api/v1/approvals", "approvals")
+        return self.client.list_approvals(status=status, worker=worker, cursor=cursor, limit=limit)
+
+    def decide_approval(
+        self,
+        approval_id: str,
+        *,
+        approve: bool,
+        edits: JSON | None = None,
+        comment: str | None = None,
+    ) -> JSON:
+        self._offers("/api/v1/approvals", "approvals")
+        if approve:
+            return self.client.approve(approval_id, edited=edits, comment=comment)
+        return self.client.reject(approval_id, comment=comment or "")
+
+    # -- secrets -------------------------------------------------------------------------------
+
+    def list_secrets(self) -> JSON:
+        return self.client.list_secrets()
+
+    def set_secret(self, name: str, value: str) -> JSON:
+        return self.client.set_secret(name, value)
+
+    def delete_secret(self, name: str) -> JSON:
+        return self.client.delete_secret(name)
+
+    # -- handoffs ------------------------------------------------------------------------------
+
+    @property
+    def handoffs(self) -> HandoffClient:
+        self._offers("/api/v1/handoffs/jobs", "handoffs")
+        if self._handoffs is None:
+            self._handoffs = HandoffClient(self.client)
+        return self._handoffs
+
+    def handoff_my_roles(self) -> JSON:
+        return self.handoffs.whoami()
+
+    def handoff_list_jobs(
+        self,
+        *,
+        status: list[str] | None = None,
+        role: str | None = None,
+        assignee: str | None = None,
+        source: str | None = None,
+        my_roles: bool = False,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JSON:
+        return self.handoffs.list_jobs(
+            status=",".join(status) if status else None,
+            role=role,
+            assignee=assignee,
+            source=source,
+            my_roles=my_roles or None,
+            cursor=cursor,
+            limit=limit,
+        )
+
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+        return self.handoffs.get_job(job_id, events=events)
+
+    def handoff_create_job(self, **spec: Any) -> JSON:
+        return self.handoffs.create_job(**spec)
+
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        return self.handoffs.claim(job_id, lease_seconds=lease_seconds)
+
+    def handoff_claim_next_job(
+        self, *, role: str | None = None, lease_seconds: float | None = None
+    ) -> JSON:
+        return self.handoffs.claim_next(role=role, lease_seconds=lease_seconds)
+
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+        return self.handoffs.heartbeat(job_id, lease_seconds=lease_seconds)
+
+    def handoff_set_status(
+        self,
+        job_id: str,
+        status: str,
+        *,
+        reason: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> JSON:
+        return self.handoffs.set_status(job_id, status, reason=reason, lease_seconds=lease_seconds)
+
+    def handoff_update_job(
+        self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
+    ) -> JSON:
+        return self.handoffs.update_job(job_id, context=context, constraints=constraints)
+
+    def handoff_complete_job(
+        self,
+        job_id: str,
+        *,
+        summary: str = "",
+        data: JSON | None = None,
+        artifacts: list[JSON] | None = None,
+    ) -> JSON:
+        return self.handoffs.complete(job_id, summary=summary, data=data, artifacts=artifacts)
+
+    def handoff_reject_job(
+        self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
+    ) -> JSON:
+        return self.handoffs.reject(job_id, reason=reason, role=role, priority=priority)
+
+    def handoff_reopen_context(self, job_id: str) -> JSON:
+        return self.handoffs.reopen_context(job_id)

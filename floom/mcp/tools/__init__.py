@@ -1,0 +1,1 @@
+"""floom's MCP tools, written once against the Backend interface; both transports serve them."""

@@ -1,0 +1,119 @@
+"""A run's artifacts for an agent over MCP: the get_artifact tool and the artifact resource
+follow one rule, text inline up to MAX_INLINE_ARTIFACT_BYTES, any other file a download link
+with its media type and size; written against the Backend interface."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from mcp.server.lowlevel.helper_types import ReadResourceContents
+from mcp.server.mcpserver import Context
+from pydantic import Field
+
+from floom.engine.collect import is_text
+from floom.errors import NotFound
+from floom.mcp.backends.base import JSON, Backend
+from floom.mcp.render import Reply
+from floom.mcp.toolkit import READ, FloomTool, backend_of, floom_tool, off
+
+# A model's context is the budget: text up to this size comes inline, anything larger as a
+# link (the tool's description says "64 KiB"; a test keeps them equal).
+MAX_INLINE_ARTIFACT_BYTES = 64 * 1024
+# `+`: an artifact's name is a path under the run's output dir and may hold slashes.
+ARTIFACT_URI = "floom://runs/{run_id}/artifacts/{+name}"
+# What a resource read answers instead of a binary or large artifact's bytes.
+LINK_MEDIA_TYPE = "application/vnd.floom.artifact-link+json"
+DOWNLOAD_HOW = "GET it with your floom API key as a bearer token (Authorization: Bearer <key>)"
+
+RunId = Annotated[str, Field(description="run id, e.g. run_0123abcd...")]
+ArtifactName = Annotated[
+    str,
+    Field(description="the artifact's name as get_run lists it, e.g. report.md or out/data.csv"),
+]
+
+
+def artifact_uri(run_id: str, name: str) -> str:
+    return f"floom://runs/{run_id}/artifacts/{quote(name, safe='/')}"
+
+
+def artifact_path(run_id: str, name: str) -> str:
+    """The REST API's download path of an artifact, its name quoted for a URL."""
+    return f"/api/v1/runs/{quote(run_id, safe='')}/artifacts/{quote(name, safe='/')}"
+
+
+def with_links(backend: Backend, run_id: str, artifact: JSON) -> JSON:
+    """An artifact as listed, with where an agent gets it: the MCP resource and the URL."""
+    name = artifact["name"]
+    return {
+        **artifact,
+        "download_url": backend.link(artifact_path(run_id, name)),
+        "uri": artifact_uri(run_id, name),
+    }
+
+
+def open_artifact(backend: Backend, run_id: str, name: str) -> JSON:
+    """The run's artifact `name` with its links, plus "text" when it is text of at most
+    MAX_INLINE_ARTIFACT_BYTES ("inline": true), else "why" it is a link only.
+
+    Text is decided as floom.engine.collect decided it when the run ended (the same
+    is_text); secrets were masked in every artifact's bytes then. An artifact floom could not
+    scan (compressed, encrypted) never comes inline and is refused to a key without the run
+    scope, as the REST download is. Only a name the run's listing holds is read."""
+    listing = backend.list_artifacts(run_id)
+    found = next((a for a in listing["items"] if a["name"] == name), None)
+    if found is None:
+        names = [str(a["name"]) for a in listing["items"]]
+        hint = f"its artifacts: {', '.join(names)}" if names else f"run {run_id} left no files"
+        raise NotFound(f"run {run_id} has no artifact '{name}'", hint=hint)
+    view: dict[str, Any] = {**with_links(backend, run_id, found), "inline": False}
+    if found.get("scanned") is False:
+        backend.read_artifact(run_id, name)  # refuses a key that may not read it, as REST does
+        view["why"] = "not scanned for secrets (compressed or encrypted)"
+        return view
+    if int(found["size"]) > MAX_INLINE_ARTIFACT_BYTES:
+        view["why"] = f"larger than {MAX_INLINE_ARTIFACT_BYTES} bytes"
+        return view
+    data = backend.read_artifact(run_id, name)
+    if not is_text(data):
+        view["why"] = "binary"
+        return view
+    view.update(inline=True, text=data.decode("utf-8"))
+    return view
+
+
+def artifact_text(view: JSON) -> str:
+    head = f"{view['name']} ({view['content_type']}, {view['size']} bytes)"
+    if view["inline"]:
+        return f"{head}:\n{view['text']}"
+    return (
+        f"{head} is {view['why']}, so it is not shown inline; download it from "
+        f"{view['download_url']}: {DOWNLOAD_HOW}"
+    )
+
+
+async def artifact_contents(ctx: Context, run_id: str, name: str) -> ReadResourceContents:
+    """The artifact resource's contents: the text with its media type, or for a binary or
+    large file a small JSON document (LINK_MEDIA_TYPE) with its type, size and URL."""
+    view = await off(open_artifact, backend_of(ctx), run_id, name)
+    if view["inline"]:
+        # A text file without a known extension is stored as application/octet-stream.
+        media = view["content_type"]
+        media = "text/plain" if media == "application/octet-stream" else media
+        return ReadResourceContents(content=view["text"], mime_type=media)
+    link = {k: view[k] for k in ("name", "content_type", "size", "digest", "download_url", "why")}
+    link["how"] = DOWNLOAD_HOW
+    return ReadResourceContents(content=json.dumps(link), mime_type=LINK_MEDIA_TYPE)
+
+
+@floom_tool
+async def get_artifact(ctx: Context, run_id: RunId, name: ArtifactName) -> Reply:
+    """A file a run left (get_run lists its artifacts). Text up to 64 KiB comes inline; a
+    binary or larger file comes as a download URL with its media type and size. Also a
+    resource: floom://runs/{run_id}/artifacts/{name}."""
+    view = await off(open_artifact, backend_of(ctx), run_id, name)
+    return Reply(artifact_text(view), view)
+
+
+ARTIFACT_TOOLS: tuple[FloomTool, ...] = (FloomTool(get_artifact, READ, "read"),)

@@ -1,0 +1,394 @@
+"""The E2B backend: script workers run in E2B microVMs, through the official `e2b` SDK.
+
+One sandbox per attempt (per agent run for `run_command`, through a session): created from
+the worker's template with metadata naming the run and this node, the files go up as one
+archive, the command's lines stream back as printed, and `result.json` with the output dir
+come back as one archive, read as hostile. The SDK's own settings (E2B_DOMAIN, its API and
+sandbox URLs, debug) choose the E2B deployment; floom passes only its key.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import threading
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from e2b import (
+    AuthenticationException,
+    NotFoundException,
+    RateLimitException,
+    SandboxException,
+    SandboxQuery,
+)
+from e2b import (
+    Sandbox as E2BBox,
+)
+
+from floom.sandbox.base import (
+    LineSink,
+    Sandbox,
+    SandboxResult,
+    SandboxSession,
+    SandboxSpec,
+    SandboxUnavailable,
+    SessionGuard,
+    validate_spec,
+)
+from floom.sandbox.e2b.command import OUTPUT_DIR, WORKDIR, E2BCommand
+from floom.sandbox.e2b.transfer import (
+    Snapshot,
+    changed,
+    move_file,
+    pack,
+    replace_tree,
+    snapshot,
+    unpack_hostile,
+)
+from floom.sandbox.fence import node_fence
+
+log = logging.getLogger("floom.sandbox.e2b")
+
+KEY_SETTING = "FLOOM_E2B_API_KEY"
+DEFAULT_TEMPLATE = "base"
+HOME = "/home/user"
+INBOX = f"{HOME}/.floom-in.tar.gz"
+OUTBOX = f"{HOME}/.floom-out.tar.gz"
+NODE_LABEL = "floom_node"
+RUN_LABEL = "floom_run_id"
+# The sandbox lives this much past the run's timeout, for the files to go up and come back;
+# E2B kills it then even if floom could not.
+SANDBOX_SLACK_SECONDS = 120
+REQUEST_TIMEOUT = 30.0
+# How often a session moves its sandbox's E2B timeout on with its attempt's lease.
+LEASE_KEEP_SECONDS = 1.0
+KILL_TIMEOUT = 5.0
+KEY_HINT = f"set {KEY_SETTING} (or E2B_API_KEY) in the environment of the floom server"
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """How many bytes may come back from a sandbox: a script run's result and artifacts;
+    a session's whole workspace too."""
+
+    result_bytes: int
+    artifact_bytes: int
+    bundle_bytes: int
+
+
+class E2BSandbox(Sandbox):
+    """Runs each process in an E2B sandbox; see the module docstring. Without an API key it
+    is built but not ready: `check` and every run raise SandboxUnavailable naming the
+    setting."""
+
+    name = "e2b"
+
+    def __init__(self, *, api_key: str, template: str, budgets: Budgets) -> None:
+        self.api_key = api_key
+        self.template = template or DEFAULT_TEMPLATE
+        self.budgets = budgets
+
+    def check(self) -> None:
+        if not self.api_key:
+            raise SandboxUnavailable(
+                f"the e2b sandbox is not configured: {KEY_SETTING} is not set",
+                hint=KEY_HINT,
+                retryable=False,
+            )
+
+    def protections(self) -> dict[str, bool | str]:
+        return {
+            "microvm": True,
+            "template": self.template,
+            "memory_limit": "template",
+            "cpu_limit": "template",
+            "process_limit": False,
+            "disk_limit": "template",
+            "network": "off unless network: full (then the internet, not floom's host)",
+        }
+
+    def run(
+        self,
+        spec: SandboxSpec,
+        *,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
+    ) -> SandboxResult:
+        with E2BSession(self, whole_workspace=False) as session:
+            return session.run(spec, on_line=on_line, should_cancel=should_cancel)
+
+    def open_session(self) -> SandboxSession:
+        return E2BSession(self, whole_workspace=True)
+
+    def api(self) -> dict[str, Any]:
+        """The SDK's per-call options: floom's key, bounded requests; the SDK's own settings
+        (E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL) pick the deployment."""
+        return {"api_key": self.api_key, "request_timeout": REQUEST_TIMEOUT}
+
+    def reap_orphans(
+        self,
+        *,
+        node_id: str,
+        work_root: Path,
+        live_run_ids: Callable[[], Collection[str]],
+    ) -> int:
+        if not self.api_key:
+            return 0
+        try:
+            pages = E2BBox.list(query=SandboxQuery(metadata={NODE_LABEL: node_id}), **self.api())
+            found = []
+            while pages.has_next:
+                found += pages.next_items()
+            live = set(live_run_ids()) if found else set()
+            killed = 0
+            for info in found:
+                if info.metadata.get(RUN_LABEL) not in live:
+                    killed += bool(E2BBox.kill(info.sandbox_id, **self.api()))
+            return killed
+        except Exception as exc:  # E2B down: the next pass tries again
+            log.warning("could not reap orphaned E2B sandboxes: %s", self.unavailable(exc))
+            return 0
+
+    def unavailable(self, exc: BaseException, *, doing: str = "") -> SandboxUnavailable:
+        """E2B's failure as floom's error, saying what to check; never with the key."""
+        text = str(exc).replace(self.api_key, "***") if self.api_key else str(exc)
+        text = text.strip()[:300] or type(exc).__name__
+        where = f" while {doing}" if doing else ""
+        if isinstance(exc, AuthenticationException):
+            return SandboxUnavailable(f"E2B refused floom's API key{where}", hint=KEY_HINT)
+        if isinstance(exc, RateLimitException) or "429" in text:
+            if "concurrent" in text:
+                return SandboxUnavailable(
+                    f"E2B's limit of concurrent sandboxes is reached{where}",
+                    hint="wait for running sandboxes to end, lower FLOOM_EXECUTOR_SLOTS, or "
+                    "raise the limit of your E2B plan; floom retries the run",
+                )
+            return SandboxUnavailable(
+                f"E2B rate limited floom{where}", hint="floom retries the run; run fewer at once"
+            )
+        if isinstance(exc, SandboxException) and "template" in text and "not found" in text:
+            return SandboxUnavailable(
+                f"E2B has no template {self.template!r}{where}: {text}",
+                hint="build the template (e2b template build) or fix sandbox.template in "
+                "worker.yml / FLOOM_E2B_TEMPLATE",
+                retryable=False,
+            )
+        if isinstance(exc, httpx.TransportError):
+            return SandboxUnavailable(
+                f"E2B cannot be reached{where}: {text}",
+                hint="check this node's network and E2B_DOMAIN (or E2B_API_URL); floom "
+                "retries the run",
+            )
+        return SandboxUnavailable(
+            f"E2B failed{where}: {text}", hint="check E2B's status page; floom retries the run"
+        )
+
+
+class E2BSession(SandboxSession):
+    """One E2B sandbox, created on the first command and killed on close. A script run is a
+    one-command session that brings back `result.json` and the output dir; an agent's
+    session brings back the whole workspace after each command."""
+
+    def __init__(self, backend: E2BSandbox, *, whole_workspace: bool) -> None:
+        self.backend = backend
+        self.whole_workspace = whole_workspace
+        self.guard = SessionGuard()
+        self.box: E2BBox | None = None
+        self.synced: Snapshot = {}
+        self.lock = threading.Lock()
+        self.keeper: LeaseKeeper | None = None
+
+    def run(
+        self,
+        spec: SandboxSpec,
+        *,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
+    ) -> SandboxResult:
+        first = self.guard.admit(spec)
+        validate_spec(spec)
+        self.backend.check()
+        deadline = time.monotonic() + spec.timeout_seconds
+        trees = {"work": spec.workdir, "output": spec.output_dir}
+        doing = "creating the sandbox"
+        try:
+            if first:
+                self.box = self._create(spec)
+                if spec.fence:
+                    self.keeper = LeaseKeeper(self.box, spec.fence)
+            box = self.box
+            if box is None:
+                raise SandboxUnavailable("this E2B session's sandbox is gone")
+            doing = "uploading the run's files"
+            if first or changed(trees, self.synced):
+                self._upload(box, trees, since=None if first else self.synced)
+            doing = "running the command"
+            result = E2BCommand(box, spec, on_line).wait(should_cancel, deadline)
+            if result.cancelled or result.timed_out:
+                return result
+            doing = "bringing back the run's files"
+            return self._download(box, spec, result, on_line)
+        except SandboxUnavailable:
+            raise
+        except Exception as exc:  # an SDK or transport failure of E2B, not of the script
+            raise self.backend.unavailable(exc, doing=doing) from exc
+
+    def _create(self, spec: SandboxSpec) -> E2BBox:
+        template = spec.template or self.backend.template
+        timeout = math.ceil(spec.timeout_seconds) + SANDBOX_SLACK_SECONDS
+        left = _lease_left(spec.fence)
+        if left is not None:
+            # E2B ends it with the attempt's lease unless the lease is renewed (LeaseKeeper).
+            timeout = min(timeout, left)
+        try:
+            return E2BBox.create(
+                template=template,
+                timeout=timeout,
+                metadata=dict(spec.metadata),
+                allow_internet_access=spec.network,
+                **self.backend.api(),
+            )
+        except Exception as exc:
+            if isinstance(exc, SandboxException) and "not found" in str(exc):
+                raise SandboxUnavailable(
+                    f"E2B has no template {template!r}: {exc}",
+                    hint="build the template (e2b template build) or fix sandbox.template "
+                    "in worker.yml / FLOOM_E2B_TEMPLATE",
+                    retryable=False,
+                ) from exc
+            raise
+
+    def _upload(self, box: E2BBox, trees: dict[str, Path], *, since: Snapshot | None) -> None:
+        # One archive and one command to unpack it, whatever the number of files.
+        data, self.synced = pack(trees, since=since)
+        box.files.write(INBOX, data, request_timeout=REQUEST_TIMEOUT * 4)
+        box.commands.run(
+            f"mkdir -p {WORKDIR} {OUTPUT_DIR} && tar -xzf {INBOX} -C {HOME} && rm -f {INBOX}",
+            cwd=HOME,
+            timeout=REQUEST_TIMEOUT * 4,
+        )
+
+    def _download(
+        self, box: E2BBox, spec: SandboxSpec, result: SandboxResult, on_line: LineSink
+    ) -> SandboxResult:
+        budgets = self.backend.budgets
+        if self.whole_workspace:
+            paths = "set -- work output"
+            budget = budgets.bundle_bytes + budgets.artifact_bytes
+        else:
+            paths = "set -- output; [ -f work/result.json ] && set -- output work/result.json"
+            budget = budgets.result_bytes + budgets.artifact_bytes
+        box.commands.run(
+            f'cd {HOME} && rm -f {OUTBOX} && {paths}; tar -czf {OUTBOX} "$@" 2>/dev/null; true',
+            cwd=HOME,
+            timeout=REQUEST_TIMEOUT * 4,
+        )
+        data = _read_bounded(box, OUTBOX, limit=budget + 1024 * 1024)
+        if data is None:
+            return _files_over(result, budget)
+        landing = spec.workdir.parent / f".e2b-{spec.workdir.name}-{id(self):x}"
+        unpacked = unpack_hostile(data, into=landing, names=("work", "output"), budget=budget)
+        try:
+            for note in unpacked.notes:
+                on_line("stderr", f"floom: {note}")
+            if unpacked.over_budget:
+                return _files_over(result, budget)
+            replace_tree(spec.output_dir, unpacked.trees["output"])
+            if self.whole_workspace:
+                replace_tree(spec.workdir, unpacked.trees["work"])
+            elif (unpacked.trees["work"] / "result.json").is_file():
+                move_file(unpacked.trees["work"] / "result.json", spec.workdir / "result.json")
+        finally:
+            shutil.rmtree(landing, ignore_errors=True)  # whatever was not moved into place
+        if self.whole_workspace:
+            self.synced = snapshot({"work": spec.workdir, "output": spec.output_dir})
+        return result
+
+    def close(self) -> None:
+        with self.lock:
+            self.guard.closed = True
+            box, self.box = self.box, None
+            keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            keeper.stop()
+        if box is None:
+            return
+        try:
+            box.kill(request_timeout=KILL_TIMEOUT)
+        except Exception as exc:  # E2B ends it at its timeout; the orphan reaper retries
+            log.warning("could not kill E2B sandbox %s: %s", box.sandbox_id, exc)
+
+
+def _lease_left(fence: str) -> int | None:
+    """Whole seconds until the attempt's lease deadline (at least 1), None without one."""
+    deadline = node_fence().deadline(fence) if fence else None
+    if deadline is None:
+        return None
+    return max(1, math.floor(deadline - time.monotonic()))
+
+
+class LeaseKeeper:
+    """Keeps an E2B sandbox's timeout at its attempt's lease deadline, moving it on as the
+    executor renews the lease (floom/sandbox/fence.py). When floom's process is frozen or
+    cut off from the database, the deadline stops moving and E2B itself ends the sandbox at
+    it (later by the latency of the last request at most): the SDK cannot be called from a
+    frozen process, so this is the one kill that does not need floom."""
+
+    def __init__(self, box: E2BBox, fence: str) -> None:
+        self._box = box
+        self._fence = fence
+        self._stopped = threading.Event()
+        self._sent = node_fence().deadline(fence)
+        self._thread = threading.Thread(target=self._keep, name="floom-e2b-lease", daemon=True)
+        self._thread.start()
+
+    def _keep(self) -> None:
+        while not self._stopped.wait(LEASE_KEEP_SECONDS):
+            fence = node_fence()
+            deadline = fence.deadline(self._fence)
+            if deadline is None or fence.lapsed(self._fence):
+                continue  # E2B ends it at the deadline it was given last
+            if self._sent is not None and deadline - self._sent < 1.0:
+                continue
+            try:
+                self._box.set_timeout(
+                    max(1, math.floor(deadline - time.monotonic())), request_timeout=KILL_TIMEOUT
+                )
+                self._sent = deadline
+            except Exception as exc:  # the next pass tries again; E2B keeps the last one
+                log.warning("could not move the E2B sandbox's timeout on: %s", exc)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+def _read_bounded(box: E2BBox, path: str, *, limit: int) -> bytes | None:
+    """The file's bytes, or None when it is over `limit` (read no further than that)."""
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        stream = box.files.read(path, format="stream", request_timeout=REQUEST_TIMEOUT * 4)
+    except NotFoundException:
+        return b""  # tar made nothing: nothing came back
+    with stream:
+        for chunk in stream:
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _files_over(result: SandboxResult, budget: int) -> SandboxResult:
+    return SandboxResult(
+        exit_code=result.exit_code,
+        limit_exceeded="files",
+        error=f"the files the run left are over {budget} bytes, more than floom brings back "
+        "from E2B (FLOOM_MAX_RESULT_BYTES + FLOOM_MAX_ARTIFACT_BYTES)",
+    )

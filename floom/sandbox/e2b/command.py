@@ -1,0 +1,113 @@
+"""One command in an E2B sandbox: started in the background, its output read in a thread
+and handed as lines to the calling thread, cancel and timeout polled while it runs."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import shlex
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from e2b import CommandExitException, NotFoundException, TimeoutException
+from e2b import Sandbox as E2BBox
+
+from floom.sandbox.base import LineSink, SandboxResult, SandboxSpec, SandboxUnavailable
+from floom.sandbox.local.supervisor import LineSplitter
+
+log = logging.getLogger("floom.sandbox.e2b")
+
+WORKDIR = "/home/user/work"
+OUTPUT_DIR = "/home/user/output"
+# After a cancel or timeout, how long the command's stream may take to end once killed.
+KILL_GRACE_SECONDS = 1.5
+POLL_SECONDS = 0.1
+# Inert values the process gets besides its spec's environment (the template sets PATH, HOME).
+INERT_ENV = {"LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+class E2BCommand:
+    """One command in a sandbox: its output read in a thread, lines handed to `on_line` in
+    the calling thread, cancel and timeout polled while it runs."""
+
+    def __init__(self, box: E2BBox, spec: SandboxSpec, on_line: LineSink) -> None:
+        self.box = box
+        self.spec = spec
+        self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.splitters = {s: LineSplitter(s, on_line) for s in ("stdout", "stderr")}
+        env = {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": OUTPUT_DIR}
+        self.handle = box.commands.run(
+            shlex.join(spec.command),
+            background=True,
+            envs=env,
+            cwd=WORKDIR,
+            # A backstop: floom kills the command at its own deadline first.
+            timeout=spec.timeout_seconds + 30,
+        )
+        threading.Thread(target=self._read, name="floom-e2b-output", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            done = self.handle.wait(
+                on_stdout=lambda chunk: self.events.put(("stdout", chunk)),
+                on_stderr=lambda chunk: self.events.put(("stderr", chunk)),
+            )
+            self.events.put(("exit", done.exit_code))
+        except CommandExitException as exc:
+            self.events.put(("exit", exc.exit_code))
+        except Exception as exc:  # handed to the calling thread, which decides
+            self.events.put(("error", exc))
+
+    def wait(self, should_cancel: Callable[[], bool], deadline: float) -> SandboxResult:
+        ended: str | None = None
+        stop_at: float | None = None
+        while True:
+            try:
+                kind, value = self.events.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                kind, value = "", None
+            if kind in ("stdout", "stderr"):
+                self.splitters[kind].feed(value.encode("utf-8"))
+                continue
+            if kind in ("exit", "error") or (stop_at is not None and time.monotonic() > stop_at):
+                break
+            if ended is None:
+                if should_cancel():
+                    ended = "cancelled"
+                elif time.monotonic() >= deadline:
+                    ended = "timed_out"
+                if ended is not None:
+                    stop_at = time.monotonic() + KILL_GRACE_SECONDS
+                    self._kill()
+        for splitter in self.splitters.values():
+            splitter.flush()
+        if ended == "timed_out":
+            return SandboxResult(
+                exit_code=None,
+                timed_out=True,
+                error=f"timed out after {self.spec.timeout_seconds:g} s",
+            )
+        if ended == "cancelled":
+            return SandboxResult(exit_code=None, cancelled=True, error="cancelled")
+        if kind == "error":
+            if isinstance(value, (NotFoundException, TimeoutException)):
+                raise SandboxUnavailable(
+                    f"the E2B sandbox {self.box.sandbox_id} ended or became unreachable while "
+                    f"the command ran: {value}",
+                    hint="it was killed from outside, its time ran out, or E2B failed; floom "
+                    "retries the run",
+                ) from value
+            raise value
+        return SandboxResult(exit_code=int(value))
+
+    def _kill(self) -> None:
+        # In a thread: a kill that hangs on an unreachable E2B must not hold the run.
+        def kill() -> None:
+            try:
+                self.handle.kill()
+            except Exception as exc:  # the sandbox goes anyway when the session closes
+                log.debug("killing an E2B command failed: %s", exc)
+
+        threading.Thread(target=kill, name="floom-e2b-kill", daemon=True).start()

@@ -1,0 +1,633 @@
+"""The local sandbox: runs a script worker under bubblewrap, in its own namespaces.
+
+The process sees read-only system directories, its working directory at /work, its output
+directory at /output, a private /tmp, and nothing else of the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import glob
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Final
+
+from floom.config import LIMIT_CEILINGS
+from floom.sandbox.base import (
+    LineSink,
+    Sandbox,
+    SandboxResult,
+    SandboxSpec,
+    SandboxUnavailable,
+    StartedAhead,
+    validate_spec,
+)
+from floom.sandbox.fence import node_fence
+from floom.sandbox.local import cgroups, limits, seccomp
+from floom.sandbox.local.disks import Disks, RunDisk
+from floom.sandbox.local.identity import (
+    IdentityUnavailable,
+    SandboxIdentity,
+    sandbox_identity,
+    share_files,
+    stage_script,
+)
+from floom.sandbox.local.network import (
+    OFFLINE_RESOLV_CONF,
+    SANDBOX_RESOLV_CONF,
+    attach_user_networking,
+    floom_slirp_owner,
+    protection_summary,
+)
+from floom.sandbox.local.ns_mount import NamespaceMounter
+from floom.sandbox.local.standby import ENTRY_NAME, ChildFds, Launcher, Standby, command_input
+from floom.sandbox.local.supervisor import MAX_LINE_BYTES, Supervisor
+from floom.sandbox.local.uid_pool import UidLease, UidPool, UidRange
+
+__all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
+
+SANDBOX_WORKDIR: Final = "/work"
+SANDBOX_OUTPUT_DIR: Final = "/output"
+SANDBOX_HOSTNAME: Final = "floom"
+OWNER_MARK: Final = "floom-sandbox:"
+"""Starts the word of bubblewrap's command line that names the run a sandbox serves, so that
+a later executor can recognise (and kill) the sandboxes a killed predecessor left behind:
+`owner_marker`, a digest of the work root and the run dir's name, no host path."""
+SANDBOX_SHELL: Final = "/bin/sh"
+ENTRY_SCRIPT: Final = '. /dev/stdin; : >/dev/stdin; exec </dev/null "$@"'
+"""The sandbox's first process, a shell started by bubblewrap after the drop, runs this: it
+sources its stdin (standby.command_input: the run's environment, and the command as its
+arguments, which no process with floom's privileges reads), empties that memory file so
+that no process holds the run's secrets in it any more, and execs the command with stdin
+from /dev/null. A shell that cannot read or empty it exits with its own error."""
+_MOUNTER = NamespaceMounter()
+"""The one thread per process that mounts runs' stages in their launchers' namespaces."""
+INERT_ENV: Final = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+BWRAP_HINT: Final = "install bubblewrap: apt-get install bubblewrap"
+# Entries of /etc that programs need to resolve names, verify TLS, load libraries and
+# know the time zone; each bind costs bwrap a mount, so only these. Anything else of /etc
+# (pip.conf, npmrc, machine-id, ...) may hold host secrets. /etc/resolv.conf is the
+# sandbox's own (network.SANDBOX_RESOLV_CONF, or OFFLINE_RESOLV_CONF without network).
+_ETC_ENTRIES: Final = """
+    alternatives group hosts ld.so.cache localtime nsswitch.conf os-release passwd pki
+    protocols services ssl
+""".split()
+_ROOT_LINKS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# Strongest first: an explicit user namespace lets bwrap forbid nested ones; hosts that
+# refuse it still get the rest of --unshare-all.
+_HARDENING_VARIANTS: Final = (("--unshare-user", "--disable-userns"), ())
+_FRESH_MOUNTS: Final = ("--proc", "/proc", "--dev", "/dev")
+
+
+class LocalSandbox(Sandbox):
+    """Runs each process under bubblewrap with fresh pid, ipc, uts, net and mount namespaces.
+
+    Each run gets its own cgroup (memory, processes, CPU; floom/sandbox/local/limits.py), which
+    its launcher joined before the run arrived (floom/sandbox/local/standby.py). A root floom
+    gives each run dir a filesystem of `disk_mb` (floom/sandbox/local/disks.py, `make_run_dir`):
+    the kernel bounds its disk use; otherwise the disk use is polled. Where no cgroup is
+    usable, memory falls back to a per-process RLIMIT_DATA. /tmp and /dev/shm are tmpfs of
+    the memory limit's size. The process runs as an unprivileged host uid of its own while
+    it runs (floom/sandbox/local/identity.py, uid_pool.py) without capabilities, under a seccomp
+    filter (floom/sandbox/local/seccomp.py). Every process the launcher starts before the
+    sandbox's process (setpriv, bubblewrap, the sandbox's pid 1) starts with an empty
+    environment: the run's environment and command reach only the sandbox's first process,
+    after the drop, through a memory file (ENTRY_SCRIPT), so no process with floom's
+    privileges reads a byte of them and declared secrets do not show in the host's process
+    list. `on_line` is called from the thread that called `run`.
+    """
+
+    name = "local"
+
+    def reap_orphans(
+        self,
+        *,
+        node_id: str,
+        work_root: Path,
+        live_run_ids: Callable[[], Collection[str]],
+    ) -> int:
+        # This node's processes are the ones on its work root; node_id names nothing here.
+        return self.kill_orphans(work_root, live_run_ids=live_run_ids)
+
+    def kill_orphans(
+        self, work_root: Path, *, live_run_ids: Callable[[], Collection[str]] = frozenset
+    ) -> int:
+        """Kill the bwrap and slirp4netns processes on run dirs under `work_root` whose run
+        is not in `live_run_ids()` (asked after the scan); returns how many it killed."""
+        # bwrap normally dies with its parent, but not when the parent is killed between
+        # starting it and bwrap arming that signal; such a sandbox would run on unattended.
+        # slirp4netns exits when its exit fd closes with floom; this catches any that did not.
+        marker = os.fsencode(f"{work_root.resolve()}/")
+        ours = os.fsencode(owner_prefix(work_root))
+        found: list[tuple[int, str]] = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if argv[0].endswith(b"bwrap"):
+                run_dir = next((a[len(ours) :] for a in argv if a.startswith(ours)), None)
+                if run_dir is not None:
+                    found.append((int(entry), _run_id_of_dir(run_dir)))
+            elif (owner := floom_slirp_owner(entry, argv, marker)) is not None:
+                found.append((int(entry), _run_id_of(owner, marker)))
+        live = set(live_run_ids()) if found else set()
+        killed = 0
+        for pid, run_id in found:
+            if run_id in live:
+                continue
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                continue
+        cgroups.remove_stale(cgroups.detect())
+        return killed
+
+    def __init__(
+        self,
+        *,
+        uids: UidRange | None = UidRange(),
+        ceilings: Mapping[str, float] | None = None,
+    ) -> None:
+        """`uids`: the host uids a root floom's sandboxes run as, one each while it runs
+        (floom/sandbox/local/uid_pool.py); None runs them as floom's own uid. `ceilings`: the
+        most a run may ask for, by limit (Settings.limit_ceilings): a spec over one is
+        refused, whenever its version was deployed."""
+        self._prefix: tuple[str, ...] | None = None
+        self._ceilings = dict(ceilings or {})
+        # The node's identity; each run's is this one with the uid of its lease.
+        self._identity: SandboxIdentity = sandbox_identity(uids)
+        self._uids = UidPool(uids) if uids is not None and self._identity.switched else None
+        self.standby = Standby(command=self._identity.launcher_command)
+        # A root floom gives each run dir a disk of its own (floom/sandbox/local/disks.py).
+        self.disks: Disks | None = Disks() if self._identity.switched else None
+        # Its launchers, disks and threads end with this sandbox, whoever forgets to close it.
+        weakref.finalize(self, self.standby.close)
+        if self.disks is not None:
+            weakref.finalize(self, self.disks.close)
+
+    def close(self) -> None:
+        self.standby.close()
+        if self.disks is not None:
+            self.disks.close()
+
+    def make_run_dir(self, path: Path, *, disk_mb: int) -> None:
+        if self.disks is None or self.disks.provide(path, disk_mb) is None:
+            # provide made the folder when it could not mount a disk on it.
+            path.mkdir(parents=True, exist_ok=self.disks is not None)
+
+    def release_run_dir(self, path: Path) -> None:
+        if self.disks is not None:
+            self.disks.release(path)
+
+    def _disk_of(self, spec: SandboxSpec) -> RunDisk | None:
+        """The disk of the run dir that holds `spec`'s work and output dirs, if it has one."""
+        run_dir = spec.workdir.parent
+        if self.disks is None or spec.output_dir.parent != run_dir:
+            return None
+        return self.disks.disk_of(run_dir)
+
+    def protections(self) -> dict[str, bool | str]:
+        """Which protections runs get on this node, for /healthz and the start line."""
+        tree = cgroups.detect()
+        enforced = tree.enforced
+        missing = [limit for limit in cgroups.LIMITS if limit not in enforced]
+        found: dict[str, bool | str] = {
+            "namespaces": True,
+            "user_namespace": "--unshare-user" in self._command_prefix(),
+            "unprivileged_uid": self._identity.uid != 0,
+            "sandbox_uid": str(self._uids.uids if self._uids else self._identity.uid),
+            "seccomp": seccomp.supported(),
+            "cgroup": f"v{tree.version}" if tree.version else "none",
+            "memory_limit": limits.MEMORY in enforced,
+            "process_limit": limits.PROCESSES in enforced,
+            "cpu_limit": limits.CPU in enforced,
+            "disk_limit": "enforced" if self.disks and self.disks.usable() else "polled",
+            "network": protection_summary(),
+        }
+        if missing:
+            found["limits_not_enforced"] = ", ".join(missing)
+            found["cgroup_problem"] = tree.problem
+        return found
+
+    def check(self) -> None:
+        self._command_prefix()
+
+    @property
+    def layers_files(self) -> bool:
+        # The overlay is mounted in the run's stage namespace, which exists only when floom
+        # is root and starts sandboxes as another uid (floom/sandbox/local/identity.py).
+        return self._identity.switched
+
+    def run(
+        self,
+        spec: SandboxSpec,
+        *,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
+    ) -> SandboxResult:
+        return self._supervise(spec, *self._start(spec), on_line, should_cancel)
+
+    @property
+    def starts_ahead(self) -> bool:
+        return True
+
+    def start_ahead(self, spec: SandboxSpec) -> StartedAhead:
+        return _StartedAhead(self, spec, *self._start(spec))
+
+    def _start(self, spec: SandboxSpec) -> tuple[Launcher, limits.RunLimits, UidLease | None]:
+        """A launcher in its limited cgroup, sent `spec`'s command: bwrap makes the sandbox
+        and waits on its block fd until the supervisor releases the command. As root, the
+        sandbox runs as a uid of its own (the lease), held until its processes ended."""
+        prefix = self._command_prefix()
+        validate_spec(spec)
+        over = _over_ceiling(spec, self._ceilings)
+        if over:
+            raise SandboxUnavailable(
+                over,
+                hint="lower the limit in worker.yml and deploy again, or ask the operator "
+                "to raise the setting",
+                retryable=False,
+            )
+        lease = self._uids.take() if self._uids is not None else None
+        try:
+            launcher, run_limits = self._start_as(spec, prefix, lease)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        return launcher, run_limits, lease
+
+    def _start_as(
+        self, spec: SandboxSpec, prefix: tuple[str, ...], lease: UidLease | None
+    ) -> tuple[Launcher, limits.RunLimits]:
+        identity = self._identity if lease is None else self._identity.with_uid(lease.uid)
+        disk = self._disk_of(spec)
+        # A launcher of a root floom has its own mount namespace, made when it started: it
+        # must see the run's directories as floom does (standby.Launcher.sees), but for a
+        # run's disk, mounted there by its device.
+        seeing = [spec.workdir, spec.output_dir] if disk is None else []
+        seeing += [spec.files] if spec.files else []
+        try:
+            launcher = self.standby.take(seeing=seeing if self._identity.switched else ())
+        except cgroups.CgroupError as exc:
+            raise _not_limited(str(exc)) from exc
+        except IdentityUnavailable as exc:
+            raise _unprepared(exc) from exc
+        try:
+            # Before the run's command can exist: the watchdog ends it with its lease.
+            _watch(spec, launcher)
+            identity.hand_over(spec.workdir, spec.output_dir)
+            if spec.files is not None and identity.switched:
+                share_files(spec.files)
+            # The limits first: while the mount thread works, this thread's writes to the
+            # cgroup's files would trade the GIL with it at every system call (0.50 against
+            # 0.12 ms, bench/README.md).
+            run_limits = limits.RunLimits(spec, launcher.cgroup, disk=disk)
+            mounts = self._identity.stage_mounts(
+                spec.workdir,
+                spec.output_dir,
+                spec.files,
+                device=disk.device if disk is not None else None,
+            )
+            # Mounted from here, in the launcher's namespace (no exec of mount), while the
+            # command line is made; the launcher's script makes those left (an exec each).
+            pending = _MOUNTER.start(launcher.proc.pid, mounts) if mounts else None
+            argv = _argv(prefix, spec, launcher.child_fds, identity)
+            if pending is not None:
+                made = pending.wait()
+                left = tuple(m for m, done in zip(mounts, made, strict=True) if not done)
+                if left:
+                    launcher.begin(stage_script(left))
+            launcher.start(
+                [*identity.as_sandbox_user(), *argv],
+                command_input(_sandbox_env(spec), spec.command),
+                resolv_conf=SANDBOX_RESOLV_CONF if spec.network else OFFLINE_RESOLV_CONF,
+                prelude=run_limits.shell_lines(),
+            )
+        except (cgroups.CgroupError, IdentityUnavailable, OSError) as exc:
+            launcher.discard()
+            _unwatch(spec, launcher)
+            raise _unprepared(exc) from exc
+        except BaseException:
+            launcher.discard()
+            _unwatch(spec, launcher)
+            raise
+        return launcher, run_limits
+
+    def _supervise(
+        self,
+        spec: SandboxSpec,
+        launcher: Launcher,
+        run_limits: limits.RunLimits,
+        lease: UidLease | None,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
+    ) -> SandboxResult:
+        with contextlib.ExitStack() as run_scope:
+            # Registered first so it runs last: the cgroup goes once everything else ended,
+            # and the uid with it.
+            run_scope.callback(_end_limits, run_limits, lease)
+            run_scope.callback(launcher.close_input)
+            run_scope.callback(_unwatch, spec, launcher)
+
+            def before_command(child_pid: int) -> None:
+                # What these steps leave running ends with the run, after its process tree.
+                if spec.network:
+                    networking = attach_user_networking(
+                        child_pid,
+                        allow=spec.network_allow,
+                        owner=str(spec.workdir),
+                        cgroup=run_limits.cgroup,
+                    )
+                    run_scope.callback(networking.close)
+
+            result = Supervisor(launcher.proc, launcher.info_fd, on_line).supervise(
+                deadline=time.monotonic() + spec.timeout_seconds,
+                should_cancel=should_cancel,
+                timeout_seconds=spec.timeout_seconds,
+                release_fd=launcher.release_fd,
+                before_command=before_command,
+                check_limits=run_limits.reached,
+                command_released=self.standby.replenish,
+            )
+        if result.limit_exceeded:
+            return replace(result, error=limits.limit_message(result.limit_exceeded, spec))
+        return result
+
+    def _abandon(
+        self,
+        spec: SandboxSpec,
+        launcher: Launcher,
+        run_limits: limits.RunLimits,
+        lease: UidLease | None,
+    ) -> None:
+        try:
+            Supervisor(launcher.proc, launcher.info_fd, _ignore_line).abandon(launcher.release_fd)
+        finally:
+            launcher.close_input()
+            _unwatch(spec, launcher)
+            _end_limits(run_limits, lease)
+            self.standby.replenish()
+
+    def _command_prefix(self) -> tuple[str, ...]:
+        if self._prefix is None:
+            bwrap = shutil.which("bwrap")
+            if bwrap is None:
+                raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
+            if self._uids is not None:
+                self._uids.check()  # a range that holds a user of this machine is refused
+            system = _system_args()
+            try:
+                # Probed as the range's first uid: one like every run's.
+                as_sandbox_user = self._identity.as_sandbox_user()
+            except IdentityUnavailable as exc:
+                raise SandboxUnavailable(
+                    f"cannot start sandboxes as uid {self._identity.uid}: {exc}",
+                    hint="install util-linux: apt-get install util-linux",
+                ) from exc
+            namespaces = _probe_namespaces(bwrap, system, as_sandbox_user)
+            self._prefix = (bwrap, *namespaces, *system, *_FRESH_MOUNTS)
+        return self._prefix
+
+
+class _StartedAhead(StartedAhead):
+    def __init__(
+        self,
+        sandbox: LocalSandbox,
+        spec: SandboxSpec,
+        launcher: Launcher,
+        run_limits: limits.RunLimits,
+        lease: UidLease | None,
+    ) -> None:
+        self.spec = spec
+        self._sandbox = sandbox
+        self._started: _Started | None = (launcher, run_limits, lease)
+        self._lock = threading.Lock()
+
+    def _take(self) -> _Started | None:
+        with self._lock:
+            started, self._started = self._started, None
+        return started
+
+    def run(self, *, on_line: LineSink, should_cancel: Callable[[], bool]) -> SandboxResult:
+        started = self._take()
+        if started is None:
+            raise SandboxUnavailable("this sandbox was discarded before its run")
+        return self._sandbox._supervise(self.spec, *started, on_line, should_cancel)
+
+    def discard(self) -> None:
+        started = self._take()
+        if started is not None:
+            self._sandbox._abandon(self.spec, *started)
+
+
+def _fence_targets(launcher: Launcher) -> list[str]:
+    """The sandbox's processes as the lease watchdog finds them: its cgroup's directories, or
+    without a cgroup the launcher's process group (bwrap, whose pid 1 dies with it)."""
+    if launcher.cgroup is not None:
+        return [f"cgroup:{path}" for path in dict.fromkeys(launcher.cgroup.dirs.values())]
+    return [f"group:{launcher.proc.pid}"]
+
+
+def _watch(spec: SandboxSpec, launcher: Launcher) -> None:
+    if spec.fence:
+        node_fence().watch(spec.fence, _fence_targets(launcher))
+
+
+def _unwatch(spec: SandboxSpec, launcher: Launcher) -> None:
+    # A cgroup's directory is removed with its run and its name never comes back: the
+    # attempt's end (forget) drops it. A process group's id may be reused: dropped now.
+    if spec.fence and launcher.cgroup is None:
+        node_fence().unwatch(spec.fence, _fence_targets(launcher))
+
+
+_Started = tuple[Launcher, limits.RunLimits, UidLease | None]
+
+
+def _end_limits(run_limits: limits.RunLimits, lease: UidLease | None) -> None:
+    """End what is left of a run and remove its cgroup; then give its uid back, unless a
+    process of the run may still be there (the uid stays taken until floom exits)."""
+    if run_limits.close() and lease is not None:
+        lease.release()
+
+
+def _ignore_line(stream: str, line: str) -> None:
+    """What a sandbox discarded before its command printed: bwrap's own words, unread."""
+
+
+def _unprepared(exc: Exception) -> SandboxUnavailable:
+    return SandboxUnavailable(
+        f"cannot prepare the sandbox: {exc}",
+        hint="floom needs util-linux (unshare, setpriv, mount) and a writable cgroup "
+        "tree when it runs as root",
+    )
+
+
+def _not_limited(problem: str) -> SandboxUnavailable:
+    return SandboxUnavailable(
+        f"cannot put the run under its limits: {problem}",
+        hint="check that floom may write to its cgroups (see /healthz)",
+    )
+
+
+def _run_id_of(path: bytes, marker: bytes) -> str:
+    """The run id in a path under the work root, whose run dirs are named `<run>-<attempt>`."""
+    return _run_id_of_dir(path[path.index(marker) + len(marker) :].split(b"/", 1)[0])
+
+
+def _run_id_of_dir(run_dir: bytes) -> str:
+    return os.fsdecode(run_dir).rsplit("-", 1)[0]
+
+
+def owner_marker(workdir: Path) -> str:
+    """The word of a sandbox's command line that names its owner: the work dir's run dir
+    (`<work root>/<run>-<attempt>/work`) by the work root's digest and its own name. No
+    host path: the sandbox reads its pid 1's command line."""
+    run_dir = os.path.dirname(os.path.realpath(workdir))
+    return owner_prefix(Path(os.path.dirname(run_dir))) + os.path.basename(run_dir)
+
+
+def owner_prefix(work_root: Path) -> str:
+    """How the owner markers of the sandboxes on `work_root`'s run dirs start."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(work_root))).hexdigest()[:24]
+    return f"{OWNER_MARK}{digest}:"
+
+
+def _argv(
+    prefix: tuple[str, ...],
+    spec: SandboxSpec,
+    fds: ChildFds,
+    identity: SandboxIdentity,
+) -> list[str]:
+    memory = str(spec.memory_mb * 1024 * 1024)
+    argv = [*prefix]
+    argv += ("--size", memory, "--tmpfs", "/dev/shm", "--remount-ro", "/dev")
+    argv += ("--size", memory, "--tmpfs", "/tmp")
+    work, output = identity.bind_sources(spec.workdir, spec.output_dir)
+    argv += ("--bind", work, SANDBOX_WORKDIR)
+    argv += ("--bind", output, SANDBOX_OUTPUT_DIR)
+    if fds.seccomp is not None:
+        argv += ("--seccomp", str(fds.seccomp))
+    argv += ("--ro-bind-data", str(fds.resolv_conf), "/etc/resolv.conf")
+    argv += ("--chdir", SANDBOX_WORKDIR, "--remount-ro", "/", "--info-fd", str(fds.info))
+    argv += ("--block-fd", str(fds.release))
+    # The command and its environment follow on the entry shell's stdin; its first
+    # argument, until the command replaces it, names the run for kill_orphans.
+    argv += ("--", SANDBOX_SHELL, "-c", ENTRY_SCRIPT, ENTRY_NAME, owner_marker(spec.workdir))
+    return argv
+
+
+def _sandbox_env(spec: SandboxSpec) -> dict[str, str]:
+    # Only the backend knows where the output directory is inside the sandbox.
+    return {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR}
+
+
+@functools.cache
+def _probe_namespaces(
+    bwrap: str, system_args: tuple[str, ...], as_sandbox_user: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The strongest namespace flags this machine accepts, probed as the uid sandboxes run
+    as (`as_sandbox_user` starts bwrap as that uid), since user namespaces may be allowed
+    to one uid and refused to another.
+
+    functools.cache keeps only successes, so a host fixed after a failure is probed again.
+    """
+    problem = ""
+    for hardening in _HARDENING_VARIANTS:
+        namespaces = (
+            "--unshare-all",
+            *hardening,
+            "--cap-drop",
+            "ALL",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            SANDBOX_HOSTNAME,
+        )
+        argv = [*as_sandbox_user, bwrap, *namespaces, *system_args, *_FRESH_MOUNTS, "--", "true"]
+        try:
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=dict(INERT_ENV),
+                timeout=10,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problem = str(exc)
+            continue
+        if done.returncode == 0:
+            return namespaces
+        problem = done.stderr.decode("utf-8", "replace").strip()
+    raise SandboxUnavailable(
+        f"bubblewrap cannot create a sandbox on this machine: {problem}",
+        hint=f"{BWRAP_HINT}; if it is installed, allow user namespaces "
+        "(sysctl kernel.unprivileged_userns_clone=1) or run scripts in E2B (FLOOM_SANDBOX=e2b)",
+    )
+
+
+@functools.cache
+def _system_args() -> tuple[str, ...]:
+    """Read-only binds of the host's system directories, for the paths that exist here."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for name in _ROOT_LINKS:
+        args += _read_only("/" + name)
+    for name in _ETC_ENTRIES:
+        args += _read_only("/etc/" + name)
+    for path in sorted(glob.glob("/etc/python3.*")):  # where Debian keeps sitecustomize.py
+        args += _read_only(path)
+    return tuple(args)
+
+
+def _read_only(path: str) -> list[str]:
+    if os.path.islink(path):
+        resolved = os.path.realpath(path)
+        if resolved.startswith("/usr/"):
+            # Keep the link itself: programs read /etc/localtime's target to name the zone.
+            return ["--symlink", os.readlink(path), path]
+        path_to_bind = resolved
+    else:
+        path_to_bind = path
+    if not os.path.exists(path_to_bind):
+        return []
+    return ["--ro-bind", path_to_bind, path]
+
+
+def _over_ceiling(spec: SandboxSpec, ceilings: Mapping[str, float]) -> str:
+    """What of `spec` is over this node's ceilings ("" for nothing): a version deployed
+    before a ceiling was set, or on a node with other settings."""
+    for key in _SPEC_LIMITS:
+        top, asked = ceilings.get(key), getattr(spec, key)
+        if top is not None and asked > top:
+            setting = f"FLOOM_{LIMIT_CEILINGS[key].upper()}"
+            return (
+                f"this run asks for {asked:g} (limits.{key}), over this node's ceiling of "
+                f"{top:g} ({setting})"
+            )
+    return ""
+
+
+_SPEC_LIMITS: Final = ("timeout_seconds", "memory_mb", "processes", "cpu", "disk_mb")

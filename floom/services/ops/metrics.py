@@ -1,0 +1,252 @@
+"""What /metrics reports, read from the store at scrape time (prometheus-client collector).
+
+Every figure comes from the database, so each node of a cluster answers the same cluster-wide
+values: scrape one node (or any; take `max` across them). Counters are counts of stored rows
+and stay monotonic as long as runs are kept (retention keeps the run rows; purging a deleted
+worker's runs lowers them, which Prometheus reads as a counter reset).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+from sqlalchemy import func
+from sqlmodel import col, select
+
+from floom import __version__
+from floom.services.access.principal import Principal
+from floom.services.runs import approvals
+from floom.services.runs import rules as run_rules
+from floom.store.agents import Approval, Transcript
+from floom.store.db import session_scope
+from floom.store.models import Run, utcnow
+from floom.store.triggers import TriggerFire, WebhookDelivery
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+# Run duration buckets, seconds: from a quick script to a day-long agent run.
+DURATION_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 14400, 86400)
+# Final error codes that mean the sandbox itself failed (not the worker's code).
+SANDBOX_FAILURES = frozenset(
+    {
+        "sandbox_error",
+        "sandbox_unavailable",
+        "sandbox_identity_unavailable",
+        "sandbox_network_unavailable",
+        "cgroup_unavailable",
+        "runtime_missing",
+    }
+)
+# The scheduler lag reported as the worst of the fires in this window.
+LAG_WINDOW = timedelta(hours=1)
+
+
+class DurationTally:
+    """The run duration histogram per worker, kept up to date incrementally: the first
+    scrape reads every finished run once, later ones only runs finished since (looking
+    LOOKBACK further back, for a run whose end was committed after a later one's)."""
+
+    LOOKBACK = timedelta(minutes=5)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buckets: dict[str, list[int]] = {}
+        self._sums: dict[str, float] = {}
+        self._newest: datetime | None = None
+        # Runs already counted that ended within LOOKBACK of the newest end seen.
+        self._recent: dict[str, datetime] = {}
+
+    def update(self, ctx: Context) -> None:
+        with self._lock, session_scope(ctx.engine) as s:
+            q = select(Run.id, Run.worker_name, Run.started_at, Run.finished_at).where(
+                col(Run.started_at).is_not(None), col(Run.finished_at).is_not(None)
+            )
+            if self._newest is not None:
+                q = q.where(col(Run.finished_at) >= self._newest - self.LOOKBACK)
+            for run_id, worker, started, finished in s.exec(q):
+                if run_id in self._recent or finished is None or started is None:
+                    continue
+                self._recent[run_id] = finished
+                self._newest = max(self._newest or finished, finished)
+                seconds = max(0.0, (finished - started).total_seconds())
+                counts = self._buckets.setdefault(worker, [0] * (len(DURATION_BUCKETS) + 1))
+                for i, bound in enumerate(DURATION_BUCKETS):
+                    if seconds <= bound:
+                        counts[i] += 1
+                counts[-1] += 1
+                self._sums[worker] = self._sums.get(worker, 0.0) + seconds
+            if self._newest is not None:
+                horizon = self._newest - self.LOOKBACK
+                self._recent = {r: f for r, f in self._recent.items() if f >= horizon}
+
+    def family(self) -> HistogramMetricFamily:
+        metric = HistogramMetricFamily(
+            "floom_run_duration_seconds",
+            "Time from a run's start to its end, for finished runs that started",
+            labels=["worker"],
+        )
+        with self._lock:
+            for worker in sorted(self._buckets):
+                counts = self._buckets[worker]
+                buckets = [(floatToGoString(b), counts[i]) for i, b in enumerate(DURATION_BUCKETS)]
+                buckets.append(("+Inf", counts[-1]))
+                metric.add_metric([worker], buckets, sum_value=self._sums[worker])
+        return metric
+
+
+def exposition(registry: CollectorRegistry, *, caller: Principal) -> bytes:
+    """The registry's metrics (a StoreCollector's among them) in the Prometheus text format.
+    Needs the read scope."""
+    caller.require("read")
+    return generate_latest(registry)
+
+
+class StoreCollector(Collector):
+    """Collects floom's metrics from the store on every scrape."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.durations = DurationTally()
+
+    def collect(self) -> Iterator[Metric]:
+        now = utcnow()
+        info = GaugeMetricFamily("floom_info", "This floom node", labels=["version", "node"])
+        info.add_metric([__version__, self.ctx.node_id], 1)
+        yield info
+        with session_scope(self.ctx.engine) as s:
+            by_status = s.exec(
+                select(Run.worker_name, Run.status, func.count()).group_by(
+                    col(Run.worker_name), col(Run.status)
+                )
+            ).all()
+            ready = (col(Run.not_before).is_(None)) | (col(Run.not_before) <= now)
+            depth, oldest = s.exec(
+                select(func.count(), func.min(Run.created_at)).where(
+                    Run.status == run_rules.QUEUED, ready
+                )
+            ).one()
+            started = s.exec(
+                select(Run.worker_name, func.coalesce(func.sum(Run.attempt), 0))
+                .where(col(Run.started_at).is_not(None))
+                .group_by(col(Run.worker_name))
+            ).all()
+            sandbox_failed = s.exec(
+                select(Run.worker_name, func.count())
+                .where(col(Run.error_code).in_(sorted(SANDBOX_FAILURES)))
+                .group_by(col(Run.worker_name))
+            ).all()
+            latest_fire = s.exec(
+                select(TriggerFire.scheduled_for, TriggerFire.created_at)
+                .order_by(col(TriggerFire.scheduled_for).desc())
+                .limit(1)
+            ).first()
+            recent_fires = s.exec(
+                select(TriggerFire.scheduled_for, TriggerFire.created_at).where(
+                    col(TriggerFire.scheduled_for) >= now - LAG_WINDOW
+                )
+            ).all()
+            deliveries = s.exec(
+                select(WebhookDelivery.source, WebhookDelivery.outcome, func.count()).group_by(
+                    col(WebhookDelivery.source), col(WebhookDelivery.outcome)
+                )
+            ).all()
+            pending = s.exec(
+                select(Approval.worker_name, func.count())
+                .where(Approval.status == approvals.PENDING)
+                .group_by(col(Approval.worker_name))
+            ).all()
+            usage = s.exec(
+                select(
+                    Transcript.worker_name,
+                    func.sum(Transcript.input_tokens),
+                    func.sum(Transcript.output_tokens),
+                    func.sum(Transcript.cost_usd),
+                ).group_by(col(Transcript.worker_name))
+            ).all()
+
+        runs = GaugeMetricFamily(
+            "floom_runs", "Stored runs by worker and status", labels=["worker", "status"]
+        )
+        for worker, status, n in by_status:
+            runs.add_metric([worker, status], n)
+        yield runs
+        yield GaugeMetricFamily(
+            "floom_queue_depth",
+            "Queued runs ready to start (not held back by a retry delay)",
+            value=depth,
+        )
+        yield GaugeMetricFamily(
+            "floom_queue_oldest_age_seconds",
+            "Age of the oldest ready queued run (0 when the queue is empty)",
+            value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
+        )
+        self.durations.update(self.ctx)
+        yield self.durations.family()
+        starts = CounterMetricFamily(
+            "floom_sandbox_starts",
+            "Attempts that reached the sandbox, by worker",
+            labels=["worker"],
+        )
+        for worker, n in started:
+            starts.add_metric([worker], int(n))
+        yield starts
+        failures = CounterMetricFamily(
+            "floom_sandbox_failures",
+            "Runs that ended because the sandbox failed (not the worker's code), by worker",
+            labels=["worker"],
+        )
+        for worker, n in sandbox_failed:
+            failures.add_metric([worker], n)
+        yield failures
+        lags = [max(0.0, (c - f).total_seconds()) for f, c in recent_fires]
+        yield GaugeMetricFamily(
+            "floom_scheduler_lag_seconds",
+            "How late the latest schedule tick was handled after its fire time",
+            value=max(0.0, (latest_fire[1] - latest_fire[0]).total_seconds())
+            if latest_fire
+            else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "floom_scheduler_lag_max_seconds",
+            "The worst lag of the schedule ticks of the last hour",
+            value=max(lags, default=0.0),
+        )
+        hooks = CounterMetricFamily(
+            "floom_webhook_deliveries",
+            "Stored webhook and Composio deliveries by outcome",
+            labels=["source", "outcome"],
+        )
+        for source, outcome, n in deliveries:
+            hooks.add_metric([source, outcome], n)
+        yield hooks
+        waiting = GaugeMetricFamily(
+            "floom_approvals_pending", "Approvals waiting for a person", labels=["worker"]
+        )
+        for worker, n in pending:
+            waiting.add_metric([worker], n)
+        yield waiting
+        tokens = CounterMetricFamily(
+            "floom_agent_tokens", "Model tokens used by agent runs", labels=["worker", "kind"]
+        )
+        cost = CounterMetricFamily(
+            "floom_agent_cost_usd", "Model cost of agent runs, in US dollars", labels=["worker"]
+        )
+        for worker, tokens_in, tokens_out, dollars in usage:
+            tokens.add_metric([worker, "input"], int(tokens_in or 0))
+            tokens.add_metric([worker, "output"], int(tokens_out or 0))
+            cost.add_metric([worker], float(dollars or 0.0))
+        yield tokens
+        yield cost

@@ -1,0 +1,154 @@
+"""Retention: finished runs' logs and artifacts go after N days, and blobs nothing refers to
+any more (a retried attempt's artifacts, a purged worker's leftovers) are reclaimed.
+
+N is FLOOM_RETENTION_DAYS (0: keep forever), or a worker's own `retention_days` in its
+active version's worker.yml, which wins (0 there keeps that worker's runs forever). The run
+rows stay, with inputs, outputs, status and usage: history and counts do not change. Runs
+that are queued, running or awaiting approval are never touched, however old.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import delete, exists, or_
+from sqlmodel import col, select
+
+from floom.services.runs import rules as run_rules
+from floom.store.blobs import delete_unreferenced_blobs
+from floom.store.db import session_scope
+from floom.store.models import Artifact, Blob, Run, RunEvent, Version, Worker, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+# Runs pruned per transaction: a batch holds the write lock briefly, so runs keep flowing.
+BATCH_RUNS = 200
+# Blob digests looked at per statement by the orphan sweep.
+SWEEP_CHUNK = 500
+# A blob younger than this is never reclaimed: an agent stores its workspace blob before the
+# transcript that refers to it, up to a run's longest timeout (a day) earlier.
+ORPHAN_GRACE = timedelta(days=2)
+_FINISHED = sorted(run_rules.FINISHED)
+
+
+@dataclass
+class RetentionReport:
+    """What one pass deleted."""
+
+    runs_pruned: int = 0
+    log_lines_deleted: int = 0
+    artifacts_deleted: int = 0
+    blobs_deleted: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def worker_retention(ctx: Context) -> dict[str, int]:
+    """Each worker's own `retention_days`, from its active version, where it sets one."""
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(
+            select(Worker.name, Version.manifest_json).where(
+                col(Worker.active_version_id) == col(Version.id)
+            )
+        ).all()
+    found = {}
+    for name, manifest_json in rows:
+        days = json.loads(manifest_json).get("retention_days")
+        if isinstance(days, int) and days >= 0:
+            found[name] = days
+    return found
+
+
+def apply_retention(
+    ctx: Context,
+    *,
+    days: int | None = None,
+    now: datetime | None = None,
+    batch_runs: int = BATCH_RUNS,
+    max_batches: int | None = None,
+) -> RetentionReport:
+    """Delete the logs and artifacts of runs finished more than their retention ago, in
+    batches of `batch_runs` runs (each its own transaction), then reclaim unreferenced blobs.
+
+    `days` overrides FLOOM_RETENTION_DAYS for workers without their own key. Idempotent: a
+    second pass finds nothing more to delete. `max_batches` bounds the work of one call.
+    """
+    now = now or utcnow()
+    default = ctx.settings.retention_days if days is None else days
+    own = worker_retention(ctx)
+    report = RetentionReport()
+    groups: list[tuple[int, Any]] = [
+        (d, col(Run.worker_name).in_([w for w, wd in own.items() if wd == d]))
+        for d in sorted({d for d in own.values() if d > 0})
+    ]
+    if default > 0:
+        groups.append((default, col(Run.worker_name).not_in(list(own))))
+    batches = 0
+    for group_days, which in groups:
+        cutoff = now - timedelta(days=group_days)
+        while max_batches is None or batches < max_batches:
+            if not _prune_batch(ctx, which=which, cutoff=cutoff, limit=batch_runs, into=report):
+                break
+            batches += 1
+    report.blobs_deleted += sweep_orphan_blobs(ctx, now=now)
+    return report
+
+
+def _prune_batch(
+    ctx: Context, *, which: Any, cutoff: datetime, limit: int, into: RetentionReport
+) -> bool:
+    """Prune up to `limit` runs; False when none was left to prune."""
+    has_logs = exists().where(col(RunEvent.run_id) == col(Run.id))
+    has_files = exists().where(col(Artifact.run_id) == col(Run.id))
+    with session_scope(ctx.engine, write=True) as s:
+        run_ids = list(
+            s.exec(
+                select(Run.id)
+                .where(
+                    which,
+                    col(Run.status).in_(_FINISHED),
+                    col(Run.finished_at) < cutoff,
+                    or_(has_logs, has_files),
+                )
+                .order_by(col(Run.finished_at))
+                .limit(limit)
+            ).all()
+        )
+        if not run_ids:
+            return False
+        digests = set(s.exec(select(Artifact.digest).where(col(Artifact.run_id).in_(run_ids))))
+        lines = s.execute(delete(RunEvent).where(col(RunEvent.run_id).in_(run_ids)))
+        files = s.execute(delete(Artifact).where(col(Artifact.run_id).in_(run_ids)))
+        into.runs_pruned += len(run_ids)
+        into.log_lines_deleted += int(getattr(lines, "rowcount", 0) or 0)
+        into.artifacts_deleted += int(getattr(files, "rowcount", 0) or 0)
+        into.blobs_deleted += delete_unreferenced_blobs(s, digests)
+    return True
+
+
+def sweep_orphan_blobs(ctx: Context, *, now: datetime | None = None) -> int:
+    """Delete blobs older than ORPHAN_GRACE that no version, artifact or agent workspace
+    refers to; returns how many went. Walks the blobs by digest, a chunk per transaction."""
+    before = (now or utcnow()) - ORPHAN_GRACE
+    deleted = 0
+    after = ""
+    while True:
+        with session_scope(ctx.engine) as s:
+            chunk = list(
+                s.exec(
+                    select(Blob.digest)
+                    .where(col(Blob.digest) > after, col(Blob.created_at) < before)
+                    .order_by(col(Blob.digest))
+                    .limit(SWEEP_CHUNK)
+                ).all()
+            )
+        if not chunk:
+            return deleted
+        after = chunk[-1]
+        with session_scope(ctx.engine, write=True) as s:
+            deleted += delete_unreferenced_blobs(s, chunk)

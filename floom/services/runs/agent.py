@@ -1,0 +1,306 @@
+"""The records of agent runs: tool calls, transcripts, worker memory, model spend, and the
+artifacts a paused run keeps. Callers pass values already redacted."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func
+from sqlmodel import Session, col, select
+
+from floom import jsonvalues
+from floom.errors import LimitExceeded
+from floom.services.access.principal import Principal
+from floom.store.agents import MemoryEntry, ToolCall, Transcript
+from floom.store.blobs import insert_blob
+from floom.store.db import session_scope
+from floom.store.models import Artifact, Blob, new_id, utcnow
+
+if TYPE_CHECKING:
+    from floom.manifest.schema import Manifest
+    from floom.services.context import Context
+
+RESULT_CAP = 16 * 1024
+MEMORY_VALUE_CAP = 64 * 1024
+
+
+# -- artifacts of a paused run ----------------------------------------------------------------
+
+
+def replace_artifacts(
+    s: Session, *, run_id: str, artifacts: Sequence[tuple[str, bytes, str]]
+) -> None:
+    """Make `artifacts` the run's artifacts, inside the caller's write session."""
+    for old in s.exec(select(Artifact).where(Artifact.run_id == run_id)).all():
+        s.delete(old)
+    s.flush()
+    for name, data, content_type in artifacts:
+        digest = insert_blob(s, data)
+        s.add(
+            Artifact(
+                run_id=run_id, name=name, size=len(data), digest=digest, content_type=content_type
+            )
+        )
+
+
+def paused_artifacts(ctx: Context, *, run_id: str) -> list[tuple[str, bytes]]:
+    """The artifacts a run stored when it paused (name, content), for its next attempt to
+    write back into its new output directory."""
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(
+            select(Artifact.name, Blob.data)
+            .where(Artifact.run_id == run_id)
+            .where(col(Artifact.digest) == col(Blob.digest))
+            .order_by(col(Artifact.name))
+        ).all()
+    return [(name, data) for name, data in rows]
+
+
+def put_blob(ctx: Context, data: bytes) -> str:
+    with session_scope(ctx.engine, write=True) as s:
+        return insert_blob(s, data)
+
+
+def get_blob(ctx: Context, digest: str) -> bytes | None:
+    with session_scope(ctx.engine) as s:
+        blob = s.get(Blob, digest)
+        return blob.data if blob else None
+
+
+# -- tool calls -------------------------------------------------------------------------------
+
+
+def _cap(text: str | None) -> str | None:
+    if text is None or len(text) <= RESULT_CAP:
+        return text
+    return text[:RESULT_CAP] + f"... [{len(text) - RESULT_CAP} more characters not stored]"
+
+
+def record_tool_call(
+    ctx: Context,
+    *,
+    run_id: str,
+    attempt: int,
+    tool: str,
+    arguments: Any,
+    status: str,
+    result: str | None = None,
+    error: str | None = None,
+    duration_ms: int = 0,
+    approval_id: str | None = None,
+    call_id: str | None = None,
+) -> ToolCall:
+    """Store one tool call after the run's last one (its seq orders the calls)."""
+    with session_scope(ctx.engine, write=True) as s:
+        last = s.exec(select(func.max(ToolCall.seq)).where(ToolCall.run_id == run_id)).one()
+        call = ToolCall(
+            id=call_id or new_id("tc"),
+            run_id=run_id,
+            seq=int(last or 0) + 1,
+            attempt=attempt,
+            tool=tool,
+            status=status,
+            arguments_json=jsonvalues.dumps(arguments, where="arguments"),
+            result=_cap(result),
+            result_size=len(result or ""),
+            error=_cap(error),
+            duration_ms=duration_ms,
+            approval_id=approval_id,
+        )
+        s.add(call)
+    return call
+
+
+def finish_tool_call(
+    ctx: Context,
+    *,
+    call_id: str,
+    status: str,
+    arguments: Any,
+    result: str | None = None,
+    error: str | None = None,
+    duration_ms: int = 0,
+) -> None:
+    """Complete a call that waited for approval, with the arguments it finally ran with."""
+    with session_scope(ctx.engine, write=True) as s:
+        call = s.get(ToolCall, call_id)
+        if call is None:
+            return
+        call.status = status
+        call.arguments_json = jsonvalues.dumps(arguments, where="arguments")
+        call.result = _cap(result)
+        call.result_size = len(result or "")
+        call.error = _cap(error)
+        call.duration_ms = duration_ms
+        s.add(call)
+
+
+def list_tool_calls(ctx: Context, *, run_id: str, caller: Principal) -> list[ToolCall]:
+    """An agent run's tool calls in order. Needs the read scope."""
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        return list(
+            s.exec(select(ToolCall).where(ToolCall.run_id == run_id).order_by(col(ToolCall.seq)))
+        )
+
+
+def tool_call_to_dict(c: ToolCall) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "seq": c.seq,
+        "tool": c.tool,
+        "status": c.status,
+        "arguments": jsonvalues.stored(c.arguments_json),
+        "result": c.result,
+        "result_size": c.result_size,
+        "error": c.error,
+        "duration_ms": c.duration_ms,
+        "approval_id": c.approval_id,
+        "attempt": c.attempt,
+        "created_at": c.created_at,
+    }
+
+
+# -- transcripts ------------------------------------------------------------------------------
+
+
+def load_transcript(ctx: Context, *, run_id: str, caller: Principal) -> Transcript | None:
+    """An agent run's transcript (None for a script's run). Needs the read scope."""
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        return s.get(Transcript, run_id)
+
+
+def save_transcript(ctx: Context, transcript: Transcript) -> None:
+    transcript.updated_at = utcnow()
+    with session_scope(ctx.engine, write=True) as s:
+        s.merge(transcript)
+
+
+def usage_of(t: Transcript | None) -> dict[str, Any]:
+    if t is None:
+        return {}
+    return {
+        "model": t.model,
+        "iterations": t.iterations,
+        "input_tokens": t.input_tokens,
+        "output_tokens": t.output_tokens,
+        "total_tokens": t.input_tokens + t.output_tokens,
+        "cost_usd": round(t.cost_usd, 6),
+    }
+
+
+def transcript_to_dict(t: Transcript) -> dict[str, Any]:
+    return {
+        "run_id": t.run_id,
+        "system": t.system,
+        "messages": jsonvalues.stored(t.messages_json, expect=list),
+        "usage": usage_of(t),
+        "active_seconds": round(t.active_seconds, 3),
+        "updated_at": t.updated_at,
+    }
+
+
+# -- model spend ------------------------------------------------------------------------------
+
+
+def month_bounds(now: datetime | None = None) -> tuple[datetime, datetime]:
+    """The start of this UTC calendar month and of the next, when monthly caps reset."""
+    now = (now or utcnow()).astimezone(UTC)
+    start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    nxt = (
+        start.replace(year=start.year + 1, month=1)
+        if start.month == 12
+        else start.replace(month=start.month + 1)
+    )
+    return start, nxt
+
+
+def month_cost(ctx: Context, *, worker_name: str) -> float:
+    start, _ = month_bounds()
+    with session_scope(ctx.engine) as s:
+        total = s.exec(
+            select(func.sum(Transcript.cost_usd)).where(
+                Transcript.worker_name == worker_name, col(Transcript.created_at) >= start
+            )
+        ).one()
+    return float(total or 0.0)
+
+
+def check_monthly_cap(ctx: Context, *, worker_name: str, manifest: Manifest) -> None:
+    """Refuse a new run of an agent worker whose model spend this month reached its cap."""
+    cap = manifest.limits.monthly_cost_usd
+    if manifest.kind != "agent" or cap is None:
+        return
+    spent = month_cost(ctx, worker_name=worker_name)
+    if spent >= cap:
+        _, reset = month_bounds()
+        raise LimitExceeded(
+            f"worker '{worker_name}' has spent ${spent:.2f} of its ${cap:.2f} monthly model "
+            f"budget (limits.monthly_cost_usd); it resets on {reset:%Y-%m-%d} 00:00 UTC",
+            hint="raise limits.monthly_cost_usd in worker.yml and deploy, or wait for the reset",
+            details={
+                "limit": "monthly_cost_usd",
+                "spent_usd": round(spent, 4),
+                "resets_at": reset.isoformat(),
+            },
+        )
+
+
+# -- memory -----------------------------------------------------------------------------------
+
+
+def remember(ctx: Context, *, worker_name: str, key: str, value: Any, run_id: str) -> None:
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(
+            MemoryEntry(
+                worker_name=worker_name,
+                key=key,
+                value_json=jsonvalues.dumps(value, where="value"),
+                run_id=run_id,
+            )
+        )
+
+
+def recall(ctx: Context, *, worker_name: str, key: str) -> tuple[Any, str | None]:
+    """The newest value stored under key, and the run that wrote it (None, None if never)."""
+    with session_scope(ctx.engine) as s:
+        row = s.exec(
+            select(MemoryEntry)
+            .where(MemoryEntry.worker_name == worker_name, MemoryEntry.key == key)
+            .order_by(col(MemoryEntry.id).desc())
+            .limit(1)
+        ).first()
+    return (jsonvalues.stored(row.value_json), row.run_id) if row else (None, None)
+
+
+def memory_keys(ctx: Context, *, worker_name: str, limit: int = 100) -> list[str]:
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(
+            select(MemoryEntry.key)
+            .where(MemoryEntry.worker_name == worker_name)
+            .group_by(MemoryEntry.key)
+            .order_by(MemoryEntry.key)
+            .limit(limit)
+        ).all()
+    return list(rows)
+
+
+def memory_writes(ctx: Context, *, worker_name: str) -> list[dict[str, Any]]:
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(
+            select(MemoryEntry)
+            .where(MemoryEntry.worker_name == worker_name)
+            .order_by(col(MemoryEntry.id))
+        ).all()
+    return [
+        {
+            "key": r.key,
+            "value": jsonvalues.stored(r.value_json),
+            "run_id": r.run_id,
+            "created_at": r.created_at,
+        }
+        for r in rows
+    ]

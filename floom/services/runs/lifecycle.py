@@ -1,0 +1,594 @@
+"""Runs: creating them (the queue's producer side), reading, cancelling and replaying."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, cast
+
+from sqlalchemy import bindparam, insert, or_
+from sqlalchemy import select as sql_select
+from sqlalchemy.orm import make_transient_to_detached
+from sqlmodel import Session, col, select
+
+from floom import jsonvalues
+from floom.errors import (
+    Conflict,
+    FloomError,
+    InputInvalid,
+    InputsTooLarge,
+    InvalidRequest,
+    NotFound,
+    WorkerPaused,
+)
+from floom.services.access.principal import Principal
+from floom.services.runs import agent as agent_runs
+from floom.services.runs import approvals, artifact_scan
+from floom.services.runs.logs import append_events, system_event
+from floom.services.runs.rules import (
+    AWAITING_APPROVAL,
+    CALLER,
+    CANCELLED,
+    FINISHED,
+    QUEUED,
+    SKIPPED,
+    STATUSES,
+    mark_claimed,
+    previous_attempt,
+    started_message,
+    transition,
+)
+from floom.services.workers import exposure
+from floom.services.workers import versions as workers
+from floom.store import signals
+from floom.store.db import Reader, Writer, session_scope, write_connection
+from floom.store.models import (
+    Artifact,
+    Blob,
+    Run,
+    Version,
+    Worker,
+    new_id,
+    trusted_row,
+    utcnow,
+)
+
+if TYPE_CHECKING:
+    from floom.services.context import Context, StartedRun
+
+TRIGGERS = (
+    "manual",
+    "schedule",
+    "webhook",
+    "composio",
+    "replay",
+    "api",
+    "mcp",
+    "handoff",
+    "agent",
+)
+
+
+def create_run(
+    ctx: Context,
+    *,
+    worker_name: str,
+    inputs: Mapping[str, Any] | None = None,
+    coerce_strings: bool = False,
+    trigger: str = "api",
+    caller: Principal,
+    version_id: str | None = None,
+    replay_of: str | None = None,
+    scheduled_for: datetime | None = None,
+    force: bool = False,
+    in_transaction: Callable[[Session, Run], None] | None = None,
+    parent_run_id: str | None = None,
+    from_recording: bool = False,
+) -> Run:
+    """Validate the inputs against the version's manifest and queue a run.
+
+    Bad inputs raise InputInvalid and create nothing. The run is pinned to `version_id`,
+    or to the worker's active version. A caller on a surface the worker's active manifest
+    does not `expose` is refused (NotExposed; floom's own triggers never are, nor is a
+    replay `from_recording`, which acts on nothing). A paused worker refuses runs
+    (WorkerPaused) unless `force`. `in_transaction` runs in the transaction that inserts the
+    run, so a trigger can record its fire or delivery atomically with it; what it raises
+    undoes the run. Needs the run scope.
+    """
+    caller.require("run")
+    if trigger not in TRIGGERS:
+        raise InvalidRequest(f"unknown trigger '{trigger}'", hint=f"one of {', '.join(TRIGGERS)}")
+    _check_input_bounds(inputs, max_bytes=ctx.settings.max_input_bytes)
+    # First from this process's copy of the worker, which the queueing transaction checks
+    # against the row it locks anyway; a stale copy costs one more pass, read afresh.
+    for cached in (True, False):
+        worker = (
+            workers.cached_worker(ctx, name=worker_name)
+            if cached
+            else workers.get_worker(ctx, name=worker_name, caller=caller)
+        )
+        try:
+            run, locked = _queue_run(
+                ctx,
+                worker=worker,
+                check_against_lock=cached,
+                inputs=inputs,
+                coerce_strings=coerce_strings,
+                trigger=trigger,
+                caller=caller,
+                check_surface=not from_recording,
+                version_id=version_id,
+                replay_of=replay_of,
+                scheduled_for=scheduled_for,
+                force=force,
+                in_transaction=in_transaction,
+                parent_run_id=parent_run_id,
+            )
+        except (_StaleWorker, FloomError):
+            # From a stale copy a refusal (paused, no such version) may be wrong too: decide
+            # again from the store, where the answer stands.
+            workers.forget_worker(ctx, name=worker_name)
+            if not cached:
+                raise
+            continue
+        workers.remember_worker(ctx, locked)
+        break
+    if run.status == QUEUED:  # not taken by this node in the queueing transaction
+        ctx.run_queued.set()
+    return run
+
+
+class _StaleWorker(Exception):
+    """This process's copy of a worker differs from the row the queueing transaction locked."""
+
+
+def _queue_run(
+    ctx: Context,
+    *,
+    worker: Worker,
+    check_against_lock: bool,
+    inputs: Mapping[str, Any] | None,
+    coerce_strings: bool,
+    trigger: str,
+    caller: Principal,
+    check_surface: bool,
+    version_id: str | None,
+    replay_of: str | None,
+    scheduled_for: datetime | None,
+    force: bool,
+    in_transaction: Callable[[Session, Run], None] | None,
+    parent_run_id: str | None,
+) -> tuple[Run, Worker]:
+    """create_run's checks and insert for `worker`; raises _StaleWorker when
+    `check_against_lock` and the locked row says otherwise."""
+    version_id = version_id or worker.active_version_id
+    if version_id is None:
+        raise Conflict(
+            f"worker '{worker.name}' has no active version",
+            hint=f"deploy it with `floom deploy` or `floom rollback {worker.name} --to VERSION`",
+        )
+    version = workers.get_version(
+        ctx, version_id=version_id, worker_name=worker.name, caller=caller
+    )
+    manifest = workers.manifest_of(version)
+    if check_surface:
+        # What the worker allows now, even for a run pinned to an older version.
+        current = manifest
+        if worker.active_version_id not in (None, version.id):
+            active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
+            current = workers.manifest_of(active)
+        exposure.check_exposed(current, worker=worker.name, caller=caller)
+    if worker.paused and not force:
+        raise WorkerPaused(
+            f"worker '{worker.name}' is paused",
+            hint=f"resume it with `floom resume {worker.name}`, or run it anyway with "
+            f"`floom run {worker.name} --force`",
+        )
+    agent_runs.check_monthly_cap(ctx, worker_name=worker.name, manifest=manifest)
+    clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
+    run = trusted_row(
+        Run,
+        {
+            "id": new_id("run"),
+            "worker_name": worker.name,
+            "version_id": version.id,
+            "status": QUEUED,
+            "trigger": trigger,
+            "inputs_json": json.dumps(clean),
+            "max_attempts": manifest.retries.count + 1,
+            "concurrency": manifest.concurrency,
+            "replay_of": replay_of,
+            "scheduled_for": scheduled_for,
+            "created_by": caller.actor,
+            "parent_run_id": parent_run_id,
+        },
+    )
+    # A free slot of this node's executor takes the run in this very transaction (an agent's
+    # child run is claimed by its agent; a limited worker's run waits for the queue's count).
+    slots = ctx.local_slots if parent_run_id is None and run.concurrency is None else None
+    held = slots is not None and slots.reserve()
+    ahead: StartedRun | None = None
+    started = False
+    # A trigger's step adds rows through the ORM; without one, every statement is Core and a
+    # plain connection does (store.db.write_connection).
+    transaction = (
+        write_connection(ctx.engine)
+        if in_transaction is None
+        else session_scope(ctx.engine, write=True)
+    )
+
+    def give_back() -> None:
+        """The run is not started here: end its early start and free its slot."""
+        if ahead is not None:
+            ahead.discard()
+        if held:
+            slots.release()  # type: ignore[union-attr]
+
+    try:
+        if held and in_transaction is None:
+            # Its sandbox starts while the transaction commits; its command waits for that.
+            ahead = slots.start_ahead(run, version)  # type: ignore[union-attr]
+        with transaction as s:
+            # A deletion since the checks above wins, even over this process's cached version.
+            locked = workers.lock_worker(s, worker.name, version_id=version.id)
+            if check_against_lock and (locked.paused, locked.active_version_id) != (
+                worker.paused,
+                worker.active_version_id,
+            ):
+                raise _StaleWorker
+            note = f"queued ({trigger}) on version {version.id}"
+            if replay_of:
+                note += f", replay of {replay_of}"
+            notes = [("system", note, None)]
+            # Never ahead of a run queued before it: then this one queues behind it.
+            take = held and s.execute(any_runnable_statement(), {"now": utcnow()}).first() is None
+            if take and in_transaction is None:
+                _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
+                notes.append(_started_note(ctx, run))
+                started = True
+            _insert_run(s, run, attach=in_transaction is not None)
+            append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
+            if in_transaction is not None:
+                in_transaction(cast(Session, s), run)  # a session: see `transaction`
+                # The trigger's step may have limited the run (a schedule that queues
+                # overlapping runs): only then is it known whether it may start here.
+                if take and run.concurrency is None:
+                    _claim_here(ctx, run)  # written with the step's own changes at commit
+                    append_events(s, run_id=run.id, attempt=1, lines=[_started_note(ctx, run)])
+                    started = True
+            if not started:
+                signals.publish(s, signals.RUN_QUEUED)
+    except BaseException:
+        give_back()
+        raise
+    if started:
+        slots.start_claimed(run, ahead)  # type: ignore[union-attr]
+    else:
+        give_back()
+    return run, locked
+
+
+def _claim_here(ctx: Context, run: Run) -> None:
+    mark_claimed(run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=utcnow())
+
+
+def _started_note(ctx: Context, run: Run) -> tuple[str, str, None]:
+    return ("system", started_message(run, node_id=ctx.node_id), None)
+
+
+def _insert_run(s: Writer, run: Run, *, attach: bool) -> None:
+    """Insert a run built by trusted_row with one Core statement instead of the unit of work's
+    flush. With `attach`, it is then attached to `s` as the stored row it now is: whatever the
+    caller's transaction changes on it after this (a trigger's id) is written at commit.
+    Without, the session never tracks it (nothing changes it after the insert)."""
+    s.execute(_run_insert(), [{name: run.__dict__[name] for name in _run_columns()}])
+    make_transient_to_detached(run)
+    if attach:
+        cast(Session, s).add(run)  # a trigger's step runs in a session
+
+
+@lru_cache(maxsize=1)
+def any_runnable_statement() -> Any:
+    """Whether any queued run may start now (the queue's claim would find one): a select of
+    one id, with the time as `now`."""
+    table = Run.__table__  # type: ignore[attr-defined]
+    now = bindparam("now", type_=table.c.not_before.type)
+    return (
+        sql_select(table.c.id)
+        .where(
+            table.c.status == QUEUED,
+            or_(table.c.not_before.is_(None), table.c.not_before <= now),
+        )
+        .limit(1)
+    )
+
+
+@lru_cache(maxsize=1)
+def _run_insert() -> Any:
+    return insert(Run.__table__)  # type: ignore[attr-defined]
+
+
+@lru_cache(maxsize=1)
+def _run_columns() -> tuple[str, ...]:
+    return tuple(c.key for c in Run.__table__.c)  # type: ignore[attr-defined]
+
+
+def insert_skipped_run(
+    s: Session,
+    *,
+    worker_name: str,
+    version_id: str | None,
+    trigger: str,
+    trigger_id: str | None,
+    code: str,
+    reason: str,
+    error_message: str | None = None,
+    inputs: Mapping[str, Any] | None = None,
+    scheduled_for: datetime | None = None,
+    run_id: str | None = None,
+) -> Run:
+    """A trigger's tick or event that did not become a run, kept as a skipped run saying why
+    (`code`, `reason`), so it shows in every run list. Written in the caller's transaction."""
+    run = Run(
+        id=run_id or new_id("run"),
+        worker_name=worker_name,
+        version_id=version_id or "",
+        status=SKIPPED,
+        trigger=trigger,
+        trigger_id=trigger_id,
+        inputs_json=json.dumps(dict(inputs or {})),
+        scheduled_for=scheduled_for,
+        finished_at=utcnow(),
+        error_code=code,
+        error_message=error_message or reason,
+    )
+    s.add(run)
+    s.flush()
+    system_event(s, run_id=run.id, attempt=1, message=f"skipped: {reason}")
+    return run
+
+
+MAX_INPUT_DEPTH = jsonvalues.MAX_DEPTH
+
+
+def _check_input_bounds(inputs: Any, *, max_bytes: int) -> None:
+    # Before anything is read or stored for the run; the shape first (depth, keys, numbers),
+    # so that measuring the size cannot recurse without bound; a long string after the size.
+    found = jsonvalues.breach_of(inputs, where="inputs")
+    if found is not None and found.limit != "string":
+        raise InputInvalid(
+            found.message,
+            hint="flatten the value, or pass it as a file input; " + jsonvalues.bounds_hint(),
+            details=[found.detail()],
+        )
+    size = len(json.dumps(inputs or {}, default=str, ensure_ascii=False).encode("utf-8"))
+    if size > max_bytes:
+        raise InputsTooLarge(
+            f"the inputs are {size} bytes as JSON; this server accepts at most {max_bytes}",
+            hint="pass large data as a file input or a URL the worker fetches; the operator "
+            "sets FLOOM_MAX_INPUT_BYTES",
+            details=[{"path": "inputs", "limit": "bytes", "max": max_bytes}],
+        )
+    if found is not None:
+        raise InputInvalid(found.message, hint=jsonvalues.bounds_hint(), details=[found.detail()])
+
+
+def get_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
+    """One run; NotFound when there is none. Needs the read scope."""
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        return run_in_session(s, run_id)
+
+
+def run_in_session(s: Session, run_id: str) -> Run:
+    """The run, read in the caller's session; NotFound when there is none."""
+    run = s.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
+    return run
+
+
+def peek_run(s: Reader, run_id: str) -> Run:
+    """The run as stored, read in the caller's session for looking at only: a copy that is
+    not attached to `s` (a change to it is not written), built without the ORM's loading
+    (~250 us less per read; waits read runs often). NotFound when there is none."""
+    row = s.execute(_run_by_id(), {"id": run_id}).first()
+    if row is None:
+        raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
+    return trusted_row(Run, row._mapping)
+
+
+@lru_cache(maxsize=1)
+def _run_by_id() -> Any:
+    runs = Run.__table__  # type: ignore[attr-defined]
+    return sql_select(*runs.c).where(runs.c.id == bindparam("id"))
+
+
+def list_runs(
+    ctx: Context,
+    *,
+    worker: str | None = None,
+    status: str | None = None,
+    trigger: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    caller: Principal,
+) -> tuple[list[Run], str | None]:
+    """Newest first; `cursor` is the id of the last run of the previous page. Needs the
+    read scope."""
+    caller.require("read")
+    if status and status not in STATUSES:
+        raise InvalidRequest(f"unknown status '{status}'", hint=f"one of {', '.join(STATUSES)}")
+    if not 1 <= limit <= 500:
+        raise InvalidRequest("limit must be between 1 and 500", hint="use the cursor to page")
+    q = select(Run).order_by(col(Run.id).desc()).limit(limit + 1)
+    if worker:
+        q = q.where(Run.worker_name == worker)
+    if status:
+        q = q.where(Run.status == status)
+    if trigger:
+        q = q.where(Run.trigger == trigger)
+    if cursor:
+        q = q.where(Run.id < cursor)
+    if created_after:
+        q = q.where(col(Run.created_at) >= created_after)
+    if created_before:
+        q = q.where(col(Run.created_at) < created_before)
+    with session_scope(ctx.engine) as s:
+        rows = list(s.exec(q).all())
+    next_cursor = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def cancel_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
+    """A queued run ends at once; a running one is killed by its executor within seconds.
+    Needs the run scope."""
+    caller.require("run")
+    actor = caller.actor
+    with session_scope(ctx.engine, write=True) as s:
+        run = run_in_session(s, run_id)
+        if run.status in FINISHED:
+            raise Conflict(
+                f"run {run_id} already ended ({run.status})",
+                hint="only queued or running runs can be cancelled",
+            )
+        who = f" by {actor}" if actor else ""
+        if run.status == AWAITING_APPROVAL:
+            approvals.withdraw_pending(s, run_id=run.id, actor=actor)
+        if run.status in (QUEUED, AWAITING_APPROVAL):
+            before = "started" if run.status == QUEUED else "was approved"
+            transition(
+                run,
+                CANCELLED,
+                by=CALLER,
+                error_code="cancelled",
+                error_message=f"cancelled{who} before it {before}",
+            )
+            system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancelled{who}")
+        else:
+            run.cancel_requested = True
+            system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancel requested{who}")
+            signals.publish(s, signals.RUN_CANCEL, run.id)
+        s.add(run)
+    ctx.local_cancels.add(run_id)
+    ctx.notify_run_ended(run_id)
+    return run
+
+
+def replay_run(
+    ctx: Context,
+    *,
+    run_id: str,
+    latest: bool = False,
+    caller: Principal,
+    trigger: str = "replay",
+    force: bool = False,
+) -> Run:
+    """Run again with the same inputs, on the same version unless `latest`. Needs the run
+    scope."""
+    caller.require("run")
+    original = get_run(ctx, run_id=run_id, caller=caller)
+    return create_run(
+        ctx,
+        worker_name=original.worker_name,
+        inputs=jsonvalues.stored(original.inputs_json, expect=dict),
+        trigger=trigger,
+        caller=caller,
+        version_id=None if latest else original.version_id,
+        replay_of=original.id,
+        force=force,
+    )
+
+
+def list_artifacts(ctx: Context, *, run_id: str, caller: Principal) -> list[Artifact]:
+    """A run's artifacts by name; NotFound when there is no such run. Needs the read scope."""
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        run_in_session(s, run_id)
+        return list(
+            s.exec(select(Artifact).where(Artifact.run_id == run_id).order_by(Artifact.name)).all()
+        )
+
+
+def read_artifact(
+    ctx: Context, *, run_id: str, name: str, caller: Principal
+) -> tuple[Artifact, bytes]:
+    """One artifact of a run with its bytes. Needs the read scope."""
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        run_in_session(s, run_id)
+        art = s.exec(
+            select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name)
+        ).first()
+        if art is None:
+            raise NotFound(
+                f"run {run_id} has no artifact '{name}'",
+                hint=f"`floom runs show {run_id}` lists its artifacts",
+            )
+        artifact_scan.check_may_read(
+            name=name, content_type=art.content_type, data=None, reader=caller
+        )
+        blob = s.get(Blob, art.digest)
+        if blob is None:
+            raise NotFound(f"the content of artifact '{name}' is missing from the store")
+        artifact_scan.check_may_read(
+            name=name, content_type=art.content_type, data=blob.data, reader=caller
+        )
+        return art, blob.data
+
+
+def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": run.id,
+        "worker": run.worker_name,
+        "version_id": run.version_id,
+        "status": run.status,
+        "trigger": run.trigger,
+        "inputs": jsonvalues.stored(run.inputs_json, expect=dict),
+        "outputs": jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else None,
+        "error": (
+            {"code": run.error_code, "message": run.error_message}
+            # Between attempts the code says how the last one ended: not the run's error.
+            if run.status in FINISHED and (run.error_code or run.error_message)
+            else None
+        ),
+        "exit_code": run.exit_code,
+        "attempt": run.attempt,
+        "max_attempts": run.max_attempts,
+        "previous_attempt": previous_attempt(run),
+        "replay_of": run.replay_of,
+        "retry_of": run.retry_of,
+        "parent_run_id": run.parent_run_id,
+        "phase": run.phase,
+        "created_by": run.created_by,
+        "scheduled_for": run.scheduled_for,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "cancel_requested": run.cancel_requested,
+        "usage": {"sandbox_seconds": round(run.sandbox_seconds, 3)},
+    }
+    if artifacts is not None:
+        body["artifacts"] = [artifact_to_dict(a) for a in artifacts]
+    return body
+
+
+def artifact_to_dict(a: Artifact) -> dict[str, Any]:
+    return {
+        "name": a.name,
+        "size": a.size,
+        "digest": a.digest,
+        "content_type": a.content_type,
+        "url": f"/api/v1/runs/{a.run_id}/artifacts/{a.name}",
+        "scanned": artifact_scan.scanned(a.content_type),
+    }
+
+
+def version_of_run(ctx: Context, *, run: Run, caller: Principal) -> Version:
+    """The version a run ran (kept even after its worker was deleted). Needs the read scope."""
+    caller.require("read")
+    return workers.get_version(ctx, version_id=run.version_id, caller=caller)

@@ -1,0 +1,130 @@
+"""A run's ordered events: log lines from its process and floom's own notices."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import bindparam, func, insert, text
+from sqlalchemy import select as core_select
+from sqlmodel import col, select
+
+from floom.services.access.principal import Principal
+from floom.store.db import Writer, on_postgres, session_scope
+from floom.store.models import RunEvent, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+STREAMS = ("stdout", "stderr", "system")
+
+
+def append_events(
+    s: Writer,
+    *,
+    run_id: str,
+    attempt: int,
+    lines: Sequence[tuple[str, str, datetime | None]],
+    first: bool = False,
+    locked: bool = False,
+) -> None:
+    """Append (stream, line, ts) rows after the run's last seq, in order.
+    `first`: the run was inserted in this very transaction, so it has no events yet and no
+    other writer can see it (seqs from 1, no lock). `locked`: the transaction has taken the
+    run's event lock already (lock_events), which spares PostgreSQL a second round trip.
+
+    Callers hold a write session, which makes each row's read of the last seq and its insert
+    one atomic step: SQLite's write lock does it there; on PostgreSQL a per-run advisory lock
+    does, since an executor's log flusher and a state change (a pause, a decision) may append
+    at the same moment. (Not the run's row lock: heartbeats skip locked runs as lost.)
+    """
+    if not lines:
+        return
+    statements = _event_statements()
+    now = utcnow()
+    rows = [
+        {"run_id": run_id, "attempt": attempt, "ts": ts or now, "stream": stream, "line": line}
+        for stream, line, ts in lines
+    ]
+    if first:
+        for seq, row in enumerate(rows, 1):
+            row["seq"] = seq
+        s.execute(statements.insert, rows)
+        return
+    if not locked:
+        lock_events(s, run_id=run_id)
+    # One statement per row that reads the last seq itself; run as one executemany.
+    s.execute(statements.insert_next, rows)
+
+
+@dataclass(frozen=True)
+class _EventStatements:
+    insert: Any
+    insert_next: Any  # each row's seq is the run's last seq + 1, read by the insert itself
+
+
+@lru_cache(maxsize=1)
+def _event_statements() -> _EventStatements:
+    """Built once (building a statement costs more than running it); Core inserts, since the
+    rows are never read back."""
+    events = RunEvent.__table__  # type: ignore[attr-defined]
+    names = ("run_id", "attempt", "ts", "stream", "line")
+    last = (
+        core_select(func.coalesce(func.max(events.c.seq), 0) + 1)
+        .where(events.c.run_id == bindparam("run_id"))
+        .scalar_subquery()
+    )
+    fill = core_select(*(bindparam(n, type_=events.c[n].type) for n in names), last)
+    return _EventStatements(
+        insert=insert(events),
+        insert_next=insert(events).from_select([*names, "seq"], fill),
+    )
+
+
+def lock_events(s: Writer, *, run_id: str) -> None:
+    """Take the run's event lock for this transaction (PostgreSQL; SQLite's write lock already
+    serialises writers). Writers that also lock the run's row take this lock first."""
+    if on_postgres(s):
+        s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:run_id))"), {"run_id": run_id})
+
+
+def system_event(
+    s: Writer, *, run_id: str, attempt: int, message: str, first: bool = False
+) -> None:
+    append_events(s, run_id=run_id, attempt=attempt, lines=[("system", message, None)], first=first)
+
+
+def list_events(
+    ctx: Context, *, run_id: str, after: int = 0, limit: int = 1000, caller: Principal
+) -> list[RunEvent]:
+    """A run's log events with a seq above `after`, oldest first. Needs the read scope."""
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        return list(
+            s.exec(
+                select(RunEvent)
+                .where(RunEvent.run_id == run_id, RunEvent.seq > after)
+                .order_by(col(RunEvent.seq))
+                .limit(limit)
+            ).all()
+        )
+
+
+def tail_events(ctx: Context, *, run_id: str, count: int, caller: Principal) -> list[RunEvent]:
+    """A run's last `count` log events, oldest first. Needs the read scope."""
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(
+            select(RunEvent)
+            .where(RunEvent.run_id == run_id)
+            .order_by(col(RunEvent.seq).desc())
+            .limit(count)
+        ).all()
+    return list(reversed(rows))
+
+
+def event_to_dict(e: RunEvent) -> dict[str, Any]:
+    return {"seq": e.seq, "ts": e.ts, "stream": e.stream, "line": e.line, "attempt": e.attempt}

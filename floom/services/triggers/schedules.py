@@ -1,0 +1,312 @@
+"""Schedule fires: each due tick of each schedule becomes exactly one run, or one skipped
+run that says why (overlap, missed while down, paused).
+
+Exactly once, even with several schedulers on one PostgreSQL: a tick is owned by whoever
+inserts its (trigger, scheduled time) row in `trigger_fires`, in the same transaction as the
+run; the other scheduler's insert fails on the unique key and it moves on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from sqlalchemy import or_, update
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from floom.errors import Conflict, FloomError, NotFound, WorkerPaused
+from floom.services.access import principal
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import rules as run_rules
+from floom.services.triggers.registry import spec_of
+from floom.services.workers import versions as workers
+from floom.store.db import session_scope
+from floom.store.models import Run, Worker, new_id
+from floom.store.triggers import Trigger, TriggerFire
+from floom.triggers import cron
+from floom.triggers.spec import ScheduleSpec
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+log = logging.getLogger("floom.scheduler")
+
+# A tick handled this late still counts as on time (not "missed while down").
+ON_TIME_SECONDS = 60.0
+# A week of a once-a-minute cron: the longest catch-up window holds no more fires.
+MAX_FIRES_PER_PASS = 7 * 24 * 60 + 1
+OVERLAP_SKIP = "overlap_skip"
+MISSED = "missed"
+PAUSED = "paused"
+START_FAILED = "start_failed"
+
+
+@dataclass(frozen=True)
+class Decision:
+    scheduled_for: datetime
+    fire: bool  # False: record as missed
+
+
+class NextFireCache:
+    """Next fire time per (trigger, config, last fire), so an idle tick computes nothing."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._size = size
+        self._items: dict[tuple[str, str, datetime], datetime | None] = {}
+
+    def next_after(self, trigger: Trigger, spec: ScheduleSpec, base: datetime) -> datetime | None:
+        key = (trigger.id, trigger.config_json, base)
+        if key not in self._items:
+            if len(self._items) >= self._size:
+                self._items.clear()
+            try:
+                tz = cron.zone(spec.timezone)
+                times = cron.next_fire_times(spec.cron, tz, after=base, count=1)
+            except cron.CronError as exc:
+                # Stored by an older floom that accepted more (e.g. `W`): it cannot fire, and
+                # must not hold up the other schedules. Logged once per trigger version.
+                log.warning("schedule %s cannot fire: %s", trigger.id, exc.message)
+                times = []
+            self._items[key] = times[0] if times else None
+        return self._items[key]
+
+
+def fire_due(ctx: Context, *, now: datetime, cache: NextFireCache | None = None) -> datetime | None:
+    """Handle every schedule tick due at `now`; return the earliest fire time still ahead."""
+    cache = cache or NextFireCache()
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(
+            select(Trigger, Worker)
+            .join(Worker, col(Worker.name) == col(Trigger.worker_name))
+            .where(
+                Trigger.kind == "schedule",
+                col(Trigger.removed_at).is_(None),
+                col(Worker.active_version_id).is_not(None),
+            )
+        ).all()
+    upcoming: datetime | None = None
+    for trigger, worker in rows:
+        spec = spec_of(trigger)
+        assert isinstance(spec, ScheduleSpec)
+        base = trigger.last_fire_at or trigger.created_at
+        due = cache.next_after(trigger, spec, base)
+        if due is not None and due <= now:
+            try:
+                base = _handle_due(ctx, trigger=trigger, worker=worker, spec=spec, now=now)
+            except Exception:  # one broken trigger must not hold up the others
+                log.exception("schedule %s of %s failed; retrying", trigger.id, worker.name)
+                continue
+            due = cache.next_after(trigger, spec, base)
+        if due is not None and (upcoming is None or due < upcoming):
+            upcoming = due
+    return upcoming
+
+
+def plan(
+    spec: ScheduleSpec, *, base: datetime, now: datetime
+) -> tuple[datetime | None, list[Decision]]:
+    """What to do with the ticks after `base` up to `now`, by the catch-up policy.
+
+    Returns the first tick older than the catch-up window (all those are missed; one record
+    stands for them) and a decision per tick inside the window.
+    """
+    tz = cron.zone(spec.timezone)
+    window_start = now - timedelta(seconds=spec.catch_up_window)
+    too_old = None
+    if base < window_start:
+        first = cron.next_fire_times(spec.cron, tz, after=base, count=1)
+        if first and first[0] <= window_start:
+            too_old = first[0]
+        base = window_start
+    times, _ = cron.fire_times_between(
+        spec.cron, tz, after=base, until=now, limit=MAX_FIRES_PER_PASS
+    )
+    late = [t for t in times if (now - t).total_seconds() > ON_TIME_SECONDS]
+    on_time = times[len(late) :]
+    if spec.catch_up == "all":
+        fire = set(times)
+    elif spec.catch_up == "none" or on_time:
+        fire = set(on_time)
+    else:  # latest: only the most recent of the ticks missed while down
+        fire = {late[-1]} if late else set()
+    return too_old, [Decision(t, t in fire) for t in times]
+
+
+def _handle_due(
+    ctx: Context, *, trigger: Trigger, worker: Worker, spec: ScheduleSpec, now: datetime
+) -> datetime:
+    """Handle the due ticks in order; returns the last one handled."""
+    base = trigger.last_fire_at or trigger.created_at
+    too_old, decisions = plan(spec, base=base, now=now)
+    last = base
+    window = _duration(spec.catch_up_window)
+    if too_old is not None:
+        message = (
+            f"every tick from {_local(too_old, spec)} until {window} before "
+            f"{_local(now, spec)} was missed: the scheduler was not running, and catch_up_window "
+            f"is {window}"
+        )
+        _record_skip(ctx, trigger, worker, spec, too_old, MISSED, message)
+        last = too_old
+    for decision in decisions:
+        t = decision.scheduled_for
+        if not decision.fire:
+            reason = (
+                "catch_up is none"
+                if spec.catch_up == "none"
+                else "catch_up is latest and a later tick ran instead"
+            )
+            message = f"missed while the scheduler was not running ({reason})"
+            _record_skip(ctx, trigger, worker, spec, t, MISSED, message)
+        elif trigger.paused or worker.paused:
+            what = "this trigger" if trigger.paused else f"worker '{worker.name}'"
+            _record_skip(ctx, trigger, worker, spec, t, PAUSED, f"{what} is paused")
+        else:
+            _fire(ctx, trigger, worker, spec, t)
+        last = t
+    return last
+
+
+def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t: datetime) -> None:
+    needs_active = spec.overlap in ("skip", "cancel_running")
+    active = _active_runs(ctx, trigger.id) if needs_active else []
+    if active and spec.overlap == "skip":
+        previous = active[0]
+        message = (
+            f"overlap is skip and run {previous.id} of this schedule is still {previous.status}"
+        )
+        _record_skip(ctx, trigger, worker, spec, t, OVERLAP_SKIP, message)
+        return
+
+    def record(s: Session, run: Run) -> None:
+        run.trigger_id = trigger.id
+        if spec.overlap == "queue":
+            run.concurrency = 1  # waits until the worker's running runs have ended
+        s.add(
+            TriggerFire(
+                trigger_id=trigger.id,
+                scheduled_for=t,
+                outcome="run",
+                run_id=run.id,
+                node_id=ctx.node_id,
+            )
+        )
+        s.flush()  # the exactly-once key: fails here if another scheduler owns the tick
+        _advance(s, trigger.id, t)
+
+    try:
+        run = runs.create_run(
+            ctx,
+            worker_name=worker.name,
+            inputs=spec.inputs,
+            trigger="schedule",
+            caller=principal.SYSTEM,
+            scheduled_for=t,
+            in_transaction=record,
+        )
+    except IntegrityError:
+        _advance_alone(ctx, trigger.id, t)
+        return
+    except WorkerPaused as exc:  # paused since this tick read the worker
+        _record_skip(ctx, trigger, worker, spec, t, PAUSED, exc.message)
+        return
+    except FloomError as exc:  # e.g. the worker's inputs changed under the schedule
+        message = f"could not start: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
+        _record_skip(ctx, trigger, worker, spec, t, START_FAILED, message)
+        return
+    if spec.overlap == "cancel_running":
+        for previous in active:
+            try:
+                runs.cancel_run(
+                    ctx, run_id=previous.id, caller=principal.system(f"schedule, for {run.id}")
+                )
+            except Conflict:
+                pass  # it ended meanwhile
+
+
+def _active_runs(ctx: Context, trigger_id: str) -> list[Run]:
+    with session_scope(ctx.engine) as s:
+        return list(
+            s.exec(
+                select(Run)
+                .where(Run.trigger_id == trigger_id, col(Run.status).not_in(run_rules.FINISHED))
+                .order_by(col(Run.id))
+            ).all()
+        )
+
+
+def _record_skip(
+    ctx: Context,
+    trigger: Trigger,
+    worker: Worker,
+    spec: ScheduleSpec,
+    t: datetime,
+    code: str,
+    message: str,
+) -> None:
+    """A tick that does not become a run: a skipped run row, visible in every run list."""
+    run_id = new_id("run")
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            workers.lock_worker(s, worker.name)
+            s.add(
+                TriggerFire(
+                    trigger_id=trigger.id,
+                    scheduled_for=t,
+                    outcome=code,
+                    run_id=run_id,
+                    node_id=ctx.node_id,
+                )
+            )
+            s.flush()  # the exactly-once key, as for a run
+            runs.insert_skipped_run(
+                s,
+                run_id=run_id,
+                worker_name=worker.name,
+                version_id=worker.active_version_id,
+                trigger="schedule",
+                trigger_id=trigger.id,
+                code=code,
+                reason=message,
+                inputs=spec.inputs,
+                scheduled_for=t,
+            )
+            _advance(s, trigger.id, t)
+    except IntegrityError:
+        _advance_alone(ctx, trigger.id, t)
+        return
+    except NotFound:
+        return  # the worker was deleted since this tick read it: nothing is left to record
+    log.info("schedule %s of %s at %s: %s", trigger.id, worker.name, t.isoformat(), message)
+
+
+def _advance(s: Session, trigger_id: str, t: datetime) -> None:
+    # Conditional, so a scheduler that handled an earlier tick never moves it back.
+    s.exec(
+        update(Trigger)
+        .where(
+            col(Trigger.id) == trigger_id,
+            or_(col(Trigger.last_fire_at).is_(None), col(Trigger.last_fire_at) < t),
+        )
+        .values(last_fire_at=t)
+    )
+
+
+def _advance_alone(ctx: Context, trigger_id: str, t: datetime) -> None:
+    """Another scheduler owns this tick; catch up with it so this one does not retry it."""
+    with session_scope(ctx.engine, write=True) as s:
+        _advance(s, trigger_id, t)
+
+
+def _local(t: datetime, spec: ScheduleSpec) -> str:
+    return t.astimezone(cron.zone(spec.timezone)).isoformat(timespec="minutes")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

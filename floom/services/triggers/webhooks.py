@@ -1,0 +1,438 @@
+"""Webhook deliveries: verified, stored without credentials, deduplicated on their delivery
+id, turned into a run (or a skipped run when paused), listed per worker and replayable."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import or_
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from floom import jsonvalues
+from floom.errors import (
+    Conflict,
+    FloomError,
+    InputInvalid,
+    NotFound,
+    PayloadTooLarge,
+    WorkerPaused,
+)
+from floom.services.access import principal, secrets
+from floom.services.runs import lifecycle as runs
+from floom.services.triggers.registry import spec_of
+from floom.services.workers import versions as workers
+from floom.store.db import session_scope
+from floom.store.models import Run, Worker, new_id
+from floom.store.triggers import Trigger, WebhookDelivery
+from floom.triggers import signatures
+from floom.triggers.spec import EVENT_INPUT, ComposioSpec, WebhookSpec
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+RUN = "run"
+PAUSED = "paused"
+INPUT_INVALID = "input_invalid"
+START_FAILED = "start_failed"
+UNMATCHED = "unmatched"
+
+log = logging.getLogger("floom.webhooks")
+
+
+def no_webhook_at(path: str) -> NotFound:
+    """The one answer to a sender for a hook that is absent or not ready: an anonymous caller
+    learns no worker's secret name and no setting's name, and cannot tell the two apart."""
+    return NotFound(
+        f"no webhook at {path}",
+        hint="check the URL with the operator of this floom server",
+    )
+
+
+@dataclass
+class Received:
+    """A delivery as answered to its sender."""
+
+    delivery: WebhookDelivery
+    duplicate: bool = False
+    error: FloomError | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def receive_webhook(
+    ctx: Context, *, worker_name: str, headers: Mapping[str, str], body: bytes
+) -> Received:
+    """Verify a delivery to /hooks/{worker} and start its run.
+
+    Refusals (unsigned, bad or stale signature, too large, no webhook here) raise and store
+    nothing. A delivery id seen before returns the stored delivery, marked duplicate.
+    """
+    check_size(ctx, body)
+    trigger, worker = _webhook_trigger(ctx, worker_name)
+    spec = spec_of(trigger)
+    assert isinstance(spec, WebhookSpec)
+    values, missing = secrets.resolve(ctx, [spec.secret])
+    if missing:
+        log.warning(
+            "refused a delivery to /hooks/%s: its webhook cannot verify deliveries until the "
+            "secret %s is set (`floom secrets set %s`)",
+            worker_name,
+            spec.secret,
+            spec.secret,
+        )
+        raise no_webhook_at(f"/hooks/{worker_name}")
+    secret = values[spec.secret]
+    verified = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
+    lower = {k.lower(): v for k, v in headers.items()}
+    event_name = lower.get("x-github-event") or lower.get("x-floom-event")
+    return deliver(
+        ctx,
+        source="webhook",
+        key=verified.delivery_id,
+        digest=verified.signature_digest,
+        trigger=trigger,
+        worker=worker,
+        headers=headers,
+        body=body,
+        event_name=event_name,
+        redact=[secret],
+    )
+
+
+def check_size(ctx: Context, body: bytes) -> None:
+    limit = ctx.settings.webhook_max_bytes
+    if len(body) > limit:
+        raise payload_too_large(limit)
+
+
+def payload_too_large(limit: int) -> PayloadTooLarge:
+    # The sender is anonymous: the setting that raises the limit is named only in the log.
+    log.warning("refused a webhook body over %d bytes (FLOOM_WEBHOOK_MAX_BYTES)", limit)
+    return PayloadTooLarge(
+        f"the webhook body is larger than {limit} bytes", hint="send a smaller payload"
+    )
+
+
+def deliver(
+    ctx: Context,
+    *,
+    source: str,
+    key: str,
+    trigger: Trigger,
+    worker: Worker,
+    headers: Mapping[str, str],
+    body: bytes,
+    event_name: str | None,
+    redact: list[str],
+    digest: str | None = None,
+) -> Received:
+    """Store a verified delivery for one worker and start its run, exactly once per key
+    (and per signature digest, when given)."""
+    seen = _find(ctx, source=source, worker_name=worker.name, key=key, digest=digest)
+    if seen is not None:
+        return Received(seen, duplicate=True)
+    redactor = secrets.Redactor(redact)
+    stored_headers = {k: redactor.text(v) for k, v in signatures.storable_headers(headers).items()}
+    delivery = WebhookDelivery(
+        id=new_id("dlv"),
+        source=source,
+        worker_name=worker.name,
+        trigger_id=trigger.id,
+        delivery_key=key[:200],
+        signature_digest=digest,
+        event=(event_name or "")[:200] or None,
+        headers_json=json.dumps(stored_headers, sort_keys=True),
+        body=_redact_bytes(body, redact),
+        content_type=stored_headers.get("content-type", "")[:200],
+        outcome=RUN,
+    )
+    spec = spec_of(trigger)
+    assert isinstance(spec, WebhookSpec | ComposioSpec)
+    try:
+        if trigger.paused or worker.paused:
+            what = "this trigger" if trigger.paused else f"worker '{worker.name}'"
+            raise WorkerPaused(f"{what} is paused")
+        inputs = event_inputs(
+            ctx, worker=worker, spec=spec, body=body, content_type=_ctype(headers)
+        )
+
+        def record(s: Session, run: Run) -> None:
+            run.trigger_id = trigger.id
+            delivery.run_id = run.id
+            s.add(delivery)
+            s.flush()  # the dedupe key: fails if the same delivery raced in
+
+        runs.create_run(
+            ctx,
+            worker_name=worker.name,
+            inputs=inputs,
+            trigger=source,
+            caller=principal.SYSTEM,
+            in_transaction=record,
+        )
+        return Received(delivery)
+    except IntegrityError:
+        again = _find(ctx, source=source, worker_name=worker.name, key=key, digest=digest)
+        if again is None:
+            raise
+        return Received(again, duplicate=True)
+    except WorkerPaused as exc:
+        return _refused(ctx, delivery, PAUSED, exc.message, trigger=source, error=None)
+    except InputInvalid as exc:
+        return _refused(ctx, delivery, INPUT_INVALID, exc.message, trigger=source, error=exc)
+    except FloomError as exc:
+        return _refused(ctx, delivery, START_FAILED, exc.message, trigger=source, error=exc)
+
+
+def _refused(
+    ctx: Context,
+    delivery: WebhookDelivery,
+    outcome: str,
+    message: str,
+    *,
+    trigger: str,
+    error: FloomError | None,
+) -> Received:
+    """Keep a delivery that did not start a run, with a skipped run saying why."""
+    delivery.outcome = outcome
+    delivery.message = message
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            worker = s.get(Worker, delivery.worker_name)
+            delivery.run_id = new_id("run")
+            s.add(delivery)
+            s.flush()  # the dedupe key, before the run that names it
+            runs.insert_skipped_run(
+                s,
+                run_id=delivery.run_id,
+                worker_name=delivery.worker_name,
+                version_id=worker.active_version_id if worker else None,
+                trigger=trigger,
+                trigger_id=delivery.trigger_id,
+                code=outcome,
+                reason=message,
+                error_message=f"delivery {delivery.id}: {message}",
+            )
+    except IntegrityError:
+        again = _find(
+            ctx,
+            source=delivery.source,
+            worker_name=delivery.worker_name,
+            key=delivery.delivery_key,
+            digest=delivery.signature_digest,
+        )
+        if again is None:
+            raise
+        return Received(again, duplicate=True)
+    return Received(delivery, error=error)
+
+
+def _find(
+    ctx: Context, *, source: str, worker_name: str, key: str, digest: str | None = None
+) -> WebhookDelivery | None:
+    same = col(WebhookDelivery.delivery_key) == key[:200]
+    if digest:
+        same = or_(same, col(WebhookDelivery.signature_digest) == digest)
+    with session_scope(ctx.engine) as s:
+        return s.exec(
+            select(WebhookDelivery).where(
+                WebhookDelivery.source == source, WebhookDelivery.worker_name == worker_name, same
+            )
+        ).first()
+
+
+def _webhook_trigger(ctx: Context, worker_name: str) -> tuple[Trigger, Worker]:
+    with session_scope(ctx.engine) as s:
+        worker = s.get(Worker, worker_name)
+        trigger = s.exec(
+            select(Trigger).where(
+                Trigger.worker_name == worker_name,
+                Trigger.kind == "webhook",
+                col(Trigger.removed_at).is_(None),
+            )
+        ).first()
+    if worker is None or trigger is None or worker.active_version_id is None:
+        raise no_webhook_at(f"/hooks/{worker_name}")
+    return trigger, worker
+
+
+# -- the event as inputs -----------------------------------------------------------------------
+
+
+def parse_body(body: bytes, content_type: str) -> Any:
+    """JSON when the body is JSON (also GitHub's form-encoded `payload=`), else its text."""
+    text = body.decode("utf-8", errors="replace")
+    if "application/x-www-form-urlencoded" in content_type:
+        form = urllib.parse.parse_qs(text)
+        if "payload" in form:
+            text = form["payload"][0]
+    value, breach = jsonvalues.parse(text, where="the body")
+    if breach is None:
+        return value
+    if breach.limit == "json":
+        return text
+    raise InputInvalid(
+        f"{breach.message} ({breach.limit} bound)",
+        hint=jsonvalues.bounds_hint(),
+        details=[breach.detail()],
+    )
+
+
+def event_inputs(
+    ctx: Context,
+    *,
+    worker: Worker,
+    spec: WebhookSpec | ComposioSpec,
+    body: bytes,
+    content_type: str,
+) -> dict[str, Any]:
+    """The run's inputs: the body as `event` (if declared) and the mapped body fields."""
+    version = workers.get_version(
+        ctx, version_id=worker.active_version_id or "", caller=principal.SYSTEM
+    )
+    manifest = workers.manifest_of(version)
+    parsed = parse_body(body, content_type)
+    inputs: dict[str, Any] = {}
+    declared = manifest.inputs.get(EVENT_INPUT)
+    if declared is not None:
+        if declared.type == "string":
+            inputs[EVENT_INPUT] = parsed if isinstance(parsed, str) else json.dumps(parsed)
+        else:
+            inputs[EVENT_INPUT] = parsed
+    for name, path in spec.inputs.items():
+        if name in manifest.inputs:
+            inputs[name] = lookup(parsed, path)
+    return inputs
+
+
+def lookup(value: Any, path: str) -> Any:
+    """The value at a dotted path (keys, or list indexes) of parsed JSON; None if absent."""
+    for part in path.split("."):
+        if isinstance(value, Mapping):
+            value = value.get(part)
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return None
+    return value
+
+
+def _ctype(headers: Mapping[str, str]) -> str:
+    return {k.lower(): v for k, v in headers.items()}.get("content-type", "")
+
+
+def _redact_bytes(body: bytes, values: list[str]) -> bytes:
+    for value in values:
+        if value and value.encode() in body:
+            body = body.replace(value.encode(), secrets.REDACTED.encode())
+    return body
+
+
+# -- listing and replaying ---------------------------------------------------------------------
+
+
+def list_deliveries(
+    ctx: Context,
+    *,
+    worker_name: str,
+    cursor: str | None = None,
+    limit: int = 50,
+    caller: principal.Principal,
+) -> tuple[list[WebhookDelivery], str | None]:
+    """A worker's deliveries, newest first; `cursor` is the last id of the previous page.
+    Needs the read scope."""
+    workers.get_worker(ctx, name=worker_name, caller=caller)
+    q = (
+        select(WebhookDelivery)
+        .where(WebhookDelivery.worker_name == worker_name)
+        .order_by(col(WebhookDelivery.id).desc())
+        .limit(limit + 1)
+    )
+    if cursor:
+        q = q.where(col(WebhookDelivery.id) < cursor)
+    with session_scope(ctx.engine) as s:
+        rows = list(s.exec(q).all())
+    next_cursor = rows[limit - 1].id if len(rows) > limit else None
+    return rows[:limit], next_cursor
+
+
+def get_delivery(ctx: Context, *, delivery_id: str, caller: principal.Principal) -> WebhookDelivery:
+    """One delivery with its headers and body. Needs the read scope."""
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        delivery = s.get(WebhookDelivery, delivery_id)
+    if delivery is None:
+        raise NotFound(
+            f"no delivery {delivery_id}", hint="`floom deliveries WORKER` lists a worker's"
+        )
+    return delivery
+
+
+def replay_delivery(
+    ctx: Context, *, delivery_id: str, caller: principal.Principal, force: bool = False
+) -> Run:
+    """Run a stored delivery again, as a new run (trigger `replay`) on the active version,
+    with its inputs taken from the stored body by the trigger's current settings. Needs the
+    run scope."""
+    caller.require("run")
+    delivery = get_delivery(ctx, delivery_id=delivery_id, caller=caller)
+    if not delivery.worker_name:
+        raise Conflict(
+            f"delivery {delivery_id} matched no worker, so there is nothing to run again",
+            hint="deploy a worker whose composio trigger matches the event, then send it again",
+        )
+    with session_scope(ctx.engine) as s:
+        trigger = s.get(Trigger, delivery.trigger_id) if delivery.trigger_id else None
+    worker = workers.get_worker(ctx, name=delivery.worker_name, caller=caller)
+    if trigger is None:
+        raise NotFound(f"the trigger of delivery {delivery_id} no longer exists")
+    spec = spec_of(trigger)
+    assert isinstance(spec, WebhookSpec | ComposioSpec)
+    inputs = event_inputs(
+        ctx, worker=worker, spec=spec, body=delivery.body, content_type=delivery.content_type
+    )
+
+    def record(s: Session, run: Run) -> None:
+        run.trigger_id = trigger.id
+        row = s.get(WebhookDelivery, delivery.id)
+        if row is not None:
+            row.replay_count += 1
+            s.add(row)
+
+    return runs.create_run(
+        ctx,
+        worker_name=delivery.worker_name,
+        inputs=inputs,
+        trigger="replay",
+        caller=caller,
+        replay_of=delivery.run_id,
+        force=force,
+        in_transaction=record,
+    )
+
+
+def delivery_to_dict(delivery: WebhookDelivery, *, with_body: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": delivery.id,
+        "source": delivery.source,
+        "worker": delivery.worker_name,
+        "trigger_id": delivery.trigger_id,
+        "delivery_id": delivery.delivery_key,
+        "event": delivery.event,
+        "received_at": delivery.received_at,
+        "outcome": delivery.outcome,
+        "message": delivery.message,
+        "run_id": delivery.run_id,
+        "replay_count": delivery.replay_count,
+        "size": len(delivery.body),
+        "content_type": delivery.content_type,
+    }
+    if with_body:
+        body["headers"] = jsonvalues.stored(delivery.headers_json, expect=dict)
+        body["body"] = delivery.body.decode("utf-8", errors="replace")
+    return body
