@@ -13,7 +13,9 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -94,3 +96,35 @@ def namespace_host(*, public: bool = False) -> Iterator[NamespaceHost]:
     finally:
         _ip("link", "del", outer)  # takes its peer in the namespace along
         _ip("netns", "del", namespace)
+
+
+@contextmanager
+def host_wide_listener() -> Iterator[tuple[int, list[str]]]:
+    """A service bound to 0.0.0.0 on the host: every address of the host answers. Yields its
+    port and the peers that connected."""
+    peers: list[str] = []
+    server = socket.socket()
+    server.bind(("0.0.0.0", 0))
+    server.listen()
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            peers.append(peer[0])
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], peers
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()

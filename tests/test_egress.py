@@ -35,7 +35,7 @@ from floom.net.egress import (
 )
 from tests.agent_helpers import agent_rig, agent_worker, start_run, wait_status
 from tests.conftest import wait_until
-from tests.netns_support import NamespaceHost, namespace_host, needs_netns
+from tests.netns_support import NamespaceHost, host_wide_listener, namespace_host, needs_netns
 from tests.standins.anthropic_api import reply, tool_use
 from tests.standins.composio import composio_standin
 from tests.standins.mcp_tracker import tracker_server
@@ -229,38 +229,6 @@ _NAMESPACE_SERVER = textwrap.dedent(
 
 
 @contextmanager
-def _host_wide_listener() -> Iterator[tuple[int, list[str]]]:
-    """A service bound to 0.0.0.0 on this host: every one of its addresses answers. Yields
-    its port and the peers that connected."""
-    peers: list[str] = []
-    server = socket.socket()
-    server.bind(("0.0.0.0", 0))
-    server.listen()
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, peer = server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            peers.append(peer[0])
-            conn.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1], peers
-    finally:
-        stop.set()
-        thread.join(5)
-        server.close()
-
-
-@contextmanager
 def _namespace_server(host: NamespaceHost, port: int) -> Iterator[None]:
     server = host.popen([sys.executable, "-c", _NAMESPACE_SERVER, host.address, str(port)])
 
@@ -283,7 +251,7 @@ def _namespace_server(host: NamespaceHost, port: int) -> Iterator[None]:
 def test_http_request_never_reaches_the_hosts_own_addresses_even_in_an_allowed_network(
     tmp_path: Path, database_url: str
 ) -> None:
-    with namespace_host(public=True) as test_host, _host_wide_listener() as (port, peers):
+    with namespace_host(public=True) as test_host, host_wide_listener() as (port, peers):
         inside_port = port + 1 if port < 65535 else port - 1
         with (
             _namespace_server(test_host, inside_port),

@@ -37,7 +37,7 @@ from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
 from floom.sandbox.local import cgroups
 from floom.sandbox.local.network import SLIRP_OWNER_VARIABLE, is_floom_slirp, route_commands
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
-from tests.netns_support import NamespaceHost, namespace_host, needs_netns
+from tests.netns_support import NamespaceHost, host_wide_listener, namespace_host, needs_netns
 
 needs_bwrap = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
@@ -216,38 +216,6 @@ def slirp_processes(work_root: Path) -> list[int]:
             if is_floom_slirp(entry.name, argv, marker):
                 found.append(int(entry.name))
     return found
-
-
-@contextmanager
-def host_wide_listener() -> Iterator[tuple[int, list[str]]]:
-    """A service bound to 0.0.0.0 on the host: every address of the host answers. Yields its
-    port and the peers that connected."""
-    peers: list[str] = []
-    server = socket.socket()
-    server.bind(("0.0.0.0", 0))
-    server.listen()
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, peer = server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            peers.append(peer[0])
-            conn.close()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1], peers
-    finally:
-        stop.set()
-        thread.join(5)
-        server.close()
 
 
 def own_addresses(extra: str) -> dict[str, list[str]]:

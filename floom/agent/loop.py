@@ -355,6 +355,9 @@ class AgentLoop:
             tool_call_id=call_id,
             approval_id=approval_id,
         )
+        # The lines so far (the workspace's notes among them) are stored before the pause:
+        # whoever sees the run awaiting approval sees all that led to it.
+        env.run_log.flush(env.ctx)
         paused = pause_run(
             env.ctx,
             run=env.run,

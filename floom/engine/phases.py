@@ -87,6 +87,9 @@ def _gated_script(attempt: Attempt) -> Outcome:
             return outcome
         proposed = outcome.outputs or {}
         approval = new_approval(run=run, kind="run", proposed=proposed)
+        # The propose phase's lines are stored before the pause: whoever sees the run
+        # awaiting approval sees all that led to it.
+        attempt.run_log.flush(ctx)
         paused = pause_run(
             ctx,
             run=run,
