@@ -34,55 +34,131 @@ import yaml
 from tests.conftest import PG_ADMIN_URL, REPO, free_port, plain_client, wait_until
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
-# What an operator exports before `docker compose up` (see the file's header).
+# What an operator exports before `docker compose up` (the README's and the file header's
+# `export` lines; tests/test_compose_file.py checks they name the same variables). Nothing
+# else: a profile's own variables (E2B_API_KEY) are given only where a command gives them.
 OPERATOR_ENV = {
     "FLOOM_SECRET_KEY": "compose-test-secret-key-0123456789abcdef",
     "FLOOM_BOOTSTRAP_API_KEY": "flm_compose_test_admin_key_0123456789",
-    "E2B_API_KEY": "e2b_compose_test_unused",
 }
-_VARIABLE = re.compile(r"\$(?:\$|\{(?P<braced>[^}]*)\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))")
-_BRACED = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>.*))?", re.S)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OPERATORS = (":-", ":?", ":+", "-", "?", "+")
 
 
-def load_compose(path: Path = COMPOSE_FILE) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(path.read_text())  # merge keys (<<) included
-    return data
+class MissingVariable(KeyError):
+    """A `${VAR:?message}` (or `${VAR?message}`) whose variable has no value: Compose v2
+    refuses the whole file, whichever profiles are asked for."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(f"required variable {name} is missing a value: {message}")
+        self.name = name
 
 
 def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's variable syntax: $$, $VAR, ${VAR}, ${VAR:-default}, ${VAR-default},
-    ${VAR:?error}, ${VAR?error}, ${VAR:+alt}; a required variable missing raises KeyError."""
+    """Compose v2's variable syntax in one string: $$, $VAR, ${VAR}, ${VAR:-default},
+    ${VAR-default}, ${VAR:?error}, ${VAR?error}, ${VAR:+alt}, ${VAR+alt}, with `${...}`
+    nested in the default, error and alternative. A required variable without a value raises
+    MissingVariable; a malformed `${` raises ValueError, as Compose refuses the file."""
+    out: list[str] = []
+    i = 0
+    while i < len(value):
+        char = value[i]
+        if char != "$" or i + 1 == len(value):
+            out.append(char)
+            i += 1
+            continue
+        nxt = value[i + 1]
+        if nxt == "$":
+            out.append("$")
+            i += 2
+        elif nxt == "{":
+            end = _closing_brace(value, i + 2)
+            out.append(_braced(value[i + 2 : end], env))
+            i = end + 1
+        elif bare := _NAME.match(value, i + 1):
+            out.append(env.get(bare.group(0), ""))
+            i = bare.end()
+        else:
+            out.append("$")
+            i += 1
+    return "".join(out)
 
-    def one(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        if match.group("bare"):
-            return env.get(match.group("bare"), "")
-        braced = _BRACED.fullmatch(match.group("braced"))
-        if braced is None:
-            raise ValueError(f"invalid interpolation {match.group(0)!r}")
-        name, op, arg = braced.group("name"), braced.group("op"), braced.group("arg") or ""
-        set_ = name in env
-        filled = set_ and env[name] != ""
-        present = filled if op and op.startswith(":") else set_
-        if op in (":-", "-"):
-            return env[name] if present else interpolate(arg, env)
-        if op in (":?", "?"):
-            if not present:
-                raise KeyError(f"{name}: {arg}")
-            return env[name]
-        if op in (":+", "+"):
-            return interpolate(arg, env) if present else ""
-        return env.get(name, "")
 
-    return _VARIABLE.sub(one, value)
+def _closing_brace(value: str, start: int) -> int:
+    depth = 1
+    for j in range(start, len(value)):
+        if value.startswith("${", j):
+            depth += 1
+        elif value[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return j
+    raise ValueError(f"invalid interpolation format: unclosed ${{ in {value!r}")
 
 
-def service_env(service: dict[str, Any], variables: dict[str, str]) -> dict[str, str]:
+def _braced(body: str, env: dict[str, str]) -> str:
+    name = _NAME.match(body)
+    if name is None:
+        raise ValueError(f"invalid interpolation format: ${{{body}}}")
+    key, rest = name.group(0), body[name.end() :]
+    if not rest:
+        return env.get(key, "")
+    op = next((o for o in _OPERATORS if rest.startswith(o)), None)
+    if op is None:
+        raise ValueError(f"invalid interpolation format: ${{{body}}}")
+    arg = rest[len(op) :]
+    present = (env.get(key, "") != "") if op.startswith(":") else key in env
+    if op.endswith("-"):
+        return env[key] if present else interpolate(arg, env)
+    if op.endswith("?"):
+        if not present:
+            raise MissingVariable(key, interpolate(arg, env))
+        return env[key]
+    return interpolate(arg, env) if present else ""
+
+
+def interpolated_names(value: Any) -> set[str]:
+    """Every variable name a `$` reference in `value` (a loaded file, walked) reads."""
+    if isinstance(value, dict):
+        return set().union(*(interpolated_names(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(interpolated_names(v) for v in value))
+    if not isinstance(value, str):
+        return set()
+    text = value.replace("$$", "")
+    return set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))
+
+
+def _interpolate_all(value: Any, env: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate_all(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate_all(v, env) for v in value]
+    if isinstance(value, str):
+        return interpolate(value, env)
+    return value
+
+
+def load_compose(path: Path = COMPOSE_FILE) -> dict[str, Any]:
+    """The file as YAML, before interpolation (merge keys and aliases resolved)."""
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+def compose_config(variables: dict[str, str], path: Path = COMPOSE_FILE) -> dict[str, Any]:
+    """The file as Compose v2 loads it with these variables: every value of the whole file
+    interpolated (x- extensions and services of every profile alike) before profiles choose
+    the services, so one missing required variable refuses every `docker compose` command."""
+    config: dict[str, Any] = _interpolate_all(load_compose(path), variables)
+    return config
+
+
+def service_env(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment, from an interpolated config (compose_config)."""
     raw = service.get("environment") or {}
     if isinstance(raw, list):
         raw = dict(item.split("=", 1) for item in raw)
-    return {k: interpolate(str(v), variables) for k, v in raw.items()}
+    return {k: str(v) for k, v in raw.items()}
 
 
 def floom_services(compose: dict[str, Any], *, profiles: set[str]) -> dict[str, dict[str, Any]]:
@@ -205,10 +281,9 @@ def compose_cluster(
 ) -> Iterator[Cluster]:
     """Start every floom service of `profile` as docker compose would (all at once), wait
     until each answers /healthz, and stop them all at the end."""
-    compose = load_compose()
-    variables = {**os.environ, **OPERATOR_ENV}
+    compose = compose_config({**os.environ, **OPERATOR_ENV})
     services = floom_services(compose, profiles={profile})
-    first_env = service_env(next(iter(services.values())), variables)
+    first_env = service_env(next(iter(services.values())))
     compose_url = first_env["FLOOM_DATABASE_URL"]
     owner = urlsplit(compose_url).username or "postgres"
     database = fresh_database(owner)
@@ -216,7 +291,7 @@ def compose_cluster(
     try:
         base = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
         for name, svc in services.items():
-            env = service_env(svc, variables)
+            env = service_env(svc)
             assert env["FLOOM_DATABASE_URL"] == compose_url, "every node shares one database"
             port = free_port()
             env["FLOOM_DATABASE_URL"] = rewrite_database_url(

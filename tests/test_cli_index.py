@@ -6,10 +6,13 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+import tomllib
 
 import typer
 
+import floom
 from floom.cli.index import COMMANDS, help_text
+from tests.conftest import REPO
 
 
 def _real_commands() -> dict[str, str]:
@@ -58,3 +61,21 @@ def test_a_command_line_loads_only_the_module_of_its_command() -> None:
         "floom.cli.commands.workers",
     ):
         assert other not in loaded
+
+
+def test_floom_version_prints_the_package_version_without_loading_typer() -> None:
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert floom.__version__ == declared
+    done = subprocess.run(
+        [sys.executable, "-m", "floom.cli", "--version"], capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"floom {declared}\n", "")
+    probe = (
+        "import sys; sys.argv = ['floom', '--version']; "
+        "from floom.cli import main; main(); "
+        "heavy = [m for m in ('typer', 'rich', 'httpx', 'pydantic', 'floom.config') "
+        "if m in sys.modules]; print('LOADED', heavy)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout == f"floom {declared}\nLOADED []\n"
+    assert "--version" in help_text()

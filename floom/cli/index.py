@@ -1,8 +1,9 @@
 """The floom command's index: every command's name, the module that defines it and its one-line
 help, in `floom --help` order; and the entry point.
 
-`floom` and `floom --help` print the index without importing typer, rich, httpx or a command
-module (~0.3 s of start-up on a 2-core machine); `floom run` goes through the stdlib-only quick
+`floom` and `floom --help` print the index, and `floom --version` the version, without
+importing typer, rich, httpx or a command module (~0.3 s of start-up on a 2-core machine);
+`floom run` goes through the stdlib-only quick
 path (quick.py) when it can, and `floom serve` with its own options starts the server without
 typer (serving.py); any other invocation loads typer and only the module of the command it
 names. tests/test_cli_index.py checks this index against the
@@ -17,6 +18,7 @@ from typing import NamedTuple
 USAGE = "Usage: floom [OPTIONS] COMMAND [ARGS]..."
 DESCRIPTION = "Deploy, run and inspect background AI workers on a floom server."
 HELP_FLAGS = ("--help", "-h")
+VERSION_FLAGS = ("--version",)
 
 
 class Entry(NamedTuple):
@@ -171,8 +173,9 @@ COMMANDS: dict[str, Entry] = {
 def help_text() -> str:
     """`floom --help`: usage, description, options and the command index."""
     width = max(len(name) for name in COMMANDS) + 2
-    lines = [USAGE, "", f"  {DESCRIPTION}", "", "Options:", "  --help".ljust(width + 2)]
-    lines[-1] += "Show this message and exit."
+    lines = [USAGE, "", f"  {DESCRIPTION}", "", "Options:"]
+    lines.append("  --version".ljust(width + 2) + "Show floom's version and exit.")
+    lines.append("  --help".ljust(width + 2) + "Show this message and exit.")
     lines += ["", "Commands:"]
     lines += [f"  {name.ljust(width)}{entry.summary}" for name, entry in COMMANDS.items()]
     lines += ["", "Run `floom COMMAND --help` for a command's options."]
@@ -180,10 +183,16 @@ def help_text() -> str:
 
 
 def main() -> None:
-    """Entry point: the index for `floom` and `floom --help`, else the typer app."""
+    """Entry point: the index for `floom` and `floom --help`, the version for `floom
+    --version`, else the typer app."""
     args = sys.argv[1:]
     if not args or (len(args) == 1 and args[0] in HELP_FLAGS):
         sys.stdout.write(help_text())
+        return
+    if len(args) == 1 and args[0] in VERSION_FLAGS:
+        from floom import __version__  # the package itself: already imported, no cost
+
+        sys.stdout.write(f"floom {__version__}\n")
         return
     if args[0] == "run":
         # Imported here: the stdlib-only `floom run` path, which returns when typer should
