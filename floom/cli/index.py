@@ -34,6 +34,11 @@ COMMANDS: dict[str, Entry] = {
     "serve": Entry(
         "serve", "register", "Run the floom server: API, scheduler and executor in one process."
     ),
+    "init": Entry(
+        "commands.scaffold",
+        "register",
+        "Create a worker folder (worker.yml, run.py or SKILL.md, README.md) that deploys as is.",
+    ),
     "validate": Entry(
         "commands.workers", "register", "Check a worker folder locally (no server needed)."
     ),
