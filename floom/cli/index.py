@@ -1,7 +1,7 @@
 """The floom command's index: every command's name, the module that defines it and its one-line
 help, in `floom --help` order; and the entry point.
 
-`floom` and `floom --help` print the index, and `floom --version` the version, without
+`floom` and `floom --help` print the index, and `--version` the version, without
 importing typer, rich, httpx or a command module (~0.3 s of start-up on a 2-core machine);
 `floom run` goes through the stdlib-only quick
 path (quick.py) when it can, and `floom serve` with its own options starts the server without
@@ -188,8 +188,8 @@ def help_text() -> str:
 
 
 def main() -> None:
-    """Entry point: the index for `floom` and `floom --help`, the version for `floom
-    --version`, else the typer app."""
+    """Entry point: the index for `floom` and `floom --help`, the version for --version,
+    else the typer app."""
     args = sys.argv[1:]
     if not args or (len(args) == 1 and args[0] in HELP_FLAGS):
         sys.stdout.write(help_text())

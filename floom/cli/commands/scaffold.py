@@ -1,4 +1,4 @@
-"""`floom init`: a new worker folder that validates, deploys and runs as it is written."""
+"""The init command: a new worker folder that validates, deploys and runs as it is written."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from floom.cli.output import fail, out
 
 
 def register(app: typer.Typer) -> None:
-    """Add `floom init` to the floom command."""
+    """Add the init command to the floom command."""
     app.command()(init)
 
 
@@ -84,7 +84,7 @@ def script_files(name: str) -> dict[str, str]:
     """A Python script worker: one input, one output, an artifact."""
     manifest = f"""\
 # A floom worker: this file and its entry file (run.py, found by its name). Every field is
-# described in floom's README, "worker.yml reference"; `floom validate .` checks this file.
+# described in floom's README, "worker.yml reference"; floom validate FOLDER checks it.
 name: {name}                 # the worker's name: lowercase letters, digits and dashes
 title: {_title(name)}
 description: Greets someone by name.
@@ -109,7 +109,7 @@ limits:
   timeout_seconds: 60
   memory_mb: 256
 
-# More when you need it (see the README): secrets: [NAME] (set with `floom secrets set`),
+# More when you need it (see the README): secrets: [NAME] (set with floom secrets set NAME),
 # network: full (no network by default), retries: 2, triggers: (schedules, webhooks),
 # approvals: {{required: true}} (a person approves the outputs first).
 """
@@ -155,7 +155,7 @@ def agent_files(name: str) -> dict[str, str]:
     manifest = f"""\
 # A floom agent worker: this file and SKILL.md, the brief the model follows with the tools
 # below. Every field is described in floom's README, "worker.yml reference" and "Agent
-# workers"; `floom validate .` checks this file. The server needs FLOOM_ANTHROPIC_API_KEY.
+# workers"; floom validate FOLDER checks it. The server needs FLOOM_ANTHROPIC_API_KEY.
 name: {name}                 # the worker's name: lowercase letters, digits and dashes
 title: {_title(name)}
 description: Writes a short note about a topic.
