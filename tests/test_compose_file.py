@@ -195,7 +195,9 @@ def documented_commands(text: str) -> list[tuple[str, dict[str, str]]]:
 def readme_compose_commands() -> list[tuple[str, dict[str, str]]]:
     readme = (REPO / "README.md").read_text()
     blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)
-    return [c for block in blocks if "docker compose up" in block for c in documented_commands(block)]
+    return [
+        c for block in blocks if "docker compose up" in block for c in documented_commands(block)
+    ]
 
 
 def header_compose_commands() -> list[tuple[str, dict[str, str]]]:
@@ -223,9 +225,7 @@ def test_every_documented_compose_command_loads_as_compose_v2_loads_it() -> None
         started = floom_services(config, profiles=profiles_of(env))
         executors = {name for name in started if name != "api"}
         assert "api" in started, line
-        assert executors == {
-            f"executor-{p}-{i}" for p in profiles_of(env) for i in (1, 2)
-        }, line
+        assert executors == {f"executor-{p}-{i}" for p in profiles_of(env) for i in (1, 2)}, line
         for name in executors:
             given = service_env(config["services"][name])
             assert given.get("E2B_API_KEY", "") == env.get("E2B_API_KEY", ""), (line, name)

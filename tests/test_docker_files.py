@@ -87,9 +87,7 @@ def copied_sources() -> list[str]:
     return sources
 
 
-def test_dockerignore_lets_through_what_the_dockerfile_copies_and_leaves_out_local_state() -> (
-    None
-):
+def test_dockerignore_lets_through_what_the_dockerfile_copies_and_leaves_out_local_state() -> None:
     rules = dockerignore_rules((REPO / ".dockerignore").read_text())
     sources = copied_sources()
     assert {"pyproject.toml", "README.md", "floom", "web", "workers"} <= set(sources)
