@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -60,20 +61,26 @@ def _write_whole(folder: Path, files: dict[str, str]) -> None:
     """Write every file into a fresh folder next to `folder`, then rename it into place: an
     interrupted init leaves no half-written worker, and a folder that filled up meanwhile is
     not overwritten (rename refuses a non-empty target)."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging: Path | None = None
     try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
         for rel, text in files.items():
             (staging / rel).write_text(text, encoding="utf-8")
         staging.chmod(0o755)
-        try:
-            os.rename(staging, folder)
-        except OSError:
+        os.rename(staging, folder)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
             fail(
                 f"{folder.name}/ already exists and is not empty; nothing was written",
                 "choose another name, or remove the folder",
             )
+        fail(
+            f"could not write {folder.name}/: {exc.strerror or exc}; nothing was written",
+            "run it in a folder you can write to",
+        )
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _title(name: str) -> str:
