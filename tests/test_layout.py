@@ -57,6 +57,8 @@ DELIBERATE_LOCAL_IMPORTS = {
     ("floom/cli/quick.py", "floom.cli.command"),
     ("floom/cli/quick.py", "floom.cli.common"),
     ("floom/cli/quick.py", "floom.cli.commands.runs"),
+    # `floom init` alone checks a name against the manifest schema (~27 ms of CLI start-up).
+    ("floom/cli/scaffold.py", "floom.manifest.schema"),
     # rich (about 50 ms) only when `floom run --wait` shows log lines; --json prints without it.
     ("floom/cli/quick.py", "floom.cli.console"),
 }

@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from typing import NamedTuple
 
+from floom import __version__
+
 USAGE = "Usage: floom [OPTIONS] COMMAND [ARGS]..."
 DESCRIPTION = "Deploy, run and inspect background AI workers on a floom server."
 HELP_FLAGS = ("--help", "-h")
@@ -35,7 +37,7 @@ COMMANDS: dict[str, Entry] = {
         "serve", "register", "Run the floom server: API, scheduler and executor in one process."
     ),
     "init": Entry(
-        "commands.scaffold",
+        "scaffold",
         "register",
         "Create a worker folder (worker.yml, run.py or SKILL.md, README.md) that deploys as is.",
     ),
@@ -195,8 +197,6 @@ def main() -> None:
         sys.stdout.write(help_text())
         return
     if len(args) == 1 and args[0] in VERSION_FLAGS:
-        from floom import __version__  # the package itself: already imported, no cost
-
         sys.stdout.write(f"floom {__version__}\n")
         return
     if args[0] == "run":
