@@ -213,7 +213,10 @@ class LiveServer:
 def start_server(ctx: Context) -> tuple[uvicorn.Server, threading.Thread, str]:
     port = free_port()
     app = create_app(ctx=ctx)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    # As `floom serve` runs it: floom reads forwarding headers itself (api/forwarded.py).
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", proxy_headers=False
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

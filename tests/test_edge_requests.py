@@ -4,24 +4,16 @@ send without a valid key is limited per client address (429 rate_limited, Retry-
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from floom.api.address_limit import AddressLimiter, client_key
-from floom.api.app import create_app
 from floom.config import Settings
-from floom.services.access import keys
-from floom.services.access.principal import SYSTEM
-from floom.services.context import Context
-from tests.conftest import LiveServer, fast_settings, free_port
+from tests.conftest import LiveServer, live_server
 from tests.web_support import csrf_of
 
 
@@ -30,37 +22,13 @@ def database_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'floom.db'}"  # the edge does not depend on the store
 
 
-@contextmanager
-def edge_server(tmp_path: Path, database_url: str, **overrides: Any) -> Iterator[LiveServer]:
-    """A live server as `floom serve` runs it: uvicorn reads no forwarding header itself."""
-    ctx = Context.open(fast_settings(tmp_path / "data", database_url, **overrides))
-    _, admin = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="test admin")
-    port = free_port()
-    config = uvicorn.Config(
-        create_app(ctx=ctx), host="127.0.0.1", port=port, log_level="warning", proxy_headers=False
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield LiveServer(ctx=ctx, base_url=f"http://127.0.0.1:{port}", admin_key=admin)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        ctx.engine.dispose()
-
-
 @pytest.fixture
 def make_server(tmp_path: Path, database_url: str) -> Iterator[Callable[..., LiveServer]]:
-    from contextlib import ExitStack
-
+    """Live servers as `floom serve` runs them (uvicorn reads no forwarding header itself),
+    each with its settings overrides."""
     with ExitStack() as stack:
         yield lambda **overrides: stack.enter_context(
-            edge_server(tmp_path, database_url, **overrides)
+            live_server(tmp_path / "data", database_url, **overrides)
         )
 
 

@@ -26,6 +26,7 @@ from floom.errors import FloomError, Unauthorized
 from floom.mcp.backends.local import CatalogSource, LocalBackend
 from floom.mcp.server import FloomMCPServer
 from floom.services.access.principal import Principal
+from floom.services.runs import waits as run_waits
 from floom.store.models import ApiKey
 
 log = logging.getLogger("floom.mcp")
@@ -149,7 +150,7 @@ class _Guard:
         # against the key's open streams, as a log stream does.
         ctx = self.endpoint.app.state.ctx
         try:
-            held = ctx.run_ends.hold(key.id, kind="stream", limit=ctx.settings.max_streams_per_key)
+            held = run_waits.hold_stream(ctx, holder=key.id)
         except FloomError as exc:
             await floom_error_response(exc, surface="mcp")(scope, receive, send)
             return

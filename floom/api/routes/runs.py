@@ -262,9 +262,7 @@ def log_event_stream(
     surface = caller.surface
     # Counted before the first byte, so that a key over its cap is refused with a 429
     # instead of a stream; given back when the stream ends, however it ends.
-    held = ctx.run_ends.hold(
-        caller.key_id or caller.name, kind="stream", limit=ctx.settings.max_streams_per_key
-    )
+    held = run_waits.hold_stream(ctx, holder=caller.key_id or caller.name)
     read_events = functools.partial(logs.list_events, ctx, run_id=run_id, caller=caller)
     read_run = functools.partial(runs.get_run, ctx, run_id=run_id, caller=caller)
 

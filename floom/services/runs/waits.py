@@ -212,6 +212,13 @@ class RunEnds:
             return self._held.get((kind, holder), 0)
 
 
+def hold_stream(ctx: Context, *, holder: str) -> Hold:
+    """One open stream (a log stream, an MCP session's event stream) of `holder`, an API key
+    id or the name floom acts for, on this node until the Hold is released; TooManyStreams
+    (429, with Retry-After) once it holds FLOOM_MAX_STREAMS_PER_KEY."""
+    return ctx.run_ends.hold(holder, kind="stream", limit=ctx.settings.max_streams_per_key)
+
+
 class Hold:
     """One counted wait or stream; released once, by `release` or by leaving its block
     (a stream releases from whichever of its ends comes first)."""
