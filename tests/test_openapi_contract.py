@@ -70,11 +70,14 @@ class Contract:
 
 @pytest.fixture(scope="module")
 def contract(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contract]:
-    """One live server on SQLite for the module, without a request rate limit (the fuzzer
-    sends far more than a client would), seeded with one of each entity."""
+    """One live server on SQLite for the module, without request rate limits, keyed or
+    anonymous (the fuzzer sends far more than a client would, some of it without a key),
+    seeded with one of each entity."""
     tmp = tmp_path_factory.mktemp("contract")
     database = f"sqlite:///{tmp / 'floom.db'}"
-    with live_server(tmp / "data", database, rate_limit_per_minute=0) as server:
+    with live_server(
+        tmp / "data", database, rate_limit_per_minute=0, anonymous_rate_limit_per_minute=0
+    ) as server:
         with server.client() as api:
             seeds = seed_contract(server, api, tmp)
         with ManagedCookiesSession() as session:

@@ -62,7 +62,9 @@ class Target:
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     tmp = tmp_path_factory.mktemp("fuzz")
     database = f"sqlite:///{tmp / 'floom.db'}"
-    with live_server(tmp / "data", database, rate_limit_per_minute=0) as server:
+    with live_server(
+        tmp / "data", database, rate_limit_per_minute=0, anonymous_rate_limit_per_minute=0
+    ) as server:
         with server.client() as api:
             seeds = seed_contract(server, api, tmp)
             made = {
