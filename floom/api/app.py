@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import text
 
 from floom import __version__
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from floom.engine.queue import Outcome
 
 log = logging.getLogger("floom")
+#: Where /docs and /redoc load their assets from.
+DOCS_ASSETS = "/docs/assets"
 
 
 def preflight(settings: Settings) -> Context:
@@ -156,11 +159,16 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             if ctx is None:
                 context.engine.dispose()
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc load their scripts and styles from the installed
+    # fastapi-offline package, not a CDN, so the API reference works on a machine offline;
+    # nor does Swagger UI send the document to its online validator for a badge.
+    app = FastAPIOffline(
         title="floom",
         version=__version__,
         description="Self-hosted runtime for background AI workers.",
         lifespan=lifespan,
+        static_url=DOCS_ASSETS,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
