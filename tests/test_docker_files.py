@@ -140,17 +140,18 @@ def test_env_example_lists_every_variable_the_compose_file_reads_each_explained(
 
 
 def test_env_example_as_a_dot_env_refuses_until_filled_then_loads_each_profile() -> None:
-    dotenv = env_example()
+    """`cp .env.example .env`, then `docker compose up` with nothing exported: Compose reads
+    the .env beside the file (COMPOSE_PROFILES too)."""
+    dotenv = (REPO / ".env.example").read_text()
     with pytest.raises(MissingVariable, match="FLOOM_SECRET_KEY|FLOOM_BOOTSTRAP_API_KEY"):
-        compose_config(dotenv)
-    filled = {
-        **dotenv,
-        "FLOOM_SECRET_KEY": "a1" * 32,
-        "FLOOM_BOOTSTRAP_API_KEY": "flm_" + "b2" * 24,
-    }
+        compose_config({}, dotenv=dotenv)
+    filled = dotenv.replace("FLOOM_SECRET_KEY=\n", f"FLOOM_SECRET_KEY={'a1' * 32}\n").replace(
+        "FLOOM_BOOTSTRAP_API_KEY=\n", f"FLOOM_BOOTSTRAP_API_KEY=flm_{'b2' * 24}\n"
+    )
     for profile in ("", "bwrap", "e2b"):
-        config = compose_config({**filled, "COMPOSE_PROFILES": profile})
-        started = floom_services(config, profiles={profile} - {""})
+        chosen = filled.replace("COMPOSE_PROFILES=\n", f"COMPOSE_PROFILES={profile}\n")
+        config = compose_config({}, dotenv=chosen)
+        started = floom_services(config)
         assert len(started) == (1 if not profile else 3), profile
         api = service_env(config["services"]["api"])
         assert api["FLOOM_PUBLIC_URL"] == "http://localhost:8321"
