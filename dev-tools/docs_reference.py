@@ -155,9 +155,7 @@ def manifest_page() -> str:
         if "$ref" in prop:
             kind = prop["$ref"].rsplit("/", 1)[-1]
         note = " (required)" if key in required else ""
-        lines.append(
-            f"| `{key}`{note} | {_cell(kind)} | {_cell(prop.get('description', ''))} |"
-        )
+        lines.append(f"| `{key}`{note} | {_cell(kind)} | {_cell(prop.get('description', ''))} |")
     lines += [
         "",
         "## The whole schema\n",
@@ -263,7 +261,7 @@ def mcp_page() -> str:
         "the scope column is the least it needs. Arguments marked *stdio only* name a path "
         "on the agent's machine, which only `floom mcp` can read. A worker whose worker.yml "
         "says `expose: [mcp]` is also a tool of its own (scope `run`), not listed here. "
-        "How to connect a client: [MCP](../mcp.md).\n",
+        "How to connect a client: [Connect a coding agent over MCP](../how-to/mcp-clients.md).\n",
         "| tool | scope | what it does |",
         "|---|---|---|",
     ]
@@ -313,7 +311,9 @@ def _option_row(param: Any) -> str:
 def _command_section(title: str, command: Any, level: int) -> list[str]:
     # typer builds on its own copy of click: its classes are reached through the command.
     ctx = command.context_class(command, info_name=title)
-    usage = re.sub(r"\{(\w+)\}", lambda m: m.group(1).upper(), " ".join(command.collect_usage_pieces(ctx)))
+    usage = re.sub(
+        r"\{(\w+)\}", lambda m: m.group(1).upper(), " ".join(command.collect_usage_pieces(ctx))
+    )
     lines = [f"{'#' * level} {title}\n", f"```\n{title} {usage}\n```\n"]
     help_text = inspect.cleandoc(command.help or "")
     if help_text:

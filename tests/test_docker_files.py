@@ -1,7 +1,7 @@
 """The files around the image and the compose file: .dockerignore keeps local state (a
 virtualenv, git, caches, test and bench output, secrets) out of the build context but lets
 through everything the Dockerfile copies; .env.example lists every variable
-docker-compose.yml reads, with no value a secret, and as a .env it loads as the README says."""
+docker-compose.yml reads, with no value a secret, and as a .env it loads as the docs say."""
 
 from __future__ import annotations
 
@@ -158,9 +158,9 @@ def test_env_example_as_a_dot_env_refuses_until_filled_then_loads_each_profile()
         assert "floom:floom@postgres:5432/floom" in api["FLOOM_DATABASE_URL"]
 
 
-def test_the_readme_says_compose_v2_is_required_and_points_at_env_example() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("`docker-compose.yml` at the top of the repository") :]
+def test_the_docs_say_compose_v2_is_required_and_point_at_env_example() -> None:
+    page = (REPO / "docs" / "how-to" / "cluster.md").read_text()
+    section = page[page.index("`docker-compose.yml` at the top of the repository") :]
     section = section[: section.index("\n## ")]
     assert "Docker Compose v2" in section
     assert ".env.example" in section

@@ -1,0 +1,91 @@
+"""The docs site (docs/, mkdocs.yml): it builds in strict mode, so a broken link or anchor
+fails the suite; its generated reference pages match the code they come from; and the README
+stays a front page that points into it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from floom.config import Settings
+from tests.conftest import REPO
+
+DOCS = REPO / "docs"
+
+
+def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "reference" / "error-codes" / "index.html").is_file()
+    # The home page takes the README's quick start as it is (a snippet, not a copy).
+    home = (tmp_path / "index.html").read_text()
+    assert "./dev serve" in home and "./dev test" in home
+
+
+def test_the_generated_reference_pages_match_the_code() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "dev-tools" / "docs_reference.py"), "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
+    site = tmp_path / "project"
+    (site / "docs").mkdir(parents=True)
+    (site / "mkdocs.yml").write_text(
+        (REPO / "mkdocs.yml").read_text().split("\nnav:")[0].replace("!relative $config_dir", ".")
+    )
+    (site / "docs" / "index.md").write_text("# x\n\n[gone](gone.md) and [here](#nowhere)\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "out")],
+        cwd=site,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert "gone.md" in done.stderr and "nowhere" in done.stderr
+
+
+def test_every_setting_is_explained_in_the_configuration_page() -> None:
+    text = (DOCS / "reference" / "configuration.md").read_text()
+    missing = [
+        f"FLOOM_{name.upper()}"
+        for name in Settings.model_fields
+        if f"`FLOOM_{name.upper()}`" not in text
+    ]
+    assert missing == []
+
+
+def test_the_readme_is_a_front_page_with_the_quick_start_and_links_that_resolve() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) < 200
+    assert "./dev serve        # installs floom" in readme
+    assert "./dev test         # installs the test tools" in readme
+    links = re.findall(r"\]\((docs/[^)#]+)", readme)
+    assert len(links) >= 20
+    assert [link for link in links if not (REPO / link).is_file()] == []
+    # Every docs page is reachable from the README's table or the site's navigation.
+    nav = (REPO / "mkdocs.yml").read_text()
+    pages = [p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")]
+    assert [p for p in pages if p not in nav] == []
+
+
+def test_the_mcp_page_states_the_node_22_requirement_before_the_transports() -> None:
+    page = (DOCS / "how-to" / "mcp-clients.md").read_text()
+    assert page.index("Node 22 or newer") < page.index("The two transports")
