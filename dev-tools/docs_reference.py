@@ -266,7 +266,7 @@ def mcp_page() -> str:
         "|---|---|---|",
     ]
     for tool in sorted(tools, key=lambda t: t.name):
-        first = re.split(r"(?<=\.)\s", " ".join((tool.description or "").split()), 1)[0]
+        first = re.split(r"(?<=\.)\s", " ".join((tool.description or "").split()), maxsplit=1)[0]
         lines.append(f"| [`{tool.name}`](#{tool.name}) | {scope_of(tool.name)} | {_cell(first)} |")
     lines.append("")
     for tool in sorted(tools, key=lambda t: t.name):

@@ -108,8 +108,8 @@ def check_sandbox(settings: Settings) -> Check:
             f"sandbox {settings.sandbox}",
             WARN,
             f"not enforced: {', '.join(off)} ({detail})",
-            "see README 'Security model': cgroup controllers memory, pids and cpu, seccomp "
-            "(libseccomp), and passt or slirp4netns for user-mode networking",
+            "see docs/explanation/security-model.md: cgroup controllers memory, pids and cpu, "
+            "seccomp (libseccomp), and passt or slirp4netns for user-mode networking",
         )
     return Check(f"sandbox {settings.sandbox}", OK, detail)
 
