@@ -137,6 +137,40 @@ PACKAGES = {
     "tests/e2e/nodes": "Nodes as processes: clusters, restarts, shutdown, compose, operations.",
 }
 
+# tests/unit/conftest.py: the folder's promise, checked when its tests are collected.
+UNIT_CONFTEST = '''"""Unit tests need no server, database or sandbox: a test here that asks for a
+fixture that starts one fails at collection, naming it (move it to integration/ or e2e/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+# The shared fixtures that open a database, start a server or need one.
+HEAVY = {
+    "api",
+    "ctx",
+    "database_url",
+    "empty_database_url",
+    "pg_available",
+    "pg_databases",
+    "pg_template",
+    "server",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        heavy = sorted(HEAVY & set(getattr(item, "fixturenames", ())))
+        if heavy and item.path.is_relative_to(HERE):
+            raise pytest.UsageError(
+                f"{item.nodeid} is a unit test but uses {', '.join(heavy)}: "
+                "move it to tests/integration/ or tests/e2e/"
+            )
+'''
+
 HARNESS = "tests/support/harness.py"
 # conftest.py's top-level names that are helpers rather than fixtures.
 HARNESS_NAMES = (
@@ -263,6 +297,10 @@ def run() -> int:
     fix_depths(moved)
     split_harness()
     touched = rewrite_conftest_imports()
+    unit = Path("tests/unit/conftest.py")
+    if not unit.exists():
+        unit.write_text(UNIT_CONFTEST)
+        touched.append(str(unit))
     for file, old, new in PATCHES:
         path = Path(file)
         if path.is_file() and old in (text := path.read_text()):
