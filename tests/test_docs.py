@@ -4,11 +4,13 @@ stays a front page that points into it."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from floom.config import Settings
 from tests.conftest import REPO
@@ -89,3 +91,42 @@ def test_the_readme_is_a_front_page_with_the_quick_start_and_links_that_resolve(
 def test_the_mcp_page_states_the_node_22_requirement_before_the_transports() -> None:
     page = (DOCS / "how-to" / "mcp-clients.md").read_text()
     assert page.index("Node 22 or newer") < page.index("The two transports")
+
+
+def _readme_to_docs() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "readme_to_docs", REPO / "dev-tools" / "readme_to_docs.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_readme_section_moves_into_a_page_with_its_headings_links_and_nav_entry() -> None:
+    tool = _readme_to_docs()
+    readme = [
+        "# floom",
+        "## Alerts",
+        "See [Triggers](docs/how-to/triggers.md#schedules).",
+        "### Channels",
+        "```yaml",
+        "### not a heading",
+        "```",
+        "## Documentation",
+    ]
+    start, end = tool.section_bounds(readme, "Alerts")
+    assert (start, end) == (1, 7)
+    body = tool.shifted(tool.relinked(readme[start + 1 : end], "how-to/alerts.md"), 1)
+    assert body == [
+        "See [Triggers](triggers.md#schedules).",
+        "## Channels",
+        "```yaml",
+        "### not a heading",
+        "```",
+    ]
+    config = (REPO / "mkdocs.yml").read_text()
+    added = tool.add_to_nav(config, "How-to guides", "Alerts", "how-to/alerts.md")
+    group = added[added.index("  - How-to guides:") : added.index("  - Reference:")]
+    assert group.rstrip().endswith("- Alerts: how-to/alerts.md")
+    assert tool.add_to_nav(added, "How-to guides", "Alerts", "how-to/alerts.md") == added
