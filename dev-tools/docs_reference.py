@@ -12,7 +12,7 @@ cannot drift from it:
     /work/main/.venv/bin/python dev-tools/docs_reference.py          # write the pages
     /work/main/.venv/bin/python dev-tools/docs_reference.py --check  # exit 1 if one is stale
 
-tests/test_docs.py runs the check, so a change to any of these sources fails the suite until
+tests/unit/test_docs.py runs the check, so a change to any of these sources fails the suite until
 the pages are written again. Deterministic: the same code gives the same bytes.
 """
 

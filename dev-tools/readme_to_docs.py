@@ -10,7 +10,7 @@ under it one level up (code blocks untouched) and its links into docs/ made rela
 page, removes it from the README, and adds the page
 to mkdocs.yml's nav under the named group (Tutorials, How-to guides, Reference or
 Explanation). A page that exists already gets the section appended as a `##` section and
-keeps its nav entry. Then run tests/test_docs.py: the strict build names any link to fix.
+keeps its nav entry. Then run tests/unit/test_docs.py: the strict build names any link to fix.
 Standard library only.
 """
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 from floom.config import Settings
-from tests.conftest import REPO
+from tests.support.harness import REPO
 
 DOCS = REPO / "docs"
 

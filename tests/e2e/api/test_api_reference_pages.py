@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, live_server
+from tests.support.harness import LiveServer, live_server
 
 _KINDS = {".js": "javascript", ".css": "text/css", ".png": "image/png"}
 
