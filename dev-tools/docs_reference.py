@@ -48,14 +48,24 @@ def _header(title: str, source: str) -> str:
     )
 
 
+def _prose(text: str) -> str:
+    """Text from the code (docstrings, descriptions) read as Markdown: outside its `code`
+    spans, `*` is a star and `<` `>` are angle brackets, not emphasis or HTML."""
+    parts = re.split(r"(`[^`]*`)", text)
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("*", "\\*").replace("<", "&lt;").replace(">", "&gt;")
+    return "".join(parts)
+
+
 def _cell(text: Any) -> str:
     """Text that stays inside one Markdown table cell."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    return _prose(" ".join(str(text).split())).replace("|", "\\|")
 
 
 def _code(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
-    return f"`{_cell(text)}`" if text != "" else ""
+    flat = " ".join(text.split()).replace("|", "\\|")
+    return f"`{flat}`" if text != "" else ""
 
 
 # Error codes
@@ -212,7 +222,7 @@ def rest_page() -> str:
             lines.append(f"### `{method} {path}`\n")
             summary = operation.get("description") or operation.get("summary", "")
             if summary:
-                lines.append(inspect.cleandoc(summary) + "\n")
+                lines.append(_prose(inspect.cleandoc(summary)) + "\n")
             params = operation.get("parameters", [])
             if params:
                 lines += ["| parameter | in | type | |", "|---|---|---|---|"]
@@ -271,7 +281,7 @@ def mcp_page() -> str:
     lines.append("")
     for tool in sorted(tools, key=lambda t: t.name):
         lines.append(f"## {tool.name}\n")
-        lines.append((tool.description or "").strip() + "\n")
+        lines.append(_prose((tool.description or "").strip()) + "\n")
         schema = tool.input_schema if hasattr(tool, "input_schema") else tool.inputSchema
         properties = schema.get("properties", {})
         if properties:
@@ -317,7 +327,7 @@ def _command_section(title: str, command: Any, level: int) -> list[str]:
     lines = [f"{'#' * level} {title}\n", f"```\n{title} {usage}\n```\n"]
     help_text = inspect.cleandoc(command.help or "")
     if help_text:
-        lines.append(help_text.replace("\b\n", "") + "\n")
+        lines.append(_prose(help_text.replace("\b\n", "")) + "\n")
     params = [p for p in command.params if p.name != "help" and not getattr(p, "hidden", False)]
     if params:
         lines += ["| argument or option | |", "|---|---|"]
