@@ -2,7 +2,7 @@
 """Writes the reference pages of the docs site that floom's code holds as data, so they
 cannot drift from it:
 
-    docs/reference/error-codes.md      floom.errors.catalogue()
+    docs/reference/error-codes.md      floom.errors.catalogue() (and run_error_catalogue())
     docs/reference/settings.md         the fields of floom.config.Settings
     docs/reference/manifest-schema.md  the JSON Schema of worker.yml
     docs/reference/rest-operations.md  the OpenAPI document the server serves
@@ -93,6 +93,22 @@ def error_codes_page() -> str:
     ]
     for entry in errors.catalogue():
         lines.append(f"| `{entry['code']}` | {entry['status']} | {_cell(entry['meaning'])} |")
+    # A run's own `error.code` set (floom.errors.run_error_catalogue), where this floom has it.
+    run_codes = getattr(errors, "run_error_catalogue", None)
+    if run_codes is not None:
+        lines += [
+            "",
+            "## Run error codes\n",
+            "A run that did not succeed says why in `error.code` (a queued run's says how its "
+            "previous attempt ended). The codes form one closed set "
+            "(`floom.errors.RunErrorCode`; the OpenAPI document carries it as "
+            "`x-run-error-codes`):\n",
+            "<!-- run-error-codes: generated from floom.errors.run_error_catalogue() -->",
+            "| code | meaning |",
+            "|---|---|",
+            *(f"| `{e['code']}` | {_cell(e['meaning'])} |" for e in run_codes()),
+            "<!-- /run-error-codes -->",
+        ]
     return "\n".join(lines) + "\n"
 
 

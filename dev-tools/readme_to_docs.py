@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
-"""Moves one `## Section` of README.md into a page of the docs site, for sections written
-into the README after the reference moved to docs/ (a branch merged later, say).
+"""Moves one section of README.md (a `##`, `###` or `####` heading and what follows it) into
+a page of the docs site, for sections written into the README after the reference moved to
+docs/ (a branch merged later, say).
 
     python dev-tools/readme_to_docs.py "Alerts" how-to/alerts.md "How-to guides"
 
-takes the README's `## Alerts` section (its heading down to the next `##` heading), writes it
+takes the README's `## Alerts` section (its heading down to the next heading of its level or
+above), writes it
 as docs/how-to/alerts.md with the section's title as the page's `#` title, every heading
 under it one level up (code blocks untouched) and its links into docs/ made relative to the
 page, removes it from the README, and adds the page
 to mkdocs.yml's nav under the named group (Tutorials, How-to guides, Reference or
 Explanation). A page that exists already gets the section appended as a `##` section and
-keeps its nav entry. Then run tests/unit/test_docs.py: the strict build names any link to fix.
+keeps its nav entry. With `--from FILE` the section is read from that file and README.md is
+left alone: after a merge that conflicts in the README (a branch that still added to the old
+long README),
+
+    git show h/branch:README.md > /tmp/theirs.md && git checkout --ours README.md
+    python dev-tools/readme_to_docs.py "Worker state" how-to/worker-state.md \
+        "How-to guides" --from /tmp/theirs.md
+
+Then run tests/unit/test_docs.py: the strict build names any link to fix.
 Standard library only.
 """
 
@@ -26,21 +36,25 @@ REPO = Path(__file__).resolve().parent.parent
 GROUPS = ("Tutorials", "How-to guides", "Reference", "Explanation")
 
 
-def section_bounds(lines: list[str], title: str) -> tuple[int, int]:
-    """The README lines of `## title`: its heading's index and the index after its end."""
+def section_bounds(lines: list[str], title: str) -> tuple[int, int, int]:
+    """The README lines of the section headed `title` (`##`, `###` or `####`): its heading's
+    index, the index after its end (the next heading of its level or above) and its level."""
     fence = False
-    start = None
+    start, level = None, 0
     for i, line in enumerate(lines):
         if line.startswith("```"):
             fence = not fence
-        elif not fence and line.startswith("## "):
-            if start is not None:
-                return start, i
-            if line[3:].strip() == title:
-                start = i
+            continue
+        match = None if fence else re.match(r"^(#{2,4}) (.*)$", line)
+        if match is None:
+            continue
+        if start is not None and len(match.group(1)) <= level:
+            return start, i, level
+        if start is None and match.group(2).strip() == title:
+            start, level = i, len(match.group(1))
     if start is None:
-        raise SystemExit(f"README.md has no section '## {title}'")
-    return start, len(lines)
+        raise SystemExit(f"README.md has no section headed '{title}'")
+    return start, len(lines), level
 
 
 def shifted(lines: list[str], by: int) -> list[str]:
@@ -80,25 +94,34 @@ def add_to_nav(config: str, group: str, title: str, page: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("section", help="the README's `## ` heading, as written")
+    parser.add_argument("section", help="the README's heading, as written, without the #s")
     parser.add_argument("page", help="the page under docs/, e.g. how-to/alerts.md")
     parser.add_argument("group", choices=GROUPS, help="the nav group of a new page")
+    parser.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        help="read the section from this file (another branch's README, say) and leave "
+        "README.md as it is",
+    )
     args = parser.parse_args(argv)
-    readme = REPO / "README.md"
+    readme = args.source or REPO / "README.md"
     lines = readme.read_text().split("\n")
-    start, end = section_bounds(lines, args.section)
+    start, end, level = section_bounds(lines, args.section)
     body = relinked(lines[start + 1 : end], args.page)
     page = REPO / "docs" / args.page
     if page.exists():
-        text = page.read_text().rstrip() + "\n\n" + "\n".join([f"## {args.section}", *body])
+        added = [f"## {args.section}", *shifted(body, level - 2)]
+        text = page.read_text().rstrip() + "\n\n" + "\n".join(added)
     else:
-        text = "\n".join([f"# {args.section}", *shifted(body, 1)])
+        text = "\n".join([f"# {args.section}", *shifted(body, level - 1)])
         page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text(re.sub(r"\n{3,}", "\n\n", text).rstrip() + "\n")
-    readme.write_text("\n".join(lines[:start] + lines[end:]))
+    if args.source is None:
+        readme.write_text("\n".join(lines[:start] + lines[end:]))
     config = REPO / "mkdocs.yml"
     config.write_text(add_to_nav(config.read_text(), args.group, args.section, args.page))
-    print(f"moved '## {args.section}' ({end - start} lines) to docs/{args.page}")
+    print(f"moved '{lines[start]}' ({end - start} lines) to docs/{args.page}")
     return 0
 
 

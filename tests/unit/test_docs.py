@@ -115,9 +115,10 @@ def test_a_readme_section_moves_into_a_page_with_its_headings_links_and_nav_entr
         "```",
         "## Documentation",
     ]
-    start, end = tool.section_bounds(readme, "Alerts")
-    assert (start, end) == (1, 7)
-    body = tool.shifted(tool.relinked(readme[start + 1 : end], "how-to/alerts.md"), 1)
+    start, end, level = tool.section_bounds(readme, "Alerts")
+    assert (start, end, level) == (1, 7, 2)
+    assert tool.section_bounds(readme, "Channels") == (3, 7, 3)
+    body = tool.shifted(tool.relinked(readme[start + 1 : end], "how-to/alerts.md"), level - 1)
     assert body == [
         "See [Triggers](triggers.md#schedules).",
         "## Channels",
