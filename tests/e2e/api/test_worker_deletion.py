@@ -18,7 +18,6 @@ import pytest
 from sqlmodel import col, select
 from standardwebhooks.webhooks import Webhook
 
-from floom.bundle import read_folder
 from floom.errors import Conflict, NotFound
 from floom.services.access import audit, keys
 from floom.services.access.principal import SYSTEM, Principal
@@ -45,6 +44,7 @@ from tests.support.harness import (
     REPO,
     LiveServer,
     deploy_folder,
+    deploy_in_store,
     fast_settings,
     make_worker,
     wait_for_run,
@@ -74,11 +74,7 @@ HOOK_SECRET = "hook-secret-for-deletion-tests"
 
 
 def deploy(ctx: Context, folder: Path, manifest: str, script: str = PLAIN) -> str:
-    make_worker(folder, manifest, {"run.py": script})
-    result = workers.deploy(
-        ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive()
-    )
-    return result.version.id
+    return deploy_in_store(ctx, make_worker(folder, manifest, {"run.py": script})).version.id
 
 
 def blob_exists(ctx: Context, digest: str) -> bool:
