@@ -1,4 +1,5 @@
-"""The executor: claims queued runs, runs them in the sandbox, streams logs, keeps leases."""
+"""The executor: runs the attempts its dispatch (floom/engine/dispatch.py) hands it in the
+sandbox, streams their logs, keeps their leases, reaps expired ones and orphaned sandboxes."""
 
 from __future__ import annotations
 
