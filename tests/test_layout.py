@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
+from floom.services.context import Context
+
 FLOOM = Path(__file__).resolve().parent.parent / "floom"
 
 # Every function-local floom import that may stay, as (file, imported module): the one reason
@@ -299,8 +301,6 @@ def _hooks_members() -> set[str]:
 
 
 def test_a_context_carries_no_node_runtime() -> None:
-    from floom.services.context import Context
-
     assert [f.name for f in fields(Context)] == CONTEXT_FIELDS
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from floom.config import Settings
@@ -62,7 +62,9 @@ class NodeRuntime(NodeHooks):
         self.local_cancels.add(run_id)
         super().run_cancelled(run_id)
 
-    def slot_for(self, run: Run, version: Version, *, start_ahead: bool) -> Any:
+    def slot_for(
+        self, run: Run, version: Version, *, start_ahead: bool
+    ) -> AbstractContextManager[bool]:
         dispatch = self.dispatch
         if dispatch is None:
             return super().slot_for(run, version, start_ahead=start_ahead)
