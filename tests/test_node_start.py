@@ -16,8 +16,12 @@ from floom.services.context import Context
 from tests.conftest import fast_settings, wait_until
 
 
-def _floom_threads() -> set[str]:
-    return {t.name for t in threading.enumerate() if t.name.startswith("floom-")}
+def _floom_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("floom-")}
+
+
+def _names(threads: set[threading.Thread]) -> set[str]:
+    return {t.name for t in threads}
 
 
 def test_a_failed_start_stops_the_roles_started_before_it(
@@ -25,7 +29,7 @@ def test_a_failed_start_stops_the_roles_started_before_it(
 ) -> None:
     ctx = Context.open(fast_settings(tmp_path / "data", database_url))
     before = _floom_threads()
-    started: list[set[str]] = []
+    started: list[set[threading.Thread]] = []
 
     def refuse(self: Housekeeping) -> None:
         # The last role to start: by now the listener, executor and loops run.
@@ -42,7 +46,7 @@ def test_a_failed_start_stops_the_roles_started_before_it(
         expected = {"floom-dispatch", "floom-presence", "floom-handoffs", "floom-scheduler"}
         if database_url.startswith("postgresql"):
             expected.add("floom-listen")
-        assert expected <= running
+        assert expected <= _names(running)
         wait_until(lambda: not (_floom_threads() - before), timeout=10)
         runtime = NodeRuntime.of(ctx)
         assert runtime is node.runtime
@@ -57,7 +61,7 @@ def test_a_node_stops_its_roles_when_its_block_ends(tmp_path: Path, database_url
     try:
         with Node(ctx.settings, ctx=ctx).running() as node:
             assert node.executor is not None and node.scheduler is not None
-            assert {"floom-dispatch", "floom-scheduler", "floom-housekeeping"} <= (
+            assert {"floom-dispatch", "floom-scheduler", "floom-housekeeping"} <= _names(
                 _floom_threads() - before
             )
         wait_until(lambda: not (_floom_threads() - before), timeout=10)
