@@ -40,9 +40,16 @@ class SlotRunner(Protocol):
 
     ctx: Context
 
-    def register(self, run: Run, ahead: StartedAttempt | None) -> RunLog:
-        """`run`'s attempt takes its slot: its run log (started ahead, or new) goes into
-        Dispatch.active."""
+    def new_run_log(self, run: Run) -> RunLog:
+        """The buffer of the log lines of `run`'s attempt about to start."""
+        ...
+
+    def arm_fence(self, run: Run) -> None:
+        """The lease watchdog's first deadline for `run`'s attempt, claimed here."""
+        ...
+
+    def attempt_begins(self, run_id: str) -> None:
+        """`run_id`'s attempt took its slot (called under Dispatch.lock)."""
         ...
 
     def run_attempt(self, run: Run, run_log: RunLog, *, ahead: StartedAttempt | None) -> str | None:
@@ -223,10 +230,8 @@ class Dispatch:
     def start_claimed(self, run: Run, ahead: StartedAttempt | None = None) -> None:
         """Run `run`, committed as claimed by this node, in the slot held for it (from
         `ahead` when it was started ahead)."""
-        with self.lock:
-            self._hold(-1)
         try:
-            self.launch(run, ahead)
+            self.launch(run, ahead, held=True)
         except RuntimeError:
             # The pool shut down meanwhile (a drain ran out): the run is requeued as an
             # interrupted attempt, as the runs still running then were.
@@ -269,9 +274,29 @@ class Dispatch:
                 look_first = True
                 self.stopping.wait(1.0)
 
-    def launch(self, run: Run, ahead: StartedAttempt | None = None) -> None:
-        """Run `run`'s attempt, claimed here, in a slot thread."""
-        self.pool.submit(self._run_slot, run, self.runner.register(run, ahead), ahead)
+    def launch(self, run: Run, ahead: StartedAttempt | None = None, *, held: bool = False) -> None:
+        """Run `run`'s attempt, claimed here, in a slot thread (in the slot `held` for it)."""
+        self.pool.submit(self._run_slot, run, self.begin(run, ahead, held=held), ahead)
+
+    def begin(self, run: Run, ahead: StartedAttempt | None = None, *, held: bool) -> RunLog:
+        """`run`'s attempt takes its slot, free or `held` for it, in one step (no claim
+        sees the slot free between): its run log (started ahead, or new) is active."""
+        try:
+            run_log = ahead.attempt.run_log if ahead is not None else self.runner.new_run_log(run)
+            # Made before its claim, a run log started ahead learns the claim's epoch now.
+            run_log.epoch = run.lease_epoch
+            self.runner.arm_fence(run)
+        except BaseException:
+            if held:
+                self.release()
+            raise
+        with self.lock:
+            if held:
+                self._hold(-1)
+            self.active[run.id] = run_log
+            self.ahead.discard(run.id)
+            self.runner.attempt_begins(run.id)
+        return run_log
 
     # next in slot
 
@@ -287,7 +312,7 @@ class Dispatch:
                 return
             next_run = self._next_in_slot()
             if next_run is not None:
-                run_log = self.runner.register(next_run, None)
+                run_log = self.begin(next_run, held=True)
 
     def run_in_slot(
         self,
@@ -320,8 +345,9 @@ class Dispatch:
         return kept
 
     def _next_in_slot(self) -> Run | None:
-        """Claim the next queued run for the slot `run_in_slot` kept (held); frees the slot
-        when there is none, or when the claim fails (the dispatcher retries)."""
+        """Claim the next queued run for the slot `run_in_slot` kept (held), which it then
+        takes; frees the slot when there is none, or when the claim fails (the dispatcher
+        retries)."""
         run: Run | None = None
         try:
             claim = claim_next(self.runner.ctx, look_first=not self.more_queued)
@@ -329,8 +355,8 @@ class Dispatch:
             run = claim.run
         except Exception as exc:  # the dispatcher's own claim retries; the slot is freed
             self.runner.log_failure("claiming the next run in a slot failed", exc)
-        with self.lock:
-            self._hold(-1)
         if run is None:
+            with self.lock:
+                self._hold(-1)
             self.freed.set()
         return run

@@ -177,21 +177,13 @@ class Executor:
             run=run,
             version=version,
             manifest=manifest,
-            run_log=self._new_run_log(run),
+            run_log=self.new_run_log(run),
             ahead=True,
         )
 
-    def register(self, run: Run, ahead: StartedAttempt | None = None) -> RunLog:
-        run_log = ahead.attempt.run_log if ahead is not None else self._new_run_log(run)
-        # Made before its claim, a run log started ahead learns the claim's epoch now.
-        run_log.epoch = run.lease_epoch
-        self._arm_fence(run)
-        with self._active_lock:
-            self._active[run.id] = run_log
-            self.dispatch.ahead.discard(run.id)
-            self._cancel.discard(run.id)
+    def attempt_begins(self, run_id: str) -> None:
+        self._cancel.discard(run_id)
         self._attempt_started.set()
-        return run_log
 
     def attempt_ended(self, run_id: str) -> None:
         self._cancel.discard(run_id)
@@ -331,7 +323,7 @@ class Executor:
 
     # one attempt
 
-    def _new_run_log(self, run: Run) -> RunLog:
+    def new_run_log(self, run: Run) -> RunLog:
         settings = self.ctx.settings
         budget = None
         if settings.log_lines_per_second or settings.log_bytes_per_second:
@@ -354,7 +346,7 @@ class Executor:
         watchdog's margin to end them before any node may take the lease."""
         return seconds - margin_seconds(self.ctx.settings.lease_seconds)
 
-    def _arm_fence(self, run: Run) -> None:
+    def arm_fence(self, run: Run) -> None:
         """The watchdog's first deadline for the attempt: its claim's lease, as stored."""
         left = float(self.ctx.settings.lease_seconds)
         if run.lease_expires_at is not None:
@@ -366,7 +358,7 @@ class Executor:
     def run_claimed_inline(self, run: Run) -> None:
         """Run an attempt this node just claimed in the calling thread, as a slot would: an
         agent waiting on its child run must not wait for a free slot it may itself hold."""
-        self.dispatch.run_in_slot(run, self.register(run), keep_slot=False)
+        self.dispatch.run_in_slot(run, self.dispatch.begin(run, held=False), keep_slot=False)
 
     def should_cancel(self, run_id: str) -> bool:
         """Whether the attempt of `run_id` on this node is to stop: cancelled by a caller,
