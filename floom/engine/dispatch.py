@@ -143,7 +143,6 @@ class Dispatch:
     def _hold(self, slots: int) -> None:
         """Hold (or, negative, let go of) `slots` slots; the caller holds `lock`."""
         self._held += slots
-        assert self._held >= 0, "a slot let go of more often than held"
 
     def taken(self) -> int:
         """Slots taken by running attempts or held for runs about to start."""
