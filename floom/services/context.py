@@ -74,6 +74,10 @@ class NodeHooks:
 
 @dataclass
 class Context:
+    """The first argument of every service call. It holds what the domain's rules need, and
+    of the node only its id and its NodeHooks: the node's runtime (the dispatcher's wake-up,
+    local cancels, slots, the model provider) lives in floom/engine/runtime.py."""
+
     settings: Settings
     engine: Engine
     secret_box: SecretBox
