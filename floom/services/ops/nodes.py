@@ -96,7 +96,7 @@ def mark_stopped(ctx: Context) -> None:
 def executor_live(ctx: Context, s: Reader) -> bool:
     """Whether some node can run queued runs now: this node executes, or another node with
     the executor role is live (its heartbeat within its lease, not stopped)."""
-    if ctx.local_slots is not None:
+    if "executor" in ctx.settings.role_set:
         return True
     key = id(ctx.engine)
     if time.monotonic() - _executor_seen.get(key, -math.inf) < _BELIEVED_FOR:
