@@ -20,7 +20,10 @@ long README),
     python dev-tools/readme_to_docs.py "Worker state" how-to/worker-state.md \
         "How-to guides" --from /tmp/theirs.md
 
-Then run tests/unit/test_docs.py: the strict build names any link to fix.
+Then run tests/unit/test_docs.py: the strict build names any link to fix. Text a branch
+added inside one of the old README's sections goes to that section's page:
+
+    python dev-tools/readme_to_docs.py --map      # old README section -> docs page
 Standard library only.
 """
 
@@ -34,6 +37,38 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 GROUPS = ("Tutorials", "How-to guides", "Reference", "Explanation")
+# Where each section of the long README went (docs/...), for text a branch added to it.
+MOVED = {
+    "Concepts": "explanation/concepts.md",
+    "Writing a worker": "how-to/script-workers.md",
+    "worker.yml reference": "reference/worker-yml.md",
+    "Exposing a worker": "reference/worker-yml.md",
+    "Network": "how-to/network.md",
+    "Resource limits": "reference/resource-limits.md",
+    "Sandbox uids": "reference/resource-limits.md",
+    "Running scripts in E2B": "how-to/e2b.md",
+    "Agent workers": "how-to/agent-workers.md",
+    "Testing agent changes against real runs": "explanation/replay.md",
+    "Triggers": "how-to/triggers.md",
+    "Deleting a worker": "how-to/delete-a-worker.md",
+    "CLI reference": "reference/cli-notes.md (and the generated reference/cli.md)",
+    "MCP: floom in your coding agent": "how-to/mcp-clients.md",
+    "Web UI": "how-to/web-ui.md",
+    "REST API": "reference/rest.md",
+    "Error codes": "reference/error-codes.md (generated: dev-tools/docs_reference.py)",
+    "Handoffs": "how-to/handoffs.md",
+    "Security model": "explanation/security-model.md",
+    "Configuration": "reference/configuration.md",
+    "How runs survive failures": "explanation/runs-survive-failures.md",
+    "Cluster internals: wake-ups, limits, the scheduler": "explanation/cluster-internals.md",
+    "Running several nodes": "how-to/cluster.md",
+    "Data and upgrades": "how-to/operations.md",
+    "Operations": "how-to/operations.md (Metrics, Running as a service, TLS, Keys too)",
+    "Known-good clients": "how-to/mcp-clients.md (the note that opens it)",
+    "Benchmarks": "explanation/design.md",
+    "Layout": "explanation/design.md",
+    "Design notes": "explanation/design.md",
+}
 
 
 def section_bounds(lines: list[str], title: str) -> tuple[int, int, int]:
@@ -94,6 +129,10 @@ def add_to_nav(config: str, group: str, title: str, page: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+    if (sys.argv[1:] if argv is None else argv) == ["--map"]:
+        for section, page in MOVED.items():
+            print(f"{section:50} docs/{page}")
+        return 0
     parser.add_argument("section", help="the README's heading, as written, without the #s")
     parser.add_argument("page", help="the page under docs/, e.g. how-to/alerts.md")
     parser.add_argument("group", choices=GROUPS, help="the nav group of a new page")

@@ -131,3 +131,9 @@ def test_a_readme_section_moves_into_a_page_with_its_headings_links_and_nav_entr
     group = added[added.index("  - How-to guides:") : added.index("  - Reference:")]
     assert group.rstrip().endswith("- Alerts: how-to/alerts.md")
     assert tool.add_to_nav(added, "How-to guides", "Alerts", "how-to/alerts.md") == added
+
+
+def test_the_map_of_the_old_readme_sections_names_pages_that_exist() -> None:
+    moved = _readme_to_docs().MOVED
+    assert len(moved) >= 25
+    assert [p for p in moved.values() if not (DOCS / p.split(" ")[0]).is_file()] == []
