@@ -5,6 +5,7 @@ joins."""
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ from tests.support.harness import (
     make_worker,
     wait_for_run,
 )
+from tests.support.web import signed_in_client
 
 API_ONLY = "api,scheduler"
 
@@ -50,6 +52,12 @@ def test_a_run_queued_without_an_executor_says_so_and_starts_when_one_joins(
             assert len(said) == 1, said
             assert "`floom serve --roles executor`" in said[0]
             assert "COMPOSE_PROFILES=bwrap or e2b" in said[0]
+            browser = signed_in_client(api_node, api_node.admin_key)
+            try:
+                page = browser.get(f"/runs/{waiting['id']}").text
+            finally:
+                browser.close()
+            assert f"{NO_EXECUTOR}, so no node can run this run now" in html.unescape(page)
             check = doctor.check_executors(api_node_settings)
             assert (check.status, check.name) == (doctor.WARN, "executors")
             assert NO_EXECUTOR in check.detail and "COMPOSE_PROFILES" in check.fix
