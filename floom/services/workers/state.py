@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from sqlalchemy import CursorResult, bindparam, delete, insert, update
 from sqlalchemy import select as sql_select
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import InvalidRequest, NotFound, StateConflict, StateInvalid, StateTooLarge
 from floom.services.access import secrets as secret_service
 from floom.services.access.principal import Principal
 from floom.services.workers import versions as workers
-from floom.store.db import Reader, Writer, session_scope
+from floom.store.db import Writer, session_scope
 from floom.store.models import Run, Worker, WorkerState, utcnow
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ def _write(
 ) -> int | None:
     # One UPDATE is the compare-and-set: on PostgreSQL a concurrent writer waits for the row
     # and then finds the version moved, so exactly one of them writes base + 1.
-    moved = s.execute(_compare_and_set(), {"name": worker_name, "base": base, "next": base + 1})
+    moved = s.execute(_compare_and_set(), {"worker": worker_name, "base": base, "next": base + 1})
     if cast(CursorResult[Any], moved).rowcount != 1:
         return None
     version = base + 1
@@ -160,7 +160,7 @@ def _compare_and_set() -> Any:
     table = Worker.__table__  # type: ignore[attr-defined]
     return (
         update(table)
-        .where(table.c.name == bindparam("name"), table.c.state_version == bindparam("base"))
+        .where(table.c.name == bindparam("worker"), table.c.state_version == bindparam("base"))
         .values(state_version=bindparam("next"))
     )
 
@@ -179,13 +179,13 @@ def get_state(
     """The worker's current state version and its row (None for version 0: no state yet);
     with `version`, that version (NotFound when it is not kept). Needs the read scope."""
     caller.require("read")
+    current = workers.get_worker(ctx, name=worker_name, caller=caller).state_version
+    if version is None:
+        if current == 0:
+            return 0, None
+        version = current
     with session_scope(ctx.engine) as s:
-        worker = workers.get_worker(ctx, name=worker_name, caller=caller)
-        current = worker.state_version
-        wanted = current if version is None else version
-        if wanted == 0 and version is None:
-            return current, None
-        return current, _version_row(s, worker_name, wanted)
+        return current, _version_row(s, worker_name, version)
 
 
 def list_versions(
@@ -272,8 +272,8 @@ def _active_manifest(ctx: Context, worker: Worker, caller: Principal) -> Manifes
     return workers.manifest_of(version)
 
 
-def _version_row(s: Reader, worker_name: str, version: int) -> WorkerState:
-    row = s.get(WorkerState, (worker_name, version))  # type: ignore[union-attr]
+def _version_row(s: Session, worker_name: str, version: int) -> WorkerState:
+    row = s.get(WorkerState, (worker_name, version))
     if row is None:
         raise NotFound(
             f"worker '{worker_name}' has no state version {version}",
