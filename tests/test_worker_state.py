@@ -10,12 +10,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
 from tests.agent_helpers import start_run
 from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
+from tests.mcp_support import call, call_error, http_client, stdio_client
 from tests.test_cli import cli
+from tests.web_support import csrf_of, signed_in_client
 
 COUNTER_YML = """\
 name: counter
@@ -339,3 +342,76 @@ def test_a_rollback_may_restore_an_earlier_state_and_refuses_one_not_kept(
     assert api.get("/api/v1/workers/counter").json()["active_version_id"] == first
     state = _state(api)
     assert state["state"] == {"count": 1} and state["written"]["restored_from"] == 1
+
+
+def test_the_worker_page_shows_sets_and_restores_the_state(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    _deploy(api, tmp_path)
+    run = _run(api)
+    client = signed_in_client(server, server.admin_key)
+
+    page = client.get("/workers/counter")
+    assert page.status_code == 200 and 'id="state"' in page.text
+    assert run["id"] in page.text and "&#34;count&#34;: 1" in page.text
+
+    bad = client.post(
+        "/workers/counter/state", data={"csrf": csrf_of(page.text), "state": "{count: 2"}
+    )
+    assert bad.status_code == 422 and "not valid JSON" in bad.text
+    assert _state(api)["current_version"] == 1
+    done = client.post(
+        "/workers/counter/state", data={"csrf": csrf_of(page.text), "state": '{"count": 5}'}
+    )
+    assert done.status_code == 303 and done.headers["location"].endswith("#state")
+    assert _state(api)["state"] == {"count": 5}
+    restored = client.post(
+        "/workers/counter/state", data={"csrf": csrf_of(page.text), "from_version": "1"}
+    )
+    assert restored.status_code == 303
+    assert _state(api)["state"]["run"] == run["id"]
+    assert "Restore 2" in client.get("/workers/counter").text
+
+    key = api.post("/api/v1/keys", json={"scopes": ["read"]}).json()["key"]
+    reader = signed_in_client(server, key)
+    shown = reader.get("/workers/counter")
+    assert 'id="state"' in shown.text and "Set state" not in shown.text
+    refused = reader.post(
+        "/workers/counter/state", data={"csrf": csrf_of(shown.text), "state": "1"}
+    )
+    assert refused.status_code == 403 and _state(api)["current_version"] == 3
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_mcp_tools_read_set_and_list_the_state_in_the_server_and_over_stdio(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    _deploy(api, tmp_path)
+    read_key = api.post("/api/v1/keys", json={"scopes": ["read"]}).json()["key"]
+
+    async def session() -> None:
+        async with http_client(server) as mcp:
+            empty = await call(mcp, "get_worker_state", worker="counter")
+            assert empty["current_version"] == 0 and empty["state"] is None
+            written = await call(mcp, "set_worker_state", worker="counter", state={"n": 1})
+            assert written["version"] == 1 and written["written"]["source"] == "operator"
+            both = await call_error(
+                mcp, "set_worker_state", worker="counter", state={"n": 2}, from_version=1
+            )
+            assert "exactly one" in both["message"]
+        async with stdio_client(server) as mcp:
+            await call(mcp, "set_worker_state", worker="counter", state={"n": 2})
+            stale = await call_error(
+                mcp, "set_worker_state", worker="counter", state={"n": 3}, if_version=1
+            )
+            assert stale["code"] == "state_conflict"
+            old = await call(mcp, "get_worker_state", worker="counter", version=1)
+            assert old["state"] == {"n": 1} and old["current_version"] == 2
+            page = await call(mcp, "list_worker_state_versions", worker="counter")
+            assert [v["version"] for v in page["items"]] == [2, 1]
+        async with stdio_client(server, read_key) as mcp:
+            refused = await call_error(mcp, "set_worker_state", worker="counter", state=0)
+            assert refused["code"] == "forbidden"
+
+    anyio.run(session)
+    assert _state(api)["state"] == {"n": 2}
