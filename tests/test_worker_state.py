@@ -415,3 +415,17 @@ def test_mcp_tools_read_set_and_list_the_state_in_the_server_and_over_stdio(
 
     anyio.run(session)
     assert _state(api)["state"] == {"n": 2}
+
+
+def test_a_deleted_worker_deployed_again_starts_without_state(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    _deploy(api, tmp_path)
+    _run(api)
+    assert api.request("DELETE", "/api/v1/workers/counter").status_code == 200
+
+    _deploy(api, tmp_path)
+
+    assert _state(api)["current_version"] == 0
+    assert api.get("/api/v1/workers/counter/state/versions").json()["items"] == []
+    assert _run(api)["outputs"]["seen"] == {"state": None}
