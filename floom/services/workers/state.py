@@ -247,7 +247,7 @@ def set_state(
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Worker, worker_name, with_for_update=True)
         if row is None:
-            raise NotFound(f"no worker named '{worker_name}'", hint="`floom list` lists them")
+            raise NotFound(f"no worker named '{worker_name}'", hint="`floom workers` lists them")
         base = row.state_version
         if if_version is not None and if_version != base:
             raise _conflict(worker_name, expected=if_version, found=base)
