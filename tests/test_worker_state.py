@@ -14,8 +14,19 @@ import anyio
 import httpx
 import pytest
 
+from floom.errors import ManifestInvalid
+from floom.manifest.load import parse_manifest
+from floom.manifest.schema import manifest_json_schema
+from floom.services.workers.limit_ceilings import over_ceilings
 from tests.agent_helpers import agent_rig, agent_worker, start_run, wait_status
-from tests.conftest import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
+from tests.conftest import (
+    LiveServer,
+    deploy_folder,
+    fast_settings,
+    make_worker,
+    wait_for_run,
+    wait_until,
+)
 from tests.mcp_support import call, call_error, http_client, stdio_client
 from tests.standins.anthropic_api import reply, tool_use
 from tests.test_cli import cli
@@ -462,3 +473,30 @@ def test_an_agent_reads_its_state_with_a_tool_and_leaves_the_next_with_finish(
     assert refused["status"] == "error" and "at most 100" in refused["error"]
     assert state["current_version"] == 2 and state["state"] == {"n": 2}
     assert state["written"]["run_id"] == second["id"]
+
+
+def test_state_in_worker_yml_is_checked_exported_and_held_to_the_servers_ceiling(
+    tmp_path: Path,
+) -> None:
+    files = frozenset({"run.py"})
+    assert parse_manifest("name: a\nstate: true\n", files).state.enabled is True
+    assert parse_manifest("name: a\n", files).state.enabled is False
+    spec = parse_manifest("name: a\nstate: {on_conflict: retry}\n", files).state
+    assert spec.enabled and spec.on_conflict == "retry" and spec.max_bytes is None
+    with pytest.raises(ManifestInvalid) as bad:
+        parse_manifest("name: a\nstate: {on_conflict: never, max_bytes: 1}\n", files)
+    paths = sorted(d["path"] for d in bad.value.details)
+    assert paths == ["state.max_bytes", "state.on_conflict"]
+    schema = manifest_json_schema()
+    assert schema["properties"]["state"]["anyOf"][0] == {"type": "boolean"}
+    assert set(schema["$defs"]["StateSpec"]["properties"]) == {
+        "enabled",
+        "on_conflict",
+        "max_bytes",
+    }
+
+    settings = fast_settings(tmp_path, "sqlite://", max_state_bytes=1000)
+    over = parse_manifest("name: a\nstate: {max_bytes: 5000}\n", files)
+    (problem,) = over_ceilings(over, settings)
+    assert problem.path == "state.max_bytes" and "FLOOM_MAX_STATE_BYTES" in problem.message
+    assert over_ceilings(parse_manifest("name: a\nstate: true\n", files), settings) == []
