@@ -150,7 +150,10 @@ class RollbackRequest(BaseModel):
     version_id: str | None = Field(None, description="make this version active")
     run_id: str | None = Field(None, description="or the version this run ran")
     state_version: int | None = Field(
-        None, ge=1, description="also restore this kept version of the worker's state"
+        None,
+        ge=1,
+        le=worker_state.MAX_VERSION,
+        description="also restore this kept version of the worker's state",
     )
 
 
@@ -184,7 +187,9 @@ def get_state(
     name: WorkerName,
     ctx: CtxDep,
     caller: ReadCaller,
-    version: int | None = Query(None, ge=1, description="a kept version; default: the current"),
+    version: int | None = Query(
+        None, ge=1, le=worker_state.MAX_VERSION, description="a kept version; default: the current"
+    ),
 ) -> views.WorkerStatePublic:
     return views.worker_state_public(ctx, name=name, version=version, caller=caller)
 
@@ -195,9 +200,14 @@ class StateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     state: Any = Field(None, description="the new state, any JSON value")
-    from_version: int | None = Field(None, ge=1, description="restore this kept version")
+    from_version: int | None = Field(
+        None, ge=1, le=worker_state.MAX_VERSION, description="restore this kept version"
+    )
     if_version: int | None = Field(
-        None, ge=0, description="write only while the current version is this one (409 otherwise)"
+        None,
+        ge=0,
+        le=worker_state.MAX_VERSION,
+        description="write only while the current version is this one (409 otherwise)",
     )
 
 

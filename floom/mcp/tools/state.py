@@ -11,9 +11,12 @@ from pydantic import Field
 from floom.errors import InvalidRequest
 from floom.mcp.render import Reply, short
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
+from floom.services.workers.state import MAX_VERSION
 
 WorkerName = Annotated[str, Field(description="worker name")]
-StateVersion = Annotated[int | None, Field(ge=1, description="a kept state version")]
+StateVersion = Annotated[
+    int | None, Field(ge=1, le=MAX_VERSION, description="a kept state version")
+]
 
 
 def state_text(body: dict[str, Any]) -> str:
@@ -46,11 +49,12 @@ async def set_worker_state(
     worker: WorkerName,
     state: Annotated[Any, Field(description="the new state, any JSON value")] = None,
     from_version: Annotated[
-        int | None, Field(ge=1, description="or: set this kept version's state again")
+        int | None,
+        Field(ge=1, le=MAX_VERSION, description="or: set this kept version's state again"),
     ] = None,
     if_version: Annotated[
         int | None,
-        Field(ge=0, description="write only while the current version is this one"),
+        Field(ge=0, le=MAX_VERSION, description="write only while the current version is this one"),
     ] = None,
 ) -> Reply:
     """Set a worker's state as a new version (its next run starts from it), or restore a

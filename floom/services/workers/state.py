@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 # run whose base was deleted says so).
 KEPT_VERSIONS: Final = 100
 SOURCES: Final = ("run", "operator", "restore")
+# Versions are 32-bit integers in the store; a larger number names no version.
+MAX_VERSION: Final = 2**31 - 1
 
 
 def limit_of(manifest: Manifest, settings: Settings) -> int:
@@ -209,7 +211,7 @@ def list_versions(
         .limit(limit + 1)
     )
     if before is not None:
-        q = q.where(col(WorkerState.version) < before)
+        q = q.where(col(WorkerState.version) < min(before, MAX_VERSION + 1))
     with session_scope(ctx.engine) as s:
         rows = list(s.exec(q).all())
     cursor = rows[limit - 1].version if len(rows) > limit else None
@@ -273,7 +275,7 @@ def _active_manifest(ctx: Context, worker: Worker, caller: Principal) -> Manifes
 
 
 def _version_row(s: Session, worker_name: str, version: int) -> WorkerState:
-    row = s.get(WorkerState, (worker_name, version))
+    row = s.get(WorkerState, (worker_name, version)) if 1 <= version <= MAX_VERSION else None
     if row is None:
         raise NotFound(
             f"worker '{worker_name}' has no state version {version}",
