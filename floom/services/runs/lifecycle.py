@@ -580,6 +580,8 @@ def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[st
     }
     if artifacts is not None:
         body["artifacts"] = [artifact_to_dict(a) for a in artifacts]
+    if run.state_base is not None:
+        body["state_base"] = run.state_base
     return body
 
 

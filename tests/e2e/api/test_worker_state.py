@@ -147,6 +147,7 @@ def test_a_replay_starts_from_its_originals_state_and_never_overwrites_a_newer_o
 
     # The state second started from (version 1, written by first), not the current one.
     assert replayed["outputs"]["seen"] == {"state": {"count": 1, "run": first["id"]}}
+    assert second["state_base"] == replayed["state_base"] == 1 and first["state_base"] == 0
     assert replayed["status"] == "failed" and replayed["error"]["code"] == "state_conflict"
     assert counter_state(api)["state"]["run"] == second["id"]
 
