@@ -165,14 +165,18 @@ class RollbackRequest(BaseModel):
 def rollback(
     name: WorkerName, body: RollbackRequest, ctx: CtxDep, caller: DeployCaller
 ) -> views.RollbackResult:
-    if body.state_version is not None:  # refused before anything changes if it is not kept
-        worker_state.get_state(ctx, worker_name=name, version=body.state_version, caller=caller)
-    rollback = workers.rollback(
-        ctx, name=name, version_id=body.version_id, run_id=body.run_id, caller=caller
-    )
     if body.state_version is not None:
-        worker_state.set_state(
-            ctx, worker_name=name, from_version=body.state_version, caller=caller
+        rollback = worker_state.rollback_with_state(
+            ctx,
+            name=name,
+            version_id=body.version_id,
+            run_id=body.run_id,
+            state_version=body.state_version,
+            caller=caller,
+        )
+    else:
+        rollback = workers.rollback(
+            ctx, name=name, version_id=body.version_id, run_id=body.run_id, caller=caller
         )
     return views.rollback_result(ctx, name=name, rollback=rollback, caller=caller)
 

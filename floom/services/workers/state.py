@@ -24,7 +24,7 @@ from floom.services.access import secrets as secret_service
 from floom.services.access.principal import Principal
 from floom.services.workers import versions as workers
 from floom.store.db import Writer, session_scope
-from floom.store.models import Run, Worker, WorkerState, utcnow
+from floom.store.models import Run, Version, Worker, WorkerState, utcnow
 
 if TYPE_CHECKING:
     from floom.config import Settings
@@ -265,6 +265,42 @@ def set_state(
         if version is None:  # not on PostgreSQL under the row lock, nor on SQLite
             raise _conflict(worker_name, expected=base, found=None)
         return _version_row(s, worker_name, version)
+
+
+def rollback_with_state(
+    ctx: Context,
+    *,
+    name: str,
+    version_id: str | None = None,
+    run_id: str | None = None,
+    state_version: int,
+    caller: Principal,
+) -> workers.Rollback:
+    """workers.rollback, and in its transaction the worker's state set to the value of the
+    kept `state_version` again (a restore): both or neither. Needs the deploy scope."""
+
+    def restore(s: Session, version: Version) -> None:
+        row = _version_row(s, name, state_version)
+        limit = limit_of(workers.manifest_of(version), ctx.settings)
+        # Kept versions were masked when written; the version made active may keep less.
+        text = encode(json.loads(row.state_json), limit=limit)
+        worker = s.get(Worker, name, with_for_update=True)
+        base = worker.state_version if worker is not None else 0
+        written = _write(
+            s,
+            worker_name=name,
+            base=base,
+            state_json=text,
+            source="restore",
+            written_by=caller.actor or caller.describe(),
+            restored_from=state_version,
+        )
+        if written is None:
+            raise _conflict(name, expected=base, found=None)
+
+    return workers.rollback(
+        ctx, name=name, version_id=version_id, run_id=run_id, caller=caller, in_transaction=restore
+    )
 
 
 def _active_manifest(ctx: Context, worker: Worker, caller: Principal) -> Manifest | None:

@@ -65,6 +65,8 @@ def test_a_rollback_may_restore_an_earlier_state_and_refuses_one_not_kept(
     missing = cli(server, "rollback", "counter", "--to", first, "--restore-state", "9")
     assert missing.returncode == 1
     assert api.get("/api/v1/workers/counter").json()["active_version_id"] != first
+    bogus = cli(server, "rollback", "counter", "--to", "v000000000000", "--restore-state", "1")
+    assert bogus.returncode == 1 and counter_state(api)["state"] == {"count": 2}
     done = cli(server, "rollback", "counter", "--to", first, "--restore-state", "1")
 
     assert done.returncode == 0, done.stderr
