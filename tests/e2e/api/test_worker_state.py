@@ -257,3 +257,34 @@ def test_a_deleted_worker_deployed_again_starts_without_state(
     assert counter_state(api)["current_version"] == 0
     assert api.get("/api/v1/workers/counter/state/versions").json()["items"] == []
     assert run_counter(api)["outputs"]["seen"] == {"state": None}
+
+
+LEAKY_YML = """\
+name: counter
+state: true
+secrets: [STATE_TOKEN]
+"""
+LEAKY_PY = """\
+import json, os
+json.dump({"outputs": {}, "state": {"token": os.environ["STATE_TOKEN"], "n": 1}},
+          open("result.json", "w"))
+"""
+
+
+def test_secret_values_in_a_state_are_masked_before_it_is_stored_whoever_writes_it(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    token = "st4te-Secret-Value-0042"
+    deploy_counter(api, tmp_path, LEAKY_YML, LEAKY_PY)
+    api.put("/api/v1/secrets/STATE_TOKEN", json={"value": token})
+
+    run = run_counter(api)
+    by_run = counter_state(api)
+    api.put("/api/v1/workers/counter/state", json={"state": {"copied": f"x{token}x"}})
+    by_operator = counter_state(api)
+
+    assert run["status"] == "succeeded", run
+    assert by_run["state"] == {"token": "***", "n": 1}
+    assert by_operator["state"] == {"copied": "x***x"}
+    versions = api.get("/api/v1/workers/counter/state/versions").text
+    assert token not in versions and token not in json.dumps([by_run, by_operator])
