@@ -231,7 +231,7 @@ def set_state(
     version again, as a restore. With `if_version`, only while the current version is that
     one (StateConflict otherwise), else over whatever is current. Secret values the worker
     declares are masked, as in a run's outputs. Nothing is written when anything is wrong.
-    Needs the deploy scope."""
+    Needs the deploy scope (checked again in the writing transaction)."""
     caller.require("deploy")
     worker = workers.get_worker(ctx, name=worker_name, caller=caller)
     manifest = _active_manifest(ctx, worker, caller)
@@ -247,6 +247,7 @@ def set_state(
         state = secret_service.Redactor(values.values()).value(state)
     text = encode(state, limit=limit)
     with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")  # a key revoked meanwhile writes nothing
         row = s.get(Worker, worker_name, with_for_update=True)
         if row is None:
             raise NotFound(f"no worker named '{worker_name}'", hint="`floom workers` lists them")
