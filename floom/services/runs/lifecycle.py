@@ -42,6 +42,7 @@ from floom.services.runs.rules import (
     transition,
 )
 from floom.services.workers import exposure
+from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.store import signals
 from floom.store.db import Reader, Writer, session_scope, write_connection
@@ -178,6 +179,8 @@ def _queue_run(
         force=force,
     )
     clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
+    if replay_of and state_base:
+        worker_state.check_kept(ctx, worker_name=worker.name, version=state_base)
     run = trusted_row(
         Run,
         {

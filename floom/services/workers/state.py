@@ -93,6 +93,20 @@ def base_of_run(ctx: Context, *, run: Run) -> tuple[int, Any]:
         return version, json.loads(row.state_json)
 
 
+def check_kept(ctx: Context, *, worker_name: str, version: int) -> None:
+    """NotFound when a replay's pinned state `version` is no longer kept: refused before the
+    replay is queued, since it could not start from it."""
+    if version == 0:
+        return
+    with session_scope(ctx.engine) as s:
+        if s.get(WorkerState, (worker_name, version)) is None:
+            raise NotFound(
+                f"the run started from state version {version} of worker '{worker_name}', "
+                "which is no longer kept",
+                hint=f"floom keeps the last {KEPT_VERSIONS} versions; start a new run instead",
+            )
+
+
 def commit_from_run(
     s: Writer, *, worker_name: str, base: int, state_json: str, run_id: str
 ) -> int | None:

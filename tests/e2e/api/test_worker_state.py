@@ -288,3 +288,23 @@ def test_secret_values_in_a_state_are_masked_before_it_is_stored_whoever_writes_
     assert by_operator["state"] == {"copied": "x***x"}
     versions = api.get("/api/v1/workers/counter/state/versions").text
     assert token not in versions and token not in json.dumps([by_run, by_operator])
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_last_hundred_versions_are_kept_and_a_replay_from_an_older_one_is_refused(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    deploy_counter(api, tmp_path)
+    api.put("/api/v1/workers/counter/state", json={"state": {"count": 0}})
+    run = run_counter(api)
+    assert run["state_base"] == 1
+    for count in range(100):
+        api.put("/api/v1/workers/counter/state", json={"state": {"count": count}})
+
+    kept = api.get("/api/v1/workers/counter/state/versions", params={"limit": 500}).json()
+    refused = api.post(f"/api/v1/runs/{run['id']}/replay", json={})
+
+    assert [v["version"] for v in kept["items"]] == list(range(102, 2, -1))
+    assert refused.status_code == 404, refused.text
+    assert "state version 1" in refused.json()["error"]["message"]
+    assert len(api.get("/api/v1/runs", params={"worker": "counter"}).json()["items"]) == 1
