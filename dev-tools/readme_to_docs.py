@@ -68,6 +68,7 @@ MOVED = {
     "Benchmarks": "explanation/design.md",
     "Layout": "explanation/design.md",
     "Design notes": "explanation/design.md",
+    "Worker state": "how-to/worker-state.md",
 }
 
 
