@@ -23,6 +23,7 @@ from floom.config import Settings, mask_password
 from floom.errors import FloomError
 from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
+from floom.services.ops import nodes
 from floom.services.ops.backup import sqlite_path
 from floom.store.db import make_engine
 from floom.store.migrate import alembic_config
@@ -55,6 +56,7 @@ def run_checks(settings: Settings) -> list[Check]:
         check_sandbox,
         check_database,
         check_secret_key,
+        check_executors,
         check_disk_space,
     ]
     found = []
@@ -108,8 +110,8 @@ def check_sandbox(settings: Settings) -> Check:
             f"sandbox {settings.sandbox}",
             WARN,
             f"not enforced: {', '.join(off)} ({detail})",
-            "see README 'Security model': cgroup controllers memory, pids and cpu, seccomp "
-            "(libseccomp), and passt or slirp4netns for user-mode networking",
+            "see docs/explanation/security-model.md: cgroup controllers memory, pids and cpu, "
+            "seccomp (libseccomp), and passt or slirp4netns for user-mode networking",
         )
     return Check(f"sandbox {settings.sandbox}", OK, detail)
 
@@ -188,6 +190,28 @@ def check_secret_key(settings: Settings) -> Check:
             "dir's secret.key), or set the secrets again",
         )
     return Check("secret key", OK, f"{source}; {len(tokens)} stored secret(s) checked")
+
+
+def check_executors(settings: Settings) -> Check:
+    """Runs start only where a node executes them: this one, or a live node of the store."""
+    if "executor" in settings.role_set:
+        return Check("executors", OK, "this node runs queued runs (the executor role)")
+    url = settings.resolved_database_url
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        return Check("executors", WARN, "no database yet, so no node is known")
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            live = nodes.live_executors(conn) if inspect(conn).has_table("nodes") else 0
+    except SQLAlchemyError:
+        return Check("executors", WARN, "the nodes cannot be read", "see the database check")
+    finally:
+        engine.dispose()
+    if live == 0:
+        detail = f"{nodes.NO_EXECUTOR} (this one's roles: {settings.roles}): queued runs wait"
+        return Check("executors", WARN, detail, nodes.START_EXECUTOR)
+    return Check("executors", OK, f"{live} live executor node(s) share this database")
 
 
 def check_disk_space(settings: Settings) -> Check:
