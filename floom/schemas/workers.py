@@ -29,6 +29,7 @@ class TriggerSummary(Public):
     id: str
     kind: str
     paused: bool
+    active: bool = Field(description="false while the trigger or its worker is paused")
     cron: str | None = None
     timezone: str | None = None
     next_fire: IsoTime | None = None
