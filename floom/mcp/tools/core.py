@@ -172,13 +172,20 @@ async def deploy_worker(
     files: Files = None,
     files_base64: FilesBase64 = None,
     executable: Executable = None,
+    skip_eval_gate: Annotated[
+        bool,
+        Field(
+            description="activate the version even though the worker's eval gate fails "
+            "(replay.gate in worker.yml); the version is stored either way"
+        ),
+    ] = False,
 ) -> Reply:
     """Deploy a worker as a new immutable version and make it active (unchanged content creates
     no new version). Send its folder's files as `files` (relative path -> text), binary ones
     as `files_base64`."""
     backend = backend_of(ctx)
     archive = pack(backend, folder, files, files_base64, executable)
-    result = await off(backend.deploy, archive)
+    result = await off(backend.deploy, archive, skip_eval_gate=skip_eval_gate)
     await server_of(ctx).refresh_catalog()
     name, version = result["worker"]["name"], result["version"]["id"]
     if result.get("created"):
