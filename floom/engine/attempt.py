@@ -204,10 +204,11 @@ class Attempt:
         self.output_dir.mkdir()
         write_regular(self.workdir, "inputs.json", self.run.inputs_json.encode())
 
-    def restore_artifacts(self) -> int:
-        """Write the artifacts the run stored when it paused back into the output dir."""
+    def restore_artifacts(self, *, of_run: str | None = None) -> int:
+        """Write the artifacts the run stored when it paused back into the output dir, or
+        those of run `of_run` (the original of an exact replay, whose tools never run)."""
         count = 0
-        for name, data in agent_runs.paused_artifacts(self.ctx, run_id=self.run.id):
+        for name, data in agent_runs.paused_artifacts(self.ctx, run_id=of_run or self.run.id):
             try:
                 write_regular(self.output_dir, name, data)
             except (Refused, OSError) as exc:
