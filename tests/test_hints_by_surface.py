@@ -288,3 +288,32 @@ def test_no_hint_names_a_cli_option_or_a_rest_path_outside_a_command_a_surface_r
             if re.search(r"(^|[\s(])--[a-z]|/api/v1|\?[a-z_]+=", outside):
                 bare.append(f"{path.relative_to(FLOOM)}:{line}: {text}")
     assert bare == []
+
+
+@ONE_DATABASE
+def test_a_read_key_over_mcp_is_recommended_only_tools_it_may_call(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    run_id = api.post("/api/v1/workers/hello/runs", json={"inputs": {"name": "x"}}).json()["id"]
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
+
+    async def over_mcp() -> None:
+        async with http_client(server, read_key) as mcp:
+            said = mcp.instructions or ""
+            listed = {t.name for t in (await mcp.list_tools()).tools}
+            named = set(re.findall(r"\b(?:[a-z]+_)+[a-z]+\b", said)) & set(mcp_tools.TOOL_NAMES)
+            assert named and named <= listed, named - listed
+            assert "deploy_worker" not in said and "run_worker" not in said
+            assert "list_runs" in said
+
+            error = await call_error(mcp, "get_replay", run_id=run_id)
+            assert "replay_recorded_run(" in error["hint"]
+            assert "a tool for a key with the 'run' scope, which this key lacks" in error["hint"]
+        async with http_client(server) as mcp:
+            said = mcp.instructions or ""
+            assert "deploy_worker" in said and "handoff_claim_next_job" in said
+            error = await call_error(mcp, "get_replay", run_id=run_id)
+            assert "replay_recorded_run(" in error["hint"] and "lacks" not in error["hint"]
+
+    anyio.run(over_mcp)
