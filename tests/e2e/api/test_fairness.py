@@ -20,7 +20,7 @@ from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.access.secrets import Redactor
 from tests.e2e.api.test_waits import NOOP, deploy, start, waiters
-from tests.e2e.cli.test_cli import cli
+from tests.support.cli import cli
 from tests.support.harness import LiveServer, live_server, wait_for_run, wait_until
 
 

@@ -19,7 +19,7 @@ from floom.services.context import Context
 from floom.store.db import session_scope
 from floom.store.models import utcnow
 from floom.store.nodes import Node
-from tests.e2e.cli.test_cli import cli
+from tests.support.cli import cli
 from tests.support.harness import EXAMPLES, LiveServer, fast_settings
 from tests.support.web import signed_in_client
 

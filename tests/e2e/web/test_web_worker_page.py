@@ -12,7 +12,7 @@ import httpx
 
 from floom.services.runs.stats import Day
 from floom.ui.chart import history_chart
-from tests.e2e.cli.test_triggers_cli import floom
+from tests.support.cli import cli
 from tests.support.harness import LiveServer, deploy_folder, make_worker
 from tests.support.web import signed_in_client
 
@@ -65,10 +65,10 @@ def test_a_paused_workers_triggers_show_paused_with_no_next_fire_on_every_surfac
     summary = api.get("/api/v1/workers/clocked").json()["triggers"][0]
     assert summary["active"] is False and summary.get("next_fire") is None
 
-    cli = floom(server, "triggers", "clocked")
-    assert cli.returncode == 0, cli.stderr
-    assert "active" not in cli.stdout and "next fires" not in cli.stdout
-    assert "paused with its worker" in cli.stdout
+    listing = cli(server, "triggers", "clocked")
+    assert listing.returncode == 0, listing.stderr
+    assert "active" not in listing.stdout and "next fires" not in listing.stdout
+    assert "paused with its worker" in listing.stdout
 
     client = signed_in_client(server, server.admin_key)
     triggers = _section(client.get("/workers/clocked").text, "triggers")

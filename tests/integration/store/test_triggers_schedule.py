@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from floom.bundle import read_folder
 from floom.engine.loops.scheduler import Scheduler
 from floom.errors import WorkerPaused
 from floom.services.access.principal import SYSTEM
@@ -22,7 +21,7 @@ from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
-from tests.support.harness import fast_settings, make_worker, wait_until
+from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 
 MONDAY = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
 SCRIPT = {"run.py": "print('tick')\n"}
@@ -31,8 +30,7 @@ SCRIPT = {"run.py": "print('tick')\n"}
 def deploy(ctx: Context, folder: Path, schedules: list[str], *, name: str = "tick") -> None:
     lines = "".join(f"  - schedule: {s}\n" for s in schedules)
     manifest = f"name: {name}\n" + (f"triggers:\n{lines}" if schedules else "")
-    make_worker(folder, manifest, SCRIPT)
-    workers.deploy(ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive())
+    deploy_in_store(ctx, make_worker(folder, manifest, SCRIPT))
 
 
 def as_if_deployed_at(ctx: Context, when: datetime, *, name: str = "tick") -> None:
