@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlmodel import Session, create_engine
 
 from floom.config import mask_password
@@ -140,6 +140,18 @@ def give_back_free_pages(engine: Engine) -> int:
                 raw.close()
     except UNAVAILABLE as exc:
         raise store_unavailable(exc) from exc
+
+
+def driver_reason(exc: BaseException, url: str) -> str:
+    """What the database driver said went wrong (its class and first lines: "Connection
+    refused", "password authentication failed for user ..."), never the URL's password."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = [line.strip() for line in str(orig).splitlines() if line.strip()]
+    said = "; ".join(lines[:2])[:300]
+    password = make_url(url).password if "://" in url else None
+    if password:
+        said = said.replace(str(password), "***")
+    return f"{type(orig).__name__}: {mask_password(said)}" if said else type(orig).__name__
 
 
 def is_postgres(engine: Engine) -> bool:

@@ -24,7 +24,7 @@ from floom.errors import FloomError
 from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
 from floom.services.ops.backup import sqlite_path
-from floom.store.db import make_engine
+from floom.store.db import driver_reason, make_engine
 from floom.store.migrate import alembic_config
 from floom.store.models import Secret
 
@@ -128,7 +128,7 @@ def check_database(settings: Settings) -> Check:
         return Check(
             "database",
             FAIL,
-            f"cannot open {mask_password(url)}: {type(getattr(exc, 'orig', None) or exc).__name__}",
+            f"cannot open {mask_password(url)}: {driver_reason(exc, url)}",
             "check FLOOM_DATABASE_URL and that the database server is running and reachable",
         )
     finally:

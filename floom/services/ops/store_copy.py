@@ -21,7 +21,7 @@ from sqlmodel import select as select_rows
 from floom.config import mask_password
 from floom.errors import Conflict, InvalidRequest, StoreUnavailable
 from floom.services.ops.nodes import state_of
-from floom.store.db import make_engine
+from floom.store.db import driver_reason, make_engine
 from floom.store.migrate import migrate
 from floom.store.models import utcnow
 from floom.store.nodes import Node
@@ -187,8 +187,7 @@ def _migrate(engine: Engine, url: str) -> None:
     except SQLAlchemyError as exc:
         engine.dispose()
         raise StoreUnavailable(
-            f"cannot open the database {mask_password(url)}: "
-            f"{type(getattr(exc, 'orig', None) or exc).__name__}",
+            f"cannot open the database {mask_password(url)}: {driver_reason(exc, url)}",
             hint="check the URL and that the database server is running and reachable",
         ) from exc
 
