@@ -139,6 +139,11 @@ async def get_worker(ctx: Context, worker: WorkerName) -> Reply:
             f"\nsecret {name} is not set: its runs fail until it is; "
             f"set_secret(name='{name}', value=VALUE)"
         )
+    if body.get("model_key_missing"):
+        text += (
+            "\nno model provider key is set on the floom server: this agent's runs fail until "
+            "its operator sets FLOOM_ANTHROPIC_API_KEY (or ANTHROPIC_API_KEY) and restarts it"
+        )
     if body.get("secrets_missing"):
         # What a fresh install pauses (the examples' schedules) until the secrets are set.
         for t in body["triggers"]:

@@ -8,12 +8,15 @@ import re
 from datetime import date
 from pathlib import Path
 
+import anyio
 import httpx
+import pytest
 
 from floom.services.runs.stats import Day
 from floom.ui.chart import history_chart
 from tests.support.cli import cli
-from tests.support.harness import LiveServer, deploy_folder, make_worker
+from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, make_worker
+from tests.support.mcp_clients import call_raw, http_client, text_of
 from tests.support.web import signed_in_client
 
 MANIFEST = """\
@@ -88,3 +91,29 @@ def test_the_nodes_page_shows_a_host_name_as_a_fact_not_as_a_hint(server: LiveSe
     cell = host.group(0)
     assert ">on " in cell
     assert 'class="hint"' not in cell
+
+
+def test_an_agent_worker_without_a_model_key_is_warned_of_before_it_runs(
+    server: LiveServer, api: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    assert not server.ctx.settings.model_key
+    deploy_folder(api, EXAMPLES / "repo-triage")
+    deploy_folder(api, EXAMPLES / "hello")
+
+    body = api.get("/api/v1/workers/repo-triage").json()
+    assert body["model_key_missing"] is True
+    assert "model_key_missing" not in api.get("/api/v1/workers/hello").json()  # a script
+
+    page = signed_in_client(server, server.admin_key).get("/workers/repo-triage").text
+    assert 'id="model-key-missing"' in page and "FLOOM_ANTHROPIC_API_KEY" in page
+
+    async def over_mcp() -> str:
+        async with http_client(server) as mcp:
+            return text_of(await call_raw(mcp, "get_worker", worker="repo-triage"))
+
+    told = anyio.run(over_mcp)
+    assert "no model provider key is set on the floom server" in told
+
+    monkeypatch.setattr(server.ctx.settings, "anthropic_api_key", "sk-ant-set")
+    assert "model_key_missing" not in api.get("/api/v1/workers/repo-triage").json()
