@@ -152,7 +152,7 @@ class LocalBackend(Backend):
             caller=self.principal,
             force=force,
         )
-        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     def list_runs(
         self,
@@ -219,7 +219,7 @@ class LocalBackend(Backend):
     def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
         ctx = self.ctx
         run = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=self.principal, force=force)
-        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     # -- replays from recordings and evals -----------------------------------------------------
 
@@ -230,7 +230,7 @@ class LocalBackend(Backend):
         run = replays.start_replay(
             ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, caller=self.principal
         )
-        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     def get_replay(self, run_id: str) -> JSON:
         ctx = self.ctx

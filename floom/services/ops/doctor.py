@@ -23,6 +23,7 @@ from floom.config import Settings, mask_password
 from floom.errors import FloomError
 from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
+from floom.services.ops import nodes
 from floom.services.ops.backup import sqlite_path
 from floom.store.db import driver_reason, make_engine
 from floom.store.migrate import alembic_config
@@ -54,6 +55,7 @@ def run_checks(settings: Settings) -> list[Check]:
         check_user_namespaces,
         check_sandbox,
         check_database,
+        check_executors,
         check_secret_key,
         check_disk_space,
     ]
@@ -145,6 +147,38 @@ def check_database(settings: Settings) -> Check:
             "start `floom serve` once (it migrates at start-up), after a backup",
         )
     return Check("database", OK, f"{where} at migration {head}")
+
+
+def check_executors(settings: Settings) -> Check:
+    """Whether a live node runs runs: without one (docker compose without a profile starts
+    none), runs are queued and never start."""
+    url = settings.resolved_database_url
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        return Check("executors", WARN, "no database yet", "`floom serve` creates it")
+    engine = make_engine(url)
+    try:
+        live = nodes.live_nodes(engine)
+    except SQLAlchemyError as exc:
+        return Check("executors", WARN, f"nodes not readable: {driver_reason(exc, url)}")
+    finally:
+        engine.dispose()
+    running = [n.id for n in live if nodes.runs_runs(n)]
+    if running:
+        return Check("executors", OK, f"live node(s) with the executor role: {', '.join(running)}")
+    start = (
+        "start a node whose FLOOM_ROLES include executor (`floom serve` runs every role); with "
+        "docker compose, a profile: COMPOSE_PROFILES=bwrap or e2b"
+    )
+    if not live:
+        return Check("executors", WARN, "no floom node is running on this database", start)
+    others = ", ".join(f"{n.id} ({n.roles})" for n in live)
+    return Check(
+        "executors",
+        FAIL,
+        f"no live node has the executor role ({others}): runs are queued and never start",
+        start,
+    )
 
 
 def check_secret_key(settings: Settings) -> Check:

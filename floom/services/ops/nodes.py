@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
+from sqlalchemy.engine import Engine
 from sqlmodel import col, delete, select
 
 from floom import __version__
@@ -79,6 +80,32 @@ def state_of(node: Node, *, now: datetime) -> tuple[NodeState, float]:
     if node.stopped_at is not None:
         return "stopped", silent
     return ("lost" if silent > node.lease_seconds else "live"), silent
+
+
+NO_EXECUTOR = (
+    "no live floom node has the executor role, so no node can run it: it waits in the queue "
+    "until one starts (a node whose FLOOM_ROLES include executor; with docker compose, start a "
+    "profile: COMPOSE_PROFILES=bwrap or e2b)"
+)
+
+
+def live_nodes(engine: Engine) -> list[Node]:
+    """The nodes of the store at `engine` that renew their rows, by id."""
+    now = utcnow()
+    with session_scope(engine) as s:
+        rows = s.exec(select(Node).where(col(Node.stopped_at).is_(None))).all()
+    return sorted((n for n in rows if state_of(n, now=now)[0] == "live"), key=lambda n: n.id)
+
+
+def runs_runs(node: Node) -> bool:
+    """Whether the node has the executor role."""
+    return "executor" in node.roles.split(",")
+
+
+def live_executors(ctx: Context) -> list[str]:
+    """The ids of the live nodes that run runs (the executor role): none means queued runs
+    wait until one starts. Read by any caller that may see a run: it says only whether."""
+    return [n.id for n in live_nodes(ctx.engine) if runs_runs(n)]
 
 
 def list_nodes(ctx: Context, *, caller: Principal) -> list[NodeView]:
