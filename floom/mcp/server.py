@@ -275,6 +275,7 @@ class FloomMCPServer(MCPServer[Any]):
                 caller.require(tools.scope_of(name))
             except FloomError as exc:
                 return tool_error(exc)
+        result: CallToolResult | InputRequiredResult
         if worker is not None and context is not None:
             result = await tools.run_exposed(context, worker, dict(arguments))
         else:
