@@ -69,7 +69,7 @@ _HANDOFF_TOOLS = (
 )
 
 
-def instructions_for(can_call: Callable[[str], bool] = lambda _tool: True) -> str:
+def scoped_instructions(can_call: Callable[[str], bool] = lambda _tool: True) -> str:
     """What the server tells a client floom is, naming only the tools `can_call` allows."""
     session = ", ".join(f"{n}{said}" for n, said in _SESSION_TOOLS if can_call(n))
     handoffs = ", ".join(n for n in _HANDOFF_TOOLS if can_call(n))
@@ -92,7 +92,7 @@ def instructions_for(can_call: Callable[[str], bool] = lambda _tool: True) -> st
     return " ".join(parts)
 
 
-INSTRUCTIONS = instructions_for()
+INSTRUCTIONS = scoped_instructions()
 MANIFEST_URI = "floom://workers/{name}/manifest"
 LOGS_URI = "floom://runs/{run_id}/logs"
 ARTIFACT = UriTemplate.parse(ARTIFACT_URI)
@@ -136,7 +136,7 @@ class FloomMCPServer(MCPServer[Any]):
             middleware=[
                 self._remember_legacy_session,
                 self._scoped_tool_list,
-                self._scoped_instructions,
+                self._instructions_by_scope,
             ],
             lifespan=_poll_catalog,
         )
@@ -200,7 +200,7 @@ class FloomMCPServer(MCPServer[Any]):
         allowed = [t for t in listed if caller.can(tools.scope_of(str(t.get("name"))))]
         return {**result, "tools": allowed}
 
-    async def _scoped_instructions(
+    async def _instructions_by_scope(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
         """The instructions recommend a key only the tools it may call."""
@@ -215,7 +215,7 @@ class FloomMCPServer(MCPServer[Any]):
         )
         if caller is None:
             return result
-        scoped = instructions_for(lambda tool: caller.can(tools.scope_of(tool)))
+        scoped = scoped_instructions(lambda tool: caller.can(tools.scope_of(tool)))
         return {**result, "instructions": said.replace(INSTRUCTIONS, scoped)}
 
     def _caller(self, ctx: Context[Any, Any]) -> Principal | None:
