@@ -181,7 +181,7 @@ def started_run(ctx: Context, run: Run, *, surface: Surface) -> RunPublic:
 
 def _say_if_stuck(ctx: Context, body: dict[str, Any]) -> None:
     if body["status"] == run_rules.QUEUED and not nodes.live_executors(ctx):
-        body["cannot_start"] = nodes.NO_EXECUTOR
+        body["cannot_start"] = nodes.RUN_CANNOT_START
 
 
 def run_page(rows: list[Run], next_cursor: str | None, *, surface: Surface) -> Page[RunPublic]:

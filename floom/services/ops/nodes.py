@@ -82,7 +82,7 @@ def state_of(node: Node, *, now: datetime) -> tuple[NodeState, float]:
     return ("lost" if silent > node.lease_seconds else "live"), silent
 
 
-NO_EXECUTOR = (
+RUN_CANNOT_START = (
     "no live floom node has the executor role, so no node can run it: it waits in the queue "
     "until one starts (a node whose FLOOM_ROLES include executor; with docker compose, start a "
     "profile: COMPOSE_PROFILES=bwrap or e2b)"
