@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Final
@@ -174,6 +175,12 @@ class Settings(BaseSettings):
         except ValueError as exc:
             raise ValueError(f"{exc}; {ALLOW_HINT}") from exc
         return value
+
+    @property
+    def model_key(self) -> str:
+        """The model provider key agent runs use: FLOOM_ANTHROPIC_API_KEY, else
+        ANTHROPIC_API_KEY; "" when neither is set."""
+        return self.anthropic_api_key or os.environ.get("ANTHROPIC_API_KEY", "")
 
     @cached_property
     def resolved_database_url(self) -> str:

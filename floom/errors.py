@@ -214,6 +214,14 @@ class StoreUnavailable(FloomError):
     code = "store_unavailable"
 
 
+class NodeDraining(FloomError):
+    """This floom node is shutting down and lets its running runs end; retry later or on
+    another node."""
+
+    status = 503
+    code = "node_draining"
+
+
 class StoreNewerThanNode(FloomError):
     """The database was migrated by a newer floom than this node; upgrade the node."""
 

@@ -3,6 +3,7 @@ run for its lifespan, so one process can serve the API and run the executor."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -14,6 +15,7 @@ from floom import __version__
 from floom.api import errors, metrics, openapi
 from floom.api.address_limit import AddressRateLimit
 from floom.api.body_limit import BodyLimitMiddleware
+from floom.api.draining import Drain, DrainingGuard
 from floom.api.forwarded import ForwardedHeaders
 from floom.api.mcp_mount import LazyMCPMount
 from floom.api.routes import admin as routes_admin
@@ -71,6 +73,9 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     # Added last, so run first: the client's address is settled before it is counted.
     app.add_middleware(AddressRateLimit, settings=settings)
     app.add_middleware(ForwardedHeaders, trusted=settings.forwarded_allow_ips)
+    # First of all: a draining node answers 503 to everything (floom/api/draining.py).
+    app.state.drain = Drain()
+    app.add_middleware(DrainingGuard, drain=app.state.drain, clock=time.monotonic)
     openapi.install(app)
     add_routes(app, metrics.router)
     mcp_endpoint: LazyMCPMount | None = None

@@ -30,9 +30,18 @@ MANIFEST = "floom-backup.json"
 DATABASE = "floom.db"
 FORMAT = 1
 # Left out of a backup: the database (copied through the backup API instead), its journal
-# files, this host's node id (a restored node is a new node), and caches floom rebuilds:
-# run work dirs and extracted versions.
-_NOT_COPIED = {DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", "node.id", "runs", "versions"}
+# files, this host's node id (a restored node is a new node), the running node's lock on its
+# work root (floom.engine.work_root: a lock of this process, meaningless in a copy), and caches
+# floom rebuilds: run work dirs and extracted versions.
+_NOT_COPIED = {
+    DATABASE,
+    f"{DATABASE}-wal",
+    f"{DATABASE}-shm",
+    "node.id",
+    "node.lock",
+    "runs",
+    "versions",
+}
 # The tables whose row counts a backup records, so a restore can be checked against them.
 _COUNTED = ("workers", "versions", "runs", "run_events", "artifacts", "blobs", "secrets")
 _PAGES_PER_STEP = 1024

@@ -25,7 +25,7 @@ from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
 from floom.services.ops import nodes
 from floom.services.ops.backup import sqlite_path
-from floom.store.db import make_engine
+from floom.store.db import driver_reason, make_engine
 from floom.store.migrate import alembic_config
 from floom.store.models import Secret
 
@@ -55,6 +55,7 @@ def run_checks(settings: Settings) -> list[Check]:
         check_user_namespaces,
         check_sandbox,
         check_database,
+        check_executors,
         check_secret_key,
         check_executors,
         check_disk_space,
@@ -130,7 +131,7 @@ def check_database(settings: Settings) -> Check:
         return Check(
             "database",
             FAIL,
-            f"cannot open {mask_password(url)}: {type(getattr(exc, 'orig', None) or exc).__name__}",
+            f"cannot open {mask_password(url)}: {driver_reason(exc, url)}",
             "check FLOOM_DATABASE_URL and that the database server is running and reachable",
         )
     finally:
@@ -147,6 +148,38 @@ def check_database(settings: Settings) -> Check:
             "start `floom serve` once (it migrates at start-up), after a backup",
         )
     return Check("database", OK, f"{where} at migration {head}")
+
+
+def check_executors(settings: Settings) -> Check:
+    """Whether a node runs runs, this one or a live one of the store: without one (docker
+    compose without a profile starts none), runs are queued and never start."""
+    if "executor" in settings.role_set:
+        return Check("executors", OK, "this node runs queued runs (the executor role)")
+    url = settings.resolved_database_url
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        return Check("executors", WARN, "no database yet", "`floom serve` creates it")
+    engine = make_engine(url)
+    try:
+        live = nodes.live_nodes(engine)
+    except SQLAlchemyError as exc:
+        return Check("executors", WARN, f"nodes not readable: {driver_reason(exc, url)}")
+    finally:
+        engine.dispose()
+    running = [n.id for n in live if nodes.runs_runs(n)]
+    if running:
+        detail = f"{len(running)} live executor node(s): {', '.join(running)}"
+        return Check("executors", OK, detail)
+    if not live:
+        detail = f"{nodes.NO_EXECUTOR}: no floom node is running on this database"
+        return Check("executors", WARN, detail, nodes.START_EXECUTOR)
+    others = ", ".join(f"{n.id} ({n.roles})" for n in live)
+    return Check(
+        "executors",
+        FAIL,
+        f"{nodes.NO_EXECUTOR} ({others}): runs are queued and never start",
+        nodes.START_EXECUTOR,
+    )
 
 
 def check_secret_key(settings: Settings) -> Check:
@@ -190,28 +223,6 @@ def check_secret_key(settings: Settings) -> Check:
             "dir's secret.key), or set the secrets again",
         )
     return Check("secret key", OK, f"{source}; {len(tokens)} stored secret(s) checked")
-
-
-def check_executors(settings: Settings) -> Check:
-    """Runs start only where a node executes them: this one, or a live node of the store."""
-    if "executor" in settings.role_set:
-        return Check("executors", OK, "this node runs queued runs (the executor role)")
-    url = settings.resolved_database_url
-    path = sqlite_path(url)
-    if path is not None and not path.exists():
-        return Check("executors", WARN, "no database yet, so no node is known")
-    engine = make_engine(url)
-    try:
-        with engine.connect() as conn:
-            live = nodes.live_executors(conn) if inspect(conn).has_table("nodes") else 0
-    except SQLAlchemyError:
-        return Check("executors", WARN, "the nodes cannot be read", "see the database check")
-    finally:
-        engine.dispose()
-    if live == 0:
-        detail = f"{nodes.NO_EXECUTOR} (this one's roles: {settings.roles}): queued runs wait"
-        return Check("executors", WARN, detail, nodes.START_EXECUTOR)
-    return Check("executors", OK, f"{live} live executor node(s) share this database")
 
 
 def check_disk_space(settings: Settings) -> Check:

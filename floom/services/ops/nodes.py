@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy import select as core_select
+from sqlalchemy.engine import Engine
 from sqlmodel import col, delete, select
 
 from floom import __version__
@@ -29,7 +30,7 @@ NodeState = Literal["live", "lost", "stopped"]
 FORGET_AFTER = timedelta(days=1)
 # What a run queued while no executor is live says in its log, and `floom doctor` on a node
 # without the role when none is live either.
-NO_EXECUTOR = "no live node has the executor role"
+NO_EXECUTOR = "no live floom node has the executor role"
 START_EXECUTOR = (
     "start one with `floom serve --roles executor`, or, with docker compose, choose a profile "
     "(COMPOSE_PROFILES=bwrap or e2b)"
@@ -128,6 +129,32 @@ def state_of(node: Node, *, now: datetime) -> tuple[NodeState, float]:
     if node.stopped_at is not None:
         return "stopped", silent
     return ("lost" if silent > node.lease_seconds else "live"), silent
+
+
+# What a queued run's answers say (REST, the CLI, MCP, its page) while no executor is live.
+RUN_CANNOT_START = (
+    f"{NO_EXECUTOR}, so no node can run it: it waits in the queue until one starts; "
+    f"{START_EXECUTOR}"
+)
+
+
+def live_nodes(engine: Engine) -> list[Node]:
+    """The nodes of the store at `engine` that renew their rows, by id."""
+    now = utcnow()
+    with session_scope(engine) as s:
+        rows = s.exec(select(Node).where(col(Node.stopped_at).is_(None))).all()
+    return sorted((n for n in rows if state_of(n, now=now)[0] == "live"), key=lambda n: n.id)
+
+
+def runs_runs(node: Node) -> bool:
+    """Whether the node has the executor role."""
+    return "executor" in node.roles.split(",")
+
+
+def live_executor_ids(ctx: Context) -> list[str]:
+    """The ids of the live nodes that run runs (the executor role): none means queued runs
+    wait until one starts. Read by any caller that may see a run: it says only whether."""
+    return [n.id for n in live_nodes(ctx.engine) if runs_runs(n)]
 
 
 def list_nodes(ctx: Context, *, caller: Principal) -> list[NodeView]:

@@ -59,7 +59,7 @@ def test_a_run_queued_without_an_executor_says_so_and_starts_when_one_joins(
                 browser.close()
             assert f"{NO_EXECUTOR}, so no node can run this run now" in html.unescape(page)
             check = doctor.check_executors(api_node_settings)
-            assert (check.status, check.name) == (doctor.WARN, "executors")
+            assert (check.status, check.name) == (doctor.FAIL, "executors")
             assert NO_EXECUTOR in check.detail and "COMPOSE_PROFILES" in check.fix
 
             with live_server(tmp_path / "executor", database, roles="executor"):
