@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import or_, update
 from sqlmodel import col, select
 
-from floom.errors import Conflict, FloomError, NotFound
+from floom.errors import Conflict, FloomError, InvalidRequest, NotFound
 from floom.services.access.principal import Principal
 from floom.services.alerts import incidents
 from floom.services.alerts.channels import Channel, get_channel
@@ -157,6 +157,9 @@ def list_deliveries(
 ) -> tuple[list[Delivery], str | None]:
     """Newest first; `cursor` is the last id of the previous page. Needs the read scope."""
     caller.require("read")
+    for name, value, allowed in (("status", status, STATUSES), ("purpose", purpose, PURPOSES)):
+        if value is not None and value not in allowed:
+            raise InvalidRequest(f"unknown {name} '{value}'", hint=f"one of {', '.join(allowed)}")
     query = select(Delivery)
     if status:
         query = query.where(Delivery.status == status)

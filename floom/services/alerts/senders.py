@@ -128,9 +128,10 @@ class _GuardedSMTP(smtplib.SMTP):
     """smtplib's client whose connection goes to the address the egress guard checked, while
     the server's name stays the one STARTTLS verifies its certificate against."""
 
-    def __init__(self, policy: EgressPolicy, timeout: float) -> None:
+    def __init__(self, policy: EgressPolicy, *, host: str, port: int, timeout: float) -> None:
         self._policy = policy
-        super().__init__(timeout=timeout)
+        # Connects at once; the name given here is the one STARTTLS checks.
+        super().__init__(host=host, port=port, timeout=timeout)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
         address = resolve_checked(host, port, self._policy)
@@ -146,14 +147,22 @@ def send_mail(
     message["To"] = ", ".join(config["to"])
     message["Subject"] = f"[floom] {summary_line(body)}"[:MAX_SUBJECT]
     message.set_content(mail_text(body))
+    stage = "connecting"
     try:
-        smtp = _GuardedSMTP(policy_of(ctx.settings), ctx.settings.alert_timeout_seconds)
+        smtp = _GuardedSMTP(
+            policy_of(ctx.settings),
+            host=config["host"],
+            port=config.get("port", 587),
+            timeout=ctx.settings.alert_timeout_seconds,
+        )
         try:
-            smtp.connect(config["host"], config.get("port", 587))
             if config.get("starttls", True):
+                stage = "starting TLS"
                 smtp.starttls(context=ssl.create_default_context())
             if config.get("username"):
+                stage = "logging in"
                 smtp.login(config["username"], password or "")
+            stage = "sending"
             smtp.send_message(message)
         finally:
             try:
@@ -165,10 +174,10 @@ def send_mail(
     except smtplib.SMTPNotSupportedError as exc:
         raise SendFailed("the mail server does not offer STARTTLS", permanent=True) from exc
     except smtplib.SMTPResponseException as exc:
-        raise SendFailed(f"the mail server answered SMTP {exc.smtp_code}") from exc
+        raise SendFailed(f"the mail server answered SMTP {exc.smtp_code} while {stage}") from exc
+    except smtplib.SMTPServerDisconnected as exc:
+        raise SendFailed(f"the mail server closed the connection while {stage}") from exc
     except ssl.SSLError as exc:
         raise SendFailed(f"TLS with the mail server failed ({exc.reason or 'handshake'})") from exc
-    except (smtplib.SMTPException, OSError) as exc:
-        raise SendFailed(describe_failure(exc)) from exc
-    except Exception as exc:  # the guard's refusal (a FloomError) and anything else alike
-        raise SendFailed(describe_failure(exc)) from exc
+    except Exception as exc:  # a refused address (a FloomError), a socket error, and the like
+        raise SendFailed(f"{describe_failure(exc)} while {stage}") from exc
