@@ -100,7 +100,11 @@ def check_url(ctx: Context, url: Any, path: str) -> str:
             path, f"has a bad port ({exc})", "e.g. https://example.com:8443/hook"
         ) from exc
     except EgressRefused as exc:
-        hint = "floom sends only to public addresses (or networks in FLOOM_EGRESS_ALLOW)"
+        hint = (
+            "check the host name"
+            if "resolve" in exc.message or "no address" in exc.message
+            else "floom sends only to public addresses (or networks in FLOOM_EGRESS_ALLOW)"
+        )
         raise invalid(path, exc.message, hint) from exc
     return url
 

@@ -293,7 +293,7 @@ def _schedule_seen(
             subject=subject,
             what=what,
             summary=summary,
-            at=now if what != RECOVERY else (run.finished_at if run and run.finished_at else now),
+            at=now,  # when the watch saw it: the tick's time may be ahead of a run's end
             worker=worker,
             run_id=run.id if run else None,
             error_code=kind.split(".")[-1] if what == PROBLEM else None,
