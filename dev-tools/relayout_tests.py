@@ -244,7 +244,10 @@ def split_harness() -> None:
         '"""What tests share beside the fixtures: a live floom server on loopback and the\n'
         'settings that make it quick, waits with deadlines, worker folders and their deploy."""\n\n'
     )
-    harness = doc + "".join(imports) + "\n\n" + "\n\n".join(moved)
+    harness = doc + "".join(imports) + "\n"
+    for chunk in moved:  # constants one after another; a blank pair before a definition
+        definition = chunk.startswith(("def ", "class ", "@"))
+        harness += ("\n\n" if definition else "") + chunk + ("\n" if definition else "")
     harness = harness.replace(
         "Path(__file__).resolve().parent.parent", "Path(__file__).resolve().parents[2]"
     )
