@@ -21,8 +21,8 @@ from floom.store.db import session_scope
 from floom.store.models import AlertChannel, AlertEvent, AlertRule, Run
 from floom.store.triggers import Trigger
 from floom.triggers import cron
-from tests.alerts_support import receiver
-from tests.conftest import LiveServer, deploy_folder, live_server, make_worker, wait_until
+from tests.support.alerts import receiver
+from tests.support.harness import LiveServer, deploy_folder, live_server, make_worker, wait_until
 
 KEY = "whsec_" + base64.b64encode(b"w" * 32).decode()
 GRACE = 5.0

@@ -18,8 +18,8 @@ from standardwebhooks.webhooks import Webhook
 from floom.engine.loops.alerts import AlertLoop
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
-from tests.alerts_support import receiver, smtp_server
-from tests.conftest import (
+from tests.support.alerts import receiver, smtp_server
+from tests.support.harness import (
     LiveServer,
     deploy_folder,
     live_server,

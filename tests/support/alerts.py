@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import wait_until
+from tests.support.harness import wait_until
 
 
 @dataclass
@@ -134,7 +134,7 @@ def smtp_server(tmp: Path, *, name: str, user: str, password: str) -> Iterator[M
     from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import AuthResult, Envelope, LoginPassword
 
-    from tests.ports import free_port
+    from tests.support.ports import free_port
 
     cert, key = self_signed(tmp, name)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
