@@ -18,8 +18,8 @@ from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.forwarded import ForwardedHeaders
 from floom.api.mcp_mount import LazyMCPMount
 from floom.api.routes import admin as routes_admin
-from floom.api.routes import alerts as routes_alerts
 from floom.api.routes import agents as routes_agents
+from floom.api.routes import alerts as routes_alerts
 from floom.api.routes import approvals as routes_approvals
 from floom.api.routes import audit as routes_audit
 from floom.api.routes import handoffs as routes_handoffs

@@ -232,7 +232,7 @@ def send_test(ctx: Context, *, channel_name: str, caller: Principal) -> Delivery
     caller.require("deploy")
     channel = get_channel(ctx, name=channel_name, caller=caller)
     now = utcnow()
-    body = {
+    body: dict[str, Any] = {
         "type": "test",
         "event_id": None,
         "timestamp": now.isoformat(),

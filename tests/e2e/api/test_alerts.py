@@ -55,7 +55,8 @@ if json.load(open("inputs.json"))["fail"]:
 LEAKY_RUN = """\
 import json, os
 if json.load(open("inputs.json"))["fail"]:
-    json.dump({"error": "boom " + os.environ["TOKEN"], "retryable": False}, open("result.json", "w"))
+    result = {"error": "boom " + os.environ["TOKEN"], "retryable": False}
+    json.dump(result, open("result.json", "w"))
 """
 
 
