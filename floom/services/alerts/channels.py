@@ -127,6 +127,7 @@ def _check_secret(ctx: Context, value: Any, path: str, caller: Principal) -> str
 def check_config(ctx: Context, *, kind: str, config: Any, caller: Principal) -> dict[str, Any]:
     """The channel's settings, checked (secrets named exist and hold what the kind needs;
     URLs are allowed by the egress guard); raises ChannelInvalid naming the setting."""
+    caller.require("deploy")
     if kind not in KINDS:
         raise invalid("kind", f"unknown channel kind {kind!r}", f"one of {', '.join(KINDS)}")
     if not isinstance(config, dict):

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import or_, update
 from sqlmodel import col, select
 
-from floom.errors import Conflict, FloomError, InvalidRequest, NotFound
+from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.services.access.principal import Principal
 from floom.services.alerts import incidents
 from floom.services.alerts.channels import Channel, get_channel
-from floom.services.alerts.senders import SendFailed, send_alert, send_callback
+from floom.services.alerts.senders import AlertUndeliverable, send_alert, send_callback
 from floom.store.db import session_scope
 from floom.store.models import AlertChannel, Delivery, new_id, utcnow
 
@@ -29,13 +29,6 @@ STATUSES = ("pending", "delivered", "failed", "throttled")
 PURPOSES = ("alert", "test", "callback")
 MAX_BACKOFF_SECONDS = 3600.0
 CLAIM_BATCH = 20
-
-
-class AlertUndeliverable(FloomError):
-    """A test alert (or a re-send) could not be delivered; the message says why."""
-
-    status = 502
-    code = "alert_undeliverable"
 
 
 def _lease_seconds(ctx: Context) -> float:
@@ -84,8 +77,8 @@ def attempt(ctx: Context, delivery: Delivery) -> str | None:
     permanent = False
     try:
         _send(ctx, delivery)
-    except SendFailed as exc:
-        error, permanent = exc.reason, exc.permanent
+    except AlertUndeliverable as exc:
+        error, permanent = exc.message, exc.permanent
     except Exception as exc:  # one broken delivery must not stop the others
         log.exception("delivery %s failed unexpectedly", delivery.id)
         error = f"floom could not send it ({type(exc).__name__})"
@@ -102,7 +95,7 @@ def _send(ctx: Context, delivery: Delivery) -> None:
     with session_scope(ctx.engine) as s:
         row = s.get(AlertChannel, delivery.channel_id) if delivery.channel_id else None
     if row is None:
-        raise SendFailed(f"channel {delivery.channel_name} was deleted", permanent=True)
+        raise AlertUndeliverable(f"channel {delivery.channel_name} was deleted", permanent=True)
     send_alert(
         ctx, delivery_id=delivery.id, channel=Channel.of(row), body=incidents.body_of(delivery)
     )
@@ -194,35 +187,34 @@ def resend(ctx: Context, *, delivery_id: str, caller: Principal) -> Delivery:
     caller.require("deploy")
     with session_scope(ctx.engine, write=True) as s:
         caller.require_in(s, "deploy")
-        row = s.get(Delivery, delivery_id, with_for_update=True)
-        if row is None:
+        delivery = s.get(Delivery, delivery_id, with_for_update=True)
+        if delivery is None:
             raise NotFound(
                 f"no delivery {delivery_id}", hint="`floom alerts deliveries` lists them"
             )
-        if row.status == "pending":
+        if delivery.status == "pending":
             raise Conflict(
                 f"delivery {delivery_id} is pending: it is sent (or tried again) already",
                 hint="wait for it; `floom alerts deliveries` shows when it is due",
             )
         now = utcnow()
-        if row.status == "delivered":
-            row = Delivery(
+        if delivery.status == "delivered":
+            delivery = Delivery(
                 **{
-                    **row.model_dump(),
+                    **delivery.model_dump(),
                     "id": new_id("dlv"),
                     "delivered_at": None,
                     "created_at": now,
                 }
             )
-        row.status = "pending"
-        row.attempts = 0
-        row.max_attempts = max(row.max_attempts, 1)
-        row.next_attempt_at = now
-        row.last_error = None
-        row.lease_owner = None
-        row.lease_expires_at = None
-        s.add(row)
-    return row
+        delivery.status = "pending"
+        delivery.attempts = 0
+        delivery.next_attempt_at = now
+        delivery.last_error = None
+        delivery.lease_owner = None
+        delivery.lease_expires_at = None
+        s.add(delivery)
+    return delivery
 
 
 def send_test(ctx: Context, *, channel_name: str, caller: Principal) -> Delivery:

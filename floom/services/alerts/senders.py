@@ -1,7 +1,7 @@
 """How one delivery goes out: a signed webhook POST (an alert to a webhook channel, or a
 run's callback), a Slack-compatible POST, or a mail. Every connection goes through the
 egress guard (floom/net/egress.py), pinned to the address it checked; no redirect is
-followed. A failure raises SendFailed, in floom's words (never what the other end said)."""
+followed. A failure raises AlertUndeliverable, in floom's words (never what the other end said)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from standardwebhooks.webhooks import Webhook
 
+from floom.errors import FloomError
 from floom.net.egress import (
     EgressPolicy,
     describe_failure,
@@ -33,12 +34,15 @@ USER_AGENT = "floom-alerts"
 MAX_SUBJECT = 150
 
 
-class SendFailed(Exception):
-    """A delivery that did not go through; `permanent` ones are not tried again."""
+class AlertUndeliverable(FloomError):
+    """A test alert (or a re-send) could not be delivered; the message says why."""
 
-    def __init__(self, reason: str, *, permanent: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    status = 502
+    code = "alert_undeliverable"
+
+    def __init__(self, message: str, *, permanent: bool = False, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        # Not tried again (a deleted channel, a secret gone, a server without STARTTLS).
         self.permanent = permanent
 
 
@@ -58,7 +62,7 @@ def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[s
     wanted = [k for k in ("secret", "url_secret", "password_secret") if channel.config.get(k)]
     missing = [channel.config[k] for k in wanted if k not in values]
     if missing:
-        raise SendFailed(
+        raise AlertUndeliverable(
             f"secret {missing[0]} of channel {channel.name} is not set any more", permanent=True
         )
     if channel.kind == "webhook":
@@ -90,11 +94,11 @@ def _post(ctx: Context, url: str, text: str, *, delivery_id: str | None, key: st
         ) as client:
             response = client.post(url, content=text.encode(), headers=headers)
     except (httpx.HTTPError, OSError) as exc:
-        raise SendFailed(describe_failure(exc)) from exc
+        raise AlertUndeliverable(describe_failure(exc)) from exc
     except Exception as exc:  # the guard's refusal is a FloomError; anything else is a failure too
-        raise SendFailed(describe_failure(exc)) from exc
+        raise AlertUndeliverable(describe_failure(exc)) from exc
     if not 200 <= response.status_code < 300:
-        raise SendFailed(f"it answered HTTP {response.status_code}")
+        raise AlertUndeliverable(f"it answered HTTP {response.status_code}")
 
 
 def summary_line(body: dict[str, Any]) -> str:
@@ -170,14 +174,20 @@ def send_mail(
             except (smtplib.SMTPException, OSError):
                 smtp.close()
     except smtplib.SMTPAuthenticationError as exc:
-        raise SendFailed(f"the mail server refused the login (SMTP {exc.smtp_code})") from exc
+        raise AlertUndeliverable(
+            f"the mail server refused the login (SMTP {exc.smtp_code})"
+        ) from exc
     except smtplib.SMTPNotSupportedError as exc:
-        raise SendFailed("the mail server does not offer STARTTLS", permanent=True) from exc
+        raise AlertUndeliverable("the mail server does not offer STARTTLS", permanent=True) from exc
     except smtplib.SMTPResponseException as exc:
-        raise SendFailed(f"the mail server answered SMTP {exc.smtp_code} while {stage}") from exc
+        raise AlertUndeliverable(
+            f"the mail server answered SMTP {exc.smtp_code} while {stage}"
+        ) from exc
     except smtplib.SMTPServerDisconnected as exc:
-        raise SendFailed(f"the mail server closed the connection while {stage}") from exc
+        raise AlertUndeliverable(f"the mail server closed the connection while {stage}") from exc
     except ssl.SSLError as exc:
-        raise SendFailed(f"TLS with the mail server failed ({exc.reason or 'handshake'})") from exc
+        raise AlertUndeliverable(
+            f"TLS with the mail server failed ({exc.reason or 'handshake'})"
+        ) from exc
     except Exception as exc:  # a refused address (a FloomError), a socket error, and the like
-        raise SendFailed(f"{describe_failure(exc)} while {stage}") from exc
+        raise AlertUndeliverable(f"{describe_failure(exc)} while {stage}") from exc
