@@ -562,7 +562,7 @@ class FloomClient:
         return result
 
     def delete_alert_channel(self, name: str) -> None:
-        self._send("DELETE", f"/api/v1/alerts/channels/{url_path(name)}")
+        self.alert_request("DELETE", f"channels/{url_path(name)}")
 
     def test_alert_channel(self, name: str) -> dict[str, Any]:
         result: dict[str, Any] = self.alert_request("POST", f"channels/{url_path(name)}/test")
@@ -577,7 +577,7 @@ class FloomClient:
         return result
 
     def delete_alert_rule(self, name: str) -> None:
-        self._send("DELETE", f"/api/v1/alerts/rules/{url_path(name)}")
+        self.alert_request("DELETE", f"rules/{url_path(name)}")
 
     def list_alert_deliveries(self, **filters: Any) -> dict[str, Any]:
         result: dict[str, Any] = self.alert_request(

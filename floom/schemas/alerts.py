@@ -83,6 +83,11 @@ class DeliveryPublic(Public):
     body: dict[str, Any] = Field(description="what was (or is to be) sent")
 
 
+class Deleted(Public):
+    name: str
+    deleted: bool
+
+
 class CallbackKey(Public):
     key: str = Field(description="the Standard Webhooks key (whsec_...) that signs callbacks")
 

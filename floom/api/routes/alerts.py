@@ -3,7 +3,7 @@ the key that signs run callbacks."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query
 
 from floom.api.auth import AdminCaller, CtxDep, DeployCaller, ReadCaller
 from floom.api.openapi import Cursor, Limit, authed, enum_query
@@ -25,7 +25,7 @@ def list_channels(ctx: CtxDep, caller: ReadCaller) -> views.ChannelList:
     "/channels",
     status_code=201,
     response_model=views.ChannelPublic,
-    responses=authed(409, 422),
+    responses=authed(400, 409, 422),
     summary="Add a channel; its credentials are named secrets, checked now",
 )
 def create_channel(
@@ -37,7 +37,7 @@ def create_channel(
     return views.channel_public(row)
 
 
-@router.put("/channels/{name}", response_model=views.ChannelPublic, responses=authed(404, 422))
+@router.put("/channels/{name}", response_model=views.ChannelPublic, responses=authed(400, 404, 422))
 def update_channel(
     name: str, body: views.ChannelUpdate, ctx: CtxDep, caller: DeployCaller
 ) -> views.ChannelPublic:
@@ -46,10 +46,10 @@ def update_channel(
     )
 
 
-@router.delete("/channels/{name}", status_code=204, responses=authed(404))
-def delete_channel(name: str, ctx: CtxDep, caller: DeployCaller) -> Response:
+@router.delete("/channels/{name}", response_model=views.Deleted, responses=authed(404))
+def delete_channel(name: str, ctx: CtxDep, caller: DeployCaller) -> views.Deleted:
     channels.delete_channel(ctx, name=name, caller=caller)
-    return Response(status_code=204)
+    return views.Deleted(name=name, deleted=True)
 
 
 @router.post(
@@ -70,7 +70,7 @@ def list_rules(ctx: CtxDep, caller: ReadCaller) -> views.RuleList:
 
 
 @router.post(
-    "/rules", status_code=201, response_model=views.RulePublic, responses=authed(404, 409, 422)
+    "/rules", status_code=201, response_model=views.RulePublic, responses=authed(400, 404, 409, 422)
 )
 def create_rule(body: views.RuleCreate, ctx: CtxDep, caller: DeployCaller) -> views.RulePublic:
     row = rules.create_rule(
@@ -85,13 +85,13 @@ def create_rule(body: views.RuleCreate, ctx: CtxDep, caller: DeployCaller) -> vi
     return views.rule_public(row)
 
 
-@router.delete("/rules/{name}", status_code=204, responses=authed(404))
-def delete_rule(name: str, ctx: CtxDep, caller: DeployCaller) -> Response:
+@router.delete("/rules/{name}", response_model=views.Deleted, responses=authed(404))
+def delete_rule(name: str, ctx: CtxDep, caller: DeployCaller) -> views.Deleted:
     rules.delete_rule(ctx, name=name, caller=caller)
-    return Response(status_code=204)
+    return views.Deleted(name=name, deleted=True)
 
 
-@router.get("/deliveries", response_model=Page[views.DeliveryPublic], responses=authed(422))
+@router.get("/deliveries", response_model=Page[views.DeliveryPublic], responses=authed(400, 422))
 def list_deliveries(
     ctx: CtxDep,
     caller: ReadCaller,
@@ -115,22 +115,28 @@ def list_deliveries(
     return views.delivery_page(rows, next_cursor)
 
 
-@router.get("/deliveries/{delivery_id}", response_model=views.DeliveryPublic, responses=authed(404))
-def get_delivery(delivery_id: str, ctx: CtxDep, caller: ReadCaller) -> views.DeliveryPublic:
+@router.get(
+    "/deliveries/{alert_delivery_id}", response_model=views.DeliveryPublic, responses=authed(404)
+)
+def get_delivery(alert_delivery_id: str, ctx: CtxDep, caller: ReadCaller) -> views.DeliveryPublic:
     return views.delivery_public(
-        deliveries.get_delivery(ctx, delivery_id=delivery_id, caller=caller)
+        deliveries.get_delivery(ctx, delivery_id=alert_delivery_id, caller=caller)
     )
 
 
 @router.post(
-    "/deliveries/{delivery_id}/resend",
+    "/deliveries/{alert_delivery_id}/resend",
     status_code=202,
     response_model=views.DeliveryPublic,
     responses=authed(404, 409),
     summary="Send a delivery again (a delivered one as a new delivery)",
 )
-def resend_delivery(delivery_id: str, ctx: CtxDep, caller: DeployCaller) -> views.DeliveryPublic:
-    return views.delivery_public(deliveries.resend(ctx, delivery_id=delivery_id, caller=caller))
+def resend_delivery(
+    alert_delivery_id: str, ctx: CtxDep, caller: DeployCaller
+) -> views.DeliveryPublic:
+    return views.delivery_public(
+        deliveries.resend(ctx, delivery_id=alert_delivery_id, caller=caller)
+    )
 
 
 @router.get(

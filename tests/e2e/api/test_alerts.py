@@ -280,3 +280,55 @@ def test_a_storm_sends_a_bounded_number_of_alerts(tmp_path: Path, database_url: 
         throttled = next(d for d in sent if d["status"] == "throttled")
         assert api.post(f"/api/v1/alerts/deliveries/{throttled['id']}/resend").status_code == 202
         hook.wait_for(3)
+
+
+HOOKED = """\
+name: hooked
+inputs:
+  n: {type: integer, required: true}
+triggers:
+  - webhook: {signature: hmac-sha256, secret: HOOK_SECRET, inputs: {n: n}}
+"""
+
+
+def test_a_webhook_that_cannot_start_a_run_alerts_and_a_webhook_run_calls_back(
+    tmp_path: Path, database_url: str
+) -> None:
+    import json
+    import time
+
+    from floom.triggers.signatures import sign_floom
+
+    with receiver() as hook, receiver() as done, alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        add_webhook_channel(api, srv.ctx, hook.url)
+        secrets.set_secret(srv.ctx, name="HOOK_SECRET", value="hook-secret-1", caller=SYSTEM)
+        rule = {"name": "hooks", "events": ["trigger.failed"], "channels": ["hook"]}
+        assert api.post("/api/v1/alerts/rules", json=rule).status_code == 201
+        deploy_folder(api, make_worker(tmp_path / "hooked", HOOKED, {"run.py": "pass\n"}))
+
+        def send(n: object, delivery: str, callback: str | None = None) -> httpx.Response:
+            body = json.dumps({"n": n}).encode()
+            headers = sign_floom(secret="hook-secret-1", body=body, timestamp=int(time.time()))
+            headers["X-Floom-Delivery"] = delivery
+            params = {"callback_url": callback} if callback else None
+            return httpx.post(
+                f"{srv.base_url}/hooks/hooked", content=body, headers=headers, params=params
+            )
+
+        # Private addresses are allowed on this test server: a scheme it refuses instead.
+        refused = send(1, "d0", callback="gopher://example.com/x")
+        assert refused.status_code == 422, refused.text
+        assert "callback_url" in refused.json()["error"]["message"]
+        assert send("not a number", "d1").status_code == 422  # input_invalid: no run
+        (alert,) = hook.wait_for(1)
+        assert alert["type"] == "trigger.failed" and alert["worker"] == "hooked"
+        assert alert["error"]["code"] == "input_invalid"
+        ok = send(2, "d2", callback=done.url)
+        assert ok.status_code == 202, ok.text
+        (record,) = done.wait_for(1)
+        key = api.get("/api/v1/alerts/callback-key").json()["key"]
+        verified(*done.accepted[0], key=key)
+        assert record["run"]["id"] == ok.json()["run_id"]
+        assert record["run"]["trigger"] == "webhook"
+        assert [b["type"] for b in hook.wait_for(2)] == ["trigger.failed", "recovered"]
