@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from floom import jsonvalues
 from floom.agent import workspace
-from floom.agent.builtin import AgentEnv, finish_tool, make_builtin
+from floom.agent.builtin import AgentEnv, finish_tool, make_builtin, state_tool
 from floom.agent.loop import AgentLoop
 from floom.agent.provider import ModelProvider, build_provider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
 from floom.agent.replay import replay_session
 from floom.agent.tools import Tool, Toolbox
 from floom.engine.queue import Outcome
+from floom.engine.runtime import NodeRuntime
 from floom.errors import ProviderError
 from floom.manifest.agent import ToolSpec, tool_specs
 from floom.net.egress import RELAXED_WARNING
@@ -34,7 +36,7 @@ REMOTE_TIMEOUT = 60.0
 def run_agent(attempt: Attempt) -> Outcome:
     ctx, run, manifest, run_log = attempt.ctx, attempt.run, attempt.manifest, attempt.run_log
     settings = ctx.settings
-    build = ctx.provider_factory or build_provider
+    build = NodeRuntime.of(ctx).provider_factory or build_provider
     # A replay of a recorded run: exact calls neither the model nor a tool (agent/replay.py).
     session = replay_session(ctx, run=run)
     try:
@@ -114,6 +116,11 @@ def run_agent(attempt: Attempt) -> Outcome:
         )
         outcome = loop.run()
         outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds
+        outcome = attempt.with_state(outcome)
+        if session is not None and outcome.state is not None:
+            # A replay from a recording acts on nothing: it reads its original's state and
+            # leaves none.
+            outcome.state = replace(outcome.state, new_json=None)
         return outcome
 
 
@@ -149,6 +156,8 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
                     egress=egress,
                 )
             )
+    if env.manifest.state.enabled:
+        tools.append(state_tool(env))
     tools.append(finish_tool(env.manifest))
     return Toolbox(tools)
 

@@ -151,6 +151,11 @@ COMMANDS: dict[str, Entry] = {
         "register",
         "Alerts: channels (webhook, Slack, email), rules, deliveries; a test send.",
     ),
+    "state": Entry(
+        "commands.workers",
+        "register_state",
+        "A worker's state: get it, set it (or restore a version), list its history.",
+    ),
     "workers": Entry(
         "commands.workers",
         "register_group",

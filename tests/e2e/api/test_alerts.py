@@ -15,7 +15,6 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from floom.engine.loops.alerts import AlertLoop
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from tests.support.alerts import receiver, smtp_server
@@ -62,14 +61,9 @@ if json.load(open("inputs.json"))["fail"]:
 
 @contextmanager
 def alert_server(tmp: Path, database_url: str, **overrides: Any) -> Iterator[LiveServer]:
-    """A live server whose alert loop runs (started here while node start-up does not)."""
+    """A live server (its node runs the alert loop) with quick alert settings."""
     with live_server(tmp, database_url, **{**FAST, **overrides}) as srv:
-        loop = AlertLoop(srv.ctx)
-        loop.start()
-        try:
-            yield srv
-        finally:
-            loop.stop()
+        yield srv
 
 
 def add_webhook_channel(api: httpx.Client, ctx: Any, url: str, name: str = "hook") -> None:

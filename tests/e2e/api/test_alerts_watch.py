@@ -71,6 +71,7 @@ def test_a_schedule_whose_ticks_stop_running_is_missed_then_recovers(
             roles="api,executor",
             agent_http_allow_private=True,
             alert_schedule_grace_seconds=GRACE,
+            alert_poll_seconds=3600,  # the node's watch looks once at start; the test drives it
         ) as srv,
     ):
         _hook_channel(srv, hook.url)
@@ -108,6 +109,7 @@ def test_a_schedules_run_that_does_not_start_is_late_and_one_that_does_not_end_i
             roles="api",  # no executor either: the fired run stays queued
             agent_http_allow_private=True,
             alert_schedule_grace_seconds=GRACE,
+            alert_poll_seconds=3600,  # the node's watch looks once at start; the test drives it
             alert_schedule_stuck_seconds=STUCK,
         ) as srv,
     ):

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from standardwebhooks.webhooks import Webhook
 
-from floom.engine.loops.alerts import AlertLoop
 from tests.support.alerts import receiver
 from tests.support.harness import LiveServer, deploy_folder, live_server, make_worker
 
@@ -44,55 +43,48 @@ def test_channels_rules_tests_deliveries_and_callbacks_from_the_command_line(
             alert_retry_seconds=0.1,
         ) as srv,
     ):
-        loop = AlertLoop(srv.ctx)
-        loop.start()
-        try:
-            api = srv.client()
-            api.put("/api/v1/secrets/HOOK_KEY", json={"value": KEY})
-            added = floom(
-                srv,
-                "alerts",
-                "channels",
-                "add",
-                "ops",
-                "--kind",
-                "webhook",
-                "--url",
-                hook.url,
-                "--secret",
-                "HOOK_KEY",
-            )
-            assert added.returncode == 0, added.stderr
-            listing = floom(srv, "alerts", "channels")
-            assert "ops" in listing.stdout and "secret=HOOK_KEY" in listing.stdout
-            assert KEY not in listing.stdout
+        api = srv.client()
+        api.put("/api/v1/secrets/HOOK_KEY", json={"value": KEY})
+        added = floom(
+            srv,
+            "alerts",
+            "channels",
+            "add",
+            "ops",
+            "--kind",
+            "webhook",
+            "--url",
+            hook.url,
+            "--secret",
+            "HOOK_KEY",
+        )
+        assert added.returncode == 0, added.stderr
+        listing = floom(srv, "alerts", "channels")
+        assert "ops" in listing.stdout and "secret=HOOK_KEY" in listing.stdout
+        assert KEY not in listing.stdout
 
-            bad = floom(
-                srv, "alerts", "rules", "add", "r", "--event", "run.fialed", "--channel", "ops"
-            )
-            assert bad.returncode == 1 and "run.failed" in bad.stderr  # the hint: did you mean
-            rule = floom(srv, "alerts", "rules", "add", "r", "--event", "run.*", "--channel", "ops")
-            assert rule.returncode == 0, rule.stderr
-            assert "run.*" in floom(srv, "alerts", "rules").stdout
+        bad = floom(srv, "alerts", "rules", "add", "r", "--event", "run.fialed", "--channel", "ops")
+        assert bad.returncode == 1 and "run.failed" in bad.stderr  # the hint: did you mean
+        rule = floom(srv, "alerts", "rules", "add", "r", "--event", "run.*", "--channel", "ops")
+        assert rule.returncode == 0, rule.stderr
+        assert "run.*" in floom(srv, "alerts", "rules").stdout
 
-            sent = floom(srv, "alerts", "test", "ops")
-            assert sent.returncode == 0, sent.stderr
-            assert "delivered" in sent.stdout
-            assert Webhook(KEY).verify(hook.accepted[0][1], hook.accepted[0][0])["type"] == "test"
+        sent = floom(srv, "alerts", "test", "ops")
+        assert sent.returncode == 0, sent.stderr
+        assert "delivered" in sent.stdout
+        assert Webhook(KEY).verify(hook.accepted[0][1], hook.accepted[0][0])["type"] == "test"
 
-            deploy_folder(api, make_worker(tmp_path / "w", "name: w\n", {"run.py": "pass\n"}))
-            refused = floom(srv, "run", "w", "--callback-url", "ftp://example.com/x")
-            assert refused.returncode == 1 and "callback_url" in refused.stderr
-            ran = floom(srv, "run", "w", "--wait", "--json", "--callback-url", hook.url)
-            assert ran.returncode == 0, ran.stderr
-            run_id = json.loads(ran.stdout)["id"]
-            hook.wait_for(2)
-            key = floom(srv, "alerts", "callback-key").stdout.strip()
-            body = Webhook(key).verify(hook.accepted[1][1], hook.accepted[1][0])
-            assert body["run"]["id"] == run_id
+        deploy_folder(api, make_worker(tmp_path / "w", "name: w\n", {"run.py": "pass\n"}))
+        refused = floom(srv, "run", "w", "--callback-url", "ftp://example.com/x")
+        assert refused.returncode == 1 and "callback_url" in refused.stderr
+        ran = floom(srv, "run", "w", "--wait", "--json", "--callback-url", hook.url)
+        assert ran.returncode == 0, ran.stderr
+        run_id = json.loads(ran.stdout)["id"]
+        hook.wait_for(2)
+        key = floom(srv, "alerts", "callback-key").stdout.strip()
+        body = Webhook(key).verify(hook.accepted[1][1], hook.accepted[1][0])
+        assert body["run"]["id"] == run_id
 
-            shown = json.loads(floom(srv, "alerts", "deliveries", "--json").stdout)
-            assert {d["purpose"] for d in shown["items"]} == {"test", "callback"}
-            assert "delivered" in floom(srv, "alerts", "deliveries").stdout
-        finally:
-            loop.stop()
+        shown = json.loads(floom(srv, "alerts", "deliveries", "--json").stdout)
+        assert {d["purpose"] for d in shown["items"]} == {"test", "callback"}
+        assert "delivered" in floom(srv, "alerts", "deliveries").stdout

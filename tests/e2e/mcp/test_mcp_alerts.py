@@ -10,7 +10,6 @@ import anyio
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from floom.engine.loops.alerts import AlertLoop
 from tests.support.alerts import receiver
 from tests.support.harness import live_server, make_worker
 from tests.support.mcp_clients import call, call_error, http_client, stdio_client, worker_files
@@ -33,8 +32,6 @@ def test_channels_rules_test_sends_deliveries_and_callbacks_over_mcp(
             alert_poll_seconds=0.1,
         ) as srv,
     ):
-        loop = AlertLoop(srv.ctx)
-        loop.start()
         opener = http_client if backend == "endpoint" else stdio_client
 
         async def session() -> None:
@@ -82,8 +79,5 @@ def test_channels_rules_test_sends_deliveries_and_callbacks_over_mcp(
                 resent = await call(mcp, "resend_alert_delivery", delivery_id=sent["id"])
                 assert resent["status"] == "pending"
 
-        try:
-            anyio.run(session)
-        finally:
-            loop.stop()
+        anyio.run(session)
         assert Webhook(KEY).verify(hook.accepted[0][1], hook.accepted[0][0])["type"] == "test"

@@ -1,7 +1,7 @@
 """alert channels, rules, incidents, events, deliveries, run callbacks
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-05 12:42:26.822371
 """
 
@@ -15,7 +15,7 @@ import floom.store.models
 
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
