@@ -2,8 +2,8 @@
 bootstrap, the executor, the presence and handoff loops every node runs, the scheduler and
 housekeeping, the alert loop on api and scheduler nodes. Each start registers its stop on
 the stack at once, so a start that fails stops whatever started before it, and a node's end
-stops them in reverse (as APScheduler's schedulers compose their services). The api role is the routes that floom/api/app.py
-mounts; its app runs a Node for its lifespan."""
+stops them in reverse (as APScheduler's schedulers compose their services). The api role is
+the routes that floom/api/app.py mounts; its app runs a Node for its lifespan."""
 
 from __future__ import annotations
 
