@@ -126,6 +126,23 @@ class Settings(BaseSettings):
     # by nodes with the scheduler role every retention_interval_seconds.
     retention_days: int = Field(0, ge=0, le=36500)
     retention_interval_seconds: float = Field(3600.0, ge=1.0)
+    # Alerts and run callbacks (floom/services/alerts/): the watch looks every
+    # alert_poll_seconds; a delivery is tried up to alert_max_attempts times, waiting
+    # alert_retry_seconds, then twice that, and so on (at most an hour); each channel sends
+    # at most alert_throttle_count alerts per alert_throttle_seconds (the rest are kept,
+    # marked throttled, and can be re-sent). A run waiting for approval longer than
+    # alert_approval_wait_seconds alerts; a schedule's tick with no run after
+    # alert_schedule_grace_seconds is missed (late: its run had not started), and its run
+    # still going after alert_schedule_stuck_seconds is stuck.
+    alert_poll_seconds: float = Field(5.0, gt=0)
+    alert_max_attempts: int = Field(8, ge=1, le=50)
+    alert_retry_seconds: float = Field(10.0, ge=0)
+    alert_timeout_seconds: float = Field(10.0, gt=0)
+    alert_throttle_count: int = Field(20, ge=1)
+    alert_throttle_seconds: float = Field(3600.0, gt=0)
+    alert_approval_wait_seconds: float = Field(3600.0, gt=0)
+    alert_schedule_grace_seconds: float = Field(300.0, gt=0)
+    alert_schedule_stuck_seconds: float = Field(3600.0, gt=0)
     # Agent workers (floom/agent/). The provider key falls back to ANTHROPIC_API_KEY.
     model: str = "claude-sonnet-4-5"
     anthropic_api_key: str = ""

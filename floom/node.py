@@ -1,9 +1,9 @@
 """A node's roles under one ExitStack: the listener of other nodes, the store's first-start
 bootstrap, the executor, the presence and handoff loops every node runs, the scheduler and
-housekeeping. Each start registers its stop on the stack at once, so a start that fails
-stops whatever started before it, and a node's end stops them in reverse (as APScheduler's
-schedulers compose their services). The api role is the routes that floom/api/app.py
-mounts; its app runs a Node for its lifespan."""
+housekeeping, the alert loop on api and scheduler nodes. Each start registers its stop on
+the stack at once, so a start that fails stops whatever started before it, and a node's end
+stops them in reverse (as APScheduler's schedulers compose their services). The api role is
+the routes that floom/api/app.py mounts; its app runs a Node for its lifespan."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from floom.config import Settings
 from floom.engine.executor import Executor, interrupt_on_signal
+from floom.engine.loops.alerts import AlertLoop
 from floom.engine.loops.handoffs import HandoffLoop
 from floom.engine.loops.heap import limit_arenas
 from floom.engine.loops.housekeeping import Housekeeping
@@ -147,6 +148,12 @@ class Node:
             housekeeping = Housekeeping(ctx)
             housekeeping.start()
             stack.callback(housekeeping.stop)
+        if roles & {"api", "scheduler"}:
+            # Every such node watches (events count once by their keys, deliveries go out
+            # under a lease): the dead-man's switch holds while any of them lives.
+            alerts = AlertLoop(ctx)
+            alerts.start()
+            stack.callback(alerts.stop)
 
 
 def _drain(executor: Executor) -> None:

@@ -20,6 +20,7 @@ from floom.api.forwarded import ForwardedHeaders
 from floom.api.mcp_mount import LazyMCPMount
 from floom.api.routes import admin as routes_admin
 from floom.api.routes import agents as routes_agents
+from floom.api.routes import alerts as routes_alerts
 from floom.api.routes import approvals as routes_approvals
 from floom.api.routes import audit as routes_audit
 from floom.api.routes import handoffs as routes_handoffs
@@ -94,6 +95,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             routes_triggers.router,
             routes_hooks.router,
             routes_nodes.router,
+            routes_alerts.router,
         ):
             add_routes(app, router)
         mcp_endpoint = LazyMCPMount(app, settings)

@@ -25,6 +25,7 @@ _MEANING = {
     422: "The request does not match the documented shape or a declared limit.",
     429: "A limit was reached: this key's request rate, concurrent waits or open streams, "
     "this address's rate of requests without a valid key, or a worker's.",
+    502: "Something floom sent to on the caller's behalf (an alert channel) did not take it.",
     503: "floom's database (or a service it needs) cannot be reached right now.",
 }
 

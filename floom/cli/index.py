@@ -142,9 +142,14 @@ COMMANDS: dict[str, Entry] = {
         "Handoff jobs: publish, claim, finish and review work by role.",
     ),
     "nodes": Entry(
-        "commands.nodes",
+        "commands.monitoring",
         "register",
         "List the cluster's nodes: state, roles, version, slots in use, last heartbeat.",
+    ),
+    "alerts": Entry(
+        "commands.monitoring",
+        "register",
+        "Alerts: channels (webhook, Slack, email), rules, deliveries; a test send.",
     ),
     "state": Entry(
         "commands.workers",

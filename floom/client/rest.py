@@ -304,12 +304,13 @@ class FloomClient:
         force: bool = False,
         wait: float = 0,
         until: str = "ended",
+        callback_url: str | None = None,
     ) -> dict[str, Any]:
         """Queue a run; with coerce_strings the input values are text parsed by declared type.
         `force` runs a paused worker. With `wait` (at most 60), the same request waits for the
         run to end (or settle) and answers with the whole run record; check its status, as
         the answer comes after `wait` seconds (or at once, over the key's cap of waits)
-        either way."""
+        either way. `callback_url` gets the run's record, signed, when it ends."""
         request = StartRequest(
             worker,
             inputs,
@@ -318,6 +319,7 @@ class FloomClient:
             force=force,
             wait=wait,
             until=until,
+            callback_url=callback_url,
         )
         if request.read_seconds is None:
             result: dict[str, Any] = self.request_json("POST", request.path, json=request.body)
@@ -586,6 +588,56 @@ class FloomClient:
 
     def list_nodes(self) -> dict[str, Any]:
         result: dict[str, Any] = self.request_json("GET", "/api/v1/nodes")
+        return result
+
+    # -- alerts --------------------------------------------------------------------------------
+
+    def alert_request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """A call of the alerts API (/api/v1/alerts/...): channels, rules, deliveries."""
+        return self.request_json(method, f"/api/v1/alerts/{path}", **kwargs)
+
+    def list_alert_channels(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request("GET", "channels")
+        return result
+
+    def add_alert_channel(self, name: str, kind: str, config: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request(
+            "POST", "channels", json={"name": name, "kind": kind, "config": config}
+        )
+        return result
+
+    def delete_alert_channel(self, name: str) -> None:
+        self.alert_request("DELETE", f"channels/{url_path(name)}")
+
+    def test_alert_channel(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request("POST", f"channels/{url_path(name)}/test")
+        return result
+
+    def list_alert_rules(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request("GET", "rules")
+        return result
+
+    def add_alert_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request("POST", "rules", json=rule)
+        return result
+
+    def delete_alert_rule(self, name: str) -> None:
+        self.alert_request("DELETE", f"rules/{url_path(name)}")
+
+    def list_alert_deliveries(self, **filters: Any) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request(
+            "GET", "deliveries", params=self._params(**filters)
+        )
+        return result
+
+    def resend_alert_delivery(self, delivery_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request(
+            "POST", f"deliveries/{url_path(delivery_id)}/resend"
+        )
+        return result
+
+    def callback_key(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request("GET", "callback-key")
         return result
 
     # -- secrets and keys ----------------------------------------------------------------------

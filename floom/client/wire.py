@@ -70,6 +70,7 @@ class StartRequest:
         force: bool = False,
         wait: float = 0,
         until: str = "ended",
+        callback_url: str | None = None,
     ) -> None:
         self.path = f"/api/v1/workers/{url_path(worker)}/runs"
         self.body: dict[str, Any] = {"inputs": inputs or {}, "coerce_strings": coerce_strings}
@@ -77,6 +78,8 @@ class StartRequest:
             self.body["version_id"] = version_id
         if force:
             self.body["force"] = True
+        if callback_url:
+            self.body["callback_url"] = callback_url
         self.params: dict[str, str] | None = None
         self.read_seconds: float | None = None  # None: the client's default timeout
         if wait > 0:

@@ -146,9 +146,22 @@ _TOOLS: dict[str, Render] = {
     "validate": lambda w: "validate_worker(files={...})",
     "handoffs": _handoffs,
     "cancel": _run_tool("cancel_run"),
+    "alerts": lambda w: _alerts(w),
     # Named where it already says what it is: the server on the agent's own machine.
     "mcp": lambda w: None,
 }
+
+
+def _alerts(words: list[str]) -> str:
+    what, rest = (words[0], words[1:]) if words else ("channels", [])
+    if what == "test":
+        return _call("test_alert_channel", name=first(rest, "CHANNEL"))
+    if what == "resend":
+        return _call("resend_alert_delivery", delivery_id=first(rest, "ID"))
+    if what in ("channels", "rules"):
+        noun = "channel" if what == "channels" else "rule"
+        return f"add_alert_{noun}(...)" if rest[:1] == ["add"] else f"list_alert_{what}()"
+    return "list_alert_deliveries()"
 
 
 def _not_a_tool(words: list[str]) -> str:

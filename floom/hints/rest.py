@@ -183,7 +183,23 @@ _ENDPOINTS: dict[str, Render] = {
     "roles": _roles,
     "handoffs": _handoffs,
     "nodes": lambda w: _request("GET", "nodes"),
+    "alerts": lambda w: _alerts(w),
 }
+
+
+def _alerts(words: list[str]) -> str:
+    what, rest = (words[0], words[1:]) if words else ("channels", [])
+    if what == "test":
+        return _request("POST", "alerts", "channels", first(rest, "CHANNEL"), "test")
+    if what == "resend":
+        return _request("POST", "alerts", "deliveries", first(rest, "ID"), "resend")
+    if what in ("channels", "rules"):
+        if rest[:1] == ["add"]:
+            return _request("POST", "alerts", what)
+        if rest[:1] == ["rm"]:
+            return _request("DELETE", "alerts", what, first(rest[1:], "NAME"))
+        return _request("GET", "alerts", what)
+    return _request("GET", "alerts", "callback-key" if what == "callback-key" else "deliveries")
 
 
 def _no_endpoint(words: list[str]) -> str | None:

@@ -110,6 +110,7 @@ _PAGES: dict[str, Render] = {
     "keys": lambda w: "the Keys page (/keys)",
     "handoffs": lambda w: "the Handoffs page (/handoffs)",
     "nodes": lambda w: "the Nodes page (/nodes)",
+    "alerts": lambda w: "the Alerts page (/alerts)",
 }
 
 

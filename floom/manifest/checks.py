@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from floom.errors import ManifestAliasesRefused
 from floom.manifest.agent import check_agent_sections
+from floom.manifest.alerts import check_alerts
 from floom.manifest.fields import check_value, is_number, kind_of, show, suggest
 from floom.manifest.replay import check_replay
 from floom.manifest.schema import (
@@ -529,7 +530,12 @@ _SECTIONS: dict[str, Checker] = {
     "network_allow": _check_network_allow,
     # Checked as a whole by check_replay, which needs the tools and outputs around it.
     "replay": lambda raw, path, out: _BAD,
+    "alerts": lambda raw, path, out: _or_bad(check_alerts(raw, path, out)),
 }
+
+
+def _or_bad(value: Any) -> Any:
+    return _BAD if value is None else value
 
 
 # -- generic checks --------------------------------------------------------------------------

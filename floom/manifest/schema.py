@@ -239,6 +239,11 @@ class Manifest(_Frozen):
         default_factory=dict,
         description="replays and evals: live_tools, compare (per output), gate (on deploy)",
     )
+    alerts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="alert rules of this worker: which events (run.failed, schedule.missed, ...) "
+        "go to which alert channels, e.g. [{events: [run.failed], channels: [ops]}]",
+    )
     state: StateSpec = Field(
         default_factory=lambda: StateSpec(enabled=False),
         description="state kept between runs: true, or {on_conflict: fail|retry, max_bytes}",

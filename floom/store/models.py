@@ -123,6 +123,8 @@ class Run(SQLModel, table=True):
         Index("ix_runs_queue", "status", "not_before"),
         Index("ix_runs_worker", "worker_name", "id"),
         Index("ix_runs_lease", "status", "lease_expires_at"),
+        # The alert watch reads the runs that ended since it last looked.
+        Index("ix_runs_finished", "finished_at"),
     )
     id: str = Field(primary_key=True, max_length=40)
     worker_name: str = Field(max_length=63)
@@ -216,6 +218,120 @@ class Secret(SQLModel, table=True):
     ciphertext: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+# -- alerts and run callbacks (floom/services/alerts/) -----------------------------------------
+
+
+class AlertChannel(SQLModel, table=True):
+    """Where alerts go: an outbound webhook, a Slack-compatible incoming webhook or email.
+    `config_json` holds no credential: it names the secrets that hold them."""
+
+    __tablename__ = "alert_channels"
+    id: str = Field(primary_key=True, max_length=40)
+    name: str = Field(unique=True, max_length=63)
+    kind: str = Field(max_length=16)  # webhook, slack, email
+    config_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class AlertRule(SQLModel, table=True):
+    """A global rule: which events (of one worker, or of all) go to which channels. Per-worker
+    rules live in the worker's worker.yml (`alerts:`) and are read from its active version."""
+
+    __tablename__ = "alert_rules"
+    id: str = Field(primary_key=True, max_length=40)
+    name: str = Field(unique=True, max_length=63)
+    worker_name: str | None = Field(default=None, max_length=63)  # None: every worker
+    events_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
+    channels_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
+    recovery: bool = True
+    enabled: bool = True
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class AlertIncident(SQLModel, table=True):
+    """Something that went wrong and has not recovered: its first event alerts, the ones after
+    it are grouped into it, and its recovery alerts once. `open_key` is its subject while it
+    is open (unique: one open incident per subject, whichever node saw it first) and None
+    once it is closed."""
+
+    __tablename__ = "alert_incidents"
+    id: str = Field(primary_key=True, max_length=40)
+    subject: str = Field(max_length=200, index=True)
+    open_key: str | None = Field(default=None, max_length=200, unique=True)
+    kind: str = Field(max_length=40)  # the opening event's kind
+    worker_name: str | None = Field(default=None, max_length=63)
+    events: int = 1
+    opened_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    last_event_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    closed_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class AlertEvent(SQLModel, table=True):
+    """One thing the alert watch saw, once: `key` names it (a run's end, a schedule's tick),
+    so every node that sees it again records nothing."""
+
+    __tablename__ = "alert_events"
+    id: str = Field(primary_key=True, max_length=40)
+    key: str = Field(unique=True, max_length=200)
+    kind: str = Field(max_length=40)
+    subject: str = Field(max_length=200)
+    worker_name: str | None = Field(default=None, max_length=63)
+    run_id: str | None = Field(default=None, max_length=40)
+    incident_id: str | None = Field(default=None, max_length=40)
+    # opened, grouped, recovered or notice (an event outside any incident)
+    outcome: str = Field(max_length=16)
+    error_code: str | None = Field(default=None, max_length=40)
+    message: str | None = Field(default=None, sa_column=Column(Text))
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Delivery(SQLModel, table=True):
+    """One message floom sends out: an alert to a channel, a test alert, or a run's callback.
+    Durable and retried with backoff under a lease, so a node that dies mid-send leaves it to
+    another (or to itself, restarted); exactly one success is recorded."""
+
+    __tablename__ = "deliveries"
+    __table_args__ = (Index("ix_deliveries_due", "status", "next_attempt_at"),)
+    id: str = Field(primary_key=True, max_length=40)
+    purpose: str = Field(max_length=16)  # alert, test, callback
+    event_id: str | None = Field(default=None, max_length=40, index=True)
+    run_id: str | None = Field(default=None, max_length=40, index=True)
+    channel_id: str | None = Field(default=None, max_length=40)
+    channel_name: str | None = Field(default=None, max_length=63)
+    # A callback's URL (alerts read theirs from the channel).
+    target: str | None = Field(default=None, sa_column=Column(Text))
+    body_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    status: str = Field(max_length=16)  # pending, delivered, failed, throttled
+    attempts: int = 0
+    max_attempts: int = 1
+    next_attempt_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    lease_owner: str | None = Field(default=None, max_length=80)
+    lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class RunCallback(SQLModel, table=True):
+    """A URL whoever started the run asked floom to POST its record to when it ends; stored
+    in the run's queueing transaction, turned into a delivery once the run has ended."""
+
+    __tablename__ = "run_callbacks"
+    run_id: str = Field(primary_key=True, max_length=40)
+    url: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    delivery_id: str | None = Field(default=None, max_length=40, index=True)
+
+
+class AlertCursor(SQLModel, table=True):
+    """How far the alert watch has read a stream of changes (ended runs, webhook deliveries)."""
+
+    __tablename__ = "alert_cursors"
+    name: str = Field(primary_key=True, max_length=40)
+    at: datetime = Field(sa_type=UTCDateTime)
 
 
 class ApiKey(SQLModel, table=True):

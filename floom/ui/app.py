@@ -31,7 +31,7 @@ from floom.ui import admin as ui_admin
 from floom.ui import approvals as ui_approvals
 from floom.ui import features as ui_features
 from floom.ui import handoffs as ui_handoffs
-from floom.ui import nodes as ui_nodes
+from floom.ui import monitoring as ui_monitoring
 from floom.ui import ops as ui_ops
 from floom.ui import replays as ui_replays
 from floom.ui import runs as ui_runs
@@ -71,7 +71,7 @@ def install(app: FastAPI) -> None:
     add_routes(app, ui_runs.router)
     add_routes(app, ui_approvals.router)
     add_routes(app, ui_handoffs.router)
-    add_routes(app, ui_nodes.router)
+    add_routes(app, ui_monitoring.router)
     add_routes(app, ui_replays.router)
     add_routes(app, ui_ops.router)
     add_routes(app, router)

@@ -9,6 +9,8 @@ from pathlib import Path
 import httpx
 from standardwebhooks import Webhook
 
+from floom.services.alerts import incidents
+from floom.store.db import session_scope
 from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_until
 
 HOOK_SECRET = "whsec_" + base64.b64encode(b"contract-hook-secret-0123456789").decode()
@@ -66,6 +68,12 @@ def seed_contract(server: LiveServer, api: httpx.Client, tmp: Path) -> dict[str,
     api.post("/api/v1/roles", json={"name": "reviewer"}).raise_for_status()
     agent = api.post("/api/v1/agents", json={"label": "contract-agent", "roles": ["reviewer"]})
     job = api.post("/api/v1/handoffs/jobs", json={"summary": "check it", "role": "reviewer"})
+    # An alert delivery to a channel that no longer exists: listed, read, re-sent; never sent.
+    with session_scope(server.ctx.engine, write=True) as s:
+        alert = incidents.enqueue(
+            server.ctx, s, purpose="test", body={"type": "test", "summary": "seeded"}
+        )
+        alert.status, alert.channel_name = "failed", "gone"
     return {
         "name": "gated",
         "version_id": first["version"]["id"],
@@ -78,4 +86,5 @@ def seed_contract(server: LiveServer, api: httpx.Client, tmp: Path) -> dict[str,
         "role": "reviewer",
         "agent": agent.json()["id"],
         "job_id": job.json()["id"],
+        "alert_delivery_id": alert.id,
     }

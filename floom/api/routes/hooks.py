@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -111,10 +112,23 @@ async def worker_hook(
     wait: float = Query(
         0, ge=0, le=MAX_WAIT_SECONDS, description="wait up to this many seconds for the outputs"
     ),
+    callback_url: str | None = Query(
+        None,
+        max_length=2048,
+        description="POST the run's record here when it ends (signed with the server's "
+        "callback key); checked once the delivery's signature is",
+    ),
 ) -> JSONResponse:
     body = await _read_body(request, ctx)
     received = await run_in_threadpool(
-        webhooks.receive_webhook, ctx, worker_name=worker, headers=dict(request.headers), body=body
+        functools.partial(
+            webhooks.receive_webhook,
+            ctx,
+            worker_name=worker,
+            headers=dict(request.headers),
+            body=body,
+            callback_url=callback_url,
+        )
     )
     answer = views.hook_answer(received)
     if received.error is not None:

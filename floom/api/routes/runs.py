@@ -21,6 +21,7 @@ from floom.errors import TooManyWaits
 from floom.schemas import runs as views
 from floom.schemas.common import Page
 from floom.services.access.principal import Principal
+from floom.services.alerts import callbacks
 from floom.services.context import Context
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import logs
@@ -44,6 +45,12 @@ class RunRequest(BaseModel):
     )
     version_id: str | None = Field(None, description="pin to this version instead of the active")
     force: bool = Field(False, description="run even though the worker is paused")
+    callback_url: str | None = Field(
+        None,
+        max_length=2048,
+        description="POST the run's record here when it ends, signed as Standard Webhooks "
+        "(key: GET /api/v1/alerts/callback-key) and retried; checked by the egress guard now",
+    )
 
 
 class ReplayRequest(BaseModel):
@@ -93,6 +100,7 @@ async def start_run(
         "when the run waits for a person (awaiting_approval)",
     ),
 ) -> Any:
+    callback = await run_in_threadpool(callbacks.check_callback_url, ctx, body.callback_url)
     run = await run_in_threadpool(
         functools.partial(
             runs.create_run,
@@ -104,6 +112,7 @@ async def start_run(
             caller=caller,
             version_id=body.version_id,
             force=body.force,
+            in_transaction=callbacks.recorder(callback),
         )
     )
     if not wait:

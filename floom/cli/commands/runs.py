@@ -133,6 +133,14 @@ def run(
     timeout: TimeoutOpt = None,
     force: ForceOpt = False,
     raw: RawOpt = False,
+    callback_url: Annotated[
+        str | None,
+        typer.Option(
+            "--callback-url",
+            metavar="URL",
+            help="POST the run's record here when it ends (signed; see floom alerts callback-key)",
+        ),
+    ] = None,
 ) -> None:
     """Start a run; with --wait, follow its log and exit 0 only if it succeeded."""
     values, coerce = _parse_inputs(inputs or [], input_json)
@@ -148,6 +156,7 @@ def run(
                 coerce_strings=coerce,
                 force=force,
                 wait=min(timeout, WAIT_CALL_SECONDS) if timeout else WAIT_CALL_SECONDS,
+                callback_url=callback_url,
             )
             if started["status"] in TERMINAL_STATUSES:
                 print_json(started)
@@ -157,7 +166,9 @@ def run(
             if timeout is not None:
                 timeout = max(0.001, timeout - (time.monotonic() - asked))
         else:
-            started = client.start_run(worker, values, coerce_strings=coerce, force=force)
+            started = client.start_run(
+                worker, values, coerce_strings=coerce, force=force, callback_url=callback_url
+            )
         say_if_stuck(started)
         if waits:
             watch_run(client, started, as_json=as_json, timeout=timeout)

@@ -105,12 +105,18 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def start_run(
-        self, worker: str, inputs: JSON, *, force: bool = False, wait_seconds: float = 0
+        self,
+        worker: str,
+        inputs: JSON,
+        *,
+        force: bool = False,
+        wait_seconds: float = 0,
+        callback_url: str | None = None,
     ) -> JSON:
         """Queue a run of the active version; bad inputs raise code "input_invalid", a paused
         worker "worker_paused" unless `force`. With `wait_seconds` a backend may answer once
         the run has settled, in the same request (the caller checks the status: a backend
-        may also answer at once)."""
+        may also answer at once). `callback_url` gets the run's record when it ends."""
 
     @abc.abstractmethod
     def list_runs(
@@ -185,6 +191,37 @@ class Backend(abc.ABC):
     def get_eval(self, eval_id: str) -> JSON:
         """An eval's report: per run and totals."""
         raise NotAvailable("evals are not available here")
+
+    # -- alerts --------------------------------------------------------------------------------
+    # Not abstract: a backend without them answers NotAvailable, like an older server.
+
+    def alert_channels(self) -> JSON:
+        """{"items": [channel]}: settings name secrets, never their values (read scope)."""
+        raise NotAvailable("alerts are not available here")
+
+    def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
+        """A new channel, its settings checked (deploy scope); code alert_channel_invalid."""
+        raise NotAvailable("alerts are not available here")
+
+    def test_alert_channel(self, name: str) -> JSON:
+        """Send a test alert now: the delivery, or code alert_undeliverable saying why."""
+        raise NotAvailable("alerts are not available here")
+
+    def alert_rules(self) -> JSON:
+        """{"items": [rule]}: the global rules (read scope)."""
+        raise NotAvailable("alerts are not available here")
+
+    def add_alert_rule(self, rule: JSON) -> JSON:
+        """A new global rule (deploy scope); code alert_rule_invalid names the field."""
+        raise NotAvailable("alerts are not available here")
+
+    def alert_deliveries(self, filters: JSON) -> JSON:
+        """{"items": [delivery], "next_cursor"}, newest first (read scope)."""
+        raise NotAvailable("alerts are not available here")
+
+    def resend_alert_delivery(self, delivery_id: str) -> JSON:
+        """Queue a delivery to be sent again (deploy scope)."""
+        raise NotAvailable("alerts are not available here")
 
     # -- triggers, approvals -------------------------------------------------------------------
 

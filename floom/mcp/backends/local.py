@@ -13,6 +13,7 @@ import anyio.to_thread
 from floom.errors import Conflict
 from floom.mcp.backends.base import JSON, Backend
 from floom.schemas import admin as admin_views
+from floom.schemas import alerts as alert_views
 from floom.schemas import handoffs as handoff_views
 from floom.schemas import replays as replay_views
 from floom.schemas import runs as run_views
@@ -20,6 +21,10 @@ from floom.schemas import triggers as trigger_views
 from floom.schemas import workers as worker_views
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM, Principal
+from floom.services.alerts import callbacks
+from floom.services.alerts import channels as alert_channels
+from floom.services.alerts import deliveries as alert_deliveries
+from floom.services.alerts import rules as alert_rules
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow as handoff_flow
@@ -170,11 +175,18 @@ class LocalBackend(Backend):
     # -- runs ----------------------------------------------------------------------------------
 
     def start_run(
-        self, worker: str, inputs: JSON, *, force: bool = False, wait_seconds: float = 0
+        self,
+        worker: str,
+        inputs: JSON,
+        *,
+        force: bool = False,
+        wait_seconds: float = 0,
+        callback_url: str | None = None,
     ) -> JSON:
         # In the server's process a tool's wait costs no round trip: the tool awaits
         # wait_for_run on the event loop instead of holding this worker thread.
         ctx = self.ctx
+        callback = callbacks.check_callback_url(ctx, callback_url)
         run = runs.create_run(
             ctx,
             worker_name=worker,
@@ -182,6 +194,7 @@ class LocalBackend(Backend):
             trigger="mcp",
             caller=self.principal,
             force=force,
+            in_transaction=callbacks.recorder(callback),
         )
         return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
@@ -253,6 +266,48 @@ class LocalBackend(Backend):
         return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     # -- replays from recordings and evals -----------------------------------------------------
+
+    def alert_channels(self) -> JSON:
+        rows = alert_channels.list_channels(self.ctx, caller=self.principal)
+        return alert_views.ChannelList(
+            items=[alert_views.channel_public(r) for r in rows]
+        ).to_json()
+
+    def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
+        row = alert_channels.create_channel(
+            self.ctx, name=name, kind=kind, config=config, caller=self.principal
+        )
+        return alert_views.channel_public(row).to_json()
+
+    def test_alert_channel(self, name: str) -> JSON:
+        sent = alert_deliveries.send_test(self.ctx, channel_name=name, caller=self.principal)
+        return alert_views.delivery_public(sent).to_json()
+
+    def alert_rules(self) -> JSON:
+        rows = alert_rules.list_rules(self.ctx, caller=self.principal)
+        return alert_views.RuleList(items=[alert_views.rule_public(r) for r in rows]).to_json()
+
+    def add_alert_rule(self, rule: JSON) -> JSON:
+        row = alert_rules.create_rule(
+            self.ctx,
+            name=str(rule.get("name") or ""),
+            events=rule.get("events"),
+            channels=rule.get("channels"),
+            worker=rule.get("worker"),
+            recovery=rule.get("recovery", True),
+            caller=self.principal,
+        )
+        return alert_views.rule_public(row).to_json()
+
+    def alert_deliveries(self, filters: JSON) -> JSON:
+        rows, next_cursor = alert_deliveries.list_deliveries(
+            self.ctx, **filters, caller=self.principal
+        )
+        return alert_views.delivery_page(rows, next_cursor).to_json()
+
+    def resend_alert_delivery(self, delivery_id: str) -> JSON:
+        sent = alert_deliveries.resend(self.ctx, delivery_id=delivery_id, caller=self.principal)
+        return alert_views.delivery_public(sent).to_json()
 
     def start_replay(
         self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None

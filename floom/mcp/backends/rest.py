@@ -153,11 +153,22 @@ class RestBackend(Backend):
     # -- runs ----------------------------------------------------------------------------------
 
     def start_run(
-        self, worker: str, inputs: JSON, *, force: bool = False, wait_seconds: float = 0
+        self,
+        worker: str,
+        inputs: JSON,
+        *,
+        force: bool = False,
+        wait_seconds: float = 0,
+        callback_url: str | None = None,
     ) -> JSON:
         # One request when the tool waits: the server holds the start until the run settles.
         return self.client.start_run(
-            worker, inputs, force=force, wait=wait_seconds, until="settled"
+            worker,
+            inputs,
+            force=force,
+            wait=wait_seconds,
+            until="settled",
+            callback_url=callback_url,
         )
 
     def list_runs(
@@ -204,6 +215,34 @@ class RestBackend(Backend):
         return self.client.replay_run(run_id, latest=latest, force=force)
 
     # -- replays from recordings and evals -----------------------------------------------------
+
+    def alert_channels(self) -> JSON:
+        self._offers("/api/v1/alerts/channels", "alerts")
+        return self.client.list_alert_channels()
+
+    def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
+        self._offers("/api/v1/alerts/channels", "alerts")
+        return self.client.add_alert_channel(name, kind, config)
+
+    def test_alert_channel(self, name: str) -> JSON:
+        self._offers("/api/v1/alerts/channels", "alerts")
+        return self.client.test_alert_channel(name)
+
+    def alert_rules(self) -> JSON:
+        self._offers("/api/v1/alerts/rules", "alerts")
+        return self.client.list_alert_rules()
+
+    def add_alert_rule(self, rule: JSON) -> JSON:
+        self._offers("/api/v1/alerts/rules", "alerts")
+        return self.client.add_alert_rule(rule)
+
+    def alert_deliveries(self, filters: JSON) -> JSON:
+        self._offers("/api/v1/alerts/deliveries", "alerts")
+        return self.client.list_alert_deliveries(**filters)
+
+    def resend_alert_delivery(self, delivery_id: str) -> JSON:
+        self._offers("/api/v1/alerts/deliveries", "alerts")
+        return self.client.resend_alert_delivery(delivery_id)
 
     def start_replay(
         self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None

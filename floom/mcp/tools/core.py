@@ -43,6 +43,7 @@ from floom.mcp.toolkit import (
     server_of,
     settle,
 )
+from floom.mcp.tools.alerts import ALERT_TOOLS
 from floom.mcp.tools.artifacts import ARTIFACT_TOOLS, with_links
 from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
@@ -272,12 +273,23 @@ async def run_worker(
     ] = None,
     wait_seconds: WaitSeconds = 0,
     force: Force = False,
+    callback_url: Annotated[
+        str | None,
+        Field(description="POST the run's record here when it ends (signed, retried)"),
+    ] = None,
 ) -> Reply:
     """Start a run of a worker's active version. With wait_seconds, wait for it to end and
     return its outputs; otherwise (or if it is still going) return the run id."""
     backend = backend_of(ctx)
     asked = time.monotonic()
-    run = await off(backend.start_run, worker, inputs or {}, force=force, wait_seconds=wait_seconds)
+    run = await off(
+        backend.start_run,
+        worker,
+        inputs or {},
+        force=force,
+        wait_seconds=wait_seconds,
+        callback_url=callback_url,
+    )
     finished = run["status"] not in ACTIVE_STATUSES
     left = wait_seconds - (time.monotonic() - asked)
     if wait_seconds > 0 and not finished and left > 0:
@@ -620,6 +632,7 @@ TOOLS: tuple[FloomTool, ...] = (
     FloomTool(delete_secret, DESTRUCTIVE, "deploy"),
     *HANDOFF_TOOLS,
     *REPLAY_TOOLS,
+    *ALERT_TOOLS,
 )
 TOOL_NAMES = frozenset(t.name for t in TOOLS)
 # A worker exposed as a tool starts a run of it.

@@ -24,6 +24,7 @@ from floom.errors import (
     WorkerPaused,
 )
 from floom.services.access import principal, secrets
+from floom.services.alerts import callbacks
 from floom.services.runs import lifecycle as runs
 from floom.services.triggers.registry import spec_of
 from floom.services.workers import versions as workers
@@ -65,12 +66,18 @@ class Received:
 
 
 def receive_webhook(
-    ctx: Context, *, worker_name: str, headers: Mapping[str, str], body: bytes
+    ctx: Context,
+    *,
+    worker_name: str,
+    headers: Mapping[str, str],
+    body: bytes,
+    callback_url: str | None = None,
 ) -> Received:
     """Verify a delivery to /hooks/{worker} and start its run.
 
-    Refusals (unsigned, bad or stale signature, too large, no webhook here) raise and store
-    nothing. A delivery id seen before returns the stored delivery, marked duplicate.
+    Refusals (unsigned, bad or stale signature, too large, no webhook here, a callback URL
+    that cannot be used) raise and store nothing. A delivery id seen before returns the
+    stored delivery, marked duplicate. The run's record goes to `callback_url` when it ends.
     """
     check_size(ctx, body)
     trigger, worker = _webhook_trigger(ctx, worker_name)
@@ -90,6 +97,8 @@ def receive_webhook(
     verified = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
     lower = {k.lower(): v for k, v in headers.items()}
     event_name = lower.get("x-github-event") or lower.get("x-floom-event")
+    # Only a verified sender may have floom connect anywhere (the name is resolved here).
+    callback = callbacks.check_callback_url(ctx, callback_url)
     return deliver(
         ctx,
         source="webhook",
@@ -101,6 +110,7 @@ def receive_webhook(
         body=body,
         event_name=event_name,
         redact=[secret],
+        callback_url=callback,
     )
 
 
@@ -130,6 +140,7 @@ def deliver(
     event_name: str | None,
     redact: list[str],
     digest: str | None = None,
+    callback_url: str | None = None,
 ) -> Received:
     """Store a verified delivery for one worker and start its run, exactly once per key
     (and per signature digest, when given)."""
@@ -173,7 +184,7 @@ def deliver(
             inputs=inputs,
             trigger=source,
             caller=principal.SYSTEM,
-            in_transaction=record,
+            in_transaction=callbacks.recorder(callback_url, record),
         )
         return Received(delivery)
     except IntegrityError:

@@ -24,7 +24,7 @@ from floom.ui import admin as ui_admin
 from floom.ui import app as ui
 from floom.ui import approvals as ui_approvals
 from floom.ui import handoffs as ui_handoffs
-from floom.ui import nodes as ui_nodes
+from floom.ui import monitoring as ui_monitoring
 from floom.ui import ops as ui_ops
 from floom.ui import replays as ui_replays
 from floom.ui import runs as ui_runs
@@ -37,7 +37,7 @@ CLI = {"X-Floom-Client": "cli"}
 REST_REQUEST = re.compile(r"`(GET|POST|PUT|PATCH|DELETE) (/api/v1/[^ `?]*)")
 UI_ROUTERS = [
     m.router
-    for m in (ui, ui_admin, ui_approvals, ui_handoffs, ui_nodes, ui_ops, ui_replays, ui_runs)
+    for m in (ui, ui_admin, ui_approvals, ui_handoffs, ui_monitoring, ui_ops, ui_replays, ui_runs)
 ]
 UI_PAGE = re.compile(r"\((/[^)?\s]*)[^)]*\)")
 

@@ -1,0 +1,281 @@
+"""Who hears about the cluster: `floom nodes` (the nodes sharing the store) and `floom alerts`
+(channels, rules, deliveries, test sends, the run-callback key); thin clients of
+GET /api/v1/nodes and /api/v1/alerts."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from floom.cli.common import JsonOpt, open_client
+from floom.cli.output import new_table, out, print_json, when
+
+STATE_STYLE = {"live": "green", "lost": "bold red", "stopped": "dim"}
+DELIVERY_STYLE = {
+    "delivered": "green",
+    "pending": "yellow",
+    "failed": "bold red",
+    "throttled": "dim",
+}
+
+alerts_app = typer.Typer(
+    help="Alerts: channels (webhook, Slack, email), rules, deliveries; a test send."
+)
+channels_app = typer.Typer(help="Alert channels: list (no subcommand), add, rm, test.")
+rules_app = typer.Typer(help="Global alert rules: list (no subcommand), add, rm.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("nodes")(nodes_list)
+    app.add_typer(alerts_app, name="alerts", no_args_is_help=True)
+    alerts_app.add_typer(channels_app, name="channels")
+    alerts_app.add_typer(rules_app, name="rules")
+
+
+def nodes_list(as_json: JsonOpt = False) -> None:
+    """List the cluster's nodes: state, roles, version, slots in use, last heartbeat."""
+    with open_client() as client:
+        items = client.list_nodes()["items"]
+    if as_json:
+        print_json(items)
+        return
+    if not items:
+        out.print("no node has registered yet")
+        return
+    table = new_table("NODE", "STATE", "ROLES", "VERSION", "SLOTS", "HEARTBEAT")
+    for n in items:
+        slots = "-" if n["slots"] is None else f"{n['slots_in_use']}/{n['slots']}"
+        table.add_row(
+            n["id"],
+            Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
+            ",".join(n["roles"]),
+            n["version"],
+            slots,
+            f"{when(n['heartbeat_at'])} ({n['silent_seconds']:.0f}s ago)",
+        )
+    out.print(table)
+
+
+# -- channels ----------------------------------------------------------------------------------
+
+
+@channels_app.callback(invoke_without_command=True)
+def channels(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List alert channels (settings name secrets, never their values)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with open_client() as client:
+        items = client.list_alert_channels()["items"]
+    if as_json:
+        print_json(items)
+        return
+    if not items:
+        out.print("no alert channel yet: `floom alerts channels add NAME --kind webhook ...`")
+        return
+    table = new_table("CHANNEL", "KIND", "SETTINGS")
+    for c in items:
+        settings = ", ".join(f"{k}={v}" for k, v in c["config"].items())
+        table.add_row(c["name"], c["kind"], settings)
+    out.print(table)
+
+
+@channels_app.command("add")
+def channel_add(
+    name: Annotated[str, typer.Argument(help="a lowercase slug, e.g. ops")],
+    kind: Annotated[str, typer.Option("--kind", help="webhook, slack or email")],
+    url: Annotated[str | None, typer.Option("--url", help="webhook: the receiver's URL")] = None,
+    secret: Annotated[
+        str | None, typer.Option("--secret", help="webhook: the secret holding its whsec_ key")
+    ] = None,
+    url_secret: Annotated[
+        str | None, typer.Option("--url-secret", help="slack: the secret holding its URL")
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="email: the SMTP server")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="email: its port (587)")] = None,
+    no_starttls: Annotated[
+        bool, typer.Option("--no-starttls", help="email: send without STARTTLS (local relays)")
+    ] = False,
+    username: Annotated[str | None, typer.Option("--username", help="email: login")] = None,
+    password_secret: Annotated[
+        str | None, typer.Option("--password-secret", help="email: the secret with the password")
+    ] = None,
+    sender: Annotated[str | None, typer.Option("--from", help="email: the From address")] = None,
+    to: Annotated[
+        list[str] | None, typer.Option("--to", help="email: a recipient (repeat for more)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add an alert channel; its credentials are named secrets (`floom secrets set NAME`)."""
+    given: dict[str, Any] = {
+        "url": url,
+        "secret": secret,
+        "url_secret": url_secret,
+        "host": host,
+        "port": port,
+        "starttls": False if no_starttls else None,
+        "username": username,
+        "password_secret": password_secret,
+        "sender": sender,
+        "to": to or None,
+    }
+    config = {k: v for k, v in given.items() if v is not None}
+    with open_client() as client:
+        channel = client.add_alert_channel(name, kind, config)
+    if as_json:
+        print_json(channel)
+        return
+    out.print(
+        f"added {channel['kind']} channel {channel['name']}; try it: floom alerts test {name}"
+    )
+
+
+@channels_app.command("rm")
+def channel_rm(name: Annotated[str, typer.Argument(help="the channel")]) -> None:
+    """Delete an alert channel (rules naming it skip it)."""
+    with open_client() as client:
+        client.delete_alert_channel(name)
+    out.print(f"deleted channel {name}")
+
+
+@alerts_app.command("test")
+def test_send(
+    name: Annotated[str, typer.Argument(help="the channel")], as_json: JsonOpt = False
+) -> None:
+    """Send a test alert to a channel now; exit 1 with the reason if it was not delivered."""
+    with open_client() as client:
+        delivery = client.test_alert_channel(name)
+    if as_json:
+        print_json(delivery)
+        return
+    out.print(f"test alert delivered to {name} ({delivery['id']})")
+
+
+# -- rules -------------------------------------------------------------------------------------
+
+
+@rules_app.callback(invoke_without_command=True)
+def rules(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """List the global alert rules (a worker's own are in its worker.yml, `alerts:`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with open_client() as client:
+        items = client.list_alert_rules()["items"]
+    if as_json:
+        print_json(items)
+        return
+    if not items:
+        out.print(
+            "no global alert rule: `floom alerts rules add NAME --event run.failed --channel ops`"
+        )
+        return
+    table = new_table("RULE", "WORKER", "EVENTS", "CHANNELS", "RECOVERY")
+    for r in items:
+        table.add_row(
+            r["name"],
+            r["worker"] or "(all)",
+            ", ".join(r["events"]),
+            ", ".join(r["channels"]),
+            "yes" if r["recovery"] else "no",
+        )
+    out.print(table)
+
+
+@rules_app.command("add")
+def rule_add(
+    name: Annotated[str, typer.Argument(help="a lowercase slug, e.g. failures")],
+    events: Annotated[
+        list[str], typer.Option("--event", help="run.failed, schedule.*, * ... (repeat for more)")
+    ],
+    channels: Annotated[list[str], typer.Option("--channel", help="a channel (repeat for more)")],
+    worker: Annotated[
+        str | None, typer.Option("--worker", help="only this worker's events")
+    ] = None,
+    no_recovery: Annotated[
+        bool, typer.Option("--no-recovery", help="do not send the incident's recovery")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Add a global rule: which events go to which channels."""
+    rule = {
+        "name": name,
+        "events": events,
+        "channels": channels,
+        "worker": worker,
+        "recovery": not no_recovery,
+    }
+    with open_client() as client:
+        added = client.add_alert_rule(rule)
+    if as_json:
+        print_json(added)
+        return
+    out.print(f"added rule {name}: {', '.join(events)} -> {', '.join(channels)}")
+
+
+@rules_app.command("rm")
+def rule_rm(name: Annotated[str, typer.Argument(help="the rule")]) -> None:
+    """Delete a global alert rule."""
+    with open_client() as client:
+        client.delete_alert_rule(name)
+    out.print(f"deleted rule {name}")
+
+
+# -- deliveries --------------------------------------------------------------------------------
+
+
+@alerts_app.command("deliveries")
+def deliveries(
+    status: Annotated[
+        str | None, typer.Option("--status", help="pending, delivered, failed or throttled")
+    ] = None,
+    purpose: Annotated[
+        str | None, typer.Option("--purpose", help="alert, test or callback")
+    ] = None,
+    channel: Annotated[str | None, typer.Option("--channel", help="only this channel's")] = None,
+    run_id: Annotated[str | None, typer.Option("--run", help="only this run's")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """List alert, test and callback deliveries, newest first, with their status."""
+    with open_client() as client:
+        page = client.list_alert_deliveries(
+            status=status, purpose=purpose, channel=channel, run_id=run_id, limit=limit
+        )
+    if as_json:
+        print_json(page)
+        return
+    if not page["items"]:
+        out.print("no deliveries")
+        return
+    table = new_table("DELIVERY", "STATUS", "TYPE", "TO", "TRIES", "CREATED", "SUMMARY / ERROR")
+    for d in page["items"]:
+        table.add_row(
+            d["id"],
+            Text(d["status"], style=DELIVERY_STYLE.get(d["status"], "")),
+            d["type"],
+            d["channel"] or d["target"] or "",
+            f"{d['attempts']}/{d['max_attempts']}",
+            when(d["created_at"]),
+            d["last_error"] or d["summary"],
+        )
+    out.print(table)
+
+
+@alerts_app.command("resend")
+def resend(delivery_id: Annotated[str, typer.Argument(help="the delivery")]) -> None:
+    """Send a failed or throttled delivery again (a delivered one as a new delivery)."""
+    with open_client() as client:
+        delivery = client.resend_alert_delivery(delivery_id)
+    out.print(f"{delivery['id']} queued to send again")
+
+
+@alerts_app.command("callback-key")
+def callback_key(as_json: JsonOpt = False) -> None:
+    """Print the key that signs run callbacks (admin), to verify them with Standard Webhooks."""
+    with open_client() as client:
+        key = client.callback_key()
+    if as_json:
+        print_json(key)
+        return
+    out.print(Text(key["key"]))

@@ -1,0 +1,146 @@
+"""floom's alert tools over MCP: channels (with a test send), global rules and deliveries;
+written against the Backend interface."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context
+from mcp_types import ToolAnnotations
+from pydantic import Field
+
+from floom.mcp.render import Reply
+from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
+
+
+def _channels_text(items: list[dict[str, Any]]) -> str:
+    if not items:
+        return "no alert channel yet: add one with add_alert_channel"
+    return "\n".join(
+        f"{c['name']} ({c['kind']}): " + ", ".join(f"{k}={v}" for k, v in c["config"].items())
+        for c in items
+    )
+
+
+def _delivery_line(d: dict[str, Any]) -> str:
+    to = d.get("channel") or d.get("target") or ""
+    why = f" ({d['last_error']})" if d.get("last_error") else ""
+    return (
+        f"{d['id']} {d['status']} {d['type']} to {to}, {d['attempts']} tries: {d['summary']}{why}"
+    )
+
+
+@floom_tool
+async def list_alert_channels(ctx: Context) -> Reply:
+    """Alert channels (webhook, Slack, email): their settings name secrets, never values."""
+    listing = await off(backend_of(ctx).alert_channels)
+    return Reply(_channels_text(listing["items"]), listing)
+
+
+@floom_tool
+async def add_alert_channel(
+    ctx: Context,
+    name: Annotated[str, Field(description="a lowercase slug, e.g. ops")],
+    kind: Annotated[Literal["webhook", "slack", "email"], Field(description="the channel kind")],
+    config: Annotated[
+        dict[str, Any],
+        Field(
+            description="webhook: {url, secret}; slack: {url_secret}; email: {host, port, "
+            "starttls, username, password_secret, sender, to}. secret, url_secret and "
+            "password_secret are NAMES of secrets set with set_secret, never values"
+        ),
+    ],
+) -> Reply:
+    """Add an alert channel; every setting is checked now (a bad one changes nothing)."""
+    channel = await off(backend_of(ctx).add_alert_channel, name, kind, config)
+    return Reply(f"added {kind} channel {name}; try it with test_alert_channel", channel)
+
+
+@floom_tool
+async def test_alert_channel(
+    ctx: Context, name: Annotated[str, Field(description="the channel")]
+) -> Reply:
+    """Send a test alert to a channel now; an error says why it did not arrive."""
+    delivery = await off(backend_of(ctx).test_alert_channel, name)
+    return Reply(f"test alert delivered to {name} ({delivery['id']})", delivery)
+
+
+@floom_tool
+async def list_alert_rules(ctx: Context) -> Reply:
+    """The global alert rules (a worker's own live in its worker.yml, `alerts:`)."""
+    listing = await off(backend_of(ctx).alert_rules)
+    lines = [
+        f"{r['name']}: {', '.join(r['events'])} of {r['worker'] or 'every worker'} -> "
+        f"{', '.join(r['channels'])}"
+        for r in listing["items"]
+    ]
+    return Reply("\n".join(lines) or "no global alert rule", listing)
+
+
+@floom_tool
+async def add_alert_rule(
+    ctx: Context,
+    name: Annotated[str, Field(description="a lowercase slug, e.g. failures")],
+    events: Annotated[
+        list[str],
+        Field(description="run.failed, run.timed_out, schedule.missed, node.lost, run.*, * ..."),
+    ],
+    channels: Annotated[list[str], Field(description="channel names")],
+    worker: Annotated[str | None, Field(description="only this worker's events")] = None,
+    recovery: Annotated[bool, Field(description="send the recovery too")] = True,
+) -> Reply:
+    """Add a global alert rule: which events go to which channels."""
+    rule = {
+        "name": name,
+        "events": events,
+        "channels": channels,
+        "worker": worker,
+        "recovery": recovery,
+    }
+    added = await off(backend_of(ctx).add_alert_rule, rule)
+    return Reply(f"added rule {name}", added)
+
+
+@floom_tool
+async def list_alert_deliveries(
+    ctx: Context,
+    status: Annotated[
+        Literal["pending", "delivered", "failed", "throttled"] | None,
+        Field(description="only deliveries in this status"),
+    ] = None,
+    purpose: Annotated[
+        Literal["alert", "test", "callback"] | None, Field(description="only this kind")
+    ] = None,
+    run_id: Annotated[str | None, Field(description="only this run's")] = None,
+    limit: Annotated[int, Field(ge=1, le=500)] = 20,
+) -> Reply:
+    """Alert, test and run-callback deliveries, newest first, with status and last error."""
+    filters = {"status": status, "purpose": purpose, "run_id": run_id, "limit": limit}
+    page = await off(
+        backend_of(ctx).alert_deliveries, {k: v for k, v in filters.items() if v is not None}
+    )
+    text = "\n".join(_delivery_line(d) for d in page["items"]) or "no deliveries"
+    return Reply(text, page)
+
+
+@floom_tool
+async def resend_alert_delivery(
+    ctx: Context, delivery_id: Annotated[str, Field(description="the delivery, dlv_...")]
+) -> Reply:
+    """Send a failed or throttled delivery again (a delivered one as a new delivery)."""
+    delivery = await off(backend_of(ctx).resend_alert_delivery, delivery_id)
+    return Reply(f"{delivery['id']} queued to send again", delivery)
+
+
+# A test send reaches outside floom.
+SENDS = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=True)
+
+ALERT_TOOLS: tuple[FloomTool, ...] = (
+    FloomTool(list_alert_channels, READ, "read"),
+    FloomTool(add_alert_channel, WRITE, "deploy"),
+    FloomTool(test_alert_channel, SENDS, "deploy"),
+    FloomTool(list_alert_rules, READ, "read"),
+    FloomTool(add_alert_rule, WRITE, "deploy"),
+    FloomTool(list_alert_deliveries, READ, "read"),
+    FloomTool(resend_alert_delivery, SENDS, "deploy"),
+)

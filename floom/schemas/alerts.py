@@ -1,0 +1,153 @@
+"""Alert channels, rules and deliveries as the REST API, the MCP tools and the CLI show them:
+a channel's settings name its secrets, never their values; a callback's URL is shown
+without its query (which may carry a token)."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from floom.schemas.common import Page, Public, Timestamp
+from floom.store.models import AlertChannel, AlertRule, Delivery
+
+ChannelKind = Literal["webhook", "slack", "email"]
+
+
+class ChannelCreate(BaseModel):
+    name: str = Field(description="a lowercase slug, e.g. ops-email")
+    kind: ChannelKind
+    config: dict[str, Any] = Field(
+        description="webhook: url, secret (the NAME of the secret holding its whsec_ signing "
+        "key); slack: url_secret (the NAME of the secret holding the incoming webhook URL); "
+        "email: host, port, starttls, username, password_secret, sender, to"
+    )
+
+
+class ChannelUpdate(BaseModel):
+    config: dict[str, Any]
+
+
+class ChannelPublic(Public):
+    name: str
+    kind: ChannelKind
+    config: dict[str, Any] = Field(description="the settings; secrets by name only")
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class ChannelList(Public):
+    items: list[ChannelPublic]
+
+
+class RuleCreate(BaseModel):
+    name: str = Field(description="a lowercase slug, e.g. failures-to-ops")
+    events: list[str] = Field(description="event names (run.failed), families (run.*) or *")
+    channels: list[str] = Field(description="channel names")
+    worker: str | None = Field(None, description="only this worker's events (default: all)")
+    recovery: bool = Field(True, description="send the incident's recovery to the channels too")
+
+
+class RulePublic(Public):
+    name: str
+    worker: str | None
+    events: list[str]
+    channels: list[str]
+    recovery: bool
+    enabled: bool
+    created_at: Timestamp
+
+
+class RuleList(Public):
+    items: list[RulePublic]
+
+
+class DeliveryPublic(Public):
+    id: str
+    purpose: Literal["alert", "test", "callback"]
+    status: Literal["pending", "delivered", "failed", "throttled"]
+    type: str = Field(description="the event: run.failed, recovered, test, run.ended, ...")
+    channel: str | None = Field(description="the channel (alerts and tests)")
+    target: str | None = Field(description="a callback's URL, without its query")
+    run_id: str | None
+    event_id: str | None
+    summary: str
+    attempts: int
+    max_attempts: int
+    next_attempt_at: Timestamp | None
+    last_error: str | None
+    created_at: Timestamp
+    delivered_at: Timestamp | None
+    body: dict[str, Any] = Field(description="what was (or is to be) sent")
+
+
+class Deleted(Public):
+    name: str
+    deleted: bool
+
+
+class CallbackKey(Public):
+    key: str = Field(description="the Standard Webhooks key (whsec_...) that signs callbacks")
+
+
+def channel_public(row: AlertChannel) -> ChannelPublic:
+    return ChannelPublic(
+        name=row.name,
+        kind=row.kind,  # type: ignore[arg-type]
+        config=json.loads(row.config_json),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def rule_public(row: AlertRule) -> RulePublic:
+    return RulePublic(
+        name=row.name,
+        worker=row.worker_name,
+        events=json.loads(row.events_json),
+        channels=json.loads(row.channels_json),
+        recovery=row.recovery,
+        enabled=row.enabled,
+        created_at=row.created_at,
+    )
+
+
+def shown_target(url: str | None) -> str | None:
+    if url is None:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+
+
+def delivery_public(row: Delivery) -> DeliveryPublic:
+    body = json.loads(row.body_json)
+    if not isinstance(body, dict):
+        body = {}
+    summary = body.get("summary")
+    if summary is None and isinstance(body.get("run"), dict):
+        run = body["run"]
+        summary = f"run {run.get('id')} of {run.get('worker')} {run.get('status')}"
+    return DeliveryPublic(
+        id=row.id,
+        purpose=row.purpose,  # type: ignore[arg-type]
+        status=row.status,  # type: ignore[arg-type]
+        type=str(body.get("type") or row.purpose),
+        channel=row.channel_name,
+        target=shown_target(row.target),
+        run_id=row.run_id,
+        event_id=row.event_id,
+        summary=str(summary or ""),
+        attempts=row.attempts,
+        max_attempts=row.max_attempts,
+        next_attempt_at=row.next_attempt_at if row.status == "pending" else None,
+        last_error=row.last_error,
+        created_at=row.created_at,
+        delivered_at=row.delivered_at,
+        body=body,
+    )
+
+
+def delivery_page(rows: list[Delivery], next_cursor: str | None) -> Page[DeliveryPublic]:
+    return Page[DeliveryPublic](items=[delivery_public(r) for r in rows], next_cursor=next_cursor)

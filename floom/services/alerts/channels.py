@@ -1,0 +1,298 @@
+"""Alert channels: an outbound webhook signed as Standard Webhooks, a Slack-compatible
+incoming webhook, or email over SMTP. A channel's credentials are secrets of floom's secret
+store, which its settings name (and which are never shown back); every setting is checked
+when the channel is saved, and a bad one changes nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+from dataclasses import dataclass
+from email.utils import parseaddr
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import col, select
+from standardwebhooks.webhooks import Webhook
+
+from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN
+from floom.net.egress import EgressRefused, policy_of, resolve_checked
+from floom.services.access import secrets
+from floom.services.access.principal import Principal
+from floom.store.db import session_scope
+from floom.store.models import AlertChannel, new_id, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+KINDS = ("webhook", "slack", "email")
+MAX_URL = 2048
+MAX_RECIPIENTS = 20
+# Each kind's settings: (key, required, what it holds).
+SETTINGS: dict[str, tuple[tuple[str, bool, str], ...]] = {
+    "webhook": (
+        ("url", True, "the receiver's http(s) URL"),
+        ("secret", True, "the secret holding its Standard Webhooks signing key (whsec_...)"),
+    ),
+    "slack": (("url_secret", True, "the secret holding the incoming webhook's URL"),),
+    "email": (
+        ("host", True, "the SMTP server's name"),
+        ("port", False, "its port (587)"),
+        ("starttls", False, "true (default): STARTTLS before anything is sent"),
+        ("username", False, "the login, if the server asks for one"),
+        ("password_secret", False, "the secret holding the password"),
+        ("sender", True, "the From address"),
+        ("to", True, "the addresses to send to"),
+    ),
+}
+SECRET_SETTINGS = ("secret", "url_secret", "password_secret")
+
+
+class ChannelInvalid(InvalidRequest):
+    """A channel's settings cannot be used; `details` names the setting."""
+
+    status = 422
+    code = "alert_channel_invalid"
+
+
+def invalid(path: str, message: str, hint: str) -> ChannelInvalid:
+    return ChannelInvalid(
+        f"{path}: {message}", hint=hint, details=[{"path": path, "message": message, "hint": hint}]
+    )
+
+
+@dataclass(frozen=True)
+class Channel:
+    """A stored channel, its settings parsed."""
+
+    id: str
+    name: str
+    kind: str
+    config: dict[str, Any]
+
+    @classmethod
+    def of(cls, row: AlertChannel) -> Channel:
+        return cls(id=row.id, name=row.name, kind=row.kind, config=json.loads(row.config_json))
+
+
+def check_url(ctx: Context, url: Any, path: str) -> str:
+    """An http(s) URL that the egress guard lets floom reach; raises ChannelInvalid naming
+    `path` ("config.url", "callback_url") otherwise. Resolves the name now, so a host address
+    or a name that does not resolve is refused at once, not at the first delivery."""
+    if not isinstance(url, str) or not url.strip():
+        raise invalid(path, "must be an http(s) URL", "e.g. https://hooks.example.com/floom")
+    url = url.strip()
+    if len(url) > MAX_URL:
+        raise invalid(path, f"is longer than {MAX_URL} characters", "use a shorter URL")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise invalid(path, f"{_shown(url)} is not an http(s) URL", "e.g. https://example.com/hook")
+    if parts.username or parts.password:
+        hint = "put credentials in the channel's secret, not in the URL"
+        raise invalid(path, "must not carry a user name or password", hint)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        resolve_checked(parts.hostname, port, policy_of(ctx.settings))
+    except ValueError as exc:
+        raise invalid(
+            path, f"has a bad port ({exc})", "e.g. https://example.com:8443/hook"
+        ) from exc
+    except EgressRefused as exc:
+        hint = (
+            "check the host name"
+            if "resolve" in exc.message or "no address" in exc.message
+            else "floom sends only to public addresses (or networks in FLOOM_EGRESS_ALLOW)"
+        )
+        raise invalid(path, exc.message, hint) from exc
+    return url
+
+
+def _shown(url: str) -> str:
+    return repr(url[:80])
+
+
+def _check_secret(ctx: Context, value: Any, path: str, caller: Principal) -> str:
+    if not isinstance(value, str) or not re.fullmatch(SECRET_NAME_PATTERN, value):
+        hint = "the NAME of a secret set with `floom secrets set NAME`, e.g. ALERTS_WEBHOOK_KEY"
+        raise invalid(path, f"{value!r} is not a secret name", hint)
+    if secrets.missing(ctx, [value], caller=caller):
+        raise invalid(
+            path, f"no secret named {value}", f"set it first: `floom secrets set {value}`"
+        )
+    return value
+
+
+def check_config(ctx: Context, *, kind: str, config: Any, caller: Principal) -> dict[str, Any]:
+    """The channel's settings, checked (secrets named exist and hold what the kind needs;
+    URLs are allowed by the egress guard); raises ChannelInvalid naming the setting."""
+    caller.require("deploy")
+    if kind not in KINDS:
+        raise invalid("kind", f"unknown channel kind {kind!r}", f"one of {', '.join(KINDS)}")
+    if not isinstance(config, dict):
+        raise invalid("config", "must be a mapping of settings", _keys_hint(kind))
+    known = {key for key, _, _ in SETTINGS[kind]}
+    for key in config:
+        if key not in known:
+            raise invalid(
+                f"config.{key}", f"unknown setting for a {kind} channel", _keys_hint(kind)
+            )
+    for key, required, _ in SETTINGS[kind]:
+        if required and config.get(key) in (None, "", []):
+            raise invalid(f"config.{key}", "required", _keys_hint(kind))
+    clean: dict[str, Any] = {}
+    for key in SECRET_SETTINGS:
+        if config.get(key) is not None:
+            clean[key] = _check_secret(ctx, config[key], f"config.{key}", caller)
+    if kind == "webhook":
+        clean["url"] = check_url(ctx, config["url"], "config.url")
+        _check_signing_key(ctx, clean["secret"])
+    elif kind == "slack":
+        url = _secret_value(ctx, clean["url_secret"])
+        check_url(ctx, url, "config.url_secret")
+    else:
+        clean.update(_check_email(config))
+    return clean
+
+
+def _check_signing_key(ctx: Context, name: str) -> None:
+    try:
+        Webhook(_secret_value(ctx, name))
+    except Exception as exc:  # the library raises several kinds for a key it cannot read
+        hint = "store a key such as whsec_ followed by base64 (24 to 64 random bytes)"
+        raise invalid(
+            "config.secret", f"secret {name} is not a Standard Webhooks key", hint
+        ) from exc
+
+
+def _secret_value(ctx: Context, name: str) -> str:
+    values, _ = secrets.resolve(ctx, [name])
+    return values.get(name, "")
+
+
+def _check_email(config: dict[str, Any]) -> dict[str, Any]:
+    host = config["host"]
+    if not isinstance(host, str) or not re.fullmatch(r"[A-Za-z0-9.-]{1,253}", host):
+        raise invalid("config.host", f"{host!r} is not a host name", "e.g. smtp.example.com")
+    port = config.get("port", 587)
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise invalid("config.port", f"{port!r} is not a port", "e.g. 587 (STARTTLS)")
+    starttls = config.get("starttls", True)
+    if not isinstance(starttls, bool):
+        raise invalid("config.starttls", "must be true or false", "true unless the server is local")
+    username = config.get("username")
+    if username is not None and (not isinstance(username, str) or len(username) > 254):
+        raise invalid("config.username", "must be a login name", "e.g. alerts@example.com")
+    if bool(username) != bool(config.get("password_secret")):
+        hint = "give both username and password_secret, or neither"
+        raise invalid("config.password_secret" if username else "config.username", "missing", hint)
+    sender = _address(config["sender"], "config.sender")
+    to = config["to"]
+    if isinstance(to, str):
+        to = [to]
+    if not isinstance(to, list) or not 1 <= len(to) <= MAX_RECIPIENTS:
+        raise invalid("config.to", "must list 1 to 20 addresses", "e.g. [oncall@example.com]")
+    clean: dict[str, Any] = {
+        "host": host.lower(),
+        "port": port,
+        "starttls": starttls,
+        "sender": sender,
+        "to": [_address(a, f"config.to[{i}]") for i, a in enumerate(to)],
+    }
+    if username:
+        clean["username"] = username
+    return clean
+
+
+def _address(value: Any, path: str) -> str:
+    name, address = parseaddr(value) if isinstance(value, str) else ("", "")
+    if not re.fullmatch(r"[^@\s<>,]+@[A-Za-z0-9.-]+", address) or "\n" in str(value):
+        raise invalid(path, f"{value!r} is not an email address", "e.g. alerts@example.com")
+    return address
+
+
+def _keys_hint(kind: str) -> str:
+    return f"a {kind} channel's settings: " + "; ".join(
+        f"{key}{'' if required else ' (optional)'}: {what}"
+        for key, required, what in SETTINGS[kind]
+    )
+
+
+def create_channel(
+    ctx: Context, *, name: str, kind: str, config: Any, caller: Principal
+) -> AlertChannel:
+    """Save a new channel. Needs the deploy scope; a bad setting raises ChannelInvalid and
+    saves nothing; a taken name raises Conflict."""
+    caller.require("deploy")
+    _check_name(name)
+    clean = check_config(ctx, kind=kind, config=config, caller=caller)
+    row = AlertChannel(id=new_id("ach"), name=name, kind=kind, config_json=json.dumps(clean))
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            caller.require_in(s, "deploy")
+            s.add(row)
+    except IntegrityError as exc:
+        hint = f"pick another name, or `floom alerts channels rm {name}` first"
+        raise Conflict(f"an alert channel named {name} exists", hint=hint) from exc
+    return row
+
+
+def update_channel(ctx: Context, *, name: str, config: Any, caller: Principal) -> AlertChannel:
+    """Replace a channel's settings (checked as on create). Needs the deploy scope."""
+    caller.require("deploy")
+    kind = get_channel(ctx, name=name, caller=caller).kind
+    clean = check_config(ctx, kind=kind, config=config, caller=caller)
+    with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")
+        row = s.exec(select(AlertChannel).where(AlertChannel.name == name)).first()
+        if row is None:
+            raise _no_channel(name)
+        row.config_json = json.dumps(clean)
+        row.updated_at = utcnow()
+        s.add(row)
+    return row
+
+
+def _check_name(name: Any) -> None:
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        hint = "a lowercase slug: letters, digits and dashes, e.g. ops-email"
+        raise invalid("name", f"{name!r} is not a channel name", hint)
+
+
+def _no_channel(name: str) -> NotFound:
+    return NotFound(f"no alert channel named {name}", hint="`floom alerts channels` lists them")
+
+
+def list_channels(ctx: Context, *, caller: Principal) -> list[AlertChannel]:
+    """Every channel, by name. Needs the read scope (settings name secrets, never values)."""
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        return list(s.exec(select(AlertChannel).order_by(col(AlertChannel.name))).all())
+
+
+def get_channel(ctx: Context, *, name: str, caller: Principal) -> AlertChannel:
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        row = s.exec(select(AlertChannel).where(AlertChannel.name == name)).first()
+    if row is None:
+        raise _no_channel(name)
+    return row
+
+
+def delete_channel(ctx: Context, *, name: str, caller: Principal) -> None:
+    """Rules naming it keep the name (and skip it) until it exists again. Deploy scope."""
+    caller.require("deploy")
+    with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")
+        row = s.exec(select(AlertChannel).where(AlertChannel.name == name)).first()
+        if row is None:
+            raise _no_channel(name)
+        s.delete(row)
+
+
+def channel_secrets(ctx: Context, channel: Channel) -> dict[str, str]:
+    """The values of the secrets a channel's settings name, by setting."""
+    names = {key: channel.config[key] for key in SECRET_SETTINGS if channel.config.get(key)}
+    values, _ = secrets.resolve(ctx, names.values())
+    return {key: values[name] for key, name in names.items() if name in values}

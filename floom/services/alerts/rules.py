@@ -1,0 +1,170 @@
+"""Alert rules: global ones (stored, for every worker or one) and each worker's own
+(worker.yml `alerts:`, read from its active version). Both say which events go to which
+channels; `routes_for` answers, for one event, the channels it goes to."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.manifest.alerts import RuleSpec, check_rule, worker_rules
+from floom.manifest.schema import NAME_PATTERN, Problem
+from floom.services.access.principal import Principal
+from floom.services.workers import versions as workers
+from floom.store.db import session_scope
+from floom.store.models import AlertChannel, AlertRule, Version, Worker, new_id
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+
+class RuleInvalid(InvalidRequest):
+    """An alert rule that cannot be used; `details` names each field that is wrong."""
+
+    status = 422
+    code = "alert_rule_invalid"
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one event goes: a channel, and whether its incident's recovery goes there too."""
+
+    channel: AlertChannel
+    recovery: bool
+    rule: str  # the rule's name, or "worker.yml of NAME"
+
+
+def check(raw: Any, *, path: str = "", worker_scoped: bool = False) -> RuleSpec:
+    """A rule's {events, channels, recovery}, or RuleInvalid naming every bad field."""
+    out: list[Problem] = []
+    spec = check_rule(raw, path, out, worker_scoped=worker_scoped)
+    if spec is None:
+        first = out[0] if out else Problem(path, "is not a rule")
+        raise RuleInvalid(
+            "; ".join(f"{p.path.lstrip('.')}: {p.message}" for p in out),
+            hint=first.hint or "e.g. {events: [run.failed], channels: [ops]}",
+            details=[{**p.to_dict(), "path": p.path.lstrip(".")} for p in out],
+        )
+    return spec
+
+
+def create_rule(
+    ctx: Context,
+    *,
+    name: str,
+    events: Any,
+    channels: Any,
+    worker: str | None = None,
+    recovery: Any = True,
+    caller: Principal,
+) -> AlertRule:
+    """Save a global rule (for `worker` only, when given). Every channel it names must
+    exist. Needs the deploy scope; a bad field raises RuleInvalid and saves nothing."""
+    caller.require("deploy")
+    if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
+        hint = "a lowercase slug, e.g. failures-to-ops"
+        raise RuleInvalid(
+            f"name: {name!r} is not a rule name", hint=hint, details=[_detail("name", hint)]
+        )
+    spec = check({"events": events, "channels": channels, "recovery": recovery})
+    if worker is not None:
+        workers.get_worker(ctx, name=worker, caller=caller)
+    row = AlertRule(
+        id=new_id("arl"),
+        name=name,
+        worker_name=worker,
+        events_json=json.dumps(list(spec.events)),
+        channels_json=json.dumps(list(spec.channels)),
+        recovery=spec.recovery,
+    )
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            caller.require_in(s, "deploy")
+            _check_channels_exist(s, spec.channels)
+            s.add(row)
+    except IntegrityError as exc:
+        raise Conflict(f"an alert rule named {name} exists", hint="pick another name") from exc
+    return row
+
+
+def _detail(path: str, hint: str) -> dict[str, Any]:
+    return {"path": path, "message": "invalid", "hint": hint}
+
+
+def _check_channels_exist(s: Session, names: tuple[str, ...]) -> None:
+    found = set(s.exec(select(AlertChannel.name).where(col(AlertChannel.name).in_(names))).all())
+    for i, name in enumerate(names):
+        if name not in found:
+            hint = f"create it first: `floom alerts channels add {name} ...`"
+            raise RuleInvalid(
+                f"channels[{i}]: no alert channel named {name}",
+                hint=hint,
+                details=[{"path": f"channels[{i}]", "message": f"no channel {name}", "hint": hint}],
+            )
+
+
+def list_rules(ctx: Context, *, caller: Principal) -> list[AlertRule]:
+    caller.require("read")
+    with session_scope(ctx.engine) as s:
+        return list(s.exec(select(AlertRule).order_by(col(AlertRule.name))).all())
+
+
+def delete_rule(ctx: Context, *, name: str, caller: Principal) -> None:
+    caller.require("deploy")
+    with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")
+        row = s.exec(select(AlertRule).where(AlertRule.name == name)).first()
+        if row is None:
+            raise NotFound(f"no alert rule named {name}", hint="`floom alerts rules` lists them")
+        s.delete(row)
+
+
+def spec_of(row: AlertRule) -> RuleSpec:
+    return RuleSpec(
+        events=tuple(json.loads(row.events_json)),
+        channels=tuple(json.loads(row.channels_json)),
+        recovery=row.recovery,
+    )
+
+
+def routes_for(s: Session, *, kind: str, worker: str | None) -> list[Route]:
+    """The channels an event of `kind` (about `worker`, if any) goes to: by the global rules
+    and the worker's own; each channel once. A rule naming a channel that no longer exists
+    skips it."""
+    named: list[tuple[RuleSpec, str]] = []
+    for row in s.exec(select(AlertRule).where(col(AlertRule.enabled).is_(True))).all():
+        if row.worker_name is None or row.worker_name == worker:
+            named.append((spec_of(row), row.name))
+    if worker is not None:
+        named += [(spec, f"worker.yml of {worker}") for spec in _worker_specs(s, worker)]
+    wanted = [(spec, rule) for spec, rule in named if spec.matches(kind)]
+    names = {channel for spec, _ in wanted for channel in spec.channels}
+    if not names:
+        return []
+    channels = {
+        c.name: c
+        for c in s.exec(select(AlertChannel).where(col(AlertChannel.name).in_(sorted(names)))).all()
+    }
+    routes: dict[str, Route] = {}
+    for spec, rule in wanted:
+        for name in spec.channels:
+            if name in channels and (name not in routes or spec.recovery):
+                routes[name] = Route(channel=channels[name], recovery=spec.recovery, rule=rule)
+    return list(routes.values())
+
+
+def _worker_specs(s: Session, worker: str) -> list[RuleSpec]:
+    row = s.exec(
+        select(Version)
+        .join(Worker, col(Worker.active_version_id) == col(Version.id))
+        .where(Worker.name == worker)
+    ).first()
+    if row is None:
+        return []
+    return worker_rules(workers.manifest_of(row).alerts)

@@ -1,0 +1,193 @@
+"""How one delivery goes out: a signed webhook POST (an alert to a webhook channel, or a
+run's callback), a Slack-compatible POST, or a mail. Every connection goes through the
+egress guard (floom/net/egress.py), pinned to the address it checked; no redirect is
+followed. A failure raises AlertUndeliverable, in floom's words (never what the other end said)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import smtplib
+import socket
+import ssl
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from standardwebhooks.webhooks import Webhook
+
+from floom.errors import FloomError
+from floom.net.egress import (
+    EgressPolicy,
+    describe_failure,
+    guarded_client,
+    policy_of,
+    resolve_checked,
+)
+from floom.services.alerts.channels import Channel, channel_secrets
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+USER_AGENT = "floom-alerts"
+MAX_SUBJECT = 150
+
+
+class AlertUndeliverable(FloomError):
+    """A test alert (or a re-send) could not be delivered; the message says why."""
+
+    status = 502
+    code = "alert_undeliverable"
+
+    def __init__(self, message: str, *, permanent: bool = False, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        # Not tried again (a deleted channel, a secret gone, a server without STARTTLS).
+        self.permanent = permanent
+
+
+def callback_key(ctx: Context) -> str:
+    """The Standard Webhooks key that signs run callbacks (whsec_...): derived from the
+    server's secret key, so every node signs alike; an admin reads it to verify them."""
+    raw = ctx.secret_box.derive_key("run-callbacks")[:32]
+    return "whsec_" + base64.b64encode(raw).decode()
+
+
+def send_callback(ctx: Context, *, delivery_id: str, url: str, body: str) -> None:
+    _post(ctx, url, body, delivery_id=delivery_id, key=callback_key(ctx))
+
+
+def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[str, Any]) -> None:
+    values = channel_secrets(ctx, channel)
+    wanted = [k for k in ("secret", "url_secret", "password_secret") if channel.config.get(k)]
+    missing = [channel.config[k] for k in wanted if k not in values]
+    if missing:
+        raise AlertUndeliverable(
+            f"secret {missing[0]} of channel {channel.name} is not set any more", permanent=True
+        )
+    if channel.kind == "webhook":
+        text = json.dumps(body, separators=(",", ":"))
+        _post(ctx, channel.config["url"], text, delivery_id=delivery_id, key=values["secret"])
+    elif channel.kind == "slack":
+        _post(
+            ctx,
+            values["url_secret"],
+            json.dumps({"text": slack_text(body)}),
+            delivery_id=None,
+            key=None,
+        )
+    else:
+        send_mail(ctx, channel=channel, password=values.get("password_secret"), body=body)
+
+
+def _post(ctx: Context, url: str, text: str, *, delivery_id: str | None, key: str | None) -> None:
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
+    if key is not None and delivery_id is not None:
+        stamp = datetime.now(UTC)
+        headers["webhook-id"] = delivery_id
+        headers["webhook-timestamp"] = str(int(stamp.timestamp()))
+        headers["webhook-signature"] = Webhook(key).sign(delivery_id, stamp, text)
+    policy = policy_of(ctx.settings)
+    try:
+        with guarded_client(
+            policy, timeout=ctx.settings.alert_timeout_seconds, follow_redirects=False
+        ) as client:
+            response = client.post(url, content=text.encode(), headers=headers)
+    except (httpx.HTTPError, OSError) as exc:
+        raise AlertUndeliverable(describe_failure(exc)) from exc
+    except Exception as exc:  # the guard's refusal is a FloomError; anything else is a failure too
+        raise AlertUndeliverable(describe_failure(exc)) from exc
+    if not 200 <= response.status_code < 300:
+        raise AlertUndeliverable(f"it answered HTTP {response.status_code}")
+
+
+def summary_line(body: dict[str, Any]) -> str:
+    summary = str(body.get("summary") or body.get("type") or "floom alert")
+    return summary.replace("\n", " ")
+
+
+def slack_text(body: dict[str, Any]) -> str:
+    lines = [f"*floom*: {summary_line(body)}"]
+    error = body.get("error") or {}
+    if error.get("code"):
+        lines.append(f"error `{error['code']}`: {error.get('message') or ''}")
+    if body.get("run_url"):
+        lines.append(str(body["run_url"]))
+    return "\n".join(lines)
+
+
+def mail_text(body: dict[str, Any]) -> str:
+    lines = [summary_line(body), ""]
+    for key in ("worker", "run_url", "subject"):
+        if body.get(key):
+            lines.append(f"{key}: {body[key]}")
+    error = body.get("error") or {}
+    if error:
+        lines.append(f"error: {error.get('code') or ''} {error.get('message') or ''}".rstrip())
+    lines += ["", json.dumps(body, indent=2)]
+    return "\n".join(lines)
+
+
+class _GuardedSMTP(smtplib.SMTP):
+    """smtplib's client whose connection goes to the address the egress guard checked, while
+    the server's name stays the one STARTTLS verifies its certificate against."""
+
+    def __init__(self, policy: EgressPolicy, *, host: str, port: int, timeout: float) -> None:
+        self._policy = policy
+        # Connects at once; the name given here is the one STARTTLS checks.
+        super().__init__(host=host, port=port, timeout=timeout)
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        address = resolve_checked(host, port, self._policy)
+        return socket.create_connection((address, port), timeout)
+
+
+def send_mail(
+    ctx: Context, *, channel: Channel, password: str | None, body: dict[str, Any]
+) -> None:
+    config = channel.config
+    message = EmailMessage()
+    message["From"] = config["sender"]
+    message["To"] = ", ".join(config["to"])
+    message["Subject"] = f"[floom] {summary_line(body)}"[:MAX_SUBJECT]
+    message.set_content(mail_text(body))
+    stage = "connecting"
+    try:
+        smtp = _GuardedSMTP(
+            policy_of(ctx.settings),
+            host=config["host"],
+            port=config.get("port", 587),
+            timeout=ctx.settings.alert_timeout_seconds,
+        )
+        try:
+            if config.get("starttls", True):
+                stage = "starting TLS"
+                smtp.starttls(context=ssl.create_default_context())
+            if config.get("username"):
+                stage = "logging in"
+                smtp.login(config["username"], password or "")
+            stage = "sending"
+            smtp.send_message(message)
+        finally:
+            try:
+                smtp.quit()
+            except (smtplib.SMTPException, OSError):
+                smtp.close()
+    except smtplib.SMTPAuthenticationError as exc:
+        raise AlertUndeliverable(
+            f"the mail server refused the login (SMTP {exc.smtp_code})"
+        ) from exc
+    except smtplib.SMTPNotSupportedError as exc:
+        raise AlertUndeliverable("the mail server does not offer STARTTLS", permanent=True) from exc
+    except smtplib.SMTPResponseException as exc:
+        raise AlertUndeliverable(
+            f"the mail server answered SMTP {exc.smtp_code} while {stage}"
+        ) from exc
+    except smtplib.SMTPServerDisconnected as exc:
+        raise AlertUndeliverable(f"the mail server closed the connection while {stage}") from exc
+    except ssl.SSLError as exc:
+        raise AlertUndeliverable(
+            f"TLS with the mail server failed ({exc.reason or 'handshake'})"
+        ) from exc
+    except Exception as exc:  # a refused address (a FloomError), a socket error, and the like
+        raise AlertUndeliverable(f"{describe_failure(exc)} while {stage}") from exc

@@ -1,0 +1,328 @@
+"""Alerts end to end on both stores: a real server runs failing and recovering workers, the
+alert loop sends to loopback receivers that fail, hang and recover, and to a real SMTP
+server; signatures are checked with the Standard Webhooks library."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from floom.services.access import secrets
+from floom.services.access.principal import SYSTEM
+from tests.support.alerts import receiver, smtp_server
+from tests.support.harness import (
+    LiveServer,
+    deploy_folder,
+    live_server,
+    make_worker,
+    wait_for_run,
+    wait_until,
+)
+
+SIGNING_KEY = "whsec_" + base64.b64encode(b"k" * 32).decode()
+FAST = {
+    "agent_http_allow_private": True,  # the receivers are on loopback
+    "alert_poll_seconds": 0.1,
+    "alert_retry_seconds": 0.1,
+    "alert_timeout_seconds": 1.0,
+}
+FLAKY = """\
+name: flaky
+inputs:
+  fail: {type: boolean, default: false}
+alerts:
+  - events: [run.failed]
+    channels: [hook]
+"""
+FLAKY_RUN = """\
+import json, sys
+if json.load(open("inputs.json"))["fail"]:
+    print("boom", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+# Fails saying its secret, in the error floom keeps for the run.
+LEAKY_RUN = """\
+import json, os
+if json.load(open("inputs.json"))["fail"]:
+    result = {"error": "boom " + os.environ["TOKEN"], "retryable": False}
+    json.dump(result, open("result.json", "w"))
+"""
+
+
+@contextmanager
+def alert_server(tmp: Path, database_url: str, **overrides: Any) -> Iterator[LiveServer]:
+    """A live server (its node runs the alert loop) with quick alert settings."""
+    with live_server(tmp, database_url, **{**FAST, **overrides}) as srv:
+        yield srv
+
+
+def add_webhook_channel(api: httpx.Client, ctx: Any, url: str, name: str = "hook") -> None:
+    secrets.set_secret(ctx, name="HOOK_KEY", value=SIGNING_KEY, caller=SYSTEM)
+    resp = api.post(
+        "/api/v1/alerts/channels",
+        json={"name": name, "kind": "webhook", "config": {"url": url, "secret": "HOOK_KEY"}},
+    )
+    assert resp.status_code == 201, resp.text
+
+
+def verified(headers: dict[str, str], body: bytes, key: str = SIGNING_KEY) -> dict[str, Any]:
+    payload: dict[str, Any] = Webhook(key).verify(body, headers)
+    return payload
+
+
+def deliveries(api: httpx.Client, **params: Any) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = api.get("/api/v1/alerts/deliveries", params=params).json()[
+        "items"
+    ]
+    return items
+
+
+def test_a_failing_worker_alerts_once_per_incident_and_once_when_it_recovers(
+    tmp_path: Path, database_url: str
+) -> None:
+    with receiver(plan=[500, 500]) as hook, alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        add_webhook_channel(api, srv.ctx, hook.url)
+        secrets.set_secret(srv.ctx, name="TOKEN", value="s3cr3t-value", caller=SYSTEM)
+        folder = make_worker(
+            tmp_path / "flaky",
+            FLAKY.replace("alerts:", "secrets: [TOKEN]\nalerts:"),
+            {"run.py": LEAKY_RUN},
+        )
+        deploy_folder(api, folder)
+        for fail in (True, True):
+            run = api.post("/api/v1/workers/flaky/runs", json={"inputs": {"fail": fail}}).json()
+            assert wait_for_run(api, run["id"])["status"] == "failed"
+        bodies = hook.wait_for(1)
+        first = bodies[0]
+        assert first["type"] == "run.failed"
+        assert first["worker"] == "flaky" and first["run_url"].endswith(f"/runs/{first['run_id']}")
+        assert first["error"]["code"]
+        assert "s3cr3t-value" not in str(hook.accepted[0][1])
+        verified(*hook.accepted[0])
+        ok = api.post("/api/v1/workers/flaky/runs", json={"inputs": {"fail": False}}).json()
+        assert wait_for_run(api, ok["id"])["status"] == "succeeded"
+        bodies = hook.wait_for(2)
+        assert [b["type"] for b in bodies] == ["run.failed", "recovered"]
+        assert bodies[1]["incident"]["status"] == "recovered"
+        assert bodies[1]["incident"]["events"] == 2  # the second failure was grouped
+        for headers, body in hook.accepted:
+            verified(headers, body)
+        sent = deliveries(api, purpose="alert")
+        assert sorted(d["status"] for d in sent) == ["delivered", "delivered"]
+        first_sent = next(d for d in sent if d["type"] == "run.failed")
+        assert first_sent["attempts"] == 3  # two 500s, then accepted
+        assert hook.tried == 4
+
+
+def test_a_receiver_that_hangs_is_tried_again_and_recorded_once(
+    tmp_path: Path, database_url: str
+) -> None:
+    with (
+        receiver(plan=["hang"], hang_seconds=2.5) as hook,
+        alert_server(tmp_path / "d", database_url) as srv,
+    ):
+        api = srv.client()
+        add_webhook_channel(api, srv.ctx, hook.url)
+        folder = make_worker(tmp_path / "flaky", FLAKY, {"run.py": FLAKY_RUN})
+        deploy_folder(api, folder)
+        run = api.post("/api/v1/workers/flaky/runs", json={"inputs": {"fail": True}}).json()
+        wait_for_run(api, run["id"])
+
+        def delivered() -> list[dict[str, Any]]:
+            return [d for d in deliveries(api, purpose="alert") if d["status"] == "delivered"]
+
+        sent = wait_until(delivered, timeout=30)
+        assert len(sent) == 1 and sent[0]["attempts"] == 2
+        # The hung request was answered (accepted) after floom gave up on it, and the retry
+        # was accepted too: the receiver saw the same webhook-id twice, floom one success.
+        wait_until(lambda: len(hook.accepted) == 2)
+        assert len({h["webhook-id"] for h, _ in hook.accepted}) == 1
+
+
+def test_pending_alerts_survive_a_restart_and_are_delivered_once(
+    tmp_path: Path, database_url: str
+) -> None:
+    data = tmp_path / "d"
+    with receiver() as hook:
+        url = hook.url
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    # The receiver is gone: the alert fails and waits for its next try, which this server
+    # does not live to make.
+    with alert_server(data, database_url, alert_retry_seconds=2) as srv:
+        api = srv.client()
+        add_webhook_channel(api, srv.ctx, url)
+        folder = make_worker(tmp_path / "flaky", FLAKY, {"run.py": FLAKY_RUN})
+        deploy_folder(api, folder)
+        run = api.post("/api/v1/workers/flaky/runs", json={"inputs": {"fail": True}}).json()
+        wait_for_run(api, run["id"])
+        wait_until(lambda: [d for d in deliveries(api) if d["attempts"] == 1])
+        (pending,) = deliveries(api)
+        assert pending["status"] == "pending" and pending["last_error"]
+    with receiver(port=port) as hook, alert_server(data, database_url) as srv:
+        api = srv.client()
+        hook.wait_for(1)
+        wait_until(lambda: deliveries(api)[0]["status"] == "delivered")
+        (sent,) = deliveries(api)
+        assert sent["id"] == pending["id"] and sent["attempts"] == 2
+        assert len(hook.accepted) == 1
+        verified(*hook.accepted[0])
+
+
+def test_a_test_alert_reaches_a_real_smtp_server_over_starttls_with_auth(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with smtp_server(tmp_path, name="mail.test", user="floom", password="mail-pass-1") as mail:
+        monkeypatch.setenv("SSL_CERT_FILE", str(mail.cert))
+        with alert_server(
+            tmp_path / "d", database_url, agent_http_resolve="mail.test=127.0.0.1"
+        ) as srv:
+            api = srv.client()
+            secrets.set_secret(srv.ctx, name="SMTP_PASSWORD", value="mail-pass-1", caller=SYSTEM)
+            config = {
+                "host": "mail.test",
+                "port": mail.port,
+                "username": "floom",
+                "password_secret": "SMTP_PASSWORD",
+                "sender": "floom@example.com",
+                "to": ["oncall@example.com"],
+            }
+            resp = api.post(
+                "/api/v1/alerts/channels", json={"name": "mail", "kind": "email", "config": config}
+            )
+            assert resp.status_code == 201, resp.text
+            assert "mail-pass-1" not in resp.text
+            sent = api.post("/api/v1/alerts/channels/mail/test")
+            assert sent.status_code == 200, sent.text
+            assert sent.json()["status"] == "delivered"
+            assert mail.logins == [("floom", "mail-pass-1")]
+            (message,) = mail.messages
+            assert message["To"] == "oncall@example.com"
+            assert message["Subject"].startswith("[floom] test alert to channel mail")
+            # A wrong password is a clear failure, recorded, and changes no setting.
+            secrets.set_secret(srv.ctx, name="SMTP_PASSWORD", value="wrong-pass", caller=SYSTEM)
+            failed = api.post("/api/v1/alerts/channels/mail/test")
+            assert failed.status_code == 502
+            error = failed.json()["error"]
+            assert error["code"] == "alert_undeliverable"
+            assert "login" in error["message"] or "logging in" in error["message"]
+            assert api.get("/api/v1/alerts/channels").json()["items"][0]["config"] == {
+                **{k: v for k, v in config.items()},
+                "starttls": True,
+            }
+    assert os.environ.get("SSL_CERT_FILE")
+
+
+def test_a_run_callback_is_signed_with_the_servers_key_and_retried(
+    tmp_path: Path, database_url: str
+) -> None:
+    with receiver(plan=[503]) as hook, alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        folder = make_worker(tmp_path / "flaky", FLAKY, {"run.py": FLAKY_RUN})
+        deploy_folder(api, folder)
+        run = api.post(
+            "/api/v1/workers/flaky/runs",
+            json={"inputs": {"fail": False}, "callback_url": hook.url + "?token=abc"},
+        ).json()
+        wait_for_run(api, run["id"])
+        hook.wait_for(1)
+        key = api.get("/api/v1/alerts/callback-key").json()["key"]
+        body = verified(*hook.accepted[0], key=key)
+        assert body["type"] == "run.ended"
+        assert body["run"]["id"] == run["id"] and body["run"]["status"] == "succeeded"
+        (sent,) = deliveries(api, purpose="callback")
+        assert sent["attempts"] == 2 and sent["status"] == "delivered"
+        assert sent["target"] == hook.url  # the query (a token, perhaps) is not shown
+        # Only an admin reads the key.
+        from floom.services.access import keys
+
+        _, reader = keys.create_key(srv.ctx, caller=SYSTEM, scopes=["read"], name="r")
+        assert srv.client(reader).get("/api/v1/alerts/callback-key").status_code == 403
+
+
+def test_a_storm_sends_a_bounded_number_of_alerts(tmp_path: Path, database_url: str) -> None:
+    with (
+        receiver() as hook,
+        alert_server(tmp_path / "d", database_url, alert_throttle_count=2) as srv,
+    ):
+        api = srv.client()
+        add_webhook_channel(api, srv.ctx, hook.url)
+        rule = {"name": "all", "events": ["run.*"], "channels": ["hook"]}
+        assert api.post("/api/v1/alerts/rules", json=rule).status_code == 201
+        for i in range(4):
+            folder = make_worker(
+                tmp_path / f"w{i}",
+                f"name: w{i}\ninputs:\n  fail: {{type: boolean, default: true}}\n",
+                {"run.py": FLAKY_RUN},
+            )
+            deploy_folder(api, folder)
+            wait_for_run(api, api.post(f"/api/v1/workers/w{i}/runs", json={}).json()["id"])
+        wait_until(lambda: len(deliveries(api, purpose="alert")) == 4)
+        sent = deliveries(api, purpose="alert")
+        assert sorted(d["status"] for d in sent).count("throttled") == 2
+        hook.wait_for(2)
+        throttled = next(d for d in sent if d["status"] == "throttled")
+        assert api.post(f"/api/v1/alerts/deliveries/{throttled['id']}/resend").status_code == 202
+        hook.wait_for(3)
+
+
+HOOKED = """\
+name: hooked
+inputs:
+  n: {type: integer, required: true}
+triggers:
+  - webhook: {signature: hmac-sha256, secret: HOOK_SECRET, inputs: {n: n}}
+"""
+
+
+def test_a_webhook_that_cannot_start_a_run_alerts_and_a_webhook_run_calls_back(
+    tmp_path: Path, database_url: str
+) -> None:
+    import json
+    import time
+
+    from floom.triggers.signatures import sign_floom
+
+    with receiver() as hook, receiver() as done, alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        add_webhook_channel(api, srv.ctx, hook.url)
+        secrets.set_secret(srv.ctx, name="HOOK_SECRET", value="hook-secret-1", caller=SYSTEM)
+        rule = {"name": "hooks", "events": ["trigger.failed"], "channels": ["hook"]}
+        assert api.post("/api/v1/alerts/rules", json=rule).status_code == 201
+        deploy_folder(api, make_worker(tmp_path / "hooked", HOOKED, {"run.py": "pass\n"}))
+
+        def send(n: object, delivery: str, callback: str | None = None) -> httpx.Response:
+            body = json.dumps({"n": n}).encode()
+            headers = sign_floom(secret="hook-secret-1", body=body, timestamp=int(time.time()))
+            headers["X-Floom-Delivery"] = delivery
+            params = {"callback_url": callback} if callback else None
+            return httpx.post(
+                f"{srv.base_url}/hooks/hooked", content=body, headers=headers, params=params
+            )
+
+        # Private addresses are allowed on this test server: a scheme it refuses instead.
+        refused = send(1, "d0", callback="gopher://example.com/x")
+        assert refused.status_code == 422, refused.text
+        assert "callback_url" in refused.json()["error"]["message"]
+        assert send("not a number", "d1").status_code == 422  # input_invalid: no run
+        (alert,) = hook.wait_for(1)
+        assert alert["type"] == "trigger.failed" and alert["worker"] == "hooked"
+        assert alert["error"]["code"] == "input_invalid"
+        ok = send(2, "d2", callback=done.url)
+        assert ok.status_code == 202, ok.text
+        (record,) = done.wait_for(1)
+        key = api.get("/api/v1/alerts/callback-key").json()["key"]
+        verified(*done.accepted[0], key=key)
+        assert record["run"]["id"] == ok.json()["run_id"]
+        assert record["run"]["trigger"] == "webhook"
+        assert [b["type"] for b in hook.wait_for(2)] == ["trigger.failed", "recovered"]

@@ -1,0 +1,265 @@
+"""The alert watch's dead-man's switch and its refusals: a schedule whose ticks stop running
+is missed, late or stuck, then recovers; bad channels, rules, worker.yml alerts and callback
+URLs are refused naming the field, and change nothing."""
+
+from __future__ import annotations
+
+import base64
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlmodel import select
+
+from floom.services.access import secrets
+from floom.services.access.principal import SYSTEM
+from floom.services.alerts import deliveries as delivery_service
+from floom.services.alerts.watch import watch_schedules
+from floom.services.triggers.schedules import fire_due
+from floom.store.db import session_scope
+from floom.store.models import AlertChannel, AlertEvent, AlertRule, Run
+from floom.store.triggers import Trigger
+from floom.triggers import cron
+from tests.support.alerts import receiver
+from tests.support.harness import LiveServer, deploy_folder, live_server, make_worker, wait_until
+
+KEY = "whsec_" + base64.b64encode(b"w" * 32).decode()
+GRACE = 5.0
+STUCK = 30.0
+SCHEDULED = """\
+name: nightly
+triggers:
+  - schedule: {cron: "* * * * *"}
+alerts:
+  - events: [schedule.*]
+    channels: [hook]
+"""
+
+
+def _hook_channel(srv: LiveServer, url: str) -> None:
+    secrets.set_secret(srv.ctx, name="HOOK_KEY", value=KEY, caller=SYSTEM)
+    resp = srv.client().post(
+        "/api/v1/alerts/channels",
+        json={"name": "hook", "kind": "webhook", "config": {"url": url, "secret": "HOOK_KEY"}},
+    )
+    assert resp.status_code == 201, resp.text
+
+
+def _first_tick(srv: LiveServer) -> tuple[Trigger, Any]:
+    with session_scope(srv.ctx.engine) as s:
+        trigger = s.exec(select(Trigger).where(Trigger.worker_name == "nightly")).one()
+    (tick,) = cron.next_fire_times("* * * * *", cron.zone("UTC"), after=trigger.created_at, count=1)
+    return trigger, tick
+
+
+def _sent(srv: LiveServer) -> list[str]:
+    delivery_service.deliver_due(srv.ctx)
+    page = srv.client().get("/api/v1/alerts/deliveries", params={"purpose": "alert"}).json()
+    return [d["type"] for d in reversed(page["items"]) if d["status"] == "delivered"]
+
+
+def test_a_schedule_whose_ticks_stop_running_is_missed_then_recovers(
+    tmp_path: Path, database_url: str
+) -> None:
+    # No scheduler role: nothing fires the ticks, as when the scheduler is down.
+    with (
+        receiver() as hook,
+        live_server(
+            tmp_path / "d",
+            database_url,
+            roles="api,executor",
+            agent_http_allow_private=True,
+            alert_schedule_grace_seconds=GRACE,
+            alert_poll_seconds=3600,  # the node's watch looks once at start; the test drives it
+        ) as srv,
+    ):
+        _hook_channel(srv, hook.url)
+        deploy_folder(srv.client(), make_worker(tmp_path / "w", SCHEDULED, {"run.py": "pass\n"}))
+        trigger, tick = _first_tick(srv)
+        # Within the grace time nothing is wrong yet.
+        assert watch_schedules(srv.ctx, now=tick + timedelta(seconds=GRACE - 1)) == 0
+        assert watch_schedules(srv.ctx, now=tick + timedelta(seconds=GRACE + 1)) == 1
+        assert watch_schedules(srv.ctx, now=tick + timedelta(seconds=GRACE + 2)) == 0  # once
+        assert _sent(srv) == ["schedule.missed"]
+        missed = hook.bodies()[0]
+        assert missed["incident"]["status"] == "open"
+        assert missed["details"]["scheduled_for"] == tick.isoformat()
+        # The scheduler is back: the tick runs (on this node's executor) and succeeds.
+        fire_due(srv.ctx, now=tick + timedelta(seconds=GRACE + 3))
+        with session_scope(srv.ctx.engine) as s:
+            run_id = s.exec(select(Run.id).where(Run.trigger_id == trigger.id)).one()
+        wait_until(
+            lambda: srv.client().get(f"/api/v1/runs/{run_id}").json()["status"] == "succeeded"
+        )
+        assert watch_schedules(srv.ctx, now=tick + timedelta(seconds=GRACE + 4)) == 1
+        assert _sent(srv) == ["schedule.missed", "recovered"]
+        assert hook.bodies()[1]["incident"]["events"] == 1
+
+
+def test_a_schedules_run_that_does_not_start_is_late_and_one_that_does_not_end_is_stuck(
+    tmp_path: Path, database_url: str
+) -> None:
+    worker = SCHEDULED.replace("alerts:", "inputs:\n  wait: {type: number, default: 0}\nalerts:")
+    with (
+        receiver() as hook,
+        live_server(
+            tmp_path / "d",
+            database_url,
+            roles="api",  # no executor either: the fired run stays queued
+            agent_http_allow_private=True,
+            alert_schedule_grace_seconds=GRACE,
+            alert_poll_seconds=3600,  # the node's watch looks once at start; the test drives it
+            alert_schedule_stuck_seconds=STUCK,
+        ) as srv,
+    ):
+        _hook_channel(srv, hook.url)
+        deploy_folder(srv.client(), make_worker(tmp_path / "w", worker, {"run.py": "pass\n"}))
+        trigger, tick = _first_tick(srv)
+        fire_due(srv.ctx, now=tick + timedelta(seconds=1))
+        assert watch_schedules(srv.ctx, now=tick + timedelta(seconds=GRACE + 1)) == 1
+        assert _sent(srv) == ["schedule.late"]
+        with session_scope(srv.ctx.engine, write=True) as s:
+            run = s.exec(select(Run).where(Run.trigger_id == trigger.id)).one()
+            run.status = "running"  # as a node that took it and hangs would leave it
+            s.add(run)
+        assert watch_schedules(srv.ctx, now=tick + timedelta(seconds=STUCK + 1)) == 1
+        with session_scope(srv.ctx.engine) as s:
+            kinds = s.exec(select(AlertEvent.kind, AlertEvent.outcome)).all()
+        # One incident: the stuck run is grouped into the late one, and sends nothing more.
+        assert sorted(kinds) == [("schedule.late", "opened"), ("schedule.stuck", "grouped")]
+        assert _sent(srv) == ["schedule.late"]
+
+
+def _count(srv: LiveServer, table: Any) -> int:
+    with session_scope(srv.ctx.engine) as s:
+        return len(s.exec(select(table)).all())
+
+
+def _refused(resp: httpx.Response, code: str, path: str) -> dict[str, Any]:
+    assert resp.status_code == 422, resp.text
+    error: dict[str, Any] = resp.json()["error"]
+    assert error["code"] == code
+    assert path in [d["path"] for d in error["details"]], error
+    assert path.split("[")[0].split(".")[-1] in error["message"]
+    return error
+
+
+def test_bad_channels_rules_and_callback_urls_are_refused_naming_the_field(
+    tmp_path: Path, database_url: str
+) -> None:
+    # The egress guard as shipped (no loopback, no private ranges); example.com resolves to
+    # a public address without asking DNS.
+    with live_server(
+        tmp_path / "d", database_url, agent_http_resolve="example.com=93.184.215.14"
+    ) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="HOOK_KEY", value=KEY, caller=SYSTEM)
+        secrets.set_secret(srv.ctx, name="NOT_A_KEY", value="plain text", caller=SYSTEM)
+        channels = "/api/v1/alerts/channels"
+
+        def add(config: dict[str, Any], kind: str = "webhook") -> httpx.Response:
+            return api.post(channels, json={"name": "hook", "kind": kind, "config": config})
+
+        error = _refused(
+            add({"url": "http://127.0.0.1:9/x", "secret": "HOOK_KEY"}),
+            "alert_channel_invalid",
+            "config.url",
+        )
+        assert "loopback" in error["message"]
+        _refused(
+            add({"url": "http://10.0.0.5/x", "secret": "HOOK_KEY"}),
+            "alert_channel_invalid",
+            "config.url",
+        )
+        _refused(
+            add({"url": "ftp://example.com/x", "secret": "HOOK_KEY"}),
+            "alert_channel_invalid",
+            "config.url",
+        )
+        _refused(
+            add({"url": "https://example.com/x", "secret": "MISSING"}),
+            "alert_channel_invalid",
+            "config.secret",
+        )
+        _refused(
+            add({"url": "https://example.com/x", "secret": "NOT_A_KEY"}),
+            "alert_channel_invalid",
+            "config.secret",
+        )
+        _refused(
+            add({"url": "https://example.com/x", "secret": "HOOK_KEY", "x": 1}),
+            "alert_channel_invalid",
+            "config.x",
+        )
+        _refused(
+            add({"url_secret": "HOOK_KEY"}, kind="slack"),
+            "alert_channel_invalid",
+            "config.url_secret",
+        )
+        mail = {"host": "smtp.example.com", "sender": "floom@example.com", "to": ["not an address"]}
+        _refused(add(mail, kind="email"), "alert_channel_invalid", "config.to[0]")
+        _refused(
+            add({**mail, "to": ["a@example.com"], "username": "u"}, kind="email"),
+            "alert_channel_invalid",
+            "config.password_secret",
+        )
+        assert _count(srv, AlertChannel) == 0
+
+        rules = "/api/v1/alerts/rules"
+        _refused(
+            api.post(rules, json={"name": "r", "events": ["run.fialed"], "channels": ["x"]}),
+            "alert_rule_invalid",
+            "events[0]",
+        )
+        _refused(
+            api.post(rules, json={"name": "r", "events": ["run.failed"], "channels": ["ops"]}),
+            "alert_rule_invalid",
+            "channels[0]",
+        )
+        _refused(
+            api.post(rules, json={"name": "R!", "events": ["run.failed"], "channels": ["ops"]}),
+            "alert_rule_invalid",
+            "name",
+        )
+        assert _count(srv, AlertRule) == 0
+
+        folder = make_worker(tmp_path / "w", "name: w\n", {"run.py": "pass\n"})
+        deploy_folder(api, folder)
+        for url, words in (
+            ("http://127.0.0.1:9/done", "loopback"),
+            ("http://169.254.169.254/latest", "link-local"),
+            ("file:///etc/passwd", "not an http(s) URL"),
+            ("https://user:pw@example.com/x", "password"),
+        ):
+            resp = api.post("/api/v1/workers/w/runs", json={"callback_url": url})
+            error = _refused(resp, "input_invalid", "callback_url")
+            assert words in error["message"], error
+        assert _count(srv, Run) == 0
+
+        bad = "name: w\nalerts:\n  - events: [node.lost, nope]\n    channels: [Ops]\n"
+        (folder / "worker.yml").write_text(bad)
+        from floom.bundle import read_folder
+
+        archive = read_folder(folder, max_bytes=1 << 20).to_archive()
+        resp = api.post(
+            "/api/v1/workers", content=archive, headers={"Content-Type": "application/gzip"}
+        )
+        assert resp.status_code == 400, resp.text
+        paths = {d["path"] for d in resp.json()["error"]["details"]}
+        assert {"alerts[0].events[0]", "alerts[0].events[1]", "alerts[0].channels[0]"} <= paths
+        assert len(api.get("/api/v1/workers/w/versions").json()["items"]) == 1
+
+
+def test_a_test_send_to_an_unreachable_channel_says_why(tmp_path: Path, database_url: str) -> None:
+    with receiver() as hook:
+        url = hook.url  # closed again below: nothing listens there any more
+    with live_server(tmp_path / "d", database_url, agent_http_allow_private=True) as srv:
+        _hook_channel(srv, url)
+        resp = srv.client().post("/api/v1/alerts/channels/hook/test")
+        assert resp.status_code == 502
+        error = resp.json()["error"]
+        assert error["code"] == "alert_undeliverable"
+        assert "could not connect" in error["message"]
+        (failed,) = srv.client().get("/api/v1/alerts/deliveries").json()["items"]
+        assert failed["status"] == "failed" and failed["purpose"] == "test"

@@ -1,0 +1,90 @@
+"""`floom alerts ...` and `floom run --callback-url`, run as a subprocess against a live server
+with loopback receivers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from standardwebhooks.webhooks import Webhook
+
+from tests.support.alerts import receiver
+from tests.support.harness import LiveServer, deploy_folder, live_server, make_worker
+
+KEY = "whsec_" + base64.b64encode(b"c" * 32).decode()
+
+
+def floom(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "floom.cli", *args],
+        env=server.cli_env(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def test_channels_rules_tests_deliveries_and_callbacks_from_the_command_line(
+    tmp_path: Path, database_url: str
+) -> None:
+    with (
+        receiver() as hook,
+        live_server(
+            tmp_path / "d",
+            database_url,
+            agent_http_allow_private=True,
+            alert_poll_seconds=0.1,
+            alert_retry_seconds=0.1,
+        ) as srv,
+    ):
+        api = srv.client()
+        api.put("/api/v1/secrets/HOOK_KEY", json={"value": KEY})
+        added = floom(
+            srv,
+            "alerts",
+            "channels",
+            "add",
+            "ops",
+            "--kind",
+            "webhook",
+            "--url",
+            hook.url,
+            "--secret",
+            "HOOK_KEY",
+        )
+        assert added.returncode == 0, added.stderr
+        listing = floom(srv, "alerts", "channels")
+        assert "ops" in listing.stdout and "secret=HOOK_KEY" in listing.stdout
+        assert KEY not in listing.stdout
+
+        bad = floom(srv, "alerts", "rules", "add", "r", "--event", "run.fialed", "--channel", "ops")
+        assert bad.returncode == 1 and "run.failed" in bad.stderr  # the hint: did you mean
+        rule = floom(srv, "alerts", "rules", "add", "r", "--event", "run.*", "--channel", "ops")
+        assert rule.returncode == 0, rule.stderr
+        assert "run.*" in floom(srv, "alerts", "rules").stdout
+
+        sent = floom(srv, "alerts", "test", "ops")
+        assert sent.returncode == 0, sent.stderr
+        assert "delivered" in sent.stdout
+        assert Webhook(KEY).verify(hook.accepted[0][1], hook.accepted[0][0])["type"] == "test"
+
+        deploy_folder(api, make_worker(tmp_path / "w", "name: w\n", {"run.py": "pass\n"}))
+        refused = floom(srv, "run", "w", "--callback-url", "ftp://example.com/x")
+        assert refused.returncode == 1 and "callback_url" in refused.stderr
+        ran = floom(srv, "run", "w", "--wait", "--json", "--callback-url", hook.url)
+        assert ran.returncode == 0, ran.stderr
+        run_id = json.loads(ran.stdout)["id"]
+        hook.wait_for(2)
+        key = floom(srv, "alerts", "callback-key").stdout.strip()
+        body = Webhook(key).verify(hook.accepted[1][1], hook.accepted[1][0])
+        assert body["run"]["id"] == run_id
+
+        shown = json.loads(floom(srv, "alerts", "deliveries", "--json").stdout)
+        assert {d["purpose"] for d in shown["items"]} == {"test", "callback"}
+        assert "delivered" in floom(srv, "alerts", "deliveries").stdout
