@@ -127,10 +127,10 @@ def test_a_readme_section_moves_into_a_page_with_its_headings_links_and_nav_entr
         "```",
     ]
     config = (REPO / "mkdocs.yml").read_text()
-    added = tool.add_to_nav(config, "How-to guides", "Alerts", "how-to/alerts.md")
+    added = tool.add_to_nav(config, "How-to guides", "Pagers", "how-to/pagers.md")
     group = added[added.index("  - How-to guides:") : added.index("  - Reference:")]
-    assert group.rstrip().endswith("- Alerts: how-to/alerts.md")
-    assert tool.add_to_nav(added, "How-to guides", "Alerts", "how-to/alerts.md") == added
+    assert group.rstrip().endswith("- Pagers: how-to/pagers.md")
+    assert tool.add_to_nav(added, "How-to guides", "Pagers", "how-to/pagers.md") == added
 
 
 def test_the_map_of_the_old_readme_sections_names_pages_that_exist() -> None:
