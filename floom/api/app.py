@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import text
 
 from floom import __version__
@@ -35,6 +36,9 @@ from floom.node import Node
 from floom.schemas.health import ExecutorHealth, Health
 from floom.services.context import Context
 
+#: Where /docs and /redoc load their assets from.
+DOCS_ASSETS = "/docs/assets"
+
 
 def create_app(settings: Settings | None = None, *, ctx: Context | None = None) -> FastAPI:
     settings = settings or (ctx.settings if ctx else Settings())
@@ -52,11 +56,16 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
                 await stack.enter_async_context(mcp_endpoint.running())
             yield
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc load their scripts and styles from the installed
+    # fastapi-offline package, not a CDN, so the API reference works on a machine offline;
+    # nor does Swagger UI send the document to its online validator for a badge.
+    app = FastAPIOffline(
         title="floom",
         version=__version__,
         description="Self-hosted runtime for background AI workers.",
         lifespan=lifespan,
+        static_url=DOCS_ASSETS,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)

@@ -79,13 +79,19 @@ class RunPublic(Public):
     artifacts: list[ArtifactPublic] = Field(
         default_factory=list, description="present where the answer lists them"
     )
+    state_base: int | None = Field(
+        None,
+        description="for a worker with state: the state version the run started from (0: none "
+        "yet); present once an attempt read it (a replay: from its creation)",
+    )
+
     cannot_start: str | None = Field(
         None,
         description="present on a queued run (in a run's own answers) when no live node can "
         "run it: why, and what starts one",
     )
 
-    omit_when_unset = frozenset({"artifacts", "cannot_start"})
+    omit_when_unset = frozenset({"artifacts", "state_base", "cannot_start"})
 
 
 class ApprovalPublic(Public):
@@ -180,7 +186,7 @@ def started_run(ctx: Context, run: Run, *, surface: Surface) -> RunPublic:
 
 
 def _say_if_stuck(ctx: Context, body: dict[str, Any]) -> None:
-    if body["status"] == run_rules.QUEUED and not nodes.live_executors(ctx):
+    if body["status"] == run_rules.QUEUED and not nodes.live_executor_ids(ctx):
         body["cannot_start"] = nodes.RUN_CANNOT_START
 
 

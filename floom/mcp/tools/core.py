@@ -46,6 +46,7 @@ from floom.mcp.toolkit import (
 from floom.mcp.tools.artifacts import ARTIFACT_TOOLS, with_links
 from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
+from floom.mcp.tools.state import STATE_TOOLS
 from floom.services.runs.rules import SUCCEEDED, WAITING
 
 LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")
@@ -607,6 +608,7 @@ TOOLS: tuple[FloomTool, ...] = (
     FloomTool(replay_run, RUNS, "run"),
     FloomTool(list_versions, READ, "read"),
     FloomTool(rollback_worker, WRITE, "deploy"),
+    *STATE_TOOLS,
     FloomTool(delete_worker, DESTRUCTIVE, "deploy"),
     FloomTool(list_approvals, READ, "read"),
     FloomTool(decide_approval, WRITE, "run"),

@@ -1,7 +1,7 @@
 """Backup and restore of a SQLite node: a consistent online copy of the database (sqlite3's
 backup API, safe while floom serves) and the data dir's files, restored into a fresh data dir.
 
-PostgreSQL stores are backed up with pg_dump (README, "Backup and restore"): floom cannot
+PostgreSQL stores are backed up with pg_dump (docs/how-to/operations.md): floom cannot
 copy them more consistently than the server's own tool.
 """
 
@@ -79,7 +79,7 @@ def _require_sqlite(settings: Settings, *, doing: str) -> Path:
     if path is None:
         raise InvalidRequest(
             f"{doing} works on a SQLite store; this node's FLOOM_DATABASE_URL is not SQLite",
-            hint="back up PostgreSQL with pg_dump (README: 'Backup and restore'), or move a "
+            hint="back up PostgreSQL with pg_dump (docs/how-to/operations.md), or move a "
             "SQLite store to PostgreSQL with `floom migrate-store`",
         )
     return path

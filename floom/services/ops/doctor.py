@@ -57,6 +57,7 @@ def run_checks(settings: Settings) -> list[Check]:
         check_database,
         check_executors,
         check_secret_key,
+        check_executors,
         check_disk_space,
     ]
     found = []
@@ -110,8 +111,8 @@ def check_sandbox(settings: Settings) -> Check:
             f"sandbox {settings.sandbox}",
             WARN,
             f"not enforced: {', '.join(off)} ({detail})",
-            "see README 'Security model': cgroup controllers memory, pids and cpu, seccomp "
-            "(libseccomp), and passt or slirp4netns for user-mode networking",
+            "see docs/explanation/security-model.md: cgroup controllers memory, pids and cpu, "
+            "seccomp (libseccomp), and passt or slirp4netns for user-mode networking",
         )
     return Check(f"sandbox {settings.sandbox}", OK, detail)
 
@@ -150,8 +151,10 @@ def check_database(settings: Settings) -> Check:
 
 
 def check_executors(settings: Settings) -> Check:
-    """Whether a live node runs runs: without one (docker compose without a profile starts
-    none), runs are queued and never start."""
+    """Whether a node runs runs, this one or a live one of the store: without one (docker
+    compose without a profile starts none), runs are queued and never start."""
+    if "executor" in settings.role_set:
+        return Check("executors", OK, "this node runs queued runs (the executor role)")
     url = settings.resolved_database_url
     path = sqlite_path(url)
     if path is not None and not path.exists():
@@ -165,19 +168,17 @@ def check_executors(settings: Settings) -> Check:
         engine.dispose()
     running = [n.id for n in live if nodes.runs_runs(n)]
     if running:
-        return Check("executors", OK, f"live node(s) with the executor role: {', '.join(running)}")
-    start = (
-        "start a node whose FLOOM_ROLES include executor (`floom serve` runs every role); with "
-        "docker compose, a profile: COMPOSE_PROFILES=bwrap or e2b"
-    )
+        detail = f"{len(running)} live executor node(s): {', '.join(running)}"
+        return Check("executors", OK, detail)
     if not live:
-        return Check("executors", WARN, "no floom node is running on this database", start)
+        detail = f"{nodes.NO_EXECUTOR}: no floom node is running on this database"
+        return Check("executors", WARN, detail, nodes.START_EXECUTOR)
     others = ", ".join(f"{n.id} ({n.roles})" for n in live)
     return Check(
         "executors",
         FAIL,
-        f"no live node has the executor role ({others}): runs are queued and never start",
-        start,
+        f"{nodes.NO_EXECUTOR} ({others}): runs are queued and never start",
+        nodes.START_EXECUTOR,
     )
 
 
