@@ -37,6 +37,7 @@ from floom.engine.loops.heap import limit_arenas
 from floom.engine.loops.housekeeping import Housekeeping
 from floom.engine.loops.presence import NodePresence
 from floom.engine.loops.scheduler import Scheduler
+from floom.engine.loops.uploads import ObjectUploads
 from floom.engine.work_root import hold_work_root
 from floom.sandbox import backend_readiness, get_sandbox
 from floom.schemas.health import ExecutorHealth, Health
@@ -135,6 +136,13 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         housekeeping = Housekeeping(context) if "scheduler" in roles else None
         if housekeeping is not None:
             housekeeping.start()
+        uploads = (
+            ObjectUploads(context)
+            if "executor" in roles and context.settings.blob_store != "database"
+            else None
+        )
+        if uploads is not None:
+            uploads.start()
         try:
             if mcp_endpoint is None:
                 yield
@@ -144,6 +152,8 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         finally:
             if housekeeping is not None:
                 housekeeping.stop()
+            if uploads is not None:
+                uploads.stop()
             if scheduler is not None:
                 scheduler.stop()
             handoffs.stop()
