@@ -1,0 +1,59 @@
+"""Helpers for the handoff tests: agents with keys, and reading a job's audit trail."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
+from floom.services.handoffs import agents as handoff_agents
+from floom.services.handoffs import jobs as handoffs
+from floom.store.models import ApiKey
+from tests.support.harness import LiveServer
+
+
+def roles(ctx: Context, *names: str) -> None:
+    for name in names:
+        handoff_agents.create_role(ctx, caller=SYSTEM, name=name)
+
+
+def agent(ctx: Context, label: str, *role_names: str, scopes: list[str] | None = None) -> ApiKey:
+    """A new agent holding `role_names`; returns its API key as the server would see it."""
+    body = handoff_agents.create_agent(
+        ctx, caller=SYSTEM, label=label, roles=list(role_names), scopes=scopes
+    )
+    return keys.authenticate(ctx, body["key"])
+
+
+def admin(ctx: Context) -> ApiKey:
+    _, token = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="test admin")
+    return keys.authenticate(ctx, token)
+
+
+def events(ctx: Context, job_id: str) -> list[dict[str, Any]]:
+    return handoffs.list_events(ctx, actor=admin_actor(), job_id=job_id)
+
+
+def event_types(ctx: Context, job_id: str) -> list[str]:
+    return [e["type"] for e in events(ctx, job_id)]
+
+
+def admin_actor() -> handoff_agents.Actor:
+    return handoff_agents.system_actor("test")
+
+
+def cli(server: LiveServer, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the `floom` command against a live server, as a subprocess."""
+    result = subprocess.run(
+        [sys.executable, "-m", "floom.cli", *args],
+        env=server.cli_env(key),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
