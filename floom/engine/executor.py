@@ -29,7 +29,7 @@ from floom.engine.queue import (
 )
 from floom.engine.runlog import LogBudget, LogLine, RunLog
 from floom.engine.work_root import hold_work_root, release_work_root
-from floom.errors import StoreUnavailable
+from floom.errors import BlobStoreUnavailable, StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable, StartedAhead
 from floom.sandbox.fence import fence_key, margin_seconds, node_fence
@@ -572,10 +572,11 @@ class Executor:
                 outcome = sandbox_unavailable_outcome(exc, attempt.redactor)
             backoff = float(manifest.retries.backoff_seconds)
             exponential = manifest.retries.backoff != "fixed"
-        except STORE_DOWN as exc:
-            # The database went away while the attempt was being prepared or recorded on
-            # the way: not the worker's failure, so it is requeued (once the database is
-            # back) without costing one of its retries.
+        except (*STORE_DOWN, BlobStoreUnavailable) as exc:
+            # The database (or the object store holding the version's archive) went away
+            # while the attempt was being prepared or recorded on the way: not the worker's
+            # failure, so it is requeued (once the store is back) without costing one of
+            # its retries.
             self._log_failure(f"run {run.id} interrupted", exc)
             self._interrupted.add(run.id)
             outcome = cancelled_outcome()
