@@ -60,6 +60,7 @@ log = logging.getLogger("floom.executor")
 LOG_FLUSH_SECONDS = 0.1
 # What a call raises while the database cannot be reached (translated by the store or not).
 STORE_DOWN: tuple[type[Exception], ...] = (StoreUnavailable, *UNAVAILABLE)
+STORE_OR_BLOBS_DOWN: tuple[type[Exception], ...] = (*STORE_DOWN, BlobStoreUnavailable)
 
 
 class StartedAttempt:
@@ -572,7 +573,7 @@ class Executor:
                 outcome = sandbox_unavailable_outcome(exc, attempt.redactor)
             backoff = float(manifest.retries.backoff_seconds)
             exponential = manifest.retries.backoff != "fixed"
-        except (*STORE_DOWN, BlobStoreUnavailable) as exc:
+        except STORE_OR_BLOBS_DOWN as exc:
             # The database (or the object store holding the version's archive) went away
             # while the attempt was being prepared or recorded on the way: not the worker's
             # failure, so it is requeued (once the store is back) without costing one of
