@@ -12,6 +12,7 @@ from botocore.config import Config
 from sqlmodel import func, select
 
 from floom.services.context import Context
+from floom.services.ops.backup import create_backup, restore_backup
 from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention
 from floom.store.blobs.tables import PendingBlob, RunLog
@@ -247,6 +248,29 @@ def test_blobs_migrate_moves_everything_to_the_bucket_and_back(
     finally:
         ctx.engine.dispose()
     with live_server(tmp_path / "data", database_url) as srv:
+        assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
+        with srv.client() as api:
+            got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
+        assert got.status_code == 200 and got.content == _report(run)
+
+
+def test_a_backup_holds_the_bucket_s_objects_and_a_restore_puts_them_back(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'data' / 'floom.db'}"
+    with _server(tmp_path, database_url, s3_server) as srv:
+        _deploy(srv, tmp_path)
+        run = _run(srv)
+        wait_until(lambda: _counts(srv.ctx, run["id"])["archived"])
+        settings = srv.ctx.settings
+    summary = create_backup(settings=settings, dest=tmp_path / "backup")
+    assert len([f for f in summary.files if f.startswith("objects/")]) == 3
+    # Restored on a node without a bucket: the blobs are rows of its database again.
+    restored = fast_settings(tmp_path / "fresh", f"sqlite:///{tmp_path / 'fresh' / 'floom.db'}")
+    restore_backup(settings=restored, source=tmp_path / "backup")
+    with live_server(tmp_path / "fresh", restored.resolved_database_url) as srv:
+        with session_scope(srv.ctx.engine) as s:
+            assert set(s.exec(select(Blob.location)).all()) == {"database"}
         assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
         with srv.client() as api:
             got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
