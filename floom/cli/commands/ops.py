@@ -1,6 +1,6 @@
 """Operator commands that work on this node's store and data dir directly, not through the
 API: `floom backup`, `floom restore`, `floom migrate-store`, `floom retention run`,
-`floom blobs migrate|check`.
+`floom blobs migrate`, `floom blobs check`.
 
 They read the same FLOOM_* settings as `floom serve` (FLOOM_DATA_DIR, FLOOM_DATABASE_URL).
 The store (SQLAlchemy, the tables) loads only when one of them is named (floom/cli/index.py).
