@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 from floom.services.access import keys
@@ -12,7 +10,6 @@ from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import jobs as handoffs
 from floom.store.models import ApiKey
-from tests.support.harness import LiveServer
 
 
 def roles(ctx: Context, *names: str) -> None:
@@ -43,17 +40,3 @@ def event_types(ctx: Context, job_id: str) -> list[str]:
 
 def admin_actor() -> handoff_agents.Actor:
     return handoff_agents.system_actor("test")
-
-
-def cli(server: LiveServer, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the `floom` command against a live server, as a subprocess."""
-    result = subprocess.run(
-        [sys.executable, "-m", "floom.cli", *args],
-        env=server.cli_env(key),
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert "Traceback" not in result.stderr, result.stderr
-    return result

@@ -16,11 +16,14 @@ import httpx
 import uvicorn
 
 from floom.api.app import create_app
+from floom.bundle import read_folder
 from floom.config import Settings
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.runs.rules import FINISHED
+from floom.services.workers import versions as workers
+from floom.services.workers.versions import DeployResult
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -134,9 +137,13 @@ def make_worker(folder: Path, manifest: str, files: dict[str, str]) -> Path:
     return folder
 
 
-def deploy_folder(api: httpx.Client, folder: Path) -> dict[str, Any]:
-    from floom.bundle import read_folder
+def deploy_in_store(ctx: Context, folder: Path) -> DeployResult:
+    """Deploy a worker folder through the services, as the deploy route does, without a server."""
+    archive = read_folder(folder, max_bytes=10**7).to_archive()
+    return workers.deploy(ctx, caller=SYSTEM, archive=archive)
 
+
+def deploy_folder(api: httpx.Client, folder: Path) -> dict[str, Any]:
     archive = read_folder(folder, max_bytes=50 * 1024 * 1024).to_archive()
     resp = api.post(
         "/api/v1/workers", content=archive, headers={"Content-Type": "application/gzip"}

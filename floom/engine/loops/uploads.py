@@ -33,7 +33,7 @@ class ObjectUploads:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self.ctx.run_ends.watch_ends(self.run_ended)
+        self.ctx.node.run_ends.watch_ends(self.run_ended)
         self._thread = threading.Thread(target=self._loop, name="floom-uploads", daemon=True)
         self._thread.start()
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.handoffs import cli
+from tests.support.cli import cli
 from tests.support.harness import LiveServer, wait_until
 
 JOBS = "/api/v1/handoffs/jobs"

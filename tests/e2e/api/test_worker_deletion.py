@@ -18,7 +18,6 @@ import pytest
 from sqlmodel import col, select
 from standardwebhooks.webhooks import Webhook
 
-from floom.bundle import read_folder
 from floom.errors import Conflict, NotFound
 from floom.services.access import audit, keys
 from floom.services.access.principal import SYSTEM, Principal
@@ -41,10 +40,12 @@ from floom.store.handoffs import Agent, AgentRole
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version
 from floom.store.triggers import Trigger
 from floom.triggers.signatures import sign_floom
+from tests.support.cli import cli
 from tests.support.harness import (
     REPO,
     LiveServer,
     deploy_folder,
+    deploy_in_store,
     fast_settings,
     make_worker,
     wait_for_run,
@@ -74,11 +75,7 @@ HOOK_SECRET = "hook-secret-for-deletion-tests"
 
 
 def deploy(ctx: Context, folder: Path, manifest: str, script: str = PLAIN) -> str:
-    make_worker(folder, manifest, {"run.py": script})
-    result = workers.deploy(
-        ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive()
-    )
-    return result.version.id
+    return deploy_in_store(ctx, make_worker(folder, manifest, {"run.py": script})).version.id
 
 
 def blob_exists(ctx: Context, digest: str) -> bool:
@@ -385,20 +382,6 @@ def test_read_and_run_keys_may_not_delete_and_only_admins_read_the_audit(
     assert missing.json()["error"]["hint"]
 
 
-def floom_cli(server: LiveServer, *args: str, stdin: str | None = None) -> Any:
-    result = subprocess.run(
-        [sys.executable, "-m", "floom.cli", *args],
-        env=server.cli_env(),
-        input=stdin,
-        stdin=subprocess.DEVNULL if stdin is None else None,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
-
-
 def test_the_cli_asks_before_deleting_and_deletes_with_yes(
     server: LiveServer, tmp_path: Path
 ) -> None:
@@ -407,18 +390,18 @@ def test_the_cli_asks_before_deleting_and_deletes_with_yes(
     run_id = api.post("/api/v1/workers/clidel/runs", json={}).json()["id"]
     assert wait_for_run(api, run_id)["status"] == "succeeded"
 
-    declined = floom_cli(server, "workers", "delete", "clidel", stdin="n\n")
+    declined = cli(server, "workers", "delete", "clidel", stdin="n\n")
     assert declined.returncode == 1 and "not deleted" in declined.stderr
     assert api.get("/api/v1/workers/clidel").status_code == 200
 
-    listed = floom_cli(server, "workers")
+    listed = cli(server, "workers")
     assert listed.returncode == 0 and "clidel" in listed.stdout
-    done = floom_cli(server, "workers", "delete", "clidel", "--purge-runs", "--yes")
+    done = cli(server, "workers", "delete", "clidel", "--purge-runs", "--yes")
     assert done.returncode == 0, done.stderr
     assert "deleted worker clidel" in done.stdout and "1 run(s) purged" in done.stdout
     assert api.get(f"/api/v1/runs/{run_id}").status_code == 404
 
-    unknown = floom_cli(server, "workers", "delete", "clidel", "--yes")
+    unknown = cli(server, "workers", "delete", "clidel", "--yes")
     assert unknown.returncode == 1
     assert "no worker named 'clidel'" in unknown.stderr and "hint:" in unknown.stderr
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from floom.config import mask_password
 from floom.errors import ClientError, NotFound
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
+from tests.support.cli import cli, floom, offline_env
 from tests.support.harness import (
     EXAMPLES,
     LiveServer,
@@ -53,34 +53,6 @@ import sys
 print("about to fail", file=sys.stderr, flush=True)
 sys.exit(3)
 """
-
-
-def floom(
-    *args: str, env: dict[str, str], stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "floom.cli", *args],
-        env=env,
-        input=stdin,
-        stdin=subprocess.DEVNULL if stdin is None else None,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
-
-
-def cli(server: LiveServer, *args: str, key: str | None = None, stdin: str | None = None) -> Any:
-    return floom(*args, env=server.cli_env(key), stdin=stdin)
-
-
-def offline_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
-    env["FLOOM_BASE_URL"] = f"http://127.0.0.1:{free_port()}"
-    env["FLOOM_API_KEY"] = "flm_unused"
-    env["FLOOM_DATA_DIR"] = str(tmp_path / "home")
-    return env
 
 
 def start(api: httpx.Client, worker: str, **inputs: Any) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.cli.test_cli import cli
+from tests.support.cli import cli
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 
 # ESC sequences that clear the screen, retitle the terminal and write the clipboard (OSC 52),

@@ -261,28 +261,6 @@ def test_worker_manifests_and_run_logs_are_resources(server: LiveServer, api: ht
     anyio.run(session)
 
 
-def test_secrets_are_set_listed_by_name_and_deleted_but_never_shown(server: LiveServer) -> None:
-    value = "s3cr3t-value-xyz"
-
-    async def session() -> None:
-        async with http_client(server) as mcp:
-            results = [await call_raw(mcp, "set_secret", name="API_TOKEN", value=value)]
-            results.append(await call_raw(mcp, "list_secrets"))
-            assert [s["name"] for s in (results[-1].structured_content or {})["items"]] == [
-                "API_TOKEN"
-            ]
-            results.append(await call_raw(mcp, "delete_secret", name="API_TOKEN"))
-            assert (await call(mcp, "list_secrets"))["items"] == []
-            assert all(value not in text_of(r) for r in results)
-            error = await call_error(mcp, "delete_secret", name="API_TOKEN")
-            assert error["code"] == "not_found"
-            refused = await call_error(mcp, "set_secret", name="LD_PRELOAD", value="/work/x.so")
-            assert refused["code"] == "secret_name_refused"
-            assert "dynamic loader" in refused["message"]
-
-    anyio.run(session)
-
-
 def test_triggers_show_their_next_fires_and_a_worker_can_be_paused_and_resumed(
     server: LiveServer, api: httpx.Client, tmp_path: Path
 ) -> None:

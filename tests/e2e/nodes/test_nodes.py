@@ -12,14 +12,14 @@ import psycopg
 import pytest
 
 from floom import __version__
-from floom.api.app import bootstrap_store
+from floom.node import bootstrap_store
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.store.db import session_scope
 from floom.store.models import utcnow
 from floom.store.nodes import Node
-from tests.e2e.cli.test_cli import cli
+from tests.support.cli import cli
 from tests.support.harness import EXAMPLES, LiveServer, fast_settings
 from tests.support.web import signed_in_client
 

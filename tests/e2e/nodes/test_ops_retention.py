@@ -9,24 +9,20 @@ from pathlib import Path
 
 from sqlmodel import col, select
 
-from floom.bundle import read_folder
 from floom.engine.loops.housekeeping import Housekeeping
-from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.ops.retention import ORPHAN_GRACE, apply_retention
-from floom.services.workers import versions as workers
 from floom.store.blobs.rows import inline_blob, insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, new_id, utcnow
-from tests.support.harness import make_worker, wait_until
+from tests.support.harness import deploy_in_store, make_worker, wait_until
 
 NOW = utcnow()
 
 
 def _deploy(ctx: Context, folder: Path, name: str, extra: str = "") -> str:
-    make_worker(folder / name, f"name: {name}\n{extra}", {"run.py": "print('hi')\n"})
-    bundle = read_folder(folder / name, max_bytes=1 << 20)
-    result = workers.deploy(ctx, caller=SYSTEM, archive=bundle.to_archive())
+    manifest = f"name: {name}\n{extra}"
+    result = deploy_in_store(ctx, make_worker(folder / name, manifest, {"run.py": "print('hi')\n"}))
     return result.worker.active_version_id or ""
 
 

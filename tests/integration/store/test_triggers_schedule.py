@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from floom.bundle import read_folder
 from floom.engine.loops.scheduler import Scheduler
+from floom.engine.runtime import NodeRuntime
 from floom.errors import WorkerPaused
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -22,7 +22,7 @@ from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
-from tests.support.harness import fast_settings, make_worker, wait_until
+from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 
 MONDAY = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
 SCRIPT = {"run.py": "print('tick')\n"}
@@ -31,8 +31,7 @@ SCRIPT = {"run.py": "print('tick')\n"}
 def deploy(ctx: Context, folder: Path, schedules: list[str], *, name: str = "tick") -> None:
     lines = "".join(f"  - schedule: {s}\n" for s in schedules)
     manifest = f"name: {name}\n" + (f"triggers:\n{lines}" if schedules else "")
-    make_worker(folder, manifest, SCRIPT)
-    workers.deploy(ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=10**7).to_archive())
+    deploy_in_store(ctx, make_worker(folder, manifest, SCRIPT))
 
 
 def as_if_deployed_at(ctx: Context, when: datetime, *, name: str = "tick") -> None:
@@ -354,6 +353,7 @@ def test_the_scheduler_thread_sleeps_until_the_tick_and_fires_it_on_time(
     as_if_deployed_at(ctx, MONDAY)
     tick = MONDAY + timedelta(minutes=1)
     offset = tick - timedelta(seconds=0.5) - datetime.now(UTC)
+    runtime = NodeRuntime.of(ctx)
     scheduler = Scheduler(ctx, clock=lambda: datetime.now(UTC) + offset)
     scheduler.start()
     try:
@@ -361,5 +361,5 @@ def test_the_scheduler_thread_sleeps_until_the_tick_and_fires_it_on_time(
     finally:
         scheduler.stop()
     assert run.scheduled_for == tick
-    assert ctx.run_queued.is_set()  # a local executor is woken at once
+    assert runtime.queued.is_set()  # a local executor is woken at once
     assert timedelta(0) <= run.created_at + offset - tick < timedelta(seconds=1)
