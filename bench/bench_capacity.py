@@ -55,6 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from floom.bundle import read_folder  # noqa: E402
+from floom.engine.runtime import NodeRuntime  # noqa: E402
 from floom.services.access import keys, secrets  # noqa: E402
 from floom.services.access.principal import SYSTEM  # noqa: E402
 from floom.services.context import Context  # noqa: E402
@@ -259,7 +260,7 @@ def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
         extra.update(s3.settings(blob_sweep_seconds=5.0))
     ctx = Context.open(fast_settings(root / store, url, **extra))
     model = FakeProvider()
-    ctx.provider_factory = model.factory
+    NodeRuntime.of(ctx).provider_factory = model.factory
     counter = Counter()
     counter.attach(ctx.engine)
     _, key = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="bench")
