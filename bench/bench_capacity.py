@@ -242,6 +242,7 @@ class Node:
 
 @contextmanager
 def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
+    """A node on a fresh database: `store` "database", else object storage on `s3`."""
     db = f"floom_cap_{uuid.uuid4().hex[:8]}"
     admin(f'CREATE DATABASE "{db}"')
     admin("CREATE EXTENSION IF NOT EXISTS pg_walinspect", db=db)
@@ -255,7 +256,7 @@ def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
         "rate_limit_per_minute": 0,
         "anonymous_rate_limit_per_minute": 0,
     }
-    if store == "s3":
+    if store != "database":
         assert s3 is not None
         extra.update(s3.settings(blob_sweep_seconds=5.0))
     ctx = Context.open(fast_settings(root / store, url, **extra))
@@ -354,16 +355,29 @@ class Cost:
     cpu_ms: float
 
 
+@contextmanager
+def wal_kept() -> Iterator[None]:
+    """Keep the WAL from now on until the block ends: a temporary physical replication slot
+    on a connection of its own (PostgreSQL drops it with the connection, whatever happens),
+    so that pg_walinspect can read the records of the block after a busy server's
+    checkpoints would have recycled them."""
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        name = f"floom_bench_{uuid.uuid4().hex[:8]}"
+        conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (name,))
+        yield
+
+
 def cost_per_run(n: Node, workload: Callable[[Node], None], runs: int) -> Cost:
     workload(n)  # warm-up: first sandbox, caches, plans
     n.settled()
-    before = reading(n.db, n.counter, vacuum=True)
-    for _ in range(runs):
-        workload(n)
-    n.settled()
-    after = reading(n.db, n.counter, vacuum=False)
+    with wal_kept():
+        before = reading(n.db, n.counter, vacuum=True)
+        for _ in range(runs):
+            workload(n)
+        n.settled()
+        after = reading(n.db, n.counter, vacuum=False)
+        wal = wal_bytes(n.db, before.wal_lsn, after.wal_lsn)
     cpu = after.cpu - before.cpu  # before VACUUM FULL's own CPU counts
-    wal = wal_bytes(n.db, before.wal_lsn, after.wal_lsn)
     kept_after = reading(n.db, n.counter, vacuum=True).kept_bytes
     return Cost(
         statements=(after.statements - before.statements) / runs,
@@ -407,7 +421,7 @@ def fill_runs(n: Node, upto: int) -> float:
     return time.monotonic() - t0
 
 
-def latencies(n: Node) -> dict[str, float]:
+def latency_calls(n: Node) -> dict[str, Callable[[], Any]]:
     http = n.http
 
     def ok(response: httpx.Response) -> Any:
@@ -424,7 +438,7 @@ def latencies(n: Node) -> dict[str, float]:
                 "next_cursor"
             ]
 
-    calls = {
+    return {
         "list": lambda: ok(http.get("/api/v1/runs", params={"limit": 50})),
         "list by worker": lambda: ok(
             http.get("/api/v1/runs", params={"limit": 50, "worker": "script"})
@@ -432,16 +446,26 @@ def latencies(n: Node) -> dict[str, float]:
         "get": lambda: ok(http.get(f"/api/v1/runs/{newest}")),
         "page (4th)": page,
     }
-    found = {}
-    for name, fn in calls.items():
-        fn()
-        times = []
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1000)
-        found[name] = statistics.median(times)
-    return found
+
+
+def interleaved_latencies(nodes: dict[int, Node]) -> dict[int, dict[str, float]]:
+    """Median milliseconds of each call on each node, the nodes taking turns call by call
+    (so that the machine's changing load falls on both alike)."""
+    calls = {size: latency_calls(n) for size, n in nodes.items()}
+    times: dict[int, dict[str, list[float]]] = {size: {} for size in nodes}
+    for named in calls.values():
+        for fn in named.values():
+            fn()  # warm-up
+    for _ in range(REPEATS):
+        for name in calls[next(iter(calls))]:
+            for size, named in calls.items():
+                t0 = time.perf_counter()
+                named[name]()
+                times[size].setdefault(name, []).append((time.perf_counter() - t0) * 1000)
+    return {
+        size: {name: statistics.median(v) for name, v in found.items()}
+        for size, found in times.items()
+    }
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -453,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000, help="runs in the table, at last")
     parser.add_argument("--baseline", type=int, default=10_000, help="runs in the table, first")
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--skip-costs", action="store_true")
     args = parser.parse_args(argv)
     print(
         f"capacity bench: {args.runs} runs per workload; load average "
@@ -469,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         s3 = S3Server(root / "weed")
         s3.start()
         try:
-            for store in ("database", "s3"):
+            for store in () if args.skip_costs else ("database", "s3"):
                 with node(root, store, s3 if store == "s3" else None) as n:
                     costs[store] = {}
                     for name, workload in WORKLOADS.items():
@@ -481,14 +506,20 @@ def main(argv: list[str] | None = None) -> int:
                             f"{c.wal:9,.0f} WAL B {c.kept:9,.0f} kept B {c.cpu_ms:6.1f} ms CPU",
                             flush=True,
                         )
-                    if store == "s3" and not args.skip_latency:
-                        for target in (args.baseline, args.rows):
-                            took = fill_runs(n, target)
-                            scale[target] = latencies(n)
-                            shown = ", ".join(f"{k} {v:.1f} ms" for k, v in scale[target].items())
-                            print(
-                                f"  {target:,} runs (filled in {took:.0f} s): {shown}", flush=True
-                            )
+            if not args.skip_latency:
+                # Two databases side by side, one filled to each size, measured in turns.
+                with node(root, "small", s3) as small, node(root, "large", s3) as large:
+                    sizes = {args.baseline: small, args.rows: large}
+                    for target, n in sizes.items():
+                        run_script(n)
+                        took = fill_runs(n, target)
+                        print(
+                            f"  {target:,} runs in the table (filled in {took:.0f} s)", flush=True
+                        )
+                    scale = interleaved_latencies(sizes)
+                    for target, found in scale.items():
+                        shown = ", ".join(f"{k} {v:.1f} ms" for k, v in found.items())
+                        print(f"  {target:,} runs: {shown}", flush=True)
         finally:
             s3.stop()
     print()
@@ -496,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'workload':9} {'statements':>15} {'round trips':>15} {'rows written':>15} "
     header += f"{'WAL bytes':>19} {'bytes kept':>19} {'PG CPU ms':>13}"
     print(header)
-    for name in WORKLOADS:
+    for name in WORKLOADS if costs else ():
         d, o = costs["database"][name], costs["s3"][name]
         print(
             f"{name:9} {d.statements:6.1f} -> {o.statements:5.1f} "
@@ -505,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{d.cpu_ms:5.1f} -> {o.cpu_ms:4.1f}"
         )
     print()
-    for name in WORKLOADS:
+    for name in WORKLOADS if costs else ():
         d, o = costs["database"][name], costs["s3"][name]
         share = o.kept / d.kept if d.kept > 0 else 0.0
         good = share <= 0.25 or (d.kept <= 0 and o.kept <= 0)

@@ -178,14 +178,23 @@ def drain_pending(ctx: Context, *, limit: int = PENDING_BATCH) -> PendingReport:
             elif item.action == DELETE:
                 report.deleted += _delete_pending(ctx, item.digest)
         except BlobStoreUnavailable:
-            with session_scope(ctx.engine, write=True) as s:
-                s.execute(
-                    update(PendingBlob)
-                    .where(col(PendingBlob.digest) == item.digest)
-                    .values(attempts=PendingBlob.attempts + 1)
-                )
+            _count_attempt(ctx, item.digest)
             raise
+        except BlobUnreadable as exc:
+            # Its bytes are damaged where they are: it stays pending (and listed by `floom
+            # blobs check`) without holding up the others.
+            log.error("pending %s of blob %s: %s", item.action, item.digest, exc.message)
+            _count_attempt(ctx, item.digest)
     return report
+
+
+def _count_attempt(ctx: Context, digest: str) -> None:
+    with session_scope(ctx.engine, write=True) as s:
+        s.execute(
+            update(PendingBlob)
+            .where(col(PendingBlob.digest) == digest)
+            .values(attempts=PendingBlob.attempts + 1)
+        )
 
 
 def _upload_pending(ctx: Context, digest: str) -> int:
