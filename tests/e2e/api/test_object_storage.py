@@ -275,3 +275,29 @@ def test_a_backup_holds_the_bucket_s_objects_and_a_restore_puts_them_back(
         with srv.client() as api:
             got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
         assert got.status_code == 200 and got.content == _report(run)
+
+
+LEAKY = """import os
+print("key:", {secret!r}, os.environ.get("FLOOM_S3_SECRET_ACCESS_KEY"))
+"""
+
+
+def test_the_object_store_secret_never_reaches_a_run_log(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'floom.db'}"
+    with _server(tmp_path, database_url, s3_server) as srv:
+        with srv.client() as api:
+            folder = make_worker(
+                tmp_path / "leaky",
+                "name: leaky\n",
+                {"run.py": LEAKY.format(secret=SECRET_KEY)},
+            )
+            deploy_folder(api, folder)
+            started = api.post("/api/v1/workers/leaky/runs", json={"inputs": {}})
+            run = wait_for_run(api, started.json()["id"], timeout=60)
+        lines = [e["line"] for e in _events(srv, run["id"])]
+        assert any(line.startswith("key:") for line in lines), lines
+        assert not any(SECRET_KEY in line for line in lines), lines
+        # And the sandbox's environment never held it.
+        assert any(line.endswith(" None") for line in lines), lines
