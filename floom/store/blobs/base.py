@@ -17,6 +17,10 @@ from typing import ClassVar
 
 from floom.errors import BlobUnreadable
 
+_RESTORE_HINT = (
+    "restore the object from a backup or the bucket's versioning; "
+    "`floom blobs check` lists every damaged or missing blob"
+)
 # What a client is told to wait before asking again while the object store is away.
 RETRY_AFTER_SECONDS = 5
 
@@ -84,8 +88,7 @@ def verified(data: bytes, *, sha256: str | None, what: str, where: str) -> bytes
     if sha256 is not None and sha256_of(data) != sha256:
         raise BlobUnreadable(
             f"{what} is damaged: {where} does not match its sha256 ({len(data)} bytes read)",
-            hint="restore the object from a backup or the bucket's versioning; `floom blobs "
-            "check` lists every damaged or missing blob",
+            hint=_RESTORE_HINT,
         )
     return data
 
@@ -93,6 +96,5 @@ def verified(data: bytes, *, sha256: str | None, what: str, where: str) -> bytes
 def missing(*, what: str, where: str) -> BlobUnreadable:
     return BlobUnreadable(
         f"{what} is missing: {where} does not exist",
-        hint="restore the object from a backup or the bucket's versioning; `floom blobs "
-        "check` lists every damaged or missing blob",
+        hint=_RESTORE_HINT,
     )

@@ -48,6 +48,7 @@ OPERATOR_COMMANDS = frozenset(
         "migrate-store",
         "doctor",
         "retention",
+        "blobs",
         "--help",
         "COMMAND",
         "...",
