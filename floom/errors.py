@@ -2,7 +2,7 @@
 
 Every class that sets its own `code` is registered, so a client can rebuild the same class
 from a response (`error_class(code)`) and the catalogue (`catalogue()`) lists every code a
-caller can meet, for the README and the OpenAPI document.
+caller can meet, for the docs (docs/reference/error-codes.md) and the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -185,6 +185,28 @@ class WorkerPaused(Conflict):
     code = "worker_paused"
 
 
+class StateConflict(Conflict):
+    """The worker's state changed since it was read; nothing was written.
+
+    A run ends with this code when another run (or an operator) wrote the worker's state
+    after this run read it; an operator's set with `if_version` gets it as a 409."""
+
+    code = "state_conflict"
+
+
+class StateInvalid(InvalidRequest):
+    """A worker's state is not a JSON value floom keeps (over a JSON bound, or not JSON)."""
+
+    status = 422
+    code = "state_invalid"
+
+
+class StateTooLarge(PayloadTooLarge):
+    """A worker's state is larger than its limit (state.max_bytes or FLOOM_MAX_STATE_BYTES)."""
+
+    code = "state_too_large"
+
+
 class StoreUnavailable(FloomError):
     """floom's database cannot be reached right now."""
 
@@ -208,6 +230,14 @@ class BlobUnreadable(FloomError):
 
     status = 502
     code = "blob_unreadable"
+
+
+class NodeDraining(FloomError):
+    """This floom node is shutting down and lets its running runs end; retry later or on
+    another node."""
+
+    status = 503
+    code = "node_draining"
 
 
 class StoreNewerThanNode(FloomError):

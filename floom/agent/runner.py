@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from floom import jsonvalues
 from floom.agent import workspace
-from floom.agent.builtin import AgentEnv, finish_tool, make_builtin
+from floom.agent.builtin import AgentEnv, finish_tool, make_builtin, state_tool
 from floom.agent.loop import AgentLoop
 from floom.agent.provider import ModelProvider, build_provider, provider_key
 from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
@@ -103,6 +104,9 @@ def run_agent(attempt: Attempt) -> Outcome:
             )
         if transcript is None and session is not None and session.exact:
             transcript = session.exact_transcript()
+            # No tool runs in an exact replay, so nothing would write the files the
+            # original's tools left: the replay ends with the original's artifacts.
+            attempt.restore_artifacts(of_run=session.rec.run_id)
         elif transcript is None:
             also_gated = frozenset(session.gated if session else ())
             transcript = _new_transcript(env, toolbox, also_gated)
@@ -117,6 +121,11 @@ def run_agent(attempt: Attempt) -> Outcome:
         )
         outcome = loop.run()
         outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds
+        outcome = attempt.with_state(outcome)
+        if session is not None and outcome.state is not None:
+            # A replay from a recording acts on nothing: it reads its original's state and
+            # leaves none.
+            outcome.state = replace(outcome.state, new_json=None)
         return outcome
 
 
@@ -152,6 +161,8 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
                     egress=egress,
                 )
             )
+    if env.manifest.state.enabled:
+        tools.append(state_tool(env))
     tools.append(finish_tool(env.manifest))
     return Toolbox(tools)
 

@@ -73,6 +73,9 @@ def _replay(words: list[str]) -> str:
     if "--against" in words:
         body = {"mode": "what_if", "version_id": option(words, "--against", "VERSION")}
         return _request("POST", "runs", run, "replays", body=body)
+    if "--model" in words:
+        body = {"mode": "what_if", "model": option(words, "--model", "MODEL")}
+        return _request("POST", "runs", run, "replays", body=body)
     return _request("POST", "runs", run, "replay")
 
 
@@ -103,6 +106,15 @@ def _secrets(words: list[str]) -> str:
     if words[:1] == ["set"]:
         return _request("PUT", "secrets", first(words[1:], "NAME"), body={"value": "VALUE"})
     return _request("GET", "secrets")
+
+
+def _state(words: list[str]) -> str:
+    worker = first(words[1:], "WORKER")
+    if words[:1] == ["history"]:
+        return _request("GET", "workers", worker, "state", "versions")
+    if words[:1] == ["set"]:
+        return _request("PUT", "workers", worker, "state", body={"state": "VALUE"})
+    return _request("GET", "workers", worker, "state")
 
 
 def _keys(words: list[str]) -> str:
@@ -140,7 +152,11 @@ def _run_route(method: str, *after: str) -> Callable[[list[str]], str]:
 
 _ENDPOINTS: dict[str, Render] = {
     "workers": _workers,
-    "deploy": lambda w: f"`POST {API}/workers` (the folder as a tar.gz body)",
+    "deploy": lambda w: (
+        f"`POST {API}/workers?skip_eval_gate=true` (the folder as a tar.gz body)"
+        if "--skip-eval-gate" in w
+        else f"`POST {API}/workers` (the folder as a tar.gz body)"
+    ),
     "validate": lambda w: f"`POST {API}/workers/validate` (the folder as a tar.gz body)",
     "versions": _worker_route("GET", "versions"),
     "rollback": _rollback,
@@ -161,6 +177,7 @@ _ENDPOINTS: dict[str, Render] = {
     "approve": lambda w: _decide(w, "approve"),
     "reject": lambda w: _decide(w, "reject"),
     "secrets": _secrets,
+    "state": _state,
     "keys": _keys,
     "agents": _agents,
     "roles": _roles,

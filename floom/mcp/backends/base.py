@@ -65,8 +65,9 @@ class Backend(abc.ABC):
         """{"valid", "problems", "manifest"} for a tar.gz of a worker folder; stores nothing."""
 
     @abc.abstractmethod
-    def deploy(self, archive: bytes) -> JSON:
-        """{"worker", "version", "created", "activated"}; unchanged content makes no version."""
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
+        """{"worker", "version", "created", "activated"}; unchanged content makes no version.
+        A failed eval gate raises code "eval_gate_failed" unless `skip_eval_gate`."""
 
     @abc.abstractmethod
     def list_versions(self, name: str) -> JSON:
@@ -75,6 +76,26 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
         """{"worker", "version"} after making the given version (or a run's version) active."""
+
+    @abc.abstractmethod
+    def get_state(self, name: str, *, version: int | None = None) -> JSON:
+        """The worker's state as REST answers it (current, or a kept `version`)."""
+
+    @abc.abstractmethod
+    def set_state(
+        self,
+        name: str,
+        *,
+        state: Any = None,
+        from_version: int | None = None,
+        if_version: int | None = None,
+    ) -> JSON:
+        """Write a new state version (deploy scope): `state`, or a kept version's value
+        again; the state as written."""
+
+    @abc.abstractmethod
+    def state_versions(self, name: str, *, limit: int = 20) -> JSON:
+        """{"items": [state version], "next_cursor"}, newest first."""
 
     @abc.abstractmethod
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:

@@ -33,6 +33,7 @@ from floom.services.runs import lifecycle as runs
 from floom.services.runs import waits as run_waits
 from floom.services.triggers import registry as triggers
 from floom.services.workers import deletion as worker_deletion
+from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.store.models import Worker
 
@@ -109,10 +110,11 @@ class LocalBackend(Backend):
         manifest, problems = workers.validate_archive(ctx, archive=archive, caller=self.principal)
         return worker_views.validation_result(manifest, problems).to_json()
 
-    def deploy(self, archive: bytes) -> JSON:
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
         ctx = self.ctx
-        # Through the eval gate like REST; MCP offers no override (a person uses the CLI).
-        result = eval_gate.deploy_gated(ctx, archive=archive, caller=self.principal)
+        result = eval_gate.deploy_gated(
+            ctx, archive=archive, caller=self.principal, skip_gate=skip_eval_gate
+        )
         return worker_views.deploy_result(ctx, result, caller=self.principal).to_json()
 
     def list_versions(self, name: str) -> JSON:
@@ -127,6 +129,36 @@ class LocalBackend(Backend):
             ctx, name=name, rollback=rollback, caller=self.principal
         )
         return result.to_json()
+
+    def get_state(self, name: str, *, version: int | None = None) -> JSON:
+        view = worker_views.worker_state_public(
+            self.ctx, name=name, version=version, caller=self.principal
+        )
+        return view.to_json()
+
+    def set_state(
+        self,
+        name: str,
+        *,
+        state: Any = None,
+        from_version: int | None = None,
+        if_version: int | None = None,
+    ) -> JSON:
+        row = worker_state.set_state(
+            self.ctx,
+            worker_name=name,
+            state=state,
+            from_version=from_version,
+            if_version=if_version,
+            caller=self.principal,
+        )
+        return self.get_state(name, version=row.version)
+
+    def state_versions(self, name: str, *, limit: int = 20) -> JSON:
+        page = worker_views.state_version_page(
+            self.ctx, name=name, limit=limit, caller=self.principal
+        )
+        return page.to_json()
 
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
         ctx = self.ctx
@@ -151,7 +183,7 @@ class LocalBackend(Backend):
             caller=self.principal,
             force=force,
         )
-        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     def list_runs(
         self,
@@ -218,7 +250,7 @@ class LocalBackend(Backend):
     def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
         ctx = self.ctx
         run = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=self.principal, force=force)
-        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     # -- replays from recordings and evals -----------------------------------------------------
 
@@ -229,7 +261,7 @@ class LocalBackend(Backend):
         run = replays.start_replay(
             ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, caller=self.principal
         )
-        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     def get_replay(self, run_id: str) -> JSON:
         ctx = self.ctx

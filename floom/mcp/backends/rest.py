@@ -120,14 +120,32 @@ class RestBackend(Backend):
     def validate(self, archive: bytes) -> JSON:
         return self.client.validate(archive)
 
-    def deploy(self, archive: bytes) -> JSON:
-        return self.client.deploy(archive)
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
+        return self.client.deploy(archive, skip_eval_gate=skip_eval_gate)
 
     def list_versions(self, name: str) -> JSON:
         return self.client.list_versions(name)
 
     def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
         return self.client.rollback(name, version_id=version_id, run_id=run_id)
+
+    def get_state(self, name: str, *, version: int | None = None) -> JSON:
+        return self.client.get_state(name, version=version)
+
+    def set_state(
+        self,
+        name: str,
+        *,
+        state: Any = None,
+        from_version: int | None = None,
+        if_version: int | None = None,
+    ) -> JSON:
+        return self.client.set_state(
+            name, state=state, from_version=from_version, if_version=if_version
+        )
+
+    def state_versions(self, name: str, *, limit: int = 20) -> JSON:
+        return self.client.state_versions(name, limit=limit)
 
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
         return self.client.delete_worker(name, purge_runs=purge_runs)

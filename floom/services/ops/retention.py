@@ -23,7 +23,7 @@ from floom.services.ops.objects import drain_pending
 from floom.services.runs import rules as run_rules
 from floom.store.blobs.rows import delete_unreferenced_blobs
 from floom.store.blobs.tables import RunLog
-from floom.store.db import session_scope
+from floom.store.db import give_back_free_pages, session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version, Worker, utcnow
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class RetentionReport:
     log_lines_deleted: int = 0
     artifacts_deleted: int = 0
     blobs_deleted: int = 0
+    pages_freed: int = 0  # SQLite pages given back to the disk
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,6 +104,8 @@ def apply_retention(
             batches += 1
     report.blobs_deleted += sweep_orphan_blobs(ctx, now=now)
     delete_objects_now(ctx)
+    if any(report.to_dict().values()):
+        report.pages_freed = give_back_free_pages(ctx.engine)
     return report
 
 
