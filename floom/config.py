@@ -6,7 +6,7 @@ import ipaddress
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -143,6 +143,26 @@ class Settings(BaseSettings):
     alert_approval_wait_seconds: float = Field(3600.0, gt=0)
     alert_schedule_grace_seconds: float = Field(300.0, gt=0)
     alert_schedule_stuck_seconds: float = Field(3600.0, gt=0)
+    # Blob storage (floom/store/blobs/; README: Object storage): where new version archives,
+    # artifacts, agent workspaces and ended runs' logs go: "database" (rows of the blobs
+    # table) or "s3" (an S3-compatible bucket). The S3 settings are also needed to read what
+    # an earlier "s3" left there. Credentials: FLOOM_S3_ACCESS_KEY_ID and
+    # FLOOM_S3_SECRET_ACCESS_KEY, else the shared-credentials file FLOOM_S3_CREDENTIALS_FILE
+    # (its [default] section), else the S3 client's own chain (AWS_* variables, instance roles).
+    blob_store: Literal["database", "s3"] = "database"
+    s3_endpoint: str = ""
+    s3_bucket: str = ""
+    s3_prefix: str = "floom/"
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+    s3_credentials_file: Path | None = None
+    # A run's end waits this long at most for its artifacts' upload (the client retries
+    # within it); past it they are kept in the database and uploaded later.
+    s3_timeout_seconds: float = Field(10.0, gt=0)
+    # How often a node with the executor role looks for uploads left pending and ended runs'
+    # logs still in the database, besides at each run end it records.
+    blob_sweep_seconds: float = Field(30.0, gt=0)
     # Agent workers (floom/agent/). The provider key falls back to ANTHROPIC_API_KEY.
     model: str = "claude-sonnet-4-5"
     anthropic_api_key: str = ""
@@ -175,6 +195,13 @@ class Settings(BaseSettings):
         if not given:
             raise ValueError(f"no role given; roles are {', '.join(ROLES)} (comma-separated)")
         return ",".join(r for r in ROLES if r in given)
+
+    @field_validator("s3_prefix")
+    @classmethod
+    def _object_prefix(cls, value: str) -> str:
+        """Keys are <prefix>blobs/<digest>: a prefix is a folder of the bucket, or nothing."""
+        value = value.strip().lstrip("/")
+        return value if not value or value.endswith("/") else value + "/"
 
     @field_validator("forwarded_allow_ips")
     @classmethod

@@ -214,6 +214,24 @@ class StoreUnavailable(FloomError):
     code = "store_unavailable"
 
 
+class BlobStoreUnavailable(FloomError):
+    """The object store holding floom's blobs cannot be reached right now; try again shortly.
+
+    `details` carry `retry_after_seconds` (the API answers it as Retry-After)."""
+
+    status = 503
+    code = "blob_store_unavailable"
+
+
+class BlobUnreadable(FloomError):
+    """A stored archive, artifact, workspace or run log is missing or fails its checksum.
+
+    The message names the run or version and the object."""
+
+    status = 502
+    code = "blob_unreadable"
+
+
 class NodeDraining(FloomError):
     """This floom node is shutting down and lets its running runs end; retry later or on
     another node."""

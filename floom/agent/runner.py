@@ -79,7 +79,9 @@ def run_agent(attempt: Attempt) -> Outcome:
         if transcript is not None:
             attempt.restore_artifacts()
             if transcript.workspace_digest:
-                workspace.restore(ctx, digest=transcript.workspace_digest, base=attempt.base)
+                workspace.restore(
+                    ctx, run_id=run.id, digest=transcript.workspace_digest, base=attempt.base
+                )
             run_log.add("system", f"resuming the agent after model turn {transcript.iterations}")
         spent = transcript.active_seconds if transcript else 0.0
         attempt.deadline = time.monotonic() + manifest.limits.timeout_seconds - spent

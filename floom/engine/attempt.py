@@ -165,8 +165,16 @@ class Attempt:
         if missing:
             return missing_secret_outcome(missing)
         self.secrets = values
-        # The E2B key is a provider key: never in a run's log, outputs or errors.
-        self.redactor = Redactor([*values.values(), *also_redact, e2b_api_key(self.ctx.settings)])
+        # The E2B key is a provider key, the S3 secret floom's own: never in a run's log,
+        # outputs or errors.
+        self.redactor = Redactor(
+            [
+                *values.values(),
+                *also_redact,
+                e2b_api_key(self.ctx.settings),
+                self.ctx.settings.s3_secret_access_key,
+            ]
+        )
         self.run_log.redact_with(self.redactor)
         return None
 

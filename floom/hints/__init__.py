@@ -37,7 +37,9 @@ PLACEHOLDERS = frozenset(
 )
 # Commands given at the shell of the server's host (start, check, back up, move a node's store):
 # no page, tool or endpoint does them.
-SERVER_COMMANDS = frozenset({"serve", "backup", "restore", "migrate-store", "doctor", "retention"})
+SERVER_COMMANDS = frozenset(
+    {"serve", "backup", "restore", "migrate-store", "doctor", "retention", "blobs"}
+)
 ON_THE_HOST = "an operator's command, run on the floom server's host"
 
 

@@ -24,6 +24,7 @@ from floom.store import nodes as _node_tables  # noqa: F401 - registers the tabl
 from floom.store import replays as _replay_tables  # noqa: F401 - registers the tables
 from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
+from floom.store.blobs import tables as _blob_tables  # noqa: F401 - registers the tables
 
 # One write lock per SQLite database file, shared by every engine on that file in this
 # process (two contexts on one file stand for two nodes in tests and tools). Writers to other

@@ -25,6 +25,7 @@ from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
 from floom.services.ops import nodes
 from floom.services.ops.backup import sqlite_path
+from floom.store.blobs.configured import s3_store
 from floom.store.db import driver_reason, make_engine
 from floom.store.migrate import alembic_config
 from floom.store.models import Secret
@@ -66,6 +67,34 @@ def run_checks(settings: Settings) -> list[Check]:
             found.append(check(settings))
         except Exception as exc:  # a check that breaks is reported, the others still run
             found.append(Check(check.__name__.removeprefix("check_"), FAIL, repr(exc)[:300]))
+    try:
+        found.extend(check_blob_store(settings))
+    except Exception as exc:  # as above
+        found.append(Check("blob store", FAIL, repr(exc)[:300]))
+    return found
+
+
+def check_blob_store(settings: Settings) -> list[Check]:
+    """Where blobs go, and for a bucket: reachable, writable (a probe object written, read
+    back, deleted), and whether versioning with expiring old versions protects it. A bucket
+    is checked whenever one is configured, even while new blobs go to the database."""
+    if settings.blob_store == "database" and not settings.s3_bucket:
+        return [Check("blob store", OK, "the database (FLOOM_BLOB_STORE=database)")]
+    try:
+        store = s3_store(settings)
+    except FloomError as exc:
+        return [Check("blob store", FAIL, exc.message, exc.hint or "")]
+    found = [Check(f.name, f.status, f.detail, f.fix) for f in store.check()]
+    if settings.blob_store == "database":
+        found.insert(
+            0,
+            Check(
+                "blob store",
+                OK,
+                "the database (FLOOM_BLOB_STORE=database); the bucket below holds what an "
+                "earlier FLOOM_BLOB_STORE=s3 put there",
+            ),
+        )
     return found
 
 

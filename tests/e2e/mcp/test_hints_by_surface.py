@@ -52,6 +52,7 @@ OPERATOR_COMMANDS = frozenset(
         "migrate-store",
         "doctor",
         "retention",
+        "blobs",
         "--help",
         "COMMAND",
         "...",

@@ -208,6 +208,7 @@ def test_every_documented_compose_command_loads_as_compose_v2_loads_it() -> None
         assert {frozenset(profiles_of(env)) for _, env in source} == {
             frozenset({"e2b"}),
             frozenset({"bwrap"}),
+            frozenset({"bwrap", "s3"}),
         }
     # `docker compose up` with no profile, after the docs' exports: the api node alone.
     exports = {k: v for k, v in readme[0][1].items() if k.startswith("FLOOM_")}
@@ -217,7 +218,8 @@ def test_every_documented_compose_command_loads_as_compose_v2_loads_it() -> None
         started = floom_services(config)
         executors = {name for name in started if name != "api"}
         assert "api" in started, line
-        assert executors == {f"executor-{p}-{i}" for p in profiles_of(env) for i in (1, 2)}, line
+        sandboxes = profiles_of(env) - {"s3"}
+        assert executors == {f"executor-{p}-{i}" for p in sandboxes for i in (1, 2)}, line
         for name in executors:
             given = service_env(config["services"][name])
             assert given.get("E2B_API_KEY", "") == env.get("E2B_API_KEY", ""), (line, name)
@@ -251,3 +253,28 @@ def test_an_e2b_executor_without_a_key_stops_at_start_naming_the_setting(tmp_pat
     assert "hint: set FLOOM_E2B_API_KEY (or E2B_API_KEY)" in said
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "data" / "node.lock").exists()
+
+
+def test_the_s3_profile_adds_an_object_store_that_every_node_uses_with_one_identity() -> None:
+    readme = [(line, env) for line, env in docs_compose_commands() if "s3" in profiles_of(env)]
+    header = [(line, env) for line, env in header_compose_commands() if "s3" in profiles_of(env)]
+    assert readme and header
+    for line, env in [*readme, *header]:
+        assert env.get("FLOOM_BLOB_STORE") == "s3", line
+        config = compose_config(env)
+        store = config["services"]["seaweedfs"]
+        assert store["profiles"] == ["s3"] and store["command"][0] == "mini"
+        assert "ports" not in store  # the compose network only
+        for name, svc in floom_services(config, profiles=profiles_of(env)).items():
+            given = service_env(svc)
+            assert given["FLOOM_BLOB_STORE"] == "s3", (line, name)
+            assert given["FLOOM_S3_ENDPOINT"] == "http://seaweedfs:8333"
+            assert given["FLOOM_S3_BUCKET"] == "floom" and "-bucket=floom" in store["command"]
+            assert given["FLOOM_S3_ACCESS_KEY_ID"] == store["environment"]["AWS_ACCESS_KEY_ID"]
+            secret = given["FLOOM_S3_SECRET_ACCESS_KEY"]
+            assert secret and secret == store["environment"]["AWS_SECRET_ACCESS_KEY"], line
+    # Without FLOOM_BLOB_STORE the nodes keep blobs in the database and name no bucket.
+    plain = floom_services(compose_config(OPERATOR_ENV), profiles={"bwrap"})
+    for svc in plain.values():
+        given = service_env(svc)
+        assert given["FLOOM_BLOB_STORE"] == "database" and given["FLOOM_S3_BUCKET"] == ""

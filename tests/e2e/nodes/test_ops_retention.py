@@ -15,7 +15,7 @@ from sqlmodel import col, select
 from floom.engine.loops.housekeeping import Housekeeping
 from floom.services.context import Context
 from floom.services.ops.retention import ORPHAN_GRACE, apply_retention
-from floom.store.blobs import insert_blob
+from floom.store.blobs.rows import inline_blob, insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, new_id, utcnow
 from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
@@ -54,7 +54,7 @@ def _run(
         for seq in (1, 2):
             s.add(RunEvent(run_id=run.id, seq=seq, stream="stdout", line=f"line {seq}"))
         for name, data in files.items():
-            digest = insert_blob(s, data)
+            digest = insert_blob(s, inline_blob(data))
             s.add(
                 Artifact(
                     run_id=run.id,
@@ -81,7 +81,7 @@ def _blobs(ctx: Context) -> set[str]:
 
 def _orphan(ctx: Context, data: bytes, *, created: datetime) -> str:
     with session_scope(ctx.engine, write=True) as s:
-        digest = insert_blob(s, data)
+        digest = insert_blob(s, inline_blob(data))
         blob = s.get(Blob, digest)
         assert blob is not None
         blob.created_at = created
