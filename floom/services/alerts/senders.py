@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from standardwebhooks.webhooks import Webhook
 
 from floom.errors import FloomError
@@ -93,9 +92,8 @@ def _post(ctx: Context, url: str, text: str, *, delivery_id: str | None, key: st
             policy, timeout=ctx.settings.alert_timeout_seconds, follow_redirects=False
         ) as client:
             response = client.post(url, content=text.encode(), headers=headers)
-    except (httpx.HTTPError, OSError) as exc:
-        raise AlertUndeliverable(describe_failure(exc)) from exc
-    except Exception as exc:  # the guard's refusal is a FloomError; anything else is a failure too
+    except Exception as exc:  # a transport error, or the guard's refusal (a FloomError): both
+        # are this delivery's failure, said in floom's words
         raise AlertUndeliverable(describe_failure(exc)) from exc
     if not 200 <= response.status_code < 300:
         raise AlertUndeliverable(f"it answered HTTP {response.status_code}")

@@ -265,7 +265,7 @@ def test_the_s3_profile_adds_an_object_store_that_every_node_uses_with_one_ident
         store = config["services"]["seaweedfs"]
         assert store["profiles"] == ["s3"] and store["command"][0] == "mini"
         assert "ports" not in store  # the compose network only
-        for name, svc in floom_services(config, profiles=profiles_of(env)).items():
+        for name, svc in floom_services(config).items():
             given = service_env(svc)
             assert given["FLOOM_BLOB_STORE"] == "s3", (line, name)
             assert given["FLOOM_S3_ENDPOINT"] == "http://seaweedfs:8333"
