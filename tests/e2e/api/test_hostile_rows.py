@@ -27,7 +27,7 @@ from floom.ui import admin as ui_admin
 from floom.ui import app as ui
 from floom.ui import approvals as ui_approvals
 from floom.ui import handoffs as ui_handoffs
-from floom.ui import nodes as ui_nodes
+from floom.ui import monitoring as ui_monitoring
 from floom.ui import ops as ui_ops
 from floom.ui import replays as ui_replays
 from floom.ui import runs as ui_runs
@@ -248,7 +248,7 @@ def _walk_cli(server: LiveServer, seeds: dict[str, list[str]]) -> int:
 
 def _walk_ui(server: LiveServer, seeds: dict[str, list[str]]) -> int:
     walked = 0
-    modules = (ui, ui_admin, ui_approvals, ui_handoffs, ui_nodes, ui_ops, ui_replays, ui_runs)
+    modules = (ui, ui_admin, ui_approvals, ui_handoffs, ui_monitoring, ui_ops, ui_replays, ui_runs)
     paths = sorted(
         {
             r.path
