@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from functools import cached_property
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -41,12 +42,13 @@ class Settings(BaseSettings):
     e2b_api_key: str = ""
     e2b_template: str = "base"
     # When floom runs as root, each running local sandbox has a host uid (and gid) of its own
-    # from [base, base + count), never root (floom/sandbox/local/uid_pool.py; README: Sandbox uids).
+    # from [base, base + count), never root (floom/sandbox/local/uid_pool.py;
+    # docs/reference/resource-limits.md).
     sandbox_uid_base: int = Field(0x70000000, ge=1, le=2**31 - 1)
     sandbox_uid_count: int = Field(1024, ge=1, le=1 << 20)
     # Ceilings on what one run's worker.yml `limits` may ask for on this server (unset: only
     # worker.yml's own bounds); a worker over one is refused at deploy and by validate
-    # (floom/services/workers/limit_ceilings.py; README: Resource limits).
+    # (floom/services/workers/limit_ceilings.py; docs/reference/resource-limits.md).
     max_timeout_seconds: int | None = Field(None, ge=1)
     max_memory_mb: int | None = Field(None, ge=16)
     max_processes: int | None = Field(None, ge=8)
@@ -60,12 +62,13 @@ class Settings(BaseSettings):
     lease_seconds: float = 30.0
     # The reaper takes an expired lease only this long after its expiry: the node that held
     # it had its watchdog end the sandbox before the expiry; this covers the kill and the
-    # difference between nodes' clocks (README: How runs survive failures).
+    # difference between nodes' clocks (docs/explanation/runs-survive-failures.md).
     lease_grace_seconds: float = Field(1.0, ge=0)
     heartbeat_seconds: float = 2.0
     reap_interval_seconds: float = 5.0
     # On SIGTERM or Ctrl-C a node stops claiming and gives running attempts this long to end
-    # before it interrupts them (a second signal interrupts at once); see "Restarts" in README.
+    # before it interrupts them (a second signal interrupts at once); see
+    # docs/explanation/runs-survive-failures.md.
     drain_seconds: float = Field(30.0, ge=0)
     # How often a node kills sandboxes it left to runs it no longer runs (and at start).
     sandbox_reap_seconds: float = Field(60.0, gt=0)
@@ -140,6 +143,26 @@ class Settings(BaseSettings):
     alert_approval_wait_seconds: float = Field(3600.0, gt=0)
     alert_schedule_grace_seconds: float = Field(300.0, gt=0)
     alert_schedule_stuck_seconds: float = Field(3600.0, gt=0)
+    # Blob storage (floom/store/blobs/; README: Object storage): where new version archives,
+    # artifacts, agent workspaces and ended runs' logs go: "database" (rows of the blobs
+    # table) or "s3" (an S3-compatible bucket). The S3 settings are also needed to read what
+    # an earlier "s3" left there. Credentials: FLOOM_S3_ACCESS_KEY_ID and
+    # FLOOM_S3_SECRET_ACCESS_KEY, else the shared-credentials file FLOOM_S3_CREDENTIALS_FILE
+    # (its [default] section), else the S3 client's own chain (AWS_* variables, instance roles).
+    blob_store: Literal["database", "s3"] = "database"
+    s3_endpoint: str = ""
+    s3_bucket: str = ""
+    s3_prefix: str = "floom/"
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+    s3_credentials_file: Path | None = None
+    # A run's end waits this long at most for its artifacts' upload (the client retries
+    # within it); past it they are kept in the database and uploaded later.
+    s3_timeout_seconds: float = Field(10.0, gt=0)
+    # How often a node with the executor role looks for uploads left pending and ended runs'
+    # logs still in the database, besides at each run end it records.
+    blob_sweep_seconds: float = Field(30.0, gt=0)
     # Agent workers (floom/agent/). The provider key falls back to ANTHROPIC_API_KEY.
     model: str = "claude-sonnet-4-5"
     anthropic_api_key: str = ""
@@ -173,6 +196,13 @@ class Settings(BaseSettings):
             raise ValueError(f"no role given; roles are {', '.join(ROLES)} (comma-separated)")
         return ",".join(r for r in ROLES if r in given)
 
+    @field_validator("s3_prefix")
+    @classmethod
+    def _object_prefix(cls, value: str) -> str:
+        """Keys are <prefix>blobs/<digest>: a prefix is a folder of the bucket, or nothing."""
+        value = value.strip().lstrip("/")
+        return value if not value or value.endswith("/") else value + "/"
+
     @field_validator("forwarded_allow_ips")
     @classmethod
     def _networks(cls, value: str) -> str:
@@ -189,6 +219,12 @@ class Settings(BaseSettings):
         except ValueError as exc:
             raise ValueError(f"{exc}; {ALLOW_HINT}") from exc
         return value
+
+    @property
+    def model_key(self) -> str:
+        """The model provider key agent runs use: FLOOM_ANTHROPIC_API_KEY, else
+        ANTHROPIC_API_KEY; "" when neither is set."""
+        return self.anthropic_api_key or os.environ.get("ANTHROPIC_API_KEY", "")
 
     @cached_property
     def resolved_database_url(self) -> str:

@@ -2,7 +2,7 @@
 
 Every class that sets its own `code` is registered, so a client can rebuild the same class
 from a response (`error_class(code)`) and the catalogue (`catalogue()`) lists every code a
-caller can meet, for the README and the OpenAPI document.
+caller can meet, for the docs (docs/reference/error-codes.md) and the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -212,6 +212,32 @@ class StoreUnavailable(FloomError):
 
     status = 503
     code = "store_unavailable"
+
+
+class BlobStoreUnavailable(FloomError):
+    """The object store holding floom's blobs cannot be reached right now; try again shortly.
+
+    `details` carry `retry_after_seconds` (the API answers it as Retry-After)."""
+
+    status = 503
+    code = "blob_store_unavailable"
+
+
+class BlobUnreadable(FloomError):
+    """A stored archive, artifact, workspace or run log is missing or fails its checksum.
+
+    The message names the run or version and the object."""
+
+    status = 502
+    code = "blob_unreadable"
+
+
+class NodeDraining(FloomError):
+    """This floom node is shutting down and lets its running runs end; retry later or on
+    another node."""
+
+    status = 503
+    code = "node_draining"
 
 
 class StoreNewerThanNode(FloomError):

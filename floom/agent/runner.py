@@ -79,7 +79,9 @@ def run_agent(attempt: Attempt) -> Outcome:
         if transcript is not None:
             attempt.restore_artifacts()
             if transcript.workspace_digest:
-                workspace.restore(ctx, digest=transcript.workspace_digest, base=attempt.base)
+                workspace.restore(
+                    ctx, run_id=run.id, digest=transcript.workspace_digest, base=attempt.base
+                )
             run_log.add("system", f"resuming the agent after model turn {transcript.iterations}")
         spent = transcript.active_seconds if transcript else 0.0
         attempt.deadline = time.monotonic() + manifest.limits.timeout_seconds - spent
@@ -102,6 +104,9 @@ def run_agent(attempt: Attempt) -> Outcome:
             )
         if transcript is None and session is not None and session.exact:
             transcript = session.exact_transcript()
+            # No tool runs in an exact replay, so nothing would write the files the
+            # original's tools left: the replay ends with the original's artifacts.
+            attempt.restore_artifacts(of_run=session.rec.run_id)
         elif transcript is None:
             also_gated = frozenset(session.gated if session else ())
             transcript = _new_transcript(env, toolbox, also_gated)

@@ -70,9 +70,9 @@ def _too_large(env: AgentEnv, size: str) -> None:
     )
 
 
-def restore(ctx: Context, *, digest: str, base: Path) -> bool:
+def restore(ctx: Context, *, run_id: str, digest: str, base: Path) -> bool:
     """Unpack what `keep` stored into base (holding work/ and output/)."""
-    data = agent_runs.get_blob(ctx, digest)
+    data = agent_runs.get_blob(ctx, digest, what=f"the agent workspace of run {run_id}")
     if data is None:
         return False
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:

@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 
 from floom import jsonvalues
 from floom.api.auth import request_surface
-from floom.errors import FloomError, RateLimited
+from floom.errors import BlobStoreUnavailable, FloomError, RateLimited
 from floom.hints.surface import tell
 from floom.services.access.principal import Surface
 from floom.store.db import UNAVAILABLE, store_unavailable
@@ -35,7 +35,7 @@ def floom_error_response(exc: FloomError, *, surface: Surface = "cli") -> JSONRe
         tell(exc.hint, surface=surface),
     )
     response = JSONResponse(status_code=exc.status, content={"error": body})
-    if isinstance(exc, RateLimited) and isinstance(exc.details, dict):
+    if isinstance(exc, RateLimited | BlobStoreUnavailable) and isinstance(exc.details, dict):
         response.headers["Retry-After"] = str(exc.details.get("retry_after_seconds", 1))
     return response
 

@@ -184,6 +184,11 @@ COMMANDS: dict[str, Entry] = {
     "retention": Entry(
         "commands.ops", "register", "Delete old runs' logs and artifacts (FLOOM_RETENTION_DAYS)."
     ),
+    "blobs": Entry(
+        "commands.ops",
+        "register",
+        "Move blobs between the database and object storage, or check every one.",
+    ),
 }
 
 

@@ -29,7 +29,7 @@ from floom.engine.queue import (
 from floom.engine.runlog import LogBudget, LogLine, RunLog
 from floom.engine.runtime import NodeRuntime
 from floom.engine.work_root import hold_work_root, release_work_root
-from floom.errors import StoreUnavailable
+from floom.errors import BlobStoreUnavailable, StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable
 from floom.sandbox.fence import fence_key, margin_seconds, node_fence
@@ -60,6 +60,7 @@ log = logging.getLogger("floom.executor")
 LOG_FLUSH_SECONDS = 0.1
 # What a call raises while the database cannot be reached (translated by the store or not).
 STORE_DOWN: tuple[type[Exception], ...] = (StoreUnavailable, *UNAVAILABLE)
+STORE_OR_BLOBS_DOWN: tuple[type[Exception], ...] = (*STORE_DOWN, BlobStoreUnavailable)
 
 
 class Executor:
@@ -88,6 +89,8 @@ class Executor:
         # drain too, or another node would take a draining run over and run it again.
         self._attempts_over = threading.Event()
         self._interrupt_now = threading.Event()
+        self._stopping = threading.Lock()
+        self._stopped = False
         # Set when an attempt starts here: the log flusher sleeps on it while none runs.
         self._attempt_started = threading.Event()
         self._cancel: set[str] = set()
@@ -125,7 +128,15 @@ class Executor:
     def stop(self, *, grace_seconds: float | None = None) -> None:
         """Stop claiming; give running attempts `grace_seconds` (the drain setting by
         default) to end, or until `interrupt_now`, then interrupt the rest: each is requeued
-        as a new attempt that costs none of its retries."""
+        as a new attempt that costs none of its retries. A second call (the API's drain, then
+        the node's end) waits for the first and does nothing more."""
+        with self._stopping:
+            if self._stopped:
+                return
+            self._stop_now(grace_seconds)
+            self._stopped = True
+
+    def _stop_now(self, grace_seconds: float | None) -> None:
         self._stop.set()
         if self.runtime.dispatch is self.dispatch:
             self.runtime.dispatch = None
@@ -435,10 +446,11 @@ class Executor:
                 float(manifest.retries.backoff_seconds),
                 manifest.retries.backoff != "fixed",
             )
-        except STORE_DOWN as exc:
-            # The database went away while the attempt was being prepared or recorded on
-            # the way: not the worker's failure, so it is requeued (once the database is
-            # back) without costing one of its retries.
+        except STORE_OR_BLOBS_DOWN as exc:
+            # The database (or the object store holding the version's archive) went away
+            # while the attempt was being prepared or recorded on the way: not the worker's
+            # failure, so it is requeued (once the store is back) without costing one of
+            # its retries.
             self.log_failure(f"run {run.id} interrupted", exc)
             self._interrupted.add(run.id)
             return cancelled_outcome(), 0.0, False

@@ -39,7 +39,7 @@ from floom.services.runs.rules import (
 )
 from floom.services.workers import state as worker_state
 from floom.store import signals
-from floom.store.blobs import insert_blob
+from floom.store.blobs.rows import insert_blob, stage_blob
 from floom.store.db import (
     Writer,
     is_postgres,
@@ -362,6 +362,16 @@ def finish_attempt(
     record: RunRecord | None = None
     # This attempt's artifacts are the run's only ones: earlier ones are deleted below.
     artifacts: list[Artifact] = []
+    # Made durable before the transaction: an object store's upload may take a while, and
+    # a store that is away leaves them in the row as pending uploads (rows.stage_blob).
+    staged = (
+        [
+            (name, stage_blob(ctx.settings, ctx.engine, data), content_type)
+            for name, data, content_type in outcome.artifacts
+        ]
+        if not retry and outcome.artifacts
+        else []
+    )
     with write_connection(ctx.engine) as s:
         lock_events(s, run_id=run.id)
         written = s.execute(_finish_statement(tuple(values)), {**values, **held}).first()
@@ -404,7 +414,7 @@ def finish_attempt(
         # decision (which always sets the phase): a plain first attempt has none to replace.
         if run.attempt > 1 or run.phase is not None:
             s.execute(delete(Artifact).where(col(Artifact.run_id) == run.id))
-        if not retry and outcome.artifacts:
+        if staged:
             # One INSERT of plain rows: the values are floom's own (collected and named by
             # floom/engine/collect.py), so building, validating and flushing ORM objects for
             # them bought nothing.
@@ -412,12 +422,12 @@ def finish_attempt(
                 {
                     "run_id": run.id,
                     "name": name,
-                    "size": len(data),
-                    "digest": insert_blob(s, data),
+                    "size": blob.size,
+                    "digest": insert_blob(s, blob),
                     "content_type": content_type,
                     "created_at": now,
                 }
-                for name, data, content_type in outcome.artifacts
+                for name, blob, content_type in staged
             ]
             stored = s.execute(_artifacts_insert(), rows)
             artifacts = sorted(

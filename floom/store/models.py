@@ -81,13 +81,22 @@ def trusted_row(model: type[M], values: Mapping[Any, Any]) -> M:
 
 
 class Blob(SQLModel, table=True):
-    """Content-addressed bytes: version archives and artifacts."""
+    """Content-addressed bytes: version archives, artifacts, agent workspaces, ended runs'
+    logs. The row is the blob's index entry wherever its bytes live (floom/store/blobs/)."""
 
     __tablename__ = "blobs"
     digest: str = Field(primary_key=True, max_length=64)
     size: int
+    # The bytes when `location` is "database"; empty when a bucket holds them.
     data: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Which blob store holds the bytes: "database" or "s3".
+    location: str = Field(
+        default="database", max_length=16, sa_column_kwargs={"server_default": "database"}
+    )
+    # The sha256 of the bytes, checked at every read (a version's digest is over its folder,
+    # not its archive's bytes); None only for blobs stored before floom kept it.
+    sha256: str | None = Field(default=None, max_length=64)
 
 
 class Worker(SQLModel, table=True):

@@ -1,5 +1,6 @@
 """Operator commands that work on this node's store and data dir directly, not through the
-API: `floom backup`, `floom restore`, `floom migrate-store`, `floom retention run`.
+API: `floom backup`, `floom restore`, `floom migrate-store`, `floom retention run`,
+`floom blobs migrate`, `floom blobs check`.
 
 They read the same FLOOM_* settings as `floom serve` (FLOOM_DATA_DIR, FLOOM_DATABASE_URL).
 The store (SQLAlchemy, the tables) loads only when one of them is named (floom/cli/index.py).
@@ -17,10 +18,14 @@ from floom.cli.output import err, new_table, out, print_json
 from floom.config import Settings, mask_password
 from floom.services.context import Context
 from floom.services.ops.backup import create_backup, restore_backup
+from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention
 from floom.services.ops.store_copy import copy_store
 
 retention_app = typer.Typer(help="Delete old runs' logs and artifacts (FLOOM_RETENTION_DAYS).")
+blobs_app = typer.Typer(
+    help="Move blobs between the database and object storage, or check every one."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +34,7 @@ def register(app: typer.Typer) -> None:
     app.command("restore")(restore)
     app.command("migrate-store")(migrate_store)
     app.add_typer(retention_app, name="retention", no_args_is_help=True)
+    app.add_typer(blobs_app, name="blobs", no_args_is_help=True)
 
 
 def _counts_table(counts: dict[str, int]) -> Any:
@@ -126,5 +132,70 @@ def retention_run(
         Text(
             f"pruned {report.runs_pruned} run(s): {report.log_lines_deleted} log line(s), "
             f"{report.artifacts_deleted} artifact(s); {report.blobs_deleted} blob(s) reclaimed"
+            + (
+                f"; {report.pages_freed} free page(s) given back to the disk"
+                if report.pages_freed
+                else ""
+            )
         )
     )
+
+
+@blobs_app.command("migrate")
+def blobs_migrate(
+    to: Annotated[
+        str,
+        typer.Option("--to", help="where the blobs go: s3 (FLOOM_S3_*) or database"),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Move every version archive, artifact, workspace and ended run's log to `--to`.
+
+    Each blob is read back checked against its sha256 and moved in a transaction of its own:
+    floom may keep serving, a stopped migration is finished by running it again, and a
+    second run moves nothing."""
+
+    ctx = Context.open(Settings())
+    try:
+        result = migrate_blobs(ctx, to=to, progress=None if as_json else _progress)
+    finally:
+        ctx.engine.dispose()
+    if as_json:
+        print_json(result.to_dict())
+        return
+    out.print(
+        Text(
+            f"{result.moved} blob(s) moved to {result.to} ({result.bytes_moved} bytes), "
+            f"{result.already} there already; {result.logs_archived} ended run log(s) moved"
+        )
+    )
+    for warning in result.warnings:
+        err.print(Text(f"warning: {warning}", style="yellow"))
+
+
+@blobs_app.command("check")
+def blobs_check(
+    as_json: Annotated[bool, typer.Option("--json", help="print the problems as JSON")] = False,
+) -> None:
+    """Read every blob back and check its sha256; exit 1 when one is missing or damaged."""
+
+    ctx = Context.open(Settings())
+    try:
+        checked, problems = check_blobs(ctx, progress=None if as_json else _progress)
+    finally:
+        ctx.engine.dispose()
+    if as_json:
+        print_json({"checked": checked, "problems": [p.__dict__ for p in problems]})
+    else:
+        table = new_table("BLOB", "WHERE", "PROBLEM")
+        for p in problems:
+            table.add_row(p.digest[:16], p.location, p.problem)
+        if problems:
+            out.print(table)
+        out.print(Text(f"{checked} blob(s) checked, {len(problems)} problem(s)"))
+    if problems:
+        raise typer.Exit(1)
+
+
+def _progress(line: str) -> None:
+    err.print(Text(line, style="dim"))

@@ -1,8 +1,12 @@
 """Backup and restore of a SQLite node: a consistent online copy of the database (sqlite3's
 backup API, safe while floom serves) and the data dir's files, restored into a fresh data dir.
 
-PostgreSQL stores are backed up with pg_dump (README, "Backup and restore"): floom cannot
+PostgreSQL stores are backed up with pg_dump (docs/how-to/operations.md): floom cannot
 copy them more consistently than the server's own tool.
+
+Blobs kept in object storage (FLOOM_BLOB_STORE=s3) are copied into the backup's objects/,
+each checked against its sha256, so a backup stands alone; a restore puts them back into the
+node's bucket, or into the database when the node has none.
 """
 
 from __future__ import annotations
@@ -23,18 +27,40 @@ from sqlalchemy.engine import make_url
 from floom import __version__
 from floom.config import Settings
 from floom.errors import BackupInvalid, Conflict, InvalidRequest, NotFound
+from floom.store.blobs.base import sha256_of
+from floom.store.blobs.configured import s3_store
+from floom.store.blobs.database import DatabaseBlobStore
 from floom.store.db import make_engine
 from floom.store.migrate import migrate
 
 MANIFEST = "floom-backup.json"
 DATABASE = "floom.db"
+OBJECTS = "objects"
 FORMAT = 1
 # Left out of a backup: the database (copied through the backup API instead), its journal
-# files, this host's node id (a restored node is a new node), and caches floom rebuilds:
-# run work dirs and extracted versions.
-_NOT_COPIED = {DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", "node.id", "runs", "versions"}
+# files, this host's node id (a restored node is a new node), the running node's lock on its
+# work root (floom.engine.work_root: a lock of this process, meaningless in a copy), and caches
+# floom rebuilds: run work dirs and extracted versions.
+_NOT_COPIED = {
+    DATABASE,
+    f"{DATABASE}-wal",
+    f"{DATABASE}-shm",
+    "node.id",
+    "node.lock",
+    "runs",
+    "versions",
+}
 # The tables whose row counts a backup records, so a restore can be checked against them.
-_COUNTED = ("workers", "versions", "runs", "run_events", "artifacts", "blobs", "secrets")
+_COUNTED = (
+    "workers",
+    "versions",
+    "runs",
+    "run_events",
+    "run_logs",
+    "artifacts",
+    "blobs",
+    "secrets",
+)
 _PAGES_PER_STEP = 1024
 
 
@@ -70,7 +96,7 @@ def _require_sqlite(settings: Settings, *, doing: str) -> Path:
     if path is None:
         raise InvalidRequest(
             f"{doing} works on a SQLite store; this node's FLOOM_DATABASE_URL is not SQLite",
-            hint="back up PostgreSQL with pg_dump (README: 'Backup and restore'), or move a "
+            hint="back up PostgreSQL with pg_dump (docs/how-to/operations.md), or move a "
             "SQLite store to PostgreSQL with `floom migrate-store`",
         )
     return path
@@ -101,6 +127,7 @@ def create_backup(*, settings: Settings, dest: Path) -> BackupSummary:
     try:
         _copy_database(db_path, partial / DATABASE)
         files = _copy_data_files(settings.data_dir, partial)
+        files += _copy_objects(settings, partial)
         summary = BackupSummary(
             path=str(dest),
             schema_revision=_schema_revision(partial / DATABASE),
@@ -158,6 +185,8 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     _copy_database(source / DATABASE, db_path)
     files = manifest["summary"]["files"]
+    objects = [name for name in files if name.startswith(f"{OBJECTS}/")]
+    files = [name for name in files if name not in objects]
     for name in files:
         target = data_dir / name
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +195,7 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
     engine = make_engine(f"sqlite:///{db_path}")
     try:
         migrate(engine)
+        _restore_objects(settings, engine, source, objects)
     finally:
         engine.dispose()
     recorded = manifest["summary"]
@@ -242,6 +272,50 @@ def _copy_data_files(data_dir: Path, dest: Path) -> list[str]:
             os.chmod(dest / rel, 0o600)
             copied.append(rel.as_posix())
     return copied
+
+
+def _copy_objects(settings: Settings, dest: Path) -> list[str]:
+    """The bytes of the blobs the backed-up database says a bucket holds, each read back
+    checked against its sha256 (a damaged or missing one fails the backup, naming it)."""
+    with _readonly(dest / DATABASE) as conn:
+        held = conn.execute(
+            "SELECT digest, sha256 FROM blobs WHERE location <> 'database' ORDER BY digest"
+        ).fetchall()
+    if not held:
+        return []
+    store = s3_store(settings)
+    (dest / OBJECTS).mkdir(mode=0o700)
+    copied = []
+    for digest, sha256 in held:
+        name = f"{OBJECTS}/{digest}"
+        data = store.get(digest, sha256=sha256, what=f"blob {digest} (for the backup)")
+        (dest / name).write_bytes(data)
+        os.chmod(dest / name, 0o600)
+        copied.append(name)
+    return copied
+
+
+def _restore_objects(settings: Settings, engine: Any, source: Path, names: list[str]) -> None:
+    """Put the backup's objects back: into this node's bucket when it has one, else into
+    the database (the blobs rows then hold their bytes again)."""
+    if not names:
+        return
+    store = s3_store(settings) if settings.s3_bucket else DatabaseBlobStore(engine)
+    with _readonly(Path(engine.url.database)) as conn:
+        sums = dict(conn.execute("SELECT digest, sha256 FROM blobs").fetchall())
+    for name in names:
+        digest = name.removeprefix(f"{OBJECTS}/")
+        data = (source / name).read_bytes()
+        store.put(digest, data, sha256=sums.get(digest) or sha256_of(data))
+    if store.inline:
+        return
+    with closing(sqlite3.connect(engine.url.database)) as conn, conn:
+        # The bucket's bytes answer for these rows now (even if the backup's node had
+        # another bucket: this node reads its own).
+        conn.executemany(
+            "UPDATE blobs SET location = ?, data = X'' WHERE digest = ?",
+            [(store.name, name.removeprefix(f"{OBJECTS}/")) for name in names],
+        )
 
 
 def _schema_revision(db: Path) -> str:

@@ -10,6 +10,7 @@ that are queued, running or awaiting approval are never touched, however old.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -17,13 +18,18 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, exists, or_
 from sqlmodel import col, select
 
+from floom.errors import BlobStoreUnavailable
+from floom.services.ops.objects import drain_pending
 from floom.services.runs import rules as run_rules
-from floom.store.blobs import delete_unreferenced_blobs
-from floom.store.db import session_scope
+from floom.store.blobs.rows import delete_unreferenced_blobs
+from floom.store.blobs.tables import RunLog
+from floom.store.db import give_back_free_pages, session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version, Worker, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
+
+log = logging.getLogger("floom.retention")
 
 # Runs pruned per transaction: a batch holds the write lock briefly, so runs keep flowing.
 BATCH_RUNS = 200
@@ -43,6 +49,7 @@ class RetentionReport:
     log_lines_deleted: int = 0
     artifacts_deleted: int = 0
     blobs_deleted: int = 0
+    pages_freed: int = 0  # SQLite pages given back to the disk
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,7 +103,20 @@ def apply_retention(
                 break
             batches += 1
     report.blobs_deleted += sweep_orphan_blobs(ctx, now=now)
+    delete_objects_now(ctx)
+    if any(report.to_dict().values()):
+        report.pages_freed = give_back_free_pages(ctx.engine)
     return report
+
+
+def delete_objects_now(ctx: Context) -> None:
+    """Delete from the object store the objects of the blobs just reclaimed; left pending
+    (retried by every node's uploads loop) while the store is away."""
+    try:
+        while drain_pending(ctx).deleted:
+            pass
+    except BlobStoreUnavailable as exc:
+        log.warning("objects of reclaimed blobs left for later: %s", exc.message)
 
 
 def _prune_batch(
@@ -104,6 +124,7 @@ def _prune_batch(
 ) -> bool:
     """Prune up to `limit` runs; False when none was left to prune."""
     has_logs = exists().where(col(RunEvent.run_id) == col(Run.id))
+    has_archived_log = exists().where(col(RunLog.run_id) == col(Run.id))
     has_files = exists().where(col(Artifact.run_id) == col(Run.id))
     with session_scope(ctx.engine, write=True) as s:
         run_ids = list(
@@ -113,7 +134,7 @@ def _prune_batch(
                     which,
                     col(Run.status).in_(_FINISHED),
                     col(Run.finished_at) < cutoff,
-                    or_(has_logs, has_files),
+                    or_(has_logs, has_archived_log, has_files),
                 )
                 .order_by(col(Run.finished_at))
                 .limit(limit)
@@ -122,10 +143,14 @@ def _prune_batch(
         if not run_ids:
             return False
         digests = set(s.exec(select(Artifact.digest).where(col(Artifact.run_id).in_(run_ids))))
+        archived = list(s.exec(select(RunLog).where(col(RunLog.run_id).in_(run_ids))))
+        digests.update(a.digest for a in archived)
         lines = s.execute(delete(RunEvent).where(col(RunEvent.run_id).in_(run_ids)))
+        s.execute(delete(RunLog).where(col(RunLog.run_id).in_(run_ids)))
         files = s.execute(delete(Artifact).where(col(Artifact.run_id).in_(run_ids)))
         into.runs_pruned += len(run_ids)
         into.log_lines_deleted += int(getattr(lines, "rowcount", 0) or 0)
+        into.log_lines_deleted += sum(a.lines for a in archived)
         into.artifacts_deleted += int(getattr(files, "rowcount", 0) or 0)
         into.blobs_deleted += delete_unreferenced_blobs(s, digests)
     return True

@@ -14,7 +14,7 @@ from floom import jsonvalues
 from floom.errors import LimitExceeded
 from floom.services.access.principal import Principal
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
-from floom.store.blobs import insert_blob
+from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, stage_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, new_id, utcnow
 
@@ -29,18 +29,30 @@ MEMORY_VALUE_CAP = 64 * 1024
 # -- artifacts of a paused run ----------------------------------------------------------------
 
 
-def replace_artifacts(
-    s: Session, *, run_id: str, artifacts: Sequence[tuple[str, bytes, str]]
-) -> None:
+StagedArtifact = tuple[str, StagedBlob, str]
+
+
+def stage_artifacts(
+    ctx: Context, artifacts: Sequence[tuple[str, bytes, str]]
+) -> list[StagedArtifact]:
+    """(name, bytes, content type) made durable as blobs, before the transaction that
+    records them (rows.stage_blob)."""
+    return [
+        (name, stage_blob(ctx.settings, ctx.engine, data), content_type)
+        for name, data, content_type in artifacts
+    ]
+
+
+def replace_artifacts(s: Session, *, run_id: str, artifacts: Sequence[StagedArtifact]) -> None:
     """Make `artifacts` the run's artifacts, inside the caller's write session."""
     for old in s.exec(select(Artifact).where(Artifact.run_id == run_id)).all():
         s.delete(old)
     s.flush()
-    for name, data, content_type in artifacts:
-        digest = insert_blob(s, data)
+    for name, blob, content_type in artifacts:
+        digest = insert_blob(s, blob)
         s.add(
             Artifact(
-                run_id=run_id, name=name, size=len(data), digest=digest, content_type=content_type
+                run_id=run_id, name=name, size=blob.size, digest=digest, content_type=content_type
             )
         )
 
@@ -50,23 +62,32 @@ def paused_artifacts(ctx: Context, *, run_id: str) -> list[tuple[str, bytes]]:
     write back into its new output directory."""
     with session_scope(ctx.engine) as s:
         rows = s.exec(
-            select(Artifact.name, Blob.data)
+            select(Artifact.name, Artifact.digest)
             .where(Artifact.run_id == run_id)
-            .where(col(Artifact.digest) == col(Blob.digest))
             .order_by(col(Artifact.name))
         ).all()
-    return [(name, data) for name, data in rows]
+    return [
+        (
+            name,
+            read_blob(ctx.settings, ctx.engine, digest, what=f"artifact '{name}' of run {run_id}"),
+        )
+        for name, digest in rows
+    ]
 
 
 def put_blob(ctx: Context, data: bytes) -> str:
+    blob = stage_blob(ctx.settings, ctx.engine, data)
     with session_scope(ctx.engine, write=True) as s:
-        return insert_blob(s, data)
+        return insert_blob(s, blob)
 
 
-def get_blob(ctx: Context, digest: str) -> bytes | None:
+def get_blob(ctx: Context, digest: str, *, what: str) -> bytes | None:
+    """The bytes of blob `digest`; None when no such blob was ever stored (or it was
+    reclaimed). Damaged or unreachable bytes raise, as rows.read_blob says."""
     with session_scope(ctx.engine) as s:
-        blob = s.get(Blob, digest)
-        return blob.data if blob else None
+        if s.get(Blob, digest) is None:
+            return None
+    return read_blob(ctx.settings, ctx.engine, digest, what=what)
 
 
 # -- tool calls -------------------------------------------------------------------------------

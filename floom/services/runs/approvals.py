@@ -17,7 +17,7 @@ from sqlmodel import Session, col, select
 from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.services.access.principal import Principal
-from floom.services.runs.agent import replace_artifacts
+from floom.services.runs.agent import replace_artifacts, stage_artifacts
 from floom.services.runs.logs import system_event
 from floom.services.runs.rules import (
     AWAITING_APPROVAL,
@@ -84,6 +84,8 @@ def pause_run(
     Returns False, writing nothing, when this node no longer holds the run or a cancel was
     requested meanwhile; the caller then ends the attempt as it otherwise would.
     """
+    # Outside the transaction: an object store's upload may take a while.
+    staged = stage_artifacts(ctx, artifacts) if artifacts is not None else None
     with session_scope(ctx.engine, write=True) as s:
         current = s.get(Run, run.id, with_for_update=True)
         if (
@@ -95,8 +97,8 @@ def pause_run(
         ):
             return False
         s.add(approval)
-        if artifacts is not None:
-            replace_artifacts(s, run_id=run.id, artifacts=artifacts)
+        if staged is not None:
+            replace_artifacts(s, run_id=run.id, artifacts=staged)
         if proposed_outputs is not None:
             current.outputs_json = jsonvalues.dumps(proposed_outputs, where="outputs")
         transition(current, AWAITING_APPROVAL, by=EXECUTOR)

@@ -25,6 +25,7 @@ from floom.errors import (
     WorkerPaused,
 )
 from floom.services.access.principal import Principal
+from floom.services.ops import nodes
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import approvals, artifact_scan
 from floom.services.runs.logs import append_events, system_event
@@ -45,10 +46,10 @@ from floom.services.workers import exposure
 from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.store import signals
+from floom.store.blobs.rows import read_blob
 from floom.store.db import Reader, Writer, session_scope, write_connection
 from floom.store.models import (
     Artifact,
-    Blob,
     Run,
     Version,
     Worker,
@@ -292,6 +293,8 @@ def _insert_queued(
         notes = [("system", note, None)]
         # Never ahead of a run queued before it: then this one queues behind it.
         take = held and s.execute(any_runnable_statement(), {"now": utcnow()}).first() is None
+        if not held and not nodes.executor_live(ctx, s):
+            notes.append(("system", nodes.QUEUED_WITHOUT_EXECUTOR, None))
         if take and in_transaction is None:
             _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
             notes.append(_started_note(ctx, run))
@@ -571,13 +574,12 @@ def read_artifact(
         artifact_scan.check_may_read(
             name=name, content_type=art.content_type, data=None, reader=caller
         )
-        blob = s.get(Blob, art.digest)
-        if blob is None:
-            raise NotFound(f"the content of artifact '{name}' is missing from the store")
-        artifact_scan.check_may_read(
-            name=name, content_type=art.content_type, data=blob.data, reader=caller
-        )
-        return art, blob.data
+    # After the read transaction: the bytes may come from an object store.
+    data = read_blob(
+        ctx.settings, ctx.engine, art.digest, what=f"artifact '{name}' of run {run_id}"
+    )
+    artifact_scan.check_may_read(name=name, content_type=art.content_type, data=data, reader=caller)
+    return art, data
 
 
 def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[str, Any]:

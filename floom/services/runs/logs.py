@@ -13,6 +13,9 @@ from sqlalchemy import select as core_select
 from sqlmodel import col, select
 
 from floom.services.access.principal import Principal
+from floom.store.blobs.logs import cached_log, decode_log
+from floom.store.blobs.rows import read_blob
+from floom.store.blobs.tables import RunLog
 from floom.store.db import Writer, on_postgres, session_scope
 from floom.store.models import RunEvent, utcnow
 
@@ -71,9 +74,17 @@ def _event_statements() -> _EventStatements:
     """Built once (building a statement costs more than running it); Core inserts, since the
     rows are never read back."""
     events = RunEvent.__table__  # type: ignore[attr-defined]
+    archived = RunLog.__table__  # type: ignore[attr-defined]
     names = ("run_id", "attempt", "ts", "stream", "line")
+    # A line after the run's log moved into a blob (a cancelled attempt's last words)
+    # follows the blob's last seq: asked only when the table holds none of the run's lines.
+    archived_last = (
+        core_select(archived.c.last_seq)
+        .where(archived.c.run_id == bindparam("run_id"))
+        .scalar_subquery()
+    )
     last = (
-        core_select(func.coalesce(func.max(events.c.seq), 0) + 1)
+        core_select(func.coalesce(func.max(events.c.seq), archived_last, 0) + 1)
         .where(events.c.run_id == bindparam("run_id"))
         .scalar_subquery()
     )
@@ -100,10 +111,14 @@ def system_event(
 def list_events(
     ctx: Context, *, run_id: str, after: int = 0, limit: int = 1000, caller: Principal
 ) -> list[RunEvent]:
-    """A run's log events with a seq above `after`, oldest first. Needs the read scope."""
+    """A run's log events with a seq above `after`, oldest first. Needs the read scope.
+
+    An ended run's log may have moved into one blob (services/ops/objects.py), which is read
+    when the table's lines do not start right after `after`. The move deletes the run's rows
+    in the transaction that records the blob, so the two never hold the same line."""
     caller.require("read")
     with session_scope(ctx.engine) as s:
-        return list(
+        rows = list(
             s.exec(
                 select(RunEvent)
                 .where(RunEvent.run_id == run_id, RunEvent.seq > after)
@@ -111,19 +126,42 @@ def list_events(
                 .limit(limit)
             ).all()
         )
+        archived = None if rows and rows[0].seq == after + 1 else s.get(RunLog, run_id)
+    if archived is None or archived.last_seq <= after:
+        return rows
+    events = [e for e in _archived_events(ctx, archived) if e.seq > after]
+    return (events + rows)[:limit]
 
 
 def tail_events(ctx: Context, *, run_id: str, count: int, caller: Principal) -> list[RunEvent]:
     """A run's last `count` log events, oldest first. Needs the read scope."""
     caller.require("read")
     with session_scope(ctx.engine) as s:
-        rows = s.exec(
-            select(RunEvent)
-            .where(RunEvent.run_id == run_id)
-            .order_by(col(RunEvent.seq).desc())
-            .limit(count)
-        ).all()
-    return list(reversed(rows))
+        rows = list(
+            reversed(
+                s.exec(
+                    select(RunEvent)
+                    .where(RunEvent.run_id == run_id)
+                    .order_by(col(RunEvent.seq).desc())
+                    .limit(count)
+                ).all()
+            )
+        )
+        archived = s.get(RunLog, run_id) if len(rows) < count else None
+    if archived is None:
+        return rows
+    wanted = count - len(rows)
+    return _archived_events(ctx, archived)[-wanted:] + rows
+
+
+def _archived_events(ctx: Context, archived: RunLog) -> list[RunEvent]:
+    cached = cached_log(archived.digest)
+    if cached is not None:
+        return cached
+    data = read_blob(
+        ctx.settings, ctx.engine, archived.digest, what=f"the log of run {archived.run_id}"
+    )
+    return decode_log(archived.run_id, archived.digest, data)
 
 
 def event_to_dict(e: RunEvent) -> dict[str, Any]:

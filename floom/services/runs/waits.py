@@ -134,12 +134,18 @@ class RunEnds:
         # listening just after the end (a run started and ended while its starter's request
         # went back to the event loop) is woken at once instead of at its next store check.
         self._recent: OrderedDict[str, None] = OrderedDict()
+        self._end_hooks: list[Callable[[str], object]] = []
 
     def waited_on(self, run_id: str) -> bool:
         """Whether anyone in this process waits for the run's end right now: whoever records
         it then reads its record back in the same transaction, for `notify`."""
         with self._lock:
             return run_id in self._listeners
+
+    def watch_ends(self, hook: Callable[[str], object]) -> None:
+        """Call `hook(run_id)` at every end `notify` hears, on the recording thread: it must
+        not block (the object store's upkeep notes the run and wakes its own thread)."""
+        self._end_hooks.append(hook)
 
     def notify(self, run_id: str, record: RunRecord | None = None) -> None:
         """Wake the run's waiters; called by whoever recorded its end, after the commit, on
@@ -151,6 +157,8 @@ class RunEnds:
             self._recent.move_to_end(run_id)
             if len(self._recent) > RECENT_ENDS:
                 self._recent.popitem(last=False)
+        for hook in self._end_hooks:
+            hook(run_id)
         for n, listener in enumerate(listeners):
             if n < DELIVERED_READS:
                 listener.deliver(record)

@@ -19,13 +19,15 @@ from floom.services.access import audit, principal
 from floom.services.access.audit import AuditActor
 from floom.services.access.principal import Principal
 from floom.services.handoffs.bridge import agent_label
+from floom.services.ops.retention import delete_objects_now
 from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
 from floom.services.runs import waits as run_waits
 from floom.services.workers import versions as workers
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
-from floom.store.blobs import delete_unreferenced_blobs
+from floom.store.blobs.rows import delete_unreferenced_blobs
+from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole
 from floom.store.models import Artifact, Run, RunEvent, Version, Worker, WorkerState
@@ -126,6 +128,8 @@ def delete_worker(
         except _Unsettled:
             continue
         workers.forget_versions(result.versions)
+        if result.blobs_deleted:
+            delete_objects_now(ctx)
         return result
     raise Conflict(
         f"runs of '{name}' keep being started while it is being deleted",
@@ -283,6 +287,7 @@ def _purge_runs(s: Session, *, name: str) -> int:
         ).all()
         if d
     )
+    digests.update(s.exec(select(RunLog.digest).where(col(RunLog.run_id).in_(run_ids))).all())
     # The worker's versions, and versions retired by an earlier deletion of the same name
     # that only these runs still use.
     version_ids = set(s.exec(select(Version.id).where(Version.worker_name == name)).all())
@@ -305,7 +310,7 @@ def _purge_runs(s: Session, *, name: str) -> int:
     for chunk in _chunks(version_ids):
         digests.update(s.exec(select(Version.digest).where(col(Version.id).in_(chunk))).all())
         s.execute(delete(Version).where(col(Version.id).in_(chunk)))
-    for table in (RunEvent, Artifact, ToolCall, Approval, Transcript):
+    for table in (RunEvent, RunLog, Artifact, ToolCall, Approval, Transcript):
         s.execute(delete(table).where(col(table.run_id).in_(run_ids)))  # type: ignore[attr-defined]
     s.execute(delete(Run).where(col(Run.worker_name) == name))
     return delete_unreferenced_blobs(s, digests)

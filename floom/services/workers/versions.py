@@ -21,9 +21,9 @@ from floom.sandbox import configuration_problem
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.triggers.registry import sync_triggers
 from floom.services.workers.limit_ceilings import over_ceilings
-from floom.store.blobs import insert_blob
+from floom.store.blobs.rows import insert_blob, read_blob, stage_blob
 from floom.store.db import Writer, session_scope
-from floom.store.models import Blob, Run, Version, Worker, trusted_row, utcnow
+from floom.store.models import Run, Version, Worker, trusted_row, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -123,6 +123,8 @@ def _store_version(
     activate: bool = True,
 ) -> DeployResult:
     actor = caller.actor
+    # Outside the transaction: an object store's upload may take a while.
+    archive = stage_blob(ctx.settings, ctx.engine, normalised, digest=digest)
     with session_scope(ctx.engine, write=True) as s:
         caller.require_in(s, "deploy")
         version = s.exec(
@@ -135,7 +137,7 @@ def _store_version(
             version = revived
         created = version is None or bool(revived)
         if version is None:
-            insert_blob(s, normalised, digest=digest)
+            insert_blob(s, archive)
             version = Version(
                 id=f"v{digest[:12]}",
                 worker_name=manifest.name,
@@ -408,11 +410,13 @@ def manifest_of(version: Version) -> Manifest:
 
 
 def load_bundle(ctx: Context, *, version: Version) -> Bundle:
-    with session_scope(ctx.engine) as s:
-        blob = s.get(Blob, version.digest)
-    if blob is None:
-        raise NotFound(f"the files of version {version.id} are missing from the store")
-    return read_archive(blob.data, max_bytes=ctx.settings.max_bundle_bytes * 2)
+    data = read_blob(
+        ctx.settings,
+        ctx.engine,
+        version.digest,
+        what=f"the archive of version {version.id} of worker {version.worker_name}",
+    )
+    return read_archive(data, max_bytes=ctx.settings.max_bundle_bytes * 2)
 
 
 def worker_to_dict(worker: Worker, version: Version | None = None) -> dict[str, Any]:

@@ -348,4 +348,9 @@ def test_the_triggers_api_lists_next_fires_in_the_timezone_and_the_webhook_url(
     assert [t["paused"] for t in paused["items"]] == [True, False]
     worker = api.get("/api/v1/workers/both").json()
     assert worker["triggers"][0]["timezone"] == "Europe/Berlin"
+    # A paused schedule fires never: it has no next fire until it is resumed.
+    assert (worker["triggers"][0]["active"], worker["triggers"][0]["next_fire"]) == (False, None)
+    assert paused["items"][0]["next_fires"] == []
+    api.post("/api/v1/workers/both/resume", json={"trigger_id": schedule["id"]})
+    worker = api.get("/api/v1/workers/both").json()
     assert worker["triggers"][0]["next_fire"] == schedule["next_fires"][0]

@@ -92,14 +92,13 @@ def finish_with(ctx: Context, run: Run, *, artifacts: list[tuple[str, bytes]]) -
     """Stand for an executor: end the run with these artifacts, a tool call, an approval
     and an agent transcript with a stored workspace."""
     workspace = agent_runs.put_blob(ctx, f"workspace of {run.id}".encode())
+    staged = agent_runs.stage_artifacts(ctx, [(n, d, "text/plain") for n, d in artifacts])
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, run.id)
         assert row is not None
         row.status = run_rules.SUCCEEDED
         s.add(row)
-        agent_runs.replace_artifacts(
-            s, run_id=run.id, artifacts=[(n, d, "text/plain") for n, d in artifacts]
-        )
+        agent_runs.replace_artifacts(s, run_id=run.id, artifacts=staged)
         s.add(ToolCall(id=f"tc_{run.id[-12:]}", run_id=run.id, seq=1, tool="echo", status="ok"))
         s.add(
             Approval(

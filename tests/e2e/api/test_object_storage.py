@@ -1,0 +1,303 @@
+"""Object storage end to end: a floom server on loopback with FLOOM_BLOB_STORE=s3 and a real
+SeaweedFS; runs keep their logs and artifacts in the bucket, and nothing is lost while the
+bucket is away (the tests stop it mid-run and start it again)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from sqlmodel import func, select
+
+from floom.services.context import Context
+from floom.services.ops.backup import create_backup, restore_backup
+from floom.services.ops.objects import check_blobs, migrate_blobs
+from floom.services.ops.retention import apply_retention
+from floom.store.blobs.tables import PendingBlob, RunLog
+from floom.store.db import session_scope
+from floom.store.models import Artifact, Blob, RunEvent, utcnow
+from tests.support.harness import (
+    LiveServer,
+    deploy_folder,
+    fast_settings,
+    live_server,
+    make_worker,
+    wait_for_run,
+    wait_until,
+)
+from tests.support.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
+
+LINES = 40
+SCRIPT = f"""
+import os, pathlib
+for i in range({LINES}):
+    print(f"line {{i}}", flush=True)
+report = "a,b\\n1,2\\n" * 100 + os.environ["FLOOM_RUN_ID"]
+pathlib.Path(os.environ["FLOOM_OUTPUT_DIR"], "report.csv").write_text(report)
+"""
+
+
+def _report(run: dict[str, Any]) -> bytes:
+    return b"a,b\n1,2\n" * 100 + run["id"].encode()
+
+
+def _server(tmp_path: Path, database_url: str, s3: S3Server, **more: Any) -> Any:
+    return live_server(
+        tmp_path / "data",
+        database_url,
+        **s3.settings(blob_sweep_seconds=0.3, **more),
+    )
+
+
+def _deploy(srv: LiveServer, tmp_path: Path) -> None:
+    with srv.client() as api:
+        deploy_folder(api, make_worker(tmp_path / "w", "name: reporter\n", {"run.py": SCRIPT}))
+
+
+def _run(srv: LiveServer) -> dict[str, Any]:
+    with srv.client() as api:
+        started = api.post("/api/v1/workers/reporter/runs", json={"inputs": {}})
+        assert started.status_code == 202, started.text
+        run = wait_for_run(api, started.json()["id"], timeout=60)
+    assert run["status"] == "succeeded", run
+    return run
+
+
+def _events(srv: LiveServer, run_id: str, **params: Any) -> list[dict[str, Any]]:
+    with srv.client() as api:
+        page = api.get(f"/api/v1/runs/{run_id}/logs", params=params)
+        assert page.status_code == 200, page.text
+    items: list[dict[str, Any]] = page.json()["items"]
+    return items
+
+
+def _log_lines(srv: LiveServer, run_id: str, **params: Any) -> list[str]:
+    return [e["line"] for e in _events(srv, run_id, **params) if e["stream"] == "stdout"]
+
+
+def _counts(ctx: Context, run_id: str) -> dict[str, Any]:
+    with session_scope(ctx.engine) as s:
+        digest = s.exec(select(Artifact.digest).where(Artifact.run_id == run_id)).one()
+        return {
+            "events": s.exec(
+                select(func.count()).select_from(RunEvent).where(RunEvent.run_id == run_id)
+            ).one(),
+            "archived": s.get(RunLog, run_id),
+            "artifact": s.get(Blob, digest),
+            "pending": s.exec(select(func.count()).select_from(PendingBlob)).one(),
+        }
+
+
+def _objects(s3: S3Server, prefix: str) -> set[str]:
+    client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    listed = client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix)
+    return {o["Key"].rsplit("/", 1)[-1] for o in listed.get("Contents", [])}
+
+
+def test_a_run_keeps_its_artifacts_and_its_log_in_the_bucket(
+    tmp_path: Path, database_url: str, s3_server: S3Server
+) -> None:
+    with _server(tmp_path, database_url, s3_server) as srv:
+        _deploy(srv, tmp_path)
+        run = _run(srv)
+        ctx = srv.ctx
+        found = wait_until(lambda: (c := _counts(ctx, run["id"]))["archived"] and c)
+        assert found["events"] == 0  # the log left run_events in the move
+        assert found["artifact"].location == "s3" and found["artifact"].data == b""
+        objects = _objects(s3_server, ctx.settings.s3_prefix)
+        assert {found["artifact"].digest, found["archived"].digest} <= objects
+        assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
+        every = _events(srv, run["id"])
+        assert [e["seq"] for e in every] == list(range(1, len(every) + 1))
+        assert _events(srv, run["id"], after=10, limit=5) == every[10:15]
+        assert _events(srv, run["id"], tail=3) == every[-3:]
+        with srv.client() as api:
+            got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
+        assert got.status_code == 200 and got.content == _report(run)
+
+
+def test_runs_ending_while_the_store_is_away_keep_everything_and_upload_after_a_restart(
+    tmp_path: Path, database_url: str, own_s3_server: S3Server
+) -> None:
+    settings = own_s3_server.settings(blob_sweep_seconds=0.3, s3_timeout_seconds=1.0)
+    with live_server(tmp_path / "data", database_url, **settings) as srv:
+        _deploy(srv, tmp_path)
+        _run(srv)  # this node unpacks the version once (its archive is in the bucket)
+        own_s3_server.stop()
+        run = _run(srv)
+        # Kept in the database: the artifact as a pending upload, the log as its rows.
+        held = _counts(srv.ctx, run["id"])
+        assert held["artifact"].location == "database" and held["pending"] == 1
+        assert held["events"] > LINES and held["archived"] is None
+        assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
+        with srv.client() as api:
+            got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
+        assert got.status_code == 200 and got.content == _report(run)
+    # floom restarts before the store is back; then the store comes back.
+    with live_server(tmp_path / "data", database_url, **settings) as srv:
+        own_s3_server.start()
+        moved = wait_until(
+            lambda: (c := _counts(srv.ctx, run["id"]))["archived"] and c["pending"] == 0 and c,
+            timeout=30,
+        )
+        assert moved["artifact"].location == "s3" and moved["events"] == 0
+        assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
+        with srv.client() as api:
+            got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
+        assert got.status_code == 200 and got.content == _report(run)
+
+
+def test_reads_while_the_store_is_away_answer_503_with_retry_after(
+    tmp_path: Path, own_s3_server: S3Server
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'floom.db'}"
+    with _server(tmp_path, database_url, own_s3_server, s3_timeout_seconds=1.0) as srv:
+        _deploy(srv, tmp_path)
+        run = _run(srv)
+        wait_until(lambda: _counts(srv.ctx, run["id"])["archived"])
+        own_s3_server.stop()
+        with srv.client() as api:
+            for path in ("artifacts/report.csv", "logs"):
+                answer = api.get(f"/api/v1/runs/{run['id']}/{path}")
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"]["code"] == "blob_store_unavailable"
+                assert int(answer.headers["Retry-After"]) > 0
+        own_s3_server.start()
+        assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
+
+
+def test_a_damaged_object_answers_502_naming_the_run_and_the_object(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'floom.db'}"
+    with _server(tmp_path, database_url, s3_server) as srv:
+        _deploy(srv, tmp_path)
+        run = _run(srv)
+        digest = _counts(srv.ctx, run["id"])["artifact"].digest
+        key = f"{srv.ctx.settings.s3_prefix}blobs/{digest}"
+        client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=s3_server.endpoint,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}),
+        )
+        client.put_object(Bucket=s3_server.bucket, Key=key, Body=b"tampered")
+        with srv.client() as api:
+            answer = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
+        assert answer.status_code == 502
+        error = answer.json()["error"]
+        assert error["code"] == "blob_unreadable"
+        assert run["id"] in error["message"] and key in error["message"]
+        checked, problems = check_blobs(srv.ctx)
+        assert [p.digest for p in problems] == [digest] and checked >= 3
+
+
+def test_retention_deletes_the_objects_of_what_it_deletes(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'floom.db'}"
+    with _server(tmp_path, database_url, s3_server) as srv:
+        _deploy(srv, tmp_path)
+        run = _run(srv)
+        found = wait_until(lambda: (c := _counts(srv.ctx, run["id"]))["archived"] and c)
+        gone = {found["artifact"].digest, found["archived"].digest}
+        prefix = srv.ctx.settings.s3_prefix
+        assert gone <= _objects(s3_server, prefix)
+        report = apply_retention(srv.ctx, days=1, now=utcnow().replace(year=utcnow().year + 1))
+        assert report.runs_pruned == 1 and report.log_lines_deleted == found["archived"].lines
+        assert not gone & _objects(s3_server, prefix)
+        with session_scope(srv.ctx.engine) as s:
+            assert s.exec(select(func.count()).select_from(PendingBlob)).one() == 0
+
+
+def test_blobs_migrate_moves_everything_to_the_bucket_and_back(
+    tmp_path: Path, database_url: str, s3_server: S3Server
+) -> None:
+    # A node on the database store runs first; then its blobs move.
+    with live_server(tmp_path / "data", database_url) as srv:
+        _deploy(srv, tmp_path)
+        run = _run(srv)
+    ctx = Context.open(fast_settings(tmp_path / "data", database_url, **s3_server.settings()))
+    try:
+        there = migrate_blobs(ctx, to="s3")
+        assert there.moved == 2 and there.logs_archived == 1  # archive, artifact; one log
+        with session_scope(ctx.engine) as s:
+            assert set(s.exec(select(Blob.location)).all()) == {"s3"}
+            assert s.exec(select(func.count()).select_from(RunEvent)).one() == 0
+        again = migrate_blobs(ctx, to="s3")
+        assert (again.moved, again.logs_archived) == (0, 0)
+        assert check_blobs(ctx) == (3, [])
+        back = migrate_blobs(ctx, to="database")
+        assert back.moved == 3
+        with session_scope(ctx.engine) as s:
+            assert set(s.exec(select(Blob.location)).all()) == {"database"}
+            assert all(b.sha256 for b in s.exec(select(Blob)).all())
+        assert not _objects(s3_server, ctx.settings.s3_prefix)
+        assert check_blobs(ctx) == (3, [])
+    finally:
+        ctx.engine.dispose()
+    with live_server(tmp_path / "data", database_url) as srv:
+        assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
+        with srv.client() as api:
+            got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
+        assert got.status_code == 200 and got.content == _report(run)
+
+
+def test_a_backup_holds_the_bucket_s_objects_and_a_restore_puts_them_back(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'data' / 'floom.db'}"
+    with _server(tmp_path, database_url, s3_server) as srv:
+        _deploy(srv, tmp_path)
+        run = _run(srv)
+        wait_until(lambda: _counts(srv.ctx, run["id"])["archived"])
+        settings = srv.ctx.settings
+    summary = create_backup(settings=settings, dest=tmp_path / "backup")
+    assert len([f for f in summary.files if f.startswith("objects/")]) == 3
+    # Restored on a node without a bucket: the blobs are rows of its database again.
+    restored = fast_settings(tmp_path / "fresh", f"sqlite:///{tmp_path / 'fresh' / 'floom.db'}")
+    restore_backup(settings=restored, source=tmp_path / "backup")
+    with live_server(tmp_path / "fresh", restored.resolved_database_url) as srv:
+        with session_scope(srv.ctx.engine) as s:
+            assert set(s.exec(select(Blob.location)).all()) == {"database"}
+        assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
+        with srv.client() as api:
+            got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
+        assert got.status_code == 200 and got.content == _report(run)
+
+
+LEAKY = """import os
+print("key:", {secret!r}, os.environ.get("FLOOM_S3_SECRET_ACCESS_KEY"))
+"""
+
+
+def test_the_object_store_secret_never_reaches_a_run_log(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'floom.db'}"
+    with _server(tmp_path, database_url, s3_server) as srv:
+        with srv.client() as api:
+            folder = make_worker(
+                tmp_path / "leaky",
+                "name: leaky\n",
+                {"run.py": LEAKY.format(secret=SECRET_KEY)},
+            )
+            deploy_folder(api, folder)
+            started = api.post("/api/v1/workers/leaky/runs", json={"inputs": {}})
+            run = wait_for_run(api, started.json()["id"], timeout=60)
+        lines = [e["line"] for e in _events(srv, run["id"])]
+        assert any(line.startswith("key:") for line in lines), lines
+        assert not any(SECRET_KEY in line for line in lines), lines
+        # And the sandbox's environment never held it.
+        assert any(line.endswith(" None") for line in lines), lines

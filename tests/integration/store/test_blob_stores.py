@@ -1,0 +1,146 @@
+"""One contract suite over both blob stores (floom/store/blobs/base.py): the database and an
+S3-compatible bucket (a real SeaweedFS on loopback)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from floom.errors import BlobStoreUnavailable, BlobUnreadable
+from floom.store.blobs.base import BlobStore, sha256_of
+from floom.store.blobs.database import DatabaseBlobStore
+from floom.store.blobs.s3 import S3BlobStore
+from floom.store.db import make_engine
+from floom.store.migrate import migrate
+from tests.support.ports import free_port
+from tests.support.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
+
+WHAT = "artifact 'report.csv' of run r_test"
+
+
+@pytest.fixture(params=["database", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BlobStore]:
+    if request.param == "database":
+        engine = make_engine(f"sqlite:///{tmp_path / 'floom.db'}")
+        migrate(engine)
+        yield DatabaseBlobStore(engine)
+        engine.dispose()
+        return
+    server: S3Server = request.getfixturevalue("s3_server")
+    yield bucket_store(server)
+
+
+def bucket_store(server: S3Server, **overrides: object) -> S3BlobStore:
+    values = server.settings()
+    options = {
+        "bucket": values["s3_bucket"],
+        "prefix": values["s3_prefix"],
+        "endpoint": values["s3_endpoint"],
+        "access_key_id": ACCESS_KEY,
+        "secret_access_key": SECRET_KEY,
+        "timeout": 2.0,
+    }
+    options.update(overrides)
+    return S3BlobStore(**options)  # type: ignore[arg-type]
+
+
+def test_put_bytes_come_back_from_get(store: BlobStore) -> None:
+    data = b"a,b\n1,2\n" * 1000
+    store.put("d1", data, sha256=sha256_of(data))
+    assert store.get("d1", sha256=sha256_of(data), what=WHAT) == data
+
+
+def test_putting_a_digest_again_succeeds(store: BlobStore) -> None:
+    data = b"same bytes"
+    store.put("d2", data, sha256=sha256_of(data))
+    store.put("d2", data, sha256=sha256_of(data))
+    assert store.get("d2", sha256=sha256_of(data), what=WHAT) == data
+
+
+def test_a_digest_never_put_is_unreadable_naming_the_blob_and_where(store: BlobStore) -> None:
+    with pytest.raises(BlobUnreadable) as caught:
+        store.get("never", sha256=None, what=WHAT)
+    assert WHAT in caught.value.message
+    assert store.describe("never") in caught.value.message
+    assert caught.value.status == 502
+
+
+def test_bytes_that_do_not_match_their_sha256_are_unreadable(store: BlobStore) -> None:
+    data = b"the bytes"
+    store.put("d3", data, sha256=sha256_of(data))
+    with pytest.raises(BlobUnreadable) as caught:
+        store.get("d3", sha256=sha256_of(b"other bytes"), what=WHAT)
+    assert "damaged" in caught.value.message and WHAT in caught.value.message
+
+
+def test_deleted_blobs_are_gone_and_deleting_again_is_no_error(store: BlobStore) -> None:
+    data = b"to delete"
+    store.put("d4", data, sha256=sha256_of(data))
+    store.delete(["d4", "never-put"])
+    store.delete(["d4"])
+    with pytest.raises(BlobUnreadable):
+        store.get("d4", sha256=None, what=WHAT)
+
+
+def test_check_reports_no_failure_on_a_working_store(store: BlobStore) -> None:
+    found = store.check()
+    assert found and all(f.status != "fail" for f in found), found
+
+
+def test_a_damaged_object_in_the_bucket_is_unreadable(s3_server: S3Server) -> None:
+    store = bucket_store(s3_server)
+    data = b"original"
+    store.put("d5", data, sha256=sha256_of(data))
+    raw_client(s3_server).put_object(Bucket=store.bucket, Key=store.key("d5"), Body=b"tampered")
+    with pytest.raises(BlobUnreadable) as caught:
+        store.get("d5", sha256=sha256_of(data), what=WHAT)
+    assert f"s3://{store.bucket}/{store.key('d5')}" in caught.value.message
+
+
+def test_an_unreachable_store_is_unavailable_with_a_retry_hint(s3_server: S3Server) -> None:
+    store = bucket_store(s3_server, endpoint=f"http://127.0.0.1:{free_port()}", timeout=1.0)
+    for call in (
+        lambda: store.put("d6", b"x", sha256=sha256_of(b"x")),
+        lambda: store.get("d6", sha256=None, what=WHAT),
+        lambda: store.delete(["d6"]),
+    ):
+        with pytest.raises(BlobStoreUnavailable) as caught:
+            call()
+        assert caught.value.status == 503
+        assert caught.value.details["retry_after_seconds"] > 0
+    assert store.check()[0].status == "fail"
+
+
+def test_wrong_credentials_are_unavailable_naming_the_settings_never_the_secret(
+    s3_server: S3Server,
+) -> None:
+    store = bucket_store(s3_server, secret_access_key="not-the-secret-key")
+    with pytest.raises(BlobStoreUnavailable) as caught:
+        store.put("d7", b"x", sha256=sha256_of(b"x"))
+    said = caught.value.message + (caught.value.hint or "")
+    assert "FLOOM_S3_SECRET_ACCESS_KEY" in said
+    assert "not-the-secret-key" not in said and SECRET_KEY not in said
+
+
+def test_the_doctor_advises_versioning_on_a_bucket_without_it(s3_server: S3Server) -> None:
+    found = {f.name: f for f in bucket_store(s3_server).check()}
+    assert found["object store"].status == "ok"
+    assert found["object store writes"].status == "ok"
+    assert found["object store versioning"].status == "warn"
+    assert "NoncurrentVersionExpiration" in found["object store versioning"].fix
+
+
+def raw_client(server: S3Server) -> Any:
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
