@@ -239,8 +239,10 @@ def send_test(ctx: Context, *, channel_name: str, caller: Principal) -> Delivery
     }
     with session_scope(ctx.engine, write=True) as s:
         caller.require_in(s, "deploy")
+        # Sent here and now, not by the alert loop (which would take it first); due later
+        # only in case this process dies before it sends it.
         delivery = incidents.enqueue(
-            ctx, s, purpose="test", body=body, channel=channel, max_attempts=1
+            ctx, s, purpose="test", body=body, channel=channel, max_attempts=1, due_in=60
         )
     claimed = claim_due(ctx, only=delivery.id)
     if not claimed:

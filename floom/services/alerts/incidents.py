@@ -246,9 +246,11 @@ def enqueue(
     event_id: str | None = None,
     run_id: str | None = None,
     max_attempts: int | None = None,
+    due_in: float = 0.0,
 ) -> Delivery:
-    """Add a delivery in the caller's transaction, due at once. An alert to a channel that
-    has sent its FLOOM_ALERT_THROTTLE_COUNT in the window is kept as throttled instead."""
+    """Add a delivery in the caller's transaction, due at once (or in `due_in` seconds). An
+    alert to a channel that has sent its FLOOM_ALERT_THROTTLE_COUNT in the window is kept as
+    throttled instead."""
     now = utcnow()
     status = PENDING
     if purpose == "alert" and channel is not None:
@@ -276,7 +278,7 @@ def enqueue(
         body_json=jsonvalues.dumps(body, where="body"),
         status=status,
         max_attempts=max_attempts or ctx.settings.alert_max_attempts,
-        next_attempt_at=now,
+        next_attempt_at=now + timedelta(seconds=due_in),
         created_at=now,
     )
     if status == THROTTLED:

@@ -326,3 +326,19 @@ def test_a_webhook_that_cannot_start_a_run_alerts_and_a_webhook_run_calls_back(
         assert record["run"]["id"] == ok.json()["run_id"]
         assert record["run"]["trigger"] == "webhook"
         assert [b["type"] for b in hook.wait_for(2)] == ["trigger.failed", "recovered"]
+
+
+def test_a_slack_channel_gets_a_text_message_at_the_url_its_secret_holds(
+    tmp_path: Path, database_url: str
+) -> None:
+    with receiver() as slack, alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="SLACK_URL", value=slack.url, caller=SYSTEM)
+        made = api.post(
+            "/api/v1/alerts/channels",
+            json={"name": "slack", "kind": "slack", "config": {"url_secret": "SLACK_URL"}},
+        )
+        assert made.status_code == 201 and slack.url not in made.text
+        assert api.post("/api/v1/alerts/channels/slack/test").status_code == 200
+        (message,) = slack.bodies()
+        assert message["text"].startswith("*floom*: test alert to channel slack")

@@ -263,3 +263,75 @@ def test_a_test_send_to_an_unreachable_channel_says_why(tmp_path: Path, database
         assert "could not connect" in error["message"]
         (failed,) = srv.client().get("/api/v1/alerts/deliveries").json()["items"]
         assert failed["status"] == "failed" and failed["purpose"] == "test"
+
+
+def test_a_lost_node_alerts_once_and_recovers_when_heard_again(
+    tmp_path: Path, database_url: str
+) -> None:
+    from dataclasses import replace
+
+    from floom.services.alerts.watch import watch_nodes
+    from floom.services.ops import nodes
+    from floom.store.models import utcnow
+    from floom.store.nodes import Node
+
+    with (
+        receiver() as hook,
+        live_server(
+            tmp_path / "d", database_url, agent_http_allow_private=True, alert_poll_seconds=3600
+        ) as srv,
+    ):
+        _hook_channel(srv, hook.url)
+        rule = {"name": "cluster", "events": ["node.lost"], "channels": ["hook"]}
+        assert srv.client().post("/api/v1/alerts/rules", json=rule).status_code == 201
+        other = replace(srv.ctx, node_id="other-node")  # a second node on the same store
+        nodes.register(other, slots=None)
+        with session_scope(srv.ctx.engine, write=True) as s:
+            row = s.get(Node, "other-node")
+            assert row is not None
+            row.heartbeat_at = utcnow() - timedelta(seconds=60)  # silent for a minute
+            s.add(row)
+        assert watch_nodes(srv.ctx, now=utcnow()) == 1
+        assert watch_nodes(srv.ctx, now=utcnow()) == 0  # still lost: once
+        nodes.heartbeat(other, slots_in_use=0)
+        assert watch_nodes(srv.ctx, now=utcnow()) == 1  # heard again
+        assert _sent(srv) == ["node.lost", "recovered"]
+        assert hook.bodies()[0]["details"]["node"] == "other-node"
+
+
+GATED = """\
+name: gated
+outputs:
+  greeting: string
+approvals: {required: true}
+"""
+GATED_RUN = 'import json\njson.dump({"outputs": {"greeting": "hi"}}, open("result.json", "w"))\n'
+
+
+def test_a_run_waiting_for_approval_too_long_alerts_once(tmp_path: Path, database_url: str) -> None:
+    from floom.services.alerts.watch import watch_approvals
+    from floom.store.agents import Approval
+
+    with (
+        receiver() as hook,
+        live_server(
+            tmp_path / "d", database_url, agent_http_allow_private=True, alert_poll_seconds=3600
+        ) as srv,
+    ):
+        _hook_channel(srv, hook.url)
+        rule = {"name": "waits", "events": ["approval.waiting"], "channels": ["hook"]}
+        api = srv.client()
+        assert api.post("/api/v1/alerts/rules", json=rule).status_code == 201
+        deploy_folder(api, make_worker(tmp_path / "g", GATED, {"run.py": GATED_RUN}))
+        run = api.post("/api/v1/workers/gated/runs", json={}).json()
+        wait_until(
+            lambda: api.get(f"/api/v1/runs/{run['id']}").json()["status"] == "awaiting_approval"
+        )
+        with session_scope(srv.ctx.engine) as s:
+            asked = s.exec(select(Approval)).one().created_at
+        wait = timedelta(seconds=srv.ctx.settings.alert_approval_wait_seconds)
+        assert watch_approvals(srv.ctx, now=asked + wait - timedelta(seconds=1)) == 0
+        assert watch_approvals(srv.ctx, now=asked + wait + timedelta(seconds=1)) == 1
+        assert watch_approvals(srv.ctx, now=asked + wait * 2) == 0
+        assert _sent(srv) == ["approval.waiting"]
+        assert hook.bodies()[0]["run_id"] == run["id"]
