@@ -2,7 +2,7 @@
 the object store's pending uploads and deletes
 
 Revision ID: 0010
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-05 13:00:00.000000
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 import floom.store.models
 
 revision = "0010"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
