@@ -292,10 +292,7 @@ def migrate_blobs(ctx: Context, *, to: str, progress: Progress | None = None) ->
     stopped half way is finished by running it again. Moving to the bucket also moves the
     logs of ended runs out of run_events."""
     if to not in ("s3", DATABASE):
-        raise InvalidRequest(
-            f"unknown blob store {to!r}",
-            hint="run `floom blobs migrate --to s3` or `floom blobs migrate --to database`",
-        )
+        raise InvalidRequest(f"unknown blob store {to!r}", hint="the stores are s3 and database")
     target = store_at(to, ctx.settings, ctx.engine)
     result = BlobMigration(to=to)
     if ctx.settings.blob_store != to:

@@ -261,7 +261,7 @@ def test_the_s3_profile_adds_an_object_store_that_every_node_uses_with_one_ident
     assert readme and header
     for line, env in [*readme, *header]:
         assert env.get("FLOOM_BLOB_STORE") == "s3", line
-        config = compose_config(env)
+        config = compose_config({**env, "COMPOSE_PROFILES": ",".join(profiles_of(env))})
         store = config["services"]["seaweedfs"]
         assert store["profiles"] == ["s3"] and store["command"][0] == "mini"
         assert "ports" not in store  # the compose network only
@@ -274,7 +274,7 @@ def test_the_s3_profile_adds_an_object_store_that_every_node_uses_with_one_ident
             secret = given["FLOOM_S3_SECRET_ACCESS_KEY"]
             assert secret and secret == store["environment"]["AWS_SECRET_ACCESS_KEY"], line
     # Without FLOOM_BLOB_STORE the nodes keep blobs in the database and name no bucket.
-    plain = floom_services(compose_config(OPERATOR_ENV), profiles={"bwrap"})
+    plain = floom_services(compose_config({**OPERATOR_ENV, "COMPOSE_PROFILES": "bwrap"}))
     for svc in plain.values():
         given = service_env(svc)
         assert given["FLOOM_BLOB_STORE"] == "database" and given["FLOOM_S3_BUCKET"] == ""
