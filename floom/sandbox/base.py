@@ -76,6 +76,10 @@ class SandboxSpec:
     `metadata` names the run for the backend's own records (run, attempt, worker, version);
     a remote backend labels its sandbox with it, a local one ignores it. It never holds a
     secret. `template` is the image a remote backend starts from (empty: its default).
+    `warm` names the warm pool the run may start from: the version (worker.yml `warm: true`),
+    or empty. A backend that keeps warm processes (the local one, for `python3 SCRIPT.py`
+    without network) may start the run from a process made for that name alone, and starts
+    it cold where none is ready; every other guarantee here holds either way.
     """
 
     run_id: str
@@ -96,6 +100,7 @@ class SandboxSpec:
     # The attempt's lease, as the node's watchdog knows it (floom/sandbox/fence.py): a
     # backend that can names the sandbox's processes to it while they run. Empty: none.
     fence: str = ""
+    warm: str = ""
 
 
 @dataclass(frozen=True)

@@ -271,6 +271,7 @@ def _pid_one(chan_fd: int, seccomp: bytes) -> None:
     try:
         start, fds = _receive(chan)
         with os.fdopen(fds[0], "rb") as source:
+            source.seek(0)  # floom's description of the memory file, at its end
             given = json.loads(source.read())
         for fd in fds[1:]:
             os.close(fd)
@@ -409,7 +410,9 @@ def run_script(argv: list[str], *, record: bool = False) -> None:
 
         atexit.register(_write_record, os.path.join(os.getcwd(), RECORD_NAME))
     if not os.path.exists(path):
-        sys.stderr.write(f"python3: can't open file {path!r}: [Errno 2] No such file or directory\n")
+        sys.stderr.write(
+            f"python3: can't open file {path!r}: [Errno 2] No such file or directory\n"
+        )
         _finish(2)
     import runpy
 

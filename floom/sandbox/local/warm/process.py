@@ -19,6 +19,7 @@ import os
 import secrets
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -76,6 +77,7 @@ class PreparedChild:
     child_pid: int
     init_pid: int
     init_pidfd: int
+    child_pidfd: int
     made: float = field(default_factory=time.monotonic)
     closed: bool = False
 
@@ -115,26 +117,28 @@ class PreparedChild:
         return not ready
 
     def discard(self) -> None:
-        """Kill the child's processes and free what it holds."""
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.child_pid, 9)
-        with contextlib.suppress(ProcessLookupError):
-            import signal
-
-            signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
+        """Kill the child's processes and free what it holds (a child never used)."""
+        self.discard_processes()
         self.close_fds()
         if self.cgroup is not None:
             self.cgroup.remove()
             self.cgroup = None
 
+    def discard_processes(self) -> None:
+        """Kill the child's processes, by their pidfds (never by a pid that may be reused)."""
+        for pidfd in (self.init_pidfd, self.child_pidfd):
+            if pidfd >= 0:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
     def close_fds(self) -> None:
-        for fd in (self.stdout, self.stderr, self.init_pidfd):
+        if self.closed:
+            return
+        self.closed = True
+        for fd in (self.stdout, self.stderr, self.init_pidfd, self.child_pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.stdout = self.stderr = self.init_pidfd = -1
+        self.stdout = self.stderr = self.init_pidfd = self.child_pidfd = -1
         self.chan.close()
 
 
@@ -265,11 +269,13 @@ class WarmProcess:
                 raise WarmUnavailable("the warm run's child did not say it was ready")
             try:
                 pidfd = os.pidfd_open(init_pid)
+                undo.callback(os.close, pidfd)
+                child_pidfd = os.pidfd_open(child_pid)
             except OSError as exc:
                 raise WarmUnavailable(f"the warm run's child is gone: {exc}") from exc
             undo.pop_all()
         self.served += 1
-        return PreparedChild(ours, out_r, err_r, cgroup, child_pid, init_pid, pidfd)
+        return PreparedChild(ours, out_r, err_r, cgroup, child_pid, init_pid, pidfd, child_pidfd)
 
     def rss_bytes(self) -> int:
         """The interpreter's resident memory (what its children share until they write)."""
@@ -290,7 +296,11 @@ class WarmProcess:
 def open_detached(path: Path) -> int:
     """A detached copy of the mount at `path` (open_tree with OPEN_TREE_CLONE): a run's
     pid 1 moves it into its own namespace, where no host path names it."""
-    fd = int(_libc().syscall(_SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path), _OPEN_TREE_CLONE | os.O_CLOEXEC))
+    fd = int(
+        _libc().syscall(
+            _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path), _OPEN_TREE_CLONE | os.O_CLOEXEC
+        )
+    )
     if fd < 0:
         code = ctypes.get_errno() or errno.EPERM
         raise OSError(code, f"open_tree {path}: {os.strerror(code)}")
