@@ -107,10 +107,17 @@ class Pool:
 class WarmPools:
     """Every warm pool of one local sandbox, kept by a thread of its own."""
 
-    def __init__(self, settings: WarmSettings, *, system_args: Callable[[], tuple[str, ...]]):
+    def __init__(
+        self,
+        settings: WarmSettings,
+        *,
+        system_args: Callable[[], tuple[str, ...]],
+        source: str | None = None,
+    ) -> None:
+        """`source`: what warm processes run (inside.py's source; tests add to it)."""
         self.settings = settings
         self._system_args = system_args
-        self._source = INSIDE.read_text()
+        self._source = source if source is not None else INSIDE.read_text()
         self._token = secrets.token_hex(6)
         self._pools: dict[WarmKey, Pool] = {}
         self._owners: dict[str, WarmKey] = {}
