@@ -204,7 +204,7 @@ class LocalSandbox(Sandbox):
         self.disks: Disks | None = Disks() if self._identity.switched else None
         self.warm: WarmPools | None = None
         if self._identity.switched and (warm is None or warm.enabled):
-            self.warm = WarmPools(warm or WarmSettings(), system_args=_system_args)
+            self.warm = WarmPools(warm or WarmSettings(), system_args=system_args)
             weakref.finalize(self, self.warm.close)
         # Its launchers, disks and threads end with this sandbox, whoever forgets to close it.
         weakref.finalize(self, self.standby.close)
@@ -509,7 +509,7 @@ class LocalSandbox(Sandbox):
                 raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
             if self._uids is not None:
                 self._uids.check()  # a range that holds a user of this machine is refused
-            system = _system_args()
+            system = system_args()
             try:
                 # Probed as the range's first uid: one like every run's.
                 as_sandbox_user = self._identity.as_sandbox_user()
@@ -715,7 +715,7 @@ def _probe_namespaces(
 
 
 @functools.cache
-def _system_args() -> tuple[str, ...]:
+def system_args() -> tuple[str, ...]:
     """Read-only binds of the host's system directories, for the paths that exist here."""
     args = ["--ro-bind", "/usr", "/usr"]
     for name in _ROOT_LINKS:

@@ -165,7 +165,8 @@ class WarmPools:
                 pool.peak, pool.peak_at = pool.in_flight, now
             while pool.ready and taken is None:
                 child = pool.ready.popleft()
-                if child.alive() and pool.process is not None and pool.process.alive():
+                # A child lives on without its warm process: it holds all its run needs.
+                if child.alive():
                     taken = child
                 else:
                     self._later(child.discard)
@@ -246,7 +247,8 @@ class WarmPools:
         with self._changed:
             while True:
                 pool = self._pools.get(key)
-                if pool is not None and pool.ready:
+                process = pool.process if pool is not None else None
+                if pool and process and process.alive() and any(c.alive() for c in pool.ready):
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0:
