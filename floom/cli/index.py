@@ -6,7 +6,7 @@ importing typer, rich, httpx or a command module (~0.3 s of start-up on a 2-core
 `floom run` goes through the stdlib-only quick
 path (quick.py) when it can, and `floom serve` with its own options starts the server without
 typer (serving.py); any other invocation loads typer and only the module of the command it
-names. tests/test_cli_index.py checks this index against the
+names. tests/e2e/cli/test_cli_index.py checks this index against the
 commands' own docstrings.
 """
 

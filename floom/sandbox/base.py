@@ -2,7 +2,7 @@
 
 A backend is built by `floom.sandbox.get_sandbox(name, settings)`; one module per backend (local.py:
 bubblewrap on this host, floom/sandbox/e2b/backend.py: E2B microVMs, fake.py: in-memory for tests).
-tests/test_sandbox_contract.py runs one suite over every backend.
+tests/integration/sandbox/test_sandbox_contract.py runs one suite over every backend.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 
-from tests.conftest import free_port
+from tests.support.harness import free_port
 
 
 @contextmanager

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import uvicorn
 
-from tests.ports import free_port
 from tests.standins.e2b.control import control_app
 from tests.standins.e2b.core import QUOTA_MESSAGE, Fault, StandinCore
 from tests.standins.e2b.envd import envd_app
 from tests.standins.e2b.sandboxes import StandinSandbox
+from tests.support.ports import free_port
 
 __all__ = ["E2BStandin", "e2b_standin", "running_e2b_standin"]
 

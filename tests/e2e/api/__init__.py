@@ -1,0 +1,1 @@
+"""The REST API of a live server."""

@@ -1,0 +1,108 @@
+"""floom's errors: one root, stable codes a client rebuilds, driver errors translated."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import floom
+from floom import errors
+from floom.bundle import read_folder
+from floom.errors import FloomError
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
+from floom.services.workers import versions as workers
+from tests.support.harness import PG_ADMIN_URL, LiveServer, make_worker
+
+
+def _floom_modules() -> list[str]:
+    names = []
+    for info in pkgutil.walk_packages(floom.__path__, "floom."):
+        if ".migrations" in info.name or info.name.endswith(".__main__"):
+            continue  # migrations are scripts of Alembic's; __main__ runs the CLI on import
+        names.append(info.name)
+    return names
+
+
+def test_every_exception_class_in_floom_is_a_floom_error_with_its_own_code() -> None:
+    outside = []
+    for name in _floom_modules():
+        module = importlib.import_module(name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != name or not issubclass(cls, BaseException):
+                continue
+            if cls.__name__.startswith("_"):
+                continue  # private to its module by name: it never reaches a caller
+            if not issubclass(cls, FloomError):
+                outside.append(f"{name}.{cls.__qualname__}")
+    assert outside == []
+    codes = [entry["code"] for entry in errors.catalogue()]
+    assert len(codes) == len(set(codes))
+    assert {"not_found", "forbidden", "store_unavailable", "tool_error"} <= set(codes)
+
+
+def test_the_readme_lists_every_error_code() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    for name in _floom_modules():
+        importlib.import_module(name)  # registers every subclass
+    missing = [e["code"] for e in errors.catalogue() if f"`{e['code']}`" not in readme]
+    assert missing == []
+
+
+def test_a_client_rebuilds_the_servers_error_class_from_its_code() -> None:
+    rebuilt = errors.rebuild(status=404, code="not_found", message="no worker x", hint="deploy")
+    assert type(rebuilt) is errors.NotFound
+    assert (rebuilt.message, rebuilt.hint) == ("no worker x", "deploy")
+    unknown = errors.rebuild(status=499, code="later_code", message="m")
+    assert isinstance(unknown, errors.ClientError)
+    assert (unknown.status, unknown.code) == (499, "later_code")
+
+
+def test_concurrent_first_deploys_of_one_worker_make_one_version_and_no_error(
+    ctx: Context, tmp_path: Path
+) -> None:
+    folder = make_worker(
+        tmp_path / "w",
+        "name: racer\nentry: run.py\n",
+        {"run.py": "print('hi')\n"},
+    )
+    archive = read_folder(folder, max_bytes=1 << 20).to_archive()
+    barrier = threading.Barrier(4)
+    outcomes: list[object] = []
+
+    def deploy() -> None:
+        barrier.wait()
+        try:
+            outcomes.append(workers.deploy(ctx, caller=SYSTEM, archive=archive))
+        except Exception as exc:  # the assertion below names whatever went wrong
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=deploy) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert all(isinstance(o, workers.DeployResult) for o in outcomes), outcomes
+    assert len({o.version.id for o in outcomes if isinstance(o, workers.DeployResult)}) == 1
+    assert len(workers.list_versions(ctx, caller=SYSTEM, name="racer")) == 1
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_lost_database_answers_503_store_unavailable(server: LiveServer) -> None:
+    with server.client() as api:
+        assert api.get("/api/v1/workers").status_code == 200
+        name = server.ctx.engine.url.database
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        server.ctx.engine.dispose()  # keys are cached; make every request reach the store
+        resp = api.get("/api/v1/runs")
+    assert resp.status_code == 503, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == "store_unavailable"
+    assert "FLOOM_DATABASE_URL" in error["hint"]

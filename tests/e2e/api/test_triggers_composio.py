@@ -1,0 +1,137 @@
+"""Composio events at /hooks/composio, signed locally as Standard Webhooks in the payload
+shapes Composio documents: matching by slug, connected account and filters; dedupe."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from floom.services.triggers.composio import matches, read_event
+from floom.triggers.spec import ComposioSpec
+from tests.support.harness import (
+    LiveServer,
+    deploy_folder,
+    live_server,
+    make_worker,
+    wait_for_run,
+)
+
+SECRET = "whsec_" + "Y29tcG9zaW8tdGVzdC1zZWNyZXQtMDEyMzQ1Njc4OQ=="
+ECHO = """import json
+inputs = json.load(open("inputs.json"))
+json.dump({"outputs": {"event": inputs.get("event"), "author": inputs.get("author")}},
+          open("result.json", "w"))
+"""
+
+
+@pytest.fixture
+def composio_server(tmp_path: Path, database_url: str) -> Iterator[LiveServer]:
+    with live_server(tmp_path / "data", database_url, composio_webhook_secret=SECRET) as srv:
+        yield srv
+
+
+def v3_event(slug: str, account: str, data: dict[str, Any], msg_id: str) -> dict[str, Any]:
+    return {
+        "id": msg_id,
+        "type": "composio.trigger.message",
+        "timestamp": "2026-01-15T11:00:00Z",
+        "metadata": {
+            "log_id": "log_1",
+            "trigger_slug": slug,
+            "trigger_id": "ti_1",
+            "connected_account_id": account,
+            "auth_config_id": "ac_1",
+            "user_id": "user_1",
+        },
+        "data": data,
+    }
+
+
+def send(server: LiveServer, payload: dict[str, Any], msg_id: str, secret: str = SECRET) -> Any:
+    body = json.dumps(payload)
+    now = datetime.now(UTC)
+    headers = {
+        "webhook-id": msg_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": Webhook(secret).sign(msg_id, now, body),
+        "x-composio-webhook-version": "V3",
+        "content-type": "application/json",
+    }
+    with httpx.Client(base_url=server.base_url, timeout=30) as anonymous:
+        return anonymous.post("/hooks/composio", content=body, headers=headers)
+
+
+def deploy_listener(api: httpx.Client, tmp_path: Path, name: str, trigger: str) -> None:
+    manifest = (
+        f"name: {name}\ninputs: {{event: object, author: string}}\n"
+        f"triggers:\n  - composio: {trigger}\n"
+    )
+    deploy_folder(api, make_worker(tmp_path / name, manifest, {"run.py": ECHO}))
+
+
+def test_a_composio_event_runs_the_workers_whose_trigger_matches(
+    composio_server: LiveServer, tmp_path: Path
+) -> None:
+    with composio_server.client() as api:
+        deploy_listener(
+            api,
+            tmp_path,
+            "commits",
+            "{event: GITHUB_COMMIT_EVENT, connected_account: ca_123, filters: {repo: acme/api}, "
+            "inputs: {author: data.author}}",
+        )
+        deploy_listener(api, tmp_path, "any-commit", "{event: github_commit_event}")
+        other_account = "{event: GITHUB_COMMIT_EVENT, connected_account: ca_999}"
+        deploy_listener(api, tmp_path, "other-account", other_account)
+        other_repo = "{event: GITHUB_COMMIT_EVENT, filters: {repo: [acme/web, acme/docs]}}"
+        deploy_listener(api, tmp_path, "other-repo", other_repo)
+        deploy_listener(api, tmp_path, "slack", "{event: SLACK_RECEIVE_MESSAGE}")
+
+        data = {"repo": "acme/api", "author": "ada", "message": "Fix the parser"}
+        payload = v3_event("GITHUB_COMMIT_EVENT", "ca_123", data, "msg_c1")
+        resp = send(composio_server, payload, "msg_c1")
+
+        assert resp.status_code == 202, resp.text
+        started = {d["worker"]: d for d in resp.json()["deliveries"]}
+        assert set(started) == {"commits", "any-commit"}
+        run = wait_for_run(api, started["commits"]["run_id"])
+        assert run["status"] == "succeeded" and run["trigger"] == "composio"
+        assert run["outputs"] == {"event": payload, "author": "ada"}
+        (delivery,) = api.get("/api/v1/workers/commits/deliveries").json()["items"]
+        assert (delivery["source"], delivery["event"]) == ("composio", "GITHUB_COMMIT_EVENT")
+
+        again = send(composio_server, payload, "msg_c1")
+        assert again.status_code == 200 and again.json()["duplicate"] is True
+        assert {d["run_id"] for d in again.json()["deliveries"]} == {
+            d["run_id"] for d in started.values()
+        }
+        assert len(api.get("/api/v1/runs", params={"trigger": "composio"}).json()["items"]) == 2
+
+        other = send(composio_server, v3_event("NOTION_PAGE_ADDED", "ca_1", {}, "m2"), "m2")
+        assert other.status_code == 202
+        assert [d["outcome"] for d in other.json()["deliveries"]] == ["unmatched"]
+
+        forged = send(composio_server, payload, "msg_c3", secret="whsec_" + "d3Jvbmc=")
+        assert (forged.status_code, forged.json()["error"]["code"]) == (
+            401,
+            "webhook_signature_invalid",
+        )
+
+
+def test_older_composio_payload_shapes_are_read_too() -> None:
+    spec = ComposioSpec(event="GITHUB_COMMIT_EVENT", connected_account="ca_1", filters={"n": 3})
+    v2 = {"type": "github_commit_event", "data": {"connection_nano_id": "ca_1", "n": 3}}
+    v1 = {"trigger_name": "GITHUB_COMMIT_EVENT", "connection_id": "ca_1", "payload": {"n": 3}}
+    for payload in (v2, v1):
+        event = read_event(payload)
+        assert event is not None and matches(spec, event)
+    wrong = read_event({**v1, "payload": {"n": "4"}})
+    assert wrong is not None and not matches(spec, wrong)
+    assert read_event({"type": "composio.connected_account.expired", "data": []}) is None

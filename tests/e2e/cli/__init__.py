@@ -1,0 +1,1 @@
+"""The floom command against a live server."""

@@ -1,0 +1,226 @@
+"""Hints name what the caller can use: the REST request for a plain REST client, the `floom`
+command for floom's CLI (which says so in X-Floom-Client), the MCP tool over MCP."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from floom.api.app import create_app
+from floom.hints import SERVER_COMMANDS
+from floom.hints.rest import for_rest
+from floom.hints.ui import for_ui
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.ui import admin as ui_admin
+from floom.ui import app as ui
+from floom.ui import approvals as ui_approvals
+from floom.ui import handoffs as ui_handoffs
+from floom.ui import nodes as ui_nodes
+from floom.ui import ops as ui_ops
+from floom.ui import replays as ui_replays
+from floom.ui import runs as ui_runs
+from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, fast_settings
+from tests.support.mcp_clients import call, call_error, http_client
+
+FLOOM = Path(__file__).resolve().parents[3] / "floom"
+ONE_DATABASE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+CLI = {"X-Floom-Client": "cli"}
+REST_REQUEST = re.compile(r"`(GET|POST|PUT|PATCH|DELETE) (/api/v1/[^ `?]*)")
+UI_ROUTERS = [
+    m.router
+    for m in (ui, ui_admin, ui_approvals, ui_handoffs, ui_nodes, ui_ops, ui_replays, ui_runs)
+]
+UI_PAGE = re.compile(r"\((/[^)?\s]*)[^)]*\)")
+
+# Commands only an operator at the node's shell gives (starting, checking, backing up a
+# node), and the index's placeholders: no surface but the CLI retells them.
+OPERATOR_COMMANDS = frozenset(
+    {
+        "serve",
+        "mcp",
+        "backup",
+        "restore",
+        "migrate-store",
+        "doctor",
+        "retention",
+        "--help",
+        "COMMAND",
+        "...",
+    }
+)
+
+
+def _commands_hints_name() -> set[str]:
+    commands = set()
+    for path in FLOOM.rglob("*.py"):
+        if path.parent.name != "hints":  # the retellings' own patterns
+            commands |= set(re.findall(r"`floom [^`{]*`", path.read_text()))
+    assert len(commands) > 20
+    return commands
+
+
+@ONE_DATABASE
+def test_a_paused_worker_is_explained_in_each_callers_terms(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    assert api.post("/api/v1/workers/hello/pause").status_code == 200
+
+    rest = api.post("/api/v1/workers/hello/runs", json={}).json()["error"]
+    assert rest["code"] == "worker_paused"
+    assert "`POST /api/v1/workers/hello/resume`" in rest["hint"]
+    assert '`POST /api/v1/workers/hello/runs {"inputs": {}, "force": true}`' in rest["hint"]
+    assert "floom" not in rest["hint"]
+
+    cli = api.post("/api/v1/workers/hello/runs", json={}, headers=CLI).json()["error"]
+    assert "`floom resume hello`" in cli["hint"] and "`floom run hello --force`" in cli["hint"]
+
+    async def over_mcp() -> None:
+        async with http_client(server) as mcp:
+            error = await call_error(mcp, "run_worker", worker="hello")
+            assert "resume_worker(worker='hello')" in error["hint"]
+            assert "run_worker(worker='hello', force=True)" in error["hint"]
+            assert "floom" not in error["hint"] and "/api/v1" not in error["hint"]
+            assert (await call(mcp, "resume_worker", worker="hello"))["items"] is not None
+
+    anyio.run(over_mcp)
+
+
+@ONE_DATABASE
+def test_a_missing_scope_names_how_each_caller_gets_a_key_with_it(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
+    with server.client(read_key) as reader:
+        rest = reader.post("/api/v1/workers/hello/runs", json={}).json()["error"]
+        cli = reader.post("/api/v1/workers/hello/runs", json={}, headers=CLI).json()["error"]
+    assert rest["code"] == cli["code"] == "forbidden"
+    assert '`POST /api/v1/keys {"scopes": ["run"]}`' in rest["hint"]
+    assert "floom" not in rest["hint"]
+    assert "`floom keys create --scope run`" in cli["hint"]
+
+    async def over_mcp() -> None:
+        async with http_client(server, read_key) as mcp:
+            error = await call_error(mcp, "run_worker", worker="hello")
+            assert error["code"] == "forbidden" and "'run' scope" in error["hint"]
+            assert "floom keys" not in error["hint"] and "/api/v1" not in error["hint"]
+
+    anyio.run(over_mcp)
+
+
+@ONE_DATABASE
+def test_a_missing_run_points_a_rest_client_at_the_runs_endpoint(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    rest = api.get("/api/v1/runs/run_nope").json()["error"]
+    assert rest["code"] == "not_found" and rest["hint"] == "`GET /api/v1/runs` lists recent runs"
+    cli = api.get("/api/v1/runs/run_nope", headers=CLI).json()["error"]
+    assert cli["hint"] == "`floom runs` lists recent runs"
+    # A client that claims another surface is a plain REST client.
+    other = api.get("/api/v1/runs/run_nope", headers={"X-Floom-Client": "curl"}).json()
+    assert other["error"]["hint"] == rest["hint"]
+
+
+@ONE_DATABASE
+def test_a_run_that_is_not_a_replay_names_how_to_replay_that_very_run(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    run_id = api.post("/api/v1/workers/hello/runs", json={"inputs": {"name": "x"}}).json()["id"]
+    rest = api.get(f"/api/v1/replays/{run_id}").json()["error"]
+    assert rest["code"] == "not_found"
+    assert f'`POST /api/v1/runs/{run_id}/replays {{"mode": "exact"}}`' in rest["hint"]
+    cli = api.get(f"/api/v1/replays/{run_id}", headers=CLI).json()["error"]
+    assert f"`floom replay {run_id} --against VERSION`" in cli["hint"]
+
+
+def test_every_cli_command_a_hint_names_is_retold_as_an_endpoint_that_exists_or_kept(
+    tmp_path: Path,
+) -> None:
+    app = create_app(fast_settings(tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}"))
+    routes = {
+        (method.upper(), re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", path) + "$"))
+        for path, operations in app.openapi()["paths"].items()
+        for method in operations
+    }
+    commands = _commands_hints_name()
+    kept = set()
+    for command in sorted(commands):
+        retold = for_rest(f"try {command}") or ""
+        name = command.split()[1].strip("`")
+        if retold.startswith(f"try {command} ("):
+            assert name in SERVER_COMMANDS, retold
+            assert retold.endswith(
+                "(an operator's command, run on the floom server's host; no endpoint does it)"
+            ), retold
+            kept.add(name)
+            continue
+        if retold == f"try {command}":
+            kept.add(name)
+            continue
+        requests = REST_REQUEST.findall(retold)
+        assert requests, (command, retold)
+        for method, path in requests:
+            assert any(m == method and p.match(path) for m, p in routes), (command, retold)
+    # What a REST client cannot do over REST is an operator's: starting or checking a node.
+    assert kept <= OPERATOR_COMMANDS, kept
+
+
+def test_every_cli_command_a_hint_names_is_retold_as_a_ui_page_that_exists_or_said_to_be_one() -> (
+    None
+):
+    pages = [
+        re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", route.path) + "$")
+        for router in UI_ROUTERS
+        for route in router.routes
+        if "GET" in (getattr(route, "methods", None) or ())
+    ]
+    at_a_shell = set()
+    for command in sorted(_commands_hints_name()):
+        retold = for_ui(f"try {command}") or ""
+        assert retold != f"try {command}", f"{command} is shown to a person at the UI as it is"
+        if retold.startswith(f"try {command} ("):
+            # No page does it: the person is told whose command it is and where it runs.
+            name = command.split()[1].strip("`")
+            at_a_shell.add(name)
+            said = retold[len(f"try {command} (") :]
+            if name in OPERATOR_COMMANDS - {"mcp", "--help", "COMMAND", "..."}:
+                assert said.startswith("an operator's command, run on the floom server's host")
+            else:
+                assert "floom CLI" in said or "MCP server" in said, retold
+            continue
+        assert "`floom" not in retold, (command, retold)
+        shown = UI_PAGE.findall(retold)
+        assert shown, (command, retold)
+        for path in shown:
+            assert any(page.match(path) for page in pages), (command, retold)
+    # The UI has no page to deploy a folder, manage agents and roles, replay a webhook
+    # delivery, or run a node.
+    cli_only = {"deploy", "validate", "agents", "roles", "replay-delivery"}
+    assert at_a_shell <= OPERATOR_COMMANDS | cli_only, at_a_shell
+    assert {"deploy", "agents", "serve", "backup"} <= at_a_shell
+
+
+def test_a_person_at_the_ui_is_told_plainly_what_only_a_shell_can_do() -> None:
+    assert for_ui("deploy one with `floom deploy FOLDER`") == (
+        "deploy one with `floom deploy FOLDER` (a command of the floom CLI, which uploads the "
+        "worker's folder; the web UI cannot deploy)"
+    )
+    assert for_ui("restore it with `floom restore DIR`") == (
+        "restore it with `floom restore DIR` (an operator's command, run on the floom server's "
+        "host; the web UI cannot do it)"
+    )
+    assert for_ui("see `floom eval lookup --against v_2`") == (
+        "see Eval against v_2 on the worker's page (/workers/lookup)"
+    )
+    # Each replay is the run page's button that does it.
+    assert for_ui("`floom replay r_1 --exact` or `floom replay r_1 --against v_2`") == (
+        "Replay exactly from the recording on the run's page (/runs/r_1) or What-if on the "
+        "active version on the run's page (/runs/r_1)"
+    )

@@ -1,0 +1,1 @@
+"""Nodes as processes: clusters, restarts, shutdown, compose, operations."""

@@ -1,0 +1,108 @@
+"""The nodes view: nodes register and heartbeat in the store; REST, CLI and UI list them,
+and a node silent past its lease is shown as lost."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from floom import __version__
+from floom.api.app import bootstrap_store
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
+from floom.store.db import session_scope
+from floom.store.models import utcnow
+from floom.store.nodes import Node
+from tests.support.cli import cli
+from tests.support.harness import EXAMPLES, LiveServer, fast_settings
+from tests.support.web import signed_in_client
+
+
+def test_nodes_lists_this_node_live_and_a_silent_one_as_lost_in_rest_cli_and_ui(
+    server: LiveServer,
+) -> None:
+    ctx = server.ctx
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(
+            Node(
+                id="gone-node",
+                roles="executor",
+                version="0.0.9",
+                lease_seconds=3,
+                slots=4,
+                slots_in_use=2,
+                heartbeat_at=utcnow() - timedelta(seconds=10),
+            )
+        )
+    with server.client() as api:
+        items = api.get("/api/v1/nodes").json()["items"]
+        read_key = keys.create_key(ctx, caller=SYSTEM, scopes=["read"])[1]
+        assert server.client(read_key).get("/api/v1/nodes").status_code == 200
+    by_id = {n["id"]: n for n in items}
+    me = by_id[ctx.node_id]
+    assert me["state"] == "live" and me["version"] == __version__
+    assert me["roles"] == ["api", "scheduler", "executor"] and me["slots"] == 4
+    assert me["silent_seconds"] < 3
+    gone = by_id["gone-node"]
+    assert gone["state"] == "lost" and gone["silent_seconds"] >= 10
+    assert [n["id"] for n in items] == [ctx.node_id, "gone-node"]  # live ones first
+
+    listed = cli(server, "nodes", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert {n["id"]: n["state"] for n in json.loads(listed.stdout)} == {
+        ctx.node_id: "live",
+        "gone-node": "lost",
+    }
+    table = cli(server, "nodes")
+    assert "gone-node" in table.stdout and "lost" in table.stdout and "2/4" in table.stdout
+
+    page = signed_in_client(server, read_key).get("/nodes")
+    assert page.status_code == 200
+    assert ctx.node_id in page.text and "badge-lost" in page.text and "2 of 4" in page.text
+
+
+def test_two_nodes_starting_at_once_on_an_empty_postgres_database_create_one_admin_key_and_one_set_of_examples(  # noqa: E501
+    tmp_path: Path, empty_database_url: str
+) -> None:
+    if not empty_database_url.startswith("postgresql"):
+        pytest.skip("SQLite is one process's file; the race is between PostgreSQL nodes")
+    start = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def node(name: str) -> None:
+        try:
+            settings = fast_settings(
+                tmp_path / name, empty_database_url, deploy_examples=True, examples_dir=EXAMPLES
+            )
+            start.wait()
+            ctx = Context.open(settings)  # creates the schema: the two race here first
+            try:
+                bootstrap_store(ctx)
+            finally:
+                ctx.engine.dispose()
+        except BaseException as exc:  # reported below, with the other node's outcome
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    url = empty_database_url.replace("postgresql+psycopg", "postgresql")
+    with psycopg.connect(url) as conn:
+        admins = conn.execute("SELECT count(*) FROM api_keys WHERE revoked_at IS NULL").fetchone()
+        per_worker = conn.execute(
+            "SELECT worker_name, count(*) FROM versions GROUP BY worker_name"
+        ).fetchall()
+    assert admins == (1,)
+    shipped = {p.name for p in EXAMPLES.iterdir() if (p / "worker.yml").is_file()}
+    assert dict(per_worker) == {name: 1 for name in shipped}
+    key_files = [p for p in (tmp_path / "a", tmp_path / "b") if (p / "admin.key").exists()]
+    assert len(key_files) == 1

@@ -1,0 +1,99 @@
+"""`floom migrate-store`: a SQLite node's whole store moves to a fresh PostgreSQL database,
+and a PostgreSQL node started on it serves the same workers, runs, logs, artifacts, secrets,
+keys and triggers; a target holding floom data is refused untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlmodel import SQLModel
+
+from floom.errors import Conflict, InvalidRequest
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
+from floom.services.ops.store_copy import copy_store
+from floom.store.db import make_engine
+from tests.support.harness import (
+    deploy_folder,
+    fast_settings,
+    live_server,
+    make_worker,
+    wait_for_run,
+)
+
+MANIFEST_YML = """\
+name: mover
+inputs:
+  word: {type: string, required: true}
+secrets: [MOVER_TOKEN]
+triggers:
+  - schedule: {cron: "0 3 * * *", inputs: {word: night}}
+"""
+RUN_PY = """\
+import json, os
+from pathlib import Path
+print("moving", json.load(open("inputs.json"))["word"], flush=True)
+Path(os.environ["FLOOM_OUTPUT_DIR"], "box.txt").write_text(os.environ["MOVER_TOKEN"][:3])
+"""
+
+
+# A fresh PostgreSQL database without any table is the target.
+on_fresh_postgres = pytest.mark.parametrize("empty_database_url", ["postgres"], indirect=True)
+
+
+@on_fresh_postgres
+def test_a_sqlite_store_moves_to_a_fresh_postgresql_database_whole(
+    tmp_path: Path, empty_database_url: str
+) -> None:
+    sqlite_url = f"sqlite:///{tmp_path / 'a' / 'floom.db'}"
+    with live_server(tmp_path / "a", sqlite_url) as node, node.client() as api:
+        api.put("/api/v1/secrets/MOVER_TOKEN", json={"value": "tok-5678"}).raise_for_status()
+        deploy_folder(api, make_worker(tmp_path / "w", MANIFEST_YML, {"run.py": RUN_PY}))
+        run = api.post("/api/v1/workers/mover/runs", json={"inputs": {"word": "box"}}).json()
+        wait_for_run(api, run["id"])
+        logs = api.get(f"/api/v1/runs/{run['id']}/logs").json()["items"]
+        triggers = api.get("/api/v1/workers/mover/triggers").json()["items"]
+        key_names = {k["name"] for k in api.get("/api/v1/keys").json()["items"]}
+
+    copied = copy_store(source_url=sqlite_url, target_url=empty_database_url)
+    assert copied.counts["runs"] == 1 and copied.counts["secrets"] == 1
+    assert copied.counts["run_events"] == len(logs) and copied.counts["triggers"] == 1
+
+    engine = make_engine(empty_database_url)
+    with engine.connect() as conn:
+        for table in SQLModel.metadata.sorted_tables:
+            n = conn.execute(select(func.count()).select_from(table)).scalar_one()
+            assert n == copied.counts[table.name], table.name
+    engine.dispose()
+
+    with live_server(tmp_path / "b", empty_database_url) as node, node.client() as api:
+        moved = api.get(f"/api/v1/runs/{run['id']}").json()
+        assert moved["status"] == "succeeded"
+        assert api.get(f"/api/v1/runs/{run['id']}/logs").json()["items"] == logs
+        assert api.get(f"/api/v1/runs/{run['id']}/artifacts/box.txt").content == b"tok"
+        assert api.get("/api/v1/workers/mover/triggers").json()["items"] == triggers
+        assert key_names <= {k["name"] for k in api.get("/api/v1/keys").json()["items"]}
+        # New rows get new integer ids after the copied ones, and the secret still decrypts.
+        again = api.post("/api/v1/workers/mover/runs", json={"inputs": {"word": "two"}}).json()
+        assert wait_for_run(api, again["id"])["status"] == "succeeded"
+        assert api.get(f"/api/v1/runs/{again['id']}/artifacts/box.txt").content == b"tok"
+
+
+@on_fresh_postgres
+def test_a_target_holding_floom_data_is_refused_and_left_as_it_was(
+    tmp_path: Path, empty_database_url: str
+) -> None:
+    sqlite_url = f"sqlite:///{tmp_path / 'a' / 'floom.db'}"
+    Context.open(fast_settings(tmp_path / "a", sqlite_url)).engine.dispose()
+    target = Context.open(fast_settings(tmp_path / "b", empty_database_url))
+    keys.create_key(target, caller=SYSTEM, scopes=["read"], name="already here")
+    with pytest.raises(Conflict) as refused:
+        copy_store(source_url=sqlite_url, target_url=empty_database_url)
+    assert "empty" in (refused.value.hint or "")
+    assert [k.name for k in keys.list_keys(target, caller=SYSTEM)] == ["already here"]
+    target.engine.dispose()
+    with pytest.raises(InvalidRequest):
+        copy_store(source_url=sqlite_url, target_url=sqlite_url)

@@ -1,0 +1,155 @@
+"""Retention: finished runs' logs and artifacts older than the setting (or the worker's own
+`retention_days`) go in batches, blobs nothing refers to are reclaimed, and runs that are
+queued, running or awaiting approval are never touched."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from sqlmodel import col, select
+
+from floom.engine.loops.housekeeping import Housekeeping
+from floom.services.context import Context
+from floom.services.ops.retention import ORPHAN_GRACE, apply_retention
+from floom.store.blobs import insert_blob
+from floom.store.db import session_scope
+from floom.store.models import Artifact, Blob, Run, RunEvent, new_id, utcnow
+from tests.support.harness import deploy_in_store, make_worker, wait_until
+
+NOW = utcnow()
+
+
+def _deploy(ctx: Context, folder: Path, name: str, extra: str = "") -> str:
+    manifest = f"name: {name}\n{extra}"
+    result = deploy_in_store(ctx, make_worker(folder / name, manifest, {"run.py": "print('hi')\n"}))
+    return result.worker.active_version_id or ""
+
+
+def _run(
+    ctx: Context,
+    worker: str,
+    version: str,
+    status: str,
+    *,
+    ended_days_ago: float,
+    files: dict[str, bytes],
+) -> str:
+    ended = NOW - timedelta(days=ended_days_ago)
+    finished = status not in {"queued", "running", "awaiting_approval"}
+    with session_scope(ctx.engine, write=True) as s:
+        run = Run(
+            id=new_id("run"),
+            worker_name=worker,
+            version_id=version,
+            status=status,
+            created_at=ended,
+            started_at=ended,
+            finished_at=ended if finished else None,
+        )
+        s.add(run)
+        for seq in (1, 2):
+            s.add(RunEvent(run_id=run.id, seq=seq, stream="stdout", line=f"line {seq}"))
+        for name, data in files.items():
+            digest = insert_blob(s, data)
+            s.add(
+                Artifact(
+                    run_id=run.id,
+                    name=name,
+                    size=len(data),
+                    digest=digest,
+                    content_type="text/plain",
+                )
+            )
+    return run.id
+
+
+def _left(ctx: Context, run_id: str) -> tuple[int, int]:
+    with session_scope(ctx.engine) as s:
+        lines = s.exec(select(RunEvent.id).where(RunEvent.run_id == run_id)).all()
+        files = s.exec(select(Artifact.id).where(Artifact.run_id == run_id)).all()
+    return len(lines), len(files)
+
+
+def _blobs(ctx: Context) -> set[str]:
+    with session_scope(ctx.engine) as s:
+        return set(s.exec(select(Blob.digest)).all())
+
+
+def _orphan(ctx: Context, data: bytes, *, created: datetime) -> str:
+    with session_scope(ctx.engine, write=True) as s:
+        digest = insert_blob(s, data)
+        blob = s.get(Blob, digest)
+        assert blob is not None
+        blob.created_at = created
+        s.add(blob)
+    return digest
+
+
+def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_theirs(
+    ctx: Context, tmp_path: Path
+) -> None:
+    plain = _deploy(ctx, tmp_path, "plain")
+    keep = _deploy(ctx, tmp_path, "keeper", "retention_days: 0\n")
+    short = _deploy(ctx, tmp_path, "brief", "retention_days: 1\n")
+    old = _run(ctx, "plain", plain, "succeeded", ended_days_ago=10, files={"a.txt": b"only old"})
+    also_old = _run(ctx, "plain", plain, "failed", ended_days_ago=9, files={"s.txt": b"shared"})
+    recent = _run(ctx, "plain", plain, "succeeded", ended_days_ago=1, files={"s.txt": b"shared"})
+    waiting = _run(
+        ctx, "plain", plain, "awaiting_approval", ended_days_ago=30, files={"p.txt": b"paused"}
+    )
+    running = _run(ctx, "plain", plain, "running", ended_days_ago=30, files={})
+    queued = _run(ctx, "plain", plain, "queued", ended_days_ago=30, files={})
+    kept_forever = _run(ctx, "keeper", keep, "failed", ended_days_ago=30, files={"k": b"kept"})
+    short_lived = _run(ctx, "brief", short, "succeeded", ended_days_ago=2, files={"b": b"brief"})
+    stale_orphan = _orphan(ctx, b"left by a retry", created=NOW - ORPHAN_GRACE - timedelta(1))
+    fresh_orphan = _orphan(ctx, b"just stored", created=NOW)
+    blobs_before = _blobs(ctx)
+
+    report = apply_retention(ctx, days=7, now=NOW, batch_runs=1)
+
+    for pruned in (old, also_old, short_lived):
+        assert _left(ctx, pruned) == (0, 0)
+    for untouched in (recent, waiting, kept_forever):
+        assert _left(ctx, untouched) == (2, 1)
+    for untouched in (running, queued):
+        assert _left(ctx, untouched) == (2, 0)
+    assert report.runs_pruned == 3 and report.log_lines_deleted == 6
+    assert report.artifacts_deleted == 3
+    gone = blobs_before - _blobs(ctx)
+    # The shared blob stays (a recent run refers to it); the fresh orphan is in its grace.
+    assert len(gone) == report.blobs_deleted == 3
+    assert stale_orphan in gone and fresh_orphan not in gone
+    with session_scope(ctx.engine) as s:
+        statuses = dict(s.exec(select(Run.id, Run.status).where(col(Run.id).in_([old]))).all())
+    assert statuses == {old: "succeeded"}  # the run itself stays
+
+    again = apply_retention(ctx, days=7, now=NOW)
+    assert again.to_dict() == {
+        "runs_pruned": 0,
+        "log_lines_deleted": 0,
+        "artifacts_deleted": 0,
+        "blobs_deleted": 0,
+    }
+
+
+def test_with_no_retention_set_only_stale_orphan_blobs_go(ctx: Context, tmp_path: Path) -> None:
+    plain = _deploy(ctx, tmp_path, "plain")
+    ancient = _run(ctx, "plain", plain, "succeeded", ended_days_ago=3000, files={"x": b"x"})
+    stale = _orphan(ctx, b"orphan", created=NOW - ORPHAN_GRACE - timedelta(hours=1))
+    report = apply_retention(ctx, now=NOW)
+    assert _left(ctx, ancient) == (2, 1)
+    assert report.runs_pruned == 0 and report.blobs_deleted == 1
+    assert stale not in _blobs(ctx)
+
+
+def test_the_housekeeping_thread_of_a_scheduler_node_applies_retention_by_itself(
+    ctx: Context,
+) -> None:
+    stale = _orphan(ctx, b"orphan of a retry", created=NOW - ORPHAN_GRACE - timedelta(hours=1))
+    keeper = Housekeeping(ctx, first_delay=0.01)
+    keeper.start()
+    try:
+        wait_until(lambda: stale not in _blobs(ctx), timeout=20)
+    finally:
+        keeper.stop()

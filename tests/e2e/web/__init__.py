@@ -1,0 +1,1 @@
+"""The web UI over HTTP and in headless Chromium."""

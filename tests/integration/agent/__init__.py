@@ -1,0 +1,1 @@
+"""The agent loop against the model provider's stand-in."""

@@ -1,0 +1,204 @@
+"""The lease watchdog ends an attempt's sandbox when its lease deadline passes, whatever
+floom's own process is doing then (stopped, killed, or busy), and a renewed deadline keeps
+it running. A real process in a real run cgroup, and the real local sandbox."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from floom.sandbox.base import SandboxSpec
+from floom.sandbox.fence import LeaseFence, node_fence
+from floom.sandbox.local import cgroups
+from floom.sandbox.local.backend import LocalSandbox
+from tests.support.harness import wait_until
+
+pytestmark = pytest.mark.skipif(
+    not cgroups.detect().enforced, reason="needs a writable cgroup tree (root)"
+)
+
+
+@pytest.fixture
+def victim() -> Iterator[tuple[subprocess.Popen[bytes], list[str]]]:
+    """A sleeping process alone in a run cgroup, and the cgroup's targets for the watchdog."""
+    group = cgroups.detect().make(f"run-{secrets.token_hex(8)}")
+    proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        group.add(proc.pid)
+        targets = [f"cgroup:{path}" for path in dict.fromkeys(group.dirs.values())]
+        yield proc, targets
+    finally:
+        proc.kill()
+        proc.wait()
+        group.remove()
+
+
+@pytest.fixture
+def fence() -> Iterator[LeaseFence]:
+    fence = LeaseFence()
+    yield fence
+    fence.close()
+
+
+def _key() -> str:
+    return f"run_{secrets.token_hex(8)}.1"
+
+
+def test_the_watchdog_kills_a_sandbox_s_cgroup_when_its_deadline_passes(
+    fence: LeaseFence, victim: tuple[subprocess.Popen[bytes], list[str]]
+) -> None:
+    proc, targets = victim
+    key = _key()
+    assert fence.arm(key, time.monotonic() + 0.5)
+    fence.watch(key, targets)
+    start = time.monotonic()
+    proc.wait(timeout=30)  # bounded; how soon after the deadline is bench material
+    assert proc.returncode == -signal.SIGKILL
+    assert time.monotonic() - start > 0.3  # never before its deadline
+    assert fence.lapsed(key)
+    # Lapsed for good: a renewal committed afterwards moves nothing.
+    assert not fence.arm(key, time.monotonic() + 60)
+
+
+def test_a_deadline_moved_on_by_each_renewal_keeps_the_sandbox_running(
+    fence: LeaseFence, victim: tuple[subprocess.Popen[bytes], list[str]]
+) -> None:
+    proc, targets = victim
+    key = _key()
+    fence.arm(key, time.monotonic() + 0.5)
+    fence.watch(key, targets)
+    until = time.monotonic() + 2.0
+    while time.monotonic() < until:
+        assert fence.arm(key, time.monotonic() + 0.5)
+        time.sleep(0.1)
+    assert proc.poll() is None
+    fence.unwatch(key, targets)
+    fence.forget(key)
+    time.sleep(0.8)
+    assert proc.poll() is None  # an attempt that ended leaves nothing to kill
+
+
+def test_a_sandbox_watched_after_its_deadline_passed_is_killed_at_once(
+    fence: LeaseFence, victim: tuple[subprocess.Popen[bytes], list[str]]
+) -> None:
+    proc, targets = victim
+    key = _key()
+    fence.arm(key, time.monotonic() + 0.1)
+    wait_until(lambda: fence.lapsed(key), timeout=5)
+    time.sleep(0.2)  # the watchdog has fired the key
+    fence.watch(key, targets)
+    proc.wait(timeout=5)
+
+
+def test_the_watchdog_is_started_again_with_the_whole_state_when_it_died(
+    fence: LeaseFence, victim: tuple[subprocess.Popen[bytes], list[str]]
+) -> None:
+    proc, targets = victim
+    key = _key()
+    fence.arm(key, time.monotonic() + 1.0)
+    fence.watch(key, targets)
+    first = fence.watchdog_pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    wait_until(lambda: not Path(f"/proc/{first}").exists() or _zombie(first), timeout=5)
+    # The next change finds it gone, starts another and hands it every deadline and target.
+    assert fence.arm(key, time.monotonic() + 1.5)
+    assert fence.watchdog_pid not in (None, first)
+    proc.wait(timeout=10)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
+
+
+FROZEN_FLOOM = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from floom.sandbox.fence import node_fence
+    fence = node_fence()
+    key, targets, mode = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
+    fence.arm(key, time.monotonic() + 1.0)
+    fence.watch(key, targets)
+    print(fence.watchdog_pid, flush=True)
+    sys.stdin.readline()
+    if mode == "stop":
+        os.killpg(0, signal.SIGSTOP)  # floom's whole process group, as an operator might
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["stop", "kill"])
+def test_a_frozen_or_killed_floom_process_does_not_keep_its_sandbox_alive(
+    victim: tuple[subprocess.Popen[bytes], list[str]], mode: str
+) -> None:
+    proc, targets = victim
+    floom = subprocess.Popen(
+        [sys.executable, "-c", FROZEN_FLOOM, _key(), ",".join(targets), mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        start_new_session=True,
+    )
+    try:
+        assert floom.stdout is not None and floom.stdin is not None
+        watchdog = int(floom.stdout.readline())
+        # Its own session and process group: what stops floom's group does not stop it.
+        assert os.getsid(watchdog) == watchdog != os.getsid(floom.pid)
+        floom.stdin.write(b"go\n")
+        floom.stdin.flush()
+        started = time.monotonic()
+        proc.wait(timeout=10)
+        # Killed: at once (nothing will record the run here); stopped: at the deadline.
+        assert time.monotonic() - started < (1.5 if mode == "stop" else 0.9)
+        if mode == "stop":
+            assert Path(f"/proc/{floom.pid}/stat").read_text().split(") ")[1][0] == "T"
+    finally:
+        os.killpg(floom.pid, signal.SIGKILL)
+        floom.wait()
+
+
+def test_the_local_sandbox_is_ended_with_its_lease_while_its_supervisor_waits(
+    tmp_path: Path,
+) -> None:
+    sandbox = LocalSandbox()
+    work, output = tmp_path / "work", tmp_path / "output"
+    work.mkdir()
+    output.mkdir()
+    key = _key()
+    spec = SandboxSpec(
+        run_id=key.split(".")[0],
+        command=["sleep", "300"],
+        workdir=work,
+        output_dir=output,
+        timeout_seconds=120,
+        fence=key,
+    )
+    fence = node_fence()
+    assert fence.arm(key, time.monotonic() + 1.5)
+    done = threading.Event()
+    try:
+        started = time.monotonic()
+        # The supervisor is never asked to cancel: only the watchdog ends the sandbox.
+        result = sandbox.run(spec, on_line=lambda *_: None, should_cancel=done.is_set)
+        assert time.monotonic() - started < 10
+        assert result.exit_code != 0 and not result.timed_out
+        assert fence.lapsed(key)
+    finally:
+        done.set()
+        fence.forget(key)
+        sandbox.close()

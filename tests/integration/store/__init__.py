@@ -1,0 +1,2 @@
+"""The store and the engine on SQLite and PostgreSQL: the queue, claims, leases, fences, handoffs,
+migrations."""

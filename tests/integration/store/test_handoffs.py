@@ -1,0 +1,466 @@
+"""Handoff jobs through the service layer, on SQLite and PostgreSQL: publishing, claims,
+visibility, idempotency, edits, status changes, routing, rejection and leases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
+from floom.services.handoffs import agents as handoff_agents
+from floom.services.handoffs import flow, review
+from floom.services.handoffs import jobs as handoffs
+from floom.services.handoffs.retire import retire_agent
+from floom.services.handoffs.rules import IllegalTransition
+from tests.support.handoffs import admin, agent, event_types, events, roles
+from tests.support.harness import wait_until
+
+
+@pytest.fixture
+def team(ctx: Context) -> dict:
+    roles(ctx, "coder", "reviewer", "ops")
+    return {
+        "lead": agent(ctx, "lead"),
+        "coder": agent(ctx, "coder-1", "coder"),
+        "coder2": agent(ctx, "coder-2", "coder"),
+        "reviewer": agent(ctx, "reviewer-1", "reviewer"),
+        "admin": admin(ctx),
+    }
+
+
+def test_a_published_job_is_claimed_by_a_holder_of_its_role_and_every_step_is_audited(
+    ctx: Context, team: dict
+) -> None:
+    job = handoffs.create_job(
+        ctx,
+        actor=team["lead"],
+        summary="fix the flaky test",
+        role="coder",
+        context={"repo": "floom", "test": "test_x"},
+        constraints=["no new dependencies"],
+        artifacts=[{"type": "file", "uri": "s3://b/log.txt", "checksum": "sha256:ab"}],
+        priority="high",
+    )
+    assert job["status"] == "published" and job["source_agent"]["label"] == "lead"
+    claimed = flow.claim(ctx, actor=team["coder"], job_id=job["id"])
+    assert claimed["status"] == "in_progress"
+    assert claimed["assignee"]["label"] == "coder-1"
+    assert claimed["lease_expires_at"] is not None
+    done = flow.complete(
+        ctx, actor=team["coder"], job_id=job["id"], summary="fixed", data={"pr": 7}
+    )
+    assert done["status"] == "completed"
+    assert done["result"] == {"summary": "fixed", "data": {"pr": 7}, "artifacts": []}
+    trail = events(ctx, job["id"])
+    assert [(e["type"], e["from_status"], e["to_status"]) for e in trail] == [
+        ("created", None, "published"),
+        ("claimed", "published", "in_progress"),
+        ("completed", "in_progress", "completed"),
+    ]
+    assert trail[1]["actor"] == "agent coder-1"
+
+
+def test_claim_next_takes_the_most_urgent_then_the_oldest_job_of_the_callers_roles(
+    ctx: Context, team: dict
+) -> None:
+    lead = team["lead"]
+    old_low = handoffs.create_job(ctx, actor=lead, summary="a", role="coder", priority="low")
+    old_high = handoffs.create_job(ctx, actor=lead, summary="b", role="coder", priority="high")
+    handoffs.create_job(ctx, actor=lead, summary="ops", role="ops", priority="urgent")
+    new_high = handoffs.create_job(ctx, actor=lead, summary="c", role="coder", priority="high")
+    order = [flow.claim_next(ctx, actor=team["coder"]) for _ in range(4)]
+    assert [j["id"] if j else None for j in order] == [
+        old_high["id"],
+        new_high["id"],
+        old_low["id"],
+        None,
+    ]
+
+
+def test_claim_next_for_a_role_the_caller_does_not_hold_is_refused(
+    ctx: Context, team: dict
+) -> None:
+    with pytest.raises(Forbidden) as info:
+        flow.claim_next(ctx, actor=team["coder"], role="reviewer")
+    assert "coder" in (info.value.hint or "")
+    assert flow.claim_next(ctx, actor=team["lead"]) is None  # no roles, nothing to take
+
+
+def test_a_held_job_cannot_be_claimed_by_another_agent(ctx: Context, team: dict) -> None:
+    job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
+    flow.claim(ctx, actor=team["coder"], job_id=job["id"])
+    with pytest.raises(Conflict) as info:
+        flow.claim(ctx, actor=team["coder2"], job_id=job["id"])
+    assert "held by another agent" in info.value.message
+    assert handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])["assignee"]["label"] == (
+        "coder-1"
+    )
+
+
+def test_agents_see_jobs_of_their_roles_and_ones_they_created_or_hold_admins_see_all(
+    ctx: Context, team: dict
+) -> None:
+    lead, coder, reviewer = team["lead"], team["coder"], team["reviewer"]
+    code = handoffs.create_job(ctx, actor=lead, summary="code", role="coder")
+    ops = handoffs.create_job(ctx, actor=lead, summary="ops", role="ops")
+    own = handoffs.create_job(ctx, actor=reviewer, summary="mine", role="ops")
+
+    def ids(actor: object) -> set[str]:
+        items, _ = handoffs.list_jobs(ctx, actor=actor)  # type: ignore[arg-type]
+        return {j["id"] for j in items}
+
+    assert ids(coder) == {code["id"]}
+    assert ids(reviewer) == {own["id"]}
+    assert ids(lead) == {code["id"], ops["id"]}
+    assert ids(team["admin"]) == {code["id"], ops["id"], own["id"]}
+    with pytest.raises(NotFound):
+        handoffs.get_job(ctx, actor=coder, job_id=ops["id"])
+    with pytest.raises(NotFound):
+        flow.claim(ctx, actor=coder, job_id=ops["id"])
+    # Holding a job keeps it visible after the holder loses the role.
+    flow.claim(ctx, actor=coder, job_id=code["id"])
+    handoff_agents.update_agent(ctx, caller=SYSTEM, agent="coder-1", roles=["reviewer"])
+    assert ids(coder) == {code["id"]}
+    mine, _ = handoffs.list_jobs(ctx, actor=coder, assignee="me")
+    assert [j["id"] for j in mine] == [code["id"]]
+
+
+def test_an_agents_roles_are_read_on_every_call_never_frozen(ctx: Context, team: dict) -> None:
+    key = team["lead"]  # the same key object throughout, as a long-lived client would hold
+    job = handoffs.create_job(ctx, actor=key, summary="x", role="ops")
+    assert flow.claim_next(ctx, actor=key) is None
+    handoff_agents.update_agent(ctx, caller=SYSTEM, agent="lead", roles=["ops"])
+    assert handoff_agents.my_roles(ctx, actor=handoffs.as_actor(ctx, key))["roles"] == ["ops"]
+    handoff_agents.update_role(ctx, caller=SYSTEM, role="ops", name="operations")
+    claimed = flow.claim_next(ctx, actor=key, role="operations")
+    assert claimed is not None and claimed["id"] == job["id"]
+    assert claimed["role"] == "operations"
+
+
+def test_the_same_idempotency_key_from_the_same_agent_returns_the_first_job(
+    ctx: Context, team: dict
+) -> None:
+    first = handoffs.create_job(
+        ctx, actor=team["lead"], summary="deploy", role="ops", idempotency_key="TICKET-1"
+    )
+    again = handoffs.create_job(
+        ctx, actor=team["lead"], summary="deploy (retry)", role="ops", idempotency_key="TICKET-1"
+    )
+    assert again["id"] == first["id"] and again["replayed"] is True
+    assert again["summary"] == "deploy"
+    other = handoffs.create_job(
+        ctx, actor=team["coder"], summary="deploy", role="ops", idempotency_key="TICKET-1"
+    )
+    assert other["id"] != first["id"]
+    items, _ = handoffs.list_jobs(ctx, actor=team["admin"])
+    assert len(items) == 2
+    assert event_types(ctx, first["id"]) == ["created"]
+
+
+def test_only_the_source_or_an_admin_edits_context_before_completion_old_and_new_audited(
+    ctx: Context, team: dict
+) -> None:
+    job = handoffs.create_job(
+        ctx, actor=team["lead"], summary="x", role="coder", context={"v": 1}, constraints=["a"]
+    )
+    flow.claim(ctx, actor=team["coder"], job_id=job["id"])
+    with pytest.raises(Forbidden):
+        handoffs.update_job(ctx, actor=team["coder"], job_id=job["id"], context={"v": 9})
+    updated = handoffs.update_job(
+        ctx, actor=team["lead"], job_id=job["id"], context={"v": 2}, constraints=["a", "b"]
+    )
+    assert updated["context"] == {"v": 2} and updated["constraints"] == ["a", "b"]
+    handoffs.update_job(ctx, actor=team["admin"], job_id=job["id"], constraints=["c"])
+    change = events(ctx, job["id"])[-2]
+    assert change["type"] == "updated"
+    assert change["payload"]["context"] == {"old": {"v": 1}, "new": {"v": 2}}
+    assert change["payload"]["constraints"] == {"old": ["a"], "new": ["a", "b"]}
+    flow.complete(ctx, actor=team["coder"], job_id=job["id"])
+    with pytest.raises(Conflict):
+        handoffs.update_job(ctx, actor=team["lead"], job_id=job["id"], context={"v": 3})
+    assert handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])["context"] == {"v": 2}
+
+
+def test_an_illegal_status_change_is_refused_lists_the_allowed_and_changes_nothing(
+    ctx: Context, team: dict
+) -> None:
+    job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
+    with pytest.raises(IllegalTransition) as info:
+        flow.set_status(ctx, actor=team["admin"], job_id=job["id"], status="blocked")
+    assert info.value.details["allowed"] == ["in_progress", "cancelled"]
+    with pytest.raises(Forbidden):  # a bystander holding the role may not cancel
+        flow.set_status(ctx, actor=team["coder"], job_id=job["id"], status="cancelled")
+    assert handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])["status"] == "published"
+    assert event_types(ctx, job["id"]) == ["created"]
+
+
+def test_an_assignee_blocks_unblocks_and_releases_a_job(ctx: Context, team: dict) -> None:
+    job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
+    coder = team["coder"]
+    flow.set_status(ctx, actor=coder, job_id=job["id"], status="in_progress")  # a claim
+    blocked = flow.set_status(
+        ctx, actor=coder, job_id=job["id"], status="blocked", reason="need creds"
+    )
+    assert blocked["status"] == "blocked" and blocked["reason"] == "need creds"
+    assert blocked["lease_expires_at"] is None
+    back = flow.set_status(ctx, actor=coder, job_id=job["id"], status="in_progress")
+    assert back["status"] == "in_progress" and back["assignee"]["label"] == "coder-1"
+    released = flow.set_status(ctx, actor=coder, job_id=job["id"], status="published")
+    assert released["assignee"] is None
+    assert event_types(ctx, job["id"]) == [
+        "created",
+        "claimed",
+        "blocked",
+        "unblocked",
+        "released",
+    ]
+    assert events(ctx, job["id"])[2]["payload"]["reason"] == "need creds"
+
+
+def test_completion_publishes_follow_on_jobs_whose_condition_holds(
+    ctx: Context, team: dict
+) -> None:
+    job = handoffs.create_job(
+        ctx,
+        actor=team["lead"],
+        summary="write the fix",
+        role="coder",
+        routing=[
+            {"role": "reviewer", "summary": "review the fix", "priority": "urgent"},
+            {"role": "ops", "condition": {"path": "data.deploy", "equals": True}},
+            {"role": "ops", "condition": {"path": "data.tests", "gte": 10}, "summary": "ship"},
+        ],
+    )
+    flow.claim(ctx, actor=team["coder"], job_id=job["id"])
+    artifact = {"type": "git", "uri": "git://floom@abc123"}
+    flow.complete(
+        ctx,
+        actor=team["coder"],
+        job_id=job["id"],
+        summary="done",
+        data={"tests": 12},
+        artifacts=[artifact],
+    )
+    follow_ons, _ = handoffs.list_jobs(ctx, actor=team["admin"], status="published")
+    by_summary = {j["summary"]: j for j in follow_ons}
+    assert set(by_summary) == {"review the fix", "ship"}
+    review_job = by_summary["review the fix"]
+    assert review_job["follow_on_of"] == job["id"]
+    assert review_job["priority"] == "urgent" and review_job["role"] == "reviewer"
+    assert review_job["artifacts"][0]["uri"] == artifact["uri"]
+    assert review_job["context"]["previous_job"]["result"]["data"] == {"tests": 12}
+    assert event_types(ctx, job["id"]) == [
+        "created",
+        "claimed",
+        "completed",
+        "routed",
+        "routing_skipped",
+        "routed",
+    ]
+
+
+def test_reject_makes_a_linked_retry_and_reopen_context_collects_every_reason(
+    ctx: Context, team: dict
+) -> None:
+    job = handoffs.create_job(
+        ctx,
+        actor=team["lead"],
+        summary="add caching",
+        role="coder",
+        context={"big": "x" * 1000},
+        constraints=["keep the API"],
+        artifacts=[{"type": "doc", "uri": "s3://b/spec.md"}],
+        routing=[{"role": "reviewer"}],
+    )
+    coder, reviewer = team["coder"], team["reviewer"]
+    flow.claim(ctx, actor=coder, job_id=job["id"])
+    with pytest.raises(Conflict):  # unfinished work is failed or cancelled, not rejected
+        review.reject(ctx, actor=team["lead"], job_id=job["id"], reason="no")
+    flow.complete(
+        ctx, actor=coder, job_id=job["id"], artifacts=[{"type": "pr", "uri": "gh://pr/1"}]
+    )
+    with pytest.raises(NotFound):  # the reviewer holds no follow-on yet, so cannot see it
+        review.reject(ctx, actor=reviewer, job_id=job["id"], reason="no tests")
+    review_job = flow.claim_next(ctx, actor=reviewer)
+    assert review_job is not None and review_job["follow_on_of"] == job["id"]
+    assert handoffs.get_job(ctx, actor=reviewer, job_id=job["id"])["id"] == job["id"]
+    retry = review.reject(ctx, actor=reviewer, job_id=job["id"], reason="no tests")
+    assert retry["retry_of"] == job["id"] and retry["attempt"] == 2
+    assert retry["status"] == "published" and retry["role"] == "coder"
+    assert retry["rejection"]["reason"] == "no tests"
+    assert retry["rejection"]["reviewer"]["label"] == "reviewer-1"
+    assert [a["uri"] for a in retry["artifacts"]] == ["s3://b/spec.md", "gh://pr/1"]
+    assert retry["context"] == {"big": "x" * 1000}
+    original = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
+    assert original["status"] == "completed" and original["superseded_by"] == retry["id"]
+    with pytest.raises(Conflict):
+        review.reject(ctx, actor=team["lead"], job_id=job["id"], reason="again")
+
+    flow.claim(ctx, actor=team["coder2"], job_id=retry["id"])
+    flow.complete(ctx, actor=team["coder2"], job_id=retry["id"])
+    third = review.reject(ctx, actor=team["lead"], job_id=retry["id"], reason="still slow")
+    context = review.reopen_context(ctx, actor=team["coder"], job_id=third["id"])
+    assert context["original_job_id"] == job["id"]
+    assert context["summary"] == "add caching"
+    assert context["constraints"] == ["keep the API"]
+    assert context["attempt"] == 3
+    assert [(r["attempt"], r["reason"]) for r in context["rejections"]] == [
+        (1, "no tests"),
+        (2, "still slow"),
+    ]
+    assert context["rejections"][0]["reviewer"] == "reviewer-1"
+    assert "context" not in context
+    assert event_types(ctx, job["id"])[-1] == "rejected"
+
+
+def test_a_job_waits_for_every_blocker_then_publishes_once(ctx: Context, team: dict) -> None:
+    lead, coder = team["lead"], team["coder"]
+    a = handoffs.create_job(ctx, actor=lead, summary="a", role="coder")
+    b = handoffs.create_job(ctx, actor=lead, summary="b", role="coder")
+    after = handoffs.create_job(
+        ctx, actor=lead, summary="after", role="ops", blocked_by=[a["id"], b["id"]]
+    )
+    assert after["status"] == "pending" and after["blocked_by"] == sorted([a["id"], b["id"]])
+    with pytest.raises(IllegalTransition):
+        flow.claim(ctx, actor=agent(ctx, "ops-1", "ops"), job_id=after["id"])
+    for blocker in (a, b):
+        flow.claim(ctx, actor=coder, job_id=blocker["id"])
+        flow.complete(ctx, actor=coder, job_id=blocker["id"])
+        status = handoffs.get_job(ctx, actor=lead, job_id=after["id"])["status"]
+        assert status == ("published" if blocker is b else "pending")
+    assert event_types(ctx, after["id"]) == ["created", "published"]
+    done = handoffs.create_job(ctx, actor=lead, summary="late", role="ops", blocked_by=[a["id"]])
+    assert done["status"] == "published"
+
+
+def test_a_failed_blocker_fails_its_dependents_down_the_chain_with_the_reason(
+    ctx: Context, team: dict
+) -> None:
+    lead, coder = team["lead"], team["coder"]
+    a = handoffs.create_job(ctx, actor=lead, summary="a", role="coder")
+    b = handoffs.create_job(ctx, actor=lead, summary="b", role="ops", blocked_by=[a["id"]])
+    c = handoffs.create_job(ctx, actor=lead, summary="c", role="ops", blocked_by=[b["id"]])
+    flow.claim(ctx, actor=coder, job_id=a["id"])
+    flow.set_status(ctx, actor=coder, job_id=a["id"], status="failed", reason="disk full")
+    for dep in (b, c):
+        body = handoffs.get_job(ctx, actor=lead, job_id=dep["id"])
+        assert body["status"] == "failed"
+        assert "disk full" in body["reason"]
+    assert events(ctx, c["id"])[-1]["payload"]["blocker"] == b["id"]
+    with pytest.raises(Conflict):
+        handoffs.create_job(ctx, actor=lead, summary="d", role="ops", blocked_by=[a["id"]])
+
+
+def test_a_cancelled_pending_job_fails_its_own_dependents(ctx: Context, team: dict) -> None:
+    lead = team["lead"]
+    a = handoffs.create_job(ctx, actor=lead, summary="a", role="coder")
+    b = handoffs.create_job(ctx, actor=lead, summary="b", role="ops", blocked_by=[a["id"]])
+    c = handoffs.create_job(ctx, actor=lead, summary="c", role="ops", blocked_by=[b["id"]])
+    flow.set_status(ctx, actor=lead, job_id=b["id"], status="cancelled", reason="not needed")
+    assert handoffs.get_job(ctx, actor=lead, job_id=c["id"])["status"] == "failed"
+    assert handoffs.get_job(ctx, actor=lead, job_id=a["id"])["status"] == "published"
+
+
+def test_an_expired_lease_returns_the_job_to_published_and_the_late_holder_is_told(
+    ctx: Context, team: dict
+) -> None:
+    job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
+    flow.claim(ctx, actor=team["coder"], job_id=job["id"], lease_seconds=0.2)
+    wait_until(lambda: flow.reap_expired_leases(ctx) == 1, timeout=10)
+    body = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
+    assert body["status"] == "published" and body["assignee"] is None
+    expiry = events(ctx, job["id"])[-1]
+    assert expiry["type"] == "lease_expired" and expiry["actor"] == "lease reaper"
+    assert expiry["payload"]["previous_assignee"] == team["coder"].agent_id
+    with pytest.raises(flow.NotHolder):
+        flow.complete(ctx, actor=team["coder"], job_id=job["id"])
+    with pytest.raises(flow.NotHolder):
+        flow.heartbeat(ctx, actor=team["coder"], job_id=job["id"])
+    again = flow.claim_next(ctx, actor=team["coder2"])
+    assert again is not None and again["id"] == job["id"]
+
+
+def test_a_heartbeat_extends_the_lease_so_the_reaper_leaves_the_job(
+    ctx: Context, team: dict
+) -> None:
+    job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
+    claimed = flow.claim(ctx, actor=team["coder"], job_id=job["id"], lease_seconds=0.5)
+    beat = flow.heartbeat(ctx, actor=team["coder"], job_id=job["id"], lease_seconds=300)
+    assert beat["lease_expires_at"] > claimed["lease_expires_at"]
+    with pytest.raises(flow.NotHolder):
+        flow.heartbeat(ctx, actor=team["coder2"], job_id=job["id"])
+    with pytest.raises(InvalidRequest):
+        flow.heartbeat(ctx, actor=team["coder"], job_id=job["id"], lease_seconds=0)
+    assert flow.reap_expired_leases(ctx) == 0
+
+
+def test_retiring_an_agent_revokes_its_keys_and_publishes_the_jobs_it_held(
+    ctx: Context, team: dict
+) -> None:
+    job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
+    flow.claim(ctx, actor=team["coder"], job_id=job["id"])
+    retire_agent(ctx, caller=SYSTEM, agent="coder-1")
+    body = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
+    assert body["status"] == "published" and body["assignee"] is None
+    assert events(ctx, job["id"])[-1]["payload"]["reason"] == "agent coder-1 retired"
+    with pytest.raises(Forbidden):
+        flow.claim_next(ctx, actor=team["coder"])
+    coder_keys = [
+        k for k in keys.list_keys(ctx, caller=SYSTEM) if k.agent_id == team["coder"].agent_id
+    ]
+    assert coder_keys and all(k.revoked_at is not None for k in coder_keys)
+
+
+def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, team: dict) -> None:
+    handoff_agents.retire_role(ctx, caller=SYSTEM, role="ops")
+    with pytest.raises(Conflict) as info:
+        handoffs.create_job(ctx, actor=team["lead"], summary="x", role="ops")
+    assert "retired" in info.value.message
+    assert "ops" not in [r["name"] for r in handoff_agents.list_roles(ctx, caller=SYSTEM)]
+
+
+def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: dict) -> None:
+    _, token = keys.create_key(ctx, caller=SYSTEM, scopes=["run"], name="plain")
+    plain = keys.authenticate(ctx, token)
+    with pytest.raises(Forbidden) as info:
+        handoffs.create_job(ctx, actor=plain, summary="x", role="ops")
+    assert "agents create" in (info.value.hint or "")
+    with pytest.raises(Forbidden):  # an admin key without an agent cannot hold a job
+        flow.claim_next(ctx, actor=team["admin"])
+
+
+def test_bad_job_parts_are_refused_and_create_nothing(ctx: Context, team: dict) -> None:
+    lead = team["lead"]
+    bad: dict[str, Any]
+    for bad in (
+        {"summary": " "},
+        {"priority": "asap"},
+        {"role": "nobody"},
+        {"artifacts": [{"uri": "x"}]},
+        {"routing": [{"role": "reviewer", "condition": "x == 1"}]},
+        {"routing": [{"role": "nobody"}]},
+        {"blocked_by": ["job_missing"]},
+    ):
+        args: dict[str, Any] = {"summary": "ok", "role": "coder", **bad}
+        with pytest.raises((InvalidRequest, NotFound)):
+            handoffs.create_job(ctx, actor=lead, **args)
+    items, _ = handoffs.list_jobs(ctx, actor=team["admin"])
+    assert items == []
+
+
+def test_an_agent_with_an_unknown_scope_is_refused_and_nothing_is_created(ctx: Context) -> None:
+    handoff_agents.create_role(ctx, caller=SYSTEM, name="writer")
+    with pytest.raises(InvalidRequest):
+        handoff_agents.create_agent(
+            ctx, caller=SYSTEM, label="half", roles=["writer"], scopes=["root"]
+        )
+    assert [a["label"] for a in handoff_agents.list_agents(ctx, caller=SYSTEM)] == []
+    # The label is free: nothing half-made holds it.
+    made = handoff_agents.create_agent(
+        ctx, caller=SYSTEM, label="half", roles=["writer"], scopes=["run"]
+    )
+    assert made["label"] == "half"

@@ -1,0 +1,118 @@
+"""PostgreSQL connections are checked before use only when they sat idle (bench/bench_runs.py
+measures the round trips this saves), and a connection that died while idle (a database
+restart, an idle timeout) is replaced before anyone uses it."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy import text
+
+from floom.store import db
+from floom.store.db import make_engine, session_scope
+from tests.support.harness import PG_ADMIN_URL
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A database of its own on the test PostgreSQL server (no tables needed)."""
+    name = f"floom_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_connection_that_died_while_idle_is_replaced_before_use(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine(pg_url)
+    try:
+        with session_scope(engine) as s:
+            first = s.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+        monkeypatch.setattr(db, "IDLE_PING_SECONDS", 0.0)  # the pooled one now counts as idle
+        with session_scope(engine) as s:
+            second = s.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    finally:
+        engine.dispose()
+    assert second != first
+
+
+def test_a_sqlite_writer_waits_only_for_writers_of_its_own_database(tmp_path: Path) -> None:
+    """The process-side SQLite write lock is per database file: a writer stuck in one
+    database (a leftover thread, a slow step inside a write) does not stall writers of
+    another, while two engines on one file (two nodes of a test) still queue on one lock."""
+    stuck_engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    same_file = make_engine(f"sqlite:///{tmp_path / '.' / 'a.db'}")
+    other_engine = make_engine(f"sqlite:///{tmp_path / 'b.db'}")
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_a_write() -> None:
+        with session_scope(stuck_engine, write=True) as s:
+            s.execute(text("CREATE TABLE t (x INTEGER)"))
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_a_write)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        wrote = threading.Event()
+
+        def write_elsewhere() -> None:
+            with session_scope(other_engine, write=True) as s:
+                s.execute(text("CREATE TABLE u (x INTEGER)"))
+            wrote.set()
+
+        writer = threading.Thread(target=write_elsewhere)
+        writer.start()
+        writer.join(20)
+        assert wrote.is_set(), "a write to another database waited for the stuck one"
+        assert db._sqlite_write_lock(same_file) is db._sqlite_write_lock(stuck_engine)
+        assert db._sqlite_write_lock(other_engine) is not db._sqlite_write_lock(stuck_engine)
+    finally:
+        release.set()
+        holder.join(30)
+        for engine in (stuck_engine, same_file, other_engine):
+            engine.dispose()
+
+
+def test_a_read_on_postgresql_keeps_the_connection_s_prepared_statements(pg_url: str) -> None:
+    # A read that ended in ROLLBACK made psycopg deallocate every statement it had prepared
+    # on the connection (DEALLOCATE ALL): the next statements were planned again.
+    engine = make_engine(pg_url)
+    engine.pool.dispose()
+    statement = text("SELECT pg_backend_pid() + :n")
+    try:
+        with db.write_connection(engine) as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            for n in range(8):  # psycopg prepares a statement on its fifth execution
+                conn.execute(statement, {"n": n})
+            prepared = conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar()
+        assert prepared and prepared > 0
+        with db.read_connection(engine) as conn:
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
+            conn.execute(statement, {"n": 0})
+            # Each statement of a read is a transaction of its own.
+            first = conn.execute(text("SELECT txid_current()")).scalar_one()
+            assert conn.execute(text("SELECT txid_current()")).scalar_one() > first
+        with db.write_connection(engine) as conn:
+            assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
+            kept = conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar()
+            # The connection went back to the pool as it was: a write is one transaction
+            # again (one transaction id for both statements).
+            first = conn.execute(text("SELECT txid_current()")).scalar_one()
+            assert conn.execute(text("SELECT txid_current()")).scalar_one() == first
+    finally:
+        engine.dispose()
+    assert kept == prepared

@@ -1,0 +1,84 @@
+"""What floom's MCP tools declare, checked without a server: complete status enums, clean
+descriptions, and hints retold for an agent as calls of tools that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, get_args
+
+import anyio
+
+from floom.hints import mcp as hints
+from floom.mcp.server import FloomMCPServer
+from floom.mcp.tools import core as mcp_tools
+from floom.mcp.tools import handoffs as handoff_tools
+from floom.services.handoffs import rules as handoff_rules
+from floom.services.runs import approvals
+from floom.services.runs import lifecycle as runs
+from floom.services.runs import rules as run_rules
+
+FLOOM = Path(__file__).resolve().parents[2] / "floom"
+
+
+def test_every_status_enum_a_tool_takes_lists_every_status_the_services_know() -> None:
+    assert set(get_args(mcp_tools.RunStatus)) == set(run_rules.STATUSES)
+    assert set(get_args(mcp_tools.RunTrigger)) == set(runs.TRIGGERS)
+    assert set(get_args(mcp_tools.ApprovalStatus)) == set(approvals.APPROVAL_STATUSES)
+    assert set(get_args(handoff_tools.Status)) == set(handoff_rules.STATUSES)
+
+
+def test_tool_descriptions_are_clean_text_without_source_indentation() -> None:
+    server = FloomMCPServer(backend_for=_no_backend, load_workers=list)
+    listed = anyio.run(server.list_tools)
+    assert {t.name for t in listed} == mcp_tools.TOOL_NAMES
+    for tool in listed:
+        assert tool.description and tool.description == tool.description.strip()
+        assert not re.search(r"\n\s", tool.description), tool.name
+
+
+def test_a_folder_argument_is_offered_only_by_a_server_on_the_callers_machine() -> None:
+    def offered(reads_local_folders: bool) -> dict[str, set[str]]:
+        server = FloomMCPServer(
+            backend_for=_no_backend, load_workers=list, reads_local_folders=reads_local_folders
+        )
+        listed = anyio.run(server.list_tools)
+        return {t.name: set(t.input_schema.get("properties") or {}) for t in listed}
+
+    inside, local = offered(False), offered(True)
+    assert {n for n, args in inside.items() if "folder" in args} == set()
+    assert {n for n, args in local.items() if "folder" in args} == set(mcp_tools.LOCAL_ARGUMENTS)
+    assert set(mcp_tools.LOCAL_ARGUMENTS) == {"deploy_worker", "validate_worker"}
+    for name in mcp_tools.LOCAL_ARGUMENTS:
+        assert "files" in inside[name] and inside[name] == local[name] - {"folder"}
+
+
+def test_every_cli_command_a_hint_names_is_retold_as_a_tool_that_exists_or_said_to_be_one() -> None:
+    # Every `floom ...` command written in floom's messages and hints, as the source has it.
+    commands = set()
+    for path in FLOOM.rglob("*.py"):
+        if path.parent.name != "hints":  # the retellings' own patterns
+            commands |= set(re.findall(r"`floom [^`{\n]*`", path.read_text()))
+    assert len(commands) > 20
+    operators = set()
+    for command in sorted(commands):
+        retold = hints.for_mcp(f"try {command}") or ""
+        if retold.startswith(f"try {command} ("):
+            # No tool does it (keys, agents, serve): the agent is told it is the operator's.
+            assert retold.endswith("; no MCP tool does it)"), retold
+            operators.add(command.split()[1].strip("`"))
+            continue
+        if command.startswith("`floom mcp"):
+            assert retold == f"try {command}"  # the stdio server, named where it is explained
+            continue
+        tool = retold.removeprefix("try ").split("(")[0]
+        assert tool in mcp_tools.TOOL_NAMES, (command, retold)
+    assert {"keys", "agents", "serve", "backup"} <= operators
+    assert hints.for_mcp("`floom backup`") == (
+        "`floom backup` (an operator's command, run on the floom server's host; no MCP tool "
+        "does it)"
+    )
+
+
+def _no_backend(_ctx: Any) -> Any:
+    raise AssertionError("listing tools needs no backend")
