@@ -46,6 +46,8 @@ CAPABILITIES: Final = (
     "CAP_SETGID",
     "CAP_SETPCAP",  # empty the bounding set
     "CAP_NET_ADMIN",  # the run's loopback up
+    "CAP_DAC_OVERRIDE",  # the overlay over a run's dirs, which its own uid owns
+    "CAP_FOWNER",
 )
 WARM_ENV: Final = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
