@@ -243,6 +243,13 @@ class Sandbox(abc.ABC):
         True/False per protection, or a short value such as the cgroup version."""
         return {}
 
+    def warm_stats(self) -> dict[str, Any] | None:
+        """The backend's warm pools, for /healthz and /metrics: `enabled`, node-wide `hits`
+        and `misses` (runs that found a warm process ready, runs that started cold), and
+        `pools`, one dict per pool (worker, version, ready, running, hits, misses, modules,
+        rss_bytes). None for a backend without warm starts."""
+        return None
+
     def reap_orphans(
         self,
         *,

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from floom.config import LIMIT_CEILINGS
 from floom.sandbox.base import (
@@ -257,6 +257,11 @@ class LocalSandbox(Sandbox):
             found["limits_not_enforced"] = ", ".join(missing)
             found["cgroup_problem"] = tree.problem
         return found
+
+    def warm_stats(self) -> dict[str, Any] | None:
+        if self.warm is None:
+            return {"enabled": False, "hits": 0, "misses": 0, "pools": []}
+        return self.warm.stats()
 
     def check(self) -> None:
         self._command_prefix()

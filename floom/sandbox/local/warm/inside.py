@@ -27,6 +27,7 @@ import socket
 import struct
 import sys
 import threading
+from os import _exit  # documented: ends a forked child without the parent's clean-up
 
 RECORD_NAME = ".floom-warm-modules"
 MAX_MESSAGE = 65536
@@ -128,7 +129,7 @@ def warm(control_fd: int, modules: list[str], seccomp_hex: str) -> None:
     refused = _preload(modules)
     if refused.startswith("thread:"):
         _send(control, {"refused": refused[len("thread:") :]})
-        os._exit(3)
+        _exit(3)
     # The runs' children report to floom themselves; their parent here never waits for them.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     _send(control, {"ready": True, "pid": os.getpid(), "modules": len(sys.modules)})
@@ -137,7 +138,7 @@ def warm(control_fd: int, modules: list[str], seccomp_hex: str) -> None:
         try:
             request, fds = _receive(control)
         except (EOFError, OSError):
-            os._exit(0)
+            _exit(0)
         if request.get("op") != "prepare" or len(fds) < 3:
             for fd in fds:
                 os.close(fd)
@@ -220,14 +221,14 @@ def _child(fds: list[int], seccomp: bytes) -> None:
     try:
         _send(chan, {"status": status})
     finally:
-        os._exit(0)
+        _exit(0)
 
 
 def _fail(chan_fd: int, message: str) -> None:
     try:
         _send(socket.socket(fileno=chan_fd), {"error": message})
     finally:
-        os._exit(125)
+        _exit(125)
 
 
 def _loopback_up() -> None:
@@ -276,7 +277,7 @@ def _pid_one(chan_fd: int, seccomp: bytes) -> None:
         for fd in fds[1:]:
             os.close(fd)
     except BaseException:  # noqa: BLE001 - floom went away or sent nothing: nothing runs
-        os._exit(125)
+        _exit(125)
     chan.close()
     os.environ.clear()
     os.environ.update(given["env"])
@@ -440,16 +441,9 @@ def _exit_code(value: object) -> int:
 
 
 def _finish(code: int) -> None:
-    """End as the interpreter ends: wait for non-daemon threads, run atexit, flush."""
-    import atexit
-
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]
-        atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
+    """End as the interpreter ends (non-daemon threads waited for, atexit run, streams
+    flushed): by unwinding to the top with SystemExit, which nothing on the way catches."""
+    raise SystemExit(code)
 
 
 def _write_record(path: str) -> None:
