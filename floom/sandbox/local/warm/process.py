@@ -60,6 +60,7 @@ INTERPRETER_FLAGS: Final = ("-u", "-B")
 _SYS_OPEN_TREE: Final = 428  # one number on every architecture since Linux 5.2
 _OPEN_TREE_CLONE: Final = 1
 _AT_FDCWD: Final = -100
+_AT_SYMLINK_NOFOLLOW: Final = 0x100  # a link in a run's dir is never followed
 
 
 class WarmUnavailable(SandboxUnavailable):
@@ -300,7 +301,10 @@ def open_detached(path: Path) -> int:
     pid 1 moves it into its own namespace, where no host path names it."""
     fd = int(
         _libc().syscall(
-            _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(path), _OPEN_TREE_CLONE | os.O_CLOEXEC
+            _SYS_OPEN_TREE,
+            _AT_FDCWD,
+            os.fsencode(path),
+            _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_SYMLINK_NOFOLLOW,
         )
     )
     if fd < 0:
