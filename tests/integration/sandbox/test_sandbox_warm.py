@@ -434,3 +434,38 @@ def test_the_warm_process_holds_no_secret_and_no_run_dir(warm: WarmedLocal) -> N
         assert b"s3cr3t-warm-value" not in Path(f"/proc/{process.pid}/{name}").read_bytes()
     mounts = Path(f"/proc/{process.pid}/mountinfo").read_text()
     assert str(warm.work_root) not in mounts
+
+
+def test_reaping_kills_the_warm_processes_and_runs_an_earlier_floom_left_and_spares_its_own(
+    warm: WarmedLocal,
+) -> None:
+    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
+    key = warm.warm_up(spec)
+    process = warm.pools.process_of(key)
+    assert process is not None
+    assert warm.kill_orphans(warm.work_root) == 0  # its own are live
+    started = threading.Event()
+    ended: list[SandboxResult] = []
+    thread = threading.Thread(
+        target=lambda: ended.append(
+            warm.run(
+                spec,
+                on_line=lambda stream, line: started.set() if line == "started" else None,
+                should_cancel=lambda: False,
+            )
+        )
+    )
+    thread.start()
+    assert started.wait(20)
+    later = LocalSandbox()  # the floom that starts after this one died
+    try:
+        assert later.kill_orphans(warm.work_root) >= 2  # the warm process and the run's
+    finally:
+        later.close()
+    thread.join(30)
+    assert ended and ended[0].exit_code != 0
+    assert not (spec.workdir / "result.json").exists()
+    deadline = time.monotonic() + 10
+    while process.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not process.alive()

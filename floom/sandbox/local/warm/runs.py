@@ -248,15 +248,17 @@ class _Supervision:
             )
         return SandboxResult(exit_code=exit_code)
 
-    def _exit_code(self) -> int | None:
-        """pid 1's exit code as its parent reported it (128 + N for signal N)."""
+    def _exit_code(self) -> int:
+        """pid 1's exit code as its parent reported it (128 + N for signal N); killed, as
+        a shell would say, when its parent was killed before it could report."""
+        killed = 128 + signal.SIGKILL
         try:
             message = self.child.answer(KILL_WAIT_SECONDS)
         except WarmUnavailable:
-            return None
+            return killed
         status = message.get("status")
         if not isinstance(status, int) or status < 0:
-            return None
+            return killed
         code = os.waitstatus_to_exitcode(status)
         return 128 - code if code < 0 else code
 
