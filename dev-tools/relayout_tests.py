@@ -111,7 +111,7 @@ _place(
 _place(
     "e2e/nodes",
     "cluster_fencing cluster_limits cluster_revocation cluster_scheduler cluster_wakeups "
-    "compose_cluster compose_file docker_files node_roles nodes recovery shutdown "
+    "compose_cluster compose_file docker_files node_roles node_start nodes recovery shutdown "
     "work_root_lock heap_release idle_footprint admin_key_restart ops_backup ops_doctor "
     "ops_metrics ops_migrate_store ops_retention",
 )

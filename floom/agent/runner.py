@@ -16,6 +16,7 @@ from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
 from floom.agent.replay import replay_session
 from floom.agent.tools import Tool, Toolbox
 from floom.engine.queue import Outcome
+from floom.engine.runtime import NodeRuntime
 from floom.errors import ProviderError
 from floom.manifest.agent import ToolSpec, tool_specs
 from floom.net.egress import RELAXED_WARNING
@@ -34,7 +35,7 @@ REMOTE_TIMEOUT = 60.0
 def run_agent(attempt: Attempt) -> Outcome:
     ctx, run, manifest, run_log = attempt.ctx, attempt.run, attempt.manifest, attempt.run_log
     settings = ctx.settings
-    build = ctx.provider_factory or build_provider
+    build = NodeRuntime.of(ctx).provider_factory or build_provider
     # A replay of a recorded run: exact calls neither the model nor a tool (agent/replay.py).
     session = replay_session(ctx, run=run)
     try:

@@ -31,7 +31,8 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
     if registry is None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StoreCollector(ctx))
-        executor = getattr(request.app.state, "executor", None)
+        node = getattr(request.app.state, "node", None)
+        executor = getattr(node, "executor", None)
         if executor is not None:
             registry.register(WarmCollector(executor.sandbox.warm_stats))
         request.app.state.metrics_registry = registry

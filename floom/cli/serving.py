@@ -73,7 +73,8 @@ def serve(overrides: dict[str, Any]) -> None:
     # (and a refused setting) need not pay.
     import uvicorn
 
-    from floom.api.app import create_app, preflight
+    from floom.api.app import create_app
+    from floom.node import preflight
     from floom.sandbox import backend_readiness, get_sandbox
     from floom.sandbox.base import describe_protections
 

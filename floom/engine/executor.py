@@ -1,4 +1,5 @@
-"""The executor: claims queued runs, runs them in the sandbox, streams logs, keeps leases."""
+"""The executor: runs the attempts its dispatch (floom/engine/dispatch.py) hands it in the
+sandbox, streams their logs, keeps their leases, reaps expired ones and orphaned sandboxes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -16,22 +16,22 @@ from floom.engine.attempt import (
     cancelled_outcome,
     run_script,
     sandbox_unavailable_outcome,
-    start_script_ahead,
 )
 from floom.engine.cleanup import empty_folder, reap_sandbox_orphans
+from floom.engine.dispatch import Dispatch, StartedAttempt
 from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
     Outcome,
-    claim_next,
     finish_attempt,
     reap_expired_leases,
     renew_held_leases,
 )
 from floom.engine.runlog import LogBudget, LogLine, RunLog
+from floom.engine.runtime import NodeRuntime
 from floom.engine.work_root import hold_work_root, release_work_root
 from floom.errors import StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
-from floom.sandbox.base import Sandbox, SandboxUnavailable, StartedAhead
+from floom.sandbox.base import Sandbox, SandboxUnavailable
 from floom.sandbox.fence import fence_key, margin_seconds, node_fence
 from floom.services.access.principal import SYSTEM
 from floom.services.access.secrets import Redactor
@@ -52,7 +52,7 @@ from floom.store.models import Run, utcnow
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
-    from floom.services.context import Context, StartedRun
+    from floom.services.context import Context
     from floom.store.models import Version
 
 log = logging.getLogger("floom.executor")
@@ -60,43 +60,6 @@ log = logging.getLogger("floom.executor")
 LOG_FLUSH_SECONDS = 0.1
 # What a call raises while the database cannot be reached (translated by the store or not).
 STORE_DOWN: tuple[type[Exception], ...] = (StoreUnavailable, *UNAVAILABLE)
-
-
-class StartedAttempt:
-    """An attempt started ahead (Executor.start_ahead): its work dir prepared and its sandbox
-    waiting to run its command. Either used by its attempt or discarded, once."""
-
-    def __init__(self, executor: Executor, attempt: Attempt, sandbox: StartedAhead) -> None:
-        self.attempt = attempt
-        self._executor = executor
-        self._sandbox: StartedAhead | None = sandbox
-
-    def use(self) -> StartedAhead:
-        """The sandbox, for the attempt's run_script (which discards the work dir after)."""
-        sandbox, self._sandbox = self._sandbox, None
-        assert sandbox is not None, "a sandbox started ahead is used once"
-        return sandbox
-
-    def discard(self) -> None:
-        """End the sandbox and the work dir unless the attempt used them: the run was not
-        started here after all (refused, queued behind others, or the node stopping).
-        Never raises: the refusal or requeue it serves must reach its caller, and the run
-        dir (a disk of its own on a root floom) goes whatever ending the sandbox met."""
-        sandbox, self._sandbox = self._sandbox, None
-        if sandbox is None:
-            return
-        run_id = self.attempt.run.id
-        try:
-            sandbox.discard()
-        except Exception:
-            log.exception("run %s: ending its sandbox started ahead failed", run_id)
-        finally:
-            try:
-                self.attempt.discard()
-            except Exception:
-                log.exception("run %s: its run dir started ahead was not let go of", run_id)
-            finally:
-                self._executor.forget_ahead(run_id)
 
 
 class Executor:
@@ -112,29 +75,23 @@ class Executor:
             # Built now so that its orphans are reaped from the start, before any run asks.
             self.backends["e2b"] = get_sandbox("e2b", ctx.settings)
         self.run_agent = run_agent
-        self.slots = max(1, ctx.settings.executor_slots)
-        self._pool = ThreadPoolExecutor(self.slots, thread_name_prefix="floom-run")
+        self.runtime = NodeRuntime.of(ctx)
         self._stop = threading.Event()
+        self.dispatch = Dispatch(
+            self, self.runtime, count=ctx.settings.executor_slots, stopping=self._stop
+        )
+        self.slots = self.dispatch.count
+        # Shared with the dispatch, which counts the slots the attempts here take.
+        self._active_lock = self.dispatch.lock
+        self._active = self.dispatch.active
         # Set once no attempt runs here any more: leases are renewed until then, through a
         # drain too, or another node would take a draining run over and run it again.
         self._attempts_over = threading.Event()
         self._interrupt_now = threading.Event()
         # Set when an attempt starts here: the log flusher sleeps on it while none runs.
         self._attempt_started = threading.Event()
-        # Set when an attempt ends here: the dispatcher sleeps on it while all slots are taken.
-        self._slot_freed = threading.Event()
-        self._active: dict[str, RunLog] = {}
-        # Slots held for runs being queued with this node as their claimer (`reserve`), and
-        # for the next run of a slot whose attempt just ended (`_next_in_slot`).
-        self._reserved = 0
-        # Whether the last claim saw another runnable run queued besides the one it took.
-        self._queue_more = False
-        self._active_lock = threading.Lock()
         self._cancel: set[str] = set()
         self._interrupted: set[str] = set()
-        # Runs whose sandbox was started ahead while they are being queued (start_ahead):
-        # live here, though not active yet.
-        self._ahead: set[str] = set()
         self._threads: list[threading.Thread] = []
         # When the database last failed a call of this executor (monotonic), if ever.
         self._store_failed_at: float | None = None
@@ -155,7 +112,7 @@ class Executor:
         if reaped:
             log.warning("requeued or failed %d run(s) abandoned by a previous process", reaped)
         for target, name in (
-            (self._dispatch_loop, "floom-dispatch"),
+            (self.dispatch.loop, "floom-dispatch"),
             (self._heartbeat_loop, "floom-heartbeat"),
             (self._flush_loop, "floom-logs"),
             (self._reap_loop, "floom-reaper"),
@@ -163,18 +120,18 @@ class Executor:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-        self.ctx.local_slots = self
+        self.runtime.dispatch = self.dispatch
 
     def stop(self, *, grace_seconds: float | None = None) -> None:
         """Stop claiming; give running attempts `grace_seconds` (the drain setting by
         default) to end, or until `interrupt_now`, then interrupt the rest: each is requeued
         as a new attempt that costs none of its retries."""
         self._stop.set()
-        if self.ctx.local_slots is self:
-            self.ctx.local_slots = None
-        self.ctx.run_queued.set()
+        if self.runtime.dispatch is self.dispatch:
+            self.runtime.dispatch = None
+        self.runtime.queued.set()
         self._attempt_started.set()
-        self._slot_freed.set()
+        self.dispatch.freed.set()
         if grace_seconds is None:
             grace_seconds = self.ctx.settings.drain_seconds
         if self.active_count():
@@ -186,14 +143,14 @@ class Executor:
             )
         deadline = time.monotonic() + grace_seconds
         # Slots held for runs being queued count: their runs start here, and drain too.
-        while self._taken_slots() and time.monotonic() < deadline:
+        while self.dispatch.taken() and time.monotonic() < deadline:
             if self._interrupt_now.wait(0.05):
                 break
         with self._active_lock:
             if self._active:
                 log.warning("interrupting %d run(s); each is requeued", len(self._active))
             self._interrupted.update(self._active)
-        self._pool.shutdown(wait=True)
+        self.dispatch.pool.shutdown(wait=True)
         self._attempts_over.set()
         for t in self._threads:
             t.join(timeout=5)
@@ -212,104 +169,27 @@ class Executor:
         with self._active_lock:
             return len(self._active)
 
-    def _taken_slots(self) -> int:
-        with self._active_lock:
-            return len(self._active) + self._reserved
+    # what the dispatch hands over (floom.engine.dispatch.SlotRunner)
 
-    # runs queued with this node as their claimer (floom.services.context.LocalSlots)
-
-    def reserve(self) -> bool:
-        with self._active_lock:
-            if self._stop.is_set() or len(self._active) + self._reserved >= self.slots:
-                return False
-            self._reserved += 1
-            return True
-
-    def start_ahead(self, run: Run, version: Version) -> StartedAttempt | None:
-        """Start the attempt of `run`, being queued for the slot held for it, up to its
-        sandbox's command while its queueing transaction commits: the sandbox's own start
-        (a few processes' execs) then overlaps the commit. Only for a plain script on a
-        backend that can (Sandbox.start_ahead), and not while runs queue here: a run queued
-        behind them would not start here. The command waits for `start_claimed`; anything
-        that fails here returns None and happens again, said, on the attempt's own path."""
-        manifest = workers.manifest_of(version)
-        queued_here = self._queue_more or self.ctx.run_queued.is_set()
-        if queued_here or self._stop.is_set() or is_phased(manifest):
-            return None
-        attempt = Attempt(
+    def attempt_ahead(self, run: Run, version: Version, manifest: Manifest) -> Attempt:
+        return Attempt(
             self,
             run=run,
             version=version,
             manifest=manifest,
-            run_log=self._new_run_log(run),
+            run_log=self.new_run_log(run),
             ahead=True,
         )
-        with self._active_lock:
-            self._ahead.add(run.id)  # not an orphan for the reaper, from before its start
-        try:
-            sandbox = start_script_ahead(attempt)
-        except Exception:  # the attempt's own path meets it again and says it there
-            log.debug("starting run %s ahead failed", run.id, exc_info=True)
-            sandbox = None
-        if sandbox is None:
-            self.forget_ahead(run.id)
-            return None
-        return StartedAttempt(self, attempt, sandbox)
 
-    def forget_ahead(self, run_id: str) -> None:
-        """`run_id`'s sandbox started ahead is gone: the reaper may take what is left."""
-        with self._active_lock:
-            self._ahead.discard(run_id)
+    def attempt_begins(self, run_id: str) -> None:
+        self._cancel.discard(run_id)
+        self._attempt_started.set()
 
-    def start_claimed(self, run: Run, ahead: StartedRun | None = None) -> None:
-        assert ahead is None or isinstance(ahead, StartedAttempt), "started by start_ahead"
-        with self._active_lock:
-            self._reserved -= 1
-        try:
-            self._launch(run, ahead)
-        except RuntimeError:
-            # The pool shut down meanwhile (a drain ran out): the run is requeued as an
-            # interrupted attempt, as the runs still running then were.
-            with self._active_lock:
-                self._active.pop(run.id, None)
-            if ahead is not None:
-                ahead.discard()
-            self._requeue_interrupted(run, [])
-            self.ctx.run_queued.set()
-
-    def release(self) -> None:
-        with self._active_lock:
-            self._reserved -= 1
-        self._slot_freed.set()
+    def attempt_ended(self, run_id: str) -> None:
+        self._cancel.discard(run_id)
+        self.runtime.local_cancels.discard(run_id)
 
     # loops
-
-    def _dispatch_loop(self) -> None:
-        # Whether the next claim reads first: not when the last claim saw another runnable
-        # run, nor when a wake-up just said a run was queued (most likely it is claimable).
-        look_first = True
-        while not self._stop.is_set():
-            try:
-                if self._taken_slots() >= self.slots:
-                    # Full: sleep until an attempt ends, not in a spin.
-                    self._slot_freed.clear()
-                    if self._taken_slots() >= self.slots:
-                        self._slot_freed.wait(self.ctx.settings.poll_interval_seconds)
-                    continue
-                self.ctx.run_queued.clear()
-                claim = claim_next(self.ctx, look_first=look_first)
-                self._queue_more = claim.more
-                if claim.run is not None:
-                    self._launch(claim.run)
-                if claim.more:
-                    look_first = False
-                    continue
-                # Nothing else to claim: until a run is queued (set since the clear).
-                look_first = not self.ctx.run_queued.wait(self.ctx.settings.poll_interval_seconds)
-            except Exception as exc:  # the loop must survive a database hiccup; it retries
-                self._log_failure("dispatch failed; retrying", exc)
-                look_first = True
-                self._stop.wait(1.0)
 
     def _heartbeat_loop(self) -> None:
         while not self._attempts_over.wait(self.ctx.settings.heartbeat_seconds):
@@ -320,7 +200,7 @@ class Executor:
                     self.ctx, {run_id: run_log.epoch for run_id, run_log in seen.items()}
                 )
             except Exception as exc:  # a missed heartbeat is survivable; the lease has slack
-                self._log_failure("heartbeat failed", exc)
+                self.log_failure("heartbeat failed", exc)
                 continue
             # Committed: the watchdog may let the sandboxes live on, counted from a time no
             # later than the one the stored expiry was counted from.
@@ -357,7 +237,7 @@ class Executor:
                 if self._store_failed_at is not None and isinstance(exc, STORE_DOWN):
                     self._store_failed_at = time.monotonic()  # said once by the others
                 else:
-                    self._log_failure(f"log flush failed for {run_log.run_id}", exc)
+                    self.log_failure(f"log flush failed for {run_log.run_id}", exc)
 
     def _reap_loop(self) -> None:
         next_orphan_pass = time.monotonic() + self.ctx.settings.sandbox_reap_seconds
@@ -369,7 +249,7 @@ class Executor:
                 # late heartbeat (a starved CPU, a slow write) would have it kill them.
                 reap_expired_leases(self.ctx, live=self._live_attempts())
             except Exception as exc:  # the next pass retries
-                self._log_failure("reaper failed", exc)
+                self.log_failure("reaper failed", exc)
             if time.monotonic() >= next_orphan_pass:
                 next_orphan_pass = time.monotonic() + self.ctx.settings.sandbox_reap_seconds
                 orphans = self._reap_sandboxes(live_run_ids=self._live_run_ids)
@@ -377,8 +257,7 @@ class Executor:
                     log.warning("killed %d orphaned sandbox(es) of this node", orphans)
 
     def _live_run_ids(self) -> set[str]:
-        with self._active_lock:
-            return set(self._active) | self._ahead
+        return self.dispatch.live_run_ids()
 
     def _live_attempts(self) -> dict[str, int]:
         """The attempts running here whose lease has not lapsed (a lapsed one's sandbox is
@@ -422,7 +301,7 @@ class Executor:
 
     # the database going away
 
-    def _log_failure(self, what: str, exc: Exception) -> None:
+    def log_failure(self, what: str, exc: Exception) -> None:
         """An unreachable database is one line in the log (presence.py says when it is back);
         anything else is a bug and gets its traceback."""
         if isinstance(exc, STORE_DOWN):
@@ -444,7 +323,7 @@ class Executor:
 
     # one attempt
 
-    def _new_run_log(self, run: Run) -> RunLog:
+    def new_run_log(self, run: Run) -> RunLog:
         settings = self.ctx.settings
         budget = None
         if settings.log_lines_per_second or settings.log_bytes_per_second:
@@ -467,7 +346,7 @@ class Executor:
         watchdog's margin to end them before any node may take the lease."""
         return seconds - margin_seconds(self.ctx.settings.lease_seconds)
 
-    def _arm_fence(self, run: Run) -> None:
+    def arm_fence(self, run: Run) -> None:
         """The watchdog's first deadline for the attempt: its claim's lease, as stored."""
         left = float(self.ctx.settings.lease_seconds)
         if run.lease_expires_at is not None:
@@ -476,122 +355,32 @@ class Executor:
             fence_key(run.id, run.lease_epoch), time.monotonic() + self._lease_left(left)
         )
 
-    def _launch(self, run: Run, ahead: StartedAttempt | None = None) -> None:
-        self._pool.submit(self._run_slot, run, self._register(run, ahead), ahead)
-
-    def _register(self, run: Run, ahead: StartedAttempt | None = None) -> RunLog:
-        run_log = ahead.attempt.run_log if ahead is not None else self._new_run_log(run)
-        # Made before its claim, a run log started ahead learns the claim's epoch now.
-        run_log.epoch = run.lease_epoch
-        self._arm_fence(run)
-        with self._active_lock:
-            self._active[run.id] = run_log
-            self._ahead.discard(run.id)
-            self._cancel.discard(run.id)
-        self._attempt_started.set()
-        return run_log
-
-    def _run_slot(self, run: Run, run_log: RunLog, ahead: StartedAttempt | None = None) -> None:
-        """Run the attempt, then, while runs are queued, the next ones in this same slot and
-        thread: in a burst each slot goes from one run to the next without waking the
-        dispatcher and handing the run over to a pool thread."""
-        next_run: Run | None = run
-        while next_run is not None:
-            kept = self._run_attempt(next_run, run_log, ahead=ahead)
-            ahead = None
-            if not kept:
-                return
-            next_run = self._next_in_slot()
-            if next_run is not None:
-                run_log = self._register(next_run)
-
-    def _next_in_slot(self) -> Run | None:
-        """Claim the next queued run for the slot `_run_attempt` kept (reserved); frees the
-        slot when there is none, or when the claim fails (the dispatcher retries)."""
-        run: Run | None = None
-        try:
-            claim = claim_next(self.ctx, look_first=not self._queue_more)
-            self._queue_more = claim.more
-            run = claim.run
-        except Exception as exc:  # the dispatcher's own claim retries; the slot is freed
-            self._log_failure("claiming the next run in a slot failed", exc)
-        with self._active_lock:
-            self._reserved -= 1
-        if run is None:
-            self._slot_freed.set()
-        return run
-
     def run_claimed_inline(self, run: Run) -> None:
         """Run an attempt this node just claimed in the calling thread, as a slot would: an
         agent waiting on its child run must not wait for a free slot it may itself hold."""
-        self._run_attempt(run, self._register(run), keep_slot=False)
+        self.dispatch.run_in_slot(run, self.dispatch.begin(run, held=False), keep_slot=False)
 
     def should_cancel(self, run_id: str) -> bool:
         """Whether the attempt of `run_id` on this node is to stop: cancelled by a caller,
         its lease lost, or this node shutting down."""
         if (
             run_id in self._cancel
-            or run_id in self.ctx.local_cancels
+            or run_id in self.runtime.local_cancels
             or run_id in self._interrupted
         ):
             return True
         run_log = self._active.get(run_id)
         return run_log is not None and node_fence().lapsed(_fence_of(run_log))
 
-    def _run_attempt(
-        self,
-        run: Run,
-        run_log: RunLog,
-        *,
-        keep_slot: bool = True,
-        ahead: StartedAttempt | None = None,
-    ) -> bool:
-        """Run one attempt (started `ahead`, or from the beginning) and record its end.
-        Returns True when its slot was kept, as a reservation, for the next queued run
-        (`keep_slot` and the queue likely holds one: runs were queued since the dispatcher
-        last looked, or its last claim saw more)."""
+    def run_attempt(
+        self, run: Run, run_log: RunLog, *, ahead: StartedAttempt | None = None
+    ) -> str | None:
+        """Run one attempt (started `ahead`, or from the beginning) and record its end; the
+        run's status then (None when its end was not recorded)."""
         started = time.monotonic()
-        try:
-            if ahead is not None:
-                attempt = ahead.attempt
-                manifest = attempt.manifest
-            else:
-                version = workers.get_version(self.ctx, version_id=run.version_id, caller=SYSTEM)
-                manifest = workers.manifest_of(version)
-                attempt = Attempt(
-                    self, run=run, version=version, manifest=manifest, run_log=run_log
-                )
-            try:
-                if ahead is not None:
-                    outcome = run_script(attempt, ahead=ahead.use())
-                elif is_phased(manifest):
-                    outcome = execute_phased(attempt, run_agent=self.run_agent)
-                else:
-                    outcome = run_script(attempt)
-            except SandboxUnavailable as exc:
-                outcome = sandbox_unavailable_outcome(exc, attempt.redactor)
-            backoff = float(manifest.retries.backoff_seconds)
-            exponential = manifest.retries.backoff != "fixed"
-        except STORE_DOWN as exc:
-            # The database went away while the attempt was being prepared or recorded on
-            # the way: not the worker's failure, so it is requeued (once the database is
-            # back) without costing one of its retries.
-            self._log_failure(f"run {run.id} interrupted", exc)
-            self._interrupted.add(run.id)
-            outcome = cancelled_outcome()
-            backoff, exponential = 0.0, False
-        except Exception as exc:  # an attempt must always end in a recorded state
-            log.exception("run %s crashed in the executor", run.id)
-            outcome = Outcome(
-                status=FAILED,
-                error_code="executor_error",
-                error_message=f"floom could not run this attempt: {type(exc).__name__}",
-                retryable=True,
-            )
-            backoff, exponential = 5.0, True
+        outcome, backoff, exponential = self._outcome(run, run_log, ahead)
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
         status: str | None = None
-        kept = False
         fence = _fence_of(run_log)
         try:
             lines = run_log.drain()
@@ -615,25 +404,53 @@ class Executor:
             # Something may have become claimable: the run itself (queued again), or a run of
             # its limited worker that a claim passed over.
             if status in (None, QUEUED) or run.concurrency is not None:
-                self.ctx.run_queued.set()
-            with self._active_lock:
-                # A resumed run may already be back here as a new attempt: leave that one be.
-                if self._active.get(run.id) is run_log:
-                    self._active.pop(run.id, None)
-                    self._cancel.discard(run.id)
-                    self.ctx.local_cancels.discard(run.id)
-                # Kept only while no drain is under way: the slot then holds no new run.
-                kept = (
-                    keep_slot
-                    and status is not None
-                    and not self._stop.is_set()
-                    and (self._queue_more or self.ctx.run_queued.is_set())
+                self.runtime.queued.set()
+        return status
+
+    def _outcome(
+        self, run: Run, run_log: RunLog, ahead: StartedAttempt | None
+    ) -> tuple[Outcome, float, bool]:
+        """How the attempt ended, with the backoff of its retry (seconds, exponential)."""
+        try:
+            if ahead is not None:
+                attempt = ahead.attempt
+                manifest = attempt.manifest
+            else:
+                version = workers.get_version(self.ctx, version_id=run.version_id, caller=SYSTEM)
+                manifest = workers.manifest_of(version)
+                attempt = Attempt(
+                    self, run=run, version=version, manifest=manifest, run_log=run_log
                 )
-                if kept:
-                    self._reserved += 1
-            if not kept:
-                self._slot_freed.set()
-        return kept
+            try:
+                if ahead is not None:
+                    outcome = run_script(attempt, ahead=ahead.use())
+                elif is_phased(manifest):
+                    outcome = execute_phased(attempt, run_agent=self.run_agent)
+                else:
+                    outcome = run_script(attempt)
+            except SandboxUnavailable as exc:
+                outcome = sandbox_unavailable_outcome(exc, attempt.redactor)
+            return (
+                outcome,
+                float(manifest.retries.backoff_seconds),
+                manifest.retries.backoff != "fixed",
+            )
+        except STORE_DOWN as exc:
+            # The database went away while the attempt was being prepared or recorded on
+            # the way: not the worker's failure, so it is requeued (once the database is
+            # back) without costing one of its retries.
+            self.log_failure(f"run {run.id} interrupted", exc)
+            self._interrupted.add(run.id)
+            return cancelled_outcome(), 0.0, False
+        except Exception as exc:  # an attempt must always end in a recorded state
+            log.exception("run %s crashed in the executor", run.id)
+            outcome = Outcome(
+                status=FAILED,
+                error_code="executor_error",
+                error_message=f"floom could not run this attempt: {type(exc).__name__}",
+                retryable=True,
+            )
+            return outcome, 5.0, True
 
     def _record_end(
         self,
@@ -655,7 +472,7 @@ class Executor:
         while True:
             try:
                 if run.id in self._interrupted and outcome.status == CANCELLED:
-                    self._requeue_interrupted(run, lines)
+                    self.requeue_interrupted(run, lines)
                     self._interrupted.discard(run.id)
                     return QUEUED
                 return finish_attempt(
@@ -667,7 +484,7 @@ class Executor:
                     log_lines=lines,
                 )
             except STORE_DOWN as exc:
-                self._log_failure(f"recording the end of {run.id} failed", exc)
+                self.log_failure(f"recording the end of {run.id} failed", exc)
                 if self._stop.is_set():
                     return None
             except Exception:  # a bug must not strand the run; the reaper takes it over
@@ -678,7 +495,7 @@ class Executor:
             self._stop.wait(delay)
             delay = min(delay * 2, 2.0)
 
-    def _requeue_interrupted(self, run: Run, lines: list[LogLine]) -> None:
+    def requeue_interrupted(self, run: Run, lines: list[LogLine]) -> None:
         with session_scope(self.ctx.engine, write=True) as s:
             if lines:
                 append_events(s, run_id=run.id, attempt=run.attempt, lines=lines)

@@ -418,12 +418,12 @@ def finish_attempt(
         if run.concurrency is not None:
             # A limited worker has room again: a run of it queued on another node may start.
             signals.publish(s, signals.RUN_QUEUED)
-        if ctx.run_ends.waited_on(run.id):
+        if ctx.node.run_ends.waited_on(run.id):
             # Its waiters answer with the record as this transaction leaves it (the row as
             # the UPDATE returned it), not with a read of their own after the commit.
             ended_run = trusted_row(Run, written._mapping)
             record = record_in_session(ctx, s, ended_run, artifacts=artifacts)
-    ctx.notify_run_ended(run.id, record)
+    ctx.node.run_ended(run.id, record)
     return ended.status
 
 
@@ -535,5 +535,5 @@ def reap_expired_leases(
         if reaped:
             signals.publish(s, signals.RUN_QUEUED)
     if reaped:
-        ctx.run_queued.set()
+        ctx.node.run_queued()
     return reaped

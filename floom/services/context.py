@@ -1,13 +1,13 @@
-"""What every service call needs: settings, the database engine and the secret box."""
+"""What every service call needs: settings, the database engine, the secret box, the node's
+id, and the node itself as the domain sees it (NodeHooks: the one seam to the node)."""
 
 from __future__ import annotations
 
 import os
 import socket
-import threading
-from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -25,68 +25,65 @@ if TYPE_CHECKING:
     from floom.store.models import Run, Version
 
 
-class StartedRun(Protocol):
-    """A run started ahead by LocalSlots.start_ahead."""
+class NodeHooks:
+    """The node a service call runs on, as the domain sees it: what the domain tells the node
+    (a run queued, cancelled or ended) and the one thing it asks of it (a free slot for a run
+    being queued). The domain never imports the node: a running node's roles share a
+    NodeRuntime (floom/engine/runtime.py) that extends this class and that the node puts on
+    its Context; `services` calls only these methods, never the engine.
 
-    def discard(self) -> None:
-        """End it, its command never run."""
-        ...
+    This base is a process that runs no node roles (a CLI command on the store, a context
+    built by hand): nobody here to wake, no slot to offer, and keys cached only once a
+    listener of revocations trusts the cache. Its waiters still wake at the ends recorded
+    in this process.
+    """
 
+    def __init__(self, *, auth_cache: AuthCache | None = None) -> None:
+        # Notified whenever this process records a run's end, so its waiters here wake at
+        # once (floom/services/runs/waits.py); also counts each API key's open waits.
+        self.run_ends = RunEnds()
+        # Keys this node authenticated lately; trusted only while revocations reach it at
+        # once (floom/services/access/auth_cache.py), so a context built by hand caches
+        # nothing.
+        self.auth_cache = auth_cache or AuthCache(trusted=False)
 
-class LocalSlots(Protocol):
-    """This node's executor, as the queue's writers see it: a run queued while it has a free
-    slot is taken in the queueing transaction and started here at once, instead of being
-    queued for its dispatcher to claim in a transaction of its own (floom/engine/executor.py
-    implements it)."""
+    def run_queued(self) -> None:
+        """A run became claimable (committed): a local dispatcher looks at the queue now."""
 
-    def reserve(self) -> bool:
-        """Hold a free slot for a run about to be queued; False when none is free (or the
-        node is draining). A held slot is then either started (`start_claimed`) or `release`d."""
-        ...
+    def run_cancelled(self, run_id: str) -> None:
+        """`run_id` was cancelled through this process (committed): its attempt here is
+        killed without waiting for the executor's next look at the database, and its
+        waiters here wake."""
+        self.run_ends.notify(run_id)
 
-    def start_ahead(self, run: Run, version: Version) -> StartedRun | None:
-        """Start `run`, about to be queued as claimed by this node in the slot held for it,
-        up to its sandbox's command, which waits: the sandbox's start then overlaps the
-        queueing transaction. None when it cannot. What it returns goes to `start_claimed`
-        once the run is committed as claimed here, and is discarded otherwise."""
-        ...
+    def run_ended(self, run_id: str, record: RunRecord | None = None) -> None:
+        """This process recorded the end of `run_id` (committed; `record` as it left it)."""
+        self.run_ends.notify(run_id, record)
 
-    def start_claimed(self, run: Run, ahead: StartedRun | None = None) -> None:
-        """Run `run`, committed as claimed by this node, in the slot held for it (from
-        `ahead` when it was started ahead)."""
-        ...
-
-    def release(self) -> None:
-        """Give back a held slot: the run was queued for any node after all, or not at all."""
-        ...
+    def slot_for(
+        self, run: Run, version: Version, *, start_ahead: bool
+    ) -> AbstractContextManager[bool]:
+        """Around the transaction that queues `run`: True when a free slot of this node's
+        executor is held for it, so the transaction may insert it as claimed by this node
+        (run_rules.mark_claimed) instead of leaving it for a dispatcher's claim. When the
+        block ends without an error and `run` is claimed by this node, the run starts in
+        that slot; otherwise the slot is given back. With `start_ahead` the run's sandbox
+        may start while the transaction commits (floom/engine/dispatch.py)."""
+        return nullcontext(False)
 
 
 @dataclass
 class Context:
+    """The first argument of every service call. It holds what the domain's rules need, and
+    of the node only its id and its NodeHooks: the node's runtime (the dispatcher's wake-up,
+    local cancels, slots, the model provider) lives in floom/engine/runtime.py."""
+
     settings: Settings
     engine: Engine
     secret_box: SecretBox
     node_id: str
-    # Set whenever this process queues a run, so a local executor starts it at once.
-    run_queued: threading.Event = field(default_factory=threading.Event)
-    # Runs cancelled through this process, so a local executor kills them without waiting
-    # for its next look at the database.
-    local_cancels: set[str] = field(default_factory=set)
-    # Notified whenever this process records a run's end, so its waiters here wake at once
-    # (floom/services/runs/waits.py); also counts each API key's open waits.
-    run_ends: RunEnds = field(default_factory=RunEnds)
-    # Builds the model provider of the agent runs this process executes (a ProviderFactory,
-    # floom/agent/provider.py); None means the configured one. Tests put an in-memory
-    # provider here. Typed loosely so that services need not import the agent package.
-    provider_factory: Callable[[Settings], Any] | None = None
-    # Keys this node authenticated lately; trusted only while revocations reach it at once
-    # (floom/services/access/auth_cache.py), so a context built by hand caches nothing.
-    auth_cache: AuthCache = field(default_factory=lambda: AuthCache(trusted=False))
-    # This node's executor while it runs (None on a node without the executor role).
-    local_slots: LocalSlots | None = None
-
-    def notify_run_ended(self, run_id: str, record: RunRecord | None = None) -> None:
-        self.run_ends.notify(run_id, record)
+    # The node these calls run on (NodeHooks above); a running node puts its runtime here.
+    node: NodeHooks = field(default_factory=NodeHooks)
 
     @classmethod
     def open(cls, settings: Settings) -> Context:
@@ -108,7 +105,7 @@ class Context:
             secret_box=SecretBox.from_settings(settings),
             node_id=settings.node_id or _stable_node_id(settings),
             # On PostgreSQL the node's signal listener trusts the cache once it listens.
-            auth_cache=AuthCache(trusted=not is_postgres(engine)),
+            node=NodeHooks(auth_cache=AuthCache(trusted=not is_postgres(engine))),
         )
 
 

@@ -2,7 +2,7 @@
 no HTTP. The Messages stand-in (tests/standins/anthropic_api.py) is what proves the real SDK
 path; this double is for what the loop does with the replies.
 
-Put it into a run with `ctx.provider_factory = fake.factory`.
+Put it into a run with `NodeRuntime.of(ctx).provider_factory = fake.factory`.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ class FakeProvider(ModelProvider):
             return len(self._script)
 
     def factory(self, settings: Settings) -> ModelProvider:
-        """A ProviderFactory that hands out this provider (for `Context.provider_factory`)."""
+        """A ProviderFactory that hands out this provider (for NodeRuntime.provider_factory,
+        floom/engine/runtime.py)."""
         self.built_with.append(settings)
         return self
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 import ast
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
+
+from floom.services.context import Context
 
 FLOOM = Path(__file__).resolve().parents[2] / "floom"
 
@@ -24,6 +27,7 @@ DELIBERATE_LOCAL_IMPORTS = {
     ("floom/api/mcp_mount.py", "floom.mcp.http"),
     # `floom serve` alone needs the server app and the sandbox (~0.75 s of every CLI start-up).
     ("floom/cli/serving.py", "floom.api.app"),
+    ("floom/cli/serving.py", "floom.node"),
     ("floom/cli/serving.py", "floom.sandbox"),
     ("floom/cli/serving.py", "floom.sandbox.base"),
     # `floom serve` without typer (about 1.3 MiB resident that a server holds for days): the
@@ -43,7 +47,7 @@ DELIBERATE_LOCAL_IMPORTS = {
     # Only deploy archives a folder (tarfile, lzma: ~4 ms).
     ("floom/cli/commands/workers.py", "floom.bundle"),
     # The agent package with httpx (~5 MiB resident) only on a node's first agent run.
-    ("floom/api/app.py", "floom.agent.runner"),
+    ("floom/node.py", "floom.agent.runner"),
     # The web UI (jinja2, the pages' modules and routes: ~5 MiB resident) only at the first
     # request no API route answers.
     ("floom/api/ui_mount.py", "floom.ui.app"),
@@ -217,6 +221,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("public models", {"schemas"}),
     # The node: the run pipeline, its loops, and the agent loop that runs inside an attempt.
     ("node", {"engine", "agent"}),
+    # A node's roles composed and started in order (floom/node.py).
+    ("roles", {"node"}),
     ("client", {"client"}),
     ("surfaces", {"api", "ui", "mcp", "cli"}),
 ]
@@ -226,12 +232,8 @@ STORE_TABLES = {
     f"floom.store.{name}"
     for name in ("models", "agents", "audit", "handoffs", "nodes", "replays", "triggers")
 } | {"floom.store.web_sessions"}
-# Today's exceptions, each a module import, until the node's composition leaves the API app
-# (issue 31, item 2: one module composes a node's roles).
+# Today's exceptions, each a module import.
 SURFACE_EXCEPTIONS = {
-    # create_app starts the node's roles and takes the cluster's bootstrap lock.
-    ("floom.api.app", "floom.store.db"),
-    ("floom.api.app", "floom.engine"),
     # The one mapping of errors to answers knows the store's "unavailable" error.
     ("floom.api.errors", "floom.store.db"),
     # Whether an artifact is shown inline: the engine's text test, shared with collection.
@@ -278,6 +280,56 @@ def test_services_never_import_the_engine_or_the_agent() -> None:
     graph = _package_graph()
     assert "engine" not in graph["services"]
     assert "agent" not in graph["services"]
+
+
+# What a Context carries (floom/services/context.py): the node's runtime is not among them,
+# only the one seam to it, NodeHooks.
+CONTEXT_FIELDS = ["settings", "engine", "secret_box", "node_id", "node"]
+
+
+def _hooks_members() -> set[str]:
+    """NodeHooks' public methods and attributes, read from its class in the source."""
+    tree = ast.parse((FLOOM / "services" / "context.py").read_text())
+    (hooks,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NodeHooks"]
+    members = {n.name for n in hooks.body if isinstance(n, ast.FunctionDef)}
+    members |= {
+        n.attr
+        for n in ast.walk(hooks)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+    }
+    return {m for m in members if not m.startswith("_")}
+
+
+def test_a_context_carries_no_node_runtime() -> None:
+    assert [f.name for f in fields(Context)] == CONTEXT_FIELDS
+
+
+def test_services_reach_the_node_through_its_hooks_only() -> None:
+    # No call of services reaches the engine: not by import (above), nor by an engine object
+    # left on the Context. A service reads the Context's fields, and of the node only what
+    # NodeHooks declares (the engine's NodeRuntime implements them).
+    hooks = _hooks_members()
+    reached = []
+    for module, path in MODULES.items():
+        if _group(module) != "services":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Attribute) or not isinstance(node.value, ast.Name):
+                continue
+            if node.value.id == "ctx" and node.attr not in CONTEXT_FIELDS:
+                reached.append(f"{module}:{node.lineno} ctx.{node.attr}")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "node"
+                and isinstance(node.value.value, ast.Name)
+                and node.value.value.id == "ctx"
+                and node.attr not in hooks
+            ):
+                reached.append(f"{module}:{node.lineno} ctx.node.{node.attr}")
+    assert reached == []
+    assert {"run_queued", "run_cancelled", "run_ended", "slot_for"} <= hooks
 
 
 def test_surfaces_read_the_stores_tables_only() -> None:

@@ -269,7 +269,7 @@ def log_event_stream(
     async def events() -> AsyncIterator[str]:
         # The run's end on this node wakes the stream at once (its last lines are stored by
         # then), so a follower hears the end without waiting out a poll.
-        with held, ctx.run_ends.listening(run_id) as ended:
+        with held, ctx.node.run_ends.listening(run_id) as ended:
             async for chunk in stream(ended):
                 yield chunk
 

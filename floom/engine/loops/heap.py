@@ -16,7 +16,7 @@ glibc gives threads that allocate at once arenas of their own, up to eight per c
 thread that starts later (the API's worker threads come and go) takes one over; each keeps
 its own free chunks, so fifteen arenas hold fifteen sets of them. Python threads allocate
 mostly while holding the GIL, one at a time, so they gain little from arenas of their own:
-a server limits them to ARENAS before its threads start (api/app.py). In 4,000-run soaks
+a server limits them to ARENAS before its threads start (floom/node.py). In 4,000-run soaks
 side by side the limit left 3.5 MiB less resident and the server's CPU per run the same
 (33.6-33.9 ms with and without it).
 """

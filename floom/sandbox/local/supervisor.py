@@ -82,15 +82,7 @@ class Supervisor:
         try:
             self._release_command(release_fd, before_command)
             command_released()
-            try:
-                bwrap_pidfd = os.pidfd_open(proc.pid)
-            except OSError as exc:
-                raise SandboxUnavailable(
-                    f"cannot watch the sandbox process: {exc}",
-                    hint="the local sandbox needs Linux 5.3 or newer (pidfd_open)",
-                ) from exc
-            self.poller.register(bwrap_pidfd, select.POLLIN)
-            self.open_fds.add(bwrap_pidfd)
+            bwrap_pidfd = self._watch_bwrap()
             watching = True
             drain_deadline = math.inf
             next_cancel_check = time.monotonic() + CANCEL_POLL_SECONDS
@@ -138,7 +130,37 @@ class Supervisor:
                 limit = check_limits()
         finally:
             self._end()
-        returncode = proc.wait()
+        return self._result(
+            proc.wait(),
+            outcome=outcome,
+            limit=limit,
+            ended_with=ended_with,
+            timeout_seconds=timeout_seconds,
+        )
+
+    def _watch_bwrap(self) -> int:
+        """A pidfd of the bwrap process, polled with the output: readable once bwrap ended."""
+        try:
+            pidfd = os.pidfd_open(self.proc.pid)
+        except OSError as exc:
+            raise SandboxUnavailable(
+                f"cannot watch the sandbox process: {exc}",
+                hint="the local sandbox needs Linux 5.3 or newer (pidfd_open)",
+            ) from exc
+        self.poller.register(pidfd, select.POLLIN)
+        self.open_fds.add(pidfd)
+        return pidfd
+
+    def _result(
+        self,
+        returncode: int,
+        *,
+        outcome: str | None,
+        limit: str | None,
+        ended_with: int | None,
+        timeout_seconds: float,
+    ) -> SandboxResult:
+        """How the sandbox ended, from bwrap's return code and what supervising it saw."""
         if outcome == "timed_out":
             return SandboxResult(
                 exit_code=None, timed_out=True, error=f"timed out after {timeout_seconds:g} s"

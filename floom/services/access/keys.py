@@ -91,7 +91,7 @@ def announce_revoked(s: Session, key_hash: str) -> None:
 
 def forget_key(ctx: Context, key_hash: str) -> None:
     """Drop a key from this node's authentication cache (after revoking it)."""
-    ctx.auth_cache.forget(key_hash)
+    ctx.node.auth_cache.forget(key_hash)
 
 
 def authenticated_recently(ctx: Context, token: str | None) -> ApiKey | None:
@@ -100,7 +100,7 @@ def authenticated_recently(ctx: Context, token: str | None) -> ApiKey | None:
     loop may call it without a worker thread."""
     if not token:
         return None
-    return ctx.auth_cache.get(_hash(token))
+    return ctx.node.auth_cache.get(_hash(token))
 
 
 def authenticate(ctx: Context, token: str | None) -> ApiKey:
@@ -110,10 +110,10 @@ def authenticate(ctx: Context, token: str | None) -> ApiKey:
             hint="send `Authorization: Bearer <key>`; set FLOOM_API_KEY for the CLI",
         )
     digest = _hash(token)
-    cached = ctx.auth_cache.get(digest)
+    cached = ctx.node.auth_cache.get(digest)
     if cached is not None:
         return cached
-    epoch = ctx.auth_cache.epoch
+    epoch = ctx.node.auth_cache.epoch
     with session_scope(ctx.engine) as s:
         key = s.exec(select(ApiKey).where(ApiKey.key_hash == digest)).first()
     if key is None or key.revoked_at is not None:
@@ -121,7 +121,7 @@ def authenticate(ctx: Context, token: str | None) -> ApiKey:
             "the API key is not valid or was revoked",
             hint="create a key with `floom keys create` on the server",
         )
-    ctx.auth_cache.put(digest, key, epoch=epoch)
+    ctx.node.auth_cache.put(digest, key, epoch=epoch)
     return key
 
 

@@ -251,7 +251,7 @@ def decide_approval(
         _apply_decision(s, run=run, approval=approval, final=final, actor=actor)
         if run.status == QUEUED:
             signals.publish(s, signals.RUN_QUEUED)
-    ctx.run_queued.set()
+    ctx.node.run_queued()
     return approval
 
 

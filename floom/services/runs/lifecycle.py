@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, cast
@@ -56,7 +57,8 @@ from floom.store.models import (
 )
 
 if TYPE_CHECKING:
-    from floom.services.context import Context, StartedRun
+    from floom.manifest.schema import Manifest
+    from floom.services.context import Context
 
 TRIGGERS = (
     "manual",
@@ -136,7 +138,7 @@ def create_run(
         workers.remember_worker(ctx, locked)
         break
     if run.status == QUEUED:  # not taken by this node in the queueing transaction
-        ctx.run_queued.set()
+        ctx.node.run_queued()
     return run
 
 
@@ -163,6 +165,65 @@ def _queue_run(
 ) -> tuple[Run, Worker]:
     """create_run's checks and insert for `worker`; raises _StaleWorker when
     `check_against_lock` and the locked row says otherwise."""
+    version, manifest = _runnable_version(
+        ctx,
+        worker=worker,
+        version_id=version_id,
+        caller=caller,
+        check_surface=check_surface,
+        force=force,
+    )
+    clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
+    run = trusted_row(
+        Run,
+        {
+            "id": new_id("run"),
+            "worker_name": worker.name,
+            "version_id": version.id,
+            "status": QUEUED,
+            "trigger": trigger,
+            "inputs_json": json.dumps(clean),
+            "max_attempts": manifest.retries.count + 1,
+            "concurrency": manifest.concurrency,
+            "replay_of": replay_of,
+            "scheduled_for": scheduled_for,
+            "created_by": caller.actor,
+            "parent_run_id": parent_run_id,
+        },
+    )
+    # A free slot of this node's executor takes the run in this very transaction (an agent's
+    # child run is claimed by its agent; a limited worker's run waits for the queue's count).
+    # Its sandbox starts while the transaction commits, unless a trigger's step may still
+    # limit the run.
+    slot = (
+        ctx.node.slot_for(run, version, start_ahead=in_transaction is None)
+        if parent_run_id is None and run.concurrency is None
+        else nullcontext(False)
+    )
+    with slot as held:
+        locked = _insert_queued(
+            ctx,
+            run=run,
+            worker=worker,
+            check_against_lock=check_against_lock,
+            held=held,
+            in_transaction=in_transaction,
+        )
+    return run, locked
+
+
+def _runnable_version(
+    ctx: Context,
+    *,
+    worker: Worker,
+    version_id: str | None,
+    caller: Principal,
+    check_surface: bool,
+    force: bool,
+) -> tuple[Version, Manifest]:
+    """The version a new run of `worker` runs (`version_id`, or the active one) with its
+    manifest, once the worker may run: exposed to `caller` (with `check_surface`), not
+    paused (unless `force`), and under its monthly cap."""
     version_id = version_id or worker.active_version_id
     if version_id is None:
         raise Conflict(
@@ -187,30 +248,21 @@ def _queue_run(
             f"`floom run {worker.name} --force`",
         )
     agent_runs.check_monthly_cap(ctx, worker_name=worker.name, manifest=manifest)
-    clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
-    run = trusted_row(
-        Run,
-        {
-            "id": new_id("run"),
-            "worker_name": worker.name,
-            "version_id": version.id,
-            "status": QUEUED,
-            "trigger": trigger,
-            "inputs_json": json.dumps(clean),
-            "max_attempts": manifest.retries.count + 1,
-            "concurrency": manifest.concurrency,
-            "replay_of": replay_of,
-            "scheduled_for": scheduled_for,
-            "created_by": caller.actor,
-            "parent_run_id": parent_run_id,
-        },
-    )
-    # A free slot of this node's executor takes the run in this very transaction (an agent's
-    # child run is claimed by its agent; a limited worker's run waits for the queue's count).
-    slots = ctx.local_slots if parent_run_id is None and run.concurrency is None else None
-    held = slots is not None and slots.reserve()
-    ahead: StartedRun | None = None
-    started = False
+    return version, manifest
+
+
+def _insert_queued(
+    ctx: Context,
+    *,
+    run: Run,
+    worker: Worker,
+    check_against_lock: bool,
+    held: bool,
+    in_transaction: Callable[[Session, Run], None] | None,
+) -> Worker:
+    """The queueing transaction: insert `run` with its first lines, as claimed by this node
+    when a slot is `held` for it and no older run may start first, and with the trigger's
+    step `in_transaction`. Returns the worker's row as locked."""
     # A trigger's step adds rows through the ORM; without one, every statement is Core and a
     # plain connection does (store.db.write_connection).
     transaction = (
@@ -218,56 +270,35 @@ def _queue_run(
         if in_transaction is None
         else session_scope(ctx.engine, write=True)
     )
-
-    def give_back() -> None:
-        """The run is not started here: end its early start and free its slot."""
-        if ahead is not None:
-            ahead.discard()
-        if held:
-            slots.release()  # type: ignore[union-attr]
-
-    try:
-        if held and in_transaction is None:
-            # Its sandbox starts while the transaction commits; its command waits for that.
-            ahead = slots.start_ahead(run, version)  # type: ignore[union-attr]
-        with transaction as s:
-            # A deletion since the checks above wins, even over this process's cached version.
-            locked = workers.lock_worker(s, worker.name, version_id=version.id)
-            if check_against_lock and (locked.paused, locked.active_version_id) != (
-                worker.paused,
-                worker.active_version_id,
-            ):
-                raise _StaleWorker
-            note = f"queued ({trigger}) on version {version.id}"
-            if replay_of:
-                note += f", replay of {replay_of}"
-            notes = [("system", note, None)]
-            # Never ahead of a run queued before it: then this one queues behind it.
-            take = held and s.execute(any_runnable_statement(), {"now": utcnow()}).first() is None
-            if take and in_transaction is None:
-                _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
-                notes.append(_started_note(ctx, run))
-                started = True
-            _insert_run(s, run, attach=in_transaction is not None)
-            append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
-            if in_transaction is not None:
-                in_transaction(cast(Session, s), run)  # a session: see `transaction`
-                # The trigger's step may have limited the run (a schedule that queues
-                # overlapping runs): only then is it known whether it may start here.
-                if take and run.concurrency is None:
-                    _claim_here(ctx, run)  # written with the step's own changes at commit
-                    append_events(s, run_id=run.id, attempt=1, lines=[_started_note(ctx, run)])
-                    started = True
-            if not started:
-                signals.publish(s, signals.RUN_QUEUED)
-    except BaseException:
-        give_back()
-        raise
-    if started:
-        slots.start_claimed(run, ahead)  # type: ignore[union-attr]
-    else:
-        give_back()
-    return run, locked
+    with transaction as s:
+        # A deletion since the checks above wins, even over this process's cached version.
+        locked = workers.lock_worker(s, worker.name, version_id=run.version_id)
+        if check_against_lock and (locked.paused, locked.active_version_id) != (
+            worker.paused,
+            worker.active_version_id,
+        ):
+            raise _StaleWorker
+        note = f"queued ({run.trigger}) on version {run.version_id}"
+        if run.replay_of:
+            note += f", replay of {run.replay_of}"
+        notes = [("system", note, None)]
+        # Never ahead of a run queued before it: then this one queues behind it.
+        take = held and s.execute(any_runnable_statement(), {"now": utcnow()}).first() is None
+        if take and in_transaction is None:
+            _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
+            notes.append(_started_note(ctx, run))
+        _insert_run(s, run, attach=in_transaction is not None)
+        append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
+        if in_transaction is not None:
+            in_transaction(cast(Session, s), run)  # a session: see `transaction`
+            # The trigger's step may have limited the run (a schedule that queues
+            # overlapping runs): only then is it known whether it may start here.
+            if take and run.concurrency is None:
+                _claim_here(ctx, run)  # written with the step's own changes at commit
+                append_events(s, run_id=run.id, attempt=1, lines=[_started_note(ctx, run)])
+        if run.status == QUEUED:
+            signals.publish(s, signals.RUN_QUEUED)
+    return locked
 
 
 def _claim_here(ctx: Context, run: Run) -> None:
@@ -474,8 +505,7 @@ def cancel_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
             system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancel requested{who}")
             signals.publish(s, signals.RUN_CANCEL, run.id)
         s.add(run)
-    ctx.local_cancels.add(run_id)
-    ctx.notify_run_ended(run_id)
+    ctx.node.run_cancelled(run_id)
     return run
 
 

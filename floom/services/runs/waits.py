@@ -216,7 +216,7 @@ def hold_stream(ctx: Context, *, holder: str) -> Hold:
     """One open stream (a log stream, an MCP session's event stream) of `holder`, an API key
     id or the name floom acts for, on this node until the Hold is released; TooManyStreams
     (429, with Retry-After) once it holds FLOOM_MAX_STREAMS_PER_KEY."""
-    return ctx.run_ends.hold(holder, kind="stream", limit=ctx.settings.max_streams_per_key)
+    return ctx.node.run_ends.hold(holder, kind="stream", limit=ctx.settings.max_streams_per_key)
 
 
 class Hold:
@@ -304,7 +304,7 @@ async def wait_and_read(
     stop = STOP_STATUSES[until]
     deadline = time.monotonic() + max(0.0, timeout)
     reader = functools.partial(_read, ctx, run_id, stop, then)
-    with ctx.run_ends.listening(run_id, reader=reader) as woken:
+    with ctx.node.run_ends.listening(run_id, reader=reader) as woken:
         # Listening before the first read: an end announced during the read still wakes us.
         if fresh is not None:
             run, extra = fresh, None
@@ -313,7 +313,7 @@ async def wait_and_read(
         if run.status in stop or timeout <= 0:
             return run, extra
         held = (
-            ctx.run_ends.holding_wait(waiter, limit=ctx.settings.max_waits_per_key)
+            ctx.node.run_ends.holding_wait(waiter, limit=ctx.settings.max_waits_per_key)
             if waiter is not None
             else nullcontext()
         )

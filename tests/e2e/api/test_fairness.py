@@ -65,7 +65,7 @@ def test_a_key_over_its_stream_cap_gets_429_too_many_streams_while_other_keys_st
         run_id = start(api, "idle")
         held = [open_stream(streams, reader, run_id) for _ in range(3)]
         assert {r.status_code for r in held} == {200}
-        assert server.ctx.run_ends.open_holds(key_id, kind="stream") == 3
+        assert server.ctx.node.run_ends.open_holds(key_id, kind="stream") == 3
 
         with reader.stream("GET", f"/api/v1/runs/{run_id}/logs/stream") as over:
             error = refusal(over)
@@ -77,10 +77,10 @@ def test_a_key_over_its_stream_cap_gets_429_too_many_streams_while_other_keys_st
 
         # A stream the client closes gives its place back.
         held[0].close()
-        wait_until(lambda: server.ctx.run_ends.open_holds(key_id, kind="stream") == 2)
+        wait_until(lambda: server.ctx.node.run_ends.open_holds(key_id, kind="stream") == 2)
         assert open_stream(streams, reader, run_id).status_code == 200
         assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
-    wait_until(lambda: server.ctx.run_ends.open_holds(key_id, kind="stream") == 0)
+    wait_until(lambda: server.ctx.node.run_ends.open_holds(key_id, kind="stream") == 0)
 
 
 def test_the_cli_over_its_keys_stream_cap_reads_the_log_page_by_page_instead(
@@ -112,7 +112,7 @@ def test_a_stream_that_ends_with_its_run_gives_its_place_back(
             with reader.stream("GET", f"/api/v1/runs/{run_id}/logs/stream") as followed:
                 assert followed.status_code == 200
                 assert "event: end" in followed.read().decode()
-            wait_until(lambda: server.ctx.run_ends.open_holds(key_id, kind="stream") == 0)
+            wait_until(lambda: server.ctx.node.run_ends.open_holds(key_id, kind="stream") == 0)
 
 
 def test_a_wait_over_the_cap_is_told_when_to_retry(
@@ -124,7 +124,7 @@ def test_a_wait_over_the_cap_is_told_when_to_retry(
         deploy(api, tmp_path, "idle", NOOP)
         run_id = start(api, "idle")
         [first] = waiters(pool, reader, run_id, 1, 30)
-        wait_until(lambda: server.ctx.run_ends.open_waits(key_id) == 1)
+        wait_until(lambda: server.ctx.node.run_ends.open_waits(key_id) == 1)
         over = refusal(reader.get(f"/api/v1/runs/{run_id}", params={"wait": 30}))
         assert over["code"] == "too_many_waits"
         assert api.post(f"/api/v1/runs/{run_id}/cancel").status_code == 200
@@ -162,7 +162,7 @@ def test_the_mcp_endpoints_event_streams_count_against_the_streams_cap(
                 mcp.stream("GET", "/mcp", headers={"mcp-session-id": sessions[0]})
             )
             assert first.status_code == 200
-            wait_until(lambda: server.ctx.run_ends.open_holds(key_id, kind="stream") == 1)
+            wait_until(lambda: server.ctx.node.run_ends.open_holds(key_id, kind="stream") == 1)
             with mcp.stream("GET", "/mcp", headers={"mcp-session-id": sessions[1]}) as over:
                 assert refusal(over)["code"] == "too_many_streams"
 

@@ -271,9 +271,9 @@ def _key_cached_then_revoked(server: LiveServer) -> Iterator[str]:
     key, token = keys.create_key(server.ctx, scopes=["admin"], name="doomed", caller=SYSTEM)
     with server.client(token) as api:
         # The cache is trusted once the node hears its signals (at once on SQLite).
-        wait_until(lambda: server.ctx.auth_cache.trusted)
+        wait_until(lambda: server.ctx.node.auth_cache.trusted)
         assert api.get("/api/v1/keys/me").status_code == 200
-    assert server.ctx.auth_cache.get(keys._hash(token)) is not None  # cached
+    assert server.ctx.node.auth_cache.get(keys._hash(token)) is not None  # cached
     revoke_behind_its_back(server.ctx, key.id)
     yield token
 

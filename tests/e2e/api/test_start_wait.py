@@ -80,7 +80,7 @@ def test_a_start_whose_run_outlasts_the_wait_answers_202_with_the_run_as_it_is(
         assert resp.status_code == 202 and resp.json()["status"] == "queued"
         assert api.get(f"/api/v1/runs/{resp.json()['id']}").status_code == 200
     assert 0.4 < took < 10
-    assert server.ctx.run_ends.open_waits(keys_of(server)) == 0
+    assert server.ctx.node.run_ends.open_waits(keys_of(server)) == 0
 
 
 def test_a_start_over_the_wait_cap_is_answered_202_at_once_with_its_run_queued(
@@ -91,7 +91,7 @@ def test_a_start_over_the_wait_cap_is_answered_202_at_once_with_its_run_queued(
         deploy(api, tmp_path, "idle", NOOP)
         held = start(api, "idle")
         pool.submit(api.get, f"/api/v1/runs/{held}", params={"wait": 20}, timeout=40)
-        wait_until(lambda: server.ctx.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
+        wait_until(lambda: server.ctx.node.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
 
         began = time.monotonic()
         resp = api.post("/api/v1/workers/idle/runs", params={"wait": 20}, json={})

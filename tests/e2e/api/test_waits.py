@@ -90,7 +90,7 @@ def test_sixty_waiting_requests_do_not_delay_another_authenticated_call(
         ):
             pending = waiters(pool, reader, run_id, 60, 20)
             # Most of them are enough to fill a thread pool of 40, as sync waits used to.
-            wait_until(lambda: server.ctx.run_ends.open_waits(key_id) >= 35, timeout=20)
+            wait_until(lambda: server.ctx.node.run_ends.open_waits(key_id) >= 35, timeout=20)
 
             with httpx.Client(base_url=server.base_url, headers=headers, timeout=5) as other:
                 began = time.monotonic()
@@ -101,7 +101,7 @@ def test_sixty_waiting_requests_do_not_delay_another_authenticated_call(
                 took = time.monotonic() - began
             assert listing.status_code == 200, listing.text
             assert took < 1.0, f"GET /workers took {took:.2f}s behind 60 waiters"
-            wait_until(lambda: server.ctx.run_ends.open_waits(key_id) == 60, timeout=20)
+            wait_until(lambda: server.ctx.node.run_ends.open_waits(key_id) == 60, timeout=20)
             assert not any(f.done() for f in pending), "the waiters should still be waiting"
 
             cancelled = time.monotonic()
@@ -110,7 +110,7 @@ def test_sixty_waiting_requests_do_not_delay_another_authenticated_call(
             answered_in = time.monotonic() - cancelled
     assert {(a.status_code, a.json()["status"]) for a in answers} == {(200, "cancelled")}
     assert answered_in < 10, f"the waiters answered {answered_in:.1f}s after the cancel"
-    assert server.ctx.run_ends.open_waits(key_id) == 0
+    assert server.ctx.node.run_ends.open_waits(key_id) == 0
 
 
 def test_a_key_over_its_wait_cap_gets_429_too_many_waits_while_other_keys_still_wait(
@@ -126,7 +126,7 @@ def test_a_key_over_its_wait_cap_gets_429_too_many_waits_while_other_keys_still_
         run_id = start(api, "idle")
         reader = server.client(token)
         pending = waiters(pool, reader, run_id, cap, 30)
-        wait_until(lambda: server.ctx.run_ends.open_waits(key_id) == cap, timeout=20)
+        wait_until(lambda: server.ctx.node.run_ends.open_waits(key_id) == cap, timeout=20)
 
         refused = reader.get(f"/api/v1/runs/{run_id}", params={"wait": 30})
         assert refused.status_code == 429
@@ -144,7 +144,7 @@ def test_a_key_over_its_wait_cap_gets_429_too_many_waits_while_other_keys_still_
         reader.close()
     assert {a.json()["status"] for a in answers} == {"cancelled"}
     assert answered_in < 2, f"the waiters answered {answered_in:.1f}s after the cancel"
-    assert server.ctx.run_ends.open_waits(key_id) == 0
+    assert server.ctx.node.run_ends.open_waits(key_id) == 0
 
 
 def test_a_wait_answers_as_soon_as_the_run_ends(
@@ -171,7 +171,8 @@ def test_a_wait_sees_an_end_that_another_node_recorded(
             deploy(api, tmp_path, "idle", NOOP)
             run_id = start(api, "idle")
             (pending,) = waiters(pool, api, run_id, 1, 30)
-            wait_until(lambda: server.ctx.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
+            ends = server.ctx.node.run_ends
+            wait_until(lambda: ends.open_waits(keys_of(server)) == 1, timeout=10)
 
             # The other node's end notice stays in its own process: only the store tells.
             runs.cancel_run(other_node, caller=SYSTEM, run_id=run_id)
@@ -210,7 +211,8 @@ def test_the_client_waits_through_one_long_request_instead_of_polling(
         client = FloomClient(server.base_url, server.admin_key, transport=transport)
         with client:
             waited = pool.submit(client.wait, run_id, deadline=time.monotonic() + 30)
-            wait_until(lambda: server.ctx.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
+            ends = server.ctx.node.run_ends
+            wait_until(lambda: ends.open_waits(keys_of(server)) == 1, timeout=10)
             runs.cancel_run(server.ctx, caller=SYSTEM, run_id=run_id)
             run = waited.result(timeout=10)
     assert run["status"] == "cancelled"
@@ -240,7 +242,7 @@ def test_a_webhook_over_its_wait_cap_is_answered_202_at_once_with_its_run_starte
 
         with httpx.Client(base_url=server.base_url, timeout=60) as sender:
             first = pool.submit(deliver, 1, sender)
-            wait_until(lambda: server.ctx.run_ends.open_waits("hook:hooked") == 1, timeout=10)
+            wait_until(lambda: server.ctx.node.run_ends.open_waits("hook:hooked") == 1, timeout=10)
             with httpx.Client(base_url=server.base_url, timeout=5) as second_sender:
                 second = deliver(2, second_sender)
             assert second.status_code == 202, second.text
@@ -288,4 +290,4 @@ def test_a_client_that_gives_up_gives_its_wait_back_at_once(
             impatient.get(f"/api/v1/runs/{run_id}", params={"wait": 30}, timeout=1.0)
     # The connection is closed; the server stops waiting instead of holding the key's wait
     # until the 30 s run out.
-    wait_until(lambda: server.ctx.run_ends.open_waits(key_id) == 0, timeout=3)
+    wait_until(lambda: server.ctx.node.run_ends.open_waits(key_id) == 0, timeout=3)

@@ -238,7 +238,7 @@ def test_a_run_that_outlasts_its_start_request_is_followed_to_its_end(server: Li
     with server.client() as api, ThreadPoolExecutor(max_workers=1) as pool:
         held = api.post("/api/v1/workers/sleeper/runs", json={}).json()["id"]
         pool.submit(api.get, f"/api/v1/runs/{held}", params={"wait": 30}, timeout=50)
-        wait_until(lambda: server.ctx.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
+        wait_until(lambda: server.ctx.node.run_ends.open_waits(keys_of(server)) == 1, timeout=10)
         try:
             code, stdout, stderr = floom(server.cli_env(), "run", "noop", "--wait", "--json")
         finally:

@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from floom.services import wakeups
+from floom.engine.runtime import NodeRuntime, listening
 from floom.services.access.auth_cache import HEARD_WITHIN_SECONDS
 from floom.services.context import Context
 from floom.store.signals import APPLICATION_NAME
@@ -204,14 +204,13 @@ def test_a_node_whose_signal_connection_freezes_stops_trusting_its_key_cache_wit
         url = database_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
         ctx = Context.open(fast_settings(tmp_path / "data", url))
         stack.callback(ctx.engine.dispose)
-        listener = wakeups.start_listening(ctx)
+        listener = stack.enter_context(listening(ctx, NodeRuntime.of(ctx)))
         assert listener is not None
-        stack.callback(listener.stop, timeout=1)
         stack.callback(proxy.thaw)
-        wait_until(lambda: ctx.auth_cache.trusted, timeout=10)
+        wait_until(lambda: ctx.node.auth_cache.trusted, timeout=10)
         frozen_at = time.monotonic()
         proxy.freeze()  # the connection stays open: nothing says it is lost
-        wait_until(lambda: not ctx.auth_cache.trusted, timeout=HEARD_WITHIN_SECONDS + 2)
+        wait_until(lambda: not ctx.node.auth_cache.trusted, timeout=HEARD_WITHIN_SECONDS + 2)
         assert time.monotonic() - frozen_at <= HEARD_WITHIN_SECONDS + 0.5
         proxy.thaw()
-        wait_until(lambda: ctx.auth_cache.trusted, timeout=10)  # caught up again
+        wait_until(lambda: ctx.node.auth_cache.trusted, timeout=10)  # caught up again

@@ -34,7 +34,7 @@ LONG = "import time\ntime.sleep(120)\n"
 
 def listening(node: LiveServer) -> bool:
     # The cache is trusted exactly while the node's listener is connected.
-    return node.ctx.auth_cache.trusted
+    return node.ctx.node.auth_cache.trusted
 
 
 def test_a_run_queued_on_the_api_node_starts_at_once_on_an_idle_executor_node(

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from floom.api import app as app_module
+from floom import node as node_module
 from floom.engine.loops import presence
 from floom.engine.loops.presence import NodePresence
 from floom.services.context import Context
@@ -156,7 +156,7 @@ def test_a_starting_app_limits_the_malloc_arenas_before_its_threads_start(
     ctx: Context, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[int] = []
-    monkeypatch.setattr(app_module, "limit_arenas", lambda: seen.append(threading.active_count()))
+    monkeypatch.setattr(node_module, "limit_arenas", lambda: seen.append(threading.active_count()))
     before = threading.active_count()
     server, thread, _ = start_server(ctx)
     try:

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from floom import __version__
-from floom.api.app import bootstrap_store
+from floom.node import bootstrap_store
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context

@@ -12,6 +12,7 @@ import pytest
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine.executor import Executor
+from floom.engine.runtime import NodeRuntime
 from floom.sandbox.fake import FakeSandbox
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -43,7 +44,7 @@ def e2b_standin() -> Iterator[E2BStandin]:
 def model(ctx: Context, e2b_standin: E2BStandin, tmp_path: Path) -> Iterator[FakeProvider]:
     ctx.settings.e2b_api_key = e2b_standin.api_key
     provider = FakeProvider()
-    ctx.provider_factory = provider.factory
+    NodeRuntime.of(ctx).provider_factory = provider.factory
     folder = make_worker(tmp_path / "shell", SHELL_YML, {"SKILL.md": "Use the shell."})
     workers.deploy(ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=1 << 20).to_archive())
     # The node's default backend is the fake: only the pinned worker reaches E2B.

@@ -22,6 +22,7 @@ from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.config import Settings
 from floom.engine.executor import Executor
+from floom.engine.runtime import NodeRuntime
 from floom.errors import ProviderAuthFailed, ProviderError, ProviderKeyMissing
 from floom.sandbox.fake import FakeProcess, FakeSandbox
 from floom.services.access.principal import SYSTEM
@@ -91,7 +92,7 @@ class Rig:
 @pytest.fixture
 def rig(ctx: Context, tmp_path: Path) -> Iterator[Rig]:
     model = FakeProvider()
-    ctx.provider_factory = model.factory
+    NodeRuntime.of(ctx).provider_factory = model.factory
     sandbox = FakeSandbox({"notes": _sandboxed_echo})
     executor = Executor(ctx, sandbox, run_agent=run_agent)
     executor.start()
@@ -361,7 +362,8 @@ def test_a_missing_provider_key_fails_the_run_at_start_naming_the_setting(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    rig.ctx.provider_factory = None  # the configured provider, which has no key here
+    # The configured provider, which has no key here.
+    NodeRuntime.of(rig.ctx).provider_factory = None
     rig.deploy("name: idle\nretries: {count: 2, backoff_seconds: 0}\n")
     run = rig.run("idle")
 
@@ -390,7 +392,7 @@ def test_an_agent_run_interrupted_by_a_node_shutdown_resumes_on_the_next_node_as
     # What README's "Stopping a node" says holds for agent runs too: interrupted, requeued as
     # the next attempt at no cost of a retry, and resumed without redoing the calls made.
     model = FakeProvider()
-    ctx.provider_factory = model.factory
+    NodeRuntime.of(ctx).provider_factory = model.factory
     started = threading.Event()
 
     def long_command(p: FakeProcess) -> int:

@@ -5,6 +5,8 @@ limited worker, and a held slot is always given back when the run is not taken."
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +15,14 @@ from sqlmodel import Session
 
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
-from floom.engine import executor as executor_module
+from floom.engine import dispatch as dispatch_module
 from floom.engine.executor import Executor
 from floom.engine.queue import Claim
+from floom.engine.runtime import NodeRuntime
 from floom.errors import FloomError
 from floom.sandbox.fake import FakeSandbox
 from floom.services.access.principal import SYSTEM
-from floom.services.context import Context, StartedRun
+from floom.services.context import Context
 from floom.services.runs import lifecycle as runs
 from floom.services.runs.logs import list_events
 from floom.services.workers import versions as workers
@@ -28,30 +31,29 @@ from tests.support.harness import fast_settings, make_worker, wait_until
 from tests.support.queues import enqueue
 
 
-class Slots:
-    """A stand-in executor with `free` slots, recording what it was handed."""
+class Slots(NodeRuntime):
+    """A stand-in node whose executor has `free` slots, recording the runs it started."""
 
-    def __init__(self, free: int) -> None:
+    def __init__(self, free: int, *, node_id: str) -> None:
+        super().__init__()
         self.free = free
         self.held = 0
         self.started: list[Run] = []
+        self.node_id = node_id
 
-    def reserve(self) -> bool:
+    @contextmanager
+    def slot_for(self, run: Run, version: Version, *, start_ahead: bool) -> Iterator[bool]:
         if self.free - self.held <= 0:
-            return False
+            yield False
+            return
         self.held += 1
-        return True
-
-    def start_ahead(self, run: Run, version: Version) -> None:
-        return None
-
-    def start_claimed(self, run: Run, ahead: StartedRun | None = None) -> None:
-        self.held -= 1
-        self.free -= 1
-        self.started.append(run)
-
-    def release(self) -> None:
-        self.held -= 1
+        try:
+            yield True
+        finally:
+            self.held -= 1
+        if run.status == "running" and run.lease_owner == self.node_id:
+            self.free -= 1
+            self.started.append(run)
 
 
 def deploy(ctx: Context, tmp_path: Path, name: str, extra: str = "") -> None:
@@ -62,7 +64,7 @@ def deploy(ctx: Context, tmp_path: Path, name: str, extra: str = "") -> None:
 
 def given_slots(ctx: Context, *, free: int) -> Slots:
     """This node's executor, as the queue's writers see it, with `free` slots."""
-    ctx.local_slots = slots = Slots(free)
+    ctx.node = slots = Slots(free, node_id=ctx.node_id)
     return slots
 
 
@@ -75,7 +77,6 @@ def test_a_free_slot_takes_the_run_in_the_queueing_transaction(
 ) -> None:
     deploy(ctx, tmp_path, "w1")
     slots = given_slots(ctx, free=1)
-    ctx.run_queued.clear()
 
     run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
 
@@ -88,12 +89,12 @@ def test_a_free_slot_takes_the_run_in_the_queueing_transaction(
         f"started attempt 1 of 1 on {ctx.node_id}",
     ]
     # The dispatcher is not woken for a run nobody needs to claim.
-    assert not ctx.run_queued.is_set()
+    assert not slots.queued.is_set()
 
     # No slot left: the next run is queued for the dispatcher, and the slot was not held.
     second = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
     assert runs.get_run(ctx, run_id=second.id, caller=SYSTEM).status == "queued"
-    assert ctx.run_queued.is_set()
+    assert slots.queued.is_set()
     assert len(slots.started) == 1 and slots.held == 0
 
 
@@ -170,17 +171,17 @@ def test_a_run_taken_as_the_node_stops_is_requeued_not_lost(ctx: Context, tmp_pa
     deploy(ctx, tmp_path, "w1")
     engine = Executor(ctx, FakeSandbox(), run_agent=run_agent)
     engine.start()
-    assert ctx.local_slots is engine
+    assert engine.runtime.dispatch is engine.dispatch
     # The slot is held, the run committed as this node's, and the node stops before the run
     # reaches its slot: a drain that ran out (grace 0) shut the slots down meanwhile.
-    assert engine.reserve()
-    ctx.local_slots = Slots(free=1)
+    assert engine.dispatch.reserve()
+    ctx.node = Slots(free=1, node_id=ctx.node_id)
     run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
     assert run.status == "running"
     engine.stop(grace_seconds=0)
-    assert ctx.local_slots is not engine
+    assert engine.runtime.dispatch is None
 
-    engine.start_claimed(run)
+    engine.dispatch.start_claimed(run)
 
     stored = runs.get_run(ctx, run_id=run.id, caller=SYSTEM)
     assert stored.status == "queued"
@@ -197,7 +198,7 @@ def test_a_slot_goes_on_to_the_next_queued_run_itself(
     deploy(ctx, tmp_path, "w1")
     ids = [runs.create_run(ctx, worker_name="w1", caller=SYSTEM).id for _ in range(4)]
     claimed_on: list[str] = []
-    real_claim = executor_module.claim_next
+    real_claim = dispatch_module.claim_next
 
     def recording_claim(c: Context, **kwargs: Any) -> Claim:
         claim = real_claim(c, **kwargs)
@@ -205,7 +206,7 @@ def test_a_slot_goes_on_to_the_next_queued_run_itself(
             claimed_on.append(threading.current_thread().name)
         return claim
 
-    monkeypatch.setattr(executor_module, "claim_next", recording_claim)
+    monkeypatch.setattr(dispatch_module, "claim_next", recording_claim)
     engine = Executor(ctx, FakeSandbox({"run.py": lambda p: 0}), run_agent=run_agent)
     engine.start()
     try:

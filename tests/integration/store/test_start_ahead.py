@@ -14,7 +14,8 @@ import pytest
 
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
-from floom.engine.executor import Executor, StartedAttempt
+from floom.engine.dispatch import StartedAttempt
+from floom.engine.executor import Executor
 from floom.engine.queue import claim_next
 from floom.errors import WorkerPaused
 from floom.sandbox import LocalSandbox
@@ -157,8 +158,8 @@ def test_a_run_refused_in_its_queueing_transaction_ends_its_started_sandbox(
             runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
 
         assert len(abandoned) == 1
-        assert not engine._ahead
-        assert engine.active_count() == 0 and engine._taken_slots() == 0
+        assert not engine.dispatch.ahead
+        assert engine.active_count() == 0 and engine.dispatch.taken() == 0
         # Its work dir goes too (in the background, as every run's), its disk unmounted.
         wait_until(lambda: not _run_dirs_left(ctx.settings.work_root), timeout=10)
     finally:
@@ -193,8 +194,8 @@ def test_a_refused_run_lets_go_of_its_run_dir_started_ahead_though_ending_its_sa
         with pytest.raises(WorkerPaused):
             runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
 
-        assert not engine._ahead
-        assert engine.active_count() == 0 and engine._taken_slots() == 0
+        assert not engine.dispatch.ahead
+        assert engine.active_count() == 0 and engine.dispatch.taken() == 0
         wait_until(lambda: not _run_dirs_left(ctx.settings.work_root), timeout=10)
     finally:
         engine.stop()
@@ -217,7 +218,7 @@ def test_a_run_queued_behind_an_older_one_runs_later_while_its_early_start_is_di
     # ahead is discarded; a claim of the run may meanwhile prepare and run it on this node.
     _deploy(ctx, tmp_path, "w1", MARKING)
     engine = Executor(ctx, LocalSandbox(), run_agent=run_agent)
-    ctx.local_slots = engine
+    engine.runtime.dispatch = engine.dispatch  # as its start would, without its loops
     (older,) = enqueue(ctx, 1)
     statuses: list[str] = []
     real_discard = StartedAttempt.discard
@@ -235,9 +236,9 @@ def test_a_run_queued_behind_an_older_one_runs_later_while_its_early_start_is_di
         run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
 
         assert run.status == "queued" and statuses == ["succeeded"]
-        assert engine._taken_slots() == 0 and not engine._ahead
+        assert engine.dispatch.taken() == 0 and not engine.dispatch.ahead
     finally:
-        ctx.local_slots = None
+        engine.runtime.dispatch = None
         engine.sandbox.close()
 
 
@@ -260,8 +261,8 @@ def test_the_reaper_leaves_a_sandbox_started_ahead_alone(ctx: Context, tmp_path:
                 "inputs_json": "{}",
             },
         )
-        assert engine.reserve()
-        ahead = engine.start_ahead(run, version)
+        assert engine.dispatch.reserve()
+        ahead = engine.dispatch.start_ahead(run, version)
         assert ahead is not None
         launcher = _launcher_of(ahead._sandbox)
         wait_until(lambda: _waiting_for_release(launcher), timeout=10)
@@ -270,8 +271,8 @@ def test_the_reaper_leaves_a_sandbox_started_ahead_alone(ctx: Context, tmp_path:
         assert launcher.proc.poll() is None
 
         ahead.discard()
-        engine.release()
-        assert not engine._ahead
+        engine.dispatch.release()
+        assert not engine.dispatch.ahead
     finally:
         engine.stop()
 

@@ -11,6 +11,7 @@ import pytest
 from sqlmodel import select
 
 from floom.engine.loops.scheduler import Scheduler
+from floom.engine.runtime import NodeRuntime
 from floom.errors import WorkerPaused
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -352,6 +353,7 @@ def test_the_scheduler_thread_sleeps_until_the_tick_and_fires_it_on_time(
     as_if_deployed_at(ctx, MONDAY)
     tick = MONDAY + timedelta(minutes=1)
     offset = tick - timedelta(seconds=0.5) - datetime.now(UTC)
+    runtime = NodeRuntime.of(ctx)
     scheduler = Scheduler(ctx, clock=lambda: datetime.now(UTC) + offset)
     scheduler.start()
     try:
@@ -359,5 +361,5 @@ def test_the_scheduler_thread_sleeps_until_the_tick_and_fires_it_on_time(
     finally:
         scheduler.stop()
     assert run.scheduled_for == tick
-    assert ctx.run_queued.is_set()  # a local executor is woken at once
+    assert runtime.queued.is_set()  # a local executor is woken at once
     assert timedelta(0) <= run.created_at + offset - tick < timedelta(seconds=1)

@@ -74,57 +74,83 @@ def _str_map(value: Any) -> dict[str, str] | None:
     return dict(value)
 
 
-def control_app(core: StandinCore) -> Any:
-    def extend(sandbox: StandinSandbox, timeout: Any) -> None:
-        if isinstance(timeout, int) and timeout > 0:
-            sandbox.end_at = datetime.now(UTC) + timedelta(seconds=timeout)
+def _creation(body: Any, core: StandinCore) -> dict[str, Any] | Response:
+    """create_sandbox's arguments from a create request's body, or the API's refusal."""
+    if not isinstance(body, dict) or not isinstance(body.get("templateID"), str):
+        return _error(400, "Invalid request: templateID is required")
+    template = body["templateID"]
+    if template not in core.templates:
+        return _error(404, f"template '{template}' not found")
+    metadata, env_vars = _str_map(body.get("metadata")), _str_map(body.get("envVars"))
+    if metadata is None or env_vars is None:
+        return _error(400, "metadata and envVars must map strings to strings")
+    timeout = body.get("timeout", DEFAULT_TIMEOUT)
+    if not isinstance(timeout, int) or timeout <= 0:
+        return _error(400, "timeout must be a positive number of seconds")
+    return {
+        "template": template,
+        "timeout": timeout,
+        "metadata": metadata,
+        "env_vars": env_vars,
+        "allow_internet": body.get("allow_internet_access", True) is not False,
+    }
 
+
+def _refusal(core: StandinCore, scope: dict[str, Any]) -> Response | None:
+    """The answer to a request refused before routing: a fault a test queued, or a bad key."""
+    headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+    fault = core.take_fault()
+    if fault is not None:
+        extra = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else None
+        return _error(fault.status, fault.message, extra)
+    if headers.get("x-api-key") != core.api_key:
+        return _error(401, "Invalid API key")
+    return None
+
+
+def _listing(core: StandinCore, query: Any) -> Response:
+    """One page of the running sandboxes whose metadata matches the query's."""
+    wanted = {
+        unquote(k): unquote(v)
+        for k, v in parse_qsl(query.get("metadata", ""), keep_blank_values=True)
+    }
+    states = query.get("state", "running").split(",")
+    found = [
+        s
+        for s in sorted(core.sandboxes.values(), key=lambda s: s.started_at)
+        if "running" in states and all(s.metadata.get(k) == v for k, v in wanted.items())
+    ]
+    limit = int(query.get("limit") or 100)
+    start = int(query.get("nextToken") or 0)
+    page = found[start : start + limit]
+    headers = {}
+    if start + limit < len(found):
+        headers["x-next-token"] = str(start + limit)
+    return JSONResponse([_listed(s) for s in page], headers=headers)
+
+
+def _extend(sandbox: StandinSandbox, timeout: Any) -> None:
+    if isinstance(timeout, int) and timeout > 0:
+        sandbox.end_at = datetime.now(UTC) + timedelta(seconds=timeout)
+
+
+def control_app(core: StandinCore) -> Any:
     async def create(request: Request) -> Response:
         try:
             body = await request.json()
         except ValueError:
             return _error(400, "Invalid request body")
-        if not isinstance(body, dict) or not isinstance(body.get("templateID"), str):
-            return _error(400, "Invalid request: templateID is required")
-        template = body["templateID"]
-        if template not in core.templates:
-            return _error(404, f"template '{template}' not found")
-        metadata, env_vars = _str_map(body.get("metadata")), _str_map(body.get("envVars"))
-        if metadata is None or env_vars is None:
-            return _error(400, "metadata and envVars must map strings to strings")
-        timeout = body.get("timeout", DEFAULT_TIMEOUT)
-        if not isinstance(timeout, int) or timeout <= 0:
-            return _error(400, "timeout must be a positive number of seconds")
+        wanted = _creation(body, core)
+        if isinstance(wanted, Response):
+            return wanted
         with core.lock:
             if core.max_sandboxes is not None and len(core.sandboxes) >= core.max_sandboxes:
                 return _error(429, QUOTA_MESSAGE.format(limit=core.max_sandboxes))
-            sandbox = core.create_sandbox(
-                template=template,
-                timeout=timeout,
-                metadata=metadata,
-                env_vars=env_vars,
-                allow_internet=body.get("allow_internet_access", True) is not False,
-            )
+            sandbox = core.create_sandbox(**wanted)
         return JSONResponse(_created(sandbox), status_code=201)
 
     async def list_sandboxes(request: Request) -> Response:
-        wanted = {
-            unquote(k): unquote(v)
-            for k, v in parse_qsl(request.query_params.get("metadata", ""), keep_blank_values=True)
-        }
-        states = request.query_params.get("state", "running").split(",")
-        found = [
-            s
-            for s in sorted(core.sandboxes.values(), key=lambda s: s.started_at)
-            if "running" in states and all(s.metadata.get(k) == v for k, v in wanted.items())
-        ]
-        limit = int(request.query_params.get("limit") or 100)
-        start = int(request.query_params.get("nextToken") or 0)
-        page = found[start : start + limit]
-        headers = {}
-        if start + limit < len(found):
-            headers["x-next-token"] = str(start + limit)
-        return JSONResponse([_listed(s) for s in page], headers=headers)
+        return _listing(core, request.query_params)
 
     async def get(request: Request) -> Response:
         sandbox = core.sandboxes.get(request.path_params["sandbox_id"])
@@ -142,7 +168,7 @@ def control_app(core: StandinCore) -> Any:
         sandbox = core.sandboxes.get(request.path_params["sandbox_id"])
         if sandbox is None:
             return _error(404, f"sandbox '{request.path_params['sandbox_id']}' not found")
-        extend(sandbox, (await request.json()).get("timeout"))
+        _extend(sandbox, (await request.json()).get("timeout"))
         return Response(status_code=204)
 
     async def connect(request: Request) -> Response:
@@ -151,7 +177,7 @@ def control_app(core: StandinCore) -> Any:
             return _error(404, f"sandbox '{request.path_params['sandbox_id']}' not found")
         timeout = (await request.json()).get("timeout")
         if isinstance(timeout, int) and sandbox.remaining_seconds() < timeout:
-            extend(sandbox, timeout)
+            _extend(sandbox, timeout)
         return JSONResponse(_created(sandbox), status_code=200)
 
     async def refresh(request: Request) -> Response:
@@ -177,18 +203,10 @@ def control_app(core: StandinCore) -> Any:
         sandbox_id = match.group(0)[len(match.group(1)) :] if match else None
         label = _ID_SEGMENT.sub(r"\1{sandboxID}", path)
         core.count(f"{scope['method']} {label}", sandbox_id)
-        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-        fault = core.take_fault()
-        if fault is not None:
-            extra = (
-                {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else None
-            )
-            response: Response = _error(fault.status, fault.message, extra)
-        elif headers.get("x-api-key") != core.api_key:
-            response = _error(401, "Invalid API key")
-        else:
+        response = _refusal(core, scope)
+        if response is None:
             await routes(scope, receive, send)
-            return
-        await response(scope, receive, send)
+        else:
+            await response(scope, receive, send)
 
     return app
