@@ -12,9 +12,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from floom.bundle import read_folder
+from floom.sandbox.local.warm.pools import warm_prefix
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
-from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
+from tests.support.harness import (
+    LiveServer,
+    deploy_folder,
+    live_server,
+    make_worker,
+    wait_for_run,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="warm starts need a root floom")
 
@@ -75,3 +82,38 @@ def test_a_worker_yml_asking_warm_starts_for_a_shell_entry_is_refused_with_a_hin
     )
     assert resp.status_code == 400, resp.text
     assert "warm: true needs a Python entry" in resp.text
+
+
+def _warm_processes(work_root: Path) -> list[int]:
+    prefix = warm_prefix(work_root).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(word.startswith(prefix) for word in argv):
+                found.append(int(entry))
+    return found
+
+
+def test_a_node_that_stops_ends_its_warm_processes(tmp_path: Path, database_url: str) -> None:
+    with live_server(tmp_path / "data", database_url) as node:
+        with node.client(node.admin_key) as api:
+            folder = make_worker(
+                tmp_path / "quick",
+                "name: quick\nwarm: true\noutputs: {pid: {type: integer}}\n",
+                {"run.py": WORKER},
+            )
+            deploy_folder(api, folder)
+            deadline = time.monotonic() + 60
+            while not _warm_processes(node.ctx.settings.work_root):
+                assert time.monotonic() < deadline, "no warm process started"
+                run_id = api.post("/api/v1/workers/quick/runs", json={}).json()["id"]
+                assert wait_for_run(api, run_id)["status"] == "succeeded"
+        work_root = node.ctx.settings.work_root
+    deadline = time.monotonic() + 10
+    while _warm_processes(work_root):
+        assert time.monotonic() < deadline, "a warm process outlived its node"
+        time.sleep(0.05)
