@@ -119,6 +119,12 @@ class PreparedChild:
         ready, _, _ = select.select([self.init_pidfd], [], [], 0)
         return not ready
 
+    def await_reporter(self, timeout: float) -> None:
+        """Wait until the process that reported pid 1's status has exited too: its cgroup
+        can be removed at once then, not after a kill and a retry."""
+        if self.child_pidfd >= 0:
+            select.select([self.child_pidfd], [], [], timeout)
+
     def discard(self) -> None:
         """Kill the child's processes and free what it holds (a child never used)."""
         self.discard_processes()

@@ -28,6 +28,8 @@ from floom.sandbox.local.uid_pool import UidLease
 from floom.sandbox.local.warm.process import PreparedChild, WarmUnavailable, open_detached
 
 SANDBOX_OUTPUT_DIR: Final = "/output"
+REPORTER_EXIT_SECONDS: Final = 1.0
+"""How long a run's end waits for pid 1's reporter to exit on its own before it is killed."""
 
 
 class WarmRun(StartedAhead):
@@ -156,6 +158,7 @@ class WarmRun(StartedAhead):
         """Kill what is left, remove the cgroup, then give the uid back (unless a process of
         the run may be left)."""
         child = self._child
+        child.await_reporter(REPORTER_EXIT_SECONDS)
         child.discard_processes()
         child.close_fds()
         removed = self._limits.close() if self._limits is not None else True
