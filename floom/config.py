@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     # Warm starts (floom/sandbox/local/warm/; README: Warm starts): runs of workers with
     # `warm: true` fork from a pre-initialised interpreter kept per version. Off: all cold.
     warm_enabled: bool = True
-    warm_ready: int = Field(2, ge=1, le=64)
+    warm_ready: int = Field(4, ge=1, le=64)
     warm_recycle_runs: int = Field(200, ge=1)
     warm_recycle_seconds: float = Field(600.0, gt=0)
     warm_idle_seconds: float = Field(300.0, gt=0)

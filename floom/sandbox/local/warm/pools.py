@@ -62,7 +62,7 @@ class WarmSettings:
     """The node's FLOOM_WARM_* settings (README: Warm starts)."""
 
     enabled: bool = True
-    ready: int = 2
+    ready: int = 4
     """Children kept prepared per pool at most; demand decides how many up to it."""
     recycle_runs: int = 200
     recycle_seconds: float = 600.0
