@@ -3,6 +3,7 @@ process once its pool is ready, and /healthz and /metrics show the pool, its hit
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from floom.bundle import read_folder
 from floom.sandbox.local.warm.pools import warm_prefix
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
+from tests.support.cli import cli
 from tests.support.harness import (
     LiveServer,
     deploy_folder,
@@ -70,6 +72,13 @@ def test_a_warm_workers_runs_start_warm_and_health_and_metrics_show_its_pool(
     version = pool["version"]
     labels = (("version", version), ("worker", "quick"))
     assert samples[("floom_warm_resident_bytes", labels)] > 0
+
+    listed = cli(server, "nodes")
+    assert listed.returncode == 0, listed.stderr
+    assert "warm starts on" in listed.stdout and "quick" in listed.stdout
+    as_json = json.loads(cli(server, "nodes", "--json").stdout)
+    (me,) = [n for n in as_json if n["id"] == server.ctx.node_id]
+    assert any(p["worker"] == "quick" for p in me["warm"]["pools"])
 
 
 def test_a_worker_yml_asking_warm_starts_for_a_shell_entry_is_refused_with_a_hint(
