@@ -55,6 +55,11 @@ RETRY_SECONDS: Final = 30.0
 MAX_CHILD_AGE_SECONDS: Final = 300.0
 """A prepared child waits at most this long (it holds a cgroup and namespaces)."""
 DEMAND_WINDOW_SECONDS: Final = 60.0
+IDLE_WAKE_SECONDS: Final = 60.0
+WATCH_SECONDS: Final = 5.0
+"""How often the thread looks whether a pool's warm process died, while there is one."""
+"""The longest the pools' thread sleeps with nothing due (a warm process that died is also
+noticed by the next run, which wakes it)."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +258,7 @@ class WarmPools:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
+                self._wake()  # a warm process that died is replaced now
                 self._changed.wait(min(left, 0.05))
 
     def process_of(self, key: WarmKey) -> WarmProcess | None:
@@ -314,7 +320,7 @@ class WarmPools:
                 self._pending.clear()
                 work = None if actions else self._next_work()
                 if work is None and not actions:
-                    self._changed.wait(1.0)
+                    self._changed.wait(self._until_next_change())
                     continue
             for action in actions:
                 try:
@@ -361,6 +367,23 @@ class WarmPools:
             if len(pool.ready) < pool.target(settings):
                 return functools.partial(self._prepare, pool)
         return None
+
+    def _until_next_change(self) -> float:
+        """Seconds until a pool goes idle, a warm process is due for recycling, a child
+        grows stale or a failed start may be tried again (under the lock): an idle node's
+        thread sleeps until then, or until a run wakes it."""
+        now = time.monotonic()
+        settings = self.settings
+        moments = [now + IDLE_WAKE_SECONDS]
+        for pool in self._pools.values():
+            moments.append(pool.last_used + settings.idle_seconds)
+            if pool.process is not None:
+                moments.append(pool.process.started + settings.recycle_seconds)
+                moments.append(now + WATCH_SECONDS)  # whether it died
+            moments += [child.made + MAX_CHILD_AGE_SECONDS for child in pool.ready]
+            if pool.process is None:
+                moments.append(max(pool.retry_at, now + 0.05))
+        return max(0.0, min(moments) - now)
 
     def _within_budget(self, starting: Pool) -> bool:
         """Whether another warm process fits the memory budget; else the least recently
