@@ -365,7 +365,9 @@ class WarmPools:
                     continue
                 return functools.partial(self._start, pool)
             if len(pool.ready) < pool.target(settings):
-                return functools.partial(self._prepare, pool)
+                return functools.partial(
+                    self._prepare, pool, pool.target(settings) - len(pool.ready)
+                )
         return None
 
     def _until_next_change(self) -> float:
@@ -434,12 +436,12 @@ class WarmPools:
             pool.processes_started += 1
             self._changed.notify_all()
 
-    def _prepare(self, pool: Pool) -> None:
+    def _prepare(self, pool: Pool, count: int) -> None:
         process = pool.process
         if process is None:
             return
         try:
-            child = process.prepare()
+            children = process.prepare(count)
         except (FloomError, OSError) as exc:
             log.warning("a warm process could not prepare a child: %s", exc)
             with self._changed:
@@ -449,10 +451,11 @@ class WarmPools:
             return
         with self._changed:
             if pool.process is process and not pool.retired and not self._closed:
-                pool.ready.append(child)
+                pool.ready.extend(children)
                 self._changed.notify_all()
                 return
-        child.discard()
+        for child in children:
+            child.discard()
 
     def _interpreter_id(self) -> str:
         """The sandbox's python3: its real path and change time, looked up every 10 s."""

@@ -245,12 +245,35 @@ class WarmProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def prepare(self) -> PreparedChild:
-        """A child for one run, in a fresh cgroup of its own (limits written when its run
-        comes); raises WarmUnavailable, or CgroupError, leaving nothing."""
+    def prepare(self, count: int = 1) -> list[PreparedChild]:
+        """`count` children, each for one run in a fresh cgroup of its own (limits written
+        when its run comes). Asked for all at once: their moves into their cgroups come
+        close together, where the kernel makes them cheap (floom/sandbox/local/standby.py).
+        Returns those that got ready (raising WarmUnavailable, or CgroupError, when none
+        did), leaving nothing of the others."""
+        pending: list[_Pending] = []
+        failure: Exception | None = None
+        try:
+            for _ in range(count):
+                pending.append(self._ask_for_child())
+        except (WarmUnavailable, cgroups.CgroupError) as exc:
+            failure = exc
+        children: list[PreparedChild] = []
+        for asked in pending:
+            try:
+                children.append(asked.ready())
+            except WarmUnavailable as exc:
+                failure = exc
+        self.served += len(children)
+        if not children and failure is not None:
+            raise failure
+        return children
+
+    def _ask_for_child(self) -> _Pending:
         tree = cgroups.detect()
         cgroup = tree.make(f"run-{secrets.token_hex(8)}") if tree.enforced else None
-        with contextlib.ExitStack() as undo:
+        undo = contextlib.ExitStack()
+        with undo:
             if cgroup is not None:
                 undo.callback(cgroup.remove)
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -272,19 +295,7 @@ class WarmProcess:
                 theirs.close()
                 for fd in (out_w, err_w, *procs):
                     os.close(fd)
-            message = _read_message(ours, REPLY_SECONDS)
-            init_pid, child_pid = message.get("init"), message.get("child")
-            if not isinstance(init_pid, int) or not isinstance(child_pid, int):
-                raise WarmUnavailable("the warm run's child did not say it was ready")
-            try:
-                pidfd = os.pidfd_open(init_pid)
-                undo.callback(os.close, pidfd)
-                child_pidfd = os.pidfd_open(child_pid)
-            except OSError as exc:
-                raise WarmUnavailable(f"the warm run's child is gone: {exc}") from exc
-            undo.pop_all()
-        self.served += 1
-        return PreparedChild(ours, out_r, err_r, cgroup, child_pid, init_pid, pidfd, child_pidfd)
+            return _Pending(ours, out_r, err_r, cgroup, undo.pop_all())
 
     def rss_bytes(self) -> int:
         """The interpreter's resident memory (what its children share until they write)."""
@@ -300,6 +311,42 @@ class WarmProcess:
     def close(self) -> None:
         """End the warm process; the runs it prepared are not its and go on."""
         _end(self.proc, self.control)
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A child asked for and not ready yet; `undo` frees what it holds."""
+
+    chan: socket.socket
+    stdout: int
+    stderr: int
+    cgroup: cgroups.RunCgroup | None
+    undo: contextlib.ExitStack
+
+    def ready(self) -> PreparedChild:
+        """The child, once it says it is ready; raises WarmUnavailable, leaving nothing."""
+        with self.undo as undo:
+            message = _read_message(self.chan, REPLY_SECONDS)
+            init_pid, child_pid = message.get("init"), message.get("child")
+            if not isinstance(init_pid, int) or not isinstance(child_pid, int):
+                raise WarmUnavailable("the warm run's child did not say it was ready")
+            try:
+                pidfd = os.pidfd_open(init_pid)
+                undo.callback(os.close, pidfd)
+                child_pidfd = os.pidfd_open(child_pid)
+            except OSError as exc:
+                raise WarmUnavailable(f"the warm run's child is gone: {exc}") from exc
+            undo.pop_all()
+        return PreparedChild(
+            self.chan,
+            self.stdout,
+            self.stderr,
+            self.cgroup,
+            child_pid,
+            init_pid,
+            pidfd,
+            child_pidfd,
+        )
 
 
 def open_detached(path: Path) -> int:
