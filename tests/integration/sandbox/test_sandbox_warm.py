@@ -469,3 +469,45 @@ def test_reaping_kills_the_warm_processes_and_runs_an_earlier_floom_left_and_spa
     while process.alive() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not process.alive()
+
+
+def test_an_idle_pool_ends_and_its_next_run_starts_cold_then_warm_again(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(LocalSandbox(warm=WarmSettings(idle_seconds=0.5)), tmp_path / "root")
+    try:
+        spec = warm_script_spec(warm.work_root, LOOK)
+        key = warm.warm_up(spec)
+        process = warm.pools.process_of(key)
+        assert process is not None
+        deadline = time.monotonic() + 20
+        while warm.pools.process_of(key) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert warm.pools.process_of(key) is None  # the idle pool ended ...
+        while process.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not process.alive()  # ... with its warm process
+        result, lines, _ = run(warm, LOOK)  # a new pool from the record kept, warm again
+        assert result.exit_code == 0, lines
+    finally:
+        warm.close()
+
+
+def test_the_memory_budget_makes_an_idle_pool_give_way_to_a_new_one(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    # Room for one warm process (about 14 MiB resident here), not two.
+    local = LocalSandbox(warm=WarmSettings(memory_mb=24))
+    first = WarmedLocal(local, tmp_path / "root", version="a", worker="first")
+    second = WarmedLocal(local, tmp_path / "root", version="b", worker="second")
+    try:
+        key_a = first.warm_up(warm_script_spec(first.work_root, LOOK))
+        process_a = local.warm.process_of(key_a) if local.warm else None
+        assert process_a is not None
+        key_b = second.warm_up(warm_script_spec(second.work_root, LOOK))
+        assert local.warm is not None and local.warm.process_of(key_b) is not None
+        assert local.warm.process_of(key_a) is None
+        deadline = time.monotonic() + 10
+        while process_a.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not process_a.alive()
+    finally:
+        local.close()
