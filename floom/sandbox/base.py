@@ -232,7 +232,8 @@ class Sandbox(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, default is a no-op
         """Let go of what the backend keeps ready between runs (the local backend's
-        launchers). Runs may still follow; they start as the first one did."""
+        launchers and warm processes). Runs may still follow; they start as the first one
+        did (cold)."""
 
     def check(self) -> None:  # noqa: B027 - optional hook, default is a no-op
         """Raise SandboxUnavailable with a hint when this backend cannot run on this node

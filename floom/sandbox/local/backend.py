@@ -124,6 +124,10 @@ class LocalSandbox(Sandbox):
     after the drop, through a memory file (ENTRY_SCRIPT), so no process with floom's
     privileges reads a byte of them and declared secrets do not show in the host's process
     list. `on_line` is called from the thread that called `run`.
+
+    A spec with `warm` (worker.yml `warm: true`) may start from a warm process of its
+    version instead (floom/sandbox/local/warm/), with the same guarantees; where none is
+    ready it starts as above.
     """
 
     name = "local"
