@@ -114,13 +114,17 @@ def _recording_launches(seen: list[Launch]) -> Iterator[None]:
 
 
 class FloorSlot:
-    """One private copy of workers/hello plus an output dir, reused by one loop."""
+    """One private copy of workers/hello (or another worker) plus an output dir, reused by
+    one loop."""
 
-    def __init__(self, root: Path, name: str, sandbox: LocalSandbox | None = None) -> None:
+    def __init__(
+        self, root: Path, name: str, sandbox: LocalSandbox | None = None, *, worker: Path = HELLO
+    ) -> None:
+        """`worker`: the folder to run (workers/hello; any whose run.py greets as hello does)."""
         base = root / name
         self.workdir = base / "work"
         self.output_dir = base / "output"
-        shutil.copytree(HELLO, self.workdir)
+        shutil.copytree(worker, self.workdir)
         self.output_dir.mkdir(parents=True)
         (self.workdir / "inputs.json").write_text(json.dumps(HELLO_INPUTS))
         own = sandbox is None

@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     # docs/reference/resource-limits.md).
     sandbox_uid_base: int = Field(0x70000000, ge=1, le=2**31 - 1)
     sandbox_uid_count: int = Field(1024, ge=1, le=1 << 20)
+    # Warm starts (floom/sandbox/local/warm/; README: Warm starts): runs of workers with
+    # `warm: true` fork from a pre-initialised interpreter kept per version. Off: all cold.
+    warm_enabled: bool = True
+    warm_ready: int = Field(4, ge=1, le=64)
+    warm_recycle_runs: int = Field(200, ge=1)
+    warm_recycle_seconds: float = Field(600.0, gt=0)
+    warm_idle_seconds: float = Field(300.0, gt=0)
+    warm_memory_mb: int = Field(1024, ge=16)
     # Ceilings on what one run's worker.yml `limits` may ask for on this server (unset: only
     # worker.yml's own bounds); a worker over one is refused at deploy and by validate
     # (floom/services/workers/limit_ceilings.py; docs/reference/resource-limits.md).

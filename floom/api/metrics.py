@@ -25,12 +25,16 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
     # not hold it (about 1 MiB resident).
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from floom.services.ops.metrics import StoreCollector  # noqa: PLC0415
+    from floom.services.ops.metrics import StoreCollector, WarmCollector  # noqa: PLC0415
 
     registry: CollectorRegistry | None = getattr(request.app.state, "metrics_registry", None)
     if registry is None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StoreCollector(ctx))
+        node = getattr(request.app.state, "node", None)
+        executor = getattr(node, "executor", None)
+        if executor is not None:
+            registry.register(WarmCollector(executor.sandbox.warm_stats))
         request.app.state.metrics_registry = registry
     return registry
 

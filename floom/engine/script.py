@@ -69,6 +69,7 @@ def script_spec(
         template=manifest.sandbox.template or "",
         files=files,
         fence=fence_key(run.id, run.lease_epoch),
+        warm=run.version_id if manifest.warm else "",
     )
 
 

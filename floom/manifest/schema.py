@@ -218,6 +218,11 @@ class Manifest(_Frozen):
     sandbox: SandboxChoice = Field(default_factory=SandboxChoice)
     retries: Retries = Field(default_factory=Retries)
     concurrency: int | None = Field(None, ge=1, description="most runs at once; none: unlimited")
+    warm: bool = Field(
+        False,
+        description="start runs of a run.py worker from a warm, pre-initialised interpreter "
+        "(README: Warm starts)",
+    )
     retention_days: int | None = Field(
         None,
         ge=0,
@@ -278,6 +283,14 @@ class Manifest(_Frozen):
             parse_allowed_network(entry)
         if self.network_allow and self.network != "full":
             raise PydanticCustomError("network_allow", NETWORK_ALLOW_WITHOUT_NETWORK)
+        return self
+
+    @model_validator(mode="after")
+    def _warm_needs_python(self) -> Manifest:
+        if self.warm and PurePosixPath(self.entry).suffix != ".py":
+            raise PydanticCustomError(
+                "warm", "warm: true needs a Python entry (run.py); remove it for other entries"
+            )
         return self
 
     @property

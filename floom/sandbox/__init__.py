@@ -10,6 +10,7 @@ from floom.errors import InvalidRequest
 from floom.sandbox.base import LineSink, Sandbox, SandboxResult, SandboxSpec, SandboxUnavailable
 from floom.sandbox.local.backend import LocalSandbox
 from floom.sandbox.local.uid_pool import UidRange
+from floom.sandbox.local.warm.pools import WarmSettings
 
 __all__ = [
     "BACKENDS",
@@ -37,6 +38,14 @@ def _local(settings: Settings | None) -> Sandbox:
     return LocalSandbox(
         uids=UidRange(settings.sandbox_uid_base, settings.sandbox_uid_count),
         ceilings=settings.limit_ceilings(),
+        warm=WarmSettings(
+            enabled=settings.warm_enabled,
+            ready=settings.warm_ready,
+            recycle_runs=settings.warm_recycle_runs,
+            recycle_seconds=settings.warm_recycle_seconds,
+            idle_seconds=settings.warm_idle_seconds,
+            memory_mb=settings.warm_memory_mb,
+        ),
     )
 
 

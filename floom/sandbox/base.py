@@ -76,6 +76,10 @@ class SandboxSpec:
     `metadata` names the run for the backend's own records (run, attempt, worker, version);
     a remote backend labels its sandbox with it, a local one ignores it. It never holds a
     secret. `template` is the image a remote backend starts from (empty: its default).
+    `warm` names the warm pool the run may start from: the version (worker.yml `warm: true`),
+    or empty. A backend that keeps warm processes (the local one, for `python3 SCRIPT.py`
+    without network) may start the run from a process made for that name alone, and starts
+    it cold where none is ready; every other guarantee here holds either way.
     """
 
     run_id: str
@@ -96,6 +100,7 @@ class SandboxSpec:
     # The attempt's lease, as the node's watchdog knows it (floom/sandbox/fence.py): a
     # backend that can names the sandbox's processes to it while they run. Empty: none.
     fence: str = ""
+    warm: str = ""
 
 
 @dataclass(frozen=True)
@@ -227,7 +232,8 @@ class Sandbox(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, default is a no-op
         """Let go of what the backend keeps ready between runs (the local backend's
-        launchers). Runs may still follow; they start as the first one did."""
+        launchers and warm processes). Runs may still follow; they start as the first one
+        did (cold)."""
 
     def check(self) -> None:  # noqa: B027 - optional hook, default is a no-op
         """Raise SandboxUnavailable with a hint when this backend cannot run on this node
@@ -237,6 +243,13 @@ class Sandbox(abc.ABC):
         """Which protections runs get on this node (for /healthz and the start line):
         True/False per protection, or a short value such as the cgroup version."""
         return {}
+
+    def warm_stats(self) -> dict[str, Any] | None:
+        """The backend's warm pools, for /healthz and /metrics: `enabled`, node-wide `hits`
+        and `misses` (runs that found a warm process ready, runs that started cold), and
+        `pools`, one dict per pool (worker, version, ready, running, hits, misses, modules,
+        rss_bytes). None for a backend without warm starts."""
+        return None
 
     def reap_orphans(
         self,

@@ -30,3 +30,9 @@ class Health(Public):
         description="each sandbox backend: ready, or why not (e.g. e2b without its API key); "
         "None on a node without the executor",
     )
+    warm: dict[str, Any] | None = Field(
+        None,
+        description="warm starts on this node: enabled, hits and misses, and per pool its "
+        "worker, version, ready and running children, hits, misses and resident memory; "
+        "None on a node without the executor",
+    )

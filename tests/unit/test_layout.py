@@ -375,7 +375,15 @@ def test_every_deliberate_local_import_says_why_in_its_file() -> None:
 # Underscore names of other libraries that floom uses knowingly: SQLAlchemy's Row._mapping is
 # its documented public accessor; the mapper's class manager tells a table model; the MCP SDK
 # offers no setting for the list-change capabilities its low-level server announces.
-FOREIGN_PRIVATE_NAMES = {"_mapping", "_sa_class_manager", "_lowlevel_server"}
+FOREIGN_PRIVATE_NAMES = {
+    "_mapping",
+    "_sa_class_manager",
+    "_lowlevel_server",
+    # A warm run ends as the interpreter would, minus tearing down the objects it shares with
+    # its warm process (floom/sandbox/local/warm/inside.py): CPython's own exit steps.
+    "_shutdown",
+    "_run_exitfuncs",
+}
 
 
 def _names_bound_in(tree: ast.Module) -> set[str]:

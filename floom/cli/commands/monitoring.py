@@ -35,9 +35,16 @@ def register(app: typer.Typer) -> None:
 
 
 def nodes_list(as_json: JsonOpt = False) -> None:
-    """List the cluster's nodes: state, roles, version, slots in use, last heartbeat."""
+    """List the cluster's nodes: state, roles, version, slots in use, last heartbeat; and the
+    answering node's warm pools (worker, version, children ready and running, hits, misses)."""
     with open_client() as client:
         items = client.list_nodes()["items"]
+        # Warm pools live in a node's memory, not the store: the answering node's own.
+        health = client.health()
+    warm = health.get("warm") or {}
+    for item in items:
+        if item["id"] == health.get("node") and warm:
+            item["warm"] = warm
     if as_json:
         print_json(items)
         return
@@ -56,6 +63,24 @@ def nodes_list(as_json: JsonOpt = False) -> None:
             f"{when(n['heartbeat_at'])} ({n['silent_seconds']:.0f}s ago)",
         )
     out.print(table)
+    if warm.get("enabled"):
+        out.print(
+            f"warm starts on {health['node']}: {len(warm['pools'])} pools, "
+            f"{warm['hits']} hits, {warm['misses']} misses"
+        )
+        if warm["pools"]:
+            pools = new_table("WORKER", "VERSION", "READY", "RUNNING", "HITS", "MISSES", "MiB")
+            for pool in warm["pools"]:
+                pools.add_row(
+                    pool["worker"],
+                    pool["version"],
+                    str(pool["ready"]),
+                    str(pool["running"]),
+                    str(pool["hits"]),
+                    str(pool["misses"]),
+                    f"{pool['rss_bytes'] / 2**20:.0f}",
+                )
+            out.print(pools)
 
 
 # -- channels ----------------------------------------------------------------------------------

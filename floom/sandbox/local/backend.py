@@ -10,6 +10,7 @@ import contextlib
 import functools
 import glob
 import hashlib
+import logging
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ import weakref
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from floom.config import LIMIT_CEILINGS
 from floom.sandbox.base import (
@@ -53,8 +54,19 @@ from floom.sandbox.local.ns_mount import NamespaceMounter
 from floom.sandbox.local.standby import ENTRY_NAME, ChildFds, Launcher, Standby, command_input
 from floom.sandbox.local.supervisor import MAX_LINE_BYTES, Supervisor
 from floom.sandbox.local.uid_pool import UidLease, UidPool, UidRange
+from floom.sandbox.local.warm.pools import (
+    WarmKey,
+    WarmPools,
+    WarmSettings,
+    read_record,
+    warm_prefix,
+)
+from floom.sandbox.local.warm.process import WarmUnavailable
+from floom.sandbox.local.warm.runs import WarmRun
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
+
+log = logging.getLogger("floom.sandbox")
 
 SANDBOX_WORKDIR: Final = "/work"
 SANDBOX_OUTPUT_DIR: Final = "/output"
@@ -112,6 +124,10 @@ class LocalSandbox(Sandbox):
     after the drop, through a memory file (ENTRY_SCRIPT), so no process with floom's
     privileges reads a byte of them and declared secrets do not show in the host's process
     list. `on_line` is called from the thread that called `run`.
+
+    A spec with `warm` (worker.yml `warm: true`) may start from a warm process of its
+    version instead (floom/sandbox/local/warm/), with the same guarantees; where none is
+    ready it starts as above.
     """
 
     name = "local"
@@ -136,6 +152,8 @@ class LocalSandbox(Sandbox):
         # slirp4netns exits when its exit fd closes with floom; this catches any that did not.
         marker = os.fsencode(f"{work_root.resolve()}/")
         ours = os.fsencode(owner_prefix(work_root))
+        warm = os.fsencode(warm_prefix(work_root))
+        token = os.fsencode(self.warm.token) if self.warm is not None else b"-"
         found: list[tuple[int, str]] = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
@@ -151,6 +169,10 @@ class LocalSandbox(Sandbox):
                     found.append((int(entry), _run_id_of_dir(run_dir)))
             elif (owner := floom_slirp_owner(entry, argv, marker)) is not None:
                 found.append((int(entry), _run_id_of(owner, marker)))
+            elif any(a.startswith(warm) and not a.endswith(token) for a in argv[-2:]):
+                # A warm process, or a run's child of one, that an earlier floom left: none
+                # of its runs can be live here (their pid 1 dies with that child).
+                found.append((int(entry), ""))
         live = set(live_run_ids()) if found else set()
         killed = 0
         for pid, run_id in found:
@@ -169,11 +191,13 @@ class LocalSandbox(Sandbox):
         *,
         uids: UidRange | None = UidRange(),
         ceilings: Mapping[str, float] | None = None,
+        warm: WarmSettings | None = None,
     ) -> None:
         """`uids`: the host uids a root floom's sandboxes run as, one each while it runs
         (floom/sandbox/local/uid_pool.py); None runs them as floom's own uid. `ceilings`: the
         most a run may ask for, by limit (Settings.limit_ceilings): a spec over one is
-        refused, whenever its version was deployed."""
+        refused, whenever its version was deployed. `warm`: the node's warm start settings
+        (floom/sandbox/local/warm/); warm starts need a root floom."""
         self._prefix: tuple[str, ...] | None = None
         self._ceilings = dict(ceilings or {})
         # The node's identity; each run's is this one with the uid of its lease.
@@ -182,6 +206,10 @@ class LocalSandbox(Sandbox):
         self.standby = Standby(command=self._identity.launcher_command)
         # A root floom gives each run dir a disk of its own (floom/sandbox/local/disks.py).
         self.disks: Disks | None = Disks() if self._identity.switched else None
+        self.warm: WarmPools | None = None
+        if self._identity.switched and (warm is None or warm.enabled):
+            self.warm = WarmPools(warm or WarmSettings(), system_args=system_args)
+            weakref.finalize(self, self.warm.close)
         # Its launchers, disks and threads end with this sandbox, whoever forgets to close it.
         weakref.finalize(self, self.standby.close)
         if self.disks is not None:
@@ -189,6 +217,8 @@ class LocalSandbox(Sandbox):
 
     def close(self) -> None:
         self.standby.close()
+        if self.warm is not None:
+            self.warm.close()
         if self.disks is not None:
             self.disks.close()
 
@@ -225,11 +255,17 @@ class LocalSandbox(Sandbox):
             "cpu_limit": limits.CPU in enforced,
             "disk_limit": "enforced" if self.disks and self.disks.usable() else "polled",
             "network": protection_summary(),
+            "warm_starts": self.warm is not None,
         }
         if missing:
             found["limits_not_enforced"] = ", ".join(missing)
             found["cgroup_problem"] = tree.problem
         return found
+
+    def warm_stats(self) -> dict[str, Any] | None:
+        if self.warm is None:
+            return {"enabled": False, "hits": 0, "misses": 0, "pools": []}
+        return self.warm.stats()
 
     def check(self) -> None:
         self._command_prefix()
@@ -247,14 +283,78 @@ class LocalSandbox(Sandbox):
         on_line: LineSink,
         should_cancel: Callable[[], bool],
     ) -> SandboxResult:
-        return self._supervise(spec, *self._start(spec), on_line, should_cancel)
+        warm = self._start_warm(spec)
+        if warm is not None:
+            return warm.run(on_line=on_line, should_cancel=should_cancel)
+        cold, recording = self._cold(spec)
+        return self._supervise(
+            cold, *self._start(cold), on_line, should_cancel, recording=recording
+        )
 
     @property
     def starts_ahead(self) -> bool:
         return True
 
     def start_ahead(self, spec: SandboxSpec) -> StartedAhead:
-        return _StartedAhead(self, spec, *self._start(spec))
+        warm = self._start_warm(spec)
+        if warm is not None:
+            return warm
+        cold, recording = self._cold(spec)
+        return _StartedAhead(self, cold, *self._start(cold), recording=recording)
+
+    def _start_warm(self, spec: SandboxSpec) -> WarmRun | None:
+        """`spec` set up on a warm child of its pool to just before its script, or None:
+        not a warm spec, or no child ready (the run starts cold; never fails for that)."""
+        pools = self.warm
+        key = pools.key_of(spec) if pools is not None else None
+        if pools is None or key is None or self._uids is None:
+            return None
+        self._command_prefix()
+        validate_spec(spec)
+        over = _over_ceiling(spec, self._ceilings)
+        if over:
+            return None  # the cold start refuses it, with its reasons
+        owner = spec.metadata.get("floom_worker") or spec.warm
+        child = pools.take(key, owner=owner, work_root=_work_root(spec))
+        if child is None:
+            return None
+        try:
+            lease = self._uids.take()
+        except BaseException:
+            child.discard()
+            pools.finished(key)
+            raise
+        run = WarmRun(
+            spec,
+            child,
+            env=_sandbox_env(spec),
+            lease=lease,
+            identity=self._identity,
+            disk=self._disk_of(spec),
+            ended=functools.partial(pools.finished, key),
+        )
+        try:
+            run.set_up()
+        except WarmUnavailable as exc:
+            log.warning("a warm run starts cold: %s", exc.message)
+            return None
+        return run
+
+    def _cold(self, spec: SandboxSpec) -> tuple[SandboxSpec, WarmKey | None]:
+        """The spec a cold start runs: `spec`, or where its warm pool needs to know what a
+        cold run of its version loads, `spec` recording that (pools.read_record)."""
+        pools = self.warm
+        key = pools.key_of(spec) if pools is not None else None
+        if pools is None or key is None or not pools.wants_record(key):
+            return spec, None
+        return replace(spec, command=pools.command_to_record(spec.command)), key
+
+    def _recorded(self, spec: SandboxSpec, key: WarmKey, ran: bool) -> None:
+        if self.warm is None:
+            return
+        modules = read_record(spec.workdir) if ran else None
+        owner = spec.metadata.get("floom_worker") or spec.warm
+        self.warm.recorded(key, modules, owner=owner, work_root=_work_root(spec))
 
     def _start(self, spec: SandboxSpec) -> tuple[Launcher, limits.RunLimits, UidLease | None]:
         """A launcher in its limited cgroup, sent `spec`'s command: bwrap makes the sandbox
@@ -344,6 +444,26 @@ class LocalSandbox(Sandbox):
         lease: UidLease | None,
         on_line: LineSink,
         should_cancel: Callable[[], bool],
+        *,
+        recording: WarmKey | None = None,
+    ) -> SandboxResult:
+        ran = False
+        try:
+            result = self._supervise_cold(spec, launcher, run_limits, lease, on_line, should_cancel)
+            ran = result.exit_code is not None
+            return result
+        finally:
+            if recording is not None:
+                self._recorded(spec, recording, ran)
+
+    def _supervise_cold(
+        self,
+        spec: SandboxSpec,
+        launcher: Launcher,
+        run_limits: limits.RunLimits,
+        lease: UidLease | None,
+        on_line: LineSink,
+        should_cancel: Callable[[], bool],
     ) -> SandboxResult:
         with contextlib.ExitStack() as run_scope:
             # Registered first so it runs last: the cgroup goes once everything else ended,
@@ -398,7 +518,7 @@ class LocalSandbox(Sandbox):
                 raise SandboxUnavailable("bubblewrap (bwrap) is not on PATH", hint=BWRAP_HINT)
             if self._uids is not None:
                 self._uids.check()  # a range that holds a user of this machine is refused
-            system = _system_args()
+            system = system_args()
             try:
                 # Probed as the range's first uid: one like every run's.
                 as_sandbox_user = self._identity.as_sandbox_user()
@@ -420,10 +540,13 @@ class _StartedAhead(StartedAhead):
         launcher: Launcher,
         run_limits: limits.RunLimits,
         lease: UidLease | None,
+        *,
+        recording: WarmKey | None = None,
     ) -> None:
         self.spec = spec
         self._sandbox = sandbox
         self._started: _Started | None = (launcher, run_limits, lease)
+        self._recording = recording
         self._lock = threading.Lock()
 
     def _take(self) -> _Started | None:
@@ -435,12 +558,18 @@ class _StartedAhead(StartedAhead):
         started = self._take()
         if started is None:
             raise SandboxUnavailable("this sandbox was discarded before its run")
-        return self._sandbox._supervise(self.spec, *started, on_line, should_cancel)
+        return self._sandbox._supervise(
+            self.spec, *started, on_line, should_cancel, recording=self._recording
+        )
 
     def discard(self) -> None:
         started = self._take()
         if started is not None:
-            self._sandbox._abandon(self.spec, *started)
+            try:
+                self._sandbox._abandon(self.spec, *started)
+            finally:
+                if self._recording is not None:
+                    self._sandbox._recorded(self.spec, self._recording, False)
 
 
 def _fence_targets(launcher: Launcher) -> list[str]:
@@ -539,6 +668,11 @@ def _argv(
     return argv
 
 
+def _work_root(spec: SandboxSpec) -> Path:
+    """The work root a spec's run dir lies in (`<work root>/<run>-<attempt>/work`)."""
+    return spec.workdir.parent.parent
+
+
 def _sandbox_env(spec: SandboxSpec) -> dict[str, str]:
     # Only the backend knows where the output directory is inside the sandbox.
     return {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": SANDBOX_OUTPUT_DIR}
@@ -590,7 +724,7 @@ def _probe_namespaces(
 
 
 @functools.cache
-def _system_args() -> tuple[str, ...]:
+def system_args() -> tuple[str, ...]:
     """Read-only binds of the host's system directories, for the paths that exist here."""
     args = ["--ro-bind", "/usr", "/usr"]
     for name in _ROOT_LINKS:

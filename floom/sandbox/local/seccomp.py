@@ -143,6 +143,12 @@ _NETLINK_ROUTE: Final = 0
 ALLOWED_FAMILIES: Final = frozenset({AF_UNIX, AF_INET, AF_INET6})
 _SOCKET_CALLS: Final = {"x86_64": (41, 53), "aarch64": (198, 199)}
 """socket and socketpair, by architecture."""
+_CLONE_CALLS: Final = {"x86_64": (56, 435), "aarch64": (220, 435)}
+"""clone and clone3, by architecture."""
+_JSET_K: Final = 0x45  # BPF_JMP | BPF_JSET | BPF_K
+NAMESPACE_FLAGS: Final = 0x7E020000
+"""CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET: clone(2) with any of them
+fails with EPERM under the filter `deny_filter(namespaces=True)` builds."""
 
 
 def supported(machine: str | None = None) -> bool:
@@ -150,14 +156,19 @@ def supported(machine: str | None = None) -> bool:
     return (machine or platform.machine()) in _ARCHES
 
 
-def deny_filter(machine: str | None = None) -> bytes:
+def deny_filter(machine: str | None = None, *, namespaces: bool = False) -> bytes:
     """The filter program (an array of struct sock_filter) for `machine`, this one by
-    default. Syscalls of any other ABI (32-bit compat, x32) are refused as a whole."""
-    return _deny_filter(machine or platform.machine())
+    default. Syscalls of any other ABI (32-bit compat, x32) are refused as a whole.
+
+    With `namespaces`, a process under it cannot make a namespace with clone(2) either (unshare
+    and setns it never can), and clone3 fails with ENOSYS, which the C library answers with
+    clone: for a warm run (floom/sandbox/local/warm/), which runs in the host's user namespace,
+    where bubblewrap's --disable-userns does not reach."""
+    return _deny_filter(machine or platform.machine(), namespaces)
 
 
 @functools.cache  # every sandbox gets the same program: built once per process
-def _deny_filter(machine: str) -> bytes:
+def _deny_filter(machine: str, namespaces: bool = False) -> bytes:
     if machine not in _ARCHES:
         raise ValueError(f"no seccomp syscall table for {machine}")
     audit_arch, numbers = _ARCHES[machine]
@@ -171,6 +182,10 @@ def _deny_filter(machine: str) -> bytes:
         program.jump_if_at_least(_X32_SYSCALL_BIT, "deny", "next")
     for number in socket_calls:
         program.jump_if(number, "family", "next")
+    if namespaces:
+        clone, clone3 = _CLONE_CALLS[machine]
+        program.jump_if(clone, "clone", "next")
+        program.jump_if(clone3, "no_clone3", "next")
     for number in denied:
         program.jump_if(number, "deny", "next")
     program.ret(_RET_ALLOW)
@@ -186,6 +201,14 @@ def _deny_filter(machine: str) -> bytes:
     program.ret(_RET_ALLOW)
     program.label("no_family")
     program.ret(_RET_ERRNO | errno.EAFNOSUPPORT)
+    if namespaces:
+        # clone(2): its flags are the first argument (low 32 bits hold every CLONE_NEW*).
+        program.label("clone")
+        program.load(_ARGS_OFFSET)
+        program.jump_if_any(NAMESPACE_FLAGS, "deny", "next")
+        program.ret(_RET_ALLOW)
+        program.label("no_clone3")
+        program.ret(_RET_ERRNO | errno.ENOSYS)
     program.label("deny")
     program.ret(_RET_ERRNO | errno.EPERM)
     return program.assemble()
@@ -203,6 +226,9 @@ class _Program:
 
     def jump_if(self, value: int, then: str, otherwise: str) -> None:
         self._insns.append((_JEQ_K, then, otherwise, value))
+
+    def jump_if_any(self, bits: int, then: str, otherwise: str) -> None:
+        self._insns.append((_JSET_K, then, otherwise, bits))
 
     def jump_if_at_least(self, value: int, then: str, otherwise: str) -> None:
         self._insns.append((_JGE_K, then, otherwise, value))

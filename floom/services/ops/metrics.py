@@ -9,9 +9,9 @@ worker's runs lowers them, which Prometheus reads as a counter reset).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -262,3 +262,42 @@ class StoreCollector(Collector):
             cost.add_metric([worker], float(dollars or 0.0))
         yield tokens
         yield cost
+
+
+class WarmCollector(Collector):
+    """Collects a node's warm pools (floom/sandbox/local/warm/) on every scrape: `stats` is
+    its sandbox's `warm_stats`."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        found = self.stats()
+        if not found:
+            return
+        yield CounterMetricFamily(
+            "floom_warm_hits",
+            "Runs that started from a warm process ready for them",
+            value=found["hits"],
+        )
+        yield CounterMetricFamily(
+            "floom_warm_misses",
+            "Runs that could have started warm and started cold",
+            value=found["misses"],
+        )
+        pools = found["pools"]
+        yield GaugeMetricFamily("floom_warm_pools", "Warm pools on this node", value=len(pools))
+        ready = GaugeMetricFamily(
+            "floom_warm_ready", "Warm children ready, by worker", labels=["worker", "version"]
+        )
+        rss = GaugeMetricFamily(
+            "floom_warm_resident_bytes",
+            "Resident memory of each warm process",
+            labels=["worker", "version"],
+        )
+        for pool in pools:
+            labels = [pool["worker"], pool["version"]]
+            ready.add_metric(labels, pool["ready"])
+            rss.add_metric(labels, pool["rss_bytes"])
+        yield ready
+        yield rss

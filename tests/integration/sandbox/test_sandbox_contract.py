@@ -2,7 +2,8 @@
 
 Each behaviour is written twice, once as the Python script a real backend runs and once as
 the program the in-memory fake runs, and must come out the same on every backend. The E2B
-backend runs the real SDK against the wire-level stand-in (tests/standins/e2b).
+backend runs the real SDK against the wire-level stand-in (tests/standins/e2b); `local-warm`
+is the local backend with every Python run started from a warm process (tests/support/warm.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from floom.sandbox.base import Sandbox, SandboxResult, SandboxSpec, SandboxUnava
 from floom.sandbox.fake import FakeProcess, FakeProgram, FakeSandbox
 from tests.standins.e2b import E2BStandin
 from tests.support.e2b import e2b_backend, standin_for_module
+from tests.support.warm import WarmedLocal
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,15 @@ class Ran:
 
 # The module's E2B stand-in, set by the `backend` fixture when an E2B case runs.
 _E2B: list[E2BStandin] = []
+# The module's warm local backend (one pool for every case), set by the `backend` fixture.
+_WARM: list[WarmedLocal] = []
 
 # Each backend by name, built for the programs the fake runs (real backends run run.py).
 BACKENDS: dict[str, Callable[[dict[str, FakeProgram]], Sandbox]] = {
     "local": lambda programs: LocalSandbox(),
     "fake": lambda programs: FakeSandbox(programs),
     "e2b": lambda programs: e2b_backend(_E2B[0]),
+    "local-warm": lambda programs: _WARM[0],
 }
 # The backends that run real processes (what reaping orphans is about).
 PROCESS_BACKENDS = ["local", "e2b"]
@@ -58,10 +63,22 @@ def e2b_service() -> Iterator[E2BStandin]:
         yield standin
 
 
+@pytest.fixture(scope="module")
+def warm_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmedLocal]:
+    local = LocalSandbox()
+    if local.warm is None:
+        pytest.skip("warm starts need floom to run as root")
+    warmed = WarmedLocal(local, tmp_path_factory.mktemp("warm-root"))
+    yield warmed
+    warmed.close()
+
+
 @pytest.fixture(params=list(BACKENDS))
 def backend(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "e2b":
         _E2B[:] = [request.getfixturevalue("e2b_service")]
+    if request.param == "local-warm":
+        _WARM[:] = [request.getfixturevalue("warm_local")]
     yield request.param
 
 

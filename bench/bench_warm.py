@@ -1,0 +1,439 @@
+"""Benchmark: warm starts (worker.yml `warm: true`) against the cold floor, side by side.
+
+Run from the repository root (as root: warm starts need a root floom):
+
+    .venv/bin/python bench/bench_warm.py [--runs N] [--per-client K] [--burst M]
+
+Two workers, each as the bare-bubblewrap floor (bench/floor.py: floom's own sandbox command
+line, replayed), as floom's cold run and as floom's warm run, on one `floom serve` on
+SQLite: workers/hello, and bench/heavy (hello after importing crypto, YAML, JWT, HTTP, XML,
+asyncio and the like, which the sandbox's own Python has). Latency is measured in
+interleaved rounds; throughput with 4 clients and in a burst; CPU a run over sequential
+runs of one system alone, counted for the bench's own process tree (a cpuacct cgroup of its
+own: client, server, warm processes and sandboxes, not other sessions' load; the floor has
+no server). It prints figures as ratios to the floor measured in
+the same run, and the targets of issue 29 with OK/MISS; it asserts nothing, except that
+every run succeeded with its log complete and in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path[:0] = [str(BENCH), str(REPO)]
+
+from floor import HELLO, FloorSlot  # noqa: E402
+from server import Server, machine_busy_seconds  # noqa: E402
+
+from floom.bundle import read_folder  # noqa: E402
+from floom.services.runs.rules import FINISHED, SUCCEEDED  # noqa: E402
+
+HEAVY = BENCH / "heavy"
+CLIENTS = 4
+READY_SECONDS = 60.0
+RUN_DEADLINE_SECONDS = 60.0
+WAIT_SECONDS = 30.0
+# Issue 29's targets, as ratios to the cold floor of the same worker.
+HELLO_LATENCY = 0.45
+HELLO_THROUGHPUT = 1.5
+HEAVY_LATENCY = 0.15
+HEAVY_CPU = 0.2
+# The cold path's guards (issue 29, from issue 14), on SQLite.
+COLD_LATENCY = 1.35
+COLD_THROUGHPUT = 0.7
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+class FloorRunner:
+    """The bare-bubblewrap floor of one worker, one private work dir per client."""
+
+    def __init__(self, name: str, root: Path, worker: Path) -> None:
+        self.name = name
+        self.lanes = [FloorSlot(root, f"{name}-{i}", worker=worker) for i in range(CLIENTS)]
+
+    def one(self, lane: int) -> float:
+        return self.lanes[lane].run_once()
+
+    def burst(self, total: int) -> None:
+        left = [total]
+
+        def drain(slot: FloorSlot) -> None:
+            while True:
+                with lock:
+                    if left[0] <= 0:
+                        return
+                    left[0] -= 1
+                slot.run_once()
+
+        import threading  # noqa: PLC0415
+
+        lock = threading.Lock()
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            for f in [pool.submit(drain, s) for s in self.lanes]:
+                f.result()
+
+
+class FloomRunner:
+    """Runs of one worker of the server: `POST /workers/{name}/runs?wait=`."""
+
+    def __init__(self, name: str, server: Server, worker: str) -> None:
+        self.name = name
+        self.worker = worker
+        self.server = server
+        self.clients = [server.new_client() for _ in range(CLIENTS)]
+        self.run_ids: list[str] = []
+
+    def _start(self, lane: int, wait: float) -> dict[str, Any]:
+        resp = self.clients[lane].post(
+            f"/api/v1/workers/{self.worker}/runs",
+            params={"wait": f"{wait:g}"} if wait else None,
+            json={"inputs": {"name": "bench"}},
+            timeout=wait + 30,
+        )
+        if resp.status_code not in (200, 202):
+            raise RuntimeError(f"POST runs answered {resp.status_code}: {resp.text[:300]}")
+        body: dict[str, Any] = resp.json()
+        self.run_ids.append(body["id"])
+        return body
+
+    def _until_end(self, lane: int, run: dict[str, Any]) -> dict[str, Any]:
+        deadline = time.monotonic() + RUN_DEADLINE_SECONDS
+        while run.get("status") not in FINISHED:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"run {run['id']} not finished in time")
+            run = (
+                self.clients[lane]
+                .get(f"/api/v1/runs/{run['id']}", params={"wait": f"{WAIT_SECONDS:g}"})
+                .json()
+            )
+        if run["status"] != SUCCEEDED or run["outputs"]["greeting"] != "Hello, bench!":
+            raise RuntimeError(f"run {run['id']} did not succeed: {run}")
+        return run
+
+    def one(self, lane: int) -> float:
+        t0 = time.perf_counter()
+        self._until_end(lane, self._start(lane, WAIT_SECONDS))
+        return time.perf_counter() - t0
+
+    def burst(self, total: int) -> None:
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            runs = list(pool.map(lambda i: self._start(i % CLIENTS, 0), range(total)))
+        for run in runs:
+            self._until_end(0, run)
+
+    def bad_logs(self) -> int:
+        """Runs whose log lacks the greeting or holds it after the run's final status."""
+        bad = 0
+        for run_id in self.run_ids:
+            items = (
+                self.clients[0]
+                .get(f"/api/v1/runs/{run_id}/logs", params={"limit": 100})
+                .json()["items"]
+            )
+            greeting = [e["seq"] for e in items if e["stream"] == "stdout"]
+            final = [
+                e["seq"]
+                for e in items
+                if e["stream"] == "system" and e["line"].split(":", 1)[0] in FINISHED
+            ]
+            seqs = [e["seq"] for e in items]
+            if not greeting or (final and min(final) < greeting[0]) or seqs != sorted(seqs):
+                bad += 1
+        return bad
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+
+
+def deploy(server: Server, folder: Path, name: str, *, warm: bool, root: Path) -> None:
+    """Deploy `folder` as worker `name`, with `warm: true` or without."""
+    copy = root / "workers" / name
+    shutil.copytree(folder, copy)
+    manifest = (copy / "worker.yml").read_text().splitlines()
+    manifest = [f"name: {name}" if line.startswith("name:") else line for line in manifest]
+    (copy / "worker.yml").write_text("\n".join(manifest) + ("\nwarm: true\n" if warm else "\n"))
+    archive = read_folder(copy, max_bytes=10 * 1024 * 1024).to_archive()
+    resp = server.client.post(
+        "/api/v1/workers", content=archive, headers={"Content-Type": "application/gzip"}
+    )
+    if resp.status_code not in (200, 201):
+        raise RuntimeError(f"deploy of {name} answered {resp.status_code}: {resp.text[:300]}")
+
+
+def await_pool(server: Server, runner: FloomRunner) -> None:
+    """Run `runner`'s worker until its warm pool has a child ready (its first run records)."""
+    deadline = time.monotonic() + READY_SECONDS
+    while time.monotonic() < deadline:
+        runner.one(0)
+        warm = server.client.get("/healthz").json().get("warm") or {}
+        pools = [p for p in warm.get("pools", []) if p["worker"] == runner.worker]
+        if pools and pools[0]["ready"] > 0:
+            return
+    raise RuntimeError(f"the warm pool of {runner.worker} did not get ready")
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def throughput(system: Any, per_client: int) -> float:
+    def loop(lane: int) -> None:
+        for _ in range(per_client):
+            system.one(lane)
+
+    def all_loops() -> None:
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            for f in [pool.submit(loop, lane) for lane in range(CLIENTS)]:
+                f.result()
+
+    return CLIENTS * per_client / timed(all_loops)
+
+
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+
+
+class OwnCpu:
+    """CPU seconds of this bench's process tree (client, server, warm processes, sandboxes,
+    floor runs), through a cgroup v1 cpuacct group of its own that every process it starts
+    inherits; without one, the whole machine's busy time (others' load included)."""
+
+    def __init__(self) -> None:
+        self.group: Path | None = None
+        if (CPUACCT / "cpuacct.usage").exists():
+            group = CPUACCT / f"floom-bench-{os.getpid()}"
+            try:
+                group.mkdir()
+                (group / "cgroup.procs").write_text("0")
+                self.group = group
+            except OSError:
+                self.group = None
+
+    def seconds(self) -> float:
+        if self.group is None:
+            return machine_busy_seconds()
+        return int((self.group / "cpuacct.usage").read_text()) / 1e9
+
+    @property
+    def what(self) -> str:
+        return "the bench's own process tree" if self.group else "the whole machine"
+
+    def close(self) -> None:
+        if self.group is not None:
+            (CPUACCT / "cgroup.procs").write_text("0")
+            with contextlib.suppress(OSError):
+                self.group.rmdir()
+
+
+def cpu_per_run_ms(system: Any, runs: int, own: OwnCpu) -> float:
+    """CPU per run over `runs` sequential runs of `system` alone."""
+    busy = own.seconds()
+    for _ in range(runs):
+        system.one(0)
+    return (own.seconds() - busy) * 1000 / runs
+
+
+def warm_stats(server: Server) -> dict[str, Any]:
+    return server.client.get("/healthz").json().get("warm") or {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30, help="latency rounds (default 30)")
+    parser.add_argument("--per-client", type=int, default=15, help="runs per client loop")
+    parser.add_argument("--burst", type=int, default=100, help="runs queued at once")
+    parser.add_argument("--cpu-runs", type=int, default=20, help="sequential runs for CPU")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        say("warm starts need a root floom: run the bench as root")
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="floom-bench-warm-"))
+    one, five, _ = os.getloadavg()
+    say(
+        f"warm start benchmark: rounds={args.runs}, per client={args.per_client}, "
+        f"burst={args.burst}, cores={os.cpu_count()}, kernel {platform.release()}, "
+        f"load average {one:.2f} {five:.2f}"
+    )
+    started = time.perf_counter()
+    own = OwnCpu()  # before the server starts: it and its sandboxes are counted too
+    # Hundreds of runs and log reads from one key: no per-key rate limit in the way.
+    server = Server(root / "server", None, {"FLOOM_RATE_LIMIT_PER_MINUTE": "0"})
+    runners: list[FloomRunner] = []
+    try:
+        server.wait_ready()
+        for folder, name in ((HELLO, "hello"), (HEAVY, "heavy")):
+            for warm in (False, True):
+                deploy(
+                    server, folder, f"b-{name}-{'warm' if warm else 'cold'}", warm=warm, root=root
+                )
+        floors = {
+            "hello": FloorRunner("floor hello", root / "floor", HELLO),
+            "heavy": FloorRunner("floor heavy", root / "floor", HEAVY),
+        }
+        floom = {
+            f"{name} {how}": FloomRunner(f"floom {name} {how}", server, f"b-{name}-{how}")
+            for name in ("hello", "heavy")
+            for how in ("cold", "warm")
+        }
+        runners = list(floom.values())
+        for runner in runners:
+            if runner.worker.endswith("warm"):
+                await_pool(server, runner)
+            for _ in range(3):
+                runner.one(0)
+        warm0 = warm_stats(server)
+        systems: dict[str, Any] = {
+            "floor hello": floors["hello"],
+            "hello cold": floom["hello cold"],
+            "hello warm": floom["hello warm"],
+            "floor heavy": floors["heavy"],
+            "heavy cold": floom["heavy cold"],
+            "heavy warm": floom["heavy warm"],
+        }
+        for floor in floors.values():
+            floor.one(0)
+
+        say(f"latency: {args.runs} interleaved rounds ...")
+        order = list(systems)
+        lat: dict[str, list[float]] = {name: [] for name in order}
+        for i in range(args.runs):
+            for name in order[i % len(order) :] + order[: i % len(order)]:
+                lat[name].append(systems[name].one(0))
+        say(f"CPU: {args.cpu_runs} sequential runs of each ...")
+        cpu = {name: cpu_per_run_ms(s, args.cpu_runs, own) for name, s in systems.items()}
+        say(f"(CPU counted: {own.what})")
+        rates: dict[str, dict[str, float]] = {}
+        for name in ("floor hello", "hello cold", "hello warm"):
+            say(f"throughput of {name}: {CLIENTS} clients x {args.per_client}, burst {args.burst}")
+            rates[name] = {
+                "4": throughput(systems[name], args.per_client),
+                "burst": args.burst / timed(lambda name=name: systems[name].burst(args.burst)),
+            }
+        warm1 = warm_stats(server)
+        bad = {runner.name: runner.bad_logs() for runner in runners}
+        total = {runner.name: len(runner.run_ids) for runner in runners}
+        report(lat, cpu, rates, warm0, warm1, bad, total)
+    finally:
+        for runner in runners:
+            runner.close()
+        server.stop()
+        own.close()
+        shutil.rmtree(root, ignore_errors=True)
+    say(f"bench took {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def report(
+    lat: dict[str, list[float]],
+    cpu: dict[str, float],
+    rates: dict[str, dict[str, float]],
+    warm0: dict[str, Any],
+    warm1: dict[str, Any],
+    bad: dict[str, int],
+    total: dict[str, int],
+) -> None:
+    say("")
+    rows = [("", "latency p50", "vs its floor", "CPU/run", "vs its floor")]
+    for name in lat:
+        floor = "floor hello" if "hello" in name else "floor heavy"
+        p50 = median(lat[name])
+        rows.append(
+            (
+                name,
+                f"{p50 * 1000:.1f} ms",
+                f"{p50 / median(lat[floor]):.2f}x",
+                f"{cpu[name]:.1f} ms",
+                f"{cpu[name] / cpu[floor]:.2f}x",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        say("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    say("")
+    floor_rates = rates["floor hello"]
+    for name, r in rates.items():
+        say(
+            f"{name}: {r['4']:.1f} runs/s at {CLIENTS} clients ({r['4'] / floor_rates['4']:.2f}x), "
+            f"burst {r['burst']:.1f} runs/s ({r['burst'] / floor_rates['burst']:.2f}x)"
+        )
+    hits = warm1.get("hits", 0) - warm0.get("hits", 0)
+    misses = warm1.get("misses", 0) - warm0.get("misses", 0)
+    say(f"warm pools during the measured phases: {hits} hits, {misses} misses")
+    say("")
+
+    def ratio(name: str, floor: str) -> float:
+        return median(lat[name]) / median(lat[floor])
+
+    checks = [
+        (
+            f"hello warm latency p50 <= {HELLO_LATENCY}x floor",
+            ratio("hello warm", "floor hello"),
+            ratio("hello warm", "floor hello") <= HELLO_LATENCY,
+        ),
+        (
+            f"hello warm throughput >= {HELLO_THROUGHPUT}x floor at {CLIENTS} clients",
+            rates["hello warm"]["4"] / floor_rates["4"],
+            rates["hello warm"]["4"] / floor_rates["4"] >= HELLO_THROUGHPUT,
+        ),
+        (
+            f"hello warm throughput >= {HELLO_THROUGHPUT}x floor in a burst",
+            rates["hello warm"]["burst"] / floor_rates["burst"],
+            rates["hello warm"]["burst"] / floor_rates["burst"] >= HELLO_THROUGHPUT,
+        ),
+        (
+            f"heavy warm latency p50 <= {HEAVY_LATENCY}x its floor",
+            ratio("heavy warm", "floor heavy"),
+            ratio("heavy warm", "floor heavy") <= HEAVY_LATENCY,
+        ),
+        (
+            f"heavy warm CPU/run <= {HEAVY_CPU}x its floor's",
+            cpu["heavy warm"] / cpu["floor heavy"],
+            cpu["heavy warm"] / cpu["floor heavy"] <= HEAVY_CPU,
+        ),
+        (
+            f"cold guard: hello cold latency p50 <= {COLD_LATENCY}x floor",
+            ratio("hello cold", "floor hello"),
+            ratio("hello cold", "floor hello") <= COLD_LATENCY,
+        ),
+        (
+            f"cold guard: hello cold throughput >= {COLD_THROUGHPUT}x floor (4 clients, burst)",
+            min(rates["hello cold"][k] / floor_rates[k] for k in ("4", "burst")),
+            min(rates["hello cold"][k] / floor_rates[k] for k in ("4", "burst")) >= COLD_THROUGHPUT,
+        ),
+    ]
+    width = max(len(c[0]) for c in checks)
+    for label, value, ok in checks:
+        say(f"{label.ljust(width)}  {value:.2f}x  {'OK' if ok else 'MISS'}")
+    all_bad = sum(bad.values())
+    runs = sum(total.values())
+    say(
+        f"{'every run succeeded, logs complete and ordered'.ljust(width)}  "
+        f"{runs - all_bad}/{runs}  {'OK' if all_bad == 0 else 'MISS'}"
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

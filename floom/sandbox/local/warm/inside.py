@@ -1,0 +1,491 @@
+"""What runs inside a warm process, and in each run forked from it: the standard library only.
+
+floom starts this file's source as `python3 -u -B -c SOURCE warm ...` under bubblewrap
+(floom/sandbox/local/warm/process.py), as root with a few capabilities, in a sandbox that
+holds the node's system directories and nothing of any run. It imports the modules it was
+given (names floom recorded from a cold run, `record`), refusing any that starts a thread,
+then waits on the control socket floom handed over. Per run floom asks it to prepare a
+child; the child (`_prepare`) joins the run's cgroup, enters new mount, network, IPC, UTS,
+cgroup and PID namespaces and forks the run's pid 1, which waits for the run. When the run
+arrives, pid 1 mounts the run's dirs, makes inherited shared mappings private, drops to
+the run's uid without capabilities, sets no_new_privs and the seccomp filter, and only then
+reads the run's environment and runs its script. The process that joined the cgroup stays
+outside the run's namespaces, reaps pid 1 and reports its status.
+
+`python3 -c SOURCE record run.py ...` runs a script as a cold run does and writes the
+modules of the Python installation it loaded to RECORD_NAME in its working directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import errno
+import fcntl
+import gc
+import importlib
+import json
+import os
+import resource
+import runpy
+import signal
+import socket
+import struct
+import sys
+import threading
+from os import _exit  # documented: ends a forked child without the parent's clean-up
+
+RECORD_NAME = ".floom-warm-modules"
+MAX_MESSAGE = 65536
+WORK, OUTPUT = "/work", "/output"
+STAGE = "/run/floom-warm"
+# Refused whatever a cold run loaded: importing them acts (a browser, a window, text).
+SIDE_EFFECT_MODULES = frozenset(
+    "antigravity this __hello__ __phello__ idlelib tkinter turtle turtledemo ensurepip "
+    "__main__ site sitecustomize usercustomize readline rlcompleter pydoc".split()
+)
+
+_CLONE_NEWNS = 0x00020000
+_CLONE_NEWCGROUP = 0x02000000
+_CLONE_NEWUTS = 0x04000000
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWPID = 0x20000000
+_CLONE_NEWNET = 0x40000000
+_MS_RDONLY = 1
+_MS_NOSUID = 2
+_MS_NODEV = 4
+_MS_NOEXEC = 8
+_MS_REC = 0x4000
+_MS_PRIVATE = 1 << 18
+_MNT_DETACH = 2
+_MOVE_MOUNT_F_EMPTY_PATH = 4
+_SYS_MOVE_MOUNT = 429  # the same number on every architecture since Linux 5.2
+_PR_SET_PDEATHSIG = 1
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_SECCOMP_MODE_FILTER = 2
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 1
+_PROT = {"r": 1, "w": 2, "x": 4}
+_MAP_PRIVATE = 0x02
+_MAP_FIXED = 0x10
+_MAP_ANONYMOUS = 0x20
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+
+
+class _Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _mount(source: str, target: str, fstype: str, flags: int, data: str = "") -> None:
+    _check(
+        _libc.mount(source.encode(), target.encode(), fstype.encode(), flags, data.encode()),
+        f"mount {target}",
+    )
+
+
+def _prctl(option: int, arg: int | ctypes.c_void_p = 0) -> None:
+    _check(_libc.prctl(option, arg, 0, 0, 0), f"prctl {option}")
+
+
+def _send(sock: socket.socket, message: dict[str, object], fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.send(data)
+
+
+def _receive(sock: socket.socket) -> tuple[dict[str, object], list[int]]:
+    data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 16)
+    if not data:
+        raise EOFError("floom closed the socket")
+    return json.loads(data), fds
+
+
+# -- the warm process ------------------------------------------------------------------------
+
+
+def warm(control_fd: int, modules: list[str], seccomp_hex: str) -> None:
+    """Preload `modules`, then serve `prepare` requests on the control socket until floom
+    closes it."""
+    sys.path[:] = [p for p in sys.path if p and os.path.isabs(p)]
+    control = socket.socket(fileno=control_fd)
+    refused = _preload(modules)
+    if refused.startswith("thread:"):
+        _send(control, {"refused": refused[len("thread:") :]})
+        _exit(3)
+    # The runs' children report to floom themselves; their parent here never waits for them.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    # What is imported now, the runs' collections never walk (nor copy, page by page).
+    gc.collect()
+    gc.freeze()
+    _send(control, {"ready": True, "pid": os.getpid(), "modules": len(sys.modules)})
+    seccomp = bytes.fromhex(seccomp_hex)
+    while True:
+        try:
+            request, fds = _receive(control)
+        except (EOFError, OSError):
+            _exit(0)
+        if request.get("op") != "prepare" or len(fds) < 3:
+            for fd in fds:
+                os.close(fd)
+            continue
+        if os.fork() == 0:
+            control.close()
+            _child(fds, seccomp)  # never returns
+        for fd in fds:
+            os.close(fd)
+
+
+def _preload(modules: list[str]) -> str:
+    """Import each module; "thread:NAME" when one started a thread (the process may not
+    fork then), else ""."""
+    for name in modules:
+        if name.split(".")[0] in SIDE_EFFECT_MODULES or name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - a module that cannot load here is skipped
+            continue
+        if _thread_count() > 1:
+            return f"thread:{name}"
+    return ""
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+# -- one run's child ---------------------------------------------------------------------------
+
+
+def _child(fds: list[int], seccomp: bytes) -> None:
+    """The prepared child: `fds` are its socket to floom, the run's stdout and stderr, then
+    the cgroup.procs files of the run's cgroup. Joins the cgroup, enters the namespaces,
+    forks the run's pid 1, reports, and waits for it."""
+    chan_fd, out_fd, err_fd, *cgroup_fds = fds
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in cgroup_fds:
+            os.write(fd, b"0")  # "0": the writer itself
+            os.close(fd)
+        flags = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID
+        _check(_libc.unshare(flags | _CLONE_NEWCGROUP), "unshare")
+        _mount("none", "/", "", _MS_REC | _MS_PRIVATE)
+        socket.sethostname("floom")
+        _loopback_up()
+        _close_other_fds({chan_fd, out_fd, err_fd})
+        null = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.close(out_fd)
+        os.close(err_fd)
+        pid = os.fork()
+    except BaseException as exc:  # noqa: BLE001 - reported to floom, which starts the run cold
+        _fail(chan_fd, f"cannot prepare the warm run: {exc}")
+    if pid == 0:
+        _pid_one(chan_fd, seccomp)  # never returns
+    chan = socket.socket(fileno=chan_fd)
+    os.close(1)
+    os.close(2)
+    _send(chan, {"ready": True, "child": os.getpid(), "init": pid})
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            status = -1
+            break
+    try:
+        _send(chan, {"status": status})
+    finally:
+        _exit(0)
+
+
+def _fail(chan_fd: int, message: str) -> None:
+    try:
+        _send(socket.socket(fileno=chan_fd), {"error": message})
+    finally:
+        _exit(125)
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def _close_other_fds(keep: set[int]) -> None:
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        fd = int(name)
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    if not os.path.isdir("/proc/self/fd"):
+        for fd in range(3, 1024):
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _pid_one(chan_fd: int, seccomp: bytes) -> None:
+    """The run's pid 1: its own /proc, then the run's setup, the drop, and its script."""
+    chan = socket.socket(fileno=chan_fd)
+    try:
+        _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        request, fds = _receive(chan)
+        _setup(request, fds)
+        _drop(int(request["uid"]), seccomp)  # type: ignore[call-overload]
+    except BaseException as exc:  # noqa: BLE001 - reported to floom, which starts the run cold
+        _fail(chan_fd, f"cannot start the warm run: {exc}")
+    _send(chan, {"dropped": True})
+    # From here on this process is the run's: what it reads next is the run's own.
+    try:
+        start, fds = _receive(chan)
+        with os.fdopen(fds[0], "rb") as source:
+            source.seek(0)  # floom's description of the memory file, at its end
+            given = json.loads(source.read())
+        for fd in fds[1:]:
+            os.close(fd)
+    except BaseException:  # noqa: BLE001 - floom went away or sent nothing: nothing runs
+        _exit(125)
+    chan.close()
+    os.environ.clear()
+    os.environ.update(given["env"])
+    if "random" in sys.modules:
+        sys.modules["random"].seed()  # entropy drawn now, by this run alone
+    run_script(list(given["argv"]))
+
+
+def _setup(request: dict[str, object], fds: list[int]) -> None:
+    """Mount the run's dirs (detached mounts floom made of its work and output dirs, or the
+    version's files and the run dir for an overlay), its /tmp and /dev/shm, and set its
+    per-process limits."""
+    memory = int(request["memory_bytes"])  # type: ignore[call-overload]
+    if request.get("overlay"):
+        files_fd, run_fd, output_fd = fds
+        _move_mount(files_fd, f"{STAGE}/files")
+        _move_mount(run_fd, f"{STAGE}/run")
+        work = f"{STAGE}/run/{request['work_name']}"
+        options = f"lowerdir={STAGE}/files,upperdir={work},workdir={work}.overlay"
+        _mount("overlay", WORK, "overlay", 0, options)
+        _check(_libc.umount2(f"{STAGE}/files".encode(), _MNT_DETACH), "umount files")
+        _check(_libc.umount2(f"{STAGE}/run".encode(), _MNT_DETACH), "umount run")
+    else:
+        work_fd, output_fd = fds
+        _move_mount(work_fd, WORK)
+    _move_mount(output_fd, OUTPUT)
+    for target in ("/tmp", "/dev/shm"):
+        _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={memory},mode=1777")
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for name, key in (("fsize_bytes", resource.RLIMIT_FSIZE), ("data_bytes", resource.RLIMIT_DATA)):
+        value = request.get(name)
+        if isinstance(value, int):
+            resource.setrlimit(key, (value, value))
+    _make_shared_mappings_private()
+
+
+def _move_mount(fd: int, target: str) -> None:
+    _check(
+        _libc.syscall(
+            _SYS_MOVE_MOUNT,
+            fd,
+            b"",
+            -100,  # AT_FDCWD
+            target.encode(),
+            _MOVE_MOUNT_F_EMPTY_PATH,
+        ),
+        f"move_mount {target}",
+    )
+    os.close(fd)
+
+
+def _make_shared_mappings_private() -> None:
+    """Give every shared mapping the warm process made (at import, say) a private copy:
+    otherwise what one run writes there, the next run and the warm process would read."""
+    with open("/proc/self/maps") as maps:
+        lines = maps.read().splitlines()
+    for line in lines:
+        fields = line.split()
+        span, perms = fields[0], fields[1]
+        if perms[3] != "s":
+            continue
+        start, end = (int(part, 16) for part in span.split("-"))
+        size = end - start
+        readable = "r" in perms
+        if not readable:
+            _check(_libc.mprotect(ctypes.c_void_p(start), size, 1), "mprotect")
+        saved = ctypes.string_at(start, size)
+        prot = sum(_PROT[c] for c in perms[:3] if c in _PROT)
+        address = _libc.mmap(
+            ctypes.c_void_p(start),
+            size,
+            prot | 2,  # writable while the contents are put back
+            _MAP_PRIVATE | _MAP_FIXED | _MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+        if address is None or address != start:
+            raise OSError(errno.ENOMEM, "cannot replace a shared mapping")
+        ctypes.memmove(start, saved, size)
+        if prot != prot | 2:
+            _check(_libc.mprotect(ctypes.c_void_p(start), size, prot), "mprotect")
+
+
+def _drop(uid: int, seccomp: bytes) -> None:
+    """Become `uid` with no capability left (bounding, ambient, inheritable, permitted,
+    effective), no_new_privs, the parent-death signal and the seccomp filter."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    for cap in range(64):
+        if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
+            if ctypes.get_errno() == errno.EINVAL:
+                break  # past the kernel's last capability
+            _check(-1, f"drop capability {cap}")
+    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
+    os.setresuid(uid, uid, uid)
+    header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = ctypes.create_string_buffer(24)  # two zeroed __user_cap_data_struct
+    _check(_libc.capset(ctypes.c_char_p(header), data), "capset")
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    # Cleared by the uid change above: set after it, so pid 1 ends with its reaper.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if seccomp:
+        buffer = ctypes.create_string_buffer(seccomp, len(seccomp))
+        program = _Fprog(len(seccomp) // 8, ctypes.cast(buffer, ctypes.c_char_p))
+        _check(
+            _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(program), 0, 0),
+            "seccomp",
+        )
+    os.chdir(WORK)
+
+
+# -- running the script, warm or recording -----------------------------------------------------
+
+
+def run_script(argv: list[str], *, record: bool = False) -> None:
+    """Run the script `argv[0]` with `argv` as sys.argv, as `python3 SCRIPT ARGS...` would;
+    exits the process with its exit code."""
+    _close_other_fds(set())
+    script = argv[0]
+    path = os.path.abspath(script)
+    sys.argv[:] = argv
+    directory = os.path.dirname(path)
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path[0] = directory
+    else:
+        sys.path.insert(0, directory)
+    if record:
+        atexit.register(_write_record, os.path.join(os.getcwd(), RECORD_NAME))
+    if not os.path.exists(path):
+        sys.stderr.write(
+            f"python3: can't open file {path!r}: [Errno 2] No such file or directory\n"
+        )
+        _finish(2)
+    code = 0
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException as exc:  # noqa: BLE001 - printed as the interpreter would
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != path:
+            tb = tb.tb_next
+        sys.excepthook(type(exc), exc, tb or exc.__traceback__)
+        code = 130 if isinstance(exc, KeyboardInterrupt) else 1
+    _finish(code)
+
+
+def _exit_code(value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    sys.stderr.write(f"{value}\n")
+    return 1
+
+
+def _finish(code: int) -> None:
+    """End as the interpreter ends (non-daemon threads waited for, atexit run, streams
+    flushed), but without tearing its objects down: in a process forked from a warm one,
+    that would write to (and so copy) every page of the warm process's heap, 30-70 ms."""
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        _exit(code)
+
+
+def _write_record(path: str) -> None:
+    """The modules of this interpreter's installation the run has loaded, one per line."""
+    roots = tuple(
+        os.path.join(os.path.realpath(p), "")
+        for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    )
+    names = []
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if origin is None:
+            if name in sys.builtin_module_names:
+                names.append(name)
+            continue
+        if isinstance(origin, str) and os.path.realpath(origin).startswith(roots):
+            names.append(name)
+    try:
+        with open(path, "w") as out:
+            out.write("\n".join(sorted(names)))
+    except OSError:
+        pass
+
+
+def main(args: list[str]) -> None:
+    if args[0] == "warm":
+        modules = args[3].split(",") if len(args) > 3 and args[3] else []
+        warm(int(args[1]), modules, args[2])
+    elif args[0] == "record":
+        run_script(args[1:], record=True)
+    else:
+        sys.exit(f"unknown mode {args[0]!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,421 @@
+"""A warm process seen from the host: a pre-initialised interpreter under bubblewrap, and the
+children it prepares for runs (floom/sandbox/local/warm/inside.py is what runs inside).
+
+The warm process runs as root with the few capabilities its children need to set a run up
+(namespaces, mounts, the uid switch, loopback) and nothing of any run: no run dir, no
+secret, no input, no network, no file of a worker's bundle. Its control socket is one end
+of a socketpair floom made and handed over; each child gets a socketpair of its own the
+same way, which its run's pid 1 closes before the script starts: no run reaches any
+socket but those of its own output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from floom.sandbox.base import SandboxUnavailable
+from floom.sandbox.local import cgroups, seccomp
+from floom.sandbox.local.network import OFFLINE_RESOLV_CONF
+
+INSIDE: Final = Path(__file__).with_name("inside.py")
+MAX_MESSAGE: Final = 65536
+START_SECONDS: Final = 30.0
+"""How long a warm process may take to import its modules and say it is ready."""
+REPLY_SECONDS: Final = 5.0
+"""How long a child may take to answer one request (prepare, set up) before it is dropped."""
+WARM_MARK: Final = "floom-warm:"
+"""Starts the word of a warm process's command line that names its owner (kill_orphans)."""
+CAPABILITIES: Final = (
+    "CAP_SYS_ADMIN",  # namespaces, mounts, hostname
+    "CAP_SETUID",
+    "CAP_SETGID",
+    "CAP_SETPCAP",  # empty the bounding set
+    "CAP_NET_ADMIN",  # the run's loopback up
+    "CAP_DAC_OVERRIDE",  # the overlay over a run's dirs, which its own uid owns
+    "CAP_FOWNER",
+)
+WARM_ENV: Final = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+}
+"""The warm process's environment; -u and -B stand for the cold path's PYTHONUNBUFFERED and
+PYTHONDONTWRITEBYTECODE, which each run also gets in its own environment."""
+INTERPRETER_FLAGS: Final = ("-u", "-B")
+_SYS_OPEN_TREE: Final = 428  # one number on every architecture since Linux 5.2
+_OPEN_TREE_CLONE: Final = 1
+_AT_FDCWD: Final = -100
+_AT_SYMLINK_NOFOLLOW: Final = 0x100  # a link in a run's dir is never followed
+
+
+class WarmUnavailable(SandboxUnavailable):
+    """A warm process or child could not be started or did not answer: the run starts cold."""
+
+
+@dataclass(eq=False)
+class PreparedChild:
+    """A child of a warm process waiting for its run: in its cgroup (no limits yet), in its
+    own namespaces, its pid 1 forked. `init_pid` is pid 1's host pid (the script's),
+    `child_pid` the process that reaps it and reports its status on `chan`."""
+
+    chan: socket.socket
+    stdout: int
+    stderr: int
+    cgroup: cgroups.RunCgroup | None
+    child_pid: int
+    init_pid: int
+    init_pidfd: int
+    child_pidfd: int
+    made: float = field(default_factory=time.monotonic)
+    closed: bool = False
+
+    def ask(self, message: dict[str, object], fds: list[int] | None = None) -> None:
+        data = json.dumps(message).encode()
+        try:
+            if fds:
+                socket.send_fds(self.chan, [data], fds)
+            else:
+                self.chan.send(data)
+        except OSError as exc:
+            raise WarmUnavailable(f"the warm run's child is gone: {exc}") from exc
+
+    def answer(self, timeout: float = REPLY_SECONDS) -> dict[str, object]:
+        """The child's next message; raises WarmUnavailable when none comes in time."""
+        ready, _, _ = select.select([self.chan], [], [], timeout)
+        if not ready:
+            raise WarmUnavailable("the warm run's child did not answer")
+        try:
+            data = self.chan.recv(MAX_MESSAGE)
+        except OSError as exc:
+            raise WarmUnavailable(f"the warm run's child is gone: {exc}") from exc
+        if not data:
+            raise WarmUnavailable("the warm run's child ended")
+        try:
+            message = json.loads(data)
+        except ValueError as exc:
+            raise WarmUnavailable("the warm run's child sent no message") from exc
+        if not isinstance(message, dict):
+            raise WarmUnavailable("the warm run's child sent no message")
+        if "error" in message:
+            raise WarmUnavailable(str(message["error"]))
+        return message
+
+    def alive(self) -> bool:
+        ready, _, _ = select.select([self.init_pidfd], [], [], 0)
+        return not ready
+
+    def await_reporter(self, timeout: float) -> None:
+        """Wait until the process that reported pid 1's status has exited too: its cgroup
+        can be removed at once then, not after a kill and a retry."""
+        if self.child_pidfd >= 0:
+            select.select([self.child_pidfd], [], [], timeout)
+
+    def discard(self) -> None:
+        """Kill the child's processes and free what it holds (a child never used)."""
+        self.discard_processes()
+        self.close_fds()
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
+
+    def discard_processes(self) -> None:
+        """Kill the child's processes, by their pidfds (never by a pid that may be reused)."""
+        for pidfd in (self.init_pidfd, self.child_pidfd):
+            if pidfd >= 0:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+    def close_fds(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for fd in (self.stdout, self.stderr, self.init_pidfd, self.child_pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.stdout = self.stderr = self.init_pidfd = self.child_pidfd = -1
+        self.chan.close()
+
+
+class WarmProcess:
+    """One warm process: bubblewrap running inside.py's `warm` with `modules` preloaded."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        control: socket.socket,
+        *,
+        modules: tuple[str, ...],
+        pid: int,
+    ) -> None:
+        self.proc = proc
+        self.control = control
+        self.modules = modules
+        self.pid = pid  # the interpreter's own host pid (bwrap is proc.pid)
+        self.started = time.monotonic()
+        self.served = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(
+        cls, *, modules: tuple[str, ...], owner: str, system_args: tuple[str, ...], source: str
+    ) -> WarmProcess:
+        """Start a warm process and wait until its modules are imported; raises
+        WarmUnavailable, with `refused` set on it naming a module that started a thread."""
+        bwrap = shutil.which("bwrap")
+        python = shutil.which("python3", path=WARM_ENV["PATH"])
+        if bwrap is None or python is None:
+            raise WarmUnavailable("bwrap or python3 is not on PATH")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        resolv = os.memfd_create("floom-resolv")
+        os.write(resolv, OFFLINE_RESOLV_CONF)
+        os.lseek(resolv, 0, os.SEEK_SET)
+        caps: list[str] = ["--cap-drop", "ALL"]
+        for cap in CAPABILITIES:
+            caps += ["--cap-add", cap]
+        filter_hex = seccomp.deny_filter(namespaces=True).hex() if seccomp.supported() else ""
+        argv = [
+            bwrap,
+            *("--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"),
+            *("--die-with-parent", "--new-session", *caps),
+            *system_args,
+            *("--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"),
+            *("--dir", "/work", "--dir", "/output"),
+            *("--dir", "/run/floom-warm/files", "--dir", "/run/floom-warm/run"),
+            *("--ro-bind-data", str(resolv), "/etc/resolv.conf"),
+            *("--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/"),
+            "--",
+            python,
+            *INTERPRETER_FLAGS,
+            "-c",
+            source,
+            "warm",
+            str(theirs.fileno()),
+            filter_hex,
+            ",".join(modules),
+            owner,
+        ]
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=dict(WARM_ENV),
+                pass_fds=(theirs.fileno(), resolv),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            ours.close()
+            raise WarmUnavailable(f"cannot start a warm process: {exc}") from exc
+        finally:
+            theirs.close()
+            os.close(resolv)
+        try:
+            message = _read_message(ours, START_SECONDS)
+        except WarmUnavailable as exc:
+            _end(proc, ours)
+            exc.details = {"stderr": _tail(proc)}
+            raise
+        if "refused" in message:
+            _end(proc, ours)
+            failure = WarmUnavailable(f"module {message['refused']} starts a thread")
+            failure.details = {"refused": str(message["refused"])}
+            raise failure
+        pid = message.get("pid")
+        if not isinstance(pid, int):
+            _end(proc, ours)
+            raise WarmUnavailable("the warm process did not say it was ready")
+        return cls(proc, ours, modules=modules, pid=pid)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def prepare(self, count: int = 1) -> list[PreparedChild]:
+        """`count` children, each for one run in a fresh cgroup of its own (limits written
+        when its run comes). Asked for all at once: their moves into their cgroups come
+        close together, where the kernel makes them cheap (floom/sandbox/local/standby.py).
+        Returns those that got ready (raising WarmUnavailable, or CgroupError, when none
+        did), leaving nothing of the others."""
+        pending: list[_Pending] = []
+        failure: Exception | None = None
+        try:
+            for _ in range(count):
+                pending.append(self._ask_for_child())
+        except (WarmUnavailable, cgroups.CgroupError) as exc:
+            failure = exc
+        children: list[PreparedChild] = []
+        for asked in pending:
+            try:
+                children.append(asked.ready())
+            except WarmUnavailable as exc:
+                failure = exc
+        self.served += len(children)
+        if not children and failure is not None:
+            raise failure
+        return children
+
+    def _ask_for_child(self) -> _Pending:
+        tree = cgroups.detect()
+        cgroup = tree.make(f"run-{secrets.token_hex(8)}") if tree.enforced else None
+        undo = contextlib.ExitStack()
+        with undo:
+            if cgroup is not None:
+                undo.callback(cgroup.remove)
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            undo.callback(ours.close)
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            for fd in (out_r, err_r):
+                undo.callback(_close_quietly, fd)
+            given = [theirs.fileno(), out_w, err_w]
+            procs: list[int] = []
+            try:
+                for path in dict.fromkeys(cgroup.dirs.values()) if cgroup else ():
+                    procs.append(os.open(f"{path}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
+                with self._lock:
+                    socket.send_fds(self.control, [b'{"op": "prepare"}'], [*given, *procs])
+            except OSError as exc:
+                raise WarmUnavailable(f"the warm process is gone: {exc}") from exc
+            finally:
+                theirs.close()
+                for fd in (out_w, err_w, *procs):
+                    os.close(fd)
+            return _Pending(ours, out_r, err_r, cgroup, undo.pop_all())
+
+    def rss_bytes(self) -> int:
+        """The interpreter's resident memory (what its children share until they write)."""
+        try:
+            with open(f"/proc/{self.pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def close(self) -> None:
+        """End the warm process; the runs it prepared are not its and go on."""
+        _end(self.proc, self.control)
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A child asked for and not ready yet; `undo` frees what it holds."""
+
+    chan: socket.socket
+    stdout: int
+    stderr: int
+    cgroup: cgroups.RunCgroup | None
+    undo: contextlib.ExitStack
+
+    def ready(self) -> PreparedChild:
+        """The child, once it says it is ready; raises WarmUnavailable, leaving nothing."""
+        with self.undo as undo:
+            message = _read_message(self.chan, REPLY_SECONDS)
+            init_pid, child_pid = message.get("init"), message.get("child")
+            if not isinstance(init_pid, int) or not isinstance(child_pid, int):
+                raise WarmUnavailable("the warm run's child did not say it was ready")
+            try:
+                pidfd = os.pidfd_open(init_pid)
+                undo.callback(os.close, pidfd)
+                child_pidfd = os.pidfd_open(child_pid)
+            except OSError as exc:
+                raise WarmUnavailable(f"the warm run's child is gone: {exc}") from exc
+            undo.pop_all()
+        return PreparedChild(
+            self.chan,
+            self.stdout,
+            self.stderr,
+            self.cgroup,
+            child_pid,
+            init_pid,
+            pidfd,
+            child_pidfd,
+        )
+
+
+def open_detached(path: Path) -> int:
+    """A detached copy of the mount at `path` (open_tree with OPEN_TREE_CLONE): a run's
+    pid 1 moves it into its own namespace, where no host path names it."""
+    fd = int(
+        _libc().syscall(
+            _SYS_OPEN_TREE,
+            _AT_FDCWD,
+            os.fsencode(path),
+            _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_SYMLINK_NOFOLLOW,
+        )
+    )
+    if fd < 0:
+        code = ctypes.get_errno() or errno.EPERM
+        raise OSError(code, f"open_tree {path}: {os.strerror(code)}")
+    return fd
+
+
+def _read_message(sock: socket.socket, timeout: float) -> dict[str, object]:
+    ready, _, _ = select.select([sock], [], [], timeout)
+    if not ready:
+        raise WarmUnavailable(f"no answer from the warm process within {timeout:g} s")
+    try:
+        data = sock.recv(MAX_MESSAGE)
+    except OSError as exc:
+        raise WarmUnavailable(f"the warm process is gone: {exc}") from exc
+    if not data:
+        raise WarmUnavailable("the warm process ended")
+    try:
+        message = json.loads(data)
+    except ValueError as exc:
+        raise WarmUnavailable("the warm process sent no message") from exc
+    if not isinstance(message, dict):
+        raise WarmUnavailable("the warm process sent no message")
+    if "error" in message:
+        raise WarmUnavailable(str(message["error"]))
+    return message
+
+
+def _end(proc: subprocess.Popen[bytes], control: socket.socket) -> None:
+    control.close()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 9)
+    proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
+
+
+def _tail(proc: subprocess.Popen[bytes]) -> str:
+    if proc.stderr is None or proc.stderr.closed:
+        return ""
+    with contextlib.suppress(OSError, ValueError):
+        return proc.stderr.read(4096).decode("utf-8", "replace")
+    return ""
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+_loaded: ctypes.CDLL | None = None
+
+
+def _libc() -> ctypes.CDLL:
+    global _loaded
+    if _loaded is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        _loaded = libc
+    return _loaded

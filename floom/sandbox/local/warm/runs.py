@@ -1,0 +1,270 @@
+"""One run started from a warm process, seen from the host: set up ahead to just before its
+script (limits, dirs, uid, the drop), then given its environment and supervised as a cold
+run is: its output as lines, its timeout, cancel and limits, and the end of its whole tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Final
+
+from floom.sandbox.base import LineSink, SandboxResult, SandboxSpec, StartedAhead
+from floom.sandbox.fence import node_fence
+from floom.sandbox.local import limits
+from floom.sandbox.local.disks import RunDisk
+from floom.sandbox.local.identity import OVERLAY_SCRATCH_SUFFIX, SandboxIdentity, share_files
+from floom.sandbox.local.standby import memory_file
+from floom.sandbox.local.supervisor import CANCEL_POLL_SECONDS, KILL_WAIT_SECONDS, LineSplitter
+from floom.sandbox.local.uid_pool import UidLease
+from floom.sandbox.local.warm.process import PreparedChild, WarmUnavailable, open_detached
+
+SANDBOX_OUTPUT_DIR: Final = "/output"
+REPORTER_EXIT_SECONDS: Final = 1.0
+"""How long a run's end waits for pid 1's reporter to exit on its own before it is killed."""
+
+
+class WarmRun(StartedAhead):
+    """A run on a prepared child, set up to just before its script (`set_up`): exactly one of
+    `run` and `discard` ends it."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        child: PreparedChild,
+        *,
+        env: dict[str, str],
+        lease: UidLease,
+        identity: SandboxIdentity,
+        disk: RunDisk | None,
+        ended: Callable[[], None],
+    ) -> None:
+        self.spec = spec
+        self._child = child
+        self._env = env
+        self._lease = lease
+        self._identity = identity.with_uid(lease.uid)
+        self._disk = disk
+        self._ended = ended
+        self._limits: limits.RunLimits | None = None
+        self._lock = threading.Lock()
+        self._done = False
+
+    def set_up(self) -> None:
+        """Limits on the child's cgroup, the run's dirs handed to its uid and mounted, the
+        drop; raises WarmUnavailable (the caller discards this run and starts it cold)."""
+        spec, child = self.spec, self._child
+        try:
+            self._limits = limits.RunLimits(spec, child.cgroup, disk=self._disk)
+            if spec.fence:
+                node_fence().watch(spec.fence, self._fence_targets())
+            self._identity.hand_over(spec.workdir, spec.output_dir)
+            request: dict[str, object] = {
+                "op": "setup",
+                "uid": self._lease.uid,
+                "memory_bytes": spec.memory_mb * 1024 * 1024,
+            }
+            if self._disk is None:
+                request["fsize_bytes"] = limits.spec_disk_bytes(spec)
+            if limits.MEMORY not in self._limits.enforced:
+                request["data_bytes"] = spec.memory_mb * 1024 * 1024
+            fds = self._mounts(request)
+            try:
+                child.ask(request, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            child.answer()
+        except (OSError, WarmUnavailable) as exc:
+            self.discard()
+            raise WarmUnavailable(f"cannot set the warm run up: {exc}") from exc
+        except BaseException:
+            self.discard()
+            raise
+
+    def _mounts(self, request: dict[str, object]) -> list[int]:
+        """Detached mounts of the run's dirs, for its pid 1 to move into its namespace:
+        the work and output dirs, or with the version's files the files and the run dir,
+        whose work dir the overlay's upper layer is."""
+        spec = self.spec
+        opened: list[int] = []
+        try:
+            if spec.files is not None:
+                share_files(spec.files)
+                work = spec.workdir
+                if work.parent != spec.output_dir.parent:
+                    raise WarmUnavailable("a layered warm run keeps its dirs side by side")
+                scratch = work.with_name(work.name + OVERLAY_SCRATCH_SUFFIX)
+                scratch.mkdir(mode=0o700, exist_ok=True)
+                request["overlay"] = True
+                request["work_name"] = work.name
+                opened.append(open_detached(spec.files))
+                opened.append(open_detached(work.parent))
+            else:
+                opened.append(open_detached(spec.workdir))
+            opened.append(open_detached(spec.output_dir))
+        except BaseException:
+            for fd in opened:
+                os.close(fd)
+            raise
+        return opened
+
+    def _fence_targets(self) -> list[str]:
+        cgroup = self._child.cgroup
+        assert cgroup is not None, "warm runs need a cgroup"
+        return [f"cgroup:{path}" for path in dict.fromkeys(cgroup.dirs.values())]
+
+    def _take(self) -> bool:
+        with self._lock:
+            taken, self._done = not self._done, True
+        return taken
+
+    def run(self, *, on_line: LineSink, should_cancel: Callable[[], bool]) -> SandboxResult:
+        if not self._take():
+            raise WarmUnavailable("this warm run was discarded before it ran")
+        try:
+            given = json.dumps({"env": self._env, "argv": self.spec.command[1:]}).encode()
+            source = memory_file(given)
+            try:
+                self._child.ask({"op": "start"}, [source])
+            finally:
+                os.close(source)
+            result = _Supervision(self._child, on_line).supervise(
+                deadline=time.monotonic() + self.spec.timeout_seconds,
+                should_cancel=should_cancel,
+                check_limits=self._limits.reached if self._limits else lambda: None,
+            )
+        finally:
+            self._end()
+        if result.timed_out:
+            return replace(result, error=f"timed out after {self.spec.timeout_seconds:g} s")
+        if result.limit_exceeded:
+            return replace(result, error=limits.limit_message(result.limit_exceeded, self.spec))
+        return result
+
+    def discard(self) -> None:
+        if self._take():
+            self._end()
+
+    def _end(self) -> None:
+        """Kill what is left, remove the cgroup, then give the uid back (unless a process of
+        the run may be left)."""
+        child = self._child
+        child.await_reporter(REPORTER_EXIT_SECONDS)
+        child.discard_processes()
+        child.close_fds()
+        removed = self._limits.close() if self._limits is not None else True
+        if self._limits is None and child.cgroup is not None:
+            removed = child.cgroup.remove()
+        child.cgroup = None
+        if removed:
+            self._lease.release()
+        self._ended()
+
+
+class _Supervision:
+    """Streams a warm run's output and makes sure its whole tree ends. Its pid 1 is the
+    script itself: once it has ended, the kernel has ended every process of its namespace,
+    and its parent reports its status on the child's socket."""
+
+    def __init__(self, child: PreparedChild, on_line: LineSink) -> None:
+        self.child = child
+        self.readers = {
+            child.stdout: LineSplitter("stdout", on_line),
+            child.stderr: LineSplitter("stderr", on_line),
+        }
+
+    def supervise(
+        self,
+        *,
+        deadline: float,
+        should_cancel: Callable[[], bool],
+        check_limits: Callable[[], str | None],
+    ) -> SandboxResult:
+        child = self.child
+        poller = select.poll()
+        open_fds = {*self.readers, child.init_pidfd}
+        for fd in open_fds:
+            poller.register(fd, select.POLLIN)
+        outcome: str | None = None
+        limit: str | None = None
+        watching = True
+        drain_deadline = math.inf
+        next_check = time.monotonic() + CANCEL_POLL_SECONDS
+        next_limit_check = time.monotonic() + limits.POLL_SECONDS
+        while open_fds:
+            now = time.monotonic()
+            if watching:
+                if now >= deadline:
+                    outcome = "timed_out"
+                elif now >= next_check:
+                    next_check = now + CANCEL_POLL_SECONDS
+                    if should_cancel():
+                        outcome = "cancelled"
+                    elif now >= next_limit_check:
+                        next_limit_check = now + limits.POLL_SECONDS
+                        if limit := check_limits():
+                            outcome = "limit"
+                if outcome is not None:
+                    watching = False
+                    self.kill()
+                    drain_deadline = time.monotonic() + KILL_WAIT_SECONDS
+            if watching:
+                wait = min(next_check, deadline) - now
+            elif now >= drain_deadline:
+                break  # something outside the namespace holds a pipe; stop reading
+            else:
+                wait = drain_deadline - now
+            for fd, _ in poller.poll(math.ceil(max(wait, 0.0) * 1000)):
+                if fd == child.init_pidfd:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    if watching:
+                        watching = False
+                        drain_deadline = time.monotonic() + KILL_WAIT_SECONDS
+                elif data := os.read(fd, 65536):
+                    self.readers[fd].feed(data)
+                else:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    self.readers[fd].flush()
+        if outcome == "timed_out":
+            return SandboxResult(exit_code=None, timed_out=True)
+        if outcome == "cancelled":
+            return SandboxResult(exit_code=None, cancelled=True, error="cancelled")
+        exit_code = self._exit_code()
+        if outcome is None:
+            # A limit hit just before the end (an OOM-killed child, a full disk) still
+            # decides the run.
+            limit = check_limits()
+        if limit is not None:
+            return SandboxResult(
+                exit_code=None if outcome == "limit" else exit_code, limit_exceeded=limit
+            )
+        return SandboxResult(exit_code=exit_code)
+
+    def _exit_code(self) -> int:
+        """pid 1's exit code as its parent reported it (128 + N for signal N); killed, as
+        a shell would say, when its parent was killed before it could report."""
+        killed = 128 + signal.SIGKILL
+        try:
+            message = self.child.answer(KILL_WAIT_SECONDS)
+        except WarmUnavailable:
+            return killed
+        status = message.get("status")
+        if not isinstance(status, int) or status < 0:
+            return killed
+        code = os.waitstatus_to_exitcode(status)
+        return 128 - code if code < 0 else code
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(self.child.init_pidfd, signal.SIGKILL)

@@ -1,0 +1,513 @@
+"""Warm starts (floom/sandbox/local/warm/), run for real under bubblewrap: what one warm
+process's runs must not share, what their limits stop, and how its pool recovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
+from floom.sandbox.local.backend import system_args
+from floom.sandbox.local.warm.pools import WarmPools, WarmSettings
+from floom.sandbox.local.warm.process import INSIDE
+from tests.support.sandboxes import Lines
+from tests.support.warm import WarmedLocal, warm_script_spec
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="warm starts need floom to run as root"),
+]
+
+
+@pytest.fixture
+def warm(tmp_path: Path) -> Iterator[WarmedLocal]:
+    warmed = WarmedLocal(LocalSandbox(), tmp_path / "root")
+    (tmp_path / "root").mkdir()
+    yield warmed
+    warmed.close()
+
+
+def run(
+    warm: WarmedLocal, script: str, *, should_cancel: object = None, **fields: object
+) -> tuple[SandboxResult, Lines, SandboxSpec]:
+    spec = warm_script_spec(warm.work_root, script, **fields)
+    lines: Lines = []
+    result = warm.run(
+        spec,
+        on_line=lambda stream, line: lines.append((stream, line)),
+        should_cancel=should_cancel or (lambda: False),  # type: ignore[arg-type]
+    )
+    return result, lines, spec
+
+
+def outputs(lines: Lines) -> dict[str, object]:
+    found = [json.loads(line) for stream, line in lines if stream == "stdout" and "{" in line]
+    assert found, lines
+    return found[-1]  # type: ignore[no-any-return]
+
+
+PLANT = """
+import json, os, random, sys
+json.planted = "by the first run"
+random.seed(1234)
+os.environ["PLANTED"] = "yes"
+open("/tmp/planted", "w").write("yes")
+open("/dev/shm/planted", "w").write("yes")
+keep = os.open("/tmp/planted", os.O_RDONLY)
+print(json.dumps({"pid": os.getpid()}))
+"""
+
+LOOK = """
+import json, os, random
+print(json.dumps({
+    "planted": getattr(json, "planted", None),
+    "env": os.environ.get("PLANTED"),
+    "tmp": os.path.exists("/tmp/planted"),
+    "shm": os.path.exists("/dev/shm/planted"),
+    "fds": sorted(os.listdir("/proc/self/fd")),
+    "random": random.random(),
+    "pid": os.getpid(),
+}))
+"""
+
+
+def test_a_value_one_run_plants_in_its_warm_process_is_invisible_to_the_next(
+    warm: WarmedLocal,
+) -> None:
+    first, lines, _ = run(warm, PLANT)
+    assert first.exit_code == 0, lines
+    assert outputs(lines)["pid"] == 1  # the script is its namespace's pid 1: it ran warm
+    second, lines, _ = run(warm, LOOK)
+    assert second.exit_code == 0, lines
+    seen = outputs(lines)
+    assert seen["planted"] is None
+    assert seen["env"] is None
+    assert not seen["tmp"] and not seen["shm"]
+    assert seen["fds"] == ["0", "1", "2", "3"]  # 3: the listing's own
+    random_after_seed_1234 = 0.9664535356921388
+    assert seen["random"] != random_after_seed_1234
+
+
+def test_each_run_draws_its_own_random_state(warm: WarmedLocal) -> None:
+    draws = set()
+    for _ in range(3):
+        result, lines, _ = run(warm, LOOK)
+        assert result.exit_code == 0, lines
+        draws.add(outputs(lines)["random"])
+    assert len(draws) == 3
+
+
+CONTROL_SOCKET = """
+import json, os, socket, stat
+sockets = []
+for fd in range(3, 4096):
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            sockets.append(fd)
+    except OSError:
+        pass
+status = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+print(json.dumps({
+    "sockets": sockets,
+    "uid": os.getuid(),
+    "caps": [status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")],
+    "no_new_privs": status["NoNewPrivs"].strip(),
+    "seccomp": status["Seccomp"].strip(),
+    "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "cgroup": open("/proc/self/cgroup").read(),
+    "hostname": socket.gethostname(),
+}))
+"""
+
+
+def test_a_run_holds_no_socket_of_floom_nor_any_privilege(warm: WarmedLocal) -> None:
+    result, lines, _ = run(warm, CONTROL_SOCKET)
+    assert result.exit_code == 0, lines
+    seen = outputs(lines)
+    assert seen["sockets"] == []  # not the warm process's control socket, not its own
+    assert int(seen["uid"]) >= 0x70000000  # type: ignore[call-overload]
+    assert seen["caps"] == ["0000000000000000"] * 5
+    assert seen["no_new_privs"] == "1"
+    assert seen["seccomp"] == "2"
+    assert seen["pids"] == [1]
+    assert seen["hostname"] == "floom"
+
+
+NAMESPACES = """
+import ctypes, json, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+tried = {}
+for name, flag in (("user", 0x10000000), ("net", 0x40000000), ("mount", 0x20000)):
+    pid = libc.syscall(56, flag | 17, 0, 0, 0, 0)  # clone(flags | SIGCHLD)
+    if pid == 0:
+        libc._exit(0)
+    tried["clone " + name] = ctypes.get_errno() if pid < 0 else "made"
+    tried["unshare " + name] = ctypes.get_errno() if libc.unshare(flag) < 0 else "made"
+done = subprocess.run(["unshare", "-U", "true"], capture_output=True)
+tried["unshare(1)"] = done.returncode
+print(json.dumps(tried))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the probe calls clone by number")
+def test_a_warm_run_cannot_create_namespaces(warm: WarmedLocal) -> None:
+    result, lines, _ = run(warm, NAMESPACES)
+    assert result.exit_code == 0, lines
+    tried = outputs(lines)
+    assert "made" not in tried.values(), tried
+    assert tried["unshare(1)"] != 0
+
+
+TWO_AT_ONCE = """
+import json, os, socket, time
+mine = os.environ["WHO"]
+open("/tmp/" + mine, "w").write(mine)
+open("/dev/shm/" + mine, "w").write(mine)
+listener = socket.socket(socket.AF_UNIX)
+listener.bind("\\0floom-test-" + mine)
+listener.listen()
+print("ready", flush=True)
+deadline = time.monotonic() + 20
+while not os.path.exists("go") and time.monotonic() < deadline:
+    time.sleep(0.01)
+other = "b" if mine == "a" else "a"
+try:
+    socket.socket(socket.AF_UNIX).connect("\\0floom-test-" + other)
+    reached = True
+except OSError:
+    reached = False
+print(json.dumps({
+    "tmp": sorted(os.listdir("/tmp")),
+    "shm": sorted(os.listdir("/dev/shm")),
+    "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "reached": reached,
+    "uid": os.getuid(),
+}))
+"""
+
+
+def test_two_warm_runs_at_once_see_nothing_of_each_other(warm: WarmedLocal) -> None:
+    warm.pools.settings = replace(warm.pools.settings, ready=2)
+    spec_a = warm_script_spec(warm.work_root, TWO_AT_ONCE, env={"WHO": "a"})
+    spec_b = warm_script_spec(warm.work_root, TWO_AT_ONCE, env={"WHO": "b"})
+    key = warm.warm_up(spec_a)
+    pool_ready = warm.pools.wait_ready(key, 20)
+    assert pool_ready
+    ready = {"a": threading.Event(), "b": threading.Event()}
+    results: dict[str, tuple[SandboxResult, Lines]] = {}
+
+    def start(who: str, spec: SandboxSpec) -> threading.Thread:
+        lines: Lines = []
+
+        def on_line(stream: str, line: str) -> None:
+            lines.append((stream, line))
+            if line == "ready":
+                ready[who].set()
+
+        def target() -> None:
+            result = warm.local.run(
+                warm.warm_spec(spec), on_line=on_line, should_cancel=lambda: False
+            )
+            results[who] = (result, lines)
+
+        thread = threading.Thread(target=target)
+        thread.start()
+        return thread
+
+    hits = warm.hits()
+    first = start("a", spec_a)
+    assert ready["a"].wait(20)
+    assert warm.pools.wait_ready(key, 20)
+    second = start("b", spec_b)
+    assert ready["b"].wait(20)
+    for spec in (spec_a, spec_b):
+        (spec.workdir / "go").write_text("")  # both are running now
+    first.join(30)
+    second.join(30)
+    assert warm.hits() == hits + 2
+    seen = {}
+    for who, (result, lines) in results.items():
+        assert result.exit_code == 0, lines
+        seen[who] = outputs(lines)
+    for who in ("a", "b"):
+        assert seen[who]["tmp"] == [who] and seen[who]["shm"] == [who]
+        assert seen[who]["pids"] == [1]
+        assert seen[who]["reached"] is False
+    assert seen["a"]["uid"] != seen["b"]["uid"]
+
+
+FORK_BOMB = """
+import os
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+
+MEMORY_BOMB = """
+hoard = []
+while True:
+    hoard.append(bytearray(8 * 1024 * 1024))
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "fields", "limit"),
+    [(FORK_BOMB, {"processes": 32}, "processes"), (MEMORY_BOMB, {"memory_mb": 64}, "memory")],
+    ids=["fork bomb", "memory bomb"],
+)
+def test_a_bomb_is_stopped_by_its_limit_and_the_pool_serves_the_next_run(
+    warm: WarmedLocal, script: str, fields: dict[str, int], limit: str
+) -> None:
+    probe = warm_script_spec(warm.work_root, LOOK)
+    key = warm.warm_up(probe)
+    process = warm.pools.process_of(key)
+    assert process is not None
+    result, lines, _ = run(warm, script, timeout_seconds=20.0, **fields)
+    assert result.limit_exceeded == limit, (result, lines[-3:])
+    after, lines, _ = run(warm, LOOK)
+    assert after.exit_code == 0, lines
+    assert warm.pools.process_of(key) is process and process.alive()
+
+
+SLEEP_THEN_WRITE = """
+import json, os, sys, time
+print("started", flush=True)
+deadline = time.monotonic() + 20
+while not os.path.exists("go") and time.monotonic() < deadline:
+    time.sleep(0.01)
+json.dump({"outputs": {"survived": True}}, open("result.json", "w"))
+"""
+
+
+def test_a_run_outlives_its_warm_process_killed_mid_run_and_a_new_one_serves_the_next(
+    warm: WarmedLocal,
+) -> None:
+    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
+    key = warm.warm_up(spec)
+    process = warm.pools.process_of(key)
+    assert process is not None
+    started = threading.Event()
+    ended: list[SandboxResult] = []
+
+    def target() -> None:
+        ended.append(
+            warm.run(
+                spec,
+                on_line=lambda stream, line: started.set() if line == "started" else None,
+                should_cancel=lambda: False,
+            )
+        )
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    assert started.wait(20)
+    os.kill(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not process.alive()
+    (spec.workdir / "go").write_text("")
+    thread.join(30)
+    assert ended and ended[0].exit_code == 0
+    assert json.loads((spec.workdir / "result.json").read_text())["outputs"]["survived"]
+    result, lines, _ = run(warm, LOOK)  # WarmedLocal waits for the replacement, and asserts a hit
+    assert result.exit_code == 0, lines
+    replacement = warm.pools.process_of(key)
+    assert replacement is not None and replacement is not process and replacement.alive()
+
+
+def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_finish(
+    warm: WarmedLocal,
+) -> None:
+    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
+    old_key = warm.warm_up(spec)
+    old = warm.pools.process_of(old_key)
+    assert old is not None
+    started = threading.Event()
+    ended: list[SandboxResult] = []
+    thread = threading.Thread(
+        target=lambda: ended.append(
+            warm.run(
+                spec,
+                on_line=lambda stream, line: started.set() if line == "started" else None,
+                should_cancel=lambda: False,
+            )
+        )
+    )
+    thread.start()
+    assert started.wait(20)
+    warm.version = "v2"  # the next runs are of the version just deployed
+    result, lines, new_spec = run(warm, LOOK)
+    assert result.exit_code == 0, lines
+    new_key = warm.key(new_spec)
+    assert new_key is not None and new_key != old_key
+    new = warm.pools.process_of(new_key)
+    assert new is not None and new is not old
+    assert warm.pools.process_of(old_key) is None
+    deadline = time.monotonic() + 10
+    while old.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not old.alive()  # the version before has no warm process left
+    (spec.workdir / "go").write_text("")
+    thread.join(30)
+    assert ended and ended[0].exit_code == 0  # its run in flight finished all the same
+
+
+SHARED_AT = 0x7E0000000000
+SHARED_MAPPING = f"""
+import ctypes, json
+start = {SHARED_AT}
+before = ctypes.string_at(start, 7)
+ctypes.memmove(start, b"planted", 7)
+print(json.dumps({{"before": before.decode("latin-1")}}))
+"""
+
+
+def test_shared_mappings_the_warm_process_made_are_private_to_each_run(tmp_path: Path) -> None:
+    # A warm process that maps shared memory at start (as a library might at import), at an
+    # address the runs know.
+    plant = (
+        "\nimport ctypes as _ctypes\n"
+        "_plant = _ctypes.CDLL(None)\n"
+        "_plant.mmap.restype = _ctypes.c_void_p\n"
+        "_plant.mmap.argtypes = [_ctypes.c_void_p, _ctypes.c_size_t, _ctypes.c_int,"
+        " _ctypes.c_int, _ctypes.c_int, _ctypes.c_long]\n"
+        f"assert _plant.mmap({SHARED_AT}, 4096, 3, 0x01 | 0x20 | 0x100000, -1, 0) == {SHARED_AT}\n"
+    )
+    source = INSIDE.read_text().replace(
+        '\nif __name__ == "__main__":', plant + '\nif __name__ == "__main__":'
+    )
+    local = LocalSandbox()
+    local.warm = WarmPools(WarmSettings(), system_args=system_args, source=source)
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(local, tmp_path / "root")
+    try:
+        for _ in range(2):
+            result, lines, _ = run(warm, SHARED_MAPPING)
+            assert result.exit_code == 0, lines
+            assert outputs(lines)["before"] == "\0" * 7  # nothing of the run before
+    finally:
+        warm.close()
+
+
+def test_a_run_starts_cold_when_no_warm_child_is_ready(tmp_path: Path) -> None:
+    local = LocalSandbox()
+    (tmp_path / "root").mkdir()
+    spec = replace(warm_script_spec(tmp_path / "root", LOOK), warm="v1")
+    try:
+        lines: Lines = []
+        result = local.run(
+            spec, on_line=lambda *line: lines.append(line), should_cancel=lambda: False
+        )
+        assert result.exit_code == 0, lines
+        assert outputs(lines)["pid"] != 1  # cold: bubblewrap's init is pid 1
+    finally:
+        local.close()
+
+
+def test_warm_starts_turned_off_start_every_run_cold(tmp_path: Path) -> None:
+    local = LocalSandbox(warm=WarmSettings(enabled=False))
+    assert local.warm is None
+    assert local.protections()["warm_starts"] is False
+    local.close()
+
+
+def test_the_warm_process_holds_no_secret_and_no_run_dir(warm: WarmedLocal) -> None:
+    result, lines, spec = run(warm, LOOK, env={"API_TOKEN": "s3cr3t-warm-value"})
+    assert result.exit_code == 0, lines
+    key = warm.key(spec)
+    assert key is not None
+    process = warm.pools.process_of(key)
+    assert process is not None
+    for name in ("environ", "cmdline"):
+        assert b"s3cr3t-warm-value" not in Path(f"/proc/{process.pid}/{name}").read_bytes()
+    mounts = Path(f"/proc/{process.pid}/mountinfo").read_text()
+    assert str(warm.work_root) not in mounts
+
+
+def test_reaping_kills_the_warm_processes_and_runs_an_earlier_floom_left_and_spares_its_own(
+    warm: WarmedLocal,
+) -> None:
+    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
+    key = warm.warm_up(spec)
+    process = warm.pools.process_of(key)
+    assert process is not None
+    assert warm.kill_orphans(warm.work_root) == 0  # its own are live
+    started = threading.Event()
+    ended: list[SandboxResult] = []
+    thread = threading.Thread(
+        target=lambda: ended.append(
+            warm.run(
+                spec,
+                on_line=lambda stream, line: started.set() if line == "started" else None,
+                should_cancel=lambda: False,
+            )
+        )
+    )
+    thread.start()
+    assert started.wait(20)
+    later = LocalSandbox()  # the floom that starts after this one died
+    try:
+        assert later.kill_orphans(warm.work_root) >= 2  # the warm process and the run's
+    finally:
+        later.close()
+    thread.join(30)
+    assert ended and ended[0].exit_code != 0
+    assert not (spec.workdir / "result.json").exists()
+    deadline = time.monotonic() + 10
+    while process.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not process.alive()
+
+
+def test_an_idle_pool_ends_and_its_next_run_starts_cold_then_warm_again(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(LocalSandbox(warm=WarmSettings(idle_seconds=0.5)), tmp_path / "root")
+    try:
+        spec = warm_script_spec(warm.work_root, LOOK)
+        key = warm.warm_up(spec)
+        process = warm.pools.process_of(key)
+        assert process is not None
+        deadline = time.monotonic() + 20
+        while warm.pools.process_of(key) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert warm.pools.process_of(key) is None  # the idle pool ended ...
+        while process.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not process.alive()  # ... with its warm process
+        result, lines, _ = run(warm, LOOK)  # a new pool from the record kept, warm again
+        assert result.exit_code == 0, lines
+    finally:
+        warm.close()
+
+
+def test_the_memory_budget_makes_an_idle_pool_give_way_to_a_new_one(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    # Room for one warm process (about 14 MiB resident here), not two.
+    local = LocalSandbox(warm=WarmSettings(memory_mb=24))
+    first = WarmedLocal(local, tmp_path / "root", version="a", worker="first")
+    second = WarmedLocal(local, tmp_path / "root", version="b", worker="second")
+    try:
+        key_a = first.warm_up(warm_script_spec(first.work_root, LOOK))
+        process_a = local.warm.process_of(key_a) if local.warm else None
+        assert process_a is not None
+        key_b = second.warm_up(warm_script_spec(second.work_root, LOOK))
+        assert local.warm is not None and local.warm.process_of(key_b) is not None
+        assert local.warm.process_of(key_a) is None
+        deadline = time.monotonic() + 10
+        while process_a.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not process_a.alive()
+    finally:
+        local.close()
