@@ -24,7 +24,9 @@ from floom.services.context import Context
 from floom.services.runs.rules import FINISHED
 from floom.services.workers import versions as workers
 from floom.services.workers.versions import DeployResult
-from tests.support.ports import free_port
+
+# The harness is where tests take their helpers from, free_port included.
+from tests.support.ports import free_port as free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "workers"

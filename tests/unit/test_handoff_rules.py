@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from floom.errors import Forbidden, InvalidRequest
+from floom.errors import Forbidden, IllegalTransition, InvalidRequest
 from floom.services.handoffs import rules
-from floom.services.handoffs.rules import IllegalTransition, check_transition, evaluate
+from floom.services.handoffs.rules import check_transition, evaluate
 
 RESULT = {
     "summary": "looked at it",

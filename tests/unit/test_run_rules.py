@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from floom.client.rest import TERMINAL_STATUSES
 from floom.errors import IllegalTransition, InvalidRequest
 from floom.services.runs import rules
 from floom.services.runs.rules import (
@@ -22,6 +21,7 @@ from floom.services.runs.rules import (
     requeue_next_attempt,
     transition,
 )
+from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
 from floom.store.models import Run
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -22,9 +22,7 @@ from fastapi.routing import APIRoute
 import floom.services
 from floom.errors import Forbidden
 from floom.mcp.tools import core as mcp_tools
-from floom.services.access import keys
-from floom.services.access.keys import SCOPES
-from floom.services.access.principal import SYSTEM, Principal
+from floom.services.access.principal import SCOPES, SYSTEM, Principal, grants
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from tests.support.harness import LiveServer, deploy_folder, make_worker, plain_client
@@ -121,7 +119,7 @@ def test_each_route_refuses_no_key_and_every_lower_scope_and_admits_its_own(
                 wrong.append(f"{method} {path} without a key answered {status}, not 401")
             for held, api in clients.items():
                 resp = api.request(method, url, json={}, params={"wait": 0})
-                allowed = keys.grants([held], scope)
+                allowed = grants([held], scope)
                 if not allowed and (resp.status_code != 403 or _code(resp) != "forbidden"):
                     wrong.append(f"{method} {path} with {held} answered {resp.status_code}")
                 if allowed and resp.status_code in (401, 403):
@@ -179,7 +177,7 @@ def test_each_mcp_tool_refuses_no_key_and_every_lower_scope_and_admits_its_own(
         for held in SCOPES:
             async with http_client(server, tokens[held]) as mcp:
                 shown = {t.name for t in (await mcp.list_tools()).tools}
-                allowed = {n for n in names if keys.grants([held], mcp_tools.scope_of(n))}
+                allowed = {n for n in names if grants([held], mcp_tools.scope_of(n))}
                 if shown != allowed:
                     wrong.append(f"tools/list for {held} shows {sorted(shown ^ allowed)} wrongly")
                 for name in names:

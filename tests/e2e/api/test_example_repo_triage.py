@@ -85,7 +85,7 @@ def test_repo_triage_labels_an_issue_after_approval_and_reports(
 def test_the_examples_deployed_at_first_start_include_the_agent(
     tmp_path: Path, database_url: str
 ) -> None:
-    from tests.support.agents import live_server
+    from tests.support.harness import live_server
 
     with live_server(tmp_path / "data", database_url, deploy_examples=True) as srv:
         with srv.client() as api:

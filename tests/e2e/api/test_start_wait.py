@@ -15,6 +15,7 @@ import pytest
 
 from floom.client.rest import FloomClient
 from floom.services.runs import waits as run_waits
+from floom.store.db import read_connection
 from tests.e2e.api.test_waits import NOOP, CountingTransport, deploy, keys_of, make_server, start
 from tests.support.harness import LiveServer, wait_until
 
@@ -47,7 +48,7 @@ def test_a_start_with_wait_answers_with_the_record_its_end_wrote_without_reading
         "json.dump({'outputs': {'n': 1}}, open('result.json', 'w'))\n"
     )
     reads: list[str] = []
-    real_read = run_waits.read_connection
+    real_read = read_connection
 
     def counting_read(engine: Any) -> Any:
         reads.append(threading.current_thread().name)

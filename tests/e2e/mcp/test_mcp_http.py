@@ -21,11 +21,11 @@ from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
 from floom.store.db import session_scope
-from tests.support.agents import live_server
 from tests.support.harness import (
     EXAMPLES,
     LiveServer,
     deploy_folder,
+    live_server,
     make_worker,
     wait_for_run,
     wait_until,

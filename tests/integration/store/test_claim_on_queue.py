@@ -17,7 +17,7 @@ from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine import dispatch as dispatch_module
 from floom.engine.executor import Executor
-from floom.engine.queue import Claim
+from floom.engine.queue import Claim, claim_next
 from floom.engine.runtime import NodeRuntime
 from floom.errors import FloomError
 from floom.sandbox.fake import FakeSandbox
@@ -198,7 +198,7 @@ def test_a_slot_goes_on_to_the_next_queued_run_itself(
     deploy(ctx, tmp_path, "w1")
     ids = [runs.create_run(ctx, worker_name="w1", caller=SYSTEM).id for _ in range(4)]
     claimed_on: list[str] = []
-    real_claim = dispatch_module.claim_next
+    real_claim = claim_next
 
     def recording_claim(c: Context, **kwargs: Any) -> Claim:
         claim = real_claim(c, **kwargs)

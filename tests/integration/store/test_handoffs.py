@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.errors import Conflict, Forbidden, IllegalTransition, InvalidRequest, NotFound
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -15,7 +15,6 @@ from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow, review
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs.retire import retire_agent
-from floom.services.handoffs.rules import IllegalTransition
 from tests.support.handoffs import admin, agent, event_types, events, roles
 from tests.support.harness import wait_until
 
@@ -134,7 +133,7 @@ def test_an_agents_roles_are_read_on_every_call_never_frozen(ctx: Context, team:
     job = handoffs.create_job(ctx, actor=key, summary="x", role="ops")
     assert flow.claim_next(ctx, actor=key) is None
     handoff_agents.update_agent(ctx, caller=SYSTEM, agent="lead", roles=["ops"])
-    assert handoff_agents.my_roles(ctx, actor=handoffs.as_actor(ctx, key))["roles"] == ["ops"]
+    assert handoff_agents.my_roles(ctx, actor=handoff_agents.as_actor(ctx, key))["roles"] == ["ops"]
     handoff_agents.update_role(ctx, caller=SYSTEM, role="ops", name="operations")
     claimed = flow.claim_next(ctx, actor=key, role="operations")
     assert claimed is not None and claimed["id"] == job["id"]

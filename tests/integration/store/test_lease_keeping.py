@@ -21,7 +21,13 @@ import floom.engine.executor as executor_module
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine.executor import Executor
-from floom.engine.queue import Renewal, claim_next_run, reap_expired_leases, renew_leases
+from floom.engine.queue import (
+    Renewal,
+    claim_next_run,
+    reap_expired_leases,
+    renew_held_leases,
+    renew_leases,
+)
 from floom.sandbox.fake import FakeProcess, FakeSandbox
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -191,7 +197,7 @@ def test_a_run_whose_row_is_locked_through_heartbeats_goes_on_running(
     ctx, _ = node
     run_id = _start(ctx, waiter)
     renewals = []
-    real = executor_module.renew_held_leases
+    real = renew_held_leases
 
     def counted(ctx: Context, epochs: dict[str, int | None]) -> Renewal:
         result = real(ctx, epochs)
