@@ -236,5 +236,5 @@ def _write(text: str) -> None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        sys.stdout = None  # type: ignore[assignment]  # nothing more can reach a closed pipe
+        sys.stdout = None  # nothing more can reach a closed pipe
         sys.exit(1)
