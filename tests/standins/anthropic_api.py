@@ -178,7 +178,7 @@ def messages_standin(key: str) -> Iterator[MessagesStandin]:
     standin = MessagesStandin(key)
 
     class Handler(JSONHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             auth = self.headers.get("x-api-key") or self.headers.get("Authorization") or ""

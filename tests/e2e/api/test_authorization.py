@@ -271,7 +271,7 @@ def test_every_service_refuses_a_caller_without_a_scope_before_reading_anything(
             if exc.details.get("scope_needed") not in SCOPES:
                 wrong.append(f"{name} refused without naming the scope it needs")
             continue
-        except Exception as exc:  # noqa: BLE001 - any other outcome is the finding
+        except Exception as exc:  # any other outcome is the finding
             wrong.append(f"{name} looked at its arguments first ({type(exc).__name__}: {exc})")
             continue
         wrong.append(f"{name} answered a caller without a scope")

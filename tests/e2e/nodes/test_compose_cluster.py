@@ -221,7 +221,7 @@ def test_an_unreachable_database_gives_503s_and_logs_and_in_flight_results_are_k
     api.close()
 
 
-def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_and_leaves_no_sandbox(  # noqa: E501
+def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_and_leaves_no_sandbox(
     cluster: tuple[Cluster, TcpProxy], tmp_path: Path
 ) -> None:
     c, _ = cluster

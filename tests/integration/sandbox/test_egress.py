@@ -93,14 +93,14 @@ def _answering(body: bytes, content_type: str) -> Iterator[int]:
     """A loopback service that answers every request with `body`."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             self.send_response(200)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-        do_GET = do_DELETE = do_POST  # noqa: N815 - http.server's naming
+        do_GET = do_DELETE = do_POST  # http.server's naming
 
         def log_message(self, *args: Any) -> None:
             pass

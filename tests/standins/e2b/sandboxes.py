@@ -171,7 +171,7 @@ class RunningProcess:
         end = Event("failed", error="the stand-in could not run the command")
         try:
             result = local.run(spec, on_line=self._on_line, should_cancel=self.cancel.is_set)
-        except Exception as exc:  # noqa: BLE001 - any stand-in failure reaches the client as an RPC error
+        except Exception as exc:  # any stand-in failure reaches the client as an RPC error
             end = Event("failed", error=f"the stand-in could not run the command: {exc}")
         else:
             if result.exit_code is None:
