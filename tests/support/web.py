@@ -185,5 +185,6 @@ def signed_in_client(server: LiveServer, key: str) -> httpx.Client:
     client = httpx.Client(base_url=server.base_url, timeout=10)
     form = client.get("/login")
     done = client.post("/login", data={"csrf": csrf_of(form.text), "api_key": key, "next": "/"})
-    assert done.status_code == 303 and done.headers["location"] == "/", done.text
+    assert done.status_code == 303, done.text
+    assert done.headers["location"] == "/", done.text
     return client

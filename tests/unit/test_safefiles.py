@@ -92,7 +92,8 @@ def test_a_walk_past_its_deadline_stops_and_a_cancel_ends_it(tmp_path: Path) -> 
         bounds=Bounds(deadline=time.monotonic() + 30, should_cancel=lambda: True),
         redactor=Redactor([]),
     )
-    assert cancelled.cancelled and cancelled.artifacts == []
+    assert cancelled.cancelled
+    assert cancelled.artifacts == []
 
 
 def test_collected_artifacts_have_secrets_redacted_in_names_text_and_binary_bytes(

@@ -45,7 +45,8 @@ class Supervisor:
     """
 
     def __init__(self, proc: subprocess.Popen[bytes], info_fd: int, on_line: LineSink) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         self.proc = proc
         self.info_fd = info_fd
         self.info = bytearray()

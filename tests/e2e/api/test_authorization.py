@@ -168,7 +168,8 @@ def test_each_mcp_tool_refuses_no_key_and_every_lower_scope_and_admits_its_own(
         async with http_client(server) as admin:
             listed = (await admin.list_tools()).tools
         names = [t.name for t in listed]
-        assert "walked" in names and "deploy_worker" in names, names
+        assert "walked" in names, names
+        assert "deploy_worker" in names, names
         with plain_client(server.base_url, timeout=30) as anonymous:
             for name in names:
                 unauthenticated = _mcp_call_without_key(anonymous, name)

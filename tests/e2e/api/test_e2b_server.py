@@ -65,7 +65,8 @@ def test_a_run_in_e2b_comes_back_with_outputs_artifacts_and_logs_in_one_sandbox(
     assert ("stderr", "careful") in lines
     [sandbox] = e2b_standin.created
     assert {run_id, "bundle", deployed["version"]["id"]} <= set(sandbox.metadata.values())
-    assert sandbox.template == "base" and sandbox.allow_internet is False
+    assert sandbox.template == "base"
+    assert sandbox.allow_internet is False
     wait_until(lambda: e2b_standin.killed == [sandbox.sandbox_id], timeout=10)
     assert e2b_standin.requests["POST /files"] == 1
     assert e2b_standin.api_key not in api.get(f"/api/v1/runs/{run_id}").text

@@ -120,7 +120,8 @@ def test_an_eval_over_ten_recorded_runs_reports_the_right_counts(
     assert all(i["outputs_different"] in ([], ["answer"]) for i in report["items"])
     assert len(rig.echo["requests"]) == posts  # every lookup answered from the recording
     bad = rig.api.post("/api/v1/workers/lookup/evals", json={"runs": "last:many"})
-    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == "invalid_request"
     # The UI's eval page shows the same counts, and links each replay's report.
     web = signed_in_client(rig.server, rig.server.admin_key)
     try:
@@ -155,7 +156,8 @@ def test_a_deploy_gated_by_a_failing_eval_is_refused_and_accepted_with_the_overr
 
     assert refused.status_code == 409, refused.text
     error = refused.json()["error"]
-    assert error["code"] == "eval_gate_failed" and "--skip-eval-gate" in error["hint"]
+    assert error["code"] == "eval_gate_failed"
+    assert "--skip-eval-gate" in error["hint"]
     assert error["details"]["totals"]["outputs_different"] == 3
     assert rig.api.get("/api/v1/workers/lookup").json()["active_version_id"] == active
 

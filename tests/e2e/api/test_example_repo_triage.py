@@ -76,7 +76,8 @@ def test_repo_triage_labels_an_issue_after_approval_and_reports(
     ]
     assert {auth for _, auth in gh["requests"]} == {f"Bearer {TOKEN}"}
     (labelled,) = rig.echo["requests"]
-    assert labelled["method"] == "POST" and json.loads(labelled["body"]) == {"labels": ["bug"]}
+    assert labelled["method"] == "POST"
+    assert json.loads(labelled["body"]) == {"labels": ["bug"]}
     assert labelled["headers"]["authorization"] == f"Bearer {TOKEN}"
     assert rig.model.tool_names(0) == ["http_request", "github_write", "write_file", "finish"]
     assert TOKEN not in json.dumps(run)

@@ -188,7 +188,8 @@ def test_a_write_waits_for_a_revocation_being_committed_and_then_refuses(
         wait_until(lambda: _waiting_locks(revoker) > 0 or outcome, timeout=10)
         revoker.commit()
         writer.join(timeout=30)
-    assert len(outcome) == 1 and isinstance(outcome[0], Unauthorized), outcome
+    assert len(outcome) == 1, outcome
+    assert isinstance(outcome[0], Unauthorized), outcome
     with session_scope(ctx.engine) as s:
         heirs = s.execute(select(ApiKey.id).where(ApiKey.name == "heir")).all()  # type: ignore[arg-type]
     assert heirs == []
@@ -314,9 +315,11 @@ def test_the_key_cache_is_not_used_once_its_listener_was_not_heard_within_the_bo
     stale = AuthCache(trusted=False)
     stale.heard(time.monotonic() - HEARD_WITHIN_SECONDS - 0.01)
     stale.put("h", key, epoch=stale.epoch)
-    assert not stale.trusted and stale.get("h") is None
+    assert not stale.trusted
+    assert stale.get("h") is None
     cache.clear(trusted=False)  # a lost connection
-    assert not cache.trusted and cache.get("h") is None
+    assert not cache.trusted
+    assert cache.get("h") is None
 
 
 def test_every_deploy_or_admin_service_that_opens_a_write_checks_its_caller_inside_it() -> None:

@@ -44,9 +44,11 @@ def test_a_secret_in_an_artifacts_name_or_text_is_redacted_and_in_a_binary_one_m
     assert names == ["blob.bin", "report-***.txt"]
     listed = api.get(f"/api/v1/runs/{run['id']}/artifacts").text
     shown = api.get(f"/api/v1/runs/{run['id']}").text
-    assert TOKEN not in listed and TOKEN not in shown
+    assert TOKEN not in listed
+    assert TOKEN not in shown
     text = api.get(f"/api/v1/runs/{run['id']}/artifacts/report-***.txt")
-    assert text.status_code == 200 and text.text == "token=***\n"
+    assert text.status_code == 200
+    assert text.text == "token=***\n"
     binary = api.get(f"/api/v1/runs/{run['id']}/artifacts/blob.bin").content
     assert binary == b"\0\1" + b"*" * len(TOKEN)
 

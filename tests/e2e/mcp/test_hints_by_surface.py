@@ -78,14 +78,16 @@ def test_a_paused_worker_is_explained_in_each_callers_terms(
     assert "floom" not in rest["hint"]
 
     cli = api.post("/api/v1/workers/hello/runs", json={}, headers=CLI).json()["error"]
-    assert "`floom resume hello`" in cli["hint"] and "`floom run hello --force`" in cli["hint"]
+    assert "`floom resume hello`" in cli["hint"]
+    assert "`floom run hello --force`" in cli["hint"]
 
     async def over_mcp() -> None:
         async with http_client(server) as mcp:
             error = await call_error(mcp, "run_worker", worker="hello")
             assert "resume_worker(worker='hello')" in error["hint"]
             assert "run_worker(worker='hello', force=True)" in error["hint"]
-            assert "floom" not in error["hint"] and "/api/v1" not in error["hint"]
+            assert "floom" not in error["hint"]
+            assert "/api/v1" not in error["hint"]
             assert (await call(mcp, "resume_worker", worker="hello"))["items"] is not None
 
     anyio.run(over_mcp)
@@ -108,8 +110,10 @@ def test_a_missing_scope_names_how_each_caller_gets_a_key_with_it(
     async def over_mcp() -> None:
         async with http_client(server, read_key) as mcp:
             error = await call_error(mcp, "run_worker", worker="hello")
-            assert error["code"] == "forbidden" and "'run' scope" in error["hint"]
-            assert "floom keys" not in error["hint"] and "/api/v1" not in error["hint"]
+            assert error["code"] == "forbidden"
+            assert "'run' scope" in error["hint"]
+            assert "floom keys" not in error["hint"]
+            assert "/api/v1" not in error["hint"]
 
     anyio.run(over_mcp)
 
@@ -119,7 +123,8 @@ def test_a_missing_run_points_a_rest_client_at_the_runs_endpoint(
     server: LiveServer, api: httpx.Client
 ) -> None:
     rest = api.get("/api/v1/runs/run_nope").json()["error"]
-    assert rest["code"] == "not_found" and rest["hint"] == "`GET /api/v1/runs` lists recent runs"
+    assert rest["code"] == "not_found"
+    assert rest["hint"] == "`GET /api/v1/runs` lists recent runs"
     cli = api.get("/api/v1/runs/run_nope", headers=CLI).json()["error"]
     assert cli["hint"] == "`floom runs` lists recent runs"
     # A client that claims another surface is a plain REST client.

@@ -94,7 +94,8 @@ def test_three_schedulers_fire_each_tick_once_while_one_is_killed_at_a_tick(
             stack.callback(kill, proc)
             nodes.append(proc)
         for proc in nodes:
-            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == b"ready\n"
         wait_until(lambda: len(schedule_runs(scheduler_ctx)) >= 1, timeout=4 * TICK)
         # Kill a node just as the next tick falls due, when every node is firing it.
         elapsed = time.time() - clock_start
@@ -116,7 +117,8 @@ def test_three_schedulers_fire_each_tick_once_while_one_is_killed_at_a_tick(
         )
     runs = schedule_runs(scheduler_ctx)
     per_tick = Counter(r.scheduled_for for r in runs)
-    assert per_tick and set(per_tick.values()) == {1}, per_tick
+    assert per_tick, per_tick
+    assert set(per_tick.values()) == {1}, per_tick
     ticks = sorted(per_tick)
     minutes = [(b - a).total_seconds() for a, b in zip(ticks, ticks[1:], strict=False)]
     assert set(minutes) == {60.0}, ticks  # no tick lost either

@@ -142,7 +142,8 @@ def test_300_runs_submitted_on_the_api_node_each_run_exactly_once_across_both_ex
     )
     assert outcome == [("succeeded", 1, 300)]
     starts = starts_by_run(c, "tick")
-    assert set(starts) == set(run_ids) and all(len(s) == 1 for s in starts.values())
+    assert set(starts) == set(run_ids)
+    assert all(len(s) == 1 for s in starts.values())
     by_node: dict[str, int] = {}
     for ((_, node),) in starts.values():
         by_node[node] = by_node.get(node, 0) + 1
@@ -153,7 +154,8 @@ def test_300_runs_submitted_on_the_api_node_each_run_exactly_once_across_both_ex
         "SELECT e.run_id, count(*) FROM run_events e JOIN runs r ON r.id = e.run_id "
         "WHERE r.worker_name = 'tick' AND e.stream = 'stdout' GROUP BY e.run_id"
     )
-    assert len(sandbox_lines) == 300 and {n for _, n in sandbox_lines} == {1}
+    assert len(sandbox_lines) == 300
+    assert {n for _, n in sandbox_lines} == {1}
 
 
 def test_an_unreachable_database_gives_503s_and_logs_and_in_flight_results_are_kept(
@@ -215,7 +217,8 @@ def test_an_unreachable_database_gives_503s_and_logs_and_in_flight_results_are_k
         body = api.get(f"/api/v1/runs/{run_id}").json()
         assert body["outputs"] == {"done": True}
         lines = [e["line"] for e in api.get(f"/api/v1/runs/{run_id}/logs").json()["items"]]
-        assert "before" in lines and "after" in lines
+        assert "before" in lines
+        assert "after" in lines
     assert httpx.get(f"{c.nodes['api'].url}/healthz").status_code == 200
     wait_until(lambda: all("database reachable again" in n.log() for n in c.nodes.values()))
     api.close()

@@ -72,7 +72,8 @@ def test_every_command_is_a_floom_command_with_options_it_takes_and_valid_values
         floom_command(["floom", "serve", "--role", "api"])
     dockerfile = (REPO / "Dockerfile").read_text()
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
-    assert cmd is not None and cmd.group(1) == '["floom", "serve"]'
+    assert cmd is not None
+    assert cmd.group(1) == '["floom", "serve"]'
 
 
 def test_the_cluster_shares_one_database_secret_key_admin_key_and_public_url() -> None:
@@ -84,7 +85,8 @@ def test_the_cluster_shares_one_database_secret_key_admin_key_and_public_url() -
     for variable in SHARED:
         assert len({env[variable] for env in envs.values()}) == 1, variable
     url = envs["api"]["FLOOM_DATABASE_URL"]
-    assert url.startswith("postgresql+psycopg://") and "@postgres:5432/" in url
+    assert url.startswith("postgresql+psycopg://")
+    assert "@postgres:5432/" in url
     # The operator must choose the secrets: without them compose refuses to start.
     for required in ("FLOOM_SECRET_KEY", "FLOOM_BOOTSTRAP_API_KEY"):
         without = {k: v for k, v in OPERATOR_ENV.items() if k != required}
@@ -106,7 +108,8 @@ def test_one_api_and_scheduler_node_and_two_executors_per_sandbox_profile() -> N
         assert len(extra) == 2, profile
         for svc in extra.values():
             params = floom_command(svc["command"]).params
-            assert params["roles"] == "executor" and params["sandbox"] == sandbox
+            assert params["roles"] == "executor"
+            assert params["sandbox"] == sandbox
 
 
 def test_health_checks_volume_ports_and_start_order() -> None:

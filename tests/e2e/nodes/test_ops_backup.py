@@ -80,7 +80,8 @@ def test_a_backup_taken_while_serving_restores_every_run_into_a_fresh_data_dir(
             before = _everything(api)
             summary = create_backup(settings=node.ctx.settings, dest=tmp_path / "backup")
 
-    assert summary.counts["runs"] == 2 and summary.counts["secrets"] == 1
+    assert summary.counts["runs"] == 2
+    assert summary.counts["secrets"] == 1
     assert (tmp_path / "backup" / MANIFEST).is_file()
     fresh = tmp_path / "b"
     restored = restore_backup(

@@ -38,7 +38,8 @@ def test_a_secret_key_that_cannot_read_the_stored_secrets_fails_with_its_fix(
     ctx.engine.dispose()
     wrong = fast_settings(tmp_path / "data", database_url, secret_key="another-key")
     check = check_secret_key(wrong)
-    assert check.status == FAIL and "FLOOM_SECRET_KEY" in check.fix
+    assert check.status == FAIL
+    assert "FLOOM_SECRET_KEY" in check.fix
 
 
 def test_an_unmigrated_database_fails_the_database_check(tmp_path: Path) -> None:
@@ -47,7 +48,8 @@ def test_an_unmigrated_database_fails_the_database_check(tmp_path: Path) -> None
         conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
         conn.execute("INSERT INTO alembic_version VALUES ('0001')")
     check = check_database(Settings(data_dir=tmp_path, database_url=f"sqlite:///{db}"))
-    assert check.status == FAIL and "floom serve" in check.fix
+    assert check.status == FAIL
+    assert "floom serve" in check.fix
 
 
 def test_the_cli_prints_each_check_and_exits_1_when_one_fails(tmp_path: Path) -> None:
@@ -66,5 +68,6 @@ def test_the_cli_prints_each_check_and_exits_1_when_one_fails(tmp_path: Path) ->
         timeout=120,
     )
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "FAIL secret key" in done.stdout and "fix:" in done.stdout
+    assert "FAIL secret key" in done.stdout
+    assert "fix:" in done.stdout
     assert "ok   database" in done.stdout

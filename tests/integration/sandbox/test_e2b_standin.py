@@ -40,7 +40,8 @@ def test_many_files_go_up_in_one_request_and_come_back_as_text_and_bytes(
     assert sandbox.files.read("/home/user/bundle/f7.txt") == "file 7"
     assert sandbox.files.read("bundle/raw.bin", format="bytes") == bytearray(b"\x00\xff\x01")
     listed = sandbox.files.list("/home/user/bundle")
-    assert len(listed) == 301 and {e.path for e in listed} >= {"/home/user/bundle/raw.bin"}
+    assert len(listed) == 301
+    assert {e.path for e in listed} >= {"/home/user/bundle/raw.bin"}
     assert e2b_standin.host_path(sandbox.sandbox_id, "bundle/f7.txt").read_text() == "file 7"
 
 
@@ -114,7 +115,8 @@ def test_sandboxes_are_listed_by_metadata_and_killed_by_id(
     assert Sandbox.kill(mine.sandbox_id) is True
     assert Sandbox.kill(mine.sandbox_id) is False
     assert other.kill() is True
-    assert e2b_standin.sandboxes == {} and e2b_standin.killed == [mine.sandbox_id, other.sandbox_id]
+    assert e2b_standin.sandboxes == {}
+    assert e2b_standin.killed == [mine.sandbox_id, other.sandbox_id]
     assert [s.metadata["node"] for s in e2b_standin.created] == ["a", "b"]
 
 
@@ -146,7 +148,8 @@ def test_a_sandbox_ends_when_its_timeout_passes_unless_extended(
 def test_an_unknown_template_gets_e2b_404(e2b_standin: E2BStandin) -> None:  # noqa: F811
     with pytest.raises(SandboxException) as refused:
         Sandbox.create(template="no-such-template")
-    assert "404" in str(refused.value) and "no-such-template" in str(refused.value)
+    assert "404" in str(refused.value)
+    assert "no-such-template" in str(refused.value)
 
 
 def test_control_plane_faults_reach_the_sdk_as_its_own_exceptions(
@@ -211,7 +214,8 @@ def test_envd_refuses_a_request_without_the_sandbox_access_token(
     assert get("/health", sandbox.sandbox_id)[0] == 204
     assert get("/files?path=/home/user/x", sandbox.sandbox_id)[0] == 401
     status, body = get("/health", "gone")
-    assert status == 502 and b"was not found" in body
+    assert status == 502
+    assert b"was not found" in body
 
 
 def test_all_of_e2b_unreachable_mid_command_fails_the_call_and_the_sandbox_outlives_it(

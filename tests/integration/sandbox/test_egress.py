@@ -85,7 +85,8 @@ def test_an_mcp_source_on_the_hosts_loopback_gets_no_request_and_no_secret(
         assert run["status"] == "failed", (name, run)
         assert run["error"]["code"] == "tool_source_unavailable"
         assert "a loopback address" in run["error"]["message"], (name, run["error"])
-    assert tracker["auth"] == [] and tracker["calls"] == []
+    assert tracker["auth"] == []
+    assert tracker["calls"] == []
 
 
 @contextmanager
@@ -133,7 +134,8 @@ def test_a_failing_mcp_source_is_told_without_what_it_answered(
     assert run["status"] == "failed", run
     assert run["error"]["code"] == "tool_source_unavailable"
     message = run["error"]["message"]
-    assert "internal" not in message and "service" not in message, message
+    assert "internal" not in message, message
+    assert "service" not in message, message
     assert "MCP server 'tracker' cannot list its tools" in message
     assert len(message) < DESCRIBE_LIMIT + 100
 

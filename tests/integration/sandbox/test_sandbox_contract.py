@@ -133,7 +133,8 @@ def test_a_failing_process_is_a_result_not_an_exception(backend: str, tmp_path: 
     case = Case("import sys\nprint('failing', file=sys.stderr)\nsys.exit(3)\n", _exit_three)
     ran = run_case(backend, case, tmp_path)
     assert ran.result.exit_code == 3
-    assert not ran.result.timed_out and not ran.result.cancelled
+    assert not ran.result.timed_out
+    assert not ran.result.cancelled
     assert ("stderr", "failing") in ran.lines
 
 
@@ -360,7 +361,8 @@ def test_a_timed_out_command_ends_but_the_session_runs_the_next(
             on_line=lambda *line: None,
             should_cancel=lambda: False,
         )
-    assert slow.timed_out and slow.exit_code is None
+    assert slow.timed_out
+    assert slow.exit_code is None
     assert after.exit_code == 0
 
 
@@ -450,4 +452,5 @@ def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_
         for thread in threads:
             thread.join(20)
     live = results["run_live"]
-    assert isinstance(live, SandboxResult) and live.cancelled
+    assert isinstance(live, SandboxResult)
+    assert live.cancelled

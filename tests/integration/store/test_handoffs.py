@@ -44,7 +44,8 @@ def test_a_published_job_is_claimed_by_a_holder_of_its_role_and_every_step_is_au
         artifacts=[{"type": "file", "uri": "s3://b/log.txt", "checksum": "sha256:ab"}],
         priority="high",
     )
-    assert job["status"] == "published" and job["source_agent"]["label"] == "lead"
+    assert job["status"] == "published"
+    assert job["source_agent"]["label"] == "lead"
     claimed = flow.claim(ctx, actor=team["coder"], job_id=job["id"])
     assert claimed["status"] == "in_progress"
     assert claimed["assignee"]["label"] == "coder-1"
@@ -136,7 +137,8 @@ def test_an_agents_roles_are_read_on_every_call_never_frozen(ctx: Context, team:
     assert handoff_agents.my_roles(ctx, actor=handoff_agents.as_actor(ctx, key))["roles"] == ["ops"]
     handoff_agents.update_role(ctx, caller=SYSTEM, role="ops", name="operations")
     claimed = flow.claim_next(ctx, actor=key, role="operations")
-    assert claimed is not None and claimed["id"] == job["id"]
+    assert claimed is not None
+    assert claimed["id"] == job["id"]
     assert claimed["role"] == "operations"
 
 
@@ -149,7 +151,8 @@ def test_the_same_idempotency_key_from_the_same_agent_returns_the_first_job(
     again = handoffs.create_job(
         ctx, actor=team["lead"], summary="deploy (retry)", role="ops", idempotency_key="TICKET-1"
     )
-    assert again["id"] == first["id"] and again["replayed"] is True
+    assert again["id"] == first["id"]
+    assert again["replayed"] is True
     assert again["summary"] == "deploy"
     other = handoffs.create_job(
         ctx, actor=team["coder"], summary="deploy", role="ops", idempotency_key="TICKET-1"
@@ -172,7 +175,8 @@ def test_only_the_source_or_an_admin_edits_context_before_completion_old_and_new
     updated = handoffs.update_job(
         ctx, actor=team["lead"], job_id=job["id"], context={"v": 2}, constraints=["a", "b"]
     )
-    assert updated["context"] == {"v": 2} and updated["constraints"] == ["a", "b"]
+    assert updated["context"] == {"v": 2}
+    assert updated["constraints"] == ["a", "b"]
     handoffs.update_job(ctx, actor=team["admin"], job_id=job["id"], constraints=["c"])
     change = events(ctx, job["id"])[-2]
     assert change["type"] == "updated"
@@ -204,10 +208,12 @@ def test_an_assignee_blocks_unblocks_and_releases_a_job(ctx: Context, team: dict
     blocked = flow.set_status(
         ctx, actor=coder, job_id=job["id"], status="blocked", reason="need creds"
     )
-    assert blocked["status"] == "blocked" and blocked["reason"] == "need creds"
+    assert blocked["status"] == "blocked"
+    assert blocked["reason"] == "need creds"
     assert blocked["lease_expires_at"] is None
     back = flow.set_status(ctx, actor=coder, job_id=job["id"], status="in_progress")
-    assert back["status"] == "in_progress" and back["assignee"]["label"] == "coder-1"
+    assert back["status"] == "in_progress"
+    assert back["assignee"]["label"] == "coder-1"
     released = flow.set_status(ctx, actor=coder, job_id=job["id"], status="published")
     assert released["assignee"] is None
     assert event_types(ctx, job["id"]) == [
@@ -249,7 +255,8 @@ def test_completion_publishes_follow_on_jobs_whose_condition_holds(
     assert set(by_summary) == {"review the fix", "ship"}
     review_job = by_summary["review the fix"]
     assert review_job["follow_on_of"] == job["id"]
-    assert review_job["priority"] == "urgent" and review_job["role"] == "reviewer"
+    assert review_job["priority"] == "urgent"
+    assert review_job["role"] == "reviewer"
     assert review_job["artifacts"][0]["uri"] == artifact["uri"]
     assert review_job["context"]["previous_job"]["result"]["data"] == {"tests": 12}
     assert event_types(ctx, job["id"]) == [
@@ -285,17 +292,21 @@ def test_reject_makes_a_linked_retry_and_reopen_context_collects_every_reason(
     with pytest.raises(NotFound):  # the reviewer holds no follow-on yet, so cannot see it
         review.reject(ctx, actor=reviewer, job_id=job["id"], reason="no tests")
     review_job = flow.claim_next(ctx, actor=reviewer)
-    assert review_job is not None and review_job["follow_on_of"] == job["id"]
+    assert review_job is not None
+    assert review_job["follow_on_of"] == job["id"]
     assert handoffs.get_job(ctx, actor=reviewer, job_id=job["id"])["id"] == job["id"]
     retry = review.reject(ctx, actor=reviewer, job_id=job["id"], reason="no tests")
-    assert retry["retry_of"] == job["id"] and retry["attempt"] == 2
-    assert retry["status"] == "published" and retry["role"] == "coder"
+    assert retry["retry_of"] == job["id"]
+    assert retry["attempt"] == 2
+    assert retry["status"] == "published"
+    assert retry["role"] == "coder"
     assert retry["rejection"]["reason"] == "no tests"
     assert retry["rejection"]["reviewer"]["label"] == "reviewer-1"
     assert [a["uri"] for a in retry["artifacts"]] == ["s3://b/spec.md", "gh://pr/1"]
     assert retry["context"] == {"big": "x" * 1000}
     original = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
-    assert original["status"] == "completed" and original["superseded_by"] == retry["id"]
+    assert original["status"] == "completed"
+    assert original["superseded_by"] == retry["id"]
     with pytest.raises(Conflict):
         review.reject(ctx, actor=team["lead"], job_id=job["id"], reason="again")
 
@@ -323,7 +334,8 @@ def test_a_job_waits_for_every_blocker_then_publishes_once(ctx: Context, team: d
     after = handoffs.create_job(
         ctx, actor=lead, summary="after", role="ops", blocked_by=[a["id"], b["id"]]
     )
-    assert after["status"] == "pending" and after["blocked_by"] == sorted([a["id"], b["id"]])
+    assert after["status"] == "pending"
+    assert after["blocked_by"] == sorted([a["id"], b["id"]])
     with pytest.raises(IllegalTransition):
         flow.claim(ctx, actor=agent(ctx, "ops-1", "ops"), job_id=after["id"])
     for blocker in (a, b):
@@ -371,16 +383,19 @@ def test_an_expired_lease_returns_the_job_to_published_and_the_late_holder_is_to
     flow.claim(ctx, actor=team["coder"], job_id=job["id"], lease_seconds=0.2)
     wait_until(lambda: flow.reap_expired_leases(ctx) == 1, timeout=10)
     body = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
-    assert body["status"] == "published" and body["assignee"] is None
+    assert body["status"] == "published"
+    assert body["assignee"] is None
     expiry = events(ctx, job["id"])[-1]
-    assert expiry["type"] == "lease_expired" and expiry["actor"] == "lease reaper"
+    assert expiry["type"] == "lease_expired"
+    assert expiry["actor"] == "lease reaper"
     assert expiry["payload"]["previous_assignee"] == team["coder"].agent_id
     with pytest.raises(flow.NotHolder):
         flow.complete(ctx, actor=team["coder"], job_id=job["id"])
     with pytest.raises(flow.NotHolder):
         flow.heartbeat(ctx, actor=team["coder"], job_id=job["id"])
     again = flow.claim_next(ctx, actor=team["coder2"])
-    assert again is not None and again["id"] == job["id"]
+    assert again is not None
+    assert again["id"] == job["id"]
 
 
 def test_a_heartbeat_extends_the_lease_so_the_reaper_leaves_the_job(
@@ -404,14 +419,16 @@ def test_retiring_an_agent_revokes_its_keys_and_publishes_the_jobs_it_held(
     flow.claim(ctx, actor=team["coder"], job_id=job["id"])
     retire_agent(ctx, caller=SYSTEM, agent="coder-1")
     body = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
-    assert body["status"] == "published" and body["assignee"] is None
+    assert body["status"] == "published"
+    assert body["assignee"] is None
     assert events(ctx, job["id"])[-1]["payload"]["reason"] == "agent coder-1 retired"
     with pytest.raises(Forbidden):
         flow.claim_next(ctx, actor=team["coder"])
     coder_keys = [
         k for k in keys.list_keys(ctx, caller=SYSTEM) if k.agent_id == team["coder"].agent_id
     ]
-    assert coder_keys and all(k.revoked_at is not None for k in coder_keys)
+    assert coder_keys
+    assert all(k.revoked_at is not None for k in coder_keys)
 
 
 def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, team: dict) -> None:

@@ -43,7 +43,8 @@ def _expire_lease(ctx: Context, run_id: str) -> None:
     """What a heartbeat late by more than a lease leaves in the database."""
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, run_id)
-        assert row is not None and row.status == "running"
+        assert row is not None
+        assert row.status == "running"
         row.lease_expires_at = utcnow() - timedelta(seconds=1)
         s.add(row)
 
@@ -77,7 +78,8 @@ def test_a_reaper_renews_the_lapsed_leases_of_the_attempts_live_in_its_own_proce
     assert reap_expired_leases(ctx, live={live: 1, stale: 2}) == 1
     kept, reaped = _row(ctx, live), _row(ctx, stale)
     assert (kept.status, kept.attempt, kept.lease_owner) == ("running", 1, ctx.node_id)
-    assert kept.lease_expires_at is not None and kept.lease_expires_at > utcnow()
+    assert kept.lease_expires_at is not None
+    assert kept.lease_expires_at > utcnow()
     assert (reaped.status, reaped.attempt) == ("queued", 2)
     # Another node cannot see this process: an expired lease of it is reaped there.
     _expire_lease(ctx, live)
