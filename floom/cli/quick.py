@@ -121,7 +121,7 @@ def _inputs(pairs: list[str], raw_json: str | None) -> tuple[dict[str, Any], boo
     return inputs, True
 
 
-def _timeout(text: str | None) -> float | None | bool:
+def _timeout(text: str | None) -> float | bool | None:
     """--timeout's seconds, None when not given, False for any text but plain digits (the
     typer command refuses or reads the rest)."""
     if text is None:

@@ -34,7 +34,7 @@ _KILL_SECONDS = 5.0
 
 
 class _Attempt:
-    __slots__ = ("deadline", "targets", "fired")
+    __slots__ = ("deadline", "fired", "targets")
 
     def __init__(self) -> None:
         self.deadline: float | None = None

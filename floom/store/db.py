@@ -175,9 +175,8 @@ def write_connection(engine: Engine) -> Iterator[Connection]:
     sqlite = engine.dialect.name == "sqlite"
     bind = _write_bind(engine) if sqlite else engine
     try:
-        with _sqlite_write_lock(engine) if sqlite else nullcontext():
-            with bind.begin() as conn:
-                yield conn
+        with _sqlite_write_lock(engine) if sqlite else nullcontext(), bind.begin() as conn:
+            yield conn
     except UNAVAILABLE as exc:
         raise store_unavailable(exc) from exc
 

@@ -337,7 +337,9 @@ def test_surfaces_read_the_stores_tables_only() -> None:
         f"{module} -> {target}"
         for module, target in _module_edges()
         if _group(module) in SURFACES
-        and (_group(target) == "store" and target not in STORE_TABLES or _group(target) == "engine")
+        and (
+            (_group(target) == "store" and target not in STORE_TABLES) or _group(target) == "engine"
+        )
         and not _excepted(module, target)
     ]
     assert reaching == [], "a surface calls the services; the store's engine is theirs"

@@ -50,7 +50,7 @@ def test_every_status_is_exactly_one_of_active_waiting_or_finished() -> None:
     groups = (rules.ACTIVE, rules.WAITING, rules.FINISHED)
     assert sum(len(g) for g in groups) == len(STATUSES)
     assert set().union(*groups) == set(STATUSES)
-    assert rules.INITIAL <= set(STATUSES)
+    assert set(STATUSES) >= rules.INITIAL
     assert rules.RETRYABLE <= rules.ATTEMPT_ENDS <= set(TRANSITIONS[rules.RUNNING])
 
 

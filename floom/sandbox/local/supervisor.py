@@ -320,7 +320,7 @@ class LineSplitter:
     the host a read and a count per chunk, not work per line. The first line of a stream is
     always handed over (the supervisor reads start-up errors from it)."""
 
-    __slots__ = ("stream", "sink", "drops", "pending", "dropping", "first_line")
+    __slots__ = ("dropping", "drops", "first_line", "pending", "sink", "stream")
 
     def __init__(self, stream: str, sink: LineSink) -> None:
         self.stream = stream

@@ -54,8 +54,8 @@ def test_two_agents_publish_claim_reject_and_retry_a_job_through_mcp(
             http_client(server, reviewer_key) as b,
         ):
             names = {t.name for t in (await a.list_tools()).tools}
-            assert HANDOFF_TOOLS <= names
-            assert HANDOFF_TOOLS <= {t.name for t in (await b.list_tools()).tools}
+            assert names >= HANDOFF_TOOLS
+            assert {t.name for t in (await b.list_tools()).tools} >= HANDOFF_TOOLS
             me = await call(a, "handoff_my_roles")
             assert me["agent"]["label"] == "planner-a"
             assert me["roles"] == ["planner"]
