@@ -154,14 +154,16 @@ def session_scope(engine: Engine, *, write: bool = False) -> Iterator[Session]:
     sqlite = engine.dialect.name == "sqlite"
     bind = _write_bind(engine) if write and sqlite else engine
     try:
-        with _sqlite_write_lock(engine) if write and sqlite else nullcontext():
-            with Session(bind, expire_on_commit=False) as session:
-                try:
-                    yield session
-                    session.commit()
-                except BaseException:
-                    session.rollback()
-                    raise
+        with (
+            _sqlite_write_lock(engine) if write and sqlite else nullcontext(),
+            Session(bind, expire_on_commit=False) as session,
+        ):
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
     except UNAVAILABLE as exc:
         raise store_unavailable(exc) from exc
 

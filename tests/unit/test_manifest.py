@@ -108,7 +108,7 @@ def test_a_minimal_manifest_gets_the_documented_defaults() -> None:
 def test_the_manifest_is_immutable() -> None:
     manifest = manifest_with("")
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="frozen"):
         manifest.name = "other"  # type: ignore[misc]
 
 

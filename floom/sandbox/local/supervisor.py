@@ -3,6 +3,7 @@ and limits, and the end of its whole process tree."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -256,10 +257,8 @@ class Supervisor:
                 pass
         # No pid 1 reported, or bwrap did not exit: its --die-with-parent takes the
         # namespace down with it.
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
         return True
 

@@ -84,7 +84,7 @@ def test_a_secret_in_an_artifact_of_any_encoding_is_masked_in_place(
     tmp_path: Path, name: str, data: bytes
 ) -> None:
     assert _leaks(data)
-    kept, content_type = _collect(tmp_path, {name: data})[name]
+    kept, _ = _collect(tmp_path, {name: data})[name]
     assert _leaks(kept) == [], kept[:200]
     if b"\0" in data[:1024] or name == "latin1.txt":
         assert len(kept) == len(data)  # binary bytes keep their length and offsets

@@ -32,9 +32,11 @@ Path("result.json").write_text(json.dumps({"outputs": outputs}))
 def api(tmp_path: Path, e2b_standin: E2BStandin) -> Iterator[httpx.Client]:  # noqa: F811
     # The server finds its E2B key in E2B_API_KEY, which the stand-in's fixture set.
     database = f"sqlite:///{tmp_path}/floom.db"
-    with live_server(tmp_path / "data", database, sandbox="e2b") as server:
-        with server.client() as client:
-            yield client
+    with (
+        live_server(tmp_path / "data", database, sandbox="e2b") as server,
+        server.client() as client,
+    ):
+        yield client
 
 
 def test_a_run_in_e2b_comes_back_with_outputs_artifacts_and_logs_in_one_sandbox(

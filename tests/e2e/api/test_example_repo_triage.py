@@ -88,10 +88,12 @@ def test_the_examples_deployed_at_first_start_include_the_agent(
 ) -> None:
     from tests.support.harness import live_server
 
-    with live_server(tmp_path / "data", database_url, deploy_examples=True) as srv:
-        with srv.client() as api:
-            names = [w["name"] for w in api.get("/api/v1/workers").json()["items"]]
-            worker = api.get("/api/v1/workers/repo-triage").json()
+    with (
+        live_server(tmp_path / "data", database_url, deploy_examples=True) as srv,
+        srv.client() as api,
+    ):
+        names = [w["name"] for w in api.get("/api/v1/workers").json()["items"]]
+        worker = api.get("/api/v1/workers/repo-triage").json()
 
     assert {"hello", "repo-triage"} <= set(names)
     assert worker["kind"] == "agent"

@@ -228,7 +228,7 @@ def test_the_bytes_budget_drops_what_does_not_fit_and_lets_smaller_lines_through
     log.add("stdout", "x" * 2000)
     log.add("stderr", "small")
     lines = log.drain()
-    assert [(s, line) for s, line, _ in lines][0] == ("stderr", "small")
+    assert next((s, line) for s, line, _ in lines) == ("stderr", "small")
     assert lines[1][0] == "system"
     assert lines[1][1].startswith("dropped 1 line:")
     assert len(lines) == 2

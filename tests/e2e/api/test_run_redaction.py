@@ -87,13 +87,13 @@ def test_a_runs_log_stops_at_its_byte_quota_with_one_line_saying_so(
     tmp_path: Path, database_url: str
 ) -> None:
     script = "for i in range(1000):\n    print(f'{i:04} ' + 'y' * 95)\n"
-    with live_server(tmp_path / "data", database_url, max_log_bytes_per_run=20_000) as srv:
-        with srv.client() as api:
-            deploy_folder(
-                api, make_worker(tmp_path / "chatty", "name: chatty\n", {"run.py": script})
-            )
-            run = wait_for_run(api, api.post("/api/v1/workers/chatty/runs", json={}).json()["id"])
-            events = api.get(f"/api/v1/runs/{run['id']}/logs", params={"limit": 1000}).json()
+    with (
+        live_server(tmp_path / "data", database_url, max_log_bytes_per_run=20_000) as srv,
+        srv.client() as api,
+    ):
+        deploy_folder(api, make_worker(tmp_path / "chatty", "name: chatty\n", {"run.py": script}))
+        run = wait_for_run(api, api.post("/api/v1/workers/chatty/runs", json={}).json()["id"])
+        events = api.get(f"/api/v1/runs/{run['id']}/logs", params={"limit": 1000}).json()
 
     assert run["status"] == "succeeded", run
     items = events["items"]

@@ -146,7 +146,7 @@ def test_artifacts_are_resources_with_their_media_type_or_a_link(
             assert link["size"] == 16
             assert link["download_url"].endswith(f"/api/v1/runs/{run_id}/artifacts/pixel.png")
 
-            with pytest.raises(MCPError, match="no artifact 'nope.txt'"):
+            with pytest.raises(MCPError, match=r"no artifact 'nope\.txt'"):
                 await mcp.read_resource(f"floom://runs/{run_id}/artifacts/nope.txt")
 
     anyio.run(session)

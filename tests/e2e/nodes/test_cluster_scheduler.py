@@ -7,6 +7,7 @@ The nodes are processes running floom's Scheduler on a fast clock (its injectabl
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -120,7 +121,7 @@ def test_three_schedulers_fire_each_tick_once_while_one_is_killed_at_a_tick(
     assert per_tick, per_tick
     assert set(per_tick.values()) == {1}, per_tick
     ticks = sorted(per_tick)
-    minutes = [(b - a).total_seconds() for a, b in zip(ticks, ticks[1:], strict=False)]
+    minutes = [(b - a).total_seconds() for a, b in itertools.pairwise(ticks)]
     assert set(minutes) == {60.0}, ticks  # no tick lost either
     assert len(ticks) >= 3
     assert {r.status for r in runs} == {"queued"}  # each a run, none recorded as missed

@@ -142,7 +142,7 @@ def test_env_example_lists_every_variable_the_compose_file_reads_each_explained(
 
 def test_env_example_as_a_dot_env_refuses_until_filled_then_loads_each_profile() -> None:
     dotenv = env_example()
-    with pytest.raises(MissingVariable, match="FLOOM_SECRET_KEY|FLOOM_BOOTSTRAP_API_KEY"):
+    with pytest.raises(MissingVariable, match=r"FLOOM_SECRET_KEY|FLOOM_BOOTSTRAP_API_KEY"):
         compose_config(dotenv)
     filled = {
         **dotenv,

@@ -62,7 +62,7 @@ def e2b_service() -> Iterator[E2BStandin]:
 def backend(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "e2b":
         _E2B[:] = [request.getfixturevalue("e2b_service")]
-    yield request.param
+    return request.param
 
 
 def build(backend: str, programs: dict[str, FakeProgram] | None = None) -> Sandbox:
@@ -394,7 +394,7 @@ def test_a_session_serves_one_workspace_and_nothing_after_close(
 def process_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     if request.param == "e2b":
         _E2B[:] = [request.getfixturevalue("e2b_service")]
-    yield request.param
+    return request.param
 
 
 def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_ones(

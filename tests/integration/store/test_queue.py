@@ -142,7 +142,7 @@ def test_racing_nodes_never_start_more_runs_of_a_worker_than_its_concurrency(
 
 
 def test_an_agent_s_child_run_is_not_claimed_past_its_worker_s_concurrency(ctx: Context) -> None:
-    first, child = enqueue(ctx, 2, concurrency=1)
+    _, child = enqueue(ctx, 2, concurrency=1)
     assert claim_next_run(ctx) is not None
     assert claim_run(ctx, run_id=child) is None
     with session_scope(ctx.engine) as s:

@@ -228,7 +228,7 @@ def test_a_run_queued_behind_an_older_one_runs_later_while_its_early_start_is_di
 
     def claimed_meanwhile(self: StartedAttempt) -> None:
         claimed = [claim_next(ctx).run for _ in range(2)]
-        assert [r.id for r in claimed if r is not None][0] == older
+        assert next(r.id for r in claimed if r is not None) == older
         (mine,) = [r for r in claimed if r is not None and r.id == self.attempt.run.id]
         engine.run_claimed_inline(mine)
         statuses.append(runs.get_run(ctx, run_id=mine.id, caller=SYSTEM).status)

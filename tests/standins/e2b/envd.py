@@ -6,6 +6,7 @@ E2b-Sandbox-Id header the SDK sends says which one, as E2B's edge proxy does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import shutil
@@ -355,10 +356,9 @@ def envd_app(core: StandinCore) -> Any:
             target = filesystem_app
         else:
             target = http_app
-        try:
+        # uvicorn closes a connection whose response never completed
+        with contextlib.suppress(StreamDropped):
             await target(scope, receive, guarded_send)
-        except StreamDropped:
-            pass  # uvicorn closes a connection whose response never completed
 
     return app
 
