@@ -136,7 +136,7 @@ def stream_events(message: dict[str, Any], hold: threading.Event | None) -> Iter
         if hold is not None and index == len(blocks) - 1:
             yield hold
         if block["type"] == "text":
-            opening = {"type": "text", "text": ""}
+            opening: dict[str, Any] = {"type": "text", "text": ""}
             deltas = [
                 {"type": "text_delta", "text": part}
                 for part in block["text"].splitlines(keepends=True)

@@ -176,7 +176,7 @@ def _cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
 
 
 def _local_floom_imports() -> set[tuple[str, str]]:
-    found = set()
+    found: set[tuple[str, str]] = set()
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text())
         for function in ast.walk(tree):

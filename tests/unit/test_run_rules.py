@@ -221,7 +221,8 @@ RUN_CREATORS = {"services/runs/lifecycle.py"}
 
 
 def _status_writes() -> tuple[set[tuple[str, str]], set[str]]:
-    writes, creators = set(), set()
+    writes: set[tuple[str, str]] = set()
+    creators: set[str] = set()
     for path in FLOOM.rglob("*.py"):
         if (
             "migrations" in path.parts

@@ -103,8 +103,9 @@ def test_a_compressed_or_archived_artifact_is_recorded_as_unscannable(
     tmp_path: Path, kind: str
 ) -> None:
     data = ARCHIVES[kind]
-    assert unscannable_kind(data) is not None
-    assert unscannable_kind(data)[0] == kind
+    found = unscannable_kind(data)
+    assert found is not None
+    assert found[0] == kind
     kept, content_type = _collect(tmp_path, {"report.txt": data})["report.txt"]
     assert kept == data
     assert content_type == unscannable_kind(data)[1]  # type: ignore[index]

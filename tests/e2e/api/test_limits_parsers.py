@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import anyio
 import httpx
@@ -77,8 +78,8 @@ def post(client: httpx.Client, path: str, body: bytes) -> tuple[httpx.Response, 
     return response, time.monotonic() - started
 
 
-def error_of(response: httpx.Response) -> dict:
-    error: dict = response.json()["error"]
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    error: dict[str, Any] = response.json()["error"]
     assert set(error) >= {"code", "message", "hint"}, error
     assert "Traceback" not in response.text
     return error
@@ -199,7 +200,7 @@ def test_an_input_default_nested_250_deep_is_refused_and_list_workers_over_mcp_s
 
 
 def test_the_manifest_model_refuses_values_nested_deeper_than_the_limit() -> None:
-    deep: list = []
+    deep: list[Any] = []
     for _ in range(250):
         deep = [deep]
     fields = {"name": "w", "entry": "run.py"}
@@ -319,7 +320,7 @@ def test_inputs_nested_deeper_than_the_limit_are_refused(
     server: LiveServer, api: httpx.Client
 ) -> None:
     assert post(api, "/api/v1/workers", archive(OBJECT_WORKER))[0].status_code == 201
-    deep: dict = {}
+    deep: dict[str, Any] = {}
     for _ in range(250):
         deep = {"a": deep}
     response = api.post("/api/v1/workers/takes-object/runs", json={"inputs": {"doc": deep}})

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from referencing import Registry, Resource
+from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from tests.support.harness import LiveServer, live_server
@@ -81,7 +81,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
             "empty": "",
         }
         registry: Registry = Registry().with_resource(
-            "floom:openapi", Resource(contents=document, specification=DRAFT202012)
+            "floom:openapi", DRAFT202012.create_resource(document)
         )
         with httpx.Client(base_url=server.base_url, timeout=30, trust_env=False) as client:
             yield Target(server, client, document, seeds, keys, registry)

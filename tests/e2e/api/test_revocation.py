@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from fastapi.routing import APIRoute
 from sqlalchemy import select, update
-from sqlmodel import SQLModel
+from sqlmodel import SQLModel, col
 
 from floom.bundle import read_folder
 from floom.errors import Forbidden, Unauthorized
@@ -191,7 +191,7 @@ def test_a_write_waits_for_a_revocation_being_committed_and_then_refuses(
     assert len(outcome) == 1, outcome
     assert isinstance(outcome[0], Unauthorized), outcome
     with session_scope(ctx.engine) as s:
-        heirs = s.execute(select(ApiKey.id).where(ApiKey.name == "heir")).all()  # type: ignore[arg-type]
+        heirs = s.execute(select(col(ApiKey.id)).where(col(ApiKey.name) == "heir")).all()
     assert heirs == []
 
 
@@ -208,7 +208,7 @@ def routes_by_scope(server: LiveServer) -> set[tuple[str, str]]:
     from floom.api.app import create_app
     from tests.e2e.api.test_authorization import _scope_of
 
-    found = set()
+    found: set[tuple[str, str]] = set()
     pending: list[Any] = list(create_app(ctx=server.ctx).routes)
     while pending:
         route = pending.pop()
@@ -217,7 +217,7 @@ def routes_by_scope(server: LiveServer) -> set[tuple[str, str]]:
             pending.extend(inner.routes)
             continue
         if isinstance(route, APIRoute) and _scope_of(route) in ("deploy", "admin"):
-            found.update((m, route.path) for m in route.methods - {"GET", "HEAD"})
+            found.update((m, route.path) for m in (route.methods or set()) - {"GET", "HEAD"})
     return found
 
 

@@ -4,6 +4,7 @@ before anything is stored; a run's log is bounded in bytes. On SQLite and Postgr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 
@@ -40,7 +41,7 @@ def test_a_secret_in_an_artifacts_name_or_text_is_redacted_and_in_a_binary_one_m
 ) -> None:
     run = _run(api, tmp_path, ARTIFACTS_PY)
 
-    names = [a["name"] for a in run["artifacts"]]  # type: ignore[union-attr]
+    names = [a["name"] for a in cast(list[dict[str, Any]], run["artifacts"])]
     assert names == ["blob.bin", "report-***.txt"]
     listed = api.get(f"/api/v1/runs/{run['id']}/artifacts").text
     shown = api.get(f"/api/v1/runs/{run['id']}").text

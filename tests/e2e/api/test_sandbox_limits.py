@@ -770,7 +770,7 @@ def _run_bpf(
             hit = accumulator == k if code == 0x15 else accumulator >= k
             pc += 1 + (jt if hit else jf)
         elif code == 0x06:  # ret k
-            return k
+            return int(k)
         else:
             raise AssertionError(f"unexpected instruction {code:#x}")
 

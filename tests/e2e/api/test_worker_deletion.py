@@ -561,7 +561,7 @@ def test_a_deleted_workers_composio_and_handoff_triggers_take_nothing_more(
         assert result.triggers_removed == 2
         assert rows(ctx, AgentRole, AgentRole.agent_id == agent.id) == []
         _, admin_token = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="publisher")
-        admin_key = keys.authenticate(ctx, admin_token)
+        admin_key = Principal.of_key(keys.authenticate(ctx, admin_token))
         job = handoffs.create_job(ctx, actor=admin_key, summary="review this", role="reviewer")
         assert handoff_bridge.tick(ctx) == 0
         assert handoffs.get_job(ctx, actor=admin_key, job_id=job["id"])["status"] == "published"

@@ -22,7 +22,7 @@ import pytest
 
 from floom.sandbox.local.backend import owner_prefix
 from floom.services.runs.statuses import FINISHED
-from tests.support.compose import Cluster, compose_cluster
+from tests.support.compose import Cluster, Node, compose_cluster
 from tests.support.harness import EXAMPLES, deploy_folder, free_port, make_worker, wait_until
 from tests.support.tcp_proxy import TcpProxy
 
@@ -198,7 +198,11 @@ def test_an_unreachable_database_gives_503s_and_logs_and_in_flight_results_are_k
             assert "Traceback" not in resp.text
         # Every node says so in its log; the executors hold the finished runs' results.
         for node in c.nodes.values():
-            wait_until(lambda n=node: "database unreachable" in n.log(), timeout=15)
+
+            def said(node: Node = node) -> bool:
+                return "database unreachable" in node.log()
+
+            wait_until(said, timeout=15)
 
         def results_held() -> bool:
             logs = "".join(n.log() for n in c.nodes.values())

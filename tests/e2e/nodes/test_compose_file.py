@@ -51,7 +51,10 @@ def test_every_floom_variable_in_the_compose_file_and_dockerfile_is_a_real_setti
         env = service_env(svc)
         unknown = {k for k in env if k.startswith("FLOOM_")} - SETTINGS
         assert not unknown, (name, unknown)
-        Settings(**{k.removeprefix("FLOOM_").lower(): v for k, v in env.items() if k in SETTINGS})
+        values: dict[str, Any] = {
+            k.removeprefix("FLOOM_").lower(): v for k, v in env.items() if k in SETTINGS
+        }
+        Settings(**values)
 
 
 def test_every_command_is_a_floom_command_with_options_it_takes_and_valid_values() -> None:

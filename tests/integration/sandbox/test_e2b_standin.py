@@ -7,6 +7,7 @@ import http.client
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ from e2b import (
     SandboxQuery,
     SandboxUnreachableException,
 )
+from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 from tests.standins.e2b import E2BStandin, e2b_standin  # noqa: F401 - the fixture
 from tests.support.harness import wait_until
@@ -30,8 +32,10 @@ def test_many_files_go_up_in_one_request_and_come_back_as_text_and_bytes(
     e2b_standin: E2BStandin,  # noqa: F811
 ) -> None:
     sandbox = Sandbox.create(template="python-data", timeout=60, metadata={"run": "r1"})
-    files = [{"path": f"/home/user/bundle/f{i}.txt", "data": f"file {i}"} for i in range(300)]
-    files.append({"path": "bundle/raw.bin", "data": b"\x00\xff\x01"})
+    files: list[WriteEntry] = [
+        WriteEntry(path=f"/home/user/bundle/f{i}.txt", data=f"file {i}") for i in range(300)
+    ]
+    files.append(WriteEntry(path="bundle/raw.bin", data=b"\x00\xff\x01"))
 
     written = sandbox.files.write_files(files)
 
@@ -188,7 +192,9 @@ def test_envd_dying_or_the_sandbox_being_killed_mid_command_ends_the_stream(
     ):
         sandbox = Sandbox.create(timeout=60)
 
-        def on_stdout(text: str, sandbox_id: str = sandbox.sandbox_id, act=fault) -> None:
+        def on_stdout(
+            text: str, sandbox_id: str = sandbox.sandbox_id, act: Callable[[str], object] = fault
+        ) -> None:
             threading.Thread(target=act, args=(sandbox_id,)).start()
 
         started = time.monotonic()

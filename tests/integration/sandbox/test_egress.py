@@ -40,7 +40,7 @@ from tests.support.agents import agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import wait_until
 from tests.support.netns import NamespaceHost, host_wide_listener, namespace_host, needs_netns
 
-GUARDED = {"agent_http_allow_private": False}
+GUARDED: dict[str, Any] = {"agent_http_allow_private": False}
 
 
 def _mcp_worker(folder: Path, url: str) -> Path:

@@ -59,10 +59,11 @@ def e2b_service() -> Iterator[E2BStandin]:
 
 
 @pytest.fixture(params=list(BACKENDS))
-def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+def backend(request: pytest.FixtureRequest) -> str:
     if request.param == "e2b":
         _E2B[:] = [request.getfixturevalue("e2b_service")]
-    return request.param
+    name: str = request.param
+    return name
 
 
 def build(backend: str, programs: dict[str, FakeProgram] | None = None) -> Sandbox:
@@ -391,10 +392,11 @@ def test_a_session_serves_one_workspace_and_nothing_after_close(
 
 
 @pytest.fixture(params=PROCESS_BACKENDS)
-def process_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+def process_backend(request: pytest.FixtureRequest) -> str:
     if request.param == "e2b":
         _E2B[:] = [request.getfixturevalue("e2b_service")]
-    return request.param
+    name: str = request.param
+    return name
 
 
 def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_ones(
@@ -444,7 +446,9 @@ def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_
         threads[1].join(20)
         assert killed >= 1
         gone = results["run_gone"]
-        assert isinstance(gone, SandboxUnavailable) or gone.exit_code != 0
+        assert isinstance(gone, SandboxUnavailable) or (
+            isinstance(gone, SandboxResult) and gone.exit_code != 0
+        )
         assert threads[0].is_alive()  # the live run's sandbox still runs
     finally:
         for stop in stops:

@@ -9,7 +9,7 @@ import pytest
 
 from floom.errors import Conflict, Forbidden, IllegalTransition, InvalidRequest, NotFound
 from floom.services.access import keys
-from floom.services.access.principal import SYSTEM
+from floom.services.access.principal import SYSTEM, Principal
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow, review
@@ -18,9 +18,12 @@ from floom.services.handoffs.retire import retire_agent
 from tests.support.handoffs import admin, agent, event_types, events, roles
 from tests.support.harness import wait_until
 
+# The team's keys by part, as a surface passes them on.
+Team = dict[str, Principal]
+
 
 @pytest.fixture
-def team(ctx: Context) -> dict:
+def team(ctx: Context) -> Team:
     roles(ctx, "coder", "reviewer", "ops")
     return {
         "lead": agent(ctx, "lead"),
@@ -32,7 +35,7 @@ def team(ctx: Context) -> dict:
 
 
 def test_a_published_job_is_claimed_by_a_holder_of_its_role_and_every_step_is_audited(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(
         ctx,
@@ -65,7 +68,7 @@ def test_a_published_job_is_claimed_by_a_holder_of_its_role_and_every_step_is_au
 
 
 def test_claim_next_takes_the_most_urgent_then_the_oldest_job_of_the_callers_roles(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     lead = team["lead"]
     old_low = handoffs.create_job(ctx, actor=lead, summary="a", role="coder", priority="low")
@@ -82,7 +85,7 @@ def test_claim_next_takes_the_most_urgent_then_the_oldest_job_of_the_callers_rol
 
 
 def test_claim_next_for_a_role_the_caller_does_not_hold_is_refused(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     with pytest.raises(Forbidden) as info:
         flow.claim_next(ctx, actor=team["coder"], role="reviewer")
@@ -90,7 +93,7 @@ def test_claim_next_for_a_role_the_caller_does_not_hold_is_refused(
     assert flow.claim_next(ctx, actor=team["lead"]) is None  # no roles, nothing to take
 
 
-def test_a_held_job_cannot_be_claimed_by_another_agent(ctx: Context, team: dict) -> None:
+def test_a_held_job_cannot_be_claimed_by_another_agent(ctx: Context, team: Team) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     flow.claim(ctx, actor=team["coder"], job_id=job["id"])
     with pytest.raises(Conflict) as info:
@@ -102,7 +105,7 @@ def test_a_held_job_cannot_be_claimed_by_another_agent(ctx: Context, team: dict)
 
 
 def test_agents_see_jobs_of_their_roles_and_ones_they_created_or_hold_admins_see_all(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     lead, coder, reviewer = team["lead"], team["coder"], team["reviewer"]
     code = handoffs.create_job(ctx, actor=lead, summary="code", role="coder")
@@ -129,7 +132,7 @@ def test_agents_see_jobs_of_their_roles_and_ones_they_created_or_hold_admins_see
     assert [j["id"] for j in mine] == [code["id"]]
 
 
-def test_an_agents_roles_are_read_on_every_call_never_frozen(ctx: Context, team: dict) -> None:
+def test_an_agents_roles_are_read_on_every_call_never_frozen(ctx: Context, team: Team) -> None:
     key = team["lead"]  # the same key object throughout, as a long-lived client would hold
     job = handoffs.create_job(ctx, actor=key, summary="x", role="ops")
     assert flow.claim_next(ctx, actor=key) is None
@@ -143,7 +146,7 @@ def test_an_agents_roles_are_read_on_every_call_never_frozen(ctx: Context, team:
 
 
 def test_the_same_idempotency_key_from_the_same_agent_returns_the_first_job(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     first = handoffs.create_job(
         ctx, actor=team["lead"], summary="deploy", role="ops", idempotency_key="TICKET-1"
@@ -164,7 +167,7 @@ def test_the_same_idempotency_key_from_the_same_agent_returns_the_first_job(
 
 
 def test_only_the_source_or_an_admin_edits_context_before_completion_old_and_new_audited(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(
         ctx, actor=team["lead"], summary="x", role="coder", context={"v": 1}, constraints=["a"]
@@ -189,7 +192,7 @@ def test_only_the_source_or_an_admin_edits_context_before_completion_old_and_new
 
 
 def test_an_illegal_status_change_is_refused_lists_the_allowed_and_changes_nothing(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     with pytest.raises(IllegalTransition) as info:
@@ -201,7 +204,7 @@ def test_an_illegal_status_change_is_refused_lists_the_allowed_and_changes_nothi
     assert event_types(ctx, job["id"]) == ["created"]
 
 
-def test_an_assignee_blocks_unblocks_and_releases_a_job(ctx: Context, team: dict) -> None:
+def test_an_assignee_blocks_unblocks_and_releases_a_job(ctx: Context, team: Team) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     coder = team["coder"]
     flow.set_status(ctx, actor=coder, job_id=job["id"], status="in_progress")  # a claim
@@ -227,7 +230,7 @@ def test_an_assignee_blocks_unblocks_and_releases_a_job(ctx: Context, team: dict
 
 
 def test_completion_publishes_follow_on_jobs_whose_condition_holds(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(
         ctx,
@@ -270,7 +273,7 @@ def test_completion_publishes_follow_on_jobs_whose_condition_holds(
 
 
 def test_reject_makes_a_linked_retry_and_reopen_context_collects_every_reason(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(
         ctx,
@@ -327,7 +330,7 @@ def test_reject_makes_a_linked_retry_and_reopen_context_collects_every_reason(
     assert event_types(ctx, job["id"])[-1] == "rejected"
 
 
-def test_a_job_waits_for_every_blocker_then_publishes_once(ctx: Context, team: dict) -> None:
+def test_a_job_waits_for_every_blocker_then_publishes_once(ctx: Context, team: Team) -> None:
     lead, coder = team["lead"], team["coder"]
     a = handoffs.create_job(ctx, actor=lead, summary="a", role="coder")
     b = handoffs.create_job(ctx, actor=lead, summary="b", role="coder")
@@ -349,7 +352,7 @@ def test_a_job_waits_for_every_blocker_then_publishes_once(ctx: Context, team: d
 
 
 def test_a_failed_blocker_fails_its_dependents_down_the_chain_with_the_reason(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     lead, coder = team["lead"], team["coder"]
     a = handoffs.create_job(ctx, actor=lead, summary="a", role="coder")
@@ -366,7 +369,7 @@ def test_a_failed_blocker_fails_its_dependents_down_the_chain_with_the_reason(
         handoffs.create_job(ctx, actor=lead, summary="d", role="ops", blocked_by=[a["id"]])
 
 
-def test_a_cancelled_pending_job_fails_its_own_dependents(ctx: Context, team: dict) -> None:
+def test_a_cancelled_pending_job_fails_its_own_dependents(ctx: Context, team: Team) -> None:
     lead = team["lead"]
     a = handoffs.create_job(ctx, actor=lead, summary="a", role="coder")
     b = handoffs.create_job(ctx, actor=lead, summary="b", role="ops", blocked_by=[a["id"]])
@@ -377,7 +380,7 @@ def test_a_cancelled_pending_job_fails_its_own_dependents(ctx: Context, team: di
 
 
 def test_an_expired_lease_returns_the_job_to_published_and_the_late_holder_is_told(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     flow.claim(ctx, actor=team["coder"], job_id=job["id"], lease_seconds=0.2)
@@ -399,7 +402,7 @@ def test_an_expired_lease_returns_the_job_to_published_and_the_late_holder_is_to
 
 
 def test_a_heartbeat_extends_the_lease_so_the_reaper_leaves_the_job(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     claimed = flow.claim(ctx, actor=team["coder"], job_id=job["id"], lease_seconds=0.5)
@@ -413,7 +416,7 @@ def test_a_heartbeat_extends_the_lease_so_the_reaper_leaves_the_job(
 
 
 def test_retiring_an_agent_revokes_its_keys_and_publishes_the_jobs_it_held(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     flow.claim(ctx, actor=team["coder"], job_id=job["id"])
@@ -431,7 +434,7 @@ def test_retiring_an_agent_revokes_its_keys_and_publishes_the_jobs_it_held(
     assert all(k.revoked_at is not None for k in coder_keys)
 
 
-def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, team: dict) -> None:
+def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, team: Team) -> None:
     handoff_agents.retire_role(ctx, caller=SYSTEM, role="ops")
     with pytest.raises(Conflict) as info:
         handoffs.create_job(ctx, actor=team["lead"], summary="x", role="ops")
@@ -439,9 +442,9 @@ def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, 
     assert "ops" not in [r["name"] for r in handoff_agents.list_roles(ctx, caller=SYSTEM)]
 
 
-def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: dict) -> None:
+def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: Team) -> None:
     _, token = keys.create_key(ctx, caller=SYSTEM, scopes=["run"], name="plain")
-    plain = keys.authenticate(ctx, token)
+    plain = Principal.of_key(keys.authenticate(ctx, token))
     with pytest.raises(Forbidden) as info:
         handoffs.create_job(ctx, actor=plain, summary="x", role="ops")
     assert "agents create" in (info.value.hint or "")
@@ -449,7 +452,7 @@ def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: dic
         flow.claim_next(ctx, actor=team["admin"])
 
 
-def test_bad_job_parts_are_refused_and_create_nothing(ctx: Context, team: dict) -> None:
+def test_bad_job_parts_are_refused_and_create_nothing(ctx: Context, team: Team) -> None:
     lead = team["lead"]
     bad: dict[str, Any]
     for bad in (

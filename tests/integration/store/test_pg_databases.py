@@ -25,7 +25,8 @@ def pool(pg_available: bool, pg_template: str | None) -> Iterator[DatabasePool]:
 
 def _exists(name: str) -> bool:
     with psycopg.connect(PG_ADMIN_URL) as conn:
-        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        return row is not None
 
 
 def test_a_database_given_back_is_emptied_and_handed_out_again(pool: DatabasePool) -> None:

@@ -146,7 +146,9 @@ def test_an_agent_s_child_run_is_not_claimed_past_its_worker_s_concurrency(ctx: 
     assert claim_next_run(ctx) is not None
     assert claim_run(ctx, run_id=child) is None
     with session_scope(ctx.engine) as s:
-        assert s.get(Run, child).status == "queued"  # an executor starts it when room is made
+        row = s.get(Run, child)
+        assert row is not None
+        assert row.status == "queued"  # an executor starts it when room is made
 
 
 def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Context) -> None:

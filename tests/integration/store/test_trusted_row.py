@@ -5,6 +5,7 @@ back like any other."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlmodel import SQLModel
@@ -14,7 +15,7 @@ from floom.services.runs import lifecycle as runs
 from floom.store.db import make_engine, session_scope
 from floom.store.models import Run, trusted_row
 
-VALUES = {
+VALUES: dict[str, Any] = {
     "id": "run_trusted_1",
     "worker_name": "hello",
     "version_id": "v1",

@@ -51,14 +51,21 @@ def _sandbox(core: StandinCore, ctx: Any) -> StandinSandbox:
     return sandbox
 
 
+def _started(pid: int) -> process_pb.ProcessEvent:
+    start = process_pb.ProcessEvent.StartEvent(pid=pid)
+    return process_pb.ProcessEvent(event=Oneof("start", start))  # type: ignore[arg-type]  # mypy widens the literal tag of Oneof(...) to str
+
+
 def _process_event(event: Event) -> process_pb.ProcessEvent:
     if event.kind == "data":
-        data = process_pb.ProcessEvent.DataEvent(output=Oneof(event.stream, event.data))
-        return process_pb.ProcessEvent(event=Oneof("data", data))
+        data = process_pb.ProcessEvent.DataEvent(
+            output=Oneof(event.stream, event.data)  # type: ignore[arg-type]  # stdout or stderr
+        )
+        return process_pb.ProcessEvent(event=Oneof("data", data))  # type: ignore[arg-type]  # mypy widens the literal tag of Oneof(...) to str
     end = process_pb.ProcessEvent.EndEvent(
         exit_code=event.exit_code, exited=event.exited, status=event.status, error=event.error
     )
-    return process_pb.ProcessEvent(event=Oneof("end", end))
+    return process_pb.ProcessEvent(event=Oneof("end", end))  # type: ignore[arg-type]  # mypy widens the literal tag of Oneof(...) to str
 
 
 def _select(sandbox: StandinSandbox, selector: Any) -> RunningProcess:
@@ -106,8 +113,7 @@ class ProcessService(Process):
             scratch=self.core.root / "scratch" / f"{sandbox.sandbox_id}-{process.pid}",
             timeout_seconds=min(timeout, sandbox.remaining_seconds()),
         )
-        start = process_pb.ProcessEvent.StartEvent(pid=process.pid)
-        yield process_pb.StartResponse(event=process_pb.ProcessEvent(event=Oneof("start", start)))
+        yield process_pb.StartResponse(event=_started(process.pid))
         async for event in _events(process, queue):
             yield process_pb.StartResponse(event=event)
 
@@ -115,8 +121,7 @@ class ProcessService(Process):
         sandbox = _sandbox(self.core, ctx)
         process = _select(sandbox, request.process)
         queue = process.subscribe()
-        start = process_pb.ProcessEvent.StartEvent(pid=process.pid)
-        yield process_pb.ConnectResponse(event=process_pb.ProcessEvent(event=Oneof("start", start)))
+        yield process_pb.ConnectResponse(event=_started(process.pid))
         async for event in _events(process, queue):
             yield process_pb.ConnectResponse(event=event)
 
