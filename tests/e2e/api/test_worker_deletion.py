@@ -677,7 +677,7 @@ def test_another_node_cannot_run_a_version_retired_by_a_deletion_it_had_cached(
         assert node.stdout.readline().strip() == "not_found"
     finally:
         node.kill()
-        node.wait(timeout=30)
+        node.communicate(timeout=30)  # closes its pipes too
     assert rows(ctx, Run, Run.worker_name == "twin") == []
 
 

@@ -170,5 +170,6 @@ def _on_a_terminal(*args: str, env: dict[str, str]) -> str:
             break
         chunks.append(chunk)
     os.close(leader)
-    assert proc.wait(timeout=30) == 0
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
     return b"".join(chunks).decode("utf-8", "replace")

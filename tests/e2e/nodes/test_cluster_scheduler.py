@@ -70,7 +70,7 @@ def start_node(
 def kill(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
+    proc.communicate(timeout=10)  # closes its stdout too
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from tests.support.web import csrf_of, signed_in_client
 def test_signing_in_works_from_every_sign_in_page_the_browser_still_shows(
     server: LiveServer,
 ) -> None:
-    browser = httpx.Client(base_url=server.base_url, timeout=10)
+    browser = server.client(key="", timeout=10)
     first_tab = csrf_of(browser.get("/login").text)
     second_tab = csrf_of(browser.get("/login", params={"next": "/runs"}).text)
     done = browser.post(
@@ -45,7 +45,7 @@ def test_signing_in_works_from_every_sign_in_page_the_browser_still_shows(
     again = browser.post("/login", data={"csrf": first_tab, "api_key": server.admin_key})
     assert again.status_code == 303
     # Another site still cannot post a form: it has no matching cookie.
-    stranger = httpx.Client(base_url=server.base_url, timeout=10)
+    stranger = server.client(key="", timeout=10)
     forged = stranger.post("/login", data={"csrf": first_tab, "api_key": server.admin_key})
     assert forged.status_code == 403
 

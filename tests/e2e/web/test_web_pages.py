@@ -36,7 +36,7 @@ from tests.support.web import csrf_of, signed_in_client
 def test_the_session_cookie_is_signed_httponly_samesite_and_holds_no_api_key(
     server: LiveServer,
 ) -> None:
-    client = httpx.Client(base_url=server.base_url, timeout=10)
+    client = server.client(key="", timeout=10)
     form = client.get("/login")
     done = client.post(
         "/login", data={"csrf": csrf_of(form.text), "api_key": server.admin_key, "next": "/"}
@@ -54,7 +54,7 @@ def test_the_session_cookie_is_signed_httponly_samesite_and_holds_no_api_key(
 
     # A cookie changed by one character is not a session.
     tampered = value[:-2] + ("A" if value[-2] != "A" else "B") + value[-1]
-    forged = httpx.Client(base_url=server.base_url, cookies={SESSION_COOKIE: tampered})
+    forged = server.client(key="", cookies={SESSION_COOKIE: tampered})
     resp = forged.get("/")
     assert resp.status_code == 303
     assert resp.headers["location"].startswith("/login")
@@ -69,7 +69,7 @@ def test_signing_out_ends_the_session_on_the_server_so_a_copied_cookie_stops_wor
     out = client.post("/logout", data={"csrf": csrf_of(page.text)})
     assert out.status_code == 303
     assert out.headers["location"] == "/login"
-    replayed = httpx.Client(base_url=server.base_url, cookies={SESSION_COOKIE: copied})
+    replayed = server.client(key="", cookies={SESSION_COOKIE: copied})
     assert replayed.get("/").status_code == 303
 
 
@@ -113,13 +113,13 @@ def test_every_form_is_refused_without_the_session_csrf_token_and_changes_nothin
 def test_the_sign_in_form_needs_its_own_token_and_only_returns_to_this_site(
     server: LiveServer,
 ) -> None:
-    bare = httpx.Client(base_url=server.base_url, timeout=10)
+    bare = server.client(key="", timeout=10)
     refused = bare.post("/login", data={"api_key": server.admin_key, "csrf": "guess"})
     assert refused.status_code == 403
     assert SESSION_COOKIE not in refused.cookies
     assert "sign-in form expired" in refused.text
 
-    client = httpx.Client(base_url=server.base_url, timeout=10)
+    client = server.client(key="", timeout=10)
     form = client.get("/login", params={"next": "//elsewhere.example/x"})
     done = client.post(
         "/login",
@@ -399,7 +399,7 @@ ASKED = [
 def test_the_ui_loaded_by_a_first_request_changes_no_answer_from_that_one_on(
     server: LiveServer,
 ) -> None:
-    client = httpx.Client(base_url=server.base_url, timeout=10)
+    client = server.client(key="", timeout=10)
     first = [client.request(method, path) for method, path in ASKED]
     again = [client.request(method, path) for method, path in ASKED]
     assert [(r.status_code, r.text) for r in first] == [(r.status_code, r.text) for r in again]

@@ -59,7 +59,7 @@ def test_a_signed_out_visitor_is_sent_to_sign_in_and_sees_no_data(
     tab.shot("login")
 
     # Nothing answers without a session: not the log stream, not an artifact, not a form.
-    anonymous = httpx.Client(base_url=tab.server.base_url, follow_redirects=False, timeout=10)
+    anonymous = tab.server.client(key="", follow_redirects=False, timeout=10)
     for path in (f"{run_path}/logs/stream", f"{run_path}/files/greeting.txt"):
         resp = anonymous.get(path)
         assert resp.status_code == 303

@@ -170,7 +170,7 @@ def test_a_frozen_or_killed_floom_process_does_not_keep_its_sandbox_alive(
             assert Path(f"/proc/{floom.pid}/stat").read_text().split(") ")[1][0] == "T"
     finally:
         os.killpg(floom.pid, signal.SIGKILL)
-        floom.wait()
+        floom.communicate(timeout=30)  # closes its pipes too
 
 
 def test_the_local_sandbox_is_ended_with_its_lease_while_its_supervisor_waits(

@@ -46,7 +46,8 @@ def _in_namespace_of_its_own(command: str, *args: object) -> subprocess.Popen[by
 
 
 def _mounted_on(target: Path) -> bool:
-    return any(line.split()[4] == str(target) for line in open("/proc/self/mountinfo"))
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    return any(line.split()[4] == str(target) for line in mounts)
 
 
 def test_nothing_is_mounted_for_a_process_in_floom_s_own_namespace(tmp_path: Path) -> None:

@@ -282,12 +282,13 @@ def files_routes(core: StandinCore) -> Starlette:
         sandbox = core.sandboxes[request.headers[SANDBOX_HEADER]]
         pending: list[tuple[str, bytes]] = []
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            form = await request.form(max_files=100_000, max_fields=100_000)
-            for part in form.getlist("file"):
-                if isinstance(part, str):
-                    return _error(400, "a file part without a filename")
-                name = request.query_params.get("path") or part.filename or ""
-                pending.append((name, await part.read()))
+            # The context closes the parts' spooled temporary files.
+            async with request.form(max_files=100_000, max_fields=100_000) as form:
+                for part in form.getlist("file"):
+                    if isinstance(part, str):
+                        return _error(400, "a file part without a filename")
+                    name = request.query_params.get("path") or part.filename or ""
+                    pending.append((name, await part.read()))
         else:
             body = await request.body()
             if request.headers.get("content-encoding") == "gzip":
