@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     # JSON, and each API key's request rate, a token bucket refilled at rate_limit_per_minute
     # that holds rate_limit_burst (0 a minute: no limit). The rate is counted per process.
     max_input_bytes: int = Field(1024 * 1024, ge=1)
+    # The largest state (as JSON) a worker with `state:` may keep; worker.yml's
+    # state.max_bytes may ask for less, never more (refused at deploy).
+    max_state_bytes: int = Field(256 * 1024, ge=1)
     rate_limit_per_minute: int = Field(1200, ge=0)
     rate_limit_burst: int = Field(600, ge=1)
     # What reaches floom without a valid key (webhooks, the sign-in page, /healthz, failed

@@ -178,6 +178,28 @@ class WorkerPaused(Conflict):
     code = "worker_paused"
 
 
+class StateConflict(Conflict):
+    """The worker's state changed since it was read; nothing was written.
+
+    A run ends with this code when another run (or an operator) wrote the worker's state
+    after this run read it; an operator's set with `if_version` gets it as a 409."""
+
+    code = "state_conflict"
+
+
+class StateInvalid(InvalidRequest):
+    """A worker's state is not a JSON value floom keeps (over a JSON bound, or not JSON)."""
+
+    status = 422
+    code = "state_invalid"
+
+
+class StateTooLarge(PayloadTooLarge):
+    """A worker's state is larger than its limit (state.max_bytes or FLOOM_MAX_STATE_BYTES)."""
+
+    code = "state_too_large"
+
+
 class StoreUnavailable(FloomError):
     """floom's database cannot be reached right now."""
 

@@ -455,7 +455,30 @@ def finish_schema(manifest: Manifest) -> dict[str, Any]:
         props[name] = prop
     required = [n for n, f in manifest.outputs.items() if f.required]
     outputs = object_schema(props, required)
-    return object_schema({"outputs": outputs}, ["outputs"])
+    top: dict[str, Any] = {"outputs": outputs}
+    if manifest.state.enabled:
+        top["state"] = {
+            "description": "the worker's new state for its next run (any JSON value); "
+            "leave it out to keep the state as it is"
+        }
+    return object_schema(top, ["outputs"])
+
+
+def state_tool(env: AgentEnv) -> Tool:
+    """read_state, given to an agent whose worker.yml has `state:`."""
+
+    def run(args: dict[str, Any]) -> str:
+        base = env.attempt.state.base if env.attempt.state else 0
+        return f'{{"version": {base}, "state": {env.attempt.state_read}}}'
+
+    return Tool(
+        name="read_state",
+        description="Read the state this worker's last successful run left (null before the "
+        "first); end the run with finish(state=...) to leave a new one.",
+        input_schema=object_schema({}),
+        run=run,
+        builtin="read_state",
+    )
 
 
 def finish_tool(manifest: Manifest) -> Tool:

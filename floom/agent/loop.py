@@ -385,6 +385,10 @@ class AgentLoop:
             )
             self._note("apply phase: the agent continues with the approved outputs")
             return None, _result(use_id, text)
+        if "state" in args and (refused := env.attempt.leave_state(args["state"])):
+            message = f"the state cannot be kept: {refused.message} ({refused.hint})"
+            self._record("finish", args, "error", error=message)
+            return None, _result(use_id, message, error=True)
         if env.apply:
             self._record("finish", args, "ok", result="run finished with the approved outputs")
             return self._succeed(approved), None

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from floom import jsonvalues
 from floom.agent import workspace
-from floom.agent.builtin import AgentEnv, finish_tool, make_builtin
+from floom.agent.builtin import AgentEnv, finish_tool, make_builtin, state_tool
 from floom.agent.loop import AgentLoop
 from floom.agent.provider import ModelProvider, build_provider, provider_key
 from floom.agent.remote import composio_tools, mcp_tools
@@ -115,6 +116,11 @@ def run_agent(attempt: Attempt) -> Outcome:
         )
         outcome = loop.run()
         outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds
+        outcome = attempt.with_state(outcome)
+        if session is not None and outcome.state is not None:
+            # A replay from a recording acts on nothing: it reads its original's state and
+            # leaves none.
+            outcome.state = replace(outcome.state, new_json=None)
         return outcome
 
 
@@ -150,6 +156,8 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
                     egress=egress,
                 )
             )
+    if env.manifest.state.enabled:
+        tools.append(state_tool(env))
     tools.append(finish_tool(env.manifest))
     return Toolbox(tools)
 

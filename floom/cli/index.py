@@ -146,6 +146,11 @@ COMMANDS: dict[str, Entry] = {
         "register",
         "List the cluster's nodes: state, roles, version, slots in use, last heartbeat.",
     ),
+    "state": Entry(
+        "commands.workers",
+        "register_state",
+        "A worker's state: get it, set it (or restore a version), list its history.",
+    ),
     "workers": Entry(
         "commands.workers",
         "register_group",

@@ -208,12 +208,57 @@ class FloomClient:
         return set(doc.get("paths") or {})
 
     def rollback(
-        self, name: str, *, version_id: str | None = None, run_id: str | None = None
+        self,
+        name: str,
+        *,
+        version_id: str | None = None,
+        run_id: str | None = None,
+        state_version: int | None = None,
     ) -> dict[str, Any]:
-        """Make a version active again: by its id, or the version a run used."""
-        body = self._params(version_id=version_id, run_id=run_id)
+        """Make a version active again: by its id, or the version a run used; with
+        `state_version`, also set that kept state version again."""
+        body = self._params(version_id=version_id, run_id=run_id, state_version=state_version)
         result: dict[str, Any] = self.request_json(
             "POST", f"/api/v1/workers/{url_path(name)}/rollback", json=body
+        )
+        return result
+
+    def get_state(self, name: str, *, version: int | None = None) -> dict[str, Any]:
+        """The worker's state: the current version's value and who wrote it, or a kept
+        `version`'s."""
+        result: dict[str, Any] = self.request_json(
+            "GET",
+            f"/api/v1/workers/{url_path(name)}/state",
+            params=self._params(version=version),
+        )
+        return result
+
+    def set_state(
+        self,
+        name: str,
+        *,
+        state: Any = None,
+        from_version: int | None = None,
+        if_version: int | None = None,
+    ) -> dict[str, Any]:
+        """Write a new state version: `state`, or a kept version's value again
+        (`from_version`); with `if_version`, only while that is the current version."""
+        body: dict[str, Any] = self._params(from_version=from_version, if_version=if_version)
+        if from_version is None:
+            body["state"] = state
+        result: dict[str, Any] = self.request_json(
+            "PUT", f"/api/v1/workers/{url_path(name)}/state", json=body
+        )
+        return result
+
+    def state_versions(
+        self, name: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
+        """The worker's kept state versions, newest first."""
+        result: dict[str, Any] = self.request_json(
+            "GET",
+            f"/api/v1/workers/{url_path(name)}/state/versions",
+            params=self._params(cursor=cursor, limit=limit),
         )
         return result
 

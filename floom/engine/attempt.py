@@ -4,6 +4,7 @@ sandbox, the judge of what the script left, and the collection of its artifacts.
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from floom.engine.cleanup import discard_later
 from floom.engine.collect import COLLECT_MIN_SECONDS, Collected, collect_artifacts, read_result
-from floom.engine.queue import Outcome
+from floom.engine.queue import Outcome, StateChange
 from floom.engine.runlog import RunLog
 from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
@@ -26,6 +27,7 @@ from floom.services.access import secrets as secret_service
 from floom.services.access.secrets import Redactor
 from floom.services.runs import agent as agent_runs
 from floom.services.runs.rules import CANCELLED, FAILED, LIMIT_EXCEEDED, SUCCEEDED, TIMED_OUT
+from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 
 if TYPE_CHECKING:
@@ -137,6 +139,10 @@ class Attempt:
         # When the run's time is up (monotonic): collecting what it left is bounded by it.
         self.deadline: float | None = None
         self.open_session: SandboxSession | None = None
+        # For a worker with `state:`, the version this attempt started from (see prepare),
+        # and the state it leaves once its end is judged.
+        self.state: StateChange | None = None
+        self.state_read = "null"
 
     def cancelled(self) -> bool:
         return self.host.should_cancel(self.run.id)
@@ -203,6 +209,39 @@ class Attempt:
             shutil.copytree(files, self.workdir)
         self.output_dir.mkdir()
         write_regular(self.workdir, "inputs.json", self.run.inputs_json.encode())
+        if self.manifest.state.enabled:
+            self.read_state()
+
+    def read_state(self) -> None:
+        """The state the run starts from, in `state.json` (null before the first one): for
+        the script to read; what it leaves there is never read back."""
+        base, value = worker_state.base_of_run(self.ctx, run=self.run)
+        # A replay starts from its original's state: running it again could never help.
+        retry = self.manifest.state.on_conflict == "retry" and self.run.replay_of is None
+        self.state = StateChange(base=base, retry_on_conflict=retry)
+        self.state_read = json.dumps(value)
+        write_regular(self.workdir, "state.json", self.state_read.encode())
+
+    def leave_state(self, value: Any) -> FloomError | None:
+        """Keep `value` (secrets masked) as the state to commit if the run succeeds; why it
+        cannot be kept (StateTooLarge, StateInvalid), else None."""
+        if self.state is None:
+            return None
+        limit = worker_state.limit_of(self.manifest, self.ctx.settings)
+        try:
+            text = worker_state.encode(self.redactor.value(value), limit=limit)
+        except FloomError as exc:
+            return exc
+        self.state = replace(self.state, new_json=text)
+        return None
+
+    def with_state(self, outcome: Outcome) -> Outcome:
+        """`outcome` carrying the attempt's state: its base always (the run records what it
+        started from), its new state only on success."""
+        if self.state is not None and outcome.state is None:
+            keep = outcome.status == SUCCEEDED
+            outcome.state = self.state if keep else replace(self.state, new_json=None)
+        return outcome
 
     def restore_artifacts(self) -> int:
         """Write the artifacts the run stored when it paused back into the output dir."""
@@ -280,7 +319,7 @@ class Attempt:
         phase runs with the approved ones); its `error` and `retryable` still count."""
         outcome = self._judge(result, pinned_outputs)
         outcome.sandbox_seconds = self.sandbox_seconds
-        return redact_outcome(outcome, self.redactor)
+        return self.with_state(redact_outcome(outcome, self.redactor))
 
     def _judge(self, result: SandboxResult, pinned: dict[str, Any] | None) -> Outcome:
         manifest = self.manifest
@@ -341,6 +380,19 @@ class Attempt:
                 error_code="outputs_invalid",
                 error_message="outputs do not match worker.yml: "
                 + "; ".join(f"{p.path}: {p.message}" for p in problems),
+                exit_code=result.exit_code,
+                outputs=outputs,
+                retryable=False,
+            )
+        if "state" in report and self.state is None:
+            self.run_log.add(
+                "system", "result.json holds a state, which is ignored: worker.yml has no state"
+            )
+        elif "state" in report and (refused := self.leave_state(report["state"])):
+            return Outcome(
+                status=FAILED,
+                error_code=refused.code,
+                error_message=f"result.json: {refused.message} ({refused.hint})",
                 exit_code=result.exit_code,
                 outputs=outputs,
                 retryable=False,

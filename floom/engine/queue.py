@@ -15,6 +15,7 @@ from sqlalchemy import bindparam, delete, func, insert, or_, text, update
 from sqlmodel import col, select
 
 from floom import jsonvalues
+from floom.errors import StateConflict
 from floom.services.runs.lifecycle import any_runnable_statement
 from floom.services.runs.logs import append_events, lock_events, system_event
 from floom.services.runs.records import RunRecord, record_in_session
@@ -28,6 +29,7 @@ from floom.services.runs.rules import (
     RETRYABLE,
     RULE_FIELDS,
     RUNNING,
+    SUCCEEDED,
     RunFields,
     check_transition,
     claimed_fields,
@@ -35,6 +37,7 @@ from floom.services.runs.rules import (
     started_message,
     transition,
 )
+from floom.services.workers import state as worker_state
 from floom.store import signals
 from floom.store.blobs import insert_blob
 from floom.store.db import (
@@ -294,6 +297,20 @@ def renew_held_leases(ctx: Context, epochs: Mapping[str, int | None]) -> Renewal
 
 
 @dataclass
+class StateChange:
+    """A worker state attempt's part of its end: the state version it started from, the new
+    state it left as JSON (None: unchanged), and whether a conflict runs it again."""
+
+    base: int
+    new_json: str | None = None
+    retry_on_conflict: bool = False
+
+
+# Attempts a run with `state: {on_conflict: retry}` may make in all before a conflict ends it.
+CONFLICT_ATTEMPTS = 10
+
+
+@dataclass
 class Outcome:
     """How one attempt ended, as the executor saw it."""
 
@@ -305,6 +322,8 @@ class Outcome:
     retryable: bool = True
     sandbox_seconds: float = 0.0
     artifacts: list[tuple[str, bytes, str]] = field(default_factory=list)
+    # For a worker with `state:`; committed with the run's success (services/workers/state.py).
+    state: StateChange | None = None
 
 
 def finish_attempt(
@@ -330,42 +349,9 @@ def finish_attempt(
     """
     now = utcnow()
     closing: list[tuple[str, str, datetime | None]] = list(log_lines)
-    ended = RunFields.of(run)
-    ended.status = RUNNING  # as the UPDATE finds it, or it writes nothing
-    retry = outcome.status in RETRYABLE and outcome.retryable and run.attempt < run.max_attempts
-    if retry:
-        delay = backoff * (2 ** (run.attempt - 1)) if exponential else backoff
-        message = (
-            f"attempt {run.attempt} {outcome.status}: {outcome.error_message}; "
-            f"retrying in {delay:.0f}s"
-        )
-        requeue_next_attempt(
-            ended,
-            by=EXECUTOR,
-            now=now,
-            delay_seconds=delay,
-            ended=outcome.error_code or outcome.status,
-        )
-    else:
-        transition(
-            ended,
-            outcome.status,
-            by=EXECUTOR,
-            now=now,
-            error_code=outcome.error_code,
-            error_message=outcome.error_message,
-        )
-        message = f"{outcome.status}"
-        if outcome.error_message:
-            message += f": {outcome.error_message}"
-    values: dict[str, Any] = {name: getattr(ended, name) for name in RULE_FIELDS}
-    values["exit_code"] = outcome.exit_code
-    if not retry:
-        values["outputs_json"] = (
-            jsonvalues.dumps(outcome.outputs, where="outputs")
-            if outcome.outputs is not None
-            else None
-        )
+    values, message, retry, status = _end_values(
+        run, outcome, now=now, backoff=backoff, exponential=exponential
+    )
     held = {
         "held_id": run.id,
         "held_owner": ctx.node_id,
@@ -390,6 +376,30 @@ def finish_attempt(
                 # decision, cancelled); its last lines belong to its log.
                 append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)
             return str(found[0])
+        change = outcome.state
+        if change is not None and change.new_json is not None and status == SUCCEEDED:
+            committed = worker_state.commit_from_run(
+                s,
+                worker_name=run.worker_name,
+                base=change.base,
+                state_json=change.new_json,
+                run_id=run.id,
+            )
+            if committed is None:
+                # Another run or an operator wrote the state since this one read it: its
+                # success is not recorded, nor is its state.
+                outcome = _conflict_outcome(run, outcome, change)
+                values, message, retry, status = _end_values(
+                    run, outcome, now=now, backoff=0.0, exponential=False
+                )
+                if retry:
+                    values["outputs_json"] = None
+                rewritten = s.execute(
+                    _rewrite_statement(tuple(values)), {**values, "held_id": run.id}
+                ).first()
+                written = rewritten if rewritten is not None else written
+            else:
+                message += f" (state version {committed} written)"
         # Artifacts from before exist only after an earlier attempt or a pause for a
         # decision (which always sets the phase): a plain first attempt has none to replace.
         if run.attempt > 1 or run.phase is not None:
@@ -424,7 +434,90 @@ def finish_attempt(
             ended_run = trusted_row(Run, written._mapping)
             record = record_in_session(ctx, s, ended_run, artifacts=artifacts)
     ctx.node.run_ended(run.id, record)
-    return ended.status
+    return status
+
+
+def _end_values(
+    run: Run, outcome: Outcome, *, now: datetime, backoff: float, exponential: bool
+) -> tuple[dict[str, Any], str, bool, str]:
+    """What an attempt's end writes to its run (the rules applied to a copy of the run as
+    claimed), the closing log line, whether it is retried, and the run's new status."""
+    ended = RunFields.of(run)
+    ended.status = RUNNING  # as the UPDATE finds it, or it writes nothing
+    conflict_retry = (
+        outcome.error_code == StateConflict.code
+        and outcome.state is not None
+        and outcome.state.retry_on_conflict
+        and run.attempt < CONFLICT_ATTEMPTS
+    )
+    retry = conflict_retry or (
+        outcome.status in RETRYABLE and outcome.retryable and run.attempt < run.max_attempts
+    )
+    if retry:
+        delay = backoff * (2 ** (run.attempt - 1)) if exponential else backoff
+        message = (
+            f"attempt {run.attempt} {outcome.status}: {outcome.error_message}; "
+            f"retrying in {delay:.0f}s"
+        )
+        requeue_next_attempt(
+            ended,
+            by=EXECUTOR,
+            now=now,
+            delay_seconds=delay,
+            # A conflict is no failure of the worker's: it costs none of its retries.
+            counts_as_attempt=not conflict_retry,
+            ended=outcome.error_code or outcome.status,
+        )
+    else:
+        transition(
+            ended,
+            outcome.status,
+            by=EXECUTOR,
+            now=now,
+            error_code=outcome.error_code,
+            error_message=outcome.error_message,
+        )
+        message = f"{outcome.status}"
+        if outcome.error_message:
+            message += f": {outcome.error_message}"
+    values: dict[str, Any] = {name: getattr(ended, name) for name in RULE_FIELDS}
+    values["exit_code"] = outcome.exit_code
+    if not retry:
+        values["outputs_json"] = (
+            jsonvalues.dumps(outcome.outputs, where="outputs")
+            if outcome.outputs is not None
+            else None
+        )
+    if outcome.state is not None:
+        values["state_base"] = outcome.state.base
+    return values, message, retry, ended.status
+
+
+def _conflict_outcome(run: Run, outcome: Outcome, change: StateChange) -> Outcome:
+    again = change.retry_on_conflict and run.attempt < CONFLICT_ATTEMPTS
+    tail = "; it runs again from the newer state" if again else ""
+    if change.retry_on_conflict and not again:
+        tail = f"; gave up after {run.attempt} attempts"
+    return Outcome(
+        status=FAILED,
+        error_code=StateConflict.code,
+        error_message=f"the state of worker '{run.worker_name}' changed after this run read "
+        f"version {change.base}; its new state was not written{tail}",
+        exit_code=outcome.exit_code,
+        outputs=outcome.outputs,
+        retryable=again,
+        sandbox_seconds=outcome.sandbox_seconds,
+        state=change,
+    )
+
+
+@lru_cache(maxsize=4)
+def _rewrite_statement(columns: tuple[str, ...]) -> Any:
+    """A second write of the attempt's end in the transaction whose first one held (the row
+    is locked by it): a success turned into a state conflict."""
+    runs = Run.__table__  # type: ignore[attr-defined]
+    values: dict[str, Any] = {name: bindparam(name, type_=runs.c[name].type) for name in columns}
+    return update(runs).where(runs.c.id == bindparam("held_id")).values(values).returning(*runs.c)
 
 
 @lru_cache(maxsize=1)
@@ -434,7 +527,7 @@ def _artifacts_insert() -> Any:
     return insert(table).returning(*table.c)
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)
 def _finish_statement(columns: tuple[str, ...]) -> Any:
     """The attempt's end as one UPDATE of `columns` (and the sandbox time added), matching
     only while this node holds this attempt under its lease epoch (the fencing token) and

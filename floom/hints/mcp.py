@@ -64,6 +64,15 @@ def _rollback(words: list[str]) -> str:
     return _call("rollback_worker", worker=worker, version_id=option(words, "--to", "VERSION"))
 
 
+def _state(words: list[str]) -> str:
+    worker = first(words[1:], "WORKER")
+    if words[:1] == ["history"]:
+        return _call("list_worker_state_versions", worker=worker)
+    if words[:1] == ["set"]:
+        return _call("set_worker_state", worker=worker, state="VALUE")
+    return _call("get_worker_state", worker=worker)
+
+
 def _replay(words: list[str]) -> str:
     run = first(words, "RUN_ID")
     if "--exact" in words:
@@ -125,6 +134,7 @@ _TOOLS: dict[str, Render] = {
     "pause": _worker_tool("pause_worker"),
     "resume": _worker_tool("resume_worker"),
     "secrets": _secrets,
+    "state": _state,
     "deploy": lambda w: "deploy_worker(files={...})",
     "validate": lambda w: "validate_worker(files={...})",
     "handoffs": _handoffs,

@@ -105,6 +105,15 @@ def _secrets(words: list[str]) -> str:
     return _request("GET", "secrets")
 
 
+def _state(words: list[str]) -> str:
+    worker = first(words[1:], "WORKER")
+    if words[:1] == ["history"]:
+        return _request("GET", "workers", worker, "state", "versions")
+    if words[:1] == ["set"]:
+        return _request("PUT", "workers", worker, "state", body={"state": "VALUE"})
+    return _request("GET", "workers", worker, "state")
+
+
 def _keys(words: list[str]) -> str:
     if words[:1] == ["create"]:
         return _request("POST", "keys", body={"scopes": [option(words, "--scope", "SCOPE")]})
@@ -161,6 +170,7 @@ _ENDPOINTS: dict[str, Render] = {
     "approve": lambda w: _decide(w, "approve"),
     "reject": lambda w: _decide(w, "reject"),
     "secrets": _secrets,
+    "state": _state,
     "keys": _keys,
     "agents": _agents,
     "roles": _roles,

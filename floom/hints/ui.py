@@ -90,6 +90,7 @@ _PAGES: dict[str, Render] = {
     "workers": _workers,
     "versions": _on_worker("the versions"),
     "rollback": _on_worker("Roll back"),
+    "state": lambda w: _on_worker("the state")(w[1:]),
     "run": _on_worker("the run form"),
     "triggers": _on_worker("the triggers"),
     "deliveries": _on_worker("the deliveries"),

@@ -41,6 +41,7 @@ from floom.manifest.schema import (
     Problem,
     Retries,
     SandboxChoice,
+    StateSpec,
     manifest_too_large,
     typescript_runner,
 )
@@ -498,6 +499,16 @@ def _check_retries(raw: Any, path: str, out: list[Problem]) -> Any:
     return _check_flat_model(Retries, raw, path, out)
 
 
+def _check_state(raw: Any, path: str, out: list[Problem]) -> Any:
+    if isinstance(raw, bool):
+        return {"enabled": raw}
+    if not isinstance(raw, Mapping):
+        message = f"must be true, false or a mapping, got {kind_of(raw)}"
+        out.append(Problem(path, message, "e.g. state: true, or state: {on_conflict: retry}"))
+        return _BAD
+    return _check_flat_model(StateSpec, raw, path, out)
+
+
 def _section(model: type[BaseModel]) -> Checker:
     return lambda raw, path, out: _check_flat_model(model, raw, path, out)
 
@@ -511,6 +522,7 @@ _SECTIONS: dict[str, Checker] = {
     "limits": _section(Limits),
     "sandbox": _section(SandboxChoice),
     "retries": _check_retries,
+    "state": _check_state,
     "triggers": _check_triggers,
     "tools": _check_tools,
     "calls": _check_calls,

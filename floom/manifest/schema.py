@@ -152,6 +152,30 @@ class Approvals(_Frozen):
     required: bool = False
 
 
+# The largest state.max_bytes worker.yml may write; the node's FLOOM_MAX_STATE_BYTES is the
+# ceiling a deploy is held to (services/workers/limit_ceilings.py).
+MAX_STATE_BYTES = 16 * 1024 * 1024
+
+
+class StateSpec(_Frozen):
+    """What a worker keeps between runs (README, "Worker state"). In worker.yml `state: true`
+    means `{enabled: true}`; a mapping without `enabled` is enabled."""
+
+    enabled: bool = True
+    on_conflict: Literal["fail", "retry"] = Field(
+        "fail",
+        description="when another run wrote the state first: fail the run (state_conflict) "
+        "or run it again from the newer state",
+    )
+    max_bytes: int | None = Field(
+        None,
+        ge=2,
+        le=MAX_STATE_BYTES,
+        description="largest state as JSON; default and ceiling: the server's "
+        "FLOOM_MAX_STATE_BYTES",
+    )
+
+
 class SandboxChoice(_Frozen):
     """Where the worker's scripts (and an agent's run_command) run; unset: the server's
     default backend (FLOOM_SANDBOX) and, on E2B, its default template (FLOOM_E2B_TEMPLATE)."""
@@ -215,6 +239,10 @@ class Manifest(_Frozen):
         default_factory=dict,
         description="replays and evals: live_tools, compare (per output), gate (on deploy)",
     )
+    state: StateSpec = Field(
+        default_factory=lambda: StateSpec(enabled=False),
+        description="state kept between runs: true, or {on_conflict: fail|retry, max_bytes}",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -223,6 +251,13 @@ class Manifest(_Frozen):
         # tool and form; however the manifest was built, they stay within the YAML limit.
         if nesting_depth(data, limit=MAX_MANIFEST_DEPTH) > MAX_MANIFEST_DEPTH:
             raise ValueError(f"the manifest nests deeper than {MAX_MANIFEST_DEPTH} levels")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _state_shorthand(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and isinstance(data.get("state"), bool):
+            return {**data, "state": {"enabled": data["state"]}}
         return data
 
     @model_validator(mode="before")
@@ -385,6 +420,8 @@ def manifest_json_schema() -> dict[str, Any]:
         "anyOf": [{"$ref": "#/$defs/Retries"}, {"type": "integer", "minimum": 0, "maximum": 20}]
     }
     props["approvals"] = {"$ref": "#/$defs/Approvals"}
+    props["state"] = {"anyOf": [{"type": "boolean"}, {"$ref": "#/$defs/StateSpec"}]}
+    props["state"].update(description=Manifest.model_fields["state"].description)
     schema["$defs"]["Approvals"] = Approvals.model_json_schema()
     props["expose"]["items"] = {"enum": list(EXPOSE_TARGETS)}
     props["expose"]["minItems"] = 1  # leave it out for every surface

@@ -78,8 +78,13 @@ class RunPublic(Public):
     artifacts: list[ArtifactPublic] = Field(
         default_factory=list, description="present where the answer lists them"
     )
+    state_base: int | None = Field(
+        None,
+        description="for a worker with state: the state version the run started from (0: none "
+        "yet); present once an attempt read it (a replay: from its creation)",
+    )
 
-    omit_when_unset = frozenset({"artifacts"})
+    omit_when_unset = frozenset({"artifacts", "state_base"})
 
 
 class ApprovalPublic(Public):

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
+from floom.errors import InvalidRequest
 from floom.manifest.schema import Manifest, Problem
 from floom.schemas.common import IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic, run_public
@@ -16,9 +17,10 @@ from floom.services.context import Context
 from floom.services.runs import lifecycle as runs
 from floom.services.triggers import registry as triggers
 from floom.services.workers import diffs
+from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.services.workers.deletion import Deletion
-from floom.store.models import Version
+from floom.store.models import Version, WorkerState
 
 RECENT_RUNS = 10
 
@@ -258,3 +260,93 @@ class WorkerDeleted(Public):
 
 def worker_deleted(deletion: Deletion) -> WorkerDeleted:
     return WorkerDeleted.model_validate({"deleted": True, **deletion.to_dict()})
+
+
+# -- worker state -------------------------------------------------------------------------------
+
+
+class StateVersionPublic(Public):
+    """One kept version of a worker's state: who wrote it, when, from which run."""
+
+    worker: str
+    version: int
+    size: int = Field(description="bytes of JSON")
+    source: str = Field(
+        json_schema_extra={"enum": list(worker_state.SOURCES)},
+        description="run: a run's success; operator: set by a key; restore: an earlier "
+        "version set again (restored_from)",
+    )
+    written_by: str | None = Field(description='"run:<id>" or the key that set it')
+    run_id: str | None
+    restored_from: int | None
+    created_at: Timestamp
+
+
+class WorkerStatePublic(Public):
+    """A worker's state: the current version (0 before the first), and the value and record
+    of the version asked for (the current one unless `version` was given)."""
+
+    worker: str
+    enabled: bool = Field(description="whether the worker's active version declares state")
+    limit_bytes: int = Field(description="the largest state this worker may keep, as JSON")
+    current_version: int
+    version: int
+    state: Any = Field(description="the value; null before the first state")
+    written: StateVersionPublic | None = Field(description="null before the first state")
+
+
+def state_version_public(row: WorkerState) -> StateVersionPublic:
+    return StateVersionPublic(
+        worker=row.worker_name,
+        version=row.version,
+        size=row.size,
+        source=row.source,
+        written_by=row.written_by,
+        run_id=row.run_id,
+        restored_from=row.restored_from,
+        created_at=row.created_at,
+    )
+
+
+def worker_state_public(
+    ctx: Context, *, name: str, version: int | None = None, caller: Principal
+) -> WorkerStatePublic:
+    current, row = worker_state.get_state(ctx, worker_name=name, version=version, caller=caller)
+    worker = workers.get_worker(ctx, name=name, caller=caller)
+    manifest = None
+    if worker.active_version_id:
+        active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
+        manifest = workers.manifest_of(active)
+    return WorkerStatePublic(
+        worker=name,
+        enabled=bool(manifest and manifest.state.enabled),
+        limit_bytes=(
+            worker_state.limit_of(manifest, ctx.settings)
+            if manifest
+            else ctx.settings.max_state_bytes
+        ),
+        current_version=current,
+        version=row.version if row else 0,
+        state=worker_state.decode(row.state_json) if row else None,
+        written=state_version_public(row) if row else None,
+    )
+
+
+def state_version_page(
+    ctx: Context, *, name: str, cursor: str | None = None, limit: int = 50, caller: Principal
+) -> Page[StateVersionPublic]:
+    before = None
+    if cursor is not None:
+        if not cursor.isdigit():
+            raise InvalidRequest(
+                f"cursor {cursor!r} is not a state version",
+                hint="pass the next_cursor of the previous page",
+            )
+        before = int(cursor)
+    _, rows, next_before = worker_state.list_versions(
+        ctx, worker_name=name, before=before, limit=limit, caller=caller
+    )
+    return Page[StateVersionPublic](
+        items=[state_version_public(r) for r in rows],
+        next_cursor=str(next_before) if next_before is not None else None,
+    )

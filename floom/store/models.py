@@ -97,6 +97,9 @@ class Worker(SQLModel, table=True):
     paused: bool = False
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # The worker's current state version (0: none yet): the compare-and-set token every write
+    # of its state moves by one (services/workers/state.py).
+    state_version: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class Version(SQLModel, table=True):
@@ -158,6 +161,26 @@ class Run(SQLModel, table=True):
     # "apply" after a run-level approval, "resume" after a tool-call decision; None at first.
     phase: str | None = Field(default=None, max_length=16)
     parent_run_id: str | None = Field(default=None, max_length=40, index=True)
+    # The worker state version the run started from (0: none yet), for a worker with
+    # `state:`; a replay is created holding its original's, and starts from that.
+    state_base: int | None = None
+
+
+class WorkerState(SQLModel, table=True):
+    """One version of a worker's state: what it held, who wrote it, from which run."""
+
+    __tablename__ = "worker_states"
+    worker_name: str = Field(primary_key=True, max_length=63)
+    version: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    state_json: str = Field(sa_column=Column(Text, nullable=False))
+    size: int
+    # "run" (a run's success), "operator" (set by a person or key) or "restore" (an earlier
+    # version brought back, `restored_from`).
+    source: str = Field(max_length=16)
+    written_by: str | None = Field(default=None, max_length=80)
+    run_id: str | None = Field(default=None, max_length=40)
+    restored_from: int | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class RunEvent(SQLModel, table=True):

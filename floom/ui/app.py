@@ -11,9 +11,10 @@ from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
+from floom import jsonvalues
 from floom.api.auth import CtxDep
 from floom.api.routing import add_routes
-from floom.errors import FloomError, InputInvalid
+from floom.errors import FloomError, InputInvalid, InvalidRequest, StateInvalid
 from floom.manifest.schema import Manifest
 from floom.schemas import runs as run_views
 from floom.schemas import workers as worker_views
@@ -24,6 +25,7 @@ from floom.services.runs import lineage
 from floom.services.runs import stats as run_stats
 from floom.services.workers import deletion as worker_deletion
 from floom.services.workers import exposure
+from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.ui import admin as ui_admin
 from floom.ui import approvals as ui_approvals
@@ -53,7 +55,10 @@ NOTICES = {
     "purged": "Deleted: the worker and its runs, logs and artifacts are gone.",
     "paused": "Paused: schedule ticks and webhook deliveries are recorded as skipped, not run.",
     "resumed": "Resumed: new ticks and deliveries run again (skipped ones are not run).",
+    "state-set": "State set: the worker's next run starts from this version.",
 }
+# State versions the worker's page lists (the rest with `floom state history`).
+STATE_VERSIONS_SHOWN = 10
 
 
 def install(app: FastAPI) -> None:
@@ -127,6 +132,10 @@ def _worker_context(ctx: Context, me: SignedIn, name: str, base_url: str) -> dic
         ),
         "deliveries": ui_features.webhook_deliveries(ctx, worker_name=name, caller=caller),
         "history": history_chart(run_stats.daily_history(ctx, worker_name=name, caller=caller)),
+        "state": worker_views.worker_state_public(ctx, name=name, caller=caller),
+        "state_versions": worker_views.state_version_page(
+            ctx, name=name, limit=STATE_VERSIONS_SHOWN, caller=caller
+        ).items,
     }
 
 
@@ -177,6 +186,37 @@ async def rollback(request: Request, name: str, ctx: CtxDep, me: Me) -> Response
         values["versions_error"] = error_markup(exc)
         return await run_in_threadpool(render, request, "worker.html", values, exc.status)
     return RedirectResponse(f"/workers/{name}?notice=rolled-back#versions", status_code=303)
+
+
+@router.post("/workers/{name}/state")
+async def set_state(request: Request, name: str, ctx: CtxDep, me: Me) -> Response:
+    form = await checked_form(request, me)
+    text = str(form.get("state") or "")
+    restore = str(form.get("from_version") or "")
+    try:
+        if restore:
+            if not restore.isdigit():
+                raise InvalidRequest(f"{restore!r} is not a state version", hint="pick one listed")
+            await run_in_threadpool(
+                worker_state.set_state,
+                ctx,
+                worker_name=name,
+                from_version=int(restore),
+                caller=me.caller,
+            )
+        else:
+            value, breach = jsonvalues.parse(text, where="state")
+            if breach is not None:
+                raise StateInvalid(breach.message, hint='write JSON, e.g. {"since": "2026-01-01"}')
+            await run_in_threadpool(
+                worker_state.set_state, ctx, worker_name=name, state=value, caller=me.caller
+            )
+    except FloomError as exc:
+        values = await run_in_threadpool(_worker_context, ctx, me, name, str(request.base_url))
+        values["state_error"] = error_markup(exc)
+        values["state_text"] = text
+        return await run_in_threadpool(render, request, "worker.html", values, exc.status)
+    return RedirectResponse(f"/workers/{name}?notice=state-set#state", status_code=303)
 
 
 @router.post("/workers/{name}/delete")

@@ -1,4 +1,6 @@
-"""Fetch a repository's recent activity from the GitHub API and write a Markdown digest."""
+"""Fetch a repository's activity since its last digest from the GitHub API and write a Markdown
+digest. The worker's state (state.json, written back through result.json) holds, per
+repository, when the last successful digest looked."""
 
 import json
 import os
@@ -13,17 +15,26 @@ repo, days, api = inputs["repo"], inputs["days"], inputs["api_url"].rstrip("/")
 token = os.environ.get("GITHUB_TOKEN")
 
 
-def finish(outputs=None, error=None, retryable=False):
-    Path("result.json").write_text(
-        json.dumps({"outputs": outputs or {}, "error": error, "retryable": retryable})
-    )
+def finish(outputs=None, error=None, retryable=False, state=None):
+    result = {"outputs": outputs or {}, "error": error, "retryable": retryable}
+    if state is not None:
+        result["state"] = state
+    Path("result.json").write_text(json.dumps(result))
     sys.exit(0 if error is None else 1)
 
 
 if not token:
     finish(error="GITHUB_TOKEN is not set; run `floom secrets set GITHUB_TOKEN`")
 
-since = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%SZ")
+# null before the first digest; floom keeps the state only when this run succeeds.
+state = json.loads(Path("state.json").read_text()) or {"since": {}}
+started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+first_digest = repo not in state["since"]
+if first_digest:
+    since = (datetime.now(UTC) - timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%SZ")
+else:
+    since = state["since"][repo]
+period = f"the last {days} days" if first_digest else f"since {since}"
 
 
 def get(path):
@@ -52,7 +63,7 @@ opened = [i for i in issues if i.get("created_at", "") >= since]
 pulls = [i for i in opened if "pull_request" in i]
 plain = [i for i in opened if "pull_request" not in i]
 
-lines = [f"# {repo}: the last {days} days", ""]
+lines = [f"# {repo}: {period}", ""]
 lines.append(f"- {len(commits)} commits, {len(plain)} issues opened, {len(pulls)} pull requests")
 lines.append("")
 lines.append("## Commits")
@@ -65,7 +76,7 @@ Path(os.environ["FLOOM_OUTPUT_DIR"], "digest.md").write_text(digest)
 
 summary = (
     f"{repo}: {len(commits)} commits, {len(plain)} issues and {len(pulls)} pull requests "
-    f"in the last {days} days"
+    f"{'in ' if first_digest else ''}{period}"
 )
 finish(
     outputs={
@@ -73,5 +84,7 @@ finish(
         "commits": len(commits),
         "issues_opened": len(plain),
         "pulls_opened": len(pulls),
-    }
+    },
+    # The next digest of this repository starts where this one looked.
+    state={"since": {**state["since"], repo: started}},
 )

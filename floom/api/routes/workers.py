@@ -17,6 +17,7 @@ from floom.schemas.common import Page
 from floom.services.context import Context
 from floom.services.replays import gate as eval_gate
 from floom.services.workers import deletion as worker_deletion
+from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
@@ -148,6 +149,12 @@ class RollbackRequest(BaseModel):
     )
     version_id: str | None = Field(None, description="make this version active")
     run_id: str | None = Field(None, description="or the version this run ran")
+    state_version: int | None = Field(
+        None,
+        ge=1,
+        le=worker_state.MAX_VERSION,
+        description="also restore this kept version of the worker's state",
+    )
 
 
 @router.post(
@@ -158,10 +165,92 @@ class RollbackRequest(BaseModel):
 def rollback(
     name: WorkerName, body: RollbackRequest, ctx: CtxDep, caller: DeployCaller
 ) -> views.RollbackResult:
-    rollback = workers.rollback(
-        ctx, name=name, version_id=body.version_id, run_id=body.run_id, caller=caller
-    )
+    if body.state_version is not None:
+        rollback = worker_state.rollback_with_state(
+            ctx,
+            name=name,
+            version_id=body.version_id,
+            run_id=body.run_id,
+            state_version=body.state_version,
+            caller=caller,
+        )
+    else:
+        rollback = workers.rollback(
+            ctx, name=name, version_id=body.version_id, run_id=body.run_id, caller=caller
+        )
     return views.rollback_result(ctx, name=name, rollback=rollback, caller=caller)
+
+
+@router.get(
+    "/workers/{name}/state",
+    summary="A worker's state: the current version, or one kept version",
+    response_model=views.WorkerStatePublic,
+    responses=authed(404),
+)
+def get_state(
+    name: WorkerName,
+    ctx: CtxDep,
+    caller: ReadCaller,
+    version: int | None = Query(
+        None, ge=1, le=worker_state.MAX_VERSION, description="a kept version; default: the current"
+    ),
+) -> views.WorkerStatePublic:
+    return views.worker_state_public(ctx, name=name, version=version, caller=caller)
+
+
+class StateRequest(BaseModel):
+    """Exactly one of `state` (the new value; null is a value) and `from_version` (set a kept
+    version's value again: a restore)."""
+
+    model_config = ConfigDict(extra="forbid")
+    state: Any = Field(None, description="the new state, any JSON value")
+    from_version: int | None = Field(
+        None, ge=1, le=worker_state.MAX_VERSION, description="restore this kept version"
+    )
+    if_version: int | None = Field(
+        None,
+        ge=0,
+        le=worker_state.MAX_VERSION,
+        description="write only while the current version is this one (409 otherwise)",
+    )
+
+
+@router.put(
+    "/workers/{name}/state",
+    summary="Set a worker's state (a new version written by this key)",
+    response_model=views.WorkerStatePublic,
+    responses=authed(400, 404, 409, 413, 422),
+)
+def set_state(
+    name: WorkerName, body: StateRequest, ctx: CtxDep, caller: DeployCaller
+) -> views.WorkerStatePublic:
+    given = "state" in body.model_fields_set
+    if given == (body.from_version is not None):
+        raise InvalidRequest(
+            "give exactly one of state and from_version",
+            hint='e.g. {"state": {"since": "2026-01-01"}} or {"from_version": 3}',
+        )
+    row = worker_state.set_state(
+        ctx,
+        worker_name=name,
+        state=body.state,
+        from_version=body.from_version,
+        if_version=body.if_version,
+        caller=caller,
+    )
+    return views.worker_state_public(ctx, name=name, version=row.version, caller=caller)
+
+
+@router.get(
+    "/workers/{name}/state/versions",
+    summary="A worker's kept state versions, newest first",
+    response_model=Page[views.StateVersionPublic],
+    responses=authed(400, 404, 422),
+)
+def list_state_versions(
+    name: WorkerName, ctx: CtxDep, caller: ReadCaller, cursor: Cursor = None, limit: Limit = 50
+) -> Page[views.StateVersionPublic]:
+    return views.state_version_page(ctx, name=name, cursor=cursor, limit=limit, caller=caller)
 
 
 @router.delete(

@@ -1,16 +1,20 @@
-"""`floom validate`, `deploy`, `versions`, `rollback` and `floom workers` (list, delete):
-thin clients of the workers REST API, plus the local check of a worker folder."""
+"""`floom validate`, `deploy`, `versions`, `rollback`, `floom workers` (list, delete) and
+`floom state` (get, set, history): thin clients of the workers REST API, plus the local
+check of a worker folder."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
 
+from floom import jsonvalues
 from floom.cli.common import JsonOpt, open_client
+from floom.cli.console import print_json
 from floom.cli.output import err, human_size, new_table, out, when
 from floom.config import Settings
 
@@ -29,6 +33,17 @@ def register(app: typer.Typer) -> None:
     app.command()(deploy)
     app.command()(versions)
     app.command()(rollback)
+
+
+state_app = typer.Typer(
+    help="A worker's state: get it, set it (or restore a version), list its history.",
+    add_completion=False,
+)
+
+
+def register_state(app: typer.Typer) -> None:
+    """Add `floom state` to the floom command."""
+    app.add_typer(state_app, name="state", no_args_is_help=True)
 
 
 def register_group(app: typer.Typer) -> None:
@@ -136,6 +151,14 @@ def rollback(
     run: Annotated[
         str | None, typer.Option("--run", help="activate the version of this run")
     ] = None,
+    restore_state: Annotated[
+        int | None,
+        typer.Option(
+            "--restore-state",
+            min=1,
+            help="also set this kept state version again (see `floom state history`)",
+        ),
+    ] = None,
 ) -> None:
     """Make an earlier version active again."""
     if (to is None) == (run is None):
@@ -143,7 +166,9 @@ def rollback(
             "give exactly one of --to VERSION or --run RUN_ID", param_hint="'--to' / '--run'"
         )
     with open_client() as client:
-        result = client.rollback(worker, version_id=to, run_id=run)
+        result = client.rollback(worker, version_id=to, run_id=run, state_version=restore_state)
+    if restore_state is not None:
+        out.print(Text(f"{worker}'s state is version {restore_state}'s again"))
     version = result["version"]["id"]
     if result.get("changed") is False:
         out.print(Text(f"{worker} already runs version {version}; nothing changed"))
@@ -200,3 +225,118 @@ def _summary(result: dict[str, Any]) -> str:
     if result.get("approvals_closed"):
         parts.append(f"{result['approvals_closed']} pending approval(s) closed")
     return "; ".join(parts) + f" (audit {result['deletion_id']})"
+
+
+# -- worker state -------------------------------------------------------------------------------
+
+
+@state_app.command("get")
+def state_get(
+    name: Annotated[str, typer.Argument(help="worker name")],
+    version: Annotated[
+        int | None, typer.Option("--version", min=1, help="a kept version (default: current)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Print a worker's state as JSON on stdout; who wrote it goes to stderr."""
+    with open_client() as client:
+        body = client.get_state(name, version=version)
+    if as_json:
+        print_json(body)
+        return
+    written = body.get("written")
+    if written is None:
+        err.print(Text(f"{name} has no state yet (version 0)"))
+    else:
+        err.print(Text(_written_line(body["version"], written, current=body["current_version"])))
+    print_json(body["state"])
+
+
+@state_app.command("set")
+def state_set(
+    name: Annotated[str, typer.Argument(help="worker name")],
+    value: Annotated[
+        str | None,
+        typer.Argument(help="the new state as JSON; @FILE reads a file, - reads stdin"),
+    ] = None,
+    from_version: Annotated[
+        int | None,
+        typer.Option("--from-version", min=1, help="set a kept version's state again"),
+    ] = None,
+    if_version: Annotated[
+        int | None,
+        typer.Option("--if-version", min=0, help="only while the current version is this one"),
+    ] = None,
+) -> None:
+    """Set a worker's state (a new version), or restore a kept one with --from-version."""
+    if (value is None) == (from_version is None):
+        raise typer.BadParameter(
+            "give exactly one of a JSON VALUE or --from-version N", param_hint="VALUE"
+        )
+    with open_client() as client:
+        if from_version is not None:
+            body = client.set_state(name, from_version=from_version, if_version=if_version)
+        else:
+            state = _json_value(str(value))
+            body = client.set_state(name, state=state, if_version=if_version)
+    out.print(Text(_written_line(body["version"], body["written"], current=body["version"])))
+
+
+@state_app.command("history")
+def state_history(
+    name: Annotated[str, typer.Argument(help="worker name")],
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """List a worker's kept state versions, newest first: who wrote each, when, how big."""
+    with open_client() as client:
+        page = client.state_versions(name, limit=limit)
+    if as_json:
+        print_json(page)
+        return
+    if not page["items"]:
+        out.print(f"{name} has no state yet")
+        return
+    table = new_table("VERSION", "SOURCE", "WRITTEN BY", "SIZE", "WRITTEN")
+    for v in page["items"]:
+        source = v["source"]
+        if v.get("restored_from"):
+            source += f" of {v['restored_from']}"
+        table.add_row(
+            str(v["version"]),
+            source,
+            v.get("written_by") or "-",
+            human_size(v["size"]),
+            when(v["created_at"]),
+        )
+    out.print(table)
+
+
+def _json_value(text: str) -> Any:
+    """The state given on the command line: JSON text, @FILE or - (stdin)."""
+    if text == "-":
+        text = sys.stdin.read()
+    elif text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as exc:
+            raise typer.BadParameter(
+                f"cannot read {text[1:]}: {exc.strerror}", param_hint="VALUE"
+            ) from exc
+    parsed, breach = jsonvalues.parse(text, where="the state")
+    if breach is not None:
+        raise typer.BadParameter(
+            f'{breach.message}; quote it for the shell, e.g. \'{{"since": "2026-01-01"}}\'',
+            param_hint="VALUE",
+        )
+    return parsed
+
+
+def _written_line(version: int, written: dict[str, Any], *, current: int) -> str:
+    where = f" from run {written['run_id']}" if written.get("run_id") else ""
+    restored = f", restored from {written['restored_from']}" if written.get("restored_from") else ""
+    latest = "" if version == current else f" (current: {current})"
+    return (
+        f"state version {version}{latest}: {written['source']}{restored}{where}, "
+        f"written by {written.get('written_by') or '-'} at {when(written['created_at'])}"
+    )

@@ -77,6 +77,26 @@ class Backend(abc.ABC):
         """{"worker", "version"} after making the given version (or a run's version) active."""
 
     @abc.abstractmethod
+    def get_state(self, name: str, *, version: int | None = None) -> JSON:
+        """The worker's state as REST answers it (current, or a kept `version`)."""
+
+    @abc.abstractmethod
+    def set_state(
+        self,
+        name: str,
+        *,
+        state: Any = None,
+        from_version: int | None = None,
+        if_version: int | None = None,
+    ) -> JSON:
+        """Write a new state version (deploy scope): `state`, or a kept version's value
+        again; the state as written."""
+
+    @abc.abstractmethod
+    def state_versions(self, name: str, *, limit: int = 20) -> JSON:
+        """{"items": [state version], "next_cursor"}, newest first."""
+
+    @abc.abstractmethod
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
         """Delete a worker (deploy scope); what was deleted, as counts, as REST answers it."""
 

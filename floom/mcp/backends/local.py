@@ -33,6 +33,7 @@ from floom.services.runs import lifecycle as runs
 from floom.services.runs import waits as run_waits
 from floom.services.triggers import registry as triggers
 from floom.services.workers import deletion as worker_deletion
+from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.store.models import Worker
 
@@ -127,6 +128,36 @@ class LocalBackend(Backend):
             ctx, name=name, rollback=rollback, caller=self.principal
         )
         return result.to_json()
+
+    def get_state(self, name: str, *, version: int | None = None) -> JSON:
+        view = worker_views.worker_state_public(
+            self.ctx, name=name, version=version, caller=self.principal
+        )
+        return view.to_json()
+
+    def set_state(
+        self,
+        name: str,
+        *,
+        state: Any = None,
+        from_version: int | None = None,
+        if_version: int | None = None,
+    ) -> JSON:
+        row = worker_state.set_state(
+            self.ctx,
+            worker_name=name,
+            state=state,
+            from_version=from_version,
+            if_version=if_version,
+            caller=self.principal,
+        )
+        return self.get_state(name, version=row.version)
+
+    def state_versions(self, name: str, *, limit: int = 20) -> JSON:
+        page = worker_views.state_version_page(
+            self.ctx, name=name, limit=limit, caller=self.principal
+        )
+        return page.to_json()
 
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
         ctx = self.ctx

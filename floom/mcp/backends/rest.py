@@ -129,6 +129,24 @@ class RestBackend(Backend):
     def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
         return self.client.rollback(name, version_id=version_id, run_id=run_id)
 
+    def get_state(self, name: str, *, version: int | None = None) -> JSON:
+        return self.client.get_state(name, version=version)
+
+    def set_state(
+        self,
+        name: str,
+        *,
+        state: Any = None,
+        from_version: int | None = None,
+        if_version: int | None = None,
+    ) -> JSON:
+        return self.client.set_state(
+            name, state=state, from_version=from_version, if_version=if_version
+        )
+
+    def state_versions(self, name: str, *, limit: int = 20) -> JSON:
+        return self.client.state_versions(name, limit=limit)
+
     def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
         return self.client.delete_worker(name, purge_runs=purge_runs)
 

@@ -45,6 +45,7 @@ from floom.mcp.toolkit import (
 from floom.mcp.tools.artifacts import ARTIFACT_TOOLS, with_links
 from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
+from floom.mcp.tools.state import STATE_TOOLS
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import SUCCEEDED, WAITING
 
@@ -570,6 +571,7 @@ TOOLS: tuple[FloomTool, ...] = (
     FloomTool(replay_run, RUNS, "run"),
     FloomTool(list_versions, READ, "read"),
     FloomTool(rollback_worker, WRITE, "deploy"),
+    *STATE_TOOLS,
     FloomTool(delete_worker, DESTRUCTIVE, "deploy"),
     FloomTool(list_approvals, READ, "read"),
     FloomTool(decide_approval, WRITE, "run"),

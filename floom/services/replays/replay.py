@@ -93,6 +93,7 @@ def start_replay(
         force=True,
         from_recording=True,
         in_transaction=link,
+        state_base=original.state_base,
     )
 
 

@@ -42,6 +42,7 @@ from floom.services.runs.rules import (
     transition,
 )
 from floom.services.workers import exposure
+from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.store import signals
 from floom.store.db import Reader, Writer, session_scope, write_connection
@@ -88,6 +89,7 @@ def create_run(
     in_transaction: Callable[[Session, Run], None] | None = None,
     parent_run_id: str | None = None,
     from_recording: bool = False,
+    state_base: int | None = None,
 ) -> Run:
     """Validate the inputs against the version's manifest and queue a run.
 
@@ -97,7 +99,8 @@ def create_run(
     replay `from_recording`, which acts on nothing). A paused worker refuses runs
     (WorkerPaused) unless `force`. `in_transaction` runs in the transaction that inserts the
     run, so a trigger can record its fire or delivery atomically with it; what it raises
-    undoes the run. Needs the run scope.
+    undoes the run. A replay's `state_base` is the worker state version its original
+    started from, and it starts from that one too. Needs the run scope.
     """
     caller.require("run")
     if trigger not in TRIGGERS:
@@ -127,6 +130,7 @@ def create_run(
                 force=force,
                 in_transaction=in_transaction,
                 parent_run_id=parent_run_id,
+                state_base=state_base,
             )
         except (_StaleWorker, FloomError):
             # From a stale copy a refusal (paused, no such version) may be wrong too: decide
@@ -162,6 +166,7 @@ def _queue_run(
     force: bool,
     in_transaction: Callable[[Session, Run], None] | None,
     parent_run_id: str | None,
+    state_base: int | None,
 ) -> tuple[Run, Worker]:
     """create_run's checks and insert for `worker`; raises _StaleWorker when
     `check_against_lock` and the locked row says otherwise."""
@@ -174,6 +179,8 @@ def _queue_run(
         force=force,
     )
     clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
+    if replay_of and state_base:
+        worker_state.check_kept(ctx, worker_name=worker.name, version=state_base)
     run = trusted_row(
         Run,
         {
@@ -189,6 +196,7 @@ def _queue_run(
             "scheduled_for": scheduled_for,
             "created_by": caller.actor,
             "parent_run_id": parent_run_id,
+            "state_base": state_base if replay_of else None,
         },
     )
     # A free slot of this node's executor takes the run in this very transaction (an agent's
@@ -531,6 +539,7 @@ def replay_run(
         version_id=None if latest else original.version_id,
         replay_of=original.id,
         force=force,
+        state_base=original.state_base,
     )
 
 
@@ -604,6 +613,8 @@ def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[st
     }
     if artifacts is not None:
         body["artifacts"] = [artifact_to_dict(a) for a in artifacts]
+    if run.state_base is not None:
+        body["state_base"] = run.state_base
     return body
 
 

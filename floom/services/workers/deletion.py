@@ -2,7 +2,7 @@
 kept (readable under its name) or purged with everything they left behind. Audited.
 
 Secrets are global by name, so they stay. A later deploy of the same name is a new worker:
-no versions, triggers, memory or webhook deliveries carry over.
+no versions, triggers, memory, state or webhook deliveries carry over.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.blobs import delete_unreferenced_blobs
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole
-from floom.store.models import Artifact, Run, RunEvent, Version, Worker
+from floom.store.models import Artifact, Run, RunEvent, Version, Worker, WorkerState
 from floom.store.triggers import Trigger, TriggerFire, WebhookDelivery
 
 if TYPE_CHECKING:
@@ -230,6 +230,7 @@ def _delete(
     s.execute(delete(Trigger).where(col(Trigger.worker_name) == name))
     deliveries = s.execute(delete(WebhookDelivery).where(col(WebhookDelivery.worker_name) == name))
     s.execute(delete(MemoryEntry).where(col(MemoryEntry.worker_name) == name))
+    s.execute(delete(WorkerState).where(col(WorkerState.worker_name) == name))
     agent_ids = select(Agent.id).where(Agent.label == agent_label(name))
     s.execute(delete(AgentRole).where(col(AgentRole.agent_id).in_(agent_ids)))
     run_count = _count(s, select(func.count()).select_from(Run).where(Run.worker_name == name))

@@ -65,6 +65,17 @@ def over_ceilings(manifest: Manifest, settings: Settings) -> list[Problem]:
                 f"the server's operator to raise {ceiling.variable}",
             )
         )
+    asked_state, top_state = manifest.state.max_bytes, settings.max_state_bytes
+    if manifest.state.enabled and asked_state is not None and asked_state > top_state:
+        problems.append(
+            Problem(
+                "state.max_bytes",
+                f"asks for {asked_state} bytes, over this server's ceiling of {top_state} "
+                "bytes (FLOOM_MAX_STATE_BYTES)",
+                f"set state.max_bytes to {top_state} or less in worker.yml, or ask the "
+                "server's operator to raise FLOOM_MAX_STATE_BYTES",
+            )
+        )
     return problems
 
 

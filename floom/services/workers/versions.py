@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -352,11 +353,14 @@ def rollback(
     version_id: str | None = None,
     run_id: str | None = None,
     caller: Principal,
+    in_transaction: Callable[[Session, Version], None] | None = None,
 ) -> Rollback:
     """Make an earlier version active again, given directly or as the version of a run.
     Rolling back to the version that is already active changes nothing and succeeds
-    (`changed` is False), so a retried rollback is harmless. Needs the deploy scope (checked
-    again in the writing transaction)."""
+    (`changed` is False), so a retried rollback is harmless. `in_transaction` runs in the
+    writing transaction with the version (restoring the worker's state with it); what it
+    raises undoes the rollback. Needs the deploy scope (checked again in the writing
+    transaction)."""
     caller.require("deploy")
     if bool(version_id) == bool(run_id):
         raise InvalidRequest(
@@ -380,6 +384,8 @@ def rollback(
                 f"no version {version_id} of worker '{name}'",
                 hint=f"`floom versions {name}` lists the versions",
             )
+        if in_transaction is not None:
+            in_transaction(s, version)
         if worker.active_version_id == version.id:
             return Rollback(version=version, changed=False)
         over = over_ceilings(manifest_of(version), ctx.settings)

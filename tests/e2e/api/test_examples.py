@@ -37,6 +37,9 @@ def test_github_digest_summarises_a_repository_with_its_token(api: httpx.Client)
                 "id"
             ]
             run = wait_for_run(api, run_id, timeout=60)
+            state = api.get("/api/v1/workers/github-digest/state").json()["state"]
+            again = api.post("/api/v1/workers/github-digest/runs", json={"inputs": inputs})
+            second = wait_for_run(api, again.json()["id"], timeout=60)
         finally:
             server.kill()
             out, _ = server.communicate(timeout=10)
@@ -52,6 +55,14 @@ def test_github_digest_summarises_a_repository_with_its_token(api: httpx.Client)
     assert {auth for _, auth in seen} == {f"Bearer {token}"}
     logs = api.get(f"/api/v1/runs/{run_id}/logs").text
     assert token not in logs
+    # The second digest starts where the first looked (the worker's state), not 3 days back.
+    since = state["since"]["acme/api"]
+    assert second["status"] == "succeeded", second
+    assert second["outputs"]["summary"].endswith(f"since {since}")
+    assert [p for p, _ in seen[2:]] == [
+        f"/repos/acme/api/commits?since={since}&per_page=100",
+        f"/repos/acme/api/issues?since={since}&state=all&per_page=100",
+    ]
 
 
 def test_github_digest_fails_clearly_without_its_secret(api: httpx.Client) -> None:

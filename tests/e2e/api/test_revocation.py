@@ -27,6 +27,7 @@ from floom.services.context import Context
 from floom.services.handoffs import agents
 from floom.services.handoffs.retire import retire_agent
 from floom.services.triggers import registry as triggers
+from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.services.workers.deletion import delete_worker
 from floom.store.db import session_scope
@@ -103,6 +104,9 @@ def privileged_writes(
         ),
         "workers.rollback": lambda c: workers.rollback(
             ctx, name="walked", version_id=staged["first_version"], caller=c
+        ),
+        "worker_state.set_state": lambda c: worker_state.set_state(
+            ctx, worker_name="walked", state={"walked": True}, caller=c
         ),
         "triggers.set_paused": lambda c: triggers.set_paused(
             ctx, worker_name="walked", paused=True, caller=c
@@ -255,6 +259,10 @@ def route_requests(staged: dict[str, str]) -> dict[tuple[str, str], dict[str, An
         ("POST", "/api/v1/workers/{name}/rollback"): {
             "path": {"name": "walked"},
             "json": {"version_id": staged["first_version"]},
+        },
+        ("PUT", "/api/v1/workers/{name}/state"): {
+            "path": {"name": "walked"},
+            "json": {"state": {"walked": True}},
         },
         ("POST", "/api/v1/workers/{name}/pause"): {"path": {"name": "walked"}},
         ("POST", "/api/v1/workers/{name}/resume"): {"path": {"name": "walked"}},
