@@ -739,7 +739,7 @@ def leftovers(files: list[Path], names: dict[str, str], paths: dict[str, str]) -
 STARTED = False  # set once the tree is changed: only then is a failure undone
 
 
-def run() -> int:
+def run() -> int:  # noqa: C901 (one linear script: check, plan, move, rewrite, verify)
     global STARTED
     if not Path(".git").exists() or not Path("floom/__init__.py").is_file():
         raise Refused("run it at the top of a floom checkout")

@@ -63,7 +63,7 @@ def _place(folder: str, names: str) -> None:
 _place(
     "unit",
     "agent_manifest env_names handoff_rules layout manifest mcp_declarations run_ends "
-    "run_rules safefiles triggers_cron",
+    "run_rules safefiles triggers_cron docs",
 )
 # The agent loop against the model stand-in, on both stores.
 _place(
@@ -92,7 +92,7 @@ _place(
     "isolation json_bounds limit_ceilings limits_parsers model_provider openapi_contract "
     "openapi_fuzz replays revocation run_redaction runs sandbox_limits sandbox_network "
     "secrets_and_keys start_wait triggers_composio triggers_webhooks waits workdir_layer "
-    "worker_deletion cleanup e2b_server",
+    "worker_deletion cleanup e2b_server api_reference_pages",
 )
 # The floom command against a live server.
 _place("e2e/cli", "cli cli_approvals cli_index cli_init cli_quick cli_visible triggers_cli")
@@ -113,7 +113,7 @@ _place(
     "cluster_fencing cluster_limits cluster_revocation cluster_scheduler cluster_wakeups "
     "compose_cluster compose_file docker_files node_roles node_start nodes recovery shutdown "
     "work_root_lock heap_release idle_footprint admin_key_restart ops_backup ops_doctor "
-    "ops_metrics ops_migrate_store ops_retention",
+    "ops_metrics ops_migrate_store ops_retention no_executor",
 )
 
 PACKAGES = {

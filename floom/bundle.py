@@ -82,12 +82,18 @@ class Bundle:
             dest.chmod(0o755 if f.executable else 0o644)
 
 
+def _is_the_folder_itself(name: str) -> bool:
+    return name != "" and not PurePosixPath(name).is_absolute() and not PurePosixPath(name).parts
+
+
 def _check_path(name: str) -> str:
     p = PurePosixPath(name)
     if p.is_absolute() or ".." in p.parts or not p.parts:
         raise BundleInvalid(
             f"archive entry '{name}' points outside the worker folder",
-            hint="pack the worker folder with `floom deploy FOLDER`; entries must be relative",
+            hint="the archive is a tar.gz of the worker folder's contents, each entry a path "
+            "inside it (worker.yml at the top, no leading '/' and no '..'), as "
+            "`tar czf worker.tgz -C FOLDER .` makes it",
         )
     path = str(p)
     try:
@@ -219,6 +225,8 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
             for member in tar:
                 entries += 1
                 _check_entries(entries)
+                if member.isdir() and _is_the_folder_itself(member.name):
+                    continue  # `tar -C FOLDER .` starts with the folder as "." or "./"
                 path = _check_path(member.name)
                 if any(part in IGNORED_DIRS for part in PurePosixPath(path).parts):
                     continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Final
@@ -41,12 +42,13 @@ class Settings(BaseSettings):
     e2b_api_key: str = ""
     e2b_template: str = "base"
     # When floom runs as root, each running local sandbox has a host uid (and gid) of its own
-    # from [base, base + count), never root (floom/sandbox/local/uid_pool.py; README: Sandbox uids).
+    # from [base, base + count), never root (floom/sandbox/local/uid_pool.py;
+    # docs/reference/resource-limits.md).
     sandbox_uid_base: int = Field(0x70000000, ge=1, le=2**31 - 1)
     sandbox_uid_count: int = Field(1024, ge=1, le=1 << 20)
     # Ceilings on what one run's worker.yml `limits` may ask for on this server (unset: only
     # worker.yml's own bounds); a worker over one is refused at deploy and by validate
-    # (floom/services/workers/limit_ceilings.py; README: Resource limits).
+    # (floom/services/workers/limit_ceilings.py; docs/reference/resource-limits.md).
     max_timeout_seconds: int | None = Field(None, ge=1)
     max_memory_mb: int | None = Field(None, ge=16)
     max_processes: int | None = Field(None, ge=8)
@@ -60,12 +62,13 @@ class Settings(BaseSettings):
     lease_seconds: float = 30.0
     # The reaper takes an expired lease only this long after its expiry: the node that held
     # it had its watchdog end the sandbox before the expiry; this covers the kill and the
-    # difference between nodes' clocks (README: How runs survive failures).
+    # difference between nodes' clocks (docs/explanation/runs-survive-failures.md).
     lease_grace_seconds: float = Field(1.0, ge=0)
     heartbeat_seconds: float = 2.0
     reap_interval_seconds: float = 5.0
     # On SIGTERM or Ctrl-C a node stops claiming and gives running attempts this long to end
-    # before it interrupts them (a second signal interrupts at once); see "Restarts" in README.
+    # before it interrupts them (a second signal interrupts at once); see
+    # docs/explanation/runs-survive-failures.md.
     drain_seconds: float = Field(30.0, ge=0)
     # How often a node kills sandboxes it left to runs it no longer runs (and at start).
     sandbox_reap_seconds: float = Field(60.0, gt=0)
@@ -172,6 +175,12 @@ class Settings(BaseSettings):
         except ValueError as exc:
             raise ValueError(f"{exc}; {ALLOW_HINT}") from exc
         return value
+
+    @property
+    def model_key(self) -> str:
+        """The model provider key agent runs use: FLOOM_ANTHROPIC_API_KEY, else
+        ANTHROPIC_API_KEY; "" when neither is set."""
+        return self.anthropic_api_key or os.environ.get("ANTHROPIC_API_KEY", "")
 
     @cached_property
     def resolved_database_url(self) -> str:

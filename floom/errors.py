@@ -2,7 +2,7 @@
 
 Every class that sets its own `code` is registered, so a client can rebuild the same class
 from a response (`error_class(code)`) and the catalogue (`catalogue()`) lists every code a
-caller can meet, for the README and the OpenAPI document.
+caller can meet, for the docs (docs/reference/error-codes.md) and the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -205,6 +205,14 @@ class StoreUnavailable(FloomError):
 
     status = 503
     code = "store_unavailable"
+
+
+class NodeDraining(FloomError):
+    """This floom node is shutting down and lets its running runs end; retry later or on
+    another node."""
+
+    status = 503
+    code = "node_draining"
 
 
 class StoreNewerThanNode(FloomError):

@@ -7,7 +7,6 @@ The agent runner gets its provider from a factory that receives the settings
 from __future__ import annotations
 
 import abc
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -109,7 +108,7 @@ when no key is set) when it cannot."""
 
 def provider_key(settings: Settings) -> str:
     """The provider key: FLOOM_ANTHROPIC_API_KEY, else ANTHROPIC_API_KEY; "" when unset."""
-    return settings.anthropic_api_key or os.environ.get("ANTHROPIC_API_KEY", "")
+    return settings.model_key
 
 
 def build_provider(settings: Settings) -> ModelProvider:

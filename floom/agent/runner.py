@@ -102,6 +102,9 @@ def run_agent(attempt: Attempt) -> Outcome:
             )
         if transcript is None and session is not None and session.exact:
             transcript = session.exact_transcript()
+            # No tool runs in an exact replay, so nothing would write the files the
+            # original's tools left: the replay ends with the original's artifacts.
+            attempt.restore_artifacts(of_run=session.rec.run_id)
         elif transcript is None:
             also_gated = frozenset(session.gated if session else ())
             transcript = _new_transcript(env, toolbox, also_gated)

@@ -3,16 +3,19 @@ run for its lifespan, so one process can serve the API and run the executor."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import text
 
 from floom import __version__
 from floom.api import errors, metrics, openapi
 from floom.api.address_limit import AddressRateLimit
 from floom.api.body_limit import BodyLimitMiddleware
+from floom.api.draining import Drain, DrainingGuard
 from floom.api.forwarded import ForwardedHeaders
 from floom.api.mcp_mount import LazyMCPMount
 from floom.api.routes import admin as routes_admin
@@ -33,6 +36,9 @@ from floom.node import Node
 from floom.schemas.health import ExecutorHealth, Health
 from floom.services.context import Context
 
+#: Where /docs and /redoc load their assets from.
+DOCS_ASSETS = "/docs/assets"
+
 
 def create_app(settings: Settings | None = None, *, ctx: Context | None = None) -> FastAPI:
     settings = settings or (ctx.settings if ctx else Settings())
@@ -50,11 +56,16 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
                 await stack.enter_async_context(mcp_endpoint.running())
             yield
 
-    app = FastAPI(
+    # /docs (Swagger UI) and /redoc load their scripts and styles from the installed
+    # fastapi-offline package, not a CDN, so the API reference works on a machine offline;
+    # nor does Swagger UI send the document to its online validator for a badge.
+    app = FastAPIOffline(
         title="floom",
         version=__version__,
         description="Self-hosted runtime for background AI workers.",
         lifespan=lifespan,
+        static_url=DOCS_ASSETS,
+        swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
     app.add_middleware(BodyLimitMiddleware, settings=settings)
@@ -62,6 +73,9 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     # Added last, so run first: the client's address is settled before it is counted.
     app.add_middleware(AddressRateLimit, settings=settings)
     app.add_middleware(ForwardedHeaders, trusted=settings.forwarded_allow_ips)
+    # First of all: a draining node answers 503 to everything (floom/api/draining.py).
+    app.state.drain = Drain()
+    app.add_middleware(DrainingGuard, drain=app.state.drain, clock=time.monotonic)
     openapi.install(app)
     add_routes(app, metrics.router)
     mcp_endpoint: LazyMCPMount | None = None

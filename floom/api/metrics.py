@@ -1,7 +1,7 @@
 """/metrics in the Prometheus text format, behind an API key with the read scope.
 
 A router of its own, so that a node without the `api` role can serve it beside /healthz.
-Prometheus sends the key as a bearer token (README: "Metrics").
+Prometheus sends the key as a bearer token (docs/how-to/operations.md, "Metrics").
 """
 
 from __future__ import annotations

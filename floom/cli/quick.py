@@ -162,6 +162,7 @@ def _serve(line: RunLine, client: LiteClient) -> int:
     )
     asked = time.monotonic()
     started = client.start_run(request)
+    _say_if_stuck(started)
     if not line.wait:
         _write(json.dumps(started, indent=2, default=str) if line.as_json else started["id"])
         return 0
@@ -182,6 +183,7 @@ def _follow(line: RunLine, client: LiteClient) -> int:
         line.worker, line.inputs, coerce_strings=line.coerce_strings, force=line.force
     )
     started = client.start_run(request)
+    _say_if_stuck(started)
     shown = 0
     try:
         out.print(run_heading(started))
@@ -229,6 +231,13 @@ def _stopped_waiting(run_id: str) -> NoReturn:
 
     guarded(lambda: stopped_waiting(run_id))
     sys.exit(1)
+
+
+def _say_if_stuck(run: dict[str, Any]) -> None:
+    """What runs.say_if_stuck prints, without loading rich for it."""
+    if run.get("cannot_start"):
+        sys.stderr.write(f"warning: run {run['id']} is queued, but {run['cannot_start']}\n")
+        sys.stderr.flush()
 
 
 def _write(text: str) -> None:

@@ -91,7 +91,7 @@ def script_files(name: str) -> dict[str, str]:
     """A Python script worker: one input, one output, an artifact."""
     manifest = f"""\
 # A floom worker: this file and its entry file (run.py, found by its name). Every field is
-# described in floom's README, "worker.yml reference"; floom validate FOLDER checks it.
+# described in floom's docs, docs/reference/worker-yml.md; floom validate FOLDER checks it.
 name: {name}                 # the worker's name: lowercase letters, digits and dashes
 title: {_title(name)}
 description: Greets someone by name.
@@ -116,7 +116,7 @@ limits:
   timeout_seconds: 60
   memory_mb: 256
 
-# More when you need it (see the README): secrets: [NAME] (set with floom secrets set NAME),
+# More when you need it (see floom's docs): secrets: [NAME] (set with floom secrets set NAME),
 # network: full (no network by default), retries: 2, triggers: (schedules, webhooks),
 # approvals: {{required: true}} (a person approves the outputs first).
 """
@@ -161,8 +161,9 @@ def agent_files(name: str) -> dict[str, str]:
     """An agent worker: a brief in SKILL.md, one input, one output, one tool."""
     manifest = f"""\
 # A floom agent worker: this file and SKILL.md, the brief the model follows with the tools
-# below. Every field is described in floom's README, "worker.yml reference" and "Agent
-# workers"; floom validate FOLDER checks it. The server needs FLOOM_ANTHROPIC_API_KEY.
+# below. Every field is described in floom's docs (docs/reference/worker-yml.md and
+# docs/how-to/agent-workers.md); floom validate FOLDER checks it. The server needs
+# FLOOM_ANTHROPIC_API_KEY.
 name: {name}                 # the worker's name: lowercase letters, digits and dashes
 title: {_title(name)}
 description: Writes a short note about a topic.

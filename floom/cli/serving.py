@@ -74,6 +74,7 @@ def serve(overrides: dict[str, Any]) -> None:
     import uvicorn
 
     from floom.api.app import create_app
+    from floom.api.draining import DrainingServer
     from floom.node import preflight
     from floom.sandbox import backend_readiness, get_sandbox
     from floom.sandbox.base import describe_protections
@@ -96,8 +97,9 @@ def serve(overrides: dict[str, Any]) -> None:
     # h11 (bench/README.md). asyncio's own loop, named: uvicorn would take uvloop wherever
     # it happens to be installed, which saves about 0.2 ms of CPU per run and holds 2.4 MiB
     # more at idle (bench/README.md), so the node would change with its neighbours' packages.
-    uvicorn.run(
-        create_app(ctx=ctx),
+    app = create_app(ctx=ctx)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level="info",
@@ -108,6 +110,8 @@ def serve(overrides: dict[str, Any]) -> None:
         # (floom/api/forwarded.py): uvicorn's own reading would trust its defaults too.
         proxy_headers=False,
     )
+    # The API answers 503 with Retry-After while the executor drains (api/draining.py).
+    DrainingServer(config, app=app).run()
 
 
 def _say(line: str) -> None:

@@ -243,10 +243,11 @@ class Attempt:
             outcome.state = self.state if keep else replace(self.state, new_json=None)
         return outcome
 
-    def restore_artifacts(self) -> int:
-        """Write the artifacts the run stored when it paused back into the output dir."""
+    def restore_artifacts(self, *, of_run: str | None = None) -> int:
+        """Write the artifacts the run stored when it paused back into the output dir, or
+        those of run `of_run` (the original of an exact replay, whose tools never run)."""
         count = 0
-        for name, data in agent_runs.paused_artifacts(self.ctx, run_id=self.run.id):
+        for name, data in agent_runs.paused_artifacts(self.ctx, run_id=of_run or self.run.id):
             try:
                 write_regular(self.output_dir, name, data)
             except (Refused, OSError) as exc:

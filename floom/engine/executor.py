@@ -88,6 +88,8 @@ class Executor:
         # drain too, or another node would take a draining run over and run it again.
         self._attempts_over = threading.Event()
         self._interrupt_now = threading.Event()
+        self._stopping = threading.Lock()
+        self._stopped = False
         # Set when an attempt starts here: the log flusher sleeps on it while none runs.
         self._attempt_started = threading.Event()
         self._cancel: set[str] = set()
@@ -125,7 +127,15 @@ class Executor:
     def stop(self, *, grace_seconds: float | None = None) -> None:
         """Stop claiming; give running attempts `grace_seconds` (the drain setting by
         default) to end, or until `interrupt_now`, then interrupt the rest: each is requeued
-        as a new attempt that costs none of its retries."""
+        as a new attempt that costs none of its retries. A second call (the API's drain, then
+        the node's end) waits for the first and does nothing more."""
+        with self._stopping:
+            if self._stopped:
+                return
+            self._stop_now(grace_seconds)
+            self._stopped = True
+
+    def _stop_now(self, grace_seconds: float | None) -> None:
         self._stop.set()
         if self.runtime.dispatch is self.dispatch:
             self.runtime.dispatch = None

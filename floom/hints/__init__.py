@@ -21,7 +21,19 @@ CLI_COMMAND = re.compile(
 Render = Callable[[list[str]], str | None]
 # The CLI's placeholders ({name} already filled in) stay bare in what a surface shows.
 PLACEHOLDERS = frozenset(
-    {"WORKER", "RUN_ID", "RUN", "VERSION", "NAME", "VALUE", "WHY", "APPROVAL_ID", "ID", "FOLDER"}
+    {
+        "WORKER",
+        "RUN_ID",
+        "RUN",
+        "VERSION",
+        "NAME",
+        "VALUE",
+        "WHY",
+        "APPROVAL_ID",
+        "ID",
+        "FOLDER",
+        "MODEL",
+    }
 )
 # Commands given at the shell of the server's host (start, check, back up, move a node's store):
 # no page, tool or endpoint does them.

@@ -80,6 +80,9 @@ def _replay(words: list[str]) -> str:
     if "--against" in words:
         version = option(words, "--against", "VERSION")
         return _call("replay_recorded_run", run_id=run, mode="what_if", version_id=version)
+    if "--model" in words:
+        model = option(words, "--model", "MODEL")
+        return _call("replay_recorded_run", run_id=run, mode="what_if", model=model)
     return _call("replay_run", run_id=run)
 
 
@@ -135,7 +138,11 @@ _TOOLS: dict[str, Render] = {
     "resume": _worker_tool("resume_worker"),
     "secrets": _secrets,
     "state": _state,
-    "deploy": lambda w: "deploy_worker(files={...})",
+    "deploy": lambda w: (
+        "deploy_worker(files={...}, skip_eval_gate=True)"
+        if "--skip-eval-gate" in w
+        else "deploy_worker(files={...})"
+    ),
     "validate": lambda w: "validate_worker(files={...})",
     "handoffs": _handoffs,
     "cancel": _run_tool("cancel_run"),

@@ -73,6 +73,9 @@ def _replay(words: list[str]) -> str:
     if "--against" in words:
         body = {"mode": "what_if", "version_id": option(words, "--against", "VERSION")}
         return _request("POST", "runs", run, "replays", body=body)
+    if "--model" in words:
+        body = {"mode": "what_if", "model": option(words, "--model", "MODEL")}
+        return _request("POST", "runs", run, "replays", body=body)
     return _request("POST", "runs", run, "replay")
 
 
@@ -149,7 +152,11 @@ def _run_route(method: str, *after: str) -> Callable[[list[str]], str]:
 
 _ENDPOINTS: dict[str, Render] = {
     "workers": _workers,
-    "deploy": lambda w: f"`POST {API}/workers` (the folder as a tar.gz body)",
+    "deploy": lambda w: (
+        f"`POST {API}/workers?skip_eval_gate=true` (the folder as a tar.gz body)"
+        if "--skip-eval-gate" in w
+        else f"`POST {API}/workers` (the folder as a tar.gz body)"
+    ),
     "validate": lambda w: f"`POST {API}/workers/validate` (the folder as a tar.gz body)",
     "versions": _worker_route("GET", "versions"),
     "rollback": _rollback,

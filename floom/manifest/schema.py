@@ -122,7 +122,7 @@ class FieldSpec(_Frozen):
 
 class Limits(_Frozen):
     """What one run of a script worker may use; memory, processes, CPU and disk hold for
-    its whole process tree (see README, "Resource limits")."""
+    its whole process tree (see docs/reference/resource-limits.md)."""
 
     timeout_seconds: int = Field(600, ge=1, le=86400)
     memory_mb: int = Field(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 from typing import Any
 
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
@@ -53,6 +55,34 @@ def error_text(error: dict[str, Any]) -> str:
     if error.get("hint"):
         lines.append(f"hint: {error['hint']}")
     return "\n".join(lines)
+
+
+# A tool call as floom.hints.mcp writes one: name(arguments), where files={...} may hold braces.
+_TOOL_CALL = re.compile(r"\b([a-z][a-z0-9_]*)\((?:[^()]*)\)")
+
+
+def for_scope(result: CallToolResult, lacked: Callable[[str], str | None]) -> CallToolResult:
+    """An error result whose hint names each tool the caller may not call together with the
+    scope it needs: a key does not see such a tool in tools/list, and calling it is refused."""
+    error = (result.structured_content or {}).get("error") if result.is_error else None
+    if not isinstance(error, dict) or not isinstance(error.get("hint"), str):
+        return result
+
+    def mark(match: re.Match[str]) -> str:
+        scope = lacked(match.group(1))
+        if scope is None:
+            return match.group(0)
+        return f"{match.group(0)} (a tool for a key with the '{scope}' scope, which this key lacks)"
+
+    hint = _TOOL_CALL.sub(mark, error["hint"])
+    if hint == error["hint"]:
+        return result
+    told = {**error, "hint": hint}
+    return CallToolResult(
+        content=[TextContent(type="text", text=error_text(told))],
+        structured_content={**(result.structured_content or {}), "error": told},
+        is_error=True,
+    )
 
 
 def tool_error(exc: BaseException) -> CallToolResult:

@@ -102,6 +102,8 @@ def run_text(run: dict[str, Any]) -> str:
         lines.append(f"replay of {run['replay_of']}")
     if run.get("retry_of"):
         lines.append(f"retry of {run['retry_of']}")
+    if run.get("cannot_start"):
+        lines.append(f"not started: {run['cannot_start']}")
     if status in ACTIVE_STATUSES:
         lines.append(f"still {status}; follow it with watch_run(run_id='{run['id']}')")
     elif status in WAITING:

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.helper_types import ReadResourceContents
 from mcp.server.lowlevel.server import NotificationOptions
@@ -33,7 +34,13 @@ from floom import __version__
 from floom.errors import FloomError
 from floom.mcp.backends.base import Backend
 from floom.mcp.catalog import Catalog
-from floom.mcp.errors import bad_arguments, resource_error, tool_error, unknown_tool
+from floom.mcp.errors import (
+    bad_arguments,
+    for_scope,
+    resource_error,
+    tool_error,
+    unknown_tool,
+)
 from floom.mcp.toolkit import RUNS, backend_of, off
 from floom.mcp.tools import core as tools
 from floom.mcp.tools.artifacts import ARTIFACT_URI, artifact_contents
@@ -41,13 +48,51 @@ from floom.services.access.principal import Principal
 
 log = logging.getLogger("floom.mcp")
 
-INSTRUCTIONS = """\
-floom runs background AI workers. A worker is a folder with worker.yml and a script (run.py,
-run.sh, ...) or SKILL.md. Typical session: validate_worker, deploy_worker, run_worker (with
-wait_seconds for short runs), watch_run or get_run_logs, list_runs to find failures,
-replay_run, rollback_worker. Agents hand work to each other by role with the handoff_*
-tools: handoff_my_roles, handoff_claim_next_job, handoff_complete_job, handoff_reject_job,
-handoff_reopen_context. Errors carry a code and a hint saying how to fix them."""
+# The tools the instructions recommend, in the order of a typical session, each with what is
+# said after its name; a key is recommended only those its scope lets it call.
+_SESSION_TOOLS = (
+    ("validate_worker", ""),
+    ("deploy_worker", ""),
+    ("run_worker", " (with wait_seconds for short runs)"),
+    ("watch_run", ""),
+    ("get_run_logs", ""),
+    ("list_runs", " to find failures"),
+    ("replay_run", ""),
+    ("rollback_worker", ""),
+)
+_HANDOFF_TOOLS = (
+    "handoff_my_roles",
+    "handoff_claim_next_job",
+    "handoff_complete_job",
+    "handoff_reject_job",
+    "handoff_reopen_context",
+)
+
+
+def scoped_instructions(can_call: Callable[[str], bool] = lambda _tool: True) -> str:
+    """What the server tells a client floom is, naming only the tools `can_call` allows."""
+    session = ", ".join(f"{n}{said}" for n, said in _SESSION_TOOLS if can_call(n))
+    handoffs = ", ".join(n for n in _HANDOFF_TOOLS if can_call(n))
+    parts = [
+        "floom runs background AI workers. A worker is a folder with worker.yml and a script "
+        "(run.py, run.sh, ...) or SKILL.md."
+    ]
+    if session:
+        parts.append(f"Typical session: {session}.")
+    if handoffs:
+        parts.append(
+            f"Agents hand work to each other by role with the handoff_* tools: {handoffs}."
+        )
+    parts.append("Errors carry a code and a hint saying how to fix them.")
+    if not all(can_call(n) for n, _ in _SESSION_TOOLS):
+        parts.append(
+            "This API key's scope leaves some tools out (tools/list shows those it may call); "
+            "a hint naming one it may not says which scope that tool needs."
+        )
+    return " ".join(parts)
+
+
+INSTRUCTIONS = scoped_instructions()
 MANIFEST_URI = "floom://workers/{name}/manifest"
 LOGS_URI = "floom://runs/{run_id}/logs"
 ARTIFACT = UriTemplate.parse(ARTIFACT_URI)
@@ -88,7 +133,11 @@ class FloomMCPServer(MCPServer[Any]):
             instructions=instructions,
             log_level="WARNING",
             subscriptions=self._bus,
-            middleware=[self._remember_legacy_session, self._scoped_tool_list],
+            middleware=[
+                self._remember_legacy_session,
+                self._scoped_tool_list,
+                self._instructions_by_scope,
+            ],
             lifespan=_poll_catalog,
         )
         self._advertise_list_changes()
@@ -151,6 +200,24 @@ class FloomMCPServer(MCPServer[Any]):
         allowed = [t for t in listed if caller.can(tools.scope_of(str(t.get("name"))))]
         return {**result, "tools": allowed}
 
+    async def _instructions_by_scope(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        """The instructions recommend a key only the tools it may call."""
+        result = await call_next(ctx)
+        if ctx.method not in ("initialize", "server/discover") or not isinstance(result, dict):
+            return result
+        said = result.get("instructions")
+        if not isinstance(said, str) or INSTRUCTIONS not in said:
+            return result
+        caller = await anyio.to_thread.run_sync(
+            self._caller, Context(request_context=ctx, mcp_server=self)
+        )
+        if caller is None:
+            return result
+        scoped = scoped_instructions(lambda tool: caller.can(tools.scope_of(tool)))
+        return {**result, "instructions": said.replace(INSTRUCTIONS, scoped)}
+
     def _caller(self, ctx: Context[Any, Any]) -> Principal | None:
         try:
             return self.backend_for(ctx).caller()
@@ -208,14 +275,19 @@ class FloomMCPServer(MCPServer[Any]):
                 caller.require(tools.scope_of(name))
             except FloomError as exc:
                 return tool_error(exc)
+        result: CallToolResult | InputRequiredResult
         if worker is not None and context is not None:
-            return await tools.run_exposed(context, worker, dict(arguments))
-        try:
-            return await super().call_tool(name, arguments, context)
-        except ToolError as exc:
-            # Tool bodies return their own errors; what reaches here is the SDK refusing
-            # the arguments before the body ran.
-            return tool_error(bad_arguments(name, exc))
+            result = await tools.run_exposed(context, worker, dict(arguments))
+        else:
+            try:
+                result = await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                # Tool bodies return their own errors; what reaches here is the SDK refusing
+                # the arguments before the body ran.
+                result = tool_error(bad_arguments(name, exc))
+        if caller is None or not isinstance(result, CallToolResult):
+            return result
+        return for_scope(result, lambda tool: _scope_lacked(caller, tool))
 
     async def read_resource(
         self, uri: AnyUrl | str, context: Context[Any, Any] | None = None
@@ -239,6 +311,15 @@ class FloomMCPServer(MCPServer[Any]):
             )
             for name in self.catalog.snapshot.workers
         ]
+
+
+def _scope_lacked(caller: Principal, tool: str) -> str | None:
+    """The scope `tool` needs when `caller` lacks it; None for a tool it may call, or a name
+    that is no tool."""
+    if tool not in tools.TOOL_NAMES:
+        return None
+    scope = tools.scope_of(tool)
+    return None if caller.can(scope) else scope
 
 
 def _without(tool: MCPTool, arguments: tuple[str, ...]) -> MCPTool:

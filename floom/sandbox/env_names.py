@@ -89,7 +89,7 @@ REFUSED_SUMMARY: Final = (
     "LD_*, DYLD_*, MALLOC_*, GLIBC_*, PYTHON*, PERL5*, RUBY*, LUA_*, BASH_FUNC_*, FLOOM_*, "
     + ", ".join(sorted(_NAMES))
 )
-"""Every refused name and prefix, for errors and the README."""
+"""Every refused name and prefix, for errors and the docs (docs/explanation/security-model.md)."""
 
 
 def refusal(name: str) -> str | None:

@@ -10,6 +10,7 @@ from floom.hints.surface import tell
 from floom.schemas.common import Page, Public, Timestamp
 from floom.services.access.principal import Principal, Surface
 from floom.services.context import Context
+from floom.services.ops import nodes
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import approvals, logs
 from floom.services.runs import lifecycle as runs
@@ -84,7 +85,13 @@ class RunPublic(Public):
         "yet); present once an attempt read it (a replay: from its creation)",
     )
 
-    omit_when_unset = frozenset({"artifacts", "state_base"})
+    cannot_start: str | None = Field(
+        None,
+        description="present on a queued run (in a run's own answers) when no live node can "
+        "run it: why, and what starts one",
+    )
+
+    omit_when_unset = frozenset({"artifacts", "state_base", "cannot_start"})
 
 
 class ApprovalPublic(Public):
@@ -170,6 +177,19 @@ def run_public(run: Run, *, surface: Surface, artifacts: list[Artifact] | None =
     return RunPublic.model_validate(_told(runs.run_to_dict(run, artifacts=artifacts), surface))
 
 
+def started_run(ctx: Context, run: Run, *, surface: Surface) -> RunPublic:
+    """A run just queued, as its starter is told: with why it cannot start, if no node can
+    run it."""
+    body = runs.run_to_dict(run, artifacts=[])
+    _say_if_stuck(ctx, body)
+    return RunPublic.model_validate(_told(body, surface))
+
+
+def _say_if_stuck(ctx: Context, body: dict[str, Any]) -> None:
+    if body["status"] == run_rules.QUEUED and not nodes.live_executor_ids(ctx):
+        body["cannot_start"] = nodes.RUN_CANNOT_START
+
+
 def run_page(rows: list[Run], next_cursor: str | None, *, surface: Surface) -> Page[RunPublic]:
     items = [run_public(r, surface=surface) for r in rows]
     return Page[RunPublic](items=items, next_cursor=next_cursor)
@@ -187,6 +207,7 @@ def run_detail_of(ctx: Context, record: RunRecord, *, caller: Principal) -> RunD
     run = record.run
     body = runs.run_to_dict(run, artifacts=record.artifacts)
     body.update(run_records.run_extras(ctx, run=run, run_approvals=record.approvals, caller=caller))
+    _say_if_stuck(ctx, body)
     return RunDetail.model_validate(_told(body, caller.surface))
 
 

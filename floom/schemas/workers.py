@@ -31,6 +31,7 @@ class TriggerSummary(Public):
     id: str
     kind: str
     paused: bool
+    active: bool = Field(description="false while the trigger or its worker is paused")
     cron: str | None = None
     timezone: str | None = None
     next_fire: IsoTime | None = None
@@ -64,7 +65,13 @@ class WorkerDetail(WorkerPublic):
         "until they are (told to a key with the deploy scope, which may see secret names)",
     )
 
-    omit_when_unset = WorkerPublic.omit_when_unset | {"secrets_missing"}
+    model_key_missing: bool = Field(
+        False,
+        description="an agent worker whose runs fail until the floom server that runs agents "
+        "has a model provider key (FLOOM_ANTHROPIC_API_KEY); said by a node that runs agents",
+    )
+
+    omit_when_unset = WorkerPublic.omit_when_unset | {"secrets_missing", "model_key_missing"}
 
 
 class VersionPublic(Public):
@@ -174,6 +181,10 @@ def worker_detail(ctx: Context, *, name: str, caller: Principal) -> WorkerDetail
     declared = (body.get("manifest") or {}).get("secrets") or []
     if declared and caller.can("deploy"):
         body["secrets_missing"] = secrets.missing(ctx, declared, caller=caller)
+    # Only a node that runs agents knows its own key; an api-only node says nothing.
+    settings = ctx.settings
+    if body.get("kind") == "agent" and "executor" in settings.roles and not settings.model_key:
+        body["model_key_missing"] = True
     return WorkerDetail.model_validate(body)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Engine, make_url
 from sqlmodel import Session, create_engine
 
 from floom.config import mask_password
@@ -57,6 +57,9 @@ def make_engine(url: str) -> Engine:
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
+            # Only takes effect on a new file (it must precede WAL, which writes the header)
+            # or at the next VACUUM: free pages can then be handed back to the disk.
+            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=30000")
@@ -101,6 +104,54 @@ def _ping_when_idle(engine: Engine) -> None:
         except Exception as exc:  # any failure means: a dead connection
             # The pool discards this connection and checks out another (up to three tries).
             raise sa_exc.DisconnectionError() from exc
+
+
+SQLITE_INCREMENTAL_VACUUM = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
+
+
+def give_back_free_pages(engine: Engine) -> int:
+    """Return the pages SQLite keeps for reuse after large deletes (retention) to the disk;
+    answers how many pages were free. A database file made before auto_vacuum was on is
+    rebuilt once with VACUUM, which turns it on; after that a cheap incremental vacuum does.
+    PostgreSQL's autovacuum keeps its tables' free space for reuse, so it is left alone."""
+    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return 0
+    try:
+        with _sqlite_write_lock(engine):
+            raw = engine.raw_connection()
+            try:
+                conn = raw.driver_connection
+                assert conn is not None
+                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+                if not free:
+                    return 0
+                mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
+                # executescript steps each pragma to its end: execute() would free one page.
+                if mode == SQLITE_INCREMENTAL_VACUUM:
+                    conn.executescript("PRAGMA incremental_vacuum;")
+                else:
+                    conn.executescript("PRAGMA auto_vacuum=INCREMENTAL; VACUUM;")
+                # The file shrinks when the WAL is checkpointed, and the WAL (which the vacuum
+                # just filled) keeps its size unless truncated. Readers of an older snapshot
+                # make this wait (at most the busy timeout) or leave it for SQLite's next one.
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                return int(free)
+            finally:
+                raw.close()
+    except UNAVAILABLE as exc:
+        raise store_unavailable(exc) from exc
+
+
+def driver_reason(exc: BaseException, url: str) -> str:
+    """What the database driver said went wrong (its class and first lines: "Connection
+    refused", "password authentication failed for user ..."), never the URL's password."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = [line.strip() for line in str(orig).splitlines() if line.strip()]
+    said = "; ".join(lines[:2])[:300]
+    password = make_url(url).password if "://" in url else None
+    if password:
+        said = said.replace(str(password), "***")
+    return f"{type(orig).__name__}: {mask_password(said)}" if said else type(orig).__name__
 
 
 def is_postgres(engine: Engine) -> bool:

@@ -11,7 +11,7 @@ This module turns the wall times into instants:
 - a wall time that happens twice (the clocks went back) fires once, at its first occurrence.
 
 The trigger runs in UTC over naive wall times, so APScheduler never sees a gap or a fold;
-the rules above are floom's own (README, "Scheduler design").
+the rules above are floom's own (docs/explanation/cluster-internals.md, "Scheduler design").
 """
 
 from __future__ import annotations

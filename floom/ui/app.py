@@ -112,12 +112,15 @@ def _worker_context(ctx: Context, me: SignedIn, name: str, base_url: str) -> dic
     caller = me.caller
     worker = worker_views.worker_detail(ctx, name=name, caller=caller)
     versions = worker_views.version_page(ctx, name=name, caller=caller).items
-    active = next((v for v in versions if v.active), None)
+    listed = next((v for v in versions if v.active), None)
     manifest = Manifest.model_validate(worker.manifest) if worker.manifest else None
-    files: list[tuple[str, int]] = []
-    if active is not None:
-        detail = worker_views.version_detail(ctx, name=name, version_id=active.id, caller=caller)
-        files = [(f.path, f.size) for f in detail.files]
+    # The Manifest box shows worker.yml as written, which only the version's detail carries.
+    active = (
+        worker_views.version_detail(ctx, name=name, version_id=listed.id, caller=caller)
+        if listed is not None
+        else None
+    )
+    files = [(f.path, f.size) for f in active.files] if active is not None else []
     return {
         "worker": worker,
         "versions": versions,

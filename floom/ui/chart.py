@@ -18,6 +18,15 @@ def _seconds(value: float | None) -> str:
     return "—" if value is None else seconds_text(value)
 
 
+def _polyline(points: list[tuple[float, float]], width: float) -> str:
+    """SVG points through the middle of each day's slot. A line through one point draws
+    nothing, so a lone day becomes a level stroke across its bar."""
+    if len(points) == 1:
+        ((x, y),) = points
+        return f"{round(x, 2)},{y} {round(x + width, 2)},{y}"
+    return " ".join(f"{round(x + width / 2, 2)},{y}" for x, y in points)
+
+
 def history_chart(days: list[Day]) -> dict[str, Any]:
     """Rectangles, polylines and labels for the template; empty when nothing ran."""
     if not days or not any(d.total for d in days):
@@ -26,8 +35,8 @@ def history_chart(days: list[Day]) -> dict[str, Any]:
     most = max(d.total for d in days)
     slowest = max((d.p95 or 0.0) for d in days) or 1.0
     bars = []
-    p50: list[str] = []
-    p95: list[str] = []
+    p50: list[tuple[float, float]] = []
+    p95: list[tuple[float, float]] = []
     for i, day in enumerate(days):
         x = i * slot + slot * GAP / 2
         y = float(BARS_HEIGHT)
@@ -49,18 +58,18 @@ def history_chart(days: list[Day]) -> dict[str, Any]:
         bars.append(
             {"x": round(x, 2), "w": round(slot * (1 - GAP), 2), "parts": parts, "label": label}
         )
-        mid = round(i * slot + slot / 2, 2)
         for line, value in ((p50, day.p50), (p95, day.p95)):
             if value is not None:
-                line.append(f"{mid},{round(LINES_HEIGHT - LINES_HEIGHT * value / slowest, 2)}")
+                line.append((x, round(LINES_HEIGHT - LINES_HEIGHT * value / slowest, 2)))
+    width = slot * (1 - GAP)
     return {
         "empty": False,
         "width": WIDTH,
         "bars_height": BARS_HEIGHT,
         "lines_height": LINES_HEIGHT,
         "bars": bars,
-        "p50": " ".join(p50),
-        "p95": " ".join(p95),
+        "p50": _polyline(p50, width),
+        "p95": _polyline(p95, width),
         "most": most,
         "slowest": _seconds(slowest),
         "first": days[0].day.isoformat(),

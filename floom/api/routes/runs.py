@@ -107,7 +107,7 @@ async def start_run(
         )
     )
     if not wait:
-        return views.run_public(run, artifacts=[], surface=caller.surface)
+        return await run_in_threadpool(views.started_run, ctx, run, surface=caller.surface)
     # One round trip for a caller that wants the result: the same wait as GET ?wait=, under
     # the same per-key cap. Over the cap the run still stands, so the answer is the 202 a
     # caller without `wait` gets, never a refusal that would hide the run it created.
@@ -123,7 +123,7 @@ async def start_run(
     try:
         ended = await unless_caller_leaves(request, waiting)
     except TooManyWaits:
-        return views.run_public(run, artifacts=[], surface=caller.surface)
+        return await run_in_threadpool(views.started_run, ctx, run, surface=caller.surface)
     detail = ended[1] if ended is not None else None
     if detail is None:  # the wait ran out (or the caller left): the run as it is now
         detail = await run_in_threadpool(views.run_detail, ctx, run_id=run.id, caller=caller)

@@ -25,7 +25,7 @@ def serve_mcp(
     """Serve MCP over stdio for Claude Code, Codex, Gemini CLI, Cursor or VS Code.
 
     Acts as FLOOM_API_KEY or the key in --key-file, never a key it finds on its own; talks to
-    FLOOM_BASE_URL (see the README's MCP section).
+    FLOOM_BASE_URL (see docs/how-to/mcp-clients.md).
     """
     # Imported here, not at the top: the MCP SDK costs ~0.4 s of every CLI start-up.
     from floom.mcp.stdio import serve

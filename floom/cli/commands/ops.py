@@ -126,5 +126,10 @@ def retention_run(
         Text(
             f"pruned {report.runs_pruned} run(s): {report.log_lines_deleted} log line(s), "
             f"{report.artifacts_deleted} artifact(s); {report.blobs_deleted} blob(s) reclaimed"
+            + (
+                f"; {report.pages_freed} free page(s) given back to the disk"
+                if report.pages_freed
+                else ""
+            )
         )
     )

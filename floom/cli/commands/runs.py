@@ -18,6 +18,7 @@ from floom.cli.commands.replay import replay_from_recording
 from floom.cli.common import JsonOpt, RawOpt, json_object_option, open_client
 from floom.cli.output import (
     duration,
+    err,
     fail,
     human_size,
     log_line,
@@ -100,6 +101,12 @@ def watch_run(
         raise typer.Exit(1)
 
 
+def say_if_stuck(run: dict[str, Any]) -> None:
+    """Warn (on stderr) of a run that no node can start: waiting for it would never end."""
+    if run.get("cannot_start"):
+        err.print(Text(f"warning: run {run['id']} is queued, but {run['cannot_start']}", "yellow"))
+
+
 def stopped_waiting(run_id: str) -> NoReturn:
     """Ctrl-C while following a run: it goes on without us."""
     fail(f"stopped waiting; run {run_id} goes on", f"follow it with `floom logs -f {run_id}`")
@@ -153,6 +160,7 @@ def run(
                 timeout = max(0.001, timeout - (time.monotonic() - asked))
         else:
             started = client.start_run(worker, values, coerce_strings=coerce, force=force)
+        say_if_stuck(started)
         if waits:
             watch_run(client, started, as_json=as_json, timeout=timeout)
         elif as_json:

@@ -64,7 +64,12 @@ def _print_listing(listing: dict[str, Any]) -> None:
         return
     table = new_table("TRIGGER", "KIND", "STATE", "DETAILS")
     for t in listing["items"]:
-        state = Text("paused", "yellow") if t.get("paused") else Text("active", "green")
+        if t.get("paused"):
+            state = Text("paused", "yellow")
+        elif not t.get("active", True):
+            state = Text("paused with its worker", "yellow")
+        else:
+            state = Text("active", "green")
         table.add_row(t["id"], t["kind"], state, _details(t))
     out.print(table)
     for t in listing["items"]:

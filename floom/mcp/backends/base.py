@@ -65,8 +65,9 @@ class Backend(abc.ABC):
         """{"valid", "problems", "manifest"} for a tar.gz of a worker folder; stores nothing."""
 
     @abc.abstractmethod
-    def deploy(self, archive: bytes) -> JSON:
-        """{"worker", "version", "created", "activated"}; unchanged content makes no version."""
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
+        """{"worker", "version", "created", "activated"}; unchanged content makes no version.
+        A failed eval gate raises code "eval_gate_failed" unless `skip_eval_gate`."""
 
     @abc.abstractmethod
     def list_versions(self, name: str) -> JSON:

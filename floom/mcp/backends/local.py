@@ -110,10 +110,11 @@ class LocalBackend(Backend):
         manifest, problems = workers.validate_archive(ctx, archive=archive, caller=self.principal)
         return worker_views.validation_result(manifest, problems).to_json()
 
-    def deploy(self, archive: bytes) -> JSON:
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
         ctx = self.ctx
-        # Through the eval gate like REST; MCP offers no override (a person uses the CLI).
-        result = eval_gate.deploy_gated(ctx, archive=archive, caller=self.principal)
+        result = eval_gate.deploy_gated(
+            ctx, archive=archive, caller=self.principal, skip_gate=skip_eval_gate
+        )
         return worker_views.deploy_result(ctx, result, caller=self.principal).to_json()
 
     def list_versions(self, name: str) -> JSON:
@@ -182,7 +183,7 @@ class LocalBackend(Backend):
             caller=self.principal,
             force=force,
         )
-        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     def list_runs(
         self,
@@ -249,7 +250,7 @@ class LocalBackend(Backend):
     def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
         ctx = self.ctx
         run = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=self.principal, force=force)
-        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     # -- replays from recordings and evals -----------------------------------------------------
 
@@ -260,7 +261,7 @@ class LocalBackend(Backend):
         run = replays.start_replay(
             ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, caller=self.principal
         )
-        return run_views.run_public(run, artifacts=[], surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
 
     def get_replay(self, run_id: str) -> JSON:
         ctx = self.ctx

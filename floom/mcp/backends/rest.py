@@ -120,8 +120,8 @@ class RestBackend(Backend):
     def validate(self, archive: bytes) -> JSON:
         return self.client.validate(archive)
 
-    def deploy(self, archive: bytes) -> JSON:
-        return self.client.deploy(archive)
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
+        return self.client.deploy(archive, skip_eval_gate=skip_eval_gate)
 
     def list_versions(self, name: str) -> JSON:
         return self.client.list_versions(name)

@@ -140,6 +140,11 @@ async def get_worker(ctx: Context, worker: WorkerName) -> Reply:
             f"\nsecret {name} is not set: its runs fail until it is; "
             f"set_secret(name='{name}', value=VALUE)"
         )
+    if body.get("model_key_missing"):
+        text += (
+            "\nno model provider key is set on the floom server: this agent's runs fail until "
+            "its operator sets FLOOM_ANTHROPIC_API_KEY (or ANTHROPIC_API_KEY) and restarts it"
+        )
     if body.get("secrets_missing"):
         # What a fresh install pauses (the examples' schedules) until the secrets are set.
         for t in body["triggers"]:
@@ -173,13 +178,20 @@ async def deploy_worker(
     files: Files = None,
     files_base64: FilesBase64 = None,
     executable: Executable = None,
+    skip_eval_gate: Annotated[
+        bool,
+        Field(
+            description="activate the version even though the worker's eval gate fails "
+            "(replay.gate in worker.yml); the version is stored either way"
+        ),
+    ] = False,
 ) -> Reply:
     """Deploy a worker as a new immutable version and make it active (unchanged content creates
     no new version). Send its folder's files as `files` (relative path -> text), binary ones
     as `files_base64`."""
     backend = backend_of(ctx)
     archive = pack(backend, folder, files, files_base64, executable)
-    result = await off(backend.deploy, archive)
+    result = await off(backend.deploy, archive, skip_eval_gate=skip_eval_gate)
     await server_of(ctx).refresh_catalog()
     name, version = result["worker"]["name"], result["version"]["id"]
     if result.get("created"):
@@ -337,10 +349,19 @@ async def watch_run(
     log_lines: Annotated[int, Field(ge=0, le=1000)] = 20,
 ) -> Reply:
     """Wait until a run ends (or the timeout passes) and tell what happened, with the last
-    log lines."""
+    log lines. A client that asks for progress hears the run's status and newest log line
+    every few seconds while it waits."""
     backend = backend_of(ctx)
     started = time.monotonic()
-    run, finished = await settle(backend, run_id, timeout_seconds)
+    deadline = started + max(0.0, timeout_seconds)
+    while True:
+        left = deadline - time.monotonic()
+        run, finished = await settle(backend, run_id, min(PROGRESS_EVERY_SECONDS, left))
+        if finished or left <= PROGRESS_EVERY_SECONDS:
+            break
+        await _report_progress(
+            ctx, backend, run, elapsed=time.monotonic() - started, total=timeout_seconds
+        )
     waited = round(time.monotonic() - started, 2)
     logs = (await off(backend.get_logs, run_id, tail=log_lines))["items"] if log_lines else []
     text = run_text(run)
@@ -350,6 +371,22 @@ async def watch_run(
         text += "\nlast log lines:\n" + log_lines_text(logs)
     data = {"run": run, "finished": finished, "waited_seconds": waited, "logs": logs}
     return Reply(text, data)
+
+
+# How often watch_run tells a client that asked for progress how the run is doing.
+PROGRESS_EVERY_SECONDS = 2.0
+
+
+async def _report_progress(
+    ctx: Context, backend: Any, run: dict[str, Any], *, elapsed: float, total: float
+) -> None:
+    """One progress notification: seconds waited of the timeout, the status and the newest
+    log line (a no-op for a client that did not ask for progress)."""
+    newest = (await off(backend.get_logs, run["id"], tail=1))["items"]
+    message = f"run {run['id']} is {run['status']}"
+    if newest:
+        message += f"; last log line: {str(newest[-1].get('line', ''))[:200]}"
+    await ctx.report_progress(round(elapsed, 2), total, message)
 
 
 @floom_tool

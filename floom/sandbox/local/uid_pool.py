@@ -115,7 +115,7 @@ class UidPool:
             raise UidsUnavailable(
                 problem,
                 hint="choose a free block with FLOOM_SANDBOX_UID_BASE and "
-                "FLOOM_SANDBOX_UID_COUNT (README: Sandbox uids)",
+                "FLOOM_SANDBOX_UID_COUNT (docs/reference/resource-limits.md, Sandbox uids)",
                 retryable=False,
             )
         _make_lock_dir(self._lock_dir)

@@ -1,7 +1,7 @@
 """Backup and restore of a SQLite node: a consistent online copy of the database (sqlite3's
 backup API, safe while floom serves) and the data dir's files, restored into a fresh data dir.
 
-PostgreSQL stores are backed up with pg_dump (README, "Backup and restore"): floom cannot
+PostgreSQL stores are backed up with pg_dump (docs/how-to/operations.md): floom cannot
 copy them more consistently than the server's own tool.
 """
 
@@ -30,9 +30,18 @@ MANIFEST = "floom-backup.json"
 DATABASE = "floom.db"
 FORMAT = 1
 # Left out of a backup: the database (copied through the backup API instead), its journal
-# files, this host's node id (a restored node is a new node), and caches floom rebuilds:
-# run work dirs and extracted versions.
-_NOT_COPIED = {DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", "node.id", "runs", "versions"}
+# files, this host's node id (a restored node is a new node), the running node's lock on its
+# work root (floom.engine.work_root: a lock of this process, meaningless in a copy), and caches
+# floom rebuilds: run work dirs and extracted versions.
+_NOT_COPIED = {
+    DATABASE,
+    f"{DATABASE}-wal",
+    f"{DATABASE}-shm",
+    "node.id",
+    "node.lock",
+    "runs",
+    "versions",
+}
 # The tables whose row counts a backup records, so a restore can be checked against them.
 _COUNTED = ("workers", "versions", "runs", "run_events", "artifacts", "blobs", "secrets")
 _PAGES_PER_STEP = 1024
@@ -70,7 +79,7 @@ def _require_sqlite(settings: Settings, *, doing: str) -> Path:
     if path is None:
         raise InvalidRequest(
             f"{doing} works on a SQLite store; this node's FLOOM_DATABASE_URL is not SQLite",
-            hint="back up PostgreSQL with pg_dump (README: 'Backup and restore'), or move a "
+            hint="back up PostgreSQL with pg_dump (docs/how-to/operations.md), or move a "
             "SQLite store to PostgreSQL with `floom migrate-store`",
         )
     return path

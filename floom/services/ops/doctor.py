@@ -23,8 +23,9 @@ from floom.config import Settings, mask_password
 from floom.errors import FloomError
 from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
+from floom.services.ops import nodes
 from floom.services.ops.backup import sqlite_path
-from floom.store.db import make_engine
+from floom.store.db import driver_reason, make_engine
 from floom.store.migrate import alembic_config
 from floom.store.models import Secret
 
@@ -54,7 +55,9 @@ def run_checks(settings: Settings) -> list[Check]:
         check_user_namespaces,
         check_sandbox,
         check_database,
+        check_executors,
         check_secret_key,
+        check_executors,
         check_disk_space,
     ]
     found = []
@@ -108,8 +111,8 @@ def check_sandbox(settings: Settings) -> Check:
             f"sandbox {settings.sandbox}",
             WARN,
             f"not enforced: {', '.join(off)} ({detail})",
-            "see README 'Security model': cgroup controllers memory, pids and cpu, seccomp "
-            "(libseccomp), and passt or slirp4netns for user-mode networking",
+            "see docs/explanation/security-model.md: cgroup controllers memory, pids and cpu, "
+            "seccomp (libseccomp), and passt or slirp4netns for user-mode networking",
         )
     return Check(f"sandbox {settings.sandbox}", OK, detail)
 
@@ -128,7 +131,7 @@ def check_database(settings: Settings) -> Check:
         return Check(
             "database",
             FAIL,
-            f"cannot open {mask_password(url)}: {type(getattr(exc, 'orig', None) or exc).__name__}",
+            f"cannot open {mask_password(url)}: {driver_reason(exc, url)}",
             "check FLOOM_DATABASE_URL and that the database server is running and reachable",
         )
     finally:
@@ -145,6 +148,38 @@ def check_database(settings: Settings) -> Check:
             "start `floom serve` once (it migrates at start-up), after a backup",
         )
     return Check("database", OK, f"{where} at migration {head}")
+
+
+def check_executors(settings: Settings) -> Check:
+    """Whether a node runs runs, this one or a live one of the store: without one (docker
+    compose without a profile starts none), runs are queued and never start."""
+    if "executor" in settings.role_set:
+        return Check("executors", OK, "this node runs queued runs (the executor role)")
+    url = settings.resolved_database_url
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        return Check("executors", WARN, "no database yet", "`floom serve` creates it")
+    engine = make_engine(url)
+    try:
+        live = nodes.live_nodes(engine)
+    except SQLAlchemyError as exc:
+        return Check("executors", WARN, f"nodes not readable: {driver_reason(exc, url)}")
+    finally:
+        engine.dispose()
+    running = [n.id for n in live if nodes.runs_runs(n)]
+    if running:
+        detail = f"{len(running)} live executor node(s): {', '.join(running)}"
+        return Check("executors", OK, detail)
+    if not live:
+        detail = f"{nodes.NO_EXECUTOR}: no floom node is running on this database"
+        return Check("executors", WARN, detail, nodes.START_EXECUTOR)
+    others = ", ".join(f"{n.id} ({n.roles})" for n in live)
+    return Check(
+        "executors",
+        FAIL,
+        f"{nodes.NO_EXECUTOR} ({others}): runs are queued and never start",
+        nodes.START_EXECUTOR,
+    )
 
 
 def check_secret_key(settings: Settings) -> Check:

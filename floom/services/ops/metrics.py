@@ -22,7 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-from sqlalchemy import func
+from sqlalchemy import exists, func
 from sqlmodel import col, select
 
 from floom import __version__
@@ -140,9 +140,18 @@ class StoreCollector(Collector):
                     Run.status == run_rules.QUEUED, ready
                 )
             ).one()
+            # Every attempt of a script run starts its sandbox. An agent attempt starts one
+            # only for its first command, and many run none (an exact replay never does):
+            # one whose run spent sandbox time counts.
+            is_agent = exists().where(col(Transcript.run_id) == col(Run.id))
             started = s.exec(
                 select(Run.worker_name, func.coalesce(func.sum(Run.attempt), 0))
-                .where(col(Run.started_at).is_not(None))
+                .where(col(Run.started_at).is_not(None), ~is_agent)
+                .group_by(col(Run.worker_name))
+            ).all()
+            agent_started = s.exec(
+                select(Run.worker_name, func.count())
+                .where(col(Run.started_at).is_not(None), is_agent, col(Run.sandbox_seconds) > 0)
                 .group_by(col(Run.worker_name))
             ).all()
             sandbox_failed = s.exec(
@@ -199,11 +208,14 @@ class StoreCollector(Collector):
         yield self.durations.family()
         starts = CounterMetricFamily(
             "floom_sandbox_starts",
-            "Attempts that reached the sandbox, by worker",
+            "Attempts that started a sandbox (a script's run, an agent's first command), by worker",
             labels=["worker"],
         )
-        for worker, n in started:
-            starts.add_metric([worker], int(n))
+        counted: dict[str, int] = {}
+        for worker, n in [*started, *agent_started]:
+            counted[worker] = counted.get(worker, 0) + int(n)
+        for worker, n in sorted(counted.items()):
+            starts.add_metric([worker], n)
         yield starts
         failures = CounterMetricFamily(
             "floom_sandbox_failures",

@@ -3,11 +3,15 @@ with each node's state (live, lost when silent past its lease, stopped)."""
 
 from __future__ import annotations
 
+import math
 import socket
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
 
+from sqlalchemy import select as core_select
+from sqlalchemy.engine import Engine
 from sqlmodel import col, delete, select
 
 from floom import __version__
@@ -18,11 +22,27 @@ from floom.store.nodes import Node
 
 if TYPE_CHECKING:
     from floom.services.context import Context
+    from floom.store.db import Reader
 
 NodeState = Literal["live", "lost", "stopped"]
 # Rows of nodes gone this long are dropped when a node registers, so the list stays about
 # the cluster as it is, not every container that ever ran.
 FORGET_AFTER = timedelta(days=1)
+# What a run queued while no executor is live says in its log, and `floom doctor` on a node
+# without the role when none is live either.
+NO_EXECUTOR = "no live floom node has the executor role"
+START_EXECUTOR = (
+    "start one with `floom serve --roles executor`, or, with docker compose, choose a profile "
+    "(COMPOSE_PROFILES=bwrap or e2b)"
+)
+QUEUED_WITHOUT_EXECUTOR = (
+    f"{NO_EXECUTOR}, so no node can run this run now: it waits in the queue until one "
+    f"starts; {START_EXECUTOR}"
+)
+# A live executor seen this recently is believed still there without asking the store again:
+# an api node queueing a burst reads the nodes table once, not once a run.
+_BELIEVED_FOR = 2.0
+_executor_seen: dict[int, float] = {}
 
 
 @dataclass(frozen=True)
@@ -74,11 +94,67 @@ def mark_stopped(ctx: Context) -> None:
             s.add(row)
 
 
+def executor_live(ctx: Context, s: Reader) -> bool:
+    """Whether some node can run queued runs now: this node executes, or another node with
+    the executor role is live (its heartbeat within its lease, not stopped)."""
+    if "executor" in ctx.settings.role_set:
+        return True
+    key = id(ctx.engine)
+    if time.monotonic() - _executor_seen.get(key, -math.inf) < _BELIEVED_FOR:
+        return True
+    live = live_executors(s) > 0
+    if live:
+        _executor_seen[key] = time.monotonic()
+    return live
+
+
+def live_executors(s: Reader) -> int:
+    """How many nodes with the executor role are live: not stopped, heard within their
+    lease."""
+    now = utcnow()
+    rows = s.execute(
+        core_select(col(Node.roles), col(Node.heartbeat_at), col(Node.lease_seconds)).where(
+            col(Node.stopped_at).is_(None)
+        )
+    ).all()
+    return sum(
+        "executor" in {r.strip() for r in roles.split(",")}
+        and (now - heartbeat_at).total_seconds() <= lease_seconds
+        for roles, heartbeat_at, lease_seconds in rows
+    )
+
+
 def state_of(node: Node, *, now: datetime) -> tuple[NodeState, float]:
     silent = max(0.0, (now - node.heartbeat_at).total_seconds())
     if node.stopped_at is not None:
         return "stopped", silent
     return ("lost" if silent > node.lease_seconds else "live"), silent
+
+
+# What a queued run's answers say (REST, the CLI, MCP, its page) while no executor is live.
+RUN_CANNOT_START = (
+    f"{NO_EXECUTOR}, so no node can run it: it waits in the queue until one starts; "
+    f"{START_EXECUTOR}"
+)
+
+
+def live_nodes(engine: Engine) -> list[Node]:
+    """The nodes of the store at `engine` that renew their rows, by id."""
+    now = utcnow()
+    with session_scope(engine) as s:
+        rows = s.exec(select(Node).where(col(Node.stopped_at).is_(None))).all()
+    return sorted((n for n in rows if state_of(n, now=now)[0] == "live"), key=lambda n: n.id)
+
+
+def runs_runs(node: Node) -> bool:
+    """Whether the node has the executor role."""
+    return "executor" in node.roles.split(",")
+
+
+def live_executor_ids(ctx: Context) -> list[str]:
+    """The ids of the live nodes that run runs (the executor role): none means queued runs
+    wait until one starts. Read by any caller that may see a run: it says only whether."""
+    return [n.id for n in live_nodes(ctx.engine) if runs_runs(n)]
 
 
 def list_nodes(ctx: Context, *, caller: Principal) -> list[NodeView]:

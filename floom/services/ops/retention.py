@@ -19,7 +19,7 @@ from sqlmodel import col, select
 
 from floom.services.runs import rules as run_rules
 from floom.store.blobs import delete_unreferenced_blobs
-from floom.store.db import session_scope
+from floom.store.db import give_back_free_pages, session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version, Worker, utcnow
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ class RetentionReport:
     log_lines_deleted: int = 0
     artifacts_deleted: int = 0
     blobs_deleted: int = 0
+    pages_freed: int = 0  # SQLite pages given back to the disk
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,6 +97,8 @@ def apply_retention(
                 break
             batches += 1
     report.blobs_deleted += sweep_orphan_blobs(ctx, now=now)
+    if any(report.to_dict().values()):
+        report.pages_freed = give_back_free_pages(ctx.engine)
     return report
 
 

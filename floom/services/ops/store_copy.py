@@ -15,12 +15,16 @@ from typing import Any
 from sqlalchemy import Table, func, inspect, select, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import SQLAlchemyError
-from sqlmodel import SQLModel
+from sqlmodel import Session, SQLModel, col
+from sqlmodel import select as select_rows
 
 from floom.config import mask_password
 from floom.errors import Conflict, InvalidRequest, StoreUnavailable
-from floom.store.db import make_engine
+from floom.services.ops.nodes import state_of
+from floom.store.db import driver_reason, make_engine
 from floom.store.migrate import migrate
+from floom.store.models import utcnow
+from floom.store.nodes import Node
 
 # Rows held in memory at once: blobs hold archives and artifacts of up to tens of MiB.
 BATCH_ROWS = 200
@@ -54,6 +58,11 @@ def copy_store(*, source_url: str, target_url: str, progress: Progress | None = 
             hint="name a new, empty database with --to",
         )
     source = _open(source_url)
+    try:
+        _refuse_served(source, source_url)
+    except BaseException:
+        source.dispose()
+        raise
     target = _open(target_url, migrated=False)
     try:
         _refuse_non_empty(target, target_url)
@@ -122,6 +131,29 @@ def _advance_sequences(write: Connection) -> None:
             )
 
 
+def _refuse_served(engine: Engine, url: str) -> None:
+    """A node that renews its row in the source is serving it: runs it writes after the
+    copy's snapshot would be lost, so the copy waits until it is stopped."""
+    now = utcnow()
+    with Session(engine) as s:
+        rows = s.exec(select_rows(Node).where(col(Node.stopped_at).is_(None))).all()
+    live = [n for n in rows if state_of(n, now=now)[0] == "live"]
+    if not live:
+        return
+    node = live[0]
+    silent = state_of(node, now=now)[1]
+    others = f" (and {len(live) - 1} more)" if len(live) > 1 else ""
+    raise Conflict(
+        f"floom node {node.id}{f' on {node.hostname}' if node.hostname else ''} (roles "
+        f"{node.roles}) is serving {mask_password(url)}{others}: its last heartbeat was "
+        f"{silent:.0f} s ago",
+        hint="stop floom on the source first (the copy is one snapshot; runs written after it "
+        "would be lost), then run migrate-store again; a node killed without a clean stop "
+        f"counts as stopped once silent for its lease ({node.lease_seconds:.0f} s)",
+        details={"node": node.id},
+    )
+
+
 def _refuse_non_empty(engine: Engine, url: str) -> None:
     with engine.connect() as conn:
         present = set(inspect(conn).get_table_names())
@@ -155,8 +187,7 @@ def _migrate(engine: Engine, url: str) -> None:
     except SQLAlchemyError as exc:
         engine.dispose()
         raise StoreUnavailable(
-            f"cannot open the database {mask_password(url)}: "
-            f"{type(getattr(exc, 'orig', None) or exc).__name__}",
+            f"cannot open the database {mask_password(url)}: {driver_reason(exc, url)}",
             hint="check the URL and that the database server is running and reachable",
         ) from exc
 

@@ -123,7 +123,13 @@ def first_divergence(original: Mapping[str, Any], replay: Mapping[str, Any]) -> 
     outputs, then the final status), or None: what the loop itself did not already report."""
     pairs = zip(original["tool_calls"], replay["tool_calls"], strict=False)
     for step, (o, r) in enumerate(pairs, start=1):
-        if (o["tool"], o["status"]) != (r["tool"], r["status"]):
+        # The same comparison as compare_tool_calls, so a report never says "reproduced"
+        # beside tool calls that diverged.
+        if (o["tool"], canonical(o["arguments"]), o["status"]) != (
+            r["tool"],
+            canonical(r["arguments"]),
+            r["status"],
+        ):
             return {
                 "step": f"tool call {step}",
                 "expected": _call_view(o),

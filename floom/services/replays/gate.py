@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 GATE_TIMEOUT_SECONDS = 600.0
 POLL_SECONDS = 0.2
-OVERRIDE_HINT = "deploy with --skip-eval-gate (REST: ?skip_eval_gate=true) to activate it anyway"
 
 
 def deploy_gated(
@@ -45,7 +44,9 @@ def deploy_gated(
                 f"{totals['outputs_different']} of {totals['runs']} replayed runs gave other "
                 f"outputs (the gate allows {gate.max_different})"
                 + ("" if outcome["finished"] else "; the eval did not finish in time"),
-                hint=f"see `floom eval {worker.name} --against {version.id}`; {OVERRIDE_HINT}",
+                # In the CLI's notation, which each surface retells (floom.hints).
+                hint=f"see `floom eval {worker.name} --against {version.id}`; to activate it "
+                "anyway, deploy again with `floom deploy FOLDER --skip-eval-gate`",
                 details={"eval_id": outcome["id"], "version_id": version.id, "totals": totals},
             )
     workers.rollback(ctx, name=worker.name, version_id=version.id, caller=caller)

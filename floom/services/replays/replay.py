@@ -53,7 +53,8 @@ def start_replay(
     if mode == EXACT and (version_id or model):
         raise InvalidRequest(
             "an exact replay runs the original's version and recorded model replies",
-            hint="use a what-if replay (--against VERSION or --model M) to change either",
+            hint=f"use a what-if replay to change either: `floom replay {run_id} --against "
+            f"VERSION` or `floom replay {run_id} --model MODEL`",
         )
     recording = load_recording(ctx, run_id=run_id, caller=caller)
     if mode == EXACT:

@@ -25,6 +25,7 @@ from floom.errors import (
     WorkerPaused,
 )
 from floom.services.access.principal import Principal
+from floom.services.ops import nodes
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import approvals, artifact_scan
 from floom.services.runs.logs import append_events, system_event
@@ -292,6 +293,8 @@ def _insert_queued(
         notes = [("system", note, None)]
         # Never ahead of a run queued before it: then this one queues behind it.
         take = held and s.execute(any_runnable_statement(), {"now": utcnow()}).first() is None
+        if not held and not nodes.executor_live(ctx, s):
+            notes.append(("system", nodes.QUEUED_WITHOUT_EXECUTOR, None))
         if take and in_transaction is None:
             _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
             notes.append(_started_note(ctx, run))

@@ -193,6 +193,7 @@ def trigger_to_dict(
     count: int = NEXT_FIRES_SHOWN,
 ) -> dict[str, Any]:
     spec = spec_of(trigger)
+    active = not (trigger.paused or worker.paused) and trigger.removed_at is None
     body: dict[str, Any] = {
         "id": trigger.id,
         "worker": trigger.worker_name,
@@ -200,13 +201,15 @@ def trigger_to_dict(
         "config": spec_to_config(spec),
         "paused": trigger.paused,
         "worker_paused": worker.paused,
-        "active": not (trigger.paused or worker.paused) and trigger.removed_at is None,
+        "active": active,
         "last_fire_at": trigger.last_fire_at,
         "created_at": trigger.created_at,
     }
     if isinstance(spec, ScheduleSpec):
         body["timezone"] = spec.timezone
-        body["next_fires"] = [t.isoformat() for t in next_fire_times(spec, count=count)]
+        # A paused schedule (or one of a paused worker) fires never, so it has no next fires.
+        fires = next_fire_times(spec, count=count) if active else []
+        body["next_fires"] = [t.isoformat() for t in fires]
     if isinstance(spec, WebhookSpec):
         body["url"] = urls.worker(trigger.worker_name) if urls else f"/hooks/{trigger.worker_name}"
         _, missing = secrets.resolve(ctx, [spec.secret])
@@ -219,17 +222,25 @@ def summary(ctx: Context, *, worker_name: str, caller: Principal) -> list[dict[s
     the read scope."""
     caller.require("read")
     with session_scope(ctx.engine) as s:
+        worker = s.get(Worker, worker_name)
         rows = s.exec(
             select(Trigger)
             .where(Trigger.worker_name == worker_name, col(Trigger.removed_at).is_(None))
             .order_by(col(Trigger.position))
         ).all()
+    worker_paused = worker is not None and worker.paused
     items = []
     for trigger in rows:
-        item: dict[str, Any] = {"id": trigger.id, "kind": trigger.kind, "paused": trigger.paused}
+        active = not (trigger.paused or worker_paused)
+        item: dict[str, Any] = {
+            "id": trigger.id,
+            "kind": trigger.kind,
+            "paused": trigger.paused,
+            "active": active,
+        }
         spec = spec_of(trigger)
         if isinstance(spec, ScheduleSpec):
-            upcoming = next_fire_times(spec, count=1)
+            upcoming = next_fire_times(spec, count=1) if active else []
             item["cron"] = spec.cron
             item["timezone"] = spec.timezone
             item["next_fire"] = upcoming[0].isoformat() if upcoming else None

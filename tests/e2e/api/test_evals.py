@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -16,6 +17,7 @@ from floom.bundle import read_folder
 from tests.standins.anthropic_api import reply, tool_use
 from tests.support.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import wait_until
+from tests.support.mcp_clients import call, call_error, http_client, worker_files
 from tests.support.web import signed_in_client
 
 RUNS = 10
@@ -148,8 +150,9 @@ def test_a_deploy_gated_by_a_failing_eval_is_refused_and_accepted_with_the_overr
     active = rig.api.get("/api/v1/workers/lookup").json()["active_version_id"]
     gate = "replay:\n  gate: {runs: 3, max_different: 0}\n"
     folder = agent_worker(tmp_path / "v3", LOOKUP_YML + gate, skill="Guess.")
+    # Two gated deploys, each replaying three runs of two model turns.
     rig.model.script(
-        *[agent(lambda i: {"answer": "guess", "score": 0}, lambda i: rig.url(f"/{i}"))] * 6
+        *[agent(lambda i: {"answer": "guess", "score": 0}, lambda i: rig.url(f"/{i}"))] * 12
     )
 
     refused = deploy(rig.api, folder)
@@ -157,13 +160,26 @@ def test_a_deploy_gated_by_a_failing_eval_is_refused_and_accepted_with_the_overr
     assert refused.status_code == 409, refused.text
     error = refused.json()["error"]
     assert error["code"] == "eval_gate_failed"
-    assert "--skip-eval-gate" in error["hint"]
+    assert "`POST /api/v1/workers?skip_eval_gate=true`" in error["hint"]
+    assert "floom" not in error["hint"]
     assert error["details"]["totals"]["outputs_different"] == 3
     assert rig.api.get("/api/v1/workers/lookup").json()["active_version_id"] == active
+    version = error["details"]["version_id"]
 
-    accepted = deploy(rig.api, folder, skip_eval_gate="true")
+    async def over_mcp() -> None:
+        async with http_client(rig.server) as mcp:
+            files = worker_files(folder)
+            told = await call_error(mcp, "deploy_worker", files=files)
+            assert told["code"] == "eval_gate_failed"
+            # The hint names the tool and argument that override the gate, nothing else.
+            assert "deploy_worker(files={...}, skip_eval_gate=True)" in told["hint"]
+            assert f"eval_worker(worker='lookup', version_id='{version}')" in told["hint"]
+            assert "--" not in told["hint"]
+            assert "/api/v1" not in told["hint"]
+            assert "floom " not in told["hint"]
+            accepted = await call(mcp, "deploy_worker", files=files, skip_eval_gate=True)
+            assert accepted["version"]["id"] == version
+            assert accepted["activated"]
 
-    assert accepted.status_code == 201, accepted.text
-    new = accepted.json()["version"]["id"]
-    assert new != active
-    assert rig.api.get("/api/v1/workers/lookup").json()["active_version_id"] == new
+    anyio.run(over_mcp)
+    assert rig.api.get("/api/v1/workers/lookup").json()["active_version_id"] == version

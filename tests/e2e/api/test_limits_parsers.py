@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import subprocess
 import tarfile
 import time
 from collections.abc import Iterator
@@ -275,6 +276,47 @@ def test_a_name_clash_is_refused_at_deploy_not_at_every_run(
     error = error_of(response)
     assert error["code"] == "bundle_path_invalid"
     assert "'a'" in error["message"]
+    assert api.get("/api/v1/workers").json()["items"] == []
+
+
+def test_an_archive_made_by_tar_from_inside_the_folder_deploys(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    folder = tmp_path / "dotted"
+    (folder / "lib").mkdir(parents=True)
+    (folder / "worker.yml").write_text("name: dotted\n")
+    (folder / "run.py").write_text(RUN_PY)
+    (folder / "lib" / "util.py").write_text("X = 1\n")
+    packed = tmp_path / "w.tgz"
+    subprocess.run(["tar", "czf", str(packed), "-C", str(folder), "."], check=True)
+    with tarfile.open(packed) as archive:
+        listed = archive.getnames()
+    assert "." in listed
+    assert "./worker.yml" in listed
+
+    response, _ = post(api, "/api/v1/workers", packed.read_bytes())
+
+    assert response.status_code == 201, response.text[:500]
+    version = response.json()["version"]
+    assert version["file_count"] == 3
+    files = api.get(f"/api/v1/workers/dotted/versions/{version['id']}").json()["files"]
+    assert sorted(f["path"] for f in files) == ["lib/util.py", "run.py", "worker.yml"]
+    also: list[tuple[str, bytes | None]] = [("./", None), ("./worker.yml", b"name: slashed\n")]
+    response, _ = post(api, "/api/v1/workers", raw_tar([*also, ("./run.py", RUN_PY.encode())]))
+    assert response.status_code == 201, response.text[:500]
+
+
+@pytest.mark.parametrize(
+    "name", ["../run.py", "./../run.py", "lib/../../run.py", "/etc/run.py", "."]
+)
+def test_an_entry_that_escapes_the_folder_is_refused_with_the_archive_format(
+    api: httpx.Client, name: str
+) -> None:
+    response, _ = post(api, "/api/v1/workers", raw_tar([*worker_entries(), (name, b"x")]))
+    assert response.status_code == 400, response.text[:500]
+    error = error_of(response)
+    assert "points outside the worker folder" in error["message"]
+    assert "tar czf worker.tgz -C FOLDER ." in error["hint"]
     assert api.get("/api/v1/workers").json()["items"] == []
 
 

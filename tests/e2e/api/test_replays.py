@@ -158,6 +158,48 @@ def test_an_exact_replay_reports_the_first_step_where_the_record_is_handled_diff
     assert report["divergence"]["actual"]["status"] == "ok"
 
 
+def test_an_exact_replay_whose_tool_call_arguments_differ_is_not_called_reproduced(
+    rig: AgentRig, tmp_path: Path, tracker: dict[str, Any]
+) -> None:
+    run_id = recorded_run(rig, tmp_path, tracker)
+    # As if an older floom had stored the first call's arguments otherwise.
+    with session_scope(rig.server.ctx.engine, write=True) as s:
+        row = s.exec(select(ToolCall).where(ToolCall.run_id == run_id, ToolCall.seq == 1)).one()
+        row.arguments_json = json.dumps({"state_filter": "closed"})
+        s.add(row)
+
+    report = replay(rig.api, run_id, mode="exact")
+
+    assert report["diff"]["tool_calls"]["diverged"] is True
+    assert report["reproduced"] is False
+    assert report["divergence"]["step"] == "tool call 1"
+    assert report["divergence"]["expected"]["arguments"] == {"state_filter": "closed"}
+    assert report["divergence"]["actual"]["arguments"] == {"state_filter": "open"}
+
+
+def test_an_exact_replay_ends_with_the_files_the_originals_tools_wrote(
+    rig: AgentRig, tmp_path: Path
+) -> None:
+    yml = "name: writer\noutputs:\n  done: boolean\ntools:\n  - builtin: write_file\n"
+    rig.deploy(agent_worker(tmp_path / "writer", yml))
+    rig.model.script(
+        reply(tool_use("write_file", {"path": "output/notes.md", "content": "# found 2\n"})),
+        reply(tool_use("finish", {"outputs": {"done": True}})),
+    )
+    run_id = start_run(rig.api, "writer")
+    assert wait_status(rig.api, run_id, timeout=60)["status"] == "succeeded"
+    original = rig.api.get(f"/api/v1/runs/{run_id}/artifacts").json()["items"]
+    assert [a["name"] for a in original] == ["notes.md"]
+
+    report = replay(rig.api, run_id, mode="exact")
+
+    assert report["reproduced"] is True, report["divergence"]
+    replayed = rig.api.get(f"/api/v1/runs/{report['run_id']}/artifacts").json()["items"]
+    assert [(a["name"], a["size"]) for a in replayed] == [("notes.md", 10)]
+    body = rig.api.get(f"/api/v1/runs/{report['run_id']}/artifacts/notes.md")
+    assert body.content == b"# found 2\n"
+
+
 def test_a_replay_of_a_run_that_has_not_finished_or_is_a_script_run_is_refused(
     rig: AgentRig, tmp_path: Path
 ) -> None:

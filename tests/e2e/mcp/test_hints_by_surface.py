@@ -3,6 +3,8 @@ command for floom's CLI (which says so in X-Floom-Client), the MCP tool over MCP
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 from pathlib import Path
 
@@ -12,8 +14,10 @@ import pytest
 
 from floom.api.app import create_app
 from floom.hints import SERVER_COMMANDS
+from floom.hints.mcp import for_mcp
 from floom.hints.rest import for_rest
 from floom.hints.ui import for_ui
+from floom.mcp.tools import core as mcp_tools
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.ui import admin as ui_admin
@@ -229,3 +233,97 @@ def test_a_person_at_the_ui_is_told_plainly_what_only_a_shell_can_do() -> None:
         "Replay exactly from the recording on the run's page (/runs/r_1) or What-if on the "
         "active version on the run's page (/runs/r_1)"
     )
+
+
+MCP_CALL = re.compile(r"\b([a-z_]+)\(([^()]*)\)")
+
+
+def test_every_cli_command_a_hint_names_is_retold_as_an_mcp_tool_call_it_can_make() -> None:
+    tools = {t.name: set(inspect.signature(t.fn).parameters) - {"ctx"} for t in mcp_tools.TOOLS}
+    operators = set()
+    for command in sorted(_commands_hints_name()):
+        retold = for_mcp(f"try {command}") or ""
+        name = command.split()[1].strip("`")
+        if retold.endswith("no MCP tool does it)"):
+            operators.add(name)
+            continue
+        if name == "mcp":  # the stdio server on the agent's own machine, named as such
+            continue
+        assert "`floom" not in retold, (command, retold)
+        assert "/api/v1" not in retold, (command, retold)
+        # An option of the CLI (--to, --skip-eval-gate) is an argument of the tool instead.
+        assert not re.search(r"(^|[\s(])--?[a-z]", retold), (command, retold)
+        calls = MCP_CALL.findall(retold)
+        assert calls, (command, retold)
+        for tool, arguments in calls:
+            assert tool in tools, (command, retold)
+            named = {a.split("=")[0].strip() for a in arguments.split(",") if "=" in a}
+            assert named <= tools[tool], (command, retold, named - tools[tool])
+    assert not operators & {"deploy", "eval", "replay", "run", "rollback", "resume"}, operators
+
+
+# Modules whose errors only floom's operator commands raise (backup, restore, copying a store),
+# which no MCP or REST caller reaches: their hints may name those commands' options.
+OPERATOR_MODULES = frozenset({"backup.py", "store_copy.py", "doctor.py"})
+
+
+def _hint_texts(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for keyword in node.keywords:
+            if keyword.arg != "hint":
+                continue
+            parts = [
+                n.value
+                for n in ast.walk(keyword.value)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            ]
+            found.append((node.lineno, "".join(parts)))
+    return found
+
+
+def test_no_hint_names_a_cli_option_or_a_rest_path_outside_a_command_a_surface_retells() -> None:
+    bare = []
+    for path in FLOOM.rglob("*.py"):
+        if {"cli", "hints"} & set(path.relative_to(FLOOM).parts) or path.name in OPERATOR_MODULES:
+            continue
+        for line, text in _hint_texts(ast.parse(path.read_text())):
+            outside = re.sub(r"`[^`]*`", "", text)
+            if re.search(r"(^|[\s(])--[a-z]|/api/v1|\?[a-z_]+=", outside):
+                bare.append(f"{path.relative_to(FLOOM)}:{line}: {text}")
+    assert bare == []
+
+
+@ONE_DATABASE
+def test_a_read_key_over_mcp_is_recommended_only_tools_it_may_call(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    run_id = api.post("/api/v1/workers/hello/runs", json={"inputs": {"name": "x"}}).json()["id"]
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
+
+    async def over_mcp() -> None:
+        async with http_client(server, read_key) as mcp:
+            said = mcp.instructions or ""
+            listed = {t.name for t in (await mcp.list_tools()).tools}
+            named = set(re.findall(r"\b(?:[a-z]+_)+[a-z]+\b", said)) & set(mcp_tools.TOOL_NAMES)
+            assert named, named - listed
+            assert named <= listed, named - listed
+            assert "deploy_worker" not in said
+            assert "run_worker" not in said
+            assert "list_runs" in said
+
+            error = await call_error(mcp, "get_replay", run_id=run_id)
+            assert "replay_recorded_run(" in error["hint"]
+            assert "a tool for a key with the 'run' scope, which this key lacks" in error["hint"]
+        async with http_client(server) as mcp:
+            said = mcp.instructions or ""
+            assert "deploy_worker" in said
+            assert "handoff_claim_next_job" in said
+            error = await call_error(mcp, "get_replay", run_id=run_id)
+            assert "replay_recorded_run(" in error["hint"]
+            assert "lacks" not in error["hint"]
+
+    anyio.run(over_mcp)

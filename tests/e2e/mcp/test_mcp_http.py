@@ -460,3 +460,44 @@ def test_a_worker_whose_secret_is_not_set_says_so_and_how_to_turn_its_schedule_o
         assert 'id="secrets-missing"' not in web.get("/workers/needy").text
     finally:
         web.close()
+
+
+TICKER_PY = """\
+import time
+for i in range(1, 6):
+    print(f"tick {i}", flush=True)
+    time.sleep(1.2)
+"""
+
+
+def test_watch_run_sends_progress_to_a_client_that_asks_for_it(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    deploy_folder(api, make_worker(tmp_path / "ticker", "name: ticker\n", {"run.py": TICKER_PY}))
+    run_id = api.post("/api/v1/workers/ticker/runs", json={}).json()["id"]
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async def over_mcp() -> dict[str, Any]:
+        async with http_client(server) as mcp:
+            with anyio.fail_after(CALL_TIMEOUT):
+                result = await mcp.call_tool(
+                    "watch_run",
+                    {"run_id": run_id, "timeout_seconds": 30},
+                    progress_callback=progress,
+                )
+            assert not result.is_error, text_of(result)
+            return result.structured_content or {}
+
+    watched = anyio.run(over_mcp)
+
+    assert watched["finished"] is True
+    assert watched["run"]["status"] == "succeeded"
+    assert len(heard) >= 2, heard
+    values = [v for v, _, _ in heard]
+    assert values == sorted(values)
+    assert all(total == 30 for _, total, _ in heard)
+    assert all(f"run {run_id} is running" in (m or "") for _, _, m in heard)
+    assert any("last log line: tick" in (m or "") for _, _, m in heard), heard

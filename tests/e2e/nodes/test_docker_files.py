@@ -1,7 +1,7 @@
 """The files around the image and the compose file: .dockerignore keeps local state (a
 virtualenv, git, caches, test and bench output, secrets) out of the build context but lets
 through everything the Dockerfile copies; .env.example lists every variable
-docker-compose.yml reads, with no value a secret, and as a .env it loads as the README says."""
+docker-compose.yml reads, with no value a secret, and as a .env it loads as the docs say."""
 
 from __future__ import annotations
 
@@ -141,26 +141,27 @@ def test_env_example_lists_every_variable_the_compose_file_reads_each_explained(
 
 
 def test_env_example_as_a_dot_env_refuses_until_filled_then_loads_each_profile() -> None:
-    dotenv = env_example()
+    """`cp .env.example .env`, then `docker compose up` with nothing exported: Compose reads
+    the .env beside the file (COMPOSE_PROFILES too)."""
+    dotenv = (REPO / ".env.example").read_text()
     with pytest.raises(MissingVariable, match=r"FLOOM_SECRET_KEY|FLOOM_BOOTSTRAP_API_KEY"):
-        compose_config(dotenv)
-    filled = {
-        **dotenv,
-        "FLOOM_SECRET_KEY": "a1" * 32,
-        "FLOOM_BOOTSTRAP_API_KEY": "flm_" + "b2" * 24,
-    }
+        compose_config({}, dotenv=dotenv)
+    filled = dotenv.replace("FLOOM_SECRET_KEY=\n", f"FLOOM_SECRET_KEY={'a1' * 32}\n").replace(
+        "FLOOM_BOOTSTRAP_API_KEY=\n", f"FLOOM_BOOTSTRAP_API_KEY=flm_{'b2' * 24}\n"
+    )
     for profile in ("", "bwrap", "e2b"):
-        config = compose_config({**filled, "COMPOSE_PROFILES": profile})
-        started = floom_services(config, profiles={profile} - {""})
+        chosen = filled.replace("COMPOSE_PROFILES=\n", f"COMPOSE_PROFILES={profile}\n")
+        config = compose_config({}, dotenv=chosen)
+        started = floom_services(config)
         assert len(started) == (1 if not profile else 3), profile
         api = service_env(config["services"]["api"])
         assert api["FLOOM_PUBLIC_URL"] == "http://localhost:8321"
         assert "floom:floom@postgres:5432/floom" in api["FLOOM_DATABASE_URL"]
 
 
-def test_the_readme_says_compose_v2_is_required_and_points_at_env_example() -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("`docker-compose.yml` at the top of the repository") :]
+def test_the_docs_say_compose_v2_is_required_and_point_at_env_example() -> None:
+    page = (REPO / "docs" / "how-to" / "cluster.md").read_text()
+    section = page[page.index("`docker-compose.yml` at the top of the repository") :]
     section = section[: section.index("\n## ")]
     assert "Docker Compose v2" in section
     assert ".env.example" in section

@@ -82,6 +82,10 @@ def test_a_backup_taken_while_serving_restores_every_run_into_a_fresh_data_dir(
     assert summary.counts["runs"] == 2
     assert summary.counts["secrets"] == 1
     assert (tmp_path / "backup" / MANIFEST).is_file()
+    # The serving node's lock on its data dir is a fact of that process, not of the data.
+    assert (tmp_path / "a" / "node.lock").exists()
+    assert "node.lock" not in summary.files
+    assert not (tmp_path / "backup" / "node.lock").exists()
     fresh = tmp_path / "b"
     restored = restore_backup(
         settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"),

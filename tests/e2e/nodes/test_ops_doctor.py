@@ -15,6 +15,7 @@ from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.ops.doctor import FAIL, OK, check_database, check_secret_key, run_checks
 from tests.support.harness import REPO, fast_settings
+from tests.support.ports import free_port
 
 
 def test_a_healthy_node_passes_every_check(tmp_path: Path, database_url: str) -> None:
@@ -71,3 +72,15 @@ def test_the_cli_prints_each_check_and_exits_1_when_one_fails(tmp_path: Path) ->
     assert "FAIL secret key" in done.stdout
     assert "fix:" in done.stdout
     assert "ok   database" in done.stdout
+
+
+def test_a_database_that_cannot_be_opened_fails_with_the_drivers_reason_and_no_password(
+    tmp_path: Path,
+) -> None:
+    url = f"postgresql+psycopg://floom:s3cret-pw@127.0.0.1:{free_port()}/floom"
+    check = check_database(Settings(data_dir=tmp_path, database_url=url))
+    assert check.status == FAIL
+    assert "OperationalError: " in check.detail, check.detail
+    assert "refused" in check.detail, check.detail
+    assert "s3cret-pw" not in check.detail
+    assert "floom:***@" in check.detail

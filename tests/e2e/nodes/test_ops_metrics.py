@@ -92,6 +92,19 @@ def _seed(server: LiveServer) -> None:
             outcome="input_invalid",
         ),
     ]
+    # Agent runs: one ran a command (its sandbox started), one ran none, as an exact replay
+    # never does; both started.
+    for ran_a_command in (True, False):
+        agent_run = Run(
+            id=new_id("run"),
+            worker_name="delta",
+            version_id="v",
+            status="succeeded",
+            started_at=now - timedelta(seconds=3),
+            finished_at=now,
+            sandbox_seconds=0.5 if ran_a_command else 0.0,
+        )
+        rows += [agent_run, Transcript(run_id=agent_run.id, worker_name="delta", model="m")]
     with session_scope(server.ctx.engine, write=True) as s:
         for row in rows:
             s.add(row)
@@ -120,6 +133,7 @@ def _check_metrics(server: LiveServer) -> None:
     assert got[("floom_run_duration_seconds_bucket", (("le", "5.0"), ("worker", "alpha")))] == 1
     assert got[("floom_run_duration_seconds_count", (("worker", "alpha"),))] == 2
     assert got[("floom_sandbox_starts_total", (("worker", "alpha"),))] == 3
+    assert got[("floom_sandbox_starts_total", (("worker", "delta"),))] == 1
     assert got[("floom_sandbox_failures_total", (("worker", "alpha"),))] == 1
     assert 1.5 <= got[("floom_scheduler_lag_seconds", ())] <= 2.5
     assert got[("floom_webhook_deliveries_total", (("outcome", "run"), ("source", "webhook")))] == 1

@@ -99,3 +99,20 @@ def test_a_target_holding_floom_data_is_refused_and_left_as_it_was(
     target.engine.dispose()
     with pytest.raises(InvalidRequest):
         copy_store(source_url=sqlite_url, target_url=sqlite_url)
+
+
+def test_a_store_a_running_node_serves_is_not_copied_and_the_refusal_names_the_node(
+    tmp_path: Path,
+) -> None:
+    sqlite_url = f"sqlite:///{tmp_path / 'a' / 'floom.db'}"
+    target_url = f"sqlite:///{tmp_path / 'b' / 'floom.db'}"
+    (tmp_path / "b").mkdir()
+    with live_server(tmp_path / "a", sqlite_url, roles="api") as node:
+        with pytest.raises(Conflict) as refused:
+            copy_store(source_url=sqlite_url, target_url=target_url)
+        assert node.ctx.node_id in refused.value.message
+        assert "stop floom on the source first" in (refused.value.hint or "")
+        assert not (tmp_path / "b" / "floom.db").exists()  # the target was not touched
+    # Stopped cleanly, the node no longer holds the store.
+    copied = copy_store(source_url=sqlite_url, target_url=target_url)
+    assert copied.counts["nodes"] == 1

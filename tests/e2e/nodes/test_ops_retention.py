@@ -4,9 +4,12 @@ queued, running or awaiting approval are never touched."""
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
 from sqlmodel import col, select
 
 from floom.engine.loops.housekeeping import Housekeeping
@@ -15,7 +18,7 @@ from floom.services.ops.retention import ORPHAN_GRACE, apply_retention
 from floom.store.blobs import insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, new_id, utcnow
-from tests.support.harness import deploy_in_store, make_worker, wait_until
+from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 
 NOW = utcnow()
 
@@ -132,6 +135,7 @@ def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_thei
         "log_lines_deleted": 0,
         "artifacts_deleted": 0,
         "blobs_deleted": 0,
+        "pages_freed": 0,
     }
 
 
@@ -156,3 +160,44 @@ def test_the_housekeeping_thread_of_a_scheduler_node_applies_retention_by_itself
         wait_until(lambda: stale not in _blobs(ctx), timeout=20)
     finally:
         keeper.stop()
+
+
+def _footprint(db: Path) -> int:
+    """What the database holds on disk: the file and its write-ahead log."""
+    wal = db.with_name(db.name + "-wal")
+    return db.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+
+
+@pytest.mark.parametrize("made_before_auto_vacuum", [False, True])
+def test_retention_on_sqlite_gives_the_freed_space_back_to_the_disk(
+    tmp_path: Path, made_before_auto_vacuum: bool
+) -> None:
+    db = tmp_path / "floom.db"
+    if made_before_auto_vacuum:
+        # A file as floom made it before: WAL set first, so auto_vacuum stayed off.
+        old = sqlite3.connect(db)
+        old.execute("PRAGMA journal_mode=WAL")
+        old.close()
+    ctx = Context.open(fast_settings(tmp_path / "data", f"sqlite:///{db}"))
+    try:
+        plain = _deploy(ctx, tmp_path, "plain")
+        for i in range(40):
+            big = os.urandom(256 * 1024) + str(i).encode()
+            _run(ctx, "plain", plain, "succeeded", ended_days_ago=30, files={"big.bin": big})
+        side = sqlite3.connect(db)
+        side.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        side.close()
+        before = _footprint(db)
+        assert before > 10 * 1024 * 1024
+
+        report = apply_retention(ctx, days=7, now=NOW)
+
+        assert report.runs_pruned == 40
+        assert report.pages_freed > 0
+        after = _footprint(db)
+        assert after < before - 8 * 1024 * 1024, (before, after)
+        with session_scope(ctx.engine) as s:
+            mode = s.connection().exec_driver_sql("PRAGMA auto_vacuum").scalar()
+        assert mode == 2  # incremental from now on, the old file included
+    finally:
+        ctx.engine.dispose()

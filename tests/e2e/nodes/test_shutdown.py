@@ -95,6 +95,27 @@ def test_sigterm_lets_a_running_run_finish_within_the_drain(
     assert _stored(data_dir, waiting) == ("queued", 1, None)
 
 
+def test_during_a_drain_the_api_answers_503_with_retry_after_instead_of_refusing(
+    data_dir: Path, tmp_path: Path, servers: list[ServerProcess]
+) -> None:
+    sp = _server(data_dir, drain_seconds=30)
+    servers.append(sp)
+    sp.start()
+    run_id = _start_run(sp, tmp_path, first_seconds=4)
+    sp.signal(signal.SIGTERM)
+    wait_until(lambda: "draining: 1 run(s)" in sp.log(), timeout=20)
+    with sp.client() as api:
+        for path in ("/healthz", "/api/v1/workers", f"/api/v1/runs/{run_id}"):
+            answer = api.get(path)
+            assert answer.status_code == 503, (path, answer.text)
+            assert 1 <= int(answer.headers["Retry-After"]) <= 30
+            assert answer.json()["error"]["code"] == "node_draining"
+    sp.wait_exit(timeout=30)
+    assert _stored(data_dir, run_id)[:2] == ("succeeded", 1)
+    with pytest.raises(httpx.ConnectError), sp.client() as api:
+        api.get("/healthz")  # after the drain, the node is gone
+
+
 def test_a_run_still_running_when_the_drain_ends_is_requeued_and_told_so(
     data_dir: Path, tmp_path: Path, servers: list[ServerProcess]
 ) -> None:
