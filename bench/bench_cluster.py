@@ -215,11 +215,14 @@ def main() -> None:
         root = Path(tmp)
         latency: dict[str, list[float]] = {}
         for label, signals in (("polling only (before)", "false"), ("wake-ups (after)", "true")):
-            with fresh_database() as url, cluster(root / signals, url, 1, signals=signals) as api:
-                with client(api) as http:
-                    deploy_trivial(http, root)
-                    start_latencies(http, 2)  # warm-up: first sandbox, caches
-                    latency[label] = start_latencies(http, args.runs)
+            with (
+                fresh_database() as url,
+                cluster(root / signals, url, 1, signals=signals) as api,
+                client(api) as http,
+            ):
+                deploy_trivial(http, root)
+                start_latencies(http, 2)  # warm-up: first sandbox, caches
+                latency[label] = start_latencies(http, args.runs)
         rates: dict[int, float] = {}
         for executors in (1, 2):
             with (

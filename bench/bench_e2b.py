@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from floom.config import Settings  # noqa: E402
-from floom.sandbox import get_sandbox  # noqa: E402
-from floom.sandbox.base import Sandbox, SandboxSpec  # noqa: E402
-from tests.standins.e2b import running_e2b_standin  # noqa: E402
+from floom.config import Settings
+from floom.sandbox import get_sandbox
+from floom.sandbox.base import Sandbox, SandboxSpec
+from tests.standins.e2b import running_e2b_standin
 
 SCRIPT = (
     "import json, os\n"

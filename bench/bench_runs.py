@@ -141,7 +141,7 @@ def storage_bytes(server: Server, database: str | None) -> int:
                 with contextlib.suppress(FileNotFoundError):
                     keep += (Path(root) / name).stat().st_size
     if database:
-        import psycopg  # noqa: PLC0415 - only with --postgres
+        import psycopg  # only with --postgres
 
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
             row = conn.execute("SELECT pg_database_size(%s)", (database,)).fetchone()
@@ -155,7 +155,7 @@ def storage_bytes(server: Server, database: str | None) -> int:
 
 
 def pg_database(create: bool, name: str) -> str:
-    import psycopg  # noqa: PLC0415 - only with --postgres
+    import psycopg  # only with --postgres
 
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
         if create:
@@ -191,7 +191,7 @@ def cli_timings(server: Server, floor: Floor) -> dict[str, float]:
 
 def idle_readings(server: Server) -> tuple[float, float]:
     """RSS (MiB) and CPU (% of a core) of the idle server."""
-    from server import proc_cpu_seconds  # noqa: PLC0415
+    from server import proc_cpu_seconds
 
     cpu0 = proc_cpu_seconds(server.proc.pid)
     time.sleep(IDLE_SECONDS)

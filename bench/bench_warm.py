@@ -86,7 +86,7 @@ class FloorRunner:
                     left[0] -= 1
                 slot.run_once()
 
-        import threading  # noqa: PLC0415
+        import threading
 
         lock = threading.Lock()
         with ThreadPoolExecutor(CLIENTS) as pool:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from floom.cli import main  # noqa: E402
-from floom.sandbox import BACKENDS  # noqa: E402
-from floom.sandbox.fake import FakeProcess, FakeSandbox  # noqa: E402
+from floom.cli import main
+from floom.sandbox import BACKENDS
+from floom.sandbox.fake import FakeProcess, FakeSandbox
 
 LINES = 20
 

@@ -137,7 +137,7 @@ class CeleryStack:
         queue = f"floom_bench_{uuid.uuid4().hex[:8]}"
         os.environ["BENCH_CELERY_QUEUE"] = queue  # read when celery_stack is imported
         os.environ["BENCH_ROOT"] = str(root)
-        import celery_stack  # noqa: PLC0415 - configured by the environment set just above
+        import celery_stack  # configured by the environment set just above
 
         self.task = celery_stack.run_hello
         self.app = celery_stack.app
@@ -183,8 +183,8 @@ class CeleryStack:
 def celery_missing() -> str | None:
     """Why the Celery column cannot be measured here, or None."""
     try:
-        import celery  # noqa: F401, PLC0415 - only to learn whether the bench extra is installed
-        import redis  # noqa: PLC0415
+        import celery  # noqa: F401 - only to learn whether the bench extra is installed
+        import redis
     except ImportError:
         return "celery or redis is not installed (pip install floom[bench])"
     try:

@@ -159,13 +159,6 @@ class InputsTooLarge(PayloadTooLarge):
     code = "inputs_too_large"
 
 
-class SecretMissing(FloomError):
-    """A secret the worker declares is not set."""
-
-    status = 409
-    code = "secret_missing"
-
-
 class SecretNameRefused(InvalidRequest):
     """A secret's name would change how programs load or run (LD_*, PYTHON*, PATH, FLOOM_*...)."""
 

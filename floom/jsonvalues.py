@@ -278,9 +278,9 @@ def stored(text: Any, *, expect: type | tuple[type, ...] | None = None) -> Any:
     if expect is not None and not isinstance(value, expect) and UNREADABLE not in _keys(value):
         wanted = expect if isinstance(expect, type) else expect[0]
         value = unreadable(f"a {type(value).__name__} was stored where a {_word(wanted)} belongs")
-    if expect is list or (isinstance(expect, tuple) and list in expect):
-        if isinstance(value, dict) and UNREADABLE in value and len(value) == 1:
-            return [value]
+    lists = expect is list or (isinstance(expect, tuple) and list in expect)
+    if lists and isinstance(value, dict) and UNREADABLE in value and len(value) == 1:
+        return [value]
     return value
 
 

@@ -76,7 +76,7 @@ def run_agent_attempt(attempt: Attempt) -> Outcome:
     """The executor's agent runner (floom.agent.runner.run_agent). Imported on first use, at
     the first agent run: the agent package with httpx costs a node about 5 MiB resident that
     a node running only scripts never needs."""
-    from floom.agent.runner import run_agent  # noqa: PLC0415
+    from floom.agent.runner import run_agent
 
     return run_agent(attempt)
 

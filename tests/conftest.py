@@ -167,9 +167,12 @@ def server(ctx: Context) -> Iterator[LiveServer]:
     """A live floom server (API + executor) on loopback, with an admin key."""
     _, admin = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="test admin")
     srv, thread, url = start_server(ctx)
+    live = LiveServer(ctx=ctx, base_url=url, admin_key=admin)
     try:
-        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
+        yield live
     finally:
+        for client in live.clients:
+            client.close()
         srv.should_exit = True
         thread.join(timeout=30)
 

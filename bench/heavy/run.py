@@ -18,8 +18,18 @@ import pygments.lexers.python
 import yaml
 from cryptography.hazmat.primitives import hashes
 
-assert asyncio and decimal and email and http and sqlite3 and urllib and xml and hashes
-assert cryptography.x509 and jwt and pygments and yaml
+assert asyncio
+assert decimal
+assert email
+assert http
+assert sqlite3
+assert urllib
+assert xml
+assert hashes
+assert cryptography.x509
+assert jwt
+assert pygments
+assert yaml
 
 inputs = json.loads(Path("inputs.json").read_text())
 greeting = " ".join([f"Hello, {inputs['name']}!"] * inputs["times"])

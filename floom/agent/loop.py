@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from floom import jsonvalues
 from floom.agent import workspace
-from floom.agent.provider import ModelProvider, ProviderError, estimate_cost
+from floom.agent.provider import ModelProvider, estimate_cost
 from floom.agent.tools import RecordedToolError, Tool, ToolError
 from floom.engine.queue import Outcome
+from floom.errors import ProviderError
 from floom.services.access.principal import SYSTEM
 from floom.services.runs import agent as agent_runs
 from floom.services.runs.approvals import (

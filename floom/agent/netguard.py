@@ -4,7 +4,7 @@ URL, credentials kept from other origins), the body read up to a bound."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urljoin
 
 import httpx
@@ -20,7 +20,7 @@ MAX_BODY_BYTES = 1024 * 1024
 class HttpPolicy:
     allow_domains: tuple[str, ...]
     methods: tuple[str, ...] | None = None
-    egress: EgressPolicy = EgressPolicy()
+    egress: EgressPolicy = field(default_factory=EgressPolicy)
 
 
 @dataclass(frozen=True)

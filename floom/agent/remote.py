@@ -116,7 +116,7 @@ async def _mcp_list(server: _Server) -> list[Any]:
     return tools
 
 
-class _mcp_client:  # noqa: N801 - used like a function in `async with`
+class _mcp_client:  # used like a function in `async with`
     """The Streamable HTTP transport with floom's headers over the egress guard, closing its
     HTTP client after."""
 

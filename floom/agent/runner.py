@@ -13,12 +13,12 @@ from floom.agent import workspace
 from floom.agent.builtin import AgentEnv, finish_tool, make_builtin, state_tool
 from floom.agent.loop import AgentLoop
 from floom.agent.provider import ModelProvider, build_provider, provider_key
-from floom.agent.remote import SourceUnavailable, composio_tools, mcp_tools
+from floom.agent.remote import composio_tools, mcp_tools
 from floom.agent.replay import replay_session
 from floom.agent.tools import Tool, Toolbox
 from floom.engine.queue import Outcome
 from floom.engine.runtime import NodeRuntime
-from floom.errors import ProviderError
+from floom.errors import ProviderError, SourceUnavailable
 from floom.manifest.agent import ToolSpec, tool_specs
 from floom.net.egress import RELAXED_WARNING
 from floom.services.access.principal import SYSTEM

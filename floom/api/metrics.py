@@ -23,9 +23,9 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
     process, as in tests, each report their own store."""
     # Imported on first use: prometheus-client at the first scrape; a node that nobody scrapes need
     # not hold it (about 1 MiB resident).
-    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry
 
-    from floom.services.ops.metrics import StoreCollector, WarmCollector  # noqa: PLC0415
+    from floom.services.ops.metrics import StoreCollector, WarmCollector
 
     registry: CollectorRegistry | None = getattr(request.app.state, "metrics_registry", None)
     if registry is None:
@@ -41,9 +41,9 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
 
 @router.get("/metrics", response_class=Response, include_in_schema=False)
 def metrics(request: Request, ctx: CtxDep, caller: ReadCaller) -> Response:
-    from prometheus_client import CONTENT_TYPE_LATEST  # noqa: PLC0415
+    from prometheus_client import CONTENT_TYPE_LATEST
 
-    from floom.services.ops.metrics import exposition  # noqa: PLC0415
+    from floom.services.ops.metrics import exposition
 
     body = exposition(_registry(request, ctx), caller=caller)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

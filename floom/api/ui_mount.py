@@ -36,6 +36,6 @@ class LazyUI:
 
 def _load_ui() -> ModuleType:
     # Imported on first use, not at the top: jinja2 and the pages' modules (about 5 MiB).
-    from floom.ui import app as ui  # noqa: PLC0415
+    from floom.ui import app as ui
 
     return ui

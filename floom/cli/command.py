@@ -94,7 +94,7 @@ def exit_on_error(exc: Exception) -> NoReturn:
 def _exit_with(message: str, hint: str | None, details: Any = None) -> NoReturn:
     # Imported here, not at the top: rich is for the error lines, which `floom serve`'s
     # process, running for days, need not hold.
-    from floom.cli.output import fail  # noqa: PLC0415
+    from floom.cli.output import fail
 
     try:
         fail(message, hint, details)

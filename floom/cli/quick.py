@@ -121,7 +121,7 @@ def _inputs(pairs: list[str], raw_json: str | None) -> tuple[dict[str, Any], boo
     return inputs, True
 
 
-def _timeout(text: str | None) -> float | None | bool:
+def _timeout(text: str | None) -> float | bool | None:
     """--timeout's seconds, None when not given, False for any text but plain digits (the
     typer command refuses or reads the rest)."""
     if text is None:
@@ -141,7 +141,7 @@ def run(args: list[str]) -> None:
     except KeyboardInterrupt:
         sys.exit(130)  # as typer ends a command interrupted before it printed anything
     except Exception as exc:  # the command's boundary: its own error lines say what failed
-        from floom.cli.command import exit_on_error  # noqa: PLC0415 - typer, rich: errors only
+        from floom.cli.command import exit_on_error  # typer, rich: errors only
 
         exit_on_error(exc)
     sys.exit(code)
@@ -177,7 +177,7 @@ def _follow(line: RunLine, client: LiteClient) -> int:
     """`--wait` without `--json`: start the run, print its heading, its log lines as the
     stream brings them and its result, as runs.watch_run does.
     Imported here, not at the top: rich (about 50 ms) only for the lines a person reads."""
-    from floom.cli.console import log_line, out, print_result, run_heading  # noqa: PLC0415
+    from floom.cli.console import log_line, out, print_result, run_heading
 
     request = StartRequest(
         line.worker, line.inputs, coerce_strings=line.coerce_strings, force=line.force
@@ -209,9 +209,9 @@ def _watch(
     """The run outlasted the start's wait (or, with `shown`, its log stream broke off): the
     typer command's own wait takes over and ends the process.
     Imported here, not at the top: typer, rich and httpx only for this, or an error."""
-    from floom.cli.command import guarded  # noqa: PLC0415 - a long wait: start-up cost is moot
-    from floom.cli.commands.runs import watch_run  # noqa: PLC0415
-    from floom.cli.common import open_client  # noqa: PLC0415
+    from floom.cli.command import guarded  # a long wait: start-up cost is moot
+    from floom.cli.commands.runs import watch_run
+    from floom.cli.common import open_client
 
     if timeout is not None:
         timeout = max(0.001, timeout - (time.monotonic() - asked))
@@ -226,8 +226,8 @@ def _watch(
 
 def _stopped_waiting(run_id: str) -> NoReturn:
     """Ctrl-C while following: the typer command's "stopped waiting" lines and exit code."""
-    from floom.cli.command import guarded  # noqa: PLC0415 - typer, rich: this line only
-    from floom.cli.commands.runs import stopped_waiting  # noqa: PLC0415
+    from floom.cli.command import guarded  # typer, rich: this line only
+    from floom.cli.commands.runs import stopped_waiting
 
     guarded(lambda: stopped_waiting(run_id))
     sys.exit(1)
@@ -245,5 +245,5 @@ def _write(text: str) -> None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        sys.stdout = None  # type: ignore[assignment]  # nothing more can reach a closed pipe
+        sys.stdout = None  # nothing more can reach a closed pipe
         sys.exit(1)

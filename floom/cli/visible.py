@@ -23,7 +23,7 @@ _raw = False
 
 def show_raw(on: bool = True) -> None:
     """Print text as it is from now on (`--raw`): the operator asked for the bytes."""
-    global _raw  # noqa: PLW0603 - one switch for the whole command, set by its option
+    global _raw  # one switch for the whole command, set by its option
     _raw = on
 
 

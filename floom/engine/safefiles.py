@@ -14,7 +14,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -85,10 +85,8 @@ def _dir_fd(root: Path, parts: Sequence[str], *, create: bool = False) -> Iterat
         for i, part in enumerate(parts):
             try:
                 if create:
-                    try:
+                    with suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):

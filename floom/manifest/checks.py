@@ -80,7 +80,7 @@ class _StrictLoader(yaml.SafeLoader):
         self.nodes = 0
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             message = (
                 f"worker.yml uses a YAML anchor or alias{_where(event.start_mark)}; floom "
@@ -211,7 +211,9 @@ def load_yaml(text: str) -> tuple[Any, list[Problem]]:
 Checker = Callable[[Any, str, list[Problem]], Any]
 
 
-def check_document(doc: Mapping[Any, Any], files: frozenset[str]) -> tuple[dict, list[Problem]]:
+def check_document(
+    doc: Mapping[Any, Any], files: frozenset[str]
+) -> tuple[dict[str, Any], list[Problem]]:
     out: list[Problem] = []
     _check_keys(doc, Manifest.model_fields, "", out)
     clean: dict[str, Any] = {}

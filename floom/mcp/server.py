@@ -41,7 +41,7 @@ from floom.mcp.errors import (
     tool_error,
     unknown_tool,
 )
-from floom.mcp.toolkit import backend_of, off
+from floom.mcp.toolkit import RUNS, backend_of, off
 from floom.mcp.tools import core as tools
 from floom.mcp.tools.artifacts import ARTIFACT_URI, artifact_contents
 from floom.services.access.principal import Principal
@@ -250,7 +250,7 @@ class FloomMCPServer(MCPServer[Any]):
                 title=w.title,
                 description=w.description,
                 input_schema=w.input_schema,
-                annotations=tools.RUNS,
+                annotations=RUNS,
             )
             for w in self.catalog.snapshot.exposed
             if w.name not in tools.TOOL_NAMES

@@ -21,7 +21,8 @@ from floom.bundle import Bundle, BundleFile, read_folder
 from floom.errors import InvalidRequest
 from floom.mcp.backends.base import Backend
 from floom.mcp.errors import tool_error
-from floom.mcp.render import ACTIVE_STATUSES, Reply
+from floom.mcp.render import Reply
+from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 
 if TYPE_CHECKING:
     from floom.mcp.server import FloomMCPServer

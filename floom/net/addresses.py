@@ -10,6 +10,7 @@ routing table, about 0.1 ms.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
@@ -51,10 +52,8 @@ def host_networks() -> tuple[Network, ...]:
         ) as sock:
             # Asks the kernel to filter the dump by table; older kernels ignore it (the
             # table is then checked here), so a failure to set it changes nothing.
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(_SOL_NETLINK, _NETLINK_GET_STRICT_CHK, 1)
-            except OSError:
-                pass
             sock.bind((0, 0))
             request = _RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, _RT_TABLE_LOCAL, 0, 0, 0, 0)
             seq = int.from_bytes(os.urandom(4), "little")

@@ -91,7 +91,7 @@ def parse_allowed_networks(text: str) -> tuple[Network, ...]:
         except ValueError as exc:
             raise ValueError(f"{entry!r} is not a network such as 10.1.2.0/24") from exc
         for closed in NEVER_ALLOWED:
-            if network.version == closed.version and network.overlaps(closed):  # type: ignore[arg-type]
+            if network.version == closed.version and network.overlaps(closed):
                 raise ValueError(f"{entry!r} overlaps {closed}, which floom never connects to")
         networks.append(network)
     return tuple(networks)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from floom.errors import FloomError, InvalidRequest
 from floom.sandbox import env_names
@@ -178,7 +178,8 @@ class Sandbox(abc.ABC):
     else escapes it.
     """
 
-    name: str = "base"
+    # Each backend names itself ("local", "e2b", "fake"), as a manifest's sandbox.backend does.
+    name: ClassVar[str]
 
     @property
     def layers_files(self) -> bool:

@@ -159,9 +159,9 @@ class LeaseFence:
         many seconds); False when the pipe stayed full or no watchdog runs."""
         if not lines:
             return True
-        if self._fd < 0 or (self._proc is not None and self._proc.poll() is not None):
-            if not self._start():
-                return False
+        gone = self._fd < 0 or (self._proc is not None and self._proc.poll() is not None)
+        if gone and not self._start():
+            return False
         try:
             self._write(lines)
         except BlockingIOError:

@@ -21,6 +21,7 @@ watchdog exits.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import select
@@ -34,7 +35,7 @@ _KILL_SECONDS = 5.0
 
 
 class _Attempt:
-    __slots__ = ("deadline", "targets", "fired")
+    __slots__ = ("deadline", "fired", "targets")
 
     def __init__(self) -> None:
         self.deadline: float | None = None
@@ -72,10 +73,8 @@ def kill_target(target: str) -> None:
     sent SIGKILL, pass after pass (its process limit bounds what a fork can add)."""
     kind, _, value = target.partition(":")
     if kind == "group":
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(int(value), signal.SIGKILL)
-        except OSError:
-            pass
         return
     kill_file = os.path.join(value, "cgroup.kill")
     deadline = time.monotonic() + _KILL_SECONDS
@@ -91,18 +90,14 @@ def kill_target(target: str) -> None:
                 pass
         else:
             for pid in pids:
-                try:
+                with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
         time.sleep(0.005)
 
 
 def _say(message: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.write(2, f"floom-watchdog: {message}\n".encode())
-    except OSError:
-        pass
 
 
 class Watchdog:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from floom.schemas.common import Page, Public, Timestamp
 from floom.services.access import keys, secrets
-from floom.services.access.principal import Principal
+from floom.services.access.principal import SCOPES, Principal
 from floom.services.context import Context
 from floom.store.models import ApiKey
 
-SCOPE_SCHEMA: JsonDict = {"enum": list(keys.SCOPES)}
+SCOPE_SCHEMA: JsonDict = {"enum": list(SCOPES)}
 # A request's scopes: each known, at least one (the services answer 400 otherwise).
 SCOPE_LIST: JsonDict = {"items": SCOPE_SCHEMA, "minItems": 1}
 

@@ -95,7 +95,7 @@ class CallbackKey(Public):
 def channel_public(row: AlertChannel) -> ChannelPublic:
     return ChannelPublic(
         name=row.name,
-        kind=row.kind,  # type: ignore[arg-type]
+        kind=row.kind,
         config=json.loads(row.config_json),
         created_at=row.created_at,
         updated_at=row.updated_at,
@@ -131,8 +131,8 @@ def delivery_public(row: Delivery) -> DeliveryPublic:
         summary = f"run {run.get('id')} of {run.get('worker')} {run.get('status')}"
     return DeliveryPublic(
         id=row.id,
-        purpose=row.purpose,  # type: ignore[arg-type]
-        status=row.status,  # type: ignore[arg-type]
+        purpose=row.purpose,
+        status=row.status,
         type=str(body.get("type") or row.purpose),
         channel=row.channel_name,
         target=shown_target(row.target),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import Field
-from pydantic.json_schema import JsonDict, JsonValue
+from pydantic.config import JsonDict, JsonValue
 
 from floom.hints.surface import tell
 from floom.schemas.admin import KeyCreated

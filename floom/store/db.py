@@ -206,14 +206,16 @@ def session_scope(engine: Engine, *, write: bool = False) -> Iterator[Session]:
     sqlite = engine.dialect.name == "sqlite"
     bind = _write_bind(engine) if write and sqlite else engine
     try:
-        with _sqlite_write_lock(engine) if write and sqlite else nullcontext():
-            with Session(bind, expire_on_commit=False) as session:
-                try:
-                    yield session
-                    session.commit()
-                except BaseException:
-                    session.rollback()
-                    raise
+        with (
+            _sqlite_write_lock(engine) if write and sqlite else nullcontext(),
+            Session(bind, expire_on_commit=False) as session,
+        ):
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
     except UNAVAILABLE as exc:
         raise store_unavailable(exc) from exc
 
@@ -227,9 +229,8 @@ def write_connection(engine: Engine) -> Iterator[Connection]:
     sqlite = engine.dialect.name == "sqlite"
     bind = _write_bind(engine) if sqlite else engine
     try:
-        with _sqlite_write_lock(engine) if sqlite else nullcontext():
-            with bind.begin() as conn:
-                yield conn
+        with _sqlite_write_lock(engine) if sqlite else nullcontext(), bind.begin() as conn:
+            yield conn
     except UNAVAILABLE as exc:
         raise store_unavailable(exc) from exc
 

@@ -62,7 +62,7 @@ def revisions() -> Revisions:
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
-    from alembic.config import Config  # noqa: PLC0415 - Alembic only when it migrates
+    from alembic.config import Config  # Alembic only when it migrates
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
@@ -83,7 +83,7 @@ def migrate(engine: Engine) -> None:
             current = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars()
             if _refuse_newer_schema(list(current)) == [revisions().head]:
                 return
-            from alembic import command  # noqa: PLC0415 - Alembic only when it migrates
+            from alembic import command  # Alembic only when it migrates
 
             command.upgrade(alembic_config(conn), "head")
             return
@@ -121,7 +121,7 @@ def _refuse_newer_schema(current: list[str]) -> list[str]:
 
 def _revision(message: str) -> None:
     """Write a new revision by comparing the models with a scratch database at head."""
-    from alembic import command  # noqa: PLC0415 - Alembic only when it migrates
+    from alembic import command  # Alembic only when it migrates
 
     with tempfile.TemporaryDirectory() as tmp:
         engine = make_engine(f"sqlite:///{tmp}/scratch.db")

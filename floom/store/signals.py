@@ -109,7 +109,7 @@ class Listener:
     def _loop(self) -> None:
         # Imported here: only a node on PostgreSQL listens, and psycopg costs a node on
         # SQLite about 8 MiB of resident memory.
-        import psycopg  # noqa: PLC0415
+        import psycopg
 
         while not self._stop.is_set():
             try:

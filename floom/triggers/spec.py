@@ -92,7 +92,8 @@ def spec_to_config(spec: TriggerSpec) -> dict[str, Any]:
     if isinstance(spec, HandoffSpec):
         return dict(spec.settings)
     body = {k: v for k, v in spec.__dict__.items() if k != "kind"}
-    return json.loads(json.dumps(body, default=str))
+    settings: dict[str, Any] = json.loads(json.dumps(body, default=str))
+    return settings
 
 
 def spec_from_config(kind: str, config: Mapping[str, Any]) -> TriggerSpec:

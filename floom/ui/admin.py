@@ -14,6 +14,7 @@ from floom.errors import FloomError, Forbidden, Unauthorized
 from floom.schemas import admin as admin_views
 from floom.services.access import keys, secrets
 from floom.services.access import sessions as web_sessions
+from floom.services.access.principal import SCOPES
 from floom.services.access.sessions import SignedIn
 from floom.services.context import Context
 from floom.ui.support import (
@@ -155,7 +156,7 @@ def _keys_page(
     request: Request, ctx: Context, me: SignedIn, extra: dict[str, Any], status: int = 200
 ) -> Response:
     items = admin_views.key_page(ctx, caller=me.caller).items
-    values = {"items": items, "scopes": keys.SCOPES, **extra}
+    values = {"items": items, "scopes": SCOPES, **extra}
     return render(request, "keys.html", values, status)
 
 

@@ -1,7 +1,5 @@
 """The UI's view of features that other parts of floom provide: triggers (next fires, webhook
-URL and deliveries) and approvals, shaped for the templates from their public models. A
-function that returns None means the feature is not in this floom; the page then shows a
-marked place."""
+URL and deliveries) and approvals, shaped for the templates from their public models."""
 
 from __future__ import annotations
 
@@ -46,7 +44,7 @@ def _describe(kind: str, config: dict[str, Any]) -> str:
 
 def worker_triggers(
     ctx: Context, *, worker_name: str, base_url: str = "", caller: Principal
-) -> list[dict[str, Any]] | None:
+) -> list[dict[str, Any]]:
     """Each current trigger: kind, description, next fire and its timezone, webhook URL."""
     worker, rows = triggers.list_triggers(ctx, worker_name=worker_name, caller=caller)
     urls = triggers.HookUrls(ctx.settings.public_url or base_url)
@@ -95,7 +93,7 @@ def trigger_summaries(summaries: list[worker_views.TriggerSummary]) -> list[dict
 
 def webhook_deliveries(
     ctx: Context, *, worker_name: str, caller: Principal
-) -> list[trigger_views.DeliveryPublic] | None:
+) -> list[trigger_views.DeliveryPublic]:
     """The newest deliveries to the worker's webhook (and Composio events), newest first."""
     rows, _ = webhooks.list_deliveries(
         ctx, worker_name=worker_name, limit=RECENT_DELIVERIES, caller=caller
@@ -112,7 +110,7 @@ def approval_view(approval: run_views.ApprovalPublic) -> dict[str, Any]:
 
 def pending_approvals(
     ctx: Context, *, limit: int = NAV_COUNT_LIMIT, caller: Principal
-) -> list[dict[str, Any]] | None:
+) -> list[dict[str, Any]]:
     """Everything waiting for a person, oldest first."""
     rows, _ = approvals.list_approvals(ctx, status=approvals.PENDING, limit=limit, caller=caller)
     return [approval_view(run_views.approval_public(a)) for a in rows]

@@ -52,7 +52,7 @@ def _widget(spec: FieldSpec) -> Widget:
     if spec.type in ("object", "array"):
         return "json"
     if spec.type in ("integer", "number"):
-        return spec.type  # type: ignore[return-value]
+        return spec.type
     return "text"
 
 

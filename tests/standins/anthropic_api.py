@@ -136,7 +136,7 @@ def stream_events(message: dict[str, Any], hold: threading.Event | None) -> Iter
         if hold is not None and index == len(blocks) - 1:
             yield hold
         if block["type"] == "text":
-            opening = {"type": "text", "text": ""}
+            opening: dict[str, Any] = {"type": "text", "text": ""}
             deltas = [
                 {"type": "text_delta", "text": part}
                 for part in block["text"].splitlines(keepends=True)
@@ -178,7 +178,7 @@ def messages_standin(key: str) -> Iterator[MessagesStandin]:
     standin = MessagesStandin(key)
 
     class Handler(JSONHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
             auth = self.headers.get("x-api-key") or self.headers.get("Authorization") or ""

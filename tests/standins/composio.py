@@ -47,7 +47,7 @@ def composio_standin(api_key: str) -> Iterator[dict[str, Any]]:
                 return False
             return True
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:  # http.server's naming
             if not self._authorised():
                 return
             slug = self.path.split("?")[0].rsplit("/", 1)[-1]
@@ -56,7 +56,7 @@ def composio_standin(api_key: str) -> Iterator[dict[str, Any]]:
             else:
                 self._send(404, {"error": {"message": f"no tool {slug}"}})
 
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             if not self._authorised():
                 return
             slug = self.path.rsplit("/", 1)[-1]

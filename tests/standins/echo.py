@@ -44,7 +44,7 @@ def echo_service() -> Iterator[dict[str, Any]]:
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = do_PUT = do_DELETE = _handle  # noqa: N815 - http.server's naming
+        do_GET = do_POST = do_PUT = do_DELETE = _handle  # http.server's naming
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -31,7 +31,7 @@ def github_standin(
     state: dict[str, Any] = {"requests": []}
 
     class Handler(JSONHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:  # http.server's naming
             state["requests"].append((self.path, self.headers.get("Authorization")))
             if echo:
                 print(json.dumps([self.path, self.headers.get("Authorization")]), flush=True)

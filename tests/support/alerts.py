@@ -51,7 +51,7 @@ def receiver(*, port: int = 0, **options: Any) -> Iterator[Receiver]:
     state = Receiver(**options)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server protocol
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             answer = state.next_answer()
             if answer == "hang":
@@ -143,7 +143,7 @@ def smtp_server(tmp: Path, *, name: str, user: str, password: str) -> Iterator[M
     server = MailServer(port=port, cert=cert)
 
     class Handler:
-        async def handle_DATA(self, _server: Any, _session: Any, envelope: Envelope) -> str:  # noqa: N802
+        async def handle_DATA(self, _server: Any, _session: Any, envelope: Envelope) -> str:
             from email import message_from_bytes
 
             server.messages.append(message_from_bytes(envelope.content))  # type: ignore[arg-type]

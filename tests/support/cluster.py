@@ -48,13 +48,15 @@ class NodeProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> NodeProcess:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "floom.cli", "serve", "--port", str(self.port)],
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.log_path, "wb"),
-            start_new_session=True,
-        )
+        # The node keeps its own copy of the log's descriptor; this one closes at once.
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "floom.cli", "serve", "--port", str(self.port)],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
         return self
 
     def wait_healthy(self) -> None:

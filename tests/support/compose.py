@@ -176,9 +176,8 @@ class Node:
             )
 
     def healthy(self) -> bool:
-        assert self.proc is not None and self.proc.poll() is None, (
-            f"{self.name} exited:\n{self.log()[-3000:]}"
-        )
+        assert self.proc is not None, f"{self.name} was not started"
+        assert self.proc.poll() is None, f"{self.name} exited:\n{self.log()[-3000:]}"
         try:
             with plain_client(self.url, timeout=2) as probe:
                 return probe.get("/healthz").status_code == 200
@@ -227,7 +226,7 @@ class Cluster:
 
     def sql(self, query: str, *params: Any) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.direct_url) as conn:
-            return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+            return conn.execute(query, params).fetchall()
 
 
 @contextlib.contextmanager

@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from floom.services.access import keys
-from floom.services.access.principal import SYSTEM
+from floom.services.access.principal import SYSTEM, Principal
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import jobs as handoffs
-from floom.store.models import ApiKey
 
 
 def roles(ctx: Context, *names: str) -> None:
@@ -17,17 +16,17 @@ def roles(ctx: Context, *names: str) -> None:
         handoff_agents.create_role(ctx, caller=SYSTEM, name=name)
 
 
-def agent(ctx: Context, label: str, *role_names: str, scopes: list[str] | None = None) -> ApiKey:
-    """A new agent holding `role_names`; returns its API key as the server would see it."""
+def agent(ctx: Context, label: str, *role_names: str, scopes: list[str] | None = None) -> Principal:
+    """A new agent holding `role_names`; returns its API key as a surface passes it on."""
     body = handoff_agents.create_agent(
         ctx, caller=SYSTEM, label=label, roles=list(role_names), scopes=scopes
     )
-    return keys.authenticate(ctx, body["key"])
+    return Principal.of_key(keys.authenticate(ctx, body["key"]))
 
 
-def admin(ctx: Context) -> ApiKey:
+def admin(ctx: Context) -> Principal:
     _, token = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="test admin")
-    return keys.authenticate(ctx, token)
+    return Principal.of_key(keys.authenticate(ctx, token))
 
 
 def events(ctx: Context, job_id: str) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,9 @@ from floom.services.context import Context
 from floom.services.runs.rules import FINISHED
 from floom.services.workers import versions as workers
 from floom.services.workers.versions import DeployResult
-from tests.support.ports import free_port
+
+# The harness is where tests take their helpers from, free_port included.
+from tests.support.ports import free_port as free_port
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "workers"
@@ -59,11 +61,16 @@ class LiveServer:
     ctx: Context
     base_url: str
     admin_key: str
+    # The clients handed out, closed with the server (a test need not close its own).
+    clients: list[httpx.Client] = field(default_factory=list, repr=False)
 
-    def client(self, key: str | None = None) -> httpx.Client:
+    def client(self, key: str | None = None, **options: Any) -> httpx.Client:
+        """A client with `key` (the admin key by default; "" for none) and httpx `options`."""
         token = self.admin_key if key is None else key
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return plain_client(self.base_url, headers=headers, timeout=30)
+        client = plain_client(self.base_url, headers=headers, **{"timeout": 30, **options})
+        self.clients.append(client)
+        return client
 
     def cli_env(self, key: str | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
@@ -98,9 +105,12 @@ def live_server(data_dir: Path, database_url: str, **overrides: Any) -> Iterator
     ctx = Context.open(fast_settings(data_dir, database_url, **overrides))
     _, admin = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="test admin")
     srv, thread, url = start_server(ctx)
+    server = LiveServer(ctx=ctx, base_url=url, admin_key=admin)
     try:
-        yield LiveServer(ctx=ctx, base_url=url, admin_key=admin)
+        yield server
     finally:
+        for client in server.clients:
+            client.close()
         srv.should_exit = True
         thread.join(timeout=30)
         ctx.engine.dispose()

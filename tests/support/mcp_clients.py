@@ -80,8 +80,9 @@ async def call(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:
     """The structured content of a successful tool call; fails the test on a tool error."""
     result = await call_raw(client, tool, **arguments)
     assert not result.is_error, f"{tool} failed: {text_of(result)}"
-    assert result.structured_content is not None
-    return result.structured_content
+    content: dict[str, Any] | None = result.structured_content
+    assert content is not None
+    return content
 
 
 async def call_error(client: Client, tool: str, **arguments: Any) -> dict[str, Any]:

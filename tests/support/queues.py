@@ -3,6 +3,8 @@ the queue and of leases."""
 
 from __future__ import annotations
 
+import weakref
+
 from floom.services.context import Context
 from floom.store.db import make_engine, session_scope
 from floom.store.models import Run, new_id
@@ -23,9 +25,12 @@ def enqueue(ctx: Context, count: int, **fields: object) -> list[str]:
 
 def other_node(ctx: Context, name: str) -> Context:
     """Another node on `ctx`'s database: an engine of its own and the node id `name`."""
-    return Context(
+    node = Context(
         settings=ctx.settings,
         engine=make_engine(ctx.settings.resolved_database_url),
         secret_box=ctx.secret_box,
         node_id=name,
     )
+    # Its connections close with it, so a test need not dispose of its engine.
+    weakref.finalize(node, node.engine.dispose)
+    return node

@@ -84,7 +84,9 @@ class WarmedLocal(Sandbox):
         return result
 
     def hits(self) -> int:
-        return int(self.pools.stats()["hits"])  # type: ignore[call-overload]
+        hits = self.pools.stats()["hits"]
+        assert isinstance(hits, int)
+        return hits
 
     def close(self) -> None:
         self.local.close()

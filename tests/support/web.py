@@ -182,8 +182,9 @@ def csrf_of(html: str) -> str:
 
 def signed_in_client(server: LiveServer, key: str) -> httpx.Client:
     """An HTTP client holding a UI session cookie, signed in through the login form."""
-    client = httpx.Client(base_url=server.base_url, timeout=10)
+    client = server.client(key="")  # no API key: the session cookie signs it in
     form = client.get("/login")
     done = client.post("/login", data={"csrf": csrf_of(form.text), "api_key": key, "next": "/"})
-    assert done.status_code == 303 and done.headers["location"] == "/", done.text
+    assert done.status_code == 303, done.text
+    assert done.headers["location"] == "/", done.text
     return client

@@ -25,7 +25,8 @@ def test_every_problem_of_a_rule_is_named_at_its_path() -> None:
     found = {p.path: p for p in out}
     assert found["alerts[0].events[0]"].hint == "did you mean 'run.failed'?"
     assert "not about a worker" in found["alerts[0].events[1]"].message
-    assert "alerts[0].channels[0]" in found and "alerts[0].extra" in found
+    assert "alerts[0].channels[0]" in found
+    assert "alerts[0].extra" in found
 
 
 def test_a_rule_without_events_or_channels_or_as_a_mapping_is_refused() -> None:
@@ -44,6 +45,8 @@ def test_a_rule_without_events_or_channels_or_as_a_mapping_is_refused() -> None:
 
 
 def test_patterns_match_an_event_its_family_or_everything() -> None:
-    assert matches("run.failed", "run.failed") and not matches("run.failed", "run.timed_out")
-    assert matches("run.*", "run.timed_out") and not matches("run.*", "schedule.missed")
+    assert matches("run.failed", "run.failed")
+    assert not matches("run.failed", "run.timed_out")
+    assert matches("run.*", "run.timed_out")
+    assert not matches("run.*", "schedule.missed")
     assert all(matches("*", kind) for kind in EVENTS)

@@ -31,7 +31,8 @@ def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
     assert (tmp_path / "reference" / "error-codes" / "index.html").is_file()
     # The home page takes the README's quick start as it is (a snippet, not a copy).
     home = (tmp_path / "index.html").read_text()
-    assert "./dev serve" in home and "./dev test" in home
+    assert "./dev serve" in home
+    assert "./dev test" in home
 
 
 def test_the_generated_reference_pages_match_the_code() -> None:
@@ -61,7 +62,8 @@ def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode != 0
-    assert "gone.md" in done.stderr and "nowhere" in done.stderr
+    assert "gone.md" in done.stderr
+    assert "nowhere" in done.stderr
 
 
 def test_every_setting_is_explained_in_the_configuration_page() -> None:
@@ -97,7 +99,8 @@ def _readme_to_docs() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
         "readme_to_docs", REPO / "dev-tools" / "readme_to_docs.py"
     )
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from floom.errors import Forbidden, InvalidRequest
+from floom.errors import Forbidden, IllegalTransition, InvalidRequest
 from floom.services.handoffs import rules
-from floom.services.handoffs.rules import IllegalTransition, check_transition, evaluate
+from floom.services.handoffs.rules import check_transition, evaluate
 
 RESULT = {
     "summary": "looked at it",
@@ -89,7 +91,9 @@ def test_allowed_targets_depend_on_the_part_the_caller_plays() -> None:
         ({"not": {"path": "data.verdict", "equals": "approve"}}, False),
     ],
 )
-def test_conditions_evaluate_against_the_result(condition: dict | None, expected: bool) -> None:
+def test_conditions_evaluate_against_the_result(
+    condition: dict[str, Any] | None, expected: bool
+) -> None:
     if condition is not None:
         rules.check_condition(condition)
     assert evaluate(condition, RESULT) is expected
@@ -116,7 +120,7 @@ def test_malformed_conditions_are_refused_when_the_job_is_published(condition: o
 
 
 def test_deeply_nested_conditions_are_refused() -> None:
-    cond: dict = {"path": "a", "exists": True}
+    cond: dict[str, Any] = {"path": "a", "exists": True}
     for _ in range(rules.MAX_CONDITION_DEPTH + 2):
         cond = {"not": cond}
     with pytest.raises(InvalidRequest):

@@ -177,7 +177,7 @@ def _cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
 
 
 def _local_floom_imports() -> set[tuple[str, str]]:
-    found = set()
+    found: set[tuple[str, str]] = set()
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text())
         for function in ast.walk(tree):
@@ -338,7 +338,9 @@ def test_surfaces_read_the_stores_tables_only() -> None:
         f"{module} -> {target}"
         for module, target in _module_edges()
         if _group(module) in SURFACES
-        and (_group(target) == "store" and target not in STORE_TABLES or _group(target) == "engine")
+        and (
+            (_group(target) == "store" and target not in STORE_TABLES) or _group(target) == "engine"
+        )
         and not _excepted(module, target)
     ]
     assert reaching == [], "a surface calls the services; the store's engine is theirs"

@@ -100,13 +100,15 @@ def test_a_minimal_manifest_gets_the_documented_defaults() -> None:
     assert manifest.retries.backoff_seconds == 5
     assert manifest.retries.backoff == "exponential"
     assert manifest.concurrency is None
-    assert manifest.inputs == {} and manifest.secrets == [] and manifest.expose == []
+    assert manifest.inputs == {}
+    assert manifest.secrets == []
+    assert manifest.expose == []
 
 
 def test_the_manifest_is_immutable() -> None:
     manifest = manifest_with("")
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="frozen"):
         manifest.name = "other"  # type: ignore[misc]
 
 
@@ -129,7 +131,8 @@ def test_a_folder_without_an_entry_file_is_a_problem_listing_the_options() -> No
 def test_two_entry_candidates_are_a_problem_asking_for_entry() -> None:
     problem = problems_of("name: w\n", ["run.py", "SKILL.md"])["entry"]
 
-    assert "run.py" in problem.message and "SKILL.md" in problem.message
+    assert "run.py" in problem.message
+    assert "SKILL.md" in problem.message
     assert problem.hint == "set entry: in worker.yml"
 
 
@@ -197,7 +200,8 @@ triggers:
         "concurrency",
         "triggers[0].schedule",
     }
-    assert problems["name"].hint is not None and '"bad-name"' in problems["name"].hint
+    assert problems["name"].hint is not None
+    assert '"bad-name"' in problems["name"].hint
     assert problems["limits.memory_mb"].message == "must be at most 65536, got 100000"
 
 
@@ -243,7 +247,8 @@ approvals: {requires: true}
 def test_an_unknown_key_with_no_close_match_lists_the_allowed_keys() -> None:
     hint = problems_of("name: w\nzzz: 1\n")["zzz"].hint
 
-    assert hint is not None and hint.startswith("allowed keys: name, title")
+    assert hint is not None
+    assert hint.startswith("allowed keys: name, title")
 
 
 def test_unknown_type_names_get_a_did_you_mean_hint() -> None:
@@ -260,7 +265,8 @@ def test_a_field_cannot_be_both_required_and_defaulted() -> None:
         "inputs.n"
     ]
 
-    assert "required" in problem.message and "default" in problem.message
+    assert "required" in problem.message
+    assert "default" in problem.message
 
 
 def test_a_default_must_be_one_of_the_enum_values() -> None:
@@ -347,7 +353,8 @@ def test_limits_accept_the_agent_budgets_as_positive_numbers() -> None:
     limits = manifest_with("limits: {max_tool_iterations: 20, monthly_cost_usd: 3}\n").limits
     problems = problems_of("name: w\nlimits: {max_total_tokens: 0, monthly_cost_usd: -1}\n")
 
-    assert limits.max_tool_iterations == 20 and limits.monthly_cost_usd == 3
+    assert limits.max_tool_iterations == 20
+    assert limits.monthly_cost_usd == 3
     assert set(problems) == {"limits.max_total_tokens", "limits.monthly_cost_usd"}
 
 
@@ -390,7 +397,8 @@ tools:
 
 def test_an_empty_expose_is_refused_rather_than_read_as_no_surface_or_every_one() -> None:
     problem = problems_of("name: w\nexpose: []\n")["expose"]
-    assert problem.message == "lists no surface" and "leave `expose` out" in (problem.hint or "")
+    assert problem.message == "lists no surface"
+    assert "leave `expose` out" in (problem.hint or "")
 
 
 def test_calls_and_expose_are_checked_for_shape() -> None:

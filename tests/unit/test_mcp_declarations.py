@@ -33,7 +33,8 @@ def test_tool_descriptions_are_clean_text_without_source_indentation() -> None:
     listed = anyio.run(server.list_tools)
     assert {t.name for t in listed} == mcp_tools.TOOL_NAMES
     for tool in listed:
-        assert tool.description and tool.description == tool.description.strip()
+        assert tool.description
+        assert tool.description == tool.description.strip()
         assert not re.search(r"\n\s", tool.description), tool.name
 
 
@@ -50,7 +51,8 @@ def test_a_folder_argument_is_offered_only_by_a_server_on_the_callers_machine() 
     assert {n for n, args in local.items() if "folder" in args} == set(mcp_tools.LOCAL_ARGUMENTS)
     assert set(mcp_tools.LOCAL_ARGUMENTS) == {"deploy_worker", "validate_worker"}
     for name in mcp_tools.LOCAL_ARGUMENTS:
-        assert "files" in inside[name] and inside[name] == local[name] - {"folder"}
+        assert "files" in inside[name]
+        assert inside[name] == local[name] - {"folder"}
 
 
 def test_every_cli_command_a_hint_names_is_retold_as_a_tool_that_exists_or_said_to_be_one() -> None:

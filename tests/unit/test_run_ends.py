@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from typing import cast
 
@@ -117,6 +118,10 @@ def test_a_read_that_fails_at_the_end_still_wakes_the_waiter_to_read_for_itself(
     assert asyncio.run(scenario()) == (True, None)
 
 
+def _count(reads: list[int], n: int, record: RunRecord | None) -> None:
+    reads.append(n)
+
+
 def test_only_the_first_waiters_of_a_run_get_their_read_done_at_its_end() -> None:
     # A crowd of waiters on one run must not hold the ending executor slot for their reads.
     async def scenario() -> tuple[int, int]:
@@ -125,7 +130,7 @@ def test_only_the_first_waiters_of_a_run_get_their_read_done_at_its_end() -> Non
         with contextlib.ExitStack() as stack:
             listeners = [
                 stack.enter_context(
-                    ends.listening("run_a", reader=lambda record, n=n: reads.append(n))
+                    ends.listening("run_a", reader=functools.partial(_count, reads, n))
                 )
                 for n in range(DELIVERED_READS + 3)
             ]

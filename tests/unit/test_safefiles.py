@@ -48,7 +48,7 @@ def test_a_write_never_goes_through_a_link_or_into_a_fifo(tmp_path: Path) -> Non
     (run / "decision.json").symlink_to(victim)
     os.mkfifo(run / "pipe")
 
-    with pytest.raises(Refused, match="decision.json is a symlink"):
+    with pytest.raises(Refused, match=r"decision\.json is a symlink"):
         write_regular(run, "decision.json", b"{}")
     with pytest.raises(Refused, match="pipe is a FIFO"):
         write_regular(run, "pipe", b"{}")
@@ -92,7 +92,8 @@ def test_a_walk_past_its_deadline_stops_and_a_cancel_ends_it(tmp_path: Path) -> 
         bounds=Bounds(deadline=time.monotonic() + 30, should_cancel=lambda: True),
         redactor=Redactor([]),
     )
-    assert cancelled.cancelled and cancelled.artifacts == []
+    assert cancelled.cancelled
+    assert cancelled.artifacts == []
 
 
 def test_collected_artifacts_have_secrets_redacted_in_names_text_and_binary_bytes(

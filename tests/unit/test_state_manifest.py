@@ -21,7 +21,9 @@ def test_state_in_worker_yml_is_checked_exported_and_held_to_the_servers_ceiling
     assert parse_manifest("name: a\nstate: true\n", files).state.enabled is True
     assert parse_manifest("name: a\n", files).state.enabled is False
     spec = parse_manifest("name: a\nstate: {on_conflict: retry}\n", files).state
-    assert spec.enabled and spec.on_conflict == "retry" and spec.max_bytes is None
+    assert spec.enabled
+    assert spec.on_conflict == "retry"
+    assert spec.max_bytes is None
     with pytest.raises(ManifestInvalid) as bad:
         parse_manifest("name: a\nstate: {on_conflict: never, max_bytes: 1}\n", files)
     paths = sorted(d["path"] for d in bad.value.details)
@@ -37,5 +39,6 @@ def test_state_in_worker_yml_is_checked_exported_and_held_to_the_servers_ceiling
     settings = fast_settings(tmp_path, "sqlite://", max_state_bytes=1000)
     over = parse_manifest("name: a\nstate: {max_bytes: 5000}\n", files)
     (problem,) = over_ceilings(over, settings)
-    assert problem.path == "state.max_bytes" and "FLOOM_MAX_STATE_BYTES" in problem.message
+    assert problem.path == "state.max_bytes"
+    assert "FLOOM_MAX_STATE_BYTES" in problem.message
     assert over_ceilings(parse_manifest("name: a\nstate: true\n", files), settings) == []

@@ -162,7 +162,8 @@ def test_a_trigger_keeps_its_key_when_only_its_policies_change() -> None:
     c = ScheduleSpec(cron="0 10 * * *", timezone="UTC")
     assert trigger_key(a) == trigger_key(b) != trigger_key(c)
     assert trigger_key(WebhookSpec(secret="A")) == trigger_key(WebhookSpec(secret="B"))
-    assert parse_duration("24h") == 86400 and parse_duration("30m") == 1800
+    assert parse_duration("24h") == 86400
+    assert parse_duration("30m") == 1800
     assert parse_duration(90) == 90
 
 
@@ -218,7 +219,8 @@ def test_a_webhook_needs_an_event_input_or_mapped_inputs() -> None:
         "triggers:\n  - webhook: {secret: HOOK, inputs: {repo: repository.full_name}}\n",
         ["run.py"],
     )
-    assert problems == [] and manifest is not None
+    assert problems == []
+    assert manifest is not None
 
 
 def test_a_stored_schedule_this_floom_cannot_compute_never_fires_and_holds_up_nothing() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from floom.api.auth import AdminCaller, CtxDep, ReadCaller
 from floom.api.openapi import authed

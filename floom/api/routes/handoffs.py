@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, authed

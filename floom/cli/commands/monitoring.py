@@ -165,7 +165,7 @@ def channel_rm(name: Annotated[str, typer.Argument(help="the channel")]) -> None
 
 
 @alerts_app.command("test")
-def test_send(
+def send_test_alert(
     name: Annotated[str, typer.Argument(help="the channel")], as_json: JsonOpt = False
 ) -> None:
     """Send a test alert to a channel now; exit 1 with the reason if it was not delivered."""

@@ -32,7 +32,9 @@ from floom.cli.output import (
     value_text,
     when,
 )
-from floom.client.rest import TERMINAL_STATUSES, WAIT_CALL_SECONDS, FloomClient
+from floom.client.rest import FloomClient
+from floom.client.wire import WAIT_CALL_SECONDS
+from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
 
 
 def register(app: typer.Typer) -> None:

@@ -40,11 +40,11 @@ class Backend(abc.ABC):
     def close(self) -> None:  # noqa: B027 - most backends hold nothing to release
         """Release connections; the backend is not used afterwards."""
 
+    @abc.abstractmethod
     def caller(self) -> Principal | None:
         """Who calls (its key's id, name, scopes and agent), so that tools/list shows only the
         tools its scope allows; None when that cannot be known, and then every tool is listed
         (the server still refuses what the scope does not allow)."""
-        return None
 
     # -- workers and versions ------------------------------------------------------------------
 
@@ -172,25 +172,24 @@ class Backend(abc.ABC):
         """A new run with the same inputs, on the same version unless `latest`."""
 
     # -- replays from recordings and evals -----------------------------------------------------
-    # Not abstract: a backend without them answers NotAvailable, like an older server.
 
+    @abc.abstractmethod
     def start_replay(
         self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
     ) -> JSON:
         """A replay of an agent run from its recording (run scope): the new run."""
-        raise NotAvailable("replays are not available here")
 
+    @abc.abstractmethod
     def get_replay(self, run_id: str) -> JSON:
         """A replay's report: status, diff against the original, divergence (exact)."""
-        raise NotAvailable("replays are not available here")
 
+    @abc.abstractmethod
     def start_eval(self, worker: str, body: JSON) -> JSON:
         """Start an eval ({"runs", "version_id", "model"}; run scope): its report so far."""
-        raise NotAvailable("evals are not available here")
 
+    @abc.abstractmethod
     def get_eval(self, eval_id: str) -> JSON:
         """An eval's report: per run and totals."""
-        raise NotAvailable("evals are not available here")
 
     # -- alerts --------------------------------------------------------------------------------
     # Not abstract: a backend without them answers NotAvailable, like an older server.

@@ -12,7 +12,6 @@ from floom.errors import FloomError, InvalidRequest
 from floom.mcp.backends.base import NotAvailable
 from floom.mcp.catalog import ExposedWorker
 from floom.mcp.render import (
-    ACTIVE_STATUSES,
     Reply,
     approvals_text,
     log_lines_text,
@@ -48,6 +47,7 @@ from floom.mcp.tools.artifacts import ARTIFACT_TOOLS, with_links
 from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
 from floom.mcp.tools.state import STATE_TOOLS
+from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import SUCCEEDED, WAITING
 
 LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")

@@ -182,7 +182,7 @@ class NamespaceMounter:
 
 
 def _mount_one(libc: ctypes.CDLL, mount: Mount) -> bool:
-    made = (
+    made: bool = (
         libc.mount(
             os.fsencode(mount.source),
             os.fsencode(mount.target),

@@ -98,7 +98,8 @@ class Launcher:
         shell lines `prelude` (floom's own), which the launcher runs while floom prepares
         the rest for `start`. Raises SandboxUnavailable when the launcher is gone."""
         stdin = self.proc.stdin
-        assert stdin is not None and not self.begun
+        assert stdin is not None
+        assert not self.begun
         try:
             stdin.write(launcher_head(prelude))
             stdin.flush()

@@ -3,6 +3,7 @@ and limits, and the end of its whole process tree."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -45,7 +46,8 @@ class Supervisor:
     """
 
     def __init__(self, proc: subprocess.Popen[bytes], info_fd: int, on_line: LineSink) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         self.proc = proc
         self.info_fd = info_fd
         self.info = bytearray()
@@ -255,10 +257,8 @@ class Supervisor:
                 pass
         # No pid 1 reported, or bwrap did not exit: its --die-with-parent takes the
         # namespace down with it.
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         proc.wait()
         return True
 
@@ -319,7 +319,7 @@ class LineSplitter:
     the host a read and a count per chunk, not work per line. The first line of a stream is
     always handed over (the supervisor reads start-up errors from it)."""
 
-    __slots__ = ("stream", "sink", "drops", "pending", "dropping", "first_line")
+    __slots__ = ("dropping", "drops", "first_line", "pending", "sink", "stream")
 
     def __init__(self, stream: str, sink: LineSink) -> None:
         self.stream = stream

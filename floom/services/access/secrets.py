@@ -41,7 +41,7 @@ class SecretBox:
         # Built at the first use: cryptography (its own OpenSSL) costs a node about 6 MiB
         # resident, which a node that never reads or writes a secret need not pay.
         if self._cipher is None:
-            from cryptography.fernet import Fernet  # noqa: PLC0415
+            from cryptography.fernet import Fernet
 
             key = base64.urlsafe_b64encode(hashlib.sha256(self._material).digest())
             self._cipher = Fernet(key)
@@ -66,7 +66,7 @@ class SecretBox:
         return self._fernet.encrypt(value.encode())
 
     def decrypt(self, token: bytes) -> str:
-        from cryptography.fernet import InvalidToken  # noqa: PLC0415 - loaded by _fernet
+        from cryptography.fernet import InvalidToken  # loaded by _fernet
 
         try:
             return self._fernet.decrypt(token).decode()

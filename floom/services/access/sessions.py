@@ -64,7 +64,7 @@ def sign_in(ctx: Context, *, api_key: str) -> tuple[SignedIn, str]:
     )
     with session_scope(ctx.engine, write=True) as s:
         # Expired rows are dead weight; sign-ins are rare enough to sweep them here.
-        s.exec(delete(WebSession).where(col(WebSession.expires_at) < now))  # type: ignore[call-overload]
+        s.exec(delete(WebSession).where(col(WebSession.expires_at) < now))
         s.add(row)
     return SignedIn(session=row, key=key), token
 

@@ -106,7 +106,7 @@ def check_url(ctx: Context, url: Any, path: str) -> str:
             else "floom sends only to public addresses (or networks in FLOOM_EGRESS_ALLOW)"
         )
         raise invalid(path, exc.message, hint) from exc
-    return url
+    return str(url)
 
 
 def _shown(url: str) -> str:
@@ -206,7 +206,7 @@ def _check_email(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _address(value: Any, path: str) -> str:
-    name, address = parseaddr(value) if isinstance(value, str) else ("", "")
+    _name, address = parseaddr(value) if isinstance(value, str) else ("", "")
     if not re.fullmatch(r"[^@\s<>,]+@[A-Za-z0-9.-]+", address) or "\n" in str(value):
         raise invalid(path, f"{value!r} is not an email address", "e.g. alerts@example.com")
     return address

@@ -113,7 +113,7 @@ def _record_result(ctx: Context, delivery: Delivery, *, error: str | None, perma
         delay = min(ctx.settings.alert_retry_seconds * 2 ** (attempts - 1), MAX_BACKOFF_SECONDS)
         values.update(last_error=error[:500], next_attempt_at=now + timedelta(seconds=delay))
     with session_scope(ctx.engine, write=True) as s:
-        written = s.exec(  # type: ignore[call-overload]
+        written = s.exec(
             update(Delivery)
             .where(
                 col(Delivery.id) == delivery.id,

@@ -20,9 +20,8 @@ from floom.errors import Conflict, Forbidden, InvalidRequest
 from floom.services import wakeups
 from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
-from floom.services.handoffs.agents import Actor, system_actor
+from floom.services.handoffs.agents import Actor, as_actor, system_actor
 from floom.services.handoffs.jobs import (
-    as_actor,
     jobs_to_dicts,
     load_visible,
     record,

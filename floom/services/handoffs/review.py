@@ -12,10 +12,9 @@ from floom import jsonvalues
 from floom.errors import Conflict, Forbidden, InvalidRequest
 from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
-from floom.services.handoffs.agents import Actor, find_role
+from floom.services.handoffs.agents import Actor, as_actor, find_role
 from floom.services.handoffs.flow import parties
 from floom.services.handoffs.jobs import (
-    as_actor,
     job_artifacts,
     jobs_to_dicts,
     load_visible,

@@ -300,7 +300,7 @@ def evaluate(cond: dict[str, Any] | None, result: dict[str, Any]) -> bool:
     op = next(k for k in cond if k != "path")
     expected = cond[op]
     if op == "exists":
-        return (value is not _MISSING) == expected
+        return bool((value is not _MISSING) == expected)
     if value is _MISSING:
         return op == "not_equals"
     if op == "equals":
@@ -313,12 +313,14 @@ def evaluate(cond: dict[str, Any] | None, result: dict[str, Any]) -> bool:
         return isinstance(value, list | str | dict) and expected in value
     if not _is_number(value):
         return False
-    return {
-        "gt": value > expected,
-        "gte": value >= expected,
-        "lt": value < expected,
-        "lte": value <= expected,
-    }[op]
+    return bool(
+        {
+            "gt": value > expected,
+            "gte": value >= expected,
+            "lt": value < expected,
+            "lte": value <= expected,
+        }[op]
+    )
 
 
 def _is_number(value: Any) -> bool:

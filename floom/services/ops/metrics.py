@@ -101,7 +101,9 @@ class DurationTally:
         with self._lock:
             for worker in sorted(self._buckets):
                 counts = self._buckets[worker]
-                buckets = [(floatToGoString(b), counts[i]) for i, b in enumerate(DURATION_BUCKETS)]
+                # prometheus_client leaves floatToGoString unannotated.
+                les = [floatToGoString(b) for b in DURATION_BUCKETS]  # type: ignore[no-untyped-call]
+                buckets = [(le, counts[i]) for i, le in enumerate(les)]
                 buckets.append(("+Inf", counts[-1]))
                 metric.add_metric([worker], buckets, sum_value=self._sums[worker])
         return metric

@@ -57,7 +57,7 @@ def register(ctx: Context, *, slots: int | None) -> None:
     now = utcnow()
     with session_scope(ctx.engine, write=True) as s:
         gone = delete(Node).where(col(Node.heartbeat_at) < now - FORGET_AFTER)
-        s.exec(gone)  # type: ignore[call-overload]
+        s.exec(gone)
         row = s.get(Node, ctx.node_id)
         if row is None:
             row = Node(id=ctx.node_id, lease_seconds=0, roles="", version="")

@@ -169,7 +169,7 @@ def eval_report(ctx: Context, *, eval_id: str, caller: Principal) -> dict[str, A
     done = [i for i in items if i["finished"]]
 
     def total(key: str, side: str) -> float:
-        return round(sum((i[key] or {}).get(side, 0) for i in done), 6)
+        return round(float(sum((i[key] or {}).get(side, 0) for i in done)), 6)
 
     totals = {
         "runs": len(items),

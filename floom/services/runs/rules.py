@@ -12,25 +12,26 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from floom.errors import IllegalTransition, InvalidRequest
-from floom.services.runs.statuses import (  # noqa: F401 - also read from here
-    ACTIVE,
-    ATTEMPT_ENDS,
-    AWAITING_APPROVAL,
-    CANCELLED,
-    FAILED,
-    FINISHED,
-    INITIAL,
-    LIMIT_EXCEEDED,
-    QUEUED,
-    REJECTED,
-    RETRYABLE,
-    RUNNING,
-    SKIPPED,
-    STATUSES,
-    SUCCEEDED,
-    TIMED_OUT,
-    WAITING,
-)
+
+# Re-exported on purpose ("X as X"): callers read the statuses and their sets from the state
+# machine, the one place a run's status is decided.
+from floom.services.runs.statuses import ACTIVE as ACTIVE
+from floom.services.runs.statuses import ATTEMPT_ENDS as ATTEMPT_ENDS
+from floom.services.runs.statuses import AWAITING_APPROVAL as AWAITING_APPROVAL
+from floom.services.runs.statuses import CANCELLED as CANCELLED
+from floom.services.runs.statuses import FAILED as FAILED
+from floom.services.runs.statuses import FINISHED as FINISHED
+from floom.services.runs.statuses import INITIAL as INITIAL
+from floom.services.runs.statuses import LIMIT_EXCEEDED as LIMIT_EXCEEDED
+from floom.services.runs.statuses import QUEUED as QUEUED
+from floom.services.runs.statuses import REJECTED as REJECTED
+from floom.services.runs.statuses import RETRYABLE as RETRYABLE
+from floom.services.runs.statuses import RUNNING as RUNNING
+from floom.services.runs.statuses import SKIPPED as SKIPPED
+from floom.services.runs.statuses import STATUSES as STATUSES
+from floom.services.runs.statuses import SUCCEEDED as SUCCEEDED
+from floom.services.runs.statuses import TIMED_OUT as TIMED_OUT
+from floom.services.runs.statuses import WAITING as WAITING
 
 if TYPE_CHECKING:
     from floom.store.models import Run

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 import anyio.to_thread
@@ -81,10 +81,8 @@ class Listener:
         self._delivered: object | None = None
 
     def wake(self) -> None:
-        try:
+        with suppress(RuntimeError):  # the waiter's loop has closed: nobody is left to wake
             self._loop.call_soon_threadsafe(self._event.set)
-        except RuntimeError:
-            pass  # the waiter's loop has closed: nobody is left to wake
 
     def deliver(self, record: RunRecord | None = None) -> None:
         """Wake the waiter with its read done here, from `record` when there is one (just a
@@ -95,10 +93,8 @@ class Listener:
                 found = self._reader(record)
             except Exception:  # the waiter's own read will meet the problem and say it
                 log.debug("a waiter's read at the run's end failed", exc_info=True)
-        try:
+        with suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._hand_over, found)
-        except RuntimeError:
-            pass
 
     def _hand_over(self, found: object | None) -> None:
         self._delivered = found
@@ -113,10 +109,8 @@ class Listener:
         self._event.clear()
 
     async def wait(self, timeout: float) -> None:
-        try:
+        with suppress(TimeoutError):
             await asyncio.wait_for(self._event.wait(), timeout)
-        except TimeoutError:
-            pass
 
 
 class RunEnds:

@@ -8,6 +8,7 @@ run; the other scheduler's insert fails on the unique key and it moves on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -219,12 +220,10 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
         return
     if spec.overlap == "cancel_running":
         for previous in active:
-            try:
+            with contextlib.suppress(Conflict):  # it ended meanwhile
                 runs.cancel_run(
                     ctx, run_id=previous.id, caller=principal.system(f"schedule, for {run.id}")
                 )
-            except Conflict:
-                pass  # it ended meanwhile
 
 
 def _active_runs(ctx: Context, trigger_id: str) -> list[Run]:

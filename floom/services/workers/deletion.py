@@ -311,7 +311,7 @@ def _purge_runs(s: Session, *, name: str) -> int:
         digests.update(s.exec(select(Version.digest).where(col(Version.id).in_(chunk))).all())
         s.execute(delete(Version).where(col(Version.id).in_(chunk)))
     for table in (RunEvent, RunLog, Artifact, ToolCall, Approval, Transcript):
-        s.execute(delete(table).where(col(table.run_id).in_(run_ids)))  # type: ignore[attr-defined]
+        s.execute(delete(table).where(col(table.run_id).in_(run_ids)))
     s.execute(delete(Run).where(col(Run.worker_name) == name))
     return delete_unreferenced_blobs(s, digests)
 

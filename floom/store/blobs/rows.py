@@ -122,9 +122,9 @@ def _blob_statements(postgres: bool) -> tuple[Any, Any, Any]:
     blobs = Blob.__table__  # type: ignore[attr-defined]
     pending = PendingBlob.__table__  # type: ignore[attr-defined]
     if postgres:
-        from sqlalchemy.dialects.postgresql import insert  # noqa: PLC0415
+        from sqlalchemy.dialects.postgresql import insert
     else:
-        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment] # noqa: PLC0415
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
     stored = core_select(blobs.c.digest).where(blobs.c.digest == bindparam("digest"))
     insert_new = insert(blobs).on_conflict_do_nothing(index_elements=["digest"])
     insert_pending = insert(pending).on_conflict_do_nothing(index_elements=["digest"])

@@ -238,8 +238,8 @@ class S3BlobStore(BlobStore):
         # Clients are thread-safe once made; making one is not (boto3's default session).
         with self._lock:
             if self._client is None:
-                import boto3  # noqa: PLC0415 - only nodes that use a bucket pay for boto3
-                from botocore.config import Config  # noqa: PLC0415
+                import boto3
+                from botocore.config import Config
 
                 config = Config(
                     region_name=self.region,
@@ -272,13 +272,13 @@ class _Absent(Exception):
 
 
 def _client_errors() -> tuple[type[Exception], ...]:
-    from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+    from botocore.exceptions import BotoCoreError, ClientError
 
     return (BotoCoreError, ClientError)
 
 
 def _read_errors() -> tuple[type[Exception], ...]:
-    from urllib3.exceptions import HTTPError  # noqa: PLC0415
+    from urllib3.exceptions import HTTPError
 
     return (*_client_errors(), HTTPError, OSError)
 

@@ -106,7 +106,8 @@ def test_a_failing_worker_alerts_once_per_incident_and_once_when_it_recovers(
         bodies = hook.wait_for(1)
         first = bodies[0]
         assert first["type"] == "run.failed"
-        assert first["worker"] == "flaky" and first["run_url"].endswith(f"/runs/{first['run_id']}")
+        assert first["worker"] == "flaky"
+        assert first["run_url"].endswith(f"/runs/{first['run_id']}")
         assert first["error"]["code"]
         assert "s3cr3t-value" not in str(hook.accepted[0][1])
         verified(*hook.accepted[0])
@@ -143,7 +144,8 @@ def test_a_receiver_that_hangs_is_tried_again_and_recorded_once(
             return [d for d in deliveries(api, purpose="alert") if d["status"] == "delivered"]
 
         sent = wait_until(delivered, timeout=30)
-        assert len(sent) == 1 and sent[0]["attempts"] == 2
+        assert len(sent) == 1
+        assert sent[0]["attempts"] == 2
         # The hung request was answered (accepted) after floom gave up on it, and the retry
         # was accepted too: the receiver saw the same webhook-id twice, floom one success.
         wait_until(lambda: len(hook.accepted) == 2)
@@ -168,13 +170,15 @@ def test_pending_alerts_survive_a_restart_and_are_delivered_once(
         wait_for_run(api, run["id"])
         wait_until(lambda: [d for d in deliveries(api) if d["attempts"] == 1])
         (pending,) = deliveries(api)
-        assert pending["status"] == "pending" and pending["last_error"]
+        assert pending["status"] == "pending"
+        assert pending["last_error"]
     with receiver(port=port) as hook, alert_server(data, database_url) as srv:
         api = srv.client()
         hook.wait_for(1)
         wait_until(lambda: deliveries(api)[0]["status"] == "delivered")
         (sent,) = deliveries(api)
-        assert sent["id"] == pending["id"] and sent["attempts"] == 2
+        assert sent["id"] == pending["id"]
+        assert sent["attempts"] == 2
         assert len(hook.accepted) == 1
         verified(*hook.accepted[0])
 
@@ -239,9 +243,11 @@ def test_a_run_callback_is_signed_with_the_servers_key_and_retried(
         key = api.get("/api/v1/alerts/callback-key").json()["key"]
         body = verified(*hook.accepted[0], key=key)
         assert body["type"] == "run.ended"
-        assert body["run"]["id"] == run["id"] and body["run"]["status"] == "succeeded"
+        assert body["run"]["id"] == run["id"]
+        assert body["run"]["status"] == "succeeded"
         (sent,) = deliveries(api, purpose="callback")
-        assert sent["attempts"] == 2 and sent["status"] == "delivered"
+        assert sent["attempts"] == 2
+        assert sent["status"] == "delivered"
         assert sent["target"] == hook.url  # the query (a token, perhaps) is not shown
         # Only an admin reads the key.
         from floom.services.access import keys
@@ -316,7 +322,8 @@ def test_a_webhook_that_cannot_start_a_run_alerts_and_a_webhook_run_calls_back(
         assert "callback_url" in refused.json()["error"]["message"]
         assert send("not a number", "d1").status_code == 422  # input_invalid: no run
         (alert,) = hook.wait_for(1)
-        assert alert["type"] == "trigger.failed" and alert["worker"] == "hooked"
+        assert alert["type"] == "trigger.failed"
+        assert alert["worker"] == "hooked"
         assert alert["error"]["code"] == "input_invalid"
         ok = send(2, "d2", callback=done.url)
         assert ok.status_code == 202, ok.text
@@ -338,7 +345,8 @@ def test_a_slack_channel_gets_a_text_message_at_the_url_its_secret_holds(
             "/api/v1/alerts/channels",
             json={"name": "slack", "kind": "slack", "config": {"url_secret": "SLACK_URL"}},
         )
-        assert made.status_code == 201 and slack.url not in made.text
+        assert made.status_code == 201
+        assert slack.url not in made.text
         assert api.post("/api/v1/alerts/channels/slack/test").status_code == 200
         (message,) = slack.bodies()
         assert message["text"].startswith("*floom*: test alert to channel slack")

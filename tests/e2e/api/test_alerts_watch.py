@@ -262,7 +262,8 @@ def test_a_test_send_to_an_unreachable_channel_says_why(tmp_path: Path, database
         assert error["code"] == "alert_undeliverable"
         assert "could not connect" in error["message"]
         (failed,) = srv.client().get("/api/v1/alerts/deliveries").json()["items"]
-        assert failed["status"] == "failed" and failed["purpose"] == "test"
+        assert failed["status"] == "failed"
+        assert failed["purpose"] == "test"
 
 
 def test_a_lost_node_alerts_once_and_recovers_when_heard_again(

@@ -75,7 +75,8 @@ def test_rollback_makes_an_earlier_version_active_and_runs_follow_it(
     assert by_run.json()["worker"]["active_version_id"] == v2
     # Again to the version already active: a quiet success that changes nothing.
     again = api.post("/api/v1/workers/ver/rollback", json={"run_id": r2["id"]})
-    assert again.status_code == 200 and again.json()["changed"] is False
+    assert again.status_code == 200
+    assert again.json()["changed"] is False
     assert again.json()["worker"]["active_version_id"] == v2
     missing = api.post("/api/v1/workers/ver/rollback", json={"version_id": "vnope"})
     assert missing.status_code == 404
@@ -157,7 +158,8 @@ def test_sse_log_stream_delivers_ordered_lines_then_ends_and_resumes(
     run_id = api.post("/api/v1/workers/counter/runs", json={}).json()["id"]
 
     events, end = _read_log_stream(api, run_id, after=0, timeout=30)
-    assert end is not None and end["status"] == "succeeded"
+    assert end is not None
+    assert end["status"] == "succeeded"
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert [e["line"] for e in events if e["stream"] == "stdout"] == ["0", "1", "2", "3", "4"]
     resumed, _ = _read_log_stream(api, run_id, after=events[2]["seq"], timeout=30)  # type: ignore[arg-type]
@@ -179,7 +181,8 @@ def test_a_followed_run_s_end_ends_its_stream_without_waiting_out_the_poll(
     run_id = api.post("/api/v1/workers/slow/runs", json={}).json()["id"]
 
     events, end = _read_log_stream(api, run_id, after=0, timeout=20)
-    assert end is not None and end["status"] == "succeeded"
+    assert end is not None
+    assert end["status"] == "succeeded"
     assert "done" in [e["line"] for e in events]
 
 

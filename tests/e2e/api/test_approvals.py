@@ -56,7 +56,8 @@ def test_a_gated_script_proposes_waits_without_a_slot_then_applies_the_edited_ou
     assert waiting["outputs"] == {"subject": "Hi Ada", "body": "Dear Ada"}
     assert [a["name"] for a in waiting["artifacts"]] == ["draft.txt"]
     (approval,) = waiting["approvals"]
-    assert approval["kind"] == "run" and approval["status"] == "pending"
+    assert approval["kind"] == "run"
+    assert approval["status"] == "pending"
     assert approval["proposed"] == {"subject": "Hi Ada", "body": "Dear Ada"}
     # The slot is let go: at once after the status a waiter sees (the thread that recorded
     # it answers its waiters first), so within a bound, not at the same instant.
@@ -82,7 +83,8 @@ def test_a_gated_script_proposes_waits_without_a_slot_then_applies_the_edited_ou
     assert "applying approved Hello Ada comment: friendlier" in lines
     assert "draft kept: Dear Ada" in lines
     (final,) = run["approvals"]
-    assert final["edited"] == {"subject": "Hello Ada"} and final["decided_by"]
+    assert final["edited"] == {"subject": "Hello Ada"}
+    assert final["decided_by"]
     again = api.post(f"/api/v1/approvals/{approval['id']}/approve", json={})
     assert again.status_code == 409
     assert again.json()["error"]["code"] == "conflict"

@@ -84,7 +84,7 @@ def test_a_secret_in_an_artifact_of_any_encoding_is_masked_in_place(
     tmp_path: Path, name: str, data: bytes
 ) -> None:
     assert _leaks(data)
-    kept, content_type = _collect(tmp_path, {name: data})[name]
+    kept, _ = _collect(tmp_path, {name: data})[name]
     assert _leaks(kept) == [], kept[:200]
     if b"\0" in data[:1024] or name == "latin1.txt":
         assert len(kept) == len(data)  # binary bytes keep their length and offsets
@@ -103,7 +103,9 @@ def test_a_compressed_or_archived_artifact_is_recorded_as_unscannable(
     tmp_path: Path, kind: str
 ) -> None:
     data = ARCHIVES[kind]
-    assert unscannable_kind(data) is not None and unscannable_kind(data)[0] == kind  # type: ignore[index]
+    found = unscannable_kind(data)
+    assert found is not None
+    assert found[0] == kind
     kept, content_type = _collect(tmp_path, {"report.txt": data})["report.txt"]
     assert kept == data
     assert content_type == unscannable_kind(data)[1]  # type: ignore[index]
@@ -142,11 +144,13 @@ def test_read_keys_get_a_403_naming_why_for_an_unscannable_artifact_on_every_sur
     with server.client(read_key) as reader:
         for name in ("latin.txt", "wide.txt"):
             body = reader.get(f"{base}/{name}")
-            assert body.status_code == 200 and _leaks(body.content) == [], name
+            assert body.status_code == 200, name
+            assert _leaks(body.content) == [], name
         refused = reader.get(f"{base}/log.gz")
         assert refused.status_code == 403, refused.text
         error = refused.json()["error"]
-        assert error["code"] == "forbidden" and "cannot scan" in error["message"]
+        assert error["code"] == "forbidden"
+        assert "cannot scan" in error["message"]
         assert error["details"]["reason"] == "unscannable"
     # A key that may run the worker gets it as written.
     assert gzip.decompress(api.get(f"{base}/log.gz").content) == f"token={SECRET}".encode()
@@ -154,7 +158,8 @@ def test_read_keys_get_a_403_naming_why_for_an_unscannable_artifact_on_every_sur
     async def over_mcp() -> None:
         async with http_client(server, read_key) as client:
             error = await call_error(client, "get_artifact", run_id=run["id"], name="log.gz")
-            assert error["code"] == "forbidden" and "cannot scan" in error["message"]
+            assert error["code"] == "forbidden"
+            assert "cannot scan" in error["message"]
 
     anyio.run(over_mcp)
     page = signed_in_client(server, read_key)

@@ -32,9 +32,11 @@ Path("result.json").write_text(json.dumps({"outputs": outputs}))
 def api(tmp_path: Path, e2b_standin: E2BStandin) -> Iterator[httpx.Client]:  # noqa: F811
     # The server finds its E2B key in E2B_API_KEY, which the stand-in's fixture set.
     database = f"sqlite:///{tmp_path}/floom.db"
-    with live_server(tmp_path / "data", database, sandbox="e2b") as server:
-        with server.client() as client:
-            yield client
+    with (
+        live_server(tmp_path / "data", database, sandbox="e2b") as server,
+        server.client() as client,
+    ):
+        yield client
 
 
 def test_a_run_in_e2b_comes_back_with_outputs_artifacts_and_logs_in_one_sandbox(
@@ -65,7 +67,8 @@ def test_a_run_in_e2b_comes_back_with_outputs_artifacts_and_logs_in_one_sandbox(
     assert ("stderr", "careful") in lines
     [sandbox] = e2b_standin.created
     assert {run_id, "bundle", deployed["version"]["id"]} <= set(sandbox.metadata.values())
-    assert sandbox.template == "base" and sandbox.allow_internet is False
+    assert sandbox.template == "base"
+    assert sandbox.allow_internet is False
     wait_until(lambda: e2b_standin.killed == [sandbox.sandbox_id], timeout=10)
     assert e2b_standin.requests["POST /files"] == 1
     assert e2b_standin.api_key not in api.get(f"/api/v1/runs/{run_id}").text

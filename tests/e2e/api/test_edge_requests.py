@@ -94,7 +94,7 @@ def test_an_https_public_url_makes_the_cookie_secure_whatever_the_proxy_says(
 
 
 def test_a_forwarded_allow_ips_typo_is_refused_at_start() -> None:
-    with pytest.raises(ValueError, match="'10.0.0.0/33' is not an address or a network"):
+    with pytest.raises(ValueError, match=r"'10\.0\.0\.0/33' is not an address or a network"):
         Settings(forwarded_allow_ips="10.0.0.0/33")
 
 

@@ -122,7 +122,8 @@ def test_an_eval_over_ten_recorded_runs_reports_the_right_counts(
     assert all(i["outputs_different"] in ([], ["answer"]) for i in report["items"])
     assert len(rig.echo["requests"]) == posts  # every lookup answered from the recording
     bad = rig.api.post("/api/v1/workers/lookup/evals", json={"runs": "last:many"})
-    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == "invalid_request"
     # The UI's eval page shows the same counts, and links each replay's report.
     web = signed_in_client(rig.server, rig.server.admin_key)
     try:
@@ -173,10 +174,12 @@ def test_a_deploy_gated_by_a_failing_eval_is_refused_and_accepted_with_the_overr
             # The hint names the tool and argument that override the gate, nothing else.
             assert "deploy_worker(files={...}, skip_eval_gate=True)" in told["hint"]
             assert f"eval_worker(worker='lookup', version_id='{version}')" in told["hint"]
-            assert "--" not in told["hint"] and "/api/v1" not in told["hint"]
+            assert "--" not in told["hint"]
+            assert "/api/v1" not in told["hint"]
             assert "floom " not in told["hint"]
             accepted = await call(mcp, "deploy_worker", files=files, skip_eval_gate=True)
-            assert accepted["version"]["id"] == version and accepted["activated"]
+            assert accepted["version"]["id"] == version
+            assert accepted["activated"]
 
     anyio.run(over_mcp)
     assert rig.api.get("/api/v1/workers/lookup").json()["active_version_id"] == version

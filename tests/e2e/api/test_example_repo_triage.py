@@ -76,7 +76,8 @@ def test_repo_triage_labels_an_issue_after_approval_and_reports(
     ]
     assert {auth for _, auth in gh["requests"]} == {f"Bearer {TOKEN}"}
     (labelled,) = rig.echo["requests"]
-    assert labelled["method"] == "POST" and json.loads(labelled["body"]) == {"labels": ["bug"]}
+    assert labelled["method"] == "POST"
+    assert json.loads(labelled["body"]) == {"labels": ["bug"]}
     assert labelled["headers"]["authorization"] == f"Bearer {TOKEN}"
     assert rig.model.tool_names(0) == ["http_request", "github_write", "write_file", "finish"]
     assert TOKEN not in json.dumps(run)
@@ -85,12 +86,14 @@ def test_repo_triage_labels_an_issue_after_approval_and_reports(
 def test_the_examples_deployed_at_first_start_include_the_agent(
     tmp_path: Path, database_url: str
 ) -> None:
-    from tests.support.agents import live_server
+    from tests.support.harness import live_server
 
-    with live_server(tmp_path / "data", database_url, deploy_examples=True) as srv:
-        with srv.client() as api:
-            names = [w["name"] for w in api.get("/api/v1/workers").json()["items"]]
-            worker = api.get("/api/v1/workers/repo-triage").json()
+    with (
+        live_server(tmp_path / "data", database_url, deploy_examples=True) as srv,
+        srv.client() as api,
+    ):
+        names = [w["name"] for w in api.get("/api/v1/workers").json()["items"]]
+        worker = api.get("/api/v1/workers/repo-triage").json()
 
     assert {"hello", "repo-triage"} <= set(names)
     assert worker["kind"] == "agent"

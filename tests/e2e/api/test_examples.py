@@ -85,7 +85,8 @@ def test_a_fresh_install_deploys_the_examples_with_unready_schedules_paused(
     _, found = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="github-digest")
     schedules = [t for t in found if t.kind == "schedule"]
     # GITHUB_TOKEN is not set: the daily digest must not act (or fail) on its own.
-    assert schedules and all(t.paused for t in schedules)
+    assert schedules
+    assert all(t.paused for t in schedules)
 
 
 def test_an_example_whose_secrets_are_set_keeps_its_schedule_running(ctx: Context) -> None:
@@ -102,7 +103,8 @@ def test_the_steps_the_readme_and_the_log_give_turn_a_paused_example_schedule_on
     with caplog.at_level(logging.WARNING, logger="floom"):
         deploy_examples(server.ctx)
     (trigger,) = api.get("/api/v1/workers/github-digest/triggers").json()["items"]
-    assert trigger["kind"] == "schedule" and trigger["paused"] is True
+    assert trigger["kind"] == "schedule"
+    assert trigger["paused"] is True
     said = caplog.text
     assert "floom secrets set GITHUB_TOKEN" in said
     assert f"floom resume github-digest --trigger {trigger['id']}" in said
@@ -124,4 +126,5 @@ def test_the_steps_the_readme_and_the_log_give_turn_a_paused_example_schedule_on
     assert trigger["id"] in floom("triggers", "github-digest")
     floom("resume", "github-digest", "--trigger", trigger["id"])
     (resumed,) = api.get("/api/v1/workers/github-digest/triggers").json()["items"]
-    assert resumed["paused"] is False and resumed["next_fires"]
+    assert resumed["paused"] is False
+    assert resumed["next_fires"]

@@ -210,7 +210,8 @@ def test_a_flood_keeps_the_lines_budget_and_one_line_per_window_says_how_many_we
     kept = [line for stream, line, _ in lines if stream == "stdout"]
     notes = [line for stream, line, _ in lines if stream == "system" and "dropped" in line]
     assert len(kept) == 102 + 50
-    assert kept[:3] == ["line 0", "line 1", "line 2"] and kept[102] == "later 0"
+    assert kept[:3] == ["line 0", "line 1", "line 2"]
+    assert kept[102] == "later 0"
     assert len(notes) == 2, notes
     assert notes[0].startswith("dropped 148 lines: this run wrote faster than its log budget")
     assert "FLOOM_LOG_LINES_PER_SECOND" in notes[0]
@@ -227,8 +228,9 @@ def test_the_bytes_budget_drops_what_does_not_fit_and_lets_smaller_lines_through
     log.add("stdout", "x" * 2000)
     log.add("stderr", "small")
     lines = log.drain()
-    assert [(s, line) for s, line, _ in lines][0] == ("stderr", "small")
-    assert lines[1][0] == "system" and lines[1][1].startswith("dropped 1 line:")
+    assert next((s, line) for s, line, _ in lines) == ("stderr", "small")
+    assert lines[1][0] == "system"
+    assert lines[1][1].startswith("dropped 1 line:")
     assert len(lines) == 2
 
 
@@ -246,7 +248,8 @@ def test_a_flooding_run_keeps_only_its_budget_and_says_so_in_its_log(
     notes = [e for e in events["items"] if "log budget" in e["line"]]
     # The bucket holds 200 lines, and refills 20 a second while the run lasts.
     assert 200 <= kept < 2000, kept
-    assert notes and {e["stream"] for e in notes} == {"system"}
+    assert notes
+    assert {e["stream"] for e in notes} == {"system"}
     dropped = sum(int(e["line"].split()[1]) for e in notes)
     assert kept + dropped == 20000
 
@@ -265,7 +268,8 @@ def test_a_reader_drops_whole_reads_over_the_budget_and_counts_every_line_once()
     lines = [(stream, line) for stream, line, _ in log.drain()]
     assert lines[:10] == [("stdout", f"ok {i}") for i in range(10)]
     assert lines[10:12] == [("stdout", "e"), ("stdout", "f")]
-    assert lines[12][0] == "system" and lines[12][1].startswith("dropped 5 lines:")
+    assert lines[12][0] == "system"
+    assert lines[12][1].startswith("dropped 5 lines:")
     assert len(lines) == 13  # "g" came with no room left: dropped, and counted
 
 

@@ -26,7 +26,8 @@ def _setup(server: LiveServer, api: httpx.Client) -> dict[str, httpx.Client]:
     clients = {}
     for label, role in (("alice", "coder"), ("bob", "reviewer")):
         body = _ok(api.post("/api/v1/agents", json={"label": label, "roles": [role]}), 201)
-        assert body["key"].startswith("flm_") and body["roles"] == [role]
+        assert body["key"].startswith("flm_")
+        assert body["roles"] == [role]
         clients[label] = server.client(body["key"])
     return clients
 
@@ -47,11 +48,13 @@ def test_two_agents_hand_work_over_through_rest_with_their_own_keys(
     }
     job = _ok(bob.post(JOBS, json=spec), 201)
     again = _ok(bob.post(JOBS, json=spec), 200)
-    assert again["id"] == job["id"] and again["replayed"] is True
+    assert again["id"] == job["id"]
+    assert again["replayed"] is True
 
     assert _ok(bob.post("/api/v1/handoffs/claim-next", json={}))["job"] is None
     claimed = _ok(alice.post("/api/v1/handoffs/claim-next", json={}))["job"]
-    assert claimed["id"] == job["id"] and claimed["assignee"]["label"] == "alice"
+    assert claimed["id"] == job["id"]
+    assert claimed["assignee"]["label"] == "alice"
     _ok(alice.post(f"{JOBS}/{job['id']}/heartbeat", json={"lease_seconds": 120}))
     result = {"summary": "done", "data": {"lines": 120}, "artifacts": []}
     assert _ok(alice.post(f"{JOBS}/{job['id']}/complete", json=result))["status"] == "completed"
@@ -61,7 +64,8 @@ def test_two_agents_hand_work_over_through_rest_with_their_own_keys(
     retry = _ok(bob.post(f"{JOBS}/{job['id']}/reject", json={"reason": "no tests"}), 201)
     assert retry["retry_of"] == job["id"]
     reopen = _ok(alice.get(f"{JOBS}/{retry['id']}/reopen-context"))
-    assert reopen["attempt"] == 2 and reopen["rejections"][0]["reason"] == "no tests"
+    assert reopen["attempt"] == 2
+    assert reopen["rejections"][0]["reason"] == "no tests"
 
     shown = _ok(alice.get(f"{JOBS}/{job['id']}", params={"events": True}))
     assert [e["type"] for e in shown["events"]] == [
@@ -85,7 +89,8 @@ def test_refusals_come_in_floom_s_error_shape_and_change_nothing(
     job = _ok(bob.post(JOBS, json={"summary": "x", "role": "coder"}), 201)
 
     not_held = bob.post(f"{JOBS}/{job['id']}/status", json={"status": "completed"})
-    assert not_held.status_code == 409 and not_held.json()["error"]["code"] == "not_holder"
+    assert not_held.status_code == 409
+    assert not_held.json()["error"]["code"] == "not_holder"
     cancel = alice.post(f"{JOBS}/{job['id']}/status", json={"status": "cancelled"})
     assert cancel.status_code == 403  # holding the role is not enough to cancel
     wrong = alice.post(f"{JOBS}/{job['id']}/status", json={"status": "blocked"})
@@ -101,7 +106,8 @@ def test_refusals_come_in_floom_s_error_shape_and_change_nothing(
     plain = _ok(api.post("/api/v1/keys", json={"scopes": ["run"]}), 201)["key"]
     with server.client(plain) as outsider:
         refused = outsider.post(JOBS, json={"summary": "x", "role": "coder"})
-        assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "forbidden"
     reader = _ok(
         api.post("/api/v1/agents", json={"label": "ro", "roles": ["coder"], "scopes": ["read"]}),
         201,
@@ -110,7 +116,8 @@ def test_refusals_come_in_floom_s_error_shape_and_change_nothing(
         assert [j["id"] for j in _ok(ro.get(JOBS))["items"]] == [job["id"]]
         assert ro.post(f"{JOBS}/{job['id']}/claim", json={}).status_code == 403
     missing = alice.get(f"{JOBS}/job_nope")
-    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
     assert _ok(api.get(f"{JOBS}/{job['id']}", params={"events": True}))["status"] == "published"
     assert len(_ok(api.get(f"{JOBS}/{job['id']}/events"))["items"]) == 1
 
@@ -143,9 +150,11 @@ def test_the_cli_creates_an_agent_prints_its_key_once_and_drives_a_job(
     )
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip()
-    assert key.startswith("flm_") and "not be shown again" in created.stderr
+    assert key.startswith("flm_")
+    assert "not be shown again" in created.stderr
     listed = cli(server, "agents", "list")
-    assert "scribe" in listed.stdout and key not in listed.stdout
+    assert "scribe" in listed.stdout
+    assert key not in listed.stdout
 
     published = cli(
         server,
@@ -158,8 +167,12 @@ def test_the_cli_creates_an_agent_prints_its_key_once_and_drives_a_job(
     claimed = cli(server, "handoffs", "claim-next", "--json", key=key)
     assert json.loads(claimed.stdout)["id"] == job_id
     done = cli(server, "handoffs", "complete", job_id, "--summary", "written", key=key)
-    assert done.returncode == 0 and "completed" in done.stdout
+    assert done.returncode == 0
+    assert "completed" in done.stdout
     shown = cli(server, "handoffs", "show", job_id, key=key)
-    assert "completed" in shown.stdout and "claimed" in shown.stdout
+    assert "completed" in shown.stdout
+    assert "claimed" in shown.stdout
     bad = cli(server, "handoffs", "status", job_id, "in_progress", key=key)
-    assert bad.returncode == 1 and "error:" in bad.stderr and "hint:" in bad.stderr
+    assert bad.returncode == 1
+    assert "error:" in bad.stderr
+    assert "hint:" in bad.stderr

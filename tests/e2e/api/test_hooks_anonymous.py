@@ -109,7 +109,8 @@ def test_a_worker_webhook_whose_secret_is_unset_answers_like_an_absent_one_and_l
     assert (unready.status_code, unready.json()["error"]["code"]) == (404, "not_found")
     assert_tells_nothing(unready)
     assert unready.json()["error"]["hint"] == absent.json()["error"]["hint"]
-    assert "UNSET_HOOK_SECRET" in caplog.text and "/hooks/unready" in caplog.text
+    assert "UNSET_HOOK_SECRET" in caplog.text
+    assert "/hooks/unready" in caplog.text
     assert api.get("/api/v1/workers/unready/deliveries").json()["items"] == []
 
 

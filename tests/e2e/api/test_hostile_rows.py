@@ -301,4 +301,5 @@ def test_a_result_json_over_a_bound_is_result_invalid_naming_the_bound(
     (tmp_path / "result.json").write_text(text)
     report, problem = read_result(tmp_path, limit=1024 * 1024)
     assert report == {}
-    assert problem is not None and f"({bound} bound)" in problem, problem
+    assert problem is not None, problem
+    assert f"({bound} bound)" in problem, problem

@@ -116,7 +116,8 @@ def test_inputs_over_a_bound_are_refused_naming_it(
 
 def test_a_string_over_the_bound_is_refused_naming_it() -> None:
     found = jsonvalues.breach_of({"s": "x" * (jsonvalues.MAX_STRING_CHARS + 1)}, where="inputs")
-    assert found is not None and (found.path, found.limit) == ("inputs.s", "string")
+    assert found is not None
+    assert (found.path, found.limit) == ("inputs.s", "string")
 
 
 def test_a_script_whose_result_json_is_5000_brackets_ends_result_invalid(

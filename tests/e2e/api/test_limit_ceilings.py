@@ -101,7 +101,10 @@ def test_limits_at_the_ceilings_deploy_and_a_default_over_one_is_refused_naming_
     assert fits.status_code == 201, fits.text
     assert plain.status_code == 400
     paths = [p["path"] for p in plain.json()["error"]["details"]]
-    assert paths == ["limits.timeout_seconds", "limits.memory_mb", "limits.processes"] + [
+    assert paths == [
+        "limits.timeout_seconds",
+        "limits.memory_mb",
+        "limits.processes",
         "limits.cpu",
         "limits.disk_mb",
     ]

@@ -57,7 +57,7 @@ def test_a_reply_comes_back_whole_in_the_shape_the_fake_provider_builds(
 
     assert got == fake_provider.reply("Adding.", use, input_tokens=31, output_tokens=7)
     assert got.stop_reason == "tool_use"
-    assert MESSAGES == before
+    assert before == MESSAGES
     (sent,) = standin.requests
     assert (sent["max_tokens"], sent["system"], sent["tools"]) == (64, "You add.", TOOLS)
 

@@ -40,7 +40,8 @@ pathlib.Path(os.environ["FLOOM_OUTPUT_DIR"], "report.csv").write_text(report)
 
 
 def _report(run: dict[str, Any]) -> bytes:
-    return b"a,b\n1,2\n" * 100 + run["id"].encode()
+    run_id: str = run["id"]
+    return b"a,b\n1,2\n" * 100 + run_id.encode()
 
 
 def _server(tmp_path: Path, database_url: str, s3: S3Server, **more: Any) -> Any:
@@ -112,7 +113,8 @@ def test_a_run_keeps_its_artifacts_and_its_log_in_the_bucket(
         ctx = srv.ctx
         found = wait_until(lambda: (c := _counts(ctx, run["id"]))["archived"] and c)
         assert found["events"] == 0  # the log left run_events in the move
-        assert found["artifact"].location == "s3" and found["artifact"].data == b""
+        assert found["artifact"].location == "s3"
+        assert found["artifact"].data == b""
         objects = _objects(s3_server, ctx.settings.s3_prefix)
         assert {found["artifact"].digest, found["archived"].digest} <= objects
         assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
@@ -122,7 +124,8 @@ def test_a_run_keeps_its_artifacts_and_its_log_in_the_bucket(
         assert _events(srv, run["id"], tail=3) == every[-3:]
         with srv.client() as api:
             got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
-        assert got.status_code == 200 and got.content == _report(run)
+        assert got.status_code == 200
+        assert got.content == _report(run)
 
 
 def test_runs_ending_while_the_store_is_away_keep_everything_and_upload_after_a_restart(
@@ -136,12 +139,15 @@ def test_runs_ending_while_the_store_is_away_keep_everything_and_upload_after_a_
         run = _run(srv)
         # Kept in the database: the artifact as a pending upload, the log as its rows.
         held = _counts(srv.ctx, run["id"])
-        assert held["artifact"].location == "database" and held["pending"] == 1
-        assert held["events"] > LINES and held["archived"] is None
+        assert held["artifact"].location == "database"
+        assert held["pending"] == 1
+        assert held["events"] > LINES
+        assert held["archived"] is None
         assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
         with srv.client() as api:
             got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
-        assert got.status_code == 200 and got.content == _report(run)
+        assert got.status_code == 200
+        assert got.content == _report(run)
     # floom restarts before the store is back; then the store comes back.
     with live_server(tmp_path / "data", database_url, **settings) as srv:
         own_s3_server.start()
@@ -149,11 +155,13 @@ def test_runs_ending_while_the_store_is_away_keep_everything_and_upload_after_a_
             lambda: (c := _counts(srv.ctx, run["id"]))["archived"] and c["pending"] == 0 and c,
             timeout=30,
         )
-        assert moved["artifact"].location == "s3" and moved["events"] == 0
+        assert moved["artifact"].location == "s3"
+        assert moved["events"] == 0
         assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
         with srv.client() as api:
             got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
-        assert got.status_code == 200 and got.content == _report(run)
+        assert got.status_code == 200
+        assert got.content == _report(run)
 
 
 def test_reads_while_the_store_is_away_answer_503_with_retry_after(
@@ -198,9 +206,11 @@ def test_a_damaged_object_answers_502_naming_the_run_and_the_object(
         assert answer.status_code == 502
         error = answer.json()["error"]
         assert error["code"] == "blob_unreadable"
-        assert run["id"] in error["message"] and key in error["message"]
+        assert run["id"] in error["message"]
+        assert key in error["message"]
         checked, problems = check_blobs(srv.ctx)
-        assert [p.digest for p in problems] == [digest] and checked >= 3
+        assert [p.digest for p in problems] == [digest]
+        assert checked >= 3
 
 
 def test_retention_deletes_the_objects_of_what_it_deletes(
@@ -215,7 +225,8 @@ def test_retention_deletes_the_objects_of_what_it_deletes(
         prefix = srv.ctx.settings.s3_prefix
         assert gone <= _objects(s3_server, prefix)
         report = apply_retention(srv.ctx, days=1, now=utcnow().replace(year=utcnow().year + 1))
-        assert report.runs_pruned == 1 and report.log_lines_deleted == found["archived"].lines
+        assert report.runs_pruned == 1
+        assert report.log_lines_deleted == found["archived"].lines
         assert not gone & _objects(s3_server, prefix)
         with session_scope(srv.ctx.engine) as s:
             assert s.exec(select(func.count()).select_from(PendingBlob)).one() == 0
@@ -231,7 +242,8 @@ def test_blobs_migrate_moves_everything_to_the_bucket_and_back(
     ctx = Context.open(fast_settings(tmp_path / "data", database_url, **s3_server.settings()))
     try:
         there = migrate_blobs(ctx, to="s3")
-        assert there.moved == 2 and there.logs_archived == 1  # archive, artifact; one log
+        assert there.moved == 2
+        assert there.logs_archived == 1
         with session_scope(ctx.engine) as s:
             assert set(s.exec(select(Blob.location)).all()) == {"s3"}
             assert s.exec(select(func.count()).select_from(RunEvent)).one() == 0
@@ -251,7 +263,8 @@ def test_blobs_migrate_moves_everything_to_the_bucket_and_back(
         assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
         with srv.client() as api:
             got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
-        assert got.status_code == 200 and got.content == _report(run)
+        assert got.status_code == 200
+        assert got.content == _report(run)
 
 
 def test_a_backup_holds_the_bucket_s_objects_and_a_restore_puts_them_back(
@@ -274,7 +287,8 @@ def test_a_backup_holds_the_bucket_s_objects_and_a_restore_puts_them_back(
         assert _log_lines(srv, run["id"]) == [f"line {i}" for i in range(LINES)]
         with srv.client() as api:
             got = api.get(f"/api/v1/runs/{run['id']}/artifacts/report.csv")
-        assert got.status_code == 200 and got.content == _report(run)
+        assert got.status_code == 200
+        assert got.content == _report(run)
 
 
 LEAKY = """import os

@@ -246,4 +246,5 @@ def test_a_body_that_cannot_be_parsed_is_an_invalid_request(contract: Contract) 
         )
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
-    assert error["code"] == "invalid_request" and error["hint"]
+    assert error["code"] == "invalid_request"
+    assert error["hint"]

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from referencing import Registry, Resource
+from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from tests.support.harness import LiveServer, live_server
@@ -81,7 +81,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
             "empty": "",
         }
         registry: Registry = Registry().with_resource(
-            "floom:openapi", Resource(contents=document, specification=DRAFT202012)
+            "floom:openapi", DRAFT202012.create_resource(document)
         )
         with httpx.Client(base_url=server.base_url, timeout=30, trust_env=False) as client:
             yield Target(server, client, document, seeds, keys, registry)
@@ -361,7 +361,8 @@ def test_a_name_ending_in_an_encoded_slash_is_not_found_and_never_redirected_to_
         assert answer.json()["error"]["code"] == "not_found"
     listed = target.client.get("/api/v1/secrets", headers=auth).json()["items"]
     names = [secret["name"] for secret in listed]
-    assert "FUZZ_SLASH" not in names and "FUZZ_KEEP" in names
+    assert "FUZZ_SLASH" not in names
+    assert "FUZZ_KEEP" in names
     # A slash sent as itself is still sent on to the path without it.
     plain = target.client.get("/api/v1/workers/", headers=auth)
     assert plain.status_code == 307

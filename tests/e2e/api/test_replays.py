@@ -118,15 +118,18 @@ def test_an_exact_replay_reproduces_a_run_without_calling_the_model_or_any_tool(
     report = replay(rig.api, run_id, mode="exact")
 
     assert report["reproduced"] is True, report["divergence"]
-    assert report["status"] == "succeeded" and report["mode"] == "exact"
+    assert report["status"] == "succeeded"
+    assert report["mode"] == "exact"
     diff = report["diff"]
-    assert diff["outputs"]["equal"] and not diff["tool_calls"]["diverged"]
+    assert diff["outputs"]["equal"]
+    assert not diff["tool_calls"]["diverged"]
     assert diff["turns"] == {"original": 3, "replay": 3}
     assert diff["tokens"]["replay"] == diff["tokens"]["original"] == 120 + 340 + 120
     # Neither the model, nor the MCP server, nor the HTTP service heard from the replay,
     # and nobody was asked to approve anything.
     assert len(rig.model.requests) == model_requests
-    assert tracker["calls"] == tool_calls and rig.echo["requests"] == posts
+    assert tracker["calls"] == tool_calls
+    assert rig.echo["requests"] == posts
     after = rig.api.get("/api/v1/approvals", params={"status": "all"}).json()["items"]
     assert len(after) == len(approvals)
     replayed = rig.api.get(f"/api/v1/runs/{report['run_id']}").json()
@@ -203,7 +206,8 @@ def test_a_replay_of_a_run_that_has_not_finished_or_is_a_script_run_is_refused(
     rig.deploy(make_worker(tmp_path / "s", "name: s\n", {"run.py": "print('hi')\n"}))
     script_run = wait_status(rig.api, start_run(rig.api, "s"))
     resp = rig.api.post(f"/api/v1/runs/{script_run['id']}/replays", json={"mode": "exact"})
-    assert resp.status_code == 409 and resp.json()["error"]["code"] == "not_replayable"
+    assert resp.status_code == 409
+    assert resp.json()["error"]["code"] == "not_replayable"
     resp = rig.api.post(f"/api/v1/runs/{script_run['id']}/replays", json={"mode": "sideways"})
     assert resp.status_code in (400, 422), resp.text
     resp = rig.api.post("/api/v1/runs/run_nope/replays", json={"mode": "exact"})
@@ -256,12 +260,14 @@ def test_a_what_if_replay_answers_from_the_recording_refuses_new_calls_and_diffs
 
     report = replay(rig.api, run_id, mode="what_if", version_id=version)
 
-    assert report["status"] == "succeeded" and report["version_id"] == version
+    assert report["status"] == "succeeded"
+    assert report["version_id"] == version
     results = rig.model.tool_results(asked + 1)
     listed, created, fetched, posted, remembered = results
     assert "Login fails" in listed["content"]  # answered from the recording
     for refused in (created, posted, remembered):
-        assert refused["is_error"] and refused["content"].startswith("not in the recording")
+        assert refused["is_error"]
+        assert refused["content"].startswith("not in the recording")
     assert json.loads(fetched["content"])["status"] == 200  # marked safe: called live
     # The world saw only the one read-only request marked safe.
     assert tracker["calls"] == calls_before
@@ -274,7 +280,8 @@ def test_a_what_if_replay_answers_from_the_recording_refuses_new_calls_and_diffs
         "summary": {"original": "2 open issues", "replay": "2 open, 1 filed", "rule": "exact"}
     }
     added = {(c["tool"], c["status"]) for c in diff["tool_calls"]["added"]}
-    assert ("tracker__create_issue", "refused") in added and ("remember", "refused") in added
+    assert ("tracker__create_issue", "refused") in added
+    assert ("remember", "refused") in added
     removed = {c["tool"] for c in diff["tool_calls"]["removed"]}
     assert {"read_file", "post_update", "no_such_tool"} <= removed
     assert diff["turns"] == {"original": 3, "replay": 2}
@@ -282,7 +289,8 @@ def test_a_what_if_replay_answers_from_the_recording_refuses_new_calls_and_diffs
     # A replay writes nothing outside its own run: no memory, no approvals, no child runs.
     assert agent_runs.memory_writes(rig.server.ctx, worker_name="triage") == []
     replay_run = rig.api.get(f"/api/v1/runs/{report['run_id']}").json()
-    assert replay_run["approvals"] == [] and replay_run["trigger"] == "replay"
+    assert replay_run["approvals"] == []
+    assert replay_run["trigger"] == "replay"
     children = rig.api.get("/api/v1/runs", params={"worker": "triage"}).json()["items"]
     assert all(r["parent_run_id"] is None for r in children)
     # The same replays over MCP: the report of this one, and an exact replay of the original.
@@ -292,6 +300,7 @@ def test_a_what_if_replay_answers_from_the_recording_refuses_new_calls_and_diffs
             again = await call(mcp, "get_replay", run_id=report["run_id"])
             assert again["diff"] == report["diff"]
             exact = await call(mcp, "replay_recorded_run", run_id=run_id, wait_seconds=60)
-            assert exact["reproduced"] is True and exact["mode"] == "exact"
+            assert exact["reproduced"] is True
+            assert exact["mode"] == "exact"
 
     anyio.run(over_mcp)

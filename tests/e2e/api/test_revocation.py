@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from fastapi.routing import APIRoute
 from sqlalchemy import select, update
-from sqlmodel import SQLModel
+from sqlmodel import SQLModel, col
 
 from floom.bundle import read_folder
 from floom.errors import Forbidden, Unauthorized
@@ -183,7 +183,7 @@ def test_a_write_waits_for_a_revocation_being_committed_and_then_refuses(
         def write() -> None:
             try:
                 outcome.append(keys.create_key(ctx, scopes=["admin"], name="heir", caller=caller))
-            except Exception as exc:  # noqa: BLE001 - the outcome is what is asserted
+            except Exception as exc:  # the outcome is what is asserted
                 outcome.append(exc)
 
         writer = threading.Thread(target=write)
@@ -192,9 +192,10 @@ def test_a_write_waits_for_a_revocation_being_committed_and_then_refuses(
         wait_until(lambda: _waiting_locks(revoker) > 0 or outcome, timeout=10)
         revoker.commit()
         writer.join(timeout=30)
-    assert len(outcome) == 1 and isinstance(outcome[0], Unauthorized), outcome
+    assert len(outcome) == 1, outcome
+    assert isinstance(outcome[0], Unauthorized), outcome
     with session_scope(ctx.engine) as s:
-        heirs = s.execute(select(ApiKey.id).where(ApiKey.name == "heir")).all()  # type: ignore[arg-type]
+        heirs = s.execute(select(col(ApiKey.id)).where(col(ApiKey.name) == "heir")).all()
     assert heirs == []
 
 
@@ -211,7 +212,7 @@ def routes_by_scope(server: LiveServer) -> set[tuple[str, str]]:
     from floom.api.app import create_app
     from tests.e2e.api.test_authorization import _scope_of
 
-    found = set()
+    found: set[tuple[str, str]] = set()
     pending: list[Any] = list(create_app(ctx=server.ctx).routes)
     while pending:
         route = pending.pop()
@@ -220,7 +221,7 @@ def routes_by_scope(server: LiveServer) -> set[tuple[str, str]]:
             pending.extend(inner.routes)
             continue
         if isinstance(route, APIRoute) and _scope_of(route) in ("deploy", "admin"):
-            found.update((m, route.path) for m in route.methods - {"GET", "HEAD"})
+            found.update((m, route.path) for m in (route.methods or set()) - {"GET", "HEAD"})
     return found
 
 
@@ -336,9 +337,11 @@ def test_the_key_cache_is_not_used_once_its_listener_was_not_heard_within_the_bo
     stale = AuthCache(trusted=False)
     stale.heard(time.monotonic() - HEARD_WITHIN_SECONDS - 0.01)
     stale.put("h", key, epoch=stale.epoch)
-    assert not stale.trusted and stale.get("h") is None
+    assert not stale.trusted
+    assert stale.get("h") is None
     cache.clear(trusted=False)  # a lost connection
-    assert not cache.trusted and cache.get("h") is None
+    assert not cache.trusted
+    assert cache.get("h") is None
 
 
 def test_every_deploy_or_admin_service_that_opens_a_write_checks_its_caller_inside_it() -> None:

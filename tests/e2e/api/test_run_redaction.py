@@ -4,13 +4,14 @@ before anything is stored; a run's log is bounded in bytes. On SQLite and Postgr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 
 from floom.engine.runlog import RunLog
 from floom.services.access.secrets import Redactor
-from tests.support.agents import live_server, log_lines
-from tests.support.harness import deploy_folder, make_worker, wait_for_run
+from tests.support.agents import log_lines
+from tests.support.harness import deploy_folder, live_server, make_worker, wait_for_run
 
 TOKEN = "Zq9sEcReT-4f1d-bb27-token-value"  # 30 characters, nothing like the padding
 
@@ -40,13 +41,15 @@ def test_a_secret_in_an_artifacts_name_or_text_is_redacted_and_in_a_binary_one_m
 ) -> None:
     run = _run(api, tmp_path, ARTIFACTS_PY)
 
-    names = [a["name"] for a in run["artifacts"]]  # type: ignore[union-attr]
+    names = [a["name"] for a in cast(list[dict[str, Any]], run["artifacts"])]
     assert names == ["blob.bin", "report-***.txt"]
     listed = api.get(f"/api/v1/runs/{run['id']}/artifacts").text
     shown = api.get(f"/api/v1/runs/{run['id']}").text
-    assert TOKEN not in listed and TOKEN not in shown
+    assert TOKEN not in listed
+    assert TOKEN not in shown
     text = api.get(f"/api/v1/runs/{run['id']}/artifacts/report-***.txt")
-    assert text.status_code == 200 and text.text == "token=***\n"
+    assert text.status_code == 200
+    assert text.text == "token=***\n"
     binary = api.get(f"/api/v1/runs/{run['id']}/artifacts/blob.bin").content
     assert binary == b"\0\1" + b"*" * len(TOKEN)
 
@@ -85,13 +88,13 @@ def test_a_runs_log_stops_at_its_byte_quota_with_one_line_saying_so(
     tmp_path: Path, database_url: str
 ) -> None:
     script = "for i in range(1000):\n    print(f'{i:04} ' + 'y' * 95)\n"
-    with live_server(tmp_path / "data", database_url, max_log_bytes_per_run=20_000) as srv:
-        with srv.client() as api:
-            deploy_folder(
-                api, make_worker(tmp_path / "chatty", "name: chatty\n", {"run.py": script})
-            )
-            run = wait_for_run(api, api.post("/api/v1/workers/chatty/runs", json={}).json()["id"])
-            events = api.get(f"/api/v1/runs/{run['id']}/logs", params={"limit": 1000}).json()
+    with (
+        live_server(tmp_path / "data", database_url, max_log_bytes_per_run=20_000) as srv,
+        srv.client() as api,
+    ):
+        deploy_folder(api, make_worker(tmp_path / "chatty", "name: chatty\n", {"run.py": script}))
+        run = wait_for_run(api, api.post("/api/v1/workers/chatty/runs", json={}).json()["id"])
+        events = api.get(f"/api/v1/runs/{run['id']}/logs", params={"limit": 1000}).json()
 
     assert run["status"] == "succeeded", run
     items = events["items"]

@@ -193,7 +193,8 @@ def test_folders_nested_past_the_disk_walk_s_depth_end_the_run(tmp_path: Path) -
     )
 
     assert result.limit_exceeded == "depth", (result, lines)
-    assert result.error is not None and "folders nested more than 256 deep" in result.error
+    assert result.error is not None
+    assert "folders nested more than 256 deep" in result.error
 
 
 def test_the_disk_walk_counts_to_its_depth_and_no_further(tmp_path: Path) -> None:
@@ -209,7 +210,8 @@ def test_the_disk_walk_counts_to_its_depth_and_no_further(tmp_path: Path) -> Non
         os.close(fd)
         use = limits.allocated_bytes((top,))
         if counted:
-            assert use.uncounted is None and use.bytes > 0
+            assert use.uncounted is None
+            assert use.bytes > 0
         else:
             assert use.uncounted == limits.DEPTH
 
@@ -306,7 +308,8 @@ def test_more_files_than_the_disk_check_counts_end_the_run(tmp_path: Path) -> No
     )
 
     assert result.limit_exceeded == "files", (result, lines)
-    assert result.error is not None and "file limit of 100000" in result.error
+    assert result.error is not None
+    assert "file limit of 100000" in result.error
 
 
 @needs_cgroups
@@ -349,7 +352,8 @@ def test_a_cpu_limit_of_half_a_core_throttles_two_busy_processes(tmp_path: Path)
     )
 
     assert result.exit_code == 0, lines
-    assert throttled and throttled[0] > 0
+    assert throttled
+    assert throttled[0] > 0
     cores = float(stdout(lines)[-1])
     assert cores < 0.75, f"used {cores} cores"
 
@@ -766,7 +770,7 @@ def _run_bpf(
             hit = accumulator == k if code == 0x15 else accumulator >= k
             pc += 1 + (jt if hit else jf)
         elif code == 0x06:  # ret k
-            return k
+            return int(k)
         else:
             raise AssertionError(f"unexpected instruction {code:#x}")
 
@@ -1045,7 +1049,8 @@ def test_a_run_s_disk_goes_with_its_run_dir(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     sandbox.make_run_dir(run_dir, disk_mb=8)
     disk = sandbox.disks.disk_of(run_dir) if sandbox.disks else None
-    assert disk is not None and os.path.ismount(run_dir)
+    assert disk is not None
+    assert os.path.ismount(run_dir)
     backing = Path(f"/sys/block/{Path(disk.device).name}/loop/backing_file")
     assert backing.read_text().strip() == str(disk.image)
     try:
@@ -1057,7 +1062,8 @@ def test_a_run_s_disk_goes_with_its_run_dir(tmp_path: Path) -> None:
         sandbox.release_run_dir(run_dir)
         sandbox.close()
 
-    assert not os.path.ismount(run_dir) and os.listdir(run_dir) == []
+    assert not os.path.ismount(run_dir)
+    assert os.listdir(run_dir) == []
     wait_until(lambda: not disk.image.exists())
     # Its loop device was cleared with its last mount (or serves another disk now).
     wait_until(
@@ -1083,7 +1089,8 @@ def test_the_sandbox_s_mount_table_names_no_host_path(tmp_path: Path) -> None:
 
     assert result.exit_code == 0, lines
     table = "\n".join(stdout(lines))
-    assert " /work " in table and " /output " in table
+    assert " /work " in table
+    assert " /output " in table
     for host_path in {str(tmp_path), os.path.realpath(tmp_path)}:
         assert host_path not in table, table
     for line in table.splitlines():
@@ -1106,6 +1113,7 @@ def test_protections_say_whether_the_kernel_or_a_poll_bounds_the_disk() -> None:
         assert enforced == bool(os.path.exists("/dev/loop-control") and shutil.which("mkfs.ext4"))
     # Sandboxes under floom's own uid have no stage to mount a disk on: polled.
     own = LocalSandbox(uids=None)
-    assert own.disks is None and own.protections()["disk_limit"] == "polled"
+    assert own.disks is None
+    assert own.protections()["disk_limit"] == "polled"
     sandbox.close()
     own.close()

@@ -131,8 +131,16 @@ def web_host(tmp_path: Path, *, public: bool) -> Iterator[WebHost]:
         (site / "token.txt").write_text(token)
         port = 8000 + secrets.randbelow(1000)
         server = host.popen(
-            [sys.executable, "-m", "http.server", "--bind", host.address]
-            + ["--directory", str(site), str(port)]
+            [
+                sys.executable,
+                "-m",
+                "http.server",
+                "--bind",
+                host.address,
+                "--directory",
+                str(site),
+                str(port),
+            ]
         )
         try:
             wait_until(lambda: can_connect(host.address, port), timeout=10)

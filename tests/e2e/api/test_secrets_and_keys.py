@@ -130,7 +130,8 @@ def test_keys_are_stored_hashed_shown_once_and_revocable(
     assert token not in listed
     with session_scope(server.ctx.engine) as s:
         row = s.get(ApiKey, created.json()["id"])
-        assert row is not None and token not in row.key_hash
+        assert row is not None
+        assert token not in row.key_hash
     with server.client(key=token) as c:
         assert c.get("/api/v1/workers").status_code == 200
         assert api.delete(f"/api/v1/keys/{created.json()['id']}").status_code == 200

@@ -15,6 +15,7 @@ import pytest
 
 from floom.client.rest import FloomClient
 from floom.services.runs import waits as run_waits
+from floom.store.db import read_connection
 from tests.e2e.api.test_waits import NOOP, CountingTransport, deploy, keys_of, make_server, start
 from tests.support.harness import LiveServer, wait_until
 
@@ -30,7 +31,8 @@ def test_a_start_with_wait_answers_200_with_the_ended_run_in_one_request(
     transport = CountingTransport()
     with FloomClient(server.base_url, server.admin_key, transport=transport) as client:
         run = client.start_run("quick", {}, wait=30)
-    assert run["status"] == "succeeded" and run["outputs"] == {}
+    assert run["status"] == "succeeded"
+    assert run["outputs"] == {}
     assert "tool_calls" in run  # the whole record, as GET /runs/{id} gives it
     (request,) = transport.requests
     assert (request.method, request.url.path) == ("POST", "/api/v1/workers/quick/runs")
@@ -47,7 +49,7 @@ def test_a_start_with_wait_answers_with_the_record_its_end_wrote_without_reading
         "json.dump({'outputs': {'n': 1}}, open('result.json', 'w'))\n"
     )
     reads: list[str] = []
-    real_read = run_waits.read_connection
+    real_read = read_connection
 
     def counting_read(engine: Any) -> Any:
         reads.append(threading.current_thread().name)
@@ -61,7 +63,8 @@ def test_a_start_with_wait_answers_with_the_record_its_end_wrote_without_reading
         assert resp.status_code == 200, resp.text
         stored = api.get(f"/api/v1/runs/{resp.json()['id']}").json()
     answer = resp.json()
-    assert answer["status"] == "succeeded" and answer["outputs"] == {"n": 1}
+    assert answer["status"] == "succeeded"
+    assert answer["outputs"] == {"n": 1}
     assert [a["name"] for a in answer["artifacts"]] == ["a.txt", "note.txt"]
     assert answer == stored  # the record as stored, to the field
     assert reads == []
@@ -77,7 +80,8 @@ def test_a_start_whose_run_outlasts_the_wait_answers_202_with_the_run_as_it_is(
         began = time.monotonic()
         resp = api.post("/api/v1/workers/idle/runs", params={"wait": 0.5}, json={})
         took = time.monotonic() - began
-        assert resp.status_code == 202 and resp.json()["status"] == "queued"
+        assert resp.status_code == 202
+        assert resp.json()["status"] == "queued"
         assert api.get(f"/api/v1/runs/{resp.json()['id']}").status_code == 200
     assert 0.4 < took < 10
     assert server.ctx.node.run_ends.open_waits(keys_of(server)) == 0

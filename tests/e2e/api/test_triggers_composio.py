@@ -102,13 +102,15 @@ def test_a_composio_event_runs_the_workers_whose_trigger_matches(
         started = {d["worker"]: d for d in resp.json()["deliveries"]}
         assert set(started) == {"commits", "any-commit"}
         run = wait_for_run(api, started["commits"]["run_id"])
-        assert run["status"] == "succeeded" and run["trigger"] == "composio"
+        assert run["status"] == "succeeded"
+        assert run["trigger"] == "composio"
         assert run["outputs"] == {"event": payload, "author": "ada"}
         (delivery,) = api.get("/api/v1/workers/commits/deliveries").json()["items"]
         assert (delivery["source"], delivery["event"]) == ("composio", "GITHUB_COMMIT_EVENT")
 
         again = send(composio_server, payload, "msg_c1")
-        assert again.status_code == 200 and again.json()["duplicate"] is True
+        assert again.status_code == 200
+        assert again.json()["duplicate"] is True
         assert {d["run_id"] for d in again.json()["deliveries"]} == {
             d["run_id"] for d in started.values()
         }
@@ -131,7 +133,9 @@ def test_older_composio_payload_shapes_are_read_too() -> None:
     v1 = {"trigger_name": "GITHUB_COMMIT_EVENT", "connection_id": "ca_1", "payload": {"n": 3}}
     for payload in (v2, v1):
         event = read_event(payload)
-        assert event is not None and matches(spec, event)
+        assert event is not None
+        assert matches(spec, event)
     wrong = read_event({**v1, "payload": {"n": "4"}})
-    assert wrong is not None and not matches(spec, wrong)
+    assert wrong is not None
+    assert not matches(spec, wrong)
     assert read_event({"type": "composio.connected_account.expired", "data": []}) is None

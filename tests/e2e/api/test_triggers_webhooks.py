@@ -83,7 +83,8 @@ def test_a_standard_webhook_starts_a_run_with_the_body_as_its_event(
 
     assert resp.status_code == 202, resp.text
     answer = resp.json()
-    assert answer["outcome"] == "run" and answer["duplicate"] is False
+    assert answer["outcome"] == "run"
+    assert answer["duplicate"] is False
     run = wait_for_run(api, answer["run_id"])
     assert run["status"] == "succeeded", run
     assert run["trigger"] == "webhook"
@@ -117,7 +118,8 @@ def test_a_github_webhook_maps_body_fields_to_inputs_and_can_wait_for_outputs(
     assert answer["status"] == "succeeded"
     assert answer["outputs"]["repo"] == "acme/api"
     (delivery,) = api.get("/api/v1/workers/gh/deliveries").json()["items"]
-    assert delivery["event"] == "push" and delivery["delivery_id"] == "guid-1"
+    assert delivery["event"] == "push"
+    assert delivery["delivery_id"] == "guid-1"
 
 
 def test_an_hmac_sha256_webhook_delivers_a_text_body_to_a_string_event(
@@ -205,7 +207,8 @@ def test_a_repeated_delivery_id_is_acknowledged_and_not_run_again(
     first = hook(server, "/hooks/std", body, standard_headers(body, "msg_dup"))
     again = hook(server, "/hooks/std", body, standard_headers(body, "msg_dup"))
 
-    assert first.status_code == 202 and again.status_code == 200
+    assert first.status_code == 202
+    assert again.status_code == 200
     assert again.json()["duplicate"] is True
     assert again.json()["run_id"] == first.json()["run_id"]
     assert len(runs_of(api, "std")) == 1
@@ -230,7 +233,8 @@ def test_a_captured_request_sent_again_under_a_new_delivery_id_is_a_duplicate(
     redelivered = hook(server, "/hooks/gh", body, github_headers(body, "guid-a"))
 
     assert first.status_code == 202
-    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert again.status_code == 200
+    assert again.json()["duplicate"] is True
     assert redelivered.json()["run_id"] == first.json()["run_id"]
     assert len(runs_of(api, "gh")) == 1
 
@@ -246,7 +250,8 @@ def test_a_stored_delivery_can_be_replayed_as_a_new_run(
     replay = api.post(f"/api/v1/deliveries/{original['delivery_id']}/replay")
     assert replay.status_code == 202, replay.text
     run = wait_for_run(api, replay.json()["id"])
-    assert run["trigger"] == "replay" and run["replay_of"] == original["run_id"]
+    assert run["trigger"] == "replay"
+    assert run["replay_of"] == original["run_id"]
     assert run["outputs"]["event"] == {"action": "closed"}
     (delivery,) = api.get("/api/v1/workers/std/deliveries").json()["items"]
     assert delivery["replay_count"] == 1
@@ -260,11 +265,13 @@ def test_a_paused_worker_stores_webhooks_as_skipped_and_refuses_manual_runs_with
     body = b'{"while": "paused"}'
     resp = hook(server, "/hooks/std", body, standard_headers(body, "msg_p"))
 
-    assert resp.status_code == 202 and resp.json()["outcome"] == "paused"
+    assert resp.status_code == 202
+    assert resp.json()["outcome"] == "paused"
     (skipped,) = api.get("/api/v1/runs", params={"worker": "std", "status": "skipped"}).json()[
         "items"
     ]
-    assert skipped["trigger"] == "webhook" and skipped["error"]["code"] == "paused"
+    assert skipped["trigger"] == "webhook"
+    assert skipped["error"]["code"] == "paused"
     # The answer names the skipped run that was stored for the delivery.
     assert (resp.json()["run_id"], resp.json()["status"]) == (skipped["id"], "skipped")
     delivery_id = resp.json()["delivery_id"]
@@ -274,7 +281,8 @@ def test_a_paused_worker_stores_webhooks_as_skipped_and_refuses_manual_runs_with
     assert manual.json()["error"]["code"] == "worker_paused"
     assert '"force": true' in manual.json()["error"]["hint"]
     forced = api.post("/api/v1/workers/std/runs", json={"inputs": {"event": {}}, "force": True})
-    assert forced.status_code == 202 and forced.json()["trigger"] == "api"
+    assert forced.status_code == 202
+    assert forced.json()["trigger"] == "api"
     cli = api.post(
         "/api/v1/workers/std/runs",
         json={"inputs": {"event": {}}, "force": True},
@@ -303,19 +311,22 @@ def test_a_delivery_refused_for_its_inputs_answers_with_the_skipped_run_it_store
 
     assert refused.status_code == 422, refused.text
     error, delivery = refused.json()["error"], refused.json()["delivery"]
-    assert error["code"] == "input_invalid" and "repo" in error["message"]
+    assert error["code"] == "input_invalid"
+    assert "repo" in error["message"]
     assert "floom " not in json.dumps(error)  # the sender is a plain REST client
     # What the answer says is what was stored: the delivery and the skipped run it names.
     (skipped,) = runs_of(api, "mapped")
     assert (delivery["run_id"], delivery["status"]) == (skipped["id"], "skipped")
-    assert skipped["status"] == "skipped" and skipped["error"]["code"] == "input_invalid"
+    assert skipped["status"] == "skipped"
+    assert skipped["error"]["code"] == "input_invalid"
     assert delivery["outcome"] == "input_invalid"
     (stored,) = api.get("/api/v1/workers/mapped/deliveries").json()["items"]
     assert (stored["id"], stored["delivery_id"]) == (delivery["delivery_id"], "msg_bad")
     assert (stored["outcome"], stored["run_id"]) == ("input_invalid", skipped["id"])
     # The same delivery again is a duplicate that names the same skipped run, and stores nothing.
     again = hook(server, "/hooks/mapped", body, standard_headers(body, "msg_bad"))
-    assert again.status_code == 200 and again.json()["duplicate"] is True
+    assert again.status_code == 200
+    assert again.json()["duplicate"] is True
     assert (again.json()["run_id"], again.json()["status"]) == (skipped["id"], "skipped")
     assert len(runs_of(api, "mapped")) == 1
 
@@ -334,10 +345,12 @@ def test_the_triggers_api_lists_next_fires_in_the_timezone_and_the_webhook_url(
     listing = api.get("/api/v1/workers/both/triggers").json()
     schedule, webhook = listing["items"]
 
-    assert schedule["timezone"] == "Europe/Berlin" and len(schedule["next_fires"]) == 3
+    assert schedule["timezone"] == "Europe/Berlin"
+    assert len(schedule["next_fires"]) == 3
     for fire in schedule["next_fires"]:
         when = datetime.fromisoformat(fire)
-        assert (when.hour, when.minute) == (9, 0) and when.weekday() < 5
+        assert (when.hour, when.minute) == (9, 0)
+        assert when.weekday() < 5
         assert fire.endswith(("+01:00", "+02:00"))
     assert webhook["url"] == f"{server.base_url}/hooks/both"
     assert webhook["secret_set"] is False

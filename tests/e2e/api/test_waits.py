@@ -131,7 +131,8 @@ def test_a_key_over_its_wait_cap_gets_429_too_many_waits_while_other_keys_still_
         refused = reader.get(f"/api/v1/runs/{run_id}", params={"wait": 30})
         assert refused.status_code == 429
         error = refused.json()["error"]
-        assert error["code"] == "too_many_waits" and error["hint"]
+        assert error["code"] == "too_many_waits"
+        assert error["hint"]
         # A read without waiting, and another key's wait, are not capped by this key's waits.
         assert reader.get(f"/api/v1/runs/{run_id}").json()["status"] == "queued"
         other = api.get(f"/api/v1/runs/{run_id}", params={"wait": 0.3})
@@ -268,7 +269,8 @@ def test_the_blocking_wait_answers_a_worker_thread_when_the_run_ends(
         queued = run_waits.wait_for_end_blocking(
             server.ctx, caller=SYSTEM, run_id=run_id, timeout=0.2
         )
-        assert queued.status == "queued" and not waited.done()
+        assert queued.status == "queued"
+        assert not waited.done()
         cancelled = time.monotonic()
         runs.cancel_run(server.ctx, caller=SYSTEM, run_id=run_id)
         ended = waited.result(timeout=5)
@@ -285,9 +287,8 @@ def test_a_client_that_gives_up_gives_its_wait_back_at_once(
     with server.client() as api:
         deploy(api, tmp_path, "idle", NOOP)
         run_id = start(api, "idle")
-    with server.client(token) as impatient:
-        with pytest.raises(httpx.ReadTimeout):
-            impatient.get(f"/api/v1/runs/{run_id}", params={"wait": 30}, timeout=1.0)
+    with server.client(token) as impatient, pytest.raises(httpx.ReadTimeout):
+        impatient.get(f"/api/v1/runs/{run_id}", params={"wait": 30}, timeout=1.0)
     # The connection is closed; the server stops waiting instead of holding the key's wait
     # until the 30 s run out.
     wait_until(lambda: server.ctx.node.run_ends.open_waits(key_id) == 0, timeout=3)

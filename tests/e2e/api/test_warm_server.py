@@ -43,7 +43,7 @@ def test_a_warm_workers_runs_start_warm_and_health_and_metrics_show_its_pool(
         {"run.py": WORKER},
     )
     deploy_folder(api, folder)
-    pids = []
+    pids: list[int] = []
     deadline = time.monotonic() + 60
     while 1 not in pids:
         assert time.monotonic() < deadline, pids
@@ -54,9 +54,12 @@ def test_a_warm_workers_runs_start_warm_and_health_and_metrics_show_its_pool(
 
     warm = api.get("/healthz").json()["warm"]
     assert warm["enabled"] is True
-    assert warm["hits"] >= 1 and warm["misses"] >= 1
+    assert warm["hits"] >= 1
+    assert warm["misses"] >= 1
     (pool,) = [p for p in warm["pools"] if p["worker"] == "quick"]
-    assert pool["hits"] >= 1 and pool["modules"] > 0 and pool["rss_bytes"] > 0
+    assert pool["hits"] >= 1
+    assert pool["modules"] > 0
+    assert pool["rss_bytes"] > 0
 
     _, reader = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="prometheus")
     with server.client(reader) as scraper:
@@ -75,7 +78,8 @@ def test_a_warm_workers_runs_start_warm_and_health_and_metrics_show_its_pool(
 
     listed = cli(server, "nodes")
     assert listed.returncode == 0, listed.stderr
-    assert "warm starts on" in listed.stdout and "quick" in listed.stdout
+    assert "warm starts on" in listed.stdout
+    assert "quick" in listed.stdout
     as_json = json.loads(cli(server, "nodes", "--json").stdout)
     (me,) = [n for n in as_json if n["id"] == server.ctx.node_id]
     assert any(p["worker"] == "quick" for p in me["warm"]["pools"])

@@ -134,7 +134,8 @@ def test_a_run_s_mount_table_names_no_path_of_the_host(
 
     events = list_events(server.ctx, caller=SYSTEM, run_id=run_id)
     table = "\n".join(e.line for e in events if e.stream == "stdout")
-    assert " /work " in table and " /output " in table
+    assert " /work " in table
+    assert " /output " in table
     settings = server.ctx.settings
     for host_path in (settings.data_dir, settings.work_root, tmp_path):
         for spelled in {str(host_path), os.path.realpath(host_path)}:

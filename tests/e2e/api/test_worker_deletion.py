@@ -138,7 +138,8 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
     result = delete_worker(ctx, name="doomed", purge_runs=False, caller=admin(ctx))
 
     assert (result.runs_kept, result.runs_purged, result.runs_cancelled) == (3, 0, 2)
-    assert result.approvals_closed == 1 and result.versions == [version]
+    assert result.approvals_closed == 1
+    assert result.versions == [version]
     with pytest.raises(NotFound):
         workers.get_worker(ctx, caller=SYSTEM, name="doomed")
     assert runs.get_run(ctx, caller=SYSTEM, run_id=queued.id).status == run_rules.CANCELLED
@@ -257,7 +258,8 @@ def test_a_redeploy_of_the_name_starts_at_its_first_version_without_old_triggers
     new_triggers = {
         t.id for t in triggers.list_triggers(ctx, caller=SYSTEM, worker_name="phoenix")[1]
     }
-    assert len(new_triggers) == 1 and not new_triggers & old_triggers
+    assert len(new_triggers) == 1
+    assert not new_triggers & old_triggers
     with pytest.raises(NotFound):  # the old incarnation's other version is gone from the name
         workers.rollback(ctx, caller=SYSTEM, name="phoenix", version_id=second)
     with pytest.raises(NotFound):
@@ -283,7 +285,8 @@ def test_every_deletion_is_audited_with_its_actor_and_counts(ctx: Context, tmp_p
     body = audit.event_to_dict(events[0])
     assert body["actor"] == {"key_id": caller.key_id, "label": "test admin"}
     assert body["payload"]["versions"] == [version]
-    assert body["payload"]["runs_purged"] == 1 and body["payload"]["purge_runs"] is True
+    assert body["payload"]["runs_purged"] == 1
+    assert body["payload"]["purge_runs"] is True
 
 
 def test_deleting_an_unknown_worker_is_not_found_and_records_nothing(ctx: Context) -> None:
@@ -308,7 +311,8 @@ def test_over_rest_a_running_run_ends_cancelled_and_kept_runs_stay_listed(
 
     assert resp.status_code == 200, resp.text
     body = resp.json()
-    assert body["deleted"] is True and body["runs_kept"] == 1
+    assert body["deleted"] is True
+    assert body["runs_kept"] == 1
     assert (body["runs_stopping"], body["runs_cancelled"]) == (1, 0)
     assert wait_for_run(api, run_id)["status"] == "cancelled"
     assert api.get("/api/v1/workers/slow").status_code == 404
@@ -316,7 +320,9 @@ def test_over_rest_a_running_run_ends_cancelled_and_kept_runs_stay_listed(
     assert [r["id"] for r in listed] == [run_id]
     assert api.get(f"/api/v1/runs/{run_id}/logs").status_code == 200
     page = signed_in_client(server, server.admin_key).get(f"/runs/{run_id}")
-    assert page.status_code == 200 and "(deleted)" in page.text and "Replay" not in page.text
+    assert page.status_code == 200
+    assert "(deleted)" in page.text
+    assert "Replay" not in page.text
 
 
 def test_over_rest_a_purge_waits_for_a_running_run_to_stop_then_removes_it(
@@ -366,7 +372,8 @@ def test_read_and_run_keys_may_not_delete_and_only_admins_read_the_audit(
         _, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=[scope], name=f"{scope} key")
         with server.client(key=token) as client:
             resp = client.delete("/api/v1/workers/keepme")
-            assert resp.status_code == 403 and resp.json()["error"]["code"] == "forbidden"
+            assert resp.status_code == 403
+            assert resp.json()["error"]["code"] == "forbidden"
     assert api.get("/api/v1/workers/keepme").status_code == 200
     deployer, token = keys.create_key(
         server.ctx, caller=SYSTEM, scopes=["deploy"], name="ci deployer"
@@ -378,7 +385,8 @@ def test_read_and_run_keys_may_not_delete_and_only_admins_read_the_audit(
     assert events[0]["actor"] == {"key_id": deployer.id, "label": "ci deployer"}
     assert events[0]["subject"] == "worker:keepme"
     missing = api.delete("/api/v1/workers/keepme")
-    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "not_found"
     assert missing.json()["error"]["hint"]
 
 
@@ -391,19 +399,23 @@ def test_the_cli_asks_before_deleting_and_deletes_with_yes(
     assert wait_for_run(api, run_id)["status"] == "succeeded"
 
     declined = cli(server, "workers", "delete", "clidel", stdin="n\n")
-    assert declined.returncode == 1 and "not deleted" in declined.stderr
+    assert declined.returncode == 1
+    assert "not deleted" in declined.stderr
     assert api.get("/api/v1/workers/clidel").status_code == 200
 
     listed = cli(server, "workers")
-    assert listed.returncode == 0 and "clidel" in listed.stdout
+    assert listed.returncode == 0
+    assert "clidel" in listed.stdout
     done = cli(server, "workers", "delete", "clidel", "--purge-runs", "--yes")
     assert done.returncode == 0, done.stderr
-    assert "deleted worker clidel" in done.stdout and "1 run(s) purged" in done.stdout
+    assert "deleted worker clidel" in done.stdout
+    assert "1 run(s) purged" in done.stdout
     assert api.get(f"/api/v1/runs/{run_id}").status_code == 404
 
     unknown = cli(server, "workers", "delete", "clidel", "--yes")
     assert unknown.returncode == 1
-    assert "no worker named 'clidel'" in unknown.stderr and "hint:" in unknown.stderr
+    assert "no worker named 'clidel'" in unknown.stderr
+    assert "hint:" in unknown.stderr
 
 
 def test_the_mcp_tool_needs_confirm_and_the_deploy_scope(
@@ -419,10 +431,12 @@ def test_the_mcp_tool_needs_confirm_and_the_deploy_scope(
             assert refused["code"] == "forbidden"
         async with http_client(server) as mcp:
             unconfirmed = await call_error(mcp, "delete_worker", worker="mcpdel")
-            assert unconfirmed["code"] == "invalid_request" and "confirm" in unconfirmed["hint"]
+            assert unconfirmed["code"] == "invalid_request"
+            assert "confirm" in unconfirmed["hint"]
             assert api.get("/api/v1/workers/mcpdel").status_code == 200
             deleted = await call(mcp, "delete_worker", worker="mcpdel", confirm=True)
-            assert deleted["deleted"] is True and deleted["runs_kept"] == 0
+            assert deleted["deleted"] is True
+            assert deleted["runs_kept"] == 0
             missing = await call_error(mcp, "delete_worker", worker="mcpdel", confirm=True)
             assert missing["code"] == "not_found"
 
@@ -445,7 +459,8 @@ def test_the_stdio_mcp_server_deletes_through_the_rest_api(
             deleted = await call(
                 mcp, "delete_worker", worker="stdiodel", purge_runs=True, confirm=True
             )
-            assert deleted["runs_purged"] == 1 and deleted["purge_runs"] is True
+            assert deleted["runs_purged"] == 1
+            assert deleted["purge_runs"] is True
 
     anyio.run(session)
     assert api.get(f"/api/v1/runs/{run_id}").status_code == 404
@@ -503,14 +518,16 @@ def test_the_worker_page_deletes_only_with_csrf_the_typed_name_and_the_deploy_sc
     mistyped = browser.post(
         "/workers/uidel/delete", data={"csrf": csrf_of(page.text), "confirm_name": "uidle"}
     )
-    assert mistyped.status_code == 400 and "type uidel" in mistyped.text
+    assert mistyped.status_code == 400
+    assert "type uidel" in mistyped.text
     assert api.get("/api/v1/workers/uidel").status_code == 200
 
     done = browser.post(
         "/workers/uidel/delete",
         data={"csrf": csrf_of(page.text), "confirm_name": "uidel", "purge_runs": "on"},
     )
-    assert done.status_code == 303 and done.headers["location"] == "/?notice=purged"
+    assert done.status_code == 303
+    assert done.headers["location"] == "/?notice=purged"
     assert "Deleted" in browser.get(done.headers["location"]).text
     assert api.get("/api/v1/workers/uidel").status_code == 404
     events = api.get("/api/v1/audit", params={"subject": "worker:uidel"}).json()["items"]
@@ -543,7 +560,7 @@ def test_a_deleted_workers_composio_and_handoff_triggers_take_nothing_more(
         assert result.triggers_removed == 2
         assert rows(ctx, AgentRole, AgentRole.agent_id == agent.id) == []
         _, admin_token = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="publisher")
-        admin_key = keys.authenticate(ctx, admin_token)
+        admin_key = Principal.of_key(keys.authenticate(ctx, admin_token))
         job = handoffs.create_job(ctx, actor=admin_key, summary="review this", role="reviewer")
         assert handoff_bridge.tick(ctx) == 0
         assert handoffs.get_job(ctx, actor=admin_key, job_id=job["id"])["status"] == "published"
@@ -649,7 +666,8 @@ def test_another_node_cannot_run_a_version_retired_by_a_deletion_it_had_cached(
         cwd=REPO,
     )
     try:
-        assert node.stdout is not None and node.stdin is not None
+        assert node.stdout is not None
+        assert node.stdin is not None
         assert node.stdout.readline().strip() == "cached"
         delete_worker(ctx, name="twin", purge_runs=False, caller=admin(ctx))
         deploy(ctx, tmp_path / "b", "name: twin\ndescription: second\n")
@@ -658,7 +676,7 @@ def test_another_node_cannot_run_a_version_retired_by_a_deletion_it_had_cached(
         assert node.stdout.readline().strip() == "not_found"
     finally:
         node.kill()
-        node.wait(timeout=30)
+        node.communicate(timeout=30)  # closes its pipes too
     assert rows(ctx, Run, Run.worker_name == "twin") == []
 
 
@@ -707,6 +725,7 @@ def test_on_postgresql_a_deletion_waits_for_a_run_being_created_then_cancels_it(
     (run,) = created
     (result,) = deleted
     assert runs.get_run(ctx, caller=SYSTEM, run_id=run.id).status == run_rules.CANCELLED
-    assert result.runs_cancelled == 1 and result.runs_kept == 1
+    assert result.runs_cancelled == 1
+    assert result.runs_kept == 1
     with pytest.raises(NotFound):
         workers.get_worker(ctx, caller=SYSTEM, name="contended")

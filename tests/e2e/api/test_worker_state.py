@@ -6,6 +6,7 @@ replay starts from its original's state. On SQLite and PostgreSQL unless said.""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def test_a_script_reads_the_state_its_last_success_left_and_leaves_the_next(
     api: httpx.Client, tmp_path: Path
 ) -> None:
     deploy_counter(api, tmp_path)
-    assert counter_state(api)["current_version"] == 0 and counter_state(api)["state"] is None
+    assert counter_state(api)["current_version"] == 0
+    assert counter_state(api)["state"] is None
 
     first = run_counter(api)
     second = run_counter(api)
@@ -36,14 +38,17 @@ def test_a_script_reads_the_state_its_last_success_left_and_leaves_the_next(
     assert first["outputs"]["seen"] == {"state": None}
     assert second["outputs"]["seen"] == {"state": {"count": 1, "run": first["id"]}}
     state = counter_state(api)
-    assert state["enabled"] is True and state["current_version"] == 2
+    assert state["enabled"] is True
+    assert state["current_version"] == 2
     assert state["state"] == {"count": 2, "run": second["id"]}
     assert state["written"]["written_by"] == f"run:{second['id']}"
-    assert state["written"]["run_id"] == second["id"] and state["written"]["source"] == "run"
+    assert state["written"]["run_id"] == second["id"]
+    assert state["written"]["source"] == "run"
     versions = api.get("/api/v1/workers/counter/state/versions").json()["items"]
     assert [(v["version"], v["run_id"]) for v in versions] == [(2, second["id"]), (1, first["id"])]
     older = api.get("/api/v1/workers/counter/state", params={"version": 1}).json()
-    assert older["state"] == {"count": 1, "run": first["id"]} and older["current_version"] == 2
+    assert older["state"] == {"count": 1, "run": first["id"]}
+    assert older["current_version"] == 2
 
 
 def test_a_failed_run_changes_no_state_even_when_it_left_one(
@@ -54,9 +59,11 @@ def test_a_failed_run_changes_no_state_even_when_it_left_one(
 
     failed = run_counter(api, fail=True)
 
-    assert failed["status"] == "failed" and failed["error"]["code"] == "worker_error"
+    assert failed["status"] == "failed"
+    assert failed["error"]["code"] == "worker_error"
     state = counter_state(api)
-    assert state["current_version"] == 1 and state["state"]["run"] == ok["id"]
+    assert state["current_version"] == 1
+    assert state["state"]["run"] == ok["id"]
     assert len(api.get("/api/v1/workers/counter/state/versions").json()["items"]) == 1
 
 
@@ -70,7 +77,8 @@ def test_an_oversized_state_fails_the_run_naming_the_field_and_changes_nothing(
 
     assert run["status"] == "failed", run
     assert run["error"]["code"] == "state_too_large"
-    assert "state is" in run["error"]["message"] and "at most 200" in run["error"]["message"]
+    assert "state is" in run["error"]["message"]
+    assert "at most 200" in run["error"]["message"]
     assert counter_state(api)["current_version"] == 1
 
 
@@ -82,8 +90,10 @@ def test_a_worker_without_state_gets_no_state_json_and_its_state_is_ignored(
 
     run = run_counter(api)
 
-    assert run["status"] == "succeeded" and run["outputs"]["seen"] == {"state": False}
-    assert counter_state(api)["current_version"] == 0 and counter_state(api)["enabled"] is False
+    assert run["status"] == "succeeded"
+    assert run["outputs"]["seen"] == {"state": False}
+    assert counter_state(api)["current_version"] == 0
+    assert counter_state(api)["enabled"] is False
 
 
 def test_an_operator_sets_restores_and_compares_and_sets_the_state_over_rest(
@@ -92,19 +102,23 @@ def test_an_operator_sets_restores_and_compares_and_sets_the_state_over_rest(
     deploy_counter(api, tmp_path)
     put = api.put("/api/v1/workers/counter/state", json={"state": {"count": 41}})
     assert put.status_code == 200, put.text
-    assert put.json()["written"]["source"] == "operator" and put.json()["version"] == 1
+    assert put.json()["written"]["source"] == "operator"
+    assert put.json()["version"] == 1
 
     run = run_counter(api)
     assert run["outputs"]["seen"] == {"state": {"count": 41}}
     assert counter_state(api)["state"]["count"] == 42
 
     stale = api.put("/api/v1/workers/counter/state", json={"state": {}, "if_version": 1})
-    assert stale.status_code == 409 and stale.json()["error"]["code"] == "state_conflict"
+    assert stale.status_code == 409
+    assert stale.json()["error"]["code"] == "state_conflict"
     restored = api.put("/api/v1/workers/counter/state", json={"from_version": 1})
     assert restored.status_code == 200, restored.text
     body = restored.json()
-    assert body["version"] == 3 and body["state"] == {"count": 41}
-    assert body["written"]["source"] == "restore" and body["written"]["restored_from"] == 1
+    assert body["version"] == 3
+    assert body["state"] == {"count": 41}
+    assert body["written"]["source"] == "restore"
+    assert body["written"]["restored_from"] == 1
 
 
 def test_bad_state_from_an_operator_is_refused_clearly_and_changes_nothing(
@@ -123,15 +137,19 @@ def test_bad_state_from_an_operator_is_refused_clearly_and_changes_nothing(
     missing = api.put("/api/v1/workers/counter/state", json={"from_version": 9})
     deep = api.put("/api/v1/workers/counter/state", json={"state": json.loads("[" * 70 + "]" * 70)})
 
-    assert too_large.status_code == 413 and too_large.json()["error"]["code"] == "state_too_large"
+    assert too_large.status_code == 413
+    assert too_large.json()["error"]["code"] == "state_too_large"
     assert too_large.json()["error"]["details"][0]["path"] == "state"
     assert "FLOOM_MAX_STATE_BYTES" in too_large.json()["error"]["hint"]
     assert not_json.status_code == 422
-    assert both.status_code == 400 and "exactly one" in both.json()["error"]["message"]
+    assert both.status_code == 400
+    assert "exactly one" in both.json()["error"]["message"]
     assert missing.status_code == 404
-    assert deep.status_code == 422 and deep.json()["error"]["code"] == "state_invalid"
+    assert deep.status_code == 422
+    assert deep.json()["error"]["code"] == "state_invalid"
     state = counter_state(api)
-    assert state["current_version"] == 1 and state["state"] == {"count": 1}
+    assert state["current_version"] == 1
+    assert state["state"] == {"count": 1}
 
 
 def test_a_replay_starts_from_its_originals_state_and_never_overwrites_a_newer_one(
@@ -147,8 +165,10 @@ def test_a_replay_starts_from_its_originals_state_and_never_overwrites_a_newer_o
 
     # The state second started from (version 1, written by first), not the current one.
     assert replayed["outputs"]["seen"] == {"state": {"count": 1, "run": first["id"]}}
-    assert second["state_base"] == replayed["state_base"] == 1 and first["state_base"] == 0
-    assert replayed["status"] == "failed" and replayed["error"]["code"] == "state_conflict"
+    assert second["state_base"] == replayed["state_base"] == 1
+    assert first["state_base"] == 0
+    assert replayed["status"] == "failed"
+    assert replayed["error"]["code"] == "state_conflict"
     assert counter_state(api)["state"]["run"] == second["id"]
 
 
@@ -182,7 +202,7 @@ def test_two_runs_from_one_state_on_postgres_end_one_written_one_state_conflict(
     runs = [start_run(api, "counter"), start_run(api, "counter")]
 
     # Both have read state.json (version 0) before either may finish.
-    outputs = [wait_until(lambda r=r: _ready(server, r, 1), timeout=30) for r in runs]
+    outputs = [wait_until(functools.partial(_ready, server, r, 1), timeout=30) for r in runs]
     for output in outputs:
         (output / "go").touch()
     ended = [wait_for_run(api, run_id) for run_id in runs]
@@ -191,7 +211,8 @@ def test_two_runs_from_one_state_on_postgres_end_one_written_one_state_conflict(
     assert statuses == [("failed", "state_conflict"), ("succeeded", None)], ended
     (winner,) = [r for r in ended if r["status"] == "succeeded"]
     state = counter_state(api)
-    assert state["current_version"] == 1 and state["state"] == {"by": winner["id"]}
+    assert state["current_version"] == 1
+    assert state["state"] == {"by": winner["id"]}
 
 
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
@@ -201,7 +222,7 @@ def test_with_on_conflict_retry_the_losing_run_runs_again_from_the_winners_state
     manifest = COUNTER_YML.replace("state: true", "state: {on_conflict: retry}")
     deploy_counter(api, tmp_path, manifest, RACER_PY)
     runs = [start_run(api, "counter"), start_run(api, "counter")]
-    outputs = [wait_until(lambda r=r: _ready(server, r, 1), timeout=30) for r in runs]
+    outputs = [wait_until(functools.partial(_ready, server, r, 1), timeout=30) for r in runs]
     for output in outputs:
         (output / "go").touch()
 
@@ -214,7 +235,8 @@ def test_with_on_conflict_retry_the_losing_run_runs_again_from_the_winners_state
     (first,) = [r for r in ended if r["attempt"] == 1]
     assert retried["outputs"]["seen"] == {"state": {"by": first["id"]}}
     state = counter_state(api)
-    assert state["current_version"] == 2 and state["state"] == {"by": retried["id"]}
+    assert state["current_version"] == 2
+    assert state["state"] == {"by": retried["id"]}
 
 
 def test_the_state_versions_page_with_a_cursor(api: httpx.Client, tmp_path: Path) -> None:
@@ -228,7 +250,8 @@ def test_the_state_versions_page_with_a_cursor(api: httpx.Client, tmp_path: Path
     ).json()
 
     assert [v["version"] for v in page["items"]] == [3, 2]
-    assert [v["version"] for v in rest["items"]] == [1] and rest["next_cursor"] is None
+    assert [v["version"] for v in rest["items"]] == [1]
+    assert rest["next_cursor"] is None
 
 
 def test_a_read_key_reads_the_state_but_cannot_set_it(
@@ -287,7 +310,8 @@ def test_secret_values_in_a_state_are_masked_before_it_is_stored_whoever_writes_
     assert by_run["state"] == {"token": "***", "n": 1}
     assert by_operator["state"] == {"copied": "x***x"}
     versions = api.get("/api/v1/workers/counter/state/versions").text
-    assert token not in versions and token not in json.dumps([by_run, by_operator])
+    assert token not in versions
+    assert token not in json.dumps([by_run, by_operator])
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

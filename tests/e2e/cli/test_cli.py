@@ -176,7 +176,8 @@ def test_deploying_the_same_folder_twice_keeps_the_version(
 ) -> None:
     first = cli(server, "deploy", str(EXAMPLES / "hello"))
     second = cli(server, "deploy", str(EXAMPLES / "hello"))
-    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert first.returncode == 0, first.stderr + second.stderr
+    assert second.returncode == 0, first.stderr + second.stderr
     version = api.get("/api/v1/workers/hello").json()["active_version_id"]
     assert f"hello version {version}" in first.stdout
     assert "unchanged" not in first.stdout
@@ -252,7 +253,8 @@ def test_a_bad_input_names_the_field_and_creates_no_run(
     deploy_folder(api, EXAMPLES / "hello")
     result = cli(server, "run", "hello", "-i", "times=abc", "--wait")
     assert result.returncode == 1
-    assert "error:" in result.stderr and "times" in result.stderr
+    assert "error:" in result.stderr
+    assert "times" in result.stderr
     assert "hint:" in result.stderr
     assert api.get("/api/v1/runs", params={"worker": "hello"}).json()["items"] == []
 
@@ -294,7 +296,8 @@ def test_runs_prints_the_next_cursor(server: LiveServer, api: httpx.Client) -> N
     cursor = re.search(r"floom runs --cursor (\S+)", first.stdout)
     assert cursor, first.stdout
     second = cli(server, "runs", "--limit", "2", "--cursor", cursor.group(1))
-    assert ids[0] in second.stdout and ids[0] not in first.stdout
+    assert ids[0] in second.stdout
+    assert ids[0] not in first.stdout
     assert ids[2] in first.stdout
 
 
@@ -313,7 +316,8 @@ def test_logs_prints_ordered_timestamped_lines(
 
     events = [json.loads(x) for x in cli(server, "logs", run_id, "--json").stdout.splitlines()]
     seqs = [e["seq"] for e in events]
-    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) == len(lines)
+    assert seqs == sorted(seqs)
+    assert len(set(seqs)) == len(seqs) == len(lines)
 
     tail = log_lines(cli(server, "logs", run_id, "--tail", "2").stdout)
     assert tail == lines[-2:]
@@ -388,7 +392,8 @@ def test_secrets_set_from_stdin_are_listed_by_name_only(server: LiveServer) -> N
     assert result.returncode == 0, result.stderr
     assert value not in result.stdout + result.stderr
     stored, missing = secrets.resolve(server.ctx, ["MY_TOKEN"])
-    assert stored == {"MY_TOKEN": value} and missing == []
+    assert stored == {"MY_TOKEN": value}
+    assert missing == []
 
     listing = cli(server, "secrets", "list")
     assert "MY_TOKEN" in listing.stdout
@@ -410,7 +415,8 @@ def test_keys_create_list_and_revoke(server: LiveServer, api: httpx.Client) -> N
     created = cli(server, "keys", "create", "--scope", "read", "--scope", "run", "--name", "ci")
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip()
-    assert "\n" not in key and key
+    assert "\n" not in key
+    assert key
     assert "not be shown again" in created.stderr
     assert cli(server, "workers", key=key).returncode == 0
 
@@ -460,7 +466,8 @@ def test_following_a_finished_run_prints_each_line_once(
     result = cli(server, "logs", run_id, "-f", "--json")
     assert result.returncode == 0, result.stderr
     lines = [json.loads(x)["line"] for x in result.stdout.splitlines()]
-    assert "Hello, world!" in lines and len(lines) == len(set(lines))
+    assert "Hello, world!" in lines
+    assert len(lines) == len(set(lines))
 
 
 # -- following, in memory --------------------------------------------------------------------
@@ -495,7 +502,8 @@ def test_follow_resumes_from_the_last_seq_when_the_stream_breaks() -> None:
     client = FloomClient("http://floom.test", "key", transport=httpx.MockTransport(handler))
     events = list(client.follow("run_1"))
     assert [e.data.get("seq") for e in events if e.kind == "log"] == [1, 2, 3]
-    assert events[-1].kind == "end" and events[-1].data["status"] == "succeeded"
+    assert events[-1].kind == "end"
+    assert events[-1].data["status"] == "succeeded"
     assert asked == ["0", "2"]
 
 

@@ -53,21 +53,25 @@ def test_approvals_are_listed_and_approved_with_edits_from_the_command_line(
 
     listed = floom(server, "approvals")
     assert listed.returncode == 0
-    assert approval_id in listed.stdout and "run outputs" in listed.stdout
+    assert approval_id in listed.stdout
+    assert "run outputs" in listed.stdout
     assert "floom approve ID" in listed.stdout
     as_json: dict[str, Any] = json.loads(floom(server, "approvals", "--json").stdout)
     assert [a["id"] for a in as_json["items"]] == [approval_id]
 
     bad = floom(server, "approve", approval_id, "--edit", "[1]")
-    assert bad.returncode != 0 and "JSON object" in bad.stderr
+    assert bad.returncode != 0
+    assert "JSON object" in bad.stderr
     done = floom(
         server, "approve", approval_id, "--edit", '{"subject": "Hello"}', "--comment", "ok"
     )
     assert done.returncode == 0, done.stderr
-    assert f"approved {approval_id}" in done.stdout and run_id in done.stdout
+    assert f"approved {approval_id}" in done.stdout
+    assert run_id in done.stdout
     assert wait_status(api, run_id)["outputs"]["subject"] == "Hello"
     again = floom(server, "approve", approval_id)
-    assert again.returncode == 1 and "already approved" in again.stderr
+    assert again.returncode == 1
+    assert "already approved" in again.stderr
     assert "nothing awaits approval" in floom(server, "approvals").stdout
 
 
@@ -77,7 +81,8 @@ def test_a_rejection_from_the_command_line_needs_a_comment(
     run_id, approval_id = _gated_run(api, tmp_path)
 
     missing = floom(server, "reject", approval_id)
-    assert missing.returncode == 2 and "--comment" in missing.stderr
+    assert missing.returncode == 2
+    assert "--comment" in missing.stderr
     done = floom(server, "reject", approval_id, "--comment", "not today")
 
     assert done.returncode == 0, done.stderr
@@ -108,9 +113,11 @@ def test_show_prints_an_agent_runs_tool_calls_usage_and_approvals(
     assert shown.returncode == 0, shown.stderr
     assert "awaiting_approval" in shown.stdout
     assert "tool calls:" in shown.stdout
-    assert "remember" in shown.stdout and "request_approval" in shown.stdout
+    assert "remember" in shown.stdout
+    assert "request_approval" in shown.stdout
     assert "model: claude-sonnet-4-5, 1 turn, 100 in + 20 out tokens" in shown.stdout
-    assert "approval apr_" in shown.stdout and "pending" in shown.stdout
+    assert "approval apr_" in shown.stdout
+    assert "pending" in shown.stdout
 
 
 def test_run_wait_shows_the_agents_tool_calls_as_they_happen(
@@ -128,4 +135,5 @@ def test_run_wait_shows_the_agents_tool_calls_as_they_happen(
 
     assert waited.returncode == 0, waited.stderr
     assert 'tool remember {"key": "k", "value": 1} -> ok' in waited.stdout
-    assert "succeeded" in waited.stdout and "note: done" in waited.stdout
+    assert "succeeded" in waited.stdout
+    assert "note: done" in waited.stdout

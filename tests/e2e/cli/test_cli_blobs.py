@@ -40,9 +40,11 @@ def test_blobs_migrate_and_check_from_the_command_line(tmp_path: Path, s3_server
     assert moved.returncode == 0, moved.stderr
     assert json.loads(moved.stdout)["moved"] == 3
     again = _floom(["blobs", "migrate", "--to", "s3", "--json"], env)
-    assert json.loads(again.stdout)["moved"] == 0 and json.loads(again.stdout)["already"] == 3
+    assert json.loads(again.stdout)["moved"] == 0
+    assert json.loads(again.stdout)["already"] == 3
     checked = _floom(["blobs", "check"], env)
-    assert checked.returncode == 0 and "3 blob(s) checked, 0 problem(s)" in checked.stdout
+    assert checked.returncode == 0
+    assert "3 blob(s) checked, 0 problem(s)" in checked.stdout
     doctor = _floom(["doctor", "--json"], env)
     found = {c["name"]: c for c in json.loads(doctor.stdout)}
     assert found["object store"]["status"] == "ok"
@@ -62,5 +64,6 @@ def test_doctor_fails_an_unreachable_bucket_with_its_fix(tmp_path: Path) -> None
     }
     doctor = _floom(["doctor"], env)
     assert doctor.returncode == 1
-    assert "FAIL object store" in doctor.stdout and "FLOOM_S3_ENDPOINT" in doctor.stdout
+    assert "FAIL object store" in doctor.stdout
+    assert "FLOOM_S3_ENDPOINT" in doctor.stdout
     assert "never-printed-secret" not in doctor.stdout + doctor.stderr

@@ -49,9 +49,11 @@ def test_init_makes_a_script_worker_that_validates_deploys_and_runs_as_is(
     assert manifest.count("\n#") >= 5, "worker.yml explains itself in comments"
     assert "floom deploy greeter" in made.stdout
     checked = floom_in(tmp_path, "validate", "greeter", env=env)
-    assert checked.returncode == 0 and "ok: greeter" in checked.stdout, checked.stderr
+    assert checked.returncode == 0, checked.stderr
+    assert "ok: greeter" in checked.stdout, checked.stderr
     deployed = floom_in(tmp_path, "deploy", "greeter", env=env)
-    assert deployed.returncode == 0 and "deployed greeter" in deployed.stdout, deployed.stderr
+    assert deployed.returncode == 0, deployed.stderr
+    assert "deployed greeter" in deployed.stdout, deployed.stderr
     ran = floom_in(tmp_path, "run", "greeter", "-i", "name=Ada", "--wait", "--json", env=env)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     record = json.loads(ran.stdout)
@@ -70,7 +72,8 @@ def test_init_agent_makes_an_agent_worker_that_validates_deploys_and_runs_as_is(
         folder = tmp_path / "notes"
         assert sorted(p.name for p in folder.iterdir()) == ["README.md", "SKILL.md", "worker.yml"]
         checked = floom_in(tmp_path, "validate", "notes", env=env)
-        assert checked.returncode == 0 and "ok: notes" in checked.stdout, checked.stderr
+        assert checked.returncode == 0, checked.stderr
+        assert "ok: notes" in checked.stdout, checked.stderr
         deployed = floom_in(tmp_path, "deploy", "notes", env=env)
         assert deployed.returncode == 0, deployed.stderr
         rig.model.script(
@@ -106,7 +109,8 @@ def test_init_refuses_a_bad_name_and_writes_nothing(tmp_path: Path, name: str, h
     assert done.returncode == 1
     assert f"error: {name!r} is not a valid worker name" in said
     assert hint in said
-    assert list(work.iterdir()) == [] and not (tmp_path / "escape").exists()
+    assert list(work.iterdir()) == []
+    assert not (tmp_path / "escape").exists()
 
 
 def test_init_refuses_a_folder_in_the_way_and_uses_an_empty_one(tmp_path: Path) -> None:
@@ -122,7 +126,8 @@ def test_init_refuses_a_folder_in_the_way_and_uses_an_empty_one(tmp_path: Path) 
     assert [p.name for p in taken.iterdir()] == ["mine.txt"]
     (tmp_path / "afile").write_text("x")
     done = floom_in(tmp_path, "init", "afile", env=env)
-    assert done.returncode == 1 and "afile already exists and is not a folder" in done.stderr
+    assert done.returncode == 1
+    assert "afile already exists and is not a folder" in done.stderr
     assert (tmp_path / "afile").read_text() == "x"
     (tmp_path / "empty").mkdir()
     done = floom_in(tmp_path, "init", "empty", "--agent", env=env)

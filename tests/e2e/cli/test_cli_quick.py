@@ -109,7 +109,8 @@ def test_the_quick_path_prints_what_the_typer_command_prints(
     assert quick == floom(env, *args, typer_only=True)
     assert quick[0] == (1 if args[1] in ("broken", "nosuch") or "times=abc" in args else 0)
     if "--wait" in args and "--json" not in args and quick[0] == 0:
-        assert quick[1].startswith("run X of ") and "succeeded in X" in quick[1]
+        assert quick[1].startswith("run X of ")
+        assert "succeeded in X" in quick[1]
     if args[1] == "odd":
         # One line (no split at either), each shown as an escape, as every printer shows them.
         assert "stdout before\\u2028after\\x85end\n" in quick[1]
@@ -134,8 +135,10 @@ def test_the_quick_path_fails_as_the_typer_command_does(
     quick = floom(env, *args)
     assert quick == floom(env, *args, typer_only=True)
     code, stdout, stderr = quick
-    assert code == 1 and stdout == ""
-    assert stderr.startswith("error: ") and "\nhint: " in stderr
+    assert code == 1
+    assert stdout == ""
+    assert stderr.startswith("error: ")
+    assert "\nhint: " in stderr
 
 
 def _loaded(env: dict[str, str], *args: str) -> tuple[str, str]:
@@ -229,7 +232,8 @@ def test_a_log_stream_that_breaks_off_is_followed_on_without_a_line_twice(
         relay.close()
     assert relay.streams == 2  # the quick path's, cut; then the typer command's follow
     assert quick == floom(server.cli_env(), "run", "chatty", "--wait", typer_only=True)
-    assert quick[0] == 0 and quick[1].count("stdout line") == 4
+    assert quick[0] == 0
+    assert quick[1].count("stdout line") == 4
 
 
 def test_a_run_that_outlasts_its_start_request_is_followed_to_its_end(server: LiveServer) -> None:
@@ -244,7 +248,8 @@ def test_a_run_that_outlasts_its_start_request_is_followed_to_its_end(server: Li
         finally:
             api.post(f"/api/v1/runs/{held}/cancel")
     assert code == 0, stderr
-    assert '"status": "succeeded"' in stdout and '"worker": "noop"' in stdout
+    assert '"status": "succeeded"' in stdout
+    assert '"worker": "noop"' in stdout
 
 
 def test_a_proxy_setting_sends_the_command_through_httpx_and_its_proxy(
@@ -253,7 +258,8 @@ def test_a_proxy_setting_sends_the_command_through_httpx_and_its_proxy(
     env = {**server.cli_env(), "HTTP_PROXY": f"http://127.0.0.1:{free_port()}"}
     quick = floom(env, "run", "hello", "--json")
     assert quick == floom(env, "run", "hello", "--json", typer_only=True)
-    assert quick[0] == 1 and "error: " in quick[2]  # the proxy that httpx goes through is down
+    assert quick[0] == 1
+    assert "error: " in quick[2]
 
 
 def _answer_once(answer: bytes) -> tuple[str, threading.Thread]:
@@ -293,5 +299,6 @@ def test_the_quick_client_reads_a_chunked_answer_and_refuses_a_cut_one() -> None
     url, thread = _answer_once(cut)
     with pytest.raises(ClientError) as caught:
         LiteClient(url, "flm_key", surface="cli").start_run(StartRequest("w"))
-    assert caught.value.code == "transport" and "cut short" in caught.value.message
+    assert caught.value.code == "transport"
+    assert "cut short" in caught.value.message
     thread.join(10)

@@ -60,7 +60,9 @@ def _hostile_run(server: LiveServer, api: httpx.Client, tmp_path: Path, *, fail:
 
 
 def _assert_shown_safely(text: str) -> None:
-    assert "\x1b" not in text and "\x9b" not in text and "\x07" not in text, repr(text)
+    assert "\x1b" not in text, repr(text)
+    assert "\x9b" not in text, repr(text)
+    assert "\x07" not in text, repr(text)
     assert "\u202e" not in text, repr(text)
 
 
@@ -75,7 +77,8 @@ def test_logs_show_control_characters_as_escapes_and_markup_as_written(
     assert "\\x1b]52;c;ZWNobyBoaQ==\\x9b31m \\u202eevil" in shown.stdout
 
     raw = cli(server, "logs", run_id, "--raw")
-    assert "\x1b[2J" in raw.stdout and "\\x1b" not in raw.stdout
+    assert "\x1b[2J" in raw.stdout
+    assert "\\x1b" not in raw.stdout
 
 
 def test_show_prints_outputs_errors_and_artifact_names_visibly(
@@ -167,5 +170,6 @@ def _on_a_terminal(*args: str, env: dict[str, str]) -> str:
             break
         chunks.append(chunk)
     os.close(leader)
-    assert proc.wait(timeout=30) == 0
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
     return b"".join(chunks).decode("utf-8", "replace")

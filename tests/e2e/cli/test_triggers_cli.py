@@ -44,13 +44,15 @@ def test_triggers_pause_resume_run_force_and_deliveries_from_the_command_line(
 
     listing = floom(server, "triggers", "hooked")
     assert listing.returncode == 0, listing.stderr
-    assert "0 9 * * 0" in listing.stdout and "(Asia/Tokyo)" in listing.stdout
+    assert "0 9 * * 0" in listing.stdout
+    assert "(Asia/Tokyo)" in listing.stdout
     assert listing.stdout.count("T09:00:00+09:00") == 3
     assert f"POST {server.base_url}/hooks/hooked" in listing.stdout
 
     assert floom(server, "pause", "hooked").returncode == 0
     refused = floom(server, "run", "hooked", "--input-json", "{}")
-    assert refused.returncode == 1 and "is paused" in refused.stderr
+    assert refused.returncode == 1
+    assert "is paused" in refused.stderr
     assert "--force" in refused.stderr
     forced = floom(server, "run", "hooked", "--input-json", "{}", "--force", "--json")
     assert forced.returncode == 0, forced.stderr
@@ -59,7 +61,8 @@ def test_triggers_pause_resume_run_force_and_deliveries_from_the_command_line(
 
     schedule_id = api.get("/api/v1/workers/hooked/triggers").json()["items"][0]["id"]
     one = floom(server, "pause", "hooked", "--trigger", schedule_id)
-    assert one.returncode == 0 and f"trigger {schedule_id} of hooked paused" in one.stdout
+    assert one.returncode == 0
+    assert f"trigger {schedule_id} of hooked paused" in one.stdout
     assert "paused" in floom(server, "triggers", "hooked").stdout
 
     body = b'{"alert": "disk"}'
@@ -71,7 +74,8 @@ def test_triggers_pause_resume_run_force_and_deliveries_from_the_command_line(
 
     deliveries = floom(server, "deliveries", "hooked")
     assert deliveries.returncode == 0
-    assert sent.json()["delivery_id"] in deliveries.stdout and "alert-1" in deliveries.stdout
+    assert sent.json()["delivery_id"] in deliveries.stdout
+    assert "alert-1" in deliveries.stdout
     replayed = floom(server, "replay-delivery", sent.json()["delivery_id"], "--wait")
     assert replayed.returncode == 0, replayed.stderr
     assert "succeeded" in replayed.stdout

@@ -59,15 +59,18 @@ def test_rest_and_the_cli_start_only_workers_that_expose_rest(
     assert refused.status_code == 403
     error = refused.json()["error"]
     assert error["code"] == "not_exposed"
-    assert "the REST API" in error["message"] and "mcp, ui only" in error["message"]
+    assert "the REST API" in error["message"]
+    assert "mcp, ui only" in error["message"]
     assert error["details"] == {"surface": "rest", "allowed": ["mcp", "ui"]}
-    assert "add rest to `expose`" in error["hint"] and "expose: [mcp, ui, rest]" in error["hint"]
+    assert "add rest to `expose`" in error["hint"]
+    assert "expose: [mcp, ui, rest]" in error["hint"]
     assert "POST /api/v1/workers" in error["hint"]  # a plain REST client may have no CLI
     # The CLI is a client of the REST API: it counts as rest, and says it is the CLI.
     cli = api.post(
         "/api/v1/workers/agentic/runs", json={}, headers={"X-Floom-Client": "cli"}
     ).json()["error"]
-    assert cli["code"] == "not_exposed" and "the CLI" in cli["message"]
+    assert cli["code"] == "not_exposed"
+    assert "the CLI" in cli["message"]
     assert "`floom deploy`" in cli["hint"]
     assert cli["details"]["surface"] == "rest"
     assert (
@@ -82,7 +85,8 @@ def test_rest_and_the_cli_start_only_workers_that_expose_rest(
     first = _runs_of(api, "restful")[-1]["id"]
     _deploy(api, tmp_path, "restful", "[ui]")
     replay = api.post(f"/api/v1/runs/{first}/replay", json={})
-    assert replay.status_code == 403 and replay.json()["error"]["code"] == "not_exposed"
+    assert replay.status_code == 403
+    assert replay.json()["error"]["code"] == "not_exposed"
     assert len(_runs_of(api, "restful")) == 2
 
 
@@ -102,10 +106,12 @@ def test_an_mcp_client_starts_only_workers_that_expose_mcp(
             assert (await call(mcp, "agentic", word="own tool"))["outputs"] == {"got": "own tool"}
             refused = await call_error(mcp, "run_worker", worker="humane")
             assert refused["code"] == "not_exposed"
-            assert "from MCP" in refused["message"] and "ui, rest only" in refused["message"]
+            assert "from MCP" in refused["message"]
+            assert "ui, rest only" in refused["message"]
             # Retold for an agent: the tool that deploys, not a CLI command.
             assert "add mcp to `expose`" in refused["hint"]
-            assert "deploy_worker" in refused["hint"] and "`floom" not in refused["hint"]
+            assert "deploy_worker" in refused["hint"]
+            assert "`floom" not in refused["hint"]
             ran = api.post("/api/v1/workers/humane/runs", json={}).json()
             wait_for_run(api, ran["id"])
             refused = await call_error(mcp, "replay_run", run_id=ran["id"])
@@ -125,7 +131,8 @@ def test_the_web_ui_starts_only_workers_that_expose_ui(
 
     page = browser.get("/workers/clicky").text
     started = browser.post("/workers/clicky/runs", data={"csrf": csrf_of(page), "word": "yo"})
-    assert started.status_code == 303 and started.headers["location"].startswith("/runs/run_")
+    assert started.status_code == 303
+    assert started.headers["location"].startswith("/runs/run_")
 
     page = browser.get("/workers/headless").text
     # The page says why there is no run form, and what to change.
@@ -161,7 +168,8 @@ def test_triggers_start_a_worker_whatever_expose_says(
         delivered = anonymous.post("/hooks/hooked", content=body, headers=headers)
     assert delivered.status_code == 202, delivered.text
     run = wait_for_run(api, delivered.json()["run_id"])
-    assert run["status"] == "succeeded" and run["trigger"] == "webhook"
+    assert run["status"] == "succeeded"
+    assert run["trigger"] == "webhook"
     assert run["outputs"] == {"got": "pushed"}
     # floom itself (a schedule fire, an agent's call) is never a surface.
     scheduled = runs.create_run(server.ctx, worker_name="hooked", trigger="schedule", caller=SYSTEM)

@@ -86,7 +86,8 @@ def test_a_worker_with_a_handoff_trigger_takes_its_roles_jobs_and_finishes_them(
     assert artifact["checksum"].startswith("sha256:")
     assert lead.get(artifact["uri"]).text == "looks fine: ship it today"
     run = api.get(f"/api/v1/runs/{run_id}").json()
-    assert run["trigger"] == "handoff" and run["inputs"] == {"text": "ship it today"}
+    assert run["trigger"] == "handoff"
+    assert run["inputs"] == {"text": "ship it today"}
     assert [e["type"] for e in done["events"]] == [
         "created",
         "claimed",
@@ -100,13 +101,15 @@ def test_a_worker_with_a_handoff_trigger_takes_its_roles_jobs_and_finishes_them(
     ).json()
     failed = wait_until(lambda: _finished(lead, bad["id"]), timeout=60)
     assert failed["status"] == "failed"
-    assert "failed" in failed["reason"] and failed["run_id"]
+    assert "failed" in failed["reason"]
+    assert failed["run_id"]
 
     missing = lead.post(
         JOBS, json={"summary": "no text", "role": "reviewer", "context": {"other": 1}}
     ).json()
     refused = wait_until(lambda: _finished(lead, missing["id"]), timeout=60)
-    assert refused["status"] == "failed" and "could not start" in refused["reason"]
+    assert refused["status"] == "failed"
+    assert "could not start" in refused["reason"]
     assert refused["run_id"] is None
 
 
@@ -124,11 +127,13 @@ def test_a_job_failed_by_its_run_tells_each_caller_what_to_do_in_its_own_terms(
         JOBS, json={"summary": "keep it", "role": "keeper", "context": {"text": "hi"}}
     ).json()
     failed = wait_until(lambda: _finished(lead, job["id"]), timeout=60)
-    assert failed["status"] == "failed" and "secret KEEPER_TOKEN is not set" in failed["reason"]
+    assert failed["status"] == "failed"
+    assert "secret KEEPER_TOKEN is not set" in failed["reason"]
     (moved,) = [e for e in failed["events"] if e["type"] == "failed"]
 
     rest = '`PUT /api/v1/secrets/KEEPER_TOKEN {"value": "VALUE"}`'
-    assert rest in failed["reason"] and "floom" not in failed["reason"]
+    assert rest in failed["reason"]
+    assert "floom" not in failed["reason"]
     assert moved["payload"]["reason"] == failed["reason"]
     listed = lead.get(JOBS, params={"status": "failed"}).json()["items"]
     assert [j["reason"] for j in listed] == [failed["reason"]]
@@ -140,7 +145,8 @@ def test_a_job_failed_by_its_run_tells_each_caller_what_to_do_in_its_own_terms(
         async with http_client(server, made["key"]) as mcp:
             told = await call(mcp, "handoff_get_job", job_id=job["id"])
             assert "set_secret(name='KEEPER_TOKEN', value=VALUE)" in told["reason"]
-            assert "floom" not in told["reason"] and "/api/v1" not in told["reason"]
+            assert "floom" not in told["reason"]
+            assert "/api/v1" not in told["reason"]
             (event,) = [e for e in told["events"] if e["type"] == "failed"]
             assert event["payload"]["reason"] == told["reason"]
 
@@ -150,5 +156,6 @@ def test_a_job_failed_by_its_run_tells_each_caller_what_to_do_in_its_own_terms(
     for page in (f"/handoffs/jobs/{job['id']}", "/handoffs"):
         shown = html.unescape(ui.get(page).text)
         assert "the Secrets page (/secrets), adding KEEPER_TOKEN" in shown, page
-        assert "floom secrets" not in shown and "/api/v1/secrets" not in shown, page
+        assert "floom secrets" not in shown, page
+        assert "/api/v1/secrets" not in shown, page
     ui.close()

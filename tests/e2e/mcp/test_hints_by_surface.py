@@ -83,14 +83,16 @@ def test_a_paused_worker_is_explained_in_each_callers_terms(
     assert "floom" not in rest["hint"]
 
     cli = api.post("/api/v1/workers/hello/runs", json={}, headers=CLI).json()["error"]
-    assert "`floom resume hello`" in cli["hint"] and "`floom run hello --force`" in cli["hint"]
+    assert "`floom resume hello`" in cli["hint"]
+    assert "`floom run hello --force`" in cli["hint"]
 
     async def over_mcp() -> None:
         async with http_client(server) as mcp:
             error = await call_error(mcp, "run_worker", worker="hello")
             assert "resume_worker(worker='hello')" in error["hint"]
             assert "run_worker(worker='hello', force=True)" in error["hint"]
-            assert "floom" not in error["hint"] and "/api/v1" not in error["hint"]
+            assert "floom" not in error["hint"]
+            assert "/api/v1" not in error["hint"]
             assert (await call(mcp, "resume_worker", worker="hello"))["items"] is not None
 
     anyio.run(over_mcp)
@@ -113,8 +115,10 @@ def test_a_missing_scope_names_how_each_caller_gets_a_key_with_it(
     async def over_mcp() -> None:
         async with http_client(server, read_key) as mcp:
             error = await call_error(mcp, "run_worker", worker="hello")
-            assert error["code"] == "forbidden" and "'run' scope" in error["hint"]
-            assert "floom keys" not in error["hint"] and "/api/v1" not in error["hint"]
+            assert error["code"] == "forbidden"
+            assert "'run' scope" in error["hint"]
+            assert "floom keys" not in error["hint"]
+            assert "/api/v1" not in error["hint"]
 
     anyio.run(over_mcp)
 
@@ -124,7 +128,8 @@ def test_a_missing_run_points_a_rest_client_at_the_runs_endpoint(
     server: LiveServer, api: httpx.Client
 ) -> None:
     rest = api.get("/api/v1/runs/run_nope").json()["error"]
-    assert rest["code"] == "not_found" and rest["hint"] == "`GET /api/v1/runs` lists recent runs"
+    assert rest["code"] == "not_found"
+    assert rest["hint"] == "`GET /api/v1/runs` lists recent runs"
     cli = api.get("/api/v1/runs/run_nope", headers=CLI).json()["error"]
     assert cli["hint"] == "`floom runs` lists recent runs"
     # A client that claims another surface is a plain REST client.
@@ -245,7 +250,8 @@ def test_every_cli_command_a_hint_names_is_retold_as_an_mcp_tool_call_it_can_mak
             continue
         if name == "mcp":  # the stdio server on the agent's own machine, named as such
             continue
-        assert "`floom" not in retold and "/api/v1" not in retold, (command, retold)
+        assert "`floom" not in retold, (command, retold)
+        assert "/api/v1" not in retold, (command, retold)
         # An option of the CLI (--to, --skip-eval-gate) is an argument of the tool instead.
         assert not re.search(r"(^|[\s(])--?[a-z]", retold), (command, retold)
         calls = MCP_CALL.findall(retold)
@@ -304,8 +310,10 @@ def test_a_read_key_over_mcp_is_recommended_only_tools_it_may_call(
             said = mcp.instructions or ""
             listed = {t.name for t in (await mcp.list_tools()).tools}
             named = set(re.findall(r"\b(?:[a-z]+_)+[a-z]+\b", said)) & set(mcp_tools.TOOL_NAMES)
-            assert named and named <= listed, named - listed
-            assert "deploy_worker" not in said and "run_worker" not in said
+            assert named, named - listed
+            assert named <= listed, named - listed
+            assert "deploy_worker" not in said
+            assert "run_worker" not in said
             assert "list_runs" in said
 
             error = await call_error(mcp, "get_replay", run_id=run_id)
@@ -313,8 +321,10 @@ def test_a_read_key_over_mcp_is_recommended_only_tools_it_may_call(
             assert "a tool for a key with the 'run' scope, which this key lacks" in error["hint"]
         async with http_client(server) as mcp:
             said = mcp.instructions or ""
-            assert "deploy_worker" in said and "handoff_claim_next_job" in said
+            assert "deploy_worker" in said
+            assert "handoff_claim_next_job" in said
             error = await call_error(mcp, "get_replay", run_id=run_id)
-            assert "replay_recorded_run(" in error["hint"] and "lacks" not in error["hint"]
+            assert "replay_recorded_run(" in error["hint"]
+            assert "lacks" not in error["hint"]
 
     anyio.run(over_mcp)

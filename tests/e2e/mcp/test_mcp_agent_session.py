@@ -92,7 +92,8 @@ class Answer:
 
 def _parse_call(match: re.Match[str]) -> HintedCall:
     call = ast.parse(f"_({match.group(2)})", mode="eval").body
-    assert isinstance(call, ast.Call) and not call.args, match.group(0)  # keywords only
+    assert isinstance(call, ast.Call), match.group(0)
+    assert not call.args, match.group(0)  # keywords only
     arguments: dict[str, Any] = {}
     for keyword in call.keywords:
         assert keyword.arg is not None, match.group(0)

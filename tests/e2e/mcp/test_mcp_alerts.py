@@ -44,7 +44,8 @@ def test_channels_rules_test_sends_deliveries_and_callbacks_over_mcp(
                     kind="webhook",
                     config={"url": "ftp://x", "secret": "HOOK_KEY"},
                 )
-                assert error["code"] == "alert_channel_invalid" and "config.url" in error["message"]
+                assert error["code"] == "alert_channel_invalid"
+                assert "config.url" in error["message"]
                 await call(
                     mcp,
                     "add_alert_channel",
@@ -67,7 +68,8 @@ def test_channels_rules_test_sends_deliveries_and_callbacks_over_mcp(
                 error = await call_error(
                     mcp, "run_worker", worker="w", callback_url="file:///etc/passwd"
                 )
-                assert error["code"] == "input_invalid" and "callback_url" in error["message"]
+                assert error["code"] == "input_invalid"
+                assert "callback_url" in error["message"]
                 run = await call(
                     mcp, "run_worker", worker="w", wait_seconds=30, callback_url=hook.url
                 )

@@ -82,29 +82,39 @@ def test_an_agent_reads_text_artifacts_inline_and_gets_binary_and_large_ones_as_
             notes = await call_raw(mcp, "get_artifact", run_id=run_id, name="notes.txt")
             body = notes.structured_content or {}
             # Stored redacted when the run ended, and so shown: the value never comes back.
-            assert body["inline"] is True and body["text"] == "token=***\n"
-            assert TOKEN not in text_of(notes) and "token=***" in text_of(notes)
+            assert body["inline"] is True
+            assert body["text"] == "token=***\n"
+            assert TOKEN not in text_of(notes)
+            assert "token=***" in text_of(notes)
             table = await call(mcp, "get_artifact", run_id=run_id, name="tables/data.csv")
-            assert table["text"] == "a,b\n1,2\n" and table["content_type"] == "text/csv"
+            assert table["text"] == "a,b\n1,2\n"
+            assert table["content_type"] == "text/csv"
 
             binary = await call_raw(mcp, "get_artifact", run_id=run_id, name="pixel.png")
             link = binary.structured_content or {}
-            assert link["inline"] is False and "text" not in link and link["why"] == "binary"
-            assert link["content_type"] == "image/png" and link["size"] == 16
-            assert link["download_url"] in text_of(binary) and "bearer" in text_of(binary)
+            assert link["inline"] is False
+            assert "text" not in link
+            assert link["why"] == "binary"
+            assert link["content_type"] == "image/png"
+            assert link["size"] == 16
+            assert link["download_url"] in text_of(binary)
+            assert "bearer" in text_of(binary)
             large = await call(mcp, "get_artifact", run_id=run_id, name="big.txt")
-            assert large["inline"] is False and "text" not in large
+            assert large["inline"] is False
+            assert "text" not in large
             assert large["size"] == MAX_INLINE_ARTIFACT_BYTES + 1
             assert str(MAX_INLINE_ARTIFACT_BYTES) in large["why"]
 
             missing = await call_error(mcp, "get_artifact", run_id=run_id, name="nope.txt")
-            assert missing["code"] == "not_found" and "notes.txt" in missing["hint"]
+            assert missing["code"] == "not_found"
+            assert "notes.txt" in missing["hint"]
             missing = await call_error(mcp, "get_artifact", run_id="run_nope", name="x")
             assert missing["code"] == "not_found"
 
             # The link works with the agent's own key, and gives the file as the worker wrote it.
             resp = api.get(link["download_url"])
-            assert resp.status_code == 200 and resp.content.startswith(b"\x89PNG")
+            assert resp.status_code == 200
+            assert resp.content.startswith(b"\x89PNG")
 
     anyio.run(session)
 
@@ -132,10 +142,11 @@ def test_artifacts_are_resources_with_their_media_type_or_a_link(
             (content,) = binary.contents
             assert content.mime_type == LINK_MEDIA_TYPE
             link = json.loads(getattr(content, "text", ""))
-            assert link["content_type"] == "image/png" and link["size"] == 16
+            assert link["content_type"] == "image/png"
+            assert link["size"] == 16
             assert link["download_url"].endswith(f"/api/v1/runs/{run_id}/artifacts/pixel.png")
 
-            with pytest.raises(MCPError, match="no artifact 'nope.txt'"):
+            with pytest.raises(MCPError, match=r"no artifact 'nope\.txt'"):
                 await mcp.read_resource(f"floom://runs/{run_id}/artifacts/nope.txt")
 
     anyio.run(session)

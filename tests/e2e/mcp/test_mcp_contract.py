@@ -96,7 +96,7 @@ def test_both_backends_list_every_floom_tool_with_the_same_arguments(
     async def session() -> None:
         endpoint = await tools(http_client(server))
         stdio = await tools(stdio_client(server))
-        assert FLOOM_TOOLS <= set(endpoint)
+        assert set(endpoint) >= FLOOM_TOOLS
         assert set(endpoint) == set(stdio)
         for name, arguments in endpoint.items():
             extra = DEPLOY_ONLY_ON_STDIO if name in ("deploy_worker", "validate_worker") else set()
@@ -113,7 +113,8 @@ def test_a_deployed_worker_runs_and_its_run_logs_and_versions_read_back(
     async def body() -> None:
         async with opener() as mcp:
             deployed = await deploy(mcp, folder)
-            assert deployed["worker"]["name"] == "echo" and deployed["created"] is True
+            assert deployed["worker"]["name"] == "echo"
+            assert deployed["created"] is True
             again = await deploy(mcp, folder)
             assert again["created"] is False
             assert again["version"]["id"] == deployed["version"]["id"]
@@ -123,7 +124,8 @@ def test_a_deployed_worker_runs_and_its_run_logs_and_versions_read_back(
             )
             assert started["finished"] is True
             run = started["run"]
-            assert run["status"] == "succeeded" and run["outputs"] == {"echo": "floom"}
+            assert run["status"] == "succeeded"
+            assert run["outputs"] == {"echo": "floom"}
 
             got = await call(mcp, "get_run", run_id=run["id"])
             assert (got["id"], got["status"], got["outputs"]) == (
@@ -149,17 +151,20 @@ def test_bad_calls_are_tool_errors_with_a_code_and_a_hint(opener: Opener, tmp_pa
     async def body() -> None:
         async with opener() as mcp:
             error = await call_error(mcp, "run_worker", worker="nope")
-            assert error["code"] == "not_found" and "nope" in error["message"]
+            assert error["code"] == "not_found"
+            assert "nope" in error["message"]
             assert error["hint"]
             error = await call_error(mcp, "get_run", run_id="run_nope")
             assert error["code"] == "not_found"
             await deploy(mcp, folder)
             error = await call_error(mcp, "run_worker", worker="echo", inputs={})
-            assert error["code"] == "input_invalid" and "word" in error["message"]
+            assert error["code"] == "input_invalid"
+            assert "word" in error["message"]
             error = await call_error(mcp, "deploy_worker", files={"worker.yml": "name: [\n"})
             assert error["code"] == "manifest_invalid"
             error = await call_error(mcp, "delete_worker", worker="echo")
-            assert error["code"] == "invalid_request" and "confirm=true" in error["message"]
+            assert error["code"] == "invalid_request"
+            assert "confirm=true" in error["message"]
 
     run_session(body)
 
@@ -179,7 +184,8 @@ def test_a_read_key_sees_only_what_it_may_use_and_is_refused_the_rest(
             assert not names & {"deploy_worker", "run_worker", "set_secret", "cancel_run"}
             assert [w["name"] for w in (await call(mcp, "list_workers"))["items"]] == ["echo"]
             error = await call_error(mcp, "run_worker", worker="echo", inputs={"word": "x"})
-            assert error["code"] == "forbidden" and "'run'" in error["message"]
+            assert error["code"] == "forbidden"
+            assert "'run'" in error["message"]
 
     run_session(body)
 
@@ -214,7 +220,8 @@ def test_a_schedule_pauses_and_resumes_and_a_running_run_is_cancelled(
         async with opener() as mcp:
             await deploy(mcp, folder)
             (trigger,) = (await call(mcp, "list_triggers", worker="nap"))["items"]
-            assert trigger["kind"] == "schedule" and len(trigger["next_fires"]) == 3
+            assert trigger["kind"] == "schedule"
+            assert len(trigger["next_fires"]) == 3
             paused = await call(mcp, "pause_worker", worker="nap", trigger=trigger["id"])
             assert [t["paused"] for t in paused["items"]] == [True]
             resumed = await call(mcp, "resume_worker", worker="nap", trigger=trigger["id"])
@@ -223,6 +230,7 @@ def test_a_schedule_pauses_and_resumes_and_a_running_run_is_cancelled(
             started = await call(mcp, "run_worker", worker="nap")
             assert started["finished"] is False
             cancelled = await call(mcp, "cancel_run", run_id=started["run"]["id"], wait_seconds=20)
-            assert cancelled["status"] == "cancelled" and cancelled["finished"] is True
+            assert cancelled["status"] == "cancelled"
+            assert cancelled["finished"] is True
 
     run_session(body)

@@ -63,8 +63,11 @@ def test_an_exposed_worker_awaiting_approval_says_it_waits_and_how_to_decide_it(
             (approval,) = api.get("/api/v1/approvals", params={"run_id": run_id}).json()["items"]
             assert waiting["approval_id"] == approval["id"]
             text = text_of(result)
-            assert run_id in text and approval["id"] in text and "decide_approval" in text
-            assert "failed" not in text and "ended" not in text
+            assert run_id in text
+            assert approval["id"] in text
+            assert "decide_approval" in text
+            assert "failed" not in text
+            assert "ended" not in text
 
             # Following the reply's advice finishes the run; the decision can wait for its end
             # as run_worker and replay_run do.
@@ -75,7 +78,8 @@ def test_an_exposed_worker_awaiting_approval_says_it_waits_and_how_to_decide_it(
                 decision="approve",
                 wait_seconds=30,
             )
-            assert decided["status"] == "approved" and decided["finished"] is True
+            assert decided["status"] == "approved"
+            assert decided["finished"] is True
             assert decided["run"]["status"] == "succeeded"
             logs = await call(mcp, "get_run_logs", run_id=run_id)
             assert any("publishing Draft title" in e["line"] for e in logs["items"])

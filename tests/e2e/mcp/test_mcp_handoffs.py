@@ -54,10 +54,11 @@ def test_two_agents_publish_claim_reject_and_retry_a_job_through_mcp(
             http_client(server, reviewer_key) as b,
         ):
             names = {t.name for t in (await a.list_tools()).tools}
-            assert HANDOFF_TOOLS <= names
-            assert HANDOFF_TOOLS <= {t.name for t in (await b.list_tools()).tools}
+            assert names >= HANDOFF_TOOLS
+            assert {t.name for t in (await b.list_tools()).tools} >= HANDOFF_TOOLS
             me = await call(a, "handoff_my_roles")
-            assert me["agent"]["label"] == "planner-a" and me["roles"] == ["planner"]
+            assert me["agent"]["label"] == "planner-a"
+            assert me["roles"] == ["planner"]
 
             # A publishes a review for role "reviewer"; B takes it and finishes it.
             spec = {
@@ -70,12 +71,15 @@ def test_two_agents_publish_claim_reject_and_retry_a_job_through_mcp(
                 "idempotency_key": "PARSER-1",
             }
             job = await call(a, "handoff_create_job", **spec)
-            assert job["status"] == "published" and job["source_agent"]["label"] == "planner-a"
+            assert job["status"] == "published"
+            assert job["source_agent"]["label"] == "planner-a"
             again = await call(a, "handoff_create_job", **spec)
-            assert again["id"] == job["id"] and again["replayed"] is True
+            assert again["id"] == job["id"]
+            assert again["replayed"] is True
 
             claimed = (await call(b, "handoff_claim_next_job"))["job"]
-            assert claimed["id"] == job["id"] and claimed["status"] == "in_progress"
+            assert claimed["id"] == job["id"]
+            assert claimed["status"] == "in_progress"
             assert claimed["assignee"]["label"] == "reviewer-b"
             assert (await call(b, "handoff_claim_next_job"))["job"] is None
             done = await call(
@@ -85,21 +89,25 @@ def test_two_agents_publish_claim_reject_and_retry_a_job_through_mcp(
                 summary="looks fine",
                 data={"verdict": "approve"},
             )
-            assert done["status"] == "completed" and done["result"]["data"]["verdict"] == "approve"
+            assert done["status"] == "completed"
+            assert done["result"]["data"]["verdict"] == "approve"
 
             # The transition table holds over MCP too: completed work cannot be restarted.
             refused = await call_error(b, "handoff_set_status", job_id=job["id"], status="blocked")
             assert refused["code"] == "illegal_transition"
-            assert refused["details"]["allowed"] == [] and refused["hint"]
+            assert refused["details"]["allowed"] == []
+            assert refused["hint"]
 
             # A rejects it; B gets the retry and reads why, without the full payload.
             reason = "the error path for unterminated strings is not reviewed"
             retry = await call(a, "handoff_reject_job", job_id=job["id"], reason=reason)
-            assert retry["retry_of"] == job["id"] and retry["attempt"] == 2
+            assert retry["retry_of"] == job["id"]
+            assert retry["attempt"] == 2
             second = (await call(b, "handoff_claim_next_job", role="reviewer"))["job"]
             assert second["id"] == retry["id"]
             reopened = await call(b, "handoff_reopen_context", job_id=retry["id"])
-            assert reopened["attempt"] == 2 and reopened["original_job_id"] == job["id"]
+            assert reopened["attempt"] == 2
+            assert reopened["original_job_id"] == job["id"]
             assert reopened["summary"] == "review the parser"
             assert reopened["constraints"] == ["stdlib only"]
             assert [r["reason"] for r in reopened["rejections"]] == [reason]
@@ -135,7 +143,8 @@ def test_two_agents_publish_claim_reject_and_retry_a_job_through_mcp(
             missing = await call_error(b, "handoff_get_job", job_id=hidden["id"])
             assert missing["code"] == "not_found"
             not_held = await call_error(b, "handoff_claim_next_job", role="tester")
-            assert not_held["code"] == "forbidden" and "reviewer" in not_held["hint"]
+            assert not_held["code"] == "forbidden"
+            assert "reviewer" in not_held["hint"]
             patch = {"roles": ["reviewer", "tester"]}
             _ok(api.patch("/api/v1/agents/reviewer-b", json=patch))
             assert (await call(b, "handoff_my_roles"))["roles"] == ["reviewer", "tester"]
@@ -161,7 +170,8 @@ def test_two_agents_publish_claim_reject_and_retry_a_job_through_mcp(
                     ("handoff_set_status", {"job_id": hidden["id"], "status": "cancelled"}),
                 ):
                     error = await call_error(c, tool, **args)
-                    assert error["code"] == "forbidden" and "'run' scope" in error["message"]
+                    assert error["code"] == "forbidden"
+                    assert "'run' scope" in error["message"]
         listing = _ok(api.get("/api/v1/handoffs/jobs", params={"status": "published"}))
         assert [j["id"] for j in listing["items"]] == [hidden["id"]]
 

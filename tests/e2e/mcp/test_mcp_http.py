@@ -21,11 +21,11 @@ from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
 from floom.store.db import session_scope
-from tests.support.agents import live_server
 from tests.support.harness import (
     EXAMPLES,
     LiveServer,
     deploy_folder,
+    live_server,
     make_worker,
     wait_for_run,
     wait_until,
@@ -72,20 +72,24 @@ def test_the_endpoint_serves_every_tool_and_deploys_a_folder_sent_as_files(
     async def session() -> None:
         async with http_client(server) as mcp:
             listed = {t.name: t for t in (await mcp.list_tools()).tools}
-            assert FLOOM_TOOLS <= set(listed)
+            assert set(listed) >= FLOOM_TOOLS
             # The server cannot read the caller's folders, so its tools offer `files` only.
             for tool in ("deploy_worker", "validate_worker"):
                 offered = listed[tool].input_schema["properties"]
-                assert "files" in offered and "files_base64" in offered
+                assert "files" in offered
+                assert "files_base64" in offered
                 assert "folder" not in offered, tool
                 assert "`folder`" not in (listed[tool].description or ""), tool
             refused = await call_error(mcp, "deploy_worker", folder=str(EXAMPLES / "hello"))
             assert refused["code"] == "invalid_request"
-            assert "`files`" in refused["message"] and "`files`" in refused["hint"]
+            assert "`files`" in refused["message"]
+            assert "`files`" in refused["hint"]
             refused = await call_error(mcp, "deploy_worker")
-            assert "`files`" in refused["hint"] and "`folder`" not in refused["hint"]
+            assert "`files`" in refused["hint"]
+            assert "`folder`" not in refused["hint"]
             checked = await call(mcp, "validate_worker", files={"worker.yml": "name: Bad Name"})
-            assert checked["valid"] is False and checked["problems"]
+            assert checked["valid"] is False
+            assert checked["problems"]
             deployed = await call(mcp, "deploy_worker", files=worker_files(EXAMPLES / "hello"))
             assert deployed["created"] is True
             result = await call_raw(
@@ -93,9 +97,11 @@ def test_the_endpoint_serves_every_tool_and_deploys_a_folder_sent_as_files(
             )
             assert "Hello, Ada!" in text_of(result)
             # The data once, as structured content; the text is a summary, not a JSON copy.
-            assert len(result.content) == 1 and not text_of(result).startswith("{")
+            assert len(result.content) == 1
+            assert not text_of(result).startswith("{")
             run = (result.structured_content or {})["run"]
-            assert run["status"] == "succeeded" and run["trigger"] == "mcp"
+            assert run["status"] == "succeeded"
+            assert run["trigger"] == "mcp"
 
     anyio.run(session)
 
@@ -113,12 +119,15 @@ def test_a_read_key_can_look_but_is_refused_running_or_deploying_naming_the_scop
             # hello names no `expose`: every surface may start it, and the listing says so.
             assert sorted(listed["items"][0]["expose"]) == ["mcp", "rest", "ui"]
             refused = await call_error(mcp, "run_worker", worker="hello")
-            assert refused["code"] == "forbidden" and "'run'" in refused["message"]
+            assert refused["code"] == "forbidden"
+            assert "'run'" in refused["message"]
             # Named for an MCP client: the scope it needs, not a CLI command it may not have.
-            assert "'run' scope" in refused["hint"] and "floom keys" not in refused["hint"]
+            assert "'run' scope" in refused["hint"]
+            assert "floom keys" not in refused["hint"]
             files = worker_files(EXAMPLES / "hello")
             refused = await call_error(mcp, "deploy_worker", files=files)
-            assert refused["code"] == "forbidden" and "'deploy'" in refused["message"]
+            assert refused["code"] == "forbidden"
+            assert "'deploy'" in refused["message"]
             refused = await call_error(mcp, "set_secret", name="SOME_TOKEN", value="abcdef")
             assert refused["code"] == "forbidden"
 
@@ -206,9 +215,11 @@ def test_unknown_workers_runs_and_tools_and_bad_arguments_are_tool_errors_with_a
                 assert error["code"] == "not_found", (tool, error)
                 assert error["hint"], (tool, error)
             error = await call_error(mcp, "no_such_tool")
-            assert error["code"] == "not_found" and "no_such_tool" in error["message"]
+            assert error["code"] == "not_found"
+            assert "no_such_tool" in error["message"]
             error = await call_error(mcp, "run_worker", worker="hello", wait_seconds=10_000)
-            assert error["code"] == "invalid_request" and "wait_seconds" in error["message"]
+            assert error["code"] == "invalid_request"
+            assert "wait_seconds" in error["message"]
 
     anyio.run(session)
 
@@ -230,9 +241,11 @@ def test_a_worker_exposed_to_mcp_becomes_a_tool_and_listening_clients_hear_of_it
             assert schema["required"] == ["text"]
             assert schema["properties"]["times"] == {"type": "integer", "default": 1}
             shouted = await call(mcp, "shout", text="hi", times=2)
-            assert shouted["outputs"] == {"shouted": "HIHI"} and shouted["status"] == "succeeded"
+            assert shouted["outputs"] == {"shouted": "HIHI"}
+            assert shouted["status"] == "succeeded"
             bad = await call_error(mcp, "shout", times=2)
-            assert bad["code"] == "input_invalid" and "text" in bad["message"]
+            assert bad["code"] == "input_invalid"
+            assert "text" in bad["message"]
 
             # A deploy made elsewhere (REST) shows on the next listing.
             other = SHOUT_YML.replace("name: shout", "name: whisper")
@@ -271,15 +284,18 @@ def test_triggers_show_their_next_fires_and_a_worker_can_be_paused_and_resumed(
         async with http_client(server) as mcp:
             worker = await call(mcp, "get_worker", worker="nightly")
             trigger, _ = worker["triggers"]
-            assert trigger["kind"] == "schedule" and len(trigger["next_fires"]) == 3
+            assert trigger["kind"] == "schedule"
+            assert len(trigger["next_fires"]) == 3
             assert trigger["next_fires"][0].endswith(("+01:00", "+02:00"))
             # Paged, each trigger whole with its next fires (not cut mid-record).
             page = await call_raw(mcp, "list_triggers", worker="nightly", limit=1)
             first = page.structured_content or {}
-            assert [t["id"] for t in first["items"]] == [trigger["id"]] and first["next_cursor"]
+            assert [t["id"] for t in first["items"]] == [trigger["id"]]
+            assert first["next_cursor"]
             assert all(fire in text_of(page) for fire in trigger["next_fires"])
             rest = await call(mcp, "list_triggers", worker="nightly", cursor=first["next_cursor"])
-            assert len(rest["items"]) == 1 and rest["next_cursor"] is None
+            assert len(rest["items"]) == 1
+            assert rest["next_cursor"] is None
             assert (await call(mcp, "pause_worker", worker="nightly"))["paused"] is True
             assert (await call(mcp, "get_worker", worker="nightly"))["paused"] is True
             refused = await call_error(mcp, "run_worker", worker="nightly")
@@ -398,12 +414,14 @@ def test_approvals_are_listed_a_page_at_a_time_each_saying_what_it_waits_for(
         async with http_client(server) as mcp:
             first = await call_raw(mcp, "list_approvals", limit=2)
             page = first.structured_content or {}
-            assert [a["id"] for a in page["items"]] == ["apr_0", "apr_1"] and page["next_cursor"]
+            assert [a["id"] for a in page["items"]] == ["apr_0", "apr_1"]
+            assert page["next_cursor"]
             assert f"apr_0  shout  run {run_id}  run  pending" in text_of(first)
             assert 'proposes {"title": "draft 0"}' in text_of(first)
             assert f"cursor={page['next_cursor']}" in text_of(first)
             rest = await call(mcp, "list_approvals", limit=2, cursor=page["next_cursor"])
-            assert [a["id"] for a in rest["items"]] == ["apr_2"] and rest["next_cursor"] is None
+            assert [a["id"] for a in rest["items"]] == ["apr_2"]
+            assert rest["next_cursor"] is None
 
     anyio.run(session)
 
@@ -459,8 +477,8 @@ def test_watch_run_sends_progress_to_a_client_that_asks_for_it(
     run_id = api.post("/api/v1/workers/ticker/runs", json={}).json()["id"]
     heard: list[tuple[float, float | None, str | None]] = []
 
-    async def progress(value: float, total: float | None, message: str | None) -> None:
-        heard.append((value, total, message))
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
 
     async def over_mcp() -> dict[str, Any]:
         async with http_client(server) as mcp:
@@ -475,9 +493,11 @@ def test_watch_run_sends_progress_to_a_client_that_asks_for_it(
 
     watched = anyio.run(over_mcp)
 
-    assert watched["finished"] is True and watched["run"]["status"] == "succeeded"
+    assert watched["finished"] is True
+    assert watched["run"]["status"] == "succeeded"
     assert len(heard) >= 2, heard
     values = [v for v, _, _ in heard]
-    assert values == sorted(values) and all(total == 30 for _, total, _ in heard)
+    assert values == sorted(values)
+    assert all(total == 30 for _, total, _ in heard)
     assert all(f"run {run_id} is running" in (m or "") for _, _, m in heard)
     assert any("last log line: tick" in (m or "") for _, _, m in heard), heard

@@ -23,9 +23,11 @@ def test_mcp_tools_read_set_and_list_the_state_in_the_server_and_over_stdio(
     async def session() -> None:
         async with http_client(server) as mcp:
             empty = await call(mcp, "get_worker_state", worker="counter")
-            assert empty["current_version"] == 0 and empty["state"] is None
+            assert empty["current_version"] == 0
+            assert empty["state"] is None
             written = await call(mcp, "set_worker_state", worker="counter", state={"n": 1})
-            assert written["version"] == 1 and written["written"]["source"] == "operator"
+            assert written["version"] == 1
+            assert written["written"]["source"] == "operator"
             both = await call_error(
                 mcp, "set_worker_state", worker="counter", state={"n": 2}, from_version=1
             )
@@ -37,7 +39,8 @@ def test_mcp_tools_read_set_and_list_the_state_in_the_server_and_over_stdio(
             )
             assert stale["code"] == "state_conflict"
             old = await call(mcp, "get_worker_state", worker="counter", version=1)
-            assert old["state"] == {"n": 1} and old["current_version"] == 2
+            assert old["state"] == {"n": 1}
+            assert old["current_version"] == 2
             page = await call(mcp, "list_worker_state_versions", worker="counter")
             assert [v["version"] for v in page["items"]] == [2, 1]
         async with stdio_client(server, read_key) as mcp:

@@ -58,8 +58,9 @@ def test_without_configuration_it_starts_lists_its_tools_and_each_call_explains_
             # What a client shows first: the instructions open with the setup to do.
             assert mcp.instructions is not None
             assert mcp.instructions.startswith("NOT CONFIGURED: ")
-            assert "FLOOM_API_KEY" in mcp.instructions and "--key-file" in mcp.instructions
-            assert FLOOM_TOOLS <= {t.name for t in (await mcp.list_tools()).tools}
+            assert "FLOOM_API_KEY" in mcp.instructions
+            assert "--key-file" in mcp.instructions
+            assert {t.name for t in (await mcp.list_tools()).tools} >= FLOOM_TOOLS
             for tool, args in [
                 ("list_workers", {}),
                 ("run_worker", {"worker": "hello"}),
@@ -93,7 +94,8 @@ def test_the_admin_key_a_local_server_saved_is_used_only_when_its_file_is_named(
     async def session() -> None:
         # The CLI would fall back to this file; the MCP server does not.
         async with Client(stdio_params(env), read_timeout_seconds=CALL_TIMEOUT) as mcp:
-            assert mcp.instructions and mcp.instructions.startswith("NOT CONFIGURED: ")
+            assert mcp.instructions
+            assert mcp.instructions.startswith("NOT CONFIGURED: ")
             error = await call_error(mcp, "list_workers")
             assert error["code"] == "not_configured"
         async with Client(
@@ -119,7 +121,8 @@ def test_a_key_file_it_cannot_use_is_named_in_the_setup_message(tmp_path: Path) 
         # Named explicitly, an unusable file wins over FLOOM_API_KEY: no silent fallback.
         params = stdio_params(env, "--key-file", str(missing))
         async with Client(params, read_timeout_seconds=CALL_TIMEOUT) as mcp:
-            assert mcp.instructions and mcp.instructions.startswith("NOT CONFIGURED: ")
+            assert mcp.instructions
+            assert mcp.instructions.startswith("NOT CONFIGURED: ")
             assert f"the key file {missing} (--key-file) does not exist" in mcp.instructions
             error = await call_error(mcp, "list_workers")
             assert error["code"] == "not_configured"
@@ -139,10 +142,13 @@ def test_a_key_file_holds_one_key_and_nothing_else(tmp_path: Path) -> None:
         ("big.key", "does not hold a single API key"),
     ]:
         key = configured_key(str(tmp_path / name))
-        assert key.value is None and key.problem is not None
-        assert why in key.problem.message and "flm_" not in key.problem.message
+        assert key.value is None
+        assert key.problem is not None
+        assert why in key.problem.message
+        assert "flm_" not in key.problem.message
     directory = configured_key(str(tmp_path))
-    assert directory.problem is not None and "a directory" in directory.problem.message
+    assert directory.problem is not None
+    assert "a directory" in directory.problem.message
     good = configured_key(str(tmp_path / "good.key"))
     assert (good.value, good.source, good.problem) == (
         "flm_good",
@@ -158,16 +164,18 @@ def test_it_serves_the_same_tools_as_the_endpoint_and_names_unknown_workers(
     async def session() -> None:
         async with stdio_client(server) as mcp:
             listed = {t.name: t for t in (await mcp.list_tools()).tools}
-            assert FLOOM_TOOLS <= set(listed)
+            assert set(listed) >= FLOOM_TOOLS
             # On the caller's machine a folder can be packed: deploy and validate offer it.
             for tool in ("deploy_worker", "validate_worker"):
                 assert {"folder", "files"} <= set(listed[tool].input_schema["properties"])
             error = await call_error(mcp, "run_worker", worker="nope")
-            assert error["code"] == "not_found" and "nope" in error["message"]
+            assert error["code"] == "not_found"
+            assert "nope" in error["message"]
             error = await call_error(mcp, "get_run_logs", run_id="run_nope")
             assert error["code"] == "not_found"
             error = await call_error(mcp, "deploy_worker", folder="/no/such/folder")
-            assert error["code"] == "bundle_invalid" and error["hint"]
+            assert error["code"] == "bundle_invalid"
+            assert error["hint"]
 
     anyio.run(session)
 
@@ -190,7 +198,8 @@ def test_the_scope_of_the_configured_key_limits_what_it_can_do(server: LiveServe
             assert not names & {"deploy_worker", "run_worker", "set_secret"}
             assert (await call(mcp, "list_workers"))["items"] == []
             error = await call_error(mcp, "deploy_worker", folder=str(EXAMPLES / "hello"))
-            assert error["code"] == "forbidden" and "'deploy'" in error["message"]
+            assert error["code"] == "forbidden"
+            assert "'deploy'" in error["message"]
 
         async with stdio_client(server) as mcp:
             # The server told this error for MCP already; the stdio server passes it on as
@@ -272,5 +281,6 @@ def test_the_instructions_say_when_the_key_is_refused_or_floom_cannot_be_asked(
     away = f"http://127.0.0.1:{free_port()}"
     with FloomClient(away, server.admin_key) as unreachable:
         caller, about = identify(unreachable, "FLOOM_API_KEY")
-    assert caller is None and f"floom at {away} could not be asked" in about
+    assert caller is None
+    assert f"floom at {away} could not be asked" in about
     assert server.admin_key not in about

@@ -128,7 +128,8 @@ def test_an_agent_over_mcp_reads_stored_notices_as_tool_calls_in_data_and_text(
             ]:
                 result = await call_raw(mcp, tool, **args)
                 said = text_of(result) + json.dumps(result.structured_content)
-                assert "`floom " not in said and "/api/v1/secrets" not in said, (tool, said)
+                assert "`floom " not in said, (tool, said)
+                assert "/api/v1/secrets" not in said, (tool, said)
 
     anyio.run(over_mcp)
 
@@ -146,6 +147,8 @@ def test_a_person_at_the_web_ui_reads_stored_notices_as_the_pages_that_act_on_th
     assert "the Secrets page (/secrets)" in ended["error"]["message"]
     waiting = ui.get(f"/runs/{gated}").text
     assert "Approve on the Approvals page (/approvals)" in waiting
-    assert "floom approve" not in waiting and "floom reject" not in waiting
+    assert "floom approve" not in waiting
+    assert "floom reject" not in waiting
     missing = ui.get("/runs/run_nope").text  # an error page's hint too
-    assert "the Runs page (/runs)" in missing and "`floom runs`" not in missing
+    assert "the Runs page (/runs)" in missing
+    assert "`floom runs`" not in missing

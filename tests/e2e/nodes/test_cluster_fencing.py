@@ -134,9 +134,11 @@ def _split_brain_case(
         # Attempt 1 runs on A, the only executor yet.
         pids = wait_until(lambda: _marked(marker) or None, timeout=60)
         started_1 = _started(api, run_id, 1)
-        assert started_1 is not None and str(started_1["line"]).endswith(" on nodeA")
+        assert started_1 is not None
+        assert str(started_1["line"]).endswith(" on nodeA")
         group = _pids_cgroup(pids[0])
-        assert group is not None and group.name.startswith("run-"), group
+        assert group is not None, group
+        assert group.name.startswith("run-"), group
         assert set(pids) <= {int(p) for p in (group / "cgroup.procs").read_text().split()}
         b = NodeProcess(tmp_path / "nodeB", database_url, node_id="nodeB", **SETTINGS)
         stack.callback(_stop, b)

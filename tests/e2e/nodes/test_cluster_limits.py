@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def test_concurrency_one_never_overlaps_across_three_executor_nodes(
         ]
     assert {r["status"] for r in runs} == {"succeeded"}
     spans = sorted((r["outputs"]["start"], r["outputs"]["end"], r["id"]) for r in runs)
-    overlaps = [(a[2], b[2]) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]
+    overlaps = [(a[2], b[2]) for a, b in itertools.pairwise(spans) if b[0] < a[1]]
     assert overlaps == []
     nodes = {message.rsplit(" on ", 1)[1] for message in starts}
     assert len(nodes) >= 2, f"the nodes did not race: only {nodes} ran runs"

@@ -22,7 +22,7 @@ import pytest
 
 from floom.sandbox.local.backend import owner_prefix
 from floom.services.runs.statuses import FINISHED
-from tests.support.compose import Cluster, compose_cluster
+from tests.support.compose import Cluster, Node, compose_cluster
 from tests.support.harness import EXAMPLES, deploy_folder, free_port, make_worker, wait_until
 from tests.support.tcp_proxy import TcpProxy
 
@@ -142,7 +142,8 @@ def test_300_runs_submitted_on_the_api_node_each_run_exactly_once_across_both_ex
     )
     assert outcome == [("succeeded", 1, 300)]
     starts = starts_by_run(c, "tick")
-    assert set(starts) == set(run_ids) and all(len(s) == 1 for s in starts.values())
+    assert set(starts) == set(run_ids)
+    assert all(len(s) == 1 for s in starts.values())
     by_node: dict[str, int] = {}
     for ((_, node),) in starts.values():
         by_node[node] = by_node.get(node, 0) + 1
@@ -153,7 +154,8 @@ def test_300_runs_submitted_on_the_api_node_each_run_exactly_once_across_both_ex
         "SELECT e.run_id, count(*) FROM run_events e JOIN runs r ON r.id = e.run_id "
         "WHERE r.worker_name = 'tick' AND e.stream = 'stdout' GROUP BY e.run_id"
     )
-    assert len(sandbox_lines) == 300 and {n for _, n in sandbox_lines} == {1}
+    assert len(sandbox_lines) == 300
+    assert {n for _, n in sandbox_lines} == {1}
 
 
 def test_an_unreachable_database_gives_503s_and_logs_and_in_flight_results_are_kept(
@@ -196,7 +198,11 @@ def test_an_unreachable_database_gives_503s_and_logs_and_in_flight_results_are_k
             assert "Traceback" not in resp.text
         # Every node says so in its log; the executors hold the finished runs' results.
         for node in c.nodes.values():
-            wait_until(lambda n=node: "database unreachable" in n.log(), timeout=15)
+
+            def said(node: Node = node) -> bool:
+                return "database unreachable" in node.log()
+
+            wait_until(said, timeout=15)
 
         def results_held() -> bool:
             logs = "".join(n.log() for n in c.nodes.values())
@@ -215,13 +221,14 @@ def test_an_unreachable_database_gives_503s_and_logs_and_in_flight_results_are_k
         body = api.get(f"/api/v1/runs/{run_id}").json()
         assert body["outputs"] == {"done": True}
         lines = [e["line"] for e in api.get(f"/api/v1/runs/{run_id}/logs").json()["items"]]
-        assert "before" in lines and "after" in lines
+        assert "before" in lines
+        assert "after" in lines
     assert httpx.get(f"{c.nodes['api'].url}/healthz").status_code == 200
     wait_until(lambda: all("database reachable again" in n.log() for n in c.nodes.values()))
     api.close()
 
 
-def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_and_leaves_no_sandbox(  # noqa: E501
+def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_and_leaves_no_sandbox(
     cluster: tuple[Cluster, TcpProxy], tmp_path: Path
 ) -> None:
     c, _ = cluster

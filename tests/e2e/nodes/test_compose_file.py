@@ -53,7 +53,10 @@ def test_every_floom_variable_in_the_compose_file_and_dockerfile_is_a_real_setti
         env = service_env(svc)
         unknown = {k for k in env if k.startswith("FLOOM_")} - SETTINGS
         assert not unknown, (name, unknown)
-        Settings(**{k.removeprefix("FLOOM_").lower(): v for k, v in env.items() if k in SETTINGS})
+        values: dict[str, Any] = {
+            k.removeprefix("FLOOM_").lower(): v for k, v in env.items() if k in SETTINGS
+        }
+        Settings(**values)
 
 
 def test_every_command_is_a_floom_command_with_options_it_takes_and_valid_values() -> None:
@@ -73,7 +76,8 @@ def test_every_command_is_a_floom_command_with_options_it_takes_and_valid_values
         floom_command(["floom", "serve", "--role", "api"])
     dockerfile = (REPO / "Dockerfile").read_text()
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.M)
-    assert cmd is not None and cmd.group(1) == '["floom", "serve"]'
+    assert cmd is not None
+    assert cmd.group(1) == '["floom", "serve"]'
 
 
 def test_the_cluster_shares_one_database_secret_key_admin_key_and_public_url() -> None:
@@ -84,7 +88,8 @@ def test_the_cluster_shares_one_database_secret_key_admin_key_and_public_url() -
     for variable in SHARED:
         assert len({env[variable] for env in envs.values()}) == 1, variable
     url = envs["api"]["FLOOM_DATABASE_URL"]
-    assert url.startswith("postgresql+psycopg://") and "@postgres:5432/" in url
+    assert url.startswith("postgresql+psycopg://")
+    assert "@postgres:5432/" in url
     # The operator must choose the secrets: without them compose refuses to start.
     for required in ("FLOOM_SECRET_KEY", "FLOOM_BOOTSTRAP_API_KEY"):
         without = {k: v for k, v in EVERY_PROFILE.items() if k != required}
@@ -104,7 +109,8 @@ def test_one_api_and_scheduler_node_and_two_executors_per_sandbox_profile() -> N
         assert len(extra) == 2, profile
         for svc in extra.values():
             params = floom_command(svc["command"]).params
-            assert params["roles"] == "executor" and params["sandbox"] == sandbox
+            assert params["roles"] == "executor"
+            assert params["sandbox"] == sandbox
 
 
 def test_health_checks_volume_ports_and_start_order() -> None:
@@ -258,23 +264,28 @@ def test_an_e2b_executor_without_a_key_stops_at_start_naming_the_setting(tmp_pat
 def test_the_s3_profile_adds_an_object_store_that_every_node_uses_with_one_identity() -> None:
     readme = [(line, env) for line, env in docs_compose_commands() if "s3" in profiles_of(env)]
     header = [(line, env) for line, env in header_compose_commands() if "s3" in profiles_of(env)]
-    assert readme and header
+    assert readme
+    assert header
     for line, env in [*readme, *header]:
         assert env.get("FLOOM_BLOB_STORE") == "s3", line
         config = compose_config({**env, "COMPOSE_PROFILES": ",".join(profiles_of(env))})
         store = config["services"]["seaweedfs"]
-        assert store["profiles"] == ["s3"] and store["command"][0] == "mini"
+        assert store["profiles"] == ["s3"]
+        assert store["command"][0] == "mini"
         assert "ports" not in store  # the compose network only
         for name, svc in floom_services(config).items():
             given = service_env(svc)
             assert given["FLOOM_BLOB_STORE"] == "s3", (line, name)
             assert given["FLOOM_S3_ENDPOINT"] == "http://seaweedfs:8333"
-            assert given["FLOOM_S3_BUCKET"] == "floom" and "-bucket=floom" in store["command"]
+            assert given["FLOOM_S3_BUCKET"] == "floom"
+            assert "-bucket=floom" in store["command"]
             assert given["FLOOM_S3_ACCESS_KEY_ID"] == store["environment"]["AWS_ACCESS_KEY_ID"]
             secret = given["FLOOM_S3_SECRET_ACCESS_KEY"]
-            assert secret and secret == store["environment"]["AWS_SECRET_ACCESS_KEY"], line
+            assert secret, line
+            assert secret == store["environment"]["AWS_SECRET_ACCESS_KEY"], line
     # Without FLOOM_BLOB_STORE the nodes keep blobs in the database and name no bucket.
     plain = floom_services(compose_config({**OPERATOR_ENV, "COMPOSE_PROFILES": "bwrap"}))
     for svc in plain.values():
         given = service_env(svc)
-        assert given["FLOOM_BLOB_STORE"] == "database" and given["FLOOM_S3_BUCKET"] == ""
+        assert given["FLOOM_BLOB_STORE"] == "database"
+        assert given["FLOOM_S3_BUCKET"] == ""

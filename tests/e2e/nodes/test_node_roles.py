@@ -51,7 +51,8 @@ def test_an_unknown_role_stops_start_up_with_an_error_naming_it_and_the_known_ro
     for result, bad in ((by_flag, "executer"), (by_env, "schedular")):
         assert result.returncode == 1
         assert "Traceback" not in result.stderr
-        assert "FLOOM_ROLES" in result.stderr and f"unknown role '{bad}'" in result.stderr
+        assert "FLOOM_ROLES" in result.stderr
+        assert f"unknown role '{bad}'" in result.stderr
         assert "api, scheduler, executor" in result.stderr
     with pytest.raises(ValidationError):
         Settings(roles=" , ")
@@ -65,19 +66,22 @@ def test_serve_takes_the_database_url_and_sandbox_as_flags_over_the_environment(
     result = serve(
         tmp_path, "--database-url", unreachable, FLOOM_DATABASE_URL="sqlite:///unused.db"
     )
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
     assert "postgresql+psycopg://floom:***@127.0.0.1:1/nowhere" in result.stdout + result.stderr
     assert "pw@" not in result.stdout + result.stderr
 
     sandbox = serve(tmp_path, "--sandbox", "nosuch", "--roles", "executor")
-    assert sandbox.returncode == 1 and "unknown sandbox 'nosuch'" in sandbox.stderr
+    assert sandbox.returncode == 1
+    assert "unknown sandbox 'nosuch'" in sandbox.stderr
 
 
 def test_a_node_without_the_api_role_answers_only_healthz(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'floom.db'}"
     with live_server(tmp_path / "exec", url, roles="executor") as node, node.client() as c:
         health = c.get("/healthz")
-        assert health.status_code == 200 and health.json()["roles"] == ["executor"]
+        assert health.status_code == 200
+        assert health.json()["roles"] == ["executor"]
         assert health.json()["executor"]["slots"] >= 1
         for path in ("/api/v1/workers", "/api/v1/nodes", "/", "/mcp", "/docs/../api/v1/runs"):
             assert c.get(path).status_code == 404, path
@@ -92,13 +96,15 @@ def test_only_a_node_with_the_executor_role_claims_runs_and_only_a_scheduler_nod
     with live_server(tmp_path / "api", url, roles="api") as api_node, api_node.client() as c:
         # Neither the claim loop nor the schedule thread runs on this node.
         names = {t.name for t in threading.enumerate()}
-        assert "floom-dispatch" not in names and "floom-scheduler" not in names
+        assert "floom-dispatch" not in names
+        assert "floom-scheduler" not in names
         deploy_folder(c, EXAMPLES / "hello")
         run_id = c.post("/api/v1/workers/hello/runs", json={"inputs": {}}).json()["id"]
         # Three heartbeats of the api node: ample time for a claim had it an executor.
         with session_scope(api_node.ctx.engine) as s:
             first = s.get(Node, api_node.ctx.node_id)
-            assert first is not None and first.slots is None
+            assert first is not None
+            assert first.slots is None
             seen = first.heartbeat_at
 
         def beats() -> bool:
@@ -131,9 +137,8 @@ def test_a_node_older_than_the_database_schema_refuses_to_start_naming_the_revis
     engine.dispose()
     with pytest.raises(StoreNewerThanNode, match="revision 0999") as refused:
         Context.open(settings)
-    assert refused.value.code == "store_newer_than_node" and "upgrade this node" in str(
-        refused.value.hint
-    )
+    assert refused.value.code == "store_newer_than_node"
+    assert "upgrade this node" in str(refused.value.hint)
 
 
 @pytest.mark.parametrize("access_log", ["", "true"], ids=["default", "on"])
@@ -152,6 +157,7 @@ def test_serve_prints_a_line_per_request_only_when_the_access_log_is_on(
         server.stop()
     logged = [line for line in server.log().splitlines() if "/api/v1/workers" in line]
     if access_log:
-        assert len(logged) == 1 and '"GET /api/v1/workers?limit=7 HTTP/1.1" 200' in logged[0]
+        assert len(logged) == 1
+        assert '"GET /api/v1/workers?limit=7 HTTP/1.1" 200' in logged[0]
     else:
         assert logged == [], logged

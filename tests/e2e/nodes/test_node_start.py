@@ -60,7 +60,8 @@ def test_a_node_stops_its_roles_when_its_block_ends(tmp_path: Path, database_url
     before = _floom_threads()
     try:
         with Node(ctx.settings, ctx=ctx).running() as node:
-            assert node.executor is not None and node.scheduler is not None
+            assert node.executor is not None
+            assert node.scheduler is not None
             assert {"floom-dispatch", "floom-scheduler", "floom-housekeeping"} <= _names(
                 _floom_threads() - before
             )

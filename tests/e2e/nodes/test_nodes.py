@@ -46,11 +46,14 @@ def test_nodes_lists_this_node_live_and_a_silent_one_as_lost_in_rest_cli_and_ui(
         assert server.client(read_key).get("/api/v1/nodes").status_code == 200
     by_id = {n["id"]: n for n in items}
     me = by_id[ctx.node_id]
-    assert me["state"] == "live" and me["version"] == __version__
-    assert me["roles"] == ["api", "scheduler", "executor"] and me["slots"] == 4
+    assert me["state"] == "live"
+    assert me["version"] == __version__
+    assert me["roles"] == ["api", "scheduler", "executor"]
+    assert me["slots"] == 4
     assert me["silent_seconds"] < 3
     gone = by_id["gone-node"]
-    assert gone["state"] == "lost" and gone["silent_seconds"] >= 10
+    assert gone["state"] == "lost"
+    assert gone["silent_seconds"] >= 10
     assert [n["id"] for n in items] == [ctx.node_id, "gone-node"]  # live ones first
 
     listed = cli(server, "nodes", "--json")
@@ -60,11 +63,15 @@ def test_nodes_lists_this_node_live_and_a_silent_one_as_lost_in_rest_cli_and_ui(
         "gone-node": "lost",
     }
     table = cli(server, "nodes")
-    assert "gone-node" in table.stdout and "lost" in table.stdout and "2/4" in table.stdout
+    assert "gone-node" in table.stdout
+    assert "lost" in table.stdout
+    assert "2/4" in table.stdout
 
     page = signed_in_client(server, read_key).get("/nodes")
     assert page.status_code == 200
-    assert ctx.node_id in page.text and "badge-lost" in page.text and "2 of 4" in page.text
+    assert ctx.node_id in page.text
+    assert "badge-lost" in page.text
+    assert "2 of 4" in page.text
 
 
 def test_two_nodes_starting_at_once_on_an_empty_postgres_database_create_one_admin_key_and_one_set_of_examples(  # noqa: E501

@@ -70,17 +70,17 @@ def test_a_backup_taken_while_serving_restores_every_run_into_a_fresh_data_dir(
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'a' / 'floom.db'}"
-    with live_server(tmp_path / "a", url) as node:
-        with node.client() as api:
-            api.put("/api/v1/secrets/KEEPER_TOKEN", json={"value": "tok-1234"}).raise_for_status()
-            deploy_folder(api, make_worker(tmp_path / "w", MANIFEST_YML, {"run.py": RUN_PY}))
-            for word in ("one", "two"):
-                run = api.post("/api/v1/workers/keeper/runs", json={"inputs": {"word": word}})
-                wait_for_run(api, run.json()["id"])
-            before = _everything(api)
-            summary = create_backup(settings=node.ctx.settings, dest=tmp_path / "backup")
+    with live_server(tmp_path / "a", url) as node, node.client() as api:
+        api.put("/api/v1/secrets/KEEPER_TOKEN", json={"value": "tok-1234"}).raise_for_status()
+        deploy_folder(api, make_worker(tmp_path / "w", MANIFEST_YML, {"run.py": RUN_PY}))
+        for word in ("one", "two"):
+            run = api.post("/api/v1/workers/keeper/runs", json={"inputs": {"word": word}})
+            wait_for_run(api, run.json()["id"])
+        before = _everything(api)
+        summary = create_backup(settings=node.ctx.settings, dest=tmp_path / "backup")
 
-    assert summary.counts["runs"] == 2 and summary.counts["secrets"] == 1
+    assert summary.counts["runs"] == 2
+    assert summary.counts["secrets"] == 1
     assert (tmp_path / "backup" / MANIFEST).is_file()
     # The serving node's lock on its data dir is a fact of that process, not of the data.
     assert (tmp_path / "a" / "node.lock").exists()
@@ -92,15 +92,14 @@ def test_a_backup_taken_while_serving_restores_every_run_into_a_fresh_data_dir(
         source=tmp_path / "backup",
     )
     assert restored.counts == summary.counts
-    with live_server(fresh, f"sqlite:///{fresh / 'floom.db'}") as node:
-        with node.client() as api:
-            after = _everything(api)
-            assert after == before
-            assert {r["outputs"]["echoed"] for r in after.values()} == {"oneTrue", "twoTrue"}
-            assert all(r["artifacts"] for r in after.values())
-            # The stored secret is readable with the restored key: a run that uses it works.
-            again = api.post("/api/v1/workers/keeper/runs", json={"inputs": {"word": "x"}})
-            assert wait_for_run(api, again.json()["id"])["outputs"] == {"echoed": "xTrue"}
+    with live_server(fresh, f"sqlite:///{fresh / 'floom.db'}") as node, node.client() as api:
+        after = _everything(api)
+        assert after == before
+        assert {r["outputs"]["echoed"] for r in after.values()} == {"oneTrue", "twoTrue"}
+        assert all(r["artifacts"] for r in after.values())
+        # The stored secret is readable with the restored key: a run that uses it works.
+        again = api.post("/api/v1/workers/keeper/runs", json={"inputs": {"word": "x"}})
+        assert wait_for_run(api, again.json()["id"])["outputs"] == {"echoed": "xTrue"}
 
 
 def test_restore_refuses_a_data_dir_that_is_not_empty_and_changes_nothing(

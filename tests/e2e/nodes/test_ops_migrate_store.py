@@ -59,8 +59,10 @@ def test_a_sqlite_store_moves_to_a_fresh_postgresql_database_whole(
         key_names = {k["name"] for k in api.get("/api/v1/keys").json()["items"]}
 
     copied = copy_store(source_url=sqlite_url, target_url=empty_database_url)
-    assert copied.counts["runs"] == 1 and copied.counts["secrets"] == 1
-    assert copied.counts["run_events"] == len(logs) and copied.counts["triggers"] == 1
+    assert copied.counts["runs"] == 1
+    assert copied.counts["secrets"] == 1
+    assert copied.counts["run_events"] == len(logs)
+    assert copied.counts["triggers"] == 1
 
     engine = make_engine(empty_database_url)
     with engine.connect() as conn:

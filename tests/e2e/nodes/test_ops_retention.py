@@ -117,12 +117,14 @@ def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_thei
         assert _left(ctx, untouched) == (2, 1)
     for untouched in (running, queued):
         assert _left(ctx, untouched) == (2, 0)
-    assert report.runs_pruned == 3 and report.log_lines_deleted == 6
+    assert report.runs_pruned == 3
+    assert report.log_lines_deleted == 6
     assert report.artifacts_deleted == 3
     gone = blobs_before - _blobs(ctx)
     # The shared blob stays (a recent run refers to it); the fresh orphan is in its grace.
     assert len(gone) == report.blobs_deleted == 3
-    assert stale_orphan in gone and fresh_orphan not in gone
+    assert stale_orphan in gone
+    assert fresh_orphan not in gone
     with session_scope(ctx.engine) as s:
         statuses = dict(s.exec(select(Run.id, Run.status).where(col(Run.id).in_([old]))).all())
     assert statuses == {old: "succeeded"}  # the run itself stays
@@ -143,7 +145,8 @@ def test_with_no_retention_set_only_stale_orphan_blobs_go(ctx: Context, tmp_path
     stale = _orphan(ctx, b"orphan", created=NOW - ORPHAN_GRACE - timedelta(hours=1))
     report = apply_retention(ctx, now=NOW)
     assert _left(ctx, ancient) == (2, 1)
-    assert report.runs_pruned == 0 and report.blobs_deleted == 1
+    assert report.runs_pruned == 0
+    assert report.blobs_deleted == 1
     assert stale not in _blobs(ctx)
 
 
@@ -189,7 +192,8 @@ def test_retention_on_sqlite_gives_the_freed_space_back_to_the_disk(
 
         report = apply_retention(ctx, days=7, now=NOW)
 
-        assert report.runs_pruned == 40 and report.pages_freed > 0
+        assert report.runs_pruned == 40
+        assert report.pages_freed > 0
         after = _footprint(db)
         assert after < before - 8 * 1024 * 1024, (before, after)
         with session_scope(ctx.engine) as s:

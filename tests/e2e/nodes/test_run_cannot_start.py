@@ -22,7 +22,8 @@ def test_a_run_no_live_node_can_start_says_so_until_an_executor_starts(
         started = api.post("/api/v1/workers/hello/runs", json={})
         assert started.status_code == 202
         said = started.json()["cannot_start"]
-        assert "no live floom node has the executor role" in said and "COMPOSE_PROFILES" in said
+        assert "no live floom node has the executor role" in said
+        assert "COMPOSE_PROFILES" in said
         run_id = started.json()["id"]
         assert "no live floom node" in api.get(f"/api/v1/runs/{run_id}").json()["cannot_start"]
 
@@ -30,10 +31,12 @@ def test_a_run_no_live_node_can_start_says_so_until_an_executor_starts(
         assert typed.returncode == 0, typed.stderr
         assert "no live floom node has the executor role" in typed.stderr
         page = signed_in_client(node, node.admin_key).get(f"/runs/{run_id}").text
-        assert 'id="cannot-start"' in page and "no live floom node" in page
+        assert 'id="cannot-start"' in page
+        assert "no live floom node" in page
 
         doctor = check_executors(node.ctx.settings)
-        assert doctor.status == FAIL and node.ctx.node_id in doctor.detail
+        assert doctor.status == FAIL
+        assert node.ctx.node_id in doctor.detail
         assert "executor" in doctor.fix
 
         with live_server(tmp_path / "exec", database_url, roles="executor") as executor:

@@ -64,7 +64,8 @@ def test_the_lock_is_held_until_the_process_that_holds_it_ends(tmp_path: Path) -
         text=True,
     )
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == "held\n"
         with pytest.raises(DataDirInUse) as refused:
             hold_work_root(tmp_path)
         assert f"pid {holder.pid}" in refused.value.message

@@ -73,10 +73,13 @@ def test_the_board_groups_visible_jobs_by_status_and_filters_them_by_role(
     assert as_bob.status_code == 200
     assert '<a href="/handoffs" aria-current="page">Handoffs</a>' in as_bob.text
     working = _column(as_bob.text, "in_progress")
-    assert "review the parser" in working and "▸ bob" in working and "urgent" in working
+    assert "review the parser" in working
+    assert "▸ bob" in working
+    assert "urgent" in working
     assert "reviewer" in working
     # Bob holds no tester role and did not publish the fuzz job: it is not on his board.
-    assert fuzz["id"] not in as_bob.text and "fuzz the lexer" not in as_bob.text
+    assert fuzz["id"] not in as_bob.text
+    assert "fuzz the lexer" not in as_bob.text
     assert "review the parser" not in _column(as_bob.text, "published")
 
     as_alice = signed_in_client(server, alice).get("/handoffs").text
@@ -85,7 +88,8 @@ def test_the_board_groups_visible_jobs_by_status_and_filters_them_by_role(
 
     admin = signed_in_client(server, server.admin_key)
     testers = admin.get("/handoffs", params={"role": "tester"}).text
-    assert "fuzz the lexer" in testers and "review the parser" not in testers
+    assert "fuzz the lexer" in testers
+    assert "review the parser" not in testers
     assert '<option value="tester" selected>' in testers
     nobody = admin.get("/handoffs", params={"role": "coder"}).text
     assert "No jobs for the role <b>coder</b>" in nobody
@@ -123,19 +127,25 @@ def test_a_job_page_shows_its_context_result_lineage_and_every_move_in_its_histo
     page = client.get(f"/handoffs/jobs/{job['id']}")
     assert page.status_code == 200
     html = page.text
-    assert "parser.py" in html and "<li>stdlib only</li>" in html
-    assert 'href="https://git.example/pr/7.diff"' in html and "ab12" in html
-    assert "two nits" in html and "approve" in html
+    assert "parser.py" in html
+    assert "<li>stdlib only</li>" in html
+    assert 'href="https://git.example/pr/7.diff"' in html
+    assert "ab12" in html
+    assert "two nits" in html
+    assert "approve" in html
     follow_on = re.search(r"Follow-on: <a href=\"/handoffs/jobs/(job_[0-9a-z]+)\"", html)
-    assert follow_on and "fuzz the reviewed parser" in html
+    assert follow_on
+    assert "fuzz the reviewed parser" in html
     assert "Rejected by agent alice: <q>nits are not enough</q>; retried as" in html
     assert f'retried as <a href="/handoffs/jobs/{retry["id"]}"' in html
     history = html[html.index('id="job-events"') :]
     rows = re.findall(r'<tr class="event event-([a-z_]+)">(.*?)</tr>', history, re.S)
     assert [t for t, _ in rows] == ["created", "claimed", "completed", "routed", "rejected"]
     claimed = rows[1][1]
-    assert "published → in progress" in claimed and "agent bob" in claimed
-    assert "nits are not enough" in rows[4][1] and "agent alice" in rows[4][1]
+    assert "published → in progress" in claimed
+    assert "agent bob" in claimed
+    assert "nits are not enough" in rows[4][1]
+    assert "agent alice" in rows[4][1]
 
     retry_page = client.get(f"/handoffs/jobs/{retry['id']}").text
     assert f'Retry of <a href="/handoffs/jobs/{job["id"]}"' in retry_page
@@ -143,7 +153,8 @@ def test_a_job_page_shows_its_context_result_lineage_and_every_move_in_its_histo
     missing = signed_in_client(server, _agent(server, "carol", "coder")).get(
         f"/handoffs/jobs/{follow_on.group(1)}"
     )
-    assert missing.status_code == 404 and "that you can see" in missing.text
+    assert missing.status_code == 404
+    assert "that you can see" in missing.text
 
 
 def test_moves_from_the_job_page_go_through_the_transition_table_and_refusals_change_nothing(
@@ -166,17 +177,21 @@ def test_moves_from_the_job_page_go_through_the_transition_table_and_refusals_ch
 
     # A forged cancel from bob is refused by the service, naming his allowed moves.
     forged = as_bob.post(f"{path}/status", data={"csrf": csrf_of(bob_page), "status": "cancelled"})
-    assert forged.status_code == 403 and "Not done" in forged.text
+    assert forged.status_code == 403
+    assert "Not done" in forged.text
     assert "Allowed moves for you from published: in_progress." in forged.text
     no_csrf = as_alice.post(f"{path}/status", data={"status": "cancelled"})
-    assert no_csrf.status_code == 403 and "CSRF token missing or stale" in no_csrf.text
+    assert no_csrf.status_code == 403
+    assert "CSRF token missing or stale" in no_csrf.text
     as_reader = signed_in_client(server, reader)
     reader_page = as_reader.get(path).text
-    assert "can read only" in reader_page and _moves(reader_page) == set()
+    assert "can read only" in reader_page
+    assert _moves(reader_page) == set()
     refused = as_reader.post(
         f"{path}/status", data={"csrf": csrf_of(reader_page), "status": "in_progress"}
     )
-    assert refused.status_code == 403 and "lacks the &#39;run&#39; scope" in refused.text
+    assert refused.status_code == 403
+    assert "lacks the &#39;run&#39; scope" in refused.text
     assert _status(server, job["id"]) == rules.PUBLISHED
 
     # The publisher cancels with a reason; the history records who and why.
@@ -185,13 +200,17 @@ def test_moves_from_the_job_page_go_through_the_transition_table_and_refusals_ch
         f"{path}/status",
         data={"csrf": csrf_of(page), "status": "cancelled", "reason": "not needed any more"},
     )
-    assert done.status_code == 303 and done.headers["location"] == f"{path}?notice=moved"
+    assert done.status_code == 303
+    assert done.headers["location"] == f"{path}?notice=moved"
     assert _status(server, job["id"]) == rules.CANCELLED
     after = as_alice.get(done.headers["location"]).text
-    assert "the job moved" in after and "not needed any more" in after
-    assert "published → cancelled" in after and _moves(after) == set()
+    assert "the job moved" in after
+    assert "not needed any more" in after
+    assert "published → cancelled" in after
+    assert _moves(after) == set()
     again = as_alice.post(f"{path}/status", data={"csrf": csrf_of(after), "status": "published"})
-    assert again.status_code == 409 and "cancelled is final" in again.text
+    assert again.status_code == 409
+    assert "cancelled is final" in again.text
     assert _status(server, job["id"]) == rules.CANCELLED
 
 
@@ -218,7 +237,8 @@ def test_an_admin_is_offered_the_moves_the_table_allows_and_makes_them(
         f"{path}/status",
         data={"csrf": csrf_of(html), "status": "blocked", "reason": "needs the staging password"},
     )
-    assert blocked.status_code == 303 and _status(server, job["id"]) == rules.BLOCKED
+    assert blocked.status_code == 303
+    assert _status(server, job["id"]) == rules.BLOCKED
     html, moves = offered()
     assert moves == {"in_progress", "published", "failed", "cancelled"}
     assert ">Unblock</button>" in html
@@ -229,8 +249,10 @@ def test_an_admin_is_offered_the_moves_the_table_allows_and_makes_them(
         data={"csrf": csrf_of(html), "status": "completed", "reason": "done by hand"},
     )
     html, moves = offered()
-    assert _status(server, job["id"]) == rules.COMPLETED and moves == set()
-    assert "blocked → in progress" in html and "done by hand" in html
+    assert _status(server, job["id"]) == rules.COMPLETED
+    assert moves == set()
+    assert "blocked → in progress" in html
+    assert "done by hand" in html
 
     # An admin may reject completed work into a retry, from the same page.
     rejected = admin.post(
@@ -238,7 +260,8 @@ def test_an_admin_is_offered_the_moves_the_table_allows_and_makes_them(
     )
     assert rejected.status_code == 303
     retry_page = admin.get(rejected.headers["location"]).text
-    assert "this is the retry" in retry_page and "missing the error path" in retry_page
+    assert "this is the retry" in retry_page
+    assert "missing the error path" in retry_page
 
 
 def test_a_key_that_speaks_for_no_agent_is_told_how_to_take_part(server: LiveServer) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from floom.services.access import keys
-from floom.services.access.principal import SYSTEM
+from floom.services.access.principal import SYSTEM, Principal
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import jobs as handoffs
@@ -32,8 +32,11 @@ def _jobs_in_every_status(server: LiveServer) -> dict[str, str]:
     ctx = server.ctx
     roles(ctx, "planner", "coder", "reviewer")
     made = {
-        label: keys.authenticate(
-            ctx, handoff_agents.create_agent(ctx, caller=SYSTEM, label=label, roles=[role])["key"]
+        label: Principal.of_key(
+            keys.authenticate(
+                ctx,
+                handoff_agents.create_agent(ctx, caller=SYSTEM, label=label, roles=[role])["key"],
+            )
         )
         for label, role in (
             ("claude-laptop", "planner"),

@@ -33,18 +33,19 @@ from tests.support.web import csrf_of, signed_in_client
 def test_signing_in_works_from_every_sign_in_page_the_browser_still_shows(
     server: LiveServer,
 ) -> None:
-    browser = httpx.Client(base_url=server.base_url, timeout=10)
+    browser = server.client(key="", timeout=10)
     first_tab = csrf_of(browser.get("/login").text)
     second_tab = csrf_of(browser.get("/login", params={"next": "/runs"}).text)
     done = browser.post(
         "/login", data={"csrf": second_tab, "api_key": server.admin_key, "next": "/runs"}
     )
-    assert done.status_code == 303 and SESSION_COOKIE in browser.cookies
+    assert done.status_code == 303
+    assert SESSION_COOKIE in browser.cookies
     # The page opened first, posted after the second tab signed in, works too.
     again = browser.post("/login", data={"csrf": first_tab, "api_key": server.admin_key})
     assert again.status_code == 303
     # Another site still cannot post a form: it has no matching cookie.
-    stranger = httpx.Client(base_url=server.base_url, timeout=10)
+    stranger = server.client(key="", timeout=10)
     forged = stranger.post("/login", data={"csrf": first_tab, "api_key": server.admin_key})
     assert forged.status_code == 403
 
@@ -52,9 +53,11 @@ def test_signing_in_works_from_every_sign_in_page_the_browser_still_shows(
 def test_a_missing_page_links_back_to_the_list_it_belongs_to(server: LiveServer) -> None:
     client = signed_in_client(server, server.admin_key)
     run = client.get("/runs/run_00000000000000deadbeef")
-    assert run.status_code == 404 and '<a href="/runs" class="back">' in run.text
+    assert run.status_code == 404
+    assert '<a href="/runs" class="back">' in run.text
     worker = client.get("/workers/no-such-worker")
-    assert worker.status_code == 404 and '<a href="/" class="back">' in worker.text
+    assert worker.status_code == 404
+    assert '<a href="/" class="back">' in worker.text
 
 
 def test_the_runs_list_filters_by_a_free_time_range_and_refuses_a_bad_time(
@@ -79,7 +82,8 @@ def test_the_runs_list_filters_by_a_free_time_range_and_refuses_a_bad_time(
     assert shown == [ids[1]]
     assert f'value="{since}"' in page.text
     bad = client.get("/runs", params={"after": "last tuesday"})
-    assert bad.status_code == 400 and "2026-12-03T14:05" in bad.text
+    assert bad.status_code == 400
+    assert "2026-12-03T14:05" in bad.text
 
 
 def test_a_run_page_names_the_key_that_started_the_run(server: LiveServer) -> None:
@@ -89,7 +93,8 @@ def test_a_run_page_names_the_key_that_started_the_run(server: LiveServer) -> No
     with server.client(token) as ci:
         run = ci.post("/api/v1/workers/hello/runs", json={}).json()
     page = signed_in_client(server, server.admin_key).get(f"/runs/{run['id']}")
-    assert "by nightly-ci" in page.text and f'title="API key {key_row.id}"' in page.text
+    assert "by nightly-ci" in page.text
+    assert f'title="API key {key_row.id}"' in page.text
 
 
 def test_the_log_stream_tells_the_page_when_a_queued_run_starts(tmp_path: Path) -> None:
@@ -136,15 +141,18 @@ def test_pause_and_resume_buttons_pause_a_worker_and_one_trigger_for_deploy_keys
     done = client.post(
         "/workers/ticker/pause", data={"csrf": csrf_of(page.text), "trigger_id": trigger.id}
     )
-    assert done.status_code == 303 and "notice=paused" in done.headers["location"]
+    assert done.status_code == 303
+    assert "notice=paused" in done.headers["location"]
     worker, (paused_trigger,) = triggers.list_triggers(
         server.ctx, caller=SYSTEM, worker_name="ticker"
     )
-    assert paused_trigger.paused and not worker.paused
+    assert paused_trigger.paused
+    assert not worker.paused
     client.post("/workers/ticker/pause", data={"csrf": csrf_of(page.text)})
     assert triggers.list_triggers(server.ctx, caller=SYSTEM, worker_name="ticker")[0].paused
     after = client.get("/workers/ticker", params={"notice": "paused"})
-    assert 'action="/workers/ticker/resume"' in after.text and "Paused:" in after.text
+    assert 'action="/workers/ticker/resume"' in after.text
+    assert "Paused:" in after.text
     client.post("/workers/ticker/resume", data={"csrf": csrf_of(after.text)})
     assert not triggers.list_triggers(server.ctx, caller=SYSTEM, worker_name="ticker")[0].paused
 
@@ -187,11 +195,13 @@ def test_a_worker_page_charts_its_last_30_days_by_outcome_with_duration_percenti
             )
         )
     history = run_stats.daily_history(server.ctx, caller=SYSTEM, worker_name="hello", now=now)
-    assert len(history) == 30 and sum(d.total for d in history) == 6
+    assert len(history) == 30
+    assert sum(d.total for d in history) == 6
     busy = history[-3]
     assert busy.counts == {"succeeded": 4, "failed": 1, "other": 1}
     assert (busy.p50, busy.p95) == (2.0, 10.0)
 
     page = signed_in_client(server, server.admin_key).get("/workers/hello")
-    assert '<svg class="chart"' in page.text and 'class="chart-failed"' in page.text
+    assert '<svg class="chart"' in page.text
+    assert 'class="chart-failed"' in page.text
     assert "4 succeeded, 1 failed, 1 other; p50 2.0 s, p95 10.0 s" in page.text

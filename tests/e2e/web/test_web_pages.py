@@ -36,7 +36,7 @@ from tests.support.web import csrf_of, signed_in_client
 def test_the_session_cookie_is_signed_httponly_samesite_and_holds_no_api_key(
     server: LiveServer,
 ) -> None:
-    client = httpx.Client(base_url=server.base_url, timeout=10)
+    client = server.client(key="", timeout=10)
     form = client.get("/login")
     done = client.post(
         "/login", data={"csrf": csrf_of(form.text), "api_key": server.admin_key, "next": "/"}
@@ -44,16 +44,20 @@ def test_the_session_cookie_is_signed_httponly_samesite_and_holds_no_api_key(
     cookie = next(
         c for c in done.headers.get_list("set-cookie") if c.startswith(SESSION_COOKIE + "=")
     )
-    assert "HttpOnly" in cookie and "SameSite=lax" in cookie and "Path=/" in cookie
+    assert "HttpOnly" in cookie
+    assert "SameSite=lax" in cookie
+    assert "Path=/" in cookie
     value = client.cookies[SESSION_COOKIE]
-    assert server.admin_key not in value and server.admin_key[4:20] not in value
+    assert server.admin_key not in value
+    assert server.admin_key[4:20] not in value
     assert client.get("/").status_code == 200
 
     # A cookie changed by one character is not a session.
     tampered = value[:-2] + ("A" if value[-2] != "A" else "B") + value[-1]
-    forged = httpx.Client(base_url=server.base_url, cookies={SESSION_COOKIE: tampered})
+    forged = server.client(key="", cookies={SESSION_COOKIE: tampered})
     resp = forged.get("/")
-    assert resp.status_code == 303 and resp.headers["location"].startswith("/login")
+    assert resp.status_code == 303
+    assert resp.headers["location"].startswith("/login")
 
 
 def test_signing_out_ends_the_session_on_the_server_so_a_copied_cookie_stops_working(
@@ -63,8 +67,9 @@ def test_signing_out_ends_the_session_on_the_server_so_a_copied_cookie_stops_wor
     copied = client.cookies[SESSION_COOKIE]
     page = client.get("/")
     out = client.post("/logout", data={"csrf": csrf_of(page.text)})
-    assert out.status_code == 303 and out.headers["location"] == "/login"
-    replayed = httpx.Client(base_url=server.base_url, cookies={SESSION_COOKIE: copied})
+    assert out.status_code == 303
+    assert out.headers["location"] == "/login"
+    replayed = server.client(key="", cookies={SESSION_COOKIE: copied})
     assert replayed.get("/").status_code == 303
 
 
@@ -76,7 +81,8 @@ def test_revoking_the_api_key_of_a_session_signs_that_browser_out(
     assert client.get("/runs").status_code == 200
     api.delete(f"/api/v1/keys/{key.id}")
     resp = client.get("/runs")
-    assert resp.status_code == 303 and resp.headers["location"] == "/login?next=%2Fruns"
+    assert resp.status_code == 303
+    assert resp.headers["location"] == "/login?next=%2Fruns"
 
 
 def test_every_form_is_refused_without_the_session_csrf_token_and_changes_nothing(
@@ -107,12 +113,13 @@ def test_every_form_is_refused_without_the_session_csrf_token_and_changes_nothin
 def test_the_sign_in_form_needs_its_own_token_and_only_returns_to_this_site(
     server: LiveServer,
 ) -> None:
-    bare = httpx.Client(base_url=server.base_url, timeout=10)
+    bare = server.client(key="", timeout=10)
     refused = bare.post("/login", data={"api_key": server.admin_key, "csrf": "guess"})
-    assert refused.status_code == 403 and SESSION_COOKIE not in refused.cookies
+    assert refused.status_code == 403
+    assert SESSION_COOKIE not in refused.cookies
     assert "sign-in form expired" in refused.text
 
-    client = httpx.Client(base_url=server.base_url, timeout=10)
+    client = server.client(key="", timeout=10)
     form = client.get("/login", params={"next": "//elsewhere.example/x"})
     done = client.post(
         "/login",
@@ -122,7 +129,8 @@ def test_the_sign_in_form_needs_its_own_token_and_only_returns_to_this_site(
             "next": "//elsewhere.example/x",
         },
     )
-    assert done.status_code == 303 and done.headers["location"] == "/"
+    assert done.status_code == 303
+    assert done.headers["location"] == "/"
 
 
 def test_errors_are_pages_with_the_message_and_the_hint_not_json(
@@ -131,12 +139,16 @@ def test_errors_are_pages_with_the_message_and_the_hint_not_json(
     deploy_folder(api, EXAMPLES / "hello")
     client = signed_in_client(server, server.admin_key)
     missing = client.get("/runs/run_nope")
-    assert missing.status_code == 404 and missing.headers["content-type"].startswith("text/html")
-    assert "no run run_nope" in missing.text and "the Runs page (/runs)" in missing.text
+    assert missing.status_code == 404
+    assert missing.headers["content-type"].startswith("text/html")
+    assert "no run run_nope" in missing.text
+    assert "the Runs page (/runs)" in missing.text
     bad_filter = client.get("/runs", params={"status": "exploded"})
-    assert bad_filter.status_code == 400 and "unknown status" in bad_filter.text
+    assert bad_filter.status_code == 400
+    assert "unknown status" in bad_filter.text
     no_worker = client.get("/workers/nope")
-    assert no_worker.status_code == 404 and "known workers: hello" in no_worker.text
+    assert no_worker.status_code == 404
+    assert "known workers: hello" in no_worker.text
     # Pages carry headers that keep other sites from framing them or injecting script.
     page = client.get("/")
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
@@ -176,7 +188,8 @@ def test_a_version_diff_covers_the_manifest_and_every_added_removed_or_changed_f
     assert "-description: one" in by_path["worker.yml"].lines
     assert "+description: two" in by_path["worker.yml"].lines
     assert by_path["new.txt"].lines[-1] == "+hello"
-    assert by_path["blob.bin"].text is False and by_path["blob.bin"].new_size == 4
+    assert by_path["blob.bin"].text is False
+    assert by_path["blob.bin"].new_size == 4
     assert [f.path for f in result.changed] == ["worker.yml", "blob.bin", "new.txt", "old.txt"]
 
 
@@ -268,7 +281,8 @@ def test_pages_are_given_public_models_never_database_rows(
         assert client.get(page).status_code in (200, 404), page
     form = {"csrf": csrf_of(client.get("/keys").text), "name": "k", "scope": "read"}
     created = client.post("/keys", data=form)
-    assert created.status_code == 200 and "shown only this once" in created.text
+    assert created.status_code == 200
+    assert "shown only this once" in created.text
 
     assert {
         "workers.html",
@@ -312,12 +326,14 @@ def test_the_runs_list_filters_by_worker_status_trigger_and_time_and_pages_by_cu
     older = re.search(r'href="(/runs\?[^"]*cursor=[^"]+)" rel="next"', first.text)
     assert older, "no link to the older runs"
     second = client.get(older.group(1).replace("&amp;", "&"))
-    assert _run_ids(second.text) == [ids[0]] and 'rel="next"' not in second.text
+    assert _run_ids(second.text) == [ids[0]]
+    assert 'rel="next"' not in second.text
 
     assert _run_ids(client.get("/runs", params={"since": "24h"}).text) == [ids[2], ids[1]]
     assert _run_ids(client.get("/runs", params={"status": "succeeded"}).text) == ids[::-1]
     nothing = client.get("/runs", params={"status": "failed", "trigger": "api"})
-    assert _run_ids(nothing.text) == [] and "No runs match these filters" in nothing.text
+    assert _run_ids(nothing.text) == []
+    assert "No runs match these filters" in nothing.text
 
 
 def test_a_run_page_shows_its_tool_calls_in_order_with_arguments_and_results(
@@ -343,7 +359,8 @@ def test_a_run_page_shows_its_tool_calls_in_order_with_arguments_and_results(
     page = client.get(f"/runs/{run['id']}").text
     timeline = page[page.index('id="tool-calls"') : page.index('id="approvals"')]
     assert timeline.index("web_fetch") < timeline.index("remember")
-    assert "http://127.0.0.1/a" in timeline and "&lt;p&gt;page&lt;/p&gt;" in timeline
+    assert "http://127.0.0.1/a" in timeline
+    assert "&lt;p&gt;page&lt;/p&gt;" in timeline
 
 
 def test_a_read_key_is_refused_a_rollback_from_a_run_page_and_nothing_changes(
@@ -359,10 +376,12 @@ def test_a_read_key_is_refused_a_rollback_from_a_run_page_and_nothing_changes(
     _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="looker")
     client = signed_in_client(server, read_key)
     page = client.get(f"/runs/{run['id']}")
-    assert page.status_code == 200 and "Roll back" not in page.text
+    assert page.status_code == 200
+    assert "Roll back" not in page.text
 
     refused = client.post(f"/runs/{run['id']}/rollback", data={"csrf": csrf_of(page.text)})
-    assert refused.status_code == 403 and "lacks the &#39;deploy&#39; scope" in refused.text
+    assert refused.status_code == 403
+    assert "lacks the &#39;deploy&#39; scope" in refused.text
     active = api.get("/api/v1/workers/roll").json()["active_version_id"]
     assert active == second["version"]["id"] != first["version"]["id"]
 
@@ -380,7 +399,7 @@ ASKED = [
 def test_the_ui_loaded_by_a_first_request_changes_no_answer_from_that_one_on(
     server: LiveServer,
 ) -> None:
-    client = httpx.Client(base_url=server.base_url, timeout=10)
+    client = server.client(key="", timeout=10)
     first = [client.request(method, path) for method, path in ASKED]
     again = [client.request(method, path) for method, path in ASKED]
     assert [(r.status_code, r.text) for r in first] == [(r.status_code, r.text) for r in again]

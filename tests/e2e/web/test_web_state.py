@@ -20,18 +20,22 @@ def test_the_worker_page_shows_sets_and_restores_the_state(
     client = signed_in_client(server, server.admin_key)
 
     page = client.get("/workers/counter")
-    assert page.status_code == 200 and 'id="state"' in page.text
-    assert run["id"] in page.text and "&#34;count&#34;: 1" in page.text
+    assert page.status_code == 200
+    assert 'id="state"' in page.text
+    assert run["id"] in page.text
+    assert "&#34;count&#34;: 1" in page.text
 
     bad = client.post(
         "/workers/counter/state", data={"csrf": csrf_of(page.text), "state": "{count: 2"}
     )
-    assert bad.status_code == 422 and "not valid JSON" in bad.text
+    assert bad.status_code == 422
+    assert "not valid JSON" in bad.text
     assert counter_state(api)["current_version"] == 1
     done = client.post(
         "/workers/counter/state", data={"csrf": csrf_of(page.text), "state": '{"count": 5}'}
     )
-    assert done.status_code == 303 and done.headers["location"].endswith("#state")
+    assert done.status_code == 303
+    assert done.headers["location"].endswith("#state")
     assert counter_state(api)["state"] == {"count": 5}
     restored = client.post(
         "/workers/counter/state", data={"csrf": csrf_of(page.text), "from_version": "1"}
@@ -43,8 +47,10 @@ def test_the_worker_page_shows_sets_and_restores_the_state(
     key = api.post("/api/v1/keys", json={"scopes": ["read"]}).json()["key"]
     reader = signed_in_client(server, key)
     shown = reader.get("/workers/counter")
-    assert 'id="state"' in shown.text and "Set state" not in shown.text
+    assert 'id="state"' in shown.text
+    assert "Set state" not in shown.text
     refused = reader.post(
         "/workers/counter/state", data={"csrf": csrf_of(shown.text), "state": "1"}
     )
-    assert refused.status_code == 403 and counter_state(api)["current_version"] == 3
+    assert refused.status_code == 403
+    assert counter_state(api)["current_version"] == 3

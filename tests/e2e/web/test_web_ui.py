@@ -53,15 +53,17 @@ def test_a_signed_out_visitor_is_sent_to_sign_in_and_sees_no_data(
         tab.goto(path)
         assert tab.page.url.startswith(tab.url("/login?next="))
         body = tab.page.content()
-        assert "Greets someone" not in body and "Hello, world" not in body
+        assert "Greets someone" not in body
+        assert "Hello, world" not in body
         assert tab.page.get_by_role("heading", name="Sign in to floom").is_visible()
     tab.shot("login")
 
     # Nothing answers without a session: not the log stream, not an artifact, not a form.
-    anonymous = httpx.Client(base_url=tab.server.base_url, follow_redirects=False, timeout=10)
+    anonymous = tab.server.client(key="", follow_redirects=False, timeout=10)
     for path in (f"{run_path}/logs/stream", f"{run_path}/files/greeting.txt"):
         resp = anonymous.get(path)
-        assert resp.status_code == 303 and resp.headers["location"].startswith("/login")
+        assert resp.status_code == 303
+        assert resp.headers["location"].startswith("/login")
     posted = anonymous.post(f"{run_path}/replay", data={"csrf": "x"})
     assert posted.status_code == 303
     assert len(api.get("/api/v1/runs").json()["items"]) == 1
@@ -98,7 +100,8 @@ def test_a_read_key_signs_in_sees_everything_but_cannot_run_and_signs_out(
     assert tab.page.evaluate(focused) == "Skip to content"
     for _ in range(2):
         tab.page.keyboard.press("Tab")
-    assert tab.page.evaluate(focused) == "Workers" and tab.page.evaluate(ring) != "none"
+    assert tab.page.evaluate(focused) == "Workers"
+    assert tab.page.evaluate(ring) != "none"
     tab.page.keyboard.press("Enter")
     tab.page.wait_for_url(tab.url("/"))
     tab.page.get_by_role("link", name="Hello").click()
@@ -112,10 +115,12 @@ def test_a_read_key_signs_in_sees_everything_but_cannot_run_and_signs_out(
     refused = tab.page.request.post(
         tab.url("/workers/hello/runs"), form={"csrf": csrf or "", "name": "Eve"}
     )
-    assert refused.status == 403 and "lacks the &#39;run&#39; scope" in refused.text()
+    assert refused.status == 403
+    assert "lacks the &#39;run&#39; scope" in refused.text()
     assert api.get("/api/v1/runs").json()["items"] == []
     session = next(c for c in tab.context.cookies() if c["name"] == "floom_session")
-    assert session["httpOnly"] and session["sameSite"] == "Lax"
+    assert session["httpOnly"]
+    assert session["sameSite"] == "Lax"
     assert read_key not in session["value"]
 
     tab.page.get_by_role("button", name="Sign out").click()
@@ -174,10 +179,12 @@ def test_a_worker_runs_from_its_generated_form_and_its_log_streams_in_live(
     # Times show in the viewer's timezone, with UTC on hover.
     created = tab.page.locator("#run-summary time").first
     assert "UTC" in (created.get_attribute("title") or "")
-    assert "UTC" not in created.inner_text() and "EST" in created.inner_text()
+    assert "UTC" not in created.inner_text()
+    assert "EST" in created.inner_text()
 
     run = api.get(f"/api/v1/runs/{run_id}").json()
-    assert run["inputs"]["extra"] == {"note": "from the browser"} and run["inputs"]["shout"]
+    assert run["inputs"]["extra"] == {"note": "from the browser"}
+    assert run["inputs"]["shout"]
     assert "done" in tab.page.inner_text("#outputs")
     tab.shot("run")
 
@@ -201,7 +208,8 @@ def test_artifacts_open_with_previews_and_download(
     assert table.locator("tbody tr").first.locator("td").all_inner_texts() == ["1", "a<b>"]
     tab.shot("artifact")
     download = tab.page.request.get(tab.url(f"/runs/{run['id']}/files/report.csv"))
-    assert download.status == 200 and download.body().startswith(b"tick,label\n1,a<b>")
+    assert download.status == 200
+    assert download.body().startswith(b"tick,label\n1,a<b>")
     assert download.headers["content-disposition"].startswith("attachment")
 
     tab.goto(f"/runs/{run['id']}")
@@ -253,7 +261,8 @@ def test_a_waiting_approval_is_approved_with_edits_from_the_inbox(
     assert "Nothing is waiting for you" in tab.page.inner_text("main")
 
     run = wait_for_run(api, run_id)
-    assert run["status"] == "succeeded" and run["outputs"] == {"title": "Final title"}
+    assert run["status"] == "succeeded"
+    assert run["outputs"] == {"title": "Final title"}
     tab.goto(f"/runs/{run_id}")
     approvals_section = tab.page.locator("#approvals")
     assert "Approved" in approvals_section.inner_text()
@@ -270,7 +279,8 @@ def test_a_waiting_approval_is_approved_with_edits_from_the_inbox(
     tab.page.wait_for_url(tab.url(f"/runs/{second}?notice=rejected"))
     assert "Rejected" in tab.page.inner_text("#approvals")
     rejected = api.get(f"/api/v1/runs/{second}").json()
-    assert rejected["status"] == "rejected" and "not this one" in rejected["error"]["message"]
+    assert rejected["status"] == "rejected"
+    assert "not this one" in rejected["error"]["message"]
 
 
 def test_replay_from_the_run_page_runs_again_with_the_same_inputs(
@@ -289,14 +299,16 @@ def test_replay_from_the_run_page_runs_again_with_the_same_inputs(
     tab.page.locator("#run-head .badge-succeeded").wait_for()
 
     replay = api.get(f"/api/v1/runs/{replay_id}").json()
-    assert replay["replay_of"] == first["id"] and replay["inputs"] == first["inputs"]
+    assert replay["replay_of"] == first["id"]
+    assert replay["inputs"] == first["inputs"]
     assert replay["version_id"] == first["version_id"]
     tab.goto(f"/runs/{first['id']}")
     assert replay_id in tab.page.inner_text("#run-lineage")
 
     tab.goto("/runs?trigger=replay")
     rows = tab.page.locator("table tbody tr")
-    assert rows.count() == 1 and replay_id in rows.inner_text()
+    assert rows.count() == 1
+    assert replay_id in rows.inner_text()
     tab.goto("/runs")
     tab.shot("runs")
 

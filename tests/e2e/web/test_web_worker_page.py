@@ -53,7 +53,8 @@ def test_a_single_day_of_runs_draws_a_visible_duration_line() -> None:
     for line in (chart["p50"], chart["p95"]):
         points = [tuple(map(float, p.split(","))) for p in line.split()]
         # A polyline through one point draws nothing; two distinct points draw a stroke.
-        assert len(points) >= 2 and points[0][0] != points[-1][0], line
+        assert len(points) >= 2, line
+        assert points[0][0] != points[-1][0], line
 
 
 def test_a_paused_workers_triggers_show_paused_with_no_next_fire_on_every_surface(
@@ -66,22 +67,27 @@ def test_a_paused_workers_triggers_show_paused_with_no_next_fire_on_every_surfac
     listed = api.get("/api/v1/workers/clocked/triggers").json()["items"][0]
     assert (listed["active"], listed["next_fires"]) == (False, [])
     summary = api.get("/api/v1/workers/clocked").json()["triggers"][0]
-    assert summary["active"] is False and summary.get("next_fire") is None
+    assert summary["active"] is False
+    assert summary.get("next_fire") is None
 
     listing = cli(server, "triggers", "clocked")
     assert listing.returncode == 0, listing.stderr
-    assert "active" not in listing.stdout and "next fires" not in listing.stdout
+    assert "active" not in listing.stdout
+    assert "next fires" not in listing.stdout
     assert "paused with its worker" in listing.stdout
 
     client = signed_in_client(server, server.admin_key)
     triggers = _section(client.get("/workers/clocked").text, "triggers")
-    assert "paused with its worker" in triggers and "next</span>" not in triggers
-    listing = client.get("/").text
-    assert "paused with its worker" in listing and "next</span>" not in listing
+    assert "paused with its worker" in triggers
+    assert "next</span>" not in triggers
+    workers_page = client.get("/").text
+    assert "paused with its worker" in workers_page
+    assert "next</span>" not in workers_page
 
     assert api.post("/api/v1/workers/clocked/resume", json={}).status_code == 200
     triggers = _section(client.get("/workers/clocked").text, "triggers")
-    assert "paused with its worker" not in triggers and "next</span>" in triggers
+    assert "paused with its worker" not in triggers
+    assert "next</span>" in triggers
 
 
 def test_the_nodes_page_shows_a_host_name_as_a_fact_not_as_a_hint(server: LiveServer) -> None:
@@ -106,7 +112,8 @@ def test_an_agent_worker_without_a_model_key_is_warned_of_before_it_runs(
     assert "model_key_missing" not in api.get("/api/v1/workers/hello").json()  # a script
 
     page = signed_in_client(server, server.admin_key).get("/workers/repo-triage").text
-    assert 'id="model-key-missing"' in page and "FLOOM_ANTHROPIC_API_KEY" in page
+    assert 'id="model-key-missing"' in page
+    assert "FLOOM_ANTHROPIC_API_KEY" in page
 
     async def over_mcp() -> str:
         async with http_client(server) as mcp:

@@ -98,10 +98,12 @@ def test_a_gated_call_pauses_the_run_durably_and_it_resumes_on_a_new_server(
     (sent,) = echo["requests"]
     assert (sent["method"], json.loads(sent["body"])) == ("POST", {"text": "final"})
     done = run["tool_calls"][2]
-    assert done["status"] == "ok" and done["arguments"]["json"] == {"text": "final"}
+    assert done["status"] == "ok"
+    assert done["arguments"]["json"] == {"text": "final"}
     assert json.loads(model.tool_results(1)[2]["content"])["status"] == 200
     kept, draft = model.tool_results(2)
-    assert kept["content"].strip() == "kept" and draft["content"] == "the draft"
+    assert kept["content"].strip() == "kept"
+    assert draft["content"] == "the draft"
     assert [a["name"] for a in run["artifacts"]] == ["draft.md"]
     assert any("resuming" in line for line in lines)
 
@@ -122,7 +124,8 @@ def test_a_rejected_call_reaches_the_model_as_a_refusal_with_the_comment(
 
     assert run["status"] == "succeeded"
     (refusal,) = rig.model.tool_results(1)
-    assert refusal["is_error"] is True and "too noisy" in refusal["content"]
+    assert refusal["is_error"] is True
+    assert "too noisy" in refusal["content"]
     assert run["tool_calls"][0]["status"] == "rejected"
     assert rig.echo["requests"] == []
 
@@ -158,7 +161,8 @@ def test_an_agent_run_level_gate_applies_the_edited_outputs_with_apply_only_secr
 
     assert "no secret POST_TOKEN" in paused["tool_calls"][0]["error"]
     (approval,) = paused["approvals"]
-    assert approval["kind"] == "run" and approval["proposed"] == {"title": "proposed"}
+    assert approval["kind"] == "run"
+    assert approval["proposed"] == {"title": "proposed"}
     assert paused["outputs"] == {"title": "proposed"}
     rig.model.script(
         reply(tool_use("http_request", with_token)),
@@ -173,7 +177,8 @@ def test_an_agent_run_level_gate_applies_the_edited_outputs_with_apply_only_secr
     assert run["status"] == "succeeded", run
     assert run["outputs"] == {"title": "edited"}
     decision = rig.model.tool_results(2)[0]["content"]
-    assert '"outputs": {"title": "edited"}' in decision and "apply phase" in decision
+    assert '"outputs": {"title": "edited"}' in decision
+    assert "apply phase" in decision
     assert "shorter" in decision
     (posted,) = rig.echo["requests"]
     assert posted["headers"]["x-token"] == "post-token-77"

@@ -35,8 +35,10 @@ def test_a_tool_input_over_a_bound_is_refused_and_the_model_is_told_which(rig: R
     assert run.status == "succeeded", run.error_message
     assert json.loads(run.outputs_json or "null") == {"summary": "flat at last"}
     deep, nan = rig.model.requests[1].tool_results[0], rig.model.requests[2].tool_results[0]
-    assert deep["is_error"] and "(depth bound)" in deep["content"]
-    assert nan["is_error"] and "(number bound)" in nan["content"]
+    assert deep["is_error"]
+    assert "(depth bound)" in deep["content"]
+    assert nan["is_error"]
+    assert "(number bound)" in nan["content"]
     calls = agent_runs.list_tool_calls(rig.ctx, caller=SYSTEM, run_id=run.id)
     assert [(c.tool, c.status) for c in calls][:2] == [
         ("finish", "refused"),

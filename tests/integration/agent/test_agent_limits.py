@@ -75,5 +75,6 @@ def test_the_monthly_budget_ends_the_run_and_refuses_new_ones_until_it_resets(
     assert refused.status_code == 429
     error = refused.json()["error"]
     assert error["code"] == "limit_exceeded"
-    assert "monthly_cost_usd" in error["message"] and "resets on" in error["message"]
+    assert "monthly_cost_usd" in error["message"]
+    assert "resets on" in error["message"]
     assert len(rig.model.requests) == 1

@@ -136,7 +136,8 @@ def test_secret_values_are_filled_in_for_the_request_and_redacted_everywhere_aft
     assert seen["headers"]["authorization"] == f"Bearer {TOKEN}"
     http = run["tool_calls"][0]
     assert http["arguments"]["headers"]["Authorization"] == "Bearer ${API_TOKEN}"
-    assert TOKEN not in json.dumps(run) and "***" in http["result"]
+    assert TOKEN not in json.dumps(run)
+    assert "***" in http["result"]
     assert run["outputs"] == {"summary": "the token is ***"}
     assert TOKEN not in json.dumps(rig.model.requests)
     transcript = rig.api.get(f"/api/v1/runs/{run_id}/transcript").text
@@ -206,7 +207,8 @@ tools:
     assert run["status"] == "succeeded", run
     errors = [c["error"] for c in run["tool_calls"][:6]]
     assert all(e and e.startswith("refused:") for e in errors), errors
-    assert "loopback" in errors[0] and "loopback" in errors[1]
+    assert "loopback" in errors[0]
+    assert "loopback" in errors[1]
     assert "169.254.169.254, a link-local address" in errors[2]
     assert "10.1.2.3, a private address" in errors[3]
     assert "127.0.0.1, a loopback address" in errors[4]

@@ -210,7 +210,8 @@ def test_finish_outputs_are_checked_against_the_manifest_and_the_model_is_told_w
     assert 'finish needs {"outputs": {...}}' in unwrapped["content"]
     (mismatch,) = rig.model.requests[2].tool_results
     assert mismatch["is_error"] is True
-    assert "outputs.summary" in mismatch["content"] and "outputs.count" in mismatch["content"]
+    assert "outputs.summary" in mismatch["content"]
+    assert "outputs.count" in mismatch["content"]
 
 
 def test_max_tool_iterations_ends_the_run_as_limit_exceeded_before_another_model_turn(
@@ -225,7 +226,8 @@ def test_max_tool_iterations_ends_the_run_as_limit_exceeded_before_another_model
         "limit max_tool_iterations reached: 2 model turns "
         "(limits.max_tool_iterations in worker.yml)"
     )
-    assert len(rig.model.requests) == 2 and rig.model.remaining == 1
+    assert len(rig.model.requests) == 2
+    assert rig.model.remaining == 1
     # The last turn's call was answered before the limit stopped the next turn.
     assert rig.calls(run) == [("recall", "ok", 1), ("recall", "ok", 1)]
     assert run.attempt == 1
@@ -355,7 +357,8 @@ def test_an_agent_that_keeps_talking_without_finishing_is_nudged_then_failed(rig
     assert (run.status, run.error_code) == ("failed", "agent_error")
     assert len(rig.model.requests) == 3
     nudge = rig.model.requests[1].messages[-1]
-    assert nudge["role"] == "user" and "finish" in nudge["content"]
+    assert nudge["role"] == "user"
+    assert "finish" in nudge["content"]
 
 
 def test_a_missing_provider_key_fails_the_run_at_start_naming_the_setting(

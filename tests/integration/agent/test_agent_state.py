@@ -36,6 +36,8 @@ def test_an_agent_reads_its_state_with_a_tool_and_leaves_the_next_with_finish(
     assert json.loads(first["tool_calls"][0]["result"]) == {"version": 0, "state": None}
     assert json.loads(second["tool_calls"][0]["result"]) == {"version": 1, "state": {"n": 1}}
     refused = second["tool_calls"][1]
-    assert refused["status"] == "error" and "at most 100" in refused["error"]
-    assert state["current_version"] == 2 and state["state"] == {"n": 2}
+    assert refused["status"] == "error"
+    assert "at most 100" in refused["error"]
+    assert state["current_version"] == 2
+    assert state["state"] == {"n": 2}
     assert state["written"]["run_id"] == second["id"]

@@ -50,8 +50,7 @@ def test_a_runs_log_shows_the_agents_text_and_tool_calls_as_the_model_streams_th
         "agent calls finish",
     ]
     at = [lines.index(line) for line in order]
-    assert at == sorted(at) and at[-1] < next(
-        i for i, line in enumerate(lines) if line.startswith("model turn 1")
-    )
+    assert at == sorted(at)
+    assert at[-1] < next(i for i, line in enumerate(lines) if line.startswith("model turn 1"))
     assert lines.count("agent: Reading the inputs.") == 1  # not logged again after the turn
     assert rig.model.requests[0].get("stream") is True

@@ -53,7 +53,8 @@ tools:
     assert run["status"] == "succeeded", run
     assert rig.model.tool_names(0) == ["tracker__list_issues", "tracker__create_issue", "finish"]
     listed, deleted = run["tool_calls"][:2]
-    assert listed["status"] == "ok" and "Login fails" in listed["result"]
+    assert listed["status"] == "ok"
+    assert "Login fails" in listed["result"]
     assert deleted["status"] == "refused"
     assert tracker["calls"] == [("list_issues", {"state_filter": "open"})]
     assert set(tracker["auth"]) == {f"Bearer {token}"}
@@ -122,7 +123,8 @@ tools: [{builtin: invoke_worker}]
     assert (child["status"], child["outputs"]) == ("succeeded", {"double": 42})
     assert "not in this worker's calls" in refused["error"]
     child_run = rig.api.get(f"/api/v1/runs/{child['run_id']}").json()
-    assert child_run["parent_run_id"] == boss_id and child_run["trigger"] == "agent"
+    assert child_run["parent_run_id"] == boss_id
+    assert child_run["trigger"] == "agent"
     assert rig.api.get("/api/v1/runs", params={"worker": "other"}).json()["items"] == []
 
 
@@ -188,7 +190,9 @@ tools: [{builtin: run_command}]
     assert run["status"] == "succeeded", run
     result = run["tool_calls"][0]["result"]
     assert result.startswith("exit code 0")
-    assert "from the version" in result and "token=***" in result and "key=none" in result
+    assert "from the version" in result
+    assert "token=***" in result
+    assert "key=none" in result
     assert "floom" in result.splitlines()[-1]
     assert [a["name"] for a in run["artifacts"]] == ["made.txt"]
     assert "shell-secret-99" not in rig.api.get(f"/api/v1/runs/{run['id']}/logs").text

@@ -7,6 +7,7 @@ import http.client
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ from e2b import (
     SandboxQuery,
     SandboxUnreachableException,
 )
+from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 from tests.standins.e2b import E2BStandin, e2b_standin  # noqa: F401 - the fixture
 from tests.support.harness import wait_until
@@ -30,8 +32,10 @@ def test_many_files_go_up_in_one_request_and_come_back_as_text_and_bytes(
     e2b_standin: E2BStandin,  # noqa: F811
 ) -> None:
     sandbox = Sandbox.create(template="python-data", timeout=60, metadata={"run": "r1"})
-    files = [{"path": f"/home/user/bundle/f{i}.txt", "data": f"file {i}"} for i in range(300)]
-    files.append({"path": "bundle/raw.bin", "data": b"\x00\xff\x01"})
+    files: list[WriteEntry] = [
+        WriteEntry(path=f"/home/user/bundle/f{i}.txt", data=f"file {i}") for i in range(300)
+    ]
+    files.append(WriteEntry(path="bundle/raw.bin", data=b"\x00\xff\x01"))
 
     written = sandbox.files.write_files(files)
 
@@ -40,7 +44,8 @@ def test_many_files_go_up_in_one_request_and_come_back_as_text_and_bytes(
     assert sandbox.files.read("/home/user/bundle/f7.txt") == "file 7"
     assert sandbox.files.read("bundle/raw.bin", format="bytes") == bytearray(b"\x00\xff\x01")
     listed = sandbox.files.list("/home/user/bundle")
-    assert len(listed) == 301 and {e.path for e in listed} >= {"/home/user/bundle/raw.bin"}
+    assert len(listed) == 301
+    assert {e.path for e in listed} >= {"/home/user/bundle/raw.bin"}
     assert e2b_standin.host_path(sandbox.sandbox_id, "bundle/f7.txt").read_text() == "file 7"
 
 
@@ -114,7 +119,8 @@ def test_sandboxes_are_listed_by_metadata_and_killed_by_id(
     assert Sandbox.kill(mine.sandbox_id) is True
     assert Sandbox.kill(mine.sandbox_id) is False
     assert other.kill() is True
-    assert e2b_standin.sandboxes == {} and e2b_standin.killed == [mine.sandbox_id, other.sandbox_id]
+    assert e2b_standin.sandboxes == {}
+    assert e2b_standin.killed == [mine.sandbox_id, other.sandbox_id]
     assert [s.metadata["node"] for s in e2b_standin.created] == ["a", "b"]
 
 
@@ -146,7 +152,8 @@ def test_a_sandbox_ends_when_its_timeout_passes_unless_extended(
 def test_an_unknown_template_gets_e2b_404(e2b_standin: E2BStandin) -> None:  # noqa: F811
     with pytest.raises(SandboxException) as refused:
         Sandbox.create(template="no-such-template")
-    assert "404" in str(refused.value) and "no-such-template" in str(refused.value)
+    assert "404" in str(refused.value)
+    assert "no-such-template" in str(refused.value)
 
 
 def test_control_plane_faults_reach_the_sdk_as_its_own_exceptions(
@@ -185,7 +192,9 @@ def test_envd_dying_or_the_sandbox_being_killed_mid_command_ends_the_stream(
     ):
         sandbox = Sandbox.create(timeout=60)
 
-        def on_stdout(text: str, sandbox_id: str = sandbox.sandbox_id, act=fault) -> None:
+        def on_stdout(
+            text: str, sandbox_id: str = sandbox.sandbox_id, act: Callable[[str], object] = fault
+        ) -> None:
             threading.Thread(target=act, args=(sandbox_id,)).start()
 
         started = time.monotonic()
@@ -211,7 +220,8 @@ def test_envd_refuses_a_request_without_the_sandbox_access_token(
     assert get("/health", sandbox.sandbox_id)[0] == 204
     assert get("/files?path=/home/user/x", sandbox.sandbox_id)[0] == 401
     status, body = get("/health", "gone")
-    assert status == 502 and b"was not found" in body
+    assert status == 502
+    assert b"was not found" in body
 
 
 def test_all_of_e2b_unreachable_mid_command_fails_the_call_and_the_sandbox_outlives_it(

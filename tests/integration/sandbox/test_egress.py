@@ -40,7 +40,7 @@ from tests.support.agents import agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import wait_until
 from tests.support.netns import NamespaceHost, host_wide_listener, namespace_host, needs_netns
 
-GUARDED = {"agent_http_allow_private": False}
+GUARDED: dict[str, Any] = {"agent_http_allow_private": False}
 
 
 def _mcp_worker(folder: Path, url: str) -> Path:
@@ -85,7 +85,8 @@ def test_an_mcp_source_on_the_hosts_loopback_gets_no_request_and_no_secret(
         assert run["status"] == "failed", (name, run)
         assert run["error"]["code"] == "tool_source_unavailable"
         assert "a loopback address" in run["error"]["message"], (name, run["error"])
-    assert tracker["auth"] == [] and tracker["calls"] == []
+    assert tracker["auth"] == []
+    assert tracker["calls"] == []
 
 
 @contextmanager
@@ -93,14 +94,14 @@ def _answering(body: bytes, content_type: str) -> Iterator[int]:
     """A loopback service that answers every request with `body`."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             self.send_response(200)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
 
-        do_GET = do_DELETE = do_POST  # noqa: N815 - http.server's naming
+        do_GET = do_DELETE = do_POST  # http.server's naming
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -133,7 +134,8 @@ def test_a_failing_mcp_source_is_told_without_what_it_answered(
     assert run["status"] == "failed", run
     assert run["error"]["code"] == "tool_source_unavailable"
     message = run["error"]["message"]
-    assert "internal" not in message and "service" not in message, message
+    assert "internal" not in message, message
+    assert "service" not in message, message
     assert "MCP server 'tracker' cannot list its tools" in message
     assert len(message) < DESCRIBE_LIMIT + 100
 
@@ -322,7 +324,7 @@ def test_a_name_is_connected_to_at_the_address_that_was_checked(
             with guarded_client(policy, timeout=10) as client:
                 first = client.get(url).text
                 looked_up = len(answers)
-                with pytest.raises(EgressRefused, match="127.0.0.1, a loopback address"):
+                with pytest.raises(EgressRefused, match=r"127\.0\.0\.1, a loopback address"):
                     client.get(url)
 
             async def fetch() -> str:
@@ -363,7 +365,7 @@ def test_every_address_of_this_host_is_refused_whatever_the_operator_allows() ->
 
 def test_a_name_is_refused_when_any_of_its_addresses_is() -> None:
     policy = EgressPolicy(resolve=(("mixed.test", "127.0.0.1"),))
-    with pytest.raises(EgressRefused, match="mixed.test resolves to 127.0.0.1, a loopback"):
+    with pytest.raises(EgressRefused, match=r"mixed\.test resolves to 127\.0\.0\.1, a loopback"):
         resolve_checked("mixed.test", 80, policy)
     with pytest.raises(EgressRefused, match="a loopback address"):
         resolve_checked("localhost", 80, EgressPolicy())

@@ -155,7 +155,8 @@ def test_a_frozen_or_killed_floom_process_does_not_keep_its_sandbox_alive(
         start_new_session=True,
     )
     try:
-        assert floom.stdout is not None and floom.stdin is not None
+        assert floom.stdout is not None
+        assert floom.stdin is not None
         watchdog = int(floom.stdout.readline())
         # Its own session and process group: what stops floom's group does not stop it.
         assert os.getsid(watchdog) == watchdog != os.getsid(floom.pid)
@@ -169,7 +170,7 @@ def test_a_frozen_or_killed_floom_process_does_not_keep_its_sandbox_alive(
             assert Path(f"/proc/{floom.pid}/stat").read_text().split(") ")[1][0] == "T"
     finally:
         os.killpg(floom.pid, signal.SIGKILL)
-        floom.wait()
+        floom.communicate(timeout=30)  # closes its pipes too
 
 
 def test_the_local_sandbox_is_ended_with_its_lease_while_its_supervisor_waits(
@@ -196,7 +197,8 @@ def test_the_local_sandbox_is_ended_with_its_lease_while_its_supervisor_waits(
         # The supervisor is never asked to cancel: only the watchdog ends the sandbox.
         result = sandbox.run(spec, on_line=lambda *_: None, should_cancel=done.is_set)
         assert time.monotonic() - started < 10
-        assert result.exit_code != 0 and not result.timed_out
+        assert result.exit_code != 0
+        assert not result.timed_out
         assert fence.lapsed(key)
     finally:
         done.set()

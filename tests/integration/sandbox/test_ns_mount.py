@@ -46,7 +46,8 @@ def _in_namespace_of_its_own(command: str, *args: object) -> subprocess.Popen[by
 
 
 def _mounted_on(target: Path) -> bool:
-    return any(line.split()[4] == str(target) for line in open("/proc/self/mountinfo"))
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    return any(line.split()[4] == str(target) for line in mounts)
 
 
 def test_nothing_is_mounted_for_a_process_in_floom_s_own_namespace(tmp_path: Path) -> None:
@@ -112,7 +113,8 @@ class _DataRun:
     output: Path
 
     def check(self, layered: bool) -> None:
-        assert self.result.exit_code == 0 and self.lines == ["original"], (self.result, self.lines)
+        assert self.result.exit_code == 0, (self.result, self.lines)
+        assert self.lines == ["original"], (self.result, self.lines)
         assert (self.work / "data.txt").read_text() == "original\nmore\n"
         assert (self.output / "made").read_text() == "made\n"
         if layered:
@@ -163,7 +165,8 @@ def test_a_run_s_script_mounts_nothing_for_its_work_and_output_dirs(
     monkeypatch.setattr(standby.Launcher, "start", recording_start)
 
     _run_on_data(tmp_path, layered=layered, launchers_ready=True).check(layered)
-    assert sent and not any("mount" in prelude for prelude in sent), sent
+    assert sent, sent
+    assert not any("mount" in prelude for prelude in sent), sent
 
 
 def test_each_mount_is_made_or_refused_on_its_own(tmp_path: Path) -> None:

@@ -149,7 +149,8 @@ def test_while_a_run_runs_its_secret_and_command_are_held_by_its_own_process_alo
         assert all(uid != 0 for p in secret_environ for uid in p.uids)
     argument_argv, _ = seen["argument"]
     assert [p.argv[1:3] for p in argument_argv] == [[b"run.py", argument]]
-    assert emptied and set(emptied) == {0}
+    assert emptied
+    assert set(emptied) == {0}
 
 
 def test_the_sandboxs_pid_1_starts_with_an_empty_environment_and_no_host_path(

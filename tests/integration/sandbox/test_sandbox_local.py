@@ -326,7 +326,9 @@ def test_timeout_kills_the_whole_process_tree(sandbox: LocalSandbox, tmp_path: P
 
     assert ready.is_set(), lines
     assert alive_when_ready == [True]
-    assert result.timed_out and result.exit_code is None and not result.cancelled
+    assert result.timed_out
+    assert result.exit_code is None
+    assert not result.cancelled
     assert processes_with(marker) == []
 
 
@@ -353,7 +355,9 @@ def test_cancel_kills_the_whole_process_tree(sandbox: LocalSandbox, tmp_path: Pa
 
     assert ready.is_set(), lines
     assert alive_when_ready == [True]
-    assert result.cancelled and result.exit_code is None and not result.timed_out
+    assert result.cancelled
+    assert result.exit_code is None
+    assert not result.timed_out
     assert time.monotonic() - started < 30
     assert processes_with(marker) == []
 
@@ -475,7 +479,8 @@ def test_get_sandbox_builds_local_and_refuses_unknown_names() -> None:
         get_sandbox("docker")
 
     assert caught.value.code == "invalid_request"
-    assert caught.value.hint is not None and "local" in caught.value.hint
+    assert caught.value.hint is not None
+    assert "local" in caught.value.hint
 
 
 def test_background_processes_end_with_the_worker(sandbox: LocalSandbox, tmp_path: Path) -> None:

@@ -380,5 +380,6 @@ def test_an_output_dir_that_holds_files_is_bound_as_it_is(tmp_path: Path) -> Non
     finally:
         sandbox.close()
 
-    assert full.exit_code == 0 and lines == [("stdout", "['restored']")], lines
+    assert full.exit_code == 0, lines
+    assert lines == [("stdout", "['restored']")], lines
     assert sorted(os.listdir(tmp_path / "full" / "output")) == ["new", "restored"]

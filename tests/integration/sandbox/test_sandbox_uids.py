@@ -87,7 +87,8 @@ def test_two_concurrent_runs_have_different_host_uids_and_do_not_share_inotify_i
     hog, probe = _run_while_the_hog_runs(tmp_path, sandbox)
 
     hog_uid, held = _stdout(hog)
-    assert held.startswith("held ") and held.endswith("errno 24"), held  # EMFILE: all used
+    assert held.startswith("held "), held
+    assert held.endswith("errno 24"), held  # EMFILE: all used
     probe_uid, inotify = _stdout(probe)
     assert inotify == "inotify ok"
     assert hog_uid != probe_uid
@@ -144,4 +145,5 @@ def test_a_range_holding_a_user_of_this_machine_or_out_of_bounds_is_refused_at_c
 def test_a_range_holding_floom_s_own_uid_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "getuid", lambda: DEFAULT_UID_BASE + 3)
     problem = UidRange().problem()
-    assert problem is not None and "floom's own uid" in problem
+    assert problem is not None
+    assert "floom's own uid" in problem

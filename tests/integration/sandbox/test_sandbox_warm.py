@@ -91,7 +91,8 @@ def test_a_value_one_run_plants_in_its_warm_process_is_invisible_to_the_next(
     seen = outputs(lines)
     assert seen["planted"] is None
     assert seen["env"] is None
-    assert not seen["tmp"] and not seen["shm"]
+    assert not seen["tmp"]
+    assert not seen["shm"]
     assert seen["fds"] == ["0", "1", "2", "3"]  # 3: the listing's own
     random_after_seed_1234 = 0.9664535356921388
     assert seen["random"] != random_after_seed_1234
@@ -239,7 +240,8 @@ def test_two_warm_runs_at_once_see_nothing_of_each_other(warm: WarmedLocal) -> N
         assert result.exit_code == 0, lines
         seen[who] = outputs(lines)
     for who in ("a", "b"):
-        assert seen[who]["tmp"] == [who] and seen[who]["shm"] == [who]
+        assert seen[who]["tmp"] == [who]
+        assert seen[who]["shm"] == [who]
         assert seen[who]["pids"] == [1]
         assert seen[who]["reached"] is False
     assert seen["a"]["uid"] != seen["b"]["uid"]
@@ -277,7 +279,8 @@ def test_a_bomb_is_stopped_by_its_limit_and_the_pool_serves_the_next_run(
     assert result.limit_exceeded == limit, (result, lines[-3:])
     after, lines, _ = run(warm, LOOK)
     assert after.exit_code == 0, lines
-    assert warm.pools.process_of(key) is process and process.alive()
+    assert warm.pools.process_of(key) is process
+    assert process.alive()
 
 
 SLEEP_THEN_WRITE = """
@@ -319,12 +322,15 @@ def test_a_run_outlives_its_warm_process_killed_mid_run_and_a_new_one_serves_the
     assert not process.alive()
     (spec.workdir / "go").write_text("")
     thread.join(30)
-    assert ended and ended[0].exit_code == 0
+    assert ended
+    assert ended[0].exit_code == 0
     assert json.loads((spec.workdir / "result.json").read_text())["outputs"]["survived"]
     result, lines, _ = run(warm, LOOK)  # WarmedLocal waits for the replacement, and asserts a hit
     assert result.exit_code == 0, lines
     replacement = warm.pools.process_of(key)
-    assert replacement is not None and replacement is not process and replacement.alive()
+    assert replacement is not None
+    assert replacement is not process
+    assert replacement.alive()
 
 
 def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_finish(
@@ -351,9 +357,11 @@ def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_f
     result, lines, new_spec = run(warm, LOOK)
     assert result.exit_code == 0, lines
     new_key = warm.key(new_spec)
-    assert new_key is not None and new_key != old_key
+    assert new_key is not None
+    assert new_key != old_key
     new = warm.pools.process_of(new_key)
-    assert new is not None and new is not old
+    assert new is not None
+    assert new is not old
     assert warm.pools.process_of(old_key) is None
     deadline = time.monotonic() + 10
     while old.alive() and time.monotonic() < deadline:
@@ -361,7 +369,8 @@ def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_f
     assert not old.alive()  # the version before has no warm process left
     (spec.workdir / "go").write_text("")
     thread.join(30)
-    assert ended and ended[0].exit_code == 0  # its run in flight finished all the same
+    assert ended
+    assert ended[0].exit_code == 0
 
 
 SHARED_AT = 0x7E0000000000
@@ -463,7 +472,8 @@ def test_reaping_kills_the_warm_processes_and_runs_an_earlier_floom_left_and_spa
     finally:
         later.close()
     thread.join(30)
-    assert ended and ended[0].exit_code != 0
+    assert ended
+    assert ended[0].exit_code != 0
     assert not (spec.workdir / "result.json").exists()
     deadline = time.monotonic() + 10
     while process.alive() and time.monotonic() < deadline:
@@ -503,7 +513,8 @@ def test_the_memory_budget_makes_an_idle_pool_give_way_to_a_new_one(tmp_path: Pa
         process_a = local.warm.process_of(key_a) if local.warm else None
         assert process_a is not None
         key_b = second.warm_up(warm_script_spec(second.work_root, LOOK))
-        assert local.warm is not None and local.warm.process_of(key_b) is not None
+        assert local.warm is not None
+        assert local.warm.process_of(key_b) is not None
         assert local.warm.process_of(key_a) is None
         deadline = time.monotonic() + 10
         while process_a.alive() and time.monotonic() < deadline:

@@ -17,7 +17,7 @@ from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine import dispatch as dispatch_module
 from floom.engine.executor import Executor
-from floom.engine.queue import Claim
+from floom.engine.queue import Claim, claim_next
 from floom.engine.runtime import NodeRuntime
 from floom.errors import FloomError
 from floom.sandbox.fake import FakeSandbox
@@ -82,8 +82,10 @@ def test_a_free_slot_takes_the_run_in_the_queueing_transaction(
 
     stored = runs.get_run(ctx, run_id=run.id, caller=SYSTEM)
     assert (stored.status, stored.lease_owner) == ("running", ctx.node_id)
-    assert stored.lease_expires_at is not None and stored.started_at is not None
-    assert [r.id for r in slots.started] == [run.id] and slots.held == 0
+    assert stored.lease_expires_at is not None
+    assert stored.started_at is not None
+    assert [r.id for r in slots.started] == [run.id]
+    assert slots.held == 0
     assert lines(ctx, run.id) == [
         f"queued (api) on version {stored.version_id}",
         f"started attempt 1 of 1 on {ctx.node_id}",
@@ -95,7 +97,8 @@ def test_a_free_slot_takes_the_run_in_the_queueing_transaction(
     second = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
     assert runs.get_run(ctx, run_id=second.id, caller=SYSTEM).status == "queued"
     assert slots.queued.is_set()
-    assert len(slots.started) == 1 and slots.held == 0
+    assert len(slots.started) == 1
+    assert slots.held == 0
 
 
 def test_a_run_never_jumps_ahead_of_an_older_runnable_run(ctx: Context, tmp_path: Path) -> None:
@@ -107,7 +110,8 @@ def test_a_run_never_jumps_ahead_of_an_older_runnable_run(ctx: Context, tmp_path
 
     assert runs.get_run(ctx, run_id=run.id, caller=SYSTEM).status == "queued"
     assert runs.get_run(ctx, run_id=older, caller=SYSTEM).status == "queued"
-    assert slots.started == [] and slots.held == 0
+    assert slots.started == []
+    assert slots.held == 0
 
 
 def test_a_limited_workers_run_and_an_agents_child_run_go_through_the_queue(
@@ -122,7 +126,8 @@ def test_a_limited_workers_run_and_an_agents_child_run_go_through_the_queue(
 
     for run in (limited, child):
         assert runs.get_run(ctx, run_id=run.id, caller=SYSTEM).status == "queued"
-    assert slots.started == [] and slots.held == 0
+    assert slots.started == []
+    assert slots.held == 0
 
 
 def test_a_refused_queueing_gives_the_held_slot_back_and_stores_nothing(
@@ -137,7 +142,8 @@ def test_a_refused_queueing_gives_the_held_slot_back_and_stores_nothing(
     with pytest.raises(FloomError):
         runs.create_run(ctx, worker_name="w1", caller=SYSTEM, in_transaction=refuse)
 
-    assert slots.held == 0 and slots.started == []
+    assert slots.held == 0
+    assert slots.started == []
     page, _ = runs.list_runs(ctx, caller=SYSTEM)
     assert page == []
 
@@ -156,7 +162,8 @@ def test_a_triggers_step_decides_before_the_run_is_taken(ctx: Context, tmp_path:
         ctx, worker_name="w1", caller=SYSTEM, in_transaction=queue_overlapping
     )
     assert runs.get_run(ctx, run_id=limited.id, caller=SYSTEM).status == "queued"
-    assert slots.started == [] and slots.held == 0
+    assert slots.started == []
+    assert slots.held == 0
 
     # With the queued run cancelled out of the way, a run whose step limits nothing is taken.
     runs.cancel_run(ctx, run_id=limited.id, caller=SYSTEM)
@@ -198,7 +205,7 @@ def test_a_slot_goes_on_to_the_next_queued_run_itself(
     deploy(ctx, tmp_path, "w1")
     ids = [runs.create_run(ctx, worker_name="w1", caller=SYSTEM).id for _ in range(4)]
     claimed_on: list[str] = []
-    real_claim = dispatch_module.claim_next
+    real_claim = claim_next
 
     def recording_claim(c: Context, **kwargs: Any) -> Claim:
         claim = real_claim(c, **kwargs)

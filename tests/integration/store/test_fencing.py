@@ -40,7 +40,8 @@ def _fenced_attempt(ctx: Context) -> tuple[Run, Run, Context]:
     """Attempt 1 claimed here, its lease lapsed and reaped; attempt 2 running on node B."""
     (run_id,) = enqueue(ctx, 1, max_attempts=3)
     first = claim_next_run(ctx)
-    assert first is not None and first.lease_epoch == 1
+    assert first is not None
+    assert first.lease_epoch == 1
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, run_id)
         assert row is not None
@@ -50,7 +51,8 @@ def _fenced_attempt(ctx: Context) -> tuple[Run, Run, Context]:
     assert reap_expired_leases(b) == 1
     assert _row(ctx, run_id).lease_epoch == 2  # the reap alone fences attempt 1
     second = claim_next_run(b)
-    assert second is not None and (second.attempt, second.lease_epoch) == (2, 3)
+    assert second is not None
+    assert (second.attempt, second.lease_epoch) == (2, 3)
     return first, second, b
 
 
@@ -151,7 +153,8 @@ def test_every_claim_and_reap_moves_the_epoch_on(ctx: Context) -> None:
     (run_id,) = enqueue(ctx, 1, max_attempts=2)
     assert _row(ctx, run_id).lease_epoch == 0
     claimed = claim_next_run(ctx)
-    assert claimed is not None and claimed.lease_epoch == 1 == _row(ctx, run_id).lease_epoch
+    assert claimed is not None
+    assert claimed.lease_epoch == 1 == _row(ctx, run_id).lease_epoch
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, run_id)
         assert row is not None

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from floom.services.access.principal import Principal
 from floom.services.context import Context
 from floom.services.handoffs import flow
 from floom.services.handoffs import jobs as handoffs
-from floom.store.models import ApiKey
 from tests.support.handoffs import admin, agent, event_types, roles
 
 AGENTS = 8
@@ -68,7 +68,7 @@ def test_two_blockers_completing_at_once_publish_their_dependent_exactly_once(
 ) -> None:
     roles(ctx, "build", "deploy")
     lead = agent(ctx, "lead")
-    builders: list[ApiKey] = [agent(ctx, f"builder-{i}", "build") for i in range(2)]
+    builders: list[Principal] = [agent(ctx, f"builder-{i}", "build") for i in range(2)]
     rounds = 15
     pairs, dependents = [], []
     for r in range(rounds):
@@ -105,7 +105,9 @@ def test_publishing_a_dependent_while_its_blocker_completes_never_strands_it(
         flow.claim(ctx, actor=builder, job_id=blocker["id"])
         results: dict[int, Any] = {}
 
-        def step(i: int, blocker_id: str = blocker["id"], results: dict = results) -> None:
+        def step(
+            i: int, blocker_id: str = blocker["id"], results: dict[int, Any] = results
+        ) -> None:
             if i == 0:
                 flow.complete(ctx, actor=builder, job_id=blocker_id)
             else:

@@ -7,21 +7,23 @@ from typing import Any
 
 import pytest
 
-from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.errors import Conflict, Forbidden, IllegalTransition, InvalidRequest, NotFound
 from floom.services.access import keys
-from floom.services.access.principal import SYSTEM
+from floom.services.access.principal import SYSTEM, Principal
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow, review
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs.retire import retire_agent
-from floom.services.handoffs.rules import IllegalTransition
 from tests.support.handoffs import admin, agent, event_types, events, roles
 from tests.support.harness import wait_until
 
+# The team's keys by part, as a surface passes them on.
+Team = dict[str, Principal]
+
 
 @pytest.fixture
-def team(ctx: Context) -> dict:
+def team(ctx: Context) -> Team:
     roles(ctx, "coder", "reviewer", "ops")
     return {
         "lead": agent(ctx, "lead"),
@@ -33,7 +35,7 @@ def team(ctx: Context) -> dict:
 
 
 def test_a_published_job_is_claimed_by_a_holder_of_its_role_and_every_step_is_audited(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(
         ctx,
@@ -45,7 +47,8 @@ def test_a_published_job_is_claimed_by_a_holder_of_its_role_and_every_step_is_au
         artifacts=[{"type": "file", "uri": "s3://b/log.txt", "checksum": "sha256:ab"}],
         priority="high",
     )
-    assert job["status"] == "published" and job["source_agent"]["label"] == "lead"
+    assert job["status"] == "published"
+    assert job["source_agent"]["label"] == "lead"
     claimed = flow.claim(ctx, actor=team["coder"], job_id=job["id"])
     assert claimed["status"] == "in_progress"
     assert claimed["assignee"]["label"] == "coder-1"
@@ -65,7 +68,7 @@ def test_a_published_job_is_claimed_by_a_holder_of_its_role_and_every_step_is_au
 
 
 def test_claim_next_takes_the_most_urgent_then_the_oldest_job_of_the_callers_roles(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     lead = team["lead"]
     old_low = handoffs.create_job(ctx, actor=lead, summary="a", role="coder", priority="low")
@@ -82,7 +85,7 @@ def test_claim_next_takes_the_most_urgent_then_the_oldest_job_of_the_callers_rol
 
 
 def test_claim_next_for_a_role_the_caller_does_not_hold_is_refused(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     with pytest.raises(Forbidden) as info:
         flow.claim_next(ctx, actor=team["coder"], role="reviewer")
@@ -90,7 +93,7 @@ def test_claim_next_for_a_role_the_caller_does_not_hold_is_refused(
     assert flow.claim_next(ctx, actor=team["lead"]) is None  # no roles, nothing to take
 
 
-def test_a_held_job_cannot_be_claimed_by_another_agent(ctx: Context, team: dict) -> None:
+def test_a_held_job_cannot_be_claimed_by_another_agent(ctx: Context, team: Team) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     flow.claim(ctx, actor=team["coder"], job_id=job["id"])
     with pytest.raises(Conflict) as info:
@@ -102,7 +105,7 @@ def test_a_held_job_cannot_be_claimed_by_another_agent(ctx: Context, team: dict)
 
 
 def test_agents_see_jobs_of_their_roles_and_ones_they_created_or_hold_admins_see_all(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     lead, coder, reviewer = team["lead"], team["coder"], team["reviewer"]
     code = handoffs.create_job(ctx, actor=lead, summary="code", role="coder")
@@ -129,20 +132,21 @@ def test_agents_see_jobs_of_their_roles_and_ones_they_created_or_hold_admins_see
     assert [j["id"] for j in mine] == [code["id"]]
 
 
-def test_an_agents_roles_are_read_on_every_call_never_frozen(ctx: Context, team: dict) -> None:
+def test_an_agents_roles_are_read_on_every_call_never_frozen(ctx: Context, team: Team) -> None:
     key = team["lead"]  # the same key object throughout, as a long-lived client would hold
     job = handoffs.create_job(ctx, actor=key, summary="x", role="ops")
     assert flow.claim_next(ctx, actor=key) is None
     handoff_agents.update_agent(ctx, caller=SYSTEM, agent="lead", roles=["ops"])
-    assert handoff_agents.my_roles(ctx, actor=handoffs.as_actor(ctx, key))["roles"] == ["ops"]
+    assert handoff_agents.my_roles(ctx, actor=handoff_agents.as_actor(ctx, key))["roles"] == ["ops"]
     handoff_agents.update_role(ctx, caller=SYSTEM, role="ops", name="operations")
     claimed = flow.claim_next(ctx, actor=key, role="operations")
-    assert claimed is not None and claimed["id"] == job["id"]
+    assert claimed is not None
+    assert claimed["id"] == job["id"]
     assert claimed["role"] == "operations"
 
 
 def test_the_same_idempotency_key_from_the_same_agent_returns_the_first_job(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     first = handoffs.create_job(
         ctx, actor=team["lead"], summary="deploy", role="ops", idempotency_key="TICKET-1"
@@ -150,7 +154,8 @@ def test_the_same_idempotency_key_from_the_same_agent_returns_the_first_job(
     again = handoffs.create_job(
         ctx, actor=team["lead"], summary="deploy (retry)", role="ops", idempotency_key="TICKET-1"
     )
-    assert again["id"] == first["id"] and again["replayed"] is True
+    assert again["id"] == first["id"]
+    assert again["replayed"] is True
     assert again["summary"] == "deploy"
     other = handoffs.create_job(
         ctx, actor=team["coder"], summary="deploy", role="ops", idempotency_key="TICKET-1"
@@ -162,7 +167,7 @@ def test_the_same_idempotency_key_from_the_same_agent_returns_the_first_job(
 
 
 def test_only_the_source_or_an_admin_edits_context_before_completion_old_and_new_audited(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(
         ctx, actor=team["lead"], summary="x", role="coder", context={"v": 1}, constraints=["a"]
@@ -173,7 +178,8 @@ def test_only_the_source_or_an_admin_edits_context_before_completion_old_and_new
     updated = handoffs.update_job(
         ctx, actor=team["lead"], job_id=job["id"], context={"v": 2}, constraints=["a", "b"]
     )
-    assert updated["context"] == {"v": 2} and updated["constraints"] == ["a", "b"]
+    assert updated["context"] == {"v": 2}
+    assert updated["constraints"] == ["a", "b"]
     handoffs.update_job(ctx, actor=team["admin"], job_id=job["id"], constraints=["c"])
     change = events(ctx, job["id"])[-2]
     assert change["type"] == "updated"
@@ -186,7 +192,7 @@ def test_only_the_source_or_an_admin_edits_context_before_completion_old_and_new
 
 
 def test_an_illegal_status_change_is_refused_lists_the_allowed_and_changes_nothing(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     with pytest.raises(IllegalTransition) as info:
@@ -198,17 +204,19 @@ def test_an_illegal_status_change_is_refused_lists_the_allowed_and_changes_nothi
     assert event_types(ctx, job["id"]) == ["created"]
 
 
-def test_an_assignee_blocks_unblocks_and_releases_a_job(ctx: Context, team: dict) -> None:
+def test_an_assignee_blocks_unblocks_and_releases_a_job(ctx: Context, team: Team) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     coder = team["coder"]
     flow.set_status(ctx, actor=coder, job_id=job["id"], status="in_progress")  # a claim
     blocked = flow.set_status(
         ctx, actor=coder, job_id=job["id"], status="blocked", reason="need creds"
     )
-    assert blocked["status"] == "blocked" and blocked["reason"] == "need creds"
+    assert blocked["status"] == "blocked"
+    assert blocked["reason"] == "need creds"
     assert blocked["lease_expires_at"] is None
     back = flow.set_status(ctx, actor=coder, job_id=job["id"], status="in_progress")
-    assert back["status"] == "in_progress" and back["assignee"]["label"] == "coder-1"
+    assert back["status"] == "in_progress"
+    assert back["assignee"]["label"] == "coder-1"
     released = flow.set_status(ctx, actor=coder, job_id=job["id"], status="published")
     assert released["assignee"] is None
     assert event_types(ctx, job["id"]) == [
@@ -222,7 +230,7 @@ def test_an_assignee_blocks_unblocks_and_releases_a_job(ctx: Context, team: dict
 
 
 def test_completion_publishes_follow_on_jobs_whose_condition_holds(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(
         ctx,
@@ -250,7 +258,8 @@ def test_completion_publishes_follow_on_jobs_whose_condition_holds(
     assert set(by_summary) == {"review the fix", "ship"}
     review_job = by_summary["review the fix"]
     assert review_job["follow_on_of"] == job["id"]
-    assert review_job["priority"] == "urgent" and review_job["role"] == "reviewer"
+    assert review_job["priority"] == "urgent"
+    assert review_job["role"] == "reviewer"
     assert review_job["artifacts"][0]["uri"] == artifact["uri"]
     assert review_job["context"]["previous_job"]["result"]["data"] == {"tests": 12}
     assert event_types(ctx, job["id"]) == [
@@ -264,7 +273,7 @@ def test_completion_publishes_follow_on_jobs_whose_condition_holds(
 
 
 def test_reject_makes_a_linked_retry_and_reopen_context_collects_every_reason(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(
         ctx,
@@ -286,17 +295,21 @@ def test_reject_makes_a_linked_retry_and_reopen_context_collects_every_reason(
     with pytest.raises(NotFound):  # the reviewer holds no follow-on yet, so cannot see it
         review.reject(ctx, actor=reviewer, job_id=job["id"], reason="no tests")
     review_job = flow.claim_next(ctx, actor=reviewer)
-    assert review_job is not None and review_job["follow_on_of"] == job["id"]
+    assert review_job is not None
+    assert review_job["follow_on_of"] == job["id"]
     assert handoffs.get_job(ctx, actor=reviewer, job_id=job["id"])["id"] == job["id"]
     retry = review.reject(ctx, actor=reviewer, job_id=job["id"], reason="no tests")
-    assert retry["retry_of"] == job["id"] and retry["attempt"] == 2
-    assert retry["status"] == "published" and retry["role"] == "coder"
+    assert retry["retry_of"] == job["id"]
+    assert retry["attempt"] == 2
+    assert retry["status"] == "published"
+    assert retry["role"] == "coder"
     assert retry["rejection"]["reason"] == "no tests"
     assert retry["rejection"]["reviewer"]["label"] == "reviewer-1"
     assert [a["uri"] for a in retry["artifacts"]] == ["s3://b/spec.md", "gh://pr/1"]
     assert retry["context"] == {"big": "x" * 1000}
     original = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
-    assert original["status"] == "completed" and original["superseded_by"] == retry["id"]
+    assert original["status"] == "completed"
+    assert original["superseded_by"] == retry["id"]
     with pytest.raises(Conflict):
         review.reject(ctx, actor=team["lead"], job_id=job["id"], reason="again")
 
@@ -317,14 +330,15 @@ def test_reject_makes_a_linked_retry_and_reopen_context_collects_every_reason(
     assert event_types(ctx, job["id"])[-1] == "rejected"
 
 
-def test_a_job_waits_for_every_blocker_then_publishes_once(ctx: Context, team: dict) -> None:
+def test_a_job_waits_for_every_blocker_then_publishes_once(ctx: Context, team: Team) -> None:
     lead, coder = team["lead"], team["coder"]
     a = handoffs.create_job(ctx, actor=lead, summary="a", role="coder")
     b = handoffs.create_job(ctx, actor=lead, summary="b", role="coder")
     after = handoffs.create_job(
         ctx, actor=lead, summary="after", role="ops", blocked_by=[a["id"], b["id"]]
     )
-    assert after["status"] == "pending" and after["blocked_by"] == sorted([a["id"], b["id"]])
+    assert after["status"] == "pending"
+    assert after["blocked_by"] == sorted([a["id"], b["id"]])
     with pytest.raises(IllegalTransition):
         flow.claim(ctx, actor=agent(ctx, "ops-1", "ops"), job_id=after["id"])
     for blocker in (a, b):
@@ -338,7 +352,7 @@ def test_a_job_waits_for_every_blocker_then_publishes_once(ctx: Context, team: d
 
 
 def test_a_failed_blocker_fails_its_dependents_down_the_chain_with_the_reason(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     lead, coder = team["lead"], team["coder"]
     a = handoffs.create_job(ctx, actor=lead, summary="a", role="coder")
@@ -355,7 +369,7 @@ def test_a_failed_blocker_fails_its_dependents_down_the_chain_with_the_reason(
         handoffs.create_job(ctx, actor=lead, summary="d", role="ops", blocked_by=[a["id"]])
 
 
-def test_a_cancelled_pending_job_fails_its_own_dependents(ctx: Context, team: dict) -> None:
+def test_a_cancelled_pending_job_fails_its_own_dependents(ctx: Context, team: Team) -> None:
     lead = team["lead"]
     a = handoffs.create_job(ctx, actor=lead, summary="a", role="coder")
     b = handoffs.create_job(ctx, actor=lead, summary="b", role="ops", blocked_by=[a["id"]])
@@ -366,26 +380,29 @@ def test_a_cancelled_pending_job_fails_its_own_dependents(ctx: Context, team: di
 
 
 def test_an_expired_lease_returns_the_job_to_published_and_the_late_holder_is_told(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     flow.claim(ctx, actor=team["coder"], job_id=job["id"], lease_seconds=0.2)
     wait_until(lambda: flow.reap_expired_leases(ctx) == 1, timeout=10)
     body = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
-    assert body["status"] == "published" and body["assignee"] is None
+    assert body["status"] == "published"
+    assert body["assignee"] is None
     expiry = events(ctx, job["id"])[-1]
-    assert expiry["type"] == "lease_expired" and expiry["actor"] == "lease reaper"
+    assert expiry["type"] == "lease_expired"
+    assert expiry["actor"] == "lease reaper"
     assert expiry["payload"]["previous_assignee"] == team["coder"].agent_id
     with pytest.raises(flow.NotHolder):
         flow.complete(ctx, actor=team["coder"], job_id=job["id"])
     with pytest.raises(flow.NotHolder):
         flow.heartbeat(ctx, actor=team["coder"], job_id=job["id"])
     again = flow.claim_next(ctx, actor=team["coder2"])
-    assert again is not None and again["id"] == job["id"]
+    assert again is not None
+    assert again["id"] == job["id"]
 
 
 def test_a_heartbeat_extends_the_lease_so_the_reaper_leaves_the_job(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     claimed = flow.claim(ctx, actor=team["coder"], job_id=job["id"], lease_seconds=0.5)
@@ -399,23 +416,25 @@ def test_a_heartbeat_extends_the_lease_so_the_reaper_leaves_the_job(
 
 
 def test_retiring_an_agent_revokes_its_keys_and_publishes_the_jobs_it_held(
-    ctx: Context, team: dict
+    ctx: Context, team: Team
 ) -> None:
     job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
     flow.claim(ctx, actor=team["coder"], job_id=job["id"])
     retire_agent(ctx, caller=SYSTEM, agent="coder-1")
     body = handoffs.get_job(ctx, actor=team["lead"], job_id=job["id"])
-    assert body["status"] == "published" and body["assignee"] is None
+    assert body["status"] == "published"
+    assert body["assignee"] is None
     assert events(ctx, job["id"])[-1]["payload"]["reason"] == "agent coder-1 retired"
     with pytest.raises(Forbidden):
         flow.claim_next(ctx, actor=team["coder"])
     coder_keys = [
         k for k in keys.list_keys(ctx, caller=SYSTEM) if k.agent_id == team["coder"].agent_id
     ]
-    assert coder_keys and all(k.revoked_at is not None for k in coder_keys)
+    assert coder_keys
+    assert all(k.revoked_at is not None for k in coder_keys)
 
 
-def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, team: dict) -> None:
+def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, team: Team) -> None:
     handoff_agents.retire_role(ctx, caller=SYSTEM, role="ops")
     with pytest.raises(Conflict) as info:
         handoffs.create_job(ctx, actor=team["lead"], summary="x", role="ops")
@@ -423,9 +442,9 @@ def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, 
     assert "ops" not in [r["name"] for r in handoff_agents.list_roles(ctx, caller=SYSTEM)]
 
 
-def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: dict) -> None:
+def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: Team) -> None:
     _, token = keys.create_key(ctx, caller=SYSTEM, scopes=["run"], name="plain")
-    plain = keys.authenticate(ctx, token)
+    plain = Principal.of_key(keys.authenticate(ctx, token))
     with pytest.raises(Forbidden) as info:
         handoffs.create_job(ctx, actor=plain, summary="x", role="ops")
     assert "agents create" in (info.value.hint or "")
@@ -433,7 +452,7 @@ def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: dic
         flow.claim_next(ctx, actor=team["admin"])
 
 
-def test_bad_job_parts_are_refused_and_create_nothing(ctx: Context, team: dict) -> None:
+def test_bad_job_parts_are_refused_and_create_nothing(ctx: Context, team: Team) -> None:
     lead = team["lead"]
     bad: dict[str, Any]
     for bad in (

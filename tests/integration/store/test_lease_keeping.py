@@ -21,7 +21,13 @@ import floom.engine.executor as executor_module
 from floom.agent.runner import run_agent
 from floom.bundle import read_folder
 from floom.engine.executor import Executor
-from floom.engine.queue import Renewal, claim_next_run, reap_expired_leases, renew_leases
+from floom.engine.queue import (
+    Renewal,
+    claim_next_run,
+    reap_expired_leases,
+    renew_held_leases,
+    renew_leases,
+)
 from floom.sandbox.fake import FakeProcess, FakeSandbox
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -37,7 +43,8 @@ def _expire_lease(ctx: Context, run_id: str) -> None:
     """What a heartbeat late by more than a lease leaves in the database."""
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Run, run_id)
-        assert row is not None and row.status == "running"
+        assert row is not None
+        assert row.status == "running"
         row.lease_expires_at = utcnow() - timedelta(seconds=1)
         s.add(row)
 
@@ -71,7 +78,8 @@ def test_a_reaper_renews_the_lapsed_leases_of_the_attempts_live_in_its_own_proce
     assert reap_expired_leases(ctx, live={live: 1, stale: 2}) == 1
     kept, reaped = _row(ctx, live), _row(ctx, stale)
     assert (kept.status, kept.attempt, kept.lease_owner) == ("running", 1, ctx.node_id)
-    assert kept.lease_expires_at is not None and kept.lease_expires_at > utcnow()
+    assert kept.lease_expires_at is not None
+    assert kept.lease_expires_at > utcnow()
     assert (reaped.status, reaped.attempt) == ("queued", 2)
     # Another node cannot see this process: an expired lease of it is reaped there.
     _expire_lease(ctx, live)
@@ -191,7 +199,7 @@ def test_a_run_whose_row_is_locked_through_heartbeats_goes_on_running(
     ctx, _ = node
     run_id = _start(ctx, waiter)
     renewals = []
-    real = executor_module.renew_held_leases
+    real = renew_held_leases
 
     def counted(ctx: Context, epochs: dict[str, int | None]) -> Renewal:
         result = real(ctx, epochs)

@@ -25,7 +25,8 @@ def pool(pg_available: bool, pg_template: str | None) -> Iterator[DatabasePool]:
 
 def _exists(name: str) -> bool:
     with psycopg.connect(PG_ADMIN_URL) as conn:
-        return conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        row = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        return row is not None
 
 
 def test_a_database_given_back_is_emptied_and_handed_out_again(pool: DatabasePool) -> None:
@@ -75,4 +76,5 @@ def test_a_database_the_test_dropped_is_forgotten(pool: DatabasePool) -> None:
 
     pool.give_back(name)
 
-    assert name not in pool.made and pool.take() != name
+    assert name not in pool.made
+    assert pool.take() != name

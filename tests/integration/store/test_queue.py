@@ -93,7 +93,8 @@ def test_an_expired_lease_is_requeued_with_the_next_attempt_or_failed(ctx: Conte
     with session_scope(ctx.engine) as s:
         r = s.get(Run, retryable)
         f = s.get(Run, final)
-        assert r is not None and f is not None
+        assert r is not None
+        assert f is not None
         assert (r.status, r.attempt, r.lease_owner) == ("queued", 2, None)
         assert (f.status, f.error_code) == ("failed", "executor_lost")
     # The node that lost its runs learns it at its next heartbeat.
@@ -111,7 +112,8 @@ def test_a_restarted_node_reclaims_its_own_runs_at_once(ctx: Context) -> None:
     assert reap_expired_leases(ctx, own_node_restart=True) == 1
     with session_scope(ctx.engine) as s:
         row = s.get(Run, run_id)
-        assert row is not None and (row.status, row.attempt) == ("queued", 2)
+        assert row is not None
+        assert (row.status, row.attempt) == ("queued", 2)
 
 
 def test_racing_nodes_never_start_more_runs_of_a_worker_than_its_concurrency(
@@ -140,11 +142,13 @@ def test_racing_nodes_never_start_more_runs_of_a_worker_than_its_concurrency(
 
 
 def test_an_agent_s_child_run_is_not_claimed_past_its_worker_s_concurrency(ctx: Context) -> None:
-    first, child = enqueue(ctx, 2, concurrency=1)
+    _, child = enqueue(ctx, 2, concurrency=1)
     assert claim_next_run(ctx) is not None
     assert claim_run(ctx, run_id=child) is None
     with session_scope(ctx.engine) as s:
-        assert s.get(Run, child).status == "queued"  # an executor starts it when room is made
+        row = s.get(Run, child)
+        assert row is not None
+        assert row.status == "queued"  # an executor starts it when room is made
 
 
 def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Context) -> None:
@@ -160,7 +164,8 @@ def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Con
         s.add(row)
     assert reap_expired_leases(ctx) == 1
     second = claim_next_run(ctx)
-    assert second is not None and second.attempt == 2
+    assert second is not None
+    assert second.attempt == 2
     late = Outcome(status="failed", error_code="worker_error", error_message="late")
     status = finish_attempt(
         ctx, run=first, outcome=late, backoff=0, log_lines=[("stdout", "late line", None)]

@@ -109,7 +109,8 @@ def test_a_discarded_sandbox_is_killed_before_its_command_could_run_and_leaves_n
 
         ahead.discard()
 
-        assert release_open_at_kill and release_open_at_kill[0]
+        assert release_open_at_kill
+        assert release_open_at_kill[0]
         assert launcher.proc.poll() is not None
         if cgroup is not None:
             assert not any(Path(d).exists() for d in cgroup.dirs.values())
@@ -159,7 +160,8 @@ def test_a_run_refused_in_its_queueing_transaction_ends_its_started_sandbox(
 
         assert len(abandoned) == 1
         assert not engine.dispatch.ahead
-        assert engine.active_count() == 0 and engine.dispatch.taken() == 0
+        assert engine.active_count() == 0
+        assert engine.dispatch.taken() == 0
         # Its work dir goes too (in the background, as every run's), its disk unmounted.
         wait_until(lambda: not _run_dirs_left(ctx.settings.work_root), timeout=10)
     finally:
@@ -195,7 +197,8 @@ def test_a_refused_run_lets_go_of_its_run_dir_started_ahead_though_ending_its_sa
             runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
 
         assert not engine.dispatch.ahead
-        assert engine.active_count() == 0 and engine.dispatch.taken() == 0
+        assert engine.active_count() == 0
+        assert engine.dispatch.taken() == 0
         wait_until(lambda: not _run_dirs_left(ctx.settings.work_root), timeout=10)
     finally:
         engine.stop()
@@ -225,7 +228,7 @@ def test_a_run_queued_behind_an_older_one_runs_later_while_its_early_start_is_di
 
     def claimed_meanwhile(self: StartedAttempt) -> None:
         claimed = [claim_next(ctx).run for _ in range(2)]
-        assert [r.id for r in claimed if r is not None][0] == older
+        assert next(r.id for r in claimed if r is not None) == older
         (mine,) = [r for r in claimed if r is not None and r.id == self.attempt.run.id]
         engine.run_claimed_inline(mine)
         statuses.append(runs.get_run(ctx, run_id=mine.id, caller=SYSTEM).status)
@@ -235,8 +238,10 @@ def test_a_run_queued_behind_an_older_one_runs_later_while_its_early_start_is_di
     try:
         run = runs.create_run(ctx, worker_name="w1", caller=SYSTEM)
 
-        assert run.status == "queued" and statuses == ["succeeded"]
-        assert engine.dispatch.taken() == 0 and not engine.dispatch.ahead
+        assert run.status == "queued"
+        assert statuses == ["succeeded"]
+        assert engine.dispatch.taken() == 0
+        assert not engine.dispatch.ahead
     finally:
         engine.runtime.dispatch = None
         engine.sandbox.close()

@@ -99,7 +99,8 @@ def test_a_read_on_postgresql_keeps_the_connection_s_prepared_statements(pg_url:
             for n in range(8):  # psycopg prepares a statement on its fifth execution
                 conn.execute(statement, {"n": n})
             prepared = conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar()
-        assert prepared and prepared > 0
+        assert prepared
+        assert prepared > 0
         with db.read_connection(engine) as conn:
             assert conn.execute(text("SELECT pg_backend_pid()")).scalar_one() == pid
             conn.execute(statement, {"n": 0})

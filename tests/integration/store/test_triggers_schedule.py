@@ -85,7 +85,8 @@ def test_a_schedule_fires_once_per_tick_at_its_cron_times(ctx: Context, tmp_path
         ("2025-01-06T08:30:00+00:00", "queued", None),
     ]
     run = schedule_runs(ctx)[0]
-    assert run.trigger == "schedule" and run.trigger_id is not None
+    assert run.trigger == "schedule"
+    assert run.trigger_id is not None
 
 
 def test_a_schedule_fires_at_wall_clock_times_of_its_timezone(ctx: Context, tmp_path: Path) -> None:
@@ -135,7 +136,8 @@ def test_overlap_skip_records_a_skipped_run_while_the_previous_one_is_active(
         ("2025-01-06T11:00:00+00:00", "queued", None),
     ]
     skipped = schedule_runs(ctx)[1]
-    assert skipped.error_message is not None and first.id in skipped.error_message
+    assert skipped.error_message is not None
+    assert first.id in skipped.error_message
     listed, _ = runs.list_runs(ctx, caller=SYSTEM, worker="tick", status="skipped")
     assert [r.id for r in listed] == [skipped.id]
 
@@ -259,10 +261,12 @@ def test_two_schedulers_racing_make_exactly_one_run_per_tick(ctx: Context, tmp_p
     assert not errors, errors
 
     ticks = [r.scheduled_for for r in schedule_runs(ctx)]
-    assert len(ticks) == rounds and len(set(ticks)) == rounds
+    assert len(ticks) == rounds
+    assert len(set(ticks)) == rounds
     assert all(r.status == "queued" for r in schedule_runs(ctx))
     tock = summary(ctx, "tock")
-    assert len(tock) == rounds // 2 and len({t for t, _, _ in tock}) == rounds // 2
+    assert len(tock) == rounds // 2
+    assert len({t for t, _, _ in tock}) == rounds // 2
     assert [code for _, _, code in tock] == [None] + ["overlap_skip"] * (rounds // 2 - 1)
     with session_scope(ctx.engine) as s:
         fires = s.exec(select(TriggerFire)).all()
@@ -327,7 +331,8 @@ def test_redeploys_keep_unchanged_triggers_and_stop_removed_ones(
     # Rolling back brings the schedule back from now on, without back-filling the gap.
     workers.rollback(ctx, caller=SYSTEM, name="tick", version_id=v1)
     _, (back,) = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="tick")
-    assert back.id == before.id and back.last_fire_at is not None
+    assert back.id == before.id
+    assert back.last_fire_at is not None
     assert back.last_fire_at > MONDAY + timedelta(days=1)  # the real "now" of the rollback
     scheduler.tick(MONDAY + timedelta(hours=6))
     assert len(schedule_runs(ctx)) == 1
@@ -342,7 +347,8 @@ def test_a_new_schedule_starts_from_now_without_backfill(ctx: Context, tmp_path:
     listed = triggers.trigger_to_dict(
         ctx, trigger, worker=workers.get_worker(ctx, caller=SYSTEM, name="tick")
     )
-    assert listed["timezone"] == "UTC" and len(listed["next_fires"]) == 3
+    assert listed["timezone"] == "UTC"
+    assert len(listed["next_fires"]) == 3
     assert listed["next_fires"][0].endswith("+00:00")
 
 

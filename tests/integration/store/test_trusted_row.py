@@ -5,6 +5,7 @@ back like any other."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlmodel import SQLModel
@@ -14,7 +15,7 @@ from floom.services.runs import lifecycle as runs
 from floom.store.db import make_engine, session_scope
 from floom.store.models import Run, trusted_row
 
-VALUES = {
+VALUES: dict[str, Any] = {
     "id": "run_trusted_1",
     "worker_name": "hello",
     "version_id": "v1",
@@ -31,7 +32,8 @@ def test_a_trusted_row_equals_the_constructed_one_except_for_its_creation_time()
     constructed = Run(**VALUES).model_dump()
     assert built.pop("created_at") <= constructed.pop("created_at")
     assert built == constructed
-    assert built["attempt"] == 1 and built["cancel_requested"] is False  # the defaults
+    assert built["attempt"] == 1
+    assert built["cancel_requested"] is False
 
 
 def test_a_trusted_row_is_inserted_updated_and_read_back(database_url: str) -> None:
@@ -45,7 +47,8 @@ def test_a_trusted_row_is_inserted_updated_and_read_back(database_url: str) -> N
             assert stored is not None
             got = stored.model_dump()
         assert {k: got[k] for k in VALUES} == VALUES
-        assert got["attempt"] == 1 and got["sandbox_seconds"] == 0.0
+        assert got["attempt"] == 1
+        assert got["sandbox_seconds"] == 0.0
         # A row built from stored values (as a claim builds it) updates that row.
         claimed = trusted_row(Run, got)
         with session_scope(engine, write=True) as s:
@@ -53,7 +56,8 @@ def test_a_trusted_row_is_inserted_updated_and_read_back(database_url: str) -> N
             merged.status = "running"
         with session_scope(engine) as s:
             stored = s.get(Run, VALUES["id"])
-            assert stored is not None and stored.status == "running"
+            assert stored is not None
+            assert stored.status == "running"
     finally:
         engine.dispose()
 

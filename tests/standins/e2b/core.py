@@ -60,7 +60,7 @@ class StandinCore:
         """The fault this request meets (control plane, or envd for `envd_route`), if any."""
         attribute = "control_fault" if envd_route is None else "envd_fault"
         with self.lock:
-            fault = getattr(self, attribute)
+            fault: Fault | None = getattr(self, attribute)
             if fault is None or (envd_route is not None and fault.route not in (None, envd_route)):
                 return None
             if fault.times is not None:

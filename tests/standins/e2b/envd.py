@@ -6,6 +6,7 @@ E2b-Sandbox-Id header the SDK sends says which one, as E2B's edge proxy does."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import shutil
@@ -50,14 +51,21 @@ def _sandbox(core: StandinCore, ctx: Any) -> StandinSandbox:
     return sandbox
 
 
+def _started(pid: int) -> process_pb.ProcessEvent:
+    start = process_pb.ProcessEvent.StartEvent(pid=pid)
+    return process_pb.ProcessEvent(event=Oneof("start", start))  # type: ignore[arg-type]  # mypy widens the literal tag of Oneof(...) to str
+
+
 def _process_event(event: Event) -> process_pb.ProcessEvent:
     if event.kind == "data":
-        data = process_pb.ProcessEvent.DataEvent(output=Oneof(event.stream, event.data))
-        return process_pb.ProcessEvent(event=Oneof("data", data))
+        data = process_pb.ProcessEvent.DataEvent(
+            output=Oneof(event.stream, event.data)  # type: ignore[arg-type]  # stdout or stderr
+        )
+        return process_pb.ProcessEvent(event=Oneof("data", data))  # type: ignore[arg-type]  # mypy widens the literal tag of Oneof(...) to str
     end = process_pb.ProcessEvent.EndEvent(
         exit_code=event.exit_code, exited=event.exited, status=event.status, error=event.error
     )
-    return process_pb.ProcessEvent(event=Oneof("end", end))
+    return process_pb.ProcessEvent(event=Oneof("end", end))  # type: ignore[arg-type]  # mypy widens the literal tag of Oneof(...) to str
 
 
 def _select(sandbox: StandinSandbox, selector: Any) -> RunningProcess:
@@ -105,8 +113,7 @@ class ProcessService(Process):
             scratch=self.core.root / "scratch" / f"{sandbox.sandbox_id}-{process.pid}",
             timeout_seconds=min(timeout, sandbox.remaining_seconds()),
         )
-        start = process_pb.ProcessEvent.StartEvent(pid=process.pid)
-        yield process_pb.StartResponse(event=process_pb.ProcessEvent(event=Oneof("start", start)))
+        yield process_pb.StartResponse(event=_started(process.pid))
         async for event in _events(process, queue):
             yield process_pb.StartResponse(event=event)
 
@@ -114,8 +121,7 @@ class ProcessService(Process):
         sandbox = _sandbox(self.core, ctx)
         process = _select(sandbox, request.process)
         queue = process.subscribe()
-        start = process_pb.ProcessEvent.StartEvent(pid=process.pid)
-        yield process_pb.ConnectResponse(event=process_pb.ProcessEvent(event=Oneof("start", start)))
+        yield process_pb.ConnectResponse(event=_started(process.pid))
         async for event in _events(process, queue):
             yield process_pb.ConnectResponse(event=event)
 
@@ -276,12 +282,13 @@ def files_routes(core: StandinCore) -> Starlette:
         sandbox = core.sandboxes[request.headers[SANDBOX_HEADER]]
         pending: list[tuple[str, bytes]] = []
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
-            form = await request.form(max_files=100_000, max_fields=100_000)
-            for part in form.getlist("file"):
-                if isinstance(part, str):
-                    return _error(400, "a file part without a filename")
-                name = request.query_params.get("path") or part.filename or ""
-                pending.append((name, await part.read()))
+            # The context closes the parts' spooled temporary files.
+            async with request.form(max_files=100_000, max_fields=100_000) as form:
+                for part in form.getlist("file"):
+                    if isinstance(part, str):
+                        return _error(400, "a file part without a filename")
+                    name = request.query_params.get("path") or part.filename or ""
+                    pending.append((name, await part.read()))
         else:
             body = await request.body()
             if request.headers.get("content-encoding") == "gzip":
@@ -355,10 +362,9 @@ def envd_app(core: StandinCore) -> Any:
             target = filesystem_app
         else:
             target = http_app
-        try:
+        # uvicorn closes a connection whose response never completed
+        with contextlib.suppress(StreamDropped):
             await target(scope, receive, guarded_send)
-        except StreamDropped:
-            pass  # uvicorn closes a connection whose response never completed
 
     return app
 

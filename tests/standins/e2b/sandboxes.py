@@ -9,6 +9,7 @@ rewrites the E2B path /home/user to /work in a command's argv, cwd and environme
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
 import shutil
@@ -96,10 +97,8 @@ class RunningProcess:
                 self.end = event
             subscribers = list(self._subscribers)
         for loop, queue in subscribers:
-            try:
+            with contextlib.suppress(RuntimeError):  # that stream's loop is gone (server stopped)
                 loop.call_soon_threadsafe(queue.put_nowait, event)
-            except RuntimeError:  # that stream's loop is gone (server stopped)
-                pass
 
     def start(self, *, local: LocalSandbox, scratch: Path, timeout_seconds: float) -> None:
         self._scratch = scratch
@@ -112,10 +111,8 @@ class RunningProcess:
         with self._lock:
             subscribers = list(self._subscribers)
         for loop, queue in subscribers:
-            try:
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(queue.put_nowait, ABORT)
-            except RuntimeError:
-                pass
 
     def abort(self) -> None:
         """The stream's connection drops, and the process is killed."""
@@ -171,7 +168,7 @@ class RunningProcess:
         end = Event("failed", error="the stand-in could not run the command")
         try:
             result = local.run(spec, on_line=self._on_line, should_cancel=self.cancel.is_set)
-        except Exception as exc:  # noqa: BLE001 - any stand-in failure reaches the client as an RPC error
+        except Exception as exc:  # any stand-in failure reaches the client as an RPC error
             end = Event("failed", error=f"the stand-in could not run the command: {exc}")
         else:
             if result.exit_code is None:

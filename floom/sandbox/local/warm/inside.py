@@ -167,7 +167,7 @@ def _preload(modules: list[str]) -> str:
             continue
         try:
             importlib.import_module(name)
-        except BaseException:  # noqa: BLE001 - a module that cannot load here is skipped
+        except BaseException:
             continue
         if _thread_count() > 1:
             return f"thread:{name}"
@@ -208,7 +208,7 @@ def _child(fds: list[int], seccomp: bytes) -> None:
         os.close(out_fd)
         os.close(err_fd)
         pid = os.fork()
-    except BaseException as exc:  # noqa: BLE001 - reported to floom, which starts the run cold
+    except BaseException as exc:
         _fail(chan_fd, f"cannot prepare the warm run: {exc}")
     if pid == 0:
         _pid_one(chan_fd, seccomp)  # never returns
@@ -270,18 +270,18 @@ def _pid_one(chan_fd: int, seccomp: bytes) -> None:
         request, fds = _receive(chan)
         _setup(request, fds)
         _drop(int(request["uid"]), seccomp)  # type: ignore[call-overload]
-    except BaseException as exc:  # noqa: BLE001 - reported to floom, which starts the run cold
+    except BaseException as exc:
         _fail(chan_fd, f"cannot start the warm run: {exc}")
     _send(chan, {"dropped": True})
     # From here on this process is the run's: what it reads next is the run's own.
     try:
-        start, fds = _receive(chan)
+        _start, fds = _receive(chan)
         with os.fdopen(fds[0], "rb") as source:
             source.seek(0)  # floom's description of the memory file, at its end
             given = json.loads(source.read())
         for fd in fds[1:]:
             os.close(fd)
-    except BaseException:  # noqa: BLE001 - floom went away or sent nothing: nothing runs
+    except BaseException:
         _exit(125)
     chan.close()
     os.environ.clear()
@@ -421,7 +421,7 @@ def run_script(argv: list[str], *, record: bool = False) -> None:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    except BaseException as exc:  # noqa: BLE001 - printed as the interpreter would
+    except BaseException as exc:
         tb = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != path:
             tb = tb.tb_next

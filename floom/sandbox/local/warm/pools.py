@@ -325,12 +325,12 @@ class WarmPools:
             for action in actions:
                 try:
                     action()
-                except Exception:  # noqa: BLE001 - a clean-up step; the next pass retries
+                except Exception:
                     log.exception("warm pool clean-up failed")
             if work is not None:
                 try:
                     work()
-                except Exception:  # noqa: BLE001 - the pool's next pass retries
+                except Exception:
                     log.exception("warm pool upkeep failed")
 
     def _next_work(self) -> Callable[[], None] | None:
