@@ -95,17 +95,28 @@ class S3Server:
             "AWS_ACCESS_KEY_ID": ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         }
-        log = (self.data_dir / "weed.log").open("ab")
-        self.process = subprocess.Popen(
-            args,
-            cwd=self.data_dir,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        self._wait_ready()
+        # A restart on the same ports can find one still held for a moment by the process
+        # just stopped (weed then exits at once): a few tries, each bounded by START_TIMEOUT.
+        for attempt in range(3):
+            log = (self.data_dir / "weed.log").open("ab")
+            self.process = subprocess.Popen(
+                args,
+                cwd=self.data_dir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            log.close()
+            try:
+                self._wait_ready()
+                return
+            except RuntimeError:
+                exited = self.process.poll() is not None
+                self.stop()
+                if not exited or attempt == 2:
+                    raise
+                time.sleep(1.0)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
