@@ -35,8 +35,10 @@ def register(app: typer.Typer) -> None:
 
 
 def nodes_list(as_json: JsonOpt = False) -> None:
-    """List the cluster's nodes: state, roles, version, slots in use, last heartbeat; and the
-    answering node's warm pools (worker, version, children ready and running, hits, misses)."""
+    """List the cluster's nodes: state, roles, version, slots in use, last heartbeat.
+
+    Also the answering node's warm pools (worker, version, children ready and running, hits,
+    misses)."""
     with open_client() as client:
         items = client.list_nodes()["items"]
         # Warm pools live in a node's memory, not the store: the answering node's own.
