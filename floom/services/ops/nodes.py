@@ -118,17 +118,27 @@ def live_executors(s: Reader) -> int:
         )
     ).all()
     return sum(
-        "executor" in {r.strip() for r in roles.split(",")}
-        and (now - heartbeat_at).total_seconds() <= lease_seconds
+        executes(roles) and _heard_within(heartbeat_at, lease_seconds, now=now)
         for roles, heartbeat_at, lease_seconds in rows
     )
+
+
+def executes(roles: str) -> bool:
+    """Whether a node's roles (as its row stores them, comma-separated) include executor."""
+    return "executor" in {r.strip() for r in roles.split(",")}
+
+
+def _heard_within(heartbeat_at: datetime, lease_seconds: float, *, now: datetime) -> bool:
+    """The one rule of a live node: its last heartbeat is within its lease."""
+    return (now - heartbeat_at).total_seconds() <= lease_seconds
 
 
 def state_of(node: Node, *, now: datetime) -> tuple[NodeState, float]:
     silent = max(0.0, (now - node.heartbeat_at).total_seconds())
     if node.stopped_at is not None:
         return "stopped", silent
-    return ("lost" if silent > node.lease_seconds else "live"), silent
+    live = _heard_within(node.heartbeat_at, node.lease_seconds, now=now)
+    return ("live" if live else "lost"), silent
 
 
 # What a queued run's answers say (REST, the CLI, MCP, its page) while no executor is live.
@@ -148,7 +158,7 @@ def live_nodes(engine: Engine) -> list[Node]:
 
 def runs_runs(node: Node) -> bool:
     """Whether the node has the executor role."""
-    return "executor" in node.roles.split(",")
+    return executes(node.roles)
 
 
 def live_executor_ids(ctx: Context) -> list[str]:
