@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from floom.hints import Hint, Told
+from floom.hints import cli as cli_hints
+
 _BY_CODE: dict[str, type[FloomError]] = {}
 
 
@@ -31,10 +34,14 @@ class FloomError(Exception):
             _BY_CODE[cls.code] = cls
 
     def __init__(
-        self, message: str | None = None, *, hint: str | None = None, details: Any = None
+        self, message: Told | None = None, *, hint: Told | None = None, details: Any = None
     ) -> None:
-        self.message = message or (self.__doc__ or "").strip()
-        self.hint = hint
+        # Text and actions (floom.hints), which each surface renders its own way; `message`
+        # and `hint` are the CLI's rendering, the words as floom stores them.
+        self.said = Hint.of(message or (self.__doc__ or "").strip())
+        self.advice = Hint.of(hint) if hint else None
+        self.message = cli_hints.render(self.said) or ""
+        self.hint = cli_hints.render(self.advice)
         self.details = details
         super().__init__(self.message)
 
@@ -274,10 +281,10 @@ class ProviderError(FloomError):
 
     def __init__(
         self,
-        message: str | None = None,
+        message: Told | None = None,
         *,
         retryable: bool = False,
-        hint: str | None = None,
+        hint: Told | None = None,
         details: Any = None,
     ) -> None:
         super().__init__(message, hint=hint, details=details)
@@ -363,11 +370,11 @@ class ClientError(FloomError):
 
     def __init__(
         self,
-        message: str | None = None,
+        message: Told | None = None,
         *,
         status: int = 500,
         code: str = "internal",
-        hint: str | None = None,
+        hint: Told | None = None,
         details: Any = None,
     ) -> None:
         super().__init__(message, hint=hint, details=details)

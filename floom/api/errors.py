@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from floom import jsonvalues
 from floom.api.auth import request_surface
 from floom.errors import BlobStoreUnavailable, FloomError, RateLimited
-from floom.hints.surface import tell
+from floom.hints.surface import render
 from floom.services.access.principal import Surface
 from floom.store.db import UNAVAILABLE, store_unavailable
 
@@ -31,8 +31,8 @@ def floom_error_response(exc: FloomError, *, surface: Surface = "cli") -> JSONRe
     message and hint name what `surface` offers (REST requests, MCP tools, CLI commands)."""
     body = exc.to_dict()
     body["message"], body["hint"] = (
-        tell(exc.message, surface=surface),
-        tell(exc.hint, surface=surface),
+        render(exc.said, surface=surface),
+        render(exc.advice, surface=surface),
     )
     response = JSONResponse(status_code=exc.status, content={"error": body})
     if isinstance(exc, RateLimited | BlobStoreUnavailable) and isinstance(exc.details, dict):

@@ -1,40 +1,108 @@
-"""Hints name the CLI command that fixes a problem (`floom resume hello`), and so do the
-run errors and log notices floom stores; each surface retells them for its caller when it
-answers (floom.hints.surface): the MCP tool over MCP (floom.hints.mcp), the REST endpoint for
-a plain REST client (floom.hints.rest), the command itself for the CLI. This module finds the
-commands in a text and reads their words; each surface brings its own table."""
+"""Hints as structured actions: floom's words (an error's message and hint, a notice it logs)
+are text and actions (`Action`: an operation of the catalogue, floom.hints.cli, with its
+arguments), declared once where they are written; each surface renders an action its own way
+(floom.hints.surface): the CLI as a `floom ...` command line (floom.hints.cli), MCP as a tool
+call (floom.hints.mcp), a plain REST client as the request (floom.hints.rest), the web UI as
+the page and its button (floom.hints.ui).
+
+What floom stores (a run's error, its notices) is stored as the CLI renders it, the one
+notation older versions stored too; reading it back decodes each command by the catalogue's
+command lines into the same actions (floom.hints.cli.parse), so a stored notice is rendered
+like a live hint."""
 
 from __future__ import annotations
 
-import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
 
-# What a surface says of a command it has nothing for starts with one of these (said() checks);
-# a command already so said is not retold again (an error told by the server for MCP passes
-# through the stdio server's retelling too).
-SAID = ("an operator's command", "an admin's command", "a command of the floom CLI", "the MCP ")
-CLI_COMMAND = re.compile(
-    r"`floom ([^`]*)`(?! \((?:" + "|".join(re.escape(opening) for opening in SAID) + "))"
-)
-# A command's words after its name; None leaves the command as it is (an operator runs it).
-Render = Callable[[list[str]], str | None]
-# The CLI's placeholders ({name} already filled in) stay bare in what a surface shows.
-PLACEHOLDERS = frozenset(
-    {
-        "WORKER",
-        "RUN_ID",
-        "RUN",
-        "VERSION",
-        "NAME",
-        "VALUE",
-        "WHY",
-        "APPROVAL_ID",
-        "ID",
-        "FOLDER",
-        "MODEL",
-    }
-)
+# Where a call came in, so that refusals and hints can name what that caller can use.
+Surface = Literal["rest", "cli", "mcp", "ui", "system"]
+Value = str | bool
+
+
+@dataclass(frozen=True)
+class Action:
+    """One operation of the catalogue (floom.hints.cli.OPS) and the arguments given to it;
+    an argument not given reads as its placeholder (WORKER)."""
+
+    op: str
+    args: tuple[tuple[str, Value], ...] = ()
+
+    def given(self, name: str) -> Value | None:
+        return dict(self.args).get(name)
+
+    def flag(self, name: str) -> bool:
+        return self.given(name) is True
+
+    def has(self, name: str) -> bool:
+        return self.given(name) is not None
+
+    def arg(self, name: str) -> str:
+        """The argument's value, or its placeholder when not given (a flag is no value)."""
+        value = self.given(name)
+        return value if isinstance(value, str) else PLACEHOLDER_OF.get(name, name.upper())
+
+
+@dataclass(frozen=True)
+class Hint:
+    """Text and actions, in the order they are said."""
+
+    parts: tuple[str | Action, ...]
+
+    @classmethod
+    def of(cls, told: str | Hint) -> Hint:
+        return told if isinstance(told, Hint) else cls((told,))
+
+    def actions(self) -> list[Action]:
+        return [p for p in self.parts if isinstance(p, Action)]
+
+    def render(self, action: Callable[[Action], str]) -> str:
+        return "".join(p if isinstance(p, str) else action(p) for p in self.parts)
+
+
+Told = str | Hint
+
+
+def told(*parts: str | Action) -> Hint:
+    """A hint or message of text and actions: told("resume it with ", act("resume", ...))."""
+    return Hint(tuple(p for p in parts if p != ""))
+
+
+def act(op: str, **args: Value | None) -> Action:
+    """An action of operation `op` (floom.hints.cli.OPS) with the arguments given (None and
+    False are left out: not given)."""
+    from floom.hints.cli import OPS  # the catalogue's command lines, which name the arguments
+
+    known = OPS.get(op)
+    if known is None:
+        raise ValueError(f"no operation {op!r} in floom.hints.cli.OPS")
+    unknown = set(args) - known.names()
+    if unknown:
+        raise ValueError(f"operation {op!r} takes no argument {sorted(unknown)}")
+    return Action(op, tuple((k, v) for k, v in args.items() if v is not None and v is not False))
+
+
+# An argument's placeholder in what a surface shows when the hint does not name its value.
+PLACEHOLDER_OF = {
+    "worker": "WORKER",
+    "run_id": "RUN_ID",
+    "version": "VERSION",
+    "name": "NAME",
+    "value": "VALUE",
+    "comment": "WHY",
+    "approval_id": "APPROVAL_ID",
+    "id": "ID",
+    "folder": "FOLDER",
+    "model": "MODEL",
+    "scope": "SCOPE",
+    "role": "ROLE",
+    "roles": "ROLES",
+    "channel": "CHANNEL",
+}
+# The placeholders stay bare (not quoted, not percent-encoded) in what a surface shows.
+PLACEHOLDERS = frozenset(PLACEHOLDER_OF.values()) | {"RUN", "NEW_NAME", "DIR"}
 # Commands given at the shell of the server's host (start, check, back up, move a node's store):
 # no page, tool or endpoint does them.
 SERVER_COMMANDS = frozenset(
@@ -43,41 +111,7 @@ SERVER_COMMANDS = frozenset(
 ON_THE_HOST = "an operator's command, run on the floom server's host"
 
 
-def retell(
-    text: str | None, table: Mapping[str, Render], *, otherwise: Render | None = None
-) -> str | None:
-    """`text` with each `floom COMMAND ...` that `table` knows replaced by its rendering;
-    `otherwise` renders the rest (given all the command's words, its name first)."""
-
-    def one(match: re.Match[str]) -> str:
-        try:
-            words = shlex.split(match.group(1))
-        except ValueError:
-            return match.group(0)
-        render = table.get(words[0]) if words else None
-        if render is not None:
-            told = render(words[1:])
-        else:
-            told = otherwise(words) if otherwise is not None and words else None
-        return match.group(0) if told is None else told
-
-    return CLI_COMMAND.sub(one, text) if text else text
-
-
-def said(words: list[str], what: str) -> str:
-    """The command as written, with what it is: for a surface that has nothing doing it."""
-    if not what.startswith(SAID):
-        raise ValueError(f"what a command is starts with one of {SAID}: {what!r}")
-    return f"`floom {shlex.join(words)}` ({what})"
-
-
-def first(words: list[str], default: str) -> str:
-    """The command's first word when it is not an option (a worker, a run id), or `default`."""
-    return words[0] if words and not words[0].startswith("-") else default
-
-
-def option(words: list[str], name: str, default: str) -> str:
-    """The value after option `name` (`--to VERSION`), or `default`."""
-    if name in words and words.index(name) + 1 < len(words):
-        return words[words.index(name) + 1]
-    return default
+def said(line: Iterable[str], what: str) -> str:
+    """The command as the CLI writes it, with what it is: for a surface that has nothing
+    doing it."""
+    return f"`floom {shlex.join(line)}` ({what})"

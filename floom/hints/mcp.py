@@ -1,176 +1,139 @@
-"""Hints written for a person at a shell, retold for an agent over MCP: each `floom ...` CLI
-command a hint or message names becomes the MCP tool (and its arguments) that does the same.
+"""An action rendered for an agent over MCP: the tool call (and its arguments) that does it.
 
-An agent over HTTP has no `floom` binary, so the services' hints, which name CLI commands,
-are translated here, at the one place errors become tool errors. A command no tool does (key,
-agent and role administration, starting or backing up a server) stays a command, said plainly
-to be the operator's: the agent asks them, it cannot run it.
-"""
+An agent over HTTP has no `floom` binary. An operation no tool does (key, agent and role
+administration, starting or backing up a server) stays a command, said plainly to be the
+operator's: the agent asks them, it cannot run it. Over HTTP each call is scope-aware: a tool
+the caller's key may not call says which scope it needs (floom.mcp.server)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from floom.hints import (
-    ON_THE_HOST,
-    PLACEHOLDERS,
-    SERVER_COMMANDS,
-    Render,
-    first,
-    option,
-    retell,
-    said,
-)
+from floom.hints import ON_THE_HOST, PLACEHOLDERS, SERVER_COMMANDS, Action, Hint, said
+from floom.hints import cli as cli_hints
 
 
-def _call(tool: str, **arguments: str | bool) -> str:
-    args = ", ".join(
-        f"{k}={v}" if isinstance(v, bool) or v in PLACEHOLDERS else f"{k}={v!r}"
-        for k, v in arguments.items()
-    )
-    return f"{tool}({args})"
+@dataclass(frozen=True)
+class Call:
+    """A tool call as a hint writes it: name(arguments)."""
+
+    tool: str
+    arguments: tuple[tuple[str, str | bool], ...] = ()
+    # What stands for an argument too large to write (a deploy's files).
+    shown: str = ""
+
+    def __str__(self) -> str:
+        args = [
+            f"{k}={v}" if isinstance(v, bool) or v in PLACEHOLDERS else f"{k}={v!r}"
+            for k, v in self.arguments
+        ]
+        return f"{self.tool}({', '.join(([self.shown] if self.shown else []) + args)})"
 
 
-def _runs(words: list[str]) -> str:
-    if words[:1] == ["show"]:
-        return _call("get_run", run_id=first(words[1:], "RUN_ID"))
-    if "--worker" in words:
-        return _call("list_runs", worker=option(words, "--worker", "WORKER"))
-    return "list_runs()"
+def _call(tool: str, **arguments: str | bool) -> Call:
+    return Call(tool, tuple(arguments.items()))
 
 
-def _workers(words: list[str]) -> str:
-    if words[:1] == ["delete"]:
-        return _call("delete_worker", worker=first(words[1:], "WORKER"), confirm=True)
-    return "list_workers()"
+def _on_worker(tool: str) -> Callable[[Action], Call]:
+    return lambda a: _call(tool, worker=a.arg("worker"))
 
 
-def _secrets(words: list[str]) -> str:
-    if words[:1] == ["set"]:
-        return _call("set_secret", name=first(words[1:], "NAME"), value="VALUE")
-    return "list_secrets()"
+def _on_run(tool: str) -> Callable[[Action], Call]:
+    return lambda a: _call(tool, run_id=a.arg("run_id"))
 
 
-def _handoffs(words: list[str]) -> str:
-    if words[:1] == ["claim-next"]:
-        return "handoff_claim_next_job()"
-    return "handoff_list_jobs()"
+def _rollback(a: Action) -> Call:
+    if a.has("run_id"):
+        return _call("rollback_worker", worker=a.arg("worker"), run_id=a.arg("run_id"))
+    return _call("rollback_worker", worker=a.arg("worker"), version_id=a.arg("version"))
 
 
-def _rollback(words: list[str]) -> str:
-    worker = first(words, "WORKER")
-    if "--run" in words:
-        return _call("rollback_worker", worker=worker, run_id=option(words, "--run", "RUN_ID"))
-    return _call("rollback_worker", worker=worker, version_id=option(words, "--to", "VERSION"))
-
-
-def _state(words: list[str]) -> str:
-    worker = first(words[1:], "WORKER")
-    if words[:1] == ["history"]:
-        return _call("list_worker_state_versions", worker=worker)
-    if words[:1] == ["set"]:
-        return _call("set_worker_state", worker=worker, state="VALUE")
-    return _call("get_worker_state", worker=worker)
-
-
-def _replay(words: list[str]) -> str:
-    run = first(words, "RUN_ID")
-    if "--exact" in words:
+def _replay(a: Action) -> Call:
+    run = a.arg("run_id")
+    if a.flag("exact"):
         return _call("replay_recorded_run", run_id=run, mode="exact")
-    if "--against" in words:
-        version = option(words, "--against", "VERSION")
-        return _call("replay_recorded_run", run_id=run, mode="what_if", version_id=version)
-    if "--model" in words:
-        model = option(words, "--model", "MODEL")
-        return _call("replay_recorded_run", run_id=run, mode="what_if", model=model)
+    if a.has("version"):
+        return _call("replay_recorded_run", run_id=run, mode="what_if", version_id=a.arg("version"))
+    if a.has("model"):
+        return _call("replay_recorded_run", run_id=run, mode="what_if", model=a.arg("model"))
     return _call("replay_run", run_id=run)
 
 
-def _eval(words: list[str]) -> str:
-    if "--against" in words:
-        version = option(words, "--against", "VERSION")
-        return _call("eval_worker", worker=first(words, "WORKER"), version_id=version)
-    return _call("eval_worker", worker=first(words, "WORKER"))
+def _eval(a: Action) -> Call:
+    if a.has("version"):
+        return _call("eval_worker", worker=a.arg("worker"), version_id=a.arg("version"))
+    return _call("eval_worker", worker=a.arg("worker"))
 
 
-def _decide(decision: str) -> Render:
-    def render(words: list[str]) -> str:
-        approval = first(words, "APPROVAL_ID")
-        if decision == "reject":
-            return _call("decide_approval", approval_id=approval, decision="reject", comment="WHY")
-        return _call("decide_approval", approval_id=approval, decision="approve")
-
-    return render
+def _deploy(a: Action) -> Call:
+    extra = {"skip_eval_gate": True} if a.flag("skip_eval_gate") else {}
+    return Call("deploy_worker", tuple(extra.items()), shown="files={...}")
 
 
-def _worker_tool(tool: str) -> Callable[[list[str]], str]:
-    return lambda words: _call(tool, worker=first(words, "WORKER"))
-
-
-def _run_tool(tool: str) -> Callable[[list[str]], str]:
-    return lambda words: _call(tool, run_id=first([w for w in words if w != "-f"], "RUN_ID"))
-
-
-_TOOLS: dict[str, Render] = {
-    "workers": _workers,
-    "versions": _worker_tool("list_versions"),
+TOOLS: dict[str, Callable[[Action], Call]] = {
+    "workers": lambda a: _call("list_workers"),
+    "deploy": _deploy,
+    "versions": _on_worker("list_versions"),
     "rollback": _rollback,
-    "runs": _runs,
-    "show": _run_tool("get_run"),
-    "logs": _run_tool("get_run_logs"),
-    "artifacts": lambda w: (
-        _call("get_artifact", run_id=first(w, "RUN_ID"), name=option(w, "--download", "NAME"))
-        if "--download" in w
-        else _call("get_run", run_id=first(w, "RUN_ID"))
-    ),
-    "run": lambda w: (
-        _call("run_worker", worker=first(w, "WORKER"), force=True)
-        if "--force" in w
-        else _call("run_worker", worker=first(w, "WORKER"))
-    ),
-    "replay": _replay,
+    "pause": _on_worker("pause_worker"),
+    "resume": _on_worker("resume_worker"),
+    "triggers": _on_worker("list_triggers"),
+    "state get": _on_worker("get_worker_state"),
+    "state history": _on_worker("list_worker_state_versions"),
     "eval": _eval,
-    "approvals": lambda w: "list_approvals()",
-    "approve": _decide("approve"),
-    "reject": _decide("reject"),
-    "triggers": _worker_tool("list_triggers"),
-    "pause": _worker_tool("pause_worker"),
-    "resume": _worker_tool("resume_worker"),
-    "secrets": _secrets,
-    "state": _state,
-    "deploy": lambda w: (
-        "deploy_worker(files={...}, skip_eval_gate=True)"
-        if "--skip-eval-gate" in w
-        else "deploy_worker(files={...})"
+    "run": lambda a: (
+        _call("run_worker", worker=a.arg("worker"), force=True)
+        if a.flag("force")
+        else _call("run_worker", worker=a.arg("worker"))
     ),
-    "validate": lambda w: "validate_worker(files={...})",
-    "handoffs": _handoffs,
-    "cancel": _run_tool("cancel_run"),
-    "alerts": lambda w: _alerts(w),
-    # Named where it already says what it is: the server on the agent's own machine.
-    "mcp": lambda w: None,
+    "runs": lambda a: (
+        _call("list_runs", worker=a.arg("worker")) if a.has("worker") else _call("list_runs")
+    ),
+    "runs show": _on_run("get_run"),
+    "show": _on_run("get_run"),
+    "logs": _on_run("get_run_logs"),
+    "replay": _replay,
+    "approvals": lambda a: _call("list_approvals"),
+    "approve": lambda a: _call(
+        "decide_approval", approval_id=a.arg("approval_id"), decision="approve"
+    ),
+    "reject": lambda a: _call(
+        "decide_approval", approval_id=a.arg("approval_id"), decision="reject", comment="WHY"
+    ),
+    "secrets list": lambda a: _call("list_secrets"),
+    "secrets set": lambda a: _call("set_secret", name=a.arg("name"), value="VALUE"),
+    "secrets rm": lambda a: _call("delete_secret", name=a.arg("name")),
+    "handoffs list": lambda a: _call("handoff_list_jobs"),
+    "handoffs claim-next": lambda a: _call("handoff_claim_next_job"),
+    "alerts channels": lambda a: _call("list_alert_channels"),
+    "alerts channels add": lambda a: Call("add_alert_channel", shown="..."),
+    "alerts channels rm": lambda a: _call("list_alert_channels"),
+    "alerts rules": lambda a: _call("list_alert_rules"),
+    "alerts deliveries": lambda a: _call("list_alert_deliveries"),
 }
+# Operations no tool does: the operator's, or the stdio server itself (named where it is
+# explained, on the agent's own machine).
+NO_TOOL = frozenset(set(cli_hints.OPS) - set(TOOLS))
 
 
-def _alerts(words: list[str]) -> str:
-    what, rest = (words[0], words[1:]) if words else ("channels", [])
-    if what == "test":
-        return _call("test_alert_channel", name=first(rest, "CHANNEL"))
-    if what == "resend":
-        return _call("resend_alert_delivery", delivery_id=first(rest, "ID"))
-    if what in ("channels", "rules"):
-        noun = "channel" if what == "channels" else "rule"
-        return f"add_alert_{noun}(...)" if rest[:1] == ["add"] else f"list_alert_{what}()"
-    return "list_alert_deliveries()"
+def action(a: Action, lacked: Callable[[str], str | None] | None = None) -> str:
+    """The tool call that does `a`; with `lacked`, a tool the caller's key may not call says
+    the scope it needs. An operation no tool does is the operator's command, said so."""
+    render = TOOLS.get(a.op)
+    if render is None:
+        if a.op == "mcp":
+            return cli_hints.command(a)
+        line = cli_hints.line(a)
+        if line[0] in SERVER_COMMANDS:
+            return said(line, f"{ON_THE_HOST}; no MCP tool does it")
+        return said(line, "a command of the floom CLI for floom's operator; no MCP tool does it")
+    call = render(a)
+    scope = lacked(call.tool) if lacked is not None else None
+    if scope is None:
+        return str(call)
+    return f"{call} (a tool for a key with the '{scope}' scope, which this key lacks)"
 
 
-def _not_a_tool(words: list[str]) -> str:
-    if words[0] in SERVER_COMMANDS:
-        return said(words, f"{ON_THE_HOST}; no MCP tool does it")
-    return said(words, "a command of the floom CLI for floom's operator; no MCP tool does it")
-
-
-def for_mcp(text: str | None) -> str | None:
-    """`text` with each CLI command that has an MCP tool replaced by that tool's call, and
-    each other one said to be the operator's."""
-    return retell(text, _TOOLS, otherwise=_not_a_tool)
+def render(told: Hint | None, lacked: Callable[[str], str | None] | None = None) -> str | None:
+    return told.render(lambda a: action(a, lacked)) if told is not None else None

@@ -1,27 +1,33 @@
-"""Hints retold for a plain REST client: each `floom ...` CLI command a message or hint
-names becomes the REST request (method and path, and the body where it matters) that does
-the same. Such a client may have no `floom` binary; floom's own CLI says so in its
-X-Floom-Client header and keeps the commands. A command with no endpoint (starting a server,
-backups, store migrations) stays a command, said plainly to be run on the server's host."""
+"""An action rendered for a plain REST client: the request (method and path, and the body
+where it matters) that does it. Such a client may have no `floom` binary; floom's own CLI says
+so in its X-Floom-Client header and gets the commands. An operation with no endpoint (starting
+a server, backups, store migrations) stays a command, said plainly to be run on the server's
+host."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from urllib.parse import quote
 
-from floom.hints import (
-    ON_THE_HOST,
-    PLACEHOLDERS,
-    SERVER_COMMANDS,
-    Render,
-    first,
-    option,
-    retell,
-    said,
-)
+from floom.hints import ON_THE_HOST, PLACEHOLDERS, SERVER_COMMANDS, Action, Hint, said
+from floom.hints import cli as cli_hints
 
 API = "/api/v1"
+
+
+@dataclass(frozen=True)
+class Request:
+    """A REST request as a hint writes it: `METHOD /api/v1/path {body}` and what follows."""
+
+    method: str
+    path: str
+    body: str = ""
+    after: str = ""
+
+    def __str__(self) -> str:
+        return f"`{self.method} {API}/{self.path}{self.body}`{self.after}"
 
 
 def _path(*parts: str) -> str:
@@ -29,186 +35,127 @@ def _path(*parts: str) -> str:
     return "/".join(p if p in PLACEHOLDERS else quote(p, safe="") for p in parts)
 
 
-def _request(method: str, *parts: str, body: Mapping[str, object] | None = None) -> str:
-    said = f"{method} {API}/{_path(*parts)}"
-    if body:
-        said += f" {json.dumps(body)}"
-    return f"`{said}`"
+def _request(method: str, *parts: str, body: Mapping[str, object] | None = None) -> Request:
+    return Request(method, _path(*parts), f" {json.dumps(body)}" if body else "")
 
 
-def _runs(words: list[str]) -> str:
-    if words[:1] == ["show"]:
-        return _request("GET", "runs", first(words[1:], "RUN_ID"))
-    if "--worker" in words:
-        return f"`GET {API}/runs?worker={quote(option(words, '--worker', 'WORKER'))}`"
-    return _request("GET", "runs")
+def _on_worker(method: str, *after: str) -> Callable[[Action], Request]:
+    return lambda a: _request(method, "workers", a.arg("worker"), *after)
 
 
-def _workers(words: list[str]) -> str:
-    if words[:1] == ["delete"]:
-        return _request("DELETE", "workers", first(words[1:], "WORKER"))
-    return _request("GET", "workers")
+def _on_run(method: str, *after: str) -> Callable[[Action], Request]:
+    return lambda a: _request(method, "runs", a.arg("run_id"), *after)
 
 
-def _run(words: list[str]) -> str:
+def _run(a: Action) -> Request:
     body: dict[str, object] = {"inputs": {}}
-    if "--force" in words:
+    if a.flag("force"):
         body["force"] = True
-    return _request("POST", "workers", first(words, "WORKER"), "runs", body=body)
+    return _request("POST", "workers", a.arg("worker"), "runs", body=body)
 
 
-def _rollback(words: list[str]) -> str:
-    worker = first(words, "WORKER")
-    if "--run" in words:
-        body = {"run_id": option(words, "--run", "RUN_ID")}
-    else:
-        body = {"version_id": option(words, "--to", "VERSION")}
-    return _request("POST", "workers", worker, "rollback", body=body)
+def _rollback(a: Action) -> Request:
+    run = a.has("run_id")
+    body = {"run_id": a.arg("run_id")} if run else {"version_id": a.arg("version")}
+    return _request("POST", "workers", a.arg("worker"), "rollback", body=body)
 
 
-def _replay(words: list[str]) -> str:
-    run = first(words, "RUN_ID")
-    if "--exact" in words:
+def _replay(a: Action) -> Request:
+    run = a.arg("run_id")
+    if a.flag("exact"):
         return _request("POST", "runs", run, "replays", body={"mode": "exact"})
-    if "--against" in words:
-        body = {"mode": "what_if", "version_id": option(words, "--against", "VERSION")}
+    if a.has("version"):
+        body = {"mode": "what_if", "version_id": a.arg("version")}
         return _request("POST", "runs", run, "replays", body=body)
-    if "--model" in words:
-        body = {"mode": "what_if", "model": option(words, "--model", "MODEL")}
-        return _request("POST", "runs", run, "replays", body=body)
+    if a.has("model"):
+        return _request(
+            "POST", "runs", run, "replays", body={"mode": "what_if", "model": a.arg("model")}
+        )
     return _request("POST", "runs", run, "replay")
 
 
-def _eval(words: list[str]) -> str:
-    body = {"version_id": option(words, "--against", "VERSION")} if "--against" in words else {}
-    return _request("POST", "workers", first(words, "WORKER"), "evals", body=body)
+def _eval(a: Action) -> Request:
+    body = {"version_id": a.arg("version")} if a.has("version") else {}
+    return _request("POST", "workers", a.arg("worker"), "evals", body=body)
 
 
-def _artifacts(words: list[str]) -> str:
-    run = first(words, "RUN_ID")
-    if "--download" in words:
-        return _request("GET", "runs", run, "artifacts", option(words, "--download", "NAME"))
-    return _request("GET", "runs", run, "artifacts")
+def _deploy(a: Action) -> Request:
+    query = "?skip_eval_gate=true" if a.flag("skip_eval_gate") else ""
+    return Request("POST", f"workers{query}", after=" (the folder as a tar.gz body)")
 
 
-def _logs(words: list[str]) -> str:
-    rest = [w for w in words if w != "-f"]
-    stream = ("logs", "stream") if "-f" in words else ("logs",)
-    return _request("GET", "runs", first(rest, "RUN_ID"), *stream)
+def _runs(a: Action) -> Request:
+    if a.has("worker"):
+        return Request("GET", f"runs?worker={quote(a.arg('worker'))}")
+    return _request("GET", "runs")
 
 
-def _decide(words: list[str], decision: str) -> str:
-    body = {"comment": "WHY"} if decision == "reject" else None
-    return _request("POST", "approvals", first(words, "APPROVAL_ID"), decision, body=body)
+def _agents_create(a: Action) -> Request:
+    body = {"label": a.arg("name"), "roles": [a.arg("role")]}
+    then = _request("POST", "agents", "NAME", "keys")
+    return Request("POST", "agents", f" {json.dumps(body)}", f" (then {then})")
 
 
-def _secrets(words: list[str]) -> str:
-    if words[:1] == ["set"]:
-        return _request("PUT", "secrets", first(words[1:], "NAME"), body={"value": "VALUE"})
-    return _request("GET", "secrets")
-
-
-def _state(words: list[str]) -> str:
-    worker = first(words[1:], "WORKER")
-    if words[:1] == ["history"]:
-        return _request("GET", "workers", worker, "state", "versions")
-    if words[:1] == ["set"]:
-        return _request("PUT", "workers", worker, "state", body={"state": "VALUE"})
-    return _request("GET", "workers", worker, "state")
-
-
-def _keys(words: list[str]) -> str:
-    if words[:1] == ["create"]:
-        return _request("POST", "keys", body={"scopes": [option(words, "--scope", "SCOPE")]})
-    return _request("GET", "keys")
-
-
-def _agents(words: list[str]) -> str:
-    if words[:1] == ["create"]:
-        body = {"label": first(words[1:], "NAME"), "roles": [option(words, "--role", "ROLE")]}
-        return _request("POST", "agents", body=body) + f" (then `POST {API}/agents/NAME/keys`)"
-    return _request("GET", "agents")
-
-
-def _roles(words: list[str]) -> str:
-    if words[:1] == ["create"]:
-        return _request("POST", "roles", body={"name": first(words[1:], "NAME")})
-    return _request("GET", "roles")
-
-
-def _handoffs(words: list[str]) -> str:
-    if words[:1] == ["claim-next"]:
-        return _request("POST", "handoffs", "claim-next")
-    return _request("GET", "handoffs", "jobs")
-
-
-def _worker_route(method: str, *after: str) -> Callable[[list[str]], str]:
-    return lambda words: _request(method, "workers", first(words, "WORKER"), *after)
-
-
-def _run_route(method: str, *after: str) -> Callable[[list[str]], str]:
-    return lambda words: _request(method, "runs", first(words, "RUN_ID"), *after)
-
-
-_ENDPOINTS: dict[str, Render] = {
-    "workers": _workers,
-    "deploy": lambda w: (
-        f"`POST {API}/workers?skip_eval_gate=true` (the folder as a tar.gz body)"
-        if "--skip-eval-gate" in w
-        else f"`POST {API}/workers` (the folder as a tar.gz body)"
-    ),
-    "validate": lambda w: f"`POST {API}/workers/validate` (the folder as a tar.gz body)",
-    "versions": _worker_route("GET", "versions"),
+ENDPOINTS: dict[str, Callable[[Action], Request]] = {
+    "workers": lambda a: _request("GET", "workers"),
+    "deploy": _deploy,
+    "versions": _on_worker("GET", "versions"),
     "rollback": _rollback,
+    "pause": _on_worker("POST", "pause"),
+    "resume": _on_worker("POST", "resume"),
+    "triggers": _on_worker("GET", "triggers"),
+    "deliveries": _on_worker("GET", "deliveries"),
+    "state get": _on_worker("GET", "state"),
+    "state history": _on_worker("GET", "state", "versions"),
+    "eval": _eval,
     "run": _run,
     "runs": _runs,
-    "show": _run_route("GET"),
-    "logs": _logs,
-    "artifacts": _artifacts,
-    "cancel": _run_route("POST", "cancel"),
+    "runs show": _on_run("GET"),
+    "show": _on_run("GET"),
+    "logs": lambda a: _on_run("GET", *(("logs", "stream") if a.flag("follow") else ("logs",)))(a),
     "replay": _replay,
-    "eval": _eval,
-    "triggers": _worker_route("GET", "triggers"),
-    "pause": _worker_route("POST", "pause"),
-    "resume": _worker_route("POST", "resume"),
-    "deliveries": _worker_route("GET", "deliveries"),
-    "replay-delivery": lambda w: _request("POST", "deliveries", first(w, "ID"), "replay"),
-    "approvals": lambda w: _request("GET", "approvals"),
-    "approve": lambda w: _decide(w, "approve"),
-    "reject": lambda w: _decide(w, "reject"),
-    "secrets": _secrets,
-    "state": _state,
-    "keys": _keys,
-    "agents": _agents,
-    "roles": _roles,
-    "handoffs": _handoffs,
-    "nodes": lambda w: _request("GET", "nodes"),
-    "alerts": lambda w: _alerts(w),
+    "approvals": lambda a: _request("GET", "approvals"),
+    "approve": lambda a: _request("POST", "approvals", a.arg("approval_id"), "approve"),
+    "reject": lambda a: _request(
+        "POST", "approvals", a.arg("approval_id"), "reject", body={"comment": "WHY"}
+    ),
+    "secrets list": lambda a: _request("GET", "secrets"),
+    "secrets set": lambda a: _request("PUT", "secrets", a.arg("name"), body={"value": "VALUE"}),
+    "secrets rm": lambda a: _request("DELETE", "secrets", a.arg("name")),
+    "keys list": lambda a: _request("GET", "keys"),
+    "keys create": lambda a: _request("POST", "keys", body={"scopes": [a.arg("scope")]}),
+    "agents list": lambda a: _request("GET", "agents"),
+    "agents create": _agents_create,
+    "roles list": lambda a: _request("GET", "roles"),
+    "handoffs list": lambda a: _request("GET", "handoffs", "jobs"),
+    "handoffs claim-next": lambda a: _request("POST", "handoffs", "claim-next"),
+    "alerts channels": lambda a: _request("GET", "alerts", "channels"),
+    "alerts channels add": lambda a: _request("POST", "alerts", "channels"),
+    "alerts channels rm": lambda a: _request("DELETE", "alerts", "channels", a.arg("name")),
+    "alerts rules": lambda a: _request("GET", "alerts", "rules"),
+    "alerts deliveries": lambda a: _request("GET", "alerts", "deliveries"),
+    "nodes": lambda a: _request("GET", "nodes"),
 }
+# Operations no endpoint does: the server host's, or the stdio MCP server (named where it is
+# explained).
+NO_ENDPOINT = frozenset(set(cli_hints.OPS) - set(ENDPOINTS))
 
 
-def _alerts(words: list[str]) -> str:
-    what, rest = (words[0], words[1:]) if words else ("channels", [])
-    if what == "test":
-        return _request("POST", "alerts", "channels", first(rest, "CHANNEL"), "test")
-    if what == "resend":
-        return _request("POST", "alerts", "deliveries", first(rest, "ID"), "resend")
-    if what in ("channels", "rules"):
-        if rest[:1] == ["add"]:
-            return _request("POST", "alerts", what)
-        if rest[:1] == ["rm"]:
-            return _request("DELETE", "alerts", what, first(rest[1:], "NAME"))
-        return _request("GET", "alerts", what)
-    return _request("GET", "alerts", "callback-key" if what == "callback-key" else "deliveries")
+def action(a: Action, lacked: Callable[[Request], str | None] | None = None) -> str:
+    """The request that does `a`; with `lacked`, a request the caller's key may not make says
+    the scope it needs. An operation of the server's host is said to be one."""
+    render = ENDPOINTS.get(a.op)
+    if render is None:
+        line = cli_hints.line(a)
+        if line[0] in SERVER_COMMANDS:
+            return said(line, f"{ON_THE_HOST}; no endpoint does it")
+        return cli_hints.command(a)
+    request = render(a)
+    scope = lacked(request) if lacked is not None else None
+    if scope is None:
+        return str(request)
+    return f"{request} (a request for a key with the '{scope}' scope, which this key lacks)"
 
 
-def _no_endpoint(words: list[str]) -> str | None:
-    if words[0] in SERVER_COMMANDS:
-        return said(words, f"{ON_THE_HOST}; no endpoint does it")
-    return None  # the stdio MCP server, the CLI's own help: named where they are explained
-
-
-def for_rest(text: str | None) -> str | None:
-    """`text` with each CLI command that has an endpoint replaced by that REST request, and
-    each command of the server's host said to be one."""
-    return retell(text, _ENDPOINTS, otherwise=_no_endpoint)
+def render(told: Hint | None, lacked: Callable[[Request], str | None] | None = None) -> str | None:
+    return told.render(lambda a: action(a, lacked)) if told is not None else None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
@@ -12,25 +13,41 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from floom.errors import FloomError, InvalidRequest, NotFound
-from floom.hints.mcp import for_mcp
+from floom.hints.surface import render
 
 log = logging.getLogger("floom.mcp")
 
 #: What a backend raises for a refusal the caller can act on.
 EXPECTED_ERRORS: tuple[type[Exception], ...] = (FloomError,)
+# During one tool call over HTTP: the scope a tool needs when the caller's key lacks it, so
+# that a hint naming that tool says so (a key does not see such a tool in tools/list).
+_LACKED: ContextVar[Callable[[str], str | None] | None] = ContextVar("lacked", default=None)
+
+
+@contextmanager
+def scoped_hints(lacked: Callable[[str], str | None]) -> Iterator[None]:
+    """Within: every error's hint names, beside each tool it recommends that the caller may
+    not call, the scope that tool needs."""
+    token = _LACKED.set(lacked)
+    try:
+        yield
+    finally:
+        _LACKED.reset(token)
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
     """{"code", "message", "hint"[, "details"]} of a floom error; a generic one for anything
     else, whose text stays in the server log because it may hold internals."""
     if isinstance(exc, FloomError):
-        # The services name CLI commands; an agent over MCP gets the tools that do the same.
-        tell = (lambda text: text) if exc.as_written else for_mcp
-        body: dict[str, Any] = {
-            "code": exc.code,
-            "message": tell(exc.message),
-            "hint": tell(exc.hint),
-        }
+        # An agent over MCP gets the tools that do what a hint recommends (floom.hints.mcp);
+        # an error written for the person at this machine's shell keeps its commands.
+        lacked = _LACKED.get()
+        if exc.as_written:
+            message, hint = exc.message, exc.hint
+        else:
+            message = render(exc.said, surface="mcp", lacked_tool=lacked)
+            hint = render(exc.advice, surface="mcp", lacked_tool=lacked)
+        body: dict[str, Any] = {"code": exc.code, "message": message, "hint": hint}
         if exc.details is not None:
             body["details"] = exc.details
         return body
@@ -55,34 +72,6 @@ def error_text(error: dict[str, Any]) -> str:
     if error.get("hint"):
         lines.append(f"hint: {error['hint']}")
     return "\n".join(lines)
-
-
-# A tool call as floom.hints.mcp writes one: name(arguments), where files={...} may hold braces.
-_TOOL_CALL = re.compile(r"\b([a-z][a-z0-9_]*)\((?:[^()]*)\)")
-
-
-def for_scope(result: CallToolResult, lacked: Callable[[str], str | None]) -> CallToolResult:
-    """An error result whose hint names each tool the caller may not call together with the
-    scope it needs: a key does not see such a tool in tools/list, and calling it is refused."""
-    error = (result.structured_content or {}).get("error") if result.is_error else None
-    if not isinstance(error, dict) or not isinstance(error.get("hint"), str):
-        return result
-
-    def mark(match: re.Match[str]) -> str:
-        scope = lacked(match.group(1))
-        if scope is None:
-            return match.group(0)
-        return f"{match.group(0)} (a tool for a key with the '{scope}' scope, which this key lacks)"
-
-    hint = _TOOL_CALL.sub(mark, error["hint"])
-    if hint == error["hint"]:
-        return result
-    told = {**error, "hint": hint}
-    return CallToolResult(
-        content=[TextContent(type="text", text=error_text(told))],
-        structured_content={**(result.structured_content or {}), "error": told},
-        is_error=True,
-    )
 
 
 def tool_error(exc: BaseException) -> CallToolResult:

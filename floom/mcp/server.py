@@ -33,11 +33,11 @@ from pydantic import AnyUrl
 from floom import __version__
 from floom.errors import FloomError
 from floom.mcp.backends.base import Backend
-from floom.mcp.catalog import Catalog
+from floom.mcp.catalog import Catalog, ExposedWorker
 from floom.mcp.errors import (
     bad_arguments,
-    for_scope,
     resource_error,
+    scoped_hints,
     tool_error,
     unknown_tool,
 )
@@ -268,26 +268,33 @@ class FloomMCPServer(MCPServer[Any]):
                 worker = self.catalog.exposed(name)
             if worker is None or context is None:
                 return tool_error(unknown_tool(name))
-        # Refused before the arguments are read, as REST refuses before reading a body.
         caller = self._caller(context) if context is not None else None
-        if caller is not None:
+        if caller is None:
+            return await self._call(name, arguments, context, worker)
+        # A hint naming a tool this caller's key may not call says which scope it needs.
+        with scoped_hints(lambda tool: _scope_lacked(caller, tool)):
+            # Refused before the arguments are read, as REST refuses before reading a body.
             try:
                 caller.require(tools.scope_of(name))
             except FloomError as exc:
                 return tool_error(exc)
-        result: CallToolResult | InputRequiredResult
+            return await self._call(name, arguments, context, worker)
+
+    async def _call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        context: Context[Any, Any] | None,
+        worker: ExposedWorker | None,
+    ) -> CallToolResult | InputRequiredResult:
         if worker is not None and context is not None:
-            result = await tools.run_exposed(context, worker, dict(arguments))
-        else:
-            try:
-                result = await super().call_tool(name, arguments, context)
-            except ToolError as exc:
-                # Tool bodies return their own errors; what reaches here is the SDK refusing
-                # the arguments before the body ran.
-                result = tool_error(bad_arguments(name, exc))
-        if caller is None or not isinstance(result, CallToolResult):
-            return result
-        return for_scope(result, lambda tool: _scope_lacked(caller, tool))
+            return await tools.run_exposed(context, worker, dict(arguments))
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            # Tool bodies return their own errors; what reaches here is the SDK refusing the
+            # arguments before the body ran.
+            return tool_error(bad_arguments(name, exc))
 
     async def read_resource(
         self, uri: AnyUrl | str, context: Context[Any, Any] | None = None

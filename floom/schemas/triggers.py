@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from floom.errors import FloomError
-from floom.hints.surface import tell
+from floom.hints.surface import render
 from floom.manifest.schema import TRIGGER_KINDS
 from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic
@@ -147,6 +147,6 @@ def hook_answer(received: webhooks.Received) -> HookAnswer:
 def hook_refusal(error: FloomError, answer: HookAnswer) -> HookRefusal:
     # A webhook's sender is a plain REST client: it is told REST requests, not floom commands.
     body = error.to_dict()
-    for field in ("message", "hint"):
-        body[field] = tell(body[field], surface="rest")
+    body["message"] = render(error.said, surface="rest")
+    body["hint"] = render(error.advice, surface="rest")
     return HookRefusal(error=ErrorDetail.model_validate(body), delivery=answer)

@@ -25,7 +25,8 @@ from starlette.responses import RedirectResponse, Response
 
 from floom.api.auth import get_ctx
 from floom.errors import FloomError, InvalidRequest, Unauthorized
-from floom.hints.surface import tell
+from floom.hints import Hint, Told
+from floom.hints import surface as hint_surface
 from floom.schemas.admin import KeyPublic, key_public
 from floom.services.access import sessions as web_sessions
 from floom.services.access.sessions import SignedIn
@@ -134,10 +135,12 @@ def short(value: str | None, length: int = 18) -> str:
     return value if len(value) <= length else value[: length - 1] + "…"
 
 
-def told(text: str | None) -> str:
+def told(text: Told | None) -> str:
     """floom's own words (an error's message and hint, a stored notice) naming the page that
-    does what they say, where they name a floom command."""
-    return tell(text, surface="ui") or ""
+    does what they say, where they name an action."""
+    if isinstance(text, Hint):
+        return hint_surface.render(text, surface="ui") or ""
+    return hint_surface.tell(text, surface="ui") or ""
 
 
 def _environment() -> Environment:
@@ -282,8 +285,8 @@ def to_login(request: Request) -> RedirectResponse:
 
 
 def error_markup(exc: FloomError) -> Markup:
-    hint = Markup(' <span class="hint">{}</span>').format(told(exc.hint)) if exc.hint else ""
-    return Markup("{}{}").format(escape(told(exc.message)), hint)
+    hint = Markup(' <span class="hint">{}</span>').format(told(exc.advice)) if exc.advice else ""
+    return Markup("{}{}").format(escape(told(exc.said)), hint)
 
 
 class UiRoute(APIRoute):

@@ -212,13 +212,14 @@ def test_the_graph_sees_the_edges_the_layout_relies_on() -> None:
 # The layers, bottom up: a group (a package, or a top-level module) imports only groups of its
 # own layer or of layers below it.
 LAYERS: list[tuple[str, set[str]]] = [
-    # Values and rules with no floom dependency beyond errors.
-    ("leaves", {"errors", "client_env", "net", "jsonvalues", "bundle", "triggers"}),
+    # Values and rules with no floom dependency beyond errors; hints are text and actions,
+    # which each surface renders.
+    ("leaves", {"errors", "hints", "client_env", "net", "jsonvalues", "bundle", "triggers"}),
     ("settings", {"config"}),
     ("resources", {"store", "sandbox"}),
     ("worker.yml", {"manifest"}),
-    # The domain; hints tell each surface what to do next, by the caller's scopes.
-    ("domain", {"services", "hints"}),
+    # The domain.
+    ("domain", {"services"}),
     ("public models", {"schemas"}),
     # The node: the run pipeline, its loops, and the agent loop that runs inside an attempt.
     ("node", {"engine", "agent"}),

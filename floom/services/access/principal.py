@@ -16,13 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 from sqlmodel import col
 
 from floom.errors import Forbidden, Unauthorized
+from floom.hints import Surface as Surface  # where a call came in (the hints name its terms)
 from floom.store.db import Writer, on_postgres
 from floom.store.models import ApiKey
 
@@ -30,8 +31,6 @@ SCOPES = ("read", "run", "deploy", "admin")
 # Each scope includes the ones before it: a deploy key can also run and read.
 _RANK = {scope: i for i, scope in enumerate(SCOPES)}
 
-# Where a call came in, so that refusals and hints can name what that caller can use.
-Surface = Literal["rest", "cli", "mcp", "ui", "system"]
 
 
 def grants(key_scopes: str | Iterable[str], needed: str) -> bool:
