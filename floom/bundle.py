@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from floom.errors import BundleInvalid, BundlePathInvalid, BundleTooLarge
+from floom.hints import Hint, act, told
 
 IGNORED_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules", ".mypy_cache"})
 MAX_FILES = 2000
@@ -25,7 +26,11 @@ MAX_NAME_BYTES = 255
 # What an entry may add to the unpacked tar besides its contents (header, long-name records,
 # padding): unpacking stops past max_bytes plus this for every entry allowed.
 _ENTRY_OVERHEAD = 4096
-_HINT = "pack the worker folder with `floom deploy FOLDER`"
+DEPLOY = act("deploy", folder="FOLDER")
+
+
+def _hint(first: str) -> Hint:
+    return told(f"{first}; pack the worker folder with ", DEPLOY)
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ def _check_path(name: str) -> str:
         size = len(path.encode("utf-8"))
     except UnicodeEncodeError:
         raise BundlePathInvalid(
-            f"archive entry {path!r} is not a UTF-8 name", hint="rename the file; " + _HINT
+            f"archive entry {path!r} is not a UTF-8 name", hint=_hint("rename the file")
         ) from None
     if size > MAX_PATH_BYTES:
         raise BundlePathInvalid(
@@ -123,7 +128,7 @@ def _check_entries(count: int) -> None:
     if count > MAX_ENTRIES:
         raise BundleTooLarge(
             f"the archive has more than {MAX_ENTRIES} entries (files and directories)",
-            hint="keep data, caches and .git out of the worker folder; " + _HINT,
+            hint=_hint("keep data, caches and .git out of the worker folder"),
             details={"limit": "entries", "max": MAX_ENTRIES},
         )
 
@@ -139,7 +144,7 @@ class _Names:
     def add_file(self, path: str) -> None:
         if path in self.files:
             raise BundlePathInvalid(
-                f"archive entry '{path}' appears twice", hint="give each file once; " + _HINT
+                f"archive entry '{path}' appears twice", hint=_hint("give each file once")
             )
         if path in self.dirs:
             raise _clash(path)
@@ -163,7 +168,7 @@ class _Names:
 def _clash(path: str) -> BundlePathInvalid:
     return BundlePathInvalid(
         f"archive entry '{path}' is both a file and a directory",
-        hint="rename the file or the folder; " + _HINT,
+        hint=_hint("rename the file or the folder"),
     )
 
 
@@ -247,7 +252,7 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
         raise BundleInvalid(
             "the upload is not a readable tar.gz archive",
-            hint="deploy with `floom deploy FOLDER`, which packs the folder for you",
+            hint=told("deploy with ", DEPLOY, ", which packs the folder for you"),
         ) from exc
     if not files:
         raise BundleInvalid("the archive is empty", hint="the worker folder needs worker.yml")
@@ -282,7 +287,7 @@ class _Bounded(io.RawIOBase):
         if len(chunk) > self.left:
             raise BundleTooLarge(
                 "the archive unpacks to more than its files and their headers could need",
-                hint="deploy with `floom deploy FOLDER`, which packs the folder for you",
+                hint=told("deploy with ", DEPLOY, ", which packs the folder for you"),
                 details={"limit": "unpacked_bytes", "max": self.limit},
             )
         self.left -= len(chunk)

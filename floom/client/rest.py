@@ -35,6 +35,7 @@ from floom.client.wire import configured_api_key as configured_api_key
 from floom.client.wire import url_path as url_path
 from floom.client_env import admin_key_file, client_base_url
 from floom.errors import ClientError, FloomError, TooManyWaits
+from floom.hints import act, told
 from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
 from floom.services.runs.statuses import WAITING as WAITING_STATUSES
 
@@ -541,7 +542,9 @@ class FloomClient:
             f"run {run['id']} is still {run['status']} at the deadline",
             status=0,
             code="timeout",
-            hint=f"it keeps going; follow it with `floom logs -f {run['id']}`",
+            hint=told(
+                "it keeps going; follow it with ", act("logs", follow=True, run_id=run["id"])
+            ),
         )
 
     def _stream(self, run_id: str, *, after: int, deadline: float | None) -> Iterator[FollowEvent]:

@@ -16,8 +16,9 @@ from urllib.parse import quote
 
 from floom.client_env import admin_key_file
 from floom.errors import ClientError, FloomError, rebuild
+from floom.hints import act, told
 
-UNREACHABLE_HINT = "start it with `floom serve` or set FLOOM_BASE_URL"
+UNREACHABLE_HINT = told("start it with ", act("serve"), " or set FLOOM_BASE_URL")
 # A client waits through `?wait=` calls of this long; the server allows 60 s at most, and the
 # read timeout leaves room for the answer.
 WAIT_CALL_SECONDS = 30.0

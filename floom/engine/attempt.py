@@ -21,6 +21,8 @@ from floom.engine.runlog import RunLog
 from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
 from floom.errors import FloomError, SecretNameRefused
+from floom.hints import act, told
+from floom.hints import cli as cli_hints
 from floom.sandbox import e2b_api_key
 from floom.sandbox.fence import fence_key
 from floom.services.access import secrets as secret_service
@@ -63,8 +65,13 @@ def missing_secret_outcome(missing: list[str]) -> Outcome:
     return Outcome(
         status=FAILED,
         error_code="secret_missing",
-        error_message=f"secret {', '.join(missing)} is not set; set it with "
-        f"`floom secrets set {missing[0]}`",
+        # Stored as the CLI writes it; each surface reads it back in its terms.
+        error_message=cli_hints.written(
+            told(
+                f"secret {', '.join(missing)} is not set; set it with ",
+                act("secrets set", name=missing[0]),
+            )
+        ),
         retryable=False,
     )
 

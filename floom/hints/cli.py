@@ -12,7 +12,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from floom.hints import Action, Hint, Value
+from floom.hints import Action, Hint, Told, Value
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,7 @@ OPS: dict[str, Op] = {
         _op("nodes"),
         _op("backup"),
         _op("migrate-store"),
+        _op("blobs check"),
         _op("mcp"),
     ]
 }
@@ -164,6 +165,11 @@ def command(action: Action) -> str:
 
 def render(told: Hint | None) -> str | None:
     return told.render(command) if told is not None else None
+
+
+def written(told: Told) -> str:
+    """Words as the CLI writes them (and floom stores them)."""
+    return told if isinstance(told, str) else told.render(command)
 
 
 # A command in the CLI's notation, as floom stores it in what it said.

@@ -13,6 +13,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
 from floom.errors import FloomError, InvalidRequest, NotFound
+from floom.hints import Surface
 from floom.hints.surface import render
 
 log = logging.getLogger("floom.mcp")
@@ -41,12 +42,10 @@ def describe(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, FloomError):
         # An agent over MCP gets the tools that do what a hint recommends (floom.hints.mcp);
         # an error written for the person at this machine's shell keeps its commands.
+        surface: Surface = "cli" if exc.as_written else "mcp"
         lacked = _LACKED.get()
-        if exc.as_written:
-            message, hint = exc.message, exc.hint
-        else:
-            message = render(exc.said, surface="mcp", lacked_tool=lacked)
-            hint = render(exc.advice, surface="mcp", lacked_tool=lacked)
+        message = render(exc.said, surface=surface, lacked_tool=lacked)
+        hint = render(exc.advice, surface=surface, lacked_tool=lacked)
         body: dict[str, Any] = {"code": exc.code, "message": message, "hint": hint}
         if exc.details is not None:
             body["details"] = exc.details

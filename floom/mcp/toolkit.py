@@ -19,6 +19,7 @@ from mcp_types import CallToolResult, ToolAnnotations
 
 from floom.bundle import Bundle, BundleFile, read_folder
 from floom.errors import InvalidRequest
+from floom.hints import act, told
 from floom.mcp.backends.base import Backend
 from floom.mcp.errors import tool_error
 from floom.mcp.render import Reply
@@ -105,14 +106,17 @@ def pack(
         raise InvalidRequest(
             "this MCP endpoint takes the worker's files as `files`, not a `folder`: it runs "
             "inside the floom server and cannot read a folder on your machine",
-            hint="send the folder's files as `files` (relative path -> text) and binary ones "
-            "as `files_base64` (relative path -> base64), or use the stdio server `floom mcp` "
-            "on your machine, which packs folders",
+            hint=told(
+                "send the folder's files as `files` (relative path -> text) and binary ones "
+                "as `files_base64` (relative path -> base64), or use the stdio server ",
+                act("mcp"),
+                " on your machine, which packs folders",
+            ),
         )
     if folder and (files or files_base64):
         raise InvalidRequest(
             "give either `folder` or `files`, not both",
-            hint="`folder` is a path on the machine running `floom mcp`",
+            hint=told("`folder` is a path on the machine running ", act("mcp")),
         )
     if folder:
         where = Path(folder).expanduser()

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from floom.hints.surface import tell
+from floom.hints.surface import render, tell
 from floom.schemas.common import Page, Public, Timestamp
 from floom.services.access.principal import Principal, Surface
 from floom.services.context import Context
@@ -181,13 +181,13 @@ def started_run(ctx: Context, run: Run, *, surface: Surface) -> RunPublic:
     """A run just queued, as its starter is told: with why it cannot start, if no node can
     run it."""
     body = runs.run_to_dict(run, artifacts=[])
-    _say_if_stuck(ctx, body)
+    _say_if_stuck(ctx, body, surface)
     return RunPublic.model_validate(_told(body, surface))
 
 
-def _say_if_stuck(ctx: Context, body: dict[str, Any]) -> None:
+def _say_if_stuck(ctx: Context, body: dict[str, Any], surface: Surface) -> None:
     if body["status"] == run_rules.QUEUED and not nodes.live_executor_ids(ctx):
-        body["cannot_start"] = nodes.RUN_CANNOT_START
+        body["cannot_start"] = render(nodes.RUN_CANNOT_START, surface=surface)
 
 
 def run_page(rows: list[Run], next_cursor: str | None, *, surface: Surface) -> Page[RunPublic]:
@@ -207,7 +207,7 @@ def run_detail_of(ctx: Context, record: RunRecord, *, caller: Principal) -> RunD
     run = record.run
     body = runs.run_to_dict(run, artifacts=record.artifacts)
     body.update(run_records.run_extras(ctx, run=run, run_approvals=record.approvals, caller=caller))
-    _say_if_stuck(ctx, body)
+    _say_if_stuck(ctx, body, caller.surface)
     return RunDetail.model_validate(_told(body, caller.surface))
 
 

@@ -23,6 +23,7 @@ from sqlmodel import SQLModel
 
 from floom import __version__
 from floom.errors import StoreNewerThanNode
+from floom.hints import act, told
 from floom.store.db import (  # also registers every table on SQLModel.metadata
     MIGRATION_LOCK,
     is_postgres,
@@ -113,8 +114,11 @@ def _refuse_newer_schema(current: list[str]) -> list[str]:
         raise StoreNewerThanNode(
             f"the database is at schema revision {unknown[0]}, which this floom "
             f"({__version__}) does not know: a newer floom has migrated it",
-            hint="upgrade this node to the version the other nodes run "
-            "(`floom nodes` lists each node's version)",
+            hint=told(
+                "upgrade this node to the version the other nodes run (",
+                act("nodes"),
+                " lists each node's version)",
+            ),
         )
     return current
 

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from floom.api.auth import CtxDep, DeployCaller, ReadCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed
 from floom.errors import InvalidRequest, PayloadTooLarge
+from floom.hints import act, told
 from floom.manifest.schema import manifest_json_schema
 from floom.schemas import workers as views
 from floom.schemas.common import Page
@@ -44,7 +45,11 @@ async def _read_archive(request: Request, ctx: Context) -> bytes:
     if not chunks:
         raise InvalidRequest(
             "the request body is empty",
-            hint="send the worker folder as a tar.gz body (`floom deploy FOLDER` does this)",
+            hint=told(
+                "send the worker folder as a tar.gz body (",
+                act("deploy", folder="FOLDER"),
+                " does this)",
+            ),
         )
     return b"".join(chunks)
 

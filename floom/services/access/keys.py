@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.errors import InvalidRequest, NotFound, Unauthorized
+from floom.hints import act, told
 from floom.services.access.principal import SCOPES, SYSTEM, Principal, grants
 from floom.store import signals
 from floom.store.db import on_postgres, session_scope
@@ -119,7 +120,7 @@ def authenticate(ctx: Context, token: str | None) -> ApiKey:
     if key is None or key.revoked_at is not None:
         raise Unauthorized(
             "the API key is not valid or was revoked",
-            hint="create a key with `floom keys create` on the server",
+            hint=told("create a key with ", act("keys create"), " on the server"),
         )
     ctx.node.auth_cache.put(digest, key, epoch=epoch)
     return key
@@ -131,7 +132,7 @@ def get_key(ctx: Context, *, key_id: str, caller: Principal) -> ApiKey:
     with session_scope(ctx.engine) as s:
         key = s.get(ApiKey, key_id)
     if key is None:
-        raise NotFound(f"no API key {key_id}", hint="`floom keys list` shows the key ids")
+        raise NotFound(f"no API key {key_id}", hint=told(act("keys list"), " shows the key ids"))
     return key
 
 
@@ -151,7 +152,9 @@ def revoke_key(ctx: Context, *, key_id: str, caller: Principal) -> ApiKey:
         caller.require_in(s, "admin")
         key = s.get(ApiKey, key_id, populate_existing=True)
         if key is None:
-            raise NotFound(f"no API key {key_id}", hint="`floom keys list` shows the key ids")
+            raise NotFound(
+                f"no API key {key_id}", hint=told(act("keys list"), " shows the key ids")
+            )
         if key.revoked_at is None:
             key.revoked_at = utcnow()
             s.add(key)

@@ -24,13 +24,13 @@ from sqlmodel import col
 
 from floom.errors import Forbidden, Unauthorized
 from floom.hints import Surface as Surface  # where a call came in (the hints name its terms)
+from floom.hints import Told, act, told
 from floom.store.db import Writer, on_postgres
 from floom.store.models import ApiKey
 
 SCOPES = ("read", "run", "deploy", "admin")
 # Each scope includes the ones before it: a deploy key can also run and read.
 _RANK = {scope: i for i, scope in enumerate(SCOPES)}
-
 
 
 def grants(key_scopes: str | Iterable[str], needed: str) -> bool:
@@ -86,6 +86,7 @@ class Principal:
             raise self._lacks(scope)
 
     def _lacks(self, scope: str) -> Forbidden:
+        hint: Told
         if self.surface == "mcp":
             hint = (
                 f"this MCP client's API key needs the '{scope}' scope (or higher); "
@@ -94,7 +95,7 @@ class Principal:
         elif self.surface == "ui":
             hint = f"sign in with an API key that has the '{scope}' scope (or higher)"
         else:
-            hint = f"use a key created with `floom keys create --scope {scope}` (or higher)"
+            hint = told("use a key created with ", act("keys create", scope=scope), " (or higher)")
         return Forbidden(
             f"this API key lacks the '{scope}' scope",
             hint=hint,
@@ -122,7 +123,7 @@ class Principal:
         if row is None or row.revoked_at is not None:
             raise Unauthorized(
                 "the API key is not valid or was revoked; nothing was changed",
-                hint="use a valid key; `floom keys list` on the server shows the keys",
+                hint=told("use a valid key; ", act("keys list"), " on the server shows the keys"),
             )
         if not grants(row.scopes, scope):
             raise self._lacks(scope)

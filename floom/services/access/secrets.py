@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import select
 
 from floom.errors import InvalidRequest, NotFound, SecretNameRefused, SecretUndecryptable
+from floom.hints import act, told
+from floom.hints import cli as cli_hints
 from floom.sandbox import env_names
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
@@ -130,7 +132,9 @@ def delete_secret(ctx: Context, *, name: str, caller: Principal) -> None:
         caller.require_in(s, "deploy")
         row = s.get(Secret, name)
         if row is None:
-            raise NotFound(f"no secret named {name}", hint="`floom secrets list` shows the names")
+            raise NotFound(
+                f"no secret named {name}", hint=told(act("secrets list"), " shows the names")
+            )
         s.delete(row)
 
 
@@ -164,10 +168,14 @@ def refused_for_runs(names: Iterable[str]) -> str | None:
     rename it. Nothing is decrypted."""
     for name in dict.fromkeys(names):
         if why := env_names.refusal(name):
-            return (
-                f"secret {name} cannot be given to a run: {why}. Rename it: "
-                f"`floom secrets set NEW_NAME`, list NEW_NAME instead of {name} in worker.yml "
-                f"and deploy, then `floom secrets rm {name}`"
+            # A run's error, stored as the CLI writes it; each surface reads it in its terms.
+            return cli_hints.written(
+                told(
+                    f"secret {name} cannot be given to a run: {why}. Rename it: ",
+                    act("secrets set", name="NEW_NAME"),
+                    f", list NEW_NAME instead of {name} in worker.yml and deploy, then ",
+                    act("secrets rm", name=name),
+                )
             )
     return None
 

@@ -31,7 +31,7 @@ def check_callback_url(ctx: Context, url: str | None, *, field: str = "callback_
     try:
         return check_url(ctx, url, field)
     except ChannelInvalid as exc:
-        raise InputInvalid(exc.message, hint=exc.hint, details=exc.details) from exc
+        raise InputInvalid(exc.said, hint=exc.advice, details=exc.details) from exc
 
 
 def recorder(

@@ -17,6 +17,8 @@ from sqlmodel import col, select
 from standardwebhooks.webhooks import Webhook
 
 from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.hints import Told, act, told
+from floom.hints import cli as cli_hints
 from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN
 from floom.net.egress import EgressRefused, policy_of, resolve_checked
 from floom.services.access import secrets
@@ -57,10 +59,9 @@ class ChannelInvalid(InvalidRequest):
     code = "alert_channel_invalid"
 
 
-def invalid(path: str, message: str, hint: str) -> ChannelInvalid:
-    return ChannelInvalid(
-        f"{path}: {message}", hint=hint, details=[{"path": path, "message": message, "hint": hint}]
-    )
+def invalid(path: str, message: str, hint: Told) -> ChannelInvalid:
+    detail = {"path": path, "message": message, "hint": cli_hints.written(hint)}
+    return ChannelInvalid(f"{path}: {message}", hint=hint, details=[detail])
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,15 @@ def _shown(url: str) -> str:
 
 def _check_secret(ctx: Context, value: Any, path: str, caller: Principal) -> str:
     if not isinstance(value, str) or not re.fullmatch(SECRET_NAME_PATTERN, value):
-        hint = "the NAME of a secret set with `floom secrets set NAME`, e.g. ALERTS_WEBHOOK_KEY"
+        hint = told(
+            "the NAME of a secret set with ",
+            act("secrets set", name="NAME"),
+            ", e.g. ALERTS_WEBHOOK_KEY",
+        )
         raise invalid(path, f"{value!r} is not a secret name", hint)
     if secrets.missing(ctx, [value], caller=caller):
         raise invalid(
-            path, f"no secret named {value}", f"set it first: `floom secrets set {value}`"
+            path, f"no secret named {value}", told("set it first: ", act("secrets set", name=value))
         )
     return value
 
@@ -233,7 +238,7 @@ def create_channel(
             caller.require_in(s, "deploy")
             s.add(row)
     except IntegrityError as exc:
-        hint = f"pick another name, or `floom alerts channels rm {name}` first"
+        hint = told("pick another name, or ", act("alerts channels rm", name=name), " first")
         raise Conflict(f"an alert channel named {name} exists", hint=hint) from exc
     return row
 
@@ -261,7 +266,9 @@ def _check_name(name: Any) -> None:
 
 
 def _no_channel(name: str) -> NotFound:
-    return NotFound(f"no alert channel named {name}", hint="`floom alerts channels` lists them")
+    return NotFound(
+        f"no alert channel named {name}", hint=told(act("alerts channels"), " lists them")
+    )
 
 
 def list_channels(ctx: Context, *, caller: Principal) -> list[AlertChannel]:

@@ -13,6 +13,7 @@ from sqlalchemy import or_, update
 from sqlmodel import col, select
 
 from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.hints import act, told
 from floom.services.access.principal import Principal
 from floom.services.alerts import incidents
 from floom.services.alerts.channels import Channel, get_channel
@@ -176,7 +177,9 @@ def get_delivery(ctx: Context, *, delivery_id: str, caller: Principal) -> Delive
     with session_scope(ctx.engine) as s:
         row = s.get(Delivery, delivery_id)
     if row is None:
-        raise NotFound(f"no delivery {delivery_id}", hint="`floom alerts deliveries` lists them")
+        raise NotFound(
+            f"no delivery {delivery_id}", hint=told(act("alerts deliveries"), " lists them")
+        )
     return row
 
 
@@ -190,12 +193,12 @@ def resend(ctx: Context, *, delivery_id: str, caller: Principal) -> Delivery:
         delivery = s.get(Delivery, delivery_id, with_for_update=True)
         if delivery is None:
             raise NotFound(
-                f"no delivery {delivery_id}", hint="`floom alerts deliveries` lists them"
+                f"no delivery {delivery_id}", hint=told(act("alerts deliveries"), " lists them")
             )
         if delivery.status == "pending":
             raise Conflict(
                 f"delivery {delivery_id} is pending: it is sent (or tried again) already",
-                hint="wait for it; `floom alerts deliveries` shows when it is due",
+                hint=told("wait for it; ", act("alerts deliveries"), " shows when it is due"),
             )
         now = utcnow()
         if delivery.status == "delivered":
@@ -251,8 +254,11 @@ def send_test(ctx: Context, *, channel_name: str, caller: Principal) -> Delivery
     if error is not None:
         raise AlertUndeliverable(
             f"the test alert to channel {channel.name} was not delivered: {error}",
-            hint="check the channel's settings and secrets (`floom alerts channels`), then "
-            "send the test again",
+            hint=told(
+                "check the channel's settings and secrets (",
+                act("alerts channels"),
+                "), then send the test again",
+            ),
             details={"delivery_id": delivery.id, "channel": channel.name},
         )
     return get_delivery(ctx, delivery_id=delivery.id, caller=caller)

@@ -13,6 +13,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.hints import act, told
+from floom.hints import cli as cli_hints
 from floom.manifest.alerts import RuleSpec, check_rule, worker_rules
 from floom.manifest.schema import NAME_PATTERN, Problem
 from floom.services.access.principal import Principal
@@ -101,11 +103,12 @@ def _check_channels_exist(s: Session, names: tuple[str, ...]) -> None:
     found = set(s.exec(select(AlertChannel.name).where(col(AlertChannel.name).in_(names))).all())
     for i, name in enumerate(names):
         if name not in found:
-            hint = f"create it first: `floom alerts channels add {name} ...`"
+            hint = told("create it first: ", act("alerts channels add", name=name))
+            detail = {"message": f"no channel {name}", "hint": cli_hints.written(hint)}
             raise RuleInvalid(
                 f"channels[{i}]: no alert channel named {name}",
                 hint=hint,
-                details=[{"path": f"channels[{i}]", "message": f"no channel {name}", "hint": hint}],
+                details=[{"path": f"channels[{i}]", **detail}],
             )
 
 
@@ -121,7 +124,9 @@ def delete_rule(ctx: Context, *, name: str, caller: Principal) -> None:
         caller.require_in(s, "deploy")
         row = s.exec(select(AlertRule).where(AlertRule.name == name)).first()
         if row is None:
-            raise NotFound(f"no alert rule named {name}", hint="`floom alerts rules` lists them")
+            raise NotFound(
+                f"no alert rule named {name}", hint=told(act("alerts rules"), " lists them")
+            )
         s.delete(row)
 
 

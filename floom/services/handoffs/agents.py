@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.hints import act, told
 from floom.services.access import keys
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
@@ -78,7 +79,11 @@ def actor_for_key(ctx: Context, *, key: Principal) -> Actor:
         if not admin:
             raise Forbidden(
                 "this API key speaks for no agent, so it cannot take part in handoffs",
-                hint="create an agent with `floom agents create NAME --role ROLE` and use its key",
+                hint=told(
+                    "create an agent with ",
+                    act("agents create", name="NAME", role="ROLE"),
+                    " and use its key",
+                ),
             )
         return Actor(key_id=key.key_id, agent_id=None, label="", admin=True, roles={})
     with session_scope(ctx.engine) as s:
@@ -86,7 +91,7 @@ def actor_for_key(ctx: Context, *, key: Principal) -> Actor:
         if agent is None or agent.retired_at is not None:
             raise Forbidden(
                 "this API key's agent was retired",
-                hint="an admin can create a new agent with `floom agents create`",
+                hint=told("an admin can create a new agent with ", act("agents create")),
             )
         roles = roles_of(s, agent.id)
     return Actor(
@@ -126,11 +131,11 @@ def find_role(s: Session, ref: str, *, active: bool = True) -> Role:
     role = s.get(Role, ref) if ref.startswith("rol_") else None
     role = role or s.exec(select(Role).where(Role.name == ref)).first()
     if role is None:
-        raise NotFound(f"no role '{ref}'", hint="`floom roles list` shows the roles")
+        raise NotFound(f"no role '{ref}'", hint=told(act("roles list"), " shows the roles"))
     if active and role.retired_at is not None:
         raise Conflict(
             f"the role '{role.name}' is retired",
-            hint="pick an active role (`floom roles list`)",
+            hint=told("pick an active role (", act("roles list"), ")"),
         )
     return role
 
@@ -227,7 +232,7 @@ def find_agent(s: Session, ref: str) -> Agent:
     agent = s.get(Agent, ref) if ref.startswith("agt_") else None
     agent = agent or s.exec(select(Agent).where(Agent.label == ref)).first()
     if agent is None:
-        raise NotFound(f"no agent '{ref}'", hint="`floom agents list` shows the agents")
+        raise NotFound(f"no agent '{ref}'", hint=told(act("agents list"), " shows the agents"))
     return agent
 
 

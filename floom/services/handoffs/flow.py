@@ -17,6 +17,7 @@ from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest
+from floom.hints import act, told
 from floom.services import wakeups
 from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
@@ -144,7 +145,9 @@ def _need_agent(actor: Actor) -> str:
     if actor.agent_id is None:
         raise Forbidden(
             "only an agent can hold a job; this is an admin key without an agent",
-            hint="use the key of an agent holding the job's role (`floom agents create`)",
+            hint=told(
+                "use the key of an agent holding the job's role (", act("agents create"), ")"
+            ),
         )
     return actor.agent_id
 
@@ -168,7 +171,7 @@ def _claim_locked(s: Session, job: Job, actor: Actor, lease: timedelta) -> None:
     if job.status in (rules.IN_PROGRESS, rules.BLOCKED):
         raise AlreadyClaimed(
             f"job {job.id} is {job.status} and held by another agent",
-            hint="`floom handoffs claim-next` takes the next free job of your roles",
+            hint=told(act("handoffs claim-next"), " takes the next free job of your roles"),
             details={"status": job.status},
         )
     # Any other status is refused by the transition table, which names the allowed moves.

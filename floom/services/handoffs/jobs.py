@@ -16,6 +16,7 @@ from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.hints import act, told
 from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, find_agent, find_role
@@ -87,7 +88,7 @@ def load_visible(s: Session, actor: Actor, job_id: str, *, lock: bool = False) -
     if job is None:
         raise NotFound(
             f"no handoff job {job_id} that you can see",
-            hint="`floom handoffs list` shows the jobs for your roles and the ones you hold",
+            hint=told(act("handoffs list"), " shows the jobs for your roles and the ones you hold"),
         )
     return job
 

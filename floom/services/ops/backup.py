@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 from floom import __version__
 from floom.config import Settings
 from floom.errors import BackupInvalid, Conflict, InvalidRequest, NotFound
+from floom.hints import act, told
 from floom.store.blobs.base import sha256_of
 from floom.store.blobs.configured import s3_store
 from floom.store.blobs.database import DatabaseBlobStore
@@ -96,8 +97,11 @@ def _require_sqlite(settings: Settings, *, doing: str) -> Path:
     if path is None:
         raise InvalidRequest(
             f"{doing} works on a SQLite store; this node's FLOOM_DATABASE_URL is not SQLite",
-            hint="back up PostgreSQL with pg_dump (docs/how-to/operations.md), or move a "
-            "SQLite store to PostgreSQL with `floom migrate-store`",
+            hint=told(
+                "back up PostgreSQL with pg_dump (docs/how-to/operations.md), or move a "
+                "SQLite store to PostgreSQL with ",
+                act("migrate-store"),
+            ),
         )
     return path
 
@@ -214,7 +218,7 @@ def _read_manifest(source: Path) -> dict[str, Any]:
     if not path.is_file():
         raise BackupInvalid(
             f"{source} is not a floom backup (no {MANIFEST})",
-            hint="name the directory that `floom backup` wrote",
+            hint=told("name the directory that ", act("backup"), " wrote"),
         )
     try:
         manifest = json.loads(path.read_text())

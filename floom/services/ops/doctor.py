@@ -21,6 +21,7 @@ from sqlmodel import Session, select
 
 from floom.config import Settings, mask_password
 from floom.errors import FloomError
+from floom.hints import cli as cli_hints
 from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
 from floom.services.ops import nodes
@@ -201,13 +202,13 @@ def check_executors(settings: Settings) -> Check:
         return Check("executors", OK, detail)
     if not live:
         detail = f"{nodes.NO_EXECUTOR}: no floom node is running on this database"
-        return Check("executors", WARN, detail, nodes.START_EXECUTOR)
+        return Check("executors", WARN, detail, cli_hints.written(nodes.START_EXECUTOR))
     others = ", ".join(f"{n.id} ({n.roles})" for n in live)
     return Check(
         "executors",
         FAIL,
         f"{nodes.NO_EXECUTOR} ({others}): runs are queued and never start",
-        nodes.START_EXECUTOR,
+        cli_hints.written(nodes.START_EXECUTOR),
     )
 
 

@@ -15,6 +15,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import col, delete, select
 
 from floom import __version__
+from floom.hints import act, told
+from floom.hints import cli as cli_hints
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import utcnow
@@ -31,13 +33,15 @@ FORGET_AFTER = timedelta(days=1)
 # What a run queued while no executor is live says in its log, and `floom doctor` on a node
 # without the role when none is live either.
 NO_EXECUTOR = "no live floom node has the executor role"
-START_EXECUTOR = (
-    "start one with `floom serve --roles executor`, or, with docker compose, choose a profile "
-    "(COMPOSE_PROFILES=bwrap or e2b)"
+START_EXECUTOR = told(
+    "start one with ",
+    act("serve", roles="executor"),
+    ", or, with docker compose, choose a profile (COMPOSE_PROFILES=bwrap or e2b)",
 )
+# Stored in the run's log as the CLI writes it; each surface reads it back in its terms.
 QUEUED_WITHOUT_EXECUTOR = (
     f"{NO_EXECUTOR}, so no node can run this run now: it waits in the queue until one "
-    f"starts; {START_EXECUTOR}"
+    f"starts; {cli_hints.written(START_EXECUTOR)}"
 )
 # A live executor seen this recently is believed still there without asking the store again:
 # an api node queueing a burst reads the nodes table once, not once a run.
@@ -142,9 +146,9 @@ def state_of(node: Node, *, now: datetime) -> tuple[NodeState, float]:
 
 
 # What a queued run's answers say (REST, the CLI, MCP, its page) while no executor is live.
-RUN_CANNOT_START = (
-    f"{NO_EXECUTOR}, so no node can run it: it waits in the queue until one starts; "
-    f"{START_EXECUTOR}"
+RUN_CANNOT_START = told(
+    f"{NO_EXECUTOR}, so no node can run it: it waits in the queue until one starts; ",
+    *START_EXECUTOR.parts,
 )
 
 

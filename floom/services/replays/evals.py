@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import col, select
 
 from floom.errors import InvalidRequest, NotFound
+from floom.hints import act, told
 from floom.services.access.principal import Principal
 from floom.services.replays import replay as replays
 from floom.services.runs.rules import FINISHED, SKIPPED
@@ -138,7 +139,7 @@ def get_eval(ctx: Context, *, eval_id: str, caller: Principal) -> Eval:
     with session_scope(ctx.engine) as s:
         row = s.get(Eval, eval_id)
     if row is None:
-        raise NotFound(f"no eval {eval_id}", hint="`floom eval WORKER` starts one")
+        raise NotFound(f"no eval {eval_id}", hint=told(act("eval", worker="WORKER"), " starts one"))
     return row
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from floom.errors import EvalGateFailed
+from floom.hints import act, told
 from floom.manifest.replay import EvalGate, replay_rules
 from floom.services.access.principal import Principal
 from floom.services.replays import evals
@@ -44,9 +45,12 @@ def deploy_gated(
                 f"{totals['outputs_different']} of {totals['runs']} replayed runs gave other "
                 f"outputs (the gate allows {gate.max_different})"
                 + ("" if outcome["finished"] else "; the eval did not finish in time"),
-                # In the CLI's notation, which each surface retells (floom.hints).
-                hint=f"see `floom eval {worker.name} --against {version.id}`; to activate it "
-                "anyway, deploy again with `floom deploy FOLDER --skip-eval-gate`",
+                hint=told(
+                    "see ",
+                    act("eval", worker=worker.name, version=version.id),
+                    "; to activate it anyway, deploy again with ",
+                    act("deploy", folder="FOLDER", skip_eval_gate=True),
+                ),
                 details={"eval_id": outcome["id"], "version_id": version.id, "totals": totals},
             )
     workers.rollback(ctx, name=worker.name, version_id=version.id, caller=caller)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from floom import jsonvalues
 from floom.errors import NotReplayable
+from floom.hints import act, told
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import lifecycle as runs
@@ -152,13 +153,13 @@ def check_replayable(ctx: Context, *, run: Run) -> None:
     if run.status not in FINISHED or run.status == SKIPPED:
         raise NotReplayable(
             f"run {run.id} is {run.status}; only finished runs have a whole recording",
-            hint=f"wait for it to end: `floom logs -f {run.id}`",
+            hint=told("wait for it to end: ", act("logs", follow=True, run_id=run.id)),
         )
     version = workers.get_version(ctx, version_id=run.version_id, caller=SYSTEM)
     if version.kind != "agent":
         raise NotReplayable(
             f"run {run.id} is a script run; replays from a recording are for agent runs",
-            hint=f"`floom replay {run.id}` runs a script's inputs again, live",
+            hint=told(act("replay", run_id=run.id), " runs a script's inputs again, live"),
         )
 
 

@@ -10,6 +10,7 @@ from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import InvalidRequest, NotFound
+from floom.hints import act, told
 from floom.manifest.replay import replay_rules
 from floom.services.access.principal import Principal
 from floom.services.replays.diff import first_divergence, run_diff
@@ -53,8 +54,12 @@ def start_replay(
     if mode == EXACT and (version_id or model):
         raise InvalidRequest(
             "an exact replay runs the original's version and recorded model replies",
-            hint=f"use a what-if replay to change either: `floom replay {run_id} --against "
-            f"VERSION` or `floom replay {run_id} --model MODEL`",
+            hint=told(
+                "use a what-if replay to change either: ",
+                act("replay", run_id=run_id, version="VERSION"),
+                " or ",
+                act("replay", run_id=run_id, model="MODEL"),
+            ),
         )
     recording = load_recording(ctx, run_id=run_id, caller=caller)
     if mode == EXACT:
@@ -64,7 +69,7 @@ def start_replay(
         if version.worker_name != recording.worker_name:
             raise InvalidRequest(
                 f"version {version_id} is not a version of worker '{recording.worker_name}'",
-                hint=f"`floom versions {recording.worker_name}` lists its versions",
+                hint=told(act("versions", worker=recording.worker_name), " lists its versions"),
             )
     else:
         worker = workers.get_worker(ctx, name=recording.worker_name, caller=caller)
@@ -131,8 +136,12 @@ def get_replay(ctx: Context, *, run_id: str, caller: Principal) -> Replay:
     if row is None:
         raise NotFound(
             f"run {run_id} is not a replay",
-            hint=f"start one with `floom replay {run_id} --exact` or "
-            f"`floom replay {run_id} --against VERSION`",
+            hint=told(
+                "start one with ",
+                act("replay", run_id=run_id, exact=True),
+                " or ",
+                act("replay", run_id=run_id, version="VERSION"),
+            ),
         )
     return row
 

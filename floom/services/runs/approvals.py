@@ -16,6 +16,8 @@ from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.hints import act, told
+from floom.hints import cli as cli_hints
 from floom.services.access.principal import Principal
 from floom.services.runs.agent import replace_artifacts, stage_artifacts
 from floom.services.runs.logs import system_event
@@ -109,8 +111,15 @@ def pause_run(
             s,
             run_id=run.id,
             attempt=current.attempt,
-            message=f"awaiting approval {approval.id} of {what}: decide with "
-            f"`floom approve {approval.id}` or `floom reject {approval.id} --comment WHY`",
+            # Stored as the CLI writes it; each surface reads it back in its terms.
+            message=cli_hints.written(
+                told(
+                    f"awaiting approval {approval.id} of {what}: decide with ",
+                    act("approve", approval_id=approval.id),
+                    " or ",
+                    act("reject", approval_id=approval.id, comment="WHY"),
+                )
+            ),
         )
     return True
 
@@ -174,7 +183,7 @@ def _get(s: Session, approval_id: str, *, lock: bool = False) -> Approval:
     approval = s.get(Approval, approval_id, with_for_update=lock)
     if approval is None:
         raise NotFound(
-            f"no approval {approval_id}", hint="`floom approvals` lists the pending ones"
+            f"no approval {approval_id}", hint=told(act("approvals"), " lists the pending ones")
         )
     return approval
 
@@ -222,14 +231,14 @@ def decide_approval(
             by = f" by {approval.decided_by}" if approval.decided_by else ""
             raise Conflict(
                 f"approval {approval_id} is already {approval.status}{by}",
-                hint="`floom approvals` lists the pending ones",
+                hint=told(act("approvals"), " lists the pending ones"),
             )
         run = s.get(Run, approval.run_id, with_for_update=True)
         if run is None or run.status != AWAITING_APPROVAL:
             state = run.status if run else "gone"
             raise Conflict(
                 f"run {approval.run_id} is {state}, not awaiting this approval",
-                hint=f"`floom show {approval.run_id}` shows what happened",
+                hint=told(act("show", run_id=approval.run_id), " shows what happened"),
             )
         final = {**jsonvalues.stored(approval.proposed_json, expect=dict), **(edited or {})}
         if approval.kind == "run" and decision == "approve":

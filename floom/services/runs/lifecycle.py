@@ -24,6 +24,7 @@ from floom.errors import (
     NotFound,
     WorkerPaused,
 )
+from floom.hints import act, told
 from floom.services.access.principal import Principal
 from floom.services.ops import nodes
 from floom.services.runs import agent as agent_runs
@@ -237,7 +238,12 @@ def _runnable_version(
     if version_id is None:
         raise Conflict(
             f"worker '{worker.name}' has no active version",
-            hint=f"deploy it with `floom deploy` or `floom rollback {worker.name} --to VERSION`",
+            hint=told(
+                "deploy it with ",
+                act("deploy"),
+                " or ",
+                act("rollback", worker=worker.name, version="VERSION"),
+            ),
         )
     version = workers.get_version(
         ctx, version_id=version_id, worker_name=worker.name, caller=caller
@@ -253,8 +259,12 @@ def _runnable_version(
     if worker.paused and not force:
         raise WorkerPaused(
             f"worker '{worker.name}' is paused",
-            hint=f"resume it with `floom resume {worker.name}`, or run it anyway with "
-            f"`floom run {worker.name} --force`",
+            hint=told(
+                "resume it with ",
+                act("resume", worker=worker.name),
+                ", or run it anyway with ",
+                act("run", worker=worker.name, force=True),
+            ),
         )
     agent_runs.check_monthly_cap(ctx, worker_name=worker.name, manifest=manifest)
     return version, manifest
@@ -428,7 +438,7 @@ def run_in_session(s: Session, run_id: str) -> Run:
     """The run, read in the caller's session; NotFound when there is none."""
     run = s.get(Run, run_id)
     if run is None:
-        raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
+        raise NotFound(f"no run {run_id}", hint=told(act("runs"), " lists recent runs"))
     return run
 
 
@@ -438,7 +448,7 @@ def peek_run(s: Reader, run_id: str) -> Run:
     (~250 us less per read; waits read runs often). NotFound when there is none."""
     row = s.execute(_run_by_id(), {"id": run_id}).first()
     if row is None:
-        raise NotFound(f"no run {run_id}", hint="`floom runs` lists recent runs")
+        raise NotFound(f"no run {run_id}", hint=told(act("runs"), " lists recent runs"))
     return trusted_row(Run, row._mapping)
 
 
@@ -569,7 +579,7 @@ def read_artifact(
         if art is None:
             raise NotFound(
                 f"run {run_id} has no artifact '{name}'",
-                hint=f"`floom runs show {run_id}` lists its artifacts",
+                hint=told(act("runs show", run_id=run_id), " lists its artifacts"),
             )
         artifact_scan.check_may_read(
             name=name, content_type=art.content_type, data=None, reader=caller

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom.errors import InvalidRequest, NotFound
+from floom.hints import act, told
 from floom.manifest.schema import Manifest
 from floom.manifest.triggers import parse_triggers
 from floom.services import wakeups
@@ -130,7 +131,7 @@ def set_paused(
             if trigger.removed_at is not None:
                 raise InvalidRequest(
                     f"trigger {trigger_id} was removed from '{worker_name}'",
-                    hint=f"`floom triggers {worker_name}` lists the current triggers",
+                    hint=told(act("triggers", worker=worker_name), " lists the current triggers"),
                 )
             trigger.paused = paused
             trigger.updated_at = utcnow()
@@ -147,7 +148,7 @@ def set_paused(
 def _worker(s: Session, name: str) -> Worker:
     worker = s.get(Worker, name)
     if worker is None:
-        raise NotFound(f"no worker named '{name}'", hint="`floom workers` lists them")
+        raise NotFound(f"no worker named '{name}'", hint=told(act("workers"), " lists them"))
     return worker
 
 
@@ -157,7 +158,7 @@ def _trigger(s: Session, trigger_id: str, worker_name: str | None) -> Trigger:
         where = f" of worker '{worker_name}'" if worker_name else ""
         raise NotFound(
             f"no trigger {trigger_id}{where}",
-            hint=f"`floom triggers {worker_name or 'WORKER'}` lists the triggers",
+            hint=told(act("triggers", worker=worker_name or "WORKER"), " lists the triggers"),
         )
     return trigger
 

@@ -23,6 +23,7 @@ from floom.errors import (
     PayloadTooLarge,
     WorkerPaused,
 )
+from floom.hints import act, told
 from floom.services.access import principal, secrets
 from floom.services.alerts import callbacks
 from floom.services.runs import lifecycle as runs
@@ -379,7 +380,8 @@ def get_delivery(ctx: Context, *, delivery_id: str, caller: principal.Principal)
         delivery = s.get(WebhookDelivery, delivery_id)
     if delivery is None:
         raise NotFound(
-            f"no delivery {delivery_id}", hint="`floom deliveries WORKER` lists a worker's"
+            f"no delivery {delivery_id}",
+            hint=told(act("deliveries", worker="WORKER"), " lists a worker's"),
         )
     return delivery
 

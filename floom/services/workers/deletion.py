@@ -15,6 +15,7 @@ from sqlalchemy import delete, func, update
 from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.hints import act, told
 from floom.services.access import audit, principal
 from floom.services.access.audit import AuditActor
 from floom.services.access.principal import Principal
@@ -133,7 +134,7 @@ def delete_worker(
         return result
     raise Conflict(
         f"runs of '{name}' keep being started while it is being deleted",
-        hint=f"pause it first (`floom pause {name}`), then delete it",
+        hint=told("pause it first (", act("pause", worker=name), "), then delete it"),
     )
 
 

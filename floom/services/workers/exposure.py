@@ -10,6 +10,7 @@ client of the REST API and counts as `rest`; so does any other REST client.
 from __future__ import annotations
 
 from floom.errors import NotExposed
+from floom.hints import act, told
 from floom.manifest.schema import EXPOSE_TARGETS, Manifest
 from floom.services.access.principal import Principal, Surface
 
@@ -45,8 +46,11 @@ def check_exposed(manifest: Manifest, *, worker: str, caller: Principal) -> None
     raise NotExposed(
         f"worker '{worker}' cannot be started from {_WHERE[caller.surface]}: its worker.yml "
         f"exposes it to {', '.join(allowed)} only",
-        hint=f"add {target} to `expose` in its worker.yml (expose: [{wanted}]) and deploy it "
-        "again with `floom deploy`; schedules, webhooks and events start it whatever `expose` "
-        "says",
+        hint=told(
+            f"add {target} to `expose` in its worker.yml (expose: [{wanted}]) and deploy it "
+            "again with ",
+            act("deploy"),
+            "; schedules, webhooks and events start it whatever `expose` says",
+        ),
         details={"surface": target, "allowed": list(allowed)},
     )

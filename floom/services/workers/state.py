@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import InvalidRequest, NotFound, StateConflict, StateInvalid, StateTooLarge
+from floom.hints import act, told
 from floom.services.access import secrets as secret_service
 from floom.services.access.principal import Principal
 from floom.services.workers import versions as workers
@@ -264,7 +265,9 @@ def set_state(
         caller.require_in(s, "deploy")  # a key revoked meanwhile writes nothing
         row = s.get(Worker, worker_name, with_for_update=True)
         if row is None:
-            raise NotFound(f"no worker named '{worker_name}'", hint="`floom workers` lists them")
+            raise NotFound(
+                f"no worker named '{worker_name}'", hint=told(act("workers"), " lists them")
+            )
         base = row.state_version
         if if_version is not None and if_version != base:
             raise _conflict(worker_name, expected=if_version, found=base)
@@ -330,7 +333,7 @@ def _version_row(s: Session, worker_name: str, version: int) -> WorkerState:
     if row is None:
         raise NotFound(
             f"worker '{worker_name}' has no state version {version}",
-            hint=f"`floom state history {worker_name}` lists the versions kept",
+            hint=told(act("state history", worker=worker_name), " lists the versions kept"),
         )
     return row
 
@@ -339,6 +342,8 @@ def _conflict(worker_name: str, *, expected: int, found: int | None) -> StateCon
     now = f" is now at version {found}" if found is not None else " changed meanwhile"
     return StateConflict(
         f"the state of worker '{worker_name}'{now}, not {expected}; nothing was written",
-        hint=f"read it again with `floom state get {worker_name}` and set it from there",
+        hint=told(
+            "read it again with ", act("state get", worker=worker_name), " and set it from there"
+        ),
         details=[{"path": "if_version", "expected": expected, "found": found}],
     )

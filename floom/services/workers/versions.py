@@ -15,6 +15,7 @@ from sqlmodel import Session, col, select
 
 from floom.bundle import Bundle, read_archive
 from floom.errors import InvalidRequest, ManifestInvalid, NotFound
+from floom.hints import act, told
 from floom.manifest.load import check_manifest, manifest_invalid, parse_manifest
 from floom.manifest.schema import Manifest, Problem
 from floom.sandbox import configuration_problem
@@ -239,7 +240,7 @@ def lock_worker(s: Writer, name: str, *, version_id: str | None = None) -> Worke
         forget_versions([version_id])
         raise NotFound(
             f"no version {version_id} of worker '{name}'",
-            hint=f"`floom versions {name}` lists the versions",
+            hint=told(act("versions", worker=name), " lists the versions"),
         )
     return trusted_row(Worker, values)
 
@@ -277,7 +278,7 @@ def _no_worker(s: Writer, name: str) -> NotFound:
         hint=(
             f"known workers: {', '.join(known)}"
             if known
-            else "deploy one with `floom deploy FOLDER`"
+            else told("deploy one with ", act("deploy", folder="FOLDER"))
         ),
     )
 
@@ -316,7 +317,7 @@ def get_version(
     if version is None or (worker_name and version.worker_name != worker_name):
         raise NotFound(
             f"no version {version_id}" + (f" of worker '{worker_name}'" if worker_name else ""),
-            hint=f"`floom versions {worker_name or 'WORKER'}` lists the versions",
+            hint=told(act("versions", worker=worker_name or "WORKER"), " lists the versions"),
         )
     return version
 
@@ -367,7 +368,11 @@ def rollback(
     if bool(version_id) == bool(run_id):
         raise InvalidRequest(
             "give exactly one of a version id or a run id",
-            hint="`floom rollback WORKER --to VERSION` or `floom rollback WORKER --run RUN_ID`",
+            hint=told(
+                act("rollback", worker="WORKER", version="VERSION"),
+                " or ",
+                act("rollback", worker="WORKER", run_id="RUN_ID"),
+            ),
         )
     with session_scope(ctx.engine, write=True) as s:
         caller.require_in(s, "deploy")
@@ -377,14 +382,14 @@ def rollback(
             if run is None or run.worker_name != name:
                 raise NotFound(
                     f"no run {run_id} of worker '{name}'",
-                    hint=f"`floom runs --worker {name}` lists its runs",
+                    hint=told(act("runs", worker=name), " lists its runs"),
                 )
             version_id = run.version_id
         version = s.get(Version, version_id)
         if version is None or version.worker_name != name:
             raise NotFound(
                 f"no version {version_id} of worker '{name}'",
-                hint=f"`floom versions {name}` lists the versions",
+                hint=told(act("versions", worker=name), " lists the versions"),
             )
         if in_transaction is not None:
             in_transaction(s, version)

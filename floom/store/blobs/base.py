@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from floom.errors import BlobUnreadable
+from floom.hints import act, told
 
-_RESTORE_HINT = (
-    "restore the object from a backup or the bucket's versioning; "
-    "`floom blobs check` lists every damaged or missing blob"
+_RESTORE_HINT = told(
+    "restore the object from a backup or the bucket's versioning; ",
+    act("blobs check"),
+    " lists every damaged or missing blob",
 )
 # What a client is told to wait before asking again while the object store is away.
 RETRY_AFTER_SECONDS = 5
