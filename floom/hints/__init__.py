@@ -12,106 +12,32 @@ like a live hint."""
 
 from __future__ import annotations
 
-import shlex
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Literal
-
-# Where a call came in, so that refusals and hints can name what that caller can use.
-Surface = Literal["rest", "cli", "mcp", "ui", "system"]
-Value = str | bool
-
-
-@dataclass(frozen=True)
-class Action:
-    """One operation of the catalogue (floom.hints.cli.OPS) and the arguments given to it;
-    an argument not given reads as its placeholder (WORKER)."""
-
-    op: str
-    args: tuple[tuple[str, Value], ...] = ()
-
-    def given(self, name: str) -> Value | None:
-        return dict(self.args).get(name)
-
-    def flag(self, name: str) -> bool:
-        return self.given(name) is True
-
-    def has(self, name: str) -> bool:
-        return self.given(name) is not None
-
-    def arg(self, name: str) -> str:
-        """The argument's value, or its placeholder when not given (a flag is no value)."""
-        value = self.given(name)
-        return value if isinstance(value, str) else PLACEHOLDER_OF.get(name, name.upper())
-
-
-@dataclass(frozen=True)
-class Hint:
-    """Text and actions, in the order they are said."""
-
-    parts: tuple[str | Action, ...]
-
-    @classmethod
-    def of(cls, told: str | Hint) -> Hint:
-        return told if isinstance(told, Hint) else cls((told,))
-
-    def actions(self) -> list[Action]:
-        return [p for p in self.parts if isinstance(p, Action)]
-
-    def render(self, action: Callable[[Action], str]) -> str:
-        return "".join(p if isinstance(p, str) else action(p) for p in self.parts)
-
-
-Told = str | Hint
-
-
-def told(*parts: str | Action) -> Hint:
-    """A hint or message of text and actions: told("resume it with ", act("resume", ...))."""
-    return Hint(tuple(p for p in parts if p != ""))
-
-
-def act(op: str, **args: Value | None) -> Action:
-    """An action of operation `op` (floom.hints.cli.OPS) with the arguments given (None and
-    False are left out: not given)."""
-    from floom.hints.cli import OPS  # the catalogue's command lines, which name the arguments
-
-    known = OPS.get(op)
-    if known is None:
-        raise ValueError(f"no operation {op!r} in floom.hints.cli.OPS")
-    unknown = set(args) - known.names()
-    if unknown:
-        raise ValueError(f"operation {op!r} takes no argument {sorted(unknown)}")
-    return Action(op, tuple((k, v) for k, v in args.items() if v is not None and v is not False))
-
-
-# An argument's placeholder in what a surface shows when the hint does not name its value.
-PLACEHOLDER_OF = {
-    "worker": "WORKER",
-    "run_id": "RUN_ID",
-    "version": "VERSION",
-    "name": "NAME",
-    "value": "VALUE",
-    "comment": "WHY",
-    "approval_id": "APPROVAL_ID",
-    "id": "ID",
-    "folder": "FOLDER",
-    "model": "MODEL",
-    "scope": "SCOPE",
-    "role": "ROLE",
-    "roles": "ROLES",
-    "channel": "CHANNEL",
-}
-# The placeholders stay bare (not quoted, not percent-encoded) in what a surface shows.
-PLACEHOLDERS = frozenset(PLACEHOLDER_OF.values()) | {"RUN", "NEW_NAME", "DIR"}
-# Commands given at the shell of the server's host (start, check, back up, move a node's store):
-# no page, tool or endpoint does them.
-SERVER_COMMANDS = frozenset(
-    {"serve", "backup", "restore", "migrate-store", "doctor", "retention", "blobs"}
+from floom.hints.action import (
+    ON_THE_HOST,
+    PLACEHOLDER_OF,
+    PLACEHOLDERS,
+    SERVER_COMMANDS,
+    Action,
+    Hint,
+    Surface,
+    Told,
+    Value,
+    said,
+    told,
 )
-ON_THE_HOST = "an operator's command, run on the floom server's host"
+from floom.hints.cli import act
 
-
-def said(line: Iterable[str], what: str) -> str:
-    """The command as the CLI writes it, with what it is: for a surface that has nothing
-    doing it."""
-    return f"`floom {shlex.join(line)}` ({what})"
+__all__ = [
+    "ON_THE_HOST",
+    "PLACEHOLDERS",
+    "PLACEHOLDER_OF",
+    "SERVER_COMMANDS",
+    "Action",
+    "Hint",
+    "Surface",
+    "Told",
+    "Value",
+    "act",
+    "said",
+    "told",
+]

@@ -12,7 +12,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from floom.hints import Action, Hint, Told, Value
+from floom.hints.action import Action, Hint, Told, Value
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Op:
         if words[: len(self.words)] != list(self.words):
             return None
         at, args = len(self.words), dict[str, Value]()
-        for token in self.line:
+        for i, token in enumerate(self.line):
             here = words[at] if at < len(words) else None
             if isinstance(token, str):
                 if here != token:
@@ -86,7 +86,7 @@ class Op:
             elif isinstance(token, Opt):
                 if here == token.flag and at + 1 < len(words):
                     args[token.name], at = words[at + 1], at + 2
-            elif here is not None and not here.startswith("-"):
+            elif here is not None and not here.startswith("-") and here not in self.line[i:]:
                 args[token.name], at = here, at + 1
         return Action(self.id, tuple(args.items())) if at == len(words) else None
 
@@ -149,6 +149,20 @@ OPS: dict[str, Op] = {
         _op("mcp"),
     ]
 }
+
+
+def act(op: str, **args: Value | None) -> Action:
+    """An action of operation `op` with the arguments given (None and False are left out:
+    not given): told("resume it with ", act("resume", worker=name))."""
+    known = OPS.get(op)
+    if known is None:
+        raise ValueError(f"no operation {op!r} in floom.hints.cli.OPS")
+    unknown = set(args) - known.names()
+    if unknown:
+        raise ValueError(f"operation {op!r} takes no argument {sorted(unknown)}")
+    return Action(op, tuple((k, v) for k, v in args.items() if v is not None and v is not False))
+
+
 # Tried with the longest command first: `floom runs show r_1` is not `floom runs`.
 _BY_LENGTH = sorted(OPS.values(), key=lambda op: -len(op.words))
 

@@ -4,11 +4,11 @@ descriptions, and hints retold for an agent as calls of tools that exist."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, get_args
 
 import anyio
 
+from floom.hints import act
 from floom.hints import mcp as hints
 from floom.mcp.server import FloomMCPServer
 from floom.mcp.tools import core as mcp_tools
@@ -17,8 +17,7 @@ from floom.services.handoffs import rules as handoff_rules
 from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
-
-FLOOM = Path(__file__).resolve().parents[2] / "floom"
+from tests.support.hints import every_action
 
 
 def test_every_status_enum_a_tool_takes_lists_every_status_the_services_know() -> None:
@@ -55,28 +54,22 @@ def test_a_folder_argument_is_offered_only_by_a_server_on_the_callers_machine() 
         assert inside[name] == local[name] - {"folder"}
 
 
-def test_every_cli_command_a_hint_names_is_retold_as_a_tool_that_exists_or_said_to_be_one() -> None:
-    # Every `floom ...` command written in floom's messages and hints, as the source has it.
-    commands = set()
-    for path in FLOOM.rglob("*.py"):
-        if path.parent.name != "hints":  # the retellings' own patterns
-            commands |= set(re.findall(r"`floom [^`{\n]*`", path.read_text()))
-    assert len(commands) > 20
+def test_every_action_a_hint_names_is_a_tool_that_exists_or_said_to_be_one() -> None:
     operators = set()
-    for command in sorted(commands):
-        retold = hints.for_mcp(f"try {command}") or ""
-        if retold.startswith(f"try {command} ("):
+    for action in every_action():
+        told = hints.action(action)
+        if action.op in hints.NO_TOOL:
+            if action.op == "mcp":
+                assert told == "`floom mcp`"  # the stdio server, named where it is explained
+                continue
             # No tool does it (keys, agents, serve): the agent is told it is the operator's.
-            assert retold.endswith("; no MCP tool does it)"), retold
-            operators.add(command.split()[1].strip("`"))
+            assert told.endswith("; no MCP tool does it)"), told
+            operators.add(action.op.split()[0])
             continue
-        if command.startswith("`floom mcp"):
-            assert retold == f"try {command}"  # the stdio server, named where it is explained
-            continue
-        tool = retold.removeprefix("try ").split("(")[0]
-        assert tool in mcp_tools.TOOL_NAMES, (command, retold)
+        tool = told.split("(")[0]
+        assert tool in mcp_tools.TOOL_NAMES, (action, told)
     assert {"keys", "agents", "serve", "backup"} <= operators
-    assert hints.for_mcp("`floom backup`") == (
+    assert hints.action(act("backup")) == (
         "`floom backup` (an operator's command, run on the floom server's host; no MCP tool "
         "does it)"
     )

@@ -13,10 +13,11 @@ import httpx
 import pytest
 
 from floom.api.app import create_app
-from floom.hints import SERVER_COMMANDS
-from floom.hints.mcp import for_mcp
-from floom.hints.rest import for_rest
-from floom.hints.ui import for_ui
+from floom.hints import SERVER_COMMANDS, Action, act, told
+from floom.hints import cli as cli_hints
+from floom.hints import mcp as mcp_hints
+from floom.hints import rest as rest_hints
+from floom.hints import ui as ui_hints
 from floom.mcp.tools import core as mcp_tools
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
@@ -29,6 +30,7 @@ from floom.ui import ops as ui_ops
 from floom.ui import replays as ui_replays
 from floom.ui import runs as ui_runs
 from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, fast_settings
+from tests.support.hints import every_action
 from tests.support.mcp_clients import call, call_error, http_client
 
 FLOOM = Path(__file__).resolve().parents[3] / "floom"
@@ -41,32 +43,15 @@ UI_ROUTERS = [
 ]
 UI_PAGE = re.compile(r"\((/[^)?\s]*)[^)]*\)")
 
-# Commands only an operator at the node's shell gives (starting, checking, backing up a
-# node), and the index's placeholders: no surface but the CLI retells them.
+# Operations only an operator at the node's shell gives (starting, checking, backing up a
+# node): no surface but the CLI has them.
 OPERATOR_COMMANDS = frozenset(
-    {
-        "serve",
-        "mcp",
-        "backup",
-        "restore",
-        "migrate-store",
-        "doctor",
-        "retention",
-        "blobs",
-        "--help",
-        "COMMAND",
-        "...",
-    }
+    {"serve", "mcp", "backup", "restore", "migrate-store", "doctor", "retention", "blobs"}
 )
 
 
-def _commands_hints_name() -> set[str]:
-    commands = set()
-    for path in FLOOM.rglob("*.py"):
-        if path.parent.name != "hints":  # the retellings' own patterns
-            commands |= set(re.findall(r"`floom [^`{]*`", path.read_text()))
-    assert len(commands) > 20
-    return commands
+def _name(action: Action) -> str:
+    return cli_hints.line(action)[0]
 
 
 @ONE_DATABASE
@@ -150,7 +135,7 @@ def test_a_run_that_is_not_a_replay_names_how_to_replay_that_very_run(
     assert f"`floom replay {run_id} --against VERSION`" in cli["hint"]
 
 
-def test_every_cli_command_a_hint_names_is_retold_as_an_endpoint_that_exists_or_kept(
+def test_every_action_a_hint_names_is_an_endpoint_that_exists_or_said_to_be_an_operators(
     tmp_path: Path,
 ) -> None:
     app = create_app(fast_settings(tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}"))
@@ -159,32 +144,29 @@ def test_every_cli_command_a_hint_names_is_retold_as_an_endpoint_that_exists_or_
         for path, operations in app.openapi()["paths"].items()
         for method in operations
     }
-    commands = _commands_hints_name()
     kept = set()
-    for command in sorted(commands):
-        retold = for_rest(f"try {command}") or ""
-        name = command.split()[1].strip("`")
-        if retold.startswith(f"try {command} ("):
-            assert name in SERVER_COMMANDS, retold
-            assert retold.endswith(
+    for action in every_action():
+        told = rest_hints.action(action)
+        command = cli_hints.command(action)
+        if told.startswith(f"{command} ("):
+            assert _name(action) in SERVER_COMMANDS, told
+            assert told.endswith(
                 "(an operator's command, run on the floom server's host; no endpoint does it)"
-            ), retold
-            kept.add(name)
+            ), told
+            kept.add(_name(action))
             continue
-        if retold == f"try {command}":
-            kept.add(name)
+        if told == command:
+            kept.add(_name(action))
             continue
-        requests = REST_REQUEST.findall(retold)
-        assert requests, (command, retold)
+        requests = REST_REQUEST.findall(told)
+        assert requests, (action, told)
         for method, path in requests:
-            assert any(m == method and p.match(path) for m, p in routes), (command, retold)
+            assert any(m == method and p.match(path) for m, p in routes), (action, told)
     # What a REST client cannot do over REST is an operator's: starting or checking a node.
     assert kept <= OPERATOR_COMMANDS, kept
 
 
-def test_every_cli_command_a_hint_names_is_retold_as_a_ui_page_that_exists_or_said_to_be_one() -> (
-    None
-):
+def test_every_action_a_hint_names_is_a_ui_page_that_exists_or_said_to_be_a_command() -> None:
     pages = [
         re.compile("^" + re.sub(r"\{[^}]+\}", "[^/]+", route.path) + "$")
         for router in UI_ROUTERS
@@ -192,45 +174,46 @@ def test_every_cli_command_a_hint_names_is_retold_as_a_ui_page_that_exists_or_sa
         if "GET" in (getattr(route, "methods", None) or ())
     ]
     at_a_shell = set()
-    for command in sorted(_commands_hints_name()):
-        retold = for_ui(f"try {command}") or ""
-        assert retold != f"try {command}", f"{command} is shown to a person at the UI as it is"
-        if retold.startswith(f"try {command} ("):
+    for action in every_action():
+        told = ui_hints.action(action)
+        command = cli_hints.command(action)
+        assert told != command, f"{command} is shown to a person at the UI as it is"
+        if told.startswith(f"{command} ("):
             # No page does it: the person is told whose command it is and where it runs.
-            name = command.split()[1].strip("`")
-            at_a_shell.add(name)
-            said = retold[len(f"try {command} (") :]
-            if name in OPERATOR_COMMANDS - {"mcp", "--help", "COMMAND", "..."}:
+            at_a_shell.add(_name(action))
+            said = told[len(f"{command} (") :]
+            if _name(action) in OPERATOR_COMMANDS - {"mcp"}:
                 assert said.startswith("an operator's command, run on the floom server's host")
             else:
-                assert "floom CLI" in said or "MCP server" in said, retold
+                assert "floom CLI" in said or "MCP server" in said, told
             continue
-        assert "`floom" not in retold, (command, retold)
-        shown = UI_PAGE.findall(retold)
-        assert shown, (command, retold)
+        assert "`floom" not in told, (action, told)
+        shown = UI_PAGE.findall(told)
+        assert shown, (action, told)
         for path in shown:
-            assert any(page.match(path) for page in pages), (command, retold)
-    # The UI has no page to deploy a folder, manage agents and roles, replay a webhook
-    # delivery, or run a node.
-    cli_only = {"deploy", "validate", "agents", "roles", "replay-delivery"}
-    assert at_a_shell <= OPERATOR_COMMANDS | cli_only, at_a_shell
+            assert any(page.match(path) for page in pages), (action, told)
+    # The UI has no page to deploy a folder, manage agents and roles, or run a node.
+    assert at_a_shell <= OPERATOR_COMMANDS | {"deploy", "agents", "roles"}, at_a_shell
     assert {"deploy", "agents", "serve", "backup"} <= at_a_shell
 
 
 def test_a_person_at_the_ui_is_told_plainly_what_only_a_shell_can_do() -> None:
-    assert for_ui("deploy one with `floom deploy FOLDER`") == (
+    assert ui_hints.render(told("deploy one with ", act("deploy", folder="FOLDER"))) == (
         "deploy one with `floom deploy FOLDER` (a command of the floom CLI, which uploads the "
         "worker's folder; the web UI cannot deploy)"
     )
-    assert for_ui("restore it with `floom restore DIR`") == (
-        "restore it with `floom restore DIR` (an operator's command, run on the floom server's "
+    assert ui_hints.render(told("back it up with ", act("backup"))) == (
+        "back it up with `floom backup` (an operator's command, run on the floom server's "
         "host; the web UI cannot do it)"
     )
-    assert for_ui("see `floom eval lookup --against v_2`") == (
+    assert ui_hints.render(told("see ", act("eval", worker="lookup", version="v_2"))) == (
         "see Eval against v_2 on the worker's page (/workers/lookup)"
     )
     # Each replay is the run page's button that does it.
-    assert for_ui("`floom replay r_1 --exact` or `floom replay r_1 --against v_2`") == (
+    replays = told(
+        act("replay", run_id="r_1", exact=True), " or ", act("replay", run_id="r_1", version="v_2")
+    )
+    assert ui_hints.render(replays) == (
         "Replay exactly from the recording on the run's page (/runs/r_1) or What-if on the "
         "active version on the run's page (/runs/r_1)"
     )
@@ -239,27 +222,26 @@ def test_a_person_at_the_ui_is_told_plainly_what_only_a_shell_can_do() -> None:
 MCP_CALL = re.compile(r"\b([a-z_]+)\(([^()]*)\)")
 
 
-def test_every_cli_command_a_hint_names_is_retold_as_an_mcp_tool_call_it_can_make() -> None:
+def test_every_action_a_hint_names_is_an_mcp_tool_call_it_can_make() -> None:
     tools = {t.name: set(inspect.signature(t.fn).parameters) - {"ctx"} for t in mcp_tools.TOOLS}
     operators = set()
-    for command in sorted(_commands_hints_name()):
-        retold = for_mcp(f"try {command}") or ""
-        name = command.split()[1].strip("`")
-        if retold.endswith("no MCP tool does it)"):
-            operators.add(name)
+    for action in every_action():
+        told = mcp_hints.action(action)
+        if told.endswith("no MCP tool does it)"):
+            operators.add(_name(action))
             continue
-        if name == "mcp":  # the stdio server on the agent's own machine, named as such
+        if action.op == "mcp":  # the stdio server on the agent's own machine, named as such
             continue
-        assert "`floom" not in retold, (command, retold)
-        assert "/api/v1" not in retold, (command, retold)
+        assert "`floom" not in told, (action, told)
+        assert "/api/v1" not in told, (action, told)
         # An option of the CLI (--to, --skip-eval-gate) is an argument of the tool instead.
-        assert not re.search(r"(^|[\s(])--?[a-z]", retold), (command, retold)
-        calls = MCP_CALL.findall(retold)
-        assert calls, (command, retold)
+        assert not re.search(r"(^|[\s(])--?[a-z]", told), (action, told)
+        calls = MCP_CALL.findall(told)
+        assert calls, (action, told)
         for tool, arguments in calls:
-            assert tool in tools, (command, retold)
+            assert tool in tools, (action, told)
             named = {a.split("=")[0].strip() for a in arguments.split(",") if "=" in a}
-            assert named <= tools[tool], (command, retold, named - tools[tool])
+            assert named <= tools[tool], (action, told, named - tools[tool])
     assert not operators & {"deploy", "eval", "replay", "run", "rollback", "resume"}, operators
 
 
