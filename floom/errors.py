@@ -21,7 +21,7 @@ class FloomError(Exception):
     status: ClassVar[int] = 500
     code: ClassVar[str] = "internal"
     #: Written for the person at this very machine (the stdio MCP server's own setup names the
-    #: commands they run at their shell): told as written, not retold for the surface.
+    #: commands they run at their shell): told as the CLI writes it, whatever the surface.
     as_written: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

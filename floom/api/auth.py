@@ -125,6 +125,9 @@ def require_scope(scope: str) -> Callable[..., object]:
 
     async def dependency(request: Request) -> Principal:
         caller = principal_of(request, await authenticate_request(request))
+        # A refusal's hint names, beside each request it recommends, the scope this caller
+        # lacks for it (floom.api.errors).
+        request.state.floom_caller = caller
         caller.require(scope)
         return caller
 

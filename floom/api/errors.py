@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException
 
 from floom import jsonvalues
 from floom.api.auth import request_surface
 from floom.errors import BlobStoreUnavailable, FloomError, RateLimited
+from floom.hints import rest as hint_rest
 from floom.hints.surface import render
-from floom.services.access.principal import Surface
+from floom.services.access.principal import Principal, Surface
 from floom.store.db import UNAVAILABLE, store_unavailable
 
 log = logging.getLogger("floom.api")
@@ -26,13 +30,19 @@ def error_response(status: int, code: str, message: str, hint: str | None = None
     )
 
 
-def floom_error_response(exc: FloomError, *, surface: Surface = "cli") -> JSONResponse:
+def floom_error_response(
+    exc: FloomError,
+    *,
+    surface: Surface = "cli",
+    lacked: Callable[[hint_rest.Request], str | None] | None = None,
+) -> JSONResponse:
     """A FloomError in the one error shape, with the headers its status calls for; its
-    message and hint name what `surface` offers (REST requests, MCP tools, CLI commands)."""
+    message and hint name what `surface` offers (REST requests, MCP tools, CLI commands),
+    and with `lacked`, the scope a recommended request needs that the caller lacks."""
     body = exc.to_dict()
     body["message"], body["hint"] = (
-        render(exc.said, surface=surface),
-        render(exc.advice, surface=surface),
+        render(exc.said, surface=surface, lacked_request=lacked),
+        render(exc.advice, surface=surface, lacked_request=lacked),
     )
     response = JSONResponse(status_code=exc.status, content={"error": body})
     if isinstance(exc, RateLimited | BlobStoreUnavailable) and isinstance(exc.details, dict):
@@ -51,7 +61,9 @@ _HTTP_REFUSALS: dict[int, tuple[str, str | None]] = {
 def install(app: FastAPI) -> None:
     @app.exception_handler(FloomError)
     async def _floom(request: Request, exc: FloomError) -> JSONResponse:
-        return floom_error_response(exc, surface=request_surface(request))
+        surface = request_surface(request)
+        lacked = _lacked(request) if surface == "rest" else None
+        return floom_error_response(exc, surface=surface, lacked=lacked)
 
     # Driver errors that escaped the store's own translation (store/db.py): a database that
     # cannot be reached is the operator's to fix, not a bug; a unique row that a concurrent
@@ -115,4 +127,47 @@ def _unparsable(cause: BaseException | None) -> str | None:
         return f"nests too deep (floom keeps at most {jsonvalues.MAX_DEPTH} levels)"
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
         return f"holds an integer of more than {jsonvalues.MAX_INT_DIGITS} digits"
+    return None
+
+
+def _lacked(request: Request) -> Callable[[hint_rest.Request], str | None] | None:
+    """The scope a request a hint recommends needs, when the key of `request` lacks it; None
+    when the request was refused before its key was known."""
+    caller: Principal | None = getattr(request.state, "floom_caller", None)
+    if caller is None:
+        return None
+    routes = _route_scopes(request.app)
+
+    def lacked(recommended: hint_rest.Request) -> str | None:
+        path = f"{hint_rest.API}/{recommended.path}".split("?", 1)[0]
+        for method, pattern, scope in routes:
+            if method == recommended.method and pattern.match(path):
+                return None if caller.can(scope) else scope
+        return None
+
+    return lacked
+
+
+def _route_scopes(app: FastAPI) -> list[tuple[str, re.Pattern[str], str]]:
+    """Each API route's method, path pattern and the scope its key dependency requires."""
+    known: list[tuple[str, re.Pattern[str], str]] | None = getattr(app.state, "route_scopes", None)
+    if known is None:
+        known = [
+            (method, route.path_regex, scope)
+            for route in app.routes
+            if isinstance(route, APIRoute) and (scope := _scope_of(route)) is not None
+            for method in route.methods or ()
+        ]
+        app.state.route_scopes = known
+    return known
+
+
+def _scope_of(route: APIRoute) -> str | None:
+    pending = list(route.dependant.dependencies)
+    while pending:
+        dependency = pending.pop()
+        scope = getattr(dependency.call, "scope", None)
+        if isinstance(scope, str):
+            return scope
+        pending.extend(dependency.dependencies)
     return None

@@ -77,7 +77,7 @@ class JobPublic(Public):
 
 
 def event_public(event: dict[str, Any], *, surface: Surface) -> JobEventPublic:
-    """An audit event as answered on `surface`: a reason in its payload retold like the job's."""
+    """An audit event as answered on `surface`: a reason in its payload told like the job's."""
     payload = event.get("payload") or {}
     if isinstance(payload.get("reason"), str):
         payload = {**payload, "reason": tell(payload["reason"], surface=surface)}
@@ -86,8 +86,8 @@ def event_public(event: dict[str, Any], *, surface: Surface) -> JobEventPublic:
 
 def job_public(job: dict[str, Any], *, surface: Surface) -> JobPublic:
     """A job as answered on `surface`. Its reason may quote a run's stored error or a
-    blocker's reason, which name what to do as floom commands: they are retold for the caller
-    (floom.hints.surface), as a run's own error is."""
+    blocker's reason, stored in the CLI's notation: what they say to do is told in the
+    caller's terms (floom.hints.surface), as a run's own error is."""
     body = {**job, "reason": tell(job.get("reason"), surface=surface)}
     if job.get("events"):
         body["events"] = [event_public(e, surface=surface) for e in job["events"]]

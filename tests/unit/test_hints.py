@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from floom.hints import Action, Hint, act, told
+from floom.hints import Action, Hint, Surface, act, told
 from floom.hints import cli as cli_hints
 from floom.hints import mcp as mcp_hints
 from floom.hints import rest as rest_hints
@@ -17,7 +17,7 @@ from floom.hints import ui as ui_hints
 from floom.hints.surface import render, tell
 from tests.support.hints import FLOOM, act_calls, every_action
 
-SURFACES = ("cli", "rest", "mcp", "ui")
+SURFACES: tuple[Surface, ...] = ("cli", "rest", "mcp", "ui")
 # Where a `floom ...` command may be written as text, and why: the CLI's own words, the hints'
 # catalogue, `floom doctor`'s fixes (printed by the CLI only), the stdio MCP server's own setup
 # errors (written for the person at this machine's shell, as_written).
@@ -42,11 +42,12 @@ def test_every_catalogued_action_renders_on_every_surface(action: Action) -> Non
     assert said["cli"] == f"try {cli_hints.command(action)}"
     assert said["cli"].startswith("try `floom ")
     command = cli_hints.command(action)
-    for surface, keeps in [
+    kept: list[tuple[Surface, frozenset[str]]] = [
         ("rest", rest_hints.NO_ENDPOINT),
         ("mcp", mcp_hints.NO_TOOL),
         ("ui", ui_hints.NO_PAGE),
-    ]:
+    ]
+    for surface, keeps in kept:
         assert said[surface].startswith("try ")
         if action.op in keeps:
             # No equivalent there: the command stays, said to be an operator's or the CLI's

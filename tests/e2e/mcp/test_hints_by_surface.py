@@ -135,6 +135,28 @@ def test_a_run_that_is_not_a_replay_names_how_to_replay_that_very_run(
     assert f"`floom replay {run_id} --against VERSION`" in cli["hint"]
 
 
+@ONE_DATABASE
+def test_a_read_key_over_rest_is_told_the_scope_a_recommended_request_needs(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    deploy_folder(api, EXAMPLES / "hello")
+    run_id = api.post("/api/v1/workers/hello/runs", json={"inputs": {"name": "x"}}).json()["id"]
+    _, read_key = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
+    replay = f'`POST /api/v1/runs/{run_id}/replays {{"mode": "exact"}}`'
+    with server.client(read_key) as reader:
+        hint = reader.get(f"/api/v1/replays/{run_id}").json()["error"]["hint"]
+        assert f"{replay} (a request for a key with the 'run' scope, which this key lacks)" in hint
+        cli = reader.get(f"/api/v1/replays/{run_id}", headers=CLI).json()["error"]["hint"]
+        assert "lacks" not in cli
+        # A key that may not run is told that the key it needs is an admin's to create.
+        refused = reader.post("/api/v1/workers/hello/runs", json={}).json()["error"]["hint"]
+        assert '`POST /api/v1/keys {"scopes": ["run"]}` (a request for a key with the ' in (refused)
+        assert "'admin' scope, which this key lacks)" in refused
+    hint = api.get(f"/api/v1/replays/{run_id}").json()["error"]["hint"]
+    assert replay in hint
+    assert "lacks" not in hint
+
+
 def test_every_action_a_hint_names_is_an_endpoint_that_exists_or_said_to_be_an_operators(
     tmp_path: Path,
 ) -> None:
