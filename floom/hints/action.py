@@ -67,19 +67,17 @@ PLACEHOLDER_OF = {
     "run_id": "RUN_ID",
     "version": "VERSION",
     "name": "NAME",
-    "value": "VALUE",
     "comment": "WHY",
     "approval_id": "APPROVAL_ID",
-    "id": "ID",
     "folder": "FOLDER",
     "model": "MODEL",
     "scope": "SCOPE",
     "role": "ROLE",
     "roles": "ROLES",
-    "channel": "CHANNEL",
 }
 # The placeholders stay bare (not quoted, not percent-encoded) in what a surface shows.
-PLACEHOLDERS = frozenset(PLACEHOLDER_OF.values()) | {"RUN", "NEW_NAME", "DIR"}
+# (VALUE: a secret's value, which a hint never holds; NEW_NAME: a secret's new name.)
+PLACEHOLDERS = frozenset(PLACEHOLDER_OF.values()) | {"VALUE", "NEW_NAME"}
 # Commands given at the shell of the server's host (start, check, back up, move a node's store):
 # no page, tool or endpoint does them.
 SERVER_COMMANDS = frozenset(

@@ -75,10 +75,15 @@ PAGES: dict[str, Callable[[Action], str]] = {
     "handoffs claim-next": lambda a: "the Handoffs page (/handoffs)",
     "nodes": lambda a: "the Nodes page (/nodes)",
     **dict.fromkeys(
-        ["alerts channels", "alerts channels add", "alerts channels rm", "alerts rules"],
+        [
+            "alerts channels",
+            "alerts channels add",
+            "alerts channels rm",
+            "alerts rules",
+            "alerts deliveries",
+        ],
         lambda a: "the Alerts page (/alerts)",
     ),
-    "alerts deliveries": lambda a: "the Alerts page (/alerts)",
 }
 
 # What an operation the UI cannot do is, next to the command: the person at the UI may have no
