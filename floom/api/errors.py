@@ -38,10 +38,10 @@ def floom_error_response(
 ) -> JSONResponse:
     """A FloomError in the one error shape, with the headers its status calls for; its
     message and hint name what `surface` offers (REST requests, MCP tools, CLI commands),
-    and with `lacked`, the scope a recommended request needs that the caller lacks."""
+    and with `lacked`, its hint the scope a recommended request needs that the caller lacks."""
     body = exc.to_dict()
     body["message"], body["hint"] = (
-        render(exc.said, surface=surface, lacked_request=lacked),
+        render(exc.said, surface=surface),
         render(exc.advice, surface=surface, lacked_request=lacked),
     )
     response = JSONResponse(status_code=exc.status, content={"error": body})

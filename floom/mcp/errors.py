@@ -44,7 +44,7 @@ def describe(exc: BaseException) -> dict[str, Any]:
         # an error written for the person at this machine's shell keeps its commands.
         surface: Surface = "cli" if exc.as_written else "mcp"
         lacked = _LACKED.get()
-        message = render(exc.said, surface=surface, lacked_tool=lacked)
+        message = render(exc.said, surface=surface)
         hint = render(exc.advice, surface=surface, lacked_tool=lacked)
         body: dict[str, Any] = {"code": exc.code, "message": message, "hint": hint}
         if exc.details is not None:

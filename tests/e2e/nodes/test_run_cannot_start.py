@@ -26,10 +26,14 @@ def test_a_run_no_live_node_can_start_says_so_until_an_executor_starts(
         assert "COMPOSE_PROFILES" in said
         run_id = started.json()["id"]
         assert "no live floom node" in api.get(f"/api/v1/runs/{run_id}").json()["cannot_start"]
+        # Told in each reader's terms: to a REST client, whose API cannot start a node, the
+        # command is the operator's at the server's host.
+        assert "`floom serve --roles executor` (an operator's command, run on the floom " in said
 
         typed = cli(node, "run", "hello")
         assert typed.returncode == 0, typed.stderr
         assert "no live floom node has the executor role" in typed.stderr
+        assert "`floom serve --roles executor`, or" in typed.stderr
         page = signed_in_client(node, node.admin_key).get(f"/runs/{run_id}").text
         assert 'id="cannot-start"' in page
         assert "no live floom node" in page
