@@ -41,6 +41,7 @@ from floom.services.workers import deletion as worker_deletion
 from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.store.models import Worker
+from floom.vocabulary import RunTrigger
 
 
 class CatalogSource:
@@ -191,7 +192,7 @@ class LocalBackend(Backend):
             ctx,
             worker_name=worker,
             inputs=inputs,
-            trigger="mcp",
+            trigger=RunTrigger.MCP,
             caller=self.principal,
             force=force,
             in_transaction=callbacks.recorder(callback),

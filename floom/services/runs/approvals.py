@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.errors import Conflict, InvalidRequest, NotFound, RunErrorCode
 from floom.services.access.principal import Principal
 from floom.services.runs.agent import replace_artifacts, stage_artifacts
 from floom.services.runs.logs import system_event
@@ -33,17 +33,18 @@ from floom.store import signals
 from floom.store.agents import Approval, ToolCall
 from floom.store.db import session_scope
 from floom.store.models import Run, Version, new_id, utcnow
+from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
 
-PENDING = "pending"
-APPROVED = "approved"
-REJECTED_DECISION = "rejected"
+PENDING = ApprovalStatus.PENDING
+APPROVED = ApprovalStatus.APPROVED
+REJECTED_DECISION = ApprovalStatus.REJECTED
 # A pending approval whose run was cancelled before anyone decided.
-WITHDRAWN = "cancelled"
-APPROVAL_STATUSES = (PENDING, APPROVED, REJECTED_DECISION, WITHDRAWN)
-KINDS = ("tool_call", "run")
+WITHDRAWN = ApprovalStatus.CANCELLED
+APPROVAL_STATUSES: tuple[ApprovalStatus, ...] = tuple(ApprovalStatus)
+KINDS: tuple[ApprovalKind, ...] = tuple(ApprovalKind)
 DECISIONS = ("approve", "reject")
 PHASE_APPLY = "apply"
 PHASE_RESUME = "resume"
@@ -52,7 +53,7 @@ PHASE_RESUME = "resume"
 def new_approval(
     *,
     run: Run,
-    kind: str,
+    kind: ApprovalKind,
     proposed: dict[str, Any],
     tool: str | None = None,
     tool_call_id: str | None = None,
@@ -104,7 +105,11 @@ def pause_run(
         transition(current, AWAITING_APPROVAL, by=EXECUTOR)
         current.sandbox_seconds += sandbox_seconds
         s.add(current)
-        what = f"tool call {approval.tool}" if approval.kind == "tool_call" else "its outputs"
+        what = (
+            f"tool call {approval.tool}"
+            if approval.kind == ApprovalKind.TOOL_CALL
+            else "its outputs"
+        )
         system_event(
             s,
             run_id=run.id,
@@ -232,7 +237,7 @@ def decide_approval(
                 hint=f"`floom show {approval.run_id}` shows what happened",
             )
         final = {**jsonvalues.stored(approval.proposed_json, expect=dict), **(edited or {})}
-        if approval.kind == "run" and decision == "approve":
+        if approval.kind == ApprovalKind.RUN and decision == "approve":
             version = s.get(Version, run.version_id)
             if version is not None:
                 problems = workers.manifest_of(version).check_outputs(final)
@@ -263,20 +268,20 @@ def _apply_decision(
     who = f" by {actor}" if actor else ""
     note = f": {approval.comment}" if approval.comment else ""
     approved = approval.status == APPROVED
-    if approval.kind == "run" and not approved:
+    if approval.kind == ApprovalKind.RUN and not approved:
         transition(
             run,
             REJECTED,
             by=CALLER,
             now=approval.decided_at,
-            error_code="rejected",
+            error_code=RunErrorCode.REJECTED,
             error_message=f"outputs rejected{who}{note}",
         )
         run.outputs_json = None
         message = f"rejected{who}{note}"
     else:
         transition(run, QUEUED, by=CALLER)
-        if approval.kind == "run":
+        if approval.kind == ApprovalKind.RUN:
             run.outputs_json = jsonvalues.dumps(final, where="outputs")
             run.phase = PHASE_APPLY
             edits = " with edits" if approval.edited_json else ""
@@ -303,8 +308,8 @@ def withdraw_pending(s: Session, *, run_id: str, actor: str | None = None) -> No
         s.add(approval)
         if approval.tool_call_id:
             call = s.get(ToolCall, approval.tool_call_id)
-            if call is not None and call.status == "awaiting_approval":
-                call.status = "cancelled"
+            if call is not None and call.status == ToolCallStatus.AWAITING_APPROVAL:
+                call.status = ToolCallStatus.CANCELLED
                 s.add(call)
 
 
