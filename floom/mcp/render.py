@@ -11,6 +11,7 @@ from mcp_types import CallToolResult, TextContent
 from floom.manifest.schema import EXPOSE_TARGETS
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import FAILED, LIMIT_EXCEEDED, TIMED_OUT, WAITING
+from floom.vocabulary import ApprovalStatus
 
 MAX_TEXT_ITEMS = 30
 
@@ -141,7 +142,7 @@ def artifacts_text(run_id: str, artifacts: list[dict[str, Any]]) -> str:
 
 def pending_approval_id(run: dict[str, Any]) -> str | None:
     """The id of the approval a waiting run waits for, when the run record lists it."""
-    pending = [a for a in run.get("approvals") or [] if a.get("status") == "pending"]
+    pending = [a for a in run.get("approvals") or [] if a.get("status") == ApprovalStatus.PENDING]
     return str(pending[-1]["id"]) if pending else None
 
 
@@ -210,7 +211,7 @@ def approvals_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
         if a.get("proposed") is not None:
             line += f"  proposes {short(a['proposed'], 200)}"
         lines.append(line)
-    if any(a.get("status") == "pending" for a in items):
+    if any(a.get("status") == ApprovalStatus.PENDING for a in items):
         lines.append("decide one with decide_approval(approval_id=..., decision='approve')")
     return "\n".join(lines) + _more(items, next_cursor)
 

@@ -7,7 +7,17 @@ from typing import Any
 from pydantic import Field
 
 from floom.hints.surface import tell
-from floom.schemas.common import Page, Public, Timestamp
+from floom.schemas.common import (
+    ApprovalKindWord,
+    ApprovalStatusWord,
+    Page,
+    Public,
+    RunErrorCodeWord,
+    RunStatusWord,
+    RunTriggerWord,
+    Timestamp,
+    ToolCallStatusWord,
+)
 from floom.services.access.principal import Principal, Surface
 from floom.services.context import Context
 from floom.services.ops import nodes
@@ -22,7 +32,7 @@ from floom.store.models import Artifact, Run, RunEvent
 
 
 class RunError(Public):
-    code: str | None
+    code: RunErrorCodeWord | None
     message: str | None
 
 
@@ -47,8 +57,8 @@ class RunPublic(Public):
     id: str
     worker: str
     version_id: str
-    status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
-    trigger: str = Field(json_schema_extra={"enum": list(runs.TRIGGERS)})
+    status: RunStatusWord
+    trigger: RunTriggerWord
     inputs: dict[str, Any]
     outputs: dict[str, Any] | None
     error: RunError | None
@@ -98,10 +108,10 @@ class ApprovalPublic(Public):
     id: str
     run_id: str
     worker: str
-    kind: str = Field(json_schema_extra={"enum": list(approvals.KINDS)})
+    kind: ApprovalKindWord
     tool: str | None
     tool_call_id: str | None
-    status: str = Field(json_schema_extra={"enum": list(approvals.APPROVAL_STATUSES)})
+    status: ApprovalStatusWord
     proposed: Any
     edited: Any
     comment: str | None
@@ -111,14 +121,14 @@ class ApprovalPublic(Public):
 
 
 class ApprovalDecided(ApprovalPublic):
-    run_status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
+    run_status: RunStatusWord
 
 
 class ToolCallPublic(Public):
     id: str
     seq: int
     tool: str
-    status: str
+    status: ToolCallStatusWord
     arguments: Any
     result: str | None
     result_size: int | None
@@ -157,7 +167,7 @@ class RunEventPublic(Public):
 class LogPage(Public):
     items: list[RunEventPublic]
     last_seq: int = Field(description="pass as `after` to read on")
-    run_status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
+    run_status: RunStatusWord
     complete: bool = Field(description="the run has ended and every event has been read")
 
 

@@ -8,8 +8,15 @@ from pydantic import Field
 
 from floom.errors import FloomError
 from floom.hints.surface import tell
-from floom.manifest.schema import TRIGGER_KINDS
-from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
+from floom.schemas.common import (
+    ErrorDetail,
+    IsoTime,
+    Page,
+    Public,
+    RunStatusWord,
+    Timestamp,
+    TriggerKindWord,
+)
 from floom.schemas.runs import RunPublic
 from floom.services.access.principal import Principal
 from floom.services.context import Context
@@ -25,7 +32,7 @@ class TriggerPublic(Public):
 
     id: str
     worker: str
-    kind: str = Field(json_schema_extra={"enum": list(TRIGGER_KINDS)})
+    kind: TriggerKindWord
     config: dict[str, Any]
     paused: bool
     worker_paused: bool
@@ -82,7 +89,7 @@ class HookAnswer(Public):
     )
     duplicate: bool
     message: str | None
-    status: str | None = None
+    status: RunStatusWord | None = None
     outputs: dict[str, Any] | None = None
     error: Any = None
     run: RunPublic | None = None

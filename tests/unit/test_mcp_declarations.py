@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, get_args
 
 import anyio
+import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from floom.hints import mcp as hints
 from floom.mcp.server import FloomMCPServer
@@ -17,15 +19,36 @@ from floom.services.handoffs import rules as handoff_rules
 from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
+from floom.vocabulary import ApprovalStatus, RunStatus, RunTrigger
 
 FLOOM = Path(__file__).resolve().parents[2] / "floom"
 
 
 def test_every_status_enum_a_tool_takes_lists_every_status_the_services_know() -> None:
-    assert set(get_args(mcp_tools.RunStatus)) == set(run_rules.STATUSES)
-    assert set(get_args(mcp_tools.RunTrigger)) == set(runs.TRIGGERS)
-    assert set(get_args(mcp_tools.ApprovalStatus)) == set(approvals.APPROVAL_STATUSES)
+    server = FloomMCPServer(backend_for=_no_backend, load_workers=list)
+    schemas = {t.name: t.input_schema["properties"] for t in anyio.run(server.list_tools)}
+
+    def listed(tool: str, argument: str) -> list[str]:
+        (word, _null) = schemas[tool][argument]["anyOf"]
+        assert word["type"] == "string"
+        return list(word["enum"])
+
+    # The vocabulary's words, inline in the tool's schema, in the enum's order.
+    assert listed("list_runs", "status") == [w.value for w in RunStatus] == list(run_rules.STATUSES)
+    assert listed("list_runs", "trigger") == [w.value for w in RunTrigger] == list(runs.TRIGGERS)
+    assert listed("list_approvals", "status") == [w.value for w in ApprovalStatus]
+    assert set(approvals.APPROVAL_STATUSES) == set(ApprovalStatus)
     assert set(get_args(handoff_tools.Status)) == set(handoff_rules.STATUSES)
+
+
+def test_a_word_outside_the_set_is_refused_as_a_literal_refuses_it() -> None:
+    argument = TypeAdapter(mcp_tools.RunStatusArg)
+    assert type(argument.validate_python("failed")) is RunStatus
+    with pytest.raises(ValidationError) as refused:
+        argument.validate_python("done")
+    (error,) = refused.value.errors()
+    assert error["type"] == "literal_error"
+    assert error["msg"].startswith("Input should be 'queued', 'running'")
 
 
 def test_tool_descriptions_are_clean_text_without_source_indentation() -> None:

@@ -12,6 +12,7 @@ from rich.text import Text
 from floom.cli.commands.runs import watch_run
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import new_table, out, print_json, when
+from floom.vocabulary import TriggerKind
 
 TriggerOpt = Annotated[
     str | None, typer.Option("--trigger", metavar="ID", help="only this trigger of the worker")
@@ -36,16 +37,16 @@ def register(app: typer.Typer) -> None:
 
 def _details(t: dict[str, Any]) -> str:
     config = t.get("config") or {}
-    if t["kind"] == "schedule":
+    if t["kind"] == TriggerKind.SCHEDULE:
         return (
             f"{config.get('cron')}  overlap {config.get('overlap')}, "
             f"catch_up {config.get('catch_up')}"
         )
-    if t["kind"] == "webhook":
+    if t["kind"] == TriggerKind.WEBHOOK:
         secret = config.get("secret")
         state = "" if t.get("secret_set", True) else f" (secret {secret} not set!)"
         return f"POST {t.get('url')}  {config.get('signature')} signature{state}"
-    if t["kind"] == "composio":
+    if t["kind"] == TriggerKind.COMPOSIO:
         parts = [str(config.get("event"))]
         if config.get("connected_account"):
             parts.append(f"account {config['connected_account']}")
