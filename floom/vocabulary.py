@@ -84,3 +84,24 @@ class ToolCallStatus(StrEnum):
     AWAITING_APPROVAL = "awaiting_approval"
     # Its run was cancelled while it waited for a person.
     CANCELLED = "cancelled"
+
+
+class JobStatus(StrEnum):
+    """Where a handoff job stands (the moves between them: floom/services/handoffs/rules.py)."""
+
+    PENDING = "pending"  # waiting for the jobs it depends on
+    PUBLISHED = "published"
+    IN_PROGRESS = "in_progress"
+    BLOCKED = "blocked"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobPriority(StrEnum):
+    """A handoff job's priority, lowest first: claims take the highest first."""
+
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+    URGENT = "urgent"

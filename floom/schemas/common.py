@@ -24,6 +24,8 @@ from floom.errors import RunErrorCode
 from floom.vocabulary import (
     ApprovalKind,
     ApprovalStatus,
+    JobPriority,
+    JobStatus,
     RunStatus,
     RunTrigger,
     ToolCallStatus,
@@ -79,6 +81,8 @@ TriggerKindWord = Annotated[TriggerKind, OneOf(TriggerKind)]
 ApprovalKindWord = Annotated[ApprovalKind, OneOf(ApprovalKind)]
 ApprovalStatusWord = Annotated[ApprovalStatus, OneOf(ApprovalStatus)]
 ToolCallStatusWord = Annotated[ToolCallStatus, OneOf(ToolCallStatus)]
+JobStatusWord = Annotated[JobStatus, OneOf(JobStatus)]
+JobPriorityWord = Annotated[JobPriority, OneOf(JobPriority)]
 
 
 class Public(BaseModel):

@@ -9,10 +9,11 @@ from pydantic.config import JsonDict, JsonValue
 
 from floom.hints.surface import tell
 from floom.schemas.admin import KeyCreated
-from floom.schemas.common import Page, Public, Timestamp
+from floom.schemas.common import JobPriorityWord, JobStatusWord, Page, Public, Timestamp
 from floom.services.access.principal import Surface
 from floom.services.handoffs import rules
 
+# A request's status or priority, checked by the service (floom/services/handoffs/rules.py).
 JOB_STATUS: JsonDict = {"enum": list(rules.STATUSES)}
 PRIORITY: JsonDict = {"enum": list(rules.PRIORITIES)}
 
@@ -32,8 +33,8 @@ class JobEventPublic(Public):
     job_id: str
     ts: Timestamp
     type: str
-    from_status: str | None
-    to_status: str | None
+    from_status: JobStatusWord | None
+    to_status: JobStatusWord | None
     actor: str | None
     actor_agent_id: str | None
     payload: dict[str, Any]
@@ -45,8 +46,8 @@ class JobPublic(Public):
 
     id: str
     summary: str
-    status: str = Field(json_schema_extra=JOB_STATUS)
-    priority: str = Field(json_schema_extra=PRIORITY)
+    status: JobStatusWord
+    priority: JobPriorityWord
     role: str
     role_id: str
     context: dict[str, Any]
@@ -112,7 +113,7 @@ def claim_next_result(job: dict[str, Any] | None, *, surface: Surface) -> ClaimN
 
 class LeaseState(Public):
     id: str
-    status: str = Field(json_schema_extra=JOB_STATUS)
+    status: JobStatusWord
     lease_expires_at: Timestamp | None
 
 
@@ -128,7 +129,7 @@ class ReopenRejection(Public):
 class ReopenContext(Public):
     job_id: str
     original_job_id: str
-    status: str = Field(json_schema_extra=JOB_STATUS)
+    status: JobStatusWord
     summary: str
     constraints: list[str]
     attempt: int

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import anyio
 import pytest
@@ -14,12 +14,11 @@ from pydantic import TypeAdapter, ValidationError
 from floom.hints import mcp as hints
 from floom.mcp.server import FloomMCPServer
 from floom.mcp.tools import core as mcp_tools
-from floom.mcp.tools import handoffs as handoff_tools
 from floom.services.handoffs import rules as handoff_rules
 from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
-from floom.vocabulary import ApprovalStatus, RunStatus, RunTrigger
+from floom.vocabulary import ApprovalStatus, JobPriority, JobStatus, RunStatus, RunTrigger
 
 FLOOM = Path(__file__).resolve().parents[2] / "floom"
 
@@ -38,7 +37,10 @@ def test_every_status_enum_a_tool_takes_lists_every_status_the_services_know() -
     assert listed("list_runs", "trigger") == [w.value for w in RunTrigger] == list(runs.TRIGGERS)
     assert listed("list_approvals", "status") == [w.value for w in ApprovalStatus]
     assert set(approvals.APPROVAL_STATUSES) == set(ApprovalStatus)
-    assert set(get_args(handoff_tools.Status)) == set(handoff_rules.STATUSES)
+    jobs = schemas["handoff_list_jobs"]["status"]["anyOf"][0]["items"]["enum"]
+    assert jobs == [w.value for w in JobStatus] == list(handoff_rules.STATUSES)
+    assert schemas["handoff_set_status"]["status"]["enum"] == jobs
+    assert schemas["handoff_create_job"]["priority"]["enum"] == [w.value for w in JobPriority]
 
 
 def test_a_word_outside_the_set_is_refused_as_a_literal_refuses_it() -> None:

@@ -21,10 +21,13 @@ from floom.cli.console import STATUS_STYLES
 from floom.errors import RunErrorCode
 from floom.sandbox.base import SandboxUnavailable
 from floom.store import agents, models
+from floom.store import handoffs as handoff_tables
 from floom.store import triggers as trigger_tables
 from floom.vocabulary import (
     ApprovalKind,
     ApprovalStatus,
+    JobPriority,
+    JobStatus,
     RunStatus,
     RunTrigger,
     ToolCallStatus,
@@ -40,6 +43,10 @@ COLUMNS: list[tuple[type[SQLModel], str, type[StrEnum]]] = [
     (agents.Approval, "kind", ApprovalKind),
     (agents.Approval, "status", ApprovalStatus),
     (agents.ToolCall, "status", ToolCallStatus),
+    (handoff_tables.Job, "status", JobStatus),
+    (handoff_tables.Job, "priority", JobPriority),
+    (handoff_tables.JobEvent, "from_status", JobStatus),
+    (handoff_tables.JobEvent, "to_status", JobStatus),
 ]
 
 
@@ -128,15 +135,18 @@ FLOOM = Path(__file__).resolve().parents[2] / "floom"
 # The fields that hold a word of a closed set, wherever floom names them: attributes, names,
 # keyword arguments, a body's keys ("status": ...), a mapping's `["status"]` or `.get("status")`.
 FIELDS: dict[str, set[str]] = {
-    "status": {*RunStatus, *ApprovalStatus, *ToolCallStatus},
+    "status": {*RunStatus, *ApprovalStatus, *ToolCallStatus, *JobStatus},
     "run_status": set(RunStatus),
+    "from_status": set(JobStatus),
+    "to_status": set(JobStatus),
+    "priority": set(JobPriority),
     "trigger": set(RunTrigger),
     "kind": {*ApprovalKind, *TriggerKind},
     "error_code": set(RunErrorCode),
 }
 # Modules with closed sets of their own that share some words (a delivery's "pending" and
-# "failed", a handoff job's statuses, an alert channel's "webhook" kind).
-OTHER_VOCABULARIES = ("services/alerts/", "schemas/alerts.py", "services/handoffs/")
+# "failed", an alert channel's "webhook" kind).
+OTHER_VOCABULARIES = ("services/alerts/", "schemas/alerts.py")
 # The health answer's own word.
 ALLOWED = {("api/app.py", "ok")}
 

@@ -32,7 +32,7 @@ from floom.ui import monitoring as ui_monitoring
 from floom.ui import ops as ui_ops
 from floom.ui import replays as ui_replays
 from floom.ui import runs as ui_runs
-from floom.vocabulary import ApprovalKind, RunStatus, ToolCallStatus
+from floom.vocabulary import ApprovalKind, JobStatus, RunStatus, ToolCallStatus
 from tests.support.harness import LiveServer, deploy_folder, make_worker
 from tests.support.mcp_clients import call_raw, http_client, text_of
 from tests.support.web import signed_in_client
@@ -134,7 +134,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     routing_json=text,
                     result_json=text,
                     target_role_id=role.id,
-                    status="published",
+                    status=JobStatus.PUBLISHED,
                 )
             )
             s.add(JobEvent(job_id=job_id, type="published", payload_json=text))
