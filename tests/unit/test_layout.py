@@ -220,6 +220,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     # The domain; hints tell each surface what to do next, by the caller's scopes.
     ("domain", {"services", "hints"}),
     ("public models", {"schemas"}),
+    # The answers: public models filled from the services, for what the caller may see.
+    ("answers", {"views"}),
     # The node: the run pipeline, its loops, and the agent loop that runs inside an attempt.
     ("node", {"engine", "agent"}),
     # A node's roles composed and started in order (floom/node.py).

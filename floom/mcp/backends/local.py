@@ -12,13 +12,11 @@ import anyio.to_thread
 
 from floom.errors import Conflict
 from floom.mcp.backends.base import JSON, Backend
-from floom.schemas import admin as admin_views
+from floom.schemas import admin as admin_models
 from floom.schemas import alerts as alert_views
-from floom.schemas import handoffs as handoff_views
+from floom.schemas import handoffs as handoff_models
 from floom.schemas import replays as replay_views
-from floom.schemas import runs as run_views
-from floom.schemas import triggers as trigger_views
-from floom.schemas import workers as worker_views
+from floom.schemas import workers as worker_models
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.alerts import callbacks
@@ -41,6 +39,11 @@ from floom.services.workers import deletion as worker_deletion
 from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.store.models import Worker
+from floom.views import admin as admin_views
+from floom.views import handoffs as handoff_views
+from floom.views import runs as run_views
+from floom.views import triggers as trigger_views
+from floom.views import workers as worker_views
 
 
 class CatalogSource:
@@ -113,7 +116,7 @@ class LocalBackend(Backend):
     def validate(self, archive: bytes) -> JSON:
         ctx = self.ctx
         manifest, problems = workers.validate_archive(ctx, archive=archive, caller=self.principal)
-        return worker_views.validation_result(manifest, problems).to_json()
+        return worker_models.ValidationResult.of(manifest, problems).to_json()
 
     def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
         ctx = self.ctx
@@ -170,7 +173,7 @@ class LocalBackend(Backend):
         deletion = worker_deletion.delete_worker(
             ctx, name=name, purge_runs=purge_runs, caller=self.principal
         )
-        return worker_views.worker_deleted(deletion).to_json()
+        return worker_models.WorkerDeleted.of(deletion).to_json()
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -404,11 +407,11 @@ class LocalBackend(Backend):
 
     def set_secret(self, name: str, value: str) -> JSON:
         secrets.set_secret(self.ctx, name=name, value=value, caller=self.principal)
-        return admin_views.SecretSet(name=name, set=True).to_json()
+        return admin_models.SecretSet(name=name, set=True).to_json()
 
     def delete_secret(self, name: str) -> JSON:
         secrets.delete_secret(self.ctx, name=name, caller=self.principal)
-        return admin_views.SecretDeleted(name=name, deleted=True).to_json()
+        return admin_models.SecretDeleted(name=name, deleted=True).to_json()
 
     # -- handoffs: the key is the actor; the services apply visibility and the table -----------
 
@@ -417,7 +420,7 @@ class LocalBackend(Backend):
 
     def handoff_my_roles(self) -> JSON:
         who = handoff_agents.my_roles(self.ctx, actor=self.principal)
-        return handoff_views.WhoAmI.model_validate(who).to_json()
+        return handoff_models.WhoAmI.model_validate(who).to_json()
 
     def handoff_list_jobs(
         self,
@@ -472,7 +475,7 @@ class LocalBackend(Backend):
         state = handoff_flow.heartbeat(
             ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
         )
-        return handoff_views.LeaseState.model_validate(state).to_json()
+        return handoff_models.LeaseState.model_validate(state).to_json()
 
     def handoff_set_status(
         self,
@@ -538,4 +541,4 @@ class LocalBackend(Backend):
     def handoff_reopen_context(self, job_id: str) -> JSON:
         ctx = self.ctx
         focus = handoff_review.reopen_context(ctx, actor=self.principal, job_id=job_id)
-        return handoff_views.ReopenContext.model_validate(focus).to_json()
+        return handoff_models.ReopenContext.model_validate(focus).to_json()
