@@ -213,7 +213,7 @@ def test_the_graph_sees_the_edges_the_layout_relies_on() -> None:
 # own layer or of layers below it.
 LAYERS: list[tuple[str, set[str]]] = [
     # Values and rules with no floom dependency beyond errors.
-    ("leaves", {"errors", "client_env", "net", "jsonvalues", "bundle", "triggers"}),
+    ("leaves", {"errors", "vocabulary", "client_env", "net", "jsonvalues", "bundle", "triggers"}),
     ("settings", {"config"}),
     ("resources", {"store", "sandbox"}),
     ("worker.yml", {"manifest"}),
