@@ -8,12 +8,12 @@ from pydantic import Field
 from pydantic.config import JsonDict
 
 from floom.schemas.common import Public, Timestamp
-from floom.services.access.principal import SCOPES
+from floom.vocabulary import Scope
 
 if TYPE_CHECKING:
     from floom.store.models import ApiKey
 
-SCOPE_SCHEMA: JsonDict = {"enum": list(SCOPES)}
+SCOPE_SCHEMA: JsonDict = {"enum": list(Scope)}
 # A request's scopes: each known, at least one (the services answer 400 otherwise).
 SCOPE_LIST: JsonDict = {"items": SCOPE_SCHEMA, "minItems": 1}
 

@@ -8,9 +8,9 @@ from pydantic import Field
 
 from floom import jsonvalues
 from floom.schemas.common import Public, Timestamp
-from floom.services.runs import approvals, artifact_scan
-from floom.services.runs import lifecycle as runs
+from floom.services.runs import artifact_scan
 from floom.services.runs import rules as run_rules
+from floom.vocabulary import ApprovalKind, ApprovalStatus, RunStatus, RunTrigger
 
 if TYPE_CHECKING:
     from floom.store.agents import Approval, ToolCall, Transcript
@@ -54,8 +54,8 @@ class RunPublic(Public):
     id: str
     worker: str
     version_id: str
-    status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
-    trigger: str = Field(json_schema_extra={"enum": list(runs.TRIGGERS)})
+    status: str = Field(json_schema_extra={"enum": list(RunStatus)})
+    trigger: str = Field(json_schema_extra={"enum": list(RunTrigger)})
     inputs: dict[str, Any]
     outputs: dict[str, Any] | None
     error: RunError | None
@@ -145,10 +145,10 @@ class ApprovalPublic(Public):
     id: str
     run_id: str
     worker: str
-    kind: str = Field(json_schema_extra={"enum": list(approvals.KINDS)})
+    kind: str = Field(json_schema_extra={"enum": list(ApprovalKind)})
     tool: str | None
     tool_call_id: str | None
-    status: str = Field(json_schema_extra={"enum": list(approvals.APPROVAL_STATUSES)})
+    status: str = Field(json_schema_extra={"enum": list(ApprovalStatus)})
     proposed: Any
     edited: Any
     comment: str | None
@@ -177,7 +177,7 @@ class ApprovalPublic(Public):
 
 
 class ApprovalDecided(ApprovalPublic):
-    run_status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
+    run_status: str = Field(json_schema_extra={"enum": list(RunStatus)})
 
 
 class ToolCallPublic(Public):
@@ -255,7 +255,7 @@ class RunEventPublic(Public):
 class LogPage(Public):
     items: list[RunEventPublic]
     last_seq: int = Field(description="pass as `after` to read on")
-    run_status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
+    run_status: str = Field(json_schema_extra={"enum": list(RunStatus)})
     complete: bool = Field(description="the run has ended and every event has been read")
 
 

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import Field
 
 from floom import jsonvalues
-from floom.manifest.schema import TRIGGER_KINDS
 from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
 from floom.schemas.runs import RunPublic
+from floom.vocabulary import TriggerKind
 
 if TYPE_CHECKING:
     from floom.store.models import Worker
@@ -22,7 +22,7 @@ class TriggerPublic(Public):
 
     id: str
     worker: str
-    kind: str = Field(json_schema_extra={"enum": list(TRIGGER_KINDS)})
+    kind: str = Field(json_schema_extra={"enum": list(TriggerKind)})
     config: dict[str, Any]
     paused: bool
     worker_paused: bool

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from floom.schemas.common import IsoTime, Public, Timestamp
 from floom.schemas.runs import RunPublic
-from floom.services.workers import state as worker_state
+from floom.vocabulary import StateSource
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest, Problem
@@ -225,7 +225,7 @@ class StateVersionPublic(Public):
     version: int
     size: int = Field(description="bytes of JSON")
     source: str = Field(
-        json_schema_extra={"enum": list(worker_state.SOURCES)},
+        json_schema_extra={"enum": list(StateSource)},
         description="run: a run's success; operator: set by a key; restore: an earlier "
         "version set again (restored_from)",
     )

@@ -20,14 +20,15 @@ from floom.services.runs.rules import FINISHED
 from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.replays import Replay
+from floom.vocabulary import ReplayMode
 
 if TYPE_CHECKING:
     from floom.services.context import Context
     from floom.store.models import Run
 
-EXACT = "exact"
-WHAT_IF = "what_if"
-MODES = (EXACT, WHAT_IF)
+EXACT = ReplayMode.EXACT
+WHAT_IF = ReplayMode.WHAT_IF
+MODES = tuple(ReplayMode)
 MAX_MODEL_NAME = 128
 
 
