@@ -105,3 +105,29 @@ class JobPriority(StrEnum):
     NORMAL = "normal"
     HIGH = "high"
     URGENT = "urgent"
+
+
+class Scope(StrEnum):
+    """What an API key may do, each including the ones before it."""
+
+    READ = "read"
+    RUN = "run"
+    DEPLOY = "deploy"
+    ADMIN = "admin"
+
+
+class StateSource(StrEnum):
+    """Who wrote a version of a worker's state."""
+
+    RUN = "run"  # a run's success
+    OPERATOR = "operator"  # set by a key
+    RESTORE = "restore"  # an earlier version set again
+
+
+class ReplayMode(StrEnum):
+    """How an agent run is replayed from its recording."""
+
+    # On the run's own version: neither the model nor any tool is called.
+    EXACT = "exact"
+    # On a version (and model) of choice, the recording answering the tool calls.
+    WHAT_IF = "what_if"

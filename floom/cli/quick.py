@@ -211,7 +211,7 @@ def _watch(
     typer command's own wait takes over and ends the process.
     Imported here, not at the top: typer, rich and httpx only for this, or an error."""
     from floom.cli.command import guarded  # a long wait: start-up cost is moot
-    from floom.cli.commands.runs import watch_run
+    from floom.cli.commands.runs import watch_started
     from floom.cli.common import open_client
 
     if timeout is not None:
@@ -219,7 +219,7 @@ def _watch(
 
     def watch() -> None:
         with open_client() as client:
-            watch_run(client, started, as_json=shown is None, timeout=timeout, shown=shown)
+            watch_started(client, started, as_json=shown is None, timeout=timeout, shown=shown)
 
     guarded(watch)
     sys.exit(0)

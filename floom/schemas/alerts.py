@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from floom.schemas.common import Page, Public, Timestamp
-from floom.store.models import AlertChannel, AlertRule, Delivery
+
+if TYPE_CHECKING:
+    from floom.store.models import AlertChannel, AlertRule, Delivery
 
 ChannelKind = Literal["webhook", "slack", "email"]
 

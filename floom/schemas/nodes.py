@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from floom.schemas.common import Public, Timestamp
-from floom.services.ops.nodes import NodeView
+
+if TYPE_CHECKING:
+    from floom.services.ops.nodes import NodeView
 
 
 class NodePublic(Public):

@@ -16,8 +16,6 @@ from floom.api.auth import CtxDep
 from floom.api.routing import add_routes
 from floom.errors import FloomError, InputInvalid, InvalidRequest, StateInvalid
 from floom.manifest.schema import Manifest
-from floom.schemas import runs as run_views
-from floom.schemas import workers as worker_views
 from floom.services.access.sessions import SignedIn
 from floom.services.context import Context
 from floom.services.runs import lifecycle as runs
@@ -45,6 +43,8 @@ from floom.ui.support import (
     error_markup,
     render,
 )
+from floom.views import runs as run_views
+from floom.views import workers as worker_views
 from floom.vocabulary import RunTrigger
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)

@@ -14,6 +14,7 @@ from floom.services.access.principal import Principal
 from floom.services.runs import approvals
 from floom.services.triggers import registry as triggers
 from floom.services.triggers import webhooks
+from floom.views import triggers as trigger_answers
 from floom.vocabulary import TriggerKind
 
 if TYPE_CHECKING:
@@ -52,9 +53,7 @@ def worker_triggers(
     items = []
     for row in rows:
         # The public model REST and MCP answer with, so the page shows the same facts.
-        t = trigger_views.TriggerPublic.model_validate(
-            triggers.trigger_to_dict(ctx, row, worker=worker, urls=urls, count=1)
-        )
+        t = trigger_answers.trigger_public(ctx, row, worker=worker, urls=urls, count=1)
         fires = t.next_fires
         items.append(
             {
@@ -99,7 +98,7 @@ def webhook_deliveries(
     rows, _ = webhooks.list_deliveries(
         ctx, worker_name=worker_name, limit=RECENT_DELIVERIES, caller=caller
     )
-    return [trigger_views.delivery_public(d) for d in rows]
+    return [trigger_views.DeliveryPublic.of(d) for d in rows]
 
 
 def approval_view(approval: run_views.ApprovalPublic) -> dict[str, Any]:
@@ -114,7 +113,7 @@ def pending_approvals(
 ) -> list[dict[str, Any]]:
     """Everything waiting for a person, oldest first."""
     rows, _ = approvals.list_approvals(ctx, status=approvals.PENDING, limit=limit, caller=caller)
-    return [approval_view(run_views.approval_public(a)) for a in rows]
+    return [approval_view(run_views.ApprovalPublic.of(a)) for a in rows]
 
 
 def decide(
@@ -138,8 +137,7 @@ def decide(
 
 def proposed_of(ctx: Context, *, approval_id: str, caller: Principal) -> dict[str, Any]:
     approval = approvals.get_approval(ctx, approval_id=approval_id, caller=caller)
-    proposed = approvals.approval_to_dict(approval)
-    value = proposed["proposed"]
+    value = run_views.ApprovalPublic.of(approval).proposed
     return value if isinstance(value, dict) else {}
 
 

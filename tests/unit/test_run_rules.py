@@ -217,7 +217,7 @@ OTHER_STATUS_WRITES = {
     ("services/handoffs/jobs.py", "job.status"),  # handoff jobs have their own table
     ("services/handoffs/flow.py", "job.status"),
     ("services/alerts/deliveries.py", "delivery.status"),  # an alert's delivery
-    ("schemas/triggers.py", "answer.status"),  # a webhook's answer to its sender
+    ("views/triggers.py", "answer.status"),  # a webhook's answer to its sender
     # The queue's detached copy of the run starts from the status its conditional UPDATE
     # matches; the move itself goes through transition or requeue_next_attempt.
     ("engine/queue.py", "ended.status"),

@@ -40,34 +40,36 @@ def nodes_list(as_json: JsonOpt = False) -> None:
     Also the answering node's warm pools (worker, version, children ready and running, hits,
     misses)."""
     with open_client() as client:
-        items = client.list_nodes()["items"]
+        nodes = client.list_nodes().items
         # Warm pools live in a node's memory, not the store: the answering node's own.
         health = client.health()
-    warm = health.get("warm") or {}
-    for item in items:
-        if item["id"] == health.get("node") and warm:
-            item["warm"] = warm
+    warm = health.warm or {}
     if as_json:
-        print_json(items)
+        print_json(
+            [
+                {**n.to_json(), "warm": warm} if n.id == health.node and warm else n.to_json()
+                for n in nodes
+            ]
+        )
         return
-    if not items:
+    if not nodes:
         out.print("no node has registered yet")
         return
     table = new_table("NODE", "STATE", "ROLES", "VERSION", "SLOTS", "HEARTBEAT")
-    for n in items:
-        slots = "-" if n["slots"] is None else f"{n['slots_in_use']}/{n['slots']}"
+    for n in nodes:
+        slots = "-" if n.slots is None else f"{n.slots_in_use}/{n.slots}"
         table.add_row(
-            n["id"],
-            Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
-            ",".join(n["roles"]),
-            n["version"],
+            n.id,
+            Text(n.state, style=STATE_STYLE.get(n.state, "")),
+            ",".join(n.roles),
+            n.version,
             slots,
-            f"{when(n['heartbeat_at'])} ({n['silent_seconds']:.0f}s ago)",
+            f"{when(n.heartbeat_at)} ({n.silent_seconds:.0f}s ago)",
         )
     out.print(table)
     if warm.get("enabled"):
         out.print(
-            f"warm starts on {health['node']}: {len(warm['pools'])} pools, "
+            f"warm starts on {health.node}: {len(warm['pools'])} pools, "
             f"{warm['hits']} hits, {warm['misses']} misses"
         )
         if warm["pools"]:

@@ -25,10 +25,11 @@ from sqlmodel import col
 from floom.errors import Forbidden, Unauthorized
 from floom.store.db import Writer, on_postgres
 from floom.store.models import ApiKey
+from floom.vocabulary import Scope
 
-SCOPES = ("read", "run", "deploy", "admin")
+SCOPES: tuple[str, ...] = tuple(Scope)
 # Each scope includes the ones before it: a deploy key can also run and read.
-_RANK = {scope: i for i, scope in enumerate(SCOPES)}
+_RANK: dict[str, int] = {scope: i for i, scope in enumerate(SCOPES)}
 
 # Where a call came in, so that refusals and hints can name what that caller can use.
 Surface = Literal["rest", "cli", "mcp", "ui", "system"]

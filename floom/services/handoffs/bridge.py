@@ -178,18 +178,11 @@ def _finish(ctx: Context, actor: Actor, job: Job) -> None:
         artifacts = [
             {
                 "type": "floom-artifact",
-                "uri": body["url"],
-                "checksum": f"sha256:{body['digest']}",
-                "metadata": {
-                    "name": body["name"],
-                    "size": body["size"],
-                    "content_type": body["content_type"],
-                },
+                "uri": f"/api/v1/runs/{a.run_id}/artifacts/{a.name}",
+                "checksum": f"sha256:{a.digest}",
+                "metadata": {"name": a.name, "size": a.size, "content_type": a.content_type},
             }
-            for body in map(
-                runs.artifact_to_dict,
-                runs.list_artifacts(ctx, run_id=run.id, caller=principal.SYSTEM),
-            )
+            for a in runs.list_artifacts(ctx, run_id=run.id, caller=principal.SYSTEM)
         ]
         outputs = jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else {}
         flow.complete(

@@ -311,21 +311,3 @@ def withdraw_pending(s: Session, *, run_id: str, actor: str | None = None) -> No
             if call is not None and call.status == ToolCallStatus.AWAITING_APPROVAL:
                 call.status = ToolCallStatus.CANCELLED
                 s.add(call)
-
-
-def approval_to_dict(a: Approval) -> dict[str, Any]:
-    return {
-        "id": a.id,
-        "run_id": a.run_id,
-        "worker": a.worker_name,
-        "kind": a.kind,
-        "tool": a.tool,
-        "tool_call_id": a.tool_call_id,
-        "status": a.status,
-        "proposed": jsonvalues.stored(a.proposed_json),
-        "edited": jsonvalues.stored(a.edited_json) if a.edited_json else None,
-        "comment": a.comment,
-        "decided_by": a.decided_by,
-        "created_at": a.created_at,
-        "decided_at": a.decided_at,
-    }

@@ -6,10 +6,12 @@ unscannable and served only to keys that may run workers."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from floom.errors import Forbidden
-from floom.services.access.principal import Principal
+
+if TYPE_CHECKING:
+    from floom.services.access.principal import Principal
 
 ENCODINGS: Final = ("utf-8", "utf-16-le", "utf-16-be", "latin-1")
 # (first bytes, what it is, the content type floom records for it)

@@ -39,7 +39,6 @@ from floom.services.runs.rules import (
     SKIPPED,
     STATUSES,
     mark_claimed,
-    previous_attempt,
     started_message,
     transition,
 )
@@ -572,55 +571,6 @@ def read_artifact(
     )
     artifact_scan.check_may_read(name=name, content_type=art.content_type, data=data, reader=caller)
     return art, data
-
-
-def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": run.id,
-        "worker": run.worker_name,
-        "version_id": run.version_id,
-        "status": run.status,
-        "trigger": run.trigger,
-        "inputs": jsonvalues.stored(run.inputs_json, expect=dict),
-        "outputs": jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else None,
-        "error": (
-            {"code": run.error_code, "message": run.error_message}
-            # Between attempts the code says how the last one ended: not the run's error.
-            if run.status in FINISHED and (run.error_code or run.error_message)
-            else None
-        ),
-        "exit_code": run.exit_code,
-        "attempt": run.attempt,
-        "max_attempts": run.max_attempts,
-        "previous_attempt": previous_attempt(run),
-        "replay_of": run.replay_of,
-        "retry_of": run.retry_of,
-        "parent_run_id": run.parent_run_id,
-        "phase": run.phase,
-        "created_by": run.created_by,
-        "scheduled_for": run.scheduled_for,
-        "created_at": run.created_at,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-        "cancel_requested": run.cancel_requested,
-        "usage": {"sandbox_seconds": round(run.sandbox_seconds, 3)},
-    }
-    if artifacts is not None:
-        body["artifacts"] = [artifact_to_dict(a) for a in artifacts]
-    if run.state_base is not None:
-        body["state_base"] = run.state_base
-    return body
-
-
-def artifact_to_dict(a: Artifact) -> dict[str, Any]:
-    return {
-        "name": a.name,
-        "size": a.size,
-        "digest": a.digest,
-        "content_type": a.content_type,
-        "url": f"/api/v1/runs/{a.run_id}/artifacts/{a.name}",
-        "scanned": artifact_scan.scanned(a.content_type),
-    }
 
 
 def version_of_run(ctx: Context, *, run: Run, caller: Principal) -> Version:

@@ -14,7 +14,6 @@ from floom.errors import InvalidRequest, NotFound
 from floom.manifest.schema import Manifest
 from floom.manifest.triggers import parse_triggers
 from floom.services import wakeups
-from floom.services.access import secrets
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import Worker, new_id, utcnow
@@ -23,7 +22,6 @@ from floom.triggers import cron
 from floom.triggers.spec import (
     ScheduleSpec,
     TriggerSpec,
-    WebhookSpec,
     spec_from_config,
     spec_to_config,
     trigger_key,
@@ -185,39 +183,6 @@ def next_fire_times(
     tz = cron.zone(spec.timezone)
     times = cron.next_fire_times(spec.cron, tz, after=after or utcnow(), count=count)
     return [t.astimezone(tz) for t in times]
-
-
-def trigger_to_dict(
-    ctx: Context,
-    trigger: Trigger,
-    *,
-    worker: Worker,
-    urls: HookUrls | None = None,
-    count: int = NEXT_FIRES_SHOWN,
-) -> dict[str, Any]:
-    spec = spec_of(trigger)
-    active = not (trigger.paused or worker.paused) and trigger.removed_at is None
-    body: dict[str, Any] = {
-        "id": trigger.id,
-        "worker": trigger.worker_name,
-        "kind": trigger.kind,
-        "config": spec_to_config(spec),
-        "paused": trigger.paused,
-        "worker_paused": worker.paused,
-        "active": active,
-        "last_fire_at": trigger.last_fire_at,
-        "created_at": trigger.created_at,
-    }
-    if isinstance(spec, ScheduleSpec):
-        body["timezone"] = spec.timezone
-        # A paused schedule (or one of a paused worker) fires never, so it has no next fires.
-        fires = next_fire_times(spec, count=count) if active else []
-        body["next_fires"] = [t.isoformat() for t in fires]
-    if isinstance(spec, WebhookSpec):
-        body["url"] = urls.worker(trigger.worker_name) if urls else f"/hooks/{trigger.worker_name}"
-        _, missing = secrets.resolve(ctx, [spec.secret])
-        body["secret_set"] = not missing
-    return body
 
 
 def summary(ctx: Context, *, worker_name: str, caller: Principal) -> list[dict[str, Any]]:

@@ -429,25 +429,3 @@ def replay_delivery(
         force=force,
         in_transaction=record,
     )
-
-
-def delivery_to_dict(delivery: WebhookDelivery, *, with_body: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": delivery.id,
-        "source": delivery.source,
-        "worker": delivery.worker_name,
-        "trigger_id": delivery.trigger_id,
-        "delivery_id": delivery.delivery_key,
-        "event": delivery.event,
-        "received_at": delivery.received_at,
-        "outcome": delivery.outcome,
-        "message": delivery.message,
-        "run_id": delivery.run_id,
-        "replay_count": delivery.replay_count,
-        "size": len(delivery.body),
-        "content_type": delivery.content_type,
-    }
-    if with_body:
-        body["headers"] = jsonvalues.stored(delivery.headers_json, expect=dict)
-        body["body"] = delivery.body.decode("utf-8", errors="replace")
-    return body

@@ -25,6 +25,7 @@ from floom.services.access.principal import Principal
 from floom.services.workers import versions as workers
 from floom.store.db import Writer, session_scope
 from floom.store.models import Run, Version, Worker, WorkerState, utcnow
+from floom.vocabulary import StateSource
 
 if TYPE_CHECKING:
     from floom.config import Settings
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 # Versions kept per worker: older ones are deleted when a new one is written (a replay of a
 # run whose base was deleted says so).
 KEPT_VERSIONS: Final = 100
-SOURCES: Final = ("run", "operator", "restore")
+SOURCES: Final = tuple(StateSource)
 # Versions are 32-bit integers in the store; a larger number names no version.
 MAX_VERSION: Final = 2**31 - 1
 

@@ -417,35 +417,3 @@ def load_bundle(ctx: Context, *, version: Version) -> Bundle:
         what=f"the archive of version {version.id} of worker {version.worker_name}",
     )
     return read_archive(data, max_bytes=ctx.settings.max_bundle_bytes * 2)
-
-
-def worker_to_dict(worker: Worker, version: Version | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "name": worker.name,
-        "active_version_id": worker.active_version_id,
-        "paused": worker.paused,
-        "created_at": worker.created_at,
-        "updated_at": worker.updated_at,
-    }
-    if version is not None:
-        manifest = manifest_of(version)
-        body.update(
-            title=manifest.title,
-            description=manifest.description,
-            kind=manifest.kind,
-            manifest=json.loads(version.manifest_json),
-        )
-    return body
-
-
-def version_to_dict(version: Version, *, active_id: str | None = None) -> dict[str, Any]:
-    return {
-        "id": version.id,
-        "worker": version.worker_name,
-        "digest": version.digest,
-        "kind": version.kind,
-        "file_count": version.file_count,
-        "size": version.size,
-        "created_at": version.created_at,
-        "active": version.id == active_id,
-    }

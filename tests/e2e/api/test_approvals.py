@@ -186,7 +186,7 @@ def test_approvals_filter_by_worker_before_paging_over_rest_and_mcp(
     assert rest.json()["next_cursor"] is None
     # The /mcp tool asks the same service, so a worker's approvals are never cut off by others'.
     page = LocalBackend(server.ctx, SYSTEM).list_approvals(worker="a")
-    assert [a["id"] for a in page["items"]] == ["apr_0", "apr_2"]
+    assert [a.id for a in page.items] == ["apr_0", "apr_2"]
 
 
 def test_deciding_needs_the_run_scope(server: object, api: httpx.Client, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from sqlmodel import col, select
 from standardwebhooks.webhooks import Webhook
 
 from floom.errors import Conflict, NotFound
+from floom.schemas.audit import AuditEventPublic
 from floom.services.access import audit, keys
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.context import Context
@@ -291,7 +292,7 @@ def test_every_deletion_is_audited_with_its_actor_and_counts(ctx: Context, tmp_p
         ctx, caller=SYSTEM, type=audit.WORKER_DELETED, subject="worker:doomed"
     )
     assert [e.id for e in events] == [result.deletion_id]
-    body = audit.event_to_dict(events[0])
+    body = AuditEventPublic.of(events[0]).model_dump()
     assert body["actor"] == {"key_id": caller.key_id, "label": "test admin"}
     assert body["payload"]["versions"] == [version]
     assert body["payload"]["runs_purged"] == 1

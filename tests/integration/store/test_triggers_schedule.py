@@ -22,6 +22,7 @@ from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
+from floom.views import triggers as trigger_answers
 from floom.vocabulary import RunStatus, RunTrigger
 from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 
@@ -347,12 +348,12 @@ def test_a_new_schedule_starts_from_now_without_backfill(ctx: Context, tmp_path:
     Scheduler(ctx).tick(now)
     assert schedule_runs(ctx) == []
     _, (trigger,) = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="tick")
-    listed = triggers.trigger_to_dict(
+    listed = trigger_answers.trigger_public(
         ctx, trigger, worker=workers.get_worker(ctx, caller=SYSTEM, name="tick")
     )
-    assert listed["timezone"] == "UTC"
-    assert len(listed["next_fires"]) == 3
-    assert listed["next_fires"][0].endswith("+00:00")
+    assert listed.timezone == "UTC"
+    assert len(listed.next_fires) == 3
+    assert listed.next_fires[0].endswith("+00:00")
 
 
 def test_the_scheduler_thread_sleeps_until_the_tick_and_fires_it_on_time(
