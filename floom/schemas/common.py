@@ -24,6 +24,9 @@ from floom.errors import RunErrorCode
 from floom.vocabulary import (
     ApprovalKind,
     ApprovalStatus,
+    ChannelKind,
+    DeliveryPurpose,
+    DeliveryStatus,
     JobPriority,
     JobStatus,
     RunStatus,
@@ -83,6 +86,9 @@ ApprovalStatusWord = Annotated[ApprovalStatus, OneOf(ApprovalStatus)]
 ToolCallStatusWord = Annotated[ToolCallStatus, OneOf(ToolCallStatus)]
 JobStatusWord = Annotated[JobStatus, OneOf(JobStatus)]
 JobPriorityWord = Annotated[JobPriority, OneOf(JobPriority)]
+ChannelKindWord = Annotated[ChannelKind, OneOf(ChannelKind)]
+DeliveryPurposeWord = Annotated[DeliveryPurpose, OneOf(DeliveryPurpose)]
+DeliveryStatusWord = Annotated[DeliveryStatus, OneOf(DeliveryStatus)]
 
 
 class Public(BaseModel):

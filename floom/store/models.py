@@ -24,7 +24,7 @@ from sqlalchemy import (
 from sqlmodel import Field, SQLModel
 
 from floom.errors import RunErrorCode
-from floom.vocabulary import RunStatus, RunTrigger
+from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus, RunStatus, RunTrigger
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -279,7 +279,7 @@ class AlertChannel(SQLModel, table=True):
     __tablename__ = "alert_channels"
     id: str = Field(primary_key=True, max_length=40)
     name: str = Field(unique=True, max_length=63)
-    kind: str = Field(max_length=16)  # webhook, slack, email
+    kind: ChannelKind = Field(sa_type=Words(ChannelKind, 16))
     config_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
@@ -345,7 +345,7 @@ class Delivery(SQLModel, table=True):
     __tablename__ = "deliveries"
     __table_args__ = (Index("ix_deliveries_due", "status", "next_attempt_at"),)
     id: str = Field(primary_key=True, max_length=40)
-    purpose: str = Field(max_length=16)  # alert, test, callback
+    purpose: DeliveryPurpose = Field(sa_type=Words(DeliveryPurpose, 16))
     event_id: str | None = Field(default=None, max_length=40, index=True)
     run_id: str | None = Field(default=None, max_length=40, index=True)
     channel_id: str | None = Field(default=None, max_length=40)
@@ -353,7 +353,7 @@ class Delivery(SQLModel, table=True):
     # A callback's URL (alerts read theirs from the channel).
     target: str | None = Field(default=None, sa_column=Column(Text))
     body_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
-    status: str = Field(max_length=16)  # pending, delivered, failed, throttled
+    status: DeliveryStatus = Field(sa_type=Words(DeliveryStatus, 16))
     attempts: int = 0
     max_attempts: int = 1
     next_attempt_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -26,6 +26,9 @@ from floom.store import triggers as trigger_tables
 from floom.vocabulary import (
     ApprovalKind,
     ApprovalStatus,
+    ChannelKind,
+    DeliveryPurpose,
+    DeliveryStatus,
     JobPriority,
     JobStatus,
     RunStatus,
@@ -47,6 +50,9 @@ COLUMNS: list[tuple[type[SQLModel], str, type[StrEnum]]] = [
     (handoff_tables.Job, "priority", JobPriority),
     (handoff_tables.JobEvent, "from_status", JobStatus),
     (handoff_tables.JobEvent, "to_status", JobStatus),
+    (models.AlertChannel, "kind", ChannelKind),
+    (models.Delivery, "purpose", DeliveryPurpose),
+    (models.Delivery, "status", DeliveryStatus),
 ]
 
 
@@ -135,18 +141,18 @@ FLOOM = Path(__file__).resolve().parents[2] / "floom"
 # The fields that hold a word of a closed set, wherever floom names them: attributes, names,
 # keyword arguments, a body's keys ("status": ...), a mapping's `["status"]` or `.get("status")`.
 FIELDS: dict[str, set[str]] = {
-    "status": {*RunStatus, *ApprovalStatus, *ToolCallStatus, *JobStatus},
+    "status": {*RunStatus, *ApprovalStatus, *ToolCallStatus, *JobStatus, *DeliveryStatus},
     "run_status": set(RunStatus),
     "from_status": set(JobStatus),
     "to_status": set(JobStatus),
     "priority": set(JobPriority),
     "trigger": set(RunTrigger),
-    "kind": {*ApprovalKind, *TriggerKind},
+    "kind": {*ApprovalKind, *TriggerKind, *ChannelKind},
+    "purpose": set(DeliveryPurpose),
     "error_code": set(RunErrorCode),
 }
-# Modules with closed sets of their own that share some words (a delivery's "pending" and
-# "failed", an alert channel's "webhook" kind).
-OTHER_VOCABULARIES = ("services/alerts/", "schemas/alerts.py")
+# Modules with closed sets of their own that share some words (none left: each set is an enum).
+OTHER_VOCABULARIES: tuple[str, ...] = ()
 # The health answer's own word.
 ALLOWED = {("api/app.py", "ok")}
 
@@ -158,6 +164,8 @@ def _field(node: ast.AST) -> str | None:
         return node.id
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         return str(node.slice.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "col":
+        return _field(node.args[0])  # sqlmodel's col(Run.status)
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
@@ -51,7 +51,7 @@ from floom.schemas.common import OneOf
 from floom.schemas.runs import RunPublic
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import SUCCEEDED, WAITING
-from floom.vocabulary import ApprovalStatus, RunStatus, RunTrigger
+from floom.vocabulary import ApprovalStatus, Decision, RunStatus, RunTrigger
 
 LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")
 
@@ -81,6 +81,7 @@ WaitSeconds = Annotated[
 RunStatusArg = Annotated[RunStatus, OneOf(RunStatus, strict=True)]
 RunTriggerArg = Annotated[RunTrigger, OneOf(RunTrigger, strict=True)]
 ApprovalStatusArg = Annotated[ApprovalStatus, OneOf(ApprovalStatus, strict=True)]
+DecisionArg = Annotated[Decision, OneOf(Decision, strict=True)]
 Cursor = Annotated[str | None, Field(description="next_cursor of a previous page")]
 
 
@@ -465,7 +466,7 @@ async def list_approvals(
 async def decide_approval(
     ctx: Context,
     approval_id: Annotated[str, Field(description="the approval's id")],
-    decision: Literal["approve", "reject"],
+    decision: DecisionArg,
     edits: Annotated[
         dict[str, Any] | None, Field(description="approve with these edited values instead")
     ] = None,

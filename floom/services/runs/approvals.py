@@ -33,7 +33,7 @@ from floom.store import signals
 from floom.store.agents import Approval, ToolCall
 from floom.store.db import session_scope
 from floom.store.models import Run, Version, new_id, utcnow
-from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
+from floom.vocabulary import ApprovalKind, ApprovalStatus, Decision, ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -45,7 +45,7 @@ REJECTED_DECISION = ApprovalStatus.REJECTED
 WITHDRAWN = ApprovalStatus.CANCELLED
 APPROVAL_STATUSES: tuple[ApprovalStatus, ...] = tuple(ApprovalStatus)
 KINDS: tuple[ApprovalKind, ...] = tuple(ApprovalKind)
-DECISIONS = ("approve", "reject")
+DECISIONS: tuple[Decision, ...] = tuple(Decision)
 PHASE_APPLY = "apply"
 PHASE_RESUME = "resume"
 
@@ -213,7 +213,7 @@ def decide_approval(
     if edited is not None:
         jsonvalues.check(edited, where="edited", max_bytes=ctx.settings.max_result_bytes)
     comment = (comment or "").strip() or None
-    if decision == "reject":
+    if decision == Decision.REJECT:
         if edited:
             raise InvalidRequest("edits come with an approval, not a rejection", hint="drop edited")
         if not comment:
@@ -237,7 +237,7 @@ def decide_approval(
                 hint=f"`floom show {approval.run_id}` shows what happened",
             )
         final = {**jsonvalues.stored(approval.proposed_json, expect=dict), **(edited or {})}
-        if approval.kind == ApprovalKind.RUN and decision == "approve":
+        if approval.kind == ApprovalKind.RUN and decision == Decision.APPROVE:
             version = s.get(Version, run.version_id)
             if version is not None:
                 problems = workers.manifest_of(version).check_outputs(final)
@@ -249,7 +249,7 @@ def decide_approval(
                         details=[p.to_dict() for p in problems],
                     )
         now = utcnow()
-        approval.status = APPROVED if decision == "approve" else REJECTED_DECISION
+        approval.status = APPROVED if decision == Decision.APPROVE else REJECTED_DECISION
         approval.edited_json = jsonvalues.dumps(edited, where="edited") if edited else None
         approval.comment = comment
         approval.decided_by = actor
