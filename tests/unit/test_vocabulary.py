@@ -31,6 +31,8 @@ from floom.vocabulary import (
     DeliveryStatus,
     JobPriority,
     JobStatus,
+    NodeState,
+    PreviousAttempt,
     RunStatus,
     RunTrigger,
     ToolCallStatus,
@@ -53,6 +55,7 @@ COLUMNS: list[tuple[type[SQLModel], str, type[StrEnum]]] = [
     (models.AlertChannel, "kind", ChannelKind),
     (models.Delivery, "purpose", DeliveryPurpose),
     (models.Delivery, "status", DeliveryStatus),
+    (models.Run, "previous_attempt", PreviousAttempt),
 ]
 
 
@@ -149,6 +152,8 @@ FIELDS: dict[str, set[str]] = {
     "trigger": set(RunTrigger),
     "kind": {*ApprovalKind, *TriggerKind, *ChannelKind},
     "purpose": set(DeliveryPurpose),
+    "previous_attempt": set(PreviousAttempt),
+    "state": set(NodeState),
     "error_code": set(RunErrorCode),
 }
 # Modules with closed sets of their own that share some words (none left: each set is an enum).
