@@ -47,7 +47,7 @@ from floom.mcp.tools.artifacts import ARTIFACT_TOOLS, with_links
 from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
 from floom.mcp.tools.state import STATE_TOOLS
-from floom.schemas.runs import RunPublic
+from floom.schemas.runs import RunPublic, RunQuery
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import SUCCEEDED, WAITING
 
@@ -308,14 +308,8 @@ async def list_runs(
     limit: Annotated[int, Field(ge=1, le=500)] = 20,
 ) -> Reply:
     """Recent runs, newest first, filtered by worker, status and trigger."""
-    page = await off(
-        backend_of(ctx).list_runs,
-        worker=worker,
-        status=status,
-        trigger=trigger,
-        cursor=cursor,
-        limit=limit,
-    )
+    query = RunQuery(worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit)
+    page = await off(backend_of(ctx).list_runs, query)
     return Reply(runs_text(page.items, page.next_cursor), page.to_json())
 
 
