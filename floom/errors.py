@@ -484,6 +484,12 @@ _RUN_ERROR_MEANINGS: dict[RunErrorCode, str] = {
 }
 
 
+def run_error_code(error: FloomError) -> RunErrorCode:
+    """The code a run records when `error` ends it: the error's own code, which is one of
+    RunErrorCode for every error an attempt ends with (a test holds the classes to it)."""
+    return RunErrorCode(error.code)
+
+
 def run_error_catalogue() -> list[dict[str, str]]:
     """Every code a run can record in `error_code`, with its meaning, in the enum's order."""
     return [{"code": code.value, "meaning": _RUN_ERROR_MEANINGS[code]} for code in RunErrorCode]

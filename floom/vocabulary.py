@@ -86,6 +86,27 @@ class ToolCallStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+class JobStatus(StrEnum):
+    """Where a handoff job stands (the moves between them: floom/services/handoffs/rules.py)."""
+
+    PENDING = "pending"  # waiting for the jobs it depends on
+    PUBLISHED = "published"
+    IN_PROGRESS = "in_progress"
+    BLOCKED = "blocked"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobPriority(StrEnum):
+    """A handoff job's priority, lowest first: claims take the highest first."""
+
+    LOW = "low"
+    NORMAL = "normal"
+    HIGH = "high"
+    URGENT = "urgent"
+
+
 class Scope(StrEnum):
     """What an API key may do, each including the ones before it."""
 
@@ -110,3 +131,37 @@ class ReplayMode(StrEnum):
     EXACT = "exact"
     # On a version (and model) of choice, the recording answering the tool calls.
     WHAT_IF = "what_if"
+
+
+class Decision(StrEnum):
+    """What a person decides on an approval."""
+
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class ChannelKind(StrEnum):
+    """Where an alert channel sends: an outbound webhook, a Slack-compatible incoming webhook,
+    or email."""
+
+    WEBHOOK = "webhook"
+    SLACK = "slack"
+    EMAIL = "email"
+
+
+class DeliveryPurpose(StrEnum):
+    """What a delivery carries: an alert, a channel's test, or a run's callback."""
+
+    ALERT = "alert"
+    TEST = "test"
+    CALLBACK = "callback"
+
+
+class DeliveryStatus(StrEnum):
+    """Where a delivery stands: retried while pending, then delivered or failed; an alert
+    over its channel's rate is throttled (kept, not sent)."""
+
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    THROTTLED = "throttled"

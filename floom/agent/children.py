@@ -14,6 +14,7 @@ from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
 from floom.store.db import session_scope
 from floom.store.models import Run
+from floom.vocabulary import RunTrigger
 
 if TYPE_CHECKING:
     from floom.agent.builtin import AgentEnv
@@ -48,7 +49,7 @@ def invoke_child(env: AgentEnv, *, worker: str, inputs: dict[str, Any]) -> dict[
             ctx,
             worker_name=worker,
             inputs=inputs,
-            trigger="agent",
+            trigger=RunTrigger.AGENT,
             # The parent run's own tool allowed this child; floom starts it for that run.
             caller=principal.system(env.run.id),
             parent_run_id=env.run.id,

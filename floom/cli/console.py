@@ -18,6 +18,7 @@ from rich.segment import Segment
 from rich.text import Text
 
 from floom.cli.visible import is_raw, visible
+from floom.vocabulary import RunStatus
 
 
 class _Visible:
@@ -54,17 +55,18 @@ def _console(*, stderr: bool = False) -> Console:
 out = _console()
 err = _console(stderr=True)
 
-STATUS_STYLES = {
-    "succeeded": "green",
-    "failed": "red",
-    "timed_out": "red",
-    "cancelled": "yellow",
-    "running": "cyan",
-    "queued": "blue",
-    "awaiting_approval": "yellow",
-    "rejected": "red",
-    "limit_exceeded": "red",
-    "skipped": "dim",
+# Every run status's colour (a test checks none is missing).
+STATUS_STYLES: dict[str, str] = {
+    RunStatus.SUCCEEDED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.TIMED_OUT: "red",
+    RunStatus.CANCELLED: "yellow",
+    RunStatus.RUNNING: "cyan",
+    RunStatus.QUEUED: "blue",
+    RunStatus.AWAITING_APPROVAL: "yellow",
+    RunStatus.REJECTED: "red",
+    RunStatus.LIMIT_EXCEEDED: "red",
+    RunStatus.SKIPPED: "dim",
 }
 STREAM_STYLES = {"stderr": "red", "system": "dim"}
 

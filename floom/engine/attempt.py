@@ -20,7 +20,7 @@ from floom.engine.queue import Outcome, StateChange
 from floom.engine.runlog import RunLog
 from floom.engine.safefiles import Bounds, Refused, write_regular
 from floom.engine.script import redact_outcome, script_spec
-from floom.errors import FloomError, SecretNameRefused
+from floom.errors import FloomError, RunErrorCode, run_error_code
 from floom.sandbox import e2b_api_key
 from floom.sandbox.fence import fence_key
 from floom.services.access import secrets as secret_service
@@ -62,7 +62,7 @@ class AttemptHost(Protocol):
 def missing_secret_outcome(missing: list[str]) -> Outcome:
     return Outcome(
         status=FAILED,
-        error_code="secret_missing",
+        error_code=RunErrorCode.SECRET_MISSING,
         error_message=f"secret {', '.join(missing)} is not set; set it with "
         f"`floom secrets set {missing[0]}`",
         retryable=False,
@@ -74,7 +74,7 @@ def sandbox_unavailable_outcome(exc: SandboxUnavailable, redactor: Redactor) -> 
     hint = f"; {exc.hint}" if exc.hint else ""
     outcome = Outcome(
         status=FAILED,
-        error_code=exc.code,
+        error_code=run_error_code(exc),
         error_message=f"{exc.message}{hint}",
         retryable=exc.retryable,
     )
@@ -83,7 +83,10 @@ def sandbox_unavailable_outcome(exc: SandboxUnavailable, redactor: Redactor) -> 
 
 def cancelled_outcome() -> Outcome:
     return Outcome(
-        status=CANCELLED, error_code="cancelled", error_message="cancelled", retryable=False
+        status=CANCELLED,
+        error_code=RunErrorCode.CANCELLED,
+        error_message="cancelled",
+        retryable=False,
     )
 
 
@@ -157,7 +160,7 @@ class Attempt:
         if refused := secret_service.refused_for_runs(names):
             return Outcome(
                 status=FAILED,
-                error_code=SecretNameRefused.code,
+                error_code=RunErrorCode.SECRET_NAME_REFUSED,
                 error_message=refused,
                 retryable=False,
             )
@@ -337,25 +340,27 @@ class Attempt:
         if result.timed_out:
             return Outcome(
                 status=TIMED_OUT,
-                error_code="timed_out",
+                error_code=RunErrorCode.TIMED_OUT,
                 error_message=f"timed out after {manifest.limits.timeout_seconds}s "
                 "(limits.timeout_seconds in worker.yml)",
             )
         if result.limit_exceeded:
             return Outcome(
                 status=LIMIT_EXCEEDED,
-                error_code="limit_exceeded",
+                error_code=RunErrorCode.LIMIT_EXCEEDED,
                 error_message=result.error or f"the {result.limit_exceeded} limit was reached",
                 exit_code=result.exit_code,
                 retryable=False,
             )
         if result.error:
-            return Outcome(status=FAILED, error_code="sandbox_error", error_message=result.error)
+            return Outcome(
+                status=FAILED, error_code=RunErrorCode.SANDBOX_ERROR, error_message=result.error
+            )
         report, problem = read_result(self.workdir, limit=self.ctx.settings.max_result_bytes)
         if problem:
             return Outcome(
                 status=FAILED,
-                error_code="result_invalid",
+                error_code=RunErrorCode.RESULT_INVALID,
                 error_message=problem,
                 exit_code=result.exit_code,
                 retryable=False,
@@ -365,7 +370,7 @@ class Attempt:
         if report.get("error"):
             return Outcome(
                 status=FAILED,
-                error_code="worker_error",
+                error_code=RunErrorCode.WORKER_ERROR,
                 error_message=str(report["error"]),
                 exit_code=result.exit_code,
                 retryable=bool(report.get("retryable", True)),
@@ -376,7 +381,7 @@ class Attempt:
             detail = f": {last}" if last else ""
             return Outcome(
                 status=FAILED,
-                error_code="exit_code",
+                error_code=RunErrorCode.EXIT_CODE,
                 error_message=f"the script exited with code {result.exit_code}{detail}",
                 exit_code=result.exit_code,
                 retryable=bool(report.get("retryable", True)),
@@ -386,7 +391,7 @@ class Attempt:
         if problems:
             return Outcome(
                 status=FAILED,
-                error_code="outputs_invalid",
+                error_code=RunErrorCode.OUTPUTS_INVALID,
                 error_message="outputs do not match worker.yml: "
                 + "; ".join(f"{p.path}: {p.message}" for p in problems),
                 exit_code=result.exit_code,
@@ -400,7 +405,7 @@ class Attempt:
         elif "state" in report and (refused := self.leave_state(report["state"])):
             return Outcome(
                 status=FAILED,
-                error_code=refused.code,
+                error_code=run_error_code(refused),
                 error_message=f"result.json: {refused.message} ({refused.hint})",
                 exit_code=result.exit_code,
                 outputs=outputs,

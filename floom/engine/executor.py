@@ -29,7 +29,7 @@ from floom.engine.queue import (
 from floom.engine.runlog import LogBudget, LogLine, RunLog
 from floom.engine.runtime import NodeRuntime
 from floom.engine.work_root import hold_work_root, release_work_root
-from floom.errors import BlobStoreUnavailable, StoreUnavailable
+from floom.errors import BlobStoreUnavailable, RunErrorCode, StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable
 from floom.sandbox.fence import fence_key, margin_seconds, node_fence
@@ -458,7 +458,7 @@ class Executor:
             log.exception("run %s crashed in the executor", run.id)
             outcome = Outcome(
                 status=FAILED,
-                error_code="executor_error",
+                error_code=RunErrorCode.EXECUTOR_ERROR,
                 error_message=f"floom could not run this attempt: {type(exc).__name__}",
                 retryable=True,
             )

@@ -21,6 +21,7 @@ from floom.schemas.triggers import TriggerPublic
 from floom.schemas.workers import ValidationResult, VersionPublic, WorkerPublic
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import FAILED, LIMIT_EXCEEDED, TIMED_OUT, WAITING
+from floom.vocabulary import ApprovalStatus
 
 MAX_TEXT_ITEMS = 30
 T = TypeVar("T")
@@ -150,7 +151,7 @@ def artifacts_text(run_id: str, artifacts: list[ArtifactPublic]) -> str:
 def pending_approval_id(run: RunPublic) -> str | None:
     """The id of the approval a waiting run waits for, when the run record lists it."""
     listed = run.approvals if isinstance(run, RunDetail) else []
-    pending = [a for a in listed if a.status == "pending"]
+    pending = [a for a in listed if a.status == ApprovalStatus.PENDING]
     return pending[-1].id if pending else None
 
 
@@ -217,7 +218,7 @@ def approvals_text(items: list[ApprovalPublic], next_cursor: str | None) -> str:
         if a.proposed is not None:
             line += f"  proposes {short(a.proposed, 200)}"
         lines.append(line)
-    if any(a.status == "pending" for a in items):
+    if any(a.status == ApprovalStatus.PENDING for a in items):
         lines.append("decide one with decide_approval(approval_id=..., decision='approve')")
     return "\n".join(lines) + _more(items, next_cursor)
 

@@ -6,21 +6,28 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from floom.schemas.common import Page, Public, Timestamp
+from floom.schemas.common import (
+    ChannelKindWord,
+    DeliveryPurposeWord,
+    DeliveryStatusWord,
+    OneOf,
+    Page,
+    Public,
+    Timestamp,
+)
+from floom.vocabulary import ChannelKind, DeliveryStatus
 
 if TYPE_CHECKING:
     from floom.store.models import AlertChannel, AlertRule, Delivery
 
-ChannelKind = Literal["webhook", "slack", "email"]
-
 
 class ChannelCreate(BaseModel):
     name: str = Field(description="a lowercase slug, e.g. ops-email")
-    kind: ChannelKind
+    kind: Annotated[ChannelKind, OneOf(ChannelKind, strict=True)]
     config: dict[str, Any] = Field(
         description="webhook: url, secret (the NAME of the secret holding its whsec_ signing "
         "key); slack: url_secret (the NAME of the secret holding the incoming webhook URL); "
@@ -34,7 +41,7 @@ class ChannelUpdate(BaseModel):
 
 class ChannelPublic(Public):
     name: str
-    kind: ChannelKind
+    kind: ChannelKindWord
     config: dict[str, Any] = Field(description="the settings; secrets by name only")
     created_at: Timestamp
     updated_at: Timestamp
@@ -68,8 +75,8 @@ class RuleList(Public):
 
 class DeliveryPublic(Public):
     id: str
-    purpose: Literal["alert", "test", "callback"]
-    status: Literal["pending", "delivered", "failed", "throttled"]
+    purpose: DeliveryPurposeWord
+    status: DeliveryStatusWord
     type: str = Field(description="the event: run.failed, recovered, test, run.ended, ...")
     channel: str | None = Field(description="the channel (alerts and tests)")
     target: str | None = Field(description="a callback's URL, without its query")
@@ -143,7 +150,7 @@ def delivery_public(row: Delivery) -> DeliveryPublic:
         summary=str(summary or ""),
         attempts=row.attempts,
         max_attempts=row.max_attempts,
-        next_attempt_at=row.next_attempt_at if row.status == "pending" else None,
+        next_attempt_at=row.next_attempt_at if row.status == DeliveryStatus.PENDING else None,
         last_error=row.last_error,
         created_at=row.created_at,
         delivered_at=row.delivered_at,

@@ -8,9 +8,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict, JsonValue
 
 from floom.schemas.admin import KeyCreated
-from floom.schemas.common import Public, Timestamp
+from floom.schemas.common import JobPriorityWord, JobStatusWord, Public, Timestamp
 from floom.services.handoffs import rules
 
+# A request's status or priority, checked by the service (floom/services/handoffs/rules.py).
 JOB_STATUS: JsonDict = {"enum": list(rules.STATUSES)}
 PRIORITY: JsonDict = {"enum": list(rules.PRIORITIES)}
 
@@ -30,8 +31,8 @@ class JobEventPublic(Public):
     job_id: str
     ts: Timestamp
     type: str
-    from_status: str | None
-    to_status: str | None
+    from_status: JobStatusWord | None
+    to_status: JobStatusWord | None
     actor: str | None
     actor_agent_id: str | None
     payload: dict[str, Any]
@@ -43,8 +44,8 @@ class JobPublic(Public):
 
     id: str
     summary: str
-    status: str = Field(json_schema_extra=JOB_STATUS)
-    priority: str = Field(json_schema_extra=PRIORITY)
+    status: JobStatusWord
+    priority: JobPriorityWord
     role: str
     role_id: str
     context: dict[str, Any]
@@ -105,7 +106,7 @@ class ClaimNextResult(Public):
 
 class LeaseState(Public):
     id: str
-    status: str = Field(json_schema_extra=JOB_STATUS)
+    status: JobStatusWord
     lease_expires_at: Timestamp | None
 
 
@@ -121,7 +122,7 @@ class ReopenRejection(Public):
 class ReopenContext(Public):
     job_id: str
     original_job_id: str
-    status: str = Field(json_schema_extra=JOB_STATUS)
+    status: JobStatusWord
     summary: str
     constraints: list[str]
     attempt: int

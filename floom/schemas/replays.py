@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from floom.schemas.common import Public, Timestamp
+from floom.schemas.common import Public, RunStatusWord, Timestamp
 from floom.vocabulary import ReplayMode
 
 
@@ -18,7 +18,7 @@ class ReplayReport(Public):
     eval_id: str | None
     version_id: str
     original_version_id: str
-    status: str
+    status: RunStatusWord
     finished: bool
     diff: dict[str, Any] | None = Field(
         description="once finished: status, outputs, tool_calls (added, removed, changed), "

@@ -7,10 +7,18 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import BaseModel, ConfigDict, Field
 
 from floom import jsonvalues
-from floom.schemas.common import Public, Timestamp
+from floom.schemas.common import (
+    ApprovalKindWord,
+    ApprovalStatusWord,
+    Public,
+    RunErrorCodeWord,
+    RunStatusWord,
+    RunTriggerWord,
+    Timestamp,
+    ToolCallStatusWord,
+)
 from floom.services.runs import artifact_scan
 from floom.services.runs import rules as run_rules
-from floom.vocabulary import ApprovalKind, ApprovalStatus, RunStatus, RunTrigger
 
 if TYPE_CHECKING:
     from floom.store.agents import Approval, ToolCall, Transcript
@@ -18,7 +26,7 @@ if TYPE_CHECKING:
 
 
 class RunError(Public):
-    code: str | None
+    code: RunErrorCodeWord | None
     message: str | None
 
 
@@ -54,8 +62,8 @@ class RunPublic(Public):
     id: str
     worker: str
     version_id: str
-    status: str = Field(json_schema_extra={"enum": list(RunStatus)})
-    trigger: str = Field(json_schema_extra={"enum": list(RunTrigger)})
+    status: RunStatusWord
+    trigger: RunTriggerWord
     inputs: dict[str, Any]
     outputs: dict[str, Any] | None
     error: RunError | None
@@ -145,10 +153,10 @@ class ApprovalPublic(Public):
     id: str
     run_id: str
     worker: str
-    kind: str = Field(json_schema_extra={"enum": list(ApprovalKind)})
+    kind: ApprovalKindWord
     tool: str | None
     tool_call_id: str | None
-    status: str = Field(json_schema_extra={"enum": list(ApprovalStatus)})
+    status: ApprovalStatusWord
     proposed: Any
     edited: Any
     comment: str | None
@@ -177,14 +185,14 @@ class ApprovalPublic(Public):
 
 
 class ApprovalDecided(ApprovalPublic):
-    run_status: str = Field(json_schema_extra={"enum": list(RunStatus)})
+    run_status: RunStatusWord
 
 
 class ToolCallPublic(Public):
     id: str
     seq: int
     tool: str
-    status: str
+    status: ToolCallStatusWord
     arguments: Any
     result: str | None
     result_size: int | None
@@ -255,7 +263,7 @@ class RunEventPublic(Public):
 class LogPage(Public):
     items: list[RunEventPublic]
     last_seq: int = Field(description="pass as `after` to read on")
-    run_status: str = Field(json_schema_extra={"enum": list(RunStatus)})
+    run_status: RunStatusWord
     complete: bool = Field(description="the run has ended and every event has been read")
 
 

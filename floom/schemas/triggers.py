@@ -7,9 +7,16 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import Field
 
 from floom import jsonvalues
-from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
+from floom.schemas.common import (
+    ErrorDetail,
+    IsoTime,
+    Page,
+    Public,
+    RunStatusWord,
+    Timestamp,
+    TriggerKindWord,
+)
 from floom.schemas.runs import RunPublic
-from floom.vocabulary import TriggerKind
 
 if TYPE_CHECKING:
     from floom.store.models import Worker
@@ -22,7 +29,7 @@ class TriggerPublic(Public):
 
     id: str
     worker: str
-    kind: str = Field(json_schema_extra={"enum": list(TriggerKind)})
+    kind: TriggerKindWord
     config: dict[str, Any]
     paused: bool
     worker_paused: bool
@@ -128,7 +135,7 @@ class HookAnswer(Public):
     )
     duplicate: bool
     message: str | None
-    status: str | None = None
+    status: RunStatusWord | None = None
     outputs: dict[str, Any] | None = None
     error: Any = None
     run: RunPublic | None = None

@@ -45,6 +45,7 @@ from floom.ui.support import (
 )
 from floom.views import runs as run_views
 from floom.views import workers as worker_views
+from floom.vocabulary import RunTrigger
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 log = logging.getLogger("floom.ui")
@@ -164,7 +165,7 @@ async def start_run(request: Request, name: str, ctx: CtxDep, me: Me) -> Respons
             worker_name=name,
             inputs=inputs_from_text(text),
             coerce_strings=True,
-            trigger="manual",
+            trigger=RunTrigger.MANUAL,
             caller=me.caller,
         )
     except FloomError as exc:

@@ -15,6 +15,7 @@ from floom.services.runs import approvals
 from floom.services.triggers import registry as triggers
 from floom.services.triggers import webhooks
 from floom.views import triggers as trigger_answers
+from floom.vocabulary import TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.access.sessions import SignedIn
@@ -34,11 +35,11 @@ def _wall(text: str | None) -> str | None:
 
 
 def _describe(kind: str, config: dict[str, Any]) -> str:
-    if kind == "schedule":
+    if kind == TriggerKind.SCHEDULE:
         return f"cron {config.get('cron', '?')}"
-    if kind == "webhook":
+    if kind == TriggerKind.WEBHOOK:
         return f"signed webhook ({config.get('signature', 'standard')})"
-    if kind == "composio":
+    if kind == TriggerKind.COMPOSIO:
         return f"Composio event {config.get('event', '?')}"
     return kind
 
@@ -65,7 +66,7 @@ def worker_triggers(
                 "paused": t.paused,
                 "active": t.active,
                 "webhook_url": t.url,
-                "secret_name": t.config.get("secret") if t.kind == "webhook" else None,
+                "secret_name": t.config.get("secret") if t.kind == TriggerKind.WEBHOOK else None,
                 "secret_set": t.secret_set,
                 "last_fire_at": t.last_fire_at,
             }

@@ -28,6 +28,7 @@ from floom.services.runs import logs
 from floom.services.runs import rules as run_rules
 from floom.services.runs import waits as run_waits
 from floom.views import runs as views
+from floom.vocabulary import RunTrigger
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 
@@ -59,15 +60,15 @@ class ReplayRequest(BaseModel):
     force: bool = Field(False, description="run even though the worker is paused")
 
 
-_CLIENT_TRIGGERS = {"cli": "manual", "mcp": "mcp"}
+_CLIENT_TRIGGERS = {"cli": RunTrigger.MANUAL, "mcp": RunTrigger.MCP}
 
 
-def surface_trigger(request: Request) -> str:
+def surface_trigger(request: Request) -> RunTrigger:
     """The trigger a run started here records: `manual` from floom's CLI and `mcp` from its
     stdio MCP server (each says so in X-Floom-Client), `api` from any other client. No
     client can claim schedule, webhook or another trigger the server alone decides."""
     client = request.headers.get("x-floom-client", "").lower()
-    return _CLIENT_TRIGGERS.get(client, "api")
+    return _CLIENT_TRIGGERS.get(client, RunTrigger.API)
 
 
 @router.post(

@@ -12,15 +12,21 @@ from rich.text import Text
 from floom.cli.common import JsonOpt, json_object_option, open_client
 from floom.cli.output import new_table, out, print_json, status_text, when
 from floom.schemas.runs import ApprovalDecided, ApprovalPublic, RunDetail
+from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
 
-APPROVAL_STYLES = {"pending": "yellow", "approved": "green", "rejected": "red", "cancelled": "dim"}
-TOOL_STYLES = {
-    "ok": "green",
-    "error": "red",
-    "refused": "red",
-    "rejected": "red",
-    "awaiting_approval": "yellow",
-    "cancelled": "dim",
+APPROVAL_STYLES: dict[str, str] = {
+    ApprovalStatus.PENDING: "yellow",
+    ApprovalStatus.APPROVED: "green",
+    ApprovalStatus.REJECTED: "red",
+    ApprovalStatus.CANCELLED: "dim",
+}
+TOOL_STYLES: dict[str, str] = {
+    ToolCallStatus.OK: "green",
+    ToolCallStatus.ERROR: "red",
+    ToolCallStatus.REFUSED: "red",
+    ToolCallStatus.REJECTED: "red",
+    ToolCallStatus.AWAITING_APPROVAL: "yellow",
+    ToolCallStatus.CANCELLED: "dim",
 }
 
 
@@ -38,7 +44,7 @@ def _short(value: Any, width: int = 70) -> str:
 
 
 def _what(a: ApprovalPublic) -> str:
-    return f"tool {a.tool}" if a.kind == "tool_call" else "run outputs"
+    return f"tool {a.tool}" if a.kind == ApprovalKind.TOOL_CALL else "run outputs"
 
 
 def list_approvals(
@@ -74,7 +80,7 @@ def list_approvals(
         )
     if table.row_count:
         out.print(table)
-        if status == "pending":
+        if status == ApprovalStatus.PENDING:
             out.print(
                 Text(
                     "decide with `floom approve ID [--edit JSON] [--comment TEXT]` or "
@@ -83,7 +89,9 @@ def list_approvals(
                 )
             )
     else:
-        out.print("no approvals match" if status != "pending" else "nothing awaits approval")
+        out.print(
+            "no approvals match" if status != ApprovalStatus.PENDING else "nothing awaits approval"
+        )
     if page.next_cursor:
         out.print(
             Text(

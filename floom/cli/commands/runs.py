@@ -36,6 +36,7 @@ from floom.client.rest import FloomClient
 from floom.client.wire import WAIT_CALL_SECONDS
 from floom.schemas.runs import RunPublic, RunQuery
 from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
+from floom.vocabulary import RunStatus, RunTrigger
 
 
 def register(app: typer.Typer) -> None:
@@ -98,7 +99,7 @@ def watch_run(
             print_result(final.to_json())
     except KeyboardInterrupt:
         stopped_waiting(run_id)
-    if final.status != "succeeded":
+    if final.status != RunStatus.SUCCEEDED:
         raise typer.Exit(1)
 
 
@@ -176,7 +177,7 @@ def run(
             )
             if started.status in TERMINAL_STATUSES:
                 print_json(started)
-                if started.status != "succeeded":
+                if started.status != RunStatus.SUCCEEDED:
                     raise typer.Exit(1)
                 return
             if timeout is not None:
@@ -251,9 +252,9 @@ def replay(
 def list_runs(
     worker: Annotated[str | None, typer.Option(help="only this worker's runs")] = None,
     status: Annotated[
-        str | None, typer.Option(help="queued, running, succeeded, failed...")
+        RunStatus | None, typer.Option(help="queued, running, succeeded, failed...")
     ] = None,
-    trigger: Annotated[str | None, typer.Option(help="api, schedule, replay, ...")] = None,
+    trigger: Annotated[RunTrigger | None, typer.Option(help="api, schedule, replay, ...")] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="runs per page")] = 20,
     cursor: Annotated[str | None, typer.Option(help="continue after this page")] = None,
     as_json: JsonOpt = False,

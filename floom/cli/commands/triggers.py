@@ -13,6 +13,7 @@ from floom.cli.commands.runs import watch_run
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import new_table, out, print_json, when
 from floom.schemas.triggers import TriggerListing, TriggerPublic
+from floom.vocabulary import TriggerKind
 
 TriggerOpt = Annotated[
     str | None, typer.Option("--trigger", metavar="ID", help="only this trigger of the worker")
@@ -37,16 +38,16 @@ def register(app: typer.Typer) -> None:
 
 def _details(t: TriggerPublic) -> str:
     config = t.config
-    if t.kind == "schedule":
+    if t.kind == TriggerKind.SCHEDULE:
         return (
             f"{config.get('cron')}  overlap {config.get('overlap')}, "
             f"catch_up {config.get('catch_up')}"
         )
-    if t.kind == "webhook":
+    if t.kind == TriggerKind.WEBHOOK:
         secret = config.get("secret")
         state = "" if t.secret_set is not False else f" (secret {secret} not set!)"
         return f"POST {t.url}  {config.get('signature')} signature{state}"
-    if t.kind == "composio":
+    if t.kind == TriggerKind.COMPOSIO:
         parts = [str(config.get("event"))]
         if config.get("connected_account"):
             parts.append(f"account {config['connected_account']}")

@@ -76,6 +76,7 @@ from floom.views import handoffs as handoff_views
 from floom.views import runs as run_views
 from floom.views import triggers as trigger_views
 from floom.views import workers as worker_views
+from floom.vocabulary import RunTrigger
 
 
 class CatalogSource:
@@ -226,7 +227,7 @@ class LocalBackend(Backend):
             ctx,
             worker_name=worker,
             inputs=inputs,
-            trigger="mcp",
+            trigger=RunTrigger.MCP,
             caller=self.principal,
             force=force,
             in_transaction=callbacks.recorder(callback),

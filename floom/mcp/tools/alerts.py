@@ -3,7 +3,7 @@ written against the Backend interface."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from mcp_types import ToolAnnotations
@@ -11,6 +11,8 @@ from pydantic import Field
 
 from floom.mcp.render import Reply
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
+from floom.schemas.common import OneOf
+from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus
 
 
 def _channels_text(items: list[dict[str, Any]]) -> str:
@@ -41,7 +43,10 @@ async def list_alert_channels(ctx: Context) -> Reply:
 async def add_alert_channel(
     ctx: Context,
     name: Annotated[str, Field(description="a lowercase slug, e.g. ops")],
-    kind: Annotated[Literal["webhook", "slack", "email"], Field(description="the channel kind")],
+    kind: Annotated[
+        Annotated[ChannelKind, OneOf(ChannelKind, strict=True)],
+        Field(description="the channel kind"),
+    ],
     config: Annotated[
         dict[str, Any],
         Field(
@@ -105,11 +110,12 @@ async def add_alert_rule(
 async def list_alert_deliveries(
     ctx: Context,
     status: Annotated[
-        Literal["pending", "delivered", "failed", "throttled"] | None,
+        Annotated[DeliveryStatus, OneOf(DeliveryStatus, strict=True)] | None,
         Field(description="only deliveries in this status"),
     ] = None,
     purpose: Annotated[
-        Literal["alert", "test", "callback"] | None, Field(description="only this kind")
+        Annotated[DeliveryPurpose, OneOf(DeliveryPurpose, strict=True)] | None,
+        Field(description="only this kind"),
     ] = None,
     run_id: Annotated[str | None, Field(description="only this run's")] = None,
     limit: Annotated[int, Field(ge=1, le=500)] = 20,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
@@ -47,9 +47,11 @@ from floom.mcp.tools.artifacts import ARTIFACT_TOOLS, with_links
 from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
 from floom.mcp.tools.state import STATE_TOOLS
+from floom.schemas.common import OneOf
 from floom.schemas.runs import RunPublic, RunQuery
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import SUCCEEDED, WAITING
+from floom.vocabulary import ApprovalStatus, Decision, RunStatus, RunTrigger
 
 LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")
 
@@ -75,25 +77,11 @@ Force = Annotated[bool, Field(description="run even though the worker is paused"
 WaitSeconds = Annotated[
     float, Field(ge=0, le=MAX_WAIT_SECONDS, description="wait up to this long for the run to end")
 ]
-# Every status a run can have (floom.services.runs.rules.STATUSES; a test keeps them equal).
-RunStatus = Literal[
-    "queued",
-    "running",
-    "awaiting_approval",
-    "succeeded",
-    "failed",
-    "timed_out",
-    "cancelled",
-    "rejected",
-    "limit_exceeded",
-    "skipped",
-]
-# Every trigger a run records (floom.services.runs.lifecycle.TRIGGERS).
-RunTrigger = Literal[
-    "manual", "schedule", "webhook", "composio", "replay", "api", "mcp", "handoff", "agent"
-]
-# Every status of an approval (floom.services.runs.approvals.APPROVAL_STATUSES).
-ApprovalStatus = Literal["pending", "approved", "rejected", "cancelled"]
+# The vocabulary's words (floom/vocabulary.py), refused outside the set as a Literal would be.
+RunStatusArg = Annotated[RunStatus, OneOf(RunStatus, strict=True)]
+RunTriggerArg = Annotated[RunTrigger, OneOf(RunTrigger, strict=True)]
+ApprovalStatusArg = Annotated[ApprovalStatus, OneOf(ApprovalStatus, strict=True)]
+DecisionArg = Annotated[Decision, OneOf(Decision, strict=True)]
 Cursor = Annotated[str | None, Field(description="next_cursor of a previous page")]
 
 
@@ -302,8 +290,8 @@ async def run_worker(
 async def list_runs(
     ctx: Context,
     worker: Annotated[str | None, Field(description="only runs of this worker")] = None,
-    status: Annotated[RunStatus | None, Field(description="only runs in this status")] = None,
-    trigger: Annotated[RunTrigger | None, Field(description="only runs started so")] = None,
+    status: Annotated[RunStatusArg | None, Field(description="only runs in this status")] = None,
+    trigger: Annotated[RunTriggerArg | None, Field(description="only runs started so")] = None,
     cursor: Annotated[str | None, Field(description="next_cursor of a previous page")] = None,
     limit: Annotated[int, Field(ge=1, le=500)] = 20,
 ) -> Reply:
@@ -453,7 +441,8 @@ async def replay_run(
 async def list_approvals(
     ctx: Context,
     status: Annotated[
-        ApprovalStatus | None, Field(description="approvals in this status (default pending)")
+        ApprovalStatusArg | None,
+        Field(description="approvals in this status (default pending)"),
     ] = None,
     worker: Annotated[str | None, Field(description="only approvals of this worker")] = None,
     cursor: Cursor = None,
@@ -471,7 +460,7 @@ async def list_approvals(
 async def decide_approval(
     ctx: Context,
     approval_id: Annotated[str, Field(description="the approval's id")],
-    decision: Literal["approve", "reject"],
+    decision: DecisionArg,
     edits: Annotated[
         dict[str, Any] | None, Field(description="approve with these edited values instead")
     ] = None,

@@ -7,7 +7,7 @@ counts on the next call. Role names are plain strings in the schemas for the sam
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
@@ -22,13 +22,14 @@ from floom.mcp.toolkit import (
     floom_tool,
     off,
 )
+from floom.schemas.common import OneOf
 from floom.schemas.handoffs import JobPublic, JobQuery
+from floom.vocabulary import JobPriority, JobStatus
 
 JobId = Annotated[str, Field(description="handoff job id, e.g. job_0123abcd...")]
-Status = Literal[
-    "pending", "published", "in_progress", "blocked", "completed", "failed", "cancelled"
-]
-Priority = Literal["low", "normal", "high", "urgent"]
+# The vocabulary's words (floom/vocabulary.py), refused outside the set as a Literal would be.
+Status = Annotated[JobStatus, OneOf(JobStatus, strict=True)]
+Priority = Annotated[JobPriority, OneOf(JobPriority, strict=True)]
 LeaseSeconds = Annotated[
     float | None,
     Field(gt=0, le=86_400, description="how long the claim holds without a heartbeat"),
@@ -64,7 +65,7 @@ def job_text(job: JobPublic, head: str = "") -> str:
         lines.append(f"context: {short(job.context, 600)}")
     if job.blocked_by:
         lines.append("waits on: " + ", ".join(job.blocked_by))
-    if job.lease_expires_at and job.status == "in_progress":
+    if job.lease_expires_at and job.status == JobStatus.IN_PROGRESS:
         lines.append(
             f"lease until {job.lease_expires_at.isoformat()}; handoff_heartbeat extends it, "
             "handoff_complete_job finishes it"
@@ -135,7 +136,7 @@ async def handoff_create_job(
         list[str] | None, Field(description='rules the work must keep, e.g. "no new deps"')
     ] = None,
     artifacts: Artifacts = None,
-    priority: Priority = "normal",
+    priority: Priority = JobPriority.NORMAL,
     blocked_by: Annotated[
         list[str] | None, Field(description="job ids that must complete first")
     ] = None,

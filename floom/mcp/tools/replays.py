@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, TypeVar
 
 from mcp.server.mcpserver import Context
 from mcp_types import ToolAnnotations
@@ -14,7 +14,9 @@ from pydantic import Field
 
 from floom.mcp.render import Reply, short
 from floom.mcp.toolkit import MAX_WAIT_SECONDS, READ, FloomTool, backend_of, floom_tool, off
+from floom.schemas.common import OneOf
 from floom.schemas.replays import EvalReport, ReplayReport
+from floom.vocabulary import ReplayMode
 
 POLL_SECONDS = 0.5
 R = TypeVar("R", ReplayReport, EvalReport)
@@ -70,9 +72,9 @@ async def replay_recorded_run(
     ctx: Context,
     run_id: Annotated[str, Field(description="a finished agent run")],
     mode: Annotated[
-        Literal["exact", "what_if"],
+        Annotated[ReplayMode, OneOf(ReplayMode, strict=True)],
         Field(description="exact: no model, no tool; what_if: the model live, tools recorded"),
-    ] = "exact",
+    ] = ReplayMode.EXACT,
     version_id: Annotated[
         str | None, Field(description="what_if: the version to test (default: the active one)")
     ] = None,

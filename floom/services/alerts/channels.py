@@ -23,11 +23,12 @@ from floom.services.access import secrets
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import AlertChannel, new_id, utcnow
+from floom.vocabulary import ChannelKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
 
-KINDS = ("webhook", "slack", "email")
+KINDS: tuple[ChannelKind, ...] = tuple(ChannelKind)
 MAX_URL = 2048
 MAX_RECIPIENTS = 20
 # Each kind's settings: (key, required, what it holds).
@@ -145,10 +146,10 @@ def check_config(ctx: Context, *, kind: str, config: Any, caller: Principal) -> 
     for key in SECRET_SETTINGS:
         if config.get(key) is not None:
             clean[key] = _check_secret(ctx, config[key], f"config.{key}", caller)
-    if kind == "webhook":
+    if kind == ChannelKind.WEBHOOK:
         clean["url"] = check_url(ctx, config["url"], "config.url")
         _check_signing_key(ctx, clean["secret"])
-    elif kind == "slack":
+    elif kind == ChannelKind.SLACK:
         url = _secret_value(ctx, clean["url_secret"])
         check_url(ctx, url, "config.url_secret")
     else:
@@ -227,7 +228,9 @@ def create_channel(
     caller.require("deploy")
     _check_name(name)
     clean = check_config(ctx, kind=kind, config=config, caller=caller)
-    row = AlertChannel(id=new_id("ach"), name=name, kind=kind, config_json=json.dumps(clean))
+    row = AlertChannel(
+        id=new_id("ach"), name=name, kind=ChannelKind(kind), config_json=json.dumps(clean)
+    )
     try:
         with session_scope(ctx.engine, write=True) as s:
             caller.require_in(s, "deploy")

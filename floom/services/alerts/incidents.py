@@ -35,6 +35,7 @@ from floom.store.models import (
     new_id,
     utcnow,
 )
+from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -45,8 +46,8 @@ PROBLEM = "problem"
 RECOVERY = "recovery"
 NOTICE = "notice"
 MAX_MESSAGE = 2000
-PENDING = "pending"
-THROTTLED = "throttled"
+PENDING = DeliveryStatus.PENDING
+THROTTLED = DeliveryStatus.THROTTLED
 
 
 @dataclass
@@ -163,7 +164,7 @@ def _record(ctx: Context, s: Session, seen: Seen) -> AlertEvent | None:
             enqueue(
                 ctx,
                 s,
-                purpose="alert",
+                purpose=DeliveryPurpose.ALERT,
                 body=body,
                 channel=route.channel,
                 event_id=event.id,
@@ -239,7 +240,7 @@ def enqueue(
     ctx: Context,
     s: Session,
     *,
-    purpose: str,
+    purpose: DeliveryPurpose,
     body: dict[str, Any],
     channel: AlertChannel | None = None,
     target: str | None = None,
@@ -253,14 +254,14 @@ def enqueue(
     throttled instead."""
     now = utcnow()
     status = PENDING
-    if purpose == "alert" and channel is not None:
+    if purpose == DeliveryPurpose.ALERT and channel is not None:
         since = now - timedelta(seconds=ctx.settings.alert_throttle_seconds)
         sent = s.exec(
             select(func.count())
             .select_from(Delivery)
             .where(
                 Delivery.channel_id == channel.id,
-                Delivery.purpose == "alert",
+                Delivery.purpose == DeliveryPurpose.ALERT,
                 col(Delivery.created_at) >= since,
                 Delivery.status != THROTTLED,
             )

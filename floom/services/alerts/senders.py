@@ -25,6 +25,7 @@ from floom.net.egress import (
     resolve_checked,
 )
 from floom.services.alerts.channels import Channel, channel_secrets
+from floom.vocabulary import ChannelKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -64,10 +65,10 @@ def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[s
         raise AlertUndeliverable(
             f"secret {missing[0]} of channel {channel.name} is not set any more", permanent=True
         )
-    if channel.kind == "webhook":
+    if channel.kind == ChannelKind.WEBHOOK:
         text = json.dumps(body, separators=(",", ":"))
         _post(ctx, channel.config["url"], text, delivery_id=delivery_id, key=values["secret"])
-    elif channel.kind == "slack":
+    elif channel.kind == ChannelKind.SLACK:
         _post(
             ctx,
             values["url_secret"],

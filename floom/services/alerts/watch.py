@@ -36,6 +36,7 @@ from floom.store.nodes import Node
 from floom.store.triggers import Trigger, TriggerFire, WebhookDelivery
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec
+from floom.vocabulary import ApprovalStatus, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -223,7 +224,7 @@ def watch_approvals(ctx: Context, *, now: datetime) -> int:
     with session_scope(ctx.engine) as s:
         rows = s.exec(
             select(Approval)
-            .where(Approval.status == "pending", col(Approval.created_at) <= before)
+            .where(Approval.status == ApprovalStatus.PENDING, col(Approval.created_at) <= before)
             .order_by(col(Approval.id))
             .limit(BATCH)
         ).all()
@@ -257,7 +258,7 @@ def watch_schedules(ctx: Context, *, now: datetime) -> int:
             select(Trigger, Worker)
             .join(Worker, col(Worker.name) == col(Trigger.worker_name))
             .where(
-                Trigger.kind == "schedule",
+                Trigger.kind == TriggerKind.SCHEDULE,
                 col(Trigger.removed_at).is_(None),
                 col(Trigger.paused).is_(False),
                 col(Worker.paused).is_(False),

@@ -31,6 +31,7 @@ from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole, Job, Role
 from floom.store.models import Worker, new_id
 from floom.store.triggers import Trigger
+from floom.vocabulary import RunTrigger, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -57,7 +58,7 @@ def _bridges(s: Session) -> list[Bridge]:
         select(Trigger, Worker)
         .join(Worker, col(Worker.name) == col(Trigger.worker_name))
         .where(
-            Trigger.kind == "handoff",
+            Trigger.kind == TriggerKind.HANDOFF,
             col(Trigger.removed_at).is_(None),
             col(Trigger.paused).is_(False),
             col(Worker.paused).is_(False),
@@ -141,7 +142,7 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: dict[str, Any]) -> N
             ctx,
             worker_name=bridge.worker,
             inputs=inputs,
-            trigger="handoff",
+            trigger=RunTrigger.HANDOFF,
             caller=principal.system(agent_id=actor.agent_id),
         )
     except FloomError as exc:

@@ -20,7 +20,7 @@ from floom.services.runs.rules import FINISHED
 from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.replays import Replay
-from floom.vocabulary import ReplayMode
+from floom.vocabulary import ReplayMode, RunTrigger, ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -87,7 +87,7 @@ def start_replay(
         ctx,
         worker_name=original.worker_name,
         inputs=jsonvalues.stored(original.inputs_json, expect=dict),
-        trigger="replay",
+        trigger=RunTrigger.REPLAY,
         caller=caller,
         version_id=version_id,
         replay_of=original.id,
@@ -198,7 +198,7 @@ def replay_report(ctx: Context, *, run_id: str, caller: Principal) -> dict[str, 
     body["refused_calls"] = sum(
         1
         for c in mine["tool_calls"]
-        if c["status"] == "refused" and (c["error"] or "").startswith(NOT_RECORDED)
+        if c["status"] == ToolCallStatus.REFUSED and (c["error"] or "").startswith(NOT_RECORDED)
     )
     if row.mode == EXACT:
         found = _divergence(row.divergence_json) if row.divergence_json else None

@@ -17,6 +17,7 @@ from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, stage_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, new_id, utcnow
+from floom.vocabulary import ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
@@ -106,7 +107,7 @@ def record_tool_call(
     attempt: int,
     tool: str,
     arguments: Any,
-    status: str,
+    status: ToolCallStatus,
     result: str | None = None,
     error: str | None = None,
     duration_ms: int = 0,
@@ -138,7 +139,7 @@ def finish_tool_call(
     ctx: Context,
     *,
     call_id: str,
-    status: str,
+    status: ToolCallStatus,
     arguments: Any,
     result: str | None = None,
     error: str | None = None,

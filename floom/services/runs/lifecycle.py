@@ -22,6 +22,7 @@ from floom.errors import (
     InputsTooLarge,
     InvalidRequest,
     NotFound,
+    RunErrorCode,
     WorkerPaused,
 )
 from floom.services.access.principal import Principal
@@ -56,22 +57,13 @@ from floom.store.models import (
     trusted_row,
     utcnow,
 )
+from floom.vocabulary import RunTrigger
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
     from floom.services.context import Context
 
-TRIGGERS = (
-    "manual",
-    "schedule",
-    "webhook",
-    "composio",
-    "replay",
-    "api",
-    "mcp",
-    "handoff",
-    "agent",
-)
+TRIGGERS: tuple[RunTrigger, ...] = tuple(RunTrigger)
 
 
 def create_run(
@@ -80,7 +72,7 @@ def create_run(
     worker_name: str,
     inputs: Mapping[str, Any] | None = None,
     coerce_strings: bool = False,
-    trigger: str = "api",
+    trigger: RunTrigger = RunTrigger.API,
     caller: Principal,
     version_id: str | None = None,
     replay_of: str | None = None,
@@ -157,7 +149,7 @@ def _queue_run(
     check_against_lock: bool,
     inputs: Mapping[str, Any] | None,
     coerce_strings: bool,
-    trigger: str,
+    trigger: RunTrigger,
     caller: Principal,
     check_surface: bool,
     version_id: str | None,
@@ -361,9 +353,9 @@ def insert_skipped_run(
     *,
     worker_name: str,
     version_id: str | None,
-    trigger: str,
+    trigger: RunTrigger,
     trigger_id: str | None,
-    code: str,
+    code: RunErrorCode,
     reason: str,
     error_message: str | None = None,
     inputs: Mapping[str, Any] | None = None,
@@ -506,7 +498,7 @@ def cancel_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
                 run,
                 CANCELLED,
                 by=CALLER,
-                error_code="cancelled",
+                error_code=RunErrorCode.CANCELLED,
                 error_message=f"cancelled{who} before it {before}",
             )
             system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancelled{who}")
@@ -525,7 +517,7 @@ def replay_run(
     run_id: str,
     latest: bool = False,
     caller: Principal,
-    trigger: str = "replay",
+    trigger: RunTrigger = RunTrigger.REPLAY,
     force: bool = False,
 ) -> Run:
     """Run again with the same inputs, on the same version unless `latest`. Needs the run

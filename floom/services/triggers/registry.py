@@ -26,6 +26,7 @@ from floom.triggers.spec import (
     spec_to_config,
     trigger_key,
 )
+from floom.vocabulary import TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -69,9 +70,11 @@ def sync_triggers(s: Session, *, worker_name: str, manifest: Manifest) -> None:
             s.add(row)
     # The scheduler and the handoff bridge sleep until their triggers change.
     kinds = {spec.kind for spec in specs}
-    if "schedule" in kinds:
+    if TriggerKind.SCHEDULE in kinds:
         wakeups.SCHEDULES.notify_on_commit(s)
-    if "handoff" in kinds or any(row.kind == "handoff" for row in rows.values()):
+    if TriggerKind.HANDOFF in kinds or any(
+        row.kind == TriggerKind.HANDOFF for row in rows.values()
+    ):
         wakeups.HANDOFFS.notify_on_commit(s)
 
 

@@ -21,6 +21,7 @@ from floom.errors import (
     InputInvalid,
     NotFound,
     PayloadTooLarge,
+    RunErrorCode,
     WorkerPaused,
 )
 from floom.services.access import principal, secrets
@@ -33,14 +34,17 @@ from floom.store.models import Run, Worker, new_id
 from floom.store.triggers import Trigger, WebhookDelivery
 from floom.triggers import signatures
 from floom.triggers.spec import EVENT_INPUT, ComposioSpec, WebhookSpec
+from floom.vocabulary import RunTrigger, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
 
+# A delivery's outcome: it started a run, or it did not (its skipped run's error code), or it
+# matched no worker.
 RUN = "run"
-PAUSED = "paused"
-INPUT_INVALID = "input_invalid"
-START_FAILED = "start_failed"
+PAUSED = RunErrorCode.PAUSED
+INPUT_INVALID = RunErrorCode.INPUT_INVALID
+START_FAILED = RunErrorCode.START_FAILED
 UNMATCHED = "unmatched"
 
 log = logging.getLogger("floom.webhooks")
@@ -101,7 +105,7 @@ def receive_webhook(
     callback = callbacks.check_callback_url(ctx, callback_url)
     return deliver(
         ctx,
-        source="webhook",
+        source=RunTrigger.WEBHOOK,
         key=verified.delivery_id,
         digest=verified.signature_digest,
         trigger=trigger,
@@ -131,7 +135,7 @@ def payload_too_large(limit: int) -> PayloadTooLarge:
 def deliver(
     ctx: Context,
     *,
-    source: str,
+    source: RunTrigger,
     key: str,
     trigger: Trigger,
     worker: Worker,
@@ -203,10 +207,10 @@ def deliver(
 def _refused(
     ctx: Context,
     delivery: WebhookDelivery,
-    outcome: str,
+    outcome: RunErrorCode,
     message: str,
     *,
-    trigger: str,
+    trigger: RunTrigger,
     error: FloomError | None,
 ) -> Received:
     """Keep a delivery that did not start a run, with a skipped run saying why."""
@@ -263,7 +267,7 @@ def _webhook_trigger(ctx: Context, worker_name: str) -> tuple[Trigger, Worker]:
         trigger = s.exec(
             select(Trigger).where(
                 Trigger.worker_name == worker_name,
-                Trigger.kind == "webhook",
+                Trigger.kind == TriggerKind.WEBHOOK,
                 col(Trigger.removed_at).is_(None),
             )
         ).first()
@@ -419,7 +423,7 @@ def replay_delivery(
         ctx,
         worker_name=delivery.worker_name,
         inputs=inputs,
-        trigger="replay",
+        trigger=RunTrigger.REPLAY,
         caller=caller,
         replay_of=delivery.run_id,
         force=force,

@@ -10,6 +10,7 @@ from floom.mcp.backends.local import LocalBackend
 from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
 from floom.store.db import session_scope
+from floom.vocabulary import ApprovalKind
 from tests.support.agents import log_lines, start_run, wait_status
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_until
 
@@ -170,7 +171,11 @@ def test_approvals_filter_by_worker_before_paging_over_rest_and_mcp(
 ) -> None:
     with session_scope(server.ctx.engine, write=True) as s:
         for i, worker in enumerate(["a", "b", "a", "b", "b"]):
-            s.add(Approval(id=f"apr_{i}", run_id=f"run_{i}", worker_name=worker, kind="run"))
+            s.add(
+                Approval(
+                    id=f"apr_{i}", run_id=f"run_{i}", worker_name=worker, kind=ApprovalKind.RUN
+                )
+            )
 
     first = api.get("/api/v1/approvals", params={"worker": "b", "limit": 2}).json()
     cursor = first["next_cursor"]

@@ -17,6 +17,7 @@ import pytest
 from sqlmodel import Session
 
 from floom.engine.collect import read_result
+from floom.errors import RunErrorCode
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent
 from floom.store.handoffs import Job, JobEvent, Role
@@ -31,6 +32,7 @@ from floom.ui import monitoring as ui_monitoring
 from floom.ui import ops as ui_ops
 from floom.ui import replays as ui_replays
 from floom.ui import runs as ui_runs
+from floom.vocabulary import ApprovalKind, JobStatus, RunStatus, ToolCallStatus
 from tests.support.harness import LiveServer, deploy_folder, make_worker
 from tests.support.mcp_clients import call_raw, http_client, text_of
 from tests.support.web import signed_in_client
@@ -74,10 +76,10 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     id=run_id,
                     worker_name="hostile",
                     version_id=version_id,
-                    status="succeeded",
+                    status=RunStatus.SUCCEEDED,
                     inputs_json=text,
                     outputs_json=text,
-                    error_code="worker_error",
+                    error_code=RunErrorCode.WORKER_ERROR,
                     error_message=text[:2000],
                 )
             )
@@ -88,7 +90,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     run_id=run_id,
                     seq=1,
                     tool="http_request",
-                    status="ok",
+                    status=ToolCallStatus.OK,
                     arguments_json=text,
                     result=text[:2000],
                 )
@@ -100,7 +102,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     id=approval_id,
                     run_id=run_id,
                     worker_name="hostile",
-                    kind="run",
+                    kind=ApprovalKind.RUN,
                     proposed_json=text,
                     edited_json=text,
                 )
@@ -132,7 +134,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     routing_json=text,
                     result_json=text,
                     target_role_id=role.id,
-                    status="published",
+                    status=JobStatus.PUBLISHED,
                 )
             )
             s.add(JobEvent(job_id=job_id, type="published", payload_json=text))

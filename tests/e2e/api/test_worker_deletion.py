@@ -41,6 +41,7 @@ from floom.store.handoffs import Agent, AgentRole
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version
 from floom.store.triggers import Trigger
 from floom.triggers.signatures import sign_floom
+from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
 from tests.support.cli import cli
 from tests.support.harness import (
     REPO,
@@ -100,14 +101,18 @@ def finish_with(ctx: Context, run: Run, *, artifacts: list[tuple[str, bytes]]) -
         row.status = run_rules.SUCCEEDED
         s.add(row)
         agent_runs.replace_artifacts(s, run_id=run.id, artifacts=staged)
-        s.add(ToolCall(id=f"tc_{run.id[-12:]}", run_id=run.id, seq=1, tool="echo", status="ok"))
+        s.add(
+            ToolCall(
+                id=f"tc_{run.id[-12:]}", run_id=run.id, seq=1, tool="echo", status=ToolCallStatus.OK
+            )
+        )
         s.add(
             Approval(
                 id=f"apr_{run.id[-12:]}",
                 run_id=run.id,
                 worker_name=run.worker_name,
-                kind="run",
-                status="approved",
+                kind=ApprovalKind.RUN,
+                status=ApprovalStatus.APPROVED,
             )
         )
         s.add(
@@ -134,7 +139,11 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
         assert row is not None
         row.status = run_rules.AWAITING_APPROVAL
         s.add(row)
-        s.add(Approval(id="apr_pending", run_id=paused.id, worker_name="doomed", kind="run"))
+        s.add(
+            Approval(
+                id="apr_pending", run_id=paused.id, worker_name="doomed", kind=ApprovalKind.RUN
+            )
+        )
 
     result = delete_worker(ctx, name="doomed", purge_runs=False, caller=admin(ctx))
 

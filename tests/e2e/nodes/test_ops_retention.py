@@ -18,6 +18,7 @@ from floom.services.ops.retention import ORPHAN_GRACE, apply_retention
 from floom.store.blobs.rows import inline_blob, insert_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, new_id, utcnow
+from floom.vocabulary import RunStatus
 from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 
 NOW = utcnow()
@@ -33,7 +34,7 @@ def _run(
     ctx: Context,
     worker: str,
     version: str,
-    status: str,
+    status: RunStatus,
     *,
     ended_days_ago: float,
     files: dict[str, bytes],
@@ -95,16 +96,31 @@ def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_thei
     plain = _deploy(ctx, tmp_path, "plain")
     keep = _deploy(ctx, tmp_path, "keeper", "retention_days: 0\n")
     short = _deploy(ctx, tmp_path, "brief", "retention_days: 1\n")
-    old = _run(ctx, "plain", plain, "succeeded", ended_days_ago=10, files={"a.txt": b"only old"})
-    also_old = _run(ctx, "plain", plain, "failed", ended_days_ago=9, files={"s.txt": b"shared"})
-    recent = _run(ctx, "plain", plain, "succeeded", ended_days_ago=1, files={"s.txt": b"shared"})
-    waiting = _run(
-        ctx, "plain", plain, "awaiting_approval", ended_days_ago=30, files={"p.txt": b"paused"}
+    old = _run(
+        ctx, "plain", plain, RunStatus.SUCCEEDED, ended_days_ago=10, files={"a.txt": b"only old"}
     )
-    running = _run(ctx, "plain", plain, "running", ended_days_ago=30, files={})
-    queued = _run(ctx, "plain", plain, "queued", ended_days_ago=30, files={})
-    kept_forever = _run(ctx, "keeper", keep, "failed", ended_days_ago=30, files={"k": b"kept"})
-    short_lived = _run(ctx, "brief", short, "succeeded", ended_days_ago=2, files={"b": b"brief"})
+    also_old = _run(
+        ctx, "plain", plain, RunStatus.FAILED, ended_days_ago=9, files={"s.txt": b"shared"}
+    )
+    recent = _run(
+        ctx, "plain", plain, RunStatus.SUCCEEDED, ended_days_ago=1, files={"s.txt": b"shared"}
+    )
+    waiting = _run(
+        ctx,
+        "plain",
+        plain,
+        RunStatus.AWAITING_APPROVAL,
+        ended_days_ago=30,
+        files={"p.txt": b"paused"},
+    )
+    running = _run(ctx, "plain", plain, RunStatus.RUNNING, ended_days_ago=30, files={})
+    queued = _run(ctx, "plain", plain, RunStatus.QUEUED, ended_days_ago=30, files={})
+    kept_forever = _run(
+        ctx, "keeper", keep, RunStatus.FAILED, ended_days_ago=30, files={"k": b"kept"}
+    )
+    short_lived = _run(
+        ctx, "brief", short, RunStatus.SUCCEEDED, ended_days_ago=2, files={"b": b"brief"}
+    )
     stale_orphan = _orphan(ctx, b"left by a retry", created=NOW - ORPHAN_GRACE - timedelta(1))
     fresh_orphan = _orphan(ctx, b"just stored", created=NOW)
     blobs_before = _blobs(ctx)
@@ -141,7 +157,7 @@ def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_thei
 
 def test_with_no_retention_set_only_stale_orphan_blobs_go(ctx: Context, tmp_path: Path) -> None:
     plain = _deploy(ctx, tmp_path, "plain")
-    ancient = _run(ctx, "plain", plain, "succeeded", ended_days_ago=3000, files={"x": b"x"})
+    ancient = _run(ctx, "plain", plain, RunStatus.SUCCEEDED, ended_days_ago=3000, files={"x": b"x"})
     stale = _orphan(ctx, b"orphan", created=NOW - ORPHAN_GRACE - timedelta(hours=1))
     report = apply_retention(ctx, now=NOW)
     assert _left(ctx, ancient) == (2, 1)
@@ -183,7 +199,9 @@ def test_retention_on_sqlite_gives_the_freed_space_back_to_the_disk(
         plain = _deploy(ctx, tmp_path, "plain")
         for i in range(40):
             big = os.urandom(256 * 1024) + str(i).encode()
-            _run(ctx, "plain", plain, "succeeded", ended_days_ago=30, files={"big.bin": big})
+            _run(
+                ctx, "plain", plain, RunStatus.SUCCEEDED, ended_days_ago=30, files={"big.bin": big}
+            )
         side = sqlite3.connect(db)
         side.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         side.close()

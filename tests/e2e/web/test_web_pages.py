@@ -29,6 +29,7 @@ from floom.store.models import Run, utcnow
 from floom.ui import support as ui_support
 from floom.ui.support import SESSION_COOKIE
 from floom.views import workers as worker_views
+from floom.vocabulary import ToolCallStatus
 from tests.support.handoffs import agent, roles
 from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.web import csrf_of, signed_in_client
@@ -352,7 +353,7 @@ def test_a_run_page_shows_its_tool_calls_in_order_with_arguments_and_results(
             attempt=1,
             tool=tool,
             arguments=args,
-            status="succeeded",
+            status=ToolCallStatus.OK,
             result=result,
             duration_ms=12,
         )
