@@ -48,6 +48,7 @@ from floom.schemas.runs import (
     RunDetail,
     RunEventPublic,
     RunPublic,
+    RunQuery,
 )
 from floom.schemas.triggers import DeliveryDetail, DeliveryPublic, TriggerListing
 from floom.schemas.workers import (
@@ -353,19 +354,8 @@ class FloomClient:
         # 200 with the whole record when the run settled in time, 202 with the run otherwise.
         return (RunDetail if "tool_calls" in result else RunPublic).model_validate(result)
 
-    def list_runs(
-        self,
-        *,
-        worker: str | None = None,
-        status: str | None = None,
-        trigger: str | None = None,
-        cursor: str | None = None,
-        limit: int | None = None,
-    ) -> Page[RunPublic]:
-        params = self._params(
-            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
-        )
-        result = self.request_json("GET", "/api/v1/runs", params=params)
+    def list_runs(self, query: RunQuery) -> Page[RunPublic]:
+        result = self.request_json("GET", "/api/v1/runs", params=query.params())
         return Page[RunPublic].model_validate(result)
 
     def get_run(self, run_id: str, *, wait: float = 0, until: str = "ended") -> RunDetail:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict, JsonValue
 
 from floom.schemas.admin import KeyCreated
@@ -73,6 +73,31 @@ class JobPublic(Public):
     events: list[JobEventPublic] = Field(default_factory=list)
 
     omit_when_unset = frozenset({"replayed", "events"})
+
+
+class JobQuery(BaseModel):
+    """Which handoff jobs to list: the ones the caller may see, newest first, a page at a time.
+    The one shape of GET /api/v1/handoffs/jobs's filters, the client's list_jobs, both MCP
+    backends and the handoff_list_jobs tool, and `floom handoffs jobs`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: list[str] | None = Field(None, description="only jobs in these statuses")
+    role: str | None = None
+    assignee: str | None = Field(None, description='an agent id or label, or "me"')
+    source: str | None = Field(None, description='an agent id or label, or "me"')
+    my_roles: bool = Field(False, description="only jobs for roles the caller holds")
+    cursor: str | None = None
+    limit: int = 50
+
+    def params(self) -> dict[str, Any]:
+        """As REST query parameters: the statuses comma-joined, unset ones left out."""
+        body = self.model_dump(exclude_none=True, exclude={"status", "my_roles"})
+        if self.status:
+            body["status"] = ",".join(self.status)
+        if self.my_roles:
+            body["my_roles"] = True
+        return body
 
 
 class ClaimNextResult(Public):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Self
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom import jsonvalues
 from floom.schemas.common import (
@@ -285,3 +285,24 @@ class TranscriptPublic(Public):
             active_seconds=round(t.active_seconds, 3),
             updated_at=t.updated_at,
         )
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+class RunQuery(BaseModel):
+    """Which runs to list, newest first, a page at a time: the one shape of GET
+    /api/v1/runs's filters, the client's list_runs, both MCP backends and the list_runs tool,
+    and `floom runs`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    worker: str | None = None
+    status: str | None = None
+    trigger: str | None = None
+    cursor: str | None = None
+    limit: int = 50
+
+    def params(self) -> dict[str, Any]:
+        """As REST query parameters (unset ones left out)."""
+        return self.model_dump(exclude_none=True)

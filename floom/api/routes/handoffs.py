@@ -156,9 +156,7 @@ def list_jobs(
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> Page[handoff_models.JobPublic]:
-    items, next_cursor = handoffs.list_jobs(
-        ctx,
-        actor=caller,
+    query = handoff_models.JobQuery(
         status=[s for s in status.split(",") if s] if status else None,
         role=role,
         assignee=assignee,
@@ -167,6 +165,7 @@ def list_jobs(
         cursor=cursor,
         limit=limit,
     )
+    items, next_cursor = handoffs.list_jobs(ctx, actor=caller, **query.model_dump())
     return views.job_page(items, next_cursor, surface=caller.surface)
 
 

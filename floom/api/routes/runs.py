@@ -152,15 +152,10 @@ def list_runs(
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> Page[run_models.RunPublic]:
-    rows, next_cursor = runs.list_runs(
-        ctx,
-        worker=worker,
-        status=status,
-        trigger=trigger,
-        cursor=cursor,
-        limit=limit,
-        caller=caller,
+    query = run_models.RunQuery(
+        worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
     )
+    rows, next_cursor = runs.list_runs(ctx, **query.model_dump(), caller=caller)
     return views.run_page(rows, next_cursor, surface=caller.surface)
 
 

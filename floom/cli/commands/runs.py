@@ -34,7 +34,7 @@ from floom.cli.output import (
 )
 from floom.client.rest import FloomClient
 from floom.client.wire import WAIT_CALL_SECONDS
-from floom.schemas.runs import RunPublic
+from floom.schemas.runs import RunPublic, RunQuery
 from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
 from floom.vocabulary import RunStatus, RunTrigger
 
@@ -261,9 +261,8 @@ def list_runs(
 ) -> None:
     """List runs, newest first."""
     with open_client() as client:
-        page = client.list_runs(
-            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
-        )
+        query = RunQuery(worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit)
+        page = client.list_runs(query)
     if as_json:
         print_json(page)
         return

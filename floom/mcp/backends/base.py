@@ -13,6 +13,14 @@ from typing import Any
 from floom.errors import FloomError
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.common import Page
+from floom.schemas.handoffs import (
+    ClaimNextResult,
+    JobPublic,
+    JobQuery,
+    LeaseState,
+    ReopenContext,
+    WhoAmI,
+)
 from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
@@ -21,6 +29,7 @@ from floom.schemas.runs import (
     LogPage,
     RunDetail,
     RunPublic,
+    RunQuery,
 )
 from floom.schemas.triggers import TriggerListing
 from floom.schemas.workers import (
@@ -142,15 +151,7 @@ class Backend(abc.ABC):
         may also answer at once). `callback_url` gets the run's record when it ends."""
 
     @abc.abstractmethod
-    def list_runs(
-        self,
-        *,
-        worker: str | None = None,
-        status: str | None = None,
-        trigger: str | None = None,
-        cursor: str | None = None,
-        limit: int = 20,
-    ) -> Page[RunPublic]:
+    def list_runs(self, query: RunQuery) -> Page[RunPublic]:
         """{"items": [run], "next_cursor"}, newest first."""
 
     @abc.abstractmethod
@@ -297,25 +298,15 @@ class Backend(abc.ABC):
     # "illegal_transition" (or "forbidden") with the allowed moves in the details.
 
     @abc.abstractmethod
-    def handoff_my_roles(self) -> JSON:
+    def handoff_my_roles(self) -> WhoAmI:
         """{"agent": {"id", "label"} or None, "admin", "roles": [name]}, as they are now."""
 
     @abc.abstractmethod
-    def handoff_list_jobs(
-        self,
-        *,
-        status: list[str] | None = None,
-        role: str | None = None,
-        assignee: str | None = None,
-        source: str | None = None,
-        my_roles: bool = False,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> JSON:
+    def handoff_list_jobs(self, query: JobQuery) -> Page[JobPublic]:
         """{"items": [job], "next_cursor"}: the jobs the caller may see, newest first."""
 
     @abc.abstractmethod
-    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JobPublic:
         """One job; with `events`, its audit trail (oldest first) in "events"."""
 
     @abc.abstractmethod
@@ -331,22 +322,22 @@ class Backend(abc.ABC):
         blocked_by: list[str] | None = None,
         routing: list[JSON] | None = None,
         idempotency_key: str | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         """The published (or pending) job; a repeated idempotency key returns the first job
         with "replayed": true and creates nothing."""
 
     @abc.abstractmethod
-    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JobPublic:
         """The job, now held by the caller until its lease runs out."""
 
     @abc.abstractmethod
     def handoff_claim_next_job(
         self, *, role: str | None = None, lease_seconds: float | None = None
-    ) -> JSON:
+    ) -> ClaimNextResult:
         """{"job": the claimed job, or None when no published job of the caller's roles waits}."""
 
     @abc.abstractmethod
-    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> LeaseState:
         """{"id", "status", "lease_expires_at"} after extending the caller's lease."""
 
     @abc.abstractmethod
@@ -357,13 +348,13 @@ class Backend(abc.ABC):
         *,
         reason: str | None = None,
         lease_seconds: float | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         """The job after the move (block, unblock, release, fail, cancel, claim, complete)."""
 
     @abc.abstractmethod
     def handoff_update_job(
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         """The job with its context and/or constraints replaced."""
 
     @abc.abstractmethod
@@ -374,15 +365,15 @@ class Backend(abc.ABC):
         summary: str = "",
         data: JSON | None = None,
         artifacts: list[JSON] | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         """The completed job (follow-ons and dependents are published in the same step)."""
 
     @abc.abstractmethod
     def handoff_reject_job(
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         """The retry job, linked to the rejected one by "retry_of"."""
 
     @abc.abstractmethod
-    def handoff_reopen_context(self, job_id: str) -> JSON:
+    def handoff_reopen_context(self, job_id: str) -> ReopenContext:
         """The focused context of a retry: summary, constraints, rejections, attempt."""

@@ -19,6 +19,14 @@ from floom.schemas import replays as replay_views
 from floom.schemas import workers as worker_models
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.common import Page
+from floom.schemas.handoffs import (
+    ClaimNextResult,
+    JobPublic,
+    JobQuery,
+    LeaseState,
+    ReopenContext,
+    WhoAmI,
+)
 from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
@@ -27,6 +35,7 @@ from floom.schemas.runs import (
     LogPage,
     RunDetail,
     RunPublic,
+    RunQuery,
 )
 from floom.schemas.triggers import TriggerListing
 from floom.schemas.workers import (
@@ -225,25 +234,9 @@ class LocalBackend(Backend):
         )
         return run_views.started_run(ctx, run, surface=self.principal.surface)
 
-    def list_runs(
-        self,
-        *,
-        worker: str | None = None,
-        status: str | None = None,
-        trigger: str | None = None,
-        cursor: str | None = None,
-        limit: int = 20,
-    ) -> Page[RunPublic]:
+    def list_runs(self, query: RunQuery) -> Page[RunPublic]:
         ctx = self.ctx
-        rows, next_cursor = runs.list_runs(
-            ctx,
-            worker=worker,
-            status=status,
-            trigger=trigger,
-            cursor=cursor,
-            limit=limit,
-            caller=self.principal,
-        )
+        rows, next_cursor = runs.list_runs(ctx, **query.model_dump(), caller=self.principal)
         return run_views.run_page(rows, next_cursor, surface=self.principal.surface)
 
     def get_run(self, run_id: str) -> RunDetail:
@@ -437,46 +430,27 @@ class LocalBackend(Backend):
 
     # -- handoffs: the key is the actor; the services apply visibility and the table -----------
 
-    def _job(self, job: dict[str, Any]) -> JSON:
-        return handoff_views.job_public(job, surface=self.principal.surface).to_json()
+    def _job(self, job: dict[str, Any]) -> JobPublic:
+        return handoff_views.job_public(job, surface=self.principal.surface)
 
-    def handoff_my_roles(self) -> JSON:
+    def handoff_my_roles(self) -> WhoAmI:
         who = handoff_agents.my_roles(self.ctx, actor=self.principal)
-        return handoff_models.WhoAmI.model_validate(who).to_json()
+        return handoff_models.WhoAmI.model_validate(who)
 
-    def handoff_list_jobs(
-        self,
-        *,
-        status: list[str] | None = None,
-        role: str | None = None,
-        assignee: str | None = None,
-        source: str | None = None,
-        my_roles: bool = False,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> JSON:
-        items, next_cursor = handoffs.list_jobs(
-            self.ctx,
-            actor=self.principal,
-            status=status,
-            role=role,
-            assignee=assignee,
-            source=source,
-            my_roles=my_roles,
-            cursor=cursor,
-            limit=limit,
-        )
+    def handoff_list_jobs(self, query: JobQuery) -> Page[JobPublic]:
+        ctx = self.ctx
+        items, next_cursor = handoffs.list_jobs(ctx, actor=self.principal, **query.model_dump())
         surface = self.principal.surface
-        return handoff_views.job_page(items, next_cursor, surface=surface).to_json()
+        return handoff_views.job_page(items, next_cursor, surface=surface)
 
-    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JobPublic:
         ctx = self.ctx
         return self._job(handoffs.get_job(ctx, actor=self.principal, job_id=job_id, events=events))
 
-    def handoff_create_job(self, **spec: Any) -> JSON:
+    def handoff_create_job(self, **spec: Any) -> JobPublic:
         return self._job(handoffs.create_job(self.ctx, actor=self.principal, **spec))
 
-    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JobPublic:
         ctx = self.ctx
         job = handoff_flow.claim(
             ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
@@ -485,19 +459,19 @@ class LocalBackend(Backend):
 
     def handoff_claim_next_job(
         self, *, role: str | None = None, lease_seconds: float | None = None
-    ) -> JSON:
+    ) -> ClaimNextResult:
         ctx = self.ctx
         job = handoff_flow.claim_next(
             ctx, actor=self.principal, role=role, lease_seconds=lease_seconds
         )
-        return handoff_views.claim_next_result(job, surface=self.principal.surface).to_json()
+        return handoff_views.claim_next_result(job, surface=self.principal.surface)
 
-    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> LeaseState:
         ctx = self.ctx
         state = handoff_flow.heartbeat(
             ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
         )
-        return handoff_models.LeaseState.model_validate(state).to_json()
+        return handoff_models.LeaseState.model_validate(state)
 
     def handoff_set_status(
         self,
@@ -506,7 +480,7 @@ class LocalBackend(Backend):
         *,
         reason: str | None = None,
         lease_seconds: float | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         job = handoff_flow.set_status(
             self.ctx,
             actor=self.principal,
@@ -519,7 +493,7 @@ class LocalBackend(Backend):
 
     def handoff_update_job(
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         job = handoffs.update_job(
             self.ctx,
             actor=self.principal,
@@ -536,7 +510,7 @@ class LocalBackend(Backend):
         summary: str = "",
         data: JSON | None = None,
         artifacts: list[JSON] | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         job = handoff_flow.complete(
             self.ctx,
             actor=self.principal,
@@ -549,7 +523,7 @@ class LocalBackend(Backend):
 
     def handoff_reject_job(
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         retry = handoff_review.reject(
             self.ctx,
             actor=self.principal,
@@ -560,7 +534,7 @@ class LocalBackend(Backend):
         )
         return self._job(retry)
 
-    def handoff_reopen_context(self, job_id: str) -> JSON:
+    def handoff_reopen_context(self, job_id: str) -> ReopenContext:
         ctx = self.ctx
         focus = handoff_review.reopen_context(ctx, actor=self.principal, job_id=job_id)
-        return handoff_models.ReopenContext.model_validate(focus).to_json()
+        return handoff_models.ReopenContext.model_validate(focus)

@@ -14,6 +14,14 @@ from floom.errors import ClientError, Conflict, FloomError
 from floom.mcp.backends.base import JSON, Backend, NotAvailable
 from floom.schemas.admin import KeyPublic, SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.common import Page
+from floom.schemas.handoffs import (
+    ClaimNextResult,
+    JobPublic,
+    JobQuery,
+    LeaseState,
+    ReopenContext,
+    WhoAmI,
+)
 from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
@@ -22,6 +30,7 @@ from floom.schemas.runs import (
     LogPage,
     RunDetail,
     RunPublic,
+    RunQuery,
 )
 from floom.schemas.triggers import TriggerListing
 from floom.schemas.workers import (
@@ -194,18 +203,8 @@ class RestBackend(Backend):
             callback_url=callback_url,
         )
 
-    def list_runs(
-        self,
-        *,
-        worker: str | None = None,
-        status: str | None = None,
-        trigger: str | None = None,
-        cursor: str | None = None,
-        limit: int = 20,
-    ) -> Page[RunPublic]:
-        return self.client.list_runs(
-            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
-        )
+    def list_runs(self, query: RunQuery) -> Page[RunPublic]:
+        return self.client.list_runs(query)
 
     def get_run(self, run_id: str) -> RunDetail:
         return self.client.get_run(run_id)
@@ -339,45 +338,27 @@ class RestBackend(Backend):
             self._handoffs = HandoffClient(self.client)
         return self._handoffs
 
-    def handoff_my_roles(self) -> JSON:
+    def handoff_my_roles(self) -> WhoAmI:
         return self.handoffs.whoami()
 
-    def handoff_list_jobs(
-        self,
-        *,
-        status: list[str] | None = None,
-        role: str | None = None,
-        assignee: str | None = None,
-        source: str | None = None,
-        my_roles: bool = False,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> JSON:
-        return self.handoffs.list_jobs(
-            status=",".join(status) if status else None,
-            role=role,
-            assignee=assignee,
-            source=source,
-            my_roles=my_roles or None,
-            cursor=cursor,
-            limit=limit,
-        )
+    def handoff_list_jobs(self, query: JobQuery) -> Page[JobPublic]:
+        return self.handoffs.list_jobs(query)
 
-    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JobPublic:
         return self.handoffs.get_job(job_id, events=events)
 
-    def handoff_create_job(self, **spec: Any) -> JSON:
+    def handoff_create_job(self, **spec: Any) -> JobPublic:
         return self.handoffs.create_job(**spec)
 
-    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JobPublic:
         return self.handoffs.claim(job_id, lease_seconds=lease_seconds)
 
     def handoff_claim_next_job(
         self, *, role: str | None = None, lease_seconds: float | None = None
-    ) -> JSON:
+    ) -> ClaimNextResult:
         return self.handoffs.claim_next(role=role, lease_seconds=lease_seconds)
 
-    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> LeaseState:
         return self.handoffs.heartbeat(job_id, lease_seconds=lease_seconds)
 
     def handoff_set_status(
@@ -387,12 +368,12 @@ class RestBackend(Backend):
         *,
         reason: str | None = None,
         lease_seconds: float | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         return self.handoffs.set_status(job_id, status, reason=reason, lease_seconds=lease_seconds)
 
     def handoff_update_job(
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         return self.handoffs.update_job(job_id, context=context, constraints=constraints)
 
     def handoff_complete_job(
@@ -402,13 +383,13 @@ class RestBackend(Backend):
         summary: str = "",
         data: JSON | None = None,
         artifacts: list[JSON] | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         return self.handoffs.complete(job_id, summary=summary, data=data, artifacts=artifacts)
 
     def handoff_reject_job(
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         return self.handoffs.reject(job_id, reason=reason, role=role, priority=priority)
 
-    def handoff_reopen_context(self, job_id: str) -> JSON:
+    def handoff_reopen_context(self, job_id: str) -> ReopenContext:
         return self.handoffs.reopen_context(job_id)

@@ -48,7 +48,7 @@ from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
 from floom.mcp.tools.state import STATE_TOOLS
 from floom.schemas.common import OneOf
-from floom.schemas.runs import RunPublic
+from floom.schemas.runs import RunPublic, RunQuery
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import SUCCEEDED, WAITING
 from floom.vocabulary import ApprovalStatus, Decision, RunStatus, RunTrigger
@@ -296,14 +296,8 @@ async def list_runs(
     limit: Annotated[int, Field(ge=1, le=500)] = 20,
 ) -> Reply:
     """Recent runs, newest first, filtered by worker, status and trigger."""
-    page = await off(
-        backend_of(ctx).list_runs,
-        worker=worker,
-        status=status,
-        trigger=trigger,
-        cursor=cursor,
-        limit=limit,
-    )
+    query = RunQuery(worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit)
+    page = await off(backend_of(ctx).list_runs, query)
     return Reply(runs_text(page.items, page.next_cursor), page.to_json())
 
 
