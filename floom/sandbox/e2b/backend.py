@@ -3,7 +3,9 @@
 One sandbox per attempt (per agent run for `run_command`, through a session): created from
 the worker's template with metadata naming the run and this node, the files go up as one
 archive, the command's lines stream back as printed, and `result.json` with the output dir
-come back as one archive, read as hostile. The SDK's own settings (E2B_DOMAIN, its API and
+come back as one archive, read as hostile. With FLOOM_E2B_WARM the sandbox may instead come
+ready from a pool created ahead of runs (warm.py): created without anything of a run, handed
+to this one alone and killed after it all the same. The SDK's own settings (E2B_DOMAIN, its API and
 sandbox URLs, debug) choose the E2B deployment; floom passes only its key.
 """
 
@@ -51,6 +53,7 @@ from floom.sandbox.e2b.transfer import (
     snapshot,
     unpack_hostile,
 )
+from floom.sandbox.e2b.warm import POOL_LABEL, BoxShape, E2BWarmSettings, WarmBoxes
 from floom.sandbox.fence import node_fence
 
 log = logging.getLogger("floom.sandbox.e2b")
@@ -89,10 +92,21 @@ class E2BSandbox(Sandbox):
 
     name = "e2b"
 
-    def __init__(self, *, api_key: str, template: str, budgets: Budgets) -> None:
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        template: str,
+        budgets: Budgets,
+        warm: E2BWarmSettings | None = None,
+    ) -> None:
         self.api_key = api_key
         self.template = template or DEFAULT_TEMPLATE
         self.budgets = budgets
+        # Sandboxes created ahead of runs (floom/sandbox/e2b/warm.py), with FLOOM_E2B_WARM.
+        self.warm: WarmBoxes | None = None
+        if warm is not None and warm.count > 0 and api_key:
+            self.warm = WarmBoxes(warm, create=self._create_ready, kill=self._kill_ready)
 
     def check(self) -> None:
         if not self.api_key:
@@ -126,6 +140,27 @@ class E2BSandbox(Sandbox):
     def open_session(self) -> SandboxSession:
         return E2BSession(self, whole_workspace=True)
 
+    def close(self) -> None:
+        if self.warm is not None:
+            self.warm.close()
+
+    def warm_stats(self) -> dict[str, Any] | None:
+        """The warm pools of E2B sandboxes (warm.py's `stats`); None with them off."""
+        return None if self.warm is None else self.warm.stats()
+
+    def _create_ready(self, shape: BoxShape, timeout: int, metadata: dict[str, str]) -> E2BBox:
+        # Nothing of a run: no environment, no files; only the node and pool in metadata.
+        return E2BBox.create(
+            template=shape.template,
+            timeout=timeout,
+            metadata=metadata,
+            allow_internet_access=shape.network,
+            **self.api(),
+        )
+
+    def _kill_ready(self, box: E2BBox) -> bool:
+        return bool(box.kill(request_timeout=KILL_TIMEOUT))
+
     def api(self) -> dict[str, Any]:
         """The SDK's per-call options: floom's key, bounded requests; the SDK's own settings
         (E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL) pick the deployment."""
@@ -148,7 +183,15 @@ class E2BSandbox(Sandbox):
             live = set(live_run_ids()) if found else set()
             killed = 0
             for info in found:
-                if info.metadata.get(RUN_LABEL) not in live:
+                if POOL_LABEL in info.metadata:
+                    # Made ahead of runs: this process's pools keep theirs; any other's
+                    # (a process of this node that died) is an orphan, run or not.
+                    orphan = self.warm is None or not self.warm.keeps(
+                        info.sandbox_id, info.metadata
+                    )
+                else:
+                    orphan = info.metadata.get(RUN_LABEL) not in live
+                if orphan:
                     killed += bool(E2BBox.kill(info.sandbox_id, **self.api()))
             return killed
         except Exception as exc:  # E2B down: the next pass tries again
@@ -203,6 +246,8 @@ class E2BSession(SandboxSession):
         self.synced: Snapshot = {}
         self.lock = threading.Lock()
         self.keeper: LeaseKeeper | None = None
+        # Whether the sandbox came ready from the backend's warm pool (told when it ends).
+        self.warm = False
 
     def run(
         self,
@@ -246,6 +291,12 @@ class E2BSession(SandboxSession):
         if left is not None:
             # E2B ends it with the attempt's lease unless the lease is renewed (LeaseKeeper).
             timeout = min(timeout, left)
+        warm, node = self.backend.warm, spec.metadata.get(NODE_LABEL, "")
+        if warm is not None and node:
+            box = warm.take(BoxShape(template, spec.network, node), timeout=timeout)
+            if box is not None:
+                self.warm = True
+                return box
         try:
             return E2BBox.create(
                 template=template,
@@ -319,10 +370,14 @@ class E2BSession(SandboxSession):
             keeper.stop()
         if box is None:
             return
+        killed = False
         try:
             box.kill(request_timeout=KILL_TIMEOUT)
+            killed = True
         except Exception as exc:  # E2B ends it at its timeout; the orphan reaper retries
             log.warning("could not kill E2B sandbox %s: %s", box.sandbox_id, exc)
+        if self.warm and self.backend.warm is not None:
+            self.backend.warm.done(box, killed=killed)
 
 
 def _lease_left(fence: str) -> int | None:
