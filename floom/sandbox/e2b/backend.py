@@ -43,7 +43,7 @@ from floom.sandbox.base import (
     SessionGuard,
     validate_spec,
 )
-from floom.sandbox.e2b.command import OUTPUT_DIR, WORKDIR, E2BCommand
+from floom.sandbox.e2b.command import HOME, OUTPUT_DIR, WORKDIR, E2BCommand
 from floom.sandbox.e2b.transfer import (
     Snapshot,
     changed,
@@ -60,9 +60,15 @@ log = logging.getLogger("floom.sandbox.e2b")
 
 KEY_SETTING = "FLOOM_E2B_API_KEY"
 DEFAULT_TEMPLATE = "base"
-HOME = "/home/user"
 INBOX = f"{HOME}/.floom-in.tar.gz"
 OUTBOX = f"{HOME}/.floom-out.tar.gz"
+UNPACK_FAILED = 198
+"""How the command exits when it could not unpack the uploaded files (the inbox then stays:
+a script's own exit 198 leaves none)."""
+UNPACK = (
+    f"{{ mkdir -p {WORKDIR} {OUTPUT_DIR} && tar -xzf {INBOX} -C {HOME} && rm -f {INBOX}; }}"
+    f" || exit {UNPACK_FAILED}"
+)
 NODE_LABEL = "floom_node"
 RUN_LABEL = "floom_run_id"
 # The sandbox lives this much past the run's timeout, for the files to go up and come back;
@@ -271,10 +277,21 @@ class E2BSession(SandboxSession):
             if box is None:
                 raise SandboxUnavailable("this E2B session's sandbox is gone")
             doing = "uploading the run's files"
-            if first or changed(trees, self.synced):
+            uploaded = first or changed(trees, self.synced)
+            if uploaded:
                 self._upload(box, trees, since=None if first else self.synced)
             doing = "running the command"
-            result = E2BCommand(box, spec, on_line).wait(should_cancel, deadline)
+            # The command unpacks what was uploaded itself: no round trip and process of its own.
+            command = E2BCommand(box, spec, on_line, unpack=UNPACK if uploaded else "")
+            result = command.wait(should_cancel, deadline)
+            if uploaded and result.exit_code == UNPACK_FAILED and box.files.exists(INBOX):
+                doing = "unpacking the run's files"
+                raise SandboxUnavailable(
+                    f"the run's files could not be unpacked in E2B sandbox {box.sandbox_id} "
+                    "(its disk full, or its template without tar?)",
+                    hint="check the template's disk size and that it has tar; floom retries "
+                    "the run",
+                )
             if result.cancelled or result.timed_out:
                 return result
             doing = "bringing back the run's files"
@@ -316,14 +333,9 @@ class E2BSession(SandboxSession):
             raise
 
     def _upload(self, box: E2BBox, trees: dict[str, Path], *, since: Snapshot | None) -> None:
-        # One archive and one command to unpack it, whatever the number of files.
+        # One archive, whatever the number of files; the command unpacks it (UNPACK).
         data, self.synced = pack(trees, since=since)
         box.files.write(INBOX, data, request_timeout=REQUEST_TIMEOUT * 4)
-        box.commands.run(
-            f"mkdir -p {WORKDIR} {OUTPUT_DIR} && tar -xzf {INBOX} -C {HOME} && rm -f {INBOX}",
-            cwd=HOME,
-            timeout=REQUEST_TIMEOUT * 4,
-        )
 
     def _download(
         self, box: E2BBox, spec: SandboxSpec, result: SandboxResult, on_line: LineSink

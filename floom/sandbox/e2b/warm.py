@@ -222,15 +222,30 @@ class WarmBoxes:
     # -- the thread -------------------------------------------------------------------------
 
     def _fits(self, box: E2BBox, timeout: int) -> bool:
-        """The hand-out's check: envd answers and E2B takes the run's timeout."""
+        """The hand-out's check: envd answers and E2B takes the run's timeout (both asked
+        at once: the run waits for one round trip)."""
+        failed: list[BaseException] = []
+
+        def set_timeout() -> None:
+            try:
+                box.set_timeout(timeout, request_timeout=CHECK_TIMEOUT)
+            except Exception as exc:
+                failed.append(exc)
+
+        setter = threading.Thread(target=set_timeout, name="floom-e2b-timeout", daemon=True)
+        setter.start()
         try:
-            if not box.is_running(request_timeout=CHECK_TIMEOUT):
-                return False
-            box.set_timeout(timeout, request_timeout=CHECK_TIMEOUT)
-        except Exception as exc:  # any failure: this one is replaced, the run goes on
-            log.info("a ready E2B sandbox failed its check and is replaced: %s", exc)
-            return False
-        return True
+            running = box.is_running(request_timeout=CHECK_TIMEOUT)
+        except Exception as exc:
+            running, failed = False, [*failed, exc]
+        setter.join(timeout=CHECK_TIMEOUT + 1)
+        if running and not failed and not setter.is_alive():
+            return True
+        log.info(
+            "a ready E2B sandbox failed its check and is replaced: %s",
+            failed[0] if failed else "its envd does not answer",
+        )
+        return False
 
     def _wake(self) -> None:
         if self._thread is None and not self._closed:
