@@ -186,13 +186,31 @@ class WarmBoxes:
             "pools": pools,
         }
 
-    def wait_ready(self, template: str, *, count: int = 1, timeout: float = 30.0) -> bool:
-        """Wait until a pool of `template` has `count` sandboxes ready (tests, the bench)."""
+    def start(self, shape: BoxShape) -> None:
+        """Start `shape`'s pool before any run asks for it (tests, the bench)."""
+        with self._changed:
+            if not self._closed and shape not in self._pools:
+                self._pools[shape] = BoxPool(shape)
+            self._wake()
+
+    def wait_ready(
+        self,
+        template: str,
+        *,
+        network: bool | None = None,
+        count: int = 1,
+        timeout: float = 30.0,
+    ) -> bool:
+        """Wait until a pool of `template` (and `network`, if given) has `count` sandboxes
+        ready (tests, the bench)."""
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
                 if any(
-                    s.template == template and len(p.ready) >= count for s, p in self._pools.items()
+                    s.template == template
+                    and network in (None, s.network)
+                    and len(p.ready) >= count
+                    for s, p in self._pools.items()
                 ):
                     return True
                 left = deadline - time.monotonic()
