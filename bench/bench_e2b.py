@@ -8,10 +8,10 @@ Run from the repository root:
 
 Part `overhead`: each backend runs the same trivial script N times (a bundle of F small
 files plus run.py, writing result.json and one artifact), sequentially, through
-`Sandbox.run`, and the figures are wall time per run (median, p90) and the E2B/local ratio. The stand-in executes commands
-through floom's LocalSandbox, so the ratio is the cost of E2B's protocol (create, one upload,
-unpack, command, pack, one download, kill) over loopback, not of a real microVM or of the
-network to E2B.
+`Sandbox.run`, and the figures are wall time per run (median, p90) and the E2B/local
+ratio. The stand-in executes commands through floom's LocalSandbox, so the ratio is the
+cost of E2B's protocol (create, one upload, the command unpacking it first, pack, one
+download, kill) over loopback, not of a real microVM or of the network to E2B.
 
 Part `start` (issue 29): submit-to-start through two real `floom serve` (SQLite,
 FLOOM_SANDBOX=e2b) on one stand-in whose creates take `--delay` seconds (a microVM booting):
