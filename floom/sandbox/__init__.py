@@ -53,8 +53,7 @@ def _e2b(settings: Settings | None) -> Sandbox:
     # Imported on first use: the e2b SDK takes ~1 s of CPU to import (its HTTP clients and
     # protobuf messages), which only a node that runs scripts in E2B pays, not every CLI
     # command or local-only server.
-    from floom.sandbox.e2b.backend import Budgets, E2BSandbox
-    from floom.sandbox.e2b.warm import E2BWarmSettings
+    from floom.sandbox.e2b.backend import Budgets, E2BSandbox, E2BWarmSettings
 
     s = settings or Settings()
     return E2BSandbox(
