@@ -54,6 +54,7 @@ from floom.sandbox.e2b.transfer import (
     unpack_hostile,
 )
 from floom.sandbox.e2b.warm import POOL_LABEL, BoxShape, WarmBoxes
+
 # Re-exported: floom/sandbox/__init__.py builds it with the backend, in one lazy import.
 from floom.sandbox.e2b.warm import E2BWarmSettings as E2BWarmSettings
 from floom.sandbox.fence import node_fence
