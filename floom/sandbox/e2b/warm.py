@@ -38,6 +38,8 @@ CHECK_TIMEOUT: Final = 3.0
 """The longest a hand-out's check of a ready sandbox may take, per request."""
 RETRY_MAX_SECONDS: Final = 60.0
 """The longest a pool waits before creating again after failures in a row."""
+MAX_CHECKS: Final = 2
+"""Ready sandboxes one hand-out may check before the run creates its own."""
 CLOSE_WAIT_SECONDS: Final = 10.0
 MAX_LET_GO: Final = 1000
 
@@ -120,7 +122,7 @@ class WarmBoxes:
             if pool is None:
                 pool = self._pools[shape] = BoxPool(shape)
             pool.last_used = time.monotonic()
-        while True:
+        for _ in range(MAX_CHECKS):
             with self._changed:
                 if not pool.ready or self._closed:
                     pool.misses += 1
@@ -138,6 +140,9 @@ class WarmBoxes:
                 pool.running -= 1
                 pool.replaced += 1
             self._kill_later([ready.box])
+        with self._changed:
+            pool.misses += 1  # E2B failing the checks: the run creates its own, no later
+        return None
 
     def done(self, box: E2BBox, *, killed: bool) -> None:
         """The run that `take` handed `box` to has ended and tried to kill it."""

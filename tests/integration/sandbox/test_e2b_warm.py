@@ -278,3 +278,26 @@ def test_close_kills_every_ready_sandbox_and_later_runs_create_their_own(
     assert after in standin.killed
     time.sleep(0.5)
     assert not ready_ids(standin)  # nothing refilled after close
+
+
+def test_a_run_checks_at_most_two_ready_sandboxes_before_it_creates_its_own(
+    standin: E2BStandin, tmp_path: Path
+) -> None:
+    backend = e2b_backend(standin, e2b_warm=3, e2b_warm_idle_seconds=60)
+    try:
+        assert backend.warm is not None
+        run(backend, tmp_path / "first")
+        assert backend.warm.wait_ready("base", count=3, timeout=30)
+        broken = ready_ids(standin)
+        for sandbox_id in broken:
+            standin.kill_envd(sandbox_id)
+
+        ran_in = run(backend, tmp_path / "second")
+
+        assert ran_in not in broken
+        stats = backend.warm_stats()
+        assert stats is not None
+        (pool,) = stats["pools"]
+        assert (pool["replaced"], pool["hits"], pool["misses"]) == (2, 0, 2)
+    finally:
+        backend.close()
