@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     # template a worker runs in unless its worker.yml names one. E2B_DOMAIN etc. are the SDK's own.
     e2b_api_key: str = ""
     e2b_template: str = "base"
+    # E2B warm starts (floom/sandbox/e2b/warm.py; docs/how-to/warm-starts.md): this many
+    # sandboxes created ahead of runs per template and network (0: off), each for one run
+    # and killed after it; a pool unused for the idle time is emptied (and a ready sandbox
+    # that old replaced); at most the budget of them ready on the node at once.
+    e2b_warm: int = Field(0, ge=0, le=64)
+    e2b_warm_idle_seconds: float = Field(300.0, ge=10, le=3540)
+    e2b_warm_budget: int = Field(8, ge=1, le=1024)
     # When floom runs as root, each running local sandbox has a host uid (and gid) of its own
     # from [base, base + count), never root (floom/sandbox/local/uid_pool.py;
     # docs/reference/resource-limits.md).

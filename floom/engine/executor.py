@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from floom.engine.attempt import (
     Attempt,
@@ -289,6 +289,19 @@ class Executor:
             work_root=self.ctx.settings.work_root,
             live_run_ids=live_run_ids,
         )
+
+    def warm_stats(self) -> dict[str, Any] | None:
+        """Warm starts on this node, for /healthz and /metrics: the default backend's
+        (Sandbox.warm_stats), with the E2B backend's pools under `e2b` when it keeps some
+        (floom/sandbox/e2b/warm.py). None when no backend has warm starts."""
+        with self._backends_lock:
+            backends = dict(self.backends)
+        found = self.sandbox.warm_stats() if self.sandbox.name != "e2b" else None
+        e2b = backends["e2b"].warm_stats() if "e2b" in backends else None
+        if e2b is None:
+            return found
+        base = found or {"enabled": False, "hits": 0, "misses": 0, "pools": []}
+        return {**base, "e2b": e2b}
 
     def sandbox_for(self, manifest: Manifest) -> Sandbox:
         """The sandbox backend a worker's runs use: the one its worker.yml names, else the

@@ -38,7 +38,7 @@ def nodes_list(as_json: JsonOpt = False) -> None:
     """List the cluster's nodes: state, roles, version, slots in use, last heartbeat.
 
     Also the answering node's warm pools (worker, version, children ready and running, hits,
-    misses)."""
+    misses), and its E2B sandboxes created ahead of runs (FLOOM_E2B_WARM)."""
     with open_client() as client:
         nodes = client.list_nodes().items
         # Warm pools live in a node's memory, not the store: the answering node's own.
@@ -85,6 +85,23 @@ def nodes_list(as_json: JsonOpt = False) -> None:
                     f"{pool['rss_bytes'] / 2**20:.0f}",
                 )
             out.print(pools)
+    e2b = warm.get("e2b")
+    if e2b:
+        out.print(
+            f"E2B sandboxes ready ahead on {health['node']}: {len(e2b['pools'])} pools, "
+            f"{e2b['hits']} hits, {e2b['misses']} misses (budget {e2b['budget']})"
+        )
+        if e2b["pools"]:
+            boxes = new_table(
+                "TEMPLATE", "NETWORK", "READY", "CREATING", "RUNNING", "HITS", "MISSES"
+            )
+            for pool in e2b["pools"]:
+                boxes.add_row(
+                    pool["template"],
+                    "on" if pool["network"] else "off",
+                    *(str(pool[k]) for k in ("ready", "creating", "running", "hits", "misses")),
+                )
+            out.print(boxes)
 
 
 # -- channels ----------------------------------------------------------------------------------
