@@ -134,6 +134,10 @@ class Settings(BaseSettings):
     # by nodes with the scheduler role every retention_interval_seconds.
     retention_days: int = Field(0, ge=0, le=36500)
     retention_interval_seconds: float = Field(3600.0, ge=1.0)
+    # The same passes delete alert events, closed incidents and sent (or given-up) deliveries
+    # this many days old (0: kept forever); open incidents, events about runs not yet ended
+    # and pending deliveries stay.
+    alert_retention_days: int = Field(90, ge=0, le=36500)
     # Alerts and run callbacks (floom/services/alerts/): the watch looks every
     # alert_poll_seconds; a delivery is tried up to alert_max_attempts times, waiting
     # alert_retry_seconds, then twice that, and so on (at most an hour); each channel sends
