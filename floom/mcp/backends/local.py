@@ -279,6 +279,12 @@ class LocalBackend(Backend):
         )
         return alert_views.channel_public(row).to_json()
 
+    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+        row = alert_channels.update_channel(
+            self.ctx, name=name, config=config, caller=self.principal
+        )
+        return alert_views.channel_public(row).to_json()
+
     def test_alert_channel(self, name: str) -> JSON:
         sent = alert_deliveries.send_test(self.ctx, channel_name=name, caller=self.principal)
         return alert_views.delivery_public(sent).to_json()
@@ -297,6 +303,10 @@ class LocalBackend(Backend):
             recovery=rule.get("recovery", True),
             caller=self.principal,
         )
+        return alert_views.rule_public(row).to_json()
+
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+        row = alert_rules.set_enabled(self.ctx, name=name, enabled=enabled, caller=self.principal)
         return alert_views.rule_public(row).to_json()
 
     def alert_deliveries(self, filters: JSON) -> JSON:

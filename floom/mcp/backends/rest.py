@@ -224,6 +224,10 @@ class RestBackend(Backend):
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.add_alert_channel(name, kind, config)
 
+    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+        self._offers("/api/v1/alerts/channels/{name}", "alerts")
+        return self.client.update_alert_channel(name, config)
+
     def test_alert_channel(self, name: str) -> JSON:
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.test_alert_channel(name)
@@ -235,6 +239,10 @@ class RestBackend(Backend):
     def add_alert_rule(self, rule: JSON) -> JSON:
         self._offers("/api/v1/alerts/rules", "alerts")
         return self.client.add_alert_rule(rule)
+
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+        self._offers("/api/v1/alerts/rules/{name}", "alerts")
+        return self.client.set_alert_rule_enabled(name, enabled)
 
     def alert_deliveries(self, filters: JSON) -> JSON:
         self._offers("/api/v1/alerts/deliveries", "alerts")

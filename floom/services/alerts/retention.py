@@ -58,9 +58,7 @@ def _deliveries_batch(ctx: Context, *, cutoff: datetime, limit: int, into: Alert
         ids = list(
             s.exec(
                 select(Delivery.id)
-                .where(
-                    col(Delivery.status).in_(_ENDED_DELIVERY), col(Delivery.created_at) < cutoff
-                )
+                .where(col(Delivery.status).in_(_ENDED_DELIVERY), col(Delivery.created_at) < cutoff)
                 .limit(limit)
             ).all()
         )
@@ -115,4 +113,3 @@ def _incidents_batch(ctx: Context, *, cutoff: datetime, limit: int, into: Alerts
         s.execute(delete(AlertIncident).where(col(AlertIncident.id).in_(ids)))
         into.incidents += len(ids)
     return True
-
