@@ -58,6 +58,9 @@ class ComposioSpec:
     connected_account: str | None = None
     filters: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
+    # Where each of its runs' records goes when the run ends (not part of its identity: a new
+    # URL keeps the trigger). Checked by the egress guard at deploy.
+    callback_url: str | None = None
     kind: str = "composio"
 
     def identity(self) -> dict[str, Any]:
