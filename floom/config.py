@@ -113,6 +113,9 @@ class Settings(BaseSettings):
     # The largest state (as JSON) a worker with `state:` may keep; worker.yml's
     # state.max_bytes may ask for less, never more (refused at deploy).
     max_state_bytes: int = Field(256 * 1024, ge=1)
+    # State versions kept per worker (history, restores, replays' bases): writing a new one
+    # deletes those older than the last state_history.
+    state_history: int = Field(100, ge=1, le=1_000_000)
     rate_limit_per_minute: int = Field(1200, ge=0)
     rate_limit_burst: int = Field(600, ge=1)
     # What reaches floom without a valid key (webhooks, the sign-in page, /healthz, failed

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support.agents import start_run
-from tests.support.harness import LiveServer, wait_for_run, wait_until
+from tests.support.harness import LiveServer, live_server, wait_for_run, wait_until
 from tests.support.state import (
     COUNTER_PY,
     COUNTER_YML,
@@ -332,3 +332,18 @@ def test_the_last_hundred_versions_are_kept_and_a_replay_from_an_older_one_is_re
     assert refused.status_code == 404, refused.text
     assert "state version 1" in refused.json()["error"]["message"]
     assert len(api.get("/api/v1/runs", params={"worker": "counter"}).json()["items"]) == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_versions_kept_follow_floom_state_history(tmp_path: Path, database_url: str) -> None:
+    with live_server(tmp_path / "d", database_url, state_history=3) as srv, srv.client() as api:
+        deploy_counter(api, tmp_path)
+        for count in range(4):
+            api.put("/api/v1/workers/counter/state", json={"state": {"count": count}})
+        run = run_counter(api)  # a run's write keeps the same number
+        assert run["status"] == "succeeded"
+        kept = api.get("/api/v1/workers/counter/state/versions").json()
+        assert [v["version"] for v in kept["items"]] == [5, 4, 3]
+        assert [v["source"] for v in kept["items"]] == ["run", "operator", "operator"]
+        gone = api.get("/api/v1/workers/counter/state", params={"version": 2})
+        assert gone.status_code == 404
