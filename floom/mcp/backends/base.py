@@ -74,8 +74,17 @@ class Backend(abc.ABC):
         """{"items": [version], ...}, newest first, each with "active"."""
 
     @abc.abstractmethod
-    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
-        """{"worker", "version"} after making the given version (or a run's version) active."""
+    def rollback(
+        self,
+        name: str,
+        *,
+        version_id: str | None,
+        run_id: str | None,
+        state_version: int | None = None,
+    ) -> JSON:
+        """{"worker", "version"} after making the given version (or a run's version) active;
+        with `state_version`, that kept state version is set again in the same transaction
+        (both or neither; NotFound when it is no longer kept)."""
 
     @abc.abstractmethod
     def get_state(self, name: str, *, version: int | None = None) -> JSON:

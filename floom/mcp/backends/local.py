@@ -125,11 +125,28 @@ class LocalBackend(Backend):
     def list_versions(self, name: str) -> JSON:
         return worker_views.version_page(self.ctx, name=name, caller=self.principal).to_json()
 
-    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
+    def rollback(
+        self,
+        name: str,
+        *,
+        version_id: str | None,
+        run_id: str | None,
+        state_version: int | None = None,
+    ) -> JSON:
         ctx = self.ctx
-        rollback = workers.rollback(
-            ctx, name=name, version_id=version_id, run_id=run_id, caller=self.principal
-        )
+        if state_version is not None:
+            rollback = worker_state.rollback_with_state(
+                ctx,
+                name=name,
+                version_id=version_id,
+                run_id=run_id,
+                state_version=state_version,
+                caller=self.principal,
+            )
+        else:
+            rollback = workers.rollback(
+                ctx, name=name, version_id=version_id, run_id=run_id, caller=self.principal
+            )
         result = worker_views.rollback_result(
             ctx, name=name, rollback=rollback, caller=self.principal
         )

@@ -126,8 +126,17 @@ class RestBackend(Backend):
     def list_versions(self, name: str) -> JSON:
         return self.client.list_versions(name)
 
-    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
-        return self.client.rollback(name, version_id=version_id, run_id=run_id)
+    def rollback(
+        self,
+        name: str,
+        *,
+        version_id: str | None,
+        run_id: str | None,
+        state_version: int | None = None,
+    ) -> JSON:
+        return self.client.rollback(
+            name, version_id=version_id, run_id=run_id, state_version=state_version
+        )
 
     def get_state(self, name: str, *, version: int | None = None) -> JSON:
         return self.client.get_state(name, version=version)
