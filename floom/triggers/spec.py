@@ -95,6 +95,8 @@ def spec_to_config(spec: TriggerSpec) -> dict[str, Any]:
     if isinstance(spec, HandoffSpec):
         return dict(spec.settings)
     body = {k: v for k, v in spec.__dict__.items() if k != "kind"}
+    if isinstance(spec, ComposioSpec) and spec.callback_url is None:
+        del body["callback_url"]  # stored as before: a node of an older floom reads it
     settings: dict[str, Any] = json.loads(json.dumps(body, default=str))
     return settings
 
