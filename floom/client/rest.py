@@ -603,6 +603,12 @@ class FloomClient:
         )
         return result
 
+    def update_alert_channel(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request(
+            "PUT", f"channels/{url_path(name)}", json={"config": config}
+        )
+        return result
+
     def delete_alert_channel(self, name: str) -> None:
         self.alert_request("DELETE", f"channels/{url_path(name)}")
 
@@ -616,6 +622,12 @@ class FloomClient:
 
     def add_alert_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self.alert_request("POST", "rules", json=rule)
+        return result
+
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request(
+            "PATCH", f"rules/{url_path(name)}", json={"enabled": enabled}
+        )
         return result
 
     def delete_alert_rule(self, name: str) -> None:

@@ -19,7 +19,7 @@ from floom.engine.collect import COLLECT_MIN_SECONDS, Collected, collect_artifac
 from floom.engine.queue import Outcome, StateChange
 from floom.engine.runlog import RunLog
 from floom.engine.safefiles import Bounds, Refused, write_regular
-from floom.engine.script import redact_outcome, script_spec
+from floom.engine.script import STATE_FILE, redact_outcome, script_spec
 from floom.errors import FloomError, RunErrorCode, run_error_code
 from floom.sandbox import e2b_api_key
 from floom.sandbox.fence import fence_key
@@ -231,7 +231,7 @@ class Attempt:
         retry = self.manifest.state.on_conflict == "retry" and self.run.replay_of is None
         self.state = StateChange(base=base, retry_on_conflict=retry)
         self.state_read = json.dumps(value)
-        write_regular(self.workdir, "state.json", self.state_read.encode())
+        write_regular(self.workdir, STATE_FILE, self.state_read.encode())
 
     def leave_state(self, value: Any) -> FloomError | None:
         """Keep `value` (secrets masked) as the state to commit if the run succeeds; why it

@@ -395,6 +395,7 @@ def finish_attempt(
                 base=change.base,
                 state_json=change.new_json,
                 run_id=run.id,
+                keep=ctx.settings.state_history,
             )
             if committed is None:
                 # Another run or an operator wrote the state since this one read it: its

@@ -39,7 +39,7 @@ _PATH = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
 _KEYS = {
     "schedule": ("cron", "timezone", "overlap", "catch_up", "catch_up_window", "inputs"),
     "webhook": ("signature", "secret", "inputs"),
-    "composio": ("event", "connected_account", "filters", "inputs"),
+    "composio": ("event", "connected_account", "filters", "inputs", "callback_url"),
 }
 
 
@@ -246,12 +246,19 @@ def _check_composio(
                     "e.g. filters: {repo: acme/api}",
                 )
             )
+    callback = settings.get("callback_url")
+    if callback is not None and (
+        not isinstance(callback, str) or not re.match(r"^https?://[^\s]+$", callback)
+    ):
+        hint = "e.g. callback_url: https://ci.example.com/floom-done"
+        out.append(_problem(f"{path}.callback_url", "must be an http(s) URL", hint))
     mapping = _check_event_delivery(settings, path, inputs, out)
     return ComposioSpec(
         event=event.upper(),
         connected_account=account if isinstance(account, str) else None,
         filters=dict(filters),
         inputs=mapping,
+        callback_url=callback if isinstance(callback, str) else None,
     )
 
 

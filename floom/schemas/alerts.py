@@ -59,6 +59,10 @@ class RuleCreate(BaseModel):
     recovery: bool = Field(True, description="send the incident's recovery to the channels too")
 
 
+class RuleUpdate(BaseModel):
+    enabled: bool = Field(description="false: the rule routes nothing until turned on again")
+
+
 class RulePublic(Public):
     name: str
     worker: str | None

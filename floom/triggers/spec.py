@@ -60,6 +60,9 @@ class ComposioSpec:
     connected_account: str | None = None
     filters: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
+    # Where each of its runs' records goes when the run ends (not part of its identity: a new
+    # URL keeps the trigger). Checked by the egress guard at deploy.
+    callback_url: str | None = None
     kind: TriggerKind = TriggerKind.COMPOSIO
 
     def identity(self) -> dict[str, Any]:
@@ -94,6 +97,8 @@ def spec_to_config(spec: TriggerSpec) -> dict[str, Any]:
     if isinstance(spec, HandoffSpec):
         return dict(spec.settings)
     body = {k: v for k, v in spec.__dict__.items() if k != "kind"}
+    if isinstance(spec, ComposioSpec) and spec.callback_url is None:
+        del body["callback_url"]  # stored as before: a node of an older floom reads it
     settings: dict[str, Any] = json.loads(json.dumps(body, default=str))
     return settings
 

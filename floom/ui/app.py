@@ -3,6 +3,7 @@ pages in and serves the workers pages; runs, approvals and admin pages have thei
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -181,10 +182,28 @@ async def start_run(request: Request, name: str, ctx: CtxDep, me: Me) -> Respons
 async def rollback(request: Request, name: str, ctx: CtxDep, me: Me) -> Response:
     form = await checked_form(request, me)
     version_id = str(form.get("version_id") or "")
+    state_version = str(form.get("state_version") or "").strip()
     try:
-        await run_in_threadpool(
-            workers.rollback, ctx, name=name, version_id=version_id, caller=me.caller
-        )
+        if state_version:
+            if not state_version.isdigit():
+                raise InvalidRequest(
+                    f"state_version: {state_version!r} is not a state version number",
+                    hint="pick one of the kept versions listed under State",
+                )
+            await run_in_threadpool(
+                functools.partial(
+                    worker_state.rollback_with_state,
+                    ctx,
+                    name=name,
+                    version_id=version_id,
+                    state_version=int(state_version),
+                    caller=me.caller,
+                )
+            )
+        else:
+            await run_in_threadpool(
+                workers.rollback, ctx, name=name, version_id=version_id, caller=me.caller
+            )
     except FloomError as exc:
         values = await run_in_threadpool(_worker_context, ctx, me, name, str(request.base_url))
         values["versions_error"] = error_markup(exc)

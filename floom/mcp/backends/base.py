@@ -106,8 +106,17 @@ class Backend(abc.ABC):
         """{"items": [version], ...}, newest first, each with "active"."""
 
     @abc.abstractmethod
-    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> RollbackResult:
-        """{"worker", "version"} after making the given version (or a run's version) active."""
+    def rollback(
+        self,
+        name: str,
+        *,
+        version_id: str | None,
+        run_id: str | None,
+        state_version: int | None = None,
+    ) -> RollbackResult:
+        """{"worker", "version"} after making the given version (or a run's version) active;
+        with `state_version`, that kept state version is set again in the same transaction
+        (both or neither; NotFound when it is no longer kept)."""
 
     @abc.abstractmethod
     def get_state(self, name: str, *, version: int | None = None) -> WorkerStatePublic:
@@ -226,6 +235,10 @@ class Backend(abc.ABC):
         """A new channel, its settings checked (deploy scope); code alert_channel_invalid."""
         raise NotAvailable("alerts are not available here")
 
+    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+        """Replace a channel's settings, checked as when added (deploy scope)."""
+        raise NotAvailable("alerts are not available here")
+
     def test_alert_channel(self, name: str) -> JSON:
         """Send a test alert now: the delivery, or code alert_undeliverable saying why."""
         raise NotAvailable("alerts are not available here")
@@ -236,6 +249,10 @@ class Backend(abc.ABC):
 
     def add_alert_rule(self, rule: JSON) -> JSON:
         """A new global rule (deploy scope); code alert_rule_invalid names the field."""
+        raise NotAvailable("alerts are not available here")
+
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+        """The rule, turned on or off (deploy scope); NotFound if there is no such rule."""
         raise NotAvailable("alerts are not available here")
 
     def alert_deliveries(self, filters: JSON) -> JSON:

@@ -161,11 +161,28 @@ class LocalBackend(Backend):
     def list_versions(self, name: str) -> Page[VersionPublic]:
         return worker_views.version_page(self.ctx, name=name, caller=self.principal)
 
-    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> RollbackResult:
+    def rollback(
+        self,
+        name: str,
+        *,
+        version_id: str | None,
+        run_id: str | None,
+        state_version: int | None = None,
+    ) -> RollbackResult:
         ctx = self.ctx
-        rollback = workers.rollback(
-            ctx, name=name, version_id=version_id, run_id=run_id, caller=self.principal
-        )
+        if state_version is not None:
+            rollback = worker_state.rollback_with_state(
+                ctx,
+                name=name,
+                version_id=version_id,
+                run_id=run_id,
+                state_version=state_version,
+                caller=self.principal,
+            )
+        else:
+            rollback = workers.rollback(
+                ctx, name=name, version_id=version_id, run_id=run_id, caller=self.principal
+            )
         result = worker_views.rollback_result(
             ctx, name=name, rollback=rollback, caller=self.principal
         )
@@ -299,6 +316,12 @@ class LocalBackend(Backend):
         )
         return alert_views.channel_public(row).to_json()
 
+    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+        row = alert_channels.update_channel(
+            self.ctx, name=name, config=config, caller=self.principal
+        )
+        return alert_views.channel_public(row).to_json()
+
     def test_alert_channel(self, name: str) -> JSON:
         sent = alert_deliveries.send_test(self.ctx, channel_name=name, caller=self.principal)
         return alert_views.delivery_public(sent).to_json()
@@ -317,6 +340,10 @@ class LocalBackend(Backend):
             recovery=rule.get("recovery", True),
             caller=self.principal,
         )
+        return alert_views.rule_public(row).to_json()
+
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+        row = alert_rules.set_enabled(self.ctx, name=name, enabled=enabled, caller=self.principal)
         return alert_views.rule_public(row).to_json()
 
     def alert_deliveries(self, filters: JSON) -> JSON:

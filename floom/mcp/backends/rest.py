@@ -158,8 +158,17 @@ class RestBackend(Backend):
     def list_versions(self, name: str) -> Page[VersionPublic]:
         return self.client.list_versions(name)
 
-    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> RollbackResult:
-        return self.client.rollback(name, version_id=version_id, run_id=run_id)
+    def rollback(
+        self,
+        name: str,
+        *,
+        version_id: str | None,
+        run_id: str | None,
+        state_version: int | None = None,
+    ) -> RollbackResult:
+        return self.client.rollback(
+            name, version_id=version_id, run_id=run_id, state_version=state_version
+        )
 
     def get_state(self, name: str, *, version: int | None = None) -> WorkerStatePublic:
         return self.client.get_state(name, version=version)
@@ -246,6 +255,10 @@ class RestBackend(Backend):
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.add_alert_channel(name, kind, config)
 
+    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+        self._offers("/api/v1/alerts/channels/{name}", "alerts")
+        return self.client.update_alert_channel(name, config)
+
     def test_alert_channel(self, name: str) -> JSON:
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.test_alert_channel(name)
@@ -257,6 +270,10 @@ class RestBackend(Backend):
     def add_alert_rule(self, rule: JSON) -> JSON:
         self._offers("/api/v1/alerts/rules", "alerts")
         return self.client.add_alert_rule(rule)
+
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+        self._offers("/api/v1/alerts/rules/{name}", "alerts")
+        return self.client.set_alert_rule_enabled(name, enabled)
 
     def alert_deliveries(self, filters: JSON) -> JSON:
         self._offers("/api/v1/alerts/deliveries", "alerts")

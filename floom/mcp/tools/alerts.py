@@ -62,6 +62,24 @@ async def add_alert_channel(
 
 
 @floom_tool
+async def update_alert_channel(
+    ctx: Context,
+    name: Annotated[str, Field(description="the channel")],
+    config: Annotated[
+        dict[str, Any],
+        Field(
+            description="ALL its settings (they replace the old ones; list_alert_channels "
+            "shows them): webhook: {url, secret}; slack: {url_secret}; email: {host, port, "
+            "starttls, username, password_secret, sender, to}. Secrets by NAME, never values"
+        ),
+    ],
+) -> Reply:
+    """Replace an alert channel's settings; checked as when added (a bad one changes nothing)."""
+    channel = await off(backend_of(ctx).update_alert_channel, name, config)
+    return Reply(f"updated {channel['kind']} channel {name}", channel)
+
+
+@floom_tool
 async def test_alert_channel(
     ctx: Context, name: Annotated[str, Field(description="the channel")]
 ) -> Reply:
@@ -76,7 +94,7 @@ async def list_alert_rules(ctx: Context) -> Reply:
     listing = await off(backend_of(ctx).alert_rules)
     lines = [
         f"{r['name']}: {', '.join(r['events'])} of {r['worker'] or 'every worker'} -> "
-        f"{', '.join(r['channels'])}"
+        f"{', '.join(r['channels'])}" + ("" if r["enabled"] else " (disabled)")
         for r in listing["items"]
     ]
     return Reply("\n".join(lines) or "no global alert rule", listing)
@@ -104,6 +122,17 @@ async def add_alert_rule(
     }
     added = await off(backend_of(ctx).add_alert_rule, rule)
     return Reply(f"added rule {name}", added)
+
+
+@floom_tool
+async def set_alert_rule_enabled(
+    ctx: Context,
+    name: Annotated[str, Field(description="the global rule")],
+    enabled: Annotated[bool, Field(description="false: it routes nothing until turned on")],
+) -> Reply:
+    """Turn a global alert rule on or off (it is kept either way)."""
+    rule = await off(backend_of(ctx).set_alert_rule_enabled, name, enabled)
+    return Reply(f"rule {name} {'enabled' if rule['enabled'] else 'disabled'}", rule)
 
 
 @floom_tool
@@ -144,9 +173,11 @@ SENDS = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world
 ALERT_TOOLS: tuple[FloomTool, ...] = (
     FloomTool(list_alert_channels, READ, "read"),
     FloomTool(add_alert_channel, WRITE, "deploy"),
+    FloomTool(update_alert_channel, WRITE, "deploy"),
     FloomTool(test_alert_channel, SENDS, "deploy"),
     FloomTool(list_alert_rules, READ, "read"),
     FloomTool(add_alert_rule, WRITE, "deploy"),
+    FloomTool(set_alert_rule_enabled, WRITE, "deploy"),
     FloomTool(list_alert_deliveries, READ, "read"),
     FloomTool(resend_alert_delivery, SENDS, "deploy"),
 )

@@ -206,9 +206,24 @@ async def rollback_worker(
     worker: WorkerName,
     version_id: Annotated[str | None, Field(description="version to make active")] = None,
     run_id: Annotated[str | None, Field(description="or: the version this run used")] = None,
+    state_version: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="also set this kept state version again, in the same step "
+            "(list_worker_state_versions lists them)",
+        ),
+    ] = None,
 ) -> Reply:
-    """Make an earlier version of a worker active again (give version_id or run_id)."""
-    result = await off(backend_of(ctx).rollback, worker, version_id=version_id, run_id=run_id)
+    """Make an earlier version of a worker active again (give version_id or run_id), and
+    with state_version its state as it was then."""
+    result = await off(
+        backend_of(ctx).rollback,
+        worker,
+        version_id=version_id,
+        run_id=run_id,
+        state_version=state_version,
+    )
     await server_of(ctx).refresh_catalog()
     version = result.version.id
     if not result.changed:

@@ -17,7 +17,7 @@ from sqlmodel import col, select
 from standardwebhooks.webhooks import Webhook
 
 from floom.errors import Conflict, InvalidRequest, NotFound
-from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN
+from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
 from floom.net.egress import EgressRefused, policy_of, resolve_checked
 from floom.services.access import secrets
 from floom.services.access.principal import Principal
@@ -103,7 +103,7 @@ def check_url(ctx: Context, url: Any, path: str) -> str:
     except EgressRefused as exc:
         hint = (
             "check the host name"
-            if "resolve" in exc.message or "no address" in exc.message
+            if "cannot resolve" in exc.message or "no address" in exc.message
             else "floom sends only to public addresses (or networks in FLOOM_EGRESS_ALLOW)"
         )
         raise invalid(path, exc.message, hint) from exc
@@ -299,3 +299,22 @@ def channel_secrets(ctx: Context, channel: Channel) -> dict[str, str]:
     names = {key: channel.config[key] for key in SECRET_SETTINGS if channel.config.get(key)}
     values, _ = secrets.resolve(ctx, names.values())
     return {key: values[name] for key, name in names.items() if name in values}
+
+
+def trigger_callback_problems(ctx: Context, manifest: Manifest) -> list[Problem]:
+    """A problem for each `callback_url` of the manifest's Composio triggers that the egress
+    guard refuses (or that does not resolve), at the trigger's path; asked at deploy and
+    validate, so a trigger's runs never carry a URL floom may not reach."""
+    raw = manifest.triggers if isinstance(manifest.triggers, list) else []
+    problems = []
+    for i, item in enumerate(raw):
+        settings = item.get("composio") if isinstance(item, dict) else None
+        url = settings.get("callback_url") if isinstance(settings, dict) else None
+        if not isinstance(url, str):
+            continue
+        path = f"triggers[{i}].composio.callback_url"
+        try:
+            check_url(ctx, url, path)
+        except ChannelInvalid as exc:
+            problems.append(Problem(path, exc.message.removeprefix(f"{path}: "), exc.hint))
+    return problems

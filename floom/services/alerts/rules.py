@@ -115,13 +115,38 @@ def list_rules(ctx: Context, *, caller: Principal) -> list[AlertRule]:
         return list(s.exec(select(AlertRule).order_by(col(AlertRule.name))).all())
 
 
+def set_enabled(ctx: Context, *, name: str, enabled: Any, caller: Principal) -> AlertRule:
+    """Turn a global rule on or off (a disabled rule routes nothing but is kept). Needs the
+    deploy scope; `enabled` must be a boolean (RuleInvalid names it otherwise)."""
+    caller.require("deploy")
+    if not isinstance(enabled, bool):
+        hint = "true or false"
+        raise RuleInvalid(
+            f"enabled: {enabled!r} is not true or false",
+            hint=hint,
+            details=[_detail("enabled", hint)],
+        )
+    with session_scope(ctx.engine, write=True) as s:
+        caller.require_in(s, "deploy")
+        row = s.exec(select(AlertRule).where(AlertRule.name == name)).first()
+        if row is None:
+            raise _no_rule(name)
+        row.enabled = enabled
+        s.add(row)
+    return row
+
+
+def _no_rule(name: str) -> NotFound:
+    return NotFound(f"no alert rule named {name}", hint="`floom alerts rules` lists them")
+
+
 def delete_rule(ctx: Context, *, name: str, caller: Principal) -> None:
     caller.require("deploy")
     with session_scope(ctx.engine, write=True) as s:
         caller.require_in(s, "deploy")
         row = s.exec(select(AlertRule).where(AlertRule.name == name)).first()
         if row is None:
-            raise NotFound(f"no alert rule named {name}", hint="`floom alerts rules` lists them")
+            raise _no_rule(name)
         s.delete(row)
 
 

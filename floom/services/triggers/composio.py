@@ -140,6 +140,7 @@ def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -
                 body=body,
                 event_name=event.slug,
                 redact=[secret],
+                callback_url=spec.callback_url,
             )
         )
     if not results:

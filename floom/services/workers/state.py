@@ -32,9 +32,6 @@ if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
     from floom.services.context import Context
 
-# Versions kept per worker: older ones are deleted when a new one is written (a replay of a
-# run whose base was deleted says so).
-KEPT_VERSIONS: Final = 100
 SOURCES: Final = tuple(StateSource)
 # Versions are 32-bit integers in the store; a larger number names no version.
 MAX_VERSION: Final = 2**31 - 1
@@ -89,7 +86,8 @@ def base_of_run(ctx: Context, *, run: Run) -> tuple[int, Any]:
         if row is None:
             raise NotFound(
                 f"state version {version} of worker '{run.worker_name}' is no longer kept",
-                hint=f"floom keeps the last {KEPT_VERSIONS} versions; run the worker afresh",
+                hint=f"floom keeps the last {ctx.settings.state_history} versions "
+                "(FLOOM_STATE_HISTORY); run the worker afresh",
             )
         return version, json.loads(row.state_json)
 
@@ -104,18 +102,21 @@ def check_kept(ctx: Context, *, worker_name: str, version: int) -> None:
             raise NotFound(
                 f"the run started from state version {version} of worker '{worker_name}', "
                 "which is no longer kept",
-                hint=f"floom keeps the last {KEPT_VERSIONS} versions; start a new run instead",
+                hint=f"floom keeps the last {ctx.settings.state_history} versions "
+                "(FLOOM_STATE_HISTORY); start a new run instead",
             )
 
 
 def commit_from_run(
-    s: Writer, *, worker_name: str, base: int, state_json: str, run_id: str
+    s: Writer, *, worker_name: str, base: int, state_json: str, run_id: str, keep: int
 ) -> int | None:
     """Write a run's new state as version base + 1 in the caller's transaction (the one that
     records the run's success), if the worker's state is still at `base`: the new version,
-    or None when another write came first (then nothing is written)."""
+    or None when another write came first (then nothing is written). The newest `keep`
+    versions stay (FLOOM_STATE_HISTORY); older ones go."""
     return _write(
         s,
+        keep=keep,
         worker_name=worker_name,
         base=base,
         state_json=state_json,
@@ -128,6 +129,7 @@ def commit_from_run(
 def _write(
     s: Writer,
     *,
+    keep: int,
     worker_name: str,
     base: int,
     state_json: str,
@@ -156,11 +158,11 @@ def _write(
             "created_at": utcnow(),
         },
     )
-    if version > KEPT_VERSIONS:
+    if version > keep:
         s.execute(
             delete(WorkerState).where(
                 col(WorkerState.worker_name) == worker_name,
-                col(WorkerState.version) <= version - KEPT_VERSIONS,
+                col(WorkerState.version) <= version - keep,
             )
         )
     return version
@@ -271,6 +273,7 @@ def set_state(
             raise _conflict(worker_name, expected=if_version, found=base)
         version = _write(
             s,
+            keep=ctx.settings.state_history,
             worker_name=worker_name,
             base=base,
             state_json=text,
@@ -304,6 +307,7 @@ def rollback_with_state(
         base = worker.state_version if worker is not None else 0
         written = _write(
             s,
+            keep=ctx.settings.state_history,
             worker_name=name,
             base=base,
             state_json=text,

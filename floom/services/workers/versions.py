@@ -19,6 +19,7 @@ from floom.manifest.load import check_manifest, manifest_invalid, parse_manifest
 from floom.manifest.schema import Manifest, Problem
 from floom.sandbox import configuration_problem
 from floom.services.access.principal import SYSTEM, Principal
+from floom.services.alerts.channels import trigger_callback_problems
 from floom.services.triggers.registry import sync_triggers
 from floom.services.workers.limit_ceilings import over_ceilings
 from floom.store.blobs.rows import insert_blob, read_blob, stage_blob
@@ -64,7 +65,7 @@ def validate_archive(
         ]
     manifest, problems = check_manifest(text, bundle.files.keys())
     if manifest is not None:
-        problems = over_ceilings(manifest, ctx.settings)
+        problems = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
         if problems:
             return None, problems
     return manifest, problems
@@ -84,7 +85,7 @@ def deploy(
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
-    over = over_ceilings(manifest, ctx.settings)
+    over = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
     if over:
         raise manifest_invalid(over)
     _check_sandbox_configured(ctx, manifest)

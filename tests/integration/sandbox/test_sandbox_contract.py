@@ -489,3 +489,48 @@ def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_
     live = results["run_live"]
     assert isinstance(live, SandboxResult)
     assert live.cancelled
+
+
+TAMPER = (
+    "import json, os\n"
+    "tried = {}\n"
+    "for what, act in (\n"
+    "    ('write', lambda: open('given.json', 'w').write('changed')),\n"
+    "    ('chmod', lambda: os.chmod('given.json', 0o666)),\n"
+    "    ('rename', lambda: os.rename('given.json', 'moved.json')),\n"
+    "    ('remove', lambda: os.remove('given.json')),\n"
+    "):\n"
+    "    try:\n"
+    "        act()\n"
+    "        tried[what] = 'done'\n"
+    "    except OSError:\n"
+    "        tried[what] = 'refused'\n"
+    "json.dump({'tried': tried, 'read': open('given.json').read()}, open('result.json', 'w'))\n"
+)
+
+
+@pytest.mark.parametrize("backend", ["local", "local-warm"], indirect=True)
+def test_a_read_only_file_of_the_work_dir_cannot_be_changed_and_stays_readable(
+    backend: str, tmp_path: Path
+) -> None:
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text(TAMPER)
+    (workdir / "given.json").write_text('{"count": 1}')
+    spec = SandboxSpec(
+        run_id="run_contract",
+        command=["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        timeout_seconds=20,
+        read_only=("given.json", "missing.json", "../run.py"),
+    )
+    result = build(backend).run(spec, on_line=lambda *_: None, should_cancel=lambda: False)
+    assert result.exit_code == 0, result
+    report = json.loads((workdir / "result.json").read_text())
+    assert report == {
+        "tried": dict.fromkeys(("write", "chmod", "rename", "remove"), "refused"),
+        "read": '{"count": 1}',
+    }
+    assert (workdir / "given.json").read_text() == '{"count": 1}'

@@ -55,6 +55,8 @@ _MS_RDONLY = 1
 _MS_NOSUID = 2
 _MS_NODEV = 4
 _MS_NOEXEC = 8
+_MS_REMOUNT = 32
+_MS_BIND = 4096
 _MS_REC = 0x4000
 _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
@@ -308,6 +310,11 @@ def _setup(request: dict[str, object], fds: list[int]) -> None:
     else:
         work_fd, output_fd = fds
         _move_mount(work_fd, WORK)
+    for name in request.get("read_only") or ():  # type: ignore[attr-defined]
+        # Bound read-only over itself: the run cannot write, chmod, rename or delete it.
+        path = f"{WORK}/{name}"
+        _mount(path, path, "", _MS_BIND)
+        _mount("none", path, "", _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
     _move_mount(output_fd, OUTPUT)
     for target in ("/tmp", "/dev/shm"):
         _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={memory},mode=1777")
