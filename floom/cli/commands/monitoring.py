@@ -88,7 +88,7 @@ def nodes_list(as_json: JsonOpt = False) -> None:
     e2b = warm.get("e2b")
     if e2b:
         out.print(
-            f"E2B sandboxes ready ahead on {health['node']}: {len(e2b['pools'])} pools, "
+            f"E2B sandboxes ready ahead on {health.node}: {len(e2b['pools'])} pools, "
             f"{e2b['hits']} hits, {e2b['misses']} misses (budget {e2b['budget']})"
         )
         if e2b["pools"]:

@@ -36,6 +36,7 @@ from floom.services.workers import versions as workers
 from floom.services.workers.deletion import delete_worker
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, Delivery, new_id, utcnow
+from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 from tests.support.harness import PG_ADMIN_URL, LiveServer, make_worker, wait_until
 
 SECRET_VALUE = "a-value-long-enough-to-redact"
@@ -72,7 +73,12 @@ def stage(ctx: Context, tmp_path: Path) -> dict[str, str]:
     alert_rules.create_rule(
         ctx, name="walked-rule", events=["run.failed"], channels=["walked-mail"], caller=SYSTEM
     )
-    failed = Delivery(id=new_id("dlv"), purpose="alert", status="failed", channel_name="x")
+    failed = Delivery(
+        id=new_id("dlv"),
+        purpose=DeliveryPurpose.ALERT,
+        status=DeliveryStatus.FAILED,
+        channel_name="x",
+    )
     with session_scope(ctx.engine, write=True) as s:
         s.add(failed)
     return {

@@ -29,7 +29,7 @@ from floom.store.models import (
     new_id,
     utcnow,
 )
-from floom.vocabulary import RunStatus
+from floom.vocabulary import DeliveryPurpose, DeliveryStatus, RunStatus
 from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 
 NOW = utcnow()
@@ -270,10 +270,12 @@ def _event(
     return event.id
 
 
-def _delivery(ctx: Context, *, days_ago: float, status: str, callback_of: str = "") -> str:
+def _delivery(
+    ctx: Context, *, days_ago: float, status: DeliveryStatus, callback_of: str = ""
+) -> str:
     delivery = Delivery(
         id=new_id("dlv"),
-        purpose="callback" if callback_of else "alert",
+        purpose=DeliveryPurpose.CALLBACK if callback_of else DeliveryPurpose.ALERT,
         status=status,
         created_at=NOW - timedelta(days=days_ago),
     )
@@ -293,8 +295,8 @@ def test_old_alert_events_closed_incidents_and_sent_deliveries_go_and_live_ones_
     ctx: Context, tmp_path: Path
 ) -> None:
     version = _deploy(ctx, tmp_path, "plain")
-    waiting = _run(ctx, "plain", version, "awaiting_approval", ended_days_ago=40, files={})
-    ended = _run(ctx, "plain", version, "failed", ended_days_ago=40, files={})
+    waiting = _run(ctx, "plain", version, RunStatus.AWAITING_APPROVAL, ended_days_ago=40, files={})
+    ended = _run(ctx, "plain", version, RunStatus.FAILED, ended_days_ago=40, files={})
     old_closed = _incident(ctx, days_ago=40, closed=True)
     old_open = _incident(ctx, days_ago=40, closed=False)
     recent_closed = _incident(ctx, days_ago=2, closed=True)
@@ -308,13 +310,13 @@ def test_old_alert_events_closed_incidents_and_sent_deliveries_go_and_live_ones_
         _event(ctx, days_ago=2, incident=recent_closed),
     }
     gone_deliveries = {
-        _delivery(ctx, days_ago=40, status="delivered", callback_of=ended),
-        _delivery(ctx, days_ago=40, status="failed"),
-        _delivery(ctx, days_ago=40, status="throttled"),
+        _delivery(ctx, days_ago=40, status=DeliveryStatus.DELIVERED, callback_of=ended),
+        _delivery(ctx, days_ago=40, status=DeliveryStatus.FAILED),
+        _delivery(ctx, days_ago=40, status=DeliveryStatus.THROTTLED),
     }
     kept_deliveries = {
-        _delivery(ctx, days_ago=40, status="pending"),  # still to be sent
-        _delivery(ctx, days_ago=2, status="delivered"),
+        _delivery(ctx, days_ago=40, status=DeliveryStatus.PENDING),  # still to be sent
+        _delivery(ctx, days_ago=2, status=DeliveryStatus.DELIVERED),
     }
 
     report = apply_retention(ctx, alert_days=30, now=NOW, max_batches=None)
@@ -342,7 +344,7 @@ def test_the_alert_retention_setting_applies_and_zero_keeps_alert_history(
             fast_settings(tmp_path / f"d{days}", database_url, alert_retention_days=days)
         )
         try:
-            _delivery(ctx, days_ago=40, status="delivered")
+            _delivery(ctx, days_ago=40, status=DeliveryStatus.DELIVERED)
             apply_retention(ctx, now=NOW)
             assert len(_ids(ctx, Delivery)) == left
         finally:
