@@ -9,7 +9,6 @@ alerts on its own. Each event's key makes it count once, whichever node saw it f
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -300,5 +299,5 @@ def list_events(ctx: Context, *, limit: int = 50) -> list[AlertEvent]:
 
 
 def body_of(delivery: Delivery) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads(delivery.body_json)
+    value: dict[str, Any] = jsonvalues.stored(delivery.body_json, expect=dict)
     return value

@@ -17,12 +17,26 @@ import pytest
 from sqlmodel import Session
 
 from floom.engine.collect import read_result
+from floom.errors import StateInvalid
+from floom.services.alerts.rules import routes_for
+from floom.services.alerts.watch import watch_schedules
+from floom.services.triggers.schedules import fire_due
+from floom.services.workers import state as worker_state
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent
 from floom.store.handoffs import Job, JobEvent, Role
-from floom.store.models import Run, RunEvent
+from floom.store.models import (
+    AlertChannel,
+    AlertRule,
+    Delivery,
+    Run,
+    RunEvent,
+    Worker,
+    WorkerState,
+    utcnow,
+)
 from floom.store.replays import Replay
-from floom.store.triggers import WebhookDelivery
+from floom.store.triggers import Trigger, WebhookDelivery
 from floom.ui import admin as ui_admin
 from floom.ui import app as ui
 from floom.ui import approvals as ui_approvals
@@ -63,6 +77,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
         version = deploy_folder(api, make_worker(tmp / "w", WORKER, {"run.py": "print(1)\n"}))
     version_id = version["version"]["id"]
     run_ids, approval_ids, job_ids, delivery_ids = [], [], [], []
+    channels, alert_delivery_ids = [], []
     with Session(server.ctx.engine) as s:
         role = Role(id="rol_hostile", name="hostile-role")
         s.add(role)
@@ -158,13 +173,68 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     run_id=run_id,
                 )
             )
+            # Worker state versions, alert channels, rules and deliveries, triggers.
+            s.add(
+                WorkerState(
+                    worker_name="hostile",
+                    version=i + 1,
+                    state_json=text,
+                    size=len(text),
+                    source="run",
+                    run_id=run_id,
+                )
+            )
+            channel = f"hostile-{i:02d}"
+            channels.append(channel)
+            s.add(
+                AlertChannel(
+                    id=f"ach_hostile{i:02d}", name=channel, kind="webhook", config_json=text
+                )
+            )
+            s.add(
+                AlertRule(
+                    id=f"arl_hostile{i:02d}",
+                    name=f"hostile-rule-{i:02d}",
+                    worker_name="hostile",
+                    events_json=text,
+                    channels_json=text,
+                )
+            )
+            alert_delivery_id = f"adl_hostile{i:02d}"
+            alert_delivery_ids.append(alert_delivery_id)
+            s.add(
+                Delivery(
+                    id=alert_delivery_id,
+                    purpose="alert",
+                    run_id=run_id,
+                    channel_id=f"ach_hostile{i:02d}",
+                    channel_name=channel,
+                    body_json=text,
+                    status="failed",
+                )
+            )
+            s.add(
+                Trigger(
+                    id=f"trg_hostile{i:02d}",
+                    worker_name="hostile",
+                    kind="schedule",
+                    key=f"hostile{i:02d}",
+                    position=i,
+                    config_json=text,
+                )
+            )
+        worker = s.get(Worker, "hostile")
+        assert worker is not None
+        worker.state_version = 1  # the current state: 300 levels deep
+        s.add(worker)
         s.commit()
     return {
         "run_id": run_ids,
         "approval_id": approval_ids,
         "job_id": job_ids,
         "delivery_id": delivery_ids,
-        "name": ["hostile"],
+        "alert_delivery_id": alert_delivery_ids,
+        "name": ["hostile", *channels],
         "worker": ["hostile"],
         "version_id": [version_id],
         "role": ["hostile-role"],
@@ -227,7 +297,9 @@ async def _walk_mcp(server: LiveServer, seeds: dict[str, list[str]]) -> int:
 
 def _walk_cli(server: LiveServer, seeds: dict[str, list[str]]) -> int:
     commands = [["runs"], ["runs", "--json"], ["approvals"], ["workers"], ["versions", "hostile"]]
-    commands += [["deliveries", "hostile"], ["handoffs", "list"]]
+    commands += [["deliveries", "hostile"], ["handoffs", "list"], ["triggers", "hostile"]]
+    commands += [["state", "get", "hostile"], ["state", "history", "hostile"]]
+    commands += [["alerts", "channels"], ["alerts", "rules"], ["alerts", "deliveries"]]
     for run_id in seeds["run_id"]:
         commands += [["show", run_id], ["show", run_id, "--json"], ["logs", run_id]]
     for job_id in seeds["job_id"][:3]:
@@ -277,6 +349,17 @@ def test_every_surface_shows_hostile_stored_rows_and_the_worker_can_be_purged(
     assert anyio.run(_walk_mcp, server, seeds) > 20
     assert _walk_ui(server, seeds) > 20
     assert _walk_cli(server, seeds) > 20
+    # floom's loops read the same rows: the scheduler, the alert watch and alert routing go
+    # on past them; a run cannot start from a state floom cannot read, and says so.
+    now = utcnow()
+    fire_due(server.ctx, now=now)
+    watch_schedules(server.ctx, now=now)
+    with Session(server.ctx.engine) as s:
+        assert routes_for(s, kind="run.failed", worker="hostile") == []
+        run = s.get(Run, seeds["run_id"][0])
+        assert run is not None
+    with pytest.raises(StateInvalid, match="state version 1 of worker 'hostile'"):
+        worker_state.base_of_run(server.ctx, run=run)
     with server.client() as api:
         shown = api.get(f"/api/v1/runs/{seeds['run_id'][0]}").json()
         assert shown["outputs"] == {"floom_unreadable": shown["outputs"]["floom_unreadable"]}
