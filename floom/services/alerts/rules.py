@@ -176,4 +176,7 @@ def _worker_specs(s: Session, worker: str) -> list[RuleSpec]:
     ).first()
     if row is None:
         return []
-    return worker_rules(workers.manifest_of(row).alerts)
+    try:
+        return worker_rules(workers.manifest_of(row).alerts)
+    except workers.ManifestUnreadable:
+        return []  # no rules can be read from it; the global rules still route

@@ -22,6 +22,7 @@ from floom.services.alerts.rules import routes_for
 from floom.services.alerts.watch import watch_schedules
 from floom.services.triggers.schedules import fire_due
 from floom.services.workers import state as worker_state
+from floom.services.workers.versions import forget_versions
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent
 from floom.store.handoffs import Job, JobEvent, Role
@@ -31,6 +32,7 @@ from floom.store.models import (
     Delivery,
     Run,
     RunEvent,
+    Version,
     Worker,
     WorkerState,
     utcnow,
@@ -72,10 +74,32 @@ outputs:
 STREAMS = re.compile(r"/stream$")
 
 
+# Workers whose active version's stored worker.yml floom cannot read back, by how.
+UNREADABLE_MANIFESTS = {
+    "hostile-not-json": '{"name": ',
+    "hostile-deep": DEEP,
+    "hostile-shape": '{"name": 5, "kind": ["script"]}',
+}
+
+
 def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
     with server.client() as api:
         version = deploy_folder(api, make_worker(tmp / "w", WORKER, {"run.py": "print(1)\n"}))
+        unreadable = {
+            name: deploy_folder(
+                api, make_worker(tmp / name, f"name: {name}\n", {"run.py": "print(1)\n"})
+            )["version"]["id"]
+            for name in UNREADABLE_MANIFESTS
+        }
     version_id = version["version"]["id"]
+    with Session(server.ctx.engine) as s:
+        for name, text in UNREADABLE_MANIFESTS.items():
+            row = s.get(Version, unreadable[name])
+            assert row is not None
+            row.manifest_json = text
+            s.add(row)
+        s.commit()
+    forget_versions(list(unreadable.values()))  # as a node started after the change reads them
     run_ids, approval_ids, job_ids, delivery_ids = [], [], [], []
     channels, alert_delivery_ids = [], []
     with Session(server.ctx.engine) as s:
@@ -234,9 +258,9 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
         "job_id": job_ids,
         "delivery_id": delivery_ids,
         "alert_delivery_id": alert_delivery_ids,
-        "name": ["hostile", *channels],
+        "name": ["hostile", *channels, *UNREADABLE_MANIFESTS],
         "worker": ["hostile"],
-        "version_id": [version_id],
+        "version_id": [version_id, *unreadable.values()],
         "role": ["hostile-role"],
     }
 
@@ -364,8 +388,15 @@ def test_every_surface_shows_hostile_stored_rows_and_the_worker_can_be_purged(
         shown = api.get(f"/api/v1/runs/{seeds['run_id'][0]}").json()
         assert shown["outputs"] == {"floom_unreadable": shown["outputs"]["floom_unreadable"]}
         assert "deeper" in shown["outputs"]["floom_unreadable"]
-        gone = api.delete("/api/v1/workers/hostile", params={"purge_runs": "true"})
-        assert gone.status_code == 200, gone.text
+        listed = {w["name"]: w for w in api.get("/api/v1/workers").json()["items"]}
+        for name in UNREADABLE_MANIFESTS:
+            assert "cannot read" in listed[name]["manifest"]["floom_unreadable"], listed[name]
+            refused = api.post(f"/api/v1/workers/{name}/runs", json={})
+            assert refused.status_code == 409, refused.text
+            assert "cannot read" in refused.json()["error"]["message"]
+        for name in ("hostile", *UNREADABLE_MANIFESTS):
+            gone = api.delete(f"/api/v1/workers/{name}", params={"purge_runs": "true"})
+            assert gone.status_code == 200, (name, gone.text)
         assert api.get(f"/api/v1/runs/{seeds['run_id'][0]}").status_code == 404
 
 
