@@ -1,8 +1,8 @@
 """The egress guard (floom/net/egress.py) over every connection floom makes on a worker's behalf:
 an agent's http_request, its MCP tool sources, Composio calls, run callbacks and alert
 channels. Each source is shown refused where it must be, with nothing sent; a failure is told
-without what the other end answered. Traffic goes to loopback stand-ins and to test hosts in network namespaces the
-tests create (tests/support/netns.py), nowhere else."""
+without what the other end answered. Traffic goes to loopback stand-ins and to test hosts in
+network namespaces the tests create (tests/support/netns.py), nowhere else."""
 
 from __future__ import annotations
 
