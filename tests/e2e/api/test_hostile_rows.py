@@ -201,7 +201,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
             s.add(
                 WorkerState(
                     worker_name="hostile",
-                    version=i + 1,
+                    version=len(HOSTILE) - i,  # the deep one the newest
                     state_json=text,
                     size=len(text),
                     source="run",
@@ -249,7 +249,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
             )
         worker = s.get(Worker, "hostile")
         assert worker is not None
-        worker.state_version = 1  # the current state: 300 levels deep
+        worker.state_version = len(HOSTILE)  # the current state: 300 levels deep
         s.add(worker)
         s.commit()
     return {
@@ -382,12 +382,18 @@ def test_every_surface_shows_hostile_stored_rows_and_the_worker_can_be_purged(
         assert routes_for(s, kind="run.failed", worker="hostile") == []
         run = s.get(Run, seeds["run_id"][0])
         assert run is not None
-    with pytest.raises(StateInvalid, match="state version 1 of worker 'hostile'"):
+    with pytest.raises(StateInvalid, match=f"state version {len(HOSTILE)} of worker 'hostile'"):
         worker_state.base_of_run(server.ctx, run=run)
     with server.client() as api:
         shown = api.get(f"/api/v1/runs/{seeds['run_id'][0]}").json()
         assert shown["outputs"] == {"floom_unreadable": shown["outputs"]["floom_unreadable"]}
         assert "deeper" in shown["outputs"]["floom_unreadable"]
+        # Each kept state version read back, and restored: shown or marked, refused to restore.
+        for version in range(1, len(HOSTILE) + 1):
+            kept = api.get("/api/v1/workers/hostile/state", params={"version": version})
+            assert kept.status_code == 200, (version, kept.text[:300])
+            restore = api.put("/api/v1/workers/hostile/state", json={"from_version": version})
+            assert restore.status_code in (200, 422), (version, restore.text[:300])
         listed = {w["name"]: w for w in api.get("/api/v1/workers").json()["items"]}
         for name in UNREADABLE_MANIFESTS:
             assert "cannot read" in listed[name]["manifest"]["floom_unreadable"], listed[name]
