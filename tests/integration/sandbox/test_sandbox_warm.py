@@ -558,3 +558,69 @@ def test_a_warm_run_gets_the_same_socket_families_as_a_cold_one(warm: WarmedLoca
     assert allowed == dict.fromkeys(allowed, "ok")
     assert seen == dict.fromkeys(seen, "EAFNOSUPPORT")
     assert len(seen) == 7
+
+
+# A warm run writes to the run dir's own disk (floom/sandbox/local/disks.py) as a cold run
+# does: the kernel refuses what is past it, however the run writes (issue 28, item 3).
+WARM_DISK_TRICKS = {
+    "unlinked-while-open": """
+import errno, os, time
+held = []
+try:
+    for i in range(50):
+        fd = os.open(f"u{i}", os.O_CREAT | os.O_WRONLY, 0o600)
+        os.unlink(f"u{i}")
+        held.append(fd)
+        left = 19 << 20
+        while left > 0:
+            left -= os.write(fd, b"x" * min(left, 1 << 20))
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC, exc
+    print("FULL", flush=True)
+    time.sleep(60)
+""",
+    "sparse": """
+import errno, os, time
+fd = os.open("sparse.bin", os.O_CREAT | os.O_WRONLY, 0o600)
+os.ftruncate(fd, 1 << 30)
+try:
+    for offset in range(0, 1 << 30, 1 << 20):
+        os.pwrite(fd, b"x" * (256 << 10), offset)
+except OSError as exc:
+    assert exc.errno == errno.ENOSPC, exc
+    print("FULL", flush=True)
+    time.sleep(60)
+""",
+}
+
+
+@pytest.mark.parametrize("trick", sorted(WARM_DISK_TRICKS))
+def test_a_warm_run_writes_no_further_than_its_run_s_own_disk(
+    warm: WarmedLocal, trick: str
+) -> None:
+    local = warm.local
+    if local.disks is None or not local.disks.usable():
+        pytest.skip("a run's own disk needs root and loop devices")
+    spec = warm_script_spec(warm.work_root, WARM_DISK_TRICKS[trick], disk_mb=20)
+    run_dir = spec.workdir.parent
+    shutil.rmtree(run_dir)  # made again as a mount point of a disk of its own
+    local.make_run_dir(run_dir, disk_mb=20)
+    spec.workdir.mkdir()
+    spec.output_dir.mkdir()
+    (spec.workdir / "run.py").write_text(WARM_DISK_TRICKS[trick])
+    used: list[int] = []
+
+    def on_line(stream: str, line: str) -> None:
+        if line == "FULL":
+            fs = os.statvfs(run_dir)
+            used.append((fs.f_blocks - fs.f_bfree) * fs.f_frsize)
+
+    try:
+        result = warm.run(spec, on_line=on_line, should_cancel=lambda: False)
+    finally:
+        local.release_run_dir(run_dir)
+
+    assert result.limit_exceeded == "disk", result
+    assert result.error == "disk limit of 20 MiB reached (limits.disk_mb in worker.yml)"
+    assert used, result
+    assert used[0] <= 20 << 20
