@@ -23,6 +23,8 @@ from floom.errors import Forbidden, Unauthorized
 from floom.services.access import keys, secrets
 from floom.services.access.auth_cache import HEARD_WITHIN_SECONDS, AuthCache
 from floom.services.access.principal import SYSTEM, Principal
+from floom.services.alerts import channels
+from floom.services.alerts import rules as alert_rules
 from floom.services.context import Context
 from floom.services.handoffs import agents
 from floom.services.handoffs.retire import retire_agent
@@ -31,8 +33,8 @@ from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.services.workers.deletion import delete_worker
 from floom.store.db import session_scope
-from floom.store.models import ApiKey, utcnow
-from tests.support.harness import PG_ADMIN_URL, LiveServer, make_worker, wait_until
+from floom.store.models import ApiKey, Delivery, utcnow
+from tests.support.harness import PG_ADMIN_URL, LiveServer, live_server, make_worker, wait_until
 
 SECRET_VALUE = "a-value-long-enough-to-redact"
 # Tables that background loops write on their own (node heartbeats); the rest must not change.
@@ -225,17 +227,31 @@ def routes_by_scope(server: LiveServer) -> set[tuple[str, str]]:
     return found
 
 
-# Privileged routes this walk does not carry out yet: an alert channel's URL must resolve to a
-# public address before its write transaction, which a test on loopback cannot give. Their
-# services re-check the caller inside the write (the static test below holds them to it).
-NOT_WALKED = {
-    ("POST", "/api/v1/alerts/channels"),
-    ("PUT", "/api/v1/alerts/channels/{name}"),
-    ("DELETE", "/api/v1/alerts/channels/{name}"),
-    ("POST", "/api/v1/alerts/channels/{name}/test"),
-    ("POST", "/api/v1/alerts/rules"),
-    ("DELETE", "/api/v1/alerts/rules/{name}"),
-    ("POST", "/api/v1/alerts/deliveries/{alert_delivery_id}/resend"),
+# The alert routes are walked on a server of their own (test_every_alert_route_...): a
+# channel's URL must resolve to a public address, which that server is told without DNS.
+HOOK_URL = "https://hooks.example.com/floom"
+HOOK_KEY = "whsec_" + "d2FsaypXYWxrZWQqV2Fsa2VkKldhbGtlZCpXYWxr"
+ALERT_ROUTES: dict[tuple[str, str], dict[str, Any]] = {
+    ("POST", "/api/v1/alerts/channels"): {
+        "json": {
+            "name": "usurper",
+            "kind": "webhook",
+            "config": {"url": HOOK_URL, "secret": "HOOK"},
+        }
+    },
+    ("PUT", "/api/v1/alerts/channels/{name}"): {
+        "path": {"name": "ops"},
+        "json": {"config": {"url": HOOK_URL + "/changed", "secret": "HOOK"}},
+    },
+    ("DELETE", "/api/v1/alerts/channels/{name}"): {"path": {"name": "ops"}},
+    ("POST", "/api/v1/alerts/channels/{name}/test"): {"path": {"name": "ops"}},
+    ("POST", "/api/v1/alerts/rules"): {
+        "json": {"name": "usurper", "events": ["run.failed"], "channels": ["ops"]}
+    },
+    ("DELETE", "/api/v1/alerts/rules/{name}"): {"path": {"name": "to-ops"}},
+    ("POST", "/api/v1/alerts/deliveries/{alert_delivery_id}/resend"): {
+        "path": {"alert_delivery_id": "adl_walked"}
+    },
 }
 
 
@@ -306,7 +322,13 @@ def test_every_deploy_and_admin_route_refuses_a_key_revoked_after_it_was_cached(
 ) -> None:
     staged = stage(server.ctx, tmp_path)
     table = route_requests(staged)
-    assert routes_by_scope(server) == set(table) | NOT_WALKED, "a privileged route is not here"
+    assert routes_by_scope(server) == set(table) | set(ALERT_ROUTES), "a route is not here"
+    assert walk_revoked(server, table) == []
+
+
+def walk_revoked(server: LiveServer, table: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """Each route called with a key the server cached and another node revoked: what was
+    not refused with 401, or changed the store."""
     wrong = []
     for (method, path), request in sorted(table.items()):
         with _key_cached_then_revoked(server) as token, server.client(token) as api:
@@ -318,7 +340,39 @@ def test_every_deploy_and_admin_route_refuses_a_key_revoked_after_it_was_cached(
                 wrong.append(f"{method} {path} answered {resp.status_code}, not 401")
             if snapshot(server.ctx) != before:
                 wrong.append(f"{method} {path} changed the store")
-    assert wrong == []
+    return wrong
+
+
+def test_every_alert_route_refuses_a_key_revoked_after_it_was_cached(
+    tmp_path: Path, database_url: str
+) -> None:
+    resolve = "hooks.example.com=93.184.215.14"  # a public address, told without DNS
+    with live_server(
+        tmp_path / "d", database_url, agent_http_resolve=resolve, alert_poll_seconds=3600
+    ) as server:
+        ctx = server.ctx
+        secrets.set_secret(ctx, name="HOOK", value=HOOK_KEY, caller=SYSTEM)
+        channel = channels.create_channel(
+            ctx,
+            name="ops",
+            kind="webhook",
+            config={"url": HOOK_URL, "secret": "HOOK"},
+            caller=SYSTEM,
+        )
+        alert_rules.create_rule(
+            ctx, name="to-ops", events=["run.failed"], channels=["ops"], caller=SYSTEM
+        )
+        with session_scope(ctx.engine, write=True) as s:
+            s.add(
+                Delivery(
+                    id="adl_walked",
+                    purpose="alert",
+                    channel_id=channel.id,
+                    channel_name="ops",
+                    status="failed",
+                )
+            )
+        assert walk_revoked(server, ALERT_ROUTES) == []
 
 
 # -- the key cache's bound -----------------------------------------------------------------------
