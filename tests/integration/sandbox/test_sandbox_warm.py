@@ -17,7 +17,8 @@ import pytest
 
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
 from floom.sandbox.local.backend import system_args
-from floom.sandbox.local.warm.pools import WarmPools, WarmSettings
+from floom.sandbox.local.warm.inside import RECORD_NAME
+from floom.sandbox.local.warm.pools import WarmPools, WarmSettings, read_record
 from floom.sandbox.local.warm.process import INSIDE
 from tests.support.sandboxes import Lines
 from tests.support.warm import WarmedLocal, warm_script_spec
@@ -624,3 +625,18 @@ def test_a_warm_run_writes_no_further_than_its_run_s_own_disk(
     assert result.error == "disk limit of 20 MiB reached (limits.disk_mb in worker.yml)"
     assert used, result
     assert used[0] <= 20 << 20
+
+
+def test_a_recorded_module_that_runs_a_program_on_import_is_never_preloaded(
+    tmp_path: Path,
+) -> None:
+    """What a recording run leaves is the worker's to write, and the warm process imports it
+    as root with capabilities: only names of libraries pass, never a package's `__main__`
+    (venv's makes environments, unittest's runs tests) nor CPython's test suite."""
+    (tmp_path / RECORD_NAME).write_text(
+        "json\n_json\nemail.mime.text\nvenv.__main__\nunittest.__main__\npip.__main__\n"
+        "test.autotest\ntest\nantigravity\njson.__main__.x\nos; import x\n"
+    )
+
+    assert read_record(tmp_path) == ("json", "_json", "email.mime.text")
+    assert not (tmp_path / RECORD_NAME).exists()
