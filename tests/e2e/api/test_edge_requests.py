@@ -45,7 +45,9 @@ def make_server(tmp_path: Path, database_url: str) -> Iterator[Callable[..., Liv
         )
 
 
-def cookies_set(server: LiveServer, *, verify: bool = True, **headers: str) -> dict[str, str]:
+def cookies_set(
+    server: LiveServer, headers: dict[str, str] | None = None, *, verify: bool = True
+) -> dict[str, str]:
     """Sign in through the form with these headers on every request; each cookie's
     Set-Cookie line, by name."""
     seen: dict[str, str] = {}
@@ -84,7 +86,7 @@ def test_the_session_cookie_is_secure_when_a_trusted_proxy_says_the_browser_spok
         {"Forwarded": 'for="203.0.113.7";proto=https'},  # RFC 7239
         {"Forwarded": "for=192.0.2.1;proto=http, for=198.51.100.2;proto=https"},  # last hop
     ):
-        cookies = cookies_set(server, **headers)
+        cookies = cookies_set(server, headers)
         assert all(secure(line) for line in cookies.values()), (headers, cookies)
         assert all("httponly" in line.lower() for line in cookies.values())
 
@@ -93,11 +95,11 @@ def test_forwarding_headers_count_only_from_the_proxies_floom_is_told_to_trust(
     make_server: Callable[..., LiveServer],
 ) -> None:
     untrusted = make_server(forwarded_allow_ips="10.0.0.0/8")
-    cookies = cookies_set(untrusted, **{"X-Forwarded-Proto": "https"})
+    cookies = cookies_set(untrusted, {"X-Forwarded-Proto": "https"})
     assert not any(secure(line) for line in cookies.values()), cookies
 
     trusted = make_server(forwarded_allow_ips="10.0.0.0/8, 127.0.0.0/8")
-    cookies = cookies_set(trusted, **{"X-Forwarded-Proto": "https"})
+    cookies = cookies_set(trusted, {"X-Forwarded-Proto": "https"})
     assert all(secure(line) for line in cookies.values()), cookies
 
 

@@ -56,6 +56,7 @@ def preloadable(name: str) -> bool:
     parts = name.split(".")
     return parts[0] not in SIDE_EFFECT_MODULES and "__main__" not in parts
 
+
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWCGROUP = 0x02000000
 _CLONE_NEWUTS = 0x04000000
