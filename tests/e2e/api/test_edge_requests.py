@@ -167,6 +167,10 @@ def test_every_route_reachable_without_a_key_is_limited_per_address(
         ("POST", "/hooks/nosuch"),
         ("GET", "/openapi.json"),
         ("GET", "/"),
+        ("GET", "/docs"),
+        ("POST", "/mcp"),
+        ("GET", "/static/floom.css"),
+        ("GET", "/no/such/page"),
     )
     for method, path in anonymous:
         server = make_server(anonymous_rate_limit_per_minute=1, anonymous_rate_limit_burst=3)
