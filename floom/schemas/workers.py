@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 from typing import Any
 
@@ -327,7 +328,8 @@ def worker_state_public(
     manifest = None
     if worker.active_version_id:
         active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
-        manifest = workers.manifest_of(active)
+        with contextlib.suppress(workers.ManifestUnreadable):  # the state is shown all the same
+            manifest = workers.manifest_of(active)
     return WorkerStatePublic(
         worker=name,
         enabled=bool(manifest and manifest.state.enabled),

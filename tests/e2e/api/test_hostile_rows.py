@@ -397,6 +397,8 @@ def test_every_surface_shows_hostile_stored_rows_and_the_worker_can_be_purged(
         listed = {w["name"]: w for w in api.get("/api/v1/workers").json()["items"]}
         for name in UNREADABLE_MANIFESTS:
             assert "cannot read" in listed[name]["manifest"]["floom_unreadable"], listed[name]
+            for read in (f"/api/v1/workers/{name}", f"/api/v1/workers/{name}/state"):
+                assert api.get(read).status_code == 200, read
             refused = api.post(f"/api/v1/workers/{name}/runs", json={})
             assert refused.status_code == 409, refused.text
             assert "cannot read" in refused.json()["error"]["message"]
