@@ -4,12 +4,12 @@ without its query (which may carry a token)."""
 
 from __future__ import annotations
 
-import json
 import urllib.parse
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field
 
+from floom import jsonvalues
 from floom.schemas.common import (
     ChannelKindWord,
     DeliveryPurposeWord,
@@ -109,7 +109,7 @@ def channel_public(row: AlertChannel) -> ChannelPublic:
     return ChannelPublic(
         name=row.name,
         kind=row.kind,
-        config=json.loads(row.config_json),
+        config=jsonvalues.stored(row.config_json, expect=dict),
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
@@ -119,8 +119,8 @@ def rule_public(row: AlertRule) -> RulePublic:
     return RulePublic(
         name=row.name,
         worker=row.worker_name,
-        events=json.loads(row.events_json),
-        channels=json.loads(row.channels_json),
+        events=jsonvalues.stored_list(row.events_json, items=str),
+        channels=jsonvalues.stored_list(row.channels_json, items=str),
         recovery=row.recovery,
         enabled=row.enabled,
         created_at=row.created_at,
@@ -135,9 +135,7 @@ def shown_target(url: str | None) -> str | None:
 
 
 def delivery_public(row: Delivery) -> DeliveryPublic:
-    body = json.loads(row.body_json)
-    if not isinstance(body, dict):
-        body = {}
+    body = jsonvalues.stored(row.body_json, expect=dict)
     summary = body.get("summary")
     if summary is None and isinstance(body.get("run"), dict):
         run = body["run"]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import Field
 
+from floom import jsonvalues
 from floom.schemas.common import IsoTime, Public, Timestamp
 from floom.schemas.runs import RunPublic
 from floom.vocabulary import StateSource
@@ -67,7 +67,7 @@ class WorkerPublic(Public):
                 title=manifest.title,
                 description=manifest.description,
                 kind=manifest.kind,
-                manifest=json.loads(version.manifest_json),
+                manifest=jsonvalues.stored(version.manifest_json, expect=dict),
             )
         return cls(
             name=worker.name,

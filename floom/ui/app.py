@@ -115,7 +115,8 @@ def _worker_context(ctx: Context, me: SignedIn, name: str, base_url: str) -> dic
     worker = worker_views.worker_detail(ctx, name=name, caller=caller)
     versions = worker_views.version_page(ctx, name=name, caller=caller).items
     listed = next((v for v in versions if v.active), None)
-    manifest = Manifest.model_validate(worker.manifest) if worker.manifest else None
+    readable = worker.manifest and jsonvalues.UNREADABLE not in worker.manifest
+    manifest = Manifest.model_validate(worker.manifest) if readable else None
     # The Manifest box shows worker.yml as written, which only the version's detail carries.
     active = (
         worker_views.version_detail(ctx, name=name, version_id=listed.id, caller=caller)

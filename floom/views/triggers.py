@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from floom import jsonvalues
 from floom.errors import FloomError
 from floom.hints.surface import tell
 from floom.schemas.common import ErrorDetail
@@ -47,7 +48,11 @@ def trigger_public(
         extra["url"] = urls.worker(trigger.worker_name) if urls else f"/hooks/{trigger.worker_name}"
         _, missing = secrets.resolve(ctx, [spec.secret])
         extra["secret_set"] = not missing
-    config = spec_to_config(spec)
+    config = (
+        spec_to_config(spec)
+        if spec is not None
+        else jsonvalues.unreadable("this trigger's stored config cannot be read; redeploy")
+    )
     return TriggerPublic.of(trigger, worker=worker, config=config, **extra)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 from typing import Any, TypeVar
 
+from floom import jsonvalues
 from floom.errors import InvalidRequest
 from floom.schemas.common import Page
 from floom.schemas.workers import (
@@ -47,10 +49,16 @@ def _worker(model: type[W], ctx: Context, name: str, caller: Principal, **extra:
         else None
     )
     summary = triggers.summary(ctx, worker_name=name, caller=caller)
+    manifest = None
+    if version is not None:
+        try:
+            manifest = workers.manifest_of(version)
+        except workers.ManifestUnreadable as exc:  # listed, marked: one row must not break a list
+            extra.update(kind=version.kind, manifest=jsonvalues.unreadable(exc.message))
     return model.of(
         worker,
         version=version,
-        manifest=workers.manifest_of(version) if version is not None else None,
+        manifest=manifest,
         triggers=[TriggerSummary.model_validate(t) for t in summary],
         **extra,
     )
@@ -138,7 +146,8 @@ def worker_state_public(
     manifest = None
     if worker.active_version_id:
         active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
-        manifest = workers.manifest_of(active)
+        with contextlib.suppress(workers.ManifestUnreadable):  # the state is shown all the same
+            manifest = workers.manifest_of(active)
     return WorkerStatePublic(
         worker=name,
         enabled=bool(manifest and manifest.state.enabled),

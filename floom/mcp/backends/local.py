@@ -4,12 +4,12 @@ the API key the MCP client sent, whose scope decides what it may do."""
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 import anyio.to_thread
 
+from floom import jsonvalues
 from floom.errors import Conflict
 from floom.mcp.backends.base import JSON, Backend
 from floom.schemas import admin as admin_models
@@ -108,7 +108,7 @@ class CatalogSource:
                     version = workers.get_version(
                         ctx, version_id=w.active_version_id, caller=SYSTEM
                     )
-                    manifest = json.loads(version.manifest_json)
+                    manifest = jsonvalues.stored(version.manifest_json, expect=dict)
                 known = (w.active_version_id, {"name": w.name, "manifest": manifest})
             seen[w.name] = known
         self._seen = seen

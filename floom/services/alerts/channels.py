@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from standardwebhooks.webhooks import Webhook
 
+from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
 from floom.net.egress import EgressRefused, policy_of, resolve_checked
@@ -75,7 +76,8 @@ class Channel:
 
     @classmethod
     def of(cls, row: AlertChannel) -> Channel:
-        return cls(id=row.id, name=row.name, kind=row.kind, config=json.loads(row.config_json))
+        config = jsonvalues.stored(row.config_json, expect=dict)
+        return cls(id=row.id, name=row.name, kind=row.kind, config=config)
 
 
 def check_url(ctx: Context, url: Any, path: str) -> str:

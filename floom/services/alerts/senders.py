@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from standardwebhooks.webhooks import Webhook
 
 from floom.errors import FloomError
+from floom.jsonvalues import UNREADABLE
 from floom.net.egress import (
     EgressPolicy,
     describe_failure,
@@ -58,6 +59,12 @@ def send_callback(ctx: Context, *, delivery_id: str, url: str, body: str) -> Non
 
 
 def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[str, Any]) -> None:
+    if UNREADABLE in channel.config:
+        raise AlertUndeliverable(
+            f"the settings of channel {channel.name} are stored in a form floom cannot read; "
+            f"set them again (`floom alerts channels add {channel.name} ...`)",
+            permanent=True,
+        )
     values = channel_secrets(ctx, channel)
     wanted = [k for k in ("secret", "url_secret", "password_secret") if channel.config.get(k)]
     missing = [channel.config[k] for k in wanted if k not in values]

@@ -10,7 +10,6 @@ between starting the run and recording it can run a job twice (at least once, ne
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -68,7 +67,7 @@ def _bridges(s: Session) -> list[Bridge]:
     )
     found: dict[str, list[str]] = {}
     for trigger, _ in s.exec(q).all():
-        role = json.loads(trigger.config_json).get("role")
+        role = jsonvalues.stored(trigger.config_json, expect=dict).get("role")
         if isinstance(role, str) and role:
             found.setdefault(trigger.worker_name, []).append(role)
     return [Bridge(worker=w, roles=r, concurrency=1) for w, r in found.items()]

@@ -12,7 +12,6 @@ FLOOM_ALERT_RETENTION_DAYS (floom/services/alerts/retention.py).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, exists, or_
 from sqlmodel import col, select
 
+from floom import jsonvalues
 from floom.errors import BlobStoreUnavailable
 from floom.services.alerts.retention import prune_alerts
 from floom.services.ops.objects import drain_pending
@@ -72,7 +72,7 @@ def worker_retention(ctx: Context) -> dict[str, int]:
         ).all()
     found = {}
     for name, manifest_json in rows:
-        days = json.loads(manifest_json).get("retention_days")
+        days = jsonvalues.stored(manifest_json, expect=dict).get("retention_days")
         if isinstance(days, int) and days >= 0:
             found[name] = days
     return found

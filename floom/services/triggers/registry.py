@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import InvalidRequest, NotFound
 from floom.manifest.schema import Manifest
 from floom.manifest.triggers import parse_triggers
@@ -78,8 +79,18 @@ def sync_triggers(s: Session, *, worker_name: str, manifest: Manifest) -> None:
         wakeups.HANDOFFS.notify_on_commit(s)
 
 
-def spec_of(trigger: Trigger) -> TriggerSpec:
-    return spec_from_config(trigger.kind, json.loads(trigger.config_json))
+def spec_of(trigger: Trigger) -> TriggerSpec | None:
+    """The trigger as its worker.yml declared it; None for a stored row that cannot be read
+    back (not JSON, over a bound, not the fields of its kind: written by hand or by another
+    program). Every reader skips such a trigger: it never fires, never matches an event, and
+    is listed with its stored config marked, so one row cannot stop the others or a page."""
+    config = jsonvalues.stored(trigger.config_json, expect=dict)
+    if jsonvalues.UNREADABLE in config:
+        return None
+    try:
+        return spec_from_config(trigger.kind, config)
+    except (TypeError, ValueError):
+        return None
 
 
 def list_triggers(

@@ -93,7 +93,8 @@ def fire_due(ctx: Context, *, now: datetime, cache: NextFireCache | None = None)
     upcoming: datetime | None = None
     for trigger, worker in rows:
         spec = spec_of(trigger)
-        assert isinstance(spec, ScheduleSpec)
+        if not isinstance(spec, ScheduleSpec):
+            continue  # a stored row that cannot be read (spec_of) never fires
         base = trigger.last_fire_at or trigger.created_at
         due = cache.next_after(trigger, spec, base)
         if due is not None and due <= now:

@@ -86,7 +86,8 @@ def receive_webhook(
     check_size(ctx, body)
     trigger, worker = _webhook_trigger(ctx, worker_name)
     spec = spec_of(trigger)
-    assert isinstance(spec, WebhookSpec)
+    if not isinstance(spec, WebhookSpec):  # a stored row that cannot be read: no webhook
+        raise no_webhook_at(f"/hooks/{worker_name}")
     values, missing = secrets.resolve(ctx, [spec.secret])
     if missing:
         log.warning(
@@ -407,7 +408,11 @@ def replay_delivery(
     if trigger is None:
         raise NotFound(f"the trigger of delivery {delivery_id} no longer exists")
     spec = spec_of(trigger)
-    assert isinstance(spec, WebhookSpec | ComposioSpec)
+    if not isinstance(spec, WebhookSpec | ComposioSpec):
+        raise Conflict(
+            f"the trigger of delivery {delivery_id} is stored in a form floom cannot read",
+            hint=f"deploy worker {delivery.worker_name} again, then replay the delivery",
+        )
     inputs = event_inputs(
         ctx, worker=worker, spec=spec, body=delivery.body, content_type=delivery.content_type
     )

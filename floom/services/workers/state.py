@@ -67,6 +67,20 @@ def decode(text: str | None) -> Any:
     return None if text is None else jsonvalues.stored(text)
 
 
+def value_of(row: WorkerState) -> Any:
+    """A kept version's value, to start a run from or to write again; StateInvalid when the
+    row cannot be read back (not JSON, over a bound: written by hand or by another program),
+    so a run fails naming it and a restore changes nothing."""
+    value = jsonvalues.stored(row.state_json)
+    if isinstance(value, dict) and jsonvalues.UNREADABLE in value:
+        raise StateInvalid(
+            f"state version {row.version} of worker '{row.worker_name}' is stored in a form "
+            f"floom cannot read: {value[jsonvalues.UNREADABLE]}",
+            hint="set the state afresh (`floom state set`) or restore another version",
+        )
+    return value
+
+
 # -- what a run reads and writes ---------------------------------------------------------------
 
 
@@ -89,7 +103,7 @@ def base_of_run(ctx: Context, *, run: Run) -> tuple[int, Any]:
                 hint=f"floom keeps the last {ctx.settings.state_history} versions "
                 "(FLOOM_STATE_HISTORY); run the worker afresh",
             )
-        return version, json.loads(row.state_json)
+        return version, value_of(row)
 
 
 def check_kept(ctx: Context, *, worker_name: str, version: int) -> None:
@@ -256,7 +270,7 @@ def set_state(
     restored_from = None
     if from_version is not None:
         with session_scope(ctx.engine) as s:
-            state = json.loads(_version_row(s, worker_name, from_version).state_json)
+            state = value_of(_version_row(s, worker_name, from_version))
         restored_from = from_version
     if manifest is not None:
         names = [*manifest.secrets, *manifest.apply_secrets]
@@ -302,7 +316,7 @@ def rollback_with_state(
         row = _version_row(s, name, state_version)
         limit = limit_of(workers.manifest_of(version), ctx.settings)
         # Kept versions were masked when written; the version made active may keep less.
-        text = encode(json.loads(row.state_json), limit=limit)
+        text = encode(value_of(row), limit=limit)
         worker = s.get(Worker, name, with_for_update=True)
         base = worker.state_version if worker is not None else 0
         written = _write(

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.bundle import Bundle, read_archive
-from floom.errors import InvalidRequest, ManifestInvalid, NotFound
+from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound
 from floom.manifest.load import check_manifest, manifest_invalid, parse_manifest
 from floom.manifest.schema import Manifest, Problem
 from floom.sandbox import configuration_problem
@@ -401,13 +401,29 @@ def rollback(
     return Rollback(version=version, changed=True)
 
 
+class ManifestUnreadable(Conflict):
+    """A version's stored worker.yml that floom cannot read back (not JSON, over a bound, or
+    not a manifest today's floom accepts: written by hand, by another program or an older
+    floom). Every single view of it answers this 409; lists show the worker marked."""
+
+
 @lru_cache(maxsize=512)
 def _manifest_from_json(manifest_json: str) -> Manifest:
     return Manifest.model_validate(json.loads(manifest_json))
 
 
 def manifest_of(version: Version) -> Manifest:
-    return _manifest_from_json(version.manifest_json)
+    """The version's manifest; ManifestUnreadable when its stored row cannot be read back."""
+    try:
+        return _manifest_from_json(version.manifest_json)
+    except (ValueError, TypeError, RecursionError) as exc:  # pydantic's errors are ValueErrors
+        why = type(exc).__name__ if isinstance(exc, RecursionError) else str(exc)[:200]
+        name = version.worker_name
+        raise ManifestUnreadable(
+            f"version {version.id} of worker '{name}' holds a worker.yml floom cannot read ({why})",
+            hint=f"deploy worker {name} again, or roll it back to another version "
+            f"(`floom versions {name}`)",
+        ) from None
 
 
 def load_bundle(ctx: Context, *, version: Version) -> Bundle:

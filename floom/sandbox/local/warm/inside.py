@@ -39,11 +39,23 @@ RECORD_NAME = ".floom-warm-modules"
 MAX_MESSAGE = 65536
 WORK, OUTPUT = "/work", "/output"
 STAGE = "/run/floom-warm"
-# Refused whatever a cold run loaded: importing them acts (a browser, a window, text).
+# Refused whatever a cold run loaded: importing them acts (a browser, a window, text, the
+# CPython test suite's autotest running every test). The warm process imports what a run
+# recorded as root, with the capabilities its children need, so what a worker names there
+# must be a library to load, never a program to run.
 SIDE_EFFECT_MODULES = frozenset(
     "antigravity this __hello__ __phello__ idlelib tkinter turtle turtledemo ensurepip "
-    "__main__ site sitecustomize usercustomize readline rlcompleter pydoc".split()
+    "__main__ site sitecustomize usercustomize readline rlcompleter pydoc test".split()
 )
+
+
+def preloadable(name: str) -> bool:
+    """Whether the warm process may import module `name` (a dotted name, checked already):
+    not one of SIDE_EFFECT_MODULES, nor any package's `__main__`, which runs its program on
+    import (`venv.__main__` creates environments, `unittest.__main__` runs tests)."""
+    parts = name.split(".")
+    return parts[0] not in SIDE_EFFECT_MODULES and "__main__" not in parts
+
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWCGROUP = 0x02000000
@@ -165,7 +177,7 @@ def _preload(modules: list[str]) -> str:
     """Import each module; "thread:NAME" when one started a thread (the process may not
     fork then), else ""."""
     for name in modules:
-        if name.split(".")[0] in SIDE_EFFECT_MODULES or name in sys.modules:
+        if not preloadable(name) or name in sys.modules:
             continue
         try:
             importlib.import_module(name)
