@@ -58,10 +58,14 @@ class WorkerPublic(Public):
         version: Version | None,
         manifest: Manifest | None,
         triggers: list[TriggerSummary],
+        unreadable: str | None = None,
         **extra: Any,
     ) -> Self:
         """The worker; with its active `version` and that version's parsed `manifest`, their
-        title, description, kind and manifest."""
+        title, description, kind and manifest. A version whose stored worker.yml cannot be read
+        back (`unreadable` says why) is listed with its kind and its manifest marked."""
+        if version is not None and unreadable is not None:
+            extra.update(kind=version.kind, manifest=jsonvalues.unreadable(unreadable))
         if version is not None and manifest is not None:
             extra.update(
                 title=manifest.title,

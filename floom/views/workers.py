@@ -6,7 +6,6 @@ import contextlib
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from floom import jsonvalues
 from floom.errors import InvalidRequest
 from floom.schemas.common import Page
 from floom.schemas.workers import (
@@ -49,16 +48,17 @@ def _worker(model: type[W], ctx: Context, name: str, caller: Principal, **extra:
         else None
     )
     summary = triggers.summary(ctx, worker_name=name, caller=caller)
-    manifest = None
+    manifest, unreadable = None, None
     if version is not None:
         try:
             manifest = workers.manifest_of(version)
         except workers.ManifestUnreadable as exc:  # listed, marked: one row must not break a list
-            extra.update(kind=version.kind, manifest=jsonvalues.unreadable(exc.message))
+            unreadable = exc.message
     return model.of(
         worker,
         version=version,
         manifest=manifest,
+        unreadable=unreadable,
         triggers=[TriggerSummary.model_validate(t) for t in summary],
         **extra,
     )
