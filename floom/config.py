@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     # template a worker runs in unless its worker.yml names one. E2B_DOMAIN etc. are the SDK's own.
     e2b_api_key: str = ""
     e2b_template: str = "base"
+    # E2B warm starts (floom/sandbox/e2b/warm.py; docs/how-to/warm-starts.md): this many
+    # sandboxes created ahead of runs per template and network (0: off), each for one run
+    # and killed after it; a pool unused for the idle time is emptied (and a ready sandbox
+    # that old replaced); at most the budget of them ready on the node at once.
+    e2b_warm: int = Field(0, ge=0, le=64)
+    e2b_warm_idle_seconds: float = Field(300.0, ge=10, le=3540)
+    e2b_warm_budget: int = Field(8, ge=1, le=1024)
     # When floom runs as root, each running local sandbox has a host uid (and gid) of its own
     # from [base, base + count), never root (floom/sandbox/local/uid_pool.py;
     # docs/reference/resource-limits.md).
@@ -113,6 +120,9 @@ class Settings(BaseSettings):
     # The largest state (as JSON) a worker with `state:` may keep; worker.yml's
     # state.max_bytes may ask for less, never more (refused at deploy).
     max_state_bytes: int = Field(256 * 1024, ge=1)
+    # State versions kept per worker (history, restores, replays' bases): writing a new one
+    # deletes those older than the last state_history.
+    state_history: int = Field(100, ge=1, le=1_000_000)
     rate_limit_per_minute: int = Field(1200, ge=0)
     rate_limit_burst: int = Field(600, ge=1)
     # What reaches floom without a valid key (webhooks, the sign-in page, /healthz, failed
@@ -134,6 +144,10 @@ class Settings(BaseSettings):
     # by nodes with the scheduler role every retention_interval_seconds.
     retention_days: int = Field(0, ge=0, le=36500)
     retention_interval_seconds: float = Field(3600.0, ge=1.0)
+    # The same passes delete alert events, closed incidents and sent (or given-up) deliveries
+    # this many days old (0: kept forever); open incidents, events about runs not yet ended
+    # and pending deliveries stay.
+    alert_retention_days: int = Field(90, ge=0, le=36500)
     # Alerts and run callbacks (floom/services/alerts/): the watch looks every
     # alert_poll_seconds; a delivery is tried up to alert_max_attempts times, waiting
     # alert_retry_seconds, then twice that, and so on (at most an hour); each channel sends

@@ -7,6 +7,7 @@ caller can meet, for the docs (docs/reference/error-codes.md) and the OpenAPI do
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from floom.hints import Hint, Told
@@ -403,6 +404,102 @@ def catalogue() -> list[dict[str, Any]]:
         {"code": code, "status": cls.status, "meaning": (cls.__doc__ or "").strip().split("\n")[0]}
         for code, cls in sorted(_BY_CODE.items())
     ]
+
+
+class RunErrorCode(StrEnum):
+    """Why a run did not succeed, as it records it in `error_code` (a queued run's says how
+    its previous attempt ended; a skipped run's why its tick or event did not become a run).
+    Where a refusal of the same name exists, the code is that refusal's (a test checks)."""
+
+    # The script or agent, judged at the attempt's end (floom/engine/attempt.py).
+    TIMED_OUT = "timed_out"
+    LIMIT_EXCEEDED = "limit_exceeded"
+    CANCELLED = "cancelled"
+    EXIT_CODE = "exit_code"
+    WORKER_ERROR = "worker_error"
+    RESULT_INVALID = "result_invalid"
+    OUTPUTS_INVALID = "outputs_invalid"
+    STATE_INVALID = "state_invalid"
+    STATE_TOO_LARGE = "state_too_large"
+    STATE_CONFLICT = "state_conflict"
+    SECRET_MISSING = "secret_missing"
+    SECRET_NAME_REFUSED = "secret_name_refused"
+    # floom, the node or the sandbox.
+    SANDBOX_ERROR = "sandbox_error"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    EXECUTOR_ERROR = "executor_error"
+    EXECUTOR_LOST = "executor_lost"
+    INTERRUPTED = "interrupted"
+    # Agent runs (floom/agent/).
+    AGENT_ERROR = "agent_error"
+    MODEL_ERROR = "model_error"
+    PROVIDER_AUTH = "provider_auth"
+    PROVIDER_KEY_MISSING = "provider_key_missing"
+    COMPOSIO_KEY_MISSING = "composio_key_missing"
+    TOOL_SOURCE_UNAVAILABLE = "tool_source_unavailable"
+    REPLAY_DIVERGED = "replay_diverged"
+    RECORDING_ENDED = "recording_ended"
+    # A person's decision (floom/services/runs/approvals.py).
+    REJECTED = "rejected"
+    # Skipped runs: a trigger's tick or event that did not start one (floom/services/triggers/).
+    OVERLAP_SKIP = "overlap_skip"
+    MISSED = "missed"
+    PAUSED = "paused"
+    INPUT_INVALID = "input_invalid"
+    START_FAILED = "start_failed"
+
+
+_RUN_ERROR_MEANINGS: dict[RunErrorCode, str] = {
+    RunErrorCode.TIMED_OUT: "The run ran longer than limits.timeout_seconds.",
+    RunErrorCode.LIMIT_EXCEEDED: "The run reached a limit (memory, processes, disk, tokens, "
+    "model turns or monthly cost); not retried.",
+    RunErrorCode.CANCELLED: "The run was cancelled.",
+    RunErrorCode.EXIT_CODE: "The script exited with a non-zero code.",
+    RunErrorCode.WORKER_ERROR: "The script reported an error in result.json.",
+    RunErrorCode.RESULT_INVALID: "The script's result.json could not be read (not JSON, "
+    "too large, not an object).",
+    RunErrorCode.OUTPUTS_INVALID: "The outputs do not match the worker's declared outputs.",
+    RunErrorCode.STATE_INVALID: "The state the run left is not a JSON value floom keeps.",
+    RunErrorCode.STATE_TOO_LARGE: "The state the run left is larger than its limit.",
+    RunErrorCode.STATE_CONFLICT: "The worker's state changed after the run read it; its "
+    "new state was not written.",
+    RunErrorCode.SECRET_MISSING: "A secret the worker declares is not set.",
+    RunErrorCode.SECRET_NAME_REFUSED: "A secret the worker declares has a name floom refuses "
+    "to put in a run's environment.",
+    RunErrorCode.SANDBOX_ERROR: "The sandbox failed while the run's process ran.",
+    RunErrorCode.SANDBOX_UNAVAILABLE: "The sandbox backend could not start the run's process.",
+    RunErrorCode.EXECUTOR_ERROR: "floom failed running the attempt (a bug; see the node's log).",
+    RunErrorCode.EXECUTOR_LOST: "The node running the attempt stopped renewing its lease.",
+    RunErrorCode.INTERRUPTED: "The node running the attempt shut down; the run was queued again.",
+    RunErrorCode.AGENT_ERROR: "The agent kept ending its turn without calling finish.",
+    RunErrorCode.MODEL_ERROR: "The model provider could not answer.",
+    RunErrorCode.PROVIDER_AUTH: "The model provider refused floom's key.",
+    RunErrorCode.PROVIDER_KEY_MISSING: "No model provider key is set on the node.",
+    RunErrorCode.COMPOSIO_KEY_MISSING: "The worker uses Composio tools and no Composio key "
+    "is set on the node.",
+    RunErrorCode.TOOL_SOURCE_UNAVAILABLE: "A tool source the agent declares (an MCP server, "
+    "Composio) could not be reached.",
+    RunErrorCode.REPLAY_DIVERGED: "An exact replay left its recording.",
+    RunErrorCode.RECORDING_ENDED: "An exact replay reached the end of its recording.",
+    RunErrorCode.REJECTED: "A person rejected the run's outputs.",
+    RunErrorCode.OVERLAP_SKIP: "Skipped: a schedule's tick came while its previous run was "
+    "still active.",
+    RunErrorCode.MISSED: "Skipped: a schedule's tick passed while no scheduler ran.",
+    RunErrorCode.PAUSED: "Skipped: the worker or its trigger was paused.",
+    RunErrorCode.INPUT_INVALID: "Skipped: the event did not give valid inputs.",
+    RunErrorCode.START_FAILED: "Skipped: the tick or event could not start a run.",
+}
+
+
+def run_error_code(error: FloomError) -> RunErrorCode:
+    """The code a run records when `error` ends it: the error's own code, which is one of
+    RunErrorCode for every error an attempt ends with (a test holds the classes to it)."""
+    return RunErrorCode(error.code)
+
+
+def run_error_catalogue() -> list[dict[str, str]]:
+    """Every code a run can record in `error_code`, with its meaning, in the enum's order."""
+    return [{"code": code.value, "meaning": _RUN_ERROR_MEANINGS[code]} for code in RunErrorCode]
 
 
 def _name(cls: type) -> str:

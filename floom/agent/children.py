@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any
 from floom.agent.tools import ToolError
 from floom.engine.phases import claim_run
 from floom.errors import FloomError
+from floom.schemas.runs import RunPublic
 from floom.services.access import principal
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
 from floom.store.db import session_scope
 from floom.store.models import Run
+from floom.vocabulary import RunTrigger
 
 if TYPE_CHECKING:
     from floom.agent.builtin import AgentEnv
@@ -47,7 +49,7 @@ def invoke_child(env: AgentEnv, *, worker: str, inputs: dict[str, Any]) -> dict[
             ctx,
             worker_name=worker,
             inputs=inputs,
-            trigger="agent",
+            trigger=RunTrigger.AGENT,
             # The parent run's own tool allowed this child; floom starts it for that run.
             caller=principal.system(env.run.id),
             parent_run_id=env.run.id,
@@ -68,11 +70,11 @@ def invoke_child(env: AgentEnv, *, worker: str, inputs: dict[str, Any]) -> dict[
         if env.remaining() <= 0:
             raise ToolError(f"out of time waiting for run {child.id}; it goes on without you")
         time.sleep(WAIT_POLL_SECONDS)
-    body = runs.run_to_dict(current)
+    body = RunPublic.of(current)
     return {
         "run_id": current.id,
         "worker": worker,
         "status": current.status,
-        "outputs": body["outputs"],
-        "error": body["error"],
+        "outputs": body.outputs,
+        "error": body.error.model_dump() if body.error else None,
     }

@@ -19,7 +19,7 @@ from floom.agent import workspace
 from floom.agent.provider import ModelProvider, estimate_cost
 from floom.agent.tools import RecordedToolError, Tool, ToolError
 from floom.engine.queue import Outcome
-from floom.errors import ProviderError
+from floom.errors import ProviderError, RunErrorCode, run_error_code
 from floom.services.access.principal import SYSTEM
 from floom.services.runs import agent as agent_runs
 from floom.services.runs.approvals import (
@@ -37,6 +37,7 @@ from floom.services.runs.rules import (
     SUCCEEDED,
 )
 from floom.store.models import new_id
+from floom.vocabulary import ApprovalKind, RunStatus, ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.agent.builtin import AgentEnv
@@ -144,7 +145,7 @@ class AgentLoop:
             if self.env.remaining() <= 0:
                 seconds = self.env.manifest.limits.timeout_seconds
                 return self._limit("timeout_seconds", f"{seconds}s of agent time")
-            return self._end(FAILED, exc.code, exc.message, retryable=exc.retryable)
+            return self._end(FAILED, run_error_code(exc), exc.message, retryable=exc.retryable)
         t.iterations += 1
         t.input_tokens += reply.input_tokens
         t.output_tokens += reply.output_tokens
@@ -174,7 +175,9 @@ class AgentLoop:
             self.state["nudges"] += 1
             if self.state["nudges"] > MAX_NUDGES:
                 return self._end(
-                    FAILED, "agent_error", "the agent kept ending its turn without calling finish"
+                    FAILED,
+                    RunErrorCode.AGENT_ERROR,
+                    "the agent kept ending its turn without calling finish",
                 )
             self.messages.append({"role": "user", "content": NUDGE})
             self.checkpoint()
@@ -207,7 +210,7 @@ class AgentLoop:
             message = f"refused: {found.message} ({found.limit} bound); {jsonvalues.bounds_hint()}"
             # The transcript keeps the marker too, so that it stays within the bounds.
             block["input"] = jsonvalues.unreadable(found.message)
-            self._record(name, block["input"], "refused", error=message)
+            self._record(name, block["input"], ToolCallStatus.REFUSED, error=message)
             return None, _result(use_id, message, error=True)
         awaiting = self.state["awaiting"]
         if not awaiting or awaiting.get("tool_use_id") != use_id:
@@ -218,14 +221,14 @@ class AgentLoop:
                 f"refused: no tool '{name}' is available to this worker; "
                 f"available: {', '.join(self.toolbox.names())}"
             )
-            self._record(name, args, "refused", error=message)
+            self._record(name, args, ToolCallStatus.REFUSED, error=message)
             return None, _result(use_id, message, error=True)
         if tool.builtin == "finish":
             return self._finish(tool, use_id, args, awaiting)
         if awaiting is not None:
             return self._decided(tool, use_id, args, awaiting)
         if tool.gated:
-            return self._pause(tool, use_id, args, kind="tool_call"), None
+            return self._pause(tool, use_id, args, kind=ApprovalKind.TOOL_CALL), None
         return None, self._execute(tool, use_id, args)
 
     def _decided(
@@ -240,7 +243,11 @@ class AgentLoop:
                 "unchanged; take the comment into account."
             )
             agent_runs.finish_tool_call(
-                self.env.ctx, call_id=call_id, status="rejected", arguments=args, error=message
+                self.env.ctx,
+                call_id=call_id,
+                status=ToolCallStatus.REJECTED,
+                arguments=args,
+                error=message,
             )
             self._note(f"tool {tool.name} rejected{by}: {approval.comment}")
             return None, _result(use_id, message, error=True)
@@ -254,7 +261,7 @@ class AgentLoop:
             answer = {"decision": "approved", "comment": approval.comment, "edited": edited or None}
             text = json.dumps(answer)
             agent_runs.finish_tool_call(
-                self.env.ctx, call_id=call_id, status="ok", arguments=args, result=text
+                self.env.ctx, call_id=call_id, status=ToolCallStatus.OK, arguments=args, result=text
             )
             return None, _result(use_id, text)
         return None, self._execute(tool, use_id, args, call_id=call_id)
@@ -263,7 +270,7 @@ class AgentLoop:
         self, tool: Tool, use_id: str, args: dict[str, Any], *, call_id: str | None = None
     ) -> dict[str, Any]:
         t0 = time.monotonic()
-        text, error, failed = "", None, "error"
+        text, error, failed = "", None, ToolCallStatus.ERROR
         try:
             text = tool.run(args)
         except RecordedToolError as exc:
@@ -276,7 +283,7 @@ class AgentLoop:
         ms = int((time.monotonic() - t0) * 1000)
         redact = self.env.redactor
         text, error = redact.text(text), redact.text(error) if error else None
-        status = failed if error else "ok"
+        status = failed if error else ToolCallStatus.OK
         if call_id:
             agent_runs.finish_tool_call(
                 self.env.ctx,
@@ -296,7 +303,7 @@ class AgentLoop:
         self,
         tool: str,
         args: Any,
-        status: str,
+        status: ToolCallStatus,
         *,
         result: str | None = None,
         error: str | None = None,
@@ -331,14 +338,18 @@ class AgentLoop:
         use_id: str,
         args: dict[str, Any],
         *,
-        kind: str,
+        kind: ApprovalKind,
         proposed: dict[str, Any] | None = None,
     ) -> Outcome:
         env = self.env
         call_id, approval_id = new_id("tc"), new_id("apr")
         safe_args = env.redactor.value(args)
         self._record(
-            tool.name, safe_args, "awaiting_approval", approval_id=approval_id, call_id=call_id
+            tool.name,
+            safe_args,
+            ToolCallStatus.AWAITING_APPROVAL,
+            approval_id=approval_id,
+            call_id=call_id,
         )
         self.state["awaiting"] = {
             "approval_id": approval_id,
@@ -351,7 +362,7 @@ class AgentLoop:
         approval = new_approval(
             run=env.run,
             kind=kind,
-            proposed=proposed if kind == "run" and proposed is not None else safe_args,
+            proposed=proposed if kind == ApprovalKind.RUN and proposed is not None else safe_args,
             tool=tool.name,
             tool_call_id=call_id,
             approval_id=approval_id,
@@ -363,7 +374,7 @@ class AgentLoop:
             env.ctx,
             run=env.run,
             approval=approval,
-            proposed_outputs=proposed if kind == "run" else None,
+            proposed_outputs=proposed if kind == ApprovalKind.RUN else None,
             artifacts=workspace.artifacts(env),
             sandbox_seconds=env.sandbox_seconds,
         )
@@ -381,35 +392,41 @@ class AgentLoop:
             answer = {"decision": "approved", "outputs": approved, "comment": approval.comment}
             text = f"{json.dumps(answer)}\n{APPLY_NOTE}"
             agent_runs.finish_tool_call(
-                env.ctx, call_id=awaiting["tool_call_id"], status="ok", arguments=args, result=text
+                env.ctx,
+                call_id=awaiting["tool_call_id"],
+                status=ToolCallStatus.OK,
+                arguments=args,
+                result=text,
             )
             self._note("apply phase: the agent continues with the approved outputs")
             return None, _result(use_id, text)
         if "state" in args and (refused := env.attempt.leave_state(args["state"])):
             message = f"the state cannot be kept: {refused.message} ({refused.hint})"
-            self._record("finish", args, "error", error=message)
+            self._record("finish", args, ToolCallStatus.ERROR, error=message)
             return None, _result(use_id, message, error=True)
         if env.apply:
-            self._record("finish", args, "ok", result="run finished with the approved outputs")
+            self._record(
+                "finish", args, ToolCallStatus.OK, result="run finished with the approved outputs"
+            )
             return self._succeed(approved), None
         outputs = args.get("outputs")
         if not isinstance(outputs, dict):
             message = 'finish needs {"outputs": {...}} with the declared outputs'
-            self._record("finish", args, "error", error=message)
+            self._record("finish", args, ToolCallStatus.ERROR, error=message)
             return None, _result(use_id, message, error=True)
         problems = env.manifest.check_outputs(outputs)
         if problems:
             message = "the outputs do not match the worker's declared outputs: " + "; ".join(
                 f"{p.path}: {p.message}" for p in problems
             )
-            self._record("finish", args, "error", error=message)
+            self._record("finish", args, ToolCallStatus.ERROR, error=message)
             return None, _result(use_id, message, error=True)
         outputs = env.redactor.value(outputs)
         if env.manifest.approvals.get("required") and self.replay:
             self._note("replay: the run-level approval is not asked; the proposed outputs stand")
         elif env.manifest.approvals.get("required"):
-            return self._pause(tool, use_id, args, kind="run", proposed=outputs), None
-        self._record("finish", args, "ok", result="run finished")
+            return self._pause(tool, use_id, args, kind=ApprovalKind.RUN, proposed=outputs), None
+        self._record("finish", args, ToolCallStatus.OK, result="run finished")
         return self._succeed(outputs), None
 
     def _succeed(self, outputs: dict[str, Any]) -> Outcome:
@@ -423,12 +440,14 @@ class AgentLoop:
 
     def _limit(self, name: str, detail: str) -> Outcome:
         message = f"limit {name} reached: {detail} (limits.{name} in worker.yml)"
-        return self._end(LIMIT_EXCEEDED, "limit_exceeded", message)
+        return self._end(LIMIT_EXCEEDED, RunErrorCode.LIMIT_EXCEEDED, message)
 
     def _cancelled(self) -> Outcome:
-        return self._end(CANCELLED, "cancelled", "cancelled")
+        return self._end(CANCELLED, RunErrorCode.CANCELLED, "cancelled")
 
-    def _end(self, status: str, code: str, message: str, *, retryable: bool = False) -> Outcome:
+    def _end(
+        self, status: RunStatus, code: RunErrorCode, message: str, *, retryable: bool = False
+    ) -> Outcome:
         if status in (FAILED, CANCELLED):
             # A retry, or a run requeued by a node shutdown, resumes with these files.
             self.t.workspace_digest = workspace.keep(self.env)

@@ -35,6 +35,7 @@ from floom.services.replays.recordings import (
     load_recording,
 )
 from floom.store.agents import Transcript
+from floom.vocabulary import ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.agent.builtin import AgentEnv
@@ -241,14 +242,14 @@ def _answer_or_refuse(
                 raise RecordedToolError(
                     f"{NOT_RECORDED}, and a replay sends only GET or HEAD requests live "
                     f"({method} refused)",
-                    call_status="refused",
+                    call_status=ToolCallStatus.REFUSED,
                 )
             return tool.run(args)
         raise RecordedToolError(
             f"{NOT_RECORDED}: this replay answers tool calls from the original run's "
             f"recorded calls, and {tool.name} was not called there with these arguments. "
             "A replay never acts on the world; continue without it or finish.",
-            call_status="refused",
+            call_status=ToolCallStatus.REFUSED,
         )
 
     return run
@@ -256,7 +257,7 @@ def _answer_or_refuse(
 
 def _recorded_answer(call: RecordedCall) -> str:
     if call.is_error:
-        raise RecordedToolError(call.content, call_status=call.status or "error")
+        raise RecordedToolError(call.content, call_status=call.status or ToolCallStatus.ERROR)
     return call.content
 
 

@@ -18,7 +18,7 @@ from floom.agent.replay import replay_session
 from floom.agent.tools import Tool, Toolbox
 from floom.engine.queue import Outcome
 from floom.engine.runtime import NodeRuntime
-from floom.errors import ProviderError, SourceUnavailable
+from floom.errors import ProviderError, RunErrorCode, SourceUnavailable, run_error_code
 from floom.manifest.agent import ToolSpec, tool_specs
 from floom.net.egress import RELAXED_WARNING
 from floom.services.access.principal import SYSTEM
@@ -44,7 +44,7 @@ def run_agent(attempt: Attempt) -> Outcome:
     except ProviderError as exc:
         return Outcome(
             status=FAILED,
-            error_code=exc.code,
+            error_code=run_error_code(exc),
             error_message=exc.message,
             retryable=exc.retryable,
         )
@@ -58,7 +58,7 @@ def run_agent(attempt: Attempt) -> Outcome:
     ):
         return Outcome(
             status=FAILED,
-            error_code="composio_key_missing",
+            error_code=RunErrorCode.COMPOSIO_KEY_MISSING,
             error_message="this worker uses Composio tools: set FLOOM_COMPOSIO_API_KEY in the "
             "environment of the floom server",
             retryable=False,
@@ -99,7 +99,7 @@ def run_agent(attempt: Attempt) -> Outcome:
         except SourceUnavailable as exc:
             return Outcome(
                 status=FAILED,
-                error_code="tool_source_unavailable",
+                error_code=RunErrorCode.TOOL_SOURCE_UNAVAILABLE,
                 error_message=redactor.text(str(exc)),
             )
         if transcript is None and session is not None and session.exact:

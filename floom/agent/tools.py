@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from floom.errors import ToolError
+from floom.vocabulary import ToolCallStatus
 
 __all__ = ["RecordedToolError", "Tool", "ToolError", "Toolbox", "object_schema", "require_str"]
 
@@ -21,7 +22,7 @@ class RecordedToolError(ToolError):
     """A failed call whose stored status is not plain "error": a replay answering with a
     recorded rejection, or refusing a call it cannot answer from the recording ("refused")."""
 
-    def __init__(self, message: str, *, call_status: str) -> None:
+    def __init__(self, message: str, *, call_status: ToolCallStatus) -> None:
         super().__init__(message)
         self.call_status = call_status
 

@@ -118,7 +118,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             else ExecutorHealth(slots=executor.slots, active=executor.active_count()),
             protections=node.protections,
             sandboxes=node.sandboxes,
-            warm=None if executor is None else executor.sandbox.warm_stats(),
+            warm=None if executor is None else executor.warm_stats(),
         )
 
     if "api" in roles:

@@ -34,7 +34,7 @@ def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:
         node = getattr(request.app.state, "node", None)
         executor = getattr(node, "executor", None)
         if executor is not None:
-            registry.register(WarmCollector(executor.sandbox.warm_stats))
+            registry.register(WarmCollector(executor.warm_stats))
         request.app.state.metrics_registry = registry
     return registry
 

@@ -121,6 +121,7 @@ def _document(app: FastAPI) -> dict[str, Any]:
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     doc["x-error-codes"] = floom_errors.catalogue()
+    doc["x-run-error-codes"] = floom_errors.run_error_catalogue()
     app.openapi_schema = doc
     return doc
 

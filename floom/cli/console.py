@@ -18,6 +18,7 @@ from rich.segment import Segment
 from rich.text import Text
 
 from floom.cli.visible import is_raw, visible
+from floom.vocabulary import RunStatus
 
 
 class _Visible:
@@ -54,31 +55,36 @@ def _console(*, stderr: bool = False) -> Console:
 out = _console()
 err = _console(stderr=True)
 
-STATUS_STYLES = {
-    "succeeded": "green",
-    "failed": "red",
-    "timed_out": "red",
-    "cancelled": "yellow",
-    "running": "cyan",
-    "queued": "blue",
-    "awaiting_approval": "yellow",
-    "rejected": "red",
-    "limit_exceeded": "red",
-    "skipped": "dim",
+# Every run status's colour (a test checks none is missing).
+STATUS_STYLES: dict[str, str] = {
+    RunStatus.SUCCEEDED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.TIMED_OUT: "red",
+    RunStatus.CANCELLED: "yellow",
+    RunStatus.RUNNING: "cyan",
+    RunStatus.QUEUED: "blue",
+    RunStatus.AWAITING_APPROVAL: "yellow",
+    RunStatus.REJECTED: "red",
+    RunStatus.LIMIT_EXCEEDED: "red",
+    RunStatus.SKIPPED: "dim",
 }
 STREAM_STYLES = {"stderr": "red", "system": "dim"}
 
 
 def print_json(value: Any) -> None:
-    """Print a value as indented JSON on stdout (what --json prints)."""
+    """Print a value (a public model as the REST API sends it) as indented JSON on stdout
+    (what --json prints)."""
+    as_json = getattr(value, "to_json", None)  # a public model, without importing pydantic
+    if callable(as_json):
+        value = as_json()
     out.print(Text(json.dumps(value, indent=2, default=str)))
 
 
-def _parse_time(value: str | None) -> datetime | None:
+def _parse_time(value: datetime | str | None) -> datetime | None:
     if not value:
         return None
     try:
-        parsed = datetime.fromisoformat(value)
+        parsed = value if isinstance(value, datetime) else datetime.fromisoformat(value)
     except ValueError:
         return None
     if parsed.tzinfo is None:
@@ -86,15 +92,20 @@ def _parse_time(value: str | None) -> datetime | None:
     return parsed.astimezone()
 
 
-def when(value: str | None) -> str:
+def when(value: datetime | str | None) -> str:
     """A stored timestamp (UTC) in local time, or "-"."""
     parsed = _parse_time(value)
     return parsed.strftime("%Y-%m-%d %H:%M:%S") if parsed else "-"
 
 
 def duration(run: dict[str, Any]) -> str:
-    """How long a run took, or has been running so far."""
-    start, end = _parse_time(run.get("started_at")), _parse_time(run.get("finished_at"))
+    """How long a run (its JSON) took, or has been running so far."""
+    return took(run.get("started_at"), run.get("finished_at"))
+
+
+def took(started: datetime | str | None, finished: datetime | str | None) -> str:
+    """How long from `started` to `finished` (or now), or "-" before the start."""
+    start, end = _parse_time(started), _parse_time(finished)
     if not start:
         return "-"
     seconds = ((end or datetime.now(UTC)) - start).total_seconds()

@@ -20,6 +20,7 @@ from floom.cli.console import (
     print_result,
     run_heading,
     status_text,
+    took,
     value_text,
     when,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "run_heading",
     "say",
     "status_text",
+    "took",
     "value_text",
     "when",
 ]

@@ -27,6 +27,7 @@ from floom.client.lite import LiteClient
 from floom.client.wire import WAIT_CALL_SECONDS, StartRequest
 from floom.errors import FloomError
 from floom.services.runs.statuses import FINISHED
+from floom.vocabulary import RunStatus
 
 FLAGS = {"--wait": "wait", "--json": "as_json", "--force": "force"}
 VALUED = {"-i": "input", "--input": "input", "--input-json": "input_json", "--timeout": "timeout"}
@@ -170,7 +171,7 @@ def _serve(line: RunLine, client: LiteClient) -> int:
         _watch(started, line.timeout, asked)
         return 0
     _write(json.dumps(started, indent=2, default=str))
-    return 0 if started["status"] == "succeeded" else 1
+    return 0 if started["status"] == RunStatus.SUCCEEDED else 1
 
 
 def _follow(line: RunLine, client: LiteClient) -> int:
@@ -200,7 +201,7 @@ def _follow(line: RunLine, client: LiteClient) -> int:
         print_result(final)
     except KeyboardInterrupt:
         _stopped_waiting(started["id"])
-    return 0 if final["status"] == "succeeded" else 1
+    return 0 if final["status"] == RunStatus.SUCCEEDED else 1
 
 
 def _watch(
@@ -210,7 +211,7 @@ def _watch(
     typer command's own wait takes over and ends the process.
     Imported here, not at the top: typer, rich and httpx only for this, or an error."""
     from floom.cli.command import guarded  # a long wait: start-up cost is moot
-    from floom.cli.commands.runs import watch_run
+    from floom.cli.commands.runs import watch_started
     from floom.cli.common import open_client
 
     if timeout is not None:
@@ -218,7 +219,7 @@ def _watch(
 
     def watch() -> None:
         with open_client() as client:
-            watch_run(client, started, as_json=shown is None, timeout=timeout, shown=shown)
+            watch_started(client, started, as_json=shown is None, timeout=timeout, shown=shown)
 
     guarded(watch)
     sys.exit(0)

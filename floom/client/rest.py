@@ -36,6 +36,34 @@ from floom.client.wire import url_path as url_path
 from floom.client_env import admin_key_file, client_base_url
 from floom.errors import ClientError, FloomError, TooManyWaits
 from floom.hints import act, told
+from floom.schemas.admin import KeyCreated, KeyPublic, SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.common import Page
+from floom.schemas.health import Health
+from floom.schemas.nodes import NodeList
+from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.runs import (
+    ApprovalDecided,
+    ApprovalPublic,
+    ArtifactPublic,
+    LogPage,
+    RunDetail,
+    RunEventPublic,
+    RunPublic,
+    RunQuery,
+)
+from floom.schemas.triggers import DeliveryDetail, DeliveryPublic, TriggerListing
+from floom.schemas.workers import (
+    DeployResult,
+    RollbackResult,
+    StateVersionPublic,
+    ValidationResult,
+    VersionDetail,
+    VersionPublic,
+    WorkerDeleted,
+    WorkerDetail,
+    WorkerPublic,
+    WorkerStatePublic,
+)
 from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
 from floom.services.runs.statuses import WAITING as WAITING_STATUSES
 
@@ -69,7 +97,8 @@ def _error_from(response: httpx.Response) -> FloomError:
 
 
 class FloomClient:
-    """One method per REST route; results are the decoded JSON bodies."""
+    """One method per REST route; results are the public models of floom/schemas, validated
+    from the JSON bodies (the alerts calls answer the decoded JSON)."""
 
     def __init__(
         self,
@@ -151,18 +180,18 @@ class FloomClient:
 
     # -- health, workers, versions -------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json("GET", "/healthz", auth=False)
-        return result
+    def health(self) -> Health:
+        result = self.request_json("GET", "/healthz", auth=False)
+        return Health.model_validate(result)
 
-    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> dict[str, Any]:
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> DeployResult:
         """Deploy a worker folder packed with floom.bundle (tar.gz); `skip_eval_gate`
         activates the version even though the worker's eval gate fails."""
         headers = {"Content-Type": "application/gzip"}
         params = {"skip_eval_gate": "true"} if skip_eval_gate else None
         # A worker with an eval gate answers once its eval ends (10 minutes at most).
         timeout = httpx.Timeout(30.0, read=660.0)
-        result: dict[str, Any] = self.request_json(
+        result = self.request_json(
             "POST",
             "/api/v1/workers",
             content=archive,
@@ -170,37 +199,35 @@ class FloomClient:
             params=params,
             timeout=timeout,
         )
-        return result
+        return DeployResult.model_validate(result)
 
-    def validate(self, archive: bytes) -> dict[str, Any]:
+    def validate(self, archive: bytes) -> ValidationResult:
         headers = {"Content-Type": "application/gzip"}
-        result: dict[str, Any] = self.request_json(
+        result = self.request_json(
             "POST", "/api/v1/workers/validate", content=archive, headers=headers
         )
-        return result
+        return ValidationResult.model_validate(result)
 
     def list_workers(
         self, *, cursor: str | None = None, limit: int | None = None
-    ) -> dict[str, Any]:
+    ) -> Page[WorkerPublic]:
         params = self._params(cursor=cursor, limit=limit)
-        result: dict[str, Any] = self.request_json("GET", "/api/v1/workers", params=params)
-        return result
+        result = self.request_json("GET", "/api/v1/workers", params=params)
+        return Page[WorkerPublic].model_validate(result)
 
-    def get_worker(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json("GET", f"/api/v1/workers/{url_path(name)}")
-        return result
+    def get_worker(self, name: str) -> WorkerDetail:
+        result = self.request_json("GET", f"/api/v1/workers/{url_path(name)}")
+        return WorkerDetail.model_validate(result)
 
-    def list_versions(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json(
-            "GET", f"/api/v1/workers/{url_path(name)}/versions"
-        )
-        return result
+    def list_versions(self, name: str) -> Page[VersionPublic]:
+        result = self.request_json("GET", f"/api/v1/workers/{url_path(name)}/versions")
+        return Page[VersionPublic].model_validate(result)
 
-    def get_version(self, name: str, version_id: str) -> dict[str, Any]:
+    def get_version(self, name: str, version_id: str) -> VersionDetail:
         """One version: its manifest (also as worker.yml text) and its file list."""
         path = f"/api/v1/workers/{url_path(name)}/versions/{url_path(version_id)}"
-        result: dict[str, Any] = self.request_json("GET", path)
-        return result
+        result = self.request_json("GET", path)
+        return VersionDetail.model_validate(result)
 
     def api_paths(self) -> set[str]:
         """The route templates this server offers (from its OpenAPI document), so a client
@@ -215,24 +242,22 @@ class FloomClient:
         version_id: str | None = None,
         run_id: str | None = None,
         state_version: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> RollbackResult:
         """Make a version active again: by its id, or the version a run used; with
         `state_version`, also set that kept state version again."""
         body = self._params(version_id=version_id, run_id=run_id, state_version=state_version)
-        result: dict[str, Any] = self.request_json(
-            "POST", f"/api/v1/workers/{url_path(name)}/rollback", json=body
-        )
-        return result
+        result = self.request_json("POST", f"/api/v1/workers/{url_path(name)}/rollback", json=body)
+        return RollbackResult.model_validate(result)
 
-    def get_state(self, name: str, *, version: int | None = None) -> dict[str, Any]:
+    def get_state(self, name: str, *, version: int | None = None) -> WorkerStatePublic:
         """The worker's state: the current version's value and who wrote it, or a kept
         `version`'s."""
-        result: dict[str, Any] = self.request_json(
+        result = self.request_json(
             "GET",
             f"/api/v1/workers/{url_path(name)}/state",
             params=self._params(version=version),
         )
-        return result
+        return WorkerStatePublic.model_validate(result)
 
     def set_state(
         self,
@@ -241,57 +266,53 @@ class FloomClient:
         state: Any = None,
         from_version: int | None = None,
         if_version: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> WorkerStatePublic:
         """Write a new state version: `state`, or a kept version's value again
         (`from_version`); with `if_version`, only while that is the current version."""
         body: dict[str, Any] = self._params(from_version=from_version, if_version=if_version)
         if from_version is None:
             body["state"] = state
-        result: dict[str, Any] = self.request_json(
-            "PUT", f"/api/v1/workers/{url_path(name)}/state", json=body
-        )
-        return result
+        result = self.request_json("PUT", f"/api/v1/workers/{url_path(name)}/state", json=body)
+        return WorkerStatePublic.model_validate(result)
 
     def state_versions(
         self, name: str, *, cursor: str | None = None, limit: int | None = None
-    ) -> dict[str, Any]:
+    ) -> Page[StateVersionPublic]:
         """The worker's kept state versions, newest first."""
-        result: dict[str, Any] = self.request_json(
+        result = self.request_json(
             "GET",
             f"/api/v1/workers/{url_path(name)}/state/versions",
             params=self._params(cursor=cursor, limit=limit),
         )
-        return result
+        return Page[StateVersionPublic].model_validate(result)
 
-    def delete_worker(self, name: str, *, purge_runs: bool = False) -> dict[str, Any]:
+    def delete_worker(self, name: str, *, purge_runs: bool = False) -> WorkerDeleted:
         """Delete a worker (its triggers stop at once); its runs are kept unless purged.
         Answers what was deleted, as counts."""
         params = {"purge_runs": "true" if purge_runs else "false"}
         # A purge first waits (20 s at most) for the worker's running runs to stop.
         timeout = httpx.Timeout(10.0, read=60.0)
-        result: dict[str, Any] = self.request_json(
+        result = self.request_json(
             "DELETE", f"/api/v1/workers/{url_path(name)}", params=params, timeout=timeout
         )
-        return result
+        return WorkerDeleted.model_validate(result)
 
-    def list_triggers(self, name: str) -> dict[str, Any]:
+    def list_triggers(self, name: str) -> TriggerListing:
         """The worker's triggers with their next fire times (and whether it is paused)."""
-        result: dict[str, Any] = self.request_json(
-            "GET", f"/api/v1/workers/{url_path(name)}/triggers"
-        )
-        return result
+        result = self.request_json("GET", f"/api/v1/workers/{url_path(name)}/triggers")
+        return TriggerListing.model_validate(result)
 
     def set_paused(
         self, name: str, *, paused: bool, trigger_id: str | None = None
-    ) -> dict[str, Any]:
+    ) -> TriggerListing:
         """Pause or resume a worker, or one of its triggers; returns the trigger listing."""
         action = "pause" if paused else "resume"
-        result: dict[str, Any] = self.request_json(
+        result = self.request_json(
             "POST",
             f"/api/v1/workers/{url_path(name)}/{action}",
             json=self._params(trigger_id=trigger_id),
         )
-        return result
+        return TriggerListing.model_validate(result)
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -306,12 +327,13 @@ class FloomClient:
         wait: float = 0,
         until: str = "ended",
         callback_url: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunPublic:
         """Queue a run; with coerce_strings the input values are text parsed by declared type.
         `force` runs a paused worker. With `wait` (at most 60), the same request waits for the
         run to end (or settle) and answers with the whole run record; check its status, as
         the answer comes after `wait` seconds (or at once, over the key's cap of waits)
-        either way. `callback_url` gets the run's record, signed, when it ends."""
+        either way (a RunDetail then, when the run settled). `callback_url` gets the run's
+        record, signed, when it ends."""
         request = StartRequest(
             worker,
             inputs,
@@ -323,44 +345,35 @@ class FloomClient:
             callback_url=callback_url,
         )
         if request.read_seconds is None:
-            result: dict[str, Any] = self.request_json("POST", request.path, json=request.body)
-            return result
+            return RunPublic.model_validate(
+                self.request_json("POST", request.path, json=request.body)
+            )
         timeout = httpx.Timeout(CONNECT_SECONDS, read=request.read_seconds)
         result = self.request_json(
             "POST", request.path, json=request.body, params=request.params, timeout=timeout
         )
-        return result
+        # 200 with the whole record when the run settled in time, 202 with the run otherwise.
+        return (RunDetail if "tool_calls" in result else RunPublic).model_validate(result)
 
-    def list_runs(
-        self,
-        *,
-        worker: str | None = None,
-        status: str | None = None,
-        trigger: str | None = None,
-        cursor: str | None = None,
-        limit: int | None = None,
-    ) -> dict[str, Any]:
-        params = self._params(
-            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
-        )
-        result: dict[str, Any] = self.request_json("GET", "/api/v1/runs", params=params)
-        return result
+    def list_runs(self, query: RunQuery) -> Page[RunPublic]:
+        result = self.request_json("GET", "/api/v1/runs", params=query.params())
+        return Page[RunPublic].model_validate(result)
 
-    def get_run(self, run_id: str, *, wait: float = 0, until: str = "ended") -> dict[str, Any]:
+    def get_run(self, run_id: str, *, wait: float = 0, until: str = "ended") -> RunDetail:
         """The run; with `wait` (at most 60), the server answers as soon as it has ended (with
         until="settled", also when it waits for a person) or after `wait` seconds."""
         path = f"/api/v1/runs/{url_path(run_id)}"
         if wait <= 0:
-            result: dict[str, Any] = self.request_json("GET", path)
-            return result
+            result = self.request_json("GET", path)
+            return RunDetail.model_validate(result)
         params = {"wait": f"{wait:g}", "until": until}
         timeout = httpx.Timeout(CONNECT_SECONDS, read=wait + WAIT_READ_MARGIN_SECONDS)
         result = self.request_json("GET", path, params=params, timeout=timeout)
-        return result
+        return RunDetail.model_validate(result)
 
     def wait_for_run(
         self, run_id: str, *, seconds: float | None, until: str = "ended"
-    ) -> dict[str, Any]:
+    ) -> RunDetail:
         """The run once it has ended (or settled), or as it is after `seconds` (None: no
         limit), waiting through the server's `?wait=`, one long request at a time."""
         stop = TERMINAL_STATUSES if until == "ended" else TERMINAL_STATUSES | WAITING_STATUSES
@@ -373,7 +386,7 @@ class FloomClient:
             except TooManyWaits:
                 # This key's other waits fill its cap: read now and ask again shortly.
                 run = self.get_run(run_id)
-            if run["status"] in stop or (deadline is not None and time.monotonic() >= deadline):
+            if run.status in stop or (deadline is not None and time.monotonic() >= deadline):
                 return run
             # Not again at once when the server answered early without an end (one that
             # ignores ?wait=, or a full cap): that would be a busy loop.
@@ -386,50 +399,40 @@ class FloomClient:
         after: int | None = None,
         tail: int | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> LogPage:
         params = self._params(after=after, tail=tail, limit=limit)
-        result: dict[str, Any] = self.request_json(
-            "GET", f"/api/v1/runs/{url_path(run_id)}/logs", params=params
-        )
-        return result
+        result = self.request_json("GET", f"/api/v1/runs/{url_path(run_id)}/logs", params=params)
+        return LogPage.model_validate(result)
 
-    def all_logs(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
+    def all_logs(self, run_id: str, *, after: int = 0) -> list[RunEventPublic]:
         """Every stored log event above `after`, reading page by page."""
-        events: list[dict[str, Any]] = []
+        events: list[RunEventPublic] = []
         while True:
             page = self.get_logs(run_id, after=after)
-            events.extend(page["items"])
-            if not page["items"] or page["complete"]:
+            events.extend(page.items)
+            if not page.items or page.complete:
                 return events
-            after = page["last_seq"]
+            after = page.last_seq
 
-    def list_artifacts(self, run_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json(
-            "GET", f"/api/v1/runs/{url_path(run_id)}/artifacts"
-        )
-        return result
+    def list_artifacts(self, run_id: str) -> Page[ArtifactPublic]:
+        result = self.request_json("GET", f"/api/v1/runs/{url_path(run_id)}/artifacts")
+        return Page[ArtifactPublic].model_validate(result)
 
     def download_artifact(self, run_id: str, name: str) -> bytes:
         path = f"/api/v1/runs/{url_path(run_id)}/artifacts/{quote(name, safe='/')}"
         return self._send("GET", path).content
 
-    def cancel_run(self, run_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json(
-            "POST", f"/api/v1/runs/{url_path(run_id)}/cancel"
-        )
-        return result
+    def cancel_run(self, run_id: str) -> RunDetail:
+        result = self.request_json("POST", f"/api/v1/runs/{url_path(run_id)}/cancel")
+        return RunDetail.model_validate(result)
 
-    def replay_run(
-        self, run_id: str, *, latest: bool = False, force: bool = False
-    ) -> dict[str, Any]:
+    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> RunPublic:
         """Run the same inputs again: on the same version, or the worker's active one."""
         body: dict[str, Any] = {"latest": latest}
         if force:
             body["force"] = True
-        result: dict[str, Any] = self.request_json(
-            "POST", f"/api/v1/runs/{url_path(run_id)}/replay", json=body
-        )
-        return result
+        result = self.request_json("POST", f"/api/v1/runs/{url_path(run_id)}/replay", json=body)
+        return RunPublic.model_validate(result)
 
     # -- replays from recordings and evals -----------------------------------------------------
 
@@ -440,54 +443,48 @@ class FloomClient:
         mode: str,
         version_id: str | None = None,
         model: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> RunPublic:
         """Replay an agent run from its recording (exact or what_if); the new run."""
         body = self._params(mode=mode, version_id=version_id, model=model)
-        result: dict[str, Any] = self.request_json(
-            "POST", f"/api/v1/runs/{url_path(run_id)}/replays", json=body
-        )
-        return result
+        result = self.request_json("POST", f"/api/v1/runs/{url_path(run_id)}/replays", json=body)
+        return RunPublic.model_validate(result)
 
-    def get_replay(self, run_id: str) -> dict[str, Any]:
+    def get_replay(self, run_id: str) -> ReplayReport:
         """A replay's report: status, and once finished its diff against the original."""
-        result: dict[str, Any] = self.request_json("GET", f"/api/v1/replays/{url_path(run_id)}")
-        return result
+        result = self.request_json("GET", f"/api/v1/replays/{url_path(run_id)}")
+        return ReplayReport.model_validate(result)
 
-    def start_eval(self, worker: str, body: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json(
-            "POST", f"/api/v1/workers/{url_path(worker)}/evals", json=body
-        )
-        return result
+    def start_eval(self, worker: str, body: dict[str, Any]) -> EvalReport:
+        result = self.request_json("POST", f"/api/v1/workers/{url_path(worker)}/evals", json=body)
+        return EvalReport.model_validate(result)
 
-    def get_eval(self, eval_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json("GET", f"/api/v1/evals/{url_path(eval_id)}")
-        return result
+    def get_eval(self, eval_id: str) -> EvalReport:
+        result = self.request_json("GET", f"/api/v1/evals/{url_path(eval_id)}")
+        return EvalReport.model_validate(result)
 
     # -- webhook deliveries --------------------------------------------------------------------
 
     def list_deliveries(
         self, name: str, *, cursor: str | None = None, limit: int | None = None
-    ) -> dict[str, Any]:
+    ) -> Page[DeliveryPublic]:
         """A worker's stored webhook and Composio deliveries, newest first."""
-        result: dict[str, Any] = self.request_json(
+        result = self.request_json(
             "GET",
             f"/api/v1/workers/{url_path(name)}/deliveries",
             params=self._params(cursor=cursor, limit=limit),
         )
-        return result
+        return Page[DeliveryPublic].model_validate(result)
 
-    def get_delivery(self, delivery_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json(
-            "GET", f"/api/v1/deliveries/{url_path(delivery_id)}"
-        )
-        return result
+    def get_delivery(self, delivery_id: str) -> DeliveryDetail:
+        result = self.request_json("GET", f"/api/v1/deliveries/{url_path(delivery_id)}")
+        return DeliveryDetail.model_validate(result)
 
-    def replay_delivery(self, delivery_id: str, *, force: bool = False) -> dict[str, Any]:
+    def replay_delivery(self, delivery_id: str, *, force: bool = False) -> RunPublic:
         """Run a stored delivery again; returns the new run."""
-        result: dict[str, Any] = self.request_json(
+        result = self.request_json(
             "POST", f"/api/v1/deliveries/{url_path(delivery_id)}/replay", json={"force": force}
         )
-        return result
+        return RunPublic.model_validate(result)
 
     # -- following a run -----------------------------------------------------------------------
 
@@ -520,31 +517,29 @@ class FloomClient:
             self._check_deadline(run_id, deadline)
         yield from self._poll(run_id, after=after, deadline=deadline)
 
-    def wait(self, run_id: str, *, deadline: float | None = None) -> dict[str, Any]:
+    def wait(self, run_id: str, *, deadline: float | None = None) -> RunDetail:
         """Block until the run ends; returns the full run record (with artifacts). Raises
         ClientError(code="timeout") when the monotonic `deadline` passes first."""
         seconds = None if deadline is None else max(0.0, deadline - time.monotonic())
         run = self.wait_for_run(run_id, seconds=seconds)
-        if run["status"] not in TERMINAL_STATUSES:
+        if run.status not in TERMINAL_STATUSES:
             raise self._still_going(run)
         return run
 
     def _check_deadline(self, run_id: str, deadline: float | None) -> None:
         if deadline is not None and time.monotonic() >= deadline:
             run = self.get_run(run_id)
-            if run["status"] in TERMINAL_STATUSES:
+            if run.status in TERMINAL_STATUSES:
                 return
             raise self._still_going(run)
 
     @staticmethod
-    def _still_going(run: dict[str, Any]) -> ClientError:
+    def _still_going(run: RunPublic) -> ClientError:
         return ClientError(
-            f"run {run['id']} is still {run['status']} at the deadline",
+            f"run {run.id} is still {run.status} at the deadline",
             status=0,
             code="timeout",
-            hint=told(
-                "it keeps going; follow it with ", act("logs", follow=True, run_id=run["id"])
-            ),
+            hint=told("it keeps going; follow it with ", act("logs", follow=True, run_id=run.id)),
         )
 
     def _stream(self, run_id: str, *, after: int, deadline: float | None) -> Iterator[FollowEvent]:
@@ -577,21 +572,21 @@ class FloomClient:
     def _poll(self, run_id: str, *, after: int, deadline: float | None) -> Iterator[FollowEvent]:
         while True:
             page = self.get_logs(run_id, after=after)
-            for item in page["items"]:
-                yield FollowEvent("log", item)
-            after = page["last_seq"]
-            if page["complete"]:
-                yield FollowEvent("end", self.get_run(run_id))
+            for item in page.items:
+                yield FollowEvent("log", item.to_json())
+            after = page.last_seq
+            if page.complete:
+                yield FollowEvent("end", self.get_run(run_id).to_json())
                 return
-            if not page["items"]:
+            if not page.items:
                 self._check_deadline(run_id, deadline)
                 time.sleep(POLL_SECONDS)
 
     # -- nodes ---------------------------------------------------------------------------------
 
-    def list_nodes(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json("GET", "/api/v1/nodes")
-        return result
+    def list_nodes(self) -> NodeList:
+        result = self.request_json("GET", "/api/v1/nodes")
+        return NodeList.model_validate(result)
 
     # -- alerts --------------------------------------------------------------------------------
 
@@ -609,6 +604,12 @@ class FloomClient:
         )
         return result
 
+    def update_alert_channel(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request(
+            "PUT", f"channels/{url_path(name)}", json={"config": config}
+        )
+        return result
+
     def delete_alert_channel(self, name: str) -> None:
         self.alert_request("DELETE", f"channels/{url_path(name)}")
 
@@ -622,6 +623,12 @@ class FloomClient:
 
     def add_alert_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self.alert_request("POST", "rules", json=rule)
+        return result
+
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> dict[str, Any]:
+        result: dict[str, Any] = self.alert_request(
+            "PATCH", f"rules/{url_path(name)}", json={"enabled": enabled}
+        )
         return result
 
     def delete_alert_rule(self, name: str) -> None:
@@ -645,39 +652,37 @@ class FloomClient:
 
     # -- secrets and keys ----------------------------------------------------------------------
 
-    def list_secrets(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json("GET", "/api/v1/secrets")
-        return result
+    def list_secrets(self) -> Page[SecretPublic]:
+        result = self.request_json("GET", "/api/v1/secrets")
+        return Page[SecretPublic].model_validate(result)
 
-    def set_secret(self, name: str, value: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json(
+    def set_secret(self, name: str, value: str) -> SecretSet:
+        result = self.request_json(
             "PUT", f"/api/v1/secrets/{url_path(name)}", json={"value": value}
         )
-        return result
+        return SecretSet.model_validate(result)
 
-    def delete_secret(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json("DELETE", f"/api/v1/secrets/{url_path(name)}")
-        return result
+    def delete_secret(self, name: str) -> SecretDeleted:
+        result = self.request_json("DELETE", f"/api/v1/secrets/{url_path(name)}")
+        return SecretDeleted.model_validate(result)
 
-    def my_key(self) -> dict[str, Any]:
+    def my_key(self) -> KeyPublic:
         """The key this client uses (never its value): id, name, scopes, agent."""
-        result: dict[str, Any] = self.request_json("GET", "/api/v1/keys/me")
-        return result
+        result = self.request_json("GET", "/api/v1/keys/me")
+        return KeyPublic.model_validate(result)
 
-    def list_keys(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json("GET", "/api/v1/keys")
-        return result
+    def list_keys(self) -> Page[KeyPublic]:
+        result = self.request_json("GET", "/api/v1/keys")
+        return Page[KeyPublic].model_validate(result)
 
-    def create_key(self, *, scopes: list[str], name: str = "") -> dict[str, Any]:
+    def create_key(self, *, scopes: list[str], name: str = "") -> KeyCreated:
         """A new API key; its plaintext is in "key" and is never returned again."""
-        result: dict[str, Any] = self.request_json(
-            "POST", "/api/v1/keys", json={"scopes": scopes, "name": name}
-        )
-        return result
+        result = self.request_json("POST", "/api/v1/keys", json={"scopes": scopes, "name": name})
+        return KeyCreated.model_validate(result)
 
-    def revoke_key(self, key_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json("DELETE", f"/api/v1/keys/{url_path(key_id)}")
-        return result
+    def revoke_key(self, key_id: str) -> KeyPublic:
+        result = self.request_json("DELETE", f"/api/v1/keys/{url_path(key_id)}")
+        return KeyPublic.model_validate(result)
 
     # -- approvals -----------------------------------------------------------------------------
 
@@ -689,19 +694,17 @@ class FloomClient:
         worker: str | None = None,
         cursor: str | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> Page[ApprovalPublic]:
         """Approvals oldest first; status pending (default), approved, rejected or all."""
         params = self._params(
             status=status, run_id=run_id, worker=worker, cursor=cursor, limit=limit
         )
-        result: dict[str, Any] = self.request_json("GET", "/api/v1/approvals", params=params)
-        return result
+        result = self.request_json("GET", "/api/v1/approvals", params=params)
+        return Page[ApprovalPublic].model_validate(result)
 
-    def get_approval(self, approval_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json(
-            "GET", f"/api/v1/approvals/{url_path(approval_id)}"
-        )
-        return result
+    def get_approval(self, approval_id: str) -> ApprovalPublic:
+        result = self.request_json("GET", f"/api/v1/approvals/{url_path(approval_id)}")
+        return ApprovalPublic.model_validate(result)
 
     def approve(
         self,
@@ -709,19 +712,19 @@ class FloomClient:
         *,
         edited: dict[str, Any] | None = None,
         comment: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> ApprovalDecided:
         """Approve; `edited` replaces proposed values (tool arguments or outputs) key by key."""
         body = self._params(edited=edited, comment=comment)
-        result: dict[str, Any] = self.request_json(
+        result = self.request_json(
             "POST", f"/api/v1/approvals/{url_path(approval_id)}/approve", json=body
         )
-        return result
+        return ApprovalDecided.model_validate(result)
 
-    def reject(self, approval_id: str, *, comment: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.request_json(
+    def reject(self, approval_id: str, *, comment: str) -> ApprovalDecided:
+        result = self.request_json(
             "POST", f"/api/v1/approvals/{url_path(approval_id)}/reject", json={"comment": comment}
         )
-        return result
+        return ApprovalDecided.model_validate(result)
 
 
 class _StreamUnavailable(Exception):

@@ -19,8 +19,8 @@ from floom.engine.collect import COLLECT_MIN_SECONDS, Collected, collect_artifac
 from floom.engine.queue import Outcome, StateChange
 from floom.engine.runlog import RunLog
 from floom.engine.safefiles import Bounds, Refused, write_regular
-from floom.engine.script import redact_outcome, script_spec
-from floom.errors import FloomError, SecretNameRefused
+from floom.engine.script import STATE_FILE, redact_outcome, script_spec
+from floom.errors import FloomError, RunErrorCode, run_error_code
 from floom.hints import act, told
 from floom.hints import cli as cli_hints
 from floom.sandbox import e2b_api_key
@@ -64,7 +64,7 @@ class AttemptHost(Protocol):
 def missing_secret_outcome(missing: list[str]) -> Outcome:
     return Outcome(
         status=FAILED,
-        error_code="secret_missing",
+        error_code=RunErrorCode.SECRET_MISSING,
         # Stored as the CLI writes it; each surface reads it back in its terms.
         error_message=cli_hints.written(
             told(
@@ -81,7 +81,7 @@ def sandbox_unavailable_outcome(exc: SandboxUnavailable, redactor: Redactor) -> 
     hint = f"; {exc.hint}" if exc.hint else ""
     outcome = Outcome(
         status=FAILED,
-        error_code=exc.code,
+        error_code=run_error_code(exc),
         error_message=f"{exc.message}{hint}",
         retryable=exc.retryable,
     )
@@ -90,7 +90,10 @@ def sandbox_unavailable_outcome(exc: SandboxUnavailable, redactor: Redactor) -> 
 
 def cancelled_outcome() -> Outcome:
     return Outcome(
-        status=CANCELLED, error_code="cancelled", error_message="cancelled", retryable=False
+        status=CANCELLED,
+        error_code=RunErrorCode.CANCELLED,
+        error_message="cancelled",
+        retryable=False,
     )
 
 
@@ -164,7 +167,7 @@ class Attempt:
         if refused := secret_service.refused_for_runs(names):
             return Outcome(
                 status=FAILED,
-                error_code=SecretNameRefused.code,
+                error_code=RunErrorCode.SECRET_NAME_REFUSED,
                 error_message=refused,
                 retryable=False,
             )
@@ -235,7 +238,7 @@ class Attempt:
         retry = self.manifest.state.on_conflict == "retry" and self.run.replay_of is None
         self.state = StateChange(base=base, retry_on_conflict=retry)
         self.state_read = json.dumps(value)
-        write_regular(self.workdir, "state.json", self.state_read.encode())
+        write_regular(self.workdir, STATE_FILE, self.state_read.encode())
 
     def leave_state(self, value: Any) -> FloomError | None:
         """Keep `value` (secrets masked) as the state to commit if the run succeeds; why it
@@ -344,25 +347,27 @@ class Attempt:
         if result.timed_out:
             return Outcome(
                 status=TIMED_OUT,
-                error_code="timed_out",
+                error_code=RunErrorCode.TIMED_OUT,
                 error_message=f"timed out after {manifest.limits.timeout_seconds}s "
                 "(limits.timeout_seconds in worker.yml)",
             )
         if result.limit_exceeded:
             return Outcome(
                 status=LIMIT_EXCEEDED,
-                error_code="limit_exceeded",
+                error_code=RunErrorCode.LIMIT_EXCEEDED,
                 error_message=result.error or f"the {result.limit_exceeded} limit was reached",
                 exit_code=result.exit_code,
                 retryable=False,
             )
         if result.error:
-            return Outcome(status=FAILED, error_code="sandbox_error", error_message=result.error)
+            return Outcome(
+                status=FAILED, error_code=RunErrorCode.SANDBOX_ERROR, error_message=result.error
+            )
         report, problem = read_result(self.workdir, limit=self.ctx.settings.max_result_bytes)
         if problem:
             return Outcome(
                 status=FAILED,
-                error_code="result_invalid",
+                error_code=RunErrorCode.RESULT_INVALID,
                 error_message=problem,
                 exit_code=result.exit_code,
                 retryable=False,
@@ -372,7 +377,7 @@ class Attempt:
         if report.get("error"):
             return Outcome(
                 status=FAILED,
-                error_code="worker_error",
+                error_code=RunErrorCode.WORKER_ERROR,
                 error_message=str(report["error"]),
                 exit_code=result.exit_code,
                 retryable=bool(report.get("retryable", True)),
@@ -383,7 +388,7 @@ class Attempt:
             detail = f": {last}" if last else ""
             return Outcome(
                 status=FAILED,
-                error_code="exit_code",
+                error_code=RunErrorCode.EXIT_CODE,
                 error_message=f"the script exited with code {result.exit_code}{detail}",
                 exit_code=result.exit_code,
                 retryable=bool(report.get("retryable", True)),
@@ -393,7 +398,7 @@ class Attempt:
         if problems:
             return Outcome(
                 status=FAILED,
-                error_code="outputs_invalid",
+                error_code=RunErrorCode.OUTPUTS_INVALID,
                 error_message="outputs do not match worker.yml: "
                 + "; ".join(f"{p.path}: {p.message}" for p in problems),
                 exit_code=result.exit_code,
@@ -407,7 +412,7 @@ class Attempt:
         elif "state" in report and (refused := self.leave_state(report["state"])):
             return Outcome(
                 status=FAILED,
-                error_code=refused.code,
+                error_code=run_error_code(refused),
                 error_message=f"result.json: {refused.message} ({refused.hint})",
                 exit_code=result.exit_code,
                 outputs=outputs,

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from floom.engine.attempt import (
     Attempt,
@@ -29,7 +29,7 @@ from floom.engine.queue import (
 from floom.engine.runlog import LogBudget, LogLine, RunLog
 from floom.engine.runtime import NodeRuntime
 from floom.engine.work_root import hold_work_root, release_work_root
-from floom.errors import BlobStoreUnavailable, StoreUnavailable
+from floom.errors import BlobStoreUnavailable, RunErrorCode, StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable
 from floom.sandbox.fence import fence_key, margin_seconds, node_fence
@@ -290,6 +290,19 @@ class Executor:
             live_run_ids=live_run_ids,
         )
 
+    def warm_stats(self) -> dict[str, Any] | None:
+        """Warm starts on this node, for /healthz and /metrics: the default backend's
+        (Sandbox.warm_stats), with the E2B backend's pools under `e2b` when it keeps some
+        (floom/sandbox/e2b/warm.py). None when no backend has warm starts."""
+        with self._backends_lock:
+            backends = dict(self.backends)
+        found = self.sandbox.warm_stats() if self.sandbox.name != "e2b" else None
+        e2b = backends["e2b"].warm_stats() if "e2b" in backends else None
+        if e2b is None:
+            return found
+        base = found or {"enabled": False, "hits": 0, "misses": 0, "pools": []}
+        return {**base, "e2b": e2b}
+
     def sandbox_for(self, manifest: Manifest) -> Sandbox:
         """The sandbox backend a worker's runs use: the one its worker.yml names, else the
         node's default. Raises SandboxUnavailable, naming the setting, when the named one is
@@ -458,7 +471,7 @@ class Executor:
             log.exception("run %s crashed in the executor", run.id)
             outcome = Outcome(
                 status=FAILED,
-                error_code="executor_error",
+                error_code=RunErrorCode.EXECUTOR_ERROR,
                 error_message=f"floom could not run this attempt: {type(exc).__name__}",
                 retryable=True,
             )

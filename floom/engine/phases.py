@@ -25,6 +25,7 @@ from floom.services.runs.rules import (
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
+from floom.vocabulary import ApprovalKind, ApprovalStatus
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
@@ -53,7 +54,11 @@ def approved_decision(ctx: Context, *, run: Run) -> dict[str, Any]:
     with session_scope(ctx.engine) as s:
         approval = s.exec(
             select(Approval)
-            .where(Approval.run_id == run.id, Approval.kind == "run", Approval.status == "approved")
+            .where(
+                Approval.run_id == run.id,
+                Approval.kind == ApprovalKind.RUN,
+                Approval.status == ApprovalStatus.APPROVED,
+            )
             .order_by(col(Approval.id).desc())
         ).first()
     return {
@@ -86,7 +91,7 @@ def _gated_script(attempt: Attempt) -> Outcome:
         if apply or outcome.status != SUCCEEDED:
             return outcome
         proposed = outcome.outputs or {}
-        approval = new_approval(run=run, kind="run", proposed=proposed)
+        approval = new_approval(run=run, kind=ApprovalKind.RUN, proposed=proposed)
         # The propose phase's lines are stored before the pause: whoever sees the run
         # awaiting approval sees all that led to it.
         attempt.run_log.flush(ctx)

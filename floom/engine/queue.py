@@ -15,7 +15,7 @@ from sqlalchemy import bindparam, delete, func, insert, or_, text, update
 from sqlmodel import col, select
 
 from floom import jsonvalues
-from floom.errors import StateConflict
+from floom.errors import RunErrorCode
 from floom.services.runs.lifecycle import any_runnable_statement
 from floom.services.runs.logs import append_events, lock_events, system_event
 from floom.services.runs.records import RunRecord, record_in_session
@@ -49,6 +49,7 @@ from floom.store.db import (
     write_connection,
 )
 from floom.store.models import Artifact, Run, UTCDateTime, trusted_row, utcnow
+from floom.vocabulary import RunStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -314,9 +315,9 @@ CONFLICT_ATTEMPTS = 10
 class Outcome:
     """How one attempt ended, as the executor saw it."""
 
-    status: str
+    status: RunStatus
     outputs: dict[str, Any] | None = None
-    error_code: str | None = None
+    error_code: RunErrorCode | None = None
     error_message: str | None = None
     exit_code: int | None = None
     retryable: bool = True
@@ -394,6 +395,7 @@ def finish_attempt(
                 base=change.base,
                 state_json=change.new_json,
                 run_id=run.id,
+                keep=ctx.settings.state_history,
             )
             if committed is None:
                 # Another run or an operator wrote the state since this one read it: its
@@ -455,7 +457,7 @@ def _end_values(
     ended = RunFields.of(run)
     ended.status = RUNNING  # as the UPDATE finds it, or it writes nothing
     conflict_retry = (
-        outcome.error_code == StateConflict.code
+        outcome.error_code == RunErrorCode.STATE_CONFLICT
         and outcome.state is not None
         and outcome.state.retry_on_conflict
         and run.attempt < CONFLICT_ATTEMPTS
@@ -476,7 +478,8 @@ def _end_values(
             delay_seconds=delay,
             # A conflict is no failure of the worker's: it costs none of its retries.
             counts_as_attempt=not conflict_retry,
-            ended=outcome.error_code or outcome.status,
+            # Every failed or timed-out outcome names its code.
+            ended=outcome.error_code or RunErrorCode.EXECUTOR_ERROR,
         )
     else:
         transition(
@@ -510,7 +513,7 @@ def _conflict_outcome(run: Run, outcome: Outcome, change: StateChange) -> Outcom
         tail = f"; gave up after {run.attempt} attempts"
     return Outcome(
         status=FAILED,
-        error_code=StateConflict.code,
+        error_code=RunErrorCode.STATE_CONFLICT,
         error_message=f"the state of worker '{run.worker_name}' changed after this run read "
         f"version {change.base}; its new state was not written{tail}",
         exit_code=outcome.exit_code,
@@ -617,7 +620,7 @@ def reap_expired_leases(
                     CANCELLED,
                     by=REAPER,
                     now=now,
-                    error_code="cancelled",
+                    error_code=RunErrorCode.CANCELLED,
                     error_message=f"cancelled; {lost}",
                 )
             elif run.attempt < run.max_attempts:

@@ -12,6 +12,9 @@ from floom.services.access.secrets import Redactor
 from floom.services.runs.rules import previous_attempt
 from floom.store.models import Run
 
+# In the work dir of a worker with `state:`: the state its run starts from (JSON).
+STATE_FILE = "state.json"
+
 
 def script_spec(
     run: Run,
@@ -70,6 +73,8 @@ def script_spec(
         files=files,
         fence=fence_key(run.id, run.lease_epoch),
         warm=run.version_id if manifest.warm else "",
+        # The state the run starts from is floom's to give, not the run's to change.
+        read_only=(STATE_FILE,) if manifest.state.enabled else (),
     )
 
 

@@ -112,6 +112,7 @@ OPS: dict[str, Op] = {
         _op("deliveries", WORKER),
         _op("state get", WORKER),
         _op("state history", WORKER),
+        _op("state set", WORKER, "..."),
         _op("eval", WORKER, AGAINST),
         # Runs
         _op("run", WORKER, Flag("--force", "force")),

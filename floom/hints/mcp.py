@@ -81,6 +81,7 @@ TOOLS: dict[str, Callable[[Action], Call]] = {
     "triggers": _on_worker("list_triggers"),
     "state get": _on_worker("get_worker_state"),
     "state history": _on_worker("list_worker_state_versions"),
+    "state set": _on_worker("set_worker_state"),
     "eval": _eval,
     "run": lambda a: (
         _call("run_worker", worker=a.arg("worker"), force=True)

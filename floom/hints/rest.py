@@ -107,6 +107,9 @@ ENDPOINTS: dict[str, Callable[[Action], Request]] = {
     "deliveries": _on_worker("GET", "deliveries"),
     "state get": _on_worker("GET", "state"),
     "state history": _on_worker("GET", "state", "versions"),
+    "state set": lambda a: _request(
+        "PUT", "workers", a.arg("worker"), "state", body={"state": "..."}
+    ),
     "eval": _eval,
     "run": _run,
     "runs": _runs,

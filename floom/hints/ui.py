@@ -56,6 +56,7 @@ PAGES: dict[str, Callable[[Action], str]] = {
     "deliveries": _on_worker("the deliveries"),
     "state get": _on_worker("the state"),
     "state history": _on_worker("the state"),
+    "state set": _on_worker("the state"),
     "eval": _eval,
     "run": _on_worker("the run form"),
     "runs": _runs,

@@ -29,12 +29,13 @@ from floom.manifest.fields import (
     suggest,
 )
 from floom.sandbox.local.network import parse_allowed_network
+from floom.vocabulary import TriggerKind
 
 ENTRY_CANDIDATES: tuple[str, ...] = ("run.py", "run.sh", "run.js", "run.ts", "SKILL.md")
 FieldType = Literal["string", "integer", "number", "boolean", "object", "array", "file"]
 FIELD_TYPES: tuple[str, ...] = get_args(FieldType)
 TYPESCRIPT_RUNNERS: tuple[str, ...] = ("tsx", "ts-node", "deno", "bun")
-TRIGGER_KINDS: tuple[str, ...] = ("schedule", "webhook", "composio", "handoff")
+TRIGGER_KINDS: tuple[TriggerKind, ...] = tuple(TriggerKind)
 TOOL_SOURCES: tuple[str, ...] = ("builtin", "mcp", "composio")
 EXPOSE_TARGETS: tuple[str, ...] = ("mcp", "ui", "rest")
 SKIPPED_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules"})

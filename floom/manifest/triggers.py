@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from floom.errors import FloomError, InputInvalid, ManifestInvalid
-from floom.manifest.schema import FieldSpec, Manifest, Problem, format_problems
+from floom.manifest.schema import TRIGGER_KINDS, FieldSpec, Manifest, Problem, format_problems
 from floom.store.models import utcnow
 from floom.triggers import cron
 from floom.triggers.spec import (
@@ -31,6 +31,7 @@ from floom.triggers.spec import (
     parse_duration,
     trigger_key,
 )
+from floom.vocabulary import TriggerKind
 
 _SECRET_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _SLUG = re.compile(r"^[A-Z0-9_]+$")
@@ -38,7 +39,7 @@ _PATH = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
 _KEYS = {
     "schedule": ("cron", "timezone", "overlap", "catch_up", "catch_up_window", "inputs"),
     "webhook": ("signature", "secret", "inputs"),
-    "composio": ("event", "connected_account", "filters", "inputs"),
+    "composio": ("event", "connected_account", "filters", "inputs", "callback_url"),
 }
 
 
@@ -77,7 +78,7 @@ def _check_all(
         if not isinstance(item, Mapping) or len(item) != 1:
             continue  # the shape check has reported it
         ((kind, settings),) = item.items()
-        if kind not in ("schedule", "webhook", "composio", "handoff"):
+        if kind not in TRIGGER_KINDS:
             continue
         if settings is not None and not isinstance(settings, Mapping):
             continue
@@ -88,10 +89,10 @@ def _check_all(
             continue
         key = trigger_key(spec)
         if key in seen:
-            what = "a second webhook" if kind == "webhook" else "the same trigger"
+            what = "a second webhook" if kind == TriggerKind.WEBHOOK else "the same trigger"
             hint = (
                 "a worker has one webhook URL; use one webhook trigger"
-                if kind == "webhook"
+                if kind == TriggerKind.WEBHOOK
                 else f"it repeats {seen[key]}; list it once"
             )
             out.append(_problem(path, f"{what} as {seen[key]}", hint))
@@ -109,7 +110,7 @@ def _check_one(
     worker_name: str,
     out: list[Problem],
 ) -> TriggerSpec | None:
-    if kind == "handoff":
+    if kind == TriggerKind.HANDOFF:
         return _check_handoff(settings, path, out)
     allowed = _KEYS[kind]
     for key in settings:
@@ -117,9 +118,9 @@ def _check_one(
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"{kind} takes {', '.join(allowed)}"
             out.append(_problem(f"{path}.{key}", f"unknown setting '{key}'", hint))
-    if kind == "schedule":
+    if kind == TriggerKind.SCHEDULE:
         return _check_schedule(settings, path, inputs, out)
-    if kind == "webhook":
+    if kind == TriggerKind.WEBHOOK:
         if worker_name in RESERVED_HOOK_NAMES:
             out.append(
                 _problem(
@@ -245,12 +246,19 @@ def _check_composio(
                     "e.g. filters: {repo: acme/api}",
                 )
             )
+    callback = settings.get("callback_url")
+    if callback is not None and (
+        not isinstance(callback, str) or not re.match(r"^https?://[^\s]+$", callback)
+    ):
+        hint = "e.g. callback_url: https://ci.example.com/floom-done"
+        out.append(_problem(f"{path}.callback_url", "must be an http(s) URL", hint))
     mapping = _check_event_delivery(settings, path, inputs, out)
     return ComposioSpec(
         event=event.upper(),
         connected_account=account if isinstance(account, str) else None,
         filters=dict(filters),
         inputs=mapping,
+        callback_url=callback if isinstance(callback, str) else None,
     )
 
 

@@ -12,6 +12,8 @@ import anyio
 import anyio.to_thread
 
 from floom.mcp.errors import EXPECTED_ERRORS
+from floom.schemas.common import Page
+from floom.schemas.workers import WorkerPublic
 
 log = logging.getLogger("floom.mcp")
 
@@ -127,14 +129,16 @@ class Catalog:
         return next((e for e in self.snapshot.exposed if e.name == name), None)
 
 
-def all_workers(list_page: Callable[[str | None], dict[str, Any]], *, cap: int = 1000) -> list[Any]:
-    """Every worker body, page by page, up to `cap`."""
-    items: list[Any] = []
+def all_workers(
+    list_page: Callable[[str | None], Page[WorkerPublic]], *, cap: int = 1000
+) -> list[dict[str, Any]]:
+    """Every worker body (as JSON), page by page, up to `cap`."""
+    items: list[dict[str, Any]] = []
     cursor: str | None = None
     while len(items) < cap:
         page = list_page(cursor)
-        items.extend(page["items"])
-        cursor = page.get("next_cursor")
+        items.extend(w.to_json() for w in page.items)
+        cursor = page.next_cursor
         if not cursor:
             break
     return items[:cap]

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from mcp_types import CallToolResult, TextContent
 
 from floom.manifest.schema import EXPOSE_TARGETS
+from floom.schemas.runs import (
+    ApprovalPublic,
+    ArtifactPublic,
+    RunDetail,
+    RunEventPublic,
+    RunPublic,
+)
+from floom.schemas.triggers import TriggerPublic
+from floom.schemas.workers import ValidationResult, VersionPublic, WorkerPublic
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import FAILED, LIMIT_EXCEEDED, TIMED_OUT, WAITING
+from floom.vocabulary import ApprovalStatus
 
 MAX_TEXT_ITEMS = 30
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -39,23 +51,24 @@ def _more(items: list[Any], total_hint: str | None) -> str:
     return lines + (f"\n(next page: cursor={total_hint})" if total_hint else "")
 
 
-def worker_summary(worker: dict[str, Any]) -> dict[str, Any]:
-    manifest = worker.get("manifest") or {}
+def worker_summary(worker: WorkerPublic) -> dict[str, Any]:
+    manifest = worker.manifest or {}
     return {
-        "name": worker["name"],
-        "title": worker.get("title"),
-        "description": worker.get("description"),
-        "kind": worker.get("kind"),
-        "active_version_id": worker.get("active_version_id"),
-        "paused": worker.get("paused"),
+        "name": worker.name,
+        "title": worker.title,
+        "description": worker.description,
+        "kind": worker.kind,
+        "active_version_id": worker.active_version_id,
+        "paused": worker.paused,
         "inputs": {k: v.get("type") for k, v in (manifest.get("inputs") or {}).items()},
         # The surfaces that may start it: all of them when worker.yml names none.
         "expose": manifest.get("expose") or list(EXPOSE_TARGETS),
-        "updated_at": worker.get("updated_at"),
+        "updated_at": worker.updated_at.isoformat(),
     }
 
 
 def workers_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
+    """The summaries of worker_summary, one a line."""
     if not items:
         return "no workers deployed yet; deploy a folder with deploy_worker"
     lines = [f"{len(items)} worker(s):"]
@@ -68,16 +81,14 @@ def workers_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
     return "\n".join(lines) + _more(items, next_cursor)
 
 
-def run_line(run: dict[str, Any]) -> str:
-    error = run.get("error") or {}
-    why = f" ({error.get('code')}: {error.get('message')})" if error else ""
-    return (
-        f"{run['id']}  {run.get('worker')}  {run['status']}{why}  trigger={run.get('trigger')}"
-        f"  created={run.get('created_at')}"
-    )
+def run_line(run: RunPublic) -> str:
+    error = run.error
+    why = f" ({error.code}: {error.message})" if error else ""
+    created = run.created_at.isoformat()
+    return f"{run.id}  {run.worker}  {run.status}{why}  trigger={run.trigger}  created={created}"
 
 
-def runs_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
+def runs_text(items: list[RunPublic], next_cursor: str | None) -> str:
     if not items:
         return "no runs match"
     lines = [f"{len(items)} run(s), newest first:"]
@@ -85,27 +96,26 @@ def runs_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
     return "\n".join(lines) + _more(items, next_cursor)
 
 
-def run_text(run: dict[str, Any]) -> str:
-    lines = [f"run {run['id']} of {run.get('worker')} (version {run.get('version_id')}): "]
-    status = run["status"]
+def run_text(run: RunPublic) -> str:
+    lines = [f"run {run.id} of {run.worker} (version {run.version_id}): "]
+    status = run.status
     lines[0] += status
-    if run.get("error"):
-        error = run["error"]
-        lines.append(f"error {error.get('code')}: {error.get('message')}")
-    if run.get("outputs") is not None:
-        lines.append(f"outputs: {short(run['outputs'], 1000)}")
-    if run.get("inputs"):
-        lines.append(f"inputs: {short(run['inputs'])}")
-    if run.get("artifacts"):
-        lines.append(artifacts_text(run["id"], run["artifacts"]))
-    if run.get("replay_of"):
-        lines.append(f"replay of {run['replay_of']}")
-    if run.get("retry_of"):
-        lines.append(f"retry of {run['retry_of']}")
-    if run.get("cannot_start"):
-        lines.append(f"not started: {run['cannot_start']}")
+    if run.error:
+        lines.append(f"error {run.error.code}: {run.error.message}")
+    if run.outputs is not None:
+        lines.append(f"outputs: {short(run.outputs, 1000)}")
+    if run.inputs:
+        lines.append(f"inputs: {short(run.inputs)}")
+    if run.artifacts:
+        lines.append(artifacts_text(run.id, run.artifacts))
+    if run.replay_of:
+        lines.append(f"replay of {run.replay_of}")
+    if run.retry_of:
+        lines.append(f"retry of {run.retry_of}")
+    if run.cannot_start:
+        lines.append(f"not started: {run.cannot_start}")
     if status in ACTIVE_STATUSES:
-        lines.append(f"still {status}; follow it with watch_run(run_id='{run['id']}')")
+        lines.append(f"still {status}; follow it with watch_run(run_id='{run.id}')")
     elif status in WAITING:
         lines.append(waiting_text(run))
     elif status in _WENT_WRONG:
@@ -117,9 +127,9 @@ def run_text(run: dict[str, Any]) -> str:
 _WENT_WRONG = frozenset({FAILED, TIMED_OUT, LIMIT_EXCEEDED})
 
 
-def went_wrong_text(run: dict[str, Any]) -> str:
+def went_wrong_text(run: RunPublic) -> str:
     """What to do about a run that went wrong: read why, then run its inputs again."""
-    run_id = run["id"]
+    run_id = run.id
     return (
         f"read why with get_run_logs(run_id='{run_id}', tail=50); after a fix, "
         f"replay_run(run_id='{run_id}', latest=True) runs the same inputs on the active "
@@ -127,107 +137,105 @@ def went_wrong_text(run: dict[str, Any]) -> str:
     )
 
 
-def artifacts_text(run_id: str, artifacts: list[dict[str, Any]]) -> str:
+def artifacts_text(run_id: str, artifacts: list[ArtifactPublic]) -> str:
     listed = ", ".join(
-        f"{a['name']} ({a.get('content_type')}, {a.get('size')} bytes)"
-        for a in artifacts[:MAX_TEXT_ITEMS]
+        f"{a.name} ({a.content_type}, {a.size} bytes)" for a in artifacts[:MAX_TEXT_ITEMS]
     )
     more = f" and {len(artifacts) - MAX_TEXT_ITEMS} more" if len(artifacts) > MAX_TEXT_ITEMS else ""
-    first = artifacts[0]["name"]
+    first = artifacts[0].name
     return (
         f"artifacts: {listed}{more}; read one with get_artifact(run_id='{run_id}', name='{first}')"
     )
 
 
-def pending_approval_id(run: dict[str, Any]) -> str | None:
+def pending_approval_id(run: RunPublic) -> str | None:
     """The id of the approval a waiting run waits for, when the run record lists it."""
-    pending = [a for a in run.get("approvals") or [] if a.get("status") == "pending"]
-    return str(pending[-1]["id"]) if pending else None
+    listed = run.approvals if isinstance(run, RunDetail) else []
+    pending = [a for a in listed if a.status == ApprovalStatus.PENDING]
+    return pending[-1].id if pending else None
 
 
-def waiting_text(run: dict[str, Any]) -> str:
+def waiting_text(run: RunPublic) -> str:
     """How to decide a run that waits for a person, naming its pending approval if known."""
     approval_id = pending_approval_id(run)
     if approval_id is None:
         return (
-            f"waits for a person: list_approvals(worker='{run.get('worker')}') shows the "
+            f"waits for a person: list_approvals(worker='{run.worker}') shows the "
             "approval, decide_approval decides it"
         )
     return (
         f"waits for a person to decide approval {approval_id}: "
         f"decide_approval(approval_id='{approval_id}', decision='approve') or "
         "decision='reject' with a comment; then watch_run(run_id="
-        f"'{run['id']}') follows it to its end"
+        f"'{run.id}') follows it to its end"
     )
 
 
-def page_of(
-    items: list[dict[str, Any]], cursor: str | None, limit: int
-) -> tuple[list[dict[str, Any]], str | None]:
+def page_of(items: list[T], cursor: str | None, limit: int) -> tuple[list[T], str | None]:
     """One page of a list the backend returns whole; the cursor is the next item's index."""
     start = int(cursor) if cursor and cursor.isdigit() else 0
     end = start + limit
     return items[start:end], str(end) if end < len(items) else None
 
 
-def trigger_line(t: dict[str, Any]) -> str:
+def trigger_line(t: TriggerPublic) -> str:
     """One trigger, whole: kind, id, what fires it, state, next fires, where to send."""
-    config = t.get("config") or {}
-    what = ", ".join(f"{k}={v}" for k, v in config.items() if k != "inputs")
-    state = "paused" if t.get("paused") else ("active" if t.get("active") else "inactive")
-    line = f"{t.get('kind')} {t.get('id')} ({what}) {state}"
-    if t.get("timezone"):
-        line += f" tz={t['timezone']}"
-    if t.get("next_fires"):
-        line += " next: " + ", ".join(t["next_fires"])
-    if t.get("url"):
-        line += f" url={t['url']}"
-        if t.get("secret_set") is False:
+    what = ", ".join(f"{k}={v}" for k, v in t.config.items() if k != "inputs")
+    state = "paused" if t.paused else ("active" if t.active else "inactive")
+    line = f"{t.kind} {t.id} ({what}) {state}"
+    if t.timezone:
+        line += f" tz={t.timezone}"
+    if t.next_fires:
+        line += " next: " + ", ".join(t.next_fires)
+    if t.url:
+        line += f" url={t.url}"
+        if t.secret_set is False:
             line += " (signing secret not set)"
     return line
 
 
-def log_lines_text(events: list[dict[str, Any]]) -> str:
+def log_lines_text(events: Sequence[RunEventPublic]) -> str:
     # floom's own notices come told for MCP already (floom/hints/surface.py): tools, not commands.
-    return "\n".join(f"[{e['seq']}] {e['stream']}: {e['line']}" for e in events)
+    return "\n".join(f"[{e.seq}] {e.stream}: {e.line}" for e in events)
 
 
-def versions_text(name: str, items: list[dict[str, Any]]) -> str:
+def versions_text(name: str, items: list[VersionPublic]) -> str:
     lines = [f"{len(items)} version(s) of {name}, newest first:"]
     for v in items[:MAX_TEXT_ITEMS]:
-        active = "  (active)" if v.get("active") else ""
-        lines.append(f"  {v['id']}  {v.get('created_at')}  {v.get('file_count')} files{active}")
+        active = "  (active)" if v.active else ""
+        created = v.created_at.isoformat()
+        lines.append(f"  {v.id}  {created}  {v.file_count} files{active}")
     return "\n".join(lines)
 
 
-def approvals_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
+def approvals_text(items: list[ApprovalPublic], next_cursor: str | None) -> str:
     if not items:
         return "no approvals match" + _more(items, next_cursor)
     lines = [f"{len(items)} approval(s), oldest first:"]
     for a in items[:MAX_TEXT_ITEMS]:
-        what = f"tool {a['tool']}" if a.get("tool") else a.get("kind")
-        line = f"  {a['id']}  {a.get('worker')}  run {a.get('run_id')}  {what}  {a.get('status')}"
-        if a.get("proposed") is not None:
-            line += f"  proposes {short(a['proposed'], 200)}"
+        what = f"tool {a.tool}" if a.tool else a.kind
+        line = f"  {a.id}  {a.worker}  run {a.run_id}  {what}  {a.status}"
+        if a.proposed is not None:
+            line += f"  proposes {short(a.proposed, 200)}"
         lines.append(line)
-    if any(a.get("status") == "pending" for a in items):
+    if any(a.status == ApprovalStatus.PENDING for a in items):
         lines.append("decide one with decide_approval(approval_id=..., decision='approve')")
     return "\n".join(lines) + _more(items, next_cursor)
 
 
-def names_text(what: str, items: list[dict[str, Any]], key: str = "name") -> str:
-    if not items:
+def names_text(what: str, names: list[str]) -> str:
+    if not names:
         return f"no {what}"
-    return f"{len(items)} {what}: " + ", ".join(str(i.get(key)) for i in items[:MAX_TEXT_ITEMS])
+    return f"{len(names)} {what}: " + ", ".join(names[:MAX_TEXT_ITEMS])
 
 
-def problems_text(result: dict[str, Any]) -> str:
-    if result.get("valid"):
-        manifest = result.get("manifest") or {}
+def problems_text(result: ValidationResult) -> str:
+    if result.valid:
+        manifest = result.manifest or {}
         return f"valid: {manifest.get('name')} (entry {manifest.get('entry')})"
-    lines = [f"{len(result.get('problems') or [])} problem(s):"]
-    for p in result.get("problems") or []:
-        where = f"{p['path']}: " if p.get("path") else ""
-        hint = f" (hint: {p['hint']})" if p.get("hint") else ""
-        lines.append(f"  {where}{p['message']}{hint}")
+    lines = [f"{len(result.problems)} problem(s):"]
+    for p in result.problems:
+        where = f"{p.path}: " if p.path else ""
+        hint = f" (hint: {p.hint})" if p.hint else ""
+        lines.append(f"  {where}{p.message}{hint}")
     return "\n".join(lines)

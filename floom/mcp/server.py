@@ -44,6 +44,7 @@ from floom.mcp.errors import (
 from floom.mcp.toolkit import RUNS, backend_of, off
 from floom.mcp.tools import core as tools
 from floom.mcp.tools.artifacts import ARTIFACT_URI, artifact_contents
+from floom.schemas.runs import RunEventPublic
 from floom.services.access.principal import Principal
 
 log = logging.getLogger("floom.mcp")
@@ -373,18 +374,18 @@ async def _read_manifest(name: str, ctx: Context) -> str:
 async def _read_logs(run_id: str, ctx: Context) -> str:
     try:
         backend = backend_of(ctx)
-        events: list[dict[str, Any]] = []
+        events: list[RunEventPublic] = []
         after = 0
         # Pages until the end, bounded so a runaway log cannot exhaust the client.
         for _ in range(20):
             page = await off(backend.get_logs, run_id, after=after, limit=1000)
-            events.extend(page["items"])
-            if not page["items"] or page.get("complete"):
+            events.extend(page.items)
+            if not page.items or page.complete:
                 break
-            after = page["last_seq"]
+            after = page.last_seq
     except Exception as exc:  # the boundary of a resource read: errors become resource errors
         raise resource_error(exc) from exc
-    return "\n".join(f"{e['ts']} {e['stream']}: {e['line']}" for e in events) + "\n"
+    return "\n".join(f"{e.ts.isoformat()} {e.stream}: {e.line}" for e in events) + "\n"
 
 
 async def _artifact(run_id: str, name: str, ctx: Context) -> ReadResourceContents:

@@ -23,6 +23,7 @@ from floom.hints import act, told
 from floom.mcp.backends.base import Backend
 from floom.mcp.errors import tool_error
 from floom.mcp.render import Reply
+from floom.schemas.runs import RunDetail
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 
 if TYPE_CHECKING:
@@ -87,11 +88,11 @@ def floom_tool(fn: Callable[..., Awaitable[Reply]]) -> Callable[..., Awaitable[C
     return tool
 
 
-async def settle(backend: Backend, run_id: str, seconds: float) -> tuple[dict[str, Any], bool]:
+async def settle(backend: Backend, run_id: str, seconds: float) -> tuple[RunDetail, bool]:
     """The run once it has left queued/running, or as it is when `seconds` have passed, and
     whether it has."""
     run = await backend.wait_for_run(run_id, seconds=max(0.0, min(seconds, MAX_WAIT_SECONDS)))
-    return run, run["status"] not in ACTIVE_STATUSES
+    return run, run.status not in ACTIVE_STATUSES
 
 
 def pack(

@@ -1,5 +1,6 @@
 """The egress guard: the one rule set for every connection floom makes on a worker's behalf
-(an agent's `http_request`, its MCP tool sources, Composio calls), checked after name
+(an agent's `http_request`, its MCP tool sources, Composio calls, run callbacks and alert
+channels: floom/services/alerts/senders.py), checked after name
 resolution and pinned to the checked address, so that DNS rebinding cannot swap it.
 
 The rules, the same for every source:

@@ -53,7 +53,7 @@ def _e2b(settings: Settings | None) -> Sandbox:
     # Imported on first use: the e2b SDK takes ~1 s of CPU to import (its HTTP clients and
     # protobuf messages), which only a node that runs scripts in E2B pays, not every CLI
     # command or local-only server.
-    from floom.sandbox.e2b.backend import Budgets, E2BSandbox
+    from floom.sandbox.e2b.backend import Budgets, E2BSandbox, E2BWarmSettings
 
     s = settings or Settings()
     return E2BSandbox(
@@ -63,6 +63,9 @@ def _e2b(settings: Settings | None) -> Sandbox:
             result_bytes=s.max_result_bytes,
             artifact_bytes=s.max_artifact_bytes,
             bundle_bytes=s.max_bundle_bytes,
+        ),
+        warm=E2BWarmSettings(
+            count=s.e2b_warm, idle_seconds=s.e2b_warm_idle_seconds, budget=s.e2b_warm_budget
         ),
     )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import os
 import re
+import stat
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,10 @@ class SandboxSpec:
     `metadata` names the run for the backend's own records (run, attempt, worker, version);
     a remote backend labels its sandbox with it, a local one ignores it. It never holds a
     secret. `template` is the image a remote backend starts from (empty: its default).
+    `read_only` names files of `workdir` (floom's own, e.g. `state.json`) the process may
+    read and must not change: the local backend binds each read-only over itself, cold or
+    warm (a write, chmod, rename or delete fails). A remote backend whose process owns its
+    files (E2B) cannot hold it to that; floom never reads them back either way.
     `warm` names the warm pool the run may start from: the version (worker.yml `warm: true`),
     or empty. A backend that keeps warm processes (the local one, for `python3 SCRIPT.py`
     without network) may start the run from a process made for that name alone, and starts
@@ -101,6 +106,23 @@ class SandboxSpec:
     # backend that can names the sandbox's processes to it while they run. Empty: none.
     fence: str = ""
     warm: str = ""
+    read_only: tuple[str, ...] = ()
+
+
+def read_only_files(spec: SandboxSpec) -> list[str]:
+    """The spec's read-only files that are in its work dir as regular files (a name with a
+    slash, or a link, is not one floom wrote there: it is left alone)."""
+    found = []
+    for name in spec.read_only:
+        if "/" in name or name in ("", ".", ".."):
+            continue
+        try:
+            mode = os.lstat(spec.workdir / name).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(mode):
+            found.append(name)
+    return found
 
 
 @dataclass(frozen=True)

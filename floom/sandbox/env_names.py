@@ -25,6 +25,20 @@ _PREFIXES: Final = (
     ("LUA_", "Lua reads LUA_* variables to load libraries and startup code"),
     ("BASH_FUNC_", "bash imports functions from BASH_FUNC_* variables"),
     ("FLOOM_", "floom sets FLOOM_* variables itself in every run"),
+    (
+        "OPENSSL_",
+        "OpenSSL reads OPENSSL_* variables to load its configuration, engines and "
+        "providers (code) in every program that uses it",
+    ),
+    (
+        "GIT_CONFIG",
+        "git reads GIT_CONFIG* variables as configuration, which can name commands for it to run",
+    ),
+    (
+        "NPM_CONFIG_",
+        "npm reads npm_config_* variables as configuration (the shell for "
+        "scripts, Node.js options)",
+    ),
 )
 # name -> why.
 _NAMES: Final = {
@@ -65,8 +79,65 @@ _NAMES: Final = {
         "Java reads it to load agents, classes and options",
     ),
     **dict.fromkeys(
-        ("TCLLIBPATH", "PHPRC", "PHP_INI_SCAN_DIR"), "an interpreter loads code from it"
+        (
+            "TCLLIBPATH",
+            "PHPRC",
+            "PHP_INI_SCAN_DIR",
+            "GEM_HOME",
+            "GEM_PATH",
+            "R_PROFILE",
+            "R_PROFILE_USER",
+            "R_ENVIRON",
+            "R_ENVIRON_USER",
+            "R_LIBS",
+            "R_LIBS_USER",
+        ),
+        "an interpreter loads code from it",
     ),
+    **dict.fromkeys(
+        (
+            "GIT_SSH",
+            "GIT_SSH_COMMAND",
+            "GIT_EXEC_PATH",
+            "GIT_ASKPASS",
+            "GIT_PROXY_COMMAND",
+            "GIT_EXTERNAL_DIFF",
+            "GIT_PAGER",
+            "GIT_EDITOR",
+            "GIT_TEMPLATE_DIR",
+            "PAGER",
+            "MANPAGER",
+            "EDITOR",
+            "VISUAL",
+            "BROWSER",
+            "LESSOPEN",
+            "LESSCLOSE",
+            "SSH_ASKPASS",
+            "SUDO_ASKPASS",
+            "GOFLAGS",
+            "RUSTC_WRAPPER",
+        ),
+        "programs run the command (or load the code) it names",
+    ),
+    **dict.fromkeys(
+        (
+            "GTK_MODULES",
+            "GTK_PATH",
+            "GIO_EXTRA_MODULES",
+            "GST_PLUGIN_PATH",
+            "GST_PLUGIN_SYSTEM_PATH",
+            "QT_PLUGIN_PATH",
+            "LIBGL_DRIVERS_PATH",
+            "SASL_PATH",
+            "KRB5_CONFIG",
+        ),
+        "a library loads plugins (code) from where it points",
+    ),
+    **dict.fromkeys(
+        ("ZDOTDIR", "INPUTRC", "TERMCAP", "BASH_LOADABLES_PATH", "BASH_XTRACEFD"),
+        "shells read it to run startup code or to change how they read commands",
+    ),
+    "SSLKEYLOGFILE": "TLS libraries write every connection's keys to the file it names",
     **dict.fromkeys(
         ("PATH", "HOME", "LANG", "PWD", "OLDPWD"),
         "floom sets it itself in every run's environment",
@@ -86,8 +157,7 @@ RUN_VARIABLES: Final = frozenset(
 """The FLOOM_* values floom itself gives a run's process (the only refused names a sandbox's
 environment may hold)."""
 REFUSED_SUMMARY: Final = (
-    "LD_*, DYLD_*, MALLOC_*, GLIBC_*, PYTHON*, PERL5*, RUBY*, LUA_*, BASH_FUNC_*, FLOOM_*, "
-    + ", ".join(sorted(_NAMES))
+    ", ".join(f"{prefix}*" for prefix, _why in _PREFIXES) + ", " + ", ".join(sorted(_NAMES))
 )
 """Every refused name and prefix, for errors and the docs (docs/explanation/security-model.md)."""
 

@@ -1,3 +1,4 @@
-"""The public shapes of floom's answers: one typed model per entity, and the builders that
-fill them from the services. The REST routes, the `/mcp` backend and the OpenAPI document
-all use these, so a body is defined once; nothing here imports FastAPI."""
+"""The public shapes of floom's answers: one typed model per entity, each built from its store
+row by its `of` classmethod (floom/views fills them from the services for a caller). The REST
+routes, the `/mcp` backend, the client and the OpenAPI document all use these, so a body is
+defined once; nothing here imports FastAPI."""

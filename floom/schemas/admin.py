@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Self
+
 from pydantic import Field
 from pydantic.config import JsonDict
 
-from floom.schemas.common import Page, Public, Timestamp
-from floom.services.access import keys, secrets
-from floom.services.access.principal import SCOPES, Principal
-from floom.services.context import Context
-from floom.store.models import ApiKey
+from floom.schemas.common import Public, Timestamp
+from floom.vocabulary import Scope
 
-SCOPE_SCHEMA: JsonDict = {"enum": list(SCOPES)}
+if TYPE_CHECKING:
+    from floom.store.models import ApiKey
+
+SCOPE_SCHEMA: JsonDict = {"enum": list(Scope)}
 # A request's scopes: each known, at least one (the services answer 400 otherwise).
 SCOPE_LIST: JsonDict = {"items": SCOPE_SCHEMA, "minItems": 1}
 
@@ -43,24 +45,19 @@ class KeyPublic(Public):
     created_at: Timestamp
     revoked_at: Timestamp | None
 
+    @classmethod
+    def of(cls, key: ApiKey, /, **extra: Any) -> Self:
+        return cls(
+            id=key.id,
+            name=key.name,
+            prefix=key.prefix,
+            scopes=key.scopes.split(","),
+            agent_id=key.agent_id,
+            created_at=key.created_at,
+            revoked_at=key.revoked_at,
+            **extra,
+        )
+
 
 class KeyCreated(KeyPublic):
     key: str = Field(description="the key itself: shown only in this answer")
-
-
-def secret_page(ctx: Context, *, caller: Principal) -> Page[SecretPublic]:
-    items = [SecretPublic.model_validate(s) for s in secrets.list_secrets(ctx, caller=caller)]
-    return Page[SecretPublic](items=items, next_cursor=None)
-
-
-def key_public(key: ApiKey) -> KeyPublic:
-    return KeyPublic.model_validate(keys.key_to_dict(key))
-
-
-def key_created(key: ApiKey, token: str) -> KeyCreated:
-    return KeyCreated.model_validate({**keys.key_to_dict(key), "key": token})
-
-
-def key_page(ctx: Context, *, caller: Principal) -> Page[KeyPublic]:
-    items = [key_public(k) for k in keys.list_keys(ctx, caller=caller)]
-    return Page[KeyPublic](items=items, next_cursor=None)

@@ -4,21 +4,30 @@ without its query (which may carry a token)."""
 
 from __future__ import annotations
 
-import json
 import urllib.parse
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from floom.schemas.common import Page, Public, Timestamp
-from floom.store.models import AlertChannel, AlertRule, Delivery
+from floom import jsonvalues
+from floom.schemas.common import (
+    ChannelKindWord,
+    DeliveryPurposeWord,
+    DeliveryStatusWord,
+    OneOf,
+    Page,
+    Public,
+    Timestamp,
+)
+from floom.vocabulary import ChannelKind, DeliveryStatus
 
-ChannelKind = Literal["webhook", "slack", "email"]
+if TYPE_CHECKING:
+    from floom.store.models import AlertChannel, AlertRule, Delivery
 
 
 class ChannelCreate(BaseModel):
     name: str = Field(description="a lowercase slug, e.g. ops-email")
-    kind: ChannelKind
+    kind: Annotated[ChannelKind, OneOf(ChannelKind, strict=True)]
     config: dict[str, Any] = Field(
         description="webhook: url, secret (the NAME of the secret holding its whsec_ signing "
         "key); slack: url_secret (the NAME of the secret holding the incoming webhook URL); "
@@ -32,7 +41,7 @@ class ChannelUpdate(BaseModel):
 
 class ChannelPublic(Public):
     name: str
-    kind: ChannelKind
+    kind: ChannelKindWord
     config: dict[str, Any] = Field(description="the settings; secrets by name only")
     created_at: Timestamp
     updated_at: Timestamp
@@ -48,6 +57,10 @@ class RuleCreate(BaseModel):
     channels: list[str] = Field(description="channel names")
     worker: str | None = Field(None, description="only this worker's events (default: all)")
     recovery: bool = Field(True, description="send the incident's recovery to the channels too")
+
+
+class RuleUpdate(BaseModel):
+    enabled: bool = Field(description="false: the rule routes nothing until turned on again")
 
 
 class RulePublic(Public):
@@ -66,8 +79,8 @@ class RuleList(Public):
 
 class DeliveryPublic(Public):
     id: str
-    purpose: Literal["alert", "test", "callback"]
-    status: Literal["pending", "delivered", "failed", "throttled"]
+    purpose: DeliveryPurposeWord
+    status: DeliveryStatusWord
     type: str = Field(description="the event: run.failed, recovered, test, run.ended, ...")
     channel: str | None = Field(description="the channel (alerts and tests)")
     target: str | None = Field(description="a callback's URL, without its query")
@@ -96,7 +109,7 @@ def channel_public(row: AlertChannel) -> ChannelPublic:
     return ChannelPublic(
         name=row.name,
         kind=row.kind,
-        config=json.loads(row.config_json),
+        config=jsonvalues.stored(row.config_json, expect=dict),
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
@@ -106,8 +119,8 @@ def rule_public(row: AlertRule) -> RulePublic:
     return RulePublic(
         name=row.name,
         worker=row.worker_name,
-        events=json.loads(row.events_json),
-        channels=json.loads(row.channels_json),
+        events=jsonvalues.stored_list(row.events_json, items=str),
+        channels=jsonvalues.stored_list(row.channels_json, items=str),
         recovery=row.recovery,
         enabled=row.enabled,
         created_at=row.created_at,
@@ -122,9 +135,7 @@ def shown_target(url: str | None) -> str | None:
 
 
 def delivery_public(row: Delivery) -> DeliveryPublic:
-    body = json.loads(row.body_json)
-    if not isinstance(body, dict):
-        body = {}
+    body = jsonvalues.stored(row.body_json, expect=dict)
     summary = body.get("summary")
     if summary is None and isinstance(body.get("run"), dict):
         run = body["run"]
@@ -141,7 +152,7 @@ def delivery_public(row: Delivery) -> DeliveryPublic:
         summary=str(summary or ""),
         attempts=row.attempts,
         max_attempts=row.max_attempts,
-        next_attempt_at=row.next_attempt_at if row.status == "pending" else None,
+        next_attempt_at=row.next_attempt_at if row.status == DeliveryStatus.PENDING else None,
         last_error=row.last_error,
         created_at=row.created_at,
         delivered_at=row.delivered_at,

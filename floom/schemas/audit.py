@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
+from floom import jsonvalues
 from floom.schemas.common import Page, Public, Timestamp
-from floom.services.access import audit
-from floom.store.audit import AuditEvent
+
+if TYPE_CHECKING:
+    from floom.store.audit import AuditEvent
 
 
 class AuditActorPublic(Public):
@@ -22,7 +24,18 @@ class AuditEventPublic(Public):
     payload: dict[str, Any]
     created_at: Timestamp
 
+    @classmethod
+    def of(cls, event: AuditEvent) -> Self:
+        return cls(
+            id=event.id,
+            type=event.type,
+            actor=AuditActorPublic(key_id=event.actor_key_id, label=event.actor),
+            subject=event.subject,
+            payload=jsonvalues.stored(event.payload_json, expect=dict),
+            created_at=event.created_at,
+        )
+
 
 def audit_page(rows: list[AuditEvent], next_cursor: str | None) -> Page[AuditEventPublic]:
-    items = [AuditEventPublic.model_validate(audit.event_to_dict(e)) for e in rows]
+    items = [AuditEventPublic.of(e) for e in rows]
     return Page[AuditEventPublic](items=items, next_cursor=next_cursor)

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict, JsonValue
 
-from floom.hints.surface import tell
 from floom.schemas.admin import KeyCreated
-from floom.schemas.common import Page, Public, Timestamp
-from floom.services.access.principal import Surface
+from floom.schemas.common import JobPriorityWord, JobStatusWord, Public, Timestamp
 from floom.services.handoffs import rules
 
+# A request's status or priority, checked by the service (floom/services/handoffs/rules.py).
 JOB_STATUS: JsonDict = {"enum": list(rules.STATUSES)}
 PRIORITY: JsonDict = {"enum": list(rules.PRIORITIES)}
 
@@ -32,8 +31,8 @@ class JobEventPublic(Public):
     job_id: str
     ts: Timestamp
     type: str
-    from_status: str | None
-    to_status: str | None
+    from_status: JobStatusWord | None
+    to_status: JobStatusWord | None
     actor: str | None
     actor_agent_id: str | None
     payload: dict[str, Any]
@@ -45,8 +44,8 @@ class JobPublic(Public):
 
     id: str
     summary: str
-    status: str = Field(json_schema_extra=JOB_STATUS)
-    priority: str = Field(json_schema_extra=PRIORITY)
+    status: JobStatusWord
+    priority: JobPriorityWord
     role: str
     role_id: str
     context: dict[str, Any]
@@ -76,43 +75,38 @@ class JobPublic(Public):
     omit_when_unset = frozenset({"replayed", "events"})
 
 
-def event_public(event: dict[str, Any], *, surface: Surface) -> JobEventPublic:
-    """An audit event as answered on `surface`: a reason in its payload told like the job's."""
-    payload = event.get("payload") or {}
-    if isinstance(payload.get("reason"), str):
-        payload = {**payload, "reason": tell(payload["reason"], surface=surface)}
-    return JobEventPublic.model_validate({**event, "payload": payload})
+class JobQuery(BaseModel):
+    """Which handoff jobs to list: the ones the caller may see, newest first, a page at a time.
+    The one shape of GET /api/v1/handoffs/jobs's filters, the client's list_jobs, both MCP
+    backends and the handoff_list_jobs tool, and `floom handoffs jobs`."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-def job_public(job: dict[str, Any], *, surface: Surface) -> JobPublic:
-    """A job as answered on `surface`. Its reason may quote a run's stored error or a
-    blocker's reason, stored in the CLI's notation: what they say to do is told in the
-    caller's terms (floom.hints.surface), as a run's own error is."""
-    body = {**job, "reason": tell(job.get("reason"), surface=surface)}
-    if job.get("events"):
-        body["events"] = [event_public(e, surface=surface) for e in job["events"]]
-    return JobPublic.model_validate(body)
+    status: list[str] | None = Field(None, description="only jobs in these statuses")
+    role: str | None = None
+    assignee: str | None = Field(None, description='an agent id or label, or "me"')
+    source: str | None = Field(None, description='an agent id or label, or "me"')
+    my_roles: bool = Field(False, description="only jobs for roles the caller holds")
+    cursor: str | None = None
+    limit: int = 50
 
-
-def job_page(
-    items: list[dict[str, Any]], next_cursor: str | None, *, surface: Surface
-) -> Page[JobPublic]:
-    return Page[JobPublic](
-        items=[job_public(j, surface=surface) for j in items], next_cursor=next_cursor
-    )
+    def params(self) -> dict[str, Any]:
+        """As REST query parameters: the statuses comma-joined, unset ones left out."""
+        body = self.model_dump(exclude_none=True, exclude={"status", "my_roles"})
+        if self.status:
+            body["status"] = ",".join(self.status)
+        if self.my_roles:
+            body["my_roles"] = True
+        return body
 
 
 class ClaimNextResult(Public):
     job: JobPublic | None = Field(description="null when no job is waiting for your roles")
 
 
-def claim_next_result(job: dict[str, Any] | None, *, surface: Surface) -> ClaimNextResult:
-    return ClaimNextResult(job=None if job is None else job_public(job, surface=surface))
-
-
 class LeaseState(Public):
     id: str
-    status: str = Field(json_schema_extra=JOB_STATUS)
+    status: JobStatusWord
     lease_expires_at: Timestamp | None
 
 
@@ -128,7 +122,7 @@ class ReopenRejection(Public):
 class ReopenContext(Public):
     job_id: str
     original_job_id: str
-    status: str = Field(json_schema_extra=JOB_STATUS)
+    status: JobStatusWord
     summary: str
     constraints: list[str]
     attempt: int

@@ -34,5 +34,7 @@ class Health(Public):
         None,
         description="warm starts on this node: enabled, hits and misses, and per pool its "
         "worker, version, ready and running children, hits, misses and resident memory; "
-        "None on a node without the executor",
+        "with FLOOM_E2B_WARM also `e2b`: count, budget, idle_seconds, hits, misses and per "
+        "pool its template, network, ready, creating and running sandboxes, hits, misses "
+        "and sandboxes replaced after a failed check; None on a node without the executor",
     )

@@ -6,19 +6,19 @@ from typing import Any
 
 from pydantic import Field
 
-from floom.schemas.common import Public, Timestamp
-from floom.services.replays import replay as replays
+from floom.schemas.common import Public, RunStatusWord, Timestamp
+from floom.vocabulary import ReplayMode
 
 
 class ReplayReport(Public):
     run_id: str = Field(description="the replay: a run of its own")
     original_run_id: str
-    mode: str = Field(json_schema_extra={"enum": list(replays.MODES)})
+    mode: str = Field(json_schema_extra={"enum": list(ReplayMode)})
     model: str | None = Field(description="the model a what-if replay was asked to use")
     eval_id: str | None
     version_id: str
     original_version_id: str
-    status: str
+    status: RunStatusWord
     finished: bool
     diff: dict[str, Any] | None = Field(
         description="once finished: status, outputs, tool_calls (added, removed, changed), "

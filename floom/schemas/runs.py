@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from floom.hints.surface import render, tell
-from floom.schemas.common import Page, Public, Timestamp
-from floom.services.access.principal import Principal, Surface
-from floom.services.context import Context
-from floom.services.ops import nodes
-from floom.services.runs import agent as agent_runs
-from floom.services.runs import approvals, logs
-from floom.services.runs import lifecycle as runs
-from floom.services.runs import records as run_records
+from floom import jsonvalues
+from floom.schemas.common import (
+    ApprovalKindWord,
+    ApprovalStatusWord,
+    PreviousAttemptWord,
+    Public,
+    RunErrorCodeWord,
+    RunStatusWord,
+    RunTriggerWord,
+    Timestamp,
+    ToolCallStatusWord,
+)
+from floom.services.runs import artifact_scan
 from floom.services.runs import rules as run_rules
-from floom.services.runs.records import RunRecord
-from floom.store.agents import Approval, ToolCall
-from floom.store.models import Artifact, Run, RunEvent
+
+if TYPE_CHECKING:
+    from floom.store.agents import Approval, ToolCall, Transcript
+    from floom.store.models import Artifact, Run, RunEvent
 
 
 class RunError(Public):
-    code: str | None
+    code: RunErrorCodeWord | None
     message: str | None
 
 
@@ -42,24 +47,34 @@ class ArtifactPublic(Public):
         "encrypted): only keys with the run scope may download it",
     )
 
+    @classmethod
+    def of(cls, a: Artifact) -> Self:
+        return cls(
+            name=a.name,
+            size=a.size,
+            digest=a.digest,
+            content_type=a.content_type,
+            url=f"/api/v1/runs/{a.run_id}/artifacts/{a.name}",
+            scanned=artifact_scan.scanned(a.content_type),
+        )
+
 
 class RunPublic(Public):
     id: str
     worker: str
     version_id: str
-    status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
-    trigger: str = Field(json_schema_extra={"enum": list(runs.TRIGGERS)})
+    status: RunStatusWord
+    trigger: RunTriggerWord
     inputs: dict[str, Any]
     outputs: dict[str, Any] | None
     error: RunError | None
     exit_code: int | None
     attempt: int
     max_attempts: int
-    previous_attempt: str | None = Field(
+    previous_attempt: PreviousAttemptWord | None = Field(
         None,
         description="how the attempt before this one ended: interrupted (its node shut "
         "down), lost (its node died) or failed (retried); null on a first attempt",
-        json_schema_extra={"enum": ["interrupted", "lost", "failed", None]},
     )
     replay_of: str | None
     retry_of: str | None
@@ -93,15 +108,55 @@ class RunPublic(Public):
 
     omit_when_unset = frozenset({"artifacts", "state_base", "cannot_start"})
 
+    @classmethod
+    def of(cls, run: Run, *, artifacts: list[Artifact] | None = None, **extra: Any) -> Self:
+        """The run as answered; `artifacts` where the answer lists them, and what a
+        subclass adds (`extra`)."""
+        if artifacts is not None:
+            extra["artifacts"] = [ArtifactPublic.of(a) for a in artifacts]
+        if run.state_base is not None:
+            extra["state_base"] = run.state_base
+        return cls(
+            id=run.id,
+            worker=run.worker_name,
+            version_id=run.version_id,
+            status=run.status,
+            trigger=run.trigger,
+            inputs=jsonvalues.stored(run.inputs_json, expect=dict),
+            outputs=jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else None,
+            error=(
+                RunError(code=run.error_code, message=run.error_message)
+                # Between attempts the code says how the last one ended: not the run's error.
+                if run.status in run_rules.FINISHED and (run.error_code or run.error_message)
+                else None
+            ),
+            exit_code=run.exit_code,
+            attempt=run.attempt,
+            max_attempts=run.max_attempts,
+            previous_attempt=run_rules.previous_attempt(run),
+            replay_of=run.replay_of,
+            retry_of=run.retry_of,
+            parent_run_id=run.parent_run_id,
+            phase=run.phase,
+            created_by=run.created_by,
+            scheduled_for=run.scheduled_for,
+            created_at=run.created_at,
+            started_at=run.started_at,
+            finished_at=run.finished_at,
+            cancel_requested=run.cancel_requested,
+            usage=RunUsage(sandbox_seconds=round(run.sandbox_seconds, 3)),
+            **extra,
+        )
+
 
 class ApprovalPublic(Public):
     id: str
     run_id: str
     worker: str
-    kind: str = Field(json_schema_extra={"enum": list(approvals.KINDS)})
+    kind: ApprovalKindWord
     tool: str | None
     tool_call_id: str | None
-    status: str = Field(json_schema_extra={"enum": list(approvals.APPROVAL_STATUSES)})
+    status: ApprovalStatusWord
     proposed: Any
     edited: Any
     comment: str | None
@@ -109,16 +164,35 @@ class ApprovalPublic(Public):
     created_at: Timestamp
     decided_at: Timestamp | None
 
+    @classmethod
+    def of(cls, a: Approval, **extra: Any) -> Self:
+        return cls(
+            id=a.id,
+            run_id=a.run_id,
+            worker=a.worker_name,
+            kind=a.kind,
+            tool=a.tool,
+            tool_call_id=a.tool_call_id,
+            status=a.status,
+            proposed=jsonvalues.stored(a.proposed_json),
+            edited=jsonvalues.stored(a.edited_json) if a.edited_json else None,
+            comment=a.comment,
+            decided_by=a.decided_by,
+            created_at=a.created_at,
+            decided_at=a.decided_at,
+            **extra,
+        )
+
 
 class ApprovalDecided(ApprovalPublic):
-    run_status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
+    run_status: RunStatusWord
 
 
 class ToolCallPublic(Public):
     id: str
     seq: int
     tool: str
-    status: str
+    status: ToolCallStatusWord
     arguments: Any
     result: str | None
     result_size: int | None
@@ -128,6 +202,23 @@ class ToolCallPublic(Public):
     attempt: int
     created_at: Timestamp
 
+    @classmethod
+    def of(cls, c: ToolCall) -> Self:
+        return cls(
+            id=c.id,
+            seq=c.seq,
+            tool=c.tool,
+            status=c.status,
+            arguments=jsonvalues.stored(c.arguments_json),
+            result=c.result,
+            result_size=c.result_size,
+            error=c.error,
+            duration_ms=c.duration_ms,
+            approval_id=c.approval_id,
+            attempt=c.attempt,
+            created_at=c.created_at,
+        )
+
 
 class ModelUsage(Public):
     model: str
@@ -136,6 +227,17 @@ class ModelUsage(Public):
     output_tokens: int
     total_tokens: int
     cost_usd: float
+
+    @classmethod
+    def of(cls, t: Transcript) -> Self:
+        return cls(
+            model=t.model,
+            iterations=t.iterations,
+            input_tokens=t.input_tokens,
+            output_tokens=t.output_tokens,
+            total_tokens=t.input_tokens + t.output_tokens,
+            cost_usd=round(t.cost_usd, 6),
+        )
 
 
 class RunDetail(RunPublic):
@@ -153,11 +255,15 @@ class RunEventPublic(Public):
     line: str
     attempt: int
 
+    @classmethod
+    def of(cls, e: RunEvent) -> Self:
+        return cls(seq=e.seq, ts=e.ts, stream=e.stream, line=e.line, attempt=e.attempt)
+
 
 class LogPage(Public):
     items: list[RunEventPublic]
     last_seq: int = Field(description="pass as `after` to read on")
-    run_status: str = Field(json_schema_extra={"enum": list(run_rules.STATUSES)})
+    run_status: RunStatusWord
     complete: bool = Field(description="the run has ended and every event has been read")
 
 
@@ -169,126 +275,34 @@ class TranscriptPublic(Public):
     active_seconds: float
     updated_at: Timestamp
 
-
-# -- builders: the one place each body is assembled ---------------------------------------------
-
-
-def run_public(run: Run, *, surface: Surface, artifacts: list[Artifact] | None = None) -> RunPublic:
-    return RunPublic.model_validate(_told(runs.run_to_dict(run, artifacts=artifacts), surface))
-
-
-def started_run(ctx: Context, run: Run, *, surface: Surface) -> RunPublic:
-    """A run just queued, as its starter is told: with why it cannot start, if no node can
-    run it."""
-    body = runs.run_to_dict(run, artifacts=[])
-    _say_if_stuck(ctx, body, surface)
-    return RunPublic.model_validate(_told(body, surface))
+    @classmethod
+    def of(cls, t: Transcript) -> Self:
+        return cls(
+            run_id=t.run_id,
+            system=t.system,
+            messages=jsonvalues.stored(t.messages_json, expect=list),
+            usage=ModelUsage.of(t),
+            active_seconds=round(t.active_seconds, 3),
+            updated_at=t.updated_at,
+        )
 
 
-def _say_if_stuck(ctx: Context, body: dict[str, Any], surface: Surface) -> None:
-    if body["status"] == run_rules.QUEUED and not nodes.live_executor_ids(ctx):
-        body["cannot_start"] = render(nodes.RUN_CANNOT_START, surface=surface)
+# -- requests ------------------------------------------------------------------------------------
 
 
-def run_page(rows: list[Run], next_cursor: str | None, *, surface: Surface) -> Page[RunPublic]:
-    items = [run_public(r, surface=surface) for r in rows]
-    return Page[RunPublic](items=items, next_cursor=next_cursor)
+class RunQuery(BaseModel):
+    """Which runs to list, newest first, a page at a time: the one shape of GET
+    /api/v1/runs's filters, the client's list_runs, both MCP backends and the list_runs tool,
+    and `floom runs`."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-def run_detail(ctx: Context, *, run_id: str, caller: Principal) -> RunDetail:
-    record = run_records.run_record(ctx, run_id=run_id, caller=caller)
-    return run_detail_of(ctx, record, caller=caller)
+    worker: str | None = None
+    status: str | None = None
+    trigger: str | None = None
+    cursor: str | None = None
+    limit: int = 50
 
-
-def run_detail_of(ctx: Context, record: RunRecord, *, caller: Principal) -> RunDetail:
-    """run_detail for a record the caller has in hand (the one that ended a wait, read with
-    the run or written with its end)."""
-    caller.require("read")
-    run = record.run
-    body = runs.run_to_dict(run, artifacts=record.artifacts)
-    body.update(run_records.run_extras(ctx, run=run, run_approvals=record.approvals, caller=caller))
-    _say_if_stuck(ctx, body, caller.surface)
-    return RunDetail.model_validate(_told(body, caller.surface))
-
-
-def _told(body: dict[str, Any], surface: Surface) -> dict[str, Any]:
-    # A stored error may name what to do as a floom command (set a secret, then replay).
-    if body.get("error"):
-        body["error"] = {
-            **body["error"],
-            "message": tell(body["error"]["message"], surface=surface),
-        }
-    return body
-
-
-def event_public(event: RunEvent, *, surface: Surface) -> RunEventPublic:
-    body = logs.event_to_dict(event)
-    if body["stream"] == "system":
-        # floom's own notices name what to do next (decide an approval) as floom commands;
-        # what the script printed is its own and stays as printed.
-        body["line"] = tell(body["line"], surface=surface)
-    return RunEventPublic.model_validate(body)
-
-
-def log_page(
-    ctx: Context,
-    *,
-    run_id: str,
-    after: int = 0,
-    tail: int | None = None,
-    limit: int = 1000,
-    caller: Principal,
-) -> LogPage:
-    run = runs.get_run(ctx, run_id=run_id, caller=caller)
-    if tail:
-        rows = logs.tail_events(ctx, run_id=run_id, count=tail, caller=caller)
-    else:
-        rows = logs.list_events(ctx, run_id=run_id, after=after, limit=limit, caller=caller)
-    return LogPage(
-        items=[event_public(e, surface=caller.surface) for e in rows],
-        last_seq=rows[-1].seq if rows else after,
-        run_status=run.status,
-        complete=run.status in run_rules.FINISHED and len(rows) < limit,
-    )
-
-
-def artifact_public(artifact: Artifact) -> ArtifactPublic:
-    return ArtifactPublic.model_validate(runs.artifact_to_dict(artifact))
-
-
-def artifact_page(ctx: Context, *, run_id: str, caller: Principal) -> Page[ArtifactPublic]:
-    rows = runs.list_artifacts(ctx, run_id=run_id, caller=caller)
-    return Page[ArtifactPublic](items=[artifact_public(a) for a in rows], next_cursor=None)
-
-
-def approval_public(approval: Approval) -> ApprovalPublic:
-    return ApprovalPublic.model_validate(approvals.approval_to_dict(approval))
-
-
-def approval_page(rows: list[Approval], next_cursor: str | None) -> Page[ApprovalPublic]:
-    return Page[ApprovalPublic](items=[approval_public(a) for a in rows], next_cursor=next_cursor)
-
-
-def approval_decided(ctx: Context, *, approval_id: str, caller: Principal) -> ApprovalDecided:
-    """An approval after a decision, with the status its run moved to."""
-    approval = approvals.get_approval(ctx, approval_id=approval_id, caller=caller)
-    body = approvals.approval_to_dict(approval)
-    body["run_status"] = runs.get_run(ctx, run_id=body["run_id"], caller=caller).status
-    return ApprovalDecided.model_validate(body)
-
-
-def tool_call_public(call: ToolCall) -> ToolCallPublic:
-    return ToolCallPublic.model_validate(agent_runs.tool_call_to_dict(call))
-
-
-def tool_call_page(ctx: Context, *, run_id: str, caller: Principal) -> Page[ToolCallPublic]:
-    runs.get_run(ctx, run_id=run_id, caller=caller)
-    rows = agent_runs.list_tool_calls(ctx, run_id=run_id, caller=caller)
-    return Page[ToolCallPublic](items=[tool_call_public(c) for c in rows], next_cursor=None)
-
-
-def transcript_public(ctx: Context, *, run_id: str, caller: Principal) -> TranscriptPublic | None:
-    transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller)
-    if transcript is None:
-        return None
-    return TranscriptPublic.model_validate(agent_runs.transcript_to_dict(transcript))
+    def params(self) -> dict[str, Any]:
+        """As REST query parameters (unset ones left out)."""
+        return self.model_dump(exclude_none=True)

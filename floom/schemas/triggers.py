@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import Field
 
-from floom.errors import FloomError
-from floom.hints.surface import render
-from floom.manifest.schema import TRIGGER_KINDS
-from floom.schemas.common import ErrorDetail, IsoTime, Page, Public, Timestamp
+from floom import jsonvalues
+from floom.schemas.common import (
+    ErrorDetail,
+    IsoTime,
+    Page,
+    Public,
+    RunStatusWord,
+    Timestamp,
+    TriggerKindWord,
+)
 from floom.schemas.runs import RunPublic
-from floom.services.access.principal import Principal
-from floom.services.context import Context
-from floom.services.runs.rules import SKIPPED
-from floom.services.triggers import registry as triggers
-from floom.services.triggers import webhooks
-from floom.store.triggers import WebhookDelivery
+
+if TYPE_CHECKING:
+    from floom.store.models import Worker
+    from floom.store.triggers import Trigger, WebhookDelivery
 
 
 class TriggerPublic(Public):
@@ -25,7 +29,7 @@ class TriggerPublic(Public):
 
     id: str
     worker: str
-    kind: str = Field(json_schema_extra={"enum": list(TRIGGER_KINDS)})
+    kind: TriggerKindWord
     config: dict[str, Any]
     paused: bool
     worker_paused: bool
@@ -38,6 +42,27 @@ class TriggerPublic(Public):
     secret_set: bool | None = None
 
     omit_when_unset = frozenset({"timezone", "next_fires", "url", "secret_set"})
+
+    @classmethod
+    def of(cls, trigger: Trigger, *, worker: Worker, config: dict[str, Any], **extra: Any) -> Self:
+        """The trigger of `worker` with its `config`; a schedule's zone and next fires, a
+        webhook's URL and whether its secret is set are `extra`."""
+        return cls(
+            id=trigger.id,
+            worker=trigger.worker_name,
+            kind=trigger.kind,
+            config=config,
+            paused=trigger.paused,
+            worker_paused=worker.paused,
+            active=cls.is_active(trigger, worker),
+            last_fire_at=trigger.last_fire_at,
+            created_at=trigger.created_at,
+            **extra,
+        )
+
+    @staticmethod
+    def is_active(trigger: Trigger, worker: Worker) -> bool:
+        return not (trigger.paused or worker.paused) and trigger.removed_at is None
 
 
 class TriggerListing(Page[TriggerPublic]):
@@ -60,10 +85,38 @@ class DeliveryPublic(Public):
     size: int
     content_type: str
 
+    @classmethod
+    def of(cls, delivery: WebhookDelivery, **extra: Any) -> Self:
+        return cls(
+            id=delivery.id,
+            source=delivery.source,
+            worker=delivery.worker_name,
+            trigger_id=delivery.trigger_id,
+            delivery_id=delivery.delivery_key,
+            event=delivery.event,
+            received_at=delivery.received_at,
+            outcome=delivery.outcome,
+            message=delivery.message,
+            run_id=delivery.run_id,
+            replay_count=delivery.replay_count,
+            size=len(delivery.body),
+            content_type=delivery.content_type,
+            **extra,
+        )
+
 
 class DeliveryDetail(DeliveryPublic):
     headers: dict[str, Any]
     body: str
+
+    @classmethod
+    def of_stored(cls, delivery: WebhookDelivery) -> Self:
+        """The delivery with its stored headers and body."""
+        return cls.of(
+            delivery,
+            headers=jsonvalues.stored(delivery.headers_json, expect=dict),
+            body=delivery.body.decode("utf-8", errors="replace"),
+        )
 
 
 class HookAnswer(Public):
@@ -82,7 +135,7 @@ class HookAnswer(Public):
     )
     duplicate: bool
     message: str | None
-    status: str | None = None
+    status: RunStatusWord | None = None
     outputs: dict[str, Any] | None = None
     error: Any = None
     run: RunPublic | None = None
@@ -103,50 +156,3 @@ class HookRefusal(Public):
 class ComposioAnswer(Public):
     duplicate: bool
     deliveries: list[HookAnswer]
-
-
-# -- builders -----------------------------------------------------------------------------------
-
-
-def trigger_listing(
-    ctx: Context, *, name: str, urls: triggers.HookUrls, caller: Principal
-) -> TriggerListing:
-    worker, rows = triggers.list_triggers(ctx, worker_name=name, caller=caller)
-    items = [
-        TriggerPublic.model_validate(triggers.trigger_to_dict(ctx, t, worker=worker, urls=urls))
-        for t in rows
-    ]
-    return TriggerListing(worker=name, paused=worker.paused, items=items, next_cursor=None)
-
-
-def delivery_public(delivery: WebhookDelivery) -> DeliveryPublic:
-    return DeliveryPublic.model_validate(webhooks.delivery_to_dict(delivery))
-
-
-def delivery_detail(ctx: Context, *, delivery_id: str, caller: Principal) -> DeliveryDetail:
-    delivery = webhooks.get_delivery(ctx, delivery_id=delivery_id, caller=caller)
-    return DeliveryDetail.model_validate(webhooks.delivery_to_dict(delivery, with_body=True))
-
-
-def hook_answer(received: webhooks.Received) -> HookAnswer:
-    d = received.delivery
-    answer = HookAnswer(
-        delivery_id=d.id,
-        worker=d.worker_name or None,
-        outcome=d.outcome,
-        # A refused delivery is stored with a skipped run saying why: the sender gets its id.
-        run_id=d.run_id,
-        duplicate=received.duplicate,
-        message=d.message,
-    )
-    if d.run_id and d.outcome != webhooks.RUN:
-        answer.status = SKIPPED
-    return answer
-
-
-def hook_refusal(error: FloomError, answer: HookAnswer) -> HookRefusal:
-    # A webhook's sender is a plain REST client: it is told REST requests, not floom commands.
-    body = error.to_dict()
-    body["message"] = render(error.said, surface="rest")
-    body["hint"] = render(error.advice, surface="rest")
-    return HookRefusal(error=ErrorDetail.model_validate(body), delivery=answer)

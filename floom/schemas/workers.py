@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import Field
 
-from floom.errors import InvalidRequest
-from floom.manifest.schema import Manifest, Problem
-from floom.schemas.common import IsoTime, Page, Public, Timestamp
-from floom.schemas.runs import RunPublic, run_public
-from floom.services.access import secrets
-from floom.services.access.principal import Principal
-from floom.services.context import Context
-from floom.services.runs import lifecycle as runs
-from floom.services.triggers import registry as triggers
-from floom.services.workers import diffs
-from floom.services.workers import state as worker_state
-from floom.services.workers import versions as workers
-from floom.services.workers.deletion import Deletion
-from floom.store.models import Version, WorkerState
+from floom import jsonvalues
+from floom.schemas.common import IsoTime, Public, Timestamp
+from floom.schemas.runs import RunPublic
+from floom.vocabulary import StateSource
+
+if TYPE_CHECKING:
+    from floom.manifest.schema import Manifest, Problem
+    from floom.services.workers.deletion import Deletion
+    from floom.store.models import Version, Worker, WorkerState
 
 RECENT_RUNS = 10
 
@@ -56,6 +50,39 @@ class WorkerPublic(Public):
 
     omit_when_unset = frozenset({"title", "description", "kind", "manifest"})
 
+    @classmethod
+    def of(
+        cls,
+        worker: Worker,
+        *,
+        version: Version | None,
+        manifest: Manifest | None,
+        triggers: list[TriggerSummary],
+        unreadable: str | None = None,
+        **extra: Any,
+    ) -> Self:
+        """The worker; with its active `version` and that version's parsed `manifest`, their
+        title, description, kind and manifest. A version whose stored worker.yml cannot be read
+        back (`unreadable` says why) is listed with its kind and its manifest marked."""
+        if version is not None and unreadable is not None:
+            extra.update(kind=version.kind, manifest=jsonvalues.unreadable(unreadable))
+        if version is not None and manifest is not None:
+            extra.update(
+                title=manifest.title,
+                description=manifest.description,
+                kind=manifest.kind,
+                manifest=jsonvalues.stored(version.manifest_json, expect=dict),
+            )
+        return cls(
+            name=worker.name,
+            active_version_id=worker.active_version_id,
+            paused=worker.paused,
+            created_at=worker.created_at,
+            updated_at=worker.updated_at,
+            triggers=triggers,
+            **extra,
+        )
+
 
 class WorkerDetail(WorkerPublic):
     recent_runs: list[RunPublic] = Field(description=f"the last {RECENT_RUNS} runs, newest first")
@@ -83,6 +110,20 @@ class VersionPublic(Public):
     size: int
     created_at: Timestamp
     active: bool
+
+    @classmethod
+    def of(cls, version: Version, *, active_id: str | None, **extra: Any) -> Self:
+        return cls(
+            id=version.id,
+            worker=version.worker_name,
+            digest=version.digest,
+            kind=version.kind,
+            file_count=version.file_count,
+            size=version.size,
+            created_at=version.created_at,
+            active=version.id == active_id,
+            **extra,
+        )
 
 
 class VersionFile(Public):
@@ -146,108 +187,13 @@ class ValidationResult(Public):
     problems: list[ProblemPublic]
     manifest: dict[str, Any] | None = Field(description="the parsed manifest, when it parses")
 
-
-# -- builders -----------------------------------------------------------------------------------
-
-
-def worker_public(ctx: Context, *, name: str, caller: Principal) -> WorkerPublic:
-    return WorkerPublic.model_validate(_worker_body(ctx, name, caller))
-
-
-def _worker_body(ctx: Context, name: str, caller: Principal) -> dict[str, Any]:
-    worker = workers.get_worker(ctx, name=name, caller=caller)
-    version = (
-        workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
-        if worker.active_version_id
-        else None
-    )
-    body = workers.worker_to_dict(worker, version)
-    body["triggers"] = triggers.summary(ctx, worker_name=name, caller=caller)
-    return body
-
-
-def worker_page(
-    ctx: Context, *, cursor: str | None = None, limit: int = 50, caller: Principal
-) -> Page[WorkerPublic]:
-    rows, next_cursor = workers.list_workers(ctx, cursor=cursor, limit=limit, caller=caller)
-    items = [worker_public(ctx, name=w.name, caller=caller) for w in rows]
-    return Page[WorkerPublic](items=items, next_cursor=next_cursor)
-
-
-def worker_detail(ctx: Context, *, name: str, caller: Principal) -> WorkerDetail:
-    body = _worker_body(ctx, name, caller)
-    recent, _cursor = runs.list_runs(ctx, worker=name, limit=RECENT_RUNS, caller=caller)
-    body["recent_runs"] = [run_public(r, surface=caller.surface) for r in recent]
-    declared = (body.get("manifest") or {}).get("secrets") or []
-    if declared and caller.can("deploy"):
-        body["secrets_missing"] = secrets.missing(ctx, declared, caller=caller)
-    # Only a node that runs agents knows its own key; an api-only node says nothing.
-    settings = ctx.settings
-    if body.get("kind") == "agent" and "executor" in settings.roles and not settings.model_key:
-        body["model_key_missing"] = True
-    return WorkerDetail.model_validate(body)
-
-
-def version_public(version: Version, *, active_id: str | None) -> VersionPublic:
-    return VersionPublic.model_validate(workers.version_to_dict(version, active_id=active_id))
-
-
-def version_page(ctx: Context, *, name: str, caller: Principal) -> Page[VersionPublic]:
-    worker = workers.get_worker(ctx, name=name, caller=caller)
-    rows = workers.list_versions(ctx, name=name, caller=caller)
-    items = [version_public(v, active_id=worker.active_version_id) for v in rows]
-    return Page[VersionPublic](items=items, next_cursor=None)
-
-
-def version_detail(ctx: Context, *, name: str, version_id: str, caller: Principal) -> VersionDetail:
-    worker = workers.get_worker(ctx, name=name, caller=caller)
-    version = workers.get_version(ctx, version_id=version_id, worker_name=name, caller=caller)
-    bundle = workers.load_bundle(ctx, version=version)
-    body = workers.version_to_dict(version, active_id=worker.active_version_id)
-    body["manifest_yaml"] = version.manifest_yaml
-    body["files"] = [{"path": f.path, "size": len(f.data)} for f in bundle.files.values()]
-    return VersionDetail.model_validate(body)
-
-
-def version_diff(
-    ctx: Context, *, name: str, old_id: str, new_id: str, caller: Principal
-) -> VersionDiff:
-    worker = workers.get_worker(ctx, name=name, caller=caller)
-    diff = diffs.diff_versions(ctx, worker_name=name, old_id=old_id, new_id=new_id, caller=caller)
-    active_id = worker.active_version_id
-    return VersionDiff(
-        worker=name,
-        old=version_public(diff.old, active_id=active_id),
-        new=version_public(diff.new, active_id=active_id),
-        files=[FileDiff.model_validate(asdict(f)) for f in diff.files],
-    )
-
-
-def deploy_result(ctx: Context, result: workers.DeployResult, *, caller: Principal) -> DeployResult:
-    return DeployResult(
-        worker=worker_public(ctx, name=result.worker.name, caller=caller),
-        version=version_public(result.version, active_id=result.version.id),
-        created=result.created,
-        activated=result.activated,
-    )
-
-
-def rollback_result(
-    ctx: Context, *, name: str, rollback: workers.Rollback, caller: Principal
-) -> RollbackResult:
-    return RollbackResult(
-        worker=worker_public(ctx, name=name, caller=caller),
-        version=version_public(rollback.version, active_id=rollback.version.id),
-        changed=rollback.changed,
-    )
-
-
-def validation_result(manifest: Manifest | None, problems: list[Problem]) -> ValidationResult:
-    return ValidationResult(
-        valid=not problems,
-        problems=[ProblemPublic.model_validate(p.to_dict()) for p in problems],
-        manifest=manifest.model_dump(mode="json") if manifest else None,
-    )
+    @classmethod
+    def of(cls, manifest: Manifest | None, problems: list[Problem]) -> Self:
+        return cls(
+            valid=not problems,
+            problems=[ProblemPublic.model_validate(p.to_dict()) for p in problems],
+            manifest=manifest.model_dump(mode="json") if manifest else None,
+        )
 
 
 class WorkerDeleted(Public):
@@ -268,9 +214,9 @@ class WorkerDeleted(Public):
     webhook_deliveries_deleted: int
     blobs_deleted: int
 
-
-def worker_deleted(deletion: Deletion) -> WorkerDeleted:
-    return WorkerDeleted.model_validate({"deleted": True, **deletion.to_dict()})
+    @classmethod
+    def of(cls, deletion: Deletion) -> Self:
+        return cls.model_validate({"deleted": True, **deletion.to_dict()})
 
 
 # -- worker state -------------------------------------------------------------------------------
@@ -283,7 +229,7 @@ class StateVersionPublic(Public):
     version: int
     size: int = Field(description="bytes of JSON")
     source: str = Field(
-        json_schema_extra={"enum": list(worker_state.SOURCES)},
+        json_schema_extra={"enum": list(StateSource)},
         description="run: a run's success; operator: set by a key; restore: an earlier "
         "version set again (restored_from)",
     )
@@ -291,6 +237,19 @@ class StateVersionPublic(Public):
     run_id: str | None
     restored_from: int | None
     created_at: Timestamp
+
+    @classmethod
+    def of(cls, row: WorkerState) -> Self:
+        return cls(
+            worker=row.worker_name,
+            version=row.version,
+            size=row.size,
+            source=row.source,
+            written_by=row.written_by,
+            run_id=row.run_id,
+            restored_from=row.restored_from,
+            created_at=row.created_at,
+        )
 
 
 class WorkerStatePublic(Public):
@@ -304,60 +263,3 @@ class WorkerStatePublic(Public):
     version: int
     state: Any = Field(description="the value; null before the first state")
     written: StateVersionPublic | None = Field(description="null before the first state")
-
-
-def state_version_public(row: WorkerState) -> StateVersionPublic:
-    return StateVersionPublic(
-        worker=row.worker_name,
-        version=row.version,
-        size=row.size,
-        source=row.source,
-        written_by=row.written_by,
-        run_id=row.run_id,
-        restored_from=row.restored_from,
-        created_at=row.created_at,
-    )
-
-
-def worker_state_public(
-    ctx: Context, *, name: str, version: int | None = None, caller: Principal
-) -> WorkerStatePublic:
-    current, row = worker_state.get_state(ctx, worker_name=name, version=version, caller=caller)
-    worker = workers.get_worker(ctx, name=name, caller=caller)
-    manifest = None
-    if worker.active_version_id:
-        active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
-        manifest = workers.manifest_of(active)
-    return WorkerStatePublic(
-        worker=name,
-        enabled=bool(manifest and manifest.state.enabled),
-        limit_bytes=(
-            worker_state.limit_of(manifest, ctx.settings)
-            if manifest
-            else ctx.settings.max_state_bytes
-        ),
-        current_version=current,
-        version=row.version if row else 0,
-        state=worker_state.decode(row.state_json) if row else None,
-        written=state_version_public(row) if row else None,
-    )
-
-
-def state_version_page(
-    ctx: Context, *, name: str, cursor: str | None = None, limit: int = 50, caller: Principal
-) -> Page[StateVersionPublic]:
-    before = None
-    if cursor is not None:
-        if not cursor.isdigit():
-            raise InvalidRequest(
-                f"cursor {cursor!r} is not a state version",
-                hint="pass the next_cursor of the previous page",
-            )
-        before = int(cursor)
-    _, rows, next_before = worker_state.list_versions(
-        ctx, worker_name=name, before=before, limit=limit, caller=caller
-    )
-    return Page[StateVersionPublic](
-        items=[state_version_public(r) for r in rows],
-        next_cursor=str(next_before) if next_before is not None else None,
-    )

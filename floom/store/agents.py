@@ -7,7 +7,8 @@ from datetime import datetime
 from sqlalchemy import Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from floom.store.models import UTCDateTime, utcnow
+from floom.store.models import UTCDateTime, Words, utcnow
+from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
 
 
 class Approval(SQLModel, table=True):
@@ -18,10 +19,12 @@ class Approval(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=40)
     run_id: str = Field(index=True, max_length=40)
     worker_name: str = Field(max_length=63)
-    kind: str = Field(max_length=16)
+    kind: ApprovalKind = Field(sa_type=Words(ApprovalKind, 16))
     tool: str | None = Field(default=None, max_length=128)
     tool_call_id: str | None = Field(default=None, max_length=40)
-    status: str = Field(default="pending", max_length=16)
+    status: ApprovalStatus = Field(
+        default=ApprovalStatus.PENDING, sa_type=Words(ApprovalStatus, 16)
+    )
     proposed_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     edited_json: str | None = Field(default=None, sa_column=Column(Text))
     comment: str | None = Field(default=None, sa_column=Column(Text))
@@ -40,7 +43,7 @@ class ToolCall(SQLModel, table=True):
     seq: int
     attempt: int = 1
     tool: str = Field(max_length=128)
-    status: str = Field(max_length=24)
+    status: ToolCallStatus = Field(sa_type=Words(ToolCallStatus, 24))
     arguments_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     result: str | None = Field(default=None, sa_column=Column(Text))
     result_size: int = 0

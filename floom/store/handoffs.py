@@ -10,7 +10,8 @@ from datetime import datetime
 from sqlalchemy import Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from floom.store.models import UTCDateTime, utcnow
+from floom.store.models import UTCDateTime, Words, utcnow
+from floom.vocabulary import JobPriority, JobStatus
 
 
 class Role(SQLModel, table=True):
@@ -57,10 +58,10 @@ class Job(SQLModel, table=True):
     constraints_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
     artifacts_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
     routing_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
-    priority: str = Field(default="normal", max_length=8)
+    priority: JobPriority = Field(default=JobPriority.NORMAL, sa_type=Words(JobPriority, 8))
     priority_rank: int = 1
     target_role_id: str = Field(max_length=40)
-    status: str = Field(max_length=16)
+    status: JobStatus = Field(sa_type=Words(JobStatus, 16))
     source_agent_id: str | None = Field(default=None, max_length=40, index=True)
     created_by_key: str | None = Field(default=None, max_length=40)
     assignee_agent_id: str | None = Field(default=None, max_length=40, index=True)
@@ -99,8 +100,8 @@ class JobEvent(SQLModel, table=True):
     job_id: str = Field(max_length=40, index=True)
     ts: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     type: str = Field(max_length=32)
-    from_status: str | None = Field(default=None, max_length=16)
-    to_status: str | None = Field(default=None, max_length=16)
+    from_status: JobStatus | None = Field(default=None, sa_type=Words(JobStatus, 16))
+    to_status: JobStatus | None = Field(default=None, sa_type=Words(JobStatus, 16))
     actor_agent_id: str | None = Field(default=None, max_length=40)
     actor_key_id: str | None = Field(default=None, max_length=40)
     actor: str = Field(default="", max_length=160)

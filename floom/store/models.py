@@ -7,11 +7,31 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from pydantic_core import PydanticUndefined
-from sqlalchemy import Column, DateTime, Index, LargeBinary, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Index,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlmodel import Field, SQLModel
+
+from floom.errors import RunErrorCode
+from floom.vocabulary import (
+    ChannelKind,
+    DeliveryPurpose,
+    DeliveryStatus,
+    PreviousAttempt,
+    RunStatus,
+    RunTrigger,
+)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -32,6 +52,33 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+W = TypeVar("W", bound=StrEnum)
+
+
+class Words(TypeDecorator[W]):
+    """A word of one of floom's closed sets (floom/vocabulary.py) in a VARCHAR(length): the
+    schema of a plain string column (no native enum, no CHECK), read back as the enum's
+    member. A word this floom does not know (a newer node's) is read as the string it is."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, words: type[W], length: int) -> None:
+        super().__init__(length=length)
+        self.words = words
+        self.length = length
+        self._members: dict[object, Any] = {word.value: word for word in words}
+
+    def process_bind_param(self, value: W | None, dialect: Any) -> str | None:
+        return None if value is None else str.__str__(value)
+
+    def process_result_value(self, value: object, dialect: Any) -> W | None:
+        if value is None:
+            return None
+        word: W = self._members.get(value, value)
+        return word
 
 
 def utcnow() -> datetime:
@@ -138,18 +185,20 @@ class Run(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=40)
     worker_name: str = Field(max_length=63)
     version_id: str = Field(max_length=40)
-    status: str = Field(max_length=24)
-    trigger: str = Field(default="manual", max_length=16)
+    status: RunStatus = Field(sa_type=Words(RunStatus, 24))
+    trigger: RunTrigger = Field(default=RunTrigger.MANUAL, sa_type=Words(RunTrigger, 16))
     inputs_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     outputs_json: str | None = Field(default=None, sa_column=Column(Text))
-    error_code: str | None = Field(default=None, max_length=40)
+    error_code: RunErrorCode | None = Field(default=None, sa_type=Words(RunErrorCode, 40))
     error_message: str | None = Field(default=None, sa_column=Column(Text))
     exit_code: int | None = None
     attempt: int = 1
     max_attempts: int = 1
     # How the attempt before this one ended (interrupted, lost, failed); kept once the run
     # ends, while error_code then says how the run ended.
-    previous_attempt: str | None = Field(default=None, max_length=16)
+    previous_attempt: PreviousAttempt | None = Field(
+        default=None, sa_type=Words(PreviousAttempt, 16)
+    )
     concurrency: int | None = None
     replay_of: str | None = Field(default=None, max_length=40)
     retry_of: str | None = Field(default=None, max_length=40)
@@ -239,7 +288,7 @@ class AlertChannel(SQLModel, table=True):
     __tablename__ = "alert_channels"
     id: str = Field(primary_key=True, max_length=40)
     name: str = Field(unique=True, max_length=63)
-    kind: str = Field(max_length=16)  # webhook, slack, email
+    kind: ChannelKind = Field(sa_type=Words(ChannelKind, 16))
     config_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
@@ -305,7 +354,7 @@ class Delivery(SQLModel, table=True):
     __tablename__ = "deliveries"
     __table_args__ = (Index("ix_deliveries_due", "status", "next_attempt_at"),)
     id: str = Field(primary_key=True, max_length=40)
-    purpose: str = Field(max_length=16)  # alert, test, callback
+    purpose: DeliveryPurpose = Field(sa_type=Words(DeliveryPurpose, 16))
     event_id: str | None = Field(default=None, max_length=40, index=True)
     run_id: str | None = Field(default=None, max_length=40, index=True)
     channel_id: str | None = Field(default=None, max_length=40)
@@ -313,7 +362,7 @@ class Delivery(SQLModel, table=True):
     # A callback's URL (alerts read theirs from the channel).
     target: str | None = Field(default=None, sa_column=Column(Text))
     body_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
-    status: str = Field(max_length=16)  # pending, delivered, failed, throttled
+    status: DeliveryStatus = Field(sa_type=Words(DeliveryStatus, 16))
     attempts: int = 0
     max_attempts: int = 1
     next_attempt_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

@@ -8,7 +8,8 @@ from datetime import datetime
 from sqlalchemy import Column, Index, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from floom.store.models import UTCDateTime, utcnow
+from floom.store.models import UTCDateTime, Words, utcnow
+from floom.vocabulary import TriggerKind
 
 
 class Trigger(SQLModel, table=True):
@@ -22,7 +23,7 @@ class Trigger(SQLModel, table=True):
     __table_args__ = (UniqueConstraint("worker_name", "key"),)
     id: str = Field(primary_key=True, max_length=40)
     worker_name: str = Field(index=True, max_length=63)
-    kind: str = Field(max_length=16)
+    kind: TriggerKind = Field(sa_type=Words(TriggerKind, 16))
     key: str = Field(max_length=64)
     position: int = 0
     config_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))

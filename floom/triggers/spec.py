@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from floom.vocabulary import TriggerKind
+
 OVERLAP_POLICIES = ("skip", "queue", "allow", "cancel_running")
 CATCH_UP_POLICIES = ("none", "latest", "all")
 SIGNATURE_KINDS = ("standard", "github", "hmac-sha256")
@@ -34,7 +36,7 @@ class ScheduleSpec:
     catch_up: str = "latest"
     catch_up_window: float = DEFAULT_CATCH_UP_WINDOW
     inputs: dict[str, Any] = field(default_factory=dict)
-    kind: str = "schedule"
+    kind: TriggerKind = TriggerKind.SCHEDULE
 
     def identity(self) -> dict[str, Any]:
         # Policies and inputs may change without moving the fire times: the trigger stays.
@@ -46,7 +48,7 @@ class WebhookSpec:
     secret: str
     signature: str = "standard"
     inputs: dict[str, str] = field(default_factory=dict)
-    kind: str = "webhook"
+    kind: TriggerKind = TriggerKind.WEBHOOK
 
     def identity(self) -> dict[str, Any]:
         return {}  # one webhook URL per worker
@@ -58,7 +60,10 @@ class ComposioSpec:
     connected_account: str | None = None
     filters: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
-    kind: str = "composio"
+    # Where each of its runs' records goes when the run ends (not part of its identity: a new
+    # URL keeps the trigger). Checked by the egress guard at deploy.
+    callback_url: str | None = None
+    kind: TriggerKind = TriggerKind.COMPOSIO
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -73,7 +78,7 @@ class HandoffSpec:
     """Accepted and stored; the handoff layer gives it meaning."""
 
     settings: dict[str, Any] = field(default_factory=dict)
-    kind: str = "handoff"
+    kind: TriggerKind = TriggerKind.HANDOFF
 
     def identity(self) -> dict[str, Any]:
         return self.settings
@@ -92,17 +97,19 @@ def spec_to_config(spec: TriggerSpec) -> dict[str, Any]:
     if isinstance(spec, HandoffSpec):
         return dict(spec.settings)
     body = {k: v for k, v in spec.__dict__.items() if k != "kind"}
+    if isinstance(spec, ComposioSpec) and spec.callback_url is None:
+        del body["callback_url"]  # stored as before: a node of an older floom reads it
     settings: dict[str, Any] = json.loads(json.dumps(body, default=str))
     return settings
 
 
 def spec_from_config(kind: str, config: Mapping[str, Any]) -> TriggerSpec:
     """Rebuild a stored (already checked) trigger."""
-    if kind == "schedule":
+    if kind == TriggerKind.SCHEDULE:
         return ScheduleSpec(**config)
-    if kind == "webhook":
+    if kind == TriggerKind.WEBHOOK:
         return WebhookSpec(**config)
-    if kind == "composio":
+    if kind == TriggerKind.COMPOSIO:
         return ComposioSpec(**config)
     return HandoffSpec(settings=dict(config))
 

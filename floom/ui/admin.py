@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep
 from floom.errors import FloomError, Forbidden, Unauthorized
-from floom.schemas import admin as admin_views
+from floom.schemas import admin as admin_models
 from floom.services.access import keys, secrets
 from floom.services.access import sessions as web_sessions
 from floom.services.access.principal import SCOPES
@@ -33,6 +33,7 @@ from floom.ui.support import (
     sign_cookie,
     unsign_cookie,
 )
+from floom.views import admin as admin_views
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
@@ -178,7 +179,7 @@ async def create_key(request: Request, ctx: CtxDep, me: Me) -> Response:
         failed: dict[str, Any] = {"form_error": error_markup(exc), "name": name}
         return await run_in_threadpool(_keys_page, request, ctx, me, failed, exc.status)
     # Rendered, not redirected: the plaintext exists only in this one response.
-    created: dict[str, Any] = {"created": admin_views.key_public(key), "created_token": token}
+    created: dict[str, Any] = {"created": admin_models.KeyPublic.of(key), "created_token": token}
     return await run_in_threadpool(_keys_page, request, ctx, me, created)
 
 

@@ -3,6 +3,7 @@ pages in and serves the workers pages; runs, approvals and admin pages have thei
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -16,8 +17,6 @@ from floom.api.auth import CtxDep
 from floom.api.routing import add_routes
 from floom.errors import FloomError, InputInvalid, InvalidRequest, StateInvalid
 from floom.manifest.schema import Manifest
-from floom.schemas import runs as run_views
-from floom.schemas import workers as worker_views
 from floom.services.access.sessions import SignedIn
 from floom.services.context import Context
 from floom.services.runs import lifecycle as runs
@@ -45,6 +44,9 @@ from floom.ui.support import (
     error_markup,
     render,
 )
+from floom.views import runs as run_views
+from floom.views import workers as worker_views
+from floom.vocabulary import RunTrigger
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 log = logging.getLogger("floom.ui")
@@ -113,7 +115,8 @@ def _worker_context(ctx: Context, me: SignedIn, name: str, base_url: str) -> dic
     worker = worker_views.worker_detail(ctx, name=name, caller=caller)
     versions = worker_views.version_page(ctx, name=name, caller=caller).items
     listed = next((v for v in versions if v.active), None)
-    manifest = Manifest.model_validate(worker.manifest) if worker.manifest else None
+    readable = worker.manifest and jsonvalues.UNREADABLE not in worker.manifest
+    manifest = Manifest.model_validate(worker.manifest) if readable else None
     # The Manifest box shows worker.yml as written, which only the version's detail carries.
     active = (
         worker_views.version_detail(ctx, name=name, version_id=listed.id, caller=caller)
@@ -164,7 +167,7 @@ async def start_run(request: Request, name: str, ctx: CtxDep, me: Me) -> Respons
             worker_name=name,
             inputs=inputs_from_text(text),
             coerce_strings=True,
-            trigger="manual",
+            trigger=RunTrigger.MANUAL,
             caller=me.caller,
         )
     except FloomError as exc:
@@ -180,10 +183,28 @@ async def start_run(request: Request, name: str, ctx: CtxDep, me: Me) -> Respons
 async def rollback(request: Request, name: str, ctx: CtxDep, me: Me) -> Response:
     form = await checked_form(request, me)
     version_id = str(form.get("version_id") or "")
+    state_version = str(form.get("state_version") or "").strip()
     try:
-        await run_in_threadpool(
-            workers.rollback, ctx, name=name, version_id=version_id, caller=me.caller
-        )
+        if state_version:
+            if not state_version.isdigit():
+                raise InvalidRequest(
+                    f"state_version: {state_version!r} is not a state version number",
+                    hint="pick one of the kept versions listed under State",
+                )
+            await run_in_threadpool(
+                functools.partial(
+                    worker_state.rollback_with_state,
+                    ctx,
+                    name=name,
+                    version_id=version_id,
+                    state_version=int(state_version),
+                    caller=me.caller,
+                )
+            )
+        else:
+            await run_in_threadpool(
+                workers.rollback, ctx, name=name, version_id=version_id, caller=me.caller
+            )
     except FloomError as exc:
         values = await run_in_threadpool(_worker_context, ctx, me, name, str(request.base_url))
         values["versions_error"] = error_markup(exc)

@@ -18,6 +18,7 @@ from floom.services.context import Context
 from floom.ui import features as ui_features
 from floom.ui.runs import run_page_with
 from floom.ui.support import Me, UiRoute, checked_form, error_markup, render, safe_next
+from floom.vocabulary import Decision
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
@@ -68,14 +69,14 @@ def _edits(ctx: Context, me: SignedIn, approval_id: str, form: FormData) -> dict
 
 
 async def _decide(
-    request: Request, ctx: Context, me: SignedIn, approval_id: str, decision: str
+    request: Request, ctx: Context, me: SignedIn, approval_id: str, decision: Decision
 ) -> Response:
     form = await checked_form(request, me)
     back = safe_next(str(form.get("back") or "/approvals"))
     comment = str(form.get("comment") or "")
 
     def action() -> None:
-        edited = _edits(ctx, me, approval_id, form) if decision == "approve" else None
+        edited = _edits(ctx, me, approval_id, form) if decision == Decision.APPROVE else None
         ui_features.decide(
             ctx,
             approval_id=approval_id,
@@ -95,16 +96,16 @@ async def _decide(
                 run_page_with, request, ctx, me, run_id, extra, exc.status
             )
         return await run_in_threadpool(_inbox, request, ctx, me, extra, exc.status)
-    verdict = "approved" if decision == "approve" else "rejected"
+    verdict = "approved" if decision == Decision.APPROVE else "rejected"
     joiner = "&" if "?" in back else "?"
     return RedirectResponse(f"{back}{joiner}notice={verdict}", status_code=303)
 
 
 @router.post("/approvals/{approval_id}/approve")
 async def approve(request: Request, approval_id: str, ctx: CtxDep, me: Me) -> Response:
-    return await _decide(request, ctx, me, approval_id, "approve")
+    return await _decide(request, ctx, me, approval_id, Decision.APPROVE)
 
 
 @router.post("/approvals/{approval_id}/reject")
 async def reject(request: Request, approval_id: str, ctx: CtxDep, me: Me) -> Response:
-    return await _decide(request, ctx, me, approval_id, "reject")
+    return await _decide(request, ctx, me, approval_id, Decision.REJECT)

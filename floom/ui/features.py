@@ -14,6 +14,8 @@ from floom.services.access.principal import Principal
 from floom.services.runs import approvals
 from floom.services.triggers import registry as triggers
 from floom.services.triggers import webhooks
+from floom.views import triggers as trigger_answers
+from floom.vocabulary import TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.access.sessions import SignedIn
@@ -33,11 +35,11 @@ def _wall(text: str | None) -> str | None:
 
 
 def _describe(kind: str, config: dict[str, Any]) -> str:
-    if kind == "schedule":
+    if kind == TriggerKind.SCHEDULE:
         return f"cron {config.get('cron', '?')}"
-    if kind == "webhook":
+    if kind == TriggerKind.WEBHOOK:
         return f"signed webhook ({config.get('signature', 'standard')})"
-    if kind == "composio":
+    if kind == TriggerKind.COMPOSIO:
         return f"Composio event {config.get('event', '?')}"
     return kind
 
@@ -51,9 +53,7 @@ def worker_triggers(
     items = []
     for row in rows:
         # The public model REST and MCP answer with, so the page shows the same facts.
-        t = trigger_views.TriggerPublic.model_validate(
-            triggers.trigger_to_dict(ctx, row, worker=worker, urls=urls, count=1)
-        )
+        t = trigger_answers.trigger_public(ctx, row, worker=worker, urls=urls, count=1)
         fires = t.next_fires
         items.append(
             {
@@ -66,7 +66,7 @@ def worker_triggers(
                 "paused": t.paused,
                 "active": t.active,
                 "webhook_url": t.url,
-                "secret_name": t.config.get("secret") if t.kind == "webhook" else None,
+                "secret_name": t.config.get("secret") if t.kind == TriggerKind.WEBHOOK else None,
                 "secret_set": t.secret_set,
                 "last_fire_at": t.last_fire_at,
             }
@@ -98,7 +98,7 @@ def webhook_deliveries(
     rows, _ = webhooks.list_deliveries(
         ctx, worker_name=worker_name, limit=RECENT_DELIVERIES, caller=caller
     )
-    return [trigger_views.delivery_public(d) for d in rows]
+    return [trigger_views.DeliveryPublic.of(d) for d in rows]
 
 
 def approval_view(approval: run_views.ApprovalPublic) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def pending_approvals(
 ) -> list[dict[str, Any]]:
     """Everything waiting for a person, oldest first."""
     rows, _ = approvals.list_approvals(ctx, status=approvals.PENDING, limit=limit, caller=caller)
-    return [approval_view(run_views.approval_public(a)) for a in rows]
+    return [approval_view(run_views.ApprovalPublic.of(a)) for a in rows]
 
 
 def decide(
@@ -137,8 +137,7 @@ def decide(
 
 def proposed_of(ctx: Context, *, approval_id: str, caller: Principal) -> dict[str, Any]:
     approval = approvals.get_approval(ctx, approval_id=approval_id, caller=caller)
-    proposed = approvals.approval_to_dict(approval)
-    value = proposed["proposed"]
+    value = run_views.ApprovalPublic.of(approval).proposed
     return value if isinstance(value, dict) else {}
 
 

@@ -26,6 +26,8 @@ NOTICES = {
     "channel-deleted": "Channel deleted.",
     "rule-added": "Rule added.",
     "rule-deleted": "Rule deleted.",
+    "rule-enabled": "Rule enabled.",
+    "rule-disabled": "Rule disabled: it routes nothing until enabled again.",
     "resent": "Queued to be sent again.",
 }
 CHANNEL_FIELDS = ("url", "secret", "url_secret", "host", "username", "password_secret", "sender")
@@ -161,6 +163,22 @@ async def delete_rule(request: Request, name: str, ctx: CtxDep, me: Me) -> Respo
         me,
         lambda: rules.delete_rule(ctx, name=name, caller=me.caller),
         "rule-deleted",
+        "rule_error",
+    )
+
+
+@router.post("/alerts/rules/{name}/{action}")
+async def switch_rule(request: Request, name: str, action: str, ctx: CtxDep, me: Me) -> Response:
+    await checked_form(request, me)
+    if action not in ("enable", "disable"):
+        return Response(status_code=404)
+    enabled = action == "enable"
+    return await _act(
+        request,
+        ctx,
+        me,
+        lambda: rules.set_enabled(ctx, name=name, enabled=enabled, caller=me.caller),
+        f"rule-{action}d",
         "rule_error",
     )
 

@@ -18,8 +18,8 @@ from starlette.concurrency import run_in_threadpool
 from floom.api.auth import CtxDep
 from floom.api.routes.runs import log_event_stream
 from floom.errors import FloomError, InvalidRequest, NotFound
-from floom.schemas import runs as run_views
-from floom.schemas import workers as worker_views
+from floom.schemas import runs as run_models
+from floom.schemas import workers as worker_models
 from floom.services.access import keys
 from floom.services.access.sessions import SignedIn
 from floom.services.context import Context
@@ -31,6 +31,8 @@ from floom.services.workers import versions as workers
 from floom.store.models import utcnow
 from floom.ui import features as ui_features
 from floom.ui.support import Me, UiRoute, checked_form, error_markup, render
+from floom.views import runs as run_views
+from floom.views import workers as worker_views
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
@@ -131,7 +133,7 @@ def _run_context(ctx: Context, me: SignedIn, run_id: str) -> dict[str, Any]:
     caller = me.caller
     run = run_views.run_detail(ctx, run_id=run_id, caller=caller)
     try:
-        worker: worker_views.WorkerPublic | None = worker_views.worker_public(
+        worker: worker_models.WorkerPublic | None = worker_views.worker_public(
             ctx, name=run.worker, caller=caller
         )
     except NotFound:
@@ -155,7 +157,7 @@ def _run_context(ctx: Context, me: SignedIn, run_id: str) -> dict[str, Any]:
         "is_active_version": worker is not None and worker.active_version_id == run.version_id,
         "approvals": [ui_features.approval_view(a) for a in run.approvals],
         # Every recorded call, whatever the run's kind (the run record lists an agent's only).
-        "tool_calls": [run_views.tool_call_public(c) for c in calls],
+        "tool_calls": [run_models.ToolCallPublic.of(c) for c in calls],
         "model_usage": run.model_usage,
         "started_by": started_by.get(run.created_by or ""),
     }
@@ -284,7 +286,7 @@ def artifact_page(request: Request, run_id: str, name: str, ctx: CtxDep, me: Me)
         "artifact.html",
         {
             "run_id": run_id,
-            "artifact": run_views.artifact_public(art),
+            "artifact": run_models.ArtifactPublic.of(art),
             "preview": _preview(art.content_type, name, data),
         },
     )

@@ -27,7 +27,7 @@ from floom.api.auth import get_ctx
 from floom.errors import FloomError, InvalidRequest, Unauthorized
 from floom.hints import Hint, Told
 from floom.hints import surface as hint_surface
-from floom.schemas.admin import KeyPublic, key_public
+from floom.schemas.admin import KeyPublic
 from floom.services.access import sessions as web_sessions
 from floom.services.access.sessions import SignedIn
 from floom.services.context import Context
@@ -240,7 +240,7 @@ def render(
 ) -> Response:
     me: SignedIn | None = getattr(request.state, "signed_in", None)
     values: dict[str, Any] = {
-        "me": Viewer(key_public(me.key)) if me is not None else None,
+        "me": Viewer(KeyPublic.of(me.key)) if me is not None else None,
         "path": request.url.path,
         "error": None,
         "notice": None,

@@ -11,6 +11,7 @@ from standardwebhooks import Webhook
 
 from floom.services.alerts import incidents
 from floom.store.db import session_scope
+from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_until
 
 HOOK_SECRET = "whsec_" + base64.b64encode(b"contract-hook-secret-0123456789").decode()
@@ -71,9 +72,9 @@ def seed_contract(server: LiveServer, api: httpx.Client, tmp: Path) -> dict[str,
     # An alert delivery to a channel that no longer exists: listed, read, re-sent; never sent.
     with session_scope(server.ctx.engine, write=True) as s:
         alert = incidents.enqueue(
-            server.ctx, s, purpose="test", body={"type": "test", "summary": "seeded"}
+            server.ctx, s, purpose=DeliveryPurpose.TEST, body={"type": "test", "summary": "seeded"}
         )
-        alert.status, alert.channel_name = "failed", "gone"
+        alert.status, alert.channel_name = DeliveryStatus.FAILED, "gone"
     return {
         "name": "gated",
         "version_id": first["version"]["id"],

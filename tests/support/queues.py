@@ -8,6 +8,7 @@ import weakref
 from floom.services.context import Context
 from floom.store.db import make_engine, session_scope
 from floom.store.models import Run, new_id
+from floom.vocabulary import RunStatus
 
 
 def enqueue(ctx: Context, count: int, **fields: object) -> list[str]:
@@ -15,7 +16,7 @@ def enqueue(ctx: Context, count: int, **fields: object) -> list[str]:
     ids = []
     with session_scope(ctx.engine, write=True) as s:
         for _ in range(count):
-            run = Run(id=new_id("run"), worker_name="w", version_id="v", status="queued")
+            run = Run(id=new_id("run"), worker_name="w", version_id="v", status=RunStatus.QUEUED)
             for name, value in fields.items():
                 setattr(run, name, value)
             s.add(run)

@@ -9,6 +9,7 @@ import pytest
 from floom.errors import Forbidden, IllegalTransition, InvalidRequest
 from floom.services.handoffs import rules
 from floom.services.handoffs.rules import check_transition, evaluate
+from floom.vocabulary import JobStatus
 
 RESULT = {
     "summary": "looked at it",
@@ -27,7 +28,7 @@ def test_every_status_has_a_row_and_final_statuses_have_no_moves() -> None:
 
 def test_an_illegal_transition_is_refused_with_the_allowed_ones_listed() -> None:
     with pytest.raises(IllegalTransition) as info:
-        check_transition("published", "completed", parties={rules.ASSIGNEE}, admin=True)
+        check_transition(JobStatus.PUBLISHED, "completed", parties={rules.ASSIGNEE}, admin=True)
     assert info.value.code == "illegal_transition"
     assert info.value.status == 409
     assert info.value.details["allowed"] == ["in_progress", "cancelled"]
@@ -36,36 +37,36 @@ def test_an_illegal_transition_is_refused_with_the_allowed_ones_listed() -> None
 
 def test_a_final_status_refuses_every_move_and_points_at_reject() -> None:
     with pytest.raises(IllegalTransition) as info:
-        check_transition("completed", "in_progress", parties={rules.ASSIGNEE}, admin=True)
+        check_transition(JobStatus.COMPLETED, "in_progress", parties={rules.ASSIGNEE}, admin=True)
     assert info.value.details["allowed"] == []
     assert "reject" in (info.value.hint or "")
 
 
 def test_only_the_assignee_or_an_admin_may_complete() -> None:
-    check_transition("in_progress", "completed", parties={rules.ASSIGNEE}, admin=False)
-    check_transition("in_progress", "completed", parties=set(), admin=True)
+    check_transition(JobStatus.IN_PROGRESS, "completed", parties={rules.ASSIGNEE}, admin=False)
+    check_transition(JobStatus.IN_PROGRESS, "completed", parties=set(), admin=True)
     with pytest.raises(Forbidden):
-        check_transition("in_progress", "completed", parties={rules.SOURCE}, admin=False)
+        check_transition(JobStatus.IN_PROGRESS, "completed", parties={rules.SOURCE}, admin=False)
 
 
 def test_publishing_a_pending_job_is_floom_s_move_alone_even_for_admins() -> None:
-    check_transition("pending", "published", parties={rules.SYSTEM}, admin=False)
+    check_transition(JobStatus.PENDING, "published", parties={rules.SYSTEM}, admin=False)
     with pytest.raises(Forbidden) as info:
-        check_transition("pending", "published", parties={rules.SOURCE}, admin=True)
+        check_transition(JobStatus.PENDING, "published", parties={rules.SOURCE}, admin=True)
     assert "floom makes this move itself" in info.value.message
 
 
 def test_an_unknown_status_is_an_invalid_request() -> None:
     with pytest.raises(InvalidRequest):
-        check_transition("published", "done", parties=set(), admin=True)
+        check_transition(JobStatus.PUBLISHED, "done", parties=set(), admin=True)
 
 
 def test_allowed_targets_depend_on_the_part_the_caller_plays() -> None:
-    assert rules.allowed_targets("in_progress", parties={rules.SOURCE}, admin=False) == [
+    assert rules.allowed_targets(JobStatus.IN_PROGRESS, parties={rules.SOURCE}, admin=False) == [
         "cancelled"
     ]
-    assert "completed" in rules.allowed_targets("in_progress", parties=set(), admin=True)
-    assert rules.allowed_targets("pending", parties=set(), admin=True) == ["cancelled"]
+    assert "completed" in rules.allowed_targets(JobStatus.IN_PROGRESS, parties=set(), admin=True)
+    assert rules.allowed_targets(JobStatus.PENDING, parties=set(), admin=True) == ["cancelled"]
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,8 @@ under a module-level `if` or `try`), imports under `if TYPE_CHECKING:` do not.""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import fields
@@ -214,13 +216,18 @@ def test_the_graph_sees_the_edges_the_layout_relies_on() -> None:
 LAYERS: list[tuple[str, set[str]]] = [
     # Values and rules with no floom dependency beyond errors; hints are text and actions,
     # which each surface renders.
-    ("leaves", {"errors", "hints", "client_env", "net", "jsonvalues", "bundle", "triggers"}),
+    (
+        "leaves",
+        {"errors", "vocabulary", "hints", "client_env", "net", "jsonvalues", "bundle", "triggers"},
+    ),
     ("settings", {"config"}),
     ("resources", {"store", "sandbox"}),
     ("worker.yml", {"manifest"}),
     # The domain.
     ("domain", {"services"}),
     ("public models", {"schemas"}),
+    # The answers: public models filled from the services, for what the caller may see.
+    ("answers", {"views"}),
     # The node: the run pipeline, its loops, and the agent loop that runs inside an attempt.
     ("node", {"engine", "agent"}),
     # A node's roles composed and started in order (floom/node.py).
@@ -428,3 +435,16 @@ def test_no_module_uses_another_modules_underscore_names() -> None:
         "a name two modules need is a concept: give it a public name (or a module of its own) "
         "instead of reaching into another module's underscore names:\n" + "\n".join(reached)
     )
+
+
+def test_the_public_models_load_no_store_or_services_runtime() -> None:
+    # The client returns the public models: the CLI loads them, so they know rows by type only.
+    modules = sorted(m for m in MODULES if m.startswith("floom.schemas."))
+    probe = (
+        f"import sys, importlib\nfor m in {modules!r}:\n    importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'sqlmodel')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert loaded.stdout.strip() == "[]"

@@ -4,27 +4,52 @@ descriptions, and hints retold for an agent as calls of tools that exist."""
 from __future__ import annotations
 
 import re
-from typing import Any, get_args
+from typing import Any
 
 import anyio
+import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from floom.hints import act
 from floom.hints import mcp as hints
 from floom.mcp.server import FloomMCPServer
 from floom.mcp.tools import core as mcp_tools
-from floom.mcp.tools import handoffs as handoff_tools
 from floom.services.handoffs import rules as handoff_rules
 from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
+from floom.vocabulary import ApprovalStatus, JobPriority, JobStatus, RunStatus, RunTrigger
 from tests.support.hints import every_action
 
 
 def test_every_status_enum_a_tool_takes_lists_every_status_the_services_know() -> None:
-    assert set(get_args(mcp_tools.RunStatus)) == set(run_rules.STATUSES)
-    assert set(get_args(mcp_tools.RunTrigger)) == set(runs.TRIGGERS)
-    assert set(get_args(mcp_tools.ApprovalStatus)) == set(approvals.APPROVAL_STATUSES)
-    assert set(get_args(handoff_tools.Status)) == set(handoff_rules.STATUSES)
+    server = FloomMCPServer(backend_for=_no_backend, load_workers=list)
+    schemas = {t.name: t.input_schema["properties"] for t in anyio.run(server.list_tools)}
+
+    def listed(tool: str, argument: str) -> list[str]:
+        (word, _null) = schemas[tool][argument]["anyOf"]
+        assert word["type"] == "string"
+        return list(word["enum"])
+
+    # The vocabulary's words, inline in the tool's schema, in the enum's order.
+    assert listed("list_runs", "status") == [w.value for w in RunStatus] == list(run_rules.STATUSES)
+    assert listed("list_runs", "trigger") == [w.value for w in RunTrigger] == list(runs.TRIGGERS)
+    assert listed("list_approvals", "status") == [w.value for w in ApprovalStatus]
+    assert set(approvals.APPROVAL_STATUSES) == set(ApprovalStatus)
+    jobs = schemas["handoff_list_jobs"]["status"]["anyOf"][0]["items"]["enum"]
+    assert jobs == [w.value for w in JobStatus] == list(handoff_rules.STATUSES)
+    assert schemas["handoff_set_status"]["status"]["enum"] == jobs
+    assert schemas["handoff_create_job"]["priority"]["enum"] == [w.value for w in JobPriority]
+
+
+def test_a_word_outside_the_set_is_refused_as_a_literal_refuses_it() -> None:
+    argument = TypeAdapter(mcp_tools.RunStatusArg)
+    assert type(argument.validate_python("failed")) is RunStatus
+    with pytest.raises(ValidationError) as refused:
+        argument.validate_python("done")
+    (error,) = refused.value.errors()
+    assert error["type"] == "literal_error"
+    assert error["msg"].startswith("Input should be 'queued', 'running'")
 
 
 def test_tool_descriptions_are_clean_text_without_source_indentation() -> None:

@@ -7,10 +7,11 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from floom.errors import IllegalTransition, InvalidRequest
+from floom.errors import IllegalTransition, InvalidRequest, RunErrorCode
 from floom.services.runs import rules
 from floom.services.runs.rules import (
     ACTORS,
@@ -23,12 +24,13 @@ from floom.services.runs.rules import (
 )
 from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
 from floom.store.models import Run
+from floom.vocabulary import RunStatus
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 MOVES = [(src, to, by) for src in STATUSES for to in STATUSES for by in ACTORS]
 
 
-def a_run(status: str, **fields: object) -> Run:
+def a_run(status: RunStatus, **fields: object) -> Run:
     run = Run(id="run_1", worker_name="w", version_id="v", status=status)
     for name, value in fields.items():
         setattr(run, name, value)
@@ -63,7 +65,7 @@ def test_only_a_move_with_no_way_out_is_a_finished_status() -> None:
     ("src", "to", "by"), [m for m in MOVES if m[2] in TRANSITIONS[m[0]].get(m[1], ())]
 )
 def test_every_move_the_table_allows_succeeds_through_transition(
-    src: str, to: str, by: str
+    src: RunStatus, to: RunStatus, by: str
 ) -> None:
     run = a_run(src, lease_owner="node-a", lease_expires_at=NOW)
     transition(run, to, by=by, now=NOW)
@@ -109,7 +111,8 @@ def test_a_finished_run_points_at_a_replay() -> None:
 
 def test_an_unknown_status_or_actor_is_an_invalid_request() -> None:
     with pytest.raises(InvalidRequest):
-        transition(a_run(rules.QUEUED), "done", by=rules.EXECUTOR)
+        # A word from outside the set, as an untyped caller could pass one.
+        transition(a_run(rules.QUEUED), cast(RunStatus, "done"), by=rules.EXECUTOR)
     with pytest.raises(InvalidRequest):
         transition(a_run(rules.QUEUED), rules.RUNNING, by="somebody")
 
@@ -171,7 +174,9 @@ def test_requeue_next_attempt_increments_the_attempt_and_clears_the_lease() -> N
 
 def test_a_retry_waits_out_its_backoff_and_an_interruption_costs_no_attempt() -> None:
     retry = a_run(rules.RUNNING, attempt=2, max_attempts=3)
-    requeue_next_attempt(retry, by=rules.EXECUTOR, now=NOW, delay_seconds=8, ended="timeout")
+    requeue_next_attempt(
+        retry, by=rules.EXECUTOR, now=NOW, delay_seconds=8, ended=RunErrorCode.TIMED_OUT
+    )
     assert (retry.attempt, retry.not_before) == (3, NOW + timedelta(seconds=8))
     assert rules.previous_attempt(retry) == "failed"
 
@@ -212,7 +217,7 @@ OTHER_STATUS_WRITES = {
     ("services/handoffs/jobs.py", "job.status"),  # handoff jobs have their own table
     ("services/handoffs/flow.py", "job.status"),
     ("services/alerts/deliveries.py", "delivery.status"),  # an alert's delivery
-    ("schemas/triggers.py", "answer.status"),  # a webhook's answer to its sender
+    ("views/triggers.py", "answer.status"),  # a webhook's answer to its sender
     # The queue's detached copy of the run starts from the status its conditional UPDATE
     # matches; the move itself goes through transition or requeue_next_attempt.
     ("engine/queue.py", "ended.status"),

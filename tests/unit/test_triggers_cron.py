@@ -11,6 +11,7 @@ from floom.services.triggers.schedules import NextFireCache
 from floom.store.triggers import Trigger
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec, WebhookSpec, parse_duration, trigger_key
+from floom.vocabulary import TriggerKind
 
 BERLIN = cron.zone("Europe/Berlin")
 
@@ -227,7 +228,7 @@ def test_a_stored_schedule_this_floom_cannot_compute_never_fires_and_holds_up_no
     stored = Trigger(
         id="trg_old",
         worker_name="w",
-        kind="schedule",
+        kind=TriggerKind.SCHEDULE,
         key="k",
         config_json="{}",
         created_at=datetime(2024, 3, 1, tzinfo=UTC),

@@ -85,6 +85,18 @@ def create_rule(body: views.RuleCreate, ctx: CtxDep, caller: DeployCaller) -> vi
     return views.rule_public(row)
 
 
+@router.patch(
+    "/rules/{name}",
+    response_model=views.RulePublic,
+    responses=authed(400, 404, 422),
+    summary="Turn a global rule on or off",
+)
+def update_rule(
+    name: str, body: views.RuleUpdate, ctx: CtxDep, caller: DeployCaller
+) -> views.RulePublic:
+    return views.rule_public(rules.set_enabled(ctx, name=name, enabled=body.enabled, caller=caller))
+
+
 @router.delete("/rules/{name}", response_model=views.Deleted, responses=authed(404))
 def delete_rule(name: str, ctx: CtxDep, caller: DeployCaller) -> views.Deleted:
     rules.delete_rule(ctx, name=name, caller=caller)

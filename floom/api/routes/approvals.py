@@ -10,10 +10,11 @@ from pydantic import BaseModel, Field
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, authed
 from floom.errors import NotFound
-from floom.schemas import runs as views
+from floom.schemas import runs as run_models
 from floom.schemas.common import Page
 from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
+from floom.views import runs as views
 
 router = APIRouter(prefix="/api/v1", tags=["approvals"])
 
@@ -32,7 +33,9 @@ class RejectRequest(BaseModel):
     )
 
 
-@router.get("/approvals", response_model=Page[views.ApprovalPublic], responses=authed(400, 422))
+@router.get(
+    "/approvals", response_model=Page[run_models.ApprovalPublic], responses=authed(400, 422)
+)
 def list_approvals(
     ctx: CtxDep,
     caller: ReadCaller,
@@ -45,7 +48,7 @@ def list_approvals(
     worker: str | None = Query(None, description="only this worker's approvals"),
     cursor: Cursor = None,
     limit: Limit = 50,
-) -> Page[views.ApprovalPublic]:
+) -> Page[run_models.ApprovalPublic]:
     rows, next_cursor = approvals.list_approvals(
         ctx,
         status=status,
@@ -58,21 +61,23 @@ def list_approvals(
     return views.approval_page(rows, next_cursor)
 
 
-@router.get("/approvals/{approval_id}", response_model=views.ApprovalPublic, responses=authed(404))
-def get_approval(approval_id: str, ctx: CtxDep, caller: ReadCaller) -> views.ApprovalPublic:
-    return views.approval_public(
+@router.get(
+    "/approvals/{approval_id}", response_model=run_models.ApprovalPublic, responses=authed(404)
+)
+def get_approval(approval_id: str, ctx: CtxDep, caller: ReadCaller) -> run_models.ApprovalPublic:
+    return run_models.ApprovalPublic.of(
         approvals.get_approval(ctx, approval_id=approval_id, caller=caller)
     )
 
 
 @router.post(
     "/approvals/{approval_id}/approve",
-    response_model=views.ApprovalDecided,
+    response_model=run_models.ApprovalDecided,
     responses=authed(400, 404, 409, 422),
 )
 def approve(
     approval_id: str, ctx: CtxDep, caller: RunCaller, body: ApproveRequest | None = None
-) -> views.ApprovalDecided:
+) -> run_models.ApprovalDecided:
     approvals.decide_approval(
         ctx,
         approval_id=approval_id,
@@ -86,12 +91,12 @@ def approve(
 
 @router.post(
     "/approvals/{approval_id}/reject",
-    response_model=views.ApprovalDecided,
+    response_model=run_models.ApprovalDecided,
     responses=authed(400, 404, 409, 422),
 )
 def reject(
     approval_id: str, body: RejectRequest, ctx: CtxDep, caller: RunCaller
-) -> views.ApprovalDecided:
+) -> run_models.ApprovalDecided:
     approvals.decide_approval(
         ctx, approval_id=approval_id, decision="reject", comment=body.comment, caller=caller
     )
@@ -100,17 +105,19 @@ def reject(
 
 @router.get(
     "/runs/{run_id}/tool-calls",
-    response_model=Page[views.ToolCallPublic],
+    response_model=Page[run_models.ToolCallPublic],
     responses=authed(404),
 )
-def list_tool_calls(run_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[views.ToolCallPublic]:
+def list_tool_calls(
+    run_id: str, ctx: CtxDep, caller: ReadCaller
+) -> Page[run_models.ToolCallPublic]:
     return views.tool_call_page(ctx, run_id=run_id, caller=caller)
 
 
 @router.get(
-    "/runs/{run_id}/transcript", response_model=views.TranscriptPublic, responses=authed(404)
+    "/runs/{run_id}/transcript", response_model=run_models.TranscriptPublic, responses=authed(404)
 )
-def get_transcript(run_id: str, ctx: CtxDep, caller: ReadCaller) -> views.TranscriptPublic:
+def get_transcript(run_id: str, ctx: CtxDep, caller: ReadCaller) -> run_models.TranscriptPublic:
     run = runs.get_run(ctx, run_id=run_id, caller=caller)
     transcript = views.transcript_public(ctx, run_id=run_id, caller=caller)
     if transcript is None:

@@ -10,10 +10,11 @@ from pydantic.config import JsonDict
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, authed
-from floom.schemas import handoffs as views
+from floom.schemas import handoffs as handoff_models
 from floom.schemas.common import Page
 from floom.services.handoffs import agents, flow, review, rules
 from floom.services.handoffs import jobs as handoffs
+from floom.views import handoffs as views
 
 router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"])
 
@@ -48,7 +49,7 @@ ROUTING: JsonDict = {
             "priority": {"enum": [*rules.PRIORITIES, None]},
             "context": {"type": ["object", "null"]},
             "constraints": {"type": ["array", "null"], "items": {"type": "string"}},
-            "condition": {"anyOf": [views.CONDITION_REF, {"type": "null"}]},
+            "condition": {"anyOf": [handoff_models.CONDITION_REF, {"type": "null"}]},
         },
     },
 }
@@ -65,7 +66,7 @@ class JobRequest(BaseModel):
         description="each {type, uri, checksum?, metadata?}",
         json_schema_extra=ARTIFACTS,
     )
-    priority: str = Field("normal", json_schema_extra=views.PRIORITY)
+    priority: str = Field("normal", json_schema_extra=handoff_models.PRIORITY)
     blocked_by: list[str] = Field(default_factory=list, description="ids of jobs to wait for")
     routing: list[dict[str, Any]] = Field(
         default_factory=list,
@@ -109,7 +110,7 @@ class ClaimNextRequest(LeaseRequest):
 
 
 class StatusRequest(LeaseRequest):
-    status: str = Field(json_schema_extra=views.JOB_STATUS)
+    status: str = Field(json_schema_extra=handoff_models.JOB_STATUS)
     reason: str | None = None
 
 
@@ -122,24 +123,24 @@ class CompleteRequest(BaseModel):
 class RejectRequest(BaseModel):
     reason: str = Field(json_schema_extra=TEXT)
     role: str | None = Field(None, description="route the retry to another role")
-    priority: str | None = Field(None, json_schema_extra=views.PRIORITY)
+    priority: str | None = Field(None, json_schema_extra=handoff_models.PRIORITY)
 
 
 _ONE_STATUS = "(" + "|".join(rules.STATUSES) + ")"
 STATUS_LIST = f"^{_ONE_STATUS}(,{_ONE_STATUS})*$"
 
 
-@router.get("/transitions", response_model=views.TransitionTable, responses=authed())
-def transitions(_: ReadCaller) -> views.TransitionTable:
-    return views.TransitionTable.model_validate(flow.transitions_table())
+@router.get("/transitions", response_model=handoff_models.TransitionTable, responses=authed())
+def transitions(_: ReadCaller) -> handoff_models.TransitionTable:
+    return handoff_models.TransitionTable.model_validate(flow.transitions_table())
 
 
-@router.get("/me", response_model=views.WhoAmI, responses=authed())
-def my_roles(ctx: CtxDep, caller: ReadCaller) -> views.WhoAmI:
-    return views.WhoAmI.model_validate(agents.my_roles(ctx, actor=caller))
+@router.get("/me", response_model=handoff_models.WhoAmI, responses=authed())
+def my_roles(ctx: CtxDep, caller: ReadCaller) -> handoff_models.WhoAmI:
+    return handoff_models.WhoAmI.model_validate(agents.my_roles(ctx, actor=caller))
 
 
-@router.get("/jobs", response_model=Page[views.JobPublic], responses=authed(400, 404, 422))
+@router.get("/jobs", response_model=Page[handoff_models.JobPublic], responses=authed(400, 404, 422))
 def list_jobs(
     ctx: CtxDep,
     caller: ReadCaller,
@@ -154,10 +155,8 @@ def list_jobs(
     my_roles: bool = False,
     cursor: Cursor = None,
     limit: Limit = 50,
-) -> Page[views.JobPublic]:
-    items, next_cursor = handoffs.list_jobs(
-        ctx,
-        actor=caller,
+) -> Page[handoff_models.JobPublic]:
+    query = handoff_models.JobQuery(
         status=[s for s in status.split(",") if s] if status else None,
         role=role,
         assignee=assignee,
@@ -166,21 +165,25 @@ def list_jobs(
         cursor=cursor,
         limit=limit,
     )
+    items, next_cursor = handoffs.list_jobs(ctx, actor=caller, **query.model_dump())
     return views.job_page(items, next_cursor, surface=caller.surface)
 
 
 @router.post(
     "/jobs",
     status_code=201,
-    response_model=views.JobPublic,
+    response_model=handoff_models.JobPublic,
     responses={
-        200: {"model": views.JobPublic, "description": "the earlier job of this idempotency key"},
+        200: {
+            "model": handoff_models.JobPublic,
+            "description": "the earlier job of this idempotency key",
+        },
         **authed(400, 404, 409, 422),
     },
 )
 def create_job(
     body: JobRequest, ctx: CtxDep, caller: RunCaller, response: Response
-) -> views.JobPublic:
+) -> handoff_models.JobPublic:
     job = handoffs.create_job(ctx, actor=caller, **body.model_dump())
     if job.get("replayed"):
         response.status_code = 200
@@ -188,33 +191,45 @@ def create_job(
 
 
 @router.post(
-    "/claim-next", response_model=views.ClaimNextResult, responses=authed(400, 404, 409, 422)
+    "/claim-next",
+    response_model=handoff_models.ClaimNextResult,
+    responses=authed(400, 404, 409, 422),
 )
-def claim_next(body: ClaimNextRequest, ctx: CtxDep, caller: RunCaller) -> views.ClaimNextResult:
+def claim_next(
+    body: ClaimNextRequest, ctx: CtxDep, caller: RunCaller
+) -> handoff_models.ClaimNextResult:
     job = flow.claim_next(ctx, actor=caller, role=body.role, lease_seconds=body.lease_seconds)
     return views.claim_next_result(job, surface=caller.surface)
 
 
-@router.get("/jobs/{job_id}", response_model=views.JobPublic, responses=authed(404, 422))
-def get_job(job_id: str, ctx: CtxDep, caller: ReadCaller, events: bool = False) -> views.JobPublic:
+@router.get("/jobs/{job_id}", response_model=handoff_models.JobPublic, responses=authed(404, 422))
+def get_job(
+    job_id: str, ctx: CtxDep, caller: ReadCaller, events: bool = False
+) -> handoff_models.JobPublic:
     job = handoffs.get_job(ctx, actor=caller, job_id=job_id, events=events)
     return views.job_public(job, surface=caller.surface)
 
 
 @router.get(
-    "/jobs/{job_id}/events", response_model=Page[views.JobEventPublic], responses=authed(404)
+    "/jobs/{job_id}/events",
+    response_model=Page[handoff_models.JobEventPublic],
+    responses=authed(404),
 )
-def list_events(job_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[views.JobEventPublic]:
+def list_events(
+    job_id: str, ctx: CtxDep, caller: ReadCaller
+) -> Page[handoff_models.JobEventPublic]:
     items = handoffs.list_events(ctx, actor=caller, job_id=job_id)
-    return Page[views.JobEventPublic](
+    return Page[handoff_models.JobEventPublic](
         items=[views.event_public(e, surface=caller.surface) for e in items], next_cursor=None
     )
 
 
 @router.patch(
-    "/jobs/{job_id}", response_model=views.JobPublic, responses=authed(400, 404, 409, 422)
+    "/jobs/{job_id}", response_model=handoff_models.JobPublic, responses=authed(400, 404, 409, 422)
 )
-def update_job(job_id: str, body: JobUpdate, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
+def update_job(
+    job_id: str, body: JobUpdate, ctx: CtxDep, caller: RunCaller
+) -> handoff_models.JobPublic:
     job = handoffs.update_job(
         ctx, actor=caller, job_id=job_id, context=body.context, constraints=body.constraints
     )
@@ -222,27 +237,37 @@ def update_job(job_id: str, body: JobUpdate, ctx: CtxDep, caller: RunCaller) -> 
 
 
 @router.post(
-    "/jobs/{job_id}/claim", response_model=views.JobPublic, responses=authed(400, 404, 409, 422)
+    "/jobs/{job_id}/claim",
+    response_model=handoff_models.JobPublic,
+    responses=authed(400, 404, 409, 422),
 )
-def claim(job_id: str, body: LeaseRequest, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
+def claim(
+    job_id: str, body: LeaseRequest, ctx: CtxDep, caller: RunCaller
+) -> handoff_models.JobPublic:
     job = flow.claim(ctx, actor=caller, job_id=job_id, lease_seconds=body.lease_seconds)
     return views.job_public(job, surface=caller.surface)
 
 
 @router.post(
     "/jobs/{job_id}/heartbeat",
-    response_model=views.LeaseState,
+    response_model=handoff_models.LeaseState,
     responses=authed(400, 404, 409, 422),
 )
-def heartbeat(job_id: str, body: LeaseRequest, ctx: CtxDep, caller: RunCaller) -> views.LeaseState:
+def heartbeat(
+    job_id: str, body: LeaseRequest, ctx: CtxDep, caller: RunCaller
+) -> handoff_models.LeaseState:
     state = flow.heartbeat(ctx, actor=caller, job_id=job_id, lease_seconds=body.lease_seconds)
-    return views.LeaseState.model_validate(state)
+    return handoff_models.LeaseState.model_validate(state)
 
 
 @router.post(
-    "/jobs/{job_id}/status", response_model=views.JobPublic, responses=authed(400, 404, 409, 422)
+    "/jobs/{job_id}/status",
+    response_model=handoff_models.JobPublic,
+    responses=authed(400, 404, 409, 422),
 )
-def set_status(job_id: str, body: StatusRequest, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
+def set_status(
+    job_id: str, body: StatusRequest, ctx: CtxDep, caller: RunCaller
+) -> handoff_models.JobPublic:
     job = flow.set_status(
         ctx,
         actor=caller,
@@ -256,10 +281,12 @@ def set_status(job_id: str, body: StatusRequest, ctx: CtxDep, caller: RunCaller)
 
 @router.post(
     "/jobs/{job_id}/complete",
-    response_model=views.JobPublic,
+    response_model=handoff_models.JobPublic,
     responses=authed(400, 404, 409, 422),
 )
-def complete(job_id: str, body: CompleteRequest, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
+def complete(
+    job_id: str, body: CompleteRequest, ctx: CtxDep, caller: RunCaller
+) -> handoff_models.JobPublic:
     job = flow.complete(
         ctx,
         actor=caller,
@@ -274,10 +301,12 @@ def complete(job_id: str, body: CompleteRequest, ctx: CtxDep, caller: RunCaller)
 @router.post(
     "/jobs/{job_id}/reject",
     status_code=201,
-    response_model=views.JobPublic,
+    response_model=handoff_models.JobPublic,
     responses=authed(400, 404, 409, 422),
 )
-def reject(job_id: str, body: RejectRequest, ctx: CtxDep, caller: RunCaller) -> views.JobPublic:
+def reject(
+    job_id: str, body: RejectRequest, ctx: CtxDep, caller: RunCaller
+) -> handoff_models.JobPublic:
     retry = review.reject(
         ctx,
         actor=caller,
@@ -290,9 +319,11 @@ def reject(job_id: str, body: RejectRequest, ctx: CtxDep, caller: RunCaller) -> 
 
 
 @router.get(
-    "/jobs/{job_id}/reopen-context", response_model=views.ReopenContext, responses=authed(404)
+    "/jobs/{job_id}/reopen-context",
+    response_model=handoff_models.ReopenContext,
+    responses=authed(404),
 )
-def reopen_context(job_id: str, ctx: CtxDep, caller: ReadCaller) -> views.ReopenContext:
-    return views.ReopenContext.model_validate(
+def reopen_context(job_id: str, ctx: CtxDep, caller: ReadCaller) -> handoff_models.ReopenContext:
+    return handoff_models.ReopenContext.model_validate(
         review.reopen_context(ctx, actor=caller, job_id=job_id)
     )

@@ -13,8 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from floom.api.auth import CtxDep
 from floom.api.openapi import errors
 from floom.errors import TooManyWaits
-from floom.schemas import triggers as views
-from floom.schemas.runs import run_public
+from floom.schemas import triggers as trigger_models
 from floom.services.access import principal
 from floom.services.context import Context
 from floom.services.runs import waits as run_waits
@@ -22,6 +21,8 @@ from floom.services.runs.rules import FINISHED
 from floom.services.triggers import composio as composio_events
 from floom.services.triggers import webhooks
 from floom.store.models import Run
+from floom.views import triggers as views
+from floom.views.runs import run_public
 
 router = APIRouter(tags=["hooks"])
 
@@ -62,7 +63,7 @@ def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """A hook's error answers: the one error body, plus the delivery when it was recorded."""
     documented = errors(*statuses)
     for answer in documented.values():
-        answer["model"] = views.HookRefusal
+        answer["model"] = trigger_models.HookRefusal
     return documented
 
 
@@ -72,8 +73,8 @@ def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     response_model=None,
     status_code=202,
     responses={
-        200: {"model": views.ComposioAnswer, "description": "every event was seen before"},
-        202: {"model": views.ComposioAnswer, "description": "the events were recorded"},
+        200: {"model": trigger_models.ComposioAnswer, "description": "every event was seen before"},
+        202: {"model": trigger_models.ComposioAnswer, "description": "the events were recorded"},
         **errors(400, 401, 404, 413, 422, 503),
     },
     openapi_extra=HOOK_BODY,
@@ -84,7 +85,7 @@ async def composio_hook(request: Request, ctx: CtxDep) -> JSONResponse:
         composio_events.receive_composio, ctx, headers=dict(request.headers), body=body
     )
     duplicate = all(r.duplicate for r in results)
-    answer = views.ComposioAnswer(
+    answer = trigger_models.ComposioAnswer(
         duplicate=duplicate, deliveries=[views.hook_answer(r) for r in results]
     )
     return JSONResponse(status_code=200 if duplicate else 202, content=answer.to_json())
@@ -97,10 +98,10 @@ async def composio_hook(request: Request, ctx: CtxDep) -> JSONResponse:
     status_code=202,
     responses={
         200: {
-            "model": views.HookAnswer,
+            "model": trigger_models.HookAnswer,
             "description": "a duplicate delivery, or (with `wait`) the run ended in time",
         },
-        202: {"model": views.HookAnswer, "description": "the delivery was recorded"},
+        202: {"model": trigger_models.HookAnswer, "description": "the delivery was recorded"},
         **_refusals(400, 401, 404, 409, 413, 422, 429, 503),
     },
     openapi_extra=HOOK_BODY,

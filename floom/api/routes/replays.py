@@ -11,9 +11,10 @@ from pydantic import BaseModel, Field
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import WorkerName, authed
 from floom.schemas import replays as replay_views
-from floom.schemas import runs as views
+from floom.schemas import runs as run_models
 from floom.services.replays import evals
 from floom.services.replays import replay as replays
+from floom.views import runs as views
 
 router = APIRouter(prefix="/api/v1", tags=["replays"])
 
@@ -31,10 +32,12 @@ class ReplayStart(BaseModel):
 @router.post(
     "/runs/{run_id}/replays",
     status_code=202,
-    response_model=views.RunPublic,
+    response_model=run_models.RunPublic,
     responses=authed(400, 404, 409, 422),
 )
-def start_replay(run_id: str, body: ReplayStart, ctx: CtxDep, caller: RunCaller) -> views.RunPublic:
+def start_replay(
+    run_id: str, body: ReplayStart, ctx: CtxDep, caller: RunCaller
+) -> run_models.RunPublic:
     run = replays.start_replay(
         ctx,
         run_id=run_id,

@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed, enum_query
 from floom.errors import TooManyWaits
-from floom.schemas import runs as views
+from floom.schemas import runs as run_models
 from floom.schemas.common import Page
 from floom.services.access.principal import Principal
 from floom.services.alerts import callbacks
@@ -27,6 +27,8 @@ from floom.services.runs import lifecycle as runs
 from floom.services.runs import logs
 from floom.services.runs import rules as run_rules
 from floom.services.runs import waits as run_waits
+from floom.views import runs as views
+from floom.vocabulary import RunTrigger
 
 router = APIRouter(prefix="/api/v1", tags=["runs"])
 
@@ -58,24 +60,24 @@ class ReplayRequest(BaseModel):
     force: bool = Field(False, description="run even though the worker is paused")
 
 
-_CLIENT_TRIGGERS = {"cli": "manual", "mcp": "mcp"}
+_CLIENT_TRIGGERS = {"cli": RunTrigger.MANUAL, "mcp": RunTrigger.MCP}
 
 
-def surface_trigger(request: Request) -> str:
+def surface_trigger(request: Request) -> RunTrigger:
     """The trigger a run started here records: `manual` from floom's CLI and `mcp` from its
     stdio MCP server (each says so in X-Floom-Client), `api` from any other client. No
     client can claim schedule, webhook or another trigger the server alone decides."""
     client = request.headers.get("x-floom-client", "").lower()
-    return _CLIENT_TRIGGERS.get(client, "api")
+    return _CLIENT_TRIGGERS.get(client, RunTrigger.API)
 
 
 @router.post(
     "/workers/{name}/runs",
     status_code=202,
-    response_model=views.RunPublic,
+    response_model=run_models.RunPublic,
     responses={
         200: {
-            "model": views.RunDetail,
+            "model": run_models.RunDetail,
             "description": "with `wait`: the run ended (or settled) in time; the whole record",
         },
         **authed(400, 404, 409, 413, 422),
@@ -140,7 +142,7 @@ async def start_run(
     return JSONResponse(status_code=status, content=detail.to_json())
 
 
-@router.get("/runs", response_model=Page[views.RunPublic], responses=authed(400, 422))
+@router.get("/runs", response_model=Page[run_models.RunPublic], responses=authed(400, 422))
 def list_runs(
     ctx: CtxDep,
     caller: ReadCaller,
@@ -149,20 +151,15 @@ def list_runs(
     trigger: str | None = enum_query(runs.TRIGGERS, "only runs started this way"),
     cursor: Cursor = None,
     limit: Limit = 50,
-) -> Page[views.RunPublic]:
-    rows, next_cursor = runs.list_runs(
-        ctx,
-        worker=worker,
-        status=status,
-        trigger=trigger,
-        cursor=cursor,
-        limit=limit,
-        caller=caller,
+) -> Page[run_models.RunPublic]:
+    query = run_models.RunQuery(
+        worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
     )
+    rows, next_cursor = runs.list_runs(ctx, **query.model_dump(), caller=caller)
     return views.run_page(rows, next_cursor, surface=caller.surface)
 
 
-@router.get("/runs/{run_id}", response_model=views.RunDetail, responses=authed(404, 422, 429))
+@router.get("/runs/{run_id}", response_model=run_models.RunDetail, responses=authed(404, 422, 429))
 async def get_run(
     run_id: str,
     request: Request,
@@ -176,7 +173,7 @@ async def get_run(
         description="with wait: `ended` waits for a final status; `settled` also answers "
         "when the run waits for a person (awaiting_approval)",
     ),
-) -> views.RunDetail:
+) -> run_models.RunDetail:
     # Async so a waiter holds no thread: the API's thread pool stays free for other calls.
     if wait:
         waiting = run_waits.wait_and_read(
@@ -217,7 +214,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-@router.get("/runs/{run_id}/logs", response_model=views.LogPage, responses=authed(404, 422))
+@router.get("/runs/{run_id}/logs", response_model=run_models.LogPage, responses=authed(404, 422))
 def get_logs(
     run_id: str,
     ctx: CtxDep,
@@ -225,7 +222,7 @@ def get_logs(
     after: int = Query(0, ge=0, description="return events with a seq above this"),
     tail: int | None = Query(None, ge=1, le=10_000, description="only the last N events"),
     limit: int = Query(1000, ge=1, le=10_000),
-) -> views.LogPage:
+) -> run_models.LogPage:
     return views.log_page(ctx, run_id=run_id, after=after, tail=tail, limit=limit, caller=caller)
 
 
@@ -334,10 +331,10 @@ def log_event_stream(
 
 @router.get(
     "/runs/{run_id}/artifacts",
-    response_model=Page[views.ArtifactPublic],
+    response_model=Page[run_models.ArtifactPublic],
     responses=authed(404),
 )
-def list_artifacts(run_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[views.ArtifactPublic]:
+def list_artifacts(run_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[run_models.ArtifactPublic]:
     return views.artifact_page(ctx, run_id=run_id, caller=caller)
 
 
@@ -365,8 +362,10 @@ def download_artifact(run_id: str, name: str, ctx: CtxDep, caller: ReadCaller) -
     )
 
 
-@router.post("/runs/{run_id}/cancel", response_model=views.RunDetail, responses=authed(404, 409))
-def cancel_run(run_id: str, ctx: CtxDep, caller: RunCaller) -> views.RunDetail:
+@router.post(
+    "/runs/{run_id}/cancel", response_model=run_models.RunDetail, responses=authed(404, 409)
+)
+def cancel_run(run_id: str, ctx: CtxDep, caller: RunCaller) -> run_models.RunDetail:
     runs.cancel_run(ctx, run_id=run_id, caller=caller)
     return views.run_detail(ctx, run_id=run_id, caller=caller)
 
@@ -374,12 +373,12 @@ def cancel_run(run_id: str, ctx: CtxDep, caller: RunCaller) -> views.RunDetail:
 @router.post(
     "/runs/{run_id}/replay",
     status_code=202,
-    response_model=views.RunPublic,
+    response_model=run_models.RunPublic,
     responses=authed(400, 404, 409, 422),
 )
 def replay_run(
     run_id: str, ctx: CtxDep, caller: RunCaller, body: ReplayRequest | None = None
-) -> views.RunPublic:
+) -> run_models.RunPublic:
     run = runs.replay_run(
         ctx,
         run_id=run_id,

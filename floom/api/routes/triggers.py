@@ -8,12 +8,14 @@ from pydantic import BaseModel, Field
 
 from floom.api.auth import CtxDep, DeployCaller, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed
-from floom.schemas import triggers as views
+from floom.schemas import triggers as trigger_models
 from floom.schemas.common import Page
-from floom.schemas.runs import RunPublic, run_public
+from floom.schemas.runs import RunPublic
 from floom.services.context import Context
 from floom.services.triggers import registry as triggers
 from floom.services.triggers import webhooks
+from floom.views import triggers as views
+from floom.views.runs import run_public
 
 router = APIRouter(prefix="/api/v1", tags=["triggers"])
 
@@ -34,19 +36,19 @@ def hook_urls(request: Request, ctx: Context) -> triggers.HookUrls:
 @router.get(
     "/workers/{name}/triggers",
     summary="A worker's triggers and next fire times",
-    response_model=views.TriggerListing,
+    response_model=trigger_models.TriggerListing,
     responses=authed(404),
 )
 def list_triggers(
     name: WorkerName, request: Request, ctx: CtxDep, caller: ReadCaller
-) -> views.TriggerListing:
+) -> trigger_models.TriggerListing:
     return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx), caller=caller)
 
 
 @router.post(
     "/workers/{name}/pause",
     summary="Pause a worker, or one of its triggers",
-    response_model=views.TriggerListing,
+    response_model=trigger_models.TriggerListing,
     responses=authed(400, 404, 422),
 )
 def pause(
@@ -55,7 +57,7 @@ def pause(
     ctx: CtxDep,
     caller: DeployCaller,
     body: PauseRequest | None = None,
-) -> views.TriggerListing:
+) -> trigger_models.TriggerListing:
     trigger_id = body.trigger_id if body else None
     triggers.set_paused(ctx, worker_name=name, paused=True, trigger_id=trigger_id, caller=caller)
     return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx), caller=caller)
@@ -64,7 +66,7 @@ def pause(
 @router.post(
     "/workers/{name}/resume",
     summary="Resume a worker, or one of its triggers",
-    response_model=views.TriggerListing,
+    response_model=trigger_models.TriggerListing,
     responses=authed(400, 404, 422),
 )
 def resume(
@@ -73,7 +75,7 @@ def resume(
     ctx: CtxDep,
     caller: DeployCaller,
     body: PauseRequest | None = None,
-) -> views.TriggerListing:
+) -> trigger_models.TriggerListing:
     trigger_id = body.trigger_id if body else None
     triggers.set_paused(ctx, worker_name=name, paused=False, trigger_id=trigger_id, caller=caller)
     return views.trigger_listing(ctx, name=name, urls=hook_urls(request, ctx), caller=caller)
@@ -82,26 +84,28 @@ def resume(
 @router.get(
     "/workers/{name}/deliveries",
     summary="A worker's webhook and Composio deliveries",
-    response_model=Page[views.DeliveryPublic],
+    response_model=Page[trigger_models.DeliveryPublic],
     responses=authed(400, 404, 422),
 )
 def list_deliveries(
     name: WorkerName, ctx: CtxDep, caller: ReadCaller, cursor: Cursor = None, limit: Limit = 50
-) -> Page[views.DeliveryPublic]:
+) -> Page[trigger_models.DeliveryPublic]:
     rows, next_cursor = webhooks.list_deliveries(
         ctx, worker_name=name, cursor=cursor, limit=limit, caller=caller
     )
-    items = [views.delivery_public(d) for d in rows]
-    return Page[views.DeliveryPublic](items=items, next_cursor=next_cursor)
+    items = [trigger_models.DeliveryPublic.of(d) for d in rows]
+    return Page[trigger_models.DeliveryPublic](items=items, next_cursor=next_cursor)
 
 
 @router.get(
     "/deliveries/{delivery_id}",
     summary="One delivery with its headers and body",
-    response_model=views.DeliveryDetail,
+    response_model=trigger_models.DeliveryDetail,
     responses=authed(404),
 )
-def get_delivery(delivery_id: str, ctx: CtxDep, caller: ReadCaller) -> views.DeliveryDetail:
+def get_delivery(
+    delivery_id: str, ctx: CtxDep, caller: ReadCaller
+) -> trigger_models.DeliveryDetail:
     return views.delivery_detail(ctx, delivery_id=delivery_id, caller=caller)
 
 

@@ -13,13 +13,14 @@ from floom.api.openapi import Cursor, Limit, WorkerName, authed
 from floom.errors import InvalidRequest, PayloadTooLarge
 from floom.hints import act, told
 from floom.manifest.schema import manifest_json_schema
-from floom.schemas import workers as views
+from floom.schemas import workers as worker_models
 from floom.schemas.common import Page
 from floom.services.context import Context
 from floom.services.replays import gate as eval_gate
 from floom.services.workers import deletion as worker_deletion
 from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
+from floom.views import workers as views
 
 router = APIRouter(prefix="/api/v1", tags=["workers"])
 
@@ -73,7 +74,7 @@ ARCHIVE_BODY: dict[str, Any] = {
     "/workers",
     status_code=201,
     summary="Deploy a worker (tar.gz of its folder)",
-    response_model=views.DeployResult,
+    response_model=worker_models.DeployResult,
     responses=authed(400, 409, 413, 422),
     openapi_extra=ARCHIVE_BODY,
 )
@@ -84,7 +85,7 @@ async def deploy_worker(
     skip_eval_gate: bool = Query(
         False, description="activate even though the worker's eval gate (replay.gate) fails"
     ),
-) -> views.DeployResult:
+) -> worker_models.DeployResult:
     archive = await _read_archive(request, ctx)
     result = await run_in_threadpool(
         eval_gate.deploy_gated, ctx, archive=archive, caller=caller, skip_gate=skip_eval_gate
@@ -95,49 +96,51 @@ async def deploy_worker(
 @router.post(
     "/workers/validate",
     summary="Check a worker archive without deploying it",
-    response_model=views.ValidationResult,
+    response_model=worker_models.ValidationResult,
     responses=authed(400, 413, 422),
     openapi_extra=ARCHIVE_BODY,
 )
 async def validate_worker(
     request: Request, ctx: CtxDep, caller: ReadCaller
-) -> views.ValidationResult:
+) -> worker_models.ValidationResult:
     archive = await _read_archive(request, ctx)
     manifest, problems = await run_in_threadpool(
         workers.validate_archive, ctx, archive=archive, caller=caller
     )
-    return views.validation_result(manifest, problems)
+    return worker_models.ValidationResult.of(manifest, problems)
 
 
-@router.get("/workers", response_model=Page[views.WorkerPublic], responses=authed(400, 422))
+@router.get("/workers", response_model=Page[worker_models.WorkerPublic], responses=authed(400, 422))
 def list_workers(
     ctx: CtxDep, caller: ReadCaller, cursor: Cursor = None, limit: Limit = 50
-) -> Page[views.WorkerPublic]:
+) -> Page[worker_models.WorkerPublic]:
     return views.worker_page(ctx, cursor=cursor, limit=limit, caller=caller)
 
 
-@router.get("/workers/{name}", response_model=views.WorkerDetail, responses=authed(404))
-def get_worker(name: WorkerName, ctx: CtxDep, caller: ReadCaller) -> views.WorkerDetail:
+@router.get("/workers/{name}", response_model=worker_models.WorkerDetail, responses=authed(404))
+def get_worker(name: WorkerName, ctx: CtxDep, caller: ReadCaller) -> worker_models.WorkerDetail:
     return views.worker_detail(ctx, name=name, caller=caller)
 
 
 @router.get(
     "/workers/{name}/versions",
-    response_model=Page[views.VersionPublic],
+    response_model=Page[worker_models.VersionPublic],
     responses=authed(404),
 )
-def list_versions(name: WorkerName, ctx: CtxDep, caller: ReadCaller) -> Page[views.VersionPublic]:
+def list_versions(
+    name: WorkerName, ctx: CtxDep, caller: ReadCaller
+) -> Page[worker_models.VersionPublic]:
     return views.version_page(ctx, name=name, caller=caller)
 
 
 @router.get(
     "/workers/{name}/versions/{version_id}",
-    response_model=views.VersionDetail,
+    response_model=worker_models.VersionDetail,
     responses=authed(404),
 )
 def get_version(
     name: WorkerName, version_id: str, ctx: CtxDep, caller: ReadCaller
-) -> views.VersionDetail:
+) -> worker_models.VersionDetail:
     return views.version_detail(ctx, name=name, version_id=version_id, caller=caller)
 
 
@@ -164,12 +167,12 @@ class RollbackRequest(BaseModel):
 
 @router.post(
     "/workers/{name}/rollback",
-    response_model=views.RollbackResult,
+    response_model=worker_models.RollbackResult,
     responses=authed(400, 404, 409, 422),
 )
 def rollback(
     name: WorkerName, body: RollbackRequest, ctx: CtxDep, caller: DeployCaller
-) -> views.RollbackResult:
+) -> worker_models.RollbackResult:
     if body.state_version is not None:
         rollback = worker_state.rollback_with_state(
             ctx,
@@ -189,7 +192,7 @@ def rollback(
 @router.get(
     "/workers/{name}/state",
     summary="A worker's state: the current version, or one kept version",
-    response_model=views.WorkerStatePublic,
+    response_model=worker_models.WorkerStatePublic,
     responses=authed(404),
 )
 def get_state(
@@ -199,7 +202,7 @@ def get_state(
     version: int | None = Query(
         None, ge=1, le=worker_state.MAX_VERSION, description="a kept version; default: the current"
     ),
-) -> views.WorkerStatePublic:
+) -> worker_models.WorkerStatePublic:
     return views.worker_state_public(ctx, name=name, version=version, caller=caller)
 
 
@@ -223,12 +226,12 @@ class StateRequest(BaseModel):
 @router.put(
     "/workers/{name}/state",
     summary="Set a worker's state (a new version written by this key)",
-    response_model=views.WorkerStatePublic,
+    response_model=worker_models.WorkerStatePublic,
     responses=authed(400, 404, 409, 413, 422),
 )
 def set_state(
     name: WorkerName, body: StateRequest, ctx: CtxDep, caller: DeployCaller
-) -> views.WorkerStatePublic:
+) -> worker_models.WorkerStatePublic:
     given = "state" in body.model_fields_set
     if given == (body.from_version is not None):
         raise InvalidRequest(
@@ -249,19 +252,19 @@ def set_state(
 @router.get(
     "/workers/{name}/state/versions",
     summary="A worker's kept state versions, newest first",
-    response_model=Page[views.StateVersionPublic],
+    response_model=Page[worker_models.StateVersionPublic],
     responses=authed(400, 404, 422),
 )
 def list_state_versions(
     name: WorkerName, ctx: CtxDep, caller: ReadCaller, cursor: Cursor = None, limit: Limit = 50
-) -> Page[views.StateVersionPublic]:
+) -> Page[worker_models.StateVersionPublic]:
     return views.state_version_page(ctx, name=name, cursor=cursor, limit=limit, caller=caller)
 
 
 @router.delete(
     "/workers/{name}",
     summary="Delete a worker: its triggers stop, its runs are kept or purged (audited)",
-    response_model=views.WorkerDeleted,
+    response_model=worker_models.WorkerDeleted,
     responses=authed(404, 409, 422),
 )
 def delete_worker(
@@ -273,9 +276,9 @@ def delete_worker(
         description="also delete its runs with their logs, artifacts, tool calls, approvals "
         "and versions; false keeps them readable",
     ),
-) -> views.WorkerDeleted:
+) -> worker_models.WorkerDeleted:
     deletion = worker_deletion.delete_worker(ctx, name=name, purge_runs=purge_runs, caller=caller)
-    return views.worker_deleted(deletion)
+    return worker_models.WorkerDeleted.of(deletion)
 
 
 @router.get(

@@ -46,13 +46,13 @@ def secrets_set(
 def secrets_list() -> None:
     """List secret names (never values)."""
     with open_client() as client:
-        items = client.list_secrets()["items"]
+        items = client.list_secrets().items
     if not items:
         out.print("no secrets yet: add one with `floom secrets set NAME`")
         return
     table = new_table("NAME", "UPDATED")
     for s in items:
-        table.add_row(s["name"], when(s.get("updated_at") or s.get("created_at")))
+        table.add_row(s.name, when(s.updated_at or s.created_at))
     out.print(table)
 
 
@@ -77,8 +77,8 @@ def keys_create(
     """Create an API key; the key is printed once, on stdout."""
     with open_client() as client:
         created = client.create_key(scopes=scope, name=name)
-    err.print(Text(f"created API key {created['id']} with scopes {', '.join(created['scopes'])}"))
-    out.print(Text(created["key"]))
+    err.print(Text(f"created API key {created.id} with scopes {', '.join(created.scopes)}"))
+    out.print(Text(created.key))
     err.print(Text("store it now: this key will not be shown again", style="yellow"))
 
 
@@ -86,16 +86,16 @@ def keys_create(
 def keys_list() -> None:
     """List API keys (ids and prefixes, never the keys)."""
     with open_client() as client:
-        items = client.list_keys()["items"]
+        items = client.list_keys().items
     table = new_table("ID", "NAME", "PREFIX", "SCOPES", "CREATED", "REVOKED")
     for k in items:
         table.add_row(
-            k["id"],
-            k.get("name", ""),
-            k.get("prefix", ""),
-            ",".join(k.get("scopes", [])),
-            when(k.get("created_at")),
-            when(k.get("revoked_at")) if k.get("revoked_at") else "",
+            k.id,
+            k.name,
+            k.prefix,
+            ",".join(k.scopes),
+            when(k.created_at),
+            when(k.revoked_at) if k.revoked_at else "",
         )
     out.print(table)
 

@@ -38,8 +38,8 @@ def agents_create(
         agent = api.create_agent(
             label, roles=role, tool_family=tool_family, scopes=scope or ["run"]
         )
-    note(f"created agent {agent['label']} ({agent['id']}) with roles {', '.join(agent['roles'])}")
-    say(agent["key"])
+    note(f"created agent {agent.label} ({agent.id}) with roles {', '.join(agent.roles)}")
+    say(agent.key)
     note("store the key now: it will not be shown again", style="yellow")
 
 
@@ -55,10 +55,10 @@ def agents_list(
         print_json(page)
         return
     table = new_table("ID", "LABEL", "TOOL", "ROLES", "CREATED", "RETIRED")
-    for a in page["items"]:
-        retired = when(a["retired_at"]) if a.get("retired_at") else ""
-        row = (a["id"], a["label"], a["tool_family"], ", ".join(a["roles"]))
-        table.add_row(*row, when(a["created_at"]), retired)
+    for a in page.items:
+        retired = when(a.retired_at) if a.retired_at else ""
+        row = (a.id, a.label, a.tool_family, ", ".join(a.roles))
+        table.add_row(*row, when(a.created_at), retired)
     out.print(table if table.row_count else "no agents yet")
 
 
@@ -69,7 +69,7 @@ def agents_set_roles(
     """Replace an agent's roles; its next request sees them."""
     with HandoffSession() as api:
         found = api.update_agent(agent, roles=role)
-    say(f"agent {found['label']} now holds {', '.join(found['roles']) or 'no roles'}")
+    say(f"agent {found.label} now holds {', '.join(found.roles) or 'no roles'}")
 
 
 @agents_app.command("retire")
@@ -77,7 +77,7 @@ def agents_retire(agent: Annotated[str, typer.Argument(help="agent id or label")
     """Retire an agent: its keys stop working and the jobs it holds are published again."""
     with HandoffSession() as api:
         found = api.retire_agent(agent)
-    say(f"retired agent {found['label']}")
+    say(f"retired agent {found.label}")
 
 
 # -- roles -----------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ def roles_create(
     """Create a role."""
     with HandoffSession() as api:
         role = api.create_role(name, description=description)
-    say(f"created role {role['name']} ({role['id']})")
+    say(f"created role {role.name} ({role.id})")
 
 
 @roles_app.command("rename")
@@ -102,7 +102,7 @@ def roles_rename(
     """Rename a role; its jobs and agents keep it."""
     with HandoffSession() as api:
         role = api.update_role(name, name=new_name)
-    say(f"renamed role {name} to {role['name']}")
+    say(f"renamed role {name} to {role.name}")
 
 
 @roles_app.command("retire")
@@ -110,7 +110,7 @@ def roles_retire(name: Annotated[str, typer.Argument(help="role name")]) -> None
     """Retire a role: no new jobs for it, and agents stop holding it."""
     with HandoffSession() as api:
         role = api.retire_role(name)
-    say(f"retired role {role['name']}")
+    say(f"retired role {role.name}")
 
 
 @roles_app.command("list")
@@ -125,7 +125,7 @@ def roles_list(
         print_json(page)
         return
     table = new_table("NAME", "ID", "DESCRIPTION", "RETIRED")
-    for r in page["items"]:
-        retired = when(r["retired_at"]) if r.get("retired_at") else ""
-        table.add_row(r["name"], r["id"], r["description"], retired)
+    for r in page.items:
+        retired = when(r.retired_at) if r.retired_at else ""
+        table.add_row(r.name, r.id, r.description, retired)
     out.print(table if table.row_count else "no roles yet (`floom roles create NAME`)")

@@ -11,15 +11,22 @@ from rich.text import Text
 
 from floom.cli.common import JsonOpt, json_object_option, open_client
 from floom.cli.output import new_table, out, print_json, status_text, when
+from floom.schemas.runs import ApprovalDecided, ApprovalPublic, RunDetail
+from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
 
-APPROVAL_STYLES = {"pending": "yellow", "approved": "green", "rejected": "red", "cancelled": "dim"}
-TOOL_STYLES = {
-    "ok": "green",
-    "error": "red",
-    "refused": "red",
-    "rejected": "red",
-    "awaiting_approval": "yellow",
-    "cancelled": "dim",
+APPROVAL_STYLES: dict[str, str] = {
+    ApprovalStatus.PENDING: "yellow",
+    ApprovalStatus.APPROVED: "green",
+    ApprovalStatus.REJECTED: "red",
+    ApprovalStatus.CANCELLED: "dim",
+}
+TOOL_STYLES: dict[str, str] = {
+    ToolCallStatus.OK: "green",
+    ToolCallStatus.ERROR: "red",
+    ToolCallStatus.REFUSED: "red",
+    ToolCallStatus.REJECTED: "red",
+    ToolCallStatus.AWAITING_APPROVAL: "yellow",
+    ToolCallStatus.CANCELLED: "dim",
 }
 
 
@@ -36,8 +43,8 @@ def _short(value: Any, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _what(a: dict[str, Any]) -> str:
-    return f"tool {a['tool']}" if a.get("kind") == "tool_call" else "run outputs"
+def _what(a: ApprovalPublic) -> str:
+    return f"tool {a.tool}" if a.kind == ApprovalKind.TOOL_CALL else "run outputs"
 
 
 def list_approvals(
@@ -61,19 +68,19 @@ def list_approvals(
         print_json(page)
         return
     table = new_table("APPROVAL", "RUN", "WORKER", "WHAT", "STATUS", "CREATED", "PROPOSED")
-    for a in page["items"]:
+    for a in page.items:
         table.add_row(
-            a["id"],
-            a["run_id"],
-            a["worker"],
+            a.id,
+            a.run_id,
+            a.worker,
             _what(a),
-            Text(a["status"], style=APPROVAL_STYLES.get(a["status"], "")),
-            when(a.get("created_at")),
-            _short(a.get("proposed")),
+            Text(a.status, style=APPROVAL_STYLES.get(a.status, "")),
+            when(a.created_at),
+            _short(a.proposed),
         )
     if table.row_count:
         out.print(table)
-        if status == "pending":
+        if status == ApprovalStatus.PENDING:
             out.print(
                 Text(
                     "decide with `floom approve ID [--edit JSON] [--comment TEXT]` or "
@@ -82,11 +89,13 @@ def list_approvals(
                 )
             )
     else:
-        out.print("no approvals match" if status != "pending" else "nothing awaits approval")
-    if page.get("next_cursor"):
+        out.print(
+            "no approvals match" if status != ApprovalStatus.PENDING else "nothing awaits approval"
+        )
+    if page.next_cursor:
         out.print(
             Text(
-                f"more: floom approvals --status {status} --cursor {page['next_cursor']}",
+                f"more: floom approvals --status {status} --cursor {page.next_cursor}",
                 style="dim",
             )
         )
@@ -98,9 +107,9 @@ def _parse_edit(value: str | None) -> dict[str, Any] | None:
     return json_object_option(value, option="--edit", example='{"title": "..."}')
 
 
-def _print_decision(body: dict[str, Any], verb: str) -> None:
-    line = Text(f"{verb} {body['id']} ({_what(body)}); run {body['run_id']} is now ")
-    line.append_text(status_text(body.get("run_status", "?")))
+def _print_decision(body: ApprovalDecided, verb: str) -> None:
+    line = Text(f"{verb} {body.id} ({_what(body)}); run {body.run_id} is now ")
+    line.append_text(status_text(body.run_status))
     out.print(line)
 
 
@@ -141,38 +150,37 @@ def reject(
         _print_decision(body, "rejected")
 
 
-def print_agent_details(r: dict[str, Any]) -> None:
+def print_agent_details(r: RunDetail) -> None:
     """The tool calls, approvals and model usage of a run, for `floom show`."""
-    usage = r.get("model_usage")
+    usage = r.model_usage
     if usage:
         out.print(
             Text(
-                f"model: {usage['model']}, {usage['iterations']} turn"
-                f"{'' if usage['iterations'] == 1 else 's'}, "
-                f"{usage['input_tokens']} in + {usage['output_tokens']} out tokens, "
-                f"~${usage['cost_usd']:.4f}"
+                f"model: {usage.model}, {usage.iterations} turn"
+                f"{'' if usage.iterations == 1 else 's'}, "
+                f"{usage.input_tokens} in + {usage.output_tokens} out tokens, "
+                f"~${usage.cost_usd:.4f}"
             )
         )
-    calls = r.get("tool_calls") or []
-    if calls:
+    if r.tool_calls:
         out.print("tool calls:")
         table = new_table("  #", "TOOL", "STATUS", "MS", "ARGUMENTS", "RESULT")
-        for c in calls:
-            result = c.get("error") or c.get("result") or ""
+        for c in r.tool_calls:
+            result = c.error or c.result or ""
             table.add_row(
-                f"  {c['seq']}",
-                c["tool"],
-                Text(c["status"], style=TOOL_STYLES.get(c["status"], "")),
-                str(c.get("duration_ms", 0)),
-                _short(c.get("arguments"), 50),
+                f"  {c.seq}",
+                c.tool,
+                Text(c.status, style=TOOL_STYLES.get(c.status, "")),
+                str(c.duration_ms),
+                _short(c.arguments, 50),
                 _short(result, 50),
             )
         out.print(table)
-    for a in r.get("approvals") or []:
-        line = Text(f"approval {a['id']} ({_what(a)}): ")
-        line.append(a["status"], style=APPROVAL_STYLES.get(a["status"], ""))
-        if a.get("decided_by"):
-            line.append(f" by {a['decided_by']}")
-        if a.get("comment"):
-            line.append(f": {a['comment']}")
+    for a in r.approvals:
+        line = Text(f"approval {a.id} ({_what(a)}): ")
+        line.append(a.status, style=APPROVAL_STYLES.get(a.status, ""))
+        if a.decided_by:
+            line.append(f" by {a.decided_by}")
+        if a.comment:
+            line.append(f": {a.comment}")
         out.print(line)

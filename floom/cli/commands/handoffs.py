@@ -11,6 +11,7 @@ from rich.text import Text
 from floom import jsonvalues
 from floom.cli.common import HandoffSession, JsonOpt
 from floom.cli.output import fail, new_table, note, out, print_json, say, value_text, when
+from floom.schemas.handoffs import JobPublic, JobQuery
 
 handoffs_app = typer.Typer(help="Handoff jobs: publish, claim, finish and review work by role.")
 
@@ -54,50 +55,50 @@ def _artifacts(pairs: list[str]) -> list[dict[str, Any]]:
     return found
 
 
-def _print_job_line(job: dict[str, Any], verb: str) -> None:
-    note(f"{verb} job {job['id']} ({job['status']}, {job['role']}): {job['summary']}")
+def _print_job_line(job: JobPublic, verb: str) -> None:
+    note(f"{verb} job {job.id} ({job.status}, {job.role}): {job.summary}")
 
 
-def _show(job: dict[str, Any]) -> None:
-    say(f"{job['id']}  {job['summary']}", style="bold")
-    who = job.get("assignee") or {}
-    src = job.get("source_agent") or {}
+def _show(job: JobPublic) -> None:
+    say(f"{job.id}  {job.summary}", style="bold")
     rows = [
-        ("status", job["status"]),
-        ("role", job["role"]),
-        ("priority", job["priority"]),
-        ("source", src.get("label", "-")),
-        ("assignee", who.get("label", "-")),
-        ("attempt", str(job["attempt"])),
-        ("created", when(job.get("created_at"))),
-        ("lease until", when(job.get("lease_expires_at"))),
+        ("status", job.status),
+        ("role", job.role),
+        ("priority", job.priority),
+        ("source", job.source_agent.label if job.source_agent else "-"),
+        ("assignee", job.assignee.label if job.assignee else "-"),
+        ("attempt", str(job.attempt)),
+        ("created", when(job.created_at)),
+        ("lease until", when(job.lease_expires_at)),
     ]
-    for label, key in (("blocked by", "blocked_by"), ("constraints", "constraints")):
-        if job.get(key):
-            rows.append((label, ", ".join(job[key])))
-    for label, key in (("follow-on of", "follow_on_of"), ("retry of", "retry_of")):
-        if job.get(key):
-            rows.append((label, job[key]))
-    if job.get("superseded_by"):
-        rows.append(("rejected; retry", job["superseded_by"]))
-    if job.get("rejection"):
-        rows.append(("rejection", job["rejection"]["reason"]))
-    if job.get("reason"):
-        rows.append(("reason", job["reason"]))
+    if job.blocked_by:
+        rows.append(("blocked by", ", ".join(job.blocked_by)))
+    if job.constraints:
+        rows.append(("constraints", ", ".join(job.constraints)))
+    if job.follow_on_of:
+        rows.append(("follow-on of", job.follow_on_of))
+    if job.retry_of:
+        rows.append(("retry of", job.retry_of))
+    if job.superseded_by:
+        rows.append(("rejected; retry", job.superseded_by))
+    if job.rejection:
+        rows.append(("rejection", job.rejection.reason))
+    if job.reason:
+        rows.append(("reason", job.reason))
     for label, value in rows:
         say(f"  {label:<16}{value}")
-    if job.get("context"):
-        say(f"  {'context':<16}{value_text(job['context'])}")
-    for artifact in job.get("artifacts") or []:
+    if job.context:
+        say(f"  {'context':<16}{value_text(job.context)}")
+    for artifact in job.artifacts:
         say(f"  {'artifact':<16}{artifact['type']}: {artifact['uri']}")
-    if job.get("result"):
-        say(f"  {'result':<16}{value_text(job['result'])}")
-    if job.get("events"):
+    if job.result:
+        say(f"  {'result':<16}{value_text(job.result)}")
+    if job.events:
         say("events:", style="bold")
-        for e in job["events"]:
-            move = f"{e['from_status'] or '-'} -> {e['to_status']}"
-            extra = f"  {value_text(e['payload'])}" if e.get("payload") else ""
-            say(f"  {when(e['ts'])}  {e['type']:<16} {move:<26} {e['actor']}{extra}")
+        for e in job.events:
+            move = f"{e.from_status or '-'} -> {e.to_status}"
+            extra = f"  {value_text(e.payload)}" if e.payload else ""
+            say(f"  {when(e.ts)}  {e.type:<16} {move:<26} {e.actor}{extra}")
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -114,21 +115,26 @@ def handoffs_list(
 ) -> None:
     """List the jobs you can see, newest first."""
     with HandoffSession() as api:
-        page = api.list_jobs(
-            status=status, role=role, assignee="me" if mine else None, limit=limit, cursor=cursor
+        query = JobQuery(
+            status=status.split(",") if status else None,
+            role=role,
+            assignee="me" if mine else None,
+            limit=limit,
+            cursor=cursor,
         )
+        page = api.list_jobs(query)
     if as_json:
         print_json(page)
         return
     table = new_table("JOB", "STATUS", "ROLE", "PRIORITY", "ASSIGNEE", "CREATED", "SUMMARY")
-    for j in page["items"]:
-        assignee = (j.get("assignee") or {}).get("label", "")
-        status_text = Text(j["status"], style=JOB_STYLES.get(j["status"], ""))
-        row = (j["id"], status_text, j["role"], j["priority"], assignee)
-        table.add_row(*row, when(j["created_at"]), j["summary"][:60])
+    for j in page.items:
+        assignee = j.assignee.label if j.assignee else ""
+        status_text = Text(j.status, style=JOB_STYLES.get(j.status, ""))
+        row = (j.id, status_text, j.role, j.priority, assignee)
+        table.add_row(*row, when(j.created_at), j.summary[:60])
     out.print(table if table.row_count else "no jobs match")
-    if page.get("next_cursor"):
-        say(f"more: floom handoffs list --cursor {page['next_cursor']}", style="dim")
+    if page.next_cursor:
+        say(f"more: floom handoffs list --cursor {page.next_cursor}", style="dim")
 
 
 @handoffs_app.command("show")
@@ -177,8 +183,8 @@ def handoffs_create(
     if as_json:
         print_json(job)
         return
-    _print_job_line(job, "existing" if job.get("replayed") else "published")
-    say(job["id"])
+    _print_job_line(job, "existing" if job.replayed else "published")
+    say(job.id)
 
 
 @handoffs_app.command("claim")
@@ -198,7 +204,7 @@ def handoffs_claim_next(
 ) -> None:
     """Claim the most urgent, then oldest, published job for your roles."""
     with HandoffSession() as api:
-        job = api.claim_next(role=role)["job"]
+        job = api.claim_next(role=role).job
     if as_json:
         print_json(job)
     elif job is None:
@@ -212,7 +218,7 @@ def handoffs_heartbeat(job_id: Annotated[str, typer.Argument(help="job id")]) ->
     """Extend your lease on a job you hold."""
     with HandoffSession() as api:
         lease = api.heartbeat(job_id)
-    say(f"job {job_id} is yours until {when(lease.get('lease_expires_at'))}")
+    say(f"job {job_id} is yours until {when(lease.lease_expires_at)}")
 
 
 @handoffs_app.command("status")
@@ -224,7 +230,7 @@ def handoffs_status(
     """Move a job to another status, as the transition table allows you."""
     with HandoffSession() as api:
         job = api.set_status(job_id, status, reason=reason)
-    say(f"job {job['id']} is {job['status']}")
+    say(f"job {job.id} is {job.status}")
 
 
 @handoffs_app.command("update")
@@ -238,7 +244,7 @@ def handoffs_update(
         job = api.update_job(
             job_id, context=_json_arg(context, what="context"), constraints=constraint
         )
-    say(f"updated job {job['id']}")
+    say(f"updated job {job.id}")
 
 
 @handoffs_app.command("complete")
@@ -256,7 +262,7 @@ def handoffs_complete(
             data=_json_arg(data, what="data"),
             artifacts=_artifacts(artifact or []),
         )
-    say(f"job {job['id']} is {job['status']}")
+    say(f"job {job.id} is {job.status}")
 
 
 @handoffs_app.command("reject")
@@ -268,8 +274,8 @@ def handoffs_reject(
     """Reject completed work; a linked retry job is published and its id printed."""
     with HandoffSession() as api:
         retry = api.reject(job_id, reason=reason, role=role)
-    note(f"rejected job {job_id}; retry attempt {retry['attempt']} published")
-    say(retry["id"])
+    note(f"rejected job {job_id}; retry attempt {retry.attempt} published")
+    say(retry.id)
 
 
 @handoffs_app.command("reopen")
@@ -282,11 +288,11 @@ def handoffs_reopen(
     if as_json:
         print_json(body)
         return
-    say(f"{body['job_id']} (attempt {body['attempt']}, {body['status']}): {body['summary']}")
-    for c in body["constraints"]:
+    say(f"{body.job_id} (attempt {body.attempt}, {body.status}): {body.summary}")
+    for c in body.constraints:
         say(f"  constraint: {c}")
-    for r in body["rejections"]:
-        say(f"  attempt {r['attempt']} rejected by {r['reviewer']}: {r['reason']}")
+    for r in body.rejections:
+        say(f"  attempt {r.attempt} rejected by {r.reviewer}: {r.reason}")
 
 
 @handoffs_app.command("me")
@@ -294,6 +300,6 @@ def handoffs_me() -> None:
     """Which agent your key speaks for, and the roles it holds now."""
     with HandoffSession() as api:
         me = api.whoami()
-    who = me["agent"]["label"] if me.get("agent") else "an admin key without an agent"
-    roles = ", ".join(me["roles"]) or "no roles"
-    say(f"{who}{' (admin)' if me['admin'] else ''}: {roles}")
+    who = me.agent.label if me.agent else "an admin key without an agent"
+    roles = ", ".join(me.roles) or "no roles"
+    say(f"{who}{' (admin)' if me.admin else ''}: {roles}")

@@ -23,8 +23,8 @@ DELIVERY_STYLE = {
 alerts_app = typer.Typer(
     help="Alerts: channels (webhook, Slack, email), rules, deliveries; a test send."
 )
-channels_app = typer.Typer(help="Alert channels: list (no subcommand), add, rm, test.")
-rules_app = typer.Typer(help="Global alert rules: list (no subcommand), add, rm.")
+channels_app = typer.Typer(help="Alert channels: list (no subcommand), add, update, rm.")
+rules_app = typer.Typer(help="Global alert rules: list (no subcommand), add, enable, disable, rm.")
 
 
 def register(app: typer.Typer) -> None:
@@ -38,36 +38,38 @@ def nodes_list(as_json: JsonOpt = False) -> None:
     """List the cluster's nodes: state, roles, version, slots in use, last heartbeat.
 
     Also the answering node's warm pools (worker, version, children ready and running, hits,
-    misses)."""
+    misses), and its E2B sandboxes created ahead of runs (FLOOM_E2B_WARM)."""
     with open_client() as client:
-        items = client.list_nodes()["items"]
+        nodes = client.list_nodes().items
         # Warm pools live in a node's memory, not the store: the answering node's own.
         health = client.health()
-    warm = health.get("warm") or {}
-    for item in items:
-        if item["id"] == health.get("node") and warm:
-            item["warm"] = warm
+    warm = health.warm or {}
     if as_json:
-        print_json(items)
+        print_json(
+            [
+                {**n.to_json(), "warm": warm} if n.id == health.node and warm else n.to_json()
+                for n in nodes
+            ]
+        )
         return
-    if not items:
+    if not nodes:
         out.print("no node has registered yet")
         return
     table = new_table("NODE", "STATE", "ROLES", "VERSION", "SLOTS", "HEARTBEAT")
-    for n in items:
-        slots = "-" if n["slots"] is None else f"{n['slots_in_use']}/{n['slots']}"
+    for n in nodes:
+        slots = "-" if n.slots is None else f"{n.slots_in_use}/{n.slots}"
         table.add_row(
-            n["id"],
-            Text(n["state"], style=STATE_STYLE.get(n["state"], "")),
-            ",".join(n["roles"]),
-            n["version"],
+            n.id,
+            Text(n.state, style=STATE_STYLE.get(n.state, "")),
+            ",".join(n.roles),
+            n.version,
             slots,
-            f"{when(n['heartbeat_at'])} ({n['silent_seconds']:.0f}s ago)",
+            f"{when(n.heartbeat_at)} ({n.silent_seconds:.0f}s ago)",
         )
     out.print(table)
     if warm.get("enabled"):
         out.print(
-            f"warm starts on {health['node']}: {len(warm['pools'])} pools, "
+            f"warm starts on {health.node}: {len(warm['pools'])} pools, "
             f"{warm['hits']} hits, {warm['misses']} misses"
         )
         if warm["pools"]:
@@ -83,6 +85,23 @@ def nodes_list(as_json: JsonOpt = False) -> None:
                     f"{pool['rss_bytes'] / 2**20:.0f}",
                 )
             out.print(pools)
+    e2b = warm.get("e2b")
+    if e2b:
+        out.print(
+            f"E2B sandboxes ready ahead on {health.node}: {len(e2b['pools'])} pools, "
+            f"{e2b['hits']} hits, {e2b['misses']} misses (budget {e2b['budget']})"
+        )
+        if e2b["pools"]:
+            boxes = new_table(
+                "TEMPLATE", "NETWORK", "READY", "CREATING", "RUNNING", "HITS", "MISSES"
+            )
+            for pool in e2b["pools"]:
+                boxes.add_row(
+                    pool["template"],
+                    "on" if pool["network"] else "off",
+                    *(str(pool[k]) for k in ("ready", "creating", "running", "hits", "misses")),
+                )
+            out.print(boxes)
 
 
 # -- channels ----------------------------------------------------------------------------------
@@ -158,6 +177,62 @@ def channel_add(
     )
 
 
+@channels_app.command("update")
+def channel_update(
+    name: Annotated[str, typer.Argument(help="the channel")],
+    url: Annotated[str | None, typer.Option("--url", help="webhook: the receiver's URL")] = None,
+    secret: Annotated[
+        str | None, typer.Option("--secret", help="webhook: the secret holding its whsec_ key")
+    ] = None,
+    url_secret: Annotated[
+        str | None, typer.Option("--url-secret", help="slack: the secret holding its URL")
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="email: the SMTP server")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="email: its port")] = None,
+    starttls: Annotated[
+        bool | None,
+        typer.Option("--starttls/--no-starttls", help="email: STARTTLS before sending"),
+    ] = None,
+    username: Annotated[str | None, typer.Option("--username", help="email: login")] = None,
+    password_secret: Annotated[
+        str | None, typer.Option("--password-secret", help="email: the secret with the password")
+    ] = None,
+    sender: Annotated[str | None, typer.Option("--from", help="email: the From address")] = None,
+    to: Annotated[
+        list[str] | None,
+        typer.Option("--to", help="email: a recipient (repeat for more; replaces the list)"),
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change some of a channel's settings (the others stay); checked as when it was added."""
+    given: dict[str, Any] = {
+        "url": url,
+        "secret": secret,
+        "url_secret": url_secret,
+        "host": host,
+        "port": port,
+        "starttls": starttls,
+        "username": username,
+        "password_secret": password_secret,
+        "sender": sender,
+        "to": to or None,
+    }
+    changes = {k: v for k, v in given.items() if v is not None}
+    if not changes:
+        raise typer.BadParameter("give at least one setting to change, e.g. --url")
+    with open_client() as client:
+        current = next(
+            (c for c in client.list_alert_channels()["items"] if c["name"] == name), None
+        )
+        # The server answers an unknown name (404) with its own hint.
+        config = {**(current["config"] if current else {}), **changes}
+        channel = client.update_alert_channel(name, config)
+    if as_json:
+        print_json(channel)
+        return
+    out.print(f"updated channel {name}: {', '.join(sorted(changes))}")
+
+
 @channels_app.command("rm")
 def channel_rm(name: Annotated[str, typer.Argument(help="the channel")]) -> None:
     """Delete an alert channel (rules naming it skip it)."""
@@ -197,7 +272,7 @@ def rules(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             "no global alert rule: `floom alerts rules add NAME --event run.failed --channel ops`"
         )
         return
-    table = new_table("RULE", "WORKER", "EVENTS", "CHANNELS", "RECOVERY")
+    table = new_table("RULE", "WORKER", "EVENTS", "CHANNELS", "RECOVERY", "ENABLED")
     for r in items:
         table.add_row(
             r["name"],
@@ -205,6 +280,7 @@ def rules(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             ", ".join(r["events"]),
             ", ".join(r["channels"]),
             "yes" if r["recovery"] else "no",
+            "yes" if r["enabled"] else Text("no", style="dim"),
         )
     out.print(table)
 
@@ -238,6 +314,31 @@ def rule_add(
         print_json(added)
         return
     out.print(f"added rule {name}: {', '.join(events)} -> {', '.join(channels)}")
+
+
+def _set_enabled(name: str, enabled: bool, as_json: bool) -> None:
+    with open_client() as client:
+        rule = client.set_alert_rule_enabled(name, enabled)
+    if as_json:
+        print_json(rule)
+        return
+    out.print(f"rule {name} {'enabled' if rule['enabled'] else 'disabled'}")
+
+
+@rules_app.command("enable")
+def rule_enable(
+    name: Annotated[str, typer.Argument(help="the rule")], as_json: JsonOpt = False
+) -> None:
+    """Turn a global alert rule back on."""
+    _set_enabled(name, True, as_json)
+
+
+@rules_app.command("disable")
+def rule_disable(
+    name: Annotated[str, typer.Argument(help="the rule")], as_json: JsonOpt = False
+) -> None:
+    """Turn a global alert rule off: it routes nothing, and is kept."""
+    _set_enabled(name, False, as_json)
 
 
 @rules_app.command("rm")

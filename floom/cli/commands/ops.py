@@ -116,13 +116,19 @@ def retention_run(
         int | None,
         typer.Option("--days", min=1, help="override FLOOM_RETENTION_DAYS for this pass"),
     ] = None,
+    alert_days: Annotated[
+        int | None,
+        typer.Option(
+            "--alert-days", min=1, help="override FLOOM_ALERT_RETENTION_DAYS for this pass"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
 ) -> None:
-    """Delete old finished runs' logs and artifacts now, and reclaim unreferenced blobs."""
+    """Delete old runs' logs and artifacts and old alert history now; reclaim unused blobs."""
 
     ctx = Context.open(Settings())
     try:
-        report = apply_retention(ctx, days=days)
+        report = apply_retention(ctx, days=days, alert_days=alert_days)
     finally:
         ctx.engine.dispose()
     if as_json:
@@ -131,7 +137,10 @@ def retention_run(
     out.print(
         Text(
             f"pruned {report.runs_pruned} run(s): {report.log_lines_deleted} log line(s), "
-            f"{report.artifacts_deleted} artifact(s); {report.blobs_deleted} blob(s) reclaimed"
+            f"{report.artifacts_deleted} artifact(s); {report.blobs_deleted} blob(s) reclaimed; "
+            f"alert history: {report.alert_events_deleted} event(s), "
+            f"{report.alert_incidents_deleted} incident(s), "
+            f"{report.alert_deliveries_deleted} delivery record(s)"
             + (
                 f"; {report.pages_freed} free page(s) given back to the disk"
                 if report.pages_freed

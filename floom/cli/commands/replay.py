@@ -12,6 +12,7 @@ from rich.text import Text
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import fail, new_table, out, print_json
 from floom.client.rest import FloomClient
+from floom.schemas.replays import EvalReport, ReplayReport
 
 POLL_SECONDS = 0.3
 
@@ -33,33 +34,33 @@ def replay_from_recording(
     mode = "exact" if exact else "what_if"
     started = client.start_replay(run_id, mode=mode, version_id=against, model=model)
     if not as_json:
-        out.print(Text(f"replay {started['id']} of {run_id} ({mode})", style="dim"))
+        out.print(Text(f"replay {started.id} of {run_id} ({mode})", style="dim"))
     deadline = time.monotonic() + timeout if timeout else None
-    report = client.get_replay(started["id"])
-    while not report["finished"]:
+    report = client.get_replay(started.id)
+    while not report.finished:
         if deadline is not None and time.monotonic() > deadline:
             fail(
-                f"stopped waiting; replay {started['id']} goes on",
-                f"see it later with `floom show {started['id']}`",
+                f"stopped waiting; replay {started.id} goes on",
+                f"see it later with `floom show {started.id}`",
             )
         time.sleep(POLL_SECONDS)
-        report = client.get_replay(started["id"])
+        report = client.get_replay(started.id)
     if as_json:
         print_json(report)
     else:
         print_report(report)
-    return report["reproduced"] is not False
+    return report.reproduced is not False
 
 
-def print_report(report: dict[str, Any]) -> None:
-    diff = report["diff"] or {}
+def print_report(report: ReplayReport) -> None:
+    diff = report.diff or {}
     status = diff.get("status", {})
     out.print(Text(f"status: {status.get('original')} -> {status.get('replay')}"))
-    if report["mode"] == "exact":
-        if report["reproduced"]:
+    if report.mode == "exact":
+        if report.reproduced:
             out.print(Text("reproduced: same tool calls, outputs and status", style="green"))
         else:
-            where = report["divergence"] or {}
+            where = report.divergence or {}
             out.print(Text(f"diverged at {where.get('step')}", style="red"))
             out.print(Text(f"  expected: {where.get('expected')}"))
             out.print(Text(f"  actual:   {where.get('actual')}"))
@@ -82,8 +83,8 @@ def print_report(report: dict[str, Any]) -> None:
     for key in ("turns", "tokens", "cost_usd"):
         pair = diff.get(key) or {}
         out.print(Text(f"{key}: {pair.get('original')} -> {pair.get('replay')}"))
-    if report.get("refused_calls"):
-        out.print(Text(f"refused (not in the recording): {report['refused_calls']}"))
+    if report.refused_calls:
+        out.print(Text(f"refused (not in the recording): {report.refused_calls}"))
 
 
 def register(app: typer.Typer) -> None:
@@ -114,22 +115,22 @@ def eval_command(
     with open_client() as client:
         report = client.start_eval(worker, {k: v for k, v in body.items() if v is not None})
         deadline = time.monotonic() + timeout if timeout else None
-        while not report["finished"]:
+        while not report.finished:
             if deadline is not None and time.monotonic() > deadline:
-                fail(f"stopped waiting; eval {report['id']} goes on")
+                fail(f"stopped waiting; eval {report.id} goes on")
             time.sleep(POLL_SECONDS)
-            report = client.get_eval(report["id"])
+            report = client.get_eval(report.id)
     if as_json:
         print_json(report)
     else:
         print_eval(report)
-    if report["totals"]["outputs_different"]:
+    if report.totals["outputs_different"]:
         raise typer.Exit(1)
 
 
-def print_eval(report: dict[str, Any]) -> None:
+def print_eval(report: EvalReport) -> None:
     table = new_table("run", "replay", "status", "outputs", "tool calls", "refused", "tokens")
-    for item in report["items"]:
+    for item in report.items:
         tokens = item.get("tokens") or {}
         table.add_row(
             item["original_run_id"],
@@ -143,7 +144,7 @@ def print_eval(report: dict[str, Any]) -> None:
             f"{tokens.get('original')} -> {tokens.get('replay')}",
         )
     out.print(table)
-    t = report["totals"]
+    t = report.totals
     out.print(
         Text(
             f"{t['runs']} runs: {t['outputs_equal']} outputs equal, {t['outputs_different']} "

@@ -17,7 +17,6 @@ from floom.cli.commands.approvals import print_agent_details
 from floom.cli.commands.replay import replay_from_recording
 from floom.cli.common import JsonOpt, RawOpt, json_object_option, open_client
 from floom.cli.output import (
-    duration,
     err,
     fail,
     human_size,
@@ -29,12 +28,15 @@ from floom.cli.output import (
     print_result,
     run_heading,
     status_text,
+    took,
     value_text,
     when,
 )
 from floom.client.rest import FloomClient
 from floom.client.wire import WAIT_CALL_SECONDS
+from floom.schemas.runs import RunPublic, RunQuery
 from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
+from floom.vocabulary import RunStatus, RunTrigger
 
 
 def register(app: typer.Typer) -> None:
@@ -74,7 +76,7 @@ def _follow(client: FloomClient, run_id: str, *, after: int, deadline: float | N
 
 def watch_run(
     client: FloomClient,
-    run: dict[str, Any],
+    run: RunPublic,
     *,
     as_json: bool,
     timeout: float | None,
@@ -84,27 +86,40 @@ def watch_run(
     the heading and the log up to this seq are printed already (by the quick path, whose
     stream broke off)."""
     deadline = time.monotonic() + timeout if timeout else None
-    run_id = run["id"]
+    run_id = run.id
     try:
         if as_json:
             final = client.wait(run_id, deadline=deadline)
             print_json(final)
         else:
             if shown is None:
-                out.print(run_heading(run))
+                out.print(run_heading(run.to_json()))
             _follow(client, run_id, after=shown or 0, deadline=deadline)
             final = client.get_run(run_id)
-            print_result(final)
+            print_result(final.to_json())
     except KeyboardInterrupt:
         stopped_waiting(run_id)
-    if final["status"] != "succeeded":
+    if final.status != RunStatus.SUCCEEDED:
         raise typer.Exit(1)
 
 
-def say_if_stuck(run: dict[str, Any]) -> None:
+def watch_started(
+    client: FloomClient,
+    started: dict[str, Any],
+    *,
+    as_json: bool,
+    timeout: float | None,
+    shown: int | None = None,
+) -> None:
+    """watch_run for a run the quick path started (its JSON, read without pydantic)."""
+    run = RunPublic.model_validate(started)
+    watch_run(client, run, as_json=as_json, timeout=timeout, shown=shown)
+
+
+def say_if_stuck(run: RunPublic) -> None:
     """Warn (on stderr) of a run that no node can start: waiting for it would never end."""
-    if run.get("cannot_start"):
-        err.print(Text(f"warning: run {run['id']} is queued, but {run['cannot_start']}", "yellow"))
+    if run.cannot_start:
+        err.print(Text(f"warning: run {run.id} is queued, but {run.cannot_start}", "yellow"))
 
 
 def stopped_waiting(run_id: str) -> NoReturn:
@@ -160,9 +175,9 @@ def run(
                 wait=min(timeout, WAIT_CALL_SECONDS) if timeout else WAIT_CALL_SECONDS,
                 callback_url=callback_url,
             )
-            if started["status"] in TERMINAL_STATUSES:
+            if started.status in TERMINAL_STATUSES:
                 print_json(started)
-                if started["status"] != "succeeded":
+                if started.status != RunStatus.SUCCEEDED:
                     raise typer.Exit(1)
                 return
             if timeout is not None:
@@ -177,7 +192,7 @@ def run(
         elif as_json:
             print_json(started)
         else:
-            out.print(Text(started["id"]))
+            out.print(Text(started.id))
 
 
 def replay(
@@ -231,48 +246,47 @@ def replay(
         elif as_json:
             print_json(started)
         else:
-            out.print(Text(started["id"]))
+            out.print(Text(started.id))
 
 
 def list_runs(
     worker: Annotated[str | None, typer.Option(help="only this worker's runs")] = None,
     status: Annotated[
-        str | None, typer.Option(help="queued, running, succeeded, failed...")
+        RunStatus | None, typer.Option(help="queued, running, succeeded, failed...")
     ] = None,
-    trigger: Annotated[str | None, typer.Option(help="api, schedule, replay, ...")] = None,
+    trigger: Annotated[RunTrigger | None, typer.Option(help="api, schedule, replay, ...")] = None,
     limit: Annotated[int, typer.Option(min=1, max=500, help="runs per page")] = 20,
     cursor: Annotated[str | None, typer.Option(help="continue after this page")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List runs, newest first."""
     with open_client() as client:
-        page = client.list_runs(
-            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
-        )
+        query = RunQuery(worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit)
+        page = client.list_runs(query)
     if as_json:
         print_json(page)
         return
     table = new_table("RUN", "WORKER", "STATUS", "TRIGGER", "CREATED", "DURATION")
-    for r in page["items"]:
+    for r in page.items:
         table.add_row(
-            r["id"],
-            r["worker"],
-            status_text(r["status"]),
-            r["trigger"],
-            when(r.get("created_at")),
-            duration(r),
+            r.id,
+            r.worker,
+            status_text(r.status),
+            r.trigger,
+            when(r.created_at),
+            took(r.started_at, r.finished_at),
         )
     if table.row_count:
         out.print(table)
     else:
         out.print("no runs match")
-    if page.get("next_cursor"):
+    if page.next_cursor:
         flags = [
             f"--{k} {v}"
             for k, v in (("worker", worker), ("status", status), ("trigger", trigger))
             if v
         ]
-        command = " ".join(["floom runs", *flags, f"--cursor {page['next_cursor']}"])
+        command = " ".join(["floom runs", *flags, f"--cursor {page.next_cursor}"])
         out.print(Text(f"more: {command}", style="dim"))
 
 
@@ -288,18 +302,18 @@ def show(
         print_json(r)
         return
     rows: list[tuple[str, Any]] = [
-        ("run", r["id"]),
-        ("worker", f"{r['worker']} ({r['version_id']})"),
-        ("status", status_text(r["status"])),
-        ("trigger", r["trigger"]),
-        ("attempt", f"{r.get('attempt')} of {r.get('max_attempts')}"),
-        ("replay of", r.get("replay_of")),
-        ("scheduled for", when(r["scheduled_for"]) if r.get("scheduled_for") else None),
-        ("retry of", r.get("retry_of")),
-        ("created", when(r.get("created_at"))),
-        ("started", when(r.get("started_at"))),
-        ("finished", when(r.get("finished_at"))),
-        ("duration", duration(r)),
+        ("run", r.id),
+        ("worker", f"{r.worker} ({r.version_id})"),
+        ("status", status_text(r.status)),
+        ("trigger", r.trigger),
+        ("attempt", f"{r.attempt} of {r.max_attempts}"),
+        ("replay of", r.replay_of),
+        ("scheduled for", when(r.scheduled_for) if r.scheduled_for else None),
+        ("retry of", r.retry_of),
+        ("created", when(r.created_at)),
+        ("started", when(r.started_at)),
+        ("finished", when(r.finished_at)),
+        ("duration", took(r.started_at, r.finished_at)),
     ]
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
@@ -308,11 +322,11 @@ def show(
         if value:
             table.add_row(label, value if isinstance(value, Text) else Text(str(value)))
     out.print(table)
-    if r.get("inputs"):
+    if r.inputs:
         out.print("inputs:")
-        for name, value in r["inputs"].items():
+        for name, value in r.inputs.items():
             out.print(Text(f"  {name}: {value_text(value)}"))
-    print_outcome(r)
+    print_outcome(r.to_json())
     print_agent_details(r)
 
 
@@ -338,13 +352,13 @@ def logs(
     with open_client() as client:
         if tail:
             page = client.get_logs(run_id, tail=tail)
-            events = page["items"]
-            last_seq = int(page["last_seq"])
+            events = page.items
+            last_seq = page.last_seq
         else:
             events = client.all_logs(run_id)
-            last_seq = int(events[-1]["seq"]) if events else 0
+            last_seq = events[-1].seq if events else 0
         for event in events:
-            emit(event)
+            emit(event.to_json())
         if not follow:
             return
         try:
@@ -363,8 +377,8 @@ def cancel(run_id: Annotated[str, typer.Argument(help="run id")]) -> None:
     """Cancel a queued or running run."""
     with open_client() as client:
         r = client.cancel_run(run_id)
-    if r["status"] in TERMINAL_STATUSES:
-        out.print(Text(f"run {run_id} {r['status']}"))
+    if r.status in TERMINAL_STATUSES:
+        out.print(Text(f"run {run_id} {r.status}"))
     else:
         out.print(Text(f"cancel requested: run {run_id} stops within seconds"))
 
@@ -382,13 +396,13 @@ def artifacts(
     """List a run's artifacts, or download one."""
     with open_client() as client:
         if download is None:
-            items = client.get_run(run_id).get("artifacts", [])
+            items = client.get_run(run_id).artifacts
             if not items:
                 out.print(f"run {run_id} has no artifacts")
                 return
             table = new_table("NAME", "SIZE", "TYPE")
             for a in items:
-                table.add_row(a["name"], human_size(a.get("size")), a.get("content_type", ""))
+                table.add_row(a.name, human_size(a.size), a.content_type)
             out.print(table)
             return
         data = client.download_artifact(run_id, download)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.text import Text
@@ -12,6 +12,8 @@ from rich.text import Text
 from floom.cli.commands.runs import watch_run
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import new_table, out, print_json, when
+from floom.schemas.triggers import TriggerListing, TriggerPublic
+from floom.vocabulary import TriggerKind
 
 TriggerOpt = Annotated[
     str | None, typer.Option("--trigger", metavar="ID", help="only this trigger of the worker")
@@ -34,18 +36,18 @@ def register(app: typer.Typer) -> None:
     app.command("replay-delivery")(replay_delivery)
 
 
-def _details(t: dict[str, Any]) -> str:
-    config = t.get("config") or {}
-    if t["kind"] == "schedule":
+def _details(t: TriggerPublic) -> str:
+    config = t.config
+    if t.kind == TriggerKind.SCHEDULE:
         return (
             f"{config.get('cron')}  overlap {config.get('overlap')}, "
             f"catch_up {config.get('catch_up')}"
         )
-    if t["kind"] == "webhook":
+    if t.kind == TriggerKind.WEBHOOK:
         secret = config.get("secret")
-        state = "" if t.get("secret_set", True) else f" (secret {secret} not set!)"
-        return f"POST {t.get('url')}  {config.get('signature')} signature{state}"
-    if t["kind"] == "composio":
+        state = "" if t.secret_set is not False else f" (secret {secret} not set!)"
+        return f"POST {t.url}  {config.get('signature')} signature{state}"
+    if t.kind == TriggerKind.COMPOSIO:
         parts = [str(config.get("event"))]
         if config.get("connected_account"):
             parts.append(f"account {config['connected_account']}")
@@ -55,27 +57,27 @@ def _details(t: dict[str, Any]) -> str:
     return json.dumps(config)
 
 
-def _print_listing(listing: dict[str, Any]) -> None:
-    worker = listing["worker"]
-    if listing.get("paused"):
+def _print_listing(listing: TriggerListing) -> None:
+    worker = listing.worker
+    if listing.paused:
         out.print(Text(f"{worker} is paused: schedules and webhooks do not start runs", "yellow"))
-    if not listing["items"]:
+    if not listing.items:
         out.print(f"{worker} has no triggers: declare them under triggers: in worker.yml")
         return
     table = new_table("TRIGGER", "KIND", "STATE", "DETAILS")
-    for t in listing["items"]:
-        if t.get("paused"):
+    for t in listing.items:
+        if t.paused:
             state = Text("paused", "yellow")
-        elif not t.get("active", True):
+        elif not t.active:
             state = Text("paused with its worker", "yellow")
         else:
             state = Text("active", "green")
-        table.add_row(t["id"], t["kind"], state, _details(t))
+        table.add_row(t.id, t.kind, state, _details(t))
     out.print(table)
-    for t in listing["items"]:
-        if t.get("next_fires"):
-            out.print(Text(f"next fires of {t['id']} ({t['timezone']}):"))
-            for fire in t["next_fires"]:
+    for t in listing.items:
+        if t.next_fires:
+            out.print(Text(f"next fires of {t.id} ({t.timezone}):"))
+            for fire in t.next_fires:
                 out.print(Text(f"  {fire}"))
 
 
@@ -123,25 +125,23 @@ def list_deliveries(
     if as_json:
         print_json(page)
         return
-    if not page["items"]:
+    if not page.items:
         out.print(f"no deliveries to {worker} yet")
         return
     table = new_table("DELIVERY", "RECEIVED", "SOURCE", "EVENT", "OUTCOME", "RUN", "SENDER ID")
-    for d in page["items"]:
+    for d in page.items:
         table.add_row(
-            d["id"],
-            when(d.get("received_at")),
-            d["source"],
-            d.get("event") or "-",
-            Text(d["outcome"], OUTCOME_STYLES.get(d["outcome"], "")),
-            d.get("run_id") or "-",
-            d.get("delivery_id") or "-",
+            d.id,
+            when(d.received_at),
+            d.source,
+            d.event or "-",
+            Text(d.outcome, OUTCOME_STYLES.get(d.outcome, "")),
+            d.run_id or "-",
+            d.delivery_id or "-",
         )
     out.print(table)
-    if page.get("next_cursor"):
-        out.print(
-            Text(f"more: floom deliveries {worker} --cursor {page['next_cursor']}", style="dim")
-        )
+    if page.next_cursor:
+        out.print(Text(f"more: floom deliveries {worker} --cursor {page.next_cursor}", style="dim"))
 
 
 def replay_delivery(
@@ -160,4 +160,4 @@ def replay_delivery(
         elif as_json:
             print_json(started)
         else:
-            out.print(Text(started["id"]))
+            out.print(Text(started.id))

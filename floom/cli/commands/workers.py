@@ -17,6 +17,7 @@ from floom.cli.common import JsonOpt, open_client
 from floom.cli.console import print_json
 from floom.cli.output import err, human_size, new_table, out, when
 from floom.config import Settings
+from floom.schemas.workers import StateVersionPublic, WorkerDeleted
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
@@ -95,10 +96,10 @@ def deploy(
     archive = read_folder(folder, max_bytes=Settings().max_bundle_bytes).to_archive()
     with open_client() as client:
         result = client.deploy(archive, skip_eval_gate=skip_eval_gate)
-    name, version = result["worker"]["name"], result["version"]["id"]
-    if result["created"]:
+    name, version = result.worker.name, result.version.id
+    if result.created:
         out.print(Text(f"deployed {name} version {version} (active)"))
-    elif result["activated"]:
+    elif result.activated:
         out.print(Text(f"{name} version {version} unchanged; it is the active version again"))
     else:
         out.print(Text(f"{name} version {version} unchanged"))
@@ -111,15 +112,15 @@ def list_workers() -> None:
     with open_client() as client:
         while True:
             page = client.list_workers(cursor=cursor)
-            for w in page["items"]:
+            for w in page.items:
                 table.add_row(
-                    w["name"],
-                    w.get("kind", "-"),
-                    w.get("active_version_id") or "-",
-                    when(w.get("updated_at")),
-                    w.get("title", ""),
+                    w.name,
+                    w.kind or "-",
+                    w.active_version_id or "-",
+                    when(w.updated_at),
+                    w.title or "",
                 )
-            cursor = page.get("next_cursor")
+            cursor = page.next_cursor
             if not cursor:
                 break
     if table.row_count:
@@ -131,16 +132,16 @@ def list_workers() -> None:
 def versions(worker: Annotated[str, typer.Argument(help="worker name")]) -> None:
     """List a worker's versions, newest first; * marks the active one."""
     with open_client() as client:
-        items = client.list_versions(worker)["items"]
+        items = client.list_versions(worker).items
     table = new_table("", "VERSION", "CREATED", "FILES", "SIZE", "DIGEST")
     for v in items:
         table.add_row(
-            "*" if v.get("active") else "",
-            v["id"],
-            when(v.get("created_at")),
-            str(v.get("file_count", "-")),
-            human_size(v.get("size")),
-            str(v.get("digest", ""))[:12],
+            "*" if v.active else "",
+            v.id,
+            when(v.created_at),
+            str(v.file_count),
+            human_size(v.size),
+            v.digest[:12],
         )
     out.print(table)
 
@@ -169,8 +170,8 @@ def rollback(
         result = client.rollback(worker, version_id=to, run_id=run, state_version=restore_state)
     if restore_state is not None:
         out.print(Text(f"{worker}'s state is version {restore_state}'s again"))
-    version = result["version"]["id"]
-    if result.get("changed") is False:
+    version = result.version.id
+    if not result.changed:
         out.print(Text(f"{worker} already runs version {version}; nothing changed"))
     else:
         out.print(Text(f"{worker} now runs version {version}"))
@@ -202,29 +203,28 @@ def delete(
     with open_client() as client:
         result = client.delete_worker(name, purge_runs=purge_runs)
     if as_json:
-        out.print_json(json.dumps(result))
+        out.print_json(json.dumps(result.to_json()))
         return
     out.print(Text(_summary(result)))
 
 
-def _summary(result: dict[str, Any]) -> str:
-    versions = len(result.get("versions") or [])
+def _summary(result: WorkerDeleted) -> str:
     runs = (
-        f"{result['runs_purged']} run(s) purged, {result['blobs_deleted']} blob(s) freed"
-        if result.get("purge_runs")
-        else f"{result['runs_kept']} run(s) kept"
+        f"{result.runs_purged} run(s) purged, {result.blobs_deleted} blob(s) freed"
+        if result.purge_runs
+        else f"{result.runs_kept} run(s) kept"
     )
     parts = [
-        f"deleted worker {result['worker']}: {versions} version(s), {runs}",
-        f"{result['triggers_removed']} trigger(s) removed",
+        f"deleted worker {result.worker}: {len(result.versions)} version(s), {runs}",
+        f"{result.triggers_removed} trigger(s) removed",
     ]
-    if result.get("runs_cancelled"):
-        parts.append(f"{result['runs_cancelled']} unfinished run(s) cancelled")
-    if result.get("runs_stopping"):
-        parts.append(f"{result['runs_stopping']} running run(s) asked to stop")
-    if result.get("approvals_closed"):
-        parts.append(f"{result['approvals_closed']} pending approval(s) closed")
-    return "; ".join(parts) + f" (audit {result['deletion_id']})"
+    if result.runs_cancelled:
+        parts.append(f"{result.runs_cancelled} unfinished run(s) cancelled")
+    if result.runs_stopping:
+        parts.append(f"{result.runs_stopping} running run(s) asked to stop")
+    if result.approvals_closed:
+        parts.append(f"{result.approvals_closed} pending approval(s) closed")
+    return "; ".join(parts) + f" (audit {result.deletion_id})"
 
 
 # -- worker state -------------------------------------------------------------------------------
@@ -244,12 +244,12 @@ def state_get(
     if as_json:
         print_json(body)
         return
-    written = body.get("written")
+    written = body.written
     if written is None:
         err.print(Text(f"{name} has no state yet (version 0)"))
     else:
-        err.print(Text(_written_line(body["version"], written, current=body["current_version"])))
-    print_json(body["state"])
+        err.print(Text(_written_line(body.version, written, current=body.current_version)))
+    print_json(body.state)
 
 
 @state_app.command("set")
@@ -279,7 +279,8 @@ def state_set(
         else:
             state = _json_value(str(value))
             body = client.set_state(name, state=state, if_version=if_version)
-    out.print(Text(_written_line(body["version"], body["written"], current=body["version"])))
+    if body.written is not None:
+        out.print(Text(_written_line(body.version, body.written, current=body.version)))
 
 
 @state_app.command("history")
@@ -294,20 +295,20 @@ def state_history(
     if as_json:
         print_json(page)
         return
-    if not page["items"]:
+    if not page.items:
         out.print(f"{name} has no state yet")
         return
     table = new_table("VERSION", "SOURCE", "WRITTEN BY", "SIZE", "WRITTEN")
-    for v in page["items"]:
-        source = v["source"]
-        if v.get("restored_from"):
-            source += f" of {v['restored_from']}"
+    for v in page.items:
+        source = str(v.source)
+        if v.restored_from:
+            source += f" of {v.restored_from}"
         table.add_row(
-            str(v["version"]),
+            str(v.version),
             source,
-            v.get("written_by") or "-",
-            human_size(v["size"]),
-            when(v["created_at"]),
+            v.written_by or "-",
+            human_size(v.size),
+            when(v.created_at),
         )
     out.print(table)
 
@@ -332,11 +333,11 @@ def _json_value(text: str) -> Any:
     return parsed
 
 
-def _written_line(version: int, written: dict[str, Any], *, current: int) -> str:
-    where = f" from run {written['run_id']}" if written.get("run_id") else ""
-    restored = f", restored from {written['restored_from']}" if written.get("restored_from") else ""
+def _written_line(version: int, written: StateVersionPublic, *, current: int) -> str:
+    where = f" from run {written.run_id}" if written.run_id else ""
+    restored = f", restored from {written.restored_from}" if written.restored_from else ""
     latest = "" if version == current else f" (current: {current})"
     return (
-        f"state version {version}{latest}: {written['source']}{restored}{where}, "
-        f"written by {written.get('written_by') or '-'} at {when(written['created_at'])}"
+        f"state version {version}{latest}: {written.source}{restored}{where}, "
+        f"written by {written.written_by or '-'} at {when(written.created_at)}"
     )

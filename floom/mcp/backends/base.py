@@ -11,6 +11,38 @@ import abc
 from typing import Any
 
 from floom.errors import FloomError
+from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.common import Page
+from floom.schemas.handoffs import (
+    ClaimNextResult,
+    JobPublic,
+    JobQuery,
+    LeaseState,
+    ReopenContext,
+    WhoAmI,
+)
+from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.runs import (
+    ApprovalDecided,
+    ApprovalPublic,
+    ArtifactPublic,
+    LogPage,
+    RunDetail,
+    RunPublic,
+    RunQuery,
+)
+from floom.schemas.triggers import TriggerListing
+from floom.schemas.workers import (
+    DeployResult,
+    RollbackResult,
+    StateVersionPublic,
+    ValidationResult,
+    VersionPublic,
+    WorkerDeleted,
+    WorkerDetail,
+    WorkerPublic,
+    WorkerStatePublic,
+)
 from floom.services.access.principal import Principal
 
 JSON = dict[str, Any]
@@ -49,11 +81,11 @@ class Backend(abc.ABC):
     # -- workers and versions ------------------------------------------------------------------
 
     @abc.abstractmethod
-    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
+    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> Page[WorkerPublic]:
         """{"items": [worker with manifest], "next_cursor"}, by name."""
 
     @abc.abstractmethod
-    def get_worker(self, name: str) -> JSON:
+    def get_worker(self, name: str) -> WorkerDetail:
         """The worker, its active manifest and "recent_runs"."""
 
     @abc.abstractmethod
@@ -61,24 +93,33 @@ class Backend(abc.ABC):
         """The worker.yml text of the worker's active version."""
 
     @abc.abstractmethod
-    def validate(self, archive: bytes) -> JSON:
+    def validate(self, archive: bytes) -> ValidationResult:
         """{"valid", "problems", "manifest"} for a tar.gz of a worker folder; stores nothing."""
 
     @abc.abstractmethod
-    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> DeployResult:
         """{"worker", "version", "created", "activated"}; unchanged content makes no version.
         A failed eval gate raises code "eval_gate_failed" unless `skip_eval_gate`."""
 
     @abc.abstractmethod
-    def list_versions(self, name: str) -> JSON:
+    def list_versions(self, name: str) -> Page[VersionPublic]:
         """{"items": [version], ...}, newest first, each with "active"."""
 
     @abc.abstractmethod
-    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
-        """{"worker", "version"} after making the given version (or a run's version) active."""
+    def rollback(
+        self,
+        name: str,
+        *,
+        version_id: str | None,
+        run_id: str | None,
+        state_version: int | None = None,
+    ) -> RollbackResult:
+        """{"worker", "version"} after making the given version (or a run's version) active;
+        with `state_version`, that kept state version is set again in the same transaction
+        (both or neither; NotFound when it is no longer kept)."""
 
     @abc.abstractmethod
-    def get_state(self, name: str, *, version: int | None = None) -> JSON:
+    def get_state(self, name: str, *, version: int | None = None) -> WorkerStatePublic:
         """The worker's state as REST answers it (current, or a kept `version`)."""
 
     @abc.abstractmethod
@@ -89,16 +130,16 @@ class Backend(abc.ABC):
         state: Any = None,
         from_version: int | None = None,
         if_version: int | None = None,
-    ) -> JSON:
+    ) -> WorkerStatePublic:
         """Write a new state version (deploy scope): `state`, or a kept version's value
         again; the state as written."""
 
     @abc.abstractmethod
-    def state_versions(self, name: str, *, limit: int = 20) -> JSON:
+    def state_versions(self, name: str, *, limit: int = 20) -> Page[StateVersionPublic]:
         """{"items": [state version], "next_cursor"}, newest first."""
 
     @abc.abstractmethod
-    def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
+    def delete_worker(self, name: str, *, purge_runs: bool) -> WorkerDeleted:
         """Delete a worker (deploy scope); what was deleted, as counts, as REST answers it."""
 
     # -- runs ----------------------------------------------------------------------------------
@@ -112,30 +153,22 @@ class Backend(abc.ABC):
         force: bool = False,
         wait_seconds: float = 0,
         callback_url: str | None = None,
-    ) -> JSON:
+    ) -> RunPublic:
         """Queue a run of the active version; bad inputs raise code "input_invalid", a paused
         worker "worker_paused" unless `force`. With `wait_seconds` a backend may answer once
         the run has settled, in the same request (the caller checks the status: a backend
         may also answer at once). `callback_url` gets the run's record when it ends."""
 
     @abc.abstractmethod
-    def list_runs(
-        self,
-        *,
-        worker: str | None = None,
-        status: str | None = None,
-        trigger: str | None = None,
-        cursor: str | None = None,
-        limit: int = 20,
-    ) -> JSON:
+    def list_runs(self, query: RunQuery) -> Page[RunPublic]:
         """{"items": [run], "next_cursor"}, newest first."""
 
     @abc.abstractmethod
-    def get_run(self, run_id: str) -> JSON:
+    def get_run(self, run_id: str) -> RunDetail:
         """The run with its artifacts (and tool calls and approvals where the server has them)."""
 
     @abc.abstractmethod
-    async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
+    async def wait_for_run(self, run_id: str, *, seconds: float) -> RunDetail:
         """The run (as get_run) once it has settled (ended, or waiting for a person), or as it
         is after `seconds`. The one method a tool awaits on the event loop instead of a
         worker thread: a wait holds no thread in the server. A key over its cap of
@@ -144,12 +177,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def get_logs(
         self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
-    ) -> JSON:
+    ) -> LogPage:
         """{"items": [event], "last_seq", "run_status", "complete"}: events above `after`, or
         the last `tail` events."""
 
     @abc.abstractmethod
-    def list_artifacts(self, run_id: str) -> JSON:
+    def list_artifacts(self, run_id: str) -> Page[ArtifactPublic]:
         """{"items": [{"name", "size", "digest", "content_type", "url"}]}: the files a run left
         under its output directory, by name; "url" is the download path on the server."""
 
@@ -164,11 +197,11 @@ class Backend(abc.ABC):
         API key (as a bearer token)."""
 
     @abc.abstractmethod
-    def cancel_run(self, run_id: str) -> JSON:
+    def cancel_run(self, run_id: str) -> RunDetail:
         """The run after asking it to stop."""
 
     @abc.abstractmethod
-    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
+    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> RunPublic:
         """A new run with the same inputs, on the same version unless `latest`."""
 
     # -- replays from recordings and evals -----------------------------------------------------
@@ -176,19 +209,19 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def start_replay(
         self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
-    ) -> JSON:
+    ) -> RunPublic:
         """A replay of an agent run from its recording (run scope): the new run."""
 
     @abc.abstractmethod
-    def get_replay(self, run_id: str) -> JSON:
+    def get_replay(self, run_id: str) -> ReplayReport:
         """A replay's report: status, diff against the original, divergence (exact)."""
 
     @abc.abstractmethod
-    def start_eval(self, worker: str, body: JSON) -> JSON:
+    def start_eval(self, worker: str, body: JSON) -> EvalReport:
         """Start an eval ({"runs", "version_id", "model"}; run scope): its report so far."""
 
     @abc.abstractmethod
-    def get_eval(self, eval_id: str) -> JSON:
+    def get_eval(self, eval_id: str) -> EvalReport:
         """An eval's report: per run and totals."""
 
     # -- alerts --------------------------------------------------------------------------------
@@ -200,6 +233,10 @@ class Backend(abc.ABC):
 
     def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
         """A new channel, its settings checked (deploy scope); code alert_channel_invalid."""
+        raise NotAvailable("alerts are not available here")
+
+    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+        """Replace a channel's settings, checked as when added (deploy scope)."""
         raise NotAvailable("alerts are not available here")
 
     def test_alert_channel(self, name: str) -> JSON:
@@ -214,6 +251,10 @@ class Backend(abc.ABC):
         """A new global rule (deploy scope); code alert_rule_invalid names the field."""
         raise NotAvailable("alerts are not available here")
 
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+        """The rule, turned on or off (deploy scope); NotFound if there is no such rule."""
+        raise NotAvailable("alerts are not available here")
+
     def alert_deliveries(self, filters: JSON) -> JSON:
         """{"items": [delivery], "next_cursor"}, newest first (read scope)."""
         raise NotAvailable("alerts are not available here")
@@ -225,11 +266,11 @@ class Backend(abc.ABC):
     # -- triggers, approvals -------------------------------------------------------------------
 
     @abc.abstractmethod
-    def list_triggers(self, name: str) -> JSON:
+    def list_triggers(self, name: str) -> TriggerListing:
         """{"worker", "paused", "items": [trigger with its next fires]}."""
 
     @abc.abstractmethod
-    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
+    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> TriggerListing:
         """Pause or resume a worker (or one trigger, by id); returns the trigger listing."""
 
     @abc.abstractmethod
@@ -240,7 +281,7 @@ class Backend(abc.ABC):
         worker: str | None = None,
         cursor: str | None = None,
         limit: int = 50,
-    ) -> JSON:
+    ) -> Page[ApprovalPublic]:
         """{"items": [approval], "next_cursor"}: oldest first, a page at a time."""
 
     @abc.abstractmethod
@@ -251,21 +292,21 @@ class Backend(abc.ABC):
         approve: bool,
         edits: JSON | None = None,
         comment: str | None = None,
-    ) -> JSON:
+    ) -> ApprovalDecided:
         """The approval after the decision."""
 
     # -- secrets -------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def list_secrets(self) -> JSON:
+    def list_secrets(self) -> Page[SecretPublic]:
         """{"items": [{"name", "created_at", "updated_at"}]}: names only, never values."""
 
     @abc.abstractmethod
-    def set_secret(self, name: str, value: str) -> JSON:
+    def set_secret(self, name: str, value: str) -> SecretSet:
         """{"name", "set": true}; the value is never returned."""
 
     @abc.abstractmethod
-    def delete_secret(self, name: str) -> JSON:
+    def delete_secret(self, name: str) -> SecretDeleted:
         """{"name", "deleted": true}."""
 
     # -- handoffs (jobs between agents, by role) -------------------------------------------------
@@ -274,25 +315,15 @@ class Backend(abc.ABC):
     # "illegal_transition" (or "forbidden") with the allowed moves in the details.
 
     @abc.abstractmethod
-    def handoff_my_roles(self) -> JSON:
+    def handoff_my_roles(self) -> WhoAmI:
         """{"agent": {"id", "label"} or None, "admin", "roles": [name]}, as they are now."""
 
     @abc.abstractmethod
-    def handoff_list_jobs(
-        self,
-        *,
-        status: list[str] | None = None,
-        role: str | None = None,
-        assignee: str | None = None,
-        source: str | None = None,
-        my_roles: bool = False,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> JSON:
+    def handoff_list_jobs(self, query: JobQuery) -> Page[JobPublic]:
         """{"items": [job], "next_cursor"}: the jobs the caller may see, newest first."""
 
     @abc.abstractmethod
-    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JobPublic:
         """One job; with `events`, its audit trail (oldest first) in "events"."""
 
     @abc.abstractmethod
@@ -308,22 +339,22 @@ class Backend(abc.ABC):
         blocked_by: list[str] | None = None,
         routing: list[JSON] | None = None,
         idempotency_key: str | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         """The published (or pending) job; a repeated idempotency key returns the first job
         with "replayed": true and creates nothing."""
 
     @abc.abstractmethod
-    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JobPublic:
         """The job, now held by the caller until its lease runs out."""
 
     @abc.abstractmethod
     def handoff_claim_next_job(
         self, *, role: str | None = None, lease_seconds: float | None = None
-    ) -> JSON:
+    ) -> ClaimNextResult:
         """{"job": the claimed job, or None when no published job of the caller's roles waits}."""
 
     @abc.abstractmethod
-    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> LeaseState:
         """{"id", "status", "lease_expires_at"} after extending the caller's lease."""
 
     @abc.abstractmethod
@@ -334,13 +365,13 @@ class Backend(abc.ABC):
         *,
         reason: str | None = None,
         lease_seconds: float | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         """The job after the move (block, unblock, release, fail, cancel, claim, complete)."""
 
     @abc.abstractmethod
     def handoff_update_job(
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         """The job with its context and/or constraints replaced."""
 
     @abc.abstractmethod
@@ -351,15 +382,15 @@ class Backend(abc.ABC):
         summary: str = "",
         data: JSON | None = None,
         artifacts: list[JSON] | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         """The completed job (follow-ons and dependents are published in the same step)."""
 
     @abc.abstractmethod
     def handoff_reject_job(
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         """The retry job, linked to the rejected one by "retry_of"."""
 
     @abc.abstractmethod
-    def handoff_reopen_context(self, job_id: str) -> JSON:
+    def handoff_reopen_context(self, job_id: str) -> ReopenContext:
         """The focused context of a retry: summary, constraints, rejections, attempt."""

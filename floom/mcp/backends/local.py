@@ -4,21 +4,51 @@ the API key the MCP client sent, whose scope decides what it may do."""
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 import anyio.to_thread
 
+from floom import jsonvalues
 from floom.errors import Conflict
 from floom.mcp.backends.base import JSON, Backend
-from floom.schemas import admin as admin_views
+from floom.schemas import admin as admin_models
 from floom.schemas import alerts as alert_views
-from floom.schemas import handoffs as handoff_views
+from floom.schemas import handoffs as handoff_models
 from floom.schemas import replays as replay_views
-from floom.schemas import runs as run_views
-from floom.schemas import triggers as trigger_views
-from floom.schemas import workers as worker_views
+from floom.schemas import workers as worker_models
+from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.common import Page
+from floom.schemas.handoffs import (
+    ClaimNextResult,
+    JobPublic,
+    JobQuery,
+    LeaseState,
+    ReopenContext,
+    WhoAmI,
+)
+from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.runs import (
+    ApprovalDecided,
+    ApprovalPublic,
+    ArtifactPublic,
+    LogPage,
+    RunDetail,
+    RunPublic,
+    RunQuery,
+)
+from floom.schemas.triggers import TriggerListing
+from floom.schemas.workers import (
+    DeployResult,
+    RollbackResult,
+    StateVersionPublic,
+    ValidationResult,
+    VersionPublic,
+    WorkerDeleted,
+    WorkerDetail,
+    WorkerPublic,
+    WorkerStatePublic,
+)
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.alerts import callbacks
@@ -41,6 +71,12 @@ from floom.services.workers import deletion as worker_deletion
 from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.store.models import Worker
+from floom.views import admin as admin_views
+from floom.views import handoffs as handoff_views
+from floom.views import runs as run_views
+from floom.views import triggers as trigger_views
+from floom.views import workers as worker_views
+from floom.vocabulary import RunTrigger
 
 
 class CatalogSource:
@@ -72,7 +108,7 @@ class CatalogSource:
                     version = workers.get_version(
                         ctx, version_id=w.active_version_id, caller=SYSTEM
                     )
-                    manifest = json.loads(version.manifest_json)
+                    manifest = jsonvalues.stored(version.manifest_json, expect=dict)
                 known = (w.active_version_id, {"name": w.name, "manifest": manifest})
             seen[w.name] = known
         self._seen = seen
@@ -95,12 +131,12 @@ class LocalBackend(Backend):
 
     # -- workers and versions ------------------------------------------------------------------
 
-    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
+    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> Page[WorkerPublic]:
         ctx, caller = self.ctx, self.principal
-        return worker_views.worker_page(ctx, cursor=cursor, limit=limit, caller=caller).to_json()
+        return worker_views.worker_page(ctx, cursor=cursor, limit=limit, caller=caller)
 
-    def get_worker(self, name: str) -> JSON:
-        return worker_views.worker_detail(self.ctx, name=name, caller=self.principal).to_json()
+    def get_worker(self, name: str) -> WorkerDetail:
+        return worker_views.worker_detail(self.ctx, name=name, caller=self.principal)
 
     def get_manifest_yaml(self, name: str) -> str:
         ctx, caller = self.ctx, self.principal
@@ -110,36 +146,53 @@ class LocalBackend(Backend):
         version = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
         return version.manifest_yaml
 
-    def validate(self, archive: bytes) -> JSON:
+    def validate(self, archive: bytes) -> ValidationResult:
         ctx = self.ctx
         manifest, problems = workers.validate_archive(ctx, archive=archive, caller=self.principal)
-        return worker_views.validation_result(manifest, problems).to_json()
+        return worker_models.ValidationResult.of(manifest, problems)
 
-    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> DeployResult:
         ctx = self.ctx
         result = eval_gate.deploy_gated(
             ctx, archive=archive, caller=self.principal, skip_gate=skip_eval_gate
         )
-        return worker_views.deploy_result(ctx, result, caller=self.principal).to_json()
+        return worker_views.deploy_result(ctx, result, caller=self.principal)
 
-    def list_versions(self, name: str) -> JSON:
-        return worker_views.version_page(self.ctx, name=name, caller=self.principal).to_json()
+    def list_versions(self, name: str) -> Page[VersionPublic]:
+        return worker_views.version_page(self.ctx, name=name, caller=self.principal)
 
-    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
+    def rollback(
+        self,
+        name: str,
+        *,
+        version_id: str | None,
+        run_id: str | None,
+        state_version: int | None = None,
+    ) -> RollbackResult:
         ctx = self.ctx
-        rollback = workers.rollback(
-            ctx, name=name, version_id=version_id, run_id=run_id, caller=self.principal
-        )
+        if state_version is not None:
+            rollback = worker_state.rollback_with_state(
+                ctx,
+                name=name,
+                version_id=version_id,
+                run_id=run_id,
+                state_version=state_version,
+                caller=self.principal,
+            )
+        else:
+            rollback = workers.rollback(
+                ctx, name=name, version_id=version_id, run_id=run_id, caller=self.principal
+            )
         result = worker_views.rollback_result(
             ctx, name=name, rollback=rollback, caller=self.principal
         )
-        return result.to_json()
+        return result
 
-    def get_state(self, name: str, *, version: int | None = None) -> JSON:
+    def get_state(self, name: str, *, version: int | None = None) -> WorkerStatePublic:
         view = worker_views.worker_state_public(
             self.ctx, name=name, version=version, caller=self.principal
         )
-        return view.to_json()
+        return view
 
     def set_state(
         self,
@@ -148,7 +201,7 @@ class LocalBackend(Backend):
         state: Any = None,
         from_version: int | None = None,
         if_version: int | None = None,
-    ) -> JSON:
+    ) -> WorkerStatePublic:
         row = worker_state.set_state(
             self.ctx,
             worker_name=name,
@@ -159,18 +212,18 @@ class LocalBackend(Backend):
         )
         return self.get_state(name, version=row.version)
 
-    def state_versions(self, name: str, *, limit: int = 20) -> JSON:
+    def state_versions(self, name: str, *, limit: int = 20) -> Page[StateVersionPublic]:
         page = worker_views.state_version_page(
             self.ctx, name=name, limit=limit, caller=self.principal
         )
-        return page.to_json()
+        return page
 
-    def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
+    def delete_worker(self, name: str, *, purge_runs: bool) -> WorkerDeleted:
         ctx = self.ctx
         deletion = worker_deletion.delete_worker(
             ctx, name=name, purge_runs=purge_runs, caller=self.principal
         )
-        return worker_views.worker_deleted(deletion).to_json()
+        return worker_models.WorkerDeleted.of(deletion)
 
     # -- runs ----------------------------------------------------------------------------------
 
@@ -182,7 +235,7 @@ class LocalBackend(Backend):
         force: bool = False,
         wait_seconds: float = 0,
         callback_url: str | None = None,
-    ) -> JSON:
+    ) -> RunPublic:
         # In the server's process a tool's wait costs no round trip: the tool awaits
         # wait_for_run on the event loop instead of holding this worker thread.
         ctx = self.ctx
@@ -191,38 +244,22 @@ class LocalBackend(Backend):
             ctx,
             worker_name=worker,
             inputs=inputs,
-            trigger="mcp",
+            trigger=RunTrigger.MCP,
             caller=self.principal,
             force=force,
             in_transaction=callbacks.recorder(callback),
         )
-        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface)
 
-    def list_runs(
-        self,
-        *,
-        worker: str | None = None,
-        status: str | None = None,
-        trigger: str | None = None,
-        cursor: str | None = None,
-        limit: int = 20,
-    ) -> JSON:
+    def list_runs(self, query: RunQuery) -> Page[RunPublic]:
         ctx = self.ctx
-        rows, next_cursor = runs.list_runs(
-            ctx,
-            worker=worker,
-            status=status,
-            trigger=trigger,
-            cursor=cursor,
-            limit=limit,
-            caller=self.principal,
-        )
-        return run_views.run_page(rows, next_cursor, surface=self.principal.surface).to_json()
+        rows, next_cursor = runs.list_runs(ctx, **query.model_dump(), caller=self.principal)
+        return run_views.run_page(rows, next_cursor, surface=self.principal.surface)
 
-    def get_run(self, run_id: str) -> JSON:
-        return run_views.run_detail(self.ctx, run_id=run_id, caller=self.principal).to_json()
+    def get_run(self, run_id: str) -> RunDetail:
+        return run_views.run_detail(self.ctx, run_id=run_id, caller=self.principal)
 
-    async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
+    async def wait_for_run(self, run_id: str, *, seconds: float) -> RunDetail:
         ctx = self.ctx
         _, detail = await run_waits.wait_and_read(
             ctx,
@@ -233,20 +270,20 @@ class LocalBackend(Backend):
             then=functools.partial(run_views.run_detail_of, ctx, caller=self.principal),
         )
         if detail is not None:  # read with the run that ended the wait
-            return detail.to_json()
+            return detail
         return await anyio.to_thread.run_sync(self.get_run, run_id)
 
     def get_logs(
         self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
-    ) -> JSON:
+    ) -> LogPage:
         ctx = self.ctx
         page = run_views.log_page(
             ctx, run_id=run_id, after=after, tail=tail, limit=limit, caller=self.principal
         )
-        return page.to_json()
+        return page
 
-    def list_artifacts(self, run_id: str) -> JSON:
-        return run_views.artifact_page(self.ctx, run_id=run_id, caller=self.principal).to_json()
+    def list_artifacts(self, run_id: str) -> Page[ArtifactPublic]:
+        return run_views.artifact_page(self.ctx, run_id=run_id, caller=self.principal)
 
     def read_artifact(self, run_id: str, name: str) -> bytes:
         _, data = runs.read_artifact(self.ctx, run_id=run_id, name=name, caller=self.principal)
@@ -255,15 +292,15 @@ class LocalBackend(Backend):
     def link(self, path: str) -> str:
         return self.public_url + path
 
-    def cancel_run(self, run_id: str) -> JSON:
+    def cancel_run(self, run_id: str) -> RunDetail:
         ctx = self.ctx
         runs.cancel_run(ctx, run_id=run_id, caller=self.principal)
         return self.get_run(run_id)
 
-    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
+    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> RunPublic:
         ctx = self.ctx
         run = runs.replay_run(ctx, run_id=run_id, latest=latest, caller=self.principal, force=force)
-        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface)
 
     # -- replays from recordings and evals -----------------------------------------------------
 
@@ -276,6 +313,12 @@ class LocalBackend(Backend):
     def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
         row = alert_channels.create_channel(
             self.ctx, name=name, kind=kind, config=config, caller=self.principal
+        )
+        return alert_views.channel_public(row).to_json()
+
+    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+        row = alert_channels.update_channel(
+            self.ctx, name=name, config=config, caller=self.principal
         )
         return alert_views.channel_public(row).to_json()
 
@@ -299,6 +342,10 @@ class LocalBackend(Backend):
         )
         return alert_views.rule_public(row).to_json()
 
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+        row = alert_rules.set_enabled(self.ctx, name=name, enabled=enabled, caller=self.principal)
+        return alert_views.rule_public(row).to_json()
+
     def alert_deliveries(self, filters: JSON) -> JSON:
         rows, next_cursor = alert_deliveries.list_deliveries(
             self.ctx, **filters, caller=self.principal
@@ -311,19 +358,19 @@ class LocalBackend(Backend):
 
     def start_replay(
         self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
-    ) -> JSON:
+    ) -> RunPublic:
         ctx = self.ctx
         run = replays.start_replay(
             ctx, run_id=run_id, mode=mode, version_id=version_id, model=model, caller=self.principal
         )
-        return run_views.started_run(ctx, run, surface=self.principal.surface).to_json()
+        return run_views.started_run(ctx, run, surface=self.principal.surface)
 
-    def get_replay(self, run_id: str) -> JSON:
+    def get_replay(self, run_id: str) -> ReplayReport:
         ctx = self.ctx
         report = replays.replay_report(ctx, run_id=run_id, caller=self.principal)
-        return replay_views.replay_report(report).to_json()
+        return replay_views.replay_report(report)
 
-    def start_eval(self, worker: str, body: JSON) -> JSON:
+    def start_eval(self, worker: str, body: JSON) -> EvalReport:
         ctx = self.ctx
         row = evals.start_eval(
             ctx,
@@ -335,28 +382,28 @@ class LocalBackend(Backend):
         )
         return self.get_eval(row.id)
 
-    def get_eval(self, eval_id: str) -> JSON:
+    def get_eval(self, eval_id: str) -> EvalReport:
         ctx = self.ctx
         report = evals.eval_report(ctx, eval_id=eval_id, caller=self.principal)
-        return replay_views.eval_report(report).to_json()
+        return replay_views.eval_report(report)
 
     # -- triggers, approvals -------------------------------------------------------------------
 
-    def list_triggers(self, name: str) -> JSON:
+    def list_triggers(self, name: str) -> TriggerListing:
         return self._triggers(self.ctx, name)
 
-    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
+    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> TriggerListing:
         ctx = self.ctx
         triggers.set_paused(
             ctx, worker_name=name, paused=paused, trigger_id=trigger, caller=self.principal
         )
         return self._triggers(ctx, name)
 
-    def _triggers(self, ctx: Context, name: str) -> JSON:
+    def _triggers(self, ctx: Context, name: str) -> TriggerListing:
         listing = trigger_views.trigger_listing(
             ctx, name=name, urls=self.hook_urls, caller=self.principal
         )
-        return listing.to_json()
+        return listing
 
     def list_approvals(
         self,
@@ -365,7 +412,7 @@ class LocalBackend(Backend):
         worker: str | None = None,
         cursor: str | None = None,
         limit: int = 50,
-    ) -> JSON:
+    ) -> Page[ApprovalPublic]:
         rows, next_cursor = approvals.list_approvals(
             self.ctx,
             status=status or "pending",
@@ -374,7 +421,7 @@ class LocalBackend(Backend):
             limit=limit,
             caller=self.principal,
         )
-        return run_views.approval_page(rows, next_cursor).to_json()
+        return run_views.approval_page(rows, next_cursor)
 
     def decide_approval(
         self,
@@ -383,7 +430,7 @@ class LocalBackend(Backend):
         approve: bool,
         edits: JSON | None = None,
         comment: str | None = None,
-    ) -> JSON:
+    ) -> ApprovalDecided:
         ctx = self.ctx
         approvals.decide_approval(
             ctx,
@@ -393,65 +440,44 @@ class LocalBackend(Backend):
             comment=comment,
             caller=self.principal,
         )
-        return run_views.approval_decided(
-            ctx, approval_id=approval_id, caller=self.principal
-        ).to_json()
+        return run_views.approval_decided(ctx, approval_id=approval_id, caller=self.principal)
 
     # -- secrets -------------------------------------------------------------------------------
 
-    def list_secrets(self) -> JSON:
-        return admin_views.secret_page(self.ctx, caller=self.principal).to_json()
+    def list_secrets(self) -> Page[SecretPublic]:
+        return admin_views.secret_page(self.ctx, caller=self.principal)
 
-    def set_secret(self, name: str, value: str) -> JSON:
+    def set_secret(self, name: str, value: str) -> SecretSet:
         secrets.set_secret(self.ctx, name=name, value=value, caller=self.principal)
-        return admin_views.SecretSet(name=name, set=True).to_json()
+        return admin_models.SecretSet(name=name, set=True)
 
-    def delete_secret(self, name: str) -> JSON:
+    def delete_secret(self, name: str) -> SecretDeleted:
         secrets.delete_secret(self.ctx, name=name, caller=self.principal)
-        return admin_views.SecretDeleted(name=name, deleted=True).to_json()
+        return admin_models.SecretDeleted(name=name, deleted=True)
 
     # -- handoffs: the key is the actor; the services apply visibility and the table -----------
 
-    def _job(self, job: dict[str, Any]) -> JSON:
-        return handoff_views.job_public(job, surface=self.principal.surface).to_json()
+    def _job(self, job: dict[str, Any]) -> JobPublic:
+        return handoff_views.job_public(job, surface=self.principal.surface)
 
-    def handoff_my_roles(self) -> JSON:
+    def handoff_my_roles(self) -> WhoAmI:
         who = handoff_agents.my_roles(self.ctx, actor=self.principal)
-        return handoff_views.WhoAmI.model_validate(who).to_json()
+        return handoff_models.WhoAmI.model_validate(who)
 
-    def handoff_list_jobs(
-        self,
-        *,
-        status: list[str] | None = None,
-        role: str | None = None,
-        assignee: str | None = None,
-        source: str | None = None,
-        my_roles: bool = False,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> JSON:
-        items, next_cursor = handoffs.list_jobs(
-            self.ctx,
-            actor=self.principal,
-            status=status,
-            role=role,
-            assignee=assignee,
-            source=source,
-            my_roles=my_roles,
-            cursor=cursor,
-            limit=limit,
-        )
+    def handoff_list_jobs(self, query: JobQuery) -> Page[JobPublic]:
+        ctx = self.ctx
+        items, next_cursor = handoffs.list_jobs(ctx, actor=self.principal, **query.model_dump())
         surface = self.principal.surface
-        return handoff_views.job_page(items, next_cursor, surface=surface).to_json()
+        return handoff_views.job_page(items, next_cursor, surface=surface)
 
-    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JobPublic:
         ctx = self.ctx
         return self._job(handoffs.get_job(ctx, actor=self.principal, job_id=job_id, events=events))
 
-    def handoff_create_job(self, **spec: Any) -> JSON:
+    def handoff_create_job(self, **spec: Any) -> JobPublic:
         return self._job(handoffs.create_job(self.ctx, actor=self.principal, **spec))
 
-    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JobPublic:
         ctx = self.ctx
         job = handoff_flow.claim(
             ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
@@ -460,19 +486,19 @@ class LocalBackend(Backend):
 
     def handoff_claim_next_job(
         self, *, role: str | None = None, lease_seconds: float | None = None
-    ) -> JSON:
+    ) -> ClaimNextResult:
         ctx = self.ctx
         job = handoff_flow.claim_next(
             ctx, actor=self.principal, role=role, lease_seconds=lease_seconds
         )
-        return handoff_views.claim_next_result(job, surface=self.principal.surface).to_json()
+        return handoff_views.claim_next_result(job, surface=self.principal.surface)
 
-    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> LeaseState:
         ctx = self.ctx
         state = handoff_flow.heartbeat(
             ctx, actor=self.principal, job_id=job_id, lease_seconds=lease_seconds
         )
-        return handoff_views.LeaseState.model_validate(state).to_json()
+        return handoff_models.LeaseState.model_validate(state)
 
     def handoff_set_status(
         self,
@@ -481,7 +507,7 @@ class LocalBackend(Backend):
         *,
         reason: str | None = None,
         lease_seconds: float | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         job = handoff_flow.set_status(
             self.ctx,
             actor=self.principal,
@@ -494,7 +520,7 @@ class LocalBackend(Backend):
 
     def handoff_update_job(
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         job = handoffs.update_job(
             self.ctx,
             actor=self.principal,
@@ -511,7 +537,7 @@ class LocalBackend(Backend):
         summary: str = "",
         data: JSON | None = None,
         artifacts: list[JSON] | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         job = handoff_flow.complete(
             self.ctx,
             actor=self.principal,
@@ -524,7 +550,7 @@ class LocalBackend(Backend):
 
     def handoff_reject_job(
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         retry = handoff_review.reject(
             self.ctx,
             actor=self.principal,
@@ -535,7 +561,7 @@ class LocalBackend(Backend):
         )
         return self._job(retry)
 
-    def handoff_reopen_context(self, job_id: str) -> JSON:
+    def handoff_reopen_context(self, job_id: str) -> ReopenContext:
         ctx = self.ctx
         focus = handoff_review.reopen_context(ctx, actor=self.principal, job_id=job_id)
-        return handoff_views.ReopenContext.model_validate(focus).to_json()
+        return handoff_models.ReopenContext.model_validate(focus)

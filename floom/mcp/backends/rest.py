@@ -12,6 +12,38 @@ from floom.client.rest import FloomClient
 from floom.client_env import admin_key_file
 from floom.errors import ClientError, Conflict, FloomError
 from floom.mcp.backends.base import JSON, Backend, NotAvailable
+from floom.schemas.admin import KeyPublic, SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.common import Page
+from floom.schemas.handoffs import (
+    ClaimNextResult,
+    JobPublic,
+    JobQuery,
+    LeaseState,
+    ReopenContext,
+    WhoAmI,
+)
+from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.runs import (
+    ApprovalDecided,
+    ApprovalPublic,
+    ArtifactPublic,
+    LogPage,
+    RunDetail,
+    RunPublic,
+    RunQuery,
+)
+from floom.schemas.triggers import TriggerListing
+from floom.schemas.workers import (
+    DeployResult,
+    RollbackResult,
+    StateVersionPublic,
+    ValidationResult,
+    VersionPublic,
+    WorkerDeleted,
+    WorkerDetail,
+    WorkerPublic,
+    WorkerStatePublic,
+)
 from floom.services.access.principal import SCOPES, Principal
 
 NO_KEY = (
@@ -41,13 +73,13 @@ def setup_hint() -> str:
     )
 
 
-def principal_of_key(key: JSON) -> Principal:
+def principal_of_key(key: KeyPublic) -> Principal:
     """The caller a key's public record (GET /api/v1/keys/me) describes."""
     return Principal(
-        key_id=key["id"],
-        name=key.get("name") or key["id"],
-        scopes=tuple(s for s in key.get("scopes") or () if s in SCOPES),
-        agent_id=key.get("agent_id"),
+        key_id=key.id,
+        name=key.name or key.id,
+        scopes=tuple(s for s in key.scopes if s in SCOPES),
+        agent_id=key.agent_id,
         surface="mcp",
     )
 
@@ -104,32 +136,41 @@ class RestBackend(Backend):
 
     # -- workers and versions ------------------------------------------------------------------
 
-    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> JSON:
+    def list_workers(self, *, cursor: str | None = None, limit: int = 50) -> Page[WorkerPublic]:
         return self.client.list_workers(cursor=cursor, limit=limit)
 
-    def get_worker(self, name: str) -> JSON:
+    def get_worker(self, name: str) -> WorkerDetail:
         return self.client.get_worker(name)
 
     def get_manifest_yaml(self, name: str) -> str:
         worker = self.client.get_worker(name)
-        version_id = worker.get("active_version_id")
+        version_id = worker.active_version_id
         if not version_id:
             raise Conflict(f"worker '{name}' has no active version", hint="deploy it")
-        return str(self.client.get_version(name, version_id)["manifest_yaml"])
+        return self.client.get_version(name, version_id).manifest_yaml
 
-    def validate(self, archive: bytes) -> JSON:
+    def validate(self, archive: bytes) -> ValidationResult:
         return self.client.validate(archive)
 
-    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> JSON:
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> DeployResult:
         return self.client.deploy(archive, skip_eval_gate=skip_eval_gate)
 
-    def list_versions(self, name: str) -> JSON:
+    def list_versions(self, name: str) -> Page[VersionPublic]:
         return self.client.list_versions(name)
 
-    def rollback(self, name: str, *, version_id: str | None, run_id: str | None) -> JSON:
-        return self.client.rollback(name, version_id=version_id, run_id=run_id)
+    def rollback(
+        self,
+        name: str,
+        *,
+        version_id: str | None,
+        run_id: str | None,
+        state_version: int | None = None,
+    ) -> RollbackResult:
+        return self.client.rollback(
+            name, version_id=version_id, run_id=run_id, state_version=state_version
+        )
 
-    def get_state(self, name: str, *, version: int | None = None) -> JSON:
+    def get_state(self, name: str, *, version: int | None = None) -> WorkerStatePublic:
         return self.client.get_state(name, version=version)
 
     def set_state(
@@ -139,15 +180,15 @@ class RestBackend(Backend):
         state: Any = None,
         from_version: int | None = None,
         if_version: int | None = None,
-    ) -> JSON:
+    ) -> WorkerStatePublic:
         return self.client.set_state(
             name, state=state, from_version=from_version, if_version=if_version
         )
 
-    def state_versions(self, name: str, *, limit: int = 20) -> JSON:
+    def state_versions(self, name: str, *, limit: int = 20) -> Page[StateVersionPublic]:
         return self.client.state_versions(name, limit=limit)
 
-    def delete_worker(self, name: str, *, purge_runs: bool) -> JSON:
+    def delete_worker(self, name: str, *, purge_runs: bool) -> WorkerDeleted:
         return self.client.delete_worker(name, purge_runs=purge_runs)
 
     # -- runs ----------------------------------------------------------------------------------
@@ -160,7 +201,7 @@ class RestBackend(Backend):
         force: bool = False,
         wait_seconds: float = 0,
         callback_url: str | None = None,
-    ) -> JSON:
+    ) -> RunPublic:
         # One request when the tool waits: the server holds the start until the run settles.
         return self.client.start_run(
             worker,
@@ -171,35 +212,25 @@ class RestBackend(Backend):
             callback_url=callback_url,
         )
 
-    def list_runs(
-        self,
-        *,
-        worker: str | None = None,
-        status: str | None = None,
-        trigger: str | None = None,
-        cursor: str | None = None,
-        limit: int = 20,
-    ) -> JSON:
-        return self.client.list_runs(
-            worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit
-        )
+    def list_runs(self, query: RunQuery) -> Page[RunPublic]:
+        return self.client.list_runs(query)
 
-    def get_run(self, run_id: str) -> JSON:
+    def get_run(self, run_id: str) -> RunDetail:
         return self.client.get_run(run_id)
 
-    async def wait_for_run(self, run_id: str, *, seconds: float) -> JSON:
+    async def wait_for_run(self, run_id: str, *, seconds: float) -> RunDetail:
         # The server does the waiting (?wait=); this process's thread only holds the request.
         wait = functools.partial(self.client.wait_for_run, run_id, seconds=seconds, until="settled")
         return await anyio.to_thread.run_sync(wait)
 
     def get_logs(
         self, run_id: str, *, after: int = 0, tail: int | None = None, limit: int = 1000
-    ) -> JSON:
+    ) -> LogPage:
         if tail:
             return self.client.get_logs(run_id, tail=tail)
         return self.client.get_logs(run_id, after=after, limit=limit)
 
-    def list_artifacts(self, run_id: str) -> JSON:
+    def list_artifacts(self, run_id: str) -> Page[ArtifactPublic]:
         return self.client.list_artifacts(run_id)
 
     def read_artifact(self, run_id: str, name: str) -> bytes:
@@ -208,10 +239,10 @@ class RestBackend(Backend):
     def link(self, path: str) -> str:
         return self.client.base_url + path
 
-    def cancel_run(self, run_id: str) -> JSON:
+    def cancel_run(self, run_id: str) -> RunDetail:
         return self.client.cancel_run(run_id)
 
-    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> JSON:
+    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> RunPublic:
         return self.client.replay_run(run_id, latest=latest, force=force)
 
     # -- replays from recordings and evals -----------------------------------------------------
@@ -223,6 +254,10 @@ class RestBackend(Backend):
     def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.add_alert_channel(name, kind, config)
+
+    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+        self._offers("/api/v1/alerts/channels/{name}", "alerts")
+        return self.client.update_alert_channel(name, config)
 
     def test_alert_channel(self, name: str) -> JSON:
         self._offers("/api/v1/alerts/channels", "alerts")
@@ -236,6 +271,10 @@ class RestBackend(Backend):
         self._offers("/api/v1/alerts/rules", "alerts")
         return self.client.add_alert_rule(rule)
 
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+        self._offers("/api/v1/alerts/rules/{name}", "alerts")
+        return self.client.set_alert_rule_enabled(name, enabled)
+
     def alert_deliveries(self, filters: JSON) -> JSON:
         self._offers("/api/v1/alerts/deliveries", "alerts")
         return self.client.list_alert_deliveries(**filters)
@@ -246,29 +285,29 @@ class RestBackend(Backend):
 
     def start_replay(
         self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
-    ) -> JSON:
+    ) -> RunPublic:
         self._offers("/api/v1/runs/{run_id}/replays", "replays")
         return self.client.start_replay(run_id, mode=mode, version_id=version_id, model=model)
 
-    def get_replay(self, run_id: str) -> JSON:
+    def get_replay(self, run_id: str) -> ReplayReport:
         self._offers("/api/v1/replays/{run_id}", "replays")
         return self.client.get_replay(run_id)
 
-    def start_eval(self, worker: str, body: JSON) -> JSON:
+    def start_eval(self, worker: str, body: JSON) -> EvalReport:
         self._offers("/api/v1/workers/{name}/evals", "evals")
         return self.client.start_eval(worker, body)
 
-    def get_eval(self, eval_id: str) -> JSON:
+    def get_eval(self, eval_id: str) -> EvalReport:
         self._offers("/api/v1/evals/{eval_id}", "evals")
         return self.client.get_eval(eval_id)
 
     # -- triggers, approvals -------------------------------------------------------------------
 
-    def list_triggers(self, name: str) -> JSON:
+    def list_triggers(self, name: str) -> TriggerListing:
         self._offers("/api/v1/workers/{name}/triggers", "triggers")
         return self.client.list_triggers(name)
 
-    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> JSON:
+    def set_paused(self, name: str, *, paused: bool, trigger: str | None = None) -> TriggerListing:
         self._offers("/api/v1/workers/{name}/pause", "pausing and resuming")
         return self.client.set_paused(name, paused=paused, trigger_id=trigger)
 
@@ -279,7 +318,7 @@ class RestBackend(Backend):
         worker: str | None = None,
         cursor: str | None = None,
         limit: int = 50,
-    ) -> JSON:
+    ) -> Page[ApprovalPublic]:
         self._offers("/api/v1/approvals", "approvals")
         return self.client.list_approvals(status=status, worker=worker, cursor=cursor, limit=limit)
 
@@ -290,7 +329,7 @@ class RestBackend(Backend):
         approve: bool,
         edits: JSON | None = None,
         comment: str | None = None,
-    ) -> JSON:
+    ) -> ApprovalDecided:
         self._offers("/api/v1/approvals", "approvals")
         if approve:
             return self.client.approve(approval_id, edited=edits, comment=comment)
@@ -298,13 +337,13 @@ class RestBackend(Backend):
 
     # -- secrets -------------------------------------------------------------------------------
 
-    def list_secrets(self) -> JSON:
+    def list_secrets(self) -> Page[SecretPublic]:
         return self.client.list_secrets()
 
-    def set_secret(self, name: str, value: str) -> JSON:
+    def set_secret(self, name: str, value: str) -> SecretSet:
         return self.client.set_secret(name, value)
 
-    def delete_secret(self, name: str) -> JSON:
+    def delete_secret(self, name: str) -> SecretDeleted:
         return self.client.delete_secret(name)
 
     # -- handoffs ------------------------------------------------------------------------------
@@ -316,45 +355,27 @@ class RestBackend(Backend):
             self._handoffs = HandoffClient(self.client)
         return self._handoffs
 
-    def handoff_my_roles(self) -> JSON:
+    def handoff_my_roles(self) -> WhoAmI:
         return self.handoffs.whoami()
 
-    def handoff_list_jobs(
-        self,
-        *,
-        status: list[str] | None = None,
-        role: str | None = None,
-        assignee: str | None = None,
-        source: str | None = None,
-        my_roles: bool = False,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> JSON:
-        return self.handoffs.list_jobs(
-            status=",".join(status) if status else None,
-            role=role,
-            assignee=assignee,
-            source=source,
-            my_roles=my_roles or None,
-            cursor=cursor,
-            limit=limit,
-        )
+    def handoff_list_jobs(self, query: JobQuery) -> Page[JobPublic]:
+        return self.handoffs.list_jobs(query)
 
-    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JSON:
+    def handoff_get_job(self, job_id: str, *, events: bool = True) -> JobPublic:
         return self.handoffs.get_job(job_id, events=events)
 
-    def handoff_create_job(self, **spec: Any) -> JSON:
+    def handoff_create_job(self, **spec: Any) -> JobPublic:
         return self.handoffs.create_job(**spec)
 
-    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JobPublic:
         return self.handoffs.claim(job_id, lease_seconds=lease_seconds)
 
     def handoff_claim_next_job(
         self, *, role: str | None = None, lease_seconds: float | None = None
-    ) -> JSON:
+    ) -> ClaimNextResult:
         return self.handoffs.claim_next(role=role, lease_seconds=lease_seconds)
 
-    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> JSON:
+    def handoff_heartbeat(self, job_id: str, *, lease_seconds: float | None = None) -> LeaseState:
         return self.handoffs.heartbeat(job_id, lease_seconds=lease_seconds)
 
     def handoff_set_status(
@@ -364,12 +385,12 @@ class RestBackend(Backend):
         *,
         reason: str | None = None,
         lease_seconds: float | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         return self.handoffs.set_status(job_id, status, reason=reason, lease_seconds=lease_seconds)
 
     def handoff_update_job(
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         return self.handoffs.update_job(job_id, context=context, constraints=constraints)
 
     def handoff_complete_job(
@@ -379,13 +400,13 @@ class RestBackend(Backend):
         summary: str = "",
         data: JSON | None = None,
         artifacts: list[JSON] | None = None,
-    ) -> JSON:
+    ) -> JobPublic:
         return self.handoffs.complete(job_id, summary=summary, data=data, artifacts=artifacts)
 
     def handoff_reject_job(
         self, job_id: str, *, reason: str, role: str | None = None, priority: str | None = None
-    ) -> JSON:
+    ) -> JobPublic:
         return self.handoffs.reject(job_id, reason=reason, role=role, priority=priority)
 
-    def handoff_reopen_context(self, job_id: str) -> JSON:
+    def handoff_reopen_context(self, job_id: str) -> ReopenContext:
         return self.handoffs.reopen_context(job_id)

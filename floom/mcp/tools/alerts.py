@@ -3,7 +3,7 @@ written against the Backend interface."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from mcp_types import ToolAnnotations
@@ -11,6 +11,8 @@ from pydantic import Field
 
 from floom.mcp.render import Reply
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
+from floom.schemas.common import OneOf
+from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus
 
 
 def _channels_text(items: list[dict[str, Any]]) -> str:
@@ -41,7 +43,10 @@ async def list_alert_channels(ctx: Context) -> Reply:
 async def add_alert_channel(
     ctx: Context,
     name: Annotated[str, Field(description="a lowercase slug, e.g. ops")],
-    kind: Annotated[Literal["webhook", "slack", "email"], Field(description="the channel kind")],
+    kind: Annotated[
+        Annotated[ChannelKind, OneOf(ChannelKind, strict=True)],
+        Field(description="the channel kind"),
+    ],
     config: Annotated[
         dict[str, Any],
         Field(
@@ -54,6 +59,24 @@ async def add_alert_channel(
     """Add an alert channel; every setting is checked now (a bad one changes nothing)."""
     channel = await off(backend_of(ctx).add_alert_channel, name, kind, config)
     return Reply(f"added {kind} channel {name}; try it with test_alert_channel", channel)
+
+
+@floom_tool
+async def update_alert_channel(
+    ctx: Context,
+    name: Annotated[str, Field(description="the channel")],
+    config: Annotated[
+        dict[str, Any],
+        Field(
+            description="ALL its settings (they replace the old ones; list_alert_channels "
+            "shows them): webhook: {url, secret}; slack: {url_secret}; email: {host, port, "
+            "starttls, username, password_secret, sender, to}. Secrets by NAME, never values"
+        ),
+    ],
+) -> Reply:
+    """Replace an alert channel's settings; checked as when added (a bad one changes nothing)."""
+    channel = await off(backend_of(ctx).update_alert_channel, name, config)
+    return Reply(f"updated {channel['kind']} channel {name}", channel)
 
 
 @floom_tool
@@ -71,7 +94,7 @@ async def list_alert_rules(ctx: Context) -> Reply:
     listing = await off(backend_of(ctx).alert_rules)
     lines = [
         f"{r['name']}: {', '.join(r['events'])} of {r['worker'] or 'every worker'} -> "
-        f"{', '.join(r['channels'])}"
+        f"{', '.join(r['channels'])}" + ("" if r["enabled"] else " (disabled)")
         for r in listing["items"]
     ]
     return Reply("\n".join(lines) or "no global alert rule", listing)
@@ -102,14 +125,26 @@ async def add_alert_rule(
 
 
 @floom_tool
+async def set_alert_rule_enabled(
+    ctx: Context,
+    name: Annotated[str, Field(description="the global rule")],
+    enabled: Annotated[bool, Field(description="false: it routes nothing until turned on")],
+) -> Reply:
+    """Turn a global alert rule on or off (it is kept either way)."""
+    rule = await off(backend_of(ctx).set_alert_rule_enabled, name, enabled)
+    return Reply(f"rule {name} {'enabled' if rule['enabled'] else 'disabled'}", rule)
+
+
+@floom_tool
 async def list_alert_deliveries(
     ctx: Context,
     status: Annotated[
-        Literal["pending", "delivered", "failed", "throttled"] | None,
+        Annotated[DeliveryStatus, OneOf(DeliveryStatus, strict=True)] | None,
         Field(description="only deliveries in this status"),
     ] = None,
     purpose: Annotated[
-        Literal["alert", "test", "callback"] | None, Field(description="only this kind")
+        Annotated[DeliveryPurpose, OneOf(DeliveryPurpose, strict=True)] | None,
+        Field(description="only this kind"),
     ] = None,
     run_id: Annotated[str | None, Field(description="only this run's")] = None,
     limit: Annotated[int, Field(ge=1, le=500)] = 20,
@@ -138,9 +173,11 @@ SENDS = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world
 ALERT_TOOLS: tuple[FloomTool, ...] = (
     FloomTool(list_alert_channels, READ, "read"),
     FloomTool(add_alert_channel, WRITE, "deploy"),
+    FloomTool(update_alert_channel, WRITE, "deploy"),
     FloomTool(test_alert_channel, SENDS, "deploy"),
     FloomTool(list_alert_rules, READ, "read"),
     FloomTool(add_alert_rule, WRITE, "deploy"),
+    FloomTool(set_alert_rule_enabled, WRITE, "deploy"),
     FloomTool(list_alert_deliveries, READ, "read"),
     FloomTool(resend_alert_delivery, SENDS, "deploy"),
 )

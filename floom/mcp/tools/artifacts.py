@@ -17,6 +17,7 @@ from floom.errors import NotFound
 from floom.mcp.backends.base import JSON, Backend
 from floom.mcp.render import Reply
 from floom.mcp.toolkit import READ, FloomTool, backend_of, floom_tool, off
+from floom.schemas.runs import ArtifactPublic
 
 # A model's context is the budget: text up to this size comes inline, anything larger as a
 # link (the tool's description says "64 KiB"; a test keeps them equal).
@@ -43,11 +44,11 @@ def artifact_path(run_id: str, name: str) -> str:
     return f"/api/v1/runs/{quote(run_id, safe='')}/artifacts/{quote(name, safe='/')}"
 
 
-def with_links(backend: Backend, run_id: str, artifact: JSON) -> JSON:
+def with_links(backend: Backend, run_id: str, artifact: ArtifactPublic) -> JSON:
     """An artifact as listed, with where an agent gets it: the MCP resource and the URL."""
-    name = artifact["name"]
+    name = artifact.name
     return {
-        **artifact,
+        **artifact.to_json(),
         "download_url": backend.link(artifact_path(run_id, name)),
         "uri": artifact_uri(run_id, name),
     }
@@ -62,17 +63,17 @@ def open_artifact(backend: Backend, run_id: str, name: str) -> JSON:
     scan (compressed, encrypted) never comes inline and is refused to a key without the run
     scope, as the REST download is. Only a name the run's listing holds is read."""
     listing = backend.list_artifacts(run_id)
-    found = next((a for a in listing["items"] if a["name"] == name), None)
+    found = next((a for a in listing.items if a.name == name), None)
     if found is None:
-        names = [str(a["name"]) for a in listing["items"]]
+        names = [a.name for a in listing.items]
         hint = f"its artifacts: {', '.join(names)}" if names else f"run {run_id} left no files"
         raise NotFound(f"run {run_id} has no artifact '{name}'", hint=hint)
     view: dict[str, Any] = {**with_links(backend, run_id, found), "inline": False}
-    if found.get("scanned") is False:
+    if not found.scanned:
         backend.read_artifact(run_id, name)  # refuses a key that may not read it, as REST does
         view["why"] = "not scanned for secrets (compressed or encrypted)"
         return view
-    if int(found["size"]) > MAX_INLINE_ARTIFACT_BYTES:
+    if found.size > MAX_INLINE_ARTIFACT_BYTES:
         view["why"] = f"larger than {MAX_INLINE_ARTIFACT_BYTES} bytes"
         return view
     data = backend.read_artifact(run_id, name)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
 from floom.errors import FloomError, InvalidRequest
-from floom.mcp.backends.base import NotAvailable
+from floom.mcp.backends.base import Backend, NotAvailable
 from floom.mcp.catalog import ExposedWorker
 from floom.mcp.render import (
     Reply,
@@ -47,8 +47,11 @@ from floom.mcp.tools.artifacts import ARTIFACT_TOOLS, with_links
 from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
 from floom.mcp.tools.state import STATE_TOOLS
+from floom.schemas.common import OneOf
+from floom.schemas.runs import RunPublic, RunQuery
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import SUCCEEDED, WAITING
+from floom.vocabulary import ApprovalStatus, Decision, RunStatus, RunTrigger
 
 LINEAGE_KEYS = ("replay_of", "retry_of", "parent_run_id", "handoff_id")
 
@@ -74,25 +77,11 @@ Force = Annotated[bool, Field(description="run even though the worker is paused"
 WaitSeconds = Annotated[
     float, Field(ge=0, le=MAX_WAIT_SECONDS, description="wait up to this long for the run to end")
 ]
-# Every status a run can have (floom.services.runs.rules.STATUSES; a test keeps them equal).
-RunStatus = Literal[
-    "queued",
-    "running",
-    "awaiting_approval",
-    "succeeded",
-    "failed",
-    "timed_out",
-    "cancelled",
-    "rejected",
-    "limit_exceeded",
-    "skipped",
-]
-# Every trigger a run records (floom.services.runs.lifecycle.TRIGGERS).
-RunTrigger = Literal[
-    "manual", "schedule", "webhook", "composio", "replay", "api", "mcp", "handoff", "agent"
-]
-# Every status of an approval (floom.services.runs.approvals.APPROVAL_STATUSES).
-ApprovalStatus = Literal["pending", "approved", "rejected", "cancelled"]
+# The vocabulary's words (floom/vocabulary.py), refused outside the set as a Literal would be.
+RunStatusArg = Annotated[RunStatus, OneOf(RunStatus, strict=True)]
+RunTriggerArg = Annotated[RunTrigger, OneOf(RunTrigger, strict=True)]
+ApprovalStatusArg = Annotated[ApprovalStatus, OneOf(ApprovalStatus, strict=True)]
+DecisionArg = Annotated[Decision, OneOf(Decision, strict=True)]
 Cursor = Annotated[str | None, Field(description="next_cursor of a previous page")]
 
 
@@ -114,9 +103,9 @@ async def list_workers(
 ) -> Reply:
     """List the deployed workers: name, kind, active version, inputs, whether paused."""
     page = await off(backend_of(ctx).list_workers, cursor=cursor, limit=limit)
-    items = [worker_summary(w) for w in page["items"]]
-    data = {"items": items, "next_cursor": page.get("next_cursor")}
-    return Reply(workers_text(items, page.get("next_cursor")), data)
+    items = [worker_summary(w) for w in page.items]
+    data = {"items": items, "next_cursor": page.next_cursor}
+    return Reply(workers_text(items, page.next_cursor), data)
 
 
 @floom_tool
@@ -125,35 +114,35 @@ async def get_worker(ctx: Context, worker: WorkerName) -> Reply:
     backend = backend_of(ctx)
     body = await off(backend.get_worker, worker)
     try:
-        body["triggers"] = (await off(backend.list_triggers, worker))["items"]
+        triggers = (await off(backend.list_triggers, worker)).items
     except NotAvailable:
-        body["triggers"] = []
-    recent = body.get("recent_runs") or []
+        triggers = []
+    recent = body.recent_runs
     text = (
-        f"{body['name']} ({body.get('kind')}): active version {body.get('active_version_id')}"
-        f"{' [paused]' if body.get('paused') else ''}; {len(body['triggers'])} trigger(s); "
+        f"{body.name} ({body.kind}): active version {body.active_version_id}"
+        f"{' [paused]' if body.paused else ''}; {len(triggers)} trigger(s); "
         f"{len(recent)} recent run(s)"
     )
-    if body.get("description"):
-        text += f"\n{body['description']}"
-    for name in body.get("secrets_missing") or []:
+    if body.description:
+        text += f"\n{body.description}"
+    for name in body.secrets_missing:
         text += (
             f"\nsecret {name} is not set: its runs fail until it is; "
             f"set_secret(name='{name}', value=VALUE)"
         )
-    if body.get("model_key_missing"):
+    if body.model_key_missing:
         text += (
             "\nno model provider key is set on the floom server: this agent's runs fail until "
             "its operator sets FLOOM_ANTHROPIC_API_KEY (or ANTHROPIC_API_KEY) and restarts it"
         )
-    if body.get("secrets_missing"):
+    if body.secrets_missing:
         # What a fresh install pauses (the examples' schedules) until the secrets are set.
-        for t in body["triggers"]:
-            if t.get("paused"):
-                text += f"\nthen resume_worker(worker='{worker}', trigger='{t['id']}')"
+        for t in triggers:
+            if t.paused:
+                text += f"\nthen resume_worker(worker='{worker}', trigger='{t.id}')"
     if recent:
         text += "\n" + runs_text(recent, None)
-    return Reply(text, body)
+    return Reply(text, {**body.to_json(), "triggers": [t.to_json() for t in triggers]})
 
 
 @floom_tool
@@ -169,7 +158,7 @@ async def validate_worker(
     backend = backend_of(ctx)
     archive = pack(backend, folder, files, files_base64, executable)
     result = await off(backend.validate, archive)
-    return Reply(problems_text(result), result)
+    return Reply(problems_text(result), result.to_json())
 
 
 @floom_tool
@@ -194,21 +183,21 @@ async def deploy_worker(
     archive = pack(backend, folder, files, files_base64, executable)
     result = await off(backend.deploy, archive, skip_eval_gate=skip_eval_gate)
     await server_of(ctx).refresh_catalog()
-    name, version = result["worker"]["name"], result["version"]["id"]
-    if result.get("created"):
+    name, version = result.worker.name, result.version.id
+    if result.created:
         text = f"deployed {name} version {version} (active)"
-    elif result.get("activated"):
+    elif result.activated:
         text = f"{name} version {version} unchanged; it is the active version again"
     else:
         text = f"{name} version {version} unchanged (already active)"
-    return Reply(text, result)
+    return Reply(text, result.to_json())
 
 
 @floom_tool
 async def list_versions(ctx: Context, worker: WorkerName) -> Reply:
     """A worker's versions, newest first, marking the active one."""
     page = await off(backend_of(ctx).list_versions, worker)
-    return Reply(versions_text(worker, page["items"]), page)
+    return Reply(versions_text(worker, page.items), page.to_json())
 
 
 @floom_tool
@@ -217,14 +206,29 @@ async def rollback_worker(
     worker: WorkerName,
     version_id: Annotated[str | None, Field(description="version to make active")] = None,
     run_id: Annotated[str | None, Field(description="or: the version this run used")] = None,
+    state_version: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            description="also set this kept state version again, in the same step "
+            "(list_worker_state_versions lists them)",
+        ),
+    ] = None,
 ) -> Reply:
-    """Make an earlier version of a worker active again (give version_id or run_id)."""
-    result = await off(backend_of(ctx).rollback, worker, version_id=version_id, run_id=run_id)
+    """Make an earlier version of a worker active again (give version_id or run_id), and
+    with state_version its state as it was then."""
+    result = await off(
+        backend_of(ctx).rollback,
+        worker,
+        version_id=version_id,
+        run_id=run_id,
+        state_version=state_version,
+    )
     await server_of(ctx).refresh_catalog()
-    version = result["version"]["id"]
-    if result.get("changed") is False:
-        return Reply(f"{worker} already runs version {version}; nothing changed", result)
-    return Reply(f"{worker} now runs version {version}", result)
+    version = result.version.id
+    if not result.changed:
+        return Reply(f"{worker} already runs version {version}; nothing changed", result.to_json())
+    return Reply(f"{worker} now runs version {version}", result.to_json())
 
 
 @floom_tool
@@ -248,17 +252,17 @@ async def delete_worker(
     result = await off(backend_of(ctx).delete_worker, worker, purge_runs=purge_runs)
     await server_of(ctx).refresh_catalog()
     runs = (
-        f"{result['runs_purged']} run(s) purged"
-        if result.get("purge_runs")
-        else f"{result['runs_kept']} run(s) kept"
+        f"{result.runs_purged} run(s) purged"
+        if result.purge_runs
+        else f"{result.runs_kept} run(s) kept"
     )
     text = (
-        f"deleted {worker}: {len(result.get('versions') or [])} version(s), {runs}, "
-        f"{result['triggers_removed']} trigger(s) removed, "
-        f"{result['runs_cancelled']} unfinished run(s) cancelled, "
-        f"{result['runs_stopping']} running run(s) asked to stop"
+        f"deleted {worker}: {len(result.versions)} version(s), {runs}, "
+        f"{result.triggers_removed} trigger(s) removed, "
+        f"{result.runs_cancelled} unfinished run(s) cancelled, "
+        f"{result.runs_stopping} running run(s) asked to stop"
     )
-    return Reply(text, result)
+    return Reply(text, result.to_json())
 
 
 # -- runs --------------------------------------------------------------------------------------
@@ -290,32 +294,26 @@ async def run_worker(
         wait_seconds=wait_seconds,
         callback_url=callback_url,
     )
-    finished = run["status"] not in ACTIVE_STATUSES
+    finished = run.status not in ACTIVE_STATUSES
     left = wait_seconds - (time.monotonic() - asked)
     if wait_seconds > 0 and not finished and left > 0:
-        run, finished = await settle(backend, run["id"], left)
-    return Reply(run_text(run), {"run": run, "finished": finished})
+        run, finished = await settle(backend, run.id, left)
+    return Reply(run_text(run), {"run": run.to_json(), "finished": finished})
 
 
 @floom_tool
 async def list_runs(
     ctx: Context,
     worker: Annotated[str | None, Field(description="only runs of this worker")] = None,
-    status: Annotated[RunStatus | None, Field(description="only runs in this status")] = None,
-    trigger: Annotated[RunTrigger | None, Field(description="only runs started so")] = None,
+    status: Annotated[RunStatusArg | None, Field(description="only runs in this status")] = None,
+    trigger: Annotated[RunTriggerArg | None, Field(description="only runs started so")] = None,
     cursor: Annotated[str | None, Field(description="next_cursor of a previous page")] = None,
     limit: Annotated[int, Field(ge=1, le=500)] = 20,
 ) -> Reply:
     """Recent runs, newest first, filtered by worker, status and trigger."""
-    page = await off(
-        backend_of(ctx).list_runs,
-        worker=worker,
-        status=status,
-        trigger=trigger,
-        cursor=cursor,
-        limit=limit,
-    )
-    return Reply(runs_text(page["items"], page.get("next_cursor")), page)
+    query = RunQuery(worker=worker, status=status, trigger=trigger, cursor=cursor, limit=limit)
+    page = await off(backend_of(ctx).list_runs, query)
+    return Reply(runs_text(page.items, page.next_cursor), page.to_json())
 
 
 @floom_tool
@@ -324,11 +322,13 @@ async def get_run(ctx: Context, run_id: RunId) -> Reply:
     calls, approvals, lineage."""
     backend = backend_of(ctx)
     run = await off(backend.get_run, run_id)
-    run["artifacts"] = [with_links(backend, run_id, a) for a in run.get("artifacts") or []]
-    run.setdefault("tool_calls", [])
-    run.setdefault("approvals", [])
-    run["lineage"] = {k: run.get(k) for k in LINEAGE_KEYS if k in run}
-    return Reply(run_text(run), run)
+    body = run.to_json()
+    data = {
+        **body,
+        "artifacts": [with_links(backend, run_id, a) for a in run.artifacts],
+        "lineage": {k: body.get(k) for k in LINEAGE_KEYS if k in body},
+    }
+    return Reply(run_text(run), data)
 
 
 @floom_tool
@@ -348,9 +348,9 @@ async def get_run_logs(
         page = await off(backend.get_logs, run_id, after=after, limit=limit)
     else:
         page = await off(backend.get_logs, run_id, tail=tail or 100)
-    head = f"run {run_id} is {page.get('run_status')}; last_seq={page.get('last_seq')}"
-    body = log_lines_text(page["items"])
-    return Reply(head + ("\n" + body if body else "\n(no log lines)"), page)
+    head = f"run {run_id} is {page.run_status}; last_seq={page.last_seq}"
+    body = log_lines_text(page.items)
+    return Reply(head + ("\n" + body if body else "\n(no log lines)"), page.to_json())
 
 
 @floom_tool
@@ -375,13 +375,18 @@ async def watch_run(
             ctx, backend, run, elapsed=time.monotonic() - started, total=timeout_seconds
         )
     waited = round(time.monotonic() - started, 2)
-    logs = (await off(backend.get_logs, run_id, tail=log_lines))["items"] if log_lines else []
+    logs = (await off(backend.get_logs, run_id, tail=log_lines)).items if log_lines else []
     text = run_text(run)
     if not finished:
-        text = f"still {run['status']} after {waited}s\n" + text
+        text = f"still {run.status} after {waited}s\n" + text
     if logs:
         text += "\nlast log lines:\n" + log_lines_text(logs)
-    data = {"run": run, "finished": finished, "waited_seconds": waited, "logs": logs}
+    data = {
+        "run": run.to_json(),
+        "finished": finished,
+        "waited_seconds": waited,
+        "logs": [e.to_json() for e in logs],
+    }
     return Reply(text, data)
 
 
@@ -390,14 +395,14 @@ PROGRESS_EVERY_SECONDS = 2.0
 
 
 async def _report_progress(
-    ctx: Context, backend: Any, run: dict[str, Any], *, elapsed: float, total: float
+    ctx: Context, backend: Backend, run: RunPublic, *, elapsed: float, total: float
 ) -> None:
     """One progress notification: seconds waited of the timeout, the status and the newest
     log line (a no-op for a client that did not ask for progress)."""
-    newest = (await off(backend.get_logs, run["id"], tail=1))["items"]
-    message = f"run {run['id']} is {run['status']}"
+    newest = (await off(backend.get_logs, run.id, tail=1)).items
+    message = f"run {run.id} is {run.status}"
     if newest:
-        message += f"; last log line: {str(newest[-1].get('line', ''))[:200]}"
+        message += f"; last log line: {newest[-1].line[:200]}"
     await ctx.report_progress(round(elapsed, 2), total, message)
 
 
@@ -409,19 +414,18 @@ async def cancel_run(ctx: Context, run_id: RunId, wait_seconds: WaitSeconds = 0)
     wait for a running run to end, as run_worker does."""
     backend = backend_of(ctx)
     run = await off(backend.cancel_run, run_id)
-    finished = run["status"] not in ACTIVE_STATUSES
+    finished = run.status not in ACTIVE_STATUSES
     if wait_seconds > 0 and not finished:
         run, finished = await settle(backend, run_id, wait_seconds)
     if finished:
-        head = f"cancel accepted: run {run_id} is {run['status']}"
+        head = f"cancel accepted: run {run_id} is {run.status}"
     else:
         head = (
-            f"cancel accepted: run {run_id} is {run['status']} and was asked to stop; "
+            f"cancel accepted: run {run_id} is {run.status} and was asked to stop; "
             f"watch_run(run_id='{run_id}') follows it to cancelled"
         )
-    return Reply(
-        head + "\n" + run_text(run), {**run, "cancel_accepted": True, "finished": finished}
-    )
+    data = {**run.to_json(), "cancel_accepted": True, "finished": finished}
+    return Reply(head + "\n" + run_text(run), data)
 
 
 @floom_tool
@@ -438,11 +442,11 @@ async def replay_run(
     With wait_seconds, wait for the new run to end, as run_worker does."""
     backend = backend_of(ctx)
     run = await off(backend.replay_run, run_id, latest=latest, force=force)
-    finished = run["status"] not in ACTIVE_STATUSES
+    finished = run.status not in ACTIVE_STATUSES
     if wait_seconds > 0:
-        run, finished = await settle(backend, run["id"], wait_seconds)
-    text = f"replaying {run_id} as {run['id']}\n" + run_text(run)
-    return Reply(text, {"run": run, "finished": finished})
+        run, finished = await settle(backend, run.id, wait_seconds)
+    text = f"replaying {run_id} as {run.id}\n" + run_text(run)
+    return Reply(text, {"run": run.to_json(), "finished": finished})
 
 
 # -- approvals, triggers -----------------------------------------------------------------------
@@ -452,7 +456,8 @@ async def replay_run(
 async def list_approvals(
     ctx: Context,
     status: Annotated[
-        ApprovalStatus | None, Field(description="approvals in this status (default pending)")
+        ApprovalStatusArg | None,
+        Field(description="approvals in this status (default pending)"),
     ] = None,
     worker: Annotated[str | None, Field(description="only approvals of this worker")] = None,
     cursor: Cursor = None,
@@ -463,14 +468,14 @@ async def list_approvals(
     page = await off(
         backend_of(ctx).list_approvals, status=status, worker=worker, cursor=cursor, limit=limit
     )
-    return Reply(approvals_text(page["items"], page.get("next_cursor")), page)
+    return Reply(approvals_text(page.items, page.next_cursor), page.to_json())
 
 
 @floom_tool
 async def decide_approval(
     ctx: Context,
     approval_id: Annotated[str, Field(description="the approval's id")],
-    decision: Literal["approve", "reject"],
+    decision: DecisionArg,
     edits: Annotated[
         dict[str, Any] | None, Field(description="approve with these edited values instead")
     ] = None,
@@ -488,13 +493,14 @@ async def decide_approval(
         edits=edits,
         comment=comment,
     )
-    head = f"approval {approval_id}: {result.get('status', decision)}"
+    head = f"approval {approval_id}: {result.status}"
     if wait_seconds <= 0:
-        run_id = result["run_id"]
+        run_id = result.run_id
         follow = f"; watch_run(run_id='{run_id}') follows run {run_id} to its end"
-        return Reply(head + follow, result)
-    run, finished = await settle(backend, result["run_id"], wait_seconds)
-    return Reply(head + "\n" + run_text(run), {**result, "run": run, "finished": finished})
+        return Reply(head + follow, result.to_json())
+    run, finished = await settle(backend, result.run_id, wait_seconds)
+    data = {**result.to_json(), "run": run.to_json(), "finished": finished}
+    return Reply(head + "\n" + run_text(run), data)
 
 
 @floom_tool
@@ -507,14 +513,16 @@ async def list_triggers(
     """A worker's triggers (schedules, webhooks, events): each one whole, with its next fire
     times and webhook URL, a page at a time (next_cursor continues)."""
     page = await off(backend_of(ctx).list_triggers, worker)
-    items, next_cursor = page_of(page["items"], cursor, limit)
-    lines = [
-        f"{len(page['items'])} trigger(s) of {worker}" + (" [paused]" if page.get("paused") else "")
-    ]
+    items, next_cursor = page_of(page.items, cursor, limit)
+    lines = [f"{len(page.items)} trigger(s) of {worker}" + (" [paused]" if page.paused else "")]
     lines += [f"  {trigger_line(t)}" for t in items]
     if next_cursor:
         lines.append(f"(more: list_triggers(worker='{worker}', cursor='{next_cursor}'))")
-    data = {**page, "items": items, "next_cursor": next_cursor}
+    data = {
+        **page.to_json(),
+        "items": [t.to_json() for t in items],
+        "next_cursor": next_cursor,
+    }
     return Reply("\n".join(lines), data)
 
 
@@ -528,7 +536,7 @@ async def pause_worker(
 ) -> Reply:
     """Pause a worker (or one trigger): scheduled and webhook runs are refused and recorded."""
     result = await off(backend_of(ctx).set_paused, worker, paused=True, trigger=trigger)
-    return Reply(f"paused {worker}{f' trigger {trigger}' if trigger else ''}", result)
+    return Reply(f"paused {worker}{f' trigger {trigger}' if trigger else ''}", result.to_json())
 
 
 @floom_tool
@@ -541,7 +549,8 @@ async def resume_worker(
 ) -> Reply:
     """Resume a paused worker (or one trigger)."""
     result = await off(backend_of(ctx).set_paused, worker, paused=False, trigger=trigger)
-    return Reply(f"resumed {worker}{f' trigger {trigger}' if trigger else ''}", result)
+    text = f"resumed {worker}{f' trigger {trigger}' if trigger else ''}"
+    return Reply(text, result.to_json())
 
 
 # -- secrets -----------------------------------------------------------------------------------
@@ -551,7 +560,7 @@ async def resume_worker(
 async def list_secrets(ctx: Context) -> Reply:
     """The names of the stored secrets (values are never shown)."""
     page = await off(backend_of(ctx).list_secrets)
-    return Reply(names_text("secret(s)", page["items"]), page)
+    return Reply(names_text("secret(s)", [s.name for s in page.items]), page.to_json())
 
 
 @floom_tool
@@ -562,7 +571,7 @@ async def set_secret(
 ) -> Reply:
     """Store a secret that workers declaring it receive as an environment variable."""
     result = await off(backend_of(ctx).set_secret, name, value)
-    return Reply(f"secret {name} set", result)
+    return Reply(f"secret {name} set", result.to_json())
 
 
 @floom_tool
@@ -571,7 +580,7 @@ async def delete_secret(
 ) -> Reply:
     """Delete a stored secret."""
     result = await off(backend_of(ctx).delete_secret, name)
-    return Reply(f"secret {name} deleted", result)
+    return Reply(f"secret {name} deleted", result.to_json())
 
 
 # -- a worker exposed as its own tool ----------------------------------------------------------
@@ -580,27 +589,27 @@ async def delete_secret(
 @floom_tool
 async def run_exposed(ctx: Context, worker: ExposedWorker, inputs: dict[str, Any]) -> Reply:
     backend = backend_of(ctx)
-    run = await off(backend.start_run, worker.name, inputs)
-    run, finished = await settle(backend, run["id"], worker.wait_seconds)
-    data = {"run_id": run["id"], "status": run["status"], "outputs": run.get("outputs")}
+    started = await off(backend.start_run, worker.name, inputs)
+    run, finished = await settle(backend, started.id, worker.wait_seconds)
+    data: dict[str, Any] = {"run_id": run.id, "status": run.status, "outputs": run.outputs}
     if not finished:
-        text = f"run {run['id']} is still {run['status']}; follow it with watch_run"
+        text = f"run {run.id} is still {run.status}; follow it with watch_run"
         return Reply(text, data)
-    if run["status"] in WAITING:
+    if run.status in WAITING:
         # Not an end: the run proposed its outputs and goes on once a person decides.
         data["approval_id"] = pending_approval_id(run)
-        proposed = f" proposing {short(run.get('outputs'), 1000)}" if run.get("outputs") else ""
-        text = f"run {run['id']} of {worker.name}{proposed} " + waiting_text(run)
+        proposed = f" proposing {short(run.outputs, 1000)}" if run.outputs else ""
+        text = f"run {run.id} of {worker.name}{proposed} " + waiting_text(run)
         return Reply(text, data)
-    if run["status"] != SUCCEEDED:
-        error = run.get("error") or {}
+    if run.status != SUCCEEDED:
+        message = run.error.message if run.error else None
         raise RunDidNotSucceed(
-            f"run {run['id']} of {worker.name} ended {run['status']}"
-            + (f": {error.get('message')}" if error.get("message") else ""),
-            hint=f"read its logs with get_run_logs(run_id='{run['id']}')",
-            details={"run": run},
+            f"run {run.id} of {worker.name} ended {run.status}"
+            + (f": {message}" if message else ""),
+            hint=f"read its logs with get_run_logs(run_id='{run.id}')",
+            details={"run": run.to_json()},
         )
-    return Reply(short(run.get("outputs"), 4000), data)
+    return Reply(short(run.outputs, 4000), data)
 
 
 # Each tool's hints and the least scope a key needs for it: the one place a tool declares

@@ -7,7 +7,7 @@ counts on the next call. Role names are plain strings in the schemas for the sam
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
 from pydantic import Field
@@ -22,12 +22,14 @@ from floom.mcp.toolkit import (
     floom_tool,
     off,
 )
+from floom.schemas.common import OneOf
+from floom.schemas.handoffs import JobPublic, JobQuery
+from floom.vocabulary import JobPriority, JobStatus
 
 JobId = Annotated[str, Field(description="handoff job id, e.g. job_0123abcd...")]
-Status = Literal[
-    "pending", "published", "in_progress", "blocked", "completed", "failed", "cancelled"
-]
-Priority = Literal["low", "normal", "high", "urgent"]
+# The vocabulary's words (floom/vocabulary.py), refused outside the set as a Literal would be.
+Status = Annotated[JobStatus, OneOf(JobStatus, strict=True)]
+Priority = Annotated[JobPriority, OneOf(JobPriority, strict=True)]
 LeaseSeconds = Annotated[
     float | None,
     Field(gt=0, le=86_400, description="how long the claim holds without a heartbeat"),
@@ -41,13 +43,13 @@ Artifacts = Annotated[
 # -- what a person (or a model) reads at a glance -------------------------------------------
 
 
-def job_line(job: dict[str, Any]) -> str:
-    who = (job.get("assignee") or {}).get("label")
+def job_line(job: JobPublic) -> str:
+    who = job.assignee.label if job.assignee else None
     held = f" held by {who}" if who else ""
-    attempt = f" attempt {job['attempt']}" if job.get("attempt", 1) > 1 else ""
+    attempt = f" attempt {job.attempt}" if job.attempt > 1 else ""
     return (
-        f"{job['id']}  [{job['status']}] {job.get('priority')} for {job.get('role')}"
-        f"{held}{attempt}: {_clip(str(job.get('summary') or ''), 120)}"
+        f"{job.id}  [{job.status}] {job.priority} for {job.role}"
+        f"{held}{attempt}: {_clip(job.summary, 120)}"
     )
 
 
@@ -55,46 +57,47 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def job_text(job: dict[str, Any], head: str = "") -> str:
+def job_text(job: JobPublic, head: str = "") -> str:
     lines = [head + job_line(job)] if head else [job_line(job)]
-    if job.get("constraints"):
-        lines.append("constraints: " + "; ".join(job["constraints"]))
-    if job.get("context"):
-        lines.append(f"context: {short(job['context'], 600)}")
-    if job.get("blocked_by"):
-        lines.append("waits on: " + ", ".join(job["blocked_by"]))
-    if job.get("lease_expires_at") and job.get("status") == "in_progress":
+    if job.constraints:
+        lines.append("constraints: " + "; ".join(job.constraints))
+    if job.context:
+        lines.append(f"context: {short(job.context, 600)}")
+    if job.blocked_by:
+        lines.append("waits on: " + ", ".join(job.blocked_by))
+    if job.lease_expires_at and job.status == JobStatus.IN_PROGRESS:
         lines.append(
-            f"lease until {job['lease_expires_at']}; handoff_heartbeat extends it, "
+            f"lease until {job.lease_expires_at.isoformat()}; handoff_heartbeat extends it, "
             "handoff_complete_job finishes it"
         )
-    if job.get("rejection"):
+    if job.rejection:
         lines.append(
-            f"retry of {job.get('retry_of')} (attempt {job.get('attempt')}), rejected: "
-            f"{job['rejection'].get('reason')}; handoff_reopen_context tells every rejection"
+            f"retry of {job.retry_of} (attempt {job.attempt}), rejected: "
+            f"{job.rejection.reason}; handoff_reopen_context tells every rejection"
         )
-    for key, label in (("follow_on_of", "follow-on of"), ("superseded_by", "rejected; retry")):
-        if job.get(key):
-            lines.append(f"{label} {job[key]}")
-    if job.get("result"):
-        lines.append(f"result: {short(job['result'], 600)}")
-    if job.get("reason"):
-        lines.append(f"reason: {job['reason']}")
-    for event in job.get("events") or []:
+    if job.follow_on_of:
+        lines.append(f"follow-on of {job.follow_on_of}")
+    if job.superseded_by:
+        lines.append(f"rejected; retry {job.superseded_by}")
+    if job.result:
+        lines.append(f"result: {short(job.result, 600)}")
+    if job.reason:
+        lines.append(f"reason: {job.reason}")
+    for event in job.events:
         moved = (
-            f" {event.get('from_status') or '-'} -> {event.get('to_status')}"
-            if event.get("from_status") != event.get("to_status")
+            f" {event.from_status or '-'} -> {event.to_status}"
+            if event.from_status != event.to_status
             else ""
         )
-        why = (event.get("payload") or {}).get("reason")
+        why = event.payload.get("reason")
         lines.append(
-            f"  {event['ts']} {event['type']}{moved} by {event.get('actor')}"
+            f"  {event.ts.isoformat()} {event.type}{moved} by {event.actor}"
             + (f": {why}" if why else "")
         )
     return "\n".join(lines)
 
 
-def jobs_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
+def jobs_text(items: list[JobPublic], next_cursor: str | None) -> str:
     if not items:
         return "no handoff jobs that you can see match"
     lines = [f"{len(items)} job(s), newest first:"]
@@ -114,12 +117,11 @@ async def handoff_my_roles(ctx: Context) -> Reply:
     """Who you are in handoffs: your agent, whether your key is an admin's, and the roles you
     hold right now (jobs for these roles are yours to claim)."""
     me = await off(backend_of(ctx).handoff_my_roles)
-    agent = me.get("agent") or {}
-    roles = ", ".join(me.get("roles") or []) or "none"
-    who = f"agent {agent.get('label')}" if agent else "an admin key without an agent"
-    return Reply(
-        f"you are {who}{' (admin)' if me.get('admin') and agent else ''}; roles: {roles}", me
-    )
+    agent = me.agent
+    roles = ", ".join(me.roles) or "none"
+    who = f"agent {agent.label}" if agent else "an admin key without an agent"
+    text = f"you are {who}{' (admin)' if me.admin and agent else ''}; roles: {roles}"
+    return Reply(text, me.to_json())
 
 
 @floom_tool
@@ -134,7 +136,7 @@ async def handoff_create_job(
         list[str] | None, Field(description='rules the work must keep, e.g. "no new deps"')
     ] = None,
     artifacts: Artifacts = None,
-    priority: Priority = "normal",
+    priority: Priority = JobPriority.NORMAL,
     blocked_by: Annotated[
         list[str] | None, Field(description="job ids that must complete first")
     ] = None,
@@ -164,8 +166,8 @@ async def handoff_create_job(
         routing=routing,
         idempotency_key=idempotency_key,
     )
-    head = "already published (same idempotency key): " if job.get("replayed") else "published "
-    return Reply(job_text(job, head), job)
+    head = "already published (same idempotency key): " if job.replayed else "published "
+    return Reply(job_text(job, head), job.to_json())
 
 
 @floom_tool
@@ -185,8 +187,7 @@ async def handoff_list_jobs(
 ) -> Reply:
     """Handoff jobs you can see (your roles', the ones you published or hold), newest first,
     with their lineage (retry_of, superseded_by, follow_on_of)."""
-    page = await off(
-        backend_of(ctx).handoff_list_jobs,
+    query = JobQuery(
         status=list(status) if status else None,
         role=role,
         assignee=assignee,
@@ -195,7 +196,8 @@ async def handoff_list_jobs(
         cursor=cursor,
         limit=limit,
     )
-    return Reply(jobs_text(page["items"], page.get("next_cursor")), page)
+    page = await off(backend_of(ctx).handoff_list_jobs, query)
+    return Reply(jobs_text(page.items, page.next_cursor), page.to_json())
 
 
 @floom_tool
@@ -207,7 +209,7 @@ async def handoff_get_job(
     """One job: context, constraints, artifacts, result, dependencies, lineage and its audit
     trail (who moved it from which status to which, when)."""
     job = await off(backend_of(ctx).handoff_get_job, job_id, events=events)
-    return Reply(job_text(job), job)
+    return Reply(job_text(job), job.to_json())
 
 
 @floom_tool
@@ -216,7 +218,7 @@ async def handoff_claim_job(
 ) -> Reply:
     """Claim one published job of a role you hold; you hold it until the lease runs out."""
     job = await off(backend_of(ctx).handoff_claim_job, job_id, lease_seconds=lease_seconds)
-    return Reply(job_text(job, "claimed "), job)
+    return Reply(job_text(job, "claimed "), job.to_json())
 
 
 @floom_tool
@@ -228,10 +230,10 @@ async def handoff_claim_next_job(
     """Claim the most urgent, then oldest, published job of your roles. Jobs other agents
     hold are skipped; "job" is null when nothing waits."""
     body = await off(backend_of(ctx).handoff_claim_next_job, role=role, lease_seconds=lease_seconds)
-    job = body.get("job")
+    job = body.job
     if job is None:
-        return Reply("no published job waits for your roles; try again later", body)
-    return Reply(job_text(job, "claimed "), body)
+        return Reply("no published job waits for your roles; try again later", body.to_json())
+    return Reply(job_text(job, "claimed "), body.to_json())
 
 
 @floom_tool
@@ -240,7 +242,8 @@ async def handoff_heartbeat(
 ) -> Reply:
     """Extend the lease on a job you hold, while you are still working on it."""
     body = await off(backend_of(ctx).handoff_heartbeat, job_id, lease_seconds=lease_seconds)
-    return Reply(f"job {job_id} is {body['status']}; lease until {body['lease_expires_at']}", body)
+    until = body.lease_expires_at.isoformat() if body.lease_expires_at else None
+    return Reply(f"job {job_id} is {body.status}; lease until {until}", body.to_json())
 
 
 @floom_tool
@@ -266,7 +269,7 @@ async def handoff_set_status(
         reason=reason,
         lease_seconds=lease_seconds,
     )
-    return Reply(job_text(job, "now "), job)
+    return Reply(job_text(job, "now "), job.to_json())
 
 
 @floom_tool
@@ -281,7 +284,7 @@ async def handoff_update_job(
     job = await off(
         backend_of(ctx).handoff_update_job, job_id, context=context, constraints=constraints
     )
-    return Reply(job_text(job, "updated "), job)
+    return Reply(job_text(job, "updated "), job.to_json())
 
 
 @floom_tool
@@ -302,7 +305,7 @@ async def handoff_complete_job(
         data=data,
         artifacts=artifacts,
     )
-    return Reply(job_text(job, "completed "), job)
+    return Reply(job_text(job, "completed "), job.to_json())
 
 
 @floom_tool
@@ -318,7 +321,7 @@ async def handoff_reject_job(
     retry = await off(
         backend_of(ctx).handoff_reject_job, job_id, reason=reason, role=role, priority=priority
     )
-    return Reply(job_text(retry, f"rejected {job_id}; retry "), retry)
+    return Reply(job_text(retry, f"rejected {job_id}; retry "), retry.to_json())
 
 
 @floom_tool
@@ -327,14 +330,13 @@ async def handoff_reopen_context(ctx: Context, job_id: JobId) -> Reply:
     rejection reason so far and the attempt count (without the full context payload)."""
     body = await off(backend_of(ctx).handoff_reopen_context, job_id)
     lines = [
-        f"job {body['job_id']} is attempt {body['attempt']} of {body['original_job_id']}: "
-        f"{body['summary']}"
+        f"job {body.job_id} is attempt {body.attempt} of {body.original_job_id}: {body.summary}"
     ]
-    if body.get("constraints"):
-        lines.append("constraints: " + "; ".join(body["constraints"]))
-    for r in body.get("rejections") or []:
-        lines.append(f"  attempt {r['attempt']} rejected by {r.get('reviewer')}: {r['reason']}")
-    return Reply("\n".join(lines), body)
+    if body.constraints:
+        lines.append("constraints: " + "; ".join(body.constraints))
+    for r in body.rejections:
+        lines.append(f"  attempt {r.attempt} rejected by {r.reviewer}: {r.reason}")
+    return Reply("\n".join(lines), body.to_json())
 
 
 # Each tool's hints and the scope a key needs for it (floom.mcp.toolkit.FloomTool).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, TypeVar
 
 from mcp.server.mcpserver import Context
 from mcp_types import ToolAnnotations
@@ -14,51 +14,53 @@ from pydantic import Field
 
 from floom.mcp.render import Reply, short
 from floom.mcp.toolkit import MAX_WAIT_SECONDS, READ, FloomTool, backend_of, floom_tool, off
+from floom.schemas.common import OneOf
+from floom.schemas.replays import EvalReport, ReplayReport
+from floom.vocabulary import ReplayMode
 
 POLL_SECONDS = 0.5
+R = TypeVar("R", ReplayReport, EvalReport)
 WaitSeconds = Annotated[
     float, Field(ge=0, le=MAX_WAIT_SECONDS, description="wait up to this long for the report")
 ]
 
 
-async def _until_finished(
-    fetch: Callable[[], Any], first: dict[str, Any], seconds: float
-) -> dict[str, Any]:
+async def _until_finished(fetch: Callable[[], R], first: R, seconds: float) -> R:
     report, deadline = first, time.monotonic() + min(seconds, MAX_WAIT_SECONDS)
-    while not report["finished"] and time.monotonic() < deadline:
+    while not report.finished and time.monotonic() < deadline:
         await asyncio.sleep(POLL_SECONDS)
         report = await off(fetch)
     return report
 
 
-def replay_text(report: dict[str, Any]) -> str:
-    head = f"replay {report['run_id']} of {report['original_run_id']} ({report['mode']})"
-    if not report["finished"]:
-        return f"{head}: {report['status']}; ask again with get_replay"
-    diff = report["diff"]
+def replay_text(report: ReplayReport) -> str:
+    head = f"replay {report.run_id} of {report.original_run_id} ({report.mode})"
+    if not report.finished or report.diff is None:
+        return f"{head}: {report.status}; ask again with get_replay"
+    diff = report.diff
     lines = [f"{head}: {diff['status']['original']} -> {diff['status']['replay']}"]
-    if report["mode"] == "exact":
+    if report.mode == "exact":
         lines.append(
             "reproduced the original"
-            if report["reproduced"]
-            else f"diverged at {short(report['divergence'], 600)}"
+            if report.reproduced
+            else f"diverged at {short(report.divergence, 600)}"
         )
     outputs = diff["outputs"]
     lines.append("outputs equal" if outputs["equal"] else f"outputs differ: {short(outputs, 800)}")
     counts = diff["tool_calls"]["counts"]
     lines.append(
         f"tool calls: {counts['added']} added, {counts['removed']} removed, "
-        f"{counts['changed']} changed; {report.get('refused_calls', 0)} refused (not in the "
+        f"{counts['changed']} changed; {report.refused_calls} refused (not in the "
         f"recording); tokens {diff['tokens']['original']} -> {diff['tokens']['replay']}"
     )
     return "\n".join(lines)
 
 
-def eval_text(report: dict[str, Any]) -> str:
-    t = report["totals"]
-    state = "finished" if report["finished"] else f"{t['finished']} of {t['runs']} finished"
+def eval_text(report: EvalReport) -> str:
+    t = report.totals
+    state = "finished" if report.finished else f"{t['finished']} of {t['runs']} finished"
     return (
-        f"eval {report['id']} of {report['worker']} against {report['version_id']} ({state}): "
+        f"eval {report.id} of {report.worker} against {report.version_id} ({state}): "
         f"{t['outputs_equal']} outputs equal, {t['outputs_different']} different, "
         f"{t['tool_calls_diverged']} with diverged tool calls, {t['refused_calls']} refused "
         f"calls; tokens {t['tokens']['original']} -> {t['tokens']['replay']}"
@@ -70,9 +72,9 @@ async def replay_recorded_run(
     ctx: Context,
     run_id: Annotated[str, Field(description="a finished agent run")],
     mode: Annotated[
-        Literal["exact", "what_if"],
+        Annotated[ReplayMode, OneOf(ReplayMode, strict=True)],
         Field(description="exact: no model, no tool; what_if: the model live, tools recorded"),
-    ] = "exact",
+    ] = ReplayMode.EXACT,
     version_id: Annotated[
         str | None, Field(description="what_if: the version to test (default: the active one)")
     ] = None,
@@ -83,9 +85,9 @@ async def replay_recorded_run(
     the record reproduces) or what-if (another version or model); returns the diff."""
     backend = backend_of(ctx)
     run = await off(backend.start_replay, run_id, mode=mode, version_id=version_id, model=model)
-    first = await off(backend.get_replay, run["id"])
-    report = await _until_finished(lambda: backend.get_replay(run["id"]), first, wait_seconds)
-    return Reply(replay_text(report), report)
+    first = await off(backend.get_replay, run.id)
+    report = await _until_finished(lambda: backend.get_replay(run.id), first, wait_seconds)
+    return Reply(replay_text(report), report.to_json())
 
 
 @floom_tool
@@ -94,7 +96,7 @@ async def get_replay(
 ) -> Reply:
     """A replay's report: its status and, once finished, the diff against the original."""
     report = await off(backend_of(ctx).get_replay, run_id)
-    return Reply(replay_text(report), report)
+    return Reply(replay_text(report), report.to_json())
 
 
 @floom_tool
@@ -115,8 +117,8 @@ async def eval_worker(
     backend = backend_of(ctx)
     body = {k: v for k, v in {"runs": runs, "version_id": version_id, "model": model}.items() if v}
     first = await off(backend.start_eval, worker, body)
-    report = await _until_finished(lambda: backend.get_eval(first["id"]), first, wait_seconds)
-    return Reply(eval_text(report), report)
+    report = await _until_finished(lambda: backend.get_eval(first.id), first, wait_seconds)
+    return Reply(eval_text(report), report.to_json())
 
 
 @floom_tool
@@ -125,7 +127,7 @@ async def get_eval(
 ) -> Reply:
     """An eval's report: per run and in total."""
     report = await off(backend_of(ctx).get_eval, eval_id)
-    return Reply(eval_text(report), report)
+    return Reply(eval_text(report), report.to_json())
 
 
 # A replay calls the model (what-if) but never acts on the world through tools.

@@ -11,6 +11,7 @@ from pydantic import Field
 from floom.errors import InvalidRequest
 from floom.mcp.render import Reply, short
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
+from floom.schemas.workers import WorkerStatePublic
 from floom.services.workers.state import MAX_VERSION
 
 WorkerName = Annotated[str, Field(description="worker name")]
@@ -19,19 +20,19 @@ StateVersion = Annotated[
 ]
 
 
-def state_text(body: dict[str, Any]) -> str:
-    worker, written = body["worker"], body.get("written")
+def state_text(body: WorkerStatePublic) -> str:
+    worker, written = body.worker, body.written
     if written is None:
         head = f"{worker} has no state yet (version 0)"
-        return head if body["enabled"] else f"{head}; its worker.yml does not declare state"
-    source = written["source"]
-    if written.get("restored_from"):
-        source += f" of version {written['restored_from']}"
-    by = f"run {written['run_id']}" if written.get("run_id") else written.get("written_by")
-    latest = "" if body["version"] == body["current_version"] else " (not the current one)"
+        return head if body.enabled else f"{head}; its worker.yml does not declare state"
+    source = str(written.source)
+    if written.restored_from:
+        source += f" of version {written.restored_from}"
+    by = f"run {written.run_id}" if written.run_id else written.written_by
+    latest = "" if body.version == body.current_version else " (not the current one)"
     return (
-        f"{worker} state version {body['version']}{latest}, {source} by {by} at "
-        f"{written['created_at']}: {short(body['state'], 2000)}"
+        f"{worker} state version {body.version}{latest}, {source} by {by} at "
+        f"{written.created_at.isoformat()}: {short(body.state, 2000)}"
     )
 
 
@@ -40,7 +41,7 @@ async def get_worker_state(ctx: Context, worker: WorkerName, version: StateVersi
     """A worker's state (worker.yml `state:`): what its last successful run left for the
     next, with who wrote it and from which run; or a kept earlier version."""
     body = await off(backend_of(ctx).get_state, worker, version=version)
-    return Reply(state_text(body), body)
+    return Reply(state_text(body), body.to_json())
 
 
 @floom_tool
@@ -71,7 +72,7 @@ async def set_worker_state(
         from_version=from_version,
         if_version=if_version,
     )
-    return Reply(state_text(body), body)
+    return Reply(state_text(body), body.to_json())
 
 
 @floom_tool
@@ -84,11 +85,11 @@ async def list_worker_state_versions(
     and how big. get_worker_state(version=N) reads one."""
     page = await off(backend_of(ctx).state_versions, worker, limit=limit)
     lines = [
-        f"version {v['version']}: {v['source']} by {v.get('written_by') or '-'} at "
-        f"{v['created_at']} ({v['size']} bytes)"
-        for v in page["items"]
+        f"version {v.version}: {v.source} by {v.written_by or '-'} at "
+        f"{v.created_at.isoformat()} ({v.size} bytes)"
+        for v in page.items
     ]
-    return Reply("\n".join(lines) or f"{worker} has no state yet", page)
+    return Reply("\n".join(lines) or f"{worker} has no state yet", page.to_json())
 
 
 STATE_TOOLS: tuple[FloomTool, ...] = (

@@ -3,7 +3,9 @@
 One sandbox per attempt (per agent run for `run_command`, through a session): created from
 the worker's template with metadata naming the run and this node, the files go up as one
 archive, the command's lines stream back as printed, and `result.json` with the output dir
-come back as one archive, read as hostile. The SDK's own settings (E2B_DOMAIN, its API and
+come back as one archive, read as hostile. With FLOOM_E2B_WARM the sandbox may instead come
+ready from a pool created ahead of runs (warm.py): created without anything of a run, handed
+to this one alone and killed after it all the same. The SDK's own settings (E2B_DOMAIN, its API and
 sandbox URLs, debug) choose the E2B deployment; floom passes only its key.
 """
 
@@ -41,7 +43,7 @@ from floom.sandbox.base import (
     SessionGuard,
     validate_spec,
 )
-from floom.sandbox.e2b.command import OUTPUT_DIR, WORKDIR, E2BCommand
+from floom.sandbox.e2b.command import HOME, OUTPUT_DIR, WORKDIR, E2BCommand
 from floom.sandbox.e2b.transfer import (
     Snapshot,
     changed,
@@ -51,15 +53,25 @@ from floom.sandbox.e2b.transfer import (
     snapshot,
     unpack_hostile,
 )
+from floom.sandbox.e2b.warm import POOL_LABEL, BoxShape, WarmBoxes
+
+# Re-exported: floom/sandbox/__init__.py builds it with the backend, in one lazy import.
+from floom.sandbox.e2b.warm import E2BWarmSettings as E2BWarmSettings
 from floom.sandbox.fence import node_fence
 
 log = logging.getLogger("floom.sandbox.e2b")
 
 KEY_SETTING = "FLOOM_E2B_API_KEY"
 DEFAULT_TEMPLATE = "base"
-HOME = "/home/user"
 INBOX = f"{HOME}/.floom-in.tar.gz"
 OUTBOX = f"{HOME}/.floom-out.tar.gz"
+UNPACK_FAILED = 198
+"""How the command exits when it could not unpack the uploaded files (the inbox then stays:
+a script's own exit 198 leaves none)."""
+UNPACK = (
+    f"{{ mkdir -p {WORKDIR} {OUTPUT_DIR} && tar -xzf {INBOX} -C {HOME} && rm -f {INBOX}; }}"
+    f" || exit {UNPACK_FAILED}"
+)
 NODE_LABEL = "floom_node"
 RUN_LABEL = "floom_run_id"
 # The sandbox lives this much past the run's timeout, for the files to go up and come back;
@@ -89,10 +101,21 @@ class E2BSandbox(Sandbox):
 
     name = "e2b"
 
-    def __init__(self, *, api_key: str, template: str, budgets: Budgets) -> None:
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        template: str,
+        budgets: Budgets,
+        warm: E2BWarmSettings | None = None,
+    ) -> None:
         self.api_key = api_key
         self.template = template or DEFAULT_TEMPLATE
         self.budgets = budgets
+        # Sandboxes created ahead of runs (floom/sandbox/e2b/warm.py), with FLOOM_E2B_WARM.
+        self.warm: WarmBoxes | None = None
+        if warm is not None and warm.count > 0 and api_key:
+            self.warm = WarmBoxes(warm, create=self._create_ready, kill=self._kill_ready)
 
     def check(self) -> None:
         if not self.api_key:
@@ -126,6 +149,27 @@ class E2BSandbox(Sandbox):
     def open_session(self) -> SandboxSession:
         return E2BSession(self, whole_workspace=True)
 
+    def close(self) -> None:
+        if self.warm is not None:
+            self.warm.close()
+
+    def warm_stats(self) -> dict[str, Any] | None:
+        """The warm pools of E2B sandboxes (warm.py's `stats`); None with them off."""
+        return None if self.warm is None else self.warm.stats()
+
+    def _create_ready(self, shape: BoxShape, timeout: int, metadata: dict[str, str]) -> E2BBox:
+        # Nothing of a run: no environment, no files; only the node and pool in metadata.
+        return E2BBox.create(
+            template=shape.template,
+            timeout=timeout,
+            metadata=metadata,
+            allow_internet_access=shape.network,
+            **self.api(),
+        )
+
+    def _kill_ready(self, box: E2BBox) -> bool:
+        return bool(box.kill(request_timeout=KILL_TIMEOUT))
+
     def api(self) -> dict[str, Any]:
         """The SDK's per-call options: floom's key, bounded requests; the SDK's own settings
         (E2B_DOMAIN, E2B_API_URL, E2B_SANDBOX_URL) pick the deployment."""
@@ -148,7 +192,15 @@ class E2BSandbox(Sandbox):
             live = set(live_run_ids()) if found else set()
             killed = 0
             for info in found:
-                if info.metadata.get(RUN_LABEL) not in live:
+                if POOL_LABEL in info.metadata:
+                    # Made ahead of runs: this process's pools keep theirs; any other's
+                    # (a process of this node that died) is an orphan, run or not.
+                    orphan = self.warm is None or not self.warm.keeps(
+                        info.sandbox_id, info.metadata
+                    )
+                else:
+                    orphan = info.metadata.get(RUN_LABEL) not in live
+                if orphan:
                     killed += bool(E2BBox.kill(info.sandbox_id, **self.api()))
             return killed
         except Exception as exc:  # E2B down: the next pass tries again
@@ -203,6 +255,8 @@ class E2BSession(SandboxSession):
         self.synced: Snapshot = {}
         self.lock = threading.Lock()
         self.keeper: LeaseKeeper | None = None
+        # Whether the sandbox came ready from the backend's warm pool (told when it ends).
+        self.warm = False
 
     def run(
         self,
@@ -226,10 +280,21 @@ class E2BSession(SandboxSession):
             if box is None:
                 raise SandboxUnavailable("this E2B session's sandbox is gone")
             doing = "uploading the run's files"
-            if first or changed(trees, self.synced):
+            uploaded = first or changed(trees, self.synced)
+            if uploaded:
                 self._upload(box, trees, since=None if first else self.synced)
             doing = "running the command"
-            result = E2BCommand(box, spec, on_line).wait(should_cancel, deadline)
+            # The command unpacks what was uploaded itself: no round trip and process of its own.
+            command = E2BCommand(box, spec, on_line, unpack=UNPACK if uploaded else "")
+            result = command.wait(should_cancel, deadline)
+            if uploaded and result.exit_code == UNPACK_FAILED and box.files.exists(INBOX):
+                doing = "unpacking the run's files"
+                raise SandboxUnavailable(
+                    f"the run's files could not be unpacked in E2B sandbox {box.sandbox_id} "
+                    "(its disk full, or its template without tar?)",
+                    hint="check the template's disk size and that it has tar; floom retries "
+                    "the run",
+                )
             if result.cancelled or result.timed_out:
                 return result
             doing = "bringing back the run's files"
@@ -246,6 +311,12 @@ class E2BSession(SandboxSession):
         if left is not None:
             # E2B ends it with the attempt's lease unless the lease is renewed (LeaseKeeper).
             timeout = min(timeout, left)
+        warm, node = self.backend.warm, spec.metadata.get(NODE_LABEL, "")
+        if warm is not None and node:
+            box = warm.take(BoxShape(template, spec.network, node), timeout=timeout)
+            if box is not None:
+                self.warm = True
+                return box
         try:
             return E2BBox.create(
                 template=template,
@@ -265,14 +336,9 @@ class E2BSession(SandboxSession):
             raise
 
     def _upload(self, box: E2BBox, trees: dict[str, Path], *, since: Snapshot | None) -> None:
-        # One archive and one command to unpack it, whatever the number of files.
+        # One archive, whatever the number of files; the command unpacks it (UNPACK).
         data, self.synced = pack(trees, since=since)
         box.files.write(INBOX, data, request_timeout=REQUEST_TIMEOUT * 4)
-        box.commands.run(
-            f"mkdir -p {WORKDIR} {OUTPUT_DIR} && tar -xzf {INBOX} -C {HOME} && rm -f {INBOX}",
-            cwd=HOME,
-            timeout=REQUEST_TIMEOUT * 4,
-        )
 
     def _download(
         self, box: E2BBox, spec: SandboxSpec, result: SandboxResult, on_line: LineSink
@@ -319,10 +385,14 @@ class E2BSession(SandboxSession):
             keeper.stop()
         if box is None:
             return
+        killed = False
         try:
             box.kill(request_timeout=KILL_TIMEOUT)
+            killed = True
         except Exception as exc:  # E2B ends it at its timeout; the orphan reaper retries
             log.warning("could not kill E2B sandbox %s: %s", box.sandbox_id, exc)
+        if self.warm and self.backend.warm is not None:
+            self.backend.warm.done(box, killed=killed)
 
 
 def _lease_left(fence: str) -> int | None:

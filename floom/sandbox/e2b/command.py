@@ -19,6 +19,7 @@ from floom.sandbox.local.supervisor import LineSplitter
 
 log = logging.getLogger("floom.sandbox.e2b")
 
+HOME = "/home/user"
 WORKDIR = "/home/user/work"
 OUTPUT_DIR = "/home/user/output"
 # After a cancel or timeout, how long the command's stream may take to end once killed.
@@ -32,17 +33,24 @@ class E2BCommand:
     """One command in a sandbox: its output read in a thread, lines handed to `on_line` in
     the calling thread, cancel and timeout polled while it runs."""
 
-    def __init__(self, box: E2BBox, spec: SandboxSpec, on_line: LineSink) -> None:
+    def __init__(
+        self, box: E2BBox, spec: SandboxSpec, on_line: LineSink, *, unpack: str = ""
+    ) -> None:
+        """`unpack`: a shell line the command runs first, in /home/user (unpacking the
+        files just uploaded); the command then runs in the work dir as without it."""
         self.box = box
         self.spec = spec
         self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self.splitters = {s: LineSplitter(s, on_line) for s in ("stdout", "stderr")}
         env = {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": OUTPUT_DIR}
+        line = shlex.join(spec.command)
+        if unpack:
+            line = f"{unpack}; cd {WORKDIR} && exec {line}"
         self.handle = box.commands.run(
-            shlex.join(spec.command),
+            line,
             background=True,
             envs=env,
-            cwd=WORKDIR,
+            cwd=HOME if unpack else WORKDIR,
             # A backstop: floom kills the command at its own deadline first.
             timeout=spec.timeout_seconds + 30,
         )

@@ -31,6 +31,7 @@ from floom.sandbox.base import (
     SandboxSpec,
     SandboxUnavailable,
     StartedAhead,
+    read_only_files,
     validate_spec,
 )
 from floom.sandbox.fence import node_fence
@@ -656,6 +657,8 @@ def _argv(
     argv += ("--size", memory, "--tmpfs", "/tmp")
     work, output = identity.bind_sources(spec.workdir, spec.output_dir)
     argv += ("--bind", work, SANDBOX_WORKDIR)
+    for name in read_only_files(spec):
+        argv += ("--ro-bind", f"{work}/{name}", f"{SANDBOX_WORKDIR}/{name}")
     argv += ("--bind", output, SANDBOX_OUTPUT_DIR)
     if fds.seccomp is not None:
         argv += ("--seccomp", str(fds.seccomp))

@@ -92,14 +92,3 @@ def list_events(
         rows = list(s.exec(q).all())
     next_cursor = rows[limit - 1].id if len(rows) > limit else None
     return rows[:limit], next_cursor
-
-
-def event_to_dict(event: AuditEvent) -> dict[str, Any]:
-    return {
-        "id": event.id,
-        "type": event.type,
-        "actor": {"key_id": event.actor_key_id, "label": event.actor},
-        "subject": event.subject,
-        "payload": jsonvalues.stored(event.payload_json, expect=dict),
-        "created_at": event.created_at,
-    }

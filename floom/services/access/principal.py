@@ -27,10 +27,11 @@ from floom.hints import Surface as Surface  # where a call came in (the hints na
 from floom.hints import Told, act, told
 from floom.store.db import Writer, on_postgres
 from floom.store.models import ApiKey
+from floom.vocabulary import Scope
 
-SCOPES = ("read", "run", "deploy", "admin")
+SCOPES: tuple[str, ...] = tuple(Scope)
 # Each scope includes the ones before it: a deploy key can also run and read.
-_RANK = {scope: i for i, scope in enumerate(SCOPES)}
+_RANK: dict[str, int] = {scope: i for i, scope in enumerate(SCOPES)}
 
 
 def grants(key_scopes: str | Iterable[str], needed: str) -> bool:

@@ -17,6 +17,7 @@ from floom.services.alerts.channels import ChannelInvalid, check_url
 from floom.services.runs.rules import FINISHED
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Run, RunCallback
+from floom.vocabulary import DeliveryPurpose
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -64,7 +65,7 @@ def queue_ended(ctx: Context) -> int:
             delivery = incidents.enqueue(
                 ctx,
                 s,
-                purpose="callback",
+                purpose=DeliveryPurpose.CALLBACK,
                 body=record_body(ctx, s, run),
                 target=callback.url,
                 run_id=run.id,

@@ -16,20 +16,22 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 from standardwebhooks.webhooks import Webhook
 
+from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.hints import Told, act, told
 from floom.hints import cli as cli_hints
-from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN
+from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
 from floom.net.egress import EgressRefused, policy_of, resolve_checked
 from floom.services.access import secrets
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import AlertChannel, new_id, utcnow
+from floom.vocabulary import ChannelKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
 
-KINDS = ("webhook", "slack", "email")
+KINDS: tuple[ChannelKind, ...] = tuple(ChannelKind)
 MAX_URL = 2048
 MAX_RECIPIENTS = 20
 # Each kind's settings: (key, required, what it holds).
@@ -75,7 +77,8 @@ class Channel:
 
     @classmethod
     def of(cls, row: AlertChannel) -> Channel:
-        return cls(id=row.id, name=row.name, kind=row.kind, config=json.loads(row.config_json))
+        config = jsonvalues.stored(row.config_json, expect=dict)
+        return cls(id=row.id, name=row.name, kind=row.kind, config=config)
 
 
 def check_url(ctx: Context, url: Any, path: str) -> str:
@@ -103,7 +106,7 @@ def check_url(ctx: Context, url: Any, path: str) -> str:
     except EgressRefused as exc:
         hint = (
             "check the host name"
-            if "resolve" in exc.message or "no address" in exc.message
+            if "cannot resolve" in exc.message or "no address" in exc.message
             else "floom sends only to public addresses (or networks in FLOOM_EGRESS_ALLOW)"
         )
         raise invalid(path, exc.message, hint) from exc
@@ -150,10 +153,10 @@ def check_config(ctx: Context, *, kind: str, config: Any, caller: Principal) -> 
     for key in SECRET_SETTINGS:
         if config.get(key) is not None:
             clean[key] = _check_secret(ctx, config[key], f"config.{key}", caller)
-    if kind == "webhook":
+    if kind == ChannelKind.WEBHOOK:
         clean["url"] = check_url(ctx, config["url"], "config.url")
         _check_signing_key(ctx, clean["secret"])
-    elif kind == "slack":
+    elif kind == ChannelKind.SLACK:
         url = _secret_value(ctx, clean["url_secret"])
         check_url(ctx, url, "config.url_secret")
     else:
@@ -232,7 +235,9 @@ def create_channel(
     caller.require("deploy")
     _check_name(name)
     clean = check_config(ctx, kind=kind, config=config, caller=caller)
-    row = AlertChannel(id=new_id("ach"), name=name, kind=kind, config_json=json.dumps(clean))
+    row = AlertChannel(
+        id=new_id("ach"), name=name, kind=ChannelKind(kind), config_json=json.dumps(clean)
+    )
     try:
         with session_scope(ctx.engine, write=True) as s:
             caller.require_in(s, "deploy")
@@ -303,3 +308,22 @@ def channel_secrets(ctx: Context, channel: Channel) -> dict[str, str]:
     names = {key: channel.config[key] for key in SECRET_SETTINGS if channel.config.get(key)}
     values, _ = secrets.resolve(ctx, names.values())
     return {key: values[name] for key, name in names.items() if name in values}
+
+
+def trigger_callback_problems(ctx: Context, manifest: Manifest) -> list[Problem]:
+    """A problem for each `callback_url` of the manifest's Composio triggers that the egress
+    guard refuses (or that does not resolve), at the trigger's path; asked at deploy and
+    validate, so a trigger's runs never carry a URL floom may not reach."""
+    raw = manifest.triggers if isinstance(manifest.triggers, list) else []
+    problems = []
+    for i, item in enumerate(raw):
+        settings = item.get("composio") if isinstance(item, dict) else None
+        url = settings.get("callback_url") if isinstance(settings, dict) else None
+        if not isinstance(url, str):
+            continue
+        path = f"triggers[{i}].composio.callback_url"
+        try:
+            check_url(ctx, url, path)
+        except ChannelInvalid as exc:
+            problems.append(Problem(path, exc.message.removeprefix(f"{path}: "), exc.hint))
+    return problems

@@ -20,14 +20,15 @@ from floom.services.alerts.channels import Channel, get_channel
 from floom.services.alerts.senders import AlertUndeliverable, send_alert, send_callback
 from floom.store.db import session_scope
 from floom.store.models import AlertChannel, Delivery, new_id, utcnow
+from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
 
 log = logging.getLogger("floom.alerts")
 
-STATUSES = ("pending", "delivered", "failed", "throttled")
-PURPOSES = ("alert", "test", "callback")
+STATUSES: tuple[DeliveryStatus, ...] = tuple(DeliveryStatus)
+PURPOSES: tuple[DeliveryPurpose, ...] = tuple(DeliveryPurpose)
 MAX_BACKOFF_SECONDS = 3600.0
 CLAIM_BATCH = 20
 
@@ -42,7 +43,7 @@ def claim_due(ctx: Context, *, limit: int = CLAIM_BATCH, only: str | None = None
     now = utcnow()
     with session_scope(ctx.engine, write=True) as s:
         query = select(Delivery).where(
-            Delivery.status == "pending",
+            Delivery.status == DeliveryStatus.PENDING,
             or_(col(Delivery.lease_expires_at).is_(None), col(Delivery.lease_expires_at) < now),
         )
         if only is not None:
@@ -67,7 +68,10 @@ def release_own(ctx: Context) -> None:
     with session_scope(ctx.engine, write=True) as s:
         s.exec(
             update(Delivery)
-            .where(col(Delivery.status) == "pending", col(Delivery.lease_owner) == ctx.node_id)
+            .where(
+                col(Delivery.status) == DeliveryStatus.PENDING,
+                col(Delivery.lease_owner) == ctx.node_id,
+            )
             .values(lease_owner=None, lease_expires_at=None)
         )
 
@@ -88,7 +92,7 @@ def attempt(ctx: Context, delivery: Delivery) -> str | None:
 
 
 def _send(ctx: Context, delivery: Delivery) -> None:
-    if delivery.purpose == "callback":
+    if delivery.purpose == DeliveryPurpose.CALLBACK:
         send_callback(
             ctx, delivery_id=delivery.id, url=delivery.target or "", body=delivery.body_json
         )
@@ -107,9 +111,9 @@ def _record_result(ctx: Context, delivery: Delivery, *, error: str | None, perma
     attempts = delivery.attempts + 1
     values: dict[str, Any] = {"attempts": attempts, "lease_owner": None, "lease_expires_at": None}
     if error is None:
-        values.update(status="delivered", delivered_at=now, last_error=None)
+        values.update(status=DeliveryStatus.DELIVERED, delivered_at=now, last_error=None)
     elif permanent or attempts >= delivery.max_attempts:
-        values.update(status="failed", last_error=error[:500])
+        values.update(status=DeliveryStatus.FAILED, last_error=error[:500])
     else:
         delay = min(ctx.settings.alert_retry_seconds * 2 ** (attempts - 1), MAX_BACKOFF_SECONDS)
         values.update(last_error=error[:500], next_attempt_at=now + timedelta(seconds=delay))
@@ -118,7 +122,7 @@ def _record_result(ctx: Context, delivery: Delivery, *, error: str | None, perma
             update(Delivery)
             .where(
                 col(Delivery.id) == delivery.id,
-                col(Delivery.status) == "pending",
+                col(Delivery.status) == DeliveryStatus.PENDING,
                 col(Delivery.lease_owner) == ctx.node_id,
                 col(Delivery.attempts) == delivery.attempts,
             )
@@ -195,13 +199,13 @@ def resend(ctx: Context, *, delivery_id: str, caller: Principal) -> Delivery:
             raise NotFound(
                 f"no delivery {delivery_id}", hint=told(act("alerts deliveries"), " lists them")
             )
-        if delivery.status == "pending":
+        if delivery.status == DeliveryStatus.PENDING:
             raise Conflict(
                 f"delivery {delivery_id} is pending: it is sent (or tried again) already",
                 hint=told("wait for it; ", act("alerts deliveries"), " shows when it is due"),
             )
         now = utcnow()
-        if delivery.status == "delivered":
+        if delivery.status == DeliveryStatus.DELIVERED:
             delivery = Delivery(
                 **{
                     **delivery.model_dump(),
@@ -210,7 +214,7 @@ def resend(ctx: Context, *, delivery_id: str, caller: Principal) -> Delivery:
                     "created_at": now,
                 }
             )
-        delivery.status = "pending"
+        delivery.status = DeliveryStatus.PENDING
         delivery.attempts = 0
         delivery.next_attempt_at = now
         delivery.last_error = None
@@ -245,7 +249,13 @@ def send_test(ctx: Context, *, channel_name: str, caller: Principal) -> Delivery
         # Sent here and now, not by the alert loop (which would take it first); due later
         # only in case this process dies before it sends it.
         delivery = incidents.enqueue(
-            ctx, s, purpose="test", body=body, channel=channel, max_attempts=1, due_in=60
+            ctx,
+            s,
+            purpose=DeliveryPurpose.TEST,
+            body=body,
+            channel=channel,
+            max_attempts=1,
+            due_in=60,
         )
     claimed = claim_due(ctx, only=delivery.id)
     if not claimed:

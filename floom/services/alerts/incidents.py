@@ -9,7 +9,6 @@ alerts on its own. Each event's key makes it count once, whichever node saw it f
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,11 +29,13 @@ from floom.store.models import (
     AlertEvent,
     AlertIncident,
     Delivery,
+    Secret,
     Version,
     Worker,
     new_id,
     utcnow,
 )
+from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -45,8 +46,8 @@ PROBLEM = "problem"
 RECOVERY = "recovery"
 NOTICE = "notice"
 MAX_MESSAGE = 2000
-PENDING = "pending"
-THROTTLED = "throttled"
+PENDING = DeliveryStatus.PENDING
+THROTTLED = DeliveryStatus.THROTTLED
 
 
 @dataclass
@@ -163,7 +164,7 @@ def _record(ctx: Context, s: Session, seen: Seen) -> AlertEvent | None:
             enqueue(
                 ctx,
                 s,
-                purpose="alert",
+                purpose=DeliveryPurpose.ALERT,
                 body=body,
                 channel=route.channel,
                 event_id=event.id,
@@ -227,8 +228,13 @@ def _redacted(ctx: Context, s: Session, worker: str | None, text: str | None) ->
     ).first()
     if row is None:
         return text
-    manifest = workers.manifest_of(row)
-    names = [*manifest.secrets, *manifest.apply_secrets]
+    try:
+        manifest = workers.manifest_of(row)
+    except workers.ManifestUnreadable:
+        # Which secrets it declares cannot be read: mask every secret floom holds.
+        names = list(s.exec(select(Secret.name)).all())
+    else:
+        names = [*manifest.secrets, *manifest.apply_secrets]
     if not names:
         return text
     values, _ = secrets.resolve(ctx, names)
@@ -239,7 +245,7 @@ def enqueue(
     ctx: Context,
     s: Session,
     *,
-    purpose: str,
+    purpose: DeliveryPurpose,
     body: dict[str, Any],
     channel: AlertChannel | None = None,
     target: str | None = None,
@@ -253,14 +259,14 @@ def enqueue(
     throttled instead."""
     now = utcnow()
     status = PENDING
-    if purpose == "alert" and channel is not None:
+    if purpose == DeliveryPurpose.ALERT and channel is not None:
         since = now - timedelta(seconds=ctx.settings.alert_throttle_seconds)
         sent = s.exec(
             select(func.count())
             .select_from(Delivery)
             .where(
                 Delivery.channel_id == channel.id,
-                Delivery.purpose == "alert",
+                Delivery.purpose == DeliveryPurpose.ALERT,
                 col(Delivery.created_at) >= since,
                 Delivery.status != THROTTLED,
             )
@@ -300,5 +306,5 @@ def list_events(ctx: Context, *, limit: int = 50) -> list[AlertEvent]:
 
 
 def body_of(delivery: Delivery) -> dict[str, Any]:
-    value: dict[str, Any] = json.loads(delivery.body_json)
+    value: dict[str, Any] = jsonvalues.stored(delivery.body_json, expect=dict)
     return value

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from standardwebhooks.webhooks import Webhook
 
 from floom.errors import FloomError
+from floom.hints import Told, act, told
+from floom.jsonvalues import UNREADABLE
 from floom.net.egress import (
     EgressPolicy,
     describe_failure,
@@ -25,6 +27,7 @@ from floom.net.egress import (
     resolve_checked,
 )
 from floom.services.alerts.channels import Channel, channel_secrets
+from floom.vocabulary import ChannelKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -39,7 +42,7 @@ class AlertUndeliverable(FloomError):
     status = 502
     code = "alert_undeliverable"
 
-    def __init__(self, message: str, *, permanent: bool = False, **kwargs: Any) -> None:
+    def __init__(self, message: Told, *, permanent: bool = False, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         # Not tried again (a deleted channel, a secret gone, a server without STARTTLS).
         self.permanent = permanent
@@ -57,6 +60,16 @@ def send_callback(ctx: Context, *, delivery_id: str, url: str, body: str) -> Non
 
 
 def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[str, Any]) -> None:
+    if UNREADABLE in channel.config:
+        raise AlertUndeliverable(
+            told(
+                f"the settings of channel {channel.name} are stored in a form floom cannot read; "
+                "set them again (",
+                act("alerts channels add", name=channel.name),
+                ")",
+            ),
+            permanent=True,
+        )
     values = channel_secrets(ctx, channel)
     wanted = [k for k in ("secret", "url_secret", "password_secret") if channel.config.get(k)]
     missing = [channel.config[k] for k in wanted if k not in values]
@@ -64,10 +77,10 @@ def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[s
         raise AlertUndeliverable(
             f"secret {missing[0]} of channel {channel.name} is not set any more", permanent=True
         )
-    if channel.kind == "webhook":
+    if channel.kind == ChannelKind.WEBHOOK:
         text = json.dumps(body, separators=(",", ":"))
         _post(ctx, channel.config["url"], text, delivery_id=delivery_id, key=values["secret"])
-    elif channel.kind == "slack":
+    elif channel.kind == ChannelKind.SLACK:
         _post(
             ctx,
             values["url_secret"],

@@ -36,6 +36,7 @@ from floom.store.nodes import Node
 from floom.store.triggers import Trigger, TriggerFire, WebhookDelivery
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec
+from floom.vocabulary import ApprovalStatus, NodeState, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -223,7 +224,7 @@ def watch_approvals(ctx: Context, *, now: datetime) -> int:
     with session_scope(ctx.engine) as s:
         rows = s.exec(
             select(Approval)
-            .where(Approval.status == "pending", col(Approval.created_at) <= before)
+            .where(Approval.status == ApprovalStatus.PENDING, col(Approval.created_at) <= before)
             .order_by(col(Approval.id))
             .limit(BATCH)
         ).all()
@@ -257,7 +258,7 @@ def watch_schedules(ctx: Context, *, now: datetime) -> int:
             select(Trigger, Worker)
             .join(Worker, col(Worker.name) == col(Trigger.worker_name))
             .where(
-                Trigger.kind == "schedule",
+                Trigger.kind == TriggerKind.SCHEDULE,
                 col(Trigger.removed_at).is_(None),
                 col(Trigger.paused).is_(False),
                 col(Worker.paused).is_(False),
@@ -369,8 +370,8 @@ def watch_nodes(ctx: Context, *, now: datetime) -> int:
     seen = []
     for node in nodes:
         subject = f"node:{node.id}"
-        state = "stopped" if node.stopped_at is not None else state_of(node, now=now)[0]
-        if state == "lost":
+        state = NodeState.STOPPED if node.stopped_at is not None else state_of(node, now=now)[0]
+        if state == NodeState.LOST:
             seen.append(
                 Seen(
                     key=f"{subject}:{node.heartbeat_at.isoformat()}:lost",
@@ -391,7 +392,8 @@ def watch_nodes(ctx: Context, *, now: datetime) -> int:
                     kind="recovered",
                     subject=subject,
                     what=RECOVERY,
-                    summary=f"node {node.id} is {'back' if state == 'live' else 'stopped cleanly'}",
+                    summary=f"node {node.id} is "
+                    + ("back" if state == NodeState.LIVE else "stopped cleanly"),
                     at=now,
                     details={"node": node.id},
                 )

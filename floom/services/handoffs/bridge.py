@@ -10,7 +10,6 @@ between starting the run and recording it can run a job twice (at least once, ne
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +30,7 @@ from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole, Job, Role
 from floom.store.models import Worker, new_id
 from floom.store.triggers import Trigger
+from floom.vocabulary import RunTrigger, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -57,7 +57,7 @@ def _bridges(s: Session) -> list[Bridge]:
         select(Trigger, Worker)
         .join(Worker, col(Worker.name) == col(Trigger.worker_name))
         .where(
-            Trigger.kind == "handoff",
+            Trigger.kind == TriggerKind.HANDOFF,
             col(Trigger.removed_at).is_(None),
             col(Trigger.paused).is_(False),
             col(Worker.paused).is_(False),
@@ -67,7 +67,7 @@ def _bridges(s: Session) -> list[Bridge]:
     )
     found: dict[str, list[str]] = {}
     for trigger, _ in s.exec(q).all():
-        role = json.loads(trigger.config_json).get("role")
+        role = jsonvalues.stored(trigger.config_json, expect=dict).get("role")
         if isinstance(role, str) and role:
             found.setdefault(trigger.worker_name, []).append(role)
     return [Bridge(worker=w, roles=r, concurrency=1) for w, r in found.items()]
@@ -141,7 +141,7 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: dict[str, Any]) -> N
             ctx,
             worker_name=bridge.worker,
             inputs=inputs,
-            trigger="handoff",
+            trigger=RunTrigger.HANDOFF,
             caller=principal.system(agent_id=actor.agent_id),
         )
     except FloomError as exc:
@@ -177,18 +177,11 @@ def _finish(ctx: Context, actor: Actor, job: Job) -> None:
         artifacts = [
             {
                 "type": "floom-artifact",
-                "uri": body["url"],
-                "checksum": f"sha256:{body['digest']}",
-                "metadata": {
-                    "name": body["name"],
-                    "size": body["size"],
-                    "content_type": body["content_type"],
-                },
+                "uri": f"/api/v1/runs/{a.run_id}/artifacts/{a.name}",
+                "checksum": f"sha256:{a.digest}",
+                "metadata": {"name": a.name, "size": a.size, "content_type": a.content_type},
             }
-            for body in map(
-                runs.artifact_to_dict,
-                runs.list_artifacts(ctx, run_id=run.id, caller=principal.SYSTEM),
-            )
+            for a in runs.list_artifacts(ctx, run_id=run.id, caller=principal.SYSTEM)
         ]
         outputs = jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else {}
         flow.complete(

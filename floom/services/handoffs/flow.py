@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from floom.services.context import Context
 
 MAX_LEASE_SECONDS = 24 * 3600
-_STATUS_EVENTS = {
+_STATUS_EVENTS: dict[str, str] = {
     rules.BLOCKED: "blocked",
     rules.IN_PROGRESS: "unblocked",
     rules.PUBLISHED: "released",
@@ -106,9 +106,8 @@ def _move(
 ) -> None:
     """The one place a job's status changes: checked against the table, then audited."""
     before = job.status
-    rules.check_transition(before, new, parties=parties(actor, job), admin=actor.admin)
+    job.status = rules.check_transition(before, new, parties=parties(actor, job), admin=actor.admin)
     now = utcnow()
-    job.status = new
     job.updated_at = now
     if new == rules.IN_PROGRESS:
         if before == rules.PUBLISHED:

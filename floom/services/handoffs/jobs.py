@@ -23,6 +23,7 @@ from floom.services.handoffs.agents import Actor, as_actor, find_agent, find_rol
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, Job, JobDependency, JobEvent, Role
 from floom.store.models import new_id, utcnow
+from floom.vocabulary import JobPriority, JobStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -36,7 +37,7 @@ def record(
     *,
     type: str,
     actor: Actor,
-    before: str | None = None,
+    before: JobStatus | None = None,
     payload: dict[str, Any] | None = None,
 ) -> None:
     """Write one audit event for `job` (its status now is the event's new status)."""
@@ -308,7 +309,7 @@ def create_job(
         constraints_json=json.dumps(rules.check_constraints(constraints)),
         artifacts_json=json.dumps(rules.check_artifacts(artifacts)),
         priority=rules.check_priority(priority),
-        priority_rank=rules.PRIORITY_RANK[priority],
+        priority_rank=rules.PRIORITY_RANK[JobPriority(priority)],
         target_role_id="",
         status=rules.PUBLISHED,
         source_agent_id=who.agent_id,

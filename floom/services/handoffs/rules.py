@@ -10,15 +10,16 @@ from typing import Any
 
 from floom import jsonvalues
 from floom.errors import Forbidden, IllegalTransition, InvalidRequest
+from floom.vocabulary import JobPriority, JobStatus
 
-PENDING = "pending"
-PUBLISHED = "published"
-IN_PROGRESS = "in_progress"
-BLOCKED = "blocked"
-COMPLETED = "completed"
-FAILED = "failed"
-CANCELLED = "cancelled"
-STATUSES = (PENDING, PUBLISHED, IN_PROGRESS, BLOCKED, COMPLETED, FAILED, CANCELLED)
+PENDING = JobStatus.PENDING
+PUBLISHED = JobStatus.PUBLISHED
+IN_PROGRESS = JobStatus.IN_PROGRESS
+BLOCKED = JobStatus.BLOCKED
+COMPLETED = JobStatus.COMPLETED
+FAILED = JobStatus.FAILED
+CANCELLED = JobStatus.CANCELLED
+STATUSES: tuple[JobStatus, ...] = tuple(JobStatus)
 TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
 
 # Who may make a move. Admins may make every move that is not floom's alone.
@@ -28,7 +29,7 @@ ASSIGNEE = "assignee"  # the agent holding the job
 ROLE = "role"  # any agent holding the job's target role (a claim)
 
 # The one table of allowed status changes, enforced for every caller (REST, MCP, UI, bridge).
-TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
+TRANSITIONS: dict[JobStatus, dict[JobStatus, frozenset[str]]] = {
     PENDING: {
         PUBLISHED: frozenset({SYSTEM}),
         FAILED: frozenset({SYSTEM}),
@@ -56,7 +57,7 @@ TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
     CANCELLED: {},
 }
 
-PRIORITIES = ("low", "normal", "high", "urgent")
+PRIORITIES: tuple[JobPriority, ...] = tuple(JobPriority)
 PRIORITY_RANK = {p: i for i, p in enumerate(PRIORITIES)}
 
 MAX_SUMMARY = 500
@@ -68,7 +69,7 @@ MAX_CONDITION_DEPTH = 8
 CONDITION_OPS = ("equals", "not_equals", "in", "contains", "exists", "gt", "gte", "lt", "lte")
 
 
-def allowed_targets(status: str, *, parties: Iterable[str], admin: bool) -> list[str]:
+def allowed_targets(status: JobStatus, *, parties: Iterable[str], admin: bool) -> list[JobStatus]:
     """The statuses a caller with these parties to the job may move it to from `status`."""
     who = set(parties)
     return [
@@ -78,13 +79,14 @@ def allowed_targets(status: str, *, parties: Iterable[str], admin: bool) -> list
     ]
 
 
-def check_transition(current: str, new: str, *, parties: set[str], admin: bool) -> None:
+def check_transition(current: JobStatus, new: str, *, parties: set[str], admin: bool) -> JobStatus:
     """Refuse a move the table does not allow, naming the allowed ones; or one this caller
-    may not make, naming who may."""
+    may not make, naming who may. Returns the status moved to."""
     if new not in STATUSES:
         raise InvalidRequest(f"unknown status '{new}'", hint=f"one of {', '.join(STATUSES)}")
+    to = JobStatus(new)
     moves = TRANSITIONS[current]
-    if new not in moves:
+    if to not in moves:
         allowed = list(moves)
         raise IllegalTransition(
             f"a {current} job cannot move to {new}",
@@ -93,9 +95,9 @@ def check_transition(current: str, new: str, *, parties: set[str], admin: bool) 
             else f"{current} is final; reject a completed job to get a linked retry",
             details={"from": current, "to": new, "allowed": allowed},
         )
-    may = moves[new]
+    may = moves[to]
     if parties & may or (admin and may - {SYSTEM}):
-        return
+        return to
     if may == {SYSTEM}:
         why = "floom makes this move itself (when dependencies resolve or a lease expires)"
     else:
@@ -127,13 +129,13 @@ def check_summary(summary: Any) -> str:
     return summary.strip()
 
 
-def check_priority(priority: Any) -> str:
+def check_priority(priority: Any) -> JobPriority:
     # Any JSON value can arrive here; a list or an object must be refused, not hashed.
     if not isinstance(priority, str) or priority not in PRIORITY_RANK:
         raise InvalidRequest(
             f"unknown priority {priority!r}", hint=f"one of {', '.join(PRIORITIES)}"
         )
-    return str(priority)
+    return JobPriority(priority)
 
 
 def encode_json(value: Any, *, what: str) -> str:

@@ -267,8 +267,8 @@ class StoreCollector(Collector):
 
 
 class WarmCollector(Collector):
-    """Collects a node's warm pools (floom/sandbox/local/warm/) on every scrape: `stats` is
-    its sandbox's `warm_stats`."""
+    """Collects a node's warm pools (floom/sandbox/local/warm/, and E2B's under `e2b`:
+    floom/sandbox/e2b/warm.py) on every scrape: `stats` is its executor's `warm_stats`."""
 
     def __init__(self, stats: Callable[[], dict[str, Any] | None]) -> None:
         self.stats = stats
@@ -303,3 +303,33 @@ class WarmCollector(Collector):
             rss.add_metric(labels, pool["rss_bytes"])
         yield ready
         yield rss
+        if found.get("e2b"):
+            yield from _e2b_warm(found["e2b"])
+
+
+def _e2b_warm(found: dict[str, Any]) -> Iterator[Metric]:
+    """The E2B backend's warm pools (floom/sandbox/e2b/warm.py)."""
+    yield CounterMetricFamily(
+        "floom_warm_e2b_hits",
+        "Runs in E2B handed a sandbox created ahead of them",
+        value=found["hits"],
+    )
+    yield CounterMetricFamily(
+        "floom_warm_e2b_misses",
+        "Runs in E2B that found no sandbox ready and created their own",
+        value=found["misses"],
+    )
+    labels = ["template", "network"]
+    gauges = {
+        key: GaugeMetricFamily(f"floom_warm_e2b_{key}", text, labels=labels)
+        for key, text in (
+            ("ready", "E2B sandboxes ready for runs, by template and network"),
+            ("creating", "E2B sandboxes being created for a pool"),
+            ("running", "E2B sandboxes of a pool serving a run"),
+        )
+    }
+    for pool in found["pools"]:
+        values = [pool["template"], "on" if pool["network"] else "off"]
+        for key, gauge in gauges.items():
+            gauge.add_metric(values, pool[key])
+    yield from gauges.values()

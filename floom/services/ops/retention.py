@@ -5,11 +5,13 @@ N is FLOOM_RETENTION_DAYS (0: keep forever), or a worker's own `retention_days` 
 active version's worker.yml, which wins (0 there keeps that worker's runs forever). The run
 rows stay, with inputs, outputs, status and usage: history and counts do not change. Runs
 that are queued, running or awaiting approval are never touched, however old.
+
+Old alert events, closed incidents and sent deliveries go too, after
+FLOOM_ALERT_RETENTION_DAYS (floom/services/alerts/retention.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -18,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, exists, or_
 from sqlmodel import col, select
 
+from floom import jsonvalues
 from floom.errors import BlobStoreUnavailable
+from floom.services.alerts.retention import prune_alerts
 from floom.services.ops.objects import drain_pending
 from floom.services.runs import rules as run_rules
 from floom.store.blobs.rows import delete_unreferenced_blobs
@@ -49,6 +53,9 @@ class RetentionReport:
     log_lines_deleted: int = 0
     artifacts_deleted: int = 0
     blobs_deleted: int = 0
+    alert_events_deleted: int = 0
+    alert_incidents_deleted: int = 0
+    alert_deliveries_deleted: int = 0
     pages_freed: int = 0  # SQLite pages given back to the disk
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,7 +72,7 @@ def worker_retention(ctx: Context) -> dict[str, int]:
         ).all()
     found = {}
     for name, manifest_json in rows:
-        days = json.loads(manifest_json).get("retention_days")
+        days = jsonvalues.stored(manifest_json, expect=dict).get("retention_days")
         if isinstance(days, int) and days >= 0:
             found[name] = days
     return found
@@ -75,6 +82,7 @@ def apply_retention(
     ctx: Context,
     *,
     days: int | None = None,
+    alert_days: int | None = None,
     now: datetime | None = None,
     batch_runs: int = BATCH_RUNS,
     max_batches: int | None = None,
@@ -82,8 +90,9 @@ def apply_retention(
     """Delete the logs and artifacts of runs finished more than their retention ago, in
     batches of `batch_runs` runs (each its own transaction), then reclaim unreferenced blobs.
 
-    `days` overrides FLOOM_RETENTION_DAYS for workers without their own key. Idempotent: a
-    second pass finds nothing more to delete. `max_batches` bounds the work of one call.
+    `days` overrides FLOOM_RETENTION_DAYS for workers without their own key, `alert_days`
+    FLOOM_ALERT_RETENTION_DAYS. Idempotent: a second pass finds nothing more to delete.
+    `max_batches` bounds the work of one call (and of each kind of alert row).
     """
     now = now or utcnow()
     default = ctx.settings.retention_days if days is None else days
@@ -102,6 +111,15 @@ def apply_retention(
             if not _prune_batch(ctx, which=which, cutoff=cutoff, limit=batch_runs, into=report):
                 break
             batches += 1
+    alerts = prune_alerts(
+        ctx,
+        days=ctx.settings.alert_retention_days if alert_days is None else alert_days,
+        now=now,
+        max_batches=max_batches,
+    )
+    report.alert_events_deleted = alerts.events
+    report.alert_incidents_deleted = alerts.incidents
+    report.alert_deliveries_deleted = alerts.deliveries
     report.blobs_deleted += sweep_orphan_blobs(ctx, now=now)
     delete_objects_now(ctx)
     if any(report.to_dict().values()):

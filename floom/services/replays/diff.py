@@ -104,7 +104,7 @@ def run_diff(
     *,
     rules: Mapping[str, Any],
 ) -> dict[str, Any]:
-    """The diff of two run records (as run_to_dict + run_extras give them)."""
+    """The diff of two run records (as replay.run_record gives them)."""
     return {
         "status": {"original": original["status"], "replay": replay["status"]},
         "outputs": compare_outputs(original.get("outputs"), replay.get("outputs"), rules),

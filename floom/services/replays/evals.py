@@ -17,6 +17,7 @@ from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id
 from floom.store.replays import Eval
+from floom.vocabulary import RunTrigger
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -57,7 +58,7 @@ def select_runs(ctx: Context, *, worker_name: str, selector: str, caller: Princi
     kind, value = parse_selector(selector)
     query = (
         select(Run)
-        .where(Run.worker_name == worker_name, col(Run.trigger) != "replay")
+        .where(Run.worker_name == worker_name, col(Run.trigger) != RunTrigger.REPLAY)
         .where(col(Run.status).in_(sorted(FINISHED - {SKIPPED})))
     )
     if kind == "status":

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from floom import jsonvalues
-from floom.errors import NotReplayable
+from floom.errors import NotReplayable, RunErrorCode
 from floom.hints import act, told
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import lifecycle as runs
 from floom.services.runs.rules import FINISHED, SKIPPED
 from floom.services.workers import versions as workers
+from floom.vocabulary import RunStatus, ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -38,7 +39,7 @@ class RecordedCall:
     is_error: bool
     # The status floom stored for the call (ok, error, rejected, refused...); None when the
     # run's tool-call records do not line up with its transcript (a crash between the two).
-    status: str | None
+    status: ToolCallStatus | None
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,8 @@ class Recording:
     # The tool names the model was offered, in order (None for older runs).
     tool_names: list[str] | None
     gated_tools: list[str]
-    status: str
-    error_code: str | None
+    status: RunStatus
+    error_code: RunErrorCode | None
     error_message: str | None
     outputs: dict[str, Any] | None
 
@@ -109,7 +110,7 @@ def load_recording(ctx: Context, *, run_id: str, caller: Principal) -> Recording
             if block.get("type") == "tool_use"
         )
     # The stored calls follow the tool_use blocks one for one, as the loop handled them.
-    statuses: list[str | None] = [None] * len(uses)
+    statuses: list[ToolCallStatus | None] = [None] * len(uses)
     if len(stored) <= len(uses) and all(
         c.tool == str(u.get("name")) for c, (u, _) in zip(stored, uses, strict=False)
     ):

@@ -21,14 +21,15 @@ from floom.services.runs.rules import FINISHED
 from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.replays import Replay
+from floom.vocabulary import ReplayMode, RunTrigger, ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
     from floom.store.models import Run
 
-EXACT = "exact"
-WHAT_IF = "what_if"
-MODES = (EXACT, WHAT_IF)
+EXACT = ReplayMode.EXACT
+WHAT_IF = ReplayMode.WHAT_IF
+MODES = tuple(ReplayMode)
 MAX_MODEL_NAME = 128
 
 
@@ -91,7 +92,7 @@ def start_replay(
         ctx,
         worker_name=original.worker_name,
         inputs=jsonvalues.stored(original.inputs_json, expect=dict),
-        trigger="replay",
+        trigger=RunTrigger.REPLAY,
         caller=caller,
         version_id=version_id,
         replay_of=original.id,
@@ -147,10 +148,32 @@ def get_replay(ctx: Context, *, run_id: str, caller: Principal) -> Replay:
 
 
 def run_record(ctx: Context, *, run: Run, caller: Principal) -> dict[str, Any]:
-    """A run as the diff reads it: its public body with tool calls and model usage. Needs the
-    read scope."""
-    caller.require("read")
-    return {**runs.run_to_dict(run), **run_records.run_extras(ctx, run=run, caller=caller)}
+    """A run as the diff reads it (floom/services/replays/diff.py): its status and outputs,
+    its tool calls and its model usage. Needs the read scope."""
+    extras = run_records.run_extras(ctx, run=run, caller=caller)
+    t = extras.transcript
+    return {
+        "status": run.status,
+        "outputs": jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else None,
+        "tool_calls": [
+            {
+                "tool": c.tool,
+                "arguments": jsonvalues.stored(c.arguments_json),
+                "status": c.status,
+                "error": c.error,
+            }
+            for c in extras.tool_calls
+        ],
+        "model_usage": (
+            None
+            if t is None
+            else {
+                "iterations": t.iterations,
+                "total_tokens": t.input_tokens + t.output_tokens,
+                "cost_usd": round(t.cost_usd, 6),
+            }
+        ),
+    }
 
 
 def replay_report(ctx: Context, *, run_id: str, caller: Principal) -> dict[str, Any]:
@@ -184,7 +207,7 @@ def replay_report(ctx: Context, *, run_id: str, caller: Principal) -> dict[str, 
     body["refused_calls"] = sum(
         1
         for c in mine["tool_calls"]
-        if c["status"] == "refused" and (c["error"] or "").startswith(NOT_RECORDED)
+        if c["status"] == ToolCallStatus.REFUSED and (c["error"] or "").startswith(NOT_RECORDED)
     )
     if row.mode == EXACT:
         found = _divergence(row.divergence_json) if row.divergence_json else None

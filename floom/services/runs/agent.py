@@ -17,6 +17,7 @@ from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, stage_blob
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, new_id, utcnow
+from floom.vocabulary import ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
@@ -106,7 +107,7 @@ def record_tool_call(
     attempt: int,
     tool: str,
     arguments: Any,
-    status: str,
+    status: ToolCallStatus,
     result: str | None = None,
     error: str | None = None,
     duration_ms: int = 0,
@@ -138,7 +139,7 @@ def finish_tool_call(
     ctx: Context,
     *,
     call_id: str,
-    status: str,
+    status: ToolCallStatus,
     arguments: Any,
     result: str | None = None,
     error: str | None = None,
@@ -167,23 +168,6 @@ def list_tool_calls(ctx: Context, *, run_id: str, caller: Principal) -> list[Too
         )
 
 
-def tool_call_to_dict(c: ToolCall) -> dict[str, Any]:
-    return {
-        "id": c.id,
-        "seq": c.seq,
-        "tool": c.tool,
-        "status": c.status,
-        "arguments": jsonvalues.stored(c.arguments_json),
-        "result": c.result,
-        "result_size": c.result_size,
-        "error": c.error,
-        "duration_ms": c.duration_ms,
-        "approval_id": c.approval_id,
-        "attempt": c.attempt,
-        "created_at": c.created_at,
-    }
-
-
 # -- transcripts ------------------------------------------------------------------------------
 
 
@@ -198,30 +182,6 @@ def save_transcript(ctx: Context, transcript: Transcript) -> None:
     transcript.updated_at = utcnow()
     with session_scope(ctx.engine, write=True) as s:
         s.merge(transcript)
-
-
-def usage_of(t: Transcript | None) -> dict[str, Any]:
-    if t is None:
-        return {}
-    return {
-        "model": t.model,
-        "iterations": t.iterations,
-        "input_tokens": t.input_tokens,
-        "output_tokens": t.output_tokens,
-        "total_tokens": t.input_tokens + t.output_tokens,
-        "cost_usd": round(t.cost_usd, 6),
-    }
-
-
-def transcript_to_dict(t: Transcript) -> dict[str, Any]:
-    return {
-        "run_id": t.run_id,
-        "system": t.system,
-        "messages": jsonvalues.stored(t.messages_json, expect=list),
-        "usage": usage_of(t),
-        "active_seconds": round(t.active_seconds, 3),
-        "updated_at": t.updated_at,
-    }
 
 
 # -- model spend ------------------------------------------------------------------------------

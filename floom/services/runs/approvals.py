@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.errors import Conflict, InvalidRequest, NotFound, RunErrorCode
 from floom.hints import act, told
 from floom.hints import cli as cli_hints
 from floom.services.access.principal import Principal
@@ -35,18 +35,19 @@ from floom.store import signals
 from floom.store.agents import Approval, ToolCall
 from floom.store.db import session_scope
 from floom.store.models import Run, Version, new_id, utcnow
+from floom.vocabulary import ApprovalKind, ApprovalStatus, Decision, ToolCallStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
 
-PENDING = "pending"
-APPROVED = "approved"
-REJECTED_DECISION = "rejected"
+PENDING = ApprovalStatus.PENDING
+APPROVED = ApprovalStatus.APPROVED
+REJECTED_DECISION = ApprovalStatus.REJECTED
 # A pending approval whose run was cancelled before anyone decided.
-WITHDRAWN = "cancelled"
-APPROVAL_STATUSES = (PENDING, APPROVED, REJECTED_DECISION, WITHDRAWN)
-KINDS = ("tool_call", "run")
-DECISIONS = ("approve", "reject")
+WITHDRAWN = ApprovalStatus.CANCELLED
+APPROVAL_STATUSES: tuple[ApprovalStatus, ...] = tuple(ApprovalStatus)
+KINDS: tuple[ApprovalKind, ...] = tuple(ApprovalKind)
+DECISIONS: tuple[Decision, ...] = tuple(Decision)
 PHASE_APPLY = "apply"
 PHASE_RESUME = "resume"
 
@@ -54,7 +55,7 @@ PHASE_RESUME = "resume"
 def new_approval(
     *,
     run: Run,
-    kind: str,
+    kind: ApprovalKind,
     proposed: dict[str, Any],
     tool: str | None = None,
     tool_call_id: str | None = None,
@@ -106,7 +107,11 @@ def pause_run(
         transition(current, AWAITING_APPROVAL, by=EXECUTOR)
         current.sandbox_seconds += sandbox_seconds
         s.add(current)
-        what = f"tool call {approval.tool}" if approval.kind == "tool_call" else "its outputs"
+        what = (
+            f"tool call {approval.tool}"
+            if approval.kind == ApprovalKind.TOOL_CALL
+            else "its outputs"
+        )
         system_event(
             s,
             run_id=run.id,
@@ -217,7 +222,7 @@ def decide_approval(
     if edited is not None:
         jsonvalues.check(edited, where="edited", max_bytes=ctx.settings.max_result_bytes)
     comment = (comment or "").strip() or None
-    if decision == "reject":
+    if decision == Decision.REJECT:
         if edited:
             raise InvalidRequest("edits come with an approval, not a rejection", hint="drop edited")
         if not comment:
@@ -241,7 +246,7 @@ def decide_approval(
                 hint=told(act("show", run_id=approval.run_id), " shows what happened"),
             )
         final = {**jsonvalues.stored(approval.proposed_json, expect=dict), **(edited or {})}
-        if approval.kind == "run" and decision == "approve":
+        if approval.kind == ApprovalKind.RUN and decision == Decision.APPROVE:
             version = s.get(Version, run.version_id)
             if version is not None:
                 problems = workers.manifest_of(version).check_outputs(final)
@@ -253,7 +258,7 @@ def decide_approval(
                         details=[p.to_dict() for p in problems],
                     )
         now = utcnow()
-        approval.status = APPROVED if decision == "approve" else REJECTED_DECISION
+        approval.status = APPROVED if decision == Decision.APPROVE else REJECTED_DECISION
         approval.edited_json = jsonvalues.dumps(edited, where="edited") if edited else None
         approval.comment = comment
         approval.decided_by = actor
@@ -272,20 +277,20 @@ def _apply_decision(
     who = f" by {actor}" if actor else ""
     note = f": {approval.comment}" if approval.comment else ""
     approved = approval.status == APPROVED
-    if approval.kind == "run" and not approved:
+    if approval.kind == ApprovalKind.RUN and not approved:
         transition(
             run,
             REJECTED,
             by=CALLER,
             now=approval.decided_at,
-            error_code="rejected",
+            error_code=RunErrorCode.REJECTED,
             error_message=f"outputs rejected{who}{note}",
         )
         run.outputs_json = None
         message = f"rejected{who}{note}"
     else:
         transition(run, QUEUED, by=CALLER)
-        if approval.kind == "run":
+        if approval.kind == ApprovalKind.RUN:
             run.outputs_json = jsonvalues.dumps(final, where="outputs")
             run.phase = PHASE_APPLY
             edits = " with edits" if approval.edited_json else ""
@@ -312,24 +317,6 @@ def withdraw_pending(s: Session, *, run_id: str, actor: str | None = None) -> No
         s.add(approval)
         if approval.tool_call_id:
             call = s.get(ToolCall, approval.tool_call_id)
-            if call is not None and call.status == "awaiting_approval":
-                call.status = "cancelled"
+            if call is not None and call.status == ToolCallStatus.AWAITING_APPROVAL:
+                call.status = ToolCallStatus.CANCELLED
                 s.add(call)
-
-
-def approval_to_dict(a: Approval) -> dict[str, Any]:
-    return {
-        "id": a.id,
-        "run_id": a.run_id,
-        "worker": a.worker_name,
-        "kind": a.kind,
-        "tool": a.tool,
-        "tool_call_id": a.tool_call_id,
-        "status": a.status,
-        "proposed": jsonvalues.stored(a.proposed_json),
-        "edited": jsonvalues.stored(a.edited_json) if a.edited_json else None,
-        "comment": a.comment,
-        "decided_by": a.decided_by,
-        "created_at": a.created_at,
-        "decided_at": a.decided_at,
-    }

@@ -1,17 +1,21 @@
 """Secrets in an artifact's bytes, whatever their encoding: each declared secret is looked
-for as UTF-8, UTF-16 (LE and BE) and latin-1 bytes and masked in place; an artifact floom
-cannot look inside (compressed, archived or encrypted, told by its first bytes) is marked
-unscannable and served only to keys that may run workers."""
+for as UTF-8, UTF-16 and UTF-32 (LE and BE) and latin-1 bytes and masked in place; an
+artifact floom cannot look inside (compressed, archived or encrypted: told by its first
+bytes, a zip also by the directory at its end, a PDF by the compressed streams it holds) is
+marked unscannable and served only to keys that may run workers."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from floom.errors import Forbidden
-from floom.services.access.principal import Principal
 
-ENCODINGS: Final = ("utf-8", "utf-16-le", "utf-16-be", "latin-1")
+if TYPE_CHECKING:
+    from floom.services.access.principal import Principal
+
+ENCODINGS: Final = ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be", "latin-1")
 # (first bytes, what it is, the content type floom records for it)
 _MAGIC: Final = (
     (b"\x1f\x8b", "gzip", "application/gzip"),
@@ -28,8 +32,31 @@ _MAGIC: Final = (
     (b"age-encryption.org/", "age-encrypted", "application/x-age-encrypted"),
     (b"-----BEGIN PGP MESSAGE", "PGP-encrypted", "application/pgp-encrypted"),
 )
+_ZLIB_HEADERS: Final = (b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda")
+"""A zlib stream's first two bytes (deflate, 32 KiB window, each compression level)."""
+_ZIP_END: Final = b"PK\x05\x06"
+"""A zip's end of central directory record: zip readers find the archive from the end, so a
+zip behind other bytes (a self-extracting one, or one prefixed on purpose) still opens."""
+_ZIP_END_SPAN: Final = 22 + 0xFFFF  # the record and the longest comment after it
+_PDF_FILTERS: Final = (
+    b"/FlateDecode",
+    b"/LZWDecode",
+    b"/RunLengthDecode",
+    b"/ASCII85Decode",
+    b"/ASCIIHexDecode",
+    b"/Crypt",
+    b"/Encrypt",
+    b"/Fl ",
+    b"/Fl/",
+    b"/Fl]",
+    b"/ObjStm",
+)
+"""What makes a PDF's text unreadable as bytes: its streams' compression and encoding
+filters (and their short names), object streams (always compressed) and encryption."""
 UNSCANNABLE_TYPES: Final = frozenset(content_type for _, _, content_type in _MAGIC) | {
-    "application/x-bzip2"
+    "application/x-bzip2",
+    "application/zlib",
+    "application/pdf",
 }
 SCOPE_FOR_UNSCANNABLE: Final = "run"
 
@@ -42,13 +69,28 @@ def unscannable_kind(data: bytes) -> tuple[str, str] | None:
             return kind, content_type
     if data.startswith(b"BZh") and data[3:4].isdigit() and data[3:4] != b"0":
         return "bzip2", "application/x-bzip2"
+    if data[:2] in _ZLIB_HEADERS and _inflates(data[:4096]):
+        return "zlib", "application/zlib"
+    if _ZIP_END in data[-_ZIP_END_SPAN:]:
+        return "zip", "application/zip"
+    if data[:1024].lstrip().startswith(b"%PDF-") and any(f in data for f in _PDF_FILTERS):
+        return "PDF (compressed or encoded streams)", "application/pdf"
     return None
 
 
+def _inflates(head: bytes) -> bool:
+    """Whether `head` starts a zlib stream (text such as "x^2" shares its first bytes)."""
+    try:
+        zlib.decompressobj().decompress(head, 1024)
+    except zlib.error:
+        return False
+    return True
+
+
 def mask_bytes(data: bytes, secrets: Iterable[str]) -> bytes:
-    """`data` with each secret, as UTF-8, UTF-16 LE/BE or latin-1 bytes, replaced by as many
-    bytes of `*` in the same encoding: the length (and so any offsets in a binary format)
-    is kept. Longer secrets first, so one inside another is masked whole."""
+    """`data` with each secret, as bytes of each of ENCODINGS, replaced by as many bytes of
+    `*` in the same encoding: the length (and so any offsets in a binary format) is kept.
+    Longer secrets first, so one inside another is masked whole."""
     for value in sorted({v for v in secrets if v}, key=len, reverse=True):
         for encoding in ENCODINGS:
             try:

@@ -22,6 +22,7 @@ from floom.errors import (
     InputsTooLarge,
     InvalidRequest,
     NotFound,
+    RunErrorCode,
     WorkerPaused,
 )
 from floom.hints import act, told
@@ -39,7 +40,6 @@ from floom.services.runs.rules import (
     SKIPPED,
     STATUSES,
     mark_claimed,
-    previous_attempt,
     started_message,
     transition,
 )
@@ -58,22 +58,13 @@ from floom.store.models import (
     trusted_row,
     utcnow,
 )
+from floom.vocabulary import RunTrigger
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
     from floom.services.context import Context
 
-TRIGGERS = (
-    "manual",
-    "schedule",
-    "webhook",
-    "composio",
-    "replay",
-    "api",
-    "mcp",
-    "handoff",
-    "agent",
-)
+TRIGGERS: tuple[RunTrigger, ...] = tuple(RunTrigger)
 
 
 def create_run(
@@ -82,7 +73,7 @@ def create_run(
     worker_name: str,
     inputs: Mapping[str, Any] | None = None,
     coerce_strings: bool = False,
-    trigger: str = "api",
+    trigger: RunTrigger = RunTrigger.API,
     caller: Principal,
     version_id: str | None = None,
     replay_of: str | None = None,
@@ -159,7 +150,7 @@ def _queue_run(
     check_against_lock: bool,
     inputs: Mapping[str, Any] | None,
     coerce_strings: bool,
-    trigger: str,
+    trigger: RunTrigger,
     caller: Principal,
     check_surface: bool,
     version_id: str | None,
@@ -372,9 +363,9 @@ def insert_skipped_run(
     *,
     worker_name: str,
     version_id: str | None,
-    trigger: str,
+    trigger: RunTrigger,
     trigger_id: str | None,
-    code: str,
+    code: RunErrorCode,
     reason: str,
     error_message: str | None = None,
     inputs: Mapping[str, Any] | None = None,
@@ -517,7 +508,7 @@ def cancel_run(ctx: Context, *, run_id: str, caller: Principal) -> Run:
                 run,
                 CANCELLED,
                 by=CALLER,
-                error_code="cancelled",
+                error_code=RunErrorCode.CANCELLED,
                 error_message=f"cancelled{who} before it {before}",
             )
             system_event(s, run_id=run.id, attempt=run.attempt, message=f"cancelled{who}")
@@ -536,7 +527,7 @@ def replay_run(
     run_id: str,
     latest: bool = False,
     caller: Principal,
-    trigger: str = "replay",
+    trigger: RunTrigger = RunTrigger.REPLAY,
     force: bool = False,
 ) -> Run:
     """Run again with the same inputs, on the same version unless `latest`. Needs the run
@@ -590,55 +581,6 @@ def read_artifact(
     )
     artifact_scan.check_may_read(name=name, content_type=art.content_type, data=data, reader=caller)
     return art, data
-
-
-def run_to_dict(run: Run, *, artifacts: list[Artifact] | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": run.id,
-        "worker": run.worker_name,
-        "version_id": run.version_id,
-        "status": run.status,
-        "trigger": run.trigger,
-        "inputs": jsonvalues.stored(run.inputs_json, expect=dict),
-        "outputs": jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else None,
-        "error": (
-            {"code": run.error_code, "message": run.error_message}
-            # Between attempts the code says how the last one ended: not the run's error.
-            if run.status in FINISHED and (run.error_code or run.error_message)
-            else None
-        ),
-        "exit_code": run.exit_code,
-        "attempt": run.attempt,
-        "max_attempts": run.max_attempts,
-        "previous_attempt": previous_attempt(run),
-        "replay_of": run.replay_of,
-        "retry_of": run.retry_of,
-        "parent_run_id": run.parent_run_id,
-        "phase": run.phase,
-        "created_by": run.created_by,
-        "scheduled_for": run.scheduled_for,
-        "created_at": run.created_at,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-        "cancel_requested": run.cancel_requested,
-        "usage": {"sandbox_seconds": round(run.sandbox_seconds, 3)},
-    }
-    if artifacts is not None:
-        body["artifacts"] = [artifact_to_dict(a) for a in artifacts]
-    if run.state_base is not None:
-        body["state_base"] = run.state_base
-    return body
-
-
-def artifact_to_dict(a: Artifact) -> dict[str, Any]:
-    return {
-        "name": a.name,
-        "size": a.size,
-        "digest": a.digest,
-        "content_type": a.content_type,
-        "url": f"/api/v1/runs/{a.run_id}/artifacts/{a.name}",
-        "scanned": artifact_scan.scanned(a.content_type),
-    }
 
 
 def version_of_run(ctx: Context, *, run: Run, caller: Principal) -> Version:

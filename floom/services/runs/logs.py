@@ -162,7 +162,3 @@ def _archived_events(ctx: Context, archived: RunLog) -> list[RunEvent]:
         ctx.settings, ctx.engine, archived.digest, what=f"the log of run {archived.run_id}"
     )
     return decode_log(archived.run_id, archived.digest, data)
-
-
-def event_to_dict(e: RunEvent) -> dict[str, Any]:
-    return {"seq": e.seq, "ts": e.ts, "stream": e.stream, "line": e.line, "attempt": e.attempt}

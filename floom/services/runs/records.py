@@ -14,7 +14,7 @@ from floom.services.runs import agent as agent_runs
 from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.services.workers import versions as workers
-from floom.store.agents import Approval
+from floom.store.agents import Approval, ToolCall, Transcript
 from floom.store.db import Reader, session_scope
 from floom.store.models import Artifact, Run, trusted_row
 
@@ -30,11 +30,20 @@ class RunRecord(NamedTuple):
     approvals: list[Approval]
 
 
+class RunExtras(NamedTuple):
+    """What a run's record holds beyond its row and artifacts: its approvals, and an agent
+    run's tool calls and transcript (its model usage)."""
+
+    approvals: list[Approval]
+    tool_calls: list[ToolCall]
+    transcript: Transcript | None
+
+
 def run_extras(
     ctx: Context, *, run: Run, run_approvals: list[Approval] | None = None, caller: Principal
-) -> dict[str, Any]:
-    """What the run record gains for tool calls, approvals and model usage (`run_approvals`
-    when the caller has read them already). Needs the read scope."""
+) -> RunExtras:
+    """The run's approvals, tool calls and transcript (`run_approvals` when the caller has
+    read them already). Needs the read scope."""
     caller.require("read")
     run_id = run.id
     if run_approvals is None:
@@ -43,17 +52,12 @@ def run_extras(
             if may_have_approvals(ctx, run)
             else []
         )
-    asked = [approvals.approval_to_dict(a) for a in run_approvals]
     version = workers.get_version(ctx, version_id=run.version_id, caller=caller)
     if version.kind != "agent":  # scripts make no tool calls and keep no transcript
-        return {"tool_calls": [], "approvals": asked, "model_usage": None}
+        return RunExtras(run_approvals, [], None)
     calls = agent_runs.list_tool_calls(ctx, run_id=run_id, caller=caller)
     transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller)
-    return {
-        "tool_calls": [agent_runs.tool_call_to_dict(c) for c in calls],
-        "approvals": asked,
-        "model_usage": agent_runs.usage_of(transcript) or None,
-    }
+    return RunExtras(run_approvals, calls, transcript)
 
 
 def may_have_approvals(ctx: Context, run: Run) -> bool:

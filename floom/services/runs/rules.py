@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from floom.errors import IllegalTransition, InvalidRequest
+from floom.errors import IllegalTransition, InvalidRequest, RunErrorCode
 
 # Re-exported on purpose ("X as X"): callers read the statuses and their sets from the state
 # machine, the one place a run's status is decided.
@@ -32,6 +32,7 @@ from floom.services.runs.statuses import STATUSES as STATUSES
 from floom.services.runs.statuses import SUCCEEDED as SUCCEEDED
 from floom.services.runs.statuses import TIMED_OUT as TIMED_OUT
 from floom.services.runs.statuses import WAITING as WAITING
+from floom.vocabulary import PreviousAttempt, RunStatus
 
 if TYPE_CHECKING:
     from floom.store.models import Run
@@ -43,7 +44,7 @@ CALLER = "caller"  # a person or client through REST, MCP, the UI or the CLI
 ACTORS = (EXECUTOR, REAPER, CALLER)
 
 # The one table of allowed status changes and who may make each.
-TRANSITIONS: dict[str, dict[str, frozenset[str]]] = {
+TRANSITIONS: dict[RunStatus, dict[RunStatus, frozenset[str]]] = {
     QUEUED: {
         RUNNING: frozenset({EXECUTOR}),  # claimed
         CANCELLED: frozenset({CALLER}),  # cancelled before it started
@@ -78,12 +79,12 @@ _WHO = {
 }
 
 
-def allowed_targets(status: str, *, by: str) -> list[str]:
+def allowed_targets(status: RunStatus, *, by: str) -> list[RunStatus]:
     """The statuses `by` may move a run in `status` to, in table order."""
     return [to for to, who in TRANSITIONS.get(status, {}).items() if by in who]
 
 
-def check_transition(current: str, to: str, *, by: str) -> None:
+def check_transition(current: RunStatus, to: RunStatus, *, by: str) -> None:
     """Refuse a move the table does not allow `by` to make, naming the allowed ones."""
     if to not in TRANSITIONS:
         raise InvalidRequest(f"unknown run status '{to}'", hint=f"one of {', '.join(STATUSES)}")
@@ -110,11 +111,11 @@ def check_transition(current: str, to: str, *, by: str) -> None:
 
 def transition(
     run: Run | RunFields,
-    to: str,
+    to: RunStatus,
     *,
     by: str,
     now: datetime | None = None,
-    error_code: str | None = None,
+    error_code: RunErrorCode | None = None,
     error_message: str | None = None,
 ) -> None:
     """Move `run` to `to` with the fields that go with it, or raise IllegalTransition.
@@ -172,17 +173,17 @@ class RunFields:
     that applies the rules to a copy and writes the result in one statement (the queue's
     attempt end) starts from `RunFields.of(run)`."""
 
-    status: str
+    status: RunStatus
     lease_owner: str | None
     lease_expires_at: datetime | None
     started_at: datetime | None
     not_before: datetime | None
     finished_at: datetime | None
-    error_code: str | None
+    error_code: RunErrorCode | None
     error_message: str | None
     attempt: int
     max_attempts: int
-    previous_attempt: str | None
+    previous_attempt: PreviousAttempt | None
 
     @classmethod
     def of(cls, run: Run) -> RunFields:
@@ -199,7 +200,7 @@ def requeue_next_attempt(
     now: datetime | None = None,
     delay_seconds: float | None = None,
     counts_as_attempt: bool = True,
-    ended: str,
+    ended: RunErrorCode,
 ) -> None:
     """Queue a running run again as its next attempt, lease released.
 
@@ -211,7 +212,7 @@ def requeue_next_attempt(
     """
     transition(run, QUEUED, by=by)
     run.error_code = ended
-    run.previous_attempt = {INTERRUPTED: "interrupted", EXECUTOR_LOST: "lost"}.get(ended, "failed")
+    run.previous_attempt = _PREVIOUS.get(ended, PreviousAttempt.FAILED)
     run.attempt += 1
     if not counts_as_attempt:
         run.max_attempts += 1
@@ -221,11 +222,12 @@ def requeue_next_attempt(
 
 # How an attempt that was followed by another one ended (its error code), as the run keeps it
 # in `previous_attempt` and the script of the next one sees it in $FLOOM_PREVIOUS_ATTEMPT.
-INTERRUPTED = "interrupted"
-EXECUTOR_LOST = "executor_lost"
+INTERRUPTED = RunErrorCode.INTERRUPTED
+EXECUTOR_LOST = RunErrorCode.EXECUTOR_LOST
+_PREVIOUS = {INTERRUPTED: PreviousAttempt.INTERRUPTED, EXECUTOR_LOST: PreviousAttempt.LOST}
 
 
-def previous_attempt(run: Run) -> str | None:
+def previous_attempt(run: Run) -> PreviousAttempt | None:
     """How the attempt before this one ended: `interrupted` (its node shut down while it
     ran), `lost` (its node died or stopped renewing its lease), `failed` (it failed and is
     retried), or None on a first attempt. A worker with side effects checks it to avoid

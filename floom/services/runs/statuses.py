@@ -1,34 +1,25 @@
-"""A run's statuses and the sets callers test them against, with no imports at all: the
-client and the CLI's quick path read them without loading the state machine
-(floom/services/runs/rules.py, whose dataclasses cost the CLI about 18 ms of CPU per call)."""
+"""A run's statuses (floom.vocabulary.RunStatus) and the sets callers test them against, with
+no other import: read without loading the state machine (floom/services/runs/rules.py, whose
+dataclasses cost the CLI about 18 ms of CPU per call)."""
 
 from __future__ import annotations
 
-QUEUED = "queued"
-RUNNING = "running"
+from floom.vocabulary import RunStatus
+
+QUEUED = RunStatus.QUEUED
+RUNNING = RunStatus.RUNNING
 # Waiting for a person (floom/services/runs/approvals.py); holds no executor slot meanwhile.
-AWAITING_APPROVAL = "awaiting_approval"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-TIMED_OUT = "timed_out"
-CANCELLED = "cancelled"
-REJECTED = "rejected"
-LIMIT_EXCEEDED = "limit_exceeded"
+AWAITING_APPROVAL = RunStatus.AWAITING_APPROVAL
+SUCCEEDED = RunStatus.SUCCEEDED
+FAILED = RunStatus.FAILED
+TIMED_OUT = RunStatus.TIMED_OUT
+CANCELLED = RunStatus.CANCELLED
+REJECTED = RunStatus.REJECTED
+LIMIT_EXCEEDED = RunStatus.LIMIT_EXCEEDED
 # A trigger's tick or event that did not become a run (overlap, missed, paused, bad input);
 # the error says why. Born finished: it never runs.
-SKIPPED = "skipped"
-STATUSES = (
-    QUEUED,
-    RUNNING,
-    AWAITING_APPROVAL,
-    SUCCEEDED,
-    FAILED,
-    TIMED_OUT,
-    CANCELLED,
-    REJECTED,
-    LIMIT_EXCEEDED,
-    SKIPPED,
-)
+SKIPPED = RunStatus.SKIPPED
+STATUSES: tuple[RunStatus, ...] = tuple(RunStatus)
 # Ended for good: nothing moves the run again (a replay is a new run).
 FINISHED = frozenset({SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, REJECTED, LIMIT_EXCEEDED, SKIPPED})
 # Moves on by itself: waiting for an executor slot, or holding one.

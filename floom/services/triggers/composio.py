@@ -39,6 +39,7 @@ from floom.store.models import Worker, new_id
 from floom.store.triggers import Trigger, WebhookDelivery
 from floom.triggers import signatures
 from floom.triggers.spec import ComposioSpec
+from floom.vocabulary import RunTrigger, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -131,7 +132,7 @@ def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -
         results.append(
             deliver(
                 ctx,
-                source="composio",
+                source=RunTrigger.COMPOSIO,
                 key=key,
                 trigger=trigger,
                 worker=worker,
@@ -139,6 +140,7 @@ def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -
                 body=body,
                 event_name=event.slug,
                 redact=[secret],
+                callback_url=spec.callback_url,
             )
         )
     if not results:
@@ -151,7 +153,7 @@ def _seen(ctx: Context, key: str) -> list[WebhookDelivery]:
         return list(
             s.exec(
                 select(WebhookDelivery).where(
-                    WebhookDelivery.source == "composio",
+                    WebhookDelivery.source == RunTrigger.COMPOSIO,
                     WebhookDelivery.delivery_key == key[:200],
                 )
             ).all()
@@ -166,7 +168,7 @@ def _candidates(ctx: Context) -> list[tuple[Trigger, Worker]]:
                 select(Trigger, Worker)
                 .join(Worker, col(Worker.name) == col(Trigger.worker_name))
                 .where(
-                    Trigger.kind == "composio",
+                    Trigger.kind == TriggerKind.COMPOSIO,
                     col(Trigger.removed_at).is_(None),
                     col(Worker.active_version_id).is_not(None),
                 )
@@ -184,7 +186,7 @@ def _unmatched(
 ) -> Received:
     delivery = WebhookDelivery(
         id=new_id("dlv"),
-        source="composio",
+        source=RunTrigger.COMPOSIO,
         worker_name="",
         delivery_key=key[:200],
         event=event.slug[:200] if event else None,

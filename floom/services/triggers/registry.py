@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import Session, col, select
 
+from floom import jsonvalues
 from floom.errors import InvalidRequest, NotFound
 from floom.hints import act, told
 from floom.manifest.schema import Manifest
 from floom.manifest.triggers import parse_triggers
 from floom.services import wakeups
-from floom.services.access import secrets
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import Worker, new_id, utcnow
@@ -24,11 +24,11 @@ from floom.triggers import cron
 from floom.triggers.spec import (
     ScheduleSpec,
     TriggerSpec,
-    WebhookSpec,
     spec_from_config,
     spec_to_config,
     trigger_key,
 )
+from floom.vocabulary import TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -72,14 +72,26 @@ def sync_triggers(s: Session, *, worker_name: str, manifest: Manifest) -> None:
             s.add(row)
     # The scheduler and the handoff bridge sleep until their triggers change.
     kinds = {spec.kind for spec in specs}
-    if "schedule" in kinds:
+    if TriggerKind.SCHEDULE in kinds:
         wakeups.SCHEDULES.notify_on_commit(s)
-    if "handoff" in kinds or any(row.kind == "handoff" for row in rows.values()):
+    if TriggerKind.HANDOFF in kinds or any(
+        row.kind == TriggerKind.HANDOFF for row in rows.values()
+    ):
         wakeups.HANDOFFS.notify_on_commit(s)
 
 
-def spec_of(trigger: Trigger) -> TriggerSpec:
-    return spec_from_config(trigger.kind, json.loads(trigger.config_json))
+def spec_of(trigger: Trigger) -> TriggerSpec | None:
+    """The trigger as its worker.yml declared it; None for a stored row that cannot be read
+    back (not JSON, over a bound, not the fields of its kind: written by hand or by another
+    program). Every reader skips such a trigger: it never fires, never matches an event, and
+    is listed with its stored config marked, so one row cannot stop the others or a page."""
+    config = jsonvalues.stored(trigger.config_json, expect=dict)
+    if jsonvalues.UNREADABLE in config:
+        return None
+    try:
+        return spec_from_config(trigger.kind, config)
+    except (TypeError, ValueError):
+        return None
 
 
 def list_triggers(
@@ -183,39 +195,6 @@ def next_fire_times(
     tz = cron.zone(spec.timezone)
     times = cron.next_fire_times(spec.cron, tz, after=after or utcnow(), count=count)
     return [t.astimezone(tz) for t in times]
-
-
-def trigger_to_dict(
-    ctx: Context,
-    trigger: Trigger,
-    *,
-    worker: Worker,
-    urls: HookUrls | None = None,
-    count: int = NEXT_FIRES_SHOWN,
-) -> dict[str, Any]:
-    spec = spec_of(trigger)
-    active = not (trigger.paused or worker.paused) and trigger.removed_at is None
-    body: dict[str, Any] = {
-        "id": trigger.id,
-        "worker": trigger.worker_name,
-        "kind": trigger.kind,
-        "config": spec_to_config(spec),
-        "paused": trigger.paused,
-        "worker_paused": worker.paused,
-        "active": active,
-        "last_fire_at": trigger.last_fire_at,
-        "created_at": trigger.created_at,
-    }
-    if isinstance(spec, ScheduleSpec):
-        body["timezone"] = spec.timezone
-        # A paused schedule (or one of a paused worker) fires never, so it has no next fires.
-        fires = next_fire_times(spec, count=count) if active else []
-        body["next_fires"] = [t.isoformat() for t in fires]
-    if isinstance(spec, WebhookSpec):
-        body["url"] = urls.worker(trigger.worker_name) if urls else f"/hooks/{trigger.worker_name}"
-        _, missing = secrets.resolve(ctx, [spec.secret])
-        body["secret_set"] = not missing
-    return body
 
 
 def summary(ctx: Context, *, worker_name: str, caller: Principal) -> list[dict[str, Any]]:

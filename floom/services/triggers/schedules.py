@@ -18,7 +18,7 @@ from sqlalchemy import or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, FloomError, NotFound, WorkerPaused
+from floom.errors import Conflict, FloomError, NotFound, RunErrorCode, WorkerPaused
 from floom.services.access import principal
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
@@ -29,6 +29,7 @@ from floom.store.models import Run, Worker, new_id
 from floom.store.triggers import Trigger, TriggerFire
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec
+from floom.vocabulary import RunTrigger, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -39,10 +40,11 @@ log = logging.getLogger("floom.scheduler")
 ON_TIME_SECONDS = 60.0
 # A week of a once-a-minute cron: the longest catch-up window holds no more fires.
 MAX_FIRES_PER_PASS = 7 * 24 * 60 + 1
-OVERLAP_SKIP = "overlap_skip"
-MISSED = "missed"
-PAUSED = "paused"
-START_FAILED = "start_failed"
+# Why a tick did not become a run: its fire's outcome and its skipped run's error code.
+OVERLAP_SKIP = RunErrorCode.OVERLAP_SKIP
+MISSED = RunErrorCode.MISSED
+PAUSED = RunErrorCode.PAUSED
+START_FAILED = RunErrorCode.START_FAILED
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def fire_due(ctx: Context, *, now: datetime, cache: NextFireCache | None = None)
             select(Trigger, Worker)
             .join(Worker, col(Worker.name) == col(Trigger.worker_name))
             .where(
-                Trigger.kind == "schedule",
+                Trigger.kind == TriggerKind.SCHEDULE,
                 col(Trigger.removed_at).is_(None),
                 col(Worker.active_version_id).is_not(None),
             )
@@ -91,7 +93,8 @@ def fire_due(ctx: Context, *, now: datetime, cache: NextFireCache | None = None)
     upcoming: datetime | None = None
     for trigger, worker in rows:
         spec = spec_of(trigger)
-        assert isinstance(spec, ScheduleSpec)
+        if not isinstance(spec, ScheduleSpec):
+            continue  # a stored row that cannot be read (spec_of) never fires
         base = trigger.last_fire_at or trigger.created_at
         due = cache.next_after(trigger, spec, base)
         if due is not None and due <= now:
@@ -203,7 +206,7 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
             ctx,
             worker_name=worker.name,
             inputs=spec.inputs,
-            trigger="schedule",
+            trigger=RunTrigger.SCHEDULE,
             caller=principal.SYSTEM,
             scheduled_for=t,
             in_transaction=record,
@@ -243,7 +246,7 @@ def _record_skip(
     worker: Worker,
     spec: ScheduleSpec,
     t: datetime,
-    code: str,
+    code: RunErrorCode,
     message: str,
 ) -> None:
     """A tick that does not become a run: a skipped run row, visible in every run list."""
@@ -266,7 +269,7 @@ def _record_skip(
                 run_id=run_id,
                 worker_name=worker.name,
                 version_id=worker.active_version_id,
-                trigger="schedule",
+                trigger=RunTrigger.SCHEDULE,
                 trigger_id=trigger.id,
                 code=code,
                 reason=message,

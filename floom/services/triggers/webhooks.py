@@ -21,6 +21,7 @@ from floom.errors import (
     InputInvalid,
     NotFound,
     PayloadTooLarge,
+    RunErrorCode,
     WorkerPaused,
 )
 from floom.hints import act, told
@@ -34,14 +35,17 @@ from floom.store.models import Run, Worker, new_id
 from floom.store.triggers import Trigger, WebhookDelivery
 from floom.triggers import signatures
 from floom.triggers.spec import EVENT_INPUT, ComposioSpec, WebhookSpec
+from floom.vocabulary import RunTrigger, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
 
+# A delivery's outcome: it started a run, or it did not (its skipped run's error code), or it
+# matched no worker.
 RUN = "run"
-PAUSED = "paused"
-INPUT_INVALID = "input_invalid"
-START_FAILED = "start_failed"
+PAUSED = RunErrorCode.PAUSED
+INPUT_INVALID = RunErrorCode.INPUT_INVALID
+START_FAILED = RunErrorCode.START_FAILED
 UNMATCHED = "unmatched"
 
 log = logging.getLogger("floom.webhooks")
@@ -83,7 +87,8 @@ def receive_webhook(
     check_size(ctx, body)
     trigger, worker = _webhook_trigger(ctx, worker_name)
     spec = spec_of(trigger)
-    assert isinstance(spec, WebhookSpec)
+    if not isinstance(spec, WebhookSpec):  # a stored row that cannot be read: no webhook
+        raise no_webhook_at(f"/hooks/{worker_name}")
     values, missing = secrets.resolve(ctx, [spec.secret])
     if missing:
         log.warning(
@@ -102,7 +107,7 @@ def receive_webhook(
     callback = callbacks.check_callback_url(ctx, callback_url)
     return deliver(
         ctx,
-        source="webhook",
+        source=RunTrigger.WEBHOOK,
         key=verified.delivery_id,
         digest=verified.signature_digest,
         trigger=trigger,
@@ -132,7 +137,7 @@ def payload_too_large(limit: int) -> PayloadTooLarge:
 def deliver(
     ctx: Context,
     *,
-    source: str,
+    source: RunTrigger,
     key: str,
     trigger: Trigger,
     worker: Worker,
@@ -204,10 +209,10 @@ def deliver(
 def _refused(
     ctx: Context,
     delivery: WebhookDelivery,
-    outcome: str,
+    outcome: RunErrorCode,
     message: str,
     *,
-    trigger: str,
+    trigger: RunTrigger,
     error: FloomError | None,
 ) -> Received:
     """Keep a delivery that did not start a run, with a skipped run saying why."""
@@ -264,7 +269,7 @@ def _webhook_trigger(ctx: Context, worker_name: str) -> tuple[Trigger, Worker]:
         trigger = s.exec(
             select(Trigger).where(
                 Trigger.worker_name == worker_name,
-                Trigger.kind == "webhook",
+                Trigger.kind == TriggerKind.WEBHOOK,
                 col(Trigger.removed_at).is_(None),
             )
         ).first()
@@ -405,7 +410,11 @@ def replay_delivery(
     if trigger is None:
         raise NotFound(f"the trigger of delivery {delivery_id} no longer exists")
     spec = spec_of(trigger)
-    assert isinstance(spec, WebhookSpec | ComposioSpec)
+    if not isinstance(spec, WebhookSpec | ComposioSpec):
+        raise Conflict(
+            f"the trigger of delivery {delivery_id} is stored in a form floom cannot read",
+            hint=f"deploy worker {delivery.worker_name} again, then replay the delivery",
+        )
     inputs = event_inputs(
         ctx, worker=worker, spec=spec, body=delivery.body, content_type=delivery.content_type
     )
@@ -421,31 +430,9 @@ def replay_delivery(
         ctx,
         worker_name=delivery.worker_name,
         inputs=inputs,
-        trigger="replay",
+        trigger=RunTrigger.REPLAY,
         caller=caller,
         replay_of=delivery.run_id,
         force=force,
         in_transaction=record,
     )
-
-
-def delivery_to_dict(delivery: WebhookDelivery, *, with_body: bool = False) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "id": delivery.id,
-        "source": delivery.source,
-        "worker": delivery.worker_name,
-        "trigger_id": delivery.trigger_id,
-        "delivery_id": delivery.delivery_key,
-        "event": delivery.event,
-        "received_at": delivery.received_at,
-        "outcome": delivery.outcome,
-        "message": delivery.message,
-        "run_id": delivery.run_id,
-        "replay_count": delivery.replay_count,
-        "size": len(delivery.body),
-        "content_type": delivery.content_type,
-    }
-    if with_body:
-        body["headers"] = jsonvalues.stored(delivery.headers_json, expect=dict)
-        body["body"] = delivery.body.decode("utf-8", errors="replace")
-    return body

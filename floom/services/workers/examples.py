@@ -12,6 +12,7 @@ from floom.services.context import Context
 from floom.services.triggers import registry as triggers
 from floom.services.workers import versions as workers
 from floom.store.models import Version
+from floom.vocabulary import TriggerKind
 
 log = logging.getLogger("floom")
 
@@ -47,7 +48,7 @@ def pause_schedules_missing_secrets(ctx: Context, worker_name: str, version: Ver
     if not missing:
         return
     _, found = triggers.list_triggers(ctx, worker_name=worker_name, caller=examples)
-    paused = [t for t in found if t.kind == "schedule" and t.removed_at is None]
+    paused = [t for t in found if t.kind == TriggerKind.SCHEDULE and t.removed_at is None]
     for trigger in paused:
         triggers.set_paused(
             ctx,

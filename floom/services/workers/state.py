@@ -26,16 +26,14 @@ from floom.services.access.principal import Principal
 from floom.services.workers import versions as workers
 from floom.store.db import Writer, session_scope
 from floom.store.models import Run, Version, Worker, WorkerState, utcnow
+from floom.vocabulary import StateSource
 
 if TYPE_CHECKING:
     from floom.config import Settings
     from floom.manifest.schema import Manifest
     from floom.services.context import Context
 
-# Versions kept per worker: older ones are deleted when a new one is written (a replay of a
-# run whose base was deleted says so).
-KEPT_VERSIONS: Final = 100
-SOURCES: Final = ("run", "operator", "restore")
+SOURCES: Final = tuple(StateSource)
 # Versions are 32-bit integers in the store; a larger number names no version.
 MAX_VERSION: Final = 2**31 - 1
 
@@ -70,6 +68,24 @@ def decode(text: str | None) -> Any:
     return None if text is None else jsonvalues.stored(text)
 
 
+def value_of(row: WorkerState) -> Any:
+    """A kept version's value, to start a run from or to write again; StateInvalid when the
+    row cannot be read back (not JSON, over a bound: written by hand or by another program),
+    so a run fails naming it and a restore changes nothing."""
+    value = jsonvalues.stored(row.state_json)
+    if isinstance(value, dict) and jsonvalues.UNREADABLE in value:
+        raise StateInvalid(
+            f"state version {row.version} of worker '{row.worker_name}' is stored in a form "
+            f"floom cannot read: {value[jsonvalues.UNREADABLE]}",
+            hint=told(
+                "set the state afresh (",
+                act("state set", worker=row.worker_name),
+                ") or restore another version",
+            ),
+        )
+    return value
+
+
 # -- what a run reads and writes ---------------------------------------------------------------
 
 
@@ -89,9 +105,10 @@ def base_of_run(ctx: Context, *, run: Run) -> tuple[int, Any]:
         if row is None:
             raise NotFound(
                 f"state version {version} of worker '{run.worker_name}' is no longer kept",
-                hint=f"floom keeps the last {KEPT_VERSIONS} versions; run the worker afresh",
+                hint=f"floom keeps the last {ctx.settings.state_history} versions "
+                "(FLOOM_STATE_HISTORY); run the worker afresh",
             )
-        return version, json.loads(row.state_json)
+        return version, value_of(row)
 
 
 def check_kept(ctx: Context, *, worker_name: str, version: int) -> None:
@@ -104,18 +121,21 @@ def check_kept(ctx: Context, *, worker_name: str, version: int) -> None:
             raise NotFound(
                 f"the run started from state version {version} of worker '{worker_name}', "
                 "which is no longer kept",
-                hint=f"floom keeps the last {KEPT_VERSIONS} versions; start a new run instead",
+                hint=f"floom keeps the last {ctx.settings.state_history} versions "
+                "(FLOOM_STATE_HISTORY); start a new run instead",
             )
 
 
 def commit_from_run(
-    s: Writer, *, worker_name: str, base: int, state_json: str, run_id: str
+    s: Writer, *, worker_name: str, base: int, state_json: str, run_id: str, keep: int
 ) -> int | None:
     """Write a run's new state as version base + 1 in the caller's transaction (the one that
     records the run's success), if the worker's state is still at `base`: the new version,
-    or None when another write came first (then nothing is written)."""
+    or None when another write came first (then nothing is written). The newest `keep`
+    versions stay (FLOOM_STATE_HISTORY); older ones go."""
     return _write(
         s,
+        keep=keep,
         worker_name=worker_name,
         base=base,
         state_json=state_json,
@@ -128,6 +148,7 @@ def commit_from_run(
 def _write(
     s: Writer,
     *,
+    keep: int,
     worker_name: str,
     base: int,
     state_json: str,
@@ -156,11 +177,11 @@ def _write(
             "created_at": utcnow(),
         },
     )
-    if version > KEPT_VERSIONS:
+    if version > keep:
         s.execute(
             delete(WorkerState).where(
                 col(WorkerState.worker_name) == worker_name,
-                col(WorkerState.version) <= version - KEPT_VERSIONS,
+                col(WorkerState.version) <= version - keep,
             )
         )
     return version
@@ -254,7 +275,7 @@ def set_state(
     restored_from = None
     if from_version is not None:
         with session_scope(ctx.engine) as s:
-            state = json.loads(_version_row(s, worker_name, from_version).state_json)
+            state = value_of(_version_row(s, worker_name, from_version))
         restored_from = from_version
     if manifest is not None:
         names = [*manifest.secrets, *manifest.apply_secrets]
@@ -273,6 +294,7 @@ def set_state(
             raise _conflict(worker_name, expected=if_version, found=base)
         version = _write(
             s,
+            keep=ctx.settings.state_history,
             worker_name=worker_name,
             base=base,
             state_json=text,
@@ -301,11 +323,12 @@ def rollback_with_state(
         row = _version_row(s, name, state_version)
         limit = limit_of(workers.manifest_of(version), ctx.settings)
         # Kept versions were masked when written; the version made active may keep less.
-        text = encode(json.loads(row.state_json), limit=limit)
+        text = encode(value_of(row), limit=limit)
         worker = s.get(Worker, name, with_for_update=True)
         base = worker.state_version if worker is not None else 0
         written = _write(
             s,
+            keep=ctx.settings.state_history,
             worker_name=name,
             base=base,
             state_json=text,

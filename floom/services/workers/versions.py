@@ -14,12 +14,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.bundle import Bundle, read_archive
-from floom.errors import InvalidRequest, ManifestInvalid, NotFound
+from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound
 from floom.hints import act, told
 from floom.manifest.load import check_manifest, manifest_invalid, parse_manifest
 from floom.manifest.schema import Manifest, Problem
 from floom.sandbox import configuration_problem
 from floom.services.access.principal import SYSTEM, Principal
+from floom.services.alerts.channels import trigger_callback_problems
 from floom.services.triggers.registry import sync_triggers
 from floom.services.workers.limit_ceilings import over_ceilings
 from floom.store.blobs.rows import insert_blob, read_blob, stage_blob
@@ -65,7 +66,7 @@ def validate_archive(
         ]
     manifest, problems = check_manifest(text, bundle.files.keys())
     if manifest is not None:
-        problems = over_ceilings(manifest, ctx.settings)
+        problems = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
         if problems:
             return None, problems
     return manifest, problems
@@ -85,7 +86,7 @@ def deploy(
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
-    over = over_ceilings(manifest, ctx.settings)
+    over = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
     if over:
         raise manifest_invalid(over)
     _check_sandbox_configured(ctx, manifest)
@@ -405,13 +406,32 @@ def rollback(
     return Rollback(version=version, changed=True)
 
 
+class ManifestUnreadable(Conflict):
+    """A version's stored worker.yml that floom cannot read back (not JSON, over a bound, or
+    not a manifest today's floom accepts: written by hand, by another program or an older
+    floom). Every single view of it answers this 409; lists show the worker marked."""
+
+
 @lru_cache(maxsize=512)
 def _manifest_from_json(manifest_json: str) -> Manifest:
     return Manifest.model_validate(json.loads(manifest_json))
 
 
 def manifest_of(version: Version) -> Manifest:
-    return _manifest_from_json(version.manifest_json)
+    """The version's manifest; ManifestUnreadable when its stored row cannot be read back."""
+    try:
+        return _manifest_from_json(version.manifest_json)
+    except (ValueError, TypeError, RecursionError) as exc:  # pydantic's errors are ValueErrors
+        why = type(exc).__name__ if isinstance(exc, RecursionError) else str(exc)[:200]
+        name = version.worker_name
+        raise ManifestUnreadable(
+            f"version {version.id} of worker '{name}' holds a worker.yml floom cannot read ({why})",
+            hint=told(
+                f"deploy worker {name} again, or roll it back to another version (",
+                act("versions", worker=name),
+                ")",
+            ),
+        ) from None
 
 
 def load_bundle(ctx: Context, *, version: Version) -> Bundle:
@@ -422,35 +442,3 @@ def load_bundle(ctx: Context, *, version: Version) -> Bundle:
         what=f"the archive of version {version.id} of worker {version.worker_name}",
     )
     return read_archive(data, max_bytes=ctx.settings.max_bundle_bytes * 2)
-
-
-def worker_to_dict(worker: Worker, version: Version | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "name": worker.name,
-        "active_version_id": worker.active_version_id,
-        "paused": worker.paused,
-        "created_at": worker.created_at,
-        "updated_at": worker.updated_at,
-    }
-    if version is not None:
-        manifest = manifest_of(version)
-        body.update(
-            title=manifest.title,
-            description=manifest.description,
-            kind=manifest.kind,
-            manifest=json.loads(version.manifest_json),
-        )
-    return body
-
-
-def version_to_dict(version: Version, *, active_id: str | None = None) -> dict[str, Any]:
-    return {
-        "id": version.id,
-        "worker": version.worker_name,
-        "digest": version.digest,
-        "kind": version.kind,
-        "file_count": version.file_count,
-        "size": version.size,
-        "created_at": version.created_at,
-        "active": version.id == active_id,
-    }

@@ -17,6 +17,7 @@ from standardwebhooks.webhooks import Webhook
 
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
+from floom.services.alerts.watch import watch
 from tests.support.alerts import receiver, smtp_server
 from tests.support.harness import (
     LiveServer,
@@ -280,6 +281,40 @@ def test_a_storm_sends_a_bounded_number_of_alerts(tmp_path: Path, database_url: 
         throttled = next(d for d in sent if d["status"] == "throttled")
         assert api.post(f"/api/v1/alerts/deliveries/{throttled['id']}/resend").status_code == 202
         hook.wait_for(3)
+
+
+def test_a_disabled_rule_routes_nothing_until_it_is_enabled_again(
+    tmp_path: Path, database_url: str
+) -> None:
+    with receiver() as hook, alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        add_webhook_channel(api, srv.ctx, hook.url)
+        rule = {"name": "all", "events": ["run.failed"], "channels": ["hook"]}
+        assert api.post("/api/v1/alerts/rules", json=rule).status_code == 201
+        bad = api.patch("/api/v1/alerts/rules/all", json={"enabled": "maybe"})
+        assert bad.status_code == 422
+        assert "enabled" in bad.text
+        assert api.patch("/api/v1/alerts/rules/nope", json={"enabled": False}).status_code == 404
+        off = api.patch("/api/v1/alerts/rules/all", json={"enabled": False})
+        assert off.status_code == 200, off.text
+        assert off.json()["enabled"] is False
+        assert api.get("/api/v1/alerts/rules").json()["items"][0]["enabled"] is False
+        for i in range(2):
+            folder = make_worker(
+                tmp_path / f"w{i}",
+                f"name: w{i}\ninputs:\n  fail: {{type: boolean, default: true}}\n",
+                {"run.py": FLAKY_RUN},
+            )
+            deploy_folder(api, folder)
+            if i == 1:
+                on = api.patch("/api/v1/alerts/rules/all", json={"enabled": True})
+                assert on.json()["enabled"] is True
+            run = api.post(f"/api/v1/workers/w{i}/runs", json={}).json()
+            assert wait_for_run(api, run["id"])["status"] == "failed"
+            watch(srv.ctx)  # its failure is seen now (a pass is idempotent), rule on or off
+        (alert,) = hook.wait_for(1)
+        assert alert["worker"] == "w1"  # w0 failed while the rule was off
+        assert [d["status"] for d in deliveries(api, purpose="alert")] == ["delivered"]
 
 
 HOOKED = """\

@@ -21,6 +21,7 @@ from floom.store.db import session_scope
 from floom.store.models import AlertChannel, AlertEvent, AlertRule, Run
 from floom.store.triggers import Trigger
 from floom.triggers import cron
+from floom.vocabulary import RunStatus
 from tests.support.alerts import receiver
 from tests.support.harness import LiveServer, deploy_folder, live_server, make_worker, wait_until
 
@@ -121,7 +122,7 @@ def test_a_schedules_run_that_does_not_start_is_late_and_one_that_does_not_end_i
         assert _sent(srv) == ["schedule.late"]
         with session_scope(srv.ctx.engine, write=True) as s:
             run = s.exec(select(Run).where(Run.trigger_id == trigger.id)).one()
-            run.status = "running"  # as a node that took it and hangs would leave it
+            run.status = RunStatus.RUNNING  # as a node that took it and hangs would leave it
             s.add(run)
         assert watch_schedules(srv.ctx, now=tick + timedelta(seconds=STUCK + 1)) == 1
         with session_scope(srv.ctx.engine) as s:

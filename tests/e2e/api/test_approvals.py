@@ -10,6 +10,7 @@ from floom.mcp.backends.local import LocalBackend
 from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
 from floom.store.db import session_scope
+from floom.vocabulary import ApprovalKind
 from tests.support.agents import log_lines, start_run, wait_status
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_until
 
@@ -170,7 +171,11 @@ def test_approvals_filter_by_worker_before_paging_over_rest_and_mcp(
 ) -> None:
     with session_scope(server.ctx.engine, write=True) as s:
         for i, worker in enumerate(["a", "b", "a", "b", "b"]):
-            s.add(Approval(id=f"apr_{i}", run_id=f"run_{i}", worker_name=worker, kind="run"))
+            s.add(
+                Approval(
+                    id=f"apr_{i}", run_id=f"run_{i}", worker_name=worker, kind=ApprovalKind.RUN
+                )
+            )
 
     first = api.get("/api/v1/approvals", params={"worker": "b", "limit": 2}).json()
     cursor = first["next_cursor"]
@@ -181,7 +186,7 @@ def test_approvals_filter_by_worker_before_paging_over_rest_and_mcp(
     assert rest.json()["next_cursor"] is None
     # The /mcp tool asks the same service, so a worker's approvals are never cut off by others'.
     page = LocalBackend(server.ctx, SYSTEM).list_approvals(worker="a")
-    assert [a["id"] for a in page["items"]] == ["apr_0", "apr_2"]
+    assert [a.id for a in page.items] == ["apr_0", "apr_2"]
 
 
 def test_deciding_needs_the_run_scope(server: object, api: httpx.Client, tmp_path: Path) -> None:

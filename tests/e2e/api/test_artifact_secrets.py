@@ -11,6 +11,7 @@ import io
 import lzma
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 import anyio
@@ -63,8 +64,12 @@ def _collect(tmp_path: Path, files: dict[str, bytes]) -> dict[str, tuple[bytes, 
     return {name: (data, content_type) for name, data, content_type in done.artifacts}
 
 
+# What a prober writes a secret in (the test's own list: floom's ENCODINGS must cover it).
+WRITTEN_IN = ("utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be", "latin-1")
+
+
 def _leaks(data: bytes) -> list[str]:
-    return [e for e in ENCODINGS if SECRET.encode(e) in data]
+    return [e for e in WRITTEN_IN if SECRET.encode(e) in data]
 
 
 @pytest.mark.parametrize(
@@ -74,6 +79,8 @@ def _leaks(data: bytes) -> list[str]:
         ("utf16le.txt", f"\ufefftoken={SECRET}\n".encode("utf-16-le")),
         ("utf16be.txt", f"\ufefftoken={SECRET}\n".encode("utf-16-be")),
         ("utf16.txt", f"token={SECRET}\n".encode("utf-16")),
+        ("utf32le.txt", f"token={SECRET}\n".encode("utf-32-le")),
+        ("utf32.txt", f"token={SECRET}\n".encode("utf-32")),
         ("nul-early.txt", b"\0" + f"token={SECRET}\n".encode()),
         ("nul-late.txt", b"x" * 2000 + f"token={SECRET}".encode("utf-16-le")),
         ("image.bin", b"\x89PNG\r\n\x1a\n" + SECRET.encode() + b"\0" + SECRET.encode("latin-1")),
@@ -110,6 +117,38 @@ def test_a_compressed_or_archived_artifact_is_recorded_as_unscannable(
     assert kept == data
     assert content_type == unscannable_kind(data)[1]  # type: ignore[index]
     assert content_type != "text/plain"
+
+
+# Compressed bytes that do not start with an archive's magic: a zip behind other bytes (zip
+# readers find it from its end), a bare zlib stream, a PDF whose streams are compressed.
+HIDDEN = {
+    "prefixed-zip": (b"#!/bin/sh\nexit 0\n" * 50 + _zip(PLAIN), "zip"),
+    "zlib": (zlib.compress(PLAIN), "zlib"),
+    "pdf": (
+        b"%PDF-1.7\n1 0 obj\n<< /Length 40 /Filter /FlateDecode >>\nstream\n"
+        + zlib.compress(PLAIN)
+        + b"\nendstream\nendobj\n%%EOF\n",
+        "PDF (compressed or encoded streams)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HIDDEN))
+def test_compressed_bytes_without_an_archive_s_first_bytes_are_unscannable_too(
+    tmp_path: Path, case: str
+) -> None:
+    data, kind = HIDDEN[case]
+    found = unscannable_kind(data)
+    assert found is not None
+    assert found[0] == kind
+    kept, content_type = _collect(tmp_path, {"report.txt": data})["report.txt"]
+    assert kept == data
+    assert content_type == found[1]
+    # Text that shares a zlib stream's first bytes, a PDF with nothing compressed: scanned.
+    for i, text in enumerate((b"x^2 + 1 = 0\n" + PLAIN, b"%PDF-1.4\n" + PLAIN)):
+        assert unscannable_kind(text) is None
+        (tmp_path / str(i)).mkdir()
+        assert _leaks(_collect(tmp_path / str(i), {"plain.txt": text})["plain.txt"][0]) == []
 
 
 def test_a_file_named_like_an_archive_that_is_not_one_is_scanned(tmp_path: Path) -> None:

@@ -11,8 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
 from tests.standins.e2b import E2BStandin, e2b_standin  # noqa: F401 - the fixture
+from tests.support.cli import cli
 from tests.support.harness import deploy_folder, live_server, make_worker, wait_for_run, wait_until
 
 SCRIPT = """\
@@ -100,3 +104,69 @@ def test_cancelling_a_run_in_e2b_kills_its_sandbox_at_once(
     assert wait_for_run(api, run_id, timeout=10)["status"] == "cancelled"
     assert killed_after < 3
     assert len(e2b_standin.killed) == 1
+
+
+def test_with_e2b_warm_runs_start_in_sandboxes_made_ahead_shown_and_killed_with_the_node(
+    e2b_standin: E2BStandin,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    e2b_standin.creation_delay = 0.3
+    database = f"sqlite:///{tmp_path}/floom.db"
+    with live_server(tmp_path / "data", database, sandbox="e2b", e2b_warm=1) as server:
+        with server.client() as api:
+            folder = make_worker(
+                tmp_path / "quick",
+                "name: quick\noutputs: {box: {type: string}}\n",
+                {"run.py": BOX_SCRIPT},
+            )
+            deploy_folder(api, folder)
+            boxes = []
+            for _ in range(3):
+                run = wait_for_run(
+                    api, api.post("/api/v1/workers/quick/runs", json={}).json()["id"]
+                )
+                assert run["status"] == "succeeded", run
+                boxes.append(run["outputs"]["box"])
+                wait_until(lambda: _ready(e2b_standin), timeout=10)
+            assert len(set(boxes)) == 3  # never one sandbox for two runs
+            wait_until(lambda: set(boxes) <= set(e2b_standin.killed), timeout=10)
+
+            e2b = api.get("/healthz").json()["warm"]["e2b"]
+            (pool,) = e2b["pools"]
+            assert (pool["template"], pool["ready"], pool["hits"], pool["misses"]) == (
+                "base",
+                1,
+                2,
+                1,
+            )
+            _, reader = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="prom")
+            with server.client(reader) as scraper:
+                text = scraper.get("/metrics").text
+            samples = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            }
+            assert samples[("floom_warm_e2b_hits_total", ())] == 2
+            assert (
+                samples[("floom_warm_e2b_ready", (("network", "off"), ("template", "base")))] == 1
+            )
+            listed = cli(server, "nodes")
+            assert listed.returncode == 0, listed.stderr
+            assert "E2B sandboxes ready ahead" in listed.stdout
+        ready = _ready(e2b_standin)
+        assert ready
+    # The node stopped: what it kept ready is gone.
+    wait_until(lambda: not _ready(e2b_standin), timeout=10)
+    assert ready <= set(e2b_standin.killed)
+
+
+BOX_SCRIPT = """\
+import json, os
+from pathlib import Path
+Path("result.json").write_text(json.dumps({"outputs": {"box": os.environ["E2B_SANDBOX_ID"]}}))
+"""
+
+
+def _ready(standin: E2BStandin) -> set[str]:
+    return {i for i, box in standin.sandboxes.items() if "floom_pool" in box.metadata}

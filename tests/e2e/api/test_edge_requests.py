@@ -4,16 +4,29 @@ send without a valid key is limited per client address (429 rate_limited, Retry-
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
 from floom.api.address_limit import AddressLimiter, client_key
+from floom.api.app import create_app
 from floom.config import Settings
-from tests.support.harness import LiveServer, live_server
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
+from tests.support.alerts import self_signed
+from tests.support.harness import (
+    LiveServer,
+    fast_settings,
+    free_port,
+    live_server,
+    wait_until,
+)
 from tests.support.web import csrf_of
 
 
@@ -32,11 +45,15 @@ def make_server(tmp_path: Path, database_url: str) -> Iterator[Callable[..., Liv
         )
 
 
-def cookies_set(server: LiveServer, **headers: str) -> dict[str, str]:
+def cookies_set(
+    server: LiveServer, headers: dict[str, str] | None = None, *, verify: bool = True
+) -> dict[str, str]:
     """Sign in through the form with these headers on every request; each cookie's
     Set-Cookie line, by name."""
     seen: dict[str, str] = {}
-    with httpx.Client(base_url=server.base_url, headers=headers, timeout=10) as browser:
+    with httpx.Client(
+        base_url=server.base_url, headers=headers, timeout=10, verify=verify
+    ) as browser:
         form = browser.get("/login")
         # Sent back by hand: a client keeps a Secure cookie from a plain-HTTP server.
         login_cookie = form.headers["set-cookie"].split(";", 1)[0]
@@ -69,7 +86,7 @@ def test_the_session_cookie_is_secure_when_a_trusted_proxy_says_the_browser_spok
         {"Forwarded": 'for="203.0.113.7";proto=https'},  # RFC 7239
         {"Forwarded": "for=192.0.2.1;proto=http, for=198.51.100.2;proto=https"},  # last hop
     ):
-        cookies = cookies_set(server, **headers)
+        cookies = cookies_set(server, headers)
         assert all(secure(line) for line in cookies.values()), (headers, cookies)
         assert all("httponly" in line.lower() for line in cookies.values())
 
@@ -78,11 +95,11 @@ def test_forwarding_headers_count_only_from_the_proxies_floom_is_told_to_trust(
     make_server: Callable[..., LiveServer],
 ) -> None:
     untrusted = make_server(forwarded_allow_ips="10.0.0.0/8")
-    cookies = cookies_set(untrusted, **{"X-Forwarded-Proto": "https"})
+    cookies = cookies_set(untrusted, {"X-Forwarded-Proto": "https"})
     assert not any(secure(line) for line in cookies.values()), cookies
 
     trusted = make_server(forwarded_allow_ips="10.0.0.0/8, 127.0.0.0/8")
-    cookies = cookies_set(trusted, **{"X-Forwarded-Proto": "https"})
+    cookies = cookies_set(trusted, {"X-Forwarded-Proto": "https"})
     assert all(secure(line) for line in cookies.values()), cookies
 
 
@@ -91,6 +108,39 @@ def test_an_https_public_url_makes_the_cookie_secure_whatever_the_proxy_says(
 ) -> None:
     server = make_server(public_url="https://floom.example.com", forwarded_allow_ips="")
     assert all(secure(line) for line in cookies_set(server).values())
+
+
+def test_the_session_cookie_is_secure_when_floom_itself_is_served_over_https(
+    tmp_path: Path, database_url: str
+) -> None:
+    """HTTPS straight to the ASGI server (uvicorn with a certificate), no proxy and no public
+    URL: the browser spoke HTTPS, so the cookies are Secure."""
+    cert, key = self_signed(tmp_path, "localhost")
+    ctx = Context.open(fast_settings(tmp_path / "data", database_url, forwarded_allow_ips=""))
+    _, admin = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="tls admin")
+    port = free_port()
+    config = uvicorn.Config(
+        create_app(ctx=ctx),
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        proxy_headers=False,
+        ssl_certfile=str(cert),
+        ssl_keyfile=str(key),
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started or not thread.is_alive())
+        assert server.started
+        live = LiveServer(ctx=ctx, base_url=f"https://127.0.0.1:{port}", admin_key=admin)
+        cookies = cookies_set(live, verify=False)
+        assert all(secure(line) for line in cookies.values()), cookies
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        ctx.engine.dispose()
 
 
 def test_a_forwarded_allow_ips_typo_is_refused_at_start() -> None:
@@ -117,6 +167,10 @@ def test_every_route_reachable_without_a_key_is_limited_per_address(
         ("POST", "/hooks/nosuch"),
         ("GET", "/openapi.json"),
         ("GET", "/"),
+        ("GET", "/docs"),
+        ("POST", "/mcp"),
+        ("GET", "/static/floom.css"),
+        ("GET", "/no/such/page"),
     )
     for method, path in anonymous:
         server = make_server(anonymous_rate_limit_per_minute=1, anonymous_rate_limit_burst=3)

@@ -17,12 +17,28 @@ import pytest
 from sqlmodel import Session
 
 from floom.engine.collect import read_result
+from floom.errors import RunErrorCode, StateInvalid
+from floom.services.alerts.rules import routes_for
+from floom.services.alerts.watch import watch_schedules
+from floom.services.triggers.schedules import fire_due
+from floom.services.workers import state as worker_state
+from floom.services.workers.versions import forget_versions
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent
 from floom.store.handoffs import Job, JobEvent, Role
-from floom.store.models import Run, RunEvent
+from floom.store.models import (
+    AlertChannel,
+    AlertRule,
+    Delivery,
+    Run,
+    RunEvent,
+    Version,
+    Worker,
+    WorkerState,
+    utcnow,
+)
 from floom.store.replays import Replay
-from floom.store.triggers import WebhookDelivery
+from floom.store.triggers import Trigger, WebhookDelivery
 from floom.ui import admin as ui_admin
 from floom.ui import app as ui
 from floom.ui import approvals as ui_approvals
@@ -31,6 +47,16 @@ from floom.ui import monitoring as ui_monitoring
 from floom.ui import ops as ui_ops
 from floom.ui import replays as ui_replays
 from floom.ui import runs as ui_runs
+from floom.vocabulary import (
+    ApprovalKind,
+    ChannelKind,
+    DeliveryPurpose,
+    DeliveryStatus,
+    JobStatus,
+    RunStatus,
+    ToolCallStatus,
+    TriggerKind,
+)
 from tests.support.harness import LiveServer, deploy_folder, make_worker
 from tests.support.mcp_clients import call_raw, http_client, text_of
 from tests.support.web import signed_in_client
@@ -58,11 +84,34 @@ outputs:
 STREAMS = re.compile(r"/stream$")
 
 
+# Workers whose active version's stored worker.yml floom cannot read back, by how.
+UNREADABLE_MANIFESTS = {
+    "hostile-not-json": '{"name": ',
+    "hostile-deep": DEEP,
+    "hostile-shape": '{"name": 5, "kind": ["script"]}',
+}
+
+
 def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
     with server.client() as api:
         version = deploy_folder(api, make_worker(tmp / "w", WORKER, {"run.py": "print(1)\n"}))
+        unreadable = {
+            name: deploy_folder(
+                api, make_worker(tmp / name, f"name: {name}\n", {"run.py": "print(1)\n"})
+            )["version"]["id"]
+            for name in UNREADABLE_MANIFESTS
+        }
     version_id = version["version"]["id"]
+    with Session(server.ctx.engine) as s:
+        for name, text in UNREADABLE_MANIFESTS.items():
+            row = s.get(Version, unreadable[name])
+            assert row is not None
+            row.manifest_json = text
+            s.add(row)
+        s.commit()
+    forget_versions(list(unreadable.values()))  # as a node started after the change reads them
     run_ids, approval_ids, job_ids, delivery_ids = [], [], [], []
+    channels, alert_delivery_ids = [], []
     with Session(server.ctx.engine) as s:
         role = Role(id="rol_hostile", name="hostile-role")
         s.add(role)
@@ -74,10 +123,10 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     id=run_id,
                     worker_name="hostile",
                     version_id=version_id,
-                    status="succeeded",
+                    status=RunStatus.SUCCEEDED,
                     inputs_json=text,
                     outputs_json=text,
-                    error_code="worker_error",
+                    error_code=RunErrorCode.WORKER_ERROR,
                     error_message=text[:2000],
                 )
             )
@@ -88,7 +137,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     run_id=run_id,
                     seq=1,
                     tool="http_request",
-                    status="ok",
+                    status=ToolCallStatus.OK,
                     arguments_json=text,
                     result=text[:2000],
                 )
@@ -100,7 +149,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     id=approval_id,
                     run_id=run_id,
                     worker_name="hostile",
-                    kind="run",
+                    kind=ApprovalKind.RUN,
                     proposed_json=text,
                     edited_json=text,
                 )
@@ -132,7 +181,7 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     routing_json=text,
                     result_json=text,
                     target_role_id=role.id,
-                    status="published",
+                    status=JobStatus.PUBLISHED,
                 )
             )
             s.add(JobEvent(job_id=job_id, type="published", payload_json=text))
@@ -158,15 +207,73 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
                     run_id=run_id,
                 )
             )
+            # Worker state versions, alert channels, rules and deliveries, triggers.
+            s.add(
+                WorkerState(
+                    worker_name="hostile",
+                    version=len(HOSTILE) - i,  # the deep one the newest
+                    state_json=text,
+                    size=len(text),
+                    source="run",
+                    run_id=run_id,
+                )
+            )
+            channel = f"hostile-{i:02d}"
+            channels.append(channel)
+            s.add(
+                AlertChannel(
+                    id=f"ach_hostile{i:02d}",
+                    name=channel,
+                    kind=ChannelKind.WEBHOOK,
+                    config_json=text,
+                )
+            )
+            s.add(
+                AlertRule(
+                    id=f"arl_hostile{i:02d}",
+                    name=f"hostile-rule-{i:02d}",
+                    worker_name="hostile",
+                    events_json=text,
+                    channels_json=text,
+                )
+            )
+            alert_delivery_id = f"adl_hostile{i:02d}"
+            alert_delivery_ids.append(alert_delivery_id)
+            s.add(
+                Delivery(
+                    id=alert_delivery_id,
+                    purpose=DeliveryPurpose.ALERT,
+                    run_id=run_id,
+                    channel_id=f"ach_hostile{i:02d}",
+                    channel_name=channel,
+                    body_json=text,
+                    status=DeliveryStatus.FAILED,
+                )
+            )
+            s.add(
+                Trigger(
+                    id=f"trg_hostile{i:02d}",
+                    worker_name="hostile",
+                    kind=TriggerKind.SCHEDULE,
+                    key=f"hostile{i:02d}",
+                    position=i,
+                    config_json=text,
+                )
+            )
+        worker = s.get(Worker, "hostile")
+        assert worker is not None
+        worker.state_version = len(HOSTILE)  # the current state: 300 levels deep
+        s.add(worker)
         s.commit()
     return {
         "run_id": run_ids,
         "approval_id": approval_ids,
         "job_id": job_ids,
         "delivery_id": delivery_ids,
-        "name": ["hostile"],
+        "alert_delivery_id": alert_delivery_ids,
+        "name": ["hostile", *channels, *UNREADABLE_MANIFESTS],
         "worker": ["hostile"],
-        "version_id": [version_id],
+        "version_id": [version_id, *unreadable.values()],
         "role": ["hostile-role"],
     }
 
@@ -227,7 +334,9 @@ async def _walk_mcp(server: LiveServer, seeds: dict[str, list[str]]) -> int:
 
 def _walk_cli(server: LiveServer, seeds: dict[str, list[str]]) -> int:
     commands = [["runs"], ["runs", "--json"], ["approvals"], ["workers"], ["versions", "hostile"]]
-    commands += [["deliveries", "hostile"], ["handoffs", "list"]]
+    commands += [["deliveries", "hostile"], ["handoffs", "list"], ["triggers", "hostile"]]
+    commands += [["state", "get", "hostile"], ["state", "history", "hostile"]]
+    commands += [["alerts", "channels"], ["alerts", "rules"], ["alerts", "deliveries"]]
     for run_id in seeds["run_id"]:
         commands += [["show", run_id], ["show", run_id, "--json"], ["logs", run_id]]
     for job_id in seeds["job_id"][:3]:
@@ -277,12 +386,38 @@ def test_every_surface_shows_hostile_stored_rows_and_the_worker_can_be_purged(
     assert anyio.run(_walk_mcp, server, seeds) > 20
     assert _walk_ui(server, seeds) > 20
     assert _walk_cli(server, seeds) > 20
+    # floom's loops read the same rows: the scheduler, the alert watch and alert routing go
+    # on past them; a run cannot start from a state floom cannot read, and says so.
+    now = utcnow()
+    fire_due(server.ctx, now=now)
+    watch_schedules(server.ctx, now=now)
+    with Session(server.ctx.engine) as s:
+        assert routes_for(s, kind="run.failed", worker="hostile") == []
+        run = s.get(Run, seeds["run_id"][0])
+        assert run is not None
+    with pytest.raises(StateInvalid, match=f"state version {len(HOSTILE)} of worker 'hostile'"):
+        worker_state.base_of_run(server.ctx, run=run)
     with server.client() as api:
         shown = api.get(f"/api/v1/runs/{seeds['run_id'][0]}").json()
         assert shown["outputs"] == {"floom_unreadable": shown["outputs"]["floom_unreadable"]}
         assert "deeper" in shown["outputs"]["floom_unreadable"]
-        gone = api.delete("/api/v1/workers/hostile", params={"purge_runs": "true"})
-        assert gone.status_code == 200, gone.text
+        # Each kept state version read back, and restored: shown or marked, refused to restore.
+        for version in range(1, len(HOSTILE) + 1):
+            kept = api.get("/api/v1/workers/hostile/state", params={"version": version})
+            assert kept.status_code == 200, (version, kept.text[:300])
+            restore = api.put("/api/v1/workers/hostile/state", json={"from_version": version})
+            assert restore.status_code in (200, 422), (version, restore.text[:300])
+        listed = {w["name"]: w for w in api.get("/api/v1/workers").json()["items"]}
+        for name in UNREADABLE_MANIFESTS:
+            assert "cannot read" in listed[name]["manifest"]["floom_unreadable"], listed[name]
+            for read in (f"/api/v1/workers/{name}", f"/api/v1/workers/{name}/state"):
+                assert api.get(read).status_code == 200, read
+            refused = api.post(f"/api/v1/workers/{name}/runs", json={})
+            assert refused.status_code == 409, refused.text
+            assert "cannot read" in refused.json()["error"]["message"]
+        for name in ("hostile", *UNREADABLE_MANIFESTS):
+            gone = api.delete(f"/api/v1/workers/{name}", params={"purge_runs": "true"})
+            assert gone.status_code == 200, (name, gone.text)
         assert api.get(f"/api/v1/runs/{seeds['run_id'][0]}").status_code == 404
 
 

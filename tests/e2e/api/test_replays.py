@@ -18,6 +18,7 @@ from floom.services.runs import agent as agent_runs
 from floom.services.runs.rules import FINISHED
 from floom.store.agents import ToolCall
 from floom.store.db import session_scope
+from floom.vocabulary import ToolCallStatus
 from tests.standins.anthropic_api import reply, text, tool_use
 from tests.standins.mcp_tracker import tracker_server
 from tests.support.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
@@ -147,7 +148,7 @@ def test_an_exact_replay_reports_the_first_step_where_the_record_is_handled_diff
     # As if an older floom had stored the second call's outcome differently.
     with session_scope(rig.server.ctx.engine, write=True) as s:
         row = s.exec(select(ToolCall).where(ToolCall.run_id == run_id, ToolCall.seq == 2)).one()
-        row.status = "error"
+        row.status = ToolCallStatus.ERROR
         s.add(row)
 
     report = replay(rig.api, run_id, mode="exact")

@@ -139,3 +139,81 @@ def test_older_composio_payload_shapes_are_read_too() -> None:
     assert wrong is not None
     assert not matches(spec, wrong)
     assert read_event({"type": "composio.connected_account.expired", "data": []}) is None
+
+
+def test_a_composio_triggers_callback_url_is_checked_at_deploy_and_gets_each_runs_record(
+    tmp_path: Path, database_url: str
+) -> None:
+    from tests.support.alerts import receiver
+
+    with receiver() as done:
+        trigger = f"{{event: GITHUB_COMMIT_EVENT, callback_url: '{done.url}'}}"
+        # A server whose egress guard closes loopback refuses the URL when it is set.
+        with (
+            live_server(
+                tmp_path / "closed", database_url, composio_webhook_secret=SECRET
+            ) as closed,
+            closed.client() as api,
+        ):
+            manifest = (
+                f"name: told\ninputs: {{event: object}}\ntriggers:\n  - composio: {trigger}\n"
+            )
+            folder = make_worker(tmp_path / "told", manifest, {"run.py": "pass\n"})
+            resp = api.post(
+                "/api/v1/workers",
+                content=_archive(folder),
+                headers={"Content-Type": "application/gzip"},
+            )
+            assert resp.status_code == 400, resp.text
+            error = resp.json()["error"]
+            assert error["code"] == "manifest_invalid"
+            assert "triggers[0].composio.callback_url" in error["message"]
+            assert "public addresses" in error["message"]
+            assert api.get("/api/v1/workers/told").status_code == 404  # nothing stored
+            checked = api.post(
+                "/api/v1/workers/validate",
+                content=_archive(folder),
+                headers={"Content-Type": "application/gzip"},
+            ).json()
+            assert [p["path"] for p in checked["problems"]] == ["triggers[0].composio.callback_url"]
+            bad = make_worker(
+                tmp_path / "bad",
+                "name: bad\ninputs: {event: object}\n"
+                "triggers:\n  - composio: {event: X, callback_url: 'ftp://x'}\n",
+                {"run.py": "pass\n"},
+            )
+            resp = api.post(
+                "/api/v1/workers",
+                content=_archive(bad),
+                headers={"Content-Type": "application/gzip"},
+            )
+            assert resp.status_code == 400
+            assert "triggers[0].composio.callback_url" in resp.json()["error"]["message"]
+        # One that lets floom reach the receiver (as a public address would be) takes it.
+        with (
+            live_server(
+                tmp_path / "open",
+                database_url,
+                composio_webhook_secret=SECRET,
+                agent_http_allow_private=True,
+                alert_poll_seconds=0.1,
+            ) as srv,
+            srv.client() as api,
+        ):
+            deploy_listener(api, tmp_path, "told", trigger)
+            payload = v3_event("GITHUB_COMMIT_EVENT", "ca_1", {"author": "ada"}, "msg_cb")
+            resp = send(srv, payload, "msg_cb")
+            assert resp.status_code == 202, resp.text
+            (started,) = resp.json()["deliveries"]
+            (record,) = done.wait_for(1)
+            key = api.get("/api/v1/alerts/callback-key").json()["key"]
+            Webhook(key).verify(done.accepted[0][1], done.accepted[0][0])
+            assert record["run"]["id"] == started["run_id"]
+            assert record["run"]["trigger"] == "composio"
+            assert record["run"]["status"] == "succeeded"
+
+
+def _archive(folder: Path) -> bytes:
+    from floom.bundle import read_folder
+
+    return read_folder(folder, max_bytes=10 * 1024 * 1024).to_archive()

@@ -216,7 +216,7 @@ def test_the_client_waits_through_one_long_request_instead_of_polling(
             wait_until(lambda: ends.open_waits(keys_of(server)) == 1, timeout=10)
             runs.cancel_run(server.ctx, caller=SYSTEM, run_id=run_id)
             run = waited.result(timeout=10)
-    assert run["status"] == "cancelled"
+    assert run.status == "cancelled"
     (request,) = transport.requests
     assert (request.method, request.url.path) == ("GET", f"/api/v1/runs/{run_id}")
     assert 25 < float(request.url.params["wait"]) <= 30

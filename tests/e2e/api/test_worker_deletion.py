@@ -19,6 +19,7 @@ from sqlmodel import col, select
 from standardwebhooks.webhooks import Webhook
 
 from floom.errors import Conflict, NotFound
+from floom.schemas.audit import AuditEventPublic
 from floom.services.access import audit, keys
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.context import Context
@@ -40,6 +41,7 @@ from floom.store.handoffs import Agent, AgentRole
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version
 from floom.store.triggers import Trigger
 from floom.triggers.signatures import sign_floom
+from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
 from tests.support.cli import cli
 from tests.support.harness import (
     REPO,
@@ -99,14 +101,18 @@ def finish_with(ctx: Context, run: Run, *, artifacts: list[tuple[str, bytes]]) -
         row.status = run_rules.SUCCEEDED
         s.add(row)
         agent_runs.replace_artifacts(s, run_id=run.id, artifacts=staged)
-        s.add(ToolCall(id=f"tc_{run.id[-12:]}", run_id=run.id, seq=1, tool="echo", status="ok"))
+        s.add(
+            ToolCall(
+                id=f"tc_{run.id[-12:]}", run_id=run.id, seq=1, tool="echo", status=ToolCallStatus.OK
+            )
+        )
         s.add(
             Approval(
                 id=f"apr_{run.id[-12:]}",
                 run_id=run.id,
                 worker_name=run.worker_name,
-                kind="run",
-                status="approved",
+                kind=ApprovalKind.RUN,
+                status=ApprovalStatus.APPROVED,
             )
         )
         s.add(
@@ -133,7 +139,11 @@ def test_deleting_keeps_runs_readable_and_stops_what_was_unfinished(
         assert row is not None
         row.status = run_rules.AWAITING_APPROVAL
         s.add(row)
-        s.add(Approval(id="apr_pending", run_id=paused.id, worker_name="doomed", kind="run"))
+        s.add(
+            Approval(
+                id="apr_pending", run_id=paused.id, worker_name="doomed", kind=ApprovalKind.RUN
+            )
+        )
 
     result = delete_worker(ctx, name="doomed", purge_runs=False, caller=admin(ctx))
 
@@ -282,7 +292,7 @@ def test_every_deletion_is_audited_with_its_actor_and_counts(ctx: Context, tmp_p
         ctx, caller=SYSTEM, type=audit.WORKER_DELETED, subject="worker:doomed"
     )
     assert [e.id for e in events] == [result.deletion_id]
-    body = audit.event_to_dict(events[0])
+    body = AuditEventPublic.of(events[0]).model_dump()
     assert body["actor"] == {"key_id": caller.key_id, "label": "test admin"}
     assert body["payload"]["versions"] == [version]
     assert body["payload"]["runs_purged"] == 1

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.agents import start_run
-from tests.support.harness import LiveServer, wait_for_run, wait_until
+from tests.support.harness import LiveServer, live_server, wait_for_run, wait_until
 from tests.support.state import (
     COUNTER_PY,
     COUNTER_YML,
@@ -332,3 +334,72 @@ def test_the_last_hundred_versions_are_kept_and_a_replay_from_an_older_one_is_re
     assert refused.status_code == 404, refused.text
     assert "state version 1" in refused.json()["error"]["message"]
     assert len(api.get("/api/v1/runs", params={"worker": "counter"}).json()["items"]) == 1
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_versions_kept_follow_floom_state_history(tmp_path: Path, database_url: str) -> None:
+    with live_server(tmp_path / "d", database_url, state_history=3) as srv, srv.client() as api:
+        deploy_counter(api, tmp_path)
+        for count in range(4):
+            api.put("/api/v1/workers/counter/state", json={"state": {"count": count}})
+        run = run_counter(api)  # a run's write keeps the same number
+        assert run["status"] == "succeeded"
+        kept = api.get("/api/v1/workers/counter/state/versions").json()
+        assert [v["version"] for v in kept["items"]] == [5, 4, 3]
+        assert [v["source"] for v in kept["items"]] == ["run", "operator", "operator"]
+        gone = api.get("/api/v1/workers/counter/state", params={"version": 2})
+        assert gone.status_code == 404
+
+
+TAMPER_YML = """\
+name: tamper
+state: true
+{warm}outputs:
+  tried: {{type: object}}
+  seen: {{type: object}}
+  pid: {{type: integer}}
+"""
+# Tries every way to change the state.json it was given, then reads it again.
+TAMPER_PY = """\
+import json, os
+tried = {}
+for what, act in (
+    ("write", lambda: open("state.json", "w").write('{"count": 999}')),
+    ("append", lambda: open("state.json", "a").write(" ")),
+    ("chmod", lambda: os.chmod("state.json", 0o666)),
+    ("rename", lambda: os.rename("state.json", "moved.json")),
+    ("remove", lambda: os.remove("state.json")),
+):
+    try:
+        act()
+        tried[what] = "done"
+    except OSError as exc:
+        tried[what] = "refused"
+seen = json.load(open("state.json"))
+result = {"outputs": {"tried": tried, "seen": seen, "pid": os.getpid()}, "state": seen}
+json.dump(result, open("result.json", "w"))
+"""
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+def test_a_run_cannot_change_the_state_json_it_was_given(
+    api: httpx.Client, tmp_path: Path, warm: bool
+) -> None:
+    if warm and os.geteuid() != 0:
+        pytest.skip("warm starts need a root floom")
+    manifest = TAMPER_YML.format(warm="warm: true\n" if warm else "")
+    deploy_counter(api, tmp_path, manifest, TAMPER_PY)
+    api.put("/api/v1/workers/tamper/state", json={"state": {"count": 1}})
+    until = time.monotonic() + (60.0 if warm else 0.0)
+    while True:
+        run = wait_for_run(api, start_run(api, "tamper", {}))
+        assert run["status"] == "succeeded", run
+        if not warm or run["outputs"]["pid"] == 1 or time.monotonic() > until:
+            break
+    if warm:
+        assert run["outputs"]["pid"] == 1, "no run started warm"
+    assert run["outputs"]["tried"] == dict.fromkeys(
+        ("write", "append", "chmod", "rename", "remove"), "refused"
+    )
+    assert run["outputs"]["seen"] == {"count": 1}

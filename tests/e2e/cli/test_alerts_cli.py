@@ -70,6 +70,27 @@ def test_channels_rules_tests_deliveries_and_callbacks_from_the_command_line(
         rule = floom(srv, "alerts", "rules", "add", "r", "--event", "run.*", "--channel", "ops")
         assert rule.returncode == 0, rule.stderr
         assert "run.*" in floom(srv, "alerts", "rules").stdout
+        disabled = floom(srv, "alerts", "rules", "disable", "r", "--json")
+        assert disabled.returncode == 0, disabled.stderr
+        assert json.loads(disabled.stdout)["enabled"] is False
+        assert api.get("/api/v1/alerts/rules").json()["items"][0]["enabled"] is False
+        assert floom(srv, "alerts", "rules", "enable", "r").returncode == 0
+        assert api.get("/api/v1/alerts/rules").json()["items"][0]["enabled"] is True
+        missing = floom(srv, "alerts", "rules", "enable", "nope")
+        assert missing.returncode == 1
+        assert "no alert rule named nope" in missing.stderr
+
+        refused_update = floom(srv, "alerts", "channels", "update", "ops", "--secret", "NOT_SET")
+        assert refused_update.returncode == 1
+        assert "config.secret" in refused_update.stderr
+        assert api.get("/api/v1/alerts/channels").json()["items"][0]["config"]["secret"] == (
+            "HOOK_KEY"
+        )
+        updated = floom(srv, "alerts", "channels", "update", "ops", "--url", hook.url + "?v=2")
+        assert updated.returncode == 0, updated.stderr
+        config = api.get("/api/v1/alerts/channels").json()["items"][0]["config"]
+        assert config == {"url": hook.url + "?v=2", "secret": "HOOK_KEY"}  # the rest kept
+        floom(srv, "alerts", "channels", "update", "ops", "--url", hook.url)
 
         sent = floom(srv, "alerts", "test", "ops")
         assert sent.returncode == 0, sent.stderr

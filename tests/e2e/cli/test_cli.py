@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from floom.cli import serving
 from floom.client.rest import FloomClient, FollowEvent
 from floom.config import mask_password
 from floom.errors import ClientError, NotFound
+from floom.schemas.runs import RunDetail, RunUsage
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from tests.support.cli import cli, floom, offline_env
@@ -481,7 +483,43 @@ def sse(*events: tuple[str, dict[str, Any]]) -> bytes:
 
 
 def log_event(seq: int) -> dict[str, Any]:
-    return {"seq": seq, "ts": "2026-01-01T00:00:00Z", "stream": "stdout", "line": f"l{seq}"}
+    return {
+        "seq": seq,
+        "ts": "2026-01-01T00:00:00+00:00",
+        "stream": "stdout",
+        "line": f"l{seq}",
+        "attempt": 1,
+    }
+
+
+def run_body(run_id: str, status: str) -> dict[str, Any]:
+    """A whole run record, as GET /api/v1/runs/{id} answers it."""
+    return RunDetail(
+        id=run_id,
+        worker="w",
+        version_id="ver_1",
+        status=status,
+        trigger="api",
+        inputs={},
+        outputs=None,
+        error=None,
+        exit_code=None,
+        attempt=1,
+        max_attempts=1,
+        replay_of=None,
+        retry_of=None,
+        parent_run_id=None,
+        phase=None,
+        scheduled_for=None,
+        created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        started_at=None,
+        finished_at=None,
+        cancel_requested=False,
+        usage=RunUsage(sandbox_seconds=0.0),
+        tool_calls=[],
+        approvals=[],
+        model_usage=None,
+    ).to_json()
 
 
 def test_follow_resumes_from_the_last_seq_when_the_stream_breaks() -> None:
@@ -523,12 +561,12 @@ def test_follow_polls_the_logs_when_streaming_is_unavailable() -> None:
                 "complete": last >= 3,
             }
             return httpx.Response(200, json=body)
-        return httpx.Response(200, json={"id": "run_1", "status": "failed"})
+        return httpx.Response(200, json=run_body("run_1", "failed"))
 
     client = FloomClient("http://floom.test", "key", transport=httpx.MockTransport(handler))
     events = list(client.follow("run_1"))
     assert [e.data.get("seq") for e in events if e.kind == "log"] == [1, 2, 3]
-    assert events[-1] == FollowEvent("end", {"id": "run_1", "status": "failed"})
+    assert events[-1] == FollowEvent("end", run_body("run_1", "failed"))
 
 
 def test_api_errors_carry_floom_code_and_hint() -> None:

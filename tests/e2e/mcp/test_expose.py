@@ -17,6 +17,7 @@ from standardwebhooks.webhooks import Webhook
 from floom.errors import NotExposed
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.runs import lifecycle as runs
+from floom.vocabulary import RunTrigger
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.mcp_clients import call, call_error, http_client
 from tests.support.web import csrf_of, signed_in_client
@@ -172,7 +173,9 @@ def test_triggers_start_a_worker_whatever_expose_says(
     assert run["trigger"] == "webhook"
     assert run["outputs"] == {"got": "pushed"}
     # floom itself (a schedule fire, an agent's call) is never a surface.
-    scheduled = runs.create_run(server.ctx, worker_name="hooked", trigger="schedule", caller=SYSTEM)
+    scheduled = runs.create_run(
+        server.ctx, worker_name="hooked", trigger=RunTrigger.SCHEDULE, caller=SYSTEM
+    )
     # Accepted: queued, or already started by the server's executor with a slot free.
     assert scheduled.status in ("queued", "running")
 
@@ -185,8 +188,12 @@ def test_a_replay_from_a_recording_acts_on_nothing_and_is_not_a_surface_start(
     key = api.get("/api/v1/keys/me").json()
     cli = Principal(key_id=key["id"], name="cli", scopes=("admin",), surface="cli")
     with pytest.raises(NotExposed):
-        runs.create_run(server.ctx, worker_name="agentic", trigger="replay", caller=cli)
+        runs.create_run(server.ctx, worker_name="agentic", trigger=RunTrigger.REPLAY, caller=cli)
     replay = runs.create_run(
-        server.ctx, worker_name="agentic", trigger="replay", caller=cli, from_recording=True
+        server.ctx,
+        worker_name="agentic",
+        trigger=RunTrigger.REPLAY,
+        caller=cli,
+        from_recording=True,
     )
     assert replay.created_by == key["id"]

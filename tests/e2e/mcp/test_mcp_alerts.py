@@ -63,6 +63,29 @@ def test_channels_rules_test_sends_deliveries_and_callbacks_over_mcp(
                 assert error["code"] == "alert_rule_invalid"
                 await call(mcp, "add_alert_rule", name="r", events=["run.*"], channels=["ops"])
                 assert (await call(mcp, "list_alert_rules"))["items"][0]["name"] == "r"
+                off = await call(mcp, "set_alert_rule_enabled", name="r", enabled=False)
+                assert off["enabled"] is False
+                assert (await call(mcp, "list_alert_rules"))["items"][0]["enabled"] is False
+                on = await call(mcp, "set_alert_rule_enabled", name="r", enabled=True)
+                assert on["enabled"] is True
+                error = await call_error(mcp, "set_alert_rule_enabled", name="no", enabled=True)
+                assert error["code"] == "not_found"
+
+                error = await call_error(
+                    mcp,
+                    "update_alert_channel",
+                    name="ops",
+                    config={"url": hook.url, "secret": "NOT_SET"},
+                )
+                assert error["code"] == "alert_channel_invalid"
+                assert "config.secret" in error["message"]
+                moved = await call(
+                    mcp,
+                    "update_alert_channel",
+                    name="ops",
+                    config={"url": hook.url + "?v=2", "secret": "HOOK_KEY"},
+                )
+                assert moved["config"]["url"] == hook.url + "?v=2"
 
                 await call(mcp, "deploy_worker", files=worker_files(folder))
                 error = await call_error(

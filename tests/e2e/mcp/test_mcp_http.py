@@ -21,6 +21,7 @@ from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
 from floom.store.db import session_scope
+from floom.vocabulary import ApprovalKind
 from tests.support.harness import (
     EXAMPLES,
     LiveServer,
@@ -363,7 +364,7 @@ def test_the_tools_answer_with_the_bodies_rest_answers_for_the_same_entities(
     assert wait_for_run(api, run_id)["status"] == "succeeded"
     api.put("/api/v1/secrets/SHOUT_TOKEN", json={"value": "value-1234"})
     with session_scope(server.ctx.engine, write=True) as s:
-        s.add(Approval(id="apr_1", run_id=run_id, worker_name="shout", kind="run"))
+        s.add(Approval(id="apr_1", run_id=run_id, worker_name="shout", kind=ApprovalKind.RUN))
     rest = {
         "list_runs": api.get("/api/v1/runs", params={"worker": "shout", "limit": 20}),
         "list_versions": api.get("/api/v1/workers/shout/versions"),
@@ -405,7 +406,7 @@ def test_approvals_are_listed_a_page_at_a_time_each_saying_what_it_waits_for(
                     id=f"apr_{n}",
                     run_id=run_id,
                     worker_name="shout",
-                    kind="run",
+                    kind=ApprovalKind.RUN,
                     proposed_json=proposed,
                 )
             )

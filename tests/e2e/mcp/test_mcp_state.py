@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.harness import LiveServer
 from tests.support.mcp_clients import call, call_error, http_client, stdio_client
-from tests.support.state import counter_state, deploy_counter
+from tests.support.state import COUNTER_YML, counter_state, deploy_counter
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -49,3 +49,37 @@ def test_mcp_tools_read_set_and_list_the_state_in_the_server_and_over_stdio(
 
     anyio.run(session)
     assert counter_state(api)["state"] == {"n": 2}
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_rollback_worker_restores_a_kept_state_with_the_code_over_both_backends(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    deploy_counter(api, tmp_path / "a")
+    deploy_counter(api, tmp_path / "b", COUNTER_YML.replace("state: true", "state: {}"))
+    newest, oldest = [v["id"] for v in api.get("/api/v1/workers/counter/versions").json()["items"]]
+    for n in (1, 2):
+        api.put("/api/v1/workers/counter/state", json={"state": {"n": n}})
+
+    def active() -> str:
+        return str(api.get("/api/v1/workers/counter").json()["active_version_id"])
+
+    async def session() -> None:
+        async with http_client(server) as mcp:
+            missing = await call_error(
+                mcp, "rollback_worker", worker="counter", version_id=oldest, state_version=99
+            )
+            assert missing["code"] == "not_found"
+            assert "state version 99" in missing["message"]
+            assert active() == newest  # both or neither
+            await call(mcp, "rollback_worker", worker="counter", version_id=oldest, state_version=1)
+            assert active() == oldest
+            assert counter_state(api)["state"] == {"n": 1}
+        async with stdio_client(server) as mcp:
+            await call(mcp, "rollback_worker", worker="counter", version_id=newest, state_version=2)
+            assert active() == newest
+            restored = counter_state(api)
+            assert restored["state"] == {"n": 2}
+            assert restored["written"]["source"] == "restore"
+
+    anyio.run(session)

@@ -10,12 +10,14 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from floom.errors import RunErrorCode
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval, Transcript
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id, utcnow
 from floom.store.triggers import TriggerFire, WebhookDelivery
+from floom.vocabulary import ApprovalKind, RunStatus
 from tests.support.harness import LiveServer, live_server
 
 
@@ -34,7 +36,7 @@ def _seed(server: LiveServer) -> None:
             id=new_id("run"),
             worker_name="alpha",
             version_id="v",
-            status="succeeded",
+            status=RunStatus.SUCCEEDED,
             started_at=now - timedelta(seconds=3),
             finished_at=now,
         ),
@@ -42,8 +44,8 @@ def _seed(server: LiveServer) -> None:
             id=new_id("run"),
             worker_name="alpha",
             version_id="v",
-            status="failed",
-            error_code="sandbox_unavailable",
+            status=RunStatus.FAILED,
+            error_code=RunErrorCode.SANDBOX_UNAVAILABLE,
             attempt=2,
             started_at=now - timedelta(seconds=40),
             finished_at=now,
@@ -52,17 +54,17 @@ def _seed(server: LiveServer) -> None:
             id=new_id("run"),
             worker_name="beta",
             version_id="v",
-            status="queued",
+            status=RunStatus.QUEUED,
             created_at=now - timedelta(seconds=90),
         ),
         Run(
             id=new_id("run"),
             worker_name="beta",
             version_id="v",
-            status="queued",
+            status=RunStatus.QUEUED,
             not_before=now + timedelta(hours=1),
         ),
-        Approval(id=new_id("apr"), run_id="r", worker_name="beta", kind="run"),
+        Approval(id=new_id("apr"), run_id="r", worker_name="beta", kind=ApprovalKind.RUN),
         Transcript(
             run_id=new_id("run"),
             worker_name="gamma",
@@ -99,7 +101,7 @@ def _seed(server: LiveServer) -> None:
             id=new_id("run"),
             worker_name="delta",
             version_id="v",
-            status="succeeded",
+            status=RunStatus.SUCCEEDED,
             started_at=now - timedelta(seconds=3),
             finished_at=now,
             sandbox_seconds=0.5 if ran_a_command else 0.0,

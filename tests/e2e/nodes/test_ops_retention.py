@@ -17,7 +17,19 @@ from floom.services.context import Context
 from floom.services.ops.retention import ORPHAN_GRACE, apply_retention
 from floom.store.blobs.rows import inline_blob, insert_blob
 from floom.store.db import session_scope
-from floom.store.models import Artifact, Blob, Run, RunEvent, new_id, utcnow
+from floom.store.models import (
+    AlertEvent,
+    AlertIncident,
+    Artifact,
+    Blob,
+    Delivery,
+    Run,
+    RunCallback,
+    RunEvent,
+    new_id,
+    utcnow,
+)
+from floom.vocabulary import DeliveryPurpose, DeliveryStatus, RunStatus
 from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 
 NOW = utcnow()
@@ -33,7 +45,7 @@ def _run(
     ctx: Context,
     worker: str,
     version: str,
-    status: str,
+    status: RunStatus,
     *,
     ended_days_ago: float,
     files: dict[str, bytes],
@@ -95,16 +107,31 @@ def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_thei
     plain = _deploy(ctx, tmp_path, "plain")
     keep = _deploy(ctx, tmp_path, "keeper", "retention_days: 0\n")
     short = _deploy(ctx, tmp_path, "brief", "retention_days: 1\n")
-    old = _run(ctx, "plain", plain, "succeeded", ended_days_ago=10, files={"a.txt": b"only old"})
-    also_old = _run(ctx, "plain", plain, "failed", ended_days_ago=9, files={"s.txt": b"shared"})
-    recent = _run(ctx, "plain", plain, "succeeded", ended_days_ago=1, files={"s.txt": b"shared"})
-    waiting = _run(
-        ctx, "plain", plain, "awaiting_approval", ended_days_ago=30, files={"p.txt": b"paused"}
+    old = _run(
+        ctx, "plain", plain, RunStatus.SUCCEEDED, ended_days_ago=10, files={"a.txt": b"only old"}
     )
-    running = _run(ctx, "plain", plain, "running", ended_days_ago=30, files={})
-    queued = _run(ctx, "plain", plain, "queued", ended_days_ago=30, files={})
-    kept_forever = _run(ctx, "keeper", keep, "failed", ended_days_ago=30, files={"k": b"kept"})
-    short_lived = _run(ctx, "brief", short, "succeeded", ended_days_ago=2, files={"b": b"brief"})
+    also_old = _run(
+        ctx, "plain", plain, RunStatus.FAILED, ended_days_ago=9, files={"s.txt": b"shared"}
+    )
+    recent = _run(
+        ctx, "plain", plain, RunStatus.SUCCEEDED, ended_days_ago=1, files={"s.txt": b"shared"}
+    )
+    waiting = _run(
+        ctx,
+        "plain",
+        plain,
+        RunStatus.AWAITING_APPROVAL,
+        ended_days_ago=30,
+        files={"p.txt": b"paused"},
+    )
+    running = _run(ctx, "plain", plain, RunStatus.RUNNING, ended_days_ago=30, files={})
+    queued = _run(ctx, "plain", plain, RunStatus.QUEUED, ended_days_ago=30, files={})
+    kept_forever = _run(
+        ctx, "keeper", keep, RunStatus.FAILED, ended_days_ago=30, files={"k": b"kept"}
+    )
+    short_lived = _run(
+        ctx, "brief", short, RunStatus.SUCCEEDED, ended_days_ago=2, files={"b": b"brief"}
+    )
     stale_orphan = _orphan(ctx, b"left by a retry", created=NOW - ORPHAN_GRACE - timedelta(1))
     fresh_orphan = _orphan(ctx, b"just stored", created=NOW)
     blobs_before = _blobs(ctx)
@@ -135,13 +162,16 @@ def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_thei
         "log_lines_deleted": 0,
         "artifacts_deleted": 0,
         "blobs_deleted": 0,
+        "alert_events_deleted": 0,
+        "alert_incidents_deleted": 0,
+        "alert_deliveries_deleted": 0,
         "pages_freed": 0,
     }
 
 
 def test_with_no_retention_set_only_stale_orphan_blobs_go(ctx: Context, tmp_path: Path) -> None:
     plain = _deploy(ctx, tmp_path, "plain")
-    ancient = _run(ctx, "plain", plain, "succeeded", ended_days_ago=3000, files={"x": b"x"})
+    ancient = _run(ctx, "plain", plain, RunStatus.SUCCEEDED, ended_days_ago=3000, files={"x": b"x"})
     stale = _orphan(ctx, b"orphan", created=NOW - ORPHAN_GRACE - timedelta(hours=1))
     report = apply_retention(ctx, now=NOW)
     assert _left(ctx, ancient) == (2, 1)
@@ -183,7 +213,9 @@ def test_retention_on_sqlite_gives_the_freed_space_back_to_the_disk(
         plain = _deploy(ctx, tmp_path, "plain")
         for i in range(40):
             big = os.urandom(256 * 1024) + str(i).encode()
-            _run(ctx, "plain", plain, "succeeded", ended_days_ago=30, files={"big.bin": big})
+            _run(
+                ctx, "plain", plain, RunStatus.SUCCEEDED, ended_days_ago=30, files={"big.bin": big}
+            )
         side = sqlite3.connect(db)
         side.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         side.close()
@@ -201,3 +233,119 @@ def test_retention_on_sqlite_gives_the_freed_space_back_to_the_disk(
         assert mode == 2  # incremental from now on, the old file included
     finally:
         ctx.engine.dispose()
+
+
+def _incident(ctx: Context, *, days_ago: float, closed: bool) -> str:
+    at = NOW - timedelta(days=days_ago)
+    incident = AlertIncident(
+        id=new_id("inc"),
+        subject=f"subject:{new_id('s')}",
+        kind="run.failed",
+        opened_at=at,
+        last_event_at=at,
+        closed_at=at if closed else None,
+    )
+    if not closed:
+        incident.open_key = incident.subject
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(incident)
+    return incident.id
+
+
+def _event(
+    ctx: Context, *, days_ago: float, incident: str | None = None, run: str | None = None
+) -> str:
+    event = AlertEvent(
+        id=new_id("evt"),
+        key=new_id("key"),
+        kind="run.failed",
+        subject="s",
+        run_id=run,
+        incident_id=incident,
+        outcome="opened" if incident else "notice",
+        created_at=NOW - timedelta(days=days_ago),
+    )
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(event)
+    return event.id
+
+
+def _delivery(
+    ctx: Context, *, days_ago: float, status: DeliveryStatus, callback_of: str = ""
+) -> str:
+    delivery = Delivery(
+        id=new_id("dlv"),
+        purpose=DeliveryPurpose.CALLBACK if callback_of else DeliveryPurpose.ALERT,
+        status=status,
+        created_at=NOW - timedelta(days=days_ago),
+    )
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(delivery)
+        if callback_of:
+            s.add(RunCallback(run_id=callback_of, url="https://x.test/", delivery_id=delivery.id))
+    return delivery.id
+
+
+def _ids(ctx: Context, table: type[AlertEvent | AlertIncident | Delivery]) -> set[str]:
+    with session_scope(ctx.engine) as s:
+        return set(s.exec(select(table.id)).all())
+
+
+def test_old_alert_events_closed_incidents_and_sent_deliveries_go_and_live_ones_stay(
+    ctx: Context, tmp_path: Path
+) -> None:
+    version = _deploy(ctx, tmp_path, "plain")
+    waiting = _run(ctx, "plain", version, RunStatus.AWAITING_APPROVAL, ended_days_ago=40, files={})
+    ended = _run(ctx, "plain", version, RunStatus.FAILED, ended_days_ago=40, files={})
+    old_closed = _incident(ctx, days_ago=40, closed=True)
+    old_open = _incident(ctx, days_ago=40, closed=False)
+    recent_closed = _incident(ctx, days_ago=2, closed=True)
+    gone_events = {
+        _event(ctx, days_ago=40, incident=old_closed, run=ended),
+        _event(ctx, days_ago=40),
+    }
+    kept_events = {
+        _event(ctx, days_ago=40, incident=old_open),  # its incident is still open
+        _event(ctx, days_ago=40, run=waiting),  # its run still waits: it would alert again
+        _event(ctx, days_ago=2, incident=recent_closed),
+    }
+    gone_deliveries = {
+        _delivery(ctx, days_ago=40, status=DeliveryStatus.DELIVERED, callback_of=ended),
+        _delivery(ctx, days_ago=40, status=DeliveryStatus.FAILED),
+        _delivery(ctx, days_ago=40, status=DeliveryStatus.THROTTLED),
+    }
+    kept_deliveries = {
+        _delivery(ctx, days_ago=40, status=DeliveryStatus.PENDING),  # still to be sent
+        _delivery(ctx, days_ago=2, status=DeliveryStatus.DELIVERED),
+    }
+
+    report = apply_retention(ctx, alert_days=30, now=NOW, max_batches=None)
+
+    assert _ids(ctx, AlertEvent) == kept_events
+    assert _ids(ctx, AlertIncident) == {old_open, recent_closed}
+    assert _ids(ctx, Delivery) == kept_deliveries
+    with session_scope(ctx.engine) as s:
+        assert s.exec(select(RunCallback)).all() == []
+    assert (
+        report.alert_events_deleted,
+        report.alert_incidents_deleted,
+        report.alert_deliveries_deleted,
+    ) == (len(gone_events), 1, len(gone_deliveries))
+    assert report.runs_pruned == 0  # FLOOM_RETENTION_DAYS (0) keeps the runs' logs
+    again = apply_retention(ctx, alert_days=30, now=NOW)
+    assert again.alert_events_deleted == again.alert_deliveries_deleted == 0
+
+
+def test_the_alert_retention_setting_applies_and_zero_keeps_alert_history(
+    tmp_path: Path, database_url: str
+) -> None:
+    for days, left in ((0, 1), (30, 0)):
+        ctx = Context.open(
+            fast_settings(tmp_path / f"d{days}", database_url, alert_retention_days=days)
+        )
+        try:
+            _delivery(ctx, days_ago=40, status=DeliveryStatus.DELIVERED)
+            apply_retention(ctx, now=NOW)
+            assert len(_ids(ctx, Delivery)) == left
+        finally:
+            ctx.engine.dispose()

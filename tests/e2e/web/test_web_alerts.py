@@ -12,6 +12,7 @@ import pytest
 
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
+from floom.services.alerts import rules
 from tests.support import web as web_support
 from tests.support.alerts import receiver
 from tests.support.harness import live_server
@@ -62,6 +63,12 @@ def test_a_channel_is_added_tested_and_its_deliveries_listed_from_the_alerts_pag
             page.get_by_role("button", name="Add rule").click()
             page.wait_for_selector("text=Rule added")
             assert "schedule.*" in page.locator("#rules-title + p + table").inner_text()
+            page.get_by_role("button", name="Disable failures").click()
+            page.wait_for_selector("text=Rule disabled")
+            assert [r.enabled for r in rules.list_rules(srv.ctx, caller=SYSTEM)] == [False]
+            page.get_by_role("button", name="Enable failures").click()
+            page.wait_for_selector("text=Rule enabled")
+            assert [r.enabled for r in rules.list_rules(srv.ctx, caller=SYSTEM)] == [True]
             assert tab.problems == []
         finally:
             tab.close()

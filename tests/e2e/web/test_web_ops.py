@@ -19,6 +19,7 @@ from floom.services.triggers import registry as triggers
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id, utcnow
 from floom.ui.support import SESSION_COOKIE
+from floom.vocabulary import RunStatus
 from tests.support.harness import (
     EXAMPLES,
     LiveServer,
@@ -116,7 +117,7 @@ def test_the_log_stream_tells_the_page_when_a_queued_run_starts(tmp_path: Path) 
                         with session_scope(node.ctx.engine, write=True) as s:
                             row = s.get(Run, run_id)
                             assert row is not None
-                            row.status, row.started_at = "running", utcnow()
+                            row.status, row.started_at = RunStatus.RUNNING, utcnow()
                             s.add(row)
                     if len(seen) == 2:
                         break
@@ -170,7 +171,11 @@ def test_a_worker_page_charts_its_last_30_days_by_outcome_with_duration_percenti
 ) -> None:
     deploy_folder(api, EXAMPLES / "hello")
     now = utcnow()
-    spans = {"succeeded": [1.0, 2.0, 3.0, 10.0], "failed": [4.0], "cancelled": [0.5]}
+    spans = {
+        RunStatus.SUCCEEDED: [1.0, 2.0, 3.0, 10.0],
+        RunStatus.FAILED: [4.0],
+        RunStatus.CANCELLED: [0.5],
+    }
     with session_scope(server.ctx.engine, write=True) as s:
         for status, seconds in spans.items():
             for took in seconds:
@@ -190,7 +195,7 @@ def test_a_worker_page_charts_its_last_30_days_by_outcome_with_duration_percenti
                 id=new_id("run"),
                 worker_name="hello",
                 version_id="v",
-                status="succeeded",
+                status=RunStatus.SUCCEEDED,
                 created_at=now - timedelta(days=40),
             )
         )

@@ -11,6 +11,7 @@ import pytest
 
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
+from floom.vocabulary import RunStatus
 from tests.support import web as web_support
 from tests.support.harness import EXAMPLES, deploy_folder, live_server
 from tests.support.web import Tab
@@ -45,7 +46,7 @@ def test_a_run_page_opened_while_queued_shows_running_once_the_run_starts(
         with session_scope(api_only.ctx.engine, write=True) as s:
             row = s.get(Run, run_id)
             assert row is not None
-            row.status, row.started_at = "running", utcnow()
+            row.status, row.started_at = RunStatus.RUNNING, utcnow()
             s.add(row)
         tab.page.wait_for_selector("#run-status .badge-running")
         assert tab.problems == []

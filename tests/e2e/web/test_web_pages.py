@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel
 
 from floom.bundle import read_folder
-from floom.schemas import workers as worker_views
+from floom.schemas import workers as worker_models
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -28,6 +28,8 @@ from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 from floom.ui import support as ui_support
 from floom.ui.support import SESSION_COOKIE
+from floom.views import workers as worker_views
+from floom.vocabulary import ToolCallStatus
 from tests.support.handoffs import agent, roles
 from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.web import csrf_of, signed_in_client
@@ -204,7 +206,7 @@ def test_the_diff_page_is_given_the_versions_public_models(ctx: Context, tmp_pat
     ).version
 
     diff = worker_views.version_diff(ctx, name="pub", old_id=v1.id, new_id=v2.id, caller=SYSTEM)
-    assert isinstance(diff.old, worker_views.VersionPublic)
+    assert isinstance(diff.old, worker_models.VersionPublic)
     assert (diff.old.id, diff.old.active, diff.new.id, diff.new.active) == (
         v1.id,
         False,
@@ -351,7 +353,7 @@ def test_a_run_page_shows_its_tool_calls_in_order_with_arguments_and_results(
             attempt=1,
             tool=tool,
             arguments=args,
-            status="succeeded",
+            status=ToolCallStatus.OK,
             result=result,
             duration_ms=12,
         )

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.harness import LiveServer
-from tests.support.state import counter_state, deploy_counter, run_counter
+from tests.support.state import COUNTER_YML, counter_state, deploy_counter, run_counter
 from tests.support.web import csrf_of, signed_in_client
 
 
@@ -54,3 +54,37 @@ def test_the_worker_page_shows_sets_and_restores_the_state(
     )
     assert refused.status_code == 403
     assert counter_state(api)["current_version"] == 3
+
+
+def test_rolling_back_from_the_worker_page_can_restore_a_kept_state_with_the_code(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    deploy_counter(api, tmp_path / "a")
+    deploy_counter(api, tmp_path / "b", COUNTER_YML.replace("state: true", "state: {}"))
+    newest, oldest = [v["id"] for v in api.get("/api/v1/workers/counter/versions").json()["items"]]
+    for n in (1, 2):
+        api.put("/api/v1/workers/counter/state", json={"state": {"n": n}})
+    client = signed_in_client(server, server.admin_key)
+    page = client.get("/workers/counter")
+    assert "restore version 1" in page.text
+
+    def active() -> str:
+        return str(api.get("/api/v1/workers/counter").json()["active_version_id"])
+
+    form = {"csrf": csrf_of(page.text), "version_id": oldest}
+    gone = client.post("/workers/counter/rollback", data={**form, "state_version": "99"})
+    assert gone.status_code == 404
+    assert "no state version 99" in gone.text
+    bad = client.post("/workers/counter/rollback", data={**form, "state_version": "one"})
+    assert bad.status_code == 400
+    assert "state_version" in bad.text
+    assert (active(), counter_state(api)["state"]) == (newest, {"n": 2})  # nothing changed
+
+    done = client.post("/workers/counter/rollback", data={**form, "state_version": "1"})
+    assert done.status_code == 303
+    assert (active(), counter_state(api)["state"]) == (oldest, {"n": 1})
+    plain = client.post(
+        "/workers/counter/rollback", data={**form, "version_id": newest, "state_version": ""}
+    )
+    assert plain.status_code == 303
+    assert (active(), counter_state(api)["state"]) == (newest, {"n": 1})  # state kept

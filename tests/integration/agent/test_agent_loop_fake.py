@@ -25,6 +25,7 @@ from floom.engine.executor import Executor
 from floom.engine.runtime import NodeRuntime
 from floom.errors import ProviderAuthFailed, ProviderError, ProviderKeyMissing
 from floom.sandbox.fake import FakeProcess, FakeSandbox
+from floom.schemas.runs import ModelUsage, RunPublic
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.runs import agent as agent_runs
@@ -314,7 +315,9 @@ def test_token_usage_and_its_estimated_cost_are_recorded_per_run(rig: Rig) -> No
 
     assert run.status == "succeeded", run.error_message
     assert [r.model for r in rig.model.requests] == ["claude-haiku-4-5"] * 2
-    usage = run_records.run_extras(rig.ctx, caller=SYSTEM, run=run)["model_usage"]
+    transcript = run_records.run_extras(rig.ctx, caller=SYSTEM, run=run).transcript
+    assert transcript is not None
+    usage = ModelUsage.of(transcript).model_dump()
     assert usage == {
         "model": "claude-haiku-4-5",
         "iterations": 2,
@@ -421,7 +424,7 @@ def test_an_agent_run_interrupted_by_a_node_shutdown_resumes_on_the_next_node_as
 
     between = runs.get_run(ctx, caller=SYSTEM, run_id=run_id)
     assert (between.status, between.attempt, between.max_attempts) == ("queued", 2, 2)
-    assert runs.run_to_dict(between)["previous_attempt"] == "interrupted"
+    assert RunPublic.of(between).previous_attempt == "interrupted"
     second = Executor(ctx, sandbox, run_agent=run_agent)
     second.start()
     try:
@@ -435,7 +438,7 @@ def test_an_agent_run_interrupted_by_a_node_shutdown_resumes_on_the_next_node_as
         second.stop(grace_seconds=2)
 
     assert (done.status, done.attempt) == ("succeeded", 2), done.error_message
-    assert runs.run_to_dict(done)["previous_attempt"] == "interrupted"
+    assert RunPublic.of(done).previous_attempt == "interrupted"
     # The call made before is not made again; the one cut short is recorded as such, and the
     # model, told so, decides what to do next on the new attempt.
     assert rig.calls(done) == [

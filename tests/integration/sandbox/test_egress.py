@@ -1,8 +1,8 @@
 """The egress guard (floom/net/egress.py) over every connection floom makes on a worker's behalf:
-an agent's http_request, its MCP tool sources and Composio calls. Each source is shown
-refused where it must be, with nothing sent; a failure is told without what the other end
-answered. Traffic goes to loopback stand-ins and to test hosts in network namespaces the
-tests create (tests/support/netns.py), nowhere else."""
+an agent's http_request, its MCP tool sources, Composio calls, run callbacks and alert
+channels. Each source is shown refused where it must be, with nothing sent; a failure is told
+without what the other end answered. Traffic goes to loopback stand-ins and to test hosts in
+network namespaces the tests create (tests/support/netns.py), nowhere else."""
 
 from __future__ import annotations
 
@@ -375,3 +375,77 @@ def test_a_name_is_refused_when_any_of_its_addresses_is() -> None:
 def test_floom_egress_allow_refuses_what_can_never_be_opened(entry: str) -> None:
     with pytest.raises(ValueError, match="egress_allow"):
         Settings(egress_allow=entry)
+
+
+# -- run callbacks and alert channels ----------------------------------------------------------
+
+
+@contextmanager
+def _counting() -> Iterator[tuple[int, list[str]]]:
+    """A loopback receiver that answers 200 and keeps the path of every request it got."""
+    got: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # http.server's naming
+            got.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], got
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_callbacks_and_alert_channels_are_guarded_when_they_are_sent_not_only_when_set(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A URL checked when it was set may point at the host by the time floom sends to it (a
+    name that resolves elsewhere now, a Slack URL secret changed since): the send is refused
+    by the guard, and the receiver gets nothing."""
+    from floom.services.access import secrets
+    from floom.services.access.principal import SYSTEM
+    from floom.services.alerts.channels import Channel
+    from floom.services.alerts.senders import AlertUndeliverable, send_alert, send_callback
+    from floom.services.context import Context
+    from tests.support.harness import fast_settings
+
+    settings = fast_settings(
+        tmp_path / "data", database_url, agent_http_resolve="hooks.example.com=127.0.0.1"
+    )
+    ctx = Context.open(settings)
+    try:
+        with _counting() as (port, got):
+            for url in (
+                f"http://127.0.0.1:{port}/callback",
+                f"http://hooks.example.com:{port}/callback",
+            ):
+                with pytest.raises(AlertUndeliverable, match="loopback"):
+                    send_callback(ctx, delivery_id="dlv_egress", url=url, body="{}")
+            secrets.set_secret(
+                ctx, name="SLACK_URL", value=f"http://127.0.0.1:{port}/slack", caller=SYSTEM
+            )
+            secrets.set_secret(ctx, name="HOOK_KEY", value="whsec_" + "A" * 32, caller=SYSTEM)
+            for channel in (
+                Channel("ach_s", "slack", "slack", {"url_secret": "SLACK_URL"}),
+                Channel(
+                    "ach_w",
+                    "hook",
+                    "webhook",
+                    {"url": f"http://hooks.example.com:{port}/hook", "secret": "HOOK_KEY"},
+                ),
+            ):
+                with pytest.raises(AlertUndeliverable, match="loopback"):
+                    send_alert(ctx, delivery_id="dlv_egress", channel=channel, body={})
+            assert got == []
+    finally:
+        ctx.engine.dispose()

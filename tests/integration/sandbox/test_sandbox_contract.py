@@ -3,7 +3,9 @@
 Each behaviour is written twice, once as the Python script a real backend runs and once as
 the program the in-memory fake runs, and must come out the same on every backend. The E2B
 backend runs the real SDK against the wire-level stand-in (tests/standins/e2b); `local-warm`
-is the local backend with every Python run started from a warm process (tests/support/warm.py).
+is the local backend with every Python run started from a warm process (tests/support/warm.py);
+`e2b-warm` the E2B backend with every run started in a sandbox created ahead of it
+(FLOOM_E2B_WARM; tests/support/e2b.py).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from floom.sandbox import LocalSandbox
 from floom.sandbox.base import Sandbox, SandboxResult, SandboxSpec, SandboxUnavailable
 from floom.sandbox.fake import FakeProcess, FakeProgram, FakeSandbox
 from tests.standins.e2b import E2BStandin
-from tests.support.e2b import e2b_backend, standin_for_module
+from tests.support.e2b import WarmedE2B, e2b_backend, standin_for_module
 from tests.support.warm import WarmedLocal
 
 
@@ -45,6 +47,8 @@ class Ran:
 _E2B: list[E2BStandin] = []
 # The module's warm local backend (one pool for every case), set by the `backend` fixture.
 _WARM: list[WarmedLocal] = []
+# The module's E2B backend with sandboxes made ahead (one pool for every case).
+_E2B_WARM: list[WarmedE2B] = []
 
 # Each backend by name, built for the programs the fake runs (real backends run run.py).
 BACKENDS: dict[str, Callable[[dict[str, FakeProgram]], Sandbox]] = {
@@ -52,6 +56,7 @@ BACKENDS: dict[str, Callable[[dict[str, FakeProgram]], Sandbox]] = {
     "fake": lambda programs: FakeSandbox(programs),
     "e2b": lambda programs: e2b_backend(_E2B[0]),
     "local-warm": lambda programs: _WARM[0],
+    "e2b-warm": lambda programs: _E2B_WARM[0],
 }
 # The backends that run real processes (what reaping orphans is about).
 PROCESS_BACKENDS = ["local", "e2b"]
@@ -73,10 +78,19 @@ def warm_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmedLocal
     warmed.close()
 
 
+@pytest.fixture(scope="module")
+def e2b_warm(e2b_service: E2BStandin) -> Iterator[WarmedE2B]:
+    warmed = WarmedE2B(e2b_backend(e2b_service, e2b_warm=1))
+    yield warmed
+    warmed.close()
+
+
 @pytest.fixture(params=list(BACKENDS))
 def backend(request: pytest.FixtureRequest) -> str:
-    if request.param == "e2b":
+    if request.param in ("e2b", "e2b-warm"):
         _E2B[:] = [request.getfixturevalue("e2b_service")]
+    if request.param == "e2b-warm":
+        _E2B_WARM[:] = [request.getfixturevalue("e2b_warm")]
     if request.param == "local-warm":
         _WARM[:] = [request.getfixturevalue("warm_local")]
     name: str = request.param
@@ -475,3 +489,48 @@ def test_reaping_kills_the_sandboxes_of_runs_no_longer_live_and_spares_the_live_
     live = results["run_live"]
     assert isinstance(live, SandboxResult)
     assert live.cancelled
+
+
+TAMPER = (
+    "import json, os\n"
+    "tried = {}\n"
+    "for what, act in (\n"
+    "    ('write', lambda: open('given.json', 'w').write('changed')),\n"
+    "    ('chmod', lambda: os.chmod('given.json', 0o666)),\n"
+    "    ('rename', lambda: os.rename('given.json', 'moved.json')),\n"
+    "    ('remove', lambda: os.remove('given.json')),\n"
+    "):\n"
+    "    try:\n"
+    "        act()\n"
+    "        tried[what] = 'done'\n"
+    "    except OSError:\n"
+    "        tried[what] = 'refused'\n"
+    "json.dump({'tried': tried, 'read': open('given.json').read()}, open('result.json', 'w'))\n"
+)
+
+
+@pytest.mark.parametrize("backend", ["local", "local-warm"], indirect=True)
+def test_a_read_only_file_of_the_work_dir_cannot_be_changed_and_stays_readable(
+    backend: str, tmp_path: Path
+) -> None:
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text(TAMPER)
+    (workdir / "given.json").write_text('{"count": 1}')
+    spec = SandboxSpec(
+        run_id="run_contract",
+        command=["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        timeout_seconds=20,
+        read_only=("given.json", "missing.json", "../run.py"),
+    )
+    result = build(backend).run(spec, on_line=lambda *_: None, should_cancel=lambda: False)
+    assert result.exit_code == 0, result
+    report = json.loads((workdir / "result.json").read_text())
+    assert report == {
+        "tried": dict.fromkeys(("write", "chmod", "rename", "remove"), "refused"),
+        "read": '{"count": 1}',
+    }
+    assert (workdir / "given.json").read_text() == '{"count": 1}'

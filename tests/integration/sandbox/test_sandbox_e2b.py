@@ -15,6 +15,7 @@ from e2b import Sandbox as E2BBox
 from floom.agent.runner import run_agent
 from floom.engine.executor import Executor
 from floom.sandbox.base import SandboxResult, SandboxSpec, SandboxUnavailable
+from floom.sandbox.e2b import backend as backend_module
 from floom.sandbox.e2b.backend import E2BSandbox
 from floom.sandbox.fake import FakeSandbox
 from floom.services.context import Context
@@ -22,8 +23,8 @@ from tests.standins.e2b import E2BStandin
 from tests.support.e2b import e2b_backend, standin_for_module
 from tests.support.sandboxes import run_script
 
-# A run is: create, upload, unpack, command, pack, download, kill.
-REQUESTS_PER_RUN = 7
+# A run is: create, upload, command (unpacking first), pack, download, kill.
+REQUESTS_PER_RUN = 6
 
 
 @pytest.fixture(scope="module")
@@ -272,3 +273,21 @@ def test_a_node_starting_after_kill_9_kills_the_e2b_sandboxes_it_left(
     finally:
         executor.stop(grace_seconds=1)
         theirs.kill()
+
+
+def test_files_that_cannot_be_unpacked_are_sandbox_unavailable_a_script_s_own_exit_is_not(
+    e2b: E2BSandbox, standin: E2BStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The command unpacks the uploaded archive before it runs; exit 198 with the archive
+    # still there is the unpack failing, never the script.
+    (tmp_path / "own").mkdir()
+    own, _ = run_script(e2b, tmp_path / "own", "raise SystemExit(198)")
+    assert own.exit_code == 198
+
+    def corrupt(trees: dict[str, Path], *, since: object = None) -> tuple[bytes, dict[str, object]]:
+        return b"not a gzip archive", {}
+
+    monkeypatch.setattr(backend_module, "pack", corrupt)
+    (tmp_path / "corrupt").mkdir()
+    with pytest.raises(SandboxUnavailable, match="could not be unpacked"):
+        run_script(e2b, tmp_path / "corrupt", "print('never')")

@@ -26,6 +26,7 @@ from floom.services.runs.logs import list_events
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Run, utcnow
+from floom.vocabulary import ApprovalKind, RunStatus
 from tests.support.queues import enqueue, other_node
 
 
@@ -83,7 +84,7 @@ def test_a_fenced_attempt_s_late_end_is_refused_and_changes_nothing(
     before = _state(ctx, first.id)
     caplog.set_level(logging.WARNING, logger="floom.executor")
     late = Outcome(
-        status="succeeded",
+        status=RunStatus.SUCCEEDED,
         outputs={"late": True},
         sandbox_seconds=9.0,
         artifacts=[("late.txt", b"late", "text/plain")],
@@ -96,7 +97,7 @@ def test_a_fenced_attempt_s_late_end_is_refused_and_changes_nothing(
     assert f"run {first.id} attempt 1 is fenced" in caplog.text
     assert "late end and 1 log line(s) were refused" in caplog.text
     # The attempt that holds the run ends it as usual.
-    done = Outcome(status="succeeded", outputs={"ok": True})
+    done = Outcome(status=RunStatus.SUCCEEDED, outputs={"ok": True})
     assert finish_attempt(b, run=second, outcome=done, backoff=0) == "succeeded"
 
 
@@ -140,7 +141,7 @@ def test_a_fenced_attempt_cannot_pause_the_run_nor_renew_its_lease(ctx: Context)
     # Same node, same owner: only the epoch tells the attempts apart.
     b_first = first.model_copy(update={"lease_owner": "node-b"})
     before = _state(ctx, first.id)
-    approval = new_approval(run=second, kind="outputs", proposed={"x": 1})
+    approval = new_approval(run=second, kind=ApprovalKind.RUN, proposed={"x": 1})
     assert not pause_run(b, run=b_first, approval=approval, proposed_outputs={"x": 1})
     renewal = renew_held_leases(b, {first.id: first.lease_epoch})
     assert (renewal.renewed, renewal.lost) == (set(), {first.id})

@@ -18,11 +18,13 @@ from floom.engine.queue import (
     reap_expired_leases,
     renew_leases,
 )
+from floom.errors import RunErrorCode
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.runs.logs import list_events
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
+from floom.vocabulary import RunStatus
 from tests.support.queues import enqueue, other_node
 
 
@@ -166,7 +168,9 @@ def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Con
     second = claim_next_run(ctx)
     assert second is not None
     assert second.attempt == 2
-    late = Outcome(status="failed", error_code="worker_error", error_message="late")
+    late = Outcome(
+        status=RunStatus.FAILED, error_code=RunErrorCode.WORKER_ERROR, error_message="late"
+    )
     status = finish_attempt(
         ctx, run=first, outcome=late, backoff=0, log_lines=[("stdout", "late line", None)]
     )
@@ -180,7 +184,7 @@ def test_a_late_end_of_an_earlier_attempt_leaves_the_next_attempt_alone(ctx: Con
     # Fenced: the reap gave the run the next lease epoch, so attempt 1's lines are refused.
     assert [(e.line, e.attempt) for e in events if e.stream == "stdout"] == []
     # The attempt that holds the run records its end as usual.
-    done = Outcome(status="succeeded", outputs={"ok": True})
+    done = Outcome(status=RunStatus.SUCCEEDED, outputs={"ok": True})
     assert finish_attempt(ctx, run=second, outcome=done, backoff=0) == "succeeded"
     with session_scope(ctx.engine) as s:
         row = s.get(Run, run_id)
@@ -212,7 +216,7 @@ def test_an_attempts_end_takes_the_runs_event_lock_once(ctx: Context) -> None:
 
     event.listen(ctx.engine, "before_cursor_execute", seen)
     try:
-        done = Outcome(status="succeeded", outputs={"ok": True})
+        done = Outcome(status=RunStatus.SUCCEEDED, outputs={"ok": True})
         lines = [("stdout", "last line", None)]
         assert finish_attempt(ctx, run=run, outcome=done, backoff=0, log_lines=lines) == (
             "succeeded"

@@ -22,6 +22,8 @@ from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
+from floom.views import triggers as trigger_answers
+from floom.vocabulary import RunStatus, RunTrigger
 from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 
 MONDAY = datetime(2025, 1, 6, 8, 0, tzinfo=UTC)
@@ -54,7 +56,7 @@ def summary(ctx: Context, name: str = "tick") -> list[tuple[str, str, str | None
     ]
 
 
-def finish(ctx: Context, run_id: str, status: str = run_rules.SUCCEEDED) -> None:
+def finish(ctx: Context, run_id: str, status: RunStatus = run_rules.SUCCEEDED) -> None:
     with session_scope(ctx.engine, write=True) as s:
         run = s.get(Run, run_id)
         assert run is not None
@@ -283,9 +285,11 @@ def test_a_paused_worker_records_each_tick_as_skipped_and_resumes_without_backfi
     drive(scheduler, MONDAY, MONDAY + timedelta(hours=2), timedelta(minutes=30))
 
     with pytest.raises(WorkerPaused) as refused:
-        runs.create_run(ctx, caller=SYSTEM, worker_name="tick", trigger="manual")
+        runs.create_run(ctx, caller=SYSTEM, worker_name="tick", trigger=RunTrigger.MANUAL)
     assert "--force" in (refused.value.hint or "")
-    forced = runs.create_run(ctx, caller=SYSTEM, worker_name="tick", trigger="manual", force=True)
+    forced = runs.create_run(
+        ctx, caller=SYSTEM, worker_name="tick", trigger=RunTrigger.MANUAL, force=True
+    )
     assert forced.status == "queued"
 
     triggers.set_paused(ctx, caller=SYSTEM, worker_name="tick", paused=False)
@@ -344,12 +348,12 @@ def test_a_new_schedule_starts_from_now_without_backfill(ctx: Context, tmp_path:
     Scheduler(ctx).tick(now)
     assert schedule_runs(ctx) == []
     _, (trigger,) = triggers.list_triggers(ctx, caller=SYSTEM, worker_name="tick")
-    listed = triggers.trigger_to_dict(
+    listed = trigger_answers.trigger_public(
         ctx, trigger, worker=workers.get_worker(ctx, caller=SYSTEM, name="tick")
     )
-    assert listed["timezone"] == "UTC"
-    assert len(listed["next_fires"]) == 3
-    assert listed["next_fires"][0].endswith("+00:00")
+    assert listed.timezone == "UTC"
+    assert len(listed.next_fires) == 3
+    assert listed.next_fires[0].endswith("+00:00")
 
 
 def test_the_scheduler_thread_sleeps_until_the_tick_and_fires_it_on_time(

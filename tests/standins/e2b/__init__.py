@@ -83,10 +83,13 @@ class E2BStandin:
     far, in order.
     """
 
-    def __init__(self, root: Path, *, templates: set[str] | None = None) -> None:
+    def __init__(
+        self, root: Path, *, templates: set[str] | None = None, creation_delay: float = 0.0
+    ) -> None:
         self.core = StandinCore(
             root=root, api_key=API_KEY, templates=set(templates or ()) | {"base"}
         )
+        self.core.creation_delay = creation_delay
         self._control = _Server(control_app(self.core), "control plane")
         self._envd = _Server(envd_app(self.core), "envd")
         self._stop = threading.Event()
@@ -161,6 +164,22 @@ class E2BStandin:
         with self.core.lock:
             return Counter(self.core.requests)
 
+    @property
+    def command_starts(self) -> list[tuple[float, str, str]]:
+        """(time.monotonic() when envd got it, sandbox id, command line) of every command
+        started, in order."""
+        with self.core.lock:
+            return list(self.core.command_starts)
+
+    @property
+    def creation_delay(self) -> float:
+        """Seconds each create waits before it answers (a microVM booting); 0 by default."""
+        return self.core.creation_delay
+
+    @creation_delay.setter
+    def creation_delay(self, seconds: float) -> None:
+        self.core.creation_delay = seconds
+
     def requests_for(self, sandbox_id: str) -> Counter[str]:
         with self.core.lock:
             return Counter(self.core.sandbox_requests.get(sandbox_id, {}))
@@ -169,6 +188,7 @@ class E2BStandin:
         with self.core.lock:
             self.core.requests.clear()
             self.core.sandbox_requests.clear()
+            self.core.command_starts.clear()
 
     def host_path(self, sandbox_id: str, path: str) -> Path:
         """The host file serving `path` (under /home/user) of a live sandbox."""
@@ -197,11 +217,14 @@ class E2BStandin:
         retry_after: int | None = None,
         status: int | None = None,
         message: str | None = None,
+        route: str | None = None,
     ) -> None:
         """The next `times` control-plane requests (all, when None) get an error: `kind` is
         unavailable (503), rate_limited (429), unauthorized (401), server_error (500), quota
         (429, E2B's concurrent-sandbox limit), or give `status` and `message` yourself. The
-        SDK retries 429/502/503/504 three times by itself, so times=N < 4 still succeeds."""
+        SDK retries 429/502/503/504 three times by itself, so times=N < 4 still succeeds.
+        `route`: only the requests of that route, as counted in `requests` (e.g.
+        "POST /v2/sandboxes", the creates)."""
         default_status, default_message = FAULTS.get(
             kind, (429, QUOTA_MESSAGE.format(limit=len(self.core.sandboxes)))
         )
@@ -213,6 +236,7 @@ class E2BStandin:
                 message=message or default_message,
                 times=times,
                 retry_after=retry_after,
+                route=route,
             )
 
     def fail_envd(
@@ -264,16 +288,20 @@ class E2BStandin:
             self.core.control_fault = None
             self.core.envd_fault = None
         self.core.max_sandboxes = None
+        self.core.creation_delay = 0.0
         self.up()
 
 
 @contextmanager
 def running_e2b_standin(
-    root: Path | None = None, *, templates: set[str] | None = None
+    root: Path | None = None, *, templates: set[str] | None = None, creation_delay: float = 0.0
 ) -> Iterator[E2BStandin]:
-    """Start the stand-in (outside pytest too, e.g. for bench/); everything ends on exit."""
+    """Start the stand-in (outside pytest too, e.g. for bench/); everything ends on exit.
+    `creation_delay`: seconds each create takes (also settable as `.creation_delay`)."""
     with tempfile.TemporaryDirectory(prefix="e2b-standin-") as scratch:
-        standin = E2BStandin(root or Path(scratch), templates=templates).start()
+        standin = E2BStandin(
+            root or Path(scratch), templates=templates, creation_delay=creation_delay
+        ).start()
         try:
             yield standin
         finally:

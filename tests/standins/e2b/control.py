@@ -4,6 +4,7 @@ metadata filter, kill, timeout, connect), in the JSON shapes of the SDK's genera
 
 from __future__ import annotations
 
+import asyncio
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -96,10 +97,10 @@ def _creation(body: Any, core: StandinCore) -> dict[str, Any] | Response:
     }
 
 
-def _refusal(core: StandinCore, scope: dict[str, Any]) -> Response | None:
+def _refusal(core: StandinCore, scope: dict[str, Any], label: str) -> Response | None:
     """The answer to a request refused before routing: a fault a test queued, or a bad key."""
     headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
-    fault = core.take_fault()
+    fault = core.take_fault(control_route=label)
     if fault is not None:
         extra = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else None
         return _error(fault.status, fault.message, extra)
@@ -143,6 +144,8 @@ def control_app(core: StandinCore) -> Any:
         wanted = _creation(body, core)
         if isinstance(wanted, Response):
             return wanted
+        if core.creation_delay > 0:
+            await asyncio.sleep(core.creation_delay)
         with core.lock:
             if core.max_sandboxes is not None and len(core.sandboxes) >= core.max_sandboxes:
                 return _error(429, QUOTA_MESSAGE.format(limit=core.max_sandboxes))
@@ -202,8 +205,9 @@ def control_app(core: StandinCore) -> Any:
         match = _ID_SEGMENT.match(path)
         sandbox_id = match.group(0)[len(match.group(1)) :] if match else None
         label = _ID_SEGMENT.sub(r"\1{sandboxID}", path)
-        core.count(f"{scope['method']} {label}", sandbox_id)
-        response = _refusal(core, scope)
+        route = f"{scope['method']} {label}"
+        core.count(route, sandbox_id)
+        response = _refusal(core, scope, route)
         if response is None:
             await routes(scope, receive, send)
         else:

@@ -29,7 +29,7 @@ class Fault:
     message: str
     times: int | None = None
     retry_after: int | None = None
-    route: str | None = None  # envd faults only: just this route (e.g. "POST /files")
+    route: str | None = None  # just this route (e.g. "POST /files", "POST /v2/sandboxes")
 
 
 class StandinCore:
@@ -46,6 +46,10 @@ class StandinCore:
         self.control_fault: Fault | None = None
         self.envd_fault: Fault | None = None
         self.envd_unreachable = False
+        # Seconds each create waits before answering, as a real microVM takes to boot.
+        self.creation_delay = 0.0
+        # (time.monotonic(), sandbox id, the command line) of each command started, in order.
+        self.command_starts: list[tuple[float, str, str]] = []
         self.local = LocalSandbox()
         self.lock = threading.RLock()
         self._pids = itertools.count(1000)
@@ -56,12 +60,15 @@ class StandinCore:
             if sandbox_id:
                 self.sandbox_requests.setdefault(sandbox_id, Counter())[label] += 1
 
-    def take_fault(self, *, envd_route: str | None = None) -> Fault | None:
+    def take_fault(
+        self, *, envd_route: str | None = None, control_route: str | None = None
+    ) -> Fault | None:
         """The fault this request meets (control plane, or envd for `envd_route`), if any."""
         attribute = "control_fault" if envd_route is None else "envd_fault"
+        route = envd_route if envd_route is not None else control_route
         with self.lock:
             fault: Fault | None = getattr(self, attribute)
-            if fault is None or (envd_route is not None and fault.route not in (None, envd_route)):
+            if fault is None or (route is not None and fault.route not in (None, route)):
                 return None
             if fault.times is not None:
                 fault.times -= 1

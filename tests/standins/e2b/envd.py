@@ -11,6 +11,7 @@ import gzip
 import json
 import shutil
 import stat as stat_module
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,6 +104,9 @@ class ProcessService(Process):
             pid=self.core.next_pid(), config=request.process, tag=tag, sandbox=sandbox
         )
         sandbox.processes[process.pid] = process
+        line = " ".join([request.process.cmd, *request.process.args])
+        with self.core.lock:
+            self.core.command_starts.append((time.monotonic(), sandbox.sandbox_id, line))
         queue = process.subscribe()
         # As envd: the command's own timeout (the stream's deadline) bounds the process,
         # not the request; a client that goes away leaves the process running.

@@ -39,11 +39,23 @@ RECORD_NAME = ".floom-warm-modules"
 MAX_MESSAGE = 65536
 WORK, OUTPUT = "/work", "/output"
 STAGE = "/run/floom-warm"
-# Refused whatever a cold run loaded: importing them acts (a browser, a window, text).
+# Refused whatever a cold run loaded: importing them acts (a browser, a window, text, the
+# CPython test suite's autotest running every test). The warm process imports what a run
+# recorded as root, with the capabilities its children need, so what a worker names there
+# must be a library to load, never a program to run.
 SIDE_EFFECT_MODULES = frozenset(
     "antigravity this __hello__ __phello__ idlelib tkinter turtle turtledemo ensurepip "
-    "__main__ site sitecustomize usercustomize readline rlcompleter pydoc".split()
+    "__main__ site sitecustomize usercustomize readline rlcompleter pydoc test".split()
 )
+
+
+def preloadable(name: str) -> bool:
+    """Whether the warm process may import module `name` (a dotted name, checked already):
+    not one of SIDE_EFFECT_MODULES, nor any package's `__main__`, which runs its program on
+    import (`venv.__main__` creates environments, `unittest.__main__` runs tests)."""
+    parts = name.split(".")
+    return parts[0] not in SIDE_EFFECT_MODULES and "__main__" not in parts
+
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWCGROUP = 0x02000000
@@ -55,6 +67,8 @@ _MS_RDONLY = 1
 _MS_NOSUID = 2
 _MS_NODEV = 4
 _MS_NOEXEC = 8
+_MS_REMOUNT = 32
+_MS_BIND = 4096
 _MS_REC = 0x4000
 _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
@@ -163,7 +177,7 @@ def _preload(modules: list[str]) -> str:
     """Import each module; "thread:NAME" when one started a thread (the process may not
     fork then), else ""."""
     for name in modules:
-        if name.split(".")[0] in SIDE_EFFECT_MODULES or name in sys.modules:
+        if not preloadable(name) or name in sys.modules:
             continue
         try:
             importlib.import_module(name)
@@ -308,6 +322,11 @@ def _setup(request: dict[str, object], fds: list[int]) -> None:
     else:
         work_fd, output_fd = fds
         _move_mount(work_fd, WORK)
+    for name in request.get("read_only") or ():  # type: ignore[attr-defined]
+        # Bound read-only over itself: the run cannot write, chmod, rename or delete it.
+        path = f"{WORK}/{name}"
+        _mount(path, path, "", _MS_BIND)
+        _mount("none", path, "", _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
     _move_mount(output_fd, OUTPUT)
     for target in ("/tmp", "/dev/shm"):
         _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={memory},mode=1777")

@@ -30,7 +30,7 @@ from typing import Final
 from floom.errors import FloomError
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import cgroups
-from floom.sandbox.local.warm.inside import RECORD_NAME, SIDE_EFFECT_MODULES
+from floom.sandbox.local.warm.inside import RECORD_NAME, preloadable
 from floom.sandbox.local.warm.process import (
     INSIDE,
     INTERPRETER_FLAGS,
@@ -527,7 +527,7 @@ def read_record(workdir: Path) -> tuple[str, ...] | None:
     names = []
     for line in data.decode("ascii", "replace").splitlines():
         name = line.strip()
-        if MODULE_NAME.fullmatch(name) and name.split(".")[0] not in SIDE_EFFECT_MODULES:
+        if MODULE_NAME.fullmatch(name) and preloadable(name):
             names.append(name)
         if len(names) >= MAX_MODULES:
             break

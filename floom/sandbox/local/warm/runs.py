@@ -17,7 +17,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Final
 
-from floom.sandbox.base import LineSink, SandboxResult, SandboxSpec, StartedAhead
+from floom.sandbox.base import (
+    LineSink,
+    SandboxResult,
+    SandboxSpec,
+    StartedAhead,
+    read_only_files,
+)
 from floom.sandbox.fence import node_fence
 from floom.sandbox.local import limits
 from floom.sandbox.local.disks import RunDisk
@@ -72,6 +78,8 @@ class WarmRun(StartedAhead):
                 "uid": self._lease.uid,
                 "memory_bytes": spec.memory_mb * 1024 * 1024,
             }
+            if spec.read_only:
+                request["read_only"] = read_only_files(spec)
             if self._disk is None:
                 request["fsize_bytes"] = limits.spec_disk_bytes(spec)
             if limits.MEMORY not in self._limits.enforced:
