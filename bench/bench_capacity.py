@@ -35,11 +35,13 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections import Counter as Counter_
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -109,12 +111,17 @@ class Reading:
     wal_lsn: str
     kept_bytes: int
     cpu: float
+    # Per table (its indexes and TOAST with it): bytes, and rows written.
+    tables: dict[str, tuple[int, int]] = field(default_factory=dict)
+    kinds: Counter_[str] = field(default_factory=Counter_)
 
 
 @dataclass
 class Counter:
     statements: int = 0
     round_trips: int = 0
+    # Round trips by statement (its first words and table), for --breakdown.
+    kinds: Counter_[str] = field(default_factory=Counter_)
 
     def attach(self, engine: Any) -> None:
         @event.listens_for(engine, "before_cursor_execute")
@@ -123,14 +130,29 @@ class Counter:
         ) -> None:
             self.statements += len(params) if many and params else 1
             self.round_trips += 1
+            self.kinds[statement_kind(statement)] += 1
 
         @event.listens_for(engine, "commit")
         def _commit(conn: Any) -> None:
             self.round_trips += 1
+            self.kinds["COMMIT"] += 1
 
         @event.listens_for(engine, "rollback")
         def _rollback(conn: Any) -> None:
             self.round_trips += 1
+            self.kinds["ROLLBACK"] += 1
+
+
+_TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+\"?(\w+)", re.IGNORECASE)
+
+
+def statement_kind(statement: str) -> str:
+    """A statement's verb and first table ("SELECT runs", "DELETE run_events"): what the
+    breakdown counts round trips by."""
+    words = statement.split(None, 1)
+    verb = words[0].upper() if words else "?"
+    found = _TABLE.search(statement)
+    return f"{verb} {found.group(1)}" if found else verb
 
 
 def admin(sql: str, *args: Any, db: str = "postgres") -> Any:
@@ -167,23 +189,54 @@ def reading(db: str, counter: Counter, *, vacuum: bool) -> Reading:
         db=db,
     )[0][0]
     (lsn,) = admin("SELECT pg_current_wal_lsn()::text", db=db)[0]
+    tables = {
+        name: (int(size), int(written))
+        for name, size, written in admin(
+            "SELECT relname, pg_total_relation_size(relid), n_tup_ins + n_tup_upd + n_tup_del "
+            "FROM pg_stat_user_tables WHERE schemaname = 'public'",
+            db=db,
+        )
+    }
     return Reading(
-        counter.statements, counter.round_trips, int(rows), lsn, int(kept), backend_cpu(db)
+        counter.statements,
+        counter.round_trips,
+        int(rows),
+        lsn,
+        int(kept),
+        backend_cpu(db),
+        tables,
+        Counter_(counter.kinds),
     )
 
 
-def wal_bytes(db: str, start: str, end: str) -> int:
-    """Bytes of WAL records touching this database's relations between two LSNs."""
+def wal_bytes(db: str, start: str, end: str) -> tuple[int, dict[str, int]]:
+    """Bytes of WAL records touching this database's relations between two LSNs: in all,
+    and by the table (with its indexes and TOAST) of each record's first block."""
     (oid,) = admin("SELECT oid FROM pg_database WHERE datname = %s", db)[0]
     found = admin(
-        "SELECT coalesce(sum(record_length), 0) FROM pg_get_wal_records_info(%s, %s) "
-        "WHERE block_ref LIKE %s",
+        "SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)'), sum(record_length) "
+        "FROM pg_get_wal_records_info(%s, %s) WHERE block_ref LIKE %s GROUP BY 1",
         start,
         end,
         f"%/{oid}/%",
         db=db,
     )
-    return int(found[0][0])
+    # Each table's relfilenodes, and its indexes', TOAST's and TOAST index's.
+    owner: dict[str, str] = {}
+    for name, filenode in admin(
+        "WITH t AS (SELECT oid, relname, reltoastrelid FROM pg_class "
+        "  WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace) "
+        "SELECT t.relname, c.relfilenode FROM t JOIN pg_class c ON c.oid = t.oid "
+        "  OR c.oid = t.reltoastrelid OR c.oid IN "
+        "  (SELECT indexrelid FROM pg_index WHERE indrelid IN (t.oid, t.reltoastrelid))",
+        db=db,
+    ):
+        owner[str(filenode)] = name
+    by_table: dict[str, int] = {}
+    for filenode, length in found:
+        name = owner.get(str(filenode), "(catalog)")
+        by_table[name] = by_table.get(name, 0) + int(length)
+    return sum(by_table.values()), by_table
 
 
 # -- a node in this process --------------------------------------------------------------------
@@ -353,6 +406,10 @@ class Cost:
     wal: float
     kept: float
     cpu_ms: float
+    # Per run, by table: (bytes kept, rows written, WAL bytes).
+    tables: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    # Round trips per run, by statement kind.
+    kinds: dict[str, float] = field(default_factory=dict)
 
 
 @contextmanager
@@ -376,16 +433,27 @@ def cost_per_run(n: Node, workload: Callable[[Node], None], runs: int) -> Cost:
             workload(n)
         n.settled()
         after = reading(n.db, n.counter, vacuum=False)
-        wal = wal_bytes(n.db, before.wal_lsn, after.wal_lsn)
+        wal, wal_by_table = wal_bytes(n.db, before.wal_lsn, after.wal_lsn)
     cpu = after.cpu - before.cpu  # before VACUUM FULL's own CPU counts
-    kept_after = reading(n.db, n.counter, vacuum=True).kept_bytes
+    vacuumed = reading(n.db, n.counter, vacuum=True)
+    tables = {
+        name: (
+            (vacuumed.tables.get(name, (0, 0))[0] - before.tables.get(name, (0, 0))[0]) / runs,
+            (after.tables.get(name, (0, 0))[1] - before.tables.get(name, (0, 0))[1]) / runs,
+            wal_by_table.get(name, 0) / runs,
+        )
+        for name in sorted(set(vacuumed.tables) | set(wal_by_table))
+    }
+    kinds = after.kinds - before.kinds
     return Cost(
         statements=(after.statements - before.statements) / runs,
         round_trips=(after.round_trips - before.round_trips) / runs,
         rows=(after.rows - before.rows) / runs,
         wal=wal / runs,
-        kept=(kept_after - before.kept_bytes) / runs,
+        kept=(vacuumed.kept_bytes - before.kept_bytes) / runs,
         cpu_ms=cpu * 1000 / runs,
+        tables={k: v for k, v in tables.items() if any(v)},
+        kinds={k: v / runs for k, v in sorted(kinds.items())},
     )
 
 
@@ -468,6 +536,27 @@ def interleaved_latencies(nodes: dict[int, Node]) -> dict[int, dict[str, float]]
     }
 
 
+def print_breakdown(costs: dict[str, dict[str, Cost]], chosen: list[str]) -> None:
+    """Per workload: by table, bytes kept, rows written and WAL bytes per run in both stores;
+    then the statements whose round trips per run differ between the stores."""
+    for name in chosen:
+        d, o = costs["database"][name], costs["s3"][name]
+        print(f"\n{name}: per run, by table (database store -> object store)")
+        print(f"  {'table':22} {'bytes kept':>19} {'rows written':>15} {'WAL bytes':>19}")
+        for table in sorted(set(d.tables) | set(o.tables)):
+            dk, dr, dw = d.tables.get(table, (0.0, 0.0, 0.0))
+            ok_, or_, ow = o.tables.get(table, (0.0, 0.0, 0.0))
+            print(
+                f"  {table:22} {dk:8,.0f} -> {ok_:7,.0f} {dr:6.1f} -> {or_:5.1f} "
+                f"{dw:8,.0f} -> {ow:7,.0f}"
+            )
+        print(f"{name}: round trips per run that differ (database store -> object store)")
+        for kind in sorted(set(d.kinds) | set(o.kinds)):
+            dn, on = d.kinds.get(kind, 0.0), o.kinds.get(kind, 0.0)
+            if abs(dn - on) >= 0.05:
+                print(f"  {kind:40} {dn:6.2f} -> {on:6.2f}")
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -478,7 +567,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=int, default=10_000, help="runs in the table, first")
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-costs", action="store_true")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help="comma-separated, of " + ", ".join(WORKLOADS),
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also print, per workload, bytes kept, rows written and WAL bytes by table, and "
+        "round trips by statement, in both stores",
+    )
     args = parser.parse_args(argv)
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in chosen if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: unknown {', '.join(unknown)}")
     print(
         f"capacity bench: {args.runs} runs per workload; load average "
         f"{os.getloadavg()[0]:.2f} (uptime); PostgreSQL "
@@ -497,8 +601,8 @@ def main(argv: list[str] | None = None) -> int:
             for store in () if args.skip_costs else ("database", "s3"):
                 with node(root, store, s3 if store == "s3" else None) as n:
                     costs[store] = {}
-                    for name, workload in WORKLOADS.items():
-                        costs[store][name] = cost_per_run(n, workload, args.runs)
+                    for name in chosen:
+                        costs[store][name] = cost_per_run(n, WORKLOADS[name], args.runs)
                         c = costs[store][name]
                         print(
                             f"  {store:8} {name:8} {c.statements:6.1f} stmts "
@@ -527,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'workload':9} {'statements':>15} {'round trips':>15} {'rows written':>15} "
     header += f"{'WAL bytes':>19} {'bytes kept':>19} {'PG CPU ms':>13}"
     print(header)
-    for name in WORKLOADS if costs else ():
+    for name in chosen if costs else ():
         d, o = costs["database"][name], costs["s3"][name]
         print(
             f"{name:9} {d.statements:6.1f} -> {o.statements:5.1f} "
@@ -535,8 +639,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{d.wal:8,.0f} -> {o.wal:7,.0f} {d.kept:8,.0f} -> {o.kept:7,.0f} "
             f"{d.cpu_ms:5.1f} -> {o.cpu_ms:4.1f}"
         )
+    if args.breakdown and costs:
+        print_breakdown(costs, chosen)
     print()
-    for name in WORKLOADS if costs else ():
+    for name in chosen if costs else ():
         d, o = costs["database"][name], costs["s3"][name]
         share = o.kept / d.kept if d.kept > 0 else 0.0
         good = share <= 0.25 or (d.kept <= 0 and o.kept <= 0)
