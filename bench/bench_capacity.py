@@ -132,15 +132,23 @@ class Counter:
             self.round_trips += 1
             self.kinds[statement_kind(statement)] += 1
 
+        # A commit or rollback on a connection in autocommit (floom's plain reads) sends
+        # nothing: the driver has no transaction to end.
         @event.listens_for(engine, "commit")
         def _commit(conn: Any) -> None:
-            self.round_trips += 1
-            self.kinds["COMMIT"] += 1
+            if not _autocommit(conn):
+                self.round_trips += 1
+                self.kinds["COMMIT"] += 1
 
         @event.listens_for(engine, "rollback")
         def _rollback(conn: Any) -> None:
-            self.round_trips += 1
-            self.kinds["ROLLBACK"] += 1
+            if not _autocommit(conn):
+                self.round_trips += 1
+                self.kinds["ROLLBACK"] += 1
+
+
+def _autocommit(conn: Any) -> bool:
+    return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
 
 
 _TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+\"?(\w+)", re.IGNORECASE)

@@ -121,49 +121,57 @@ def _read_ended(
 ) -> tuple[dict[str, str | None], list[RunEvent], dict[str, Transcript], dict[str, list[ToolCall]]]:
     """Up to `limit` ended runs with lines in run_events (of `run_ids` if given), each with
     the digest of its earlier log blob if one was recorded; their lines in order; the
-    transcripts (not moved yet) and tool calls of the agent runs among them. Plain reads
-    (read_connection): the write of the move checks that nothing changed meanwhile."""
+    transcripts (not moved yet) and tool calls of the agent runs among them. One query for
+    runs that are not agent runs. Plain reads (read_connection): the write of the move checks
+    that the lines read are all still there."""
     runs, events_t = Run.__table__, RunEvent.__table__  # type: ignore[attr-defined]
     logs_t, transcripts_t = RunLog.__table__, Transcript.__table__  # type: ignore[attr-defined]
     with_lines = core_select(events_t.c.run_id).distinct()
     if run_ids is not None:
         with_lines = with_lines.where(events_t.c.run_id.in_(list(run_ids)))
     ended = (
-        core_select(runs.c.id, logs_t.c.digest, transcripts_t.c.run_id)
-        .select_from(
-            runs.outerjoin(logs_t, logs_t.c.run_id == runs.c.id).outerjoin(
-                transcripts_t,
-                (transcripts_t.c.run_id == runs.c.id) & transcripts_t.c.archived.is_(False),
-            )
-        )
+        core_select(runs.c.id)
         .where(runs.c.id.in_(with_lines), runs.c.status.in_(_FINISHED))
         .limit(limit)
     )
-    with read_connection(ctx.engine) as c:
-        found = c.execute(ended).all()
-        if not found:
-            return {}, [], {}, {}
-        chosen = {run_id: digest for run_id, digest, _ in found}
-        agents = sorted(run_id for run_id, _, agent in found if agent is not None)
-        events = [
-            trusted_row(RunEvent, row._mapping)
-            for row in c.execute(
-                core_select(events_t)
-                .where(events_t.c.run_id.in_(sorted(chosen)))
-                .order_by(events_t.c.run_id, events_t.c.seq)
+    names = [c.name for c in events_t.c]
+    lines = (
+        core_select(
+            *events_t.c,
+            logs_t.c.digest.label("_earlier"),
+            transcripts_t.c.run_id.label("_agent"),
+        )
+        .select_from(
+            events_t.outerjoin(logs_t, logs_t.c.run_id == events_t.c.run_id).outerjoin(
+                transcripts_t,
+                (transcripts_t.c.run_id == events_t.c.run_id) & transcripts_t.c.archived.is_(False),
             )
-        ]
-        transcripts: dict[str, Transcript] = {}
-        calls: dict[str, list[ToolCall]] = {}
+        )
+        .where(events_t.c.run_id.in_(ended.scalar_subquery()))
+        .order_by(events_t.c.run_id, events_t.c.seq)
+    )
+    chosen: dict[str, str | None] = {}
+    events: list[RunEvent] = []
+    agents: set[str] = set()
+    transcripts: dict[str, Transcript] = {}
+    calls: dict[str, list[ToolCall]] = {}
+    with read_connection(ctx.engine) as c:
+        for row in c.execute(lines):
+            values = row._mapping
+            events.append(trusted_row(RunEvent, {k: values[k] for k in names}))
+            chosen[row.run_id] = row._earlier
+            if row._agent is not None:
+                agents.add(row.run_id)
         if agents:
             calls_t = ToolCall.__table__  # type: ignore[attr-defined]
+            wanted = sorted(agents)
             for row in c.execute(
-                core_select(transcripts_t).where(transcripts_t.c.run_id.in_(agents))
+                core_select(transcripts_t).where(transcripts_t.c.run_id.in_(wanted))
             ):
                 transcripts[row.run_id] = trusted_row(Transcript, row._mapping)
             for row in c.execute(
                 core_select(calls_t)
-                .where(calls_t.c.run_id.in_(agents))
+                .where(calls_t.c.run_id.in_(wanted))
                 .order_by(calls_t.c.run_id, calls_t.c.seq)
             ):
                 calls.setdefault(row.run_id, []).append(trusted_row(ToolCall, row._mapping))
@@ -196,32 +204,28 @@ def _record_archives_once(ctx: Context, moves: list[_LogMove]) -> None:
     ids = sorted(m.archive.run_id for m in moves)
     with session_scope(ctx.engine, write=True) as s:
         postgres = on_postgres(s)
-        if postgres:
-            # The lock every appender of a run's lines takes (services/runs/logs.py), in one
-            # round trip, in a fixed order (two nodes moving logs never wait on each other
-            # in a circle).
-            s.execute(
-                text(
-                    "SELECT count(pg_advisory_xact_lock(hashtext(r))) "
-                    "FROM unnest(CAST(:ids AS text[])) AS r"
-                ),
-                {"ids": ids},
-            )
-        # The lines read (a run's seqs are given in commit order, under that lock): all of
-        # them must still be there, or another node moved them first.
-        gone = s.execute(
-            delete(RunEvent)
-            .where(
-                or_(
-                    *(
-                        (col(RunEvent.run_id) == m.archive.run_id)
-                        & (col(RunEvent.seq) <= m.read[1])
-                        for m in moves
-                    )
+        # The lines read leave run_events: those up to the last seq read (an appender gives
+        # a run's seqs under its lock, in commit order, so that is every line read and only
+        # those). All must still be there, or another node moved them first.
+        lines_read = delete(RunEvent).where(
+            or_(
+                *(
+                    (col(RunEvent.run_id) == m.archive.run_id) & (col(RunEvent.seq) <= m.read[1])
+                    for m in moves
                 )
             )
-            .returning(col(RunEvent.run_id))
-        ).all()
+        )
+        if postgres:
+            # First (a one-time filter, before any row is read), the lock every appender of
+            # a run's lines takes (services/runs/logs.py), in a fixed order: two nodes moving
+            # logs never wait on each other in a circle.
+            lines_read = lines_read.where(
+                text(
+                    "(SELECT count(pg_advisory_xact_lock(hashtext(r))) "
+                    "FROM unnest(CAST(:ids AS text[])) AS r) >= 0"
+                ).bindparams(ids=ids)
+            )
+        gone = s.execute(lines_read.returning(col(RunEvent.run_id))).all()
         deleted = Counter(run_id for (run_id,) in gone)
         moved = {m.archive.run_id for m in moves if deleted[m.archive.run_id] != m.read[0]}
         if moved:
