@@ -83,7 +83,7 @@ def _moved(rig: AgentRig, run_id: str) -> str:
             )
             for table in (ToolCall, RunEvent):
                 left = s.exec(
-                    select(func.count()).select_from(table).where(table.run_id == run_id)  # type: ignore[attr-defined]
+                    select(func.count()).select_from(table).where(table.run_id == run_id)
                 ).one()
                 assert left == 0, table
             return archived.digest
@@ -113,14 +113,16 @@ def test_an_ended_agent_runs_record_is_read_and_replayed_from_its_object_still_r
     key = f"{rig.server.ctx.settings.s3_prefix}blobs/{digest}"
     body = _bucket(s3_server).get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
     text = gzip.decompress(body).decode()
-    assert "write_file" in text and "token ***" in text
+    assert "write_file" in text
+    assert "token ***" in text
     assert TOKEN not in text
 
     replayed = rig.api.post(f"/api/v1/runs/{run_id}/replays", json={"mode": "exact"})
     assert replayed.status_code == 202, replayed.text
     report = wait_until(
-        lambda: (r := rig.api.get(f"/api/v1/replays/{replayed.json()['id']}").json())["finished"]
-        and r,
+        lambda: (
+            (r := rig.api.get(f"/api/v1/replays/{replayed.json()['id']}").json())["finished"] and r
+        ),
         timeout=60,
     )
     assert report["reproduced"] is True, report["divergence"]

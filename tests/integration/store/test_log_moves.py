@@ -82,7 +82,9 @@ def _append(ctx: Context, run_id: str, line: str) -> None:
 def _rows(ctx: Context, run_id: str) -> int:
     with session_scope(ctx.engine) as s:
         return int(
-            s.exec(select(func.count()).select_from(RunEvent).where(RunEvent.run_id == run_id)).one()
+            s.exec(
+                select(func.count()).select_from(RunEvent).where(RunEvent.run_id == run_id)
+            ).one()
         )
 
 
@@ -108,7 +110,8 @@ def test_a_line_that_comes_during_the_move_stays_a_row_and_the_next_pass_merges_
     assert _rows(s3_ctx, run_id) == 0
     with session_scope(s3_ctx.engine) as s:
         archived = s.get(RunLog, run_id)
-        assert archived is not None and (archived.lines, archived.last_seq) == (6, 6)
+        assert archived is not None
+        assert (archived.lines, archived.last_seq) == (6, 6)
     assert _log(s3_ctx, run_id) == expected
 
 
@@ -135,4 +138,5 @@ def test_a_run_whose_lines_another_node_moved_meanwhile_is_left_alone(s3_ctx: Co
     assert _log(s3_ctx, other) == [(i + 1, f"line {i}") for i in range(3)]
     with session_scope(s3_ctx.engine) as s:
         archived = s.get(RunLog, run_id)
-        assert archived is not None and archived.last_seq == 6
+        assert archived is not None
+        assert archived.last_seq == 6
