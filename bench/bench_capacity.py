@@ -76,6 +76,8 @@ LINES = 200
 ARTIFACT = 64 * 1024
 HOOK_SECRET = "bench-hook-secret-0123456789"
 REPEATS = 21
+# The bench's own connections (readings, VACUUM FULL, polls), whose CPU is not floom's.
+BENCH_APP = "floom-bench-capacity"
 
 SCRIPT_PY = f"""
 import json, os, pathlib
@@ -167,29 +169,33 @@ def statement_kind(statement: str) -> str:
 
 
 def admin(sql: str, *args: Any, db: str = "postgres") -> Any:
-    with psycopg.connect(PG_ADMIN.rsplit("/", 1)[0] + f"/{db}", autocommit=True) as conn:
+    with psycopg.connect(
+        PG_ADMIN.rsplit("/", 1)[0] + f"/{db}", autocommit=True, application_name=BENCH_APP
+    ) as conn:
         cur = conn.execute(sql, args or None)
         return cur.fetchall() if cur.description else None
 
 
 class BackendCpu:
-    """utime + stime of every backend that was connected to database `db` since the sampler
-    started, in seconds: a thread reads each backend's /proc/<pid>/stat every 0.1 s and keeps
-    the last value of those that exit, so a backend that closes between two readings (a pool
-    connection let go) still counts, up to its last 0.1 s."""
+    """utime + stime of every backend of floom's that was connected to database `db` since the
+    sampler started (not the bench's own), in seconds: a thread reads each backend's
+    /proc/<pid>/stat every 0.1 s and keeps the last value of those that exit, so a backend
+    that closes between two readings (a pool connection let go) still counts, up to its last
+    0.1 s."""
 
     def __init__(self, db: str) -> None:
         self.db = db
         self._seen: dict[int, float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._conn = psycopg.connect(PG_ADMIN, autocommit=True)
+        self._conn = psycopg.connect(PG_ADMIN, autocommit=True, application_name=BENCH_APP)
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
         pids = self._conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s", (self.db,)
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name <> %s",
+            (self.db, BENCH_APP),
         ).fetchall()
         for (pid,) in pids:
             try:
