@@ -615,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="runs per workload and store")
     parser.add_argument("--rows", type=int, default=1_000_000, help="runs in the table, at last")
     parser.add_argument("--baseline", type=int, default=10_000, help="runs in the table, first")
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="runs of every workload before measuring any"
+    )
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-costs", action="store_true")
     parser.add_argument(
@@ -651,6 +654,13 @@ def main(argv: list[str] | None = None) -> int:
             for store in () if args.skip_costs else ("database", "s3"):
                 with node(root, store, s3 if store == "s3" else None) as n:
                     costs[store] = {}
+                    # Every workload warmed up before any is measured: a node's first runs
+                    # (its pool's connections, their caches) cost PostgreSQL more CPU, which
+                    # fell on whichever workload came first.
+                    for _ in range(args.warmup):
+                        for name in chosen:
+                            WORKLOADS[name](n)
+                    n.settled()
                     for name in chosen:
                         costs[store][name] = cost_per_run(n, WORKLOADS[name], args.runs)
                         c = costs[store][name]
