@@ -201,13 +201,16 @@ def tool_call_to_dict(c: ToolCall) -> dict[str, Any]:
 # -- transcripts ------------------------------------------------------------------------------
 
 
-def load_transcript(ctx: Context, *, run_id: str, caller: Principal) -> Transcript | None:
+def load_transcript(
+    ctx: Context, *, run_id: str, caller: Principal, text: bool = True
+) -> Transcript | None:
     """An agent run's transcript (None for a script's run), its text read from its log's
-    blob when it moved there (archive_record). Needs the read scope."""
+    blob when it moved there (archive_record); with `text` False, the row as it is (an
+    archived one without its text: for its usage figures). Needs the read scope."""
     caller.require("read")
     with session_scope(ctx.engine) as s:
         found = s.get(Transcript, run_id)
-    if found is None or not found.archived:
+    if found is None or not found.archived or not text:
         return found
     record = _archived_record(ctx, run_id)
     values = found.model_dump()

@@ -48,7 +48,8 @@ def run_extras(
     if version.kind != "agent":  # scripts make no tool calls and keep no transcript
         return {"tool_calls": [], "approvals": asked, "model_usage": None}
     calls = agent_runs.list_tool_calls(ctx, run_id=run_id, caller=caller)
-    transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller)
+    # The row's usage figures only: an ended run's text is not read from object storage.
+    transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller, text=False)
     return {
         "tool_calls": [agent_runs.tool_call_to_dict(c) for c in calls],
         "approvals": asked,

@@ -101,6 +101,7 @@ def test_an_ended_agent_runs_record_is_read_and_replayed_from_its_object_still_r
     run = rig.api.get(f"/api/v1/runs/{run_id}").json()
     calls = [(c["seq"], c["tool"], c["status"]) for c in run["tool_calls"]]
     assert calls[:2] == [(1, "write_file", "ok"), (2, "read_file", "ok")]
+    assert run["model_usage"]["total_tokens"] > 0  # the transcript row kept its usage
     assert run["tool_calls"][0]["arguments"]["content"] == "token ***\n"
     assert "***" in run["tool_calls"][1]["result"]
     transcript = rig.api.get(f"/api/v1/runs/{run_id}/transcript")
