@@ -15,6 +15,8 @@ import pytest
 from botocore.config import Config
 from sqlmodel import func, select
 
+from floom.services.access.principal import SYSTEM
+from floom.services.runs import agent as agent_runs
 from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
@@ -156,3 +158,24 @@ def test_a_missing_or_damaged_record_object_answers_502_naming_the_run_and_the_o
     replayed = rig.api.post(f"/api/v1/runs/{run_id}/replays", json={"mode": "exact"})
     assert replayed.status_code == 502, replayed.text
     assert key in replayed.json()["error"]["message"]
+
+
+def test_a_late_transcript_write_of_an_ended_run_leaves_its_record_in_the_object(
+    rig: AgentRig, tmp_path: Path
+) -> None:
+    run_id = _ended_run(rig, tmp_path)
+    _moved(rig, run_id)
+    ctx = rig.server.ctx
+    before = rig.api.get(f"/api/v1/runs/{run_id}/transcript").json()["messages"]
+    # As a stopped attempt's loop would, saving the transcript it held in memory.
+    stale = agent_runs.load_transcript(ctx, run_id=run_id, caller=SYSTEM)
+    assert stale is not None
+    stale.messages_json = "[]"
+    agent_runs.save_transcript(ctx, stale)
+
+    with session_scope(ctx.engine) as s:
+        row = s.get(Transcript, run_id)
+        assert row is not None
+        assert row.archived
+        assert row.messages_json == ""
+    assert rig.api.get(f"/api/v1/runs/{run_id}/transcript").json()["messages"] == before
