@@ -474,13 +474,19 @@ def wal_kept() -> Iterator[None]:
         yield
 
 
-def cost_per_run(n: Node, workload: Callable[[Node], None], runs: int) -> Cost:
+def cost_per_run(
+    n: Node, workload: Callable[[Node], None], runs: int, *, vacuum_every: int = 0
+) -> Cost:
     workload(n)  # warm-up: first sandbox, caches, plans
     n.settled()
     with wal_kept():
         before = reading(n.db, n.counter, n.cpu, vacuum=True)
-        for _ in range(runs):
+        for i in range(runs):
             workload(n)
+            if vacuum_every and (i + 1) % vacuum_every == 0:
+                # What autovacuum (off on this server) would do to the tables whose rows
+                # the log move deletes; on the bench's own connection, not counted.
+                admin("VACUUM ANALYZE run_events, tool_calls", db=n.db)
         n.settled()
         after = reading(n.db, n.counter, n.cpu, vacuum=False)
         wal, wal_by_table = wal_bytes(n.db, before.wal_lsn, after.wal_lsn)
@@ -618,6 +624,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warmup", type=int, default=5, help="runs of every workload before measuring any"
     )
+    parser.add_argument(
+        "--vacuum-every",
+        type=int,
+        default=0,
+        help="VACUUM ANALYZE run_events and tool_calls every N measured runs, as autovacuum "
+        "would (0: never; it is off on the server these figures were measured on)",
+    )
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-costs", action="store_true")
     parser.add_argument(
@@ -662,7 +675,9 @@ def main(argv: list[str] | None = None) -> int:
                             WORKLOADS[name](n)
                     n.settled()
                     for name in chosen:
-                        costs[store][name] = cost_per_run(n, WORKLOADS[name], args.runs)
+                        costs[store][name] = cost_per_run(
+                            n, WORKLOADS[name], args.runs, vacuum_every=args.vacuum_every
+                        )
                         c = costs[store][name]
                         print(
                             f"  {store:8} {name:8} {c.statements:6.1f} stmts "
