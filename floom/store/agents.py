@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import sqlalchemy as sa
 from sqlalchemy import Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
@@ -72,6 +73,10 @@ class Transcript(SQLModel, table=True):
     workspace_digest: str | None = Field(default=None, max_length=64)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # The run ended and its system prompt, messages and state, and its tool calls, moved into
+    # its log's blob in object storage (floom/store/blobs/logs.py): the row keeps the rest
+    # (usage, cost, workspace), its text columns are empty, its tool_calls rows gone.
+    archived: bool = Field(default=False, sa_column_kwargs={"server_default": sa.false()})
 
 
 class MemoryEntry(SQLModel, table=True):

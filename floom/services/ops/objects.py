@@ -9,19 +9,24 @@ step that the object store interrupts leaves the rest as it was, for the next pa
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, func, text, update
+from sqlalchemy import delete, func, or_, text, update
+from sqlalchemy import select as core_select
 from sqlmodel import col, select
 
 from floom.errors import BlobStoreUnavailable, BlobUnreadable, InvalidRequest
+from floom.services.runs import agent as agent_runs
 from floom.services.runs import rules as run_rules
+from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs.base import BlobStore, sha256_of
 from floom.store.blobs.configured import new_blob_store, store_at
-from floom.store.blobs.logs import decode_log, encode_log
+from floom.store.blobs.logs import decode_log, decode_record, encode_log
 from floom.store.blobs.rows import (
     DATABASE,
     DELETE,
@@ -32,8 +37,8 @@ from floom.store.blobs.rows import (
     read_blob,
 )
 from floom.store.blobs.tables import PendingBlob, RunLog
-from floom.store.db import on_postgres, session_scope
-from floom.store.models import Blob, Run, RunEvent, utcnow
+from floom.store.db import on_postgres, read_connection, session_scope
+from floom.store.models import Blob, Run, RunEvent, trusted_row, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -59,102 +64,246 @@ def archive_logs(
 ) -> int:
     """Move the logs of up to `limit` ended runs (of `run_ids`, or any that still has lines
     in run_events) into one blob each in `store` (default: where new blobs go; nothing moves
-    while that is the database). Lines that came after an earlier move (a cancelled attempt's
-    last words) are merged into a new blob. Returns how many runs' logs moved; raises
-    BlobStoreUnavailable, changing nothing more, when the store is away."""
+    while that is the database). An agent run's record (its transcript's text and its tool
+    calls) moves into the same blob (floom/store/blobs/logs.py). Lines that came after an
+    earlier move (a cancelled attempt's last words) are merged into a new blob. Returns how
+    many runs' logs moved; raises BlobStoreUnavailable, changing nothing more, when the store
+    is away."""
     store = store or new_blob_store(ctx.settings, ctx.engine)
     if store.inline:
         return 0
-    with session_scope(ctx.engine) as s:
-        ended = (
-            select(RunEvent.run_id)
-            .join(Run, col(Run.id) == col(RunEvent.run_id))
-            .where(col(Run.status).in_(_FINISHED))
-            .distinct()
-        )
-        if run_ids is not None:
-            ended = ended.where(col(RunEvent.run_id).in_(list(run_ids)))
-        chosen = sorted(s.exec(ended.limit(limit)).all())
-        if not chosen:
-            return 0
-        events = list(
-            s.exec(
-                select(RunEvent)
-                .where(col(RunEvent.run_id).in_(chosen))
-                .order_by(col(RunEvent.run_id), col(RunEvent.seq))
-            ).all()
-        )
-        earlier = {
-            r.run_id: r for r in s.exec(select(RunLog).where(col(RunLog.run_id).in_(chosen)))
-        }
-    read: dict[str, tuple[int, int]] = {}  # run -> (lines, last seq) as read
-    blobs: list[tuple[RunLog, StagedBlob]] = []
+    chosen, events, transcripts, calls = _read_ended(ctx, run_ids=run_ids, limit=limit)
+    moves: list[_LogMove] = []
     for run_id, group in groupby(events, key=lambda e: e.run_id):
         lines = list(group)
-        read[run_id] = (len(lines), lines[-1].seq)
-        before = earlier.get(run_id)
-        if before is not None:
-            what = f"the log of run {run_id}"
-            old = read_blob(ctx.settings, ctx.engine, before.digest, what=what)
-            lines = [
-                e for e in decode_log(run_id, before.digest, old) if e.seq < lines[0].seq
-            ] + lines
-        data = encode_log(lines)
+        read = (len(lines), lines[-1].seq)
+        earlier = chosen.get(run_id)
+        transcript = transcripts.get(run_id)
+        run_calls = calls.get(run_id, [])
+        record = agent_runs.archive_record(transcript, run_calls) if transcript else None
+        if earlier is not None:
+            old = read_blob(ctx.settings, ctx.engine, earlier, what=f"the log of run {run_id}")
+            if record is None:
+                record = decode_record(run_id, earlier, old)
+            lines = [e for e in decode_log(run_id, earlier, old) if e.seq < lines[0].seq] + lines
+        data = encode_log(lines, record)
         sha = sha256_of(data)
         store.put(sha, data, sha256=sha)
-        blob = StagedBlob(sha, len(data), sha, store.name, b"")
-        blobs.append(
-            (RunLog(run_id=run_id, digest=sha, lines=len(lines), last_seq=lines[-1].seq), blob)
-        )
-    return _record_archives(ctx, blobs, read=read, earlier=earlier)
-
-
-def _record_archives(
-    ctx: Context,
-    blobs: list[tuple[RunLog, StagedBlob]],
-    *,
-    read: dict[str, tuple[int, int]],
-    earlier: dict[str, RunLog],
-) -> int:
-    """One transaction: each run's lines leave run_events as its blob is recorded, unless a
-    line came meanwhile (the run is taken again at the next pass)."""
-    ids = [archive.run_id for archive, _ in blobs]
-    with session_scope(ctx.engine, write=True) as s:
-        if on_postgres(s):
-            # The lock every appender of a run's lines takes (services/runs/logs.py), in one
-            # round trip, in a fixed order (two nodes moving logs never wait on each other
-            # in a circle).
-            s.execute(
-                text(
-                    "SELECT count(pg_advisory_xact_lock(hashtext(r))) "
-                    "FROM unnest(CAST(:ids AS text[])) AS r"
-                ),
-                {"ids": sorted(ids)},
+        moves.append(
+            _LogMove(
+                RunLog(run_id=run_id, digest=sha, lines=len(lines), last_seq=lines[-1].seq),
+                StagedBlob(sha, len(data), sha, store.name, b""),
+                read=read,
+                earlier=earlier,
+                transcript=transcript,
+                call_ids=[c.id for c in run_calls],
             )
-        now_held = {
-            run_id: (int(n), int(last))
-            for run_id, n, last in s.exec(
-                select(RunEvent.run_id, func.count(), func.max(RunEvent.seq))
-                .where(col(RunEvent.run_id).in_(ids))
-                .group_by(col(RunEvent.run_id))
-            ).all()
-        }
-        settled = [(a, b) for a, b in blobs if now_held.get(a.run_id) == read[a.run_id]]
-        if not settled:
-            return 0
-        done = [a.run_id for a, _ in settled]
-        for _, blob in settled:
-            insert_blob(s, blob)
-        s.execute(delete(RunLog).where(col(RunLog.run_id).in_(done)))
-        for archive, _ in settled:
-            archive.created_at = utcnow()
-            s.add(archive)
-        s.execute(delete(RunEvent).where(col(RunEvent.run_id).in_(done)))
-        replaced = [earlier[r].digest for r in done if r in earlier]
+        )
+    return _record_archives(ctx, moves)
+
+
+@dataclass
+class _LogMove:
+    """One run's log (and agent record) made a blob, for _record_archives to record."""
+
+    archive: RunLog
+    blob: StagedBlob
+    # The run's lines read from run_events: how many, and the last seq.
+    read: tuple[int, int]
+    earlier: str | None
+    # The agent run's transcript row as read, and its tool calls' ids, moved into the blob.
+    transcript: Transcript | None
+    call_ids: list[str]
+
+
+def _read_ended(
+    ctx: Context, *, run_ids: Sequence[str] | None, limit: int
+) -> tuple[dict[str, str | None], list[RunEvent], dict[str, Transcript], dict[str, list[ToolCall]]]:
+    """Up to `limit` ended runs with lines in run_events (of `run_ids` if given), each with
+    the digest of its earlier log blob if one was recorded; their lines in order; the
+    transcripts (not moved yet) and tool calls of the agent runs among them. One query for
+    runs that are not agent runs. Plain reads (read_connection): the write of the move checks
+    that the lines read are all still there."""
+    runs, events_t = Run.__table__, RunEvent.__table__  # type: ignore[attr-defined]
+    logs_t, transcripts_t = RunLog.__table__, Transcript.__table__  # type: ignore[attr-defined]
+    with_lines = core_select(events_t.c.run_id).distinct()
+    if run_ids is not None:
+        with_lines = with_lines.where(events_t.c.run_id.in_(list(run_ids)))
+    ended = (
+        core_select(runs.c.id)
+        .where(runs.c.id.in_(with_lines), runs.c.status.in_(_FINISHED))
+        .limit(limit)
+    )
+    names = [c.name for c in events_t.c]
+    lines = (
+        core_select(
+            *events_t.c,
+            logs_t.c.digest.label("_earlier"),
+            transcripts_t.c.run_id.label("_agent"),
+        )
+        .select_from(
+            events_t.outerjoin(logs_t, logs_t.c.run_id == events_t.c.run_id).outerjoin(
+                transcripts_t,
+                (transcripts_t.c.run_id == events_t.c.run_id) & transcripts_t.c.archived.is_(False),
+            )
+        )
+        .where(events_t.c.run_id.in_(ended.scalar_subquery()))
+        .order_by(events_t.c.run_id, events_t.c.seq)
+    )
+    chosen: dict[str, str | None] = {}
+    events: list[RunEvent] = []
+    agents: set[str] = set()
+    transcripts: dict[str, Transcript] = {}
+    calls: dict[str, list[ToolCall]] = {}
+    with read_connection(ctx.engine) as c:
+        for row in c.execute(lines):
+            values = row._mapping
+            events.append(trusted_row(RunEvent, {k: values[k] for k in names}))
+            chosen[row.run_id] = row._earlier
+            if row._agent is not None:
+                agents.add(row.run_id)
+        if agents:
+            calls_t = ToolCall.__table__  # type: ignore[attr-defined]
+            wanted = sorted(agents)
+            for row in c.execute(
+                core_select(transcripts_t).where(transcripts_t.c.run_id.in_(wanted))
+            ):
+                transcripts[row.run_id] = trusted_row(Transcript, row._mapping)
+            for row in c.execute(
+                core_select(calls_t)
+                .where(calls_t.c.run_id.in_(wanted))
+                .order_by(calls_t.c.run_id, calls_t.c.seq)
+            ):
+                calls.setdefault(row.run_id, []).append(trusted_row(ToolCall, row._mapping))
+    return chosen, events, transcripts, calls
+
+
+class _Moved(Exception):
+    """Some runs' lines left run_events since they were read (another node moved them): the
+    transaction is rolled back and done again without them."""
+
+    def __init__(self, runs: set[str]) -> None:
+        self.runs = runs
+
+
+def _record_archives(ctx: Context, moves: list[_LogMove]) -> int:
+    """One transaction: each run's lines read leave run_events as its blob is recorded, and an
+    agent run's transcript text and tool calls with them. A run whose lines another node moved
+    meanwhile is left out; lines that came after the read stay in run_events, for the next
+    pass to merge into a new blob."""
+    while moves:
+        try:
+            _record_archives_once(ctx, moves)
+            return len(moves)
+        except _Moved as moved:
+            moves = [m for m in moves if m.archive.run_id not in moved.runs]
+    return 0
+
+
+def _record_archives_once(ctx: Context, moves: list[_LogMove]) -> None:
+    ids = sorted(m.archive.run_id for m in moves)
+    with session_scope(ctx.engine, write=True) as s:
+        postgres = on_postgres(s)
+        # The lines read leave run_events: those up to the last seq read (an appender gives
+        # a run's seqs under its lock, in commit order, so that is every line read and only
+        # those). All must still be there, or another node moved them first.
+        lines_read = delete(RunEvent).where(
+            or_(
+                *(
+                    (col(RunEvent.run_id) == m.archive.run_id) & (col(RunEvent.seq) <= m.read[1])
+                    for m in moves
+                )
+            )
+        )
+        if postgres:
+            # First (a one-time filter, before any row is read), the lock every appender of
+            # a run's lines takes (services/runs/logs.py), in a fixed order: two nodes moving
+            # logs never wait on each other in a circle.
+            lines_read = lines_read.where(
+                text(
+                    "(SELECT count(pg_advisory_xact_lock(hashtext(r))) "
+                    "FROM unnest(CAST(:ids AS text[])) AS r) >= 0"
+                ).bindparams(ids=ids)
+            )
+        gone = s.execute(lines_read.returning(col(RunEvent.run_id))).all()
+        deleted = Counter(run_id for (run_id,) in gone)
+        moved = {m.archive.run_id for m in moves if deleted[m.archive.run_id] != m.read[0]}
+        if moved:
+            raise _Moved(moved)
+        logs = [
+            {
+                "run_id": m.archive.run_id,
+                "digest": m.archive.digest,
+                "lines": m.archive.lines,
+                "last_seq": m.archive.last_seq,
+                "created_at": utcnow(),
+            }
+            for m in moves
+        ]
+        agents = [(m.transcript, m.call_ids) for m in moves if m.transcript is not None]
+        if postgres:
+            s.execute(_recorded_in_one(moves, logs, agents))
+        else:
+            for m in moves:
+                insert_blob(s, m.blob)
+            s.execute(_upsert_log(postgres), logs)
+            if agents:
+                agent_runs.record_archived(s, agents)
+        replaced = [m.earlier for m in moves if m.earlier is not None]
         if replaced:
             s.flush()
             delete_unreferenced_blobs(s, replaced)
-    return len(settled)
+
+
+def _recorded_in_one(
+    moves: list[_LogMove],
+    logs: list[dict[str, Any]],
+    agents: list[tuple[Transcript, list[str]]],
+) -> Any:
+    """On PostgreSQL, what _record_archives_once writes once the lines are gone, as one
+    statement (one round trip): the blobs' rows, the run_logs rows, and the agent runs'
+    transcripts emptied and tool calls deleted (agent.record_archived's two statements)."""
+    from sqlalchemy.dialects.postgresql import insert
+
+    blobs = Blob.__table__  # type: ignore[attr-defined]
+    now = utcnow()
+    rows = insert(blobs).values(
+        [
+            {
+                "digest": m.blob.digest,
+                "size": m.blob.size,
+                "data": m.blob.data,
+                "created_at": now,
+                "location": m.blob.location,
+                "sha256": m.blob.sha256,
+            }
+            for m in moves
+        ]
+    )
+    ctes = [rows.on_conflict_do_nothing(index_elements=["digest"]).cte("new_blobs")]
+    if agents:
+        ctes.extend(agent_runs.record_archived_ctes(agents))
+    return _upsert_log(True).values(logs).add_cte(*ctes)
+
+
+@lru_cache(maxsize=2)
+def _upsert_log(postgres: bool) -> Any:
+    """INSERT a run_logs row, or replace the run's earlier one (a merged log)."""
+    table = RunLog.__table__  # type: ignore[attr-defined]
+    if postgres:
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+    stmt = insert(table)
+    return stmt.on_conflict_do_update(
+        index_elements=["run_id"],
+        set_={
+            "digest": stmt.excluded.digest,
+            "lines": stmt.excluded.lines,
+            "last_seq": stmt.excluded.last_seq,
+            "created_at": stmt.excluded.created_at,
+        },
+    )
 
 
 @dataclass

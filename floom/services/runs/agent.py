@@ -7,16 +7,19 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func
+from sqlalchemy import delete, func, or_, update
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import LimitExceeded
 from floom.services.access.principal import Principal
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
+from floom.store.blobs.base import missing
+from floom.store.blobs.logs import decode_record
 from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, stage_blob
+from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
-from floom.store.models import Artifact, Blob, new_id, utcnow
+from floom.store.models import Artifact, Blob, new_id, trusted_row, utcnow
 from floom.vocabulary import ToolCallStatus
 
 if TYPE_CHECKING:
@@ -160,28 +163,156 @@ def finish_tool_call(
 
 
 def list_tool_calls(ctx: Context, *, run_id: str, caller: Principal) -> list[ToolCall]:
-    """An agent run's tool calls in order. Needs the read scope."""
+    """An agent run's tool calls in order, read from its log's blob when they moved there
+    with the run's transcript (archive_record). Needs the read scope."""
     caller.require("read")
     with session_scope(ctx.engine) as s:
-        return list(
+        rows = list(
             s.exec(select(ToolCall).where(ToolCall.run_id == run_id).order_by(col(ToolCall.seq)))
         )
+        if rows:
+            return rows
+        archived = s.exec(
+            select(Transcript.run_id).where(
+                Transcript.run_id == run_id, col(Transcript.archived).is_(True)
+            )
+        ).first()
+    if archived is None:
+        return rows
+    return [_call_of(run_id, c) for c in _archived_record(ctx, run_id).get("tool_calls", [])]
 
 
 # -- transcripts ------------------------------------------------------------------------------
 
 
-def load_transcript(ctx: Context, *, run_id: str, caller: Principal) -> Transcript | None:
-    """An agent run's transcript (None for a script's run). Needs the read scope."""
+def load_transcript(
+    ctx: Context, *, run_id: str, caller: Principal, text: bool = True
+) -> Transcript | None:
+    """An agent run's transcript (None for a script's run), its text read from its log's
+    blob when it moved there (archive_record); with `text` False, the row as it is (an
+    archived one without its text: for its usage figures). Needs the read scope."""
     caller.require("read")
     with session_scope(ctx.engine) as s:
-        return s.get(Transcript, run_id)
+        found = s.get(Transcript, run_id)
+    if found is None or not found.archived or not text:
+        return found
+    record = _archived_record(ctx, run_id)
+    values = found.model_dump()
+    values.update(
+        system=record["system"],
+        messages_json=record["messages_json"],
+        state_json=record["state_json"],
+        archived=False,  # this copy holds its text
+    )
+    return Transcript.model_validate(values)
 
 
 def save_transcript(ctx: Context, transcript: Transcript) -> None:
     transcript.updated_at = utcnow()
     with session_scope(ctx.engine, write=True) as s:
+        current = s.get(Transcript, transcript.run_id)
+        if current is not None and current.archived:
+            # The run ended and its record moved to object storage: a late write of a
+            # stopped attempt is dropped, as its fenced writes are.
+            return
         s.merge(transcript)
+
+
+# -- an ended agent run's record in object storage ---------------------------------------------
+
+_CALL_FIELDS = (
+    "id",
+    "seq",
+    "attempt",
+    "tool",
+    "status",
+    "arguments_json",
+    "result",
+    "result_size",
+    "error",
+    "duration_ms",
+    "approval_id",
+)
+
+
+def archive_record(transcript: Transcript, calls: Sequence[ToolCall]) -> dict[str, Any]:
+    """What of an ended agent run moves into its log's blob (floom/store/blobs/logs.py): the
+    transcript's text, as stored (already redacted), and its tool calls."""
+    return {
+        "system": transcript.system,
+        "messages_json": transcript.messages_json,
+        "state_json": transcript.state_json,
+        "tool_calls": [
+            {**{f: getattr(c, f) for f in _CALL_FIELDS}, "created_at": c.created_at.isoformat()}
+            for c in calls
+        ],
+    }
+
+
+def record_archived(s: Session, moved: Sequence[tuple[Transcript, Sequence[str]]]) -> None:
+    """In the transaction that records the blobs holding their records (services/ops/objects.py):
+    empty the transcripts' text and drop their tool calls. A transcript written since it was
+    read keeps its text, and its calls their rows (the blob's copy is then not read)."""
+    emptied = {run_id for (run_id,) in s.execute(_emptied(moved)).all()}
+    calls = [c for t, ids in moved if t.run_id in emptied for c in ids]
+    if calls:
+        s.execute(delete(ToolCall).where(col(ToolCall.id).in_(calls)))
+
+
+def record_archived_ctes(moved: Sequence[tuple[Transcript, Sequence[str]]]) -> list[Any]:
+    """record_archived's two statements as CTEs of one PostgreSQL statement."""
+    emptied = _emptied(moved).cte("emptied")
+    calls = [c for _, ids in moved for c in ids]
+    ctes: list[Any] = [emptied]
+    if calls:
+        ctes.append(
+            delete(ToolCall)
+            .where(
+                col(ToolCall.id).in_(calls),
+                col(ToolCall.run_id).in_(select(emptied.c.run_id)),
+            )
+            .cte("calls_gone")
+        )
+    return ctes
+
+
+def _emptied(moved: Sequence[tuple[Transcript, Sequence[str]]]) -> Any:
+    """The transcripts, unchanged since read, emptied and marked archived; their run ids."""
+    return (
+        update(Transcript)
+        .where(
+            or_(
+                *(
+                    (col(Transcript.run_id) == t.run_id)
+                    & (col(Transcript.updated_at) == t.updated_at)
+                    for t, _ in moved
+                )
+            ),
+            col(Transcript.archived).is_(False),
+        )
+        .values(system="", messages_json="", state_json="", archived=True)
+        .returning(col(Transcript.run_id))
+    )
+
+
+def _archived_record(ctx: Context, run_id: str) -> dict[str, Any]:
+    """The record of an agent run that moved into its log's blob."""
+    what = f"the transcript of run {run_id}"
+    with session_scope(ctx.engine) as s:
+        archived = s.get(RunLog, run_id)
+    if archived is None:
+        raise missing(what=what, where=f"the log of run {run_id} (no row in run_logs)")
+    data = read_blob(ctx.settings, ctx.engine, archived.digest, what=what)
+    record = decode_record(run_id, archived.digest, data)
+    if record is None:
+        raise missing(what=what, where=f"the log blob {archived.digest} of run {run_id}")
+    return record
+
+
+def _call_of(run_id: str, values: dict[str, Any]) -> ToolCall:
+    fields: dict[str, Any] = {f: values.get(f) for f in _CALL_FIELDS}
+    fields.update(run_id=run_id, created_at=datetime.fromisoformat(values["created_at"]))
+    return trusted_row(ToolCall, fields)
 
 
 # -- model spend ------------------------------------------------------------------------------

@@ -59,8 +59,35 @@ def append_events(
         return
     if not locked:
         lock_events(s, run_id=run_id)
+    if on_postgres(s):
+        # One statement for all the rows, which reads the run's last seq once: a lookup per
+        # row cost PostgreSQL a scan each wherever its cached plan for a table that looked
+        # empty was one (object storage empties run_events as logs move).
+        s.execute(
+            _PG_INSERT_BATCH,
+            {
+                "run_id": run_id,
+                "attempts": [r["attempt"] for r in rows],
+                "ts": [r["ts"] for r in rows],
+                "streams": [r["stream"] for r in rows],
+                "lines": [r["line"] for r in rows],
+            },
+        )
+        return
     # One statement per row that reads the last seq itself; run as one executemany.
     s.execute(statements.insert_next, rows)
+
+
+_PG_INSERT_BATCH = text(
+    "INSERT INTO run_events (run_id, attempt, ts, stream, line, seq) "
+    "SELECT :run_id, v.attempt, v.ts, v.stream, v.line, b.base + v.ord "
+    "FROM unnest(CAST(:attempts AS integer[]), CAST(:ts AS timestamptz[]), "
+    "CAST(:streams AS varchar[]), CAST(:lines AS text[])) "
+    "WITH ORDINALITY AS v(attempt, ts, stream, line, ord) "
+    "CROSS JOIN (SELECT coalesce(max(e.seq), "
+    "(SELECT l.last_seq FROM run_logs l WHERE l.run_id = :run_id), 0) AS base "
+    "FROM run_events e WHERE e.run_id = :run_id) AS b"
+)
 
 
 @dataclass(frozen=True)

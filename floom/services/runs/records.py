@@ -56,7 +56,8 @@ def run_extras(
     if version.kind != "agent":  # scripts make no tool calls and keep no transcript
         return RunExtras(run_approvals, [], None)
     calls = agent_runs.list_tool_calls(ctx, run_id=run_id, caller=caller)
-    transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller)
+    # The row's usage figures only: an ended run's text is not read from object storage.
+    transcript = agent_runs.load_transcript(ctx, run_id=run_id, caller=caller, text=False)
     return RunExtras(run_approvals, calls, transcript)
 
 

@@ -1,5 +1,10 @@
 """An ended run's log as one blob: its events as JSON lines, gzip-compressed, in seq order.
 
+An agent run's blob also holds its record, moved out of the database with the log: the
+transcript's system prompt, messages and state, and its tool calls (services/ops/objects.py
+moves them; services/runs/agent.py reads them back). It is the blob's first line, a JSON
+object (`{"agent": {...}}`), where every event is a JSON array.
+
 Decoded logs are kept in a small cache by digest (a blob's bytes never change), so a person
 paging through a long log, or several followers of one run, read its object once.
 """
@@ -12,6 +17,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from floom.store.models import RunEvent, trusted_row
 
@@ -21,11 +27,19 @@ _CACHED_LINES = 200_000
 # Fast enough to keep up with a run's end, and about 90% of the best ratio on log text.
 _LEVEL = 6
 
+AgentRecord = dict[str, Any]
 
-def encode_log(events: Sequence[RunEvent]) -> bytes:
-    """The events (of one run, in seq order) as the log blob's bytes. mtime 0: the same
-    events give the same bytes, so the digest is stable."""
-    text = "".join(
+
+def encode_log(events: Sequence[RunEvent], record: AgentRecord | None = None) -> bytes:
+    """The events (of one run, in seq order), after the agent run's `record` if it has one,
+    as the log blob's bytes. mtime 0: the same events give the same bytes, so the digest is
+    stable."""
+    head = (
+        json.dumps({"agent": record}, ensure_ascii=False, separators=(",", ":")) + "\n"
+        if record is not None
+        else ""
+    )
+    text = head + "".join(
         json.dumps(
             [e.seq, e.attempt, e.ts.isoformat(), e.stream, e.line],
             ensure_ascii=False,
@@ -39,44 +53,59 @@ def encode_log(events: Sequence[RunEvent]) -> bytes:
 
 def decode_log(run_id: str, digest: str, data: bytes) -> list[RunEvent]:
     """The events a log blob holds, as (unsaved) RunEvent rows, cached by digest."""
+    return _decoded(run_id, digest, data)[0]
+
+
+def decode_record(run_id: str, digest: str, data: bytes) -> AgentRecord | None:
+    """The agent record a log blob holds (None: it holds none), cached by digest."""
+    return _decoded(run_id, digest, data)[1]
+
+
+def _decoded(run_id: str, digest: str, data: bytes) -> tuple[list[RunEvent], AgentRecord | None]:
     with _lock:
         found = _cache.get(digest)
         if found is not None:
             _cache.move_to_end(digest)
             return found
-    events = [
-        trusted_row(
-            RunEvent,
-            {
-                "run_id": run_id,
-                "seq": seq,
-                "attempt": attempt,
-                "ts": datetime.fromisoformat(ts),
-                "stream": stream,
-                "line": line,
-            },
+    events: list[RunEvent] = []
+    record: AgentRecord | None = None
+    # split("\n"), not splitlines(): JSON escapes newlines but not U+2028 and kin.
+    for text in gzip.decompress(data).decode().split("\n"):
+        if not text:
+            continue
+        value = json.loads(text)
+        if isinstance(value, dict):
+            record = value.get("agent")
+            continue
+        seq, attempt, ts, stream, line = value
+        events.append(
+            trusted_row(
+                RunEvent,
+                {
+                    "run_id": run_id,
+                    "seq": seq,
+                    "attempt": attempt,
+                    "ts": datetime.fromisoformat(ts),
+                    "stream": stream,
+                    "line": line,
+                },
+            )
         )
-        for seq, attempt, ts, stream, line in (
-            # split("\n"), not splitlines(): JSON escapes newlines but not U+2028 and kin.
-            json.loads(text)
-            for text in gzip.decompress(data).decode().split("\n")
-            if text
-        )
-    ]
     with _lock:
-        _cache[digest] = events
+        _cache[digest] = (events, record)
         while len(_cache) > _CACHED_LOGS or (
-            len(_cache) > 1 and sum(len(v) for v in _cache.values()) > _CACHED_LINES
+            len(_cache) > 1 and sum(len(v[0]) for v in _cache.values()) > _CACHED_LINES
         ):
             _cache.popitem(last=False)
-    return events
+    return events, record
 
 
 def cached_log(digest: str) -> list[RunEvent] | None:
     """The decoded log of `digest` when it is cached, else None (no store is asked)."""
     with _lock:
-        return _cache.get(digest)
+        found = _cache.get(digest)
+        return found[0] if found is not None else None
 
 
 _lock = threading.Lock()
-_cache: OrderedDict[str, list[RunEvent]] = OrderedDict()
+_cache: OrderedDict[str, tuple[list[RunEvent], AgentRecord | None]] = OrderedDict()

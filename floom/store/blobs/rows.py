@@ -89,8 +89,10 @@ def insert_blob(s: Writer, blob: StagedBlob) -> str:
     already keeps its row, wherever its bytes are."""
     postgres = on_postgres(s)
     stored, insert_new, insert_pending = _blob_statements(postgres)
-    if s.execute(stored, {"digest": blob.digest}).first() is not None:
-        return blob.digest  # stored already (its bytes are not read back to find out)
+    # Asked first only when the row would carry the bytes (they are not sent, nor read back,
+    # for a digest stored already); the INSERT skips a digest stored already anyway.
+    if blob.data and s.execute(stored, {"digest": blob.digest}).first() is not None:
+        return blob.digest
     now = utcnow()
     s.execute(
         insert_new,

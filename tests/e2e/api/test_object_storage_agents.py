@@ -1,0 +1,181 @@
+"""An ended agent run's record in object storage: with FLOOM_BLOB_STORE=s3 (a real SeaweedFS)
+its transcript's text and its tool calls move into its log's object when the run ends; the
+API, replays and redaction read them from there, checked against the object's sha256."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from sqlmodel import func, select
+
+from floom.services.access.principal import SYSTEM
+from floom.services.runs import agent as agent_runs
+from floom.store.agents import ToolCall, Transcript
+from floom.store.blobs.tables import RunLog
+from floom.store.db import session_scope
+from floom.store.models import RunEvent
+from tests.standins.anthropic_api import reply, tool_use
+from tests.support.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
+from tests.support.harness import wait_until
+from tests.support.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
+
+TOKEN = "note-token-8f3a1c77e2"
+WRITER = """\
+name: writer
+secrets: [NOTE_TOKEN]
+outputs:
+  done: boolean
+tools:
+  - builtin: write_file
+  - builtin: read_file
+"""
+
+
+@pytest.fixture
+def rig(tmp_path: Path, database_url: str, s3_server: S3Server) -> Iterator[AgentRig]:
+    settings = s3_server.settings(blob_sweep_seconds=0.3)
+    with agent_rig(tmp_path / "data", database_url, executor_slots=1, **settings) as r:
+        yield r
+
+
+def _bucket(s3: S3Server) -> Any:
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
+
+
+def _ended_run(rig: AgentRig, tmp_path: Path) -> str:
+    rig.deploy(agent_worker(tmp_path / "writer", WRITER))
+    assert rig.api.put("/api/v1/secrets/NOTE_TOKEN", json={"value": TOKEN}).status_code == 200
+    rig.model.script(
+        reply(tool_use("write_file", {"path": "output/notes.md", "content": f"token {TOKEN}\n"})),
+        reply(tool_use("read_file", {"path": "output/notes.md"})),
+        reply(tool_use("finish", {"outputs": {"done": True}})),
+    )
+    run_id = start_run(rig.api, "writer")
+    assert wait_status(rig.api, run_id, timeout=60)["status"] == "succeeded"
+    return run_id
+
+
+def _moved(rig: AgentRig, run_id: str) -> str:
+    """Waits until the run's record left the database; the digest of its log's object."""
+
+    def moved() -> str | None:
+        with session_scope(rig.server.ctx.engine) as s:
+            transcript = s.get(Transcript, run_id)
+            archived = s.get(RunLog, run_id)
+            if transcript is None or not transcript.archived or archived is None:
+                return None
+            assert (transcript.system, transcript.messages_json, transcript.state_json) == (
+                "",
+                "",
+                "",
+            )
+            for table in (ToolCall, RunEvent):
+                left = s.exec(
+                    select(func.count()).select_from(table).where(table.run_id == run_id)
+                ).one()
+                assert left == 0, table
+            return archived.digest
+
+    digest: str = wait_until(moved, timeout=30)
+    return digest
+
+
+def test_an_ended_agent_runs_record_is_read_and_replayed_from_its_object_still_redacted(
+    rig: AgentRig, tmp_path: Path, s3_server: S3Server
+) -> None:
+    run_id = _ended_run(rig, tmp_path)
+    digest = _moved(rig, run_id)
+
+    run = rig.api.get(f"/api/v1/runs/{run_id}").json()
+    calls = [(c["seq"], c["tool"], c["status"]) for c in run["tool_calls"]]
+    assert calls[:2] == [(1, "write_file", "ok"), (2, "read_file", "ok")]
+    assert run["model_usage"]["total_tokens"] > 0  # the transcript row kept its usage
+    assert run["tool_calls"][0]["arguments"]["content"] == "token ***\n"
+    assert "***" in run["tool_calls"][1]["result"]
+    transcript = rig.api.get(f"/api/v1/runs/{run_id}/transcript")
+    assert transcript.status_code == 200, transcript.text
+    messages = transcript.json()["messages"]
+    assert [m["role"] for m in messages][:2] == ["user", "assistant"]
+    assert len(messages) >= 6
+    assert TOKEN not in json.dumps(run) + transcript.text
+    # The object holds the record as the database held it: redacted.
+    key = f"{rig.server.ctx.settings.s3_prefix}blobs/{digest}"
+    body = _bucket(s3_server).get_object(Bucket=s3_server.bucket, Key=key)["Body"].read()
+    text = gzip.decompress(body).decode()
+    assert "write_file" in text
+    assert "token ***" in text
+    assert TOKEN not in text
+
+    replayed = rig.api.post(f"/api/v1/runs/{run_id}/replays", json={"mode": "exact"})
+    assert replayed.status_code == 202, replayed.text
+    report = wait_until(
+        lambda: (
+            (r := rig.api.get(f"/api/v1/replays/{replayed.json()['id']}").json())["finished"] and r
+        ),
+        timeout=60,
+    )
+    assert report["reproduced"] is True, report["divergence"]
+
+
+def test_a_missing_or_damaged_record_object_answers_502_naming_the_run_and_the_object(
+    rig: AgentRig, tmp_path: Path, s3_server: S3Server
+) -> None:
+    run_id = _ended_run(rig, tmp_path)
+    digest = _moved(rig, run_id)
+    key = f"{rig.server.ctx.settings.s3_prefix}blobs/{digest}"
+    bucket = _bucket(s3_server)
+
+    bucket.put_object(Bucket=s3_server.bucket, Key=key, Body=b"tampered")
+    answer = rig.api.get(f"/api/v1/runs/{run_id}/transcript")
+    assert answer.status_code == 502, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "blob_unreadable"
+    assert f"the transcript of run {run_id} is damaged" in error["message"]
+    assert key in error["message"]
+
+    bucket.delete_object(Bucket=s3_server.bucket, Key=key)
+    for path in (f"/api/v1/runs/{run_id}/transcript", f"/api/v1/runs/{run_id}"):
+        answer = rig.api.get(path)
+        assert answer.status_code == 502, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "blob_unreadable"
+        assert f"the transcript of run {run_id} is missing" in error["message"]
+        assert key in error["message"]
+    replayed = rig.api.post(f"/api/v1/runs/{run_id}/replays", json={"mode": "exact"})
+    assert replayed.status_code == 502, replayed.text
+    assert key in replayed.json()["error"]["message"]
+
+
+def test_a_late_transcript_write_of_an_ended_run_leaves_its_record_in_the_object(
+    rig: AgentRig, tmp_path: Path
+) -> None:
+    run_id = _ended_run(rig, tmp_path)
+    _moved(rig, run_id)
+    ctx = rig.server.ctx
+    before = rig.api.get(f"/api/v1/runs/{run_id}/transcript").json()["messages"]
+    # As a stopped attempt's loop would, saving the transcript it held in memory.
+    stale = agent_runs.load_transcript(ctx, run_id=run_id, caller=SYSTEM)
+    assert stale is not None
+    stale.messages_json = "[]"
+    agent_runs.save_transcript(ctx, stale)
+
+    with session_scope(ctx.engine) as s:
+        row = s.get(Transcript, run_id)
+        assert row is not None
+        assert row.archived
+        assert row.messages_json == ""
+    assert rig.api.get(f"/api/v1/runs/{run_id}/transcript").json()["messages"] == before

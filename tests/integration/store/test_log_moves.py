@@ -1,0 +1,143 @@
+"""Moving an ended run's log into object storage (services/ops/objects.archive_logs) while
+others write: lines that arrive during the move stay rows for the next pass, and a run whose
+lines another node moved meanwhile is left alone; either way the log reads back whole, in
+order, with no line twice. The interleavings are made inside the object store's put (the
+step between the move's read and its write), on a real SeaweedFS."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from sqlmodel import func, select
+
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
+from floom.services.ops.objects import archive_logs
+from floom.services.runs.logs import append_events, list_events
+from floom.store.blobs.base import BlobStore, Finding
+from floom.store.blobs.configured import new_blob_store
+from floom.store.blobs.tables import RunLog
+from floom.store.db import session_scope
+from floom.store.models import Run, RunEvent, new_id
+from floom.vocabulary import RunStatus
+from tests.support.harness import fast_settings
+from tests.support.s3_server import S3Server
+
+
+@pytest.fixture
+def s3_ctx(tmp_path: Path, database_url: str, s3_server: S3Server) -> Iterator[Context]:
+    context = Context.open(fast_settings(tmp_path / "data", database_url, **s3_server.settings()))
+    yield context
+    context.engine.dispose()
+
+
+class _Interleaved(BlobStore):
+    """The node's bucket, running `meanwhile` once, after the first put."""
+
+    name = "s3"
+    inline = False
+
+    def __init__(self, inner: BlobStore, meanwhile: Callable[[], None]) -> None:
+        self.inner, self.meanwhile = inner, meanwhile
+
+    def put(self, digest: str, data: bytes, *, sha256: str) -> None:
+        self.inner.put(digest, data, sha256=sha256)
+        meanwhile, self.meanwhile = self.meanwhile, lambda: None
+        meanwhile()
+
+    def get(self, digest: str, *, sha256: str | None, what: str) -> bytes:
+        return self.inner.get(digest, sha256=sha256, what=what)
+
+    def delete(self, digests: Sequence[str]) -> None:
+        self.inner.delete(digests)
+
+    def describe(self, digest: str) -> str:
+        return self.inner.describe(digest)
+
+    def check(self) -> list[Finding]:
+        return self.inner.check()
+
+
+def _ended_run(ctx: Context, lines: int) -> str:
+    run_id = new_id("run")
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(Run(id=run_id, worker_name="w", version_id="v", status=RunStatus.SUCCEEDED))
+        s.flush()
+        append_events(
+            s,
+            run_id=run_id,
+            attempt=1,
+            lines=[("stdout", f"line {i}", None) for i in range(lines)],
+            first=True,
+        )
+    return run_id
+
+
+def _append(ctx: Context, run_id: str, line: str) -> None:
+    with session_scope(ctx.engine, write=True) as s:
+        append_events(s, run_id=run_id, attempt=1, lines=[("stdout", line, None)])
+
+
+def _rows(ctx: Context, run_id: str) -> int:
+    with session_scope(ctx.engine) as s:
+        return int(
+            s.exec(
+                select(func.count()).select_from(RunEvent).where(RunEvent.run_id == run_id)
+            ).one()
+        )
+
+
+def _log(ctx: Context, run_id: str) -> list[tuple[int, str]]:
+    return [(e.seq, e.line) for e in list_events(ctx, run_id=run_id, caller=SYSTEM)]
+
+
+def test_a_line_that_comes_during_the_move_stays_a_row_and_the_next_pass_merges_it(
+    s3_ctx: Context,
+) -> None:
+    run_id = _ended_run(s3_ctx, 5)
+    store = _Interleaved(
+        new_blob_store(s3_ctx.settings, s3_ctx.engine),
+        lambda: _append(s3_ctx, run_id, "last words"),
+    )
+
+    assert archive_logs(s3_ctx, run_ids=[run_id], store=store) == 1
+
+    assert _rows(s3_ctx, run_id) == 1  # the late line, seq 6
+    expected = [(i + 1, f"line {i}") for i in range(5)] + [(6, "last words")]
+    assert _log(s3_ctx, run_id) == expected
+    assert archive_logs(s3_ctx, run_ids=[run_id]) == 1
+    assert _rows(s3_ctx, run_id) == 0
+    with session_scope(s3_ctx.engine) as s:
+        archived = s.get(RunLog, run_id)
+        assert archived is not None
+        assert (archived.lines, archived.last_seq) == (6, 6)
+    assert _log(s3_ctx, run_id) == expected
+
+
+def test_a_run_whose_lines_another_node_moved_meanwhile_is_left_alone(s3_ctx: Context) -> None:
+    run_id = _ended_run(s3_ctx, 5)
+    other = _ended_run(s3_ctx, 3)
+    bucket = new_blob_store(s3_ctx.settings, s3_ctx.engine)
+    moved_elsewhere: list[int] = []
+
+    def another_node() -> None:
+        # It moves the same log, then a late line comes and it moves that too.
+        moved_elsewhere.append(archive_logs(s3_ctx, run_ids=[run_id], store=bucket))
+        _append(s3_ctx, run_id, "last words")
+        moved_elsewhere.append(archive_logs(s3_ctx, run_ids=[run_id], store=bucket))
+
+    store = _Interleaved(bucket, another_node)
+
+    # This pass read both runs; the first one's lines went meanwhile: only the other moves.
+    assert archive_logs(s3_ctx, run_ids=[run_id, other], store=store) == 1
+    assert moved_elsewhere == [1, 1]
+
+    assert (_rows(s3_ctx, run_id), _rows(s3_ctx, other)) == (0, 0)
+    assert _log(s3_ctx, run_id) == [(i + 1, f"line {i}") for i in range(5)] + [(6, "last words")]
+    assert _log(s3_ctx, other) == [(i + 1, f"line {i}") for i in range(3)]
+    with session_scope(s3_ctx.engine) as s:
+        archived = s.get(RunLog, run_id)
+        assert archived is not None
+        assert archived.last_seq == 6
