@@ -138,8 +138,8 @@ def _read_ended(
     lines = (
         core_select(
             *events_t.c,
-            logs_t.c.digest.label("_earlier"),
-            transcripts_t.c.run_id.label("_agent"),
+            logs_t.c.digest.label("earlier_log"),
+            transcripts_t.c.run_id.label("agent_transcript"),
         )
         .select_from(
             events_t.outerjoin(logs_t, logs_t.c.run_id == events_t.c.run_id).outerjoin(
@@ -159,8 +159,8 @@ def _read_ended(
         for row in c.execute(lines):
             values = row._mapping
             events.append(trusted_row(RunEvent, {k: values[k] for k in names}))
-            chosen[row.run_id] = row._earlier
-            if row._agent is not None:
+            chosen[row.run_id] = row.earlier_log
+            if row.agent_transcript is not None:
                 agents.add(row.run_id)
         if agents:
             calls_t = ToolCall.__table__  # type: ignore[attr-defined]
