@@ -36,6 +36,8 @@ from floom.client.wire import url_path as url_path
 from floom.client_env import admin_key_file, client_base_url
 from floom.errors import ClientError, FloomError, TooManyWaits
 from floom.schemas.admin import KeyCreated, KeyPublic, SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import CallbackKey, ChannelList, ChannelPublic, RuleList, RulePublic
+from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.health import Health
 from floom.schemas.nodes import NodeList
@@ -97,7 +99,7 @@ def _error_from(response: httpx.Response) -> FloomError:
 
 class FloomClient:
     """One method per REST route; results are the public models of floom/schemas, validated
-    from the JSON bodies (the alerts calls answer the decoded JSON)."""
+    from the JSON bodies."""
 
     def __init__(
         self,
@@ -593,49 +595,39 @@ class FloomClient:
         """A call of the alerts API (/api/v1/alerts/...): channels, rules, deliveries."""
         return self.request_json(method, f"/api/v1/alerts/{path}", **kwargs)
 
-    def list_alert_channels(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("GET", "channels")
-        return result
+    def list_alert_channels(self) -> ChannelList:
+        return ChannelList.model_validate(self.alert_request("GET", "channels"))
 
-    def add_alert_channel(self, name: str, kind: str, config: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request(
-            "POST", "channels", json={"name": name, "kind": kind, "config": config}
-        )
-        return result
+    def add_alert_channel(self, name: str, kind: str, config: dict[str, Any]) -> ChannelPublic:
+        body = {"name": name, "kind": kind, "config": config}
+        return ChannelPublic.model_validate(self.alert_request("POST", "channels", json=body))
 
     def delete_alert_channel(self, name: str) -> None:
         self.alert_request("DELETE", f"channels/{url_path(name)}")
 
-    def test_alert_channel(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("POST", f"channels/{url_path(name)}/test")
-        return result
+    def test_alert_channel(self, name: str) -> AlertDelivery:
+        answer = self.alert_request("POST", f"channels/{url_path(name)}/test")
+        return AlertDelivery.model_validate(answer)
 
-    def list_alert_rules(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("GET", "rules")
-        return result
+    def list_alert_rules(self) -> RuleList:
+        return RuleList.model_validate(self.alert_request("GET", "rules"))
 
-    def add_alert_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("POST", "rules", json=rule)
-        return result
+    def add_alert_rule(self, rule: dict[str, Any]) -> RulePublic:
+        return RulePublic.model_validate(self.alert_request("POST", "rules", json=rule))
 
     def delete_alert_rule(self, name: str) -> None:
         self.alert_request("DELETE", f"rules/{url_path(name)}")
 
-    def list_alert_deliveries(self, **filters: Any) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request(
-            "GET", "deliveries", params=self._params(**filters)
-        )
-        return result
+    def list_alert_deliveries(self, **filters: Any) -> Page[AlertDelivery]:
+        answer = self.alert_request("GET", "deliveries", params=self._params(**filters))
+        return Page[AlertDelivery].model_validate(answer)
 
-    def resend_alert_delivery(self, delivery_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request(
-            "POST", f"deliveries/{url_path(delivery_id)}/resend"
-        )
-        return result
+    def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
+        answer = self.alert_request("POST", f"deliveries/{url_path(delivery_id)}/resend")
+        return AlertDelivery.model_validate(answer)
 
-    def callback_key(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("GET", "callback-key")
-        return result
+    def callback_key(self) -> CallbackKey:
+        return CallbackKey.model_validate(self.alert_request("GET", "callback-key"))
 
     # -- secrets and keys ----------------------------------------------------------------------
 

@@ -96,17 +96,17 @@ def channels(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
     with open_client() as client:
-        items = client.list_alert_channels()["items"]
+        items = client.list_alert_channels().items
     if as_json:
-        print_json(items)
+        print_json([c.to_json() for c in items])
         return
     if not items:
         out.print("no alert channel yet: `floom alerts channels add NAME --kind webhook ...`")
         return
     table = new_table("CHANNEL", "KIND", "SETTINGS")
     for c in items:
-        settings = ", ".join(f"{k}={v}" for k, v in c["config"].items())
-        table.add_row(c["name"], c["kind"], settings)
+        settings = ", ".join(f"{k}={v}" for k, v in c.config.items())
+        table.add_row(c.name, c.kind, settings)
     out.print(table)
 
 
@@ -155,9 +155,7 @@ def channel_add(
     if as_json:
         print_json(channel)
         return
-    out.print(
-        f"added {channel['kind']} channel {channel['name']}; try it: floom alerts test {name}"
-    )
+    out.print(f"added {channel.kind} channel {channel.name}; try it: floom alerts test {name}")
 
 
 @channels_app.command("rm")
@@ -178,7 +176,7 @@ def send_test_alert(
     if as_json:
         print_json(delivery)
         return
-    out.print(f"test alert delivered to {name} ({delivery['id']})")
+    out.print(f"test alert delivered to {name} ({delivery.id})")
 
 
 # -- rules -------------------------------------------------------------------------------------
@@ -190,9 +188,9 @@ def rules(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
     with open_client() as client:
-        items = client.list_alert_rules()["items"]
+        items = client.list_alert_rules().items
     if as_json:
-        print_json(items)
+        print_json([r.to_json() for r in items])
         return
     if not items:
         out.print(
@@ -202,11 +200,11 @@ def rules(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     table = new_table("RULE", "WORKER", "EVENTS", "CHANNELS", "RECOVERY")
     for r in items:
         table.add_row(
-            r["name"],
-            r["worker"] or "(all)",
-            ", ".join(r["events"]),
-            ", ".join(r["channels"]),
-            "yes" if r["recovery"] else "no",
+            r.name,
+            r.worker or "(all)",
+            ", ".join(r.events),
+            ", ".join(r.channels),
+            "yes" if r.recovery else "no",
         )
     out.print(table)
 
@@ -274,19 +272,19 @@ def deliveries(
     if as_json:
         print_json(page)
         return
-    if not page["items"]:
+    if not page.items:
         out.print("no deliveries")
         return
     table = new_table("DELIVERY", "STATUS", "TYPE", "TO", "TRIES", "CREATED", "SUMMARY / ERROR")
-    for d in page["items"]:
+    for d in page.items:
         table.add_row(
-            d["id"],
-            Text(d["status"], style=DELIVERY_STYLE.get(d["status"], "")),
-            d["type"],
-            d["channel"] or d["target"] or "",
-            f"{d['attempts']}/{d['max_attempts']}",
-            when(d["created_at"]),
-            d["last_error"] or d["summary"],
+            d.id,
+            Text(d.status, style=DELIVERY_STYLE.get(d.status, "")),
+            d.type,
+            d.channel or d.target or "",
+            f"{d.attempts}/{d.max_attempts}",
+            when(d.created_at),
+            d.last_error or d.summary,
         )
     out.print(table)
 
@@ -296,7 +294,7 @@ def resend(delivery_id: Annotated[str, typer.Argument(help="the delivery")]) -> 
     """Send a failed or throttled delivery again (a delivered one as a new delivery)."""
     with open_client() as client:
         delivery = client.resend_alert_delivery(delivery_id)
-    out.print(f"{delivery['id']} queued to send again")
+    out.print(f"{delivery.id} queued to send again")
 
 
 @alerts_app.command("callback-key")
@@ -307,4 +305,4 @@ def callback_key(as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(key)
         return
-    out.print(Text(key["key"]))
+    out.print(Text(key.key))

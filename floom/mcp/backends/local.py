@@ -18,6 +18,8 @@ from floom.schemas import handoffs as handoff_models
 from floom.schemas import replays as replay_views
 from floom.schemas import workers as worker_models
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import ChannelList, ChannelPublic, RuleList, RulePublic
+from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,
@@ -287,27 +289,25 @@ class LocalBackend(Backend):
 
     # -- replays from recordings and evals -----------------------------------------------------
 
-    def alert_channels(self) -> JSON:
+    def alert_channels(self) -> ChannelList:
         rows = alert_channels.list_channels(self.ctx, caller=self.principal)
-        return alert_views.ChannelList(
-            items=[alert_views.channel_public(r) for r in rows]
-        ).to_json()
+        return alert_views.ChannelList(items=[alert_views.channel_public(r) for r in rows])
 
-    def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
+    def add_alert_channel(self, name: str, kind: str, config: JSON) -> ChannelPublic:
         row = alert_channels.create_channel(
             self.ctx, name=name, kind=kind, config=config, caller=self.principal
         )
-        return alert_views.channel_public(row).to_json()
+        return alert_views.channel_public(row)
 
-    def test_alert_channel(self, name: str) -> JSON:
+    def test_alert_channel(self, name: str) -> AlertDelivery:
         sent = alert_deliveries.send_test(self.ctx, channel_name=name, caller=self.principal)
-        return alert_views.delivery_public(sent).to_json()
+        return alert_views.delivery_public(sent)
 
-    def alert_rules(self) -> JSON:
+    def alert_rules(self) -> RuleList:
         rows = alert_rules.list_rules(self.ctx, caller=self.principal)
-        return alert_views.RuleList(items=[alert_views.rule_public(r) for r in rows]).to_json()
+        return alert_views.RuleList(items=[alert_views.rule_public(r) for r in rows])
 
-    def add_alert_rule(self, rule: JSON) -> JSON:
+    def add_alert_rule(self, rule: JSON) -> RulePublic:
         row = alert_rules.create_rule(
             self.ctx,
             name=str(rule.get("name") or ""),
@@ -317,17 +317,17 @@ class LocalBackend(Backend):
             recovery=rule.get("recovery", True),
             caller=self.principal,
         )
-        return alert_views.rule_public(row).to_json()
+        return alert_views.rule_public(row)
 
-    def alert_deliveries(self, filters: JSON) -> JSON:
+    def alert_deliveries(self, filters: JSON) -> Page[AlertDelivery]:
         rows, next_cursor = alert_deliveries.list_deliveries(
             self.ctx, **filters, caller=self.principal
         )
-        return alert_views.delivery_page(rows, next_cursor).to_json()
+        return alert_views.delivery_page(rows, next_cursor)
 
-    def resend_alert_delivery(self, delivery_id: str) -> JSON:
+    def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
         sent = alert_deliveries.resend(self.ctx, delivery_id=delivery_id, caller=self.principal)
-        return alert_views.delivery_public(sent).to_json()
+        return alert_views.delivery_public(sent)
 
     def start_replay(
         self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None

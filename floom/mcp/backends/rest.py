@@ -13,6 +13,8 @@ from floom.client_env import admin_key_file
 from floom.errors import ClientError, Conflict, FloomError
 from floom.mcp.backends.base import JSON, Backend, NotAvailable
 from floom.schemas.admin import KeyPublic, SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import ChannelList, ChannelPublic, RuleList, RulePublic
+from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,
@@ -238,31 +240,31 @@ class RestBackend(Backend):
 
     # -- replays from recordings and evals -----------------------------------------------------
 
-    def alert_channels(self) -> JSON:
+    def alert_channels(self) -> ChannelList:
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.list_alert_channels()
 
-    def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
+    def add_alert_channel(self, name: str, kind: str, config: JSON) -> ChannelPublic:
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.add_alert_channel(name, kind, config)
 
-    def test_alert_channel(self, name: str) -> JSON:
+    def test_alert_channel(self, name: str) -> AlertDelivery:
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.test_alert_channel(name)
 
-    def alert_rules(self) -> JSON:
+    def alert_rules(self) -> RuleList:
         self._offers("/api/v1/alerts/rules", "alerts")
         return self.client.list_alert_rules()
 
-    def add_alert_rule(self, rule: JSON) -> JSON:
+    def add_alert_rule(self, rule: JSON) -> RulePublic:
         self._offers("/api/v1/alerts/rules", "alerts")
         return self.client.add_alert_rule(rule)
 
-    def alert_deliveries(self, filters: JSON) -> JSON:
+    def alert_deliveries(self, filters: JSON) -> Page[AlertDelivery]:
         self._offers("/api/v1/alerts/deliveries", "alerts")
         return self.client.list_alert_deliveries(**filters)
 
-    def resend_alert_delivery(self, delivery_id: str) -> JSON:
+    def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
         self._offers("/api/v1/alerts/deliveries", "alerts")
         return self.client.resend_alert_delivery(delivery_id)
 

@@ -11,32 +11,30 @@ from pydantic import Field
 
 from floom.mcp.render import Reply
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
+from floom.schemas.alerts import ChannelPublic, DeliveryPublic
 from floom.schemas.common import OneOf
 from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus
 
 
-def _channels_text(items: list[dict[str, Any]]) -> str:
+def _channels_text(items: list[ChannelPublic]) -> str:
     if not items:
         return "no alert channel yet: add one with add_alert_channel"
     return "\n".join(
-        f"{c['name']} ({c['kind']}): " + ", ".join(f"{k}={v}" for k, v in c["config"].items())
-        for c in items
+        f"{c.name} ({c.kind}): " + ", ".join(f"{k}={v}" for k, v in c.config.items()) for c in items
     )
 
 
-def _delivery_line(d: dict[str, Any]) -> str:
-    to = d.get("channel") or d.get("target") or ""
-    why = f" ({d['last_error']})" if d.get("last_error") else ""
-    return (
-        f"{d['id']} {d['status']} {d['type']} to {to}, {d['attempts']} tries: {d['summary']}{why}"
-    )
+def _delivery_line(d: DeliveryPublic) -> str:
+    to = d.channel or d.target or ""
+    why = f" ({d.last_error})" if d.last_error else ""
+    return f"{d.id} {d.status} {d.type} to {to}, {d.attempts} tries: {d.summary}{why}"
 
 
 @floom_tool
 async def list_alert_channels(ctx: Context) -> Reply:
     """Alert channels (webhook, Slack, email): their settings name secrets, never values."""
     listing = await off(backend_of(ctx).alert_channels)
-    return Reply(_channels_text(listing["items"]), listing)
+    return Reply(_channels_text(listing.items), listing.to_json())
 
 
 @floom_tool
@@ -58,7 +56,8 @@ async def add_alert_channel(
 ) -> Reply:
     """Add an alert channel; every setting is checked now (a bad one changes nothing)."""
     channel = await off(backend_of(ctx).add_alert_channel, name, kind, config)
-    return Reply(f"added {kind} channel {name}; try it with test_alert_channel", channel)
+    text = f"added {kind} channel {name}; try it with test_alert_channel"
+    return Reply(text, channel.to_json())
 
 
 @floom_tool
@@ -67,7 +66,7 @@ async def test_alert_channel(
 ) -> Reply:
     """Send a test alert to a channel now; an error says why it did not arrive."""
     delivery = await off(backend_of(ctx).test_alert_channel, name)
-    return Reply(f"test alert delivered to {name} ({delivery['id']})", delivery)
+    return Reply(f"test alert delivered to {name} ({delivery.id})", delivery.to_json())
 
 
 @floom_tool
@@ -75,11 +74,11 @@ async def list_alert_rules(ctx: Context) -> Reply:
     """The global alert rules (a worker's own live in its worker.yml, `alerts:`)."""
     listing = await off(backend_of(ctx).alert_rules)
     lines = [
-        f"{r['name']}: {', '.join(r['events'])} of {r['worker'] or 'every worker'} -> "
-        f"{', '.join(r['channels'])}"
-        for r in listing["items"]
+        f"{r.name}: {', '.join(r.events)} of {r.worker or 'every worker'} -> "
+        f"{', '.join(r.channels)}"
+        for r in listing.items
     ]
-    return Reply("\n".join(lines) or "no global alert rule", listing)
+    return Reply("\n".join(lines) or "no global alert rule", listing.to_json())
 
 
 @floom_tool
@@ -103,7 +102,7 @@ async def add_alert_rule(
         "recovery": recovery,
     }
     added = await off(backend_of(ctx).add_alert_rule, rule)
-    return Reply(f"added rule {name}", added)
+    return Reply(f"added rule {name}", added.to_json())
 
 
 @floom_tool
@@ -125,8 +124,8 @@ async def list_alert_deliveries(
     page = await off(
         backend_of(ctx).alert_deliveries, {k: v for k, v in filters.items() if v is not None}
     )
-    text = "\n".join(_delivery_line(d) for d in page["items"]) or "no deliveries"
-    return Reply(text, page)
+    text = "\n".join(_delivery_line(d) for d in page.items) or "no deliveries"
+    return Reply(text, page.to_json())
 
 
 @floom_tool
@@ -135,7 +134,7 @@ async def resend_alert_delivery(
 ) -> Reply:
     """Send a failed or throttled delivery again (a delivered one as a new delivery)."""
     delivery = await off(backend_of(ctx).resend_alert_delivery, delivery_id)
-    return Reply(f"{delivery['id']} queued to send again", delivery)
+    return Reply(f"{delivery.id} queued to send again", delivery.to_json())
 
 
 # A test send reaches outside floom.
