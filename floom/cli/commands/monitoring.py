@@ -43,11 +43,13 @@ def nodes_list(as_json: JsonOpt = False) -> None:
         nodes = client.list_nodes().items
         # Warm pools live in a node's memory, not the store: the answering node's own.
         health = client.health()
-    warm = health.warm or {}
+    warm = health.warm
     if as_json:
         print_json(
             [
-                {**n.to_json(), "warm": warm} if n.id == health.node and warm else n.to_json()
+                {**n.to_json(), "warm": warm.to_json()}
+                if n.id == health.node and warm is not None
+                else n.to_json()
                 for n in nodes
             ]
         )
@@ -67,22 +69,22 @@ def nodes_list(as_json: JsonOpt = False) -> None:
             f"{when(n.heartbeat_at)} ({n.silent_seconds:.0f}s ago)",
         )
     out.print(table)
-    if warm.get("enabled"):
+    if warm is not None and warm.enabled:
         out.print(
-            f"warm starts on {health.node}: {len(warm['pools'])} pools, "
-            f"{warm['hits']} hits, {warm['misses']} misses"
+            f"warm starts on {health.node}: {len(warm.pools)} pools, "
+            f"{warm.hits} hits, {warm.misses} misses"
         )
-        if warm["pools"]:
+        if warm.pools:
             pools = new_table("WORKER", "VERSION", "READY", "RUNNING", "HITS", "MISSES", "MiB")
-            for pool in warm["pools"]:
+            for pool in warm.pools:
                 pools.add_row(
-                    pool["worker"],
-                    pool["version"],
-                    str(pool["ready"]),
-                    str(pool["running"]),
-                    str(pool["hits"]),
-                    str(pool["misses"]),
-                    f"{pool['rss_bytes'] / 2**20:.0f}",
+                    pool.worker,
+                    pool.version,
+                    str(pool.ready),
+                    str(pool.running),
+                    str(pool.hits),
+                    str(pool.misses),
+                    f"{pool.rss_bytes / 2**20:.0f}",
                 )
             out.print(pools)
 
