@@ -36,7 +36,14 @@ from floom.client.wire import url_path as url_path
 from floom.client_env import admin_key_file, client_base_url
 from floom.errors import ClientError, FloomError, TooManyWaits
 from floom.schemas.admin import KeyCreated, KeyPublic, SecretDeleted, SecretPublic, SecretSet
-from floom.schemas.alerts import CallbackKey, ChannelList, ChannelPublic, RuleList, RulePublic
+from floom.schemas.alerts import (
+    CallbackKey,
+    ChannelList,
+    ChannelPublic,
+    RuleCreate,
+    RuleList,
+    RulePublic,
+)
 from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.health import Health
@@ -612,8 +619,9 @@ class FloomClient:
     def list_alert_rules(self) -> RuleList:
         return RuleList.model_validate(self.alert_request("GET", "rules"))
 
-    def add_alert_rule(self, rule: dict[str, Any]) -> RulePublic:
-        return RulePublic.model_validate(self.alert_request("POST", "rules", json=rule))
+    def add_alert_rule(self, rule: RuleCreate) -> RulePublic:
+        answer = self.alert_request("POST", "rules", json=rule.model_dump())
+        return RulePublic.model_validate(answer)
 
     def delete_alert_rule(self, name: str) -> None:
         self.alert_request("DELETE", f"rules/{url_path(name)}")

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import new_table, out, print_json, when
+from floom.schemas.alerts import RuleCreate
 
 STATE_STYLE = {"live": "green", "lost": "bold red", "stopped": "dim"}
 DELIVERY_STYLE = {
@@ -227,13 +228,9 @@ def rule_add(
     as_json: JsonOpt = False,
 ) -> None:
     """Add a global rule: which events go to which channels."""
-    rule = {
-        "name": name,
-        "events": events,
-        "channels": channels,
-        "worker": worker,
-        "recovery": not no_recovery,
-    }
+    rule = RuleCreate(
+        name=name, events=events, channels=channels, worker=worker, recovery=not no_recovery
+    )
     with open_client() as client:
         added = client.add_alert_rule(rule)
     if as_json:

@@ -12,7 +12,7 @@ from typing import Any
 
 from floom.errors import FloomError
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
-from floom.schemas.alerts import ChannelList, ChannelPublic, RuleList, RulePublic
+from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
 from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
@@ -236,7 +236,7 @@ class Backend(abc.ABC):
         """{"items": [rule]}: the global rules (read scope)."""
         raise NotAvailable("alerts are not available here")
 
-    def add_alert_rule(self, rule: JSON) -> RulePublic:
+    def add_alert_rule(self, rule: RuleCreate) -> RulePublic:
         """A new global rule (deploy scope); code alert_rule_invalid names the field."""
         raise NotAvailable("alerts are not available here")
 

@@ -18,7 +18,7 @@ from floom.schemas import handoffs as handoff_models
 from floom.schemas import replays as replay_views
 from floom.schemas import workers as worker_models
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
-from floom.schemas.alerts import ChannelList, ChannelPublic, RuleList, RulePublic
+from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
 from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
@@ -307,16 +307,8 @@ class LocalBackend(Backend):
         rows = alert_rules.list_rules(self.ctx, caller=self.principal)
         return alert_views.RuleList(items=[alert_views.rule_public(r) for r in rows])
 
-    def add_alert_rule(self, rule: JSON) -> RulePublic:
-        row = alert_rules.create_rule(
-            self.ctx,
-            name=str(rule.get("name") or ""),
-            events=rule.get("events"),
-            channels=rule.get("channels"),
-            worker=rule.get("worker"),
-            recovery=rule.get("recovery", True),
-            caller=self.principal,
-        )
+    def add_alert_rule(self, rule: RuleCreate) -> RulePublic:
+        row = alert_rules.create_rule(self.ctx, **rule.model_dump(), caller=self.principal)
         return alert_views.rule_public(row)
 
     def alert_deliveries(self, filters: JSON) -> Page[AlertDelivery]:

@@ -13,7 +13,7 @@ from floom.client_env import admin_key_file
 from floom.errors import ClientError, Conflict, FloomError
 from floom.mcp.backends.base import JSON, Backend, NotAvailable
 from floom.schemas.admin import KeyPublic, SecretDeleted, SecretPublic, SecretSet
-from floom.schemas.alerts import ChannelList, ChannelPublic, RuleList, RulePublic
+from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
 from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
@@ -256,7 +256,7 @@ class RestBackend(Backend):
         self._offers("/api/v1/alerts/rules", "alerts")
         return self.client.list_alert_rules()
 
-    def add_alert_rule(self, rule: JSON) -> RulePublic:
+    def add_alert_rule(self, rule: RuleCreate) -> RulePublic:
         self._offers("/api/v1/alerts/rules", "alerts")
         return self.client.add_alert_rule(rule)
 

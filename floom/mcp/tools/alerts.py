@@ -11,7 +11,7 @@ from pydantic import Field
 
 from floom.mcp.render import Reply
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
-from floom.schemas.alerts import ChannelPublic, DeliveryPublic
+from floom.schemas.alerts import ChannelPublic, DeliveryPublic, RuleCreate
 from floom.schemas.common import OneOf
 from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus
 
@@ -94,13 +94,7 @@ async def add_alert_rule(
     recovery: Annotated[bool, Field(description="send the recovery too")] = True,
 ) -> Reply:
     """Add a global alert rule: which events go to which channels."""
-    rule = {
-        "name": name,
-        "events": events,
-        "channels": channels,
-        "worker": worker,
-        "recovery": recovery,
-    }
+    rule = RuleCreate(name=name, events=events, channels=channels, worker=worker, recovery=recovery)
     added = await off(backend_of(ctx).add_alert_rule, rule)
     return Reply(f"added rule {name}", added.to_json())
 
