@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
-from typing import Any
 
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp_types import CallToolResult, TextContent
@@ -13,6 +12,7 @@ from pydantic import ValidationError
 
 from floom.errors import FloomError, InvalidRequest, NotFound
 from floom.hints.mcp import for_mcp
+from floom.schemas.common import ErrorDetail
 
 log = logging.getLogger("floom.mcp")
 
@@ -20,40 +20,32 @@ log = logging.getLogger("floom.mcp")
 EXPECTED_ERRORS: tuple[type[Exception], ...] = (FloomError,)
 
 
-def describe(exc: BaseException) -> dict[str, Any]:
-    """{"code", "message", "hint"[, "details"]} of a floom error; a generic one for anything
+def describe(exc: BaseException) -> ErrorDetail:
+    """The code, message, hint (and details) of a floom error; a generic one for anything
     else, whose text stays in the server log because it may hold internals."""
     if isinstance(exc, FloomError):
         # The services name CLI commands; an agent over MCP gets the tools that do the same.
         tell = (lambda text: text) if exc.as_written else for_mcp
-        body: dict[str, Any] = {
-            "code": exc.code,
-            "message": tell(exc.message),
-            "hint": tell(exc.hint),
-        }
-        if exc.details is not None:
-            body["details"] = exc.details
-        return body
+        details = {} if exc.details is None else {"details": exc.details}
+        return ErrorDetail(
+            code=exc.code, message=tell(exc.message) or "", hint=tell(exc.hint), **details
+        )
     log.error("MCP tool failed unexpectedly", exc_info=exc)
-    return {
-        "code": "internal",
-        "message": "floom hit an unexpected error",
-        "hint": "the log of the floom MCP server has the details",
-    }
+    return ErrorDetail(
+        code="internal",
+        message="floom hit an unexpected error",
+        hint="the log of the floom MCP server has the details",
+    )
 
 
-def error_text(error: dict[str, Any]) -> str:
-    lines = [f"error [{error['code']}]: {error['message']}"]
-    for item in error.get("details") or []:
-        if (
-            isinstance(item, dict)
-            and item.get("message")
-            and item["message"] not in error["message"]
-        ):
+def error_text(error: ErrorDetail) -> str:
+    lines = [f"error [{error.code}]: {error.message}"]
+    for item in error.details if isinstance(error.details, list) else []:
+        if isinstance(item, dict) and item.get("message") and item["message"] not in error.message:
             where = f"{item['path']}: " if item.get("path") else ""
             lines.append(f"  {where}{item['message']}")
-    if error.get("hint"):
-        lines.append(f"hint: {error['hint']}")
+    if error.hint:
+        lines.append(f"hint: {error.hint}")
     return "\n".join(lines)
 
 
@@ -64,8 +56,11 @@ _TOOL_CALL = re.compile(r"\b([a-z][a-z0-9_]*)\((?:[^()]*)\)")
 def for_scope(result: CallToolResult, lacked: Callable[[str], str | None]) -> CallToolResult:
     """An error result whose hint names each tool the caller may not call together with the
     scope it needs: a key does not see such a tool in tools/list, and calling it is refused."""
-    error = (result.structured_content or {}).get("error") if result.is_error else None
-    if not isinstance(error, dict) or not isinstance(error.get("hint"), str):
+    body = (result.structured_content or {}).get("error") if result.is_error else None
+    if not isinstance(body, dict):
+        return result
+    error = ErrorDetail.model_validate(body)
+    if error.hint is None:
         return result
 
     def mark(match: re.Match[str]) -> str:
@@ -74,13 +69,13 @@ def for_scope(result: CallToolResult, lacked: Callable[[str], str | None]) -> Ca
             return match.group(0)
         return f"{match.group(0)} (a tool for a key with the '{scope}' scope, which this key lacks)"
 
-    hint = _TOOL_CALL.sub(mark, error["hint"])
-    if hint == error["hint"]:
+    hint = _TOOL_CALL.sub(mark, error.hint)
+    if hint == error.hint:
         return result
-    told = {**error, "hint": hint}
+    told = error.model_copy(update={"hint": hint})
     return CallToolResult(
         content=[TextContent(type="text", text=error_text(told))],
-        structured_content={**(result.structured_content or {}), "error": told},
+        structured_content={**(result.structured_content or {}), "error": told.to_json()},
         is_error=True,
     )
 
@@ -90,7 +85,7 @@ def tool_error(exc: BaseException) -> CallToolResult:
     error = describe(exc)
     return CallToolResult(
         content=[TextContent(type="text", text=error_text(error))],
-        structured_content={"error": error},
+        structured_content={"error": error.to_json()},
         is_error=True,
     )
 
@@ -99,7 +94,7 @@ def resource_error(exc: BaseException) -> ResourceError:
     """The error to raise from a resource read (a protocol error: resources have no isError)."""
     error = describe(exc)
     text = error_text(error).replace("\n", "; ")
-    if error["code"] == "not_found":
+    if error.code == "not_found":
         return ResourceNotFoundError(text)
     return ResourceError(text)
 
