@@ -165,3 +165,21 @@ class DeliveryStatus(StrEnum):
     DELIVERED = "delivered"
     FAILED = "failed"
     THROTTLED = "throttled"
+
+
+class PreviousAttempt(StrEnum):
+    """How the attempt before a run's current one ended, as the run keeps it and the next
+    attempt's script reads it in $FLOOM_PREVIOUS_ATTEMPT."""
+
+    INTERRUPTED = "interrupted"  # its node shut down while it ran
+    LOST = "lost"  # its node died or stopped renewing its lease
+    FAILED = "failed"  # it failed and is retried
+
+
+class NodeState(StrEnum):
+    """A node as the nodes table shows it: live (renewing its lease), lost (silent past its
+    lease), or stopped (it said so)."""
+
+    LIVE = "live"
+    LOST = "lost"
+    STOPPED = "stopped"

@@ -29,6 +29,8 @@ from floom.vocabulary import (
     DeliveryStatus,
     JobPriority,
     JobStatus,
+    NodeState,
+    PreviousAttempt,
     RunStatus,
     RunTrigger,
     ToolCallStatus,
@@ -89,6 +91,8 @@ JobPriorityWord = Annotated[JobPriority, OneOf(JobPriority)]
 ChannelKindWord = Annotated[ChannelKind, OneOf(ChannelKind)]
 DeliveryPurposeWord = Annotated[DeliveryPurpose, OneOf(DeliveryPurpose)]
 DeliveryStatusWord = Annotated[DeliveryStatus, OneOf(DeliveryStatus)]
+NodeStateWord = Annotated[NodeState, OneOf(NodeState)]
+PreviousAttemptWord = Annotated[PreviousAttempt, OneOf(PreviousAttempt)]
 
 
 class Public(BaseModel):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from floom.schemas.common import Public, Timestamp
+from floom.schemas.common import NodeStateWord, Public, Timestamp
 
 if TYPE_CHECKING:
     from floom.services.ops.nodes import NodeView
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 class NodePublic(Public):
     id: str
-    state: Literal["live", "lost", "stopped"] = Field(
+    state: NodeStateWord = Field(
         description="lost: silent for longer than its lease (its runs are requeued by then); "
         "stopped: shut down cleanly"
     )

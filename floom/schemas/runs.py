@@ -10,6 +10,7 @@ from floom import jsonvalues
 from floom.schemas.common import (
     ApprovalKindWord,
     ApprovalStatusWord,
+    PreviousAttemptWord,
     Public,
     RunErrorCodeWord,
     RunStatusWord,
@@ -70,11 +71,10 @@ class RunPublic(Public):
     exit_code: int | None
     attempt: int
     max_attempts: int
-    previous_attempt: str | None = Field(
+    previous_attempt: PreviousAttemptWord | None = Field(
         None,
         description="how the attempt before this one ended: interrupted (its node shut "
         "down), lost (its node died) or failed (retried); null on a first attempt",
-        json_schema_extra={"enum": ["interrupted", "lost", "failed", None]},
     )
     replay_of: str | None
     retry_of: str | None

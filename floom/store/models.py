@@ -24,7 +24,14 @@ from sqlalchemy import (
 from sqlmodel import Field, SQLModel
 
 from floom.errors import RunErrorCode
-from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus, RunStatus, RunTrigger
+from floom.vocabulary import (
+    ChannelKind,
+    DeliveryPurpose,
+    DeliveryStatus,
+    PreviousAttempt,
+    RunStatus,
+    RunTrigger,
+)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -189,7 +196,9 @@ class Run(SQLModel, table=True):
     max_attempts: int = 1
     # How the attempt before this one ended (interrupted, lost, failed); kept once the run
     # ends, while error_code then says how the run ended.
-    previous_attempt: str | None = Field(default=None, max_length=16)
+    previous_attempt: PreviousAttempt | None = Field(
+        default=None, sa_type=Words(PreviousAttempt, 16)
+    )
     concurrency: int | None = None
     replay_of: str | None = Field(default=None, max_length=40)
     retry_of: str | None = Field(default=None, max_length=40)

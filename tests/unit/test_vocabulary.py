@@ -10,8 +10,10 @@ import importlib
 import pkgutil
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import SQLModel
 
@@ -20,6 +22,7 @@ from floom.cli.commands.approvals import APPROVAL_STYLES, TOOL_STYLES
 from floom.cli.console import STATUS_STYLES
 from floom.errors import RunErrorCode
 from floom.sandbox.base import SandboxUnavailable
+from floom.schemas.common import OneOf, RunStatusWord
 from floom.store import agents, models
 from floom.store import handoffs as handoff_tables
 from floom.store import triggers as trigger_tables
@@ -31,6 +34,8 @@ from floom.vocabulary import (
     DeliveryStatus,
     JobPriority,
     JobStatus,
+    NodeState,
+    PreviousAttempt,
     RunStatus,
     RunTrigger,
     ToolCallStatus,
@@ -53,6 +58,7 @@ COLUMNS: list[tuple[type[SQLModel], str, type[StrEnum]]] = [
     (models.AlertChannel, "kind", ChannelKind),
     (models.Delivery, "purpose", DeliveryPurpose),
     (models.Delivery, "status", DeliveryStatus),
+    (models.Run, "previous_attempt", PreviousAttempt),
 ]
 
 
@@ -71,6 +77,24 @@ def test_each_word_fits_the_string_column_that_stores_it(
     length = getattr(column.type, "length", None)
     assert isinstance(length, int), (name, column.type)
     assert max(len(word) for word in words) <= length
+
+
+def test_a_stored_word_reads_back_as_its_member_and_an_unknown_one_as_its_string() -> None:
+    column = models.Words(RunStatus, 24)
+    read = column.process_result_value("failed", sqlite.dialect())
+    assert read is RunStatus.FAILED
+    # A word a newer node wrote is shown as it is, not refused.
+    assert column.process_result_value("paused_forever", None) == "paused_forever"
+    assert column.process_bind_param(RunStatus.QUEUED, None) == "queued"
+    assert type(column.process_bind_param(RunStatus.QUEUED, None)) is str
+
+
+def test_an_answer_keeps_an_unknown_word_and_an_argument_refuses_it() -> None:
+    answer = TypeAdapter(RunStatusWord)
+    assert answer.validate_python("queued") is RunStatus.QUEUED
+    assert answer.validate_python("paused_forever") == "paused_forever"
+    with pytest.raises(ValidationError):
+        TypeAdapter(Annotated[RunStatus, OneOf(RunStatus, strict=True)]).validate_python("x")
 
 
 def test_every_run_error_code_is_explained_in_the_catalogue() -> None:
@@ -149,6 +173,8 @@ FIELDS: dict[str, set[str]] = {
     "trigger": set(RunTrigger),
     "kind": {*ApprovalKind, *TriggerKind, *ChannelKind},
     "purpose": set(DeliveryPurpose),
+    "previous_attempt": set(PreviousAttempt),
+    "state": set(NodeState),
     "error_code": set(RunErrorCode),
 }
 # Modules with closed sets of their own that share some words (none left: each set is an enum).

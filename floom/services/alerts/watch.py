@@ -36,7 +36,7 @@ from floom.store.nodes import Node
 from floom.store.triggers import Trigger, TriggerFire, WebhookDelivery
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec
-from floom.vocabulary import ApprovalStatus, TriggerKind
+from floom.vocabulary import ApprovalStatus, NodeState, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -370,8 +370,8 @@ def watch_nodes(ctx: Context, *, now: datetime) -> int:
     seen = []
     for node in nodes:
         subject = f"node:{node.id}"
-        state = "stopped" if node.stopped_at is not None else state_of(node, now=now)[0]
-        if state == "lost":
+        state = NodeState.STOPPED if node.stopped_at is not None else state_of(node, now=now)[0]
+        if state == NodeState.LOST:
             seen.append(
                 Seen(
                     key=f"{subject}:{node.heartbeat_at.isoformat()}:lost",
@@ -392,7 +392,8 @@ def watch_nodes(ctx: Context, *, now: datetime) -> int:
                     kind="recovered",
                     subject=subject,
                     what=RECOVERY,
-                    summary=f"node {node.id} is {'back' if state == 'live' else 'stopped cleanly'}",
+                    summary=f"node {node.id} is "
+                    + ("back" if state == NodeState.LIVE else "stopped cleanly"),
                     at=now,
                     details={"node": node.id},
                 )

@@ -8,7 +8,7 @@ import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select as core_select
 from sqlalchemy.engine import Engine
@@ -19,12 +19,12 @@ from floom.services.access.principal import Principal
 from floom.store.db import session_scope
 from floom.store.models import utcnow
 from floom.store.nodes import Node
+from floom.vocabulary import NodeState
 
 if TYPE_CHECKING:
     from floom.services.context import Context
     from floom.store.db import Reader
 
-NodeState = Literal["live", "lost", "stopped"]
 # Rows of nodes gone this long are dropped when a node registers, so the list stays about
 # the cluster as it is, not every container that ever ran.
 FORGET_AFTER = timedelta(days=1)
@@ -136,9 +136,9 @@ def _heard_within(heartbeat_at: datetime, lease_seconds: float, *, now: datetime
 def state_of(node: Node, *, now: datetime) -> tuple[NodeState, float]:
     silent = max(0.0, (now - node.heartbeat_at).total_seconds())
     if node.stopped_at is not None:
-        return "stopped", silent
+        return NodeState.STOPPED, silent
     live = _heard_within(node.heartbeat_at, node.lease_seconds, now=now)
-    return ("live" if live else "lost"), silent
+    return (NodeState.LIVE if live else NodeState.LOST), silent
 
 
 # What a queued run's answers say (REST, the CLI, MCP, its page) while no executor is live.
@@ -153,7 +153,9 @@ def live_nodes(engine: Engine) -> list[Node]:
     now = utcnow()
     with session_scope(engine) as s:
         rows = s.exec(select(Node).where(col(Node.stopped_at).is_(None))).all()
-    return sorted((n for n in rows if state_of(n, now=now)[0] == "live"), key=lambda n: n.id)
+    return sorted(
+        (n for n in rows if state_of(n, now=now)[0] == NodeState.LIVE), key=lambda n: n.id
+    )
 
 
 def runs_runs(node: Node) -> bool:
@@ -175,5 +177,5 @@ def list_nodes(ctx: Context, *, caller: Principal) -> list[NodeView]:
     with session_scope(ctx.engine) as s:
         rows = s.exec(select(Node).where(col(Node.heartbeat_at) >= now - FORGET_AFTER)).all()
     views = [NodeView(node, *state_of(node, now=now)) for node in rows]
-    order = {"live": 0, "lost": 1, "stopped": 2}
+    order = {state: i for i, state in enumerate(NodeState)}
     return sorted(views, key=lambda v: (order[v.state], v.node.id))

@@ -25,6 +25,7 @@ from floom.store.db import driver_reason, make_engine
 from floom.store.migrate import migrate
 from floom.store.models import utcnow
 from floom.store.nodes import Node
+from floom.vocabulary import NodeState
 
 # Rows held in memory at once: blobs hold archives and artifacts of up to tens of MiB.
 BATCH_ROWS = 200
@@ -137,7 +138,7 @@ def _refuse_served(engine: Engine, url: str) -> None:
     now = utcnow()
     with Session(engine) as s:
         rows = s.exec(select_rows(Node).where(col(Node.stopped_at).is_(None))).all()
-    live = [n for n in rows if state_of(n, now=now)[0] == "live"]
+    live = [n for n in rows if state_of(n, now=now)[0] == NodeState.LIVE]
     if not live:
         return
     node = live[0]

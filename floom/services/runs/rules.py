@@ -32,7 +32,7 @@ from floom.services.runs.statuses import STATUSES as STATUSES
 from floom.services.runs.statuses import SUCCEEDED as SUCCEEDED
 from floom.services.runs.statuses import TIMED_OUT as TIMED_OUT
 from floom.services.runs.statuses import WAITING as WAITING
-from floom.vocabulary import RunStatus
+from floom.vocabulary import PreviousAttempt, RunStatus
 
 if TYPE_CHECKING:
     from floom.store.models import Run
@@ -183,7 +183,7 @@ class RunFields:
     error_message: str | None
     attempt: int
     max_attempts: int
-    previous_attempt: str | None
+    previous_attempt: PreviousAttempt | None
 
     @classmethod
     def of(cls, run: Run) -> RunFields:
@@ -212,7 +212,7 @@ def requeue_next_attempt(
     """
     transition(run, QUEUED, by=by)
     run.error_code = ended
-    run.previous_attempt = {INTERRUPTED: "interrupted", EXECUTOR_LOST: "lost"}.get(ended, "failed")
+    run.previous_attempt = _PREVIOUS.get(ended, PreviousAttempt.FAILED)
     run.attempt += 1
     if not counts_as_attempt:
         run.max_attempts += 1
@@ -224,9 +224,10 @@ def requeue_next_attempt(
 # in `previous_attempt` and the script of the next one sees it in $FLOOM_PREVIOUS_ATTEMPT.
 INTERRUPTED = RunErrorCode.INTERRUPTED
 EXECUTOR_LOST = RunErrorCode.EXECUTOR_LOST
+_PREVIOUS = {INTERRUPTED: PreviousAttempt.INTERRUPTED, EXECUTOR_LOST: PreviousAttempt.LOST}
 
 
-def previous_attempt(run: Run) -> str | None:
+def previous_attempt(run: Run) -> PreviousAttempt | None:
     """How the attempt before this one ended: `interrupted` (its node shut down while it
     ran), `lost` (its node died or stopped renewing its lease), `failed` (it failed and is
     retried), or None on a first attempt. A worker with side effects checks it to avoid
