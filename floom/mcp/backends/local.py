@@ -4,7 +4,6 @@ the API key the MCP client sent, whose scope decides what it may do."""
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +11,7 @@ import anyio.to_thread
 
 from floom.errors import Conflict
 from floom.mcp.backends.base import JSON, Backend
+from floom.mcp.catalog import CatalogWorker
 from floom.schemas import admin as admin_models
 from floom.schemas import alerts as alert_views
 from floom.schemas import handoffs as handoff_models
@@ -90,9 +90,9 @@ class CatalogSource:
     def __init__(self, ctx: Callable[[], Context], *, cap: int = 1000) -> None:
         self._ctx = ctx
         self._cap = cap
-        self._seen: dict[str, tuple[str | None, JSON]] = {}
+        self._seen: dict[str, tuple[str | None, CatalogWorker]] = {}
 
-    def __call__(self) -> list[JSON]:
+    def __call__(self) -> list[CatalogWorker]:
         ctx = self._ctx()
         rows: list[Worker] = []
         cursor: str | None = None
@@ -101,7 +101,7 @@ class CatalogSource:
             rows.extend(page)
             if not cursor:
                 break
-        seen: dict[str, tuple[str | None, JSON]] = {}
+        seen: dict[str, tuple[str | None, CatalogWorker]] = {}
         for w in rows[: self._cap]:
             known = self._seen.get(w.name)
             if known is None or known[0] != w.active_version_id:
@@ -110,8 +110,10 @@ class CatalogSource:
                     version = workers.get_version(
                         ctx, version_id=w.active_version_id, caller=SYSTEM
                     )
-                    manifest = json.loads(version.manifest_json)
-                known = (w.active_version_id, {"name": w.name, "manifest": manifest})
+                    manifest = workers.manifest_of(version)
+                # The kind is left out, as this listing always has (a gated agent's tool is
+                # described by its approvals alone here).
+                known = (w.active_version_id, CatalogWorker(w.name, None, manifest))
             seen[w.name] = known
         self._seen = seen
         return [body for _, body in seen.values()]
