@@ -52,6 +52,7 @@ from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
+    ApprovalQuery,
     ArtifactPublic,
     LogPage,
     RunDetail,
@@ -673,20 +674,9 @@ class FloomClient:
 
     # -- approvals -----------------------------------------------------------------------------
 
-    def list_approvals(
-        self,
-        *,
-        status: str | None = "pending",
-        run_id: str | None = None,
-        worker: str | None = None,
-        cursor: str | None = None,
-        limit: int | None = None,
-    ) -> Page[ApprovalPublic]:
+    def list_approvals(self, query: ApprovalQuery) -> Page[ApprovalPublic]:
         """Approvals oldest first; status pending (default), approved, rejected or all."""
-        params = self._params(
-            status=status, run_id=run_id, worker=worker, cursor=cursor, limit=limit
-        )
-        result = self.request_json("GET", "/api/v1/approvals", params=params)
+        result = self.request_json("GET", "/api/v1/approvals", params=query.params())
         return Page[ApprovalPublic].model_validate(result)
 
     def get_approval(self, approval_id: str) -> ApprovalPublic:

@@ -27,6 +27,7 @@ from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
+    ApprovalQuery,
     ArtifactPublic,
     LogPage,
     RunDetail,
@@ -259,14 +260,7 @@ class Backend(abc.ABC):
         """Pause or resume a worker (or one trigger, by id); returns the trigger listing."""
 
     @abc.abstractmethod
-    def list_approvals(
-        self,
-        *,
-        status: str | None = None,
-        worker: str | None = None,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> Page[ApprovalPublic]:
+    def list_approvals(self, query: ApprovalQuery) -> Page[ApprovalPublic]:
         """{"items": [approval], "next_cursor"}: oldest first, a page at a time."""
 
     @abc.abstractmethod

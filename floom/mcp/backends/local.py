@@ -33,6 +33,7 @@ from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
+    ApprovalQuery,
     ArtifactPublic,
     LogPage,
     RunDetail,
@@ -372,21 +373,10 @@ class LocalBackend(Backend):
         )
         return listing
 
-    def list_approvals(
-        self,
-        *,
-        status: str | None = None,
-        worker: str | None = None,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> Page[ApprovalPublic]:
+    def list_approvals(self, query: ApprovalQuery) -> Page[ApprovalPublic]:
+        pending = query.model_copy(update={"status": query.status or approvals.PENDING})
         rows, next_cursor = approvals.list_approvals(
-            self.ctx,
-            status=status or "pending",
-            worker=worker,
-            cursor=cursor,
-            limit=limit,
-            caller=self.principal,
+            self.ctx, **pending.model_dump(), caller=self.principal
         )
         return run_views.approval_page(rows, next_cursor)
 

@@ -28,6 +28,7 @@ from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
+    ApprovalQuery,
     ArtifactPublic,
     LogPage,
     RunDetail,
@@ -296,16 +297,9 @@ class RestBackend(Backend):
         self._offers("/api/v1/workers/{name}/pause", "pausing and resuming")
         return self.client.set_paused(name, paused=paused, trigger_id=trigger)
 
-    def list_approvals(
-        self,
-        *,
-        status: str | None = None,
-        worker: str | None = None,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> Page[ApprovalPublic]:
+    def list_approvals(self, query: ApprovalQuery) -> Page[ApprovalPublic]:
         self._offers("/api/v1/approvals", "approvals")
-        return self.client.list_approvals(status=status, worker=worker, cursor=cursor, limit=limit)
+        return self.client.list_approvals(query)
 
     def decide_approval(
         self,
