@@ -37,6 +37,15 @@ from floom.client_env import admin_key_file, client_base_url
 from floom.errors import ClientError, FloomError, TooManyWaits
 from floom.hints import act, told
 from floom.schemas.admin import KeyCreated, KeyPublic, SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import (
+    CallbackKey,
+    ChannelList,
+    ChannelPublic,
+    RuleCreate,
+    RuleList,
+    RulePublic,
+)
+from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.health import Health
 from floom.schemas.nodes import NodeList
@@ -44,6 +53,7 @@ from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
+    ApprovalQuery,
     ArtifactPublic,
     LogPage,
     RunDetail,
@@ -98,7 +108,7 @@ def _error_from(response: httpx.Response) -> FloomError:
 
 class FloomClient:
     """One method per REST route; results are the public models of floom/schemas, validated
-    from the JSON bodies (the alerts calls answer the decoded JSON)."""
+    from the JSON bodies."""
 
     def __init__(
         self,
@@ -594,61 +604,48 @@ class FloomClient:
         """A call of the alerts API (/api/v1/alerts/...): channels, rules, deliveries."""
         return self.request_json(method, f"/api/v1/alerts/{path}", **kwargs)
 
-    def list_alert_channels(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("GET", "channels")
-        return result
+    def list_alert_channels(self) -> ChannelList:
+        return ChannelList.model_validate(self.alert_request("GET", "channels"))
 
-    def add_alert_channel(self, name: str, kind: str, config: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request(
-            "POST", "channels", json={"name": name, "kind": kind, "config": config}
-        )
-        return result
+    def add_alert_channel(self, name: str, kind: str, config: dict[str, Any]) -> ChannelPublic:
+        body = {"name": name, "kind": kind, "config": config}
+        return ChannelPublic.model_validate(self.alert_request("POST", "channels", json=body))
 
-    def update_alert_channel(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request(
-            "PUT", f"channels/{url_path(name)}", json={"config": config}
-        )
-        return result
+    def update_alert_channel(self, name: str, config: dict[str, Any]) -> ChannelPublic:
+        answer = self.alert_request("PUT", f"channels/{url_path(name)}", json={"config": config})
+        return ChannelPublic.model_validate(answer)
 
     def delete_alert_channel(self, name: str) -> None:
         self.alert_request("DELETE", f"channels/{url_path(name)}")
 
-    def test_alert_channel(self, name: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("POST", f"channels/{url_path(name)}/test")
-        return result
+    def test_alert_channel(self, name: str) -> AlertDelivery:
+        answer = self.alert_request("POST", f"channels/{url_path(name)}/test")
+        return AlertDelivery.model_validate(answer)
 
-    def list_alert_rules(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("GET", "rules")
-        return result
+    def list_alert_rules(self) -> RuleList:
+        return RuleList.model_validate(self.alert_request("GET", "rules"))
 
-    def add_alert_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("POST", "rules", json=rule)
-        return result
+    def add_alert_rule(self, rule: RuleCreate) -> RulePublic:
+        answer = self.alert_request("POST", "rules", json=rule.model_dump())
+        return RulePublic.model_validate(answer)
 
-    def set_alert_rule_enabled(self, name: str, enabled: bool) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request(
-            "PATCH", f"rules/{url_path(name)}", json={"enabled": enabled}
-        )
-        return result
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> RulePublic:
+        answer = self.alert_request("PATCH", f"rules/{url_path(name)}", json={"enabled": enabled})
+        return RulePublic.model_validate(answer)
 
     def delete_alert_rule(self, name: str) -> None:
         self.alert_request("DELETE", f"rules/{url_path(name)}")
 
-    def list_alert_deliveries(self, **filters: Any) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request(
-            "GET", "deliveries", params=self._params(**filters)
-        )
-        return result
+    def list_alert_deliveries(self, **filters: Any) -> Page[AlertDelivery]:
+        answer = self.alert_request("GET", "deliveries", params=self._params(**filters))
+        return Page[AlertDelivery].model_validate(answer)
 
-    def resend_alert_delivery(self, delivery_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request(
-            "POST", f"deliveries/{url_path(delivery_id)}/resend"
-        )
-        return result
+    def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
+        answer = self.alert_request("POST", f"deliveries/{url_path(delivery_id)}/resend")
+        return AlertDelivery.model_validate(answer)
 
-    def callback_key(self) -> dict[str, Any]:
-        result: dict[str, Any] = self.alert_request("GET", "callback-key")
-        return result
+    def callback_key(self) -> CallbackKey:
+        return CallbackKey.model_validate(self.alert_request("GET", "callback-key"))
 
     # -- secrets and keys ----------------------------------------------------------------------
 
@@ -686,20 +683,9 @@ class FloomClient:
 
     # -- approvals -----------------------------------------------------------------------------
 
-    def list_approvals(
-        self,
-        *,
-        status: str | None = "pending",
-        run_id: str | None = None,
-        worker: str | None = None,
-        cursor: str | None = None,
-        limit: int | None = None,
-    ) -> Page[ApprovalPublic]:
+    def list_approvals(self, query: ApprovalQuery) -> Page[ApprovalPublic]:
         """Approvals oldest first; status pending (default), approved, rejected or all."""
-        params = self._params(
-            status=status, run_id=run_id, worker=worker, cursor=cursor, limit=limit
-        )
-        result = self.request_json("GET", "/api/v1/approvals", params=params)
+        result = self.request_json("GET", "/api/v1/approvals", params=query.params())
         return Page[ApprovalPublic].model_validate(result)
 
     def get_approval(self, approval_id: str) -> ApprovalPublic:

@@ -10,7 +10,9 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
+from pydantic import ValidationError
 
+from floom.manifest.schema import FieldSpec, Manifest
 from floom.mcp.errors import EXPECTED_ERRORS
 from floom.schemas.common import Page
 from floom.schemas.workers import WorkerPublic
@@ -34,26 +36,36 @@ class ExposedWorker:
 
 
 @dataclass(frozen=True)
+class CatalogWorker:
+    """A deployed worker as the catalog reads it: its name, and its active version's kind (where
+    the listing tells it) and parsed manifest (None without an active version)."""
+
+    name: str
+    kind: str | None
+    manifest: Manifest | None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     workers: tuple[str, ...] = ()
     exposed: tuple[ExposedWorker, ...] = ()
 
 
-def input_schema(inputs: dict[str, Any]) -> dict[str, Any]:
+def input_schema(inputs: dict[str, FieldSpec]) -> dict[str, Any]:
     """A JSON Schema for a worker's declared inputs (the manifest's field specs)."""
     properties: dict[str, Any] = {}
     required: list[str] = []
     for name, spec in inputs.items():
-        prop: dict[str, Any] = {"type": _JSON_TYPES.get(spec.get("type"), spec.get("type"))}
-        if spec.get("type") == "file":
+        prop: dict[str, Any] = {"type": _JSON_TYPES.get(spec.type, spec.type)}
+        if spec.type == "file":
             prop["description"] = "file content as text"
-        if spec.get("description"):
-            prop["description"] = spec["description"]
-        if spec.get("enum"):
-            prop["enum"] = spec["enum"]
-        if spec.get("default") is not None:
-            prop["default"] = spec["default"]
-        elif spec.get("required"):
+        if spec.description:
+            prop["description"] = spec.description
+        if spec.enum:
+            prop["enum"] = spec.enum
+        if spec.default is not None:
+            prop["default"] = spec.default
+        elif spec.required:
             required.append(name)
         properties[name] = prop
     schema: dict[str, Any] = {"type": "object", "properties": properties}
@@ -62,17 +74,29 @@ def input_schema(inputs: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def exposed_worker(worker: dict[str, Any]) -> ExposedWorker | None:
-    """The tool of a worker body (as the REST API lists it), when its manifest exposes one."""
-    manifest = worker.get("manifest") or {}
-    if "mcp" not in (manifest.get("expose") or []):
+def catalog_worker(worker: WorkerPublic) -> CatalogWorker:
+    """A worker as the REST API lists it; a manifest this floom cannot read (a server of
+    another version) exposes no tool."""
+    manifest = None
+    if worker.manifest is not None:
+        try:
+            manifest = Manifest.model_validate(worker.manifest)
+        except ValidationError as exc:
+            log.debug("the manifest of worker %s is not readable here: %s", worker.name, exc)
+    return CatalogWorker(worker.name, worker.kind, manifest)
+
+
+def exposed_worker(worker: CatalogWorker) -> ExposedWorker | None:
+    """The tool of a worker, when its manifest exposes one."""
+    manifest = worker.manifest
+    if manifest is None or "mcp" not in manifest.expose:
         return None
-    timeout = float((manifest.get("limits") or {}).get("timeout_seconds") or 0) or 600.0
-    title = str(manifest.get("title") or worker["name"])
-    what = manifest.get("description") or title
+    timeout = float(manifest.limits.timeout_seconds or 0) or 600.0
+    title = manifest.title or worker.name
+    what = manifest.description or title
     # A run that may stop for a person (a run gate, an agent's gated tool) answers with the
     # approval to decide: the agent should expect that rather than outputs.
-    gated = (manifest.get("approvals") or {}).get("required") or worker.get("kind") == "agent"
+    gated = manifest.approvals.get("required") or worker.kind == "agent"
     waits = (
         " A run that waits for a person's approval returns what it proposes and its "
         "approval_id for decide_approval."
@@ -80,13 +104,13 @@ def exposed_worker(worker: dict[str, Any]) -> ExposedWorker | None:
         else ""
     )
     return ExposedWorker(
-        name=worker["name"],
+        name=worker.name,
         title=title,
         description=(
-            f"{what}\n\nRuns the floom worker '{worker['name']}' with these inputs and returns "
+            f"{what}\n\nRuns the floom worker '{worker.name}' with these inputs and returns "
             f"its outputs; a run still going after the wait returns its id for watch_run.{waits}"
         ),
-        input_schema=input_schema(manifest.get("inputs") or {}),
+        input_schema=input_schema(manifest.inputs),
         wait_seconds=min(timeout + 5.0, MAX_EXPOSED_WAIT_SECONDS),
     )
 
@@ -98,7 +122,7 @@ class Catalog:
     fails (server unreachable, no key configured), the previous view stays.
     """
 
-    def __init__(self, load: Callable[[], list[dict[str, Any]]]) -> None:
+    def __init__(self, load: Callable[[], list[CatalogWorker]]) -> None:
         self._load = load
         self._loaded = False
         self._lock = anyio.Lock()
@@ -118,7 +142,7 @@ class Catalog:
                 log.exception("loading the worker list for MCP failed")
                 return False
             snapshot = Snapshot(
-                workers=tuple(sorted(b["name"] for b in bodies)),
+                workers=tuple(sorted(b.name for b in bodies)),
                 exposed=tuple(e for b in bodies if (e := exposed_worker(b)) is not None),
             )
             changed = snapshot != self.snapshot
@@ -131,13 +155,13 @@ class Catalog:
 
 def all_workers(
     list_page: Callable[[str | None], Page[WorkerPublic]], *, cap: int = 1000
-) -> list[dict[str, Any]]:
-    """Every worker body (as JSON), page by page, up to `cap`."""
-    items: list[dict[str, Any]] = []
+) -> list[CatalogWorker]:
+    """Every worker, page by page, up to `cap`."""
+    items: list[CatalogWorker] = []
     cursor: str | None = None
     while len(items) < cap:
         page = list_page(cursor)
-        items.extend(w.to_json() for w in page.items)
+        items.extend(catalog_worker(w) for w in page.items)
         cursor = page.next_cursor
         if not cursor:
             break

@@ -6,7 +6,6 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
 
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp_types import CallToolResult, TextContent
@@ -15,6 +14,7 @@ from pydantic import ValidationError
 from floom.errors import FloomError, InvalidRequest, NotFound
 from floom.hints import Surface
 from floom.hints.surface import render
+from floom.schemas.common import ErrorDetail
 
 log = logging.getLogger("floom.mcp")
 
@@ -36,40 +36,37 @@ def scoped_hints(lacked: Callable[[str], str | None]) -> Iterator[None]:
         _LACKED.reset(token)
 
 
-def describe(exc: BaseException) -> dict[str, Any]:
-    """{"code", "message", "hint"[, "details"]} of a floom error; a generic one for anything
+def describe(exc: BaseException) -> ErrorDetail:
+    """The code, message, hint (and details) of a floom error; a generic one for anything
     else, whose text stays in the server log because it may hold internals."""
     if isinstance(exc, FloomError):
         # An agent over MCP gets the tools that do what a hint recommends (floom.hints.mcp);
         # an error written for the person at this machine's shell keeps its commands.
         surface: Surface = "cli" if exc.as_written else "mcp"
         lacked = _LACKED.get()
-        message = render(exc.said, surface=surface)
-        hint = render(exc.advice, surface=surface, lacked_tool=lacked)
-        body: dict[str, Any] = {"code": exc.code, "message": message, "hint": hint}
-        if exc.details is not None:
-            body["details"] = exc.details
-        return body
+        details = {} if exc.details is None else {"details": exc.details}
+        return ErrorDetail(
+            code=exc.code,
+            message=render(exc.said, surface=surface) or "",
+            hint=render(exc.advice, surface=surface, lacked_tool=lacked),
+            **details,
+        )
     log.error("MCP tool failed unexpectedly", exc_info=exc)
-    return {
-        "code": "internal",
-        "message": "floom hit an unexpected error",
-        "hint": "the log of the floom MCP server has the details",
-    }
+    return ErrorDetail(
+        code="internal",
+        message="floom hit an unexpected error",
+        hint="the log of the floom MCP server has the details",
+    )
 
 
-def error_text(error: dict[str, Any]) -> str:
-    lines = [f"error [{error['code']}]: {error['message']}"]
-    for item in error.get("details") or []:
-        if (
-            isinstance(item, dict)
-            and item.get("message")
-            and item["message"] not in error["message"]
-        ):
+def error_text(error: ErrorDetail) -> str:
+    lines = [f"error [{error.code}]: {error.message}"]
+    for item in error.details if isinstance(error.details, list) else []:
+        if isinstance(item, dict) and item.get("message") and item["message"] not in error.message:
             where = f"{item['path']}: " if item.get("path") else ""
             lines.append(f"  {where}{item['message']}")
-    if error.get("hint"):
-        lines.append(f"hint: {error['hint']}")
+    if error.hint:
+        lines.append(f"hint: {error.hint}")
     return "\n".join(lines)
 
 
@@ -78,7 +75,7 @@ def tool_error(exc: BaseException) -> CallToolResult:
     error = describe(exc)
     return CallToolResult(
         content=[TextContent(type="text", text=error_text(error))],
-        structured_content={"error": error},
+        structured_content={"error": error.to_json()},
         is_error=True,
     )
 
@@ -87,7 +84,7 @@ def resource_error(exc: BaseException) -> ResourceError:
     """The error to raise from a resource read (a protocol error: resources have no isError)."""
     error = describe(exc)
     text = error_text(error).replace("\n", "; ")
-    if error["code"] == "not_found":
+    if error.code == "not_found":
         return ResourceNotFoundError(text)
     return ResourceError(text)
 

@@ -33,7 +33,7 @@ from pydantic import AnyUrl
 from floom import __version__
 from floom.errors import FloomError
 from floom.mcp.backends.base import Backend
-from floom.mcp.catalog import Catalog, ExposedWorker
+from floom.mcp.catalog import Catalog, CatalogWorker, ExposedWorker
 from floom.mcp.errors import (
     bad_arguments,
     resource_error,
@@ -115,7 +115,7 @@ class FloomMCPServer(MCPServer[Any]):
         self,
         *,
         backend_for: BackendFactory,
-        load_workers: Callable[[], list[dict[str, Any]]],
+        load_workers: Callable[[], list[CatalogWorker]],
         poll_seconds: float = 5.0,
         instructions: str = INSTRUCTIONS,
         reads_local_folders: bool = False,

@@ -12,13 +12,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from floom.client.rest import FloomClient
 from floom.client_env import client_base_url
 from floom.errors import FloomError
 from floom.mcp.backends.rest import NotConfigured, RestBackend, principal_of_key
-from floom.mcp.catalog import all_workers
+from floom.mcp.catalog import CatalogWorker, all_workers
 from floom.mcp.server import INSTRUCTIONS, FloomMCPServer
 from floom.services.access.principal import SCOPES, Principal
 
@@ -118,7 +117,7 @@ def instructions_for(key: ConfiguredKey, about_key: str) -> str:
 
 
 def build_server(backend: RestBackend, *, instructions: str = INSTRUCTIONS) -> FloomMCPServer:
-    def load_workers() -> list[dict[str, Any]]:
+    def load_workers() -> list[CatalogWorker]:
         return all_workers(lambda cursor: backend.list_workers(cursor=cursor, limit=200))
 
     return FloomMCPServer(

@@ -14,6 +14,53 @@ class ExecutorHealth(Public):
     active: int
 
 
+class WarmPool(Public):
+    """One pool of warm processes: a worker version's ready and running children."""
+
+    version: str
+    worker: str
+    ready: int
+    running: int
+    hits: int
+    misses: int
+    modules: int
+    warm_processes_started: int
+    rss_bytes: int
+
+
+class E2BWarmPool(Public):
+    """E2B sandboxes created ahead for one template and network setting."""
+
+    template: str
+    network: bool
+    ready: int
+    creating: int
+    running: int
+    hits: int
+    misses: int
+    replaced: int
+
+
+class E2BWarmHealth(Public):
+    """FLOOM_E2B_WARM's pools on this node."""
+
+    enabled: bool
+    count: int
+    budget: int
+    idle_seconds: float
+    hits: int
+    misses: int
+    pools: list[E2BWarmPool]
+
+
+class WarmHealth(Public):
+    enabled: bool
+    pools: list[WarmPool]
+    hits: int
+    misses: int
+    e2b: E2BWarmHealth | None = None
+
+
 class Health(Public):
     status: Literal["ok"]
     version: str
@@ -30,7 +77,7 @@ class Health(Public):
         description="each sandbox backend: ready, or why not (e.g. e2b without its API key); "
         "None on a node without the executor",
     )
-    warm: dict[str, Any] | None = Field(
+    warm: WarmHealth | None = Field(
         None,
         description="warm starts on this node: enabled, hits and misses, and per pool its "
         "worker, version, ready and running children, hits, misses and resident memory; "

@@ -10,6 +10,58 @@ from floom.schemas.common import Public, RunStatusWord, Timestamp
 from floom.vocabulary import ReplayMode
 
 
+class Pair(Public):
+    """One measure of the original run against the replay's."""
+
+    original: Any
+    replay: Any
+
+
+class OutputDifference(Pair):
+    rule: Any = Field(description="the comparison rule the outputs were held to")
+
+
+class OutputsDiff(Public):
+    equal: bool
+    different: dict[str, OutputDifference] = Field(description="by output name")
+
+
+class CallView(Public):
+    tool: str
+    arguments: Any
+    status: str
+
+
+class ChangedCall(Public):
+    original: CallView
+    replay: CallView
+
+
+class CallCounts(Public):
+    added: int
+    removed: int
+    changed: int
+
+
+class ToolCallsDiff(Public):
+    diverged: bool
+    added: list[CallView]
+    removed: list[CallView]
+    changed: list[ChangedCall]
+    counts: CallCounts = Field(description="all of them; the lists stop at a few")
+
+
+class ReplayDiff(Public):
+    """A finished replay against its original (floom/services/replays/diff.py)."""
+
+    status: Pair
+    outputs: OutputsDiff
+    tool_calls: ToolCallsDiff
+    turns: Pair
+    tokens: Pair
+    cost_usd: Pair
+
+
 class ReplayReport(Public):
     run_id: str = Field(description="the replay: a run of its own")
     original_run_id: str
@@ -20,7 +72,7 @@ class ReplayReport(Public):
     original_version_id: str
     status: RunStatusWord
     finished: bool
-    diff: dict[str, Any] | None = Field(
+    diff: ReplayDiff | None = Field(
         description="once finished: status, outputs, tool_calls (added, removed, changed), "
         "turns, tokens, cost_usd, each original against replay"
     )
@@ -35,6 +87,33 @@ def replay_report(body: dict[str, Any]) -> ReplayReport:
     return ReplayReport.model_validate(body)
 
 
+class EvalItem(Public):
+    """One replayed run of an eval."""
+
+    original_run_id: str
+    replay_run_id: str
+    status: RunStatusWord
+    finished: bool
+    original_status: str | None
+    outputs_equal: bool | None
+    outputs_different: list[str]
+    tool_calls_diverged: bool | None
+    refused_calls: int
+    tokens: Pair | None
+    cost_usd: Pair | None
+
+
+class EvalTotals(Public):
+    runs: int
+    finished: int
+    outputs_equal: int
+    outputs_different: int
+    tool_calls_diverged: int
+    refused_calls: int
+    tokens: Pair
+    cost_usd: Pair
+
+
 class EvalReport(Public):
     id: str
     worker: str
@@ -43,11 +122,11 @@ class EvalReport(Public):
     runs_selector: str
     created_at: Timestamp
     finished: bool
-    totals: dict[str, Any] = Field(
+    totals: EvalTotals = Field(
         description="runs, finished, outputs_equal, outputs_different, tool_calls_diverged, "
         "refused_calls, tokens and cost_usd (original and replay)"
     )
-    items: list[dict[str, Any]] = Field(description="one per replayed run")
+    items: list[EvalItem] = Field(description="one per replayed run")
 
 
 def eval_report(body: dict[str, Any]) -> EvalReport:

@@ -306,3 +306,21 @@ class RunQuery(BaseModel):
     def params(self) -> dict[str, Any]:
         """As REST query parameters (unset ones left out)."""
         return self.model_dump(exclude_none=True)
+
+
+class ApprovalQuery(BaseModel):
+    """Which approvals to list, oldest first, a page at a time: the one shape of GET
+    /api/v1/approvals's filters, the client's list_approvals, both MCP backends and the
+    list_approvals tool, and `floom approvals`. No status: the pending ones; "all": every one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: str | None = None
+    run_id: str | None = None
+    worker: str | None = None
+    cursor: str | None = None
+    limit: int = 50
+
+    def params(self) -> dict[str, Any]:
+        """As REST query parameters (unset ones left out: the server lists pending ones)."""
+        return self.model_dump(exclude_none=True)

@@ -73,15 +73,7 @@ def list_rules(ctx: CtxDep, caller: ReadCaller) -> views.RuleList:
     "/rules", status_code=201, response_model=views.RulePublic, responses=authed(400, 404, 409, 422)
 )
 def create_rule(body: views.RuleCreate, ctx: CtxDep, caller: DeployCaller) -> views.RulePublic:
-    row = rules.create_rule(
-        ctx,
-        name=body.name,
-        events=body.events,
-        channels=body.channels,
-        worker=body.worker,
-        recovery=body.recovery,
-        caller=caller,
-    )
+    row = rules.create_rule(ctx, **body.model_dump(), caller=caller)
     return views.rule_public(row)
 
 

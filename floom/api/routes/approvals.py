@@ -49,15 +49,10 @@ def list_approvals(
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> Page[run_models.ApprovalPublic]:
-    rows, next_cursor = approvals.list_approvals(
-        ctx,
-        status=status,
-        run_id=run_id,
-        worker=worker,
-        cursor=cursor,
-        limit=limit,
-        caller=caller,
+    query = run_models.ApprovalQuery(
+        status=status, run_id=run_id, worker=worker, cursor=cursor, limit=limit
     )
+    rows, next_cursor = approvals.list_approvals(ctx, **query.model_dump(), caller=caller)
     return views.approval_page(rows, next_cursor)
 
 

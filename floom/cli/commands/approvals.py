@@ -11,7 +11,7 @@ from rich.text import Text
 
 from floom.cli.common import JsonOpt, json_object_option, open_client
 from floom.cli.output import new_table, out, print_json, status_text, when
-from floom.schemas.runs import ApprovalDecided, ApprovalPublic, RunDetail
+from floom.schemas.runs import ApprovalDecided, ApprovalPublic, ApprovalQuery, RunDetail
 from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
 
 APPROVAL_STYLES: dict[str, str] = {
@@ -61,9 +61,8 @@ def list_approvals(
 ) -> None:
     """List approvals, oldest first (pending ones unless --status)."""
     with open_client() as client:
-        page = client.list_approvals(
-            status=status, run_id=run, worker=worker, cursor=cursor, limit=limit
-        )
+        query = ApprovalQuery(status=status, run_id=run, worker=worker, cursor=cursor, limit=limit)
+        page = client.list_approvals(query)
     if as_json:
         print_json(page)
         return

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import new_table, out, print_json, when
+from floom.schemas.alerts import RuleCreate
 
 STATE_STYLE = {"live": "green", "lost": "bold red", "stopped": "dim"}
 DELIVERY_STYLE = {
@@ -43,11 +44,13 @@ def nodes_list(as_json: JsonOpt = False) -> None:
         nodes = client.list_nodes().items
         # Warm pools live in a node's memory, not the store: the answering node's own.
         health = client.health()
-    warm = health.warm or {}
+    warm = health.warm
     if as_json:
         print_json(
             [
-                {**n.to_json(), "warm": warm} if n.id == health.node and warm else n.to_json()
+                {**n.to_json(), "warm": warm.to_json()}
+                if n.id == health.node and warm is not None
+                else n.to_json()
                 for n in nodes
             ]
         )
@@ -67,39 +70,39 @@ def nodes_list(as_json: JsonOpt = False) -> None:
             f"{when(n.heartbeat_at)} ({n.silent_seconds:.0f}s ago)",
         )
     out.print(table)
-    if warm.get("enabled"):
+    if warm is not None and warm.enabled:
         out.print(
-            f"warm starts on {health.node}: {len(warm['pools'])} pools, "
-            f"{warm['hits']} hits, {warm['misses']} misses"
+            f"warm starts on {health.node}: {len(warm.pools)} pools, "
+            f"{warm.hits} hits, {warm.misses} misses"
         )
-        if warm["pools"]:
+        if warm.pools:
             pools = new_table("WORKER", "VERSION", "READY", "RUNNING", "HITS", "MISSES", "MiB")
-            for pool in warm["pools"]:
+            for pool in warm.pools:
                 pools.add_row(
-                    pool["worker"],
-                    pool["version"],
-                    str(pool["ready"]),
-                    str(pool["running"]),
-                    str(pool["hits"]),
-                    str(pool["misses"]),
-                    f"{pool['rss_bytes'] / 2**20:.0f}",
+                    pool.worker,
+                    pool.version,
+                    str(pool.ready),
+                    str(pool.running),
+                    str(pool.hits),
+                    str(pool.misses),
+                    f"{pool.rss_bytes / 2**20:.0f}",
                 )
             out.print(pools)
-    e2b = warm.get("e2b")
+    e2b = warm.e2b if warm is not None else None
     if e2b:
         out.print(
-            f"E2B sandboxes ready ahead on {health.node}: {len(e2b['pools'])} pools, "
-            f"{e2b['hits']} hits, {e2b['misses']} misses (budget {e2b['budget']})"
+            f"E2B sandboxes ready ahead on {health.node}: {len(e2b.pools)} pools, "
+            f"{e2b.hits} hits, {e2b.misses} misses (budget {e2b.budget})"
         )
-        if e2b["pools"]:
+        if e2b.pools:
             boxes = new_table(
                 "TEMPLATE", "NETWORK", "READY", "CREATING", "RUNNING", "HITS", "MISSES"
             )
-            for pool in e2b["pools"]:
+            for box in e2b.pools:
                 boxes.add_row(
-                    pool["template"],
-                    "on" if pool["network"] else "off",
-                    *(str(pool[k]) for k in ("ready", "creating", "running", "hits", "misses")),
+                    box.template,
+                    "on" if box.network else "off",
+                    *(str(n) for n in (box.ready, box.creating, box.running, box.hits, box.misses)),
                 )
             out.print(boxes)
 
@@ -113,17 +116,17 @@ def channels(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
     with open_client() as client:
-        items = client.list_alert_channels()["items"]
+        items = client.list_alert_channels().items
     if as_json:
-        print_json(items)
+        print_json([c.to_json() for c in items])
         return
     if not items:
         out.print("no alert channel yet: `floom alerts channels add NAME --kind webhook ...`")
         return
     table = new_table("CHANNEL", "KIND", "SETTINGS")
     for c in items:
-        settings = ", ".join(f"{k}={v}" for k, v in c["config"].items())
-        table.add_row(c["name"], c["kind"], settings)
+        settings = ", ".join(f"{k}={v}" for k, v in c.config.items())
+        table.add_row(c.name, c.kind, settings)
     out.print(table)
 
 
@@ -172,9 +175,7 @@ def channel_add(
     if as_json:
         print_json(channel)
         return
-    out.print(
-        f"added {channel['kind']} channel {channel['name']}; try it: floom alerts test {name}"
-    )
+    out.print(f"added {channel.kind} channel {channel.name}; try it: floom alerts test {name}")
 
 
 @channels_app.command("update")
@@ -221,11 +222,9 @@ def channel_update(
     if not changes:
         raise typer.BadParameter("give at least one setting to change, e.g. --url")
     with open_client() as client:
-        current = next(
-            (c for c in client.list_alert_channels()["items"] if c["name"] == name), None
-        )
+        current = next((c for c in client.list_alert_channels().items if c.name == name), None)
         # The server answers an unknown name (404) with its own hint.
-        config = {**(current["config"] if current else {}), **changes}
+        config = {**(current.config if current else {}), **changes}
         channel = client.update_alert_channel(name, config)
     if as_json:
         print_json(channel)
@@ -251,7 +250,7 @@ def send_test_alert(
     if as_json:
         print_json(delivery)
         return
-    out.print(f"test alert delivered to {name} ({delivery['id']})")
+    out.print(f"test alert delivered to {name} ({delivery.id})")
 
 
 # -- rules -------------------------------------------------------------------------------------
@@ -263,9 +262,9 @@ def rules(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if ctx.invoked_subcommand is not None:
         return
     with open_client() as client:
-        items = client.list_alert_rules()["items"]
+        items = client.list_alert_rules().items
     if as_json:
-        print_json(items)
+        print_json([r.to_json() for r in items])
         return
     if not items:
         out.print(
@@ -275,12 +274,12 @@ def rules(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     table = new_table("RULE", "WORKER", "EVENTS", "CHANNELS", "RECOVERY", "ENABLED")
     for r in items:
         table.add_row(
-            r["name"],
-            r["worker"] or "(all)",
-            ", ".join(r["events"]),
-            ", ".join(r["channels"]),
-            "yes" if r["recovery"] else "no",
-            "yes" if r["enabled"] else Text("no", style="dim"),
+            r.name,
+            r.worker or "(all)",
+            ", ".join(r.events),
+            ", ".join(r.channels),
+            "yes" if r.recovery else "no",
+            "yes" if r.enabled else Text("no", style="dim"),
         )
     out.print(table)
 
@@ -301,13 +300,9 @@ def rule_add(
     as_json: JsonOpt = False,
 ) -> None:
     """Add a global rule: which events go to which channels."""
-    rule = {
-        "name": name,
-        "events": events,
-        "channels": channels,
-        "worker": worker,
-        "recovery": not no_recovery,
-    }
+    rule = RuleCreate(
+        name=name, events=events, channels=channels, worker=worker, recovery=not no_recovery
+    )
     with open_client() as client:
         added = client.add_alert_rule(rule)
     if as_json:
@@ -322,7 +317,7 @@ def _set_enabled(name: str, enabled: bool, as_json: bool) -> None:
     if as_json:
         print_json(rule)
         return
-    out.print(f"rule {name} {'enabled' if rule['enabled'] else 'disabled'}")
+    out.print(f"rule {name} {'enabled' if rule.enabled else 'disabled'}")
 
 
 @rules_app.command("enable")
@@ -373,19 +368,19 @@ def deliveries(
     if as_json:
         print_json(page)
         return
-    if not page["items"]:
+    if not page.items:
         out.print("no deliveries")
         return
     table = new_table("DELIVERY", "STATUS", "TYPE", "TO", "TRIES", "CREATED", "SUMMARY / ERROR")
-    for d in page["items"]:
+    for d in page.items:
         table.add_row(
-            d["id"],
-            Text(d["status"], style=DELIVERY_STYLE.get(d["status"], "")),
-            d["type"],
-            d["channel"] or d["target"] or "",
-            f"{d['attempts']}/{d['max_attempts']}",
-            when(d["created_at"]),
-            d["last_error"] or d["summary"],
+            d.id,
+            Text(d.status, style=DELIVERY_STYLE.get(d.status, "")),
+            d.type,
+            d.channel or d.target or "",
+            f"{d.attempts}/{d.max_attempts}",
+            when(d.created_at),
+            d.last_error or d.summary,
         )
     out.print(table)
 
@@ -395,7 +390,7 @@ def resend(delivery_id: Annotated[str, typer.Argument(help="the delivery")]) -> 
     """Send a failed or throttled delivery again (a delivered one as a new delivery)."""
     with open_client() as client:
         delivery = client.resend_alert_delivery(delivery_id)
-    out.print(f"{delivery['id']} queued to send again")
+    out.print(f"{delivery.id} queued to send again")
 
 
 @alerts_app.command("callback-key")
@@ -406,4 +401,4 @@ def callback_key(as_json: JsonOpt = False) -> None:
     if as_json:
         print_json(key)
         return
-    out.print(Text(key["key"]))
+    out.print(Text(key.key))

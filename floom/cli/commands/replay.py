@@ -4,7 +4,7 @@ agent runs from their recordings, and evals over many; thin clients of the REST 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.text import Text
@@ -12,7 +12,7 @@ from rich.text import Text
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import fail, new_table, out, print_json
 from floom.client.rest import FloomClient
-from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.replays import EvalReport, Pair, ReplayReport
 
 POLL_SECONDS = 0.3
 
@@ -53,9 +53,10 @@ def replay_from_recording(
 
 
 def print_report(report: ReplayReport) -> None:
-    diff = report.diff or {}
-    status = diff.get("status", {})
-    out.print(Text(f"status: {status.get('original')} -> {status.get('replay')}"))
+    diff = report.diff
+    unknown = Pair(original=None, replay=None)
+    status = diff.status if diff else unknown
+    out.print(Text(f"status: {status.original} -> {status.replay}"))
     if report.mode == "exact":
         if report.reproduced:
             out.print(Text("reproduced: same tool calls, outputs and status", style="green"))
@@ -64,25 +65,25 @@ def print_report(report: ReplayReport) -> None:
             out.print(Text(f"diverged at {where.get('step')}", style="red"))
             out.print(Text(f"  expected: {where.get('expected')}"))
             out.print(Text(f"  actual:   {where.get('actual')}"))
-    outputs = diff.get("outputs", {})
-    if outputs.get("equal"):
+    if diff and diff.outputs.equal:
         out.print(Text("outputs: equal"))
-    else:
-        for name, pair in (outputs.get("different") or {}).items():
-            out.print(Text(f"output {name}: {pair['original']!r} -> {pair['replay']!r}"))
-    calls = diff.get("tool_calls", {})
+    elif diff:
+        for name, different in diff.outputs.different.items():
+            out.print(Text(f"output {name}: {different.original!r} -> {different.replay!r}"))
     table = new_table("change", "tool", "arguments", "status")
-    for kind in ("added", "removed"):
-        for call in calls.get(kind, []):
-            table.add_row(kind, call["tool"], str(call["arguments"])[:80], call["status"])
-    for pair in calls.get("changed", []):
-        new = pair["replay"]
-        table.add_row("changed", new["tool"], str(new["arguments"])[:80], new["status"])
+    if diff:
+        calls = diff.tool_calls
+        for kind, listed in (("added", calls.added), ("removed", calls.removed)):
+            for call in listed:
+                table.add_row(kind, call.tool, str(call.arguments)[:80], call.status)
+        for changed in calls.changed:
+            new = changed.replay
+            table.add_row("changed", new.tool, str(new.arguments)[:80], new.status)
     if table.row_count:
         out.print(table)
     for key in ("turns", "tokens", "cost_usd"):
-        pair = diff.get(key) or {}
-        out.print(Text(f"{key}: {pair.get('original')} -> {pair.get('replay')}"))
+        pair = getattr(diff, key) if diff else unknown
+        out.print(Text(f"{key}: {pair.original} -> {pair.replay}"))
     if report.refused_calls:
         out.print(Text(f"refused (not in the recording): {report.refused_calls}"))
 
@@ -124,39 +125,30 @@ def eval_command(
         print_json(report)
     else:
         print_eval(report)
-    if report.totals["outputs_different"]:
+    if report.totals.outputs_different:
         raise typer.Exit(1)
 
 
 def print_eval(report: EvalReport) -> None:
     table = new_table("run", "replay", "status", "outputs", "tool calls", "refused", "tokens")
     for item in report.items:
-        tokens = item.get("tokens") or {}
+        tokens = item.tokens or Pair(original=None, replay=None)
         table.add_row(
-            item["original_run_id"],
-            item["replay_run_id"],
-            f"{item['original_status']} -> {item['status']}",
-            "equal"
-            if item["outputs_equal"]
-            else "different: " + ", ".join(item["outputs_different"]),
-            "diverged" if item["tool_calls_diverged"] else "same",
-            str(item["refused_calls"]),
-            f"{tokens.get('original')} -> {tokens.get('replay')}",
+            item.original_run_id,
+            item.replay_run_id,
+            f"{item.original_status} -> {item.status}",
+            "equal" if item.outputs_equal else "different: " + ", ".join(item.outputs_different),
+            "diverged" if item.tool_calls_diverged else "same",
+            str(item.refused_calls),
+            f"{tokens.original} -> {tokens.replay}",
         )
     out.print(table)
     t = report.totals
     out.print(
         Text(
-            f"{t['runs']} runs: {t['outputs_equal']} outputs equal, {t['outputs_different']} "
-            f"different, {t['tool_calls_diverged']} with diverged tool calls, "
-            f"{t['refused_calls']} refused calls; tokens {t['tokens']['original']} -> "
-            f"{t['tokens']['replay']}, cost ${t['cost_usd']['original']} -> "
-            f"${t['cost_usd']['replay']}"
+            f"{t.runs} runs: {t.outputs_equal} outputs equal, {t.outputs_different} "
+            f"different, {t.tool_calls_diverged} with diverged tool calls, "
+            f"{t.refused_calls} refused calls; tokens {t.tokens.original} -> "
+            f"{t.tokens.replay}, cost ${t.cost_usd.original} -> ${t.cost_usd.replay}"
         )
     )
-
-
-def _outputs_cell(item: dict[str, Any]) -> str:
-    if item["outputs_equal"]:
-        return "equal"
-    return "different: " + ", ".join(item["outputs_different"])

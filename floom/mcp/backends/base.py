@@ -12,6 +12,8 @@ from typing import Any
 
 from floom.errors import FloomError
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
+from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,
@@ -25,6 +27,7 @@ from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
+    ApprovalQuery,
     ArtifactPublic,
     LogPage,
     RunDetail,
@@ -227,39 +230,39 @@ class Backend(abc.ABC):
     # -- alerts --------------------------------------------------------------------------------
     # Not abstract: a backend without them answers NotAvailable, like an older server.
 
-    def alert_channels(self) -> JSON:
+    def alert_channels(self) -> ChannelList:
         """{"items": [channel]}: settings name secrets, never their values (read scope)."""
         raise NotAvailable("alerts are not available here")
 
-    def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
+    def add_alert_channel(self, name: str, kind: str, config: JSON) -> ChannelPublic:
         """A new channel, its settings checked (deploy scope); code alert_channel_invalid."""
         raise NotAvailable("alerts are not available here")
 
-    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+    def update_alert_channel(self, name: str, config: JSON) -> ChannelPublic:
         """Replace a channel's settings, checked as when added (deploy scope)."""
         raise NotAvailable("alerts are not available here")
 
-    def test_alert_channel(self, name: str) -> JSON:
+    def test_alert_channel(self, name: str) -> AlertDelivery:
         """Send a test alert now: the delivery, or code alert_undeliverable saying why."""
         raise NotAvailable("alerts are not available here")
 
-    def alert_rules(self) -> JSON:
+    def alert_rules(self) -> RuleList:
         """{"items": [rule]}: the global rules (read scope)."""
         raise NotAvailable("alerts are not available here")
 
-    def add_alert_rule(self, rule: JSON) -> JSON:
+    def add_alert_rule(self, rule: RuleCreate) -> RulePublic:
         """A new global rule (deploy scope); code alert_rule_invalid names the field."""
         raise NotAvailable("alerts are not available here")
 
-    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> RulePublic:
         """The rule, turned on or off (deploy scope); NotFound if there is no such rule."""
         raise NotAvailable("alerts are not available here")
 
-    def alert_deliveries(self, filters: JSON) -> JSON:
+    def alert_deliveries(self, filters: JSON) -> Page[AlertDelivery]:
         """{"items": [delivery], "next_cursor"}, newest first (read scope)."""
         raise NotAvailable("alerts are not available here")
 
-    def resend_alert_delivery(self, delivery_id: str) -> JSON:
+    def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
         """Queue a delivery to be sent again (deploy scope)."""
         raise NotAvailable("alerts are not available here")
 
@@ -274,14 +277,7 @@ class Backend(abc.ABC):
         """Pause or resume a worker (or one trigger, by id); returns the trigger listing."""
 
     @abc.abstractmethod
-    def list_approvals(
-        self,
-        *,
-        status: str | None = None,
-        worker: str | None = None,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> Page[ApprovalPublic]:
+    def list_approvals(self, query: ApprovalQuery) -> Page[ApprovalPublic]:
         """{"items": [approval], "next_cursor"}: oldest first, a page at a time."""
 
     @abc.abstractmethod

@@ -9,15 +9,17 @@ from typing import Any
 
 import anyio.to_thread
 
-from floom import jsonvalues
 from floom.errors import Conflict
 from floom.mcp.backends.base import JSON, Backend
+from floom.mcp.catalog import CatalogWorker
 from floom.schemas import admin as admin_models
 from floom.schemas import alerts as alert_views
 from floom.schemas import handoffs as handoff_models
 from floom.schemas import replays as replay_views
 from floom.schemas import workers as worker_models
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
+from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,
@@ -31,6 +33,7 @@ from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
+    ApprovalQuery,
     ArtifactPublic,
     LogPage,
     RunDetail,
@@ -88,9 +91,9 @@ class CatalogSource:
     def __init__(self, ctx: Callable[[], Context], *, cap: int = 1000) -> None:
         self._ctx = ctx
         self._cap = cap
-        self._seen: dict[str, tuple[str | None, JSON]] = {}
+        self._seen: dict[str, tuple[str | None, CatalogWorker]] = {}
 
-    def __call__(self) -> list[JSON]:
+    def __call__(self) -> list[CatalogWorker]:
         ctx = self._ctx()
         rows: list[Worker] = []
         cursor: str | None = None
@@ -99,7 +102,7 @@ class CatalogSource:
             rows.extend(page)
             if not cursor:
                 break
-        seen: dict[str, tuple[str | None, JSON]] = {}
+        seen: dict[str, tuple[str | None, CatalogWorker]] = {}
         for w in rows[: self._cap]:
             known = self._seen.get(w.name)
             if known is None or known[0] != w.active_version_id:
@@ -108,8 +111,10 @@ class CatalogSource:
                     version = workers.get_version(
                         ctx, version_id=w.active_version_id, caller=SYSTEM
                     )
-                    manifest = jsonvalues.stored(version.manifest_json, expect=dict)
-                known = (w.active_version_id, {"name": w.name, "manifest": manifest})
+                    manifest = workers.manifest_of(version)
+                # The kind is left out, as this listing always has (a gated agent's tool is
+                # described by its approvals alone here).
+                known = (w.active_version_id, CatalogWorker(w.name, None, manifest))
             seen[w.name] = known
         self._seen = seen
         return [body for _, body in seen.values()]
@@ -304,57 +309,47 @@ class LocalBackend(Backend):
 
     # -- replays from recordings and evals -----------------------------------------------------
 
-    def alert_channels(self) -> JSON:
+    def alert_channels(self) -> ChannelList:
         rows = alert_channels.list_channels(self.ctx, caller=self.principal)
-        return alert_views.ChannelList(
-            items=[alert_views.channel_public(r) for r in rows]
-        ).to_json()
+        return alert_views.ChannelList(items=[alert_views.channel_public(r) for r in rows])
 
-    def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
+    def add_alert_channel(self, name: str, kind: str, config: JSON) -> ChannelPublic:
         row = alert_channels.create_channel(
             self.ctx, name=name, kind=kind, config=config, caller=self.principal
         )
-        return alert_views.channel_public(row).to_json()
+        return alert_views.channel_public(row)
 
-    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+    def update_alert_channel(self, name: str, config: JSON) -> ChannelPublic:
         row = alert_channels.update_channel(
             self.ctx, name=name, config=config, caller=self.principal
         )
-        return alert_views.channel_public(row).to_json()
+        return alert_views.channel_public(row)
 
-    def test_alert_channel(self, name: str) -> JSON:
+    def test_alert_channel(self, name: str) -> AlertDelivery:
         sent = alert_deliveries.send_test(self.ctx, channel_name=name, caller=self.principal)
-        return alert_views.delivery_public(sent).to_json()
+        return alert_views.delivery_public(sent)
 
-    def alert_rules(self) -> JSON:
+    def alert_rules(self) -> RuleList:
         rows = alert_rules.list_rules(self.ctx, caller=self.principal)
-        return alert_views.RuleList(items=[alert_views.rule_public(r) for r in rows]).to_json()
+        return alert_views.RuleList(items=[alert_views.rule_public(r) for r in rows])
 
-    def add_alert_rule(self, rule: JSON) -> JSON:
-        row = alert_rules.create_rule(
-            self.ctx,
-            name=str(rule.get("name") or ""),
-            events=rule.get("events"),
-            channels=rule.get("channels"),
-            worker=rule.get("worker"),
-            recovery=rule.get("recovery", True),
-            caller=self.principal,
-        )
-        return alert_views.rule_public(row).to_json()
+    def add_alert_rule(self, rule: RuleCreate) -> RulePublic:
+        row = alert_rules.create_rule(self.ctx, **rule.model_dump(), caller=self.principal)
+        return alert_views.rule_public(row)
 
-    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> RulePublic:
         row = alert_rules.set_enabled(self.ctx, name=name, enabled=enabled, caller=self.principal)
-        return alert_views.rule_public(row).to_json()
+        return alert_views.rule_public(row)
 
-    def alert_deliveries(self, filters: JSON) -> JSON:
+    def alert_deliveries(self, filters: JSON) -> Page[AlertDelivery]:
         rows, next_cursor = alert_deliveries.list_deliveries(
             self.ctx, **filters, caller=self.principal
         )
-        return alert_views.delivery_page(rows, next_cursor).to_json()
+        return alert_views.delivery_page(rows, next_cursor)
 
-    def resend_alert_delivery(self, delivery_id: str) -> JSON:
+    def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
         sent = alert_deliveries.resend(self.ctx, delivery_id=delivery_id, caller=self.principal)
-        return alert_views.delivery_public(sent).to_json()
+        return alert_views.delivery_public(sent)
 
     def start_replay(
         self, run_id: str, *, mode: str, version_id: str | None = None, model: str | None = None
@@ -405,21 +400,10 @@ class LocalBackend(Backend):
         )
         return listing
 
-    def list_approvals(
-        self,
-        *,
-        status: str | None = None,
-        worker: str | None = None,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> Page[ApprovalPublic]:
+    def list_approvals(self, query: ApprovalQuery) -> Page[ApprovalPublic]:
+        pending = query.model_copy(update={"status": query.status or approvals.PENDING})
         rows, next_cursor = approvals.list_approvals(
-            self.ctx,
-            status=status or "pending",
-            worker=worker,
-            cursor=cursor,
-            limit=limit,
-            caller=self.principal,
+            self.ctx, **pending.model_dump(), caller=self.principal
         )
         return run_views.approval_page(rows, next_cursor)
 

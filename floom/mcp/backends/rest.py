@@ -13,6 +13,8 @@ from floom.client_env import admin_key_file
 from floom.errors import ClientError, Conflict, FloomError
 from floom.mcp.backends.base import JSON, Backend, NotAvailable
 from floom.schemas.admin import KeyPublic, SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
+from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,
@@ -26,6 +28,7 @@ from floom.schemas.replays import EvalReport, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
+    ApprovalQuery,
     ArtifactPublic,
     LogPage,
     RunDetail,
@@ -247,39 +250,39 @@ class RestBackend(Backend):
 
     # -- replays from recordings and evals -----------------------------------------------------
 
-    def alert_channels(self) -> JSON:
+    def alert_channels(self) -> ChannelList:
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.list_alert_channels()
 
-    def add_alert_channel(self, name: str, kind: str, config: JSON) -> JSON:
+    def add_alert_channel(self, name: str, kind: str, config: JSON) -> ChannelPublic:
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.add_alert_channel(name, kind, config)
 
-    def update_alert_channel(self, name: str, config: JSON) -> JSON:
+    def update_alert_channel(self, name: str, config: JSON) -> ChannelPublic:
         self._offers("/api/v1/alerts/channels/{name}", "alerts")
         return self.client.update_alert_channel(name, config)
 
-    def test_alert_channel(self, name: str) -> JSON:
+    def test_alert_channel(self, name: str) -> AlertDelivery:
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.test_alert_channel(name)
 
-    def alert_rules(self) -> JSON:
+    def alert_rules(self) -> RuleList:
         self._offers("/api/v1/alerts/rules", "alerts")
         return self.client.list_alert_rules()
 
-    def add_alert_rule(self, rule: JSON) -> JSON:
+    def add_alert_rule(self, rule: RuleCreate) -> RulePublic:
         self._offers("/api/v1/alerts/rules", "alerts")
         return self.client.add_alert_rule(rule)
 
-    def set_alert_rule_enabled(self, name: str, enabled: bool) -> JSON:
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> RulePublic:
         self._offers("/api/v1/alerts/rules/{name}", "alerts")
         return self.client.set_alert_rule_enabled(name, enabled)
 
-    def alert_deliveries(self, filters: JSON) -> JSON:
+    def alert_deliveries(self, filters: JSON) -> Page[AlertDelivery]:
         self._offers("/api/v1/alerts/deliveries", "alerts")
         return self.client.list_alert_deliveries(**filters)
 
-    def resend_alert_delivery(self, delivery_id: str) -> JSON:
+    def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
         self._offers("/api/v1/alerts/deliveries", "alerts")
         return self.client.resend_alert_delivery(delivery_id)
 
@@ -311,16 +314,9 @@ class RestBackend(Backend):
         self._offers("/api/v1/workers/{name}/pause", "pausing and resuming")
         return self.client.set_paused(name, paused=paused, trigger_id=trigger)
 
-    def list_approvals(
-        self,
-        *,
-        status: str | None = None,
-        worker: str | None = None,
-        cursor: str | None = None,
-        limit: int = 50,
-    ) -> Page[ApprovalPublic]:
+    def list_approvals(self, query: ApprovalQuery) -> Page[ApprovalPublic]:
         self._offers("/api/v1/approvals", "approvals")
-        return self.client.list_approvals(status=status, worker=worker, cursor=cursor, limit=limit)
+        return self.client.list_approvals(query)
 
     def decide_approval(
         self,

@@ -11,32 +11,30 @@ from pydantic import Field
 
 from floom.mcp.render import Reply
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
+from floom.schemas.alerts import ChannelPublic, DeliveryPublic, RuleCreate
 from floom.schemas.common import OneOf
 from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus
 
 
-def _channels_text(items: list[dict[str, Any]]) -> str:
+def _channels_text(items: list[ChannelPublic]) -> str:
     if not items:
         return "no alert channel yet: add one with add_alert_channel"
     return "\n".join(
-        f"{c['name']} ({c['kind']}): " + ", ".join(f"{k}={v}" for k, v in c["config"].items())
-        for c in items
+        f"{c.name} ({c.kind}): " + ", ".join(f"{k}={v}" for k, v in c.config.items()) for c in items
     )
 
 
-def _delivery_line(d: dict[str, Any]) -> str:
-    to = d.get("channel") or d.get("target") or ""
-    why = f" ({d['last_error']})" if d.get("last_error") else ""
-    return (
-        f"{d['id']} {d['status']} {d['type']} to {to}, {d['attempts']} tries: {d['summary']}{why}"
-    )
+def _delivery_line(d: DeliveryPublic) -> str:
+    to = d.channel or d.target or ""
+    why = f" ({d.last_error})" if d.last_error else ""
+    return f"{d.id} {d.status} {d.type} to {to}, {d.attempts} tries: {d.summary}{why}"
 
 
 @floom_tool
 async def list_alert_channels(ctx: Context) -> Reply:
     """Alert channels (webhook, Slack, email): their settings name secrets, never values."""
     listing = await off(backend_of(ctx).alert_channels)
-    return Reply(_channels_text(listing["items"]), listing)
+    return Reply(_channels_text(listing.items), listing.to_json())
 
 
 @floom_tool
@@ -58,7 +56,8 @@ async def add_alert_channel(
 ) -> Reply:
     """Add an alert channel; every setting is checked now (a bad one changes nothing)."""
     channel = await off(backend_of(ctx).add_alert_channel, name, kind, config)
-    return Reply(f"added {kind} channel {name}; try it with test_alert_channel", channel)
+    text = f"added {kind} channel {name}; try it with test_alert_channel"
+    return Reply(text, channel.to_json())
 
 
 @floom_tool
@@ -76,7 +75,7 @@ async def update_alert_channel(
 ) -> Reply:
     """Replace an alert channel's settings; checked as when added (a bad one changes nothing)."""
     channel = await off(backend_of(ctx).update_alert_channel, name, config)
-    return Reply(f"updated {channel['kind']} channel {name}", channel)
+    return Reply(f"updated {channel.kind} channel {name}", channel.to_json())
 
 
 @floom_tool
@@ -85,7 +84,7 @@ async def test_alert_channel(
 ) -> Reply:
     """Send a test alert to a channel now; an error says why it did not arrive."""
     delivery = await off(backend_of(ctx).test_alert_channel, name)
-    return Reply(f"test alert delivered to {name} ({delivery['id']})", delivery)
+    return Reply(f"test alert delivered to {name} ({delivery.id})", delivery.to_json())
 
 
 @floom_tool
@@ -93,11 +92,11 @@ async def list_alert_rules(ctx: Context) -> Reply:
     """The global alert rules (a worker's own live in its worker.yml, `alerts:`)."""
     listing = await off(backend_of(ctx).alert_rules)
     lines = [
-        f"{r['name']}: {', '.join(r['events'])} of {r['worker'] or 'every worker'} -> "
-        f"{', '.join(r['channels'])}" + ("" if r["enabled"] else " (disabled)")
-        for r in listing["items"]
+        f"{r.name}: {', '.join(r.events)} of {r.worker or 'every worker'} -> "
+        f"{', '.join(r.channels)}" + ("" if r.enabled else " (disabled)")
+        for r in listing.items
     ]
-    return Reply("\n".join(lines) or "no global alert rule", listing)
+    return Reply("\n".join(lines) or "no global alert rule", listing.to_json())
 
 
 @floom_tool
@@ -113,15 +112,9 @@ async def add_alert_rule(
     recovery: Annotated[bool, Field(description="send the recovery too")] = True,
 ) -> Reply:
     """Add a global alert rule: which events go to which channels."""
-    rule = {
-        "name": name,
-        "events": events,
-        "channels": channels,
-        "worker": worker,
-        "recovery": recovery,
-    }
+    rule = RuleCreate(name=name, events=events, channels=channels, worker=worker, recovery=recovery)
     added = await off(backend_of(ctx).add_alert_rule, rule)
-    return Reply(f"added rule {name}", added)
+    return Reply(f"added rule {name}", added.to_json())
 
 
 @floom_tool
@@ -132,7 +125,7 @@ async def set_alert_rule_enabled(
 ) -> Reply:
     """Turn a global alert rule on or off (it is kept either way)."""
     rule = await off(backend_of(ctx).set_alert_rule_enabled, name, enabled)
-    return Reply(f"rule {name} {'enabled' if rule['enabled'] else 'disabled'}", rule)
+    return Reply(f"rule {name} {'enabled' if rule.enabled else 'disabled'}", rule.to_json())
 
 
 @floom_tool
@@ -154,8 +147,8 @@ async def list_alert_deliveries(
     page = await off(
         backend_of(ctx).alert_deliveries, {k: v for k, v in filters.items() if v is not None}
     )
-    text = "\n".join(_delivery_line(d) for d in page["items"]) or "no deliveries"
-    return Reply(text, page)
+    text = "\n".join(_delivery_line(d) for d in page.items) or "no deliveries"
+    return Reply(text, page.to_json())
 
 
 @floom_tool
@@ -164,7 +157,7 @@ async def resend_alert_delivery(
 ) -> Reply:
     """Send a failed or throttled delivery again (a delivered one as a new delivery)."""
     delivery = await off(backend_of(ctx).resend_alert_delivery, delivery_id)
-    return Reply(f"{delivery['id']} queued to send again", delivery)
+    return Reply(f"{delivery.id} queued to send again", delivery.to_json())
 
 
 # A test send reaches outside floom.

@@ -5,7 +5,7 @@ with its media type and size; written against the Backend interface."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import quote
 
 from mcp.server.lowlevel.helper_types import ReadResourceContents
@@ -54,7 +54,20 @@ def with_links(backend: Backend, run_id: str, artifact: ArtifactPublic) -> JSON:
     }
 
 
-def open_artifact(backend: Backend, run_id: str, name: str) -> JSON:
+class ArtifactView(ArtifactPublic):
+    """An artifact as get_artifact shows it: with its links, and its text when it comes
+    inline, or why it does not."""
+
+    download_url: str
+    uri: str
+    inline: bool
+    text: str | None = None
+    why: str | None = None
+
+    omit_when_unset = ArtifactPublic.omit_when_unset | {"text", "why"}
+
+
+def open_artifact(backend: Backend, run_id: str, name: str) -> ArtifactView:
     """The run's artifact `name` with its links, plus "text" when it is text of at most
     MAX_INLINE_ARTIFACT_BYTES ("inline": true), else "why" it is a link only.
 
@@ -68,29 +81,27 @@ def open_artifact(backend: Backend, run_id: str, name: str) -> JSON:
         names = [a.name for a in listing.items]
         hint = f"its artifacts: {', '.join(names)}" if names else f"run {run_id} left no files"
         raise NotFound(f"run {run_id} has no artifact '{name}'", hint=hint)
-    view: dict[str, Any] = {**with_links(backend, run_id, found), "inline": False}
+    linked = with_links(backend, run_id, found)
     if not found.scanned:
         backend.read_artifact(run_id, name)  # refuses a key that may not read it, as REST does
-        view["why"] = "not scanned for secrets (compressed or encrypted)"
-        return view
+        why = "not scanned for secrets (compressed or encrypted)"
+        return ArtifactView(**linked, inline=False, why=why)
     if found.size > MAX_INLINE_ARTIFACT_BYTES:
-        view["why"] = f"larger than {MAX_INLINE_ARTIFACT_BYTES} bytes"
-        return view
+        why = f"larger than {MAX_INLINE_ARTIFACT_BYTES} bytes"
+        return ArtifactView(**linked, inline=False, why=why)
     data = backend.read_artifact(run_id, name)
     if not is_text(data):
-        view["why"] = "binary"
-        return view
-    view.update(inline=True, text=data.decode("utf-8"))
-    return view
+        return ArtifactView(**linked, inline=False, why="binary")
+    return ArtifactView(**linked, inline=True, text=data.decode("utf-8"))
 
 
-def artifact_text(view: JSON) -> str:
-    head = f"{view['name']} ({view['content_type']}, {view['size']} bytes)"
-    if view["inline"]:
-        return f"{head}:\n{view['text']}"
+def artifact_text(view: ArtifactView) -> str:
+    head = f"{view.name} ({view.content_type}, {view.size} bytes)"
+    if view.inline:
+        return f"{head}:\n{view.text}"
     return (
-        f"{head} is {view['why']}, so it is not shown inline; download it from "
-        f"{view['download_url']}: {DOWNLOAD_HOW}"
+        f"{head} is {view.why}, so it is not shown inline; download it from "
+        f"{view.download_url}: {DOWNLOAD_HOW}"
     )
 
 
@@ -98,13 +109,20 @@ async def artifact_contents(ctx: Context, run_id: str, name: str) -> ReadResourc
     """The artifact resource's contents: the text with its media type, or for a binary or
     large file a small JSON document (LINK_MEDIA_TYPE) with its type, size and URL."""
     view = await off(open_artifact, backend_of(ctx), run_id, name)
-    if view["inline"]:
+    if view.inline:
         # A text file without a known extension is stored as application/octet-stream.
-        media = view["content_type"]
+        media = view.content_type
         media = "text/plain" if media == "application/octet-stream" else media
-        return ReadResourceContents(content=view["text"], mime_type=media)
-    link = {k: view[k] for k in ("name", "content_type", "size", "digest", "download_url", "why")}
-    link["how"] = DOWNLOAD_HOW
+        return ReadResourceContents(content=view.text or "", mime_type=media)
+    link = {
+        "name": view.name,
+        "content_type": view.content_type,
+        "size": view.size,
+        "digest": view.digest,
+        "download_url": view.download_url,
+        "why": view.why,
+        "how": DOWNLOAD_HOW,
+    }
     return ReadResourceContents(content=json.dumps(link), mime_type=LINK_MEDIA_TYPE)
 
 
@@ -114,7 +132,7 @@ async def get_artifact(ctx: Context, run_id: RunId, name: ArtifactName) -> Reply
     binary or larger file comes as a download URL with its media type and size. Also a
     resource: floom://runs/{run_id}/artifacts/{name}."""
     view = await off(open_artifact, backend_of(ctx), run_id, name)
-    return Reply(artifact_text(view), view)
+    return Reply(artifact_text(view), view.to_json())
 
 
 ARTIFACT_TOOLS: tuple[FloomTool, ...] = (FloomTool(get_artifact, READ, "read"),)

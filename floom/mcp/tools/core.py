@@ -48,7 +48,7 @@ from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
 from floom.mcp.tools.state import STATE_TOOLS
 from floom.schemas.common import OneOf
-from floom.schemas.runs import RunPublic, RunQuery
+from floom.schemas.runs import ApprovalQuery, RunPublic, RunQuery
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import SUCCEEDED, WAITING
 from floom.vocabulary import ApprovalStatus, Decision, RunStatus, RunTrigger
@@ -465,9 +465,8 @@ async def list_approvals(
 ) -> Reply:
     """Approvals waiting for (or given) a decision, oldest first: what each run proposes and
     why it waits, a page at a time (next_cursor continues)."""
-    page = await off(
-        backend_of(ctx).list_approvals, status=status, worker=worker, cursor=cursor, limit=limit
-    )
+    query = ApprovalQuery(status=status, worker=worker, cursor=cursor, limit=limit)
+    page = await off(backend_of(ctx).list_approvals, query)
     return Reply(approvals_text(page.items, page.next_cursor), page.to_json())
 
 

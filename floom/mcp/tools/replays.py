@@ -38,32 +38,33 @@ def replay_text(report: ReplayReport) -> str:
     if not report.finished or report.diff is None:
         return f"{head}: {report.status}; ask again with get_replay"
     diff = report.diff
-    lines = [f"{head}: {diff['status']['original']} -> {diff['status']['replay']}"]
+    lines = [f"{head}: {diff.status.original} -> {diff.status.replay}"]
     if report.mode == "exact":
         lines.append(
             "reproduced the original"
             if report.reproduced
             else f"diverged at {short(report.divergence, 600)}"
         )
-    outputs = diff["outputs"]
-    lines.append("outputs equal" if outputs["equal"] else f"outputs differ: {short(outputs, 800)}")
-    counts = diff["tool_calls"]["counts"]
+    outputs = diff.outputs
+    differ = f"outputs differ: {short(outputs.to_json(), 800)}"
+    lines.append("outputs equal" if outputs.equal else differ)
+    counts = diff.tool_calls.counts
     lines.append(
-        f"tool calls: {counts['added']} added, {counts['removed']} removed, "
-        f"{counts['changed']} changed; {report.refused_calls} refused (not in the "
-        f"recording); tokens {diff['tokens']['original']} -> {diff['tokens']['replay']}"
+        f"tool calls: {counts.added} added, {counts.removed} removed, "
+        f"{counts.changed} changed; {report.refused_calls} refused (not in the "
+        f"recording); tokens {diff.tokens.original} -> {diff.tokens.replay}"
     )
     return "\n".join(lines)
 
 
 def eval_text(report: EvalReport) -> str:
     t = report.totals
-    state = "finished" if report.finished else f"{t['finished']} of {t['runs']} finished"
+    state = "finished" if report.finished else f"{t.finished} of {t.runs} finished"
     return (
         f"eval {report.id} of {report.worker} against {report.version_id} ({state}): "
-        f"{t['outputs_equal']} outputs equal, {t['outputs_different']} different, "
-        f"{t['tool_calls_diverged']} with diverged tool calls, {t['refused_calls']} refused "
-        f"calls; tokens {t['tokens']['original']} -> {t['tokens']['replay']}"
+        f"{t.outputs_equal} outputs equal, {t.outputs_different} different, "
+        f"{t.tool_calls_diverged} with diverged tool calls, {t.refused_calls} refused "
+        f"calls; tokens {t.tokens.original} -> {t.tokens.replay}"
     )
 
 

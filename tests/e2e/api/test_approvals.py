@@ -7,6 +7,7 @@ from pathlib import Path
 import httpx
 
 from floom.mcp.backends.local import LocalBackend
+from floom.schemas.runs import ApprovalQuery
 from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
 from floom.store.db import session_scope
@@ -185,7 +186,7 @@ def test_approvals_filter_by_worker_before_paging_over_rest_and_mcp(
     assert [a["id"] for a in rest.json()["items"]] == ["apr_4"]
     assert rest.json()["next_cursor"] is None
     # The /mcp tool asks the same service, so a worker's approvals are never cut off by others'.
-    page = LocalBackend(server.ctx, SYSTEM).list_approvals(worker="a")
+    page = LocalBackend(server.ctx, SYSTEM).list_approvals(ApprovalQuery(worker="a"))
     assert [a.id for a in page.items] == ["apr_0", "apr_2"]
 
 
