@@ -150,8 +150,11 @@ def test_a_batch_of_lines_is_one_insert_on_postgresql_with_seqs_in_order(ctx: Co
     run_id = _ended_run(ctx, 3)
     sent: list[str] = []
 
-    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
-        sent.append(statement)
+    def count(
+        conn: object, cursor: object, statement: str, params: object, context: object, many: bool
+    ) -> None:
+        # An executemany is one statement per row of parameters for PostgreSQL.
+        sent.extend([statement] * (len(params) if many and isinstance(params, list) else 1))
 
     event.listen(ctx.engine, "before_cursor_execute", count)
     try:
