@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 from sqlmodel import func, select
 
 from floom.services.access.principal import SYSTEM
@@ -141,3 +142,36 @@ def test_a_run_whose_lines_another_node_moved_meanwhile_is_left_alone(s3_ctx: Co
         archived = s.get(RunLog, run_id)
         assert archived is not None
         assert archived.last_seq == 6
+
+
+def test_a_batch_of_lines_is_one_insert_on_postgresql_with_seqs_in_order(ctx: Context) -> None:
+    """One statement per batch, which reads the run's last seq once (a lookup per line cost
+    PostgreSQL a scan of run_events each where its plan for a table that looked empty was
+    one); the seqs follow on from the lines already there."""
+    run_id = _ended_run(ctx, 3)
+    sent: list[str] = []
+
+    def count(
+        conn: object, cursor: object, statement: str, params: object, context: object, many: bool
+    ) -> None:
+        # An executemany is one statement per row of parameters for PostgreSQL.
+        sent.extend([statement] * (len(params) if many and isinstance(params, list) else 1))
+
+    event.listen(ctx.engine, "before_cursor_execute", count)
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            append_events(
+                s,
+                run_id=run_id,
+                attempt=1,
+                lines=[("stdout", f"more {i}", None) for i in range(50)],
+            )
+    finally:
+        event.remove(ctx.engine, "before_cursor_execute", count)
+
+    inserts = [q for q in sent if q.lstrip().upper().startswith("INSERT")]
+    if ctx.engine.dialect.name == "postgresql":
+        assert len(inserts) == 1
+    expected = [(i + 1, f"line {i}") for i in range(3)]
+    expected += [(i + 4, f"more {i}") for i in range(50)]
+    assert _log(ctx, run_id) == expected
