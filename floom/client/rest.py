@@ -37,6 +37,7 @@ from floom.client_env import admin_key_file, client_base_url
 from floom.errors import ClientError, FloomError, TooManyWaits
 from floom.hints import act, told
 from floom.schemas.admin import KeyCreated, KeyPublic, SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
 from floom.schemas.alerts import (
     CallbackKey,
     ChannelList,
@@ -45,7 +46,6 @@ from floom.schemas.alerts import (
     RuleList,
     RulePublic,
 )
-from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.health import Health
 from floom.schemas.nodes import NodeList

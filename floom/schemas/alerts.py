@@ -77,7 +77,7 @@ class RuleList(Public):
     items: list[RulePublic]
 
 
-class DeliveryPublic(Public):
+class AlertDeliveryPublic(Public):
     id: str
     purpose: DeliveryPurposeWord
     status: DeliveryStatusWord
@@ -134,13 +134,13 @@ def shown_target(url: str | None) -> str | None:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
 
-def delivery_public(row: Delivery) -> DeliveryPublic:
+def delivery_public(row: Delivery) -> AlertDeliveryPublic:
     body = jsonvalues.stored(row.body_json, expect=dict)
     summary = body.get("summary")
     if summary is None and isinstance(body.get("run"), dict):
         run = body["run"]
         summary = f"run {run.get('id')} of {run.get('worker')} {run.get('status')}"
-    return DeliveryPublic(
+    return AlertDeliveryPublic(
         id=row.id,
         purpose=row.purpose,
         status=row.status,
@@ -160,5 +160,7 @@ def delivery_public(row: Delivery) -> DeliveryPublic:
     )
 
 
-def delivery_page(rows: list[Delivery], next_cursor: str | None) -> Page[DeliveryPublic]:
-    return Page[DeliveryPublic](items=[delivery_public(r) for r in rows], next_cursor=next_cursor)
+def delivery_page(rows: list[Delivery], next_cursor: str | None) -> Page[AlertDeliveryPublic]:
+    return Page[AlertDeliveryPublic](
+        items=[delivery_public(r) for r in rows], next_cursor=next_cursor
+    )

@@ -54,11 +54,11 @@ def delete_channel(name: str, ctx: CtxDep, caller: DeployCaller) -> views.Delete
 
 @router.post(
     "/channels/{name}/test",
-    response_model=views.DeliveryPublic,
+    response_model=views.AlertDeliveryPublic,
     responses=authed(404, 502),
     summary="Send a test alert now; 502 alert_undeliverable says why it did not arrive",
 )
-def test_channel(name: str, ctx: CtxDep, caller: DeployCaller) -> views.DeliveryPublic:
+def test_channel(name: str, ctx: CtxDep, caller: DeployCaller) -> views.AlertDeliveryPublic:
     return views.delivery_public(deliveries.send_test(ctx, channel_name=name, caller=caller))
 
 
@@ -95,7 +95,9 @@ def delete_rule(name: str, ctx: CtxDep, caller: DeployCaller) -> views.Deleted:
     return views.Deleted(name=name, deleted=True)
 
 
-@router.get("/deliveries", response_model=Page[views.DeliveryPublic], responses=authed(400, 422))
+@router.get(
+    "/deliveries", response_model=Page[views.AlertDeliveryPublic], responses=authed(400, 422)
+)
 def list_deliveries(
     ctx: CtxDep,
     caller: ReadCaller,
@@ -105,7 +107,7 @@ def list_deliveries(
     run_id: str | None = Query(None, max_length=40, description="only this run's"),
     cursor: Cursor = None,
     limit: Limit = 50,
-) -> Page[views.DeliveryPublic]:
+) -> Page[views.AlertDeliveryPublic]:
     rows, next_cursor = deliveries.list_deliveries(
         ctx,
         status=status,
@@ -120,9 +122,13 @@ def list_deliveries(
 
 
 @router.get(
-    "/deliveries/{alert_delivery_id}", response_model=views.DeliveryPublic, responses=authed(404)
+    "/deliveries/{alert_delivery_id}",
+    response_model=views.AlertDeliveryPublic,
+    responses=authed(404),
 )
-def get_delivery(alert_delivery_id: str, ctx: CtxDep, caller: ReadCaller) -> views.DeliveryPublic:
+def get_delivery(
+    alert_delivery_id: str, ctx: CtxDep, caller: ReadCaller
+) -> views.AlertDeliveryPublic:
     return views.delivery_public(
         deliveries.get_delivery(ctx, delivery_id=alert_delivery_id, caller=caller)
     )
@@ -131,13 +137,13 @@ def get_delivery(alert_delivery_id: str, ctx: CtxDep, caller: ReadCaller) -> vie
 @router.post(
     "/deliveries/{alert_delivery_id}/resend",
     status_code=202,
-    response_model=views.DeliveryPublic,
+    response_model=views.AlertDeliveryPublic,
     responses=authed(404, 409),
     summary="Send a delivery again (a delivered one as a new delivery)",
 )
 def resend_delivery(
     alert_delivery_id: str, ctx: CtxDep, caller: DeployCaller
-) -> views.DeliveryPublic:
+) -> views.AlertDeliveryPublic:
     return views.delivery_public(
         deliveries.resend(ctx, delivery_id=alert_delivery_id, caller=caller)
     )

@@ -12,8 +12,8 @@ from typing import Any
 
 from floom.errors import FloomError
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
 from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
-from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,

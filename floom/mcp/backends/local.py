@@ -18,8 +18,8 @@ from floom.schemas import handoffs as handoff_models
 from floom.schemas import replays as replay_views
 from floom.schemas import workers as worker_models
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
 from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
-from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,

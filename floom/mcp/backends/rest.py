@@ -13,8 +13,8 @@ from floom.client_env import admin_key_file
 from floom.errors import ClientError, Conflict, FloomError
 from floom.mcp.backends.base import JSON, Backend, NotAvailable
 from floom.schemas.admin import KeyPublic, SecretDeleted, SecretPublic, SecretSet
+from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
 from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
-from floom.schemas.alerts import DeliveryPublic as AlertDelivery
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from floom.mcp.render import Reply
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
-from floom.schemas.alerts import ChannelPublic, DeliveryPublic, RuleCreate
+from floom.schemas.alerts import AlertDeliveryPublic, ChannelPublic, RuleCreate
 from floom.schemas.common import OneOf
 from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus
 
@@ -24,7 +24,7 @@ def _channels_text(items: list[ChannelPublic]) -> str:
     )
 
 
-def _delivery_line(d: DeliveryPublic) -> str:
+def _delivery_line(d: AlertDeliveryPublic) -> str:
     to = d.channel or d.target or ""
     why = f" ({d.last_error})" if d.last_error else ""
     return f"{d.id} {d.status} {d.type} to {to}, {d.attempts} tries: {d.summary}{why}"
