@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict, JsonValue
@@ -10,6 +10,10 @@ from pydantic.config import JsonDict, JsonValue
 from floom.schemas.admin import KeyCreated
 from floom.schemas.common import JobPriorityWord, JobStatusWord, Public, Timestamp
 from floom.services.handoffs import rules
+
+if TYPE_CHECKING:
+    from floom.services.handoffs.agents import AgentRoles, NewAgent
+    from floom.store.handoffs import Role
 
 # A request's status or priority, checked by the service (floom/services/handoffs/rules.py).
 JOB_STATUS: JsonDict = {"enum": list(rules.STATUSES)}
@@ -149,6 +153,16 @@ class RolePublic(Public):
     created_at: Timestamp
     retired_at: Timestamp | None
 
+    @classmethod
+    def of(cls, role: Role, /) -> Self:
+        return cls(
+            id=role.id,
+            name=role.name,
+            description=role.description,
+            created_at=role.created_at,
+            retired_at=role.retired_at,
+        )
+
 
 class AgentPublic(Public):
     id: str
@@ -158,10 +172,27 @@ class AgentPublic(Public):
     created_at: Timestamp
     retired_at: Timestamp | None
 
+    @classmethod
+    def of(cls, held: AgentRoles, /, **extra: Any) -> Self:
+        agent = held.agent
+        return cls(
+            id=agent.id,
+            label=agent.label,
+            tool_family=agent.tool_family,
+            roles=[r.name for r in held.roles],
+            created_at=agent.created_at,
+            retired_at=agent.retired_at,
+            **extra,
+        )
+
 
 class AgentCreated(AgentPublic):
     key: str = Field(description="the agent's first key: shown only in this answer")
     key_id: str
+
+    @classmethod
+    def created(cls, new: NewAgent, /) -> Self:
+        return cls.of(new, key=new.token, key_id=new.key.id)
 
 
 AgentKeyCreated = KeyCreated

@@ -21,7 +21,7 @@ def agent(ctx: Context, label: str, *role_names: str, scopes: list[str] | None =
     body = handoff_agents.create_agent(
         ctx, caller=SYSTEM, label=label, roles=list(role_names), scopes=scopes
     )
-    return Principal.of_key(keys.authenticate(ctx, body["key"]))
+    return Principal.of_key(keys.authenticate(ctx, body.token))
 
 
 def admin(ctx: Context) -> Principal:

@@ -57,7 +57,7 @@ def board(
         "columns": columns,
         "total": len(items),
         "more": next_cursor is not None,
-        "roles": [r["name"] for r in list_roles(ctx, include_retired=True, caller=reader)],
+        "roles": [r.name for r in list_roles(ctx, include_retired=True, caller=reader)],
         "viewer": who,
     }
 

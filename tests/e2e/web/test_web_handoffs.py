@@ -24,7 +24,7 @@ def _agent(
     body = handoff_agents.create_agent(
         server.ctx, caller=SYSTEM, label=label, roles=list(role_names), scopes=scopes
     )
-    token: str = body["key"]
+    token: str = body.token
     return token
 
 

@@ -35,7 +35,7 @@ def _jobs_in_every_status(server: LiveServer) -> dict[str, str]:
         label: Principal.of_key(
             keys.authenticate(
                 ctx,
-                handoff_agents.create_agent(ctx, caller=SYSTEM, label=label, roles=[role])["key"],
+                handoff_agents.create_agent(ctx, caller=SYSTEM, label=label, roles=[role]).token,
             )
         )
         for label, role in (

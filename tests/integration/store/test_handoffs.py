@@ -439,7 +439,7 @@ def test_a_retired_role_takes_no_new_jobs_and_its_holders_lose_it(ctx: Context, 
     with pytest.raises(Conflict) as info:
         handoffs.create_job(ctx, actor=team["lead"], summary="x", role="ops")
     assert "retired" in info.value.message
-    assert "ops" not in [r["name"] for r in handoff_agents.list_roles(ctx, caller=SYSTEM)]
+    assert "ops" not in [r.name for r in handoff_agents.list_roles(ctx, caller=SYSTEM)]
 
 
 def test_a_key_that_speaks_for_no_agent_cannot_take_part(ctx: Context, team: Team) -> None:
@@ -477,9 +477,9 @@ def test_an_agent_with_an_unknown_scope_is_refused_and_nothing_is_created(ctx: C
         handoff_agents.create_agent(
             ctx, caller=SYSTEM, label="half", roles=["writer"], scopes=["root"]
         )
-    assert [a["label"] for a in handoff_agents.list_agents(ctx, caller=SYSTEM)] == []
+    assert [a.agent.label for a in handoff_agents.list_agents(ctx, caller=SYSTEM)] == []
     # The label is free: nothing half-made holds it.
     made = handoff_agents.create_agent(
         ctx, caller=SYSTEM, label="half", roles=["writer"], scopes=["run"]
     )
-    assert made["label"] == "half"
+    assert made.agent.label == "half"
