@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict, JsonValue
 
+from floom import jsonvalues
 from floom.schemas.admin import KeyCreated
 from floom.schemas.common import JobPriorityWord, JobStatusWord, Public, Timestamp
 from floom.services.handoffs import rules
+
+if TYPE_CHECKING:
+    from floom.services.handoffs.agents import AgentRoles, NewAgent
+    from floom.services.handoffs.jobs import JobRecord
+    from floom.store.handoffs import JobEvent, Role
 
 # A request's status or priority, checked by the service (floom/services/handoffs/rules.py).
 JOB_STATUS: JsonDict = {"enum": list(rules.STATUSES)}
@@ -19,6 +25,13 @@ PRIORITY: JsonDict = {"enum": list(rules.PRIORITIES)}
 class AgentRef(Public):
     id: str
     label: str
+
+    @classmethod
+    def named(cls, agent_id: str | None, labels: dict[str, str]) -> Self | None:
+        """The agent `agent_id` with its label from `labels` (its id when it has none)."""
+        if agent_id is None:
+            return None
+        return cls(id=agent_id, label=labels.get(agent_id, agent_id))
 
 
 class Rejection(Public):
@@ -36,6 +49,26 @@ class JobEventPublic(Public):
     actor: str | None
     actor_agent_id: str | None
     payload: dict[str, Any]
+
+    @classmethod
+    def of(cls, event: JobEvent, /, *, payload: dict[str, Any] | None = None) -> Self:
+        """The event; `payload` in place of its stored one (a surface tells its reason)."""
+        return cls(
+            id=event.id,
+            job_id=event.job_id,
+            ts=event.ts,
+            type=event.type,
+            from_status=event.from_status,
+            to_status=event.to_status,
+            actor=event.actor,
+            actor_agent_id=event.actor_agent_id,
+            payload=stored_payload(event) if payload is None else payload,
+        )
+
+
+def stored_payload(event: JobEvent) -> dict[str, Any]:
+    payload: dict[str, Any] = jsonvalues.stored(event.payload_json, expect=dict)
+    return payload
 
 
 class JobPublic(Public):
@@ -73,6 +106,50 @@ class JobPublic(Public):
     events: list[JobEventPublic] = Field(default_factory=list)
 
     omit_when_unset = frozenset({"replayed", "events"})
+
+    @classmethod
+    def of(cls, found: JobRecord, /, *, reason: str | None, events: list[JobEventPublic]) -> Self:
+        """The job; `reason` and `events` as told on the caller's surface (floom.views)."""
+        job, labels = found.row, found.labels
+        rejection = None
+        if job.rejection_reason is not None:
+            reviewer = AgentRef.named(job.rejected_by, labels)
+            rejection = Rejection(reason=job.rejection_reason, reviewer=reviewer)
+        given: dict[str, Any] = {}  # replayed and events appear only when there
+        if found.replayed:
+            given["replayed"] = True
+        if events:
+            given["events"] = events
+        return cls(
+            id=job.id,
+            summary=job.summary,
+            status=job.status,
+            priority=job.priority,
+            role=found.role,
+            role_id=job.target_role_id,
+            context=jsonvalues.stored(job.context_json, expect=dict),
+            constraints=jsonvalues.stored_list(job.constraints_json, items=str),
+            artifacts=rules.job_artifacts(job.artifacts_json),
+            routing=found.routing,
+            blocked_by=found.blocked_by,
+            source_agent=AgentRef.named(job.source_agent_id, labels),
+            assignee=AgentRef.named(job.assignee_agent_id, labels),
+            idempotency_key=job.idempotency_key,
+            claimed_at=job.claimed_at,
+            lease_expires_at=job.lease_expires_at,
+            result=jsonvalues.stored(job.result_json) if job.result_json else None,
+            reason=reason,
+            follow_on_of=job.follow_on_of,
+            retry_of=job.retry_of,
+            superseded_by=job.superseded_by,
+            attempt=job.attempt,
+            run_id=job.run_id,
+            rejection=rejection,
+            created_at=job.created_at,
+            updated_at=job.updated_at,
+            finished_at=job.finished_at,
+            **given,
+        )
 
 
 class JobQuery(BaseModel):
@@ -149,6 +226,16 @@ class RolePublic(Public):
     created_at: Timestamp
     retired_at: Timestamp | None
 
+    @classmethod
+    def of(cls, role: Role, /) -> Self:
+        return cls(
+            id=role.id,
+            name=role.name,
+            description=role.description,
+            created_at=role.created_at,
+            retired_at=role.retired_at,
+        )
+
 
 class AgentPublic(Public):
     id: str
@@ -158,10 +245,27 @@ class AgentPublic(Public):
     created_at: Timestamp
     retired_at: Timestamp | None
 
+    @classmethod
+    def of(cls, held: AgentRoles, /, **extra: Any) -> Self:
+        agent = held.agent
+        return cls(
+            id=agent.id,
+            label=agent.label,
+            tool_family=agent.tool_family,
+            roles=[r.name for r in held.roles],
+            created_at=agent.created_at,
+            retired_at=agent.retired_at,
+            **extra,
+        )
+
 
 class AgentCreated(AgentPublic):
     key: str = Field(description="the agent's first key: shown only in this answer")
     key_id: str
+
+    @classmethod
+    def created(cls, new: NewAgent, /) -> Self:
+        return cls.of(new, key=new.token, key_id=new.key.id)
 
 
 AgentKeyCreated = KeyCreated

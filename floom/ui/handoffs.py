@@ -18,6 +18,7 @@ from floom.services.handoffs import board as handoff_board
 from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import review as handoff_review
 from floom.ui.support import Me, UiRoute, checked_form, error_markup, render
+from floom.views import handoffs as handoff_views
 
 router = APIRouter(route_class=UiRoute, include_in_schema=False)
 
@@ -31,6 +32,8 @@ NOTICES = {
 def board_page(request: Request, ctx: CtxDep, me: Me, role: str = "") -> Response:
     try:
         values = handoff_board.board(ctx, actor=me.caller, role=role or None)
+        for column in values["columns"]:
+            column["jobs"] = [handoff_views.stored_job(j) for j in column["jobs"]]
     except Forbidden as exc:
         # A key that speaks for no agent still sees the page, told how to take part.
         values = {"columns": [], "total": 0, "roles": [], "no_actor": error_markup(exc)}
@@ -46,6 +49,7 @@ def _job_page(
     status: int = 200,
 ) -> Response:
     values = handoff_board.job_view(ctx, actor=me.caller, job_id=job_id)
+    values["job"] = handoff_views.stored_job(values["job"])
     return render(request, "handoff_job.html", {**values, **(extra or {})}, status)
 
 
@@ -78,7 +82,7 @@ async def reject(request: Request, job_id: str, ctx: CtxDep, me: Me) -> Response
         retry = handoff_review.reject(
             ctx, actor=me.caller, job_id=job_id, reason=str(form.get("reason") or "")
         )
-        return str(retry["id"])
+        return retry.row.id
 
     return await _act(request, ctx, me, job_id, action, "rejected")
 

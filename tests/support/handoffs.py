@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from floom.schemas.handoffs import JobEventPublic, JobPublic
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import jobs as handoffs
+from floom.views import handoffs as handoff_views
 
 
 def roles(ctx: Context, *names: str) -> None:
@@ -21,7 +21,7 @@ def agent(ctx: Context, label: str, *role_names: str, scopes: list[str] | None =
     body = handoff_agents.create_agent(
         ctx, caller=SYSTEM, label=label, roles=list(role_names), scopes=scopes
     )
-    return Principal.of_key(keys.authenticate(ctx, body["key"]))
+    return Principal.of_key(keys.authenticate(ctx, body.token))
 
 
 def admin(ctx: Context) -> Principal:
@@ -29,12 +29,24 @@ def admin(ctx: Context) -> Principal:
     return Principal.of_key(keys.authenticate(ctx, token))
 
 
-def events(ctx: Context, job_id: str) -> list[dict[str, Any]]:
-    return handoffs.list_events(ctx, actor=admin_actor(), job_id=job_id)
+def public(found: handoffs.JobRecord) -> JobPublic:
+    """A job as the web UI shows it: its JSON read back, its agents by label."""
+    return handoff_views.stored_job(found)
+
+
+def label_of(found: handoffs.JobRecord, agent_id: str | None) -> str | None:
+    """The label of an agent the job names (its source, assignee or reviewer)."""
+    return None if agent_id is None else found.labels.get(agent_id, agent_id)
+
+
+def events(ctx: Context, job_id: str) -> list[JobEventPublic]:
+    return [
+        JobEventPublic.of(e) for e in handoffs.list_events(ctx, actor=admin_actor(), job_id=job_id)
+    ]
 
 
 def event_types(ctx: Context, job_id: str) -> list[str]:
-    return [e["type"] for e in events(ctx, job_id)]
+    return [e.type for e in events(ctx, job_id)]
 
 
 def admin_actor() -> handoff_agents.Actor:

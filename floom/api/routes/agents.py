@@ -58,7 +58,7 @@ def list_roles(
     ctx: CtxDep, caller: ReadCaller, include_retired: bool = False
 ) -> Page[views.RolePublic]:
     rows = agents.list_roles(ctx, include_retired=include_retired, caller=caller)
-    items = [views.RolePublic.model_validate(r) for r in rows]
+    items = [views.RolePublic.of(r) for r in rows]
     return Page[views.RolePublic](items=items, next_cursor=None)
 
 
@@ -66,7 +66,7 @@ def list_roles(
     "/roles", status_code=201, response_model=views.RolePublic, responses=authed(400, 409, 422)
 )
 def create_role(body: RoleRequest, ctx: CtxDep, caller: AdminCaller) -> views.RolePublic:
-    return views.RolePublic.model_validate(
+    return views.RolePublic.of(
         agents.create_role(ctx, name=body.name, description=body.description, caller=caller)
     )
 
@@ -78,12 +78,12 @@ def update_role(role: str, body: RoleUpdate, ctx: CtxDep, caller: AdminCaller) -
     updated = agents.update_role(
         ctx, role=role, name=body.name, description=body.description, caller=caller
     )
-    return views.RolePublic.model_validate(updated)
+    return views.RolePublic.of(updated)
 
 
 @router.post("/roles/{role}/retire", response_model=views.RolePublic, responses=authed(404))
 def retire_role(role: str, ctx: CtxDep, caller: AdminCaller) -> views.RolePublic:
-    return views.RolePublic.model_validate(agents.retire_role(ctx, role=role, caller=caller))
+    return views.RolePublic.of(agents.retire_role(ctx, role=role, caller=caller))
 
 
 @router.get("/agents", response_model=Page[views.AgentPublic], responses=authed(422))
@@ -91,7 +91,7 @@ def list_agents(
     ctx: CtxDep, caller: ReadCaller, include_retired: bool = False
 ) -> Page[views.AgentPublic]:
     rows = agents.list_agents(ctx, include_retired=include_retired, caller=caller)
-    items = [views.AgentPublic.model_validate(a) for a in rows]
+    items = [views.AgentPublic.of(a) for a in rows]
     return Page[views.AgentPublic](items=items, next_cursor=None)
 
 
@@ -115,12 +115,12 @@ def create_agent(body: AgentRequest, ctx: CtxDep, caller: AdminCaller) -> views.
         scopes=body.scopes,
         caller=caller,
     )
-    return views.AgentCreated.model_validate(created)
+    return views.AgentCreated.created(created)
 
 
 @router.get("/agents/{agent}", response_model=views.AgentPublic, responses=authed(404))
 def get_agent(agent: str, ctx: CtxDep, caller: ReadCaller) -> views.AgentPublic:
-    return views.AgentPublic.model_validate(agents.get_agent(ctx, agent=agent, caller=caller))
+    return views.AgentPublic.of(agents.get_agent(ctx, agent=agent, caller=caller))
 
 
 @router.patch(
@@ -137,12 +137,12 @@ def update_agent(
         tool_family=body.tool_family,
         caller=caller,
     )
-    return views.AgentPublic.model_validate(updated)
+    return views.AgentPublic.of(updated)
 
 
 @router.post("/agents/{agent}/retire", response_model=views.AgentPublic, responses=authed(404))
 def retire_agent(agent: str, ctx: CtxDep, caller: AdminCaller) -> views.AgentPublic:
-    return views.AgentPublic.model_validate(retire.retire_agent(ctx, agent=agent, caller=caller))
+    return views.AgentPublic.of(retire.retire_agent(ctx, agent=agent, caller=caller))
 
 
 @router.post(
@@ -154,6 +154,5 @@ def retire_agent(agent: str, ctx: CtxDep, caller: AdminCaller) -> views.AgentPub
 def create_agent_key(
     agent: str, body: AgentKeyRequest, ctx: CtxDep, caller: AdminCaller
 ) -> views.AgentKeyCreated:
-    return views.AgentKeyCreated.model_validate(
-        agents.create_agent_key(ctx, agent=agent, scopes=body.scopes, caller=caller)
-    )
+    key, token = agents.create_agent_key(ctx, agent=agent, scopes=body.scopes, caller=caller)
+    return views.AgentKeyCreated.of(key, key=token)

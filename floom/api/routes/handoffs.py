@@ -185,7 +185,7 @@ def create_job(
     body: JobRequest, ctx: CtxDep, caller: RunCaller, response: Response
 ) -> handoff_models.JobPublic:
     job = handoffs.create_job(ctx, actor=caller, **body.model_dump())
-    if job.get("replayed"):
+    if job.replayed:
         response.status_code = 200
     return views.job_public(job, surface=caller.surface)
 

@@ -441,7 +441,7 @@ class LocalBackend(Backend):
 
     # -- handoffs: the key is the actor; the services apply visibility and the table -----------
 
-    def _job(self, job: dict[str, Any]) -> JobPublic:
+    def _job(self, job: handoffs.JobRecord) -> JobPublic:
         return handoff_views.job_public(job, surface=self.principal.surface)
 
     def handoff_my_roles(self) -> WhoAmI:

@@ -7,7 +7,7 @@ import logging
 import os
 import secrets
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
@@ -190,18 +190,6 @@ def key_names(ctx: Context, *, key_ids: list[str], caller: Principal) -> dict[st
             select(ApiKey.id, ApiKey.name, ApiKey.prefix).where(col(ApiKey.id).in_(wanted))
         ).all()
     return {key_id: name or f"{prefix}…" for key_id, name, prefix in rows}
-
-
-def key_to_dict(key: ApiKey) -> dict[str, Any]:
-    return {
-        "id": key.id,
-        "name": key.name,
-        "prefix": key.prefix,
-        "scopes": key.scopes.split(","),
-        "agent_id": key.agent_id,
-        "created_at": key.created_at,
-        "revoked_at": key.revoked_at,
-    }
 
 
 def ensure_admin_key(ctx: Context) -> str | None:

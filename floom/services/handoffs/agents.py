@@ -116,16 +116,6 @@ def roles_of(s: Session, agent_id: str) -> list[Role]:
 # -- roles -----------------------------------------------------------------------------------
 
 
-def role_to_dict(role: Role) -> dict[str, Any]:
-    return {
-        "id": role.id,
-        "name": role.name,
-        "description": role.description,
-        "created_at": role.created_at,
-        "retired_at": role.retired_at,
-    }
-
-
 def find_role(s: Session, ref: str, *, active: bool = True) -> Role:
     """A role by id or name; with `active`, a retired role is refused."""
     role = s.get(Role, ref) if ref.startswith("rol_") else None
@@ -146,9 +136,7 @@ def _check_role_name(name: str) -> str:
     return name
 
 
-def create_role(
-    ctx: Context, *, name: str, description: str = "", caller: Principal
-) -> dict[str, Any]:
+def create_role(ctx: Context, *, name: str, description: str = "", caller: Principal) -> Role:
     """A new role agents can hold and jobs can target. Needs the admin scope."""
     caller.require("admin")
     role = Role(id=new_id("rol"), name=_check_role_name(name), description=description)
@@ -160,19 +148,17 @@ def create_role(
         raise Conflict(
             f"a role named '{name}' exists", hint="pick another name or reuse that role"
         ) from exc
-    return role_to_dict(role)
+    return role
 
 
-def list_roles(
-    ctx: Context, *, include_retired: bool = False, caller: Principal
-) -> list[dict[str, Any]]:
+def list_roles(ctx: Context, *, include_retired: bool = False, caller: Principal) -> list[Role]:
     """The roles by name, the retired ones too with `include_retired`. Needs the read scope."""
     caller.require("read")
     q = select(Role).order_by(col(Role.name))
     if not include_retired:
         q = q.where(col(Role.retired_at).is_(None))
     with session_scope(ctx.engine) as s:
-        return [role_to_dict(r) for r in s.exec(q).all()]
+        return list(s.exec(q).all())
 
 
 def update_role(
@@ -182,7 +168,7 @@ def update_role(
     name: str | None = None,
     description: str | None = None,
     caller: Principal,
-) -> dict[str, Any]:
+) -> Role:
     """Rename a role or change its description; jobs and agents keep it, by id. Needs the
     admin scope."""
     caller.require("admin")
@@ -198,10 +184,10 @@ def update_role(
             s.flush()
     except IntegrityError as exc:
         raise Conflict(f"a role named '{name}' exists", hint="pick another name") from exc
-    return role_to_dict(found)
+    return found
 
 
-def retire_role(ctx: Context, *, role: str, caller: Principal) -> dict[str, Any]:
+def retire_role(ctx: Context, *, role: str, caller: Principal) -> Role:
     """No new jobs target a retired role and its holders lose it; its jobs stay as they are.
     Needs the admin scope."""
     caller.require("admin")
@@ -211,21 +197,30 @@ def retire_role(ctx: Context, *, role: str, caller: Principal) -> dict[str, Any]
         if found.retired_at is None:
             found.retired_at = utcnow()
             s.add(found)
-    return role_to_dict(found)
+    return found
 
 
 # -- agents ----------------------------------------------------------------------------------
 
 
-def agent_to_dict(agent: Agent, roles: list[Role]) -> dict[str, Any]:
-    return {
-        "id": agent.id,
-        "label": agent.label,
-        "tool_family": agent.tool_family,
-        "roles": [r.name for r in roles],
-        "created_at": agent.created_at,
-        "retired_at": agent.retired_at,
-    }
+@dataclass(frozen=True)
+class AgentRoles:
+    """An agent with the active roles it holds, by name (schemas.handoffs.AgentPublic.of)."""
+
+    agent: Agent
+    roles: list[Role]
+
+
+@dataclass(frozen=True)
+class NewAgent(AgentRoles):
+    """A new agent and its first key, with the key's plaintext (shown only once)."""
+
+    key: ApiKey
+    token: str
+
+
+def agent_roles(s: Session, agent: Agent) -> AgentRoles:
+    return AgentRoles(agent, roles_of(s, agent.id))
 
 
 def find_agent(s: Session, ref: str) -> Agent:
@@ -267,8 +262,8 @@ def create_agent(
     tool_family: str = "",
     scopes: list[str] | None = None,
     caller: Principal,
-) -> dict[str, Any]:
-    """Create an agent holding `roles`, and its first API key (in "key", shown only now),
+) -> NewAgent:
+    """Create an agent holding `roles`, and its first API key (its plaintext shown only now),
     in one transaction. Bad scopes are refused before anything is written. Needs the admin
     scope (checked again in that transaction)."""
     caller.require("admin")
@@ -286,13 +281,13 @@ def create_agent(
             )
     except IntegrityError as exc:
         raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
-    return {**agent_to_dict(agent, held), "key": token, "key_id": key.id}
+    return NewAgent(agent, held, key, token)
 
 
 def create_agent_key(
     ctx: Context, *, agent: str, scopes: list[str] | None = None, caller: Principal
-) -> dict[str, Any]:
-    """Another key for an agent (to rotate one); the plaintext is in "key", shown only now.
+) -> tuple[ApiKey, str]:
+    """Another key for an agent (to rotate one), with its plaintext, shown only now.
     Needs the admin scope (checked again in the inserting transaction)."""
     caller.require("admin")
     scopes = scopes or ["run"]
@@ -305,27 +300,27 @@ def create_agent_key(
         key, token = keys.add_key(
             s, scopes=scopes, name=f"agent {found.label}", agent_id=found.id, caller=caller
         )
-    return {**keys.key_to_dict(key), "key": token}
+    return key, token
 
 
 def list_agents(
     ctx: Context, *, include_retired: bool = False, caller: Principal
-) -> list[dict[str, Any]]:
+) -> list[AgentRoles]:
     """The agents by label with their roles. Needs the read scope."""
     caller.require("read")
     q = select(Agent).order_by(col(Agent.label))
     if not include_retired:
         q = q.where(col(Agent.retired_at).is_(None))
     with session_scope(ctx.engine) as s:
-        return [agent_to_dict(a, roles_of(s, a.id)) for a in s.exec(q).all()]
+        return [agent_roles(s, a) for a in s.exec(q).all()]
 
 
-def get_agent(ctx: Context, *, agent: str, caller: Principal) -> dict[str, Any]:
+def get_agent(ctx: Context, *, agent: str, caller: Principal) -> AgentRoles:
     """One agent (by id or label) with its roles. Needs the read scope."""
     caller.require("read")
     with session_scope(ctx.engine) as s:
         found = find_agent(s, agent)
-        return agent_to_dict(found, roles_of(s, found.id))
+        return agent_roles(s, found)
 
 
 def update_agent(
@@ -336,7 +331,7 @@ def update_agent(
     label: str | None = None,
     tool_family: str | None = None,
     caller: Principal,
-) -> dict[str, Any]:
+) -> AgentRoles:
     """Change an agent's roles (the full new list), label or tool family. Needs the admin
     scope."""
     caller.require("admin")
@@ -354,7 +349,7 @@ def update_agent(
             if roles is not None:
                 _set_roles(s, found.id, roles)
             s.flush()
-            return agent_to_dict(found, roles_of(s, found.id))
+            return agent_roles(s, found)
     except IntegrityError as exc:
         raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
 

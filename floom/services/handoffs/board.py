@@ -47,17 +47,17 @@ def board(
     items, next_cursor = list_jobs(ctx, actor=who, role=role or None, limit=limit)
     columns = []
     for status in COLUMNS:
-        jobs = [j for j in items if j["status"] == status]
+        jobs = [j for j in items if j.row.status == status]
         if status in rules.TERMINAL or status in (rules.IN_PROGRESS, rules.BLOCKED):
-            jobs.sort(key=lambda j: j["updated_at"], reverse=True)
+            jobs.sort(key=lambda j: j.row.updated_at, reverse=True)
         else:
-            jobs.sort(key=lambda j: (-rules.PRIORITY_RANK[j["priority"]], j["id"]))
+            jobs.sort(key=lambda j: (-rules.PRIORITY_RANK[j.row.priority], j.row.id))
         columns.append({"status": status, "jobs": jobs})
     return {
         "columns": columns,
         "total": len(items),
         "more": next_cursor is not None,
-        "roles": [r["name"] for r in list_roles(ctx, include_retired=True, caller=reader)],
+        "roles": [r.name for r in list_roles(ctx, include_retired=True, caller=reader)],
         "viewer": who,
     }
 
@@ -79,7 +79,7 @@ def job_view(ctx: Context, *, actor: Actor | Principal, job_id: str) -> dict[str
             return [_brief(j) for j in s.exec(q.order_by(col(Job.id))).all()]
 
         related = {
-            "blockers": visible(select(Job).where(col(Job.id).in_(job["blocked_by"]))),
+            "blockers": visible(select(Job).where(col(Job.id).in_(job.blocked_by))),
             "dependents": visible(select(Job).where(col(Job.id).in_(dependents))),
             "follow_ons": visible(select(Job).where(Job.follow_on_of == job_id)),
         }

@@ -134,9 +134,9 @@ def _inputs_for(ctx: Context, worker: str, context: dict[str, Any]) -> dict[str,
     return {k: v for k, v in context.items() if k in declared}
 
 
-def _start(ctx: Context, bridge: Bridge, actor: Actor, job: dict[str, Any]) -> None:
+def _start(ctx: Context, bridge: Bridge, actor: Actor, job: Job) -> None:
     try:
-        inputs = _inputs_for(ctx, bridge.worker, job["context"])
+        inputs = _inputs_for(ctx, bridge.worker, jsonvalues.stored(job.context_json, expect=dict))
         run = runs.create_run(
             ctx,
             worker_name=bridge.worker,
@@ -146,13 +146,13 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: dict[str, Any]) -> N
         )
     except FloomError as exc:
         # The hint says how to let it start (resume it, deploy a version), as a floom command
-        # that each caller is told in its own terms (schemas.handoffs.job_public).
+        # that each caller is told in its own terms (views.handoffs.job_public).
         hint = f"; {exc.hint}" if exc.hint else ""
         reason = f"worker {bridge.worker} could not start: {exc.message}{hint}"
-        flow.set_status(ctx, actor=actor, job_id=job["id"], status=rules.FAILED, reason=reason)
+        flow.set_status(ctx, actor=actor, job_id=job.id, status=rules.FAILED, reason=reason)
         return
     with session_scope(ctx.engine, write=True) as s:
-        row = s.get(Job, job["id"], with_for_update=True)
+        row = s.get(Job, job.id, with_for_update=True)
         if row is None or row.assignee_agent_id != actor.agent_id:
             return  # lost meanwhile; the run goes on unlinked
         row.run_id = run.id
@@ -254,5 +254,5 @@ def bridge_pass(ctx: Context) -> BridgePass:
             if taken is None:
                 break
             claimed += 1
-            _start(ctx, bridge, worker_actor, taken)
+            _start(ctx, bridge, worker_actor, taken.row)
     return BridgePass(claimed=claimed, busy=bool(bridges or running))

@@ -23,7 +23,8 @@ from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, system_actor
 from floom.services.handoffs.jobs import (
-    jobs_to_dicts,
+    JobRecord,
+    job_record,
     load_visible,
     record,
     routing_rules,
@@ -179,13 +180,13 @@ def _claim_locked(s: Session, job: Job, actor: Actor, lease: timedelta) -> None:
 
 def claim(
     ctx: Context, *, actor: Actor | Principal, job_id: str, lease_seconds: float | None = None
-) -> dict[str, Any]:
+) -> JobRecord:
     """Claim one published job; the caller holds it until its lease runs out."""
     who, lease = as_actor(ctx, actor, scope="run"), _lease(ctx, lease_seconds)
     with session_scope(ctx.engine, write=True) as s:
         job = load_visible(s, who, job_id, lock=True)
         _claim_locked(s, job, who, lease)
-        return jobs_to_dicts(s, [job])[0]
+        return job_record(s, job)
 
 
 def claim_next(
@@ -194,7 +195,7 @@ def claim_next(
     actor: Actor | Principal,
     role: str | None = None,
     lease_seconds: float | None = None,
-) -> dict[str, Any] | None:
+) -> JobRecord | None:
     """Claim the most urgent, then oldest, published job of the caller's roles (or of one
     of them), or None when there is none. Jobs another claim holds are skipped, not waited
     for: a racing loser gets the next job."""
@@ -222,7 +223,7 @@ def claim_next(
         if job is None:
             return None
         _claim_locked(s, job, who, lease)
-        return jobs_to_dicts(s, [job])[0]
+        return job_record(s, job)
 
 
 def heartbeat(
@@ -295,7 +296,7 @@ def set_status(
     status: str,
     reason: str | None = None,
     lease_seconds: float | None = None,
-) -> dict[str, Any]:
+) -> JobRecord:
     """Move a job to `status` (block, unblock with in_progress, release with published,
     fail, cancel; claim and complete too), as the transition table allows this caller."""
     who, lease = as_actor(ctx, actor, scope="run"), _lease(ctx, lease_seconds)
@@ -314,7 +315,7 @@ def set_status(
             _move(s, job, status, actor=who, event=event, reason=reason, lease=lease)
             if status in (rules.FAILED, rules.CANCELLED):
                 _fail_dependents(s, job)
-        return jobs_to_dicts(s, [job])[0]
+        return job_record(s, job)
 
 
 def complete(
@@ -325,7 +326,7 @@ def complete(
     summary: str = "",
     data: dict[str, Any] | None = None,
     artifacts: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> JobRecord:
     """Finish a held job with a result; dependents waiting only on it publish, and routing
     rules whose condition holds publish follow-on jobs linked to it."""
     who = as_actor(ctx, actor, scope="run")
@@ -339,7 +340,7 @@ def complete(
     with session_scope(ctx.engine, write=True) as s:
         job = load_visible(s, who, job_id, lock=True)
         _complete_locked(s, job, who, result)
-        return jobs_to_dicts(s, [job])[0]
+        return job_record(s, job)
 
 
 def _complete_locked(s: Session, job: Job, actor: Actor, result: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ handoffs/rules.py. Every write records its audit event in the same transaction.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, false, or_
@@ -94,7 +95,24 @@ def load_visible(s: Session, actor: Actor, job_id: str, *, lock: bool = False) -
     return job
 
 
-def jobs_to_dicts(s: Session, jobs: list[Job]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class JobRecord:
+    """A job row with what its answer names beside it: its role's name, its blockers, its
+    routing rules (each with its role's name), and the labels of the agents it mentions
+    (schemas.handoffs.JobPublic.of). `replayed` when an idempotency key returned it; `events`
+    (its audit trail, oldest first) when asked for."""
+
+    row: Job
+    role: str
+    blocked_by: list[str]
+    routing: list[dict[str, Any]]
+    labels: dict[str, str]
+    replayed: bool = False
+    events: list[JobEvent] = field(default_factory=list)
+
+
+def job_records(s: Session, jobs: list[Job]) -> list[JobRecord]:
+    """The jobs with their blockers, role names and agent labels, in a few queries."""
     ids = [j.id for j in jobs]
     blockers: dict[str, list[str]] = {i: [] for i in ids}
     if ids:
@@ -118,7 +136,20 @@ def jobs_to_dicts(s: Session, jobs: list[Job]) -> list[dict[str, Any]]:
     for rs in routing.values():
         for r in rs:
             r["role"] = roles.get(r["role_id"], r["role_id"])
-    return [_job_dict(j, roles, labels, blockers[j.id], routing[j.id]) for j in jobs]
+    return [
+        JobRecord(
+            row=j,
+            role=roles.get(j.target_role_id, j.target_role_id),
+            blocked_by=blockers[j.id],
+            routing=routing[j.id],
+            labels=labels,
+        )
+        for j in jobs
+    ]
+
+
+def job_record(s: Session, job: Job) -> JobRecord:
+    return job_records(s, [job])[0]
 
 
 def routing_rules(text: str) -> list[dict[str, Any]]:
@@ -128,98 +159,25 @@ def routing_rules(text: str) -> list[dict[str, Any]]:
     return [r for r in rules if isinstance(r, dict) and isinstance(r.get("role_id"), str)]
 
 
-def job_artifacts(text: str | None) -> list[dict[str, Any]]:
-    """A job's stored artifacts; an item that is not one (a row floom did not write) is
-    shown as an artifact of type `floom_unreadable` saying why."""
-    shown = []
-    for item in jsonvalues.stored_list(text, items=dict):
-        if isinstance(item.get("type"), str) and isinstance(item.get("uri"), str):
-            shown.append(item)
-        else:
-            why = item.get(jsonvalues.UNREADABLE) or "an artifact without a type and a uri"
-            shown.append({"type": jsonvalues.UNREADABLE, "uri": str(why)})
-    return shown
-
-
-def _who(agent_id: str | None, labels: dict[str, str]) -> dict[str, Any] | None:
-    if agent_id is None:
-        return None
-    return {"id": agent_id, "label": labels.get(agent_id, agent_id)}
-
-
-def _job_dict(
-    job: Job,
-    roles: dict[str, str],
-    labels: dict[str, str],
-    blocked_by: list[str],
-    routing: list[dict[str, Any]],
-) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "summary": job.summary,
-        "status": job.status,
-        "priority": job.priority,
-        "role": roles.get(job.target_role_id, job.target_role_id),
-        "role_id": job.target_role_id,
-        "context": jsonvalues.stored(job.context_json, expect=dict),
-        "constraints": jsonvalues.stored_list(job.constraints_json, items=str),
-        "artifacts": job_artifacts(job.artifacts_json),
-        "routing": routing,
-        "blocked_by": blocked_by,
-        "source_agent": _who(job.source_agent_id, labels),
-        "assignee": _who(job.assignee_agent_id, labels),
-        "idempotency_key": job.idempotency_key,
-        "claimed_at": job.claimed_at,
-        "lease_expires_at": job.lease_expires_at,
-        "result": jsonvalues.stored(job.result_json) if job.result_json else None,
-        "reason": job.reason,
-        "follow_on_of": job.follow_on_of,
-        "retry_of": job.retry_of,
-        "superseded_by": job.superseded_by,
-        "attempt": job.attempt,
-        "run_id": job.run_id,
-        "rejection": None
-        if job.rejection_reason is None
-        else {"reason": job.rejection_reason, "reviewer": _who(job.rejected_by, labels)},
-        "created_at": job.created_at,
-        "updated_at": job.updated_at,
-        "finished_at": job.finished_at,
-    }
-
-
-def event_to_dict(event: JobEvent) -> dict[str, Any]:
-    return {
-        "id": event.id,
-        "job_id": event.job_id,
-        "ts": event.ts,
-        "type": event.type,
-        "from_status": event.from_status,
-        "to_status": event.to_status,
-        "actor": event.actor,
-        "actor_agent_id": event.actor_agent_id,
-        "payload": jsonvalues.stored(event.payload_json, expect=dict),
-    }
-
-
 def get_job(
     ctx: Context, *, actor: Actor | Principal, job_id: str, events: bool = False
-) -> dict[str, Any]:
+) -> JobRecord:
     """One job the caller may see; with `events`, its audit trail, oldest first."""
     who = as_actor(ctx, actor)
     with session_scope(ctx.engine) as s:
         job = load_visible(s, who, job_id)
-        body = jobs_to_dicts(s, [job])[0]
+        found = job_record(s, job)
         if events:
-            body["events"] = _events(s, job_id)
-        return body
+            found = replace(found, events=_events(s, job_id))
+        return found
 
 
-def _events(s: Session, job_id: str) -> list[dict[str, Any]]:
+def _events(s: Session, job_id: str) -> list[JobEvent]:
     q = select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))
-    return [event_to_dict(e) for e in s.exec(q).all()]
+    return list(s.exec(q).all())
 
 
-def list_events(ctx: Context, *, actor: Actor | Principal, job_id: str) -> list[dict[str, Any]]:
+def list_events(ctx: Context, *, actor: Actor | Principal, job_id: str) -> list[JobEvent]:
     who = as_actor(ctx, actor)
     with session_scope(ctx.engine) as s:
         load_visible(s, who, job_id)
@@ -237,7 +195,7 @@ def list_jobs(
     my_roles: bool = False,
     cursor: str | None = None,
     limit: int = 50,
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[JobRecord], str | None]:
     """Jobs the caller may see, newest first; `assignee`/`source` take an agent or "me";
     `my_roles` keeps the jobs for roles the caller holds. `cursor` is the last id seen."""
     who = as_actor(ctx, actor)
@@ -268,7 +226,7 @@ def list_jobs(
         rows = list(s.exec(q).all())
         more = len(rows) > limit
         rows = rows[:limit]
-        return jobs_to_dicts(s, rows), rows[-1].id if more else None
+        return job_records(s, rows), rows[-1].id if more else None
 
 
 def _agent_ref(s: Session, actor: Actor, ref: str) -> str | None:
@@ -293,7 +251,7 @@ def create_job(
     blocked_by: list[str] | None = None,
     routing: list[dict[str, Any]] | None = None,
     idempotency_key: str | None = None,
-) -> dict[str, Any]:
+) -> JobRecord:
     """Publish a job for `role`; with blockers it waits as `pending` until they complete.
 
     The same `idempotency_key` from the same agent returns the first job ("replayed": true)
@@ -346,7 +304,7 @@ def create_job(
             if waiting:
                 payload["waiting_on"] = waiting
             record(s, job, type="created", actor=who, payload=payload)
-            return jobs_to_dicts(s, [job])[0]
+            return job_record(s, job)
     except IntegrityError:
         # Two creates with one idempotency key raced; the other one won.
         earlier = _replay(ctx, job) if job.idempotency_key else None
@@ -355,7 +313,7 @@ def create_job(
         return earlier
 
 
-def _replay(ctx: Context, job: Job) -> dict[str, Any] | None:
+def _replay(ctx: Context, job: Job) -> JobRecord | None:
     with session_scope(ctx.engine) as s:
         first = s.exec(
             select(Job).where(
@@ -363,7 +321,7 @@ def _replay(ctx: Context, job: Job) -> dict[str, Any] | None:
                 Job.idempotency_key == job.idempotency_key,
             )
         ).first()
-        return None if first is None else {**jobs_to_dicts(s, [first])[0], "replayed": True}
+        return None if first is None else replace(job_record(s, first), replayed=True)
 
 
 def _lock_blockers(s: Session, actor: Actor, blocker_ids: list[str]) -> list[str]:
@@ -390,7 +348,7 @@ def update_job(
     job_id: str,
     context: dict[str, Any] | None = None,
     constraints: list[str] | None = None,
-) -> dict[str, Any]:
+) -> JobRecord:
     """Replace a job's context and/or constraints: only its source agent or an admin, and
     only before it completes. The event keeps the old and the new values."""
     who = as_actor(ctx, actor, scope="run")
@@ -422,4 +380,4 @@ def update_job(
         job.updated_at = utcnow()
         s.add(job)
         record(s, job, type="updated", actor=who, before=job.status, payload=changes)
-        return jobs_to_dicts(s, [job])[0]
+        return job_record(s, job)

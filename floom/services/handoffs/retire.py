@@ -4,13 +4,13 @@ which itself builds on agents.py."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlmodel import col, select
 
 from floom.services.access import keys
 from floom.services.access.principal import Principal
-from floom.services.handoffs.agents import agent_to_dict, find_agent, roles_of
+from floom.services.handoffs.agents import AgentRoles, agent_roles, find_agent
 from floom.services.handoffs.flow import release_jobs_of_agent
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, utcnow
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from floom.services.context import Context
 
 
-def retire_agent(ctx: Context, *, agent: str, caller: Principal) -> dict[str, Any]:
+def retire_agent(ctx: Context, *, agent: str, caller: Principal) -> AgentRoles:
     """Retire an agent: its keys are revoked and the jobs it holds go back to `published`.
     Needs the admin scope (checked again in the retiring transaction)."""
     caller.require("admin")
@@ -41,7 +41,7 @@ def retire_agent(ctx: Context, *, agent: str, caller: Principal) -> dict[str, An
                 keys.announce_revoked(s, key.key_hash)
                 revoked.append(key.key_hash)
             release_jobs_of_agent(s, agent_id=found.id, reason=f"agent {found.label} retired")
-        result = agent_to_dict(found, roles_of(s, found.id))
+        result = agent_roles(s, found)
     for key_hash in revoked:
         keys.forget_key(ctx, key_hash)
     return result

@@ -15,8 +15,8 @@ from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, find_role
 from floom.services.handoffs.flow import parties
 from floom.services.handoffs.jobs import (
-    job_artifacts,
-    jobs_to_dicts,
+    JobRecord,
+    job_record,
     load_visible,
     record,
 )
@@ -52,7 +52,7 @@ def reject(
     reason: str,
     role: str | None = None,
     priority: str | None = None,
-) -> dict[str, Any]:
+) -> JobRecord:
     """Reject a completed job: a retry job, linked to it, is published for its role (or
     `role`) carrying the reason, its artifacts and its result's, and the reviewer.
 
@@ -81,11 +81,11 @@ def reject(
                 hint="ask one of them, or publish a new job",
             )
         result = jsonvalues.stored(job.result_json or "{}", expect=dict)
-        carried = job_artifacts(job.artifacts_json)
+        carried = rules.job_artifacts(job.artifacts_json)
         uris = {a["uri"] for a in carried}
         carried += [
             a
-            for a in job_artifacts(json.dumps(result.get("artifacts", [])))
+            for a in rules.job_artifacts(json.dumps(result.get("artifacts", [])))
             if a["uri"] not in uris
         ]
         new_priority = rules.check_priority(priority or job.priority)
@@ -116,7 +116,7 @@ def reject(
         record(s, job, type="rejected", actor=who, before=job.status, payload=payload)
         created = {"retry_of": job.id, "reason": reason.strip(), "attempt": retry.attempt}
         record(s, retry, type="created", actor=who, payload=created)
-        return jobs_to_dicts(s, [retry])[0]
+        return job_record(s, retry)
 
 
 def reopen_context(ctx: Context, *, actor: Actor | Principal, job_id: str) -> dict[str, Any]:

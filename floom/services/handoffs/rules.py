@@ -342,3 +342,16 @@ def _resolve(value: Any, path: str) -> Any:
         else:
             return _MISSING
     return value
+
+
+def job_artifacts(text: str | None) -> list[dict[str, Any]]:
+    """A job's stored artifacts; an item that is not one (a row floom did not write) is
+    shown as an artifact of type `floom_unreadable` saying why."""
+    shown = []
+    for item in jsonvalues.stored_list(text, items=dict):
+        if isinstance(item.get("type"), str) and isinstance(item.get("uri"), str):
+            shown.append(item)
+        else:
+            why = item.get(jsonvalues.UNREADABLE) or "an artifact without a type and a uri"
+            shown.append({"type": jsonvalues.UNREADABLE, "uri": str(why)})
+    return shown

@@ -104,8 +104,8 @@ def test_each_route_refuses_no_key_and_every_lower_scope_and_admits_its_own(
     agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
     tokens = {
         scope: handoff_agents.create_agent_key(
-            server.ctx, caller=SYSTEM, agent=agent["id"], scopes=[scope]
-        )["key"]
+            server.ctx, caller=SYSTEM, agent=agent.agent.id, scopes=[scope]
+        )[1]
         for scope in SCOPES
     }
     wrong: list[str] = []
@@ -160,8 +160,8 @@ def test_each_mcp_tool_refuses_no_key_and_every_lower_scope_and_admits_its_own(
     agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
     tokens = {
         scope: handoff_agents.create_agent_key(
-            server.ctx, caller=SYSTEM, agent=agent["id"], scopes=[scope]
-        )["key"]
+            server.ctx, caller=SYSTEM, agent=agent.agent.id, scopes=[scope]
+        )[1]
         for scope in SCOPES
     }
     wrong: list[str] = []

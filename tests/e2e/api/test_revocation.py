@@ -84,7 +84,7 @@ def stage(ctx: Context, tmp_path: Path) -> dict[str, str]:
     return {
         "delivery": failed.id,
         "first_version": first.version.id,
-        "agent": agent["id"],
+        "agent": agent.agent.id,
         "other_key": other.id,
         "archive3": archive_of(
             make_worker(tmp_path / "w3", "name: walked\n", {"run.py": "3\n"})

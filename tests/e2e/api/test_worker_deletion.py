@@ -573,7 +573,7 @@ def test_a_deleted_workers_composio_and_handoff_triggers_take_nothing_more(
         admin_key = Principal.of_key(keys.authenticate(ctx, admin_token))
         job = handoffs.create_job(ctx, actor=admin_key, summary="review this", role="reviewer")
         assert handoff_bridge.tick(ctx) == 0
-        assert handoffs.get_job(ctx, actor=admin_key, job_id=job["id"])["status"] == "published"
+        assert handoffs.get_job(ctx, actor=admin_key, job_id=job.row.id).row.status == "published"
 
         body = json.dumps(
             {

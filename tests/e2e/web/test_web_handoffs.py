@@ -24,7 +24,7 @@ def _agent(
     body = handoff_agents.create_agent(
         server.ctx, caller=SYSTEM, label=label, roles=list(role_names), scopes=scopes
     )
-    token: str = body["key"]
+    token: str = body.token
     return token
 
 
@@ -45,9 +45,9 @@ def _moves(html: str) -> set[str]:
 
 
 def _status(server: LiveServer, job_id: str) -> str:
-    status: str = handoffs.get_job(server.ctx, actor=handoff_agents.system_actor(), job_id=job_id)[
-        "status"
-    ]
+    status: str = handoffs.get_job(
+        server.ctx, actor=handoff_agents.system_actor(), job_id=job_id
+    ).row.status
     return status
 
 
@@ -67,7 +67,7 @@ def test_the_board_groups_visible_jobs_by_status_and_filters_them_by_role(
     fuzz = handoffs.create_job(
         server.ctx, actor=_key(server, alice), summary="fuzz the lexer", role="tester"
     )
-    handoff_flow.claim(server.ctx, actor=_key(server, bob), job_id=review["id"])
+    handoff_flow.claim(server.ctx, actor=_key(server, bob), job_id=review.row.id)
 
     as_bob = signed_in_client(server, bob).get("/handoffs")
     assert as_bob.status_code == 200
@@ -78,7 +78,7 @@ def test_the_board_groups_visible_jobs_by_status_and_filters_them_by_role(
     assert "urgent" in working
     assert "reviewer" in working
     # Bob holds no tester role and did not publish the fuzz job: it is not on his board.
-    assert fuzz["id"] not in as_bob.text
+    assert fuzz.row.id not in as_bob.text
     assert "fuzz the lexer" not in as_bob.text
     assert "review the parser" not in _column(as_bob.text, "published")
 
@@ -111,20 +111,20 @@ def test_a_job_page_shows_its_context_result_lineage_and_every_move_in_its_histo
         artifacts=[{"type": "diff", "uri": "https://git.example/pr/7.diff", "checksum": "ab12"}],
         routing=[{"role": "tester", "summary": "fuzz the reviewed parser"}],
     )
-    handoff_flow.claim(server.ctx, actor=_key(server, bob), job_id=job["id"])
+    handoff_flow.claim(server.ctx, actor=_key(server, bob), job_id=job.row.id)
     handoff_flow.complete(
         server.ctx,
         actor=_key(server, bob),
-        job_id=job["id"],
+        job_id=job.row.id,
         summary="two nits",
         data={"verdict": "approve"},
     )
     retry = handoff_review.reject(
-        server.ctx, actor=_key(server, alice), job_id=job["id"], reason="nits are not enough"
+        server.ctx, actor=_key(server, alice), job_id=job.row.id, reason="nits are not enough"
     )
 
     client = signed_in_client(server, alice)
-    page = client.get(f"/handoffs/jobs/{job['id']}")
+    page = client.get(f"/handoffs/jobs/{job.row.id}")
     assert page.status_code == 200
     html = page.text
     assert "parser.py" in html
@@ -137,7 +137,7 @@ def test_a_job_page_shows_its_context_result_lineage_and_every_move_in_its_histo
     assert follow_on
     assert "fuzz the reviewed parser" in html
     assert "Rejected by agent alice: <q>nits are not enough</q>; retried as" in html
-    assert f'retried as <a href="/handoffs/jobs/{retry["id"]}"' in html
+    assert f'retried as <a href="/handoffs/jobs/{retry.row.id}"' in html
     history = html[html.index('id="job-events"') :]
     rows = re.findall(r'<tr class="event event-([a-z_]+)">(.*?)</tr>', history, re.S)
     assert [t for t, _ in rows] == ["created", "claimed", "completed", "routed", "rejected"]
@@ -147,8 +147,8 @@ def test_a_job_page_shows_its_context_result_lineage_and_every_move_in_its_histo
     assert "nits are not enough" in rows[4][1]
     assert "agent alice" in rows[4][1]
 
-    retry_page = client.get(f"/handoffs/jobs/{retry['id']}").text
-    assert f'Retry of <a href="/handoffs/jobs/{job["id"]}"' in retry_page
+    retry_page = client.get(f"/handoffs/jobs/{retry.row.id}").text
+    assert f'Retry of <a href="/handoffs/jobs/{job.row.id}"' in retry_page
     assert "rejected by alice: <q>nits are not enough</q>" in retry_page
     missing = signed_in_client(server, _agent(server, "carol", "coder")).get(
         f"/handoffs/jobs/{follow_on.group(1)}"
@@ -167,7 +167,7 @@ def test_moves_from_the_job_page_go_through_the_transition_table_and_refusals_ch
     job = handoffs.create_job(
         server.ctx, actor=_key(server, alice), summary="review the parser", role="reviewer"
     )
-    path = f"/handoffs/jobs/{job['id']}"
+    path = f"/handoffs/jobs/{job.row.id}"
 
     # Each key is offered only its own moves: the publisher cancels, the role holder claims.
     as_alice, as_bob = signed_in_client(server, alice), signed_in_client(server, bob)
@@ -192,7 +192,7 @@ def test_moves_from_the_job_page_go_through_the_transition_table_and_refusals_ch
     )
     assert refused.status_code == 403
     assert "lacks the &#39;run&#39; scope" in refused.text
-    assert _status(server, job["id"]) == rules.PUBLISHED
+    assert _status(server, job.row.id) == rules.PUBLISHED
 
     # The publisher cancels with a reason; the history records who and why.
     page = as_alice.get(path).text
@@ -202,7 +202,7 @@ def test_moves_from_the_job_page_go_through_the_transition_table_and_refusals_ch
     )
     assert done.status_code == 303
     assert done.headers["location"] == f"{path}?notice=moved"
-    assert _status(server, job["id"]) == rules.CANCELLED
+    assert _status(server, job.row.id) == rules.CANCELLED
     after = as_alice.get(done.headers["location"]).text
     assert "the job moved" in after
     assert "not needed any more" in after
@@ -211,7 +211,7 @@ def test_moves_from_the_job_page_go_through_the_transition_table_and_refusals_ch
     again = as_alice.post(f"{path}/status", data={"csrf": csrf_of(after), "status": "published"})
     assert again.status_code == 409
     assert "cancelled is final" in again.text
-    assert _status(server, job["id"]) == rules.CANCELLED
+    assert _status(server, job.row.id) == rules.CANCELLED
 
 
 def test_an_admin_is_offered_the_moves_the_table_allows_and_makes_them(
@@ -222,8 +222,8 @@ def test_an_admin_is_offered_the_moves_the_table_allows_and_makes_them(
     job = handoffs.create_job(
         server.ctx, actor=_key(server, bob), summary="review the parser", role="reviewer"
     )
-    handoff_flow.claim(server.ctx, actor=_key(server, bob), job_id=job["id"])
-    path = f"/handoffs/jobs/{job['id']}"
+    handoff_flow.claim(server.ctx, actor=_key(server, bob), job_id=job.row.id)
+    path = f"/handoffs/jobs/{job.row.id}"
     admin = signed_in_client(server, server.admin_key)
 
     def offered() -> tuple[str, set[str]]:
@@ -238,7 +238,7 @@ def test_an_admin_is_offered_the_moves_the_table_allows_and_makes_them(
         data={"csrf": csrf_of(html), "status": "blocked", "reason": "needs the staging password"},
     )
     assert blocked.status_code == 303
-    assert _status(server, job["id"]) == rules.BLOCKED
+    assert _status(server, job.row.id) == rules.BLOCKED
     html, moves = offered()
     assert moves == {"in_progress", "published", "failed", "cancelled"}
     assert ">Unblock</button>" in html
@@ -249,7 +249,7 @@ def test_an_admin_is_offered_the_moves_the_table_allows_and_makes_them(
         data={"csrf": csrf_of(html), "status": "completed", "reason": "done by hand"},
     )
     html, moves = offered()
-    assert _status(server, job["id"]) == rules.COMPLETED
+    assert _status(server, job.row.id) == rules.COMPLETED
     assert moves == set()
     assert "blocked → in progress" in html
     assert "done by hand" in html

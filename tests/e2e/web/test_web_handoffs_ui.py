@@ -35,7 +35,7 @@ def _jobs_in_every_status(server: LiveServer) -> dict[str, str]:
         label: Principal.of_key(
             keys.authenticate(
                 ctx,
-                handoff_agents.create_agent(ctx, caller=SYSTEM, label=label, roles=[role])["key"],
+                handoff_agents.create_agent(ctx, caller=SYSTEM, label=label, roles=[role]).token,
             )
         )
         for label, role in (
@@ -47,9 +47,9 @@ def _jobs_in_every_status(server: LiveServer) -> dict[str, str]:
     planner, coder, reviewer = made["claude-laptop"], made["codex-ci"], made["rev"]
 
     def publish(summary: str, role: str = "coder", **extra: Any) -> str:
-        job_id: str = handoffs.create_job(ctx, actor=planner, summary=summary, role=role, **extra)[
-            "id"
-        ]
+        job_id: str = handoffs.create_job(
+            ctx, actor=planner, summary=summary, role=role, **extra
+        ).row.id
         return job_id
 
     ids = {

@@ -276,7 +276,7 @@ def test_pages_are_given_public_models_never_database_rows(
         "/keys",
         "/nodes",
         "/handoffs",
-        f"/handoffs/jobs/{job['id']}",
+        f"/handoffs/jobs/{job.row.id}",
         "/runs/run_nope",
     ]
     for page in pages:

@@ -37,7 +37,7 @@ def test_eight_agents_racing_claim_next_over_200_jobs_claim_each_exactly_once(
     roles(ctx, "worker")
     lead = agent(ctx, "lead")
     created = {
-        handoffs.create_job(ctx, actor=lead, summary=f"job {i}", role="worker")["id"]
+        handoffs.create_job(ctx, actor=lead, summary=f"job {i}", role="worker").row.id
         for i in range(JOBS)
     }
     team = [agent(ctx, f"agent-{i}", "worker") for i in range(AGENTS)]
@@ -45,8 +45,8 @@ def test_eight_agents_racing_claim_next_over_200_jobs_claim_each_exactly_once(
     def drain(i: int) -> list[str]:
         mine = []
         while (job := flow.claim_next(ctx, actor=team[i])) is not None:
-            assert job["assignee"]["id"] == team[i].agent_id
-            mine.append(job["id"])
+            assert job.row.assignee_agent_id == team[i].agent_id
+            mine.append(job.row.id)
         return mine
 
     claimed = _race(AGENTS, drain)
@@ -55,7 +55,7 @@ def test_eight_agents_racing_claim_next_over_200_jobs_claim_each_exactly_once(
     assert set(every) == created  # none lost, none twice
     assert sum(1 for mine in claimed if mine) > 1  # the claims were really shared out
     items, _ = handoffs.list_jobs(ctx, actor=admin(ctx), status="in_progress", limit=500)
-    holders = {j["id"]: j["assignee"]["id"] for j in items}
+    holders = {j.row.id: j.row.assignee_agent_id for j in items}
     for key, mine in zip(team, claimed, strict=True):
         assert all(holders[job_id] == key.agent_id for job_id in mine)
     sample = sorted(created)[:20]
@@ -74,13 +74,13 @@ def test_two_blockers_completing_at_once_publish_their_dependent_exactly_once(
     for r in range(rounds):
         a, b = (handoffs.create_job(ctx, actor=lead, summary=f"{r}", role="build") for _ in "ab")
         for builder, blocker in zip(builders, (a, b), strict=True):
-            flow.claim(ctx, actor=builder, job_id=blocker["id"])
+            flow.claim(ctx, actor=builder, job_id=blocker.row.id)
         after = handoffs.create_job(
-            ctx, actor=lead, summary=f"deploy {r}", role="deploy", blocked_by=[a["id"], b["id"]]
+            ctx, actor=lead, summary=f"deploy {r}", role="deploy", blocked_by=[a.row.id, b.row.id]
         )
-        assert after["status"] == "pending"
-        pairs.append((a["id"], b["id"]))
-        dependents.append(after["id"])
+        assert after.row.status == "pending"
+        pairs.append((a.row.id, b.row.id))
+        dependents.append(after.row.id)
 
     for pair in pairs:
 
@@ -91,7 +91,7 @@ def test_two_blockers_completing_at_once_publish_their_dependent_exactly_once(
 
     boss = admin(ctx)
     for job_id in dependents:
-        assert handoffs.get_job(ctx, actor=boss, job_id=job_id)["status"] == "published"
+        assert handoffs.get_job(ctx, actor=boss, job_id=job_id).row.status == "published"
         assert event_types(ctx, job_id) == ["created", "published"]
 
 
@@ -102,11 +102,13 @@ def test_publishing_a_dependent_while_its_blocker_completes_never_strands_it(
     lead, builder = agent(ctx, "lead"), agent(ctx, "builder", "build")
     for r in range(10):
         blocker = handoffs.create_job(ctx, actor=lead, summary=f"{r}", role="build")
-        flow.claim(ctx, actor=builder, job_id=blocker["id"])
-        results: dict[int, Any] = {}
+        flow.claim(ctx, actor=builder, job_id=blocker.row.id)
+        results: dict[int, handoffs.JobRecord] = {}
 
         def step(
-            i: int, blocker_id: str = blocker["id"], results: dict[int, Any] = results
+            i: int,
+            blocker_id: str = blocker.row.id,
+            results: dict[int, handoffs.JobRecord] = results,
         ) -> None:
             if i == 0:
                 flow.complete(ctx, actor=builder, job_id=blocker_id)
@@ -116,8 +118,8 @@ def test_publishing_a_dependent_while_its_blocker_completes_never_strands_it(
                 )
 
         _race(2, step)
-        job_id = results[1]["id"]
-        assert handoffs.get_job(ctx, actor=lead, job_id=job_id)["status"] == "published"
+        job_id = results[1].row.id
+        assert handoffs.get_job(ctx, actor=lead, job_id=job_id).row.status == "published"
 
 
 def test_racing_creates_with_one_idempotency_key_make_one_job(ctx: Context) -> None:
@@ -129,6 +131,6 @@ def test_racing_creates_with_one_idempotency_key_make_one_job(ctx: Context) -> N
             ctx, actor=lead, summary=f"try {i}", role="ops", idempotency_key="deploy-42"
         ),
     )
-    assert len({job["id"] for job in made}) == 1
+    assert len({job.row.id for job in made}) == 1
     items, _ = handoffs.list_jobs(ctx, actor=lead)
     assert len(items) == 1

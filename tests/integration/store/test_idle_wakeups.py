@@ -94,7 +94,7 @@ def test_the_handoff_loop_sleeps_until_a_job_takes_a_lease(
         watch_quietly()
         assert looks == [False]
         job = handoffs.create_job(ctx, actor=lead, summary="fix it", role="coder")
-        flow.claim(ctx, actor=coder, job_id=job["id"])
+        flow.claim(ctx, actor=coder, job_id=job.row.id)
         # Woken by the claim's commit, it watches the lease from now on.
         wait_until(lambda: True in looks)
     finally:
