@@ -130,27 +130,37 @@ def channels(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     out.print(table)
 
 
+# A channel's settings, as `channels add` and `channels update` take them.
+UrlOpt = Annotated[str | None, typer.Option("--url", help="webhook: the receiver's URL")]
+SecretOpt = Annotated[
+    str | None, typer.Option("--secret", help="webhook: the secret holding its whsec_ key")
+]
+UrlSecretOpt = Annotated[
+    str | None, typer.Option("--url-secret", help="slack: the secret holding its URL")
+]
+HostOpt = Annotated[str | None, typer.Option("--host", help="email: the SMTP server")]
+UsernameOpt = Annotated[str | None, typer.Option("--username", help="email: login")]
+PasswordSecretOpt = Annotated[
+    str | None, typer.Option("--password-secret", help="email: the secret with the password")
+]
+SenderOpt = Annotated[str | None, typer.Option("--from", help="email: the From address")]
+
+
 @channels_app.command("add")
 def channel_add(
     name: Annotated[str, typer.Argument(help="a lowercase slug, e.g. ops")],
     kind: Annotated[str, typer.Option("--kind", help="webhook, slack or email")],
-    url: Annotated[str | None, typer.Option("--url", help="webhook: the receiver's URL")] = None,
-    secret: Annotated[
-        str | None, typer.Option("--secret", help="webhook: the secret holding its whsec_ key")
-    ] = None,
-    url_secret: Annotated[
-        str | None, typer.Option("--url-secret", help="slack: the secret holding its URL")
-    ] = None,
-    host: Annotated[str | None, typer.Option("--host", help="email: the SMTP server")] = None,
+    url: UrlOpt = None,
+    secret: SecretOpt = None,
+    url_secret: UrlSecretOpt = None,
+    host: HostOpt = None,
     port: Annotated[int | None, typer.Option("--port", help="email: its port (587)")] = None,
     no_starttls: Annotated[
         bool, typer.Option("--no-starttls", help="email: send without STARTTLS (local relays)")
     ] = False,
-    username: Annotated[str | None, typer.Option("--username", help="email: login")] = None,
-    password_secret: Annotated[
-        str | None, typer.Option("--password-secret", help="email: the secret with the password")
-    ] = None,
-    sender: Annotated[str | None, typer.Option("--from", help="email: the From address")] = None,
+    username: UsernameOpt = None,
+    password_secret: PasswordSecretOpt = None,
+    sender: SenderOpt = None,
     to: Annotated[
         list[str] | None, typer.Option("--to", help="email: a recipient (repeat for more)")
     ] = None,
@@ -181,24 +191,18 @@ def channel_add(
 @channels_app.command("update")
 def channel_update(
     name: Annotated[str, typer.Argument(help="the channel")],
-    url: Annotated[str | None, typer.Option("--url", help="webhook: the receiver's URL")] = None,
-    secret: Annotated[
-        str | None, typer.Option("--secret", help="webhook: the secret holding its whsec_ key")
-    ] = None,
-    url_secret: Annotated[
-        str | None, typer.Option("--url-secret", help="slack: the secret holding its URL")
-    ] = None,
-    host: Annotated[str | None, typer.Option("--host", help="email: the SMTP server")] = None,
+    url: UrlOpt = None,
+    secret: SecretOpt = None,
+    url_secret: UrlSecretOpt = None,
+    host: HostOpt = None,
     port: Annotated[int | None, typer.Option("--port", help="email: its port")] = None,
     starttls: Annotated[
         bool | None,
         typer.Option("--starttls/--no-starttls", help="email: STARTTLS before sending"),
     ] = None,
-    username: Annotated[str | None, typer.Option("--username", help="email: login")] = None,
-    password_secret: Annotated[
-        str | None, typer.Option("--password-secret", help="email: the secret with the password")
-    ] = None,
-    sender: Annotated[str | None, typer.Option("--from", help="email: the From address")] = None,
+    username: UsernameOpt = None,
+    password_secret: PasswordSecretOpt = None,
+    sender: SenderOpt = None,
     to: Annotated[
         list[str] | None,
         typer.Option("--to", help="email: a recipient (repeat for more; replaces the list)"),
