@@ -13,7 +13,7 @@ import pytest
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from tests.support.children import children_left
+from tests.support.children import fail_if_children_left
 from tests.support.harness import (
     PG_ADMIN_URL,
     LiveServer,
@@ -51,13 +51,7 @@ def _no_process_left_behind() -> Iterator[None]:
     # The lease watchdog lives as long as its process (an exit closes its pipe); a test
     # process ends it here, and waits for it, once the runs of every test have ended.
     node_fence().close()
-    left = children_left()
-    if left:
-        listed = "\n".join(f"  {pid}: {what}" for pid, what in sorted(left.items()))
-        pytest.fail(
-            f"processes started by the tests were not stopped and waited for:\n{listed}",
-            pytrace=False,
-        )
+    fail_if_children_left()
 
 
 @pytest.fixture(autouse=True)

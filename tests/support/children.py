@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 
 def children(pid: int | None = None) -> dict[int, str]:
     """The child processes of `pid` (this process by default): pid -> `<state> <command>`,
@@ -39,3 +41,14 @@ def children_left(*, grace: float = 5.0) -> dict[int, str]:
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
+
+
+def fail_if_children_left(*, grace: float = 5.0) -> None:
+    """pytest.fail, naming them, when this process still has children after `grace`."""
+    left = children_left(grace=grace)
+    if left:
+        listed = "\n".join(f"  {pid}: {what}" for pid, what in sorted(left.items()))
+        pytest.fail(
+            f"processes started by the tests were not stopped and waited for:\n{listed}",
+            pytrace=False,
+        )
