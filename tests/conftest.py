@@ -13,6 +13,7 @@ import pytest
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
+from tests.support.children import fail_if_children_left
 from tests.support.harness import (
     PG_ADMIN_URL,
     LiveServer,
@@ -36,6 +37,21 @@ _FASTAPI_CALL_CACHES = (
     "_is_async_gen_callable_cached",
     "_is_coroutine_callable_cached",
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_left_behind() -> Iterator[None]:
+    """Every process a test or fixture started is stopped and waited for by the end of this
+    test process's session (each xdist worker has its own): one still running, or exited but
+    never waited for, fails the session here rather than leak on the machine. Set up first,
+    so it runs after every other session fixture's teardown."""
+    yield
+    from floom.sandbox.fence import node_fence
+
+    # The lease watchdog lives as long as its process (an exit closes its pipe); a test
+    # process ends it here, and waits for it, once the runs of every test have ended.
+    node_fence().close()
+    fail_if_children_left()
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,12 +41,12 @@ __attribute__((constructor)) static void mark(void) {
 
 
 @pytest.fixture(params=["own uid", "floom's uid"])
-def sandbox(request: pytest.FixtureRequest) -> LocalSandbox:
+def sandbox(request: pytest.FixtureRequest) -> Iterator[LocalSandbox]:
     # uids=None: no uid of its own (floom's; bubblewrap's user namespace maps it), as a
     # floom that is not root starts its sandboxes.
-    if request.param == "floom's uid":
-        return LocalSandbox(uids=None)
-    return LocalSandbox()
+    local = LocalSandbox(uids=None) if request.param == "floom's uid" else LocalSandbox()
+    yield local
+    local.close()  # its launchers started ahead of a next run
 
 
 @dataclass(frozen=True)

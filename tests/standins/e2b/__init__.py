@@ -108,6 +108,8 @@ class E2BStandin:
         self.core.kill_all()
         self._control.stop()
         self._envd.stop()
+        # Its LocalSandbox keeps launchers started ahead of the next command: ended here.
+        self.core.local.close()
 
     def _reap(self) -> None:
         # E2B ends a sandbox when its timeout passes.
