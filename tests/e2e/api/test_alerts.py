@@ -120,8 +120,14 @@ def test_a_failing_worker_alerts_once_per_incident_and_once_when_it_recovers(
         assert bodies[1]["incident"]["events"] == 2  # the second failure was grouped
         for headers, body in hook.accepted:
             verified(headers, body)
+        # The receiver has the bodies; each delivery's row is marked after its answer.
+        wait_until(
+            lambda: (
+                sorted(d["status"] for d in deliveries(api, purpose="alert"))
+                == ["delivered", "delivered"]
+            )
+        )
         sent = deliveries(api, purpose="alert")
-        assert sorted(d["status"] for d in sent) == ["delivered", "delivered"]
         first_sent = next(d for d in sent if d["type"] == "run.failed")
         assert first_sent["attempts"] == 3  # two 500s, then accepted
         assert hook.tried == 4
@@ -314,7 +320,7 @@ def test_a_disabled_rule_routes_nothing_until_it_is_enabled_again(
             watch(srv.ctx)  # its failure is seen now (a pass is idempotent), rule on or off
         (alert,) = hook.wait_for(1)
         assert alert["worker"] == "w1"  # w0 failed while the rule was off
-        assert [d["status"] for d in deliveries(api, purpose="alert")] == ["delivered"]
+        wait_until(lambda: [d["status"] for d in deliveries(api, purpose="alert")] == ["delivered"])
 
 
 HOOKED = """\

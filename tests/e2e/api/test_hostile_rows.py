@@ -25,6 +25,7 @@ from floom.services.workers import state as worker_state
 from floom.services.workers.versions import forget_versions
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.audit import AuditEvent
+from floom.store.db import session_scope
 from floom.store.handoffs import Job, JobEvent, Role
 from floom.store.models import (
     AlertChannel,
@@ -102,13 +103,14 @@ def _seed(server: LiveServer, tmp: Path) -> dict[str, list[str]]:
             for name in UNREADABLE_MANIFESTS
         }
     version_id = version["version"]["id"]
-    with Session(server.ctx.engine) as s:
+    # A read then a write: the write lock is taken at BEGIN (a plain session's upgrade from a
+    # read can meet a server's write on SQLite and fail at once as "database is locked").
+    with session_scope(server.ctx.engine, write=True) as s:
         for name, text in UNREADABLE_MANIFESTS.items():
             row = s.get(Version, unreadable[name])
             assert row is not None
             row.manifest_json = text
             s.add(row)
-        s.commit()
     forget_versions(list(unreadable.values()))  # as a node started after the change reads them
     run_ids, approval_ids, job_ids, delivery_ids = [], [], [], []
     channels, alert_delivery_ids = [], []
