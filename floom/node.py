@@ -132,6 +132,7 @@ class Node:
             ctx,
             slots=executor.slots if executor else None,
             in_use=executor.active_count if executor else lambda: 0,
+            warm=executor.warm_stats if executor else lambda: None,
         )
         presence.start()
         stack.callback(presence.stop)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from sqlalchemy import Column, Text
 from sqlmodel import Field, SQLModel
 
 from floom.store.models import UTCDateTime, utcnow
@@ -23,3 +24,6 @@ class Node(SQLModel, table=True):
     started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
     stopped_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Its warm pools as its last heartbeat saw them (schemas.health.WarmHealth as JSON,
+    # bounded by services.ops.nodes.WARM_BYTES); None without warm starts.
+    warm: str | None = Field(default=None, sa_column=Column(Text))

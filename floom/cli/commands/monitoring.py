@@ -12,6 +12,7 @@ from rich.text import Text
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import new_table, out, print_json, when
 from floom.schemas.alerts import RuleCreate
+from floom.schemas.health import WarmHealth
 
 STATE_STYLE = {"live": "green", "lost": "bold red", "stopped": "dim"}
 DELIVERY_STYLE = {
@@ -38,22 +39,18 @@ def register(app: typer.Typer) -> None:
 def nodes_list(as_json: JsonOpt = False) -> None:
     """List the cluster's nodes: state, roles, version, slots in use, last heartbeat.
 
-    Also the answering node's warm pools (worker, version, children ready and running, hits,
-    misses), and its E2B sandboxes created ahead of runs (FLOOM_E2B_WARM)."""
+    Also each node's warm pools (worker, version, children ready and running, hits, misses)
+    and its E2B sandboxes created ahead of runs (FLOOM_E2B_WARM): the answering node's as
+    they are now, the others' as their last heartbeat saw them."""
     with open_client() as client:
         nodes = client.list_nodes().items
-        # Warm pools live in a node's memory, not the store: the answering node's own.
         health = client.health()
-    warm = health.warm
+    # The answering node's own pools, live rather than as of its last heartbeat.
+    nodes = [
+        n.model_copy(update={"warm": health.warm}) if n.id == health.node else n for n in nodes
+    ]
     if as_json:
-        print_json(
-            [
-                {**n.to_json(), "warm": warm.to_json()}
-                if n.id == health.node and warm is not None
-                else n.to_json()
-                for n in nodes
-            ]
-        )
+        print_json([n.to_json() for n in nodes])
         return
     if not nodes:
         out.print("no node has registered yet")
@@ -70,9 +67,15 @@ def nodes_list(as_json: JsonOpt = False) -> None:
             f"{when(n.heartbeat_at)} ({n.silent_seconds:.0f}s ago)",
         )
     out.print(table)
-    if warm is not None and warm.enabled:
+    for n in nodes:
+        if n.warm is not None:
+            _print_warm(n.id, n.warm)
+
+
+def _print_warm(node: str, warm: WarmHealth) -> None:
+    if warm.enabled:
         out.print(
-            f"warm starts on {health.node}: {len(warm.pools)} pools, "
+            f"warm starts on {node}: {len(warm.pools)} pools, "
             f"{warm.hits} hits, {warm.misses} misses"
         )
         if warm.pools:
@@ -88,10 +91,10 @@ def nodes_list(as_json: JsonOpt = False) -> None:
                     f"{pool.rss_bytes / 2**20:.0f}",
                 )
             out.print(pools)
-    e2b = warm.e2b if warm is not None else None
+    e2b = warm.e2b
     if e2b:
         out.print(
-            f"E2B sandboxes ready ahead on {health.node}: {len(e2b.pools)} pools, "
+            f"E2B sandboxes ready ahead on {node}: {len(e2b.pools)} pools, "
             f"{e2b.hits} hits, {e2b.misses} misses (budget {e2b.budget})"
         )
         if e2b.pools:

@@ -9,9 +9,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from floom.engine.loops.heap import release_free_memory
+from floom.schemas.nodes import warm_row
 from floom.services.ops import nodes
 
 if TYPE_CHECKING:
@@ -25,10 +26,20 @@ RELEASE_SECONDS = 30.0
 
 
 class NodePresence:
-    def __init__(self, ctx: Context, *, slots: int | None, in_use: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        *,
+        slots: int | None,
+        in_use: Callable[[], int],
+        warm: Callable[[], dict[str, Any] | None] = lambda: None,
+    ) -> None:
         self.ctx = ctx
         self.slots = slots
         self.in_use = in_use
+        # This node's warm pools (Executor.warm_stats), kept in its row at each heartbeat so
+        # that any node can list every node's pools.
+        self.warm = warm
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._registered = False
@@ -57,10 +68,17 @@ class NodePresence:
                 release_free_memory()
                 released = time.monotonic()
 
+    def _warm(self) -> str | None:
+        try:
+            return warm_row(self.warm())
+        except Exception:  # the pools' figures are shown, never worth a missed heartbeat
+            log.exception("could not read this node's warm pools for its heartbeat")
+            return None
+
     def _beat(self) -> None:
         try:
             if self._registered:
-                nodes.heartbeat(self.ctx, slots_in_use=self.in_use())
+                nodes.heartbeat(self.ctx, slots_in_use=self.in_use(), warm=self._warm())
             else:
                 nodes.register(self.ctx, slots=self.slots)
                 self._registered = True

@@ -74,11 +74,13 @@ def register(ctx: Context, *, slots: int | None) -> None:
         row.started_at = now
         row.heartbeat_at = now
         row.stopped_at = None
+        row.warm = None
         s.add(row)
 
 
-def heartbeat(ctx: Context, *, slots_in_use: int) -> None:
-    """Renew this node's row; registers it again if another node pruned it meanwhile."""
+def heartbeat(ctx: Context, *, slots_in_use: int, warm: str | None = None) -> None:
+    """Renew this node's row, with its warm pools as JSON (bounded by
+    schemas.nodes.warm_row); registers it again if another node pruned it meanwhile."""
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Node, ctx.node_id)
         if row is None:
@@ -86,6 +88,7 @@ def heartbeat(ctx: Context, *, slots_in_use: int) -> None:
         row.heartbeat_at = utcnow()
         row.slots_in_use = slots_in_use
         row.stopped_at = None
+        row.warm = warm
         s.add(row)
 
 
@@ -95,6 +98,7 @@ def mark_stopped(ctx: Context) -> None:
         if row is not None:
             row.stopped_at = utcnow()
             row.slots_in_use = 0
+            row.warm = None
             s.add(row)
 
 

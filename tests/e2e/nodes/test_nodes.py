@@ -8,12 +8,15 @@ import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from floom import __version__
+from floom.engine.loops.presence import NodePresence
 from floom.node import bootstrap_store
+from floom.schemas.nodes import WARM_BYTES, warm_of_row, warm_row
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -124,3 +127,105 @@ def test_two_nodes_starting_at_once_on_an_empty_postgres_database_create_one_adm
     assert dict(per_worker) == {name: 1 for name in shipped}
     key_files = [p for p in (tmp_path / "a", tmp_path / "b") if (p / "admin.key").exists()]
     assert len(key_files) == 1
+
+
+def _warm_stats(worker: str, *, pools: int = 1) -> dict[str, Any]:
+    pool = {
+        "version": "v-0123456789ab",
+        "worker": worker,
+        "ready": 2,
+        "running": 1,
+        "hits": 41,
+        "misses": 3,
+        "modules": 120,
+        "warm_processes_started": 2,
+        "rss_bytes": 50 * 2**20,
+    }
+    return {
+        "enabled": True,
+        "hits": 41 * pools,
+        "misses": 3 * pools,
+        "pools": [
+            {**pool, "worker": f"{worker}-{i}" if pools > 1 else worker} for i in range(pools)
+        ],
+    }
+
+
+def test_every_nodes_warm_pools_are_listed_from_its_heartbeat_in_rest_cli_and_ui(
+    server: LiveServer,
+) -> None:
+    ctx = server.ctx
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(
+            Node(
+                id="other-node",
+                roles="executor",
+                version=__version__,
+                lease_seconds=60,
+                slots=4,
+                warm=warm_row(_warm_stats("resizer")),
+            )
+        )
+    with server.client() as api:
+        by_id = {n["id"]: n for n in api.get("/api/v1/nodes").json()["items"]}
+    other = by_id["other-node"]["warm"]
+    assert other["hits"] == 41
+    assert [p["worker"] for p in other["pools"]] == ["resizer"]
+
+    table = cli(server, "nodes")
+    assert table.returncode == 0, table.stderr
+    assert "warm starts on other-node: 1 pools, 41 hits, 3 misses" in table.stdout
+    assert "resizer" in table.stdout
+    listed = {n["id"]: n for n in json.loads(cli(server, "nodes", "--json").stdout)}
+    assert listed["other-node"]["warm"]["pools"][0]["worker"] == "resizer"
+
+    page = signed_in_client(server, server.admin_key).get("/nodes")
+    assert page.status_code == 200
+    assert "Warm pools on" in page.text
+    assert "resizer" in page.text
+
+
+def test_this_nodes_heartbeat_keeps_its_warm_pools_bounded_in_its_row(ctx: Context) -> None:
+    def kept() -> str | None:
+        with session_scope(ctx.engine) as s:
+            row = s.get(Node, ctx.node_id)
+            assert row is not None
+            return row.warm
+
+    stats = _warm_stats("w", pools=3)
+    presence = NodePresence(ctx, slots=2, in_use=lambda: 0, warm=lambda: stats)
+    presence.start()  # registers
+    presence._beat()  # and beats once, with the pools
+    health = warm_of_row(kept())
+    assert health is not None
+    assert [p.worker for p in health.pools] == ["w-0", "w-1", "w-2"]
+
+    stats = _warm_stats("w", pools=400)  # past WARM_BYTES: the totals stay, the pools go
+    presence._beat()
+    text = kept()
+    assert text is not None
+    assert len(text) <= WARM_BYTES
+    health = warm_of_row(text)
+    assert health is not None
+    assert health.pools == []
+    assert health.hits == 41 * 400
+
+    presence.stop()
+    assert kept() is None  # a stopped node keeps no pools
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ["{not json", '{"enabled": "maybe"}', "[]", '{"enabled": true, "pools": 5}', "x" * 40000],
+)
+def test_a_node_row_whose_warm_pools_are_not_what_a_node_writes_shows_none(
+    server: LiveServer, stored: str
+) -> None:
+    with session_scope(server.ctx.engine, write=True) as s:
+        s.add(Node(id="odd-node", roles="executor", version="1", lease_seconds=60, warm=stored))
+    with server.client() as api:
+        answer = api.get("/api/v1/nodes")
+    assert answer.status_code == 200, answer.text
+    (odd,) = [n for n in answer.json()["items"] if n["id"] == "odd-node"]
+    assert odd["warm"] is None
+    assert cli(server, "nodes").returncode == 0
