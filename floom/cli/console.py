@@ -109,6 +109,8 @@ def took(started: datetime | str | None, finished: datetime | str | None) -> str
     if not start:
         return "-"
     seconds = ((end or datetime.now(UTC)) - start).total_seconds()
+    if seconds < 1:  # a warm run takes a few ms: "0.0s" would say it took no time
+        return f"{max(seconds, 0) * 1000:.0f}ms"
     return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}m"
 
 

@@ -94,8 +94,10 @@ def duration(start: datetime | None, end: datetime | None) -> str:
 
 
 def seconds_text(seconds: float) -> str:
-    """A duration as people read it: 2.5 s, 3 min 20 s, 1 h 5 min."""
+    """A duration as people read it: 12 ms, 2.5 s, 3 min 20 s, 1 h 5 min."""
     seconds = max(seconds, 0.0)
+    if seconds < 1:  # a warm run takes a few ms: "0.0 s" would say it took no time
+        return f"{seconds * 1000:.0f} ms"
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, sec = divmod(int(seconds), 60)

@@ -43,7 +43,7 @@ ODD = "print('before\\u2028after\\x85end', flush=True)\n"
 # What changes from one run to the next: ids, times, digests, durations, version ids.
 VARYING = re.compile(
     r'run_[0-9a-f]+|"\d{4}-\d\d-\d\dT[0-9:.+]+"|"sandbox_seconds": [0-9.]+|"digest": "[0-9a-f]+"'
-    r"|\b\d\d:\d\d:\d\d\b|(?<= in )\d+\.\d[sm]\b|\bv[0-9a-f]{12}\b"
+    r"|\b\d\d:\d\d:\d\d\b|(?<= in )(\d+\.\d[sm]|\d+ms)\b|\bv[0-9a-f]{12}\b"
 )
 TYPER_ONLY = "import sys; from floom.cli.command import main; sys.argv[0] = 'floom'; main()"
 
