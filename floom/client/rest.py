@@ -42,6 +42,7 @@ from floom.schemas.alerts import (
     CallbackKey,
     ChannelList,
     ChannelPublic,
+    DeliveryQuery,
     RuleCreate,
     RuleList,
     RulePublic,
@@ -49,7 +50,7 @@ from floom.schemas.alerts import (
 from floom.schemas.common import Page
 from floom.schemas.health import Health
 from floom.schemas.nodes import NodeList
-from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.replays import EvalReport, EvalStart, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
@@ -60,6 +61,7 @@ from floom.schemas.runs import (
     RunEventPublic,
     RunPublic,
     RunQuery,
+    RunRequest,
 )
 from floom.schemas.triggers import DeliveryDetail, DeliveryPublic, TriggerListing
 from floom.schemas.workers import (
@@ -327,16 +329,7 @@ class FloomClient:
     # -- runs ----------------------------------------------------------------------------------
 
     def start_run(
-        self,
-        worker: str,
-        inputs: dict[str, Any] | None = None,
-        *,
-        coerce_strings: bool = False,
-        version_id: str | None = None,
-        force: bool = False,
-        wait: float = 0,
-        until: str = "ended",
-        callback_url: str | None = None,
+        self, worker: str, run: RunRequest, *, wait: float = 0, until: str = "ended"
     ) -> RunPublic:
         """Queue a run; with coerce_strings the input values are text parsed by declared type.
         `force` runs a paused worker. With `wait` (at most 60), the same request waits for the
@@ -344,16 +337,8 @@ class FloomClient:
         the answer comes after `wait` seconds (or at once, over the key's cap of waits)
         either way (a RunDetail then, when the run settled). `callback_url` gets the run's
         record, signed, when it ends."""
-        request = StartRequest(
-            worker,
-            inputs,
-            coerce_strings=coerce_strings,
-            version_id=version_id,
-            force=force,
-            wait=wait,
-            until=until,
-            callback_url=callback_url,
-        )
+        body = run.model_dump(exclude_none=True)
+        request = StartRequest(worker, body, wait=wait, until=until)
         if request.read_seconds is None:
             return RunPublic.model_validate(
                 self.request_json("POST", request.path, json=request.body)
@@ -464,7 +449,8 @@ class FloomClient:
         result = self.request_json("GET", f"/api/v1/replays/{url_path(run_id)}")
         return ReplayReport.model_validate(result)
 
-    def start_eval(self, worker: str, body: dict[str, Any]) -> EvalReport:
+    def start_eval(self, worker: str, start: EvalStart) -> EvalReport:
+        body = start.model_dump(exclude_none=True)
         result = self.request_json("POST", f"/api/v1/workers/{url_path(worker)}/evals", json=body)
         return EvalReport.model_validate(result)
 
@@ -636,8 +622,8 @@ class FloomClient:
     def delete_alert_rule(self, name: str) -> None:
         self.alert_request("DELETE", f"rules/{url_path(name)}")
 
-    def list_alert_deliveries(self, **filters: Any) -> Page[AlertDelivery]:
-        answer = self.alert_request("GET", "deliveries", params=self._params(**filters))
+    def list_alert_deliveries(self, query: DeliveryQuery) -> Page[AlertDelivery]:
+        answer = self.alert_request("GET", "deliveries", params=query.params())
         return Page[AlertDelivery].model_validate(answer)
 
     def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:

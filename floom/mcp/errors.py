@@ -51,6 +51,8 @@ def describe(exc: BaseException) -> ErrorDetail:
             hint=render(exc.advice, surface=surface, lacked_tool=lacked),
             **details,
         )
+    if isinstance(exc, ValidationError):  # a request model refused the tool's arguments
+        return describe(refused_request(exc))
     log.error("MCP tool failed unexpectedly", exc_info=exc)
     return ErrorDetail(
         code="internal",
@@ -93,6 +95,18 @@ def unknown_tool(name: str) -> NotFound:
     return NotFound(
         f"there is no tool named '{name}'",
         hint="list the tools again: workers exposed as tools come and go with deploys",
+    )
+
+
+def refused_request(exc: ValidationError) -> FloomError:
+    """A request model's (floom.schemas) refusal of what a tool was given, as invalid_request."""
+    problems = [
+        {"path": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
+    ]
+    return InvalidRequest(
+        "invalid arguments: " + "; ".join(f"{p['path']}: {p['message']}" for p in problems),
+        hint="check the tool's input schema in the tool list",
+        details=problems,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom import jsonvalues
 from floom.schemas.common import (
@@ -94,6 +94,25 @@ class AlertDeliveryPublic(Public):
     created_at: Timestamp
     delivered_at: Timestamp | None
     body: dict[str, Any] = Field(description="what was (or is to be) sent")
+
+
+class DeliveryQuery(BaseModel):
+    """Which alert, test and callback deliveries to list, newest first, a page at a time: the
+    one shape of GET /api/v1/alerts/deliveries's filters, the client's list_alert_deliveries,
+    both MCP backends and the list_alert_deliveries tool, and `floom alerts deliveries`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: str | None = None
+    purpose: str | None = None
+    channel: str | None = None
+    run_id: str | None = None
+    cursor: str | None = None
+    limit: int = 50
+
+    def params(self) -> dict[str, Any]:
+        """As REST query parameters (unset ones left out)."""
+        return self.model_dump(exclude_none=True)
 
 
 class Deleted(Public):

@@ -108,16 +108,10 @@ def list_deliveries(
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> Page[views.AlertDeliveryPublic]:
-    rows, next_cursor = deliveries.list_deliveries(
-        ctx,
-        status=status,
-        purpose=purpose,
-        channel=channel,
-        run_id=run_id,
-        cursor=cursor,
-        limit=limit,
-        caller=caller,
+    query = views.DeliveryQuery(
+        status=status, purpose=purpose, channel=channel, run_id=run_id, cursor=cursor, limit=limit
     )
+    rows, next_cursor = deliveries.list_deliveries(ctx, **query.model_dump(), caller=caller)
     return views.delivery_page(rows, next_cursor)
 
 

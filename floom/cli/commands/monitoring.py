@@ -11,7 +11,7 @@ from rich.text import Text
 
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import new_table, out, print_json, when
-from floom.schemas.alerts import RuleCreate
+from floom.schemas.alerts import DeliveryQuery, RuleCreate
 
 STATE_STYLE = {"live": "green", "lost": "bold red", "stopped": "dim"}
 DELIVERY_STYLE = {
@@ -366,9 +366,10 @@ def deliveries(
 ) -> None:
     """List alert, test and callback deliveries, newest first, with their status."""
     with open_client() as client:
-        page = client.list_alert_deliveries(
+        query = DeliveryQuery(
             status=status, purpose=purpose, channel=channel, run_id=run_id, limit=limit
         )
+        page = client.list_alert_deliveries(query)
     if as_json:
         print_json(page)
         return

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from floom.mcp.render import Reply
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
-from floom.schemas.alerts import AlertDeliveryPublic, ChannelPublic, RuleCreate
+from floom.schemas.alerts import AlertDeliveryPublic, ChannelPublic, DeliveryQuery, RuleCreate
 from floom.schemas.common import OneOf
 from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus
 
@@ -143,10 +143,8 @@ async def list_alert_deliveries(
     limit: Annotated[int, Field(ge=1, le=500)] = 20,
 ) -> Reply:
     """Alert, test and run-callback deliveries, newest first, with status and last error."""
-    filters = {"status": status, "purpose": purpose, "run_id": run_id, "limit": limit}
-    page = await off(
-        backend_of(ctx).alert_deliveries, {k: v for k, v in filters.items() if v is not None}
-    )
+    query = DeliveryQuery(status=status, purpose=purpose, run_id=run_id, limit=limit)
+    page = await off(backend_of(ctx).alert_deliveries, query)
     text = "\n".join(_delivery_line(d) for d in page.items) or "no deliveries"
     return Reply(text, page.to_json())
 
