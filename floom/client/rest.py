@@ -40,6 +40,7 @@ from floom.schemas.admin import KeyCreated, KeyPublic, SecretDeleted, SecretPubl
 from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
 from floom.schemas.alerts import (
     CallbackKey,
+    ChannelChange,
     ChannelList,
     ChannelPublic,
     DeliveryQuery,
@@ -597,8 +598,9 @@ class FloomClient:
         body = {"name": name, "kind": kind, "config": config}
         return ChannelPublic.model_validate(self.alert_request("POST", "channels", json=body))
 
-    def update_alert_channel(self, name: str, config: dict[str, Any]) -> ChannelPublic:
-        answer = self.alert_request("PUT", f"channels/{url_path(name)}", json={"config": config})
+    def change_alert_channel(self, name: str, change: ChannelChange) -> ChannelPublic:
+        """Merge `change` over the channel's settings (PATCH: a null removes one)."""
+        answer = self.alert_request("PATCH", f"channels/{url_path(name)}", json=change.model_dump())
         return ChannelPublic.model_validate(answer)
 
     def delete_alert_channel(self, name: str) -> None:

@@ -39,6 +39,17 @@ class ChannelUpdate(BaseModel):
     config: dict[str, Any]
 
 
+class ChannelChange(BaseModel):
+    """Some of a channel's settings, to merge over the others: the one shape of PATCH
+    /api/v1/alerts/channels/{name}'s body, the client's change_alert_channel, both MCP
+    backends and the update_alert_channel tool, and `floom alerts channels update`."""
+
+    config: dict[str, Any] = Field(
+        description="the settings to change (null removes one; a list is replaced whole); "
+        "the others stay. Secrets by NAME, never values"
+    )
+
+
 class ChannelPublic(Public):
     name: str
     kind: ChannelKindWord

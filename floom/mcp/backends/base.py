@@ -14,6 +14,7 @@ from floom.errors import FloomError
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
 from floom.schemas.alerts import (
+    ChannelChange,
     ChannelList,
     ChannelPublic,
     DeliveryQuery,
@@ -240,8 +241,9 @@ class Backend(abc.ABC):
         """A new channel, its settings checked (deploy scope); code alert_channel_invalid."""
         raise NotAvailable("alerts are not available here")
 
-    def update_alert_channel(self, name: str, config: JSON) -> ChannelPublic:
-        """Replace a channel's settings, checked as when added (deploy scope)."""
+    def update_alert_channel(self, name: str, change: ChannelChange) -> ChannelPublic:
+        """Merge `change` over a channel's settings (a null removes one), checked as when
+        added (deploy scope)."""
         raise NotAvailable("alerts are not available here")
 
     def test_alert_channel(self, name: str) -> AlertDelivery:

@@ -20,6 +20,7 @@ from floom.schemas import workers as worker_models
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
 from floom.schemas.alerts import (
+    ChannelChange,
     ChannelList,
     ChannelPublic,
     DeliveryQuery,
@@ -322,9 +323,9 @@ class LocalBackend(Backend):
         )
         return alert_views.channel_public(row)
 
-    def update_alert_channel(self, name: str, config: JSON) -> ChannelPublic:
-        row = alert_channels.update_channel(
-            self.ctx, name=name, config=config, caller=self.principal
+    def update_alert_channel(self, name: str, change: ChannelChange) -> ChannelPublic:
+        row = alert_channels.change_channel(
+            self.ctx, name=name, changes=change.config, caller=self.principal
         )
         return alert_views.channel_public(row)
 

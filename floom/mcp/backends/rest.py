@@ -15,6 +15,7 @@ from floom.mcp.backends.base import JSON, Backend, NotAvailable
 from floom.schemas.admin import KeyPublic, SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
 from floom.schemas.alerts import (
+    ChannelChange,
     ChannelList,
     ChannelPublic,
     DeliveryQuery,
@@ -252,9 +253,9 @@ class RestBackend(Backend):
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.add_alert_channel(name, kind, config)
 
-    def update_alert_channel(self, name: str, config: JSON) -> ChannelPublic:
+    def update_alert_channel(self, name: str, change: ChannelChange) -> ChannelPublic:
         self._offers("/api/v1/alerts/channels/{name}", "alerts")
-        return self.client.update_alert_channel(name, config)
+        return self.client.change_alert_channel(name, change)
 
     def test_alert_channel(self, name: str) -> AlertDelivery:
         self._offers("/api/v1/alerts/channels", "alerts")

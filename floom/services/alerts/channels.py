@@ -264,6 +264,44 @@ def update_channel(ctx: Context, *, name: str, config: Any, caller: Principal) -
     return row
 
 
+# A change made over a concurrent one is merged again over that one, this many times at most.
+CHANGE_TRIES = 3
+
+
+def change_channel(ctx: Context, *, name: str, changes: Any, caller: Principal) -> AlertChannel:
+    """Change some of a channel's settings: `changes` is merged over the current ones (a
+    setting given as null is removed; a list, as `to`, is replaced whole), and the result is
+    checked as on create, so a bad one changes nothing. Needs the deploy scope.
+
+    A change saved meanwhile by another caller is not lost: the merge is made again over it."""
+    caller.require("deploy")
+    if not isinstance(changes, dict) or not changes:
+        raise invalid(
+            "config", "give at least one setting to change", 'e.g. {"url": "https://..."}'
+        )
+    for _ in range(CHANGE_TRIES):
+        current = get_channel(ctx, name=name, caller=caller)
+        merged = {**jsonvalues.stored(current.config_json, expect=dict), **changes}
+        config = {k: v for k, v in merged.items() if v is not None}
+        clean = check_config(ctx, kind=current.kind, config=config, caller=caller)
+        with session_scope(ctx.engine, write=True) as s:
+            caller.require_in(s, "deploy")
+            found = select(AlertChannel).where(AlertChannel.name == name).with_for_update()
+            row = s.exec(found).first()
+            if row is None:
+                raise _no_channel(name)
+            if row.config_json != current.config_json:
+                continue  # changed since it was read: merge over the new settings
+            row.config_json = json.dumps(clean)
+            row.updated_at = utcnow()
+            s.add(row)
+            return row
+    raise Conflict(
+        f"alert channel {name} kept changing while this change was made",
+        hint="send the change again",
+    )
+
+
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         hint = "a lowercase slug: letters, digits and dashes, e.g. ops-email"
