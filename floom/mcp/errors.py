@@ -44,7 +44,8 @@ def describe(exc: BaseException) -> ErrorDetail:
         # an error written for the person at this machine's shell keeps its commands.
         surface: Surface = "cli" if exc.as_written else "mcp"
         lacked = _LACKED.get()
-        details = {} if exc.details is None else {"details": exc.details}
+        told = exc.details_for(lambda hint: render(hint, surface=surface, lacked_tool=lacked))
+        details = {} if told is None else {"details": told}
         return ErrorDetail(
             code=exc.code,
             message=render(exc.said, surface=surface) or "",

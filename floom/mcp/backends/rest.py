@@ -11,6 +11,7 @@ from floom.client.handoffs import HandoffClient
 from floom.client.rest import FloomClient
 from floom.client_env import admin_key_file
 from floom.errors import ClientError, Conflict, FloomError
+from floom.hints import Hint, act, told
 from floom.mcp.backends.base import JSON, Backend, NotAvailable
 from floom.schemas.admin import KeyPublic, SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
@@ -74,15 +75,20 @@ class NotConfigured(ClientError):
         super().__init__(message, status=0, code="not_configured", hint=setup_hint())
 
 
-def setup_hint() -> str:
+def setup_hint() -> Hint:
     """How to give `floom mcp` a key, naming where this machine's local server keeps its
-    admin key."""
+    admin key: the person at this machine's shell does it, so it is told as the CLI says it
+    (NotConfigured.as_written)."""
     admin_key = admin_key_file()
-    return (
-        f"start `floom mcp` with FLOOM_API_KEY set, or with `--key-file {admin_key}` (the "
-        "admin key a `floom serve` on this machine saved), and FLOOM_BASE_URL for a server "
-        "that is not on this machine; a key of its own is safer: `floom keys create --scope "
-        f"deploy`. With Claude Code: `claude mcp add floom -- floom mcp --key-file {admin_key}`"
+    return told(
+        "start ",
+        act("mcp"),
+        f" with FLOOM_API_KEY set, or with `--key-file {admin_key}` (the admin key a ",
+        act("serve"),
+        " on this machine saved), and FLOOM_BASE_URL for a server that is not on this "
+        "machine; a key of its own is safer: ",
+        act("keys create", scope="deploy"),
+        f". With Claude Code: `claude mcp add floom -- floom mcp --key-file {admin_key}`",
     )
 
 

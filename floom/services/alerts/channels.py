@@ -19,7 +19,6 @@ from standardwebhooks.webhooks import Webhook
 from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.hints import Told, act, told
-from floom.hints import cli as cli_hints
 from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
 from floom.net.egress import EgressRefused, policy_of, resolve_checked
 from floom.services.access import secrets
@@ -62,7 +61,7 @@ class ChannelInvalid(InvalidRequest):
 
 
 def invalid(path: str, message: str, hint: Told) -> ChannelInvalid:
-    detail = {"path": path, "message": message, "hint": cli_hints.written(hint)}
+    detail = {"path": path, "message": message, "hint": hint}
     return ChannelInvalid(f"{path}: {message}", hint=hint, details=[detail])
 
 
@@ -363,5 +362,5 @@ def trigger_callback_problems(ctx: Context, manifest: Manifest) -> list[Problem]
         try:
             check_url(ctx, url, path)
         except ChannelInvalid as exc:
-            problems.append(Problem(path, exc.message.removeprefix(f"{path}: "), exc.hint))
+            problems.append(Problem(path, exc.message.removeprefix(f"{path}: "), exc.advice))
     return problems
