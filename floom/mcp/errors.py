@@ -99,14 +99,17 @@ def unknown_tool(name: str) -> NotFound:
     )
 
 
-def refused_request(exc: ValidationError) -> FloomError:
-    """A request model's (floom.schemas) refusal of what a tool was given, as invalid_request."""
+def refused_request(exc: ValidationError, tool: str = "") -> FloomError:
+    """A refusal of what a tool was given (by the SDK, or by a request model of floom/schemas
+    that the tool built from it), as floom's invalid_request error."""
     problems = [
-        {"path": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
+        {"path": ".".join(str(p) for p in loc), "message": msg}
+        for loc, msg in ((e["loc"], e["msg"]) for e in exc.errors())
     ]
     return InvalidRequest(
-        "invalid arguments: " + "; ".join(f"{p['path']}: {p['message']}" for p in problems),
-        hint="check the tool's input schema in the tool list",
+        f"invalid arguments{f' for {tool}' if tool else ''}: "
+        + "; ".join(f"{p['path']}: {p['message']}" for p in problems),
+        hint=f"check the input schema of {tool or 'the tool'} in the tool list",
         details=problems,
     )
 
@@ -116,12 +119,4 @@ def bad_arguments(tool: str, exc: ToolError) -> FloomError:
     cause = exc.__cause__
     if not isinstance(cause, ValidationError):
         return InvalidRequest(f"{tool} refused the call", hint="check the tool's input schema")
-    problems = [
-        {"path": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in cause.errors()
-    ]
-    return InvalidRequest(
-        f"invalid arguments for {tool}: "
-        + "; ".join(f"{p['path']}: {p['message']}" for p in problems),
-        hint=f"check the input schema of {tool} in the tool list",
-        details=problems,
-    )
+    return refused_request(cause, tool)
