@@ -7,6 +7,7 @@ caller can meet, for the docs (docs/reference/error-codes.md) and the OpenAPI do
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -46,11 +47,35 @@ class FloomError(Exception):
         self.details = details
         super().__init__(self.message)
 
+    @property
+    def details(self) -> Any:
+        """What the error is about, in detail; a hint in them (a problem's) as the CLI says it."""
+        return self.details_for(cli_hints.written)
+
+    @details.setter
+    def details(self, details: Any) -> None:
+        self._details = details
+
+    def details_for(self, tell: Callable[[Told], str | None]) -> Any:
+        """`details`, with each hint in them (text and actions) told by `tell`: a surface's
+        rendering (floom.hints.surface)."""
+        return _told_in(self._details, tell)
+
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"code": self.code, "message": self.message, "hint": self.hint}
         if self.details is not None:
             body["details"] = self.details
         return body
+
+
+def _told_in(details: Any, tell: Callable[[Told], str | None]) -> Any:
+    if isinstance(details, Hint):
+        return tell(details)
+    if isinstance(details, list):
+        return [_told_in(item, tell) for item in details]
+    if isinstance(details, dict):
+        return {key: _told_in(value, tell) for key, value in details.items()}
+    return details
 
 
 class InvalidRequest(FloomError):

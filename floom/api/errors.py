@@ -44,6 +44,8 @@ def floom_error_response(
         render(exc.said, surface=surface),
         render(exc.advice, surface=surface, lacked_request=lacked),
     )
+    if exc.details is not None:
+        body["details"] = exc.details_for(lambda told: render(told, surface=surface))
     response = JSONResponse(status_code=exc.status, content={"error": body})
     if isinstance(exc, RateLimited | BlobStoreUnavailable) and isinstance(exc.details, dict):
         response.headers["Retry-After"] = str(exc.details.get("retry_after_seconds", 1))

@@ -74,11 +74,14 @@ def exit_on_error(exc: Exception) -> NoReturn:
     exit code 1, and so does a bug, as an "unexpected" line (raised again with FLOOM_DEBUG)."""
     if isinstance(exc, FloomError):
         _exit_with(exc.message, exc.hint, exc.details)
-    # A settings error comes from pydantic, loaded only by the commands that read them.
+    # A settings error comes from pydantic, loaded only by the commands that read them, and
+    # so does a request the options make that its model refuses (a value over its length).
     pydantic_core = sys.modules.get("pydantic_core")
     if pydantic_core is not None and isinstance(exc, pydantic_core.ValidationError):
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()))
+        if exc.title != "Settings":  # a request model (floom.schemas) built from the options
+            _exit_with(f"invalid {where}: {first.get('msg')}", "see the command's --help")
         _exit_with(
             f"invalid setting {where.upper() and 'FLOOM_' + where.upper()}: {first.get('msg')}",
             "check the FLOOM_* environment variables",

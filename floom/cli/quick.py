@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
 from floom.client.lite import LiteClient
-from floom.client.wire import WAIT_CALL_SECONDS, StartRequest
+from floom.client.wire import WAIT_CALL_SECONDS, StartRequest, start_body
 from floom.errors import FloomError
 from floom.services.runs.statuses import FINISHED
 from floom.vocabulary import RunStatus
@@ -154,13 +154,8 @@ def _serve(line: RunLine, client: LiteClient) -> int:
     wait = 0.0
     if line.wait:
         wait = min(line.timeout, WAIT_CALL_SECONDS) if line.timeout else WAIT_CALL_SECONDS
-    request = StartRequest(
-        line.worker,
-        line.inputs,
-        coerce_strings=line.coerce_strings,
-        force=line.force,
-        wait=wait,
-    )
+    body = start_body(line.inputs, coerce_strings=line.coerce_strings, force=line.force)
+    request = StartRequest(line.worker, body, wait=wait)
     asked = time.monotonic()
     started = client.start_run(request)
     _say_if_stuck(started)
@@ -180,9 +175,8 @@ def _follow(line: RunLine, client: LiteClient) -> int:
     Imported here, not at the top: rich (about 50 ms) only for the lines a person reads."""
     from floom.cli.console import log_line, out, print_result, run_heading
 
-    request = StartRequest(
-        line.worker, line.inputs, coerce_strings=line.coerce_strings, force=line.force
-    )
+    body = start_body(line.inputs, coerce_strings=line.coerce_strings, force=line.force)
+    request = StartRequest(line.worker, body)
     started = client.start_run(request)
     _say_if_stuck(started)
     shown = 0

@@ -13,6 +13,7 @@ from floom.schemas.handoffs import (
     ClaimNextResult,
     JobPublic,
     JobQuery,
+    JobRequest,
     LeaseState,
     ReopenContext,
     RolePublic,
@@ -95,8 +96,9 @@ class HandoffClient:
             self._call("GET", f"{JOBS}/{url_path(job_id)}", params={"events": events})
         )
 
-    def create_job(self, **body: Any) -> JobPublic:
-        return JobPublic.model_validate(self._call("POST", JOBS, json=self._drop_none(**body)))
+    def create_job(self, job: JobRequest) -> JobPublic:
+        body = job.model_dump(exclude_none=True)
+        return JobPublic.model_validate(self._call("POST", JOBS, json=body))
 
     def update_job(
         self, job_id: str, *, context: JSON | None = None, constraints: list[str] | None = None

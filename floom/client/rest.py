@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -36,46 +36,25 @@ from floom.client.wire import url_path as url_path
 from floom.client_env import admin_key_file, client_base_url
 from floom.errors import ClientError, FloomError, TooManyWaits
 from floom.hints import act, told
-from floom.schemas.admin import KeyCreated, KeyPublic, SecretDeleted, SecretPublic, SecretSet
-from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
-from floom.schemas.alerts import (
-    CallbackKey,
-    ChannelList,
-    ChannelPublic,
-    RuleCreate,
-    RuleList,
-    RulePublic,
-)
-from floom.schemas.common import Page
-from floom.schemas.health import Health
-from floom.schemas.nodes import NodeList
-from floom.schemas.replays import EvalReport, ReplayReport
-from floom.schemas.runs import (
-    ApprovalDecided,
-    ApprovalPublic,
-    ApprovalQuery,
-    ArtifactPublic,
-    LogPage,
-    RunDetail,
-    RunEventPublic,
-    RunPublic,
-    RunQuery,
-)
-from floom.schemas.triggers import DeliveryDetail, DeliveryPublic, TriggerListing
-from floom.schemas.workers import (
-    DeployResult,
-    RollbackResult,
-    StateVersionPublic,
-    ValidationResult,
-    VersionDetail,
-    VersionPublic,
-    WorkerDeleted,
-    WorkerDetail,
-    WorkerPublic,
-    WorkerStatePublic,
-)
 from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
 from floom.services.runs.statuses import WAITING as WAITING_STATUSES
+
+if TYPE_CHECKING:
+    from floom.client import models
+else:
+
+    class _Models:
+        """floom.client.models. Imported on first use of one of its models: pydantic and
+        floom/schemas are most of the client's import (0.18 s -> 0.08 s without them), which
+        a command that never reads an answer need not pay. mypy reads the module itself."""
+
+        def __getattr__(self, name: str) -> Any:
+            from floom.client import models as loaded
+
+            return getattr(loaded, name)
+
+    models = _Models()
+
 
 POLL_SECONDS = 0.3
 MIN_WAIT_CALL_SPACING_SECONDS = 1.0
@@ -190,11 +169,11 @@ class FloomClient:
 
     # -- health, workers, versions -------------------------------------------------------------
 
-    def health(self) -> Health:
+    def health(self) -> models.Health:
         result = self.request_json("GET", "/healthz", auth=False)
-        return Health.model_validate(result)
+        return models.Health.model_validate(result)
 
-    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> DeployResult:
+    def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> models.DeployResult:
         """Deploy a worker folder packed with floom.bundle (tar.gz); `skip_eval_gate`
         activates the version even though the worker's eval gate fails."""
         headers = {"Content-Type": "application/gzip"}
@@ -209,35 +188,35 @@ class FloomClient:
             params=params,
             timeout=timeout,
         )
-        return DeployResult.model_validate(result)
+        return models.DeployResult.model_validate(result)
 
-    def validate(self, archive: bytes) -> ValidationResult:
+    def validate(self, archive: bytes) -> models.ValidationResult:
         headers = {"Content-Type": "application/gzip"}
         result = self.request_json(
             "POST", "/api/v1/workers/validate", content=archive, headers=headers
         )
-        return ValidationResult.model_validate(result)
+        return models.ValidationResult.model_validate(result)
 
     def list_workers(
         self, *, cursor: str | None = None, limit: int | None = None
-    ) -> Page[WorkerPublic]:
+    ) -> models.Page[models.WorkerPublic]:
         params = self._params(cursor=cursor, limit=limit)
         result = self.request_json("GET", "/api/v1/workers", params=params)
-        return Page[WorkerPublic].model_validate(result)
+        return models.Page[models.WorkerPublic].model_validate(result)
 
-    def get_worker(self, name: str) -> WorkerDetail:
+    def get_worker(self, name: str) -> models.WorkerDetail:
         result = self.request_json("GET", f"/api/v1/workers/{url_path(name)}")
-        return WorkerDetail.model_validate(result)
+        return models.WorkerDetail.model_validate(result)
 
-    def list_versions(self, name: str) -> Page[VersionPublic]:
+    def list_versions(self, name: str) -> models.Page[models.VersionPublic]:
         result = self.request_json("GET", f"/api/v1/workers/{url_path(name)}/versions")
-        return Page[VersionPublic].model_validate(result)
+        return models.Page[models.VersionPublic].model_validate(result)
 
-    def get_version(self, name: str, version_id: str) -> VersionDetail:
+    def get_version(self, name: str, version_id: str) -> models.VersionDetail:
         """One version: its manifest (also as worker.yml text) and its file list."""
         path = f"/api/v1/workers/{url_path(name)}/versions/{url_path(version_id)}"
         result = self.request_json("GET", path)
-        return VersionDetail.model_validate(result)
+        return models.VersionDetail.model_validate(result)
 
     def api_paths(self) -> set[str]:
         """The route templates this server offers (from its OpenAPI document), so a client
@@ -252,14 +231,14 @@ class FloomClient:
         version_id: str | None = None,
         run_id: str | None = None,
         state_version: int | None = None,
-    ) -> RollbackResult:
+    ) -> models.RollbackResult:
         """Make a version active again: by its id, or the version a run used; with
         `state_version`, also set that kept state version again."""
         body = self._params(version_id=version_id, run_id=run_id, state_version=state_version)
         result = self.request_json("POST", f"/api/v1/workers/{url_path(name)}/rollback", json=body)
-        return RollbackResult.model_validate(result)
+        return models.RollbackResult.model_validate(result)
 
-    def get_state(self, name: str, *, version: int | None = None) -> WorkerStatePublic:
+    def get_state(self, name: str, *, version: int | None = None) -> models.WorkerStatePublic:
         """The worker's state: the current version's value and who wrote it, or a kept
         `version`'s."""
         result = self.request_json(
@@ -267,7 +246,7 @@ class FloomClient:
             f"/api/v1/workers/{url_path(name)}/state",
             params=self._params(version=version),
         )
-        return WorkerStatePublic.model_validate(result)
+        return models.WorkerStatePublic.model_validate(result)
 
     def set_state(
         self,
@@ -276,27 +255,27 @@ class FloomClient:
         state: Any = None,
         from_version: int | None = None,
         if_version: int | None = None,
-    ) -> WorkerStatePublic:
+    ) -> models.WorkerStatePublic:
         """Write a new state version: `state`, or a kept version's value again
         (`from_version`); with `if_version`, only while that is the current version."""
         body: dict[str, Any] = self._params(from_version=from_version, if_version=if_version)
         if from_version is None:
             body["state"] = state
         result = self.request_json("PUT", f"/api/v1/workers/{url_path(name)}/state", json=body)
-        return WorkerStatePublic.model_validate(result)
+        return models.WorkerStatePublic.model_validate(result)
 
     def state_versions(
         self, name: str, *, cursor: str | None = None, limit: int | None = None
-    ) -> Page[StateVersionPublic]:
+    ) -> models.Page[models.StateVersionPublic]:
         """The worker's kept state versions, newest first."""
         result = self.request_json(
             "GET",
             f"/api/v1/workers/{url_path(name)}/state/versions",
             params=self._params(cursor=cursor, limit=limit),
         )
-        return Page[StateVersionPublic].model_validate(result)
+        return models.Page[models.StateVersionPublic].model_validate(result)
 
-    def delete_worker(self, name: str, *, purge_runs: bool = False) -> WorkerDeleted:
+    def delete_worker(self, name: str, *, purge_runs: bool = False) -> models.WorkerDeleted:
         """Delete a worker (its triggers stop at once); its runs are kept unless purged.
         Answers what was deleted, as counts."""
         params = {"purge_runs": "true" if purge_runs else "false"}
@@ -305,16 +284,16 @@ class FloomClient:
         result = self.request_json(
             "DELETE", f"/api/v1/workers/{url_path(name)}", params=params, timeout=timeout
         )
-        return WorkerDeleted.model_validate(result)
+        return models.WorkerDeleted.model_validate(result)
 
-    def list_triggers(self, name: str) -> TriggerListing:
+    def list_triggers(self, name: str) -> models.TriggerListing:
         """The worker's triggers with their next fire times (and whether it is paused)."""
         result = self.request_json("GET", f"/api/v1/workers/{url_path(name)}/triggers")
-        return TriggerListing.model_validate(result)
+        return models.TriggerListing.model_validate(result)
 
     def set_paused(
         self, name: str, *, paused: bool, trigger_id: str | None = None
-    ) -> TriggerListing:
+    ) -> models.TriggerListing:
         """Pause or resume a worker, or one of its triggers; returns the trigger listing."""
         action = "pause" if paused else "resume"
         result = self.request_json(
@@ -322,40 +301,23 @@ class FloomClient:
             f"/api/v1/workers/{url_path(name)}/{action}",
             json=self._params(trigger_id=trigger_id),
         )
-        return TriggerListing.model_validate(result)
+        return models.TriggerListing.model_validate(result)
 
     # -- runs ----------------------------------------------------------------------------------
 
     def start_run(
-        self,
-        worker: str,
-        inputs: dict[str, Any] | None = None,
-        *,
-        coerce_strings: bool = False,
-        version_id: str | None = None,
-        force: bool = False,
-        wait: float = 0,
-        until: str = "ended",
-        callback_url: str | None = None,
-    ) -> RunPublic:
+        self, worker: str, run: models.RunRequest, *, wait: float = 0, until: str = "ended"
+    ) -> models.RunPublic:
         """Queue a run; with coerce_strings the input values are text parsed by declared type.
         `force` runs a paused worker. With `wait` (at most 60), the same request waits for the
         run to end (or settle) and answers with the whole run record; check its status, as
         the answer comes after `wait` seconds (or at once, over the key's cap of waits)
         either way (a RunDetail then, when the run settled). `callback_url` gets the run's
         record, signed, when it ends."""
-        request = StartRequest(
-            worker,
-            inputs,
-            coerce_strings=coerce_strings,
-            version_id=version_id,
-            force=force,
-            wait=wait,
-            until=until,
-            callback_url=callback_url,
-        )
+        body = run.model_dump(exclude_none=True)
+        request = StartRequest(worker, body, wait=wait, until=until)
         if request.read_seconds is None:
-            return RunPublic.model_validate(
+            return models.RunPublic.model_validate(
                 self.request_json("POST", request.path, json=request.body)
             )
         timeout = httpx.Timeout(CONNECT_SECONDS, read=request.read_seconds)
@@ -363,27 +325,29 @@ class FloomClient:
             "POST", request.path, json=request.body, params=request.params, timeout=timeout
         )
         # 200 with the whole record when the run settled in time, 202 with the run otherwise.
-        return (RunDetail if "tool_calls" in result else RunPublic).model_validate(result)
+        return (models.RunDetail if "tool_calls" in result else models.RunPublic).model_validate(
+            result
+        )
 
-    def list_runs(self, query: RunQuery) -> Page[RunPublic]:
+    def list_runs(self, query: models.RunQuery) -> models.Page[models.RunPublic]:
         result = self.request_json("GET", "/api/v1/runs", params=query.params())
-        return Page[RunPublic].model_validate(result)
+        return models.Page[models.RunPublic].model_validate(result)
 
-    def get_run(self, run_id: str, *, wait: float = 0, until: str = "ended") -> RunDetail:
+    def get_run(self, run_id: str, *, wait: float = 0, until: str = "ended") -> models.RunDetail:
         """The run; with `wait` (at most 60), the server answers as soon as it has ended (with
         until="settled", also when it waits for a person) or after `wait` seconds."""
         path = f"/api/v1/runs/{url_path(run_id)}"
         if wait <= 0:
             result = self.request_json("GET", path)
-            return RunDetail.model_validate(result)
+            return models.RunDetail.model_validate(result)
         params = {"wait": f"{wait:g}", "until": until}
         timeout = httpx.Timeout(CONNECT_SECONDS, read=wait + WAIT_READ_MARGIN_SECONDS)
         result = self.request_json("GET", path, params=params, timeout=timeout)
-        return RunDetail.model_validate(result)
+        return models.RunDetail.model_validate(result)
 
     def wait_for_run(
         self, run_id: str, *, seconds: float | None, until: str = "ended"
-    ) -> RunDetail:
+    ) -> models.RunDetail:
         """The run once it has ended (or settled), or as it is after `seconds` (None: no
         limit), waiting through the server's `?wait=`, one long request at a time."""
         stop = TERMINAL_STATUSES if until == "ended" else TERMINAL_STATUSES | WAITING_STATUSES
@@ -409,14 +373,14 @@ class FloomClient:
         after: int | None = None,
         tail: int | None = None,
         limit: int | None = None,
-    ) -> LogPage:
+    ) -> models.LogPage:
         params = self._params(after=after, tail=tail, limit=limit)
         result = self.request_json("GET", f"/api/v1/runs/{url_path(run_id)}/logs", params=params)
-        return LogPage.model_validate(result)
+        return models.LogPage.model_validate(result)
 
-    def all_logs(self, run_id: str, *, after: int = 0) -> list[RunEventPublic]:
+    def all_logs(self, run_id: str, *, after: int = 0) -> list[models.RunEventPublic]:
         """Every stored log event above `after`, reading page by page."""
-        events: list[RunEventPublic] = []
+        events: list[models.RunEventPublic] = []
         while True:
             page = self.get_logs(run_id, after=after)
             events.extend(page.items)
@@ -424,25 +388,27 @@ class FloomClient:
                 return events
             after = page.last_seq
 
-    def list_artifacts(self, run_id: str) -> Page[ArtifactPublic]:
+    def list_artifacts(self, run_id: str) -> models.Page[models.ArtifactPublic]:
         result = self.request_json("GET", f"/api/v1/runs/{url_path(run_id)}/artifacts")
-        return Page[ArtifactPublic].model_validate(result)
+        return models.Page[models.ArtifactPublic].model_validate(result)
 
     def download_artifact(self, run_id: str, name: str) -> bytes:
         path = f"/api/v1/runs/{url_path(run_id)}/artifacts/{quote(name, safe='/')}"
         return self._send("GET", path).content
 
-    def cancel_run(self, run_id: str) -> RunDetail:
+    def cancel_run(self, run_id: str) -> models.RunDetail:
         result = self.request_json("POST", f"/api/v1/runs/{url_path(run_id)}/cancel")
-        return RunDetail.model_validate(result)
+        return models.RunDetail.model_validate(result)
 
-    def replay_run(self, run_id: str, *, latest: bool = False, force: bool = False) -> RunPublic:
+    def replay_run(
+        self, run_id: str, *, latest: bool = False, force: bool = False
+    ) -> models.RunPublic:
         """Run the same inputs again: on the same version, or the worker's active one."""
         body: dict[str, Any] = {"latest": latest}
         if force:
             body["force"] = True
         result = self.request_json("POST", f"/api/v1/runs/{url_path(run_id)}/replay", json=body)
-        return RunPublic.model_validate(result)
+        return models.RunPublic.model_validate(result)
 
     # -- replays from recordings and evals -----------------------------------------------------
 
@@ -453,48 +419,49 @@ class FloomClient:
         mode: str,
         version_id: str | None = None,
         model: str | None = None,
-    ) -> RunPublic:
+    ) -> models.RunPublic:
         """Replay an agent run from its recording (exact or what_if); the new run."""
         body = self._params(mode=mode, version_id=version_id, model=model)
         result = self.request_json("POST", f"/api/v1/runs/{url_path(run_id)}/replays", json=body)
-        return RunPublic.model_validate(result)
+        return models.RunPublic.model_validate(result)
 
-    def get_replay(self, run_id: str) -> ReplayReport:
+    def get_replay(self, run_id: str) -> models.ReplayReport:
         """A replay's report: status, and once finished its diff against the original."""
         result = self.request_json("GET", f"/api/v1/replays/{url_path(run_id)}")
-        return ReplayReport.model_validate(result)
+        return models.ReplayReport.model_validate(result)
 
-    def start_eval(self, worker: str, body: dict[str, Any]) -> EvalReport:
+    def start_eval(self, worker: str, start: models.EvalStart) -> models.EvalReport:
+        body = start.model_dump(exclude_none=True)
         result = self.request_json("POST", f"/api/v1/workers/{url_path(worker)}/evals", json=body)
-        return EvalReport.model_validate(result)
+        return models.EvalReport.model_validate(result)
 
-    def get_eval(self, eval_id: str) -> EvalReport:
+    def get_eval(self, eval_id: str) -> models.EvalReport:
         result = self.request_json("GET", f"/api/v1/evals/{url_path(eval_id)}")
-        return EvalReport.model_validate(result)
+        return models.EvalReport.model_validate(result)
 
     # -- webhook deliveries --------------------------------------------------------------------
 
     def list_deliveries(
         self, name: str, *, cursor: str | None = None, limit: int | None = None
-    ) -> Page[DeliveryPublic]:
+    ) -> models.Page[models.DeliveryPublic]:
         """A worker's stored webhook and Composio deliveries, newest first."""
         result = self.request_json(
             "GET",
             f"/api/v1/workers/{url_path(name)}/deliveries",
             params=self._params(cursor=cursor, limit=limit),
         )
-        return Page[DeliveryPublic].model_validate(result)
+        return models.Page[models.DeliveryPublic].model_validate(result)
 
-    def get_delivery(self, delivery_id: str) -> DeliveryDetail:
+    def get_delivery(self, delivery_id: str) -> models.DeliveryDetail:
         result = self.request_json("GET", f"/api/v1/deliveries/{url_path(delivery_id)}")
-        return DeliveryDetail.model_validate(result)
+        return models.DeliveryDetail.model_validate(result)
 
-    def replay_delivery(self, delivery_id: str, *, force: bool = False) -> RunPublic:
+    def replay_delivery(self, delivery_id: str, *, force: bool = False) -> models.RunPublic:
         """Run a stored delivery again; returns the new run."""
         result = self.request_json(
             "POST", f"/api/v1/deliveries/{url_path(delivery_id)}/replay", json={"force": force}
         )
-        return RunPublic.model_validate(result)
+        return models.RunPublic.model_validate(result)
 
     # -- following a run -----------------------------------------------------------------------
 
@@ -527,7 +494,7 @@ class FloomClient:
             self._check_deadline(run_id, deadline)
         yield from self._poll(run_id, after=after, deadline=deadline)
 
-    def wait(self, run_id: str, *, deadline: float | None = None) -> RunDetail:
+    def wait(self, run_id: str, *, deadline: float | None = None) -> models.RunDetail:
         """Block until the run ends; returns the full run record (with artifacts). Raises
         ClientError(code="timeout") when the monotonic `deadline` passes first."""
         seconds = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -544,7 +511,7 @@ class FloomClient:
             raise self._still_going(run)
 
     @staticmethod
-    def _still_going(run: RunPublic) -> ClientError:
+    def _still_going(run: models.RunPublic) -> ClientError:
         return ClientError(
             f"run {run.id} is still {run.status} at the deadline",
             status=0,
@@ -594,9 +561,9 @@ class FloomClient:
 
     # -- nodes ---------------------------------------------------------------------------------
 
-    def list_nodes(self) -> NodeList:
+    def list_nodes(self) -> models.NodeList:
         result = self.request_json("GET", "/api/v1/nodes")
-        return NodeList.model_validate(result)
+        return models.NodeList.model_validate(result)
 
     # -- alerts --------------------------------------------------------------------------------
 
@@ -604,93 +571,100 @@ class FloomClient:
         """A call of the alerts API (/api/v1/alerts/...): channels, rules, deliveries."""
         return self.request_json(method, f"/api/v1/alerts/{path}", **kwargs)
 
-    def list_alert_channels(self) -> ChannelList:
-        return ChannelList.model_validate(self.alert_request("GET", "channels"))
+    def list_alert_channels(self) -> models.ChannelList:
+        return models.ChannelList.model_validate(self.alert_request("GET", "channels"))
 
-    def add_alert_channel(self, name: str, kind: str, config: dict[str, Any]) -> ChannelPublic:
+    def add_alert_channel(
+        self, name: str, kind: str, config: dict[str, Any]
+    ) -> models.ChannelPublic:
         body = {"name": name, "kind": kind, "config": config}
-        return ChannelPublic.model_validate(self.alert_request("POST", "channels", json=body))
+        return models.ChannelPublic.model_validate(
+            self.alert_request("POST", "channels", json=body)
+        )
 
-    def update_alert_channel(self, name: str, config: dict[str, Any]) -> ChannelPublic:
-        answer = self.alert_request("PUT", f"channels/{url_path(name)}", json={"config": config})
-        return ChannelPublic.model_validate(answer)
+    def change_alert_channel(self, name: str, change: models.ChannelChange) -> models.ChannelPublic:
+        """Merge `change` over the channel's settings (PATCH: a null removes one)."""
+        answer = self.alert_request("PATCH", f"channels/{url_path(name)}", json=change.model_dump())
+        return models.ChannelPublic.model_validate(answer)
 
     def delete_alert_channel(self, name: str) -> None:
         self.alert_request("DELETE", f"channels/{url_path(name)}")
 
-    def test_alert_channel(self, name: str) -> AlertDelivery:
+    def test_alert_channel(self, name: str) -> models.AlertDelivery:
         answer = self.alert_request("POST", f"channels/{url_path(name)}/test")
-        return AlertDelivery.model_validate(answer)
+        return models.AlertDelivery.model_validate(answer)
 
-    def list_alert_rules(self) -> RuleList:
-        return RuleList.model_validate(self.alert_request("GET", "rules"))
+    def list_alert_rules(self) -> models.RuleList:
+        return models.RuleList.model_validate(self.alert_request("GET", "rules"))
 
-    def add_alert_rule(self, rule: RuleCreate) -> RulePublic:
+    def add_alert_rule(self, rule: models.RuleCreate) -> models.RulePublic:
         answer = self.alert_request("POST", "rules", json=rule.model_dump())
-        return RulePublic.model_validate(answer)
+        return models.RulePublic.model_validate(answer)
 
-    def set_alert_rule_enabled(self, name: str, enabled: bool) -> RulePublic:
+    def set_alert_rule_enabled(self, name: str, enabled: bool) -> models.RulePublic:
         answer = self.alert_request("PATCH", f"rules/{url_path(name)}", json={"enabled": enabled})
-        return RulePublic.model_validate(answer)
+        return models.RulePublic.model_validate(answer)
 
     def delete_alert_rule(self, name: str) -> None:
         self.alert_request("DELETE", f"rules/{url_path(name)}")
 
-    def list_alert_deliveries(self, **filters: Any) -> Page[AlertDelivery]:
-        answer = self.alert_request("GET", "deliveries", params=self._params(**filters))
-        return Page[AlertDelivery].model_validate(answer)
+    def list_alert_deliveries(
+        self, query: models.DeliveryQuery
+    ) -> models.Page[models.AlertDelivery]:
+        answer = self.alert_request("GET", "deliveries", params=query.params())
+        return models.Page[models.AlertDelivery].model_validate(answer)
 
-    def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
+    def resend_alert_delivery(self, delivery_id: str) -> models.AlertDelivery:
         answer = self.alert_request("POST", f"deliveries/{url_path(delivery_id)}/resend")
-        return AlertDelivery.model_validate(answer)
+        return models.AlertDelivery.model_validate(answer)
 
-    def callback_key(self) -> CallbackKey:
-        return CallbackKey.model_validate(self.alert_request("GET", "callback-key"))
+    def callback_key(self) -> models.CallbackKey:
+        return models.CallbackKey.model_validate(self.alert_request("GET", "callback-key"))
 
     # -- secrets and keys ----------------------------------------------------------------------
 
-    def list_secrets(self) -> Page[SecretPublic]:
+    def list_secrets(self) -> models.Page[models.SecretPublic]:
         result = self.request_json("GET", "/api/v1/secrets")
-        return Page[SecretPublic].model_validate(result)
+        return models.Page[models.SecretPublic].model_validate(result)
 
-    def set_secret(self, name: str, value: str) -> SecretSet:
+    def set_secret(self, name: str, value: str) -> models.SecretSet:
         result = self.request_json(
             "PUT", f"/api/v1/secrets/{url_path(name)}", json={"value": value}
         )
-        return SecretSet.model_validate(result)
+        return models.SecretSet.model_validate(result)
 
-    def delete_secret(self, name: str) -> SecretDeleted:
+    def delete_secret(self, name: str) -> models.SecretDeleted:
         result = self.request_json("DELETE", f"/api/v1/secrets/{url_path(name)}")
-        return SecretDeleted.model_validate(result)
+        return models.SecretDeleted.model_validate(result)
 
-    def my_key(self) -> KeyPublic:
+    def my_key(self) -> models.KeyPublic:
         """The key this client uses (never its value): id, name, scopes, agent."""
         result = self.request_json("GET", "/api/v1/keys/me")
-        return KeyPublic.model_validate(result)
+        return models.KeyPublic.model_validate(result)
 
-    def list_keys(self) -> Page[KeyPublic]:
+    def list_keys(self) -> models.Page[models.KeyPublic]:
         result = self.request_json("GET", "/api/v1/keys")
-        return Page[KeyPublic].model_validate(result)
+        return models.Page[models.KeyPublic].model_validate(result)
 
-    def create_key(self, *, scopes: list[str], name: str = "") -> KeyCreated:
+    def create_key(self, *, scopes: list[str], name: str = "") -> models.KeyCreated:
         """A new API key; its plaintext is in "key" and is never returned again."""
         result = self.request_json("POST", "/api/v1/keys", json={"scopes": scopes, "name": name})
-        return KeyCreated.model_validate(result)
+        return models.KeyCreated.model_validate(result)
 
-    def revoke_key(self, key_id: str) -> KeyPublic:
+    def revoke_key(self, key_id: str) -> models.KeyPublic:
         result = self.request_json("DELETE", f"/api/v1/keys/{url_path(key_id)}")
-        return KeyPublic.model_validate(result)
+        return models.KeyPublic.model_validate(result)
 
     # -- approvals -----------------------------------------------------------------------------
 
-    def list_approvals(self, query: ApprovalQuery) -> Page[ApprovalPublic]:
+    def list_approvals(self, query: models.ApprovalQuery) -> models.Page[models.ApprovalPublic]:
         """Approvals oldest first; status pending (default), approved, rejected or all."""
         result = self.request_json("GET", "/api/v1/approvals", params=query.params())
-        return Page[ApprovalPublic].model_validate(result)
+        return models.Page[models.ApprovalPublic].model_validate(result)
 
-    def get_approval(self, approval_id: str) -> ApprovalPublic:
+    def get_approval(self, approval_id: str) -> models.ApprovalPublic:
         result = self.request_json("GET", f"/api/v1/approvals/{url_path(approval_id)}")
-        return ApprovalPublic.model_validate(result)
+        return models.ApprovalPublic.model_validate(result)
 
     def approve(
         self,
@@ -698,19 +672,19 @@ class FloomClient:
         *,
         edited: dict[str, Any] | None = None,
         comment: str | None = None,
-    ) -> ApprovalDecided:
+    ) -> models.ApprovalDecided:
         """Approve; `edited` replaces proposed values (tool arguments or outputs) key by key."""
         body = self._params(edited=edited, comment=comment)
         result = self.request_json(
             "POST", f"/api/v1/approvals/{url_path(approval_id)}/approve", json=body
         )
-        return ApprovalDecided.model_validate(result)
+        return models.ApprovalDecided.model_validate(result)
 
-    def reject(self, approval_id: str, *, comment: str) -> ApprovalDecided:
+    def reject(self, approval_id: str, *, comment: str) -> models.ApprovalDecided:
         result = self.request_json(
             "POST", f"/api/v1/approvals/{url_path(approval_id)}/reject", json={"comment": comment}
         )
-        return ApprovalDecided.model_validate(result)
+        return models.ApprovalDecided.model_validate(result)
 
 
 class _StreamUnavailable(Exception):

@@ -58,29 +58,26 @@ def json_body(value: Any) -> bytes:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
+def start_body(
+    inputs: dict[str, Any], *, coerce_strings: bool = False, force: bool = False
+) -> dict[str, Any]:
+    """A start request's body as the CLI's quick path sends it, without pydantic: the fields
+    it uses of floom.schemas.runs.RunRequest (the one shape of that body)."""
+    body: dict[str, Any] = {"inputs": inputs, "coerce_strings": coerce_strings}
+    if force:
+        body["force"] = True
+    return body
+
+
 class StartRequest:
-    """`POST /workers/{name}/runs`, with `?wait=` when the caller waits for the end."""
+    """`POST /workers/{name}/runs` with `body` (a RunRequest as JSON), and `?wait=` when the
+    caller waits for the end."""
 
     def __init__(
-        self,
-        worker: str,
-        inputs: dict[str, Any] | None = None,
-        *,
-        coerce_strings: bool = False,
-        version_id: str | None = None,
-        force: bool = False,
-        wait: float = 0,
-        until: str = "ended",
-        callback_url: str | None = None,
+        self, worker: str, body: dict[str, Any], *, wait: float = 0, until: str = "ended"
     ) -> None:
         self.path = f"/api/v1/workers/{url_path(worker)}/runs"
-        self.body: dict[str, Any] = {"inputs": inputs or {}, "coerce_strings": coerce_strings}
-        if version_id:
-            self.body["version_id"] = version_id
-        if force:
-            self.body["force"] = True
-        if callback_url:
-            self.body["callback_url"] = callback_url
+        self.body = body
         self.params: dict[str, str] | None = None
         self.read_seconds: float | None = None  # None: the client's default timeout
         if wait > 0:

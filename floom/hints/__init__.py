@@ -3,7 +3,8 @@ are text and actions (`Action`: an operation of the catalogue, floom.hints.cli, 
 arguments), declared once where they are written; each surface renders an action its own way
 (floom.hints.surface): the CLI as a `floom ...` command line (floom.hints.cli), MCP as a tool
 call (floom.hints.mcp), a plain REST client as the request (floom.hints.rest), the web UI as
-the page and its button (floom.hints.ui). The words' types are in floom.hints.action;
+the page and its button (floom.hints.ui). A key the caller should use (`KeyWith`, a scope) is
+told as that surface's caller gets and uses one. The words' types are in floom.hints.action;
 `told(...)` and `act(...)` build them where an error or notice is written.
 
 What floom stores (a run's error, its notices) is stored as the CLI renders it, the one
@@ -20,6 +21,8 @@ from floom.hints.action import (
     SERVER_COMMANDS,
     Action,
     Hint,
+    KeyWith,
+    Part,
     Surface,
     Told,
     Value,
@@ -35,6 +38,8 @@ __all__ = [
     "SERVER_COMMANDS",
     "Action",
     "Hint",
+    "KeyWith",
+    "Part",
     "Surface",
     "Told",
     "Value",

@@ -37,10 +37,23 @@ class Action:
 
 
 @dataclass(frozen=True)
-class Hint:
-    """Text and actions, in the order they are said."""
+class KeyWith:
+    """An API key with `scope` (or higher), for the caller to use: each surface says how its
+    caller gets one and uses it (the CLI the command that creates it, a REST client the
+    request, an MCP client that its configuration holds the key, a person at the UI that
+    they sign in with it)."""
 
-    parts: tuple[str | Action, ...]
+    scope: str
+
+
+Part = str | Action | KeyWith
+
+
+@dataclass(frozen=True)
+class Hint:
+    """Text, actions and keys to use, in the order they are said."""
+
+    parts: tuple[Part, ...]
 
     @classmethod
     def of(cls, told: str | Hint) -> Hint:
@@ -49,14 +62,17 @@ class Hint:
     def actions(self) -> list[Action]:
         return [p for p in self.parts if isinstance(p, Action)]
 
-    def render(self, action: Callable[[Action], str]) -> str:
-        return "".join(p if isinstance(p, str) else action(p) for p in self.parts)
+    def render(self, action: Callable[[Action], str], key: Callable[[KeyWith], str]) -> str:
+        return "".join(
+            p if isinstance(p, str) else action(p) if isinstance(p, Action) else key(p)
+            for p in self.parts
+        )
 
 
 Told = str | Hint
 
 
-def told(*parts: str | Action) -> Hint:
+def told(*parts: Part) -> Hint:
     """A hint or message of text and actions: told("resume it with ", act("resume", ...))."""
     return Hint(tuple(p for p in parts if p != ""))
 

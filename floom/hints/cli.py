@@ -12,7 +12,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from floom.hints.action import Action, Hint, Told, Value
+from floom.hints.action import Action, Hint, KeyWith, Told, Value
 
 
 @dataclass(frozen=True)
@@ -178,13 +178,18 @@ def command(action: Action) -> str:
     return f"`floom {shlex.join(line(action))}`"
 
 
+def key(needed: KeyWith) -> str:
+    """A key to use, as the CLI says it: the command that creates one."""
+    return f"a key created with {command(act('keys create', scope=needed.scope))} (or higher)"
+
+
 def render(told: Hint | None) -> str | None:
-    return told.render(command) if told is not None else None
+    return told.render(command, key) if told is not None else None
 
 
 def written(told: Told) -> str:
     """Words as the CLI writes them (and floom stores them)."""
-    return told if isinstance(told, str) else told.render(command)
+    return told if isinstance(told, str) else told.render(command, key)
 
 
 # A command in the CLI's notation, as floom stores it in what it said.

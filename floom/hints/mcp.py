@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from floom.hints import ON_THE_HOST, PLACEHOLDERS, SERVER_COMMANDS, Action, Hint, said
+from floom.hints import ON_THE_HOST, PLACEHOLDERS, SERVER_COMMANDS, Action, Hint, KeyWith, said
 from floom.hints import cli as cli_hints
 
 
@@ -136,5 +136,14 @@ def action(a: Action, lacked: Callable[[str], str | None] | None = None) -> str:
     return f"{call} (a tool for a key with the '{scope}' scope, which this key lacks)"
 
 
+def key(needed: KeyWith) -> str:
+    """A key to use, as an agent's MCP client takes it: in its configuration (keys are made by
+    floom's operator, as no tool does it)."""
+    return (
+        f"an API key with the '{needed.scope}' scope (or higher): configure this MCP client "
+        "with one"
+    )
+
+
 def render(told: Hint | None, lacked: Callable[[str], str | None] | None = None) -> str | None:
-    return told.render(lambda a: action(a, lacked)) if told is not None else None
+    return told.render(lambda a: action(a, lacked), key) if told is not None else None

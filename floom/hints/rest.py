@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from floom.hints import ON_THE_HOST, PLACEHOLDERS, SERVER_COMMANDS, Action, Hint, said
+from floom.hints import ON_THE_HOST, PLACEHOLDERS, SERVER_COMMANDS, Action, Hint, KeyWith, said
 from floom.hints import cli as cli_hints
 
 API = "/api/v1"
@@ -160,5 +160,13 @@ def action(a: Action, lacked: Callable[[Request], str | None] | None = None) -> 
     return f"{request} (a request for a key with the '{scope}' scope, which this key lacks)"
 
 
+def key(needed: KeyWith, lacked: Callable[[Request], str | None] | None = None) -> str:
+    """A key to use, as a REST client gets one: the request that creates it."""
+    made = action(cli_hints.act("keys create", scope=needed.scope), lacked)
+    return f"a key created with {made} (or higher)"
+
+
 def render(told: Hint | None, lacked: Callable[[Request], str | None] | None = None) -> str | None:
-    return told.render(lambda a: action(a, lacked)) if told is not None else None
+    if told is None:
+        return None
+    return told.render(lambda a: action(a, lacked), lambda k: key(k, lacked))

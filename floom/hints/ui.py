@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import quote
 
-from floom.hints import ON_THE_HOST, PLACEHOLDERS, SERVER_COMMANDS, Action, Hint, said
+from floom.hints import ON_THE_HOST, PLACEHOLDERS, SERVER_COMMANDS, Action, Hint, KeyWith, said
 from floom.hints import cli as cli_hints
 
 
@@ -111,5 +111,10 @@ def action(a: Action) -> str:
     return said(line, _WHAT_IT_IS.get(line[0], _IN_THE_CLI))
 
 
+def key(needed: KeyWith) -> str:
+    """A key to use, as a person at the UI uses one: they sign in with it."""
+    return f"an API key that has the '{needed.scope}' scope (or higher): sign in with one"
+
+
 def render(told: Hint | None) -> str | None:
-    return told.render(action) if told is not None else None
+    return told.render(action, key) if told is not None else None

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from floom.hints import act, told
 from floom.manifest.schema import Manifest, Problem
 from floom.sandbox import env_names
 
@@ -258,7 +259,7 @@ def _check_source(
             Problem(
                 f"{where}.auth_secret",
                 f"{secret!r} is not a secret name",
-                "upper-case, e.g. LINEAR_TOKEN (set it with `floom secrets set`)",
+                told("upper-case, e.g. LINEAR_TOKEN (set it with ", act("secrets set"), ")"),
             )
         )
     elif secret is not None and (why := env_names.refusal(secret)):

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from floom.hints import act, told
 from floom.manifest.fields import kind_of, suggest
 from floom.manifest.schema import NAME_PATTERN, Problem
 
@@ -61,7 +62,9 @@ def _check_pattern(item: Any, path: str, out: list[Problem], *, worker_scoped: b
         return False
     if item == "*" or item in EVENTS:
         if worker_scoped and item in CLUSTER_EVENTS:
-            hint = "a node is not a worker's: alert on it in a global rule (floom alerts rules)"
+            hint = told(
+                "a node is not a worker's: alert on it in a global rule (", act("alerts rules"), ")"
+            )
             out.append(Problem(path, f"'{item}' is not about a worker", hint))
             return False
         return True

@@ -19,6 +19,8 @@ from floom.errors import (
     ManifestTooLarge,
     RuntimeMissing,
 )
+from floom.hints import Told
+from floom.hints import cli as cli_hints
 from floom.manifest.fields import (
     check_value,
     enum_error,
@@ -98,9 +100,11 @@ class Problem:
 
     path: str
     message: str
-    hint: str | None = None
+    # Text and actions (floom.hints): each surface that shows the problem renders them.
+    hint: Told | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """As an error's details carry it: the hint rendered where the error is answered."""
         return {"path": self.path, "message": self.message, "hint": self.hint}
 
 
@@ -414,7 +418,7 @@ def format_problems(problems: Iterable[Problem]) -> str:
     lines = []
     for problem in problems:
         where = f"{problem.path}: " if problem.path else ""
-        hint = f" (hint: {problem.hint})" if problem.hint else ""
+        hint = f" (hint: {cli_hints.written(problem.hint)})" if problem.hint else ""
         lines.append(f"  {where}{problem.message}{hint}")
     return "\n".join(lines)
 

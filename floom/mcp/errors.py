@@ -44,13 +44,16 @@ def describe(exc: BaseException) -> ErrorDetail:
         # an error written for the person at this machine's shell keeps its commands.
         surface: Surface = "cli" if exc.as_written else "mcp"
         lacked = _LACKED.get()
-        details = {} if exc.details is None else {"details": exc.details}
+        told = exc.details_for(lambda hint: render(hint, surface=surface, lacked_tool=lacked))
+        details = {} if told is None else {"details": told}
         return ErrorDetail(
             code=exc.code,
             message=render(exc.said, surface=surface) or "",
             hint=render(exc.advice, surface=surface, lacked_tool=lacked),
             **details,
         )
+    if isinstance(exc, ValidationError):  # a request model refused the tool's arguments
+        return describe(refused_request(exc))
     log.error("MCP tool failed unexpectedly", exc_info=exc)
     return ErrorDetail(
         code="internal",
@@ -96,17 +99,24 @@ def unknown_tool(name: str) -> NotFound:
     )
 
 
+def refused_request(exc: ValidationError, tool: str = "") -> FloomError:
+    """A refusal of what a tool was given (by the SDK, or by a request model of floom/schemas
+    that the tool built from it), as floom's invalid_request error."""
+    problems = [
+        {"path": ".".join(str(p) for p in loc), "message": msg}
+        for loc, msg in ((e["loc"], e["msg"]) for e in exc.errors())
+    ]
+    return InvalidRequest(
+        f"invalid arguments{f' for {tool}' if tool else ''}: "
+        + "; ".join(f"{p['path']}: {p['message']}" for p in problems),
+        hint=f"check the input schema of {tool or 'the tool'} in the tool list",
+        details=problems,
+    )
+
+
 def bad_arguments(tool: str, exc: ToolError) -> FloomError:
     """The SDK's refusal of a call's arguments, as floom's invalid_request error."""
     cause = exc.__cause__
     if not isinstance(cause, ValidationError):
         return InvalidRequest(f"{tool} refused the call", hint="check the tool's input schema")
-    problems = [
-        {"path": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in cause.errors()
-    ]
-    return InvalidRequest(
-        f"invalid arguments for {tool}: "
-        + "; ".join(f"{p['path']}: {p['message']}" for p in problems),
-        hint=f"check the input schema of {tool} in the tool list",
-        details=problems,
-    )
+    return refused_request(cause, tool)

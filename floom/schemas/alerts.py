@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom import jsonvalues
 from floom.schemas.common import (
@@ -37,6 +37,17 @@ class ChannelCreate(BaseModel):
 
 class ChannelUpdate(BaseModel):
     config: dict[str, Any]
+
+
+class ChannelChange(BaseModel):
+    """Some of a channel's settings, to merge over the others: the one shape of PATCH
+    /api/v1/alerts/channels/{name}'s body, the client's change_alert_channel, both MCP
+    backends and the update_alert_channel tool, and `floom alerts channels update`."""
+
+    config: dict[str, Any] = Field(
+        description="the settings to change (null removes one; a list is replaced whole); "
+        "the others stay. Secrets by NAME, never values"
+    )
 
 
 class ChannelPublic(Public):
@@ -94,6 +105,25 @@ class AlertDeliveryPublic(Public):
     created_at: Timestamp
     delivered_at: Timestamp | None
     body: dict[str, Any] = Field(description="what was (or is to be) sent")
+
+
+class DeliveryQuery(BaseModel):
+    """Which alert, test and callback deliveries to list, newest first, a page at a time: the
+    one shape of GET /api/v1/alerts/deliveries's filters, the client's list_alert_deliveries,
+    both MCP backends and the list_alert_deliveries tool, and `floom alerts deliveries`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: str | None = None
+    purpose: str | None = None
+    channel: str | None = None
+    run_id: str | None = None
+    cursor: str | None = None
+    limit: int = 50
+
+    def params(self) -> dict[str, Any]:
+        """As REST query parameters (unset ones left out)."""
+        return self.model_dump(exclude_none=True)
 
 
 class Deleted(Public):

@@ -312,3 +312,71 @@ CONDITION: JsonDict = {
     "description": 'e.g. {"path": "data.verdict", "equals": "approve"}',
     "oneOf": _VARIANTS,
 }
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+# What the handoff rules (services/handoffs/rules.py) check, stated for clients; the services
+# still decide, and answer 400 with a hint for a body that breaks one of these.
+TEXT: JsonDict = {"pattern": r"\S"}
+ARTIFACTS: JsonDict = {
+    "maxItems": rules.MAX_ARTIFACTS,
+    "items": {
+        "type": "object",
+        "required": ["type", "uri"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"type": "string", "pattern": r"\S"},
+            "uri": {"type": "string", "pattern": r"\S"},
+            "checksum": {"type": ["string", "null"]},
+            "metadata": {"type": ["object", "null"]},
+        },
+    },
+}
+CONSTRAINTS: JsonDict = {"maxItems": rules.MAX_CONSTRAINTS}
+ROUTING: JsonDict = {
+    "maxItems": rules.MAX_RULES,
+    "items": {
+        "type": "object",
+        "required": ["role"],
+        "additionalProperties": False,
+        "properties": {
+            "role": {"type": "string"},
+            "summary": {"type": ["string", "null"], "pattern": r"\S"},
+            "priority": {"enum": [*rules.PRIORITIES, None]},
+            "context": {"type": ["object", "null"]},
+            "constraints": {"type": ["array", "null"], "items": {"type": "string"}},
+            "condition": {"anyOf": [CONDITION_REF, {"type": "null"}]},
+        },
+    },
+}
+
+
+class JobRequest(BaseModel):
+    """A job to publish: the one shape of POST /api/v1/handoffs/jobs's body, the handoff
+    client's create_job, both MCP backends and the handoff_create_job tool, and `floom
+    handoffs create`."""
+
+    summary: str = Field(json_schema_extra=TEXT)
+    role: str = Field(description="the target role's name", json_schema_extra={"minLength": 1})
+    context: dict[str, Any] = Field(default_factory=dict)
+    constraints: list[str] = Field(default_factory=list, json_schema_extra=CONSTRAINTS)
+    artifacts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="each {type, uri, checksum?, metadata?}",
+        json_schema_extra=ARTIFACTS,
+    )
+    priority: str = Field("normal", json_schema_extra=PRIORITY)
+    blocked_by: list[str] = Field(default_factory=list, description="ids of jobs to wait for")
+    routing: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="follow-on jobs on completion: {role, summary?, priority?, context?, "
+        'constraints?, condition?}; a condition is e.g. {"path": "data.verdict", '
+        '"equals": "approve"}',
+        json_schema_extra=ROUTING,
+    )
+    idempotency_key: str | None = Field(
+        None,
+        description="the same key returns the first job",
+        json_schema_extra={"minLength": 1, "maxLength": 200},
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from floom.schemas.common import Public, RunStatusWord, Timestamp
 from floom.vocabulary import ReplayMode
@@ -131,3 +131,21 @@ class EvalReport(Public):
 
 def eval_report(body: dict[str, Any]) -> EvalReport:
     return EvalReport.model_validate(body)
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+class EvalStart(BaseModel):
+    """An eval to start: the one shape of POST /api/v1/workers/{name}/evals's body, the
+    client's start_eval, both MCP backends and the eval_worker tool, and `floom eval`."""
+
+    runs: str = Field(
+        "last:20",
+        max_length=400,
+        description="which recorded runs: last:N, status:S, since:T, between:T..T, ids:A,B",
+    )
+    version_id: str | None = Field(
+        None, max_length=40, description="the version to test (default: the active one)"
+    )
+    model: str | None = Field(None, max_length=128, description="another model to test")

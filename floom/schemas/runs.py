@@ -290,6 +290,25 @@ class TranscriptPublic(Public):
 # -- requests ------------------------------------------------------------------------------------
 
 
+class RunRequest(BaseModel):
+    """A run to start: the one shape of POST /api/v1/workers/{name}/runs's body (`?wait=`
+    and `until` say how long the request waits, not what runs), the client's start_run, both
+    MCP backends and the run_worker tool, and `floom run`."""
+
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    coerce_strings: bool = Field(
+        False, description="inputs are text (as typed on a command line); convert by declared type"
+    )
+    version_id: str | None = Field(None, description="pin to this version instead of the active")
+    force: bool = Field(False, description="run even though the worker is paused")
+    callback_url: str | None = Field(
+        None,
+        max_length=2048,
+        description="POST the run's record here when it ends, signed as Standard Webhooks "
+        "(key: GET /api/v1/alerts/callback-key) and retried; checked by the egress guard now",
+    )
+
+
 class RunQuery(BaseModel):
     """Which runs to list, newest first, a page at a time: the one shape of GET
     /api/v1/runs's filters, the client's list_runs, both MCP backends and the list_runs tool,

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import Field
 
 from floom import jsonvalues
+from floom.hints import Surface
+from floom.hints.surface import render
 from floom.schemas.common import IsoTime, Public, Timestamp
 from floom.schemas.runs import RunPublic
 from floom.vocabulary import StateSource
@@ -188,10 +190,14 @@ class ValidationResult(Public):
     manifest: dict[str, Any] | None = Field(description="the parsed manifest, when it parses")
 
     @classmethod
-    def of(cls, manifest: Manifest | None, problems: list[Problem]) -> Self:
+    def of(cls, manifest: Manifest | None, problems: list[Problem], *, surface: Surface) -> Self:
+        """The result, each problem's hint in the terms of the caller's `surface`."""
         return cls(
             valid=not problems,
-            problems=[ProblemPublic.model_validate(p.to_dict()) for p in problems],
+            problems=[
+                ProblemPublic(path=p.path, message=p.message, hint=render(p.hint, surface=surface))
+                for p in problems
+            ],
             manifest=manifest.model_dump(mode="json") if manifest else None,
         )
 

@@ -43,6 +43,7 @@ from floom.ui.support import (
     checked_form,
     error_markup,
     render,
+    told,
 )
 from floom.views import runs as run_views
 from floom.views import workers as worker_views
@@ -171,7 +172,8 @@ async def start_run(request: Request, name: str, ctx: CtxDep, me: Me) -> Respons
             caller=me.caller,
         )
     except FloomError as exc:
-        problems = problems_by_input(exc.details) if isinstance(exc, InputInvalid) else {}
+        details = exc.details_for(told) if isinstance(exc, InputInvalid) else None
+        problems = problems_by_input(details)
         if manifest:
             values["fields"] = run_form(manifest, text, problems)
         values["run_error"] = error_markup(exc)

@@ -90,4 +90,6 @@ def hook_refusal(error: FloomError, answer: HookAnswer) -> HookRefusal:
     body = error.to_dict()
     body["message"] = render(error.said, surface="rest")
     body["hint"] = render(error.advice, surface="rest")
+    if error.details is not None:
+        body["details"] = error.details_for(lambda told: render(told, surface="rest"))
     return HookRefusal(error=ErrorDetail.model_validate(body), delivery=answer)

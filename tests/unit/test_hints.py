@@ -9,26 +9,30 @@ from pathlib import Path
 
 import pytest
 
-from floom.hints import Action, Hint, Surface, act, told
+from floom.errors import Forbidden, InvalidRequest
+from floom.hints import Action, Hint, KeyWith, Surface, act, told
 from floom.hints import cli as cli_hints
 from floom.hints import mcp as mcp_hints
 from floom.hints import rest as rest_hints
 from floom.hints import ui as ui_hints
 from floom.hints.surface import render, tell
+from floom.manifest.schema import Problem
+from floom.mcp.backends.rest import setup_hint
+from floom.schemas.workers import ValidationResult
+from floom.services.access.principal import Principal
+from floom.services.ops.doctor import Check
 from tests.support.hints import FLOOM, act_calls, every_action
 
 SURFACES: tuple[Surface, ...] = ("cli", "rest", "mcp", "ui")
-# Where a `floom ...` command may be written as text, and why: the CLI's own words, the hints'
-# catalogue, `floom doctor`'s fixes (printed by the CLI only), the stdio MCP server's own setup
-# errors (written for the person at this machine's shell, as_written).
-TEXT_MODULES = ("cli/", "hints/", "services/ops/doctor.py", "mcp/backends/rest.py")
+# Where a `floom ...` command may be written as text, and why: the CLI's own words and the
+# hints' catalogue.
+TEXT_MODULES = ("cli/", "hints/")
 # And single texts: the OpenAPI document's prose, a line of the server's log, a manifest
 # problem's detail.
 TEXT_ALLOWED = {
     "api/openapi.py": "a floom API key (`floom keys create`)",
     "api/routes/workers.py": "`floom deploy FOLDER` builds it",
     "services/triggers/webhooks.py": "(`floom secrets set %s`)",
-    "manifest/agent.py": "(set it with `floom secrets set`)",
 }
 
 
@@ -238,3 +242,74 @@ def test_the_layout_of_the_hints_package_is_one_module_per_surface() -> None:
         "ui.py",
         "surface.py",
     }
+
+
+def test_a_key_to_use_is_told_as_each_surfaces_caller_gets_and_uses_one() -> None:
+    hint = told("use ", KeyWith("run"))
+    said = {surface: render(hint, surface=surface) or "" for surface in SURFACES}
+    assert said["cli"] == "use a key created with `floom keys create --scope run` (or higher)"
+    assert said["rest"] == (
+        'use a key created with `POST /api/v1/keys {"scopes": ["run"]}` (or higher)'
+    )
+    assert "'run' scope" in said["mcp"]
+    assert "configure this MCP client" in said["mcp"]
+    assert "'run' scope" in said["ui"]
+    assert "sign in" in said["ui"]
+    assert "floom" not in said["mcp"] + said["ui"]
+    assert "/api/v1" not in said["mcp"] + said["ui"]
+    # A REST caller that may not create keys is told which scope that takes.
+    lacking = render(hint, surface="rest", lacked_request=lambda request: "admin")
+    assert "(a request for a key with the 'admin' scope, which this key lacks)" in (lacking or "")
+
+
+@pytest.mark.parametrize("surface", ["rest", "cli", "mcp", "ui"])
+def test_a_missing_scope_is_one_hint_whatever_surface_the_caller_came_from(
+    surface: Surface,
+) -> None:
+    caller = Principal(key_id="k", name="reader", scopes=("read",), surface=surface)
+    with pytest.raises(Forbidden) as refused:
+        caller.require("deploy")
+    # Rendered where it is answered, for that answer's surface: not worded by the principal.
+    assert refused.value.advice == told("use ", KeyWith("deploy"))
+    assert refused.value.hint == (
+        "use a key created with `floom keys create --scope deploy` (or higher)"
+    )
+
+
+def test_the_hints_in_an_errors_details_are_told_on_each_surface() -> None:
+    hint = told("set it first: ", act("secrets set", name="HOOK_KEY"))
+    error = InvalidRequest("bad", details=[{"path": "config.secret", "hint": hint}])
+    assert error.details == [
+        {"path": "config.secret", "hint": "set it first: `floom secrets set HOOK_KEY`"}
+    ]
+    for_mcp = error.details_for(lambda t: render(t, surface="mcp"))
+    assert for_mcp[0]["hint"] == "set it first: set_secret(name='HOOK_KEY', value=VALUE)"
+    for_ui = error.details_for(lambda t: render(t, surface="ui"))
+    assert for_ui[0]["hint"] == "set it first: the Secrets page (/secrets), adding HOOK_KEY"
+    # Details set as plain data stay as they are.
+    error.details = {"stderr": "x"}
+    assert error.details_for(lambda t: "told") == {"stderr": "x"}
+
+
+def test_a_manifest_problems_hint_is_told_in_the_callers_terms() -> None:
+    hint = told("set it with ", act("secrets set"))
+    problems = [Problem("mcp.linear.auth_secret", "is not a secret name", hint)]
+    told_as: list[tuple[Surface, str]] = [
+        ("cli", "set it with `floom secrets set`"),
+        ("rest", 'set it with `PUT /api/v1/secrets/NAME {"value": "VALUE"}`'),
+        ("mcp", "set it with set_secret(name=NAME, value=VALUE)"),
+    ]
+    for surface, expected in told_as:
+        result = ValidationResult.of(None, problems, surface=surface)
+        assert result.problems[0].hint == expected
+
+
+def test_doctors_fixes_are_actions_printed_as_the_cli_writes_them() -> None:
+    check = Check("database", "warn", "no database yet", told(act("serve"), " creates it"))
+    assert check.to_dict()["fix"] == "`floom serve` creates it"
+
+
+def test_the_stdio_servers_setup_hint_names_its_commands_as_actions() -> None:
+    hint = setup_hint()
+    assert {a.op for a in hint.actions()} == {"mcp", "serve", "keys create"}
+    assert "`floom keys create --scope deploy`" in cli_hints.written(hint)

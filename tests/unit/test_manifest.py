@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from floom.errors import InputInvalid, ManifestInvalid
+from floom.hints.cli import written
 from floom.manifest.load import check_folder, check_manifest, load_folder, parse_manifest
 from floom.manifest.schema import (
     ENTRY_CANDIDATES,
@@ -125,7 +126,7 @@ def test_a_folder_without_an_entry_file_is_a_problem_listing_the_options() -> No
 
     assert problem.message == "no entry file"
     assert problem.hint is not None
-    assert all(candidate in problem.hint for candidate in ENTRY_CANDIDATES)
+    assert all(candidate in written(problem.hint or "") for candidate in ENTRY_CANDIDATES)
 
 
 def test_two_entry_candidates_are_a_problem_asking_for_entry() -> None:
@@ -201,7 +202,7 @@ triggers:
         "triggers[0].schedule",
     }
     assert problems["name"].hint is not None
-    assert '"bad-name"' in problems["name"].hint
+    assert '"bad-name"' in written(problems["name"].hint or "")
     assert problems["limits.memory_mb"].message == "must be at most 65536, got 100000"
 
 
@@ -248,7 +249,7 @@ def test_an_unknown_key_with_no_close_match_lists_the_allowed_keys() -> None:
     hint = problems_of("name: w\nzzz: 1\n")["zzz"].hint
 
     assert hint is not None
-    assert hint.startswith("allowed keys: name, title")
+    assert written(hint).startswith("allowed keys: name, title")
 
 
 def test_unknown_type_names_get_a_did_you_mean_hint() -> None:
@@ -293,7 +294,7 @@ def test_secrets_must_be_unique_upper_case_names() -> None:
     problems = problems_of("name: w\nsecrets: [API_KEY, openai-key, API_KEY, FLOOM_TOKEN]\n")
 
     assert problems["secrets[1]"].hint is not None
-    assert '"OPENAI_KEY"' in problems["secrets[1]"].hint
+    assert '"OPENAI_KEY"' in written(problems["secrets[1]"].hint or "")
     assert "twice" in problems["secrets[2]"].message
     assert "floom sets FLOOM_* variables" in problems["secrets[3]"].message
     assert manifest_with("secrets: [API_KEY, _PRIVATE2]\n").secrets == ["API_KEY", "_PRIVATE2"]
@@ -330,7 +331,7 @@ def test_a_secret_name_that_changes_how_programs_load_or_run_is_refused_saying_w
 
         assert list(problems) == [f"{key}[1]"], problems
         assert why in problems[f"{key}[1]"].message
-        assert "LD_*" in (problems[f"{key}[1]"].hint or "")
+        assert "LD_*" in written(problems[f"{key}[1]"].hint or "")
 
 
 def test_names_beside_the_refused_ones_stay_allowed() -> None:
@@ -398,7 +399,7 @@ tools:
 def test_an_empty_expose_is_refused_rather_than_read_as_no_surface_or_every_one() -> None:
     problem = problems_of("name: w\nexpose: []\n")["expose"]
     assert problem.message == "lists no surface"
-    assert "leave `expose` out" in (problem.hint or "")
+    assert "leave `expose` out" in written(problem.hint or "")
 
 
 def test_calls_and_expose_are_checked_for_shape() -> None:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from floom.hints.cli import written
 from floom.manifest.load import check_manifest
 from floom.services.triggers.schedules import NextFireCache
 from floom.store.triggers import Trigger
@@ -171,7 +172,7 @@ def test_a_trigger_keeps_its_key_when_only_its_policies_change() -> None:
 def problems_of(text: str) -> dict[str, str]:
     manifest, problems = check_manifest(text, ["run.py"])
     assert manifest is None
-    return {p.path: p.message + " | " + (p.hint or "") for p in problems}
+    return {p.path: p.message + " | " + written(p.hint or "") for p in problems}
 
 
 def test_every_trigger_setting_is_checked_with_a_hint() -> None:

@@ -46,6 +46,20 @@ def update_channel(
     )
 
 
+@router.patch(
+    "/channels/{name}",
+    response_model=views.ChannelPublic,
+    responses=authed(400, 404, 409, 422),
+    summary="Change some of a channel's settings (the others stay); checked as when added",
+)
+def change_channel(
+    name: str, body: views.ChannelChange, ctx: CtxDep, caller: DeployCaller
+) -> views.ChannelPublic:
+    return views.channel_public(
+        channels.change_channel(ctx, name=name, changes=body.config, caller=caller)
+    )
+
+
 @router.delete("/channels/{name}", response_model=views.Deleted, responses=authed(404))
 def delete_channel(name: str, ctx: CtxDep, caller: DeployCaller) -> views.Deleted:
     channels.delete_channel(ctx, name=name, caller=caller)
@@ -108,16 +122,10 @@ def list_deliveries(
     cursor: Cursor = None,
     limit: Limit = 50,
 ) -> Page[views.AlertDeliveryPublic]:
-    rows, next_cursor = deliveries.list_deliveries(
-        ctx,
-        status=status,
-        purpose=purpose,
-        channel=channel,
-        run_id=run_id,
-        cursor=cursor,
-        limit=limit,
-        caller=caller,
+    query = views.DeliveryQuery(
+        status=status, purpose=purpose, channel=channel, run_id=run_id, cursor=cursor, limit=limit
     )
+    rows, next_cursor = deliveries.list_deliveries(ctx, **query.model_dump(), caller=caller)
     return views.delivery_page(rows, next_cursor)
 
 

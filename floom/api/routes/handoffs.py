@@ -19,67 +19,7 @@ from floom.views import handoffs as views
 router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"])
 
 
-# What the handoff rules (services/handoffs/rules.py) check, stated for clients; the services
-# still decide, and answer 400 with a hint for a body that breaks one of these.
-TEXT: JsonDict = {"pattern": r"\S"}
-ARTIFACTS: JsonDict = {
-    "maxItems": rules.MAX_ARTIFACTS,
-    "items": {
-        "type": "object",
-        "required": ["type", "uri"],
-        "additionalProperties": False,
-        "properties": {
-            "type": {"type": "string", "pattern": r"\S"},
-            "uri": {"type": "string", "pattern": r"\S"},
-            "checksum": {"type": ["string", "null"]},
-            "metadata": {"type": ["object", "null"]},
-        },
-    },
-}
-CONSTRAINTS: JsonDict = {"maxItems": rules.MAX_CONSTRAINTS}
-ROUTING: JsonDict = {
-    "maxItems": rules.MAX_RULES,
-    "items": {
-        "type": "object",
-        "required": ["role"],
-        "additionalProperties": False,
-        "properties": {
-            "role": {"type": "string"},
-            "summary": {"type": ["string", "null"], "pattern": r"\S"},
-            "priority": {"enum": [*rules.PRIORITIES, None]},
-            "context": {"type": ["object", "null"]},
-            "constraints": {"type": ["array", "null"], "items": {"type": "string"}},
-            "condition": {"anyOf": [handoff_models.CONDITION_REF, {"type": "null"}]},
-        },
-    },
-}
 LEASE: JsonDict = {"exclusiveMinimum": 0, "maximum": flow.MAX_LEASE_SECONDS}
-
-
-class JobRequest(BaseModel):
-    summary: str = Field(json_schema_extra=TEXT)
-    role: str = Field(description="the target role's name", json_schema_extra={"minLength": 1})
-    context: dict[str, Any] = Field(default_factory=dict)
-    constraints: list[str] = Field(default_factory=list, json_schema_extra=CONSTRAINTS)
-    artifacts: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="each {type, uri, checksum?, metadata?}",
-        json_schema_extra=ARTIFACTS,
-    )
-    priority: str = Field("normal", json_schema_extra=handoff_models.PRIORITY)
-    blocked_by: list[str] = Field(default_factory=list, description="ids of jobs to wait for")
-    routing: list[dict[str, Any]] = Field(
-        default_factory=list,
-        description="follow-on jobs on completion: {role, summary?, priority?, context?, "
-        'constraints?, condition?}; a condition is e.g. {"path": "data.verdict", '
-        '"equals": "approve"}',
-        json_schema_extra=ROUTING,
-    )
-    idempotency_key: str | None = Field(
-        None,
-        description="the same key returns the first job",
-        json_schema_extra={"minLength": 1, "maxLength": 200},
-    )
 
 
 class JobUpdate(BaseModel):
@@ -95,7 +35,7 @@ class JobUpdate(BaseModel):
     )
     context: dict[str, Any] | None = Field(None, description="the full new context")
     constraints: list[str] | None = Field(
-        None, description="the full new list", json_schema_extra=CONSTRAINTS
+        None, description="the full new list", json_schema_extra=handoff_models.CONSTRAINTS
     )
 
 
@@ -117,11 +57,13 @@ class StatusRequest(LeaseRequest):
 class CompleteRequest(BaseModel):
     summary: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
-    artifacts: list[dict[str, Any]] = Field(default_factory=list, json_schema_extra=ARTIFACTS)
+    artifacts: list[dict[str, Any]] = Field(
+        default_factory=list, json_schema_extra=handoff_models.ARTIFACTS
+    )
 
 
 class RejectRequest(BaseModel):
-    reason: str = Field(json_schema_extra=TEXT)
+    reason: str = Field(json_schema_extra=handoff_models.TEXT)
     role: str | None = Field(None, description="route the retry to another role")
     priority: str | None = Field(None, json_schema_extra=handoff_models.PRIORITY)
 
@@ -182,7 +124,7 @@ def list_jobs(
     },
 )
 def create_job(
-    body: JobRequest, ctx: CtxDep, caller: RunCaller, response: Response
+    body: handoff_models.JobRequest, ctx: CtxDep, caller: RunCaller, response: Response
 ) -> handoff_models.JobPublic:
     job = handoffs.create_job(ctx, actor=caller, **body.model_dump())
     if job.replayed:

@@ -58,18 +58,6 @@ def get_replay(run_id: str, ctx: CtxDep, caller: ReadCaller) -> replay_views.Rep
     return replay_views.replay_report(replays.replay_report(ctx, run_id=run_id, caller=caller))
 
 
-class EvalStart(BaseModel):
-    runs: str = Field(
-        "last:20",
-        max_length=400,
-        description="which recorded runs: last:N, status:S, since:T, between:T..T, ids:A,B",
-    )
-    version_id: str | None = Field(
-        None, max_length=40, description="the version to test (default: the active one)"
-    )
-    model: str | None = Field(None, max_length=128, description="another model to test")
-
-
 @router.post(
     "/workers/{name}/evals",
     status_code=202,
@@ -77,7 +65,7 @@ class EvalStart(BaseModel):
     responses=authed(400, 404, 409, 422),
 )
 def start_eval(
-    name: WorkerName, body: EvalStart, ctx: CtxDep, caller: RunCaller
+    name: WorkerName, body: replay_views.EvalStart, ctx: CtxDep, caller: RunCaller
 ) -> replay_views.EvalReport:
     row = evals.start_eval(
         ctx,

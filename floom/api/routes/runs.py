@@ -40,21 +40,6 @@ SSE_KEEPALIVE_SECONDS = 15.0
 SSE_STATUS_SECONDS = 0.5
 
 
-class RunRequest(BaseModel):
-    inputs: dict[str, Any] = Field(default_factory=dict)
-    coerce_strings: bool = Field(
-        False, description="inputs are text (as typed on a command line); convert by declared type"
-    )
-    version_id: str | None = Field(None, description="pin to this version instead of the active")
-    force: bool = Field(False, description="run even though the worker is paused")
-    callback_url: str | None = Field(
-        None,
-        max_length=2048,
-        description="POST the run's record here when it ends, signed as Standard Webhooks "
-        "(key: GET /api/v1/alerts/callback-key) and retried; checked by the egress guard now",
-    )
-
-
 class ReplayRequest(BaseModel):
     latest: bool = Field(False, description="run on the worker's active version instead")
     force: bool = Field(False, description="run even though the worker is paused")
@@ -85,7 +70,7 @@ def surface_trigger(request: Request) -> RunTrigger:
 )
 async def start_run(
     name: WorkerName,
-    body: RunRequest,
+    body: run_models.RunRequest,
     request: Request,
     ctx: CtxDep,
     caller: RunCaller,

@@ -107,7 +107,7 @@ async def validate_worker(
     manifest, problems = await run_in_threadpool(
         workers.validate_archive, ctx, archive=archive, caller=caller
     )
-    return worker_models.ValidationResult.of(manifest, problems)
+    return worker_models.ValidationResult.of(manifest, problems, surface=caller.surface)
 
 
 @router.get("/workers", response_model=Page[worker_models.WorkerPublic], responses=authed(400, 422))

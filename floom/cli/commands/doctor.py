@@ -9,6 +9,7 @@ from rich.text import Text
 
 from floom.cli.output import out, print_json
 from floom.config import Settings
+from floom.hints import cli as cli_hints
 from floom.services.ops.doctor import FAIL, OK, WARN, run_checks
 
 _MARKS = {OK: ("ok  ", "green"), WARN: ("warn", "yellow"), FAIL: ("FAIL", "red")}
@@ -32,6 +33,6 @@ def doctor(
             mark, style = _MARKS[c.status]
             out.print(Text(f"{mark} {c.name}: {c.detail}", style=style if c.status != OK else ""))
             if c.fix and c.status != OK:
-                out.print(Text(f"     fix: {c.fix}"))
+                out.print(Text(f"     fix: {cli_hints.written(c.fix)}"))
     if failed:
         raise typer.Exit(1)

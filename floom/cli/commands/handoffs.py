@@ -11,7 +11,7 @@ from rich.text import Text
 from floom import jsonvalues
 from floom.cli.common import HandoffSession, JsonOpt
 from floom.cli.output import fail, new_table, note, out, print_json, say, value_text, when
-from floom.schemas.handoffs import JobPublic, JobQuery
+from floom.schemas.handoffs import JobPublic, JobQuery, JobRequest
 
 handoffs_app = typer.Typer(help="Handoff jobs: publish, claim, finish and review work by role.")
 
@@ -169,17 +169,18 @@ def handoffs_create(
     rules = _json_arg(routing, what="routing") or []
     rules += [{"role": r} for r in route or []]
     with HandoffSession() as api:
-        job = api.create_job(
+        spec = JobRequest(
             summary=summary,
             role=role,
-            context=_json_arg(context, what="context"),
-            constraints=constraint,
+            context=_json_arg(context, what="context") or {},
+            constraints=constraint or [],
             artifacts=_artifacts(artifact or []),
             priority=priority,
-            blocked_by=blocked_by,
+            blocked_by=blocked_by or [],
             routing=rules,
             idempotency_key=idempotency_key,
         )
+        job = api.create_job(spec)
     if as_json:
         print_json(job)
         return

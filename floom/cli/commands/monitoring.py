@@ -11,7 +11,7 @@ from rich.text import Text
 
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import new_table, out, print_json, when
-from floom.schemas.alerts import RuleCreate
+from floom.schemas.alerts import ChannelChange, DeliveryQuery, RuleCreate
 from floom.schemas.health import WarmHealth
 
 STATE_STYLE = {"live": "green", "lost": "bold red", "stopped": "dim"}
@@ -229,10 +229,7 @@ def channel_update(
     if not changes:
         raise typer.BadParameter("give at least one setting to change, e.g. --url")
     with open_client() as client:
-        current = next((c for c in client.list_alert_channels().items if c.name == name), None)
-        # The server answers an unknown name (404) with its own hint.
-        config = {**(current.config if current else {}), **changes}
-        channel = client.update_alert_channel(name, config)
+        channel = client.change_alert_channel(name, ChannelChange(config=changes))
     if as_json:
         print_json(channel)
         return
@@ -369,9 +366,10 @@ def deliveries(
 ) -> None:
     """List alert, test and callback deliveries, newest first, with their status."""
     with open_client() as client:
-        page = client.list_alert_deliveries(
+        query = DeliveryQuery(
             status=status, purpose=purpose, channel=channel, run_id=run_id, limit=limit
         )
+        page = client.list_alert_deliveries(query)
     if as_json:
         print_json(page)
         return

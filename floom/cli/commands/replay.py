@@ -12,7 +12,7 @@ from rich.text import Text
 from floom.cli.common import JsonOpt, open_client
 from floom.cli.output import fail, new_table, out, print_json
 from floom.client.rest import FloomClient
-from floom.schemas.replays import EvalReport, Pair, ReplayReport
+from floom.schemas.replays import EvalReport, EvalStart, Pair, ReplayReport
 
 POLL_SECONDS = 0.3
 
@@ -112,9 +112,9 @@ def eval_command(
     """Replay a worker's recorded runs against a version or model and report the differences.
 
     Exits 1 when any replayed run's outputs differ from the original's."""
-    body = {"runs": runs, "version_id": against, "model": model}
+    start = EvalStart(runs=runs, version_id=against, model=model)
     with open_client() as client:
-        report = client.start_eval(worker, {k: v for k, v in body.items() if v is not None})
+        report = client.start_eval(worker, start)
         deadline = time.monotonic() + timeout if timeout else None
         while not report.finished:
             if deadline is not None and time.monotonic() > deadline:

@@ -34,7 +34,7 @@ from floom.cli.output import (
 )
 from floom.client.rest import FloomClient
 from floom.client.wire import WAIT_CALL_SECONDS
-from floom.schemas.runs import RunPublic, RunQuery
+from floom.schemas.runs import RunPublic, RunQuery, RunRequest
 from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
 from floom.vocabulary import RunStatus, RunTrigger
 
@@ -161,6 +161,7 @@ def run(
 ) -> None:
     """Start a run; with --wait, follow its log and exit 0 only if it succeeded."""
     values, coerce = _parse_inputs(inputs or [], input_json)
+    start = RunRequest(inputs=values, coerce_strings=coerce, force=force, callback_url=callback_url)
     waits = wait or timeout is not None
     with open_client() as client:
         if waits and as_json:
@@ -169,11 +170,8 @@ def run(
             asked = time.monotonic()
             started = client.start_run(
                 worker,
-                values,
-                coerce_strings=coerce,
-                force=force,
+                start,
                 wait=min(timeout, WAIT_CALL_SECONDS) if timeout else WAIT_CALL_SECONDS,
-                callback_url=callback_url,
             )
             if started.status in TERMINAL_STATUSES:
                 print_json(started)
@@ -183,9 +181,7 @@ def run(
             if timeout is not None:
                 timeout = max(0.001, timeout - (time.monotonic() - asked))
         else:
-            started = client.start_run(
-                worker, values, coerce_strings=coerce, force=force, callback_url=callback_url
-            )
+            started = client.start_run(worker, start)
         say_if_stuck(started)
         if waits:
             watch_run(client, started, as_json=as_json, timeout=timeout)

@@ -13,17 +13,26 @@ from typing import Any
 from floom.errors import FloomError
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
-from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
+from floom.schemas.alerts import (
+    ChannelChange,
+    ChannelList,
+    ChannelPublic,
+    DeliveryQuery,
+    RuleCreate,
+    RuleList,
+    RulePublic,
+)
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,
     JobPublic,
     JobQuery,
+    JobRequest,
     LeaseState,
     ReopenContext,
     WhoAmI,
 )
-from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.replays import EvalReport, EvalStart, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
@@ -33,6 +42,7 @@ from floom.schemas.runs import (
     RunDetail,
     RunPublic,
     RunQuery,
+    RunRequest,
 )
 from floom.schemas.triggers import TriggerListing
 from floom.schemas.workers import (
@@ -148,19 +158,12 @@ class Backend(abc.ABC):
     # -- runs ----------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def start_run(
-        self,
-        worker: str,
-        inputs: JSON,
-        *,
-        force: bool = False,
-        wait_seconds: float = 0,
-        callback_url: str | None = None,
-    ) -> RunPublic:
-        """Queue a run of the active version; bad inputs raise code "input_invalid", a paused
-        worker "worker_paused" unless `force`. With `wait_seconds` a backend may answer once
-        the run has settled, in the same request (the caller checks the status: a backend
-        may also answer at once). `callback_url` gets the run's record when it ends."""
+    def start_run(self, worker: str, run: RunRequest, *, wait_seconds: float = 0) -> RunPublic:
+        """Queue a run of the active version (or `run.version_id`); bad inputs raise code
+        "input_invalid", a paused worker "worker_paused" unless `run.force`. With
+        `wait_seconds` a backend may answer once the run has settled, in the same request
+        (the caller checks the status: a backend may also answer at once).
+        `run.callback_url` gets the run's record when it ends."""
 
     @abc.abstractmethod
     def list_runs(self, query: RunQuery) -> Page[RunPublic]:
@@ -220,8 +223,8 @@ class Backend(abc.ABC):
         """A replay's report: status, diff against the original, divergence (exact)."""
 
     @abc.abstractmethod
-    def start_eval(self, worker: str, body: JSON) -> EvalReport:
-        """Start an eval ({"runs", "version_id", "model"}; run scope): its report so far."""
+    def start_eval(self, worker: str, start: EvalStart) -> EvalReport:
+        """Start an eval (run scope): its report so far."""
 
     @abc.abstractmethod
     def get_eval(self, eval_id: str) -> EvalReport:
@@ -238,8 +241,9 @@ class Backend(abc.ABC):
         """A new channel, its settings checked (deploy scope); code alert_channel_invalid."""
         raise NotAvailable("alerts are not available here")
 
-    def update_alert_channel(self, name: str, config: JSON) -> ChannelPublic:
-        """Replace a channel's settings, checked as when added (deploy scope)."""
+    def update_alert_channel(self, name: str, change: ChannelChange) -> ChannelPublic:
+        """Merge `change` over a channel's settings (a null removes one), checked as when
+        added (deploy scope)."""
         raise NotAvailable("alerts are not available here")
 
     def test_alert_channel(self, name: str) -> AlertDelivery:
@@ -258,7 +262,7 @@ class Backend(abc.ABC):
         """The rule, turned on or off (deploy scope); NotFound if there is no such rule."""
         raise NotAvailable("alerts are not available here")
 
-    def alert_deliveries(self, filters: JSON) -> Page[AlertDelivery]:
+    def alert_deliveries(self, query: DeliveryQuery) -> Page[AlertDelivery]:
         """{"items": [delivery], "next_cursor"}, newest first (read scope)."""
         raise NotAvailable("alerts are not available here")
 
@@ -323,19 +327,7 @@ class Backend(abc.ABC):
         """One job; with `events`, its audit trail (oldest first) in "events"."""
 
     @abc.abstractmethod
-    def handoff_create_job(
-        self,
-        *,
-        summary: str,
-        role: str,
-        context: JSON | None = None,
-        constraints: list[str] | None = None,
-        artifacts: list[JSON] | None = None,
-        priority: str = "normal",
-        blocked_by: list[str] | None = None,
-        routing: list[JSON] | None = None,
-        idempotency_key: str | None = None,
-    ) -> JobPublic:
+    def handoff_create_job(self, job: JobRequest) -> JobPublic:
         """The published (or pending) job; a repeated idempotency key returns the first job
         with "replayed": true and creates nothing."""
 

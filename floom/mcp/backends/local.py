@@ -19,17 +19,26 @@ from floom.schemas import replays as replay_views
 from floom.schemas import workers as worker_models
 from floom.schemas.admin import SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
-from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
+from floom.schemas.alerts import (
+    ChannelChange,
+    ChannelList,
+    ChannelPublic,
+    DeliveryQuery,
+    RuleCreate,
+    RuleList,
+    RulePublic,
+)
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,
     JobPublic,
     JobQuery,
+    JobRequest,
     LeaseState,
     ReopenContext,
     WhoAmI,
 )
-from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.replays import EvalReport, EvalStart, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
@@ -39,6 +48,7 @@ from floom.schemas.runs import (
     RunDetail,
     RunPublic,
     RunQuery,
+    RunRequest,
 )
 from floom.schemas.triggers import TriggerListing
 from floom.schemas.workers import (
@@ -154,7 +164,8 @@ class LocalBackend(Backend):
     def validate(self, archive: bytes) -> ValidationResult:
         ctx = self.ctx
         manifest, problems = workers.validate_archive(ctx, archive=archive, caller=self.principal)
-        return worker_models.ValidationResult.of(manifest, problems)
+        surface = self.principal.surface
+        return worker_models.ValidationResult.of(manifest, problems, surface=surface)
 
     def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> DeployResult:
         ctx = self.ctx
@@ -232,29 +243,23 @@ class LocalBackend(Backend):
 
     # -- runs ----------------------------------------------------------------------------------
 
-    def start_run(
-        self,
-        worker: str,
-        inputs: JSON,
-        *,
-        force: bool = False,
-        wait_seconds: float = 0,
-        callback_url: str | None = None,
-    ) -> RunPublic:
+    def start_run(self, worker: str, run: RunRequest, *, wait_seconds: float = 0) -> RunPublic:
         # In the server's process a tool's wait costs no round trip: the tool awaits
         # wait_for_run on the event loop instead of holding this worker thread.
         ctx = self.ctx
-        callback = callbacks.check_callback_url(ctx, callback_url)
-        run = runs.create_run(
+        callback = callbacks.check_callback_url(ctx, run.callback_url)
+        started = runs.create_run(
             ctx,
             worker_name=worker,
-            inputs=inputs,
+            inputs=run.inputs,
+            coerce_strings=run.coerce_strings,
             trigger=RunTrigger.MCP,
             caller=self.principal,
-            force=force,
+            version_id=run.version_id,
+            force=run.force,
             in_transaction=callbacks.recorder(callback),
         )
-        return run_views.started_run(ctx, run, surface=self.principal.surface)
+        return run_views.started_run(ctx, started, surface=self.principal.surface)
 
     def list_runs(self, query: RunQuery) -> Page[RunPublic]:
         ctx = self.ctx
@@ -319,9 +324,9 @@ class LocalBackend(Backend):
         )
         return alert_views.channel_public(row)
 
-    def update_alert_channel(self, name: str, config: JSON) -> ChannelPublic:
-        row = alert_channels.update_channel(
-            self.ctx, name=name, config=config, caller=self.principal
+    def update_alert_channel(self, name: str, change: ChannelChange) -> ChannelPublic:
+        row = alert_channels.change_channel(
+            self.ctx, name=name, changes=change.config, caller=self.principal
         )
         return alert_views.channel_public(row)
 
@@ -341,9 +346,9 @@ class LocalBackend(Backend):
         row = alert_rules.set_enabled(self.ctx, name=name, enabled=enabled, caller=self.principal)
         return alert_views.rule_public(row)
 
-    def alert_deliveries(self, filters: JSON) -> Page[AlertDelivery]:
+    def alert_deliveries(self, query: DeliveryQuery) -> Page[AlertDelivery]:
         rows, next_cursor = alert_deliveries.list_deliveries(
-            self.ctx, **filters, caller=self.principal
+            self.ctx, **query.model_dump(), caller=self.principal
         )
         return alert_views.delivery_page(rows, next_cursor)
 
@@ -365,14 +370,14 @@ class LocalBackend(Backend):
         report = replays.replay_report(ctx, run_id=run_id, caller=self.principal)
         return replay_views.replay_report(report)
 
-    def start_eval(self, worker: str, body: JSON) -> EvalReport:
+    def start_eval(self, worker: str, start: EvalStart) -> EvalReport:
         ctx = self.ctx
         row = evals.start_eval(
             ctx,
             worker_name=worker,
-            selector=str(body.get("runs") or "last:20"),
-            version_id=body.get("version_id"),
-            model=body.get("model"),
+            selector=start.runs,
+            version_id=start.version_id,
+            model=start.model,
             caller=self.principal,
         )
         return self.get_eval(row.id)
@@ -458,8 +463,9 @@ class LocalBackend(Backend):
         ctx = self.ctx
         return self._job(handoffs.get_job(ctx, actor=self.principal, job_id=job_id, events=events))
 
-    def handoff_create_job(self, **spec: Any) -> JobPublic:
-        return self._job(handoffs.create_job(self.ctx, actor=self.principal, **spec))
+    def handoff_create_job(self, job: JobRequest) -> JobPublic:
+        created = handoffs.create_job(self.ctx, actor=self.principal, **job.model_dump())
+        return self._job(created)
 
     def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JobPublic:
         ctx = self.ctx

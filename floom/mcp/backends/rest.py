@@ -11,20 +11,30 @@ from floom.client.handoffs import HandoffClient
 from floom.client.rest import FloomClient
 from floom.client_env import admin_key_file
 from floom.errors import ClientError, Conflict, FloomError
+from floom.hints import Hint, act, told
 from floom.mcp.backends.base import JSON, Backend, NotAvailable
 from floom.schemas.admin import KeyPublic, SecretDeleted, SecretPublic, SecretSet
 from floom.schemas.alerts import AlertDeliveryPublic as AlertDelivery
-from floom.schemas.alerts import ChannelList, ChannelPublic, RuleCreate, RuleList, RulePublic
+from floom.schemas.alerts import (
+    ChannelChange,
+    ChannelList,
+    ChannelPublic,
+    DeliveryQuery,
+    RuleCreate,
+    RuleList,
+    RulePublic,
+)
 from floom.schemas.common import Page
 from floom.schemas.handoffs import (
     ClaimNextResult,
     JobPublic,
     JobQuery,
+    JobRequest,
     LeaseState,
     ReopenContext,
     WhoAmI,
 )
-from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.replays import EvalReport, EvalStart, ReplayReport
 from floom.schemas.runs import (
     ApprovalDecided,
     ApprovalPublic,
@@ -34,6 +44,7 @@ from floom.schemas.runs import (
     RunDetail,
     RunPublic,
     RunQuery,
+    RunRequest,
 )
 from floom.schemas.triggers import TriggerListing
 from floom.schemas.workers import (
@@ -64,15 +75,20 @@ class NotConfigured(ClientError):
         super().__init__(message, status=0, code="not_configured", hint=setup_hint())
 
 
-def setup_hint() -> str:
+def setup_hint() -> Hint:
     """How to give `floom mcp` a key, naming where this machine's local server keeps its
-    admin key."""
+    admin key: the person at this machine's shell does it, so it is told as the CLI says it
+    (NotConfigured.as_written)."""
     admin_key = admin_key_file()
-    return (
-        f"start `floom mcp` with FLOOM_API_KEY set, or with `--key-file {admin_key}` (the "
-        "admin key a `floom serve` on this machine saved), and FLOOM_BASE_URL for a server "
-        "that is not on this machine; a key of its own is safer: `floom keys create --scope "
-        f"deploy`. With Claude Code: `claude mcp add floom -- floom mcp --key-file {admin_key}`"
+    return told(
+        "start ",
+        act("mcp"),
+        f" with FLOOM_API_KEY set, or with `--key-file {admin_key}` (the admin key a ",
+        act("serve"),
+        " on this machine saved), and FLOOM_BASE_URL for a server that is not on this "
+        "machine; a key of its own is safer: ",
+        act("keys create", scope="deploy"),
+        f". With Claude Code: `claude mcp add floom -- floom mcp --key-file {admin_key}`",
     )
 
 
@@ -196,24 +212,9 @@ class RestBackend(Backend):
 
     # -- runs ----------------------------------------------------------------------------------
 
-    def start_run(
-        self,
-        worker: str,
-        inputs: JSON,
-        *,
-        force: bool = False,
-        wait_seconds: float = 0,
-        callback_url: str | None = None,
-    ) -> RunPublic:
+    def start_run(self, worker: str, run: RunRequest, *, wait_seconds: float = 0) -> RunPublic:
         # One request when the tool waits: the server holds the start until the run settles.
-        return self.client.start_run(
-            worker,
-            inputs,
-            force=force,
-            wait=wait_seconds,
-            until="settled",
-            callback_url=callback_url,
-        )
+        return self.client.start_run(worker, run, wait=wait_seconds, until="settled")
 
     def list_runs(self, query: RunQuery) -> Page[RunPublic]:
         return self.client.list_runs(query)
@@ -258,9 +259,9 @@ class RestBackend(Backend):
         self._offers("/api/v1/alerts/channels", "alerts")
         return self.client.add_alert_channel(name, kind, config)
 
-    def update_alert_channel(self, name: str, config: JSON) -> ChannelPublic:
+    def update_alert_channel(self, name: str, change: ChannelChange) -> ChannelPublic:
         self._offers("/api/v1/alerts/channels/{name}", "alerts")
-        return self.client.update_alert_channel(name, config)
+        return self.client.change_alert_channel(name, change)
 
     def test_alert_channel(self, name: str) -> AlertDelivery:
         self._offers("/api/v1/alerts/channels", "alerts")
@@ -278,9 +279,9 @@ class RestBackend(Backend):
         self._offers("/api/v1/alerts/rules/{name}", "alerts")
         return self.client.set_alert_rule_enabled(name, enabled)
 
-    def alert_deliveries(self, filters: JSON) -> Page[AlertDelivery]:
+    def alert_deliveries(self, query: DeliveryQuery) -> Page[AlertDelivery]:
         self._offers("/api/v1/alerts/deliveries", "alerts")
-        return self.client.list_alert_deliveries(**filters)
+        return self.client.list_alert_deliveries(query)
 
     def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
         self._offers("/api/v1/alerts/deliveries", "alerts")
@@ -296,9 +297,9 @@ class RestBackend(Backend):
         self._offers("/api/v1/replays/{run_id}", "replays")
         return self.client.get_replay(run_id)
 
-    def start_eval(self, worker: str, body: JSON) -> EvalReport:
+    def start_eval(self, worker: str, start: EvalStart) -> EvalReport:
         self._offers("/api/v1/workers/{name}/evals", "evals")
-        return self.client.start_eval(worker, body)
+        return self.client.start_eval(worker, start)
 
     def get_eval(self, eval_id: str) -> EvalReport:
         self._offers("/api/v1/evals/{eval_id}", "evals")
@@ -360,8 +361,8 @@ class RestBackend(Backend):
     def handoff_get_job(self, job_id: str, *, events: bool = True) -> JobPublic:
         return self.handoffs.get_job(job_id, events=events)
 
-    def handoff_create_job(self, **spec: Any) -> JobPublic:
-        return self.handoffs.create_job(**spec)
+    def handoff_create_job(self, job: JobRequest) -> JobPublic:
+        return self.handoffs.create_job(job)
 
     def handoff_claim_job(self, job_id: str, *, lease_seconds: float | None = None) -> JobPublic:
         return self.handoffs.claim(job_id, lease_seconds=lease_seconds)

@@ -11,7 +11,13 @@ from pydantic import Field
 
 from floom.mcp.render import Reply
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
-from floom.schemas.alerts import AlertDeliveryPublic, ChannelPublic, RuleCreate
+from floom.schemas.alerts import (
+    AlertDeliveryPublic,
+    ChannelChange,
+    ChannelPublic,
+    DeliveryQuery,
+    RuleCreate,
+)
 from floom.schemas.common import OneOf
 from floom.vocabulary import ChannelKind, DeliveryPurpose, DeliveryStatus
 
@@ -67,14 +73,17 @@ async def update_alert_channel(
     config: Annotated[
         dict[str, Any],
         Field(
-            description="ALL its settings (they replace the old ones; list_alert_channels "
-            "shows them): webhook: {url, secret}; slack: {url_secret}; email: {host, port, "
-            "starttls, username, password_secret, sender, to}. Secrets by NAME, never values"
+            description="the settings to change; the others stay (null removes one, a list "
+            "is replaced whole; list_alert_channels shows them): webhook: {url, secret}; "
+            "slack: {url_secret}; email: {host, port, starttls, username, password_secret, "
+            "sender, to}. Secrets by NAME, never values"
         ),
     ],
 ) -> Reply:
-    """Replace an alert channel's settings; checked as when added (a bad one changes nothing)."""
-    channel = await off(backend_of(ctx).update_alert_channel, name, config)
+    """Change some of an alert channel's settings; checked as when added (a bad one changes
+    nothing)."""
+    change = ChannelChange(config=config)
+    channel = await off(backend_of(ctx).update_alert_channel, name, change)
     return Reply(f"updated {channel.kind} channel {name}", channel.to_json())
 
 
@@ -143,10 +152,8 @@ async def list_alert_deliveries(
     limit: Annotated[int, Field(ge=1, le=500)] = 20,
 ) -> Reply:
     """Alert, test and run-callback deliveries, newest first, with status and last error."""
-    filters = {"status": status, "purpose": purpose, "run_id": run_id, "limit": limit}
-    page = await off(
-        backend_of(ctx).alert_deliveries, {k: v for k, v in filters.items() if v is not None}
-    )
+    query = DeliveryQuery(status=status, purpose=purpose, run_id=run_id, limit=limit)
+    page = await off(backend_of(ctx).alert_deliveries, query)
     text = "\n".join(_delivery_line(d) for d in page.items) or "no deliveries"
     return Reply(text, page.to_json())
 

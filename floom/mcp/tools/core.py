@@ -48,7 +48,7 @@ from floom.mcp.tools.handoffs import HANDOFF_TOOLS
 from floom.mcp.tools.replays import REPLAY_TOOLS
 from floom.mcp.tools.state import STATE_TOOLS
 from floom.schemas.common import OneOf
-from floom.schemas.runs import ApprovalQuery, RunPublic, RunQuery
+from floom.schemas.runs import ApprovalQuery, RunPublic, RunQuery, RunRequest
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import SUCCEEDED, WAITING
 from floom.vocabulary import ApprovalStatus, Decision, RunStatus, RunTrigger
@@ -286,14 +286,8 @@ async def run_worker(
     return its outputs; otherwise (or if it is still going) return the run id."""
     backend = backend_of(ctx)
     asked = time.monotonic()
-    run = await off(
-        backend.start_run,
-        worker,
-        inputs or {},
-        force=force,
-        wait_seconds=wait_seconds,
-        callback_url=callback_url,
-    )
+    start = RunRequest(inputs=inputs or {}, force=force, callback_url=callback_url)
+    run = await off(backend.start_run, worker, start, wait_seconds=wait_seconds)
     finished = run.status not in ACTIVE_STATUSES
     left = wait_seconds - (time.monotonic() - asked)
     if wait_seconds > 0 and not finished and left > 0:
@@ -588,7 +582,7 @@ async def delete_secret(
 @floom_tool
 async def run_exposed(ctx: Context, worker: ExposedWorker, inputs: dict[str, Any]) -> Reply:
     backend = backend_of(ctx)
-    started = await off(backend.start_run, worker.name, inputs)
+    started = await off(backend.start_run, worker.name, RunRequest(inputs=inputs))
     run, finished = await settle(backend, started.id, worker.wait_seconds)
     data: dict[str, Any] = {"run_id": run.id, "status": run.status, "outputs": run.outputs}
     if not finished:

@@ -23,7 +23,7 @@ from floom.mcp.toolkit import (
     off,
 )
 from floom.schemas.common import OneOf
-from floom.schemas.handoffs import JobPublic, JobQuery
+from floom.schemas.handoffs import JobPublic, JobQuery, JobRequest
 from floom.vocabulary import JobPriority, JobStatus
 
 JobId = Annotated[str, Field(description="handoff job id, e.g. job_0123abcd...")]
@@ -154,18 +154,18 @@ async def handoff_create_job(
 ) -> Reply:
     """Publish a job for a role; agents holding that role claim it. With blocked_by it waits
     (pending) until those jobs complete."""
-    job = await off(
-        backend_of(ctx).handoff_create_job,
+    spec = JobRequest(
         summary=summary,
         role=role,
-        context=context,
-        constraints=constraints,
-        artifacts=artifacts,
+        context=context or {},
+        constraints=constraints or [],
+        artifacts=artifacts or [],
         priority=priority,
-        blocked_by=blocked_by,
-        routing=routing,
+        blocked_by=blocked_by or [],
+        routing=routing or [],
         idempotency_key=idempotency_key,
     )
+    job = await off(backend_of(ctx).handoff_create_job, spec)
     head = "already published (same idempotency key): " if job.replayed else "published "
     return Reply(job_text(job, head), job.to_json())
 

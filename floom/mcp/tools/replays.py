@@ -15,7 +15,7 @@ from pydantic import Field
 from floom.mcp.render import Reply, short
 from floom.mcp.toolkit import MAX_WAIT_SECONDS, READ, FloomTool, backend_of, floom_tool, off
 from floom.schemas.common import OneOf
-from floom.schemas.replays import EvalReport, ReplayReport
+from floom.schemas.replays import EvalReport, EvalStart, ReplayReport
 from floom.vocabulary import ReplayMode
 
 POLL_SECONDS = 0.5
@@ -116,8 +116,8 @@ async def eval_worker(
     """Replay a worker's recorded runs against a version or model (what-if) and report
     outputs equal or different, diverged tool calls, refused calls, tokens and cost."""
     backend = backend_of(ctx)
-    body = {k: v for k, v in {"runs": runs, "version_id": version_id, "model": model}.items() if v}
-    first = await off(backend.start_eval, worker, body)
+    start = EvalStart(runs=runs or "last:20", version_id=version_id or None, model=model or None)
+    first = await off(backend.start_eval, worker, start)
     report = await _until_finished(lambda: backend.get_eval(first.id), first, wait_seconds)
     return Reply(eval_text(report), report.to_json())
 

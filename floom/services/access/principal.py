@@ -23,8 +23,8 @@ from sqlalchemy.engine import Connection
 from sqlmodel import col
 
 from floom.errors import Forbidden, Unauthorized
+from floom.hints import KeyWith, act, told
 from floom.hints import Surface as Surface  # where a call came in (the hints name its terms)
-from floom.hints import Told, act, told
 from floom.store.db import Writer, on_postgres
 from floom.store.models import ApiKey
 from floom.vocabulary import Scope
@@ -87,16 +87,8 @@ class Principal:
             raise self._lacks(scope)
 
     def _lacks(self, scope: str) -> Forbidden:
-        hint: Told
-        if self.surface == "mcp":
-            hint = (
-                f"this MCP client's API key needs the '{scope}' scope (or higher); "
-                "configure the client with such a key"
-            )
-        elif self.surface == "ui":
-            hint = f"sign in with an API key that has the '{scope}' scope (or higher)"
-        else:
-            hint = told("use a key created with ", act("keys create", scope=scope), " (or higher)")
+        # Each surface says how its caller gets such a key and uses it (floom.hints).
+        hint = told("use ", KeyWith(scope))
         return Forbidden(
             f"this API key lacks the '{scope}' scope",
             hint=hint,

@@ -19,7 +19,6 @@ from standardwebhooks.webhooks import Webhook
 from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.hints import Told, act, told
-from floom.hints import cli as cli_hints
 from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
 from floom.net.egress import EgressRefused, policy_of, resolve_checked
 from floom.services.access import secrets
@@ -62,7 +61,7 @@ class ChannelInvalid(InvalidRequest):
 
 
 def invalid(path: str, message: str, hint: Told) -> ChannelInvalid:
-    detail = {"path": path, "message": message, "hint": cli_hints.written(hint)}
+    detail = {"path": path, "message": message, "hint": hint}
     return ChannelInvalid(f"{path}: {message}", hint=hint, details=[detail])
 
 
@@ -264,6 +263,44 @@ def update_channel(ctx: Context, *, name: str, config: Any, caller: Principal) -
     return row
 
 
+# A change made over a concurrent one is merged again over that one, this many times at most.
+CHANGE_TRIES = 3
+
+
+def change_channel(ctx: Context, *, name: str, changes: Any, caller: Principal) -> AlertChannel:
+    """Change some of a channel's settings: `changes` is merged over the current ones (a
+    setting given as null is removed; a list, as `to`, is replaced whole), and the result is
+    checked as on create, so a bad one changes nothing. Needs the deploy scope.
+
+    A change saved meanwhile by another caller is not lost: the merge is made again over it."""
+    caller.require("deploy")
+    if not isinstance(changes, dict) or not changes:
+        raise invalid(
+            "config", "give at least one setting to change", 'e.g. {"url": "https://..."}'
+        )
+    for _ in range(CHANGE_TRIES):
+        current = get_channel(ctx, name=name, caller=caller)
+        merged = {**jsonvalues.stored(current.config_json, expect=dict), **changes}
+        config = {k: v for k, v in merged.items() if v is not None}
+        clean = check_config(ctx, kind=current.kind, config=config, caller=caller)
+        with session_scope(ctx.engine, write=True) as s:
+            caller.require_in(s, "deploy")
+            found = select(AlertChannel).where(AlertChannel.name == name).with_for_update()
+            row = s.exec(found).first()
+            if row is None:
+                raise _no_channel(name)
+            if row.config_json != current.config_json:
+                continue  # changed since it was read: merge over the new settings
+            row.config_json = json.dumps(clean)
+            row.updated_at = utcnow()
+            s.add(row)
+            return row
+    raise Conflict(
+        f"alert channel {name} kept changing while this change was made",
+        hint="send the change again",
+    )
+
+
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         hint = "a lowercase slug: letters, digits and dashes, e.g. ops-email"
@@ -325,5 +362,5 @@ def trigger_callback_problems(ctx: Context, manifest: Manifest) -> list[Problem]
         try:
             check_url(ctx, url, path)
         except ChannelInvalid as exc:
-            problems.append(Problem(path, exc.message.removeprefix(f"{path}: "), exc.hint))
+            problems.append(Problem(path, exc.message.removeprefix(f"{path}: "), exc.advice))
     return problems

@@ -14,8 +14,7 @@ from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
-from floom.hints import act, told
-from floom.hints import cli as cli_hints
+from floom.hints import Told, act, told
 from floom.manifest.alerts import RuleSpec, check_rule, worker_rules
 from floom.manifest.schema import NAME_PATTERN, Problem
 from floom.services.access.principal import Principal
@@ -96,7 +95,7 @@ def create_rule(
     return row
 
 
-def _detail(path: str, hint: str) -> dict[str, Any]:
+def _detail(path: str, hint: Told) -> dict[str, Any]:
     return {"path": path, "message": "invalid", "hint": hint}
 
 
@@ -105,7 +104,7 @@ def _check_channels_exist(s: Session, names: tuple[str, ...]) -> None:
     for i, name in enumerate(names):
         if name not in found:
             hint = told("create it first: ", act("alerts channels add", name=name))
-            detail = {"message": f"no channel {name}", "hint": cli_hints.written(hint)}
+            detail = {"message": f"no channel {name}", "hint": hint}
             raise RuleInvalid(
                 f"channels[{i}]: no alert channel named {name}",
                 hint=hint,

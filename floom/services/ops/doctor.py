@@ -21,6 +21,7 @@ from sqlmodel import Session, select
 
 from floom.config import Settings, mask_password
 from floom.errors import FloomError
+from floom.hints import Told, act, told
 from floom.hints import cli as cli_hints
 from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
@@ -44,10 +45,12 @@ class Check:
     name: str
     status: str  # ok, warn or fail
     detail: str
-    fix: str = ""
+    # Text and actions (floom.hints), rendered where the check is shown.
+    fix: Told = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """As `floom doctor --json` prints it: the fix as the CLI writes it."""
+        return {**asdict(self), "fix": cli_hints.written(self.fix)}
 
 
 def run_checks(settings: Settings) -> list[Check]:
@@ -84,7 +87,7 @@ def check_blob_store(settings: Settings) -> list[Check]:
     try:
         store = s3_store(settings)
     except FloomError as exc:
-        return [Check("blob store", FAIL, exc.message, exc.hint or "")]
+        return [Check("blob store", FAIL, exc.message, exc.advice or "")]
     found = [Check(f.name, f.status, f.detail, f.fix) for f in store.check()]
     if settings.blob_store == "database":
         found.insert(
@@ -133,7 +136,7 @@ def check_sandbox(settings: Settings) -> Check:
         sandbox.check()
         protections = sandbox.protections()
     except FloomError as exc:
-        return Check(f"sandbox {settings.sandbox}", FAIL, exc.message, exc.hint or "")
+        return Check(f"sandbox {settings.sandbox}", FAIL, exc.message, exc.advice or "")
     off = [name for name, value in protections.items() if value is False]
     detail = ", ".join(f"{k}={v}" for k, v in protections.items()) or "no protections reported"
     if off:
@@ -151,7 +154,9 @@ def check_database(settings: Settings) -> Check:
     url = settings.resolved_database_url
     path = sqlite_path(url)
     if path is not None and not path.exists():
-        return Check("database", WARN, f"no database yet at {path}", "`floom serve` creates it")
+        return Check(
+            "database", WARN, f"no database yet at {path}", told(act("serve"), " creates it")
+        )
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
@@ -169,13 +174,15 @@ def check_database(settings: Settings) -> Check:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     where = mask_password(url)
     if current is None and not tables:
-        return Check("database", WARN, f"{where} is empty", "`floom serve` creates the schema")
+        return Check(
+            "database", WARN, f"{where} is empty", told(act("serve"), " creates the schema")
+        )
     if current != head:
         return Check(
             "database",
             FAIL,
             f"{where} is at migration {current}, this floom needs {head}",
-            "start `floom serve` once (it migrates at start-up), after a backup",
+            told("start ", act("serve"), " once (it migrates at start-up), after a backup"),
         )
     return Check("database", OK, f"{where} at migration {head}")
 
@@ -188,7 +195,7 @@ def check_executors(settings: Settings) -> Check:
     url = settings.resolved_database_url
     path = sqlite_path(url)
     if path is not None and not path.exists():
-        return Check("executors", WARN, "no database yet", "`floom serve` creates it")
+        return Check("executors", WARN, "no database yet", told(act("serve"), " creates it"))
     engine = make_engine(url)
     try:
         live = nodes.live_nodes(engine)
@@ -202,13 +209,13 @@ def check_executors(settings: Settings) -> Check:
         return Check("executors", OK, detail)
     if not live:
         detail = f"{nodes.NO_EXECUTOR}: no floom node is running on this database"
-        return Check("executors", WARN, detail, cli_hints.written(nodes.START_EXECUTOR))
+        return Check("executors", WARN, detail, nodes.START_EXECUTOR)
     others = ", ".join(f"{n.id} ({n.roles})" for n in live)
     return Check(
         "executors",
         FAIL,
         f"{nodes.NO_EXECUTOR} ({others}): runs are queued and never start",
-        cli_hints.written(nodes.START_EXECUTOR),
+        nodes.START_EXECUTOR,
     )
 
 
@@ -242,7 +249,9 @@ def check_secret_key(settings: Settings) -> Check:
                 "no secret key, but the store holds secrets",
                 "set FLOOM_SECRET_KEY (or restore secret.key) to the key that stored them",
             )
-        return Check("secret key", WARN, "none yet", "`floom serve` creates one in the data dir")
+        return Check(
+            "secret key", WARN, "none yet", told(act("serve"), " creates one in the data dir")
+        )
     box = SecretBox(material)
     if tokens and not any(_decrypts(box, t) for t in tokens):
         return Check(

@@ -391,3 +391,42 @@ def test_a_slack_channel_gets_a_text_message_at_the_url_its_secret_holds(
         assert api.post("/api/v1/alerts/channels/slack/test").status_code == 200
         (message,) = slack.bodies()
         assert message["text"].startswith("*floom*: test alert to channel slack")
+
+
+def test_a_patch_changes_only_the_settings_it_names_and_a_null_removes_one(
+    tmp_path: Path, database_url: str
+) -> None:
+    with alert_server(tmp_path, database_url) as srv, srv.client() as api:
+        secrets.set_secret(srv.ctx, name="MAIL_PW", value="mail-password", caller=SYSTEM)
+        mail = {
+            "host": "smtp.example.com",
+            "sender": "floom@example.com",
+            "to": ["ops@example.com"],
+            "username": "floom",
+            "password_secret": "MAIL_PW",
+        }
+        body = {"name": "mail", "kind": "email", "config": mail}
+        assert api.post("/api/v1/alerts/channels", json=body).status_code == 201
+        changed = api.patch("/api/v1/alerts/channels/mail", json={"config": {"port": 2525}})
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["config"] == {**mail, "port": 2525, "starttls": True}
+
+        refused = api.patch("/api/v1/alerts/channels/mail", json={"config": {"username": None}})
+        assert refused.status_code == 422
+        assert refused.json()["error"]["code"] == "alert_channel_invalid"
+        unchanged = api.get("/api/v1/alerts/channels").json()["items"][0]["config"]
+        assert unchanged == changed.json()["config"]  # a bad change changed nothing
+
+        no_login = {"username": None, "password_secret": None}
+        dropped = api.patch("/api/v1/alerts/channels/mail", json={"config": no_login})
+        assert dropped.status_code == 200, dropped.text
+        assert not {"username", "password_secret"} & set(dropped.json()["config"])
+        assert dropped.json()["config"]["port"] == 2525
+
+        assert (
+            api.patch("/api/v1/alerts/channels/nope", json={"config": {"port": 25}}).status_code
+            == 404
+        )
+        # PUT still replaces every setting.
+        replaced = api.put("/api/v1/alerts/channels/mail", json={"config": mail})
+        assert replaced.json()["config"]["port"] == 587

@@ -136,6 +136,9 @@ def privileged_writes(
         "alert_channels.update_channel": lambda c: alert_channels.update_channel(
             ctx, name="walked-mail", config={**MAIL, "port": 2525}, caller=c
         ),
+        "alert_channels.change_channel": lambda c: alert_channels.change_channel(
+            ctx, name="walked-mail", changes={"port": 2526}, caller=c
+        ),
         "alert_deliveries.send_test": lambda c: _sent_or_undeliverable(
             lambda: alert_deliveries.send_test(ctx, channel_name="walked-mail", caller=c)
         ),
@@ -313,6 +316,10 @@ def route_requests(staged: dict[str, str]) -> dict[tuple[str, str], dict[str, An
         ("PUT", "/api/v1/alerts/channels/{name}"): {
             "path": {"name": "walked-mail"},
             "json": {"config": {**MAIL, "port": 2525}},
+        },
+        ("PATCH", "/api/v1/alerts/channels/{name}"): {
+            "path": {"name": "walked-mail"},
+            "json": {"config": {"port": 2526}},
         },
         ("DELETE", "/api/v1/alerts/channels/{name}"): {"path": {"name": "walked-mail"}},
         ("POST", "/api/v1/alerts/channels/{name}/test"): {"path": {"name": "walked-mail"}},

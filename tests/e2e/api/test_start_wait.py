@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from floom.client.rest import FloomClient
-from floom.schemas.runs import RunDetail
+from floom.schemas.runs import RunDetail, RunRequest
 from floom.services.runs import waits as run_waits
 from floom.store.db import read_connection
 from tests.e2e.api.test_waits import NOOP, CountingTransport, deploy, keys_of, make_server, start
@@ -31,7 +31,7 @@ def test_a_start_with_wait_answers_200_with_the_ended_run_in_one_request(
         deploy(api, tmp_path, "quick", NOOP)
     transport = CountingTransport()
     with FloomClient(server.base_url, server.admin_key, transport=transport) as client:
-        run = client.start_run("quick", {}, wait=30)
+        run = client.start_run("quick", RunRequest(), wait=30)
     assert run.status == "succeeded"
     assert run.outputs == {}
     assert isinstance(run, RunDetail)  # the whole record, as GET /runs/{id} gives it

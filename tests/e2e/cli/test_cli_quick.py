@@ -289,7 +289,9 @@ def test_the_quick_client_reads_a_chunked_answer_and_refuses_a_cut_one() -> None
         + b"0\r\n\r\n"
     )
     url, thread = _answer_once(chunked)
-    assert LiteClient(url, "flm_key", surface="cli").start_run(StartRequest("w")) == {
+    assert LiteClient(url, "flm_key", surface="cli").start_run(
+        StartRequest("w", {"inputs": {}})
+    ) == {
         "id": "run_1",
         "status": "queued",
     }
@@ -298,7 +300,7 @@ def test_the_quick_client_reads_a_chunked_answer_and_refuses_a_cut_one() -> None
     cut = b"HTTP/1.1 202 Accepted\r\ncontent-length: 100\r\n\r\n" + record
     url, thread = _answer_once(cut)
     with pytest.raises(ClientError) as caught:
-        LiteClient(url, "flm_key", surface="cli").start_run(StartRequest("w"))
+        LiteClient(url, "flm_key", surface="cli").start_run(StartRequest("w", {"inputs": {}}))
     assert caught.value.code == "transport"
     assert "cut short" in caught.value.message
     thread.join(10)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 
+from floom.hints.cli import written
 from floom.services.ops import doctor
 from floom.services.ops.nodes import NO_EXECUTOR
 from tests.support.harness import (
@@ -63,7 +64,7 @@ def test_a_run_queued_without_an_executor_says_so_and_starts_when_one_joins(
         check = doctor.check_executors(api_node_settings)
         assert (check.status, check.name) == (doctor.FAIL, "executors")
         assert NO_EXECUTOR in check.detail
-        assert "COMPOSE_PROFILES" in check.fix
+        assert "COMPOSE_PROFILES" in written(check.fix)
 
         with live_server(tmp_path / "executor", database, roles="executor"):
             assert wait_for_run(api, waiting["id"])["status"] == "succeeded"

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from floom.config import Settings
+from floom.hints.cli import written
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -40,7 +41,7 @@ def test_a_secret_key_that_cannot_read_the_stored_secrets_fails_with_its_fix(
     wrong = fast_settings(tmp_path / "data", database_url, secret_key="another-key")
     check = check_secret_key(wrong)
     assert check.status == FAIL
-    assert "FLOOM_SECRET_KEY" in check.fix
+    assert "FLOOM_SECRET_KEY" in written(check.fix)
 
 
 def test_an_unmigrated_database_fails_the_database_check(tmp_path: Path) -> None:
@@ -50,7 +51,7 @@ def test_an_unmigrated_database_fails_the_database_check(tmp_path: Path) -> None
         conn.execute("INSERT INTO alembic_version VALUES ('0001')")
     check = check_database(Settings(data_dir=tmp_path, database_url=f"sqlite:///{db}"))
     assert check.status == FAIL
-    assert "floom serve" in check.fix
+    assert "floom serve" in written(check.fix)
 
 
 def test_the_cli_prints_each_check_and_exits_1_when_one_fails(tmp_path: Path) -> None:

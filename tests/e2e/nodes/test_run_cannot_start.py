@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from floom.hints.cli import written
 from floom.services.ops.doctor import FAIL, OK, check_executors
 from tests.support.cli import cli
 from tests.support.harness import EXAMPLES, deploy_folder, live_server
@@ -41,7 +42,7 @@ def test_a_run_no_live_node_can_start_says_so_until_an_executor_starts(
         doctor = check_executors(node.ctx.settings)
         assert doctor.status == FAIL
         assert node.ctx.node_id in doctor.detail
-        assert "executor" in doctor.fix
+        assert "executor" in written(doctor.fix)
 
         with live_server(tmp_path / "exec", database_url, roles="executor") as executor:
             assert check_executors(node.ctx.settings).status == OK
