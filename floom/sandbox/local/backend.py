@@ -63,7 +63,7 @@ from floom.sandbox.local.warm.pools import (
     warm_prefix,
 )
 from floom.sandbox.local.warm.process import WarmUnavailable
-from floom.sandbox.local.warm.runs import WarmRun
+from floom.sandbox.local.warm.runs import WarmRun, wait_for_clean_ups
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 
@@ -220,6 +220,7 @@ class LocalSandbox(Sandbox):
         self.standby.close()
         if self.warm is not None:
             self.warm.close()
+            wait_for_clean_ups()
         if self.disks is not None:
             self.disks.close()
 
@@ -287,6 +288,11 @@ class LocalSandbox(Sandbox):
         warm = self._start_warm(spec)
         if warm is not None:
             return warm.run(on_line=on_line, should_cancel=should_cancel)
+        return self._run_cold(spec, on_line, should_cancel)
+
+    def _run_cold(
+        self, spec: SandboxSpec, on_line: LineSink, should_cancel: Callable[[], bool]
+    ) -> SandboxResult:
         cold, recording = self._cold(spec)
         return self._supervise(
             cold, *self._start(cold), on_line, should_cancel, recording=recording
@@ -333,6 +339,7 @@ class LocalSandbox(Sandbox):
             identity=self._identity,
             disk=self._disk_of(spec),
             ended=functools.partial(pools.finished, key),
+            cold=functools.partial(self._run_cold, spec),
         )
         try:
             run.set_up()

@@ -411,6 +411,29 @@ def test_shared_mappings_the_warm_process_made_are_private_to_each_run(tmp_path:
         warm.close()
 
 
+def test_a_run_whose_warm_child_fails_its_set_up_starts_cold_and_succeeds(
+    tmp_path: Path,
+) -> None:
+    # The child is asked to set the run up and answers only when the run is released (the
+    # claim commits meanwhile): a failure then still starts the run, cold.
+    source = INSIDE.read_text().replace(
+        '    memory = int(request["memory_bytes"])',
+        '    raise OSError("a planted failure")',
+    )
+    assert source != INSIDE.read_text()
+    local = LocalSandbox()
+    local.warm = WarmPools(WarmSettings(), system_args=system_args, source=source)
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(local, tmp_path / "root")
+    try:
+        for _ in range(2):
+            result, lines, _ = run(warm, LOOK)
+            assert result.exit_code == 0, lines
+            assert outputs(lines)["pid"] != 1  # cold: bubblewrap's init is pid 1
+    finally:
+        warm.close()
+
+
 def test_a_run_starts_cold_when_no_warm_child_is_ready(tmp_path: Path) -> None:
     local = LocalSandbox()
     (tmp_path / "root").mkdir()

@@ -119,6 +119,13 @@ class PreparedChild:
         ready, _, _ = select.select([self.init_pidfd], [], [], 0)
         return not ready
 
+    def reporter_ended(self) -> bool:
+        """Whether the process that reported pid 1's status has exited."""
+        if self.child_pidfd < 0:
+            return True
+        ready, _, _ = select.select([self.child_pidfd], [], [], 0)
+        return bool(ready)
+
     def await_reporter(self, timeout: float) -> None:
         """Wait until the process that reported pid 1's status has exited too: its cgroup
         can be removed at once then, not after a kill and a retry."""
