@@ -3,6 +3,7 @@ process's runs must not share, what their limits stop, and how its pool recovers
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -430,6 +431,26 @@ def test_a_run_whose_warm_child_fails_its_set_up_starts_cold_and_succeeds(
             result, lines, _ = run(warm, LOOK)
             assert result.exit_code == 0, lines
             assert outputs(lines)["pid"] != 1  # cold: bubblewrap's init is pid 1
+    finally:
+        warm.close()
+
+
+def test_a_warm_process_serves_at_most_its_recycle_runs_then_its_successor_takes_over(
+    tmp_path: Path,
+) -> None:
+    # Runs of one warm process share its string hash seed: a run tells its process by it.
+    local = LocalSandbox(warm=WarmSettings(recycle_runs=3, ready=4))
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(local, tmp_path / "root")
+    try:
+        seeds = []
+        for _ in range(10):
+            result, lines, _ = run(warm, 'import json\nprint(json.dumps({"h": hash("floom")}))')
+            assert result.exit_code == 0, lines
+            seeds.append(outputs(lines)["h"])
+        runs_per_process = collections.Counter(seeds)
+        assert max(runs_per_process.values()) <= 3, runs_per_process
+        assert len(runs_per_process) >= 4
     finally:
         warm.close()
 
