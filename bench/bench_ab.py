@@ -3,6 +3,7 @@
 Run from the repository root:
 
     .venv/bin/python bench/bench_ab.py --before CHECKOUT [--runs 160] [--blocks 4] [--bursts 3]
+    .venv/bin/python bench/bench_ab.py --before CHECKOUT --warm   # hello with `warm: true`
 
 Both servers run workers/hello on SQLite, with fresh data dirs, and are alive throughout. The
 sequential runs (one client, each run waited for in the same request) go in `--blocks`
@@ -28,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_warm import FloomRunner, await_pool, deploy
+from floor import HELLO
 from server import Server, machine_busy_seconds, proc_cpu_seconds
 from systems import Floom
 
@@ -41,6 +44,9 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=4, help="blocks the runs are split in")
     parser.add_argument("--bursts", type=int, default=3, help="bursts per checkout")
     parser.add_argument("--burst", type=int, default=80, help="runs queued at once per burst")
+    parser.add_argument(
+        "--warm", action="store_true", help="run hello with `warm: true` (as root; issue 29)"
+    )
     args = parser.parse_args()
     if args.runs < args.blocks or args.blocks < 1 or args.bursts < 0 or args.burst < 1:
         parser.error("give at least one run per block, one block, and bursts of one run or more")
@@ -53,9 +59,15 @@ def main() -> int:
     systems: dict[str, Floom] = {}
     try:
         for name, path in checkouts.items():
-            server = Server(root / name, None, {"PYTHONPATH": path} if path else None)
-            systems[name] = Floom(name, server)
+            env = {"FLOOM_RATE_LIMIT_PER_MINUTE": "0"}
+            server = Server(root / name, None, {**env, "PYTHONPATH": path} if path else env)
             server.wait_ready()
+            if args.warm:
+                deploy(server, HELLO, "hello-warm", warm=True, root=root / name)
+                systems[name] = Floom(name, server, worker="hello-warm")
+                await_pool(server, FloomRunner(name, server, "hello-warm"))
+            else:
+                systems[name] = Floom(name, server)
         for system in systems.values():
             for _ in range(WARM_UP_RUNS):
                 system.one(0)

@@ -67,9 +67,10 @@ class Floom:
     """A real `floom serve`; a run is `POST /workers/hello/runs?wait=` (one round trip when the
     server supports it, else it goes on with `GET /runs/{id}?wait=`)."""
 
-    def __init__(self, name: str, server: Server) -> None:
+    def __init__(self, name: str, server: Server, *, worker: str = "hello") -> None:
         self.name = name
         self.server = server
+        self.worker = worker
         self.clients = [server.new_client() for _ in range(LANES)]
         self.run_ids: list[str] = []
         self._lock = threading.Lock()
@@ -77,7 +78,7 @@ class Floom:
     def _start(self, client: httpx.Client, wait: float) -> dict[str, Any]:
         params = {"wait": f"{wait:g}"} if wait else None
         resp = client.post(
-            "/api/v1/workers/hello/runs",
+            f"/api/v1/workers/{self.worker}/runs",
             params=params,
             json={"inputs": {"name": "bench"}},
             timeout=wait + 30,

@@ -62,6 +62,9 @@ class NodeRuntime(NodeHooks):
         self.local_cancels.add(run_id)
         super().run_cancelled(run_id)
 
+    def executes_runs(self) -> bool:
+        return self.dispatch is not None
+
     def slot_for(
         self, run: Run, version: Version, *, start_ahead: bool
     ) -> AbstractContextManager[bool]:

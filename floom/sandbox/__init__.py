@@ -46,6 +46,7 @@ def _local(settings: Settings | None) -> Sandbox:
             idle_seconds=settings.warm_idle_seconds,
             memory_mb=settings.warm_memory_mb,
         ),
+        runs_at_once=settings.executor_slots,
     )
 
 

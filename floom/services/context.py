@@ -50,6 +50,11 @@ class NodeHooks:
     def run_queued(self) -> None:
         """A run became claimable (committed): a local dispatcher looks at the queue now."""
 
+    def executes_runs(self) -> bool:
+        """Whether this process runs an executor now: a run it queues has one to start it
+        (without asking the store which nodes are live)."""
+        return False
+
     def run_cancelled(self, run_id: str) -> None:
         """`run_id` was cancelled through this process (committed): its attempt here is
         killed without waiting for the executor's next look at the database, and its

@@ -45,7 +45,8 @@ def started_run(ctx: Context, run: Run, *, surface: Surface) -> RunPublic:
 
 
 def _say_if_stuck(ctx: Context, run: R, surface: Surface) -> R:
-    if run.status == run_rules.QUEUED and not nodes.live_executor_ids(ctx):
+    queued = run.status == run_rules.QUEUED
+    if queued and not ctx.node.executes_runs() and not nodes.live_executor_ids(ctx):
         run.cannot_start = render(nodes.RUN_CANNOT_START, surface=surface)
     return run
 

@@ -87,7 +87,9 @@ async def start_run(
         "when the run waits for a person (awaiting_approval)",
     ),
 ) -> Any:
-    callback = await run_in_threadpool(callbacks.check_callback_url, ctx, body.callback_url)
+    callback = None
+    if body.callback_url is not None:  # its check resolves a host name: not on the loop
+        callback = await run_in_threadpool(callbacks.check_callback_url, ctx, body.callback_url)
     run = await run_in_threadpool(
         functools.partial(
             runs.create_run,

@@ -36,6 +36,7 @@ from floom.sandbox.base import (
 )
 from floom.sandbox.fence import node_fence
 from floom.sandbox.local import cgroups, limits, seccomp
+from floom.sandbox.local.disks import READY as DISKS_READY
 from floom.sandbox.local.disks import Disks, RunDisk
 from floom.sandbox.local.identity import (
     IdentityUnavailable,
@@ -63,7 +64,7 @@ from floom.sandbox.local.warm.pools import (
     warm_prefix,
 )
 from floom.sandbox.local.warm.process import WarmUnavailable
-from floom.sandbox.local.warm.runs import WarmRun
+from floom.sandbox.local.warm.runs import WarmRun, wait_for_clean_ups
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 
@@ -193,12 +194,14 @@ class LocalSandbox(Sandbox):
         uids: UidRange | None = UidRange(),
         ceilings: Mapping[str, float] | None = None,
         warm: WarmSettings | None = None,
+        runs_at_once: int = 1,
     ) -> None:
         """`uids`: the host uids a root floom's sandboxes run as, one each while it runs
         (floom/sandbox/local/uid_pool.py); None runs them as floom's own uid. `ceilings`: the
         most a run may ask for, by limit (Settings.limit_ceilings): a spec over one is
         refused, whenever its version was deployed. `warm`: the node's warm start settings
-        (floom/sandbox/local/warm/); warm starts need a root floom."""
+        (floom/sandbox/local/warm/); warm starts need a root floom. `runs_at_once`: how many
+        runs may start together (the executor's slots): as many disks are kept ready."""
         self._prefix: tuple[str, ...] | None = None
         self._ceilings = dict(ceilings or {})
         # The node's identity; each run's is this one with the uid of its lease.
@@ -206,7 +209,9 @@ class LocalSandbox(Sandbox):
         self._uids = UidPool(uids) if uids is not None and self._identity.switched else None
         self.standby = Standby(command=self._identity.launcher_command)
         # A root floom gives each run dir a disk of its own (floom/sandbox/local/disks.py).
-        self.disks: Disks | None = Disks() if self._identity.switched else None
+        self.disks: Disks | None = None
+        if self._identity.switched:
+            self.disks = Disks(ready=max(DISKS_READY, runs_at_once))
         self.warm: WarmPools | None = None
         if self._identity.switched and (warm is None or warm.enabled):
             self.warm = WarmPools(warm or WarmSettings(), system_args=system_args)
@@ -220,6 +225,7 @@ class LocalSandbox(Sandbox):
         self.standby.close()
         if self.warm is not None:
             self.warm.close()
+            wait_for_clean_ups()
         if self.disks is not None:
             self.disks.close()
 
@@ -287,6 +293,11 @@ class LocalSandbox(Sandbox):
         warm = self._start_warm(spec)
         if warm is not None:
             return warm.run(on_line=on_line, should_cancel=should_cancel)
+        return self._run_cold(spec, on_line, should_cancel)
+
+    def _run_cold(
+        self, spec: SandboxSpec, on_line: LineSink, should_cancel: Callable[[], bool]
+    ) -> SandboxResult:
         cold, recording = self._cold(spec)
         return self._supervise(
             cold, *self._start(cold), on_line, should_cancel, recording=recording
@@ -333,6 +344,7 @@ class LocalSandbox(Sandbox):
             identity=self._identity,
             disk=self._disk_of(spec),
             ended=functools.partial(pools.finished, key),
+            cold=functools.partial(self._run_cold, spec),
         )
         try:
             run.set_up()

@@ -3,6 +3,7 @@ process's runs must not share, what their limits stop, and how its pool recovers
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -407,6 +408,49 @@ def test_shared_mappings_the_warm_process_made_are_private_to_each_run(tmp_path:
             result, lines, _ = run(warm, SHARED_MAPPING)
             assert result.exit_code == 0, lines
             assert outputs(lines)["before"] == "\0" * 7  # nothing of the run before
+    finally:
+        warm.close()
+
+
+def test_a_run_whose_warm_child_fails_its_set_up_starts_cold_and_succeeds(
+    tmp_path: Path,
+) -> None:
+    # The child is asked to set the run up and answers only when the run is released (the
+    # claim commits meanwhile): a failure then still starts the run, cold.
+    source = INSIDE.read_text().replace(
+        '    memory = int(request["memory_bytes"])',
+        '    raise OSError("a planted failure")',
+    )
+    assert source != INSIDE.read_text()
+    local = LocalSandbox()
+    local.warm = WarmPools(WarmSettings(), system_args=system_args, source=source)
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(local, tmp_path / "root")
+    try:
+        for _ in range(2):
+            result, lines, _ = run(warm, LOOK)
+            assert result.exit_code == 0, lines
+            assert outputs(lines)["pid"] != 1  # cold: bubblewrap's init is pid 1
+    finally:
+        warm.close()
+
+
+def test_a_warm_process_serves_at_most_its_recycle_runs_then_its_successor_takes_over(
+    tmp_path: Path,
+) -> None:
+    # Runs of one warm process share its string hash seed: a run tells its process by it.
+    local = LocalSandbox(warm=WarmSettings(recycle_runs=3, ready=4))
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(local, tmp_path / "root")
+    try:
+        seeds = []
+        for _ in range(10):
+            result, lines, _ = run(warm, 'import json\nprint(json.dumps({"h": hash("floom")}))')
+            assert result.exit_code == 0, lines
+            seeds.append(outputs(lines)["h"])
+        runs_per_process = collections.Counter(seeds)
+        assert max(runs_per_process.values()) <= 3, runs_per_process
+        assert len(runs_per_process) >= 4
     finally:
         warm.close()
 

@@ -6,8 +6,8 @@ holds the node's system directories and nothing of any run. It imports the modul
 given (names floom recorded from a cold run, `record`), refusing any that starts a thread,
 then waits on the control socket floom handed over. Per run floom asks it to prepare a
 child; the child (`_prepare`) joins the run's cgroup, enters new mount, network, IPC, UTS,
-cgroup and PID namespaces and forks the run's pid 1, which waits for the run. When the run
-arrives, pid 1 mounts the run's dirs, makes inherited shared mappings private, drops to
+cgroup and PID namespaces and forks the run's pid 1, which makes inherited shared mappings
+private and waits for the run. When the run arrives, pid 1 mounts the run's dirs, drops to
 the run's uid without capabilities, sets no_new_privs and the seccomp filter, and only then
 reads the run's environment and runs its script. The process that joined the cgroup stays
 outside the run's namespaces, reaps pid 1 and reports its status.
@@ -26,6 +26,7 @@ import gc
 import importlib
 import json
 import os
+import re
 import resource
 import runpy
 import signal
@@ -75,6 +76,7 @@ _MNT_DETACH = 2
 _MOVE_MOUNT_F_EMPTY_PATH = 4
 _SYS_MOVE_MOUNT = 429  # the same number on every architecture since Linux 5.2
 _PR_SET_PDEATHSIG = 1
+_PR_CAPBSET_READ = 23
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_SECCOMP = 22
@@ -88,6 +90,10 @@ _PROT = {"r": 1, "w": 2, "x": 4}
 _MAP_PRIVATE = 0x02
 _MAP_FIXED = 0x10
 _MAP_ANONYMOUS = 0x20
+# A line of /proc/self/maps whose mapping is shared: its start, end and permissions.
+_BOUNDING: list[int] = []
+"""The capabilities a run drops from its bounding set (all of them: warm sets it)."""
+_SHARED_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ([-r][-w][-x])s ", re.MULTILINE)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.mmap.restype = ctypes.c_void_p
@@ -155,6 +161,8 @@ def warm(control_fd: int, modules: list[str], seccomp_hex: str) -> None:
     # What is imported now, the runs' collections never walk (nor copy, page by page).
     gc.collect()
     gc.freeze()
+    # A bounding set only shrinks: what each run drops is what is in it now.
+    _BOUNDING[:] = _bounding_set()
     _send(control, {"ready": True, "pid": os.getpid(), "modules": len(sys.modules)})
     seccomp = bytes.fromhex(seccomp_hex)
     while True:
@@ -171,6 +179,18 @@ def warm(control_fd: int, modules: list[str], seccomp_hex: str) -> None:
             _child(fds, seccomp)  # never returns
         for fd in fds:
             os.close(fd)
+
+
+def _bounding_set() -> list[int]:
+    """The capabilities in this process's bounding set."""
+    held = []
+    for cap in range(64):
+        found = _libc.prctl(_PR_CAPBSET_READ, cap, 0, 0, 0)
+        if found < 0:
+            break  # past the kernel's last capability
+        if found:
+            held.append(cap)
+    return held
 
 
 def _preload(modules: list[str]) -> str:
@@ -281,6 +301,8 @@ def _pid_one(chan_fd: int, seccomp: bytes) -> None:
     chan = socket.socket(fileno=chan_fd)
     try:
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        # Before the run is asked for (it is not on the run's path), and before any of it.
+        _make_shared_mappings_private()
         request, fds = _receive(chan)
         _setup(request, fds)
         _drop(int(request["uid"]), seccomp)  # type: ignore[call-overload]
@@ -335,7 +357,6 @@ def _setup(request: dict[str, object], fds: list[int]) -> None:
         value = request.get(name)
         if isinstance(value, int):
             resource.setrlimit(key, (value, value))
-    _make_shared_mappings_private()
 
 
 def _move_mount(fd: int, target: str) -> None:
@@ -357,13 +378,9 @@ def _make_shared_mappings_private() -> None:
     """Give every shared mapping the warm process made (at import, say) a private copy:
     otherwise what one run writes there, the next run and the warm process would read."""
     with open("/proc/self/maps") as maps:
-        lines = maps.read().splitlines()
-    for line in lines:
-        fields = line.split()
-        span, perms = fields[0], fields[1]
-        if perms[3] != "s":
-            continue
-        start, end = (int(part, 16) for part in span.split("-"))
+        found = _SHARED_MAPPING.findall(maps.read())
+    for first, last, perms in found:
+        start, end = int(first, 16), int(last, 16)
         size = end - start
         readable = "r" in perms
         if not readable:
@@ -390,7 +407,7 @@ def _drop(uid: int, seccomp: bytes) -> None:
     effective), no_new_privs, the parent-death signal and the seccomp filter."""
     os.setgroups([])
     os.setresgid(uid, uid, uid)
-    for cap in range(64):
+    for cap in _BOUNDING or range(64):
         if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
             if ctypes.get_errno() == errno.EINVAL:
                 break  # past the kernel's last capability

@@ -36,6 +36,7 @@ from floom.sandbox.local.warm.process import (
     INTERPRETER_FLAGS,
     WARM_ENV,
     WARM_MARK,
+    Launching,
     PreparedChild,
     WarmProcess,
 )
@@ -52,6 +53,12 @@ RECORD_TRIES: Final = 3
 START_FAILURES: Final = 3
 """Failed starts in a row after which a pool waits RETRY_SECONDS before trying again."""
 RETRY_SECONDS: Final = 30.0
+TAKE_WAIT_SECONDS: Final = 0.05
+"""How long a run waits for a child its pool's warm process is preparing before it starts
+cold (a cold start costs a hello run 20-30 ms more of CPU and wall time)."""
+SUCCESSOR_LEAD: Final = 0.1
+"""How early (a fraction of FLOOM_WARM_RECYCLE_RUNS or _SECONDS) a pool starts the warm
+process that takes over from one due for recycling."""
 MAX_CHILD_AGE_SECONDS: Final = 300.0
 """A prepared child waits at most this long (it holds a cgroup and namespaces)."""
 DEMAND_WINDOW_SECONDS: Final = 60.0
@@ -91,6 +98,10 @@ class Pool:
     modules: tuple[str, ...]
     marker: str
     process: WarmProcess | None = None
+    # The warm process that takes over once `process` is due for recycling, started ahead
+    # by a thread of its own (`starting`) so that runs never wait for a start.
+    successor: WarmProcess | None = None
+    starting: bool = False
     ready: collections.deque[PreparedChild] = field(default_factory=collections.deque)
     hits: int = 0
     misses: int = 0
@@ -168,13 +179,25 @@ class WarmPools:
             pool.in_flight += 1
             if pool.in_flight > pool.peak or now - pool.peak_at > DEMAND_WINDOW_SECONDS:
                 pool.peak, pool.peak_at = pool.in_flight, now
-            while pool.ready and taken is None:
-                child = pool.ready.popleft()
-                # A child lives on without its warm process: it holds all its run needs.
-                if child.alive():
-                    taken = child
-                else:
-                    self._later(child.discard)
+            deadline = now + TAKE_WAIT_SECONDS
+            while taken is None:
+                while pool.ready and taken is None:
+                    child = pool.ready.popleft()
+                    # A child lives on without its warm process: it holds all its run needs.
+                    if child.alive():
+                        taken = child
+                    else:
+                        self._later(child.discard)
+                # None ready, but a live warm process is making more (more runs came at
+                # once than were prepared): a moment's wait costs less than a cold start.
+                left = deadline - time.monotonic()
+                process = pool.process
+                if taken is not None or left <= 0 or self._closed or pool.retired:
+                    break
+                if process is None or not process.alive() or self._pools.get(key) is not pool:
+                    break
+                self._wake()
+                self._changed.wait(left)
             if taken is None:
                 pool.misses += 1
                 pool.in_flight -= 1  # counted for the demand only: it runs cold
@@ -349,15 +372,25 @@ class WarmPools:
                     pool.ready.remove(child)
                 return functools.partial(_end_process, None, stale)
             process = pool.process
-            due = process is not None and (
-                not process.alive()
-                or process.served >= settings.recycle_runs
-                or now - process.started >= settings.recycle_seconds
-            )
-            if due:
-                old, pool.process = process, None
+            if process is not None and not process.alive():
+                pool.process, pool.successor = pool.successor, None
                 children, pool.ready = list(pool.ready), collections.deque()
-                return functools.partial(_end_process, old, children)
+                return functools.partial(_end_process, process, children)
+            if process is not None and _used_up(process, settings, now, lead=0.0):
+                if pool.starting and pool.successor is None:
+                    continue  # it prepares no more; its successor is on its way
+                # Its children prepared already stay: they count in its runs.
+                pool.process, pool.successor = pool.successor, None
+                return functools.partial(_end_process, process, [])
+            if (
+                process is not None
+                and pool.successor is None
+                and not pool.starting
+                and _used_up(process, settings, now, lead=SUCCESSOR_LEAD)
+                and self._within_budget(pool)
+            ):
+                pool.starting = True
+                return functools.partial(self._start_successor, pool)
             if pool.process is None:
                 if now < pool.retry_at:
                     continue
@@ -365,9 +398,10 @@ class WarmPools:
                     continue
                 return functools.partial(self._start, pool)
             if len(pool.ready) < pool.target(settings):
-                return functools.partial(
-                    self._prepare, pool, pool.target(settings) - len(pool.ready)
-                )
+                # Never more children of one warm process than FLOOM_WARM_RECYCLE_RUNS.
+                left = settings.recycle_runs - pool.process.served
+                wanted = min(pool.target(settings) - len(pool.ready), left)
+                return functools.partial(self._prepare, pool, wanted)
         return None
 
     def _until_next_change(self) -> float:
@@ -381,6 +415,8 @@ class WarmPools:
             moments.append(pool.last_used + settings.idle_seconds)
             if pool.process is not None:
                 moments.append(pool.process.started + settings.recycle_seconds)
+                lead = settings.recycle_seconds * SUCCESSOR_LEAD
+                moments.append(pool.process.started + settings.recycle_seconds - lead)
                 moments.append(now + WATCH_SECONDS)  # whether it died
             moments += [child.made + MAX_CHILD_AGE_SECONDS for child in pool.ready]
             if pool.process is None:
@@ -407,14 +443,8 @@ class WarmPools:
         return False
 
     def _start(self, pool: Pool) -> None:
-        modules = tuple(m for m in pool.modules if m.split(".")[0] not in pool.refused)
         try:
-            process = WarmProcess.start(
-                modules=_fit(modules),
-                owner=pool.marker,
-                system_args=self._system_args(),
-                source=self._source,
-            )
+            process = self._launch(pool).ready()
         except FloomError as exc:
             refused = (exc.details or {}).get("refused") if isinstance(exc.details, dict) else None
             with self._changed:
@@ -435,6 +465,49 @@ class WarmPools:
             pool.failures = 0
             pool.processes_started += 1
             self._changed.notify_all()
+
+    def _start_successor(self, pool: Pool) -> None:
+        """Start the warm process that takes over from `pool`'s once that one is used up:
+        launched from this thread, which outlives it, and awaited by another, while this one
+        goes on preparing children of the current one."""
+        try:
+            launching = self._launch(pool)
+        except FloomError as exc:
+            log.warning("a warm process did not start: %s", exc.message)
+            with self._changed:
+                pool.starting = False
+            return
+        threading.Thread(
+            target=self._await_successor,
+            args=(pool, launching),
+            name="floom-warm-start",
+            daemon=True,
+        ).start()
+
+    def _await_successor(self, pool: Pool, launching: Launching) -> None:
+        process: WarmProcess | None = None
+        try:
+            process = launching.ready()
+        except FloomError as exc:
+            log.warning("a warm process did not start: %s", exc.message)
+        with self._changed:
+            pool.starting = False
+            wanted = not pool.retired and not self._closed and pool.successor is None
+            if process is not None and wanted and self._pools.get(pool.key) is pool:
+                pool.successor, process = process, None
+                pool.processes_started += 1
+            self._changed.notify_all()
+        if process is not None:
+            process.close()
+
+    def _launch(self, pool: Pool) -> Launching:
+        modules = tuple(m for m in pool.modules if m.split(".")[0] not in pool.refused)
+        return WarmProcess.launch(
+            modules=_fit(modules),
+            owner=pool.marker,
+            system_args=self._system_args(),
+            source=self._source,
+        )
 
     def _prepare(self, pool: Pool, count: int) -> None:
         process = pool.process
@@ -482,8 +555,19 @@ def warm_prefix(work_root: Path) -> str:
 
 def _end_pool(pool: Pool) -> None:
     process, pool.process = pool.process, None
+    successor, pool.successor = pool.successor, None
     children, pool.ready = list(pool.ready), collections.deque()
     _end_process(process, children)
+    if successor is not None:
+        successor.close()
+
+
+def _used_up(process: WarmProcess, settings: WarmSettings, now: float, *, lead: float) -> bool:
+    """Whether `process` has prepared its FLOOM_WARM_RECYCLE_RUNS children or lived its
+    FLOOM_WARM_RECYCLE_SECONDS, less the fraction `lead` of each."""
+    runs = settings.recycle_runs - (max(1, int(settings.recycle_runs * lead)) if lead else 0)
+    seconds = settings.recycle_seconds * (1.0 - lead)
+    return process.served >= runs or now - process.started >= seconds
 
 
 def _end_process(process: WarmProcess | None, children: list[PreparedChild]) -> None:

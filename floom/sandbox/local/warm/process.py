@@ -119,6 +119,13 @@ class PreparedChild:
         ready, _, _ = select.select([self.init_pidfd], [], [], 0)
         return not ready
 
+    def reporter_ended(self) -> bool:
+        """Whether the process that reported pid 1's status has exited."""
+        if self.child_pidfd < 0:
+            return True
+        ready, _, _ = select.select([self.child_pidfd], [], [], 0)
+        return bool(ready)
+
     def await_reporter(self, timeout: float) -> None:
         """Wait until the process that reported pid 1's status has exited too: its cgroup
         can be removed at once then, not after a kill and a retry."""
@@ -171,11 +178,12 @@ class WarmProcess:
         self._lock = threading.Lock()
 
     @classmethod
-    def start(
+    def launch(
         cls, *, modules: tuple[str, ...], owner: str, system_args: tuple[str, ...], source: str
-    ) -> WarmProcess:
-        """Start a warm process and wait until its modules are imported; raises
-        WarmUnavailable, with `refused` set on it naming a module that started a thread."""
+    ) -> Launching:
+        """Start a warm process; its `ready` waits until its modules are imported (from any
+        thread: the thread that launches it must outlive it, as bubblewrap dies with that
+        thread)."""
         bwrap = shutil.which("bwrap")
         python = shutil.which("python3", path=WARM_ENV["PATH"])
         if bwrap is None or python is None:
@@ -225,22 +233,7 @@ class WarmProcess:
         finally:
             theirs.close()
             os.close(resolv)
-        try:
-            message = _read_message(ours, START_SECONDS)
-        except WarmUnavailable as exc:
-            _end(proc, ours)
-            exc.details = {"stderr": _tail(proc)}
-            raise
-        if "refused" in message:
-            _end(proc, ours)
-            failure = WarmUnavailable(f"module {message['refused']} starts a thread")
-            failure.details = {"refused": str(message["refused"])}
-            raise failure
-        pid = message.get("pid")
-        if not isinstance(pid, int):
-            _end(proc, ours)
-            raise WarmUnavailable("the warm process did not say it was ready")
-        return cls(proc, ours, modules=modules, pid=pid)
+        return Launching(proc, ours, modules)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -310,6 +303,40 @@ class WarmProcess:
 
     def close(self) -> None:
         """End the warm process; the runs it prepared are not its and go on."""
+        _end(self.proc, self.control)
+
+
+@dataclass(eq=False)
+class Launching:
+    """A warm process started and not ready yet: exactly one of `ready` and `close` ends
+    this."""
+
+    proc: subprocess.Popen[bytes]
+    control: socket.socket
+    modules: tuple[str, ...]
+
+    def ready(self) -> WarmProcess:
+        """The warm process once its modules are imported; raises WarmUnavailable (with
+        `refused` naming a module that started a thread), leaving nothing running."""
+        proc, ours = self.proc, self.control
+        try:
+            message = _read_message(ours, START_SECONDS)
+        except WarmUnavailable as exc:
+            _end(proc, ours)
+            exc.details = {"stderr": _tail(proc)}
+            raise
+        if "refused" in message:
+            _end(proc, ours)
+            failure = WarmUnavailable(f"module {message['refused']} starts a thread")
+            failure.details = {"refused": str(message["refused"])}
+            raise failure
+        pid = message.get("pid")
+        if not isinstance(pid, int):
+            _end(proc, ours)
+            raise WarmUnavailable("the warm process did not say it was ready")
+        return WarmProcess(proc, ours, modules=self.modules, pid=pid)
+
+    def close(self) -> None:
         _end(self.proc, self.control)
 
 

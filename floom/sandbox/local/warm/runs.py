@@ -5,8 +5,10 @@ run is: its output as lines, its timeout, cancel and limits, and the end of its 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
+import logging
 import math
 import os
 import select
@@ -33,6 +35,10 @@ from floom.sandbox.local.supervisor import CANCEL_POLL_SECONDS, KILL_WAIT_SECOND
 from floom.sandbox.local.uid_pool import UidLease
 from floom.sandbox.local.warm.process import PreparedChild, WarmUnavailable, open_detached
 
+log = logging.getLogger("floom.sandbox")
+
+ColdStart = Callable[[LineSink, Callable[[], bool]], SandboxResult]
+"""Runs a run's spec cold, given where its lines go and whether to stop (LocalSandbox)."""
 SANDBOX_OUTPUT_DIR: Final = "/output"
 REPORTER_EXIT_SECONDS: Final = 1.0
 """How long a run's end waits for pid 1's reporter to exit on its own before it is killed."""
@@ -52,7 +58,10 @@ class WarmRun(StartedAhead):
         identity: SandboxIdentity,
         disk: RunDisk | None,
         ended: Callable[[], None],
+        cold: ColdStart,
     ) -> None:
+        """`cold`: how this run starts cold instead, should its child fail it after
+        `set_up` returned (the run then never fails for want of a warm process)."""
         self.spec = spec
         self._child = child
         self._env = env
@@ -60,13 +69,17 @@ class WarmRun(StartedAhead):
         self._identity = identity.with_uid(lease.uid)
         self._disk = disk
         self._ended = ended
+        self._cold = cold
         self._limits: limits.RunLimits | None = None
         self._lock = threading.Lock()
         self._done = False
 
     def set_up(self) -> None:
-        """Limits on the child's cgroup, the run's dirs handed to its uid and mounted, the
-        drop; raises WarmUnavailable (the caller discards this run and starts it cold)."""
+        """Limits on the child's cgroup, the run's dirs handed to its uid, and the child
+        asked to mount them and drop; raises WarmUnavailable (the caller discards this run
+        and starts it cold). The child works on while the caller goes on (a run started
+        ahead commits its claim meanwhile): `run` waits for its answer before the script's
+        environment goes to it."""
         spec, child = self.spec, self._child
         try:
             self._limits = limits.RunLimits(spec, child.cgroup, disk=self._disk)
@@ -90,7 +103,6 @@ class WarmRun(StartedAhead):
             finally:
                 for fd in fds:
                     os.close(fd)
-            child.answer()
         except (OSError, WarmUnavailable) as exc:
             self.discard()
             raise WarmUnavailable(f"cannot set the warm run up: {exc}") from exc
@@ -139,6 +151,12 @@ class WarmRun(StartedAhead):
         if not self._take():
             raise WarmUnavailable("this warm run was discarded before it ran")
         try:
+            self._child.answer()  # the run's dirs are mounted, its rights dropped
+        except WarmUnavailable as exc:
+            self._end()
+            log.warning("a warm run starts cold: cannot set the warm run up: %s", exc.message)
+            return self._cold(on_line, should_cancel)
+        try:
             given = json.dumps({"env": self._env, "argv": self.spec.command[1:]}).encode()
             source = memory_file(given)
             try:
@@ -163,11 +181,19 @@ class WarmRun(StartedAhead):
             self._end()
 
     def _end(self) -> None:
-        """Kill what is left, remove the cgroup, then give the uid back (unless a process of
-        the run may be left)."""
+        """Kill what is left; then remove the cgroup and give the uid back (unless a process
+        of the run may be left). Once pid 1 has ended, only the process that reported its
+        status may be left, on its way out: the rest waits for it off the run's path."""
         child = self._child
-        child.await_reporter(REPORTER_EXIT_SECONDS)
         child.discard_processes()
+        if child.reporter_ended():
+            self._clean_up()
+        else:
+            _LATER.add(child, self._clean_up)
+        self._ended()
+
+    def _clean_up(self) -> None:
+        child = self._child
         child.close_fds()
         removed = self._limits.close() if self._limits is not None else True
         if self._limits is None and child.cgroup is not None:
@@ -175,7 +201,67 @@ class WarmRun(StartedAhead):
         child.cgroup = None
         if removed:
             self._lease.release()
-        self._ended()
+
+
+class _CleanUpLater:
+    """Clean-ups of warm runs whose reporter was still exiting when their run ended, done by
+    a thread of their own once it has (or after REPORTER_EXIT_SECONDS): its cgroup can be
+    removed at once then, not after a kill and a retry."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._pending: collections.deque[tuple[PreparedChild, Callable[[], None]]] = (
+            collections.deque()
+        )
+        self._thread: threading.Thread | None = None
+        self._busy = False
+
+    def add(self, child: PreparedChild, clean_up: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending.append((child, clean_up))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="floom-warm-ends", daemon=True
+                )
+                self._thread.start()
+            self._lock.notify()
+
+    def wait(self, timeout: float = 2 * REPORTER_EXIT_SECONDS) -> bool:
+        """Wait until every clean-up added so far is done (a sandbox closing, tests)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def _serve(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending:
+                    self._lock.wait()
+                child, clean_up = self._pending.popleft()
+                self._busy = True
+            try:
+                child.await_reporter(REPORTER_EXIT_SECONDS)
+                clean_up()
+            except Exception:  # a clean-up that fails must not stop the others'
+                log.exception("cleaning up after a warm run failed")
+            finally:
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
+
+
+_LATER: Final = _CleanUpLater()
+
+
+def wait_for_clean_ups(timeout: float = 2 * REPORTER_EXIT_SECONDS) -> bool:
+    """Wait until the warm runs that ended so far have their cgroups removed and their uids
+    given back; False when some had not after `timeout` seconds."""
+    return _LATER.wait(timeout)
 
 
 class _Supervision:
