@@ -14,7 +14,10 @@ from tests.support.children import children, fail_if_children_left
 def test_a_child_still_running_fails_the_guard_and_one_waited_for_does_not() -> None:
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        assert children()[proc.pid].startswith("S sleep 30")
+        deadline = time.monotonic() + 10  # until the forked child has exec'd sleep
+        while not children().get(proc.pid, "").startswith("S sleep 30"):
+            assert time.monotonic() < deadline, children()
+            time.sleep(0.02)
         with pytest.raises(pytest.fail.Exception, match=f"{proc.pid}: S sleep 30"):
             fail_if_children_left(grace=0.2)
     finally:
