@@ -98,11 +98,21 @@ def check_url(ctx: Context, url: Any, path: str) -> str:
         raise invalid(path, "must not carry a user name or password", hint)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        resolve_checked(parts.hostname, port, policy_of(ctx.settings))
     except ValueError as exc:
         raise invalid(
             path, f"has a bad port ({exc})", "e.g. https://example.com:8443/hook"
         ) from exc
+    check_reachable(ctx, parts.hostname, port, path)
+    return str(url)
+
+
+def check_reachable(ctx: Context, host: str, port: int, path: str) -> None:
+    """Raise ChannelInvalid naming `path` when the egress guard refuses `host` (a host
+    address, a private one, a name that does not resolve): every host a channel or a
+    callback names is asked when it is saved, not first when something is sent (and again
+    then: names move)."""
+    try:
+        resolve_checked(host, port, policy_of(ctx.settings))
     except EgressRefused as exc:
         hint = (
             "check the host name"
@@ -110,7 +120,6 @@ def check_url(ctx: Context, url: Any, path: str) -> str:
             else "floom sends only to public addresses (or networks in FLOOM_EGRESS_ALLOW)"
         )
         raise invalid(path, exc.message, hint) from exc
-    return str(url)
 
 
 def _shown(url: str) -> str:
@@ -157,11 +166,31 @@ def check_config(ctx: Context, *, kind: str, config: Any, caller: Principal) -> 
         clean["url"] = check_url(ctx, config["url"], "config.url")
         _check_signing_key(ctx, clean["secret"])
     elif kind == ChannelKind.SLACK:
-        url = _secret_value(ctx, clean["url_secret"])
-        check_url(ctx, url, "config.url_secret")
+        _check_secret_url(ctx, clean["url_secret"], "config.url_secret")
     else:
         clean.update(_check_email(config))
+        check_reachable(ctx, clean["host"], clean["port"], "config.host")
     return clean
+
+
+def _check_secret_url(ctx: Context, name: str, path: str) -> None:
+    """check_url for the URL a secret holds, refused without quoting it: a secret's value
+    (nor its host) is never shown back, not even to whoever names the secret."""
+    try:
+        check_url(ctx, _secret_value(ctx, name), path)
+    except ChannelInvalid as exc:
+        refused = "refused" in exc.message and "resolves to" in exc.message
+        why = (
+            "a URL whose host floom may not send to (not a public address)"
+            if refused
+            else "a URL floom can send to"
+        )
+        hint = told(
+            "store the incoming webhook's https URL in it: ",
+            act("secrets set", name=name),
+            " (its value is not shown here)",
+        )
+        raise invalid(path, f"secret {name} does not hold {why}", hint) from None
 
 
 def _check_signing_key(ctx: Context, name: str) -> None:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import smtplib
 import socket
 import ssl
+import urllib.parse
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any
@@ -87,12 +89,24 @@ def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[s
             json.dumps({"text": slack_text(body)}),
             delivery_id=None,
             key=None,
+            url_secret=channel.config["url_secret"],
         )
     else:
         send_mail(ctx, channel=channel, password=values.get("password_secret"), body=body)
 
 
-def _post(ctx: Context, url: str, text: str, *, delivery_id: str | None, key: str | None) -> None:
+def _post(
+    ctx: Context,
+    url: str,
+    text: str,
+    *,
+    delivery_id: str | None,
+    key: str | None,
+    url_secret: str | None = None,
+) -> None:
+    """POST `text` to `url`; AlertUndeliverable saying why not. When the URL is a secret's
+    value (`url_secret` names it), the reason never quotes its host, which the guard's words
+    would: a delivery's error is shown to every read key."""
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
     if key is not None and delivery_id is not None:
         stamp = datetime.now(UTC)
@@ -107,9 +121,22 @@ def _post(ctx: Context, url: str, text: str, *, delivery_id: str | None, key: st
             response = client.post(url, content=text.encode(), headers=headers)
     except Exception as exc:  # a transport error, or the guard's refusal (a FloomError): both
         # are this delivery's failure, said in floom's words
-        raise AlertUndeliverable(describe_failure(exc)) from exc
+        reason = describe_failure(exc)
+        if url_secret is not None:
+            reason = _without_host(reason, url, f"the host in secret {url_secret}")
+        raise AlertUndeliverable(reason) from exc
     if not 200 <= response.status_code < 300:
         raise AlertUndeliverable(f"it answered HTTP {response.status_code}")
+
+
+def _without_host(reason: str, url: str, instead: str) -> str:
+    try:
+        host = urllib.parse.urlsplit(url).hostname
+    except ValueError:
+        host = None
+    if not host:
+        return reason
+    return re.sub(re.escape(host), instead, reason, flags=re.IGNORECASE)
 
 
 def summary_line(body: dict[str, Any]) -> str:

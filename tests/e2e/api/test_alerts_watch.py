@@ -252,6 +252,81 @@ def test_bad_channels_rules_and_callback_urls_are_refused_naming_the_field(
         assert len(api.get("/api/v1/workers/w/versions").json()["items"]) == 1
 
 
+def test_an_email_channel_s_host_is_checked_by_the_egress_guard_when_saved(
+    tmp_path: Path, database_url: str
+) -> None:
+    # As a webhook's URL is: a mail host on loopback, a private or link-local (cloud
+    # metadata) address, or a name that does not resolve is refused on add and on update,
+    # naming config.host, and changes nothing; not first when an alert is sent.
+    resolve = "mail.example.com=93.184.215.14,metadata.example.com=169.254.169.254"
+    with live_server(tmp_path / "d", database_url, agent_http_resolve=resolve) as srv:
+        api = srv.client()
+        channels = "/api/v1/alerts/channels"
+        mail = {"sender": "floom@example.com", "to": ["ops@example.com"], "starttls": False}
+        for host, words in (
+            ("127.0.0.1", "loopback"),
+            ("localhost", "loopback"),
+            ("10.0.0.5", "private"),
+            ("metadata.example.com", "link-local"),
+            ("smtp.nowhere.invalid", "cannot resolve"),
+        ):
+            resp = api.post(
+                channels, json={"name": "mail", "kind": "email", "config": {**mail, "host": host}}
+            )
+            error = _refused(resp, "alert_channel_invalid", "config.host")
+            assert words in error["message"], error
+        assert _count(srv, AlertChannel) == 0
+        good = {**mail, "host": "mail.example.com", "port": 25}
+        resp = api.post(channels, json={"name": "mail", "kind": "email", "config": good})
+        assert resp.status_code == 201, resp.text
+        resp = api.put(f"{channels}/mail", json={"config": {**good, "host": "127.0.0.1"}})
+        _refused(resp, "alert_channel_invalid", "config.host")
+        (kept,) = api.get(channels).json()["items"]
+        assert kept["config"]["host"] == "mail.example.com"
+
+
+def test_a_slack_channel_s_url_secret_is_never_quoted_when_refused_or_failing(
+    tmp_path: Path, database_url: str
+) -> None:
+    # A deploy key may name any secret as a Slack channel's URL; a refusal that quoted the
+    # value (or its host) would read any secret back. Nor does a failed send's error, which
+    # every read key sees, quote the host of the URL the secret holds.
+    resolve = "hooks.example.com=93.184.215.14"
+    with live_server(tmp_path / "d", database_url, agent_http_resolve=resolve) as srv:
+        api = srv.client()
+        channels = "/api/v1/alerts/channels"
+        for value in (
+            "hunter2-a-database-password",
+            "https://private-name-of-a-host.invalid/T0/B0/token",
+            "gopher://hunter3-inside-a-url/x",
+            "http://127.0.0.1:9/hunter4",
+        ):
+            secrets.set_secret(srv.ctx, name="DB_PASSWORD", value=value, caller=SYSTEM)
+            resp = api.post(
+                channels,
+                json={"name": "s", "kind": "slack", "config": {"url_secret": "DB_PASSWORD"}},
+            )
+            _refused(resp, "alert_channel_invalid", "config.url_secret")
+            for part in ("hunter", "private-name", "127.0.0.1"):
+                assert part not in resp.text, resp.text
+        assert _count(srv, AlertChannel) == 0
+
+        hook = "https://hooks.example.com/services/T0/B0/x"
+        secrets.set_secret(srv.ctx, name="SLACK_URL", value=hook, caller=SYSTEM)
+        resp = api.post(
+            channels, json={"name": "s", "kind": "slack", "config": {"url_secret": "SLACK_URL"}}
+        )
+        assert resp.status_code == 201, resp.text
+        moved = "https://hidden-host-name.invalid/x"
+        secrets.set_secret(srv.ctx, name="SLACK_URL", value=moved, caller=SYSTEM)
+        resp = api.post(f"{channels}/s/test")
+        assert resp.status_code == 502, resp.text
+        assert "hidden-host-name" not in resp.text
+        assert "secret SLACK_URL" in resp.json()["error"]["message"]
+        listed = api.get("/api/v1/alerts/deliveries").text
+        assert "hidden-host-name" not in listed
+
+
 def test_a_test_send_to_an_unreachable_channel_says_why(tmp_path: Path, database_url: str) -> None:
     with receiver() as hook:
         url = hook.url  # closed again below: nothing listens there any more
