@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 KINDS: tuple[ChannelKind, ...] = tuple(ChannelKind)
 MAX_URL = 2048
 MAX_RECIPIENTS = 20
+# An address as written ("Name <a@b>"): a mail address is at most 254 characters.
+MAX_ADDRESS = 254
 # Each kind's settings: (key, required, what it holds).
 SETTINGS: dict[str, tuple[tuple[str, bool, str], ...]] = {
     "webhook": (
@@ -243,6 +245,10 @@ def _check_email(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _address(value: Any, path: str) -> str:
+    if isinstance(value, str) and len(value) > MAX_ADDRESS:
+        # Also before the parser: it recurses once per nested "(", so thousands of them
+        # would end in a RecursionError (a 500), not a refusal.
+        raise invalid(path, f"is longer than {MAX_ADDRESS} characters", "e.g. alerts@example.com")
     _name, address = parseaddr(value) if isinstance(value, str) else ("", "")
     if not re.fullmatch(r"[^@\s<>,]+@[A-Za-z0-9.-]+", address) or "\n" in str(value):
         raise invalid(path, f"{value!r} is not an email address", "e.g. alerts@example.com")

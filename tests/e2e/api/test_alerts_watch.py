@@ -285,6 +285,45 @@ def test_an_email_channel_s_host_is_checked_by_the_egress_guard_when_saved(
         assert kept["config"]["host"] == "mail.example.com"
 
 
+def test_a_channel_s_fields_of_any_size_or_type_are_refused_naming_them_never_a_500(
+    tmp_path: Path, database_url: str
+) -> None:
+    resolve = "mail.example.com=93.184.215.14"
+    with live_server(tmp_path / "d", database_url, agent_http_resolve=resolve) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="X", value="mail-password", caller=SYSTEM)
+        channels = "/api/v1/alerts/channels"
+        mail: dict[str, Any] = {
+            "host": "mail.example.com",
+            "sender": "floom@example.com",
+            "to": ["ops@example.com"],
+        }
+        nested = "(" * 5000  # the address parser recurses once per "("
+        for path, config in (
+            ("config.sender", {**mail, "sender": nested}),
+            ("config.to[1]", {**mail, "to": ["ops@example.com", nested]}),
+            ("config.sender", {**mail, "sender": "<" * 100_000}),
+            ("config.sender", {**mail, "sender": "a" * 300 + "@example.com"}),
+            ("config.sender", {**mail, "sender": 7}),
+            ("config.to[0]", {**mail, "to": [{"a": 1}]}),
+            ("config.to", {**mail, "to": {"a": 1}}),
+            ("config.to", {**mail, "to": ["ops@example.com"] * 21}),
+            ("config.host", {**mail, "host": "h" * 10_000}),
+            ("config.host", {**mail, "host": ["mail.example.com"]}),
+            ("config.port", {**mail, "port": "25"}),
+            ("config.port", {**mail, "port": 2**70}),
+            ("config.username", {**mail, "username": {"a": 1}, "password_secret": "X"}),
+        ):
+            resp = api.post(channels, json={"name": "mail", "kind": "email", "config": config})
+            assert resp.status_code == 422, (path, resp.status_code, resp.text[:300])
+            assert resp.json()["error"]["code"] == "alert_channel_invalid"
+            assert path in [d["path"] for d in resp.json()["error"]["details"]], (path, resp.text)
+        for name in ("n" * 10_000, 7, None, ["a"]):
+            resp = api.post(channels, json={"name": name, "kind": "email", "config": mail})
+            assert resp.status_code in (400, 422), (name, resp.text[:300])
+        assert _count(srv, AlertChannel) == 0
+
+
 def test_a_slack_channel_s_url_secret_is_never_quoted_when_refused_or_failing(
     tmp_path: Path, database_url: str
 ) -> None:
