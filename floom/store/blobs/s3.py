@@ -22,6 +22,7 @@ from floom.store.blobs.base import (
     BlobStore,
     Finding,
     missing,
+    of_size,
     sha256_of,
     verified,
 )
@@ -107,17 +108,25 @@ class S3BlobStore(BlobStore):
             Metadata={"sha256": sha256},
         )
 
-    def get(self, digest: str, *, sha256: str | None, what: str) -> bytes:
+    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None = None) -> bytes:
         where = self.describe(digest)
         try:
             answer = self._call(
                 "get_object", doing=f"read {where}", Bucket=self.bucket, Key=self.key(digest)
             )
-            data = answer["Body"].read()
+            body = answer["Body"]
+            try:
+                # An object replaced in the bucket may be of any size: told by its length
+                # before a byte is read, and read no further than floom stored.
+                of_size(int(answer.get("ContentLength", size or 0)), **_at(size, what, where))
+                data = body.read() if size is None else body.read(size + 1)
+            finally:
+                body.close()
         except _Absent:
             raise missing(what=what, where=where) from None
         except _read_errors() as exc:  # the body broke off mid-read
             raise _unavailable(f"read {where}", exc) from exc
+        of_size(len(data), **_at(size, what, where))
         return verified(data, sha256=sha256, what=what, where=where)
 
     def exists(self, digest: str) -> int | None:
@@ -265,6 +274,10 @@ class S3BlobStore(BlobStore):
                     "s3", endpoint_url=self.endpoint or None, config=config, **credentials
                 )
             return self._client
+
+
+def _at(size: int | None, what: str, where: str) -> dict[str, Any]:
+    return {"size": size, "what": what, "where": where}
 
 
 class _Absent(Exception):
