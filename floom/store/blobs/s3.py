@@ -11,12 +11,13 @@ import configparser
 import hashlib
 import logging
 import os
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from floom.errors import BlobStoreUnavailable, FloomError, InvalidRequest
+from floom.errors import BlobStoreUnavailable, BlobUnreadable, FloomError, InvalidRequest
 from floom.store.blobs.base import (
     RETRY_AFTER_SECONDS,
     BlobStore,
@@ -34,6 +35,8 @@ log = logging.getLogger("floom.blobs")
 
 # Error codes an S3-compatible server answers for a key it does not hold.
 _ABSENT = {"NoSuchKey", "404", "NotFound"}
+# What a digest may hold to become part of a key (a sha256 in hex; a test's short names).
+_DIGEST = re.compile(r"[0-9A-Za-z_-]{1,128}")
 # Objects one DeleteObjects request may name (S3's own limit).
 _DELETE_BATCH = 1000
 
@@ -90,10 +93,18 @@ class S3BlobStore(BlobStore):
         return self._secret_access_key
 
     def key(self, digest: str) -> str:
+        """The object's key; BlobUnreadable for a digest that is not one name (a row written
+        by hand, a backup's): a key is never built of '/' or '..' from a row."""
+        if not _DIGEST.fullmatch(digest):
+            raise BlobUnreadable(
+                f"blob {digest[:80]!r} cannot name an object: a digest is letters, digits, "
+                "'-' and '_'",
+                hint="the blobs table holds a row floom did not write; run `floom blobs check`",
+            )
         return f"{self.prefix}blobs/{digest}"
 
     def describe(self, digest: str) -> str:
-        return f"object s3://{self.bucket}/{self.key(digest)}"
+        return f"object s3://{self.bucket}/{self.prefix}blobs/{digest[:80]}"
 
     def put(self, digest: str, data: bytes, *, sha256: str) -> None:
         md5 = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
