@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 USER_AGENT = "floom-alerts"
 MAX_SUBJECT = 150
+# Never in a mail header or a Slack line: control characters, line separators.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 
 
 class AlertUndeliverable(FloomError):
@@ -141,17 +143,25 @@ def _without_host(reason: str, url: str, instead: str) -> str:
 
 def summary_line(body: dict[str, Any]) -> str:
     summary = str(body.get("summary") or body.get("type") or "floom alert")
-    return summary.replace("\n", " ")
+    return _CONTROL.sub(" ", summary)
 
 
 def slack_text(body: dict[str, Any]) -> str:
-    lines = [f"*floom*: {summary_line(body)}"]
+    """The Slack message: every part escaped as Slack asks (&, <, >), so that what a worker
+    wrote (its error message) shows as written, never as a mention of everyone (<!channel>)
+    or a link whose text says another address (<https://a|https://b>)."""
+    lines = [f"*floom*: {_slack_escaped(summary_line(body))}"]
     error = body.get("error") or {}
     if error.get("code"):
-        lines.append(f"error `{error['code']}`: {error.get('message') or ''}")
+        message = _slack_escaped(str(error.get("message") or ""))
+        lines.append(f"error `{_slack_escaped(str(error['code']))}`: {message}")
     if body.get("run_url"):
-        lines.append(str(body["run_url"]))
+        lines.append(_slack_escaped(str(body["run_url"])))
     return "\n".join(lines)
+
+
+def _slack_escaped(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def mail_text(body: dict[str, Any]) -> str:

@@ -391,3 +391,32 @@ def test_a_slack_channel_gets_a_text_message_at_the_url_its_secret_holds(
         assert api.post("/api/v1/alerts/channels/slack/test").status_code == 200
         (message,) = slack.bodies()
         assert message["text"].startswith("*floom*: test alert to channel slack")
+
+
+MARKUP_RUN = """\
+import json
+error = "<!channel> rotate your keys at <https://evil.example|https://floom.example/fix> & now"
+json.dump({"error": error, "retryable": False}, open("result.json", "w"))
+"""
+
+
+def test_what_a_worker_writes_reaches_slack_as_text_never_as_a_mention_or_a_link(
+    tmp_path: Path, database_url: str
+) -> None:
+    with receiver() as slack, alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="SLACK_URL", value=slack.url, caller=SYSTEM)
+        made = api.post(
+            "/api/v1/alerts/channels",
+            json={"name": "hook", "kind": "slack", "config": {"url_secret": "SLACK_URL"}},
+        )
+        assert made.status_code == 201, made.text
+        deploy_folder(api, make_worker(tmp_path / "flaky", FLAKY, {"run.py": MARKUP_RUN}))
+        run = api.post("/api/v1/workers/flaky/runs", json={"inputs": {"fail": True}}).json()
+        assert wait_for_run(api, run["id"])["status"] == "failed"
+        (message,) = slack.wait_for(1)
+        text = message["text"]
+        assert "<" not in text
+        assert ">" not in text
+        assert "&lt;!channel&gt; rotate your keys at &lt;https://evil.example|" in text
+        assert "&amp; now" in text
