@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -195,6 +196,47 @@ def resolve_checked(host: str, port: int, policy: EgressPolicy) -> str:
                 "behalf only to public addresses"
             )
     return addresses[0]
+
+
+# Checks asked while a caller waits (a channel saved, a run started with a callback URL, a
+# worker.yml validated): each name is given RESOLVE_SECONDS, and at most RESOLVING are
+# resolved at once, so that names whose servers never answer (a domain a caller runs)
+# cannot hold the server's threads.
+RESOLVE_SECONDS = 3.0
+RESOLVING = 8
+_resolving = threading.BoundedSemaphore(RESOLVING)
+
+
+def resolve_checked_now(
+    host: str, port: int, policy: EgressPolicy, *, seconds: float | None = None
+) -> str:
+    """resolve_checked, answered within about `seconds` (default RESOLVE_SECONDS; twice
+    that at most, when RESOLVING others are under way): a name not resolved by then is
+    refused (EgressRefused, "cannot resolve"). The resolution goes on in a thread of its
+    own until the resolver gives up, holding one of the RESOLVING places; the caller does
+    not wait for it."""
+    seconds = RESOLVE_SECONDS if seconds is None else seconds
+    if not _resolving.acquire(timeout=seconds):
+        raise EgressRefused(f"cannot resolve {host}: too many names are being resolved; try again")
+    outcome: list[str | BaseException] = []
+
+    def resolve() -> None:
+        try:
+            outcome.append(resolve_checked(host, port, policy))
+        except BaseException as exc:  # handed to the caller, whatever it is
+            outcome.append(exc)
+        finally:
+            _resolving.release()
+
+    worker = threading.Thread(target=resolve, name="floom-resolve", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not outcome:
+        raise EgressRefused(f"cannot resolve {host}: no answer within {seconds:g} s")
+    found = outcome[0]
+    if isinstance(found, BaseException):
+        raise found
+    return found
 
 
 # -- guarded HTTP clients ----------------------------------------------------------------------

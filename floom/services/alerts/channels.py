@@ -21,7 +21,7 @@ from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.hints import Told, act, told
 from floom.hints import cli as cli_hints
 from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
-from floom.net.egress import EgressRefused, policy_of, resolve_checked
+from floom.net.egress import EgressRefused, policy_of, resolve_checked_now
 from floom.services.access import secrets
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 KINDS: tuple[ChannelKind, ...] = tuple(ChannelKind)
 MAX_URL = 2048
 MAX_RECIPIENTS = 20
+# Hosts the callback URLs of one worker.yml may name (each is resolved when it is checked).
+MAX_CALLBACK_HOSTS = 10
 # An address as written ("Name <a@b>"): a mail address is at most 254 characters.
 MAX_ADDRESS = 254
 # Each kind's settings: (key, required, what it holds).
@@ -83,7 +85,7 @@ class Channel:
         return cls(id=row.id, name=row.name, kind=row.kind, config=config)
 
 
-def check_url(ctx: Context, url: Any, path: str) -> str:
+def check_url(ctx: Context, url: Any, path: str, *, asked: Asked | None = None) -> str:
     """An http(s) URL that the egress guard lets floom reach; raises ChannelInvalid naming
     `path` ("config.url", "callback_url") otherwise. Resolves the name now, so a host address
     or a name that does not resolve is refused at once, not at the first delivery."""
@@ -104,24 +106,39 @@ def check_url(ctx: Context, url: Any, path: str) -> str:
         raise invalid(
             path, f"has a bad port ({exc})", "e.g. https://example.com:8443/hook"
         ) from exc
-    check_reachable(ctx, parts.hostname, port, path)
+    check_reachable(ctx, parts.hostname, port, path, asked=asked)
     return str(url)
 
 
-def check_reachable(ctx: Context, host: str, port: int, path: str) -> None:
+# What the egress guard answered for each (host, port) while one worker.yml is checked.
+Asked = dict[tuple[str, int], EgressRefused | None]
+
+
+def check_reachable(
+    ctx: Context, host: str, port: int, path: str, *, asked: Asked | None = None
+) -> None:
     """Raise ChannelInvalid naming `path` when the egress guard refuses `host` (a host
-    address, a private one, a name that does not resolve): every host a channel or a
-    callback names is asked when it is saved, not first when something is sent (and again
-    then: names move)."""
-    try:
-        resolve_checked(host, port, policy_of(ctx.settings))
-    except EgressRefused as exc:
+    address, a private one, a name that does not resolve in time): every host a channel or
+    a callback names is asked when it is saved, not first when something is sent (and
+    again then: names move). `asked` keeps the answers of one check of many URLs."""
+    key = (host.lower(), port)
+    if asked is not None and key in asked:
+        refused = asked[key]
+    else:
+        try:
+            resolve_checked_now(host, port, policy_of(ctx.settings))
+            refused = None
+        except EgressRefused as exc:
+            refused = exc
+        if asked is not None:
+            asked[key] = refused
+    if refused is not None:
         hint = (
             "check the host name"
-            if "cannot resolve" in exc.message or "no address" in exc.message
+            if "cannot resolve" in refused.message or "no address" in refused.message
             else "floom sends only to public addresses (or networks in FLOOM_EGRESS_ALLOW)"
         )
-        raise invalid(path, exc.message, hint) from exc
+        raise invalid(path, refused.message, hint) from refused
 
 
 def _shown(url: str) -> str:
@@ -351,14 +368,31 @@ def trigger_callback_problems(ctx: Context, manifest: Manifest) -> list[Problem]
     validate, so a trigger's runs never carry a URL floom may not reach."""
     raw = manifest.triggers if isinstance(manifest.triggers, list) else []
     problems = []
+    asked: Asked = {}
     for i, item in enumerate(raw):
         settings = item.get("composio") if isinstance(item, dict) else None
         url = settings.get("callback_url") if isinstance(settings, dict) else None
         if not isinstance(url, str):
             continue
         path = f"triggers[{i}].composio.callback_url"
+        host = _host_of(url)
+        if host is not None and len(asked) >= MAX_CALLBACK_HOSTS and host not in asked:
+            # Each host is resolved while the caller (any read key, for validate) waits.
+            message = f"names one host too many: callback URLs name at most {MAX_CALLBACK_HOSTS}"
+            problems.append(Problem(path, message, "send several triggers' callbacks to one"))
+            continue
         try:
-            check_url(ctx, url, path)
+            check_url(ctx, url, path, asked=asked)
         except ChannelInvalid as exc:
             problems.append(Problem(path, exc.message.removeprefix(f"{path}: "), exc.hint))
     return problems
+
+
+def _host_of(url: str) -> tuple[str, int] | None:
+    """The (host, port) a callback URL names, as check_reachable keys it; None if none."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return (parts.hostname.lower(), port) if parts.hostname else None

@@ -5,13 +5,17 @@ URLs are refused naming the field, and change nothing."""
 from __future__ import annotations
 
 import base64
+import socket
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlmodel import select
 
+from floom.net import egress
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts import deliveries as delivery_service
@@ -283,6 +287,67 @@ def test_an_email_channel_s_host_is_checked_by_the_egress_guard_when_saved(
         _refused(resp, "alert_channel_invalid", "config.host")
         (kept,) = api.get(channels).json()["items"]
         assert kept["config"]["host"] == "mail.example.com"
+
+
+def test_a_callback_host_that_never_resolves_is_refused_in_bounded_time_and_hosts_are_capped(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A name whose server never answers would hold a server thread for as long as the
+    # resolver waits, once per request (a run key's callback_url) or per trigger (any read
+    # key's validate): each is given egress.RESOLVE_SECONDS, and a worker.yml's callback
+    # URLs name at most MAX_CALLBACK_HOSTS hosts, each resolved once.
+    answer = threading.Event()
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host.endswith(".slow.test"):
+            asked.append(host)
+            answer.wait(30)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(egress, "RESOLVE_SECONDS", 0.3)
+    hosts = ",".join(f"h{i}.example.com=93.184.215.14" for i in range(12))
+    try:
+        with live_server(tmp_path / "d", database_url, agent_http_resolve=hosts) as srv:
+            api = srv.client()
+            deploy_folder(api, make_worker(tmp_path / "w", "name: w\n", {"run.py": "pass\n"}))
+            resp = api.post(
+                "/api/v1/workers/w/runs", json={"callback_url": "https://never.slow.test/done"}
+            )
+            error = _refused(resp, "input_invalid", "callback_url")
+            assert "no answer within 0.3 s" in error["message"], error
+            assert _count(srv, Run) == 0
+
+            triggers = "".join(
+                f"  - composio: {{event: E{i}, callback_url: 'https://h{i % 11}.example.com/x'}}\n"
+                for i in range(15)
+            ) + "".join(
+                f"  - composio: {{event: S{i}, callback_url: 'https://a.slow.test/x'}}\n"
+                for i in range(3)
+            )
+            manifest = f"name: c\ninputs:\n  event: {{type: object}}\ntriggers:\n{triggers}"
+            folder = make_worker(tmp_path / "c", manifest, {"run.py": "pass\n"})
+            from floom.bundle import read_folder
+
+            archive = read_folder(folder, max_bytes=1 << 20).to_archive()
+            resp = api.post(
+                "/api/v1/workers/validate",
+                content=archive,
+                headers={"Content-Type": "application/gzip"},
+            )
+            assert resp.status_code == 200, resp.text
+            problems = {p["path"]: p["message"] for p in resp.json()["problems"]}
+            too_many = [p for p, m in problems.items() if "one host too many" in m]
+            # h10 (trigger 10) is the eleventh host; triggers 11 to 14 name hosts asked
+            # already; the slow host is a twelfth.
+            assert too_many == ["triggers[10].composio.callback_url"] + [
+                f"triggers[{i}].composio.callback_url" for i in range(15, 18)
+            ], problems
+            assert asked == ["never.slow.test"], asked  # a.slow.test, over the cap: never asked
+    finally:
+        answer.set()
 
 
 def test_a_channel_s_fields_of_any_size_or_type_are_refused_naming_them_never_a_500(
