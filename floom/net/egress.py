@@ -198,10 +198,11 @@ def resolve_checked(host: str, port: int, policy: EgressPolicy) -> str:
     return addresses[0]
 
 
-# Checks asked while a caller waits (a channel saved, a run started with a callback URL, a
-# worker.yml validated): each name is given RESOLVE_SECONDS, and at most RESOLVING are
-# resolved at once, so that names whose servers never answer (a domain a caller runs)
-# cannot hold the server's threads.
+# Every name resolved on a worker's or a caller's behalf (a channel saved, a run started with
+# a callback URL, a worker.yml validated, and every connection: an alert or a callback sent,
+# an agent's request): each is given RESOLVE_SECONDS, and at most RESOLVING are resolved at
+# once, so that names whose servers never answer (a domain a caller runs, fast when checked
+# and silent when sent) hold neither the server's threads nor the alert loop.
 RESOLVE_SECONDS = 3.0
 RESOLVING = 8
 _resolving = threading.BoundedSemaphore(RESOLVING)
@@ -250,7 +251,7 @@ def _pin(url: Any, policy: EgressPolicy) -> tuple[str, str]:
     if not host:
         raise EgressRefused("a URL without a host")
     port = url.port or (443 if url.scheme == "https" else 80)
-    return host, resolve_checked(host, port, policy)
+    return host, resolve_checked_now(host, port, policy)
 
 
 def guarded_client(policy: EgressPolicy, **options: Any) -> httpx.Client:

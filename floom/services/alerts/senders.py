@@ -26,7 +26,7 @@ from floom.net.egress import (
     describe_failure,
     guarded_client,
     policy_of,
-    resolve_checked,
+    resolve_checked_now,
 )
 from floom.services.alerts.channels import Channel, channel_secrets
 from floom.vocabulary import ChannelKind
@@ -186,7 +186,7 @@ class _GuardedSMTP(smtplib.SMTP):
         super().__init__(host=host, port=port, timeout=timeout)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
-        address = resolve_checked(host, port, self._policy)
+        address = resolve_checked_now(host, port, self._policy)
         return socket.create_connection((address, port), timeout)
 
 
