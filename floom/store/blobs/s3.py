@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from floom.errors import BlobStoreUnavailable, BlobUnreadable, FloomError, InvalidRequest
+from floom.hints import act, told
 from floom.store.blobs.base import (
     RETRY_AFTER_SECONDS,
     BlobStore,
@@ -99,7 +100,7 @@ class S3BlobStore(BlobStore):
             raise BlobUnreadable(
                 f"blob {digest[:80]!r} cannot name an object: a digest is letters, digits, "
                 "'-' and '_'",
-                hint="the blobs table holds a row floom did not write; run `floom blobs check`",
+                hint=told("the blobs table holds a row floom did not write; ", act("blobs check")),
             )
         return f"{self.prefix}blobs/{digest}"
 
