@@ -19,10 +19,11 @@ from floom.net import egress
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts import deliveries as delivery_service
+from floom.services.alerts import incidents
 from floom.services.alerts.watch import watch_schedules
 from floom.services.triggers.schedules import fire_due
 from floom.store.db import session_scope
-from floom.store.models import AlertChannel, AlertEvent, AlertRule, Run
+from floom.store.models import AlertChannel, AlertEvent, AlertRule, Run, utcnow
 from floom.store.triggers import Trigger
 from floom.triggers import cron
 from floom.vocabulary import RunStatus
@@ -429,6 +430,39 @@ def test_a_slack_channel_s_url_secret_is_never_quoted_when_refused_or_failing(
         assert "secret SLACK_URL" in resp.json()["error"]["message"]
         listed = api.get("/api/v1/alerts/deliveries").text
         assert "hidden-host-name" not in listed
+
+
+def test_a_secret_cut_through_at_an_alert_message_s_bound_leaves_none_of_its_characters(
+    tmp_path: Path, database_url: str
+) -> None:
+    secret = "tok-0123456789-abcdef"
+    with live_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="TOKEN", value=secret, caller=SYSTEM)
+        deploy_folder(
+            api, make_worker(tmp_path / "w", "name: w\nsecrets: [TOKEN]\n", {"run.py": "pass\n"})
+        )
+        for shift in (3, 10, len(secret) - 1):
+            message = "x" * (incidents.MAX_MESSAGE - shift) + secret + " and more"
+            event = incidents.record(
+                srv.ctx,
+                incidents.Seen(
+                    key=f"probe:{shift}",
+                    kind="run.failed",
+                    subject=f"probe:{shift}",
+                    what=incidents.PROBLEM,
+                    summary="probe",
+                    at=utcnow(),
+                    worker="w",
+                    message=message,
+                ),
+            )
+            assert event is not None
+            assert event.message is not None
+            kept = event.message
+            assert len(kept) <= incidents.MAX_MESSAGE + len("***")
+            assert secret[:3] not in kept, (shift, kept[-40:])
+            assert "***" in kept[-40:], (shift, kept[-40:])
 
 
 def test_a_test_send_to_an_unreachable_channel_says_why(tmp_path: Path, database_url: str) -> None:
