@@ -75,6 +75,16 @@ Cursor = Annotated[
 Limit = Annotated[int, Query(ge=1, le=500)]
 
 
+def decimal(text: str | None, *, most: int) -> int | None:
+    """`text` (a header, a form field) as a whole number from 0 to `most`, or None: ASCII
+    digits only (`str.isdigit` also takes "²", which `int` refuses) and never more of them
+    than `most` has (`int` refuses over 4,300): never an exception."""
+    if not text or not (text.isascii() and text.isdigit()) or len(text) > len(str(most)):
+        return None
+    value = int(text)
+    return value if value <= most else None
+
+
 def enum_query(values: tuple[str, ...] | list[str], description: str) -> Any:
     """A query parameter the service checks against `values`."""
     return Query(None, description=description, json_schema_extra={"enum": list(values)})

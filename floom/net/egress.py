@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -197,6 +198,48 @@ def resolve_checked(host: str, port: int, policy: EgressPolicy) -> str:
     return addresses[0]
 
 
+# Every name resolved on a worker's or a caller's behalf (a channel saved, a run started with
+# a callback URL, a worker.yml validated, and every connection: an alert or a callback sent,
+# an agent's request): each is given RESOLVE_SECONDS, and at most RESOLVING are resolved at
+# once, so that names whose servers never answer (a domain a caller runs, fast when checked
+# and silent when sent) hold neither the server's threads nor the alert loop.
+RESOLVE_SECONDS = 3.0
+RESOLVING = 8
+_resolving = threading.BoundedSemaphore(RESOLVING)
+
+
+def resolve_checked_now(
+    host: str, port: int, policy: EgressPolicy, *, seconds: float | None = None
+) -> str:
+    """resolve_checked, answered within about `seconds` (default RESOLVE_SECONDS; twice
+    that at most, when RESOLVING others are under way): a name not resolved by then is
+    refused (EgressRefused, "cannot resolve"). The resolution goes on in a thread of its
+    own until the resolver gives up, holding one of the RESOLVING places; the caller does
+    not wait for it."""
+    seconds = RESOLVE_SECONDS if seconds is None else seconds
+    if not _resolving.acquire(timeout=seconds):
+        raise EgressRefused(f"cannot resolve {host}: too many names are being resolved; try again")
+    outcome: list[str | BaseException] = []
+
+    def resolve() -> None:
+        try:
+            outcome.append(resolve_checked(host, port, policy))
+        except BaseException as exc:  # handed to the caller, whatever it is
+            outcome.append(exc)
+        finally:
+            _resolving.release()
+
+    worker = threading.Thread(target=resolve, name="floom-resolve", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not outcome:
+        raise EgressRefused(f"cannot resolve {host}: no answer within {seconds:g} s")
+    found = outcome[0]
+    if isinstance(found, BaseException):
+        raise found
+    return found
+
+
 # -- guarded HTTP clients ----------------------------------------------------------------------
 
 
@@ -208,7 +251,7 @@ def _pin(url: Any, policy: EgressPolicy) -> tuple[str, str]:
     if not host:
         raise EgressRefused("a URL without a host")
     port = url.port or (443 if url.scheme == "https" else 80)
-    return host, resolve_checked(host, port, policy)
+    return host, resolve_checked_now(host, port, policy)
 
 
 def guarded_client(policy: EgressPolicy, **options: Any) -> httpx.Client:

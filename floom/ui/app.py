@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from floom import jsonvalues
 from floom.api.auth import CtxDep
+from floom.api.openapi import decimal
 from floom.api.routing import add_routes
 from floom.errors import FloomError, InputInvalid, InvalidRequest, StateInvalid
 from floom.manifest.schema import Manifest
@@ -188,9 +189,10 @@ async def rollback(request: Request, name: str, ctx: CtxDep, me: Me) -> Response
     state_version = str(form.get("state_version") or "").strip()
     try:
         if state_version:
-            if not state_version.isdigit():
+            number = decimal(state_version, most=worker_state.MAX_VERSION)
+            if number is None:
                 raise InvalidRequest(
-                    f"state_version: {state_version!r} is not a state version number",
+                    f"state_version: {state_version[:40]!r} is not a state version number",
                     hint="pick one of the kept versions listed under State",
                 )
             await run_in_threadpool(
@@ -199,7 +201,7 @@ async def rollback(request: Request, name: str, ctx: CtxDep, me: Me) -> Response
                     ctx,
                     name=name,
                     version_id=version_id,
-                    state_version=int(state_version),
+                    state_version=number,
                     caller=me.caller,
                 )
             )
@@ -221,13 +223,16 @@ async def set_state(request: Request, name: str, ctx: CtxDep, me: Me) -> Respons
     restore = str(form.get("from_version") or "")
     try:
         if restore:
-            if not restore.isdigit():
-                raise InvalidRequest(f"{restore!r} is not a state version", hint="pick one listed")
+            number = decimal(restore, most=worker_state.MAX_VERSION)
+            if number is None:
+                raise InvalidRequest(
+                    f"{restore[:40]!r} is not a state version", hint="pick one listed"
+                )
             await run_in_threadpool(
                 worker_state.set_state,
                 ctx,
                 worker_name=name,
-                from_version=int(restore),
+                from_version=number,
                 caller=me.caller,
             )
         else:

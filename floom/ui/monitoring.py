@@ -10,6 +10,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep
+from floom.api.openapi import decimal
 from floom.errors import FloomError
 from floom.schemas import alerts as alert_views
 from floom.schemas.nodes import node_public
@@ -68,7 +69,8 @@ def _channel_config(form: Any) -> dict[str, Any]:
             config[key] = value
     port = str(form.get("port") or "").strip()
     if port:
-        config["port"] = int(port) if port.isdigit() else port
+        number = decimal(port, most=65535)
+        config["port"] = port if number is None else number
     to = [a.strip() for a in str(form.get("to") or "").split(",") if a.strip()]
     if to:
         config["to"] = to

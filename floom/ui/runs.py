@@ -16,6 +16,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep
+from floom.api.openapi import decimal
 from floom.api.routes.runs import log_event_stream
 from floom.errors import FloomError, InvalidRequest, NotFound
 from floom.schemas import runs as run_models
@@ -242,7 +243,8 @@ async def log_stream(
     """The REST API's log stream behind the browser session (EventSource cannot send a
     bearer header); resumes after the last seq the page or the reconnecting browser saw."""
     await run_in_threadpool(runs.get_run, ctx, run_id=run_id, caller=me.caller)
-    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
+    start = decimal(last_event_id, most=logs.MAX_SEQ)
+    start = after if start is None else start
     return log_event_stream(
         ctx, run_id, start=start, request=request, caller=me.caller, statuses=True
     )

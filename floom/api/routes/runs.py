@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
-from floom.api.openapi import Cursor, Limit, WorkerName, authed, enum_query
+from floom.api.openapi import Cursor, Limit, WorkerName, authed, decimal, enum_query
 from floom.errors import TooManyWaits
 from floom.schemas import runs as run_models
 from floom.schemas.common import Page
@@ -235,7 +235,8 @@ async def stream_logs(
     last_event_id: str | None = Header(None),
 ) -> StreamingResponse:
     await run_in_threadpool(functools.partial(runs.get_run, ctx, run_id=run_id, caller=caller))
-    start = int(last_event_id) if last_event_id and last_event_id.isdigit() else after
+    start = decimal(last_event_id, most=logs.MAX_SEQ)
+    start = after if start is None else start
     return log_event_stream(ctx, run_id, start=start, request=request, caller=caller)
 
 

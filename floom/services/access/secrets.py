@@ -227,4 +227,18 @@ class Redactor:
             return {self.text(str(k)): self.value(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return [self.value(v) for v in value]
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            # A secret of digits (a PIN, an account number) written as a JSON number is
+            # the same bytes once stored as JSON: masked as in a string, the whole number.
+            shown = repr(value) if isinstance(value, float) else _digits(value)
+            return REDACTED if shown is not None and self.text(shown) != shown else value
         return value
+
+
+def _digits(value: int) -> str | None:
+    """An integer as JSON writes it; None past the digits CPython converts (4,300, which
+    no value floom stores exceeds: jsonvalues refuses longer ones)."""
+    try:
+        return str(value)
+    except ValueError:
+        return None

@@ -20,7 +20,7 @@ from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.hints import Told, act, told
 from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
-from floom.net.egress import EgressRefused, policy_of, resolve_checked
+from floom.net.egress import EgressRefused, policy_of, resolve_checked_now
 from floom.services.access import secrets
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 KINDS: tuple[ChannelKind, ...] = tuple(ChannelKind)
 MAX_URL = 2048
 MAX_RECIPIENTS = 20
+# Hosts the callback URLs of one worker.yml may name (each is resolved when it is checked).
+MAX_CALLBACK_HOSTS = 10
+# An address as written ("Name <a@b>"): a mail address is at most 254 characters.
+MAX_ADDRESS = 254
 # Each kind's settings: (key, required, what it holds).
 SETTINGS: dict[str, tuple[tuple[str, bool, str], ...]] = {
     "webhook": (
@@ -80,7 +84,7 @@ class Channel:
         return cls(id=row.id, name=row.name, kind=row.kind, config=config)
 
 
-def check_url(ctx: Context, url: Any, path: str) -> str:
+def check_url(ctx: Context, url: Any, path: str, *, asked: Asked | None = None) -> str:
     """An http(s) URL that the egress guard lets floom reach; raises ChannelInvalid naming
     `path` ("config.url", "callback_url") otherwise. Resolves the name now, so a host address
     or a name that does not resolve is refused at once, not at the first delivery."""
@@ -97,19 +101,43 @@ def check_url(ctx: Context, url: Any, path: str) -> str:
         raise invalid(path, "must not carry a user name or password", hint)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        resolve_checked(parts.hostname, port, policy_of(ctx.settings))
     except ValueError as exc:
         raise invalid(
             path, f"has a bad port ({exc})", "e.g. https://example.com:8443/hook"
         ) from exc
-    except EgressRefused as exc:
+    check_reachable(ctx, parts.hostname, port, path, asked=asked)
+    return str(url)
+
+
+# What the egress guard answered for each (host, port) while one worker.yml is checked.
+Asked = dict[tuple[str, int], EgressRefused | None]
+
+
+def check_reachable(
+    ctx: Context, host: str, port: int, path: str, *, asked: Asked | None = None
+) -> None:
+    """Raise ChannelInvalid naming `path` when the egress guard refuses `host` (a host
+    address, a private one, a name that does not resolve in time): every host a channel or
+    a callback names is asked when it is saved, not first when something is sent (and
+    again then: names move). `asked` keeps the answers of one check of many URLs."""
+    key = (host.lower(), port)
+    if asked is not None and key in asked:
+        refused = asked[key]
+    else:
+        try:
+            resolve_checked_now(host, port, policy_of(ctx.settings))
+            refused = None
+        except EgressRefused as exc:
+            refused = exc
+        if asked is not None:
+            asked[key] = refused
+    if refused is not None:
         hint = (
             "check the host name"
-            if "cannot resolve" in exc.message or "no address" in exc.message
+            if "cannot resolve" in refused.message or "no address" in refused.message
             else "floom sends only to public addresses (or networks in FLOOM_EGRESS_ALLOW)"
         )
-        raise invalid(path, exc.message, hint) from exc
-    return str(url)
+        raise invalid(path, refused.message, hint) from refused
 
 
 def _shown(url: str) -> str:
@@ -156,11 +184,31 @@ def check_config(ctx: Context, *, kind: str, config: Any, caller: Principal) -> 
         clean["url"] = check_url(ctx, config["url"], "config.url")
         _check_signing_key(ctx, clean["secret"])
     elif kind == ChannelKind.SLACK:
-        url = _secret_value(ctx, clean["url_secret"])
-        check_url(ctx, url, "config.url_secret")
+        _check_secret_url(ctx, clean["url_secret"], "config.url_secret")
     else:
         clean.update(_check_email(config))
+        check_reachable(ctx, clean["host"], clean["port"], "config.host")
     return clean
+
+
+def _check_secret_url(ctx: Context, name: str, path: str) -> None:
+    """check_url for the URL a secret holds, refused without quoting it: a secret's value
+    (nor its host) is never shown back, not even to whoever names the secret."""
+    try:
+        check_url(ctx, _secret_value(ctx, name), path)
+    except ChannelInvalid as exc:
+        refused = "refused" in exc.message and "resolves to" in exc.message
+        why = (
+            "a URL whose host floom may not send to (not a public address)"
+            if refused
+            else "a URL floom can send to"
+        )
+        hint = told(
+            "store the incoming webhook's https URL in it: ",
+            act("secrets set", name=name),
+            " (its value is not shown here)",
+        )
+        raise invalid(path, f"secret {name} does not hold {why}", hint) from None
 
 
 def _check_signing_key(ctx: Context, name: str) -> None:
@@ -213,6 +261,10 @@ def _check_email(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _address(value: Any, path: str) -> str:
+    if isinstance(value, str) and len(value) > MAX_ADDRESS:
+        # Also before the parser: it recurses once per nested "(", so thousands of them
+        # would end in a RecursionError (a 500), not a refusal.
+        raise invalid(path, f"is longer than {MAX_ADDRESS} characters", "e.g. alerts@example.com")
     _name, address = parseaddr(value) if isinstance(value, str) else ("", "")
     if not re.fullmatch(r"[^@\s<>,]+@[A-Za-z0-9.-]+", address) or "\n" in str(value):
         raise invalid(path, f"{value!r} is not an email address", "e.g. alerts@example.com")
@@ -353,14 +405,31 @@ def trigger_callback_problems(ctx: Context, manifest: Manifest) -> list[Problem]
     validate, so a trigger's runs never carry a URL floom may not reach."""
     raw = manifest.triggers if isinstance(manifest.triggers, list) else []
     problems = []
+    asked: Asked = {}
     for i, item in enumerate(raw):
         settings = item.get("composio") if isinstance(item, dict) else None
         url = settings.get("callback_url") if isinstance(settings, dict) else None
         if not isinstance(url, str):
             continue
         path = f"triggers[{i}].composio.callback_url"
+        host = _host_of(url)
+        if host is not None and len(asked) >= MAX_CALLBACK_HOSTS and host not in asked:
+            # Each host is resolved while the caller (any read key, for validate) waits.
+            message = f"names one host too many: callback URLs name at most {MAX_CALLBACK_HOSTS}"
+            problems.append(Problem(path, message, "send several triggers' callbacks to one"))
+            continue
         try:
-            check_url(ctx, url, path)
+            check_url(ctx, url, path, asked=asked)
         except ChannelInvalid as exc:
             problems.append(Problem(path, exc.message.removeprefix(f"{path}: "), exc.advice))
     return problems
+
+
+def _host_of(url: str) -> tuple[str, int] | None:
+    """The (host, port) a callback URL names, as check_reachable keys it; None if none."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return (parts.hostname.lower(), port) if parts.hostname else None

@@ -218,16 +218,15 @@ def _redacted(ctx: Context, s: Session, worker: str | None, text: str | None) ->
     are (an error message may quote what the worker was given)."""
     if text is None:
         return None
-    text = text[:MAX_MESSAGE]
     if worker is None:
-        return text
+        return text[:MAX_MESSAGE]
     row = s.exec(
         select(Version)
         .join(Worker, col(Worker.active_version_id) == col(Version.id))
         .where(Worker.name == worker)
     ).first()
     if row is None:
-        return text
+        return text[:MAX_MESSAGE]
     try:
         manifest = workers.manifest_of(row)
     except workers.ManifestUnreadable:
@@ -236,9 +235,13 @@ def _redacted(ctx: Context, s: Session, worker: str | None, text: str | None) ->
     else:
         names = [*manifest.secrets, *manifest.apply_secrets]
     if not names:
-        return text
+        return text[:MAX_MESSAGE]
     values, _ = secrets.resolve(ctx, names)
-    return secrets.Redactor(values.values()).text(text)
+    # Masked before it is cut, and a secret's beginning left at the cut masked too (as a
+    # long log line is): a cut through a secret would leave its first characters.
+    redactor = secrets.Redactor(values.values())
+    masked = redactor.text(text)
+    return masked if len(masked) <= MAX_MESSAGE else redactor.cut_tail(masked[:MAX_MESSAGE])
 
 
 def enqueue(

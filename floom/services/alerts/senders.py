@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import smtplib
 import socket
 import ssl
+import urllib.parse
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from typing import TYPE_CHECKING, Any
@@ -24,7 +26,7 @@ from floom.net.egress import (
     describe_failure,
     guarded_client,
     policy_of,
-    resolve_checked,
+    resolve_checked_now,
 )
 from floom.services.alerts.channels import Channel, channel_secrets
 from floom.vocabulary import ChannelKind
@@ -34,6 +36,8 @@ if TYPE_CHECKING:
 
 USER_AGENT = "floom-alerts"
 MAX_SUBJECT = 150
+# Never in a mail header or a Slack line: control characters, line separators.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 
 
 class AlertUndeliverable(FloomError):
@@ -87,12 +91,24 @@ def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[s
             json.dumps({"text": slack_text(body)}),
             delivery_id=None,
             key=None,
+            url_secret=channel.config["url_secret"],
         )
     else:
         send_mail(ctx, channel=channel, password=values.get("password_secret"), body=body)
 
 
-def _post(ctx: Context, url: str, text: str, *, delivery_id: str | None, key: str | None) -> None:
+def _post(
+    ctx: Context,
+    url: str,
+    text: str,
+    *,
+    delivery_id: str | None,
+    key: str | None,
+    url_secret: str | None = None,
+) -> None:
+    """POST `text` to `url`; AlertUndeliverable saying why not. When the URL is a secret's
+    value (`url_secret` names it), the reason never quotes its host, which the guard's words
+    would: a delivery's error is shown to every read key."""
     headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
     if key is not None and delivery_id is not None:
         stamp = datetime.now(UTC)
@@ -107,24 +123,45 @@ def _post(ctx: Context, url: str, text: str, *, delivery_id: str | None, key: st
             response = client.post(url, content=text.encode(), headers=headers)
     except Exception as exc:  # a transport error, or the guard's refusal (a FloomError): both
         # are this delivery's failure, said in floom's words
-        raise AlertUndeliverable(describe_failure(exc)) from exc
+        reason = describe_failure(exc)
+        if url_secret is not None:
+            reason = _without_host(reason, url, f"the host in secret {url_secret}")
+        raise AlertUndeliverable(reason) from exc
     if not 200 <= response.status_code < 300:
         raise AlertUndeliverable(f"it answered HTTP {response.status_code}")
 
 
+def _without_host(reason: str, url: str, instead: str) -> str:
+    try:
+        host = urllib.parse.urlsplit(url).hostname
+    except ValueError:
+        host = None
+    if not host:
+        return reason
+    return re.sub(re.escape(host), instead, reason, flags=re.IGNORECASE)
+
+
 def summary_line(body: dict[str, Any]) -> str:
     summary = str(body.get("summary") or body.get("type") or "floom alert")
-    return summary.replace("\n", " ")
+    return _CONTROL.sub(" ", summary)
 
 
 def slack_text(body: dict[str, Any]) -> str:
-    lines = [f"*floom*: {summary_line(body)}"]
+    """The Slack message: every part escaped as Slack asks (&, <, >), so that what a worker
+    wrote (its error message) shows as written, never as a mention of everyone (<!channel>)
+    or a link whose text says another address (<https://a|https://b>)."""
+    lines = [f"*floom*: {_slack_escaped(summary_line(body))}"]
     error = body.get("error") or {}
     if error.get("code"):
-        lines.append(f"error `{error['code']}`: {error.get('message') or ''}")
+        message = _slack_escaped(str(error.get("message") or ""))
+        lines.append(f"error `{_slack_escaped(str(error['code']))}`: {message}")
     if body.get("run_url"):
-        lines.append(str(body["run_url"]))
+        lines.append(_slack_escaped(str(body["run_url"])))
     return "\n".join(lines)
+
+
+def _slack_escaped(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def mail_text(body: dict[str, Any]) -> str:
@@ -149,7 +186,7 @@ class _GuardedSMTP(smtplib.SMTP):
         super().__init__(host=host, port=port, timeout=timeout)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
-        address = resolve_checked(host, port, self._policy)
+        address = resolve_checked_now(host, port, self._policy)
         return socket.create_connection((address, port), timeout)
 
 

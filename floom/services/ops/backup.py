@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 from contextlib import closing
@@ -231,16 +232,37 @@ def _read_manifest(source: Path) -> dict[str, Any]:
             f"{source} has backup format {manifest.get('format')!r}; this floom reads {FORMAT}",
             hint="restore it with the floom version that wrote it",
         )
+    if not isinstance(files, list):
+        raise BackupInvalid(f"{path} cannot be read", hint="the backup is damaged")
     for name in [DATABASE, *files]:
-        target = (source / name).resolve()
-        if not target.is_relative_to(source.resolve()) or name not in checksums:
-            raise BackupInvalid(f"the backup names an unexpected file {name!r}")
+        target = (source / name).resolve() if isinstance(name, str) else source
+        if not _plain(name) or not target.is_relative_to(source.resolve()) or name not in checksums:
+            raise BackupInvalid(
+                f"the backup names an unexpected file {str(name)[:200]!r}",
+                hint="a backup names its files by plain relative paths (no '.', '..', empty or "
+                "absolute parts) and its objects as objects/<digest>; use another backup",
+            )
         if not target.is_file() or _sha256(target) != checksums[name]:
             raise BackupInvalid(
                 f"{name} in {source} is missing or does not match its checksum",
                 hint="the backup is damaged or incomplete; use another one",
             )
     return dict(manifest)
+
+
+def _plain(name: object) -> bool:
+    """Whether a backup's file name is one floom writes: a relative path of plain parts,
+    the same file under the backup and under the data dir (a '..' can be one inside the
+    backup and another outside the data dir), and an object's a single digest (it becomes
+    an object store key)."""
+    if not isinstance(name, str) or not name or "\\" in name or "\x00" in name:
+        return False
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return False
+    if parts[0] == OBJECTS:
+        return len(parts) == 2 and re.fullmatch(r"[0-9A-Za-z_-]{1,128}", parts[1]) is not None
+    return True
 
 
 def _copy_database(source: Path, dest: Path) -> None:

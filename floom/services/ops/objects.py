@@ -393,7 +393,7 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
         return 0
     size, sha = row
     what = f"blob {digest}"
-    data = store_at(source, ctx.settings, ctx.engine).get(digest, sha256=sha, what=what)
+    data = store_at(source, ctx.settings, ctx.engine).get(digest, sha256=sha, what=what, size=size)
     sha = sha or sha256_of(data)  # a blob stored before floom kept checksums gets one now
     to.put(digest, data, sha256=sha)
     if not to.inline:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from floom.services.context import Context
 
 STREAMS = ("stdout", "stderr", "system")
+# A seq is a 32-bit integer in the store: a caller's `after` past it asks for nothing more.
+MAX_SEQ = 2**31 - 1
 
 
 def append_events(
@@ -144,6 +146,8 @@ def list_events(
     when the table's lines do not start right after `after`. The move deletes the run's rows
     in the transaction that records the blob, so the two never hold the same line."""
     caller.require("read")
+    # Whatever number a caller gives (a query, a Last-Event-ID): one the store can compare.
+    after = min(max(after, 0), MAX_SEQ)
     with session_scope(ctx.engine) as s:
         rows = list(
             s.exec(

@@ -60,11 +60,14 @@ class BlobStore(ABC):
         that was not held before."""
 
     @abstractmethod
-    def get(self, digest: str, *, sha256: str | None, what: str) -> bytes:
+    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None = None) -> bytes:
         """The bytes held under `digest`, checked against `sha256` when given (None: a blob
         stored before floom kept checksums). `what` names the blob for a person ("artifact
         'report.csv' of run r_..."): BlobUnreadable says it and the object when nothing or
-        other bytes are held. Raises BlobStoreUnavailable."""
+        other bytes are held. With `size` (the blobs row's), an object of another size is
+        unreadable before its bytes are read, and no more than `size` bytes are ever read:
+        whatever a bucket holds, floom reads no more than it stored. Raises
+        BlobStoreUnavailable."""
 
     @abstractmethod
     def delete(self, digests: Sequence[str]) -> None:
@@ -93,6 +96,15 @@ def verified(data: bytes, *, sha256: str | None, what: str, where: str) -> bytes
             hint=_RESTORE_HINT,
         )
     return data
+
+
+def of_size(held: int, *, size: int | None, what: str, where: str) -> None:
+    """BlobUnreadable when `held` bytes are not the `size` recorded (None: not known)."""
+    if size is not None and held != size:
+        raise BlobUnreadable(
+            f"{what} is damaged: {where} holds {held} bytes, not the {size} floom stored",
+            hint=_RESTORE_HINT,
+        )
 
 
 def missing(*, what: str, where: str) -> BlobUnreadable:

@@ -13,7 +13,7 @@ from sqlalchemy import delete, update
 from sqlalchemy.engine import Engine
 from sqlmodel import col, select
 
-from floom.store.blobs.base import BlobStore, Finding, missing, verified
+from floom.store.blobs.base import BlobStore, Finding, missing, of_size, verified
 from floom.store.db import session_scope
 from floom.store.models import Blob
 
@@ -36,13 +36,14 @@ class DatabaseBlobStore(BlobStore):
                 .values(data=data, size=len(data), sha256=sha256, location=self.name)
             )
 
-    def get(self, digest: str, *, sha256: str | None, what: str) -> bytes:
+    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None = None) -> bytes:
         with session_scope(self.engine) as s:
             data = s.exec(
                 select(Blob.data).where(Blob.digest == digest, Blob.location == self.name)
             ).first()
         if data is None:
             raise missing(what=what, where=self.describe(digest))
+        of_size(len(data), size=size, what=what, where=self.describe(digest))
         return verified(data, sha256=sha256, what=what, where=self.describe(digest))
 
     def delete(self, digests: Sequence[str]) -> None:

@@ -140,18 +140,18 @@ def read_blob(settings: Settings, engine: Engine, digest: str, *, what: str) -> 
     blobs = Blob.__table__  # type: ignore[attr-defined]
     with read_connection(engine) as c:
         row = c.execute(
-            core_select(blobs.c.location, blobs.c.sha256, blobs.c.data).where(
+            core_select(blobs.c.location, blobs.c.sha256, blobs.c.data, blobs.c.size).where(
                 blobs.c.digest == digest
             )
         ).first()
     if row is None:
         raise missing(what=what, where=f"blob {digest} (no row in the blobs table)")
-    location, sha256, data = row
+    location, sha256, data, size = row
     if location == DATABASE:
         return verified(
             bytes(data), sha256=sha256, what=what, where=f"blob {digest} in the database"
         )
-    return store_at(location, settings, engine).get(digest, sha256=sha256, what=what)
+    return store_at(location, settings, engine).get(digest, sha256=sha256, what=what, size=size)
 
 
 def delete_unreferenced_blobs(s: Session, digests: Iterable[str]) -> int:

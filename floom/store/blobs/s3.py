@@ -11,17 +11,20 @@ import configparser
 import hashlib
 import logging
 import os
+import re
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from floom.errors import BlobStoreUnavailable, FloomError, InvalidRequest
+from floom.errors import BlobStoreUnavailable, BlobUnreadable, FloomError, InvalidRequest
+from floom.hints import act, told
 from floom.store.blobs.base import (
     RETRY_AFTER_SECONDS,
     BlobStore,
     Finding,
     missing,
+    of_size,
     sha256_of,
     verified,
 )
@@ -33,6 +36,8 @@ log = logging.getLogger("floom.blobs")
 
 # Error codes an S3-compatible server answers for a key it does not hold.
 _ABSENT = {"NoSuchKey", "404", "NotFound"}
+# What a digest may hold to become part of a key (a sha256 in hex; a test's short names).
+_DIGEST = re.compile(r"[0-9A-Za-z_-]{1,128}")
 # Objects one DeleteObjects request may name (S3's own limit).
 _DELETE_BATCH = 1000
 
@@ -89,10 +94,18 @@ class S3BlobStore(BlobStore):
         return self._secret_access_key
 
     def key(self, digest: str) -> str:
+        """The object's key; BlobUnreadable for a digest that is not one name (a row written
+        by hand, a backup's): a key is never built of '/' or '..' from a row."""
+        if not _DIGEST.fullmatch(digest):
+            raise BlobUnreadable(
+                f"blob {digest[:80]!r} cannot name an object: a digest is letters, digits, "
+                "'-' and '_'",
+                hint=told("the blobs table holds a row floom did not write; ", act("blobs check")),
+            )
         return f"{self.prefix}blobs/{digest}"
 
     def describe(self, digest: str) -> str:
-        return f"object s3://{self.bucket}/{self.key(digest)}"
+        return f"object s3://{self.bucket}/{self.prefix}blobs/{digest[:80]}"
 
     def put(self, digest: str, data: bytes, *, sha256: str) -> None:
         md5 = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
@@ -107,17 +120,25 @@ class S3BlobStore(BlobStore):
             Metadata={"sha256": sha256},
         )
 
-    def get(self, digest: str, *, sha256: str | None, what: str) -> bytes:
+    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None = None) -> bytes:
         where = self.describe(digest)
         try:
             answer = self._call(
                 "get_object", doing=f"read {where}", Bucket=self.bucket, Key=self.key(digest)
             )
-            data = answer["Body"].read()
+            body = answer["Body"]
+            try:
+                # An object replaced in the bucket may be of any size: told by its length
+                # before a byte is read, and read no further than floom stored.
+                of_size(int(answer.get("ContentLength", size or 0)), **_at(size, what, where))
+                data = body.read() if size is None else body.read(size + 1)
+            finally:
+                body.close()
         except _Absent:
             raise missing(what=what, where=where) from None
         except _read_errors() as exc:  # the body broke off mid-read
             raise _unavailable(f"read {where}", exc) from exc
+        of_size(len(data), **_at(size, what, where))
         return verified(data, sha256=sha256, what=what, where=where)
 
     def exists(self, digest: str) -> int | None:
@@ -265,6 +286,10 @@ class S3BlobStore(BlobStore):
                     "s3", endpoint_url=self.endpoint or None, config=config, **credentials
                 )
             return self._client
+
+
+def _at(size: int | None, what: str, where: str) -> dict[str, Any]:
+    return {"size": size, "what": what, "where": where}
 
 
 class _Absent(Exception):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +17,7 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from floom.net import egress
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts.watch import watch
@@ -430,3 +433,77 @@ def test_a_patch_changes_only_the_settings_it_names_and_a_null_removes_one(
         # PUT still replaces every setting.
         replaced = api.put("/api/v1/alerts/channels/mail", json={"config": mail})
         assert replaced.json()["config"]["port"] == 587
+
+
+MARKUP_RUN = """\
+import json
+error = "<!channel> rotate your keys at <https://evil.example|https://floom.example/fix> & now"
+json.dump({"error": error, "retryable": False}, open("result.json", "w"))
+"""
+
+
+def test_what_a_worker_writes_reaches_slack_as_text_never_as_a_mention_or_a_link(
+    tmp_path: Path, database_url: str
+) -> None:
+    with receiver() as slack, alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="SLACK_URL", value=slack.url, caller=SYSTEM)
+        made = api.post(
+            "/api/v1/alerts/channels",
+            json={"name": "hook", "kind": "slack", "config": {"url_secret": "SLACK_URL"}},
+        )
+        assert made.status_code == 201, made.text
+        deploy_folder(api, make_worker(tmp_path / "flaky", FLAKY, {"run.py": MARKUP_RUN}))
+        run = api.post("/api/v1/workers/flaky/runs", json={"inputs": {"fail": True}}).json()
+        assert wait_for_run(api, run["id"])["status"] == "failed"
+        (message,) = slack.wait_for(1)
+        text = message["text"]
+        assert "<" not in text
+        assert ">" not in text
+        assert "&lt;!channel&gt; rotate your keys at &lt;https://evil.example|" in text
+        assert "&amp; now" in text
+
+
+def test_a_callback_host_that_answers_when_checked_and_not_when_sent_holds_up_nothing(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its name resolves when the run starts, then its name server goes silent: the send is
+    # refused within egress.RESOLVE_SECONDS, said in the delivery, and the alert loop goes
+    # on to the next delivery instead of waiting out the resolver.
+    silent = threading.Event()
+    answer = threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "cb.flip.test":
+            if silent.is_set():
+                answer.wait(60)
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(egress, "RESOLVE_SECONDS", 0.3)
+    try:
+        with (
+            receiver() as hook,
+            alert_server(tmp_path / "d", database_url, alert_max_attempts=1) as srv,
+        ):
+            api = srv.client()
+            deploy_folder(api, make_worker(tmp_path / "flaky", FLAKY, {"run.py": FLAKY_RUN}))
+            port = hook.url.split(":")[2].split("/")[0]
+            flip = api.post(
+                "/api/v1/workers/flaky/runs",
+                json={"callback_url": f"http://cb.flip.test:{port}/done"},
+            )
+            assert flip.status_code in (200, 201, 202), flip.text
+            silent.set()
+            wait_for_run(api, flip.json()["id"])
+            failed = wait_until(
+                lambda: [d for d in deliveries(api, purpose="callback") if d["status"] == "failed"]
+            )
+            assert "no answer within 0.3 s" in failed[0]["last_error"], failed
+            good = api.post("/api/v1/workers/flaky/runs", json={"callback_url": hook.url})
+            wait_for_run(api, good.json()["id"])
+            hook.wait_for(1)
+    finally:
+        answer.set()

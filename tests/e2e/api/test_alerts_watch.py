@@ -5,20 +5,25 @@ URLs are refused naming the field, and change nothing."""
 from __future__ import annotations
 
 import base64
+import socket
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlmodel import select
 
+from floom.net import egress
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts import deliveries as delivery_service
+from floom.services.alerts import incidents
 from floom.services.alerts.watch import watch_schedules
 from floom.services.triggers.schedules import fire_due
 from floom.store.db import session_scope
-from floom.store.models import AlertChannel, AlertEvent, AlertRule, Run
+from floom.store.models import AlertChannel, AlertEvent, AlertRule, Run, utcnow
 from floom.store.triggers import Trigger
 from floom.triggers import cron
 from floom.vocabulary import RunStatus
@@ -250,6 +255,214 @@ def test_bad_channels_rules_and_callback_urls_are_refused_naming_the_field(
         paths = {d["path"] for d in resp.json()["error"]["details"]}
         assert {"alerts[0].events[0]", "alerts[0].events[1]", "alerts[0].channels[0]"} <= paths
         assert len(api.get("/api/v1/workers/w/versions").json()["items"]) == 1
+
+
+def test_an_email_channel_s_host_is_checked_by_the_egress_guard_when_saved(
+    tmp_path: Path, database_url: str
+) -> None:
+    # As a webhook's URL is: a mail host on loopback, a private or link-local (cloud
+    # metadata) address, or a name that does not resolve is refused on add and on update,
+    # naming config.host, and changes nothing; not first when an alert is sent.
+    resolve = "mail.example.com=93.184.215.14,metadata.example.com=169.254.169.254"
+    with live_server(tmp_path / "d", database_url, agent_http_resolve=resolve) as srv:
+        api = srv.client()
+        channels = "/api/v1/alerts/channels"
+        mail = {"sender": "floom@example.com", "to": ["ops@example.com"], "starttls": False}
+        for host, words in (
+            ("127.0.0.1", "loopback"),
+            ("localhost", "loopback"),
+            ("10.0.0.5", "private"),
+            ("metadata.example.com", "link-local"),
+            ("smtp.nowhere.invalid", "cannot resolve"),
+        ):
+            resp = api.post(
+                channels, json={"name": "mail", "kind": "email", "config": {**mail, "host": host}}
+            )
+            error = _refused(resp, "alert_channel_invalid", "config.host")
+            assert words in error["message"], error
+        assert _count(srv, AlertChannel) == 0
+        good = {**mail, "host": "mail.example.com", "port": 25}
+        resp = api.post(channels, json={"name": "mail", "kind": "email", "config": good})
+        assert resp.status_code == 201, resp.text
+        resp = api.put(f"{channels}/mail", json={"config": {**good, "host": "127.0.0.1"}})
+        _refused(resp, "alert_channel_invalid", "config.host")
+        (kept,) = api.get(channels).json()["items"]
+        assert kept["config"]["host"] == "mail.example.com"
+
+
+def test_a_callback_host_that_never_resolves_is_refused_in_bounded_time_and_hosts_are_capped(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A name whose server never answers would hold a server thread for as long as the
+    # resolver waits, once per request (a run key's callback_url) or per trigger (any read
+    # key's validate): each is given egress.RESOLVE_SECONDS, and a worker.yml's callback
+    # URLs name at most MAX_CALLBACK_HOSTS hosts, each resolved once.
+    answer = threading.Event()
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host.endswith(".slow.test"):
+            asked.append(host)
+            answer.wait(30)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(egress, "RESOLVE_SECONDS", 0.3)
+    hosts = ",".join(f"h{i}.example.com=93.184.215.14" for i in range(12))
+    try:
+        with live_server(tmp_path / "d", database_url, agent_http_resolve=hosts) as srv:
+            api = srv.client()
+            deploy_folder(api, make_worker(tmp_path / "w", "name: w\n", {"run.py": "pass\n"}))
+            resp = api.post(
+                "/api/v1/workers/w/runs", json={"callback_url": "https://never.slow.test/done"}
+            )
+            error = _refused(resp, "input_invalid", "callback_url")
+            assert "no answer within 0.3 s" in error["message"], error
+            assert _count(srv, Run) == 0
+
+            triggers = "".join(
+                f"  - composio: {{event: E{i}, callback_url: 'https://h{i % 11}.example.com/x'}}\n"
+                for i in range(15)
+            ) + "".join(
+                f"  - composio: {{event: S{i}, callback_url: 'https://a.slow.test/x'}}\n"
+                for i in range(3)
+            )
+            manifest = f"name: c\ninputs:\n  event: {{type: object}}\ntriggers:\n{triggers}"
+            folder = make_worker(tmp_path / "c", manifest, {"run.py": "pass\n"})
+            from floom.bundle import read_folder
+
+            archive = read_folder(folder, max_bytes=1 << 20).to_archive()
+            resp = api.post(
+                "/api/v1/workers/validate",
+                content=archive,
+                headers={"Content-Type": "application/gzip"},
+            )
+            assert resp.status_code == 200, resp.text
+            problems = {p["path"]: p["message"] for p in resp.json()["problems"]}
+            too_many = [p for p, m in problems.items() if "one host too many" in m]
+            # h10 (trigger 10) is the eleventh host; triggers 11 to 14 name hosts asked
+            # already; the slow host is a twelfth.
+            assert too_many == ["triggers[10].composio.callback_url"] + [
+                f"triggers[{i}].composio.callback_url" for i in range(15, 18)
+            ], problems
+            assert asked == ["never.slow.test"], asked  # a.slow.test, over the cap: never asked
+    finally:
+        answer.set()
+
+
+def test_a_channel_s_fields_of_any_size_or_type_are_refused_naming_them_never_a_500(
+    tmp_path: Path, database_url: str
+) -> None:
+    resolve = "mail.example.com=93.184.215.14"
+    with live_server(tmp_path / "d", database_url, agent_http_resolve=resolve) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="X", value="mail-password", caller=SYSTEM)
+        channels = "/api/v1/alerts/channels"
+        mail: dict[str, Any] = {
+            "host": "mail.example.com",
+            "sender": "floom@example.com",
+            "to": ["ops@example.com"],
+        }
+        nested = "(" * 5000  # the address parser recurses once per "("
+        for path, config in (
+            ("config.sender", {**mail, "sender": nested}),
+            ("config.to[1]", {**mail, "to": ["ops@example.com", nested]}),
+            ("config.sender", {**mail, "sender": "<" * 100_000}),
+            ("config.sender", {**mail, "sender": "a" * 300 + "@example.com"}),
+            ("config.sender", {**mail, "sender": 7}),
+            ("config.to[0]", {**mail, "to": [{"a": 1}]}),
+            ("config.to", {**mail, "to": {"a": 1}}),
+            ("config.to", {**mail, "to": ["ops@example.com"] * 21}),
+            ("config.host", {**mail, "host": "h" * 10_000}),
+            ("config.host", {**mail, "host": ["mail.example.com"]}),
+            ("config.port", {**mail, "port": "25"}),
+            ("config.port", {**mail, "port": 2**70}),
+            ("config.username", {**mail, "username": {"a": 1}, "password_secret": "X"}),
+        ):
+            resp = api.post(channels, json={"name": "mail", "kind": "email", "config": config})
+            assert resp.status_code == 422, (path, resp.status_code, resp.text[:300])
+            assert resp.json()["error"]["code"] == "alert_channel_invalid"
+            assert path in [d["path"] for d in resp.json()["error"]["details"]], (path, resp.text)
+        for name in ("n" * 10_000, 7, None, ["a"]):
+            resp = api.post(channels, json={"name": name, "kind": "email", "config": mail})
+            assert resp.status_code in (400, 422), (name, resp.text[:300])
+        assert _count(srv, AlertChannel) == 0
+
+
+def test_a_slack_channel_s_url_secret_is_never_quoted_when_refused_or_failing(
+    tmp_path: Path, database_url: str
+) -> None:
+    # A deploy key may name any secret as a Slack channel's URL; a refusal that quoted the
+    # value (or its host) would read any secret back. Nor does a failed send's error, which
+    # every read key sees, quote the host of the URL the secret holds.
+    resolve = "hooks.example.com=93.184.215.14"
+    with live_server(tmp_path / "d", database_url, agent_http_resolve=resolve) as srv:
+        api = srv.client()
+        channels = "/api/v1/alerts/channels"
+        for value in (
+            "hunter2-a-database-password",
+            "https://private-name-of-a-host.invalid/T0/B0/token",
+            "gopher://hunter3-inside-a-url/x",
+            "http://127.0.0.1:9/hunter4",
+        ):
+            secrets.set_secret(srv.ctx, name="DB_PASSWORD", value=value, caller=SYSTEM)
+            resp = api.post(
+                channels,
+                json={"name": "s", "kind": "slack", "config": {"url_secret": "DB_PASSWORD"}},
+            )
+            _refused(resp, "alert_channel_invalid", "config.url_secret")
+            for part in ("hunter", "private-name", "127.0.0.1"):
+                assert part not in resp.text, resp.text
+        assert _count(srv, AlertChannel) == 0
+
+        hook = "https://hooks.example.com/services/T0/B0/x"
+        secrets.set_secret(srv.ctx, name="SLACK_URL", value=hook, caller=SYSTEM)
+        resp = api.post(
+            channels, json={"name": "s", "kind": "slack", "config": {"url_secret": "SLACK_URL"}}
+        )
+        assert resp.status_code == 201, resp.text
+        moved = "https://hidden-host-name.invalid/x"
+        secrets.set_secret(srv.ctx, name="SLACK_URL", value=moved, caller=SYSTEM)
+        resp = api.post(f"{channels}/s/test")
+        assert resp.status_code == 502, resp.text
+        assert "hidden-host-name" not in resp.text
+        assert "secret SLACK_URL" in resp.json()["error"]["message"]
+        listed = api.get("/api/v1/alerts/deliveries").text
+        assert "hidden-host-name" not in listed
+
+
+def test_a_secret_cut_through_at_an_alert_message_s_bound_leaves_none_of_its_characters(
+    tmp_path: Path, database_url: str
+) -> None:
+    secret = "tok-0123456789-abcdef"
+    with live_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="TOKEN", value=secret, caller=SYSTEM)
+        deploy_folder(
+            api, make_worker(tmp_path / "w", "name: w\nsecrets: [TOKEN]\n", {"run.py": "pass\n"})
+        )
+        for shift in (3, 10, len(secret) - 1):
+            message = "x" * (incidents.MAX_MESSAGE - shift) + secret + " and more"
+            event = incidents.record(
+                srv.ctx,
+                incidents.Seen(
+                    key=f"probe:{shift}",
+                    kind="run.failed",
+                    subject=f"probe:{shift}",
+                    what=incidents.PROBLEM,
+                    summary="probe",
+                    at=utcnow(),
+                    worker="w",
+                    message=message,
+                ),
+            )
+            assert event is not None
+            assert event.message is not None
+            kept = event.message
+            assert len(kept) <= incidents.MAX_MESSAGE + len("***")
+            assert secret[:3] not in kept, (shift, kept[-40:])
+            assert "***" in kept[-40:], (shift, kept[-40:])
 
 
 def test_a_test_send_to_an_unreachable_channel_says_why(tmp_path: Path, database_url: str) -> None:

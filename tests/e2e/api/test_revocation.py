@@ -37,15 +37,41 @@ from floom.services.workers.deletion import delete_worker
 from floom.store.db import session_scope
 from floom.store.models import ApiKey, Delivery, new_id, utcnow
 from floom.vocabulary import DeliveryPurpose, DeliveryStatus
-from tests.support.harness import PG_ADMIN_URL, LiveServer, make_worker, wait_until
+from tests.support.harness import (
+    PG_ADMIN_URL,
+    LiveServer,
+    fast_settings,
+    make_worker,
+    wait_until,
+)
+from tests.support.ports import free_port
 
 SECRET_VALUE = "a-value-long-enough-to-redact"
-# An email channel: its settings need no name resolved when saved (a webhook's URL must resolve
-# to a public address, which a test on loopback cannot give), so its writes are walked too. No
-# server answers for the host (.invalid never resolves): a test send is refused or fails.
-MAIL = {"host": "smtp.walked.invalid", "sender": "floom@example.com", "to": ["ops@example.com"]}
+# An email channel, whose writes are walked too: its host is checked by the egress guard when
+# saved, so it names loopback, which these tests' settings allow (`ctx` below), on a port
+# nothing listens on: a test send fails to connect.
+MAIL = {
+    "host": "smtp.walked.test",
+    "port": free_port(),
+    "sender": "floom@example.com",
+    "to": ["ops@example.com"],
+}
 # Tables that background loops write on their own (node heartbeats); the rest must not change.
 VOLATILE = {"nodes"}
+
+
+@pytest.fixture
+def ctx(tmp_path: Path, database_url: str) -> Iterator[Context]:
+    """The conftest's `ctx`, with MAIL's host resolved to loopback and loopback allowed."""
+    settings = fast_settings(
+        tmp_path / "data",
+        database_url,
+        agent_http_allow_private=True,
+        agent_http_resolve="smtp.walked.test=127.0.0.1",
+    )
+    context = Context.open(settings)
+    yield context
+    context.engine.dispose()
 
 
 def archive_of(folder: Path) -> bytes:
@@ -134,7 +160,7 @@ def privileged_writes(
             ctx, name="walked-new", kind="email", config=MAIL, caller=c
         ),
         "alert_channels.update_channel": lambda c: alert_channels.update_channel(
-            ctx, name="walked-mail", config={**MAIL, "port": 2525}, caller=c
+            ctx, name="walked-mail", config={**MAIL, "starttls": False}, caller=c
         ),
         "alert_channels.change_channel": lambda c: alert_channels.change_channel(
             ctx, name="walked-mail", changes={"port": 2526}, caller=c
@@ -315,7 +341,7 @@ def route_requests(staged: dict[str, str]) -> dict[tuple[str, str], dict[str, An
         },
         ("PUT", "/api/v1/alerts/channels/{name}"): {
             "path": {"name": "walked-mail"},
-            "json": {"config": {**MAIL, "port": 2525}},
+            "json": {"config": {**MAIL, "starttls": False}},
         },
         ("PATCH", "/api/v1/alerts/channels/{name}"): {
             "path": {"name": "walked-mail"},

@@ -199,3 +199,34 @@ def test_a_secret_too_long_for_any_process_environment_is_refused_when_set(
     assert resp.status_code == 400, resp.text
     assert "environment variable" in resp.json()["error"]["message"]
     assert api.get("/api/v1/secrets").json()["items"] == []
+
+
+NUMERIC = """\
+import json, os
+pin = os.environ["CARD_NUMBER"]
+state = {"card": int(pin), "cards": [int(pin) * 10, float(pin)], "keep": 7}
+outputs = {"card": int(pin), "as_float": float(pin), "other": 7, "flag": True}
+open("result.json", "w").write(json.dumps({"outputs": outputs, "state": state}))
+"""
+
+
+def test_a_secret_of_digits_written_as_a_json_number_is_redacted_in_outputs_and_state(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    # Written as a number, not a string, a secret's digits are still the stored JSON's bytes.
+    folder = make_worker(
+        tmp_path / "numeric",
+        "name: numeric\nsecrets: [CARD_NUMBER]\nstate: true\n",
+        {"run.py": NUMERIC},
+    )
+    deploy_folder(api, folder)
+    value = "4242424242424242"
+    assert api.put("/api/v1/secrets/CARD_NUMBER", json={"value": value}).status_code == 200
+    run = wait_for_run(api, api.post("/api/v1/workers/numeric/runs", json={}).json()["id"])
+    assert run["status"] == "succeeded", run
+    assert run["outputs"] == {"card": "***", "as_float": "***", "other": 7, "flag": True}
+    state = api.get("/api/v1/workers/numeric/state")
+    assert state.status_code == 200, state.text
+    assert value not in state.text
+    assert state.json()["state"] == {"card": "***", "cards": ["***", "***"], "keep": 7}
+    assert value not in api.get(f"/api/v1/runs/{run['id']}").text

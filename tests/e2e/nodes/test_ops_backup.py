@@ -3,6 +3,7 @@ data dir, gives back every run with its logs, outputs and artifacts."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -140,6 +141,44 @@ def test_a_damaged_backup_is_refused_before_anything_is_written(tmp_path: Path) 
         )
     with pytest.raises(Conflict):
         create_backup(settings=source, dest=tmp_path / "backup")
+
+
+def test_a_backup_naming_a_file_or_object_outside_its_place_is_refused_writing_nothing(
+    tmp_path: Path,
+) -> None:
+    # A backup is an archive like any other: a name whose ".." stays inside the backup yet
+    # lands outside the data dir, or an object whose name would be another key of the
+    # bucket, is refused before anything is written.
+    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
+    Context.open(source).engine.dispose()
+    backup = tmp_path / "backup"
+    create_backup(settings=source, dest=backup)
+    (backup / "evil").write_text("planted")
+    (backup / "x").mkdir()
+    (backup / "objects").mkdir(exist_ok=True)
+    (backup / "objects" / "evil").write_text("planted")
+    original = json.loads((backup / MANIFEST).read_text())
+    fresh = tmp_path / "fresh"
+    for name in (
+        f"x/../../{backup.name}/evil",  # inside the backup, outside the data dir
+        "objects/../objects/evil",
+        "objects/evil/..",
+        "./evil",
+        "",
+    ):
+        manifest = json.loads(json.dumps(original))
+        manifest["summary"]["files"].append(name)
+        path = (backup / name).resolve()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "0"
+        manifest["sha256"][name] = digest
+        (backup / MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(BackupInvalid) as refused:
+            restore_backup(
+                settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=backup
+            )
+        assert "unexpected file" in refused.value.message, name
+        assert not fresh.exists(), name
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "backup"], name
 
 
 def test_backup_of_a_postgresql_store_points_to_pg_dump(tmp_path: Path) -> None:

@@ -104,6 +104,47 @@ def test_a_damaged_object_in_the_bucket_is_unreadable(s3_server: S3Server) -> No
     assert f"s3://{store.bucket}/{store.key('d5')}" in caught.value.message
 
 
+def test_an_object_replaced_by_one_of_another_size_is_unreadable_before_it_is_read(
+    s3_server: S3Server,
+) -> None:
+    # Whoever can write the bucket can put an object of any size under a blob's key: floom
+    # reads no more than the size it stored (the blobs row's), and says what it found.
+    store = bucket_store(s3_server)
+    data = b"original"
+    store.put("d8", data, sha256=sha256_of(data))
+    big = 8 * 1024 * 1024
+    raw_client(s3_server).put_object(Bucket=store.bucket, Key=store.key("d8"), Body=b"x" * big)
+    with pytest.raises(BlobUnreadable) as caught:
+        store.get("d8", sha256=sha256_of(data), what=WHAT, size=len(data))
+    message = caught.value.message
+    assert "damaged" in message
+    assert WHAT in message
+    assert f"holds {big} bytes, not the {len(data)} floom stored" in message
+    # One byte fewer than stored, under the same sha256: unreadable too.
+    raw_client(s3_server).put_object(Bucket=store.bucket, Key=store.key("d8"), Body=data[:-1])
+    with pytest.raises(BlobUnreadable):
+        store.get("d8", sha256=None, what=WHAT, size=len(data))
+    store.put("d8", data, sha256=sha256_of(data))
+    assert store.get("d8", sha256=sha256_of(data), what=WHAT, size=len(data)) == data
+
+
+def test_a_digest_that_is_not_one_name_never_becomes_a_key(s3_server: S3Server) -> None:
+    # A blobs row written by hand (or restored from a backup) names its object: a '/' or
+    # '..' in it would reach another key of the bucket.
+    store = bucket_store(s3_server)
+    data = b"kept"
+    store.put("d9", data, sha256=sha256_of(data))
+    for digest in ("../blobs/d9", "x/../d9", "d9/..", "", "d9\n"):
+        with pytest.raises(BlobUnreadable) as caught:
+            store.get(digest, sha256=None, what=WHAT)
+        assert "cannot name an object" in caught.value.message
+        with pytest.raises(BlobUnreadable):
+            store.put(digest, b"planted", sha256=sha256_of(b"planted"))
+        with pytest.raises(BlobUnreadable):
+            store.delete([digest])
+    assert store.get("d9", sha256=sha256_of(data), what=WHAT) == data
+
+
 def test_an_unreachable_store_is_unavailable_with_a_retry_hint(s3_server: S3Server) -> None:
     store = bucket_store(s3_server, endpoint=f"http://127.0.0.1:{free_port()}", timeout=1.0)
     for call in (

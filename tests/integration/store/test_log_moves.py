@@ -48,8 +48,8 @@ class _Interleaved(BlobStore):
         meanwhile, self.meanwhile = self.meanwhile, lambda: None
         meanwhile()
 
-    def get(self, digest: str, *, sha256: str | None, what: str) -> bytes:
-        return self.inner.get(digest, sha256=sha256, what=what)
+    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None = None) -> bytes:
+        return self.inner.get(digest, sha256=sha256, what=what, size=size)
 
     def delete(self, digests: Sequence[str]) -> None:
         self.inner.delete(digests)

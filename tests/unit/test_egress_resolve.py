@@ -1,0 +1,64 @@
+"""Names resolved while a caller waits (a channel saved, a run started with a callback URL,
+a worker.yml validated) are given a bounded time, and only a few are resolved at once: a
+name whose server never answers (a domain a caller runs) is refused, and cannot hold the
+server's threads. A stand-in resolver that answers only when the test lets it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from floom.net import egress
+from floom.net.egress import EgressPolicy, EgressRefused, resolve_checked_now
+
+PUBLIC = "93.184.215.14"
+
+
+@pytest.fixture
+def slow_names(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """getaddrinfo that answers names ending .slow.test only once the event is set."""
+    answer = threading.Event()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host.endswith(".slow.test"):
+            answer.wait(30)
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (PUBLIC, port))]
+        if host.endswith(".fast.test"):
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (PUBLIC, port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield answer
+    answer.set()
+
+
+def test_a_name_that_is_not_resolved_in_time_is_refused(slow_names: threading.Event) -> None:
+    with pytest.raises(EgressRefused) as refused:
+        resolve_checked_now("a.slow.test", 443, EgressPolicy(), seconds=0.2)
+    assert "cannot resolve a.slow.test: no answer within 0.2 s" in refused.value.message
+    assert resolve_checked_now("b.fast.test", 443, EgressPolicy(), seconds=5) == PUBLIC
+
+
+def test_names_that_hang_hold_no_more_than_a_few_places(slow_names: threading.Event) -> None:
+    for i in range(egress.RESOLVING):
+        with pytest.raises(EgressRefused, match="no answer"):
+            resolve_checked_now(f"n{i}.slow.test", 443, EgressPolicy(), seconds=0.05)
+    # Every place is held by a resolution that hangs: the next caller is told at once.
+    with pytest.raises(EgressRefused, match="too many names are being resolved"):
+        resolve_checked_now("c.fast.test", 443, EgressPolicy(), seconds=0.05)
+    slow_names.set()  # the resolver answers at last: the places are free again
+    assert resolve_checked_now("c.fast.test", 443, EgressPolicy(), seconds=10) == PUBLIC
+
+
+def test_the_guard_still_refuses_what_a_name_resolves_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    def getaddrinfo(host: str, port: Any, *args: Any, **kwargs: Any) -> Any:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    with pytest.raises(EgressRefused, match="link-local"):
+        resolve_checked_now("metadata.test", 80, EgressPolicy(), seconds=5)
