@@ -4,6 +4,8 @@ another caller between its read and its write is merged over, not lost."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +14,25 @@ from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts import channels
 from floom.services.context import Context
+from tests.support.harness import fast_settings
 
-MAIL = {"host": "smtp.example.com", "sender": "floom@example.com", "to": ["ops@example.com"]}
+# Its host is checked by the egress guard when saved: a name of these tests' own, resolved to
+# loopback, which `ctx` below allows.
+MAIL = {"host": "mail.test", "sender": "floom@example.com", "to": ["ops@example.com"]}
+
+
+@pytest.fixture
+def ctx(tmp_path: Path, database_url: str) -> Iterator[Context]:
+    """The conftest's `ctx`, with MAIL's host resolved to loopback and loopback allowed."""
+    settings = fast_settings(
+        tmp_path / "data",
+        database_url,
+        agent_http_allow_private=True,
+        agent_http_resolve="mail.test=127.0.0.1",
+    )
+    context = Context.open(settings)
+    yield context
+    context.engine.dispose()
 
 
 def test_a_change_keeps_the_settings_it_does_not_name(ctx: Context) -> None:
