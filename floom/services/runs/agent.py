@@ -15,7 +15,7 @@ from floom.errors import LimitExceeded
 from floom.services.access.principal import Principal
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.base import missing
-from floom.store.blobs.logs import decode_record
+from floom.store.blobs.logs import CALL_FIELDS, call_values, decode_record
 from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, stage_blob
 from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
@@ -237,20 +237,6 @@ def save_transcript(ctx: Context, transcript: Transcript) -> None:
 
 # -- an ended agent run's record in object storage ---------------------------------------------
 
-_CALL_FIELDS = (
-    "id",
-    "seq",
-    "attempt",
-    "tool",
-    "status",
-    "arguments_json",
-    "result",
-    "result_size",
-    "error",
-    "duration_ms",
-    "approval_id",
-)
-
 
 def archive_record(transcript: Transcript, calls: Sequence[ToolCall]) -> dict[str, Any]:
     """What of an ended agent run moves into its log's blob (floom/store/blobs/logs.py): the
@@ -260,7 +246,7 @@ def archive_record(transcript: Transcript, calls: Sequence[ToolCall]) -> dict[st
         "messages_json": transcript.messages_json,
         "state_json": transcript.state_json,
         "tool_calls": [
-            {**{f: getattr(c, f) for f in _CALL_FIELDS}, "created_at": c.created_at.isoformat()}
+            {**{f: getattr(c, f) for f in CALL_FIELDS}, "created_at": c.created_at.isoformat()}
             for c in calls
         ],
     }
@@ -326,10 +312,8 @@ def _archived_record(ctx: Context, run_id: str) -> dict[str, Any]:
     return record
 
 
-def _call_of(run_id: str, values: dict[str, Any]) -> ToolCall:
-    fields: dict[str, Any] = {f: values.get(f) for f in _CALL_FIELDS}
-    fields.update(run_id=run_id, created_at=datetime.fromisoformat(values["created_at"]))
-    return trusted_row(ToolCall, fields)
+def _call_of(run_id: str, kept: dict[str, Any]) -> ToolCall:
+    return trusted_row(ToolCall, call_values(run_id, kept))
 
 
 # -- model spend ------------------------------------------------------------------------------
