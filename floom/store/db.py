@@ -74,7 +74,7 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    engine = create_engine(url, pool_size=20, max_overflow=20, pool_use_lifo=True)
+    engine = create_engine(url, pool_size=20, max_overflow=20)
     _ping_when_idle(engine)
     return engine
 
