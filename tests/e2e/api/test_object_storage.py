@@ -190,6 +190,7 @@ def test_a_damaged_object_answers_502_naming_the_run_and_the_object(
     with _server(tmp_path, database_url, s3_server) as srv:
         _deploy(srv, tmp_path)
         run = _run(srv)
+        wait_until(lambda: _counts(srv.ctx, run["id"])["archived"])  # the third blob
         digest = _counts(srv.ctx, run["id"])["artifact"].digest
         key = f"{srv.ctx.settings.s3_prefix}blobs/{digest}"
         client = boto3.session.Session().client(
