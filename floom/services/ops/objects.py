@@ -146,27 +146,19 @@ def _read_ended(
         wanted = sorted(run_ids)[:limit]
         if not wanted:
             return {}, [], {}, {}
-        # One row per run, then its lines: joined to each line, the run's own rows were looked
-        # up once per line.
-        ended = c.execute(
-            core_select(runs.c.id, logs_t.c.digest, transcripts_t.c.run_id)
-            .select_from(
-                runs.outerjoin(logs_t, logs_t.c.run_id == runs.c.id).outerjoin(
-                    transcripts_t,
-                    (transcripts_t.c.run_id == runs.c.id) & transcripts_t.c.archived.is_(False),
-                )
-            )
-            .where(runs.c.id.in_(wanted), runs.c.status.in_(_FINISHED))
-        ).all()
-        if not ended:
-            return {}, [], {}, {}
-        earlier = {run_id: digest for run_id, digest, _ in ended}
-        agents = {run_id for run_id, _, agent in ended if agent is not None}
+        # The lines, then one row per run (joined to each line, the run's own rows were
+        # looked up once per line). In this order: a move by another node that committed
+        # before the lines were read shows in the earlier log read after them, and one that
+        # took the lines read is found by the write (_record_archives).
         names = [column.name for column in events_t.c if column.name != "id"]
-        # Put in order here, not by PostgreSQL: a bitmap scan of the index returns them
-        # unordered, and the sort was a third of the query's cost.
-        lines = core_select(*(events_t.c[n] for n in names)).where(
-            events_t.c.run_id.in_(sorted(earlier))
+        lines = (
+            core_select(*(events_t.c[n] for n in names))
+            .select_from(events_t.join(runs, runs.c.id == events_t.c.run_id))
+            .where(
+                events_t.c.run_id.in_(wanted),
+                runs.c.id.in_(wanted),
+                runs.c.status.in_(_FINISHED),
+            )
         )
         chosen: dict[str, str | None] = {}
         events: list[RunEvent] = []
@@ -174,9 +166,25 @@ def _read_ended(
         calls: dict[str, list[ToolCall]] = {}
         for row in c.execute(lines):
             events.append(trusted_row(RunEvent, row._mapping))
-            chosen[row.run_id] = earlier[row.run_id]
-        agents &= set(chosen)
+        if not events:
+            return {}, [], {}, {}
+        # Put in order here, not by PostgreSQL: a bitmap scan of the index gives them
+        # unordered, and the sort was a third of the read's cost.
         events.sort(key=attrgetter("run_id", "seq"))
+        agents: set[str] = set()
+        for run_id, digest, agent in c.execute(
+            core_select(runs.c.id, logs_t.c.digest, transcripts_t.c.run_id)
+            .select_from(
+                runs.outerjoin(logs_t, logs_t.c.run_id == runs.c.id).outerjoin(
+                    transcripts_t,
+                    (transcripts_t.c.run_id == runs.c.id) & transcripts_t.c.archived.is_(False),
+                )
+            )
+            .where(runs.c.id.in_(sorted({e.run_id for e in events})))
+        ):
+            chosen[run_id] = digest
+            if agent is not None:
+                agents.add(run_id)
         if agents:
             calls_t = ToolCall.__table__  # type: ignore[attr-defined]
             agent_ids = sorted(agents)

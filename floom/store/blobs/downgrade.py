@@ -11,9 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
+from floom.config import Settings
 from floom.errors import BlobStoreUnavailable, BlobUnreadable, Conflict
+from floom.hints import act, told
+from floom.hints.action import Hint
 from floom.store.agents import ToolCall
 from floom.store.blobs.base import BlobStore, verified
+from floom.store.blobs.configured import s3_store
 from floom.store.blobs.logs import call_values, decode_log, decode_record
 from floom.store.models import RunEvent
 
@@ -21,15 +25,19 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
 _DATABASE = "database"
-_TO_DATABASE = (
-    "run `floom blobs migrate --to database` with this floom (it moves every blob into the "
-    "database, checked), then downgrade again"
+_TO_DATABASE = told(
+    "run ",
+    act("blobs migrate", to="database"),
+    " with this floom (it moves every blob into the database, checked), then downgrade again",
 )
 
 
-def refused(message: str, *, hint: str = _TO_DATABASE) -> Conflict:
+def refused(message: str, *, fix: Hint = _TO_DATABASE) -> Conflict:
     """The downgrade cannot keep every run's record: it changes nothing and says why."""
-    return Conflict(f"downgrade refused, this step changing nothing: {message}; {hint}", hint=hint)
+    return Conflict(
+        told("downgrade refused, this step changing nothing: ", message, "; ", *fix.parts),
+        hint=fix,
+    )
 
 
 def restore_agent_records(conn: Connection) -> int:
@@ -49,13 +57,13 @@ def restore_agent_records(conn: Connection) -> int:
         if digest is None:
             raise refused(
                 f"{what} was moved into its log's blob, and the run has no row in run_logs",
-                hint="restore the database from a backup taken with this floom",
+                fix=told("restore the database from a backup taken with this floom"),
             )
         record = decode_record(run_id, digest, _read(conn, digest, what=what))
         if record is None:
             raise refused(
                 f"{what} is missing from the log blob {digest} of run {run_id}",
-                hint="restore the object from a backup or the bucket's versioning",
+                fix=told("restore the object from a backup or the bucket's versioning"),
             )
         records.append((run_id, record))
     for run_id, record in records:
@@ -131,7 +139,7 @@ def _read(conn: Connection, digest: str, *, what: str) -> bytes:
     if row is None:
         raise refused(
             f"{what} is missing: blob {digest} has no row in the blobs table",
-            hint="restore the database from a backup taken with this floom",
+            fix=told("restore the database from a backup taken with this floom"),
         )
     location, sha256, data = row
     try:
@@ -144,9 +152,6 @@ def _read(conn: Connection, digest: str, *, what: str) -> bytes:
 
 
 def _bucket(location: str, *, what: str) -> BlobStore:
-    from floom.config import Settings
-    from floom.store.blobs.configured import s3_store
-
     settings = Settings()
     if not settings.s3_bucket:
         raise BlobStoreUnavailable(
