@@ -213,3 +213,36 @@ def test_a_tool_call_recorded_during_the_move_is_listed_after_the_moved_ones(
     _call(s3_ctx, run_id, "later")
     calls = agent_runs.list_tool_calls(s3_ctx, run_id=run_id, caller=SYSTEM)
     assert [c.tool for c in calls] == ["first", "second", "late"]
+
+
+def test_a_move_by_another_node_between_the_reads_of_a_move_loses_no_line(
+    s3_ctx: Context,
+) -> None:
+    """The move reads a run's lines and its earlier log in two statements (two snapshots on
+    PostgreSQL). Another node moving the lines between them, and a late line after that,
+    must leave the log whole: the lines are read first, so the move either finds the other
+    blob or its write finds the lines gone."""
+    run_id = _ended_run(s3_ctx, 5)
+    bucket = new_blob_store(s3_ctx.settings, s3_ctx.engine)
+    armed = [True]
+
+    def between(
+        conn: object, cursor: object, statement: str, params: object, context: object, many: bool
+    ) -> None:
+        if armed[0] and statement.lstrip().upper().startswith("SELECT"):
+            armed[0] = False
+            assert archive_logs(s3_ctx, run_ids=[run_id], store=bucket) == 1
+            _append(s3_ctx, run_id, "last words")
+
+    event.listen(s3_ctx.engine, "after_cursor_execute", between)
+    try:
+        archive_logs(s3_ctx, run_ids=[run_id], store=bucket)
+    finally:
+        event.remove(s3_ctx.engine, "after_cursor_execute", between)
+
+    assert not armed[0]
+    expected = [(i + 1, f"line {i}") for i in range(5)] + [(6, "last words")]
+    assert _log(s3_ctx, run_id) == expected
+    archive_logs(s3_ctx, run_ids=[run_id])
+    assert _rows(s3_ctx, run_id) == 0
+    assert _log(s3_ctx, run_id) == expected
