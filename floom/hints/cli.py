@@ -147,6 +147,7 @@ OPS: dict[str, Op] = {
         _op("backup"),
         _op("migrate-store"),
         _op("blobs check"),
+        _op("blobs migrate", Opt("--to", "to")),
         _op("mcp"),
     ]
 }

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, or_, text, update
@@ -119,59 +120,81 @@ class _LogMove:
 def _read_ended(
     ctx: Context, *, run_ids: Sequence[str] | None, limit: int
 ) -> tuple[dict[str, str | None], list[RunEvent], dict[str, Transcript], dict[str, list[ToolCall]]]:
-    """Up to `limit` ended runs with lines in run_events (of `run_ids` if given), each with
-    the digest of its earlier log blob if one was recorded; their lines in order; the
-    transcripts (not moved yet) and tool calls of the agent runs among them. One query for
-    runs that are not agent runs. Plain reads (read_connection): the write of the move checks
-    that the lines read are all still there."""
+    """Up to `limit` ended runs with lines in run_events (the first `limit` of `run_ids` if
+    given), each with the digest of its earlier log blob if one was recorded; their lines in
+    order; the transcripts (not moved yet) and tool calls of the agent runs among them. Two
+    queries for runs that are not agent runs (and one more to find the runs when none are
+    given). Plain reads (read_connection): the write of the move checks that the lines read
+    are all still there.
+
+    The runs are named by id in each query, so that PostgreSQL finds them and their lines
+    through the primary key and the (run_id, seq) index: given a subquery, it scanned the
+    whole of run_events, which the moves leave full of dead rows until a vacuum, or all the
+    ended runs."""
     runs, events_t = Run.__table__, RunEvent.__table__  # type: ignore[attr-defined]
     logs_t, transcripts_t = RunLog.__table__, Transcript.__table__  # type: ignore[attr-defined]
-    with_lines = core_select(events_t.c.run_id).distinct()
-    if run_ids is not None:
-        with_lines = with_lines.where(events_t.c.run_id.in_(list(run_ids)))
-    ended = (
-        core_select(runs.c.id)
-        .where(runs.c.id.in_(with_lines), runs.c.status.in_(_FINISHED))
-        .limit(limit)
-    )
-    names = [c.name for c in events_t.c]
-    lines = (
-        core_select(
-            *events_t.c,
-            logs_t.c.digest.label("earlier_log"),
-            transcripts_t.c.run_id.label("agent_transcript"),
-        )
-        .select_from(
-            events_t.outerjoin(logs_t, logs_t.c.run_id == events_t.c.run_id).outerjoin(
-                transcripts_t,
-                (transcripts_t.c.run_id == events_t.c.run_id) & transcripts_t.c.archived.is_(False),
+    with read_connection(ctx.engine) as c:
+        if run_ids is None:
+            with_lines = core_select(events_t.c.run_id).distinct()
+            run_ids = list(
+                c.execute(
+                    core_select(runs.c.id)
+                    .where(runs.c.id.in_(with_lines), runs.c.status.in_(_FINISHED))
+                    .limit(limit)
+                ).scalars()
+            )
+        wanted = sorted(run_ids)[:limit]
+        if not wanted:
+            return {}, [], {}, {}
+        # The lines, then one row per run (joined to each line, the run's own rows were
+        # looked up once per line). In this order: a move by another node that committed
+        # before the lines were read shows in the earlier log read after them, and one that
+        # took the lines read is found by the write (_record_archives).
+        names = [column.name for column in events_t.c if column.name != "id"]
+        lines = (
+            core_select(*(events_t.c[n] for n in names))
+            .select_from(events_t.join(runs, runs.c.id == events_t.c.run_id))
+            .where(
+                events_t.c.run_id.in_(wanted),
+                runs.c.id.in_(wanted),
+                runs.c.status.in_(_FINISHED),
             )
         )
-        .where(events_t.c.run_id.in_(ended.scalar_subquery()))
-        .order_by(events_t.c.run_id, events_t.c.seq)
-    )
-    chosen: dict[str, str | None] = {}
-    events: list[RunEvent] = []
-    agents: set[str] = set()
-    transcripts: dict[str, Transcript] = {}
-    calls: dict[str, list[ToolCall]] = {}
-    with read_connection(ctx.engine) as c:
+        chosen: dict[str, str | None] = {}
+        events: list[RunEvent] = []
+        transcripts: dict[str, Transcript] = {}
+        calls: dict[str, list[ToolCall]] = {}
         for row in c.execute(lines):
-            values = row._mapping
-            events.append(trusted_row(RunEvent, {k: values[k] for k in names}))
-            chosen[row.run_id] = row.earlier_log
-            if row.agent_transcript is not None:
-                agents.add(row.run_id)
+            events.append(trusted_row(RunEvent, row._mapping))
+        if not events:
+            return {}, [], {}, {}
+        # Put in order here, not by PostgreSQL: a bitmap scan of the index gives them
+        # unordered, and the sort was a third of the read's cost.
+        events.sort(key=attrgetter("run_id", "seq"))
+        agents: set[str] = set()
+        for run_id, digest, agent in c.execute(
+            core_select(runs.c.id, logs_t.c.digest, transcripts_t.c.run_id)
+            .select_from(
+                runs.outerjoin(logs_t, logs_t.c.run_id == runs.c.id).outerjoin(
+                    transcripts_t,
+                    (transcripts_t.c.run_id == runs.c.id) & transcripts_t.c.archived.is_(False),
+                )
+            )
+            .where(runs.c.id.in_(sorted({e.run_id for e in events})))
+        ):
+            chosen[run_id] = digest
+            if agent is not None:
+                agents.add(run_id)
         if agents:
             calls_t = ToolCall.__table__  # type: ignore[attr-defined]
-            wanted = sorted(agents)
+            agent_ids = sorted(agents)
             for row in c.execute(
-                core_select(transcripts_t).where(transcripts_t.c.run_id.in_(wanted))
+                core_select(transcripts_t).where(transcripts_t.c.run_id.in_(agent_ids))
             ):
                 transcripts[row.run_id] = trusted_row(Transcript, row._mapping)
             for row in c.execute(
                 core_select(calls_t)
-                .where(calls_t.c.run_id.in_(wanted))
+                .where(calls_t.c.run_id.in_(agent_ids))
                 .order_by(calls_t.c.run_id, calls_t.c.seq)
             ):
                 calls.setdefault(row.run_id, []).append(trusted_row(ToolCall, row._mapping))
@@ -225,8 +248,17 @@ def _record_archives_once(ctx: Context, moves: list[_LogMove]) -> None:
                     "FROM unnest(CAST(:ids AS text[])) AS r) >= 0"
                 ).bindparams(ids=ids)
             )
-        gone = s.execute(lines_read.returning(col(RunEvent.run_id))).all()
-        deleted = Counter(run_id for (run_id,) in gone)
+        deleted: Counter[str] = Counter()
+        if postgres:
+            # A count per run back, not a row per line.
+            gone = lines_read.returning(col(RunEvent.run_id)).cte("gone")
+            for run_id, count in s.execute(
+                core_select(gone.c.run_id, func.count()).group_by(gone.c.run_id)
+            ):
+                deleted[run_id] = count
+        else:
+            gone_rows = s.execute(lines_read.returning(col(RunEvent.run_id))).all()
+            deleted.update(run_id for (run_id,) in gone_rows)
         moved = {m.archive.run_id for m in moves if deleted[m.archive.run_id] != m.read[0]}
         if moved:
             raise _Moved(moved)

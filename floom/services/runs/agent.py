@@ -15,7 +15,7 @@ from floom.errors import LimitExceeded
 from floom.services.access.principal import Principal
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.base import missing
-from floom.store.blobs.logs import decode_record
+from floom.store.blobs.logs import CALL_FIELDS, call_values, decode_record
 from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, stage_blob
 from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
@@ -117,9 +117,19 @@ def record_tool_call(
     approval_id: str | None = None,
     call_id: str | None = None,
 ) -> ToolCall:
-    """Store one tool call after the run's last one (its seq orders the calls)."""
+    """Store one tool call after the run's last one (its seq orders the calls). A call of a
+    run whose record moved into its log's blob (a stopped attempt's late write) is dropped,
+    as its transcript save is: its seq would restart at 1, beside the blob's calls."""
     with session_scope(ctx.engine, write=True) as s:
-        last = s.exec(select(func.max(ToolCall.seq)).where(ToolCall.run_id == run_id)).one()
+        # One statement, so one snapshot: the last seq is read from the calls as they were
+        # when the record was, or was not yet, archived. A call whose seq was read before the
+        # move stays a row, and list_tool_calls merges it with the blob's.
+        last, archived = s.exec(
+            select(
+                func.max(ToolCall.seq),
+                _is_archived(run_id),
+            ).where(ToolCall.run_id == run_id)
+        ).one()
         call = ToolCall(
             id=call_id or new_id("tc"),
             run_id=run_id,
@@ -134,8 +144,17 @@ def record_tool_call(
             duration_ms=duration_ms,
             approval_id=approval_id,
         )
-        s.add(call)
+        if not archived:
+            s.add(call)
     return call
+
+
+def _is_archived(run_id: str) -> Any:
+    return (
+        select(Transcript.run_id)
+        .where(Transcript.run_id == run_id, col(Transcript.archived).is_(True))
+        .exists()
+    )
 
 
 def finish_tool_call(
@@ -170,16 +189,14 @@ def list_tool_calls(ctx: Context, *, run_id: str, caller: Principal) -> list[Too
         rows = list(
             s.exec(select(ToolCall).where(ToolCall.run_id == run_id).order_by(col(ToolCall.seq)))
         )
-        if rows:
-            return rows
-        archived = s.exec(
-            select(Transcript.run_id).where(
-                Transcript.run_id == run_id, col(Transcript.archived).is_(True)
-            )
-        ).first()
-    if archived is None:
+        archived = s.exec(select(_is_archived(run_id))).one()
+    if not archived:
         return rows
-    return [_call_of(run_id, c) for c in _archived_record(ctx, run_id).get("tool_calls", [])]
+    moved = [_call_of(run_id, c) for c in _archived_record(ctx, run_id).get("tool_calls", [])]
+    # Rows beside an archived record: calls recorded while the record moved (recorded after
+    # it, they are dropped), or a moved call that another pass's blob does not hold.
+    held = {c.id for c in moved}
+    return sorted(moved + [c for c in rows if c.id not in held], key=lambda c: c.seq)
 
 
 # -- transcripts ------------------------------------------------------------------------------
@@ -220,20 +237,6 @@ def save_transcript(ctx: Context, transcript: Transcript) -> None:
 
 # -- an ended agent run's record in object storage ---------------------------------------------
 
-_CALL_FIELDS = (
-    "id",
-    "seq",
-    "attempt",
-    "tool",
-    "status",
-    "arguments_json",
-    "result",
-    "result_size",
-    "error",
-    "duration_ms",
-    "approval_id",
-)
-
 
 def archive_record(transcript: Transcript, calls: Sequence[ToolCall]) -> dict[str, Any]:
     """What of an ended agent run moves into its log's blob (floom/store/blobs/logs.py): the
@@ -243,7 +246,7 @@ def archive_record(transcript: Transcript, calls: Sequence[ToolCall]) -> dict[st
         "messages_json": transcript.messages_json,
         "state_json": transcript.state_json,
         "tool_calls": [
-            {**{f: getattr(c, f) for f in _CALL_FIELDS}, "created_at": c.created_at.isoformat()}
+            {**{f: getattr(c, f) for f in CALL_FIELDS}, "created_at": c.created_at.isoformat()}
             for c in calls
         ],
     }
@@ -309,10 +312,8 @@ def _archived_record(ctx: Context, run_id: str) -> dict[str, Any]:
     return record
 
 
-def _call_of(run_id: str, values: dict[str, Any]) -> ToolCall:
-    fields: dict[str, Any] = {f: values.get(f) for f in _CALL_FIELDS}
-    fields.update(run_id=run_id, created_at=datetime.fromisoformat(values["created_at"]))
-    return trusted_row(ToolCall, fields)
+def _call_of(run_id: str, kept: dict[str, Any]) -> ToolCall:
+    return trusted_row(ToolCall, call_values(run_id, kept))
 
 
 # -- model spend ------------------------------------------------------------------------------

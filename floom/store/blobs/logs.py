@@ -28,6 +28,27 @@ _CACHED_LINES = 200_000
 _LEVEL = 6
 
 AgentRecord = dict[str, Any]
+# A tool call's columns as its record keeps them (with created_at, as ISO 8601).
+CALL_FIELDS = (
+    "id",
+    "seq",
+    "attempt",
+    "tool",
+    "status",
+    "arguments_json",
+    "result",
+    "result_size",
+    "error",
+    "duration_ms",
+    "approval_id",
+)
+
+
+def call_values(run_id: str, kept: dict[str, Any]) -> dict[str, Any]:
+    """A tool call of run `run_id` as a record keeps it, as its row's values."""
+    values: dict[str, Any] = {f: kept.get(f) for f in CALL_FIELDS}
+    values.update(run_id=run_id, created_at=datetime.fromisoformat(kept["created_at"]))
+    return values
 
 
 def encode_log(events: Sequence[RunEvent], record: AgentRecord | None = None) -> bytes:

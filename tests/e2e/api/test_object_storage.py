@@ -81,11 +81,14 @@ def _log_lines(srv: LiveServer, run_id: str, **params: Any) -> list[str]:
 def _counts(ctx: Context, run_id: str) -> dict[str, Any]:
     with session_scope(ctx.engine) as s:
         digest = s.exec(select(Artifact.digest).where(Artifact.run_id == run_id)).one()
+        # The run_logs row first: on PostgreSQL each read sees what was committed when it
+        # began, and the move commits the row and the lines' deletion together.
+        archived = s.get(RunLog, run_id)
         return {
+            "archived": archived,
             "events": s.exec(
                 select(func.count()).select_from(RunEvent).where(RunEvent.run_id == run_id)
             ).one(),
-            "archived": s.get(RunLog, run_id),
             "artifact": s.get(Blob, digest),
             "pending": s.exec(select(func.count()).select_from(PendingBlob)).one(),
         }
@@ -190,6 +193,7 @@ def test_a_damaged_object_answers_502_naming_the_run_and_the_object(
     with _server(tmp_path, database_url, s3_server) as srv:
         _deploy(srv, tmp_path)
         run = _run(srv)
+        wait_until(lambda: _counts(srv.ctx, run["id"])["archived"])  # the third blob
         digest = _counts(srv.ctx, run["id"])["artifact"].digest
         key = f"{srv.ctx.settings.s3_prefix}blobs/{digest}"
         client = boto3.session.Session().client(

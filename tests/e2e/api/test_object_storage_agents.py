@@ -21,6 +21,7 @@ from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
 from floom.store.models import RunEvent
+from floom.vocabulary import ToolCallStatus
 from tests.standins.anthropic_api import reply, tool_use
 from tests.support.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import wait_until
@@ -179,3 +180,28 @@ def test_a_late_transcript_write_of_an_ended_run_leaves_its_record_in_the_object
         assert row.archived
         assert row.messages_json == ""
     assert rig.api.get(f"/api/v1/runs/{run_id}/transcript").json()["messages"] == before
+
+
+def test_a_late_tool_call_of_an_ended_run_is_dropped_and_its_archived_calls_still_listed(
+    rig: AgentRig, tmp_path: Path
+) -> None:
+    run_id = _ended_run(rig, tmp_path)
+    _moved(rig, run_id)
+    ctx = rig.server.ctx
+    before = rig.api.get(f"/api/v1/runs/{run_id}").json()["tool_calls"]
+    assert [c["tool"] for c in before][:2] == ["write_file", "read_file"]
+    # As a stopped attempt's loop would, recording a call it made after the run ended.
+    agent_runs.record_tool_call(
+        ctx,
+        run_id=run_id,
+        attempt=1,
+        tool="read_file",
+        arguments={"path": "late.md"},
+        status=ToolCallStatus.OK,
+        result="late",
+    )
+
+    with session_scope(ctx.engine) as s:
+        left = s.exec(select(func.count()).select_from(ToolCall).where(ToolCall.run_id == run_id))
+        assert left.one() == 0
+    assert rig.api.get(f"/api/v1/runs/{run_id}").json()["tool_calls"] == before

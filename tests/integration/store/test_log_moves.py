@@ -16,13 +16,15 @@ from sqlmodel import func, select
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.ops.objects import archive_logs
+from floom.services.runs import agent as agent_runs
 from floom.services.runs.logs import append_events, list_events
+from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs.base import BlobStore, Finding
 from floom.store.blobs.configured import new_blob_store
 from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
 from floom.store.models import Run, RunEvent, new_id
-from floom.vocabulary import RunStatus
+from floom.vocabulary import RunStatus, ToolCallStatus
 from tests.support.harness import fast_settings
 from tests.support.s3_server import S3Server
 
@@ -175,3 +177,72 @@ def test_a_batch_of_lines_is_one_insert_on_postgresql_with_seqs_in_order(ctx: Co
     expected = [(i + 1, f"line {i}") for i in range(3)]
     expected += [(i + 4, f"more {i}") for i in range(50)]
     assert _log(ctx, run_id) == expected
+
+
+def _call(ctx: Context, run_id: str, tool: str) -> None:
+    agent_runs.record_tool_call(
+        ctx, run_id=run_id, attempt=1, tool=tool, arguments={}, status=ToolCallStatus.OK
+    )
+
+
+def test_a_tool_call_recorded_during_the_move_is_listed_after_the_moved_ones(
+    s3_ctx: Context,
+) -> None:
+    """A stopped attempt's call that read the run's last seq before the record moved stays a
+    row beside the archived record; listing merges them, none hidden, in seq order."""
+    run_id = _ended_run(s3_ctx, 2)
+    with session_scope(s3_ctx.engine, write=True) as s:
+        s.add(Transcript(run_id=run_id, worker_name="w", model="m", messages_json="[1]"))
+    _call(s3_ctx, run_id, "first")
+    _call(s3_ctx, run_id, "second")
+    store = _Interleaved(
+        new_blob_store(s3_ctx.settings, s3_ctx.engine), lambda: _call(s3_ctx, run_id, "late")
+    )
+
+    assert archive_logs(s3_ctx, run_ids=[run_id], store=store) == 1
+
+    with session_scope(s3_ctx.engine) as s:
+        transcript = s.get(Transcript, run_id)
+        assert transcript is not None
+        assert transcript.archived
+        rows = s.exec(select(ToolCall.tool).where(ToolCall.run_id == run_id)).all()
+        assert rows == ["late"]
+    calls = agent_runs.list_tool_calls(s3_ctx, run_id=run_id, caller=SYSTEM)
+    assert [(c.seq, c.tool) for c in calls] == [(1, "first"), (2, "second"), (3, "late")]
+    # After the move, a call is dropped: its seq would start again at 1.
+    _call(s3_ctx, run_id, "later")
+    calls = agent_runs.list_tool_calls(s3_ctx, run_id=run_id, caller=SYSTEM)
+    assert [c.tool for c in calls] == ["first", "second", "late"]
+
+
+def test_a_move_by_another_node_between_the_reads_of_a_move_loses_no_line(
+    s3_ctx: Context,
+) -> None:
+    """The move reads a run's lines and its earlier log in two statements (two snapshots on
+    PostgreSQL). Another node moving the lines between them, and a late line after that,
+    must leave the log whole: the lines are read first, so the move either finds the other
+    blob or its write finds the lines gone."""
+    run_id = _ended_run(s3_ctx, 5)
+    bucket = new_blob_store(s3_ctx.settings, s3_ctx.engine)
+    armed = [True]
+
+    def between(
+        conn: object, cursor: object, statement: str, params: object, context: object, many: bool
+    ) -> None:
+        if armed[0] and statement.lstrip().upper().startswith("SELECT"):
+            armed[0] = False
+            assert archive_logs(s3_ctx, run_ids=[run_id], store=bucket) == 1
+            _append(s3_ctx, run_id, "last words")
+
+    event.listen(s3_ctx.engine, "after_cursor_execute", between)
+    try:
+        archive_logs(s3_ctx, run_ids=[run_id], store=bucket)
+    finally:
+        event.remove(s3_ctx.engine, "after_cursor_execute", between)
+
+    assert not armed[0]
+    expected = [(i + 1, f"line {i}") for i in range(5)] + [(6, "last words")]
+    assert _log(s3_ctx, run_id) == expected
+    archive_logs(s3_ctx, run_ids=[run_id])
+    assert _rows(s3_ctx, run_id) == 0
+    assert _log(s3_ctx, run_id) == expected

@@ -13,6 +13,7 @@ import sqlmodel
 from alembic import op
 
 import floom.store.models
+from floom.store.blobs.downgrade import restore_logs
 
 revision = "0010"
 down_revision = "0009"
@@ -57,6 +58,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Ended runs' logs go back into run_events (the schema before keeps them there), or the
+    # downgrade is refused, changing nothing (while blobs are in object storage).
+    restore_logs(op.get_bind())
     op.drop_table("blob_pending")
     with op.batch_alter_table("run_logs", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_run_logs_digest"))

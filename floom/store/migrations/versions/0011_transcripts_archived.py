@@ -10,6 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from floom.store.blobs.downgrade import restore_agent_records
+
 revision = "0011"
 down_revision = "0010"
 branch_labels = None
@@ -24,5 +26,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # The archived transcripts get their text and tool calls back from their log blobs (the
+    # schema before knows no other place), or the downgrade is refused, changing nothing.
+    restore_agent_records(op.get_bind())
     with op.batch_alter_table("agent_transcripts", schema=None) as batch_op:
         batch_op.drop_column("archived")
