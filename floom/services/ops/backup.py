@@ -305,16 +305,17 @@ def _copy_objects(settings: Settings, dest: Path) -> list[str]:
     checked against its sha256 (a damaged or missing one fails the backup, naming it)."""
     with _readonly(dest / DATABASE) as conn:
         held = conn.execute(
-            "SELECT digest, sha256 FROM blobs WHERE location <> 'database' ORDER BY digest"
+            "SELECT digest, sha256, size FROM blobs WHERE location <> 'database' ORDER BY digest"
         ).fetchall()
     if not held:
         return []
     store = s3_store(settings)
     (dest / OBJECTS).mkdir(mode=0o700)
     copied = []
-    for digest, sha256 in held:
+    for digest, sha256, size in held:
         name = f"{OBJECTS}/{digest}"
-        data = store.get(digest, sha256=sha256, what=f"blob {digest} (for the backup)")
+        what = f"blob {digest} (for the backup)"
+        data = store.get(digest, sha256=sha256, what=what, size=size)
         (dest / name).write_bytes(data)
         os.chmod(dest / name, 0o600)
         copied.append(name)

@@ -60,7 +60,7 @@ class BlobStore(ABC):
         that was not held before."""
 
     @abstractmethod
-    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None = None) -> bytes:
+    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None) -> bytes:
         """The bytes held under `digest`, checked against `sha256` when given (None: a blob
         stored before floom kept checksums). `what` names the blob for a person ("artifact
         'report.csv' of run r_..."): BlobUnreadable says it and the object when nothing or

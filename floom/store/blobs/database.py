@@ -36,7 +36,7 @@ class DatabaseBlobStore(BlobStore):
                 .values(data=data, size=len(data), sha256=sha256, location=self.name)
             )
 
-    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None = None) -> bytes:
+    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None) -> bytes:
         with session_scope(self.engine) as s:
             data = s.exec(
                 select(Blob.data).where(Blob.digest == digest, Blob.location == self.name)

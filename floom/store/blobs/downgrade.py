@@ -133,7 +133,7 @@ def restore_logs(conn: Connection) -> int:
 
 def _read(conn: Connection, digest: str, *, what: str) -> bytes:
     row = conn.execute(
-        text("SELECT location, sha256, data FROM blobs WHERE digest = :digest"),
+        text("SELECT location, sha256, data, size FROM blobs WHERE digest = :digest"),
         {"digest": digest},
     ).first()
     if row is None:
@@ -141,12 +141,12 @@ def _read(conn: Connection, digest: str, *, what: str) -> bytes:
             f"{what} is missing: blob {digest} has no row in the blobs table",
             fix=told("restore the database from a backup taken with this floom"),
         )
-    location, sha256, data = row
+    location, sha256, data, size = row
     try:
         if location == _DATABASE:
             where = f"blob {digest} in the database"
             return verified(bytes(data), sha256=sha256, what=what, where=where)
-        return _bucket(location, what=what).get(digest, sha256=sha256, what=what)
+        return _bucket(location, what=what).get(digest, sha256=sha256, what=what, size=size)
     except (BlobStoreUnavailable, BlobUnreadable) as exc:
         raise refused(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from exc
 

@@ -120,7 +120,7 @@ class S3BlobStore(BlobStore):
             Metadata={"sha256": sha256},
         )
 
-    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None = None) -> bytes:
+    def get(self, digest: str, *, sha256: str | None, what: str, size: int | None) -> bytes:
         where = self.describe(digest)
         try:
             answer = self._call(
@@ -184,7 +184,9 @@ class S3BlobStore(BlobStore):
         data = os.urandom(64)
         try:
             self.put(probe, data, sha256=sha256_of(data))
-            self.get(probe, sha256=sha256_of(data), what="the doctor's probe object")
+            self.get(
+                probe, sha256=sha256_of(data), what="the doctor's probe object", size=len(data)
+            )
             self.delete([probe])
         except FloomError as exc:
             message = exc.message

@@ -52,19 +52,19 @@ def bucket_store(server: S3Server, **overrides: object) -> S3BlobStore:
 def test_put_bytes_come_back_from_get(store: BlobStore) -> None:
     data = b"a,b\n1,2\n" * 1000
     store.put("d1", data, sha256=sha256_of(data))
-    assert store.get("d1", sha256=sha256_of(data), what=WHAT) == data
+    assert store.get("d1", sha256=sha256_of(data), what=WHAT, size=len(data)) == data
 
 
 def test_putting_a_digest_again_succeeds(store: BlobStore) -> None:
     data = b"same bytes"
     store.put("d2", data, sha256=sha256_of(data))
     store.put("d2", data, sha256=sha256_of(data))
-    assert store.get("d2", sha256=sha256_of(data), what=WHAT) == data
+    assert store.get("d2", sha256=sha256_of(data), what=WHAT, size=len(data)) == data
 
 
 def test_a_digest_never_put_is_unreadable_naming_the_blob_and_where(store: BlobStore) -> None:
     with pytest.raises(BlobUnreadable) as caught:
-        store.get("never", sha256=None, what=WHAT)
+        store.get("never", sha256=None, what=WHAT, size=None)
     assert WHAT in caught.value.message
     assert store.describe("never") in caught.value.message
     assert caught.value.status == 502
@@ -74,7 +74,7 @@ def test_bytes_that_do_not_match_their_sha256_are_unreadable(store: BlobStore) -
     data = b"the bytes"
     store.put("d3", data, sha256=sha256_of(data))
     with pytest.raises(BlobUnreadable) as caught:
-        store.get("d3", sha256=sha256_of(b"other bytes"), what=WHAT)
+        store.get("d3", sha256=sha256_of(b"other bytes"), what=WHAT, size=None)
     assert "damaged" in caught.value.message
     assert WHAT in caught.value.message
 
@@ -85,7 +85,7 @@ def test_deleted_blobs_are_gone_and_deleting_again_is_no_error(store: BlobStore)
     store.delete(["d4", "never-put"])
     store.delete(["d4"])
     with pytest.raises(BlobUnreadable):
-        store.get("d4", sha256=None, what=WHAT)
+        store.get("d4", sha256=None, what=WHAT, size=None)
 
 
 def test_check_reports_no_failure_on_a_working_store(store: BlobStore) -> None:
@@ -100,7 +100,7 @@ def test_a_damaged_object_in_the_bucket_is_unreadable(s3_server: S3Server) -> No
     store.put("d5", data, sha256=sha256_of(data))
     raw_client(s3_server).put_object(Bucket=store.bucket, Key=store.key("d5"), Body=b"tampered")
     with pytest.raises(BlobUnreadable) as caught:
-        store.get("d5", sha256=sha256_of(data), what=WHAT)
+        store.get("d5", sha256=sha256_of(data), what=WHAT, size=None)
     assert f"s3://{store.bucket}/{store.key('d5')}" in caught.value.message
 
 
@@ -136,20 +136,20 @@ def test_a_digest_that_is_not_one_name_never_becomes_a_key(s3_server: S3Server) 
     store.put("d9", data, sha256=sha256_of(data))
     for digest in ("../blobs/d9", "x/../d9", "d9/..", "", "d9\n"):
         with pytest.raises(BlobUnreadable) as caught:
-            store.get(digest, sha256=None, what=WHAT)
+            store.get(digest, sha256=None, what=WHAT, size=None)
         assert "cannot name an object" in caught.value.message
         with pytest.raises(BlobUnreadable):
             store.put(digest, b"planted", sha256=sha256_of(b"planted"))
         with pytest.raises(BlobUnreadable):
             store.delete([digest])
-    assert store.get("d9", sha256=sha256_of(data), what=WHAT) == data
+    assert store.get("d9", sha256=sha256_of(data), what=WHAT, size=len(data)) == data
 
 
 def test_an_unreachable_store_is_unavailable_with_a_retry_hint(s3_server: S3Server) -> None:
     store = bucket_store(s3_server, endpoint=f"http://127.0.0.1:{free_port()}", timeout=1.0)
     for call in (
         lambda: store.put("d6", b"x", sha256=sha256_of(b"x")),
-        lambda: store.get("d6", sha256=None, what=WHAT),
+        lambda: store.get("d6", sha256=None, what=WHAT, size=None),
         lambda: store.delete(["d6"]),
     ):
         with pytest.raises(BlobStoreUnavailable) as caught:
