@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +39,46 @@ _FASTAPI_CALL_CACHES = (
     "_is_async_gen_callable_cached",
     "_is_coroutine_callable_cached",
 )
+
+
+def _names_in_etc_hosts() -> set[str]:
+    try:
+        lines = Path("/etc/hosts").read_text().splitlines()
+    except OSError:
+        return {"localhost"}
+    return {name.lower() for line in lines for name in line.split("#")[0].split()[1:]}
+
+
+def _numeric(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_name_leaves_the_machine() -> Iterator[None]:
+    """Tests send nothing past loopback and the hosts they make, name lookups included: a
+    name that /etc/hosts does not hold (smtp.example.com in a channel's settings, say) would
+    be asked of the machine's name server. In a test process such a lookup fails at once as
+    unknown, as an unresolvable name does; a test that needs a name maps it itself
+    (FLOOM_AGENT_HTTP_RESOLVE)."""
+    real = socket.getaddrinfo
+    local = _names_in_etc_hosts() | {"localhost"}
+
+    def getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
+        if isinstance(host, bytes):
+            host = host.decode(errors="replace")
+        if isinstance(host, str) and not _numeric(host) and host.lower().rstrip(".") not in local:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    socket.getaddrinfo = getaddrinfo  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        socket.getaddrinfo = real
 
 
 @pytest.fixture(scope="session", autouse=True)
