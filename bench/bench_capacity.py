@@ -68,9 +68,9 @@ from floom.services.access.principal import SYSTEM  # noqa: E402
 from floom.services.context import Context  # noqa: E402
 from floom.services.runs.statuses import FINISHED  # noqa: E402
 from floom.services.triggers.schedules import fire_due  # noqa: E402
-from tests.support.fake_provider import FakeProvider, call, finish  # noqa: E402
 from tests.support.harness import fast_settings, start_server  # noqa: E402
-from tests.support.s3_server import S3Server  # noqa: E402
+from tests.support.processes.s3_server import S3Server  # noqa: E402
+from tests.support.rigs.fake_provider import FakeProvider, call, finish  # noqa: E402
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 LINES = 200

@@ -22,8 +22,8 @@ from tests.support.harness import (
     fast_settings,
     start_server,
 )
-from tests.support.pg_databases import DatabasePool
-from tests.support.s3_server import S3Server, weed_binary
+from tests.support.processes.pg_databases import DatabasePool
+from tests.support.processes.s3_server import S3Server, weed_binary
 
 PG_REQUIRED = bool(os.environ.get("CI") or os.environ.get("FLOOM_REQUIRE_POSTGRES"))
 

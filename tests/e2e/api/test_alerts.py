@@ -21,7 +21,6 @@ from floom.net import egress
 from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts.watch import watch
-from tests.support.alerts import receiver, smtp_server
 from tests.support.harness import (
     LiveServer,
     deploy_folder,
@@ -30,6 +29,7 @@ from tests.support.harness import (
     wait_for_run,
     wait_until,
 )
+from tests.support.rigs.alerts import receiver, smtp_server
 
 SIGNING_KEY = "whsec_" + base64.b64encode(b"k" * 32).decode()
 FAST = {

@@ -27,8 +27,8 @@ from floom.store.models import AlertChannel, AlertEvent, AlertRule, Run, utcnow
 from floom.store.triggers import Trigger
 from floom.triggers import cron
 from floom.vocabulary import RunStatus
-from tests.support.alerts import receiver
 from tests.support.harness import LiveServer, deploy_folder, live_server, make_worker, wait_until
+from tests.support.rigs.alerts import receiver
 
 KEY = "whsec_" + base64.b64encode(b"w" * 32).decode()
 GRACE = 5.0

@@ -12,8 +12,8 @@ from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from floom.vocabulary import ApprovalKind
-from tests.support.agents import log_lines, start_run, wait_status
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_until
+from tests.support.rigs.agents import log_lines, start_run, wait_status
 
 MAILER_YML = """\
 name: mailer

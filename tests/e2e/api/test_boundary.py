@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 
 from tests.standins.anthropic_api import reply, tool_use
-from tests.support.agents import (
+from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
+from tests.support.rigs.agents import (
     AgentRig,
     agent_rig,
     agent_worker,
@@ -23,7 +24,6 @@ from tests.support.agents import (
     start_run,
     wait_status,
 )
-from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 
 LEAVER_YML = """\
 name: leaver

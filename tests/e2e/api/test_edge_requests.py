@@ -19,7 +19,6 @@ from floom.config import Settings
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
-from tests.support.alerts import self_signed
 from tests.support.harness import (
     LiveServer,
     fast_settings,
@@ -27,6 +26,7 @@ from tests.support.harness import (
     live_server,
     wait_until,
 )
+from tests.support.rigs.alerts import self_signed
 from tests.support.web import csrf_of
 
 

@@ -15,9 +15,9 @@ import pytest
 
 from floom.bundle import read_folder
 from tests.standins.anthropic_api import reply, tool_use
-from tests.support.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import wait_until
 from tests.support.mcp_clients import call, call_error, http_client, worker_files
+from tests.support.rigs.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.support.web import signed_in_client
 
 RUNS = 10

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from tests.standins.anthropic_api import reply, text, tool_use
 from tests.standins.github import github_standin
-from tests.support.agents import agent_rig, log_lines, start_run, wait_status
 from tests.support.harness import EXAMPLES
+from tests.support.rigs.agents import agent_rig, log_lines, start_run, wait_status
 
 TOKEN = "ghp_triage_token_123"
 

@@ -16,7 +16,7 @@ from floom.services.context import Context
 from floom.services.triggers import registry as triggers
 from floom.services.workers.examples import deploy_examples
 from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, wait_for_run
-from tests.support.netns import namespace_host, needs_netns
+from tests.support.processes.netns import namespace_host, needs_netns
 
 
 # A sandbox with network reaches public addresses only, and none of its own host's, so the

@@ -12,8 +12,8 @@ import pytest
 from floom.agent.provider import AnthropicProvider, ModelReply
 from floom.errors import ProviderAuthFailed, ProviderError
 from tests.standins.anthropic_api import MessagesStandin, failure, messages_standin, reply, text
-from tests.support import fake_provider
 from tests.support.harness import free_port
+from tests.support.rigs import fake_provider
 
 KEY = "sk-ant-standin-key-provider"
 MESSAGES: list[dict[str, Any]] = [{"role": "user", "content": "Add 2 and 3."}]

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
-from tests.support.state import deploy_counter
+from tests.support.rigs.state import deploy_counter
 from tests.support.web import csrf_of, signed_in_client
 
 ODD = ("\u00b2", "\u0663", "9" * 5000, "9" * 30, "-1", "1e3", "+7")

@@ -27,7 +27,7 @@ from tests.support.harness import (
     wait_for_run,
     wait_until,
 )
-from tests.support.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
+from tests.support.processes.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 
 LINES = 40
 SCRIPT = f"""

@@ -23,9 +23,9 @@ from floom.store.db import session_scope
 from floom.store.models import RunEvent
 from floom.vocabulary import ToolCallStatus
 from tests.standins.anthropic_api import reply, tool_use
-from tests.support.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import wait_until
-from tests.support.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
+from tests.support.processes.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
+from tests.support.rigs.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 
 TOKEN = "note-token-8f3a1c77e2"
 WRITER = """\

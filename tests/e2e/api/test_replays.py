@@ -21,9 +21,9 @@ from floom.store.db import session_scope
 from floom.vocabulary import ToolCallStatus
 from tests.standins.anthropic_api import reply, text, tool_use
 from tests.standins.mcp_tracker import tracker_server
-from tests.support.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import make_worker, wait_until
 from tests.support.mcp_clients import call, http_client
+from tests.support.rigs.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 
 TOKEN = "trk-token-31337"
 

@@ -10,8 +10,8 @@ import httpx
 
 from floom.engine.runlog import RunLog
 from floom.services.access.secrets import Redactor
-from tests.support.agents import log_lines
 from tests.support.harness import deploy_folder, live_server, make_worker, wait_for_run
+from tests.support.rigs.agents import log_lines
 
 TOKEN = "Zq9sEcReT-4f1d-bb27-token-value"  # 30 characters, nothing like the padding
 

@@ -26,8 +26,8 @@ import pytest
 from floom.sandbox import LocalSandbox, SandboxResult
 from floom.sandbox.local import cgroups, limits, seccomp
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
-from tests.support.sandboxes import Lines
-from tests.support.sandboxes import run_script as run_in_sandbox
+from tests.support.rigs.sandboxes import Lines
+from tests.support.rigs.sandboxes import run_script as run_in_sandbox
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"

@@ -1,10 +1,10 @@
 """A sandbox with network: its own namespace through slirp4netns, fenced off from the host.
 
 The outside world is a test host in a network namespace each test creates (see
-tests/support/netns.py), with a small HTTP server in it. Probes from inside the sandbox touch
-nothing but loopback and that test host: every other address is first checked with a UDP
-`connect()`, which only asks the kernel for a route and sends no packet, and a TCP connect is
-tried only where that lookup already failed, to show it fails at once too.
+tests/support/processes/netns.py), with a small HTTP server in it. Probes from inside the
+sandbox touch nothing but loopback and that test host: every other address is first checked
+with a UDP `connect()`, which only asks the kernel for a route and sends no packet, and a TCP
+connect is tried only where that lookup already failed, to show it fails at once too.
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
 from floom.sandbox.local import cgroups
 from floom.sandbox.local.network import SLIRP_OWNER_VARIABLE, is_floom_slirp, route_commands
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
-from tests.support.netns import NamespaceHost, host_wide_listener, namespace_host, needs_netns
+from tests.support.processes.netns import (
+    NamespaceHost,
+    host_wide_listener,
+    namespace_host,
+    needs_netns,
+)
 
 needs_bwrap = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"

@@ -144,7 +144,7 @@ def test_older_composio_payload_shapes_are_read_too() -> None:
 def test_a_composio_triggers_callback_url_is_checked_at_deploy_and_gets_each_runs_record(
     tmp_path: Path, database_url: str
 ) -> None:
-    from tests.support.alerts import receiver
+    from tests.support.rigs.alerts import receiver
 
     with receiver() as done:
         trigger = f"{{event: GITHUB_COMMIT_EVENT, callback_url: '{done.url}'}}"

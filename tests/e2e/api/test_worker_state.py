@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.agents import start_run
 from tests.support.harness import LiveServer, live_server, wait_for_run, wait_until
-from tests.support.state import (
+from tests.support.rigs.agents import start_run
+from tests.support.rigs.state import (
     COUNTER_PY,
     COUNTER_YML,
     counter_state,

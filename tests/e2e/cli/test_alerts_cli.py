@@ -11,8 +11,8 @@ from pathlib import Path
 
 from standardwebhooks.webhooks import Webhook
 
-from tests.support.alerts import receiver
 from tests.support.harness import LiveServer, deploy_folder, live_server, make_worker
+from tests.support.rigs.alerts import receiver
 
 KEY = "whsec_" + base64.b64encode(b"c" * 32).decode()
 

@@ -14,8 +14,8 @@ import pytest
 
 from tests.e2e.api.test_approvals import MAILER_PY, MAILER_YML
 from tests.standins.anthropic_api import reply, tool_use
-from tests.support.agents import agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import LiveServer, deploy_folder, make_worker
+from tests.support.rigs.agents import agent_rig, agent_worker, start_run, wait_status
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from floom.services.context import Context
 from floom.services.runs import agent as agent_runs
 from tests.support.harness import REPO, fast_settings
 from tests.support.ports import free_port
-from tests.support.s3_server import S3Server
+from tests.support.processes.s3_server import S3Server
 
 
 def _floom(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.standins.anthropic_api import reply, tool_use
-from tests.support.agents import agent_rig
 from tests.support.harness import LiveServer
+from tests.support.rigs.agents import agent_rig
 
 
 def floom_in(folder: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

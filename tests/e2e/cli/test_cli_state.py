@@ -9,7 +9,7 @@ import httpx
 
 from tests.support.cli import cli
 from tests.support.harness import LiveServer
-from tests.support.state import COUNTER_YML, counter_state, deploy_counter
+from tests.support.rigs.state import COUNTER_YML, counter_state, deploy_counter
 
 
 def test_an_operator_gets_sets_restores_and_lists_the_state_with_the_cli(

@@ -10,9 +10,9 @@ import anyio
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from tests.support.alerts import receiver
 from tests.support.harness import live_server, make_worker
 from tests.support.mcp_clients import call, call_error, http_client, stdio_client, worker_files
+from tests.support.rigs.alerts import receiver
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 KEY = "whsec_" + base64.b64encode(b"m" * 32).decode()

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.harness import LiveServer
 from tests.support.mcp_clients import call, call_error, http_client, stdio_client
-from tests.support.state import COUNTER_YML, counter_state, deploy_counter
+from tests.support.rigs.state import COUNTER_YML, counter_state, deploy_counter
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

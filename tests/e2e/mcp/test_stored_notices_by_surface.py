@@ -13,9 +13,9 @@ import anyio
 import httpx
 import pytest
 
-from tests.support.agents import wait_status
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.mcp_clients import call, call_raw, http_client, text_of
+from tests.support.rigs.agents import wait_status
 from tests.support.web import signed_in_client
 
 pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

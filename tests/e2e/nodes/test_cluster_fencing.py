@@ -17,9 +17,9 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from tests.support.cluster import NodeProcess
 from tests.support.harness import deploy_folder, free_port, live_server, make_worker, wait_until
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.processes.cluster import NodeProcess
+from tests.support.processes.tcp_proxy import TcpProxy
 
 MANIFEST = """\
 name: single

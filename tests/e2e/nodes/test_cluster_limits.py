@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from floom.services.runs.statuses import FINISHED
-from tests.support.cluster import node_processes
 from tests.support.harness import deploy_folder, live_server, make_worker, wait_until
+from tests.support.processes.cluster import node_processes
 
 MANIFEST = """\
 name: one-at-a-time

@@ -22,7 +22,6 @@ from floom.engine.runtime import NodeRuntime, listening
 from floom.services.access.auth_cache import HEARD_WITHIN_SECONDS
 from floom.services.context import Context
 from floom.store.signals import APPLICATION_NAME
-from tests.support.cluster import NodeProcess
 from tests.support.harness import (
     PG_ADMIN_URL,
     LiveServer,
@@ -31,7 +30,8 @@ from tests.support.harness import (
     live_server,
     wait_until,
 )
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.processes.cluster import NodeProcess
+from tests.support.processes.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 

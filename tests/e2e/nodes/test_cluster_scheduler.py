@@ -59,7 +59,7 @@ def start_node(
         FLOOM_SECRET_KEY="test-secret-key",
     )
     return subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "support" / "scheduler_node.py")],
+        [sys.executable, str(REPO / "tests" / "support" / "processes" / "scheduler_node.py")],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

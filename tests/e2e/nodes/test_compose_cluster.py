@@ -22,9 +22,9 @@ import pytest
 
 from floom.sandbox.local.backend import owner_prefix
 from floom.services.runs.statuses import FINISHED
-from tests.support.compose import Cluster, Node, compose_cluster
 from tests.support.harness import EXAMPLES, deploy_folder, free_port, make_worker, wait_until
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.processes.compose import Cluster, Node, compose_cluster
+from tests.support.processes.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.cluster]
 

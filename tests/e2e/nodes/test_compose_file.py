@@ -19,7 +19,8 @@ import pytest
 from floom.cli.command import LazyCommands
 from floom.cli.index import COMMANDS
 from floom.config import Settings
-from tests.support.compose import (
+from tests.support.harness import REPO
+from tests.support.processes.compose import (
     COMPOSE_BINARY,
     OPERATOR_ENV,
     ComposeRefused,
@@ -28,7 +29,6 @@ from tests.support.compose import (
     floom_services,
     service_env,
 )
-from tests.support.harness import REPO
 
 SHARED = ("FLOOM_DATABASE_URL", "FLOOM_SECRET_KEY", "FLOOM_BOOTSTRAP_API_KEY", "FLOOM_PUBLIC_URL")
 SETTINGS = {f"FLOOM_{name.upper()}" for name in Settings.model_fields}

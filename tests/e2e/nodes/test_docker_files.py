@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from tests.support.compose import (
+from tests.support.harness import REPO
+from tests.support.processes.compose import (
     MissingVariable,
     compose_config,
     floom_services,
@@ -18,7 +19,6 @@ from tests.support.compose import (
     load_compose,
     service_env,
 )
-from tests.support.harness import REPO
 
 Rule = tuple[bool, re.Pattern[str]]
 

@@ -28,7 +28,7 @@ from tests.support.harness import (
     wait_for_run,
     wait_until,
 )
-from tests.support.server_process import ServerProcess
+from tests.support.processes.server_process import ServerProcess
 
 
 def serve(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

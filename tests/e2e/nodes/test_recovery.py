@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.support.harness import deploy_folder, make_worker, wait_for_run, wait_until
-from tests.support.server_process import ServerProcess
+from tests.support.processes.server_process import ServerProcess
 
 
 @pytest.fixture

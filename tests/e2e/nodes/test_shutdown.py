@@ -20,7 +20,7 @@ from tests.support.harness import (
     wait_for_run,
     wait_until,
 )
-from tests.support.server_process import ServerProcess
+from tests.support.processes.server_process import ServerProcess
 
 SLOW_FIRST_ATTEMPT = """\
 import json, os, sys, time

@@ -12,7 +12,7 @@ import pytest
 from floom.engine.work_root import hold_work_root, release_work_root
 from floom.errors import DataDirInUse
 from tests.support.ports import free_port
-from tests.support.server_process import ServerProcess
+from tests.support.processes.server_process import ServerProcess
 
 HOLD_AND_WAIT = """
 import sys

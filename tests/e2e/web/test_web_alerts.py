@@ -14,8 +14,8 @@ from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts import rules
 from tests.support import web as web_support
-from tests.support.alerts import receiver
 from tests.support.harness import live_server
+from tests.support.rigs.alerts import receiver
 from tests.support.web import Tab
 
 pytest.importorskip("playwright.sync_api")

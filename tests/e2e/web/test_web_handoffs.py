@@ -13,8 +13,8 @@ from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs import review as handoff_review
 from floom.services.handoffs import rules
-from tests.support.handoffs import roles
 from tests.support.harness import LiveServer
+from tests.support.rigs.handoffs import roles
 from tests.support.web import csrf_of, signed_in_client
 
 

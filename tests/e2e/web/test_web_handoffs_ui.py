@@ -14,8 +14,8 @@ from floom.services.handoffs import flow as handoff_flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs import review as handoff_review
 from tests.support import web as web_support
-from tests.support.handoffs import roles
 from tests.support.harness import LiveServer
+from tests.support.rigs.handoffs import roles
 from tests.support.web import Tab
 
 pytest.importorskip("playwright.sync_api")

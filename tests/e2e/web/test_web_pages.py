@@ -30,8 +30,8 @@ from floom.ui import support as ui_support
 from floom.ui.support import SESSION_COOKIE
 from floom.views import workers as worker_views
 from floom.vocabulary import ToolCallStatus
-from tests.support.handoffs import agent, roles
 from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, make_worker, wait_for_run
+from tests.support.rigs.handoffs import agent, roles
 from tests.support.web import csrf_of, signed_in_client
 
 

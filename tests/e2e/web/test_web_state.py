@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.harness import LiveServer
-from tests.support.state import COUNTER_YML, counter_state, deploy_counter, run_counter
+from tests.support.rigs.state import COUNTER_YML, counter_state, deploy_counter, run_counter
 from tests.support.web import csrf_of, signed_in_client
 
 

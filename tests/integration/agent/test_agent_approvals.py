@@ -12,7 +12,8 @@ import pytest
 from tests.standins.anthropic_api import messages_standin, reply, tool_use
 from tests.standins.composio import composio_standin
 from tests.standins.echo import echo_service
-from tests.support.agents import (
+from tests.support.harness import make_worker
+from tests.support.rigs.agents import (
     MODEL_KEY,
     AgentRig,
     agent_rig,
@@ -21,7 +22,6 @@ from tests.support.agents import (
     start_run,
     wait_status,
 )
-from tests.support.harness import make_worker
 
 POSTER_YML = """\
 name: poster

@@ -13,7 +13,7 @@ from floom.services.access.principal import SYSTEM
 from floom.services.runs import agent as agent_runs
 from floom.store.agents import Transcript
 from tests.integration.agent.test_agent_loop_fake import Rig, _notes, rig  # noqa: F401  (rig is a fixture)
-from tests.support.fake_provider import call, finish
+from tests.support.rigs.fake_provider import call, finish
 
 
 def _nested(levels: int) -> Any:

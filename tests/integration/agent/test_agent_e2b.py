@@ -20,9 +20,9 @@ from floom.services.runs import lifecycle as runs
 from floom.services.workers import versions as workers
 from floom.store.models import Run
 from tests.standins.e2b import E2BStandin
-from tests.support.e2b import standin_for_module
-from tests.support.fake_provider import FakeProvider, call, finish
 from tests.support.harness import make_worker, wait_until
+from tests.support.rigs.e2b import standin_for_module
+from tests.support.rigs.fake_provider import FakeProvider, call, finish
 
 SHELL_YML = """\
 name: shell

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.standins.anthropic_api import reply, tool_use
-from tests.support.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
+from tests.support.rigs.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 
 
 @pytest.fixture

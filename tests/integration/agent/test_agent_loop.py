@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.standins.anthropic_api import failure, reply, text, tool_use
-from tests.support.agents import (
+from tests.support.rigs.agents import (
     MODEL_KEY,
     AgentRig,
     agent_rig,

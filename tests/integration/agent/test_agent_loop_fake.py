@@ -34,8 +34,8 @@ from floom.services.runs import records as run_records
 from floom.services.runs.logs import list_events
 from floom.services.workers import versions as workers
 from floom.store.models import Run
-from tests.support.fake_provider import FakeProvider, call, finish, reply, text, tool_use
 from tests.support.harness import make_worker, wait_until
+from tests.support.rigs.fake_provider import FakeProvider, call, finish, reply, text, tool_use
 
 NOTES_YML = """\
 name: notes

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from tests.standins.anthropic_api import reply, tool_use
-from tests.support.agents import agent_rig, agent_worker, start_run, wait_status
+from tests.support.rigs.agents import agent_rig, agent_worker, start_run, wait_status
 
 
 def test_an_agent_reads_its_state_with_a_tool_and_leaves_the_next_with_finish(

@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 
 from tests.standins.anthropic_api import reply, text, tool_use
-from tests.support.agents import agent_rig, agent_worker, log_lines, start_run, wait_status
 from tests.support.harness import wait_until
+from tests.support.rigs.agents import agent_rig, agent_worker, log_lines, start_run, wait_status
 
 
 def test_a_runs_log_shows_the_agents_text_and_tool_calls_as_the_model_streams_them(

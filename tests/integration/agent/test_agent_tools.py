@@ -11,8 +11,8 @@ import pytest
 
 from tests.standins.anthropic_api import reply, tool_use
 from tests.standins.mcp_tracker import tracker_server
-from tests.support.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import make_worker
+from tests.support.rigs.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 
 
 @pytest.fixture

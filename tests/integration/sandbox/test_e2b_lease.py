@@ -15,9 +15,9 @@ import pytest
 from floom.sandbox.base import SandboxResult
 from floom.sandbox.fence import node_fence
 from tests.standins.e2b import E2BStandin
-from tests.support.e2b import e2b_backend, standin_for_module
 from tests.support.harness import wait_until
-from tests.support.sandboxes import run_script
+from tests.support.rigs.e2b import e2b_backend, standin_for_module
+from tests.support.rigs.sandboxes import run_script
 
 
 @pytest.fixture(scope="module")

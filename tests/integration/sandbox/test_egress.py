@@ -2,7 +2,7 @@
 an agent's http_request, its MCP tool sources, Composio calls, run callbacks and alert
 channels. Each source is shown refused where it must be, with nothing sent; a failure is told
 without what the other end answered. Traffic goes to loopback stand-ins and to test hosts in
-network namespaces the tests create (tests/support/netns.py), nowhere else."""
+network namespaces the tests create (tests/support/processes/netns.py), nowhere else."""
 
 from __future__ import annotations
 
@@ -36,9 +36,14 @@ from floom.net.egress import (
 from tests.standins.anthropic_api import reply, tool_use
 from tests.standins.composio import composio_standin
 from tests.standins.mcp_tracker import tracker_server
-from tests.support.agents import agent_rig, agent_worker, start_run, wait_status
 from tests.support.harness import wait_until
-from tests.support.netns import NamespaceHost, host_wide_listener, namespace_host, needs_netns
+from tests.support.processes.netns import (
+    NamespaceHost,
+    host_wide_listener,
+    namespace_host,
+    needs_netns,
+)
+from tests.support.rigs.agents import agent_rig, agent_worker, start_run, wait_status
 
 GUARDED: dict[str, Any] = {"agent_http_allow_private": False}
 

@@ -3,9 +3,9 @@
 Each behaviour is written twice, once as the Python script a real backend runs and once as
 the program the in-memory fake runs, and must come out the same on every backend. The E2B
 backend runs the real SDK against the wire-level stand-in (tests/standins/e2b); `local-warm`
-is the local backend with every Python run started from a warm process (tests/support/warm.py);
+is the local backend with every Python run started from a warm process (tests/support/rigs/warm.py);
 `e2b-warm` the E2B backend with every run started in a sandbox created ahead of it
-(FLOOM_E2B_WARM; tests/support/e2b.py).
+(FLOOM_E2B_WARM; tests/support/rigs/e2b.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from floom.sandbox import LocalSandbox
 from floom.sandbox.base import Sandbox, SandboxResult, SandboxSpec, SandboxUnavailable
 from floom.sandbox.fake import FakeProcess, FakeProgram, FakeSandbox
 from tests.standins.e2b import E2BStandin
-from tests.support.e2b import WarmedE2B, e2b_backend, standin_for_module
-from tests.support.warm import WarmedLocal
+from tests.support.rigs.e2b import WarmedE2B, e2b_backend, standin_for_module
+from tests.support.rigs.warm import WarmedLocal
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from floom.sandbox.e2b.backend import E2BSandbox
 from floom.sandbox.fake import FakeSandbox
 from floom.services.context import Context
 from tests.standins.e2b import E2BStandin
-from tests.support.e2b import e2b_backend, standin_for_module
-from tests.support.sandboxes import run_script
+from tests.support.rigs.e2b import e2b_backend, standin_for_module
+from tests.support.rigs.sandboxes import run_script
 
 # A run is: create, upload, command (unpacking first), pack, download, kill.
 REQUESTS_PER_RUN = 6

@@ -17,7 +17,7 @@ import pytest
 
 from floom.sandbox import LocalSandbox
 from floom.sandbox.local.backend import owner_marker
-from tests.support.sandboxes import run_script
+from tests.support.rigs.sandboxes import run_script
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"

@@ -24,7 +24,7 @@ from floom.sandbox.local.backend import (
     SandboxUnavailable,
     owner_marker,
 )
-from tests.support.sandboxes import Lines, run_script
+from tests.support.rigs.sandboxes import Lines, run_script
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"

@@ -20,7 +20,7 @@ from floom.sandbox.base import SandboxResult, SandboxUnavailable
 from floom.sandbox.local import cgroups, identity, standby
 from floom.sandbox.local.standby import LAUNCHER_NAME, Standby, start_launcher
 from tests.support.harness import wait_until
-from tests.support.sandboxes import Lines, run_script
+from tests.support.rigs.sandboxes import Lines, run_script
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"

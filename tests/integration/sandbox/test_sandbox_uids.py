@@ -13,7 +13,7 @@ import pytest
 from floom.sandbox import LocalSandbox, SandboxResult
 from floom.sandbox.base import SandboxUnavailable
 from floom.sandbox.local.uid_pool import DEFAULT_UID_BASE, UidPool, UidRange
-from tests.support.sandboxes import Lines, run_script
+from tests.support.rigs.sandboxes import Lines, run_script
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),

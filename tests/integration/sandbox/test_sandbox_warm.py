@@ -21,8 +21,8 @@ from floom.sandbox.local.backend import system_args
 from floom.sandbox.local.warm.inside import RECORD_NAME
 from floom.sandbox.local.warm.pools import WarmPools, WarmSettings, read_record
 from floom.sandbox.local.warm.process import INSIDE
-from tests.support.sandboxes import Lines
-from tests.support.warm import WarmedLocal, warm_script_spec
+from tests.support.rigs.sandboxes import Lines
+from tests.support.rigs.warm import WarmedLocal, warm_script_spec
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),

@@ -18,7 +18,7 @@ from floom.store.blobs.s3 import S3BlobStore
 from floom.store.db import make_engine
 from floom.store.migrate import migrate
 from tests.support.ports import free_port
-from tests.support.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
+from tests.support.processes.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 
 WHAT = "artifact 'report.csv' of run r_test"
 

@@ -28,7 +28,7 @@ from floom.services.runs.logs import list_events
 from floom.services.workers import versions as workers
 from floom.store.models import Run, Version
 from tests.support.harness import fast_settings, make_worker, wait_until
-from tests.support.queues import enqueue
+from tests.support.rigs.queues import enqueue
 
 
 class Slots(NodeRuntime):

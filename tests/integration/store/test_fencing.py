@@ -27,7 +27,7 @@ from floom.store.agents import Approval
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Run, utcnow
 from floom.vocabulary import ApprovalKind, RunStatus
-from tests.support.queues import enqueue, other_node
+from tests.support.rigs.queues import enqueue, other_node
 
 
 def _row(ctx: Context, run_id: str) -> Run:

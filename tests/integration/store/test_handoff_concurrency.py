@@ -13,7 +13,7 @@ from floom.services.access.principal import Principal
 from floom.services.context import Context
 from floom.services.handoffs import flow
 from floom.services.handoffs import jobs as handoffs
-from tests.support.handoffs import admin, agent, event_types, roles
+from tests.support.rigs.handoffs import admin, agent, event_types, roles
 
 AGENTS = 8
 JOBS = 200

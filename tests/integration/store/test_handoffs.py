@@ -15,8 +15,8 @@ from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow, review
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs.retire import retire_agent
-from tests.support.handoffs import admin, agent, event_types, events, label_of, public, roles
 from tests.support.harness import wait_until
+from tests.support.rigs.handoffs import admin, agent, event_types, events, label_of, public, roles
 
 # The team's keys by part, as a surface passes them on.
 Team = dict[str, Principal]

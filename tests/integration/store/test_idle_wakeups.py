@@ -18,8 +18,8 @@ from floom.services.context import Context
 from floom.services.handoffs import flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.workers import versions as workers
-from tests.support.handoffs import agent, roles
 from tests.support.harness import make_worker, wait_until
+from tests.support.rigs.handoffs import agent, roles
 
 # How long an idle loop is watched for wake-ups it should not make. The loops used to look
 # every second (scheduler) and every reap interval (handoffs, 0.3 s in these settings).

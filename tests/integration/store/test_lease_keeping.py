@@ -36,7 +36,7 @@ from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 from tests.support.harness import fast_settings, make_worker, wait_until
-from tests.support.queues import enqueue, other_node
+from tests.support.rigs.queues import enqueue, other_node
 
 
 def _expire_lease(ctx: Context, run_id: str) -> None:

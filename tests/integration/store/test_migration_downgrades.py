@@ -24,7 +24,7 @@ from floom.store.migrate import alembic_config
 from floom.store.models import Run, new_id
 from floom.vocabulary import RunStatus, ToolCallStatus
 from tests.support.harness import fast_settings
-from tests.support.s3_server import S3Server
+from tests.support.processes.s3_server import S3Server
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from tests.support.harness import PG_ADMIN_URL
-from tests.support.pg_databases import DatabasePool
+from tests.support.processes.pg_databases import DatabasePool
 
 
 @pytest.fixture

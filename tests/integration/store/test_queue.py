@@ -25,7 +25,7 @@ from floom.services.runs.logs import list_events
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 from floom.vocabulary import RunStatus
-from tests.support.queues import enqueue, other_node
+from tests.support.rigs.queues import enqueue, other_node
 
 
 def test_racing_nodes_never_claim_the_same_run(ctx: Context) -> None:

@@ -11,7 +11,7 @@ from floom.services.access.principal import SYSTEM
 from floom.services.access.secrets import Redactor
 from floom.services.context import Context
 from floom.services.runs.logs import list_events
-from tests.support.queues import enqueue
+from tests.support.rigs.queues import enqueue
 
 
 def run_log_of(ctx: Context) -> RunLog:

@@ -30,7 +30,7 @@ from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, new_id, trusted_row
 from tests.support.harness import make_worker, wait_until
-from tests.support.queues import enqueue
+from tests.support.rigs.queues import enqueue
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"

@@ -11,7 +11,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from tests.support.harness import free_port
-from tests.support.server_process import wait_healthy
+from tests.support.processes.server_process import wait_healthy
 
 
 class NodeProcess:

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from tests.support.agents import start_run
 from tests.support.harness import deploy_folder, make_worker, wait_for_run
+from tests.support.rigs.agents import start_run
 
 COUNTER_YML = """\
 name: counter
