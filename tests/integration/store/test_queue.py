@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -43,6 +44,9 @@ def test_racing_nodes_never_claim_the_same_run(ctx: Context) -> None:
                 return
             with lock:
                 claimed.append((run.id, node.node_id))
+            # A node starts the run it claimed before it claims again: without this pause one
+            # thread could take SQLite's write lock for every claim, and no race happen.
+            time.sleep(0.002)
 
     threads = [threading.Thread(target=worker, args=(n,)) for n in nodes for _ in range(3)]
     for t in threads:
