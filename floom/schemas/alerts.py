@@ -135,11 +135,16 @@ class CallbackKey(Public):
     key: str = Field(description="the Standard Webhooks key (whsec_...) that signs callbacks")
 
 
-def channel_public(row: AlertChannel) -> ChannelPublic:
+def channel_public(row: AlertChannel, *, full: bool = True) -> ChannelPublic:
+    """A channel as answered; `full` False (a caller without the deploy scope) shows a
+    webhook's URL as its origin only: many receivers take a token in the path or query."""
+    config = jsonvalues.stored(row.config_json, expect=dict)
+    if not full and isinstance(config.get("url"), str):
+        config = {**config, "url": origin_only(config["url"])}
     return ChannelPublic(
         name=row.name,
         kind=row.kind,
-        config=jsonvalues.stored(row.config_json, expect=dict),
+        config=config,
         created_at=row.created_at,
         updated_at=row.updated_at,
     )
@@ -157,14 +162,34 @@ def rule_public(row: AlertRule) -> RulePublic:
     )
 
 
-def shown_target(url: str | None) -> str | None:
+def shown_target(url: str | None, *, full: bool = True) -> str | None:
+    """Where a delivery went, never with its query; without `full` (a caller without the
+    deploy scope), its origin only."""
     if url is None:
         return None
+    if not full:
+        return origin_only(url)
     parts = urllib.parse.urlsplit(url)
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
 
-def delivery_public(row: Delivery) -> AlertDeliveryPublic:
+def origin_only(url: str) -> str:
+    """`url`'s scheme, host and port, with "/…" for a path or query left out (a token a
+    receiver takes there is shown only to callers who may change the channel)."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    origin = f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+    hidden = parts.path not in ("", "/") or parts.query or parts.fragment
+    return origin + ("/…" if hidden else "")
+
+
+def delivery_public(row: Delivery, *, full: bool = True) -> AlertDeliveryPublic:
     body = jsonvalues.stored(row.body_json, expect=dict)
     summary = body.get("summary")
     if summary is None and isinstance(body.get("run"), dict):
@@ -176,7 +201,7 @@ def delivery_public(row: Delivery) -> AlertDeliveryPublic:
         status=row.status,
         type=str(body.get("type") or row.purpose),
         channel=row.channel_name,
-        target=shown_target(row.target),
+        target=shown_target(row.target, full=full),
         run_id=row.run_id,
         event_id=row.event_id,
         summary=str(summary or ""),
@@ -190,7 +215,9 @@ def delivery_public(row: Delivery) -> AlertDeliveryPublic:
     )
 
 
-def delivery_page(rows: list[Delivery], next_cursor: str | None) -> Page[AlertDeliveryPublic]:
+def delivery_page(
+    rows: list[Delivery], next_cursor: str | None, *, full: bool = True
+) -> Page[AlertDeliveryPublic]:
     return Page[AlertDeliveryPublic](
-        items=[delivery_public(r) for r in rows], next_cursor=next_cursor
+        items=[delivery_public(r, full=full) for r in rows], next_cursor=next_cursor
     )

@@ -316,7 +316,10 @@ class LocalBackend(Backend):
 
     def alert_channels(self) -> ChannelList:
         rows = alert_channels.list_channels(self.ctx, caller=self.principal)
-        return alert_views.ChannelList(items=[alert_views.channel_public(r) for r in rows])
+        full = self.principal.can("deploy")
+        return alert_views.ChannelList(
+            items=[alert_views.channel_public(r, full=full) for r in rows]
+        )
 
     def add_alert_channel(self, name: str, kind: str, config: JSON) -> ChannelPublic:
         row = alert_channels.create_channel(
@@ -350,7 +353,7 @@ class LocalBackend(Backend):
         rows, next_cursor = alert_deliveries.list_deliveries(
             self.ctx, **query.model_dump(), caller=self.principal
         )
-        return alert_views.delivery_page(rows, next_cursor)
+        return alert_views.delivery_page(rows, next_cursor, full=self.principal.can("deploy"))
 
     def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
         sent = alert_deliveries.resend(self.ctx, delivery_id=delivery_id, caller=self.principal)

@@ -18,7 +18,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from floom.net import egress
-from floom.services.access import secrets
+from floom.services.access import keys, secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts.watch import watch
 from tests.support.harness import (
@@ -30,6 +30,7 @@ from tests.support.harness import (
     wait_until,
 )
 from tests.support.rigs.alerts import receiver, smtp_server
+from tests.support.web import signed_in_client
 
 SIGNING_KEY = "whsec_" + base64.b64encode(b"k" * 32).decode()
 FAST = {
@@ -513,3 +514,42 @@ def test_a_callback_host_that_answers_when_checked_and_not_when_sent_holds_up_no
             hook.wait_for(1)
     finally:
         answer.set()
+
+
+def test_a_webhook_channels_path_and_query_are_shown_only_to_callers_who_may_change_it(
+    tmp_path: Path, database_url: str
+) -> None:
+    # Many receivers take a token in the URL's path or query: a read key sees the origin.
+    with receiver() as hook, alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        url = f"{hook.url}/T0K3N-in-the-path?token=in-the-query"
+        add_webhook_channel(api, srv.ctx, url)
+        assert api.post("/api/v1/alerts/channels/hook/test").status_code == 200
+        hook.wait_for(1)
+        origin = hook.url.split("/", 3)
+        shown = f"{origin[0]}//{origin[2]}/…"
+
+        (mine,) = api.get("/api/v1/alerts/channels").json()["items"]
+        assert mine["config"]["url"] == url
+        _, read_key = keys.create_key(srv.ctx, caller=SYSTEM, scopes=["read"], name="dash")
+        reader = srv.client(read_key)
+        (theirs,) = reader.get("/api/v1/alerts/channels").json()["items"]
+        assert theirs["config"]["url"] == shown
+        # A run's callback URL too: its delivery's target.
+        deploy_folder(api, make_worker(tmp_path / "flaky", FLAKY, {"run.py": FLAKY_RUN}))
+        run = api.post(
+            "/api/v1/workers/flaky/runs", json={"inputs": {"fail": False}, "callback_url": url}
+        ).json()
+        wait_for_run(api, run["id"])
+        hook.wait_for(2)
+        (mine,) = deliveries(api, purpose="callback")
+        assert mine["target"] == url.split("?")[0]  # the query is never shown
+        (delivery,) = reader.get(
+            "/api/v1/alerts/deliveries", params={"purpose": "callback"}
+        ).json()["items"]
+        assert delivery["target"] == shown
+        assert reader.get(f"/api/v1/alerts/deliveries/{delivery['id']}").json()["target"] == shown
+        page = signed_in_client(srv, read_key).get("/alerts").text
+        assert "T0K3N" not in page
+        assert "in-the-query" not in page
+        assert "T0K3N" in signed_in_client(srv, srv.admin_key).get("/alerts").text
