@@ -26,6 +26,13 @@ if TYPE_CHECKING:
     from floom.services.context import Context
 
 
+# A refusal names the first few problems and quotes a bounded part of what was sent: a body of
+# thousands of bad events answers in a few lines, not their whole size again.
+SHOWN_PROBLEMS = 5
+MAX_DETAILS = 50
+QUOTED = 80
+
+
 class RuleInvalid(InvalidRequest):
     """An alert rule that cannot be used; `details` names each field that is wrong."""
 
@@ -48,10 +55,13 @@ def check(raw: Any, *, path: str = "", worker_scoped: bool = False) -> RuleSpec:
     spec = check_rule(raw, path, out, worker_scoped=worker_scoped)
     if spec is None:
         first = out[0] if out else Problem(path, "is not a rule")
+        said = "; ".join(f"{p.path.lstrip('.')}: {p.message}" for p in out[:SHOWN_PROBLEMS])
+        if len(out) > SHOWN_PROBLEMS:
+            said += f"; and {len(out) - SHOWN_PROBLEMS} more"
         raise RuleInvalid(
-            "; ".join(f"{p.path.lstrip('.')}: {p.message}" for p in out),
+            said,
             hint=first.hint or "e.g. {events: [run.failed], channels: [ops]}",
-            details=[{**p.to_dict(), "path": p.path.lstrip(".")} for p in out],
+            details=[{**p.to_dict(), "path": p.path.lstrip(".")} for p in out[:MAX_DETAILS]],
         )
     return spec
 
@@ -72,7 +82,7 @@ def create_rule(
     if not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         hint = "a lowercase slug, e.g. failures-to-ops"
         raise RuleInvalid(
-            f"name: {name!r} is not a rule name", hint=hint, details=[_detail("name", hint)]
+            f"name: {_quoted(name)} is not a rule name", hint=hint, details=[_detail("name", hint)]
         )
     spec = check({"events": events, "channels": channels, "recovery": recovery})
     if worker is not None:
@@ -93,6 +103,12 @@ def create_rule(
     except IntegrityError as exc:
         raise Conflict(f"an alert rule named {name} exists", hint="pick another name") from exc
     return row
+
+
+def _quoted(value: Any) -> str:
+    """`value` as a refusal quotes it: at most QUOTED characters of what a caller sent."""
+    text = repr(value)
+    return text if len(text) <= QUOTED else text[: QUOTED - 3] + "..."
 
 
 def _detail(path: str, hint: Told) -> dict[str, Any]:
@@ -125,7 +141,7 @@ def set_enabled(ctx: Context, *, name: str, enabled: Any, caller: Principal) -> 
     if not isinstance(enabled, bool):
         hint = "true or false"
         raise RuleInvalid(
-            f"enabled: {enabled!r} is not true or false",
+            f"enabled: {_quoted(enabled)} is not true or false",
             hint=hint,
             details=[_detail("enabled", hint)],
         )

@@ -550,3 +550,19 @@ def test_a_run_waiting_for_approval_too_long_alerts_once(tmp_path: Path, databas
         assert watch_approvals(srv.ctx, now=asked + wait * 2) == 0
         assert _sent(srv) == ["approval.waiting"]
         assert hook.bodies()[0]["run_id"] == run["id"]
+
+
+def test_a_rule_refusal_quotes_a_bounded_part_of_what_was_sent(server: LiveServer) -> None:
+    with server.client() as api:
+        rules = "/api/v1/alerts/rules"
+        many = {"name": "many", "events": ["nope.x"] * 5000, "channels": ["ops"]}
+        resp = api.post(rules, json=many)
+        assert resp.status_code == 422, resp.text[:300]
+        error = resp.json()["error"]
+        assert "and 4996 more" in error["message"]  # 5,000 unknown and one "twice"
+        assert len(error["message"]) < 2000
+        assert len(error["details"]) <= 50
+        long_name = {"name": "N" * 100_000, "events": ["run.failed"], "channels": ["ops"]}
+        resp = api.post(rules, json=long_name)
+        assert resp.status_code == 422, resp.text[:300]
+        assert len(resp.text) < 4000
