@@ -40,11 +40,11 @@ from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 from tests.support.harness import (
     PG_ADMIN_URL,
     LiveServer,
-    fast_settings,
     make_worker,
     wait_until,
 )
 from tests.support.ports import free_port
+from tests.support.rigs.alerts import mail_host_context
 
 SECRET_VALUE = "a-value-long-enough-to-redact"
 # An email channel, whose writes are walked too: its host is checked by the egress guard when
@@ -63,15 +63,8 @@ VOLATILE = {"nodes"}
 @pytest.fixture
 def ctx(tmp_path: Path, database_url: str) -> Iterator[Context]:
     """The conftest's `ctx`, with MAIL's host resolved to loopback and loopback allowed."""
-    settings = fast_settings(
-        tmp_path / "data",
-        database_url,
-        agent_http_allow_private=True,
-        agent_http_resolve="smtp.walked.test=127.0.0.1",
-    )
-    context = Context.open(settings)
-    yield context
-    context.engine.dispose()
+    with mail_host_context(tmp_path, database_url, "smtp.walked.test") as context:
+        yield context
 
 
 def archive_of(folder: Path) -> bytes:

@@ -14,7 +14,7 @@ from floom.services.access import secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts import channels
 from floom.services.context import Context
-from tests.support.harness import fast_settings
+from tests.support.rigs.alerts import mail_host_context
 
 # Its host is checked by the egress guard when saved: a name of these tests' own, resolved to
 # loopback, which `ctx` below allows.
@@ -24,15 +24,8 @@ MAIL = {"host": "mail.test", "sender": "floom@example.com", "to": ["ops@example.
 @pytest.fixture
 def ctx(tmp_path: Path, database_url: str) -> Iterator[Context]:
     """The conftest's `ctx`, with MAIL's host resolved to loopback and loopback allowed."""
-    settings = fast_settings(
-        tmp_path / "data",
-        database_url,
-        agent_http_allow_private=True,
-        agent_http_resolve="mail.test=127.0.0.1",
-    )
-    context = Context.open(settings)
-    yield context
-    context.engine.dispose()
+    with mail_host_context(tmp_path, database_url, "mail.test") as context:
+        yield context
 
 
 def test_a_change_keeps_the_settings_it_does_not_name(ctx: Context) -> None:

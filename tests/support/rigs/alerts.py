@@ -16,7 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.support.harness import wait_until
+from floom.services.context import Context
+from tests.support.harness import fast_settings, wait_until
 
 
 @dataclass
@@ -173,3 +174,20 @@ def smtp_server(tmp: Path, *, name: str, user: str, password: str) -> Iterator[M
         yield server
     finally:
         controller.stop()
+
+
+@contextmanager
+def mail_host_context(tmp_path: Path, database_url: str, host: str) -> Iterator[Context]:
+    """The suite's context, with loopback allowed and `host` (an email channel's, which the
+    egress guard resolves when the channel is saved) resolved to it."""
+    settings = fast_settings(
+        tmp_path / "data",
+        database_url,
+        agent_http_allow_private=True,
+        agent_http_resolve=f"{host}=127.0.0.1",
+    )
+    context = Context.open(settings)
+    try:
+        yield context
+    finally:
+        context.engine.dispose()
