@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from floom.errors import InvalidRequest
+from floom.services.access import secrets
 from floom.services.triggers.registry import spec_of
 from floom.services.triggers.webhooks import (
     UNMATCHED,
@@ -33,6 +34,7 @@ from floom.services.triggers.webhooks import (
     lookup,
     no_webhook_at,
     parse_body,
+    redact_bytes,
 )
 from floom.store.db import session_scope
 from floom.store.models import Worker, new_id
@@ -144,7 +146,7 @@ def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -
             )
         )
     if not results:
-        results.append(_unmatched(ctx, key, headers, body, event))
+        results.append(_unmatched(ctx, key, headers, body, event, redact=[secret]))
     return results
 
 
@@ -183,15 +185,23 @@ def _unmatched(
     headers: Mapping[str, str],
     body: bytes,
     event: ComposioEvent | None,
+    *,
+    redact: list[str],
 ) -> Received:
+    """Stored as a matched delivery is: the headers and body with `redact` (the webhook's
+    secret) masked."""
+    redactor = secrets.Redactor(redact)
     delivery = WebhookDelivery(
         id=new_id("dlv"),
         source=RunTrigger.COMPOSIO,
         worker_name="",
         delivery_key=key[:200],
         event=event.slug[:200] if event else None,
-        headers_json=json.dumps(signatures.storable_headers(headers), sort_keys=True),
-        body=body,
+        headers_json=json.dumps(
+            {k: redactor.text(v) for k, v in signatures.storable_headers(headers).items()},
+            sort_keys=True,
+        ),
+        body=redact_bytes(body, redact),
         outcome=UNMATCHED,
         message="no worker's composio trigger matches this event",
     )

@@ -164,7 +164,7 @@ def deliver(
         signature_digest=digest,
         event=(event_name or "")[:200] or None,
         headers_json=json.dumps(stored_headers, sort_keys=True),
-        body=_redact_bytes(body, redact),
+        body=redact_bytes(body, redact),
         content_type=stored_headers.get("content-type", "")[:200],
         outcome=RUN,
     )
@@ -343,7 +343,7 @@ def _ctype(headers: Mapping[str, str]) -> str:
     return {k.lower(): v for k, v in headers.items()}.get("content-type", "")
 
 
-def _redact_bytes(body: bytes, values: list[str]) -> bytes:
+def redact_bytes(body: bytes, values: list[str]) -> bytes:
     for value in values:
         if value and value.encode() in body:
             body = body.replace(value.encode(), secrets.REDACTED.encode())

@@ -11,9 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlmodel import select
 from standardwebhooks.webhooks import Webhook
 
 from floom.services.triggers.composio import matches, read_event
+from floom.store.db import session_scope
+from floom.store.triggers import WebhookDelivery
 from floom.triggers.spec import ComposioSpec
 from tests.support.harness import (
     LiveServer,
@@ -217,3 +220,19 @@ def _archive(folder: Path) -> bytes:
     from floom.bundle import read_folder
 
     return read_folder(folder, max_bytes=10 * 1024 * 1024).to_archive()
+
+
+def test_an_unmatched_composio_event_is_stored_with_the_webhooks_secret_masked(
+    composio_server: LiveServer,
+) -> None:
+    # A sender that echoes the subscription's secret in its body (a misconfigured relay, say):
+    # the stored delivery keeps no copy of it, matched or not.
+    data = {"note": f"the secret is {SECRET}"}
+    resp = send(composio_server, v3_event("NOTION_PAGE_ADDED", "ca_1", data, "m9"), "m9")
+    assert resp.status_code == 202, resp.text
+    assert [d["outcome"] for d in resp.json()["deliveries"]] == ["unmatched"]
+    with session_scope(composio_server.ctx.engine) as s:
+        (stored,) = s.exec(select(WebhookDelivery).where(WebhookDelivery.outcome == "unmatched"))
+    assert SECRET.encode() not in stored.body
+    assert b"the secret is ***" in stored.body
+    assert SECRET not in stored.headers_json
