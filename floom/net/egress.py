@@ -22,6 +22,7 @@ FLOOM_AGENT_HTTP_ALLOW_PRIVATE and FLOOM_AGENT_HTTP_RESOLVE relax all of this fo
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
 import sys
 import threading
@@ -46,6 +47,13 @@ NEVER_ALLOWED: tuple[Network, ...] = (
     ipaddress.IPv6Network("::/127"),
 )
 ALLOW_HINT = "list networks in CIDR form, comma-separated, e.g. FLOOM_EGRESS_ALLOW=10.1.2.0/24"
+
+
+# httpx and httpcore log every request's URL at INFO and DEBUG, and the URLs floom sends to
+# can hold secrets (a Slack webhook's URL is one, a callback's query may be): a node whose
+# operator turns on INFO logging must not write them out.
+for _name in ("httpx", "httpcore"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 
 class EgressRefused(ToolError):
