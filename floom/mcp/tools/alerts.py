@@ -149,12 +149,19 @@ async def list_alert_deliveries(
         Field(description="only this kind"),
     ] = None,
     run_id: Annotated[str | None, Field(description="only this run's")] = None,
+    channel: Annotated[str | None, Field(description="only this channel's")] = None,
+    cursor: Annotated[str | None, Field(description="next_cursor of a previous page")] = None,
     limit: Annotated[int, Field(ge=1, le=500)] = 20,
 ) -> Reply:
-    """Alert, test and run-callback deliveries, newest first, with status and last error."""
-    query = DeliveryQuery(status=status, purpose=purpose, run_id=run_id, limit=limit)
+    """Alert, test and run-callback deliveries, newest first, with status and last error, a
+    page at a time (next_cursor continues)."""
+    query = DeliveryQuery(
+        status=status, purpose=purpose, run_id=run_id, channel=channel, cursor=cursor, limit=limit
+    )
     page = await off(backend_of(ctx).alert_deliveries, query)
     text = "\n".join(_delivery_line(d) for d in page.items) or "no deliveries"
+    if page.next_cursor:
+        text += f"\nmore: list_alert_deliveries(cursor={page.next_cursor!r})"
     return Reply(text, page.to_json())
 
 

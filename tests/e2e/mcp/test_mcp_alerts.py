@@ -99,6 +99,16 @@ def test_channels_rules_test_sends_deliveries_and_callbacks_over_mcp(
                         await anyio.sleep(0.05)
                 page = await call(mcp, "list_alert_deliveries", purpose="callback")
                 assert page["items"][0]["run_id"] == run["run"]["id"]
+                # By channel, a page at a time: the test send, then no more.
+                first = await call(mcp, "list_alert_deliveries", channel="ops", limit=1)
+                assert [d["id"] for d in first["items"]] == [sent["id"]]
+                if first["next_cursor"]:
+                    rest = await call(
+                        mcp, "list_alert_deliveries", channel="ops", cursor=first["next_cursor"]
+                    )
+                    assert sent["id"] not in [d["id"] for d in rest["items"]]
+                none = await call(mcp, "list_alert_deliveries", channel="nosuch")
+                assert none["items"] == []
                 resent = await call(mcp, "resend_alert_delivery", delivery_id=sent["id"])
                 assert resent["status"] == "pending"
 
