@@ -160,7 +160,10 @@ def rule_public(row: AlertRule) -> RulePublic:
 def shown_target(url: str | None) -> str | None:
     if url is None:
         return None
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # a row's URL Python cannot split: shown as nothing, not a 500
+        return None
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
 

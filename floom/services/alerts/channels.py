@@ -93,7 +93,10 @@ def check_url(ctx: Context, url: Any, path: str, *, asked: Asked | None = None) 
     url = url.strip()
     if len(url) > MAX_URL:
         raise invalid(path, f"is longer than {MAX_URL} characters", "use a shorter URL")
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # "http://[::1": a bracket not closed (a 500 if left to rise)
+        parts = urllib.parse.SplitResult("", "", "", "", "")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise invalid(path, f"{_shown(url)} is not an http(s) URL", "e.g. https://example.com/hook")
     if parts.username or parts.password:
