@@ -44,6 +44,10 @@ class ChannelChange(BaseModel):
     /api/v1/alerts/channels/{name}'s body, the client's change_alert_channel, both MCP
     backends and the update_alert_channel tool, and `floom alerts channels update`."""
 
+    # A field other than config (a kind, say: a channel's kind does not change) is refused,
+    # not ignored as if it had been applied.
+    model_config = ConfigDict(extra="forbid")
+
     config: dict[str, Any] = Field(
         description="the settings to change (null removes one; a list is replaced whole); "
         "the others stay. Secrets by NAME, never values"

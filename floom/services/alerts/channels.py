@@ -335,6 +335,16 @@ def change_channel(ctx: Context, *, name: str, changes: Any, caller: Principal) 
         )
     for _ in range(CHANGE_TRIES):
         current = get_channel(ctx, name=name, caller=caller)
+        known = {key for key, _, _ in SETTINGS.get(current.kind, ())}
+        for key in changes:
+            # Also a null one: removing a setting the kind does not have (a misspelt
+            # password_secret) would otherwise answer as if it were removed.
+            if key not in known:
+                raise invalid(
+                    f"config.{key}",
+                    f"unknown setting for a {current.kind} channel",
+                    _keys_hint(current.kind),
+                )
         merged = {**jsonvalues.stored(current.config_json, expect=dict), **changes}
         config = {k: v for k, v in merged.items() if v is not None}
         clean = check_config(ctx, kind=current.kind, config=config, caller=caller)
