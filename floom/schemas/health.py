@@ -47,7 +47,8 @@ class E2BWarmHealth(Public):
     enabled: bool
     count: int
     budget: int
-    idle_seconds: float
+    # Finite: a row holding NaN read back as null, which no client model takes.
+    idle_seconds: float = Field(allow_inf_nan=False)
     hits: int
     misses: int
     pools: list[E2BWarmPool]
