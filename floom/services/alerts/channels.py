@@ -20,7 +20,7 @@ from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.hints import Told, act, told
 from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
-from floom.net.egress import EgressRefused, policy_of, resolve_checked_now
+from floom.net.egress import CHECKS, EgressRefused, policy_of, resolve_checked_now
 from floom.services.access import secrets
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
@@ -128,7 +128,7 @@ def check_reachable(
         refused = asked[key]
     else:
         try:
-            resolve_checked_now(host, port, policy_of(ctx.settings))
+            resolve_checked_now(host, port, policy_of(ctx.settings), places=CHECKS)
             refused = None
         except EgressRefused as exc:
             refused = exc
