@@ -383,14 +383,14 @@ def rollback(
             run = s.get(Run, run_id)
             if run is None or run.worker_name != name:
                 raise NotFound(
-                    f"no run {run_id} of worker '{name}'",
+                    f"no run {quoted(run_id)} of worker '{name}'",
                     hint=told(act("runs", worker=name), " lists its runs"),
                 )
             version_id = run.version_id
         version = s.get(Version, version_id)
         if version is None or version.worker_name != name:
             raise NotFound(
-                f"no version {quoted(version_id)} of worker '{name}'",
+                f"no version {quoted(str(version_id))} of worker '{name}'",
                 hint=told(act("versions", worker=name), " lists the versions"),
             )
         if in_transaction is not None:
