@@ -78,6 +78,16 @@ def _told_in(details: Any, tell: Callable[[Told], str | None]) -> Any:
     return details
 
 
+# The most of a name or an id a caller sent that an error quotes back.
+QUOTED_MOST = 80
+
+
+def quoted(ref: str) -> str:
+    """A name or id a caller sent, as an error quotes it: at most QUOTED_MOST characters (an
+    id of a megabyte named nothing, and is not answered back whole)."""
+    return ref if len(ref) <= QUOTED_MOST else ref[:QUOTED_MOST] + "..."
+
+
 class InvalidRequest(FloomError):
     """The request is not valid."""
 

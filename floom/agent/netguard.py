@@ -10,7 +10,13 @@ from urllib.parse import urljoin
 import httpx
 
 from floom.agent.tools import ToolError
-from floom.net.egress import EgressPolicy, EgressRefused, describe_failure, guarded_client
+from floom.net.egress import (
+    RUNS,
+    EgressPolicy,
+    EgressRefused,
+    describe_failure,
+    guarded_client,
+)
 
 MAX_REDIRECTS = 5
 MAX_BODY_BYTES = 1024 * 1024
@@ -59,7 +65,9 @@ def request(
         raise ToolError(
             f"method {method} is not allowed for this tool; allowed: {', '.join(policy.methods)}"
         )
-    with guarded_client(policy.egress, timeout=timeout, follow_redirects=False) as client:
+    with guarded_client(
+        policy.egress, places=RUNS, timeout=timeout, follow_redirects=False
+    ) as client:
         for _ in range(MAX_REDIRECTS + 1):
             reply, location = _one_hop(client, method, url, headers, content, policy)
             if location is None:

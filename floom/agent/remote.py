@@ -18,6 +18,7 @@ from floom.agent.tools import Tool, ToolError
 from floom.errors import SourceUnavailable
 from floom.manifest.agent import ToolSpec
 from floom.net.egress import (
+    RUNS,
     EgressPolicy,
     EgressRefused,
     describe_failure,
@@ -129,7 +130,10 @@ class _mcp_client:  # used like a function in `async with`
 
         server = self._server
         self._http = guarded_async_client(
-            server.egress, headers=server.headers, timeout=httpx2.Timeout(server.timeout)
+            server.egress,
+            places=RUNS,
+            headers=server.headers,
+            timeout=httpx2.Timeout(server.timeout),
         )
         await self._http.__aenter__()
         return streamable_http_client(server.url, http_client=self._http)
@@ -193,7 +197,11 @@ def composio_tools(
 
     def client() -> httpx.Client:
         return guarded_client(
-            egress, base_url=base_url.rstrip("/"), headers={"x-api-key": api_key}, timeout=timeout
+            egress,
+            places=RUNS,
+            base_url=base_url.rstrip("/"),
+            headers={"x-api-key": api_key},
+            timeout=timeout,
         )
 
     try:

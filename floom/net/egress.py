@@ -210,22 +210,34 @@ def resolve_checked(host: str, port: int, policy: EgressPolicy) -> str:
 # a callback URL, a worker.yml validated, and every connection: an alert or a callback sent,
 # an agent's request): each is given RESOLVE_SECONDS, and at most RESOLVING are resolved at
 # once, so that names whose servers never answer (a domain a caller runs, fast when checked
-# and silent when sent) hold neither the server's threads nor the alert loop.
+# and silent when sent) hold neither the server's threads nor the alert loop. Each kind of
+# caller has places of its own: names a caller (any read key, for a worker.yml's callbacks)
+# or a run's agent keeps hanging never leave floom's own alerts and callbacks unresolved.
 RESOLVE_SECONDS = 3.0
 RESOLVING = 8
-_resolving = threading.BoundedSemaphore(RESOLVING)
+CHECKS = threading.BoundedSemaphore(RESOLVING)
+"""Places for the checks a caller waits for: a channel saved, a callback URL checked."""
+SENDS = threading.BoundedSemaphore(RESOLVING)
+"""Places for floom's own connections: an alert or a run's callback sent."""
+RUNS = threading.BoundedSemaphore(RESOLVING)
+"""Places for the connections a run's agent makes (its HTTP tools, its MCP servers)."""
 
 
 def resolve_checked_now(
-    host: str, port: int, policy: EgressPolicy, *, seconds: float | None = None
+    host: str,
+    port: int,
+    policy: EgressPolicy,
+    *,
+    seconds: float | None = None,
+    places: threading.BoundedSemaphore = SENDS,
 ) -> str:
     """resolve_checked, answered within about `seconds` (default RESOLVE_SECONDS; twice
     that at most, when RESOLVING others are under way): a name not resolved by then is
     refused (EgressRefused, "cannot resolve"). The resolution goes on in a thread of its
-    own until the resolver gives up, holding one of the RESOLVING places; the caller does
-    not wait for it."""
+    own until the resolver gives up, holding one of the RESOLVING `places` (CHECKS, SENDS
+    or RUNS: whose it is); the caller does not wait for it."""
     seconds = RESOLVE_SECONDS if seconds is None else seconds
-    if not _resolving.acquire(timeout=seconds):
+    if not places.acquire(timeout=seconds):
         raise EgressRefused(f"cannot resolve {host}: too many names are being resolved; try again")
     outcome: list[str | BaseException] = []
 
@@ -235,7 +247,7 @@ def resolve_checked_now(
         except BaseException as exc:  # handed to the caller, whatever it is
             outcome.append(exc)
         finally:
-            _resolving.release()
+            places.release()
 
     worker = threading.Thread(target=resolve, name="floom-resolve", daemon=True)
     worker.start()
@@ -251,7 +263,7 @@ def resolve_checked_now(
 # -- guarded HTTP clients ----------------------------------------------------------------------
 
 
-def _pin(url: Any, policy: EgressPolicy) -> tuple[str, str]:
+def _pin(url: Any, policy: EgressPolicy, places: threading.BoundedSemaphore) -> tuple[str, str]:
     """(host name, checked address) for a request's URL; raises EgressRefused."""
     if url.scheme not in ("http", "https"):
         raise EgressRefused(f"only http and https can be reached, not {url.scheme!r}")
@@ -259,12 +271,14 @@ def _pin(url: Any, policy: EgressPolicy) -> tuple[str, str]:
     if not host:
         raise EgressRefused("a URL without a host")
     port = url.port or (443 if url.scheme == "https" else 80)
-    return host, resolve_checked_now(host, port, policy)
+    return host, resolve_checked_now(host, port, policy, places=places)
 
 
-def guarded_client(policy: EgressPolicy, **options: Any) -> httpx.Client:
+def guarded_client(
+    policy: EgressPolicy, *, places: threading.BoundedSemaphore = SENDS, **options: Any
+) -> httpx.Client:
     """An httpx.Client whose every connection goes through the guard (redirects included,
-    when followed); no proxy from the environment."""
+    when followed), its names resolved in `places`; no proxy from the environment."""
     import httpx
 
     class _Transport(httpx.BaseTransport):
@@ -276,7 +290,7 @@ def guarded_client(policy: EgressPolicy, **options: Any) -> httpx.Client:
         def handle_request(self, request: httpx.Request) -> httpx.Response:
             # The connection goes to the checked address; the Host header and the TLS name
             # (certificate checks included) stay the host's name.
-            host, address = _pin(request.url, policy)
+            host, address = _pin(request.url, policy, places)
             pinned = httpx.Request(
                 request.method,
                 request.url.copy_with(host=address),
@@ -296,7 +310,9 @@ def guarded_client(policy: EgressPolicy, **options: Any) -> httpx.Client:
     return httpx.Client(transport=_Transport(), trust_env=False, **options)
 
 
-def guarded_async_client(policy: EgressPolicy, **options: Any) -> httpx2.AsyncClient:
+def guarded_async_client(
+    policy: EgressPolicy, *, places: threading.BoundedSemaphore = SENDS, **options: Any
+) -> httpx2.AsyncClient:
     """The same for the MCP SDK's HTTP client (httpx2)."""
     import httpx2
 
@@ -308,7 +324,7 @@ def guarded_async_client(policy: EgressPolicy, **options: Any) -> httpx2.AsyncCl
             import anyio.to_thread
 
             # Name resolution blocks: off the event loop, as httpx's own would be.
-            host, address = await anyio.to_thread.run_sync(_pin, request.url, policy)
+            host, address = await anyio.to_thread.run_sync(_pin, request.url, policy, places)
             pinned = httpx2.Request(
                 request.method,
                 request.url.copy_with(host=address),

@@ -44,6 +44,10 @@ class ChannelChange(BaseModel):
     /api/v1/alerts/channels/{name}'s body, the client's change_alert_channel, both MCP
     backends and the update_alert_channel tool, and `floom alerts channels update`."""
 
+    # A field other than config (a kind, say: a channel's kind does not change) is refused,
+    # not ignored as if it had been applied.
+    model_config = ConfigDict(extra="forbid")
+
     config: dict[str, Any] = Field(
         description="the settings to change (null removes one; a list is replaced whole); "
         "the others stay. Secrets by NAME, never values"
@@ -167,17 +171,23 @@ def shown_target(url: str | None, *, full: bool = True) -> str | None:
     deploy scope), its origin only."""
     if url is None:
         return None
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # a row's URL Python cannot split: shown as nothing, not a 500
+        return None
     if not full:
         return origin_only(url)
-    parts = urllib.parse.urlsplit(url)
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
 
 
 def origin_only(url: str) -> str:
     """`url`'s scheme, host and port, with "/…" for a path or query left out (a token a
     receiver takes there is shown only to callers who may change the channel)."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError:  # a row's URL Python cannot split: shown as nothing of it
+        return "…"
     if ":" in host:
         host = f"[{host}]"
     try:

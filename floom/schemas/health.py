@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -14,18 +14,23 @@ class ExecutorHealth(Public):
     active: int
 
 
+# A count or a size in warm pool figures: what a node writes into its row is read back by every
+# node and shown (a size past a float's range, divided into MiB, raised in the CLI and the UI).
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
 class WarmPool(Public):
     """One pool of warm processes: a worker version's ready and running children."""
 
     version: str
     worker: str
-    ready: int
-    running: int
-    hits: int
-    misses: int
-    modules: int
-    warm_processes_started: int
-    rss_bytes: int
+    ready: Count
+    running: Count
+    hits: Count
+    misses: Count
+    modules: Count
+    warm_processes_started: Count
+    rss_bytes: Count
 
 
 class E2BWarmPool(Public):
@@ -33,31 +38,32 @@ class E2BWarmPool(Public):
 
     template: str
     network: bool
-    ready: int
-    creating: int
-    running: int
-    hits: int
-    misses: int
-    replaced: int
+    ready: Count
+    creating: Count
+    running: Count
+    hits: Count
+    misses: Count
+    replaced: Count
 
 
 class E2BWarmHealth(Public):
     """FLOOM_E2B_WARM's pools on this node."""
 
     enabled: bool
-    count: int
-    budget: int
-    idle_seconds: float
-    hits: int
-    misses: int
+    count: Count
+    budget: Count
+    # Finite: a row holding NaN read back as null, which no client model takes.
+    idle_seconds: float = Field(allow_inf_nan=False)
+    hits: Count
+    misses: Count
     pools: list[E2BWarmPool]
 
 
 class WarmHealth(Public):
     enabled: bool
     pools: list[WarmPool]
-    hits: int
-    misses: int
+    hits: Count
+    misses: Count
     e2b: E2BWarmHealth | None = None
 
 

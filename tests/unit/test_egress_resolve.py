@@ -8,12 +8,16 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from floom.config import Settings
 from floom.net import egress
 from floom.net.egress import EgressPolicy, EgressRefused, resolve_checked_now
+from floom.services.alerts import channels
+from floom.services.alerts.channels import ChannelInvalid
 
 PUBLIC = "93.184.215.14"
 
@@ -62,3 +66,25 @@ def test_the_guard_still_refuses_what_a_name_resolves_to(monkeypatch: pytest.Mon
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     with pytest.raises(EgressRefused, match="link-local"):
         resolve_checked_now("metadata.test", 80, EgressPolicy(), seconds=5)
+
+
+def test_names_a_caller_keeps_hanging_leave_floom_s_own_sends_their_places(
+    slow_names: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Any read key validates a worker.yml whose callbacks name hosts that never answer (and a
+    # deploy key saves such channels): while those hold every place of theirs, floom still
+    # resolves the names it sends alerts and run callbacks to.
+    monkeypatch.setattr(egress, "RESOLVE_SECONDS", 0.05)
+    ctx: Any = SimpleNamespace(settings=Settings())
+    for i in range(egress.RESOLVING):
+        with pytest.raises(ChannelInvalid, match="no answer"):
+            channels.check_reachable(ctx, f"n{i}.slow.test", 443, "config.host")
+    with pytest.raises(ChannelInvalid, match="too many names are being resolved"):
+        channels.check_reachable(ctx, "c.fast.test", 443, "config.host")
+    # As the alert senders resolve (guarded_client, the SMTP client).
+    assert resolve_checked_now("d.fast.test", 443, EgressPolicy(), seconds=5) == PUBLIC
+    # And a run's agent has places of its own too.
+    for i in range(egress.RESOLVING):
+        with pytest.raises(EgressRefused, match="no answer"):
+            resolve_checked_now(f"r{i}.slow.test", 443, EgressPolicy(), places=egress.RUNS)
+    assert resolve_checked_now("e.fast.test", 443, EgressPolicy(), seconds=5) == PUBLIC

@@ -20,7 +20,7 @@ from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.hints import Told, act, told
 from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
-from floom.net.egress import EgressRefused, policy_of, resolve_checked_now
+from floom.net.egress import CHECKS, EgressRefused, policy_of, resolve_checked_now
 from floom.services.access import secrets
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
@@ -93,7 +93,10 @@ def check_url(ctx: Context, url: Any, path: str, *, asked: Asked | None = None) 
     url = url.strip()
     if len(url) > MAX_URL:
         raise invalid(path, f"is longer than {MAX_URL} characters", "use a shorter URL")
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # "http://[::1": a bracket not closed (a 500 if left to rise)
+        parts = urllib.parse.SplitResult("", "", "", "", "")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise invalid(path, f"{_shown(url)} is not an http(s) URL", "e.g. https://example.com/hook")
     if parts.username or parts.password:
@@ -125,7 +128,7 @@ def check_reachable(
         refused = asked[key]
     else:
         try:
-            resolve_checked_now(host, port, policy_of(ctx.settings))
+            resolve_checked_now(host, port, policy_of(ctx.settings), places=CHECKS)
             refused = None
         except EgressRefused as exc:
             refused = exc
@@ -332,6 +335,16 @@ def change_channel(ctx: Context, *, name: str, changes: Any, caller: Principal) 
         )
     for _ in range(CHANGE_TRIES):
         current = get_channel(ctx, name=name, caller=caller)
+        known = {key for key, _, _ in SETTINGS.get(current.kind, ())}
+        for key in changes:
+            # Also a null one: removing a setting the kind does not have (a misspelt
+            # password_secret) would otherwise answer as if it were removed.
+            if key not in known:
+                raise invalid(
+                    f"config.{key}",
+                    f"unknown setting for a {current.kind} channel",
+                    _keys_hint(current.kind),
+                )
         merged = {**jsonvalues.stored(current.config_json, expect=dict), **changes}
         config = {k: v for k, v in merged.items() if v is not None}
         clean = check_config(ctx, kind=current.kind, config=config, caller=caller)

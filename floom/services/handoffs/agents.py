@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound, quoted
 from floom.hints import act, told
 from floom.services.access import keys
 from floom.services.access.principal import Principal
@@ -121,7 +121,7 @@ def find_role(s: Session, ref: str, *, active: bool = True) -> Role:
     role = s.get(Role, ref) if ref.startswith("rol_") else None
     role = role or s.exec(select(Role).where(Role.name == ref)).first()
     if role is None:
-        raise NotFound(f"no role '{ref}'", hint=told(act("roles list"), " shows the roles"))
+        raise NotFound(f"no role '{quoted(ref)}'", hint=told(act("roles list"), " shows the roles"))
     if active and role.retired_at is not None:
         raise Conflict(
             f"the role '{role.name}' is retired",

@@ -16,7 +16,7 @@ from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound
+from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound, quoted
 from floom.hints import act, told
 from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
@@ -89,7 +89,7 @@ def load_visible(s: Session, actor: Actor, job_id: str, *, lock: bool = False) -
     job = s.exec(q).first()
     if job is None:
         raise NotFound(
-            f"no handoff job {job_id} that you can see",
+            f"no handoff job {quoted(job_id)} that you can see",
             hint=told(act("handoffs list"), " shows the jobs for your roles and the ones you hold"),
         )
     return job

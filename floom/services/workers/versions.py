@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom.bundle import Bundle, read_archive
-from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound
+from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound, quoted
 from floom.hints import act, told
 from floom.manifest.load import check_manifest, manifest_invalid, parse_manifest
 from floom.manifest.schema import Manifest, Problem
@@ -240,7 +240,7 @@ def lock_worker(s: Writer, name: str, *, version_id: str | None = None) -> Worke
     if version_id is not None and owner != name:
         forget_versions([version_id])
         raise NotFound(
-            f"no version {version_id} of worker '{name}'",
+            f"no version {quoted(version_id)} of worker '{name}'",
             hint=told(act("versions", worker=name), " lists the versions"),
         )
     return trusted_row(Worker, values)
@@ -317,7 +317,8 @@ def get_version(
             _version_cache[key] = version
     if version is None or (worker_name and version.worker_name != worker_name):
         raise NotFound(
-            f"no version {version_id}" + (f" of worker '{worker_name}'" if worker_name else ""),
+            f"no version {quoted(version_id)}"
+            + (f" of worker '{worker_name}'" if worker_name else ""),
             hint=told(act("versions", worker=worker_name or "WORKER"), " lists the versions"),
         )
     return version
@@ -382,14 +383,14 @@ def rollback(
             run = s.get(Run, run_id)
             if run is None or run.worker_name != name:
                 raise NotFound(
-                    f"no run {run_id} of worker '{name}'",
+                    f"no run {quoted(run_id)} of worker '{name}'",
                     hint=told(act("runs", worker=name), " lists its runs"),
                 )
             version_id = run.version_id
         version = s.get(Version, version_id)
         if version is None or version.worker_name != name:
             raise NotFound(
-                f"no version {version_id} of worker '{name}'",
+                f"no version {quoted(str(version_id))} of worker '{name}'",
                 hint=told(act("versions", worker=name), " lists the versions"),
             )
         if in_transaction is not None:

@@ -151,6 +151,78 @@ def _refused(resp: httpx.Response, code: str, path: str) -> dict[str, Any]:
     return error
 
 
+def test_a_url_python_cannot_split_is_refused_naming_the_field_on_every_path(
+    tmp_path: Path, database_url: str
+) -> None:
+    # "http://[::1": a bracket never closed makes urlsplit raise, where a URL is checked for a
+    # channel (added, replaced, changed), a run's callback and a worker.yml's trigger callback.
+    unsplit = "http://[::1/hook"
+    with live_server(
+        tmp_path / "d", database_url, agent_http_resolve="example.com=93.184.215.14"
+    ) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="HOOK_KEY", value=KEY, caller=SYSTEM)
+        channels = "/api/v1/alerts/channels"
+        good = {"url": "https://example.com/hook", "secret": "HOOK_KEY"}
+        resp = api.post(channels, json={"name": "hook", "kind": "webhook", "config": good})
+        assert resp.status_code == 201, resp.text
+        bad = {**good, "url": unsplit}
+        for resp in (
+            api.post(channels, json={"name": "other", "kind": "webhook", "config": bad}),
+            api.put(f"{channels}/hook", json={"config": bad}),
+            api.patch(f"{channels}/hook", json={"config": {"url": unsplit}}),
+        ):
+            error = _refused(resp, "alert_channel_invalid", "config.url")
+            assert "not an http(s) URL" in error["message"]
+        assert [c["config"] for c in api.get(channels).json()["items"]] == [good]
+        folder = make_worker(tmp_path / "w", "name: w\n", {"run.py": "pass\n"})
+        deploy_folder(api, folder)
+        resp = api.post("/api/v1/workers/w/runs", json={"callback_url": unsplit})
+        _refused(resp, "input_invalid", "callback_url")
+        assert _count(srv, Run) == 0
+        (folder / "worker.yml").write_text(
+            "name: w\ninputs: {event: object}\n"
+            f"triggers:\n  - composio: {{event: X, callback_url: '{unsplit}'}}\n"
+        )
+        from floom.bundle import read_folder
+
+        archive = read_folder(folder, max_bytes=1 << 20).to_archive()
+        gzip = {"Content-Type": "application/gzip"}
+        checked = api.post("/api/v1/workers/validate", content=archive, headers=gzip)
+        assert checked.status_code == 200, checked.text
+        paths = [p["path"] for p in checked.json()["problems"]]
+        assert paths == ["triggers[0].composio.callback_url"]
+        resp = api.post("/api/v1/workers", content=archive, headers=gzip)
+        assert resp.status_code == 400, resp.text
+        assert len(api.get("/api/v1/workers/w/versions").json()["items"]) == 1
+
+
+def test_a_channel_change_naming_what_it_cannot_change_is_refused_not_ignored(
+    tmp_path: Path, database_url: str
+) -> None:
+    # A PATCH answered 200 for a kind it did not change, or for removing a setting the kind
+    # does not have (a misspelt one): the caller was told it was done.
+    with live_server(
+        tmp_path / "d", database_url, agent_http_resolve="example.com=93.184.215.14"
+    ) as srv:
+        api = srv.client()
+        secrets.set_secret(srv.ctx, name="HOOK_KEY", value=KEY, caller=SYSTEM)
+        channels = "/api/v1/alerts/channels"
+        good = {"url": "https://example.com/hook", "secret": "HOOK_KEY"}
+        resp = api.post(channels, json={"name": "hook", "kind": "webhook", "config": good})
+        assert resp.status_code == 201, resp.text
+        moved = {"url": "https://example.com/moved"}
+        resp = api.patch(f"{channels}/hook", json={"kind": "slack", "config": moved})
+        assert resp.status_code == 422, resp.text
+        assert "kind" in resp.json()["error"]["message"]
+        for change in ({"secert": None}, {"url_secret": None, **moved}):
+            resp = api.patch(f"{channels}/hook", json={"config": change})
+            key = next(iter(change))
+            error = _refused(resp, "alert_channel_invalid", f"config.{key}")
+            assert "unknown setting for a webhook channel" in error["message"]
+        assert [c["config"] for c in api.get(channels).json()["items"]] == [good]
+
+
 def test_bad_channels_rules_and_callback_urls_are_refused_naming_the_field(
     tmp_path: Path, database_url: str
 ) -> None:

@@ -107,3 +107,28 @@ def test_a_lost_database_answers_503_store_unavailable(server: LiveServer) -> No
     error = resp.json()["error"]
     assert error["code"] == "store_unavailable"
     assert "FLOOM_DATABASE_URL" in error["hint"]
+
+
+def test_a_megabyte_id_a_caller_sends_is_quoted_back_cut(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    # A version or role no one has, sent as 200,000 characters, was answered back whole in
+    # the 404 (and so in every surface's error line).
+    from tests.support.harness import deploy_folder
+
+    api = server.client()
+    deploy_folder(api, make_worker(tmp_path / "w", "name: w\n", {"run.py": "pass\n"}))
+    big = "v" * 200_000
+    for path, body in (
+        ("/api/v1/workers/w/runs", {"version_id": big}),
+        ("/api/v1/workers/w/rollback", {"version_id": big}),
+        ("/api/v1/handoffs/jobs", {"summary": "x", "role": big}),
+    ):
+        resp = api.post(path, json=body)
+        assert resp.status_code == 404, resp.text[:300]
+        message = resp.json()["error"]["message"]
+        assert "v" * errors.QUOTED_MOST + "..." in message
+        assert len(resp.text) < 2000
+    resp = api.get(f"/api/v1/handoffs/jobs/{'j' * 20_000}")
+    assert resp.status_code == 404, resp.text[:300]
+    assert len(resp.text) < 2000
