@@ -15,13 +15,16 @@ from starlette.exceptions import HTTPException
 
 from floom import jsonvalues
 from floom.api.auth import request_surface
-from floom.errors import BlobStoreUnavailable, FloomError, RateLimited
+from floom.errors import BlobStoreUnavailable, FloomError, RateLimited, quoted
 from floom.hints import rest as hint_rest
 from floom.hints.surface import render
 from floom.services.access.principal import Principal, Surface
 from floom.store.db import UNAVAILABLE, store_unavailable
 
 log = logging.getLogger("floom.api")
+
+# A refusal of a request's shape names its first few problems, not thousands.
+SHOWN_PROBLEMS = 5
 
 
 def error_response(status: int, code: str, message: str, hint: str | None = None) -> JSONResponse:
@@ -91,9 +94,17 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            problems.append(f"{where or 'body'}: {err.get('msg')}")
+        errors = exc.errors()
+        for err in errors[:SHOWN_PROBLEMS]:
+            where = quoted(".".join(str(p) for p in err.get("loc", ()) if p != "body"))
+            said = (
+                "not a field of this request (misspelt?)"
+                if err.get("type") == "extra_forbidden"
+                else err.get("msg")
+            )
+            problems.append(f"{where or 'body'}: {said}")
+        if len(errors) > SHOWN_PROBLEMS:
+            problems.append(f"and {len(errors) - SHOWN_PROBLEMS} more")
         return error_response(
             422,
             "invalid_request",

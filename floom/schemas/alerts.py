@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 
 class ChannelCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     name: str = Field(description="a lowercase slug, e.g. ops-email")
     kind: Annotated[ChannelKind, OneOf(ChannelKind, strict=True)]
     config: dict[str, Any] = Field(
@@ -36,6 +37,7 @@ class ChannelCreate(BaseModel):
 
 
 class ChannelUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     config: dict[str, Any]
 
 
@@ -67,6 +69,7 @@ class ChannelList(Public):
 
 
 class RuleCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     name: str = Field(description="a lowercase slug, e.g. failures-to-ops")
     events: list[str] = Field(description="event names (run.failed), families (run.*) or *")
     channels: list[str] = Field(description="channel names")
@@ -75,6 +78,7 @@ class RuleCreate(BaseModel):
 
 
 class RuleUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     enabled: bool = Field(description="false: the rule routes nothing until turned on again")
 
 

@@ -357,6 +357,8 @@ class JobRequest(BaseModel):
     client's create_job, both MCP backends and the handoff_create_job tool, and `floom
     handoffs create`."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
+
     summary: str = Field(json_schema_extra=TEXT)
     role: str = Field(description="the target role's name", json_schema_extra={"minLength": 1})
     context: dict[str, Any] = Field(default_factory=dict)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom.schemas.common import Public, RunStatusWord, Timestamp
 from floom.vocabulary import ReplayMode
@@ -139,6 +139,8 @@ def eval_report(body: dict[str, Any]) -> EvalReport:
 class EvalStart(BaseModel):
     """An eval to start: the one shape of POST /api/v1/workers/{name}/evals's body, the
     client's start_eval, both MCP backends and the eval_worker tool, and `floom eval`."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
 
     runs: str = Field(
         "last:20",

@@ -295,6 +295,8 @@ class RunRequest(BaseModel):
     and `until` say how long the request waits, not what runs), the client's start_run, both
     MCP backends and the run_worker tool, and `floom run`."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
+
     inputs: dict[str, Any] = Field(default_factory=dict)
     coerce_strings: bool = Field(
         False, description="inputs are text (as typed on a command line); convert by declared type"

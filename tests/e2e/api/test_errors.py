@@ -18,7 +18,7 @@ from floom.errors import FloomError
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.workers import versions as workers
-from tests.support.harness import PG_ADMIN_URL, LiveServer, make_worker
+from tests.support.harness import EXAMPLES, PG_ADMIN_URL, LiveServer, deploy_folder, make_worker
 
 
 def _floom_modules() -> list[str]:
@@ -132,3 +132,25 @@ def test_a_megabyte_id_a_caller_sends_is_quoted_back_cut(
     resp = api.get(f"/api/v1/handoffs/jobs/{'j' * 20_000}")
     assert resp.status_code == 404, resp.text[:300]
     assert len(resp.text) < 2000
+
+
+def test_a_misspelt_field_of_a_request_body_is_refused_naming_it_and_nothing_runs(
+    server: LiveServer,
+) -> None:
+    with server.client() as api:
+        deploy_folder(api, EXAMPLES / "hello")
+        # `input` for `inputs`: once, it ran with the defaults and answered 201.
+        typo = api.post("/api/v1/workers/hello/runs", json={"input": {"name": "Ada"}})
+        assert typo.status_code == 422, typo.text
+        error = typo.json()["error"]
+        assert error["code"] == "invalid_request"
+        assert "input: not a field of this request (misspelt?)" in error["message"]
+        assert api.get("/api/v1/runs").json()["items"] == []
+        rule = {"name": "r", "events": ["run.failed"], "channels": ["x"], "chanels": ["y"]}
+        assert api.post("/api/v1/alerts/rules", json=rule).status_code == 422
+        # Thousands of them, with long names: a few are named, each name cut.
+        many = {f"{'k' * 500}{i}": i for i in range(3000)}
+        refused = api.post("/api/v1/workers/hello/runs", json={"inputs": {}, **many})
+        assert refused.status_code == 422
+        assert "and 2995 more" in refused.json()["error"]["message"]
+        assert len(refused.text) < 2000
