@@ -38,15 +38,21 @@ def command_exit_under_stopped_init(init_pid: int) -> int | None:
 
 
 def _command_of(init_pid: int) -> int | None:
+    """The command among `init_pid`'s children: the earliest started (lowest pid inside the
+    namespace). It is pid 2 unless something ran inside before it (a mount helper, when the
+    sandbox's stage fell back to its launcher's script under load): those have ended and been
+    reaped by then, and an orphan reparented to pid 1 comes later."""
+    found: list[tuple[int, int]] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         fields = _stat(int(entry))
         if fields is None or fields[_PPID] != str(init_pid):
             continue
-        if _namespace_pid(int(entry)) == 2:
-            return int(entry)
-    return None
+        inside = _namespace_pid(int(entry))
+        if inside is not None:
+            found.append((inside, int(entry)))
+    return min(found)[1] if found else None
 
 
 def _namespace_pid(pid: int) -> int | None:
