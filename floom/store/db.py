@@ -58,12 +58,15 @@ def make_engine(url: str) -> Engine:
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             cur = dbapi_conn.cursor()
+            # First: the pragmas below wait for the database's locks too, and without it
+            # a connection opened while another node's writer holds them failed in 5 s
+            # ("database is locked", seen under a loaded CI machine).
+            cur.execute("PRAGMA busy_timeout=30000")
             # Only takes effect on a new file (it must precede WAL, which writes the header)
             # or at the next VACUUM: free pages can then be handed back to the disk.
             cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
             # SQLAlchemy then issues BEGIN itself, so writers can BEGIN IMMEDIATE.
             dbapi_conn.isolation_level = None
