@@ -18,7 +18,7 @@ router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
 @router.get("/channels", response_model=views.ChannelList, responses=authed())
 def list_channels(ctx: CtxDep, caller: ReadCaller) -> views.ChannelList:
     rows = channels.list_channels(ctx, caller=caller)
-    full = caller.can("deploy")
+    full = channels.sees_whole_urls(caller)
     return views.ChannelList(items=[views.channel_public(r, full=full) for r in rows])
 
 
@@ -127,7 +127,7 @@ def list_deliveries(
         status=status, purpose=purpose, channel=channel, run_id=run_id, cursor=cursor, limit=limit
     )
     rows, next_cursor = deliveries.list_deliveries(ctx, **query.model_dump(), caller=caller)
-    return views.delivery_page(rows, next_cursor, full=caller.can("deploy"))
+    return views.delivery_page(rows, next_cursor, full=channels.sees_whole_urls(caller))
 
 
 @router.get(
@@ -140,7 +140,7 @@ def get_delivery(
 ) -> views.AlertDeliveryPublic:
     return views.delivery_public(
         deliveries.get_delivery(ctx, delivery_id=alert_delivery_id, caller=caller),
-        full=caller.can("deploy"),
+        full=channels.sees_whole_urls(caller),
     )
 
 

@@ -316,7 +316,7 @@ class LocalBackend(Backend):
 
     def alert_channels(self) -> ChannelList:
         rows = alert_channels.list_channels(self.ctx, caller=self.principal)
-        full = self.principal.can("deploy")
+        full = alert_channels.sees_whole_urls(self.principal)
         return alert_views.ChannelList(
             items=[alert_views.channel_public(r, full=full) for r in rows]
         )
@@ -353,7 +353,9 @@ class LocalBackend(Backend):
         rows, next_cursor = alert_deliveries.list_deliveries(
             self.ctx, **query.model_dump(), caller=self.principal
         )
-        return alert_views.delivery_page(rows, next_cursor, full=self.principal.can("deploy"))
+        return alert_views.delivery_page(
+            rows, next_cursor, full=alert_channels.sees_whole_urls(self.principal)
+        )
 
     def resend_alert_delivery(self, delivery_id: str) -> AlertDelivery:
         sent = alert_deliveries.resend(self.ctx, delivery_id=delivery_id, caller=self.principal)

@@ -378,6 +378,12 @@ def _no_channel(name: str) -> NotFound:
     )
 
 
+def sees_whole_urls(caller: Principal) -> bool:
+    """Whether `caller` is shown a webhook channel's URL and a callback's target whole: only a
+    caller who may change channels (many receivers take a token in the path or query)."""
+    return caller.can("deploy")
+
+
 def list_channels(ctx: Context, *, caller: Principal) -> list[AlertChannel]:
     """Every channel, by name. Needs the read scope (settings name secrets, never values)."""
     caller.require("read")
