@@ -4,6 +4,7 @@ GET /api/v1/nodes and /api/v1/alerts."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 import typer
@@ -210,9 +211,21 @@ def channel_update(
         list[str] | None,
         typer.Option("--to", help="email: a recipient (repeat for more; replaces the list)"),
     ] = None,
+    unset: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--unset",
+            metavar="SETTING",
+            help="remove an optional setting, as `channels` shows it, e.g. "
+            "--unset username --unset password_secret (repeat for more)",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Change some of a channel's settings (the others stay); checked as when it was added."""
+    """Change some of a channel's settings (the others stay); checked as when it was added.
+
+    `--unset SETTING` removes one (an email channel's login, say); the server refuses a
+    setting the channel's kind does not have, or one it needs."""
     given: dict[str, Any] = {
         "url": url,
         "secret": secret,
@@ -225,15 +238,39 @@ def channel_update(
         "sender": sender,
         "to": to or None,
     }
-    changes = {k: v for k, v in given.items() if v is not None}
+    changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    for key in _unset_keys(unset or [], given=changes):
+        changes[key] = None  # null removes it (PATCH's merge)
     if not changes:
-        raise typer.BadParameter("give at least one setting to change, e.g. --url")
+        raise typer.BadParameter("give at least one setting to change, e.g. --url or --unset")
     with open_client() as client:
         channel = client.change_alert_channel(name, ChannelChange(config=changes))
     if as_json:
         print_json(channel)
         return
-    out.print(f"updated channel {name}: {', '.join(sorted(changes))}")
+    changed = sorted(k for k, v in changes.items() if v is not None)
+    removed = sorted(k for k, v in changes.items() if v is None)
+    said = [", ".join(changed)] if changed else []
+    said += [f"removed {', '.join(removed)}"] if removed else []
+    out.print(f"updated channel {name}: {'; '.join(said)}")
+
+
+def _unset_keys(names: list[str], *, given: dict[str, Any]) -> list[str]:
+    """The settings `--unset` names, spelt as the server's keys (`password-secret` and the
+    option `--from` are taken too); one also given a value is refused, as neither wins."""
+    keys = []
+    for name in names:
+        key = "sender" if name == "from" else name.replace("-", "_")
+        if not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", key):
+            raise typer.BadParameter(
+                f"{name[:80]!r} is not a setting name; e.g. --unset username", param_hint="--unset"
+            )
+        if key in given:
+            raise typer.BadParameter(
+                f"{key} is both given a value and unset; give one of them", param_hint="--unset"
+            )
+        keys.append(key)
+    return keys
 
 
 @channels_app.command("rm")

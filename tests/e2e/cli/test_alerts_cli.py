@@ -112,3 +112,67 @@ def test_channels_rules_tests_deliveries_and_callbacks_from_the_command_line(
         shown = json.loads(floom(srv, "alerts", "deliveries", "--json").stdout)
         assert {d["purpose"] for d in shown["items"]} == {"test", "callback"}
         assert "delivered" in floom(srv, "alerts", "deliveries").stdout
+
+
+def test_channels_update_unset_removes_an_optional_setting_and_refuses_what_it_cannot(
+    tmp_path: Path, database_url: str
+) -> None:
+    # PATCH removes a setting sent as null; `--unset SETTING` is how the CLI sends one. What
+    # the channel's kind does not have, or needs, is refused naming it, and nothing changes.
+    resolve = "mail.example.com=93.184.215.14"
+    with live_server(tmp_path / "d", database_url, agent_http_resolve=resolve) as srv:
+        api = srv.client()
+        api.put("/api/v1/secrets/SMTP_PASSWORD", json={"value": "mail-pass-1"})
+        mail = {
+            "host": "mail.example.com",
+            "port": 25,
+            "starttls": False,
+            "username": "floom",
+            "password_secret": "SMTP_PASSWORD",
+            "sender": "floom@example.com",
+            "to": ["ops@example.com"],
+        }
+        added = api.post(
+            "/api/v1/alerts/channels", json={"name": "mail", "kind": "email", "config": mail}
+        )
+        assert added.status_code == 201, added.text
+
+        def config() -> dict[str, object]:
+            (channel,) = api.get("/api/v1/alerts/channels").json()["items"]
+            settings: dict[str, object] = channel["config"]
+            return settings
+
+        for args, exit_code, words in (
+            # A password without its login is refused by the server.
+            (["--unset", "username"], 1, "config.username: missing"),
+            (["--unset", "pasword_secret"], 1, "config.pasword_secret"),
+            (["--unset", "url"], 1, "config.url: unknown setting for a email channel"),
+            (["--unset", "host"], 1, "config.host: required"),
+            (["--unset", "from"], 1, "config.sender: required"),
+            (["--unset", "Bad Key!"], 2, "is not a setting name"),
+            (["--username", "x", "--unset", "username"], 2, "both given a value and unset"),
+        ):
+            refused = floom(srv, "alerts", "channels", "update", "mail", *args)
+            assert refused.returncode == exit_code, (args, refused.stdout, refused.stderr)
+            assert words in " ".join(refused.stderr.split()), (args, refused.stderr)
+            assert config() == mail, args
+
+        removed = floom(
+            srv,
+            "alerts",
+            "channels",
+            "update",
+            "mail",
+            "--unset",
+            "username",
+            "--unset",
+            "password-secret",
+            "--port",
+            "587",
+        )
+        assert removed.returncode == 0, removed.stderr
+        assert "port; removed password_secret, username" in removed.stdout
+        left = {k: v for k, v in mail.items() if k not in ("username", "password_secret")}
+        assert config() == {**left, "port": 587}
+        shown = floom(srv, "alerts", "channels")
+        assert "password_secret" not in shown.stdout
