@@ -1,6 +1,7 @@
 """The public and request models the REST client answers with and sends (floom/schemas), in
-one namespace: floom.client.rest imports it at its first use, as `models`, so that importing
-the client costs no pydantic (about 0.1 s) to a command that never reads an answer."""
+one namespace: floom.client.rest imports it at its first use, as `models` (which
+floom.client.handoffs uses too), so that importing the client costs no pydantic (about 0.1 s)
+to a command that never reads an answer."""
 
 from __future__ import annotations
 
@@ -17,6 +18,18 @@ from floom.schemas.alerts import (
     RulePublic,
 )
 from floom.schemas.common import Page
+from floom.schemas.handoffs import (
+    AgentCreated,
+    AgentPublic,
+    ClaimNextResult,
+    JobPublic,
+    JobQuery,
+    JobRequest,
+    LeaseState,
+    ReopenContext,
+    RolePublic,
+    WhoAmI,
+)
 from floom.schemas.health import Health
 from floom.schemas.nodes import NodeList
 from floom.schemas.replays import EvalReport, EvalStart, ReplayReport
@@ -47,6 +60,8 @@ from floom.schemas.workers import (
 )
 
 __all__ = [
+    "AgentCreated",
+    "AgentPublic",
     "AlertDelivery",
     "ApprovalDecided",
     "ApprovalPublic",
@@ -56,6 +71,7 @@ __all__ = [
     "ChannelChange",
     "ChannelList",
     "ChannelPublic",
+    "ClaimNextResult",
     "DeliveryDetail",
     "DeliveryPublic",
     "DeliveryQuery",
@@ -63,12 +79,18 @@ __all__ = [
     "EvalReport",
     "EvalStart",
     "Health",
+    "JobPublic",
+    "JobQuery",
+    "JobRequest",
     "KeyCreated",
     "KeyPublic",
+    "LeaseState",
     "LogPage",
     "NodeList",
     "Page",
+    "ReopenContext",
     "ReplayReport",
+    "RolePublic",
     "RollbackResult",
     "RuleCreate",
     "RuleList",
@@ -86,6 +108,7 @@ __all__ = [
     "ValidationResult",
     "VersionDetail",
     "VersionPublic",
+    "WhoAmI",
     "WorkerDeleted",
     "WorkerDetail",
     "WorkerPublic",

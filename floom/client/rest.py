@@ -40,7 +40,7 @@ from floom.services.runs.statuses import FINISHED as TERMINAL_STATUSES
 from floom.services.runs.statuses import WAITING as WAITING_STATUSES
 
 if TYPE_CHECKING:
-    from floom.client import models
+    from floom.client import models as models  # floom.client.handoffs takes it from here
 else:
 
     class _Models:

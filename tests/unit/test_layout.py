@@ -457,14 +457,15 @@ def test_the_public_models_load_no_store_or_services_runtime() -> None:
 
 def test_the_rest_client_loads_its_models_at_their_first_use() -> None:
     # pydantic and the models cost about 0.1 s at import (floom.client.models); a command that
-    # never reads an answer does not pay it. mypy reads the models' types all the same.
-    probe = (
-        "import sys\nimport floom.client.rest as rest\n"
-        "print('pydantic' in sys.modules, 'floom.schemas.runs' in sys.modules)\n"
-        "rest.models.RunQuery\n"
-        "print('pydantic' in sys.modules, 'floom.schemas.runs' in sys.modules)"
-    )
-    loaded = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert loaded.stdout.split() == ["False", "False", "True", "True"]
+    # never reads an answer does not pay it. mypy reads the models' types all the same. The
+    # handoff client too: the CLI's shared module (floom.cli.common) imports it.
+    for client, model in (("rest", "RunQuery"), ("handoffs", "JobQuery")):
+        loaded_now = "print('pydantic' in sys.modules, 'floom.schemas' in sys.modules)\n"
+        probe = (
+            f"import sys\nimport floom.client.{client} as client\nimport floom.cli.common\n"
+            f"{loaded_now}client.models.{model}\n{loaded_now}"
+        )
+        loaded = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+        )
+        assert loaded.stdout.split() == ["False", "False", "True", "True"], client
