@@ -175,8 +175,11 @@ def resolve_checked(host: str, port: int, policy: EgressPolicy) -> str:
     """The address to connect to for `host`: every address it resolves to is checked, and
     the first is the one used. Raises EgressRefused."""
     mapped = dict(policy.resolve).get(host.lower())
+    written = _written_address(host)
     if mapped:
         addresses = [mapped]
+    elif written is not None:
+        addresses = [str(written)]
     else:
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -204,6 +207,20 @@ def resolve_checked(host: str, port: int, policy: EgressPolicy) -> str:
                 "behalf only to public addresses"
             )
     return addresses[0]
+
+
+def _written_address(host: str) -> Address | None:
+    """`host` as an address when it is one written out (93.184.215.14, 2001:db8::1)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def needs_lookup(host: str, policy: EgressPolicy) -> bool:
+    """Whether resolving `host` asks the system's resolver: not for an address written out,
+    nor for a name FLOOM_AGENT_HTTP_RESOLVE maps."""
+    return not dict(policy.resolve).get(host.lower()) and _written_address(host) is None
 
 
 # Every name resolved on a worker's or a caller's behalf (a channel saved, a run started with
@@ -235,7 +252,11 @@ def resolve_checked_now(
     that at most, when RESOLVING others are under way): a name not resolved by then is
     refused (EgressRefused, "cannot resolve"). The resolution goes on in a thread of its
     own until the resolver gives up, holding one of the RESOLVING `places` (CHECKS, SENDS
-    or RUNS: whose it is); the caller does not wait for it."""
+    or RUNS: whose it is); the caller does not wait for it. An address written out or a
+    name the resolve setting maps is answered at once, in the caller's thread."""
+    if not needs_lookup(host, policy):
+        # Nothing to wait for: no thread, and no place taken from the names that need one.
+        return resolve_checked(host, port, policy)
     seconds = RESOLVE_SECONDS if seconds is None else seconds
     if not places.acquire(timeout=seconds):
         raise EgressRefused(f"cannot resolve {host}: too many names are being resolved; try again")

@@ -88,3 +88,38 @@ def test_names_a_caller_keeps_hanging_leave_floom_s_own_sends_their_places(
         with pytest.raises(EgressRefused, match="no answer"):
             resolve_checked_now(f"r{i}.slow.test", 443, EgressPolicy(), places=egress.RUNS)
     assert resolve_checked_now("e.fast.test", 443, EgressPolicy(), seconds=5) == PUBLIC
+
+
+def test_an_address_written_out_or_a_mapped_name_is_answered_without_a_thread_or_a_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Only a name the system's resolver is asked about can hang: an address written out, or
+    # a name FLOOM_AGENT_HTTP_RESOLVE maps, starts no thread and takes none of the places,
+    # so names that hang cannot stall connections to addresses.
+    started: list[str] = []
+
+    class NoThread:
+        def __init__(self, *args: Any, name: str = "", **kwargs: Any) -> None:
+            started.append(name)
+            raise AssertionError("a thread was started to resolve an address written out")
+
+    monkeypatch.setattr(egress, "threading", SimpleNamespace(Thread=NoThread))
+    policy = EgressPolicy(resolve=(("mapped.test", PUBLIC),))
+    places = threading.BoundedSemaphore(1)
+    assert places.acquire(timeout=1)  # every place is held by a name that hangs
+    assert resolve_checked_now(PUBLIC, 443, policy, places=places, seconds=0.05) == PUBLIC
+    assert resolve_checked_now("2606:2800:220:1::1", 443, policy, places=places) == (
+        "2606:2800:220:1::1"
+    )
+    assert resolve_checked_now("MAPPED.test", 443, policy, places=places) == PUBLIC
+    # The guard's rules are the same without a lookup.
+    with pytest.raises(EgressRefused, match="loopback"):
+        resolve_checked_now("127.0.0.1", 80, policy, places=places)
+    with pytest.raises(EgressRefused, match="link-local"):
+        resolve_checked_now("169.254.169.254", 80, policy, places=places)
+    with pytest.raises(EgressRefused, match="loopback"):
+        resolve_checked_now("::ffff:127.0.0.1", 80, policy, places=places)
+    assert started == []
+    # A name to look up still waits for a place (and is told when none is free).
+    with pytest.raises(EgressRefused, match="too many names are being resolved"):
+        resolve_checked_now("a.fast.test", 443, policy, places=places, seconds=0.05)
