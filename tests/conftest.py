@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +14,7 @@ from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from tests.support.children import fail_if_children_left
+from tests.support.guarded_site import sitecustomize as name_guard
 from tests.support.harness import (
     PG_ADMIN_URL,
     LiveServer,
@@ -25,6 +24,7 @@ from tests.support.harness import (
 from tests.support.processes.pg_databases import DatabasePool
 from tests.support.processes.s3_server import S3Server, weed_binary
 
+GUARDED_SITE = Path(name_guard.__file__).parent
 PG_REQUIRED = bool(os.environ.get("CI") or os.environ.get("FLOOM_REQUIRE_POSTGRES"))
 
 
@@ -41,44 +41,25 @@ _FASTAPI_CALL_CACHES = (
 )
 
 
-def _names_in_etc_hosts() -> set[str]:
-    try:
-        lines = Path("/etc/hosts").read_text().splitlines()
-    except OSError:
-        return {"localhost"}
-    return {name.lower() for line in lines for name in line.split("#")[0].split()[1:]}
-
-
-def _numeric(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.split("%")[0])
-    except ValueError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _no_name_leaves_the_machine() -> Iterator[None]:
     """Tests send nothing past loopback and the hosts they make, name lookups included: a
     name that /etc/hosts does not hold (smtp.example.com in a channel's settings, say) would
-    be asked of the machine's name server. In a test process such a lookup fails at once as
-    unknown, as an unresolvable name does; a test that needs a name maps it itself
-    (FLOOM_AGENT_HTTP_RESOLVE)."""
-    real = socket.getaddrinfo
-    local = _names_in_etc_hosts() | {"localhost"}
-
-    def getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
-        if isinstance(host, bytes):
-            host = host.decode(errors="replace")
-        if isinstance(host, str) and not _numeric(host) and host.lower().rstrip(".") not in local:
-            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        return real(host, *args, **kwargs)  # type: ignore[arg-type]
-
-    socket.getaddrinfo = getaddrinfo  # type: ignore[assignment]
+    be asked of the machine's name server. Such a lookup fails at once as unknown, as an
+    unresolvable name does, in this process and in the processes tests start (servers,
+    nodes, the CLI: tests/support/guarded_site is on their PYTHONPATH); a test that needs a
+    name maps it itself (FLOOM_AGENT_HTTP_RESOLVE)."""
+    undo = name_guard.install()
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GUARDED_SITE), before]))
     try:
         yield
     finally:
-        socket.getaddrinfo = real
+        undo()
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 @pytest.fixture(scope="session", autouse=True)
