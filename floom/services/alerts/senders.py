@@ -28,7 +28,12 @@ from floom.net.egress import (
     policy_of,
     resolve_checked_now,
 )
-from floom.services.alerts.channels import Channel, channel_secrets
+from floom.services.alerts.channels import (
+    SIGNING_KEY_FORM,
+    Channel,
+    channel_secrets,
+    signing_key_bytes,
+)
 from floom.vocabulary import ChannelKind
 
 if TYPE_CHECKING:
@@ -82,6 +87,12 @@ def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[s
             f"secret {missing[0]} of channel {channel.name} is not set any more", permanent=True
         )
     if channel.kind == ChannelKind.WEBHOOK:
+        if signing_key_bytes(values["secret"]) is None:  # replaced since the channel was saved
+            raise AlertUndeliverable(
+                f"secret {channel.config['secret']} of channel {channel.name} does not hold a "
+                f"Standard Webhooks key ({SIGNING_KEY_FORM})",
+                permanent=True,
+            )
         text = json.dumps(body, separators=(",", ":"))
         _post(ctx, channel.config["url"], text, delivery_id=delivery_id, key=values["secret"])
     elif channel.kind == ChannelKind.SLACK:

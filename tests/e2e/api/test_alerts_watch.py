@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from sqlmodel import select
+from standardwebhooks.webhooks import Webhook
 
 from floom.net import egress
 from floom.services.access import secrets
@@ -638,3 +639,66 @@ def test_a_rule_refusal_quotes_a_bounded_part_of_what_was_sent(server: LiveServe
         resp = api.post(rules, json=long_name)
         assert resp.status_code == 422, resp.text[:300]
         assert len(resp.text) < 4000
+
+
+def test_a_webhook_secret_that_is_not_a_standard_webhooks_key_is_refused_when_saved(
+    tmp_path: Path, database_url: str
+) -> None:
+    # The library signs with almost any text (it drops what is not base64 and decodes the
+    # rest): "hunter22" was taken when the channel was saved, and a receiver verifying with
+    # the key as written refused every alert. The secret's value is never quoted back.
+    def b64(size: int) -> str:
+        return base64.b64encode(b"w" * size).decode()
+
+    not_keys = {
+        "PLAIN": "hunter22",
+        "NO_PREFIX": b64(32),
+        "NOT_BASE64": "whsec_" + "A" * 31 + "!",
+        "TOO_SHORT": "whsec_" + b64(16),
+        "TOO_LONG": "whsec_" + b64(65),
+        "SPACE_FIRST": " " + KEY,
+        "BAD_PADDING": KEY + "=",
+    }
+    with (
+        receiver() as hook,
+        live_server(tmp_path / "d", database_url, agent_http_allow_private=True) as srv,
+    ):
+        api = srv.client()
+        channels = "/api/v1/alerts/channels"
+        for name, value in not_keys.items():
+            secrets.set_secret(srv.ctx, name=name, value=value, caller=SYSTEM)
+            config = {"url": hook.url, "secret": name}
+            resp = api.post(channels, json={"name": "hook", "kind": "webhook", "config": config})
+            error = _refused(resp, "alert_channel_invalid", "config.secret")
+            assert f"secret {name} does not hold a Standard Webhooks key" in error["message"]
+            assert "whsec_ followed by the base64 of 24 to 64 random bytes" in error["message"]
+            assert value.strip() not in resp.text
+        assert _count(srv, AlertChannel) == 0
+
+        # As `echo KEY | floom secrets set HOOK_KEY` stores it: the space after is taken.
+        secrets.set_secret(srv.ctx, name="HOOK_KEY", value=KEY + "\n", caller=SYSTEM)
+        config = {"url": hook.url, "secret": "HOOK_KEY"}
+        added = api.post(channels, json={"name": "hook", "kind": "webhook", "config": config})
+        assert added.status_code == 201, added.text
+        replaced = api.put(f"{channels}/hook", json={"config": {**config, "secret": "PLAIN"}})
+        _refused(replaced, "alert_channel_invalid", "config.secret")
+        changed = api.patch(f"{channels}/hook", json={"config": {"secret": "TOO_SHORT"}})
+        _refused(changed, "alert_channel_invalid", "config.secret")
+        (kept,) = api.get(channels).json()["items"]
+        assert kept["config"]["secret"] == "HOOK_KEY"
+        sent = api.post(f"{channels}/hook/test")
+        assert sent.status_code == 200, sent.text
+        assert Webhook(KEY).verify(hook.accepted[0][1], hook.accepted[0][0])["type"] == "test"
+
+        # A secret set to a non-key after the channel was saved fails at send, saying so.
+        secrets.set_secret(srv.ctx, name="HOOK_KEY", value="hunter22", caller=SYSTEM)
+        failed = api.post(f"{channels}/hook/test")
+        assert failed.status_code == 502, failed.text
+        error = failed.json()["error"]
+        assert error["code"] == "alert_undeliverable"
+        assert (
+            "secret HOOK_KEY of channel hook does not hold a Standard Webhooks key"
+            in (error["message"])
+        )
+        assert "hunter22" not in failed.text
+        assert len(hook.accepted) == 1
