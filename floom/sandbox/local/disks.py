@@ -50,8 +50,6 @@ CLOSERS: Final = 4
 quiet machine, 15 ms on a busy one), and closes made at once share those waits. One thread
 closing a burst's disks one by one, before it made any disk ahead, fell behind 4 clients'
 runs: each run then made its own disk on its request's path (bench/README.md)."""
-MAKERS: Final = 2
-"""Disks made ahead at once, at most, when more than one is lacking."""
 KEPT_SIZES: Final = 2
 """Sizes disks are kept ready for: the most recently asked for."""
 DISKS_DIR: Final = ".disks"
@@ -234,9 +232,8 @@ class Disks:
                 self._to_close.extend(self._ready.pop(old, ()))
             ready = self._ready.get(key)
             disk = ready.popleft() if ready else None
-            if not ready or 2 * len(ready) <= self._ready_count:
-                # The next runs would make their own before DELAY_SECONDS: now.
-                self._due = time.monotonic()
+            if not ready:
+                self._due = time.monotonic()  # the next run would make its own: now
             elif self._due is None:
                 self._due = time.monotonic() + DELAY_SECONDS
             self._start_thread()
@@ -274,37 +271,21 @@ class Disks:
                     self._changed.wait(wait)
                 closing, self._to_close = self._to_close, []
                 key = self._wanted()
-                lacking = self._ready_count - len(self._ready.get(key, ())) if key else 0
             self._close_soon(closing)
             if key is None:
                 continue
-            # Made at once, their waits on the kernel overlap (CLOSERS).
-            helpers = [
-                threading.Thread(
-                    target=self._make_ahead, args=(key,), name="floom-disks-make", daemon=True
-                )
-                for _ in range(min(MAKERS, lacking) - 1)
-            ]
-            for helper in helpers:
-                helper.start()
-            self._make_ahead(key)
-            for helper in helpers:
-                helper.join()
-
-    def _make_ahead(self, key: tuple[Path, int]) -> None:
-        """One disk of `key`'s size made and kept ready."""
-        try:
-            disk = make_disk(*key)
-        except OSError as exc:
-            log.debug("could not make a disk ahead: %s", exc)
+            try:
+                disk = make_disk(*key)
+            except OSError as exc:
+                log.debug("could not make a disk ahead: %s", exc)
+                with self._changed:
+                    self._failed.add(key)
+                continue
             with self._changed:
-                self._failed.add(key)
-            return
-        with self._changed:
-            if key in self._sizes and not self._closed:
-                self._ready.setdefault(key, collections.deque()).append(disk)
-                return
-        disk.close()
+                if key in self._sizes and not self._closed:
+                    self._ready.setdefault(key, collections.deque()).append(disk)
+                    continue
+            disk.close()
 
     def _close_soon(self, disks: list[RunDisk]) -> None:
         """Have closer threads close `disks`, up to CLOSERS at once, while this thread goes
