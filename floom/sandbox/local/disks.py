@@ -44,12 +44,6 @@ DELAY_SECONDS: Final = 0.1
 """How long the thread waits before it closes a disk let go of or makes one ahead (unless
 the next run would have to make its own): a run's end is recorded and answered just after
 its run dir is let go of, and the thread's system calls would trade the GIL with that."""
-CLOSERS: Final = 4
-"""Threads that close disks let go of, at most, at once. A close mostly waits on the kernel
-(the unmount and the loop device's release wait out RCU grace periods: 2 ms a disk on a
-quiet machine, 15 ms on a busy one), and closes made at once share those waits. One thread
-closing a burst's disks one by one, before it made any disk ahead, fell behind 4 clients'
-runs: each run then made its own disk on its request's path (bench/README.md)."""
 KEPT_SIZES: Final = 2
 """Sizes disks are kept ready for: the most recently asked for."""
 DISKS_DIR: Final = ".disks"
@@ -134,8 +128,6 @@ class Disks:
         self._failed: set[tuple[Path, int]] = set()  # refilled only after the next take
         self._in_use: dict[str, RunDisk] = {}
         self._to_close: list[RunDisk] = []
-        self._closing: collections.deque[RunDisk] = collections.deque()
-        self._closers = 0
         self._thread: threading.Thread | None = None
         self._closed = False
         # When the thread is to work next (monotonic), if it has work.
@@ -271,7 +263,8 @@ class Disks:
                     self._changed.wait(wait)
                 closing, self._to_close = self._to_close, []
                 key = self._wanted()
-            self._close_soon(closing)
+            for disk in closing:
+                disk.close()
             if key is None:
                 continue
             try:
@@ -286,32 +279,6 @@ class Disks:
                     self._ready.setdefault(key, collections.deque()).append(disk)
                     continue
             disk.close()
-
-    def _close_soon(self, disks: list[RunDisk]) -> None:
-        """Have closer threads close `disks`, up to CLOSERS at once, while this thread goes
-        on making disks ahead."""
-        if not disks:
-            return
-        with self._changed:
-            self._closing.extend(disks)
-            while self._closers < min(CLOSERS, len(self._closing)):
-                self._closers += 1
-                threading.Thread(
-                    target=self._close_some, name="floom-disks-close", daemon=True
-                ).start()
-
-    def _close_some(self) -> None:
-        """A closer thread: close disks until none is left to close."""
-        while True:
-            with self._changed:
-                if not self._closing:
-                    self._closers -= 1
-                    return
-                disk = self._closing.popleft()
-            try:
-                disk.close()
-            except OSError as exc:  # the thread must outlive any disk
-                log.warning("could not close the disk %s: %s", disk.image, exc)
 
 
 def make_disk(folder: Path, disk_mb: int) -> RunDisk:
