@@ -71,10 +71,8 @@ def test_trees_are_removed_whole_without_following_a_link(
     (outside / "empty").mkdir()
     (tmp_path / "run-4").symlink_to(outside / "empty")
 
-    cleanup.remove_trees(
-        [*trees, tmp_path / "plain-file", tmp_path / "never-there"]
-        + [tmp_path / "run-3", tmp_path / "run-4"]
-    )
+    left = [tmp_path / name for name in ("plain-file", "never-there", "run-3", "run-4")]
+    cleanup.remove_trees([*trees, *left])
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside"]
     assert (outside / "keep.txt").read_text() == "kept"
