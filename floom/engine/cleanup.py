@@ -71,6 +71,9 @@ def _drain() -> None:
 def remove_trees(paths: Sequence[Path]) -> None:
     """Delete each of `paths` with all it holds, without following a link and at any depth;
     what another filesystem has mounted below one is left alone."""
+    # A run dir that had a disk of its own is an empty folder once the disk is unmounted:
+    # removed here, without starting `rm` (a fork and an exec from this large process).
+    paths = [path for path in paths if not _removed_empty(path)]
     rm = _rm()
     for start in range(0, len(paths), RM_ARGUMENTS):
         if rm is None:
@@ -103,6 +106,15 @@ def empty_folder(folder: Path) -> None:
     except (FileNotFoundError, NotADirectoryError):
         return
     remove_trees([folder / name for name in names])
+
+
+def _removed_empty(path: Path) -> bool:
+    """Whether `path` was an empty folder (not a link to one) and is now removed."""
+    try:
+        os.rmdir(path)
+    except OSError:
+        return False
+    return True
 
 
 @functools.cache

@@ -65,11 +65,18 @@ def test_trees_are_removed_whole_without_following_a_link(
     for top in trees:
         _hostile_tree(top, outside)
     (tmp_path / "plain-file").write_text("x")
+    # A run dir whose disk was unmounted is an empty folder (removed without `rm`); a link
+    # to an empty folder goes, the folder stays.
+    (tmp_path / "run-3").mkdir()
+    (outside / "empty").mkdir()
+    (tmp_path / "run-4").symlink_to(outside / "empty")
 
-    cleanup.remove_trees([*trees, tmp_path / "plain-file", tmp_path / "never-there"])
+    left = [tmp_path / name for name in ("plain-file", "never-there", "run-3", "run-4")]
+    cleanup.remove_trees([*trees, *left])
 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside"]
     assert (outside / "keep.txt").read_text() == "kept"
+    assert (outside / "empty").is_dir()
 
 
 def test_the_python_removal_leaves_a_folder_taken_by_a_mount_and_the_rest_goes(
