@@ -351,19 +351,20 @@ def _stored(text: Any) -> Any:
     if _too_deep(text, value):
         return unreadable(f"the stored value nests deeper than {MAX_DEPTH} levels")
     if _SURROGATE_TEXT.search(text) is not None:
-        return _without_lone_surrogates(value)
+        return sendable(value)  # written by an older floom
     return value
 
 
-def _without_lone_surrogates(value: Any) -> Any:
-    """`value` with each lone surrogate in its strings and keys as U+FFFD (written by an
-    older floom): no answer can carry one."""
+def sendable(value: Any) -> Any:
+    """`value` with each lone surrogate in its strings and keys as U+FFFD: no answer, no
+    request to a model and no store can carry one (a file name of invalid UTF-8 as Python
+    reads it, a JSON escape without its pair)."""
     if type(value) is str:
         return value if value.isascii() else _SURROGATE.sub(REPLACEMENT, value)
     if type(value) is list:
-        return [_without_lone_surrogates(v) for v in value]
+        return [sendable(v) for v in value]
     if type(value) is dict:
-        return {_without_lone_surrogates(k): _without_lone_surrogates(v) for k, v in value.items()}
+        return {sendable(k): sendable(v) for k, v in value.items()}
     return value
 
 

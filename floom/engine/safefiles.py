@@ -94,7 +94,7 @@ def kind_of(mode: int) -> str:
 
 def split(rel: str | Sequence[str]) -> tuple[str, ...]:
     parts = PurePosixPath(rel).parts if isinstance(rel, str) else tuple(rel)
-    if not parts or any(p in ("", ".", "..", "/") or "/" in p for p in parts):
+    if not parts or any(p in ("", ".", "..", "/") or "/" in p or "\0" in p for p in parts):
         raise Refused(f"{said(parts) or '.'} is not a path inside the run's directory")
     return parts
 

@@ -13,8 +13,9 @@ from urllib.parse import quote
 import httpx
 
 from floom import jsonvalues
+from tests.standins.anthropic_api import reply, text, tool_use
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
-from tests.support.rigs.agents import log_lines
+from tests.support.rigs.agents import agent_rig, agent_worker, log_lines, start_run, wait_status
 from tests.support.web import signed_in_client
 
 WRITER_YML = """\
@@ -170,3 +171,30 @@ def test_a_stored_value_holding_a_lone_surrogate_is_read_with_replacement_charac
         "k\ufffd": ["v\ufffd", "\U0001f600"]
     }
     assert storable("a\0b\udcffc\U0001f600") == "a\ufffdb\ufffdc\U0001f600"
+
+
+def test_an_agent_meets_names_of_invalid_utf8_and_nul_paths_and_its_run_goes_on(
+    tmp_path: Path, database_url: str
+) -> None:
+    # A file of invalid UTF-8 in the workspace, listed, put a lone surrogate into the next
+    # request to the model, which could not be sent: the run failed "floom could not run this
+    # attempt: UnicodeEncodeError". A path holding NUL was an internal error of the tool.
+    tools = "[{builtin: run_command}, {builtin: list_files}, {builtin: read_file}]"
+    command = "touch \"$(printf 'bad\\377name')\" \"$(printf 'nl\\nname')\" && echo made"
+    with agent_rig(tmp_path / "data", database_url) as rig:
+        rig.deploy(agent_worker(tmp_path / "lister", f"name: lister\ntools: {tools}\n"))
+        rig.model.script(
+            reply(tool_use("run_command", {"command": command})),
+            reply(text("thinking \ud800 aloud"), tool_use("list_files", {})),
+            reply(tool_use("read_file", {"path": "a\u0000b"})),
+            reply(tool_use("finish", {"outputs": {}})),
+        )
+
+        run = wait_status(rig.api, start_run(rig.api, "lister"), timeout=60)
+
+    assert run["status"] == "succeeded", run
+    made, listed, read, _ = run["tool_calls"]
+    assert made["result"] == "exit code 0\nmade", made
+    assert "\nbad\\xffname (0 bytes)\n" in listed["result"], listed
+    assert "\nnl\\x0aname (0 bytes)\n" in listed["result"], listed
+    assert "is not a path inside the run's directory" in read["error"], read
