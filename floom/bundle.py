@@ -9,6 +9,7 @@ import io
 import lzma
 import tarfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -25,7 +26,7 @@ MAX_PATH_BYTES = 1024
 MAX_NAME_BYTES = 255
 # What an entry may add to the unpacked tar besides its contents (header, long-name records,
 # padding): unpacking stops past max_bytes plus this for every entry allowed.
-_ENTRY_OVERHEAD = 4096
+ENTRY_OVERHEAD = 4096
 DEPLOY = act("deploy", folder="FOLDER")
 
 
@@ -224,7 +225,11 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
     files: dict[str, BundleFile] = {}
     names = _Names()
     total = entries = 0
-    unpacked = _Bounded(_decompressed(data), limit=max_bytes + MAX_ENTRIES * _ENTRY_OVERHEAD)
+    unpacked = BoundedReader(
+        _decompressed(data),
+        limit=max_bytes + MAX_ENTRIES * ENTRY_OVERHEAD,
+        too_large=_upload_too_large,
+    )
     try:
         with tarfile.open(fileobj=unpacked, mode="r|") as tar:
             for member in tar:
@@ -270,13 +275,30 @@ def _decompressed(data: bytes) -> io.BufferedIOBase:
     return raw
 
 
-class _Bounded(io.RawIOBase):
-    """A read-only stream that refuses to yield more than `limit` bytes of `inner`: a small
-    upload can unpack to gigabytes, and tarfile reads long-name records whole."""
+class UnpackedTooLarge(Exception):
+    """A stream read through BoundedReader went past its limit."""
 
-    def __init__(self, inner: io.BufferedIOBase, *, limit: int) -> None:
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} bytes unpacked")
+        self.limit = limit
+
+
+class BoundedReader(io.RawIOBase):
+    """A read-only stream that refuses to yield more than `limit` bytes of `inner` (raising
+    `too_large(limit)`, UnpackedTooLarge by default): a small archive can unpack to
+    gigabytes, and tarfile reads long-name and PAX records whole, whatever size they claim.
+    For every archive floom unpacks (an upload, the files coming back from a sandbox)."""
+
+    def __init__(
+        self,
+        inner: io.BufferedIOBase,
+        *,
+        limit: int,
+        too_large: Callable[[int], Exception] = UnpackedTooLarge,
+    ) -> None:
         self.inner = inner
         self.limit = self.left = limit
+        self.too_large = too_large
 
     def readable(self) -> bool:
         return True
@@ -285,11 +307,15 @@ class _Bounded(io.RawIOBase):
         view = memoryview(buffer)
         chunk = self.inner.read(min(len(view), self.left + 1))
         if len(chunk) > self.left:
-            raise BundleTooLarge(
-                "the archive unpacks to more than its files and their headers could need",
-                hint=told("deploy with ", DEPLOY, ", which packs the folder for you"),
-                details={"limit": "unpacked_bytes", "max": self.limit},
-            )
+            raise self.too_large(self.limit)
         self.left -= len(chunk)
         view[: len(chunk)] = chunk
         return len(chunk)
+
+
+def _upload_too_large(limit: int) -> BundleTooLarge:
+    return BundleTooLarge(
+        "the archive unpacks to more than its files and their headers could need",
+        hint=told("deploy with ", DEPLOY, ", which packs the folder for you"),
+        details={"limit": "unpacked_bytes", "max": limit},
+    )

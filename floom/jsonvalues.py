@@ -4,8 +4,10 @@ place they come in, and one reader that shows any stored value without failing.
 
 A value is refused at ingestion when it nests deeper than MAX_DEPTH, has an object of more
 than MAX_KEYS keys, a string (or key) of more than MAX_STRING_CHARS characters, an integer of
-more than MAX_INT_DIGITS digits, a number that is not finite (NaN, Infinity), a type JSON has
-no word for, or is over the caller's byte bound as JSON. What is already stored is read with
+more than MAX_INT_DIGITS digits, a number that is not finite (NaN, Infinity), a string holding
+a lone UTF-16 surrogate (a JSON escape like \\ud800 without its pair: no encoding holds one,
+so no store keeps it and no answer can carry it), a type JSON has no word for, or is over the
+caller's byte bound as JSON. What is already stored is read with
 `stored`, which answers a marker (`{"floom_unreadable": why}`) in place of a value it cannot
 show: a row written by an older floom, by hand, or by anything else never breaks a page.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -32,6 +35,11 @@ MAX_STORED_CHARS: Final = 64 * 1024 * 1024
 UNREADABLE: Final = "floom_unreadable"
 
 _SCALARS = (str, int, float, bool, type(None))
+# A lone surrogate in a string; in JSON text, an escape of one (paired ones included: a
+# non-BMP character escaped, as json.dumps writes it, is two of them).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_TEXT = re.compile("[\ud800-\udfff]|\\\\u[dD][89a-fA-F]")
+REPLACEMENT = "\ufffd"
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,8 @@ def breach_of(
         for key, child in children:
             if mapping and type(key) is not str:
                 return _breach("type", where, trail, key)
+            if mapping and _kind(key, strict_types) == "text":
+                return _breach("text", where, (trail, key), key)
             if type(key) is str and len(key) > MAX_STRING_CHARS and long_string is None:
                 long_string = _breach("string", where, trail, key)
             kind = _kind(child, strict_types)
@@ -110,7 +120,9 @@ def _kind(item: Any, strict_types: bool) -> Any:
     of the bound it is over."""
     t = type(item)
     if t is str:
-        return "string" if len(item) > MAX_STRING_CHARS else None
+        if len(item) > MAX_STRING_CHARS:
+            return "string"
+        return None if item.isascii() or _SURROGATE.search(item) is None else "text"
     if t is int:
         return "number" if item.bit_length() > _MAX_INT_BITS else None
     if t is float:
@@ -132,7 +144,9 @@ def _path(where: str, trail: Trail) -> str:
     parts: list[str] = []
     while trail is not None:
         trail, key = trail
-        parts.append(f"[{key}]" if isinstance(key, int) else f".{str(key)[:40]}")
+        # A key is the caller's text: a lone surrogate in it would make the message unsayable.
+        shown = f".{_SURROGATE.sub(REPLACEMENT, str(key)[:40])}"
+        parts.append(f"[{key}]" if isinstance(key, int) else shown)
     return where + "".join(reversed(parts))
 
 
@@ -148,6 +162,14 @@ def _breach(limit: str, where: str, trail: Trail, item: Any) -> Breach:
             "string",
             MAX_STRING_CHARS,
             f"{path} is a string of more than {MAX_STRING_CHARS} characters",
+        )
+    if limit == "text":
+        return Breach(
+            path,
+            "text",
+            None,
+            f"{path} holds a lone UTF-16 surrogate (an escape such as \\ud800 without its "
+            "pair), which is not text",
         )
     if limit == "number" and isinstance(item, int):
         return Breach(
@@ -193,7 +215,8 @@ def bounds_hint() -> str:
     return (
         f"floom keeps JSON values up to {MAX_DEPTH} levels deep, {MAX_KEYS} keys per object, "
         f"{MAX_STRING_CHARS} characters per string and {MAX_INT_DIGITS} digits per integer, "
-        "without NaN or Infinity; pass larger data as a file"
+        "without NaN, Infinity or a lone surrogate escape (\\ud800 with no \\udc00 after it); "
+        "pass larger data as a file"
     )
 
 
@@ -242,7 +265,12 @@ def parse(
     # Parsed JSON holds only JSON's types and finite numbers; no string can be longer than
     # the text, no object have more keys than it has colons, and only many brackets can
     # nest deep: most values need no walk, or one of their containers only.
-    if max_bytes is None and len(text) <= MAX_STRING_CHARS and text.count(":") <= MAX_KEYS:
+    if (
+        max_bytes is None
+        and len(text) <= MAX_STRING_CHARS
+        and text.count(":") <= MAX_KEYS
+        and _SURROGATE_TEXT.search(text) is None
+    ):
         if _too_deep(text, value):
             return None, Breach(
                 where, "depth", MAX_DEPTH, f"{where} nests deeper than {MAX_DEPTH} levels"
@@ -322,6 +350,21 @@ def _stored(text: Any) -> Any:
         return unreadable(f"the stored value is not valid JSON ({_short(exc)})")
     if _too_deep(text, value):
         return unreadable(f"the stored value nests deeper than {MAX_DEPTH} levels")
+    if _SURROGATE_TEXT.search(text) is not None:
+        return sendable(value)  # written by an older floom
+    return value
+
+
+def sendable(value: Any) -> Any:
+    """`value` with each lone surrogate in its strings and keys as U+FFFD: no answer, no
+    request to a model and no store can carry one (a file name of invalid UTF-8 as Python
+    reads it, a JSON escape without its pair)."""
+    if type(value) is str:
+        return value if value.isascii() else _SURROGATE.sub(REPLACEMENT, value)
+    if type(value) is list:
+        return [sendable(v) for v in value]
+    if type(value) is dict:
+        return {sendable(k): sendable(v) for k, v in value.items()}
     return value
 
 

@@ -21,6 +21,7 @@ from floom.engine.safefiles import (
     Refused,
     open_regular,
     read_fd,
+    said,
     walk,
     walk_below,
     write_regular,
@@ -209,7 +210,9 @@ def _list_files(spec: ToolSpec, env: AgentEnv) -> Any:
             base = "/".join(below)
             for name, size in found.files:
                 full = f"{base}/{name}" if base else name
-                lines.append(f"{prefix}{full} ({size} bytes)")
+                # A name of invalid UTF-8 or with a newline, said so that the list stays one
+                # name a line and can be sent to the model.
+                lines.append(f"{prefix}{said(full)} ({size} bytes)")
                 if len(lines) >= LIST_CAP:
                     return "\n".join([*lines, f"[more than {LIST_CAP} files; list a folder]"])
             if not found.complete:

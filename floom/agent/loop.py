@@ -151,7 +151,10 @@ class AgentLoop:
         t.output_tokens += reply.output_tokens
         t.cost_usd += estimate_cost(t.model, reply.input_tokens, reply.output_tokens)
         self.state["turn_usage"].append([reply.input_tokens, reply.output_tokens])
-        content = self.env.redactor.value(reply.content) or [{"type": "text", "text": "(empty)"}]
+        # Sent back with every later turn: a lone surrogate in it would fail each of them.
+        content = jsonvalues.sendable(self.env.redactor.value(reply.content)) or [
+            {"type": "text", "text": "(empty)"}
+        ]
         self.messages.append({"role": "assistant", "content": content})
         live.flush()
         for block in content if not live.shown else ():
@@ -493,6 +496,10 @@ class LiveTurn:
 
 
 def _result(use_id: str, text: str, *, error: bool = False) -> dict[str, Any]:
+    # What a tool brought back (a file name of invalid UTF-8, an MCP server's JSON escape
+    # without its pair) is sent to the model with every later turn: never a lone surrogate,
+    # which no request can carry (the run failed 'could not run this attempt').
+    text = jsonvalues.sendable(text)
     if len(text) > MODEL_RESULT_CAP:
         text = text[:MODEL_RESULT_CAP] + f"\n[... {len(text) - MODEL_RESULT_CAP} characters cut]"
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": use_id, "content": text}

@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from floom import jsonvalues
-from floom.engine.safefiles import Bounds, Cancelled, Refused, read_regular, walk
+from floom.engine.safefiles import (
+    CONTROL,
+    Bounds,
+    Cancelled,
+    Refused,
+    read_regular,
+    said,
+    walk,
+)
 from floom.services.access.secrets import Redactor
 from floom.services.runs import artifact_scan
 
@@ -89,15 +97,15 @@ def collect_artifacts(
         name = redactor.text(rel)
         if total + size > limit:
             done.notes.append(
-                f"artifact {name} ({size} bytes) was not kept: a run keeps up to {limit} bytes "
-                "of artifacts (FLOOM_MAX_ARTIFACT_BYTES)"
+                f"artifact {said(name)} ({size} bytes) was not kept: a run keeps up to {limit} "
+                "bytes of artifacts (FLOOM_MAX_ARTIFACT_BYTES)"
             )
             continue
         if len(done.artifacts) >= MAX_ARTIFACT_FILES:
             done.notes.append(f"only the first {MAX_ARTIFACT_FILES} artifacts were kept")
             break
-        if len(name) > MAX_NAME_CHARS or not _encodable(name):
-            done.notes.append(f"artifact {name!r} was not kept: its name is too long or not UTF-8")
+        if problem := _name_problem(name):
+            done.notes.append(f"artifact {said(name[:MAX_NAME_CHARS])} was not kept: {problem}")
             continue
         try:
             data = read_regular(
@@ -107,7 +115,7 @@ def collect_artifacts(
             done.notes.append(f"artifact not kept: {redactor.text(exc.message)}")
             continue
         except OSError as exc:
-            done.notes.append(f"artifact {name} could not be read: {exc.strerror}")
+            done.notes.append(f"artifact {said(name)} could not be read: {exc.strerror}")
             continue
         total += len(data)
         name = _unique(name, names)
@@ -127,8 +135,8 @@ def _scanned(
     if unscannable is not None:
         kind, detected = unscannable
         notes.append(
-            f"artifact {name} is {kind} data floom cannot scan for secrets: only keys with the "
-            "run scope may read it"
+            f"artifact {said(name)} is {kind} data floom cannot scan for secrets: only keys "
+            "with the run scope may read it"
         )
         return data, detected
     if not artifact_scan.scanned(content_type):
@@ -140,12 +148,21 @@ def _scanned(
     return artifact_scan.mask_bytes(data, redactor.values), content_type
 
 
-def _encodable(name: str) -> bool:
+def _name_problem(name: str) -> str | None:
+    """Why `name` cannot name an artifact, or None: it is stored, put in links and in the
+    download's Content-Disposition header, and printed."""
+    if len(name) > MAX_NAME_CHARS:
+        return f"its name is longer than {MAX_NAME_CHARS} characters"
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return "\0" not in name
+        return "its name is not UTF-8"
+    if CONTROL.search(name):
+        return (
+            "its name holds a control character (a newline, a tab, a terminal escape, ...), "
+            "which no link or download can carry; rename the file"
+        )
+    return None
 
 
 def _unique(name: str, taken: set[str]) -> str:

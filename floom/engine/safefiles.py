@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -56,6 +57,27 @@ class Bounds:
     max_entries: int = MAX_WALK_ENTRIES
 
 
+# Characters a name shows escaped in floom's words about it (C0, DEL, C1, line separators).
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def said(rel: str | Sequence[str]) -> str:
+    """A path of a run's dirs as floom's notes and refusals say it: a byte that is not UTF-8
+    (read by Python as a lone surrogate, which no store or answer can hold) as \\xNN, and a
+    control character escaped, so a newline or a terminal escape in a file's name neither
+    breaks the record of the run's end nor shapes its log."""
+    text = rel if isinstance(rel, str) else "/".join(rel)
+    if text.isascii() and text.isprintable():
+        return text
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return CONTROL.sub(_escaped, text)
+
+
+def _escaped(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def kind_of(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "a symlink"
@@ -72,8 +94,8 @@ def kind_of(mode: int) -> str:
 
 def split(rel: str | Sequence[str]) -> tuple[str, ...]:
     parts = PurePosixPath(rel).parts if isinstance(rel, str) else tuple(rel)
-    if not parts or any(p in ("", ".", "..", "/") or "/" in p for p in parts):
-        raise Refused(f"{'/'.join(parts) or '.'} is not a path inside the run's directory")
+    if not parts or any(p in ("", ".", "..", "/") or "/" in p or "\0" in p for p in parts):
+        raise Refused(f"{said(parts) or '.'} is not a path inside the run's directory")
     return parts
 
 
@@ -91,7 +113,7 @@ def _dir_fd(root: Path, parts: Sequence[str], *, create: bool = False) -> Iterat
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     st = os.stat(part, dir_fd=fd, follow_symlinks=False)
-                    shown = "/".join(parts[: i + 1])
+                    shown = said(parts[: i + 1])
                     raise Refused(
                         f"{shown} is {kind_of(st.st_mode)}; floom does not follow it"
                     ) from exc
@@ -108,7 +130,7 @@ def open_regular(root: Path, rel: str | Sequence[str]) -> Iterator[tuple[int, os
     """Open root/rel for reading if it is a regular file reached without any link; yields the
     fd and its fstat. FileNotFoundError when it is not there, Refused when it is not safe."""
     parts = split(rel)
-    shown = "/".join(parts)
+    shown = said(parts)
     with _dir_fd(root, parts[:-1]) as dfd:
         st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
@@ -144,7 +166,7 @@ def read_fd(fd: int, limit: int) -> bytes:
 def read_regular(root: Path, rel: str | Sequence[str], *, limit: int, setting: str) -> bytes:
     """The bytes of root/rel, refused when over `limit` (by its size, before reading; sparse
     files count by their size) or not a regular file reached without links."""
-    shown = "/".join(split(rel))
+    shown = said(split(rel))
     with open_regular(root, rel) as (fd, st):
         if st.st_size > limit:
             raise Refused(f"{shown} is {st.st_size} bytes, over the limit of {limit} ({setting})")
@@ -158,7 +180,7 @@ def write_regular(root: Path, rel: str | Sequence[str], data: bytes) -> None:
     """Write root/rel, creating its folders, never through a link or into anything but a
     regular file."""
     parts = split(rel)
-    shown = "/".join(parts)
+    shown = said(parts)
     with _dir_fd(root, parts[:-1], create=True) as dfd:
         try:
             st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
@@ -226,7 +248,7 @@ def walk(root: Path, bounds: Bounds, *, below: tuple[str, ...] = (), label: str 
                         if not found.complete:
                             return _sorted(found)
                     rel = (*parts, entry.name)
-                    shown = label + "/".join(rel)
+                    shown = label + said(rel)
                     st = entry.stat(follow_symlinks=False)
                     if stat.S_ISDIR(st.st_mode):
                         if len(rel) >= MAX_WALK_DEPTH:
@@ -245,7 +267,7 @@ def walk(root: Path, bounds: Bounds, *, below: tuple[str, ...] = (), label: str 
         except Refused as exc:
             found.notes.append(label + exc.message)
         except OSError as exc:
-            found.notes.append(f"{label}{'/'.join(parts) or '.'} could not be read: {exc.strerror}")
+            found.notes.append(f"{label}{said(parts) or '.'} could not be read: {exc.strerror}")
     return _sorted(found)
 
 

@@ -183,9 +183,12 @@ def _path_to(root: yaml.Node, target: yaml.Node) -> str:
 
 
 def load_yaml(text: str) -> tuple[Any, list[Problem]]:
-    loader = _StrictLoader(text)
+    loader: _StrictLoader | None = None
     root = None
     try:
+        # The loader reads the start of the text at once: a character YAML does not allow
+        # there (a NUL, a worker.yml saved as UTF-16) is a problem to tell, not a 500.
+        loader = _StrictLoader(text)
         root = loader.get_single_node()
         return (None if root is None else loader.construct_document(root)), []
     except _UnreadableValue as exc:
@@ -201,9 +204,14 @@ def load_yaml(text: str) -> tuple[Any, list[Problem]]:
             hint = "indent with spaces, not tabs"
         elif reason.startswith("duplicate key"):
             hint = "give each key once"
+        if isinstance(exc, yaml.reader.ReaderError):
+            line = text.count("\n", 0, exc.position) + 1
+            where, reason = f" at line {line}", str(exc).split("\n", 1)[0]
+            hint = "save worker.yml as UTF-8 text without control characters"
         return None, [Problem("", f"worker.yml is not valid YAML{where}: {reason}", hint)]
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 # -- the document ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -339,15 +340,27 @@ def list_artifacts(run_id: str, ctx: CtxDep, caller: ReadCaller) -> Page[run_mod
 )
 def download_artifact(run_id: str, name: str, ctx: CtxDep, caller: ReadCaller) -> Response:
     art, data = runs.read_artifact(ctx, run_id=run_id, name=name, caller=caller)
-    filename = name.rsplit("/", 1)[-1].replace('"', "")
     return Response(
         content=data,
         media_type=art.content_type,
         headers={
-            "Content-Disposition": f'attachment; filename="{filename}"',
+            "Content-Disposition": download_disposition(name),
             "X-Content-Type-Options": "nosniff",
         },
     )
+
+
+def download_disposition(name: str) -> str:
+    """The Content-Disposition of an artifact's download (REST and the web UI): its base name
+    as RFC 6266 says it, whatever characters the worker gave it. The plain `filename` is its
+    ASCII with quotes, backslashes and control characters dropped; `filename*` is the whole
+    name, UTF-8 percent-encoded. A header holds latin-1 without control characters only: a
+    name of CJK characters answered 500, one holding an escape sent no answer at all."""
+    filename = name.rsplit("/", 1)[-1]
+    ascii_name = filename.encode("ascii", "replace").decode()
+    fallback = "".join(c for c in ascii_name if c.isprintable() and c not in '"\\') or "artifact"
+    encoded = quote(filename, safe="", errors="replace")
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{encoded}"
 
 
 @router.post(

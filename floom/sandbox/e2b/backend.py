@@ -354,6 +354,7 @@ class E2BSession(SandboxSession):
             f'cd {HOME} && rm -f {OUTBOX} && {paths}; tar -czf {OUTBOX} "$@" 2>/dev/null; true',
             cwd=HOME,
             timeout=REQUEST_TIMEOUT * 4,
+            retain_output=False,  # nothing is read of it, and the sandbox's tar may be anything
         )
         data = _read_bounded(box, OUTBOX, limit=budget + 1024 * 1024)
         if data is None:

@@ -53,6 +53,9 @@ class E2BCommand:
             cwd=HOME if unpack else WORKDIR,
             # A backstop: floom kills the command at its own deadline first.
             timeout=spec.timeout_seconds + 30,
+            # Its output goes to the run's log as it comes (within the log's budget): kept
+            # for the result too, a run printing gigabytes held them all in floom's memory.
+            retain_output=False,
         )
         threading.Thread(target=self._read, name="floom-e2b-output", daemon=True).start()
 

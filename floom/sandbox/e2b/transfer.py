@@ -3,6 +3,7 @@ that comes back read as hostile (the process may have left anything in it)."""
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import shutil
@@ -10,6 +11,8 @@ import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+
+from floom.bundle import ENTRY_OVERHEAD, BoundedReader, UnpackedTooLarge
 
 # The most entries an archive from a sandbox may hold; the rest is dropped with a note.
 MAX_ENTRIES = 10_000
@@ -88,7 +91,10 @@ def unpack_hostile(data: bytes, *, into: Path, names: tuple[str, ...], budget: i
     (never through a link: `into` is floom's own fresh dir and nothing in it is a link); at
     most `budget` bytes in all (by the sizes the headers declare, before reading) and
     MAX_ENTRIES entries. Anything else is left out with a note; a broken archive keeps what
-    was written before the break."""
+    was written before the break. It is read as a stream that stops past what those bounds
+    allow (the headers' share included): the sandbox may have made it anything, and tarfile
+    reads a PAX or long-name record whole, whatever size it claims (300 KB of gzip claiming
+    300 MB took 300 MB of floom's memory)."""
     done = Unpacked()
     shutil.rmtree(into, ignore_errors=True)
     into.mkdir(parents=True)
@@ -97,7 +103,11 @@ def unpack_hostile(data: bytes, *, into: Path, names: tuple[str, ...], budget: i
         done.trees[name].mkdir()
     total = entries = 0
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        stream = BoundedReader(
+            gzip.GzipFile(fileobj=io.BytesIO(data), mode="rb"),
+            limit=budget + (MAX_ENTRIES + 1) * ENTRY_OVERHEAD,
+        )
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
             for member in tar:
                 entries += 1
                 if entries > MAX_ENTRIES:
@@ -121,6 +131,8 @@ def unpack_hostile(data: bytes, *, into: Path, names: tuple[str, ...], budget: i
                 if source is None:
                     continue
                 _write_new(into, parts, source.read(member.size), executable=member.mode & 0o100)
+    except UnpackedTooLarge:
+        done.over_budget = True
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         done.notes.append(f"the files that came back were cut short: {exc}")
     return done

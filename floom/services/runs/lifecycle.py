@@ -401,9 +401,10 @@ def _check_input_bounds(inputs: Any, *, max_bytes: int) -> None:
     # so that measuring the size cannot recurse without bound; a long string after the size.
     found = jsonvalues.breach_of(inputs, where="inputs")
     if found is not None and found.limit != "string":
+        flatten = "flatten the value, or pass it as a file input; "
         raise InputInvalid(
             found.message,
-            hint="flatten the value, or pass it as a file input; " + jsonvalues.bounds_hint(),
+            hint=(flatten if found.limit in ("depth", "keys") else "") + jsonvalues.bounds_hint(),
             details=[found.detail()],
         )
     size = len(json.dumps(inputs or {}, default=str, ensure_ascii=False).encode("utf-8"))

@@ -6,10 +6,12 @@ nested past the parser's recursion) is a 4xx naming where, never a 500."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +263,35 @@ def test_a_run_form_value_that_trips_a_parser_is_a_4xx_naming_the_input(
     finally:
         page.close()
     assert api.get("/api/v1/runs").json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "line"),
+    [
+        (b"name: big\ndescription: a\x00b\n", 2),
+        ("name: big\n".encode("utf-16"), 1),
+        (b"name: big\n\x1b[31m: red\n", 2),
+    ],
+    ids=["nul", "utf-16", "escape"],
+)
+def test_a_worker_yml_holding_a_character_yaml_refuses_is_a_problem_naming_its_line(
+    api: httpx.Client, raw: bytes, line: int
+) -> None:
+    # PyYAML checks the characters as its loader is made, before the document is read: that
+    # answered 500 to any read key's validate, and to a deploy.
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        for name, content in (("worker.yml", raw), ("run.py", b"print(1)\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    headers = {"Content-Type": "application/gzip"}
+    checked = api.post("/api/v1/workers/validate", content=data.getvalue(), headers=headers)
+    assert checked.status_code == 200, checked.text[:300]
+    problem = checked.json()["problems"][0]
+    assert problem["message"].startswith(f"worker.yml is not valid YAML at line {line}: "), problem
+    assert problem["hint"] == "save worker.yml as UTF-8 text without control characters"
+    response = api.post("/api/v1/workers", content=data.getvalue(), headers=headers)
+    assert response.status_code == 400, (response.status_code, response.text[:300])
+    assert response.json()["error"]["code"] == "manifest_invalid"
+    assert api.get("/api/v1/workers").json()["items"] == []

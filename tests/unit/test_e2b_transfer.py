@@ -1,0 +1,64 @@
+"""The archive of a run's files coming back from a remote sandbox, read as hostile: the
+sandbox may have made it anything (its process can replace tar or the archive itself)."""
+
+from __future__ import annotations
+
+import io
+import resource
+import tarfile
+import zlib
+from pathlib import Path
+
+from floom.sandbox.e2b.transfer import unpack_hostile
+
+MIB = 1024 * 1024
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _gzip_claiming(size: int, kind: bytes) -> bytes:
+    """A gzip tar whose first record (a PAX header or a GNU long name) claims `size` bytes of
+    zeros: a few hundred KB that tarfile would read whole."""
+    record = tarfile.TarInfo("././@LongLink" if kind == tarfile.GNUTYPE_LONGNAME else "pax")
+    record.type, record.size = kind, size
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    out = [packer.compress(record.tobuf(tarfile.GNU_FORMAT))]
+    zeros = bytes(MIB)
+    out += [packer.compress(zeros) for _ in range(size // MIB)]
+    out.append(packer.compress(tarfile.TarInfo("work/x").tobuf(tarfile.USTAR_FORMAT)))
+    out.append(packer.flush())
+    return b"".join(out)
+
+
+def test_a_record_claiming_more_than_the_budget_is_not_read_into_memory(tmp_path: Path) -> None:
+    # 300 KB of gzip claiming 300 MB took 300 MB of floom's memory; the download of such an
+    # archive is bounded only by its compressed size (the budget and 1 MiB).
+    for kind in (tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME):
+        data = _gzip_claiming(400 * MIB, kind)
+        assert len(data) < MIB
+        before = _peak_rss_mib()
+
+        done = unpack_hostile(data, into=tmp_path / "landing", names=("work", "output"), budget=MIB)
+
+        assert done.over_budget, done
+        assert _peak_rss_mib() - before < 100
+
+
+def test_files_within_the_budget_come_back(tmp_path: Path) -> None:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for name, content in (("work/result.json", b"{}"), ("output/a.txt", b"a")):
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+
+    done = unpack_hostile(
+        raw.getvalue(), into=tmp_path / "landing", names=("work", "output"), budget=MIB
+    )
+
+    assert not done.over_budget
+    assert done.notes == []
+    assert (done.trees["work"] / "result.json").read_bytes() == b"{}"
+    assert (done.trees["output"] / "a.txt").read_bytes() == b"a"
