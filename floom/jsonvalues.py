@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -103,6 +104,55 @@ def breach_of(
                 where, "bytes", max_bytes, f"{where} is {size} bytes as JSON, over {max_bytes}"
             )
     return long_string
+
+
+# A JSON escape of a UTF-16 surrogate (`\\ud800`), or one's bytes as UTF-8 would write it
+# (json.loads decodes bytes with surrogatepass): how parsed JSON can hold one. A pair of
+# escapes is one character; one alone is none.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+LONE_SURROGATE = "lone UTF-16 surrogate"
+
+
+def lone_surrogate_said(path: str) -> str:
+    """What is wrong with JSON text holding a lone surrogate at `path` (after "the body")."""
+    return (
+        f"holds a {LONE_SURROGATE} at {path}, which is no character "
+        "(\\ud800 to \\udfff come only in pairs, as one character)"
+    )
+
+
+def lone_surrogate(value: Any, *, where: str, text: bytes | str | None = None) -> str | None:
+    """Where in parsed JSON `value` a string (or key) holds a lone surrogate, or None. Given
+    the `text` it was parsed from, a text without a surrogate (escaped, or decoded from
+    bytes with surrogatepass) is not walked."""
+    if (
+        isinstance(text, bytes)
+        and json.detect_encoding(text).startswith("utf-8")
+        and not _SURROGATE_ESCAPE.search(text)
+    ):
+        return None
+    if isinstance(text, str) and not (
+        _SURROGATE_ESCAPE_TEXT.search(text) or _SURROGATE.search(text)
+    ):
+        return None
+    stack: list[tuple[Any, Trail]] = [(value, None)]
+    while stack:
+        item, trail = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return _path(where, trail)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return _path(where, trail)
+                stack.append((child, (trail, key)))
+        elif isinstance(item, list):
+            stack.extend((child, (trail, i)) for i, child in enumerate(item))
+    return None
 
 
 def _kind(item: Any, strict_types: bool) -> Any:
@@ -239,6 +289,9 @@ def parse(
                 f"{where} holds an integer of more than {MAX_INT_DIGITS} digits",
             )
         return None, Breach(where, "json", None, f"{where} is not valid JSON ({_short(exc)})")
+    lone = lone_surrogate(value, where=where, text=text)
+    if lone is not None:
+        return None, Breach(lone, "json", None, f"{where} {lone_surrogate_said(lone)}")
     # Parsed JSON holds only JSON's types and finite numbers; no string can be longer than
     # the text, no object have more keys than it has colons, and only many brackets can
     # nest deep: most values need no walk, or one of their containers only.
@@ -322,6 +375,20 @@ def _stored(text: Any) -> Any:
         return unreadable(f"the stored value is not valid JSON ({_short(exc)})")
     if _too_deep(text, value):
         return unreadable(f"the stored value nests deeper than {MAX_DEPTH} levels")
+    if lone_surrogate(value, where="", text=text) is not None:
+        # Stored before floom refused them: no answer could encode it, so each is shown as
+        # U+FFFD.
+        return _surrogates_replaced(value)
+    return value
+
+
+def _surrogates_replaced(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_surrogates_replaced(k): _surrogates_replaced(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_surrogates_replaced(v) for v in value]
     return value
 
 

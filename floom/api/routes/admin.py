@@ -7,12 +7,13 @@ from pydantic import BaseModel, Field
 
 from floom.api.auth import AdminCaller, CtxDep, DeployCaller, ReadCaller
 from floom.api.openapi import SecretName, authed
+from floom.api.routing import JSONRoute
 from floom.schemas import admin as admin_models
 from floom.schemas.common import Page
 from floom.services.access import keys, secrets
 from floom.views import admin as views
 
-router = APIRouter(prefix="/api/v1", tags=["admin"])
+router = APIRouter(prefix="/api/v1", tags=["admin"], route_class=JSONRoute)
 
 
 class SecretValue(BaseModel):

@@ -8,12 +8,13 @@ from pydantic.config import JsonDict
 
 from floom.api.auth import AdminCaller, CtxDep, ReadCaller
 from floom.api.openapi import authed
+from floom.api.routing import JSONRoute
 from floom.schemas import handoffs as views
 from floom.schemas.admin import SCOPE_LIST
 from floom.schemas.common import Page
 from floom.services.handoffs import agents, retire
 
-router = APIRouter(prefix="/api/v1", tags=["agents"])
+router = APIRouter(prefix="/api/v1", tags=["agents"], route_class=JSONRoute)
 
 
 ROLE_NAME: JsonDict = {"pattern": agents.ROLE_NAME.pattern}

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, authed
+from floom.api.routing import JSONRoute
 from floom.errors import NotFound
 from floom.schemas import runs as run_models
 from floom.schemas.common import Page
@@ -16,7 +17,7 @@ from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.views import runs as views
 
-router = APIRouter(prefix="/api/v1", tags=["approvals"])
+router = APIRouter(prefix="/api/v1", tags=["approvals"], route_class=JSONRoute)
 
 
 class ApproveRequest(BaseModel):

@@ -10,13 +10,14 @@ from pydantic.config import JsonDict
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, authed
+from floom.api.routing import JSONRoute
 from floom.schemas import handoffs as handoff_models
 from floom.schemas.common import Page
 from floom.services.handoffs import agents, flow, review, rules
 from floom.services.handoffs import jobs as handoffs
 from floom.views import handoffs as views
 
-router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"])
+router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"], route_class=JSONRoute)
 
 
 LEASE: JsonDict = {"exclusiveMinimum": 0, "maximum": flow.MAX_LEASE_SECONDS}

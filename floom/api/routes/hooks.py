@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep
 from floom.api.openapi import errors
+from floom.api.routing import JSONRoute
 from floom.errors import TooManyWaits
 from floom.schemas import triggers as trigger_models
 from floom.services.access import principal
@@ -24,7 +25,7 @@ from floom.store.models import Run
 from floom.views import triggers as views
 from floom.views.runs import run_public
 
-router = APIRouter(tags=["hooks"])
+router = APIRouter(tags=["hooks"], route_class=JSONRoute)
 
 MAX_WAIT_SECONDS = 300.0
 

@@ -18,6 +18,7 @@ from starlette.concurrency import run_in_threadpool
 from floom.api.auth import CtxDep, ReadCaller, RunCaller, bearer_token
 from floom.api.errors import floom_error_response
 from floom.api.openapi import Cursor, Limit, WorkerName, authed, decimal, enum_query
+from floom.api.routing import JSONRoute
 from floom.errors import FloomError, TooManyWaits
 from floom.schemas import runs as run_models
 from floom.schemas.common import Page
@@ -32,7 +33,7 @@ from floom.services.runs import waits as run_waits
 from floom.views import runs as views
 from floom.vocabulary import RunTrigger
 
-router = APIRouter(prefix="/api/v1", tags=["runs"])
+router = APIRouter(prefix="/api/v1", tags=["runs"], route_class=JSONRoute)
 
 T = TypeVar("T")
 

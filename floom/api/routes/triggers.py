@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from floom.api.auth import CtxDep, DeployCaller, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed
+from floom.api.routing import JSONRoute
 from floom.schemas import triggers as trigger_models
 from floom.schemas.common import Page
 from floom.schemas.runs import RunPublic
@@ -17,7 +18,7 @@ from floom.services.triggers import webhooks
 from floom.views import triggers as views
 from floom.views.runs import run_public
 
-router = APIRouter(prefix="/api/v1", tags=["triggers"])
+router = APIRouter(prefix="/api/v1", tags=["triggers"], route_class=JSONRoute)
 
 
 class PauseRequest(BaseModel):
