@@ -118,7 +118,8 @@ async def worker_hook(
         None,
         max_length=2048,
         description="POST the run's record here when it ends (signed with the server's "
-        "callback key); checked once the delivery's signature is",
+        "callback key); its origin must be one the webhook's `callbacks` in worker.yml list "
+        "(the query is not signed), checked once the delivery's signature is",
     ),
 ) -> JSONResponse:
     body = await _read_body(request, ctx)
