@@ -56,8 +56,11 @@ def add_routes(app: FastAPI, router: APIRouter) -> None:
     `app.dependency_overrides` on these routes, which floom does not use.
     """
     for route in router.routes:
-        api = isinstance(route, APIRoute) and route.path.startswith(_API_PATHS)
-        if api and not isinstance(route, JSONRoute):
+        if (
+            isinstance(route, APIRoute)
+            and route.path.startswith(_API_PATHS)
+            and not isinstance(route, JSONRoute)
+        ):
             raise TypeError(f"{route.path}: an API route's class is JSONRoute")
     app.router.routes.extend(router.routes)
 

@@ -293,7 +293,7 @@ def log_event_stream(
                 try:
                     await run_in_threadpool(still_valid)
                 except FloomError as exc:
-                    refusal = floom_error_response(exc, surface=surface).body.decode()
+                    refusal = bytes(floom_error_response(exc, surface=surface).body).decode()
                     yield f"event: error\ndata: {refusal}\n\n"
                     return
                 checked_at = time.monotonic()
