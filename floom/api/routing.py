@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, get_args
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 
 from floom import jsonvalues
 from floom.api.errors import error_response
@@ -62,7 +63,28 @@ def add_routes(app: FastAPI, router: APIRouter) -> None:
             and not isinstance(route, JSONRoute)
         ):
             raise TypeError(f"{route.path}: an API route's class is JSONRoute")
+        if isinstance(route, APIRoute) and (loose := _loose_body(route)) is not None:
+            raise TypeError(f"{route.path}: its body model {loose} must refuse unknown fields")
     app.router.routes.extend(router.routes)
+
+
+def _loose_body(route: APIRoute) -> str | None:
+    """The name of a body model of `route` that takes fields it does not have, or None: a
+    misspelt field must be refused (422 naming it), not dropped while the request goes on
+    with the default (`{"versin_id": ...}` rolling back to the previous version)."""
+    field = route.body_field
+    if field is None:
+        return None
+    for model in _models_in(getattr(field.field_info, "annotation", None)):
+        if model.model_config.get("extra") != "forbid":
+            return model.__name__
+    return None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
 class EncodedSlashGuard:

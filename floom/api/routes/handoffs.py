@@ -27,12 +27,13 @@ class JobUpdate(BaseModel):
     """At least one of the two."""
 
     model_config = ConfigDict(
+        extra="forbid",
         json_schema_extra={
             "anyOf": [
                 {"required": ["context"], "properties": {"context": {"type": "object"}}},
                 {"required": ["constraints"], "properties": {"constraints": {"type": "array"}}},
             ]
-        }
+        },
     )
     context: dict[str, Any] | None = Field(None, description="the full new context")
     constraints: list[str] | None = Field(
@@ -41,12 +42,14 @@ class JobUpdate(BaseModel):
 
 
 class LeaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     lease_seconds: float | None = Field(
         None, description="the server's default if left out", json_schema_extra=LEASE
     )
 
 
 class ClaimNextRequest(LeaseRequest):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     role: str | None = Field(None, description="only this one of your roles")
 
 
@@ -56,6 +59,7 @@ class StatusRequest(LeaseRequest):
 
 
 class CompleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     summary: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
     artifacts: list[dict[str, Any]] = Field(
@@ -64,6 +68,7 @@ class CompleteRequest(BaseModel):
 
 
 class RejectRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     reason: str = Field(json_schema_extra=handoff_models.TEXT)
     role: str | None = Field(None, description="route the retry to another role")
     priority: str | None = Field(None, json_schema_extra=handoff_models.PRIORITY)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import WorkerName, authed
@@ -21,6 +21,7 @@ router = APIRouter(prefix="/api/v1", tags=["replays"], route_class=JSONRoute)
 
 
 class ReplayStart(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     mode: Literal["exact", "what_if"] = Field(
         "exact", description="exact: no model, no tool; what_if: the model live, tools recorded"
     )

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
@@ -47,6 +47,7 @@ SSE_RECHECK_SECONDS = 1.0
 
 
 class ReplayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     latest: bool = Field(False, description="run on the worker's active version instead")
     force: bool = Field(False, description="run even though the worker is paused")
 

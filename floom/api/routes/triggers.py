@@ -4,7 +4,7 @@ stored webhook deliveries (list, show, replay)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom.api.auth import CtxDep, DeployCaller, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed
@@ -22,10 +22,12 @@ router = APIRouter(prefix="/api/v1", tags=["triggers"], route_class=JSONRoute)
 
 
 class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     trigger_id: str | None = Field(None, description="pause only this trigger of the worker")
 
 
 class DeliveryReplayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     force: bool = Field(False, description="run even though the worker is paused")
 
 

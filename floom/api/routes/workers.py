@@ -149,12 +149,13 @@ class RollbackRequest(BaseModel):
     """Exactly one of the two."""
 
     model_config = ConfigDict(
+        extra="forbid",
         json_schema_extra={
             "oneOf": [
                 {"required": [field], "properties": {field: {"type": "string", "minLength": 1}}}
                 for field in ("version_id", "run_id")
             ]
-        }
+        },
     )
     version_id: str | None = Field(None, description="make this version active")
     run_id: str | None = Field(None, description="or the version this run ran")
