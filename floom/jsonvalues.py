@@ -115,6 +115,54 @@ def breach_of(
     return long_string
 
 
+# A JSON escape of a UTF-16 surrogate (`\\ud800`), or one's bytes as UTF-8 would write it
+# (json.loads decodes bytes with surrogatepass): how parsed JSON can hold one. A pair of
+# escapes is one character; one alone is none.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+LONE_SURROGATE = "lone UTF-16 surrogate"
+
+
+def lone_surrogate_said(path: str) -> str:
+    """What is wrong with JSON text holding a lone surrogate at `path` (after "the body")."""
+    return (
+        f"holds a {LONE_SURROGATE} at {path}, which is no character "
+        "(\\ud800 to \\udfff come only in pairs, as one character)"
+    )
+
+
+def lone_surrogate(value: Any, *, where: str, text: bytes | str | None = None) -> str | None:
+    """Where in parsed JSON `value` a string (or key) holds a lone surrogate, or None. Given
+    the `text` it was parsed from, a text without a surrogate (escaped, or decoded from
+    bytes with surrogatepass) is not walked."""
+    if (
+        isinstance(text, bytes)
+        and json.detect_encoding(text).startswith("utf-8")
+        and not _SURROGATE_ESCAPE.search(text)
+    ):
+        return None
+    if isinstance(text, str) and not (
+        _SURROGATE_ESCAPE_TEXT.search(text) or _SURROGATE.search(text)
+    ):
+        return None
+    stack: list[tuple[Any, Trail]] = [(value, None)]
+    while stack:
+        item, trail = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return _path(where, trail)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and _SURROGATE.search(key):
+                    return _path(where, trail)
+                stack.append((child, (trail, key)))
+        elif isinstance(item, list):
+            stack.extend((child, (trail, i)) for i, child in enumerate(item))
+    return None
+
+
 def _kind(item: Any, strict_types: bool) -> Any:
     """None for a scalar within the bounds, _CONTAINER for a list or mapping, else the name
     of the bound it is over."""
@@ -262,6 +310,9 @@ def parse(
                 f"{where} holds an integer of more than {MAX_INT_DIGITS} digits",
             )
         return None, Breach(where, "json", None, f"{where} is not valid JSON ({_short(exc)})")
+    lone = lone_surrogate(value, where=where, text=text)
+    if lone is not None:
+        return None, Breach(lone, "json", None, f"{where} {lone_surrogate_said(lone)}")
     # Parsed JSON holds only JSON's types and finite numbers; no string can be longer than
     # the text, no object have more keys than it has colons, and only many brackets can
     # nest deep: most values need no walk, or one of their containers only.

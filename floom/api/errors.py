@@ -138,6 +138,8 @@ def _unparsable(cause: BaseException | None) -> str | None:
     # FastAPI answers 400 for a body its JSON parser gave up on; say which limit it was.
     if isinstance(cause, RecursionError):
         return f"nests too deep (floom keeps at most {jsonvalues.MAX_DEPTH} levels)"
+    if isinstance(cause, ValueError) and jsonvalues.LONE_SURROGATE in str(cause):
+        return str(cause)
     if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
         return f"holds an integer of more than {jsonvalues.MAX_INT_DIGITS} digits"
     return None

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Request, Response
 
 from floom.api.auth import CtxDep, ReadCaller
+from floom.api.routing import JSONRoute
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=JSONRoute)
 
 
 def _registry(request: Request, ctx: CtxDep) -> CollectorRegistry:

@@ -3,11 +3,45 @@ which paths never reach a route."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any, get_args
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
 
+from floom import jsonvalues
 from floom.api.errors import error_response
+
+
+class CheckedJSONRequest(Request):
+    """A request whose JSON body is refused (ValueError, which FastAPI answers 400 and
+    floom.api.errors words) when it holds a lone UTF-16 surrogate escape (`"\\ud800"`):
+    Python's parser takes it, but it is no character, and the first encoding of it (a size
+    check, the database, an answer) failed with a 500."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            value = json.loads(body)
+            where = jsonvalues.lone_surrogate(value, where="body", text=body)
+            if where is not None:
+                raise ValueError(jsonvalues.lone_surrogate_said(where))
+            self._json = value
+        return self._json
+
+
+class JSONRoute(APIRoute):
+    """The route class of every API router: their JSON bodies are read by CheckedJSONRequest."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            return await handler(CheckedJSONRequest(request.scope, request.receive))
+
+        return checked
 
 
 def add_routes(app: FastAPI, router: APIRouter) -> None:
@@ -22,7 +56,35 @@ def add_routes(app: FastAPI, router: APIRouter) -> None:
     OpenAPI document. What this gives up is include_router's per-inclusion settings and
     `app.dependency_overrides` on these routes, which floom does not use.
     """
+    for route in router.routes:
+        if (
+            isinstance(route, APIRoute)
+            and route.path.startswith(_API_PATHS)
+            and not isinstance(route, JSONRoute)
+        ):
+            raise TypeError(f"{route.path}: an API route's class is JSONRoute")
+        if isinstance(route, APIRoute) and (loose := _loose_body(route)) is not None:
+            raise TypeError(f"{route.path}: its body model {loose} must refuse unknown fields")
     app.router.routes.extend(router.routes)
+
+
+def _loose_body(route: APIRoute) -> str | None:
+    """The name of a body model of `route` that takes fields it does not have, or None: a
+    misspelt field must be refused (422 naming it), not dropped while the request goes on
+    with the default (`{"versin_id": ...}` rolling back to the previous version)."""
+    field = route.body_field
+    if field is None:
+        return None
+    for model in _models_in(getattr(field.field_info, "annotation", None)):
+        if model.model_config.get("extra") != "forbid":
+            return model.__name__
+    return None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
 
 
 class EncodedSlashGuard:

@@ -28,6 +28,7 @@ from floom.triggers.spec import (
     ScheduleSpec,
     TriggerSpec,
     WebhookSpec,
+    callback_origin,
     parse_duration,
     trigger_key,
 )
@@ -38,7 +39,7 @@ _SLUG = re.compile(r"^[A-Z0-9_]+$")
 _PATH = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
 _KEYS = {
     "schedule": ("cron", "timezone", "overlap", "catch_up", "catch_up_window", "inputs"),
-    "webhook": ("signature", "secret", "inputs"),
+    "webhook": ("signature", "secret", "inputs", "callbacks"),
     "composio": ("event", "connected_account", "filters", "inputs", "callback_url"),
 }
 
@@ -218,7 +219,33 @@ def _check_webhook(
         out.append(_problem(f"{path}.secret", message, hint))
         return None
     mapping = _check_event_delivery(settings, path, inputs, out)
-    return WebhookSpec(signature=signature, secret=secret, inputs=mapping)
+    callbacks = _check_callback_origins(settings.get("callbacks"), f"{path}.callbacks", out)
+    return WebhookSpec(signature=signature, secret=secret, inputs=mapping, callbacks=callbacks)
+
+
+MAX_CALLBACK_ORIGINS = 10
+# An origin as written: scheme, host (a name, an IPv4 or a bracketed IPv6) and a port.
+_ORIGIN = re.compile(r"^https?://([A-Za-z0-9.\-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(:[0-9]{1,5})?/?$")
+
+
+def _check_callback_origins(raw: Any, path: str, out: list[Problem]) -> list[str]:
+    """A webhook's `callbacks`: the origins its deliveries' `?callback_url=` may name."""
+    if raw is None:
+        return []
+    hint = "e.g. callbacks: [https://ci.example.com] (scheme, host and port only)"
+    if not isinstance(raw, list) or len(raw) > MAX_CALLBACK_ORIGINS:
+        message = f"must be a list of at most {MAX_CALLBACK_ORIGINS} origins"
+        out.append(_problem(path, message, hint))
+        return []
+    origins: list[str] = []
+    for i, origin in enumerate(raw):
+        found = callback_origin(origin) if isinstance(origin, str) else None
+        if found is None or not _ORIGIN.match(origin):
+            shown = origin[:80] if isinstance(origin, str) else type(origin).__name__
+            out.append(_problem(f"{path}[{i}]", f"{shown!r} is not an http(s) origin", hint))
+            continue
+        origins.append(found)
+    return origins
 
 
 def _check_composio(

@@ -46,7 +46,52 @@ def _sqlite_write_lock(engine: Engine) -> threading.RLock:
     return lock
 
 
+# PostgreSQL refuses a text holding NUL (U+0000) outright, and SQLite's text functions stop
+# at one; workers print them and callers send them (in a name, an id, a filter). Every str
+# bound to a statement has its NULs replaced with U+FFFD, on both databases alike.
+NUL = "\x00"
+NUL_STORED_AS = "\ufffd"
+
+
+def _holds_nul(value: Any) -> bool:
+    if type(value) is str:
+        return NUL in value
+    if isinstance(value, dict):
+        return any(map(_holds_nul, value.values()))
+    if isinstance(value, (list, tuple)):
+        return any(map(_holds_nul, value))
+    return False
+
+
+def _without_nul(value: Any) -> Any:
+    if type(value) is str:
+        return value.replace(NUL, NUL_STORED_AS)
+    if isinstance(value, dict):
+        return {k: _without_nul(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(map(_without_nul, value))
+    if isinstance(value, list):
+        return list(map(_without_nul, value))
+    return value
+
+
+def _store_no_nul(engine: Engine) -> None:
+    @event.listens_for(engine, "before_cursor_execute", retval=True)
+    def _no_nul(
+        _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
+    ) -> tuple[str, Any]:
+        if parameters and _holds_nul(parameters):
+            parameters = _without_nul(parameters)
+        return statement, parameters
+
+
 def make_engine(url: str) -> Engine:
+    engine = _make_engine(url)
+    _store_no_nul(engine)
+    return engine
+
+
+def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(
             url,

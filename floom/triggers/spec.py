@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from floom.vocabulary import TriggerKind
 
@@ -48,6 +49,10 @@ class WebhookSpec:
     secret: str
     signature: str = "standard"
     inputs: dict[str, str] = field(default_factory=dict)
+    # The origins (`https://ci.example.com`) a delivery's `?callback_url=` may name: the
+    # query is outside what any signature scheme signs, so the worker.yml says where a run's
+    # record may go, not the request. None listed: a delivery names no callback.
+    callbacks: list[str] = field(default_factory=list)
     kind: TriggerKind = TriggerKind.WEBHOOK
 
     def identity(self) -> dict[str, Any]:
@@ -99,6 +104,8 @@ def spec_to_config(spec: TriggerSpec) -> dict[str, Any]:
     body = {k: v for k, v in spec.__dict__.items() if k != "kind"}
     if isinstance(spec, ComposioSpec) and spec.callback_url is None:
         del body["callback_url"]  # stored as before: a node of an older floom reads it
+    if isinstance(spec, WebhookSpec) and not spec.callbacks:
+        del body["callbacks"]  # likewise
     settings: dict[str, Any] = json.loads(json.dumps(body, default=str))
     return settings
 
@@ -112,6 +119,25 @@ def spec_from_config(kind: str, config: Mapping[str, Any]) -> TriggerSpec:
     if kind == TriggerKind.COMPOSIO:
         return ComposioSpec(**config)
     return HandoffSpec(settings=dict(config))
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def callback_origin(url: str) -> str | None:
+    """`scheme://host[:port]` of an http(s) URL, lower case, the scheme's default port left
+    out; None when it has none (or Python cannot split it)."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in _DEFAULT_PORTS or not host:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    shown_port = "" if port in (None, _DEFAULT_PORTS[scheme]) else f":{port}"
+    return f"{scheme}://{host}{shown_port}"
 
 
 def parse_duration(value: Any) -> float:

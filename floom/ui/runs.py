@@ -31,7 +31,14 @@ from floom.services.runs import rules as run_rules
 from floom.services.workers import versions as workers
 from floom.store.models import utcnow
 from floom.ui import features as ui_features
-from floom.ui.support import Me, UiRoute, checked_form, error_markup, render
+from floom.ui.support import (
+    Me,
+    UiRoute,
+    checked_form,
+    error_markup,
+    render,
+    session_still_valid,
+)
 from floom.views import runs as run_views
 from floom.views import workers as worker_views
 
@@ -246,7 +253,13 @@ async def log_stream(
     start = decimal(last_event_id, most=logs.MAX_SEQ)
     start = after if start is None else start
     return log_event_stream(
-        ctx, run_id, start=start, request=request, caller=me.caller, statuses=True
+        ctx,
+        run_id,
+        start=start,
+        request=request,
+        caller=me.caller,
+        still_valid=session_still_valid(request),
+        statuses=True,
     )
 
 

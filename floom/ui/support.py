@@ -3,6 +3,7 @@ route class that turns floom's errors into pages (or a sign-in redirect) instead
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import Callable, Coroutine
@@ -206,6 +207,14 @@ async def current_session(request: Request) -> SignedIn:
 
 
 Me = Annotated[SignedIn, Depends(current_session)]
+
+
+def session_still_valid(request: Request) -> Callable[[], object]:
+    """What a long answer (a log stream) calls to ask again whether the browser is still
+    signed in: raises Unauthorized once its session ended or its key was revoked."""
+    ctx = get_ctx(request)
+    token = unsign_cookie(ctx, "session", request.cookies.get(SESSION_COOKIE), SESSION_MAX_AGE)
+    return functools.partial(web_sessions.session_for, ctx, token=token)
 
 
 async def checked_form(request: Request, me: SignedIn) -> FormData:

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom.api.auth import AdminCaller, CtxDep, DeployCaller, ReadCaller
 from floom.api.openapi import SecretName, authed
+from floom.api.routing import JSONRoute
 from floom.schemas import admin as admin_models
 from floom.schemas.common import Page
 from floom.services.access import keys, secrets
 from floom.views import admin as views
 
-router = APIRouter(prefix="/api/v1", tags=["admin"])
+router = APIRouter(prefix="/api/v1", tags=["admin"], route_class=JSONRoute)
 
 
 class SecretValue(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     value: str = Field(
         description="the secret's value; stored encrypted, never returned",
         json_schema_extra={"minLength": secrets.MIN_VALUE_LENGTH},
@@ -23,6 +25,7 @@ class SecretValue(BaseModel):
 
 
 class KeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     scopes: list[str] = Field(
         default_factory=lambda: ["read"],
         json_schema_extra=admin_models.SCOPE_LIST,

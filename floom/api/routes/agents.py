@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
 
 from floom.api.auth import AdminCaller, CtxDep, ReadCaller
 from floom.api.openapi import authed
+from floom.api.routing import JSONRoute
 from floom.schemas import handoffs as views
 from floom.schemas.admin import SCOPE_LIST
 from floom.schemas.common import Page
 from floom.services.handoffs import agents, retire
 
-router = APIRouter(prefix="/api/v1", tags=["agents"])
+router = APIRouter(prefix="/api/v1", tags=["agents"], route_class=JSONRoute)
 
 
 ROLE_NAME: JsonDict = {"pattern": agents.ROLE_NAME.pattern}
@@ -21,11 +22,13 @@ LABEL: JsonDict = {"minLength": 1, "maxLength": 128}
 
 
 class RoleRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     name: str = Field(json_schema_extra=ROLE_NAME, description=agents.ROLE_HINT)
     description: str = ""
 
 
 class RoleUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     name: str | None = Field(
         None, json_schema_extra=ROLE_NAME, description="the new name; jobs and agents keep it"
     )
@@ -33,6 +36,7 @@ class RoleUpdate(BaseModel):
 
 
 class AgentRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     label: str = Field(json_schema_extra=LABEL)
     roles: list[str] = Field(default_factory=list, description="role names or ids")
     tool_family: str = Field("", description="e.g. claude-code, codex, floom-worker")
@@ -44,12 +48,14 @@ class AgentRequest(BaseModel):
 
 
 class AgentUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     roles: list[str] | None = Field(None, description="the agent's full new list of roles")
     label: str | None = Field(None, json_schema_extra=LABEL)
     tool_family: str | None = None
 
 
 class AgentKeyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     scopes: list[str] = Field(default_factory=lambda: ["run"], json_schema_extra=SCOPE_LIST)
 
 

@@ -7,12 +7,13 @@ from fastapi import APIRouter, Query
 
 from floom.api.auth import AdminCaller, CtxDep, DeployCaller, ReadCaller
 from floom.api.openapi import Cursor, Limit, authed, enum_query
+from floom.api.routing import JSONRoute
 from floom.schemas import alerts as views
 from floom.schemas.common import Page
 from floom.services.alerts import channels, deliveries, rules
 from floom.services.alerts.senders import callback_key
 
-router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
+router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"], route_class=JSONRoute)
 
 
 @router.get("/channels", response_model=views.ChannelList, responses=authed())

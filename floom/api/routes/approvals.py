@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, authed
+from floom.api.routing import JSONRoute
 from floom.errors import NotFound
 from floom.schemas import runs as run_models
 from floom.schemas.common import Page
@@ -16,10 +17,11 @@ from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.views import runs as views
 
-router = APIRouter(prefix="/api/v1", tags=["approvals"])
+router = APIRouter(prefix="/api/v1", tags=["approvals"], route_class=JSONRoute)
 
 
 class ApproveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     edited: dict[str, Any] | None = Field(
         None, description="values replacing the proposed ones, key by key"
     )
@@ -27,6 +29,7 @@ class ApproveRequest(BaseModel):
 
 
 class RejectRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     comment: str = Field(
         description="why: the agent or the worker's owner reads it",
         json_schema_extra={"minLength": 1},

@@ -6,11 +6,12 @@ from fastapi import APIRouter, Query
 
 from floom.api.auth import AdminCaller, CtxDep
 from floom.api.openapi import Limit, authed
+from floom.api.routing import JSONRoute
 from floom.schemas.audit import AuditEventPublic, audit_page
 from floom.schemas.common import Page
 from floom.services.access import audit
 
-router = APIRouter(prefix="/api/v1", tags=["audit"])
+router = APIRouter(prefix="/api/v1", tags=["audit"], route_class=JSONRoute)
 
 
 @router.get(

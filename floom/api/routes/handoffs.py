@@ -10,13 +10,14 @@ from pydantic.config import JsonDict
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, authed
+from floom.api.routing import JSONRoute
 from floom.schemas import handoffs as handoff_models
 from floom.schemas.common import Page
 from floom.services.handoffs import agents, flow, review, rules
 from floom.services.handoffs import jobs as handoffs
 from floom.views import handoffs as views
 
-router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"])
+router = APIRouter(prefix="/api/v1/handoffs", tags=["handoffs"], route_class=JSONRoute)
 
 
 LEASE: JsonDict = {"exclusiveMinimum": 0, "maximum": flow.MAX_LEASE_SECONDS}
@@ -26,12 +27,13 @@ class JobUpdate(BaseModel):
     """At least one of the two."""
 
     model_config = ConfigDict(
+        extra="forbid",
         json_schema_extra={
             "anyOf": [
                 {"required": ["context"], "properties": {"context": {"type": "object"}}},
                 {"required": ["constraints"], "properties": {"constraints": {"type": "array"}}},
             ]
-        }
+        },
     )
     context: dict[str, Any] | None = Field(None, description="the full new context")
     constraints: list[str] | None = Field(
@@ -40,12 +42,14 @@ class JobUpdate(BaseModel):
 
 
 class LeaseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     lease_seconds: float | None = Field(
         None, description="the server's default if left out", json_schema_extra=LEASE
     )
 
 
 class ClaimNextRequest(LeaseRequest):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     role: str | None = Field(None, description="only this one of your roles")
 
 
@@ -55,6 +59,7 @@ class StatusRequest(LeaseRequest):
 
 
 class CompleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     summary: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
     artifacts: list[dict[str, Any]] = Field(
@@ -63,6 +68,7 @@ class CompleteRequest(BaseModel):
 
 
 class RejectRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     reason: str = Field(json_schema_extra=handoff_models.TEXT)
     role: str | None = Field(None, description="route the retry to another role")
     priority: str | None = Field(None, json_schema_extra=handoff_models.PRIORITY)

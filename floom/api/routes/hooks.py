@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep
 from floom.api.openapi import errors
+from floom.api.routing import JSONRoute
 from floom.errors import TooManyWaits
 from floom.schemas import triggers as trigger_models
 from floom.services.access import principal
@@ -24,7 +25,7 @@ from floom.store.models import Run
 from floom.views import triggers as views
 from floom.views.runs import run_public
 
-router = APIRouter(tags=["hooks"])
+router = APIRouter(tags=["hooks"], route_class=JSONRoute)
 
 MAX_WAIT_SECONDS = 300.0
 
@@ -117,7 +118,8 @@ async def worker_hook(
         None,
         max_length=2048,
         description="POST the run's record here when it ends (signed with the server's "
-        "callback key); checked once the delivery's signature is",
+        "callback key); its origin must be one the webhook's `callbacks` in worker.yml list "
+        "(the query is not signed), checked once the delivery's signature is",
     ),
 ) -> JSONResponse:
     body = await _read_body(request, ctx)

@@ -6,10 +6,11 @@ from fastapi import APIRouter
 
 from floom.api.auth import CtxDep, ReadCaller
 from floom.api.openapi import authed
+from floom.api.routing import JSONRoute
 from floom.schemas.nodes import NodeList, node_public
 from floom.services.ops import nodes
 
-router = APIRouter(prefix="/api/v1", tags=["nodes"])
+router = APIRouter(prefix="/api/v1", tags=["nodes"], route_class=JSONRoute)
 
 
 @router.get(

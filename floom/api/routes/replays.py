@@ -6,20 +6,22 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom.api.auth import CtxDep, ReadCaller, RunCaller
 from floom.api.openapi import WorkerName, authed
+from floom.api.routing import JSONRoute
 from floom.schemas import replays as replay_views
 from floom.schemas import runs as run_models
 from floom.services.replays import evals
 from floom.services.replays import replay as replays
 from floom.views import runs as views
 
-router = APIRouter(prefix="/api/v1", tags=["replays"])
+router = APIRouter(prefix="/api/v1", tags=["replays"], route_class=JSONRoute)
 
 
 class ReplayStart(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     mode: Literal["exact", "what_if"] = Field(
         "exact", description="exact: no model, no tool; what_if: the model live, tools recorded"
     )

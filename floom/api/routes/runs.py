@@ -6,21 +6,24 @@ import asyncio
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from floom.api.auth import CtxDep, ReadCaller, RunCaller
+from floom.api.auth import CtxDep, ReadCaller, RunCaller, bearer_token
+from floom.api.errors import floom_error_response
 from floom.api.openapi import Cursor, Limit, WorkerName, authed, decimal, enum_query
-from floom.errors import TooManyWaits
+from floom.api.routing import JSONRoute
+from floom.errors import FloomError, TooManyWaits
 from floom.schemas import runs as run_models
 from floom.schemas.common import Page
+from floom.services.access import keys
 from floom.services.access.principal import Principal
 from floom.services.alerts import callbacks
 from floom.services.context import Context
@@ -31,7 +34,7 @@ from floom.services.runs import waits as run_waits
 from floom.views import runs as views
 from floom.vocabulary import RunTrigger
 
-router = APIRouter(prefix="/api/v1", tags=["runs"])
+router = APIRouter(prefix="/api/v1", tags=["runs"], route_class=JSONRoute)
 
 T = TypeVar("T")
 
@@ -39,9 +42,13 @@ SSE_POLL_SECONDS = 0.2
 SSE_KEEPALIVE_SECONDS = 15.0
 # While lines flow, the run's status is looked at no more often than this.
 SSE_STATUS_SECONDS = 0.5
+# How often an open stream asks again whether its caller may still read: a key revoked (or a
+# web session ended) while a long run streams is cut off within this many seconds.
+SSE_RECHECK_SECONDS = 1.0
 
 
 class ReplayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     latest: bool = Field(False, description="run on the worker's active version instead")
     force: bool = Field(False, description="run even though the worker is paused")
 
@@ -238,7 +245,10 @@ async def stream_logs(
     await run_in_threadpool(functools.partial(runs.get_run, ctx, run_id=run_id, caller=caller))
     start = decimal(last_event_id, most=logs.MAX_SEQ)
     start = after if start is None else start
-    return log_event_stream(ctx, run_id, start=start, request=request, caller=caller)
+    still_valid = functools.partial(keys.authenticate, ctx, bearer_token(request))
+    return log_event_stream(
+        ctx, run_id, start=start, request=request, caller=caller, still_valid=still_valid
+    )
 
 
 def log_event_stream(
@@ -248,11 +258,17 @@ def log_event_stream(
     start: int,
     request: Request,
     caller: Principal,
+    still_valid: Callable[[], object],
     statuses: bool = False,
 ) -> StreamingResponse:
     """Server-sent events of a run's log after seq `start`, ending with an `end` event when the
     run has ended; the REST API and the web UI (behind its own sign-in) both serve it. With
-    `statuses` (the web UI's stream), a `status` event also tells each change of status."""
+    `statuses` (the web UI's stream), a `status` event also tells each change of status.
+
+    `still_valid` raises (Unauthorized) once the credential the stream was opened with no
+    longer holds (a revoked key, an ended web session): asked every SSE_RECHECK_SECONDS, it
+    ends the stream with an `error` event, so a stream opened before a revocation does not
+    go on showing a run's log for as long as the run lasts."""
 
     surface = caller.surface
     # Counted before the first byte, so that a key over its cap is refused with a 429
@@ -273,7 +289,16 @@ def log_event_stream(
         idle = 0.0
         status = ""
         status_seen_at = 0.0
+        checked_at = time.monotonic()
         while not await request.is_disconnected():
+            if time.monotonic() - checked_at >= SSE_RECHECK_SECONDS:
+                try:
+                    await run_in_threadpool(still_valid)
+                except FloomError as exc:
+                    refusal = bytes(floom_error_response(exc, surface=surface).body).decode()
+                    yield f"event: error\ndata: {refusal}\n\n"
+                    return
+                checked_at = time.monotonic()
             rows = await run_in_threadpool(read_events, after=seq)
             for e in rows:
                 seq = e.seq

@@ -4,10 +4,11 @@ stored webhook deliveries (list, show, replay)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from floom.api.auth import CtxDep, DeployCaller, ReadCaller, RunCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed
+from floom.api.routing import JSONRoute
 from floom.schemas import triggers as trigger_models
 from floom.schemas.common import Page
 from floom.schemas.runs import RunPublic
@@ -17,14 +18,16 @@ from floom.services.triggers import webhooks
 from floom.views import triggers as views
 from floom.views.runs import run_public
 
-router = APIRouter(prefix="/api/v1", tags=["triggers"])
+router = APIRouter(prefix="/api/v1", tags=["triggers"], route_class=JSONRoute)
 
 
 class PauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     trigger_id: str | None = Field(None, description="pause only this trigger of the worker")
 
 
 class DeliveryReplayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     force: bool = Field(False, description="run even though the worker is paused")
 
 

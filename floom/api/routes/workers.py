@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep, DeployCaller, ReadCaller
 from floom.api.openapi import Cursor, Limit, WorkerName, authed
+from floom.api.routing import JSONRoute
 from floom.errors import InvalidRequest, PayloadTooLarge
 from floom.hints import act, told
 from floom.manifest.schema import manifest_json_schema
@@ -22,7 +23,7 @@ from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.views import workers as views
 
-router = APIRouter(prefix="/api/v1", tags=["workers"])
+router = APIRouter(prefix="/api/v1", tags=["workers"], route_class=JSONRoute)
 
 
 async def _read_archive(request: Request, ctx: Context) -> bytes:
@@ -148,12 +149,13 @@ class RollbackRequest(BaseModel):
     """Exactly one of the two."""
 
     model_config = ConfigDict(
+        extra="forbid",
         json_schema_extra={
             "oneOf": [
                 {"required": [field], "properties": {field: {"type": "string", "minLength": 1}}}
                 for field in ("version_id", "run_id")
             ]
-        }
+        },
     )
     version_id: str | None = Field(None, description="make this version active")
     run_id: str | None = Field(None, description="or the version this run ran")

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import select
 
-from floom.errors import InvalidRequest, NotFound, SecretNameRefused, SecretUndecryptable
+from floom.errors import (
+    InvalidRequest,
+    NotFound,
+    SecretNameRefused,
+    SecretUndecryptable,
+    quoted,
+)
 from floom.hints import act, told
 from floom.hints import cli as cli_hints
 from floom.sandbox import env_names
@@ -85,7 +91,7 @@ def check_name(name: str) -> None:
     would change how the run's programs load or run (floom/sandbox/env_names.py)."""
     if not NAME_RE.match(name):
         raise InvalidRequest(
-            f"'{name}' is not a valid secret name",
+            f"'{quoted(name)}' is not a valid secret name",
             hint="use upper-case letters, digits and underscores, e.g. GITHUB_TOKEN",
         )
     if why := env_names.refusal(name):

@@ -132,7 +132,8 @@ def find_role(s: Session, ref: str, *, active: bool = True) -> Role:
 
 def _check_role_name(name: str) -> str:
     if not isinstance(name, str) or not ROLE_NAME.match(name):
-        raise InvalidRequest(f"'{name}' is not a valid role name", hint=ROLE_HINT)
+        shown = quoted(name) if isinstance(name, str) else type(name).__name__
+        raise InvalidRequest(f"'{shown}' is not a valid role name", hint=ROLE_HINT)
     return name
 
 

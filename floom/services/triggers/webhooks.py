@@ -23,6 +23,7 @@ from floom.errors import (
     PayloadTooLarge,
     RunErrorCode,
     WorkerPaused,
+    quoted,
 )
 from floom.hints import act, told
 from floom.services.access import principal, secrets
@@ -34,7 +35,7 @@ from floom.store.db import session_scope
 from floom.store.models import Run, Worker, new_id
 from floom.store.triggers import Trigger, WebhookDelivery
 from floom.triggers import signatures
-from floom.triggers.spec import EVENT_INPUT, ComposioSpec, WebhookSpec
+from floom.triggers.spec import EVENT_INPUT, ComposioSpec, WebhookSpec, callback_origin
 from floom.vocabulary import RunTrigger, TriggerKind
 
 if TYPE_CHECKING:
@@ -103,8 +104,9 @@ def receive_webhook(
     verified = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
     lower = {k.lower(): v for k, v in headers.items()}
     event_name = lower.get("x-github-event") or lower.get("x-floom-event")
-    # Only a verified sender may have floom connect anywhere (the name is resolved here).
-    callback = callbacks.check_callback_url(ctx, callback_url)
+    # Only a verified sender may have floom connect anywhere (the name is resolved here),
+    # and only to an origin worker.yml lists: the query is not signed.
+    callback = callbacks.check_callback_url(ctx, allowed_callback(spec, callback_url))
     return deliver(
         ctx,
         source=RunTrigger.WEBHOOK,
@@ -117,6 +119,29 @@ def receive_webhook(
         event_name=event_name,
         redact=[secret],
         callback_url=callback,
+    )
+
+
+def allowed_callback(spec: WebhookSpec, url: str | None) -> str | None:
+    """A delivery's `?callback_url=`, refused (InputInvalid) unless the webhook's `callbacks`
+    in worker.yml list its origin. No signature scheme signs a request's query, so one
+    altered in flight, or sent again, must not choose where a run's record goes."""
+    if url is None:
+        return None
+    origin = callback_origin(url)
+    if origin is not None and origin in spec.callbacks:
+        return url
+    shown = f"'{quoted(origin or url)}'"
+    if not spec.callbacks:
+        said = f"callback_url: this webhook names no callback origins, so {shown} is refused"
+    else:
+        allowed = ", ".join(spec.callbacks)
+        said = f"callback_url: {shown} is not an origin this webhook lists ({allowed})"
+    raise InputInvalid(
+        said,
+        hint="list the origin in worker.yml (triggers: - webhook: {..., callbacks: "
+        "[https://ci.example.com]}) and deploy, or leave callback_url out",
+        details=[{"path": "callback_url", "message": said}],
     )
 
 

@@ -334,7 +334,7 @@ name: hooked
 inputs:
   n: {type: integer, required: true}
 triggers:
-  - webhook: {signature: hmac-sha256, secret: HOOK_SECRET, inputs: {n: n}}
+  - webhook: {signature: hmac-sha256, secret: HOOK_SECRET, inputs: {n: n}, callbacks: [%s]}
 """
 
 
@@ -352,7 +352,9 @@ def test_a_webhook_that_cannot_start_a_run_alerts_and_a_webhook_run_calls_back(
         secrets.set_secret(srv.ctx, name="HOOK_SECRET", value="hook-secret-1", caller=SYSTEM)
         rule = {"name": "hooks", "events": ["trigger.failed"], "channels": ["hook"]}
         assert api.post("/api/v1/alerts/rules", json=rule).status_code == 201
-        deploy_folder(api, make_worker(tmp_path / "hooked", HOOKED, {"run.py": "pass\n"}))
+        origin = done.url.split("/", 3)[:3]
+        hooked = HOOKED % "/".join(origin)
+        deploy_folder(api, make_worker(tmp_path / "hooked", hooked, {"run.py": "pass\n"}))
 
         def send(n: object, delivery: str, callback: str | None = None) -> httpx.Response:
             body = json.dumps({"n": n}).encode()

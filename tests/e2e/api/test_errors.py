@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 import threading
 from pathlib import Path
 
@@ -132,6 +133,38 @@ def test_a_megabyte_id_a_caller_sends_is_quoted_back_cut(
     resp = api.get(f"/api/v1/handoffs/jobs/{'j' * 20_000}")
     assert resp.status_code == 404, resp.text[:300]
     assert len(resp.text) < 2000
+    # Refused names too: a role name of 200,000 characters was answered back whole in its
+    # 400, a secret name of 20,000 in the path likewise.
+    for method, path, body in (
+        ("POST", "/api/v1/roles", {"name": big}),
+        ("PUT", f"/api/v1/secrets/{'S' * 20_000}", {"value": "a-long-enough-value"}),
+    ):
+        resp = api.request(method, path, json=body)
+        assert resp.status_code == 400, resp.text[:300]
+        assert len(resp.text) < 2000, resp.text[:300]
+
+
+def test_every_json_body_of_the_api_refuses_a_field_it_does_not_have(
+    server: LiveServer,
+) -> None:
+    """Each route's body, from the OpenAPI document: a misspelt field is a 422 naming it, not
+    dropped while the request goes on with its default (`{"versin_id": ...}` rolled back to
+    the previous version; `{"scope": ...}` made a key of the default scope)."""
+    with server.client() as api:
+        document = api.get("/openapi.json").json()
+        walked = []
+        for path, operations in document["paths"].items():
+            for method, operation in operations.items():
+                content = operation.get("requestBody", {}).get("content", {})
+                if "application/json" not in content or path.startswith("/hooks/"):
+                    continue
+                url = re.sub(r"\{[^}]+\}", "x", path)
+                resp = api.request(method.upper(), url, json={"surely_not_a_field": 1})
+                walked.append(f"{method} {path}")
+                assert resp.status_code == 422, (method, path, resp.status_code, resp.text[:200])
+                message = resp.json()["error"]["message"]
+                assert "surely_not_a_field: not a field of this request" in message, message
+        assert len(walked) > 20, walked
 
 
 def test_a_misspelt_field_of_a_request_body_is_refused_naming_it_and_nothing_runs(

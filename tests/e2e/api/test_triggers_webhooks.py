@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from standardwebhooks.webhooks import Webhook
 
+from floom.bundle import read_folder
 from floom.triggers.signatures import sign_floom
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 
@@ -367,3 +368,81 @@ def test_the_triggers_api_lists_next_fires_in_the_timezone_and_the_webhook_url(
     api.post("/api/v1/workers/both/resume", json={"trigger_id": schedule["id"]})
     worker = api.get("/api/v1/workers/both").json()
     assert worker["triggers"][0]["next_fire"] == schedule["next_fires"][0]
+
+
+def test_a_hook_s_callback_url_is_refused_unless_worker_yml_lists_its_origin(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    """The query is outside every signature scheme: a request altered in flight, or sent
+    again under a new id, must not choose where a run's record goes."""
+    api.put("/api/v1/secrets/HMAC_HOOK_SECRET", json={"value": HMAC_SECRET})
+    webhook = "{signature: hmac-sha256, secret: HMAC_HOOK_SECRET"
+    deploy_hook(
+        api, tmp_path, "open", f"inputs: {{event: object}}\ntriggers:\n  - webhook: {webhook}}}\n"
+    )
+    listed = "callbacks: [https://ci.example.com, 'http://[::1]:8080/']"
+    deploy_hook(
+        api,
+        tmp_path,
+        "listed",
+        f"inputs: {{event: object}}\ntriggers:\n  - webhook: {webhook}, {listed}}}\n",
+    )
+
+    def send(worker: str, delivery: str, callback: str) -> httpx.Response:
+        body = json.dumps({"n": delivery}).encode()
+        headers = sign_floom(secret=HMAC_SECRET, body=body, timestamp=int(time.time()))
+        headers["X-Floom-Delivery"] = delivery
+        return hook(server, f"/hooks/{worker}?callback_url={callback}", body, headers)
+
+    for worker, callback, said in (
+        ("open", "https://attacker.example/steal", "names no callback origins"),
+        ("listed", "https://attacker.example/steal", "is not an origin this webhook lists"),
+        ("listed", "https://ci.example.com.attacker.example/x", "is not an origin"),
+        ("listed", "http://ci.example.com/x", "is not an origin"),  # another scheme
+        ("listed", "https://ci.example.com:8443/x", "is not an origin"),  # another port
+        ("listed", "https://user@attacker.example/x", "is not an origin"),
+    ):
+        refused = send(worker, f"d-{worker}-{callback}", callback)
+        assert refused.status_code == 422, (callback, refused.text)
+        error = refused.json()["error"]
+        assert error["code"] == "input_invalid", error
+        assert said in error["message"], error
+        assert "callback_url" in error["message"], error
+    # Refused before anything was stored: no delivery, no run.
+    for worker in ("open", "listed"):
+        assert api.get(f"/api/v1/workers/{worker}/deliveries").json()["items"] == []
+        assert runs_of(api, worker) == []
+    # A listed origin passes this check (the egress guard then judges the host as for any
+    # callback: this test server refuses the loopback address).
+    passed = send("listed", "d-ok", "http://[::1]:8080/done")
+    assert passed.status_code == 422, passed.text
+    assert "origin" not in passed.json()["error"]["message"], passed.text
+    assert "callback_url" in passed.json()["error"]["message"], passed.text
+
+
+def test_a_webhook_s_callbacks_in_worker_yml_must_be_origins(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    for callbacks, said in (
+        ("https://ci.example.com", "must be a list"),
+        ("[https://ci.example.com/path]", "is not an http(s) origin"),
+        ("[ftp://ci.example.com]", "is not an http(s) origin"),
+        ("['https://a.example?x=1']", "is not an http(s) origin"),
+        ("[https://u:p@a.example]", "is not an http(s) origin"),
+        ("[" + ", ".join(f"https://h{i}.example" for i in range(11)) + "]", "at most 10"),
+    ):
+        manifest = (
+            "name: bad\ninputs: {event: object}\ntriggers:\n"
+            f"  - webhook: {{secret: S, callbacks: {callbacks}}}\n"
+        )
+        folder = make_worker(
+            tmp_path / f"bad{len(said)}{len(callbacks)}", manifest, {"run.py": ECHO}
+        )
+        resp = api.post(
+            "/api/v1/workers/validate",
+            content=read_folder(folder, max_bytes=1 << 20).to_archive(),
+            headers={"Content-Type": "application/gzip"},
+        )
+        problems = json.dumps(resp.json())
+        assert "triggers[0].webhook.callbacks" in problems, problems
+        assert said in problems, problems
