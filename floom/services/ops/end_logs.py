@@ -1,0 +1,172 @@
+"""A run's log put into its object as its end is recorded (FLOOM_BLOB_STORE=s3): the lines
+still buffered at the end never pass through run_events, and the lines streamed before leave
+it in the very transaction that records the end (engine/queue.finish_attempt).
+
+The object is uploaded before that transaction (as an attempt's artifacts are), so an end
+that is recorded names a log that is already durable, and an end that is not (the node
+stopped, the database away) loses nothing the buffered lines did not lose before. When the
+bucket is away, or the run's lines change between the read and the end, the end is recorded
+as before: its lines as rows of run_events, moved later by engine/loops/uploads.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy import delete, func
+from sqlalchemy import select as core_select
+from sqlmodel import col
+
+from floom.errors import BlobStoreUnavailable
+from floom.services.ops.objects import LogMove, read_logs, record_moves
+from floom.services.runs import agent as agent_runs
+from floom.store.blobs.base import sha256_of
+from floom.store.blobs.configured import new_blob_store
+from floom.store.blobs.logs import encode_log
+from floom.store.blobs.rows import DATABASE, DELETE, StagedBlob
+from floom.store.blobs.tables import PendingBlob, RunLog
+from floom.store.db import Writer, on_postgres
+from floom.store.models import Run, RunEvent, trusted_row, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+log = logging.getLogger("floom.blobs")
+
+LogLine = tuple[str, str, datetime | None]
+
+# After the bucket refused a log at a run's end, ends record their lines as rows for this
+# long (the upload loop moves them once it answers) instead of each waiting out the
+# client's timeout and retries.
+AWAY_SECONDS = 10.0
+
+
+class LogChanged(Exception):
+    """The run's lines in run_events are not those read before its end (a line appended
+    meanwhile: a cancel request, a late flush): the end's transaction is rolled back and
+    recorded again with its lines as rows."""
+
+
+@dataclass(frozen=True)
+class EndLog:
+    """A run's whole log (and an agent run's record) in an object already uploaded, for the
+    transaction that records the run's end."""
+
+    move: LogMove
+
+    @property
+    def digest(self) -> str:
+        return self.move.blob.digest
+
+
+def stage_end_log(
+    ctx: Context, *, run: Run, closing: Sequence[LogLine], now: datetime
+) -> EndLog | None:
+    """Read the run's lines in run_events, add `closing` (its last lines, which the end's
+    transaction would append) after them, and upload the whole log as its object. None when
+    new blobs go to the database, the bucket is away, or the run has no line stored yet or
+    a log object already (its end then records its lines as rows). Call it outside any
+    transaction."""
+    store = new_blob_store(ctx.settings, ctx.engine)
+    if store.inline or time.monotonic() < _away_until.get(id(store), 0.0):
+        return None
+    earlier, events, transcripts, calls = read_logs(ctx, run_ids=[run.id], limit=1, ended=False)
+    if not events or earlier.get(run.id) is not None:
+        return None
+    last = events[-1].seq
+    lines = events + [
+        trusted_row(
+            RunEvent,
+            {
+                "run_id": run.id,
+                "seq": last + n,
+                "attempt": run.attempt,
+                "ts": ts or now,
+                "stream": stream,
+                "line": line,
+            },
+        )
+        for n, (stream, line, ts) in enumerate(closing, 1)
+    ]
+    transcript = transcripts.get(run.id)
+    run_calls = calls.get(run.id, [])
+    record = agent_runs.archive_record(transcript, run_calls) if transcript else None
+    data = encode_log(lines, record)
+    sha = sha256_of(data)
+    try:
+        store.put(sha, data, sha256=sha)
+    except BlobStoreUnavailable as exc:
+        _away_until[id(store)] = time.monotonic() + AWAY_SECONDS
+        log.warning(
+            "the log of run %s stays in the database until the object store is back: %s",
+            run.id,
+            exc.message,
+        )
+        return None
+    return EndLog(
+        LogMove(
+            RunLog(run_id=run.id, digest=sha, lines=len(lines), last_seq=lines[-1].seq),
+            StagedBlob(sha, len(data), sha, store.name, b""),
+            read=(len(events), last),
+            earlier=None,
+            transcript=transcript,
+            call_ids=[c.id for c in run_calls],
+        )
+    )
+
+
+def record_end_log(s: Writer, end_log: EndLog) -> None:
+    """In the transaction that records the run's end, holding the run's event lock
+    (logs.lock_events): its lines leave run_events and its object is recorded as its log.
+    Raises LogChanged when the lines there are not those read (the caller rolls back)."""
+    move = end_log.move
+    run_id = move.archive.run_id
+    # Every line of the run, not only those up to the last seq read: a line appended since
+    # would sit between the read ones and the closing ones the object numbers after them.
+    gone = delete(RunEvent).where(col(RunEvent.run_id) == run_id).returning(col(RunEvent.seq))
+    if on_postgres(s):
+        cte = gone.cte("end_lines_gone")
+        found = record_moves(
+            s,
+            [move],
+            extra=[cte],
+            returning=[
+                core_select(func.count()).select_from(cte).scalar_subquery(),
+                core_select(func.coalesce(func.max(cte.c.seq), 0)).scalar_subquery(),
+            ],
+        ).first()
+        read = (int(found[0]), int(found[1]))
+    else:
+        seqs = [seq for (seq,) in s.execute(gone)]
+        read = (len(seqs), max(seqs, default=0))
+        if read == move.read:
+            record_moves(s, [move])
+    if read != move.read:
+        raise LogChanged(run_id)
+
+
+def abandon_end_log(s: Writer, end_log: EndLog) -> None:
+    """The run's end is recorded without its staged object (its lines as rows): the object
+    is deleted once this transaction commits, unless a blob row names its digest by then
+    (services/ops/objects.py checks before it deletes)."""
+    if end_log.move.blob.location == DATABASE:
+        return
+    pending = PendingBlob.__table__  # type: ignore[attr-defined]
+    if on_postgres(s):
+        from sqlalchemy.dialects.postgresql import insert as upsert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+    s.execute(
+        upsert(pending)
+        .values(digest=end_log.digest, action=DELETE, created_at=utcnow(), attempts=0)
+        .on_conflict_do_nothing(index_elements=["digest"])
+    )
+
+
+# By store (the node's stores are made once per configuration, configured.s3_store).
+_away_until: dict[int, float] = {}
