@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from sqlalchemy import delete, func
@@ -23,14 +24,15 @@ from sqlalchemy import select as core_select
 from sqlmodel import col
 
 from floom.errors import BlobStoreUnavailable
-from floom.services.ops.objects import LogMove, read_logs, record_moves
+from floom.services.ops.objects import LogMove, record_moves
 from floom.services.runs import agent as agent_runs
+from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs.base import sha256_of
 from floom.store.blobs.configured import new_blob_store
 from floom.store.blobs.logs import encode_log
 from floom.store.blobs.rows import DATABASE, DELETE, StagedBlob
 from floom.store.blobs.tables import PendingBlob, RunLog
-from floom.store.db import Writer, on_postgres
+from floom.store.db import Writer, on_postgres, read_connection
 from floom.store.models import Run, RunEvent, trusted_row, utcnow
 
 if TYPE_CHECKING:
@@ -75,8 +77,8 @@ def stage_end_log(
     store = new_blob_store(ctx.settings, ctx.engine)
     if store.inline or time.monotonic() < _away_until.get(id(store), 0.0):
         return None
-    earlier, events, transcripts, calls = read_logs(ctx, run_ids=[run.id], limit=1, ended=False)
-    if not events or earlier.get(run.id) is not None:
+    events, transcript, run_calls = _read_log(ctx, run.id)
+    if not events:
         return None
     last = events[-1].seq
     lines = events + [
@@ -93,8 +95,6 @@ def stage_end_log(
         )
         for n, (stream, line, ts) in enumerate(closing, 1)
     ]
-    transcript = transcripts.get(run.id)
-    run_calls = calls.get(run.id, [])
     record = agent_runs.archive_record(transcript, run_calls) if transcript else None
     data = encode_log(lines, record)
     sha = sha256_of(data)
@@ -118,6 +118,52 @@ def stage_end_log(
             call_ids=[c.id for c in run_calls],
         )
     )
+
+
+def _read_log(
+    ctx: Context, run_id: str
+) -> tuple[list[RunEvent], Transcript | None, list[ToolCall]]:
+    """The run's lines in run_events, in order, and an agent run's transcript and tool calls;
+    no lines when the run has a log object already (its end then appends rows, which the
+    upload loop merges). One query for a run that is not an agent run: whether it has a log
+    object or a transcript is asked beside its lines (each once, not once per line)."""
+    events_t, logs_t = RunEvent.__table__, RunLog.__table__  # type: ignore[attr-defined]
+    transcripts_t = Transcript.__table__  # type: ignore[attr-defined]
+    names = [column.name for column in events_t.c if column.name != "id"]
+    earlier = core_select(logs_t.c.digest).where(logs_t.c.run_id == run_id).scalar_subquery()
+    agent = (
+        core_select(transcripts_t.c.run_id)
+        .where(transcripts_t.c.run_id == run_id, transcripts_t.c.archived.is_(False))
+        .exists()
+    )
+    events: list[RunEvent] = []
+    is_agent = False
+    with read_connection(ctx.engine) as c:
+        for row in c.execute(
+            core_select(
+                *(events_t.c[n] for n in names), earlier.label("earlier"), agent.label("agent")
+            ).where(events_t.c.run_id == run_id)
+        ):
+            if row.earlier is not None:
+                return [], None, []
+            is_agent = bool(row.agent)
+            events.append(trusted_row(RunEvent, {n: row._mapping[n] for n in names}))
+        if not events or not is_agent:
+            events.sort(key=attrgetter("seq"))
+            return events, None, []
+        calls_t = ToolCall.__table__  # type: ignore[attr-defined]
+        found = c.execute(
+            core_select(transcripts_t).where(transcripts_t.c.run_id == run_id)
+        ).first()
+        transcript = trusted_row(Transcript, found._mapping) if found is not None else None
+        calls = [
+            trusted_row(ToolCall, row._mapping)
+            for row in c.execute(
+                core_select(calls_t).where(calls_t.c.run_id == run_id).order_by(calls_t.c.seq)
+            )
+        ]
+    events.sort(key=attrgetter("seq"))
+    return events, transcript, calls
 
 
 def record_end_log(s: Writer, end_log: EndLog) -> None:

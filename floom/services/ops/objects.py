@@ -73,7 +73,7 @@ def archive_logs(
     store = store or new_blob_store(ctx.settings, ctx.engine)
     if store.inline:
         return 0
-    chosen, events, transcripts, calls = read_logs(ctx, run_ids=run_ids, limit=limit)
+    chosen, events, transcripts, calls = _read_ended(ctx, run_ids=run_ids, limit=limit)
     moves: list[LogMove] = []
     for run_id, group in groupby(events, key=lambda e: e.run_id):
         lines = list(group)
@@ -117,8 +117,8 @@ class LogMove:
     call_ids: list[str]
 
 
-def read_logs(
-    ctx: Context, *, run_ids: Sequence[str] | None, limit: int, ended: bool = True
+def _read_ended(
+    ctx: Context, *, run_ids: Sequence[str] | None, limit: int
 ) -> tuple[dict[str, str | None], list[RunEvent], dict[str, Transcript], dict[str, list[ToolCall]]]:
     """Up to `limit` ended runs with lines in run_events (the first `limit` of `run_ids` if
     given), each with the digest of its earlier log blob if one was recorded; their lines in
@@ -130,10 +130,7 @@ def read_logs(
     The runs are named by id in each query, so that PostgreSQL finds them and their lines
     through the primary key and the (run_id, seq) index: given a subquery, it scanned the
     whole of run_events, which the moves leave full of dead rows until a vacuum, or all the
-    ended runs.
-
-    `ended` False: `run_ids` are read whatever their status (a run whose end is about to be
-    recorded, services/ops/end_logs.py)."""
+    ended runs."""
     runs, events_t = Run.__table__, RunEvent.__table__  # type: ignore[attr-defined]
     logs_t, transcripts_t = RunLog.__table__, Transcript.__table__  # type: ignore[attr-defined]
     with read_connection(ctx.engine) as c:
@@ -162,8 +159,6 @@ def read_logs(
                 runs.c.id.in_(wanted),
                 runs.c.status.in_(_FINISHED),
             )
-            if ended
-            else core_select(*(events_t.c[n] for n in names)).where(events_t.c.run_id.in_(wanted))
         )
         chosen: dict[str, str | None] = {}
         events: list[RunEvent] = []
