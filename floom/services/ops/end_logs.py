@@ -108,6 +108,9 @@ def stage_end_log(
             exc.message,
         )
         return None
+    except Exception:  # the object only spares the rows: whatever fails, the end keeps them
+        log.exception("the log of run %s stays in the database: its upload failed", run.id)
+        return None
     return EndLog(
         LogMove(
             RunLog(run_id=run.id, digest=sha, lines=len(lines), last_seq=lines[-1].seq),
