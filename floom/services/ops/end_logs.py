@@ -5,8 +5,9 @@ it in the very transaction that records the end (engine/queue.finish_attempt).
 The object is uploaded before that transaction (as an attempt's artifacts are), so an end
 that is recorded names a log that is already durable, and an end that is not (the node
 stopped, the database away) loses nothing the buffered lines did not lose before. When the
-bucket is away, or the run's lines change between the read and the end, the end is recorded
-as before: its lines as rows of run_events, moved later by engine/loops/uploads.py.
+bucket is away, the run's lines change between the read and the end, or the run is an agent
+run, the end is recorded as before: its lines as rows of run_events, which
+engine/loops/uploads.py moves later.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from sqlmodel import col
 
 from floom.errors import BlobStoreUnavailable
 from floom.services.ops.objects import LogMove, record_moves
-from floom.services.runs import agent as agent_runs
-from floom.store.agents import ToolCall, Transcript
+from floom.store.agents import Transcript
 from floom.store.blobs.base import sha256_of
 from floom.store.blobs.configured import new_blob_store
 from floom.store.blobs.logs import encode_log
@@ -72,12 +72,12 @@ def stage_end_log(
     """Read the run's lines in run_events, add `closing` (its last lines, which the end's
     transaction would append) after them, and upload the whole log as its object. None when
     new blobs go to the database, the bucket is away, or the run has no line stored yet or
-    a log object already (its end then records its lines as rows). Call it outside any
-    transaction."""
+    a log object already, or is an agent run (its end then records its lines as rows). Call
+    it outside any transaction."""
     store = new_blob_store(ctx.settings, ctx.engine)
     if store.inline or time.monotonic() < _away_until.get(id(store), 0.0):
         return None
-    events, transcript, run_calls = _read_log(ctx, run.id)
+    events = _read_log(ctx, run.id)
     if not events:
         return None
     last = events[-1].seq
@@ -95,8 +95,7 @@ def stage_end_log(
         )
         for n, (stream, line, ts) in enumerate(closing, 1)
     ]
-    record = agent_runs.archive_record(transcript, run_calls) if transcript else None
-    data = encode_log(lines, record)
+    data = encode_log(lines)
     sha = sha256_of(data)
     try:
         store.put(sha, data, sha256=sha)
@@ -117,56 +116,39 @@ def stage_end_log(
             StagedBlob(sha, len(data), sha, store.name, b""),
             read=(len(events), last),
             earlier=None,
-            transcript=transcript,
-            call_ids=[c.id for c in run_calls],
+            transcript=None,
+            call_ids=[],
         )
     )
 
 
-def _read_log(
-    ctx: Context, run_id: str
-) -> tuple[list[RunEvent], Transcript | None, list[ToolCall]]:
-    """The run's lines in run_events, in order, and an agent run's transcript and tool calls;
-    no lines when the run has a log object already (its end then appends rows, which the
-    upload loop merges). One query for a run that is not an agent run: whether it has a log
-    object or a transcript is asked beside its lines (each once, not once per line)."""
+def _read_log(ctx: Context, run_id: str) -> list[RunEvent]:
+    """The run's lines in run_events, in order; none when the run has a log object already
+    (its end then appends rows, which the upload loop merges) or is an agent run. One query:
+    whether it has either is asked beside its lines (each once, not once per line).
+
+    An agent run's record (its transcript's text and tool calls) moves with its log, which
+    took three more statements at each end (reading them, then the record's read back by
+    the run's waiters); moved by the upload loop, gathered with other runs' logs for half a
+    second, it cost PostgreSQL less (bench_capacity.py, 100 agent runs: 1.16x the database
+    store's CPU a run at the end, 1.06x gathered)."""
     events_t, logs_t = RunEvent.__table__, RunLog.__table__  # type: ignore[attr-defined]
     transcripts_t = Transcript.__table__  # type: ignore[attr-defined]
     names = [column.name for column in events_t.c if column.name != "id"]
     earlier = core_select(logs_t.c.digest).where(logs_t.c.run_id == run_id).scalar_subquery()
-    agent = (
-        core_select(transcripts_t.c.run_id)
-        .where(transcripts_t.c.run_id == run_id, transcripts_t.c.archived.is_(False))
-        .exists()
-    )
+    agent = core_select(transcripts_t.c.run_id).where(transcripts_t.c.run_id == run_id).exists()
     events: list[RunEvent] = []
-    is_agent = False
     with read_connection(ctx.engine) as c:
         for row in c.execute(
             core_select(
                 *(events_t.c[n] for n in names), earlier.label("earlier"), agent.label("agent")
             ).where(events_t.c.run_id == run_id)
         ):
-            if row.earlier is not None:
-                return [], None, []
-            is_agent = bool(row.agent)
+            if row.earlier is not None or row.agent:
+                return []
             events.append(trusted_row(RunEvent, {n: row._mapping[n] for n in names}))
-        if not events or not is_agent:
-            events.sort(key=attrgetter("seq"))
-            return events, None, []
-        calls_t = ToolCall.__table__  # type: ignore[attr-defined]
-        found = c.execute(
-            core_select(transcripts_t).where(transcripts_t.c.run_id == run_id)
-        ).first()
-        transcript = trusted_row(Transcript, found._mapping) if found is not None else None
-        calls = [
-            trusted_row(ToolCall, row._mapping)
-            for row in c.execute(
-                core_select(calls_t).where(calls_t.c.run_id == run_id).order_by(calls_t.c.seq)
-            )
-        ]
     events.sort(key=attrgetter("seq"))
-    return events, transcript, calls
+    return events
 
 
 def record_end_log(s: Writer, end_log: EndLog) -> None:
