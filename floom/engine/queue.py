@@ -327,6 +327,9 @@ class Outcome:
     artifacts: list[tuple[str, bytes, str]] = field(default_factory=list)
     # For a worker with `state:`; committed with the run's success (services/workers/state.py).
     state: StateChange | None = None
+    # An agent's attempt: its log stays rows at its end, to move with its record
+    # (services/ops/end_logs.py says why).
+    agent: bool = False
 
 
 def finish_attempt(
@@ -361,7 +364,11 @@ def finish_attempt(
     end_log = None
     # A state written at the end names its version in the closing line, known only inside
     # the transaction: such ends append their lines as before.
-    if status in FINISHED and (outcome.state is None or outcome.state.new_json is None):
+    if (
+        status in FINISHED
+        and not outcome.agent
+        and (outcome.state is None or outcome.state.new_json is None)
+    ):
         end_log = end_logs.stage_end_log(
             ctx, run=run, closing=[*log_lines, ("system", message, now)], now=now
         )
