@@ -381,8 +381,6 @@ def finish_attempt(
             now=now,
             end_log=end_log,
             ended=(values, message, retry, status),
-            backoff=backoff,
-            exponential=exponential,
         )
     except end_logs.LogChanged:
         # Rolled back: recorded again with the lines as rows, the object given up.
@@ -394,8 +392,6 @@ def finish_attempt(
             now=now,
             end_log=None,
             ended=(values, message, retry, status),
-            backoff=backoff,
-            exponential=exponential,
             abandoned=end_log,
         )
 
@@ -409,8 +405,6 @@ def _record_attempt_end(
     now: datetime,
     end_log: end_logs.EndLog | None,
     ended: tuple[dict[str, Any], str, bool, str],
-    backoff: float,
-    exponential: bool,
     abandoned: end_logs.EndLog | None = None,
 ) -> str:
     """finish_attempt's transaction; `abandoned`: an object staged for the log that this end
