@@ -454,6 +454,7 @@ class Executor:
                     outcome = run_script(attempt)
             except SandboxUnavailable as exc:
                 outcome = sandbox_unavailable_outcome(exc, attempt.redactor)
+            outcome.agent = attempt.version.kind == "agent"
             return (
                 outcome,
                 float(manifest.retries.backoff_seconds),

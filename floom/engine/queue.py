@@ -16,6 +16,7 @@ from sqlmodel import col, select
 
 from floom import jsonvalues
 from floom.errors import RunErrorCode
+from floom.services.ops import end_logs
 from floom.services.runs.lifecycle import any_runnable_statement
 from floom.services.runs.logs import append_events, lock_events, system_event
 from floom.services.runs.records import RunRecord, record_in_session
@@ -24,6 +25,7 @@ from floom.services.runs.rules import (
     EXECUTOR,
     EXECUTOR_LOST,
     FAILED,
+    FINISHED,
     QUEUED,
     REAPER,
     RETRYABLE,
@@ -325,6 +327,9 @@ class Outcome:
     artifacts: list[tuple[str, bytes, str]] = field(default_factory=list)
     # For a worker with `state:`; committed with the run's success (services/workers/state.py).
     state: StateChange | None = None
+    # An agent's attempt: its log stays rows at its end, to move with its record
+    # (services/ops/end_logs.py says why).
+    agent: bool = False
 
 
 def finish_attempt(
@@ -347,12 +352,65 @@ def finish_attempt(
     attempt (running, its lease, its attempt number); the new values come from the rules
     applied to a copy of the run as claimed (`run` itself is left as it was, so a write that
     failed can be tried again).
+
+    While new blobs go to an object store, a run that ends for good has its whole log (its
+    lines stored so far, `log_lines` and the closing line) uploaded as its object first, and
+    the transaction records that object instead of appending rows (services/ops/end_logs.py).
     """
     now = utcnow()
-    closing: list[tuple[str, str, datetime | None]] = list(log_lines)
     values, message, retry, status = _end_values(
         run, outcome, now=now, backoff=backoff, exponential=exponential
     )
+    end_log = None
+    # A state written at the end names its version in the closing line, known only inside
+    # the transaction: such ends append their lines as before.
+    if (
+        status in FINISHED
+        and not outcome.agent
+        and (outcome.state is None or outcome.state.new_json is None)
+    ):
+        end_log = end_logs.stage_end_log(
+            ctx, run=run, closing=[*log_lines, ("system", message, now)], now=now
+        )
+    try:
+        return _record_attempt_end(
+            ctx,
+            run=run,
+            outcome=outcome,
+            log_lines=log_lines,
+            now=now,
+            end_log=end_log,
+            ended=(values, message, retry, status),
+        )
+    except end_logs.LogChanged:
+        # Rolled back: recorded again with the lines as rows, the object given up.
+        return _record_attempt_end(
+            ctx,
+            run=run,
+            outcome=outcome,
+            log_lines=log_lines,
+            now=now,
+            end_log=None,
+            ended=(values, message, retry, status),
+            abandoned=end_log,
+        )
+
+
+def _record_attempt_end(
+    ctx: Context,
+    *,
+    run: Run,
+    outcome: Outcome,
+    log_lines: Sequence[tuple[str, str, datetime | None]],
+    now: datetime,
+    end_log: end_logs.EndLog | None,
+    ended: tuple[dict[str, Any], str, bool, str],
+    abandoned: end_logs.EndLog | None = None,
+) -> str:
+    """finish_attempt's transaction; `abandoned`: an object staged for the log that this end
+    does not record, to be deleted."""
+    closing: list[tuple[str, str, datetime | None]] = list(log_lines)
+    values, message, retry, status = ended
     held = {
         "held_id": run.id,
         "held_owner": ctx.node_id,
@@ -375,8 +433,12 @@ def finish_attempt(
     )
     with write_connection(ctx.engine) as s:
         lock_events(s, run_id=run.id)
+        if abandoned is not None:
+            end_logs.abandon_end_log(s, abandoned)
         written = s.execute(_finish_statement(tuple(values)), {**values, **held}).first()
         if written is None:
+            if end_log is not None:
+                end_logs.abandon_end_log(s, end_log)
             found = s.execute(select(Run.status, Run.lease_epoch).where(Run.id == run.id)).first()
             if found is None:
                 return CANCELLED
@@ -435,8 +497,11 @@ def finish_attempt(
             artifacts = sorted(
                 (trusted_row(Artifact, row._mapping) for row in stored), key=attrgetter("name")
             )
-        closing.append(("system", message, None))
-        append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)
+        if end_log is not None:
+            end_logs.record_end_log(s, end_log)
+        else:
+            closing.append(("system", message, None))
+            append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)
         if run.concurrency is not None:
             # A limited worker has room again: a run of it queued on another node may start.
             signals.publish(s, signals.RUN_QUEUED)
@@ -445,7 +510,7 @@ def finish_attempt(
             # the UPDATE returned it), not with a read of their own after the commit.
             ended_run = trusted_row(Run, written._mapping)
             record = record_in_session(ctx, s, ended_run, artifacts=artifacts)
-    ctx.node.run_ended(run.id, record)
+    ctx.node.run_ended(run.id, record, log_moved=end_log is not None)
     return status
 
 

@@ -61,9 +61,12 @@ class NodeHooks:
         waiters here wake."""
         self.run_ends.notify(run_id)
 
-    def run_ended(self, run_id: str, record: RunRecord | None = None) -> None:
-        """This process recorded the end of `run_id` (committed; `record` as it left it)."""
-        self.run_ends.notify(run_id, record)
+    def run_ended(
+        self, run_id: str, record: RunRecord | None = None, *, log_moved: bool = False
+    ) -> None:
+        """This process recorded the end of `run_id` (committed; `record` as it left it;
+        `log_moved`: its log is in its object already, none of its lines in run_events)."""
+        self.run_ends.notify(run_id, record, log_moved=log_moved)
 
     def slot_for(
         self, run: Run, version: Version, *, start_ahead: bool

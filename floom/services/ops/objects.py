@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from itertools import groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import delete, func, or_, text, update
 from sqlalchemy import select as core_select
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from floom.errors import BlobStoreUnavailable, BlobUnreadable, InvalidRequest
 from floom.services.runs import agent as agent_runs
@@ -38,7 +38,7 @@ from floom.store.blobs.rows import (
     read_blob,
 )
 from floom.store.blobs.tables import PendingBlob, RunLog
-from floom.store.db import on_postgres, read_connection, session_scope
+from floom.store.db import Writer, on_postgres, read_connection, session_scope
 from floom.store.models import Blob, Run, RunEvent, trusted_row, utcnow
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def archive_logs(
     if store.inline:
         return 0
     chosen, events, transcripts, calls = _read_ended(ctx, run_ids=run_ids, limit=limit)
-    moves: list[_LogMove] = []
+    moves: list[LogMove] = []
     for run_id, group in groupby(events, key=lambda e: e.run_id):
         lines = list(group)
         read = (len(lines), lines[-1].seq)
@@ -91,7 +91,7 @@ def archive_logs(
         sha = sha256_of(data)
         store.put(sha, data, sha256=sha)
         moves.append(
-            _LogMove(
+            LogMove(
                 RunLog(run_id=run_id, digest=sha, lines=len(lines), last_seq=lines[-1].seq),
                 StagedBlob(sha, len(data), sha, store.name, b""),
                 read=read,
@@ -104,7 +104,7 @@ def archive_logs(
 
 
 @dataclass
-class _LogMove:
+class LogMove:
     """One run's log (and agent record) made a blob, for _record_archives to record."""
 
     archive: RunLog
@@ -209,7 +209,7 @@ class _Moved(Exception):
         self.runs = runs
 
 
-def _record_archives(ctx: Context, moves: list[_LogMove]) -> int:
+def _record_archives(ctx: Context, moves: list[LogMove]) -> int:
     """One transaction: each run's lines read leave run_events as its blob is recorded, and an
     agent run's transcript text and tool calls with them. A run whose lines another node moved
     meanwhile is left out; lines that came after the read stay in run_events, for the next
@@ -223,7 +223,7 @@ def _record_archives(ctx: Context, moves: list[_LogMove]) -> int:
     return 0
 
 
-def _record_archives_once(ctx: Context, moves: list[_LogMove]) -> None:
+def _record_archives_once(ctx: Context, moves: list[LogMove]) -> None:
     ids = sorted(m.archive.run_id for m in moves)
     with session_scope(ctx.engine, write=True) as s:
         postgres = on_postgres(s)
@@ -262,35 +262,56 @@ def _record_archives_once(ctx: Context, moves: list[_LogMove]) -> None:
         moved = {m.archive.run_id for m in moves if deleted[m.archive.run_id] != m.read[0]}
         if moved:
             raise _Moved(moved)
-        logs = [
-            {
-                "run_id": m.archive.run_id,
-                "digest": m.archive.digest,
-                "lines": m.archive.lines,
-                "last_seq": m.archive.last_seq,
-                "created_at": utcnow(),
-            }
-            for m in moves
-        ]
-        agents = [(m.transcript, m.call_ids) for m in moves if m.transcript is not None]
-        if postgres:
-            s.execute(_recorded_in_one(moves, logs, agents))
-        else:
-            for m in moves:
-                insert_blob(s, m.blob)
-            s.execute(_upsert_log(postgres), logs)
-            if agents:
-                agent_runs.record_archived(s, agents)
-        replaced = [m.earlier for m in moves if m.earlier is not None]
-        if replaced:
-            s.flush()
-            delete_unreferenced_blobs(s, replaced)
+        record_moves(s, moves)
+
+
+def record_moves(
+    s: Writer,
+    moves: Sequence[LogMove],
+    *,
+    extra: Sequence[Any] = (),
+    returning: Sequence[Any] = (),
+) -> Any:
+    """In the transaction that takes the moved lines out of run_events: the blobs' rows, the
+    run_logs rows, the agent runs' transcripts emptied and tool calls deleted, and the
+    replaced blobs deleted if nothing else names them. On PostgreSQL one statement, with the
+    `extra` CTEs and `returning` its result's columns; its result is returned (None on
+    SQLite, which takes neither)."""
+    postgres = on_postgres(s)
+    logs = [
+        {
+            "run_id": m.archive.run_id,
+            "digest": m.archive.digest,
+            "lines": m.archive.lines,
+            "last_seq": m.archive.last_seq,
+            "created_at": utcnow(),
+        }
+        for m in moves
+    ]
+    agents = [(m.transcript, m.call_ids) for m in moves if m.transcript is not None]
+    result = None
+    if postgres:
+        statement = _recorded_in_one(moves, logs, agents, extra=extra)
+        result = s.execute(statement.returning(*returning) if returning else statement)
+    else:
+        for m in moves:
+            insert_blob(s, m.blob)
+        s.execute(_upsert_log(postgres), logs)
+        if agents:
+            agent_runs.record_archived(cast(Session, s), agents)
+    replaced = [m.earlier for m in moves if m.earlier is not None]
+    if replaced:
+        cast(Session, s).flush()
+        delete_unreferenced_blobs(cast(Session, s), replaced)
+    return result
 
 
 def _recorded_in_one(
-    moves: list[_LogMove],
+    moves: Sequence[LogMove],
     logs: list[dict[str, Any]],
     agents: list[tuple[Transcript, list[str]]],
+    *,
+    extra: Sequence[Any] = (),
 ) -> Any:
     """On PostgreSQL, what _record_archives_once writes once the lines are gone, as one
     statement (one round trip): the blobs' rows, the run_logs rows, and the agent runs'
@@ -315,7 +336,7 @@ def _recorded_in_one(
     ctes = [rows.on_conflict_do_nothing(index_elements=["digest"]).cte("new_blobs")]
     if agents:
         ctes.extend(agent_runs.record_archived_ctes(agents))
-    return _upsert_log(True).values(logs).add_cte(*ctes)
+    return _upsert_log(True).values(logs).add_cte(*ctes, *extra)
 
 
 @lru_cache(maxsize=2)

@@ -189,10 +189,14 @@ def list_tool_calls(ctx: Context, *, run_id: str, caller: Principal) -> list[Too
         rows = list(
             s.exec(select(ToolCall).where(ToolCall.run_id == run_id).order_by(col(ToolCall.seq)))
         )
-        archived = s.exec(select(_is_archived(run_id))).one()
-    if not archived:
+        # Archived or not, and where to, in one read.
+        archived = s.exec(
+            select(func.coalesce(_log_digest(run_id), "")).where(_is_archived(run_id))
+        ).first()
+    if archived is None:
         return rows
-    moved = [_call_of(run_id, c) for c in _archived_record(ctx, run_id).get("tool_calls", [])]
+    record = _archived_record(ctx, run_id, digest=archived or None)
+    moved = [_call_of(run_id, c) for c in record.get("tool_calls", [])]
     # Rows beside an archived record: calls recorded while the record moved (recorded after
     # it, they are dropped), or a moved call that another pass's blob does not hold.
     held = {c.id for c in moved}
@@ -298,17 +302,24 @@ def _emptied(moved: Sequence[tuple[Transcript, Sequence[str]]]) -> Any:
     )
 
 
-def _archived_record(ctx: Context, run_id: str) -> dict[str, Any]:
-    """The record of an agent run that moved into its log's blob."""
+def _log_digest(run_id: str) -> Any:
+    return select(RunLog.digest).where(RunLog.run_id == run_id).scalar_subquery()
+
+
+def _archived_record(ctx: Context, run_id: str, *, digest: str | None = None) -> dict[str, Any]:
+    """The record of an agent run that moved into its log's blob (`digest`, when the caller
+    read it already)."""
     what = f"the transcript of run {run_id}"
-    with session_scope(ctx.engine) as s:
-        archived = s.get(RunLog, run_id)
-    if archived is None:
-        raise missing(what=what, where=f"the log of run {run_id} (no row in run_logs)")
-    data = read_blob(ctx.settings, ctx.engine, archived.digest, what=what)
-    record = decode_record(run_id, archived.digest, data)
+    if digest is None:
+        with session_scope(ctx.engine) as s:
+            archived = s.get(RunLog, run_id)
+        if archived is None:
+            raise missing(what=what, where=f"the log of run {run_id} (no row in run_logs)")
+        digest = archived.digest
+    data = read_blob(ctx.settings, ctx.engine, digest, what=what)
+    record = decode_record(run_id, digest, data)
     if record is None:
-        raise missing(what=what, where=f"the log blob {archived.digest} of run {run_id}")
+        raise missing(what=what, where=f"the log blob {digest} of run {run_id}")
     return record
 
 

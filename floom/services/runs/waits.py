@@ -137,11 +137,14 @@ class RunEnds:
             return run_id in self._listeners
 
     def watch_ends(self, hook: Callable[[str], object]) -> None:
-        """Call `hook(run_id)` at every end `notify` hears, on the recording thread: it must
-        not block (the object store's upkeep notes the run and wakes its own thread)."""
+        """Call `hook(run_id)` at every end `notify` hears that left lines of the run in
+        run_events, on the recording thread: it must not block (the object store's upkeep
+        notes the run and wakes its own thread)."""
         self._end_hooks.append(hook)
 
-    def notify(self, run_id: str, record: RunRecord | None = None) -> None:
+    def notify(
+        self, run_id: str, record: RunRecord | None = None, *, log_moved: bool = False
+    ) -> None:
         """Wake the run's waiters; called by whoever recorded its end, after the commit, on
         that thread: the first DELIVERED_READS waiters' reads are done here, from `record`
         (the run's record as that commit left it) when it is given."""
@@ -151,7 +154,7 @@ class RunEnds:
             self._recent.move_to_end(run_id)
             if len(self._recent) > RECENT_ENDS:
                 self._recent.popitem(last=False)
-        for hook in self._end_hooks:
+        for hook in () if log_moved else self._end_hooks:
             hook(run_id)
         for n, listener in enumerate(listeners):
             if n < DELIVERED_READS:

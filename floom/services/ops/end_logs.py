@@ -1,0 +1,203 @@
+"""A run's log put into its object as its end is recorded (FLOOM_BLOB_STORE=s3): the lines
+still buffered at the end never pass through run_events, and the lines streamed before leave
+it in the very transaction that records the end (engine/queue.finish_attempt).
+
+The object is uploaded before that transaction (as an attempt's artifacts are), so an end
+that is recorded names a log that is already durable, and an end that is not (the node
+stopped, the database away) loses nothing the buffered lines did not lose before. When the
+bucket is away, the run's lines change between the read and the end, or the run is an agent
+run, the end is recorded as before: its lines as rows of run_events, which
+engine/loops/uploads.py moves later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+from sqlalchemy import delete, func
+from sqlalchemy import select as core_select
+from sqlmodel import col
+
+from floom.errors import BlobStoreUnavailable
+from floom.services.ops.objects import LogMove, record_moves
+from floom.store.agents import Transcript
+from floom.store.blobs.base import sha256_of
+from floom.store.blobs.configured import new_blob_store
+from floom.store.blobs.logs import encode_log
+from floom.store.blobs.rows import DATABASE, DELETE, StagedBlob
+from floom.store.blobs.tables import PendingBlob, RunLog
+from floom.store.db import Writer, on_postgres, read_connection
+from floom.store.models import Run, RunEvent, trusted_row, utcnow
+
+if TYPE_CHECKING:
+    from floom.services.context import Context
+
+log = logging.getLogger("floom.blobs")
+
+LogLine = tuple[str, str, datetime | None]
+
+# After the bucket refused a log at a run's end, ends record their lines as rows for this
+# long (the upload loop moves them once it answers) instead of each waiting out the
+# client's timeout and retries.
+AWAY_SECONDS = 10.0
+
+
+class LogChanged(Exception):
+    """The run's lines in run_events are not those read before its end (a line appended
+    meanwhile: a cancel request, a late flush): the end's transaction is rolled back and
+    recorded again with its lines as rows."""
+
+
+@dataclass(frozen=True)
+class EndLog:
+    """A run's whole log (and an agent run's record) in an object already uploaded, for the
+    transaction that records the run's end."""
+
+    move: LogMove
+
+    @property
+    def digest(self) -> str:
+        return self.move.blob.digest
+
+
+def stage_end_log(
+    ctx: Context, *, run: Run, closing: Sequence[LogLine], now: datetime
+) -> EndLog | None:
+    """Read the run's lines in run_events, add `closing` (its last lines, which the end's
+    transaction would append) after them, and upload the whole log as its object. None when
+    new blobs go to the database, the bucket is away, or the run has no line stored yet or
+    a log object already, or is an agent run (its end then records its lines as rows). Call
+    it outside any transaction."""
+    store = new_blob_store(ctx.settings, ctx.engine)
+    if store.inline or time.monotonic() < _away_until.get(id(store), 0.0):
+        return None
+    events = _read_log(ctx, run.id)
+    if not events:
+        return None
+    last = events[-1].seq
+    lines = events + [
+        trusted_row(
+            RunEvent,
+            {
+                "run_id": run.id,
+                "seq": last + n,
+                "attempt": run.attempt,
+                "ts": ts or now,
+                "stream": stream,
+                "line": line,
+            },
+        )
+        for n, (stream, line, ts) in enumerate(closing, 1)
+    ]
+    data = encode_log(lines)
+    sha = sha256_of(data)
+    try:
+        store.put(sha, data, sha256=sha)
+    except BlobStoreUnavailable as exc:
+        _away_until[id(store)] = time.monotonic() + AWAY_SECONDS
+        log.warning(
+            "the log of run %s stays in the database until the object store is back: %s",
+            run.id,
+            exc.message,
+        )
+        return None
+    except Exception:  # the object only spares the rows: whatever fails, the end keeps them
+        log.exception("the log of run %s stays in the database: its upload failed", run.id)
+        return None
+    return EndLog(
+        LogMove(
+            RunLog(run_id=run.id, digest=sha, lines=len(lines), last_seq=lines[-1].seq),
+            StagedBlob(sha, len(data), sha, store.name, b""),
+            read=(len(events), last),
+            earlier=None,
+            transcript=None,
+            call_ids=[],
+        )
+    )
+
+
+def _read_log(ctx: Context, run_id: str) -> list[RunEvent]:
+    """The run's lines in run_events, in order; none when the run has a log object already
+    (its end then appends rows, which the upload loop merges) or is an agent run. One query:
+    whether it has either is asked beside its lines (each once, not once per line).
+
+    An agent run's record (its transcript's text and tool calls) moves with its log, which
+    took three more statements at each end (reading them, then the record's read back by
+    the run's waiters); moved by the upload loop, gathered with other runs' logs for half a
+    second, it cost PostgreSQL less (bench_capacity.py, 100 agent runs: 1.16x the database
+    store's CPU a run at the end, 1.06x gathered)."""
+    events_t, logs_t = RunEvent.__table__, RunLog.__table__  # type: ignore[attr-defined]
+    transcripts_t = Transcript.__table__  # type: ignore[attr-defined]
+    names = [column.name for column in events_t.c if column.name != "id"]
+    earlier = core_select(logs_t.c.digest).where(logs_t.c.run_id == run_id).scalar_subquery()
+    agent = core_select(transcripts_t.c.run_id).where(transcripts_t.c.run_id == run_id).exists()
+    events: list[RunEvent] = []
+    with read_connection(ctx.engine) as c:
+        for row in c.execute(
+            core_select(
+                *(events_t.c[n] for n in names), earlier.label("earlier"), agent.label("agent")
+            ).where(events_t.c.run_id == run_id)
+        ):
+            if row.earlier is not None or row.agent:
+                return []
+            events.append(trusted_row(RunEvent, {n: row._mapping[n] for n in names}))
+    events.sort(key=attrgetter("seq"))
+    return events
+
+
+def record_end_log(s: Writer, end_log: EndLog) -> None:
+    """In the transaction that records the run's end, holding the run's event lock
+    (logs.lock_events): its lines leave run_events and its object is recorded as its log.
+    Raises LogChanged when the lines there are not those read (the caller rolls back)."""
+    move = end_log.move
+    run_id = move.archive.run_id
+    # Every line of the run, not only those up to the last seq read: a line appended since
+    # would sit between the read ones and the closing ones the object numbers after them.
+    gone = delete(RunEvent).where(col(RunEvent.run_id) == run_id).returning(col(RunEvent.seq))
+    if on_postgres(s):
+        cte = gone.cte("end_lines_gone")
+        found = record_moves(
+            s,
+            [move],
+            extra=[cte],
+            returning=[
+                core_select(func.count()).select_from(cte).scalar_subquery(),
+                core_select(func.coalesce(func.max(cte.c.seq), 0)).scalar_subquery(),
+            ],
+        ).first()
+        read = (int(found[0]), int(found[1]))
+    else:
+        seqs = [seq for (seq,) in s.execute(gone)]
+        read = (len(seqs), max(seqs, default=0))
+        if read == move.read:
+            record_moves(s, [move])
+    if read != move.read:
+        raise LogChanged(run_id)
+
+
+def abandon_end_log(s: Writer, end_log: EndLog) -> None:
+    """The run's end is recorded without its staged object (its lines as rows): the object
+    is deleted once this transaction commits, unless a blob row names its digest by then
+    (services/ops/objects.py checks before it deletes)."""
+    if end_log.move.blob.location == DATABASE:
+        return
+    pending = PendingBlob.__table__  # type: ignore[attr-defined]
+    if on_postgres(s):
+        from sqlalchemy.dialects.postgresql import insert as upsert
+    else:
+        from sqlalchemy.dialects.sqlite import insert as upsert  # type: ignore[assignment]
+    s.execute(
+        upsert(pending)
+        .values(digest=end_log.digest, action=DELETE, created_at=utcnow(), attempts=0)
+        .on_conflict_do_nothing(index_elements=["digest"])
+    )
+
+
+# By store (the node's stores are made once per configuration, configured.s3_store).
+_away_until: dict[int, float] = {}

@@ -1,0 +1,265 @@
+"""A run's log put into its object as its end is recorded (services/ops/end_logs.py, with
+FLOOM_BLOB_STORE=s3): the lines still buffered at the end never pass through run_events; a
+follower sees every line once, in order, across the end; a line that comes between the read
+and the end, a bucket that is away and an end that fails after the upload lose nothing. On
+a real SeaweedFS, both databases."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event
+from sqlmodel import func, select
+
+from floom.engine.queue import Outcome, claim_next_run, finish_attempt
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
+from floom.services.ops import end_logs
+from floom.services.ops.objects import archive_logs, drain_pending
+from floom.services.runs.logs import append_events, list_events, system_event
+from floom.store.blobs.configured import new_blob_store
+from floom.store.blobs.tables import PendingBlob, RunLog
+from floom.store.db import session_scope
+from floom.store.models import Blob, Run, RunEvent
+from floom.vocabulary import RunStatus
+from tests.integration.store.test_log_moves import _Interleaved
+from tests.support.harness import fast_settings
+from tests.support.processes.s3_server import S3Server
+from tests.support.rigs.queues import enqueue
+
+BUFFERED = 200
+DONE = Outcome(status=RunStatus.SUCCEEDED, outputs={"ok": True})
+
+
+@pytest.fixture
+def s3_ctx(tmp_path: Path, database_url: str, s3_server: S3Server) -> Iterator[Context]:
+    context = Context.open(fast_settings(tmp_path / "data", database_url, **s3_server.settings()))
+    yield context
+    context.engine.dispose()
+
+
+@pytest.fixture(autouse=True)
+def _bucket_not_away() -> Iterator[None]:
+    # A refusal in one test must not send the next test's ends down the rows path.
+    end_logs._away_until.clear()
+    yield
+    end_logs._away_until.clear()
+
+
+def _running(ctx: Context, streamed: int) -> Run:
+    """A run claimed by this node (its "started" line stored) with `streamed` more lines
+    stored, as the flusher writes a longer run's lines while it runs."""
+    enqueue(ctx, 1)
+    run = claim_next_run(ctx)
+    assert run is not None
+    if streamed:
+        with session_scope(ctx.engine, write=True) as s:
+            append_events(
+                s,
+                run_id=run.id,
+                attempt=1,
+                lines=[("stdout", f"streamed {i}", None) for i in range(streamed)],
+            )
+    return run
+
+
+def _buffered() -> list[tuple[str, str, None]]:
+    return [("stdout", f"buffered {i}", None) for i in range(BUFFERED)]
+
+
+def _log(ctx: Context, run_id: str, after: int = 0) -> list[tuple[int, str]]:
+    return [(e.seq, e.line) for e in list_events(ctx, run_id=run_id, after=after, caller=SYSTEM)]
+
+
+def _rows(ctx: Context, run_id: str) -> int:
+    with session_scope(ctx.engine) as s:
+        return int(
+            s.exec(
+                select(func.count()).select_from(RunEvent).where(RunEvent.run_id == run_id)
+            ).one()
+        )
+
+
+def _whole(log: list[tuple[int, str]], streamed: int, *extra: str) -> None:
+    """Seqs 1..n without a gap or a repeat: "started", the streamed lines, `extra`, the
+    buffered lines, and the closing line."""
+    assert [seq for seq, _ in log] == list(range(1, len(log) + 1))
+    lines = [line for _, line in log]
+    assert lines[0].startswith("started")
+    assert lines[1 : 1 + streamed] == [f"streamed {i}" for i in range(streamed)]
+    rest = lines[1 + streamed :]
+    assert rest[: len(extra)] == list(extra)
+    assert rest[len(extra) : -1] == [f"buffered {i}" for i in range(BUFFERED)]
+    assert rest[-1].startswith("succeeded")
+
+
+def _statements(ctx: Context) -> tuple[list[str], Callable[[], None]]:
+    sent: list[str] = []
+
+    def note(
+        conn: object, cursor: object, statement: str, params: object, context: object, many: bool
+    ) -> None:
+        sent.append(" ".join(statement.split()).upper())
+
+    event.listen(ctx.engine, "before_cursor_execute", note)
+    return sent, lambda: event.remove(ctx.engine, "before_cursor_execute", note)
+
+
+def test_the_lines_buffered_at_a_run_s_end_go_into_its_object_not_through_run_events(
+    s3_ctx: Context,
+) -> None:
+    run = _running(s3_ctx, 3)
+    sent, stop = _statements(s3_ctx)
+    try:
+        status = finish_attempt(s3_ctx, run=run, outcome=DONE, backoff=0, log_lines=_buffered())
+    finally:
+        stop()
+
+    assert status == "succeeded"
+    assert not [q for q in sent if q.startswith("INSERT INTO RUN_EVENTS")]
+    assert _rows(s3_ctx, run.id) == 0  # the streamed ones left with the end
+    with session_scope(s3_ctx.engine) as s:
+        archived = s.get(RunLog, run.id)
+        assert archived is not None
+        blob = s.get(Blob, archived.digest)
+        assert blob is not None
+        assert blob.location == "s3"
+    assert (archived.lines, archived.last_seq) == (1 + 3 + BUFFERED + 1,) * 2
+    _whole(_log(s3_ctx, run.id), 3)
+    # Nothing left for the upload loop to move.
+    assert archive_logs(s3_ctx, run_ids=[run.id]) == 0
+
+
+def test_a_follower_sees_every_line_once_in_order_across_the_end(s3_ctx: Context) -> None:
+    run = _running(s3_ctx, 5)
+    # Following while it runs: the stored lines, then nothing new.
+    seen = _log(s3_ctx, run.id)
+    assert len(seen) == 6
+    assert _log(s3_ctx, run.id, after=seen[-1][0]) == []
+
+    finish_attempt(s3_ctx, run=run, outcome=DONE, backoff=0, log_lines=_buffered())
+
+    # The follower resumes from its cursor (a Last-Event-ID) in the object.
+    seen += _log(s3_ctx, run.id, after=seen[-1][0])
+    _whole(seen, 5)
+    # One that attaches right at the end, and one that pages by 50 from any cursor.
+    assert _log(s3_ctx, run.id) == seen
+    paged: list[tuple[int, str]] = []
+    while page := [
+        (e.seq, e.line)
+        for e in list_events(
+            s3_ctx, run_id=run.id, after=paged[-1][0] if paged else 0, limit=50, caller=SYSTEM
+        )
+    ]:
+        paged += page
+    assert paged == seen
+    assert _log(s3_ctx, run.id, after=100) == seen[100:]
+
+
+def test_a_line_stored_between_the_read_and_the_end_keeps_its_place_and_nothing_is_lost(
+    s3_ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel request's note (or a late flush) comes while the log uploads: the end's
+    transaction finds the run's lines changed and records the end with its lines as rows,
+    after that one; the uploaded object is left to be deleted."""
+    run = _running(s3_ctx, 2)
+    bucket = new_blob_store(s3_ctx.settings, s3_ctx.engine)
+
+    def meanwhile() -> None:
+        with session_scope(s3_ctx.engine, write=True) as s:
+            system_event(s, run_id=run.id, attempt=1, message="cancel requested")
+
+    store = _Interleaved(bucket, meanwhile)
+    monkeypatch.setattr(end_logs, "new_blob_store", lambda settings, engine: store)
+
+    assert finish_attempt(s3_ctx, run=run, outcome=DONE, backoff=0, log_lines=_buffered()) == (
+        "succeeded"
+    )
+
+    _whole(_log(s3_ctx, run.id), 2, "cancel requested")
+    with session_scope(s3_ctx.engine) as s:
+        assert s.get(RunLog, run.id) is None
+        pending = s.exec(select(PendingBlob)).all()
+    assert [p.action for p in pending] == ["delete"]
+    monkeypatch.undo()
+    # The upload loop moves the rows later; the abandoned object is deleted.
+    assert archive_logs(s3_ctx, run_ids=[run.id]) == 1
+    assert drain_pending(s3_ctx).deleted == 1
+    assert _rows(s3_ctx, run.id) == 0
+    _whole(_log(s3_ctx, run.id), 2, "cancel requested")
+
+
+def test_an_end_while_the_bucket_is_away_keeps_its_lines_as_rows_until_it_answers(
+    tmp_path: Path, database_url: str, own_s3_server: S3Server
+) -> None:
+    settings = own_s3_server.settings(s3_timeout_seconds=1.0)
+    ctx = Context.open(fast_settings(tmp_path / "data", database_url, **settings))
+    try:
+        first, second = _running(ctx, 1), _running(ctx, 1)
+        own_s3_server.stop()
+        finish_attempt(ctx, run=first, outcome=DONE, backoff=0, log_lines=_buffered())
+        # The next end does not wait for the bucket again.
+        finish_attempt(ctx, run=second, outcome=DONE, backoff=0, log_lines=_buffered())
+        for run in (first, second):
+            assert _rows(ctx, run.id) == 1 + 1 + BUFFERED + 1
+            _whole(_log(ctx, run.id), 1)
+        own_s3_server.start()
+        assert archive_logs(ctx) == 2
+        for run in (first, second):
+            assert _rows(ctx, run.id) == 0
+            _whole(_log(ctx, run.id), 1)
+    finally:
+        ctx.engine.dispose()
+
+
+def test_an_end_that_fails_after_its_upload_is_recorded_whole_when_tried_again(
+    s3_ctx: Context,
+) -> None:
+    """The database fails the end's transaction after the object was uploaded (the node's
+    executor tries the end again while the database is away): nothing was recorded, the
+    lines stored stay rows, and the next try records the whole log once."""
+    run = _running(s3_ctx, 4)
+    armed = [True]
+
+    def fail_once(
+        conn: object, cursor: object, statement: str, params: object, context: object, many: bool
+    ) -> None:
+        if armed[0] and "run_logs" in statement and "INSERT" in statement.upper():
+            armed[0] = False
+            raise RuntimeError("the database went away")
+
+    event.listen(s3_ctx.engine, "before_cursor_execute", fail_once)
+    try:
+        with pytest.raises(RuntimeError):
+            finish_attempt(s3_ctx, run=run, outcome=DONE, backoff=0, log_lines=_buffered())
+    finally:
+        event.remove(s3_ctx.engine, "before_cursor_execute", fail_once)
+
+    with session_scope(s3_ctx.engine) as s:
+        row = s.get(Run, run.id)
+        assert row is not None
+        assert row.status == RunStatus.RUNNING
+        assert s.get(RunLog, run.id) is None
+    assert _rows(s3_ctx, run.id) == 1 + 4
+    assert finish_attempt(s3_ctx, run=run, outcome=DONE, backoff=0, log_lines=_buffered()) == (
+        "succeeded"
+    )
+    _whole(_log(s3_ctx, run.id), 4)
+    assert _rows(s3_ctx, run.id) == 0
+
+
+def test_a_line_after_the_end_follows_the_object_and_is_merged_into_a_new_one(
+    s3_ctx: Context,
+) -> None:
+    run = _running(s3_ctx, 0)
+    finish_attempt(s3_ctx, run=run, outcome=DONE, backoff=0, log_lines=_buffered())
+    with session_scope(s3_ctx.engine, write=True) as s:
+        append_events(s, run_id=run.id, attempt=1, lines=[("stdout", "last words", None)])
+    log = _log(s3_ctx, run.id)
+    assert log[-1] == (len(log), "last words")
+    _whole(log[:-1], 0)
+    assert archive_logs(s3_ctx) == 1
+    assert _rows(s3_ctx, run.id) == 0
+    assert _log(s3_ctx, run.id) == log
