@@ -110,7 +110,8 @@ def test_a_lone_surrogate_in_result_json_fails_the_run_naming_where(
         assert run["status"] == "failed", run
         assert run["error"]["code"] == "result_invalid"
         message = run["error"]["message"]
-        assert "lone UTF-16 surrogate" in message and f" at {where}" in message, run
+        assert "lone UTF-16 surrogate" in message, run
+        assert f" at {where}" in message, run
         assert api.get(f"/api/v1/runs/{run['id']}").status_code == 200
 
 
