@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from floom.errors import BundleInvalid, BundlePathInvalid, BundleTooLarge
+from floom.errors import BundleInvalid, BundlePathInvalid, BundleTooLarge, PayloadTooLarge
 from floom.hints import Hint, act, told
 
 IGNORED_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules", ".mypy_cache"})
@@ -275,7 +275,7 @@ def _decompressed(data: bytes) -> io.BufferedIOBase:
     return raw
 
 
-class UnpackedTooLarge(Exception):
+class UnpackedTooLarge(PayloadTooLarge):
     """A stream read through BoundedReader went past its limit."""
 
     def __init__(self, limit: int) -> None:

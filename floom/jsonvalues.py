@@ -409,14 +409,28 @@ def _stored(text: Any) -> Any:
 def sendable(value: Any) -> Any:
     """`value` with each lone surrogate in its strings and keys as U+FFFD: no answer, no
     request to a model and no store can carry one (a file name of invalid UTF-8 as Python
-    reads it, a JSON escape without its pair)."""
+    reads it, a JSON escape without its pair). Walked without recursion: a model's reply
+    may nest deeper than Python's stack before floom's bounds refuse it."""
     if type(value) is str:
         return value if value.isascii() else _SURROGATE.sub(REPLACEMENT, value)
-    if type(value) is list:
-        return [sendable(v) for v in value]
-    if type(value) is dict:
-        return {sendable(k): sendable(v) for k, v in value.items()}
-    return value
+    if type(value) not in (list, dict) or lone_surrogate(value, where="") is None:
+        return value
+    root: list[Any] | dict[Any, Any] = [] if type(value) is list else {}
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        source, copy = stack.pop()
+        for key, item in enumerate(source) if type(source) is list else source.items():
+            new: Any = item
+            if type(item) is str:
+                new = _SURROGATE.sub(REPLACEMENT, item)
+            elif type(item) in (list, dict):
+                new = [] if type(item) is list else {}
+                stack.append((item, new))
+            if type(copy) is list:
+                copy.append(new)
+            else:
+                copy[_SURROGATE.sub(REPLACEMENT, key) if type(key) is str else key] = new
+    return root
 
 
 def _too_deep(text: str, value: Any) -> bool:

@@ -24,7 +24,7 @@ from sqlalchemy import delete, func
 from sqlalchemy import select as core_select
 from sqlmodel import col
 
-from floom.errors import BlobStoreUnavailable
+from floom.errors import BlobStoreUnavailable, Conflict
 from floom.services.ops.objects import LogMove, record_moves
 from floom.store.agents import Transcript
 from floom.store.blobs.base import sha256_of
@@ -48,7 +48,7 @@ LogLine = tuple[str, str, datetime | None]
 AWAY_SECONDS = 10.0
 
 
-class LogChanged(Exception):
+class LogChanged(Conflict):
     """The run's lines in run_events are not those read before its end (a line appended
     meanwhile: a cancel request, a late flush): the end's transaction is rolled back and
     recorded again with its lines as rows."""
@@ -178,7 +178,7 @@ def record_end_log(s: Writer, end_log: EndLog) -> None:
         if read == move.read:
             record_moves(s, [move])
     if read != move.read:
-        raise LogChanged(run_id)
+        raise LogChanged(f"the log of run {run_id} changed before its end was recorded")
 
 
 def abandon_end_log(s: Writer, end_log: EndLog) -> None:
