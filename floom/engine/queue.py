@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import lru_cache
+from functools import lru_cache, partial
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
@@ -372,28 +372,20 @@ def finish_attempt(
         end_log = end_logs.stage_end_log(
             ctx, run=run, closing=[*log_lines, ("system", message, now)], now=now
         )
+    record = partial(
+        _record_attempt_end,
+        ctx,
+        run=run,
+        outcome=outcome,
+        log_lines=log_lines,
+        now=now,
+        ended=(values, message, retry, status),
+    )
     try:
-        return _record_attempt_end(
-            ctx,
-            run=run,
-            outcome=outcome,
-            log_lines=log_lines,
-            now=now,
-            end_log=end_log,
-            ended=(values, message, retry, status),
-        )
+        return record(end_log=end_log)
     except end_logs.LogChanged:
         # Rolled back: recorded again with the lines as rows, the object given up.
-        return _record_attempt_end(
-            ctx,
-            run=run,
-            outcome=outcome,
-            log_lines=log_lines,
-            now=now,
-            end_log=None,
-            ended=(values, message, retry, status),
-            abandoned=end_log,
-        )
+        return record(end_log=None, abandoned=end_log)
 
 
 def _record_attempt_end(
