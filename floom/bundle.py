@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import lzma
+import os
 import tarfile
 import zlib
 from collections.abc import Callable
@@ -195,11 +196,30 @@ def read_folder(folder: Path, *, max_bytes: int) -> Bundle:
             )
         if not p.is_file():
             continue
-        data = p.read_bytes()
+        data, mode = _read_file(p, rel, count=len(files) + 1, total=total, max_bytes=max_bytes)
         total += len(data)
-        _check_limits(len(files) + 1, total, max_bytes)
-        files[rel.as_posix()] = BundleFile(rel.as_posix(), data, bool(p.stat().st_mode & 0o111))
+        files[rel.as_posix()] = BundleFile(rel.as_posix(), data, bool(mode & 0o111))
     return Bundle(files)
+
+
+def _read_file(
+    path: Path, rel: Path, *, count: int, total: int, max_bytes: int
+) -> tuple[bytes, int]:
+    """One file of a folder, opened without following a link swapped in since it was
+    listed. Its size is checked before a byte is read and the read stops one byte past what
+    the bundle has left, so a huge or growing file costs no more than the bundle's limit."""
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            _check_limits(count, total + os.fstat(f.fileno()).st_size, max_bytes)
+            data = f.read(max_bytes - total + 1)
+    except OSError as exc:
+        raise BundleInvalid(
+            f"'{rel}' could not be read: {exc.strerror}",
+            hint="make the file readable, or move it out of the worker folder",
+        ) from None
+    _check_limits(count, total + len(data), max_bytes)
+    return data, mode
 
 
 def _check_limits(count: int, total: int, max_bytes: int) -> None:
