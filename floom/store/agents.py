@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 
 import sqlalchemy as sa
-from sqlalchemy import Column, Index, UniqueConstraint
+from sqlalchemy import Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from floom.store.models import StoredText, UTCDateTime, Words, utcnow
+from floom.store.models import UTCDateTime, Words, utcnow
 from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
 
 
@@ -26,9 +26,9 @@ class Approval(SQLModel, table=True):
     status: ApprovalStatus = Field(
         default=ApprovalStatus.PENDING, sa_type=Words(ApprovalStatus, 16)
     )
-    proposed_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
-    edited_json: str | None = Field(default=None, sa_column=Column(StoredText))
-    comment: str | None = Field(default=None, sa_column=Column(StoredText))
+    proposed_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    edited_json: str | None = Field(default=None, sa_column=Column(Text))
+    comment: str | None = Field(default=None, sa_column=Column(Text))
     decided_by: str | None = Field(default=None, max_length=80)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     decided_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -45,10 +45,10 @@ class ToolCall(SQLModel, table=True):
     attempt: int = 1
     tool: str = Field(max_length=128)
     status: ToolCallStatus = Field(sa_type=Words(ToolCallStatus, 24))
-    arguments_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
-    result: str | None = Field(default=None, sa_column=Column(StoredText))
+    arguments_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    result: str | None = Field(default=None, sa_column=Column(Text))
     result_size: int = 0
-    error: str | None = Field(default=None, sa_column=Column(StoredText))
+    error: str | None = Field(default=None, sa_column=Column(Text))
     duration_ms: int = 0
     approval_id: str | None = Field(default=None, max_length=40)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
@@ -62,9 +62,9 @@ class Transcript(SQLModel, table=True):
     run_id: str = Field(primary_key=True, max_length=40)
     worker_name: str = Field(max_length=63)
     model: str = Field(max_length=128)
-    system: str = Field(default="", sa_column=Column(StoredText, nullable=False))
-    messages_json: str = Field(default="[]", sa_column=Column(StoredText, nullable=False))
-    state_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
+    system: str = Field(default="", sa_column=Column(Text, nullable=False))
+    messages_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
+    state_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     iterations: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
@@ -87,6 +87,6 @@ class MemoryEntry(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     worker_name: str = Field(max_length=63)
     key: str = Field(max_length=200)
-    value_json: str = Field(sa_column=Column(StoredText, nullable=False))
+    value_json: str = Field(sa_column=Column(Text, nullable=False))
     run_id: str = Field(max_length=40)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

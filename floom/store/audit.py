@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Column, Index
+from sqlalchemy import Column, Index, Text
 from sqlmodel import Field, SQLModel
 
-from floom.store.models import StoredText, UTCDateTime, utcnow
+from floom.store.models import UTCDateTime, utcnow
 
 
 class AuditEvent(SQLModel, table=True):
@@ -22,5 +22,5 @@ class AuditEvent(SQLModel, table=True):
     actor_key_id: str | None = Field(default=None, max_length=40)
     actor: str = Field(default="", max_length=160)
     subject: str = Field(max_length=200)
-    payload_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
+    payload_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -25,6 +25,7 @@ from floom.store import replays as _replay_tables  # noqa: F401 - registers the 
 from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 from floom.store.blobs import tables as _blob_tables  # noqa: F401 - registers the tables
+from floom.store.text import storable_parameters
 
 # One write lock per SQLite database file, shared by every engine on that file in this
 # process (two contexts on one file stand for two nodes in tests and tools). Writers to other
@@ -46,48 +47,19 @@ def _sqlite_write_lock(engine: Engine) -> threading.RLock:
     return lock
 
 
-# PostgreSQL refuses a text holding NUL (U+0000) outright, and SQLite's text functions stop
-# at one; workers print them and callers send them (in a name, an id, a filter). Every str
-# bound to a statement has its NULs replaced with U+FFFD, on both databases alike.
-NUL = "\x00"
-NUL_STORED_AS = "\ufffd"
-
-
-def _holds_nul(value: Any) -> bool:
-    if type(value) is str:
-        return NUL in value
-    if isinstance(value, dict):
-        return any(map(_holds_nul, value.values()))
-    if isinstance(value, (list, tuple)):
-        return any(map(_holds_nul, value))
-    return False
-
-
-def _without_nul(value: Any) -> Any:
-    if type(value) is str:
-        return value.replace(NUL, NUL_STORED_AS)
-    if isinstance(value, dict):
-        return {k: _without_nul(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return tuple(map(_without_nul, value))
-    if isinstance(value, list):
-        return list(map(_without_nul, value))
-    return value
-
-
-def _store_no_nul(engine: Engine) -> None:
+def _store_storable_text(engine: Engine) -> None:
+    # Below the columns' types, so no column, filter or batch (an array bound as a list) is
+    # left out: text that neither database keeps is stored as store.text.storable makes it.
     @event.listens_for(engine, "before_cursor_execute", retval=True)
-    def _no_nul(
+    def _storable(
         _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
     ) -> tuple[str, Any]:
-        if parameters and _holds_nul(parameters):
-            parameters = _without_nul(parameters)
-        return statement, parameters
+        return statement, storable_parameters(parameters)
 
 
 def make_engine(url: str) -> Engine:
     engine = _make_engine(url)
-    _store_no_nul(engine)
+    _store_storable_text(engine)
     return engine
 
 

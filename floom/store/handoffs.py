@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Column, Index, UniqueConstraint
+from sqlalchemy import Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from floom.store.models import StoredText, UTCDateTime, Words, utcnow
+from floom.store.models import UTCDateTime, Words, utcnow
 from floom.vocabulary import JobPriority, JobStatus
 
 
@@ -20,7 +20,7 @@ class Role(SQLModel, table=True):
     __tablename__ = "roles"
     id: str = Field(primary_key=True, max_length=40)
     name: str = Field(unique=True, max_length=63)
-    description: str = Field(default="", sa_column=Column(StoredText, nullable=False, default=""))
+    description: str = Field(default="", sa_column=Column(Text, nullable=False, default=""))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     retired_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
@@ -53,11 +53,11 @@ class Job(SQLModel, table=True):
         UniqueConstraint("idempotency_scope", "idempotency_key"),
     )
     id: str = Field(primary_key=True, max_length=40)
-    summary: str = Field(sa_column=Column(StoredText, nullable=False))
-    context_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
-    constraints_json: str = Field(default="[]", sa_column=Column(StoredText, nullable=False))
-    artifacts_json: str = Field(default="[]", sa_column=Column(StoredText, nullable=False))
-    routing_json: str = Field(default="[]", sa_column=Column(StoredText, nullable=False))
+    summary: str = Field(sa_column=Column(Text, nullable=False))
+    context_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    constraints_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
+    artifacts_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
+    routing_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
     priority: JobPriority = Field(default=JobPriority.NORMAL, sa_type=Words(JobPriority, 8))
     priority_rank: int = 1
     target_role_id: str = Field(max_length=40)
@@ -69,13 +69,13 @@ class Job(SQLModel, table=True):
     idempotency_key: str | None = Field(default=None, max_length=200)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     claimed_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-    result_json: str | None = Field(default=None, sa_column=Column(StoredText))
-    reason: str | None = Field(default=None, sa_column=Column(StoredText))
+    result_json: str | None = Field(default=None, sa_column=Column(Text))
+    reason: str | None = Field(default=None, sa_column=Column(Text))
     follow_on_of: str | None = Field(default=None, max_length=40, index=True)
     retry_of: str | None = Field(default=None, max_length=40, index=True)
     superseded_by: str | None = Field(default=None, max_length=40)
     attempt: int = 1
-    rejection_reason: str | None = Field(default=None, sa_column=Column(StoredText))
+    rejection_reason: str | None = Field(default=None, sa_column=Column(Text))
     rejected_by: str | None = Field(default=None, max_length=40)
     # The run working on this job, when a worker's handoff trigger claimed it.
     run_id: str | None = Field(default=None, max_length=40, index=True)
@@ -105,4 +105,4 @@ class JobEvent(SQLModel, table=True):
     actor_agent_id: str | None = Field(default=None, max_length=40)
     actor_key_id: str | None = Field(default=None, max_length=40)
     actor: str = Field(default="", max_length=160)
-    payload_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
+    payload_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))

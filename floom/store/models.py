@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from collections.abc import Mapping
@@ -53,33 +52,6 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-# What neither store keeps as text: NUL (PostgreSQL's text refuses it) and a lone UTF-16
-# surrogate (no encoding holds one: a file name of invalid UTF-8 read by Python, a JSON escape
-# like "\\ud800" without its pair).
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-REPLACEMENT = "\ufffd"
-
-
-def storable(text: str) -> str:
-    """`text` as both stores keep it: NUL and lone surrogates become U+FFFD, as an undecodable
-    byte of a run's output does."""
-    if "\0" not in text and (text.isascii() or _UNSTORABLE.search(text) is None):
-        return text
-    return _UNSTORABLE.sub(REPLACEMENT, text)
-
-
-class StoredText(TypeDecorator[str]):
-    """TEXT whatever a worker or caller wrote in it: a log line holding a NUL failed the
-    run's whole log on PostgreSQL, a lone surrogate (a file name of invalid UTF-8 in a run's
-    note) failed the write on both stores, and with it the record of the run's end."""
-
-    impl = Text
-    cache_ok = True
-
-    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
-        return None if value is None else storable(value)
 
 
 W = TypeVar("W", bound=StrEnum)
@@ -192,8 +164,8 @@ class Version(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=40)
     worker_name: str = Field(index=True, max_length=63)
     digest: str = Field(max_length=64)
-    manifest_json: str = Field(sa_column=Column(StoredText, nullable=False))
-    manifest_yaml: str = Field(sa_column=Column(StoredText, nullable=False))
+    manifest_json: str = Field(sa_column=Column(Text, nullable=False))
+    manifest_yaml: str = Field(sa_column=Column(Text, nullable=False))
     kind: str = Field(max_length=16)
     file_count: int
     size: int
@@ -215,10 +187,10 @@ class Run(SQLModel, table=True):
     version_id: str = Field(max_length=40)
     status: RunStatus = Field(sa_type=Words(RunStatus, 24))
     trigger: RunTrigger = Field(default=RunTrigger.MANUAL, sa_type=Words(RunTrigger, 16))
-    inputs_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
-    outputs_json: str | None = Field(default=None, sa_column=Column(StoredText))
+    inputs_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    outputs_json: str | None = Field(default=None, sa_column=Column(Text))
     error_code: RunErrorCode | None = Field(default=None, sa_type=Words(RunErrorCode, 40))
-    error_message: str | None = Field(default=None, sa_column=Column(StoredText))
+    error_message: str | None = Field(default=None, sa_column=Column(Text))
     exit_code: int | None = None
     attempt: int = 1
     max_attempts: int = 1
@@ -260,7 +232,7 @@ class WorkerState(SQLModel, table=True):
     __tablename__ = "worker_states"
     worker_name: str = Field(primary_key=True, max_length=63)
     version: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
-    state_json: str = Field(sa_column=Column(StoredText, nullable=False))
+    state_json: str = Field(sa_column=Column(Text, nullable=False))
     size: int
     # "run" (a run's success), "operator" (set by a person or key) or "restore" (an earlier
     # version brought back, `restored_from`).
@@ -282,7 +254,7 @@ class RunEvent(SQLModel, table=True):
     attempt: int = 1
     ts: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     stream: str = Field(max_length=8)
-    line: str = Field(sa_column=Column(StoredText, nullable=False))
+    line: str = Field(sa_column=Column(Text, nullable=False))
 
 
 class Artifact(SQLModel, table=True):
@@ -317,7 +289,7 @@ class AlertChannel(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=40)
     name: str = Field(unique=True, max_length=63)
     kind: ChannelKind = Field(sa_type=Words(ChannelKind, 16))
-    config_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
+    config_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
@@ -330,8 +302,8 @@ class AlertRule(SQLModel, table=True):
     id: str = Field(primary_key=True, max_length=40)
     name: str = Field(unique=True, max_length=63)
     worker_name: str | None = Field(default=None, max_length=63)  # None: every worker
-    events_json: str = Field(default="[]", sa_column=Column(StoredText, nullable=False))
-    channels_json: str = Field(default="[]", sa_column=Column(StoredText, nullable=False))
+    events_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
+    channels_json: str = Field(default="[]", sa_column=Column(Text, nullable=False))
     recovery: bool = True
     enabled: bool = True
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
@@ -370,7 +342,7 @@ class AlertEvent(SQLModel, table=True):
     # opened, grouped, recovered or notice (an event outside any incident)
     outcome: str = Field(max_length=16)
     error_code: str | None = Field(default=None, max_length=40)
-    message: str | None = Field(default=None, sa_column=Column(StoredText))
+    message: str | None = Field(default=None, sa_column=Column(Text))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
@@ -388,13 +360,13 @@ class Delivery(SQLModel, table=True):
     channel_id: str | None = Field(default=None, max_length=40)
     channel_name: str | None = Field(default=None, max_length=63)
     # A callback's URL (alerts read theirs from the channel).
-    target: str | None = Field(default=None, sa_column=Column(StoredText))
-    body_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
+    target: str | None = Field(default=None, sa_column=Column(Text))
+    body_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     status: DeliveryStatus = Field(sa_type=Words(DeliveryStatus, 16))
     attempts: int = 0
     max_attempts: int = 1
     next_attempt_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-    last_error: str | None = Field(default=None, sa_column=Column(StoredText))
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
     lease_owner: str | None = Field(default=None, max_length=80)
     lease_expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
@@ -407,7 +379,7 @@ class RunCallback(SQLModel, table=True):
 
     __tablename__ = "run_callbacks"
     run_id: str = Field(primary_key=True, max_length=40)
-    url: str = Field(sa_column=Column(StoredText, nullable=False))
+    url: str = Field(sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     delivery_id: str | None = Field(default=None, max_length=40, index=True)
 

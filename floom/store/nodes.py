@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Column
+from sqlalchemy import Column, Text
 from sqlmodel import Field, SQLModel
 
-from floom.store.models import StoredText, UTCDateTime, utcnow
+from floom.store.models import UTCDateTime, utcnow
 
 
 class Node(SQLModel, table=True):
@@ -26,4 +26,4 @@ class Node(SQLModel, table=True):
     stopped_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     # Its warm pools as its last heartbeat saw them (schemas.health.WarmHealth as JSON,
     # bounded by services.ops.nodes.WARM_BYTES); None without warm starts.
-    warm: str | None = Field(default=None, sa_column=Column(StoredText))
+    warm: str | None = Field(default=None, sa_column=Column(Text))

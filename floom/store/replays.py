@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Column
+from sqlalchemy import Column, Text
 from sqlmodel import Field, SQLModel
 
-from floom.store.models import StoredText, UTCDateTime, utcnow
+from floom.store.models import UTCDateTime, utcnow
 
 
 class Replay(SQLModel, table=True):
@@ -21,7 +21,7 @@ class Replay(SQLModel, table=True):
     model: str | None = Field(default=None, max_length=128)
     eval_id: str | None = Field(default=None, index=True, max_length=40)
     # Exact replays: the first step where the replay left the recording (JSON), if any.
-    divergence_json: str | None = Field(default=None, sa_column=Column(StoredText))
+    divergence_json: str | None = Field(default=None, sa_column=Column(Text))
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 

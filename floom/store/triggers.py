@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Column, Index, LargeBinary, UniqueConstraint
+from sqlalchemy import Column, Index, LargeBinary, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
-from floom.store.models import StoredText, UTCDateTime, Words, utcnow
+from floom.store.models import UTCDateTime, Words, utcnow
 from floom.vocabulary import TriggerKind
 
 
@@ -26,7 +26,7 @@ class Trigger(SQLModel, table=True):
     kind: TriggerKind = Field(sa_type=Words(TriggerKind, 16))
     key: str = Field(max_length=64)
     position: int = 0
-    config_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
+    config_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     paused: bool = False
     # The latest scheduled time handled (fired, skipped or recorded as missed).
     last_fire_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
@@ -71,11 +71,11 @@ class WebhookDelivery(SQLModel, table=True):
     delivery_key: str = Field(max_length=200)
     signature_digest: str | None = Field(default=None, max_length=64)
     event: str | None = Field(default=None, max_length=200)
-    headers_json: str = Field(default="{}", sa_column=Column(StoredText, nullable=False))
+    headers_json: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     body: bytes = Field(default=b"", sa_column=Column(LargeBinary, nullable=False))
     content_type: str = Field(default="", max_length=200)
     received_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     run_id: str | None = Field(default=None, max_length=40)
     outcome: str = Field(max_length=24)  # run, paused, input_invalid, unmatched
-    message: str | None = Field(default=None, sa_column=Column(StoredText))
+    message: str | None = Field(default=None, sa_column=Column(Text))
     replay_count: int = 0

@@ -17,7 +17,7 @@ from floom.store.blobs.logs import cached_log, decode_log
 from floom.store.blobs.rows import read_blob
 from floom.store.blobs.tables import RunLog
 from floom.store.db import Writer, on_postgres, session_scope
-from floom.store.models import RunEvent, storable, utcnow
+from floom.store.models import RunEvent, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -50,15 +50,13 @@ def append_events(
         return
     statements = _event_statements()
     now = utcnow()
-    # `storable` here as well as in the column's type: PostgreSQL's batch below binds the
-    # lines as an array, which the column's type does not see.
     rows = [
         {
             "run_id": run_id,
             "attempt": attempt,
             "ts": ts or now,
             "stream": stream,
-            "line": storable(line),
+            "line": line,
         }
         for stream, line, ts in lines
     ]

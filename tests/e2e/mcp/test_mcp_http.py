@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from floom.config import Settings
 from floom.mcp.http import transport_security
+from floom.mcp.tools import core as mcp_core
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
 from floom.store.agents import Approval
@@ -467,13 +468,16 @@ TICKER_PY = """\
 import time
 for i in range(1, 6):
     print(f"tick {i}", flush=True)
-    time.sleep(1.2)
+    time.sleep(0.4)
 """
 
 
 def test_watch_run_sends_progress_to_a_client_that_asks_for_it(
-    server: LiveServer, api: httpx.Client, tmp_path: Path
+    server: LiveServer, api: httpx.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Progress every 0.5 s instead of 2 s: a 2 s run is then heard several times, as a 6 s one
+    # was at the real interval.
+    monkeypatch.setattr(mcp_core, "PROGRESS_EVERY_SECONDS", 0.5)
     deploy_folder(api, make_worker(tmp_path / "ticker", "name: ticker\n", {"run.py": TICKER_PY}))
     run_id = api.post("/api/v1/workers/ticker/runs", json={}).json()["id"]
     heard: list[tuple[float, float | None, str | None]] = []
