@@ -145,7 +145,7 @@ def _check_builtin(item: Mapping[Any, Any], path: str, out: list[Problem]) -> li
     _unknown_keys(item, allowed, path, out)
     _check_approval(item.get("approval"), f"{path}.approval", out)
     name = item.get("name") or builtin
-    if not isinstance(name, str) or not TOOL_NAME.match(name):
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
         out.append(
             Problem(
                 f"{path}.name",
@@ -166,7 +166,7 @@ def _check_builtin(item: Mapping[Any, Any], path: str, out: list[Problem]) -> li
         else:
             for j, d in enumerate(domains):
                 text = str(d).lower()
-                if not isinstance(d, str) or not (DOMAIN.match(text) or _IPV6.match(text)):
+                if not isinstance(d, str) or not (DOMAIN.fullmatch(text) or _IPV6.fullmatch(text)):
                     out.append(
                         Problem(
                             f"{path}.allow_domains[{j}]",
@@ -227,7 +227,7 @@ def _check_source(
             out.append(Problem(f"{where}.app", "required: the Composio toolkit", "e.g. app: gmail"))
         return [t for t in tools if t != "*"]
     name = settings.get("name")
-    if not isinstance(name, str) or not SERVER_NAME.match(name):
+    if not isinstance(name, str) or not SERVER_NAME.fullmatch(name):
         out.append(
             Problem(
                 f"{where}.name",
@@ -254,7 +254,7 @@ def _check_source(
             )
         )
     secret = settings.get("auth_secret")
-    if secret is not None and (not isinstance(secret, str) or not SECRET_NAME.match(secret)):
+    if secret is not None and (not isinstance(secret, str) or not SECRET_NAME.fullmatch(secret)):
         out.append(
             Problem(
                 f"{where}.auth_secret",

@@ -84,7 +84,7 @@ def _check_live_tools(raw: Any, doc: Mapping[Any, Any], out: list[Problem]) -> N
             gated.add(spec.name)
     for i, name in enumerate(raw):
         path = f"replay.live_tools[{i}]"
-        if not isinstance(name, str) or not TOOL_NAME.match(name):
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
             out.append(Problem(path, f"{name!r} is not a tool name"))
         elif name in gated:
             hint = "tools that need approval are answered only from the recording"

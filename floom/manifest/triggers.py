@@ -213,7 +213,7 @@ def _check_webhook(
 ) -> WebhookSpec | None:
     signature = _choice(settings, "signature", SIGNATURE_KINDS, "standard", path, out)
     secret = settings.get("secret")
-    if not isinstance(secret, str) or not _SECRET_NAME.match(secret):
+    if not isinstance(secret, str) or not _SECRET_NAME.fullmatch(secret):
         message = "required" if secret is None else f"{secret!r} is not a secret name"
         hint = "the name of a floom secret holding the signing key, e.g. secret: GH_HOOK_SECRET"
         out.append(_problem(f"{path}.secret", message, hint))
@@ -240,7 +240,7 @@ def _check_callback_origins(raw: Any, path: str, out: list[Problem]) -> list[str
     origins: list[str] = []
     for i, origin in enumerate(raw):
         found = callback_origin(origin) if isinstance(origin, str) else None
-        if found is None or not _ORIGIN.match(origin):
+        if found is None or not _ORIGIN.fullmatch(origin):
             shown = origin[:80] if isinstance(origin, str) else type(origin).__name__
             out.append(_problem(f"{path}[{i}]", f"{shown!r} is not an http(s) origin", hint))
             continue
@@ -252,7 +252,7 @@ def _check_composio(
     settings: dict[str, Any], path: str, inputs: Mapping[str, Any], out: list[Problem]
 ) -> ComposioSpec | None:
     event = settings.get("event")
-    if not isinstance(event, str) or not _SLUG.match(event.upper()):
+    if not isinstance(event, str) or not _SLUG.fullmatch(event.upper()):
         message = "required" if event is None else f"{event!r} is not a Composio trigger slug"
         out.append(_problem(f"{path}.event", message, "e.g. event: GITHUB_COMMIT_EVENT"))
         return None
@@ -265,7 +265,7 @@ def _check_composio(
         filters = {}
     for key, value in filters.items():
         values = value if isinstance(value, list) else [value]
-        if not _PATH.match(str(key)) or any(isinstance(v, dict | list) for v in values):
+        if not _PATH.fullmatch(str(key)) or any(isinstance(v, dict | list) for v in values):
             out.append(
                 _problem(
                     f"{path}.filters.{key}",
@@ -275,7 +275,7 @@ def _check_composio(
             )
     callback = settings.get("callback_url")
     if callback is not None and (
-        not isinstance(callback, str) or not re.match(r"^https?://[^\s]+$", callback)
+        not isinstance(callback, str) or not re.fullmatch(r"^https?://[^\s]+$", callback)
     ):
         hint = "e.g. callback_url: https://ci.example.com/floom-done"
         out.append(_problem(f"{path}.callback_url", "must be an http(s) URL", hint))
@@ -302,7 +302,7 @@ def _check_event_delivery(
         where = f"{path}.inputs.{name}"
         if name not in inputs:
             out.append(_problem(where, f"'{name}' is not a declared input", "declare it first"))
-        elif not isinstance(field_path, str) or not _PATH.match(field_path):
+        elif not isinstance(field_path, str) or not _PATH.fullmatch(field_path):
             out.append(
                 _problem(where, "must be a field path of the body", "e.g. repository.full_name")
             )

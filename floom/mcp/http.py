@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
+import anyio
+import anyio.to_thread
 from fastapi import FastAPI
 from mcp.server.mcpserver import Context
 from mcp.server.transport_security import (
@@ -17,14 +19,16 @@ from mcp.server.transport_security import (
     TransportSecuritySettings,
 )
 from starlette.requests import Request
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
-from floom.api.auth import authenticate_request
+from floom.api.auth import authenticate_request, bearer_token
 from floom.api.errors import error_response, floom_error_response
+from floom.api.routes.runs import SSE_RECHECK_SECONDS
 from floom.config import Settings
 from floom.errors import FloomError, Unauthorized
 from floom.mcp.backends.local import CatalogSource, LocalBackend
 from floom.mcp.server import FloomMCPServer
+from floom.services.access import keys
 from floom.services.access.principal import Principal
 from floom.services.runs import waits as run_waits
 from floom.store.models import ApiKey
@@ -143,8 +147,9 @@ class _Guard:
             await response(scope, receive, send)
             return
         scope.setdefault("state", {})[KEY_STATE] = key
+        token = bearer_token(request)
         if request.method != "GET":
-            await self.endpoint.server.session_manager.handle_request(scope, receive, send)
+            await self._serve_while_key_holds(scope, receive, send, token)
             return
         # A GET opens a session's event stream, held until the client leaves: it counts
         # against the key's open streams, as a log stream does.
@@ -155,4 +160,42 @@ class _Guard:
             await floom_error_response(exc, surface="mcp")(scope, receive, send)
             return
         with held:
-            await self.endpoint.server.session_manager.handle_request(scope, receive, send)
+            await self._serve_while_key_holds(scope, receive, send, token)
+
+    async def _serve_while_key_holds(
+        self, scope: Scope, receive: Receive, send: Send, token: str | None
+    ) -> None:
+        """Serve a request until it is answered, the client leaves, or the key it came with
+        no longer holds: asked every SSE_RECHECK_SECONDS, as the log streams do. Most
+        requests are answered sooner; two kinds last: a session's GET event stream
+        (handshake-era clients) and a `subscriptions/listen` POST (2026-07-28 clients), each
+        held open for as long as the client listens. An answer cut so is ended in good form,
+        and the client's next request is refused by the key check."""
+        ctx = self.endpoint.app.state.ctx
+        started = finished = revoked = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started, finished
+            if message["type"] == "http.response.start":
+                started = True
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                finished = True
+            await send(message)
+
+        async def recheck(cancel: anyio.CancelScope) -> None:
+            nonlocal revoked
+            while True:
+                await anyio.sleep(SSE_RECHECK_SECONDS)
+                try:
+                    await anyio.to_thread.run_sync(keys.authenticate, ctx, token)
+                except FloomError:
+                    revoked = True
+                    cancel.cancel()
+                    return
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(recheck, tasks.cancel_scope)
+            await self.endpoint.server.session_manager.handle_request(scope, receive, tracked)
+            tasks.cancel_scope.cancel()
+        if revoked and started and not finished:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

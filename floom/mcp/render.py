@@ -19,6 +19,7 @@ from floom.schemas.runs import (
 )
 from floom.schemas.triggers import TriggerPublic
 from floom.schemas.workers import ValidationResult, VersionPublic, WorkerPublic
+from floom.services import paging
 from floom.services.runs.rules import ACTIVE as ACTIVE_STATUSES
 from floom.services.runs.rules import FAILED, LIMIT_EXCEEDED, TIMED_OUT, WAITING
 from floom.vocabulary import ApprovalStatus
@@ -173,7 +174,7 @@ def waiting_text(run: RunPublic) -> str:
 
 def page_of(items: list[T], cursor: str | None, limit: int) -> tuple[list[T], str | None]:
     """One page of a list the backend returns whole; the cursor is the next item's index."""
-    start = int(cursor) if cursor and cursor.isdigit() else 0
+    start = paging.number_cursor(cursor, most=10**6) or 0
     end = start + limit
     return items[start:end], str(end) if end < len(items) else None
 

@@ -66,7 +66,7 @@ def normalise(expr: str) -> str:
         )
     for name, field, words in zip(_FIELD_NAMES, fields, _WORDS, strict=True):
         letters = re.findall(r"[a-z]+", field.lower())
-        if not _FIELD_CHARS.match(field) or any(w not in words for w in letters):
+        if not _FIELD_CHARS.fullmatch(field) or any(w not in words for w in letters):
             raise CronError(f"the {name} field '{field}' is not valid cron")
     trigger(text)
     return text

@@ -146,7 +146,7 @@ def parse_duration(value: Any) -> float:
         raise ValueError(value)
     if isinstance(value, int | float):
         return float(value)
-    match = _DURATION.match(str(value))
+    match = _DURATION.fullmatch(str(value))
     if not match:
         raise ValueError(value)
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]

@@ -6,7 +6,6 @@ import contextlib
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from floom.errors import InvalidRequest
 from floom.schemas.common import Page
 from floom.schemas.workers import (
     RECENT_RUNS,
@@ -23,6 +22,7 @@ from floom.schemas.workers import (
     WorkerPublic,
     WorkerStatePublic,
 )
+from floom.services import paging
 from floom.services.access import secrets
 from floom.services.access.principal import Principal
 from floom.services.context import Context
@@ -166,14 +166,7 @@ def worker_state_public(
 def state_version_page(
     ctx: Context, *, name: str, cursor: str | None = None, limit: int = 50, caller: Principal
 ) -> Page[StateVersionPublic]:
-    before = None
-    if cursor is not None:
-        if not cursor.isdigit():
-            raise InvalidRequest(
-                f"cursor {cursor!r} is not a state version",
-                hint="pass the next_cursor of the previous page",
-            )
-        before = int(cursor)
+    before = paging.number_cursor(cursor, most=worker_state.MAX_VERSION)
     _, rows, next_before = worker_state.list_versions(
         ctx, worker_name=name, before=before, limit=limit, caller=caller
     )

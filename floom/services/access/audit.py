@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import InvalidRequest
+from floom.services import paging
 from floom.services.access.principal import Principal
 from floom.store.audit import AuditEvent
 from floom.store.db import session_scope
@@ -79,14 +79,13 @@ def list_events(
     """Newest first; `cursor` is the id of the last event of the previous page. The trail
     names keys and what they did, so reading it needs the admin scope."""
     caller.require("admin")
-    if not 1 <= limit <= 500:
-        raise InvalidRequest("limit must be between 1 and 500", hint="use the cursor to page")
+    paging.check_limit(limit)
     q = select(AuditEvent).order_by(col(AuditEvent.id).desc()).limit(limit + 1)
     if type:
         q = q.where(AuditEvent.type == type)
     if subject:
         q = q.where(AuditEvent.subject == subject)
-    if cursor:
+    if cursor := paging.id_cursor(cursor, prefix="aud"):
         q = q.where(AuditEvent.id < cursor)
     with session_scope(ctx.engine) as s:
         rows = list(s.exec(q).all())

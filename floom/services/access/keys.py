@@ -14,6 +14,7 @@ from sqlmodel import Session, col, select
 
 from floom.errors import InvalidRequest, NotFound, Unauthorized
 from floom.hints import act, told
+from floom.services import names
 from floom.services.access.principal import SCOPES, SYSTEM, Principal, grants
 from floom.store import signals
 from floom.store.db import on_postgres, session_scope
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from floom.services.context import Context
 
 KEY_PREFIX = "flm_"
+# As the api_keys table holds it.
+MAX_NAME_CHARS = 128
 
 log = logging.getLogger("floom.keys")
 
@@ -54,6 +57,7 @@ def create_key(
     Needs the admin scope (checked again in the inserting transaction)."""
     caller.require("admin")
     check_scopes(scopes)
+    names.check_text_name(name, field="name", most=MAX_NAME_CHARS)
     with session_scope(ctx.engine, write=True) as s:
         return add_key(s, scopes=scopes, name=name, token=token, agent_id=agent_id, caller=caller)
 

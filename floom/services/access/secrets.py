@@ -89,7 +89,7 @@ class SecretBox:
 def check_name(name: str) -> None:
     """Raise InvalidRequest for a name that is not one, SecretNameRefused for a name that
     would change how the run's programs load or run (floom/sandbox/env_names.py)."""
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise InvalidRequest(
             f"'{quoted(name)}' is not a valid secret name",
             hint="use upper-case letters, digits and underscores, e.g. GITHUB_TOKEN",

@@ -14,6 +14,7 @@ from sqlmodel import col, select
 
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.hints import act, told
+from floom.services import paging
 from floom.services.access.principal import Principal
 from floom.services.alerts import incidents
 from floom.services.alerts.channels import Channel, get_channel
@@ -155,6 +156,7 @@ def list_deliveries(
 ) -> tuple[list[Delivery], str | None]:
     """Newest first; `cursor` is the last id of the previous page. Needs the read scope."""
     caller.require("read")
+    paging.check_limit(limit)
     for name, value, allowed in (("status", status, STATUSES), ("purpose", purpose, PURPOSES)):
         if value is not None and value not in allowed:
             raise InvalidRequest(f"unknown {name} '{value}'", hint=f"one of {', '.join(allowed)}")
@@ -167,7 +169,7 @@ def list_deliveries(
         query = query.where(Delivery.channel_name == channel)
     if run_id:
         query = query.where(Delivery.run_id == run_id)
-    if cursor:
+    if cursor := paging.id_cursor(cursor, prefix="dlv"):
         query = query.where(col(Delivery.id) < cursor)
     with session_scope(ctx.engine) as s:
         rows = list(s.exec(query.order_by(col(Delivery.id).desc()).limit(limit + 1)).all())

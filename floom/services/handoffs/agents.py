@@ -15,6 +15,7 @@ from sqlmodel import Session, col, select
 
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound, quoted
 from floom.hints import act, told
+from floom.services import names
 from floom.services.access import keys
 from floom.services.access.principal import Principal
 from floom.store.db import session_scope
@@ -131,7 +132,7 @@ def find_role(s: Session, ref: str, *, active: bool = True) -> Role:
 
 
 def _check_role_name(name: str) -> str:
-    if not isinstance(name, str) or not ROLE_NAME.match(name):
+    if not isinstance(name, str) or not ROLE_NAME.fullmatch(name):
         shown = quoted(name) if isinstance(name, str) else type(name).__name__
         raise InvalidRequest(f"'{shown}' is not a valid role name", hint=ROLE_HINT)
     return name
@@ -237,6 +238,7 @@ def _check_label(label: str) -> str:
         raise InvalidRequest(
             "an agent needs a label of 1 to 128 characters", hint="e.g. claude-laptop"
         )
+    names.check_text_name(label, field="label", most=128)
     if label.strip().startswith(WORKER_PREFIX):
         raise InvalidRequest(
             f"labels starting with '{WORKER_PREFIX}' are floom's own",
@@ -255,6 +257,11 @@ def _set_roles(s: Session, agent_id: str, roles: list[str]) -> list[Role]:
     return sorted(found.values(), key=lambda r: r.name)
 
 
+def _key_name(label: str) -> str:
+    # A key's name holds 128 characters, a label as many: the key names the agent in short.
+    return f"agent {label}"[: keys.MAX_NAME_CHARS]
+
+
 def create_agent(
     ctx: Context,
     *,
@@ -270,7 +277,11 @@ def create_agent(
     caller.require("admin")
     scopes = scopes or ["run"]
     keys.check_scopes(scopes)
-    agent = Agent(id=new_id("agt"), label=_check_label(label), tool_family=tool_family[:40])
+    agent = Agent(
+        id=new_id("agt"),
+        label=_check_label(label),
+        tool_family=names.check_text_name(tool_family, field="tool_family", most=40),
+    )
     try:
         with session_scope(ctx.engine, write=True) as s:
             caller.require_in(s, "admin")
@@ -278,7 +289,7 @@ def create_agent(
             s.flush()
             held = _set_roles(s, agent.id, roles)
             key, token = keys.add_key(
-                s, scopes=scopes, name=f"agent {agent.label}", agent_id=agent.id, caller=caller
+                s, scopes=scopes, name=_key_name(agent.label), agent_id=agent.id, caller=caller
             )
     except IntegrityError as exc:
         raise Conflict(f"an agent labelled '{label}' exists", hint="pick another label") from exc
@@ -299,7 +310,7 @@ def create_agent_key(
         if found.retired_at is not None:
             raise Conflict(f"agent '{found.label}' is retired", hint="create a new agent instead")
         key, token = keys.add_key(
-            s, scopes=scopes, name=f"agent {found.label}", agent_id=found.id, caller=caller
+            s, scopes=scopes, name=_key_name(found.label), agent_id=found.id, caller=caller
         )
     return key, token
 
@@ -345,7 +356,7 @@ def update_agent(
             if label is not None:
                 found.label = _check_label(label)
             if tool_family is not None:
-                found.tool_family = tool_family[:40]
+                found.tool_family = names.check_text_name(tool_family, field="tool_family", most=40)
             s.add(found)
             if roles is not None:
                 _set_roles(s, found.id, roles)

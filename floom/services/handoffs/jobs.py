@@ -18,6 +18,7 @@ from sqlmodel import Session, col, select
 from floom import jsonvalues
 from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound, quoted
 from floom.hints import act, told
+from floom.services import paging
 from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, find_agent, find_role
@@ -205,8 +206,7 @@ def list_jobs(
             raise InvalidRequest(
                 f"unknown status '{st}'", hint=f"one of {', '.join(rules.STATUSES)}"
             )
-    if not 1 <= limit <= 500:
-        raise InvalidRequest("limit must be between 1 and 500", hint="use the cursor to page")
+    paging.check_limit(limit)
     q = select(Job).order_by(col(Job.id).desc()).limit(limit + 1)
     clause = visible_clause(who)
     if clause is not None:
@@ -215,7 +215,7 @@ def list_jobs(
         q = q.where(col(Job.status).in_(statuses))
     if my_roles:
         q = q.where(col(Job.target_role_id).in_(who.role_ids))
-    if cursor:
+    if cursor := paging.id_cursor(cursor, prefix="job"):
         q = q.where(col(Job.id) < cursor)
     with session_scope(ctx.engine) as s:
         if role:

@@ -18,6 +18,7 @@ from floom import jsonvalues
 from floom.errors import Conflict, InvalidRequest, NotFound, RunErrorCode
 from floom.hints import act, told
 from floom.hints import cli as cli_hints
+from floom.services import paging
 from floom.services.access.principal import Principal
 from floom.services.runs.agent import replace_artifacts, stage_artifacts
 from floom.services.runs.logs import system_event
@@ -149,8 +150,7 @@ def list_approvals(
             f"unknown approval status '{status}'",
             hint=f"one of {', '.join(APPROVAL_STATUSES)}, or all",
         )
-    if not 1 <= limit <= 500:
-        raise InvalidRequest("limit must be between 1 and 500", hint="use the cursor to page")
+    paging.check_limit(limit)
     q = select(Approval).order_by(col(Approval.id)).limit(limit + 1)
     if status is not None:
         q = q.where(Approval.status == status)
@@ -158,7 +158,7 @@ def list_approvals(
         q = q.where(Approval.run_id == run_id)
     if worker:
         q = q.where(Approval.worker_name == worker)
-    if cursor:
+    if cursor := paging.id_cursor(cursor, prefix="apr"):
         q = q.where(Approval.id > cursor)
     with session_scope(ctx.engine) as s:
         rows = list(s.exec(q).all())

@@ -26,6 +26,7 @@ from floom.errors import (
     WorkerPaused,
 )
 from floom.hints import act, told
+from floom.services import paging
 from floom.services.access.principal import Principal
 from floom.services.ops import nodes
 from floom.services.runs import agent as agent_runs
@@ -467,8 +468,7 @@ def list_runs(
     caller.require("read")
     if status and status not in STATUSES:
         raise InvalidRequest(f"unknown status '{status}'", hint=f"one of {', '.join(STATUSES)}")
-    if not 1 <= limit <= 500:
-        raise InvalidRequest("limit must be between 1 and 500", hint="use the cursor to page")
+    paging.check_limit(limit)
     q = select(Run).order_by(col(Run.id).desc()).limit(limit + 1)
     if worker:
         q = q.where(Run.worker_name == worker)
@@ -476,7 +476,7 @@ def list_runs(
         q = q.where(Run.status == status)
     if trigger:
         q = q.where(Run.trigger == trigger)
-    if cursor:
+    if cursor := paging.id_cursor(cursor, prefix="run"):
         q = q.where(Run.id < cursor)
     if created_after:
         q = q.where(col(Run.created_at) >= created_after)

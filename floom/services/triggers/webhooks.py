@@ -26,6 +26,7 @@ from floom.errors import (
     quoted,
 )
 from floom.hints import act, told
+from floom.services import paging
 from floom.services.access import principal, secrets
 from floom.services.alerts import callbacks
 from floom.services.runs import lifecycle as runs
@@ -389,13 +390,14 @@ def list_deliveries(
     """A worker's deliveries, newest first; `cursor` is the last id of the previous page.
     Needs the read scope."""
     workers.get_worker(ctx, name=worker_name, caller=caller)
+    paging.check_limit(limit)
     q = (
         select(WebhookDelivery)
         .where(WebhookDelivery.worker_name == worker_name)
         .order_by(col(WebhookDelivery.id).desc())
         .limit(limit + 1)
     )
-    if cursor:
+    if cursor := paging.id_cursor(cursor, prefix="dlv"):
         q = q.where(col(WebhookDelivery.id) < cursor)
     with session_scope(ctx.engine) as s:
         rows = list(s.exec(q).all())

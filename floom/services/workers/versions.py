@@ -19,6 +19,7 @@ from floom.hints import act, told
 from floom.manifest.load import check_manifest, manifest_invalid, parse_manifest
 from floom.manifest.schema import Manifest, Problem
 from floom.sandbox import configuration_problem
+from floom.services import paging
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.alerts.channels import trigger_callback_problems
 from floom.services.triggers.registry import sync_triggers
@@ -289,9 +290,10 @@ def list_workers(
 ) -> tuple[list[Worker], str | None]:
     """Workers by name; `cursor` is the last name of the previous page. Needs the read scope."""
     caller.require("read")
+    paging.check_limit(limit)
     with session_scope(ctx.engine) as s:
         q = select(Worker).order_by(Worker.name).limit(limit + 1)
-        if cursor:
+        if cursor := paging.name_cursor(cursor):
             q = q.where(Worker.name > cursor)
         rows = list(s.exec(q).all())
     next_cursor = rows[limit - 1].name if len(rows) > limit else None
