@@ -29,11 +29,14 @@ _RET_ERRNO: Final = 0x00050000
 _X32_SYSCALL_BIT: Final = 0x40000000
 
 # Syscalls a script worker never needs and that widen the kernel's attack surface or reach
-# outside the sandbox: async I/O rings, tracing other processes, kernel keyrings, eBPF,
+# outside the sandbox: async I/O rings and contexts (io_setup takes its events from one
+# machine-wide pool, fs.aio-max-nr, that no cgroup bounds: one run could take it all), tracing
+# other processes, kernel keyrings, eBPF,
 # perf events, mounts and namespaces (bubblewrap has finished with them before the filter
 # applies), kernel modules, and machine-wide switches.
 _NAMES: Final = """
     io_uring_setup io_uring_enter io_uring_register
+    io_setup io_destroy io_submit io_cancel io_getevents io_pgetevents
     ptrace process_vm_readv process_vm_writev kcmp pidfd_getfd
     kexec_load kexec_file_load
     keyctl add_key request_key
@@ -61,6 +64,12 @@ _GENERIC_NEW: Final = {
 }
 _X86_64: Final = {
     **_GENERIC_NEW,
+    "io_setup": 206,
+    "io_destroy": 207,
+    "io_getevents": 208,
+    "io_submit": 209,
+    "io_cancel": 210,
+    "io_pgetevents": 333,
     "ptrace": 101,
     "syslog": 103,
     "pivot_root": 155,
@@ -92,6 +101,12 @@ _X86_64: Final = {
 }
 _AARCH64: Final = {
     **_GENERIC_NEW,
+    "io_setup": 0,
+    "io_destroy": 1,
+    "io_submit": 2,
+    "io_cancel": 3,
+    "io_getevents": 4,
+    "io_pgetevents": 292,
     "umount2": 39,
     "mount": 40,
     "pivot_root": 41,
