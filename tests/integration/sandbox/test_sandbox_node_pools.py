@@ -1,4 +1,4 @@
-"""A hostile run against what the node has only one of: kernel pools counted machine-wide,
+"""A hostile run against what the node has only one of: kernel pools counted machine-wide
 which no cgroup of the run bounds. Each is refused or bounded per run, cold and warm, so one
 run cannot take what every other sandbox (and container) on the node needs."""
 
@@ -98,3 +98,32 @@ def test_a_run_holds_at_most_its_own_share_of_the_machine_s_ptys(
     assert seen["ptys"] == PTYS_PER_RUN  # a run still gets ptys, up to its own limit
     assert seen["failed"] == "No space left on device"
     assert seen["listed"] == PTYS_PER_RUN + 1  # its own, and ptmx: an instance of its own
+
+
+HUGE_PAGES = """
+import errno, json, mmap, os
+seen = {}
+def tried(name, call):
+    try:
+        call()
+        seen[name] = "ok"
+    except OSError as exc:
+        seen[name] = errno.errorcode[exc.errno]
+anonymous = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+tried("mmap", lambda: mmap.mmap(-1, 2 << 20, flags=anonymous))
+tried("mmap-hugetlb", lambda: mmap.mmap(-1, 2 << 20, flags=anonymous | 0x40000))
+tried("memfd", lambda: os.close(os.memfd_create("plain")))
+tried("memfd-hugetlb", lambda: os.close(os.memfd_create("huge", os.MFD_HUGETLB)))
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="by number")
+def test_a_run_cannot_take_the_machine_s_huge_pages(sandbox: Sandbox, tmp_path: Path) -> None:
+    """Huge pages come from a machine-wide pool (vm.nr_hugepages) that the run's memory
+    cgroup does not count: with 8 set aside, a run's mmap(MAP_HUGETLB) took them, and an
+    overcommitted one would pass its memory limit. Refused with EPERM, ordinary pages not."""
+    result, seen = run(sandbox, tmp_path, HUGE_PAGES)
+
+    assert result.exit_code == 0, seen
+    assert seen == {"mmap": "ok", "mmap-hugetlb": "EPERM", "memfd": "ok", "memfd-hugetlb": "EPERM"}
