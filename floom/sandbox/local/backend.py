@@ -39,6 +39,7 @@ from floom.sandbox.local import cgroups, limits, seccomp
 from floom.sandbox.local.disks import READY as DISKS_READY
 from floom.sandbox.local.disks import Disks, RunDisk
 from floom.sandbox.local.identity import (
+    STAGE_PTYS,
     IdentityUnavailable,
     SandboxIdentity,
     sandbox_identity,
@@ -665,6 +666,9 @@ def _argv(
 ) -> list[str]:
     memory = str(spec.memory_mb * 1024 * 1024)
     argv = [*prefix]
+    if identity.switched:
+        # The run's own devpts, with a `max` (identity.STAGE_PTYS), over bubblewrap's.
+        argv += ("--dev-bind", STAGE_PTYS, "/dev/pts")
     argv += ("--size", memory, "--tmpfs", "/dev/shm", "--remount-ro", "/dev")
     argv += ("--size", memory, "--tmpfs", "/tmp")
     work, output = identity.bind_sources(spec.workdir, spec.output_dir)

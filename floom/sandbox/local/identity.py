@@ -24,6 +24,7 @@ from floom.errors import FloomError
 from floom.sandbox.local import standby
 from floom.sandbox.local.ns_mount import Mount
 from floom.sandbox.local.uid_pool import UidRange
+from floom.sandbox.local.warm.inside import DEVPTS_OPTIONS
 
 STAGE_DIR: Final = Path("/run/floom-sandbox")
 """The stage: root's directory of empty mount points, world-traversable. A launcher serves one
@@ -31,13 +32,16 @@ run, in a mount namespace of its own: the run's directories are bound onto the s
 names there, and the host's stay empty."""
 STAGE_WORK: Final = f"{STAGE_DIR}/work"
 STAGE_OUTPUT: Final = f"{STAGE_DIR}/output"
+STAGE_PTYS: Final = f"{STAGE_DIR}/pts"
+"""The run's own devpts instance, which bubblewrap binds over the one its --dev made: that
+one has no `max`, and ptys are counted machine-wide (warm/inside.py, PTYS_PER_RUN)."""
 # Characters that overlayfs's options would read as separators or escapes: its layers are
 # named by the stage's plain names below, never by a host path (which could hold one, and
 # which the sandbox would read in its mount table).
 _OPTION_SEPARATORS: Final = frozenset(",:\\")
 _PLAIN_FILES: Final = f"{STAGE_DIR}/.files"
 _PLAIN_RUN: Final = f"{STAGE_DIR}/.run"
-_STAGE_POINTS: Final = ("work", "output", ".files", ".run")
+_STAGE_POINTS: Final = ("work", "output", ".files", ".run", "pts")
 OVERLAY_SCRATCH_SUFFIX: Final = ".overlay"
 """The overlay's scratch dir is the work dir's sibling with this suffix."""
 
@@ -141,8 +145,8 @@ class SandboxIdentity:
         - else the run dir (the work dir's parent) bound there.
         Then the work dir bound, or with `files` laid over them (bound at .files) with an
         overlay whose scratch dir is the work dir's sibling (OVERLAY_SCRATCH_SUFFIX), and
-        the output dir bound. Empty when this identity is floom's own: bubblewrap then
-        needs no stage."""
+        the output dir bound, and a devpts instance of the run's own made (STAGE_PTYS).
+        Empty when this identity is floom's own: bubblewrap then needs no stage."""
         if not self.switched:
             if files is not None:
                 raise IdentityUnavailable("a layered work dir needs floom to run as root")
@@ -167,6 +171,7 @@ class SandboxIdentity:
         else:
             assert device is None, "a run's disk holds its output dir"
             mounts.append(Mount.bind(output, STAGE_OUTPUT))
+        mounts.append(Mount.devpts(DEVPTS_OPTIONS, STAGE_PTYS))
         return tuple(mounts)
 
 

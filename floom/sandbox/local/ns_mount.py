@@ -30,6 +30,7 @@ CLONE_FS: Final = 0x00000200
 CLONE_NEWNS: Final = 0x00020000
 MS_NOSUID: Final = 0x2
 MS_NODEV: Final = 0x4
+MS_NOEXEC: Final = 0x8
 MS_BIND: Final = 0x1000
 WAIT_SECONDS: Final = 5.0
 """How long a caller waits for the thread to start on its mounts; after that they are
@@ -39,7 +40,7 @@ abandoned (never made later) and the launcher's script makes them."""
 @dataclass(frozen=True)
 class Mount:
     """One mount(2): an overlay (`fstype` "overlay", its options in `data`), a run's disk
-    (`fstype` "ext4", its device the source) or a bind."""
+    (`fstype` "ext4", its device the source), a devpts instance or a bind."""
 
     source: str
     target: str
@@ -61,6 +62,11 @@ class Mount:
         floom's own mount of it."""
         return cls(device, target, "ext4", MS_NOSUID | MS_NODEV)
 
+    @classmethod
+    def devpts(cls, options: str, target: str) -> Mount:
+        """A devpts instance of its own (its `options` say how many ptys it may hold)."""
+        return cls("devpts", target, "devpts", MS_NOSUID | MS_NOEXEC, options)
+
     def command(self, program: str) -> list[str]:
         """The same mount as a command line of mount(8) at `program`, for a shell to run."""
         if self.fstype is None:
@@ -70,7 +76,7 @@ class Mount:
         return [program, "-t", self.fstype, self.source, "-o", ",".join(options), self.target]
 
 
-_FLAG_NAMES: Final = ((MS_NOSUID, "nosuid"), (MS_NODEV, "nodev"))
+_FLAG_NAMES: Final = ((MS_NOSUID, "nosuid"), (MS_NODEV, "nodev"), (MS_NOEXEC, "noexec"))
 
 
 @dataclass

@@ -29,11 +29,14 @@ _RET_ERRNO: Final = 0x00050000
 _X32_SYSCALL_BIT: Final = 0x40000000
 
 # Syscalls a script worker never needs and that widen the kernel's attack surface or reach
-# outside the sandbox: async I/O rings, tracing other processes, kernel keyrings, eBPF,
+# outside the sandbox: async I/O rings and contexts (io_setup takes its events from one
+# machine-wide pool, fs.aio-max-nr, that no cgroup bounds: one run could take it all), tracing
+# other processes, kernel keyrings, eBPF,
 # perf events, mounts and namespaces (bubblewrap has finished with them before the filter
 # applies), kernel modules, and machine-wide switches.
 _NAMES: Final = """
     io_uring_setup io_uring_enter io_uring_register
+    io_setup io_destroy io_submit io_cancel io_getevents io_pgetevents
     ptrace process_vm_readv process_vm_writev kcmp pidfd_getfd
     kexec_load kexec_file_load
     keyctl add_key request_key
@@ -61,6 +64,12 @@ _GENERIC_NEW: Final = {
 }
 _X86_64: Final = {
     **_GENERIC_NEW,
+    "io_setup": 206,
+    "io_destroy": 207,
+    "io_getevents": 208,
+    "io_submit": 209,
+    "io_cancel": 210,
+    "io_pgetevents": 333,
     "ptrace": 101,
     "syslog": 103,
     "pivot_root": 155,
@@ -92,6 +101,12 @@ _X86_64: Final = {
 }
 _AARCH64: Final = {
     **_GENERIC_NEW,
+    "io_setup": 0,
+    "io_destroy": 1,
+    "io_submit": 2,
+    "io_cancel": 3,
+    "io_getevents": 4,
+    "io_pgetevents": 292,
     "umount2": 39,
     "mount": 40,
     "pivot_root": 41,
@@ -146,6 +161,18 @@ _SOCKET_CALLS: Final = {"x86_64": (41, 53), "aarch64": (198, 199)}
 _CLONE_CALLS: Final = {"x86_64": (56, 435), "aarch64": (220, 435)}
 """clone and clone3, by architecture."""
 _JSET_K: Final = 0x45  # BPF_JMP | BPF_JSET | BPF_K
+# Memory from the machine's huge page pool (vm.nr_hugepages, and its overcommit), which the
+# run's memory cgroup does not count: a run could take every huge page the operator set
+# aside (for PostgreSQL, say), and overcommitted ones past its memory limit. Refused as a
+# class, wherever a flag asks for it: mmap's MAP_HUGETLB, memfd_create's MFD_HUGETLB and
+# shmget's SHM_HUGETLB. By architecture: (syscall number, argument index, flag bits).
+_MAP_HUGETLB: Final = 0x40000
+_MFD_HUGETLB: Final = 0x4
+_SHM_HUGETLB: Final = 0o4000
+_HUGETLB_CALLS: Final = {
+    "x86_64": ((9, 3, _MAP_HUGETLB), (319, 1, _MFD_HUGETLB), (29, 2, _SHM_HUGETLB)),
+    "aarch64": ((222, 3, _MAP_HUGETLB), (279, 1, _MFD_HUGETLB), (194, 2, _SHM_HUGETLB)),
+}
 NAMESPACE_FLAGS: Final = 0x7E020000
 """CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET: clone(2) with any of them
 fails with EPERM under the filter `deny_filter(namespaces=True)` builds."""
@@ -182,6 +209,9 @@ def _deny_filter(machine: str, namespaces: bool = False) -> bytes:
         program.jump_if_at_least(_X32_SYSCALL_BIT, "deny", "next")
     for number in socket_calls:
         program.jump_if(number, "family", "next")
+    hugetlb_calls = _HUGETLB_CALLS[machine]
+    for number, _, _ in hugetlb_calls:
+        program.jump_if(number, f"hugetlb-{number}", "next")
     if namespaces:
         clone, clone3 = _CLONE_CALLS[machine]
         program.jump_if(clone, "clone", "next")
@@ -201,6 +231,12 @@ def _deny_filter(machine: str, namespaces: bool = False) -> bytes:
     program.ret(_RET_ALLOW)
     program.label("no_family")
     program.ret(_RET_ERRNO | errno.EAFNOSUPPORT)
+    for number, argument, bits in hugetlb_calls:
+        # The flags' low 32 bits, all these flags are in.
+        program.label(f"hugetlb-{number}")
+        program.load(_ARGS_OFFSET + 8 * argument)
+        program.jump_if_any(bits, "deny", "next")
+        program.ret(_RET_ALLOW)
     if namespaces:
         # clone(2): its flags are the first argument (low 32 bits hold every CLONE_NEW*).
         program.label("clone")

@@ -40,6 +40,12 @@ RECORD_NAME = ".floom-warm-modules"
 MAX_MESSAGE = 65536
 WORK, OUTPUT = "/work", "/output"
 STAGE = "/run/floom-warm"
+PTYS_PER_RUN = 64
+"""How many pseudo-terminals a run may hold at once. Their count is machine-wide
+(kernel.pty.max, 4096 by default, no cgroup bounds it), so each run gets a devpts instance
+of its own with this `max`: without it, one run could take every pty of every other
+sandbox and container on the node."""
+DEVPTS_OPTIONS = f"newinstance,ptmxmode=0666,mode=620,max={PTYS_PER_RUN}"
 # Refused whatever a cold run loaded: importing them acts (a browser, a window, text, the
 # CPython test suite's autotest running every test). The warm process imports what a run
 # recorded as root, with the capabilities its children need, so what a worker names there
@@ -329,8 +335,8 @@ def _pid_one(chan_fd: int, seccomp: bytes) -> None:
 
 def _setup(request: dict[str, object], fds: list[int]) -> None:
     """Mount the run's dirs (detached mounts floom made of its work and output dirs, or the
-    version's files and the run dir for an overlay), its /tmp and /dev/shm, and set its
-    per-process limits."""
+    version's files and the run dir for an overlay), its /tmp, /dev/shm and /dev/pts, and
+    set its per-process limits."""
     memory = int(request["memory_bytes"])  # type: ignore[call-overload]
     if request.get("overlay"):
         files_fd, run_fd, output_fd = fds
@@ -352,6 +358,8 @@ def _setup(request: dict[str, object], fds: list[int]) -> None:
     _move_mount(output_fd, OUTPUT)
     for target in ("/tmp", "/dev/shm"):
         _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={memory},mode=1777")
+    # Not the warm process's instance, which every run of it would share.
+    _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, DEVPTS_OPTIONS)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     for name, key in (("fsize_bytes", resource.RLIMIT_FSIZE), ("data_bytes", resource.RLIMIT_DATA)):
         value = request.get(name)
