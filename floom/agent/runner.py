@@ -120,6 +120,8 @@ def run_agent(attempt: Attempt) -> Outcome:
             replay=session is not None,
         )
         outcome = loop.run()
+        # As its last checkpoint saved it: its text goes into the log's object at the end.
+        outcome.transcript = loop.t
         outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds
         outcome = attempt.with_state(outcome)
         if session is not None and outcome.state is not None:

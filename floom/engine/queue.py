@@ -55,6 +55,7 @@ from floom.vocabulary import RunStatus
 
 if TYPE_CHECKING:
     from floom.services.context import Context
+    from floom.store.agents import Transcript
 
 log = logging.getLogger("floom.executor")
 
@@ -327,9 +328,12 @@ class Outcome:
     artifacts: list[tuple[str, bytes, str]] = field(default_factory=list)
     # For a worker with `state:`; committed with the run's success (services/workers/state.py).
     state: StateChange | None = None
-    # An agent's attempt: its log stays rows at its end, to move with its record
-    # (services/ops/end_logs.py says why).
+    # An agent's attempt; with the transcript as its loop last saved it, its record (the
+    # transcript's text and its tool calls) goes into its log's object at its end. An agent
+    # attempt without it (it ended before its loop began) records its lines as rows, which
+    # the upload loop moves with its record (services/ops/end_logs.py).
     agent: bool = False
+    transcript: Transcript | None = None
 
 
 def finish_attempt(
@@ -366,11 +370,15 @@ def finish_attempt(
     # the transaction: such ends append their lines as before.
     if (
         status in FINISHED
-        and not outcome.agent
+        and (not outcome.agent or outcome.transcript is not None)
         and (outcome.state is None or outcome.state.new_json is None)
     ):
         end_log = end_logs.stage_end_log(
-            ctx, run=run, closing=[*log_lines, ("system", message, now)], now=now
+            ctx,
+            run=run,
+            closing=[*log_lines, ("system", message, now)],
+            now=now,
+            transcript=outcome.transcript if outcome.agent else None,
         )
     record = partial(
         _record_attempt_end,

@@ -137,7 +137,8 @@ def retention_run(
     out.print(
         Text(
             f"pruned {report.runs_pruned} run(s): {report.log_lines_deleted} log line(s), "
-            f"{report.artifacts_deleted} artifact(s); {report.blobs_deleted} blob(s) reclaimed; "
+            f"{report.artifacts_deleted} artifact(s); {report.blobs_deleted} blob(s) reclaimed, "
+            f"{report.objects_deleted} unreferenced object(s) deleted from the bucket; "
             f"alert history: {report.alert_events_deleted} event(s), "
             f"{report.alert_incidents_deleted} incident(s), "
             f"{report.alert_deliveries_deleted} delivery record(s)"

@@ -4,10 +4,12 @@ it in the very transaction that records the end (engine/queue.finish_attempt).
 
 The object is uploaded before that transaction (as an attempt's artifacts are), so an end
 that is recorded names a log that is already durable, and an end that is not (the node
-stopped, the database away) loses nothing the buffered lines did not lose before. When the
-bucket is away, the run's lines change between the read and the end, or the run is an agent
-run, the end is recorded as before: its lines as rows of run_events, which
-engine/loops/uploads.py moves later.
+stopped, the database away) loses nothing the buffered lines did not lose before; such an
+object, which no row names, is deleted by retention's sweep (objects.sweep_objects). An
+agent run's record (its transcript's text and tool calls) goes into the same object, and
+leaves the database in the same transaction. When the bucket is away or the run's lines
+change between the read and the end, the end is recorded as before: its lines as rows of
+run_events, which engine/loops/uploads.py moves later (with an agent run's record).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from sqlmodel import col
 
 from floom.errors import BlobStoreUnavailable, Conflict
 from floom.services.ops.objects import LogMove, record_moves
-from floom.store.agents import Transcript
+from floom.services.runs import agent as agent_runs
+from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs.base import sha256_of
 from floom.store.blobs.configured import new_blob_store
-from floom.store.blobs.logs import encode_log
+from floom.store.blobs.logs import encode_log, remember_log
 from floom.store.blobs.rows import DATABASE, DELETE, StagedBlob
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import Writer, on_postgres, read_connection
@@ -67,17 +70,23 @@ class EndLog:
 
 
 def stage_end_log(
-    ctx: Context, *, run: Run, closing: Sequence[LogLine], now: datetime
+    ctx: Context,
+    *,
+    run: Run,
+    closing: Sequence[LogLine],
+    now: datetime,
+    transcript: Transcript | None = None,
 ) -> EndLog | None:
     """Read the run's lines in run_events, add `closing` (its last lines, which the end's
-    transaction would append) after them, and upload the whole log as its object. None when
-    new blobs go to the database, the bucket is away, or the run has no line stored yet or
-    a log object already, or is an agent run (its end then records its lines as rows). Call
-    it outside any transaction."""
+    transaction would append) after them, and upload the whole log as its object; for an
+    agent run (`transcript`: as its loop last saved it), with its record (the transcript's
+    text and its tool calls, read with its lines). None when new blobs go to the database,
+    the bucket is away, or the run has no line stored yet or a log object already (its end
+    then records its lines as rows). Call it outside any transaction."""
     store = new_blob_store(ctx.settings, ctx.engine)
     if store.inline or time.monotonic() < _away_until.get(id(store), 0.0):
         return None
-    events = _read_log(ctx, run.id)
+    events, calls = _read_log(ctx, run.id, agent=transcript is not None)
     if not events:
         return None
     last = events[-1].seq
@@ -95,7 +104,8 @@ def stage_end_log(
         )
         for n, (stream, line, ts) in enumerate(closing, 1)
     ]
-    data = encode_log(lines)
+    record = agent_runs.archive_record(transcript, calls) if transcript is not None else None
+    data = encode_log(lines, record)
     sha = sha256_of(data)
     try:
         store.put(sha, data, sha256=sha)
@@ -110,45 +120,54 @@ def stage_end_log(
     except Exception:  # the object only spares the rows: whatever fails, the end keeps them
         log.exception("the log of run %s stays in the database: its upload failed", run.id)
         return None
+    # This node's waiters and followers read the ended run's log and record from here, not
+    # from the bucket (a blob's bytes never change).
+    remember_log(sha, lines, record)
     return EndLog(
         LogMove(
             RunLog(run_id=run.id, digest=sha, lines=len(lines), last_seq=lines[-1].seq),
             StagedBlob(sha, len(data), sha, store.name, b""),
             read=(len(events), last),
             earlier=None,
-            transcript=None,
-            call_ids=[],
+            transcript=transcript,
+            call_ids=[c.id for c in calls],
         )
     )
 
 
-def _read_log(ctx: Context, run_id: str) -> list[RunEvent]:
-    """The run's lines in run_events, in order; none when the run has a log object already
-    (its end then appends rows, which the upload loop merges) or is an agent run. One query:
-    whether it has either is asked beside its lines (each once, not once per line).
+def _read_log(ctx: Context, run_id: str, *, agent: bool) -> tuple[list[RunEvent], list[ToolCall]]:
+    """The run's lines in run_events, in order, and for an agent run its tool calls; no lines
+    when the run has a log object already (its end then appends rows, which the upload loop
+    merges). Whether it has one is asked beside its lines (once, not once per line).
 
-    An agent run's record (its transcript's text and tool calls) moves with its log, which
-    took three more statements at each end (reading them, then the record's read back by
-    the run's waiters); moved by the upload loop, gathered with other runs' logs for half a
-    second, it cost PostgreSQL less (bench_capacity.py, 100 agent runs: 1.16x the database
-    store's CPU a run at the end, 1.06x gathered)."""
+    An agent run's transcript is not read: its loop's copy is the row (checked by its
+    updated_at as the end records it: agent.record_archived). Its record used to move with
+    its log in the upload loop, half a second after its end (gathered with other runs'),
+    which cost four reads and a transaction of its own beside this end's."""
     events_t, logs_t = RunEvent.__table__, RunLog.__table__  # type: ignore[attr-defined]
-    transcripts_t = Transcript.__table__  # type: ignore[attr-defined]
     names = [column.name for column in events_t.c if column.name != "id"]
     earlier = core_select(logs_t.c.digest).where(logs_t.c.run_id == run_id).scalar_subquery()
-    agent = core_select(transcripts_t.c.run_id).where(transcripts_t.c.run_id == run_id).exists()
     events: list[RunEvent] = []
+    calls: list[ToolCall] = []
     with read_connection(ctx.engine) as c:
         for row in c.execute(
-            core_select(
-                *(events_t.c[n] for n in names), earlier.label("earlier"), agent.label("agent")
-            ).where(events_t.c.run_id == run_id)
+            core_select(*(events_t.c[n] for n in names), earlier.label("earlier")).where(
+                events_t.c.run_id == run_id
+            )
         ):
-            if row.earlier is not None or row.agent:
-                return []
+            if row.earlier is not None:
+                return [], []
             events.append(trusted_row(RunEvent, {n: row._mapping[n] for n in names}))
+        if agent and events:
+            calls_t = ToolCall.__table__  # type: ignore[attr-defined]
+            calls = [
+                trusted_row(ToolCall, row._mapping)
+                for row in c.execute(
+                    core_select(calls_t).where(calls_t.c.run_id == run_id).order_by(calls_t.c.seq)
+                )
+            ]
     events.sort(key=attrgetter("seq"))
-    return events
+    return events, calls
 
 
 def record_end_log(s: Writer, end_log: EndLog) -> None:

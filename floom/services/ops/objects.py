@@ -12,6 +12,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from functools import lru_cache
 from itertools import groupby
 from operator import attrgetter
@@ -37,8 +38,9 @@ from floom.store.blobs.rows import (
     insert_blob,
     read_blob,
 )
+from floom.store.blobs.s3 import S3BlobStore
 from floom.store.blobs.tables import PendingBlob, RunLog
-from floom.store.db import Writer, on_postgres, read_connection, session_scope
+from floom.store.db import Writer, on_postgres, read_connection, session_scope, write_connection
 from floom.store.models import Blob, Run, RunEvent, trusted_row, utcnow
 
 if TYPE_CHECKING:
@@ -577,3 +579,79 @@ def object_store_problem(ctx: Context) -> str | None:
     with session_scope(ctx.engine) as s:
         waiting = int(s.exec(select(func.count()).select_from(PendingBlob)).one())
     return f"{waiting} blob(s) wait for the object store" if waiting else None
+
+
+# -- objects no row refers to -----------------------------------------------------------------
+
+# What the sweep writes in the blobs row it holds, uncommitted, while it deletes an object.
+SWEEPING = "sweeping"
+# Objects looked up in the database, then deleted, per transaction by the sweep.
+SWEEP_BATCH = 200
+
+
+def sweep_objects(ctx: Context, *, older_than: datetime) -> int:
+    """Delete from the bucket (FLOOM_S3_BUCKET under FLOOM_S3_PREFIX) the objects written
+    before `older_than` that no blobs row names: uploaded for an end that was never recorded
+    (the node stopped, the database failed before the commit), or left by a move whose
+    delete failed. Returns how many went; 0 without a bucket. Raises BlobStoreUnavailable
+    while the bucket is away (nothing is deleted that was not checked).
+
+    The race with a writer (every writer puts its object, then commits the row naming it):
+    an object put since the listing is either new (not listed) or written again since
+    `older_than` (its date read again below, so it stays). In one write transaction per
+    batch, each candidate's digest is first inserted into the blobs table as a row of this
+    sweep's own (never committed): a digest a committed row names conflicts and is kept,
+    and one that a writer's transaction is inserting makes this INSERT wait for it to end
+    (PostgreSQL's unique index; SQLite's write lock), so a writer that commits a row
+    meanwhile keeps its object. While those rows are held, a writer's INSERT of the same
+    digest waits in turn, until the objects are deleted and the rows given up."""
+    if not ctx.settings.s3_bucket:
+        return 0
+    store = store_at("s3", ctx.settings, ctx.engine)
+    assert isinstance(store, S3BlobStore)
+    old = [digest for digest, written in store.listing() if written < older_than]
+    deleted = 0
+    for i in range(0, len(old), SWEEP_BATCH):
+        deleted += _sweep_batch(ctx, store, old[i : i + SWEEP_BATCH], older_than=older_than)
+    return deleted
+
+
+def _sweep_batch(
+    ctx: Context, store: S3BlobStore, digests: list[str], *, older_than: datetime
+) -> int:
+    blobs = Blob.__table__  # type: ignore[attr-defined]
+    now = utcnow()
+    with write_connection(ctx.engine) as c:
+        if on_postgres(c):
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+        held = [
+            digest
+            for (digest,) in c.execute(
+                insert(blobs)
+                .values(
+                    [
+                        {
+                            "digest": d,
+                            "size": 0,
+                            "data": b"",
+                            "created_at": now,
+                            "location": SWEEPING,
+                            "sha256": None,
+                        }
+                        for d in digests
+                    ]
+                )
+                .on_conflict_do_nothing(index_elements=["digest"])
+                .returning(blobs.c.digest)
+            )
+        ]
+        # Written again since it was listed (a writer storing the same bytes): kept.
+        gone = [d for d in held if (at := store.written_at(d)) is not None and at < older_than]
+        if gone:
+            store.delete(gone)
+            log.info("deleted %d object(s) no blob row names from the bucket", len(gone))
+        if held:
+            c.execute(delete(blobs).where(blobs.c.digest.in_(held), blobs.c.location == SWEEPING))
+    return len(gone)

@@ -1,5 +1,6 @@
 """Retention: finished runs' logs and artifacts go after N days, and blobs nothing refers to
-any more (a retried attempt's artifacts, a purged worker's leftovers) are reclaimed.
+any more (a retried attempt's artifacts, a purged worker's leftovers) are reclaimed, in the
+database and in the bucket (objects no blob row names).
 
 N is FLOOM_RETENTION_DAYS (0: keep forever), or a worker's own `retention_days` in its
 active version's worker.yml, which wins (0 there keeps that worker's runs forever). The run
@@ -23,7 +24,7 @@ from sqlmodel import col, select
 from floom import jsonvalues
 from floom.errors import BlobStoreUnavailable
 from floom.services.alerts.retention import prune_alerts
-from floom.services.ops.objects import drain_pending
+from floom.services.ops.objects import drain_pending, sweep_objects
 from floom.services.runs import rules as run_rules
 from floom.store.blobs.rows import delete_unreferenced_blobs
 from floom.store.blobs.tables import RunLog
@@ -53,6 +54,8 @@ class RetentionReport:
     log_lines_deleted: int = 0
     artifacts_deleted: int = 0
     blobs_deleted: int = 0
+    # Objects in the bucket that no blob row named (an end never recorded, a failed move).
+    objects_deleted: int = 0
     alert_events_deleted: int = 0
     alert_incidents_deleted: int = 0
     alert_deliveries_deleted: int = 0
@@ -122,6 +125,7 @@ def apply_retention(
     report.alert_deliveries_deleted = alerts.deliveries
     report.blobs_deleted += sweep_orphan_blobs(ctx, now=now)
     delete_objects_now(ctx)
+    report.objects_deleted = sweep_orphan_objects(ctx, now=now)
     if any(report.to_dict().values()):
         report.pages_freed = give_back_free_pages(ctx.engine)
     return report
@@ -135,6 +139,17 @@ def delete_objects_now(ctx: Context) -> None:
             pass
     except BlobStoreUnavailable as exc:
         log.warning("objects of reclaimed blobs left for later: %s", exc.message)
+
+
+def sweep_orphan_objects(ctx: Context, *, now: datetime | None = None) -> int:
+    """Delete the bucket's objects older than ORPHAN_GRACE that no blob row names (an
+    upload whose end or move was never recorded); left for the next pass while the bucket
+    is away."""
+    try:
+        return sweep_objects(ctx, older_than=(now or utcnow()) - ORPHAN_GRACE)
+    except BlobStoreUnavailable as exc:
+        log.warning("unreferenced objects left for later: %s", exc.message)
+        return 0
 
 
 def _prune_batch(

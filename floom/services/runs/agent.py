@@ -15,7 +15,7 @@ from floom.errors import LimitExceeded
 from floom.services.access.principal import Principal
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.base import missing
-from floom.store.blobs.logs import CALL_FIELDS, call_values, decode_record
+from floom.store.blobs.logs import CALL_FIELDS, cached_record, call_values, decode_record
 from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, stage_blob
 from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
@@ -316,8 +316,10 @@ def _archived_record(ctx: Context, run_id: str, *, digest: str | None = None) ->
         if archived is None:
             raise missing(what=what, where=f"the log of run {run_id} (no row in run_logs)")
         digest = archived.digest
-    data = read_blob(ctx.settings, ctx.engine, digest, what=what)
-    record = decode_record(run_id, digest, data)
+    record = cached_record(digest)
+    if record is None:
+        data = read_blob(ctx.settings, ctx.engine, digest, what=what)
+        record = decode_record(run_id, digest, data)
     if record is None:
         raise missing(what=what, where=f"the log blob {digest} of run {run_id}")
     return record

@@ -13,7 +13,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -153,6 +154,36 @@ class S3BlobStore(BlobStore):
         except _Absent:
             return None
         return int(answer["ContentLength"])
+
+    def listing(self) -> Iterator[tuple[str, datetime]]:
+        """Every object under floom's prefix that names a blob: its digest and when it was
+        last written (services/ops/objects.sweep_objects), a page of keys at a time."""
+        folder = f"{self.prefix}blobs/"
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": folder}
+        while True:
+            page = self._call(
+                "list_objects_v2", doing=f"list s3://{self.bucket}/{folder}", **params
+            )
+            for item in page.get("Contents", []):
+                digest = item["Key"][len(folder) :]
+                if _DIGEST.fullmatch(digest):
+                    yield digest, item["LastModified"]
+            if not page.get("IsTruncated"):
+                return
+            params["ContinuationToken"] = page["NextContinuationToken"]
+
+    def written_at(self, digest: str) -> datetime | None:
+        """When the object under `digest` was last written, or None when there is none."""
+        try:
+            answer = self._call(
+                "head_object",
+                doing=f"look up {self.describe(digest)}",
+                Bucket=self.bucket,
+                Key=self.key(digest),
+            )
+        except _Absent:
+            return None
+        return answer["LastModified"]  # type: ignore[no-any-return]
 
     def delete(self, digests: Sequence[str]) -> None:
         keys = [self.key(d) for d in digests]

@@ -18,12 +18,15 @@ from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.ops import end_logs
 from floom.services.ops.objects import archive_logs, drain_pending
+from floom.services.runs import agent as agent_runs
 from floom.services.runs.logs import append_events, list_events, system_event
+from floom.store.agents import ToolCall, Transcript
+from floom.store.blobs import logs
 from floom.store.blobs.configured import new_blob_store
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import session_scope
 from floom.store.models import Blob, Run, RunEvent
-from floom.vocabulary import RunStatus
+from floom.vocabulary import RunStatus, ToolCallStatus
 from tests.integration.store.test_log_moves import _Interleaved
 from tests.support.harness import fast_settings
 from tests.support.processes.s3_server import S3Server
@@ -263,3 +266,75 @@ def test_a_line_after_the_end_follows_the_object_and_is_merged_into_a_new_one(
     assert archive_logs(s3_ctx) == 1
     assert _rows(s3_ctx, run.id) == 0
     assert _log(s3_ctx, run.id) == log
+
+
+def _agent_run(ctx: Context) -> tuple[Run, Transcript]:
+    """A claimed agent run as its loop leaves it: its transcript saved, two tool calls."""
+    run = _running(ctx, 2)
+    transcript = Transcript(
+        run_id=run.id,
+        worker_name=run.worker_name,
+        model="m",
+        system="be brief",
+        messages_json='[{"role": "user", "content": "hello"}]',
+    )
+    agent_runs.save_transcript(ctx, transcript)
+    for tool in ("write_file", "read_file"):
+        agent_runs.record_tool_call(
+            ctx, run_id=run.id, attempt=1, tool=tool, arguments={}, status=ToolCallStatus.OK
+        )
+    return run, transcript
+
+
+def test_an_agent_run_s_record_goes_into_its_object_in_the_end_s_transaction(
+    s3_ctx: Context,
+) -> None:
+    """The transcript's text and the tool calls leave the database with the run's lines as
+    its end is recorded, not in a later move of the upload loop; the record reads back."""
+    run, transcript = _agent_run(s3_ctx)
+    outcome = Outcome(status=RunStatus.SUCCEEDED, outputs={}, agent=True, transcript=transcript)
+
+    assert finish_attempt(s3_ctx, run=run, outcome=outcome, backoff=0) == "succeeded"
+
+    assert _rows(s3_ctx, run.id) == 0
+    with session_scope(s3_ctx.engine) as s:
+        row = s.get(Transcript, run.id)
+        assert row is not None
+        assert row.archived
+        assert row.messages_json == ""
+        left = s.exec(select(ToolCall).where(ToolCall.run_id == run.id)).all()
+    assert left == []
+    assert archive_logs(s3_ctx, run_ids=[run.id]) == 0
+    calls = agent_runs.list_tool_calls(s3_ctx, run_id=run.id, caller=SYSTEM)
+    assert [(c.seq, c.tool) for c in calls] == [(1, "write_file"), (2, "read_file")]
+    read = agent_runs.load_transcript(s3_ctx, run_id=run.id, caller=SYSTEM)
+    assert read is not None
+    assert (read.system, read.messages_json) == (transcript.system, transcript.messages_json)
+    # Read from the bucket, not only from this node's cache.
+    logs._cache.clear()
+    read = agent_runs.load_transcript(s3_ctx, run_id=run.id, caller=SYSTEM)
+    assert read is not None
+    assert read.messages_json == transcript.messages_json
+    assert [line for _, line in _log(s3_ctx, run.id)][-1].startswith("succeeded")
+
+
+def test_an_agent_run_whose_transcript_changed_since_its_loop_saved_it_keeps_it(
+    s3_ctx: Context,
+) -> None:
+    """The loop's copy is not the row (a write after its last save): the row keeps its text
+    and the calls their rows; the log still goes into the object."""
+    run, transcript = _agent_run(s3_ctx)
+    stale = transcript.model_copy()
+    transcript.messages_json = '[{"role": "user", "content": "changed"}]'
+    agent_runs.save_transcript(s3_ctx, transcript)
+    outcome = Outcome(status=RunStatus.SUCCEEDED, outputs={}, agent=True, transcript=stale)
+
+    assert finish_attempt(s3_ctx, run=run, outcome=outcome, backoff=0) == "succeeded"
+
+    assert _rows(s3_ctx, run.id) == 0
+    read = agent_runs.load_transcript(s3_ctx, run_id=run.id, caller=SYSTEM)
+    assert read is not None
+    assert not read.archived
+    assert "changed" in read.messages_json
+    calls = agent_runs.list_tool_calls(s3_ctx, run_id=run.id, caller=SYSTEM)
+    assert [c.tool for c in calls] == ["write_file", "read_file"]
