@@ -20,7 +20,7 @@ from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
 from floom.sandbox.local.backend import system_args
 from floom.sandbox.local.warm.inside import RECORD_NAME
 from floom.sandbox.local.warm.pools import WarmPools, WarmSettings, read_record
-from floom.sandbox.local.warm.process import INSIDE
+from floom.sandbox.local.warm.process import INSIDE, WarmUnavailable, pidfd_exit_supported
 from tests.support.rigs.sandboxes import Lines
 from tests.support.rigs.warm import WarmedLocal, warm_script_spec
 
@@ -365,14 +365,63 @@ def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_f
     assert new is not None
     assert new is not old
     assert warm.pools.process_of(old_key) is None
-    deadline = time.monotonic() + 10
-    while old.alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not old.alive()  # the version before has no warm process left
+    with pytest.raises(WarmUnavailable):
+        old.prepare()  # the version before's warm process serves no further run
     (spec.workdir / "go").write_text("")
     thread.join(30)
     assert ended
     assert ended[0].exit_code == 0
+    deadline = time.monotonic() + 10
+    while old.alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not old.alive()  # nor is it left once its last run has ended
+
+
+def _warm_children(warm_pid: int) -> list[dict[str, str]]:
+    """/proc/<pid>/status of each process whose parent is `warm_pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        except OSError:
+            continue
+        if status.get("PPid") == str(warm_pid):
+            found.append(status)
+    return found
+
+
+@pytest.mark.skipif(not pidfd_exit_supported(), reason="the kernel keeps no exit status for pidfds")
+def test_a_warm_run_is_its_warm_process_s_own_child_and_its_exit_code_is_kept(
+    warm: WarmedLocal,
+) -> None:
+    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE + "raise SystemExit(7)\n")
+    key = warm.warm_up(spec)
+    process = warm.pools.process_of(key)
+    assert process is not None
+    started = threading.Event()
+    ended: list[SandboxResult] = []
+    thread = threading.Thread(
+        target=lambda: ended.append(
+            warm.run(
+                spec,
+                on_line=lambda stream, line: started.set() if line == "started" else None,
+                should_cancel=lambda: False,
+            )
+        )
+    )
+    thread.start()
+    assert started.wait(20)
+    # One fork a run: the script is pid 1 of its namespace and the warm process's child,
+    # already without root; no process of the run stays outside its PID namespace.
+    running = [s for s in _warm_children(process.pid) if s["Uid"].split()[0] != "0"]
+    (spec.workdir / "go").write_text("")
+    thread.join(30)
+    assert [s["NSpid"].split()[-1] for s in running] == ["1"]
+    assert ended
+    assert ended[0].exit_code == 7
 
 
 SHARED_AT = 0x7E0000000000

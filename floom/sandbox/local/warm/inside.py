@@ -5,12 +5,13 @@ floom starts this file's source as `python3 -u -B -c SOURCE warm ...` under bubb
 holds the node's system directories and nothing of any run. It imports the modules it was
 given (names floom recorded from a cold run, `record`), refusing any that starts a thread,
 then waits on the control socket floom handed over. Per run floom asks it to prepare a
-child; the child (`_prepare`) joins the run's cgroup, enters new mount, network, IPC, UTS,
-cgroup and PID namespaces and forks the run's pid 1, which makes inherited shared mappings
+child: forked into a new PID namespace (of which it is pid 1), it joins the run's cgroup,
+enters new mount, network, IPC, UTS and cgroup namespaces, makes inherited shared mappings
 private and waits for the run. When the run arrives, pid 1 mounts the run's dirs, drops to
 the run's uid without capabilities, sets no_new_privs and the seccomp filter, and only then
-reads the run's environment and runs its script. The process that joined the cgroup stays
-outside the run's namespaces, reaps pid 1 and reports its status.
+reads the run's environment and runs its script. floom reads pid 1's exit status from its
+pidfd (Linux 6.15+); on older kernels (`direct` false) the child stays outside the run's
+PID namespace instead, forks pid 1, reaps it and reports its status.
 
 `python3 -c SOURCE record run.py ...` runs a script as a cold run does and writes the
 modules of the Python installation it loaded to RECORD_NAME in its working directory.
@@ -153,17 +154,20 @@ def _receive(sock: socket.socket) -> tuple[dict[str, object], list[int]]:
 # -- the warm process ------------------------------------------------------------------------
 
 
-def warm(control_fd: int, modules: list[str], seccomp_hex: str) -> None:
+def warm(control_fd: int, modules: list[str], seccomp_hex: str, *, direct: bool) -> None:
     """Preload `modules`, then serve `prepare` requests on the control socket until floom
-    closes it."""
+    closes it, then wait for the runs it forked to end (`direct`: each run's pid 1 is a
+    child of this process, which must outlive it)."""
     sys.path[:] = [p for p in sys.path if p and os.path.isabs(p)]
     control = socket.socket(fileno=control_fd)
     refused = _preload(modules)
     if refused.startswith("thread:"):
         _send(control, {"refused": refused[len("thread:") :]})
         _exit(3)
-    # The runs' children report to floom themselves; their parent here never waits for them.
+    # The runs' children report to floom themselves, or floom reads their ends from their
+    # pidfds: their parent here never waits for them (the kernel reaps them at once).
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if direct else -1
     # What is imported now, the runs' collections never walk (nor copy, page by page).
     gc.collect()
     gc.freeze()
@@ -175,16 +179,49 @@ def warm(control_fd: int, modules: list[str], seccomp_hex: str) -> None:
         try:
             request, fds = _receive(control)
         except (EOFError, OSError):
-            _exit(0)
+            _await_children()
         if request.get("op") != "prepare" or len(fds) < 3:
             for fd in fds:
                 os.close(fd)
             continue
-        if os.fork() == 0:
+        try:
+            if direct:
+                # The next child is pid 1 of a PID namespace of its own.
+                _check(_libc.unshare(_CLONE_NEWPID), "unshare")
+            pid = os.fork()
+        except OSError as exc:
+            pid = -1
+            _refuse(fds, f"cannot prepare the warm run: {exc}")
+        if pid == 0:
             control.close()
-            _child(fds, seccomp)  # never returns
-        for fd in fds:
-            os.close(fd)
+            _child(fds, seccomp, direct=direct)  # never returns
+        if direct:
+            # This process's children go to its own namespace again: only from there may
+            # it make the next one.
+            _libc.setns(own_pid_ns, _CLONE_NEWPID)
+        if pid > 0:
+            for fd in fds:
+                os.close(fd)
+
+
+def _await_children() -> None:
+    """Exit once every child has ended (with SIGCHLD ignored, wait returns only then)."""
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            _exit(0)
+        except InterruptedError:
+            continue
+
+
+def _refuse(fds: list[int], message: str) -> None:
+    try:
+        _send(socket.socket(fileno=os.dup(fds[0])), {"error": message})
+    except OSError:
+        pass
+    for fd in fds:
+        os.close(fd)
 
 
 def _bounding_set() -> list[int]:
@@ -224,17 +261,20 @@ def _thread_count() -> int:
 # -- one run's child ---------------------------------------------------------------------------
 
 
-def _child(fds: list[int], seccomp: bytes) -> None:
+def _child(fds: list[int], seccomp: bytes, *, direct: bool) -> None:
     """The prepared child: `fds` are its socket to floom, the run's stdout and stderr, then
-    the cgroup.procs files of the run's cgroup. Joins the cgroup, enters the namespaces,
-    forks the run's pid 1, reports, and waits for it."""
+    the cgroup.procs files of the run's cgroup. Joins the cgroup and enters the namespaces;
+    `direct`, it is the run's pid 1 already, else it forks the run's pid 1, reports, and
+    waits for it."""
     chan_fd, out_fd, err_fd, *cgroup_fds = fds
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in cgroup_fds:
             os.write(fd, b"0")  # "0": the writer itself
             os.close(fd)
-        flags = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS | _CLONE_NEWPID
+        flags = _CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC | _CLONE_NEWUTS
+        if not direct:
+            flags |= _CLONE_NEWPID
         _check(_libc.unshare(flags | _CLONE_NEWCGROUP), "unshare")
         _mount("none", "/", "", _MS_REC | _MS_PRIVATE)
         socket.sethostname("floom")
@@ -247,11 +287,18 @@ def _child(fds: list[int], seccomp: bytes) -> None:
         os.dup2(err_fd, 2)
         os.close(out_fd)
         os.close(err_fd)
-        pid = os.fork()
+        if direct:
+            # Its pid in the warm process's namespace (the host's), read before its own /proc
+            # covers that one: floom opens its pidfd by it.
+            host_pid = int(os.readlink("/proc/self"))
+            pid = 0
+        else:
+            pid = os.fork()
     except BaseException as exc:
         _fail(chan_fd, f"cannot prepare the warm run: {exc}")
     if pid == 0:
-        _pid_one(chan_fd, seccomp)  # never returns
+        ready: dict[str, object] | None = {"ready": True, "init": host_pid} if direct else None
+        _pid_one(chan_fd, seccomp, ready=ready)  # never returns
     chan = socket.socket(fileno=chan_fd)
     os.close(1)
     os.close(2)
@@ -302,16 +349,20 @@ def _close_other_fds(keep: set[int]) -> None:
                     pass
 
 
-def _pid_one(chan_fd: int, seccomp: bytes) -> None:
-    """The run's pid 1: its own /proc, then the run's setup, the drop, and its script."""
+def _pid_one(chan_fd: int, seccomp: bytes, *, ready: dict[str, object] | None) -> None:
+    """The run's pid 1: its own /proc, then the run's setup, the drop, and its script.
+    `ready`: what it says to floom once prepared (None: its parent said it)."""
     chan = socket.socket(fileno=chan_fd)
     try:
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         # Before the run is asked for (it is not on the run's path), and before any of it.
         _make_shared_mappings_private()
+        if ready is not None:
+            _send(chan, ready)
         request, fds = _receive(chan)
         _setup(request, fds)
-        _drop(int(request["uid"]), seccomp)  # type: ignore[call-overload]
+        # Without a reporter, pid 1 must outlive the warm process (floom reads its end).
+        _drop(int(request["uid"]), seccomp, pdeathsig=ready is None)  # type: ignore[call-overload]
     except BaseException as exc:
         _fail(chan_fd, f"cannot start the warm run: {exc}")
     _send(chan, {"dropped": True})
@@ -410,9 +461,10 @@ def _make_shared_mappings_private() -> None:
             _check(_libc.mprotect(ctypes.c_void_p(start), size, prot), "mprotect")
 
 
-def _drop(uid: int, seccomp: bytes) -> None:
+def _drop(uid: int, seccomp: bytes, *, pdeathsig: bool) -> None:
     """Become `uid` with no capability left (bounding, ambient, inheritable, permitted,
-    effective), no_new_privs, the parent-death signal and the seccomp filter."""
+    effective), no_new_privs, the parent-death signal (`pdeathsig`) and the seccomp
+    filter."""
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     for cap in _BOUNDING or range(64):
@@ -426,8 +478,9 @@ def _drop(uid: int, seccomp: bytes) -> None:
     data = ctypes.create_string_buffer(24)  # two zeroed __user_cap_data_struct
     _check(_libc.capset(ctypes.c_char_p(header), data), "capset")
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    # Cleared by the uid change above: set after it, so pid 1 ends with its reaper.
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if pdeathsig:
+        # Cleared by the uid change above: set after it, so pid 1 ends with its reaper.
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if seccomp:
         buffer = ctypes.create_string_buffer(seccomp, len(seccomp))
         program = _Fprog(len(seccomp) // 8, ctypes.cast(buffer, ctypes.c_char_p))
@@ -523,8 +576,8 @@ def _write_record(path: str) -> None:
 
 def main(args: list[str]) -> None:
     if args[0] == "warm":
-        modules = args[3].split(",") if len(args) > 3 and args[3] else []
-        warm(int(args[1]), modules, args[2])
+        modules = args[4].split(",") if len(args) > 4 and args[4] else []
+        warm(int(args[1]), modules, args[2], direct=args[3] == "direct")
     elif args[0] == "record":
         run_script(args[1:], record=True)
     else:

@@ -6,7 +6,9 @@ The warm process runs as root with the few capabilities its children need to set
 secret, no input, no network, no file of a worker's bundle. Its control socket is one end
 of a socketpair floom made and handed over; each child gets a socketpair of its own the
 same way, which its run's pid 1 closes before the script starts: no run reaches any
-socket but those of its own output.
+socket but those of its own output. Where the kernel keeps a process's exit status for its
+pidfd (Linux 6.15+), each run's pid 1 is the warm process's own child and floom reads its
+end from its pidfd; elsewhere a second process per run reaps pid 1 and reports.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
+import functools
 import json
 import os
 import secrets
@@ -21,6 +25,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -61,6 +66,10 @@ _SYS_OPEN_TREE: Final = 428  # one number on every architecture since Linux 5.2
 _OPEN_TREE_CLONE: Final = 1
 _AT_FDCWD: Final = -100
 _AT_SYMLINK_NOFOLLOW: Final = 0x100  # a link in a run's dir is never followed
+_PIDFD_GET_INFO: Final = 0xC040FF0B  # _IOWR(0xFF, 11, the first 64 bytes of pidfd_info)
+_PIDFD_INFO_EXIT: Final = 0x8
+_PIDFD_INFO_SIZE: Final = 64
+_PIDFD_INFO_EXIT_CODE_AT: Final = 60
 
 
 class WarmUnavailable(SandboxUnavailable):
@@ -71,7 +80,8 @@ class WarmUnavailable(SandboxUnavailable):
 class PreparedChild:
     """A child of a warm process waiting for its run: in its cgroup (no limits yet), in its
     own namespaces, its pid 1 forked. `init_pid` is pid 1's host pid (the script's),
-    `child_pid` the process that reaps it and reports its status on `chan`."""
+    `child_pid` the process that reaps it and reports its status on `chan`, or -1 (with
+    `child_pidfd`) where floom reads pid 1's status from `init_pidfd`."""
 
     chan: socket.socket
     stdout: int
@@ -118,6 +128,25 @@ class PreparedChild:
     def alive(self) -> bool:
         ready, _, _ = select.select([self.init_pidfd], [], [], 0)
         return not ready
+
+    @property
+    def reports(self) -> bool:
+        """Whether a process of the child reports pid 1's status on `chan`."""
+        return self.child_pid >= 0
+
+    def init_status(self, timeout: float) -> int | None:
+        """pid 1's wait status from its pidfd once it has ended (None if the kernel has
+        none for it within `timeout`: it is reaped at once unless its warm process died,
+        and then by whatever process adopted it)."""
+        deadline = time.monotonic() + timeout
+        pause = 0.001
+        while (status := exit_status(self.init_pidfd)) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
+        return status
 
     def reporter_ended(self) -> bool:
         """Whether the process that reported pid 1's status has exited."""
@@ -168,10 +197,12 @@ class WarmProcess:
         *,
         modules: tuple[str, ...],
         pid: int,
+        direct: bool,
     ) -> None:
         self.proc = proc
         self.control = control
         self.modules = modules
+        self.direct = direct  # each run's pid 1 is its own child (no reporter)
         self.pid = pid  # the interpreter's own host pid (bwrap is proc.pid)
         self.started = time.monotonic()
         self.served = 0
@@ -196,6 +227,7 @@ class WarmProcess:
         for cap in CAPABILITIES:
             caps += ["--cap-add", cap]
         filter_hex = seccomp.deny_filter(namespaces=True).hex() if seccomp.supported() else ""
+        direct = pidfd_exit_supported()
         argv = [
             bwrap,
             *("--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"),
@@ -214,6 +246,7 @@ class WarmProcess:
             "warm",
             str(theirs.fileno()),
             filter_hex,
+            "direct" if direct else "report",
             ",".join(modules),
             owner,
         ]
@@ -233,7 +266,7 @@ class WarmProcess:
         finally:
             theirs.close()
             os.close(resolv)
-        return Launching(proc, ours, modules)
+        return Launching(proc, ours, modules, direct)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -302,8 +335,16 @@ class WarmProcess:
         return 0
 
     def close(self) -> None:
-        """End the warm process; the runs it prepared are not its and go on."""
-        _end(self.proc, self.control)
+        """End the warm process; the runs it prepared go on. Where their pid 1s are its
+        children it ends on its own once they have (its control socket closed tells it);
+        a thread reaps it then."""
+        if not self.direct:
+            _end(self.proc, self.control)
+            return
+        self.control.close()
+        threading.Thread(
+            target=_reap, args=(self.proc,), name="floom-warm-reap", daemon=True
+        ).start()
 
 
 @dataclass(eq=False)
@@ -314,6 +355,7 @@ class Launching:
     proc: subprocess.Popen[bytes]
     control: socket.socket
     modules: tuple[str, ...]
+    direct: bool
 
     def ready(self) -> WarmProcess:
         """The warm process once its modules are imported; raises WarmUnavailable (with
@@ -334,7 +376,7 @@ class Launching:
         if not isinstance(pid, int):
             _end(proc, ours)
             raise WarmUnavailable("the warm process did not say it was ready")
-        return WarmProcess(proc, ours, modules=self.modules, pid=pid)
+        return WarmProcess(proc, ours, modules=self.modules, pid=pid, direct=self.direct)
 
     def close(self) -> None:
         _end(self.proc, self.control)
@@ -354,13 +396,13 @@ class _Pending:
         """The child, once it says it is ready; raises WarmUnavailable, leaving nothing."""
         with self.undo as undo:
             message = _read_message(self.chan, REPLY_SECONDS)
-            init_pid, child_pid = message.get("init"), message.get("child")
+            init_pid, child_pid = message.get("init"), message.get("child", -1)
             if not isinstance(init_pid, int) or not isinstance(child_pid, int):
                 raise WarmUnavailable("the warm run's child did not say it was ready")
             try:
                 pidfd = os.pidfd_open(init_pid)
                 undo.callback(os.close, pidfd)
-                child_pidfd = os.pidfd_open(child_pid)
+                child_pidfd = os.pidfd_open(child_pid) if child_pid >= 0 else -1
             except OSError as exc:
                 raise WarmUnavailable(f"the warm run's child is gone: {exc}") from exc
             undo.pop_all()
@@ -391,6 +433,49 @@ def open_detached(path: Path) -> int:
         code = ctypes.get_errno() or errno.EPERM
         raise OSError(code, f"open_tree {path}: {os.strerror(code)}")
     return fd
+
+
+def exit_status(pidfd: int) -> int | None:
+    """The wait status of the ended process behind `pidfd`, once the kernel has it (Linux
+    6.15+, once the process is reaped); None before, or on older kernels."""
+    info = bytearray(_PIDFD_INFO_SIZE)
+    struct.pack_into("=Q", info, 0, _PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(pidfd, _PIDFD_GET_INFO, info)
+    except OSError:
+        return None
+    if not struct.unpack_from("=Q", info, 0)[0] & _PIDFD_INFO_EXIT:
+        return None
+    return int(struct.unpack_from("=i", info, _PIDFD_INFO_EXIT_CODE_AT)[0])
+
+
+@functools.cache
+def pidfd_exit_supported() -> bool:
+    """Whether this kernel keeps an ended process's exit status for its pidfd (asked once,
+    of a process of floom's own that exits with code 3)."""
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", "exit 3"], stdin=subprocess.DEVNULL, close_fds=True
+        )
+    except OSError:
+        return False
+    try:
+        pidfd = os.pidfd_open(proc.pid)  # its pid is not reused before the wait below
+    except OSError:
+        proc.wait()
+        return False
+    try:
+        proc.wait()
+        status = exit_status(pidfd)
+    finally:
+        os.close(pidfd)
+    return status is not None and os.waitstatus_to_exitcode(status) == 3
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    proc.wait()
+    if proc.stderr is not None:
+        proc.stderr.close()
 
 
 def _read_message(sock: socket.socket, timeout: float) -> dict[str, object]:

@@ -346,14 +346,18 @@ class _Supervision:
         return SandboxResult(exit_code=exit_code)
 
     def _exit_code(self) -> int:
-        """pid 1's exit code as its parent reported it (128 + N for signal N); killed, as
-        a shell would say, when its parent was killed before it could report."""
+        """pid 1's exit code from its pidfd, or as its parent reported it (128 + N for
+        signal N); killed, as a shell would say, when that parent was killed before it
+        could report."""
         killed = 128 + signal.SIGKILL
-        try:
-            message = self.child.answer(KILL_WAIT_SECONDS)
-        except WarmUnavailable:
-            return killed
-        status = message.get("status")
+        if not self.child.reports:
+            status: object = self.child.init_status(KILL_WAIT_SECONDS)
+        else:
+            try:
+                message = self.child.answer(KILL_WAIT_SECONDS)
+            except WarmUnavailable:
+                return killed
+            status = message.get("status")
         if not isinstance(status, int) or status < 0:
             return killed
         code = os.waitstatus_to_exitcode(status)
