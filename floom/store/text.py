@@ -4,6 +4,8 @@ to a statement (db.make_engine applies it), whatever the column, the filter or t
 from __future__ import annotations
 
 import re
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 # What neither store keeps as text: NUL (PostgreSQL's text refuses it, SQLite's text
@@ -37,30 +39,35 @@ def _is_storable(text: str) -> bool:
     return True
 
 
+# What most parameters are besides text, skipped at the cost of one set look-up.
+_NOT_TEXT = frozenset({int, float, bool, type(None), bytes, datetime, Decimal})
+
+
 def _all_storable(values: Any) -> bool:
     for value in values:
         kind = type(value)
         if kind is str:
             if not _is_storable(value):
                 return False
-        elif kind is tuple or kind is list:
+        elif kind in _NOT_TEXT:
+            continue
+        elif isinstance(value, (tuple, list)):
             # a DBAPI row of an executemany, or an array bound as a list (PostgreSQL).
             if not _all_storable(value):
                 return False
-        elif kind is dict and not _all_storable(value.values()):
+        elif isinstance(value, dict) and not _all_storable(value.values()):
             return False
     return True
 
 
 def _storable_values(value: Any) -> Any:
-    kind = type(value)
-    if kind is str:
+    if type(value) is str:
         return storable(value)
-    if kind is dict:
+    if isinstance(value, dict):
         return {k: _storable_values(v) for k, v in value.items()}
-    if kind is tuple:
+    if isinstance(value, tuple):
         return tuple(map(_storable_values, value))
-    if kind is list:
+    if isinstance(value, list):
         return list(map(_storable_values, value))
     return value
 
@@ -73,7 +80,7 @@ def storable_parameters(parameters: Any) -> Any:
     another type than `str` (a StrEnum's member) are floom's own words and left as they are."""
     if not parameters:
         return parameters
-    values = parameters.values() if type(parameters) is dict else parameters
+    values = parameters.values() if isinstance(parameters, dict) else parameters
     if _all_storable(values):
         return parameters
     return _storable_values(parameters)

@@ -44,3 +44,12 @@ def test_parameters_of_every_shape_are_made_storable_and_kept_when_already_so() 
             if made == parameters:
                 assert made is parameters  # the fast path hands back the same object
     assert storable_parameters(None) is None
+
+
+class Parameters(dict[str, Any]):
+    """A mapping of another class than dict, as a driver or SQLAlchemy may hand one over."""
+
+
+def test_parameters_in_subclasses_of_dict_and_list_are_made_storable_too() -> None:
+    made = storable_parameters(Parameters(a="x\x00", b=Parameters(c=["\ud800"])))
+    assert made == {"a": "x\ufffd", "b": {"c": ["\ufffd"]}}
