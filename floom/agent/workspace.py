@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from floom.engine.collect import Artifact
-from floom.engine.safefiles import Cancelled, Refused, read_regular, walk
+from floom.engine.safefiles import Cancelled, Refused, open_regular, read_fd, walk
 from floom.services.runs import agent as agent_runs
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ def keep(env: AgentEnv) -> str | None:
         _too_large(env, f"{raw} bytes of files")
         return None
     buf = io.BytesIO()
+    # Files can grow after the walk (a process the agent started may still write): each is
+    # read up to what is left of the budget, never the whole budget again.
+    left = budget
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for arcname, root, files in trees:
             folder = tarfile.TarInfo(arcname)
@@ -46,12 +49,17 @@ def keep(env: AgentEnv) -> str | None:
             tar.addfile(folder)
             for rel, _ in files:
                 try:
-                    data = read_regular(root, rel, limit=budget, setting="FLOOM_MAX_BUNDLE_BYTES")
+                    with open_regular(root, rel) as (fd, st):
+                        data = b"" if st.st_size > left else read_fd(fd, left)
                 except (Refused, OSError) as exc:
                     env.run_log.add(
                         "system", f"not kept with the workspace: {arcname}/{rel}: {exc}"
                     )
                     continue
+                if st.st_size > left or len(data) > left:
+                    _too_large(env, f"over {budget} bytes of files, grown since they were counted")
+                    return None
+                left -= len(data)
                 info = tarfile.TarInfo(f"{arcname}/{rel}")
                 info.size, info.mode = len(data), 0o644
                 tar.addfile(info, io.BytesIO(data))

@@ -6,14 +6,16 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import text
 
 from floom import __version__
 from floom.api import errors, metrics, openapi
 from floom.api.address_limit import AddressRateLimit
+from floom.api.auth import bearer_token
 from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.draining import Drain, DrainingGuard
 from floom.api.forwarded import ForwardedHeaders
@@ -33,8 +35,11 @@ from floom.api.routes import workers as routes_workers
 from floom.api.routing import EncodedSlashGuard, add_routes
 from floom.api.ui_mount import LazyUI
 from floom.config import ROLES, Settings
+from floom.errors import FloomError
 from floom.node import Node
 from floom.schemas.health import ExecutorHealth, Health
+from floom.services.access import keys
+from floom.services.access.principal import grants
 from floom.services.context import Context
 
 #: Where /docs and /redoc load their assets from.
@@ -101,7 +106,7 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         mcp_endpoint = LazyMCPMount(app, settings)
 
     @app.get("/healthz", tags=["health"], response_model=Health, responses=openapi.errors(429, 503))
-    def healthz() -> Health:
+    def healthz(request: Request) -> Health:
         context: Context = app.state.ctx
         with context.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
@@ -118,9 +123,32 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
             else ExecutorHealth(slots=executor.slots, active=executor.active_count()),
             protections=node.protections,
             sandboxes=node.sandboxes,
-            warm=None if executor is None else executor.warm_stats(),
+            warm=None if executor is None else _warm_for(context, request, executor.warm_stats()),
         )
 
     if "api" in roles:
         LazyUI(app)  # the web UI at /, last, so that every other route matches first
     return app
+
+
+def _warm_for(ctx: Context, request: Request, warm: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The warm starts /healthz tells `request`: each pool names a worker and its version,
+    which only a caller with the read scope may learn; anyone (a load balancer) gets the
+    totals."""
+    if warm is None or _reads(ctx, request):
+        return warm
+    shown = {**warm, "pools": []}
+    if isinstance(warm.get("e2b"), dict):
+        shown["e2b"] = {**warm["e2b"], "pools": []}
+    return shown
+
+
+def _reads(ctx: Context, request: Request) -> bool:
+    token = bearer_token(request)
+    if not token:
+        return False
+    try:
+        key = keys.authenticate(ctx, token)
+    except FloomError:
+        return False
+    return grants(key.scopes, "read")

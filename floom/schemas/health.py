@@ -86,7 +86,8 @@ class Health(Public):
     warm: WarmHealth | None = Field(
         None,
         description="warm starts on this node: enabled, hits and misses, and per pool its "
-        "worker, version, ready and running children, hits, misses and resident memory; "
+        "worker, version, ready and running children, hits, misses and resident memory "
+        "(the pools only to a caller with a read key: they name workers); "
         "with FLOOM_E2B_WARM also `e2b`: count, budget, idle_seconds, hits, misses and per "
         "pool its template, network, ready, creating and running sandboxes, hits, misses "
         "and sandboxes replaced after a failed check; None on a node without the executor",

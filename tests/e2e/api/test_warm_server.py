@@ -1,5 +1,6 @@
 """Warm starts through the server: a worker with `warm: true` starts its runs from a warm
-process once its pool is ready, and /healthz and /metrics show the pool, its hits and misses."""
+process once its pool is ready, and /healthz and /metrics show the pool, its hits and misses
+(the pools, which name workers, to a caller with a read key only)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,12 @@ def test_a_warm_workers_runs_start_warm_and_health_and_metrics_show_its_pool(
     assert pool["hits"] >= 1
     assert pool["modules"] > 0
     assert pool["rss_bytes"] > 0
+    # A pool names a worker and its version: not told to a caller without a read key.
+    for token in ("", "flm_not-a-key"):
+        with server.client(token) as anonymous:
+            told = anonymous.get("/healthz").json()["warm"]
+        assert told["pools"] == []
+        assert told["hits"] == warm["hits"]
 
     _, reader = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="prometheus")
     with server.client(reader) as scraper:
