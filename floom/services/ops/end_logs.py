@@ -32,7 +32,7 @@ from floom.services.runs import agent as agent_runs
 from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs.base import sha256_of
 from floom.store.blobs.configured import new_blob_store
-from floom.store.blobs.logs import encode_log, remember_log
+from floom.store.blobs.logs import encode_log
 from floom.store.blobs.rows import DATABASE, DELETE, StagedBlob
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import Writer, on_postgres, read_connection
@@ -120,9 +120,6 @@ def stage_end_log(
     except Exception:  # the object only spares the rows: whatever fails, the end keeps them
         log.exception("the log of run %s stays in the database: its upload failed", run.id)
         return None
-    # This node's waiters and followers read the ended run's log and record from here, not
-    # from the bucket (a blob's bytes never change).
-    remember_log(sha, lines, record)
     return EndLog(
         LogMove(
             RunLog(run_id=run.id, digest=sha, lines=len(lines), last_seq=lines[-1].seq),

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, or_, update
+from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
@@ -15,8 +16,8 @@ from floom.errors import LimitExceeded
 from floom.services.access.principal import Principal
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.base import missing
-from floom.store.blobs.logs import CALL_FIELDS, cached_record, call_values, decode_record
-from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, stage_blob
+from floom.store.blobs.logs import CALL_FIELDS, call_values, decode_record
+from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, read_blob_row, stage_blob
 from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, new_id, trusted_row, utcnow
@@ -189,13 +190,25 @@ def list_tool_calls(ctx: Context, *, run_id: str, caller: Principal) -> list[Too
         rows = list(
             s.exec(select(ToolCall).where(ToolCall.run_id == run_id).order_by(col(ToolCall.seq)))
         )
-        # Archived or not, and where to, in one read.
-        archived = s.exec(
-            select(func.coalesce(_log_digest(run_id), "")).where(_is_archived(run_id))
+        # Archived or not, where to, and that blob's row, in one read.
+        archived = s.execute(
+            core_select(
+                col(RunLog.digest),
+                col(Blob.location),
+                col(Blob.sha256),
+                col(Blob.data),
+                col(Blob.size),
+            )
+            .select_from(Transcript)
+            .outerjoin(RunLog, col(RunLog.run_id) == col(Transcript.run_id))
+            .outerjoin(Blob, col(Blob.digest) == col(RunLog.digest))
+            .where(col(Transcript.run_id) == run_id, col(Transcript.archived).is_(True))
         ).first()
     if archived is None:
         return rows
-    record = _archived_record(ctx, run_id, digest=archived or None)
+    record = _archived_record(
+        ctx, run_id, digest=archived[0], blob=tuple(archived[1:]) if archived[0] else None
+    )
     moved = [_call_of(run_id, c) for c in record.get("tool_calls", [])]
     # Rows beside an archived record: calls recorded while the record moved (recorded after
     # it, they are dropped), or a moved call that another pass's blob does not hold.
@@ -306,7 +319,9 @@ def _log_digest(run_id: str) -> Any:
     return select(RunLog.digest).where(RunLog.run_id == run_id).scalar_subquery()
 
 
-def _archived_record(ctx: Context, run_id: str, *, digest: str | None = None) -> dict[str, Any]:
+def _archived_record(
+    ctx: Context, run_id: str, *, digest: str | None = None, blob: tuple[Any, ...] | None = None
+) -> dict[str, Any]:
     """The record of an agent run that moved into its log's blob (`digest`, when the caller
     read it already)."""
     what = f"the transcript of run {run_id}"
@@ -316,10 +331,11 @@ def _archived_record(ctx: Context, run_id: str, *, digest: str | None = None) ->
         if archived is None:
             raise missing(what=what, where=f"the log of run {run_id} (no row in run_logs)")
         digest = archived.digest
-    record = cached_record(digest)
-    if record is None:
+    if blob is not None:  # its row read with the digest (list_tool_calls)
+        data = read_blob_row(ctx.settings, ctx.engine, digest, blob, what=what)
+    else:
         data = read_blob(ctx.settings, ctx.engine, digest, what=what)
-        record = decode_record(run_id, digest, data)
+    record = decode_record(run_id, digest, data)
     if record is None:
         raise missing(what=what, where=f"the log blob {digest} of run {run_id}")
     return record

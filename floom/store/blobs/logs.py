@@ -112,31 +112,13 @@ def _decoded(run_id: str, digest: str, data: bytes) -> tuple[list[RunEvent], Age
                 },
             )
         )
-    _keep(digest, (events, record))
-    return events, record
-
-
-def _keep(digest: str, decoded: tuple[list[RunEvent], AgentRecord | None]) -> None:
     with _lock:
-        _cache[digest] = decoded
-        _cache.move_to_end(digest)
+        _cache[digest] = (events, record)
         while len(_cache) > _CACHED_LOGS or (
             len(_cache) > 1 and sum(len(v[0]) for v in _cache.values()) > _CACHED_LINES
         ):
             _cache.popitem(last=False)
-
-
-def remember_log(digest: str, events: list[RunEvent], record: AgentRecord | None) -> None:
-    """Keep the log (and agent record) that the blob `digest` holds, as its writer encoded
-    them: the first read of an ended run's log or record on this node then asks no store."""
-    _keep(digest, (events, record))
-
-
-def cached_record(digest: str) -> AgentRecord | None:
-    """The agent record of `digest` when its log is cached, else None (no store is asked)."""
-    with _lock:
-        found = _cache.get(digest)
-        return found[1] if found is not None else None
+    return events, record
 
 
 def cached_log(digest: str) -> list[RunEvent] | None:

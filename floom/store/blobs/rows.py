@@ -144,7 +144,13 @@ def read_blob(settings: Settings, engine: Engine, digest: str, *, what: str) -> 
                 blobs.c.digest == digest
             )
         ).first()
-    if row is None:
+    return read_blob_row(settings, engine, digest, row, what=what)
+
+
+def read_blob_row(settings: Settings, engine: Engine, digest: str, row: Any, *, what: str) -> bytes:
+    """read_blob with the blob's row (location, sha256, data, size; None: no row) read by
+    the caller already, in a query of its own."""
+    if row is None or row[0] is None:
         raise missing(what=what, where=f"blob {digest} (no row in the blobs table)")
     location, sha256, data, size = row
     if location == DATABASE:

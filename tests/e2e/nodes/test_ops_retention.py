@@ -162,6 +162,7 @@ def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_thei
         "log_lines_deleted": 0,
         "artifacts_deleted": 0,
         "blobs_deleted": 0,
+        "objects_deleted": 0,
         "alert_events_deleted": 0,
         "alert_incidents_deleted": 0,
         "alert_deliveries_deleted": 0,
