@@ -183,20 +183,27 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
             hint="restore into a fresh data dir (FLOOM_DATA_DIR), or pass --force to replace "
             "its database and files (stop floom on it first)",
         )
+    files = manifest["summary"]["files"]
+    objects = [name for name in files if name.startswith(f"{OBJECTS}/")]
+    files = [name for name in files if name not in objects]
+    # With --force the data dir holds what its node left, run dirs (what workers left) among
+    # them: a file is never written through a link there, checked before anything is written.
+    for name in files:
+        _check_target(data_dir, name)
     data_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(data_dir, 0o700)
     db_path.parent.mkdir(parents=True, exist_ok=True)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     _copy_database(source / DATABASE, db_path)
-    files = manifest["summary"]["files"]
-    objects = [name for name in files if name.startswith(f"{OBJECTS}/")]
-    files = [name for name in files if name not in objects]
     for name in files:
         target = data_dir / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source / name, target)
-        os.chmod(target, 0o600)
+        # Never through a link at the last part either (floom is stopped: nothing races this).
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write((source / name).read_bytes())
+        os.chmod(target, 0o600, follow_symlinks=False)
     engine = make_engine(f"sqlite:///{db_path}")
     try:
         migrate(engine)
@@ -234,9 +241,17 @@ def _read_manifest(source: Path) -> dict[str, Any]:
         )
     if not isinstance(files, list):
         raise BackupInvalid(f"{path} cannot be read", hint="the backup is damaged")
-    for name in [DATABASE, *files]:
+    for i, name in enumerate([DATABASE, *files]):
         target = (source / name).resolve() if isinstance(name, str) else source
-        if not _plain(name) or not target.is_relative_to(source.resolve()) or name not in checksums:
+        # A backup's files never include the database (restored on its own), a node's own
+        # files or its run dirs (what workers left).
+        kept = i == 0 or (isinstance(name, str) and name.split("/")[0] not in _NOT_COPIED)
+        if (
+            not kept
+            or not _plain(name)
+            or not target.is_relative_to(source.resolve())
+            or name not in checksums
+        ):
             raise BackupInvalid(
                 f"the backup names an unexpected file {str(name)[:200]!r}",
                 hint="a backup names its files by plain relative paths (no '.', '..', empty or "
@@ -248,6 +263,22 @@ def _read_manifest(source: Path) -> dict[str, Any]:
                 hint="the backup is damaged or incomplete; use another one",
             )
     return dict(manifest)
+
+
+def _check_target(data_dir: Path, name: str) -> None:
+    """Refuse (BackupInvalid) a file of the backup that would be written through a link, or
+    over something other than a regular file, in the data dir."""
+    here = data_dir
+    parts = name.split("/")
+    for i, part in enumerate(parts):
+        here = here / part
+        last = i == len(parts) - 1
+        if here.is_symlink() or (here.exists() and not (here.is_file() if last else here.is_dir())):
+            raise BackupInvalid(
+                f"the data dir holds {here.relative_to(data_dir)} as a link or another kind of "
+                f"file, where the backup puts {name}; nothing was written",
+                hint="restore into a fresh data dir (FLOOM_DATA_DIR), or remove it first",
+            )
 
 
 def _plain(name: object) -> bool:

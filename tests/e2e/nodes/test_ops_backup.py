@@ -213,3 +213,52 @@ def test_the_cli_backs_up_one_node_and_restores_it_into_another_data_dir(
         tmp_path / "a" / "secret.key"
     ).read_bytes()
     assert not (tmp_path / "b" / "node.id").exists()
+
+
+def test_a_forced_restore_never_writes_through_a_link_the_data_dir_holds(tmp_path: Path) -> None:
+    # A forced restore goes into a data dir that holds what its node left (run dirs, what
+    # workers left, among them): a link there where the backup puts a file is refused before
+    # anything is written, not followed out of the data dir.
+    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
+    Context.open(source).engine.dispose()
+    (tmp_path / "a" / "extra").mkdir()
+    (tmp_path / "a" / "extra" / "notes.txt").write_text("from the backup")
+    (tmp_path / "a" / "top.txt").write_text("from the backup")
+    create_backup(settings=source, dest=tmp_path / "backup")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "top.txt").write_text("outside")
+    for link, points_to in (("extra", outside), ("top.txt", outside / "top.txt")):
+        busy = tmp_path / f"busy-{link}"
+        busy.mkdir()
+        (busy / link).symlink_to(points_to)
+        target = fast_settings(busy, f"sqlite:///{busy / 'floom.db'}")
+        with pytest.raises(BackupInvalid) as refused:
+            restore_backup(settings=target, source=tmp_path / "backup", force=True)
+        assert "as a link" in refused.value.message
+        assert sorted(p.name for p in busy.iterdir()) == [link]
+        assert sorted(p.name for p in outside.iterdir()) == ["top.txt"]
+        assert (outside / "top.txt").read_text() == "outside"
+
+
+def test_a_backup_naming_the_database_a_node_file_or_a_run_dir_is_refused(tmp_path: Path) -> None:
+    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
+    Context.open(source).engine.dispose()
+    backup = tmp_path / "backup"
+    create_backup(settings=source, dest=backup)
+    (backup / "runs" / "run_x").mkdir(parents=True)
+    (backup / "runs" / "run_x" / "f").write_text("planted")
+    (backup / "node.id").write_text("planted")
+    original = json.loads((backup / MANIFEST).read_text())
+    fresh = tmp_path / "fresh"
+    for name in ("floom.db", "node.id", "runs/run_x/f"):
+        manifest = json.loads(json.dumps(original))
+        manifest["summary"]["files"].append(name)
+        manifest["sha256"][name] = hashlib.sha256((backup / name).read_bytes()).hexdigest()
+        (backup / MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(BackupInvalid) as refused:
+            restore_backup(
+                settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=backup
+            )
+        assert "unexpected file" in refused.value.message, name
+        assert not fresh.exists(), name
