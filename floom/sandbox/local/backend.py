@@ -12,6 +12,7 @@ import glob
 import hashlib
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,7 @@ from floom.sandbox.base import (
     validate_spec,
 )
 from floom.sandbox.fence import node_fence
-from floom.sandbox.local import cgroups, limits, seccomp
+from floom.sandbox.local import cgroups, limits, procfs, seccomp
 from floom.sandbox.local.disks import READY as DISKS_READY
 from floom.sandbox.local.disks import Disks, RunDisk
 from floom.sandbox.local.identity import (
@@ -55,7 +56,7 @@ from floom.sandbox.local.network import (
 )
 from floom.sandbox.local.ns_mount import NamespaceMounter
 from floom.sandbox.local.standby import ENTRY_NAME, ChildFds, Launcher, Standby, command_input
-from floom.sandbox.local.supervisor import MAX_LINE_BYTES, Supervisor
+from floom.sandbox.local.supervisor import MAX_LINE_BYTES, Supervisor, open_init_pidfd
 from floom.sandbox.local.uid_pool import UidLease, UidPool, UidRange
 from floom.sandbox.local.warm.pools import (
     WarmKey,
@@ -719,27 +720,67 @@ def _probe_namespaces(
             "--hostname",
             SANDBOX_HOSTNAME,
         )
-        argv = [*as_sandbox_user, bwrap, *namespaces, *system_args, *_FRESH_MOUNTS, "--", "true"]
         try:
-            done = subprocess.run(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env=dict(INERT_ENV),
-                timeout=10,
+            returncode, said = _probe(
+                [*as_sandbox_user, bwrap, *namespaces, *system_args, *_FRESH_MOUNTS]
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             problem = str(exc)
             continue
-        if done.returncode == 0:
+        if returncode == 0:
             return namespaces
-        problem = done.stderr.decode("utf-8", "replace").strip()
+        problem = said
     raise SandboxUnavailable(
         f"bubblewrap cannot create a sandbox on this machine: {problem}",
         hint=f"{BWRAP_HINT}; if it is installed, allow user namespaces "
         "(sysctl kernel.unprivileged_userns_clone=1) or run scripts in E2B (FLOOM_SANDBOX=e2b)",
     )
+
+
+def _probe(command: list[str]) -> tuple[int, str]:
+    """Run `true` under the bubblewrap command line `command`; its return code and stderr.
+    Its pid 1 is held by a pidfd from before `true` runs (bwrap waits on --block-fd until
+    then), and reaped should it be handed to floom (procfs.reap_if_ours)."""
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    init_pidfd: int | None = None
+    try:
+        fds = f"--info-fd {info_w} --block-fd {block_r}".split()
+        proc = subprocess.Popen(
+            [*command, *fds, "--", "true"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=dict(INERT_ENV),
+            pass_fds=(info_w, block_r),
+        )
+        os.close(info_w)
+        os.close(block_r)
+        info_w = block_r = -1
+        with proc:
+            info = b""
+            while ready := select.select([info_r], [], [], 10)[0]:
+                if not (data := os.read(info_r, 4096)):
+                    break
+                info += data
+                if (init_pidfd := open_init_pidfd(info)) is not None:
+                    break
+            if not ready:
+                proc.kill()
+            os.close(block_w)
+            block_w = -1
+            try:
+                _, said = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+        if init_pidfd is not None:
+            procfs.reap_if_ours(init_pidfd, 1.0)
+        return proc.returncode, said.decode("utf-8", "replace").strip()
+    finally:
+        for fd in (info_r, info_w, block_r, block_w, init_pidfd):
+            if fd is not None and fd >= 0:
+                os.close(fd)
 
 
 @functools.cache

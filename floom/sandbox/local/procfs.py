@@ -1,5 +1,6 @@
 """What the host's /proc tells about a sandbox when bubblewrap cannot: the end of its command
-while the sandbox's pid 1 is held stopped.
+while the sandbox's pid 1 is held stopped; and the reaping of a sandbox's pid 1 that was
+handed to floom (`reap_if_ours`).
 
 bubblewrap learns that its command ended from the sandbox's pid 1, which reaps it. A pid 1
 stopped from outside (SIGSTOP, a ptrace stop) never does, and the run would look alive
@@ -9,7 +10,9 @@ until its timeout. The ended command stays a zombie meanwhile, and its exit stat
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 from typing import Final
 
 # /proc/<pid>/stat fields after the command name, counted from field 3 (the state).
@@ -73,3 +76,19 @@ def _stat(pid: int) -> list[str] | None:
     except OSError:
         return None
     return text[text.rfind(")") + 2 :].split()
+
+
+def reap_if_ours(pidfd: int, timeout: float) -> None:
+    """Reap the process `pidfd` refers to once it has exited (waiting up to `timeout`
+    seconds), if it has become floom's child; anything else is left alone. A sandbox's pid 1
+    outlives its parent (bubblewrap exits as soon as the command does, and a warm run's
+    reporter may outlive its warm process), so the kernel hands it to the nearest
+    subreaper: floom itself when it is its PID namespace's pid 1 (a container without an
+    init), where each run would otherwise leave a zombie for good, until the node could
+    start no process. Reaped by its pidfd, never by a pid, nor any other child of floom's
+    (whose status belongs to whoever started it)."""
+    ready, _, _ = select.select([pidfd], [], [], timeout)
+    if not ready:
+        return
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)

@@ -24,6 +24,9 @@ MAX_LINE_BYTES: Final = 64 * 1024
 TRUNCATED_MARKER: Final = f" [line truncated at {MAX_LINE_BYTES} bytes]"
 CANCEL_POLL_SECONDS: Final = 0.1
 KILL_WAIT_SECONDS: Final = 5.0
+REAP_WAIT_SECONDS: Final = 1.0
+"""How long the end of a run waits for its pid 1, killed already, to exit, to reap it if it
+was handed to floom (procfs.reap_if_ours)."""
 # How the tools that start the sandbox prefix their own errors, which precede anything the
 # command prints.
 STARTUP_ERROR_PREFIXES: Final = (
@@ -199,6 +202,8 @@ class Supervisor:
             os.close(fd)
         self.open_fds.clear()
         if self.init_pidfd is not None:
+            # bwrap has been reaped: a pid 1 handed to floom is its child by now.
+            procfs.reap_if_ours(self.init_pidfd, REAP_WAIT_SECONDS)
             os.close(self.init_pidfd)
             self.init_pidfd = None
         for stream in (self.proc.stdout, self.proc.stderr):
@@ -237,7 +242,7 @@ class Supervisor:
                 )
             if data := os.read(self.info_fd, 4096):
                 self.info += data
-                self.init_pidfd = _open_init_pidfd(self.info)
+                self.init_pidfd = open_init_pidfd(self.info)
             else:
                 self._close(self.info_fd)
         return _child_pid(self.info) if self.init_pidfd is not None else None
@@ -306,7 +311,7 @@ class Supervisor:
             return
         os.close(fd)
         if fd == self.info_fd and self.init_pidfd is None:
-            self.init_pidfd = _open_init_pidfd(self.info)
+            self.init_pidfd = open_init_pidfd(self.info)
 
 
 class LineSplitter:
@@ -369,7 +374,7 @@ class LineSplitter:
         self.sink(self.stream, text)
 
 
-def _open_init_pidfd(info: bytes | bytearray) -> int | None:
+def open_init_pidfd(info: bytes | bytearray) -> int | None:
     pid = _child_pid(info)
     try:
         return None if pid is None else os.pidfd_open(pid)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Final
 
 from floom.sandbox.base import SandboxUnavailable
-from floom.sandbox.local import cgroups, seccomp
+from floom.sandbox.local import cgroups, procfs, seccomp
 from floom.sandbox.local.network import OFFLINE_RESOLV_CONF
 
 INSIDE: Final = Path(__file__).with_name("inside.py")
@@ -42,6 +42,9 @@ MAX_MESSAGE: Final = 65536
 START_SECONDS: Final = 30.0
 """How long a warm process may take to import its modules and say it is ready."""
 REPLY_SECONDS: Final = 5.0
+REAP_WAIT_SECONDS: Final = 1.0
+"""How long freeing a child waits for its processes, killed already, to exit, to reap those
+that were handed to floom (procfs.reap_if_ours)."""
 """How long a child may take to answer one request (prepare, set up) before it is dropped."""
 WARM_MARK: Final = "floom-warm:"
 """Starts the word of a warm process's command line that names its owner (kill_orphans)."""
@@ -180,6 +183,10 @@ class PreparedChild:
         if self.closed:
             return
         self.closed = True
+        for pidfd in (self.child_pidfd, self.init_pidfd):
+            # Killed by now; one handed to floom (its warm process gone) is reaped here.
+            if pidfd >= 0:
+                procfs.reap_if_ours(pidfd, REAP_WAIT_SECONDS)
         for fd in (self.stdout, self.stderr, self.init_pidfd, self.child_pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
