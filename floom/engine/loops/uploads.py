@@ -1,8 +1,8 @@
 """Object storage upkeep on nodes with the executor role, while new blobs go to an object
 store (FLOOM_BLOB_STORE=s3): ended runs' logs left in run_events move into one blob each
-(most runs' logs are put into their objects as their ends are recorded,
-services/ops/end_logs.py; not those that ended while the store was away or whose lines
-changed meanwhile) as this node records their ends (those that end within GATHER_SECONDS
+(most runs' logs, and agent runs' records, are put into their objects as their ends are
+recorded, services/ops/end_logs.py; not those that ended while the store was away or whose
+lines changed meanwhile) as this node records their ends (those that end within GATHER_SECONDS
 together), and at least every FLOOM_BLOB_SWEEP_SECONDS (runs ended elsewhere: a cancel, the
 reaper; lines after an end); the store's pending uploads and deletes are done. While the
 store is away the loop backs off; nothing waits for it but this thread.
