@@ -3,10 +3,11 @@ own `Authorization: Bearer <key>`, and tools run floom's services with that key'
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from urllib.parse import urlsplit
 
 import anyio
@@ -39,6 +40,9 @@ PATH = "/mcp"
 # Deploys made outside MCP (CLI, REST, UI) reach listening clients within this many seconds.
 POLL_SECONDS = 5.0
 KEY_STATE = "floom_api_key"
+LISTEN_METHOD = "subscriptions/listen"
+# Enough of a request body to read a subscription's request whole.
+LISTEN_BODY_BYTES = 64 * 1024
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 PUBLIC_URL_HINT = (
     "set FLOOM_PUBLIC_URL to the URL clients use to reach floom (e.g. https://floom.example.com)"
@@ -149,7 +153,7 @@ class _Guard:
         scope.setdefault("state", {})[KEY_STATE] = key
         token = bearer_token(request)
         if request.method != "GET":
-            await self._serve_while_key_holds(scope, receive, send, token)
+            await self._serve_while_key_holds(scope, receive, send, token, key.id)
             return
         # A GET opens a session's event stream, held until the client leaves: it counts
         # against the key's open streams, as a log stream does.
@@ -160,10 +164,10 @@ class _Guard:
             await floom_error_response(exc, surface="mcp")(scope, receive, send)
             return
         with held:
-            await self._serve_while_key_holds(scope, receive, send, token)
+            await self._serve_while_key_holds(scope, receive, send, token, key.id)
 
     async def _serve_while_key_holds(
-        self, scope: Scope, receive: Receive, send: Send, token: str | None
+        self, scope: Scope, receive: Receive, send: Send, token: str | None, key_id: str
     ) -> None:
         """Serve a request until it is answered, the client leaves, or the key it came with
         no longer holds: asked every SSE_RECHECK_SECONDS, as the log streams do. Most
@@ -172,11 +176,30 @@ class _Guard:
         held open for as long as the client listens. An answer cut so is ended in good form,
         and the client's next request is refused by the key check."""
         ctx = self.endpoint.app.state.ctx
-        started = finished = revoked = False
+        started = finished = revoked = refused = False
+        head = bytearray()
+        holds = ExitStack()
+
+        async def reading() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and len(head) < LISTEN_BODY_BYTES:
+                head.extend(message.get("body", b"")[: LISTEN_BODY_BYTES - len(head)])
+            return message
 
         async def tracked(message: Message) -> None:
-            nonlocal started, finished
+            nonlocal started, finished, refused
+            if refused:
+                return
             if message["type"] == "http.response.start":
+                if scope["method"] == "POST" and _listens(message, bytes(head)):
+                    # A subscription lasts as a GET event stream does: counted as one.
+                    try:
+                        holds.enter_context(run_waits.hold_stream(ctx, holder=key_id))
+                    except FloomError as exc:
+                        refused = True
+                        await floom_error_response(exc, surface="mcp")(scope, receive, send)
+                        tasks.cancel_scope.cancel()
+                        return
                 started = True
             elif message["type"] == "http.response.body" and not message.get("more_body"):
                 finished = True
@@ -193,9 +216,24 @@ class _Guard:
                     cancel.cancel()
                     return
 
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(recheck, tasks.cancel_scope)
-            await self.endpoint.server.session_manager.handle_request(scope, receive, tracked)
-            tasks.cancel_scope.cancel()
+        with holds:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(recheck, tasks.cancel_scope)
+                await self.endpoint.server.session_manager.handle_request(scope, reading, tracked)
+                tasks.cancel_scope.cancel()
         if revoked and started and not finished:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _listens(start: Message, body: bytes) -> bool:
+    """Whether a POST answered with `start` is a `subscriptions/listen`: an event stream
+    answering that method (its request is small: LISTEN_BODY_BYTES hold it whole)."""
+    headers = dict(start.get("headers") or [])
+    if not headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+        return False
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    messages = message if isinstance(message, list) else [message]
+    return any(isinstance(m, dict) and m.get("method") == LISTEN_METHOD for m in messages)

@@ -11,8 +11,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+from mcp import MCPError
+from mcp.client.subscriptions import SubscriptionLost
 
 from floom.engine.runlog import DROP_NOTE_SECONDS, LogBudget, RunLog
 from floom.sandbox.local.supervisor import LineSplitter
@@ -22,6 +25,7 @@ from floom.services.access.secrets import Redactor
 from tests.e2e.api.test_waits import NOOP, deploy, start, waiters
 from tests.support.cli import cli
 from tests.support.harness import LiveServer, live_server, wait_for_run, wait_until
+from tests.support.mcp_clients import http_client
 
 
 @pytest.fixture
@@ -280,3 +284,30 @@ def test_a_full_log_drops_further_reads_without_reading_them_line_by_line() -> N
     assert log.drops("stdout", 1000, 10**5)
     splitter.feed(b"four\n" * 1000)
     assert [line for _, line, _ in log.drain()][:2] == ["one", "two"]
+
+
+def test_an_mcp_subscription_counts_against_the_streams_cap(
+    make_server: Callable[..., LiveServer],
+) -> None:
+    """A 2026-07-28 client's `subscriptions/listen` is held open as a GET event stream is:
+    one over the key's cap is refused, and its place comes back when it ends."""
+    server = make_server(roles="api", max_streams_per_key=1)
+    key_id, token = read_key(server)
+
+    def holds() -> int:
+        return server.ctx.node.run_ends.open_holds(key_id, kind="stream")
+
+    async def listen_twice() -> None:
+        async with http_client(server, token) as mcp:
+            async with mcp.listen(tools_list_changed=True):
+                assert holds() == 1
+                with pytest.raises((MCPError, SubscriptionLost)):
+                    async with mcp.listen(tools_list_changed=True):
+                        pass
+            with anyio.fail_after(20):
+                while holds():
+                    await anyio.sleep(0.05)
+            async with mcp.listen(tools_list_changed=True):
+                assert holds() == 1
+
+    anyio.run(listen_twice)
