@@ -40,6 +40,15 @@ def command_exit_under_stopped_init(init_pid: int) -> int | None:
     return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
 
 
+def zombie_status(pid: int) -> int | None:
+    """The wait status of process `pid` while it is a zombie (ended, not reaped yet: its pid
+    cannot have been reused), else None."""
+    fields = _stat(pid)
+    if fields is None or fields[_STATE] != "Z" or len(fields) <= _EXIT_CODE:
+        return None
+    return int(fields[_EXIT_CODE])
+
+
 def _command_of(init_pid: int) -> int | None:
     """The command among `init_pid`'s children: the earliest started (lowest pid inside the
     namespace). It is pid 2 unless something ran inside before it (a mount helper, when the

@@ -4,6 +4,8 @@ process's runs must not share, what their limits stop, and how its pool recovers
 from __future__ import annotations
 
 import collections
+import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -36,6 +38,9 @@ def warm(tmp_path: Path) -> Iterator[WarmedLocal]:
     (tmp_path / "root").mkdir()
     yield warmed
     warmed.close()
+
+
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def run(
@@ -422,6 +427,64 @@ def test_a_warm_run_is_its_warm_process_s_own_child_and_its_exit_code_is_kept(
     assert [s["NSpid"].split()[-1] for s in running] == ["1"]
     assert ended
     assert ended[0].exit_code == 7
+
+
+def _adopted(known: set[int]) -> list[int]:
+    """This process's children not in `known`: once its sandbox is closed (which waits for
+    the bubblewraps it started), what it adopted (runs, a warm process's own bubblewrap)."""
+    return [
+        int(status["Pid"])
+        for status in _warm_children(os.getpid())
+        if int(status["Pid"]) not in known
+    ]
+
+
+@pytest.mark.skipif(not pidfd_exit_supported(), reason="the kernel keeps no exit status for pidfds")
+def test_a_run_whose_warm_process_dies_keeps_its_exit_code_when_its_adopter_never_reaps_it(
+    tmp_path: Path,
+) -> None:
+    # This process adopts the run once its warm process is killed, and never reaps it, as a
+    # floom that is its container's pid 1 would not.
+    libc = ctypes.CDLL(None, use_errno=True)
+    known = {int(status["Pid"]) for status in _warm_children(os.getpid())}
+    assert libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(LocalSandbox(), tmp_path / "root")
+    try:
+        spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE + "raise SystemExit(5)\n")
+        key = warm.warm_up(spec)
+        process = warm.pools.process_of(key)
+        assert process is not None
+        started = threading.Event()
+        ended: list[SandboxResult] = []
+        thread = threading.Thread(
+            target=lambda: ended.append(
+                warm.run(
+                    spec,
+                    on_line=lambda stream, line: started.set() if line == "started" else None,
+                    should_cancel=lambda: False,
+                )
+            )
+        )
+        thread.start()
+        assert started.wait(20)
+        os.kill(process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while process.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (spec.workdir / "go").write_text("")
+        thread.join(30)
+        assert ended
+        assert ended[0].exit_code == 5
+    finally:
+        warm.close()  # the killed process's prepared children end too, adopted here
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        deadline = time.monotonic() + 10
+        while (adopted := _adopted(known)) and time.monotonic() < deadline:
+            for pid in adopted:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.01)
 
 
 SHARED_AT = 0x7E0000000000

@@ -39,6 +39,7 @@ from floom.sandbox.local.warm.process import (
     Launching,
     PreparedChild,
     WarmProcess,
+    end_closing,
 )
 
 log = logging.getLogger("floom.sandbox")
@@ -302,7 +303,8 @@ class WarmPools:
             self._pools.clear()
             self._changed.notify_all()
         for pool in pools:
-            _end_pool(pool)
+            _end_pool(pool, now=True)
+        end_closing(self._token)
 
     # -- the thread -------------------------------------------------------------------------
 
@@ -553,13 +555,15 @@ def warm_prefix(work_root: Path) -> str:
     return f"{WARM_MARK}{digest}:"
 
 
-def _end_pool(pool: Pool) -> None:
+def _end_pool(pool: Pool, *, now: bool = False) -> None:
+    """End `pool`'s processes: `now`, at once (the node stops), else each once its runs in
+    flight have ended."""
     process, pool.process = pool.process, None
     successor, pool.successor = pool.successor, None
     children, pool.ready = list(pool.ready), collections.deque()
-    _end_process(process, children)
+    _end_process(process, children, now=now)
     if successor is not None:
-        successor.close()
+        successor.close(now=now)
 
 
 def _used_up(process: WarmProcess, settings: WarmSettings, now: float, *, lead: float) -> bool:
@@ -570,11 +574,13 @@ def _used_up(process: WarmProcess, settings: WarmSettings, now: float, *, lead: 
     return process.served >= runs or now - process.started >= seconds
 
 
-def _end_process(process: WarmProcess | None, children: list[PreparedChild]) -> None:
+def _end_process(
+    process: WarmProcess | None, children: list[PreparedChild], *, now: bool = False
+) -> None:
     for child in children:
         child.discard()
     if process is not None:
-        process.close()
+        process.close(now=now)
 
 
 def _fit(modules: tuple[str, ...]) -> tuple[str, ...]:

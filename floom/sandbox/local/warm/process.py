@@ -138,17 +138,26 @@ class PreparedChild:
         return self.child_pid >= 0
 
     def init_status(self, timeout: float) -> int | None:
-        """pid 1's wait status from its pidfd once it has ended (None if the kernel has
-        none for it within `timeout`: it is reaped at once unless its warm process died,
-        and then by whatever process adopted it)."""
+        """pid 1's wait status once it has ended: from its pidfd once it is reaped (at once,
+        by its warm process), or from /proc while it is a zombie (its warm process died and
+        what adopted it reaps late, or never: a floom that is its container's pid 1); None
+        if neither tells within `timeout`."""
         deadline = time.monotonic() + timeout
         pause = 0.001
-        while (status := exit_status(self.init_pidfd)) is None:
+        while (status := self._ended_status()) is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.05)
+        return status
+
+    def _ended_status(self) -> int | None:
+        status = exit_status(self.init_pidfd)
+        if status is None and (status := procfs.zombie_status(self.init_pid)) is not None:
+            # Read again from the pidfd if it was reaped meanwhile: the pid may be another's.
+            again = exit_status(self.init_pidfd)
+            status = again if again is not None else status
         return status
 
     def reporter_ended(self) -> bool:
@@ -330,6 +339,14 @@ class WarmProcess:
                     os.close(fd)
             return _Pending(ours, out_r, err_r, cgroup, undo.pop_all())
 
+    def _has_children(self) -> bool:
+        """Whether the interpreter has a child (a run's pid 1) left; True when unknown."""
+        try:
+            with open(f"/proc/{self.pid}/task/{self.pid}/children") as children:
+                return bool(children.read().split())
+        except OSError:
+            return True
+
     def rss_bytes(self) -> int:
         """The interpreter's resident memory (what its children share until they write)."""
         try:
@@ -341,14 +358,16 @@ class WarmProcess:
             pass
         return 0
 
-    def close(self) -> None:
+    def close(self, *, now: bool = False) -> None:
         """End the warm process; the runs it prepared go on. Where their pid 1s are its
-        children it ends on its own once they have (its control socket closed tells it);
-        a thread reaps it then."""
-        if not self.direct:
+        children it ends on its own once they have (its control socket closed tells it),
+        and a thread reaps it then; `now` (the node stops) kills it at once."""
+        if now or not self.direct or not self._has_children():
             _end(self.proc, self.control)
             return
         self.control.close()
+        with _closing_lock:
+            _closing.add(self.proc)
         threading.Thread(
             target=_reap, args=(self.proc,), name="floom-warm-reap", daemon=True
         ).start()
@@ -479,10 +498,29 @@ def pidfd_exit_supported() -> bool:
     return status is not None and os.waitstatus_to_exitcode(status) == 3
 
 
+_closing: set[subprocess.Popen[bytes]] = set()
+"""The bubblewraps of warm processes closed and ending on their own after their runs."""
+_closing_lock = threading.Lock()
+
+
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
+    with _closing_lock:
+        _closing.discard(proc)
     if proc.stderr is not None:
-        proc.stderr.close()
+        with contextlib.suppress(OSError):
+            proc.stderr.close()
+
+
+def end_closing(token: str) -> None:
+    """Kill now, and reap, the warm processes whose owner marker ends with `token` that were
+    closed and are still ending on their own (the node stops)."""
+    with _closing_lock:
+        procs = [p for p in _closing if str(p.args[-1]).endswith(token)]  # type: ignore[index]
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 9)
+        proc.wait()
 
 
 def _read_message(sock: socket.socket, timeout: float) -> dict[str, object]:
