@@ -144,8 +144,13 @@ class S3BlobStore(BlobStore):
 
     def exists(self, digest: str) -> int | None:
         """The size of the object held under `digest`, or None when there is none."""
+        answer = self._head(digest)
+        return None if answer is None else int(answer["ContentLength"])
+
+    def _head(self, digest: str) -> dict[str, Any] | None:
+        """What the store says of the object under `digest`, or None when there is none."""
         try:
-            answer = self._call(
+            return self._call(  # type: ignore[no-any-return]
                 "head_object",
                 doing=f"look up {self.describe(digest)}",
                 Bucket=self.bucket,
@@ -153,7 +158,6 @@ class S3BlobStore(BlobStore):
             )
         except _Absent:
             return None
-        return int(answer["ContentLength"])
 
     def listing(self) -> Iterator[tuple[str, datetime]]:
         """Every object under floom's prefix that names a blob: its digest and when it was
@@ -174,16 +178,8 @@ class S3BlobStore(BlobStore):
 
     def written_at(self, digest: str) -> datetime | None:
         """When the object under `digest` was last written, or None when there is none."""
-        try:
-            answer = self._call(
-                "head_object",
-                doing=f"look up {self.describe(digest)}",
-                Bucket=self.bucket,
-                Key=self.key(digest),
-            )
-        except _Absent:
-            return None
-        return answer["LastModified"]  # type: ignore[no-any-return]
+        answer = self._head(digest)
+        return None if answer is None else answer["LastModified"]
 
     def delete(self, digests: Sequence[str]) -> None:
         keys = [self.key(d) for d in digests]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from floom.sandbox import LocalSandbox, SandboxResult
+from floom.sandbox import SandboxResult
 from floom.sandbox.base import Sandbox
 from floom.sandbox.local.warm.inside import PTYS_PER_RUN
 from tests.support.rigs.sandboxes import Lines, run_script
-from tests.support.rigs.warm import WarmedLocal, warm_script_spec
+from tests.support.rigs.warm import WarmedLocal, cold_or_warm, warm_script_spec
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
@@ -26,15 +26,8 @@ pytestmark = [
 
 @pytest.fixture(params=["cold", "warm"])
 def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sandbox]:
-    local = LocalSandbox()
-    if request.param == "cold":
-        yield local
-        local.close()
-        return
-    (tmp_path / "root").mkdir()
-    warmed = WarmedLocal(local, tmp_path / "root")
-    yield warmed
-    warmed.close()
+    with cold_or_warm(request.param, tmp_path) as sandbox:
+        yield sandbox
 
 
 def run(sandbox: Sandbox, tmp_path: Path, script: str) -> tuple[SandboxResult, dict[str, object]]:

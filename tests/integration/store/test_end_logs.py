@@ -6,7 +6,7 @@ a real SeaweedFS, both databases."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,23 +32,9 @@ from tests.support.harness import fast_settings
 from tests.support.processes.s3_server import S3Server
 from tests.support.rigs.queues import enqueue
 
+pytestmark = pytest.mark.usefixtures("bucket_not_away")
 BUFFERED = 200
 DONE = Outcome(status=RunStatus.SUCCEEDED, outputs={"ok": True})
-
-
-@pytest.fixture
-def s3_ctx(tmp_path: Path, database_url: str, s3_server: S3Server) -> Iterator[Context]:
-    context = Context.open(fast_settings(tmp_path / "data", database_url, **s3_server.settings()))
-    yield context
-    context.engine.dispose()
-
-
-@pytest.fixture(autouse=True)
-def _bucket_not_away() -> Iterator[None]:
-    # A refusal in one test must not send the next test's ends down the rows path.
-    end_logs._away_until.clear()
-    yield
-    end_logs._away_until.clear()
 
 
 def _running(ctx: Context, streamed: int) -> Run:

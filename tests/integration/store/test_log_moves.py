@@ -6,10 +6,8 @@ step between the move's read and its write), on a real SeaweedFS."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
-import pytest
 from sqlalchemy import event
 from sqlmodel import func, select
 
@@ -25,15 +23,6 @@ from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
 from floom.store.models import Run, RunEvent, new_id
 from floom.vocabulary import RunStatus, ToolCallStatus
-from tests.support.harness import fast_settings
-from tests.support.processes.s3_server import S3Server
-
-
-@pytest.fixture
-def s3_ctx(tmp_path: Path, database_url: str, s3_server: S3Server) -> Iterator[Context]:
-    context = Context.open(fast_settings(tmp_path / "data", database_url, **s3_server.settings()))
-    yield context
-    context.engine.dispose()
 
 
 class _Interleaved(BlobStore):

@@ -25,24 +25,10 @@ from floom.store.db import read_connection, write_connection
 from floom.store.models import Run, utcnow
 from floom.vocabulary import RunStatus
 from tests.support.harness import fast_settings
-from tests.support.processes.s3_server import S3Server
 from tests.support.rigs.queues import enqueue
 
+pytestmark = pytest.mark.usefixtures("bucket_not_away")
 DONE = Outcome(status=RunStatus.SUCCEEDED, outputs={"ok": True})
-
-
-@pytest.fixture
-def s3_ctx(tmp_path: Path, database_url: str, s3_server: S3Server) -> Iterator[Context]:
-    context = Context.open(fast_settings(tmp_path / "data", database_url, **s3_server.settings()))
-    yield context
-    context.engine.dispose()
-
-
-@pytest.fixture(autouse=True)
-def _bucket_not_away() -> Iterator[None]:
-    end_logs._away_until.clear()
-    yield
-    end_logs._away_until.clear()
 
 
 def _running(ctx: Context) -> Run:

@@ -3,9 +3,10 @@ Python script starts from a warm process that was ready for it (asserted, not ho
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -112,3 +113,22 @@ def warm_script_spec(work_root: Path, script: str, **fields: object) -> SandboxS
 
 def _ignore(stream: str, line: str) -> None:
     """Lines of a warm-up run, unread."""
+
+
+@contextlib.contextmanager
+def cold_or_warm(start: str, tmp_path: Path) -> Iterator[Sandbox]:
+    """The local sandbox as a suite parametrized over both starts sees it: `cold`, or
+    `warm` (every run of a Python script from a warm process, under `tmp_path`/root)."""
+    local = LocalSandbox()
+    if start == "cold":
+        try:
+            yield local
+        finally:
+            local.close()
+        return
+    (tmp_path / "root").mkdir()
+    warmed = WarmedLocal(local, tmp_path / "root")
+    try:
+        yield warmed
+    finally:
+        warmed.close()
