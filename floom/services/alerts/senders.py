@@ -128,18 +128,23 @@ def _post(
         headers["webhook-signature"] = Webhook(key).sign(delivery_id, stamp, text)
     policy = policy_of(ctx.settings)
     try:
-        with guarded_client(
-            policy, timeout=ctx.settings.alert_timeout_seconds, follow_redirects=False
-        ) as client:
-            response = client.post(url, content=text.encode(), headers=headers)
+        # Only the status is wanted: the answer's body is never read, so a receiver that
+        # answers without end (or slowly) holds neither memory nor this sender.
+        with (
+            guarded_client(
+                policy, timeout=ctx.settings.alert_timeout_seconds, follow_redirects=False
+            ) as client,
+            client.stream("POST", url, content=text.encode(), headers=headers) as response,
+        ):
+            status = response.status_code
     except Exception as exc:  # a transport error, or the guard's refusal (a FloomError): both
         # are this delivery's failure, said in floom's words
         reason = describe_failure(exc)
         if url_secret is not None:
             reason = _without_host(reason, url, f"the host in secret {url_secret}")
         raise AlertUndeliverable(reason) from exc
-    if not 200 <= response.status_code < 300:
-        raise AlertUndeliverable(f"it answered HTTP {response.status_code}")
+    if not 200 <= status < 300:
+        raise AlertUndeliverable(f"it answered HTTP {status}")
 
 
 def _without_host(reason: str, url: str, instead: str) -> str:
