@@ -15,6 +15,8 @@ floom's `hmac-sha256` scheme, for senders that can compute an HMAC but not a who
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 from collections.abc import Mapping
@@ -26,6 +28,10 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 from floom.errors import FloomError
 
 TOLERANCE_SECONDS = 300
+# The fewest bytes a Standard Webhooks secret may decode to. The library decodes the secret
+# leniently (characters outside base64 are dropped), so "xy!!!!!!" is a 1-byte key anyone
+# could find by trying 256, and "!!!!" none at all.
+MIN_STANDARD_KEY_BYTES = 16
 FLOOM_TIMESTAMP = "x-floom-timestamp"
 FLOOM_SIGNATURE = "x-floom-signature"
 FLOOM_DELIVERY = "x-floom-delivery"
@@ -78,6 +84,22 @@ def verify(
     if kind == "github":
         return _verify_github(secret, lower, body)
     return _verify_floom(secret, lower, body, now or datetime.now(UTC))
+
+
+def standard_key_problem(secret: str) -> str | None:
+    """Why `secret` cannot sign Standard Webhooks (decoded as the library decodes it, with or
+    without its whsec_ prefix), or None when it can. Never quotes the secret."""
+    text = secret.removeprefix("whsec_")
+    try:
+        key = base64.b64decode(text + "==")
+    except (binascii.Error, ValueError):
+        return "it is not base64"
+    if len(key) < MIN_STANDARD_KEY_BYTES:
+        return f"it decodes to {len(key)} bytes, fewer than {MIN_STANDARD_KEY_BYTES}"
+    return None
+
+
+STANDARD_KEY_FORM = "whsec_ followed by the base64 of 24 to 64 random bytes"
 
 
 def verify_standard(*, secret: str, headers: Mapping[str, str], body: bytes) -> str:

@@ -6,11 +6,13 @@ followed. A failure raises AlertUndeliverable, in floom's words (never what the 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import re
 import smtplib
 import socket
 import ssl
+import threading
 import urllib.parse
 from datetime import UTC, datetime
 from email.message import EmailMessage
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
 
 USER_AGENT = "floom-alerts"
 MAX_SUBJECT = 150
+# A webhook send (connect, TLS, the answer's status) ends within this many alert timeouts;
+# the delivery's lease (deliveries._lease_seconds) is longer.
+SEND_BUDGET = 2
 # Never in a mail header or a Slack line: control characters, line separators.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 
@@ -127,19 +132,58 @@ def _post(
         headers["webhook-timestamp"] = str(int(stamp.timestamp()))
         headers["webhook-signature"] = Webhook(key).sign(delivery_id, stamp, text)
     policy = policy_of(ctx.settings)
+    # The whole send has a deadline, not only each read: a receiver that sends its answer a
+    # byte at a time would otherwise hold the alert loop (every alert and callback of this
+    # node) for hours. At the deadline the connection is shut, which ends any read.
+    budget = ctx.settings.alert_timeout_seconds * SEND_BUDGET
+    connections: list[socket.socket] = []
+    cut = threading.Event()
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            sock = info["return_value"].get_extra_info("socket")
+            if sock is not None:
+                connections.append(sock)
+                if cut.is_set():
+                    _shut(sock)
+
+    def at_deadline() -> None:
+        cut.set()
+        for sock in connections:
+            _shut(sock)
+
+    watchdog = threading.Timer(budget, at_deadline)
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        with guarded_client(
-            policy, timeout=ctx.settings.alert_timeout_seconds, follow_redirects=False
-        ) as client:
-            response = client.post(url, content=text.encode(), headers=headers)
+        # Only the status is wanted: the answer's body is never read, so a receiver that
+        # answers without end (or slowly) holds neither memory nor this sender.
+        with (
+            guarded_client(
+                policy, timeout=ctx.settings.alert_timeout_seconds, follow_redirects=False
+            ) as client,
+            client.stream(
+                "POST", url, content=text.encode(), headers=headers, extensions={"trace": trace}
+            ) as response,
+        ):
+            status = response.status_code
     except Exception as exc:  # a transport error, or the guard's refusal (a FloomError): both
         # are this delivery's failure, said in floom's words
         reason = describe_failure(exc)
+        if cut.is_set():
+            reason = f"it did not answer within {budget:g} s"
         if url_secret is not None:
             reason = _without_host(reason, url, f"the host in secret {url_secret}")
         raise AlertUndeliverable(reason) from exc
-    if not 200 <= response.status_code < 300:
-        raise AlertUndeliverable(f"it answered HTTP {response.status_code}")
+    finally:
+        watchdog.cancel()
+    if not 200 <= status < 300:
+        raise AlertUndeliverable(f"it answered HTTP {status}")
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # closed already
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _without_host(reason: str, url: str, instead: str) -> str:

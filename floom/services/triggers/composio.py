@@ -118,6 +118,15 @@ def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -
             "secret of your Composio webhook subscription and restart floom"
         )
         raise no_webhook_at("/hooks/composio")
+    weak = signatures.standard_key_problem(secret)
+    if weak is not None:
+        log.warning(
+            "refused a delivery to /hooks/composio: FLOOM_COMPOSIO_WEBHOOK_SECRET is not a "
+            "Standard Webhooks key (%s); set it to the secret of your Composio webhook "
+            "subscription and restart floom",
+            weak,
+        )
+        raise no_webhook_at("/hooks/composio")
     key = signatures.verify_standard(secret=secret, headers=headers, body=body)
     seen = _seen(ctx, key)
     if seen:

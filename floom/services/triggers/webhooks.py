@@ -102,6 +102,18 @@ def receive_webhook(
         )
         raise no_webhook_at(f"/hooks/{worker_name}")
     secret = values[spec.secret]
+    weak = signatures.standard_key_problem(secret) if spec.signature == "standard" else None
+    if weak is not None:
+        log.warning(
+            "refused a delivery to /hooks/%s: the secret %s is not a Standard Webhooks key "
+            "(%s); set it to %s (`floom secrets set %s`)",
+            worker_name,
+            spec.secret,
+            weak,
+            signatures.STANDARD_KEY_FORM,
+            spec.secret,
+        )
+        raise no_webhook_at(f"/hooks/{worker_name}")
     verified = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
     lower = {k.lower(): v for k, v in headers.items()}
     event_name = lower.get("x-github-event") or lower.get("x-floom-event")

@@ -10,6 +10,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -473,6 +474,121 @@ def test_what_a_worker_writes_reaches_slack_as_text_never_as_a_mention_or_a_link
         assert ">" not in text
         assert "&lt;!channel&gt; rotate your keys at &lt;https://evil.example|" in text
         assert "&amp; now" in text
+
+
+@contextmanager
+def answering_without_end(size: int = 256 * 1024 * 1024) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A receiver that answers 200 with a body of `size` bytes (a stand-in for one that never
+    ends), written until floom hangs up; `ended` says which came first."""
+    ended: dict[str, Any] = {"cut": threading.Event(), "sent_all": threading.Event()}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # http.server's naming
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            chunk = b"x" * 65536
+            try:
+                for _ in range(size // len(chunk)):
+                    self.wfile.write(chunk)
+            except OSError:
+                ended["cut"].set()
+                return
+            ended["sent_all"].set()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/done", ended
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_callback_receiver_that_answers_without_end_is_not_read(
+    tmp_path: Path, database_url: str
+) -> None:
+    # Whoever starts a run names its callback's receiver. Only the answer's status counts:
+    # floom hangs up after it, instead of holding the body in memory (and the alert loop on
+    # it) for as long as the receiver goes on sending.
+    with answering_without_end() as (url, ended), alert_server(tmp_path / "d", database_url) as srv:
+        api = srv.client()
+        deploy_folder(api, make_worker(tmp_path / "flaky", FLAKY, {"run.py": FLAKY_RUN}))
+        run = api.post("/api/v1/workers/flaky/runs", json={"callback_url": url})
+        assert run.status_code in (200, 201, 202), run.text
+        wait_for_run(api, run.json()["id"])
+        wait_until(
+            lambda: [d for d in deliveries(api, purpose="callback") if d["status"] == "delivered"],
+            timeout=60,
+        )
+        wait_until(lambda: ended["cut"].is_set() or ended["sent_all"].is_set(), timeout=60)
+        assert ended["cut"].is_set()
+        assert not ended["sent_all"].is_set()
+
+
+@contextmanager
+def answering_a_byte_at_a_time(pause: float = 0.25) -> Iterator[tuple[str, threading.Event]]:
+    """A receiver that sends its answer's head one byte per `pause` (well within any read
+    timeout), for minutes; the event is set when floom hangs up on it."""
+    hung_up = threading.Event()
+    head = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"x" * 1000 + b"\r\n\r\n"
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # http.server's naming
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                for i in range(len(head)):
+                    self.wfile.write(head[i : i + 1])
+                    self.wfile.flush()
+                    if hung_up.wait(pause):
+                        return
+            except OSError:
+                hung_up.set()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/slow", hung_up
+    finally:
+        hung_up.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_callback_receiver_that_answers_a_byte_at_a_time_holds_up_nothing(
+    tmp_path: Path, database_url: str
+) -> None:
+    # Each byte comes within the read timeout, so only a deadline on the whole send ends it;
+    # without one the alert loop (every alert and callback of the node) waits for minutes.
+    with (
+        answering_a_byte_at_a_time() as (slow, _),
+        receiver() as hook,
+        alert_server(tmp_path / "d", database_url, alert_max_attempts=1) as srv,
+    ):
+        api = srv.client()
+        deploy_folder(api, make_worker(tmp_path / "flaky", FLAKY, {"run.py": FLAKY_RUN}))
+        stuck = api.post("/api/v1/workers/flaky/runs", json={"callback_url": slow})
+        wait_for_run(api, stuck.json()["id"])
+        failed = wait_until(
+            lambda: [d for d in deliveries(api, purpose="callback") if d["status"] == "failed"],
+            timeout=30,
+        )
+        assert "did not answer within 2 s" in failed[0]["last_error"], failed
+        good = api.post("/api/v1/workers/flaky/runs", json={"callback_url": hook.url})
+        wait_for_run(api, good.json()["id"])
+        hook.wait_for(1)
 
 
 def test_a_callback_host_that_answers_when_checked_and_not_when_sent_holds_up_nothing(

@@ -4,6 +4,7 @@ reason in the log."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ import httpx
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from floom.services.access import secrets
+from floom.services.access.principal import SYSTEM
 from tests.support.harness import (
     LiveServer,
     deploy_folder,
@@ -112,6 +115,63 @@ def test_a_worker_webhook_whose_secret_is_unset_answers_like_an_absent_one_and_l
     assert "UNSET_HOOK_SECRET" in caplog.text
     assert "/hooks/unready" in caplog.text
     assert api.get("/api/v1/workers/unready/deliveries").json()["items"] == []
+
+
+def test_a_standard_webhook_whose_secret_is_no_key_answers_like_an_absent_one_and_logs_why(
+    server: LiveServer, api: httpx.Client, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The library decodes a secret leniently: "xy!!!!!!" is the 1-byte key b64decode("xy==")
+    # (a sender who tries 256 keys forges any delivery), "!!!!" is no key (it raised: a 500).
+    weak = {"weak": "xy!!!!!!", "empty": "!!!!"}
+    for name, value in weak.items():
+        secret_name = f"{name.upper()}_HOOK_SECRET"
+        secrets.set_secret(server.ctx, name=secret_name, value=value, caller=SYSTEM)
+        manifest = f"name: {name}\ninputs: {{event: object}}\ntriggers:\n"
+        manifest += f"  - webhook: {{secret: {secret_name}}}\n"
+        deploy_folder(api, make_worker(tmp_path / name, manifest, {"run.py": "print(1)\n"}))
+    body = b'{"a": 1}'
+    now = datetime.now(UTC)
+    forged = {
+        "webhook-id": "msg_weak",
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": Webhook(base64.b64decode("xy==")).sign("msg_weak", now, body),
+        "content-type": "application/json",
+    }
+
+    with caplog.at_level(logging.WARNING, logger="floom"):
+        answers = [anonymous_post(server, f"/hooks/{name}", body, **forged) for name in weak]
+    absent = anonymous_post(server, "/hooks/nobody", body, **forged)
+
+    for answer in answers:
+        assert answer.status_code == 404, answer.text
+        assert answer.json()["error"]["code"] == "not_found"
+        assert answer.json()["error"]["hint"] == absent.json()["error"]["hint"]
+    for name in weak:
+        assert f"{name.upper()}_HOOK_SECRET is not a Standard Webhooks key" in caplog.text
+        assert api.get(f"/api/v1/workers/{name}/deliveries").json()["items"] == []
+    for value in weak.values():
+        assert value not in caplog.text
+
+
+def test_a_composio_secret_that_is_no_key_answers_like_an_unset_one_and_logs_why(
+    tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = json.dumps({"type": "composio.trigger.message"}).encode()
+    now = datetime.now(UTC)
+    forged = {
+        "webhook-id": "msg_weak",
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": Webhook(base64.b64decode("xy==")).sign("msg_weak", now, body),
+    }
+    for value in ("xy!!!!!!", "!!!!"):
+        with (
+            live_server(tmp_path / value, database_url, composio_webhook_secret=value) as srv,
+            caplog.at_level(logging.WARNING, logger="floom"),
+        ):
+            answer = anonymous_post(srv, "/hooks/composio", body, **forged)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (404, "not_found")
+        assert_tells_nothing(answer)
+        assert "FLOOM_COMPOSIO_WEBHOOK_SECRET is not a Standard Webhooks key" in caplog.text
 
 
 def test_an_oversized_webhook_body_is_refused_without_naming_the_setting(
