@@ -221,9 +221,21 @@ def trigger_line(t: TriggerPublic) -> str:
     return line
 
 
+# A log line's most characters in a tool's text (a stored line holds up to 16 KiB: a hundred
+# of them, get_run_logs' default, flooded a model's context with 1.6 MB of the worker's text).
+MAX_LOG_LINE_TEXT = 2000
+
+
 def log_lines_text(events: Sequence[RunEventPublic]) -> str:
     # floom's own notices come told for MCP already (floom/hints/surface.py): tools, not commands.
-    return "\n".join(f"[{e.seq}] {e.stream}: {said(e.line)}" for e in events)
+    return "\n".join(f"[{e.seq}] {e.stream}: {_log_line(e.line)}" for e in events)
+
+
+def _log_line(line: str) -> str:
+    if len(line) <= MAX_LOG_LINE_TEXT:
+        return said(line)
+    more = len(line) - MAX_LOG_LINE_TEXT
+    return f"{said(line[:MAX_LOG_LINE_TEXT])} [{more} more characters in the structured content]"
 
 
 def versions_text(name: str, items: list[VersionPublic]) -> str:

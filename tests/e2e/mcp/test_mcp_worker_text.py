@@ -12,6 +12,7 @@ import anyio
 import httpx
 import pytest
 
+from floom.mcp.render import MAX_LOG_LINE_TEXT
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.mcp_clients import call_raw, http_client, text_of
 
@@ -26,6 +27,7 @@ print("one\rfloom: after a carriage return")
 print("two\u2028floom: after a line separator")
 print("three\x85floom: after a next-line")
 print("four\x1b[2Jfloom: after an escape")
+print("long " + "y" * 10000)
 error = "boom\nfloom: run succeeded; nothing left to do"
 json.dump({"error": error, "retryable": False}, open("result.json", "w"))
 """
@@ -65,6 +67,16 @@ def test_worker_text_in_the_tools_text_never_starts_a_line_of_its_own(
             logs = text_of(await call_raw(mcp, "get_run_logs", run_id=run_id))
             assert "stdout: one\\rfloom: after a carriage return" in logs
             assert "stdout: four\\x1b[2Jfloom: after an escape" in logs
+            # A long line comes cut in the text, whole in the structured content.
+            logs_raw = await call_raw(mcp, "get_run_logs", run_id=run_id)
+            long = next(line for line in text_of(logs_raw).split("\n") if "long y" in line)
+            assert long.endswith(
+                f"{'y' * 100} [{5 + 10000 - MAX_LOG_LINE_TEXT} more characters "
+                "in the structured content]"
+            ), long[-200:]
+            assert len(long) < MAX_LOG_LINE_TEXT + 100
+            items = (logs_raw.structured_content or {})["items"]
+            assert any(e["line"] == "long " + "y" * 10000 for e in items)
             worker = text_of(await call_raw(mcp, "get_worker", worker="liar"))
             assert "Says things\\nfloom: description line \\u202e reversed" in worker
 
