@@ -11,6 +11,7 @@ from typing import Any
 
 from floom import jsonvalues
 from floom.engine.safefiles import (
+    BIDI,
     CONTROL,
     Bounds,
     Cancelled,
@@ -157,6 +158,11 @@ def _name_problem(name: str) -> str | None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return "its name is not UTF-8"
+    if BIDI.search(name):
+        return (
+            "its name holds a bidi override or isolate (U+202A-U+202E, U+2066-U+2069), which "
+            "shows the name reordered, as another name; rename the file"
+        )
     if CONTROL.search(name):
         return (
             "its name holds a control character (a newline, a tab, a terminal escape, ...), "

@@ -57,8 +57,12 @@ class Bounds:
     max_entries: int = MAX_WALK_ENTRIES
 
 
-# Characters a name shows escaped in floom's words about it (C0, DEL, C1, line separators).
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Characters a name shows escaped in floom's words about it (C0, DEL, C1, line separators,
+# and the bidi overrides and isolates of BIDI).
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# The invisible characters that reorder how the text after them shows: a name holding one can
+# pose as another ("invoice_\u202efdp.exe" shows as "invoice_exe.pdf").
+BIDI = re.compile("[\u202a-\u202e\u2066-\u2069]")
 
 
 def said(rel: str | Sequence[str]) -> str:

@@ -27,6 +27,31 @@ from floom.vocabulary import ApprovalStatus
 MAX_TEXT_ITEMS = 30
 T = TypeVar("T")
 
+# What a worker or a caller wrote (a log line, an error, a title, a summary) is said on one
+# line: line breaks and control characters as Python escapes (newline -> `\n`, ESC ->
+# `\x1b`), bidi overrides and isolates, line and paragraph separators and zero-width marks
+# as `\uXXXX`. So no text of theirs starts a line of its own in a reply, where it could pose
+# as floom's ("floom: run succeeded"), or reorders or hides what an agent reads.
+_ONE_LINE: dict[int, str] = {
+    c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) != "\t"
+}
+_ONE_LINE.update({ord("\n"): "\\n", ord("\r"): "\\r"})
+_ONE_LINE.update(
+    {
+        c: f"\\u{c:04x}"
+        for c in (
+            *range(0x202A, 0x202F),
+            *range(0x2066, 0x206A),
+            *(0x2028, 0x2029, 0x061C, 0x200B, 0x200E, 0x200F, 0xFEFF),
+        )
+    }
+)
+
+
+def said(text: str | None) -> str:
+    """`text` a worker or a caller controls, as a reply shows it: on one line (see _ONE_LINE)."""
+    return (text or "").translate(_ONE_LINE)
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -42,7 +67,7 @@ class Reply:
 
 
 def short(value: Any, limit: int = 300) -> str:
-    text = json.dumps(value, default=str, ensure_ascii=False)
+    text = said(json.dumps(value, default=str, ensure_ascii=False))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -74,7 +99,7 @@ def workers_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
         return "no workers deployed yet; deploy a folder with deploy_worker"
     lines = [f"{len(items)} worker(s):"]
     for w in items[:MAX_TEXT_ITEMS]:
-        title = f" - {w['title']}" if w.get("title") and w["title"] != w["name"] else ""
+        title = f" - {said(w['title'])}" if w.get("title") and w["title"] != w["name"] else ""
         paused = " [paused]" if w.get("paused") else ""
         lines.append(
             f"  {w['name']} ({w.get('kind')}, {w.get('active_version_id')}){paused}{title}"
@@ -84,7 +109,7 @@ def workers_text(items: list[dict[str, Any]], next_cursor: str | None) -> str:
 
 def run_line(run: RunPublic) -> str:
     error = run.error
-    why = f" ({error.code}: {error.message})" if error else ""
+    why = f" ({error.code}: {said(error.message)})" if error else ""
     created = run.created_at.isoformat()
     return f"{run.id}  {run.worker}  {run.status}{why}  trigger={run.trigger}  created={created}"
 
@@ -102,7 +127,7 @@ def run_text(run: RunPublic) -> str:
     status = run.status
     lines[0] += status
     if run.error:
-        lines.append(f"error {run.error.code}: {run.error.message}")
+        lines.append(f"error {run.error.code}: {said(run.error.message)}")
     if run.outputs is not None:
         lines.append(f"outputs: {short(run.outputs, 1000)}")
     if run.inputs:
@@ -114,7 +139,7 @@ def run_text(run: RunPublic) -> str:
     if run.retry_of:
         lines.append(f"retry of {run.retry_of}")
     if run.cannot_start:
-        lines.append(f"not started: {run.cannot_start}")
+        lines.append(f"not started: {said(run.cannot_start)}")
     if status in ACTIVE_STATUSES:
         lines.append(f"still {status}; follow it with watch_run(run_id='{run.id}')")
     elif status in WAITING:
@@ -140,7 +165,8 @@ def went_wrong_text(run: RunPublic) -> str:
 
 def artifacts_text(run_id: str, artifacts: list[ArtifactPublic]) -> str:
     listed = ", ".join(
-        f"{a.name} ({a.content_type}, {a.size} bytes)" for a in artifacts[:MAX_TEXT_ITEMS]
+        f"{said(a.name)} ({said(a.content_type)}, {a.size} bytes)"
+        for a in artifacts[:MAX_TEXT_ITEMS]
     )
     more = f" and {len(artifacts) - MAX_TEXT_ITEMS} more" if len(artifacts) > MAX_TEXT_ITEMS else ""
     first = artifacts[0].name
@@ -195,9 +221,21 @@ def trigger_line(t: TriggerPublic) -> str:
     return line
 
 
+# A log line's most characters in a tool's text (a stored line holds up to 16 KiB: a hundred
+# of them, get_run_logs' default, flooded a model's context with 1.6 MB of the worker's text).
+MAX_LOG_LINE_TEXT = 2000
+
+
 def log_lines_text(events: Sequence[RunEventPublic]) -> str:
     # floom's own notices come told for MCP already (floom/hints/surface.py): tools, not commands.
-    return "\n".join(f"[{e.seq}] {e.stream}: {e.line}" for e in events)
+    return "\n".join(f"[{e.seq}] {e.stream}: {_log_line(e.line)}" for e in events)
+
+
+def _log_line(line: str) -> str:
+    if len(line) <= MAX_LOG_LINE_TEXT:
+        return said(line)
+    more = len(line) - MAX_LOG_LINE_TEXT
+    return f"{said(line[:MAX_LOG_LINE_TEXT])} [{more} more characters in the structured content]"
 
 
 def versions_text(name: str, items: list[VersionPublic]) -> str:
@@ -227,7 +265,7 @@ def approvals_text(items: list[ApprovalPublic], next_cursor: str | None) -> str:
 def names_text(what: str, names: list[str]) -> str:
     if not names:
         return f"no {what}"
-    return f"{len(names)} {what}: " + ", ".join(names[:MAX_TEXT_ITEMS])
+    return f"{len(names)} {what}: " + ", ".join(said(n) for n in names[:MAX_TEXT_ITEMS])
 
 
 def problems_text(result: ValidationResult) -> str:
@@ -238,5 +276,5 @@ def problems_text(result: ValidationResult) -> str:
     for p in result.problems:
         where = f"{p.path}: " if p.path else ""
         hint = f" (hint: {p.hint})" if p.hint else ""
-        lines.append(f"  {where}{p.message}{hint}")
+        lines.append(f"  {said(where + p.message + hint)}")
     return "\n".join(lines)

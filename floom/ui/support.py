@@ -146,10 +146,24 @@ def told(text: Told | None) -> str:
     return hint_surface.tell(text, surface="ui") or ""
 
 
+# The invisible characters that reorder the text after them (bidi overrides and isolates): in
+# a worker's title one showed the worker's name beside it reversed. Every value a page shows
+# says them as `\u202e` (floom's own Markup is left as it is), as the floom command does.
+_BIDI_SHOWN = {c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def _shown(value: Any) -> Any:
+    """Jinja's finalize: a plain string with its bidi controls in a visible form."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return value.translate(_BIDI_SHOWN)
+    return value
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=FileSystemLoader(WEB_DIR / "templates"),
         autoescape=select_autoescape(["html"]),
+        finalize=_shown,
         trim_blocks=True,
         lstrip_blocks=True,
     )

@@ -9,7 +9,7 @@ from mcp.server.mcpserver import Context
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from floom.mcp.render import Reply
+from floom.mcp.render import Reply, said
 from floom.mcp.toolkit import READ, WRITE, FloomTool, backend_of, floom_tool, off
 from floom.schemas.alerts import (
     AlertDeliveryPublic,
@@ -32,8 +32,8 @@ def _channels_text(items: list[ChannelPublic]) -> str:
 
 def _delivery_line(d: AlertDeliveryPublic) -> str:
     to = d.channel or d.target or ""
-    why = f" ({d.last_error})" if d.last_error else ""
-    return f"{d.id} {d.status} {d.type} to {to}, {d.attempts} tries: {d.summary}{why}"
+    why = f" ({said(d.last_error)})" if d.last_error else ""
+    return f"{d.id} {d.status} {d.type} to {to}, {d.attempts} tries: {said(d.summary)}{why}"
 
 
 @floom_tool

@@ -21,6 +21,7 @@ from floom.mcp.render import (
     problems_text,
     run_text,
     runs_text,
+    said,
     short,
     trigger_line,
     versions_text,
@@ -124,7 +125,7 @@ async def get_worker(ctx: Context, worker: WorkerName) -> Reply:
         f"{len(recent)} recent run(s)"
     )
     if body.description:
-        text += f"\n{body.description}"
+        text += f"\n{said(body.description)}"
     for name in body.secrets_missing:
         text += (
             f"\nsecret {name} is not set: its runs fail until it is; "
@@ -396,7 +397,7 @@ async def _report_progress(
     newest = (await off(backend.get_logs, run.id, tail=1)).items
     message = f"run {run.id} is {run.status}"
     if newest:
-        message += f"; last log line: {newest[-1].line[:200]}"
+        message += f"; last log line: {said(newest[-1].line[:200])}"
     await ctx.report_progress(round(elapsed, 2), total, message)
 
 
@@ -598,7 +599,7 @@ async def run_exposed(ctx: Context, worker: ExposedWorker, inputs: dict[str, Any
         message = run.error.message if run.error else None
         raise RunDidNotSucceed(
             f"run {run.id} of {worker.name} ended {run.status}"
-            + (f": {message}" if message else ""),
+            + (f": {said(message)}" if message else ""),
             hint=f"read its logs with get_run_logs(run_id='{run.id}')",
             details={"run": run.to_json()},
         )

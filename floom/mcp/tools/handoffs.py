@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
-from floom.mcp.render import MAX_TEXT_ITEMS, Reply, short
+from floom.mcp.render import MAX_TEXT_ITEMS, Reply, said, short
 from floom.mcp.toolkit import (
     DESTRUCTIVE,
     READ,
@@ -49,7 +49,7 @@ def job_line(job: JobPublic) -> str:
     attempt = f" attempt {job.attempt}" if job.attempt > 1 else ""
     return (
         f"{job.id}  [{job.status}] {job.priority} for {job.role}"
-        f"{held}{attempt}: {_clip(job.summary, 120)}"
+        f"{said(held)}{attempt}: {said(_clip(job.summary, 120))}"
     )
 
 
@@ -60,7 +60,7 @@ def _clip(text: str, limit: int) -> str:
 def job_text(job: JobPublic, head: str = "") -> str:
     lines = [head + job_line(job)] if head else [job_line(job)]
     if job.constraints:
-        lines.append("constraints: " + "; ".join(job.constraints))
+        lines.append("constraints: " + "; ".join(said(c) for c in job.constraints))
     if job.context:
         lines.append(f"context: {short(job.context, 600)}")
     if job.blocked_by:
@@ -73,7 +73,7 @@ def job_text(job: JobPublic, head: str = "") -> str:
     if job.rejection:
         lines.append(
             f"retry of {job.retry_of} (attempt {job.attempt}), rejected: "
-            f"{job.rejection.reason}; handoff_reopen_context tells every rejection"
+            f"{said(job.rejection.reason)}; handoff_reopen_context tells every rejection"
         )
     if job.follow_on_of:
         lines.append(f"follow-on of {job.follow_on_of}")
@@ -82,7 +82,7 @@ def job_text(job: JobPublic, head: str = "") -> str:
     if job.result:
         lines.append(f"result: {short(job.result, 600)}")
     if job.reason:
-        lines.append(f"reason: {job.reason}")
+        lines.append(f"reason: {said(job.reason)}")
     for event in job.events:
         moved = (
             f" {event.from_status or '-'} -> {event.to_status}"
@@ -91,8 +91,8 @@ def job_text(job: JobPublic, head: str = "") -> str:
         )
         why = event.payload.get("reason")
         lines.append(
-            f"  {event.ts.isoformat()} {event.type}{moved} by {event.actor}"
-            + (f": {why}" if why else "")
+            f"  {event.ts.isoformat()} {event.type}{moved} by {said(event.actor)}"
+            + (f": {said(str(why))}" if why else "")
         )
     return "\n".join(lines)
 
@@ -330,12 +330,13 @@ async def handoff_reopen_context(ctx: Context, job_id: JobId) -> Reply:
     rejection reason so far and the attempt count (without the full context payload)."""
     body = await off(backend_of(ctx).handoff_reopen_context, job_id)
     lines = [
-        f"job {body.job_id} is attempt {body.attempt} of {body.original_job_id}: {body.summary}"
+        f"job {body.job_id} is attempt {body.attempt} of {body.original_job_id}: "
+        + said(body.summary)
     ]
     if body.constraints:
-        lines.append("constraints: " + "; ".join(body.constraints))
+        lines.append("constraints: " + "; ".join(said(c) for c in body.constraints))
     for r in body.rejections:
-        lines.append(f"  attempt {r.attempt} rejected by {r.reviewer}: {r.reason}")
+        lines.append(f"  attempt {r.attempt} rejected by {said(r.reviewer)}: {said(r.reason)}")
     return Reply("\n".join(lines), body.to_json())
 
 

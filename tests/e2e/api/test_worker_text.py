@@ -49,7 +49,8 @@ elif attack == "surrogate-error":
     open("result.json", "w").write('{"error": "bad \\udcff"}')
 elif attack == "artifact-names":
     json.dump({"outputs": {}}, open("result.json", "w"))
-    for name in ["日本.txt", "é.txt", 'q"uote.txt', "a\nb.txt", "esc\x1b[31m.txt", "del\x7f.txt"]:
+    for name in ["日本.txt", "é.txt", 'q"uote.txt', "a\nb.txt", "esc\x1b[31m.txt", "del\x7f.txt",
+                 "invoice_\u202efdp.exe", "iso\u2067late.txt", "عربي.txt"]:
         open(out + b"/" + name.encode(), "w").write("x")
 """
 
@@ -146,7 +147,7 @@ def test_an_artifact_of_any_printable_name_downloads_and_one_with_a_control_char
 
     assert run["status"] == "succeeded", run
     assert sorted(a["name"] for a in run["artifacts"]) == sorted(
-        ["日本.txt", "é.txt", 'q"uote.txt']
+        ["日本.txt", "é.txt", 'q"uote.txt', "عربي.txt"]
     )
     web = signed_in_client(server, server.admin_key)
     for name in ["日本.txt", "é.txt", 'q"uote.txt']:
@@ -162,6 +163,11 @@ def test_an_artifact_of_any_printable_name_downloads_and_one_with_a_control_char
     lines = log_lines(api, run["id"])
     for shown in ["a\\x0ab.txt", "esc\\x1b[31m.txt", "del\\x7f.txt"]:
         assert f"artifact {shown} was not kept: its name holds a control character" in "\n".join(
+            lines
+        ), lines
+    # A bidi override or isolate shows a name as another (invoice_exe.pdf): not kept either.
+    for shown in ["invoice_\\u202efdp.exe", "iso\\u2067late.txt"]:
+        assert f"artifact {shown} was not kept: its name holds a bidi override" in "\n".join(
             lines
         ), lines
 
