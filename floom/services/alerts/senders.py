@@ -235,14 +235,27 @@ class _GuardedSMTP(smtplib.SMTP):
     """smtplib's client whose connection goes to the address the egress guard checked, while
     the server's name stays the one STARTTLS verifies its certificate against."""
 
-    def __init__(self, policy: EgressPolicy, *, host: str, port: int, timeout: float) -> None:
+    def __init__(self, policy: EgressPolicy, *, host: str, timeout: float) -> None:
         self._policy = policy
-        # Connects at once; the name given here is the one STARTTLS checks.
-        super().__init__(host=host, port=port, timeout=timeout)
+        self._cut = False
+        self._connection: socket.socket | None = None
+        super().__init__(timeout=timeout)  # connects in `connect`, once it can be cut
+        self._host = host  # the name STARTTLS checks (smtplib keeps the constructor's)
+
+    def cut(self) -> None:
+        """Shut the connection, now or as soon as it is made (from another thread): any read
+        or write waiting on it ends. STARTTLS wraps it in a socket of its own: both are shut."""
+        self._cut = True
+        for sock in (self._connection, self.sock):
+            if sock is not None:
+                _shut(sock)
 
     def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
         address = resolve_checked_now(host, port, self._policy)
-        return socket.create_connection((address, port), timeout)
+        self._connection = socket.create_connection((address, port), timeout)
+        if self._cut:
+            _shut(self._connection)
+        return self._connection
 
 
 def send_mail(
@@ -255,14 +268,28 @@ def send_mail(
     message["Subject"] = f"[floom] {summary_line(body)}"[:MAX_SUBJECT]
     message.set_content(mail_text(body))
     stage = "connecting"
+    # The whole exchange has a deadline, not only each read (as send_webhook's): a server
+    # that says its lines a byte at a time would otherwise hold the alert loop for hours.
+    budget = ctx.settings.alert_timeout_seconds * SEND_BUDGET
+    smtp = _GuardedSMTP(
+        policy_of(ctx.settings), host=config["host"], timeout=ctx.settings.alert_timeout_seconds
+    )
+    cut = threading.Event()
+
+    def at_deadline() -> None:
+        cut.set()
+        smtp.cut()
+
+    watchdog = threading.Timer(budget, at_deadline)
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        smtp = _GuardedSMTP(
-            policy_of(ctx.settings),
-            host=config["host"],
-            port=config.get("port", 587),
-            timeout=ctx.settings.alert_timeout_seconds,
-        )
+        code, said = smtp.connect(config["host"], config.get("port", 587))
         try:
+            if cut.is_set():  # a greeting cut off at the deadline reads as a short one
+                raise smtplib.SMTPServerDisconnected("cut off at the deadline")
+            if code != 220:  # as smtplib.SMTP(host) checks it
+                raise smtplib.SMTPConnectError(code, said)
             if config.get("starttls", True):
                 stage = "starting TLS"
                 smtp.starttls(context=ssl.create_default_context())
@@ -276,21 +303,27 @@ def send_mail(
                 smtp.quit()
             except (smtplib.SMTPException, OSError):
                 smtp.close()
-    except smtplib.SMTPAuthenticationError as exc:
-        raise AlertUndeliverable(
-            f"the mail server refused the login (SMTP {exc.smtp_code})"
-        ) from exc
-    except smtplib.SMTPNotSupportedError as exc:
-        raise AlertUndeliverable("the mail server does not offer STARTTLS", permanent=True) from exc
-    except smtplib.SMTPResponseException as exc:
-        raise AlertUndeliverable(
-            f"the mail server answered SMTP {exc.smtp_code} while {stage}"
-        ) from exc
-    except smtplib.SMTPServerDisconnected as exc:
-        raise AlertUndeliverable(f"the mail server closed the connection while {stage}") from exc
-    except ssl.SSLError as exc:
-        raise AlertUndeliverable(
-            f"TLS with the mail server failed ({exc.reason or 'handshake'})"
-        ) from exc
-    except Exception as exc:  # a refused address (a FloomError), a socket error, and the like
-        raise AlertUndeliverable(f"{describe_failure(exc)} while {stage}") from exc
+    except Exception as exc:
+        if cut.is_set():
+            raise AlertUndeliverable(
+                f"the mail server did not finish within {budget:g} s (while {stage})"
+            ) from exc
+        raise _mail_failure(exc, stage) from exc
+    finally:
+        watchdog.cancel()
+
+
+def _mail_failure(exc: Exception, stage: str) -> AlertUndeliverable:
+    """What went wrong with a mail delivery, in floom's words."""
+    if isinstance(exc, smtplib.SMTPAuthenticationError):
+        return AlertUndeliverable(f"the mail server refused the login (SMTP {exc.smtp_code})")
+    if isinstance(exc, smtplib.SMTPNotSupportedError):
+        return AlertUndeliverable("the mail server does not offer STARTTLS", permanent=True)
+    if isinstance(exc, smtplib.SMTPResponseException):
+        return AlertUndeliverable(f"the mail server answered SMTP {exc.smtp_code} while {stage}")
+    if isinstance(exc, smtplib.SMTPServerDisconnected):
+        return AlertUndeliverable(f"the mail server closed the connection while {stage}")
+    if isinstance(exc, ssl.SSLError):
+        return AlertUndeliverable(f"TLS with the mail server failed ({exc.reason or 'handshake'})")
+    # a refused address (a FloomError), a socket error, and the like
+    return AlertUndeliverable(f"{describe_failure(exc)} while {stage}")

@@ -5,6 +5,7 @@ server; signatures are checked with the Standard Webhooks library."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import socket
 import threading
@@ -589,6 +590,63 @@ def test_a_callback_receiver_that_answers_a_byte_at_a_time_holds_up_nothing(
         good = api.post("/api/v1/workers/flaky/runs", json={"callback_url": hook.url})
         wait_for_run(api, good.json()["id"])
         hook.wait_for(1)
+
+
+@contextmanager
+def mail_server_saying_a_byte_at_a_time(
+    pause: float = 0.25,
+) -> Iterator[tuple[int, threading.Event]]:
+    """A mail server that says its greeting one byte per `pause` (well within any read
+    timeout), for minutes; the event is set when floom hangs up on it."""
+    hung_up = threading.Event()
+    greeting = b"220 " + b"x" * 1000 + b"\r\n"
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                try:
+                    for i in range(len(greeting)):
+                        conn.sendall(greeting[i : i + 1])
+                        if hung_up.wait(pause):
+                            return
+                except OSError:
+                    hung_up.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], hung_up
+    finally:
+        hung_up.set()
+        listener.close()
+
+
+def test_a_mail_server_that_speaks_a_byte_at_a_time_holds_up_nothing(
+    tmp_path: Path, database_url: str
+) -> None:
+    # Each byte comes within the read timeout, so only a deadline on the whole exchange
+    # ends it; without one the test send (and the alert loop) waits for minutes.
+    with (
+        mail_server_saying_a_byte_at_a_time() as (port, _),
+        alert_server(tmp_path / "d", database_url, agent_http_resolve="mail.test=127.0.0.1") as srv,
+        srv.client() as api,
+    ):
+        mail = {
+            "host": "mail.test",
+            "port": port,
+            "starttls": False,
+            "sender": "floom@example.com",
+            "to": ["ops@example.com"],
+        }
+        body = {"name": "mail", "kind": "email", "config": mail}
+        assert api.post("/api/v1/alerts/channels", json=body).status_code == 201
+        sent = api.post("/api/v1/alerts/channels/mail/test", timeout=60)
+        assert sent.status_code == 502, sent.text
+        error = sent.json()["error"]
+        assert error["code"] == "alert_undeliverable"
+        assert "did not finish within 2 s (while connecting)" in error["message"], error
 
 
 def test_a_callback_host_that_answers_when_checked_and_not_when_sent_holds_up_nothing(
