@@ -155,6 +155,10 @@ def _handle_due(
         )
         _record_skip(ctx, trigger, worker, spec, too_old, MISSED, message)
         last = too_old
+    # Ticks that become no run are recorded a batch at a time: after a day's downtime an
+    # every-minute schedule has 1,439 of them, and a transaction each held the scheduler
+    # (every other schedule of the node) for seconds.
+    skipped: list[_Skip] = []
     for decision in decisions:
         t = decision.scheduled_for
         if not decision.fire:
@@ -164,13 +168,16 @@ def _handle_due(
                 else "catch_up is latest and a later tick ran instead"
             )
             message = f"missed while the scheduler was not running ({reason})"
-            _record_skip(ctx, trigger, worker, spec, t, MISSED, message)
+            skipped.append(_Skip(t, MISSED, message))
         elif trigger.paused or worker.paused:
             what = "this trigger" if trigger.paused else f"worker '{worker.name}'"
-            _record_skip(ctx, trigger, worker, spec, t, PAUSED, f"{what} is paused")
+            skipped.append(_Skip(t, PAUSED, f"{what} is paused"))
         else:
+            _record_skips(ctx, trigger, worker, spec, skipped)
+            skipped = []
             _fire(ctx, trigger, worker, spec, t)
         last = t
+    _record_skips(ctx, trigger, worker, spec, skipped)
     return last
 
 
@@ -240,6 +247,84 @@ def _active_runs(ctx: Context, trigger_id: str) -> list[Run]:
         )
 
 
+@dataclass(frozen=True)
+class _Skip:
+    """A tick that becomes no run, and why."""
+
+    scheduled_for: datetime
+    code: RunErrorCode
+    message: str
+
+    def said(self) -> tuple[datetime, RunErrorCode, str]:
+        return self.scheduled_for, self.code, self.message
+
+
+SKIPS_PER_TRANSACTION = 500
+
+
+def _record_skips(
+    ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, skips: list[_Skip]
+) -> None:
+    """Ticks that become no run, in order, up to SKIPS_PER_TRANSACTION in one transaction.
+    A batch another scheduler recorded any tick of (the exactly-once key) is recorded again
+    tick by tick, which skips what that scheduler owns."""
+    for start in range(0, len(skips), SKIPS_PER_TRANSACTION):
+        batch = skips[start : start + SKIPS_PER_TRANSACTION]
+        if len(batch) == 1:
+            _record_skip(ctx, trigger, worker, spec, *batch[0].said())
+            continue
+        try:
+            with session_scope(ctx.engine, write=True) as s:
+                workers.lock_worker(s, worker.name)
+                for skip in batch:
+                    _insert_skip(s, ctx, trigger, worker, spec, skip)
+                _advance(s, trigger.id, batch[-1].scheduled_for)
+        except IntegrityError:
+            for skip in batch:
+                _record_skip(ctx, trigger, worker, spec, *skip.said())
+            continue
+        except NotFound:
+            return  # the worker was deleted since this tick read it: nothing is left to record
+        first, last = batch[0], batch[-1]
+        log.info(
+            "schedule %s of %s: %d ticks from %s to %s became no run (%s)",
+            trigger.id,
+            worker.name,
+            len(batch),
+            first.scheduled_for.isoformat(),
+            last.scheduled_for.isoformat(),
+            last.message,
+        )
+
+
+def _insert_skip(
+    s: Session, ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, skip: _Skip
+) -> None:
+    run_id = new_id("run")
+    s.add(
+        TriggerFire(
+            trigger_id=trigger.id,
+            scheduled_for=skip.scheduled_for,
+            outcome=skip.code,
+            run_id=run_id,
+            node_id=ctx.node_id,
+        )
+    )
+    s.flush()  # the exactly-once key, as for a run
+    runs.insert_skipped_run(
+        s,
+        run_id=run_id,
+        worker_name=worker.name,
+        version_id=worker.active_version_id,
+        trigger=RunTrigger.SCHEDULE,
+        trigger_id=trigger.id,
+        code=skip.code,
+        reason=skip.message,
+        inputs=spec.inputs,
+        scheduled_for=skip.scheduled_for,
+    )
+
+
 def _record_skip(
     ctx: Context,
     trigger: Trigger,
@@ -250,32 +335,10 @@ def _record_skip(
     message: str,
 ) -> None:
     """A tick that does not become a run: a skipped run row, visible in every run list."""
-    run_id = new_id("run")
     try:
         with session_scope(ctx.engine, write=True) as s:
             workers.lock_worker(s, worker.name)
-            s.add(
-                TriggerFire(
-                    trigger_id=trigger.id,
-                    scheduled_for=t,
-                    outcome=code,
-                    run_id=run_id,
-                    node_id=ctx.node_id,
-                )
-            )
-            s.flush()  # the exactly-once key, as for a run
-            runs.insert_skipped_run(
-                s,
-                run_id=run_id,
-                worker_name=worker.name,
-                version_id=worker.active_version_id,
-                trigger=RunTrigger.SCHEDULE,
-                trigger_id=trigger.id,
-                code=code,
-                reason=message,
-                inputs=spec.inputs,
-                scheduled_for=t,
-            )
+            _insert_skip(s, ctx, trigger, worker, spec, _Skip(t, code, message))
             _advance(s, trigger.id, t)
     except IntegrityError:
         _advance_alone(ctx, trigger.id, t)

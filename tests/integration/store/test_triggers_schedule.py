@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 from sqlmodel import select
 
 from floom.engine.loops.scheduler import Scheduler
@@ -373,3 +374,28 @@ def test_the_scheduler_thread_sleeps_until_the_tick_and_fires_it_on_time(
     assert run.scheduled_for == tick
     assert runtime.queued.is_set()  # a local executor is woken at once
     assert timedelta(0) <= run.created_at + offset - tick < timedelta(seconds=1)
+
+
+def test_a_day_of_missed_minutes_is_recorded_in_a_few_transactions(
+    ctx: Context, tmp_path: Path
+) -> None:
+    # An every-minute schedule after a day down: 1,439 ticks become skipped runs. One
+    # transaction each held the scheduler, and every other schedule of the node, for seconds.
+    deploy(ctx, tmp_path / "w", ['{cron: "* * * * *", overlap: allow}'])
+    as_if_deployed_at(ctx, MONDAY)
+    commits: list[object] = []
+
+    def count(connection: object) -> None:
+        commits.append(connection)
+
+    sqlalchemy.event.listen(ctx.engine, "commit", count)
+    try:
+        Scheduler(ctx).tick(MONDAY + timedelta(days=1, seconds=30))
+    finally:
+        sqlalchemy.event.remove(ctx.engine, "commit", count)
+    with session_scope(ctx.engine) as s:
+        rows = s.exec(select(Run.status, Run.error_code).where(Run.worker_name == "tick")).all()
+    assert len(rows) == 1440
+    assert sorted(set(rows)) == [("queued", None), ("skipped", "missed")]
+    assert rows.count(("queued", None)) == 1
+    assert len(commits) < 20  # the run's own, and a few batches of skipped ticks
