@@ -152,12 +152,6 @@ while not os.path.exists("go") and time.monotonic() < deadline:
 """
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: about half the runs under load leave one python3 zombie of the dead warm "
-    "process's tree (one fork a run, Linux 6.15+); not yet traced to the process that is "
-    "handed to floom",
-)
 def test_a_warm_run_whose_warm_process_died_leaves_floom_no_zombie(
     tmp_path: Path, as_pid_one: None
 ) -> None:

@@ -363,11 +363,17 @@ class WarmProcess:
         children it ends on its own once they have (its control socket closed tells it),
         and a thread reaps it then; `now` (the node stops) kills it at once."""
         if now or not self.direct or not self._has_children():
+            interpreter = _pidfd_of(self.pid)
             _end(self.proc, self.control)
+            if interpreter >= 0:
+                # Killed with its bubblewrap: where bubblewrap ended first, the kernel handed
+                # it to floom (when floom reaps orphans: its container's pid 1).
+                procfs.reap_if_ours(interpreter, REAP_WAIT_SECONDS)
+                os.close(interpreter)
             return
         self.control.close()
         with _closing_lock:
-            _closing.add(self.proc)
+            _closing[self.proc] = self.pid
         threading.Thread(
             target=_reap, args=(self.proc,), name="floom-warm-reap", daemon=True
         ).start()
@@ -498,7 +504,7 @@ def pidfd_exit_supported() -> bool:
     return status is not None and os.waitstatus_to_exitcode(status) == 3
 
 
-_closing: set[subprocess.Popen[bytes]] = set()
+_closing: dict[subprocess.Popen[bytes], int] = {}
 """The bubblewraps of warm processes closed and ending on their own after their runs."""
 _closing_lock = threading.Lock()
 
@@ -506,7 +512,7 @@ _closing_lock = threading.Lock()
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
     with _closing_lock:
-        _closing.discard(proc)
+        _closing.pop(proc, None)
     if proc.stderr is not None:
         with contextlib.suppress(OSError):
             proc.stderr.close()
@@ -516,11 +522,19 @@ def end_closing(token: str) -> None:
     """Kill now, and reap, the warm processes whose owner marker ends with `token` that were
     closed and are still ending on their own (the node stops)."""
     with _closing_lock:
-        procs = [p for p in _closing if str(p.args[-1]).endswith(token)]  # type: ignore[index]
-    for proc in procs:
+        procs = [
+            (p, pid)
+            for p, pid in _closing.items()
+            if str(p.args[-1]).endswith(token)  # type: ignore[index]
+        ]
+    for proc, pid in procs:
+        interpreter = _pidfd_of(pid)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
         proc.wait()
+        if interpreter >= 0:  # as in WarmProcess.close: handed to floom if bwrap ended first
+            procfs.reap_if_ours(interpreter, REAP_WAIT_SECONDS)
+            os.close(interpreter)
 
 
 def _read_message(sock: socket.socket, timeout: float) -> dict[str, object]:
@@ -559,6 +573,14 @@ def _tail(proc: subprocess.Popen[bytes]) -> str:
     with contextlib.suppress(OSError, ValueError):
         return proc.stderr.read(4096).decode("utf-8", "replace")
     return ""
+
+
+def _pidfd_of(pid: int) -> int:
+    """A pidfd of `pid`, or -1 when it has ended and been reaped already."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return -1
 
 
 def _close_quietly(fd: int) -> None:
