@@ -478,6 +478,18 @@ def test_what_a_worker_writes_reaches_slack_as_text_never_as_a_mention_or_a_link
 
 
 @contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served on loopback, on threads of its own; yields its origin."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
 def answering_without_end(size: int = 256 * 1024 * 1024) -> Iterator[tuple[str, dict[str, Any]]]:
     """A receiver that answers 200 with a body of `size` bytes (a stand-in for one that never
     ends), written until floom hangs up; `ended` says which came first."""
@@ -504,14 +516,8 @@ def answering_without_end(size: int = 256 * 1024 * 1024) -> Iterator[tuple[str, 
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/done", ended
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as origin:
+        yield f"{origin}/done", ended
 
 
 def test_a_callback_receiver_that_answers_without_end_is_not_read(
@@ -557,15 +563,11 @@ def answering_a_byte_at_a_time(pause: float = 0.25) -> Iterator[tuple[str, threa
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/slow", hung_up
+        with serving(Handler) as origin:
+            yield f"{origin}/slow", hung_up
     finally:
         hung_up.set()
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_callback_receiver_that_answers_a_byte_at_a_time_holds_up_nothing(
