@@ -273,9 +273,11 @@ class E2BSession(SandboxSession):
         doing = "creating the sandbox"
         try:
             if first:
-                self.box = self._create(spec)
+                asked = time.monotonic()
+                self.box, timeout = self._create(spec)
                 if spec.fence:
-                    self.keeper = LeaseKeeper(self.box, spec.fence)
+                    # E2B's clock starts when it gets the request: no earlier than `asked`.
+                    self.keeper = LeaseKeeper(self.box, spec.fence, ends=asked + timeout)
             box = self.box
             if box is None:
                 raise SandboxUnavailable("this E2B session's sandbox is gone")
@@ -304,7 +306,8 @@ class E2BSession(SandboxSession):
         except Exception as exc:  # an SDK or transport failure of E2B, not of the script
             raise self.backend.unavailable(exc, doing=doing) from exc
 
-    def _create(self, spec: SandboxSpec) -> E2BBox:
+    def _create(self, spec: SandboxSpec) -> tuple[E2BBox, int]:
+        """The run's sandbox and the E2B timeout (seconds) it was given."""
         template = spec.template or self.backend.template
         timeout = math.ceil(spec.timeout_seconds) + SANDBOX_SLACK_SECONDS
         left = _lease_left(spec.fence)
@@ -316,15 +319,16 @@ class E2BSession(SandboxSession):
             box = warm.take(BoxShape(template, spec.network, node), timeout=timeout)
             if box is not None:
                 self.warm = True
-                return box
+                return box, timeout
         try:
-            return E2BBox.create(
+            box = E2BBox.create(
                 template=template,
                 timeout=timeout,
                 metadata=dict(spec.metadata),
                 allow_internet_access=spec.network,
                 **self.backend.api(),
             )
+            return box, timeout
         except Exception as exc:
             if isinstance(exc, SandboxException) and "not found" in str(exc):
                 raise SandboxUnavailable(
@@ -411,27 +415,34 @@ class LeaseKeeper:
     it (later by the latency of the last request at most): the SDK cannot be called from a
     frozen process, so this is the one kill that does not need floom."""
 
-    def __init__(self, box: E2BBox, fence: str) -> None:
+    def __init__(self, box: E2BBox, fence: str, *, ends: float) -> None:
         self._box = box
         self._fence = fence
         self._stopped = threading.Event()
-        self._sent = node_fence().deadline(fence)
+        # When E2B ends the sandbox (monotonic), as last asked: the timeout is whole seconds
+        # rounded down, so this is up to a second before the lease's deadline.
+        self._ends = ends
         self._thread = threading.Thread(target=self._keep, name="floom-e2b-lease", daemon=True)
         self._thread.start()
 
+    def _next_pass(self) -> float:
+        # Well before E2B's end: a short lease (whole seconds, rounded down) leaves little.
+        left = self._ends - time.monotonic()
+        return min(LEASE_KEEP_SECONDS, max(0.05, left / 3))
+
     def _keep(self) -> None:
-        while not self._stopped.wait(LEASE_KEEP_SECONDS):
+        while not self._stopped.wait(self._next_pass()):
             fence = node_fence()
             deadline = fence.deadline(self._fence)
             if deadline is None or fence.lapsed(self._fence):
                 continue  # E2B ends it at the deadline it was given last
-            if self._sent is not None and deadline - self._sent < 1.0:
-                continue
+            if deadline - self._ends < 1.0:
+                continue  # the lease has not moved a whole second past E2B's end
+            asked = time.monotonic()
+            seconds = max(1, math.floor(deadline - asked))
             try:
-                self._box.set_timeout(
-                    max(1, math.floor(deadline - time.monotonic())), request_timeout=KILL_TIMEOUT
-                )
-                self._sent = deadline
+                self._box.set_timeout(seconds, request_timeout=KILL_TIMEOUT)
+                self._ends = asked + seconds
             except Exception as exc:  # the next pass tries again; E2B keeps the last one
                 log.warning("could not move the E2B sandbox's timeout on: %s", exc)
 

@@ -73,3 +73,46 @@ def test_an_e2b_sandbox_s_timeout_follows_its_attempt_s_lease(
         fence.forget(key)
     assert results
     assert results[0].cancelled
+
+
+def test_a_short_lease_renewed_on_time_keeps_its_e2b_sandbox_alive(
+    standin: E2BStandin, tmp_path: Path
+) -> None:
+    # A lease of 3 s renewed every 0.3 s (the deadline 2.7 s ahead, rounded down to 2 s for
+    # E2B). The keeper moved E2B's end only once the lease had moved a second past
+    # the deadline it last read (not past the end it gave E2B): its first move came at 2 s,
+    # racing E2B ending the sandbox then (a warm E2B run failed in CI "while uploading").
+    e2b = e2b_backend(standin)
+    fence = node_fence()
+    key = f"run_{secrets.token_hex(8)}.1"
+    fence.arm(key, time.monotonic() + 2.7)
+    renewing = threading.Event()
+    lowest: list[float] = []
+
+    def heartbeat() -> None:
+        while not renewing.wait(0.3):
+            fence.arm(key, time.monotonic() + 2.7)
+
+    def watch() -> None:
+        while not renewing.wait(0.02):
+            if (left := _remaining(standin)) is not None:
+                lowest.append(left)
+
+    beats = threading.Thread(target=heartbeat)
+    beats.start()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        result, lines = run_script(
+            e2b, tmp_path, "import time\ntime.sleep(4.5)\nprint('lived')", fence=key
+        )
+    finally:
+        renewing.set()
+        beats.join(timeout=10)
+        watcher.join(timeout=10)
+        fence.forget(key)
+    assert result.exit_code == 0, (result, lines)
+    assert ("stdout", "lived") in lines
+    # E2B's end never came near: the keeper moves it on well before.
+    assert lowest
+    assert min(lowest) > 0.6, min(lowest)

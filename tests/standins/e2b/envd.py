@@ -39,6 +39,8 @@ from tests.standins.e2b.sandboxes import (
 )
 
 SANDBOX_HEADER = "e2b-sandbox-id"
+# A command started without a timeout runs until its sandbox ends (a day at most here).
+NO_COMMAND_TIMEOUT = 86_400.0
 
 
 class StreamDropped(Exception):
@@ -109,13 +111,14 @@ class ProcessService(Process):
             self.core.command_starts.append((time.monotonic(), sandbox.sandbox_id, line))
         queue = process.subscribe()
         # As envd: the command's own timeout (the stream's deadline) bounds the process,
-        # not the request; a client that goes away leaves the process running.
+        # not the request; a client that goes away leaves the process running. Its sandbox's
+        # end (which a set_timeout moves on) kills it too (kill_expired), not its end as it
+        # stood when the command started.
         remaining_ms = ctx.timeout_ms
-        timeout = remaining_ms / 1000 if remaining_ms else sandbox.remaining_seconds()
         process.start(
             local=self.core.local,
             scratch=self.core.root / "scratch" / f"{sandbox.sandbox_id}-{process.pid}",
-            timeout_seconds=min(timeout, sandbox.remaining_seconds()),
+            timeout_seconds=remaining_ms / 1000 if remaining_ms else NO_COMMAND_TIMEOUT,
         )
         yield process_pb.StartResponse(event=_started(process.pid))
         async for event in _events(process, queue):
