@@ -203,8 +203,8 @@ class Disks:
             self._to_close.append(disk)
             if self._due is None:
                 self._due = time.monotonic() + DELAY_SECONDS
+                self._changed.notify()  # it sleeps until told (see _wake_for)
             self._start_thread()
-            self._changed.notify()
 
     def close(self) -> None:
         """Close the disks kept ready; the thread ends once it closed those let go of."""
@@ -235,12 +235,20 @@ class Disks:
             ready = self._ready.get(key)
             disk = ready.popleft() if ready else None
             if not ready:
-                self._due = time.monotonic()  # the next run would make its own: now
+                self._wake_for(time.monotonic())  # the next run would make its own: now
             elif self._due is None:
-                self._due = time.monotonic() + DELAY_SECONDS
+                self._wake_for(time.monotonic() + DELAY_SECONDS)
             self._start_thread()
-            self._changed.notify()
         return disk
+
+    def _wake_for(self, due: float) -> None:
+        """Have the thread work at `due` (under the lock). It is woken only when that is
+        sooner than the time it sleeps towards (or it sleeps until told): a wake-up of a
+        thread that then sleeps on to the same time cost each run's start and end a switch
+        of threads and of the GIL."""
+        if self._due is None or due < self._due:
+            self._due = due
+            self._changed.notify()
 
     def _start_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
