@@ -5,8 +5,10 @@ and load balancers retry or go elsewhere instead of meeting a refused connection
 from __future__ import annotations
 
 import math
+import socket
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -64,10 +66,23 @@ class DrainingServer(uvicorn.Server):
     lifespan's end); once the drain is over, uvicorn stops as it would have. A second signal
     ends the drain at once: the running attempts are interrupted and requeued."""
 
-    def __init__(self, config: uvicorn.Config, *, app: FastAPI) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        app: FastAPI,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_started`: called once the app's lifespan has started and the server listens."""
         super().__init__(config)
         self.floom_app = app
         self._draining: threading.Thread | None = None
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self._on_started is not None:
+            self._on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         node = getattr(self.floom_app.state, "node", None)

@@ -98,22 +98,25 @@ async def start_run(
     callback = None
     if body.callback_url is not None:  # its check resolves a host name: not on the loop
         callback = await run_in_threadpool(callbacks.check_callback_url, ctx, body.callback_url)
-    run = await run_in_threadpool(
-        functools.partial(
-            runs.create_run,
-            ctx,
-            worker_name=name,
-            inputs=body.inputs,
-            coerce_strings=body.coerce_strings,
-            trigger=surface_trigger(request),
-            caller=caller,
-            version_id=body.version_id,
-            force=body.force,
-            in_transaction=callbacks.recorder(callback),
-        )
+    create = functools.partial(
+        runs.create_run,
+        ctx,
+        worker_name=name,
+        inputs=body.inputs,
+        coerce_strings=body.coerce_strings,
+        trigger=surface_trigger(request),
+        caller=caller,
+        version_id=body.version_id,
+        force=body.force,
+        in_transaction=callbacks.recorder(callback),
     )
     if not wait:
-        return await run_in_threadpool(views.started_run, ctx, run, surface=caller.surface)
+        # One trip to a worker thread for both: each trip costs the event loop and the
+        # thread a wake-up.
+        return await run_in_threadpool(
+            lambda: views.started_run(ctx, create(), surface=caller.surface)
+        )
+    run = await run_in_threadpool(create)
     # One round trip for a caller that wants the result: the same wait as GET ?wait=, under
     # the same per-key cap. Over the cap the run still stands, so the answer is the 202 a
     # caller without `wait` gets, never a refusal that would hide the run it created.

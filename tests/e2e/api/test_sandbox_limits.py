@@ -1072,6 +1072,24 @@ def test_a_run_s_disk_goes_with_its_run_dir(tmp_path: Path) -> None:
     )
 
 
+def test_a_disk_let_go_of_while_the_disks_thread_idles_is_closed(tmp_path: Path) -> None:
+    # The disks thread sleeps until told once its ready disks are made; a disk let go of
+    # then must wake it (it is woken only when its work comes sooner than it sleeps to).
+    sandbox = needs_disks()
+    disks = sandbox.disks
+    assert disks is not None
+    try:
+        run_dir = tmp_path / "run"
+        sandbox.make_run_dir(run_dir, disk_mb=8)
+        disk = disks.disk_of(run_dir)
+        assert disk is not None
+        wait_until(lambda: disks.waiting(8) >= 2, timeout=10)  # made ahead: now it idles
+        sandbox.release_run_dir(run_dir)
+        wait_until(lambda: not disk.image.exists(), timeout=10)
+    finally:
+        sandbox.close()
+
+
 def test_the_sandbox_s_mount_table_names_no_host_path(tmp_path: Path) -> None:
     sandbox = needs_disks()
     run_dir = tmp_path / "run"

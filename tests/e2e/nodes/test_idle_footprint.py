@@ -55,7 +55,7 @@ POSTGRES_ONLY = ("psycopg", "sqlalchemy.dialects.postgresql")
 # a watcher thread reads sys.modules once /healthz answers, asks for a UI page, then stops
 # the server as Ctrl-C would.
 PROBE = """
-import os, signal, sys, threading, time, urllib.request
+import gc, os, signal, sys, threading, time, urllib.request
 
 port = int(os.environ["FLOOM_PORT"])
 watched = tuple(sys.argv[1].split(","))
@@ -78,6 +78,7 @@ def watch():
     loaded = {w for w in watched for m in list(sys.modules) if m == w or m.startswith(w + ".")}
     print("LOADED", sorted(loaded), flush=True)
     print("HTTP", "uvicorn.protocols.http.httptools_impl" in sys.modules, flush=True)
+    print("FROZEN", gc.get_freeze_count() > 10000, flush=True)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=30) as answer:
         print("UI", answer.status, "jinja2" in sys.modules, flush=True)
     os.kill(os.getpid(), signal.SIGINT)
@@ -118,6 +119,8 @@ def test_an_idle_server_has_not_loaded_what_only_some_uses_need(
     # uvicorn's C parser (httptools), not its pure-Python one (h11): about 0.5 ms less CPU
     # per request (bench/README.md).
     assert "\nHTTP True\n" in done.stdout, done.stdout + done.stderr
+    # What start-up made is out of the garbage collector's full passes (cli/serving.py).
+    assert "\nFROZEN True\n" in done.stdout, done.stdout + done.stderr
     assert "\nUI 200 True\n" in done.stdout, done.stdout + done.stderr  # the first page loads it
     assert done.returncode == 0, done.stdout + done.stderr  # stopped as by Ctrl-C
 
