@@ -17,11 +17,13 @@ IPv6 at all, so no IPv6 address of the host is reachable either.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import os
 import select
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterable
@@ -29,7 +31,9 @@ from typing import Final
 
 from floom.errors import FloomError, InvalidRequest
 from floom.net.addresses import host_networks
+from floom.sandbox.local import procfs
 from floom.sandbox.local.cgroups import CgroupError, RunCgroup
+from floom.sandbox.local.supervisor import open_init_pidfd
 
 # slirp4netns's fixed virtual network: the sandbox is 10.0.2.100, the gateway 10.0.2.2 (which
 # it maps to the host's loopback unless told not to) and its DNS forwarder 10.0.2.3.
@@ -79,8 +83,17 @@ SETUP_TIMEOUT_SECONDS: Final = 10.0
 STOP_WAIT_SECONDS: Final = 2.0
 ALLOW_HINT: Final = "list IPv4 networks in CIDR form, e.g. network_allow: [10.1.2.0/24]"
 _PATH: Final = "/usr/sbin:/usr/bin:/sbin:/bin"
-_TOOLS: Final = ("slirp4netns", "nsenter", "ip", "unshare")
-INSTALL_HINT: Final = "install slirp4netns, iproute2 and util-linux: apt-get install slirp4netns"
+_TOOLS: Final = ("slirp4netns", "nsenter", "ip", "bwrap")
+INSTALL_HINT: Final = (
+    "install slirp4netns, iproute2, util-linux and bubblewrap: apt-get install slirp4netns"
+)
+SLIRP_CAPABILITIES: Final = (
+    "CAP_SYS_ADMIN",  # the sandbox's network namespace; its own sandbox's mounts
+    "CAP_NET_ADMIN",  # the tap device
+    "CAP_SETPCAP",  # its own sandbox empties its bounding set
+    "CAP_NET_BIND_SERVICE",  # the one its own sandbox keeps
+)
+"""What a root floom's slirp4netns starts with, before its --enable-sandbox drops them."""
 
 
 class NetworkSetupFailed(FloomError):
@@ -175,6 +188,8 @@ class UserNetworking:
     def __init__(self, proc: subprocess.Popen[bytes], exit_fd: int) -> None:
         self.proc = proc
         self._exit_fd: int | None = exit_fd
+        self.slirp_pidfd = -1
+        """slirp4netns's own pidfd where bubblewrap confines it (proc is bubblewrap's)."""
 
     @property
     def pid(self) -> int:
@@ -192,13 +207,24 @@ class UserNetworking:
             except OSError:
                 pidfd = None  # it already ended; wait() below reaps it
             try:
-                self.proc.terminate()
+                if self.slirp_pidfd >= 0:
+                    # Its exit fd just closed: slirp4netns ends, and bubblewrap with it.
+                    # Killing bubblewrap first would hand slirp4netns to floom to reap.
+                    select.select([self.slirp_pidfd], [], [], STOP_WAIT_SECONDS)
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(self.slirp_pidfd, signal.SIGKILL)
+                else:
+                    self.proc.terminate()
                 if pidfd is not None and not select.select([pidfd], [], [], STOP_WAIT_SECONDS)[0]:
                     self.proc.kill()
             finally:
                 if pidfd is not None:
                     os.close(pidfd)
         self.proc.wait()
+        if self.slirp_pidfd >= 0:
+            procfs.reap_if_ours(self.slirp_pidfd, STOP_WAIT_SECONDS)
+            os.close(self.slirp_pidfd)
+            self.slirp_pidfd = -1
         if self.proc.stderr is not None:
             self.proc.stderr.close()
 
@@ -214,9 +240,11 @@ def attach_user_networking(
     (see SLIRP_OWNER_VARIABLE). `cgroup` is the run's: slirp4netns joins it before it
     serves the sandbox, so what the run's traffic makes it use (memory for buffers, CPU)
     counts against the run's limits and ends with the run.
-    slirp4netns and the tools that fence the namespace run with floom's rights: what they
-    are handed (argv, environment, working directory "/") holds no byte the worker chose;
-    allowed networks reach them only as the addresses floom parsed, written anew.
+    The tools that fence the namespace run with floom's rights, before the command starts:
+    what they are handed (argv, environment, working directory "/") holds no byte the
+    worker chose; allowed networks reach them only as the addresses floom parsed, written
+    anew. slirp4netns, which parses the sandbox's packets as long as it runs, is confined
+    too (see _confined_slirp).
     Raises NetworkSetupFailed (having stopped what it started) when a tool is missing or
     any step fails; the caller must then not start the command.
     """
@@ -308,11 +336,10 @@ def _start_slirp(
 ) -> UserNetworking:
     ready_r, ready_w = os.pipe()
     exit_r, exit_w = os.pipe()
+    info_r, info_w = -1, -1
     if namespaces.user is None:
-        # As root, slirp4netns's --enable-sandbox copies the host's mount namespace and
-        # unmounts the old root: on shared mounts that unmount reaches the host (measured:
-        # it took every /run/netns/* namespace with it). A private copy keeps it in.
-        wrapper = [tools["unshare"], "--mount", "--propagation=private", "--"]
+        info_r, info_w = os.pipe()
+        wrapper = _confined_slirp(tools["bwrap"], info_w)
         confinement = ["--enable-sandbox"]
     else:
         # Unprivileged, slirp4netns runs as floom's user anyway. Its --enable-sandbox would
@@ -340,26 +367,32 @@ def _start_slirp(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            pass_fds=(ready_w, exit_r, *namespaces.fds),
+            pass_fds=tuple(fd for fd in (ready_w, exit_r, info_w, *namespaces.fds) if fd >= 0),
             env={"PATH": _PATH, SLIRP_OWNER_VARIABLE: os.path.realpath(owner)},
             cwd="/",
         )
     except OSError as exc:
-        for fd in (ready_r, exit_w):
-            os.close(fd)
+        for fd in (ready_r, exit_w, info_r):
+            if fd >= 0:
+                os.close(fd)
         raise NetworkSetupFailed(f"could not start slirp4netns: {exc}", hint=INSTALL_HINT) from exc
     finally:
-        os.close(ready_w)
-        os.close(exit_r)
+        for fd in (ready_w, exit_r, info_w):
+            if fd >= 0:
+                os.close(fd)
     assert proc.stderr is not None
     os.set_blocking(proc.stderr.fileno(), False)
     networking = UserNetworking(proc, exit_w)
     try:
+        slirp_pid = proc.pid
+        if info_r >= 0:
+            networking.slirp_pidfd = _await_slirp_pidfd(info_r, proc)
+            slirp_pid = procfs.pid_of(networking.slirp_pidfd)
         if cgroup is not None:
             # Before it is ready, so before the sandbox's first packet: all it does for the
             # run is counted there (what it allocated while starting stays floom's).
             try:
-                cgroup.add(proc.pid)
+                cgroup.add(slirp_pid)
             except CgroupError as exc:
                 raise NetworkSetupFailed(
                     f"slirp4netns cannot join the run's cgroup: {exc}"
@@ -370,7 +403,57 @@ def _start_slirp(
         raise
     finally:
         os.close(ready_r)
+        if info_r >= 0:
+            os.close(info_r)
     return networking
+
+
+def _confined_slirp(bwrap: str, info_fd: int) -> list[str]:
+    """The bubblewrap command line a root floom starts slirp4netns under.
+
+    slirp4netns's --enable-sandbox drops every capability but CAP_NET_BIND_SERVICE, sets
+    no_new_privs and pivots into an empty root with /etc and /run; its --enable-seccomp
+    refuses execve, ptrace, mount, setns, unshare and the like. It stays uid 0 (as another
+    uid, --enable-sandbox needs uid 0 mapped in a user namespace, which cannot enter the
+    sandbox's network namespace, owned by the host's; measured: "setegid(0)"). uid 0 needs
+    no capability to signal root's processes (kill(-1) would reach all of them) nor to read
+    root's files. So it runs here as pid 1 of a PID namespace of its own, where no host
+    process has a pid, and sees of the host's files only the system directories, the /etc
+    entries programs need and the host's resolv.conf (its DNS forwarder's upstream), no
+    /run: no root socket, no /etc/shadow. A private mount namespace also keeps the unmount
+    of its old root from reaching the host's shared mounts (measured: it took every
+    /run/netns/* namespace with it)."""
+    # A circular import at module level: the backend starts this module's networking.
+    from floom.sandbox.local.backend import system_args
+
+    caps: list[str] = ["--cap-drop", "ALL"]
+    for cap in SLIRP_CAPABILITIES:
+        caps += ["--cap-add", cap]
+    resolv = os.path.realpath("/etc/resolv.conf")
+    return [
+        bwrap,
+        *("--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts"),
+        *("--unshare-cgroup-try", "--die-with-parent", "--new-session", *caps),
+        *system_args(),
+        *(("--ro-bind", resolv, "/etc/resolv.conf") if os.path.isfile(resolv) else ()),
+        *("--proc", "/proc", "--dev", "/dev", "--dev-bind", "/dev/net/tun", "/dev/net/tun"),
+        *("--tmpfs", "/tmp", "--dir", "/run", "--remount-ro", "/", "--chdir", "/"),
+        *("--info-fd", str(info_fd), "--"),
+    ]
+
+
+def _await_slirp_pidfd(info_fd: int, proc: subprocess.Popen[bytes]) -> int:
+    """slirp4netns's pidfd, from bubblewrap's report of the pid it started."""
+    info = b""
+    deadline = time.monotonic() + SETUP_TIMEOUT_SECONDS
+    while (left := deadline - time.monotonic()) > 0 and select.select([info_fd], [], [], left)[0]:
+        chunk = os.read(info_fd, 4096)
+        if not chunk:
+            break
+        info += chunk
+        if (pidfd := open_init_pidfd(info)) is not None:
+            return pidfd
+    raise NetworkSetupFailed(f"slirp4netns failed to start{_stderr_tail(proc)}", hint=INSTALL_HINT)
 
 
 def protection_summary() -> str:

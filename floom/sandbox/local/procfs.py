@@ -1,6 +1,6 @@
 """What the host's /proc tells about a sandbox when bubblewrap cannot: the end of its command
-while the sandbox's pid 1 is held stopped; and the reaping of a sandbox's pid 1 that was
-handed to floom (`reap_if_ours`).
+while the sandbox's pid 1 is held stopped; the pid behind a pidfd another namespace sent
+(`pid_of`); and the reaping of a sandbox's pid 1 that was handed to floom (`reap_if_ours`).
 
 bubblewrap learns that its command ended from the sandbox's pid 1, which reaps it. A pid 1
 stopped from outside (SIGSTOP, a ptrace stop) never does, and the run would look alive
@@ -11,6 +11,7 @@ until its timeout. The ended command stays a zombie meanwhile, and its exit stat
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 from typing import Final
@@ -101,3 +102,17 @@ def reap_if_ours(pidfd: int, timeout: float) -> None:
         return
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+
+
+def pid_of(pidfd: int) -> int:
+    """The pid, in floom's PID namespace, of the process behind `pidfd` (one a warm process
+    sent: the pids it knows are those of its own namespace); raises OSError when `pidfd` is
+    not a pidfd or its process has been reaped."""
+    with open(f"/proc/self/fdinfo/{pidfd}") as info:
+        for line in info:
+            if line.startswith("Pid:"):
+                pid = int(line.split()[1])
+                if pid > 0:
+                    return pid
+                raise OSError(errno.ESRCH, "the process has ended")
+    raise OSError(errno.EBADF, "not a pidfd")

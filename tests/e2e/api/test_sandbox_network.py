@@ -531,7 +531,66 @@ def test_slirp4netns_runs_in_the_runs_cgroup_with_nothing_of_the_worker(tmp_path
     for what in ("argv", "environ"):
         assert marker.encode() not in seen[what], (what, seen[what])
     names = {entry.split(b"=", 1)[0] for entry in seen["environ"].split(b"\0") if entry}
-    assert names == {b"PATH", SLIRP_OWNER_VARIABLE.encode()}
+    # PWD: bubblewrap's, always "/" (where floom confines it as root).
+    assert names - {b"PWD"} == {b"PATH", SLIRP_OWNER_VARIABLE.encode()}
+    if b"PWD" in names:
+        assert b"PWD=/\0" in seen["environ"]
+
+
+_CAP_NET_BIND_SERVICE = 10
+
+
+@needs_bwrap
+@needs_netns
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user it runs as floom's own uid")
+def test_slirp4netns_keeps_no_privilege_and_reaches_no_host_process_nor_root_file(
+    tmp_path: Path,
+) -> None:
+    # It parses the worker's packets as uid 0 (its --enable-sandbox needs that): with no
+    # capability but binding low ports, no_new_privs, its seccomp filter, in a PID
+    # namespace of its own (kill(-1) as uid 0 would reach every root process) and seeing no
+    # /run (root's sockets) and no /etc but the entries programs need (no /etc/shadow).
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text("print('ready', flush=True)\nimport time\ntime.sleep(600)\n")
+    seen: dict[str, Any] = {}
+    cancel = threading.Event()
+
+    def on_line(stream: str, line: str) -> None:
+        if line != "ready":
+            return
+        [slirp] = slirp_processes(tmp_path)
+        status = Path(f"/proc/{slirp}/status").read_text().splitlines()
+        seen["status"] = dict(line.split(":\t", 1) for line in status if ":\t" in line)
+        seen["pid_ns"] = os.readlink(f"/proc/{slirp}/ns/pid")
+        seen["run"] = os.listdir(f"/proc/{slirp}/root/run")
+        seen["etc"] = os.listdir(f"/proc/{slirp}/root/etc")
+        cancel.set()
+
+    spec = SandboxSpec(
+        run_id="run-net",
+        command=["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        network=True,
+        timeout_seconds=60.0,
+    )
+    result = LocalSandbox().run(spec, on_line=on_line, should_cancel=cancel.is_set)
+
+    assert result.cancelled, result
+    status = seen["status"]
+    for field in ("CapEff", "CapPrm", "CapBnd"):
+        assert int(status[field], 16) == 1 << _CAP_NET_BIND_SERVICE, (field, status)
+    assert int(status["CapAmb"], 16) == 0, status
+    assert status["NoNewPrivs"] == "1"
+    assert status["Seccomp"] == "2"
+    assert seen["pid_ns"] != os.readlink("/proc/self/ns/pid")
+    assert status["NSpid"].split()[-1] == "1"
+    assert seen["run"] == []
+    assert "shadow" not in seen["etc"], seen["etc"]
+    assert "resolv.conf" in seen["etc"], seen["etc"]  # its DNS forwarder's upstream
+    assert slirp_processes(tmp_path) == []
 
 
 def _cmdline_of(pid: str) -> bytes:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
+from floom.sandbox.local import procfs
 from floom.sandbox.local.backend import system_args
 from floom.sandbox.local.warm.inside import RECORD_NAME
 from floom.sandbox.local.warm.pools import WarmPools, WarmSettings, read_record
@@ -600,6 +601,39 @@ def test_the_warm_process_holds_no_secret_and_no_run_dir(warm: WarmedLocal) -> N
         assert b"s3cr3t-warm-value" not in Path(f"/proc/{process.pid}/{name}").read_bytes()
     mounts = Path(f"/proc/{process.pid}/mountinfo").read_text()
     assert str(warm.work_root) not in mounts
+
+
+def test_the_warm_process_sees_no_process_of_the_host_nor_of_another_sandbox(
+    warm: WarmedLocal,
+) -> None:
+    result, lines, spec = run(warm, LOOK)
+    assert result.exit_code == 0, lines
+    key = warm.key(spec)
+    assert key is not None
+    process = warm.pools.process_of(key)
+    assert process is not None
+    assert os.readlink(f"/proc/{process.pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    status = Path(f"/proc/{process.pid}/status").read_text()
+    nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+    assert len(nspid) == 2  # the host's pid, then its own namespace's
+    # That namespace's pid 1, which only reaps (and adopts the runs should the warm process
+    # die), holds no capability.
+    init = Path(f"/proc/{procfs.pid_of(process.init_pidfd)}/status").read_text()
+    caps = dict(line.split(":\t", 1) for line in init.splitlines() if line.startswith("Cap"))
+    assert int(caps["CapEff"], 16) == int(caps["CapPrm"], 16) == 0, caps
+    # Its own /proc (read through its root): the processes of its namespace, each a fork of
+    # the warm interpreter; the host's (this test's, floom's, any other sandbox's) are not
+    # there to signal, trace, or reach the root of.
+    seen = Path(f"/proc/{process.pid}/root/proc")
+    commands = []
+    for entry in os.listdir(seen):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                commands.append((seen / entry / "cmdline").read_bytes())
+    assert commands
+    assert all(b"floom-warm:" in command for command in commands), [
+        c[:80] for c in commands if b"floom-warm:" not in c
+    ]
 
 
 def test_reaping_kills_the_warm_processes_and_runs_an_earlier_floom_left_and_spares_its_own(

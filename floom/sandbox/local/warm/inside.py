@@ -2,7 +2,9 @@
 
 floom starts this file's source as `python3 -u -B -c SOURCE warm ...` under bubblewrap
 (floom/sandbox/local/warm/process.py), as root with a few capabilities, in a sandbox that
-holds the node's system directories and nothing of any run. It imports the modules it was
+holds the node's system directories and nothing of any run, and in a PID namespace of its
+own, whose pid 1 (`_stay_init`) only reaps: the warm process proper is its child, and sees
+no process of the host's nor of any other sandbox. It imports the modules it was
 given (names floom recorded from a cold run, `record`), refusing any that starts a thread,
 then waits on the control socket floom handed over. Per run floom asks it to prepare a
 child: forked into a new PID namespace (of which it is pid 1), it joins the run's cgroup,
@@ -11,7 +13,8 @@ private and waits for the run. When the run arrives, pid 1 mounts the run's dirs
 the run's uid without capabilities, sets no_new_privs and the seccomp filter, and only then
 reads the run's environment and runs its script. floom reads pid 1's exit status from its
 pidfd (Linux 6.15+); on older kernels (`direct` false) the child stays outside the run's
-PID namespace instead, forks pid 1, reaps it and reports its status.
+PID namespace instead, forks pid 1, reaps it and reports its status. Every pid floom needs
+it gets as a pidfd (SCM_RIGHTS): no pid of the warm namespace means anything on the host.
 
 `python3 -c SOURCE record run.py ...` runs a script as a cold run does and writes the
 modules of the Python installation it loaded to RECORD_NAME in its working directory.
@@ -173,7 +176,11 @@ def warm(control_fd: int, modules: list[str], seccomp_hex: str, *, direct: bool)
     gc.freeze()
     # A bounding set only shrinks: what each run drops is what is in it now.
     _BOUNDING[:] = _bounding_set()
-    _send(control, {"ready": True, "pid": os.getpid(), "modules": len(sys.modules)})
+    # Its own pidfd and its namespace's pid 1's: floom tells them apart from the host.
+    pidfds = [os.pidfd_open(os.getpid()), os.pidfd_open(1)]
+    _send(control, {"ready": True, "modules": len(sys.modules)}, pidfds)
+    for fd in pidfds:
+        os.close(fd)
     seccomp = bytes.fromhex(seccomp_hex)
     while True:
         try:
@@ -287,22 +294,25 @@ def _child(fds: list[int], seccomp: bytes, *, direct: bool) -> None:
         os.dup2(err_fd, 2)
         os.close(out_fd)
         os.close(err_fd)
-        if direct:
-            # Its pid in the warm process's namespace (the host's), read before its own /proc
-            # covers that one: floom opens its pidfd by it.
-            host_pid = int(os.readlink("/proc/self"))
-            pid = 0
-        else:
-            pid = os.fork()
+        pid = 0 if direct else os.fork()
+        # floom knows the run's processes by pidfds: their pids here mean nothing there.
+        own = os.pidfd_open(os.getpid())
     except BaseException as exc:
         _fail(chan_fd, f"cannot prepare the warm run: {exc}")
     if pid == 0:
-        ready: dict[str, object] | None = {"ready": True, "init": host_pid} if direct else None
-        _pid_one(chan_fd, seccomp, ready=ready)  # never returns
+        if not direct:
+            os.close(own)  # its parent's, which reports it
+        _pid_one(chan_fd, seccomp, ready=own if direct else None)  # never returns
     chan = socket.socket(fileno=chan_fd)
     os.close(1)
     os.close(2)
-    _send(chan, {"ready": True, "child": os.getpid(), "init": pid})
+    try:
+        init = os.pidfd_open(pid)
+    except OSError as exc:
+        _fail(chan_fd, f"cannot prepare the warm run: {exc}")
+    _send(chan, {"ready": True}, [own, init])
+    os.close(own)
+    os.close(init)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -349,16 +359,17 @@ def _close_other_fds(keep: set[int]) -> None:
                     pass
 
 
-def _pid_one(chan_fd: int, seccomp: bytes, *, ready: dict[str, object] | None) -> None:
+def _pid_one(chan_fd: int, seccomp: bytes, *, ready: int | None) -> None:
     """The run's pid 1: its own /proc, then the run's setup, the drop, and its script.
-    `ready`: what it says to floom once prepared (None: its parent said it)."""
+    `ready`: its own pidfd, sent to floom once prepared (None: its parent said it is)."""
     chan = socket.socket(fileno=chan_fd)
     try:
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
         # Before the run is asked for (it is not on the run's path), and before any of it.
         _make_shared_mappings_private()
         if ready is not None:
-            _send(chan, ready)
+            _send(chan, {"ready": True}, [ready])
+            os.close(ready)
         request, fds = _receive(chan)
         _setup(request, fds)
         # Without a reporter, pid 1 must outlive the warm process (floom reads its end).
@@ -474,9 +485,7 @@ def _drop(uid: int, seccomp: bytes, *, pdeathsig: bool) -> None:
             _check(-1, f"drop capability {cap}")
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
     os.setresuid(uid, uid, uid)
-    header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    data = ctypes.create_string_buffer(24)  # two zeroed __user_cap_data_struct
-    _check(_libc.capset(ctypes.c_char_p(header), data), "capset")
+    _capset_none()
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     if pdeathsig:
         # Cleared by the uid change above: set after it, so pid 1 ends with its reaper.
@@ -489,6 +498,13 @@ def _drop(uid: int, seccomp: bytes, *, pdeathsig: bool) -> None:
             "seccomp",
         )
     os.chdir(WORK)
+
+
+def _capset_none() -> None:
+    """Empty this process's permitted, effective and inheritable capabilities."""
+    header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = ctypes.create_string_buffer(24)  # two zeroed __user_cap_data_struct
+    _check(_libc.capset(ctypes.c_char_p(header), data), "capset")
 
 
 # -- running the script, warm or recording -----------------------------------------------------
@@ -574,9 +590,33 @@ def _write_record(path: str) -> None:
         pass
 
 
+def _stay_init(control_fd: int) -> None:
+    """Fork the warm process proper and stay its PID namespace's pid 1, reaping until no
+    process is left there: the runs outlive a warm process that dies (they are handed to
+    this process, which keeps their namespace), and the namespace ends with the last one.
+    bubblewrap kills this process (and so the namespace) should floom die."""
+    pid = os.fork()
+    if pid == 0:
+        return
+    os.close(control_fd)  # floom sees the warm process end when it ends
+    # Reaping needs no privilege: none is left to the process the runs are handed to.
+    # (Dropping capabilities keeps the parent-death signal bubblewrap set, unlike a uid change.)
+    _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
+    _capset_none()
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            _exit(0)
+        except InterruptedError:
+            continue
+
+
 def main(args: list[str]) -> None:
     if args[0] == "warm":
         modules = args[4].split(",") if len(args) > 4 and args[4] else []
+        _stay_init(int(args[1]))
         warm(int(args[1]), modules, args[2], direct=args[3] == "direct")
     elif args[0] == "record":
         run_script(args[1:], record=True)

@@ -3,12 +3,17 @@ children it prepares for runs (floom/sandbox/local/warm/inside.py is what runs i
 
 The warm process runs as root with the few capabilities its children need to set a run up
 (namespaces, mounts, the uid switch, loopback) and nothing of any run: no run dir, no
-secret, no input, no network, no file of a worker's bundle. Its control socket is one end
+secret, no input, no network, no file of a worker's bundle. It has a PID namespace of its
+own: it sees (and can signal, or reach the root of) no process of the host nor any other
+sandbox's; its runs' PID namespaces are nested in it. That namespace's pid 1 only reaps
+(inside.py `_stay_init`): a run outlives its warm process's death, and the namespace, with
+every run in it, ends when bubblewrap is killed. Its control socket is one end
 of a socketpair floom made and handed over; each child gets a socketpair of its own the
 same way, which its run's pid 1 closes before the script starts: no run reaches any
 socket but those of its own output. Where the kernel keeps a process's exit status for its
 pidfd (Linux 6.15+), each run's pid 1 is the warm process's own child and floom reads its
-end from its pidfd; elsewhere a second process per run reaps pid 1 and reports.
+end from its pidfd; elsewhere a second process per run reaps pid 1 and reports. The warm
+process names its processes to floom by pidfds: its pids mean nothing on the host.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import struct
 import subprocess
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -212,14 +218,21 @@ class WarmProcess:
         control: socket.socket,
         *,
         modules: tuple[str, ...],
-        pid: int,
+        pidfd: int,
+        init_pidfd: int,
         direct: bool,
     ) -> None:
         self.proc = proc
         self.control = control
         self.modules = modules
         self.direct = direct  # each run's pid 1 is its own child (no reporter)
-        self.pid = pid  # the interpreter's own host pid (bwrap is proc.pid)
+        # The interpreter, and its PID namespace's pid 1 (bwrap is proc.pid): their pidfds,
+        # held while this object lives, and the interpreter's pid on the host.
+        self.pidfd = pidfd
+        self.init_pidfd = init_pidfd
+        self.pid = procfs.pid_of(pidfd)
+        for fd in (pidfd, init_pidfd):
+            weakref.finalize(self, _close_quietly, fd)
         self.started = time.monotonic()
         self.served = 0
         self._lock = threading.Lock()
@@ -247,6 +260,7 @@ class WarmProcess:
         argv = [
             bwrap,
             *("--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"),
+            *("--unshare-pid", "--as-pid-1"),  # pid 1 is inside.py's own reaper
             *("--die-with-parent", "--new-session", *caps),
             *system_args,
             *("--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"),
@@ -285,7 +299,11 @@ class WarmProcess:
         return Launching(proc, ours, modules, direct)
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        """Whether the interpreter still serves (its namespace may outlive it, for its runs)."""
+        if self.proc.poll() is not None:
+            return False
+        ready, _, _ = select.select([self.pidfd], [], [], 0)
+        return not ready
 
     def prepare(self, count: int = 1) -> list[PreparedChild]:
         """`count` children, each for one run in a fresh cgroup of its own (limits written
@@ -359,21 +377,19 @@ class WarmProcess:
         return 0
 
     def close(self, *, now: bool = False) -> None:
-        """End the warm process; the runs it prepared go on. Where their pid 1s are its
-        children it ends on its own once they have (its control socket closed tells it),
-        and a thread reaps it then; `now` (the node stops) kills it at once."""
-        if now or not self.direct or not self._has_children():
-            interpreter = _pidfd_of(self.pid)
+        """End the warm process; the runs it prepared go on. While it has children (their
+        pid 1s, or the processes that report them) it ends on its own once they have (its
+        control socket closed tells it), and a thread reaps it then; `now` (the node stops)
+        kills it at once, and with its PID namespace every run in it."""
+        if now or not self._has_children():
             _end(self.proc, self.control)
-            if interpreter >= 0:
-                # Killed with its bubblewrap: where bubblewrap ended first, the kernel handed
-                # it to floom (when floom reaps orphans: its container's pid 1).
-                procfs.reap_if_ours(interpreter, REAP_WAIT_SECONDS)
-                os.close(interpreter)
+            # Killed with its bubblewrap: where bubblewrap ended first, the kernel handed the
+            # namespace's pid 1 to floom (when floom reaps orphans: its container's pid 1).
+            procfs.reap_if_ours(self.init_pidfd, REAP_WAIT_SECONDS)
             return
         self.control.close()
         with _closing_lock:
-            _closing[self.proc] = self.pid
+            _closing[self.proc] = os.dup(self.init_pidfd)
         threading.Thread(
             target=_reap, args=(self.proc,), name="floom-warm-reap", daemon=True
         ).start()
@@ -394,21 +410,34 @@ class Launching:
         `refused` naming a module that started a thread), leaving nothing running."""
         proc, ours = self.proc, self.control
         try:
-            message = _read_message(ours, START_SECONDS)
+            message, fds = _read_message(ours, START_SECONDS, fds=2)
         except WarmUnavailable as exc:
             _end(proc, ours)
             exc.details = {"stderr": _tail(proc)}
             raise
         if "refused" in message:
+            _close_all(fds)
             _end(proc, ours)
             failure = WarmUnavailable(f"module {message['refused']} starts a thread")
             failure.details = {"refused": str(message["refused"])}
             raise failure
-        pid = message.get("pid")
-        if not isinstance(pid, int):
+        try:
+            if message.get("ready") is not True or len(fds) != 2:
+                raise WarmUnavailable("the warm process did not say it was ready")
+            return WarmProcess(
+                proc,
+                ours,
+                modules=self.modules,
+                pidfd=fds[0],
+                init_pidfd=fds[1],
+                direct=self.direct,
+            )
+        except (WarmUnavailable, OSError) as exc:
+            _close_all(fds)
             _end(proc, ours)
-            raise WarmUnavailable("the warm process did not say it was ready")
-        return WarmProcess(proc, ours, modules=self.modules, pid=pid, direct=self.direct)
+            if isinstance(exc, WarmUnavailable):
+                raise
+            raise WarmUnavailable(f"the warm process is gone: {exc}") from exc
 
     def close(self) -> None:
         _end(self.proc, self.control)
@@ -427,14 +456,15 @@ class _Pending:
     def ready(self) -> PreparedChild:
         """The child, once it says it is ready; raises WarmUnavailable, leaving nothing."""
         with self.undo as undo:
-            message = _read_message(self.chan, REPLY_SECONDS)
-            init_pid, child_pid = message.get("init"), message.get("child", -1)
-            if not isinstance(init_pid, int) or not isinstance(child_pid, int):
+            message, fds = _read_message(self.chan, REPLY_SECONDS, fds=2)
+            undo.callback(_close_all, fds)
+            # pid 1's pidfd, after that of the process reporting it where there is one.
+            if message.get("ready") is not True or not fds:
                 raise WarmUnavailable("the warm run's child did not say it was ready")
+            pidfd, child_pidfd = fds[-1], (fds[0] if len(fds) == 2 else -1)
             try:
-                pidfd = os.pidfd_open(init_pid)
-                undo.callback(os.close, pidfd)
-                child_pidfd = os.pidfd_open(child_pid) if child_pid >= 0 else -1
+                init_pid = procfs.pid_of(pidfd)
+                child_pid = procfs.pid_of(child_pidfd) if child_pidfd >= 0 else -1
             except OSError as exc:
                 raise WarmUnavailable(f"the warm run's child is gone: {exc}") from exc
             undo.pop_all()
@@ -505,14 +535,17 @@ def pidfd_exit_supported() -> bool:
 
 
 _closing: dict[subprocess.Popen[bytes], int] = {}
-"""The bubblewraps of warm processes closed and ending on their own after their runs."""
+"""The bubblewraps of warm processes closed and ending on their own after their runs, with a
+pidfd of their PID namespace's pid 1 each (closed by whichever of `_reap` and `end_closing`
+takes it out)."""
 _closing_lock = threading.Lock()
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
     with _closing_lock:
-        _closing.pop(proc, None)
+        init_pidfd = _closing.pop(proc, -1)
+    _close_quietly(init_pidfd)
     if proc.stderr is not None:
         with contextlib.suppress(OSError):
             proc.stderr.close()
@@ -523,39 +556,48 @@ def end_closing(token: str) -> None:
     closed and are still ending on their own (the node stops)."""
     with _closing_lock:
         procs = [
-            (p, pid)
-            for p, pid in _closing.items()
+            (p, _closing.pop(p))
+            for p in list(_closing)
             if str(p.args[-1]).endswith(token)  # type: ignore[index]
         ]
-    for proc, pid in procs:
-        interpreter = _pidfd_of(pid)
+    for proc, init_pidfd in procs:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
         proc.wait()
-        if interpreter >= 0:  # as in WarmProcess.close: handed to floom if bwrap ended first
-            procfs.reap_if_ours(interpreter, REAP_WAIT_SECONDS)
-            os.close(interpreter)
+        # As in WarmProcess.close: pid 1 is handed to floom if bubblewrap ended first.
+        procfs.reap_if_ours(init_pidfd, REAP_WAIT_SECONDS)
+        os.close(init_pidfd)
 
 
-def _read_message(sock: socket.socket, timeout: float) -> dict[str, object]:
+def _read_message(
+    sock: socket.socket, timeout: float, *, fds: int
+) -> tuple[dict[str, object], list[int]]:
+    """The next message on `sock` and the (at most `fds`) descriptors sent with it, which
+    the caller owns; raises WarmUnavailable (having closed them) for anything else."""
     ready, _, _ = select.select([sock], [], [], timeout)
     if not ready:
         raise WarmUnavailable(f"no answer from the warm process within {timeout:g} s")
     try:
-        data = sock.recv(MAX_MESSAGE)
+        data, received, flags, _ = socket.recv_fds(sock, MAX_MESSAGE, fds)
     except OSError as exc:
         raise WarmUnavailable(f"the warm process is gone: {exc}") from exc
-    if not data:
-        raise WarmUnavailable("the warm process ended")
     try:
-        message = json.loads(data)
-    except ValueError as exc:
-        raise WarmUnavailable("the warm process sent no message") from exc
-    if not isinstance(message, dict):
-        raise WarmUnavailable("the warm process sent no message")
-    if "error" in message:
-        raise WarmUnavailable(str(message["error"]))
-    return message
+        if not data:
+            raise WarmUnavailable("the warm process ended")
+        if flags & socket.MSG_CTRUNC:
+            raise WarmUnavailable("the warm process sent more than floom asked for")
+        try:
+            message = json.loads(data)
+        except ValueError as exc:
+            raise WarmUnavailable("the warm process sent no message") from exc
+        if not isinstance(message, dict):
+            raise WarmUnavailable("the warm process sent no message")
+        if "error" in message:
+            raise WarmUnavailable(str(message["error"]))
+    except WarmUnavailable:
+        _close_all(received)
+        raise
+    return message, received
 
 
 def _end(proc: subprocess.Popen[bytes], control: socket.socket) -> None:
@@ -575,12 +617,9 @@ def _tail(proc: subprocess.Popen[bytes]) -> str:
     return ""
 
 
-def _pidfd_of(pid: int) -> int:
-    """A pidfd of `pid`, or -1 when it has ended and been reaped already."""
-    try:
-        return os.pidfd_open(pid)
-    except OSError:
-        return -1
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        _close_quietly(fd)
 
 
 def _close_quietly(fd: int) -> None:
