@@ -17,6 +17,7 @@ from sqlmodel import col, select
 from floom import jsonvalues
 from floom.errors import RunErrorCode
 from floom.services.ops import end_logs
+from floom.services.runs import agent as agent_runs
 from floom.services.runs.lifecycle import any_runnable_statement
 from floom.services.runs.logs import append_events, lock_events, system_event
 from floom.services.runs.records import RunRecord, record_in_session
@@ -334,6 +335,9 @@ class Outcome:
     # the upload loop moves with its record (services/ops/end_logs.py).
     agent: bool = False
     transcript: Transcript | None = None
+    # The transcript's last step is not saved yet (floom/agent/loop.py): the end saves it,
+    # or puts its text into the log's object and writes its figures (save_unsaved_transcript).
+    transcript_unsaved: bool = False
 
 
 def finish_attempt(
@@ -380,6 +384,8 @@ def finish_attempt(
             now=now,
             transcript=outcome.transcript if outcome.agent else None,
         )
+    if end_log is None:
+        save_unsaved_transcript(ctx, outcome)
     record = partial(
         _record_attempt_end,
         ctx,
@@ -390,10 +396,23 @@ def finish_attempt(
         ended=(values, message, retry, status),
     )
     try:
-        return record(end_log=end_log)
+        ended_as = record(end_log=end_log)
     except end_logs.LogChanged:
         # Rolled back: recorded again with the lines as rows, the object given up.
+        save_unsaved_transcript(ctx, outcome)
         return record(end_log=None, abandoned=end_log)
+    # The object not recorded (this node no longer held the run): saved as the loop would.
+    save_unsaved_transcript(ctx, outcome)
+    return ended_as
+
+
+def save_unsaved_transcript(ctx: Context, outcome: Outcome) -> None:
+    """Save the transcript of an agent attempt whose last step its loop left unsaved: where
+    its end does not put it into the run's log object (the database store, a retry, a bucket
+    away, an end not recorded), as the loop would have. Once."""
+    if outcome.transcript_unsaved and outcome.transcript is not None:
+        agent_runs.save_transcript(ctx, outcome.transcript)
+        outcome.transcript_unsaved = False
 
 
 def _record_attempt_end(
@@ -510,6 +529,9 @@ def _record_attempt_end(
             # the UPDATE returned it), not with a read of their own after the commit.
             ended_run = trusted_row(Run, written._mapping)
             record = record_in_session(ctx, s, ended_run, artifacts=artifacts)
+    if end_log is not None:
+        # Committed: the transcript's text is in the object, its figures in its row.
+        outcome.transcript_unsaved = False
     ctx.node.run_ended(run.id, record, log_moved=end_log is not None)
     return status
 
