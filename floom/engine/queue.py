@@ -64,6 +64,9 @@ log = logging.getLogger("floom.executor")
 @dataclass(frozen=True)
 class _ClaimStatements:
     any_runnable: Any  # sqlmodel's select types; Any keeps Session.exec's overloads happy
+    # A runnable run's id (or NULL) and the earliest time a held-back run (a retry's backoff)
+    # becomes runnable (or NULL): the look before a claim, one read.
+    look: Any
     claim: Any
     claim_except: Any  # passing over the workers found full in this claim
     running_of_worker: Any
@@ -116,8 +119,17 @@ def _claim_statements() -> _ClaimStatements:
         .returning(*runs.c)
     )
     full: Any = bindparam("full", expanding=True)
+    held_until = (
+        select(func.min(runs.c.not_before))
+        .where(runs.c.status == QUEUED, runs.c.not_before > now)
+        .scalar_subquery()
+    )
     return _ClaimStatements(
         any_runnable=any_runnable_statement(),
+        look=select(
+            any_runnable_statement().scalar_subquery().label("runnable"),
+            held_until.label("held_until"),
+        ),
         claim=claim.where(runs.c.id == oldest.scalar_subquery(), runs.c.status == QUEUED),
         claim_except=claim.where(
             runs.c.id == oldest.where(candidate.c.worker_name.not_in(full)).scalar_subquery(),
@@ -142,6 +154,9 @@ class Claim:
 
     run: Run | None
     more: bool = False
+    # When nothing was runnable: the earliest time a queued run held back by its retry's
+    # backoff becomes runnable (None: no such run), which no signal announces.
+    held_until: datetime | None = None
 
 
 def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
@@ -162,8 +177,9 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
     # read takes no write lock on SQLite. Draining a busy queue skips it.
     if look_first:
         with read_connection(ctx.engine) as conn:
-            if conn.execute(statements.any_runnable, {"now": now}).first() is None:
-                return Claim(None)
+            runnable, held_until = conn.execute(statements.look, {"now": now}).one()
+        if runnable is None:
+            return Claim(None, held_until=held_until)
     params: dict[str, Any] = {
         "now": now,
         **claimed_fields(node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now),
