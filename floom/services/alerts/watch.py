@@ -46,6 +46,10 @@ log = logging.getLogger("floom.alerts")
 # How far behind its cursor a pass reads again (a commit can land after the time it records).
 MARGIN_SECONDS = 120.0
 BATCH = 500
+# A pass that read nothing moves its cursor only once it is this far behind: the stretch it
+# reads again stays short (the margin and this), and an idle node's passes (every
+# FLOOM_ALERT_POLL_SECONDS) write nothing, where each wrote two cursors.
+CURSOR_STEP = timedelta(seconds=60)
 RUN_EVENTS = {
     FAILED: "run.failed",
     TIMED_OUT: "run.timed_out",
@@ -98,7 +102,8 @@ def watch_runs(ctx: Context, *, now: datetime) -> int:
     """Runs that ended failed, timed out, over a limit or rejected; and the successes that
     end an open incident of their worker."""
     with session_scope(ctx.engine) as s:
-        since = _cursor(s, "runs", now) - timedelta(seconds=MARGIN_SECONDS)
+        mark = _cursor(s, "runs", now)
+        since = mark - timedelta(seconds=MARGIN_SECONDS)
         ended = list(
             s.exec(
                 select(Run)
@@ -129,7 +134,9 @@ def watch_runs(ctx: Context, *, now: datetime) -> int:
     runs = sorted([*ended, *recovered], key=lambda r: (r.finished_at or now, r.id))
     seen = [_run_seen(run, now) for run in runs]
     recorded = _record_all(ctx, seen)
-    if len(ended) < BATCH:
+    if not runs and now - mark < CURSOR_STEP:
+        pass  # nothing read, the cursor recent: it stays
+    elif len(ended) < BATCH:
         _advance(ctx, "runs", now)
     elif ended[-1].finished_at is not None:
         _advance(ctx, "runs", ended[-1].finished_at)
@@ -170,7 +177,8 @@ def watch_hooks(ctx: Context, *, now: datetime) -> int:
     """Verified webhook and Composio deliveries that could not start a run (and the next one
     of the same trigger that did, which ends the incident)."""
     with session_scope(ctx.engine) as s:
-        since = _cursor(s, "hooks", now) - timedelta(seconds=MARGIN_SECONDS)
+        mark = _cursor(s, "hooks", now)
+        since = mark - timedelta(seconds=MARGIN_SECONDS)
         rows = list(
             s.exec(
                 select(WebhookDelivery)
@@ -214,7 +222,8 @@ def watch_hooks(ctx: Context, *, now: datetime) -> int:
                 )
             )
     recorded = _record_all(ctx, seen)
-    _advance(ctx, "hooks", now if len(rows) < BATCH else rows[-1].received_at)
+    if rows or now - mark >= CURSOR_STEP:
+        _advance(ctx, "hooks", now if len(rows) < BATCH else rows[-1].received_at)
     return recorded
 
 
