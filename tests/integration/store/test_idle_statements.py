@@ -45,20 +45,7 @@ def _cursors(ctx: Context) -> dict[str, object]:
         return {c.name: c.at for c in s.exec(select(AlertCursor)).all()}
 
 
-def test_an_idle_alert_pass_writes_nothing_and_a_later_failure_is_still_seen(
-    ctx: Context,
-) -> None:
-    t0 = utcnow()
-    with session_scope(ctx.engine, write=True) as s:
-        for name in ("runs", "hooks"):
-            s.add(AlertCursor(name=name, at=t0))
-
-    # Passes every few seconds with nothing to read: no write, the cursors stay.
-    for seconds in (5, 10, 30):
-        assert _writes(ctx, t0 + timedelta(seconds=seconds)) == []
-    assert set(_cursors(ctx).values()) == {t0}
-
-    # A run that failed since is read from the cursor that stayed.
+def _failed(ctx: Context, at: datetime) -> None:
     with session_scope(ctx.engine, write=True) as s:
         s.add(
             Run(
@@ -66,19 +53,41 @@ def test_an_idle_alert_pass_writes_nothing_and_a_later_failure_is_still_seen(
                 worker_name="w",
                 version_id="v",
                 status=RunStatus.FAILED,
-                finished_at=t0 + timedelta(seconds=35),
+                finished_at=at,
             )
         )
-    assert _writes(ctx, t0 + timedelta(seconds=40))
-    with session_scope(ctx.engine) as s:
-        kinds = [e.kind for e in s.exec(select(AlertEvent)).all()]
-    assert kinds == ["run.failed"]
-    assert _cursors(ctx)["runs"] == t0 + timedelta(seconds=40)
 
-    # A cursor CURSOR_STEP behind moves on, though nothing was read.
+
+def _failures(ctx: Context) -> int:
+    with session_scope(ctx.engine) as s:
+        return len([e for e in s.exec(select(AlertEvent)).all() if e.kind == "run.failed"])
+
+
+def test_an_idle_alert_pass_writes_nothing_and_a_later_failure_is_still_seen(
+    ctx: Context,
+) -> None:
+    t0 = utcnow()
+    _failed(ctx, t0 - timedelta(seconds=10))
+    # The first pass that reads something makes its cursor.
+    assert _writes(ctx, t0)
+    assert (_failures(ctx), _cursors(ctx)) == (1, {"runs": t0})
+
+    # Passes every few seconds that read only the margin behind the cursor again (that
+    # failure) or nothing at all: no write, the cursor stays.
+    for seconds in (5, 10, 30):
+        assert _writes(ctx, t0 + timedelta(seconds=seconds)) == []
+    assert _cursors(ctx) == {"runs": t0}
+
+    # A run that failed since is read from the cursor that stayed, and moves it.
+    _failed(ctx, t0 + timedelta(seconds=35))
+    assert _writes(ctx, t0 + timedelta(seconds=40))
+    assert (_failures(ctx), _cursors(ctx)) == (2, {"runs": t0 + timedelta(seconds=40)})
+    assert _writes(ctx, t0 + timedelta(seconds=45)) == []
+
+    # A cursor CURSOR_STEP behind moves on, though nothing new was read.
     later = t0 + timedelta(seconds=40) + watch.CURSOR_STEP
     _writes(ctx, later)
-    assert _cursors(ctx) == {"runs": later, "hooks": later}
+    assert _cursors(ctx) == {"runs": later}
 
 
 def test_a_node_s_heartbeat_is_one_statement(ctx: Context) -> None:
