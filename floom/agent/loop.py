@@ -3,7 +3,10 @@
 The transcript is the loop's whole state and is saved at every step: after each model turn
 (with the tool calls still to answer) and after each answered call. Any attempt, in any
 process, continues from it, which is how a run paused for approval resumes elsewhere and
-how a crashed attempt picks up without repeating finished calls.
+how a crashed attempt picks up without repeating finished calls. The step that ends the
+attempt is not saved by the loop: its transcript goes with the outcome (`unsaved`), and the
+attempt's end saves it (engine/queue.finish_attempt), or, with object storage, puts its text
+straight into the run's log object, so its row is written once at the end, not twice.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class AgentLoop:
         toolbox: Toolbox,
         provider: ModelProvider,
         replay: bool = False,
+        stored: bool = False,
     ) -> None:
         self.env = env
         self.t = transcript
@@ -95,6 +99,11 @@ class AgentLoop:
         self.max_tokens = limits.max_total_tokens
         self.monthly_cap = limits.monthly_cost_usd
         self._mark = time.monotonic()
+        # Whether the transcript has a row (loaded from one, or saved by this loop): only
+        # then may the last step's save be left to the attempt's end, which updates it.
+        self.stored = stored
+        # The last step's transcript, not saved yet (see the module's docstring).
+        self.unsaved = False
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -109,13 +118,19 @@ class AgentLoop:
             if ended is not None:
                 return ended
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, *, last: bool = False) -> None:
+        """Save the transcript as the loop leaves it; `last`: the step that ends the
+        attempt, whose save is left to its end when the transcript has a row already."""
         now = time.monotonic()
         self.t.active_seconds += now - self._mark
         self._mark = now
         self.t.messages_json = jsonvalues.dumps(self.messages, where="messages")
         self.t.state_json = jsonvalues.dumps(self.state, where="state")
+        if last and self.stored:
+            self.unsaved = True
+            return
         agent_runs.save_transcript(self.env.ctx, self.t)
+        self.stored = True
 
     def _note(self, text: str) -> None:
         self.env.run_log.add("system", text)
@@ -433,7 +448,7 @@ class AgentLoop:
         return self._succeed(outputs), None
 
     def _succeed(self, outputs: dict[str, Any]) -> Outcome:
-        self.checkpoint()
+        self.checkpoint(last=True)
         return Outcome(
             status=SUCCEEDED,
             outputs=outputs,
@@ -454,7 +469,7 @@ class AgentLoop:
         if status in (FAILED, CANCELLED):
             # A retry, or a run requeued by a node shutdown, resumes with these files.
             self.t.workspace_digest = workspace.keep(self.env)
-        self.checkpoint()
+        self.checkpoint(last=True)
         return Outcome(
             status=status,
             error_code=code,

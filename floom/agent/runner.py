@@ -76,6 +76,7 @@ def run_agent(attempt: Attempt) -> Outcome:
     # (the workspace is kept in the store then, and restored into the next session).
     with attempt.workspace(), attempt.session():
         transcript = agent_runs.load_transcript(ctx, run_id=run.id, caller=SYSTEM)
+        stored = transcript is not None
         if transcript is not None:
             attempt.restore_artifacts()
             if transcript.workspace_digest:
@@ -118,10 +119,13 @@ def run_agent(attempt: Attempt) -> Outcome:
             toolbox=toolbox,
             provider=provider,
             replay=session is not None,
+            stored=stored,
         )
         outcome = loop.run()
-        # As its last checkpoint saved it: its text goes into the log's object at the end.
+        # As its last step left it (saved, or left to the end to save: `transcript_unsaved`):
+        # with object storage its text goes into the log's object at the end.
         outcome.transcript = loop.t
+        outcome.transcript_unsaved = loop.unsaved
         outcome.sandbox_seconds = outcome.sandbox_seconds or env.sandbox_seconds
         outcome = attempt.with_state(outcome)
         if session is not None and outcome.state is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -21,8 +22,11 @@ from floom.engine.phases import is_phased
 from floom.engine.queue import claim_next
 from floom.services.runs.rules import RUNNING
 from floom.services.workers import versions as workers
+from floom.store.models import utcnow
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from floom.engine.attempt import Attempt
     from floom.engine.runlog import LogLine, RunLog
     from floom.engine.runtime import NodeRuntime
@@ -32,6 +36,11 @@ if TYPE_CHECKING:
     from floom.store.models import Run, Version
 
 log = logging.getLogger("floom.executor")
+
+# How long an idle dispatcher that hears every signal waits before it looks at the queue
+# again anyway (a signal is a hint: a run it missed is claimed this late at worst). It polled
+# every FLOOM_POLL_INTERVAL_SECONDS: two reads a second per node with nothing to do.
+IDLE_CLAIM_SECONDS = 10.0
 
 
 class SlotRunner(Protocol):
@@ -266,12 +275,37 @@ class Dispatch:
                 if claim.more:
                     look_first = False
                     continue
+                if claim.run is None and not look_first and self.runtime.signals_heard():
+                    # Woken, and nothing to claim: look first (the look also says when a run
+                    # held back by its retry's backoff is due), then sleep long.
+                    look_first = True
+                    continue
                 # Nothing else to claim: until a run is queued (set since the clear).
-                look_first = not queued.wait(settings.poll_interval_seconds)
+                look_first = not self._idle(claim.held_until)
             except Exception as exc:  # the loop must survive a database hiccup; it retries
                 self.runner.log_failure("dispatch failed; retrying", exc)
                 look_first = True
                 self.stopping.wait(1.0)
+
+    def _idle(self, held_until: datetime | None) -> bool:
+        """Wait, with nothing to claim, until a run is queued (True) or it is time to look
+        again (False). Every poll interval, unless this node hears every signal: then every
+        run queued on any node wakes it, and only a retry's backoff ends unannounced, so it
+        looks again when the first held-back run becomes runnable, at the latest after
+        IDLE_CLAIM_SECONDS, or as soon as the signals are no longer heard."""
+        queued, poll = self.runtime.queued, self.runner.ctx.settings.poll_interval_seconds
+        if not self.runtime.signals_heard():
+            return queued.wait(poll)
+        wait = IDLE_CLAIM_SECONDS
+        if held_until is not None:
+            wait = min(wait, max(0.0, (held_until - utcnow()).total_seconds()))
+        until = time.monotonic() + wait
+        while (left := until - time.monotonic()) > 0:
+            if queued.wait(min(left, poll)):
+                return True
+            if self.stopping.is_set() or not self.runtime.signals_heard():
+                return False
+        return queued.is_set()
 
     def launch(self, run: Run, ahead: StartedAttempt | None = None, *, held: bool = False) -> None:
         """Run `run`'s attempt, claimed here, in a slot thread (in the slot `held` for it)."""

@@ -25,6 +25,7 @@ from floom.engine.queue import (
     finish_attempt,
     reap_expired_leases,
     renew_held_leases,
+    save_unsaved_transcript,
 )
 from floom.engine.runlog import LogBudget, LogLine, RunLog
 from floom.engine.runtime import NodeRuntime
@@ -498,6 +499,8 @@ class Executor:
         while True:
             try:
                 if run.id in self._interrupted and outcome.status == CANCELLED:
+                    # Requeued to resume where its loop left it.
+                    save_unsaved_transcript(self.ctx, outcome)
                     self.requeue_interrupted(run, lines)
                     self._interrupted.discard(run.id)
                     return QUEUED

@@ -17,6 +17,7 @@ from sqlmodel import col, select
 from floom import jsonvalues
 from floom.errors import RunErrorCode
 from floom.services.ops import end_logs
+from floom.services.runs import agent as agent_runs
 from floom.services.runs.lifecycle import any_runnable_statement
 from floom.services.runs.logs import append_events, lock_events, system_event
 from floom.services.runs.records import RunRecord, record_in_session
@@ -63,6 +64,9 @@ log = logging.getLogger("floom.executor")
 @dataclass(frozen=True)
 class _ClaimStatements:
     any_runnable: Any  # sqlmodel's select types; Any keeps Session.exec's overloads happy
+    # A runnable run's id (or NULL) and the earliest time a held-back run (a retry's backoff)
+    # becomes runnable (or NULL): the look before a claim, one read.
+    look: Any
     claim: Any
     claim_except: Any  # passing over the workers found full in this claim
     running_of_worker: Any
@@ -115,8 +119,17 @@ def _claim_statements() -> _ClaimStatements:
         .returning(*runs.c)
     )
     full: Any = bindparam("full", expanding=True)
+    held_until = (
+        select(func.min(runs.c.not_before))
+        .where(runs.c.status == QUEUED, runs.c.not_before > now)
+        .scalar_subquery()
+    )
     return _ClaimStatements(
         any_runnable=any_runnable_statement(),
+        look=select(
+            any_runnable_statement().scalar_subquery().label("runnable"),
+            held_until.label("held_until"),
+        ),
         claim=claim.where(runs.c.id == oldest.scalar_subquery(), runs.c.status == QUEUED),
         claim_except=claim.where(
             runs.c.id == oldest.where(candidate.c.worker_name.not_in(full)).scalar_subquery(),
@@ -141,6 +154,9 @@ class Claim:
 
     run: Run | None
     more: bool = False
+    # When nothing was runnable: the earliest time a queued run held back by its retry's
+    # backoff becomes runnable (None: no such run), which no signal announces.
+    held_until: datetime | None = None
 
 
 def claim_next_run(ctx: Context, *, look_first: bool = True) -> Run | None:
@@ -161,8 +177,9 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
     # read takes no write lock on SQLite. Draining a busy queue skips it.
     if look_first:
         with read_connection(ctx.engine) as conn:
-            if conn.execute(statements.any_runnable, {"now": now}).first() is None:
-                return Claim(None)
+            runnable, held_until = conn.execute(statements.look, {"now": now}).one()
+        if runnable is None:
+            return Claim(None, held_until=held_until)
     params: dict[str, Any] = {
         "now": now,
         **claimed_fields(node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now),
@@ -334,6 +351,9 @@ class Outcome:
     # the upload loop moves with its record (services/ops/end_logs.py).
     agent: bool = False
     transcript: Transcript | None = None
+    # The transcript's last step is not saved yet (floom/agent/loop.py): the end saves it,
+    # or puts its text into the log's object and writes its figures (save_unsaved_transcript).
+    transcript_unsaved: bool = False
 
 
 def finish_attempt(
@@ -380,6 +400,8 @@ def finish_attempt(
             now=now,
             transcript=outcome.transcript if outcome.agent else None,
         )
+    if end_log is None:
+        save_unsaved_transcript(ctx, outcome)
     record = partial(
         _record_attempt_end,
         ctx,
@@ -390,10 +412,23 @@ def finish_attempt(
         ended=(values, message, retry, status),
     )
     try:
-        return record(end_log=end_log)
+        ended_as = record(end_log=end_log)
     except end_logs.LogChanged:
         # Rolled back: recorded again with the lines as rows, the object given up.
+        save_unsaved_transcript(ctx, outcome)
         return record(end_log=None, abandoned=end_log)
+    # The object not recorded (this node no longer held the run): saved as the loop would.
+    save_unsaved_transcript(ctx, outcome)
+    return ended_as
+
+
+def save_unsaved_transcript(ctx: Context, outcome: Outcome) -> None:
+    """Save the transcript of an agent attempt whose last step its loop left unsaved: where
+    its end does not put it into the run's log object (the database store, a retry, a bucket
+    away, an end not recorded), as the loop would have. Once."""
+    if outcome.transcript_unsaved and outcome.transcript is not None:
+        agent_runs.save_transcript(ctx, outcome.transcript)
+        outcome.transcript_unsaved = False
 
 
 def _record_attempt_end(
@@ -510,6 +545,9 @@ def _record_attempt_end(
             # the UPDATE returned it), not with a read of their own after the commit.
             ended_run = trusted_row(Run, written._mapping)
             record = record_in_session(ctx, s, ended_run, artifacts=artifacts)
+    if end_log is not None:
+        # Committed: the transcript's text is in the object, its figures in its row.
+        outcome.transcript_unsaved = False
     ctx.node.run_ended(run.id, record, log_moved=end_log is not None)
     return status
 

@@ -44,6 +44,10 @@ class NodeRuntime(NodeHooks):
         self.provider_factory: Callable[[Settings], Any] | None = None
         # This node's executor while it runs (None on a node without the executor role).
         self.dispatch: Dispatch | None = None
+        # Whether this node hears every signal now: its listener's last heartbeat came back
+        # in time (floom/store/signals.py), so every run queued on any node wakes `queued`.
+        # Never on SQLite or with FLOOM_SIGNALS off (another process may write unheard).
+        self.signals_heard: Callable[[], bool] = lambda: False
 
     @classmethod
     def of(cls, ctx: Context) -> NodeRuntime:
@@ -113,7 +117,9 @@ def listening(ctx: Context, runtime: NodeRuntime) -> Iterator[signals.Listener |
         on_heard=cache.heard,
     )
     listener.start()
+    runtime.signals_heard = lambda: listener.connected.is_set() and cache.trusted
     try:
         yield listener
     finally:
+        runtime.signals_heard = lambda: False
         listener.stop()

@@ -46,6 +46,11 @@ log = logging.getLogger("floom.alerts")
 # How far behind its cursor a pass reads again (a commit can land after the time it records).
 MARGIN_SECONDS = 120.0
 BATCH = 500
+# A pass that read nothing past its cursor (only the margin behind it, read again) moves
+# the cursor only once it is this far behind: the stretch read again stays short (the
+# margin and this), and an idle node's passes (every FLOOM_ALERT_POLL_SECONDS) write
+# nothing, where each wrote two cursors, and kept doing so for the margin after any change.
+CURSOR_STEP = timedelta(seconds=60)
 RUN_EVENTS = {
     FAILED: "run.failed",
     TIMED_OUT: "run.timed_out",
@@ -73,9 +78,18 @@ def watch(ctx: Context, *, now: datetime | None = None) -> int:
     return recorded
 
 
-def _cursor(s: Session, name: str, now: datetime) -> datetime:
+def _cursor(s: Session, name: str) -> datetime | None:
     row = s.get(AlertCursor, name)
-    return row.at if row is not None else now
+    return row.at if row is not None else None
+
+
+def _moves(mark: datetime | None, read: list[datetime], now: datetime) -> bool:
+    """Whether a pass that read rows at times `read` moves its cursor (at `mark`): when it
+    read any and there is no cursor yet, when it read one past the cursor (not only the
+    margin behind it, read again), or when the cursor is CURSOR_STEP behind."""
+    if mark is None:
+        return bool(read)
+    return any(at > mark for at in read) or now - mark >= CURSOR_STEP
 
 
 def _advance(ctx: Context, name: str, at: datetime) -> None:
@@ -98,7 +112,8 @@ def watch_runs(ctx: Context, *, now: datetime) -> int:
     """Runs that ended failed, timed out, over a limit or rejected; and the successes that
     end an open incident of their worker."""
     with session_scope(ctx.engine) as s:
-        since = _cursor(s, "runs", now) - timedelta(seconds=MARGIN_SECONDS)
+        mark = _cursor(s, "runs")
+        since = (mark or now) - timedelta(seconds=MARGIN_SECONDS)
         ended = list(
             s.exec(
                 select(Run)
@@ -129,10 +144,11 @@ def watch_runs(ctx: Context, *, now: datetime) -> int:
     runs = sorted([*ended, *recovered], key=lambda r: (r.finished_at or now, r.id))
     seen = [_run_seen(run, now) for run in runs]
     recorded = _record_all(ctx, seen)
-    if len(ended) < BATCH:
-        _advance(ctx, "runs", now)
-    elif ended[-1].finished_at is not None:
-        _advance(ctx, "runs", ended[-1].finished_at)
+    if _moves(mark, [run.finished_at for run in ended if run.finished_at], now):
+        if len(ended) < BATCH:
+            _advance(ctx, "runs", now)
+        elif ended[-1].finished_at is not None:
+            _advance(ctx, "runs", ended[-1].finished_at)
     return recorded
 
 
@@ -170,7 +186,8 @@ def watch_hooks(ctx: Context, *, now: datetime) -> int:
     """Verified webhook and Composio deliveries that could not start a run (and the next one
     of the same trigger that did, which ends the incident)."""
     with session_scope(ctx.engine) as s:
-        since = _cursor(s, "hooks", now) - timedelta(seconds=MARGIN_SECONDS)
+        mark = _cursor(s, "hooks")
+        since = (mark or now) - timedelta(seconds=MARGIN_SECONDS)
         rows = list(
             s.exec(
                 select(WebhookDelivery)
@@ -214,7 +231,8 @@ def watch_hooks(ctx: Context, *, now: datetime) -> int:
                 )
             )
     recorded = _record_all(ctx, seen)
-    _advance(ctx, "hooks", now if len(rows) < BATCH else rows[-1].received_at)
+    if _moves(mark, [row.received_at for row in rows], now):
+        _advance(ctx, "hooks", now if len(rows) < BATCH else rows[-1].received_at)
     return recorded
 
 

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select as core_select
 from sqlalchemy.engine import Engine
-from sqlmodel import col, delete, select
+from sqlmodel import col, delete, select, update
 
 from floom import __version__
 from floom.hints import act, told
 from floom.hints import cli as cli_hints
 from floom.services.access.principal import Principal
-from floom.store.db import session_scope
+from floom.store.db import session_scope, write_connection
 from floom.store.models import utcnow
 from floom.store.nodes import Node
 from floom.vocabulary import NodeState
@@ -80,16 +80,14 @@ def register(ctx: Context, *, slots: int | None) -> None:
 
 def heartbeat(ctx: Context, *, slots_in_use: int, warm: str | None = None) -> None:
     """Renew this node's row, with its warm pools as JSON (bounded by
-    schemas.nodes.warm_row); registers it again if another node pruned it meanwhile."""
-    with session_scope(ctx.engine, write=True) as s:
-        row = s.get(Node, ctx.node_id)
-        if row is None:
-            return
-        row.heartbeat_at = utcnow()
-        row.slots_in_use = slots_in_use
-        row.stopped_at = None
-        row.warm = warm
-        s.add(row)
+    schemas.nodes.warm_row); a row another node pruned meanwhile stays gone. One UPDATE:
+    every node sends it every FLOOM_HEARTBEAT_SECONDS, idle or not (it read the row first)."""
+    with write_connection(ctx.engine) as c:
+        c.execute(
+            update(Node)
+            .where(col(Node.id) == ctx.node_id)
+            .values(heartbeat_at=utcnow(), slots_in_use=slots_in_use, stopped_at=None, warm=warm)
+        )
 
 
 def mark_stopped(ctx: Context) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, func, or_, update
+from sqlalchemy import case, delete, func, or_, update
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
@@ -242,6 +242,8 @@ def load_transcript(
 
 
 def save_transcript(ctx: Context, transcript: Transcript) -> None:
+    """Write the loop's copy (its row made or replaced), unless the run's record moved into
+    object storage already."""
     transcript.updated_at = utcnow()
     with session_scope(ctx.engine, write=True) as s:
         current = s.get(Transcript, transcript.run_id)
@@ -296,8 +298,30 @@ def record_archived_ctes(moved: Sequence[tuple[Transcript, Sequence[str]]]) -> l
     return ctes
 
 
+# What an archived transcript row keeps, written from the copy whose text moved: an agent
+# run's loop leaves its last step unsaved (floom/agent/loop.py), so its end's statement is
+# the row's only write of that step's figures.
+KEPT_FIGURES = (
+    "iterations",
+    "input_tokens",
+    "output_tokens",
+    "cost_usd",
+    "active_seconds",
+    "workspace_digest",
+)
+
+
 def _emptied(moved: Sequence[tuple[Transcript, Sequence[str]]]) -> Any:
-    """The transcripts, unchanged since read, emptied and marked archived; their run ids."""
+    """The transcripts, unchanged since read, emptied and marked archived, with the figures
+    of the copies read; their run ids."""
+    figures = {
+        name: case(
+            {t.run_id: getattr(t, name) for t, _ in moved},
+            value=col(Transcript.run_id),
+            else_=getattr(Transcript, name),
+        )
+        for name in KEPT_FIGURES
+    }
     return (
         update(Transcript)
         .where(
@@ -310,7 +334,7 @@ def _emptied(moved: Sequence[tuple[Transcript, Sequence[str]]]) -> Any:
             ),
             col(Transcript.archived).is_(False),
         )
-        .values(system="", messages_json="", state_json="", archived=True)
+        .values(system="", messages_json="", state_json="", archived=True, **figures)
         .returning(col(Transcript.run_id))
     )
 

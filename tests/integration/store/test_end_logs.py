@@ -6,6 +6,7 @@ a real SeaweedFS, both databases."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,13 +14,21 @@ import pytest
 from sqlalchemy import event
 from sqlmodel import func, select
 
+from floom.agent.runner import run_agent
+from floom.bundle import read_folder
+from floom.engine.executor import Executor
 from floom.engine.queue import Outcome, claim_next_run, finish_attempt
+from floom.engine.runtime import NodeRuntime
+from floom.sandbox.fake import FakeSandbox
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.ops import end_logs
 from floom.services.ops.objects import archive_logs, drain_pending
+from floom.services.replays.recordings import load_recording
 from floom.services.runs import agent as agent_runs
+from floom.services.runs import lifecycle as runs
 from floom.services.runs.logs import append_events, list_events, system_event
+from floom.services.workers import versions as workers
 from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs import logs
 from floom.store.blobs.configured import new_blob_store
@@ -28,8 +37,9 @@ from floom.store.db import session_scope
 from floom.store.models import Blob, Run, RunEvent
 from floom.vocabulary import RunStatus, ToolCallStatus
 from tests.integration.store.test_log_moves import _Interleaved
-from tests.support.harness import fast_settings
+from tests.support.harness import fast_settings, make_worker, wait_until
 from tests.support.processes.s3_server import S3Server
+from tests.support.rigs.fake_provider import FakeProvider, call, finish
 from tests.support.rigs.queues import enqueue
 
 pytestmark = pytest.mark.usefixtures("bucket_not_away")
@@ -37,10 +47,10 @@ BUFFERED = 200
 DONE = Outcome(status=RunStatus.SUCCEEDED, outputs={"ok": True})
 
 
-def _running(ctx: Context, streamed: int) -> Run:
+def _running(ctx: Context, streamed: int, **fields: object) -> Run:
     """A run claimed by this node (its "started" line stored) with `streamed` more lines
     stored, as the flusher writes a longer run's lines while it runs."""
-    enqueue(ctx, 1)
+    enqueue(ctx, 1, **fields)
     run = claim_next_run(ctx)
     assert run is not None
     if streamed:
@@ -254,9 +264,9 @@ def test_a_line_after_the_end_follows_the_object_and_is_merged_into_a_new_one(
     assert _log(s3_ctx, run.id) == log
 
 
-def _agent_run(ctx: Context) -> tuple[Run, Transcript]:
+def _agent_run(ctx: Context, **fields: object) -> tuple[Run, Transcript]:
     """A claimed agent run as its loop leaves it: its transcript saved, two tool calls."""
-    run = _running(ctx, 2)
+    run = _running(ctx, 2, **fields)
     transcript = Transcript(
         run_id=run.id,
         worker_name=run.worker_name,
@@ -324,3 +334,139 @@ def test_an_agent_run_whose_transcript_changed_since_its_loop_saved_it_keeps_it(
     assert "changed" in read.messages_json
     calls = agent_runs.list_tool_calls(s3_ctx, run_id=run.id, caller=SYSTEM)
     assert [c.tool for c in calls] == ["write_file", "read_file"]
+
+
+def _transcript_writes(sent: list[str]) -> list[str]:
+    return [q for q in sent if "AGENT_TRANSCRIPTS SET" in q or "INTO AGENT_TRANSCRIPTS" in q]
+
+
+def _archives(statement: str) -> bool:
+    """Whether a write of the transcript row is the end's, which archives it."""
+    return "ARCHIVED=" in statement.replace(" ", "")
+
+
+def _last_step(transcript: Transcript) -> Transcript:
+    """The loop's copy after the step that ended its attempt, which it left unsaved."""
+    last = transcript.model_copy()
+    last.messages_json = json.dumps(
+        [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "done"}]
+    )
+    last.state_json = '{"pending": []}'
+    last.iterations, last.input_tokens, last.active_seconds = 3, 120, 2.5
+    return last
+
+
+def test_an_agent_run_s_unsaved_last_step_is_written_only_by_its_end(s3_ctx: Context) -> None:
+    """The step that ended the attempt, left unsaved by its loop, reaches the database once:
+    its text goes into the object and the end's one statement writes its figures into the
+    row, with no save of the transcript before it."""
+    run, transcript = _agent_run(s3_ctx)
+    last = _last_step(transcript)
+    outcome = Outcome(
+        status=RunStatus.SUCCEEDED,
+        outputs={},
+        agent=True,
+        transcript=last,
+        transcript_unsaved=True,
+    )
+    sent, stop = _statements(s3_ctx)
+    try:
+        assert finish_attempt(s3_ctx, run=run, outcome=outcome, backoff=0) == "succeeded"
+    finally:
+        stop()
+
+    # One write of the row: the end's, which archives it (on PostgreSQL inside its CTE).
+    assert [_archives(q) for q in _transcript_writes(sent)] == [True]
+    assert not outcome.transcript_unsaved
+    with session_scope(s3_ctx.engine) as s:
+        row = s.get(Transcript, run.id)
+        assert row is not None
+        assert row.archived
+        assert (row.iterations, row.input_tokens, row.active_seconds) == (3, 120, 2.5)
+    logs._cache.clear()
+    read = agent_runs.load_transcript(s3_ctx, run_id=run.id, caller=SYSTEM)
+    assert read is not None
+    assert (read.messages_json, read.state_json) == (last.messages_json, last.state_json)
+    assert read.iterations == 3
+
+
+@pytest.mark.parametrize("why", ["retried", "bucket away"])
+def test_an_agent_run_s_unsaved_last_step_is_saved_where_no_object_takes_it(
+    s3_ctx: Context, s3_server: S3Server, why: str
+) -> None:
+    """A retry (not an end for good) and an end while the bucket is away record no object:
+    the end saves the last step as the loop would have, before its own transaction, so the
+    next attempt resumes from it and readers see it."""
+    run, transcript = _agent_run(s3_ctx, max_attempts=2)
+    last = _last_step(transcript)
+    status = RunStatus.FAILED if why == "retried" else RunStatus.SUCCEEDED
+    outcome = Outcome(
+        status=status, agent=True, transcript=last, transcript_unsaved=True, retryable=True
+    )
+    if why == "bucket away":
+        end_logs._away_until[id(new_blob_store(s3_ctx.settings, s3_ctx.engine))] = 1e18
+    ended = finish_attempt(s3_ctx, run=run, outcome=outcome, backoff=0)
+
+    assert ended == ("queued" if why == "retried" else "succeeded")
+    assert not outcome.transcript_unsaved
+    read = agent_runs.load_transcript(s3_ctx, run_id=run.id, caller=SYSTEM)
+    assert read is not None
+    assert not read.archived
+    assert (read.messages_json, read.iterations, read.active_seconds) == (
+        last.messages_json,
+        3,
+        2.5,
+    )
+
+
+def test_an_agent_run_on_object_storage_saves_no_step_after_finish_and_replays(
+    s3_ctx: Context, tmp_path: Path
+) -> None:
+    """A whole agent run (the queue, executor, runner and loop real; the model scripted):
+    after its finish call is recorded, its transcript is not saved again before the end's
+    statement puts it into the object; the run's recording (what a replay reads: transcript
+    and tool calls) reads back from the object."""
+    model = FakeProvider()
+    NodeRuntime.of(s3_ctx).provider_factory = model.factory
+    folder = make_worker(
+        tmp_path / "agent",
+        "name: agent\ntools: [{builtin: write_file}, {builtin: read_file}]\n",
+        {"SKILL.md": "Write notes.md, read it back, then finish.\n"},
+    )
+    workers.deploy(
+        s3_ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=1 << 20).to_archive()
+    )
+    model.script(
+        call("write_file", {"path": "notes.md", "content": "notes " * 500}),
+        call("read_file", {"path": "output/notes.md"}),
+        finish({}),
+    )
+    executor = Executor(s3_ctx, FakeSandbox({}), run_agent=run_agent)
+    executor.start()
+    sent, stop = _statements(s3_ctx)
+    try:
+        run_id = runs.create_run(s3_ctx, caller=SYSTEM, worker_name="agent", inputs={}).id
+        done = wait_until(
+            lambda: (r := runs.get_run(s3_ctx, caller=SYSTEM, run_id=run_id)).finished_at and r
+        )
+    finally:
+        stop()
+        executor.stop(grace_seconds=2)
+
+    assert done.status == "succeeded"
+    finish_recorded = max(i for i, q in enumerate(sent) if q.startswith("INSERT INTO TOOL_CALLS"))
+    assert [_archives(q) for q in _transcript_writes(sent[finish_recorded:])] == [True]
+    logs._cache.clear()
+    recording = load_recording(s3_ctx, run_id=run_id, caller=SYSTEM)
+    assert [c.name for c in recording.calls] == ["write_file", "read_file"]  # answered ones
+    assert "notes notes" in recording.calls[1].content
+    calls = agent_runs.list_tool_calls(s3_ctx, run_id=run_id, caller=SYSTEM)
+    assert [c.tool for c in calls] == ["write_file", "read_file", "finish"]
+    assert recording.turn_usage is not None
+    assert len(recording.turn_usage) == 3
+    with session_scope(s3_ctx.engine) as s:
+        row = s.get(Transcript, run_id)
+        assert row is not None
+        assert row.archived
+        assert row.iterations == 3
+        assert row.active_seconds > 0

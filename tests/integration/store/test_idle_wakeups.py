@@ -4,20 +4,30 @@ until a schedule is synced, the handoff loop until a job takes a lease."""
 from __future__ import annotations
 
 import threading
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
+from floom.agent.runner import run_agent
 from floom.bundle import read_folder
+from floom.engine import dispatch
+from floom.engine.executor import Executor
 from floom.engine.loops.handoffs import HandoffLoop
 from floom.engine.loops.scheduler import Scheduler
+from floom.engine.runtime import NodeRuntime, listening
+from floom.sandbox.fake import FakeSandbox
 from floom.services import wakeups
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.handoffs import flow
 from floom.services.handoffs import jobs as handoffs
 from floom.services.workers import versions as workers
+from floom.store import signals
+from floom.store.db import is_postgres, session_scope
+from floom.store.models import Run, new_id, utcnow
+from floom.vocabulary import RunStatus
 from tests.support.harness import make_worker, wait_until
 from tests.support.rigs.handoffs import agent, roles
 
@@ -99,3 +109,57 @@ def test_the_handoff_loop_sleeps_until_a_job_takes_a_lease(
         wait_until(lambda: True in looks)
     finally:
         loop.stop()
+
+
+def _publish_queued(ctx: Context, **fields: object) -> str:
+    """A queued run written as floom's writers write one: with its signal, on commit."""
+    with session_scope(ctx.engine, write=True) as s:
+        run = Run(id=new_id("run"), worker_name="w", version_id="v", status=RunStatus.QUEUED)
+        for name, value in fields.items():
+            setattr(run, name, value)
+        s.add(run)
+        signals.publish(s, signals.RUN_QUEUED)
+    return run.id
+
+
+def _left_queue(ctx: Context, run_id: str) -> bool:
+    with session_scope(ctx.engine) as s:
+        run = s.get(Run, run_id)
+        return run is not None and run.status != RunStatus.QUEUED
+
+
+def test_an_idle_dispatcher_that_hears_every_signal_does_not_poll_the_queue(
+    ctx: Context,
+) -> None:
+    """With nothing queued, a node whose signal listener is caught up looks at the queue
+    when a run is queued (its signal), or when a run held back by a retry's backoff becomes
+    runnable (no signal says so), not every poll interval (0.05 s here: 30 reads in the
+    window)."""
+    if not is_postgres(ctx.engine):
+        pytest.skip("signals are PostgreSQL's; a node on SQLite polls (another process may write)")
+    runtime = NodeRuntime.of(ctx)
+    looks: list[str] = []
+
+    def note(conn: object, cursor: object, statement: str, *args: object) -> None:
+        if statement.lstrip().startswith("SELECT (SELECT runs.id"):
+            looks.append(statement)
+
+    with listening(ctx, runtime):
+        wait_until(runtime.signals_heard)
+        event.listen(ctx.engine, "before_cursor_execute", note)
+        executor = Executor(ctx, FakeSandbox({}), run_agent=run_agent)
+        executor.start()
+        try:
+            wait_until(lambda: looks)
+            watch_quietly()
+            assert len(looks) <= 2
+            # A run queued (with its signal) is claimed at once...
+            queued = _publish_queued(ctx)
+            wait_until(lambda: _left_queue(ctx, queued))
+            # ...and one held back for a second is claimed when it becomes runnable: the
+            # dispatcher looks again then, not IDLE_CLAIM_SECONDS later.
+            held = _publish_queued(ctx, not_before=utcnow() + timedelta(seconds=1))
+            wait_until(lambda: _left_queue(ctx, held), timeout=dispatch.IDLE_CLAIM_SECONDS / 2)
+        finally:
+            executor.stop(grace_seconds=2)
+            event.remove(ctx.engine, "before_cursor_execute", note)
