@@ -5,9 +5,9 @@ worker's declared inputs."""
 from __future__ import annotations
 
 import difflib
-from datetime import UTC, datetime
 import re
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from floom.errors import FloomError, InputInvalid, ManifestInvalid
