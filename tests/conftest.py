@@ -255,7 +255,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(graceful=False)  # its data goes with the session's temporary dirs
 
 
 @pytest.fixture
@@ -268,4 +268,4 @@ def own_s3_server(tmp_path: Path) -> Iterator[S3Server]:
     try:
         yield server
     finally:
-        server.stop()
+        server.stop(graceful=False)  # its data goes with the test's tmp_path

@@ -7,11 +7,11 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from floom.errors import FloomError, InputInvalid, ManifestInvalid
 from floom.manifest.schema import TRIGGER_KINDS, FieldSpec, Manifest, Problem, format_problems
-from floom.store.models import utcnow
 from floom.triggers import cron
 from floom.triggers.spec import (
     CATCH_UP_POLICIES,
@@ -174,7 +174,7 @@ def _check_schedule(
         hint = f"did you mean '{close[0]}'?" if close else "e.g. Europe/Berlin or UTC"
         out.append(_problem(f"{path}.timezone", str(exc), hint))
         valid = False
-    if valid and not cron.next_fire_times(expr, tz, after=utcnow(), count=1):
+    if valid and not cron.next_fire_times(expr, tz, after=datetime.now(UTC), count=1):
         out.append(_problem(f"{path}.cron", f"'{expr}' never fires", "check the day and month"))
     overlap = _choice(settings, "overlap", OVERLAP_POLICIES, "skip", path, out)
     catch_up = _choice(settings, "catch_up", CATCH_UP_POLICIES, "latest", path, out)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-from tests.standins.http import JSONHandler
+from tests.standins.http import STOP_POLL_SECONDS, JSONHandler
 
 Reply = dict[str, Any] | Callable[[dict[str, Any]], dict[str, Any]]
 _ids = itertools.count(1)
@@ -216,7 +216,7 @@ def messages_standin(key: str) -> Iterator[MessagesStandin]:
             self.close_connection = True
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(STOP_POLL_SECONDS,), daemon=True)
     thread.start()
     standin.url = f"http://127.0.0.1:{server.server_address[1]}"
     try:

@@ -11,7 +11,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tests.standins.http import JSONHandler
+from tests.standins.http import STOP_POLL_SECONDS, JSONHandler
 
 
 @contextmanager
@@ -47,7 +47,7 @@ def echo_service() -> Iterator[dict[str, Any]]:
         do_GET = do_POST = do_PUT = do_DELETE = _handle  # http.server's naming
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(STOP_POLL_SECONDS,), daemon=True)
     thread.start()
     state["port"] = server.server_address[1]
     try:

@@ -13,6 +13,7 @@ import uvicorn
 from mcp.server.mcpserver import MCPServer
 
 from tests.support.harness import free_port
+from tests.support.uvicorn_thread import QuickStopServer
 
 
 @contextmanager
@@ -54,7 +55,7 @@ def tracker_server(token: str) -> Iterator[dict[str, Any]]:
 
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    uv = uvicorn.Server(config)
+    uv = QuickStopServer(config)
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

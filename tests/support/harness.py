@@ -27,6 +27,7 @@ from floom.services.workers.versions import DeployResult
 
 # The harness is where tests take their helpers from, free_port included.
 from tests.support.ports import free_port as free_port
+from tests.support.uvicorn_thread import QuickStopServer
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "workers"
@@ -87,7 +88,7 @@ def start_server(ctx: Context) -> tuple[uvicorn.Server, threading.Thread, str]:
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", proxy_headers=False
     )
-    server = uvicorn.Server(config)
+    server = QuickStopServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from floom.net.egress import EgressPolicy, guarded_client
+from tests.standins.http import STOP_POLL_SECONDS
 
 
 class _Ok(BaseHTTPRequestHandler):
@@ -26,7 +27,7 @@ def test_a_guarded_request_s_url_is_not_logged_at_info_or_debug(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(STOP_POLL_SECONDS,), daemon=True).start()
     try:
         caplog.set_level(logging.DEBUG)
         url = f"http://127.0.0.1:{server.server_port}/services/T0/B0/xoxb-SECRET-token"

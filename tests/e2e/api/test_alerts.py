@@ -23,6 +23,7 @@ from floom.net import egress
 from floom.services.access import keys, secrets
 from floom.services.access.principal import SYSTEM
 from floom.services.alerts.watch import watch
+from tests.standins.http import STOP_POLL_SECONDS
 from tests.support.harness import (
     LiveServer,
     deploy_folder,
@@ -481,7 +482,7 @@ def test_what_a_worker_writes_reaches_slack_as_text_never_as_a_mention_or_a_link
 def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """`handler` served on loopback, on threads of its own; yields its origin."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(STOP_POLL_SECONDS,), daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:

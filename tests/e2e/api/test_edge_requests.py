@@ -27,6 +27,7 @@ from tests.support.harness import (
     wait_until,
 )
 from tests.support.rigs.alerts import self_signed
+from tests.support.uvicorn_thread import QuickStopServer
 from tests.support.web import csrf_of
 
 
@@ -128,7 +129,7 @@ def test_the_session_cookie_is_secure_when_floom_itself_is_served_over_https(
         ssl_certfile=str(cert),
         ssl_keyfile=str(key),
     )
-    server = uvicorn.Server(config)
+    server = QuickStopServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:

@@ -35,6 +35,7 @@ from floom.net.egress import (
 )
 from tests.standins.anthropic_api import reply, tool_use
 from tests.standins.composio import composio_standin
+from tests.standins.http import STOP_POLL_SECONDS
 from tests.standins.mcp_tracker import tracker_server
 from tests.support.harness import wait_until
 from tests.support.processes.netns import (
@@ -112,7 +113,7 @@ def _answering(body: bytes, content_type: str) -> Iterator[int]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(STOP_POLL_SECONDS,), daemon=True)
     thread.start()
     try:
         yield server.server_address[1]
@@ -401,7 +402,7 @@ def _counting() -> Iterator[tuple[int, list[str]]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(STOP_POLL_SECONDS,), daemon=True)
     thread.start()
     try:
         yield server.server_address[1], got

@@ -20,6 +20,7 @@ from tests.standins.e2b.core import QUOTA_MESSAGE, Fault, StandinCore
 from tests.standins.e2b.envd import envd_app
 from tests.standins.e2b.sandboxes import StandinSandbox
 from tests.support.ports import free_port
+from tests.support.uvicorn_thread import QuickStopServer
 
 __all__ = ["E2BStandin", "e2b_standin", "running_e2b_standin"]
 
@@ -40,7 +41,7 @@ class _Server:
         self.name = name
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._server: uvicorn.Server | None = None
+        self._server: QuickStopServer | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -52,7 +53,7 @@ class _Server:
             lifespan="off",
             timeout_graceful_shutdown=1,
         )
-        self._server = uvicorn.Server(config)
+        self._server = QuickStopServer(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 20

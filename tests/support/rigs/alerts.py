@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from floom.services.context import Context
+from tests.standins.http import STOP_POLL_SECONDS
 from tests.support.harness import fast_settings, wait_until
 
 
@@ -70,7 +71,7 @@ def receiver(*, port: int = 0, **options: Any) -> Iterator[Receiver]:
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(STOP_POLL_SECONDS,), daemon=True)
     thread.start()
     state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
     try:
