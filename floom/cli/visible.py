@@ -7,16 +7,13 @@ consoles); `--raw` turns it off. Standard library only: the quick `floom run` pa
 
 from __future__ import annotations
 
+from floom.invisible import CONTROLS, UNSHOWN, escapes
+
 # As Python escapes (ESC -> `\x1b`), in ASCII so that they print on any terminal encoding:
 # C0 controls but newline and tab, DEL, C1 controls (0x80-0x9f: CSI, OSC... on terminals
-# that take the 8-bit forms), and the characters that reorder or break a line without
-# showing (bidi overrides and isolates, line and paragraph separators).
-_TABLE: dict[int, str] = {
-    c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) not in "\n\t"
-}
-_TABLE.update(
-    {c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029)}
-)
+# that take the 8-bit forms), and the characters that reorder, break or hide text without
+# showing (floom/invisible.py).
+_TABLE: dict[int, str] = escapes([*(c for c in CONTROLS if chr(c) not in "\n\t"), *UNSHOWN])
 
 _raw = False
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from floom import jsonvalues
+from floom import invisible, jsonvalues
 from floom.engine.safefiles import (
     BIDI,
     CONTROL,
@@ -158,10 +158,11 @@ def _name_problem(name: str) -> str | None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return "its name is not UTF-8"
-    if BIDI.search(name):
+    if found := BIDI.search(name):
+        code = ord(found.group())
         return (
-            "its name holds a bidi override or isolate (U+202A-U+202E, U+2066-U+2069), which "
-            "shows the name reordered, as another name; rename the file"
+            f"its name holds {invisible.describe(code)} (U+{code:04X}), so it shows as "
+            "another name; rename the file"
         )
     if CONTROL.search(name):
         return (

@@ -19,6 +19,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from floom import invisible
 from floom.errors import FloomError
 
 # A walk of a run's dirs stops after this many entries: a worker can create millions.
@@ -57,12 +58,12 @@ class Bounds:
     max_entries: int = MAX_WALK_ENTRIES
 
 
-# Characters a name shows escaped in floom's words about it (C0, DEL, C1, line separators,
-# and the bidi overrides and isolates of BIDI).
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-# The invisible characters that reorder how the text after them shows: a name holding one can
-# pose as another ("invoice_\u202efdp.exe" shows as "invoice_exe.pdf").
-BIDI = re.compile("[\u202a-\u202e\u2066-\u2069]")
+# Characters a name shows escaped in floom's words about it (C0, DEL, C1, and what
+# reorders, breaks or hides text: floom/invisible.py).
+CONTROL = invisible.pattern(invisible.CONTROLS | invisible.UNSHOWN)
+# The invisible characters that reorder or hide text: a name holding one can pose as another
+# ("invoice_\u202efdp.exe" shows as "invoice_exe.pdf", "rep\u200bort.pdf" as "report.pdf").
+BIDI = invisible.pattern(invisible.REORDERING | invisible.ZERO_WIDTH)
 
 
 def said(rel: str | Sequence[str]) -> str:

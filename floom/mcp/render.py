@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from mcp_types import CallToolResult, TextContent
 
+from floom.invisible import CONTROLS, UNSHOWN, escapes
 from floom.manifest.schema import EXPOSE_TARGETS
 from floom.schemas.runs import (
     ApprovalPublic,
@@ -29,23 +30,11 @@ T = TypeVar("T")
 
 # What a worker or a caller wrote (a log line, an error, a title, a summary) is said on one
 # line: line breaks and control characters as Python escapes (newline -> `\n`, ESC ->
-# `\x1b`), bidi overrides and isolates, line and paragraph separators and zero-width marks
+# `\x1b`), and what reorders, breaks or hides text without showing (floom/invisible.py)
 # as `\uXXXX`. So no text of theirs starts a line of its own in a reply, where it could pose
 # as floom's ("floom: run succeeded"), or reorders or hides what an agent reads.
-_ONE_LINE: dict[int, str] = {
-    c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if chr(c) != "\t"
-}
+_ONE_LINE: dict[int, str] = escapes([*(c for c in CONTROLS if chr(c) != "\t"), *UNSHOWN])
 _ONE_LINE.update({ord("\n"): "\\n", ord("\r"): "\\r"})
-_ONE_LINE.update(
-    {
-        c: f"\\u{c:04x}"
-        for c in (
-            *range(0x202A, 0x202F),
-            *range(0x2066, 0x206A),
-            *(0x2028, 0x2029, 0x061C, 0x200B, 0x200E, 0x200F, 0xFEFF),
-        )
-    }
-)
 
 
 def said(text: str | None) -> str:

@@ -1,6 +1,8 @@
 """The one check of a name a caller writes as free text (a key's name, an agent's label and
 tool family): names are stored, listed, put in headers and printed, so a control character
-in one is refused, never stored in another form.
+in one is refused, never stored in another form; so is a character that reorders or
+hides text (a bidi override, a zero-width space: floom/invisible.py), with which one name
+looks like another.
 
 The store writes a NUL as U+FFFD (PostgreSQL holds no NUL in text; floom/store/db.py), so a
 NUL kept in a name would be answered as sent and stored as something else; a newline or a
@@ -10,29 +12,26 @@ pattern (workers, roles, secrets, channels, rules) refuse them already.
 
 from __future__ import annotations
 
-import re
-
 from floom.errors import InvalidRequest
-
-# C0 (NUL, tab, newline, escape...), DEL, C1, and the two Unicode line separators.
-CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+from floom.invisible import NOT_IN_NAMES, describe
 
 
 def check_text_name(value: str, *, field: str, most: int) -> str:
-    """`value` if it can be a name: at most `most` characters, no control character;
-    otherwise InvalidRequest naming `field`."""
+    """`value` if it can be a name: at most `most` characters, no control or invisible
+    character; otherwise InvalidRequest naming `field`."""
     if len(value) > most:
         raise InvalidRequest(
             f"{field} is longer than {most} characters",
             hint=f"give a {field} of at most {most} characters",
             details={"field": field},
         )
-    found = CONTROL.search(value)
+    found = NOT_IN_NAMES.search(value)
     if found is not None:
+        code = ord(found.group())
         raise InvalidRequest(
-            f"{field} holds a control character (U+{ord(found.group()):04X}), which a name "
-            "cannot hold",
-            hint=f"give a {field} of printable characters only (no NUL, newline, tab or escape)",
+            f"{field} holds {describe(code)} (U+{code:04X}), which a name cannot hold",
+            hint=f"give a {field} of printable characters only (no NUL, newline, tab, escape, "
+            "bidi control or zero-width character)",
             details={"field": field},
         )
     return value

@@ -28,6 +28,7 @@ from floom.api.auth import get_ctx
 from floom.errors import FloomError, InvalidRequest, Unauthorized
 from floom.hints import Hint, Told
 from floom.hints import surface as hint_surface
+from floom.invisible import UNSHOWN, escapes
 from floom.schemas.admin import KeyPublic
 from floom.services.access import sessions as web_sessions
 from floom.services.access.sessions import SignedIn
@@ -146,16 +147,17 @@ def told(text: Told | None) -> str:
     return hint_surface.tell(text, surface="ui") or ""
 
 
-# The invisible characters that reorder the text after them (bidi overrides and isolates): in
-# a worker's title one showed the worker's name beside it reversed. Every value a page shows
-# says them as `\u202e` (floom's own Markup is left as it is), as the floom command does.
-_BIDI_SHOWN = {c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+# The invisible characters that reorder, break or hide the text around them
+# (floom/invisible.py): in a worker's title a bidi override showed the worker's name beside it
+# reversed. Every value a page shows says them as `\u202e` (floom's own Markup is left as it
+# is), as the floom command does.
+_UNSHOWN = escapes(UNSHOWN)
 
 
 def _shown(value: Any) -> Any:
-    """Jinja's finalize: a plain string with its bidi controls in a visible form."""
+    """Jinja's finalize: a plain string with its invisible characters in a visible form."""
     if isinstance(value, str) and not isinstance(value, Markup):
-        return value.translate(_BIDI_SHOWN)
+        return value.translate(_UNSHOWN)
     return value
 
 

@@ -221,7 +221,17 @@ LAYERS: list[tuple[str, set[str]]] = [
     # which each surface renders.
     (
         "leaves",
-        {"errors", "vocabulary", "hints", "client_env", "net", "jsonvalues", "bundle", "triggers"},
+        {
+            "errors",
+            "vocabulary",
+            "hints",
+            "client_env",
+            "net",
+            "jsonvalues",
+            "invisible",
+            "bundle",
+            "triggers",
+        },
     ),
     ("settings", {"config"}),
     ("resources", {"store", "sandbox"}),

@@ -18,7 +18,8 @@ from floom.bundle import read_folder
 from tests.support.harness import LiveServer, make_worker
 
 WEBHOOK = {"url": "https://93.184.216.34/hook", "secret": "HOOK_KEY"}
-BAD = ["a\x00b", "a\nb", "ab\n", "a\x1b[2Jb", "a\u2028b"]
+# Controls, and characters that reorder or hide text (one name posing as another).
+BAD = ["a\x00b", "a\nb", "ab\n", "a\x1b[2Jb", "a\u2028b", "a\u202eb", "a\u200bb"]
 
 
 def _listing(api: httpx.Client) -> dict[str, Any]:

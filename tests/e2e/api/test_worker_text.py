@@ -50,7 +50,8 @@ elif attack == "surrogate-error":
 elif attack == "artifact-names":
     json.dump({"outputs": {}}, open("result.json", "w"))
     for name in ["日本.txt", "é.txt", 'q"uote.txt', "a\nb.txt", "esc\x1b[31m.txt", "del\x7f.txt",
-                 "invoice_\u202efdp.exe", "iso\u2067late.txt", "عربي.txt"]:
+                 "invoice_\u202efdp.exe", "iso\u2067late.txt", "عربي.txt",
+                 "rep\u200bort.pdf", "mark\u200f.txt"]:
         open(out + b"/" + name.encode(), "w").write("x")
 """
 
@@ -166,10 +167,15 @@ def test_an_artifact_of_any_printable_name_downloads_and_one_with_a_control_char
             lines
         ), lines
     # A bidi override or isolate shows a name as another (invoice_exe.pdf): not kept either.
-    for shown in ["invoice_\\u202efdp.exe", "iso\\u2067late.txt"]:
+    for shown in ["invoice_\\u202efdp.exe", "iso\\u2067late.txt", "mark\\u200f.txt"]:
         assert f"artifact {shown} was not kept: its name holds a bidi override" in "\n".join(
             lines
         ), lines
+    # So does a zero-width space ("report.pdf").
+    assert (
+        "artifact rep\\u200bort.pdf was not kept: its name holds a zero-width character"
+        in "\n".join(lines)
+    ), lines
 
 
 def test_a_stored_value_holding_a_lone_surrogate_is_read_with_replacement_characters() -> None:

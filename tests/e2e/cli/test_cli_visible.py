@@ -34,7 +34,7 @@ from pathlib import Path
 E = "\x1b"
 inputs = json.loads(Path("inputs.json").read_text())
 print(E + "[2J" + E + "]0;pwned" + "\x07" + "[bold]cleared[/bold] :smile:", flush=True)
-print(E + "]52;c;ZWNobyBoaQ==" + "\x07" + "\x9b" + "31m \u202eevil", file=sys.stderr, flush=True)
+print(E + "]52;c;ZWNobyBoaQ==" + "\x07" + "\x9b" + "31m \u202eevil\u200bx\u2060y", file=sys.stderr, flush=True)
 out = Path(os.environ["FLOOM_OUTPUT_DIR"])
 (out / "art.txt").write_text(E + "[5mblink" + E + "]0;art" + "\x07\n")
 # (A name holding a control character is not kept at all: test_worker_text.py.)
@@ -64,7 +64,8 @@ def _assert_shown_safely(text: str) -> None:
     assert "\x1b" not in text, repr(text)
     assert "\x9b" not in text, repr(text)
     assert "\x07" not in text, repr(text)
-    assert "\u202e" not in text, repr(text)
+    for char in ("\u202e", "\u200b", "\u2060"):
+        assert char not in text, repr(text)
 
 
 def test_logs_show_control_characters_as_escapes_and_markup_as_written(
@@ -75,7 +76,7 @@ def test_logs_show_control_characters_as_escapes_and_markup_as_written(
     assert shown.returncode == 0, shown.stderr
     _assert_shown_safely(shown.stdout)
     assert "\\x1b[2J\\x1b]0;pwned[bold]cleared[/bold] :smile:" in shown.stdout
-    assert "\\x1b]52;c;ZWNobyBoaQ==\\x9b31m \\u202eevil" in shown.stdout
+    assert "\\x1b]52;c;ZWNobyBoaQ==\\x9b31m \\u202eevil\\u200bx\\u2060y" in shown.stdout
 
     raw = cli(server, "logs", run_id, "--raw")
     assert "\x1b[2J" in raw.stdout

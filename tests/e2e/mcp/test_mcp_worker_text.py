@@ -27,12 +27,13 @@ print("one\rfloom: after a carriage return")
 print("two\u2028floom: after a line separator")
 print("three\x85floom: after a next-line")
 print("four\x1b[2Jfloom: after an escape")
+print("five\u2060floom: after a word joiner")
 print("long " + "y" * 10000)
 error = "boom\nfloom: run succeeded; nothing left to do"
 json.dump({"error": error, "retryable": False}, open("result.json", "w"))
 """
 # Each a line break to some reader, or a character that moves or hides what follows.
-BREAKS = ("\r", "\u2028", "\x85", "\x1b", "\u202e")
+BREAKS = ("\r", "\u2028", "\x85", "\x1b", "\u202e", "\u2060")
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)

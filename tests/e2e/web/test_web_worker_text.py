@@ -20,9 +20,13 @@ description: "Ships \\u2067it\\u2069 and more"
 PY = r"""
 import json
 print("log \u202eenil")
+print("hid\u200bden \u200fmark")
 json.dump({"error": "bad \u202dthing", "retryable": False}, open("result.json", "w"))
 """
-RAW = ("\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069")
+RAW = (
+    *("\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069"),
+    *("\u200b", "\u200f", "\u2060", "\ufeff"),
+)
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -44,3 +48,4 @@ def test_bidi_controls_a_worker_writes_show_escaped_on_every_page(
     assert "Ships \\u2067it\\u2069 and more" in shown["/workers/spoof"]
     assert "bad \\u202dthing" in shown[f"/runs/{run_id}"]
     assert "log \\u202eenil" in shown[f"/runs/{run_id}"]
+    assert "hid\\u200bden \\u200fmark" in shown[f"/runs/{run_id}"]
