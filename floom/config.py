@@ -138,6 +138,11 @@ class Settings(BaseSettings):
     # Triggers (floom/services/triggers/webhooks.py): the largest webhook body accepted, and the
     # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
     webhook_max_bytes: int = 1024 * 1024
+    # Deliveries to /hooks that no secret verifies, per client address and per hook, a
+    # minute (and at once); past either, that address (or hook) is answered 429 before its
+    # body is read or any signature computed (floom/api/address_limit.py). 0: no limit.
+    webhook_failures_per_minute: int = Field(30, ge=0)
+    webhook_hook_failures_per_minute: int = Field(120, ge=0)
     composio_webhook_secret: str = ""
     # Retention (floom/services/ops/retention.py): finished runs' logs and artifacts are deleted
     # this many days after the run ended (0: kept forever; a worker's `retention_days` wins),

@@ -16,6 +16,7 @@ bounded whatever the number of senders.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import threading
 import time
@@ -28,6 +29,7 @@ from floom.config import Settings
 from floom.errors import RateLimited
 
 MAX_ADDRESSES = 10_000
+log = logging.getLogger("floom.webhooks")
 SESSION_COOKIE = (
     b"floom_session="  # api/ui_support.SESSION_COOKIE (not imported: the UI loads lazily)
 )
@@ -158,3 +160,61 @@ async def _refuse(scope: dict[str, Any], receive: Any, send: Any, wait: int) -> 
         details={"retry_after_seconds": wait},
     )
     await floom_error_response(refusal, surface="rest")(scope, receive, send)
+
+
+class HookFailureBudget:
+    """Failed signature checks at /hooks, counted per client address and per hook (the
+    path's name, whether or not a webhook is there: the answer must not tell). A sender
+    whose bucket, or a hook whose bucket, its failures emptied is answered 429 before its
+    body is read or any HMAC computed, and the log says so once per emptying, not once a
+    request. Each bucket holds a minute's worth: FLOOM_WEBHOOK_FAILURES_PER_MINUTE per
+    address, FLOOM_WEBHOOK_HOOK_FAILURES_PER_MINUTE per hook. A flood at one hook from many
+    addresses holds that hook's verified senders back too while it lasts; a flood from one
+    address holds back only that address."""
+
+    def __init__(self, settings: Settings) -> None:
+        per_address = settings.webhook_failures_per_minute
+        per_hook = settings.webhook_hook_failures_per_minute
+        self.by_address = AddressLimiter(per_minute=per_address, burst=per_address)
+        self.by_hook = AddressLimiter(per_minute=per_hook, burst=per_hook)
+
+    def check(self, *, hook: str, address: str) -> None:
+        """Raise RateLimited when the address's or the hook's failures are used up."""
+        waits = [
+            wait
+            for wait in (
+                self.by_address.charge(address, cost=0.0),
+                self.by_hook.charge(hook[:HOOK_KEY_CHARS], cost=0.0),
+            )
+            if wait is not None
+        ]
+        if waits:
+            wait = max(waits)
+            raise RateLimited(
+                f"too many deliveries that failed their signature check; try again in {wait} s",
+                hint="sign deliveries with the webhook's secret, and send them again after "
+                "the wait",
+                details={"retry_after_seconds": wait},
+            )
+
+    def failed(self, *, hook: str, address: str) -> None:
+        """Count a failed check; the log says when it empties a bucket."""
+        key = hook[:HOOK_KEY_CHARS]
+        self.by_address.charge(address)
+        self.by_hook.charge(key)
+        for limiter, what, setting in (
+            (self.by_address, f"from {address}", "FLOOM_WEBHOOK_FAILURES_PER_MINUTE"),
+            (self.by_hook, f"to /hooks/{key!r}", "FLOOM_WEBHOOK_HOOK_FAILURES_PER_MINUTE"),
+        ):
+            wait = limiter.charge(address if limiter is self.by_address else key, cost=0.0)
+            if wait is not None:
+                log.warning(
+                    "webhook deliveries %s failed their signature check too often; they are "
+                    "answered 429 for %d s (%s)",
+                    what,
+                    wait,
+                    setting,
+                )
+
+
+HOOK_KEY_CHARS = 200

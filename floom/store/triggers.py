@@ -79,3 +79,21 @@ class WebhookDelivery(SQLModel, table=True):
     outcome: str = Field(max_length=24)  # run, paused, input_invalid, unmatched
     message: str | None = Field(default=None, sa_column=Column(Text))
     replay_count: int = 0
+
+
+class DeliveryTombstone(SQLModel, table=True):
+    """A delivery key (or signature digest) of a deleted worker's delivery, kept when the
+    delivery goes: a worker deployed again under the name must not run a captured delivery
+    of the one deleted (GitHub signs no timestamp, so its deliveries can be sent again for
+    as long as their secret stands). Kept as deliveries are, for good; a few bytes each."""
+
+    __tablename__ = "webhook_delivery_tombstones"
+    __table_args__ = (UniqueConstraint("source", "worker_name", "key"),)
+    id: int | None = Field(default=None, primary_key=True)
+    source: str = Field(max_length=16)
+    worker_name: str = Field(max_length=63)
+    key: str = Field(max_length=200)
+    delivery_id: str = Field(max_length=40)
+    run_id: str | None = Field(default=None, max_length=40)
+    outcome: str = Field(max_length=24)
+    received_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

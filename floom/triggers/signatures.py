@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+from standardwebhooks.webhooks import EmptyWebhookSecretError, Webhook
 
 from floom.errors import FloomError
 
@@ -86,6 +86,30 @@ def verify(
     return _verify_floom(secret, lower, body, now or datetime.now(UTC))
 
 
+# The headers that carry a signature, one per scheme.
+SIGNATURE_HEADERS = ("webhook-signature", GITHUB_SIGNATURE, FLOOM_SIGNATURE)
+
+
+def refusal(headers: Mapping[str, str]) -> WebhookUnsigned | WebhookSignatureInvalid:
+    """The one answer to a request at /hooks that no webhook's secret verified: whether the
+    hook exists, is ready, which scheme it signs with and why the check failed are the
+    operator's to know (the log says), not a sender's. Only the request decides it: one
+    carrying none of the schemes' signature headers is unsigned."""
+    lower = {k.lower() for k in headers}
+    if not lower.intersection(SIGNATURE_HEADERS):
+        return WebhookUnsigned(
+            "the request is not signed",
+            hint="sign the raw body with the webhook's secret in the scheme its trigger "
+            "names: Standard Webhooks (webhook-id, webhook-timestamp, webhook-signature), "
+            "GitHub (X-Hub-Signature-256) or floom's (X-Floom-Timestamp, X-Floom-Signature)",
+        )
+    return WebhookSignatureInvalid(
+        "the request's signature does not match a webhook at this address",
+        hint="check the URL and the secret with the operator of this floom server, and sign "
+        "the raw body, sent unchanged, in the scheme the webhook's trigger names",
+    )
+
+
 def standard_key_problem(secret: str) -> str | None:
     """Why `secret` cannot sign Standard Webhooks (decoded as the library decodes it, with or
     without its whsec_ prefix), or None when it can. Never quotes the secret."""
@@ -103,6 +127,9 @@ STANDARD_KEY_FORM = "whsec_ followed by the base64 of 24 to 64 random bytes"
 
 
 def verify_standard(*, secret: str, headers: Mapping[str, str], body: bytes) -> str:
+    """The delivery's id once its signature matches; a signature that matches but whose
+    timestamp is out of tolerance is stale. The signature is checked first: a sender
+    without the secret learns nothing from the timestamp's answer."""
     lower = {k.lower(): v for k, v in headers.items()}
     if not all(lower.get(h) for h in STANDARD_HEADERS):
         raise WebhookUnsigned(
@@ -110,15 +137,24 @@ def verify_standard(*, secret: str, headers: Mapping[str, str], body: bytes) -> 
             f"{', '.join(STANDARD_HEADERS)} are required",
             hint="sign it with a Standard Webhooks library and the shared secret",
         )
+    msg_id = lower["webhook-id"]
     try:
-        Webhook(secret).verify(body, lower, json_parse=False)
-    except WebhookVerificationError as exc:
-        if "too old" in str(exc) or "too new" in str(exc):
-            raise _stale() from exc
-        raise _mismatch() from exc
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:  # malformed headers or body
-        raise _mismatch() from exc
-    return lower["webhook-id"]
+        sent = int(lower["webhook-timestamp"].strip())
+        expected = Webhook(secret).sign(msg_id, datetime.fromtimestamp(sent, UTC), body).encode()
+    except (
+        ValueError,
+        TypeError,
+        OverflowError,
+        OSError,
+        EmptyWebhookSecretError,
+    ) as exc:
+        raise _mismatch() from exc  # a timestamp that is no time, or a key that is no key
+    passed = lower["webhook-signature"].split(" ")
+    if not any(hmac.compare_digest(expected, given.encode()) for given in passed):
+        raise _mismatch()
+    if abs(datetime.now(UTC).timestamp() - sent) > TOLERANCE_SECONDS:
+        raise _stale()
+    return msg_id
 
 
 def _verify_github(secret: str, headers: Mapping[str, str], body: bytes) -> Verified:
@@ -147,11 +183,12 @@ def _verify_floom(secret: str, headers: Mapping[str, str], body: bytes, now: dat
         sent = int(stamp.strip())
     except ValueError as exc:
         raise _mismatch() from exc
-    if abs(now.timestamp() - sent) > TOLERANCE_SECONDS:
-        raise _stale()
+    # The signature before the timestamp: only a holder of the secret learns it is stale.
     mac = hmac.new(secret.encode(), f"{sent}.".encode() + body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(f"sha256={mac}".encode(), given.strip().encode()):
         raise _mismatch()
+    if abs(now.timestamp() - sent) > TOLERANCE_SECONDS:
+        raise _stale()
     digest = _digest(given)
     return Verified(headers.get(FLOOM_DELIVERY) or digest, digest)
 

@@ -3,17 +3,18 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from floom.api.address_limit import HookFailureBudget, client_key
 from floom.api.auth import CtxDep
 from floom.api.openapi import errors
 from floom.api.routing import JSONRoute
-from floom.errors import TooManyWaits
+from floom.errors import FloomError, TooManyWaits
 from floom.schemas import triggers as trigger_models
 from floom.services.access import principal
 from floom.services.context import Context
@@ -28,6 +29,31 @@ from floom.views.runs import run_public
 router = APIRouter(tags=["hooks"], route_class=JSONRoute)
 
 MAX_WAIT_SECONDS = 300.0
+
+
+def _budget(request: Request, ctx: Context) -> HookFailureBudget:
+    budget: HookFailureBudget | None = getattr(request.app.state, "hook_budget", None)
+    if budget is None:  # one per app; made on its first delivery
+        budget = request.app.state.hook_budget = HookFailureBudget(ctx.settings)
+    return budget
+
+
+T = TypeVar("T")
+
+
+async def _receive(request: Request, ctx: Context, hook: str, receive: Callable[[bytes], T]) -> T:
+    """`receive(body)` in a thread, for a sender whose failed signature checks (counted
+    per address and per hook) are not used up: past that, 429 before the body is read."""
+    budget = _budget(request, ctx)
+    address = client_key(dict(request.scope))
+    budget.check(hook=hook, address=address)
+    body = await _read_body(request, ctx)
+    try:
+        return await run_in_threadpool(receive, body)
+    except FloomError as exc:
+        if exc.status == 401:  # a signature check failed, or no webhook is there
+            budget.failed(hook=hook, address=address)
+        raise
 
 
 async def _read_body(request: Request, ctx: Context) -> bytes:
@@ -76,14 +102,17 @@ def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     responses={
         200: {"model": trigger_models.ComposioAnswer, "description": "every event was seen before"},
         202: {"model": trigger_models.ComposioAnswer, "description": "the events were recorded"},
-        **errors(400, 401, 404, 413, 422, 503),
+        **errors(400, 401, 413, 422, 429, 503),
     },
     openapi_extra=HOOK_BODY,
 )
 async def composio_hook(request: Request, ctx: CtxDep) -> JSONResponse:
-    body = await _read_body(request, ctx)
-    results = await run_in_threadpool(
-        composio_events.receive_composio, ctx, headers=dict(request.headers), body=body
+    headers = dict(request.headers)
+    results = await _receive(
+        request,
+        ctx,
+        "composio",
+        lambda body: composio_events.receive_composio(ctx, headers=headers, body=body),
     )
     duplicate = all(r.duplicate for r in results)
     answer = trigger_models.ComposioAnswer(
@@ -103,7 +132,7 @@ async def composio_hook(request: Request, ctx: CtxDep) -> JSONResponse:
             "description": "a duplicate delivery, or (with `wait`) the run ended in time",
         },
         202: {"model": trigger_models.HookAnswer, "description": "the delivery was recorded"},
-        **_refusals(400, 401, 404, 409, 413, 422, 429, 503),
+        **_refusals(400, 401, 409, 413, 422, 429, 503),
     },
     openapi_extra=HOOK_BODY,
 )
@@ -122,16 +151,14 @@ async def worker_hook(
         "(the query is not signed), checked once the delivery's signature is",
     ),
 ) -> JSONResponse:
-    body = await _read_body(request, ctx)
-    received = await run_in_threadpool(
-        functools.partial(
-            webhooks.receive_webhook,
-            ctx,
-            worker_name=worker,
-            headers=dict(request.headers),
-            body=body,
-            callback_url=callback_url,
-        )
+    headers = dict(request.headers)
+    received = await _receive(
+        request,
+        ctx,
+        worker,
+        lambda body: webhooks.receive_webhook(
+            ctx, worker_name=worker, headers=headers, body=body, callback_url=callback_url
+        ),
     )
     answer = views.hook_answer(received)
     if received.error is not None:

@@ -229,7 +229,9 @@ def find_agent(s: Session, ref: str) -> Agent:
     agent = s.get(Agent, ref) if ref.startswith("agt_") else None
     agent = agent or s.exec(select(Agent).where(Agent.label == ref)).first()
     if agent is None:
-        raise NotFound(f"no agent '{ref}'", hint=told(act("agents list"), " shows the agents"))
+        raise NotFound(
+            f"no agent '{quoted(ref)}'", hint=told(act("agents list"), " shows the agents")
+        )
     return agent
 
 

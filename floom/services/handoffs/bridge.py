@@ -149,6 +149,7 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: Job) -> None:
         # that each caller is told in its own terms (views.handoffs.job_public).
         hint = f"; {exc.hint}" if exc.hint else ""
         reason = f"worker {bridge.worker} could not start: {exc.message}{hint}"
+        reason = rules.cut_reason(reason)
         flow.set_status(ctx, actor=actor, job_id=job.id, status=rules.FAILED, reason=reason)
         return
     with session_scope(ctx.engine, write=True) as s:
@@ -196,6 +197,8 @@ def _finish(ctx: Context, actor: Actor, job: Job) -> None:
     reason = f"run {run.id} of {run.worker_name} {run.status}"
     if run.error_message:
         reason += f": {run.error_message}"
+    # A run's error is the worker's to write: cut to what a reason holds.
+    reason = rules.cut_reason(reason)
     flow.set_status(ctx, actor=actor, job_id=job.id, status=rules.FAILED, reason=reason)
 
 

@@ -300,6 +300,7 @@ def set_status(
     """Move a job to `status` (block, unblock with in_progress, release with published,
     fail, cancel; claim and complete too), as the transition table allows this caller."""
     who, lease = as_actor(ctx, actor, scope="run"), _lease(ctx, lease_seconds)
+    reason = rules.check_reason(reason)
     if status not in rules.STATUSES:
         raise InvalidRequest(
             f"unknown status '{status}'", hint=f"one of {', '.join(rules.STATUSES)}"

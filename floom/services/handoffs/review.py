@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import Conflict, Forbidden, InvalidRequest
+from floom.errors import Conflict, Forbidden
 from floom.services.access.principal import Principal
 from floom.services.handoffs import rules
 from floom.services.handoffs.agents import Actor, as_actor, find_role
@@ -59,8 +59,7 @@ def reject(
     The source agent, an admin, or the agent holding a follow-on job of it may reject.
     """
     who = as_actor(ctx, actor, scope="run")
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidRequest("a rejection needs a reason", hint="say what must change")
+    reason = rules.check_reason(reason, required=True) or ""
     with session_scope(ctx.engine, write=True) as s:
         job = load_visible(s, who, job_id, lock=True)
         if job.status != rules.COMPLETED:

@@ -10,6 +10,7 @@ from typing import Any
 
 from floom import jsonvalues
 from floom.errors import Forbidden, IllegalTransition, InvalidRequest
+from floom.services.names import check_text_name
 from floom.vocabulary import JobPriority, JobStatus
 
 PENDING = JobStatus.PENDING
@@ -61,6 +62,8 @@ PRIORITIES: tuple[JobPriority, ...] = tuple(JobPriority)
 PRIORITY_RANK = {p: i for i, p in enumerate(PRIORITIES)}
 
 MAX_SUMMARY = 500
+MAX_CONSTRAINT_CHARS = 2000
+MAX_REASON_CHARS = 4000
 MAX_JSON_BYTES = 256 * 1024
 MAX_CONSTRAINTS = 100
 MAX_ARTIFACTS = 100
@@ -126,7 +129,32 @@ def check_summary(summary: Any) -> str:
             f"the summary is {len(summary)} characters; at most {MAX_SUMMARY}",
             hint="put the details into the context",
         )
+    # One line, shown in every list of jobs: a newline or a bidirectional override in it
+    # would let one job pass for another there.
+    check_text_name(summary, field="summary", most=MAX_SUMMARY)
     return summary.strip()
+
+
+def cut_reason(reason: str) -> str:
+    """A reason floom writes from text it did not choose (a run's error), cut to fit."""
+    if len(reason) <= MAX_REASON_CHARS:
+        return reason
+    return reason[: MAX_REASON_CHARS - 3] + "..."
+
+
+def check_reason(reason: Any, *, required: bool = False) -> str | None:
+    """A reason given for a status change or a rejection: text of at most MAX_REASON_CHARS
+    (it is kept on the job and in its audit trail)."""
+    if reason is None and not required:
+        return None
+    if not isinstance(reason, str) or (required and not reason.strip()):
+        raise InvalidRequest("a rejection needs a reason", hint="say what must change")
+    if len(reason) > MAX_REASON_CHARS:
+        raise InvalidRequest(
+            f"the reason is {len(reason)} characters; at most {MAX_REASON_CHARS}",
+            hint="say it in short; put the details into an artifact",
+        )
+    return reason
 
 
 def check_priority(priority: Any) -> JobPriority:
@@ -165,6 +193,12 @@ def check_constraints(constraints: Any) -> list[str]:
         raise InvalidRequest("constraints must be a list of text", hint='e.g. ["no new deps"]')
     if len(constraints) > MAX_CONSTRAINTS:
         raise InvalidRequest(f"at most {MAX_CONSTRAINTS} constraints", hint="merge some")
+    for i, c in enumerate(constraints):
+        if len(c) > MAX_CONSTRAINT_CHARS:
+            raise InvalidRequest(
+                f"constraints[{i}] is {len(c)} characters; at most {MAX_CONSTRAINT_CHARS}",
+                hint="state each constraint in short; put the details into the context",
+            )
     return [c.strip() for c in constraints if c.strip()]
 
 
@@ -243,6 +277,8 @@ def check_routing(rules: Any) -> list[dict[str, Any]]:
             check_condition(rule["condition"], where=f"{where}.condition")
             out["condition"] = rule["condition"]
         clean.append(out)
+    # Kept with the job and copied to each follow-on: bounded as a context is.
+    encode_json(clean, what="routing")
     return clean
 
 

@@ -32,9 +32,9 @@ from floom.services.triggers.webhooks import (
     check_size,
     deliver,
     lookup,
-    no_webhook_at,
     parse_body,
     redact_bytes,
+    refuse_unverified,
 )
 from floom.store.db import session_scope
 from floom.store.models import Worker, new_id
@@ -106,7 +106,8 @@ def _same(value: Any, wanted: Any) -> bool:
 
 
 def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -> list[Received]:
-    """Verify one Composio delivery and start a run for each worker whose trigger matches.
+    """Verify one Composio delivery and start a run for each worker whose trigger matches
+    and has not run it yet.
 
     An event that matches no worker is stored as unmatched, so it is not lost.
     """
@@ -117,7 +118,7 @@ def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -
             "refused a delivery to /hooks/composio: set FLOOM_COMPOSIO_WEBHOOK_SECRET to the "
             "secret of your Composio webhook subscription and restart floom"
         )
-        raise no_webhook_at("/hooks/composio")
+        raise refuse_unverified(ctx, headers=headers, body=body)
     weak = signatures.standard_key_problem(secret)
     if weak is not None:
         log.warning(
@@ -126,10 +127,17 @@ def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -
             "subscription and restart floom",
             weak,
         )
-        raise no_webhook_at("/hooks/composio")
-    key = signatures.verify_standard(secret=secret, headers=headers, body=body)
+        raise refuse_unverified(ctx, headers=headers, body=body)
+    try:
+        key = signatures.verify_standard(secret=secret, headers=headers, body=body)
+    except (signatures.WebhookUnsigned, signatures.WebhookSignatureInvalid) as exc:
+        log.info("refused a delivery to /hooks/composio: %s", exc.message)
+        raise signatures.refusal(headers) from None
+    # Exactly once per event and worker, not per event: a delivery cut short after firing
+    # some of its workers (a crash, a failed start) is sent again by Composio, and the
+    # workers not fired yet must run then; deliver() acknowledges the ones that did.
     seen = _seen(ctx, key)
-    if seen:
+    if any(d.outcome == UNMATCHED for d in seen):  # handled whole: it matched no worker
         return [Received(d, duplicate=True) for d in seen]
     payload = parse_body(body, "application/json")
     if not isinstance(payload, Mapping):
@@ -154,6 +162,8 @@ def receive_composio(ctx: Context, *, headers: Mapping[str, str], body: bytes) -
                 callback_url=spec.callback_url,
             )
         )
+    if not results and seen:  # its workers' triggers are gone since: nothing runs now
+        return [Received(d, duplicate=True) for d in seen]
     if not results:
         results.append(_unmatched(ctx, key, headers, body, event, redact=[secret]))
     return results

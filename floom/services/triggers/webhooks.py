@@ -3,6 +3,8 @@ id, turned into a run (or a skipped run when paused), listed per worker and repl
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import urllib.parse
@@ -10,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import or_
+from sqlalchemy import insert, or_
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -34,7 +37,7 @@ from floom.services.triggers.registry import spec_of
 from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, new_id
-from floom.store.triggers import Trigger, WebhookDelivery
+from floom.store.triggers import DeliveryTombstone, Trigger, WebhookDelivery
 from floom.triggers import signatures
 from floom.triggers.spec import EVENT_INPUT, ComposioSpec, WebhookSpec, callback_origin
 from floom.vocabulary import RunTrigger, TriggerKind
@@ -53,13 +56,19 @@ UNMATCHED = "unmatched"
 log = logging.getLogger("floom.webhooks")
 
 
-def no_webhook_at(path: str) -> NotFound:
-    """The one answer to a sender for a hook that is absent or not ready: an anonymous caller
-    learns no worker's secret name and no setting's name, and cannot tell the two apart."""
-    return NotFound(
-        f"no webhook at {path}",
-        hint="check the URL with the operator of this floom server",
-    )
+# A secret name no secret has (names are checked when set), looked up for a hook that is not
+# there or not ready, so that its refusal costs what a real one does.
+DECOY_SECRET = "floom decoy: no secret has this name"
+DECOY_KEY = b"floom decoy key, verifies nothing"
+
+
+def refuse_unverified(ctx: Context, *, headers: Mapping[str, str], body: bytes) -> FloomError:
+    """The refusal of a request no webhook's secret verifies, at the cost of one that was
+    checked: a secret looked up and the body's HMAC computed, so that neither the answer nor,
+    as far as it goes, its time tells a sender whether a webhook is there."""
+    secrets.resolve(ctx, [DECOY_SECRET])
+    hmac.new(DECOY_KEY, body, hashlib.sha256).digest()
+    return signatures.refusal(headers)
 
 
 @dataclass
@@ -82,39 +91,48 @@ def receive_webhook(
 ) -> Received:
     """Verify a delivery to /hooks/{worker} and start its run.
 
-    Refusals (unsigned, bad or stale signature, too large, no webhook here, a callback URL
-    that cannot be used) raise and store nothing. A delivery id seen before returns the
+    Refusals (too large; then, the one answer of refuse_unverified: unsigned, a signature
+    that does not match, no webhook here or not ready; for a verified sender only: stale, a
+    callback URL that cannot be used) raise and store nothing. A delivery id seen before returns the
     stored delivery, marked duplicate. The run's record goes to `callback_url` when it ends.
     """
     check_size(ctx, body)
-    trigger, worker = _webhook_trigger(ctx, worker_name)
+    path = f"/hooks/{worker_name}"
+    found = _webhook_trigger(ctx, worker_name)
+    if found is None:
+        raise refuse_unverified(ctx, headers=headers, body=body)
+    trigger, worker = found
     spec = spec_of(trigger)
     if not isinstance(spec, WebhookSpec):  # a stored row that cannot be read: no webhook
-        raise no_webhook_at(f"/hooks/{worker_name}")
+        raise refuse_unverified(ctx, headers=headers, body=body)
     values, missing = secrets.resolve(ctx, [spec.secret])
     if missing:
         log.warning(
-            "refused a delivery to /hooks/%s: its webhook cannot verify deliveries until the "
+            "refused a delivery to %s: its webhook cannot verify deliveries until the "
             "secret %s is set (`floom secrets set %s`)",
-            worker_name,
+            path,
             spec.secret,
             spec.secret,
         )
-        raise no_webhook_at(f"/hooks/{worker_name}")
+        raise refuse_unverified(ctx, headers=headers, body=body)
     secret = values[spec.secret]
     weak = signatures.standard_key_problem(secret) if spec.signature == "standard" else None
     if weak is not None:
         log.warning(
-            "refused a delivery to /hooks/%s: the secret %s is not a Standard Webhooks key "
+            "refused a delivery to %s: the secret %s is not a Standard Webhooks key "
             "(%s); set it to %s (`floom secrets set %s`)",
-            worker_name,
+            path,
             spec.secret,
             weak,
             signatures.STANDARD_KEY_FORM,
             spec.secret,
         )
-        raise no_webhook_at(f"/hooks/{worker_name}")
-    verified = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
+        raise refuse_unverified(ctx, headers=headers, body=body)
+    try:
+        verified = signatures.verify(spec.signature, secret=secret, headers=headers, body=body)
+    except (signatures.WebhookUnsigned, signatures.WebhookSignatureInvalid) as exc:
+        log.info("refused a delivery to %s (%s signature): %s", path, spec.signature, exc.message)
+        raise signatures.refusal(headers) from None
     lower = {k.lower(): v for k, v in headers.items()}
     event_name = lower.get("x-github-event") or lower.get("x-floom-event")
     # Only a verified sender may have floom connect anywhere (the name is resolved here),
@@ -191,6 +209,9 @@ def deliver(
     seen = _find(ctx, source=source, worker_name=worker.name, key=key, digest=digest)
     if seen is not None:
         return Received(seen, duplicate=True)
+    buried = _tombstone(ctx, source=source, worker_name=worker.name, key=key, digest=digest)
+    if buried is not None:
+        return Received(buried, duplicate=True)
     redactor = secrets.Redactor(redact)
     stored_headers = {k: redactor.text(v) for k, v in signatures.storable_headers(headers).items()}
     delivery = WebhookDelivery(
@@ -301,7 +322,59 @@ def _find(
         ).first()
 
 
-def _webhook_trigger(ctx: Context, worker_name: str) -> tuple[Trigger, Worker]:
+def _tombstone(
+    ctx: Context, *, source: str, worker_name: str, key: str, digest: str | None
+) -> WebhookDelivery | None:
+    """A delivery of a deleted worker of this name with this key or digest, as its sender
+    was answered (not stored: its record went with the worker)."""
+    keys = [key[:200], *([digest] if digest else [])]
+    with session_scope(ctx.engine) as s:
+        row = s.exec(
+            select(DeliveryTombstone).where(
+                DeliveryTombstone.source == source,
+                DeliveryTombstone.worker_name == worker_name,
+                col(DeliveryTombstone.key).in_(keys),
+            )
+        ).first()
+    if row is None:
+        return None
+    return WebhookDelivery(
+        id=row.delivery_id,
+        source=row.source,
+        worker_name=row.worker_name,
+        delivery_key=key[:200],
+        run_id=row.run_id,
+        outcome=row.outcome,
+        received_at=row.received_at,
+        message="received before worker '" + worker_name + "' was deleted; not run again",
+    )
+
+
+def keep_tombstones(s: Session, *, worker_name: str) -> None:
+    """Before a worker's deliveries are deleted (with the worker): keep their keys and
+    signature digests, so none of them runs again under a worker deployed with the name."""
+    d = WebhookDelivery.__table__  # type: ignore[attr-defined]
+    t = DeliveryTombstone.__table__  # type: ignore[attr-defined]
+    for key in (d.c.delivery_key, d.c.signature_digest):
+        buried = (
+            sa_select(t.c.id)
+            .where(t.c.source == d.c.source, t.c.worker_name == d.c.worker_name, t.c.key == key)
+            .exists()
+        )
+        rows = sa_select(
+            d.c.source, d.c.worker_name, key, d.c.id, d.c.run_id, d.c.outcome, d.c.received_at
+        ).where(d.c.worker_name == worker_name, key.is_not(None), ~buried)
+        if key is d.c.signature_digest:  # a digest that is the key too is kept once
+            rows = rows.where(d.c.signature_digest != d.c.delivery_key)
+        s.execute(
+            insert(t).from_select(
+                ["source", "worker_name", "key", "delivery_id", "run_id", "outcome", "received_at"],
+                rows,
+            )
+        )
+
+
+def _webhook_trigger(ctx: Context, worker_name: str) -> tuple[Trigger, Worker] | None:
     with session_scope(ctx.engine) as s:
         worker = s.get(Worker, worker_name)
         trigger = s.exec(
@@ -312,7 +385,7 @@ def _webhook_trigger(ctx: Context, worker_name: str) -> tuple[Trigger, Worker]:
             )
         ).first()
     if worker is None or trigger is None or worker.active_version_id is None:
-        raise no_webhook_at(f"/hooks/{worker_name}")
+        return None
     return trigger, worker
 
 

@@ -25,6 +25,7 @@ from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
 from floom.services.runs import waits as run_waits
+from floom.services.triggers import webhooks
 from floom.services.workers import versions as workers
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.rows import delete_unreferenced_blobs
@@ -233,6 +234,7 @@ def _delete(
     )
     s.execute(delete(TriggerFire).where(col(TriggerFire.trigger_id).in_(trigger_ids)))
     s.execute(delete(Trigger).where(col(Trigger.worker_name) == name))
+    webhooks.keep_tombstones(s, worker_name=name)
     deliveries = s.execute(delete(WebhookDelivery).where(col(WebhookDelivery.worker_name) == name))
     s.execute(delete(MemoryEntry).where(col(MemoryEntry.worker_name) == name))
     s.execute(delete(WorkerState).where(col(WorkerState.worker_name) == name))

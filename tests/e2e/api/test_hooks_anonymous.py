@@ -1,6 +1,6 @@
-"""What an anonymous sender learns from /hooks: a 404 for a hook that is absent or not ready,
-a 401 for a bad signature, never the name of a secret or a setting; the operator finds the
-reason in the log."""
+"""What an anonymous sender learns from /hooks: the one 401 for a hook that is absent or not
+ready and for a bad signature (test_hook_boundaries.py compares them), never the name of a
+secret or a setting; the operator finds the reason in the log."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def composio_server(tmp_path: Path, database_url: str) -> Iterator[LiveServer]:
         yield srv
 
 
-def test_an_unsigned_composio_event_without_a_configured_secret_gets_404_and_the_log_says_why(
+def test_an_unsigned_composio_event_without_a_configured_secret_gets_401_and_the_log_says_why(
     server: LiveServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="floom"):
@@ -68,10 +68,13 @@ def test_an_unsigned_composio_event_without_a_configured_secret_gets_404_and_the
             server, "/hooks/composio", b"{}", **signed(b"{}", "msg_1", COMPOSIO_SECRET)
         )
 
+    assert (resp.status_code, resp.json()["error"]["code"]) == (401, "webhook_unsigned")
+    assert (signed_resp.status_code, signed_resp.json()["error"]["code"]) == (
+        401,
+        "webhook_signature_invalid",
+    )
     for answer in (resp, signed_resp):
-        assert (answer.status_code, answer.json()["error"]["code"]) == (404, "not_found")
         assert_tells_nothing(answer)
-    assert resp.json() == signed_resp.json()
     assert "FLOOM_COMPOSIO_WEBHOOK_SECRET" in caplog.text
 
 
@@ -96,7 +99,7 @@ def test_a_composio_event_with_a_bad_or_missing_signature_gets_401_naming_no_set
         assert_tells_nothing(answer)
 
 
-def test_a_worker_webhook_whose_secret_is_unset_answers_like_an_absent_one_and_logs_the_name(
+def test_a_worker_webhook_whose_secret_is_unset_answers_as_an_absent_one_and_logs_the_name(
     server: LiveServer, api: httpx.Client, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     manifest = "name: unready\ninputs: {event: object}\ntriggers:\n"
@@ -109,9 +112,12 @@ def test_a_worker_webhook_whose_secret_is_unset_answers_like_an_absent_one_and_l
         unready = anonymous_post(server, "/hooks/unready", body, **headers)
     absent = anonymous_post(server, "/hooks/nobody", body, **headers)
 
-    assert (unready.status_code, unready.json()["error"]["code"]) == (404, "not_found")
+    assert (unready.status_code, unready.json()["error"]["code"]) == (
+        401,
+        "webhook_signature_invalid",
+    )
     assert_tells_nothing(unready)
-    assert unready.json()["error"]["hint"] == absent.json()["error"]["hint"]
+    assert unready.json() == absent.json()
     assert "UNSET_HOOK_SECRET" in caplog.text
     assert "/hooks/unready" in caplog.text
     assert api.get("/api/v1/workers/unready/deliveries").json()["items"] == []
@@ -143,9 +149,8 @@ def test_a_standard_webhook_whose_secret_is_no_key_answers_like_an_absent_one_an
     absent = anonymous_post(server, "/hooks/nobody", body, **forged)
 
     for answer in answers:
-        assert answer.status_code == 404, answer.text
-        assert answer.json()["error"]["code"] == "not_found"
-        assert answer.json()["error"]["hint"] == absent.json()["error"]["hint"]
+        assert answer.status_code == 401, answer.text
+        assert answer.json() == absent.json()
     for name in weak:
         assert f"{name.upper()}_HOOK_SECRET is not a Standard Webhooks key" in caplog.text
         assert api.get(f"/api/v1/workers/{name}/deliveries").json()["items"] == []
@@ -169,7 +174,10 @@ def test_a_composio_secret_that_is_no_key_answers_like_an_unset_one_and_logs_why
             caplog.at_level(logging.WARNING, logger="floom"),
         ):
             answer = anonymous_post(srv, "/hooks/composio", body, **forged)
-        assert (answer.status_code, answer.json()["error"]["code"]) == (404, "not_found")
+        assert (answer.status_code, answer.json()["error"]["code"]) == (
+            401,
+            "webhook_signature_invalid",
+        )
         assert_tells_nothing(answer)
         assert "FLOOM_COMPOSIO_WEBHOOK_SECRET is not a Standard Webhooks key" in caplog.text
 

@@ -189,7 +189,7 @@ def test_unsigned_badly_signed_stale_and_oversized_requests_are_refused_and_crea
             "webhook_stale",
         ),
         ("/hooks/std", b"x" * (1024 * 1024 + 1), good, 413, "payload_too_large"),
-        ("/hooks/nobody", body, good, 404, "not_found"),
+        ("/hooks/nobody", body, good, 401, "webhook_signature_invalid"),
     ]
     for path, payload, headers, status, code in cases:
         resp = hook(server, path, payload, headers)
@@ -356,7 +356,7 @@ def test_the_triggers_api_lists_next_fires_in_the_timezone_and_the_webhook_url(
     assert webhook["url"] == f"{server.base_url}/hooks/both"
     assert webhook["secret_set"] is False
     unready = hook(server, "/hooks/both", b"{}", {"webhook-id": "x"})
-    assert (unready.status_code, unready.json()["error"]["code"]) == (404, "not_found")
+    assert (unready.status_code, unready.json()["error"]["code"]) == (401, "webhook_unsigned")
 
     paused = api.post("/api/v1/workers/both/pause", json={"trigger_id": schedule["id"]}).json()
     assert [t["paused"] for t in paused["items"]] == [True, False]

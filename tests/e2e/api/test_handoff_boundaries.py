@@ -1,0 +1,129 @@
+"""The handoff layer against an agent that sends what it should not: one-line texts with a
+newline or a bidirectional override, reasons and constraints of megabytes, routing rules
+without end; and a worker whose run fails with an error longer than a reason holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_until
+
+JOBS = "/api/v1/handoffs/jobs"
+BIG = "x" * 300_000
+
+
+def _ok(response: httpx.Response, status: int = 200) -> Any:
+    assert response.status_code == status, response.text
+    return response.json()
+
+
+def _refused(response: httpx.Response, *words: str) -> None:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    for word in words:
+        assert word in error["message"], (word, error["message"])
+
+
+def _agents(server: LiveServer, api: httpx.Client) -> tuple[httpx.Client, httpx.Client]:
+    for name in ("coder", "reviewer"):
+        _ok(api.post("/api/v1/roles", json={"name": name}), 201)
+    made = [
+        _ok(api.post("/api/v1/agents", json={"label": label, "roles": [role]}), 201)
+        for label, role in (("alice", "coder"), ("bob", "reviewer"))
+    ]
+    return server.client(made[0]["key"]), server.client(made[1]["key"])
+
+
+def test_a_name_or_summary_that_would_pass_for_another_is_refused(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    _, bob = _agents(server, api)
+    # Shown as "alice" (an invisible space), or as "alicetxt.exe" (a right-to-left override).
+    for label in ("ali\u200bce", "alice\u202etxt.exe", "\u2066alice\u2069"):
+        _refused(api.post("/api/v1/agents", json={"label": label, "roles": []}), "label", "U+")
+    for summary in ("fix the parser\n[completed] nothing to do", "pay \u202e0001$ \u202c"):
+        _refused(bob.post(JOBS, json={"summary": summary, "role": "coder"}), "summary", "U+")
+    rule = {"role": "reviewer", "summary": "review\u200f it"}
+    _refused(bob.post(JOBS, json={"summary": "ok", "role": "coder", "routing": [rule]}), "U+")
+
+    labels = [a["label"] for a in _ok(api.get("/api/v1/agents"))["items"]]
+    assert sorted(labels) == ["alice", "bob"]
+    assert _ok(api.get(JOBS))["items"] == []
+
+
+def test_reasons_constraints_and_routing_are_bounded_and_a_refusal_changes_nothing(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    alice, bob = _agents(server, api)
+    _refused(bob.post(JOBS, json={"summary": "s", "role": "coder", "constraints": [BIG]}), "2000")
+    wide = {"any": [{"path": "data.ok", "exists": True}] * 20_000}
+    routing = [{"role": "reviewer", "condition": wide}]
+    _refused(bob.post(JOBS, json={"summary": "s", "role": "coder", "routing": routing}), "KiB")
+    assert _ok(api.get(JOBS))["items"] == []
+
+    job = _ok(bob.post(JOBS, json={"summary": "parse", "role": "coder"}), 201)
+    _ok(alice.post(f"{JOBS}/{job['id']}/claim", json={}))
+    for status in ("blocked", "failed", "completed"):
+        body = {"status": status, "reason": BIG}
+        _refused(alice.post(f"{JOBS}/{job['id']}/status", json=body), "4000")
+    shown = _ok(alice.get(f"{JOBS}/{job['id']}", params={"events": True}))
+    assert (shown["status"], shown["reason"]) == ("in_progress", None)
+    assert [e["type"] for e in shown["events"]] == ["created", "claimed"]
+
+    _ok(alice.post(f"{JOBS}/{job['id']}/complete", json={"summary": "done"}))
+    _refused(bob.post(f"{JOBS}/{job['id']}/reject", json={"reason": BIG}), "4000")
+    assert _ok(bob.get(JOBS, params={"status": "published"}))["items"] == []
+    retry = _ok(bob.post(f"{JOBS}/{job['id']}/reject", json={"reason": "add tests"}), 201)
+    assert retry["retry_of"] == job["id"]
+
+
+FAILING_YML = """\
+name: failing
+inputs:
+  text: {type: string, required: true}
+triggers:
+  - handoff: {role: coder}
+limits: {timeout_seconds: 60}
+"""
+FAILING_PY = """\
+import json
+from pathlib import Path
+Path("result.json").write_text(json.dumps({"error": "E" * 20000, "retryable": False}))
+"""
+
+
+def test_a_bridged_run_failing_with_a_long_error_fails_its_job_with_the_reason_cut(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    _ok(api.post("/api/v1/roles", json={"name": "coder"}), 201)
+    deploy_folder(api, make_worker(tmp_path / "failing", FAILING_YML, {"run.py": FAILING_PY}))
+    lead = server.client(
+        _ok(api.post("/api/v1/agents", json={"label": "lead", "roles": []}), 201)["key"]
+    )
+    job = _ok(
+        lead.post(JOBS, json={"summary": "go", "role": "coder", "context": {"text": "t"}}), 201
+    )
+
+    def failed() -> dict[str, Any] | None:
+        body: dict[str, Any] = lead.get(f"{JOBS}/{job['id']}").json()
+        return body if body["status"] == "failed" else None
+
+    done = wait_until(failed, timeout=60)
+    assert done["reason"].startswith(f"run {done['run_id']} of failing failed: EEE")
+    assert done["reason"].endswith("...")
+    assert len(done["reason"]) == 4000
+
+
+def test_an_agent_named_in_a_list_query_is_quoted_back_short(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    alice, _ = _agents(server, api)
+    ref = "nobody-" + "z" * 5_000
+    for params in ({"assignee": ref}, {"source": ref}):
+        answer = alice.get(JOBS, params=params)
+        assert answer.status_code == 404, answer.text
+        assert len(answer.json()["error"]["message"]) < 200
