@@ -4,17 +4,24 @@ bucket is away (the tests stop it mid-run and start it again)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import boto3
+import pytest
 from botocore.config import Config
 from sqlmodel import func, select
 
+from floom.errors import BackupInvalid
 from floom.services.context import Context
-from floom.services.ops.backup import create_backup, restore_backup
+from floom.services.ops.backup import MANIFEST, create_backup, restore_backup
 from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention
+from floom.store.blobs.configured import s3_store
+from floom.store.blobs.rows import insert_blob, stage_blob
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, RunEvent, utcnow
@@ -319,3 +326,57 @@ def test_the_object_store_secret_never_reaches_a_run_log(
         assert not any(SECRET_KEY in line for line in lines), lines
         # And the sandbox's environment never held it.
         assert any(line.endswith(" None") for line in lines), lines
+
+
+def test_a_backup_whose_objects_are_not_its_blobs_is_refused_writing_nothing(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    # A backup's objects/ are checked against the blobs rows of its database before any is
+    # put back: an object whose bytes are not its blob's (its manifest checksum made to
+    # agree), one longer than its blob (never read whole), or a blob whose object is missing
+    # is refused, naming it, and nothing is written (no data dir, nothing in the bucket).
+    settings = fast_settings(
+        tmp_path / "data", f"sqlite:///{tmp_path / 'data' / 'floom.db'}", **s3_server.settings()
+    )
+    ctx = Context.open(settings)
+    blobs = [stage_blob(settings, ctx.engine, f"blob {i}".encode() * 100) for i in range(2)]
+    with session_scope(ctx.engine, write=True) as s:
+        for blob in blobs:
+            insert_blob(s, blob)
+    ctx.engine.dispose()
+    good = tmp_path / "good"
+    create_backup(settings=settings, dest=good)
+    first, second = (f"objects/{b.digest}" for b in blobs)
+
+    def other_bytes(backup: Path) -> None:
+        data = (backup / first).read_bytes()
+        (backup / first).write_bytes(b"X" + data[1:])
+
+    def longer(backup: Path) -> None:
+        (backup / first).write_bytes((backup / first).read_bytes() + b"more")
+
+    def missing(backup: Path) -> None:
+        (backup / second).unlink()
+        manifest = json.loads((backup / MANIFEST).read_text())
+        manifest["summary"]["files"].remove(second)
+        (backup / MANIFEST).write_text(json.dumps(manifest))
+
+    for damage, said in (
+        (other_bytes, f"{first} in {tmp_path}/other_bytes does not match its blob's sha256"),
+        (longer, f"{first} in {tmp_path}/longer is not the object of a blob"),
+        (missing, f"the backup lacks {second}"),
+    ):
+        backup = tmp_path / damage.__name__
+        shutil.copytree(good, backup)
+        damage(backup)
+        manifest = json.loads((backup / MANIFEST).read_text())
+        for name in manifest["summary"]["files"]:
+            manifest["sha256"][name] = hashlib.sha256((backup / name).read_bytes()).hexdigest()
+        (backup / MANIFEST).write_text(json.dumps(manifest))
+        fresh = tmp_path / f"fresh-{damage.__name__}"
+        target = fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}", **s3_server.settings())
+        with pytest.raises(BackupInvalid) as refused:
+            restore_backup(settings=target, source=backup)
+        assert said in refused.value.message, damage.__name__
+        assert not fresh.exists(), damage.__name__
+        assert not any(s3_store(target).exists(b.digest) for b in blobs), damage.__name__
