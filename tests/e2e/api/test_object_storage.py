@@ -22,6 +22,7 @@ from floom.services.ops.backup import MANIFEST, create_backup, restore_backup
 from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention
 from floom.store.blobs.configured import s3_store
+from floom.store.blobs.configured import store_at as configured_store_at
 from floom.store.blobs.rows import inline_blob, insert_blob, stage_blob
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import session_scope
@@ -396,7 +397,7 @@ def test_two_blobs_migrate_runs_at_once_both_finish_moving_each_blob_once(
     with session_scope(first.engine, write=True) as s:
         for one in data:
             insert_blob(s, inline_blob(one))
-    real = objects.store_at
+    real = configured_store_at
     late: list[str] = []
 
     def store_at(location: str, *args: Any) -> Any:
@@ -412,7 +413,7 @@ def test_two_blobs_migrate_runs_at_once_both_finish_moving_each_blob_once(
                 assert done.moved == len(data)
             return get(digest, **kwargs)
 
-        store.get = first_moves_it
+        store.get = first_moves_it  # type: ignore[method-assign]
         return store
 
     monkeypatch.setattr(objects, "store_at", store_at)
