@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import SQLModel
 
 from floom import __version__
 from floom.config import Settings
-from floom.errors import BackupInvalid, Conflict, InvalidRequest, NotFound
+from floom.errors import BackupInvalid, Conflict, InvalidRequest, NotFound, SecretUndecryptable
 from floom.hints import act, told
+from floom.services.access.secrets import SecretBox
 from floom.store.blobs.base import sha256_of
 from floom.store.blobs.configured import s3_store
 from floom.store.blobs.database import DatabaseBlobStore
@@ -170,8 +173,11 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
 
     The data dir must be empty or absent: restoring over a live node would mix two
     histories. With `force`, the database and the files the backup holds are replaced (stop
-    floom first). Every file is checked against the backup's checksums before anything is
-    written; a damaged backup raises BackupInvalid and changes nothing.
+    floom first). All or nothing: every file is copied beside its place and checked against
+    the backup's checksums, the database is brought to the current schema and checked (its
+    row counts against the manifest's, its secrets against the key this node will read them
+    with, its objects against their digests) before anything takes its place, by renames.
+    A damaged backup raises BackupInvalid naming what was wrong, and changes nothing.
     """
     db_path = _require_sqlite(settings, doing="floom restore")
     manifest = _read_manifest(source)
@@ -190,26 +196,34 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
     # them: a file is never written through a link there, checked before anything is written.
     for name in files:
         _check_target(data_dir, name)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(data_dir, 0o700)
-    db_path.parent.mkdir(parents=True, exist_ok=True)
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db_path}{suffix}").unlink(missing_ok=True)
-    _copy_database(source / DATABASE, db_path)
-    for name in files:
-        target = data_dir / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Never through a link at the last part either (floom is stopped: nothing races this).
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write((source / name).read_bytes())
-        os.chmod(target, 0o600, follow_symlinks=False)
-    engine = make_engine(f"sqlite:///{db_path}")
+    tag = os.urandom(4).hex()
+    made: list[Path] = []  # directories this restore created, undone on failure
+    staged: list[tuple[Path, Path]] = []  # (copy beside its place, its place)
     try:
-        migrate(engine)
-        _restore_objects(settings, engine, source, objects)
-    finally:
-        engine.dispose()
+        _make_dirs(db_path.parent, made)
+        _make_dirs(data_dir, made)
+        os.chmod(data_dir, 0o700)
+        staged_db = db_path.with_name(f".{db_path.name}.restore-{tag}")
+        staged.append((staged_db, db_path))
+        _copy_checked(source, DATABASE, staged_db, manifest["sha256"][DATABASE])
+        for name in files:
+            target = data_dir / name
+            _make_dirs(target.parent, made)
+            staged.append((target.with_name(f".{target.name}.restore-{tag}"), target))
+            _copy_checked(source, name, staged[-1][0], manifest["sha256"][name])
+        _prepare_database(settings, staged_db, source, manifest, files, objects)
+    except BaseException:
+        for copy, _ in staged:
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{copy}{suffix}").unlink(missing_ok=True)
+        for directory in reversed(made):
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    # Everything is checked: the copies take their places (floom is stopped: nothing races).
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db_path}{suffix}").unlink(missing_ok=True)
+    for copy, target in staged:
+        os.replace(copy, target)
     recorded = manifest["summary"]
     return BackupSummary(
         path=str(data_dir),
@@ -218,6 +232,123 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
         files=sorted(files),
         secret_key_in_backup=bool(recorded.get("secret_key_in_backup")),
         warnings=list(recorded.get("warnings", [])),
+    )
+
+
+def _make_dirs(path: Path, made: list[Path]) -> None:
+    """mkdir -p, remembering each directory it created."""
+    missing = []
+    while not path.exists() and path != path.parent:
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        directory.mkdir(mode=0o700)
+        made.append(directory)
+
+
+def _copy_checked(source: Path, name: str, dest: Path, sha256: str) -> None:
+    """Copy the backup's file `name` to `dest` (a new file, never through a link) in steps,
+    checking the bytes copied against the manifest's checksum: a file that changed since
+    the manifest was read is refused, naming it."""
+    digest = hashlib.sha256()
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out, (source / name).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+            out.write(chunk)
+    if digest.hexdigest() != sha256:
+        raise BackupInvalid(
+            f"{name} in {source} does not match its checksum; nothing was restored",
+            hint="the backup is damaged or changed while it was read; use another one",
+        )
+
+
+def _prepare_database(
+    settings: Settings,
+    db: Path,
+    source: Path,
+    manifest: dict[str, Any],
+    files: list[str],
+    objects: list[str],
+) -> None:
+    """Check the backup's database copied to `db` and bring it to the current schema, its
+    objects put back; BackupInvalid, naming what was wrong, when it cannot be."""
+
+    def damaged(what: str, exc: BaseException | None = None) -> BackupInvalid:
+        why = f": {str(exc).splitlines()[0][:200]}" if exc is not None and str(exc) else ""
+        return BackupInvalid(
+            f"{DATABASE} in {source} {what}{why}; nothing was restored",
+            hint="the backup is damaged or was not written by floom backup; use another one",
+        )
+
+    recorded = manifest["summary"].get("counts")
+    try:
+        counts = _counts(db)
+    except sqlite3.Error as exc:
+        raise damaged("is not a floom database", exc) from None
+    if not isinstance(recorded, dict) or any(
+        recorded.get(t) != n for t, n in counts.items() if t in recorded
+    ):
+        raise damaged(f"holds other row counts than its manifest records ({counts})")
+    engine = make_engine(f"sqlite:///{db}")
+    try:
+        try:
+            migrate(engine)
+        except (sqlite3.Error, SQLAlchemyError) as exc:
+            raise damaged("cannot be brought to this floom's schema", exc) from None
+        with _readonly(db) as conn:
+            tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        if lacking := sorted(set(SQLModel.metadata.tables) - tables):
+            raise damaged(f"lacks the table(s) {', '.join(lacking[:5])}")
+        _check_secrets(settings, db, source, files)
+        _restore_objects(settings, engine, source, objects)
+    finally:
+        engine.dispose()
+    with closing(sqlite3.connect(db)) as conn:
+        # One file again, like the backup's: it takes its place by a rename.
+        conn.execute("PRAGMA journal_mode=DELETE")
+
+
+# Secrets a restore tries to decrypt with the node's key; one that decrypts is enough.
+SECRETS_TRIED = 20
+
+
+def _check_secrets(settings: Settings, db: Path, source: Path, files: list[str]) -> None:
+    """Refuse a backup whose stored secrets the restored node's key cannot decrypt: the key
+    is FLOOM_SECRET_KEY when set, else the backup's secret.key, else the data dir's."""
+    with _readonly(db) as conn:
+        tokens = [
+            bytes(row[0])
+            for row in conn.execute("SELECT ciphertext FROM secrets LIMIT ?", (SECRETS_TRIED,))
+        ]
+    if not tokens:
+        return
+    key_file = settings.secret_key_file
+    material: bytes | None = None
+    if settings.secret_key:
+        material, key = settings.secret_key.encode(), "FLOOM_SECRET_KEY"
+    elif key_file.name in files and key_file.parent == settings.data_dir:
+        material, key = (
+            (source / key_file.name).read_bytes().strip(),
+            f"the backup's {key_file.name}",
+        )
+    elif key_file.is_file():
+        material, key = key_file.read_bytes().strip(), str(key_file)
+    else:
+        key = f"none: FLOOM_SECRET_KEY is unset and the backup holds no {key_file.name}"
+    if material:
+        box = SecretBox(material)
+        for token in tokens:
+            try:
+                box.decrypt(token)
+                return
+            except SecretUndecryptable:
+                continue
+    raise BackupInvalid(
+        f"the backup's stored secrets cannot be decrypted with this node's key ({key}): it was "
+        "taken from a node with another secret key; nothing was restored",
+        hint="set FLOOM_SECRET_KEY to the key of the node the backup was taken from (kept "
+        "with the backup), then restore again",
     )
 
 
@@ -355,16 +486,46 @@ def _copy_objects(settings: Settings, dest: Path) -> list[str]:
 
 def _restore_objects(settings: Settings, engine: Any, source: Path, names: list[str]) -> None:
     """Put the backup's objects back: into this node's bucket when it has one, else into
-    the database (the blobs rows then hold their bytes again)."""
+    the database (the blobs rows then hold their bytes again). Each must be the object of a
+    blob the database holds, of its size and sha256, and every blob the database says a
+    bucket holds must be among them: else BackupInvalid, naming it, before any is put."""
+    with _readonly(Path(engine.url.database)) as conn:
+        rows = {
+            digest: (size, sha256, location)
+            for digest, size, sha256, location in conn.execute(
+                "SELECT digest, size, sha256, location FROM blobs"
+            )
+        }
+    held = {name.removeprefix(f"{OBJECTS}/") for name in names}
+    for digest, (_, _, location) in sorted(rows.items()):
+        if location != "database" and digest not in held:
+            raise BackupInvalid(
+                f"the backup lacks {OBJECTS}/{digest}, the bytes of a blob its database keeps "
+                f"in object storage; nothing was restored",
+                hint="the backup is incomplete; use another one",
+            )
+    for digest in sorted(held):
+        name = f"{OBJECTS}/{digest}"
+        row = rows.get(digest)
+        # Its length first: a file far larger than its blob is never read.
+        if row is None or row[2] == "database" or (source / name).stat().st_size != row[0]:
+            raise BackupInvalid(
+                f"{name} in {source} is not the object of a blob its database keeps in object "
+                f"storage, or not of its size; nothing was restored",
+                hint="the backup is damaged or was not written by floom backup; use another one",
+            )
+        # (A blob stored before floom kept checksums has none to check.)
+        if row[1] is not None and sha256_of((source / name).read_bytes()) != row[1]:
+            raise BackupInvalid(
+                f"{name} in {source} does not match its blob's sha256; nothing was restored",
+                hint="the backup is damaged or was not written by floom backup; use another one",
+            )
     if not names:
         return
     store = s3_store(settings) if settings.s3_bucket else DatabaseBlobStore(engine)
-    with _readonly(Path(engine.url.database)) as conn:
-        sums = dict(conn.execute("SELECT digest, sha256 FROM blobs").fetchall())
-    for name in names:
-        digest = name.removeprefix(f"{OBJECTS}/")
-        data = (source / name).read_bytes()
-        store.put(digest, data, sha256=sums.get(digest) or sha256_of(data))
+    for digest in sorted(held):
+        data = (source / f"{OBJECTS}/{digest}").read_bytes()
+        store.put(digest, data, sha256=rows[digest][1] or sha256_of(data))
     if store.inline:
         return
     with closing(sqlite3.connect(engine.url.database)) as conn, conn:
@@ -372,7 +533,7 @@ def _restore_objects(settings: Settings, engine: Any, source: Path, names: list[
         # another bucket: this node reads its own).
         conn.executemany(
             "UPDATE blobs SET location = ?, data = X'' WHERE digest = ?",
-            [(store.name, name.removeprefix(f"{OBJECTS}/")) for name in names],
+            [(store.name, digest) for digest in sorted(held)],
         )
 
 

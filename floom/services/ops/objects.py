@@ -448,7 +448,16 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
         return 0
     size, sha = row
     what = f"blob {digest}"
-    data = store_at(source, ctx.settings, ctx.engine).get(digest, sha256=sha, what=what, size=size)
+    try:
+        data = store_at(source, ctx.settings, ctx.engine).get(
+            digest, sha256=sha, what=what, size=size
+        )
+    except BlobUnreadable:
+        # Moved meanwhile (another `floom blobs migrate`, a pending upload done): its bytes
+        # left `source` with the row, which no longer names it. Else they are damaged there.
+        if not _still_at(ctx, digest, source):
+            return 0
+        raise
     sha = sha or sha256_of(data)  # a blob stored before floom kept checksums gets one now
     to.put(digest, data, sha256=sha)
     if not to.inline:
@@ -472,6 +481,16 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
         except BlobStoreUnavailable:
             log.warning("blob %s moved to the database; its object stays in the bucket", digest)
     return 1
+
+
+def _still_at(ctx: Context, digest: str, location: str) -> bool:
+    with session_scope(ctx.engine) as s:
+        return (
+            s.exec(
+                select(Blob.digest).where(Blob.digest == digest, Blob.location == location)
+            ).first()
+            is not None
+        )
 
 
 @dataclass

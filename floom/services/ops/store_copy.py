@@ -69,7 +69,11 @@ def copy_store(*, source_url: str, target_url: str, progress: Progress | None = 
         _refuse_non_empty(target, target_url)
         _migrate(target, target_url)
         counts: dict[str, int] = {}
-        with source.connect() as read, target.begin() as write:
+        reading = source.connect()
+        if reading.dialect.name == "postgresql":
+            # PostgreSQL's READ COMMITTED gives each statement a snapshot of its own.
+            reading = reading.execution_options(isolation_level="REPEATABLE READ")
+        with reading as read, target.begin() as write:
             # One read transaction: the copy is one snapshot even if something still writes.
             read.execute(text("SELECT 1"))
             for table in SQLModel.metadata.sorted_tables:

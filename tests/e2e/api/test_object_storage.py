@@ -4,17 +4,26 @@ bucket is away (the tests stop it mid-run and start it again)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import boto3
+import pytest
 from botocore.config import Config
 from sqlmodel import func, select
 
+from floom.errors import BackupInvalid, BlobUnreadable
 from floom.services.context import Context
-from floom.services.ops.backup import create_backup, restore_backup
+from floom.services.ops import objects
+from floom.services.ops.backup import MANIFEST, create_backup, restore_backup
 from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention
+from floom.store.blobs.configured import s3_store
+from floom.store.blobs.configured import store_at as configured_store_at
+from floom.store.blobs.rows import inline_blob, insert_blob, stage_blob
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, RunEvent, utcnow
@@ -319,3 +328,133 @@ def test_the_object_store_secret_never_reaches_a_run_log(
         assert not any(SECRET_KEY in line for line in lines), lines
         # And the sandbox's environment never held it.
         assert any(line.endswith(" None") for line in lines), lines
+
+
+def test_a_backup_whose_objects_are_not_its_blobs_is_refused_writing_nothing(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    # A backup's objects/ are checked against the blobs rows of its database before any is
+    # put back: an object whose bytes are not its blob's (its manifest checksum made to
+    # agree), one longer than its blob (never read whole), or a blob whose object is missing
+    # is refused, naming it, and nothing is written (no data dir, nothing in the bucket).
+    settings = fast_settings(
+        tmp_path / "data", f"sqlite:///{tmp_path / 'data' / 'floom.db'}", **s3_server.settings()
+    )
+    ctx = Context.open(settings)
+    blobs = [stage_blob(settings, ctx.engine, f"blob {i}".encode() * 100) for i in range(2)]
+    with session_scope(ctx.engine, write=True) as s:
+        for blob in blobs:
+            insert_blob(s, blob)
+    ctx.engine.dispose()
+    good = tmp_path / "good"
+    create_backup(settings=settings, dest=good)
+    first, second = (f"objects/{b.digest}" for b in blobs)
+
+    def other_bytes(backup: Path) -> None:
+        data = (backup / first).read_bytes()
+        (backup / first).write_bytes(b"X" + data[1:])
+
+    def longer(backup: Path) -> None:
+        (backup / first).write_bytes((backup / first).read_bytes() + b"more")
+
+    def missing(backup: Path) -> None:
+        (backup / second).unlink()
+        manifest = json.loads((backup / MANIFEST).read_text())
+        manifest["summary"]["files"].remove(second)
+        (backup / MANIFEST).write_text(json.dumps(manifest))
+
+    for damage, said in (
+        (other_bytes, f"{first} in {tmp_path}/other_bytes does not match its blob's sha256"),
+        (longer, f"{first} in {tmp_path}/longer is not the object of a blob"),
+        (missing, f"the backup lacks {second}"),
+    ):
+        backup = tmp_path / damage.__name__
+        shutil.copytree(good, backup)
+        damage(backup)
+        manifest = json.loads((backup / MANIFEST).read_text())
+        for name in manifest["summary"]["files"]:
+            manifest["sha256"][name] = hashlib.sha256((backup / name).read_bytes()).hexdigest()
+        (backup / MANIFEST).write_text(json.dumps(manifest))
+        fresh = tmp_path / f"fresh-{damage.__name__}"
+        target = fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}", **s3_server.settings())
+        with pytest.raises(BackupInvalid) as refused:
+            restore_backup(settings=target, source=backup)
+        assert said in refused.value.message, damage.__name__
+        assert not fresh.exists(), damage.__name__
+        assert not any(s3_store(target).exists(b.digest) for b in blobs), damage.__name__
+
+
+def test_two_blobs_migrate_runs_at_once_both_finish_moving_each_blob_once(
+    tmp_path: Path, database_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two `floom blobs migrate` at once (two operators, two nodes): the second reads a blob's
+    # row, then finds its bytes gone from where the row said, as the first moved it
+    # meanwhile. That blob is the first's to move, not a damaged one: the second passes it
+    # over and finishes, in both directions, and every blob is where it should be, once.
+    settings = fast_settings(tmp_path / "data", database_url, **s3_server.settings())
+    first, second = Context.open(settings), Context.open(settings)
+    data = {f"bytes {i}".encode() * 50 for i in range(5)}
+    with session_scope(first.engine, write=True) as s:
+        for one in data:
+            insert_blob(s, inline_blob(one))
+    real = configured_store_at
+    late: list[str] = []
+
+    def store_at(location: str, *args: Any) -> Any:
+        store = real(location, *args)
+        get = store.get
+
+        def first_moves_it(digest: str, **kwargs: Any) -> bytes:
+            if not late:  # the first run moves everything between the row read and this get
+                late.append(digest)
+                with monkeypatch.context() as m:
+                    m.setattr(objects, "store_at", real)
+                    done = migrate_blobs(first, to=to)
+                assert done.moved == len(data)
+            return get(digest, **kwargs)
+
+        store.get = first_moves_it  # type: ignore[method-assign]
+        return store
+
+    monkeypatch.setattr(objects, "store_at", store_at)
+    try:
+        for to in ("s3", "database"):
+            late.clear()
+            assert migrate_blobs(second, to=to).moved == 0
+            assert late
+            with session_scope(first.engine) as s:
+                assert set(s.exec(select(Blob.location)).all()) == {to}
+            monkeypatch.setattr(objects, "store_at", real)
+            assert check_blobs(first) == (len(data), [])
+            monkeypatch.setattr(objects, "store_at", store_at)
+        assert not _objects(s3_server, settings.s3_prefix)
+    finally:
+        first.engine.dispose()
+        second.engine.dispose()
+
+
+def test_blobs_migrate_refuses_an_object_whose_bytes_are_not_its_blob_s(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    # A damaged object is not copied into the database: the migration stops naming it, its
+    # row still names the bucket, and the blobs before it stay moved (run again once fixed).
+    settings = fast_settings(
+        tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}", **s3_server.settings()
+    )
+    ctx = Context.open(settings)
+    try:
+        blob = stage_blob(settings, ctx.engine, b"the real bytes" * 20)
+        with session_scope(ctx.engine, write=True) as s:
+            insert_blob(s, blob)
+        store = s3_store(settings)
+        store._call(
+            "put_object", doing="put", Bucket=store.bucket, Key=store.key(blob.digest), Body=b"x"
+        )
+        with pytest.raises(BlobUnreadable) as refused:
+            migrate_blobs(ctx, to="database")
+        assert blob.digest in refused.value.message
+        with session_scope(ctx.engine) as s:
+            row = s.exec(select(Blob).where(Blob.digest == blob.digest)).one()
+        assert (row.location, row.data) == ("s3", b"")
+    finally:
+        ctx.engine.dispose()

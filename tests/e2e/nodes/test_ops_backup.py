@@ -6,8 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,8 @@ import pytest
 
 from floom.config import Settings
 from floom.errors import BackupInvalid, Conflict, InvalidRequest
+from floom.services.access.principal import SYSTEM
+from floom.services.access.secrets import set_secret
 from floom.services.context import Context
 from floom.services.ops.backup import MANIFEST, create_backup, restore_backup
 from tests.support.harness import (
@@ -262,3 +267,94 @@ def test_a_backup_naming_the_database_a_node_file_or_a_run_dir_is_refused(tmp_pa
             )
         assert "unexpected file" in refused.value.message, name
         assert not fresh.exists(), name
+
+
+def _rechecked(backup: Path) -> None:
+    """Make the backup's manifest agree with its files again (as a crafted backup would)."""
+    manifest = json.loads((backup / MANIFEST).read_text())
+    for name in ["floom.db", *manifest["summary"]["files"]]:
+        manifest["sha256"][name] = hashlib.sha256((backup / name).read_bytes()).hexdigest()
+    (backup / MANIFEST).write_text(json.dumps(manifest))
+
+
+def _tree(path: Path) -> dict[str, bytes]:
+    return {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+
+
+def test_a_backup_whose_database_cannot_be_restored_changes_nothing(tmp_path: Path) -> None:
+    # All or nothing: a backup whose files match their checksums but whose database is not
+    # floom's (not a database, a table missing, row counts other than its manifest's) is
+    # refused with one clear line naming it, and the data dir is left as it was: absent for
+    # a fresh restore, every byte the same for a forced one.
+    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
+    Context.open(source).engine.dispose()
+    (tmp_path / "a" / "extra").mkdir()
+    (tmp_path / "a" / "extra" / "notes.txt").write_text("from the backup")
+    good = tmp_path / "good"
+    create_backup(settings=source, dest=good)
+    busy = tmp_path / "busy"
+    Context.open(fast_settings(busy, f"sqlite:///{busy / 'floom.db'}")).engine.dispose()
+    (busy / "mine.txt").write_text("mine")
+    before = _tree(busy)
+
+    def not_a_database(db: Path) -> None:
+        db.write_bytes(b"not a database" * 100)
+
+    def a_table_missing(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn:
+            conn.execute("DROP TABLE runs")
+
+    def counts_lie(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn, conn:
+            conn.execute(
+                "INSERT INTO secrets (name, ciphertext, created_at, updated_at) "
+                "VALUES ('PLANTED', x'00', '2026-01-01', '2026-01-01')"
+            )
+
+    for damage, said in (
+        (not_a_database, "is not a floom database"),
+        (a_table_missing, "no such table"),
+        (counts_lie, "other row counts"),
+    ):
+        backup = tmp_path / damage.__name__
+        shutil.copytree(good, backup)
+        damage(backup / "floom.db")
+        _rechecked(backup)
+        fresh = tmp_path / f"fresh-{damage.__name__}"
+        for target, force in ((fresh, False), (busy, True)):
+            with pytest.raises(BackupInvalid) as refused:
+                restore_backup(
+                    settings=fast_settings(target, f"sqlite:///{target / 'floom.db'}"),
+                    source=backup,
+                    force=force,
+                )
+            assert said in refused.value.message, damage.__name__
+            assert "nothing was restored" in refused.value.message
+        assert not fresh.exists(), damage.__name__
+        assert _tree(busy) == before, damage.__name__
+
+
+def test_a_backup_whose_secrets_the_node_s_key_cannot_read_is_refused(tmp_path: Path) -> None:
+    # The secrets stay encrypted in the backup; restored under another key they could never
+    # be read again, so such a restore is refused (naming the key) before anything is written.
+    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
+    ctx = Context.open(source)
+    set_secret(ctx, name="KEEPER_TOKEN", value="tok-plain-1234", caller=SYSTEM)
+    ctx.engine.dispose()
+    create_backup(settings=source, dest=tmp_path / "backup")
+    assert all(b"tok-plain-1234" not in data for data in _tree(tmp_path / "backup").values())
+    fresh = tmp_path / "fresh"
+    with pytest.raises(BackupInvalid) as refused:
+        restore_backup(
+            settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}", secret_key="other"),
+            source=tmp_path / "backup",
+        )
+    assert "FLOOM_SECRET_KEY" in refused.value.message
+    assert "FLOOM_SECRET_KEY" in (refused.value.hint or "")
+    assert not fresh.exists()
+    # With the key it was taken under, it restores.
+    restore_backup(
+        settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"),
+        source=tmp_path / "backup",
+    )
+    assert (fresh / "floom.db").is_file()

@@ -13,9 +13,11 @@ from sqlmodel import SQLModel
 from floom.errors import Conflict, InvalidRequest
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
+from floom.services.access.secrets import set_secret
 from floom.services.context import Context
 from floom.services.ops.store_copy import copy_store
 from floom.store.db import make_engine
+from floom.store.models import Secret
 from tests.support.harness import (
     deploy_folder,
     fast_settings,
@@ -116,3 +118,38 @@ def test_a_store_a_running_node_serves_is_not_copied_and_the_refusal_names_the_n
     # Stopped cleanly, the node no longer holds the store.
     copied = copy_store(source_url=sqlite_url, target_url=target_url)
     assert copied.counts["nodes"] == 1
+
+
+def test_the_copy_is_one_snapshot_of_the_source_even_while_it_is_written(
+    tmp_path: Path, database_url: str
+) -> None:
+    # A row committed in the source while the copy runs (after it read an earlier table,
+    # before a later one) is not copied: every table is read in one snapshot, so the copy
+    # never holds half of a change. PostgreSQL's default READ COMMITTED gives each
+    # statement a snapshot of its own.
+    source = Context.open(fast_settings(tmp_path / "a", database_url))
+    try:
+        keys.create_key(source, caller=SYSTEM, scopes=["read"], name="before")  # api_keys
+        set_secret(source, name="BEFORE_TOKEN", value="value-1", caller=SYSTEM)  # secrets
+        written: list[str] = []
+
+        def write_meanwhile(table: str, _rows: int) -> None:
+            if table == "api_keys" and not written:
+                set_secret(source, name="LATE_TOKEN", value="value-2", caller=SYSTEM)
+                written.append(table)
+
+        target_url = f"sqlite:///{tmp_path / 'b.db'}"
+        copied = copy_store(
+            source_url=database_url, target_url=target_url, progress=write_meanwhile
+        )
+    finally:
+        source.engine.dispose()
+    assert written
+    assert copied.counts["secrets"] == 1
+    engine = make_engine(target_url)
+    try:
+        with engine.connect() as conn:
+            names = conn.execute(select(Secret.name)).scalars().all()  # type: ignore[call-overload]
+    finally:
+        engine.dispose()
+    assert names == ["BEFORE_TOKEN"]
