@@ -34,7 +34,8 @@ from pathlib import Path
 E = "\x1b"
 inputs = json.loads(Path("inputs.json").read_text())
 print(E + "[2J" + E + "]0;pwned" + "\x07" + "[bold]cleared[/bold] :smile:", flush=True)
-print(E + "]52;c;ZWNobyBoaQ==" + "\x07" + "\x9b" + "31m \u202eevil\u200bx\u2060y", file=sys.stderr, flush=True)
+HIDDEN = "\u202eevil\u200bx\u2060y"
+print(E + "]52;c;ZWNobyBoaQ==" + "\x07" + "\x9b" + "31m " + HIDDEN, file=sys.stderr, flush=True)
 out = Path(os.environ["FLOOM_OUTPUT_DIR"])
 (out / "art.txt").write_text(E + "[5mblink" + E + "]0;art" + "\x07\n")
 # (A name holding a control character is not kept at all: test_worker_text.py.)
