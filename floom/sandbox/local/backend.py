@@ -495,6 +495,7 @@ class LocalSandbox(Sandbox):
                         allow=spec.network_allow,
                         owner=str(spec.workdir),
                         cgroup=run_limits.cgroup,
+                        system_binds=system_args(),
                     )
                     run_scope.callback(networking.close)
 

@@ -230,7 +230,12 @@ class UserNetworking:
 
 
 def attach_user_networking(
-    child_pid: int, *, allow: Iterable[str] = (), owner: str, cgroup: RunCgroup | None = None
+    child_pid: int,
+    *,
+    allow: Iterable[str] = (),
+    owner: str,
+    cgroup: RunCgroup | None = None,
+    system_binds: tuple[str, ...],
 ) -> UserNetworking:
     """Give the network namespace of `child_pid` user-mode networking, fenced; call it after
     the namespace exists and before the sandboxed command starts.
@@ -239,7 +244,9 @@ def attach_user_networking(
     public internet. `owner` is the run's work dir: it goes into slirp4netns's environment
     (see SLIRP_OWNER_VARIABLE). `cgroup` is the run's: slirp4netns joins it before it
     serves the sandbox, so what the run's traffic makes it use (memory for buffers, CPU)
-    counts against the run's limits and ends with the run.
+    counts against the run's limits and ends with the run. `system_binds` are bubblewrap's
+    read-only binds of the host's system directories (the sandboxes' own), for slirp4netns's
+    confinement.
     The tools that fence the namespace run with floom's rights, before the command starts:
     what they are handed (argv, environment, working directory "/") holds no byte the
     worker chose; allowed networks reach them only as the addresses floom parsed, written
@@ -264,7 +271,9 @@ def attach_user_networking(
     _await_loopback(child_pid)
     namespaces = _SandboxNamespaces(child_pid)
     try:
-        networking = _start_slirp(namespaces, owner=owner, tools=found, cgroup=cgroup)
+        networking = _start_slirp(
+            namespaces, owner=owner, tools=found, cgroup=cgroup, system_binds=system_binds
+        )
         try:
             _fence(namespaces, allowed, host, nsenter=found["nsenter"])
         except BaseException:
@@ -333,13 +342,14 @@ def _start_slirp(
     owner: str,
     tools: dict[str, str],
     cgroup: RunCgroup | None,
+    system_binds: tuple[str, ...],
 ) -> UserNetworking:
     ready_r, ready_w = os.pipe()
     exit_r, exit_w = os.pipe()
     info_r, info_w = -1, -1
     if namespaces.user is None:
         info_r, info_w = os.pipe()
-        wrapper = _confined_slirp(tools["bwrap"], info_w)
+        wrapper = _confined_slirp(tools["bwrap"], info_w, system_binds)
         confinement = ["--enable-sandbox"]
     else:
         # Unprivileged, slirp4netns runs as floom's user anyway. Its --enable-sandbox would
@@ -408,7 +418,7 @@ def _start_slirp(
     return networking
 
 
-def _confined_slirp(bwrap: str, info_fd: int) -> list[str]:
+def _confined_slirp(bwrap: str, info_fd: int, system_binds: tuple[str, ...]) -> list[str]:
     """The bubblewrap command line a root floom starts slirp4netns under.
 
     slirp4netns's --enable-sandbox drops every capability but CAP_NET_BIND_SERVICE, sets
@@ -423,9 +433,6 @@ def _confined_slirp(bwrap: str, info_fd: int) -> list[str]:
     /run: no root socket, no /etc/shadow. A private mount namespace also keeps the unmount
     of its old root from reaching the host's shared mounts (measured: it took every
     /run/netns/* namespace with it)."""
-    # A circular import at module level: the backend starts this module's networking.
-    from floom.sandbox.local.backend import system_args
-
     caps: list[str] = ["--cap-drop", "ALL"]
     for cap in SLIRP_CAPABILITIES:
         caps += ["--cap-add", cap]
@@ -434,7 +441,7 @@ def _confined_slirp(bwrap: str, info_fd: int) -> list[str]:
         bwrap,
         *("--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts"),
         *("--unshare-cgroup-try", "--die-with-parent", "--new-session", *caps),
-        *system_args(),
+        *system_binds,
         *(("--ro-bind", resolv, "/etc/resolv.conf") if os.path.isfile(resolv) else ()),
         *("--proc", "/proc", "--dev", "/dev", "--dev-bind", "/dev/net/tun", "/dev/net/tun"),
         *("--tmpfs", "/tmp", "--dir", "/run", "--remount-ro", "/", "--chdir", "/"),

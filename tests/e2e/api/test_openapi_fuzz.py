@@ -201,7 +201,7 @@ def _requests(draw: st.DrawFn, operation: dict[str, Any], path: str, target: Tar
             st.one_of(
                 st.just(seeded),
                 st.sampled_from(ODD_SEGMENTS),
-                st.text(min_size=1, max_size=20),
+                st.text(min_size=1, max_size=20).filter(lambda s: s not in (".", "..")),
             )
         )
         url = url.replace("{" + name + "}", quote(value, safe=""))
