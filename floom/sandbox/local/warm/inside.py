@@ -604,13 +604,7 @@ def _stay_init(control_fd: int) -> None:
     _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
     _capset_none()
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    while True:
-        try:
-            os.wait()
-        except ChildProcessError:
-            _exit(0)
-        except InterruptedError:
-            continue
+    _await_children()
 
 
 def main(args: list[str]) -> None:

@@ -37,7 +37,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from floom.sandbox.base import SandboxUnavailable
 from floom.sandbox.local import cgroups, procfs, seccomp
@@ -124,15 +124,7 @@ class PreparedChild:
             raise WarmUnavailable(f"the warm run's child is gone: {exc}") from exc
         if not data:
             raise WarmUnavailable("the warm run's child ended")
-        try:
-            message = json.loads(data)
-        except ValueError as exc:
-            raise WarmUnavailable("the warm run's child sent no message") from exc
-        if not isinstance(message, dict):
-            raise WarmUnavailable("the warm run's child sent no message")
-        if "error" in message:
-            raise WarmUnavailable(str(message["error"]))
-        return message
+        return _message(data, "the warm run's child")
 
     def alive(self) -> bool:
         ready, _, _ = select.select([self.init_pidfd], [], [], 0)
@@ -586,14 +578,7 @@ def _read_message(
             raise WarmUnavailable("the warm process ended")
         if flags & socket.MSG_CTRUNC:
             raise WarmUnavailable("the warm process sent more than floom asked for")
-        try:
-            message = json.loads(data)
-        except ValueError as exc:
-            raise WarmUnavailable("the warm process sent no message") from exc
-        if not isinstance(message, dict):
-            raise WarmUnavailable("the warm process sent no message")
-        if "error" in message:
-            raise WarmUnavailable(str(message["error"]))
+        message = _message(data, "the warm process")
     except WarmUnavailable:
         _close_all(received)
         raise
@@ -637,3 +622,17 @@ def _libc() -> ctypes.CDLL:
         libc.syscall.restype = ctypes.c_long
         _loaded = libc
     return _loaded
+
+
+def _message(data: bytes, sender: str) -> dict[str, Any]:
+    """The JSON object `sender` sent; WarmUnavailable for anything else, or for an error it
+    sent."""
+    try:
+        message = json.loads(data)
+    except ValueError as exc:
+        raise WarmUnavailable(f"{sender} sent no message") from exc
+    if not isinstance(message, dict):
+        raise WarmUnavailable(f"{sender} sent no message")
+    if "error" in message:
+        raise WarmUnavailable(str(message["error"]))
+    return message
