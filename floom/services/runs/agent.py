@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import case, delete, func, or_, update
@@ -19,7 +20,7 @@ from floom.store.blobs.base import missing
 from floom.store.blobs.logs import CALL_FIELDS, call_values, decode_record
 from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, read_blob_row, stage_blob
 from floom.store.blobs.tables import RunLog
-from floom.store.db import session_scope
+from floom.store.db import session_scope, write_connection
 from floom.store.models import Artifact, Blob, new_id, trusted_row, utcnow
 from floom.vocabulary import ToolCallStatus
 
@@ -241,17 +242,35 @@ def load_transcript(
     return Transcript.model_validate(values)
 
 
-def save_transcript(ctx: Context, transcript: Transcript) -> None:
+def save_transcript(ctx: Context, transcript: Transcript) -> bool:
     """Write the loop's copy (its row made or replaced), unless the run's record moved into
-    object storage already."""
+    object storage already: one statement, whose row count tells which (on every step of an
+    agent run, so no read of the row before it). Whether it wrote."""
     transcript.updated_at = utcnow()
-    with session_scope(ctx.engine, write=True) as s:
-        current = s.get(Transcript, transcript.run_id)
-        if current is not None and current.archived:
-            # The run ended and its record moved to object storage: a late write of a
-            # stopped attempt is dropped, as its fenced writes are.
-            return
-        s.merge(transcript)
+    postgres = ctx.engine.dialect.name == "postgresql"
+    with write_connection(ctx.engine) as conn:
+        # Not written (archived): the run ended and its record moved to object storage; a
+        # late write of a stopped attempt is dropped, as its fenced writes are.
+        return conn.execute(_upsert_transcript(postgres), transcript.model_dump()).rowcount > 0
+
+
+@lru_cache(maxsize=2)
+def _upsert_transcript(postgres: bool) -> Any:
+    """INSERT a transcript row, or replace the run's row unless it is archived (its text in
+    its log's object: only the end archives a row, so a save leaves the flag alone)."""
+    table = Transcript.__table__  # type: ignore[attr-defined]
+    if postgres:
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+    stmt = insert(table)
+    kept = ("run_id", "archived")
+    # preserve_rowcount: an INSERT's row count is otherwise not kept (PostgreSQL's is -1).
+    return stmt.on_conflict_do_update(
+        index_elements=["run_id"],
+        set_={c.name: stmt.excluded[c.name] for c in table.columns if c.name not in kept},
+        where=table.c.archived.is_(False),
+    ).execution_options(preserve_rowcount=True)
 
 
 # -- an ended agent run's record in object storage ---------------------------------------------
