@@ -423,3 +423,43 @@ def test_a_restore_that_cannot_write_its_copies_says_which_file_and_changes_noth
         assert "Traceback" not in done.stderr
     assert not (tmp_path / "fresh").exists()
     assert _tree(busy) == before
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="mounts a tmpfs: needs root"
+)
+def test_a_restore_onto_a_full_disk_says_so_and_leaves_the_disk_as_it_was(tmp_path: Path) -> None:
+    # A real full disk (ENOSPC): a 64 KiB tmpfs mounted in the restore's own mount namespace.
+    source = Settings(data_dir=tmp_path / "a", deploy_examples=False)
+    Context.open(source).engine.dispose()
+    create_backup(settings=source, dest=tmp_path / "bk")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
+    env.update(PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1", FLOOM_DATA_DIR=f"{disk}/data")
+    script = (
+        'mount -t tmpfs -o size=64k tmpfs "$1" || exit 99; '
+        '"$2" -m floom.cli restore "$3"; echo "restore exited $?"; ls -A "$1"'
+    )
+    done = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(disk),
+            sys.executable,
+            str(tmp_path / "bk"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"could not write {disk / 'data' / 'floom.db'}: No space left on device" in done.stderr
+    assert "unexpected" not in done.stderr
+    # Nothing left on the disk: the copy and the directories the restore made are gone.
+    assert done.stdout == "restore exited 1\n"
