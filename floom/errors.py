@@ -398,6 +398,15 @@ class BackupInvalid(InvalidRequest):
     code = "backup_invalid"
 
 
+class RestoreNotWritten(FloomError):
+    """A restore could not write a backup's file into the data dir (a full disk, a quota).
+
+    The message names the file and why; nothing was restored."""
+
+    status = 507
+    code = "restore_not_written"
+
+
 class ClientError(FloomError):
     """A request from a floom client failed with a code this client does not know.
 

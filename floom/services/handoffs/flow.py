@@ -52,6 +52,12 @@ class NotHolder(Conflict):
     code = "not_holder"
 
 
+class LeaseExpired(NotHolder):
+    """The caller's lease on this job ran out; the job is being returned to the queue."""
+
+    code = "lease_expired"
+
+
 class AlreadyClaimed(Conflict):
     """Another agent holds this job."""
 
@@ -153,7 +159,19 @@ def _need_agent(actor: Actor) -> str:
 
 
 def _check_holder(job: Job, actor: Actor) -> None:
-    if actor.admin or (actor.agent_id is not None and job.assignee_agent_id == actor.agent_id):
+    holder = actor.agent_id is not None and job.assignee_agent_id == actor.agent_id
+    expires = job.lease_expires_at if job.status == rules.IN_PROGRESS else None
+    # Checked under the row lock the caller took: a lease that ran out is lost now, not
+    # when the reaper next runs (it returns the job to published).
+    if holder and expires is not None and expires <= utcnow():
+        wakeups.HANDOFFS.notify()
+        raise LeaseExpired(
+            f"your lease on job {job.id} expired at {expires.isoformat()}; "
+            "the job is being returned to the queue",
+            hint="claim it again once it is published, and heartbeat before the lease runs out",
+            details={"status": job.status},
+        )
+    if actor.admin or holder:
         return
     held = " and another agent holds it" if job.assignee_agent_id else ""
     raise NotHolder(

@@ -20,23 +20,32 @@ import sqlite3
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import SQLModel
 
 from floom import __version__
 from floom.config import Settings
-from floom.errors import BackupInvalid, Conflict, InvalidRequest, NotFound, SecretUndecryptable
+from floom.errors import (
+    BackupInvalid,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    RestoreNotWritten,
+    SecretUndecryptable,
+)
 from floom.hints import act, told
 from floom.services.access.secrets import SecretBox
 from floom.store.blobs.base import sha256_of
 from floom.store.blobs.configured import s3_store
 from floom.store.blobs.database import DatabaseBlobStore
 from floom.store.db import make_engine
-from floom.store.migrate import migrate
+from floom.store.migrate import VERSION_TABLE, migrate
 
 MANIFEST = "floom-backup.json"
 DATABASE = "floom.db"
@@ -199,25 +208,32 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
     tag = os.urandom(4).hex()
     made: list[Path] = []  # directories this restore created, undone on failure
     staged: list[tuple[Path, Path]] = []  # (copy beside its place, its place)
+    writing = data_dir
     try:
-        _make_dirs(db_path.parent, made)
-        _make_dirs(data_dir, made)
-        os.chmod(data_dir, 0o700)
-        staged_db = db_path.with_name(f".{db_path.name}.restore-{tag}")
-        staged.append((staged_db, db_path))
-        _copy_checked(source, DATABASE, staged_db, manifest["sha256"][DATABASE])
-        for name in files:
-            target = data_dir / name
-            _make_dirs(target.parent, made)
-            staged.append((target.with_name(f".{target.name}.restore-{tag}"), target))
-            _copy_checked(source, name, staged[-1][0], manifest["sha256"][name])
+        try:
+            _make_dirs(db_path.parent, made)
+            _make_dirs(data_dir, made)
+            os.chmod(data_dir, 0o700)
+            staged_db = db_path.with_name(f".{db_path.name}.restore-{tag}")
+            staged.append((staged_db, db_path))
+            writing = db_path
+            _copy_checked(source, DATABASE, staged_db, manifest["sha256"][DATABASE])
+            for name in files:
+                writing = target = data_dir / name
+                _make_dirs(target.parent, made)
+                staged.append((target.with_name(f".{target.name}.restore-{tag}"), target))
+                _copy_checked(source, name, staged[-1][0], manifest["sha256"][name])
+        except OSError as exc:
+            # A full disk (ENOSPC, EDQUOT), a file size limit (EFBIG), a read-only mount:
+            # one line naming the file, not a stack trace; the copies are removed below.
+            raise RestoreNotWritten(
+                f"could not write {writing}: {exc.strerror or exc}; nothing was restored",
+                hint="free space on the disk holding FLOOM_DATA_DIR (or choose another), "
+                "then restore again",
+            ) from None
         _prepare_database(settings, staged_db, source, manifest, files, objects)
     except BaseException:
-        for copy, _ in staged:
-            for suffix in ("", "-wal", "-shm", "-journal"):
-                Path(f"{copy}{suffix}").unlink(missing_ok=True)
-        for directory in reversed(made):
-            shutil.rmtree(directory, ignore_errors=True)
+        _undo(staged, made)
         raise
     # Everything is checked: the copies take their places (floom is stopped: nothing races).
     for suffix in ("-wal", "-shm"):
@@ -233,6 +249,15 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
         secret_key_in_backup=bool(recorded.get("secret_key_in_backup")),
         warnings=list(recorded.get("warnings", [])),
     )
+
+
+def _undo(staged: list[tuple[Path, Path]], made: list[Path]) -> None:
+    """Remove a failed restore's copies and the directories it created."""
+    for copy, _ in staged:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{copy}{suffix}").unlink(missing_ok=True)
+    for directory in reversed(made):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _make_dirs(path: Path, made: list[Path]) -> None:
@@ -290,6 +315,11 @@ def _prepare_database(
         recorded.get(t) != n for t, n in counts.items() if t in recorded
     ):
         raise damaged(f"holds other row counts than its manifest records ({counts})")
+    # A trigger or view would run inside floom once restored (a trigger on floom's own
+    # writes could copy secrets where a read key lists them): refused before the migration
+    # writes to the database, and every other object floom does not define after it.
+    if foreign := _foreign_objects(db, kinds=("trigger", "view")):
+        raise damaged(f"holds the {foreign}, which floom does not define")
     engine = make_engine(f"sqlite:///{db}")
     try:
         try:
@@ -300,6 +330,8 @@ def _prepare_database(
             tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
         if lacking := sorted(set(SQLModel.metadata.tables) - tables):
             raise damaged(f"lacks the table(s) {', '.join(lacking[:5])}")
+        if foreign := _foreign_objects(db, kinds=("table", "index", "trigger", "view")):
+            raise damaged(f"holds the {foreign}, which floom does not define")
         _check_secrets(settings, db, source, files)
         _restore_objects(settings, engine, source, objects)
     finally:
@@ -307,6 +339,40 @@ def _prepare_database(
     with closing(sqlite3.connect(db)) as conn:
         # One file again, like the backup's: it takes its place by a rename.
         conn.execute("PRAGMA journal_mode=DELETE")
+
+
+@cache
+def _floom_schema() -> frozenset[tuple[str, str]]:
+    """The (type, name) of every table and index floom's schema defines (it defines no
+    trigger or view), read from a database made from the models, as a new node's is."""
+    engine = create_engine("sqlite://")
+    try:
+        with engine.begin() as conn:
+            SQLModel.metadata.create_all(conn)
+            conn.exec_driver_sql(f"CREATE TABLE {VERSION_TABLE} (version_num VARCHAR(32))")
+            rows = conn.exec_driver_sql("SELECT type, name FROM sqlite_master").all()
+    finally:
+        engine.dispose()
+    return frozenset((str(kind), str(name)) for kind, name in rows)
+
+
+def _foreign_objects(db: Path, *, kinds: tuple[str, ...]) -> str | None:
+    """The first schema object of `kinds` in `db` that floom does not define, as "trigger
+    'name'", or None. SQLite's own objects (a constraint's index, sqlite_sequence and the
+    sqlite_stat tables) are its own, not the backup's."""
+    marks = ", ".join("?" * len(kinds))
+    with _readonly(db) as conn:
+        rows = conn.execute(
+            f"SELECT type, name, sql FROM sqlite_master WHERE type IN ({marks}) ORDER BY rowid",
+            kinds,
+        ).fetchall()
+    for kind, name, sql in rows:
+        own = (kind == "index" and sql is None) or (
+            kind == "table" and (name == "sqlite_sequence" or name.startswith("sqlite_stat"))
+        )
+        if not own and (kind, name) not in _floom_schema():
+            return f"{kind} {str(name)[:100]!r}"
+    return None
 
 
 # Secrets a restore tries to decrypt with the node's key; one that decrypts is enough.

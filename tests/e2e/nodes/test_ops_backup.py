@@ -311,10 +311,35 @@ def test_a_backup_whose_database_cannot_be_restored_changes_nothing(tmp_path: Pa
                 "VALUES ('PLANTED', x'00', '2026-01-01', '2026-01-01')"
             )
 
+    def a_trigger(db: Path) -> None:
+        # Once restored it would run on floom's own writes: a secret set copied elsewhere.
+        with closing(sqlite3.connect(db)) as conn, conn:
+            conn.execute(
+                "CREATE TRIGGER leak AFTER INSERT ON secrets "
+                "BEGIN UPDATE secrets SET name = name WHERE 0; END"
+            )
+
+    def a_view(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn, conn:
+            conn.execute("CREATE VIEW peek AS SELECT name, ciphertext FROM secrets")
+
+    def a_table_and_index(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn, conn:
+            conn.execute("CREATE TABLE loot (x TEXT)")
+            conn.execute("CREATE INDEX ix_loot_x ON loot (x)")
+
+    def an_index(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn, conn:
+            conn.execute("CREATE INDEX ix_planted ON runs (id, status)")
+
     for damage, said in (
         (not_a_database, "is not a floom database"),
         (a_table_missing, "no such table"),
         (counts_lie, "other row counts"),
+        (a_trigger, "holds the trigger 'leak', which floom does not define"),
+        (a_view, "holds the view 'peek'"),
+        (a_table_and_index, "holds the table 'loot'"),
+        (an_index, "holds the index 'ix_planted'"),
     ):
         backup = tmp_path / damage.__name__
         shutil.copytree(good, backup)
@@ -358,3 +383,83 @@ def test_a_backup_whose_secrets_the_node_s_key_cannot_read_is_refused(tmp_path: 
         source=tmp_path / "backup",
     )
     assert (fresh / "floom.db").is_file()
+
+
+def test_a_restore_that_cannot_write_its_copies_says_which_file_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    # A full disk (ENOSPC) or a quota (EDQUOT) fails the copies' writes as a file size limit
+    # does (EFBIG, simulated here with RLIMIT_FSIZE in the restoring process): one line
+    # naming the file and why, no stack trace, the data dir left as it was.
+    source = Settings(data_dir=tmp_path / "a", deploy_examples=False)
+    Context.open(source).engine.dispose()
+    create_backup(settings=source, dest=tmp_path / "bk")
+    assert (tmp_path / "bk" / "floom.db").stat().st_size > 64 * 1024
+    busy = tmp_path / "busy"
+    Context.open(Settings(data_dir=busy, deploy_examples=False)).engine.dispose()
+    before = _tree(busy)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
+    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+
+    def small_files() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    for target, force in ((tmp_path / "fresh", []), (busy, ["--force"])):
+        done = subprocess.run(
+            [sys.executable, "-m", "floom.cli", "restore", str(tmp_path / "bk"), *force],
+            env={**env, "FLOOM_DATA_DIR": str(target)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=small_files,
+        )
+        assert done.returncode == 1, done.stderr
+        assert f"could not write {target / 'floom.db'}: File too large" in done.stderr
+        assert "nothing was restored" in done.stderr
+        assert "unexpected" not in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not (tmp_path / "fresh").exists()
+    assert _tree(busy) == before
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="mounts a tmpfs: needs root"
+)
+def test_a_restore_onto_a_full_disk_says_so_and_leaves_the_disk_as_it_was(tmp_path: Path) -> None:
+    # A real full disk (ENOSPC): a 64 KiB tmpfs mounted in the restore's own mount namespace.
+    source = Settings(data_dir=tmp_path / "a", deploy_examples=False)
+    Context.open(source).engine.dispose()
+    create_backup(settings=source, dest=tmp_path / "bk")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")}
+    env.update(PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1", FLOOM_DATA_DIR=f"{disk}/data")
+    script = (
+        'mount -t tmpfs -o size=64k tmpfs "$1" || exit 99; '
+        '"$2" -m floom.cli restore "$3"; echo "restore exited $?"; ls -A "$1"'
+    )
+    done = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(disk),
+            sys.executable,
+            str(tmp_path / "bk"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"could not write {disk / 'data' / 'floom.db'}: No space left on device" in done.stderr
+    assert "unexpected" not in done.stderr
+    # Nothing left on the disk: the copy and the directories the restore made are gone.
+    assert done.stdout == "restore exited 1\n"

@@ -15,6 +15,7 @@ from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import flow, review
 from floom.services.handoffs import jobs as handoffs
 from floom.services.handoffs.retire import retire_agent
+from floom.store.models import utcnow
 from tests.support.harness import wait_until
 from tests.support.rigs.handoffs import admin, agent, event_types, events, label_of, public, roles
 
@@ -398,6 +399,30 @@ def test_an_expired_lease_returns_the_job_to_published_and_the_late_holder_is_to
     again = flow.claim_next(ctx, actor=team["coder2"])
     assert again is not None
     assert again.row.id == job.row.id
+
+
+def test_a_holder_whose_lease_ran_out_cannot_complete_or_heartbeat_before_the_reaper_runs(
+    ctx: Context, team: Team
+) -> None:
+    # The lease is checked under the row lock, not left to the reaper: a late holder is
+    # refused (409, lease_expired) and the job stays as it was, for the reaper to publish.
+    job = handoffs.create_job(ctx, actor=team["lead"], summary="x", role="coder")
+    claimed = flow.claim(ctx, actor=team["coder"], job_id=job.row.id, lease_seconds=0.2)
+    expires = claimed.row.lease_expires_at
+    assert expires is not None
+    wait_until(lambda: utcnow() > expires, timeout=10)
+    with pytest.raises(flow.LeaseExpired) as late:
+        flow.heartbeat(ctx, actor=team["coder"], job_id=job.row.id, lease_seconds=300)
+    assert late.value.status == 409
+    assert "returned to the queue" in late.value.message
+    with pytest.raises(flow.LeaseExpired):
+        flow.complete(ctx, actor=team["coder"], job_id=job.row.id, summary="late")
+    with pytest.raises(flow.LeaseExpired):
+        flow.set_status(ctx, actor=team["coder"], job_id=job.row.id, status="completed")
+    row = handoffs.get_job(ctx, actor=team["lead"], job_id=job.row.id).row
+    assert (row.status, row.lease_expires_at) == ("in_progress", expires)
+    assert flow.reap_expired_leases(ctx) == 1
+    assert handoffs.get_job(ctx, actor=team["lead"], job_id=job.row.id).row.status == "published"
 
 
 def test_a_heartbeat_extends_the_lease_so_the_reaper_leaves_the_job(
