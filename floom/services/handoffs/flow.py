@@ -158,11 +158,12 @@ def _need_agent(actor: Actor) -> str:
     return actor.agent_id
 
 
-def _check_holder(job: Job, actor: Actor) -> None:
+def _check_lease(job: Job, actor: Actor) -> bool:
+    """Whether `actor` holds `job`; LeaseExpired when it did, but its lease ran out. Checked
+    under the row lock the caller took: a lease that ran out is lost now, not when the
+    reaper next runs (it returns the job to published)."""
     holder = actor.agent_id is not None and job.assignee_agent_id == actor.agent_id
     expires = job.lease_expires_at if job.status == rules.IN_PROGRESS else None
-    # Checked under the row lock the caller took: a lease that ran out is lost now, not
-    # when the reaper next runs (it returns the job to published).
     if holder and expires is not None and expires <= utcnow():
         wakeups.HANDOFFS.notify()
         raise LeaseExpired(
@@ -171,6 +172,11 @@ def _check_holder(job: Job, actor: Actor) -> None:
             hint="claim it again once it is published, and heartbeat before the lease runs out",
             details={"status": job.status},
         )
+    return holder
+
+
+def _check_holder(job: Job, actor: Actor) -> None:
+    holder = _check_lease(job, actor)
     if actor.admin or holder:
         return
     held = " and another agent holds it" if job.assignee_agent_id else ""
@@ -330,6 +336,7 @@ def set_status(
         elif status == rules.IN_PROGRESS and job.status == rules.PUBLISHED:
             _claim_locked(s, job, who, lease)
         else:
+            _check_lease(job, who)  # a late holder blocks, releases or fails nothing
             event = _STATUS_EVENTS.get(status, status)
             _move(s, job, status, actor=who, event=event, reason=reason, lease=lease)
             if status in (rules.FAILED, rules.CANCELLED):

@@ -417,8 +417,9 @@ def test_a_holder_whose_lease_ran_out_cannot_complete_or_heartbeat_before_the_re
     assert "returned to the queue" in late.value.message
     with pytest.raises(flow.LeaseExpired):
         flow.complete(ctx, actor=team["coder"], job_id=job.row.id, summary="late")
-    with pytest.raises(flow.LeaseExpired):
-        flow.set_status(ctx, actor=team["coder"], job_id=job.row.id, status="completed")
+    for status in ("completed", "blocked", "published", "failed"):
+        with pytest.raises(flow.LeaseExpired):
+            flow.set_status(ctx, actor=team["coder"], job_id=job.row.id, status=status)
     row = handoffs.get_job(ctx, actor=team["lead"], job_id=job.row.id).row
     assert (row.status, row.lease_expires_at) == ("in_progress", expires)
     assert flow.reap_expired_leases(ctx) == 1
