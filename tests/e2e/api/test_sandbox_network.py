@@ -21,7 +21,7 @@ import subprocess
 import sys
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -486,17 +486,8 @@ def _cgroup_lines(pid: int) -> set[str]:
 @needs_cgroups
 def test_slirp4netns_runs_in_the_runs_cgroup_with_nothing_of_the_worker(tmp_path: Path) -> None:
     marker = f"worker-bytes-{secrets.token_hex(6)}"
-    workdir, output_dir = tmp_path / "work", tmp_path / "output"
-    workdir.mkdir()
-    output_dir.mkdir()
-    (workdir / "run.py").write_text("print('ready', flush=True)\nimport time\ntime.sleep(600)\n")
-    seen: dict[str, Any] = {}
-    cancel = threading.Event()
 
-    def on_line(stream: str, line: str) -> None:
-        if line != "ready":
-            return
-        [slirp] = slirp_processes(tmp_path)
+    def look(slirp: int) -> dict[str, Any]:
         [command] = [
             int(pid)
             for pid in os.listdir("/proc")
@@ -504,23 +495,21 @@ def test_slirp4netns_runs_in_the_runs_cgroup_with_nothing_of_the_worker(tmp_path
             and Path(f"/proc/{pid}/cmdline").exists()
             and _cmdline_of(pid).startswith(b"python3\0run.py\0" + marker.encode())
         ]
-        seen["slirp"], seen["command"] = _cgroup_lines(slirp), _cgroup_lines(command)
-        seen["cwd"] = os.readlink(f"/proc/{slirp}/cwd")
-        seen["argv"] = _cmdline_of(str(slirp))
-        seen["environ"] = Path(f"/proc/{slirp}/environ").read_bytes()
-        cancel.set()
+        return {
+            "slirp": _cgroup_lines(slirp),
+            "command": _cgroup_lines(command),
+            "cwd": os.readlink(f"/proc/{slirp}/cwd"),
+            "argv": _cmdline_of(str(slirp)),
+            "environ": Path(f"/proc/{slirp}/environ").read_bytes(),
+        }
 
-    spec = SandboxSpec(
-        run_id="run-net",
+    result, seen = _look_at_slirp_while_a_run_waits(
+        tmp_path,
+        look,
         command=["python3", "run.py", marker],
-        workdir=workdir,
-        output_dir=output_dir,
         env={"WORKER_SAYS": marker},
-        network=True,
         network_allow=("10.213.0.0/30",),
-        timeout_seconds=60.0,
     )
-    result = LocalSandbox().run(spec, on_line=on_line, should_cancel=cancel.is_set)
 
     assert result.cancelled, result
     run_groups = {line for line in seen["command"] if "/floom/" in line}
@@ -550,33 +539,16 @@ def test_slirp4netns_keeps_no_privilege_and_reaches_no_host_process_nor_root_fil
     # capability but binding low ports, no_new_privs, its seccomp filter, in a PID
     # namespace of its own (kill(-1) as uid 0 would reach every root process) and seeing no
     # /run (root's sockets) and no /etc but the entries programs need (no /etc/shadow).
-    workdir, output_dir = tmp_path / "work", tmp_path / "output"
-    workdir.mkdir()
-    output_dir.mkdir()
-    (workdir / "run.py").write_text("print('ready', flush=True)\nimport time\ntime.sleep(600)\n")
-    seen: dict[str, Any] = {}
-    cancel = threading.Event()
-
-    def on_line(stream: str, line: str) -> None:
-        if line != "ready":
-            return
-        [slirp] = slirp_processes(tmp_path)
+    def look(slirp: int) -> dict[str, Any]:
         status = Path(f"/proc/{slirp}/status").read_text().splitlines()
-        seen["status"] = dict(line.split(":\t", 1) for line in status if ":\t" in line)
-        seen["pid_ns"] = os.readlink(f"/proc/{slirp}/ns/pid")
-        seen["run"] = os.listdir(f"/proc/{slirp}/root/run")
-        seen["etc"] = os.listdir(f"/proc/{slirp}/root/etc")
-        cancel.set()
+        return {
+            "status": dict(line.split(":\t", 1) for line in status if ":\t" in line),
+            "pid_ns": os.readlink(f"/proc/{slirp}/ns/pid"),
+            "run": os.listdir(f"/proc/{slirp}/root/run"),
+            "etc": os.listdir(f"/proc/{slirp}/root/etc"),
+        }
 
-    spec = SandboxSpec(
-        run_id="run-net",
-        command=["python3", "run.py"],
-        workdir=workdir,
-        output_dir=output_dir,
-        network=True,
-        timeout_seconds=60.0,
-    )
-    result = LocalSandbox().run(spec, on_line=on_line, should_cancel=cancel.is_set)
+    result, seen = _look_at_slirp_while_a_run_waits(tmp_path, look)
 
     assert result.cancelled, result
     status = seen["status"]
@@ -591,6 +563,36 @@ def test_slirp4netns_keeps_no_privilege_and_reaches_no_host_process_nor_root_fil
     assert "shadow" not in seen["etc"], seen["etc"]
     assert "resolv.conf" in seen["etc"], seen["etc"]  # its DNS forwarder's upstream
     assert slirp_processes(tmp_path) == []
+
+
+def _look_at_slirp_while_a_run_waits(
+    tmp_path: Path, look: Callable[[int], dict[str, Any]], **spec_fields: Any
+) -> tuple[SandboxResult, dict[str, Any]]:
+    """Run a networked script that says "ready" and waits; `look` at the run's slirp4netns
+    (its pid) then, and cancel the run. The run's result and what `look` saw."""
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text("print('ready', flush=True)\nimport time\ntime.sleep(600)\n")
+    seen: dict[str, Any] = {}
+    cancel = threading.Event()
+
+    def on_line(stream: str, line: str) -> None:
+        if line == "ready":
+            [slirp] = slirp_processes(tmp_path)
+            seen.update(look(slirp))
+            cancel.set()
+
+    spec = SandboxSpec(
+        run_id="run-net",
+        workdir=workdir,
+        output_dir=output_dir,
+        network=True,
+        timeout_seconds=60.0,
+        **{"command": ["python3", "run.py"], **spec_fields},
+    )
+    result = LocalSandbox().run(spec, on_line=on_line, should_cancel=cancel.is_set)
+    return result, seen
 
 
 def _cmdline_of(pid: str) -> bytes:
