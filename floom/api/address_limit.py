@@ -200,13 +200,12 @@ class HookFailureBudget:
     def failed(self, *, hook: str, address: str) -> None:
         """Count a failed check; the log says when it empties a bucket."""
         key = hook[:HOOK_KEY_CHARS]
-        self.by_address.charge(address)
-        self.by_hook.charge(key)
-        for limiter, what, setting in (
-            (self.by_address, f"from {address}", "FLOOM_WEBHOOK_FAILURES_PER_MINUTE"),
-            (self.by_hook, f"to /hooks/{key!r}", "FLOOM_WEBHOOK_HOOK_FAILURES_PER_MINUTE"),
+        for limiter, charged, what, setting in (
+            (self.by_address, address, f"from {address}", "FLOOM_WEBHOOK_FAILURES_PER_MINUTE"),
+            (self.by_hook, key, f"to /hooks/{key!r}", "FLOOM_WEBHOOK_HOOK_FAILURES_PER_MINUTE"),
         ):
-            wait = limiter.charge(address if limiter is self.by_address else key, cost=0.0)
+            limiter.charge(charged)
+            wait = limiter.charge(charged, cost=0.0)
             if wait is not None:
                 log.warning(
                     "webhook deliveries %s failed their signature check too often; they are "

@@ -14,7 +14,7 @@ from floom.api.address_limit import HookFailureBudget, client_key
 from floom.api.auth import CtxDep
 from floom.api.openapi import errors
 from floom.api.routing import JSONRoute
-from floom.errors import FloomError, TooManyWaits
+from floom.errors import TooManyWaits
 from floom.schemas import triggers as trigger_models
 from floom.services.access import principal
 from floom.services.context import Context
@@ -23,12 +23,15 @@ from floom.services.runs.rules import FINISHED
 from floom.services.triggers import composio as composio_events
 from floom.services.triggers import webhooks
 from floom.store.models import Run
+from floom.triggers.signatures import WebhookSignatureInvalid, WebhookStale, WebhookUnsigned
 from floom.views import triggers as views
 from floom.views.runs import run_public
 
 router = APIRouter(tags=["hooks"], route_class=JSONRoute)
 
 MAX_WAIT_SECONDS = 300.0
+# What a delivery no webhook verifies is refused with: each spends the sender's budget.
+SIGNATURE_FAILURES = (WebhookUnsigned, WebhookSignatureInvalid, WebhookStale)
 
 
 def _budget(request: Request, ctx: Context) -> HookFailureBudget:
@@ -50,9 +53,8 @@ async def _receive(request: Request, ctx: Context, hook: str, receive: Callable[
     body = await _read_body(request, ctx)
     try:
         return await run_in_threadpool(receive, body)
-    except FloomError as exc:
-        if exc.status == 401:  # a signature check failed, or no webhook is there
-            budget.failed(hook=hook, address=address)
+    except SIGNATURE_FAILURES:  # a signature check failed, or no webhook is there
+        budget.failed(hook=hook, address=address)
         raise
 
 
