@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from floom import __version__
 from floom.api import errors, metrics, openapi
-from floom.api.address_limit import AddressRateLimit
+from floom.api.address_limit import AddressRateLimit, HookFailureBudget
 from floom.api.auth import bearer_token
 from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.draining import Drain, DrainingGuard
@@ -78,6 +78,8 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
     app.add_middleware(EncodedSlashGuard)
     # Added last, so run first: the client's address is settled before it is counted.
     app.add_middleware(AddressRateLimit, settings=settings)
+    # Failed signature checks at /hooks, per address and per hook (routes/hooks.py).
+    app.state.hook_budget = HookFailureBudget(settings)
     app.add_middleware(ForwardedHeaders, trusted=settings.forwarded_allow_ips)
     # First of all: a draining node answers 503 to everything (floom/api/draining.py).
     app.state.drain = Drain()

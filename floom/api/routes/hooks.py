@@ -34,20 +34,13 @@ MAX_WAIT_SECONDS = 300.0
 SIGNATURE_FAILURES = (WebhookUnsigned, WebhookSignatureInvalid, WebhookStale)
 
 
-def _budget(request: Request, ctx: Context) -> HookFailureBudget:
-    budget: HookFailureBudget | None = getattr(request.app.state, "hook_budget", None)
-    if budget is None:  # one per app; made on its first delivery
-        budget = request.app.state.hook_budget = HookFailureBudget(ctx.settings)
-    return budget
-
-
 T = TypeVar("T")
 
 
 async def _receive(request: Request, ctx: Context, hook: str, receive: Callable[[bytes], T]) -> T:
     """`receive(body)` in a thread, for a sender whose failed signature checks (counted
     per address and per hook) are not used up: past that, 429 before the body is read."""
-    budget = _budget(request, ctx)
+    budget: HookFailureBudget = request.app.state.hook_budget
     address = client_key(dict(request.scope))
     budget.check(hook=hook, address=address)
     body = await _read_body(request, ctx)
