@@ -90,16 +90,20 @@ def _log_lines(srv: LiveServer, run_id: str, **params: Any) -> list[str]:
 def _counts(ctx: Context, run_id: str) -> dict[str, Any]:
     with session_scope(ctx.engine) as s:
         digest = s.exec(select(Artifact.digest).where(Artifact.run_id == run_id)).one()
-        # The run_logs row first: on PostgreSQL each read sees what was committed when it
-        # began, and the move commits the row and the lines' deletion together.
+        # The run_logs row before the lines, the pending uploads before the blob: on
+        # PostgreSQL each read sees what was committed when it began, and a move commits the
+        # row and the lines' deletion together, as an upload does the blob's new location
+        # and its pending row's deletion (read the other way, a move between the two reads
+        # showed the blob still in the database with no upload pending).
         archived = s.get(RunLog, run_id)
+        pending = s.exec(select(func.count()).select_from(PendingBlob)).one()
         return {
             "archived": archived,
             "events": s.exec(
                 select(func.count()).select_from(RunEvent).where(RunEvent.run_id == run_id)
             ).one(),
             "artifact": s.get(Blob, digest),
-            "pending": s.exec(select(func.count()).select_from(PendingBlob)).one(),
+            "pending": pending,
         }
 
 
