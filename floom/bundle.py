@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from floom import invisible
 from floom.errors import BundleInvalid, BundlePathInvalid, BundleTooLarge, PayloadTooLarge
 from floom.hints import Hint, act, told
 
@@ -29,6 +30,7 @@ MAX_NAME_BYTES = 255
 # padding): unpacking stops past max_bytes plus this for every entry allowed.
 ENTRY_OVERHEAD = 4096
 DEPLOY = act("deploy", folder="FOLDER")
+_SHOWN = invisible.escapes(invisible.CONTROLS | invisible.UNSHOWN)
 
 
 def _hint(first: str) -> Hint:
@@ -115,6 +117,15 @@ def _check_path(name: str) -> str:
             f"{MAX_PATH_BYTES} are accepted",
             hint="use shorter folder and file names",
             details={"limit": "path_bytes", "max": MAX_PATH_BYTES},
+        )
+    found = invisible.NOT_IN_NAMES.search(path)
+    if found:
+        # A file named "ru\u200bn.py" lists as "run.py", "a\u202eyp.exe" as "aexe.py": a
+        # version's files, like a run's artifacts, must show as what they are.
+        shown = path.translate(_SHOWN)
+        raise BundlePathInvalid(
+            f"archive entry '{shown[:120]}' holds {invisible.describe(ord(found.group()))}",
+            hint=_hint("rename the file"),
         )
     for part in p.parts:
         if len(part.encode("utf-8")) > MAX_NAME_BYTES:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from floom.bundle import read_folder
-from floom.errors import BundleInvalid
+from floom.errors import BundleInvalid, BundlePathInvalid
 
 
 def test_a_huge_file_in_the_folder_is_refused_by_its_size_without_being_read(
@@ -43,4 +43,14 @@ def test_a_link_swapped_in_after_the_folder_was_listed_is_not_followed(
     monkeypatch.setattr(Path, "is_symlink", lambda self: False)
     monkeypatch.setattr(Path, "is_file", lambda self: True)
     with pytest.raises(BundleInvalid, match=r"'notes.txt' could not be read"):
+        read_folder(tmp_path, max_bytes=1 << 20)
+
+
+def test_a_file_whose_name_hides_a_character_is_refused_before_anything_is_read(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "worker.yml").write_text("name: posing\n")
+    (tmp_path / "run.py").write_text("print('shown')\n")
+    (tmp_path / "ru\u200bn.py").write_text("print('run')\n")
+    with pytest.raises(BundlePathInvalid, match=r"'ru\\u200bn.py' holds a zero-width character"):
         read_folder(tmp_path, max_bytes=1 << 20)

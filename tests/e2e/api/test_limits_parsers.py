@@ -279,6 +279,31 @@ def test_a_name_clash_is_refused_at_deploy_not_at_every_run(
     assert api.get("/api/v1/workers").json()["items"] == []
 
 
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("ru\u200bn.py", "zero-width"),
+        ("lib/a\u202eyp.exe", "bidi"),
+        ("a\x1b[31mb.py", "control"),
+        ("a\u2028b", "control"),
+        ("\ufeffworker.yml", "zero-width"),
+    ],
+    ids=["zero-width", "bidi-override", "escape", "line-separator", "bom"],
+)
+def test_a_file_whose_name_shows_as_another_is_refused_at_deploy(
+    api: httpx.Client, name: str, kind: str
+) -> None:
+    # "ru\u200bn.py" lists as "run.py" in the version's files: a reader of the worker would
+    # be shown a file that is not the one that runs.
+    response, _ = post(api, "/api/v1/workers", raw_tar([*worker_entries(), (name, b"x")]))
+    assert response.status_code == 422, response.text[:500]
+    error = error_of(response)
+    assert error["code"] == "bundle_path_invalid"
+    assert kind in error["message"]
+    assert name not in error["message"]
+    assert api.get("/api/v1/workers").json()["items"] == []
+
+
 def test_an_archive_made_by_tar_from_inside_the_folder_deploys(
     api: httpx.Client, tmp_path: Path
 ) -> None:
