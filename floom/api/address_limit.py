@@ -168,23 +168,29 @@ class HookFailureBudget:
     whose bucket, or a hook whose bucket, its failures emptied is answered 429 before its
     body is read or any HMAC computed, and the log says so once per emptying, not once a
     request. Each bucket holds a minute's worth: FLOOM_WEBHOOK_FAILURES_PER_MINUTE per
-    address, FLOOM_WEBHOOK_HOOK_FAILURES_PER_MINUTE per hook. A flood at one hook from many
-    addresses holds that hook's verified senders back too while it lasts; a flood from one
-    address holds back only that address."""
+    address, FLOOM_WEBHOOK_HOOK_FAILURES_PER_MINUTE per hook. A flood from one address holds
+    back only that address. A flood at one hook from many addresses holds back the hook's
+    new senders while it lasts, but not an address that delivered a verified event to it in
+    the last VERIFIED_SENDER_SECONDS: the sender a hook is for keeps getting through."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic) -> None:
         per_address = settings.webhook_failures_per_minute
         per_hook = settings.webhook_hook_failures_per_minute
         self.by_address = AddressLimiter(per_minute=per_address, burst=per_address)
         self.by_hook = AddressLimiter(per_minute=per_hook, burst=per_hook)
+        self.clock = clock
+        # (hook, address) -> when it last delivered a verified event; oldest first.
+        self.senders: OrderedDict[tuple[str, str], float] = OrderedDict()
 
     def check(self, *, hook: str, address: str) -> None:
-        """Raise RateLimited when the address's or the hook's failures are used up."""
+        """Raise RateLimited when the address's failures are used up, or the hook's are and
+        the address is not one of the hook's verified senders."""
+        key = hook[:HOOK_KEY_CHARS]
         waits = [
             wait
             for wait in (
                 self.by_address.charge(address, cost=0.0),
-                self.by_hook.charge(hook[:HOOK_KEY_CHARS], cost=0.0),
+                None if self._known(key, address) else self.by_hook.charge(key, cost=0.0),
             )
             if wait is not None
         ]
@@ -215,5 +221,21 @@ class HookFailureBudget:
                     setting,
                 )
 
+    def verified(self, *, hook: str, address: str) -> None:
+        """Remember that `address` delivered an event `hook` verified."""
+        sender = (hook[:HOOK_KEY_CHARS], address)
+        self.senders[sender] = self.clock()
+        self.senders.move_to_end(sender)
+        while len(self.senders) > VERIFIED_SENDERS:
+            self.senders.popitem(last=False)
+
+    def _known(self, hook: str, address: str) -> bool:
+        seen = self.senders.get((hook, address))
+        return seen is not None and self.clock() - seen < VERIFIED_SENDER_SECONDS
+
 
 HOOK_KEY_CHARS = 200
+# How long, and for how many (hook, address) pairs, a verified delivery lets its sender
+# past a hook's emptied budget.
+VERIFIED_SENDER_SECONDS = 3600.0
+VERIFIED_SENDERS = 10_000

@@ -39,16 +39,20 @@ T = TypeVar("T")
 
 async def _receive(request: Request, ctx: Context, hook: str, receive: Callable[[bytes], T]) -> T:
     """`receive(body)` in a thread, for a sender whose failed signature checks (counted
-    per address and per hook) are not used up: past that, 429 before the body is read."""
+    per address and per hook) are not used up: past that, 429 before the body is read. A
+    sender whose delivery was verified is let past the hook's budget for a while (a flood
+    from elsewhere does not hold the hook's real sender back)."""
     budget: HookFailureBudget = request.app.state.hook_budget
     address = client_key(dict(request.scope))
     budget.check(hook=hook, address=address)
     body = await _read_body(request, ctx)
     try:
-        return await run_in_threadpool(receive, body)
+        received = await run_in_threadpool(receive, body)
     except SIGNATURE_FAILURES:  # a signature check failed, or no webhook is there
         budget.failed(hook=hook, address=address)
         raise
+    budget.verified(hook=hook, address=address)
+    return received
 
 
 async def _read_body(request: Request, ctx: Context) -> bytes:

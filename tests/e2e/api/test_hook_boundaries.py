@@ -236,6 +236,48 @@ def test_a_hooks_budget_is_spent_by_failures_at_it_alone_and_alike_for_absent_ho
     assert other.status_code == 202, other.text
 
 
+def post_from(
+    server: LiveServer, address: str, path: str, body: bytes, headers: dict[str, str]
+) -> httpx.Response:
+    """A delivery sent from `address` (any of 127.0.0.0/8 reaches a loopback server)."""
+    transport = httpx.HTTPTransport(local_address=address)
+    with httpx.Client(base_url=server.base_url, timeout=60, transport=transport) as sender:
+        return sender.post(path, content=body, headers=headers)
+
+
+def test_a_flood_at_a_hook_from_many_addresses_does_not_hold_back_its_verified_sender(
+    tmp_path: Path, database_url: str
+) -> None:
+    with live_server(
+        tmp_path / "data",
+        database_url,
+        webhook_failures_per_minute=0,
+        webhook_hook_failures_per_minute=3,
+    ) as srv:
+        with srv.client() as api:
+            deploy_every_kind(api, tmp_path)
+        body = b'{"n": 1}'
+        sender, newcomer = "127.0.0.2", "127.0.0.3"
+        first = post_from(srv, sender, "/hooks/gh", body, github(body, "guid-1"))
+        flood = [
+            post_from(srv, f"127.0.1.{n}", "/hooks/gh", body, github(body, f"f{n}", "forged"))
+            for n in range(1, 7)
+        ]
+        # Each event its own body: a repeated signature is a duplicate whatever its id.
+        again, other = b'{"n": 2}', b'{"n": 3}'
+        known = post_from(srv, sender, "/hooks/gh", again, github(again, "guid-2"))
+        new = post_from(srv, newcomer, "/hooks/gh", other, github(other, "guid-3"))
+        with srv.client() as api:
+            delivered = api.get("/api/v1/workers/gh/deliveries").json()["items"]
+
+    assert first.status_code == 202, first.text
+    assert [f.status_code for f in flood] == [401, 401, 401, 429, 429, 429]
+    # The address that delivered a verified event is still heard; a new one waits.
+    assert known.status_code == 202, known.text
+    assert new.status_code == 429, new.text
+    assert sorted(d["delivery_id"] for d in delivered) == ["guid-1", "guid-2"]
+
+
 # -- delivery ids stay spent ---------------------------------------------------------------
 
 
