@@ -251,12 +251,26 @@ def check_document(
     return clean, out
 
 
+def unquoted_hint(value: Any, key: str | None) -> str | None:
+    """For text that YAML read as something else (`title: yes` is the boolean true,
+    `description: 1.10` the number 1.1): quote it, shown for `key`'s value, or for a list's
+    item when `key` is None."""
+    if isinstance(value, bool):
+        read, text = "an unquoted yes, no, on, off, true or false as a boolean", "yes"
+    elif isinstance(value, int | float):
+        read, text = "an unquoted number as a number", str(value)
+    else:
+        return None
+    example = f'["{text.upper()}"]' if key is None else f'{key}: "{text}"'
+    return f"YAML reads {read}: quote the text as you wrote it, e.g. {example}"
+
+
 def _check_name(value: Any, path: str, out: list[Problem]) -> Any:
     if isinstance(value, str) and re.fullmatch(NAME_PATTERN, value):
         return value
-    hint = _NAME_HINT
+    hint = (isinstance(value, bool) and unquoted_hint(value, "name")) or _NAME_HINT
     slug = re.sub(r"[^a-z0-9]+", "-", str(value).lower()).strip("-")[:63]
-    if re.fullmatch(NAME_PATTERN, slug):
+    if re.fullmatch(NAME_PATTERN, slug) and isinstance(value, str):
         hint = f'use lowercase letters, digits and dashes, starting with a letter: try "{slug}"'
     out.append(Problem(path, f"{show(value)} is not a valid worker name", hint))
     return _BAD
@@ -370,7 +384,9 @@ def _check_secrets(raw: Any, path: str, out: list[Problem]) -> Any:
         if not isinstance(item, str) or not re.fullmatch(SECRET_NAME_PATTERN, item):
             hint = "use upper-case letters, digits and underscores"
             suggestion = re.sub(r"[^A-Z0-9_]", "_", str(item).upper())
-            if re.fullmatch(SECRET_NAME_PATTERN, suggestion):
+            if not isinstance(item, str):
+                hint = unquoted_hint(item, None) or hint
+            elif re.fullmatch(SECRET_NAME_PATTERN, suggestion):
                 hint += f', e.g. "{suggestion}"'
             out.append(Problem(item_path, f"{show(item)} is not a valid secret name", hint))
             return False
@@ -605,7 +621,8 @@ def _check_scalar(
         str: isinstance(value, str),
     }
     if not type_ok[annotation]:
-        out.append(Problem(path, f"must be {wanted[annotation]}, got {show(value)}"))
+        hint = unquoted_hint(value, path.rsplit(".", 1)[-1]) if annotation is str else None
+        out.append(Problem(path, f"must be {wanted[annotation]}, got {show(value)}", hint))
         return _BAD
     for bound in bounds:
         for attr, word in (("ge", "at least"), ("gt", "more than"), ("le", "at most")):

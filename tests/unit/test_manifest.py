@@ -616,3 +616,26 @@ def test_a_handoff_trigger_without_a_role_is_refused_with_its_path() -> None:
     paths = {p.path for p in problems}
     assert "triggers[0].handoff.role" in paths
     assert "triggers[1].handoff.colour" in paths
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "example"),
+    [
+        ("name: yes\n", "name", 'name: "yes"'),
+        ("name: m\ntitle: on\n", "title", 'title: "yes"'),
+        ("name: m\ndescription: 1.10\n", "description", 'description: "1.1"'),
+        ("name: m\nsecrets: [ON]\n", "secrets[0]", '["YES"]'),
+    ],
+)
+def test_text_yaml_read_as_a_boolean_or_number_is_refused_with_a_hint_to_quote_it(
+    text: str, path: str, example: str
+) -> None:
+    hint = str(problems_of(text)[path].hint)
+    assert "quote the text as you wrote it" in hint
+    assert hint.endswith(example)
+
+
+def test_a_name_that_quoting_would_not_mend_gets_the_names_own_hint() -> None:
+    hint = str(problems_of("name: 2024\n")["name"].hint)
+    assert "use lowercase letters" in hint
+    assert "quote" not in hint
