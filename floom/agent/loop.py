@@ -21,6 +21,7 @@ from floom import jsonvalues
 from floom.agent import workspace
 from floom.agent.provider import ModelProvider, estimate_cost
 from floom.agent.tools import RecordedToolError, Tool, ToolError
+from floom.cut import cut
 from floom.engine.queue import Outcome
 from floom.errors import ProviderError, RunErrorCode, run_error_code
 from floom.services.access.principal import SYSTEM
@@ -524,5 +525,4 @@ def _result(use_id: str, text: str, *, error: bool = False) -> dict[str, Any]:
 
 
 def _clip(text: str, cap: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= cap else text[: cap - 3] + "..."
+    return cut(" ".join(text.split()), cap)

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from floom import jsonvalues
+from floom.cut import cut
 
 if TYPE_CHECKING:
     from floom.manifest.schema import FieldSpec
@@ -83,7 +84,7 @@ def enum_hint(spec: FieldSpec) -> str | None:
 
 def show(value: Any) -> str:
     text = repr(value) if isinstance(value, str) else json.dumps(value, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return cut(text, 60)
 
 
 def kind_of(value: Any) -> str:

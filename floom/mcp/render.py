@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from mcp_types import CallToolResult, TextContent
 
+from floom.cut import cut
 from floom.invisible import CONTROLS, UNSHOWN, escapes
 from floom.manifest.schema import EXPOSE_TARGETS
 from floom.schemas.runs import (
@@ -56,8 +57,7 @@ class Reply:
 
 
 def short(value: Any, limit: int = 300) -> str:
-    text = said(json.dumps(value, default=str, ensure_ascii=False))
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return cut(said(json.dumps(value, default=str, ensure_ascii=False)), limit)
 
 
 def _more(items: list[Any], total_hint: str | None) -> str:

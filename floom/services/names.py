@@ -16,9 +16,10 @@ from floom.errors import InvalidRequest
 from floom.invisible import NOT_IN_NAMES, describe
 
 
-def check_text_name(value: str, *, field: str, most: int) -> str:
+def check_text_name(value: str, *, field: str, most: int, kept_as: str = "a name") -> str:
     """`value` if it can be a name: at most `most` characters, no control or invisible
-    character; otherwise InvalidRequest naming `field`."""
+    character; otherwise InvalidRequest naming `field`. `kept_as` says what the refusal
+    calls it: a name, or other one-line text held to the same rule (a job's summary)."""
     if len(value) > most:
         raise InvalidRequest(
             f"{field} is longer than {most} characters",
@@ -29,7 +30,7 @@ def check_text_name(value: str, *, field: str, most: int) -> str:
     if found is not None:
         code = ord(found.group())
         raise InvalidRequest(
-            f"{field} holds {describe(code)} (U+{code:04X}), which a name cannot hold",
+            f"{field} holds {describe(code)} (U+{code:04X}), which {kept_as} cannot hold",
             hint=f"give a {field} of printable characters only (no NUL, newline, tab, escape, "
             "bidi control or zero-width character)",
             details={"field": field},

@@ -80,8 +80,14 @@ def _make_engine(url: str) -> Engine:
             # ("database is locked", seen under a loaded CI machine).
             cur.execute("PRAGMA busy_timeout=30000")
             # Only takes effect on a new file (it must precede WAL, which writes the header)
-            # or at the next VACUUM: free pages can then be handed back to the disk.
-            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            # or at the next VACUUM (give_back_free_pages sets it itself before one): free
+            # pages can then be handed back to the disk. So only on a new file: setting it
+            # takes the write lock, even unchanged, and a connection opened while a write
+            # transaction was open waited for it; opened by that writer's own thread (a
+            # read inside a write, when the pool had no idle connection), it waited for
+            # itself until the busy timeout, failed, and stalled every writer meanwhile.
+            if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()

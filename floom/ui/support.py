@@ -25,6 +25,7 @@ from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
 from floom.api.auth import get_ctx
+from floom.cut import cut
 from floom.errors import FloomError, InvalidRequest, Unauthorized
 from floom.hints import Hint, Told
 from floom.hints import surface as hint_surface
@@ -136,7 +137,7 @@ def size(value: int | None) -> str:
 def short(value: str | None, length: int = 18) -> str:
     if not value:
         return ""
-    return value if len(value) <= length else value[: length - 1] + "…"
+    return cut(value, length, marker="…")
 
 
 def told(text: Told | None) -> str:

@@ -229,6 +229,7 @@ LAYERS: list[tuple[str, set[str]]] = [
             "net",
             "jsonvalues",
             "invisible",
+            "cut",
             "bundle",
             "triggers",
         },

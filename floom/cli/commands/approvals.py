@@ -11,6 +11,7 @@ from rich.text import Text
 
 from floom.cli.common import JsonOpt, json_object_option, open_client
 from floom.cli.output import new_table, out, print_json, status_text, when
+from floom.cut import cut
 from floom.schemas.runs import ApprovalDecided, ApprovalPublic, ApprovalQuery, RunDetail
 from floom.vocabulary import ApprovalKind, ApprovalStatus, ToolCallStatus
 
@@ -39,8 +40,7 @@ def register(app: typer.Typer) -> None:
 
 def _short(value: Any, width: int = 70) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return cut(" ".join(text.split()), width)
 
 
 def _what(a: ApprovalPublic) -> str:

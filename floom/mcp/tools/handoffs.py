@@ -12,6 +12,7 @@ from typing import Annotated, Any
 from mcp.server.mcpserver import Context
 from pydantic import Field
 
+from floom.cut import cut
 from floom.mcp.render import MAX_TEXT_ITEMS, Reply, said, short
 from floom.mcp.toolkit import (
     DESTRUCTIVE,
@@ -49,12 +50,8 @@ def job_line(job: JobPublic) -> str:
     attempt = f" attempt {job.attempt}" if job.attempt > 1 else ""
     return (
         f"{job.id}  [{job.status}] {job.priority} for {job.role}"
-        f"{said(held)}{attempt}: {said(_clip(job.summary, 120))}"
+        f"{said(held)}{attempt}: {said(cut(job.summary, 120))}"
     )
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def job_text(job: JobPublic, head: str = "") -> str:

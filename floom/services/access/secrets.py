@@ -8,9 +8,10 @@ import hmac
 import os
 import re
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-from sqlmodel import select
+from sqlmodel import Session, select
 
 from floom.errors import (
     InvalidRequest,
@@ -186,13 +187,17 @@ def refused_for_runs(names: Iterable[str]) -> str | None:
     return None
 
 
-def resolve(ctx: Context, names: Iterable[str]) -> tuple[dict[str, str], list[str]]:
-    """The values of the named secrets, and the names that are not set."""
+def resolve(
+    ctx: Context, names: Iterable[str], *, s: Session | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """The values of the named secrets, and the names that are not set; read in `s` when
+    given (a step inside a write transaction: another connection would wait on the pool
+    while it holds the write lock)."""
     wanted = list(dict.fromkeys(names))
     if not wanted:
         return {}, []
-    with session_scope(ctx.engine) as s:
-        rows = s.exec(select(Secret).where(Secret.name.in_(wanted))).all()  # type: ignore[attr-defined]
+    with nullcontext(s) if s is not None else session_scope(ctx.engine) as session:
+        rows = session.exec(select(Secret).where(Secret.name.in_(wanted))).all()  # type: ignore[attr-defined]
         found = {r.name: ctx.secret_box.decrypt(r.ciphertext) for r in rows}
     return found, [n for n in wanted if n not in found]
 

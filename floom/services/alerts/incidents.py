@@ -236,7 +236,7 @@ def _redacted(ctx: Context, s: Session, worker: str | None, text: str | None) ->
         names = [*manifest.secrets, *manifest.apply_secrets]
     if not names:
         return text[:MAX_MESSAGE]
-    values, _ = secrets.resolve(ctx, names)
+    values, _ = secrets.resolve(ctx, names, s=s)
     # Masked before it is cut, and a secret's beginning left at the cut masked too (as a
     # long log line is): a cut through a secret would leave its first characters.
     redactor = secrets.Redactor(values.values())

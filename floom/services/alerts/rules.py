@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
+from floom.cut import cut
 from floom.errors import Conflict, InvalidRequest, NotFound
 from floom.hints import Told, act, told
 from floom.manifest.alerts import RuleSpec, check_rule, worker_rules
@@ -108,7 +109,7 @@ def create_rule(
 def _quoted(value: Any) -> str:
     """`value` as a refusal quotes it: at most QUOTED characters of what a caller sent."""
     text = repr(value)
-    return text if len(text) <= QUOTED else text[: QUOTED - 3] + "..."
+    return cut(text, QUOTED)
 
 
 def _detail(path: str, hint: Told) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
 from floom import jsonvalues
+from floom.cut import cut
 from floom.errors import FloomError
 from floom.services.access import principal
 from floom.services.handoffs import flow, rules
@@ -149,7 +150,7 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: Job) -> None:
         # that each caller is told in its own terms (views.handoffs.job_public).
         hint = f"; {exc.hint}" if exc.hint else ""
         reason = f"worker {bridge.worker} could not start: {exc.message}{hint}"
-        reason = rules.cut_reason(reason)
+        reason = cut(reason, rules.MAX_REASON_CHARS)
         flow.set_status(ctx, actor=actor, job_id=job.id, status=rules.FAILED, reason=reason)
         return
     with session_scope(ctx.engine, write=True) as s:
@@ -198,7 +199,7 @@ def _finish(ctx: Context, actor: Actor, job: Job) -> None:
     if run.error_message:
         reason += f": {run.error_message}"
     # A run's error is the worker's to write: cut to what a reason holds.
-    reason = rules.cut_reason(reason)
+    reason = cut(reason, rules.MAX_REASON_CHARS)
     flow.set_status(ctx, actor=actor, job_id=job.id, status=rules.FAILED, reason=reason)
 
 

@@ -131,15 +131,8 @@ def check_summary(summary: Any) -> str:
         )
     # One line, shown in every list of jobs: a newline or a bidirectional override in it
     # would let one job pass for another there.
-    check_text_name(summary, field="summary", most=MAX_SUMMARY)
+    check_text_name(summary, field="summary", most=MAX_SUMMARY, kept_as="a job's one-line summary")
     return summary.strip()
-
-
-def cut_reason(reason: str) -> str:
-    """A reason floom writes from text it did not choose (a run's error), cut to fit."""
-    if len(reason) <= MAX_REASON_CHARS:
-        return reason
-    return reason[: MAX_REASON_CHARS - 3] + "..."
 
 
 def check_reason(reason: Any, *, required: bool = False) -> str | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import event as sa_event
 from sqlmodel import select
 from standardwebhooks.webhooks import Webhook
 
@@ -536,6 +537,54 @@ def test_a_secret_cut_through_at_an_alert_message_s_bound_leaves_none_of_its_cha
             assert len(kept) <= incidents.MAX_MESSAGE + len("***")
             assert secret[:3] not in kept, (shift, kept[-40:])
             assert "***" in kept[-40:], (shift, kept[-40:])
+
+
+def test_recording_an_alert_with_secrets_to_mask_holds_one_database_connection(
+    tmp_path: Path, database_url: str
+) -> None:
+    # Its write transaction holds the SQLite write lock: a second connection for the
+    # secrets waited on the pool (or, on SQLite, on that very lock) while every writer
+    # waited on it.
+    with live_server(tmp_path / "d", database_url) as srv:
+        secrets.set_secret(srv.ctx, name="TOKEN", value="tok-0123456789", caller=SYSTEM)
+        deploy_folder(
+            srv.client(),
+            make_worker(tmp_path / "w", "name: w\nsecrets: [TOKEN]\n", {"run.py": "pass\n"}),
+        )
+        me = threading.get_ident()
+        held, most = [0], [0]
+
+        def out(*_: Any) -> None:
+            if threading.get_ident() == me:
+                held[0] += 1
+                most[0] = max(most[0], held[0])
+
+        def back(*_: Any) -> None:
+            if threading.get_ident() == me:
+                held[0] -= 1
+
+        sa_event.listen(srv.ctx.engine, "checkout", out)
+        sa_event.listen(srv.ctx.engine, "checkin", back)
+        try:
+            recorded = incidents.record(
+                srv.ctx,
+                incidents.Seen(
+                    key="probe",
+                    kind="run.failed",
+                    subject="probe",
+                    what=incidents.PROBLEM,
+                    summary="probe",
+                    at=utcnow(),
+                    worker="w",
+                    message="failed with tok-0123456789",
+                ),
+            )
+        finally:
+            sa_event.remove(srv.ctx.engine, "checkout", out)
+            sa_event.remove(srv.ctx.engine, "checkin", back)
+        assert recorded is not None
+        assert recorded.message == "failed with ***"
+        assert most[0] == 1
 
 
 def test_a_test_send_to_an_unreachable_channel_says_why(tmp_path: Path, database_url: str) -> None:

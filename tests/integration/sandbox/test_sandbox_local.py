@@ -24,6 +24,7 @@ from floom.sandbox.local.backend import (
     SandboxUnavailable,
     owner_marker,
 )
+from tests.support.harness import wait_until
 from tests.support.rigs.sandboxes import Lines, run_script
 
 pytestmark = pytest.mark.skipif(
@@ -498,14 +499,25 @@ def _bwrap_sleeping_on(folder: Path) -> subprocess.Popen[bytes]:
     # Marked as floom marks the sandboxes it starts: a word of the command line that names
     # no host path (the environment is empty, the binds are the stage's when root).
     folder.mkdir(parents=True)
-    return subprocess.Popen(
+    marker = owner_marker(folder)
+    proc = subprocess.Popen(
         ["bwrap", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
          "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-         "--unshare-all", "--", "/bin/sh", "-c", "exec sleep 60", "floom-run",
-         owner_marker(folder)],
+         "--unshare-all", "--", "/bin/sh", "-c", "exec sleep 60", "floom-run", marker],
         env={},
         start_new_session=True,
     )  # fmt: skip
+    # Popen returns once the exec has begun; /proc shows the new command line a moment
+    # later (under load, an immediate read found it empty half the time), and a scan
+    # before then finds no sandbox to kill.
+    wait_until(lambda: _shows(proc, os.fsencode(marker)))
+    return proc
+
+
+def _shows(proc: subprocess.Popen[bytes], marker: bytes) -> bool:
+    assert proc.poll() is None, "bwrap exited before the test could use it"
+    with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+        return marker in f.read().split(b"\0")
 
 
 def test_kill_orphans_kills_only_sandboxes_on_this_nodes_work_root(tmp_path: Path) -> None:

@@ -117,3 +117,29 @@ def test_a_read_on_postgresql_keeps_the_connection_s_prepared_statements(pg_url:
     finally:
         engine.dispose()
     assert kept == prepared
+
+
+def test_a_sqlite_connection_opened_inside_a_write_does_not_wait_for_that_write(
+    tmp_path: Path,
+) -> None:
+    """A step that reads on a second connection while its write transaction is open (the
+    alert watch masks an alert's message with secrets it reads so) gets one, even when the
+    pool must open it: a new connection set auto_vacuum, which takes the write lock, and
+    waited for its own thread's write until the busy timeout (CI saw the alert watch fail
+    and a run's POST, queued behind that write, time out)."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
+    try:
+        with session_scope(engine, write=True) as s:
+            s.execute(text("CREATE TABLE t (x INTEGER)"))
+        engine.pool.dispose()  # no idle connection left: the read below opens a new one
+        with session_scope(engine, write=True) as s:
+            s.execute(text("INSERT INTO t VALUES (1)"))
+            with session_scope(engine) as other:
+                assert other.execute(text("SELECT count(*) FROM t")).scalar_one() == 0
+        with session_scope(engine) as s:
+            assert s.execute(text("SELECT count(*) FROM t")).scalar_one() == 1
+            # A new file is still made so that free pages can be handed back.
+            mode = s.execute(text("PRAGMA auto_vacuum")).scalar_one()
+        assert mode == db.SQLITE_INCREMENTAL_VACUUM
+    finally:
+        engine.dispose()
