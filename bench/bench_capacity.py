@@ -219,7 +219,10 @@ class BackendCpu:
 
     def _sample(self) -> None:
         pids = self._conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name <> %s",
+            # Client backends only: an autovacuum worker on this database is the server's
+            # (aux_cpu), as asynchronous to the runs as the checkpointer.
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name <> %s "
+            "AND backend_type = 'client backend'",
             (self.db, BENCH_APP),
         ).fetchall()
         for (pid,) in pids:
