@@ -42,7 +42,7 @@ from floom.services.runs.rules import (
 )
 from floom.services.workers import state as worker_state
 from floom.store import signals
-from floom.store.blobs.rows import insert_blob, stage_blob
+from floom.store.blobs.rows import DATABASE, insert_blob, stage_blob
 from floom.store.db import (
     Writer,
     is_postgres,
@@ -513,6 +513,13 @@ def _record_attempt_end(
         # decision (which always sets the phase): a plain first attempt has none to replace.
         if run.attempt > 1 or run.phase is not None:
             s.execute(delete(Artifact).where(col(Artifact.run_id) == run.id))
+        # Rows of artifacts already in the bucket, recorded by the log's statement (below)
+        # rather than by an INSERT each (artifacts name their blob by digest, no key).
+        with_log = [
+            blob
+            for _, blob, _ in staged
+            if end_log is not None and blob.location != DATABASE and not blob.pending
+        ]
         if staged:
             # One INSERT of plain rows: the values are floom's own (collected and named by
             # floom/engine/collect.py), so building, validating and flushing ORM objects for
@@ -522,7 +529,7 @@ def _record_attempt_end(
                     "run_id": run.id,
                     "name": name,
                     "size": blob.size,
-                    "digest": insert_blob(s, blob),
+                    "digest": blob.digest if blob in with_log else insert_blob(s, blob),
                     "content_type": content_type,
                     "created_at": now,
                 }
@@ -533,7 +540,7 @@ def _record_attempt_end(
                 (trusted_row(Artifact, row._mapping) for row in stored), key=attrgetter("name")
             )
         if end_log is not None:
-            end_logs.record_end_log(s, end_log)
+            end_logs.record_end_log(s, end_log, blobs=with_log)
         else:
             closing.append(("system", message, None))
             append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)

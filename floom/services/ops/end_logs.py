@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, func
+from sqlalchemy import bindparam, cast, delete, func, literal, null, union_all
 from sqlalchemy import select as core_select
 from sqlmodel import col
 
@@ -135,42 +136,78 @@ def stage_end_log(
 def _read_log(ctx: Context, run_id: str, *, agent: bool) -> tuple[list[RunEvent], list[ToolCall]]:
     """The run's lines in run_events, in order, and for an agent run its tool calls; no lines
     when the run has a log object already (its end then appends rows, which the upload loop
-    merges). Whether it has one is asked beside its lines (once, not once per line).
+    merges). Whether it has one is asked beside its lines (once, not once per line), and an
+    agent run's tool calls come in the same query (UNION ALL, each side's columns NULL on
+    the other's rows): one round trip, where a read of its own cost one a run.
 
     An agent run's transcript is not read: its loop's copy is the row (checked by its
     updated_at as the end records it: agent.record_archived). Its record used to move with
     its log in the upload loop, half a second after its end (gathered with other runs'),
     which cost four reads and a transaction of its own beside this end's."""
-    events_t, logs_t = RunEvent.__table__, RunLog.__table__  # type: ignore[attr-defined]
-    names = [column.name for column in events_t.c if column.name != "id"]
-    earlier = core_select(logs_t.c.digest).where(logs_t.c.run_id == run_id).scalar_subquery()
+    query, events_of, calls_of = _log_query(agent)
     events: list[RunEvent] = []
     calls: list[ToolCall] = []
     with read_connection(ctx.engine) as c:
-        for row in c.execute(
-            core_select(*(events_t.c[n] for n in names), earlier.label("earlier")).where(
-                events_t.c.run_id == run_id
-            )
-        ):
+        for row in c.execute(query, {"run_id": run_id}):
             if row.earlier is not None:
                 return [], []
-            events.append(trusted_row(RunEvent, {n: row._mapping[n] for n in names}))
-        if agent and events:
-            calls_t = ToolCall.__table__  # type: ignore[attr-defined]
-            calls = [
-                trusted_row(ToolCall, row._mapping)
-                for row in c.execute(
-                    core_select(calls_t).where(calls_t.c.run_id == run_id).order_by(calls_t.c.seq)
-                )
-            ]
+            if row.is_call:
+                calls.append(trusted_row(ToolCall, calls_of(row)))
+            else:
+                events.append(trusted_row(RunEvent, events_of(row)))
+    if not events:
+        return [], []
     events.sort(key=attrgetter("seq"))
+    calls.sort(key=attrgetter("seq"))
     return events, calls
 
 
-def record_end_log(s: Writer, end_log: EndLog) -> None:
+@lru_cache(maxsize=2)
+def _log_query(
+    agent: bool,
+) -> tuple[Any, Callable[[Any], dict[str, Any]], Callable[[Any], dict[str, Any]]]:
+    """_read_log's query (built once: building it costs more than running it), and how to
+    take a run_events row and a tool_calls row out of one of its result rows."""
+    events_t, logs_t = RunEvent.__table__, RunLog.__table__  # type: ignore[attr-defined]
+    calls_t = ToolCall.__table__  # type: ignore[attr-defined]
+    run_id: Any = bindparam("run_id")
+    line_names = [column.name for column in events_t.c if column.name != "id"]
+    call_names = [column.name for column in calls_t.c] if agent else []
+    earlier = core_select(logs_t.c.digest).where(logs_t.c.run_id == run_id).scalar_subquery()
+
+    lines = core_select(
+        literal(False).label("is_call"),
+        *(events_t.c[n].label("e_" + n) for n in line_names),
+        *(cast(null(), calls_t.c[n].type).label("c_" + n) for n in call_names),
+        earlier.label("earlier"),
+    ).where(events_t.c.run_id == run_id)
+    query: Any = lines
+    if agent:
+        query = union_all(
+            lines,
+            core_select(
+                literal(True).label("is_call"),
+                *(cast(null(), events_t.c[n].type).label("e_" + n) for n in line_names),
+                *(calls_t.c[n].label("c_" + n) for n in call_names),
+                null().label("earlier"),
+            ).where(calls_t.c.run_id == run_id),
+        )
+
+    def events_of(row: Any) -> dict[str, Any]:
+        return {n: row._mapping["e_" + n] for n in line_names}
+
+    def calls_of(row: Any) -> dict[str, Any]:
+        return {n: row._mapping["c_" + n] for n in call_names}
+
+    return query, events_of, calls_of
+
+
+def record_end_log(s: Writer, end_log: EndLog, *, blobs: Sequence[StagedBlob] = ()) -> None:
     """In the transaction that records the run's end, holding the run's event lock
-    (logs.lock_events): its lines leave run_events and its object is recorded as its log.
-    Raises LogChanged when the lines there are not those read (the caller rolls back)."""
+    (logs.lock_events): its lines leave run_events and its object is recorded as its log,
+    with the rows of `blobs` (the end's artifacts, already in the bucket: on PostgreSQL in
+    the same statement). Raises LogChanged when the lines there are not those read (the
+    caller rolls back)."""
     move = end_log.move
     run_id = move.archive.run_id
     # Every line of the run, not only those up to the last seq read: a line appended since
@@ -181,6 +218,7 @@ def record_end_log(s: Writer, end_log: EndLog) -> None:
         found = record_moves(
             s,
             [move],
+            blobs=blobs,
             extra=[cte],
             returning=[
                 core_select(func.count()).select_from(cte).scalar_subquery(),
@@ -192,7 +230,7 @@ def record_end_log(s: Writer, end_log: EndLog) -> None:
         seqs = [seq for (seq,) in s.execute(gone)]
         read = (len(seqs), max(seqs, default=0))
         if read == move.read:
-            record_moves(s, [move])
+            record_moves(s, [move], blobs=blobs)
     if read != move.read:
         raise LogChanged(f"the log of run {run_id} changed before its end was recorded")
 

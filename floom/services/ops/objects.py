@@ -273,12 +273,15 @@ def record_moves(
     *,
     extra: Sequence[Any] = (),
     returning: Sequence[Any] = (),
+    blobs: Sequence[StagedBlob] = (),
 ) -> Any:
     """In the transaction that takes the moved lines out of run_events: the blobs' rows, the
     run_logs rows, the agent runs' transcripts emptied and tool calls deleted, and the
     replaced blobs deleted if nothing else names them. On PostgreSQL one statement, with the
     `extra` CTEs and `returning` its result's columns; its result is returned (None on
-    SQLite, which takes neither)."""
+    SQLite, which takes neither). `blobs`: more rows of objects already in the bucket (a
+    run end's artifacts), recorded with the logs' (on PostgreSQL in the same statement,
+    where their own INSERT cost a round trip each)."""
     postgres = on_postgres(s)
     logs = [
         {
@@ -293,11 +296,11 @@ def record_moves(
     agents = [(m.transcript, m.call_ids) for m in moves if m.transcript is not None]
     result = None
     if postgres:
-        statement = _recorded_in_one(moves, logs, agents, extra=extra)
+        statement = _recorded_in_one(moves, logs, agents, extra=extra, blobs=blobs)
         result = s.execute(statement.returning(*returning) if returning else statement)
     else:
-        for m in moves:
-            insert_blob(s, m.blob)
+        for blob in [*(m.blob for m in moves), *blobs]:
+            insert_blob(s, blob)
         s.execute(_upsert_log(postgres), logs)
         if agents:
             agent_runs.record_archived(cast(Session, s), agents)
@@ -314,25 +317,26 @@ def _recorded_in_one(
     agents: list[tuple[Transcript, list[str]]],
     *,
     extra: Sequence[Any] = (),
+    blobs: Sequence[StagedBlob] = (),
 ) -> Any:
     """On PostgreSQL, what _record_archives_once writes once the lines are gone, as one
     statement (one round trip): the blobs' rows, the run_logs rows, and the agent runs'
     transcripts emptied and tool calls deleted (agent.record_archived's two statements)."""
     from sqlalchemy.dialects.postgresql import insert
 
-    blobs = Blob.__table__  # type: ignore[attr-defined]
     now = utcnow()
-    rows = insert(blobs).values(
+    staged = {b.digest: b for b in [*blobs, *(m.blob for m in moves)]}
+    rows = insert(Blob.__table__).values(  # type: ignore[attr-defined]
         [
             {
-                "digest": m.blob.digest,
-                "size": m.blob.size,
-                "data": m.blob.data,
+                "digest": b.digest,
+                "size": b.size,
+                "data": b.data,
                 "created_at": now,
-                "location": m.blob.location,
-                "sha256": m.blob.sha256,
+                "location": b.location,
+                "sha256": b.sha256,
             }
-            for m in moves
+            for b in staged.values()
         ]
     )
     ctes = [rows.on_conflict_do_nothing(index_elements=["digest"]).cte("new_blobs")]

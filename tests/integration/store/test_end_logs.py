@@ -7,6 +7,7 @@ a real SeaweedFS, both databases."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,10 +32,10 @@ from floom.services.runs.logs import append_events, list_events, system_event
 from floom.services.workers import versions as workers
 from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs import logs
-from floom.store.blobs.configured import new_blob_store
+from floom.store.blobs.configured import new_blob_store, store_at
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import session_scope
-from floom.store.models import Blob, Run, RunEvent
+from floom.store.models import Artifact, Blob, Run, RunEvent
 from floom.vocabulary import RunStatus, ToolCallStatus
 from tests.integration.store.test_log_moves import _Interleaved
 from tests.support.harness import fast_settings, make_worker, wait_until
@@ -470,3 +471,58 @@ def test_an_agent_run_on_object_storage_saves_no_step_after_finish_and_replays(
         assert row.archived
         assert row.iterations == 3
         assert row.active_seconds > 0
+
+
+def _shape(statement: str) -> str:
+    """A statement's verb and the tables it names, sorted ("SELECT RUN_EVENTS RUN_LOGS")."""
+    tables = set(re.findall(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+\"?(\w+)", statement)) - {"SET"}
+    return " ".join([statement.split(None, 1)[0], *sorted(tables)])
+
+
+def test_an_agent_run_s_end_on_object_storage_reads_once_and_records_its_objects_in_one_statement(
+    s3_ctx: Context,
+) -> None:
+    """The end of an agent run with an artifact: its lines and its tool calls are read by
+    one query, and on PostgreSQL the artifact's blob row is written by the statement that
+    records the log's (no INSERT of its own); everything reads back."""
+    run, transcript = _agent_run(s3_ctx)
+    outcome = Outcome(
+        status=RunStatus.SUCCEEDED,
+        outputs={},
+        agent=True,
+        transcript=transcript,
+        artifacts=[("notes.md", b"notes " * 500, "text/markdown")],
+    )
+    sent, stop = _statements(s3_ctx)
+    try:
+        assert finish_attempt(s3_ctx, run=run, outcome=outcome, backoff=0) == "succeeded"
+    finally:
+        stop()
+
+    shapes = [_shape(q) for q in sent if q != "BEGIN"]
+    reads = [q for q in shapes if q.startswith("SELECT") and "TOOL_CALLS" in q]
+    assert reads == ["SELECT RUN_EVENTS RUN_LOGS TOOL_CALLS"], shapes
+    if s3_ctx.engine.dialect.name == "postgresql":
+        assert shapes == [
+            "SELECT RUN_EVENTS RUN_LOGS TOOL_CALLS",  # the log and the calls
+            "SELECT",  # the run's event lock
+            "UPDATE RUNS",
+            "INSERT ARTIFACTS",
+            "WITH AGENT_TRANSCRIPTS BLOBS EMPTIED END_LINES_GONE RUN_EVENTS RUN_LOGS TOOL_CALLS",
+        ], shapes
+    assert _rows(s3_ctx, run.id) == 0
+    with session_scope(s3_ctx.engine) as s:
+        (artifact,) = s.exec(select(Artifact).where(Artifact.run_id == run.id)).all()
+        blob = s.get(Blob, artifact.digest)
+        assert blob is not None
+        assert blob.location == "s3"
+    kept = store_at("s3", s3_ctx.settings, s3_ctx.engine).get(
+        artifact.digest, sha256=blob.sha256, what="the artifact", size=blob.size
+    )
+    assert kept == b"notes " * 500
+    calls = agent_runs.list_tool_calls(s3_ctx, run_id=run.id, caller=SYSTEM)
+    assert [(c.seq, c.tool) for c in calls] == [(1, "write_file"), (2, "read_file")]
+    logs._cache.clear()
+    read = agent_runs.load_transcript(s3_ctx, run_id=run.id, caller=SYSTEM)
+    assert read is not None
+    assert read.messages_json == transcript.messages_json
