@@ -23,7 +23,7 @@ def test_a_secret_escaped_in_json_or_percent_encoded_is_masked() -> None:
         assert "b\\" not in masked.replace('\\"', ""), masked
 
 
-def test_each_long_line_of_a_secret_of_several_lines_is_masked_alone_and_short_ones_are_not() -> None:
+def test_each_long_line_of_a_multi_line_secret_is_masked_alone_and_short_ones_are_not() -> None:
     secret = "-----BEGIN KEY-----\r\nMIIBOgIBAAJBAKj34GkxFhD90vcN\nend\n-----END KEY-----"
     redactor = Redactor([secret])
     assert redactor.text("MIIBOgIBAAJBAKj34GkxFhD90vcN") == REDACTED

@@ -22,7 +22,9 @@ def test_a_remote_tool_named_like_a_floom_tool_is_dropped_and_said_so() -> None:
     remote_post = _tool("post", source="mcp")
     finish = _tool("finish", builtin="finish")
     post = _tool("post", builtin="http_request")
-    box = Toolbox([remote_finish, remote_post, _tool("GMAIL_SEND", source="composio"), post, finish])
+    box = Toolbox(
+        [remote_finish, remote_post, _tool("GMAIL_SEND", source="composio"), post, finish]
+    )
 
     assert box.get("finish") is finish
     assert box.get("post") is post
