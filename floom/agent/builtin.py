@@ -4,6 +4,7 @@ other workers, memory, asking a person, and finishing."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -336,8 +337,13 @@ def _run_command(spec: ToolSpec, env: AgentEnv) -> Any:
 
     def run(args: dict[str, Any]) -> str:
         command = require_str(args, "command")
-        wanted = args.get("timeout_seconds") or manifest.limits.timeout_seconds
-        timeout = max(1.0, min(float(wanted), env.remaining()))
+        try:
+            wanted = float(args.get("timeout_seconds") or manifest.limits.timeout_seconds)
+        except (TypeError, ValueError, OverflowError):
+            wanted = math.nan
+        if math.isnan(wanted):
+            raise ToolError("'timeout_seconds' must be a number of seconds, or left out")
+        timeout = max(1.0, min(wanted, env.remaining()))
         lines: list[str] = []
         size = 0
 
