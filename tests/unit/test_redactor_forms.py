@@ -14,13 +14,12 @@ def test_a_secret_escaped_in_json_or_percent_encoded_is_masked() -> None:
     for written in (
         json.dumps({"k": secret}),
         json.dumps({"k": secret}, ensure_ascii=False),
-        f"https://u:{quote(secret, safe='')}@h/",
-        f"/p/{quote(secret)}",
-        f"q={quote_plus(secret)}",
+        json.dumps({"k": secret}).replace("/", "\\/"),
     ):
-        masked = redactor.text(written)
-        assert REDACTED in masked, written
-        assert "b\\" not in masked.replace('\\"', ""), masked
+        assert redactor.text(written) == '{"k": "***"}', written
+    assert redactor.text(f"https://u:{quote(secret, safe='')}@h/") == "https://u:***@h/"
+    assert redactor.text(f"/p/{quote(secret)}?") == "/p/***?"
+    assert redactor.text(f"q={quote_plus(secret)}&") == "q=***&"
 
 
 def test_each_long_line_of_a_multi_line_secret_is_masked_alone_and_short_ones_are_not() -> None:

@@ -248,7 +248,7 @@ class Redactor:
 
 def written_forms(value: str) -> set[str]:
     """The value, and how it reads once written the common ways: escaped inside a JSON
-    string (ASCII-only or not), percent-encoded in a URL or a form, and, for a value of
+    string (ASCII-only or not, the slash escaped or not), percent-encoded in a URL or a form, and, for a value of
     several lines (a PEM key), each line of LINE_FORM_LENGTH characters or more, since
     logs are stored a line at a time (a shorter line would mask common words everywhere).
     Forms shorter than MIN_VALUE_LENGTH are left out, as such values are refused."""
@@ -256,6 +256,8 @@ def written_forms(value: str) -> set[str]:
         value,
         json.dumps(value)[1:-1],
         json.dumps(value, ensure_ascii=False)[1:-1],
+        # PHP's json_encode and some others escape the slash too.
+        json.dumps(value)[1:-1].replace("/", "\\/"),
         quote(value, safe=""),
         quote(value),
         quote_plus(value),
