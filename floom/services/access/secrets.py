@@ -248,9 +248,10 @@ class Redactor:
 
 def written_forms(value: str) -> set[str]:
     """The value, and how it reads once written the common ways: escaped inside a JSON
-    string (ASCII-only or not, the slash escaped or not), percent-encoded in a URL or a form, and, for a value of
-    several lines (a PEM key), each line of LINE_FORM_LENGTH characters or more, since
-    logs are stored a line at a time (a shorter line would mask common words everywhere).
+    string (ASCII-only or not, the slash escaped or not), percent-encoded in a URL or a
+    form, and, for a value of several lines (a PEM key), each line of LINE_FORM_LENGTH
+    characters or more, since logs are stored a line at a time (a shorter line would mask
+    common words everywhere).
     Forms shorter than MIN_VALUE_LENGTH are left out, as such values are refused."""
     forms = {
         value,
