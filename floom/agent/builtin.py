@@ -4,6 +4,7 @@ other workers, memory, asking a person, and finishing."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable
@@ -283,12 +284,19 @@ def _http_request(spec: ToolSpec, env: AgentEnv) -> Any:
         if not isinstance(headers, dict):
             raise ToolError("'headers' must be an object of header names to strings")
         filled = {str(k): fill_placeholders(str(v), env.secrets) for k, v in headers.items()}
+        # The parts a secret was filled into go to the first origin only (netguard.request).
+        secret_headers = frozenset(
+            str(k).lower() for k, v in headers.items() if PLACEHOLDER.search(str(v))
+        )
         content: bytes | None = None
+        text: str | None = None
         if args.get("json") is not None:
-            content = fill_placeholders(json.dumps(args["json"]), env.secrets).encode()
+            text = json.dumps(args["json"])
             filled.setdefault("Content-Type", "application/json")
         elif args.get("body") is not None:
-            content = fill_placeholders(str(args["body"]), env.secrets).encode()
+            text = str(args["body"])
+        if text is not None:
+            content = fill_placeholders(text, env.secrets).encode()
         reply = netguard.request(
             method=str(args.get("method") or "GET"),
             url=url,
@@ -296,6 +304,8 @@ def _http_request(spec: ToolSpec, env: AgentEnv) -> Any:
             content=content,
             policy=policy,
             timeout=max(1.0, min(60.0, env.remaining())),
+            secret_headers=secret_headers,
+            secret_body=text is not None and PLACEHOLDER.search(text) is not None,
         )
         body: dict[str, Any] = {"status": reply.status, "headers": reply.headers}
         body["body"] = reply.body
@@ -327,8 +337,13 @@ def _run_command(spec: ToolSpec, env: AgentEnv) -> Any:
 
     def run(args: dict[str, Any]) -> str:
         command = require_str(args, "command")
-        wanted = args.get("timeout_seconds") or manifest.limits.timeout_seconds
-        timeout = max(1.0, min(float(wanted), env.remaining()))
+        try:
+            wanted = float(args.get("timeout_seconds") or manifest.limits.timeout_seconds)
+        except (TypeError, ValueError, OverflowError):
+            wanted = math.nan
+        if math.isnan(wanted):
+            raise ToolError("'timeout_seconds' must be a number of seconds, or left out")
+        timeout = max(1.0, min(wanted, env.remaining()))
         lines: list[str] = []
         size = 0
 

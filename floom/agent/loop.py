@@ -52,6 +52,10 @@ log = logging.getLogger("floom.agent")
 
 MODEL_RESULT_CAP = 100 * 1024
 MAX_NUDGES = 2
+# Tool calls run from one model turn; the rest of the turn's calls are answered refused,
+# unrun and unrecorded: a model (or whatever answers at the provider's address) can ask for
+# any number in one turn, and each run call costs a record and a transcript save.
+MAX_CALLS_PER_TURN = 32
 LOG_TEXT_CAP = 500
 NUDGE = (
     "You ended your turn without calling finish. Keep working with your tools, or call "
@@ -90,6 +94,8 @@ class AgentLoop:
             "results": state.get("results") or [],
             "awaiting": state.get("awaiting"),
             "nudges": state.get("nudges") or 0,
+            # The answers to a turn's calls past MAX_CALLS_PER_TURN, sent after the others.
+            "overflow": state.get("overflow") or [],
             # Kept for replays: the tools offered, and each model turn's billed tokens.
             "tool_names": state.get("tool_names"),
             "gated_tools": state.get("gated_tools") or [],
@@ -179,7 +185,14 @@ class AgentLoop:
         self._note(
             f"model turn {t.iterations}: {reply.input_tokens} in + {reply.output_tokens} out tokens"
         )
-        self.state["pending"] = [b for b in content if b.get("type") == "tool_use"]
+        calls = [b for b in content if b.get("type") == "tool_use"]
+        self.state["pending"] = calls[:MAX_CALLS_PER_TURN]
+        self.state["overflow"] = [_overflowed(b) for b in calls[MAX_CALLS_PER_TURN:]]
+        if self.state["overflow"]:
+            self._note(
+                f"{len(self.state['overflow'])} tool calls past the first {MAX_CALLS_PER_TURN} "
+                "of this model turn refused, not run"
+            )
         self.checkpoint()
         total = t.input_tokens + t.output_tokens
         if self.max_tokens is not None and total > self.max_tokens:
@@ -203,17 +216,21 @@ class AgentLoop:
         return None
 
     def _answer_pending(self) -> Outcome | None:
-        while self.state["pending"]:
-            block = self.state["pending"][0]
-            ended, result = self._handle(block)
-            if ended is not None:
-                return ended
-            self.state["results"].append(result)
-            self.state["pending"].pop(0)
-            self.state["awaiting"] = None
-            self.checkpoint()
-        self.messages.append({"role": "user", "content": self.state["results"]})
-        self.state["results"] = []
+        """Answer the next pending call; one at a time, so that `run` sees a cancellation or
+        the end of the run's time between any two calls of a turn."""
+        block = self.state["pending"][0]
+        ended, result = self._handle(block)
+        if ended is not None:
+            return ended
+        self.state["results"].append(result)
+        self.state["pending"].pop(0)
+        self.state["awaiting"] = None
+        self.checkpoint()
+        if self.state["pending"]:
+            return None
+        answers = [*self.state["results"], *self.state["overflow"]]
+        self.messages.append({"role": "user", "content": answers})
+        self.state["results"], self.state["overflow"] = [], []
         self.checkpoint()
         return None
 
@@ -522,6 +539,14 @@ def _result(use_id: str, text: str, *, error: bool = False) -> dict[str, Any]:
     if error:
         block["is_error"] = True
     return block
+
+
+def _overflowed(block: dict[str, Any]) -> dict[str, Any]:
+    message = (
+        f"refused: at most {MAX_CALLS_PER_TURN} tool calls of one turn are run; this one was "
+        "not. Make fewer calls per turn and ask again for what you still need."
+    )
+    return _result(str(block.get("id")), message, error=True)
 
 
 def _clip(text: str, cap: int) -> str:

@@ -58,8 +58,15 @@ def request(
     content: bytes | None,
     policy: HttpPolicy,
     timeout: float,
+    secret_headers: frozenset[str] = frozenset(),
+    secret_body: bool = False,
 ) -> HttpReply:
-    """Send the request hop by hop, checking every redirect target like the first URL."""
+    """Send the request hop by hop, checking every redirect target like the first URL.
+
+    `secret_headers` (lower-case names) and `secret_body` say which parts carry a secret
+    floom filled in: like credentials, they are never handed to another origin than the
+    first, which alone chose the redirect (a body that would be resent is refused)."""
+    withheld = _CREDENTIALS | secret_headers
     method = method.upper()
     if policy.methods is not None and method not in policy.methods:
         raise ToolError(
@@ -73,12 +80,18 @@ def request(
             if location is None:
                 return reply
             target = urljoin(url, location)
-            if _origin(target) != _origin(url):
-                # Like browsers: credentials are not handed to another origin.
-                headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIALS}
-            url = target
             if reply.status == 303 or (reply.status in (301, 302) and method == "POST"):
                 method, content = "GET", None
+            if _origin(target) != _origin(url):
+                # Like browsers: credentials are not handed to another origin.
+                headers = {k: v for k, v in headers.items() if k.lower() not in withheld}
+                if secret_body and content is not None:
+                    raise ToolError(
+                        f"refused: {url} redirects ({reply.status}) to another origin "
+                        f"({_shown_origin(target)}), which would be sent the body again with "
+                        "the secret filled into it; request that URL yourself if it is meant"
+                    )
+            url = target
     raise ToolError(f"more than {MAX_REDIRECTS} redirects")
 
 
@@ -91,6 +104,11 @@ def _origin(url: str) -> tuple[str, str, int | None]:
     except httpx.InvalidURL:
         return ("", url, None)
     return (parsed.scheme, parsed.host, parsed.port)
+
+
+def _shown_origin(url: str) -> str:
+    scheme, host, port = _origin(url)
+    return f"{scheme}://{host}" + (f":{port}" if port else "")
 
 
 def _one_hop(

@@ -170,7 +170,10 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
     if env.manifest.state.enabled:
         tools.append(state_tool(env))
     tools.append(finish_tool(env.manifest))
-    return Toolbox(tools)
+    toolbox = Toolbox(tools)
+    for tool in toolbox.dropped:
+        note(f"{tool.source} tool '{tool.name}' not offered: another tool has that name")
+    return toolbox
 
 
 def _new_transcript(

@@ -47,12 +47,28 @@ class Tool:
 
 
 class Toolbox:
-    """The tools one run may use; the model is shown exactly these."""
+    """The tools one run may use; the model is shown exactly these.
+
+    Of tools of one name, floom's own (source "builtin": finish, read_state and the
+    builtins worker.yml lists) wins wherever it stands; else the first. A remote tool's name
+    is chosen by a foreign server (an MCP server, Composio): it must never take the place of
+    `finish` or of a gated builtin. The tools left out are in `dropped`, for the run's log."""
 
     def __init__(self, tools: Iterable[Tool]) -> None:
+        listed = list(tools)
+        winners: dict[str, Tool] = {}
+        for tool in listed:
+            if tool.source == "builtin":
+                winners.setdefault(tool.name, tool)
+        for tool in listed:
+            winners.setdefault(tool.name, tool)
         self._tools: dict[str, Tool] = {}
-        for tool in tools:
-            self._tools.setdefault(tool.name, tool)
+        self.dropped: list[Tool] = []
+        for tool in listed:
+            if winners[tool.name] is tool and tool.name not in self._tools:
+                self._tools[tool.name] = tool
+            else:
+                self.dropped.append(tool)
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

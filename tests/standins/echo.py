@@ -1,5 +1,5 @@
 """A local HTTP service for agent tests: records every request and answers with what it saw
-(including its Authorization header), or a redirect for /redirect?to=URL."""
+(including its Authorization header), or a redirect for /redirect?to=URL[&status=307]."""
 
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ def echo_service() -> Iterator[dict[str, Any]]:
             state["requests"].append(seen)
             parsed = urlparse(self.path)
             if parsed.path == "/redirect":
-                self.send_response(302)
-                self.send_header("Location", parse_qs(parsed.query)["to"][0])
+                query = parse_qs(parsed.query)
+                self.send_response(int(query.get("status", ["302"])[0]))
+                self.send_header("Location", query["to"][0])
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return

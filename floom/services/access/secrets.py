@@ -5,11 +5,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, quote_plus
 
 from sqlmodel import Session, select
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 
 NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 MIN_VALUE_LENGTH = 4
+LINE_FORM_LENGTH = 8
 REDACTED = "***"
 
 
@@ -203,10 +206,12 @@ def resolve(
 
 
 class Redactor:
-    """Replaces secret values with *** in text and in JSON-like values."""
+    """Replaces secret values with *** in text and in JSON-like values: each value as it is
+    and in the forms programs (and floom itself) commonly write it (`written_forms`)."""
 
     def __init__(self, values: Iterable[str]) -> None:
-        self._values = sorted({v for v in values if v}, key=len, reverse=True)
+        forms = {form for v in values if v for form in written_forms(v)}
+        self._values = sorted(forms, key=len, reverse=True)
 
     @property
     def values(self) -> tuple[str, ...]:
@@ -244,6 +249,29 @@ class Redactor:
             shown = repr(value) if isinstance(value, float) else _digits(value)
             return REDACTED if shown is not None and self.text(shown) != shown else value
         return value
+
+
+def written_forms(value: str) -> set[str]:
+    """The value, and how it reads once written the common ways: escaped inside a JSON
+    string (ASCII-only or not, the slash escaped or not), percent-encoded in a URL or a
+    form, and, for a value of several lines (a PEM key), each line of LINE_FORM_LENGTH
+    characters or more, since logs are stored a line at a time (a shorter line would mask
+    common words everywhere).
+    Forms shorter than MIN_VALUE_LENGTH are left out, as such values are refused."""
+    forms = {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        # PHP's json_encode and some others escape the slash too.
+        json.dumps(value)[1:-1].replace("/", "\\/"),
+        quote(value, safe=""),
+        quote(value),
+        quote_plus(value),
+    }
+    if "\n" in value or "\r" in value:
+        lines = (line.strip() for line in value.splitlines())
+        forms.update(line for line in lines if len(line) >= LINE_FORM_LENGTH)
+    return {f for f in forms if len(f) >= MIN_VALUE_LENGTH}
 
 
 def _digits(value: int) -> str | None:

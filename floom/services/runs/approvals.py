@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import Conflict, InvalidRequest, NotFound, RunErrorCode
-from floom.hints import act, told
+from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound, RunErrorCode
+from floom.hints import KeyWith, act, told
 from floom.hints import cli as cli_hints
 from floom.services import paging
 from floom.services.access.principal import Principal
@@ -193,6 +193,24 @@ def _get(s: Session, approval_id: str, *, lock: bool = False) -> Approval:
     return approval
 
 
+def _require_edit_scope(s: Session, caller: Principal, approval: Approval) -> None:
+    """Edited arguments choose what a tool does (a command, a request and the secrets its
+    placeholders fill in), as a deploy chooses what a worker does: they need the deploy
+    scope, where approving a call as proposed or rejecting it needs only run."""
+    if not caller.can("deploy"):
+        raise Forbidden(
+            f"editing the arguments of a tool call ({approval.tool}) needs the 'deploy' scope: "
+            "the edits choose what the tool does; nothing was decided",
+            hint=told(
+                "approve it as proposed, or reject it with a comment saying what to change; "
+                "or use ",
+                KeyWith("deploy"),
+            ),
+            details={"scope_needed": "deploy"},
+        )
+    caller.require_in(s, "deploy")
+
+
 def decide_approval(
     ctx: Context,
     *,
@@ -208,7 +226,7 @@ def decide_approval(
     rejected. A tool-call decision queues the run to resume, where an approved call runs
     (with the edited arguments) and a rejected one reaches the model as a refusal carrying
     the comment. Deciding twice, or an approval whose run moved on, is a Conflict. Needs
-    the run scope.
+    the run scope; editing a tool call's arguments needs the deploy scope.
     """
     caller.require("run")
     actor = caller.actor
@@ -232,6 +250,8 @@ def decide_approval(
             )
     with session_scope(ctx.engine, write=True) as s:
         approval = _get(s, approval_id, lock=True)
+        if edited and approval.kind == ApprovalKind.TOOL_CALL:
+            _require_edit_scope(s, caller, approval)
         if approval.status != PENDING:
             by = f" by {approval.decided_by}" if approval.decided_by else ""
             raise Conflict(

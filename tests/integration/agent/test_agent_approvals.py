@@ -266,3 +266,47 @@ tools:
     ]
     assert set(composio["keys"]) == {composio_key}
     assert composio_key not in json.dumps(run)
+
+
+RUNNER_YML = """\
+name: runner
+secrets: [RUNNER_TOKEN]
+tools:
+  - builtin: run_command
+    approval: always
+"""
+
+
+def test_editing_a_gated_calls_arguments_needs_the_deploy_scope_not_just_run(
+    rig: AgentRig, tmp_path: Path
+) -> None:
+    # Edits choose what the tool does: with a run key alone they would run any command
+    # (with the worker's secrets) that no deployer wrote and no model proposed.
+    rig.api.put("/api/v1/secrets/RUNNER_TOKEN", json={"value": "runner-secret-77"})
+    rig.deploy(agent_worker(tmp_path / "runner", RUNNER_YML))
+    rig.model.script(
+        reply(tool_use("run_command", {"command": "echo proposed"})),
+        reply(tool_use("finish", {"outputs": {}})),
+    )
+    run_id = start_run(rig.api, "runner")
+    approval_id = wait_status(rig.api, run_id, {"awaiting_approval"})["approvals"][0]["id"]
+    runner = rig.api.post("/api/v1/keys", json={"scopes": ["run"]}).json()["key"]
+
+    with rig.server.client(runner) as client:
+        edited = client.post(
+            f"/api/v1/approvals/{approval_id}/approve",
+            json={"edited": {"command": "echo $RUNNER_TOKEN | base64 > $FLOOM_OUTPUT_DIR/t"}},
+        )
+        assert edited.status_code == 403, edited.text
+        error = edited.json()["error"]
+        assert error["code"] == "forbidden"
+        assert "deploy" in error["message"]
+        assert rig.api.get(f"/api/v1/approvals/{approval_id}").json()["status"] == "pending"
+        # As proposed, the run key may approve it.
+        plain = client.post(f"/api/v1/approvals/{approval_id}/approve", json={})
+        assert plain.status_code == 200, plain.text
+
+    run = wait_status(rig.api, run_id)
+    assert run["status"] == "succeeded", run
+    assert run["tool_calls"][0]["arguments"] == {"command": "echo proposed"}
+    assert run["artifacts"] == []

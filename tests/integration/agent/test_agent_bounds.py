@@ -53,3 +53,21 @@ def test_a_tool_input_over_a_bound_is_refused_and_the_model_is_told_which(rig: R
     assert "floom_unreadable" in stored.messages_json
     assert isinstance(jsonvalues.stored(stored.messages_json, expect=list)[0], dict)
     assert jsonvalues.stored(stored.messages_json, expect=list)[0].get("role") == "user"
+
+
+def test_a_timeout_that_is_no_number_is_told_to_the_model_not_an_internal_error(rig: Rig) -> None:  # noqa: F811
+    _notes(rig)
+    rig.model.script(
+        call("run_command", {"command": "true", "timeout_seconds": "soon"}),
+        call("run_command", {"command": "true", "timeout_seconds": 10**400}),
+        call("run_command", {"command": "true", "timeout_seconds": [5]}),
+        finish({"summary": "done"}),
+    )
+    run = rig.run("notes", {"topic": "x"})
+
+    assert run.status == "succeeded", run.error_message
+    for request in rig.model.requests[1:4]:
+        (result,) = request.tool_results
+        assert result["is_error"]
+        assert "'timeout_seconds' must be a number of seconds" in result["content"]
+    assert rig.sandbox.specs == []
