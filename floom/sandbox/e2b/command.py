@@ -74,6 +74,10 @@ class E2BCommand:
     def wait(self, should_cancel: Callable[[], bool], deadline: float) -> SandboxResult:
         ended: str | None = None
         stop_at: float | None = None
+        # Cancel, timeout and the kill's grace are looked at every POLL_SECONDS whatever
+        # comes: a run printing more often than that (or an envd streaming after the kill)
+        # otherwise ran on to E2B's own backstop.
+        next_look = 0.0
         while True:
             try:
                 kind, value = self.events.get(timeout=POLL_SECONDS)
@@ -81,8 +85,13 @@ class E2BCommand:
                 kind, value = "", None
             if kind in ("stdout", "stderr"):
                 self.splitters[kind].feed(value.encode("utf-8"))
+            if kind in ("exit", "error"):
+                break
+            now = time.monotonic()
+            if now < next_look:
                 continue
-            if kind in ("exit", "error") or (stop_at is not None and time.monotonic() > stop_at):
+            next_look = now + POLL_SECONDS
+            if stop_at is not None and now > stop_at:
                 break
             if ended is None:
                 if should_cancel():

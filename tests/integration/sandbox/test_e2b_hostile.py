@@ -1,0 +1,70 @@
+"""The E2B backend against a hostile sandbox (tests/standins/e2b): a script, or an envd it
+took over, that prints without pause, lies about its files or trickles them back. Every
+byte and second that comes back to floom's host process is bounded, as with `local`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from floom.sandbox.e2b.backend import E2BSandbox
+from tests.standins.e2b import E2BStandin
+from tests.support.rigs.e2b import e2b_backend, standin_for_module
+from tests.support.rigs.sandboxes import run_script
+
+# Prints a short line every few milliseconds, for far longer than any test waits.
+CHATTY = """
+import time
+for i in range(100_000):
+    print('chatter', i, flush=True)
+    time.sleep(0.005)
+"""
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[E2BStandin]:
+    with standin_for_module() as standin:
+        yield standin
+
+
+@pytest.fixture
+def standin(service: E2BStandin) -> Iterator[E2BStandin]:
+    service.clear_faults()
+    service.reset_counts()
+    yield service
+    service.clear_faults()
+
+
+@pytest.fixture
+def e2b(standin: E2BStandin) -> E2BSandbox:
+    return e2b_backend(standin)
+
+
+def test_a_run_that_never_stops_printing_still_times_out_at_its_timeout(
+    e2b: E2BSandbox, tmp_path: Path
+) -> None:
+    # Before: the timeout was looked at only when no output came for 0.1 s, so a run
+    # printing more often than that ran on to E2B's own backstop (its timeout + 30 s).
+    started = time.monotonic()
+    result, lines = run_script(e2b, tmp_path, CHATTY, timeout_seconds=2.0)
+    assert result.timed_out, result
+    assert lines  # it did print
+    assert time.monotonic() - started < 20  # well before the backstop at 32 s
+
+
+def test_a_run_that_never_stops_printing_can_still_be_cancelled(
+    e2b: E2BSandbox, tmp_path: Path
+) -> None:
+    asked = threading.Event()
+
+    def on_line(stream: str, line: str) -> None:
+        asked.set()
+
+    result, _ = run_script(
+        e2b, tmp_path, CHATTY, on_line=on_line, should_cancel=asked.is_set, timeout_seconds=25.0
+    )
+    assert result.cancelled, result
