@@ -68,3 +68,35 @@ def test_a_run_that_never_stops_printing_can_still_be_cancelled(
         e2b, tmp_path, CHATTY, on_line=on_line, should_cancel=asked.is_set, timeout_seconds=25.0
     )
     assert result.cancelled, result
+
+
+def test_output_faster_than_the_log_takes_it_waits_in_the_sandbox_not_in_floom_s_memory(
+    e2b: E2BSandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: a reader thread put every chunk on an unbounded queue; a run printing faster
+    # than the run's log stores lines piled them up in floom's memory.
+    from floom.sandbox.e2b import command as command_module
+
+    made: list[command_module.E2BCommand] = []
+    real = command_module.E2BCommand.__init__
+
+    def remember(self: command_module.E2BCommand, *args: object, **kwargs: object) -> None:
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(self)
+
+    monkeypatch.setattr(command_module.E2BCommand, "__init__", remember)
+    waiting: list[int] = []
+
+    def slow_log(stream: str, line: str) -> None:
+        waiting.append(made[0].events.qsize())
+        time.sleep(0.002)
+
+    result, lines = run_script(
+        e2b,
+        tmp_path,
+        "import sys\nfor i in range(3000): sys.stdout.write(f'line {i}\\n')",
+        on_line=slow_log,
+    )
+    assert result.exit_code == 0
+    assert len(lines) == 3000
+    assert max(waiting) <= command_module.QUEUED_CHUNKS
