@@ -3,6 +3,7 @@ and handed as lines to the calling thread, cancel and timeout polled while it ru
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import shlex
@@ -75,10 +76,8 @@ class E2BCommand:
         except _Finished:
             pass
         except Exception as exc:  # handed to the calling thread, which decides
-            try:
+            with contextlib.suppress(_Finished):
                 self._put("error", exc)
-            except _Finished:
-                pass
 
     def _put(self, kind: str, value: Any) -> None:
         # Waits while the calling thread is behind (so E2B's stream waits too); gives up,
