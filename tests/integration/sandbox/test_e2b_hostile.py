@@ -4,9 +4,10 @@ byte and second that comes back to floom's host process is bounded, as with `loc
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,27 @@ def test_output_faster_than_the_log_takes_it_waits_in_the_sandbox_not_in_floom_s
     assert result.exit_code == 0
     assert len(lines) == 3000
     assert max(waiting) <= command_module.QUEUED_CHUNKS
+
+
+def test_files_trickling_back_end_the_run_at_its_time_limit_not_never(
+    standin: E2BStandin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: each read of the download waited up to 120 s and the download as a whole had
+    # no end, so an envd answering a byte at a time held the run (and its slot) for ever.
+    from floom.sandbox.e2b import backend as backend_module
+
+    monkeypatch.setattr(backend_module, "COLLECT_MIN_SECONDS", 1.0)
+    e2b = e2b_backend(standin)
+
+    async def trickle(path: str) -> AsyncIterator[bytes]:
+        for _ in range(600):  # 30 s
+            yield b"\x1f"
+            await asyncio.sleep(0.05)
+
+    standin.serve_downloads(trickle)
+    started = time.monotonic()
+    result, _ = run_script(e2b, tmp_path, "print('done')", timeout_seconds=2.0)
+    assert result.timed_out, result
+    assert "bringing back" in (result.error or "")
+    assert time.monotonic() - started < 15
+    assert list((tmp_path / "output").iterdir()) == []
