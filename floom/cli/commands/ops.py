@@ -141,7 +141,9 @@ def retention_run(
             f"{report.objects_deleted} unreferenced object(s) deleted from the bucket; "
             f"alert history: {report.alert_events_deleted} event(s), "
             f"{report.alert_incidents_deleted} incident(s), "
-            f"{report.alert_deliveries_deleted} delivery record(s)"
+            f"{report.alert_deliveries_deleted} delivery record(s); "
+            f"{report.webhook_deliveries_deleted} webhook delivery(ies), "
+            f"{report.delivery_tombstones_deleted} delivery tombstone(s)"
             + (
                 f"; {report.pages_freed} free page(s) given back to the disk"
                 if report.pages_freed
