@@ -44,6 +44,20 @@ NOT_IN_NAMES: Final = pattern(CONTROLS | UNSHOWN)
 """What a name a worker or a caller chooses cannot hold."""
 
 
+_SHOWN_ESCAPED: Final = escapes(CONTROLS | UNSHOWN)
+
+
+def shown(text: str) -> str:
+    """`text` (a name a worker chose) as floom's own words show it: a byte that is not UTF-8
+    (read by Python as a lone surrogate, which no store or answer can hold) as \\xNN, and
+    what does not show as itself escaped, so a newline or a terminal escape neither breaks a
+    record nor shapes a log."""
+    if text.isascii() and text.isprintable():
+        return text
+    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text.translate(_SHOWN_ESCAPED)
+
+
 def describe(code: int) -> str:
     """What kind of character `code` is, in a refusal's words."""
     if code in CONTROLS or code in SEPARATORS:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -67,20 +66,10 @@ BIDI = invisible.pattern(invisible.REORDERING | invisible.ZERO_WIDTH)
 
 
 def said(rel: str | Sequence[str]) -> str:
-    """A path of a run's dirs as floom's notes and refusals say it: a byte that is not UTF-8
-    (read by Python as a lone surrogate, which no store or answer can hold) as \\xNN, and a
-    control character escaped, so a newline or a terminal escape in a file's name neither
-    breaks the record of the run's end nor shapes its log."""
-    text = rel if isinstance(rel, str) else "/".join(rel)
-    if text.isascii() and text.isprintable():
-        return text
-    text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return CONTROL.sub(_escaped, text)
-
-
-def _escaped(found: re.Match[str]) -> str:
-    code = ord(found.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    """A path of a run's dirs as floom's notes and refusals say it (floom/invisible.py's
+    `shown`): a newline or a terminal escape in a file's name neither breaks the record of
+    the run's end nor shapes its log."""
+    return invisible.shown(rel if isinstance(rel, str) else "/".join(rel))
 
 
 def kind_of(mode: int) -> str:

@@ -82,10 +82,11 @@ class WebhookDelivery(SQLModel, table=True):
 
 
 class DeliveryTombstone(SQLModel, table=True):
-    """A delivery key (or signature digest) of a deleted worker's delivery, kept when the
-    delivery goes: a worker deployed again under the name must not run a captured delivery
-    of the one deleted (GitHub signs no timestamp, so its deliveries can be sent again for
-    as long as their secret stands). Kept as deliveries are, for good; a few bytes each."""
+    """A delivery key (or signature digest) kept when its delivery goes (with its worker, or
+    by retention): a captured delivery sent again must not run (GitHub signs no timestamp,
+    so its deliveries can be sent again for as long as their secret stands). Composio's go
+    a day after their signature's window (floom/services/ops/deliveries.py); the others
+    are kept, a few bytes each."""
 
     __tablename__ = "webhook_delivery_tombstones"
     __table_args__ = (UniqueConstraint("source", "worker_name", "key"),)

@@ -62,3 +62,52 @@ def test_files_within_the_budget_come_back(tmp_path: Path) -> None:
     assert done.notes == []
     assert (done.trees["work"] / "result.json").read_bytes() == b"{}"
     assert (done.trees["output"] / "a.txt").read_bytes() == b"a"
+
+
+def _archive(*members: tuple[str, bytes, bytes]) -> bytes:
+    """A gzip tar of (name, type, content) members; a link's content is its target."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.GNU_FORMAT) as tar:
+        for name, kind, content in members:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            if kind == tarfile.REGTYPE:
+                info.size = len(content)
+                tar.addfile(info, io.BytesIO(content))
+            else:
+                info.linkname = content.decode()
+                tar.addfile(info)
+    return raw.getvalue()
+
+
+def test_a_tree_that_came_back_as_a_file_stays_a_folder(tmp_path: Path) -> None:
+    # Before: `output` (the sandbox's output dir replaced by a file) came back as a file,
+    # over the fresh folder and what had been unpacked into it, and then replaced the
+    # run's output dir on the host.
+    data = _archive(
+        ("output/kept.txt", tarfile.REGTYPE, b"kept"),
+        ("output", tarfile.REGTYPE, b"not a folder"),
+        ("work", tarfile.SYMTYPE, b"/etc"),
+    )
+
+    done = unpack_hostile(data, into=tmp_path / "landing", names=("work", "output"), budget=MIB)
+
+    assert done.trees["output"].is_dir()
+    assert done.trees["work"].is_dir()
+    assert (done.trees["output"] / "kept.txt").read_bytes() == b"kept"
+    assert sum("output was not kept" in note for note in done.notes) == 1, done.notes
+
+
+def test_names_in_notes_cannot_shape_the_runs_log(tmp_path: Path) -> None:
+    # Before: a link's name went into the note raw, so a newline or a terminal escape in it
+    # wrote a line of its own (a fake "floom: ..." line) or coloured the log.
+    data = _archive(
+        ("output/a\nfloom: all good\x1b[2J", tarfile.SYMTYPE, b"/etc/passwd"),
+        ("../escape\r\x07", tarfile.REGTYPE, b"x"),
+    )
+
+    done = unpack_hostile(data, into=tmp_path / "landing", names=("work", "output"), budget=MIB)
+
+    assert len(done.notes) == 2, done.notes
+    for note in done.notes:
+        assert note.isprintable(), note

@@ -141,7 +141,9 @@ def retention_run(
             f"{report.objects_deleted} unreferenced object(s) deleted from the bucket; "
             f"alert history: {report.alert_events_deleted} event(s), "
             f"{report.alert_incidents_deleted} incident(s), "
-            f"{report.alert_deliveries_deleted} delivery record(s)"
+            f"{report.alert_deliveries_deleted} delivery record(s); "
+            f"{report.webhook_deliveries_deleted} webhook delivery(ies), "
+            f"{report.delivery_tombstones_deleted} delivery tombstone(s)"
             + (
                 f"; {report.pages_freed} free page(s) given back to the disk"
                 if report.pages_freed
@@ -163,7 +165,8 @@ def blobs_migrate(
 
     Each blob is read back checked against its sha256 and moved in a transaction of its own:
     floom may keep serving, a stopped migration is finished by running it again, and a
-    second run moves nothing."""
+    second run moves nothing. A blob missing or damaged where it is stays there; the others
+    move, and the command names it (and what uses it) at the end and exits 1."""
 
     ctx = Context.open(Settings())
     try:
@@ -172,15 +175,29 @@ def blobs_migrate(
         ctx.engine.dispose()
     if as_json:
         print_json(result.to_dict())
-        return
-    out.print(
-        Text(
-            f"{result.moved} blob(s) moved to {result.to} ({result.bytes_moved} bytes), "
-            f"{result.already} there already; {result.logs_archived} ended run log(s) moved"
+    else:
+        out.print(
+            Text(
+                f"{result.moved} blob(s) moved to {result.to} ({result.bytes_moved} bytes), "
+                f"{result.already} there already; {result.logs_archived} ended run log(s) moved"
+            )
         )
-    )
-    for warning in result.warnings:
-        err.print(Text(f"warning: {warning}", style="yellow"))
+        for warning in result.warnings:
+            err.print(Text(f"warning: {warning}", style="yellow"))
+        for skipped in result.skipped:
+            err.print(
+                Text(f"not moved: blob {skipped.digest} ({skipped.location}): {skipped.problem}")
+            )
+    if result.skipped:
+        err.print(
+            Text(
+                f"{len(result.skipped)} blob(s) were not moved (listed above, or `skipped` in "
+                "--json): restore their bytes (from a backup) or delete what uses them, then "
+                "run the migration again; `floom blobs check` lists every damaged blob",
+                style="red",
+            )
+        )
+        raise typer.Exit(1)
 
 
 @blobs_app.command("check")

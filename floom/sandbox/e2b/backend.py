@@ -81,6 +81,10 @@ REQUEST_TIMEOUT = 30.0
 # How often a session moves its sandbox's E2B timeout on with its attempt's lease.
 LEASE_KEEP_SECONDS = 1.0
 KILL_TIMEOUT = 5.0
+COLLECT_MIN_SECONDS = REQUEST_TIMEOUT * 4
+"""Bringing back the run's files gets the rest of its timeout, and this long at least; a
+sandbox that makes it take longer (an envd answering a byte at a time) ends the run as
+timed out."""
 KEY_HINT = f"set {KEY_SETTING} (or E2B_API_KEY) in the environment of the floom server"
 
 
@@ -300,7 +304,8 @@ class E2BSession(SandboxSession):
             if result.cancelled or result.timed_out:
                 return result
             doing = "bringing back the run's files"
-            return self._download(box, spec, result, on_line)
+            until = max(deadline, time.monotonic() + COLLECT_MIN_SECONDS)
+            return self._download(box, spec, result, on_line, until=until)
         except SandboxUnavailable:
             raise
         except Exception as exc:  # an SDK or transport failure of E2B, not of the script
@@ -345,7 +350,13 @@ class E2BSession(SandboxSession):
         box.files.write(INBOX, data, request_timeout=REQUEST_TIMEOUT * 4)
 
     def _download(
-        self, box: E2BBox, spec: SandboxSpec, result: SandboxResult, on_line: LineSink
+        self,
+        box: E2BBox,
+        spec: SandboxSpec,
+        result: SandboxResult,
+        on_line: LineSink,
+        *,
+        until: float,
     ) -> SandboxResult:
         budgets = self.backend.budgets
         if self.whole_workspace:
@@ -357,10 +368,19 @@ class E2BSession(SandboxSession):
         box.commands.run(
             f'cd {HOME} && rm -f {OUTBOX} && {paths}; tar -czf {OUTBOX} "$@" 2>/dev/null; true',
             cwd=HOME,
-            timeout=REQUEST_TIMEOUT * 4,
+            timeout=max(1, math.ceil(until - time.monotonic())),
             retain_output=False,  # nothing is read of it, and the sandbox's tar may be anything
         )
-        data = _read_bounded(box, OUTBOX, limit=budget + 1024 * 1024)
+        try:
+            data = _read_bounded(box, OUTBOX, limit=budget + 1024 * 1024, until=until)
+        except _TooSlow:
+            return SandboxResult(
+                exit_code=None,
+                timed_out=True,
+                error=f"timed out bringing back the run's files from E2B sandbox "
+                f"{box.sandbox_id}: they did not come back within the run's timeout "
+                f"({spec.timeout_seconds:g} s, {COLLECT_MIN_SECONDS:g} s at least)",
+            )
         if data is None:
             return _files_over(result, budget)
         landing = spec.workdir.parent / f".e2b-{spec.workdir.name}-{id(self):x}"
@@ -450,12 +470,19 @@ class LeaseKeeper:
         self._stopped.set()
 
 
-def _read_bounded(box: E2BBox, path: str, *, limit: int) -> bytes | None:
-    """The file's bytes, or None when it is over `limit` (read no further than that)."""
+class _TooSlow(Exception):
+    """Raised by `_read_bounded` when the file is still coming at its deadline."""
+
+
+def _read_bounded(box: E2BBox, path: str, *, limit: int, until: float) -> bytes | None:
+    """The file's bytes, or None when it is over `limit` (read no further than that).
+    Raises _TooSlow when it is still coming at `until` (a wait for the next bytes ends a
+    request's timeout past it at most)."""
     chunks: list[bytes] = []
     size = 0
+    wait = min(REQUEST_TIMEOUT * 4, max(1.0, until - time.monotonic()))
     try:
-        stream = box.files.read(path, format="stream", request_timeout=REQUEST_TIMEOUT * 4)
+        stream = box.files.read(path, format="stream", request_timeout=wait)
     except NotFoundException:
         return b""  # tar made nothing: nothing came back
     with stream:
@@ -463,6 +490,8 @@ def _read_bounded(box: E2BBox, path: str, *, limit: int) -> bytes | None:
             size += len(chunk)
             if size > limit:
                 return None
+            if time.monotonic() > until:
+                raise _TooSlow
             chunks.append(chunk)
     return b"".join(chunks)
 

@@ -3,6 +3,7 @@ and handed as lines to the calling thread, cancel and timeout polled while it ru
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import shlex
@@ -25,6 +26,9 @@ OUTPUT_DIR = "/home/user/output"
 # After a cancel or timeout, how long the command's stream may take to end once killed.
 KILL_GRACE_SECONDS = 1.5
 POLL_SECONDS = 0.1
+QUEUED_CHUNKS = 16
+"""The most chunks of output read ahead of the run's log: beyond them the reader waits, and
+E2B's stream with it (a chunk is at most the SDK's 4 MB message)."""
 # Inert values the process gets besides its spec's environment (the template sets PATH, HOME).
 INERT_ENV = {"LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
@@ -40,7 +44,8 @@ class E2BCommand:
         files just uploaded); the command then runs in the work dir as without it."""
         self.box = box
         self.spec = spec
-        self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=QUEUED_CHUNKS)
+        self.finished = threading.Event()  # the calling thread reads no more events
         self.splitters = {s: LineSplitter(s, on_line) for s in ("stdout", "stderr")}
         env = {**INERT_ENV, **spec.env, "FLOOM_OUTPUT_DIR": OUTPUT_DIR}
         line = shlex.join(spec.command)
@@ -62,18 +67,36 @@ class E2BCommand:
     def _read(self) -> None:
         try:
             done = self.handle.wait(
-                on_stdout=lambda chunk: self.events.put(("stdout", chunk)),
-                on_stderr=lambda chunk: self.events.put(("stderr", chunk)),
+                on_stdout=lambda chunk: self._put("stdout", chunk),
+                on_stderr=lambda chunk: self._put("stderr", chunk),
             )
-            self.events.put(("exit", done.exit_code))
+            self._put("exit", done.exit_code)
         except CommandExitException as exc:
-            self.events.put(("exit", exc.exit_code))
+            self._put("exit", exc.exit_code)
+        except _Finished:
+            pass
         except Exception as exc:  # handed to the calling thread, which decides
-            self.events.put(("error", exc))
+            with contextlib.suppress(_Finished):
+                self._put("error", exc)
+
+    def _put(self, kind: str, value: Any) -> None:
+        # Waits while the calling thread is behind (so E2B's stream waits too); gives up,
+        # ending the SDK's read, once the calling thread stopped reading.
+        while not self.finished.is_set():
+            try:
+                self.events.put((kind, value), timeout=POLL_SECONDS)
+                return
+            except queue.Full:
+                continue
+        raise _Finished
 
     def wait(self, should_cancel: Callable[[], bool], deadline: float) -> SandboxResult:
         ended: str | None = None
         stop_at: float | None = None
+        # Cancel, timeout and the kill's grace are looked at every POLL_SECONDS whatever
+        # comes: a run printing more often than that (or an envd streaming after the kill)
+        # otherwise ran on to E2B's own backstop.
+        next_look = 0.0
         while True:
             try:
                 kind, value = self.events.get(timeout=POLL_SECONDS)
@@ -81,8 +104,13 @@ class E2BCommand:
                 kind, value = "", None
             if kind in ("stdout", "stderr"):
                 self.splitters[kind].feed(value.encode("utf-8"))
+            if kind in ("exit", "error"):
+                break
+            now = time.monotonic()
+            if now < next_look:
                 continue
-            if kind in ("exit", "error") or (stop_at is not None and time.monotonic() > stop_at):
+            next_look = now + POLL_SECONDS
+            if stop_at is not None and now > stop_at:
                 break
             if ended is None:
                 if should_cancel():
@@ -92,6 +120,7 @@ class E2BCommand:
                 if ended is not None:
                     stop_at = time.monotonic() + KILL_GRACE_SECONDS
                     self._kill()
+        self.finished.set()
         for splitter in self.splitters.values():
             splitter.flush()
         if ended == "timed_out":
@@ -122,3 +151,7 @@ class E2BCommand:
                 log.debug("killing an E2B command failed: %s", exc)
 
         threading.Thread(target=kill, name="floom-e2b-kill", daemon=True).start()
+
+
+class _Finished(Exception):
+    """Raised in the reader thread when the calling thread reads no more of its events."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from floom.bundle import ENTRY_OVERHEAD, BoundedReader, UnpackedTooLarge
+from floom.invisible import shown
 
 # The most entries an archive from a sandbox may hold; the rest is dropped with a note.
 MAX_ENTRIES = 10_000
@@ -114,15 +115,24 @@ def unpack_hostile(data: bytes, *, into: Path, names: tuple[str, ...], budget: i
                     done.notes.append(f"only the first {MAX_ENTRIES} files came back")
                     break
                 parts = _safe_parts(member.name)
-                shown = member.name[:200]
+                # Escaped: a newline or terminal escape in a name must not shape the log.
+                named = shown(member.name[:200])
                 if parts is None or parts[0] not in names:
-                    done.notes.append(f"{shown!r} was not kept: its path leaves the workspace")
+                    done.notes.append(f"{named} was not kept: its path leaves the workspace")
                     continue
                 if member.isdir():
                     continue
-                if not member.isfile():
-                    done.notes.append(f"{shown} was not kept: it is not a regular file")
+                if len(parts) == 1:
+                    # `work` or `output` itself, replaced in the sandbox by a file or a link:
+                    # the tree stays the fresh folder, with what else came back in it.
+                    done.notes.append(f"{named} was not kept: it is not a folder")
                     continue
+                if not member.isfile():
+                    done.notes.append(f"{named} was not kept: it is not a regular file")
+                    continue
+                if member.size < 0:
+                    done.notes.append(f"{named} was not kept: its size is negative")
+                    break
                 total += member.size
                 if total > budget:
                     done.over_budget = True
@@ -134,7 +144,7 @@ def unpack_hostile(data: bytes, *, into: Path, names: tuple[str, ...], budget: i
     except UnpackedTooLarge:
         done.over_budget = True
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        done.notes.append(f"the files that came back were cut short: {exc}")
+        done.notes.append(f"the files that came back were cut short: {shown(str(exc))}")
     return done
 
 

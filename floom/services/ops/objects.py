@@ -23,6 +23,7 @@ from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from floom.errors import BlobStoreUnavailable, BlobUnreadable, InvalidRequest
+from floom.invisible import shown
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import rules as run_rules
 from floom.store.agents import ToolCall, Transcript
@@ -41,7 +42,7 @@ from floom.store.blobs.rows import (
 from floom.store.blobs.s3 import S3BlobStore
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import Writer, on_postgres, read_connection, session_scope, write_connection
-from floom.store.models import Blob, Run, RunEvent, trusted_row, utcnow
+from floom.store.models import Artifact, Blob, Run, RunEvent, Version, trusted_row, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -487,6 +488,22 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
     return 1
 
 
+def _users(ctx: Context, digest: str, *, most: int = 5) -> str:
+    """What refers to a blob, in words: versions, runs' artifacts and logs (a few of each)."""
+    with session_scope(ctx.engine) as s:
+        versions = s.exec(
+            select(Version.id, Version.worker_name).where(Version.digest == digest).limit(most)
+        ).all()
+        artifacts = s.exec(
+            select(Artifact.run_id, Artifact.name).where(Artifact.digest == digest).limit(most)
+        ).all()
+        logs = s.exec(select(RunLog.run_id).where(RunLog.digest == digest).limit(most)).all()
+    found = [f"version {v} of worker {w}" for v, w in versions]
+    found += [f"artifact {shown(name)} of run {run}" for run, name in artifacts]
+    found += [f"the log of run {run}" for run in logs]
+    return ", ".join(found) or "no version, artifact or run log (an agent's workspace?)"
+
+
 def _still_at(ctx: Context, digest: str, location: str) -> bool:
     with session_scope(ctx.engine) as s:
         return (
@@ -495,6 +512,13 @@ def _still_at(ctx: Context, digest: str, location: str) -> bool:
             ).first()
             is not None
         )
+
+
+@dataclass
+class BlobProblem:
+    digest: str
+    location: str
+    problem: str
 
 
 @dataclass
@@ -507,6 +531,8 @@ class BlobMigration:
     logs_archived: int = 0
     bytes_moved: int = 0
     warnings: list[str] = field(default_factory=list)
+    # Blobs left where they were: missing or damaged there (or not held whole by `to`).
+    skipped: list[BlobProblem] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -546,7 +572,14 @@ def migrate_blobs(ctx: Context, *, to: str, progress: Progress | None = None) ->
             break
         after = chunk[-1][0]
         for digest, location, size in chunk:
-            moved = _move_blob(ctx, digest, to=target, source=location)
+            try:
+                moved = _move_blob(ctx, digest, to=target, source=location)
+            except BlobUnreadable as exc:
+                # One damaged blob does not hold up the others: it stays where it is,
+                # named at the end with what refers to it.
+                problem = f"{exc.message} (used by {_users(ctx, digest)})"
+                result.skipped.append(BlobProblem(digest, location, problem))
+                continue
             result.moved += moved
             result.bytes_moved += size if moved else 0
         if progress:
@@ -560,13 +593,6 @@ def migrate_blobs(ctx: Context, *, to: str, progress: Progress | None = None) ->
             if progress:
                 progress(f"{result.logs_archived} ended run log(s) moved")
     return result
-
-
-@dataclass
-class BlobProblem:
-    digest: str
-    location: str
-    problem: str
 
 
 def check_blobs(ctx: Context, *, progress: Progress | None = None) -> tuple[int, list[BlobProblem]]:

@@ -7,6 +7,10 @@ active version's worker.yml, which wins (0 there keeps that worker's runs foreve
 rows stay, with inputs, outputs, status and usage: history and counts do not change. Runs
 that are queued, running or awaiting approval are never touched, however old.
 
+Webhook and Composio deliveries go with the same N as their worker's runs (the keys that
+must still refuse them sent again stay as tombstones), and tombstones whose key can no longer
+verify go a day after their signature's window (floom/services/ops/deliveries.py).
+
 Old alert events, closed incidents and sent deliveries go too, after
 FLOOM_ALERT_RETENTION_DAYS (floom/services/alerts/retention.py).
 """
@@ -24,12 +28,14 @@ from sqlmodel import col, select
 from floom import jsonvalues
 from floom.errors import BlobStoreUnavailable
 from floom.services.alerts.retention import prune_alerts
+from floom.services.ops import deliveries
 from floom.services.ops.objects import drain_pending, sweep_objects
 from floom.services.runs import rules as run_rules
 from floom.store.blobs.rows import delete_unreferenced_blobs
 from floom.store.blobs.tables import RunLog
 from floom.store.db import give_back_free_pages, session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version, Worker, utcnow
+from floom.store.triggers import WebhookDelivery
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -59,6 +65,8 @@ class RetentionReport:
     alert_events_deleted: int = 0
     alert_incidents_deleted: int = 0
     alert_deliveries_deleted: int = 0
+    webhook_deliveries_deleted: int = 0
+    delivery_tombstones_deleted: int = 0
     pages_freed: int = 0  # SQLite pages given back to the disk
 
     def to_dict(self) -> dict[str, Any]:
@@ -114,6 +122,7 @@ def apply_retention(
             if not _prune_batch(ctx, which=which, cutoff=cutoff, limit=batch_runs, into=report):
                 break
             batches += 1
+    _prune_webhook_deliveries(ctx, own=own, default=default, now=now, into=report)
     alerts = prune_alerts(
         ctx,
         days=ctx.settings.alert_retention_days if alert_days is None else alert_days,
@@ -129,6 +138,28 @@ def apply_retention(
     if any(report.to_dict().values()):
         report.pages_freed = give_back_free_pages(ctx.engine)
     return report
+
+
+def _prune_webhook_deliveries(
+    ctx: Context, *, own: dict[str, int], default: int, now: datetime, into: RetentionReport
+) -> None:
+    """Deliveries by their worker's retention (as its runs); then the tombstones no key
+    needs."""
+    groups: list[tuple[int, Any]] = [
+        (d, col(WebhookDelivery.worker_name).in_([w for w, wd in own.items() if wd == d]))
+        for d in sorted({d for d in own.values() if d > 0})
+    ]
+    if default > 0:
+        groups.append((default, col(WebhookDelivery.worker_name).not_in(list(own))))
+
+    def write() -> Any:
+        return session_scope(ctx.engine, write=True)
+
+    for group_days, which in groups:
+        cutoff = now - timedelta(days=group_days)
+        while gone := deliveries.prune_deliveries(write, which=which, cutoff=cutoff, now=now):
+            into.webhook_deliveries_deleted += gone
+    into.delivery_tombstones_deleted = deliveries.prune_tombstones(write, now=now)
 
 
 def delete_objects_now(ctx: Context) -> None:

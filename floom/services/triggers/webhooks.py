@@ -325,8 +325,8 @@ def _find(
 def _tombstone(
     ctx: Context, *, source: str, worker_name: str, key: str, digest: str | None
 ) -> WebhookDelivery | None:
-    """A delivery of a deleted worker of this name with this key or digest, as its sender
-    was answered (not stored: its record went with the worker)."""
+    """A delivery with this key or digest whose record went (with a deleted worker of this
+    name, or by retention: floom/services/ops/deliveries.py), as its sender was answered."""
     keys = [key[:200], *([digest] if digest else [])]
     with session_scope(ctx.engine) as s:
         row = s.exec(
@@ -346,7 +346,8 @@ def _tombstone(
         run_id=row.run_id,
         outcome=row.outcome,
         received_at=row.received_at,
-        message="received before worker '" + worker_name + "' was deleted; not run again",
+        message="received before, and its record is gone (its worker was deleted, or "
+        "retention removed it); not run again",
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 from botocore.config import Config
 from sqlmodel import func, select
 
-from floom.errors import BackupInvalid, BlobUnreadable
+from floom.errors import BackupInvalid
 from floom.services.context import Context
 from floom.services.ops import objects
 from floom.services.ops.backup import MANIFEST, create_backup, restore_backup
@@ -437,28 +437,40 @@ def test_two_blobs_migrate_runs_at_once_both_finish_moving_each_blob_once(
         second.engine.dispose()
 
 
-def test_blobs_migrate_refuses_an_object_whose_bytes_are_not_its_blob_s(
+def test_blobs_migrate_skips_an_object_whose_bytes_are_not_its_blob_s_and_moves_the_rest(
     tmp_path: Path, s3_server: S3Server
 ) -> None:
-    # A damaged object is not copied into the database: the migration stops naming it, its
-    # row still names the bucket, and the blobs before it stay moved (run again once fixed).
+    # A damaged object is not copied into the database: its row still names the bucket and
+    # the migration names it at the end; before, it stopped there and moved nothing after.
     settings = fast_settings(
         tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}", **s3_server.settings()
     )
     ctx = Context.open(settings)
     try:
-        blob = stage_blob(settings, ctx.engine, b"the real bytes" * 20)
+        blobs = [stage_blob(settings, ctx.engine, b"the real bytes %d" % i * 20) for i in range(3)]
         with session_scope(ctx.engine, write=True) as s:
-            insert_blob(s, blob)
+            for blob in blobs:
+                insert_blob(s, blob)
+        damaged, missing, good = sorted(blobs, key=lambda b: b.digest)
         store = s3_store(settings)
         store._call(
-            "put_object", doing="put", Bucket=store.bucket, Key=store.key(blob.digest), Body=b"x"
+            "put_object", doing="put", Bucket=store.bucket, Key=store.key(damaged.digest), Body=b"x"
         )
-        with pytest.raises(BlobUnreadable) as refused:
-            migrate_blobs(ctx, to="database")
-        assert blob.digest in refused.value.message
+        store.delete([missing.digest])
+
+        result = migrate_blobs(ctx, to="database")
+
+        assert result.moved == 1
+        assert sorted(p.digest for p in result.skipped) == sorted([damaged.digest, missing.digest])
+        assert all(p.location == "s3" for p in result.skipped)
+        assert all(p.digest in p.problem for p in result.skipped)
         with session_scope(ctx.engine) as s:
-            row = s.exec(select(Blob).where(Blob.digest == blob.digest)).one()
-        assert (row.location, row.data) == ("s3", b"")
+            rows = {b.digest: b for b in s.exec(select(Blob)).all()}
+        assert (rows[damaged.digest].location, rows[damaged.digest].data) == ("s3", b"")
+        assert rows[missing.digest].location == "s3"
+        assert rows[good.digest].location == "database"
+        again = migrate_blobs(ctx, to="database")  # resumable: the same two, nothing else
+        assert again.moved == 0
+        assert len(again.skipped) == 2
     finally:
         ctx.engine.dispose()

@@ -166,6 +166,8 @@ def test_old_finished_runs_lose_logs_and_artifacts_and_unfinished_runs_keep_thei
         "alert_events_deleted": 0,
         "alert_incidents_deleted": 0,
         "alert_deliveries_deleted": 0,
+        "webhook_deliveries_deleted": 0,
+        "delivery_tombstones_deleted": 0,
         "pages_freed": 0,
     }
 

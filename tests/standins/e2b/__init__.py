@@ -7,7 +7,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -286,10 +286,16 @@ class E2BStandin:
             self._envd.start()
         self.control_plane_up()
 
+    def serve_downloads(self, body: Callable[[str], AsyncIterator[bytes]] | None) -> None:
+        """envd taken over: every download (`files.read`) answers with what `body(path)`
+        yields, at its pace, whatever the file holds (None: the files again)."""
+        self.core.download_body = body
+
     def clear_faults(self) -> None:
         with self.core.lock:
             self.core.control_fault = None
             self.core.envd_fault = None
+            self.core.download_body = None
         self.core.max_sandboxes = None
         self.core.creation_delay = 0.0
         self.up()

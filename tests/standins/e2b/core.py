@@ -7,6 +7,7 @@ import itertools
 import shutil
 import threading
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,9 @@ class StandinCore:
         self.envd_unreachable = False
         # Seconds each create waits before answering, as a real microVM takes to boot.
         self.creation_delay = 0.0
+        # A compromised envd's downloads: given the path asked for, an async iterator of
+        # the bytes it answers with (set by `E2BStandin.serve_downloads`).
+        self.download_body: Callable[[str], AsyncIterator[bytes]] | None = None
         # (time.monotonic(), sandbox id, the command line) of each command started, in order.
         self.command_starts: list[tuple[float, str, str]] = []
         self.local = LocalSandbox()

@@ -27,7 +27,7 @@ from protobuf import Oneof
 from protobuf.wkt.google.protobuf.timestamp_pb import Timestamp
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.standins.e2b.core import StandinCore
@@ -274,6 +274,9 @@ def files_routes(core: StandinCore) -> Starlette:
 
     async def download(request: Request) -> Response:
         sandbox = core.sandboxes[request.headers[SANDBOX_HEADER]]
+        if core.download_body is not None:
+            body = core.download_body(request.query_params.get("path", ""))
+            return StreamingResponse(body, media_type="application/octet-stream")
         try:
             host = sandbox.host_path(request.query_params.get("path", ""))
         except PathOutsideHome as exc:

@@ -1,0 +1,117 @@
+"""Retention of webhook and Composio deliveries and of the tombstones of deleted workers'
+deliveries: what goes, and the delivery keys that must stay so a captured request sent
+again is still refused.
+
+A key guards against a delivery sent again only while its signature can verify. Standard
+Webhooks (Composio's too) and floom's hmac-sha256 sign a timestamp that is accepted
+TOLERANCE_SECONDS either side of the server's time: past twice that (and a day for clocks)
+the key guards nothing. GitHub signs no timestamp: its deliveries verify for as long as
+their secret stands, so their keys are kept for good (as tombstones once a delivery goes),
+and so is every key whose scheme is not known any more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, exists
+from sqlmodel import Session, col, select
+
+from floom.services.runs import rules as run_rules
+from floom.services.triggers.registry import spec_of
+from floom.store.models import Run
+from floom.store.triggers import DeliveryTombstone, Trigger, WebhookDelivery
+from floom.triggers.signatures import TOLERANCE_SECONDS
+from floom.triggers.spec import WebhookSpec
+from floom.vocabulary import RunTrigger
+
+KEY_GRACE = timedelta(seconds=2 * TOLERANCE_SECONDS) + timedelta(days=1)
+"""How long a timestamped delivery's key is kept after it was received."""
+TIMESTAMPED = frozenset({"standard", "hmac-sha256"})
+BATCH = 200
+
+
+def prune_deliveries(
+    s_factory: Any,
+    *,
+    which: Any,
+    cutoff: datetime,
+    now: datetime,
+    limit: int = BATCH,
+) -> int | None:
+    """Delete up to `limit` deliveries received before `cutoff` (and before KEY_GRACE ago),
+    matching `which`, whose run has finished (or that started none); a delivery whose key
+    still guards (GitHub's, or a scheme no longer known) leaves a tombstone. Returns how many
+    went, None when none was left. `s_factory()` opens a write transaction."""
+    cutoff = min(cutoff, now - KEY_GRACE)
+    unfinished = exists().where(
+        col(Run.id) == col(WebhookDelivery.run_id),
+        col(Run.status).not_in(sorted(run_rules.FINISHED)),
+    )
+    with s_factory() as s:
+        found = list(
+            s.exec(
+                select(WebhookDelivery)
+                .where(which, col(WebhookDelivery.received_at) < cutoff, ~unfinished)
+                .order_by(col(WebhookDelivery.received_at))
+                .limit(limit)
+            ).all()
+        )
+        if not found:
+            return None
+        timestamped = _timestamped_triggers(s, {d.trigger_id for d in found if d.trigger_id})
+        for delivery in found:
+            if delivery.source == RunTrigger.COMPOSIO or delivery.trigger_id in timestamped:
+                continue
+            _bury(s, delivery)
+        s.execute(delete(WebhookDelivery).where(col(WebhookDelivery.id).in_([d.id for d in found])))
+    return len(found)
+
+
+def prune_tombstones(s_factory: Any, *, now: datetime) -> int:
+    """Delete the tombstones whose key no longer guards: Composio's (always timestamped)
+    past KEY_GRACE. A webhook's tombstone does not say its scheme (its trigger went with
+    its worker): kept."""
+    with s_factory() as s:
+        gone = s.execute(
+            delete(DeliveryTombstone).where(
+                col(DeliveryTombstone.source) == RunTrigger.COMPOSIO,
+                col(DeliveryTombstone.received_at) < now - KEY_GRACE,
+            )
+        )
+    return int(getattr(gone, "rowcount", 0) or 0)
+
+
+def _timestamped_triggers(s: Session, ids: Iterable[str]) -> set[str]:
+    found = set()
+    for trigger in s.exec(select(Trigger).where(col(Trigger.id).in_(list(ids)))).all():
+        spec = spec_of(trigger)
+        if isinstance(spec, WebhookSpec) and spec.signature in TIMESTAMPED:
+            found.add(trigger.id)
+    return found
+
+
+def _bury(s: Session, delivery: WebhookDelivery) -> None:
+    for key in sorted({k for k in (delivery.delivery_key, delivery.signature_digest) if k}):
+        held = s.exec(
+            select(DeliveryTombstone.id).where(
+                DeliveryTombstone.source == delivery.source,
+                DeliveryTombstone.worker_name == delivery.worker_name,
+                DeliveryTombstone.key == key,
+            )
+        ).first()
+        if held is None:
+            s.add(
+                DeliveryTombstone(
+                    source=delivery.source,
+                    worker_name=delivery.worker_name,
+                    key=key,
+                    delivery_id=delivery.id,
+                    run_id=delivery.run_id,
+                    outcome=delivery.outcome,
+                    received_at=delivery.received_at,
+                )
+            )
+    s.flush()

@@ -1,0 +1,140 @@
+"""Retention of webhook and Composio deliveries and of delivery tombstones: the old ones go
+(they were never pruned), and no key that can still verify goes with them."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from sqlmodel import select
+
+from floom.services.context import Context
+from floom.services.ops.deliveries import KEY_GRACE
+from floom.services.ops.retention import apply_retention
+from floom.services.triggers import webhooks
+from floom.store.db import session_scope
+from floom.store.models import Run, utcnow
+from floom.store.triggers import DeliveryTombstone, Trigger, WebhookDelivery
+from floom.vocabulary import RunStatus, RunTrigger, TriggerKind
+
+OLD = timedelta(days=40)
+
+
+def _trigger(ctx: Context, trigger_id: str, worker: str, signature: str) -> None:
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(
+            Trigger(
+                id=trigger_id,
+                worker_name=worker,
+                kind=TriggerKind.WEBHOOK,
+                key="webhook",
+                config_json=json.dumps({"secret": "HOOK_SECRET", "signature": signature}),
+            )
+        )
+
+
+def _delivery(
+    ctx: Context,
+    key: str,
+    *,
+    worker: str,
+    trigger_id: str | None,
+    age: timedelta,
+    source: str = "webhook",
+    digest: str | None = None,
+    run_status: RunStatus | None = None,
+) -> None:
+    with session_scope(ctx.engine, write=True) as s:
+        run_id = None
+        if run_status is not None:
+            run_id = f"run_{key}"
+            s.add(
+                Run(
+                    id=run_id,
+                    worker_name=worker,
+                    version_id="v",
+                    status=run_status,
+                    trigger=RunTrigger(source),
+                )
+            )
+        s.add(
+            WebhookDelivery(
+                id=f"dlv_{key}",
+                source=source,
+                worker_name=worker,
+                trigger_id=trigger_id,
+                delivery_key=key,
+                signature_digest=digest,
+                received_at=utcnow() - age,
+                run_id=run_id,
+                outcome="run",
+            )
+        )
+
+
+def _tombstone(ctx: Context, key: str, *, source: str, age: timedelta) -> None:
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(
+            DeliveryTombstone(
+                source=source,
+                worker_name="gone",
+                key=key,
+                delivery_id=f"dlv_{key}",
+                outcome="run",
+                received_at=utcnow() - age,
+            )
+        )
+
+
+def _left(ctx: Context) -> tuple[set[str], set[str]]:
+    with session_scope(ctx.engine) as s:
+        kept = set(s.exec(select(WebhookDelivery.delivery_key)).all())
+        buried = set(s.exec(select(DeliveryTombstone.key)).all())
+    return kept, buried
+
+
+def test_old_deliveries_go_and_keys_that_can_still_verify_stay_as_tombstones(
+    ctx: Context,
+) -> None:
+    _trigger(ctx, "trg_std", "std", "standard")
+    _trigger(ctx, "trg_hmac", "hm", "hmac-sha256")
+    _trigger(ctx, "trg_gh", "gh", "github")
+    _delivery(ctx, "std-old", worker="std", trigger_id="trg_std", age=OLD)
+    _delivery(ctx, "hmac-old", worker="hm", trigger_id="trg_hmac", age=OLD)
+    _delivery(ctx, "cmp-old", worker="", trigger_id=None, age=OLD, source="composio")
+    _delivery(ctx, "gh-old", worker="gh", trigger_id="trg_gh", age=OLD, digest="sig-gh-old")
+    _delivery(ctx, "lost-old", worker="gh", trigger_id="trg_gone", age=OLD)
+    _delivery(ctx, "std-new", worker="std", trigger_id="trg_std", age=timedelta(days=2))
+    # A run started by a delivery and still waiting for approval keeps its delivery.
+    waiting = RunStatus.AWAITING_APPROVAL
+    _delivery(ctx, "std-wait", worker="std", trigger_id="trg_std", age=OLD, run_status=waiting)
+
+    report = apply_retention(ctx, days=30)
+
+    kept, buried = _left(ctx)
+    assert kept == {"std-new", "std-wait"}
+    assert report.webhook_deliveries_deleted == 5
+    # GitHub signs no timestamp, and a trigger that is gone says no scheme: kept for good.
+    assert buried == {"gh-old", "sig-gh-old", "lost-old"}
+    again = webhooks._tombstone(ctx, source="webhook", worker_name="gh", key="gh-old", digest=None)
+    assert again is not None
+    assert again.id == "dlv_gh-old"
+    # A second pass finds nothing more.
+    assert apply_retention(ctx, days=30).webhook_deliveries_deleted == 0
+    assert _left(ctx)[1] == buried
+
+
+def test_without_retention_deliveries_stay_and_only_dead_composio_tombstones_go(
+    ctx: Context,
+) -> None:
+    _delivery(ctx, "std-old", worker="std", trigger_id=None, age=OLD)
+    _tombstone(ctx, "cmp-dead", source="composio", age=KEY_GRACE + timedelta(minutes=1))
+    _tombstone(ctx, "cmp-live", source="composio", age=KEY_GRACE - timedelta(minutes=5))
+    _tombstone(ctx, "hook-old", source="webhook", age=OLD)
+
+    report = apply_retention(ctx, days=0)
+
+    kept, buried = _left(ctx)
+    assert kept == {"std-old"}
+    assert buried == {"cmp-live", "hook-old"}
+    assert report.delivery_tombstones_deleted == 1
