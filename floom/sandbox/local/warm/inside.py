@@ -8,8 +8,10 @@ no process of the host's nor of any other sandbox. It imports the modules it was
 given (names floom recorded from a cold run, `record`), refusing any that starts a thread,
 then waits on the control socket floom handed over. Per run floom asks it to prepare a
 child: forked into a new PID namespace (of which it is pid 1), it joins the run's cgroup,
-enters new mount, network, IPC, UTS and cgroup namespaces, makes inherited shared mappings
-private and waits for the run. When the run arrives, pid 1 mounts the run's dirs, drops to
+enters new mount, network, IPC, UTS and cgroup namespaces, mounts its own /tmp, /dev/shm
+(of the size floom sent, the version's memory limit) and /dev/pts, makes inherited shared
+mappings private and waits for the run. When the run arrives, pid 1 mounts the run's dirs
+(and resizes /tmp and /dev/shm to the run's memory limit should it differ), drops to
 the run's uid without capabilities, sets no_new_privs and the seccomp filter, and only then
 reads the run's environment and runs its script. floom reads pid 1's exit status from its
 pidfd (Linux 6.15+); on older kernels (`direct` false) the child stays outside the run's
