@@ -329,7 +329,12 @@ class LocalSandbox(Sandbox):
         if over:
             return None  # the cold start refuses it, with its reasons
         owner = spec.metadata.get("floom_worker") or spec.warm
-        child = pools.take(key, owner=owner, work_root=_work_root(spec))
+        child = pools.take(
+            key,
+            owner=owner,
+            work_root=_work_root(spec),
+            memory_bytes=spec.memory_mb * 1024 * 1024,
+        )
         if child is None:
             return None
         try:

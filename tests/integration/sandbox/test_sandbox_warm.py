@@ -830,3 +830,23 @@ def test_a_recorded_module_that_runs_a_program_on_import_is_never_preloaded(
 
     assert read_record(tmp_path) == ("json", "_json", "email.mime.text")
     assert not (tmp_path / RECORD_NAME).exists()
+
+
+SCRATCH_SIZES = """
+import json, os
+sizes = {}
+for path in ("/tmp", "/dev/shm"):
+    found = os.statvfs(path)
+    sizes[path] = found.f_blocks * found.f_frsize
+print(json.dumps(sizes))
+"""
+
+
+def test_each_warm_run_gets_tmp_and_shm_of_its_own_memory_limit(warm: WarmedLocal) -> None:
+    # Children are prepared with the size of the pool's last run mounted ahead: a run of
+    # another size (here, the same pool) gets its own all the same.
+    for memory_mb in (64, 64, 128, 128, 64):
+        result, lines, _ = run(warm, SCRATCH_SIZES, memory_mb=memory_mb)
+        assert result.exit_code == 0, lines
+        expected = memory_mb * 1024 * 1024
+        assert outputs(lines) == {"/tmp": expected, "/dev/shm": expected}, memory_mb

@@ -8,8 +8,10 @@ no process of the host's nor of any other sandbox. It imports the modules it was
 given (names floom recorded from a cold run, `record`), refusing any that starts a thread,
 then waits on the control socket floom handed over. Per run floom asks it to prepare a
 child: forked into a new PID namespace (of which it is pid 1), it joins the run's cgroup,
-enters new mount, network, IPC, UTS and cgroup namespaces, makes inherited shared mappings
-private and waits for the run. When the run arrives, pid 1 mounts the run's dirs, drops to
+enters new mount, network, IPC, UTS and cgroup namespaces, mounts its own /tmp, /dev/shm
+(of the size floom sent, the version's memory limit) and /dev/pts, makes inherited shared
+mappings private and waits for the run. When the run arrives, pid 1 mounts the run's dirs
+(and resizes /tmp and /dev/shm to the run's memory limit should it differ), drops to
 the run's uid without capabilities, sets no_new_privs and the seccomp filter, and only then
 reads the run's environment and runs its script. floom reads pid 1's exit status from its
 pidfd (Linux 6.15+); on older kernels (`direct` false) the child stays outside the run's
@@ -103,6 +105,9 @@ _MAP_ANONYMOUS = 0x20
 # A line of /proc/self/maps whose mapping is shared: its start, end and permissions.
 _BOUNDING: list[int] = []
 """The capabilities a run drops from its bounding set (all of them: warm sets it)."""
+_PREMOUNTED: list[int] = []
+"""In a prepared child: the size of the /tmp and /dev/shm it mounted before its run was
+asked for (the version's memory limit, which floom sends with `prepare`), or 0 for none."""
 _SHARED_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ([-r][-w][-x])s ", re.MULTILINE)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -201,6 +206,8 @@ def warm(control_fd: int, modules: list[str], seccomp_hex: str, *, direct: bool)
             _refuse(fds, f"cannot prepare the warm run: {exc}")
         if pid == 0:
             control.close()
+            memory = request.get("memory_bytes")
+            _PREMOUNTED.append(memory if isinstance(memory, int) and memory > 0 else 0)
             _child(fds, seccomp, direct=direct)  # never returns
         if direct:
             # This process's children go to its own namespace again: only from there may
@@ -365,6 +372,9 @@ def _pid_one(chan_fd: int, seccomp: bytes, *, ready: int | None) -> None:
     chan = socket.socket(fileno=chan_fd)
     try:
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+        # The run's own /tmp, /dev/shm and /dev/pts, fresh in this child's own mount
+        # namespace, made now rather than once the run is asked for (`_setup`).
+        _mount_scratch(_PREMOUNTED[0] if _PREMOUNTED else 0)
         # Before the run is asked for (it is not on the run's path), and before any of it.
         _make_shared_mappings_private()
         if ready is not None:
@@ -418,15 +428,28 @@ def _setup(request: dict[str, object], fds: list[int]) -> None:
         _mount(path, path, "", _MS_BIND)
         _mount("none", path, "", _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
     _move_mount(output_fd, OUTPUT)
-    for target in ("/tmp", "/dev/shm"):
-        _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={memory},mode=1777")
-    # Not the warm process's instance, which every run of it would share.
-    _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, DEVPTS_OPTIONS)
+    premounted = _PREMOUNTED[0] if _PREMOUNTED else 0
+    if premounted != memory:
+        # Mounted ahead for another size (or not at all): made the run's size now.
+        flags = _MS_NOSUID | _MS_NODEV | (_MS_REMOUNT if premounted else 0)
+        options = f"size={memory}" if premounted else f"size={memory},mode=1777"
+        for target in ("/tmp", "/dev/shm"):
+            _mount("tmpfs", target, "tmpfs", flags, options)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     for name, key in (("fsize_bytes", resource.RLIMIT_FSIZE), ("data_bytes", resource.RLIMIT_DATA)):
         value = request.get(name)
         if isinstance(value, int):
             resource.setrlimit(key, (value, value))
+
+
+def _mount_scratch(memory: int) -> None:
+    """Mount a prepared child's /tmp and /dev/shm, tmpfs of `memory` bytes (none for 0: its
+    run's `_setup` mounts them), and its own /dev/pts."""
+    if memory:
+        for target in ("/tmp", "/dev/shm"):
+            _mount("tmpfs", target, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={memory},mode=1777")
+    # Not the warm process's instance, which every run of it would share.
+    _mount("devpts", "/dev/pts", "devpts", _MS_NOSUID | _MS_NOEXEC, DEVPTS_OPTIONS)
 
 
 def _move_mount(fd: int, target: str) -> None:

@@ -115,6 +115,9 @@ class Pool:
     refused: set[str] = field(default_factory=set)
     retired: bool = False
     processes_started: int = 0
+    # The memory limit of the version's runs (its manifest's): children are prepared with
+    # their /tmp and /dev/shm of that size mounted ahead (0: unknown yet).
+    memory_bytes: int = 0
 
     def target(self, settings: WarmSettings) -> int:
         # One more than the runs at once: the next run finds one while its own is replaced.
@@ -163,9 +166,12 @@ class WarmPools:
         interpreter = self._interpreter_id()
         return WarmKey(spec.warm, interpreter) if interpreter else None
 
-    def take(self, key: WarmKey, *, owner: str, work_root: Path) -> PreparedChild | None:
+    def take(
+        self, key: WarmKey, *, owner: str, work_root: Path, memory_bytes: int = 0
+    ) -> PreparedChild | None:
         """A prepared child of `key`'s pool (a hit), or None (a miss: the run starts cold).
-        A run of another version than its worker's pool replaces that pool."""
+        A run of another version than its worker's pool replaces that pool. `memory_bytes`:
+        the run's memory limit, which the pool's next children are prepared for."""
         taken: PreparedChild | None = None
         with self._changed:
             self._replace_owner(owner, key)
@@ -175,6 +181,8 @@ class WarmPools:
             if pool is None:
                 self._misses_without_pool += 1
                 return None
+            if memory_bytes:
+                pool.memory_bytes = memory_bytes
             now = time.monotonic()
             pool.last_used = now
             pool.in_flight += 1
@@ -516,7 +524,7 @@ class WarmPools:
         if process is None:
             return
         try:
-            children = process.prepare(count)
+            children = process.prepare(count, memory_bytes=pool.memory_bytes)
         except (FloomError, OSError) as exc:
             log.warning("a warm process could not prepare a child: %s", exc)
             with self._changed:

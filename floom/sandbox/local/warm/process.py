@@ -297,17 +297,19 @@ class WarmProcess:
         ready, _, _ = select.select([self.pidfd], [], [], 0)
         return not ready
 
-    def prepare(self, count: int = 1) -> list[PreparedChild]:
+    def prepare(self, count: int = 1, *, memory_bytes: int = 0) -> list[PreparedChild]:
         """`count` children, each for one run in a fresh cgroup of its own (limits written
-        when its run comes). Asked for all at once: their moves into their cgroups come
-        close together, where the kernel makes them cheap (floom/sandbox/local/standby.py).
+        when its run comes), its /tmp and /dev/shm mounted ahead at `memory_bytes` (the
+        version's memory limit; 0: once its run comes). Asked for all at once: their moves
+        into their cgroups come close together, where the kernel makes them cheap
+        (floom/sandbox/local/standby.py).
         Returns those that got ready (raising WarmUnavailable, or CgroupError, when none
         did), leaving nothing of the others."""
         pending: list[_Pending] = []
         failure: Exception | None = None
         try:
             for _ in range(count):
-                pending.append(self._ask_for_child())
+                pending.append(self._ask_for_child(memory_bytes))
         except (WarmUnavailable, cgroups.CgroupError) as exc:
             failure = exc
         children: list[PreparedChild] = []
@@ -321,7 +323,7 @@ class WarmProcess:
             raise failure
         return children
 
-    def _ask_for_child(self) -> _Pending:
+    def _ask_for_child(self, memory_bytes: int) -> _Pending:
         tree = cgroups.detect()
         cgroup = tree.make(f"run-{secrets.token_hex(8)}") if tree.enforced else None
         undo = contextlib.ExitStack()
@@ -340,7 +342,8 @@ class WarmProcess:
                 for path in dict.fromkeys(cgroup.dirs.values()) if cgroup else ():
                     procs.append(os.open(f"{path}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC))
                 with self._lock:
-                    socket.send_fds(self.control, [b'{"op": "prepare"}'], [*given, *procs])
+                    request = json.dumps({"op": "prepare", "memory_bytes": memory_bytes})
+                    socket.send_fds(self.control, [request.encode()], [*given, *procs])
             except OSError as exc:
                 raise WarmUnavailable(f"the warm process is gone: {exc}") from exc
             finally:
