@@ -14,7 +14,9 @@ from urllib.parse import quote
 
 import httpx
 
+from floom import jsonvalues
 from floom.agent.tools import Tool, ToolError
+from floom.cut import cut
 from floom.errors import SourceUnavailable
 from floom.manifest.agent import ToolSpec
 from floom.net.egress import (
@@ -28,6 +30,13 @@ from floom.net.egress import (
 
 TOOL_NAME_CAP = 64
 COMPOSIO_ERROR_CAP = 2000
+# What floom reads of a remote source (an MCP server, Composio): each answer, and of its
+# tools what goes to the model at every turn. A source is a third party's server; a larger
+# answer or listing is refused or cut, never read whole.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+MAX_TOOLS_PER_SOURCE = 128
+MAX_DESCRIPTION_CHARS = 4000
+MAX_SCHEMA_BYTES = 64 * 1024
 
 
 def _segment(text: str) -> str:
@@ -43,6 +52,30 @@ def _model_name(text: str) -> str:
 def _allowed(spec: ToolSpec, name: str) -> bool:
     allowed = spec.options.get("allowed_tools") or []
     return "*" in allowed or name in allowed
+
+
+def _described(
+    source: str, name: str, description: Any, schema: Any, note: Callable[[str], None]
+) -> tuple[str, dict[str, Any]] | None:
+    """A listed tool's description (cut) and input schema, or None (told) for a schema that
+    is not a JSON object within floom's bounds and MAX_SCHEMA_BYTES."""
+    if schema is None:
+        schema = {"type": "object"}
+    breach = jsonvalues.breach_of(schema, where="input schema", max_bytes=MAX_SCHEMA_BYTES)
+    if not isinstance(schema, dict) or breach is not None:
+        why = "is not a JSON object" if breach is None else "is over floom's bounds"
+        note(f"{source}'s tool {name[:TOOL_NAME_CAP]!r} left out: its input schema {why}")
+        return None
+    return cut(str(description), MAX_DESCRIPTION_CHARS), schema
+
+
+def _kept(source: str, tools: list[Tool], note: Callable[[str], None]) -> list[Tool]:
+    if len(tools) > MAX_TOOLS_PER_SOURCE:
+        note(
+            f"{source} offers {len(tools)} allowed tools; the first {MAX_TOOLS_PER_SOURCE} "
+            "are kept (name the ones wanted in allowed_tools)"
+        )
+    return tools[:MAX_TOOLS_PER_SOURCE]
 
 
 # -- MCP --------------------------------------------------------------------------------------
@@ -70,15 +103,25 @@ def mcp_tools(
         ) from exc
     tools = []
     seen = set()
+    source = f"MCP server '{spec.name}'"
     for item in listed:
         seen.add(item.name)
         if not _allowed(spec, item.name):
             continue
+        described = _described(
+            source,
+            item.name,
+            item.description or item.title or item.name,
+            item.input_schema or None,
+            note,
+        )
+        if described is None:
+            continue
         tools.append(
             Tool(
                 name=_model_name(f"{spec.name}__{item.name}"),
-                description=item.description or item.title or item.name,
-                input_schema=item.input_schema or {"type": "object"},
+                description=described[0],
+                input_schema=described[1],
                 run=_mcp_caller(server, item.name),
                 gated=spec.gated,
                 source="mcp",
@@ -87,7 +130,7 @@ def mcp_tools(
     for name in spec.options.get("allowed_tools") or []:
         if name != "*" and name not in seen:
             note(f"MCP server '{spec.name}' has no tool '{name}' (listed in allowed_tools)")
-    return tools
+    return _kept(source, tools, note)
 
 
 class _Server:
@@ -132,6 +175,7 @@ class _mcp_client:  # used like a function in `async with`
         self._http = guarded_async_client(
             server.egress,
             places=RUNS,
+            max_answer_bytes=MAX_ANSWER_BYTES,
             headers=server.headers,
             timeout=httpx2.Timeout(server.timeout),
         )
@@ -199,6 +243,7 @@ def composio_tools(
         return guarded_client(
             egress,
             places=RUNS,
+            max_answer_bytes=MAX_ANSWER_BYTES,
             base_url=base_url.rstrip("/"),
             headers={"x-api-key": api_key},
             timeout=timeout,
@@ -247,18 +292,28 @@ def composio_tools(
         return run
 
     tools = []
+    source = f"Composio app '{app}'"
     for item in items:
         slug = str(item.get("slug") or "")
         if not slug or not _allowed(spec, slug):
             continue
+        described = _described(
+            source,
+            slug,
+            item.get("description") or item.get("name") or slug,
+            item.get("input_parameters") or None,
+            note,
+        )
+        if described is None:
+            continue
         tools.append(
             Tool(
                 name=_model_name(slug),
-                description=str(item.get("description") or item.get("name") or slug),
-                input_schema=item.get("input_parameters") or {"type": "object"},
+                description=described[0],
+                input_schema=described[1],
                 run=caller(slug),
                 gated=spec.gated,
                 source="composio",
             )
         )
-    return tools
+    return _kept(source, tools, note)

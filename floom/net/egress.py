@@ -295,12 +295,52 @@ def _pin(url: Any, policy: EgressPolicy, places: threading.BoundedSemaphore) -> 
     return host, resolve_checked_now(host, port, policy, places=places)
 
 
+class AnswerTooLarge(EgressRefused):
+    """An answer went past what its client reads of one (`max_answer_bytes`)."""
+
+
+def _uncompressed(headers: Any, most: int) -> None:
+    """Refuse an answer compressed though floom asked for none: its size on the wire would
+    not bound what it unpacks to."""
+    coding = headers.get("content-encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise AnswerTooLarge(
+            f"it answered compressed ({coding[:40]}), which floom did not ask for and reads "
+            f"only up to {most} bytes unpacked"
+        )
+
+
+def _too_large(most: int) -> AnswerTooLarge:
+    return AnswerTooLarge(f"its answer was larger than {most} bytes, more than floom reads")
+
+
 def guarded_client(
-    policy: EgressPolicy, *, places: threading.BoundedSemaphore = SENDS, **options: Any
+    policy: EgressPolicy,
+    *,
+    places: threading.BoundedSemaphore = SENDS,
+    max_answer_bytes: int | None = None,
+    **options: Any,
 ) -> httpx.Client:
     """An httpx.Client whose every connection goes through the guard (redirects included,
-    when followed), its names resolved in `places`; no proxy from the environment."""
+    when followed), its names resolved in `places`; no proxy from the environment. With
+    `max_answer_bytes`, an answer is asked for and read uncompressed, and reading past that
+    many bytes of it raises AnswerTooLarge: for clients that read answers whole."""
     import httpx
+
+    class _Capped(httpx.SyncByteStream):
+        def __init__(self, inner: Any, most: int) -> None:
+            self.inner, self.most = inner, most
+
+        def __iter__(self) -> Any:
+            seen = 0
+            for chunk in self.inner:
+                seen += len(chunk)
+                if seen > self.most:
+                    raise _too_large(self.most)
+                yield chunk
+
+        def close(self) -> None:
+            self.inner.close()
 
     class _Transport(httpx.BaseTransport):
         def __init__(self) -> None:
@@ -322,7 +362,17 @@ def guarded_client(
             pool = self._pools.get(host)
             if pool is None:
                 pool = self._pools[host] = httpx.HTTPTransport(trust_env=False)
-            return pool.handle_request(pinned)
+            if max_answer_bytes is None:
+                return pool.handle_request(pinned)
+            pinned.headers["Accept-Encoding"] = "identity"
+            response = pool.handle_request(pinned)
+            try:
+                _uncompressed(response.headers, max_answer_bytes)
+            except AnswerTooLarge:
+                response.close()
+                raise
+            response.stream = _Capped(response.stream, max_answer_bytes)
+            return response
 
         def close(self) -> None:
             for pool in self._pools.values():
@@ -332,10 +382,29 @@ def guarded_client(
 
 
 def guarded_async_client(
-    policy: EgressPolicy, *, places: threading.BoundedSemaphore = SENDS, **options: Any
+    policy: EgressPolicy,
+    *,
+    places: threading.BoundedSemaphore = SENDS,
+    max_answer_bytes: int | None = None,
+    **options: Any,
 ) -> httpx2.AsyncClient:
     """The same for the MCP SDK's HTTP client (httpx2)."""
     import httpx2
+
+    class _Capped(httpx2.AsyncByteStream):
+        def __init__(self, inner: Any, most: int) -> None:
+            self.inner, self.most = inner, most
+
+        async def __aiter__(self) -> Any:
+            seen = 0
+            async for chunk in self.inner:
+                seen += len(chunk)
+                if seen > self.most:
+                    raise _too_large(self.most)
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
 
     class _Transport(httpx2.AsyncBaseTransport):
         def __init__(self) -> None:
@@ -356,7 +425,17 @@ def guarded_async_client(
             pool = self._pools.get(host)
             if pool is None:
                 pool = self._pools[host] = httpx2.AsyncHTTPTransport(trust_env=False)
-            return await pool.handle_async_request(pinned)
+            if max_answer_bytes is None:
+                return await pool.handle_async_request(pinned)
+            pinned.headers["Accept-Encoding"] = "identity"
+            response = await pool.handle_async_request(pinned)
+            try:
+                _uncompressed(response.headers, max_answer_bytes)
+            except AnswerTooLarge:
+                await response.aclose()
+                raise
+            response.stream = _Capped(response.stream, max_answer_bytes)
+            return response
 
         async def aclose(self) -> None:
             for pool in self._pools.values():
