@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from floom.sandbox.e2b.backend import E2BSandbox
 from tests.standins.e2b import E2BStandin
-from tests.support.rigs.e2b import e2b_backend, standin_for_module
+from tests.support.rigs.e2b import e2b_backend
 from tests.support.rigs.sandboxes import run_script
 
 # Prints a short line every few milliseconds, for far longer than any test waits.
@@ -24,25 +24,6 @@ for i in range(100_000):
     print('chatter', i, flush=True)
     time.sleep(0.005)
 """
-
-
-@pytest.fixture(scope="module")
-def service() -> Iterator[E2BStandin]:
-    with standin_for_module() as standin:
-        yield standin
-
-
-@pytest.fixture
-def standin(service: E2BStandin) -> Iterator[E2BStandin]:
-    service.clear_faults()
-    service.reset_counts()
-    yield service
-    service.clear_faults()
-
-
-@pytest.fixture
-def e2b(standin: E2BStandin) -> E2BSandbox:
-    return e2b_backend(standin)
 
 
 def test_a_run_that_never_stops_printing_still_times_out_at_its_timeout(

@@ -18,17 +18,11 @@ from floom.sandbox.base import SandboxUnavailable
 from floom.sandbox.e2b.backend import E2BSandbox
 from floom.sandbox.e2b.warm import POOL_LABEL
 from tests.standins.e2b import E2BStandin
-from tests.support.rigs.e2b import e2b_backend, standin_for_module
+from tests.support.rigs.e2b import e2b_backend
 from tests.support.rigs.sandboxes import run_script
 
 NODE = "node-warm"
 WHOAMI = "import os\nprint(os.environ['E2B_SANDBOX_ID'])\nprint(os.environ.get('TOKEN', '-'))"
-
-
-@pytest.fixture(scope="module")
-def service() -> Iterator[E2BStandin]:
-    with standin_for_module() as standin:
-        yield standin
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,30 +19,11 @@ from floom.sandbox.e2b.backend import E2BSandbox
 from floom.sandbox.fake import FakeSandbox
 from floom.services.context import Context
 from tests.standins.e2b import E2BStandin
-from tests.support.rigs.e2b import e2b_backend, standin_for_module
+from tests.support.rigs.e2b import e2b_backend
 from tests.support.rigs.sandboxes import run_script
 
 # A run is: create, upload, command (unpacking first), pack, download, kill.
 REQUESTS_PER_RUN = 6
-
-
-@pytest.fixture(scope="module")
-def service() -> Iterator[E2BStandin]:
-    with standin_for_module() as standin:
-        yield standin
-
-
-@pytest.fixture
-def standin(service: E2BStandin) -> Iterator[E2BStandin]:
-    service.clear_faults()
-    service.reset_counts()
-    yield service
-    service.clear_faults()
-
-
-@pytest.fixture
-def e2b(standin: E2BStandin) -> E2BSandbox:
-    return e2b_backend(standin)
 
 
 def test_a_run_takes_the_same_few_requests_however_many_files_the_bundle_holds(
