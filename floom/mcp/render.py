@@ -55,9 +55,13 @@ class Reply:
         )
 
 
-def short(value: Any, limit: int = 300) -> str:
-    text = said(json.dumps(value, default=str, ensure_ascii=False))
+def clipped(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, ending in "..." when cut."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short(value: Any, limit: int = 300) -> str:
+    return clipped(said(json.dumps(value, default=str, ensure_ascii=False)), limit)
 
 
 def _more(items: list[Any], total_hint: str | None) -> str:
