@@ -129,9 +129,10 @@ async def artifact_contents(ctx: Context, run_id: str, name: str) -> ReadResourc
 
 @floom_tool
 async def get_artifact(ctx: Context, run_id: RunId, name: ArtifactName) -> Reply:
-    """A file a run left (get_run lists its artifacts). Text up to 64 KiB comes inline; a
-    binary or larger file comes as a download URL with its media type and size. Also a
-    resource: floom://runs/{run_id}/artifacts/{name}."""
+    """A file a run left (get_run lists its artifacts). Text up to 64 KiB comes inline (as
+    written in the structured content; in the text, each line after '| ' with control
+    characters escaped); a binary or larger file comes as a download URL with its media type
+    and size. Also a resource: floom://runs/{run_id}/artifacts/{name}."""
     view = await off(open_artifact, backend_of(ctx), run_id, name)
     return Reply(artifact_text(view), view.to_json())
 
