@@ -12,8 +12,10 @@ import anyio
 import anyio.to_thread
 from pydantic import ValidationError
 
+from floom.cut import cut
 from floom.manifest.schema import FieldSpec, Manifest
 from floom.mcp.errors import EXPECTED_ERRORS
+from floom.mcp.render import said
 from floom.schemas.common import Page
 from floom.schemas.workers import WorkerPublic
 
@@ -22,6 +24,9 @@ log = logging.getLogger("floom.mcp")
 # An exposed worker's tool waits this long at most for the run to end, then returns its id.
 MAX_EXPOSED_WAIT_SECONDS = 120.0
 _JSON_TYPES = {"file": "string"}
+# The most characters of what a worker's manifest says about itself (its description, an
+# input's) in a tool's listing: tools/list carries every exposed worker's, to every session.
+MAX_EXPOSED_TEXT = 1000
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ def input_schema(inputs: dict[str, FieldSpec]) -> dict[str, Any]:
         if spec.type == "file":
             prop["description"] = "file content as text"
         if spec.description:
-            prop["description"] = spec.description
+            prop["description"] = _theirs(spec.description)
         if spec.enum:
             prop["enum"] = spec.enum
         if spec.default is not None:
@@ -92,8 +97,10 @@ def exposed_worker(worker: CatalogWorker) -> ExposedWorker | None:
     if manifest is None or "mcp" not in manifest.expose:
         return None
     timeout = float(manifest.limits.timeout_seconds or 0) or 600.0
-    title = manifest.title or worker.name
-    what = manifest.description or title
+    # The worker's words, on one line and bounded, so that none of them poses as the part of
+    # the description floom writes (which starts a paragraph of its own after them).
+    title = _theirs(manifest.title or worker.name)
+    what = _theirs(manifest.description) or title
     # A run that may stop for a person (a run gate, an agent's gated tool) answers with the
     # approval to decide: the agent should expect that rather than outputs.
     gated = manifest.approvals.get("required") or worker.kind == "agent"
@@ -113,6 +120,10 @@ def exposed_worker(worker: CatalogWorker) -> ExposedWorker | None:
         input_schema=input_schema(manifest.inputs),
         wait_seconds=min(timeout + 5.0, MAX_EXPOSED_WAIT_SECONDS),
     )
+
+
+def _theirs(text: str) -> str:
+    return cut(said(text), MAX_EXPOSED_TEXT)
 
 
 class Catalog:

@@ -43,6 +43,15 @@ def said(text: str | None) -> str:
     return (text or "").translate(_ONE_LINE)
 
 
+def quoted_lines(text: str) -> str:
+    """A file or a text of many lines a worker wrote, as a reply shows it: each of its lines
+    said (see _ONE_LINE) after "| ", so none starts a line of the reply as floom's would."""
+    lines = text.split("\n")
+    if len(lines) > 1 and not lines[-1]:
+        lines.pop()  # the file's last newline ends its last line; it starts no empty one
+    return "\n".join(f"| {said(line)}" for line in lines)
+
+
 @dataclass(frozen=True)
 class Reply:
     text: str
@@ -158,9 +167,10 @@ def artifacts_text(run_id: str, artifacts: list[ArtifactPublic]) -> str:
         for a in artifacts[:MAX_TEXT_ITEMS]
     )
     more = f" and {len(artifacts) - MAX_TEXT_ITEMS} more" if len(artifacts) > MAX_TEXT_ITEMS else ""
-    first = artifacts[0].name
+    # The name as a Python literal (repr): a quote in it cannot end the argument early.
+    first = said(artifacts[0].name)
     return (
-        f"artifacts: {listed}{more}; read one with get_artifact(run_id='{run_id}', name='{first}')"
+        f"artifacts: {listed}{more}; read one with get_artifact(run_id='{run_id}', name={first!r})"
     )
 
 

@@ -15,7 +15,7 @@ from pydantic import Field
 from floom.engine.collect import is_text
 from floom.errors import NotFound
 from floom.mcp.backends.base import JSON, Backend
-from floom.mcp.render import Reply
+from floom.mcp.render import Reply, quoted_lines, said
 from floom.mcp.toolkit import READ, FloomTool, backend_of, floom_tool, off
 from floom.schemas.runs import ArtifactPublic
 
@@ -96,9 +96,10 @@ def open_artifact(backend: Backend, run_id: str, name: str) -> ArtifactView:
 
 
 def artifact_text(view: ArtifactView) -> str:
-    head = f"{view.name} ({view.content_type}, {view.size} bytes)"
+    head = f"{said(view.name)} ({said(view.content_type)}, {view.size} bytes)"
     if view.inline:
-        return f"{head}:\n{view.text}"
+        # The file's lines are the worker's: each marked so, none posing as floom's.
+        return f"{head}, each line after '| ':\n{quoted_lines(view.text or '')}"
     return (
         f"{head} is {view.why}, so it is not shown inline; download it from "
         f"{view.download_url}: {DOWNLOAD_HOW}"
@@ -128,9 +129,10 @@ async def artifact_contents(ctx: Context, run_id: str, name: str) -> ReadResourc
 
 @floom_tool
 async def get_artifact(ctx: Context, run_id: RunId, name: ArtifactName) -> Reply:
-    """A file a run left (get_run lists its artifacts). Text up to 64 KiB comes inline; a
-    binary or larger file comes as a download URL with its media type and size. Also a
-    resource: floom://runs/{run_id}/artifacts/{name}."""
+    """A file a run left (get_run lists its artifacts). Text up to 64 KiB comes inline (as
+    written in the structured content; in the text, each line after '| ' with control
+    characters escaped); a binary or larger file comes as a download URL with its media type
+    and size. Also a resource: floom://runs/{run_id}/artifacts/{name}."""
     view = await off(open_artifact, backend_of(ctx), run_id, name)
     return Reply(artifact_text(view), view.to_json())
 

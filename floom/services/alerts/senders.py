@@ -22,6 +22,7 @@ from standardwebhooks.webhooks import Webhook
 
 from floom.errors import FloomError
 from floom.hints import Told, act, told
+from floom.invisible import CONTROLS, UNSHOWN, escapes
 from floom.jsonvalues import UNREADABLE
 from floom.net.egress import (
     EgressPolicy,
@@ -48,6 +49,12 @@ MAX_SUBJECT = 150
 SEND_BUDGET = 2
 # Never in a mail header or a Slack line: control characters, line separators.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+# What a worker wrote (its error message) goes on the line floom gives it: line breaks and
+# control characters as Python escapes (newline -> `\n`), and what reorders or hides text
+# (floom/invisible.py) as `\uXXXX`, so no text of theirs starts a line that poses as floom's
+# ("*floom*: worker x recovered", a "run_url:" of another address).
+_ONE_LINE: dict[int, str] = escapes([*CONTROLS, *UNSHOWN])
+_ONE_LINE.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
 
 
 class AlertUndeliverable(FloomError):
@@ -208,11 +215,15 @@ def slack_text(body: dict[str, Any]) -> str:
     lines = [f"*floom*: {_slack_escaped(summary_line(body))}"]
     error = body.get("error") or {}
     if error.get("code"):
-        message = _slack_escaped(str(error.get("message") or ""))
+        message = _slack_escaped(_theirs(error.get("message")))
         lines.append(f"error `{_slack_escaped(str(error['code']))}`: {message}")
     if body.get("run_url"):
         lines.append(_slack_escaped(str(body["run_url"])))
     return "\n".join(lines)
+
+
+def _theirs(text: object) -> str:
+    return str(text or "").translate(_ONE_LINE)
 
 
 def _slack_escaped(text: str) -> str:
@@ -226,7 +237,7 @@ def mail_text(body: dict[str, Any]) -> str:
             lines.append(f"{key}: {body[key]}")
     error = body.get("error") or {}
     if error:
-        lines.append(f"error: {error.get('code') or ''} {error.get('message') or ''}".rstrip())
+        lines.append(f"error: {error.get('code') or ''} {_theirs(error.get('message'))}".rstrip())
     lines += ["", json.dumps(body, indent=2)]
     return "\n".join(lines)
 
