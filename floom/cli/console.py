@@ -130,9 +130,20 @@ def status_text(status: str) -> Text:
     return Text(status, style=STATUS_STYLES.get(status, ""))
 
 
+# A line break in a value a worker or a caller wrote, as a value's one line shows it: kept,
+# it would start a line that reads as the command's own ("status    succeeded").
+_ONE_LINE = {ord("\n"): "\\n", ord("\r"): "\\r"}
+
+
+def one_line(text: str) -> str:
+    """`text` on one line, its line breaks shown as `\\n` and `\\r` (visible() shows the
+    other control characters)."""
+    return text.translate(_ONE_LINE)
+
+
 def value_text(value: Any) -> str:
     """An input or output value on one line: text as it is, anything else as JSON."""
-    return value if isinstance(value, str) else json.dumps(value, default=str)
+    return one_line(value) if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def run_heading(run: dict[str, Any]) -> Text:
@@ -167,7 +178,10 @@ def print_outcome(r: dict[str, Any]) -> None:
     """A run's error, outputs and artifacts, where it has them."""
     if r.get("error"):
         out.print(
-            Text(f"error: {r['error'].get('code')}: {r['error'].get('message')}", style="red")
+            Text(
+                f"error: {r['error'].get('code')}: {one_line(str(r['error'].get('message')))}",
+                style="red",
+            )
         )
     if r.get("outputs"):
         out.print("outputs:")

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from floom.errors import FloomError, InvalidRequest, NotFound
 from floom.hints import Surface
 from floom.hints.surface import render
+from floom.mcp.render import said
 from floom.schemas.common import ErrorDetail
 
 log = logging.getLogger("floom.mcp")
@@ -63,11 +64,14 @@ def describe(exc: BaseException) -> ErrorDetail:
 
 
 def error_text(error: ErrorDetail) -> str:
-    lines = [f"error [{error.code}]: {error.message}"]
+    """An error as a reply's text. Its message and details are floom's words, but they may
+    quote what a caller or a worker wrote (a name not found, a manifest's path): each is
+    said on one line (render.said), so none can add a line that reads as floom's."""
+    lines = [f"error [{error.code}]: {said(error.message)}"]
     for item in error.details if isinstance(error.details, list) else []:
         if isinstance(item, dict) and item.get("message") and item["message"] not in error.message:
-            where = f"{item['path']}: " if item.get("path") else ""
-            lines.append(f"  {where}{item['message']}")
+            where = f"{said(str(item['path']))}: " if item.get("path") else ""
+            lines.append(f"  {where}{said(str(item['message']))}")
     if error.hint:
         lines.append(f"hint: {error.hint}")
     return "\n".join(lines)

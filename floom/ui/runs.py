@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from floom.api.auth import CtxDep
 from floom.api.openapi import decimal
-from floom.api.routes.runs import download_disposition, log_event_stream
+from floom.api.routes.runs import artifact_headers, log_event_stream
 from floom.errors import FloomError, InvalidRequest, NotFound
 from floom.schemas import runs as run_models
 from floom.schemas import workers as worker_models
@@ -310,14 +310,5 @@ def artifact_page(request: Request, run_id: str, name: str, ctx: CtxDep, me: Me)
 @router.get("/runs/{run_id}/files/{name:path}")
 def artifact_file(run_id: str, name: str, ctx: CtxDep, me: Me) -> Response:
     art, data = runs.read_artifact(ctx, run_id=run_id, name=name, caller=me.caller)
-    return Response(
-        content=data,
-        media_type=art.content_type,
-        headers={
-            # Binary artifacts are never shown inline (see _preview).
-            "Content-Disposition": download_disposition(name),
-            # Opened directly, an artifact gets no script and no access to floom's origin.
-            "Content-Security-Policy": "sandbox; default-src 'none'; img-src 'self'",
-            "Cache-Control": "private, no-store",
-        },
-    )
+    # Binary artifacts are never shown inline (see _preview).
+    return Response(content=data, media_type=art.content_type, headers=artifact_headers(name))

@@ -161,6 +161,9 @@ def test_an_artifact_of_any_printable_name_downloads_and_one_with_a_control_char
             assert resp.content == b"x"
             disposition = resp.headers["content-disposition"]
             assert disposition.endswith(f"filename*=UTF-8''{quote(name, safe='')}"), disposition
+            # Opened by a browser anyway, on either surface: no sniffing, no script, no origin.
+            assert resp.headers["x-content-type-options"] == "nosniff"
+            assert resp.headers["content-security-policy"].startswith("sandbox; default-src 'none'")
     lines = log_lines(api, run["id"])
     for shown in ["a\\x0ab.txt", "esc\\x1b[31m.txt", "del\\x7f.txt"]:
         assert f"artifact {shown} was not kept: its name holds a control character" in "\n".join(

@@ -25,6 +25,7 @@ inputs:
   fail: {type: boolean, default: false}
 outputs:
   note: {type: string}
+  forged: {type: string}
 limits: {timeout_seconds: 30}
 """
 HOSTILE_PY = r"""
@@ -41,9 +42,12 @@ out = Path(os.environ["FLOOM_OUTPUT_DIR"])
 # (A name holding a control character is not kept at all: test_worker_text.py.)
 (out / "[bold]n[red].txt").write_text("x")
 if inputs["fail"]:
-    Path("result.json").write_text(json.dumps({"error": "bad " + E + "[31m[red]red[/red]"}))
+    error = "bad " + E + "[31m[red]red[/red]\nstatus    succeeded"
+    Path("result.json").write_text(json.dumps({"error": error}))
     sys.exit(1)
-Path("result.json").write_text(json.dumps({"outputs": {"note": E + "[41m[red]x[/red]"}}))
+forged = "ok\r\nartifacts:\n  invoice.pdf  1.0 KiB"
+outputs = {"note": E + "[41m[red]x[/red]", "forged": forged}
+Path("result.json").write_text(json.dumps({"outputs": outputs}))
 """
 
 
@@ -93,10 +97,14 @@ def test_show_prints_outputs_errors_and_artifact_names_visibly(
     _assert_shown_safely(shown.stdout)
     assert "note: \\x1b[41m[red]x[/red]" in shown.stdout
     assert "[bold]n[red].txt" in shown.stdout
+    # A value or an error is shown on one line: its line breaks cannot add lines to the run.
+    assert "forged: ok\\r\\nartifacts:\\n  invoice.pdf  1.0 KiB" in shown.stdout
+    assert "invoice.pdf" not in shown.stdout.replace("\\n  invoice.pdf", "")
 
     failed = cli(server, "show", _hostile_run(server, api, tmp_path, fail=True))
     _assert_shown_safely(failed.stdout)
-    assert "bad \\x1b[31m[red]red[/red]" in failed.stdout
+    assert "bad \\x1b[31m[red]red[/red]\\nstatus    succeeded" in failed.stdout
+    assert "\nstatus    succeeded" not in failed.stdout
 
 
 def test_artifacts_list_visibly_and_print_to_a_terminal_visibly(
