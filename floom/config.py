@@ -7,6 +7,7 @@ import os
 from functools import cached_property
 from pathlib import Path
 from typing import Final, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -229,6 +230,29 @@ class Settings(BaseSettings):
         """Keys are <prefix>blobs/<digest>: a prefix is a folder of the bucket, or nothing."""
         value = value.strip().lstrip("/")
         return value if not value or value.endswith("/") else value + "/"
+
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        """An S3 endpoint is shown (floom doctor, errors, logs): a URL with credentials in it
+        would show them, and one that is not http(s)://host would fail at the first upload."""
+        value = value.strip()
+        if not value:
+            return value
+        parsed = urlsplit(value)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(
+                "give the endpoint as http(s)://HOST[:PORT], e.g. http://127.0.0.1:8333"
+            )
+        if parsed.username is not None or parsed.password is not None:
+            raise ValueError(
+                "the endpoint holds credentials; give the URL without them, and the keys in "
+                "FLOOM_S3_ACCESS_KEY_ID and FLOOM_S3_SECRET_ACCESS_KEY "
+                "(or FLOOM_S3_CREDENTIALS_FILE)"
+            )
+        if parsed.query or parsed.fragment:
+            raise ValueError("the endpoint holds a query or fragment; give http(s)://HOST[:PORT]")
+        return value
 
     @field_validator("forwarded_allow_ips")
     @classmethod
