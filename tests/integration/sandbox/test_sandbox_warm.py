@@ -341,6 +341,57 @@ def test_a_run_outlives_its_warm_process_killed_mid_run_and_a_new_one_serves_the
     assert replacement.alive()
 
 
+def test_a_warm_process_closed_while_dead_and_not_yet_reaped_leaves_its_runs_running(
+    warm: WarmedLocal,
+) -> None:
+    # Killed, the interpreter hands its runs to its namespace's pid 1 and stays a zombie
+    # until pid 1 reaps it; a close in that moment once saw no child of the interpreter and
+    # killed the namespace, the run in flight with it (exit 137). pid 1 is held stopped here
+    # so that the moment lasts.
+    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
+    key = warm.warm_up(spec)
+    process = warm.pools.process_of(key)
+    assert process is not None
+    started = threading.Event()
+    ended: list[SandboxResult] = []
+
+    def target() -> None:
+        ended.append(
+            warm.run(
+                spec,
+                on_line=lambda stream, line: started.set() if line == "started" else None,
+                should_cancel=lambda: False,
+            )
+        )
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    assert started.wait(20)
+    os.kill(procfs.pid_of(process.init_pidfd), signal.SIGSTOP)
+    try:
+        os.kill(process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not _is_zombie(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _is_zombie(process.pid)
+        process.close()
+    finally:
+        os.kill(procfs.pid_of(process.init_pidfd), signal.SIGCONT)
+    (spec.workdir / "go").write_text("")
+    thread.join(30)
+    assert ended
+    assert ended[0].exit_code == 0
+    assert json.loads((spec.workdir / "result.json").read_text())["outputs"]["survived"]
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
 def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_finish(
     warm: WarmedLocal,
 ) -> None:

@@ -223,6 +223,7 @@ class WarmProcess:
         self.pidfd = pidfd
         self.init_pidfd = init_pidfd
         self.pid = procfs.pid_of(pidfd)
+        self.init_pid = procfs.pid_of(init_pidfd)
         for fd in (pidfd, init_pidfd):
             weakref.finalize(self, _close_quietly, fd)
         self.started = time.monotonic()
@@ -353,12 +354,20 @@ class WarmProcess:
             return _Pending(ours, out_r, err_r, cgroup, undo.pop_all())
 
     def _has_children(self) -> bool:
-        """Whether the interpreter has a child (a run's pid 1) left; True when unknown."""
-        try:
-            with open(f"/proc/{self.pid}/task/{self.pid}/children") as children:
-                return bool(children.read().split())
-        except OSError:
-            return True
+        """Whether a run's pid 1 (or the process reporting one) is left in the namespace: a
+        child of the interpreter, or, once the interpreter died, of the namespace's pid 1,
+        which its children were handed to (until pid 1 reaps it, a dead interpreter lists
+        none of them). True when unknown."""
+        found: set[str] = set()
+        for pid in (self.pid, self.init_pid):
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as children:
+                    found.update(children.read().split())
+            except OSError:
+                if pid == self.init_pid:
+                    return True
+        found.discard(str(self.pid))
+        return bool(found)
 
     def rss_bytes(self) -> int:
         """The interpreter's resident memory (what its children share until they write)."""
