@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,22 @@ def unbudgeted(tmp_path: Path, database_url: str) -> Iterator[LiveServer]:
         yield srv
 
 
+@contextmanager
+def budgeted(
+    tmp_path: Path, database_url: str, *, per_address: int, per_hook: int
+) -> Iterator[LiveServer]:
+    """A server with these budgets of failed checks, a hook of each kind deployed."""
+    with live_server(
+        tmp_path / "data",
+        database_url,
+        webhook_failures_per_minute=per_address,
+        webhook_hook_failures_per_minute=per_hook,
+    ) as srv:
+        with srv.client() as api:
+            deploy_every_kind(api, tmp_path)
+        yield srv
+
+
 # -- one answer, whether a hook is there or not -------------------------------------------------
 
 
@@ -181,14 +198,7 @@ def test_composio_unset_and_composio_set_answer_a_forged_event_alike(
 def test_failed_signature_checks_from_one_address_are_answered_429_before_any_work(
     tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with live_server(
-        tmp_path / "data",
-        database_url,
-        webhook_failures_per_minute=3,
-        webhook_hook_failures_per_minute=0,
-    ) as srv:
-        with srv.client() as api:
-            deploy_every_kind(api, tmp_path)
+    with budgeted(tmp_path, database_url, per_address=3, per_hook=0) as srv:
         body = b'{"n": 1}'
         forged = github(body, "guid-x", "not-the-secret")
         with caplog.at_level(logging.INFO, logger="floom"):
@@ -216,14 +226,7 @@ def test_failed_signature_checks_from_one_address_are_answered_429_before_any_wo
 def test_a_hooks_budget_is_spent_by_failures_at_it_alone_and_alike_for_absent_hooks(
     tmp_path: Path, database_url: str
 ) -> None:
-    with live_server(
-        tmp_path / "data",
-        database_url,
-        webhook_failures_per_minute=0,
-        webhook_hook_failures_per_minute=2,
-    ) as srv:
-        with srv.client() as api:
-            deploy_every_kind(api, tmp_path)
+    with budgeted(tmp_path, database_url, per_address=0, per_hook=2) as srv:
         body = b'{"n": 1}'
         forged = github(body, "guid-x", "not-the-secret")
         answers = {
@@ -248,14 +251,7 @@ def post_from(
 def test_a_flood_at_a_hook_from_many_addresses_does_not_hold_back_its_verified_sender(
     tmp_path: Path, database_url: str
 ) -> None:
-    with live_server(
-        tmp_path / "data",
-        database_url,
-        webhook_failures_per_minute=0,
-        webhook_hook_failures_per_minute=3,
-    ) as srv:
-        with srv.client() as api:
-            deploy_every_kind(api, tmp_path)
+    with budgeted(tmp_path, database_url, per_address=0, per_hook=3) as srv:
         body = b'{"n": 1}'
         sender, newcomer = "127.0.0.2", "127.0.0.3"
         first = post_from(srv, sender, "/hooks/gh", body, github(body, "guid-1"))

@@ -26,12 +26,10 @@ WHOAMI = "import os\nprint(os.environ['E2B_SANDBOX_ID'])\nprint(os.environ.get('
 
 
 @pytest.fixture
-def standin(service: E2BStandin) -> Iterator[E2BStandin]:
-    service.clear_faults()
-    service.reset_counts()
-    yield service
-    service.clear_faults()
-    service.core.kill_all()
+def standin(standin: E2BStandin) -> Iterator[E2BStandin]:
+    """conftest.py's, and what a test's pool left is killed after it."""
+    yield standin
+    standin.core.kill_all()
 
 
 @pytest.fixture

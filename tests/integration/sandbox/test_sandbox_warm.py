@@ -301,13 +301,11 @@ json.dump({"outputs": {"survived": True}}, open("result.json", "w"))
 """
 
 
-def test_a_run_outlives_its_warm_process_killed_mid_run_and_a_new_one_serves_the_next(
-    warm: WarmedLocal,
-) -> None:
-    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
-    key = warm.warm_up(spec)
-    process = warm.pools.process_of(key)
-    assert process is not None
+def _started_in_a_thread(
+    warm: WarmedLocal, spec: SandboxSpec
+) -> tuple[threading.Thread, list[SandboxResult]]:
+    """SLEEP_THEN_WRITE run in a thread, once it printed "started": the thread, and the list
+    its result is put in."""
     started = threading.Event()
     ended: list[SandboxResult] = []
 
@@ -323,6 +321,17 @@ def test_a_run_outlives_its_warm_process_killed_mid_run_and_a_new_one_serves_the
     thread = threading.Thread(target=target)
     thread.start()
     assert started.wait(20)
+    return thread, ended
+
+
+def test_a_run_outlives_its_warm_process_killed_mid_run_and_a_new_one_serves_the_next(
+    warm: WarmedLocal,
+) -> None:
+    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
+    key = warm.warm_up(spec)
+    process = warm.pools.process_of(key)
+    assert process is not None
+    thread, ended = _started_in_a_thread(warm, spec)
     os.kill(process.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while process.alive() and time.monotonic() < deadline:
@@ -352,21 +361,7 @@ def test_a_warm_process_closed_while_dead_and_not_yet_reaped_leaves_its_runs_run
     key = warm.warm_up(spec)
     process = warm.pools.process_of(key)
     assert process is not None
-    started = threading.Event()
-    ended: list[SandboxResult] = []
-
-    def target() -> None:
-        ended.append(
-            warm.run(
-                spec,
-                on_line=lambda stream, line: started.set() if line == "started" else None,
-                should_cancel=lambda: False,
-            )
-        )
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    assert started.wait(20)
+    thread, ended = _started_in_a_thread(warm, spec)
     os.kill(procfs.pid_of(process.init_pidfd), signal.SIGSTOP)
     try:
         os.kill(process.pid, signal.SIGKILL)
