@@ -362,29 +362,21 @@ def test_a_warm_process_closed_while_dead_and_not_yet_reaped_leaves_its_runs_run
     process = warm.pools.process_of(key)
     assert process is not None
     thread, ended = _started_in_a_thread(warm, spec)
-    os.kill(procfs.pid_of(process.init_pidfd), signal.SIGSTOP)
+    os.kill(process.init_pid, signal.SIGSTOP)
     try:
         os.kill(process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while not _is_zombie(process.pid) and time.monotonic() < deadline:
+        while procfs.zombie_status(process.pid) is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert _is_zombie(process.pid)
+        assert procfs.zombie_status(process.pid) is not None
         process.close()
     finally:
-        os.kill(procfs.pid_of(process.init_pidfd), signal.SIGCONT)
+        os.kill(process.init_pid, signal.SIGCONT)
     (spec.workdir / "go").write_text("")
     thread.join(30)
     assert ended
     assert ended[0].exit_code == 0
     assert json.loads((spec.workdir / "result.json").read_text())["outputs"]["survived"]
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return False
 
 
 def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_finish(
@@ -394,19 +386,7 @@ def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_f
     old_key = warm.warm_up(spec)
     old = warm.pools.process_of(old_key)
     assert old is not None
-    started = threading.Event()
-    ended: list[SandboxResult] = []
-    thread = threading.Thread(
-        target=lambda: ended.append(
-            warm.run(
-                spec,
-                on_line=lambda stream, line: started.set() if line == "started" else None,
-                should_cancel=lambda: False,
-            )
-        )
-    )
-    thread.start()
-    assert started.wait(20)
+    thread, ended = _started_in_a_thread(warm, spec)
     warm.version = "v2"  # the next runs are of the version just deployed
     result, lines, new_spec = run(warm, LOOK)
     assert result.exit_code == 0, lines
