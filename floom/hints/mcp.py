@@ -57,6 +57,8 @@ def _replay(a: Action) -> Call:
         return _call("replay_recorded_run", run_id=run, mode="what_if", version_id=a.arg("version"))
     if a.has("model"):
         return _call("replay_recorded_run", run_id=run, mode="what_if", model=a.arg("model"))
+    if a.flag("latest"):
+        return _call("replay_run", run_id=run, latest=True)
     return _call("replay_run", run_id=run)
 
 

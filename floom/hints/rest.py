@@ -71,6 +71,8 @@ def _replay(a: Action) -> Request:
         return _request(
             "POST", "runs", run, "replays", body={"mode": "what_if", "model": a.arg("model")}
         )
+    if a.flag("latest"):
+        return _request("POST", "runs", run, "replay", body={"latest": True})
     return _request("POST", "runs", run, "replay")
 
 

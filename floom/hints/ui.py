@@ -36,6 +36,8 @@ def _replay(a: Action) -> str:
         return _on_run("Replay exactly from the recording")(a)
     if a.has("version"):
         return _on_run("What-if on the active version")(a)
+    if a.flag("latest"):
+        return _on_run("Replay on the active version")(a)
     return _on_run("Replay")(a)
 
 

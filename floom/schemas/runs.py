@@ -301,8 +301,12 @@ class RunRequest(BaseModel):
     coerce_strings: bool = Field(
         False, description="inputs are text (as typed on a command line); convert by declared type"
     )
-    version_id: str | None = Field(None, description="pin to this version instead of the active")
-    force: bool = Field(False, description="run even though the worker is paused")
+    version_id: str | None = Field(
+        None,
+        description="pin to this version instead of the active (another than the active one: "
+        "a deploy-scoped key)",
+    )
+    force: bool = Field(False, description="run even though the worker is paused (a deploy-scoped key)")
     callback_url: str | None = Field(
         None,
         max_length=2048,

@@ -49,8 +49,12 @@ SSE_RECHECK_SECONDS = 1.0
 
 class ReplayRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
-    latest: bool = Field(False, description="run on the worker's active version instead")
-    force: bool = Field(False, description="run even though the worker is paused")
+    latest: bool = Field(
+        False,
+        description="run on the worker's active version instead (without it, a replay of a run "
+        "of another version needs a deploy-scoped key)",
+    )
+    force: bool = Field(False, description="run even though the worker is paused (a deploy-scoped key)")
 
 
 _CLIENT_TRIGGERS = {"cli": RunTrigger.MANUAL, "mcp": RunTrigger.MCP}

@@ -128,7 +128,7 @@ def stopped_waiting(run_id: str) -> NoReturn:
 
 
 WaitOpt = Annotated[bool, typer.Option("--wait", help="follow the run until it ends")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="run even though the worker is paused")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="run even though the worker is paused (a deploy-scoped key)")]
 TimeoutOpt = Annotated[
     float | None,
     typer.Option("--timeout", min=0, help="with --wait: stop waiting after S seconds"),
@@ -194,7 +194,12 @@ def run(
 def replay(
     run_id: Annotated[str, typer.Argument(help="the run to run again")],
     latest: Annotated[
-        bool, typer.Option("--latest", help="use the worker's active version, not the run's")
+        bool,
+        typer.Option(
+            "--latest",
+            help="use the worker's active version, not the run's (a run-scoped key replays a "
+            "run of an older version only so)",
+        ),
     ] = False,
     exact: Annotated[
         bool,

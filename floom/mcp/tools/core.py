@@ -74,7 +74,7 @@ FilesBase64 = Annotated[
 Executable = Annotated[
     list[str] | None, Field(description="paths among `files` that are executable")
 ]
-Force = Annotated[bool, Field(description="run even though the worker is paused")]
+Force = Annotated[bool, Field(description="run even though the worker is paused (a deploy-scoped key)")]
 WaitSeconds = Annotated[
     float, Field(ge=0, le=MAX_WAIT_SECONDS, description="wait up to this long for the run to end")
 ]
@@ -434,7 +434,9 @@ async def replay_run(
     wait_seconds: WaitSeconds = 0,
 ) -> Reply:
     """Run again with the same inputs, on the same version (or the active one with latest).
-    With wait_seconds, wait for the new run to end, as run_worker does."""
+    A replay on a version that is no longer active needs a deploy-scoped key; a run-scoped
+    one replays with latest. With wait_seconds, wait for the new run to end, as run_worker
+    does."""
     backend = backend_of(ctx)
     run = await off(backend.replay_run, run_id, latest=latest, force=force)
     finished = run.status not in ACTIVE_STATUSES

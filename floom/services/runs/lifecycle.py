@@ -171,6 +171,7 @@ def _queue_run(
         caller=caller,
         check_surface=check_surface,
         force=force,
+        replay_of=replay_of,
     )
     clean = manifest.coerce_inputs(dict(inputs or {}), from_strings=coerce_strings)
     if replay_of and state_base:
@@ -210,6 +211,9 @@ def _queue_run(
             check_against_lock=check_against_lock,
             held=held,
             in_transaction=in_transaction,
+            caller=caller,
+            force=force,
+            check_choices=check_surface,
         )
     return run, locked
 
@@ -222,10 +226,12 @@ def _runnable_version(
     caller: Principal,
     check_surface: bool,
     force: bool,
+    replay_of: str | None,
 ) -> tuple[Version, Manifest]:
     """The version a new run of `worker` runs (`version_id`, or the active one) with its
     manifest, once the worker may run: exposed to `caller` (with `check_surface`), not
-    paused (unless `force`), and under its monthly cap."""
+    paused (unless `force`), on a version other than the active one or forced only by a
+    caller with the deploy scope (with `check_surface`), and under its monthly cap."""
     version_id = version_id or worker.active_version_id
     if version_id is None:
         raise Conflict(
@@ -248,6 +254,9 @@ def _runnable_version(
             active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
             current = workers.manifest_of(active)
         exposure.check_exposed(current, worker=worker.name, caller=caller)
+        exposure.check_deploy_choices(
+            worker, version_id=version.id, force=force, replay_of=replay_of, caller=caller
+        )
     if worker.paused and not force:
         raise WorkerPaused(
             f"worker '{worker.name}' is paused",
@@ -270,10 +279,15 @@ def _insert_queued(
     check_against_lock: bool,
     held: bool,
     in_transaction: Callable[[Session, Run], None] | None,
+    caller: Principal,
+    force: bool,
+    check_choices: bool,
 ) -> Worker:
     """The queueing transaction: insert `run` with its first lines, as claimed by this node
     when a slot is `held` for it and no older run may start first, and with the trigger's
-    step `in_transaction`. Returns the worker's row as locked."""
+    step `in_transaction`. With `check_choices`, a version other than the active one or a
+    forced run of a paused worker is decided again from the locked row (a rollback or pause
+    since the first check). Returns the worker's row as locked."""
     # A trigger's step adds rows through the ORM; without one, every statement is Core and a
     # plain connection does (store.db.write_connection).
     transaction = (
@@ -289,6 +303,15 @@ def _insert_queued(
             worker.active_version_id,
         ):
             raise _StaleWorker
+        if check_choices:
+            exposure.check_deploy_choices(
+                locked,
+                version_id=run.version_id,
+                force=force,
+                replay_of=run.replay_of,
+                caller=caller,
+                s=s,
+            )
         note = f"queued ({run.trigger}) on version {run.version_id}"
         if run.replay_of:
             note += f", replay of {run.replay_of}"

@@ -1,6 +1,8 @@
-"""Which surfaces may start a worker: worker.yml's `expose` lists them (`ui`, `rest`, `mcp`),
-every one when it is absent. Triggers (schedules, webhooks, Composio events, handoffs) and
-floom itself are not surfaces: `expose` never stops them.
+"""Which surfaces may start a worker, and which choices in starting one are a deploy key's.
+
+worker.yml's `expose` lists the surfaces (`ui`, `rest`, `mcp`), every one when it is
+absent. Triggers (schedules, webhooks, Composio events, handoffs) and floom itself are not
+surfaces: `expose` never stops them.
 
 A surface is where a person or an agent asks for a run, not a permission: a key that may
 run a worker (its scope) can reach it on any surface the worker allows. floom's CLI is a
@@ -9,10 +11,12 @@ client of the REST API and counts as `rest`; so does any other REST client.
 
 from __future__ import annotations
 
-from floom.errors import NotExposed
-from floom.hints import act, told
+from floom.errors import Forbidden, NotExposed
+from floom.hints import KeyWith, Part, act, told
 from floom.manifest.schema import EXPOSE_TARGETS, Manifest
 from floom.services.access.principal import Principal, Surface
+from floom.store.db import Writer
+from floom.store.models import Worker
 
 # The expose target each surface answers to (floom itself, "system", has none).
 TARGET_OF: dict[Surface, str] = {"rest": "rest", "cli": "rest", "mcp": "mcp", "ui": "ui"}
@@ -53,4 +57,64 @@ def check_exposed(manifest: Manifest, *, worker: str, caller: Principal) -> None
             "; schedules, webhooks and events start it whatever `expose` says",
         ),
         details={"surface": target, "allowed": list(allowed)},
+    )
+
+
+def check_deploy_choices(
+    worker: Worker,
+    *,
+    version_id: str,
+    force: bool,
+    replay_of: str | None,
+    caller: Principal,
+    s: Writer | None = None,
+) -> None:
+    """Refuse (Forbidden, naming the deploy scope) a caller without the deploy scope who
+    starts `worker` on a version other than its active one (a pinned `version_id`, or a
+    replay of a run on the version it recorded), or, with `force`, while it is paused.
+
+    Which code runs, and whether a worker runs at all, are a deploy key's decisions (deploy,
+    rollback, pause, resume); a run key runs what they left active. Replays from a recording
+    are not started through this check: they act on nothing. With `s`, the write transaction
+    that queues the run and has locked `worker`'s row, the decision is made again from that
+    row and a deploy key is read again (`require_in`), so a rollback, a pause or a revocation
+    committed meanwhile is seen."""
+    paused_forced = worker.paused and force
+    other_version = version_id != worker.active_version_id
+    if not (paused_forced or other_version):
+        return
+    if caller.can("deploy"):
+        if s is not None:
+            caller.require_in(s, "deploy")
+        return
+    if other_version:
+        active = worker.active_version_id or "none"
+        what = "a replay of" if replay_of else "a run of"
+        instead: tuple[Part, ...] = (
+            ("replay it on the active version with ", act("replay", run_id=replay_of, latest=True))
+            if replay_of
+            else ("run the active version (leave the version out)",)
+        )
+        raise Forbidden(
+            f"{what} worker '{worker.name}' on version {version_id}, not its active version "
+            f"({active}), needs the 'deploy' scope: which version runs is a deploy decision",
+            hint=told(
+                *instead,
+                "; to run that version, make it active with ",
+                act("rollback", worker=worker.name, version=version_id),
+                " or use ",
+                KeyWith("deploy"),
+            ),
+            details={"scope_needed": "deploy"},
+        )
+    raise Forbidden(
+        f"running paused worker '{worker.name}' anyway (force) needs the 'deploy' scope: "
+        "pausing and resuming are deploy decisions",
+        hint=told(
+            "wait until it is resumed (",
+            act("resume", worker=worker.name),
+            ", with a deploy key), or use ",
+            KeyWith("deploy"),
+        ),
+        details={"scope_needed": "deploy"},
     )

@@ -234,7 +234,10 @@ READ_SERVICES = (
 
 # Functions that take a caller to apply a rule about it, after the service that calls them
 # has checked its scope, and read nothing themselves.
-RULES_ABOUT_THE_CALLER = {"workers.exposure.check_exposed": "create_run's surface check"}
+RULES_ABOUT_THE_CALLER = {
+    "workers.exposure.check_exposed": "create_run's surface check",
+    "workers.exposure.check_deploy_choices": "create_run's version and force check",
+}
 
 
 def _services_taking_a_caller() -> dict[str, Callable[..., Any]]:

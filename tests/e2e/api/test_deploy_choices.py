@@ -1,0 +1,160 @@
+"""Which code runs, and whether a paused worker runs at all, are a deploy key's decisions: a
+run key starts the active version of a worker that is not paused. A run pinned to another
+version, a replay of a run on a version no longer active, and a forced run of a paused
+worker need the deploy scope, on every surface (the rule is in the service), and the
+decision is made again inside the transaction that queues the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from floom.errors import Forbidden
+from floom.services.access import keys
+from floom.services.access.principal import SYSTEM, Principal
+from floom.services.runs import agent as agent_runs
+from floom.services.runs import lifecycle as runs
+from floom.services.workers import versions as workers
+from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
+from tests.support.mcp_clients import http_client
+
+
+def _two_versions(api: httpx.Client, tmp_path: Path) -> tuple[str, str]:
+    """A worker `chosen` deployed twice: (the older version, the active one)."""
+    old = deploy_folder(api, make_worker(tmp_path / "a", "name: chosen\n", {"run.py": "1\n"}))
+    new = deploy_folder(api, make_worker(tmp_path / "b", "name: chosen\n", {"run.py": "2\n"}))
+    return old["version"]["id"], new["version"]["id"]
+
+
+def _key(server: LiveServer, scope: str) -> httpx.Client:
+    _, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=[scope], name=f"a {scope} key")
+    return server.client(key=token)
+
+
+def _refusal(resp: httpx.Response) -> dict[str, Any]:
+    assert resp.status_code == 403, resp.text
+    error: dict[str, Any] = resp.json()["error"]
+    assert error["code"] == "forbidden"
+    assert error["details"]["scope_needed"] == "deploy"
+    return error
+
+
+def test_a_run_key_runs_the_active_version_and_only_a_deploy_key_pins_another(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    with server.client() as admin:
+        old, active = _two_versions(admin, tmp_path)
+    run_key, deploy_key = _key(server, "run"), _key(server, "deploy")
+    url = "/api/v1/workers/chosen/runs"
+
+    error = _refusal(run_key.post(url, json={"version_id": old}))
+    assert old in error["message"] and active in error["message"]
+    assert "rollback" in error["hint"]
+    # The active version, named or not, is the run key's to start.
+    assert run_key.post(url, json={"version_id": active}).status_code == 202
+    assert run_key.post(url, json={}).status_code == 202
+    pinned = deploy_key.post(url, json={"version_id": old})
+    assert pinned.status_code == 202, pinned.text
+    assert pinned.json()["version_id"] == old
+
+
+def test_a_run_key_replays_a_run_of_an_older_version_only_on_the_active_one(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    with server.client() as admin:
+        old, active = _two_versions(admin, tmp_path)
+        first = admin.post("/api/v1/workers/chosen/runs", json={"version_id": old}).json()
+        wait_for_run(admin, first["id"])
+    run_key, deploy_key = _key(server, "run"), _key(server, "deploy")
+    url = f"/api/v1/runs/{first['id']}/replay"
+
+    error = _refusal(run_key.post(url, json={}))
+    assert "replay" in error["message"]
+    assert '"latest": true' in error["hint"]  # the REST client is told the request to send
+    latest = run_key.post(url, json={"latest": True})
+    assert latest.status_code == 202, latest.text
+    assert latest.json()["version_id"] == active
+    again = deploy_key.post(url, json={})
+    assert again.status_code == 202, again.text
+    assert again.json()["version_id"] == old
+
+
+def test_a_replay_on_the_version_still_active_needs_only_the_run_scope(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    with server.client() as admin:
+        _, active = _two_versions(admin, tmp_path)
+        first = admin.post("/api/v1/workers/chosen/runs", json={}).json()
+        wait_for_run(admin, first["id"])
+    again = _key(server, "run").post(f"/api/v1/runs/{first['id']}/replay", json={})
+    assert again.status_code == 202, again.text
+    assert again.json()["version_id"] == active
+
+
+def test_only_a_deploy_key_forces_a_run_of_a_paused_worker(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    with server.client() as admin:
+        _two_versions(admin, tmp_path)
+        assert admin.post("/api/v1/workers/chosen/pause").status_code == 200
+    run_key, deploy_key = _key(server, "run"), _key(server, "deploy")
+    url = "/api/v1/workers/chosen/runs"
+
+    paused = run_key.post(url, json={})
+    assert paused.status_code == 409 and paused.json()["error"]["code"] == "worker_paused"
+    error = _refusal(run_key.post(url, json={"force": True}))
+    assert "paused" in error["message"]
+    assert deploy_key.post(url, json={"force": True}).status_code == 202
+    # A replay with force is the same choice.
+    forced = deploy_key.post(url, json={"force": True}).json()
+    _refusal(run_key.post(f"/api/v1/runs/{forced['id']}/replay", json={"force": True}))
+
+
+def test_mcp_run_tool_refuses_a_run_key_forcing_a_paused_worker(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    with server.client() as admin:
+        _two_versions(admin, tmp_path)
+        assert admin.post("/api/v1/workers/chosen/pause").status_code == 200
+    _, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["run"], name="mcp run key")
+
+    async def call() -> dict[str, Any]:
+        async with http_client(server, token) as mcp:
+            result = await mcp.call_tool("run_worker", {"worker": "chosen", "force": True})
+            return dict(result.structured_content or {})
+
+    error = anyio.run(call)["error"]
+    assert error["code"] == "forbidden"
+    assert "resume_worker" in error["hint"]  # told as an MCP tool call
+
+
+def test_a_rollback_between_the_check_and_the_queueing_is_seen_in_the_transaction(
+    server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = server.ctx
+    with server.client() as admin:
+        old, active = _two_versions(admin, tmp_path)
+    run_key, _ = keys.create_key(ctx, caller=SYSTEM, scopes=["run"], name="racing run key")
+    caller = Principal.of_key(run_key)
+    checked = agent_runs.check_monthly_cap
+
+    # Between each pass's checks and its queueing transaction, a deploy key switches the
+    # active version: the first pass (from this process's copy) sees its copy is stale and
+    # reads again; the second decides on the version it read, and the switch lands after.
+    def switch_then_check(ctx_: Any, **kwargs: Any) -> None:
+        now = workers.get_worker(ctx, name="chosen", caller=SYSTEM).active_version_id
+        target = old if now == active else active
+        workers.rollback(ctx, name="chosen", version_id=target, caller=SYSTEM)
+        checked(ctx_, **kwargs)
+
+    monkeypatch.setattr(agent_runs, "check_monthly_cap", switch_then_check)
+    with pytest.raises(Forbidden) as refused:
+        runs.create_run(ctx, worker_name="chosen", caller=caller)
+    assert refused.value.details["scope_needed"] == "deploy"
+    with server.client() as admin:
+        listed = admin.get("/api/v1/runs", params={"worker": "chosen"}).json()
+    assert listed["items"] == []
