@@ -306,7 +306,9 @@ class RunRequest(BaseModel):
         description="pin to this version instead of the active (another than the active one: "
         "a deploy-scoped key)",
     )
-    force: bool = Field(False, description="run even though the worker is paused (a deploy-scoped key)")
+    force: bool = Field(
+        False, description="run even though the worker is paused (a deploy-scoped key)"
+    )
     callback_url: str | None = Field(
         None,
         max_length=2048,

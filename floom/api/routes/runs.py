@@ -54,7 +54,9 @@ class ReplayRequest(BaseModel):
         description="run on the worker's active version instead (without it, a replay of a run "
         "of another version needs a deploy-scoped key)",
     )
-    force: bool = Field(False, description="run even though the worker is paused (a deploy-scoped key)")
+    force: bool = Field(
+        False, description="run even though the worker is paused (a deploy-scoped key)"
+    )
 
 
 _CLIENT_TRIGGERS = {"cli": RunTrigger.MANUAL, "mcp": RunTrigger.MCP}

@@ -28,7 +28,9 @@ class PauseRequest(BaseModel):
 
 class DeliveryReplayRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
-    force: bool = Field(False, description="run even though the worker is paused (a deploy-scoped key)")
+    force: bool = Field(
+        False, description="run even though the worker is paused (a deploy-scoped key)"
+    )
 
 
 def hook_urls(request: Request, ctx: Context) -> triggers.HookUrls:

@@ -128,7 +128,9 @@ def stopped_waiting(run_id: str) -> NoReturn:
 
 
 WaitOpt = Annotated[bool, typer.Option("--wait", help="follow the run until it ends")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="run even though the worker is paused (a deploy-scoped key)")]
+ForceOpt = Annotated[
+    bool, typer.Option("--force", help="run even though the worker is paused (a deploy-scoped key)")
+]
 TimeoutOpt = Annotated[
     float | None,
     typer.Option("--timeout", min=0, help="with --wait: stop waiting after S seconds"),

@@ -147,7 +147,8 @@ def list_deliveries(
 def replay_delivery(
     delivery_id: Annotated[str, typer.Argument(help="delivery id (see `floom deliveries`)")],
     force: Annotated[
-        bool, typer.Option("--force", help="run even though the worker is paused (a deploy-scoped key)")
+        bool,
+        typer.Option("--force", help="run even though the worker is paused (a deploy-scoped key)"),
     ] = False,
     wait: Annotated[bool, typer.Option("--wait", help="follow the run until it ends")] = False,
     as_json: JsonOpt = False,

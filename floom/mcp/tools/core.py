@@ -74,7 +74,9 @@ FilesBase64 = Annotated[
 Executable = Annotated[
     list[str] | None, Field(description="paths among `files` that are executable")
 ]
-Force = Annotated[bool, Field(description="run even though the worker is paused (a deploy-scoped key)")]
+Force = Annotated[
+    bool, Field(description="run even though the worker is paused (a deploy-scoped key)")
+]
 WaitSeconds = Annotated[
     float, Field(ge=0, le=MAX_WAIT_SECONDS, description="wait up to this long for the run to end")
 ]

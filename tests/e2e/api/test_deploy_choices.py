@@ -52,7 +52,8 @@ def test_a_run_key_runs_the_active_version_and_only_a_deploy_key_pins_another(
     url = "/api/v1/workers/chosen/runs"
 
     error = _refusal(run_key.post(url, json={"version_id": old}))
-    assert old in error["message"] and active in error["message"]
+    assert old in error["message"]
+    assert active in error["message"]
     assert "rollback" in error["hint"]
     # The active version, named or not, is the run key's to start.
     assert run_key.post(url, json={"version_id": active}).status_code == 202
@@ -105,7 +106,8 @@ def test_only_a_deploy_key_forces_a_run_of_a_paused_worker(
     url = "/api/v1/workers/chosen/runs"
 
     paused = run_key.post(url, json={})
-    assert paused.status_code == 409 and paused.json()["error"]["code"] == "worker_paused"
+    assert paused.status_code == 409
+    assert paused.json()["error"]["code"] == "worker_paused"
     error = _refusal(run_key.post(url, json={"force": True}))
     assert "paused" in error["message"]
     assert deploy_key.post(url, json={"force": True}).status_code == 202
