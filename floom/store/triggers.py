@@ -83,10 +83,12 @@ class WebhookDelivery(SQLModel, table=True):
 
 class DeliveryTombstone(SQLModel, table=True):
     """A delivery key (or signature digest) kept when its delivery goes (with its worker, or
-    by retention): a captured delivery sent again must not run (GitHub signs no timestamp,
-    so its deliveries can be sent again for as long as their secret stands). Composio's go
-    a day after their signature's window (floom/services/ops/deliveries.py); the others
-    are kept, a few bytes each."""
+    by retention): a captured delivery sent again must not run. A timestamped signature's
+    key (Standard Webhooks, floom's hmac-sha256, Composio) guards only until `expires_at`,
+    a day after its signature's window, and retention prunes it then
+    (floom/services/ops/deliveries.py). GitHub signs no timestamp, so its deliveries can be
+    sent again for as long as their secret stands: their tombstones have none and are kept, a
+    few bytes each (as are those stored before the expiry was, whose scheme is not known)."""
 
     __tablename__ = "webhook_delivery_tombstones"
     __table_args__ = (UniqueConstraint("source", "worker_name", "key"),)
@@ -98,3 +100,4 @@ class DeliveryTombstone(SQLModel, table=True):
     run_id: str | None = Field(default=None, max_length=40)
     outcome: str = Field(max_length=24)
     received_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)

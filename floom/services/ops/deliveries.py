@@ -8,6 +8,11 @@ TOLERANCE_SECONDS either side of the server's time: past twice that (and a day f
 the key guards nothing. GitHub signs no timestamp: its deliveries verify for as long as
 their secret stands, so their keys are kept for good (as tombstones once a delivery goes),
 and so is every key whose scheme is not known any more.
+
+A deleted worker's timestamped keys are buried with an expiry (`expires_at`, BURIED_FOR
+after the deletion): past the signature's window, and past the retry schedules of senders
+that sign a fresh timestamp on each retry of the same message id (Svix about 28 hours,
+Stripe 3 days), which the key also dedupes. Retention prunes them after it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, exists
+from sqlalchemy import and_, delete, exists, or_
 from sqlmodel import Session, col, select
 
 from floom.services.runs import rules as run_rules
@@ -29,6 +34,8 @@ from floom.vocabulary import RunTrigger
 
 KEY_GRACE = timedelta(seconds=2 * TOLERANCE_SECONDS) + timedelta(days=1)
 """How long a timestamped delivery's key is kept after it was received."""
+BURIED_FOR = timedelta(days=7)
+"""How long a deleted worker's timestamped delivery keys are kept after the deletion."""
 TIMESTAMPED = frozenset({"standard", "hmac-sha256"})
 BATCH = 200
 
@@ -61,7 +68,7 @@ def prune_deliveries(
         )
         if not found:
             return None
-        timestamped = _timestamped_triggers(s, {d.trigger_id for d in found if d.trigger_id})
+        timestamped = timestamped_triggers(s, {d.trigger_id for d in found if d.trigger_id})
         for delivery in found:
             if delivery.source == RunTrigger.COMPOSIO or delivery.trigger_id in timestamped:
                 continue
@@ -71,20 +78,26 @@ def prune_deliveries(
 
 
 def prune_tombstones(s_factory: Any, *, now: datetime) -> int:
-    """Delete the tombstones whose key no longer guards: Composio's (always timestamped)
-    past KEY_GRACE. A webhook's tombstone does not say its scheme (its trigger went with
-    its worker): kept."""
+    """Delete the tombstones whose key no longer guards: those past their `expires_at` (a
+    deleted worker's timestamped keys), and Composio's (always timestamped) past KEY_GRACE.
+    A tombstone without an expiry (GitHub's, or one stored before expiries were) is kept."""
     with s_factory() as s:
         gone = s.execute(
             delete(DeliveryTombstone).where(
-                col(DeliveryTombstone.source) == RunTrigger.COMPOSIO,
-                col(DeliveryTombstone.received_at) < now - KEY_GRACE,
+                or_(
+                    col(DeliveryTombstone.expires_at) < now,
+                    and_(
+                        col(DeliveryTombstone.source) == RunTrigger.COMPOSIO,
+                        col(DeliveryTombstone.received_at) < now - KEY_GRACE,
+                    ),
+                )
             )
         )
     return int(getattr(gone, "rowcount", 0) or 0)
 
 
-def _timestamped_triggers(s: Session, ids: Iterable[str]) -> set[str]:
+def timestamped_triggers(s: Session, ids: Iterable[str]) -> set[str]:
+    """Of the triggers `ids`, the webhooks whose signature scheme signs a timestamp."""
     found = set()
     for trigger in s.exec(select(Trigger).where(col(Trigger.id).in_(list(ids)))).all():
         spec = spec_of(trigger)

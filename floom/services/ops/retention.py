@@ -9,7 +9,8 @@ that are queued, running or awaiting approval are never touched, however old.
 
 Webhook and Composio deliveries go with the same N as their worker's runs (the keys that
 must still refuse them sent again stay as tombstones), and tombstones whose key can no longer
-verify go a day after their signature's window (floom/services/ops/deliveries.py).
+verify go a day after their signature's window, or at their expiry for a deleted worker's
+(floom/services/ops/deliveries.py).
 
 Old alert events, closed incidents and sent deliveries go too, after
 FLOOM_ALERT_RETENTION_DAYS (floom/services/alerts/retention.py).

@@ -10,9 +10,10 @@ import logging
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, or_
+from sqlalchemy import case, insert, literal, null, or_
 from sqlalchemy import select as sa_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
@@ -32,11 +33,12 @@ from floom.hints import act, told
 from floom.services import paging
 from floom.services.access import principal, secrets
 from floom.services.alerts import callbacks
+from floom.services.ops import deliveries as delivery_retention
 from floom.services.runs import lifecycle as runs
 from floom.services.triggers.registry import spec_of
 from floom.services.workers import versions as workers
 from floom.store.db import session_scope
-from floom.store.models import Run, Worker, new_id
+from floom.store.models import Run, UTCDateTime, Worker, new_id
 from floom.store.triggers import DeliveryTombstone, Trigger, WebhookDelivery
 from floom.triggers import signatures
 from floom.triggers.spec import EVENT_INPUT, ComposioSpec, WebhookSpec, callback_origin
@@ -351,11 +353,23 @@ def _tombstone(
     )
 
 
-def keep_tombstones(s: Session, *, worker_name: str) -> None:
-    """Before a worker's deliveries are deleted (with the worker): keep their keys and
-    signature digests, so none of them runs again under a worker deployed with the name."""
+def keep_tombstones(s: Session, *, worker_name: str, now: datetime) -> None:
+    """Before a worker's triggers and deliveries are deleted (with the worker): keep their
+    keys and signature digests, so none of them runs again under a worker deployed with the
+    name. A key whose signature is timestamped (Composio's, a webhook's whose scheme signs
+    one) expires BURIED_FOR after `now`; the others are kept for good
+    (floom/services/ops/deliveries.py)."""
     d = WebhookDelivery.__table__  # type: ignore[attr-defined]
     t = DeliveryTombstone.__table__  # type: ignore[attr-defined]
+    ids = s.exec(select(Trigger.id).where(Trigger.worker_name == worker_name)).all()
+    timestamped = delivery_retention.timestamped_triggers(s, ids)
+    expires = case(
+        (
+            or_(d.c.source == RunTrigger.COMPOSIO, d.c.trigger_id.in_(sorted(timestamped))),
+            literal(now + delivery_retention.BURIED_FOR, UTCDateTime()),
+        ),
+        else_=null(),
+    )
     for key in (d.c.delivery_key, d.c.signature_digest):
         buried = (
             sa_select(t.c.id)
@@ -363,16 +377,19 @@ def keep_tombstones(s: Session, *, worker_name: str) -> None:
             .exists()
         )
         rows = sa_select(
-            d.c.source, d.c.worker_name, key, d.c.id, d.c.run_id, d.c.outcome, d.c.received_at
+            d.c.source,
+            d.c.worker_name,
+            key,
+            d.c.id,
+            d.c.run_id,
+            d.c.outcome,
+            d.c.received_at,
+            expires,
         ).where(d.c.worker_name == worker_name, key.is_not(None), ~buried)
         if key is d.c.signature_digest:  # a digest that is the key too is kept once
             rows = rows.where(d.c.signature_digest != d.c.delivery_key)
-        s.execute(
-            insert(t).from_select(
-                ["source", "worker_name", "key", "delivery_id", "run_id", "outcome", "received_at"],
-                rows,
-            )
-        )
+        columns = ["source", "worker_name", "key", "delivery_id", "run_id", "outcome"]
+        s.execute(insert(t).from_select([*columns, "received_at", "expires_at"], rows))
 
 
 def _webhook_trigger(ctx: Context, worker_name: str) -> tuple[Trigger, Worker] | None:

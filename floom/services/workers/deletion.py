@@ -32,7 +32,7 @@ from floom.store.blobs.rows import delete_unreferenced_blobs
 from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole
-from floom.store.models import Artifact, Run, RunEvent, Version, Worker, WorkerState
+from floom.store.models import Artifact, Run, RunEvent, Version, Worker, WorkerState, utcnow
 from floom.store.triggers import Trigger, TriggerFire, WebhookDelivery
 
 if TYPE_CHECKING:
@@ -232,9 +232,10 @@ def _delete(
         .select_from(Trigger)
         .where(Trigger.worker_name == name, col(Trigger.removed_at).is_(None)),
     )
+    # The tombstones first: how long each key must stay depends on its trigger's scheme.
+    webhooks.keep_tombstones(s, worker_name=name, now=utcnow())
     s.execute(delete(TriggerFire).where(col(TriggerFire.trigger_id).in_(trigger_ids)))
     s.execute(delete(Trigger).where(col(Trigger.worker_name) == name))
-    webhooks.keep_tombstones(s, worker_name=name)
     deliveries = s.execute(delete(WebhookDelivery).where(col(WebhookDelivery.worker_name) == name))
     s.execute(delete(MemoryEntry).where(col(MemoryEntry.worker_name) == name))
     s.execute(delete(WorkerState).where(col(WorkerState.worker_name) == name))

@@ -18,10 +18,15 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlmodel import select
 from standardwebhooks.webhooks import Webhook
 
+from floom.services.ops.deliveries import BURIED_FOR
+from floom.services.ops.retention import apply_retention
 from floom.services.triggers import composio as composio_events
 from floom.services.triggers import webhooks
+from floom.store.db import session_scope
+from floom.store.triggers import DeliveryTombstone
 from floom.triggers.signatures import sign_floom
 from tests.support.harness import (
     LiveServer,
@@ -306,6 +311,45 @@ def test_a_github_delivery_is_not_run_again_by_a_worker_deployed_again_under_the
     assert {r["id"] for r in runs} == {first.json()["run_id"], fresh.json()["run_id"]}
     # Deleted again: the tombstones are kept once, not refused as duplicates of themselves.
     assert api.delete("/api/v1/workers/gh").status_code == 200
+
+
+def test_a_deleted_workers_timestamped_delivery_keys_expire_and_github_s_stay(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    deploy_every_kind(api, tmp_path)
+    body = b'{"ref": "refs/heads/main"}'
+    signed = sign_floom(secret=HMAC_SECRET, body=body, timestamp=int(time.time()))
+    sent = {
+        "std": post(server, "/hooks/std", body, standard(body, "msg_1", STANDARD_SECRET)),
+        "plain": post(server, "/hooks/plain", body, {**signed, "Content-Type": "application/json"}),
+        "gh": post(server, "/hooks/gh", body, github(body, "guid-1")),
+    }
+    for name, answer in sent.items():
+        assert answer.status_code == 202, (name, answer.text)
+        wait_for_run(api, answer.json()["run_id"])
+        assert api.delete(f"/api/v1/workers/{name}").status_code == 200
+    deploy_hook(api, tmp_path, "std", "{secret: STD_SECRET}")
+
+    # Within the expiry, the sender's retry of the same message (signed afresh) is refused.
+    again = post(server, "/hooks/std", body, standard(body, "msg_1", STANDARD_SECRET))
+    assert again.status_code == 200, again.text
+    assert again.json()["duplicate"] is True
+    now = datetime.now(UTC)
+    assert apply_retention(server.ctx, days=0, now=now).delivery_tombstones_deleted == 0
+    assert _buried(server) == ["gh", "gh", "plain", "std"]  # GitHub's digest is kept too
+
+    # Past it, no signature of those deliveries can verify, and retention prunes them.
+    later = now + BURIED_FOR + timedelta(minutes=1)
+    report = apply_retention(server.ctx, days=0, now=later)
+    assert report.delivery_tombstones_deleted == 2, report
+    # GitHub signs no timestamp: its captured request verifies for as long as its secret
+    # stands, so its keys stay.
+    assert _buried(server) == ["gh", "gh"]
+
+
+def _buried(server: LiveServer) -> list[str]:
+    with session_scope(server.ctx.engine) as s:
+        return sorted(s.exec(select(DeliveryTombstone.worker_name)).all())
 
 
 # -- a Composio event fanned out exactly once per worker ------------------------------------------
