@@ -491,6 +491,9 @@ def list_runs(
     caller.require("read")
     if status and status not in STATUSES:
         raise InvalidRequest(f"unknown status '{status}'", hint=f"one of {', '.join(STATUSES)}")
+    if trigger and trigger not in TRIGGERS:
+        # Refused like a status: a misspelt trigger would read as "no such runs".
+        raise InvalidRequest(f"unknown trigger '{trigger}'", hint=f"one of {', '.join(TRIGGERS)}")
     paging.check_limit(limit)
     q = select(Run).order_by(col(Run.id).desc()).limit(limit + 1)
     if worker:

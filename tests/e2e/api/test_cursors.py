@@ -126,3 +126,35 @@ def test_the_ui_s_paged_lists_and_the_cli_refuse_a_malformed_cursor(
     assert listed.returncode != 0
     assert "cursor 'run_xyz'" in listed.stderr + listed.stdout
     assert "next_cursor" in listed.stderr + listed.stdout
+
+
+def _enum_filters(document: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(method, path, parameter) of each query parameter the document declares as an enum."""
+    found = []
+    for path, operations in document["paths"].items():
+        for method, op in operations.items():
+            for param in op.get("parameters", []):
+                schema = param.get("schema", {})
+                options = [schema, *schema.get("anyOf", [])]
+                if param["in"] == "query" and any("enum" in o for o in options):
+                    found.append((method.upper(), path, param["name"]))
+    return found
+
+
+@on_sqlite
+def test_every_enumerated_filter_refuses_a_value_outside_its_enum(server: LiveServer) -> None:
+    # A value the document does not list would otherwise read as "nothing matches" (an
+    # empty 200), which a caller cannot tell from a typo: `trigger` on runs did that.
+    api = server.client()
+    deploy_folder(api, EXAMPLES / "hello")
+    filters = _enum_filters(api.get("/openapi.json").json())
+    assert ("GET", "/api/v1/runs", "trigger") in filters, filters
+    wrong = []
+    for method, path, name in filters:
+        url = re.sub(r"\{name\}", "hello", path)
+        for value in ("nope", "\x00", "Schedule"):
+            resp = api.request(method, url, params={name: value})
+            error = resp.json().get("error") or {} if resp.status_code < 500 else {}
+            if resp.status_code not in (400, 422) or error.get("code") != "invalid_request":
+                wrong.append(f"{method} {path}?{name}={value!r}: {resp.status_code} {resp.text}")
+    assert wrong == [], "\n".join(wrong)
