@@ -19,8 +19,10 @@ from floom.services.access.principal import SYSTEM, Principal
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import lifecycle as runs
 from floom.services.workers import versions as workers
+from tests.support.cli import cli
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.mcp_clients import http_client
+from tests.support.web import csrf_of, signed_in_client
 
 
 def _two_versions(api: httpx.Client, tmp_path: Path) -> tuple[str, str]:
@@ -160,3 +162,27 @@ def test_a_rollback_between_the_check_and_the_queueing_is_seen_in_the_transactio
     with server.client() as admin:
         listed = admin.get("/api/v1/runs", params={"worker": "chosen"}).json()
     assert listed["items"] == []
+
+
+def test_the_cli_and_the_web_ui_are_told_the_same_refusal(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    with server.client() as admin:
+        old, _ = _two_versions(admin, tmp_path)
+        first = admin.post("/api/v1/workers/chosen/runs", json={"version_id": old}).json()
+        wait_for_run(admin, first["id"])
+        assert admin.post("/api/v1/workers/chosen/pause").status_code == 200
+    _, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["run"], name="a person")
+
+    forced = cli(server, "run", "chosen", "--force", key=token)
+    assert forced.returncode != 0
+    assert "'deploy' scope" in forced.stderr + forced.stdout
+    replayed = cli(server, "replay", first["id"], key=token)
+    assert replayed.returncode != 0
+    assert f"floom replay {first['id']} --latest" in replayed.stderr + replayed.stdout
+
+    browser = signed_in_client(server, token)
+    page = browser.get(f"/runs/{first['id']}")
+    resp = browser.post(f"/runs/{first['id']}/replay", data={"csrf": csrf_of(page.text)})
+    assert resp.status_code == 403
+    assert "Replay on the active version" in resp.text  # the UI names its own button
