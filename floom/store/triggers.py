@@ -85,7 +85,7 @@ class DeliveryTombstone(SQLModel, table=True):
     """A delivery key (or signature digest) kept when its delivery goes (with its worker, or
     by retention): a captured delivery sent again must not run. A timestamped signature's
     key (Standard Webhooks, floom's hmac-sha256, Composio) guards only until `expires_at`,
-    a day after its signature's window, and retention prunes it then
+    past its signature's window and senders' retries, and retention prunes it then
     (floom/services/ops/deliveries.py). GitHub signs no timestamp, so its deliveries can be
     sent again for as long as their secret stands: their tombstones have none and are kept, a
     few bytes each (as are those stored before the expiry was, whose scheme is not known)."""

@@ -5,14 +5,15 @@ again is still refused.
 A key guards against a delivery sent again only while its signature can verify. Standard
 Webhooks (Composio's too) and floom's hmac-sha256 sign a timestamp that is accepted
 TOLERANCE_SECONDS either side of the server's time: past twice that (and a day for clocks)
-the key guards nothing. GitHub signs no timestamp: its deliveries verify for as long as
-their secret stands, so their keys are kept for good (as tombstones once a delivery goes),
-and so is every key whose scheme is not known any more.
+a captured request guards nothing. The key also dedupes a sender's own retries of a message
+whose answer it did not get, each signed afresh under the same id, for as long as its retry
+schedule runs (Svix about 28 hours, Stripe 3 days): so a timestamped key is kept KEY_GRACE,
+7 days, after its delivery came. GitHub signs no timestamp: its deliveries verify for as
+long as their secret stands, so their keys are kept for good (as tombstones once a delivery
+goes), and so is every key whose scheme is not known any more.
 
-A deleted worker's timestamped keys are buried with an expiry (`expires_at`, BURIED_FOR
-after the deletion): past the signature's window, and past the retry schedules of senders
-that sign a fresh timestamp on each retry of the same message id (Svix about 28 hours,
-Stripe 3 days), which the key also dedupes. Retention prunes them after it.
+A deleted worker's timestamped keys are buried with an expiry (`expires_at`, KEY_GRACE after
+the deletion, so at least KEY_GRACE after they came); retention prunes them after it.
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ from floom.triggers.signatures import TOLERANCE_SECONDS
 from floom.triggers.spec import WebhookSpec
 from floom.vocabulary import RunTrigger
 
-KEY_GRACE = timedelta(seconds=2 * TOLERANCE_SECONDS) + timedelta(days=1)
-"""How long a timestamped delivery's key is kept after it was received."""
-BURIED_FOR = timedelta(days=7)
-"""How long a deleted worker's timestamped delivery keys are kept after the deletion."""
+KEY_GRACE = max(timedelta(seconds=2 * TOLERANCE_SECONDS) + timedelta(days=1), timedelta(days=7))
+"""How long a timestamped delivery's key is kept after it was received: past its signature's
+window and past senders' retry schedules."""
 TIMESTAMPED = frozenset({"standard", "hmac-sha256"})
 BATCH = 200
 

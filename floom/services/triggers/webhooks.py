@@ -357,7 +357,7 @@ def keep_tombstones(s: Session, *, worker_name: str, now: datetime) -> None:
     """Before a worker's triggers and deliveries are deleted (with the worker): keep their
     keys and signature digests, so none of them runs again under a worker deployed with the
     name. A key whose signature is timestamped (Composio's, a webhook's whose scheme signs
-    one) expires BURIED_FOR after `now`; the others are kept for good
+    one) expires KEY_GRACE after `now`; the others are kept for good
     (floom/services/ops/deliveries.py)."""
     d = WebhookDelivery.__table__  # type: ignore[attr-defined]
     t = DeliveryTombstone.__table__  # type: ignore[attr-defined]
@@ -366,7 +366,7 @@ def keep_tombstones(s: Session, *, worker_name: str, now: datetime) -> None:
     expires = case(
         (
             or_(d.c.source == RunTrigger.COMPOSIO, d.c.trigger_id.in_(sorted(timestamped))),
-            literal(now + delivery_retention.BURIED_FOR, UTCDateTime()),
+            literal(now + delivery_retention.KEY_GRACE, UTCDateTime()),
         ),
         else_=null(),
     )

@@ -21,7 +21,7 @@ import pytest
 from sqlmodel import select
 from standardwebhooks.webhooks import Webhook
 
-from floom.services.ops.deliveries import BURIED_FOR
+from floom.services.ops.deliveries import KEY_GRACE
 from floom.services.ops.retention import apply_retention
 from floom.services.triggers import composio as composio_events
 from floom.services.triggers import webhooks
@@ -339,7 +339,7 @@ def test_a_deleted_workers_timestamped_delivery_keys_expire_and_github_s_stay(
     assert _buried(server) == ["gh", "gh", "plain", "std"]  # GitHub's digest is kept too
 
     # Past it, no signature of those deliveries can verify, and retention prunes them.
-    later = now + BURIED_FOR + timedelta(minutes=1)
+    later = now + KEY_GRACE + timedelta(minutes=1)
     report = apply_retention(server.ctx, days=0, now=later)
     assert report.delivery_tombstones_deleted == 2, report
     # GitHub signs no timestamp: its captured request verifies for as long as its secret
