@@ -8,8 +8,8 @@ rows stay, with inputs, outputs, status and usage: history and counts do not cha
 that are queued, running or awaiting approval are never touched, however old.
 
 Webhook and Composio deliveries go with the same N as their worker's runs (the keys that
-must still refuse them sent again stay as tombstones), and tombstones whose key can no longer
-verify go a day after their signature's window, or at their expiry for a deleted worker's
+must still refuse them sent again stay as tombstones), and tombstones whose key guards
+nothing any more go: past their expiry, or 7 days after they came for a timestamped scheme
 (floom/services/ops/deliveries.py).
 
 Old alert events, closed incidents and sent deliveries go too, after
