@@ -17,6 +17,9 @@ from floom.net.egress import ALLOW_HINT, parse_allowed_networks
 
 # What a node may do (FLOOM_ROLES): serve the API and UI, fire schedules, execute runs.
 ROLES = ("api", "scheduler", "executor")
+# floom's own keys are flm_ and 43 random characters; a bootstrap key shorter than this is
+# one a person typed (a placeholder, a word).
+MIN_BOOTSTRAP_KEY_CHARS = 32
 
 
 def _default_data_dir() -> Path:
@@ -223,6 +226,19 @@ class Settings(BaseSettings):
         if not given:
             raise ValueError(f"no role given; roles are {', '.join(ROLES)} (comma-separated)")
         return ",".join(r for r in ROLES if r in given)
+
+    @field_validator("bootstrap_api_key")
+    @classmethod
+    def _bootstrap_key(cls, value: str) -> str:
+        """The first admin key is guessed at by anyone who reaches the port (the anonymous
+        rate lets an address try hundreds a minute): a short or placeholder one is refused
+        at start, without echoing it."""
+        if value and len(value) < MIN_BOOTSTRAP_KEY_CHARS:
+            raise ValueError(
+                f"the key has fewer than {MIN_BOOTSTRAP_KEY_CHARS} characters, so whoever "
+                "reaches the server could guess it; make one with flm_$(openssl rand -hex 24)"
+            )
+        return value
 
     @field_validator("s3_prefix")
     @classmethod
