@@ -10,6 +10,7 @@ connect is tried only where that lookup already failed, to show it fails at once
 from __future__ import annotations
 
 import errno
+import fcntl
 import ipaddress
 import json
 import os
@@ -17,6 +18,7 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -36,6 +38,7 @@ from floom.net.addresses import host_networks
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
 from floom.sandbox.local import cgroups
 from floom.sandbox.local.network import SLIRP_OWNER_VARIABLE, is_floom_slirp, route_commands
+from floom.sandbox.local.uid_pool import UidRange
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.support.processes.netns import (
     NamespaceHost,
@@ -488,13 +491,7 @@ def test_slirp4netns_runs_in_the_runs_cgroup_with_nothing_of_the_worker(tmp_path
     marker = f"worker-bytes-{secrets.token_hex(6)}"
 
     def look(slirp: int) -> dict[str, Any]:
-        [command] = [
-            int(pid)
-            for pid in os.listdir("/proc")
-            if pid.isdigit()
-            and Path(f"/proc/{pid}/cmdline").exists()
-            and _cmdline_of(pid).startswith(b"python3\0run.py\0" + marker.encode())
-        ]
+        command = _command_pid(marker)
         return {
             "slirp": _cgroup_lines(slirp),
             "command": _cgroup_lines(command),
@@ -527,34 +524,63 @@ def test_slirp4netns_runs_in_the_runs_cgroup_with_nothing_of_the_worker(tmp_path
 
 
 _CAP_NET_BIND_SERVICE = 10
+_NS_GET_OWNER_UID = 0xB704  # ioctl: the uid that owns a user namespace
 
 
 @needs_bwrap
 @needs_netns
 @pytest.mark.skipif(os.geteuid() != 0, reason="as another user it runs as floom's own uid")
-def test_slirp4netns_keeps_no_privilege_and_reaches_no_host_process_nor_root_file(
+def test_slirp4netns_serves_as_a_uid_of_its_own_with_no_capability_of_the_host(
     tmp_path: Path,
 ) -> None:
-    # It parses the worker's packets as uid 0 (its --enable-sandbox needs that): with no
-    # capability but binding low ports, no_new_privs, its seccomp filter, in a PID
-    # namespace of its own (kill(-1) as uid 0 would reach every root process) and seeing no
-    # /run (root's sockets) and no /etc but the entries programs need (no /etc/shadow).
+    # It parses the worker's packets for as long as the run lasts: as a uid of its own (not
+    # 0, not the run's), in a user namespace that uid owns, so no capability of the host's;
+    # within that namespace only CAP_NET_BIND_SERVICE (its --enable-sandbox keeps it), which
+    # owns no network namespace. no_new_privs, its seccomp filter, a PID namespace of its own
+    # and no /run nor /etc but the entries programs need (no /etc/shadow) besides.
+    marker = f"worker-{secrets.token_hex(6)}"
+
     def look(slirp: int) -> dict[str, Any]:
         status = Path(f"/proc/{slirp}/status").read_text().splitlines()
+        command = Path(f"/proc/{_command_pid(marker)}/status").read_text().splitlines()
+        userns = os.open(f"/proc/{slirp}/ns/user", os.O_RDONLY)
+        try:
+            owner = struct.unpack("I", fcntl.ioctl(userns, _NS_GET_OWNER_UID, bytes(4)))[0]
+        finally:
+            os.close(userns)
         return {
             "status": dict(line.split(":\t", 1) for line in status if ":\t" in line),
+            "command": dict(line.split(":\t", 1) for line in command if ":\t" in line),
+            "user_ns": os.readlink(f"/proc/{slirp}/ns/user"),
+            "user_ns_owner": owner,
             "pid_ns": os.readlink(f"/proc/{slirp}/ns/pid"),
             "run": os.listdir(f"/proc/{slirp}/root/run"),
             "etc": os.listdir(f"/proc/{slirp}/root/etc"),
         }
 
-    result, seen = _look_at_slirp_while_a_run_waits(tmp_path, look)
+    result, seen = _look_at_slirp_while_a_run_waits(
+        tmp_path, look, command=["python3", "run.py", marker]
+    )
 
     assert result.cancelled, result
     status = seen["status"]
+    uids = {int(uid) for uid in status["Uid"].split()}
+    gids = {int(gid) for gid in status["Gid"].split()}
+    [uid] = uids
+    assert uid != 0
+    assert gids == {uid}, status
+    assert status["Groups"].strip() == "", status
+    run_uid = int(seen["command"]["Uid"].split()[0])
+    assert uid != run_uid, (uid, run_uid)
+    uids_range = UidRange()
+    assert uids_range.base <= uid <= uids_range.last, uid
+    # No capability of the host's: its user namespace is not the host's but one it owns.
+    assert seen["user_ns"] != os.readlink("/proc/self/ns/user")
+    assert seen["user_ns_owner"] == uid
     for field in ("CapEff", "CapPrm", "CapBnd"):
-        assert int(status[field], 16) == 1 << _CAP_NET_BIND_SERVICE, (field, status)
+        assert int(status[field], 16) & ~(1 << _CAP_NET_BIND_SERVICE) == 0, (field, status)
     assert int(status["CapAmb"], 16) == 0, status
+    assert int(status["CapInh"], 16) & ~(1 << _CAP_NET_BIND_SERVICE) == 0, status
     assert status["NoNewPrivs"] == "1"
     assert status["Seccomp"] == "2"
     assert seen["pid_ns"] != os.readlink("/proc/self/ns/pid")
@@ -563,6 +589,16 @@ def test_slirp4netns_keeps_no_privilege_and_reaches_no_host_process_nor_root_fil
     assert "shadow" not in seen["etc"], seen["etc"]
     assert "resolv.conf" in seen["etc"], seen["etc"]  # its DNS forwarder's upstream
     assert slirp_processes(tmp_path) == []
+
+
+def _command_pid(marker: str) -> int:
+    """The host pid of the run's command, `python3 run.py <marker>`."""
+    [command] = [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and _cmdline_of(pid).startswith(b"python3\0run.py\0" + marker.encode())
+    ]
+    return command
 
 
 def _look_at_slirp_while_a_run_waits(
