@@ -263,7 +263,7 @@ class LocalSandbox(Sandbox):
             "process_limit": limits.PROCESSES in enforced,
             "cpu_limit": limits.CPU in enforced,
             "disk_limit": "enforced" if self.disks and self.disks.usable() else "polled",
-            "network": protection_summary(),
+            "network": protection_summary(own_uid=self._uids is not None),
             "warm_starts": self.warm is not None,
         }
         if missing:

@@ -631,14 +631,17 @@ def _await_slirp_pidfd(info_fd: int, proc: subprocess.Popen[bytes]) -> int:
     raise NetworkSetupFailed(f"slirp4netns failed to start{_stderr_tail(proc)}", hint=INSTALL_HINT)
 
 
-def protection_summary() -> str:
-    """What a run with network gets on this node, for the sandbox's protections report."""
+def protection_summary(*, own_uid: bool) -> str:
+    """What a run with network gets on this node, for the sandbox's protections report;
+    `own_uid`: slirp4netns serves each run as a uid of its own (a root floom with a sandbox
+    uid range)."""
     missing = [name for name in _TOOLS if shutil.which(name) is None]
     if missing:
         return f"unavailable ({', '.join(missing)} missing): runs with network cannot start"
-    return (
-        "user-mode (slirp4netns), the host's loopback and own addresses and private ranges blocked"
-    )
+    helper = "slirp4netns"
+    if own_uid:
+        helper += " as a uid of its own, no capability of the host's"
+    return f"user-mode ({helper}), the host's loopback and own addresses and private ranges blocked"
 
 
 def is_floom_slirp(pid: str, argv: list[bytes], work_root: bytes) -> bool:

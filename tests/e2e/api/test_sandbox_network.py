@@ -15,6 +15,7 @@ import ipaddress
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import socket
@@ -591,6 +592,19 @@ def test_slirp4netns_serves_as_a_uid_of_its_own_with_no_capability_of_the_host(
     assert slirp_processes(tmp_path) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user it runs as floom's own uid")
+@pytest.mark.skipif(shutil.which("slirp4netns") is None, reason="slirp4netns is not installed")
+def test_the_protections_report_says_slirp4netns_serves_as_a_uid_of_its_own() -> None:
+    ranged, own = LocalSandbox(), LocalSandbox(uids=None)
+    try:
+        assert "as a uid of its own" in str(ranged.protections()["network"])
+        # Without a uid range (tests only), it stays uid 0: the report does not say it.
+        assert "uid of its own" not in str(own.protections()["network"])
+    finally:
+        ranged.close()
+        own.close()
+
+
 def _command_pid(marker: str) -> int:
     """The host pid of the run's command, `python3 run.py <marker>`."""
     [command] = [
@@ -687,6 +701,29 @@ def test_kill_orphans_kills_slirp4netns_left_on_this_nodes_work_root(tmp_path: P
         for proc in (ours, theirs):
             proc.kill()
             proc.wait()
+
+
+@needs_bwrap
+@needs_netns
+def test_kill_orphans_kills_a_live_slirp4netns_whatever_uid_it_serves_as(tmp_path: Path) -> None:
+    # As a floom restarted after a crash would: the run's slirp4netns is found by its
+    # environment, as the run's uid of its own or not.
+    def look(slirp: int) -> dict[str, Any]:
+        pidfd = os.pidfd_open(slirp)
+        restarted = LocalSandbox(uids=None)
+        try:
+            killed = restarted.kill_orphans(tmp_path)
+            ended = select.select([pidfd], [], [], 10)[0]
+        finally:
+            os.close(pidfd)
+            restarted.close()
+        return {"killed": killed, "ended": bool(ended)}
+
+    result, seen = _look_at_slirp_while_a_run_waits(tmp_path, look)
+
+    assert seen["ended"], (seen, result)
+    assert seen["killed"] >= 1, seen
+    assert slirp_processes(tmp_path) == []
 
 
 # -- the manifest ------------------------------------------------------------------------------
