@@ -499,7 +499,8 @@ class _UserNamespaceHolder:
                 raise NetworkSetupFailed(
                     f"slirp4netns's user namespace could not be made{self._stderr_tail()}",
                     hint="the kernel must let a uid create a user namespace "
-                    "(user.max_user_namespaces above 0)",
+                    "(sysctl user.max_user_namespaces above 0; on Ubuntu, "
+                    "kernel.apparmor_restrict_unprivileged_userns=0)",
                 )
         except BaseException:
             self.close()
