@@ -550,8 +550,10 @@ def test_slirp4netns_serves_as_a_uid_of_its_own_with_no_capability_of_the_host(
         finally:
             os.close(userns)
         return {
+            "pid": slirp,
             "status": dict(line.split(":\t", 1) for line in status if ":\t" in line),
             "command": dict(line.split(":\t", 1) for line in command if ":\t" in line),
+            "same_uid": _pids_of_uid(int(_status_uid(status))),
             "user_ns": os.readlink(f"/proc/{slirp}/ns/user"),
             "user_ns_owner": owner,
             "pid_ns": os.readlink(f"/proc/{slirp}/ns/pid"),
@@ -573,6 +575,8 @@ def test_slirp4netns_serves_as_a_uid_of_its_own_with_no_capability_of_the_host(
     assert status["Groups"].strip() == "", status
     run_uid = int(seen["command"]["Uid"].split()[0])
     assert uid != run_uid, (uid, run_uid)
+    # Its own: nothing else runs as it (the process that made its user namespace ended).
+    assert seen["same_uid"] == [seen["pid"]], seen
     uids_range = UidRange()
     assert uids_range.base <= uid <= uids_range.last, uid
     # No capability of the host's: its user namespace is not the host's but one it owns.
@@ -603,6 +607,25 @@ def test_the_protections_report_says_slirp4netns_serves_as_a_uid_of_its_own() ->
     finally:
         ranged.close()
         own.close()
+
+
+def _status_uid(status: list[str]) -> str:
+    """The real uid in a /proc/<pid>/status's lines."""
+    return next(line.split()[1] for line in status if line.startswith("Uid:"))
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    """The host pids of the processes whose real uid is `uid`."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                status = Path(entry.path, "status").read_text().splitlines()
+            except OSError:
+                continue  # it ended while we looked
+            if int(_status_uid(status)) == uid:
+                found.append(int(entry.name))
+    return found
 
 
 def _command_pid(marker: str) -> int:
