@@ -492,10 +492,14 @@ class _UserNamespaceHolder:
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
         try:
-            self.proc.stdin.write(b"1")
-            self.proc.stdin.flush()
-            echoed = select.select([self.proc.stdout], [], [], SETUP_TIMEOUT_SECONDS)[0]
-            if not echoed or os.read(self.proc.stdout.fileno(), 1) != b"1":
+            try:
+                self.proc.stdin.write(b"1")
+                self.proc.stdin.flush()
+                readable = select.select([self.proc.stdout], [], [], SETUP_TIMEOUT_SECONDS)[0]
+                echoed = bool(readable) and os.read(self.proc.stdout.fileno(), 1) == b"1"
+            except OSError:
+                echoed = False  # it ended before reading (a broken pipe)
+            if not echoed:
                 raise NetworkSetupFailed(
                     f"slirp4netns's user namespace could not be made{self._stderr_tail()}",
                     hint="the kernel must let a uid create a user namespace "

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -37,7 +38,7 @@ from floom.errors import InvalidRequest
 from floom.manifest.load import check_manifest
 from floom.net.addresses import host_networks
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
-from floom.sandbox.local import cgroups
+from floom.sandbox.local import cgroups, network
 from floom.sandbox.local.network import SLIRP_OWNER_VARIABLE, is_floom_slirp, route_commands
 from floom.sandbox.local.uid_pool import UidRange
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
@@ -673,6 +674,41 @@ def _cmdline_of(pid: str) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+@needs_bwrap
+@needs_netns
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user it runs as floom's own uid")
+def test_a_run_whose_slirp4netns_cannot_get_its_user_namespace_is_refused_before_its_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As where the kernel refuses a uid a user namespace: never a fall back to uid 0.
+    def which(name: str) -> str | None:
+        return "/bin/false" if name == "unshare" else shutil.which(name)
+
+    # Only network.py's lookups: the launcher's own tools stay as they are.
+    monkeypatch.setattr(network, "shutil", SimpleNamespace(which=which))
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text("open('/output/ran', 'w').close()\n")
+    spec = SandboxSpec(
+        run_id="run-net",
+        command=["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        network=True,
+    )
+    sandbox = LocalSandbox()
+    try:
+        with pytest.raises(network.NetworkSetupFailed, match="user namespace") as refused:
+            sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
+    finally:
+        sandbox.close()
+
+    assert "user.max_user_namespaces" in str(refused.value.hint)
+    assert not (output_dir / "ran").exists()
+    assert slirp_processes(tmp_path) == []
 
 
 @needs_bwrap
