@@ -263,7 +263,7 @@ class LocalSandbox(Sandbox):
             "process_limit": limits.PROCESSES in enforced,
             "cpu_limit": limits.CPU in enforced,
             "disk_limit": "enforced" if self.disks and self.disks.usable() else "polled",
-            "network": protection_summary(),
+            "network": protection_summary(own_uid=self._uids is not None),
             "warm_starts": self.warm is not None,
         }
         if missing:
@@ -495,12 +495,18 @@ class LocalSandbox(Sandbox):
             def before_command(child_pid: int) -> None:
                 # What these steps leave running ends with the run, after its process tree.
                 if spec.network:
+                    # slirp4netns parses the run's packets as a uid of its own, given back
+                    # once it ended (the callbacks run last first).
+                    slirp_lease = self._uids.take() if self._uids is not None else None
+                    if slirp_lease is not None:
+                        run_scope.callback(slirp_lease.release)
                     networking = attach_user_networking(
                         child_pid,
                         allow=spec.network_allow,
                         owner=str(spec.workdir),
                         cgroup=run_limits.cgroup,
                         system_binds=system_args(),
+                        uid=None if slirp_lease is None else slirp_lease.uid,
                     )
                     run_scope.callback(networking.close)
 

@@ -83,17 +83,23 @@ SETUP_TIMEOUT_SECONDS: Final = 10.0
 STOP_WAIT_SECONDS: Final = 2.0
 ALLOW_HINT: Final = "list IPv4 networks in CIDR form, e.g. network_allow: [10.1.2.0/24]"
 _PATH: Final = "/usr/sbin:/usr/bin:/sbin:/bin"
-_TOOLS: Final = ("slirp4netns", "nsenter", "ip", "bwrap")
+_TOOLS: Final = ("slirp4netns", "nsenter", "ip", "bwrap", "setpriv", "unshare", "cat")
 INSTALL_HINT: Final = (
     "install slirp4netns, iproute2, util-linux and bubblewrap: apt-get install slirp4netns"
 )
 SLIRP_CAPABILITIES: Final = (
-    "CAP_SYS_ADMIN",  # the sandbox's network namespace; its own sandbox's mounts
+    "CAP_SYS_ADMIN",  # the sandbox's network namespace
     "CAP_NET_ADMIN",  # the tap device
+)
+"""What a root floom's slirp4netns starts with as a uid of its own, ambient, until it joins
+its user namespace (see _unprivileged_slirp); setpriv needs CAP_SETUID and CAP_SETGID too."""
+ROOT_SLIRP_CAPABILITIES: Final = (
+    *SLIRP_CAPABILITIES,
     "CAP_SETPCAP",  # its own sandbox empties its bounding set
     "CAP_NET_BIND_SERVICE",  # the one its own sandbox keeps
 )
-"""What a root floom's slirp4netns starts with, before its --enable-sandbox drops them."""
+"""What slirp4netns starts with as uid 0 (a root floom without a sandbox uid range), before
+its --enable-sandbox drops them."""
 
 
 class NetworkSetupFailed(FloomError):
@@ -236,6 +242,7 @@ def attach_user_networking(
     owner: str,
     cgroup: RunCgroup | None = None,
     system_binds: tuple[str, ...],
+    uid: int | None = None,
 ) -> UserNetworking:
     """Give the network namespace of `child_pid` user-mode networking, fenced; call it after
     the namespace exists and before the sandboxed command starts.
@@ -246,7 +253,9 @@ def attach_user_networking(
     serves the sandbox, so what the run's traffic makes it use (memory for buffers, CPU)
     counts against the run's limits and ends with the run. `system_binds` are bubblewrap's
     read-only binds of the host's system directories (the sandboxes' own), for slirp4netns's
-    confinement.
+    confinement. `uid` (a root floom's): the host uid slirp4netns serves the sandbox as, one
+    no other process uses (a lease of the sandbox uid pool, never the run's own); None, as
+    root, leaves it uid 0 (a root floom without a sandbox uid range, as only tests make).
     The tools that fence the namespace run with floom's rights, before the command starts:
     what they are handed (argv, environment, working directory "/") holds no byte the
     worker chose; allowed networks reach them only as the addresses floom parsed, written
@@ -272,7 +281,12 @@ def attach_user_networking(
     namespaces = _SandboxNamespaces(child_pid)
     try:
         networking = _start_slirp(
-            namespaces, owner=owner, tools=found, cgroup=cgroup, system_binds=system_binds
+            namespaces,
+            owner=owner,
+            tools=found,
+            cgroup=cgroup,
+            system_binds=system_binds,
+            uid=uid,
         )
         try:
             _fence(namespaces, allowed, host, nsenter=found["nsenter"])
@@ -343,20 +357,42 @@ def _start_slirp(
     tools: dict[str, str],
     cgroup: RunCgroup | None,
     system_binds: tuple[str, ...],
+    uid: int | None,
 ) -> UserNetworking:
     ready_r, ready_w = os.pipe()
     exit_r, exit_w = os.pipe()
     info_r, info_w = -1, -1
-    if namespaces.user is None:
-        info_r, info_w = os.pipe()
-        wrapper = _confined_slirp(tools["bwrap"], info_w, system_binds)
-        confinement = ["--enable-sandbox"]
-    else:
-        # Unprivileged, slirp4netns runs as floom's user anyway. Its --enable-sandbox would
-        # need uid 0 mapped in the sandbox's user namespace, which bwrap does not map
-        # (measured: "setegid(0)" and no network).
-        wrapper = []
-        confinement = [f"--userns-path=/proc/self/fd/{namespaces.user}"]
+    holder: _UserNamespaceHolder | None = None
+    target = ["--netns-type=path", f"/proc/self/fd/{namespaces.net}"]
+    passed: tuple[int, ...] = namespaces.fds
+    try:
+        if namespaces.user is not None:
+            # Unprivileged, slirp4netns runs as floom's user anyway. Its --enable-sandbox
+            # would need uid 0 mapped in the sandbox's user namespace, which bwrap does not
+            # map (measured: "setegid(0)" and no network).
+            wrapper: list[str] = []
+            confinement = [f"--userns-path=/proc/self/fd/{namespaces.user}"]
+        elif uid is None:
+            info_r, info_w = os.pipe()
+            wrapper = _confined_slirp(tools, info_w, system_binds)
+            confinement = ["--enable-sandbox"]
+        else:
+            holder = _UserNamespaceHolder(namespaces, uid, tools)
+            info_r, info_w = os.pipe()
+            wrapper = _unprivileged_slirp(tools, info_w, system_binds, uid, holder.pid)
+            # The child (which makes the tap) stays in the host's user namespace: /dev/null
+            # is no namespace, and slirp4netns ignores that join failing. Its parent joins
+            # the holder's (see _unprivileged_slirp).
+            confinement = ["--enable-sandbox", "--userns-path=/dev/null"]
+            target = ["--netns-type=pid", str(holder.pid)]
+            passed = ()
+    except BaseException:
+        for fd in (ready_r, ready_w, exit_r, exit_w, info_r, info_w):
+            if fd >= 0:
+                os.close(fd)
+        if holder is not None:
+            holder.close()
+        raise
     argv = [
         *wrapper,
         tools["slirp4netns"],
@@ -367,8 +403,7 @@ def _start_slirp(
         *confinement,
         f"--ready-fd={ready_w}",
         f"--exit-fd={exit_r}",
-        "--netns-type=path",
-        f"/proc/self/fd/{namespaces.net}",
+        *target,
         SANDBOX_DEVICE,
     ]
     try:
@@ -377,7 +412,7 @@ def _start_slirp(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            pass_fds=tuple(fd for fd in (ready_w, exit_r, info_w, *namespaces.fds) if fd >= 0),
+            pass_fds=tuple(fd for fd in (ready_w, exit_r, info_w, *passed) if fd >= 0),
             env={"PATH": _PATH, SLIRP_OWNER_VARIABLE: os.path.realpath(owner)},
             cwd="/",
         )
@@ -385,6 +420,8 @@ def _start_slirp(
         for fd in (ready_r, exit_w, info_r):
             if fd >= 0:
                 os.close(fd)
+        if holder is not None:
+            holder.close()
         raise NetworkSetupFailed(f"could not start slirp4netns: {exc}", hint=INSTALL_HINT) from exc
     finally:
         for fd in (ready_w, exit_r, info_w):
@@ -415,35 +452,171 @@ def _start_slirp(
         os.close(ready_r)
         if info_r >= 0:
             os.close(info_r)
+        if holder is not None:
+            # Ready means slirp4netns joined the holder's user namespace: it has served its
+            # turn, and ends before the sandbox's first packet.
+            holder.close()
     return networking
 
 
-def _confined_slirp(bwrap: str, info_fd: int, system_binds: tuple[str, ...]) -> list[str]:
-    """The bubblewrap command line a root floom starts slirp4netns under.
+class _UserNamespaceHolder:
+    """A process in the sandbox's network namespace and in a new user namespace that `uid`
+    owns, where uid and gid 0 stand for `uid` (`cat`, as `uid`, echoing one byte to say it
+    is there, then waiting for its input to end): the target slirp4netns is pointed at (see
+    _unprivileged_slirp). It gets nothing but that byte from floom, and ends when floom
+    closes its input or dies."""
+
+    def __init__(self, namespaces: _SandboxNamespaces, uid: int, tools: dict[str, str]) -> None:
+        argv = [
+            tools["nsenter"],
+            f"--net=/proc/self/fd/{namespaces.net}",
+            "--",
+            *(tools["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups"),
+            *("--no-new-privs", "--"),
+            *(tools["unshare"], "--user", "--map-root-user", "--", tools["cat"]),
+        ]
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(namespaces.net,),
+                env={"PATH": _PATH},
+                cwd="/",
+            )
+        except OSError as exc:
+            raise NetworkSetupFailed(
+                f"could not start slirp4netns's user namespace: {exc}", hint=INSTALL_HINT
+            ) from exc
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        try:
+            try:
+                self.proc.stdin.write(b"1")
+                self.proc.stdin.flush()
+                readable = select.select([self.proc.stdout], [], [], SETUP_TIMEOUT_SECONDS)[0]
+                echoed = bool(readable) and os.read(self.proc.stdout.fileno(), 1) == b"1"
+            except OSError:
+                echoed = False  # it ended before reading (a broken pipe)
+            if not echoed:
+                raise NetworkSetupFailed(
+                    f"slirp4netns's user namespace could not be made{self._stderr_tail()}",
+                    hint="the kernel must let a uid create a user namespace "
+                    "(sysctl user.max_user_namespaces above 0; on Ubuntu, "
+                    "kernel.apparmor_restrict_unprivileged_userns=0)",
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def close(self) -> None:
+        """End it (closing its input; SIGKILL if it lingers) and reap it; idempotent."""
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None and not stream.closed:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        try:
+            self.proc.wait(STOP_WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _stderr_tail(self) -> str:
+        self.proc.kill()
+        self.proc.wait()
+        assert self.proc.stderr is not None
+        lines = self.proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+        return f": {lines[-1]}" if lines else f" (exit status {self.proc.returncode})"
+
+
+def _confined_slirp(
+    tools: dict[str, str], info_fd: int, system_binds: tuple[str, ...]
+) -> list[str]:
+    """The bubblewrap command line a root floom without a sandbox uid range starts
+    slirp4netns under, as uid 0.
 
     slirp4netns's --enable-sandbox drops every capability but CAP_NET_BIND_SERVICE, sets
     no_new_privs and pivots into an empty root with /etc and /run; its --enable-seccomp
-    refuses execve, ptrace, mount, setns, unshare and the like. It stays uid 0 (as another
-    uid, --enable-sandbox needs uid 0 mapped in a user namespace, which cannot enter the
-    sandbox's network namespace, owned by the host's; measured: "setegid(0)"). uid 0 needs
-    no capability to signal root's processes (kill(-1) would reach all of them) nor to read
-    root's files. So it runs here as pid 1 of a PID namespace of its own, where no host
-    process has a pid, and sees of the host's files only the system directories, the /etc
-    entries programs need and the host's resolv.conf (its DNS forwarder's upstream), no
-    /run: no root socket, no /etc/shadow. A private mount namespace also keeps the unmount
-    of its old root from reaching the host's shared mounts (measured: it took every
-    /run/netns/* namespace with it)."""
-    caps: list[str] = ["--cap-drop", "ALL"]
-    for cap in SLIRP_CAPABILITIES:
-        caps += ["--cap-add", cap]
+    refuses execve, ptrace, mount, setns, unshare and the like. uid 0 needs no capability
+    to signal root's processes (kill(-1) would reach all of them) nor to read root's files.
+    So it runs here as pid 1 of a PID namespace of its own, where no host process has a
+    pid, and sees of the host's files only the system directories, the /etc entries
+    programs need and the host's resolv.conf (its DNS forwarder's upstream), no /run: no
+    root socket, no /etc/shadow. A private mount namespace also keeps the unmount of its
+    old root from reaching the host's shared mounts (measured: it took every /run/netns/*
+    namespace with it). With a uid range, _unprivileged_slirp is used instead."""
+    return _slirp_bwrap(
+        tools["bwrap"],
+        info_fd,
+        system_binds,
+        caps=ROOT_SLIRP_CAPABILITIES,
+        proc=("--proc", "/proc"),
+    )
+
+
+def _unprivileged_slirp(
+    tools: dict[str, str], info_fd: int, system_binds: tuple[str, ...], uid: int, holder: int
+) -> list[str]:
+    """The command line (bubblewrap, then setpriv) a root floom starts slirp4netns under as
+    `uid`, with no capability on the host once it serves packets.
+
+    slirp4netns 1.2 forks a child that enters the sandbox's network namespace, makes the tap
+    device and hands it over; that needs CAP_SYS_ADMIN and CAP_NET_ADMIN in the host's user
+    namespace, which owns the sandbox's network namespace, so setpriv starts it as `uid`
+    with those two ambient (and no other capability, group or uid 0 anywhere). Its
+    --enable-sandbox, run as a uid other than 0, makes the parent join the user namespace of
+    its target pid (the holder's, `holder`: in the sandbox's network namespace, owned by
+    `uid`, mapping uid 0 to it) and become uid 0 there, before it serves any packet. A
+    process that joins a user namespace keeps no capability in the one it left and can
+    never go back: its capabilities of the host's are gone. Then its own sandbox pivots into
+    an empty root with /etc and /run (in a mount namespace that user namespace owns), drops
+    every capability but CAP_NET_BIND_SERVICE (of its user namespace, which owns no network
+    namespace: it binds no low port on the host) and sets no_new_privs; --enable-seccomp
+    refuses execve, ptrace, mount, setns, unshare and the like. It stays `uid` on the host:
+    it can signal and read nothing of root's nor of another run's.
+
+    Before that, bubblewrap confines it as _confined_slirp does (own PID namespace, only the
+    system directories and the /etc entries programs need, no /run), with only the holder's
+    /proc entry, which it reads as the holder's uid to find the two namespaces."""
+    proc = ("--dir", "/proc", "--ro-bind", f"/proc/{holder}", f"/proc/{holder}")
+    caps = (*SLIRP_CAPABILITIES, "CAP_SETUID", "CAP_SETGID")
+    ambient = ",".join(f"+{cap.removeprefix('CAP_').lower()}" for cap in SLIRP_CAPABILITIES)
+    return [
+        *_slirp_bwrap(tools["bwrap"], info_fd, system_binds, caps=caps, proc=proc),
+        *(tools["setpriv"], f"--reuid={uid}", f"--regid={uid}", "--clear-groups"),
+        *(f"--inh-caps=-all,{ambient}", f"--ambient-caps=-all,{ambient}", "--"),
+    ]
+
+
+def _slirp_bwrap(
+    bwrap: str,
+    info_fd: int,
+    system_binds: tuple[str, ...],
+    *,
+    caps: tuple[str, ...],
+    proc: tuple[str, ...],
+) -> list[str]:
+    """bubblewrap's command line for slirp4netns: pid 1 of its own PID namespace, seeing the
+    system directories, the /etc entries programs need, the host's resolv.conf and
+    /dev/net/tun, with `caps` and `proc` (its /proc)."""
+    added: list[str] = ["--cap-drop", "ALL"]
+    for cap in caps:
+        added += ["--cap-add", cap]
     resolv = os.path.realpath("/etc/resolv.conf")
     return [
         bwrap,
         *("--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts"),
-        *("--unshare-cgroup-try", "--die-with-parent", "--new-session", *caps),
+        *("--unshare-cgroup-try", "--die-with-parent", "--new-session", *added),
         *system_binds,
         *(("--ro-bind", resolv, "/etc/resolv.conf") if os.path.isfile(resolv) else ()),
-        *("--proc", "/proc", "--dev", "/dev", "--dev-bind", "/dev/net/tun", "/dev/net/tun"),
+        *proc,
+        *("--dev", "/dev", "--perms", "0755", "--dir", "/dev/net"),
+        *("--dev-bind", "/dev/net/tun", "/dev/net/tun"),
         *("--tmpfs", "/tmp", "--dir", "/run", "--remount-ro", "/", "--chdir", "/"),
         *("--info-fd", str(info_fd), "--"),
     ]
@@ -463,14 +636,17 @@ def _await_slirp_pidfd(info_fd: int, proc: subprocess.Popen[bytes]) -> int:
     raise NetworkSetupFailed(f"slirp4netns failed to start{_stderr_tail(proc)}", hint=INSTALL_HINT)
 
 
-def protection_summary() -> str:
-    """What a run with network gets on this node, for the sandbox's protections report."""
+def protection_summary(*, own_uid: bool) -> str:
+    """What a run with network gets on this node, for the sandbox's protections report;
+    `own_uid`: slirp4netns serves each run as a uid of its own (a root floom with a sandbox
+    uid range)."""
     missing = [name for name in _TOOLS if shutil.which(name) is None]
     if missing:
         return f"unavailable ({', '.join(missing)} missing): runs with network cannot start"
-    return (
-        "user-mode (slirp4netns), the host's loopback and own addresses and private ranges blocked"
-    )
+    helper = "slirp4netns"
+    if own_uid:
+        helper += " as a uid of its own, no capability of the host's"
+    return f"user-mode ({helper}), the host's loopback and own addresses and private ranges blocked"
 
 
 def is_floom_slirp(pid: str, argv: list[bytes], work_root: bytes) -> bool:

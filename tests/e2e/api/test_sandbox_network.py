@@ -10,13 +10,16 @@ connect is tried only where that lookup already failed, to show it fails at once
 from __future__ import annotations
 
 import errno
+import fcntl
 import ipaddress
 import json
 import os
 import secrets
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import textwrap
@@ -25,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -34,8 +38,9 @@ from floom.errors import InvalidRequest
 from floom.manifest.load import check_manifest
 from floom.net.addresses import host_networks
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
-from floom.sandbox.local import cgroups
+from floom.sandbox.local import cgroups, network
 from floom.sandbox.local.network import SLIRP_OWNER_VARIABLE, is_floom_slirp, route_commands
+from floom.sandbox.local.uid_pool import UidRange
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.support.processes.netns import (
     NamespaceHost,
@@ -488,13 +493,7 @@ def test_slirp4netns_runs_in_the_runs_cgroup_with_nothing_of_the_worker(tmp_path
     marker = f"worker-bytes-{secrets.token_hex(6)}"
 
     def look(slirp: int) -> dict[str, Any]:
-        [command] = [
-            int(pid)
-            for pid in os.listdir("/proc")
-            if pid.isdigit()
-            and Path(f"/proc/{pid}/cmdline").exists()
-            and _cmdline_of(pid).startswith(b"python3\0run.py\0" + marker.encode())
-        ]
+        command = _command_pid(marker)
         return {
             "slirp": _cgroup_lines(slirp),
             "command": _cgroup_lines(command),
@@ -527,34 +526,67 @@ def test_slirp4netns_runs_in_the_runs_cgroup_with_nothing_of_the_worker(tmp_path
 
 
 _CAP_NET_BIND_SERVICE = 10
+_NS_GET_OWNER_UID = 0xB704  # ioctl: the uid that owns a user namespace
 
 
 @needs_bwrap
 @needs_netns
 @pytest.mark.skipif(os.geteuid() != 0, reason="as another user it runs as floom's own uid")
-def test_slirp4netns_keeps_no_privilege_and_reaches_no_host_process_nor_root_file(
+def test_slirp4netns_serves_as_a_uid_of_its_own_with_no_capability_of_the_host(
     tmp_path: Path,
 ) -> None:
-    # It parses the worker's packets as uid 0 (its --enable-sandbox needs that): with no
-    # capability but binding low ports, no_new_privs, its seccomp filter, in a PID
-    # namespace of its own (kill(-1) as uid 0 would reach every root process) and seeing no
-    # /run (root's sockets) and no /etc but the entries programs need (no /etc/shadow).
+    # It parses the worker's packets for as long as the run lasts: as a uid of its own (not
+    # 0, not the run's), in a user namespace that uid owns, so no capability of the host's;
+    # within that namespace only CAP_NET_BIND_SERVICE (its --enable-sandbox keeps it), which
+    # owns no network namespace. no_new_privs, its seccomp filter, a PID namespace of its own
+    # and no /run nor /etc but the entries programs need (no /etc/shadow) besides.
+    marker = f"worker-{secrets.token_hex(6)}"
+
     def look(slirp: int) -> dict[str, Any]:
         status = Path(f"/proc/{slirp}/status").read_text().splitlines()
+        command = Path(f"/proc/{_command_pid(marker)}/status").read_text().splitlines()
+        userns = os.open(f"/proc/{slirp}/ns/user", os.O_RDONLY)
+        try:
+            owner = struct.unpack("I", fcntl.ioctl(userns, _NS_GET_OWNER_UID, bytes(4)))[0]
+        finally:
+            os.close(userns)
         return {
+            "pid": slirp,
             "status": dict(line.split(":\t", 1) for line in status if ":\t" in line),
+            "command": dict(line.split(":\t", 1) for line in command if ":\t" in line),
+            "same_uid": _pids_of_uid(int(_status_uid(status))),
+            "user_ns": os.readlink(f"/proc/{slirp}/ns/user"),
+            "user_ns_owner": owner,
             "pid_ns": os.readlink(f"/proc/{slirp}/ns/pid"),
             "run": os.listdir(f"/proc/{slirp}/root/run"),
             "etc": os.listdir(f"/proc/{slirp}/root/etc"),
         }
 
-    result, seen = _look_at_slirp_while_a_run_waits(tmp_path, look)
+    result, seen = _look_at_slirp_while_a_run_waits(
+        tmp_path, look, command=["python3", "run.py", marker]
+    )
 
     assert result.cancelled, result
     status = seen["status"]
+    uids = {int(uid) for uid in status["Uid"].split()}
+    gids = {int(gid) for gid in status["Gid"].split()}
+    [uid] = uids
+    assert uid != 0
+    assert gids == {uid}, status
+    assert status["Groups"].strip() == "", status
+    run_uid = int(seen["command"]["Uid"].split()[0])
+    assert uid != run_uid, (uid, run_uid)
+    # Its own: nothing else runs as it (the process that made its user namespace ended).
+    assert seen["same_uid"] == [seen["pid"]], seen
+    uids_range = UidRange()
+    assert uids_range.base <= uid <= uids_range.last, uid
+    # No capability of the host's: its user namespace is not the host's but one it owns.
+    assert seen["user_ns"] != os.readlink("/proc/self/ns/user")
+    assert seen["user_ns_owner"] == uid
     for field in ("CapEff", "CapPrm", "CapBnd"):
-        assert int(status[field], 16) == 1 << _CAP_NET_BIND_SERVICE, (field, status)
+        assert int(status[field], 16) & ~(1 << _CAP_NET_BIND_SERVICE) == 0, (field, status)
     assert int(status["CapAmb"], 16) == 0, status
+    assert int(status["CapInh"], 16) & ~(1 << _CAP_NET_BIND_SERVICE) == 0, status
     assert status["NoNewPrivs"] == "1"
     assert status["Seccomp"] == "2"
     assert seen["pid_ns"] != os.readlink("/proc/self/ns/pid")
@@ -563,6 +595,48 @@ def test_slirp4netns_keeps_no_privilege_and_reaches_no_host_process_nor_root_fil
     assert "shadow" not in seen["etc"], seen["etc"]
     assert "resolv.conf" in seen["etc"], seen["etc"]  # its DNS forwarder's upstream
     assert slirp_processes(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user it runs as floom's own uid")
+@pytest.mark.skipif(shutil.which("slirp4netns") is None, reason="slirp4netns is not installed")
+def test_the_protections_report_says_slirp4netns_serves_as_a_uid_of_its_own() -> None:
+    ranged, own = LocalSandbox(), LocalSandbox(uids=None)
+    try:
+        assert "as a uid of its own" in str(ranged.protections()["network"])
+        # Without a uid range (tests only), it stays uid 0: the report does not say it.
+        assert "uid of its own" not in str(own.protections()["network"])
+    finally:
+        ranged.close()
+        own.close()
+
+
+def _status_uid(status: list[str]) -> str:
+    """The real uid in a /proc/<pid>/status's lines."""
+    return next(line.split()[1] for line in status if line.startswith("Uid:"))
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    """The host pids of the processes whose real uid is `uid`."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                status = Path(entry.path, "status").read_text().splitlines()
+            except OSError:
+                continue  # it ended while we looked
+            if int(_status_uid(status)) == uid:
+                found.append(int(entry.name))
+    return found
+
+
+def _command_pid(marker: str) -> int:
+    """The host pid of the run's command, `python3 run.py <marker>`."""
+    [command] = [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and _cmdline_of(pid).startswith(b"python3\0run.py\0" + marker.encode())
+    ]
+    return command
 
 
 def _look_at_slirp_while_a_run_waits(
@@ -600,6 +674,41 @@ def _cmdline_of(pid: str) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+@needs_bwrap
+@needs_netns
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user it runs as floom's own uid")
+def test_a_run_whose_slirp4netns_cannot_get_its_user_namespace_is_refused_before_its_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As where the kernel refuses a uid a user namespace: never a fall back to uid 0.
+    def which(name: str) -> str | None:
+        return "/bin/false" if name == "unshare" else shutil.which(name)
+
+    # Only network.py's lookups: the launcher's own tools stay as they are.
+    monkeypatch.setattr(network, "shutil", SimpleNamespace(which=which))
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text("open('/output/ran', 'w').close()\n")
+    spec = SandboxSpec(
+        run_id="run-net",
+        command=["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        network=True,
+    )
+    sandbox = LocalSandbox()
+    try:
+        with pytest.raises(network.NetworkSetupFailed, match="user namespace") as refused:
+            sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
+    finally:
+        sandbox.close()
+
+    assert "user.max_user_namespaces" in str(refused.value.hint)
+    assert not (output_dir / "ran").exists()
+    assert slirp_processes(tmp_path) == []
 
 
 @needs_bwrap
@@ -651,6 +760,29 @@ def test_kill_orphans_kills_slirp4netns_left_on_this_nodes_work_root(tmp_path: P
         for proc in (ours, theirs):
             proc.kill()
             proc.wait()
+
+
+@needs_bwrap
+@needs_netns
+def test_kill_orphans_kills_a_live_slirp4netns_whatever_uid_it_serves_as(tmp_path: Path) -> None:
+    # As a floom restarted after a crash would: the run's slirp4netns is found by its
+    # environment, as the run's uid of its own or not.
+    def look(slirp: int) -> dict[str, Any]:
+        pidfd = os.pidfd_open(slirp)
+        restarted = LocalSandbox(uids=None)
+        try:
+            killed = restarted.kill_orphans(tmp_path)
+            ended = select.select([pidfd], [], [], 10)[0]
+        finally:
+            os.close(pidfd)
+            restarted.close()
+        return {"killed": killed, "ended": bool(ended)}
+
+    result, seen = _look_at_slirp_while_a_run_waits(tmp_path, look)
+
+    assert seen["ended"], (seen, result)
+    assert seen["killed"] >= 1, seen
+    assert slirp_processes(tmp_path) == []
 
 
 # -- the manifest ------------------------------------------------------------------------------
