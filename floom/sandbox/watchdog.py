@@ -131,14 +131,19 @@ class Watchdog:
             _say(f"ignored a malformed line ({len(line)} characters)")
 
     def fire_due(self, now: float) -> None:
+        ended = []
         for key, attempt in self.attempts.items():
             if attempt.fired or attempt.deadline is None or attempt.deadline > now:
                 continue
             attempt.fired = True
-            if attempt.targets:
-                _say(f"lease of {key} not renewed in time: ending its sandbox")
             for target in attempt.targets:
                 kill_target(target)
+            if attempt.targets:
+                ended.append(key)
+        # Said once every due sandbox has ended: a write to a slow or full log (a pipe
+        # nobody reads while floom is stopped) must not hold up a kill.
+        for key in ended:
+            _say(f"lease of {key} not renewed in time: its sandbox was ended")
 
     def next_deadline(self) -> float | None:
         due = [a.deadline for a in self.attempts.values() if not a.fired and a.deadline]
