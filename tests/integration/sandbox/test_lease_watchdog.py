@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from floom.sandbox import watchdog as watchdog_program
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.fence import WATCHDOG_PROGRAM, LeaseFence, node_fence
 from floom.sandbox.local import cgroups
@@ -253,3 +254,35 @@ def test_the_local_sandbox_is_ended_with_its_lease_while_its_supervisor_waits(
         done.set()
         fence.forget(key)
         sandbox.close()
+
+
+def test_a_sandbox_that_lingers_does_not_hold_up_the_kill_of_another_due_with_it(
+    tmp_path: Path,
+    victim: tuple[subprocess.Popen[bytes], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two attempts lapse at once; the first one's processes do not go (here: a cgroup that
+    keeps listing a zombie, as one stuck in the kernel would): the second's end at once."""
+    monkeypatch.setattr(watchdog_program, "_KILL_SECONDS", 300.0)
+    zombie = subprocess.Popen(["true"])  # not waited for until the end: a zombie, kept
+    stuck = tmp_path / "floom" / f"run-{secrets.token_hex(8)}"
+    stuck.mkdir(parents=True)
+    (stuck / "cgroup.procs").write_text(f"{zombie.pid}\n")
+    proc, targets = victim
+    dog = watchdog_program.Watchdog()
+    first, second = _key(), _key()
+    for key, watched in ((first, [f"cgroup:{stuck}"]), (second, targets)):
+        dog.handle(f"deadline {key} {time.monotonic():.6f}")
+        for target in watched:
+            dog.handle(f"watch {key} {target}")
+    firing = threading.Thread(target=dog.fire_due, args=(time.monotonic() + 1,), daemon=True)
+    firing.start()
+    try:
+        proc.wait(timeout=30)  # before: only after the first's 300 s of tries
+        assert proc.returncode == -signal.SIGKILL
+        assert firing.is_alive()  # still trying the first
+    finally:
+        (stuck / "cgroup.procs").write_text("")
+        firing.join(timeout=30)
+        zombie.wait()
+    assert not firing.is_alive()
