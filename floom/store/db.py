@@ -105,9 +105,9 @@ def _make_engine(url: str) -> Engine:
     # prepares a statement on a connection after its fifth run there, and PostgreSQL then
     # keeps its plan; each backend's catalog caches). First in, first out spread every
     # statement over all the connections a busy moment ever opened, each preparing and
-    # planning it anew: a node whose pool had grown by one paid about 10% more PostgreSQL
-    # CPU a run (bench/bench_capacity.py). The idle ones are checked before use
-    # (_ping_when_idle).
+    # planning it anew: an agent run cost PostgreSQL about 0.9 ms of CPU more (7.5 ms
+    # against 6.5; bench/bench_capacity.py, bench/README.md "Which plan changes?"). The
+    # idle ones are checked before use (_ping_when_idle).
     engine = create_engine(url, pool_size=20, max_overflow=20, pool_use_lifo=True)
     _ping_when_idle(engine)
     return engine
