@@ -616,6 +616,24 @@ def _status_uid(status: list[str]) -> str:
     return next(line.split()[1] for line in status if line.startswith("Uid:"))
 
 
+def _networked_spec_that_marks_its_start(
+    tmp_path: Path, *, network_allow: tuple[str, ...] = ()
+) -> SandboxSpec:
+    """A run with network whose command, if it ever started, would leave /output/ran."""
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text("open('/output/ran', 'w').close()\n")
+    return SandboxSpec(
+        run_id="run-net",
+        command=["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        network=True,
+        network_allow=network_allow,
+    )
+
+
 def _pids_of_uid(uid: int) -> list[int]:
     """The host pids of the live processes whose real uid is `uid`: not the zombies of
     ended ones that wait for the host's pid 1 to reap them (it may take seconds), which run
@@ -703,17 +721,7 @@ def test_a_run_whose_slirp4netns_cannot_get_its_user_namespace_is_refused_before
 
     # Only network.py's lookups: the launcher's own tools stay as they are.
     monkeypatch.setattr(network, "shutil", SimpleNamespace(which=which))
-    workdir, output_dir = tmp_path / "work", tmp_path / "output"
-    workdir.mkdir()
-    output_dir.mkdir()
-    (workdir / "run.py").write_text("open('/output/ran', 'w').close()\n")
-    spec = SandboxSpec(
-        run_id="run-net",
-        command=["python3", "run.py"],
-        workdir=workdir,
-        output_dir=output_dir,
-        network=True,
-    )
+    spec = _networked_spec_that_marks_its_start(tmp_path)
     sandbox = LocalSandbox()
     try:
         with pytest.raises(network.NetworkSetupFailed, match="user namespace") as refused:
@@ -722,30 +730,19 @@ def test_a_run_whose_slirp4netns_cannot_get_its_user_namespace_is_refused_before
         sandbox.close()
 
     assert "user.max_user_namespaces" in str(refused.value.hint)
-    assert not (output_dir / "ran").exists()
+    assert not (spec.output_dir / "ran").exists()
     assert slirp_processes(tmp_path) == []
 
 
 @needs_bwrap
 @needs_netns
 def test_a_bad_allowlist_entry_refuses_the_run_before_the_command_starts(tmp_path: Path) -> None:
-    workdir, output_dir = tmp_path / "work", tmp_path / "output"
-    workdir.mkdir()
-    output_dir.mkdir()
-    (workdir / "run.py").write_text("open('/output/ran', 'w').close()\n")
-    spec = SandboxSpec(
-        run_id="run-net",
-        command=["python3", "run.py"],
-        workdir=workdir,
-        output_dir=output_dir,
-        network=True,
-        network_allow=("127.0.0.1/32",),
-    )
+    spec = _networked_spec_that_marks_its_start(tmp_path, network_allow=("127.0.0.1/32",))
 
     with pytest.raises(InvalidRequest, match="network_allow"):
         LocalSandbox().run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
 
-    assert not (output_dir / "ran").exists()
+    assert not (spec.output_dir / "ran").exists()
     assert slirp_processes(tmp_path) == []
 
 
