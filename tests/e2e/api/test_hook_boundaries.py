@@ -325,6 +325,13 @@ def test_a_deleted_workers_timestamped_delivery_keys_expire_and_github_s_stay(
         "plain": post(server, "/hooks/plain", body, {**signed, "Content-Type": "application/json"}),
         "gh": post(server, "/hooks/gh", body, github(body, "guid-1")),
     }
+    # One stored before floom kept a delivery's scheme: its trigger, unchanged since, says.
+    with session_scope(server.ctx.engine, write=True) as s:
+        s.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.worker_name == "std")  # type: ignore[arg-type]
+            .values(signature=None)
+        )
     for name, answer in sent.items():
         assert answer.status_code == 202, (name, answer.text)
         wait_for_run(api, answer.json()["run_id"])
@@ -348,7 +355,10 @@ def test_a_deleted_workers_timestamped_delivery_keys_expire_and_github_s_stay(
     assert _buried(server) == ["gh", "gh"]
 
 
-@pytest.mark.parametrize("gone_by", ["retention", "deletion", "retention of an older row"])
+@pytest.mark.parametrize(
+    "gone_by",
+    ["retention", "deletion", "retention of an older row", "deletion of an older row"],
+)
 def test_a_github_delivery_stays_spent_after_its_hook_signs_with_a_timestamped_scheme(
     server: LiveServer, api: httpx.Client, tmp_path: Path, gone_by: str
 ) -> None:
@@ -362,11 +372,11 @@ def test_a_github_delivery_stays_spent_after_its_hook_signs_with_a_timestamped_s
     first = post(server, "/hooks/gh", body, github(body, "guid-1"))
     assert first.status_code == 202, first.text
     wait_for_run(api, first.json()["run_id"])
-    if gone_by == "retention of an older row":  # stored before the scheme was kept with it
+    if gone_by.endswith("of an older row"):  # stored before the scheme was kept with it
         with session_scope(server.ctx.engine, write=True) as s:
             s.execute(update(WebhookDelivery).values(signature=None))
     deploy_hook(api, tmp_path, "gh", "{signature: hmac-sha256, secret: PLAIN_SECRET}")
-    if gone_by == "deletion":
+    if gone_by.startswith("deletion"):
         assert api.delete("/api/v1/workers/gh").status_code == 200
     later = datetime.now(UTC) + KEY_GRACE + timedelta(days=2)
     apply_retention(server.ctx, days=1, now=later)
