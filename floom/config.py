@@ -29,7 +29,11 @@ def _default_data_dir() -> Path:
 class Settings(BaseSettings):
     """Every setting is an environment variable named FLOOM_<NAME>."""
 
-    model_config = SettingsConfigDict(env_prefix="FLOOM_", extra="ignore")
+    # hide_input_in_errors: a refused value (a key, a database URL with its password) is
+    # named in the error, never shown, wherever the error is printed or logged.
+    model_config = SettingsConfigDict(
+        env_prefix="FLOOM_", extra="ignore", hide_input_in_errors=True
+    )
 
     data_dir: Path = Field(default_factory=_default_data_dir)
     database_url: str = ""

@@ -79,6 +79,11 @@ class WebhookDelivery(SQLModel, table=True):
     outcome: str = Field(max_length=24)  # run, paused, input_invalid, unmatched
     message: str | None = Field(default=None, sa_column=Column(Text))
     replay_count: int = 0
+    # The scheme that verified it (standard, github, hmac-sha256): how long its key must
+    # guard is its own signature's, not what its trigger says later (a redeploy changes a
+    # webhook's scheme in place). None for Composio's (always timestamped) and for those
+    # stored before it was kept.
+    signature: str | None = Field(default=None, max_length=16)
 
 
 class DeliveryTombstone(SQLModel, table=True):

@@ -10,7 +10,10 @@ whose answer it did not get, each signed afresh under the same id, for as long a
 schedule runs (Svix about 28 hours, Stripe 3 days): so a timestamped key is kept KEY_GRACE,
 7 days, after its delivery came. GitHub signs no timestamp: its deliveries verify for as
 long as their secret stands, so their keys are kept for good (as tombstones once a delivery
-goes), and so is every key whose scheme is not known any more.
+goes), and so is every key whose scheme is not known any more. The scheme is the one that
+verified the delivery (WebhookDelivery.signature), not its trigger's now: a redeploy changes
+a webhook's scheme in place, and a captured GitHub delivery must not run again after a
+rollback to GitHub's scheme.
 
 A deleted worker's timestamped keys are buried with an expiry (`expires_at`, KEY_GRACE after
 the deletion, so at least KEY_GRACE after they came); retention prunes them after it.
@@ -22,12 +25,12 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, or_
+from sqlalchemy import ColumnElement, and_, delete, exists, false, literal, or_
 from sqlmodel import Session, col, select
 
 from floom.services.runs import rules as run_rules
 from floom.services.triggers.registry import spec_of
-from floom.store.models import Run
+from floom.store.models import Run, UTCDateTime
 from floom.store.triggers import DeliveryTombstone, Trigger, WebhookDelivery
 from floom.triggers.signatures import TOLERANCE_SECONDS
 from floom.triggers.spec import WebhookSpec
@@ -70,9 +73,8 @@ def prune_deliveries(
             return None
         timestamped = timestamped_triggers(s, {d.trigger_id for d in found if d.trigger_id})
         for delivery in found:
-            if delivery.source == RunTrigger.COMPOSIO or delivery.trigger_id in timestamped:
-                continue
-            _bury(s, delivery)
+            if not _signed_with_timestamp(delivery, timestamped):
+                _bury(s, delivery)
         s.execute(delete(WebhookDelivery).where(col(WebhookDelivery.id).in_([d.id for d in found])))
     return len(found)
 
@@ -96,14 +98,42 @@ def prune_tombstones(s_factory: Any, *, now: datetime) -> int:
     return int(getattr(gone, "rowcount", 0) or 0)
 
 
-def timestamped_triggers(s: Session, ids: Iterable[str]) -> set[str]:
-    """Of the triggers `ids`, the webhooks whose signature scheme signs a timestamp."""
-    found = set()
+def timestamped_triggers(s: Session, ids: Iterable[str]) -> dict[str, datetime]:
+    """Of the triggers `ids`, the webhooks whose signature scheme signs a timestamp now, each
+    with the time its settings were last written (`updated_at`): a delivery received since
+    was verified with that scheme (a redeploy changes a webhook's scheme in place)."""
+    found = {}
     for trigger in s.exec(select(Trigger).where(col(Trigger.id).in_(list(ids)))).all():
         spec = spec_of(trigger)
         if isinstance(spec, WebhookSpec) and spec.signature in TIMESTAMPED:
-            found.add(trigger.id)
+            found[trigger.id] = trigger.updated_at
     return found
+
+
+def _signed_with_timestamp(delivery: WebhookDelivery, timestamped: dict[str, datetime]) -> bool:
+    """Whether `delivery`'s signature signed a timestamp, so its key guards only KEY_GRACE:
+    Composio's always; a webhook's by the scheme that verified it, or for one stored before
+    that was kept, by its trigger's scheme if unchanged since it came (`timestamped`, see
+    timestamped_triggers). A key whose scheme is not known is kept for good."""
+    if delivery.source == RunTrigger.COMPOSIO:
+        return True
+    if delivery.signature is not None:
+        return delivery.signature in TIMESTAMPED
+    since = timestamped.get(delivery.trigger_id or "")
+    return since is not None and since <= delivery.received_at
+
+
+def signed_with_timestamp(d: Any, timestamped: dict[str, datetime]) -> ColumnElement[bool]:
+    """_signed_with_timestamp as a condition on the deliveries table `d`."""
+    unrecorded = [
+        and_(d.c.trigger_id == trigger_id, d.c.received_at >= literal(since, UTCDateTime()))
+        for trigger_id, since in sorted(timestamped.items())
+    ]
+    return or_(
+        d.c.source == RunTrigger.COMPOSIO,
+        d.c.signature.in_(sorted(TIMESTAMPED)),
+        and_(d.c.signature.is_(None), or_(false(), *unrecorded)),
+    )
 
 
 def _bury(s: Session, delivery: WebhookDelivery) -> None:

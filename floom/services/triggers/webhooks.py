@@ -216,6 +216,8 @@ def deliver(
         return Received(buried, duplicate=True)
     redactor = secrets.Redactor(redact)
     stored_headers = {k: redactor.text(v) for k, v in signatures.storable_headers(headers).items()}
+    spec = spec_of(trigger)
+    assert isinstance(spec, WebhookSpec | ComposioSpec)
     delivery = WebhookDelivery(
         id=new_id("dlv"),
         source=source,
@@ -228,9 +230,9 @@ def deliver(
         body=redact_bytes(body, redact),
         content_type=stored_headers.get("content-type", "")[:200],
         outcome=RUN,
+        # The scheme `trigger` verified it with, read with it: what it says later may differ.
+        signature=spec.signature if isinstance(spec, WebhookSpec) else None,
     )
-    spec = spec_of(trigger)
-    assert isinstance(spec, WebhookSpec | ComposioSpec)
     try:
         if trigger.paused or worker.paused:
             what = "this trigger" if trigger.paused else f"worker '{worker.name}'"
@@ -362,10 +364,11 @@ def keep_tombstones(s: Session, *, worker_name: str, now: datetime) -> None:
     d = WebhookDelivery.__table__  # type: ignore[attr-defined]
     t = DeliveryTombstone.__table__  # type: ignore[attr-defined]
     ids = s.exec(select(Trigger.id).where(Trigger.worker_name == worker_name)).all()
-    timestamped = delivery_retention.timestamped_triggers(s, ids)
     expires = case(
         (
-            or_(d.c.source == RunTrigger.COMPOSIO, d.c.trigger_id.in_(sorted(timestamped))),
+            delivery_retention.signed_with_timestamp(
+                d, delivery_retention.timestamped_triggers(s, ids)
+            ),
             literal(now + delivery_retention.KEY_GRACE, UTCDateTime()),
         ),
         else_=null(),

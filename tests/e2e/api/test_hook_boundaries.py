@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import update
 from sqlmodel import select
 from standardwebhooks.webhooks import Webhook
 
@@ -26,7 +27,7 @@ from floom.services.ops.retention import apply_retention
 from floom.services.triggers import composio as composio_events
 from floom.services.triggers import webhooks
 from floom.store.db import session_scope
-from floom.store.triggers import DeliveryTombstone
+from floom.store.triggers import DeliveryTombstone, WebhookDelivery
 from floom.triggers.signatures import sign_floom
 from tests.support.harness import (
     LiveServer,
@@ -324,6 +325,13 @@ def test_a_deleted_workers_timestamped_delivery_keys_expire_and_github_s_stay(
         "plain": post(server, "/hooks/plain", body, {**signed, "Content-Type": "application/json"}),
         "gh": post(server, "/hooks/gh", body, github(body, "guid-1")),
     }
+    # One stored before floom kept a delivery's scheme: its trigger, unchanged since, says.
+    with session_scope(server.ctx.engine, write=True) as s:
+        s.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.worker_name == "std")  # type: ignore[arg-type]
+            .values(signature=None)
+        )
     for name, answer in sent.items():
         assert answer.status_code == 202, (name, answer.text)
         wait_for_run(api, answer.json()["run_id"])
@@ -345,6 +353,41 @@ def test_a_deleted_workers_timestamped_delivery_keys_expire_and_github_s_stay(
     # GitHub signs no timestamp: its captured request verifies for as long as its secret
     # stands, so its keys stay.
     assert _buried(server) == ["gh", "gh"]
+
+
+@pytest.mark.parametrize(
+    "gone_by",
+    ["retention", "deletion", "retention of an older row", "deletion of an older row"],
+)
+def test_a_github_delivery_stays_spent_after_its_hook_signs_with_a_timestamped_scheme(
+    server: LiveServer, api: httpx.Client, tmp_path: Path, gone_by: str
+) -> None:
+    # A worker has one webhook trigger whatever its scheme: a redeploy that changes the
+    # scheme keeps the row. The deliveries GitHub signed before must stay spent for as long
+    # as GitHub's signature verifies, which the hook's later scheme does not decide.
+    api.put("/api/v1/secrets/GH_SECRET", json={"value": GITHUB_SECRET})
+    api.put("/api/v1/secrets/PLAIN_SECRET", json={"value": HMAC_SECRET})
+    deploy_hook(api, tmp_path, "gh", "{signature: github, secret: GH_SECRET}")
+    body = b'{"ref": "refs/heads/main"}'
+    first = post(server, "/hooks/gh", body, github(body, "guid-1"))
+    assert first.status_code == 202, first.text
+    wait_for_run(api, first.json()["run_id"])
+    if gone_by.endswith("of an older row"):  # stored before the scheme was kept with it
+        with session_scope(server.ctx.engine, write=True) as s:
+            s.execute(update(WebhookDelivery).values(signature=None))
+    deploy_hook(api, tmp_path, "gh", "{signature: hmac-sha256, secret: PLAIN_SECRET}")
+    if gone_by.startswith("deletion"):
+        assert api.delete("/api/v1/workers/gh").status_code == 200
+    later = datetime.now(UTC) + KEY_GRACE + timedelta(days=2)
+    apply_retention(server.ctx, days=1, now=later)
+
+    # Back to GitHub with its secret (a rollback, or the worker deployed again).
+    deploy_hook(api, tmp_path, "gh", "{signature: github, secret: GH_SECRET}")
+    replayed = post(server, "/hooks/gh", body, github(body, "guid-1"))
+    renamed = post(server, "/hooks/gh", body, github(body, "guid-2"))
+    for answer in (replayed, renamed):
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["duplicate"] is True
 
 
 def _buried(server: LiveServer) -> list[str]:

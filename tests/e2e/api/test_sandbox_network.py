@@ -40,7 +40,7 @@ from floom.net.addresses import host_networks
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
 from floom.sandbox.local import cgroups, network
 from floom.sandbox.local.network import SLIRP_OWNER_VARIABLE, is_floom_slirp, route_commands
-from floom.sandbox.local.uid_pool import UidRange
+from floom.sandbox.local.uid_pool import UidPool, UidRange, UidsUnavailable
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.support.processes.netns import (
     NamespaceHost,
@@ -731,6 +731,47 @@ def test_a_run_whose_slirp4netns_cannot_get_its_user_namespace_is_refused_before
 
     assert "user.max_user_namespaces" in str(refused.value.hint)
     assert not (spec.output_dir / "ran").exists()
+    assert slirp_processes(tmp_path) == []
+
+
+@needs_bwrap
+@needs_netns
+@pytest.mark.skipif(os.geteuid() != 0, reason="as another user it runs as floom's own uid")
+@pytest.mark.parametrize("free", [1, 2])
+def test_a_networked_run_gives_back_both_uids_whether_or_not_it_got_them(
+    tmp_path: Path, free: int
+) -> None:
+    # A networked run takes a second uid for its slirp4netns. With one uid free it cannot
+    # get it: refused (sandbox_unavailable, retried) before its command, the first uid given
+    # back; with two it runs, and both are given back.
+    base = 0x70000000 + 0x100000 + secrets.randbelow(1 << 20) * 2
+    uids = UidRange(base, free)
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text("open('/output/ran', 'w').close()\n")
+    spec = SandboxSpec(
+        run_id="run-net",
+        command=["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        network=True,
+    )
+    sandbox = LocalSandbox(uids=uids)
+    try:
+        if free == 1:
+            with pytest.raises(UidsUnavailable, match="in use") as refused:
+                sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
+            assert refused.value.retryable
+            assert "FLOOM_SANDBOX_UID_COUNT" in str(refused.value.hint)
+            assert not (output_dir / "ran").exists()
+        else:
+            result = sandbox.run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
+            assert result.exit_code == 0, result
+            assert (output_dir / "ran").exists()
+    finally:
+        sandbox.close()
+    assert UidPool(uids).held() == set()
     assert slirp_processes(tmp_path) == []
 
 

@@ -20,7 +20,10 @@ from floom.vocabulary import RunStatus, RunTrigger, TriggerKind
 OLD = timedelta(days=40)
 
 
-def _trigger(ctx: Context, trigger_id: str, worker: str, signature: str) -> None:
+def _trigger(
+    ctx: Context, trigger_id: str, worker: str, signature: str, *, age: timedelta = 2 * OLD
+) -> None:
+    """A webhook trigger whose settings were last written `age` ago."""
     with session_scope(ctx.engine, write=True) as s:
         s.add(
             Trigger(
@@ -29,6 +32,7 @@ def _trigger(ctx: Context, trigger_id: str, worker: str, signature: str) -> None
                 kind=TriggerKind.WEBHOOK,
                 key="webhook",
                 config_json=json.dumps({"secret": "HOOK_SECRET", "signature": signature}),
+                updated_at=utcnow() - age,
             )
         )
 
@@ -43,6 +47,7 @@ def _delivery(
     source: str = "webhook",
     digest: str | None = None,
     run_status: RunStatus | None = None,
+    signature: str | None = None,
 ) -> None:
     with session_scope(ctx.engine, write=True) as s:
         run_id = None
@@ -68,6 +73,7 @@ def _delivery(
                 received_at=utcnow() - age,
                 run_id=run_id,
                 outcome="run",
+                signature=signature,
             )
         )
 
@@ -105,6 +111,13 @@ def test_old_deliveries_go_and_keys_that_can_still_verify_stay_as_tombstones(
     _delivery(ctx, "gh-old", worker="gh", trigger_id="trg_gh", age=OLD, digest="sig-gh-old")
     _delivery(ctx, "lost-old", worker="gh", trigger_id="trg_gone", age=OLD)
     _delivery(ctx, "std-new", worker="std", trigger_id="trg_std", age=timedelta(days=2))
+    # The scheme that verified a delivery decides, not its trigger's now (a redeploy changes
+    # a webhook's scheme in place): GitHub's delivery to a hook that now signs a timestamp.
+    _delivery(ctx, "was-gh", worker="std", trigger_id="trg_std", age=OLD, signature="github")
+    _delivery(ctx, "was-std", worker="gh", trigger_id="trg_gh", age=OLD, signature="standard")
+    # Stored before the scheme was kept, under a trigger written since: not known, kept.
+    _trigger(ctx, "trg_changed", "changed", "standard", age=timedelta(days=1))
+    _delivery(ctx, "changed-old", worker="changed", trigger_id="trg_changed", age=OLD)
     # A run started by a delivery and still waiting for approval keeps its delivery.
     waiting = RunStatus.AWAITING_APPROVAL
     _delivery(ctx, "std-wait", worker="std", trigger_id="trg_std", age=OLD, run_status=waiting)
@@ -113,9 +126,9 @@ def test_old_deliveries_go_and_keys_that_can_still_verify_stay_as_tombstones(
 
     kept, buried = _left(ctx)
     assert kept == {"std-new", "std-wait"}
-    assert report.webhook_deliveries_deleted == 5
+    assert report.webhook_deliveries_deleted == 8
     # GitHub signs no timestamp, and a trigger that is gone says no scheme: kept for good.
-    assert buried == {"gh-old", "sig-gh-old", "lost-old"}
+    assert buried == {"gh-old", "sig-gh-old", "lost-old", "was-gh", "changed-old"}
     again = webhooks._tombstone(ctx, source="webhook", worker_name="gh", key="gh-old", digest=None)
     assert again is not None
     assert again.id == "dlv_gh-old"
