@@ -685,7 +685,9 @@ def test_reaping_kills_the_warm_processes_and_runs_an_earlier_floom_left_and_spa
     assert started.wait(20)
     later = LocalSandbox()  # the floom that starts after this one died
     try:
-        assert later.kill_orphans(warm.work_root) >= 2  # the warm process and the run's
+        # The warm process and the run's child are both found; the child may end with its
+        # namespace (the warm process is its pid 1) before its own kill: not counted then.
+        assert later.kill_orphans(warm.work_root) >= 1
     finally:
         later.close()
     thread.join(30)
