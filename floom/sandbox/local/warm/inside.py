@@ -415,7 +415,7 @@ def _setup(request: dict[str, object], fds: list[int]) -> None:
         _move_mount(files_fd, f"{STAGE}/files")
         _move_mount(run_fd, f"{STAGE}/run")
         work = f"{STAGE}/run/{request['work_name']}"
-        options = f"lowerdir={STAGE}/files,upperdir={work},workdir={work}.overlay"
+        options = f"lowerdir={STAGE}/files,upperdir={work},workdir={work}.overlay,userxattr"
         _mount("overlay", WORK, "overlay", 0, options)
         _check(_libc.umount2(f"{STAGE}/files".encode(), _MNT_DETACH), "umount files")
         _check(_libc.umount2(f"{STAGE}/run".encode(), _MNT_DETACH), "umount run")
@@ -499,7 +499,8 @@ def _drop(uid: int, seccomp: bytes, *, pdeathsig: bool) -> None:
     """Become `uid` with no capability left (bounding, ambient, inheritable, permitted,
     effective), no_new_privs, the parent-death signal (`pdeathsig`) and the seccomp
     filter."""
-    os.setgroups([])
+    if os.getgroups():
+        os.setgroups([])  # none already: floom starts the warm process without any
     os.setresgid(uid, uid, uid)
     for cap in _BOUNDING or range(64):
         if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:
