@@ -240,9 +240,9 @@ def share_files(files: Path) -> None:
     them only through an overlay, where a write copies the file up into the run's own layer
     and never reaches them, but overlayfs lets the run's uid open a file for writing (or
     add and remove names in a folder) only as the file's mode allows. Runs have uids of
-    their own, so the files stay root's, every folder 0777 and every file writable by all
-    (its execute bits kept): a script rewrites a version file in place as it could its own
-    copy. No host process but root reaches them: the data dir is 0700 (and the versions
+    their own, so the files are FILES_OWNER's, every folder 0777 and every file writable by
+    all (its execute bits kept): a script rewrites a version file in place as it could its
+    own copy. No host process but root reaches them: the data dir is 0700 (and the versions
     folder is made so here). Links are changed themselves, never followed. The top folder
     is changed last, so its mode says the whole tree was."""
     if os.geteuid() != 0:
