@@ -1,7 +1,8 @@
 """What runs inside a warm process, and in each run forked from it: the standard library only.
 
 floom starts this file's source as `python3 -u -B -c SOURCE warm ...` under bubblewrap
-(floom/sandbox/local/warm/process.py), as root with a few capabilities, in a sandbox that
+(floom/sandbox/local/warm/process.py), as root with a few capabilities in a user namespace of
+its own (none on the host: its root is a sandbox uid no run has), in a sandbox that
 holds the node's system directories and nothing of any run, and in a PID namespace of its
 own, whose pid 1 (`_stay_init`) only reaps: the warm process proper is its child, and sees
 no process of the host's nor of any other sandbox. It imports the modules it was
@@ -54,8 +55,9 @@ sandbox and container on the node."""
 DEVPTS_OPTIONS = f"newinstance,ptmxmode=0666,mode=620,max={PTYS_PER_RUN}"
 # Refused whatever a cold run loaded: importing them acts (a browser, a window, text, the
 # CPython test suite's autotest running every test). The warm process imports what a run
-# recorded as root, with the capabilities its children need, so what a worker names there
-# must be a library to load, never a program to run.
+# recorded as root of its user namespace, with the capabilities its children need there
+# (none of the host's), so what a worker names there must be a library to load, never a
+# program to run.
 SIDE_EFFECT_MODULES = frozenset(
     "antigravity this __hello__ __phello__ idlelib tkinter turtle turtledemo ensurepip "
     "__main__ site sitecustomize usercustomize readline rlcompleter pydoc test".split()
