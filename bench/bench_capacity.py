@@ -249,6 +249,11 @@ class BackendCpu:
         while not self._stop.wait(0.1):
             self._sample()
 
+    def backends(self) -> int:
+        """How many of floom's backends were seen on the database so far."""
+        with self._lock:
+            return len(self._seen)
+
     def total(self) -> float:
         self._stop.wait(0.15)  # the sampler's own next pass
         with self._lock:
@@ -558,6 +563,9 @@ class Cost:
     seconds: float = 0.0
     # Dead rows the runs left in the database's tables (n_dead_tup).
     dead: float = 0.0
+    # floom's backends on this database so far (pool connections and the signal listener):
+    # each prepares and plans its statements, and warms its caches, on its own.
+    backends: int = 0
     # PG CPU ms per run of each round, when this is their mean.
     cpu_rounds: list[float] = field(default_factory=list)
     aux_rounds: list[float] = field(default_factory=list)
@@ -623,6 +631,7 @@ def cost_per_run(
         aux_ms=aux * 1000 / runs,
         seconds=seconds,
         dead=(after.dead - before.dead) / runs,
+        backends=n.cpu.backends(),
         tables={k: v for k, v in tables.items() if any(v)},
         kinds={k: v / runs for k, v in sorted(kinds.items())},
         waited={k: v * 1000 / runs for k, v in sorted(waited.items())},
@@ -778,7 +787,8 @@ def measure_costs(
                         f"  round {turn + 1} {store:8} {name:8} {c.statements:6.1f} stmts "
                         f"{c.round_trips:6.1f} trips {c.rows:6.1f} rows "
                         f"{c.wal:9,.0f} WAL B {c.kept:9,.0f} kept B {c.cpu_ms:6.2f} ms CPU "
-                        f"(aux {c.aux_ms:5.2f}) {c.dead:5.1f} dead {c.seconds:5.1f} s",
+                        f"(aux {c.aux_ms:5.2f}) {c.dead:5.1f} dead {c.seconds:5.1f} s "
+                        f"{c.backends} backends",
                         flush=True,
                     )
     return {

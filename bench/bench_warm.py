@@ -14,6 +14,12 @@ own: client, server, warm processes and sandboxes, not other sessions' load; the
 no server). It prints figures as ratios to the floor measured in
 the same run, and the targets of issue 29 with OK/MISS; it asserts nothing, except that
 every run succeeded with its log complete and in order.
+
+`--only` runs some parts alone: `cold` (the hello floor and hello cold: the cold guard),
+`warm` (the hello floor and hello warm), `heavy` (heavy's floor, cold and warm), and of the
+phases `latency`, `cpu`, `clients` (4 clients) and `burst`; what it names of neither kind
+means all of that kind. `--only cold` checks the cold guard alone. Each CPU phase and
+throughput phase also prints the server process's own CPU a run.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ REPO = BENCH.parent
 sys.path[:0] = [str(BENCH), str(REPO)]
 
 from floor import HELLO, FloorSlot  # noqa: E402
-from server import Server, machine_busy_seconds  # noqa: E402
+from server import Server, machine_busy_seconds, proc_cpu_seconds  # noqa: E402
 
 from floom.bundle import read_folder  # noqa: E402
 from floom.services.runs.rules import FINISHED, SUCCEEDED  # noqa: E402
@@ -55,6 +61,17 @@ HEAVY_CPU = 0.2
 # The cold path's guards (issue 29, from issue 14), on SQLite.
 COLD_LATENCY = 1.35
 COLD_THROUGHPUT = 0.7
+PARTS = ("cold", "warm", "heavy")
+PHASES = ("latency", "cpu", "clients", "burst")
+# Which systems each part runs (its floor first).
+PART_SYSTEMS = {
+    "cold": ("floor hello", "hello cold"),
+    "warm": ("floor hello", "hello warm"),
+    "heavy": ("floor heavy", "heavy cold", "heavy warm"),
+}
+ALL_SYSTEMS = ("floor hello", "hello cold", "hello warm", "floor heavy", "heavy cold", "heavy warm")
+# Throughput is measured for hello only, as in issue 29's targets.
+THROUGHPUT_SYSTEMS = ("floor hello", "hello cold", "hello warm")
 
 
 def say(text: str) -> None:
@@ -200,17 +217,16 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def throughput(system: Any, per_client: int) -> float:
+def throughput(system: Any, per_client: int) -> None:
+    """`CLIENTS` clients, each running `per_client` runs one after another."""
+
     def loop(lane: int) -> None:
         for _ in range(per_client):
             system.one(lane)
 
-    def all_loops() -> None:
-        with ThreadPoolExecutor(CLIENTS) as pool:
-            for f in [pool.submit(loop, lane) for lane in range(CLIENTS)]:
-                f.result()
-
-    return CLIENTS * per_client / timed(all_loops)
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        for f in [pool.submit(loop, lane) for lane in range(CLIENTS)]:
+            f.result()
 
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
@@ -248,12 +264,40 @@ class OwnCpu:
                 self.group.rmdir()
 
 
-def cpu_per_run_ms(system: Any, runs: int, own: OwnCpu) -> float:
-    """CPU per run over `runs` sequential runs of `system` alone."""
-    busy = own.seconds()
-    for _ in range(runs):
-        system.one(0)
-    return (own.seconds() - busy) * 1000 / runs
+class Meter:
+    """CPU a run of the bench's own process tree and of the server process alone (its
+    threads, not its warm processes or sandboxes), over what runs inside `measure`."""
+
+    def __init__(self, own: OwnCpu, server: Server) -> None:
+        self.own = own
+        self.server = server
+
+    def _server_seconds(self) -> float:
+        return proc_cpu_seconds(self.server.proc.pid)
+
+    def measure(self, fn: Callable[[], Any], runs: int) -> tuple[float, float, float]:
+        """Seconds `fn` took, then CPU ms a run: the whole tree's and the server's."""
+        busy, serving = self.own.seconds(), self._server_seconds()
+        seconds = timed(fn)
+        return (
+            seconds,
+            (self.own.seconds() - busy) * 1000 / runs,
+            (self._server_seconds() - serving) * 1000 / runs,
+        )
+
+
+def parse_only(text: str | None) -> tuple[list[str], list[str]]:
+    """`--only`'s parts and phases; an empty kind means all of it."""
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    unknown = [n for n in names if n not in PARTS and n not in PHASES]
+    if unknown:
+        raise SystemExit(
+            f"--only: unknown part {', '.join(unknown)}; "
+            f"choose from {', '.join(PARTS)} and {', '.join(PHASES)} (comma-separated)"
+        )
+    parts = [n for n in PARTS if n in names] or list(PARTS)
+    phases = [n for n in PHASES if n in names] or list(PHASES)
+    return parts, phases
 
 
 def warm_stats(server: Server) -> dict[str, Any]:
@@ -266,14 +310,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-client", type=int, default=15, help="runs per client loop")
     parser.add_argument("--burst", type=int, default=100, help="runs queued at once")
     parser.add_argument("--cpu-runs", type=int, default=20, help="sequential runs for CPU")
+    parser.add_argument(
+        "--only",
+        metavar="PARTS",
+        help=f"comma-separated parts ({', '.join(PARTS)}) and phases ({', '.join(PHASES)}) "
+        "to run; default all",
+    )
     args = parser.parse_args(argv)
+    parts, phases = parse_only(args.only)
     if os.geteuid() != 0:
         say("warm starts need a root floom: run the bench as root")
         return 2
+    wanted = [n for n in ALL_SYSTEMS if any(n in PART_SYSTEMS[p] for p in parts)]
     root = Path(tempfile.mkdtemp(prefix="floom-bench-warm-"))
     one, five, _ = os.getloadavg()
     say(
-        f"warm start benchmark: rounds={args.runs}, per client={args.per_client}, "
+        f"warm start benchmark: parts={','.join(parts)}, phases={','.join(phases)}, "
+        f"rounds={args.runs}, per client={args.per_client}, "
         f"burst={args.burst}, cores={os.cpu_count()}, kernel {platform.release()}, "
         f"load average {one:.2f} {five:.2f}"
     )
@@ -281,57 +334,71 @@ def main(argv: list[str] | None = None) -> int:
     own = OwnCpu()  # before the server starts: it and its sandboxes are counted too
     # Hundreds of runs and log reads from one key: no per-key rate limit in the way.
     server = Server(root / "server", None, {"FLOOM_RATE_LIMIT_PER_MINUTE": "0"})
+    meter = Meter(own, server)
     runners: list[FloomRunner] = []
     try:
         server.wait_ready()
-        for folder, name in ((HELLO, "hello"), (HEAVY, "heavy")):
-            for warm in (False, True):
-                deploy(
-                    server, folder, f"b-{name}-{'warm' if warm else 'cold'}", warm=warm, root=root
+        systems: dict[str, Any] = {}
+        for name in wanted:
+            worker, how = name.split()
+            if worker == "floor":
+                systems[name] = FloorRunner(
+                    name, root / "floor", HELLO if how == "hello" else HEAVY
                 )
-        floors = {
-            "hello": FloorRunner("floor hello", root / "floor", HELLO),
-            "heavy": FloorRunner("floor heavy", root / "floor", HEAVY),
-        }
-        floom = {
-            f"{name} {how}": FloomRunner(f"floom {name} {how}", server, f"b-{name}-{how}")
-            for name in ("hello", "heavy")
-            for how in ("cold", "warm")
-        }
-        runners = list(floom.values())
+                continue
+            deploy(
+                server,
+                HELLO if worker == "hello" else HEAVY,
+                f"b-{worker}-{how}",
+                warm=how == "warm",
+                root=root,
+            )
+            systems[name] = FloomRunner(f"floom {name}", server, f"b-{worker}-{how}")
+        runners = [s for s in systems.values() if isinstance(s, FloomRunner)]
         for runner in runners:
             if runner.worker.endswith("warm"):
                 await_pool(server, runner)
             for _ in range(3):
                 runner.one(0)
         warm0 = warm_stats(server)
-        systems: dict[str, Any] = {
-            "floor hello": floors["hello"],
-            "hello cold": floom["hello cold"],
-            "hello warm": floom["hello warm"],
-            "floor heavy": floors["heavy"],
-            "heavy cold": floom["heavy cold"],
-            "heavy warm": floom["heavy warm"],
-        }
-        for floor in floors.values():
-            floor.one(0)
+        for system in systems.values():
+            if isinstance(system, FloorRunner):
+                system.one(0)
 
-        say(f"latency: {args.runs} interleaved rounds ...")
         order = list(systems)
         lat: dict[str, list[float]] = {name: [] for name in order}
-        for i in range(args.runs):
-            for name in order[i % len(order) :] + order[: i % len(order)]:
-                lat[name].append(systems[name].one(0))
-        say(f"CPU: {args.cpu_runs} sequential runs of each ...")
-        cpu = {name: cpu_per_run_ms(s, args.cpu_runs, own) for name, s in systems.items()}
-        say(f"(CPU counted: {own.what})")
-        rates: dict[str, dict[str, float]] = {}
-        for name in ("floor hello", "hello cold", "hello warm"):
-            say(f"throughput of {name}: {CLIENTS} clients x {args.per_client}, burst {args.burst}")
-            rates[name] = {
-                "4": throughput(systems[name], args.per_client),
-                "burst": args.burst / timed(lambda name=name: systems[name].burst(args.burst)),
-            }
+        if "latency" in phases:
+            say(f"latency: {args.runs} interleaved rounds ...")
+            for i in range(args.runs):
+                for name in order[i % len(order) :] + order[: i % len(order)]:
+                    lat[name].append(systems[name].one(0))
+        cpu: dict[str, tuple[float, float]] = {}
+        if "cpu" in phases:
+            say(f"CPU: {args.cpu_runs} sequential runs of each ...")
+            for name, system in systems.items():
+                _, tree, serving = meter.measure(
+                    lambda system=system: [system.one(0) for _ in range(args.cpu_runs)],
+                    args.cpu_runs,
+                )
+                cpu[name] = (tree, serving)
+            say(f"(CPU counted: {own.what})")
+        rates: dict[str, dict[str, tuple[float, float, float]]] = {}
+        for name in (n for n in THROUGHPUT_SYSTEMS if n in systems):
+            system = systems[name]
+            rates[name] = {}
+            if "clients" in phases:
+                say(f"throughput of {name}: {CLIENTS} clients x {args.per_client}")
+                runs = CLIENTS * args.per_client
+                seconds, tree, serving = meter.measure(
+                    lambda system=system: throughput(system, args.per_client), runs
+                )
+                rates[name]["4"] = (runs / seconds, tree, serving)
+            if "burst" in phases:
+                say(f"throughput of {name}: burst {args.burst}")
+                seconds, tree, serving = meter.measure(
+                    lambda system=system: system.burst(args.burst), args.burst
+                )
+                rates[name]["burst"] = (args.burst / seconds, tree, serving)
         warm1 = warm_stats(server)
         bad = {runner.name: runner.bad_logs() for runner in runners}
         total = {runner.name: len(runner.run_ids) for runner in runners}
@@ -348,91 +415,93 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(
     lat: dict[str, list[float]],
-    cpu: dict[str, float],
-    rates: dict[str, dict[str, float]],
+    cpu: dict[str, tuple[float, float]],
+    rates: dict[str, dict[str, tuple[float, float, float]]],
     warm0: dict[str, Any],
     warm1: dict[str, Any],
     bad: dict[str, int],
     total: dict[str, int],
 ) -> None:
+    """The measured figures as ratios to their floor, and the targets that they allow."""
+
+    def floor_of(name: str) -> str:
+        return "floor hello" if "hello" in name else "floor heavy"
+
+    def lat_ratio(name: str) -> float:
+        return median(lat[name]) / median(lat[floor_of(name)])
+
+    def cpu_ratio(name: str) -> float:
+        return cpu[name][0] / cpu[floor_of(name)][0]
+
     say("")
-    rows = [("", "latency p50", "vs its floor", "CPU/run", "vs its floor")]
-    for name in lat:
-        floor = "floor hello" if "hello" in name else "floor heavy"
-        p50 = median(lat[name])
-        rows.append(
-            (
-                name,
-                f"{p50 * 1000:.1f} ms",
-                f"{p50 / median(lat[floor]):.2f}x",
-                f"{cpu[name]:.1f} ms",
-                f"{cpu[name] / cpu[floor]:.2f}x",
+    if any(lat.values()) or cpu:
+        rows = [("", "latency p50", "vs its floor", "CPU/run", "vs its floor", "server CPU/run")]
+        for name in lat:
+            p50 = median(lat[name])
+            rows.append(
+                (
+                    name,
+                    f"{p50 * 1000:.1f} ms" if lat[name] else "-",
+                    f"{lat_ratio(name):.2f}x" if lat[name] else "-",
+                    f"{cpu[name][0]:.1f} ms" if cpu else "-",
+                    f"{cpu_ratio(name):.2f}x" if cpu else "-",
+                    f"{cpu[name][1]:.1f} ms" if cpu and "floor" not in name else "-",
+                )
             )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        say("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
-    say("")
-    floor_rates = rates["floor hello"]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            say("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+        say("")
+    floor_rates = rates.get("floor hello", {})
     for name, r in rates.items():
-        say(
-            f"{name}: {r['4']:.1f} runs/s at {CLIENTS} clients ({r['4'] / floor_rates['4']:.2f}x), "
-            f"burst {r['burst']:.1f} runs/s ({r['burst'] / floor_rates['burst']:.2f}x)"
-        )
+        for kind, label in (("4", f"at {CLIENTS} clients"), ("burst", "in a burst")):
+            if kind not in r:
+                continue
+            rate, tree, serving = r[kind]
+            server_part = "" if "floor" in name else f", server {serving:.1f} ms"
+            say(
+                f"{name}: {rate:.1f} runs/s {label} ({rate / floor_rates[kind][0]:.2f}x); "
+                f"CPU a run {tree:.1f} ms{server_part}"
+            )
     hits = warm1.get("hits", 0) - warm0.get("hits", 0)
     misses = warm1.get("misses", 0) - warm0.get("misses", 0)
     say(f"warm pools during the measured phases: {hits} hits, {misses} misses")
     say("")
 
-    def ratio(name: str, floor: str) -> float:
-        return median(lat[name]) / median(lat[floor])
+    def rate_ratio(name: str, kind: str) -> float:
+        return rates[name][kind][0] / floor_rates[kind][0]
 
-    checks = [
-        (
-            f"hello warm latency p50 <= {HELLO_LATENCY}x floor",
-            ratio("hello warm", "floor hello"),
-            ratio("hello warm", "floor hello") <= HELLO_LATENCY,
-        ),
-        (
-            f"hello warm throughput >= {HELLO_THROUGHPUT}x floor at {CLIENTS} clients",
-            rates["hello warm"]["4"] / floor_rates["4"],
-            rates["hello warm"]["4"] / floor_rates["4"] >= HELLO_THROUGHPUT,
-        ),
-        (
-            f"hello warm throughput >= {HELLO_THROUGHPUT}x floor in a burst",
-            rates["hello warm"]["burst"] / floor_rates["burst"],
-            rates["hello warm"]["burst"] / floor_rates["burst"] >= HELLO_THROUGHPUT,
-        ),
-        (
-            f"heavy warm latency p50 <= {HEAVY_LATENCY}x its floor",
-            ratio("heavy warm", "floor heavy"),
-            ratio("heavy warm", "floor heavy") <= HEAVY_LATENCY,
-        ),
-        (
-            f"heavy warm CPU/run <= {HEAVY_CPU}x its floor's",
-            cpu["heavy warm"] / cpu["floor heavy"],
-            cpu["heavy warm"] / cpu["floor heavy"] <= HEAVY_CPU,
-        ),
-        (
-            f"cold guard: hello cold latency p50 <= {COLD_LATENCY}x floor",
-            ratio("hello cold", "floor hello"),
-            ratio("hello cold", "floor hello") <= COLD_LATENCY,
-        ),
-        (
-            f"cold guard: hello cold throughput >= {COLD_THROUGHPUT}x floor (4 clients, burst)",
-            min(rates["hello cold"][k] / floor_rates[k] for k in ("4", "burst")),
-            min(rates["hello cold"][k] / floor_rates[k] for k in ("4", "burst")) >= COLD_THROUGHPUT,
-        ),
-    ]
-    width = max(len(c[0]) for c in checks)
-    for label, value, ok in checks:
+    checks: list[tuple[str, float, float, bool]] = []  # label, value, bound, at most?
+    if lat.get("hello warm"):
+        label = f"hello warm latency p50 <= {HELLO_LATENCY}x floor"
+        checks.append((label, lat_ratio("hello warm"), HELLO_LATENCY, True))
+    for kind, label in (("4", f"at {CLIENTS} clients"), ("burst", "in a burst")):
+        if kind in rates.get("hello warm", {}):
+            text = f"hello warm throughput >= {HELLO_THROUGHPUT}x floor {label}"
+            checks.append((text, rate_ratio("hello warm", kind), HELLO_THROUGHPUT, False))
+    if lat.get("heavy warm"):
+        label = f"heavy warm latency p50 <= {HEAVY_LATENCY}x its floor"
+        checks.append((label, lat_ratio("heavy warm"), HEAVY_LATENCY, True))
+    if "heavy warm" in cpu:
+        label = f"heavy warm CPU/run <= {HEAVY_CPU}x its floor's"
+        checks.append((label, cpu_ratio("heavy warm"), HEAVY_CPU, True))
+    if lat.get("hello cold"):
+        label = f"cold guard: hello cold latency p50 <= {COLD_LATENCY}x floor"
+        checks.append((label, lat_ratio("hello cold"), COLD_LATENCY, True))
+    cold_kinds = [k for k in ("4", "burst") if k in rates.get("hello cold", {})]
+    if cold_kinds:
+        which = ", ".join(f"{CLIENTS} clients" if k == "4" else "burst" for k in cold_kinds)
+        label = f"cold guard: hello cold throughput >= {COLD_THROUGHPUT}x floor ({which})"
+        value = min(rate_ratio("hello cold", k) for k in cold_kinds)
+        checks.append((label, value, COLD_THROUGHPUT, False))
+    done = "every run succeeded, logs complete and ordered"
+    width = max([len(c[0]) for c in checks] + [len(done)])
+    for label, value, bound, at_most in checks:
+        ok = value <= bound if at_most else value >= bound
         say(f"{label.ljust(width)}  {value:.2f}x  {'OK' if ok else 'MISS'}")
     all_bad = sum(bad.values())
     runs = sum(total.values())
-    say(
-        f"{'every run succeeded, logs complete and ordered'.ljust(width)}  "
-        f"{runs - all_bad}/{runs}  {'OK' if all_bad == 0 else 'MISS'}"
-    )
+    say(f"{done.ljust(width)}  {runs - all_bad}/{runs}  {'OK' if all_bad == 0 else 'MISS'}")
 
 
 if __name__ == "__main__":

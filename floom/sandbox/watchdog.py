@@ -28,6 +28,7 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Iterable
 
 # A floom run id (run_<hex>) and its lease epoch.
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,64}\.[0-9]{1,18}")
@@ -67,32 +68,42 @@ def _read_pids(directory: str) -> list[int]:
         return []
 
 
-def kill_target(target: str) -> None:
-    """Kill every process of `target` until none is left (bounded). A cgroup v2 directory
-    with cgroup.kill is killed by the kernel in one step; otherwise each pid it lists is
-    sent SIGKILL, pass after pass (its process limit bounds what a fork can add)."""
+def kill_targets(targets: Iterable[str]) -> None:
+    """Kill every process of each of `targets` until none is left (bounded). A cgroup v2
+    directory with cgroup.kill is killed by the kernel in one step; otherwise each pid it
+    lists is sent SIGKILL, pass after pass (its process limit bounds what a fork can add).
+    Every target gets its kill in each pass: one whose processes linger (stuck in the
+    kernel) holds up the others by no more than a pass."""
+    left = list(dict.fromkeys(targets))
+    deadline = time.monotonic() + _KILL_SECONDS
+    while left and time.monotonic() < deadline:
+        left = [target for target in left if _kill_pass(target)]
+        if left:
+            time.sleep(0.005)
+
+
+def _kill_pass(target: str) -> bool:
+    """One kill of `target`'s processes; whether any was still there to kill."""
     kind, _, value = target.partition(":")
     if kind == "group":
         with contextlib.suppress(OSError):
             os.killpg(int(value), signal.SIGKILL)
-        return
+        return False
+    pids = _read_pids(value)
+    if not pids:
+        return False
     kill_file = os.path.join(value, "cgroup.kill")
-    deadline = time.monotonic() + _KILL_SECONDS
-    while time.monotonic() < deadline:
-        pids = _read_pids(value)
-        if not pids:
-            return
-        if os.path.exists(kill_file):
-            try:
-                with open(kill_file, "w") as file:
-                    file.write("1")
-            except OSError:
-                pass
-        else:
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        time.sleep(0.005)
+    if os.path.exists(kill_file):
+        try:
+            with open(kill_file, "w") as file:
+                file.write("1")
+        except OSError:
+            pass
+    else:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    return True
 
 
 def _say(message: str) -> None:
@@ -124,30 +135,34 @@ class Watchdog:
         elif verb == "watch" and len(words) == 3 and _valid_target(words[2]):
             attempt.targets.add(words[2])
             if attempt.fired:
-                kill_target(words[2])
+                kill_targets([words[2]])
         elif verb == "unwatch" and len(words) == 3:
             attempt.targets.discard(words[2])
         else:
             _say(f"ignored a malformed line ({len(line)} characters)")
 
     def fire_due(self, now: float) -> None:
+        ended = []
         for key, attempt in self.attempts.items():
             if attempt.fired or attempt.deadline is None or attempt.deadline > now:
                 continue
             attempt.fired = True
             if attempt.targets:
-                _say(f"lease of {key} not renewed in time: ending its sandbox")
-            for target in attempt.targets:
-                kill_target(target)
+                ended.append(key)
+        # Every due attempt's sandboxes are killed together: one that lingers must not hold
+        # up the end of another whose lease lapsed at the same moment.
+        kill_targets(target for key in ended for target in self.attempts[key].targets)
+        # Said once every due sandbox has ended: a write to a slow or full log (a pipe
+        # nobody reads while floom is stopped) must not hold up a kill.
+        for key in ended:
+            _say(f"lease of {key} not renewed in time: its sandbox was ended")
 
     def next_deadline(self) -> float | None:
         due = [a.deadline for a in self.attempts.values() if not a.fired and a.deadline]
         return min(due) if due else None
 
     def kill_all(self) -> None:
-        for attempt in self.attempts.values():
-            for target in attempt.targets:
-                kill_target(target)
+        kill_targets(target for attempt in self.attempts.values() for target in attempt.targets)
         self.attempts.clear()
 
 

@@ -100,7 +100,15 @@ def _make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
         return engine
-    engine = create_engine(url, pool_size=20, max_overflow=20)
+    # Last in, first out: work comes back to the connection used last, so a node's steady
+    # work stays on the few connections it needs, whose server-side state is warm (psycopg
+    # prepares a statement on a connection after its fifth run there, and PostgreSQL then
+    # keeps its plan; each backend's catalog caches). First in, first out spread every
+    # statement over all the connections a busy moment ever opened, each preparing and
+    # planning it anew: an agent run cost PostgreSQL about 0.9 ms of CPU more (7.5 ms
+    # against 6.5; bench/bench_capacity.py, bench/README.md "Which plan changes?"). The
+    # idle ones are checked before use (_ping_when_idle).
+    engine = create_engine(url, pool_size=20, max_overflow=20, pool_use_lifo=True)
     _ping_when_idle(engine)
     return engine
 

@@ -554,7 +554,8 @@ def test_slirp4netns_serves_as_a_uid_of_its_own_with_no_capability_of_the_host(
             "pid": slirp,
             "status": dict(line.split(":\t", 1) for line in status if ":\t" in line),
             "command": dict(line.split(":\t", 1) for line in command if ":\t" in line),
-            "same_uid": _pids_of_uid(int(_status_uid(status))),
+            "same_uid": (same := _pids_of_uid(int(_status_uid(status)))),
+            "others": {pid: _described(pid) for pid in same if pid != slirp},
             "user_ns": os.readlink(f"/proc/{slirp}/ns/user"),
             "user_ns_owner": owner,
             "pid_ns": os.readlink(f"/proc/{slirp}/ns/pid"),
@@ -577,7 +578,7 @@ def test_slirp4netns_serves_as_a_uid_of_its_own_with_no_capability_of_the_host(
     run_uid = int(seen["command"]["Uid"].split()[0])
     assert uid != run_uid, (uid, run_uid)
     # Its own: nothing else runs as it (the process that made its user namespace ended).
-    assert seen["same_uid"] == [seen["pid"]], seen
+    assert seen["same_uid"] == [seen["pid"]], (seen["same_uid"], seen["others"])
     uids_range = UidRange()
     assert uids_range.base <= uid <= uids_range.last, uid
     # No capability of the host's: its user namespace is not the host's but one it owns.
@@ -615,8 +616,28 @@ def _status_uid(status: list[str]) -> str:
     return next(line.split()[1] for line in status if line.startswith("Uid:"))
 
 
+def _networked_spec_that_marks_its_start(
+    tmp_path: Path, *, network_allow: tuple[str, ...] = ()
+) -> SandboxSpec:
+    """A run with network whose command, if it ever started, would leave /output/ran."""
+    workdir, output_dir = tmp_path / "work", tmp_path / "output"
+    workdir.mkdir()
+    output_dir.mkdir()
+    (workdir / "run.py").write_text("open('/output/ran', 'w').close()\n")
+    return SandboxSpec(
+        run_id="run-net",
+        command=["python3", "run.py"],
+        workdir=workdir,
+        output_dir=output_dir,
+        network=True,
+        network_allow=network_allow,
+    )
+
+
 def _pids_of_uid(uid: int) -> list[int]:
-    """The host pids of the processes whose real uid is `uid`."""
+    """The host pids of the live processes whose real uid is `uid`: not the zombies of
+    ended ones that wait for the host's pid 1 to reap them (it may take seconds), which run
+    nothing and hold nothing of the uid's."""
     found = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -624,9 +645,21 @@ def _pids_of_uid(uid: int) -> list[int]:
                 status = Path(entry.path, "status").read_text().splitlines()
             except OSError:
                 continue  # it ended while we looked
-            if int(_status_uid(status)) == uid:
+            state = next((line.split()[1] for line in status if line.startswith("State:")), "")
+            if int(_status_uid(status)) == uid and state not in ("Z", "X"):
                 found.append(int(entry.name))
     return found
+
+
+def _described(pid: int) -> str:
+    """What process `pid` is, for a failure's message: its command line and parent."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"ended ({exc.strerror})"
+    parent = next((line for line in status if line.startswith("PPid:")), "")
+    return f"{command.strip()!r} {parent}"
 
 
 def _command_pid(marker: str) -> int:
@@ -688,17 +721,7 @@ def test_a_run_whose_slirp4netns_cannot_get_its_user_namespace_is_refused_before
 
     # Only network.py's lookups: the launcher's own tools stay as they are.
     monkeypatch.setattr(network, "shutil", SimpleNamespace(which=which))
-    workdir, output_dir = tmp_path / "work", tmp_path / "output"
-    workdir.mkdir()
-    output_dir.mkdir()
-    (workdir / "run.py").write_text("open('/output/ran', 'w').close()\n")
-    spec = SandboxSpec(
-        run_id="run-net",
-        command=["python3", "run.py"],
-        workdir=workdir,
-        output_dir=output_dir,
-        network=True,
-    )
+    spec = _networked_spec_that_marks_its_start(tmp_path)
     sandbox = LocalSandbox()
     try:
         with pytest.raises(network.NetworkSetupFailed, match="user namespace") as refused:
@@ -707,30 +730,19 @@ def test_a_run_whose_slirp4netns_cannot_get_its_user_namespace_is_refused_before
         sandbox.close()
 
     assert "user.max_user_namespaces" in str(refused.value.hint)
-    assert not (output_dir / "ran").exists()
+    assert not (spec.output_dir / "ran").exists()
     assert slirp_processes(tmp_path) == []
 
 
 @needs_bwrap
 @needs_netns
 def test_a_bad_allowlist_entry_refuses_the_run_before_the_command_starts(tmp_path: Path) -> None:
-    workdir, output_dir = tmp_path / "work", tmp_path / "output"
-    workdir.mkdir()
-    output_dir.mkdir()
-    (workdir / "run.py").write_text("open('/output/ran', 'w').close()\n")
-    spec = SandboxSpec(
-        run_id="run-net",
-        command=["python3", "run.py"],
-        workdir=workdir,
-        output_dir=output_dir,
-        network=True,
-        network_allow=("127.0.0.1/32",),
-    )
+    spec = _networked_spec_that_marks_its_start(tmp_path, network_allow=("127.0.0.1/32",))
 
     with pytest.raises(InvalidRequest, match="network_allow"):
         LocalSandbox().run(spec, on_line=lambda s, line: None, should_cancel=lambda: False)
 
-    assert not (output_dir / "ran").exists()
+    assert not (spec.output_dir / "ran").exists()
     assert slirp_processes(tmp_path) == []
 
 

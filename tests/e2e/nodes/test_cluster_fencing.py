@@ -77,27 +77,51 @@ def _pids_cgroup(pid: int) -> Path | None:
     return None
 
 
-class DeathWatch:
-    """When each of `pids` ended, by this host's wall clock, seen through pidfds."""
+class AliveWatch:
+    """The last moment each of `pids` was seen running, by this host's wall clock, through
+    pidfds. Each moment is read before the look that found the process still running, so
+    it is never later than a moment the process lived: a watcher that lags (a loaded
+    machine, the GIL) only makes it earlier, and cannot make the fence look late."""
+
+    LOOK_SECONDS = 0.01
 
     def __init__(self, pids: list[int]) -> None:
-        self.ended: dict[int, float] = {}
-        self._fds = {os.pidfd_open(pid): pid for pid in pids}
-        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self.alive_at: dict[int, float] = {}
+        self._fds = {pid: os.pidfd_open(pid) for pid in pids}
+        self._stop = threading.Event()
+        running = self._look(dict(self._fds))
+        self._thread = threading.Thread(target=self._watch, args=(running,), daemon=True)
         self._thread.start()
 
-    def _watch(self) -> None:
-        poller = select.poll()
-        for fd in self._fds:
-            poller.register(fd, select.POLLIN)
-        while len(self.ended) < len(self._fds):
-            for fd, _ in poller.poll(1000):
-                self.ended[self._fds[fd]] = time.time()
-                poller.unregister(fd)
-                os.close(fd)
+    def _look(self, running: dict[int, int]) -> dict[int, int]:
+        """Those of `running` still running, each noted alive at a time read before its look."""
+        still = {}
+        for pid, fd in running.items():
+            before = time.time()
+            if not self._gone(fd):
+                self.alive_at[pid] = before
+                still[pid] = fd
+        return still
 
-    def all_ended(self) -> bool:
-        return len(self.ended) == len(self._fds)
+    def _watch(self, running: dict[int, int]) -> None:
+        while running and not self._stop.wait(self.LOOK_SECONDS):
+            running = self._look(running)
+
+    @staticmethod
+    def _gone(fd: int) -> bool:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))  # a pidfd reads as ready once its process has ended
+
+    def running_now(self) -> list[int]:
+        """The pids still running at this very call, asked of the kernel, not the thread."""
+        return sorted(pid for pid, fd in self._fds.items() if not self._gone(fd))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for fd in self._fds.values():
+            os.close(fd)
 
 
 def _events(api: httpx.Client, run_id: str) -> list[dict[str, object]]:
@@ -111,6 +135,15 @@ def _started(api: httpx.Client, run_id: str, attempt: int) -> dict[str, object] 
         if str(event["line"]).startswith(prefix):
             return event
     return None
+
+
+def _taken(api: httpx.Client, run_id: str) -> float:
+    """When a reaper took attempt 1's expired lease, by the clock of its node (read in the
+    transaction that took it, so no later than the take; the next claim comes after)."""
+    for event in _events(api, run_id):
+        if event["attempt"] == 1 and "stopped (lease expired)" in str(event["line"]):
+            return datetime.fromisoformat(str(event["ts"])).timestamp()
+    raise AssertionError(f"no reaper took the lease of {run_id}: {_events(api, run_id)}")
 
 
 def _stop(node: NodeProcess) -> None:
@@ -143,7 +176,9 @@ def _split_brain_case(
         b = NodeProcess(tmp_path / "nodeB", database_url, node_id="nodeB", **SETTINGS)
         stack.callback(_stop, b)
         b.start().wait_healthy()
-        deaths = DeathWatch(pids)
+        alive = AliveWatch(pids)
+        stack.callback(alive.close)
+        assert set(alive.alive_at) == set(pids), "attempt 1 ended before A was cut off"
 
         assert a.proc is not None
         if isolate == "pause":
@@ -153,17 +188,18 @@ def _split_brain_case(
             proxy.cut()
         try:
             started_2 = wait_until(lambda: _started(api, run_id, 2), timeout=60)
-            assert str(started_2["line"]).endswith(" on nodeB"), started_2
-            claimed_at = datetime.fromisoformat(str(started_2["ts"])).timestamp()
             # A's attempt was over before B started the next one: every process of it had
-            # ended, and its cgroup held nothing.
-            assert deaths.all_ended(), (
-                f"attempt 1's processes {sorted(set(pids) - set(deaths.ended))} still ran "
-                "when node B started attempt 2"
-            )
-            overlap = max(deaths.ended.values()) - claimed_at
-            assert overlap <= 0, f"attempt 1 ran on {overlap:.3f} s into attempt 2"
+            # ended when this test saw attempt 2 (asked of the kernel now), its cgroup held
+            # nothing, and none was seen running once B had taken the lease.
+            still = alive.running_now()
+            assert still == [], f"attempt 1's processes {still} still ran in attempt 2"
             assert not group.exists() or not (group / "cgroup.procs").read_text().split()
+            assert str(started_2["line"]).endswith(" on nodeB"), started_2
+            taken = _taken(api, run_id)
+            # Both times are this host's clock: B's, read in the transaction that took the
+            # lease, and the watcher's, read before a look that found the process running.
+            overlap = max(alive.alive_at.values()) - taken
+            assert overlap < 0, f"attempt 1 ran on {overlap:.3f} s after node B took its lease"
             done = wait_until(
                 lambda: (
                     (r := api.get(f"/api/v1/runs/{run_id}").json())["status"] == "succeeded" and r

@@ -143,3 +143,26 @@ def test_a_sqlite_connection_opened_inside_a_write_does_not_wait_for_that_write(
         assert mode == db.SQLITE_INCREMENTAL_VACUUM
     finally:
         engine.dispose()
+
+
+def test_work_after_a_busy_moment_stays_on_the_connection_used_last(pg_url: str) -> None:
+    """The pool hands back the connection returned last (LIFO): a node's steady work stays on
+    the few connections it needs, whose prepared statements and caches are warm, instead of
+    going round every connection a busy moment opened (bench/bench_capacity.py: a node
+    whose pool grew by one paid more PostgreSQL CPU a run, each connection preparing and
+    planning every statement anew)."""
+    engine = make_engine(pg_url)
+    pid = text("SELECT pg_backend_pid()")
+    try:
+        # A busy moment: three connections open at once, given back in order.
+        held = [engine.connect() for _ in range(3)]
+        opened = [conn.execute(pid).scalar_one() for conn in held]
+        for conn in held:
+            conn.close()
+        used = []
+        for _ in range(4):
+            with db.read_connection(engine) as conn:
+                used.append(conn.execute(pid).scalar_one())
+    finally:
+        engine.dispose()
+    assert used == [opened[-1]] * 4
