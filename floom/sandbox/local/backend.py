@@ -215,8 +215,8 @@ class LocalSandbox(Sandbox):
         if self._identity.switched:
             self.disks = Disks(ready=max(DISKS_READY, runs_at_once))
         self.warm: WarmPools | None = None
-        if self._identity.switched and (warm is None or warm.enabled):
-            self.warm = WarmPools(warm or WarmSettings(), system_args=system_args)
+        if self._uids is not None and (warm is None or warm.enabled):
+            self.warm = WarmPools(warm or WarmSettings(), system_args=system_args, uids=self._uids)
             weakref.finalize(self, self.warm.close)
         # Its launchers, disks and threads end with this sandbox, whoever forgets to close it.
         weakref.finalize(self, self.standby.close)

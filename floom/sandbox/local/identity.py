@@ -228,20 +228,27 @@ def _stage_tools() -> dict[str, str | None]:
 _tools: dict[str, str | None] | None = None
 
 
+FILES_OWNER: Final = 65534
+"""Who owns a version's cached files (and folders): nobody, not root, which a warm process's
+user namespace (floom/sandbox/local/warm/process.py) maps, as it maps no uid of the host's
+but this and the sandbox pool's: its overlay copies a file up as that owner's. No host
+process reaches them as nobody: the data dir is 0700 and root's."""
+
+
 def share_files(files: Path) -> None:
     """Make a version's cached files fit to lie under any run's work dir, once: a run sees
     them only through an overlay, where a write copies the file up into the run's own layer
     and never reaches them, but overlayfs lets the run's uid open a file for writing (or
     add and remove names in a folder) only as the file's mode allows. Runs have uids of
-    their own, so the files stay root's, every folder 0777 and every file writable by all
-    (its execute bits kept): a script rewrites a version file in place as it could its own
-    copy. No host process but root reaches them: the data dir is 0700 (and the versions
+    their own, so the files are FILES_OWNER's, every folder 0777 and every file writable by
+    all (its execute bits kept): a script rewrites a version file in place as it could its
+    own copy. No host process but root reaches them: the data dir is 0700 (and the versions
     folder is made so here). Links are changed themselves, never followed. The top folder
     is changed last, so its mode says the whole tree was."""
     if os.geteuid() != 0:
         return
     top = os.lstat(files)
-    if stat.S_IMODE(top.st_mode) == 0o777 and top.st_uid == 0:
+    if stat.S_IMODE(top.st_mode) == 0o777 and top.st_uid == FILES_OWNER:
         return
     parent = os.lstat(files.parent)
     if parent.st_uid == 0 and stat.S_IMODE(parent.st_mode) & 0o077:
@@ -249,13 +256,13 @@ def share_files(files: Path) -> None:
     for root, dirs, names in os.walk(files, topdown=False):
         for name in (*dirs, *names):
             path = os.path.join(root, name)
-            os.chown(path, 0, 0, follow_symlinks=False)
+            os.chown(path, FILES_OWNER, FILES_OWNER, follow_symlinks=False)
             found = os.lstat(path)
             if stat.S_ISDIR(found.st_mode):
                 os.chmod(path, 0o777)
             elif stat.S_ISREG(found.st_mode):
                 os.chmod(path, stat.S_IMODE(found.st_mode) | 0o666)
-    os.chown(files, 0, 0, follow_symlinks=False)
+    os.chown(files, FILES_OWNER, FILES_OWNER, follow_symlinks=False)
     os.chmod(files, 0o777)
 
 

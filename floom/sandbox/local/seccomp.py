@@ -189,8 +189,8 @@ def deny_filter(machine: str | None = None, *, namespaces: bool = False) -> byte
 
     With `namespaces`, a process under it cannot make a namespace with clone(2) either (unshare
     and setns it never can), and clone3 fails with ENOSYS, which the C library answers with
-    clone: for a warm run (floom/sandbox/local/warm/), which runs in the host's user namespace,
-    where bubblewrap's --disable-userns does not reach."""
+    clone: for a warm run (floom/sandbox/local/warm/), which runs in its warm process's user
+    namespace, where bubblewrap's --disable-userns does not reach."""
     return _deny_filter(machine or platform.machine(), namespaces)
 
 

@@ -21,6 +21,7 @@ import pytest
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
 from floom.sandbox.local import procfs
 from floom.sandbox.local.backend import system_args
+from floom.sandbox.local.uid_pool import UidPool
 from floom.sandbox.local.warm.inside import RECORD_NAME
 from floom.sandbox.local.warm.pools import WarmPools, WarmSettings, read_record
 from floom.sandbox.local.warm.process import INSIDE, WarmUnavailable, pidfd_exit_supported
@@ -42,6 +43,12 @@ def warm(tmp_path: Path) -> Iterator[WarmedLocal]:
 
 
 _PR_SET_CHILD_SUBREAPER = 36
+
+
+def uids_of(local: LocalSandbox) -> UidPool:
+    """The sandbox uid pool of a root floom's local sandbox."""
+    assert local._uids is not None
+    return local._uids
 
 
 def run(
@@ -448,7 +455,8 @@ def test_a_warm_run_is_its_warm_process_s_own_child_and_its_exit_code_is_kept(
     assert started.wait(20)
     # One fork a run: the script is pid 1 of its namespace and the warm process's child,
     # already without root; no process of the run stays outside its PID namespace.
-    running = [s for s in _warm_children(process.pid) if s["Uid"].split()[0] != "0"]
+    root = str(process.lease.uid)  # prepared children are still its namespace's root
+    running = [s for s in _warm_children(process.pid) if s["Uid"].split()[0] != root]
     (spec.workdir / "go").write_text("")
     thread.join(30)
     assert [s["NSpid"].split()[-1] for s in running] == ["1"]
@@ -539,7 +547,9 @@ def test_shared_mappings_the_warm_process_made_are_private_to_each_run(tmp_path:
         '\nif __name__ == "__main__":', plant + '\nif __name__ == "__main__":'
     )
     local = LocalSandbox()
-    local.warm = WarmPools(WarmSettings(), system_args=system_args, source=source)
+    local.warm = WarmPools(
+        WarmSettings(), system_args=system_args, uids=uids_of(local), source=source
+    )
     (tmp_path / "root").mkdir()
     warm = WarmedLocal(local, tmp_path / "root")
     try:
@@ -562,7 +572,9 @@ def test_a_run_whose_warm_child_fails_its_set_up_starts_cold_and_succeeds(
     )
     assert source != INSIDE.read_text()
     local = LocalSandbox()
-    local.warm = WarmPools(WarmSettings(), system_args=system_args, source=source)
+    local.warm = WarmPools(
+        WarmSettings(), system_args=system_args, uids=uids_of(local), source=source
+    )
     (tmp_path / "root").mkdir()
     warm = WarmedLocal(local, tmp_path / "root")
     try:
@@ -878,3 +890,108 @@ def test_each_warm_run_gets_tmp_and_shm_of_its_own_memory_limit(warm: WarmedLoca
         assert result.exit_code == 0, lines
         expected = memory_mb * 1024 * 1024
         assert outputs(lines) == {"/tmp": expected, "/dev/shm": expected}, memory_mb
+
+
+LAYERED = """
+import json, os, shutil
+from pathlib import Path
+with open("data.txt", "a") as f:
+    f.write("more\\n")
+os.remove("keep.txt")
+shutil.rmtree("sub")
+os.mkdir("sub")
+Path("sub/y.txt").write_text("y\\n")
+os.rename("data.txt", "moved.txt")
+print(json.dumps({
+    "pid": os.getpid(),
+    "moved": Path("moved.txt").read_text(),
+    "keep": os.path.exists("keep.txt"),
+    "sub": sorted(os.listdir("sub")),
+}))
+"""
+
+
+def test_a_layered_warm_run_rewrites_removes_and_remakes_the_version_s_files_in_its_layer(
+    warm: WarmedLocal,
+) -> None:
+    # The warm process mounts the overlay as root of its own user namespace, where the
+    # version's files (root's on the host) are nobody's: writing one copies it up, removing
+    # one or a folder of them leaves a whiteout or an opaque folder in the run's layer.
+    files = warm.work_root / "versions" / "v1"
+    (files / "sub").mkdir(parents=True)
+    (files / "run.py").write_text(LAYERED)
+    (files / "data.txt").write_text("original\n")
+    (files / "keep.txt").write_text("k\n")
+    (files / "sub" / "x.txt").write_text("shipped\n")
+    run_dir = warm.work_root / "run-layered-1"
+    warm.local.make_run_dir(run_dir, disk_mb=64)
+    (run_dir / "work").mkdir()
+    (run_dir / "output").mkdir()
+    spec = SandboxSpec(
+        run_id="run-layered",
+        command=["python3", "run.py"],
+        workdir=run_dir / "work",
+        output_dir=run_dir / "output",
+        files=files,
+        timeout_seconds=30.0,
+    )
+    lines: Lines = []
+    try:
+        result = warm.run(
+            spec, on_line=lambda *line: lines.append(line), should_cancel=lambda: False
+        )
+        assert result.exit_code == 0, lines
+        seen = outputs(lines)
+        assert seen == {"pid": 1, "moved": "original\nmore\n", "keep": False, "sub": ["y.txt"]}
+        assert (files / "data.txt").read_text() == "original\n"
+        assert (files / "sub" / "x.txt").read_text() == "shipped\n"
+        assert (files / "keep.txt").exists()
+    finally:
+        warm.local.release_run_dir(run_dir)
+
+
+def _status_of(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def test_the_warm_process_is_root_only_in_a_user_namespace_of_its_own(warm: WarmedLocal) -> None:
+    # It imports modules a worker's cold run named: root there must be no root of the host.
+    result, lines, spec = run(warm, 'import json, os\nprint(json.dumps({"uid": os.getuid()}))')
+    assert result.exit_code == 0, lines
+    key = warm.key(spec)
+    assert key is not None
+    process = warm.pools.process_of(key)
+    assert process is not None
+    host = os.readlink("/proc/self/ns/user")  # floom's own: the host's
+    init = procfs.pid_of(process.init_pidfd)
+    roots: set[int] = set()
+    for pid in (process.pid, init):
+        assert os.readlink(f"/proc/{pid}/ns/user") != host
+        status = _status_of(pid)
+        roots.update(int(uid) for uid in status["Uid"].split() + status["Gid"].split())
+    # Its root is one host uid of the sandbox pool, which no run has.
+    uids = warm.local._uids
+    assert uids is not None
+    (root,) = roots
+    assert uids.uids.base <= root <= uids.uids.last
+    assert outputs(lines)["uid"] not in (0, root)
+    # bubblewrap, its one process in the host's namespace, runs as that uid with no capability.
+    bwrap = _status_of(process.proc.pid)
+    assert os.readlink(f"/proc/{process.proc.pid}/ns/user") == host
+    assert {int(u) for u in bwrap["Uid"].split()} == {root}
+    assert bwrap["Groups"].strip() == ""
+    for name in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+        assert int(bwrap[name], 16) == 0, (name, bwrap[name])
+    # Its namespace maps no uid or gid of the host's but the pool's and nobody's (whom the
+    # version's files belong to), and it may not change its groups.
+    for name in ("uid_map", "gid_map"):
+        for line in Path(f"/proc/{process.pid}/{name}").read_text().splitlines():
+            _inside, outside, count = (int(n) for n in line.split())
+            last = outside + count - 1
+            pooled = uids.uids.base <= outside and last <= uids.uids.last
+            assert pooled or (outside, count) == (65534, 1), (name, line)
+    assert Path(f"/proc/{process.pid}/setgroups").read_text().strip() == "deny"
+    # Its uid is given back once it has ended.
+    warm.pools.close()
+    assert root not in uids.held()

@@ -1,7 +1,8 @@
 """What runs inside a warm process, and in each run forked from it: the standard library only.
 
 floom starts this file's source as `python3 -u -B -c SOURCE warm ...` under bubblewrap
-(floom/sandbox/local/warm/process.py), as root with a few capabilities, in a sandbox that
+(floom/sandbox/local/warm/process.py), as root with a few capabilities in a user namespace of
+its own (none on the host: its root is a sandbox uid no run has), in a sandbox that
 holds the node's system directories and nothing of any run, and in a PID namespace of its
 own, whose pid 1 (`_stay_init`) only reaps: the warm process proper is its child, and sees
 no process of the host's nor of any other sandbox. It imports the modules it was
@@ -54,8 +55,9 @@ sandbox and container on the node."""
 DEVPTS_OPTIONS = f"newinstance,ptmxmode=0666,mode=620,max={PTYS_PER_RUN}"
 # Refused whatever a cold run loaded: importing them acts (a browser, a window, text, the
 # CPython test suite's autotest running every test). The warm process imports what a run
-# recorded as root, with the capabilities its children need, so what a worker names there
-# must be a library to load, never a program to run.
+# recorded as root of its user namespace, with the capabilities its children need there
+# (none of the host's), so what a worker names there must be a library to load, never a
+# program to run.
 SIDE_EFFECT_MODULES = frozenset(
     "antigravity this __hello__ __phello__ idlelib tkinter turtle turtledemo ensurepip "
     "__main__ site sitecustomize usercustomize readline rlcompleter pydoc test".split()
@@ -415,7 +417,7 @@ def _setup(request: dict[str, object], fds: list[int]) -> None:
         _move_mount(files_fd, f"{STAGE}/files")
         _move_mount(run_fd, f"{STAGE}/run")
         work = f"{STAGE}/run/{request['work_name']}"
-        options = f"lowerdir={STAGE}/files,upperdir={work},workdir={work}.overlay"
+        options = f"lowerdir={STAGE}/files,upperdir={work},workdir={work}.overlay,userxattr"
         _mount("overlay", WORK, "overlay", 0, options)
         _check(_libc.umount2(f"{STAGE}/files".encode(), _MNT_DETACH), "umount files")
         _check(_libc.umount2(f"{STAGE}/run".encode(), _MNT_DETACH), "umount run")
@@ -499,7 +501,8 @@ def _drop(uid: int, seccomp: bytes, *, pdeathsig: bool) -> None:
     """Become `uid` with no capability left (bounding, ambient, inheritable, permitted,
     effective), no_new_privs, the parent-death signal (`pdeathsig`) and the seccomp
     filter."""
-    os.setgroups([])
+    if os.getgroups():
+        os.setgroups([])  # none already: floom starts the warm process without any
     os.setresgid(uid, uid, uid)
     for cap in _BOUNDING or range(64):
         if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) < 0:

@@ -30,6 +30,7 @@ from typing import Final
 from floom.errors import FloomError
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import cgroups
+from floom.sandbox.local.uid_pool import UidPool
 from floom.sandbox.local.warm.inside import RECORD_NAME, preloadable
 from floom.sandbox.local.warm.process import (
     INSIDE,
@@ -132,10 +133,14 @@ class WarmPools:
         settings: WarmSettings,
         *,
         system_args: Callable[[], tuple[str, ...]],
+        uids: UidPool,
         source: str | None = None,
     ) -> None:
-        """`source`: what warm processes run (inside.py's source; tests add to it)."""
+        """`uids`: the sandbox uid pool, whose uids the warm processes' user namespaces map
+        (each the root of its own, leased from it, and the runs'). `source`: what warm
+        processes run (inside.py's source; tests add to it)."""
         self.settings = settings
+        self._uids = uids
         self._system_args = system_args
         self._source = source if source is not None else INSIDE.read_text()
         self._token = secrets.token_hex(6)
@@ -517,6 +522,7 @@ class WarmPools:
             owner=pool.marker,
             system_args=self._system_args(),
             source=self._source,
+            uids=self._uids,
         )
 
     def _prepare(self, pool: Pool, count: int) -> None:

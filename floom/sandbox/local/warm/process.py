@@ -1,10 +1,13 @@
 """A warm process seen from the host: a pre-initialised interpreter under bubblewrap, and the
 children it prepares for runs (floom/sandbox/local/warm/inside.py is what runs inside).
 
-The warm process runs as root with the few capabilities its children need to set a run up
-(namespaces, mounts, the uid switch, loopback) and nothing of any run: no run dir, no
-secret, no input, no network, no file of a worker's bundle. It has a PID namespace of its
-own: it sees (and can signal, or reach the root of) no process of the host nor any other
+The warm process is root only in a user namespace of its own, whose root is a host uid of
+the sandbox uid pool that no run has (leased for the warm process's life): on the host it
+holds no capability, and its namespace maps only that uid and the rest of the pool, so
+its capabilities there (namespaces, mounts, the switch to a run's uid, loopback) reach no
+file, process or resource of the host's but the pool's. It holds nothing of any run: no run
+dir, no secret, no input, no network, no file of a worker's bundle. It has a PID namespace
+of its own: it sees (and can signal, or reach the root of) no process of the host nor any other
 sandbox's; its runs' PID namespaces are nested in it. That namespace's pid 1 only reaps
 (inside.py `_stay_init`): a run outlives its warm process's death, and the namespace, with
 every run in it, ends when bubblewrap is killed. Its control socket is one end
@@ -24,6 +27,7 @@ import errno
 import fcntl
 import functools
 import json
+import logging
 import os
 import secrets
 import select
@@ -41,7 +45,11 @@ from typing import Any, Final
 
 from floom.sandbox.base import SandboxUnavailable
 from floom.sandbox.local import cgroups, procfs, seccomp
+from floom.sandbox.local.identity import FILES_OWNER
 from floom.sandbox.local.network import OFFLINE_RESOLV_CONF
+from floom.sandbox.local.uid_pool import UidLease, UidPool, UidRange
+
+log = logging.getLogger("floom.sandbox")
 
 INSIDE: Final = Path(__file__).with_name("inside.py")
 MAX_MESSAGE: Final = 65536
@@ -54,7 +62,7 @@ that were handed to floom (procfs.reap_if_ours)."""
 """How long a child may take to answer one request (prepare, set up) before it is dropped."""
 WARM_MARK: Final = "floom-warm:"
 """Starts the word of a warm process's command line that names its owner (kill_orphans)."""
-CAPABILITIES: Final = (
+CAPABILITIES: Final = (  # in its own user namespace, none on the host
     "CAP_SYS_ADMIN",  # namespaces, mounts, hostname
     "CAP_SETUID",
     "CAP_SETGID",
@@ -62,6 +70,7 @@ CAPABILITIES: Final = (
     "CAP_NET_ADMIN",  # the run's loopback up
     "CAP_DAC_OVERRIDE",  # the overlay over a run's dirs, which its own uid owns
     "CAP_FOWNER",
+    "CAP_CHOWN",  # the overlay's copy-up gives a version file's copy its owner (nobody)
 )
 WARM_ENV: Final = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -213,8 +222,10 @@ class WarmProcess:
         pidfd: int,
         init_pidfd: int,
         direct: bool,
+        lease: UidLease,
     ) -> None:
         self.proc = proc
+        self.lease = lease  # its user namespace's root: given back once that has ended
         self.control = control
         self.modules = modules
         self.direct = direct  # each run's pid 1 is its own child (no reporter)
@@ -232,16 +243,45 @@ class WarmProcess:
 
     @classmethod
     def launch(
-        cls, *, modules: tuple[str, ...], owner: str, system_args: tuple[str, ...], source: str
+        cls,
+        *,
+        modules: tuple[str, ...],
+        owner: str,
+        system_args: tuple[str, ...],
+        source: str,
+        uids: UidPool,
     ) -> Launching:
-        """Start a warm process; its `ready` waits until its modules are imported (from any
-        thread: the thread that launches it must outlive it, as bubblewrap dies with that
-        thread)."""
+        """Start a warm process, root of a user namespace of its own mapped to a uid taken
+        from `uids` (the namespace maps the rest of the pool too, for its runs); its `ready`
+        waits until its modules are imported (from any thread: the thread that launches it
+        must outlive it, as bubblewrap dies with that thread)."""
         bwrap = shutil.which("bwrap")
         python = shutil.which("python3", path=WARM_ENV["PATH"])
         if bwrap is None or python is None:
             raise WarmUnavailable("bwrap or python3 is not on PATH")
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # Given back by `_launch` once it fails, or by what ends the warm process.
+        lease = uids.take()
+        return cls._launch(bwrap, python, modules, owner, system_args, source, lease, uids.uids)
+
+    @classmethod
+    def _launch(
+        cls,
+        bwrap: str,
+        python: str,
+        modules: tuple[str, ...],
+        owner: str,
+        system_args: tuple[str, ...],
+        source: str,
+        lease: UidLease,
+        pool: UidRange,
+    ) -> Launching:
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as exc:
+            lease.release()
+            raise WarmUnavailable(f"cannot start a warm process: {exc}") from exc
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
         resolv = os.memfd_create("floom-resolv")
         os.write(resolv, OFFLINE_RESOLV_CONF)
         os.lseek(resolv, 0, os.SEEK_SET)
@@ -252,6 +292,10 @@ class WarmProcess:
         direct = pidfd_exit_supported()
         argv = [
             bwrap,
+            # Its own user namespace, whose maps floom writes (`_map_namespace`) while
+            # bubblewrap waits on the block fd; its root there is the lease's uid.
+            *("--unshare-user", "--uid", "0", "--gid", "0"),
+            *("--userns-block-fd", str(block_r), "--info-fd", str(info_w)),
             *("--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"),
             *("--unshare-pid", "--as-pid-1"),  # pid 1 is inside.py's own reaper
             *("--die-with-parent", "--new-session", *caps),
@@ -274,22 +318,40 @@ class WarmProcess:
             owner,
         ]
         try:
+            # bubblewrap itself runs as the lease's uid, with no capability on the host and
+            # no supplementary group (none is left for its runs to inherit either).
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 env=dict(WARM_ENV),
-                pass_fds=(theirs.fileno(), resolv),
+                pass_fds=(theirs.fileno(), resolv, info_w, block_r),
                 start_new_session=True,
+                user=lease.uid,
+                group=lease.uid,
+                extra_groups=[],
             )
         except OSError as exc:
             ours.close()
+            _close_all([info_r, block_w])
+            lease.release()  # nothing ran as its uid
             raise WarmUnavailable(f"cannot start a warm process: {exc}") from exc
         finally:
             theirs.close()
-            os.close(resolv)
-        return Launching(proc, ours, modules, direct)
+            _close_all([resolv, info_w, block_r])
+        init_pidfd = -1
+        try:
+            init_pidfd = _child_pidfd(proc, info_r)
+            _map_namespace(init_pidfd, block_w, lease.uid, pool)
+        except BaseException:
+            _end(proc, ours)
+            _release_when_ended(lease, init_pidfd)
+            _close_quietly(init_pidfd)
+            raise
+        finally:
+            _close_all([info_r, block_w])
+        return Launching(proc, ours, modules, direct, lease, init_pidfd)
 
     def alive(self) -> bool:
         """Whether the interpreter still serves (its namespace may outlive it, for its runs)."""
@@ -390,10 +452,11 @@ class WarmProcess:
             # Killed with its bubblewrap: where bubblewrap ended first, the kernel handed the
             # namespace's pid 1 to floom (when floom reaps orphans: its container's pid 1).
             procfs.reap_if_ours(self.init_pidfd, REAP_WAIT_SECONDS)
+            _release_when_ended(self.lease, self.init_pidfd)
             return
         self.control.close()
         with _closing_lock:
-            _closing[self.proc] = os.dup(self.init_pidfd)
+            _closing[self.proc] = (os.dup(self.init_pidfd), self.lease)
         threading.Thread(
             target=_reap, args=(self.proc,), name="floom-warm-reap", daemon=True
         ).start()
@@ -408,6 +471,9 @@ class Launching:
     control: socket.socket
     modules: tuple[str, ...]
     direct: bool
+    lease: UidLease
+    init_pidfd: int
+    """Its PID namespace's pid 1 (bubblewrap's child), known from bubblewrap's info."""
 
     def ready(self) -> WarmProcess:
         """The warm process once its modules are imported; raises WarmUnavailable (with
@@ -416,35 +482,40 @@ class Launching:
         try:
             message, fds = _read_message(ours, START_SECONDS, fds=2)
         except WarmUnavailable as exc:
-            _end(proc, ours)
             exc.details = {"stderr": _tail(proc)}
+            self.close()
             raise
         if "refused" in message:
             _close_all(fds)
-            _end(proc, ours)
+            self.close()
             failure = WarmUnavailable(f"module {message['refused']} starts a thread")
             failure.details = {"refused": str(message["refused"])}
             raise failure
         try:
             if message.get("ready") is not True or len(fds) != 2:
                 raise WarmUnavailable("the warm process did not say it was ready")
+            # fds[1] is pid 1's pidfd, as the namespace sees it: floom's own stands for it.
+            _close_quietly(fds.pop())
             return WarmProcess(
                 proc,
                 ours,
                 modules=self.modules,
                 pidfd=fds[0],
-                init_pidfd=fds[1],
+                init_pidfd=self.init_pidfd,
                 direct=self.direct,
+                lease=self.lease,
             )
         except (WarmUnavailable, OSError) as exc:
             _close_all(fds)
-            _end(proc, ours)
+            self.close()
             if isinstance(exc, WarmUnavailable):
                 raise
             raise WarmUnavailable(f"the warm process is gone: {exc}") from exc
 
     def close(self) -> None:
         _end(self.proc, self.control)
+        _release_when_ended(self.lease, self.init_pidfd)
+        _close_quietly(self.init_pidfd)
 
 
 @dataclass(eq=False)
@@ -538,17 +609,19 @@ def pidfd_exit_supported() -> bool:
     return status is not None and os.waitstatus_to_exitcode(status) == 3
 
 
-_closing: dict[subprocess.Popen[bytes], int] = {}
+_closing: dict[subprocess.Popen[bytes], tuple[int, UidLease]] = {}
 """The bubblewraps of warm processes closed and ending on their own after their runs, with a
-pidfd of their PID namespace's pid 1 each (closed by whichever of `_reap` and `end_closing`
-takes it out)."""
+pidfd of their PID namespace's pid 1 each and the lease of their user namespace's root
+(closed and given back by whichever of `_reap` and `end_closing` takes them out)."""
 _closing_lock = threading.Lock()
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
     with _closing_lock:
-        init_pidfd = _closing.pop(proc, -1)
+        init_pidfd, lease = _closing.pop(proc, (-1, None))
+    if lease is not None:
+        _release_when_ended(lease, init_pidfd)
     _close_quietly(init_pidfd)
     if proc.stderr is not None:
         with contextlib.suppress(OSError):
@@ -564,13 +637,84 @@ def end_closing(token: str) -> None:
             for p in list(_closing)
             if str(p.args[-1]).endswith(token)  # type: ignore[index]
         ]
-    for proc, init_pidfd in procs:
+    for proc, (init_pidfd, lease) in procs:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
         proc.wait()
         # As in WarmProcess.close: pid 1 is handed to floom if bubblewrap ended first.
         procfs.reap_if_ours(init_pidfd, REAP_WAIT_SECONDS)
+        _release_when_ended(lease, init_pidfd)
         os.close(init_pidfd)
+
+
+def _child_pidfd(proc: subprocess.Popen[bytes], info_r: int) -> int:
+    """A pidfd of bubblewrap's child (its PID namespace's pid 1, waiting for its user
+    namespace's maps), named in the info bubblewrap writes first; raises WarmUnavailable
+    when none comes in time."""
+    info = b""
+    deadline = time.monotonic() + REPLY_SECONDS
+    while True:
+        ready, _, _ = select.select([info_r], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(info_r, 4096) if ready else b""
+        if not chunk or len(info) > MAX_MESSAGE:
+            raise WarmUnavailable(f"bubblewrap did not start the warm process: {_tail(proc)}")
+        info += chunk
+        try:
+            found = json.loads(info)
+        except ValueError:
+            continue  # not all of it yet
+        child = found.get("child-pid") if isinstance(found, dict) else None
+        if not isinstance(child, int) or child <= 1:
+            raise WarmUnavailable("bubblewrap named no child")
+        try:
+            return os.pidfd_open(child)  # not reaped before floom writes its maps
+        except OSError as exc:
+            raise WarmUnavailable(f"the warm process is gone: {exc}") from exc
+
+
+def _map_namespace(pidfd: int, block_w: int, root: int, pool: UidRange) -> None:
+    """Map the user namespace of bubblewrap's child `pidfd` (it waits on `block_w`
+    meanwhile): its root to host uid `root`, the pool's other uids to themselves (its runs'
+    own), and no other, with setgroups denied; then let it go on."""
+    try:
+        pid = procfs.pid_of(pidfd)
+        for name, data in (
+            ("uid_map", namespace_map(root, pool)),
+            ("setgroups", b"deny"),
+            ("gid_map", namespace_map(root, pool)),
+        ):
+            fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, data)  # one write: the kernel takes a map whole or not at all
+            finally:
+                os.close(fd)
+        if select.select([pidfd], [], [], 0)[0]:
+            raise WarmUnavailable("the warm process ended before its maps were written")
+        os.write(block_w, b"1")
+    except OSError as exc:
+        raise WarmUnavailable(f"cannot map the warm process's user namespace: {exc}") from exc
+
+
+def namespace_map(root: int, pool: UidRange) -> bytes:
+    """A warm process's uid (and gid) map: 0 to `root`, every other uid of `pool` to itself."""
+    lines = [f"0 {root} 1"]
+    if not pool.base <= FILES_OWNER <= pool.last:  # a pool never holds nobody (UidRange)
+        lines.append(f"{FILES_OWNER} {FILES_OWNER} 1")
+    if root > pool.base:
+        lines.append(f"{pool.base} {pool.base} {root - pool.base}")
+    if root < pool.last:
+        lines.append(f"{root + 1} {root + 1} {pool.last - root}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _release_when_ended(lease: UidLease, init_pidfd: int) -> None:
+    """Give a warm process's uid back once its PID namespace has ended (every process that
+    ran as it did: bubblewrap, reaped by then, and the namespace's); else it stays taken
+    until floom exits, as a cold run's does."""
+    if init_pidfd >= 0 and select.select([init_pidfd], [], [], REAP_WAIT_SECONDS)[0]:
+        lease.release()
+    else:
+        log.warning("a warm process's uid %d stays taken: its namespace did not end", lease.uid)
 
 
 def _read_message(

@@ -124,6 +124,10 @@ class WarmRun(StartedAhead):
                     raise WarmUnavailable("a layered warm run keeps its dirs side by side")
                 scratch = work.with_name(work.name + OVERLAY_SCRATCH_SUFFIX)
                 scratch.mkdir(mode=0o700, exist_ok=True)
+                # The overlay's own work dir, the run's as its upper dir is: the warm process
+                # mounts it as root of its user namespace, which maps the run's uid and not
+                # the host's root (the run never sees it: it is unmounted before its script).
+                self._identity.hand_over(scratch)
                 request["overlay"] = True
                 request["work_name"] = work.name
                 opened.append(open_detached(spec.files))
