@@ -233,11 +233,11 @@ class Attempt:
     def read_state(self) -> None:
         """The state the run starts from, in `state.json` (null before the first one): for
         the script to read; what it leaves there is never read back."""
-        base, value = worker_state.base_of_run(self.ctx, run=self.run)
+        base = worker_state.base_of_run(self.ctx, run=self.run)
         # A replay starts from its original's state: running it again could never help.
         retry = self.manifest.state.on_conflict == "retry" and self.run.replay_of is None
-        self.state = StateChange(base=base, retry_on_conflict=retry)
-        self.state_read = json.dumps(value)
+        self.state = StateChange(base=base.version, retry_on_conflict=retry, owner=base.owner)
+        self.state_read = json.dumps(base.value)
         write_regular(self.workdir, STATE_FILE, self.state_read.encode())
 
     def leave_state(self, value: Any) -> FloomError | None:

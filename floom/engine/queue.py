@@ -325,6 +325,8 @@ class StateChange:
     base: int
     new_json: str | None = None
     retry_on_conflict: bool = False
+    # Which worker of the name the run read its state from (worker_state.Base.owner).
+    owner: datetime | None = None
 
 
 # Attempts a run with `state: {on_conflict: retry}` may make in all before a conflict ends it.
@@ -490,6 +492,7 @@ def _record_attempt_end(
                 s,
                 worker_name=run.worker_name,
                 base=change.base,
+                owner=change.owner,
                 state_json=change.new_json,
                 run_id=run.id,
                 keep=ctx.settings.state_history,
@@ -509,6 +512,26 @@ def _record_attempt_end(
                 written = rewritten if rewritten is not None else written
             else:
                 message += f" (state version {committed} written)"
+        if retry and written._mapping["cancel_requested"]:
+            # Cancelled while this attempt ran, which ended before its executor saw it: the
+            # run ends cancelled, not queued again (its next claim would clear the request).
+            outcome = Outcome(
+                status=CANCELLED,
+                error_code=RunErrorCode.CANCELLED,
+                error_message="cancelled while its attempt ended "
+                f"({outcome.error_code or outcome.status}); not retried",
+                exit_code=outcome.exit_code,
+                retryable=False,
+                sandbox_seconds=outcome.sandbox_seconds,
+                state=outcome.state,
+            )
+            values, message, retry, status = _end_values(
+                run, outcome, now=now, backoff=0.0, exponential=False
+            )
+            rewritten = s.execute(
+                _rewrite_statement(tuple(values)), {**values, "held_id": run.id}
+            ).first()
+            written = rewritten if rewritten is not None else written
         # Artifacts from before exist only after an earlier attempt or a pause for a
         # decision (which always sets the phase): a plain first attempt has none to replace.
         if run.attempt > 1 or run.phase is not None:

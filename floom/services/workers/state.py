@@ -11,6 +11,8 @@ writes nothing. An operator reads, sets and restores versions on every surface.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -89,18 +91,31 @@ def value_of(row: WorkerState) -> Any:
 # -- what a run reads and writes ---------------------------------------------------------------
 
 
-def base_of_run(ctx: Context, *, run: Run) -> tuple[int, Any]:
-    """The state version a run starts from and its value (0 and None: no state yet). A
-    replay holding its original's base (`state_base` set at creation) starts from that; any
-    other run from the worker's current version."""
+@dataclass(frozen=True)
+class Base:
+    """What a run's attempt starts from: the state version (0: none yet), its value, and
+    which worker of the name keeps it (`owner`: its row's created_at, None when there is
+    none): a run's state is written only into the worker it read it from, never into one
+    deployed again under the name after a deletion (commit_from_run)."""
+
+    version: int
+    value: Any
+    owner: datetime | None
+
+
+def base_of_run(ctx: Context, *, run: Run) -> Base:
+    """The state a run starts from (version 0 and None: no state yet). A replay holding its
+    original's base (`state_base` set at creation) starts from that; any other run from
+    the worker's current version."""
     with session_scope(ctx.engine) as s:
+        current = s.execute(_current_version(), {"name": run.worker_name}).first()
+        owner = current[1] if current is not None else None
         if run.replay_of is not None and run.state_base is not None:
             version = run.state_base
         else:
-            current = s.execute(_current_version(), {"name": run.worker_name}).first()
             version = current[0] if current is not None else 0
         if version == 0:
-            return 0, None
+            return Base(0, None, owner)
         row = s.get(WorkerState, (run.worker_name, version))
         if row is None:
             raise NotFound(
@@ -108,7 +123,7 @@ def base_of_run(ctx: Context, *, run: Run) -> tuple[int, Any]:
                 hint=f"floom keeps the last {ctx.settings.state_history} versions "
                 "(FLOOM_STATE_HISTORY); run the worker afresh",
             )
-        return version, value_of(row)
+        return Base(version, value_of(row), owner)
 
 
 def check_kept(ctx: Context, *, worker_name: str, version: int) -> None:
@@ -127,15 +142,27 @@ def check_kept(ctx: Context, *, worker_name: str, version: int) -> None:
 
 
 def commit_from_run(
-    s: Writer, *, worker_name: str, base: int, state_json: str, run_id: str, keep: int
+    s: Writer,
+    *,
+    worker_name: str,
+    base: int,
+    owner: datetime | None,
+    state_json: str,
+    run_id: str,
+    keep: int,
 ) -> int | None:
     """Write a run's new state as version base + 1 in the caller's transaction (the one that
-    records the run's success), if the worker's state is still at `base`: the new version,
-    or None when another write came first (then nothing is written). The newest `keep`
-    versions stay (FLOOM_STATE_HISTORY); older ones go."""
+    records the run's success), if the worker's state is still at `base` and the worker is
+    still the one the run read it from (`owner`, Base.owner): the new version, or None when
+    another write came first or the worker was deleted (and maybe deployed again) since
+    (then nothing is written). The newest `keep` versions stay (FLOOM_STATE_HISTORY);
+    older ones go."""
+    if owner is None:
+        return None  # the worker was gone when the run read its state
     return _write(
         s,
         keep=keep,
+        owner=owner,
         worker_name=worker_name,
         base=base,
         state_json=state_json,
@@ -156,10 +183,16 @@ def _write(
     written_by: str | None,
     run_id: str | None = None,
     restored_from: int | None = None,
+    owner: datetime | None = None,
 ) -> int | None:
     # One UPDATE is the compare-and-set: on PostgreSQL a concurrent writer waits for the row
-    # and then finds the version moved, so exactly one of them writes base + 1.
-    moved = s.execute(_compare_and_set(), {"worker": worker_name, "base": base, "next": base + 1})
+    # and then finds the version moved, so exactly one of them writes base + 1. A run's
+    # write also names the worker it read from (`owner`); an operator's locked the row.
+    given = {"worker": worker_name, "base": base, "next": base + 1}
+    if owner is None:
+        moved = s.execute(_compare_and_set(), given)
+    else:
+        moved = s.execute(_compare_and_set_owned(), {**given, "owner": owner})
     if cast(CursorResult[Any], moved).rowcount != 1:
         return None
     version = base + 1
@@ -190,7 +223,17 @@ def _write(
 @lru_cache(maxsize=1)
 def _current_version() -> Any:
     table = Worker.__table__  # type: ignore[attr-defined]
-    return sql_select(table.c.state_version).where(table.c.name == bindparam("name"))
+    return sql_select(table.c.state_version, table.c.created_at).where(
+        table.c.name == bindparam("name")
+    )
+
+
+@lru_cache(maxsize=1)
+def _compare_and_set_owned() -> Any:
+    table = Worker.__table__  # type: ignore[attr-defined]
+    return _compare_and_set().where(
+        table.c.created_at == bindparam("owner", type_=table.c.created_at.type)
+    )
 
 
 @lru_cache(maxsize=1)

@@ -1,0 +1,96 @@
+"""An attempt's end against what changed while it ran: a cancel asked for meanwhile is kept
+even when the attempt ends in a retry, and a run of a worker deleted meanwhile writes no
+state into the worker deployed again under its name. On SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from sqlmodel import select
+
+from floom.engine.queue import Outcome, StateChange, claim_next_run, finish_attempt
+from floom.errors import RunErrorCode
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
+from floom.services.runs import lifecycle as runs
+from floom.services.workers import state as worker_state
+from floom.store.db import session_scope
+from floom.store.models import Run, Worker, WorkerState
+from floom.vocabulary import RunStatus
+from tests.support.rigs.queues import enqueue
+
+
+def _row(ctx: Context, run_id: str) -> Run:
+    with session_scope(ctx.engine) as s:
+        row = s.get(Run, run_id)
+    assert row is not None
+    return row
+
+
+def _deploy(ctx: Context) -> None:
+    """A worker "w" (the queue rig's runs are of it), as a deploy leaves it."""
+    with session_scope(ctx.engine, write=True) as s:
+        s.add(Worker(name="w"))
+
+
+def _states(ctx: Context) -> tuple[int, list[int]]:
+    with session_scope(ctx.engine) as s:
+        worker = s.get(Worker, "w")
+        assert worker is not None
+        kept = list(s.exec(select(WorkerState.version).where(WorkerState.worker_name == "w")))
+    return worker.state_version, kept
+
+
+def test_a_cancel_asked_during_an_attempt_that_ends_in_a_retry_ends_the_run(
+    ctx: Context,
+) -> None:
+    (run_id,) = enqueue(ctx, 1, max_attempts=3)
+    run = claim_next_run(ctx)
+    assert run is not None
+    runs.cancel_run(ctx, run_id=run_id, caller=SYSTEM)
+
+    # The attempt ended (a retryable failure) before its executor saw the cancel.
+    failed = Outcome(
+        status=RunStatus.FAILED, error_code=RunErrorCode.WORKER_ERROR, error_message="boom"
+    )
+    status = finish_attempt(ctx, run=run, outcome=failed, backoff=0)
+
+    assert status == "cancelled"
+    row = _row(ctx, run_id)
+    assert (row.status, row.attempt) == ("cancelled", 1)
+    assert claim_next_run(ctx) is None  # it is not run again
+
+
+def test_a_run_of_a_deleted_worker_writes_no_state_into_the_one_deployed_again(
+    ctx: Context,
+) -> None:
+    _deploy(ctx)
+    (run_id,) = enqueue(ctx, 1)
+    run = claim_next_run(ctx)
+    assert run is not None
+    base = worker_state.base_of_run(ctx, run=run)  # as its attempt starts
+    # Deleted while the run runs (it is asked to stop), then deployed again: version 0 too.
+    runs.cancel_run(ctx, run_id=run_id, caller=SYSTEM)
+    with session_scope(ctx.engine, write=True) as s:
+        s.delete(s.get(Worker, "w"))
+    _deploy(ctx)
+
+    change = StateChange(base=base.version, new_json='{"from":"old"}', owner=base.owner)
+    ended = Outcome(status=RunStatus.SUCCEEDED, outputs={}, state=change)
+    status = finish_attempt(ctx, run=run, outcome=ended, backoff=0)
+
+    assert status == "failed"
+    assert _row(ctx, run_id).error_code == "state_conflict"
+    assert _states(ctx) == (0, [])
+
+
+def test_a_run_of_the_worker_it_started_under_writes_its_state(ctx: Context) -> None:
+    _deploy(ctx)
+    enqueue(ctx, 1)
+    run = claim_next_run(ctx)
+    assert run is not None
+    base = worker_state.base_of_run(ctx, run=run)
+
+    change = StateChange(base=base.version, new_json='{"n":1}', owner=base.owner)
+    ended = Outcome(status=RunStatus.SUCCEEDED, outputs={}, state=change)
+
+    assert finish_attempt(ctx, run=run, outcome=ended, backoff=0) == "succeeded"
+    assert _states(ctx) == (1, [1])
