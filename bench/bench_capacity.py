@@ -1006,8 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=("quiet", "default"),
         default="quiet",
         help="while runs' costs are measured, the nodes' time-driven loops (alert watch, "
-        "node heartbeat, reaper, bucket sweep, retention) run rarely (quiet: what runs cost, apart from "
-        "what a node costs per second, which --idle measures) or at the bench's usual "
+        "node heartbeat, reaper, bucket sweep, retention) run rarely (quiet: what runs cost, "
+        "apart from what a node costs per second, which --idle measures) or at the bench's usual "
         "intervals (default: alert pass every 5 s, heartbeat 2 s, reaper 5 s)",
     )
     parser.add_argument(
