@@ -68,6 +68,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,7 @@ from sqlalchemy import event
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from floom import node as floom_node  # noqa: E402
 from floom.bundle import read_folder  # noqa: E402
 from floom.engine.runtime import NodeRuntime  # noqa: E402
 from floom.services.access import keys, secrets  # noqa: E402
@@ -425,12 +427,33 @@ class Node:
 # run caught one and counted 46): most of the rounds' spread. What runs cause stays:
 # queueing, claims, the runs' own writes, their ends, the upload loop woken by them, the
 # dispatcher woken by signals. The lease a run holds lasts 30 s, beyond any run here.
+# Retention too: its first pass, a minute after start-up (FIRST_PASS_DELAY_SECONDS), fell
+# in a round of whichever node was measured then (in runs of 8 or more rounds, mostly the
+# object store's) and, holding a connection for its batches while the run's end, the
+# heartbeat and the handoff bridge wanted theirs, made that node open one or two pool
+# connections more mid-bench (bench/README.md "Which plan changes?").
 QUIET_LOOPS: dict[str, float] = {
     "alert_poll_seconds": 3600.0,
     "heartbeat_seconds": 10.0,
     "reap_interval_seconds": 3600.0,
     "blob_sweep_seconds": 3600.0,
+    "retention_interval_seconds": 3600.0,
 }
+
+
+@contextmanager
+def _first_retention_pass_after(seconds: float | None) -> Iterator[None]:
+    """The node started meanwhile makes its first retention pass `seconds` after start-up
+    (None: as floom does, a minute after)."""
+    if seconds is None:
+        yield
+        return
+    original = floom_node.Housekeeping
+    floom_node.Housekeeping = partial(original, first_delay=seconds)  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        floom_node.Housekeeping = original  # type: ignore[misc]
 
 
 @contextmanager
@@ -464,7 +487,8 @@ def node(root: Path, store: str, s3: S3Server | None, *, quiet: bool = False) ->
     counter.attach(ctx.engine)
     _, key = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="bench")
     secrets.set_secret(ctx, caller=SYSTEM, name="HOOK_SECRET", value=HOOK_SECRET)
-    server, thread, base_url = start_server(ctx)
+    with _first_retention_pass_after(QUIET_LOOPS["retention_interval_seconds"] if quiet else None):
+        server, thread, base_url = start_server(ctx)
     n = Node(ctx, base_url, key, db, counter, model, cpu, server, thread)
     try:
         for name, (manifest, files) in WORKERS.items():
@@ -982,8 +1006,8 @@ def main(argv: list[str] | None = None) -> int:
         choices=("quiet", "default"),
         default="quiet",
         help="while runs' costs are measured, the nodes' time-driven loops (alert watch, "
-        "node heartbeat, reaper, bucket sweep) run rarely (quiet: what runs cost, apart from "
-        "what a node costs per second, which --idle measures) or at the bench's usual "
+        "node heartbeat, reaper, bucket sweep, retention) run rarely (quiet: what runs cost, "
+        "apart from what a node costs per second, which --idle measures) or at the bench's usual "
         "intervals (default: alert pass every 5 s, heartbeat 2 s, reaper 5 s)",
     )
     parser.add_argument(
