@@ -529,22 +529,24 @@ class WarmPools:
         process = pool.process
         if process is None:
             return
+
+        def publish(child: PreparedChild) -> None:
+            # Each child to the runs as soon as it is ready, not once all `count` are.
+            with self._changed:
+                if pool.process is process and not pool.retired and not self._closed:
+                    pool.ready.append(child)
+                    self._changed.notify_all()
+                    return
+            child.discard()
+
         try:
-            children = process.prepare(count, memory_bytes=pool.memory_bytes)
+            process.prepare(count, memory_bytes=pool.memory_bytes, each=publish)
         except (FloomError, OSError) as exc:
             log.warning("a warm process could not prepare a child: %s", exc)
             with self._changed:
                 if pool.process is process:
                     pool.process = None
             process.close()
-            return
-        with self._changed:
-            if pool.process is process and not pool.retired and not self._closed:
-                pool.ready.extend(children)
-                self._changed.notify_all()
-                return
-        for child in children:
-            child.discard()
 
     def _interpreter_id(self) -> str:
         """The sandbox's python3: its real path and change time, looked up every 10 s."""

@@ -39,6 +39,7 @@ import subprocess
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -360,14 +361,21 @@ class WarmProcess:
         ready, _, _ = select.select([self.pidfd], [], [], 0)
         return not ready
 
-    def prepare(self, count: int = 1, *, memory_bytes: int = 0) -> list[PreparedChild]:
+    def prepare(
+        self,
+        count: int = 1,
+        *,
+        memory_bytes: int = 0,
+        each: Callable[[PreparedChild], None] | None = None,
+    ) -> list[PreparedChild]:
         """`count` children, each for one run in a fresh cgroup of its own (limits written
         when its run comes), its /tmp and /dev/shm mounted ahead at `memory_bytes` (the
         version's memory limit; 0: once its run comes). Asked for all at once: their moves
         into their cgroups come close together, where the kernel makes them cheap
         (floom/sandbox/local/standby.py).
         Returns those that got ready (raising WarmUnavailable, or CgroupError, when none
-        did), leaving nothing of the others."""
+        did), leaving nothing of the others; `each` is given each as soon as it is ready
+        (a run waiting for one need not wait for the others)."""
         pending: list[_Pending] = []
         failure: Exception | None = None
         try:
@@ -378,10 +386,14 @@ class WarmProcess:
         children: list[PreparedChild] = []
         for asked in pending:
             try:
-                children.append(asked.ready())
+                child = asked.ready()
             except WarmUnavailable as exc:
                 failure = exc
-        self.served += len(children)
+                continue
+            children.append(child)
+            self.served += 1
+            if each is not None:
+                each(child)
         if not children and failure is not None:
             raise failure
         return children
