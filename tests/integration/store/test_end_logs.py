@@ -16,10 +16,8 @@ from sqlalchemy import event
 from sqlmodel import func, select
 
 from floom.agent.runner import run_agent
-from floom.bundle import read_folder
 from floom.engine.executor import Executor
 from floom.engine.queue import Outcome, claim_next_run, finish_attempt
-from floom.engine.runtime import NodeRuntime
 from floom.sandbox.fake import FakeSandbox
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -29,7 +27,6 @@ from floom.services.replays.recordings import load_recording
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import lifecycle as runs
 from floom.services.runs.logs import append_events, list_events, system_event
-from floom.services.workers import versions as workers
 from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs import logs
 from floom.store.blobs.configured import new_blob_store, store_at
@@ -38,9 +35,9 @@ from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, Run, RunEvent
 from floom.vocabulary import RunStatus, ToolCallStatus
 from tests.integration.store.test_log_moves import _Interleaved
-from tests.support.harness import fast_settings, make_worker, wait_until
+from tests.support.harness import fast_settings, wait_until
 from tests.support.processes.s3_server import S3Server
-from tests.support.rigs.fake_provider import FakeProvider, call, finish
+from tests.support.rigs.agents import notes_agent
 from tests.support.rigs.queues import enqueue
 
 pytestmark = pytest.mark.usefixtures("bucket_not_away")
@@ -427,21 +424,7 @@ def test_an_agent_run_on_object_storage_saves_no_step_after_finish_and_replays(
     after its finish call is recorded, its transcript is not saved again before the end's
     statement puts it into the object; the run's recording (what a replay reads: transcript
     and tool calls) reads back from the object."""
-    model = FakeProvider()
-    NodeRuntime.of(s3_ctx).provider_factory = model.factory
-    folder = make_worker(
-        tmp_path / "agent",
-        "name: agent\ntools: [{builtin: write_file}, {builtin: read_file}]\n",
-        {"SKILL.md": "Write notes.md, read it back, then finish.\n"},
-    )
-    workers.deploy(
-        s3_ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=1 << 20).to_archive()
-    )
-    model.script(
-        call("write_file", {"path": "notes.md", "content": "notes " * 500}),
-        call("read_file", {"path": "output/notes.md"}),
-        finish({}),
-    )
+    notes_agent(s3_ctx, tmp_path / "agent")
     executor = Executor(s3_ctx, FakeSandbox({}), run_agent=run_agent)
     executor.start()
     sent, stop = _statements(s3_ctx)

@@ -19,9 +19,7 @@ import pytest
 from sqlalchemy import event
 
 from floom.agent.runner import run_agent
-from floom.bundle import read_folder
 from floom.engine.executor import Executor
-from floom.engine.runtime import NodeRuntime
 from floom.sandbox.fake import FakeSandbox
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -30,15 +28,14 @@ from floom.services.replays.recordings import load_recording
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import lifecycle as runs
 from floom.services.runs.logs import list_events
-from floom.services.workers import versions as workers
 from floom.store.blobs import logs
 from floom.store.blobs.rows import UPLOAD, inline_blob, insert_blob
 from floom.store.blobs.s3 import S3BlobStore
 from floom.store.blobs.tables import PendingBlob
 from floom.store.db import session_scope
 from floom.store.models import Blob, utcnow
-from tests.support.harness import make_worker, wait_until
-from tests.support.rigs.fake_provider import FakeProvider, call, finish
+from tests.support.harness import wait_until
+from tests.support.rigs.agents import notes_agent
 
 pytestmark = pytest.mark.usefixtures("bucket_not_away")
 
@@ -96,21 +93,7 @@ def holdings(s3_ctx: Context, monkeypatch: pytest.MonkeyPatch) -> Iterator[Holdi
 def test_an_agent_run_on_object_storage_holds_no_connection_while_the_store_is_called(
     s3_ctx: Context, holdings: Holdings, tmp_path: Path
 ) -> None:
-    model = FakeProvider()
-    NodeRuntime.of(s3_ctx).provider_factory = model.factory
-    folder = make_worker(
-        tmp_path / "agent",
-        "name: agent\ntools: [{builtin: write_file}, {builtin: read_file}]\n",
-        {"SKILL.md": "Write notes.md, read it back, then finish.\n"},
-    )
-    workers.deploy(
-        s3_ctx, caller=SYSTEM, archive=read_folder(folder, max_bytes=1 << 20).to_archive()
-    )
-    model.script(
-        call("write_file", {"path": "notes.md", "content": "notes " * 500}),
-        call("read_file", {"path": "output/notes.md"}),
-        finish({}),
-    )
+    notes_agent(s3_ctx, tmp_path / "agent")
     executor = Executor(s3_ctx, FakeSandbox({}), run_agent=run_agent)
     executor.start()
     try:

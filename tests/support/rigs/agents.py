@@ -10,7 +10,12 @@ from typing import Any
 
 import httpx
 
+from floom.bundle import read_folder
+from floom.engine.runtime import NodeRuntime
+from floom.services.access.principal import SYSTEM
+from floom.services.context import Context
 from floom.services.runs.rules import FINISHED
+from floom.services.workers import versions
 from tests.standins.anthropic_api import MessagesStandin, messages_standin
 from tests.standins.echo import echo_service
 from tests.support.harness import (
@@ -20,6 +25,7 @@ from tests.support.harness import (
     make_worker,
     wait_until,
 )
+from tests.support.rigs.fake_provider import FakeProvider, call, finish
 
 
 def wait_status(
@@ -111,3 +117,23 @@ def agent_rig(
 
 def agent_worker(folder: Path, manifest: str, skill: str = "Do the task.", **files: str) -> Path:
     return make_worker(folder, manifest, {"SKILL.md": skill, **files})
+
+
+def notes_agent(ctx: Context, folder: Path) -> FakeProvider:
+    """An agent worker `agent` deployed on `ctx` (made in `folder`) whose scripted model
+    writes notes.md (3,000 characters), reads it back, then finishes: a whole agent run
+    with two tool calls and an artifact, for an executor started on `ctx`."""
+    model = FakeProvider()
+    NodeRuntime.of(ctx).provider_factory = model.factory
+    worker = make_worker(
+        folder,
+        "name: agent\ntools: [{builtin: write_file}, {builtin: read_file}]\n",
+        {"SKILL.md": "Write notes.md, read it back, then finish.\n"},
+    )
+    versions.deploy(ctx, caller=SYSTEM, archive=read_folder(worker, max_bytes=1 << 20).to_archive())
+    model.script(
+        call("write_file", {"path": "notes.md", "content": "notes " * 500}),
+        call("read_file", {"path": "output/notes.md"}),
+        finish({}),
+    )
+    return model
