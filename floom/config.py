@@ -240,7 +240,10 @@ class Settings(BaseSettings):
         if value and len(value) < MIN_BOOTSTRAP_KEY_CHARS:
             raise ValueError(
                 f"the key has fewer than {MIN_BOOTSTRAP_KEY_CHARS} characters, so whoever "
-                "reaches the server could guess it; make one with flm_$(openssl rand -hex 24)"
+                "reaches the server could guess it; make one with flm_$(openssl rand -hex 24). "
+                "If a floom already started with the short one, it is still the first key, "
+                "with every scope: start without it, make a new one with it (floom keys "
+                "create) and revoke it (floom keys revoke)"
             )
         return value
 
