@@ -5,6 +5,7 @@ leaked process (and Python warns `subprocess N is still running` at exit)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -37,6 +38,11 @@ def children_left(*, grace: float = 5.0) -> dict[int, str]:
     may take a moment to be gone)."""
     deadline = time.monotonic() + grace
     while True:
+        # A Popen collected while its process ran is reaped by Python itself at the next
+        # process start (subprocess's own clean-up); at the session's end none comes.
+        reap_collected = getattr(subprocess, "_cleanup", None)
+        if reap_collected is not None:
+            reap_collected()
         left = children()
         if not left or time.monotonic() >= deadline:
             return left
