@@ -995,3 +995,63 @@ def test_the_warm_process_is_root_only_in_a_user_namespace_of_its_own(warm: Warm
     # Its uid is given back once it has ended.
     warm.pools.close()
     assert root not in uids.held()
+
+
+def _bubblewraps_of(token: str) -> list[tuple[int, str]]:
+    """This process's bubblewrap children (zombies too) that carry `token`, or whose command
+    line is gone (a zombie's): (pid, state) each."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = (entry / "stat").read_text()
+            state, parent = stat[stat.rindex(")") + 2 :].split()[:2]
+            if int(parent) != os.getpid() or "(bwrap)" not in stat:
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+            if state == "Z" or token.encode() in cmdline:
+                found.append((int(entry.name), state))
+    return found
+
+
+@pytest.mark.parametrize("starting", ["first", "successor"])
+def test_closing_ends_a_warm_process_still_starting_before_it_returns(
+    tmp_path: Path, starting: str
+) -> None:
+    # Every warm process takes a while to import: the node stops while a pool's first warm
+    # process, or the successor started ahead of its recycling, is still starting.
+    source = INSIDE.read_text().replace(
+        '    _send(control, {"ready": True, "modules"',
+        '    __import__("time").sleep(2.0)\n    _send(control, {"ready": True, "modules"',
+    )
+    assert source != INSIDE.read_text()
+    local = LocalSandbox()
+    local.warm = WarmPools(
+        WarmSettings(recycle_runs=2, ready=1),
+        system_args=system_args,
+        uids=uids_of(local),
+        source=source,
+    )
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(local, tmp_path / "root")
+    token = warm.pools.token
+    try:
+        if starting == "first":
+            # A cold run records what the version loads; its pool's warm process starts.
+            spec = warm.warm_spec(warm_script_spec(warm.work_root, LOOK))
+            result = local.run(spec, on_line=lambda *line: None, should_cancel=lambda: False)
+            assert result.exit_code == 0
+            wanted = 1
+        else:
+            result, lines, _ = run(warm, LOOK)
+            assert result.exit_code == 0, lines
+            wanted = 2  # the first one, and its successor
+        deadline = time.monotonic() + 20
+        while len(_bubblewraps_of(token)) < wanted:
+            assert time.monotonic() < deadline, f"no {starting} warm process was started"
+            time.sleep(0.02)
+    finally:
+        warm.close()
+    # Nothing of it is left: no bubblewrap running, and none unreaped.
+    assert _bubblewraps_of(token) == []

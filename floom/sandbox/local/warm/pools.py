@@ -65,10 +65,12 @@ MAX_CHILD_AGE_SECONDS: Final = 300.0
 """A prepared child waits at most this long (it holds a cgroup and namespaces)."""
 DEMAND_WINDOW_SECONDS: Final = 60.0
 IDLE_WAKE_SECONDS: Final = 60.0
-WATCH_SECONDS: Final = 5.0
-"""How often the thread looks whether a pool's warm process died, while there is one."""
 """The longest the pools' thread sleeps with nothing due (a warm process that died is also
 noticed by the next run, which wakes it)."""
+JOIN_SECONDS: Final = 40.0
+"""How long closing waits for the pools' threads: past the longest a start is awaited."""
+WATCH_SECONDS: Final = 5.0
+"""How often the thread looks whether a pool's warm process died, while there is one."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,10 @@ class WarmPools:
         self._pending: collections.deque[Callable[[], None]] = collections.deque()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        # Warm processes started and not ready yet, and the threads awaiting successors:
+        # `close` ends the one and waits for the other, so nothing outlives it.
+        self._launching: set[Launching] = set()
+        self._awaiting: set[threading.Thread] = set()
         self._closed = False
         self._interpreter: tuple[float, str] = (0.0, "")
 
@@ -309,14 +315,26 @@ class WarmPools:
         return self._token
 
     def close(self) -> None:
-        """End every pool; later runs start cold."""
+        """End every pool, and every warm process on its way, before returning (each
+        reaped and its uid given back); later runs start cold."""
         with self._changed:
             self._closed = True
             pools = list(self._pools.values())
             self._pools.clear()
+            launching = list(self._launching)
+            thread = self._thread
             self._changed.notify_all()
+        for started in launching:
+            started.abort()
         for pool in pools:
             _end_pool(pool, now=True)
+        # The pools' thread ends once its work in hand has (a start it makes now is aborted
+        # as it is made); then no thread awaiting a successor is added.
+        _join(thread)
+        with self._changed:
+            awaiting = list(self._awaiting)
+        for waiter in awaiting:
+            _join(waiter)
         end_closing(self._token)
 
     # -- the thread -------------------------------------------------------------------------
@@ -459,8 +477,10 @@ class WarmPools:
 
     def _start(self, pool: Pool) -> None:
         try:
-            process = self._launch(pool).ready()
+            process = self._awaited(self._launch(pool))
         except FloomError as exc:
+            if self._closed:
+                return
             refused = (exc.details or {}).get("refused") if isinstance(exc.details, dict) else None
             with self._changed:
                 if refused:
@@ -492,20 +512,25 @@ class WarmPools:
             with self._changed:
                 pool.starting = False
             return
-        threading.Thread(
+        waiter = threading.Thread(
             target=self._await_successor,
             args=(pool, launching),
             name="floom-warm-start",
             daemon=True,
-        ).start()
+        )
+        with self._changed:
+            self._awaiting.add(waiter)
+        waiter.start()
 
     def _await_successor(self, pool: Pool, launching: Launching) -> None:
         process: WarmProcess | None = None
         try:
-            process = launching.ready()
+            process = self._awaited(launching)
         except FloomError as exc:
-            log.warning("a warm process did not start: %s", exc.message)
+            if not self._closed:
+                log.warning("a warm process did not start: %s", exc.message)
         with self._changed:
+            self._awaiting.discard(threading.current_thread())
             pool.starting = False
             wanted = not pool.retired and not self._closed and pool.successor is None
             if process is not None and wanted and self._pools.get(pool.key) is pool:
@@ -516,14 +541,30 @@ class WarmPools:
             process.close()
 
     def _launch(self, pool: Pool) -> Launching:
+        """Start `pool`'s next warm process; `_awaited` waits for it (once `close` has begun,
+        it is aborted as soon as it is made)."""
         modules = tuple(m for m in pool.modules if m.split(".")[0] not in pool.refused)
-        return WarmProcess.launch(
+        launching = WarmProcess.launch(
             modules=_fit(modules),
             owner=pool.marker,
             system_args=self._system_args(),
             source=self._source,
             uids=self._uids,
         )
+        with self._changed:
+            self._launching.add(launching)
+            closed = self._closed
+        if closed:
+            launching.abort()
+        return launching
+
+    def _awaited(self, launching: Launching) -> WarmProcess:
+        """`launching`'s warm process once ready (see Launching.ready)."""
+        try:
+            return launching.ready()
+        finally:
+            with self._changed:
+                self._launching.discard(launching)
 
     def _prepare(self, pool: Pool, count: int) -> None:
         process = pool.process
@@ -569,6 +610,15 @@ def warm_prefix(work_root: Path) -> str:
     the sandbox instance that started them follows)."""
     digest = hashlib.sha256(os.fsencode(os.path.realpath(work_root))).hexdigest()[:24]
     return f"{WARM_MARK}{digest}:"
+
+
+def _join(thread: threading.Thread | None) -> None:
+    """Wait for `thread` (a start it awaits ends within START_SECONDS at worst)."""
+    if thread is None or thread is threading.current_thread():
+        return
+    thread.join(JOIN_SECONDS)
+    if thread.is_alive():
+        log.warning("the warm pools' thread %s did not end within %g s", thread.name, JOIN_SECONDS)
 
 
 def _end_pool(pool: Pool, *, now: bool = False) -> None:

@@ -477,7 +477,7 @@ class WarmProcess:
 @dataclass(eq=False)
 class Launching:
     """A warm process started and not ready yet: exactly one of `ready` and `close` ends
-    this."""
+    this; `abort`, from any thread, makes a `ready` under way end at once."""
 
     proc: subprocess.Popen[bytes]
     control: socket.socket
@@ -486,6 +486,22 @@ class Launching:
     lease: UidLease
     init_pidfd: int
     """Its PID namespace's pid 1 (bubblewrap's child), known from bubblewrap's info."""
+    _settled: bool = False
+    """Set, under `_lock`, before anything reaps bubblewrap or hands it on: `abort` never
+    signals a pid that may have been reaped (and reused)."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def abort(self) -> None:
+        """Kill bubblewrap (and with it the sandbox it started) unless `ready` or `close`
+        has settled it already; `ready` then raises WarmUnavailable and reaps it."""
+        with self._lock:
+            if not self._settled:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, 9)
+
+    def _settle(self) -> None:
+        with self._lock:
+            self._settled = True
 
     def ready(self) -> WarmProcess:
         """The warm process once its modules are imported; raises WarmUnavailable (with
@@ -508,6 +524,7 @@ class Launching:
                 raise WarmUnavailable("the warm process did not say it was ready")
             # fds[1] is pid 1's pidfd, as the namespace sees it: floom's own stands for it.
             _close_quietly(fds.pop())
+            self._settle()
             return WarmProcess(
                 proc,
                 ours,
@@ -525,6 +542,7 @@ class Launching:
             raise WarmUnavailable(f"the warm process is gone: {exc}") from exc
 
     def close(self) -> None:
+        self._settle()
         _end(self.proc, self.control)
         _release_when_ended(self.lease, self.init_pidfd)
         _close_quietly(self.init_pidfd)
