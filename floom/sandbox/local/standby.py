@@ -42,6 +42,8 @@ MAX_AGE_SECONDS: Final = 300.0
 """A launcher waits at most this long: one with a mount namespace of its own keeps the
 host's mounts of its start alive (on a host whose mounts do not propagate, a volume
 unmounted since would stay busy), so an idle node replaces its launchers this often."""
+JOIN_SECONDS: Final = 10.0
+"""How long closing waits for the thread to end the launcher it is starting."""
 LAUNCHER_NAME: Final = "floom-launcher"
 """The launcher shell's name, which starts each of its own error lines."""
 ENTRY_NAME: Final = "floom-run"
@@ -244,13 +246,17 @@ class Standby:
             return tuple(self._ready)
 
     def close(self) -> None:
-        """End the ready launchers and the thread; later takes start their own."""
+        """End the ready launchers and the thread (a launcher it is starting is ended before
+        this returns); later takes start their own."""
         with self._changed:
             self._closed = True
             ready, self._ready = list(self._ready), collections.deque()
+            filler = self._filler
             self._changed.notify()
         for launcher in ready:
             launcher.discard()
+        if filler is not None and filler is not threading.current_thread():
+            filler.join(JOIN_SECONDS)
 
     def _fill(self) -> None:
         while True:

@@ -181,6 +181,29 @@ def test_a_dead_ready_launcher_is_replaced_and_close_ends_the_rest() -> None:
     assert not any(launcher.alive() for launcher in left)
 
 
+@needs_cgroups
+def test_close_ends_a_launcher_the_thread_is_starting_before_it_returns() -> None:
+    # The thread is in the middle of starting a launcher (its command line is being built)
+    # when the node stops.
+    building, built = threading.Event(), threading.Event()
+
+    def slow_command() -> list[str]:
+        building.set()
+        threading.Event().wait(0.5)
+        built.set()
+        return standby.plain_launcher()
+
+    waiting = Standby(ready=1, command=slow_command)
+    before = _own_launchers()
+    waiting.replenish()
+    assert building.wait(10)
+    waiting.close()
+    # Its launcher was started and ended before close returned, not after.
+    assert built.is_set()
+    assert _own_launchers() - before == set()
+    assert waiting.waiting() == ()
+
+
 def test_a_launcher_that_cannot_join_its_cgroup_is_ended_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
