@@ -51,6 +51,17 @@ def uids_of(local: LocalSandbox) -> UidPool:
     return local._uids
 
 
+def warmed_from(tmp_path: Path, source: str, settings: WarmSettings | None = None) -> WarmedLocal:
+    """A local sandbox whose warm processes run `source` (inside.py's, with something
+    planted), its pools under `settings`, serving runs in `tmp_path`/root."""
+    local = LocalSandbox()
+    local.warm = WarmPools(
+        settings or WarmSettings(), system_args=system_args, uids=uids_of(local), source=source
+    )
+    (tmp_path / "root").mkdir()
+    return WarmedLocal(local, tmp_path / "root")
+
+
 def run(
     warm: WarmedLocal, script: str, *, should_cancel: object = None, **fields: object
 ) -> tuple[SandboxResult, Lines, SandboxSpec]:
@@ -546,12 +557,7 @@ def test_shared_mappings_the_warm_process_made_are_private_to_each_run(tmp_path:
     source = INSIDE.read_text().replace(
         '\nif __name__ == "__main__":', plant + '\nif __name__ == "__main__":'
     )
-    local = LocalSandbox()
-    local.warm = WarmPools(
-        WarmSettings(), system_args=system_args, uids=uids_of(local), source=source
-    )
-    (tmp_path / "root").mkdir()
-    warm = WarmedLocal(local, tmp_path / "root")
+    warm = warmed_from(tmp_path, source)
     try:
         for _ in range(2):
             result, lines, _ = run(warm, SHARED_MAPPING)
@@ -571,12 +577,7 @@ def test_a_run_whose_warm_child_fails_its_set_up_starts_cold_and_succeeds(
         '    raise OSError("a planted failure")',
     )
     assert source != INSIDE.read_text()
-    local = LocalSandbox()
-    local.warm = WarmPools(
-        WarmSettings(), system_args=system_args, uids=uids_of(local), source=source
-    )
-    (tmp_path / "root").mkdir()
-    warm = WarmedLocal(local, tmp_path / "root")
+    warm = warmed_from(tmp_path, source)
     try:
         for _ in range(2):
             result, lines, _ = run(warm, LOOK)
@@ -1026,15 +1027,8 @@ def test_closing_ends_a_warm_process_still_starting_before_it_returns(
         '    __import__("time").sleep(2.0)\n    _send(control, {"ready": True, "modules"',
     )
     assert source != INSIDE.read_text()
-    local = LocalSandbox()
-    local.warm = WarmPools(
-        WarmSettings(recycle_runs=2, ready=1),
-        system_args=system_args,
-        uids=uids_of(local),
-        source=source,
-    )
-    (tmp_path / "root").mkdir()
-    warm = WarmedLocal(local, tmp_path / "root")
+    warm = warmed_from(tmp_path, source, WarmSettings(recycle_runs=2, ready=1))
+    local = warm.local
     token = warm.pools.token
     try:
         if starting == "first":
