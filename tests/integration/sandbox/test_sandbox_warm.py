@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -23,8 +23,13 @@ from floom.sandbox.local import procfs
 from floom.sandbox.local.backend import system_args
 from floom.sandbox.local.uid_pool import UidPool
 from floom.sandbox.local.warm.inside import RECORD_NAME
-from floom.sandbox.local.warm.pools import WarmPools, WarmSettings, read_record
-from floom.sandbox.local.warm.process import INSIDE, WarmUnavailable, pidfd_exit_supported
+from floom.sandbox.local.warm.pools import WarmKey, WarmPools, WarmSettings, read_record
+from floom.sandbox.local.warm.process import (
+    INSIDE,
+    WarmProcess,
+    WarmUnavailable,
+    pidfd_exit_supported,
+)
 from tests.support.rigs.sandboxes import Lines
 from tests.support.rigs.warm import WarmedLocal, warm_script_spec
 
@@ -342,24 +347,45 @@ def _started_in_a_thread(
     return thread, ended
 
 
-def test_a_run_outlives_its_warm_process_killed_mid_run_and_a_new_one_serves_the_next(
-    warm: WarmedLocal,
-) -> None:
+@dataclass
+class InFlight:
+    """A SLEEP_THEN_WRITE run started from a warm child of `process`, the warm process of
+    pool `key`, waiting to be let go."""
+
+    spec: SandboxSpec
+    key: WarmKey
+    process: WarmProcess
+    thread: threading.Thread
+    ended: list[SandboxResult]
+
+    def let_go_and_see_it_survive(self) -> None:
+        (self.spec.workdir / "go").write_text("")
+        self.thread.join(30)
+        assert self.ended
+        assert self.ended[0].exit_code == 0
+        assert json.loads((self.spec.workdir / "result.json").read_text())["outputs"]["survived"]
+
+
+def _a_run_in_flight(warm: WarmedLocal) -> InFlight:
     spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
     key = warm.warm_up(spec)
     process = warm.pools.process_of(key)
     assert process is not None
     thread, ended = _started_in_a_thread(warm, spec)
+    return InFlight(spec, key, process, thread, ended)
+
+
+def test_a_run_outlives_its_warm_process_killed_mid_run_and_a_new_one_serves_the_next(
+    warm: WarmedLocal,
+) -> None:
+    flight = _a_run_in_flight(warm)
+    key, process = flight.key, flight.process
     os.kill(process.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
     while process.alive() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not process.alive()
-    (spec.workdir / "go").write_text("")
-    thread.join(30)
-    assert ended
-    assert ended[0].exit_code == 0
-    assert json.loads((spec.workdir / "result.json").read_text())["outputs"]["survived"]
+    flight.let_go_and_see_it_survive()
     result, lines, _ = run(warm, LOOK)  # WarmedLocal waits for the replacement, and asserts a hit
     assert result.exit_code == 0, lines
     replacement = warm.pools.process_of(key)
@@ -375,11 +401,8 @@ def test_a_warm_process_closed_while_dead_and_not_yet_reaped_leaves_its_runs_run
     # until pid 1 reaps it; a close in that moment once saw no child of the interpreter and
     # killed the namespace, the run in flight with it (exit 137). pid 1 is held stopped here
     # so that the moment lasts.
-    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
-    key = warm.warm_up(spec)
-    process = warm.pools.process_of(key)
-    assert process is not None
-    thread, ended = _started_in_a_thread(warm, spec)
+    flight = _a_run_in_flight(warm)
+    process = flight.process
     os.kill(process.init_pid, signal.SIGSTOP)
     try:
         os.kill(process.pid, signal.SIGKILL)
@@ -390,21 +413,14 @@ def test_a_warm_process_closed_while_dead_and_not_yet_reaped_leaves_its_runs_run
         process.close()
     finally:
         os.kill(process.init_pid, signal.SIGCONT)
-    (spec.workdir / "go").write_text("")
-    thread.join(30)
-    assert ended
-    assert ended[0].exit_code == 0
-    assert json.loads((spec.workdir / "result.json").read_text())["outputs"]["survived"]
+    flight.let_go_and_see_it_survive()
 
 
 def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_finish(
     warm: WarmedLocal,
 ) -> None:
-    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE)
-    old_key = warm.warm_up(spec)
-    old = warm.pools.process_of(old_key)
-    assert old is not None
-    thread, ended = _started_in_a_thread(warm, spec)
+    flight = _a_run_in_flight(warm)
+    old_key, old = flight.key, flight.process
     warm.version = "v2"  # the next runs are of the version just deployed
     result, lines, new_spec = run(warm, LOOK)
     assert result.exit_code == 0, lines
@@ -417,10 +433,7 @@ def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_f
     assert warm.pools.process_of(old_key) is None
     with pytest.raises(WarmUnavailable):
         old.prepare()  # the version before's warm process serves no further run
-    (spec.workdir / "go").write_text("")
-    thread.join(30)
-    assert ended
-    assert ended[0].exit_code == 0
+    flight.let_go_and_see_it_survive()
     deadline = time.monotonic() + 10
     while old.alive() and time.monotonic() < deadline:
         time.sleep(0.01)
