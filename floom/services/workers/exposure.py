@@ -144,7 +144,9 @@ def check_delivery_replay(
         if s is not None:
             caller.require_in(s, "deploy")
         return
-    when = "came while its trigger was paused" if came_paused else "is to a paused trigger"
+    when = (
+        "came while its trigger or worker was paused" if came_paused else "is to a paused trigger"
+    )
     raise Forbidden(
         f"replaying delivery {delivery_id}, which {when}, needs the 'deploy' scope: which "
         "events run is a deploy decision (pausing and resuming)",

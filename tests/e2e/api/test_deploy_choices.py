@@ -220,7 +220,7 @@ def test_a_run_key_does_not_replay_a_delivery_its_paused_trigger_held_back(
     # Resumed: what ran may run again; what the pause held back stays a deploy decision.
     assert replay(run_key, ran).status_code == 202
     error = _refusal(replay(run_key, held))
-    assert "came while its trigger was paused" in error["message"]
+    assert "came while its trigger or worker was paused" in error["message"]
     replayed = replay(deploy_key, held)
     assert replayed.status_code == 202, replayed.text
     with server.client() as admin:
