@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import re
 import select
@@ -210,8 +211,9 @@ class DeadlineTimer:
         """Fire at `deadline` (CLOCK seconds); None disarms."""
         if self.fd < 0 or deadline == self._set:
             return
-        seconds, fraction = divmod(max(deadline or 0.0, 0.0), 1.0)
-        value = _Timespec(int(seconds), int(fraction * 1e9))
+        # Rounded up: the timer must not fire before `deadline` reads as passed.
+        nanoseconds = math.ceil(max(deadline or 0.0, 0.0) * 1e9)
+        value = _Timespec(*divmod(nanoseconds, 1_000_000_000))
         if deadline is not None and value.tv_sec == value.tv_nsec == 0:
             value.tv_nsec = 1  # zero would disarm it
         spec = _Itimerspec(_Timespec(0, 0), value)
@@ -223,9 +225,11 @@ class DeadlineTimer:
         self._set = deadline
 
     def clear(self) -> None:
-        """Read off an expiry (the fd stays readable until then)."""
+        """Read off an expiry (the fd stays readable until then); the next `set` arms it
+        again whatever it is set to."""
         with contextlib.suppress(BlockingIOError, InterruptedError):
             os.read(self.fd, 8)
+        self._set = None
 
 
 def serve(fd: int) -> None:

@@ -300,10 +300,25 @@ def _after_a_suspend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(time, "monotonic", lambda: real() - SLEPT_SECONDS)
 
 
+class _NoTimer(watchdog_program.DeadlineTimer):
+    """As where no timerfd can be made (no ctypes): the watchdog waits in short steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+
+@pytest.mark.parametrize("timer", ["timerfd", "steps"])
 def test_a_sandbox_whose_deadline_passed_while_the_host_slept_is_ended_at_the_deadline(
-    victim: tuple[subprocess.Popen[bytes], list[str]], monkeypatch: pytest.MonkeyPatch
+    victim: tuple[subprocess.Popen[bytes], list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    timer: str,
 ) -> None:
     proc, targets = victim
+    if timer == "steps":
+        monkeypatch.setattr(watchdog_program, "DeadlineTimer", _NoTimer)
     _after_a_suspend(monkeypatch)
     read_fd, write_fd = os.pipe()
     serving = threading.Thread(target=watchdog_program.serve, args=(read_fd,), daemon=True)
