@@ -563,8 +563,9 @@ def replay_delivery(
     )
 
     def record(s: Session, run: Run) -> None:
-        # Read again where the run is queued: a pause committed since is seen.
-        current = s.get(Trigger, trigger.id, populate_existing=True)
+        # Read again, locked, where the run is queued: a pause committed since is seen, and
+        # one committing now waits for the run to be queued (or refused).
+        current = s.get(Trigger, trigger.id, with_for_update=True, populate_existing=True)
         exposure.check_delivery_replay(
             worker_name=delivery.worker_name,
             delivery_id=delivery.id,
