@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Final, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from floom.client_env import DEFAULT_PORT
@@ -20,6 +20,9 @@ ROLES = ("api", "scheduler", "executor")
 # floom's own keys are flm_ and 43 random characters; a bootstrap key shorter than this is
 # one a person typed (a placeholder, a word).
 MIN_BOOTSTRAP_KEY_CHARS = 32
+# The most sandbox uids one run holds at once: its own, and its network helper's
+# (slirp4netns) or its warm process's (floom/sandbox/local/uid_pool.py).
+UIDS_PER_RUN = 2
 
 
 def _default_data_dir() -> Path:
@@ -246,6 +249,22 @@ class Settings(BaseSettings):
                 "create) and revoke it (floom keys revoke)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _enough_sandbox_uids(self) -> Settings:
+        """An executor whose uid range cannot give each of its slots' runs the uids it takes
+        would refuse runs (or a warm process) whenever its slots are busy: refused at start."""
+        needed = self.executor_slots * UIDS_PER_RUN
+        if "executor" in self.role_set and self.sandbox_uid_count < needed:
+            raise ValueError(
+                f"FLOOM_SANDBOX_UID_COUNT is too small for FLOOM_EXECUTOR_SLOTS: each run at "
+                f"once may hold {UIDS_PER_RUN} sandbox uids (its own, and its network "
+                f"helper's or its warm process's), so this node needs at least {needed}; "
+                f"raise FLOOM_SANDBOX_UID_COUNT to {needed} or more (a free block of uids, "
+                "docs/reference/resource-limits.md, Sandbox uids) or lower "
+                "FLOOM_EXECUTOR_SLOTS"
+            )
+        return self
 
     @field_validator("s3_prefix")
     @classmethod

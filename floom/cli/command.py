@@ -82,10 +82,11 @@ def exit_on_error(exc: Exception) -> NoReturn:
         where = ".".join(str(p) for p in first.get("loc", ()))
         if exc.title != "Settings":  # a request model (floom.schemas) built from the options
             _exit_with(f"invalid {where}: {first.get('msg')}", "see the command's --help")
-        _exit_with(
-            f"invalid setting {where.upper() and 'FLOOM_' + where.upper()}: {first.get('msg')}",
-            "check the FLOOM_* environment variables",
-        )
+        # A rule over several settings (a model validator) has no one name: its message
+        # names them.
+        named = f"setting FLOOM_{where.upper()}" if where else "settings"
+        message = str(first.get("msg")).removeprefix("Value error, ")
+        _exit_with(f"invalid {named}: {message}", "check the FLOOM_* environment variables")
     if os.environ.get("FLOOM_DEBUG"):
         raise exc
     _exit_with(

@@ -33,7 +33,7 @@ from floom.engine.work_root import hold_work_root, release_work_root
 from floom.errors import BlobStoreUnavailable, RunErrorCode, StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable
-from floom.sandbox.fence import fence_key, margin_seconds, node_fence
+from floom.sandbox.fence import fence_key, lease_clock, margin_seconds, node_fence
 from floom.services.access.principal import SYSTEM
 from floom.services.access.secrets import Redactor
 from floom.services.runs.logs import append_events, system_event
@@ -376,9 +376,7 @@ class Executor:
         left = float(self.ctx.settings.lease_seconds)
         if run.lease_expires_at is not None:
             left = (run.lease_expires_at - utcnow()).total_seconds()
-        node_fence().arm(
-            fence_key(run.id, run.lease_epoch), time.monotonic() + self._lease_left(left)
-        )
+        node_fence().arm(fence_key(run.id, run.lease_epoch), lease_clock() + self._lease_left(left))
 
     def run_claimed_inline(self, run: Run) -> None:
         """Run an attempt this node just claimed in the calling thread, as a slot would: an

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,6 +15,7 @@ from sqlmodel import col, select
 
 from floom import jsonvalues
 from floom.errors import RunErrorCode
+from floom.sandbox.fence import lease_clock
 from floom.services.ops import end_logs
 from floom.services.runs import agent as agent_runs
 from floom.services.runs.lifecycle import any_runnable_statement
@@ -257,9 +257,10 @@ def renew_leases(ctx: Context, run_ids: list[str]) -> tuple[set[str], set[str]]:
 @dataclass(frozen=True)
 class Renewal:
     """What a heartbeat's renewal did: the runs to cancel, the runs this node lost, the runs
-    whose lease it extended (committed), and when, on this host's monotonic clock, it took
-    the time the new expiry was counted from (no later than that: a watchdog deadline
-    counted from it never outlasts the stored lease)."""
+    whose lease it extended (committed), and when, on the fence's clock (lease_clock:
+    CLOCK_BOOTTIME, which counts a suspend as the lease does), it took the time the new
+    expiry was counted from (no later than that: a watchdog deadline counted from it never
+    outlasts the stored lease)."""
 
     cancel: set[str]
     lost: set[str]
@@ -279,7 +280,7 @@ def renew_held_leases(ctx: Context, epochs: Mapping[str, int | None]) -> Renewal
     """
     run_ids = list(epochs)
     if not run_ids:
-        return Renewal(set(), set(), set(), time.monotonic())
+        return Renewal(set(), set(), set(), lease_clock())
 
     def ours(run_id: str, status: str, owner: str | None, epoch: int) -> bool:
         wanted = epochs.get(run_id)
@@ -288,7 +289,7 @@ def renew_held_leases(ctx: Context, epochs: Mapping[str, int | None]) -> Renewal
     with session_scope(ctx.engine, write=True) as s:
         # Taken once in the transaction: a wait for SQLite's write lock must not come off
         # the lease.
-        counted_from = time.monotonic()
+        counted_from = lease_clock()
         expires = utcnow() + timedelta(seconds=ctx.settings.lease_seconds)
         rows = s.exec(
             select(Run).where(col(Run.id).in_(run_ids)).with_for_update(skip_locked=True)

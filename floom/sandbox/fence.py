@@ -1,13 +1,16 @@
 """floom's side of the lease watchdog (floom/sandbox/watchdog.py): a sandbox never outlives
 its attempt's lease, even when floom's own process is frozen or cut off from the database.
 
-Each attempt has a key, `<run id>.<lease epoch>`, and a deadline on this host's monotonic
-clock: the lease's expiry less a margin. The executor sets it when it claims the run and
-moves it on only after a renewal of the lease committed; a backend names the processes of
-the attempt's sandboxes (their cgroup, or the launcher's process group) while they run. The
-watchdog, a process of its own, kills them once the deadline passes, whatever floom's
-process is doing then. Here the same deadline says that an attempt has lapsed: its sandbox
-is being ended and it records nothing (the reaper of some node requeues the run).
+Each attempt has a key, `<run id>.<lease epoch>`, and a deadline on this host's
+CLOCK_BOOTTIME (`lease_clock`): the lease's expiry less a margin. Not CLOCK_MONOTONIC: it
+stops while the host is suspended, while the lease (wall clock) runs on, so after a resume
+a sandbox would outlive its lease until the next heartbeat found it lost. The executor sets
+it when it claims the run and moves it on only after a renewal of the lease committed; a
+backend names the processes of the attempt's sandboxes (their cgroup, or the launcher's
+process group) while they run. The watchdog, a process of its own, kills them once the
+deadline passes, whatever floom's process is doing then. Here the same deadline says that an
+attempt has lapsed: its sandbox is being ended and it records nothing (the reaper of some
+node requeues the run).
 
 Writing to the watchdog never blocks: each change is one line on a non-blocking pipe. A
 watchdog that died is started again with the whole state; a full pipe refuses a new sandbox
@@ -47,6 +50,15 @@ PIPE_BYTES: Final = 1 << 20
 WATCH_WAIT_SECONDS: Final = 1.0
 
 
+LEASE_CLOCK: Final = time.CLOCK_BOOTTIME
+
+
+def lease_clock() -> float:
+    """Now on the clock of every fence deadline (CLOCK_BOOTTIME seconds): the time since
+    boot, suspends included."""
+    return time.clock_gettime(LEASE_CLOCK)
+
+
 def margin_seconds(lease_seconds: float) -> float:
     return min(MAX_MARGIN_SECONDS, lease_seconds * MARGIN_SHARE)
 
@@ -71,7 +83,7 @@ class LeaseFence:
     # the executor's side
 
     def arm(self, key: str, deadline: float) -> bool:
-        """Set or move on `key`'s deadline (monotonic seconds). False, changing nothing,
+        """Set or move on `key`'s deadline (lease_clock seconds). False, changing nothing,
         when the attempt has lapsed already (its deadline passed: its sandbox is being
         ended) or the watchdog could not be told (the earlier deadline stands)."""
         with self._lock:
@@ -149,7 +161,7 @@ class LeaseFence:
         if key in self._lapsed:
             return True
         deadline = self._deadlines.get(key)
-        if deadline is not None and deadline <= time.monotonic():
+        if deadline is not None and deadline <= lease_clock():
             self._lapsed.add(key)
             return True
         return False

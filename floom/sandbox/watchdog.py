@@ -6,7 +6,7 @@ import of floom or of anything outside the standard library) in a session of its
 SIGSTOP of floom's process or process group does not stop it. Its one input is a pipe from
 floom (floom/sandbox/fence.py), one line per change, none carrying a worker's bytes:
 
-    deadline <key> <monotonic seconds>   the attempt's sandboxes end at this CLOCK_MONOTONIC
+    deadline <key> <boottime seconds>    the attempt's sandboxes end at this CLOCK_BOOTTIME
     watch <key> cgroup:<dir>             a directory of one of its sandboxes' cgroups
     watch <key> group:<pgid>             its launcher's process group (no cgroup on the node)
     unwatch <key> <target>               that sandbox ended on its own
@@ -17,11 +17,18 @@ targets is killed and the key stays fired: a later `watch` of it is killed at on
 later `deadline` changes nothing. When the pipe closes (floom exited or died), the targets
 still watched are killed at once (their node is gone; nobody would record their end) and the
 watchdog exits.
+
+Deadlines are on CLOCK_BOOTTIME, which counts the time the host was suspended, as the
+database lease (wall clock) does; CLOCK_MONOTONIC stops then, and a sandbox would outlive
+its lease after a resume. The wait for the next deadline is a CLOCK_BOOTTIME timerfd for
+the same reason: a select timeout is counted on CLOCK_MONOTONIC.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import math
 import os
 import re
 import select
@@ -33,6 +40,16 @@ from collections.abc import Iterable
 # A floom run id (run_<hex>) and its lease epoch.
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,64}\.[0-9]{1,18}")
 _KILL_SECONDS = 5.0
+# floom/sandbox/fence.py's LEASE_CLOCK: the clock of every deadline on the pipe.
+CLOCK = time.CLOCK_BOOTTIME
+# Without a timerfd (no ctypes), the wait for a deadline wakes at least this often, so a
+# resume is seen within it.
+_FALLBACK_WAIT_SECONDS = 0.5
+_TFD_TIMER_ABSTIME = 1
+
+
+def now() -> float:
+    return time.clock_gettime(CLOCK)
 
 
 class _Attempt:
@@ -166,19 +183,81 @@ class Watchdog:
         self.attempts.clear()
 
 
-def main() -> int:
-    # Not stopped by what stops floom's process group; a terminal's signals are not ours.
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
-        signal.signal(sig, signal.SIG_IGN)
-    watchdog = Watchdog()
-    fd = sys.stdin.fileno()
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+class DeadlineTimer:
+    """A timerfd on CLOCK that becomes readable when the clock reaches the time it was set
+    to (also when that passed during a suspend: the kernel wakes its waiters at resume).
+    `fd` is -1 where no timerfd could be made; the caller then waits in short steps."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self._set: float | None = None
+        try:
+            self._libc = ctypes.CDLL(None, use_errno=True)
+            fd = self._libc.timerfd_create(CLOCK, os.O_CLOEXEC | os.O_NONBLOCK)
+        except (OSError, AttributeError):
+            return
+        if fd >= 0:
+            self.fd = fd
+
+    def set(self, deadline: float | None) -> None:
+        """Fire at `deadline` (CLOCK seconds); None disarms."""
+        if self.fd < 0 or deadline == self._set:
+            return
+        # Rounded up: the timer must not fire before `deadline` reads as passed.
+        nanoseconds = math.ceil(max(deadline or 0.0, 0.0) * 1e9)
+        value = _Timespec(*divmod(nanoseconds, 1_000_000_000))
+        if deadline is not None and value.tv_sec == value.tv_nsec == 0:
+            value.tv_nsec = 1  # zero would disarm it
+        spec = _Itimerspec(_Timespec(0, 0), value)
+        if self._libc.timerfd_settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None):
+            _say(f"cannot set the deadline timer (errno {ctypes.get_errno()})")
+            os.close(self.fd)
+            self.fd = -1
+            return
+        self._set = deadline
+
+    def clear(self) -> None:
+        """Read off an expiry (the fd stays readable until then); the next `set` arms it
+        again whatever it is set to."""
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            os.read(self.fd, 8)
+        self._set = None
+
+
+def serve(fd: int) -> None:
+    """Read floom's lines from `fd` and end sandboxes at their deadlines, until the pipe
+    closes (then every target still watched is killed)."""
+    timer = DeadlineTimer()
+    try:
+        _serve(fd, Watchdog(), timer)
+    finally:
+        if timer.fd >= 0:
+            os.close(timer.fd)
+
+
+def _serve(fd: int, watchdog: Watchdog, timer: DeadlineTimer) -> None:
     pending = b""
     while True:
-        watchdog.fire_due(time.monotonic())
+        watchdog.fire_due(now())
         due = watchdog.next_deadline()
-        timeout = None if due is None else max(0.0, due - time.monotonic())
-        ready, _, _ = select.select([fd], [], [], timeout)
-        if not ready:
+        timer.set(due)
+        if due is None or timer.fd >= 0:
+            timeout = None
+        else:
+            timeout = min(max(0.0, due - now()), _FALLBACK_WAIT_SECONDS)
+        waited = [fd] if timer.fd < 0 else [fd, timer.fd]
+        ready, _, _ = select.select(waited, [], [], timeout)
+        if timer.fd >= 0 and timer.fd in ready:
+            timer.clear()
+        if fd not in ready:
             continue
         try:
             data = os.read(fd, 65536)
@@ -186,13 +265,21 @@ def main() -> int:
             continue
         if not data:
             watchdog.kill_all()
-            return 0
+            return
         pending += data
         *lines, pending = pending.split(b"\n")
         if len(pending) > 4096:
             pending = b""
         for raw in lines:
             watchdog.handle(raw.decode("ascii", "replace"))
+
+
+def main() -> int:
+    # Not stopped by what stops floom's process group; a terminal's signals are not ours.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU):
+        signal.signal(sig, signal.SIG_IGN)
+    serve(sys.stdin.fileno())
+    return 0
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ from floom.sandbox.e2b.warm import POOL_LABEL, BoxShape, WarmBoxes
 
 # Re-exported: floom/sandbox/__init__.py builds it with the backend, in one lazy import.
 from floom.sandbox.e2b.warm import E2BWarmSettings as E2BWarmSettings
-from floom.sandbox.fence import node_fence
+from floom.sandbox.fence import lease_clock, node_fence
 
 log = logging.getLogger("floom.sandbox.e2b")
 
@@ -277,7 +277,7 @@ class E2BSession(SandboxSession):
         doing = "creating the sandbox"
         try:
             if first:
-                asked = time.monotonic()
+                asked = lease_clock()
                 self.box, timeout = self._create(spec)
                 if spec.fence:
                     # E2B's clock starts when it gets the request: no earlier than `asked`.
@@ -425,7 +425,7 @@ def _lease_left(fence: str) -> int | None:
     deadline = node_fence().deadline(fence) if fence else None
     if deadline is None:
         return None
-    return max(1, math.floor(deadline - time.monotonic()))
+    return max(1, math.floor(deadline - lease_clock()))
 
 
 class LeaseKeeper:
@@ -439,7 +439,7 @@ class LeaseKeeper:
         self._box = box
         self._fence = fence
         self._stopped = threading.Event()
-        # When E2B ends the sandbox (monotonic), as last asked: the timeout is whole seconds
+        # When E2B ends the sandbox (lease_clock), as last asked: the timeout is whole seconds
         # rounded down, so this is up to a second before the lease's deadline.
         self._ends = ends
         self._thread = threading.Thread(target=self._keep, name="floom-e2b-lease", daemon=True)
@@ -447,7 +447,7 @@ class LeaseKeeper:
 
     def _next_pass(self) -> float:
         # Well before E2B's end: a short lease (whole seconds, rounded down) leaves little.
-        left = self._ends - time.monotonic()
+        left = self._ends - lease_clock()
         return min(LEASE_KEEP_SECONDS, max(0.05, left / 3))
 
     def _keep(self) -> None:
@@ -458,7 +458,7 @@ class LeaseKeeper:
                 continue  # E2B ends it at the deadline it was given last
             if deadline - self._ends < 1.0:
                 continue  # the lease has not moved a whole second past E2B's end
-            asked = time.monotonic()
+            asked = lease_clock()
             seconds = max(1, math.floor(deadline - asked))
             try:
                 self._box.set_timeout(seconds, request_timeout=KILL_TIMEOUT)

@@ -4,12 +4,17 @@ Every figure comes from the database, so each node of a cluster answers the same
 values: scrape one node (or any; take `max` across them). Counters are counts of stored rows
 and stay monotonic as long as runs are kept (retention keeps the run rows; purging a deleted
 worker's runs lowers them, which Prometheus reads as a counter reset).
+
+A `worker` label names a deployed worker, at most MAX_WORKER_LABELS of them (the earliest
+deployed): a deploy key can make any number of names, and each would be series kept for good
+by Prometheus and by this process. What the others ran (deleted workers, names past the cap)
+is counted under `worker="_other"`, which no worker can be called.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +36,7 @@ from floom.services.runs import approvals
 from floom.services.runs import rules as run_rules
 from floom.store.agents import Approval, Transcript
 from floom.store.db import session_scope
-from floom.store.models import Run, utcnow
+from floom.store.models import Run, Worker, utcnow
 from floom.store.triggers import TriggerFire, WebhookDelivery
 
 if TYPE_CHECKING:
@@ -52,6 +57,38 @@ SANDBOX_FAILURES = frozenset(
 )
 # The scheduler lag reported as the worst of the fires in this window.
 LAG_WINDOW = timedelta(hours=1)
+# The most workers named in a `worker` label; OTHER_WORKERS counts the rest (not a worker
+# name: those start with a letter, floom/manifest/schema.py NAME_PATTERN).
+MAX_WORKER_LABELS = 1000
+OTHER_WORKERS = "_other"
+
+
+def labelled_workers(ctx: Context) -> frozenset[str]:
+    """The workers /metrics names in its `worker` labels: the deployed ones, earliest first,
+    at most MAX_WORKER_LABELS (a later deploy cannot push an earlier worker out)."""
+    with session_scope(ctx.engine) as s:
+        names = s.exec(
+            select(Worker.name)
+            .order_by(col(Worker.created_at), col(Worker.name))
+            .limit(MAX_WORKER_LABELS)
+        ).all()
+    return frozenset(names)
+
+
+def _label(worker: str, labelled: frozenset[str]) -> str:
+    return worker if worker in labelled else OTHER_WORKERS
+
+
+def _folded(
+    rows: Iterable[tuple[Any, ...]], labelled: frozenset[str]
+) -> dict[tuple[str, ...], float]:
+    """`rows` of (worker, *other labels, value), summed by their labels once each worker not
+    in `labelled` is OTHER_WORKERS."""
+    found: dict[tuple[str, ...], float] = {}
+    for worker, *rest, value in rows:
+        key = (_label(worker, labelled), *(str(r) for r in rest))
+        found[key] = found.get(key, 0) + (value or 0)
+    return found
 
 
 class DurationTally:
@@ -69,8 +106,13 @@ class DurationTally:
         # Runs already counted that ended within LOOKBACK of the newest end seen.
         self._recent: dict[str, datetime] = {}
 
-    def update(self, ctx: Context) -> None:
+    def update(self, ctx: Context, labelled: frozenset[str]) -> None:
+        """Count the runs finished since the last update, each under its worker's label
+        (`_label`); a worker no longer labelled (deleted, or past the cap) has what it had
+        counted moved under OTHER_WORKERS, so this holds MAX_WORKER_LABELS + 1 at most."""
         with self._lock, session_scope(ctx.engine) as s:
+            for worker in [w for w in self._buckets if w != OTHER_WORKERS and w not in labelled]:
+                self._add(OTHER_WORKERS, self._buckets.pop(worker), self._sums.pop(worker))
             q = select(Run.id, Run.worker_name, Run.started_at, Run.finished_at).where(
                 col(Run.started_at).is_not(None), col(Run.finished_at).is_not(None)
             )
@@ -82,15 +124,17 @@ class DurationTally:
                 self._recent[run_id] = finished
                 self._newest = max(self._newest or finished, finished)
                 seconds = max(0.0, (finished - started).total_seconds())
-                counts = self._buckets.setdefault(worker, [0] * (len(DURATION_BUCKETS) + 1))
-                for i, bound in enumerate(DURATION_BUCKETS):
-                    if seconds <= bound:
-                        counts[i] += 1
-                counts[-1] += 1
-                self._sums[worker] = self._sums.get(worker, 0.0) + seconds
+                counts = [int(seconds <= bound) for bound in DURATION_BUCKETS] + [1]
+                self._add(_label(worker, labelled), counts, seconds)
             if self._newest is not None:
                 horizon = self._newest - self.LOOKBACK
                 self._recent = {r: f for r, f in self._recent.items() if f >= horizon}
+
+    def _add(self, worker: str, counts: list[int], seconds: float) -> None:
+        mine = self._buckets.setdefault(worker, [0] * (len(DURATION_BUCKETS) + 1))
+        for i, n in enumerate(counts):
+            mine[i] += n
+        self._sums[worker] = self._sums.get(worker, 0.0) + seconds
 
     def family(self) -> HistogramMetricFamily:
         metric = HistogramMetricFamily(
@@ -128,6 +172,7 @@ class StoreCollector(Collector):
         info = GaugeMetricFamily("floom_info", "This floom node", labels=["version", "node"])
         info.add_metric([__version__, self.ctx.node_id], 1)
         yield info
+        labelled = labelled_workers(self.ctx)
         with session_scope(self.ctx.engine) as s:
             by_status = s.exec(
                 select(Run.worker_name, Run.status, func.count()).group_by(
@@ -191,8 +236,8 @@ class StoreCollector(Collector):
         runs = GaugeMetricFamily(
             "floom_runs", "Stored runs by worker and status", labels=["worker", "status"]
         )
-        for worker, status, n in by_status:
-            runs.add_metric([worker, status], n)
+        for labels, n in _folded(by_status, labelled).items():
+            runs.add_metric(list(labels), n)
         yield runs
         yield GaugeMetricFamily(
             "floom_queue_depth",
@@ -204,26 +249,23 @@ class StoreCollector(Collector):
             "Age of the oldest ready queued run (0 when the queue is empty)",
             value=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
         )
-        self.durations.update(self.ctx)
+        self.durations.update(self.ctx, labelled)
         yield self.durations.family()
         starts = CounterMetricFamily(
             "floom_sandbox_starts",
             "Attempts that started a sandbox (a script's run, an agent's first command), by worker",
             labels=["worker"],
         )
-        counted: dict[str, int] = {}
-        for worker, n in [*started, *agent_started]:
-            counted[worker] = counted.get(worker, 0) + int(n)
-        for worker, n in sorted(counted.items()):
-            starts.add_metric([worker], n)
+        for labels, n in sorted(_folded([*started, *agent_started], labelled).items()):
+            starts.add_metric(list(labels), int(n))
         yield starts
         failures = CounterMetricFamily(
             "floom_sandbox_failures",
             "Runs that ended because the sandbox failed (not the worker's code), by worker",
             labels=["worker"],
         )
-        for worker, n in sandbox_failed:
-            failures.add_metric([worker], n)
+        for labels, n in _folded(sandbox_failed, labelled).items():
+            failures.add_metric(list(labels), n)
         yield failures
         lags = [max(0.0, (c - f).total_seconds()) for f, c in recent_fires]
         yield GaugeMetricFamily(
@@ -249,8 +291,8 @@ class StoreCollector(Collector):
         waiting = GaugeMetricFamily(
             "floom_approvals_pending", "Approvals waiting for a person", labels=["worker"]
         )
-        for worker, n in pending:
-            waiting.add_metric([worker], n)
+        for labels, n in _folded(pending, labelled).items():
+            waiting.add_metric(list(labels), n)
         yield waiting
         tokens = CounterMetricFamily(
             "floom_agent_tokens", "Model tokens used by agent runs", labels=["worker", "kind"]
@@ -258,10 +300,11 @@ class StoreCollector(Collector):
         cost = CounterMetricFamily(
             "floom_agent_cost_usd", "Model cost of agent runs, in US dollars", labels=["worker"]
         )
-        for worker, tokens_in, tokens_out, dollars in usage:
-            tokens.add_metric([worker, "input"], int(tokens_in or 0))
-            tokens.add_metric([worker, "output"], int(tokens_out or 0))
-            cost.add_metric([worker], float(dollars or 0.0))
+        used = [(w, kind, n) for w, i, o, _ in usage for kind, n in (("input", i), ("output", o))]
+        for labels, n in _folded(used, labelled).items():
+            tokens.add_metric(list(labels), int(n))
+        for labels, dollars in _folded([(w, d) for w, _, _, d in usage], labelled).items():
+            cost.add_metric(list(labels), float(dollars))
         yield tokens
         yield cost
 

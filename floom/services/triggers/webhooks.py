@@ -36,6 +36,7 @@ from floom.services.alerts import callbacks
 from floom.services.ops import deliveries as delivery_retention
 from floom.services.runs import lifecycle as runs
 from floom.services.triggers.registry import spec_of
+from floom.services.workers import exposure
 from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, UTCDateTime, Worker, new_id
@@ -529,7 +530,8 @@ def replay_delivery(
 ) -> Run:
     """Run a stored delivery again, as a new run (trigger `replay`) on the active version,
     with its inputs taken from the stored body by the trigger's current settings. Needs the
-    run scope."""
+    run scope; the deploy scope for a delivery that came while its trigger (or worker) was
+    paused or whose trigger is paused now (exposure.check_delivery_replay)."""
     caller.require("run")
     delivery = get_delivery(ctx, delivery_id=delivery_id, caller=caller)
     if not delivery.worker_name:
@@ -542,6 +544,14 @@ def replay_delivery(
     worker = workers.get_worker(ctx, name=delivery.worker_name, caller=caller)
     if trigger is None:
         raise NotFound(f"the trigger of delivery {delivery_id} no longer exists")
+    came_paused = delivery.outcome == PAUSED
+    exposure.check_delivery_replay(
+        worker_name=delivery.worker_name,
+        delivery_id=delivery.id,
+        came_paused=came_paused,
+        trigger_paused=trigger.paused,
+        caller=caller,
+    )
     spec = spec_of(trigger)
     if not isinstance(spec, WebhookSpec | ComposioSpec):
         raise Conflict(
@@ -553,6 +563,17 @@ def replay_delivery(
     )
 
     def record(s: Session, run: Run) -> None:
+        # Read again, locked, where the run is queued: a pause committed since is seen, and
+        # one committing now waits for the run to be queued (or refused).
+        current = s.get(Trigger, trigger.id, with_for_update=True, populate_existing=True)
+        exposure.check_delivery_replay(
+            worker_name=delivery.worker_name,
+            delivery_id=delivery.id,
+            came_paused=came_paused,
+            trigger_paused=current is not None and current.paused,
+            caller=caller,
+            s=s,
+        )
         run.trigger_id = trigger.id
         row = s.get(WebhookDelivery, delivery.id)
         if row is not None:

@@ -118,3 +118,43 @@ def check_deploy_choices(
         ),
         details={"scope_needed": "deploy"},
     )
+
+
+def check_delivery_replay(
+    *,
+    worker_name: str,
+    delivery_id: str,
+    came_paused: bool,
+    trigger_paused: bool,
+    caller: Principal,
+    s: Writer | None = None,
+) -> None:
+    """Refuse (Forbidden, naming the deploy scope) a caller without the deploy scope who
+    replays a delivery that came while its trigger or worker was paused (`came_paused`), or
+    whose trigger is paused now (`trigger_paused`).
+
+    A pause decides which events run, a deploy key's decision as running a paused worker
+    anyway (`force`, check_deploy_choices) is; a run key replays only what its triggers let
+    run. With `s`, the write transaction that queues the run, the trigger's pause has been
+    read from it and a deploy key is read again (`require_in`), so a pause or a revocation
+    committed meanwhile is seen."""
+    if not (came_paused or trigger_paused):
+        return
+    if caller.can("deploy"):
+        if s is not None:
+            caller.require_in(s, "deploy")
+        return
+    when = (
+        "came while its trigger or worker was paused" if came_paused else "is to a paused trigger"
+    )
+    raise Forbidden(
+        f"replaying delivery {delivery_id}, which {when}, needs the 'deploy' scope: which "
+        "events run is a deploy decision (pausing and resuming)",
+        hint=told(
+            "deliveries that come once it is resumed (",
+            act("resume", worker=worker_name),
+            ", with a deploy key) run; to run this one, use ",
+            KeyWith("deploy"),
+        ),
+        details={"scope_needed": "deploy"},
+    )

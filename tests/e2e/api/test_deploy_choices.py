@@ -2,7 +2,9 @@
 run key starts the active version of a worker that is not paused. A run pinned to another
 version, a replay of a run on a version no longer active, and a forced run of a paused
 worker need the deploy scope, on every surface (the rule is in the service), and the
-decision is made again inside the transaction that queues the run."""
+decision is made again inside the transaction that queues the run. So does a replay of a
+webhook delivery its paused trigger held back, or of any delivery while its trigger is
+paused."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from floom.services.access import keys
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import lifecycle as runs
+from floom.services.triggers import registry, webhooks
 from floom.services.workers import versions as workers
+from tests.e2e.api.test_triggers_webhooks import hook, setup_standard, standard_headers
 from tests.support.cli import cli
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.mcp_clients import http_client
@@ -186,3 +190,68 @@ def test_the_cli_and_the_web_ui_are_told_the_same_refusal(
     resp = browser.post(f"/runs/{first['id']}/replay", data={"csrf": csrf_of(page.text)})
     assert resp.status_code == 403
     assert "Replay on the active version" in resp.text  # the UI names its own button
+
+
+def test_a_run_key_does_not_replay_a_delivery_its_paused_trigger_held_back(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    with server.client() as admin:
+        setup_standard(admin, tmp_path)
+        (trigger,) = admin.get("/api/v1/workers/std/triggers").json()["items"]
+        body = b'{"n": 1}'
+        ran = hook(server, "/hooks/std", body, standard_headers(body, "msg_ran")).json()
+        wait_for_run(admin, ran["run_id"])
+        admin.post("/api/v1/workers/std/pause", json={"trigger_id": trigger["id"]})
+        body = b'{"n": 2}'
+        held = hook(server, "/hooks/std", body, standard_headers(body, "msg_held")).json()
+        assert held["outcome"] == "paused"
+    run_key, deploy_key = _key(server, "run"), _key(server, "deploy")
+
+    def replay(key: httpx.Client, delivery: dict[str, Any]) -> httpx.Response:
+        return key.post(f"/api/v1/deliveries/{delivery['delivery_id']}/replay", json={})
+
+    # While the trigger is paused, no delivery of it is the run key's to run.
+    for delivery in (ran, held):
+        error = _refusal(replay(run_key, delivery))
+        assert delivery["delivery_id"] in error["message"]
+        assert "resume" in error["hint"]
+    with server.client() as admin:
+        admin.post("/api/v1/workers/std/resume", json={"trigger_id": trigger["id"]})
+    # Resumed: what ran may run again; what the pause held back stays a deploy decision.
+    assert replay(run_key, ran).status_code == 202
+    error = _refusal(replay(run_key, held))
+    assert "came while its trigger or worker was paused" in error["message"]
+    replayed = replay(deploy_key, held)
+    assert replayed.status_code == 202, replayed.text
+    with server.client() as admin:
+        assert wait_for_run(admin, replayed.json()["id"])["outputs"]["event"] == {"n": 2}
+
+
+def test_a_pause_between_the_replay_s_check_and_its_queueing_is_seen_in_the_transaction(
+    server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = server.ctx
+    with server.client() as admin:
+        setup_standard(admin, tmp_path)
+        (trigger,) = admin.get("/api/v1/workers/std/triggers").json()["items"]
+        body = b'{"n": 1}'
+        ran = hook(server, "/hooks/std", body, standard_headers(body, "msg_race")).json()
+        wait_for_run(admin, ran["run_id"])
+    run_key, _ = keys.create_key(ctx, caller=SYSTEM, scopes=["run"], name="racing run key")
+    inputs_of = webhooks.event_inputs
+
+    def pause_then_read(ctx_: Any, **kwargs: Any) -> Any:
+        registry.set_paused(
+            ctx, worker_name="std", paused=True, trigger_id=trigger["id"], caller=SYSTEM
+        )
+        return inputs_of(ctx_, **kwargs)
+
+    monkeypatch.setattr(webhooks, "event_inputs", pause_then_read)
+    with pytest.raises(Forbidden) as refused:
+        webhooks.replay_delivery(
+            ctx, delivery_id=ran["delivery_id"], caller=Principal.of_key(run_key)
+        )
+    assert refused.value.details["scope_needed"] == "deploy"
+    with server.client() as admin:
+        listed = admin.get("/api/v1/runs", params={"worker": "std"}).json()
+    assert [run["id"] for run in listed["items"]] == [ran["run_id"]]

@@ -1,6 +1,7 @@
 """/metrics answers in the Prometheus format, with a read-scoped key only: runs by worker and
 status, queue depth and age, run durations, sandbox starts and failures, scheduler lag,
-webhook deliveries, pending approvals, agent tokens and cost."""
+webhook deliveries, pending approvals, agent tokens and cost. Workers are named in labels
+only while deployed and up to a cap: what others ran is counted under worker="_other"."""
 
 from __future__ import annotations
 
@@ -8,17 +9,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import floom.services.ops.metrics as metrics
 from floom.errors import RunErrorCode
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
+from floom.services.workers.deletion import delete_worker
 from floom.store.agents import Approval, Transcript
 from floom.store.db import session_scope
-from floom.store.models import Run, new_id, utcnow
+from floom.store.models import Run, Worker, new_id, utcnow
 from floom.store.triggers import TriggerFire, WebhookDelivery
 from floom.vocabulary import ApprovalKind, RunStatus
-from tests.support.harness import LiveServer, live_server
+from tests.support.harness import LiveServer, deploy_in_store, live_server, make_worker
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -31,7 +35,8 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def _seed(server: LiveServer) -> None:
     now = utcnow()
-    rows: list[Any] = [
+    rows: list[Any] = [Worker(name=name) for name in ("alpha", "beta", "gamma", "delta")]
+    rows += [
         Run(
             id=new_id("run"),
             worker_name="alpha",
@@ -154,3 +159,63 @@ def test_metrics_need_an_api_key(server: LiveServer) -> None:
         resp = anonymous.get("/metrics")
     assert resp.status_code == 401
     assert "floom_runs" not in resp.text
+
+
+def _ran(server: LiveServer, worker: str) -> None:
+    now = utcnow()
+    with session_scope(server.ctx.engine, write=True) as s:
+        s.add(
+            Run(
+                id=new_id("run"),
+                worker_name=worker,
+                version_id="v",
+                status=RunStatus.SUCCEEDED,
+                started_at=now - timedelta(seconds=1),
+                finished_at=now,
+            )
+        )
+
+
+def _worker_labels(got: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> set[str]:
+    return {value for _, labels in got for key, value in labels if key == "worker"}
+
+
+def test_metrics_name_deployed_workers_only_up_to_a_cap_and_count_the_rest_as_other(
+    tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deploy key can make any number of worker names, deleting each after a run: each
+    name would be series kept for good (in Prometheus, and in the process's duration tally)."""
+    monkeypatch.setattr(metrics, "MAX_WORKER_LABELS", 3)
+    names = [f"minted-{i:02d}" for i in range(10)]
+    with live_server(tmp_path / "data", database_url, roles="api") as server:
+        for name in names:
+            folder = make_worker(tmp_path / name, f"name: {name}\n", {"run.py": "print(1)\n"})
+            deploy_in_store(server.ctx, folder)
+            _ran(server, name)
+        _, reader = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="prom")
+        with server.client(reader) as api:
+            first = _samples(api.get("/metrics").text)
+        # The three deployed first are named; the seven others are counted together.
+        assert _worker_labels(first) == {*names[:3], "_other"}
+        assert first[("floom_runs", (("status", "succeeded"), ("worker", "_other")))] == 7
+        assert first[("floom_run_duration_seconds_count", (("worker", "_other"),))] == 7
+        for name in names[:5]:
+            delete_worker(server.ctx, name=name, purge_runs=False, caller=SYSTEM)
+        for name in [f"more-{i}" for i in range(5)]:  # more names, run and deleted
+            folder = make_worker(tmp_path / name, f"name: {name}\n", {"run.py": "print(1)\n"})
+            deploy_in_store(server.ctx, folder)
+            _ran(server, name)
+            delete_worker(server.ctx, name=name, purge_runs=False, caller=SYSTEM)
+        with server.client(reader) as api:
+            second = _samples(api.get("/metrics").text)
+    # Deleted workers' series are gone (their runs counted under _other, none lost); the
+    # three earliest of those still deployed take the labels.
+    assert _worker_labels(second) == {*names[5:8], "_other"}
+    runs = [v for (n, labels), v in second.items() if n == "floom_runs"]
+    assert sum(runs) == 15
+    assert second[("floom_runs", (("status", "succeeded"), ("worker", "_other")))] == 12
+    # The duration tally counts each run once, when it first sees it: runs of a worker
+    # counted under _other before it got a label stay there.
+    counted = [v for (n, _), v in second.items() if n == "floom_run_duration_seconds_count"]
+    assert sum(counted) == 15
+    assert len({labels for n, labels in second if n == "floom_runs"}) == 4

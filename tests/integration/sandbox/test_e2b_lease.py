@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from floom.sandbox.base import SandboxResult
-from floom.sandbox.fence import node_fence
+from floom.sandbox.fence import lease_clock, node_fence
 from tests.standins.e2b import E2BStandin
 from tests.support.harness import wait_until
 from tests.support.rigs.e2b import e2b_backend, standin_for_module
@@ -37,7 +37,7 @@ def test_an_e2b_sandbox_s_timeout_follows_its_attempt_s_lease(
     e2b = e2b_backend(standin)
     fence = node_fence()
     key = f"run_{secrets.token_hex(8)}.1"
-    fence.arm(key, time.monotonic() + 8)
+    fence.arm(key, lease_clock() + 8)
     results: list[SandboxResult] = []
     release = threading.Event()
 
@@ -59,7 +59,7 @@ def test_an_e2b_sandbox_s_timeout_follows_its_attempt_s_lease(
         first = wait_until(lambda: _remaining(standin))
         assert 5 < first <= 8.5, first
         # A renewal moves it on.
-        fence.arm(key, time.monotonic() + 40)
+        fence.arm(key, lease_clock() + 40)
         moved = wait_until(lambda: (r := _remaining(standin)) is not None and r > 30 and r)
         assert moved <= 40.5
         # No renewal (floom frozen or cut off): it stays, and E2B ends the sandbox then.
@@ -85,13 +85,13 @@ def test_a_short_lease_renewed_on_time_keeps_its_e2b_sandbox_alive(
     e2b = e2b_backend(standin)
     fence = node_fence()
     key = f"run_{secrets.token_hex(8)}.1"
-    fence.arm(key, time.monotonic() + 2.7)
+    fence.arm(key, lease_clock() + 2.7)
     renewing = threading.Event()
     lowest: list[float] = []
 
     def heartbeat() -> None:
         while not renewing.wait(0.3):
-            fence.arm(key, time.monotonic() + 2.7)
+            fence.arm(key, lease_clock() + 2.7)
 
     def watch() -> None:
         while not renewing.wait(0.02):

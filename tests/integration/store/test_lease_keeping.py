@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +30,7 @@ from floom.engine.queue import (
     renew_leases,
 )
 from floom.sandbox.fake import FakeProcess, FakeSandbox
+from floom.sandbox.fence import lease_clock
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.runs import lifecycle as runs
@@ -89,6 +91,24 @@ def test_a_reaper_renews_the_lapsed_leases_of_the_attempts_live_in_its_own_proce
     finally:
         other.engine.dispose()
     assert (_row(ctx, live).status, _row(ctx, live).attempt) == ("queued", 2)
+
+
+def test_a_renewal_counts_the_watchdog_s_deadline_on_the_boot_clock(
+    ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored lease runs on through a suspend of the host; the monotonic clock does not.
+    A renewal's deadline is counted on CLOCK_BOOTTIME, as the watchdog reads it: here after
+    a (simulated) suspend, where the monotonic clock lags it by the time slept."""
+    (run_id,) = enqueue(ctx, 1)
+    run = claim_next_run(ctx)
+    assert run is not None
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() - 300.0)
+    before = lease_clock()
+    renewal = renew_held_leases(ctx, {run_id: run.lease_epoch})
+    after = lease_clock()
+    assert renewal.renewed == {run_id}
+    assert before <= renewal.counted_from <= after
 
 
 def test_a_restarted_node_reaps_its_own_runs_at_once_but_not_an_attempt_live_in_it(
