@@ -33,7 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,10 +49,12 @@ from floom.bundle import read_folder  # noqa: E402
 from floom.services.runs.rules import FINISHED, SUCCEEDED  # noqa: E402
 
 HEAVY = BENCH / "heavy"
+SAMPLER = BENCH / "sampler"  # its sitecustomize samples the server's threads (--sample)
 CLIENTS = 4
 READY_SECONDS = 60.0
 RUN_DEADLINE_SECONDS = 60.0
 WAIT_SECONDS = 30.0
+SAMPLE_WRITE_SECONDS = 5.0
 # Issue 29's targets, as ratios to the cold floor of the same worker.
 HELLO_LATENCY = 0.45
 HELLO_THROUGHPUT = 1.5
@@ -300,6 +302,38 @@ def parse_only(text: str | None) -> tuple[list[str], list[str]]:
     return parts, phases
 
 
+def parse_settings(items: list[str]) -> dict[str, str]:
+    """`--setting FLOOM_NAME=VALUE` items as the server's environment; ValueError for one
+    that names no FLOOM_ setting."""
+    found: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("FLOOM_") or not name[6:]:
+            raise ValueError(f"--setting {item!r}: give FLOOM_NAME=VALUE, e.g. FLOOM_WARM_READY=8")
+        found[name] = value
+    return found
+
+
+@contextlib.contextmanager
+def sampled(sample: Path | None) -> Iterator[None]:
+    """The server's sampler (bench/sampler) samples during the block; its counts are in
+    `sample` once the block has ended."""
+    if sample is None:
+        yield
+        return
+    switch = sample.with_name(sample.name + ".on")
+    sample.unlink(missing_ok=True)
+    switch.touch()
+    try:
+        yield
+    finally:
+        switch.unlink()
+    deadline = time.monotonic() + SAMPLE_WRITE_SECONDS
+    while not sample.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    say(f"thread samples of the warm burst: {sample}" if sample.exists() else "no samples")
+
+
 def warm_stats(server: Server) -> dict[str, Any]:
     return server.client.get("/healthz").json().get("warm") or {}
 
@@ -316,8 +350,26 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated parts ({', '.join(PARTS)}) and phases ({', '.join(PHASES)}) "
         "to run; default all",
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="FLOOM_NAME=VALUE",
+        help="a setting for the server (repeatable), to compare settings side by side",
+    )
+    parser.add_argument(
+        "--sample",
+        metavar="FILE",
+        help="sample the server's threads during the warm burst and write the counts to FILE "
+        "(bench/sampler/)",
+    )
     args = parser.parse_args(argv)
     parts, phases = parse_only(args.only)
+    try:
+        settings = parse_settings(args.setting)
+    except ValueError as exc:
+        say(str(exc))
+        return 2
     if os.geteuid() != 0:
         say("warm starts need a root floom: run the bench as root")
         return 2
@@ -333,7 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     own = OwnCpu()  # before the server starts: it and its sandboxes are counted too
     # Hundreds of runs and log reads from one key: no per-key rate limit in the way.
-    server = Server(root / "server", None, {"FLOOM_RATE_LIMIT_PER_MINUTE": "0"})
+    # The server runs this tree's floom (the venv's own may be another checkout's).
+    server_env = {"FLOOM_RATE_LIMIT_PER_MINUTE": "0", "PYTHONPATH": str(REPO), **settings}
+    sample = Path(args.sample).resolve() if args.sample else None
+    if sample is not None:
+        server_env["PYTHONPATH"] = f"{SAMPLER}{os.pathsep}{REPO}"
+        server_env["BENCH_SAMPLE"] = str(sample)
+    server = Server(root / "server", None, server_env)
     meter = Meter(own, server)
     runners: list[FloomRunner] = []
     try:
@@ -395,9 +453,11 @@ def main(argv: list[str] | None = None) -> int:
                 rates[name]["4"] = (runs / seconds, tree, serving)
             if "burst" in phases:
                 say(f"throughput of {name}: burst {args.burst}")
-                seconds, tree, serving = meter.measure(
-                    lambda system=system: system.burst(args.burst), args.burst
-                )
+                sampling = sample is not None and name == "hello warm"
+                with sampled(sample if sampling else None):
+                    seconds, tree, serving = meter.measure(
+                        lambda system=system: system.burst(args.burst), args.burst
+                    )
                 rates[name]["burst"] = (args.burst / seconds, tree, serving)
         warm1 = warm_stats(server)
         bad = {runner.name: runner.bad_logs() for runner in runners}
