@@ -67,7 +67,9 @@ class Settings(BaseSettings):
     # Warm starts (floom/sandbox/local/warm/; README: Warm starts): runs of workers with
     # `warm: true` fork from a pre-initialised interpreter kept per version. Off: all cold.
     warm_enabled: bool = True
-    warm_ready: int = Field(4, ge=1, le=64)
+    # Children kept ready per pool at most (demand decides how many up to it); unset: one
+    # more than the executor's slots (at least 4), so each run at once finds one.
+    warm_ready: int | None = Field(None, ge=1, le=64)
     warm_recycle_runs: int = Field(200, ge=1)
     warm_recycle_seconds: float = Field(600.0, gt=0)
     warm_idle_seconds: float = Field(300.0, gt=0)
@@ -249,6 +251,14 @@ class Settings(BaseSettings):
                 "create) and revoke it (floom keys revoke)"
             )
         return value
+
+    @property
+    def warm_ready_children(self) -> int:
+        """FLOOM_WARM_READY, or when unset one more than the executor's slots (at least 4,
+        at most 64): a pool's target is one more than its runs at once, up to this."""
+        if self.warm_ready is not None:
+            return self.warm_ready
+        return min(64, max(4, self.executor_slots + 1))
 
     @model_validator(mode="after")
     def _enough_sandbox_uids(self) -> Settings:

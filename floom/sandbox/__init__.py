@@ -40,7 +40,7 @@ def _local(settings: Settings | None) -> Sandbox:
         ceilings=settings.limit_ceilings(),
         warm=WarmSettings(
             enabled=settings.warm_enabled,
-            ready=settings.warm_ready,
+            ready=settings.warm_ready_children,
             recycle_runs=settings.warm_recycle_runs,
             recycle_seconds=settings.warm_recycle_seconds,
             idle_seconds=settings.warm_idle_seconds,
