@@ -142,7 +142,8 @@ def watch(ctx: Context, *, now: datetime | None = None, pace: Pace | None = None
 def _probe(s: Session, since: datetime, *, now: datetime | None = None) -> tuple[int, ...]:
     """What happened since `since`, counted (and, given `now`, last: whether a delivery is due
     then): each count grows with each change of its kind committed since, whichever node
-    made it, and falls only when rows so recent are deleted (a worker's, audited)."""
+    made it, and falls only when rows so recent are deleted (a worker's, audited); and the
+    approvals pending."""
     micros = f"{max(0, int(since.timestamp() * 1_000_000)):014x}"
 
     def count(model: Any, *where: Any) -> Any:
@@ -152,6 +153,9 @@ def _probe(s: Session, since: datetime, *, now: datetime | None = None) -> tuple
         count(Run, col(Run.finished_at) >= since),
         count(WebhookDelivery, col(WebhookDelivery.id) >= f"dlv_{micros}"),
         count(Approval, col(Approval.id) >= f"apr_{micros}"),
+        # And those pending: an agent names its approval before it saves its workspace and
+        # writes the row, so the id of one committed late may be older than the anchor.
+        count(Approval, Approval.status == ApprovalStatus.PENDING),
         count(AuditEvent, col(AuditEvent.id) >= f"aud_{micros}"),
         count(Trigger, col(Trigger.updated_at) >= since),
         count(Node, col(Node.started_at) >= since),

@@ -169,9 +169,21 @@ def test_an_approval_waiting_alerts_at_its_wait_also_one_asked_after_a_later_one
         created_at=t0 - timedelta(seconds=7),
     )
     _add(paced, second)
+    passes.until(t0 + 3 * POLL)
+    # Named ten minutes before its row was written (an agent names its approval, saves its
+    # workspace, then writes the row): its id is older than the probe's anchor.
+    named = utcnow() - timedelta(minutes=10)
+    third = Approval(
+        id=f"apr_{int(named.timestamp() * 1_000_000):014x}00000000",
+        run_id="r3",
+        worker_name="w",
+        kind=ApprovalKind.TOOL_CALL,
+        created_at=t0 - timedelta(seconds=12),
+    )
+    _add(paced, third)
     counts = passes.until(t0 + timedelta(seconds=WAIT) + 3 * POLL)
 
-    for approval in (first, second):
+    for approval in (first, second, third):
         due = approval.created_at + timedelta(seconds=WAIT)
         assert passes.seen(lambda name, a=approval: a.id in name) == [
             _first_pass_at_or_after(t0, due)
