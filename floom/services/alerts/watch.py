@@ -12,7 +12,7 @@ statement (`_probe`) counts what changed since an anchor a margin back: runs end
 and Composio deliveries, approvals asked, triggers synced, nodes started, audited actions (a
 worker deleted with its runs among them); with the anchor fixed, each count only grows, so
 any change since the last pass shows as a count that differs, whichever node or process
-made it. A pass that sees a change runs every check, as a pass did before. One that sees
+made it (it also counts the approvals pending: one committed late may carry an older id). A pass that sees a change runs every check, as a pass did before. One that sees
 none skips the checks that read changes (runs, deliveries, run callbacks) and runs each of
 the checks that come due with time (approvals waiting, schedules missed, late or stuck,
 nodes lost) only once the deadline it computed at its last run has come: the earliest
@@ -410,7 +410,7 @@ def watch_schedules(ctx: Context, *, now: datetime) -> int:
 
 
 def _schedules(ctx: Context, now: datetime) -> tuple[int, datetime]:
-    """watch_schedules; and when it can next find something (`_schedule_next`). Paused
+    """watch_schedules; and when it can next find something (`_schedule_seen`). Paused
     schedules and those of paused workers count for that too: their ticks move them on."""
     grace = timedelta(seconds=ctx.settings.alert_schedule_grace_seconds)
     stuck = timedelta(seconds=ctx.settings.alert_schedule_stuck_seconds)
@@ -451,8 +451,8 @@ def _schedule_seen(
     watched: bool = True,
 ) -> tuple[list[Seen], datetime]:
     """What the schedule's latest and next ticks show now; and the earliest time when that
-    can change other than by a change the probe sees (a fire, a run's end, a sync): its next
-    tick (from then until the scheduler records it, every pass), and while its latest tick's
+    can change other than by a change the probe sees (a run's end, a sync): its next tick
+    (from then until the scheduler has handled it, every pass), and while its latest tick's
     run has not ended, that tick plus the grace or the stuck time, whichever is first (after
     that, every pass: the run may start, stop or be queued again without any end)."""
     subject = f"schedule:{trigger.id}"
