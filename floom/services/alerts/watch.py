@@ -11,15 +11,16 @@ A node's loop passes a `Pace`, so that an idle pass costs one statement, not a s
 statement (`_probe`) counts what changed since an anchor a margin back: runs ended, webhook
 and Composio deliveries, approvals asked, triggers synced, nodes started, audited actions (a
 worker deleted with its runs among them); with the anchor fixed, each count only grows, so
-any change since the last pass shows as a count that differs, whichever node or process
-made it (it also counts the approvals pending: one committed late may carry an older id). A pass that sees a change runs every check, as a pass did before. One that sees
-none skips the checks that read changes (runs, deliveries, run callbacks) and runs each of
-the checks that come due with time (approvals waiting, schedules missed, late or stuck,
-nodes lost) only once the deadline it computed at its last run has come: the earliest
-pending approval's wait, each schedule's next tick and its run's grace, the earliest node
-lease. A change (a new approval, a schedule synced, a node started) may bring a deadline
-nearer, which is why any change makes the next pass a whole one. Deliveries are sent when
-the same statement finds one due (or a whole pass may have queued one).
+any change since the last pass shows as a count that differs, whichever node or process made
+it (it also counts the approvals pending: one committed late may carry an older id). A pass
+that sees a change runs every check, as a pass did before. One that sees none skips the
+checks that read changes (runs, deliveries, run callbacks) and runs each of the checks that
+come due with time (approvals waiting, schedules missed, late or stuck, nodes lost) only
+once the deadline it computed at its last run has come: the earliest pending approval's
+wait, each schedule's next tick and its run's grace, the earliest node lease. A change (a
+new approval, a schedule synced, a node started) may bring a deadline nearer, which is why
+any change makes the next pass a whole one. Deliveries are sent when the same statement
+finds one due (or a whole pass may have queued one).
 """
 
 from __future__ import annotations
