@@ -51,6 +51,7 @@ The control plane alone (fake sandbox, 1/2/4 executor nodes) is bench_control_pl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import hmac
 import json
@@ -868,6 +869,66 @@ def measure_idle(root: Path, s3: S3Server, seconds: float) -> dict[str, dict[str
     return found
 
 
+def _parse_pins(parser: argparse.ArgumentParser, said: str) -> tuple[set[int], ...]:
+    parts = said.split("/")
+    try:
+        pins = tuple({int(c) for c in part.split(",")} for part in parts)
+    except ValueError:
+        pins = ()
+    if len(pins) != 3 or not all(p <= os.sched_getaffinity(0) for p in pins):
+        parser.error(
+            f"--pin {said!r}: three CPU lists, POSTGRES/BENCH/S3 (e.g. 0/1/1), of CPUs this "
+            f"process may use ({sorted(os.sched_getaffinity(0))})"
+        )
+    return pins
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _pin_tree(pid: int, cpus: set[int]) -> dict[int, set[int]]:
+    """Pin every thread of `pid` and of its processes (one level down) to `cpus`; what each
+    was before."""
+    before: dict[int, set[int]] = {}
+    for proc in [pid, *_children(pid)]:
+        for task in Path(f"/proc/{proc}/task").glob("*"):
+            try:
+                tid = int(task.name)
+                before[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, cpus)
+            except (OSError, ValueError):
+                continue
+    return before
+
+
+@contextmanager
+def _pinned_postgres(cpus: set[int] | None) -> Iterator[None]:
+    """PostgreSQL's server process and its processes on `cpus` meanwhile (backends started
+    later inherit it from the server process); put back as they were after."""
+    if cpus is None:
+        yield
+        return
+    backend = int(admin("SELECT pg_backend_pid()")[0][0])
+    server = int(Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    before = _pin_tree(server, cpus)
+    try:
+        yield
+    finally:
+        everything = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
+        for tid in [server, *_children(server)]:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, before.get(tid, before.get(server, everything)))
+
+
 def mean_cost(costs: list[Cost]) -> Cost:
     """The mean of several rounds' costs per run (each of as many runs)."""
 
@@ -1025,12 +1086,20 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated, of " + ", ".join(WORKLOADS),
     )
     parser.add_argument(
+        "--pin",
+        metavar="POSTGRES/BENCH/S3",
+        help="CPUs for each part, e.g. 0/1/1: PostgreSQL (its server process and every "
+        "process of it, so backends started later too), this process (the floom node) and "
+        "the SeaweedFS server; put back as they were at the end (PostgreSQL's) or exit",
+    )
+    parser.add_argument(
         "--breakdown",
         action="store_true",
         help="also print, per workload, bytes kept, rows written and WAL bytes by table, and "
         "round trips by statement, in both stores",
     )
     args = parser.parse_args(argv)
+    pins = _parse_pins(parser, args.pin) if args.pin else None
     chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = [w for w in chosen if w not in WORKLOADS]
     if unknown:
@@ -1064,10 +1133,22 @@ def main(argv: list[str] | None = None) -> int:
     idle: dict[str, dict[str, Any]] = {}
     scale: dict[int, dict[str, float]] = {}
     ok, noise = True, False
-    with tempfile.TemporaryDirectory(prefix="floom-bench-capacity-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="floom-bench-capacity-") as tmp,
+        _pinned_postgres(pins[0] if pins else None),
+    ):
         root = Path(tmp)
         s3 = S3Server(root / "weed")
         s3.start()
+        if pins:
+            _pin_tree(os.getpid(), pins[1])
+            assert s3.process is not None
+            _pin_tree(s3.process.pid, pins[2])
+            print(
+                f"pinned: PostgreSQL on CPUs {sorted(pins[0])}, the bench (floom's node) on "
+                f"{sorted(pins[1])}, SeaweedFS on {sorted(pins[2])}",
+                flush=True,
+            )
         try:
             if args.idle:
                 idle = measure_idle(root, s3, args.idle)

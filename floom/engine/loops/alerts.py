@@ -1,7 +1,8 @@
 """The alert loop on nodes with the api or scheduler role: every FLOOM_ALERT_POLL_SECONDS a
 pass of the alert watch (floom/services/alerts/watch.py), then the deliveries that are due
 (alerts, tests re-sent, run callbacks). Both are idempotent across nodes: events count once
-by their keys, deliveries are sent under a lease."""
+by their keys, deliveries are sent under a lease. The loop keeps the watch's Pace, so an
+idle pass is one statement (the watch's probe, which also says whether a delivery is due)."""
 
 from __future__ import annotations
 
@@ -38,11 +39,12 @@ class AlertLoop:
 
     def _loop(self) -> None:
         interval = self.ctx.settings.alert_poll_seconds
+        pace = watch.Pace()
         while True:
             try:
-                watch.watch(self.ctx)
-                while deliveries.deliver_due(self.ctx) and not self._stop.is_set():
-                    pass
+                watch.watch(self.ctx, pace=pace)
+                while pace.deliver and not self._stop.is_set():
+                    pace.deliver = deliveries.deliver_due(self.ctx) > 0
             except Exception:  # the loop must outlive a bad pass (e.g. a lost database)
                 log.exception("alert pass failed; retrying at the next interval")
             if self._stop.wait(interval):

@@ -6,14 +6,32 @@ Streams are read from a cursor kept in the store, with a margin behind it: a run
 committed a little after the time it records is still seen, and events already recorded are
 skipped by their keys. A pass is idempotent, so every node with the api or scheduler role
 runs it: the switch stays armed while any of them lives.
+
+A node's loop passes a `Pace`, so that an idle pass costs one statement, not a score. That
+statement (`_probe`) counts what changed since an anchor a margin back: runs ended, webhook
+and Composio deliveries, approvals asked, triggers synced, nodes started, audited actions (a
+worker deleted with its runs among them); with the anchor fixed, each count only grows, so
+any change since the last pass shows as a count that differs, whichever node or process made
+it (it also counts the approvals pending: one committed late may carry an older id). A pass
+that sees a change runs every check, as a pass did before. One that sees none skips the
+checks that read changes (runs, deliveries, run callbacks) and runs each of the checks that
+come due with time (approvals waiting, schedules missed, late or stuck, nodes lost) only
+once the deadline it computed at its last run has come: the earliest pending approval's
+wait, each schedule's next tick and its run's grace, the earliest node lease. A change (a
+new approval, a schedule synced, a node started) may bring a deadline nearer, which is why
+any change makes the next pass a whole one. Deliveries are sent when the same statement
+finds one due (or a whole pass may have queued one).
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import func, or_
 from sqlmodel import Session, col, select
 
 from floom.services.alerts import callbacks, incidents
@@ -21,6 +39,7 @@ from floom.services.alerts.incidents import NOTICE, PROBLEM, RECOVERY, Seen
 from floom.services.ops.nodes import state_of
 from floom.services.runs.rules import (
     FAILED,
+    FINISHED,
     LIMIT_EXCEEDED,
     QUEUED,
     REJECTED,
@@ -30,13 +49,14 @@ from floom.services.runs.rules import (
 )
 from floom.services.triggers.registry import spec_of
 from floom.store.agents import Approval
+from floom.store.audit import AuditEvent
 from floom.store.db import session_scope
-from floom.store.models import AlertCursor, Run, Worker, utcnow
+from floom.store.models import AlertCursor, Delivery, Run, Worker, utcnow
 from floom.store.nodes import Node
 from floom.store.triggers import Trigger, TriggerFire, WebhookDelivery
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec
-from floom.vocabulary import ApprovalStatus, NodeState, TriggerKind
+from floom.vocabulary import ApprovalStatus, DeliveryStatus, NodeState, TriggerKind
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -59,23 +79,116 @@ RUN_EVENTS = {
 }
 HOOK_FAILURES = ("input_invalid", "start_failed")
 SKIPPED_AS_MISSED = ("missed", "start_failed")
+FOREVER = datetime.max.replace(tzinfo=UTC)  # a timed check with nothing ahead
 
 
-def watch(ctx: Context, *, now: datetime | None = None) -> int:
-    """One pass of every check; how many events it recorded. Each check stands alone: one
-    that fails is logged and the others still run."""
+@dataclass
+class Pace:
+    """What a node's alert loop keeps from one pass to the next (see the module's docstring).
+    `deliver` is set by each pass: whether deliveries may be due."""
+
+    anchor: datetime | None = None  # the probe counts what happened since
+    seen: tuple[int, ...] | None = None  # its counts at the last pass (None: look at all)
+    due: dict[str, datetime] = field(default_factory=dict)  # a timed check's next deadline
+    deliver: bool = True
+
+
+# A timed check: (events recorded, when it must run again at the latest).
+Timed = Callable[["Context", datetime], tuple[int, datetime]]
+
+
+def watch(ctx: Context, *, now: datetime | None = None, pace: Pace | None = None) -> int:
+    """One pass of every check (with `pace`, of those that may have something to say); how
+    many events it recorded. Each check stands alone: one that fails is logged, the others
+    still run, and it runs again at the next pass."""
     now = now or utcnow()
+    whole = pace is None or _changed(ctx, pace, now)
     recorded = 0
-    for check in (watch_runs, watch_hooks, watch_approvals, watch_schedules, watch_nodes):
+    more = False
+    if whole:
+        for check in (_runs, _hooks):
+            try:
+                found, full = check(ctx, now)
+                recorded += found
+                more |= full
+            except Exception:  # one broken check must not silence the others
+                more = True
+                log.exception("alert check %s failed; trying again at the next pass", check)
+    for name, timed in TIMED.items():
+        if pace is not None and not whole and pace.due.get(name, now) > now:
+            continue
         try:
-            recorded += check(ctx, now=now)
-        except Exception:  # one broken check must not silence the others
-            log.exception("alert check %s failed; trying again at the next pass", check.__name__)
-    try:
-        callbacks.queue_ended(ctx)
-    except Exception:  # as above
-        log.exception("queueing run callbacks failed; trying again at the next pass")
+            found, deadline = timed(ctx, now)
+            recorded += found
+            if pace is not None:
+                pace.due[name] = deadline
+        except Exception:  # as above
+            if pace is not None:
+                pace.due.pop(name, None)
+            log.exception("alert check %s failed; trying again at the next pass", name)
+    if whole:
+        try:
+            more |= callbacks.queue_ended(ctx) >= callbacks.BATCH
+        except Exception:  # as above
+            more = True
+            log.exception("queueing run callbacks failed; trying again at the next pass")
+    if pace is not None:
+        # A pass that read a whole batch (or failed) leaves the rest to the next, whole, pass.
+        if more:
+            pace.seen = None
+        pace.deliver = pace.deliver or whole
     return recorded
+
+
+def _probe(s: Session, since: datetime, *, now: datetime | None = None) -> tuple[int, ...]:
+    """What happened since `since`, counted (and, given `now`, last: whether a delivery is due
+    then): each count grows with each change of its kind committed since, whichever node
+    made it, and falls only when rows so recent are deleted (a worker's, audited); and the
+    approvals pending."""
+    micros = f"{max(0, int(since.timestamp() * 1_000_000)):014x}"
+
+    def count(model: Any, *where: Any) -> Any:
+        return select(func.count()).select_from(model).where(*where).scalar_subquery()
+
+    columns = [
+        count(Run, col(Run.finished_at) >= since),
+        count(WebhookDelivery, col(WebhookDelivery.id) >= f"dlv_{micros}"),
+        count(Approval, col(Approval.id) >= f"apr_{micros}"),
+        # And those pending: an agent names its approval before it saves its workspace and
+        # writes the row, so the id of one committed late may be older than the anchor.
+        count(Approval, Approval.status == ApprovalStatus.PENDING),
+        count(AuditEvent, col(AuditEvent.id) >= f"aud_{micros}"),
+        count(Trigger, col(Trigger.updated_at) >= since),
+        count(Node, col(Node.started_at) >= since),
+    ]
+    if now is not None:
+        columns.append(
+            select(Delivery.id)
+            .where(
+                Delivery.status == DeliveryStatus.PENDING,
+                or_(col(Delivery.lease_expires_at).is_(None), col(Delivery.lease_expires_at) < now),
+                col(Delivery.next_attempt_at) <= now,
+            )
+            .exists()
+        )
+    row = s.exec(select(*columns)).one()
+    return tuple(int(x) for x in row)
+
+
+def _changed(ctx: Context, pace: Pace, now: datetime) -> bool:
+    """Whether anything changed since the last pass (one statement; two when something did:
+    the counts since a fresh anchor, read before the checks read anything). Sets
+    `pace.deliver` from the same statement."""
+    fresh = now - timedelta(seconds=MARGIN_SECONDS)
+    with session_scope(ctx.engine) as s:
+        if pace.anchor is not None and pace.seen is not None:
+            *counts, due = _probe(s, pace.anchor, now=now)
+            pace.deliver = bool(due)
+            if tuple(counts) == pace.seen:
+                return False
+        pace.anchor, pace.seen = fresh, _probe(s, fresh)
+    pace.deliver = True
+    return True
 
 
 def _cursor(s: Session, name: str) -> datetime | None:
@@ -111,6 +224,11 @@ def _record_all(ctx: Context, seen: list[Seen]) -> int:
 def watch_runs(ctx: Context, *, now: datetime) -> int:
     """Runs that ended failed, timed out, over a limit or rejected; and the successes that
     end an open incident of their worker."""
+    return _runs(ctx, now)[0]
+
+
+def _runs(ctx: Context, now: datetime) -> tuple[int, bool]:
+    """watch_runs; and whether it read a whole batch (more may wait)."""
     with session_scope(ctx.engine) as s:
         mark = _cursor(s, "runs")
         since = (mark or now) - timedelta(seconds=MARGIN_SECONDS)
@@ -149,7 +267,7 @@ def watch_runs(ctx: Context, *, now: datetime) -> int:
             _advance(ctx, "runs", now)
         elif ended[-1].finished_at is not None:
             _advance(ctx, "runs", ended[-1].finished_at)
-    return recorded
+    return recorded, len(ended) >= BATCH or len(recovered) >= BATCH
 
 
 def _run_seen(run: Run, now: datetime) -> Seen:
@@ -185,6 +303,11 @@ def _run_seen(run: Run, now: datetime) -> Seen:
 def watch_hooks(ctx: Context, *, now: datetime) -> int:
     """Verified webhook and Composio deliveries that could not start a run (and the next one
     of the same trigger that did, which ends the incident)."""
+    return _hooks(ctx, now)[0]
+
+
+def _hooks(ctx: Context, now: datetime) -> tuple[int, bool]:
+    """watch_hooks; and whether it read a whole batch (more may wait)."""
     with session_scope(ctx.engine) as s:
         mark = _cursor(s, "hooks")
         since = (mark or now) - timedelta(seconds=MARGIN_SECONDS)
@@ -233,12 +356,19 @@ def watch_hooks(ctx: Context, *, now: datetime) -> int:
     recorded = _record_all(ctx, seen)
     if _moves(mark, [row.received_at for row in rows], now):
         _advance(ctx, "hooks", now if len(rows) < BATCH else rows[-1].received_at)
-    return recorded
+    return recorded, len(rows) >= BATCH
 
 
 def watch_approvals(ctx: Context, *, now: datetime) -> int:
     """Runs that have waited for a person longer than FLOOM_ALERT_APPROVAL_WAIT_SECONDS."""
-    before = now - timedelta(seconds=ctx.settings.alert_approval_wait_seconds)
+    return _approvals(ctx, now)[0]
+
+
+def _approvals(ctx: Context, now: datetime) -> tuple[int, datetime]:
+    """watch_approvals; and when it can next find one: the earliest approval still pending
+    and not yet overdue reaches its wait (a new one is a change, seen by the probe)."""
+    wait = timedelta(seconds=ctx.settings.alert_approval_wait_seconds)
+    before = now - wait
     with session_scope(ctx.engine) as s:
         rows = s.exec(
             select(Approval)
@@ -246,6 +376,11 @@ def watch_approvals(ctx: Context, *, now: datetime) -> int:
             .order_by(col(Approval.id))
             .limit(BATCH)
         ).all()
+        waiting = s.exec(
+            select(func.min(Approval.created_at)).where(
+                Approval.status == ApprovalStatus.PENDING, col(Approval.created_at) > before
+            )
+        ).one()
     seen = [
         Seen(
             key=f"approval:{row.id}:waiting",
@@ -261,7 +396,10 @@ def watch_approvals(ctx: Context, *, now: datetime) -> int:
         )
         for row in rows
     ]
-    return _record_all(ctx, seen)
+    recorded = _record_all(ctx, seen)
+    if len(rows) >= BATCH:
+        return recorded, now
+    return recorded, (_aware(waiting) + wait) if waiting is not None else FOREVER
 
 
 def watch_schedules(ctx: Context, *, now: datetime) -> int:
@@ -269,8 +407,15 @@ def watch_schedules(ctx: Context, *, now: datetime) -> int:
     FLOOM_ALERT_SCHEDULE_GRACE_SECONDS (missed), its run started by then (late) and ended
     within FLOOM_ALERT_SCHEDULE_STUCK_SECONDS (stuck); its latest tick succeeding ends the
     incident."""
+    return _schedules(ctx, now)[0]
+
+
+def _schedules(ctx: Context, now: datetime) -> tuple[int, datetime]:
+    """watch_schedules; and when it can next find something (`_schedule_seen`). Paused
+    schedules and those of paused workers count for that too: their ticks move them on."""
     grace = timedelta(seconds=ctx.settings.alert_schedule_grace_seconds)
     stuck = timedelta(seconds=ctx.settings.alert_schedule_stuck_seconds)
+    deadline = FOREVER
     with session_scope(ctx.engine) as s:
         rows = s.exec(
             select(Trigger, Worker)
@@ -278,8 +423,6 @@ def watch_schedules(ctx: Context, *, now: datetime) -> int:
             .where(
                 Trigger.kind == TriggerKind.SCHEDULE,
                 col(Trigger.removed_at).is_(None),
-                col(Trigger.paused).is_(False),
-                col(Worker.paused).is_(False),
                 col(Worker.active_version_id).is_not(None),
             )
         ).all()
@@ -288,8 +431,13 @@ def watch_schedules(ctx: Context, *, now: datetime) -> int:
             spec = spec_of(trigger)
             if not isinstance(spec, ScheduleSpec):
                 continue
-            seen += _schedule_seen(s, trigger, worker.name, spec, now=now, grace=grace, stuck=stuck)
-    return _record_all(ctx, seen)
+            watched = not (trigger.paused or worker.paused)
+            found, nearest = _schedule_seen(
+                s, trigger, worker.name, spec, now=now, grace=grace, stuck=stuck, watched=watched
+            )
+            seen += found if watched else []
+            deadline = min(deadline, nearest)
+    return _record_all(ctx, seen), deadline
 
 
 def _schedule_seen(
@@ -301,7 +449,13 @@ def _schedule_seen(
     now: datetime,
     grace: timedelta,
     stuck: timedelta,
-) -> list[Seen]:
+    watched: bool = True,
+) -> tuple[list[Seen], datetime]:
+    """What the schedule's latest and next ticks show now; and the earliest time when that
+    can change other than by a change the probe sees (a run's end, a sync): its next tick
+    (from then until the scheduler has handled it, every pass), and while its latest tick's
+    run has not ended, that tick plus the grace or the stuck time, whichever is first (after
+    that, every pass: the run may start, stop or be queued again without any end)."""
     subject = f"schedule:{trigger.id}"
     where = f"schedule {spec.cron} ({spec.timezone}) of {worker}"
 
@@ -324,14 +478,15 @@ def _schedule_seen(
         base = trigger.last_fire_at or trigger.created_at
         upcoming = cron.next_fire_times(spec.cron, cron.zone(spec.timezone), after=base, count=1)
     except cron.CronError:
-        return []
+        return [], FOREVER
+    nearest = upcoming[0] if upcoming else FOREVER
     if upcoming and upcoming[0] + grace <= now:
         t = upcoming[0]
         found.append(
             seen("schedule.missed", PROBLEM, t, f"{where}: the tick of {t.isoformat()} has not run")
         )
-    if trigger.last_fire_at is None:
-        return found
+    if trigger.last_fire_at is None or not watched:
+        return found, nearest
     t = trigger.last_fire_at
     fire = s.exec(
         select(TriggerFire).where(
@@ -339,7 +494,7 @@ def _schedule_seen(
         )
     ).first()
     if fire is None:
-        return found
+        return found, nearest
     if fire.outcome in SKIPPED_AS_MISSED:
         found.append(
             seen(
@@ -349,10 +504,12 @@ def _schedule_seen(
                 f"{where}: the tick of {t.isoformat()} was {fire.outcome.replace('_', ' ')}",
             )
         )
-        return found
+        return found, nearest
     run = s.get(Run, fire.run_id) if fire.run_id else None
     if run is None:
-        return found
+        return found, nearest
+    if run.status not in FINISHED:
+        nearest = min(nearest, max(t + min(grace, stuck), now))
     if run.status == QUEUED and t + grace <= now:
         found.append(
             seen(
@@ -377,19 +534,30 @@ def _schedule_seen(
         found.append(
             seen("recovered", RECOVERY, t, f"{where} runs again: run {run.id} succeeded", run)
         )
-    return found
+    return found, nearest
 
 
 def watch_nodes(ctx: Context, *, now: datetime) -> int:
     """Nodes silent past their lease (lost), and lost nodes heard again (or stopped)."""
+    return _nodes(ctx, now)[0]
+
+
+def _nodes(ctx: Context, now: datetime) -> tuple[int, datetime]:
+    """watch_nodes; and when it can next find something: the earliest lease of a live node
+    runs out (a heartbeat only puts that off; a node started is a change the probe sees),
+    or, while a node is lost or its incident open, at every pass (it may be heard again)."""
     with session_scope(ctx.engine) as s:
         nodes = s.exec(select(Node)).all()
         lost_open = incidents.open_subjects(s, "node:")
     seen = []
+    deadline = now if lost_open else FOREVER
     for node in nodes:
         subject = f"node:{node.id}"
         state = NodeState.STOPPED if node.stopped_at is not None else state_of(node, now=now)[0]
+        if state == NodeState.LIVE:
+            deadline = min(deadline, node.heartbeat_at + timedelta(seconds=node.lease_seconds))
         if state == NodeState.LOST:
+            deadline = now
             seen.append(
                 Seen(
                     key=f"{subject}:{node.heartbeat_at.isoformat()}:lost",
@@ -416,4 +584,12 @@ def watch_nodes(ctx: Context, *, now: datetime) -> int:
                     details={"node": node.id},
                 )
             )
-    return _record_all(ctx, seen)
+    return _record_all(ctx, seen), deadline
+
+
+# The checks that come due with time, by name (Pace.due's keys).
+TIMED: dict[str, Timed] = {"approvals": _approvals, "schedules": _schedules, "nodes": _nodes}
+
+
+def _aware(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
