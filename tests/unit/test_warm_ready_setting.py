@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from floom.config import Settings
-from floom.sandbox import get_sandbox
-from floom.sandbox import LocalSandbox
+from floom.sandbox import LocalSandbox, get_sandbox
 
 
 @pytest.mark.parametrize(
