@@ -259,6 +259,10 @@ def bridge_pass(ctx: Context) -> BridgePass:
             _finish(ctx, actor, job)
         except FloomError as exc:  # another node finished it, or its lease was lost
             log.debug("bridged job %s not finished here: %s", job.id, exc.message)
+        except Exception:
+            # One job's trouble must not hold back the rest of the pass: the other jobs'
+            # ends and every worker's next claims (its lease runs out if it lasts).
+            log.exception("bridged job %s could not be finished; trying again", job.id)
     claimed = 0
     for bridge in bridges:
         worker_actor = actors.get(bridge.worker)
