@@ -416,9 +416,12 @@ def _remember(spec: ToolSpec, env: AgentEnv) -> Any:
         value = env.redactor.value(args.get("value"))
         if len(json.dumps(value)) > agent_runs.MEMORY_VALUE_CAP:
             raise ToolError(f"the value is over {agent_runs.MEMORY_VALUE_CAP} bytes as JSON")
-        agent_runs.remember(
-            env.ctx, worker_name=env.run.worker_name, key=key, value=value, run_id=env.run.id
-        )
+        try:
+            agent_runs.remember(
+                env.ctx, worker_name=env.run.worker_name, key=key, value=value, run_id=env.run.id
+            )
+        except FloomError as exc:  # the run is being stopped; its worker deleted, say
+            raise ToolError(exc.message) from exc
         return f"remembered {key}"
 
     schema = object_schema({"key": {"type": "string"}, "value": {}}, ["key", "value"])
@@ -433,15 +436,24 @@ def _recall(spec: ToolSpec, env: AgentEnv) -> Any:
     def run(args: dict[str, Any]) -> str:
         key = args.get("key")
         if not key:
-            keys = agent_runs.memory_keys(env.ctx, worker_name=env.run.worker_name)
+            keys = _memory(agent_runs.memory_keys, env)
             return json.dumps({"keys": keys})
-        value, run_id = agent_runs.recall(env.ctx, worker_name=env.run.worker_name, key=str(key))
+        value, run_id = _memory(agent_runs.recall, env, key=str(key))
         if run_id is None:
             return json.dumps({"key": key, "found": False})
         return json.dumps({"key": key, "found": True, "value": value, "written_by_run": run_id})
 
     schema = object_schema({"key": {"type": "string", "description": "omit to list the keys"}})
     return "Read a value from this worker's memory (or list its keys).", schema, run
+
+
+def _memory(read: Callable[..., Any], env: AgentEnv, **args: Any) -> Any:
+    """A read of the worker's memory for this run; refused (a ToolError) once it is asked to
+    stop (agent_runs._check_memory_user)."""
+    try:
+        return read(env.ctx, worker_name=env.run.worker_name, run_id=env.run.id, **args)
+    except FloomError as exc:
+        raise ToolError(exc.message) from exc
 
 
 # -- people and the end -----------------------------------------------------------------------

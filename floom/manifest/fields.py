@@ -21,7 +21,14 @@ _FALSE_WORDS = frozenset({"false", "no", "0"})
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite JSON number a float holds: an integer too large for one (400 digits, say) is
+    not, as its text is not (parse_text), and math.isfinite would raise OverflowError on it."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def check_value(type_: str, value: Any) -> tuple[Any, str | None]:

@@ -120,6 +120,33 @@ def test_malformed_conditions_are_refused_when_the_job_is_published(condition: o
         rules.check_routing([{"role": "reviewer", "condition": condition}])
 
 
+# JSON values of every kind, as a condition compares them and as a result holds them.
+VALUES: list[Any] = [None, True, 0, -1, 10**400, 1.5, "", "a", "²", [], [1], ["a"], {}, {"a": 1}]
+PATHS = ["data.v", "data.v.0", "data.v.-1", "data.v.²", "data.v." + "9" * 5000, "summary"]
+
+
+def test_any_validated_condition_answers_for_any_result_and_never_raises() -> None:
+    """A condition that raised (`contains` of a list in an object, of a number in a text, a
+    list index int() refuses) failed every completion of its job with a 500, and every
+    bridge pass after a bridged run of it."""
+    for path in PATHS:
+        for op in rules.CONDITION_OPS:
+            for expected in VALUES:
+                cond = {"path": path, op: expected}
+                try:
+                    rules.check_condition(cond)
+                except InvalidRequest:
+                    continue  # refused at publishing: never evaluated
+                for value in VALUES:
+                    result = {"summary": "s", "data": {"v": value}, "artifacts": []}
+                    assert evaluate(cond, result) in (True, False), (cond, value)
+    assert evaluate({"path": "data.v", "contains": "a"}, {"data": {"v": {"a": 1}}})
+    assert evaluate({"path": "data.v", "contains": [1]}, {"data": {"v": [[1], 2]}})
+    assert not evaluate({"path": "data.v", "contains": [1]}, {"data": {"v": {"a": 1}}})
+    assert not evaluate({"path": "data.v", "contains": 1}, {"data": {"v": "1"}})
+    assert evaluate({"path": "data.v.-1", "equals": 2}, {"data": {"v": [1, 2]}})
+
+
 def test_deeply_nested_conditions_are_refused() -> None:
     cond: dict[str, Any] = {"path": "a", "exists": True}
     for _ in range(rules.MAX_CONDITION_DEPTH + 2):

@@ -56,11 +56,14 @@ def _artifacts(pairs: list[str]) -> list[dict[str, Any]]:
 
 
 def _print_job_line(job: JobPublic, verb: str) -> None:
-    note(f"{verb} job {job.id} ({job.status}, {job.role}): {job.summary}")
+    note(f"{verb} job {job.id} ({job.status}, {job.role}): {value_text(job.summary)}")
 
 
 def _show(job: JobPublic) -> None:
-    say(f"{job.id}  {job.summary}", style="bold")
+    # Every text an agent or a worker wrote (constraints, reasons, artifacts, a run's error
+    # quoted in a reason) is said on one line: a newline in it would print a line of its own
+    # that reads as one of these rows ("  status          completed").
+    say(f"{job.id}  {value_text(job.summary)}", style="bold")
     rows = [
         ("status", job.status),
         ("role", job.role),
@@ -74,7 +77,7 @@ def _show(job: JobPublic) -> None:
     if job.blocked_by:
         rows.append(("blocked by", ", ".join(job.blocked_by)))
     if job.constraints:
-        rows.append(("constraints", ", ".join(job.constraints)))
+        rows.append(("constraints", ", ".join(value_text(c) for c in job.constraints)))
     if job.follow_on_of:
         rows.append(("follow-on of", job.follow_on_of))
     if job.retry_of:
@@ -86,11 +89,12 @@ def _show(job: JobPublic) -> None:
     if job.reason:
         rows.append(("reason", job.reason))
     for label, value in rows:
-        say(f"  {label:<16}{value}")
+        say(f"  {label:<16}{value_text(value)}")
     if job.context:
         say(f"  {'context':<16}{value_text(job.context)}")
     for artifact in job.artifacts:
-        say(f"  {'artifact':<16}{artifact['type']}: {artifact['uri']}")
+        kind, uri = value_text(artifact["type"]), value_text(artifact["uri"])
+        say(f"  {'artifact':<16}{kind}: {uri}")
     if job.result:
         say(f"  {'result':<16}{value_text(job.result)}")
     if job.events:
@@ -98,7 +102,7 @@ def _show(job: JobPublic) -> None:
         for e in job.events:
             move = f"{e.from_status or '-'} -> {e.to_status}"
             extra = f"  {value_text(e.payload)}" if e.payload else ""
-            say(f"  {when(e.ts)}  {e.type:<16} {move:<26} {e.actor}{extra}")
+            say(f"  {when(e.ts)}  {e.type:<16} {move:<26} {value_text(e.actor or '')}{extra}")
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -289,11 +293,12 @@ def handoffs_reopen(
     if as_json:
         print_json(body)
         return
-    say(f"{body.job_id} (attempt {body.attempt}, {body.status}): {body.summary}")
+    say(f"{body.job_id} (attempt {body.attempt}, {body.status}): {value_text(body.summary)}")
     for c in body.constraints:
-        say(f"  constraint: {c}")
+        say(f"  constraint: {value_text(c)}")
     for r in body.rejections:
-        say(f"  attempt {r.attempt} rejected by {r.reviewer}: {r.reason}")
+        reviewer, reason = value_text(r.reviewer or "-"), value_text(r.reason or "")
+        say(f"  attempt {r.attempt} rejected by {reviewer}: {reason}")
 
 
 @handoffs_app.command("me")

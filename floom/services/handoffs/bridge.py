@@ -19,7 +19,7 @@ from sqlmodel import Session, col, func, select
 
 from floom import jsonvalues
 from floom.cut import cut
-from floom.errors import FloomError
+from floom.errors import FloomError, InvalidRequest
 from floom.services.access import principal
 from floom.services.handoffs import flow, rules
 from floom.services.handoffs.agents import WORKER_PREFIX, Actor
@@ -186,14 +186,25 @@ def _finish(ctx: Context, actor: Actor, job: Job) -> None:
             for a in runs.list_artifacts(ctx, run_id=run.id, caller=principal.SYSTEM)
         ]
         outputs = jsonvalues.stored(run.outputs_json, expect=dict) if run.outputs_json else {}
-        flow.complete(
-            ctx,
-            actor=actor,
-            job_id=job.id,
-            summary=f"run {run.id} of {run.worker_name} succeeded",
-            data={"run_id": run.id, "outputs": outputs},
-            artifacts=artifacts,
-        )
+        try:
+            flow.complete(
+                ctx,
+                actor=actor,
+                job_id=job.id,
+                summary=f"run {run.id} of {run.worker_name} succeeded",
+                data={"run_id": run.id, "outputs": outputs},
+                artifacts=artifacts,
+            )
+        except InvalidRequest as exc:
+            # The run's result is over what a job's holds (its outputs' size, its number of
+            # artifacts): that never changes, so the job fails saying so. Left in progress, it
+            # would be published again at its lease's end and run again, for ever.
+            reason = (
+                f"run {run.id} of {run.worker_name} succeeded, but its result cannot be the "
+                f"job's: {exc.message}; its outputs and artifacts stay with the run"
+            )
+            reason = cut(reason, rules.MAX_REASON_CHARS)
+            flow.set_status(ctx, actor=actor, job_id=job.id, status=rules.FAILED, reason=reason)
         return
     reason = f"run {run.id} of {run.worker_name} {run.status}"
     if run.error_message:
@@ -248,6 +259,10 @@ def bridge_pass(ctx: Context) -> BridgePass:
             _finish(ctx, actor, job)
         except FloomError as exc:  # another node finished it, or its lease was lost
             log.debug("bridged job %s not finished here: %s", job.id, exc.message)
+        except Exception:
+            # One job's trouble must not hold back the rest of the pass: the other jobs'
+            # ends and every worker's next claims (its lease runs out if it lasts).
+            log.exception("bridged job %s could not be finished; trying again", job.id)
     claimed = 0
     for bridge in bridges:
         worker_actor = actors.get(bridge.worker)

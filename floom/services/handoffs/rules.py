@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -282,6 +283,9 @@ def check_routing(rules: Any) -> list[dict[str, Any]]:
 # lists) into the result {"summary", "data", "artifacts"}.
 
 _MISSING = object()
+# A list index in a path: ASCII digits only (str.isdigit takes "²", which int() refuses), and
+# not so long that int() refuses it either.
+_INDEX = re.compile(r"-?[0-9]{1,18}")
 
 
 def check_condition(cond: Any, *, where: str = "condition", depth: int = 0) -> None:
@@ -318,7 +322,9 @@ def check_condition(cond: Any, *, where: str = "condition", depth: int = 0) -> N
 
 
 def evaluate(cond: dict[str, Any] | None, result: dict[str, Any]) -> bool:
-    """Whether a (validated) condition holds for a job's result; no condition always holds."""
+    """Whether a (validated) condition holds for a job's result; no condition always holds.
+    Total: whatever JSON the condition compares and the result holds, it answers, never
+    raises (a raise would fail every completion of the job, and every bridge pass)."""
     if cond is None:
         return True
     if "all" in cond:
@@ -341,7 +347,10 @@ def evaluate(cond: dict[str, Any] | None, result: dict[str, Any]) -> bool:
     if op == "in":
         return value in expected
     if op == "contains":
-        return isinstance(value, list | str | dict) and expected in value
+        if isinstance(value, list):
+            return expected in value  # by equality: any JSON value may be an item
+        # A text holds only text, and an object's keys are text: nothing else is in them.
+        return isinstance(value, str | dict) and isinstance(expected, str) and expected in value
     if not _is_number(value):
         return False
     return bool(
@@ -355,7 +364,11 @@ def evaluate(cond: dict[str, Any] | None, result: dict[str, Any]) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool):
+        return False
+    # An int is finite whatever its size (math.isfinite would convert it to a float, and
+    # one of 400 digits overflows).
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _resolve(value: Any, path: str) -> Any:
@@ -364,7 +377,7 @@ def _resolve(value: Any, path: str) -> Any:
             value = value[part]
         elif (
             isinstance(value, list)
-            and part.lstrip("-").isdigit()
+            and _INDEX.fullmatch(part)
             and -len(value) <= int(part) < len(value)
         ):
             value = value[int(part)]

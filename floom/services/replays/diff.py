@@ -22,7 +22,12 @@ def output_equal(rule: Any, original: Any, replay: Any) -> bool:
         numbers = all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in (original, replay)
         )
-        return numbers and abs(float(original) - float(replay)) <= float(rule["tolerance"])
+        if not numbers:
+            return False
+        try:
+            return abs(float(original) - float(replay)) <= float(rule["tolerance"])
+        except OverflowError:  # an integer no float holds: equal only exactly
+            return bool(original == replay)
     if rule == ANY_STRING:
         return all(isinstance(v, str) and v.strip() for v in (original, replay))
     return canonical(original) == canonical(replay)

@@ -13,6 +13,7 @@ from floom.hints import act, told
 from floom.services.access.principal import Principal
 from floom.services.replays import replay as replays
 from floom.services.runs.rules import FINISHED, SKIPPED
+from floom.services.workers import exposure
 from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, new_id
@@ -104,6 +105,11 @@ def start_eval(
     if version.kind != "agent":
         raise InvalidRequest(
             f"version {version_id} is a script; evals replay agent runs from their recordings"
+        )
+    if replays.calls_tools_live(workers.manifest_of(version)):
+        # Each replay is refused the same, but only after the eval's row was written.
+        exposure.check_deploy_choices(
+            worker, version_id=version_id, force=True, replay_of=None, caller=caller, recording=True
         )
     chosen = select_runs(ctx, worker_name=worker_name, selector=selector, caller=caller)
     if not chosen:

@@ -11,7 +11,8 @@ from sqlmodel import Session, col, select
 from floom import jsonvalues
 from floom.errors import InvalidRequest, NotFound
 from floom.hints import act, told
-from floom.manifest.replay import replay_rules
+from floom.manifest.replay import NEVER_LIVE, replay_rules
+from floom.manifest.schema import Manifest
 from floom.services.access.principal import Principal
 from floom.services.replays.diff import first_divergence, run_diff
 from floom.services.replays.recordings import NOT_RECORDED, load_recording
@@ -63,18 +64,21 @@ def start_replay(
             ),
         )
     recording = load_recording(ctx, run_id=run_id, caller=caller)
+    acts = False
     if mode == EXACT:
         version_id = recording.version_id
-    elif version_id is not None:
-        version = workers.get_version(ctx, version_id=version_id, caller=caller)
-        if version.worker_name != recording.worker_name:
-            raise InvalidRequest(
-                f"version {version_id} is not a version of worker '{recording.worker_name}'",
-                hint=told(act("versions", worker=recording.worker_name), " lists its versions"),
-            )
     else:
-        worker = workers.get_worker(ctx, name=recording.worker_name, caller=caller)
-        version_id = worker.active_version_id
+        if version_id is None:
+            worker = workers.get_worker(ctx, name=recording.worker_name, caller=caller)
+            version_id = worker.active_version_id
+        if version_id is not None:
+            version = workers.get_version(ctx, version_id=version_id, caller=caller)
+            if version.worker_name != recording.worker_name:
+                raise InvalidRequest(
+                    f"version {version_id} is not a version of worker '{recording.worker_name}'",
+                    hint=told(act("versions", worker=recording.worker_name), " lists its versions"),
+                )
+            acts = calls_tools_live(workers.manifest_of(version))
     original = runs.get_run(ctx, run_id=run_id, caller=caller)
 
     def link(s: Session, run: Run) -> None:
@@ -97,11 +101,19 @@ def start_replay(
         version_id=version_id,
         replay_of=original.id,
         # A replay acts on nothing, so a paused worker may still be tested, from any surface.
+        # One that may call tools live (`acts`) acts, though: the deploy scope decides then.
         force=True,
         from_recording=True,
+        recording_acts=acts,
         in_transaction=link,
         state_base=original.state_base,
     )
+
+
+def calls_tools_live(manifest: Manifest) -> bool:
+    """Whether a what-if replay on a version of this manifest may call a tool live: one its
+    replay.live_tools names (floom's builtins that act elsewhere never are)."""
+    return bool(replay_rules(manifest).live_tools - set(NEVER_LIVE))
 
 
 def replay_of_run(ctx: Context, *, run_id: str, caller: Principal) -> Replay | None:

@@ -13,15 +13,17 @@ from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import LimitExceeded
+from floom.errors import Conflict, LimitExceeded
 from floom.services.access.principal import Principal
+from floom.services.runs.rules import FINISHED
+from floom.services.workers.versions import lock_worker
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.base import missing
 from floom.store.blobs.logs import CALL_FIELDS, call_values, decode_record
 from floom.store.blobs.rows import StagedBlob, insert_blob, read_blob, read_blob_row, stage_blob
 from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope, write_connection
-from floom.store.models import Artifact, Blob, new_id, trusted_row, utcnow
+from floom.store.models import Artifact, Blob, Run, new_id, trusted_row, utcnow
 from floom.vocabulary import ToolCallStatus
 
 if TYPE_CHECKING:
@@ -437,8 +439,37 @@ def check_monthly_cap(ctx: Context, *, worker_name: str, manifest: Manifest) -> 
 # -- memory -----------------------------------------------------------------------------------
 
 
+def _check_memory_user(s: Any, *, run_id: str, worker_name: str) -> None:
+    """Conflict unless `run_id` is a run of `worker_name` that is still running and not asked
+    to stop. A worker's memory is its running runs': a deletion asks every running run of the
+    worker to stop before it deletes the memory, so a run of a deleted worker, still running
+    until it sees that, neither writes into nor reads the memory of a worker deployed again
+    under the name."""
+    row = s.execute(
+        core_select(col(Run.worker_name), col(Run.status), col(Run.cancel_requested)).where(
+            col(Run.id) == run_id
+        )
+    ).first()
+    if row is None or row.worker_name != worker_name:
+        raise Conflict(
+            f"run {run_id} is not a run of worker '{worker_name}'",
+            hint="a run reads and writes its own worker's memory only",
+        )
+    if row.cancel_requested or row.status in FINISHED:
+        raise Conflict(
+            f"run {run_id} is being stopped (cancelled, or its worker deleted): it no longer "
+            f"reads or writes the memory of worker '{worker_name}'",
+            hint="finish without it",
+        )
+
+
 def remember(ctx: Context, *, worker_name: str, key: str, value: Any, run_id: str) -> None:
+    """Store `value` under `key` in the worker's memory, for `run_id` (a running run of it:
+    _check_memory_user). The worker's row is share-locked first, so a deletion committing
+    meanwhile either deletes this entry with the rest or is seen here."""
     with session_scope(ctx.engine, write=True) as s:
+        lock_worker(s, worker_name)
+        _check_memory_user(s, run_id=run_id, worker_name=worker_name)
         s.add(
             MemoryEntry(
                 worker_name=worker_name,
@@ -449,9 +480,11 @@ def remember(ctx: Context, *, worker_name: str, key: str, value: Any, run_id: st
         )
 
 
-def recall(ctx: Context, *, worker_name: str, key: str) -> tuple[Any, str | None]:
-    """The newest value stored under key, and the run that wrote it (None, None if never)."""
+def recall(ctx: Context, *, worker_name: str, key: str, run_id: str) -> tuple[Any, str | None]:
+    """The newest value stored under key, and the run that wrote it (None, None if never),
+    for `run_id` (a running run of the worker: _check_memory_user)."""
     with session_scope(ctx.engine) as s:
+        _check_memory_user(s, run_id=run_id, worker_name=worker_name)
         row = s.exec(
             select(MemoryEntry)
             .where(MemoryEntry.worker_name == worker_name, MemoryEntry.key == key)
@@ -461,8 +494,9 @@ def recall(ctx: Context, *, worker_name: str, key: str) -> tuple[Any, str | None
     return (jsonvalues.stored(row.value_json), row.run_id) if row else (None, None)
 
 
-def memory_keys(ctx: Context, *, worker_name: str, limit: int = 100) -> list[str]:
+def memory_keys(ctx: Context, *, worker_name: str, run_id: str, limit: int = 100) -> list[str]:
     with session_scope(ctx.engine) as s:
+        _check_memory_user(s, run_id=run_id, worker_name=worker_name)
         rows = s.exec(
             select(MemoryEntry.key)
             .where(MemoryEntry.worker_name == worker_name)

@@ -83,6 +83,7 @@ def create_run(
     in_transaction: Callable[[Session, Run], None] | None = None,
     parent_run_id: str | None = None,
     from_recording: bool = False,
+    recording_acts: bool = False,
     state_base: int | None = None,
 ) -> Run:
     """Validate the inputs against the version's manifest and queue a run.
@@ -90,8 +91,11 @@ def create_run(
     Bad inputs raise InputInvalid and create nothing. The run is pinned to `version_id`,
     or to the worker's active version. A caller on a surface the worker's active manifest
     does not `expose` is refused (NotExposed; floom's own triggers never are, nor is a
-    replay `from_recording`, which acts on nothing). A paused worker refuses runs
-    (WorkerPaused) unless `force`. `in_transaction` runs in the transaction that inserts the
+    replay `from_recording`, which acts on nothing). A version other than the active one,
+    or `force` on a paused worker, needs the deploy scope (exposure.check_deploy_choices),
+    also for a replay from a recording that `recording_acts` (calls tools live: its
+    version's replay.live_tools). A paused worker refuses runs (WorkerPaused) unless
+    `force`. `in_transaction` runs in the transaction that inserts the
     run, so a trigger can record its fire or delivery atomically with it; what it raises
     undoes the run. A replay's `state_base` is the worker state version its original
     started from, and it starts from that one too. Needs the run scope.
@@ -118,6 +122,7 @@ def create_run(
                 trigger=trigger,
                 caller=caller,
                 check_surface=not from_recording,
+                check_choices=recording_acts or not from_recording,
                 version_id=version_id,
                 replay_of=replay_of,
                 scheduled_for=scheduled_for,
@@ -154,6 +159,7 @@ def _queue_run(
     trigger: RunTrigger,
     caller: Principal,
     check_surface: bool,
+    check_choices: bool,
     version_id: str | None,
     replay_of: str | None,
     scheduled_for: datetime | None,
@@ -170,6 +176,7 @@ def _queue_run(
         version_id=version_id,
         caller=caller,
         check_surface=check_surface,
+        check_choices=check_choices,
         force=force,
         replay_of=replay_of,
     )
@@ -213,7 +220,8 @@ def _queue_run(
             in_transaction=in_transaction,
             caller=caller,
             force=force,
-            check_choices=check_surface,
+            check_choices=check_choices,
+            recording=not check_surface,
         )
     return run, locked
 
@@ -225,13 +233,14 @@ def _runnable_version(
     version_id: str | None,
     caller: Principal,
     check_surface: bool,
+    check_choices: bool,
     force: bool,
     replay_of: str | None,
 ) -> tuple[Version, Manifest]:
     """The version a new run of `worker` runs (`version_id`, or the active one) with its
     manifest, once the worker may run: exposed to `caller` (with `check_surface`), not
     paused (unless `force`), on a version other than the active one or forced only by a
-    caller with the deploy scope (with `check_surface`), and under its monthly cap."""
+    caller with the deploy scope (with `check_choices`), and under its monthly cap."""
     version_id = version_id or worker.active_version_id
     if version_id is None:
         raise Conflict(
@@ -254,8 +263,14 @@ def _runnable_version(
             active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
             current = workers.manifest_of(active)
         exposure.check_exposed(current, worker=worker.name, caller=caller)
+    if check_choices:
         exposure.check_deploy_choices(
-            worker, version_id=version.id, force=force, replay_of=replay_of, caller=caller
+            worker,
+            version_id=version.id,
+            force=force,
+            replay_of=replay_of,
+            caller=caller,
+            recording=not check_surface,
         )
     if worker.paused and not force:
         raise WorkerPaused(
@@ -282,6 +297,7 @@ def _insert_queued(
     caller: Principal,
     force: bool,
     check_choices: bool,
+    recording: bool,
 ) -> Worker:
     """The queueing transaction: insert `run` with its first lines, as claimed by this node
     when a slot is `held` for it and no older run may start first, and with the trigger's
@@ -311,6 +327,7 @@ def _insert_queued(
                 replay_of=run.replay_of,
                 caller=caller,
                 s=s,
+                recording=recording,
             )
         note = f"queued ({run.trigger}) on version {run.version_id}"
         if run.replay_of:

@@ -11,6 +11,8 @@ client of the REST API and counts as `rest`; so does any other REST client.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from floom.errors import Forbidden, NotExposed
 from floom.hints import KeyWith, Part, act, told
 from floom.manifest.schema import EXPOSE_TARGETS, Manifest
@@ -68,14 +70,17 @@ def check_deploy_choices(
     replay_of: str | None,
     caller: Principal,
     s: Writer | None = None,
+    recording: bool = False,
 ) -> None:
     """Refuse (Forbidden, naming the deploy scope) a caller without the deploy scope who
     starts `worker` on a version other than its active one (a pinned `version_id`, or a
     replay of a run on the version it recorded), or, with `force`, while it is paused.
 
     Which code runs, and whether a worker runs at all, are a deploy key's decisions (deploy,
-    rollback, pause, resume); a run key runs what they left active. Replays from a recording
-    are not started through this check: they act on nothing. With `s`, the write transaction
+    rollback, pause, resume); a run key runs what they left active. A replay from a
+    recording (`recording`) comes here only when it may call tools live (its version's
+    replay.live_tools): then it acts, as a run does; one that cannot acts on nothing and
+    needs no more than the run scope. With `s`, the write transaction
     that queues the run and has locked `worker`'s row, the decision is made again from that
     row and a deploy key is read again (`require_in`), so a rollback, a pause or a revocation
     committed meanwhile is seen."""
@@ -87,6 +92,8 @@ def check_deploy_choices(
         if s is not None:
             caller.require_in(s, "deploy")
         return
+    if recording:
+        _refuse_live_replay(worker, version_id=version_id, other_version=other_version)
     if other_version:
         active = worker.active_version_id or "none"
         what = "a replay of" if replay_of else "a run of"
@@ -154,6 +161,37 @@ def check_delivery_replay(
             "deliveries that come once it is resumed (",
             act("resume", worker=worker_name),
             ", with a deploy key) run; to run this one, use ",
+            KeyWith("deploy"),
+        ),
+        details={"scope_needed": "deploy"},
+    )
+
+
+def _refuse_live_replay(worker: Worker, *, version_id: str, other_version: bool) -> NoReturn:
+    """check_deploy_choices' refusal of a what-if replay that may call tools live."""
+    live = "may call that version's tools live (its replay.live_tools)"
+    if other_version:
+        active = worker.active_version_id or "none"
+        raise Forbidden(
+            f"a what-if replay of worker '{worker.name}' on version {version_id}, not its "
+            f"active version ({active}), {live}, which needs the 'deploy' scope: which "
+            "version acts is a deploy decision",
+            hint=told(
+                "replay it on the active version (leave the version out), or exactly (acting "
+                "on nothing); to replay on that version, make it active with ",
+                act("rollback", worker=worker.name, version=version_id),
+                " or use ",
+                KeyWith("deploy"),
+            ),
+            details={"scope_needed": "deploy"},
+        )
+    raise Forbidden(
+        f"a what-if replay of paused worker '{worker.name}' {live.replace('that', 'its')}, "
+        "which needs the 'deploy' scope: pausing and resuming are deploy decisions",
+        hint=told(
+            "replay it exactly (acting on nothing), wait until it is resumed (",
+            act("resume", worker=worker.name),
+            ", with a deploy key), or use ",
             KeyWith("deploy"),
         ),
         details={"scope_needed": "deploy"},

@@ -8,12 +8,14 @@ paused."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
+from sqlmodel import select
 
 from floom.errors import Forbidden
 from floom.services.access import keys
@@ -22,10 +24,14 @@ from floom.services.runs import agent as agent_runs
 from floom.services.runs import lifecycle as runs
 from floom.services.triggers import registry, webhooks
 from floom.services.workers import versions as workers
+from floom.store.db import session_scope
+from floom.store.replays import Eval
 from tests.e2e.api.test_triggers_webhooks import hook, setup_standard, standard_headers
+from tests.standins.anthropic_api import reply, tool_use
 from tests.support.cli import cli
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.mcp_clients import http_client
+from tests.support.rigs.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
 from tests.support.web import csrf_of, signed_in_client
 
 
@@ -255,3 +261,60 @@ def test_a_pause_between_the_replay_s_check_and_its_queueing_is_seen_in_the_tran
     with server.client() as admin:
         listed = admin.get("/api/v1/runs", params={"worker": "std"}).json()
     assert [run["id"] for run in listed["items"]] == [ran["run_id"]]
+
+
+SAGE_YML = """\
+name: sage
+outputs:
+  summary: string
+tools:
+  - builtin: http_request
+    name: fetch
+    allow_domains: [api.example.test]
+{replay}"""
+
+
+@pytest.fixture
+def rig(tmp_path: Path, database_url: str) -> Iterator[AgentRig]:
+    with agent_rig(tmp_path / "data", database_url, executor_slots=1) as r:
+        yield r
+
+
+def test_a_what_if_replay_that_may_call_tools_live_is_a_deploy_choice_off_the_active_version(
+    rig: AgentRig, tmp_path: Path
+) -> None:
+    """A replay from a recording acts on nothing, unless its version lists replay.live_tools:
+    then a run key picking an older version (or a paused worker) would make that version act,
+    as pinning it for a run would. Before, both were queued (202) for a run key."""
+    live = "replay:\n  live_tools: [fetch]\n"
+    older = agent_worker(tmp_path / "old", SAGE_YML.format(replay=live), skill="Old ways.")
+    old = deploy_folder(rig.api, older)["version"]["id"]
+    rig.deploy(agent_worker(tmp_path / "new", SAGE_YML.format(replay=""), skill="New ways."))
+    rig.model.script(reply(tool_use("finish", {"outputs": {"summary": "done"}})))
+    run_id = start_run(rig.api, "sage")
+    assert wait_status(rig.api, run_id)["status"] == "succeeded"
+    run_key = _key(rig.server, "run")
+    url = f"/api/v1/runs/{run_id}/replays"
+
+    error = _refusal(run_key.post(url, json={"mode": "what_if", "version_id": old}))
+    assert "live" in error["message"]
+    assert "leave the version out" in error["hint"]
+    # Acting on nothing stays a run key's: exactly, or what-if on the active version.
+    assert run_key.post(url, json={"mode": "exact"}).status_code == 202
+    assert run_key.post(url, json={"mode": "what_if"}).status_code == 202
+    evals = "/api/v1/workers/sage/evals"
+    _refusal(run_key.post(evals, json={"runs": f"ids:{run_id}", "version_id": old}))
+    with session_scope(rig.server.ctx.engine) as s:
+        assert s.exec(select(Eval)).all() == []  # refused before anything was written
+    assert _deploy_key(rig).post(url, json={"mode": "what_if", "version_id": old}).is_success
+
+    # With that version active again but the worker paused, a live replay is still one.
+    assert rig.api.post("/api/v1/workers/sage/rollback", json={"version_id": old}).is_success
+    assert rig.api.post("/api/v1/workers/sage/pause").is_success
+    error = _refusal(run_key.post(url, json={"mode": "what_if"}))
+    assert "paused" in error["message"]
+    assert run_key.post(url, json={"mode": "exact"}).status_code == 202
+
+
+def _deploy_key(rig: AgentRig) -> httpx.Client:
+    return _key(rig.server, "deploy")

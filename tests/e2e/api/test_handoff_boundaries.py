@@ -129,3 +129,112 @@ def test_an_agent_named_in_a_list_query_is_quoted_back_short(
         answer = alice.get(JOBS, params=params)
         assert answer.status_code == 404, answer.text
         assert len(answer.json()["error"]["message"]) < 200
+
+
+OVERSIZED_YML = """\
+name: oversized
+inputs:
+  files: {type: integer, required: true}
+outputs:
+  blob: {type: string}
+triggers:
+  - handoff: {role: coder}
+limits: {timeout_seconds: 60}
+"""
+# Either more files than a job's result lists, or outputs larger than a job's result holds:
+# both within what a run keeps (FLOOM_MAX_RESULT_BYTES is 1 MiB).
+OVERSIZED_PY = """\
+import json, os
+from pathlib import Path
+files = json.loads(Path("inputs.json").read_text())["files"]
+out = Path(os.environ["FLOOM_OUTPUT_DIR"])
+for i in range(files):
+    (out / f"f{i}.txt").write_text("x")
+blob = "ok" if files else "y" * 300_000
+Path("result.json").write_text(json.dumps({"outputs": {"blob": blob}}))
+"""
+
+
+def test_a_bridged_run_whose_result_a_job_cannot_hold_fails_its_job_once(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    """Before, such a job stayed in progress; at its lease's end it was published again, and
+    the worker ran again, for ever."""
+    _ok(api.post("/api/v1/roles", json={"name": "coder"}), 201)
+    deploy_folder(api, make_worker(tmp_path / "oversized", OVERSIZED_YML, {"run.py": OVERSIZED_PY}))
+    lead = server.client(
+        _ok(api.post("/api/v1/agents", json={"label": "lead", "roles": []}), 201)["key"]
+    )
+    for files, said in ((101, "at most 100"), (0, "larger than 256 KiB")):
+        job = _ok(
+            lead.post(JOBS, json={"summary": "go", "role": "coder", "context": {"files": files}}),
+            201,
+        )
+
+        def failed(job_id: str = job["id"]) -> dict[str, Any] | None:
+            body: dict[str, Any] = lead.get(f"{JOBS}/{job_id}").json()
+            return body if body["status"] == "failed" else None
+
+        done = wait_until(failed, timeout=60)
+        run = _ok(api.get(f"/api/v1/runs/{done['run_id']}"))
+        assert run["status"] == "succeeded"
+        assert done["reason"].startswith(
+            f"run {run['id']} of oversized succeeded, but its result cannot be the job's: "
+        )
+        assert said in done["reason"]
+        assert done["reason"].endswith("its outputs and artifacts stay with the run")
+    assert len(_ok(api.get("/api/v1/runs"))["items"]) == 2
+
+
+ECHO_YML = """\
+name: echoer
+inputs:
+  text: {type: string, required: true}
+outputs:
+  said: {type: string}
+triggers:
+  - handoff: {role: coder}
+limits: {timeout_seconds: 60}
+"""
+ECHO_PY = """\
+import json
+from pathlib import Path
+text = json.loads(Path("inputs.json").read_text())["text"]
+Path("result.json").write_text(json.dumps({"outputs": {"said": text}}))
+"""
+HUGE = 10**400
+
+
+def test_a_routing_condition_of_any_json_answers_and_holds_back_no_completion(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    """`contains` of a list in an object (or of a number in a text), and a number of 400
+    digits, raised while the job completed: a 500 for every completion of the job (it could
+    never complete), and for a bridged job every bridge pass failed, so no worker took a job
+    again. Publishing with such a number failed with a 500 too."""
+    alice, bob = _agents(server, api)
+    rules = [
+        {"role": "reviewer", "condition": {"path": "data.outputs", "contains": [1]}},
+        {"role": "reviewer", "condition": {"path": "summary", "contains": 5}},
+        {"role": "reviewer", "condition": {"path": "data.n", "gt": HUGE}},
+    ]
+    job = _ok(bob.post(JOBS, json={"summary": "s", "role": "coder", "routing": rules}), 201)
+    _ok(alice.post(f"{JOBS}/{job['id']}/claim", json={}))
+    data = {"outputs": {"a": 1}, "n": HUGE}
+    done = _ok(alice.post(f"{JOBS}/{job['id']}/complete", json={"summary": "x", "data": data}))
+    assert done["status"] == "completed"
+    trail = _ok(bob.get(f"{JOBS}/{job['id']}/events"))["items"]
+    assert [e["type"] for e in trail].count("routing_skipped") == 3
+
+    # A bridged job with such a rule completes, and the bridge goes on taking jobs.
+    deploy_folder(api, make_worker(tmp_path / "echoer", ECHO_YML, {"run.py": ECHO_PY}))
+    first = {"summary": "a", "role": "coder", "context": {"text": "a"}, "routing": rules[:1]}
+    jobs = [_ok(bob.post(JOBS, json=first), 201)]
+    jobs.append(_ok(bob.post(JOBS, json={**first, "summary": "b", "routing": []}), 201))
+    for published in jobs:
+
+        def completed(job_id: str = published["id"]) -> dict[str, Any] | None:
+            body: dict[str, Any] = bob.get(f"{JOBS}/{job_id}").json()
+            return body if body["status"] == "completed" else None
+
+        assert wait_until(completed, timeout=60)["assignee"]["label"] == "worker:echoer"

@@ -295,3 +295,50 @@ def test_a_worker_yml_holding_a_character_yaml_refuses_is_a_problem_naming_its_l
     assert response.status_code == 400, (response.status_code, response.text[:300])
     assert response.json()["error"]["code"] == "manifest_invalid"
     assert api.get("/api/v1/workers").json()["items"] == []
+
+
+NUMBERS_YML = """\
+name: numbers
+inputs:
+  n: {type: number, default: 1}
+  count: {type: integer, default: 1}
+outputs:
+  big: {type: number}
+limits: {timeout_seconds: 30}
+"""
+# A number of 400 digits: JSON holds it, Python reads it as an int, and no float holds it.
+BIG_NUMBER = "9" * 400
+
+
+def test_a_number_no_float_holds_is_refused_as_input_and_as_output_never_a_500(
+    server: LiveServer, api: httpx.Client, tmp_path: Path
+) -> None:
+    """math.isfinite raised OverflowError on it: run inputs answered 500, and a worker whose
+    result.json held one failed as floom's own error (executor_error)."""
+    wrote = f"open('result.json', 'w').write('{{\"outputs\": {{\"big\": {BIG_NUMBER}}}}}')\n"
+    deploy_folder(api, make_worker(tmp_path / "w", NUMBERS_YML, {"run.py": wrote}))
+    url = "/api/v1/workers/numbers/runs"
+    headers = {"Content-Type": "application/json"}
+    refused = api.post(url, content=f'{{"inputs": {{"n": {BIG_NUMBER}}}}}', headers=headers)
+    assert refused.status_code == 422, refused.text[:300]
+    assert refused.json()["error"]["code"] == "input_invalid"
+    assert "input 'n': expected number" in refused.json()["error"]["message"]
+    # An integer input has no such bound (it is never a float); nor a number a float holds.
+    body = f'{{"inputs": {{"count": {BIG_NUMBER}, "n": 1e300}}}}'
+    run = server.client().post(url, content=body, headers=headers)
+    assert run.status_code == 202, run.text[:300]
+    ended = wait_for_run(api, run.json()["id"], timeout=60)
+    assert ended["status"] == "failed"
+    assert ended["error"]["code"] == "outputs_invalid", ended["error"]
+    assert "outputs.big: expected number" in ended["error"]["message"]
+
+
+def test_an_eval_compares_an_output_no_float_holds_exactly_never_raising() -> None:
+    from floom.services.replays.diff import output_equal
+
+    huge = int(BIG_NUMBER)
+    tolerance = {"tolerance": 0.5}
+    assert output_equal(tolerance, huge, huge)
+    assert not output_equal(tolerance, huge, huge - 1)
+    assert not output_equal(tolerance, huge, 1.5)
+    assert output_equal(tolerance, 1, 1.25)

@@ -156,6 +156,43 @@ def test_error_lines_from_the_server_print_visibly(
     _assert_shown_safely(result.stderr)
 
 
+def test_handoffs_show_and_reopen_say_each_text_an_agent_wrote_on_one_line(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    """A constraint, a reason, an artifact, a rejection: each could print a line of its own
+    that read as one of the job's rows."""
+    jobs = "/api/v1/handoffs/jobs"
+    assert api.post("/api/v1/roles", json={"name": "coder"}).status_code == 201
+    made = api.post("/api/v1/agents", json={"label": "alice", "roles": ["coder"]})
+    alice = server.client(made.json()["key"])
+    body = {
+        "summary": "parse",
+        "role": "coder",
+        "constraints": ["keep it\n  status          completed"],
+        "artifacts": [{"type": "pr", "uri": "x\r\n  assignee        mallory"}],
+    }
+    job = alice.post(jobs, json=body).json()
+    assert alice.post(f"{jobs}/{job['id']}/claim", json={}).status_code == 200
+    blocked = {"status": "blocked", "reason": "wait\n  priority        urgent"}
+    assert alice.post(f"{jobs}/{job['id']}/status", json=blocked).status_code == 200
+    shown = cli(server, "handoffs", "show", job["id"])
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split()[0] for line in shown.stdout.splitlines()[1:] if line.startswith("  ")]
+    assert rows.count("status") == rows.count("priority") == rows.count("assignee") == 1, rows
+    assert "keep it\\n  status" in shown.stdout
+    assert "x\\r\\n  assignee" in shown.stdout
+
+    assert alice.post(f"{jobs}/{job['id']}/status", json={"status": "in_progress"}).is_success
+    assert alice.post(f"{jobs}/{job['id']}/complete", json={"summary": "done"}).is_success
+    why = {"reason": "redo\n  attempt 9 rejected by admin: fine"}
+    retry = alice.post(f"{jobs}/{job['id']}/reject", json=why).json()
+    reopened = cli(server, "handoffs", "reopen", retry["id"])
+    assert reopened.returncode == 0, reopened.stderr
+    lines = reopened.stdout.splitlines()
+    assert len(lines) == 3, lines  # the heading, the constraint, the one rejection
+    assert lines[1] == "  constraint: keep it\\n  status          completed"
+
+
 def _on_a_terminal(*args: str, env: dict[str, str]) -> str:
     """The command's stdout when stdout is a terminal (a pseudo-terminal the test reads)."""
     leader, follower = pty.openpty()

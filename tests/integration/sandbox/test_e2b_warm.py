@@ -293,3 +293,47 @@ def test_a_run_checks_at_most_two_ready_sandboxes_before_it_creates_its_own(
         assert (pool["replaced"], pool["hits"], pool["misses"]) == (2, 0, 2)
     finally:
         backend.close()
+
+
+def test_a_run_whose_envd_dies_ends_and_its_ready_sandbox_is_killed_never_handed_again(
+    warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
+) -> None:
+    run(warm, tmp_path / "first")
+    assert warm.warm is not None
+    assert warm.warm.wait_ready("base", timeout=30)
+    (ready,) = ready_ids(standin)
+    where = tmp_path / "victim"
+    where.mkdir()
+    # The run takes down its own envd once it is running (as a hostile script could).
+    script = "import os, time\nprint(os.environ['E2B_SANDBOX_ID'], flush=True)\ntime.sleep(30)"
+    with pytest.raises(SandboxUnavailable):
+        run_script(
+            warm,
+            where,
+            script,
+            on_line=lambda _, line: standin.kill_envd(line.strip()),
+            metadata={"floom_node": NODE, "floom_run_id": "run_victim"},
+        )
+    assert ready in standin.killed
+    after = run(warm, tmp_path / "after")
+    assert after != ready
+    stats = warm.warm_stats()
+    assert stats is not None
+    assert stats["pools"][0]["running"] == 0
+
+
+def test_a_sandbox_whose_kill_failed_after_its_run_is_the_reapers_not_the_pools(
+    warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
+) -> None:
+    run(warm, tmp_path / "first")
+    assert warm.warm is not None
+    assert warm.warm.wait_ready("base", timeout=30)
+    (ready,) = ready_ids(standin)
+    standin.fail_control_plane("server_error", route="DELETE /sandboxes/{sandboxID}")
+    assert run(warm, tmp_path / "second") == ready
+    standin.clear_faults()
+    assert ready in standin.sandboxes  # E2B could not be told: it lives on
+    assert warm.warm.wait_ready("base", timeout=30)
+    assert run(warm, tmp_path / "third") != ready  # never handed to a second run
+    assert warm.reap_orphans(node_id=NODE, work_root=tmp_path, live_run_ids=set) == 1
+    assert ready not in standin.sandboxes

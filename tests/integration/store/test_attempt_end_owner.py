@@ -4,14 +4,18 @@ state into the worker deployed again under its name. On SQLite and PostgreSQL.""
 
 from __future__ import annotations
 
-from sqlmodel import select
+import pytest
+from sqlalchemy import delete
+from sqlmodel import col, select
 
 from floom.engine.queue import Outcome, StateChange, claim_next_run, finish_attempt
-from floom.errors import RunErrorCode
+from floom.errors import Conflict, RunErrorCode
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
+from floom.services.runs import agent as agent_runs
 from floom.services.runs import lifecycle as runs
 from floom.services.workers import state as worker_state
+from floom.store.agents import MemoryEntry
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, WorkerState
 from floom.vocabulary import RunStatus
@@ -94,3 +98,29 @@ def test_a_run_of_the_worker_it_started_under_writes_its_state(ctx: Context) -> 
 
     assert finish_attempt(ctx, run=run, outcome=ended, backoff=0) == "succeeded"
     assert _states(ctx) == (1, [1])
+
+
+def test_a_run_of_a_deleted_worker_neither_writes_nor_reads_the_memory_of_the_one_deployed_again(
+    ctx: Context,
+) -> None:
+    """An agent run's `remember` and `recall`, in the moments before it sees that its worker
+    was deleted: before, it wrote into (and read) the memory of the worker deployed again."""
+    _deploy(ctx)
+    (run_id,) = enqueue(ctx, 1)
+    assert claim_next_run(ctx) is not None
+    agent_runs.remember(ctx, worker_name="w", key="k", value="mine", run_id=run_id)
+    assert agent_runs.recall(ctx, worker_name="w", key="k", run_id=run_id) == ("mine", run_id)
+    # Deleted while the run runs (it is asked to stop first), then deployed again.
+    runs.cancel_run(ctx, run_id=run_id, caller=SYSTEM)
+    with session_scope(ctx.engine, write=True) as s:
+        s.execute(delete(MemoryEntry).where(col(MemoryEntry.worker_name) == "w"))
+        s.delete(s.get(Worker, "w"))
+    _deploy(ctx)
+
+    with pytest.raises(Conflict, match="being stopped"):
+        agent_runs.remember(ctx, worker_name="w", key="k", value="stale", run_id=run_id)
+    with pytest.raises(Conflict, match="being stopped"):
+        agent_runs.recall(ctx, worker_name="w", key="k", run_id=run_id)
+    with pytest.raises(Conflict, match="being stopped"):
+        agent_runs.memory_keys(ctx, worker_name="w", run_id=run_id)
+    assert agent_runs.memory_writes(ctx, worker_name="w") == []
