@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -95,9 +96,18 @@ def _make_engine(url: str) -> Engine:
             dbapi_conn.isolation_level = None
 
         @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Any) -> None:
+        def _sqlite_begin(conn: Connection) -> None:
             immediate = conn.get_execution_options().get("floom_write", False)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            statement = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+            # Straight to the driver: SQLAlchemy's path for a statement (an execution
+            # context, its events, a result) cost a transaction more than the BEGIN itself,
+            # about 25 us of an empty write transaction's 90 (bench/README.md). Its errors
+            # (the write lock held past the busy timeout) become SQLAlchemy's, as that path
+            # made them, so callers see StoreUnavailable either way.
+            try:
+                conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
+            except sqlite3.Error as exc:
+                raise sa_exc.DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
 
         return engine
     # Last in, first out: work comes back to the connection used last, so a node's steady
