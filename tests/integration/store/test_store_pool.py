@@ -186,12 +186,16 @@ def test_a_sqlite_write_that_cannot_get_the_write_lock_is_store_unavailable(
             # The pooled connection (the only one) gives up after 50 ms instead of 30 s.
             conn.exec_driver_sql("PRAGMA busy_timeout=50")
         holder.execute("BEGIN IMMEDIATE")
-        with pytest.raises(StoreUnavailable, match="database is locked"):
-            with write_connection(engine) as conn:
-                conn.execute(text("INSERT INTO t VALUES (1)"))
-        with pytest.raises(StoreUnavailable, match="database is locked"):
-            with session_scope(engine, write=True) as s:
-                s.execute(text("INSERT INTO t VALUES (1)"))
+        with (
+            pytest.raises(StoreUnavailable, match="database is locked"),
+            write_connection(engine) as conn,
+        ):
+            conn.execute(text("INSERT INTO t VALUES (1)"))
+        with (
+            pytest.raises(StoreUnavailable, match="database is locked"),
+            session_scope(engine, write=True) as s,
+        ):
+            s.execute(text("INSERT INTO t VALUES (1)"))
         # Reads begin without the write lock (WAL): they go on while it is held.
         with read_connection(engine) as conn:
             assert conn.execute(text("SELECT count(*) FROM t")).scalar_one() == 0
