@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -101,13 +100,14 @@ def _make_engine(url: str) -> Engine:
             statement = "BEGIN IMMEDIATE" if immediate else "BEGIN"
             # Straight to the driver: SQLAlchemy's path for a statement (an execution
             # context, its events, a result) cost a transaction more than the BEGIN itself,
-            # about 25 us of an empty write transaction's 90 (bench/README.md). Its errors
+            # about 30 us of an empty write transaction's 97 (bench/README.md). Its errors
             # (the write lock held past the busy timeout) become SQLAlchemy's, as that path
             # made them, so callers see StoreUnavailable either way.
+            driver = conn.dialect.loaded_dbapi
             try:
                 conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
-            except sqlite3.Error as exc:
-                raise sa_exc.DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
+            except driver.Error as exc:
+                raise sa_exc.DBAPIError.instance(statement, None, exc, driver.Error) from exc
 
         return engine
     # Last in, first out: work comes back to the connection used last, so a node's steady
