@@ -95,9 +95,19 @@ def _make_engine(url: str) -> Engine:
             dbapi_conn.isolation_level = None
 
         @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn: Any) -> None:
+        def _sqlite_begin(conn: Connection) -> None:
             immediate = conn.get_execution_options().get("floom_write", False)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+            statement = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+            # Straight to the driver: SQLAlchemy's path for a statement (an execution
+            # context, its events, a result) cost a transaction more than the BEGIN itself,
+            # about 30 us of an empty write transaction's 97 (bench/README.md). Its errors
+            # (the write lock held past the busy timeout) become SQLAlchemy's, as that path
+            # made them, so callers see StoreUnavailable either way.
+            driver = conn.dialect.loaded_dbapi
+            try:
+                conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
+            except driver.Error as exc:
+                raise sa_exc.DBAPIError.instance(statement, None, exc, driver.Error) from exc
 
         return engine
     # Last in, first out: work comes back to the connection used last, so a node's steady

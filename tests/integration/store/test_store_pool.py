@@ -1,9 +1,11 @@
 """PostgreSQL connections are checked before use only when they sat idle (bench/bench_runs.py
 measures the round trips this saves), and a connection that died while idle (a database
-restart, an idle timeout) is replaced before anyone uses it."""
+restart, an idle timeout) is replaced before anyone uses it. On SQLite a transaction's BEGIN
+goes straight to the driver, and its failures still reach callers as StoreUnavailable."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
@@ -13,8 +15,9 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
+from floom.errors import StoreUnavailable
 from floom.store import db
-from floom.store.db import make_engine, session_scope
+from floom.store.db import make_engine, read_connection, session_scope, write_connection
 from tests.support.harness import PG_ADMIN_URL
 
 
@@ -166,3 +169,41 @@ def test_work_after_a_busy_moment_stays_on_the_connection_used_last(pg_url: str)
     finally:
         engine.dispose()
     assert used == [opened[-1]] * 4
+
+
+def test_a_sqlite_write_that_cannot_get_the_write_lock_is_store_unavailable(
+    tmp_path: Path,
+) -> None:
+    # BEGIN IMMEDIATE waits out the busy timeout for a lock another process holds, then the
+    # driver's "database is locked" must reach the caller as floom's error (a 503 with its
+    # hint), not as a driver exception (a 500): BEGIN bypasses SQLAlchemy's execution path.
+    path = tmp_path / "floom.db"
+    engine = make_engine(f"sqlite:///{path}")
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        with write_connection(engine) as conn:
+            conn.execute(text("CREATE TABLE t (a INTEGER)"))
+            # The pooled connection (the only one) gives up after 50 ms instead of 30 s.
+            conn.exec_driver_sql("PRAGMA busy_timeout=50")
+        holder.execute("BEGIN IMMEDIATE")
+        with (
+            pytest.raises(StoreUnavailable, match="database is locked"),
+            write_connection(engine) as conn,
+        ):
+            conn.execute(text("INSERT INTO t VALUES (1)"))
+        with (
+            pytest.raises(StoreUnavailable, match="database is locked"),
+            session_scope(engine, write=True) as s,
+        ):
+            s.execute(text("INSERT INTO t VALUES (1)"))
+        # Reads begin without the write lock (WAL): they go on while it is held.
+        with read_connection(engine) as conn:
+            assert conn.execute(text("SELECT count(*) FROM t")).scalar_one() == 0
+        holder.execute("ROLLBACK")
+        with write_connection(engine) as conn:
+            conn.execute(text("INSERT INTO t VALUES (1)"))
+        with read_connection(engine) as conn:
+            assert conn.execute(text("SELECT count(*) FROM t")).scalar_one() == 1
+    finally:
+        holder.close()
+        engine.dispose()
