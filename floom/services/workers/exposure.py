@@ -102,28 +102,20 @@ def check_deploy_choices(
             if replay_of
             else ("run the active version (leave the version out)",)
         )
-        raise Forbidden(
+        raise _needs_deploy(
             f"{what} worker '{worker.name}' on version {version_id}, not its active version "
             f"({active}), needs the 'deploy' scope: which version runs is a deploy decision",
-            hint=told(
-                *instead,
-                "; to run that version, make it active with ",
-                act("rollback", worker=worker.name, version=version_id),
-                " or use ",
-                KeyWith("deploy"),
-            ),
-            details={"scope_needed": "deploy"},
+            *instead,
+            "; to run that version, make it active with ",
+            act("rollback", worker=worker.name, version=version_id),
+            " or use ",
         )
-    raise Forbidden(
+    raise _needs_deploy(
         f"running paused worker '{worker.name}' anyway (force) needs the 'deploy' scope: "
         "pausing and resuming are deploy decisions",
-        hint=told(
-            "wait until it is resumed (",
-            act("resume", worker=worker.name),
-            ", with a deploy key), or use ",
-            KeyWith("deploy"),
-        ),
-        details={"scope_needed": "deploy"},
+        "wait until it is resumed (",
+        act("resume", worker=worker.name),
+        ", with a deploy key), or use ",
     )
 
 
@@ -154,16 +146,12 @@ def check_delivery_replay(
     when = (
         "came while its trigger or worker was paused" if came_paused else "is to a paused trigger"
     )
-    raise Forbidden(
+    raise _needs_deploy(
         f"replaying delivery {delivery_id}, which {when}, needs the 'deploy' scope: which "
         "events run is a deploy decision (pausing and resuming)",
-        hint=told(
-            "deliveries that come once it is resumed (",
-            act("resume", worker=worker_name),
-            ", with a deploy key) run; to run this one, use ",
-            KeyWith("deploy"),
-        ),
-        details={"scope_needed": "deploy"},
+        "deliveries that come once it is resumed (",
+        act("resume", worker=worker_name),
+        ", with a deploy key) run; to run this one, use ",
     )
 
 
@@ -172,27 +160,27 @@ def _refuse_live_replay(worker: Worker, *, version_id: str, other_version: bool)
     live = "may call that version's tools live (its replay.live_tools)"
     if other_version:
         active = worker.active_version_id or "none"
-        raise Forbidden(
+        raise _needs_deploy(
             f"a what-if replay of worker '{worker.name}' on version {version_id}, not its "
             f"active version ({active}), {live}, which needs the 'deploy' scope: which "
             "version acts is a deploy decision",
-            hint=told(
-                "replay it on the active version (leave the version out), or exactly (acting "
-                "on nothing); to replay on that version, make it active with ",
-                act("rollback", worker=worker.name, version=version_id),
-                " or use ",
-                KeyWith("deploy"),
-            ),
-            details={"scope_needed": "deploy"},
+            "replay it on the active version (leave the version out), or exactly (acting "
+            "on nothing); to replay on that version, make it active with ",
+            act("rollback", worker=worker.name, version=version_id),
+            " or use ",
         )
-    raise Forbidden(
+    raise _needs_deploy(
         f"a what-if replay of paused worker '{worker.name}' {live.replace('that', 'its')}, "
         "which needs the 'deploy' scope: pausing and resuming are deploy decisions",
-        hint=told(
-            "replay it exactly (acting on nothing), wait until it is resumed (",
-            act("resume", worker=worker.name),
-            ", with a deploy key), or use ",
-            KeyWith("deploy"),
-        ),
-        details={"scope_needed": "deploy"},
+        "replay it exactly (acting on nothing), wait until it is resumed (",
+        act("resume", worker=worker.name),
+        ", with a deploy key), or use ",
+    )
+
+
+def _needs_deploy(message: str, *hint: Part) -> Forbidden:
+    """A refusal that names the deploy scope (`details.scope_needed`); its hint, `hint`
+    then a key with that scope."""
+    return Forbidden(
+        message, hint=told(*hint, KeyWith("deploy")), details={"scope_needed": "deploy"}
     )
