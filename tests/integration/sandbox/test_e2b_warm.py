@@ -52,6 +52,14 @@ def ready_ids(standin: E2BStandin) -> set[str]:
     return {i for i, box in standin.sandboxes.items() if POOL_LABEL in box.metadata}
 
 
+def started_pool(warm: E2BSandbox, standin: E2BStandin, tmp_path: Path) -> set[str]:
+    """Start `warm`'s pool with a first run (a miss) and wait for it: its ready sandboxes."""
+    run(warm, tmp_path / "first")
+    assert warm.warm is not None
+    assert warm.warm.wait_ready("base", timeout=30)
+    return ready_ids(standin)
+
+
 def test_a_ready_sandbox_serves_exactly_one_run_and_is_killed_after_it(
     warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
 ) -> None:
@@ -85,10 +93,8 @@ def test_a_ready_sandbox_serves_exactly_one_run_and_is_killed_after_it(
 def test_a_ready_sandbox_holds_nothing_of_a_run_until_it_is_handed_one(
     warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
 ) -> None:
-    run(warm, tmp_path / "first")
+    (ready,) = started_pool(warm, standin, tmp_path)
     assert warm.warm is not None
-    assert warm.warm.wait_ready("base", timeout=30)
-    (ready,) = ready_ids(standin)
     box = standin.sandboxes[ready]
     assert box.env_vars == {}
     assert box.metadata == {"floom_node": NODE, POOL_LABEL: warm.warm.token}
@@ -136,10 +142,8 @@ def test_pools_are_per_template_and_network_and_a_run_finding_none_creates_its_o
 def test_a_ready_sandbox_that_fails_its_check_is_replaced_and_the_run_goes_on(
     warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
 ) -> None:
-    run(warm, tmp_path / "first")
+    (broken,) = started_pool(warm, standin, tmp_path)
     assert warm.warm is not None
-    assert warm.warm.wait_ready("base", timeout=30)
-    (broken,) = ready_ids(standin)
     standin.kill_envd(broken)
 
     ran_in = run(warm, tmp_path / "second")
@@ -203,10 +207,8 @@ def test_the_budget_bounds_the_ready_sandboxes_of_the_node(
 def test_the_reaper_kills_ready_sandboxes_of_a_process_gone_never_its_own(
     warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
 ) -> None:
-    run(warm, tmp_path / "first")
+    (mine,) = started_pool(warm, standin, tmp_path)
     assert warm.warm is not None
-    assert warm.warm.wait_ready("base", timeout=30)
-    (mine,) = ready_ids(standin)
     # A run holding a ready sandbox is not an orphan either, live run ids or not.
     started = threading.Event()
     release = threading.Event()
@@ -255,10 +257,7 @@ def test_the_reaper_kills_ready_sandboxes_of_a_process_gone_never_its_own(
 def test_close_kills_every_ready_sandbox_and_later_runs_create_their_own(
     warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
 ) -> None:
-    run(warm, tmp_path / "first")
-    assert warm.warm is not None
-    assert warm.warm.wait_ready("base", timeout=30)
-    ready = ready_ids(standin)
+    ready = started_pool(warm, standin, tmp_path)
 
     warm.close()
 
@@ -298,10 +297,7 @@ def test_a_run_checks_at_most_two_ready_sandboxes_before_it_creates_its_own(
 def test_a_run_whose_envd_dies_ends_and_its_ready_sandbox_is_killed_never_handed_again(
     warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
 ) -> None:
-    run(warm, tmp_path / "first")
-    assert warm.warm is not None
-    assert warm.warm.wait_ready("base", timeout=30)
-    (ready,) = ready_ids(standin)
+    (ready,) = started_pool(warm, standin, tmp_path)
     where = tmp_path / "victim"
     where.mkdir()
     # The run takes down its own envd once it is running (as a hostile script could).
@@ -325,10 +321,8 @@ def test_a_run_whose_envd_dies_ends_and_its_ready_sandbox_is_killed_never_handed
 def test_a_sandbox_whose_kill_failed_after_its_run_is_the_reapers_not_the_pools(
     warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
 ) -> None:
-    run(warm, tmp_path / "first")
+    (ready,) = started_pool(warm, standin, tmp_path)
     assert warm.warm is not None
-    assert warm.warm.wait_ready("base", timeout=30)
-    (ready,) = ready_ids(standin)
     standin.fail_control_plane("server_error", route="DELETE /sandboxes/{sandboxID}")
     assert run(warm, tmp_path / "second") == ready
     standin.clear_faults()
