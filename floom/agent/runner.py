@@ -81,7 +81,11 @@ def run_agent(attempt: Attempt) -> Outcome:
             attempt.restore_artifacts()
             if transcript.workspace_digest:
                 workspace.restore(
-                    ctx, run_id=run.id, digest=transcript.workspace_digest, base=attempt.base
+                    ctx,
+                    run_id=run.id,
+                    digest=transcript.workspace_digest,
+                    base=attempt.base,
+                    note=lambda line: run_log.add("system", line),
                 )
             run_log.add("system", f"resuming the agent after model turn {transcript.iterations}")
         spent = transcript.active_seconds if transcript else 0.0

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import io
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from floom.engine.collect import Artifact
-from floom.engine.safefiles import Cancelled, Refused, open_regular, read_fd, walk
+from floom.engine.safefiles import Cancelled, Refused, open_regular, read_fd, said, walk
 from floom.services.runs import agent as agent_runs
 
 if TYPE_CHECKING:
     from floom.agent.builtin import AgentEnv
     from floom.services.context import Context
+
+# The longest path (bytes, from the workspace's top) kept across a pause. A run's process can
+# make a path of any length folder by folder, but unpacking it on resume opens it whole,
+# under the run dir, and the kernel refuses a path over PATH_MAX (4096 bytes).
+MAX_PATH_BYTES = 2048
 
 
 def keep(env: AgentEnv) -> str | None:
@@ -48,19 +54,26 @@ def keep(env: AgentEnv) -> str | None:
             folder.type, folder.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(folder)
             for rel, _ in files:
+                name = f"{arcname}/{rel}"
+                if len(name.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+                    env.run_log.add(
+                        "system",
+                        f"not kept with the workspace: {said(name)[:200]}...: its path is "
+                        f"too long (over {MAX_PATH_BYTES} bytes) to unpack on resume",
+                    )
+                    continue
                 try:
                     with open_regular(root, rel) as (fd, st):
                         data = b"" if st.st_size > left else read_fd(fd, left)
                 except (Refused, OSError) as exc:
-                    env.run_log.add(
-                        "system", f"not kept with the workspace: {arcname}/{rel}: {exc}"
-                    )
+                    why = exc.message if isinstance(exc, Refused) else exc.strerror
+                    env.run_log.add("system", f"not kept with the workspace: {said(name)}: {why}")
                     continue
                 if st.st_size > left or len(data) > left:
                     _too_large(env, f"over {budget} bytes of files, grown since they were counted")
                     return None
                 left -= len(data)
-                info = tarfile.TarInfo(f"{arcname}/{rel}")
+                info = tarfile.TarInfo(name)
                 info.size, info.mode = len(data), 0o644
                 tar.addfile(info, io.BytesIO(data))
     data = buf.getvalue()
@@ -78,13 +91,22 @@ def _too_large(env: AgentEnv, size: str) -> None:
     )
 
 
-def restore(ctx: Context, *, run_id: str, digest: str, base: Path) -> bool:
-    """Unpack what `keep` stored into base (holding work/ and output/)."""
+def restore(
+    ctx: Context, *, run_id: str, digest: str, base: Path, note: Callable[[str], None]
+) -> bool:
+    """Unpack what `keep` stored into base (holding work/ and output/). A member that cannot
+    be unpacked (a path too long, one the data filter refuses) is left out and `note`d: it
+    never fails the run's resume."""
     data = agent_runs.get_blob(ctx, digest, what=f"the agent workspace of run {run_id}")
     if data is None:
         return False
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(base, filter="data")
+        for member in tar:
+            try:
+                tar.extract(member, base, filter="data")
+            except (OSError, tarfile.TarError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                note(f"not restored with the workspace: {said(member.name)[:200]}: {said(why)}")
     return True
 
 

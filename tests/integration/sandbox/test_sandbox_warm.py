@@ -23,7 +23,13 @@ from floom.sandbox.local import procfs
 from floom.sandbox.local.backend import system_args
 from floom.sandbox.local.uid_pool import UidPool
 from floom.sandbox.local.warm.inside import RECORD_NAME
-from floom.sandbox.local.warm.pools import WarmKey, WarmPools, WarmSettings, read_record
+from floom.sandbox.local.warm.pools import (
+    WarmKey,
+    WarmPools,
+    WarmSettings,
+    read_record,
+    warm_prefix,
+)
 from floom.sandbox.local.warm.process import (
     INSIDE,
     WarmProcess,
@@ -1062,3 +1068,46 @@ def test_closing_ends_a_warm_process_still_starting_before_it_returns(
         warm.close()
     # Nothing of it is left: no bubblewrap running, and none unreaped.
     assert _bubblewraps_of(token) == []
+
+
+def test_a_warm_process_slow_to_be_ready_is_given_up_on_without_waiting_on_its_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm process that has not said it is ready within START_SECONDS is given up on, its
+    stderr's tail kept for the log. That tail was read with a blocking read of 4 KiB from a
+    process still alive, its stderr open and nearly empty: the warm pools' thread waited
+    for good (the process, ready later, never writes again nor ends)."""
+    monkeypatch.setattr("floom.sandbox.local.warm.process.START_SECONDS", 0.5)
+    source = INSIDE.read_text().replace(
+        "    refused = _preload(modules)\n",
+        "    import time as _t\n    _t.sleep(3)\n    refused = _preload(modules)\n",
+    )
+    assert source != INSIDE.read_text()
+    local = LocalSandbox()
+    launching = WarmProcess.launch(
+        modules=(),
+        owner=f"{warm_prefix(tmp_path)}slow",
+        system_args=system_args(),
+        source=source,
+        uids=uids_of(local),
+    )
+    outcome: list[BaseException | WarmProcess] = []
+
+    def await_ready() -> None:
+        try:
+            outcome.append(launching.ready())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=await_ready, daemon=True)
+    waiter.start()
+    try:
+        waiter.join(timeout=15)
+        assert not waiter.is_alive(), "ready() still waits on the warm process's stderr"
+        assert len(outcome) == 1, outcome
+        assert isinstance(outcome[0], WarmUnavailable), outcome
+        assert "no answer" in outcome[0].message
+    finally:
+        launching.abort()  # ends a process the waiter left (without the fix)
+        waiter.join(timeout=15)
+        local.close()

@@ -781,11 +781,16 @@ def _end(proc: subprocess.Popen[bytes], control: socket.socket) -> None:
 
 
 def _tail(proc: subprocess.Popen[bytes]) -> str:
+    """Up to 4 KiB of what `proc` has written to its stderr so far, without waiting: it may
+    still run (slow to start, or stalled), its stderr open, and a blocking read would then
+    wait until it wrote 4 KiB or ended, holding up the thread that gives up on it."""
     if proc.stderr is None or proc.stderr.closed:
         return ""
     with contextlib.suppress(OSError, ValueError):
-        return proc.stderr.read(4096).decode("utf-8", "replace")
-    return ""
+        fd = proc.stderr.fileno()
+        os.set_blocking(fd, False)
+        return os.read(fd, 4096).decode("utf-8", "replace")
+    return ""  # nothing written (BlockingIOError), or the pipe is gone
 
 
 def _close_all(fds: list[int]) -> None:
