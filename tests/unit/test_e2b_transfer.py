@@ -111,3 +111,24 @@ def test_names_in_notes_cannot_shape_the_runs_log(tmp_path: Path) -> None:
     assert len(done.notes) == 2, done.notes
     for note in done.notes:
         assert note.isprintable(), note
+
+
+def test_a_file_the_host_cannot_write_is_left_out_and_the_rest_come_back(tmp_path: Path) -> None:
+    # Before: the first file whose name the host could not write (a name over 255 bytes, a
+    # file where a folder came before) cut the unpack short, and every file after it was lost.
+    data = _archive(
+        ("output/" + "n" * 300, tarfile.REGTYPE, b"too long a name"),
+        ("output/a", tarfile.REGTYPE, b"a file"),
+        ("output/a/b", tarfile.REGTYPE, b"under a file"),
+        ("output/after.txt", tarfile.REGTYPE, b"after"),
+        ("work/result.json", tarfile.REGTYPE, b"{}"),
+    )
+
+    done = unpack_hostile(data, into=tmp_path / "landing", names=("work", "output"), budget=MIB)
+
+    assert (done.trees["output"] / "a").read_bytes() == b"a file"
+    assert (done.trees["output"] / "after.txt").read_bytes() == b"after"
+    assert (done.trees["work"] / "result.json").read_bytes() == b"{}"
+    assert len(done.notes) == 2, done.notes
+    assert all("was not kept" in note and note.isprintable() for note in done.notes), done.notes
+    assert not any("cut short" in note for note in done.notes)

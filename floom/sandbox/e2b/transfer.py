@@ -3,6 +3,7 @@ that comes back read as hostile (the process may have left anything in it)."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import os
@@ -11,6 +12,7 @@ import stat
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Final
 
 from floom.bundle import ENTRY_OVERHEAD, BoundedReader, UnpackedTooLarge
 from floom.invisible import shown
@@ -140,12 +142,27 @@ def unpack_hostile(data: bytes, *, into: Path, names: tuple[str, ...], budget: i
                 source = tar.extractfile(member)
                 if source is None:
                     continue
-                _write_new(into, parts, source.read(member.size), executable=member.mode & 0o100)
+                content = source.read(member.size)
+                try:
+                    _write_new(into, parts, content, executable=member.mode & 0o100)
+                except OSError as exc:
+                    if exc.errno not in _UNWRITABLE_NAME:
+                        raise  # the host's own trouble (a full disk): cut short, said so
+                    # This one file cannot be written here (a name too long, a file where
+                    # a folder came before): the rest still come back.
+                    why = os.strerror(exc.errno or 0).lower()
+                    done.notes.append(f"{named} was not kept: {why}")
     except UnpackedTooLarge:
         done.over_budget = True
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         done.notes.append(f"the files that came back were cut short: {shown(str(exc))}")
     return done
+
+
+_UNWRITABLE_NAME: Final = frozenset(
+    {errno.ENAMETOOLONG, errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.EINVAL, errno.EILSEQ}
+)
+"""Errors writing one unpacked file that its name or the files before it caused."""
 
 
 def _safe_parts(name: str) -> tuple[str, ...] | None:
