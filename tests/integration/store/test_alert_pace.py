@@ -259,3 +259,31 @@ def test_a_schedule_synced_with_a_nearer_tick_is_missed_on_time(paced: Context) 
     missed = passes.seen(lambda name: name.startswith("schedule.missed") and nearer.id in name)
     assert missed == [_first_pass_at_or_after(t0, tick + timedelta(seconds=GRACE))]
     passes.close()
+
+
+def _failed(ctx: Context, at: datetime) -> Run:
+    run = Run(
+        id=new_id("run"), worker_name="w", version_id="v", status=RunStatus.FAILED, finished_at=at
+    )
+    _add(ctx, run)
+    return run
+
+
+def test_a_failure_after_the_clock_steps_back_is_seen_at_the_next_pass(paced: Context) -> None:
+    """The clock steps back ten minutes (a correction of a clock that ran ahead): the probe's
+    anchor and the runs cursor, set from the clock as it was, are ahead of every time written
+    since. A run that fails then is still seen at the next pass, and so is one after it."""
+    passes = _start(paced)
+    _failed(paced, passes.now + timedelta(seconds=1))
+    passes.one()  # seen; the runs cursor moves to this pass's time
+    passes.until(passes.now + 3 * POLL)
+
+    passes.now -= timedelta(minutes=10)  # the clock steps back, and a run fails at once
+    early = _failed(paced, passes.now + timedelta(seconds=2))
+    passes.one()
+    assert passes.seen(_naming(early.id)) == [passes.now]
+    passes.until(passes.now + 4 * POLL)
+    later = _failed(paced, passes.now + timedelta(seconds=2))
+    passes.one()
+    assert passes.seen(_naming(later.id)) == [passes.now]
+    passes.close()
