@@ -556,7 +556,8 @@ def _schedule_seen(
 
 
 def watch_nodes(ctx: Context, *, now: datetime) -> int:
-    """Nodes silent past their lease (lost), and lost nodes heard again (or stopped)."""
+    """Nodes silent past their lease (lost), and lost nodes heard again (or stopped, or
+    forgotten)."""
     return _nodes(ctx, now)[0]
 
 
@@ -602,6 +603,22 @@ def _nodes(ctx: Context, now: datetime) -> tuple[int, datetime]:
                     details={"node": node.id},
                 )
             )
+    # A node silent for a day is forgotten (its row deleted when another node starts): its
+    # incident closes, else it stays open, and this check runs every pass, for good.
+    for subject in sorted(set(lost_open) - {f"node:{node.id}" for node in nodes}):
+        node_id = subject.removeprefix("node:")
+        seen.append(
+            Seen(
+                key=f"{subject}:forgotten",
+                kind="recovered",
+                subject=subject,
+                what=RECOVERY,
+                summary=f"node {node_id} is forgotten: silent for over a day, it no longer "
+                "counts as a node of this floom",
+                at=now,
+                details={"node": node_id},
+            )
+        )
     return _record_all(ctx, seen), deadline
 
 

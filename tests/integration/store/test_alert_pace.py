@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import event
-from sqlmodel import select
+from sqlmodel import col, select
 
 from floom.services.alerts import watch
 from floom.services.context import Context
@@ -286,4 +286,50 @@ def test_a_failure_after_the_clock_steps_back_is_seen_at_the_next_pass(paced: Co
     later = _failed(paced, passes.now + timedelta(seconds=2))
     passes.one()
     assert passes.seen(_naming(later.id)) == [passes.now]
+    passes.close()
+
+
+def test_a_lost_node_forgotten_closes_its_incident_and_idle_passes_are_one_statement_again(
+    paced: Context,
+) -> None:
+    """A lost node that never comes back is forgotten a day later (its row deleted when another
+    node starts): its incident closes then, and idle passes stop looking at the nodes."""
+    passes = _start(paced)
+    t0 = passes.now
+    _add(
+        paced,
+        Node(id="gone", roles="api", version="t", lease_seconds=6, started_at=t0, heartbeat_at=t0),
+    )
+    passes.until(t0 + 4 * POLL)
+    assert passes.seen(lambda name: name.startswith("node.lost")) != []
+    with session_scope(paced.engine, write=True) as s:
+        row = s.get(Node, "gone")
+        assert row is not None
+        s.delete(row)  # as nodes.register does a day after its last heartbeat
+    passes.until(passes.now + 2 * POLL)
+    assert passes.seen(lambda name: name.startswith("recovered") and "node:gone" in name) != []
+    assert passes.until(passes.now + 3 * POLL) == [1] * 3
+    passes.close()
+
+
+def test_a_node_lost_and_heard_again_twice_recovers_twice(paced: Context) -> None:
+    """A node lost, heard again, lost again (a flaky link) and heard again: its second
+    incident closes as its first did."""
+    passes = _start(paced)
+    t0 = passes.now
+    _add(
+        paced,
+        Node(id="flaky", roles="api", version="t", lease_seconds=6, started_at=t0, heartbeat_at=t0),
+    )
+    for _ in range(2):
+        passes.until(passes.now + 3 * POLL)  # silent past its lease: lost
+        with session_scope(paced.engine, write=True) as s:
+            row = s.get(Node, "flaky")
+            assert row is not None
+            row.heartbeat_at = passes.now  # heard again
+            s.add(row)
+        passes.one()
+    with session_scope(paced.engine) as s:
+        kinds = s.exec(select(AlertEvent.kind).order_by(col(AlertEvent.id))).all()
+    assert kinds == ["node.lost", "recovered", "node.lost", "recovered"]
     passes.close()
