@@ -455,6 +455,21 @@ def _schedules(ctx: Context, now: datetime) -> tuple[int, datetime]:
             )
             seen += found if watched else []
             deadline = min(deadline, nearest)
+        # A schedule removed (or its worker deleted or left with no version) has no tick
+        # that could close its incident: it closes now.
+        gone = set(incidents.open_subjects(s, "schedule:")) - {f"schedule:{t.id}" for t, _ in rows}
+    seen += [
+        Seen(
+            key=f"{subject}:gone",
+            kind="recovered",
+            subject=subject,
+            what=RECOVERY,
+            summary=f"schedule {subject.removeprefix('schedule:')} was removed",
+            at=now,
+            details={"trigger_id": subject.removeprefix("schedule:")},
+        )
+        for subject in sorted(gone)
+    ]
     return _record_all(ctx, seen), deadline
 
 

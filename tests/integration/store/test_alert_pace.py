@@ -333,3 +333,29 @@ def test_a_node_lost_and_heard_again_twice_recovers_twice(paced: Context) -> Non
         kinds = s.exec(select(AlertEvent.kind).order_by(col(AlertEvent.id))).all()
     assert kinds == ["node.lost", "recovered", "node.lost", "recovered"]
     passes.close()
+
+
+def test_a_missed_schedule_removed_closes_its_incident(paced: Context) -> None:
+    """A schedule whose tick was missed is then removed (worker.yml redeployed without it):
+    its incident closes, as nothing could close it after."""
+    passes = _start(paced)
+    t0 = passes.now
+    _add(paced, Worker(name="w", active_version_id="v"))
+    trigger = _schedule(paced, "w", "* * * * *", t0 - timedelta(minutes=3))
+
+    def change(**values: object) -> None:
+        with session_scope(paced.engine, write=True) as s:
+            row = s.get(Trigger, trigger.id)
+            assert row is not None
+            for name, value in {**values, "updated_at": passes.now}.items():
+                setattr(row, name, value)
+            s.add(row)
+
+    change()  # synced now, its last tick three minutes back
+    passes.one()
+    assert passes.seen(lambda name: name.startswith("schedule.missed")) != []
+    change(removed_at=passes.now)
+    passes.until(passes.now + 2 * POLL)
+    closed = passes.seen(lambda name: name.startswith("recovered") and trigger.id in name)
+    assert closed != []
+    passes.close()
