@@ -136,11 +136,39 @@ def _record_result(ctx: Context, delivery: Delivery, *, error: str | None, perma
 
 
 def deliver_due(ctx: Context) -> int:
-    """Send what is due; how many were tried."""
+    """Send what is due; how many were claimed."""
     claimed = claim_due(ctx)
-    for delivery in claimed:
-        attempt(ctx, delivery)
+    send_claimed(ctx, claimed)
     return len(claimed)
+
+
+def send_claimed(ctx: Context, claimed: list[Delivery]) -> None:
+    """Send claimed deliveries one after another, each only if this node's claim on it still
+    holds, renewed for the send: a claim taken with the batch covers one send, and the sends
+    before it may have taken longer (a slow receiver each), so it may have run out and
+    another node taken the delivery and sent it."""
+    for delivery in claimed:
+        if _renewed(ctx, delivery):
+            attempt(ctx, delivery)
+        else:
+            log.info("delivery %s: its lease passed to another sender; not sent", delivery.id)
+
+
+def _renewed(ctx: Context, delivery: Delivery) -> bool:
+    now = utcnow()
+    with session_scope(ctx.engine, write=True) as s:
+        written = s.exec(
+            update(Delivery)
+            .where(
+                col(Delivery.id) == delivery.id,
+                col(Delivery.status) == DeliveryStatus.PENDING,
+                col(Delivery.lease_owner) == ctx.node_id,
+                col(Delivery.lease_expires_at) > now,
+                col(Delivery.attempts) == delivery.attempts,
+            )
+            .values(lease_expires_at=now + timedelta(seconds=_lease_seconds(ctx)))
+        )
+        return bool(written.rowcount)
 
 
 def list_deliveries(

@@ -20,7 +20,9 @@ once the deadline it computed at its last run has come: the earliest pending app
 wait, each schedule's next tick and its run's grace, the earliest node lease. A change (a
 new approval, a schedule synced, a node started) may bring a deadline nearer, which is why
 any change makes the next pass a whole one. Deliveries are sent when the same statement
-finds one due (or a whole pass may have queued one).
+finds one due (or a whole pass may have queued one). A pass that sees the clock earlier than
+the last one did starts afresh (anchor and deadlines were taken from the clock as it was),
+and a cursor ahead of the clock is read from, and set back to, the clock's time.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class Pace:
     seen: tuple[int, ...] | None = None  # its counts at the last pass (None: look at all)
     due: dict[str, datetime] = field(default_factory=dict)  # a timed check's next deadline
     deliver: bool = True
+    last: datetime | None = None  # the time the last pass saw
 
 
 # A timed check: (events recorded, when it must run again at the latest).
@@ -102,6 +105,12 @@ def watch(ctx: Context, *, now: datetime | None = None, pace: Pace | None = None
     many events it recorded. Each check stands alone: one that fails is logged, the others
     still run, and it runs again at the next pass."""
     now = now or utcnow()
+    if pace is not None:
+        if pace.last is not None and now < pace.last:
+            # The clock stepped back: the anchor and the deadlines, taken from the clock as it
+            # was, may be ahead of every time written from now on. Start afresh.
+            pace.anchor, pace.seen, pace.due = None, None, {}
+        pace.last = now
     whole = pace is None or _changed(ctx, pace, now)
     recorded = 0
     more = False
@@ -196,21 +205,30 @@ def _cursor(s: Session, name: str) -> datetime | None:
     return row.at if row is not None else None
 
 
+def _since(mark: datetime | None, now: datetime) -> datetime:
+    """Where a pass reads from: the margin behind its cursor, or behind `now` when there is
+    none or it is ahead of `now` (set from a clock that has since stepped back, or another
+    node's that runs ahead: the times written from now on are behind it)."""
+    return min(mark or now, now) - timedelta(seconds=MARGIN_SECONDS)
+
+
 def _moves(mark: datetime | None, read: list[datetime], now: datetime) -> bool:
     """Whether a pass that read rows at times `read` moves its cursor (at `mark`): when it
     read any and there is no cursor yet, when it read one past the cursor (not only the
-    margin behind it, read again), or when the cursor is CURSOR_STEP behind."""
+    margin behind it, read again), when the cursor is CURSOR_STEP behind, or when it is ahead
+    of `now` (it goes back to this pass's time, see `_since`)."""
     if mark is None:
         return bool(read)
-    return any(at > mark for at in read) or now - mark >= CURSOR_STEP
+    return any(at > mark for at in read) or now - mark >= CURSOR_STEP or mark > now
 
 
-def _advance(ctx: Context, name: str, at: datetime) -> None:
+def _advance(ctx: Context, name: str, at: datetime, now: datetime) -> None:
+    """Move the cursor on to `at`; or back to it when the cursor is ahead of `now`."""
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(AlertCursor, name)
         if row is None:
             s.add(AlertCursor(name=name, at=at))
-        elif row.at < at:
+        elif row.at < at or _aware(row.at) > now:
             row.at = at
             s.add(row)
 
@@ -231,7 +249,7 @@ def _runs(ctx: Context, now: datetime) -> tuple[int, bool]:
     """watch_runs; and whether it read a whole batch (more may wait)."""
     with session_scope(ctx.engine) as s:
         mark = _cursor(s, "runs")
-        since = (mark or now) - timedelta(seconds=MARGIN_SECONDS)
+        since = _since(mark, now)
         ended = list(
             s.exec(
                 select(Run)
@@ -264,9 +282,9 @@ def _runs(ctx: Context, now: datetime) -> tuple[int, bool]:
     recorded = _record_all(ctx, seen)
     if _moves(mark, [run.finished_at for run in ended if run.finished_at], now):
         if len(ended) < BATCH:
-            _advance(ctx, "runs", now)
+            _advance(ctx, "runs", now, now)
         elif ended[-1].finished_at is not None:
-            _advance(ctx, "runs", ended[-1].finished_at)
+            _advance(ctx, "runs", ended[-1].finished_at, now)
     return recorded, len(ended) >= BATCH or len(recovered) >= BATCH
 
 
@@ -310,7 +328,7 @@ def _hooks(ctx: Context, now: datetime) -> tuple[int, bool]:
     """watch_hooks; and whether it read a whole batch (more may wait)."""
     with session_scope(ctx.engine) as s:
         mark = _cursor(s, "hooks")
-        since = (mark or now) - timedelta(seconds=MARGIN_SECONDS)
+        since = _since(mark, now)
         rows = list(
             s.exec(
                 select(WebhookDelivery)
@@ -355,7 +373,7 @@ def _hooks(ctx: Context, now: datetime) -> tuple[int, bool]:
             )
     recorded = _record_all(ctx, seen)
     if _moves(mark, [row.received_at for row in rows], now):
-        _advance(ctx, "hooks", now if len(rows) < BATCH else rows[-1].received_at)
+        _advance(ctx, "hooks", now if len(rows) < BATCH else rows[-1].received_at, now)
     return recorded, len(rows) >= BATCH
 
 
@@ -437,6 +455,21 @@ def _schedules(ctx: Context, now: datetime) -> tuple[int, datetime]:
             )
             seen += found if watched else []
             deadline = min(deadline, nearest)
+        # A schedule removed (or its worker deleted or left with no version) has no tick
+        # that could close its incident: it closes now.
+        gone = set(incidents.open_subjects(s, "schedule:")) - {f"schedule:{t.id}" for t, _ in rows}
+    seen += [
+        Seen(
+            key=f"{subject}:gone",
+            kind="recovered",
+            subject=subject,
+            what=RECOVERY,
+            summary=f"schedule {subject.removeprefix('schedule:')} was removed",
+            at=now,
+            details={"trigger_id": subject.removeprefix("schedule:")},
+        )
+        for subject in sorted(gone)
+    ]
     return _record_all(ctx, seen), deadline
 
 
@@ -538,7 +571,8 @@ def _schedule_seen(
 
 
 def watch_nodes(ctx: Context, *, now: datetime) -> int:
-    """Nodes silent past their lease (lost), and lost nodes heard again (or stopped)."""
+    """Nodes silent past their lease (lost), and lost nodes heard again (or stopped, or
+    forgotten)."""
     return _nodes(ctx, now)[0]
 
 
@@ -584,6 +618,22 @@ def _nodes(ctx: Context, now: datetime) -> tuple[int, datetime]:
                     details={"node": node.id},
                 )
             )
+    # A node silent for a day is forgotten (its row deleted when another node starts): its
+    # incident closes, else it stays open, and this check runs every pass, for good.
+    for subject in sorted(set(lost_open) - {f"node:{node.id}" for node in nodes}):
+        node_id = subject.removeprefix("node:")
+        seen.append(
+            Seen(
+                key=f"{subject}:forgotten",
+                kind="recovered",
+                subject=subject,
+                what=RECOVERY,
+                summary=f"node {node_id} is forgotten: silent for over a day, it no longer "
+                "counts as a node of this floom",
+                at=now,
+                details={"node": node_id},
+            )
+        )
     return _record_all(ctx, seen), deadline
 
 

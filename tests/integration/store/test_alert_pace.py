@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import event
-from sqlmodel import select
+from sqlmodel import col, select
 
 from floom.services.alerts import watch
 from floom.services.context import Context
@@ -258,4 +258,104 @@ def test_a_schedule_synced_with_a_nearer_tick_is_missed_on_time(paced: Context) 
 
     missed = passes.seen(lambda name: name.startswith("schedule.missed") and nearer.id in name)
     assert missed == [_first_pass_at_or_after(t0, tick + timedelta(seconds=GRACE))]
+    passes.close()
+
+
+def _failed(ctx: Context, at: datetime) -> Run:
+    run = Run(
+        id=new_id("run"), worker_name="w", version_id="v", status=RunStatus.FAILED, finished_at=at
+    )
+    _add(ctx, run)
+    return run
+
+
+def test_a_failure_after_the_clock_steps_back_is_seen_at_the_next_pass(paced: Context) -> None:
+    """The clock steps back ten minutes (a correction of a clock that ran ahead): the probe's
+    anchor and the runs cursor, set from the clock as it was, are ahead of every time written
+    since. A run that fails then is still seen at the next pass, and so is one after it."""
+    passes = _start(paced)
+    _failed(paced, passes.now + timedelta(seconds=1))
+    passes.one()  # seen; the runs cursor moves to this pass's time
+    passes.until(passes.now + 3 * POLL)
+
+    passes.now -= timedelta(minutes=10)  # the clock steps back, and a run fails at once
+    early = _failed(paced, passes.now + timedelta(seconds=2))
+    passes.one()
+    assert passes.seen(_naming(early.id)) == [passes.now]
+    passes.until(passes.now + 4 * POLL)
+    later = _failed(paced, passes.now + timedelta(seconds=2))
+    passes.one()
+    assert passes.seen(_naming(later.id)) == [passes.now]
+    passes.close()
+
+
+def test_a_lost_node_forgotten_closes_its_incident_and_idle_passes_are_one_statement_again(
+    paced: Context,
+) -> None:
+    """A lost node that never comes back is forgotten a day later (its row deleted when another
+    node starts): its incident closes then, and idle passes stop looking at the nodes."""
+    passes = _start(paced)
+    t0 = passes.now
+    _add(
+        paced,
+        Node(id="gone", roles="api", version="t", lease_seconds=6, started_at=t0, heartbeat_at=t0),
+    )
+    passes.until(t0 + 4 * POLL)
+    assert passes.seen(lambda name: name.startswith("node.lost")) != []
+    with session_scope(paced.engine, write=True) as s:
+        row = s.get(Node, "gone")
+        assert row is not None
+        s.delete(row)  # as nodes.register does a day after its last heartbeat
+    passes.until(passes.now + 2 * POLL)
+    assert passes.seen(lambda name: name.startswith("recovered") and "node:gone" in name) != []
+    assert passes.until(passes.now + 3 * POLL) == [1] * 3
+    passes.close()
+
+
+def test_a_node_lost_and_heard_again_twice_recovers_twice(paced: Context) -> None:
+    """A node lost, heard again, lost again (a flaky link) and heard again: its second
+    incident closes as its first did."""
+    passes = _start(paced)
+    t0 = passes.now
+    _add(
+        paced,
+        Node(id="flaky", roles="api", version="t", lease_seconds=6, started_at=t0, heartbeat_at=t0),
+    )
+    for _ in range(2):
+        passes.until(passes.now + 3 * POLL)  # silent past its lease: lost
+        with session_scope(paced.engine, write=True) as s:
+            row = s.get(Node, "flaky")
+            assert row is not None
+            row.heartbeat_at = passes.now  # heard again
+            s.add(row)
+        passes.one()
+    with session_scope(paced.engine) as s:
+        kinds = s.exec(select(AlertEvent.kind).order_by(col(AlertEvent.id))).all()
+    assert kinds == ["node.lost", "recovered", "node.lost", "recovered"]
+    passes.close()
+
+
+def test_a_missed_schedule_removed_closes_its_incident(paced: Context) -> None:
+    """A schedule whose tick was missed is then removed (worker.yml redeployed without it):
+    its incident closes, as nothing could close it after."""
+    passes = _start(paced)
+    t0 = passes.now
+    _add(paced, Worker(name="w", active_version_id="v"))
+    trigger = _schedule(paced, "w", "* * * * *", t0 - timedelta(minutes=3))
+
+    def change(**values: object) -> None:
+        with session_scope(paced.engine, write=True) as s:
+            row = s.get(Trigger, trigger.id)
+            assert row is not None
+            for name, value in {**values, "updated_at": passes.now}.items():
+                setattr(row, name, value)
+            s.add(row)
+
+    change()  # synced now, its last tick three minutes back
+    passes.one()
+    assert passes.seen(lambda name: name.startswith("schedule.missed")) != []
+    change(removed_at=passes.now)
+    passes.until(passes.now + 2 * POLL)
+    closed = passes.seen(lambda name: name.startswith("recovered") and trigger.id in name)
+    assert closed != []
     passes.close()
