@@ -9,7 +9,7 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import or_, update
+from sqlalchemy import ColumnElement, or_, update
 from sqlmodel import col, select
 
 from floom.errors import Conflict, InvalidRequest, NotFound
@@ -119,20 +119,22 @@ def _record_result(ctx: Context, delivery: Delivery, *, error: str | None, perma
         delay = min(ctx.settings.alert_retry_seconds * 2 ** (attempts - 1), MAX_BACKOFF_SECONDS)
         values.update(last_error=error[:500], next_attempt_at=now + timedelta(seconds=delay))
     with session_scope(ctx.engine, write=True) as s:
-        written = s.exec(
-            update(Delivery)
-            .where(
-                col(Delivery.id) == delivery.id,
-                col(Delivery.status) == DeliveryStatus.PENDING,
-                col(Delivery.lease_owner) == ctx.node_id,
-                col(Delivery.attempts) == delivery.attempts,
-            )
-            .values(**values)
-        )
+        written = s.exec(update(Delivery).where(*_still_ours(ctx, delivery)).values(**values))
         if written.rowcount == 0:
             log.info(
                 "delivery %s: its lease passed to another sender; result not recorded", delivery.id
             )
+
+
+def _still_ours(ctx: Context, delivery: Delivery) -> tuple[ColumnElement[bool], ...]:
+    """Where `delivery` is still pending, claimed by this node, and not tried since it was
+    read: what this node may write to it."""
+    return (
+        col(Delivery.id) == delivery.id,
+        col(Delivery.status) == DeliveryStatus.PENDING,
+        col(Delivery.lease_owner) == ctx.node_id,
+        col(Delivery.attempts) == delivery.attempts,
+    )
 
 
 def deliver_due(ctx: Context) -> int:
@@ -159,13 +161,7 @@ def _renewed(ctx: Context, delivery: Delivery) -> bool:
     with session_scope(ctx.engine, write=True) as s:
         written = s.exec(
             update(Delivery)
-            .where(
-                col(Delivery.id) == delivery.id,
-                col(Delivery.status) == DeliveryStatus.PENDING,
-                col(Delivery.lease_owner) == ctx.node_id,
-                col(Delivery.lease_expires_at) > now,
-                col(Delivery.attempts) == delivery.attempts,
-            )
+            .where(*_still_ours(ctx, delivery), col(Delivery.lease_expires_at) > now)
             .values(lease_expires_at=now + timedelta(seconds=_lease_seconds(ctx)))
         )
         return bool(written.rowcount)
