@@ -36,6 +36,7 @@ from floom.sandbox.local.warm.process import (
     WarmUnavailable,
     pidfd_exit_supported,
 )
+from tests.support.harness import wait_until
 from tests.support.rigs.sandboxes import Lines
 from tests.support.rigs.warm import WarmedLocal, warm_script_spec
 
@@ -1060,10 +1061,7 @@ def test_closing_ends_a_warm_process_still_starting_before_it_returns(
             result, lines, _ = run(warm, LOOK)
             assert result.exit_code == 0, lines
             wanted = 2  # the first one, and its successor
-        deadline = time.monotonic() + 20
-        while len(_bubblewraps_of(token)) < wanted:
-            assert time.monotonic() < deadline, f"no {starting} warm process was started"
-            time.sleep(0.02)
+        wait_until(lambda: len(_bubblewraps_of(token)) >= wanted, interval=0.02)
     finally:
         warm.close()
     # Nothing of it is left: no bubblewrap running, and none unreaped.
