@@ -12,6 +12,7 @@ from floom.errors import InvalidRequest, NotFound
 from floom.hints import act, told
 from floom.services.access.principal import Principal
 from floom.services.replays import replay as replays
+from floom.services.runs import lifecycle as runs
 from floom.services.runs.rules import FINISHED, SKIPPED
 from floom.services.workers import exposure
 from floom.services.workers import versions as workers
@@ -106,8 +107,12 @@ def start_eval(
         raise InvalidRequest(
             f"version {version_id} is a script; evals replay agent runs from their recordings"
         )
-    if replays.calls_tools_live(workers.manifest_of(version)):
+    manifest = workers.manifest_of(version)
+    if replays.calls_tools_live(manifest):
         # Each replay is refused the same, but only after the eval's row was written.
+        runs.check_exposed_now(
+            ctx, worker=worker, version=version, manifest=manifest, caller=caller
+        )
         exposure.check_deploy_choices(
             worker, version_id=version_id, force=True, replay_of=None, caller=caller, recording=True
         )

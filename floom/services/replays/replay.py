@@ -101,7 +101,8 @@ def start_replay(
         version_id=version_id,
         replay_of=original.id,
         # A replay acts on nothing, so a paused worker may still be tested, from any surface.
-        # One that may call tools live (`acts`) acts, though: the deploy scope decides then.
+        # One that may call tools live (`acts`) acts, though: its `expose` and the deploy
+        # scope decide then, as for a run.
         force=True,
         from_recording=True,
         recording_acts=acts,

@@ -92,12 +92,12 @@ def create_run(
     or to the worker's active version. A caller on a surface the worker's active manifest
     does not `expose` is refused (NotExposed; floom's own triggers never are, nor is a
     replay `from_recording`, which acts on nothing). A version other than the active one,
-    or `force` on a paused worker, needs the deploy scope (exposure.check_deploy_choices),
-    also for a replay from a recording that `recording_acts` (calls tools live: its
-    version's replay.live_tools). A paused worker refuses runs (WorkerPaused) unless
-    `force`. `in_transaction` runs in the transaction that inserts the
-    run, so a trigger can record its fire or delivery atomically with it; what it raises
-    undoes the run. A replay's `state_base` is the worker state version its original
+    or `force` on a paused worker, needs the deploy scope (exposure.check_deploy_choices).
+    A replay from a recording that `recording_acts` (calls tools live: its version's
+    replay.live_tools) acts as a run does: both rules hold for it. A paused worker refuses
+    runs (WorkerPaused) unless `force`. `in_transaction` runs in the transaction that
+    inserts the run, so a trigger can record its fire or delivery atomically with it; what
+    it raises undoes the run. A replay's `state_base` is the worker state version its original
     started from, and it starts from that one too. Needs the run scope.
     """
     caller.require("run")
@@ -121,8 +121,8 @@ def create_run(
                 coerce_strings=coerce_strings,
                 trigger=trigger,
                 caller=caller,
-                check_surface=not from_recording,
-                check_choices=recording_acts or not from_recording,
+                acts=recording_acts or not from_recording,
+                recording=from_recording,
                 version_id=version_id,
                 replay_of=replay_of,
                 scheduled_for=scheduled_for,
@@ -158,8 +158,8 @@ def _queue_run(
     coerce_strings: bool,
     trigger: RunTrigger,
     caller: Principal,
-    check_surface: bool,
-    check_choices: bool,
+    acts: bool,
+    recording: bool,
     version_id: str | None,
     replay_of: str | None,
     scheduled_for: datetime | None,
@@ -175,8 +175,8 @@ def _queue_run(
         worker=worker,
         version_id=version_id,
         caller=caller,
-        check_surface=check_surface,
-        check_choices=check_choices,
+        acts=acts,
+        recording=recording,
         force=force,
         replay_of=replay_of,
     )
@@ -220,8 +220,8 @@ def _queue_run(
             in_transaction=in_transaction,
             caller=caller,
             force=force,
-            check_choices=check_choices,
-            recording=not check_surface,
+            check_choices=acts,
+            recording=recording,
         )
     return run, locked
 
@@ -232,15 +232,16 @@ def _runnable_version(
     worker: Worker,
     version_id: str | None,
     caller: Principal,
-    check_surface: bool,
-    check_choices: bool,
+    acts: bool,
+    recording: bool,
     force: bool,
     replay_of: str | None,
 ) -> tuple[Version, Manifest]:
     """The version a new run of `worker` runs (`version_id`, or the active one) with its
-    manifest, once the worker may run: exposed to `caller` (with `check_surface`), not
-    paused (unless `force`), on a version other than the active one or forced only by a
-    caller with the deploy scope (with `check_choices`), and under its monthly cap."""
+    manifest, once the worker may run: when the run `acts` (all but a replay from a
+    recording that calls no tool live), exposed to `caller` and, on a version other than
+    the active one or forced, started by a caller with the deploy scope; not paused (unless
+    `force`), and under its monthly cap."""
     version_id = version_id or worker.active_version_id
     if version_id is None:
         raise Conflict(
@@ -256,21 +257,15 @@ def _runnable_version(
         ctx, version_id=version_id, worker_name=worker.name, caller=caller
     )
     manifest = workers.manifest_of(version)
-    if check_surface:
-        # What the worker allows now, even for a run pinned to an older version.
-        current = manifest
-        if worker.active_version_id not in (None, version.id):
-            active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
-            current = workers.manifest_of(active)
-        exposure.check_exposed(current, worker=worker.name, caller=caller)
-    if check_choices:
+    if acts:
+        check_exposed_now(ctx, worker=worker, version=version, manifest=manifest, caller=caller)
         exposure.check_deploy_choices(
             worker,
             version_id=version.id,
             force=force,
             replay_of=replay_of,
             caller=caller,
-            recording=not check_surface,
+            recording=recording,
         )
     if worker.paused and not force:
         raise WorkerPaused(
@@ -284,6 +279,18 @@ def _runnable_version(
         )
     agent_runs.check_monthly_cap(ctx, worker_name=worker.name, manifest=manifest)
     return version, manifest
+
+
+def check_exposed_now(
+    ctx: Context, *, worker: Worker, version: Version, manifest: Manifest, caller: Principal
+) -> None:
+    """Raise NotExposed unless `caller`'s surface may start `worker` by what its active
+    version's `expose` says now, even for a run of `version` (whose `manifest` is given)."""
+    current = manifest
+    if worker.active_version_id not in (None, version.id):
+        active = workers.get_version(ctx, version_id=worker.active_version_id, caller=caller)
+        current = workers.manifest_of(active)
+    exposure.check_exposed(current, worker=worker.name, caller=caller)
 
 
 def _insert_queued(

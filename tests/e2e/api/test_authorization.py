@@ -237,6 +237,7 @@ READ_SERVICES = (
 RULES_ABOUT_THE_CALLER = {
     "workers.exposure.check_exposed": "create_run's surface check",
     "workers.exposure.check_deploy_choices": "create_run's version and force check",
+    "runs.lifecycle.check_exposed_now": "create_run's and start_eval's surface check",
 }
 
 

@@ -12,14 +12,20 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from sqlmodel import select
 from standardwebhooks.webhooks import Webhook
 
 from floom.errors import NotExposed
 from floom.services.access.principal import SYSTEM, Principal
 from floom.services.runs import lifecycle as runs
+from floom.store.db import session_scope
+from floom.store.replays import Eval
 from floom.vocabulary import RunTrigger
+from tests.standins.anthropic_api import reply, tool_use
+from tests.support.cli import cli
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.mcp_clients import call, call_error, http_client
+from tests.support.rigs.agents import agent_rig, agent_worker, start_run, wait_status
 from tests.support.web import csrf_of, signed_in_client
 
 ECHO_PY = """\
@@ -197,3 +203,78 @@ def test_a_replay_from_a_recording_acts_on_nothing_and_is_not_a_surface_start(
         from_recording=True,
     )
     assert replay.created_by == key["id"]
+
+
+AGENT_YML = """\
+name: sage
+outputs:
+  summary: string
+tools:
+  - builtin: http_request
+    name: fetch
+    allow_domains: [api.example.test]
+{extra}"""
+
+
+@ONE_DATABASE
+def test_a_what_if_replay_or_eval_that_may_call_tools_live_is_a_start_expose_decides(
+    tmp_path: Path, database_url: str
+) -> None:
+    """A replay from a recording acts on nothing and any surface may start it; one whose
+    version may call tools live (replay.live_tools) acts as a run does, so `expose` decides
+    it on every surface, as it does an eval of such replays. Before, each was queued (202)
+    from REST, the CLI and the web UI for a worker exposed to MCP only."""
+    with agent_rig(tmp_path / "data", database_url, executor_slots=1) as rig:
+        rig.deploy(agent_worker(tmp_path / "v1", AGENT_YML.format(extra="")))
+        rig.model.script(reply(tool_use("finish", {"outputs": {"summary": "done"}})))
+        run_id = start_run(rig.api, "sage")
+        assert wait_status(rig.api, run_id)["status"] == "succeeded"
+        live = "expose: [mcp]\nreplay:\n  live_tools: [fetch]\n"
+        rig.deploy(agent_worker(tmp_path / "v2", AGENT_YML.format(extra=live)))
+        url = f"/api/v1/runs/{run_id}/replays"
+        evals_url = "/api/v1/workers/sage/evals"
+        before = len(_runs_of(rig.api, "sage"))
+
+        refused = rig.api.post(url, json={"mode": "what_if"})
+        assert refused.status_code == 403, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "not_exposed"
+        assert error["details"] == {"surface": "rest", "allowed": ["mcp"]}
+        refused = rig.api.post(evals_url, json={"runs": f"ids:{run_id}"})
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"]["code"] == "not_exposed"
+        with session_scope(rig.server.ctx.engine) as s:
+            assert s.exec(select(Eval)).all() == []  # refused before its row was written
+
+        done = cli(rig.server, "replay", run_id, "--model", "claude-other")
+        assert done.returncode != 0
+        assert "cannot be started from the CLI" in done.stdout + done.stderr
+        done = cli(rig.server, "eval", "sage", "--runs", f"ids:{run_id}")
+        assert done.returncode != 0
+        assert "cannot be started from the CLI" in done.stdout + done.stderr
+
+        browser = signed_in_client(rig.server, rig.server.admin_key)
+        page = browser.get(f"/runs/{run_id}").text
+        form = {"csrf": csrf_of(page), "mode": "what_if"}
+        refused = browser.post(f"/runs/{run_id}/replays", data=form)
+        assert refused.status_code == 403
+        assert "cannot be started from the web UI" in refused.text
+        form = {"csrf": csrf_of(page), "runs": f"ids:{run_id}"}
+        refused = browser.post("/workers/sage/evals", data=form)
+        assert refused.status_code == 403
+        assert "cannot be started from the web UI" in refused.text
+        assert len(_runs_of(rig.api, "sage")) == before
+
+        # Acting on nothing stays open to every surface: an exact replay of the recording.
+        assert rig.api.post(url, json={"mode": "exact"}).status_code == 202
+        # MCP, which the worker exposes, starts the live one.
+        rig.model.script(reply(tool_use("finish", {"outputs": {"summary": "again"}})))
+
+        async def session() -> None:
+            async with http_client(rig.server) as mcp:
+                done = await call(
+                    mcp, "replay_recorded_run", run_id=run_id, mode="what_if", wait_seconds=30
+                )
+                assert done["status"] == "succeeded", done
+
+        anyio.run(session)
