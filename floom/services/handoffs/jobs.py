@@ -219,20 +219,41 @@ def list_jobs(
         q = q.where(col(Job.id) < cursor)
     with session_scope(ctx.engine) as s:
         if role:
-            q = q.where(Job.target_role_id == find_role(s, role, active=False).id)
-        for column, ref in ((Job.assignee_agent_id, assignee), (Job.source_agent_id, source)):
+            q = q.where(Job.target_role_id == _filter_ref(s, who, "role", role))
+        for column, field, ref in (
+            (Job.assignee_agent_id, "assignee", assignee),
+            (Job.source_agent_id, "source", source),
+        ):
             if ref:
-                q = q.where(column == _agent_ref(s, who, ref))
+                q = q.where(column == _filter_ref(s, who, field, ref))
         rows = list(s.exec(q).all())
         more = len(rows) > limit
         rows = rows[:limit]
         return job_records(s, rows), rows[-1].id if more else None
 
 
-def _agent_ref(s: Session, actor: Actor, ref: str) -> str | None:
-    if ref == "me":
+def _filter_ref(s: Session, actor: Actor, field: str, ref: str) -> str:
+    """The id a list filter names (a role, retired too, for `role`; an agent or "me"
+    otherwise). A filter naming nothing is refused as a bad request naming the filter, as a
+    misspelt status is, not answered 404: the list is there, the filter is wrong; an empty
+    page would read as "no such jobs"."""
+    if field != "role" and ref == "me":
+        if actor.agent_id is None:
+            raise InvalidRequest(
+                f"{field}=me names the caller's agent, and this key belongs to no agent",
+                hint=f"use an agent's key, or name the agent in {field} (label or id)",
+                details={"field": field},
+            )
         return actor.agent_id
-    return find_agent(s, ref).id
+    try:
+        return find_role(s, ref, active=False).id if field == "role" else find_agent(s, ref).id
+    except NotFound as exc:
+        kind = "role" if field == "role" else "agent"
+        raise InvalidRequest(
+            f"the {field} filter names no {kind}: there is no {kind} '{quoted(ref)}'",
+            hint=exc.advice,
+            details={"field": field},
+        ) from exc
 
 
 # -- publishing and editing ------------------------------------------------------------------
