@@ -19,12 +19,14 @@ router = APIRouter(prefix="/api/v1", tags=["agents"], route_class=JSONRoute)
 
 ROLE_NAME: JsonDict = {"pattern": agents.ROLE_NAME.pattern}
 LABEL: JsonDict = {"minLength": 1, "maxLength": 128}
+DESCRIPTION: JsonDict = {"maxLength": agents.MAX_ROLE_DESCRIPTION}
+DESCRIPTION_HELP = "what agents of this role do: one line of printable text"
 
 
 class RoleRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused
     name: str = Field(json_schema_extra=ROLE_NAME, description=agents.ROLE_HINT)
-    description: str = ""
+    description: str = Field("", json_schema_extra=DESCRIPTION, description=DESCRIPTION_HELP)
 
 
 class RoleUpdate(BaseModel):
@@ -32,7 +34,9 @@ class RoleUpdate(BaseModel):
     name: str | None = Field(
         None, json_schema_extra=ROLE_NAME, description="the new name; jobs and agents keep it"
     )
-    description: str | None = None
+    description: str | None = Field(
+        None, json_schema_extra=DESCRIPTION, description=DESCRIPTION_HELP
+    )
 
 
 class AgentRequest(BaseModel):

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from floom.cli.common import HandoffSession, JsonOpt
-from floom.cli.output import new_table, note, out, print_json, say, when
+from floom.cli.output import new_table, note, out, print_json, say, value_text, when
 
 agents_app = typer.Typer(help="Handoff agents: identities with roles and their own API keys.")
 roles_app = typer.Typer(help="Handoff roles: the kinds of work agents take on (admins manage).")
@@ -127,5 +127,6 @@ def roles_list(
     table = new_table("NAME", "ID", "DESCRIPTION", "RETIRED")
     for r in page.items:
         retired = when(r.retired_at) if r.retired_at else ""
-        table.add_row(r.name, r.id, r.description, retired)
+        # One line each: a description stored before floom refused line breaks in one.
+        table.add_row(r.name, r.id, value_text(r.description), retired)
     out.print(table if table.row_count else "no roles yet (`floom roles create NAME`)")

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 ROLE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 ROLE_HINT = "a role name is lower case letters, digits, '.', '_' or '-', e.g. reviewer"
+# A role's description is shown to agents and in `floom roles list`, on one line.
+MAX_ROLE_DESCRIPTION = 1000
 # Agents labelled "worker:<name>" are the workers that take jobs through handoff triggers.
 WORKER_PREFIX = "worker:"
 
@@ -138,10 +140,20 @@ def _check_role_name(name: str) -> str:
     return name
 
 
+def _check_description(description: str) -> str:
+    # One line of printable text: a newline or a terminal escape in it would print a line
+    # of its own in a listing, or move the reader's cursor.
+    return names.check_text_name(
+        description, field="description", most=MAX_ROLE_DESCRIPTION, kept_as="a description"
+    )
+
+
 def create_role(ctx: Context, *, name: str, description: str = "", caller: Principal) -> Role:
     """A new role agents can hold and jobs can target. Needs the admin scope."""
     caller.require("admin")
-    role = Role(id=new_id("rol"), name=_check_role_name(name), description=description)
+    role = Role(
+        id=new_id("rol"), name=_check_role_name(name), description=_check_description(description)
+    )
     try:
         with session_scope(ctx.engine, write=True) as s:
             caller.require_in(s, "admin")
@@ -174,6 +186,8 @@ def update_role(
     """Rename a role or change its description; jobs and agents keep it, by id. Needs the
     admin scope."""
     caller.require("admin")
+    if description is not None:
+        _check_description(description)
     try:
         with session_scope(ctx.engine, write=True) as s:
             caller.require_in(s, "admin")

@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from floom.store.db import session_scope
+from floom.store.handoffs import Role
 from tests.support.cli import cli
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 
@@ -191,6 +193,23 @@ def test_handoffs_show_and_reopen_say_each_text_an_agent_wrote_on_one_line(
     lines = reopened.stdout.splitlines()
     assert len(lines) == 3, lines  # the heading, the constraint, the one rejection
     assert lines[1] == "  constraint: keep it\\n  status          completed"
+
+
+def test_roles_list_says_a_description_stored_before_the_check_on_one_line_escaped(
+    server: LiveServer,
+) -> None:
+    """A role description is refused at write with a control character in it now, but one
+    stored before is shown in its row: a newline as `\\n` (it printed a line of its own in
+    the table, reading as another role) and an escape visibly."""
+    with session_scope(server.ctx.engine, write=True) as s:
+        s.add(Role(id="rol_old", name="coder", description="writes\n  admin  rol_x  \x1b[2Jok"))
+    shown = cli(server, "roles", "list")
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout
+    rows = [line for line in shown.stdout.splitlines() if "rol_" in line]
+    assert len(rows) == 1, shown.stdout
+    assert "writes\\n" in rows[0]
+    assert "\\x1b[2Jok" in shown.stdout
 
 
 def _on_a_terminal(*args: str, env: dict[str, str]) -> str:
