@@ -178,6 +178,21 @@ def test_triggers_start_a_worker_whatever_expose_says(
     assert run["status"] == "succeeded"
     assert run["trigger"] == "webhook"
     assert run["outputs"] == {"got": "pushed"}
+    # Replaying the delivery is a person's start, though: held to expose like any replay,
+    # through REST, the CLI and the web UI's replay of its run.
+    delivery = delivered.json()["delivery_id"]
+    refused = api.post(f"/api/v1/deliveries/{delivery}/replay", json={})
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["details"] == {"surface": "rest", "allowed": ["mcp"]}
+    done = cli(server, "replay-delivery", delivery)
+    assert done.returncode != 0
+    assert "cannot be started from the CLI" in done.stdout + done.stderr
+    browser = signed_in_client(server, server.admin_key)
+    page = browser.get(f"/runs/{run['id']}").text
+    replayed = browser.post(f"/runs/{run['id']}/replay", data={"csrf": csrf_of(page)})
+    assert replayed.status_code == 403
+    assert "cannot be started from the web UI" in replayed.text
+    assert len(_runs_of(api, "hooked")) == 1
     # floom itself (a schedule fire, an agent's call) is never a surface.
     scheduled = runs.create_run(
         server.ctx, worker_name="hooked", trigger=RunTrigger.SCHEDULE, caller=SYSTEM
