@@ -82,6 +82,146 @@ def test_every_api_route_declares_a_scope(server: LiveServer) -> None:
     assert missing == []
 
 
+# Every /api/v1 route and the scope it needs, written out. A new route fails the test below
+# until it is added here with the scope its author chose, and a route whose scope changes
+# fails it too: either is then a decision someone wrote down, not a default. Reads are
+# `read`; starting, cancelling, replaying and deciding runs and handoff work `run`; what
+# changes code, its triggers, state, secrets or alerts `deploy`; keys, agents, roles and the
+# audit trail `admin`.
+ROUTE_SCOPES: dict[str, str] = {
+    "GET /api/v1/agents": "read",
+    "POST /api/v1/agents": "admin",
+    "GET /api/v1/agents/me": "read",
+    "GET /api/v1/agents/{agent}": "read",
+    "PATCH /api/v1/agents/{agent}": "admin",
+    "POST /api/v1/agents/{agent}/keys": "admin",
+    "POST /api/v1/agents/{agent}/retire": "admin",
+    "GET /api/v1/alerts/callback-key": "admin",
+    "GET /api/v1/alerts/channels": "read",
+    "POST /api/v1/alerts/channels": "deploy",
+    "DELETE /api/v1/alerts/channels/{name}": "deploy",
+    "PATCH /api/v1/alerts/channels/{name}": "deploy",
+    "PUT /api/v1/alerts/channels/{name}": "deploy",
+    "POST /api/v1/alerts/channels/{name}/test": "deploy",
+    "GET /api/v1/alerts/deliveries": "read",
+    "GET /api/v1/alerts/deliveries/{alert_delivery_id}": "read",
+    "POST /api/v1/alerts/deliveries/{alert_delivery_id}/resend": "deploy",
+    "GET /api/v1/alerts/rules": "read",
+    "POST /api/v1/alerts/rules": "deploy",
+    "DELETE /api/v1/alerts/rules/{name}": "deploy",
+    "PATCH /api/v1/alerts/rules/{name}": "deploy",
+    "GET /api/v1/approvals": "read",
+    "GET /api/v1/approvals/{approval_id}": "read",
+    # Editing a call's arguments needs deploy too, decided in the service.
+    "POST /api/v1/approvals/{approval_id}/approve": "run",
+    "POST /api/v1/approvals/{approval_id}/reject": "run",
+    "GET /api/v1/audit": "admin",
+    "GET /api/v1/deliveries/{delivery_id}": "read",
+    "POST /api/v1/deliveries/{delivery_id}/replay": "run",
+    "GET /api/v1/evals/{eval_id}": "read",
+    "POST /api/v1/handoffs/claim-next": "run",
+    "GET /api/v1/handoffs/jobs": "read",
+    "POST /api/v1/handoffs/jobs": "run",
+    "GET /api/v1/handoffs/jobs/{job_id}": "read",
+    "PATCH /api/v1/handoffs/jobs/{job_id}": "run",
+    "POST /api/v1/handoffs/jobs/{job_id}/claim": "run",
+    "POST /api/v1/handoffs/jobs/{job_id}/complete": "run",
+    "GET /api/v1/handoffs/jobs/{job_id}/events": "read",
+    "POST /api/v1/handoffs/jobs/{job_id}/heartbeat": "run",
+    "POST /api/v1/handoffs/jobs/{job_id}/reject": "run",
+    "GET /api/v1/handoffs/jobs/{job_id}/reopen-context": "read",
+    "POST /api/v1/handoffs/jobs/{job_id}/status": "run",
+    "GET /api/v1/handoffs/me": "read",
+    "GET /api/v1/handoffs/transitions": "read",
+    "GET /api/v1/keys": "admin",
+    "POST /api/v1/keys": "admin",
+    "GET /api/v1/keys/me": "read",
+    "DELETE /api/v1/keys/{key_id}": "admin",
+    "GET /api/v1/manifest-schema": "read",
+    "GET /api/v1/nodes": "read",
+    "GET /api/v1/replays/{run_id}": "read",
+    "GET /api/v1/roles": "read",
+    "POST /api/v1/roles": "admin",
+    "PATCH /api/v1/roles/{role}": "admin",
+    "POST /api/v1/roles/{role}/retire": "admin",
+    "GET /api/v1/runs": "read",
+    "GET /api/v1/runs/{run_id}": "read",
+    "GET /api/v1/runs/{run_id}/artifacts": "read",
+    "GET /api/v1/runs/{run_id}/artifacts/{name}": "read",
+    "POST /api/v1/runs/{run_id}/cancel": "run",
+    "GET /api/v1/runs/{run_id}/logs": "read",
+    "GET /api/v1/runs/{run_id}/logs/stream": "read",
+    # A version other than the active one, or forcing a paused worker, needs deploy too.
+    "POST /api/v1/runs/{run_id}/replay": "run",
+    "POST /api/v1/runs/{run_id}/replays": "run",
+    "GET /api/v1/runs/{run_id}/tool-calls": "read",
+    "GET /api/v1/runs/{run_id}/transcript": "read",
+    "GET /api/v1/secrets": "deploy",
+    "DELETE /api/v1/secrets/{name}": "deploy",
+    "PUT /api/v1/secrets/{name}": "deploy",
+    "GET /api/v1/workers": "read",
+    "POST /api/v1/workers": "deploy",
+    "POST /api/v1/workers/validate": "read",
+    "DELETE /api/v1/workers/{name}": "deploy",
+    "GET /api/v1/workers/{name}": "read",
+    "GET /api/v1/workers/{name}/deliveries": "read",
+    "POST /api/v1/workers/{name}/evals": "run",
+    "POST /api/v1/workers/{name}/pause": "deploy",
+    "POST /api/v1/workers/{name}/resume": "deploy",
+    "POST /api/v1/workers/{name}/rollback": "deploy",
+    "POST /api/v1/workers/{name}/runs": "run",
+    "GET /api/v1/workers/{name}/state": "read",
+    "PUT /api/v1/workers/{name}/state": "deploy",
+    "GET /api/v1/workers/{name}/state/versions": "read",
+    "GET /api/v1/workers/{name}/triggers": "read",
+    "GET /api/v1/workers/{name}/versions": "read",
+    "GET /api/v1/workers/{name}/versions/{version_id}": "read",
+}
+# The MCP tools and their scopes, written out for the same reason (a worker exposed as a
+# tool of its own needs `run`).
+TOOL_SCOPES: dict[str, str] = {
+    **dict.fromkeys(
+        "get_artifact get_eval get_replay get_run get_run_logs get_worker get_worker_state "
+        "handoff_get_job handoff_list_jobs handoff_my_roles handoff_reopen_context "
+        "list_alert_channels list_alert_deliveries list_alert_rules list_approvals list_runs "
+        "list_triggers list_versions list_worker_state_versions list_workers validate_worker "
+        "watch_run".split(),
+        "read",
+    ),
+    **dict.fromkeys(
+        "cancel_run decide_approval eval_worker handoff_claim_job handoff_claim_next_job "
+        "handoff_complete_job handoff_create_job handoff_heartbeat handoff_reject_job "
+        "handoff_set_status handoff_update_job replay_recorded_run replay_run "
+        "run_worker".split(),
+        "run",
+    ),
+    **dict.fromkeys(
+        "add_alert_channel add_alert_rule delete_secret delete_worker deploy_worker "
+        "list_secrets pause_worker resend_alert_delivery resume_worker rollback_worker "
+        "set_alert_rule_enabled set_secret set_worker_state test_alert_channel "
+        "update_alert_channel".split(),
+        "deploy",
+    ),
+}
+
+
+def test_every_api_route_needs_the_scope_its_row_in_the_table_says(server: LiveServer) -> None:
+    walked = {f"{method} {path}": scope for method, path, scope in _api_routes(server)}
+    unlisted = sorted(set(walked) - set(ROUTE_SCOPES))
+    assert unlisted == [], (
+        f"routes with no row in ROUTE_SCOPES (add each with its scope): {unlisted}"
+    )
+    assert sorted(set(ROUTE_SCOPES) - set(walked)) == [], "rows of ROUTE_SCOPES with no route"
+    differ = {k: (walked[k], v) for k, v in ROUTE_SCOPES.items() if walked[k] != v}
+    assert differ == {}, f"(route's scope, table's scope): {differ}"
+
+
+def test_every_mcp_tool_needs_the_scope_its_row_in_the_table_says() -> None:
+    declared = {name: mcp_tools.scope_of(name) for name in mcp_tools.TOOL_NAMES}
+    assert declared == TOOL_SCOPES
+    assert mcp_tools.scope_of("some-exposed-worker") == "run"
+
+
 def test_the_openapi_document_lists_no_route_the_walk_does_not_know(server: LiveServer) -> None:
     walked = {(m, p) for m, p, _ in _api_routes(server)}
     with server.client() as api:
