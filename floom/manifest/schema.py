@@ -18,6 +18,7 @@ from floom.errors import (
     InvalidRequest,
     ManifestTooLarge,
     RuntimeMissing,
+    quoted,
 )
 from floom.hints import Told
 from floom.hints import cli as cli_hints
@@ -337,7 +338,9 @@ class Manifest(_Frozen):
         for name in raw:
             if name not in self.inputs:
                 hint = suggest(str(name), self.inputs, noun="inputs")
-                problems.append(Problem(f"inputs.{name}", "not a declared input", hint))
+                problems.append(
+                    Problem(f"inputs.{quoted(str(name))}", "not a declared input", hint)
+                )
         result: dict[str, Any] = {}
         for name, spec in self.inputs.items():
             value = raw.get(name)

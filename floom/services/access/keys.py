@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from floom.errors import InvalidRequest, NotFound, Unauthorized
+from floom.errors import InvalidRequest, NotFound, Unauthorized, quoted
 from floom.hints import act, told
 from floom.services import names
 from floom.services.access.principal import SCOPES, SYSTEM, Principal, grants
@@ -39,7 +39,7 @@ def check_scopes(scopes: list[str]) -> None:
     bad = [s for s in scopes if s not in SCOPES]
     if bad or not scopes:
         raise InvalidRequest(
-            f"unknown scope {', '.join(repr(s) for s in bad)}" if bad else "no scope given",
+            f"unknown scope {quoted(', '.join(repr(s) for s in bad))}" if bad else "no scope given",
             hint=f"scopes are {', '.join(SCOPES)}",
         )
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import ColumnElement, or_, update
 from sqlmodel import col, select
 
-from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.errors import Conflict, InvalidRequest, NotFound, quoted
 from floom.hints import act, told
 from floom.services import paging
 from floom.services.access.principal import Principal
@@ -183,7 +183,9 @@ def list_deliveries(
     paging.check_limit(limit)
     for name, value, allowed in (("status", status, STATUSES), ("purpose", purpose, PURPOSES)):
         if value is not None and value not in allowed:
-            raise InvalidRequest(f"unknown {name} '{value}'", hint=f"one of {', '.join(allowed)}")
+            raise InvalidRequest(
+                f"unknown {name} '{quoted(value)}'", hint=f"one of {', '.join(allowed)}"
+            )
     query = select(Delivery)
     if status:
         query = query.where(Delivery.status == status)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, Forbidden, InvalidRequest
+from floom.errors import Conflict, Forbidden, InvalidRequest, quoted
 from floom.hints import act, told
 from floom.services import wakeups
 from floom.services.access.principal import Principal
@@ -327,7 +327,7 @@ def set_status(
     reason = rules.check_reason(reason)
     if status not in rules.STATUSES:
         raise InvalidRequest(
-            f"unknown status '{status}'", hint=f"one of {', '.join(rules.STATUSES)}"
+            f"unknown status '{quoted(status)}'", hint=f"one of {', '.join(rules.STATUSES)}"
         )
     with session_scope(ctx.engine, write=True) as s:
         job = load_visible(s, who, job_id, lock=True)

@@ -204,7 +204,7 @@ def list_jobs(
     for st in statuses:
         if st not in rules.STATUSES:
             raise InvalidRequest(
-                f"unknown status '{st}'", hint=f"one of {', '.join(rules.STATUSES)}"
+                f"unknown status '{quoted(st)}'", hint=f"one of {', '.join(rules.STATUSES)}"
             )
     paging.check_limit(limit)
     q = select(Job).order_by(col(Job.id).desc()).limit(limit + 1)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from floom import jsonvalues
-from floom.errors import Forbidden, IllegalTransition, InvalidRequest
+from floom.errors import Forbidden, IllegalTransition, InvalidRequest, quoted
 from floom.services.names import check_text_name
 from floom.vocabulary import JobPriority, JobStatus
 
@@ -87,7 +87,9 @@ def check_transition(current: JobStatus, new: str, *, parties: set[str], admin: 
     """Refuse a move the table does not allow, naming the allowed ones; or one this caller
     may not make, naming who may. Returns the status moved to."""
     if new not in STATUSES:
-        raise InvalidRequest(f"unknown status '{new}'", hint=f"one of {', '.join(STATUSES)}")
+        raise InvalidRequest(
+            f"unknown status '{quoted(new)}'", hint=f"one of {', '.join(STATUSES)}"
+        )
     to = JobStatus(new)
     moves = TRANSITIONS[current]
     if to not in moves:
@@ -155,7 +157,7 @@ def check_priority(priority: Any) -> JobPriority:
     # Any JSON value can arrive here; a list or an object must be refused, not hashed.
     if not isinstance(priority, str) or priority not in PRIORITY_RANK:
         raise InvalidRequest(
-            f"unknown priority {priority!r}", hint=f"one of {', '.join(PRIORITIES)}"
+            f"unknown priority {quoted(repr(priority))}", hint=f"one of {', '.join(PRIORITIES)}"
         )
     return JobPriority(priority)
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import InvalidRequest, NotFound
+from floom.errors import InvalidRequest, NotFound, quoted
 from floom.hints import act, told
 from floom.manifest.replay import NEVER_LIVE, replay_rules
 from floom.manifest.schema import Manifest
@@ -50,7 +50,9 @@ def start_replay(
     Needs the run scope."""
     caller.require("run")
     if mode not in MODES:
-        raise InvalidRequest(f"unknown replay mode '{mode}'", hint=f"one of {', '.join(MODES)}")
+        raise InvalidRequest(
+            f"unknown replay mode '{quoted(mode)}'", hint=f"one of {', '.join(MODES)}"
+        )
     if model is not None and (not model.strip() or len(model) > MAX_MODEL_NAME):
         raise InvalidRequest("model must be a model name", hint="e.g. claude-sonnet-4-5")
     if mode == EXACT and (version_id or model):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound, RunErrorCode
+from floom.errors import Conflict, Forbidden, InvalidRequest, NotFound, RunErrorCode, quoted
 from floom.hints import KeyWith, act, told
 from floom.hints import cli as cli_hints
 from floom.services import paging
@@ -147,7 +147,7 @@ def list_approvals(
         status = None
     if status is not None and status not in APPROVAL_STATUSES:
         raise InvalidRequest(
-            f"unknown approval status '{status}'",
+            f"unknown approval status '{quoted(status)}'",
             hint=f"one of {', '.join(APPROVAL_STATUSES)}, or all",
         )
     paging.check_limit(limit)
@@ -231,7 +231,7 @@ def decide_approval(
     caller.require("run")
     actor = caller.actor
     if decision not in DECISIONS:
-        raise InvalidRequest(f"unknown decision '{decision}'", hint="approve or reject")
+        raise InvalidRequest(f"unknown decision '{quoted(decision)}'", hint="approve or reject")
     if edited is not None and not isinstance(edited, dict):
         raise InvalidRequest(
             "edited must be a JSON object of the values to change",

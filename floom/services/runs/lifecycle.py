@@ -24,6 +24,7 @@ from floom.errors import (
     NotFound,
     RunErrorCode,
     WorkerPaused,
+    quoted,
 )
 from floom.hints import act, told
 from floom.services import paging
@@ -102,7 +103,9 @@ def create_run(
     """
     caller.require("run")
     if trigger not in TRIGGERS:
-        raise InvalidRequest(f"unknown trigger '{trigger}'", hint=f"one of {', '.join(TRIGGERS)}")
+        raise InvalidRequest(
+            f"unknown trigger '{quoted(trigger)}'", hint=f"one of {', '.join(TRIGGERS)}"
+        )
     _check_input_bounds(inputs, max_bytes=ctx.settings.max_input_bytes)
     # First from this process's copy of the worker, which the queueing transaction checks
     # against the row it locks anyway; a stale copy costs one more pass, read afresh.
@@ -514,10 +517,14 @@ def list_runs(
     read scope."""
     caller.require("read")
     if status and status not in STATUSES:
-        raise InvalidRequest(f"unknown status '{status}'", hint=f"one of {', '.join(STATUSES)}")
+        raise InvalidRequest(
+            f"unknown status '{quoted(status)}'", hint=f"one of {', '.join(STATUSES)}"
+        )
     if trigger and trigger not in TRIGGERS:
         # Refused like a status: a misspelt trigger would read as "no such runs".
-        raise InvalidRequest(f"unknown trigger '{trigger}'", hint=f"one of {', '.join(TRIGGERS)}")
+        raise InvalidRequest(
+            f"unknown trigger '{quoted(trigger)}'", hint=f"one of {', '.join(TRIGGERS)}"
+        )
     paging.check_limit(limit)
     q = select(Run).order_by(col(Run.id).desc()).limit(limit + 1)
     if worker:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import InvalidRequest, NotFound
+from floom.errors import InvalidRequest, NotFound, quoted
 from floom.hints import act, told
 from floom.manifest.schema import Manifest
 from floom.manifest.triggers import parse_triggers
@@ -169,7 +169,7 @@ def _trigger(s: Session, trigger_id: str, worker_name: str | None) -> Trigger:
     if trigger is None or (worker_name and trigger.worker_name != worker_name):
         where = f" of worker '{worker_name}'" if worker_name else ""
         raise NotFound(
-            f"no trigger {trigger_id}{where}",
+            f"no trigger {quoted(trigger_id)}{where}",
             hint=told(act("triggers", worker=worker_name or "WORKER"), " lists the triggers"),
         )
     return trigger

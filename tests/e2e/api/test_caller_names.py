@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from floom.bundle import read_folder
-from tests.support.harness import LiveServer, make_worker
+from tests.support.harness import EXAMPLES, LiveServer, deploy_folder, make_worker
 
 WEBHOOK = {"url": "https://93.184.216.34/hook", "secret": "HOOK_KEY"}
 # Controls, and characters that reorder or hide text (one name posing as another).
@@ -94,3 +94,33 @@ def test_a_key_name_with_a_nul_is_refused_naming_the_field(server: LiveServer) -
     assert error["code"] == "invalid_request"
     assert error["details"] == {"field": "name"}
     assert "control character (U+0000)" in error["message"]
+
+
+def test_a_refusal_quotes_a_caller_s_value_short_whatever_its_length(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    """A status, a priority, a scope, an input's name or a trigger id of 10 KB is refused
+    quoting at most a short head of it; before, each refusal answered it back whole (an
+    input's name twice), so a request echoed itself at any length."""
+    big = "z" * 10_000
+    deploy_folder(api, EXAMPLES / "hello")
+    assert api.post("/api/v1/roles", json={"name": "coder"}).status_code == 201
+    made = api.post("/api/v1/agents", json={"label": "alice", "roles": ["coder"]}).json()
+    alice = server.client(made["key"])
+    jobs = "/api/v1/handoffs/jobs"
+    job = alice.post(jobs, json={"summary": "s", "role": "coder"}).json()
+    assert alice.post(f"{jobs}/{job['id']}/claim", json={}).status_code == 200
+    tries: list[tuple[httpx.Client, str, str, dict[str, Any]]] = [
+        (alice, "POST", f"{jobs}/{job['id']}/status", {"status": big}),
+        (alice, "POST", jobs, {"summary": "s", "role": "coder", "priority": big}),
+        (api, "POST", "/api/v1/keys", {"scopes": [big]}),
+        (api, "POST", "/api/v1/agents", {"label": "bob", "scopes": [big]}),
+        (api, "POST", "/api/v1/workers/hello/runs", {"inputs": {big: 1}}),
+        (api, "POST", "/api/v1/workers/hello/pause", {"trigger_id": big}),
+    ]
+    wrong = []
+    for client, method, url, body in tries:
+        resp = client.request(method, url, json=body)
+        if resp.status_code not in (400, 404, 422) or len(resp.content) > 1_000:
+            wrong.append(f"{method} {url} {list(body)}: {resp.status_code}, {len(resp.content)} B")
+    assert wrong == [], "\n".join(wrong)

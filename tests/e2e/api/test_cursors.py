@@ -152,9 +152,12 @@ def test_every_enumerated_filter_refuses_a_value_outside_its_enum(server: LiveSe
     wrong = []
     for method, path, name in filters:
         url = re.sub(r"\{name\}", "hello", path)
-        for value in ("nope", "\x00", "Schedule"):
+        for value in ("nope", "\x00", "Schedule", "z" * 10_000):
             resp = api.request(method, url, params={name: value})
             error = resp.json().get("error") or {} if resp.status_code < 500 else {}
             if resp.status_code not in (400, 422) or error.get("code") != "invalid_request":
-                wrong.append(f"{method} {path}?{name}={value!r}: {resp.status_code} {resp.text}")
+                wrong.append(f"{method} {path}?{name}={value[:20]!r}: {resp.status_code}")
+            # The refusal quotes the value short: a 10 KB one was answered back whole.
+            elif len(resp.content) > 1_000:
+                wrong.append(f"{method} {path}?{name}: {len(resp.content)} bytes answered")
     assert wrong == [], "\n".join(wrong)
