@@ -230,7 +230,7 @@ def claim_next(
         role_ids = {rid for rid, name in who.roles.items() if role in (rid, name)}
         if not role_ids:
             raise Forbidden(
-                f"you do not hold the role '{role}'",
+                f"you do not hold the role '{quoted(role)}'",
                 hint=f"your roles: {', '.join(sorted(who.roles.values())) or 'none'}",
             )
     if not role_ids:

@@ -627,7 +627,7 @@ def read_artifact(
         ).first()
         if art is None:
             raise NotFound(
-                f"run {run_id} has no artifact '{name}'",
+                f"run {run_id} has no artifact '{quoted(name)}'",
                 hint=told(act("runs show", run_id=run_id), " lists its artifacts"),
             )
         artifact_scan.check_may_read(

@@ -160,7 +160,9 @@ def set_paused(
 def _worker(s: Session, name: str) -> Worker:
     worker = s.get(Worker, name)
     if worker is None:
-        raise NotFound(f"no worker named '{name}'", hint=told(act("workers"), " lists them"))
+        raise NotFound(
+            f"no worker named '{quoted(name)}'", hint=told(act("workers"), " lists them")
+        )
     return worker
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, func, update
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.errors import Conflict, InvalidRequest, NotFound, quoted
 from floom.hints import act, told
 from floom.services.access import audit, principal
 from floom.services.access.audit import AuditActor
@@ -202,7 +202,7 @@ def _delete(
     # Locked first: a run being created for the worker now waits for this transaction.
     worker = s.get(Worker, name, with_for_update=True, populate_existing=True)
     if worker is None:
-        raise NotFound(f"no worker named '{name}'", hint="it was deleted meanwhile")
+        raise NotFound(f"no worker named '{quoted(name)}'", hint="it was deleted meanwhile")
     active = s.exec(
         select(Run).where(Run.worker_name == name, col(Run.status).in_(_NOT_FINISHED))
     ).all()

@@ -21,7 +21,14 @@ from sqlalchemy import select as sql_select
 from sqlmodel import Session, col, select
 
 from floom import jsonvalues
-from floom.errors import InvalidRequest, NotFound, StateConflict, StateInvalid, StateTooLarge
+from floom.errors import (
+    InvalidRequest,
+    NotFound,
+    StateConflict,
+    StateInvalid,
+    StateTooLarge,
+    quoted,
+)
 from floom.hints import act, told
 from floom.services.access import secrets as secret_service
 from floom.services.access.principal import Principal
@@ -330,7 +337,7 @@ def set_state(
         row = s.get(Worker, worker_name, with_for_update=True)
         if row is None:
             raise NotFound(
-                f"no worker named '{worker_name}'", hint=told(act("workers"), " lists them")
+                f"no worker named '{quoted(worker_name)}'", hint=told(act("workers"), " lists them")
             )
         base = row.state_version
         if if_version is not None and if_version != base:

@@ -276,7 +276,7 @@ def _get_worker(s: Session, name: str) -> Worker:
 def _no_worker(s: Writer, name: str) -> NotFound:
     known = list(s.execute(select(Worker.name).order_by(Worker.name).limit(20)).scalars())
     return NotFound(
-        f"no worker named '{name}'",
+        f"no worker named '{quoted(name)}'",
         hint=(
             f"known workers: {', '.join(known)}"
             if known
