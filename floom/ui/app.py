@@ -222,6 +222,9 @@ async def set_state(request: Request, name: str, ctx: CtxDep, me: Me) -> Respons
     text = str(form.get("state") or "")
     restore = str(form.get("from_version") or "")
     try:
+        # Refused before the text is parsed (up to the request's size), as the REST route
+        # refuses before reading its body; set_state decides again.
+        me.caller.require("deploy")
         if restore:
             number = decimal(restore, most=worker_state.MAX_VERSION)
             if number is None:

@@ -408,3 +408,65 @@ def test_the_ui_loaded_by_a_first_request_changes_no_answer_from_that_one_on(
     assert [r.status_code for r in first] == [404, 405, 404, 200, 307]
     assert first[0].json()["error"]["code"] == "not_found"
     assert 'name="api_key"' in first[3].text
+
+
+# The forms a signed-in browser may post whatever its key's scope: signing in and out.
+UI_POSTS_OF_ANY_SCOPE = {"/login", "/logout"}
+# A value for each path parameter of a UI form, so every form is walked; the scope is
+# decided before any of them is looked at.
+UI_PATH_VALUES = {
+    "name": "hello",
+    "key_id": "key_0",
+    "approval_id": "apr_0",
+    "job_id": "job_0",
+    "delivery_id": "adl_0",
+    "action": "enable",
+}
+
+
+def _ui_posts(server: LiveServer) -> list[str]:
+    from fastapi import FastAPI
+    from fastapi.routing import APIRoute
+
+    from floom.ui import app as ui_app
+
+    app = FastAPI()
+    app.state.ctx = server.ctx
+    ui_app.install(app)
+    found = sorted(
+        route.path
+        for route in app.routes
+        if isinstance(route, APIRoute) and "POST" in (route.methods or ())
+    )
+    assert len(found) > 20, found
+    return found
+
+
+def test_every_ui_form_refuses_a_read_key_s_session_and_changes_nothing(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    """Walked from the UI's own routes, so a new form is covered: a browser signed in with
+    a read key is refused (403) by every form but signing in and out, before the form's
+    fields or the object it names are looked at; nothing is written. The services decide
+    (caller.require), the forms only translate: a form that acted for its session without
+    asking would show here."""
+    deploy_folder(api, EXAMPLES / "hello")
+    run = api.post("/api/v1/workers/hello/runs", json={}).json()
+    wait_for_run(api, run["id"])
+    _, token = keys.create_key(server.ctx, caller=SYSTEM, scopes=["read"], name="reader")
+    browser = signed_in_client(server, token)
+    csrf = csrf_of(browser.get("/").text)
+    fields = {"csrf": csrf, "name": "STOLEN", "value": "value-1234", "scope": "admin"}
+    wrong = []
+    for path in _ui_posts(server):
+        if path in UI_POSTS_OF_ANY_SCOPE:
+            continue
+        url = re.sub(r"\{(\w+)\}", lambda m: UI_PATH_VALUES.get(m[1], run["id"]), path)
+        resp = browser.post(url, data=fields)
+        if resp.status_code != 403:
+            wrong.append(f"POST {path}: {resp.status_code}")
+    assert wrong == [], "\n".join(wrong)
+    assert [r["id"] for r in api.get("/api/v1/runs").json()["items"]] == [run["id"]]
+    assert api.get("/api/v1/secrets").json()["items"] == []
+    assert len(api.get("/api/v1/keys").json()["items"]) == 2
+    assert api.get("/api/v1/workers/hello").json()["paused"] is False
