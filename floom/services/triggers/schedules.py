@@ -18,7 +18,14 @@ from sqlalchemy import or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, FloomError, NotFound, RunErrorCode, WorkerPaused
+from floom.errors import (
+    Conflict,
+    FloomError,
+    NotFound,
+    RunErrorCode,
+    StoreUnavailable,
+    WorkerPaused,
+)
 from floom.services.access import principal
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
@@ -100,6 +107,8 @@ def fire_due(ctx: Context, *, now: datetime, cache: NextFireCache | None = None)
         if due is not None and due <= now:
             try:
                 base = _handle_due(ctx, trigger=trigger, worker=worker, spec=spec, now=now)
+            except StoreUnavailable:
+                raise  # for every trigger alike: the loop tries the whole pass again
             except Exception:  # one broken trigger must not hold up the others
                 log.exception("schedule %s of %s failed; retrying", trigger.id, worker.name)
                 continue
@@ -221,6 +230,10 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
     except IntegrityError:
         _advance_alone(ctx, trigger.id, t)
         return
+    except StoreUnavailable:
+        # Not this tick's fault, nor lasting: it is tried again at the next pass (then by
+        # the catch-up policy if that is over a minute late), not written off as start_failed.
+        raise
     except WorkerPaused as exc:  # paused since this tick read the worker
         _record_skip(ctx, trigger, worker, spec, t, PAUSED, exc.message)
         return

@@ -6,21 +6,23 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy
+from sqlalchemy.exc import OperationalError
 from sqlmodel import select
 
 from floom.engine.loops.scheduler import Scheduler
 from floom.engine.runtime import NodeRuntime
-from floom.errors import WorkerPaused
+from floom.errors import StoreUnavailable, WorkerPaused
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
 from floom.services.triggers import registry as triggers
 from floom.services.workers import versions as workers
-from floom.store.db import session_scope
+from floom.store.db import session_scope, store_unavailable
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
 from floom.views import triggers as trigger_answers
@@ -399,3 +401,29 @@ def test_a_day_of_missed_minutes_is_recorded_in_a_few_transactions(
     assert sorted(set(rows)) == [("queued", None), ("skipped", "missed")]
     assert rows.count(("queued", None)) == 1
     assert len(commits) < 20  # the run's own, and a few batches of skipped ticks
+
+
+def test_a_tick_whose_run_cannot_be_queued_while_the_store_is_away_fires_at_the_next_pass(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store fails the run's queueing (a database restarting, a lock held past its
+    timeout) and is back a moment later: the tick is tried again at the next pass, not
+    written off as a skipped run that could not start."""
+    deploy(ctx, tmp_path / "w", ['{cron: "*/15 * * * *", catch_up: none}'])
+    as_if_deployed_at(ctx, MONDAY)
+    create_run = runs.create_run
+    failures = [store_unavailable(OperationalError("INSERT", {}, Exception("server closed")))]
+
+    def queue_unless_away(*args: Any, **kwargs: Any) -> Run:
+        if failures:
+            raise failures.pop()
+        return create_run(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "create_run", queue_unless_away)
+    scheduler = Scheduler(ctx)
+    with pytest.raises(StoreUnavailable):  # the loop tries the pass again a second later
+        scheduler.tick(MONDAY + timedelta(minutes=15))
+    assert failures == []
+    scheduler.tick(MONDAY + timedelta(minutes=15, seconds=1))
+
+    assert summary(ctx) == [("2025-01-06T08:15:00+00:00", "queued", None)]
