@@ -427,3 +427,42 @@ def test_a_tick_whose_run_cannot_be_queued_while_the_store_is_away_fires_at_the_
     scheduler.tick(MONDAY + timedelta(minutes=15, seconds=1))
 
     assert summary(ctx) == [("2025-01-06T08:15:00+00:00", "queued", None)]
+
+
+def test_after_the_clock_steps_back_from_a_day_ahead_the_ticks_fire_when_they_come(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """A node's clock ran a day ahead for a moment (a bad clock source, corrected by NTP):
+    that pass judged a day of ticks that had not come yet (missed, one run early) and moved
+    the schedule's last fire a day ahead, so after the correction nothing fired for a day.
+    Ticks judged before they came are judged again when they come; one that already became
+    a run does not run twice."""
+    deploy(ctx, tmp_path / "w", ['{cron: "*/15 * * * *", overlap: allow}'])
+    as_if_deployed_at(ctx, MONDAY)
+    scheduler = Scheduler(ctx)
+    scheduler.tick(MONDAY + timedelta(minutes=15))
+    ahead = MONDAY + timedelta(days=1, minutes=15)
+    scheduler.tick(ahead)  # the clock a day ahead
+    early = [r.id for r in schedule_runs(ctx) if r.scheduled_for == ahead]
+
+    drive(
+        scheduler, MONDAY + timedelta(minutes=16), MONDAY + timedelta(hours=1), timedelta(minutes=1)
+    )
+
+    came = [row for row in summary(ctx) if row[0] <= "2025-01-06T09:00:00+00:00"]
+    assert came == [
+        ("2025-01-06T08:15:00+00:00", "queued", None),
+        ("2025-01-06T08:30:00+00:00", "queued", None),
+        ("2025-01-06T08:45:00+00:00", "queued", None),
+        ("2025-01-06T09:00:00+00:00", "queued", None),
+    ]
+    # Of what that pass wrote for times still to come, only the run it started is left.
+    later = [
+        r
+        for r in schedule_runs(ctx)
+        if r.scheduled_for and r.scheduled_for > MONDAY + timedelta(hours=1)
+    ]
+    assert [r.id for r in later] == early
+    with session_scope(ctx.engine) as s:
+        fires = s.exec(select(TriggerFire.scheduled_for)).all()
+    assert len(fires) == 5
