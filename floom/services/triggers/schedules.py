@@ -260,6 +260,13 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
         return
 
     def record(s: Session, run: Run) -> None:
+        # Read again under its lock: a pause or a redeploy that removed it may have committed
+        # since this pass read it (the worker's pause is seen by create_run the same way).
+        locked = s.get(Trigger, trigger.id, with_for_update=True, populate_existing=True)
+        if locked is None or locked.removed_at is not None:
+            raise _TriggerGone
+        if locked.paused:
+            raise _TriggerPaused
         run.trigger_id = trigger.id
         if spec.overlap == "queue":
             run.concurrency = 1  # waits until the worker's running runs have ended
@@ -288,6 +295,11 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
     except IntegrityError:
         _advance_alone(ctx, trigger.id, t)
         return
+    except _TriggerGone:
+        return  # removed since this pass read it: its ticks end with it
+    except _TriggerPaused:
+        _record_skip(ctx, trigger, worker, spec, t, PAUSED, "this trigger is paused")
+        return
     except StoreUnavailable:
         # Not this tick's fault, nor lasting: it is tried again at the next pass (then by
         # the catch-up policy if that is over a minute late), not written off as start_failed.
@@ -305,6 +317,14 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
                 runs.cancel_run(
                     ctx, run_id=previous.id, caller=principal.system(f"schedule, for {run.id}")
                 )
+
+
+class _TriggerGone(Exception):
+    """The schedule was removed since the pass read it; nothing is queued for its tick."""
+
+
+class _TriggerPaused(Exception):
+    """The schedule was paused since the pass read it; its tick is recorded as paused."""
 
 
 def _active_runs(ctx: Context, trigger_id: str) -> list[Run]:

@@ -466,3 +466,31 @@ def test_after_the_clock_steps_back_from_a_day_ahead_the_ticks_fire_when_they_co
     with session_scope(ctx.engine) as s:
         fires = s.exec(select(TriggerFire.scheduled_for)).all()
     assert len(fires) == 5
+
+
+@pytest.mark.parametrize("change", ["pause", "remove"])
+def test_a_trigger_paused_or_removed_after_the_pass_read_it_makes_no_run_of_the_tick(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """The pass read the schedule; a pause of that trigger (or a redeploy removing it)
+    commits before the tick's run is queued: the queueing transaction sees it."""
+    deploy(ctx, tmp_path / "w", ['{cron: "*/15 * * * *"}'])
+    as_if_deployed_at(ctx, MONDAY)
+    with session_scope(ctx.engine) as s:
+        (trigger_id,) = s.exec(select(Trigger.id).where(Trigger.worker_name == "tick")).all()
+    create_run = runs.create_run
+
+    def changed_first(*args: Any, **kwargs: Any) -> Run:
+        if change == "pause":
+            triggers.set_paused(
+                ctx, worker_name="tick", paused=True, trigger_id=trigger_id, caller=SYSTEM
+            )
+        else:
+            deploy(ctx, tmp_path / "w", ['{cron: "*/20 * * * *"}'])
+        return create_run(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "create_run", changed_first)
+    Scheduler(ctx).tick(MONDAY + timedelta(minutes=15))
+
+    expected = [("2025-01-06T08:15:00+00:00", "skipped", "paused")] if change == "pause" else []
+    assert summary(ctx) == expected
