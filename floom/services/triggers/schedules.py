@@ -107,7 +107,7 @@ def fire_due(ctx: Context, *, now: datetime, cache: NextFireCache | None = None)
         if not isinstance(spec, ScheduleSpec):
             continue  # a stored row that cannot be read (spec_of) never fires
         base = trigger.last_fire_at or trigger.created_at
-        if base > now + timedelta(seconds=CLOCK_STEP_SECONDS):
+        if trigger.last_fire_at is not None and base > now + timedelta(seconds=CLOCK_STEP_SECONDS):
             try:
                 base = _judge_again_when_due(ctx, trigger=trigger, now=now)
             except StoreUnavailable:
@@ -138,8 +138,11 @@ def _judge_again_when_due(ctx: Context, *, trigger: Trigger, now: datetime) -> d
     and is not run again (its fire row stays). Returns the new base."""
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Trigger, trigger.id, with_for_update=True)
-        if row is None or row.last_fire_at is None or row.last_fire_at <= now:
-            return now if row is None or row.last_fire_at is None else row.last_fire_at
+        if row is None:
+            return now
+        margin = timedelta(seconds=CLOCK_STEP_SECONDS)
+        if row.last_fire_at is None or row.last_fire_at <= now + margin:  # done meanwhile
+            return row.last_fire_at or row.created_at
         ahead = (row.last_fire_at - now).total_seconds()
         skipped = list(
             s.exec(
