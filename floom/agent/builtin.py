@@ -418,9 +418,14 @@ def _remember(spec: ToolSpec, env: AgentEnv) -> Any:
             raise ToolError(f"the value is over {agent_runs.MEMORY_VALUE_CAP} bytes as JSON")
         try:
             agent_runs.remember(
-                env.ctx, worker_name=env.run.worker_name, key=key, value=value, run_id=env.run.id
+                env.ctx,
+                worker_name=env.run.worker_name,
+                key=key,
+                value=value,
+                run_id=env.run.id,
+                lease_epoch=env.run.lease_epoch,
             )
-        except FloomError as exc:  # the run is being stopped; its worker deleted, say
+        except FloomError as exc:  # the run is being stopped, or its attempt fenced
             raise ToolError(exc.message) from exc
         return f"remembered {key}"
 
@@ -449,9 +454,15 @@ def _recall(spec: ToolSpec, env: AgentEnv) -> Any:
 
 def _memory(read: Callable[..., Any], env: AgentEnv, **args: Any) -> Any:
     """A read of the worker's memory for this run; refused (a ToolError) once it is asked to
-    stop (agent_runs._check_memory_user)."""
+    stop or its attempt lost its lease (agent_runs._check_memory_user)."""
     try:
-        return read(env.ctx, worker_name=env.run.worker_name, run_id=env.run.id, **args)
+        return read(
+            env.ctx,
+            worker_name=env.run.worker_name,
+            run_id=env.run.id,
+            lease_epoch=env.run.lease_epoch,
+            **args,
+        )
     except FloomError as exc:
         raise ToolError(exc.message) from exc
 

@@ -170,8 +170,8 @@ def _check_schedule(
     try:
         tz = cron.zone(str(timezone))
     except cron.CronError as exc:
-        close = difflib.get_close_matches(str(timezone), _zone_names(), n=1)
-        hint = f"did you mean '{close[0]}'?" if close else "e.g. Europe/Berlin or UTC"
+        close = difflib.get_close_matches(str(timezone)[:100], _zone_names(), n=1)
+        hint = exc.hint or (f"did you mean '{close[0]}'?" if close else "e.g. Europe/Berlin or UTC")
         out.append(_problem(f"{path}.timezone", str(exc), hint))
         valid = False
     if valid and not cron.next_fire_times(expr, tz, after=datetime.now(UTC), count=1):
@@ -379,4 +379,4 @@ def _problem(path: str, message: str, hint: str | None = None) -> Problem:
 def _zone_names() -> list[str]:
     from zoneinfo import available_timezones
 
-    return sorted(available_timezones())
+    return sorted(n for n in available_timezones() if not cron.host_file(n))

@@ -54,22 +54,41 @@ class CronError(InvalidRequest):
     code = "cron_invalid"
 
 
+# Longer than any cron line needs (every minute, hour, day and month listed is ~360): a
+# longer one is refused before it is parsed, so a deploy cannot hand the scheduler an
+# expression of thousands of alternatives to compute at every pass.
+MAX_EXPRESSION_CHARS = 512
+
+
 def normalise(expr: str) -> str:
     """The expression with aliases expanded and fields single-spaced; raises CronError."""
+    if len(str(expr)) > MAX_EXPRESSION_CHARS:
+        raise CronError(
+            f"the cron expression is {len(str(expr))} characters long; at most "
+            f"{MAX_EXPRESSION_CHARS} are accepted",
+            hint="write ranges and steps instead of long lists, e.g. '*/5 9-17 * * mon-fri'",
+        )
     text = " ".join(str(expr).split())
     text = ALIASES.get(text.lower(), text)
     fields = text.split(" ")
     if len(fields) != 5:
         raise CronError(
-            f"'{expr}' has {len(fields)} field{'s' if len(fields) != 1 else ''}; "
+            f"'{_shown(str(expr))}' has {len(fields)} field{'s' if len(fields) != 1 else ''}; "
             "cron needs 5: minute hour day-of-month month day-of-week"
         )
     for name, field, words in zip(_FIELD_NAMES, fields, _WORDS, strict=True):
         letters = re.findall(r"[a-z]+", field.lower())
         if not _FIELD_CHARS.fullmatch(field) or any(w not in words for w in letters):
-            raise CronError(f"the {name} field '{field}' is not valid cron")
+            raise CronError(f"the {name} field '{_shown(field)}' is not valid cron")
     trigger(text)
     return text
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """`text` as an error message may quote it: cut to `limit` characters, and control
+    characters written as escapes."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in cut)
 
 
 # An expression with no fire time in these years never fires (e.g. 30 February); they hold
@@ -100,7 +119,8 @@ def trigger(text: str) -> BaseTrigger | None:
     if dom_star or dow_star:  # both day fields must match
         if by_position and day != "*":
             raise CronError(
-                f"'{text}': a day-of-week with L or # cannot be combined with '{dom}'",
+                f"'{_shown(text)}': a day-of-week with L or # cannot be combined with "
+                f"'{_shown(dom)}'",
                 hint="use * as the day of month",
             )
         if by_weekday is not None:
@@ -119,7 +139,9 @@ def trigger(text: str) -> BaseTrigger | None:
             CronTrigger(**fields, **days, timezone=UTC, end_date=end) for days in alternatives
         ]
     except ValueError as exc:
-        raise CronError(f"'{text}' is not a valid cron expression ({exc})") from exc
+        raise CronError(
+            f"'{_shown(text)}' is not a valid cron expression ({_shown(str(exc), 200)})"
+        ) from exc
     if all(p.get_next_fire_time(None, start) is None for p in probes):
         return None
     return triggers[0] if len(triggers) == 1 else OrTrigger(triggers)
@@ -134,15 +156,19 @@ def _weekdays(field: str) -> tuple[str | None, list[str]]:
     positions: list[str] = []
     for item in field.split(","):
         item = re.sub("[a-z]{3}", lambda m: str(_WEEKDAY_NAMES.index(m.group())), item)
+        # Each position once (7 weekdays x 6 positions at most): every one becomes a trigger
+        # of its own that the scheduler asks at each fire time.
         if m := re.fullmatch(r"([0-7])l", item):
-            positions.append(f"last {_WEEKDAY_NAMES[int(m[1])]}")
+            position = f"last {_WEEKDAY_NAMES[int(m[1])]}"
+            positions += [] if position in positions else [position]
             continue
         if m := re.fullmatch(r"([0-7])#([1-5])", item):
-            positions.append(f"{_ORDINALS[int(m[2]) - 1]} {_WEEKDAY_NAMES[int(m[1])]}")
+            position = f"{_ORDINALS[int(m[2]) - 1]} {_WEEKDAY_NAMES[int(m[1])]}"
+            positions += [] if position in positions else [position]
             continue
         m = re.fullmatch(r"(\*|[0-7])(?:-([0-7]))?(?:/([1-9][0-9]*))?", item)
         if m is None:
-            raise CronError(f"the day of week field '{field}' is not valid cron")
+            raise CronError(f"the day of week field '{_shown(field)}' is not valid cron")
         first = 0 if m[1] == "*" else int(m[1])
         last = int(m[2]) if m[2] else (6 if m[1] == "*" or m[3] else first)
         if first > last:
@@ -156,12 +182,33 @@ def _weekdays(field: str) -> tuple[str | None, list[str]]:
     return ",".join(_WEEKDAY_NAMES[n] for n in sorted(days)), positions
 
 
+# Files of the host's zoneinfo folder that are no IANA zone of their own: `localtime` links to
+# the host's /etc/localtime and `posixrules` is a copy of some zone the host chose, so nodes
+# set up differently would fire one tick at different instants (each once: twice in all);
+# `right/` zones count leap seconds (times ~27 s off) and `posix/` holds copies of the plain
+# names that not every host ships.
+_HOST_ZONES = frozenset({"localtime", "posixrules"})
+_HOST_PREFIXES = ("right/", "posix/")
+
+
+def host_file(name: str) -> bool:
+    """Whether `name` is one of the zone folder's files that no schedule may name."""
+    return name in _HOST_ZONES or name.startswith(_HOST_PREFIXES)
+
+
 def zone(name: str) -> ZoneInfo:
     """The IANA timezone of that name; raises CronError."""
+    if host_file(name):
+        plain = name.split("/", 1)[1] if name.startswith(_HOST_PREFIXES) else "Europe/Berlin"
+        raise CronError(
+            f"'{_shown(name)}' is not an IANA timezone: it names a file of this host's zone "
+            "folder, which other hosts may not have or may point at another zone",
+            hint=f"name the zone itself, e.g. {plain}",
+        )
     try:
         return _zone(name)
     except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise CronError(f"'{name}' is not an IANA timezone") from exc
+        raise CronError(f"'{_shown(name)}' is not an IANA timezone") from exc
 
 
 @lru_cache(maxsize=256)

@@ -236,3 +236,48 @@ def test_a_stored_schedule_this_floom_cannot_compute_never_fires_and_holds_up_no
     )
     spec = ScheduleSpec(cron="0 9 15W * *", timezone="UTC")  # accepted by an older floom
     assert NextFireCache().next_after(stored, spec, datetime(2024, 3, 1, tzinfo=UTC)) is None
+
+
+@pytest.mark.parametrize(
+    "name", ["localtime", "posixrules", "right/Europe/Berlin", "posix/Europe/Berlin"]
+)
+def test_a_timezone_that_is_not_the_same_zone_on_every_node_is_refused(name: str) -> None:
+    """`localtime` is each host's own zone (a link to /etc/localtime): two scheduler nodes set
+    to different zones would fire one tick at two instants, twice. `right/` zones count leap
+    seconds (fire times 27 s off), `posix/` ones are copies that not every host ships."""
+    with pytest.raises(cron.CronError) as refused:
+        cron.zone(name)
+    assert refused.value.hint
+    problems = problems_of(
+        f'name: w\ntriggers:\n  - schedule: {{cron: "0 9 * * *", timezone: {name}}}\n'
+    )
+    assert list(problems) == ["triggers[0].schedule.timezone"]
+    assert "Europe/Berlin" in problems["triggers[0].schedule.timezone"]
+
+
+def test_an_expression_too_long_for_any_cron_line_is_refused_before_it_is_parsed() -> None:
+    with pytest.raises(cron.CronError) as refused:
+        cron.normalise("0," * 5_000 + "0 * * * *")
+    assert "10009 characters long; at most 512" in refused.value.message
+    assert len(refused.value.message) < 200
+    assert refused.value.hint
+
+
+def test_a_weekday_position_listed_again_adds_no_work_for_the_scheduler() -> None:
+    # Each distinct position is a trigger the scheduler asks at every fire time: listed 120
+    # times, `1#1` made 120 of them (and a catch-up pass 120 times slower).
+    text = cron.normalise("0 9 * * " + ",".join(["1#1", "mon#1", "1L", "1l"] * 30))
+    matches = cron.trigger(text)
+    assert len(getattr(matches, "triggers", [matches])) == 2
+    assert fires(text, "UTC", datetime(2025, 1, 1, tzinfo=UTC), 3) == [
+        "2025-01-06T09:00:00+00:00",
+        "2025-01-27T09:00:00+00:00",
+        "2025-02-03T09:00:00+00:00",
+    ]
+
+
+@pytest.mark.parametrize("expr", ["0 9 * * mon\x1b[31m", "0\u202e 9 * * *", "0 9 * * m\u00f6n"])
+def test_a_refused_expression_is_quoted_with_its_control_characters_escaped(expr: str) -> None:
+    with pytest.raises(cron.CronError) as refused:
+        cron.normalise(expr)
+    assert refused.value.message.isprintable()

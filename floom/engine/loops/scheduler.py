@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from floom.errors import StoreUnavailable
 from floom.services import wakeups
 from floom.services.triggers.schedules import NextFireCache, fire_due
 
@@ -66,7 +67,10 @@ class Scheduler:
             delay = wakeups.IDLE_LOOK_SECONDS  # no schedule: until one is synced
             try:
                 upcoming = self.tick()
-            except Exception:  # the loop must outlive a bad tick (e.g. a lost database)
+            except StoreUnavailable as exc:
+                log.warning("scheduler: %s; retrying", exc.message)
+                delay = MAX_SLEEP_SECONDS
+            except Exception:  # the loop must outlive a bad tick
                 log.exception("scheduler tick failed; retrying")
                 delay = MAX_SLEEP_SECONDS
             if upcoming is not None:

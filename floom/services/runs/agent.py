@@ -15,7 +15,7 @@ from sqlmodel import Session, col, select
 from floom import jsonvalues
 from floom.errors import Conflict, LimitExceeded
 from floom.services.access.principal import Principal
-from floom.services.runs.rules import FINISHED
+from floom.services.runs.rules import FINISHED, RUNNING
 from floom.services.workers.versions import lock_worker
 from floom.store.agents import MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.base import missing
@@ -439,16 +439,18 @@ def check_monthly_cap(ctx: Context, *, worker_name: str, manifest: Manifest) -> 
 # -- memory -----------------------------------------------------------------------------------
 
 
-def _check_memory_user(s: Any, *, run_id: str, worker_name: str) -> None:
-    """Conflict unless `run_id` is a run of `worker_name` that is still running and not asked
-    to stop. A worker's memory is its running runs': a deletion asks every running run of the
+def _check_memory_user(s: Any, *, run_id: str, lease_epoch: int, worker_name: str) -> None:
+    """Conflict unless `run_id` is a run of `worker_name` that is still running under the
+    attempt that holds `lease_epoch` (the fencing token its claim gave it) and not asked to
+    stop. A worker's memory is its running runs': a deletion asks every running run of the
     worker to stop before it deletes the memory, so a run of a deleted worker, still running
     until it sees that, neither writes into nor reads the memory of a worker deployed again
-    under the name."""
+    under the name; and an attempt whose lease was lost (its node frozen or cut off, the run
+    reaped and maybe running again elsewhere) is fenced here as its end is."""
     row = s.execute(
-        core_select(col(Run.worker_name), col(Run.status), col(Run.cancel_requested)).where(
-            col(Run.id) == run_id
-        )
+        core_select(
+            col(Run.worker_name), col(Run.status), col(Run.cancel_requested), col(Run.lease_epoch)
+        ).where(col(Run.id) == run_id)
     ).first()
     if row is None or row.worker_name != worker_name:
         raise Conflict(
@@ -461,15 +463,24 @@ def _check_memory_user(s: Any, *, run_id: str, worker_name: str) -> None:
             f"reads or writes the memory of worker '{worker_name}'",
             hint="finish without it",
         )
+    if row.status != RUNNING or row.lease_epoch != lease_epoch:
+        raise Conflict(
+            f"this attempt of run {run_id} no longer holds its lease (the run was taken over "
+            f"after its lease expired): it no longer reads or writes the memory of worker "
+            f"'{worker_name}'",
+            hint="finish without it; the attempt that holds the run now goes on",
+        )
 
 
-def remember(ctx: Context, *, worker_name: str, key: str, value: Any, run_id: str) -> None:
+def remember(
+    ctx: Context, *, worker_name: str, key: str, value: Any, run_id: str, lease_epoch: int
+) -> None:
     """Store `value` under `key` in the worker's memory, for `run_id` (a running run of it:
     _check_memory_user). The worker's row is share-locked first, so a deletion committing
     meanwhile either deletes this entry with the rest or is seen here."""
     with session_scope(ctx.engine, write=True) as s:
         lock_worker(s, worker_name)
-        _check_memory_user(s, run_id=run_id, worker_name=worker_name)
+        _check_memory_user(s, run_id=run_id, lease_epoch=lease_epoch, worker_name=worker_name)
         s.add(
             MemoryEntry(
                 worker_name=worker_name,
@@ -480,11 +491,13 @@ def remember(ctx: Context, *, worker_name: str, key: str, value: Any, run_id: st
         )
 
 
-def recall(ctx: Context, *, worker_name: str, key: str, run_id: str) -> tuple[Any, str | None]:
+def recall(
+    ctx: Context, *, worker_name: str, key: str, run_id: str, lease_epoch: int
+) -> tuple[Any, str | None]:
     """The newest value stored under key, and the run that wrote it (None, None if never),
     for `run_id` (a running run of the worker: _check_memory_user)."""
     with session_scope(ctx.engine) as s:
-        _check_memory_user(s, run_id=run_id, worker_name=worker_name)
+        _check_memory_user(s, run_id=run_id, lease_epoch=lease_epoch, worker_name=worker_name)
         row = s.exec(
             select(MemoryEntry)
             .where(MemoryEntry.worker_name == worker_name, MemoryEntry.key == key)
@@ -494,9 +507,11 @@ def recall(ctx: Context, *, worker_name: str, key: str, run_id: str) -> tuple[An
     return (jsonvalues.stored(row.value_json), row.run_id) if row else (None, None)
 
 
-def memory_keys(ctx: Context, *, worker_name: str, run_id: str, limit: int = 100) -> list[str]:
+def memory_keys(
+    ctx: Context, *, worker_name: str, run_id: str, lease_epoch: int, limit: int = 100
+) -> list[str]:
     with session_scope(ctx.engine) as s:
-        _check_memory_user(s, run_id=run_id, worker_name=worker_name)
+        _check_memory_user(s, run_id=run_id, lease_epoch=lease_epoch, worker_name=worker_name)
         rows = s.exec(
             select(MemoryEntry.key)
             .where(MemoryEntry.worker_name == worker_name)

@@ -14,18 +14,25 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from sqlalchemy import or_, update
+from sqlalchemy import delete, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from floom.errors import Conflict, FloomError, NotFound, RunErrorCode, WorkerPaused
+from floom.errors import (
+    Conflict,
+    FloomError,
+    NotFound,
+    RunErrorCode,
+    StoreUnavailable,
+    WorkerPaused,
+)
 from floom.services.access import principal
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
 from floom.services.triggers.registry import spec_of
 from floom.services.workers import versions as workers
 from floom.store.db import session_scope
-from floom.store.models import Run, Worker, new_id
+from floom.store.models import Run, RunEvent, Worker, new_id
 from floom.store.triggers import Trigger, TriggerFire
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec
@@ -38,6 +45,10 @@ log = logging.getLogger("floom.scheduler")
 
 # A tick handled this late still counts as on time (not "missed while down").
 ON_TIME_SECONDS = 60.0
+# A schedule's last fire further ahead of the clock than this was written by a clock that
+# ran ahead (nodes' clocks agree within FLOOM_LEASE_GRACE_SECONDS): its ticks are judged
+# again (_judge_again_when_due).
+CLOCK_STEP_SECONDS = 300.0
 # A week of a once-a-minute cron: the longest catch-up window holds no more fires.
 MAX_FIRES_PER_PASS = 7 * 24 * 60 + 1
 # Why a tick did not become a run: its fire's outcome and its skipped run's error code.
@@ -96,10 +107,20 @@ def fire_due(ctx: Context, *, now: datetime, cache: NextFireCache | None = None)
         if not isinstance(spec, ScheduleSpec):
             continue  # a stored row that cannot be read (spec_of) never fires
         base = trigger.last_fire_at or trigger.created_at
+        if trigger.last_fire_at is not None and base > now + timedelta(seconds=CLOCK_STEP_SECONDS):
+            try:
+                base = _judge_again_when_due(ctx, trigger=trigger, now=now)
+            except StoreUnavailable:
+                raise
+            except Exception:  # one broken trigger must not hold up the others
+                log.exception("schedule %s of %s failed; retrying", trigger.id, worker.name)
+                continue
         due = cache.next_after(trigger, spec, base)
         if due is not None and due <= now:
             try:
                 base = _handle_due(ctx, trigger=trigger, worker=worker, spec=spec, now=now)
+            except StoreUnavailable:
+                raise  # for every trigger alike: the loop tries the whole pass again
             except Exception:  # one broken trigger must not hold up the others
                 log.exception("schedule %s of %s failed; retrying", trigger.id, worker.name)
                 continue
@@ -107,6 +128,55 @@ def fire_due(ctx: Context, *, now: datetime, cache: NextFireCache | None = None)
         if due is not None and (upcoming is None or due < upcoming):
             upcoming = due
     return upcoming
+
+
+def _judge_again_when_due(ctx: Context, *, trigger: Trigger, now: datetime) -> datetime:
+    """The schedule's last fire is ahead of this clock: a clock that ran ahead (this node's,
+    since stepped back, or another node's) judged ticks that had not come. The skipped runs
+    it recorded for them (missed, paused, overlap) are taken back and the schedule resumes
+    from `now`, so each is judged again when it comes; a tick that became a run keeps it
+    and is not run again (its fire row stays). Returns the new base."""
+    with session_scope(ctx.engine, write=True) as s:
+        row = s.get(Trigger, trigger.id, with_for_update=True)
+        if row is None:
+            return now
+        margin = timedelta(seconds=CLOCK_STEP_SECONDS)
+        if row.last_fire_at is None or row.last_fire_at <= now + margin:  # done meanwhile
+            return row.last_fire_at or row.created_at
+        ahead = (row.last_fire_at - now).total_seconds()
+        skipped = list(
+            s.exec(
+                select(TriggerFire.run_id).where(
+                    TriggerFire.trigger_id == trigger.id,
+                    col(TriggerFire.scheduled_for) > now,
+                    col(TriggerFire.outcome) != "run",
+                )
+            ).all()
+        )
+        run_ids = [r for r in skipped if r is not None]
+        s.exec(
+            delete(TriggerFire).where(
+                col(TriggerFire.trigger_id) == trigger.id,
+                col(TriggerFire.scheduled_for) > now,
+                col(TriggerFire.outcome) != "run",
+            )
+        )
+        if run_ids:
+            s.exec(delete(RunEvent).where(col(RunEvent.run_id).in_(run_ids)))
+            s.exec(
+                delete(Run).where(col(Run.id).in_(run_ids), col(Run.status) == run_rules.SKIPPED)
+            )
+        row.last_fire_at = now
+        s.add(row)
+    log.warning(
+        "schedule %s of %s: its last fire was %.0f s ahead of this node's clock (a clock ran "
+        "ahead and was set back); %d tick(s) judged before they came will be judged again",
+        trigger.id,
+        trigger.worker_name,
+        ahead,
+        len(skipped),
+    )
+    return now
 
 
 def plan(
@@ -193,6 +263,13 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
         return
 
     def record(s: Session, run: Run) -> None:
+        # Read again under its lock: a pause or a redeploy that removed it may have committed
+        # since this pass read it (the worker's pause is seen by create_run the same way).
+        locked = s.get(Trigger, trigger.id, with_for_update=True, populate_existing=True)
+        if locked is None or locked.removed_at is not None:
+            raise _TriggerGone
+        if locked.paused:
+            raise _TriggerPaused
         run.trigger_id = trigger.id
         if spec.overlap == "queue":
             run.concurrency = 1  # waits until the worker's running runs have ended
@@ -221,6 +298,15 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
     except IntegrityError:
         _advance_alone(ctx, trigger.id, t)
         return
+    except _TriggerGone:
+        return  # removed since this pass read it: its ticks end with it
+    except _TriggerPaused:
+        _record_skip(ctx, trigger, worker, spec, t, PAUSED, "this trigger is paused")
+        return
+    except StoreUnavailable:
+        # Not this tick's fault, nor lasting: it is tried again at the next pass (then by
+        # the catch-up policy if that is over a minute late), not written off as start_failed.
+        raise
     except WorkerPaused as exc:  # paused since this tick read the worker
         _record_skip(ctx, trigger, worker, spec, t, PAUSED, exc.message)
         return
@@ -234,6 +320,14 @@ def _fire(ctx: Context, trigger: Trigger, worker: Worker, spec: ScheduleSpec, t:
                 runs.cancel_run(
                     ctx, run_id=previous.id, caller=principal.system(f"schedule, for {run.id}")
                 )
+
+
+class _TriggerGone(Exception):
+    """The schedule was removed since the pass read it; nothing is queued for its tick."""
+
+
+class _TriggerPaused(Exception):
+    """The schedule was paused since the pass read it; its tick is recorded as paused."""
 
 
 def _active_runs(ctx: Context, trigger_id: str) -> list[Run]:

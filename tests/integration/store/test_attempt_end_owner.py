@@ -4,11 +4,19 @@ state into the worker deployed again under its name. On SQLite and PostgreSQL.""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import delete
 from sqlmodel import col, select
 
-from floom.engine.queue import Outcome, StateChange, claim_next_run, finish_attempt
+from floom.engine.queue import (
+    Outcome,
+    StateChange,
+    claim_next_run,
+    finish_attempt,
+    reap_expired_leases,
+)
 from floom.errors import Conflict, RunErrorCode
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
@@ -17,7 +25,7 @@ from floom.services.runs import lifecycle as runs
 from floom.services.workers import state as worker_state
 from floom.store.agents import MemoryEntry
 from floom.store.db import session_scope
-from floom.store.models import Run, Worker, WorkerState
+from floom.store.models import Run, Worker, WorkerState, utcnow
 from floom.vocabulary import RunStatus
 from tests.support.rigs.queues import enqueue
 
@@ -107,9 +115,16 @@ def test_a_run_of_a_deleted_worker_neither_writes_nor_reads_the_memory_of_the_on
     was deleted: before, it wrote into (and read) the memory of the worker deployed again."""
     _deploy(ctx)
     (run_id,) = enqueue(ctx, 1)
-    assert claim_next_run(ctx) is not None
-    agent_runs.remember(ctx, worker_name="w", key="k", value="mine", run_id=run_id)
-    assert agent_runs.recall(ctx, worker_name="w", key="k", run_id=run_id) == ("mine", run_id)
+    run = claim_next_run(ctx)
+    assert run is not None
+    held = run.lease_epoch
+    agent_runs.remember(
+        ctx, worker_name="w", key="k", value="mine", run_id=run_id, lease_epoch=held
+    )
+    assert agent_runs.recall(ctx, worker_name="w", key="k", run_id=run_id, lease_epoch=held) == (
+        "mine",
+        run_id,
+    )
     # Deleted while the run runs (it is asked to stop first), then deployed again.
     runs.cancel_run(ctx, run_id=run_id, caller=SYSTEM)
     with session_scope(ctx.engine, write=True) as s:
@@ -118,9 +133,50 @@ def test_a_run_of_a_deleted_worker_neither_writes_nor_reads_the_memory_of_the_on
     _deploy(ctx)
 
     with pytest.raises(Conflict, match="being stopped"):
-        agent_runs.remember(ctx, worker_name="w", key="k", value="stale", run_id=run_id)
+        agent_runs.remember(
+            ctx, worker_name="w", key="k", value="stale", run_id=run_id, lease_epoch=held
+        )
     with pytest.raises(Conflict, match="being stopped"):
-        agent_runs.recall(ctx, worker_name="w", key="k", run_id=run_id)
+        agent_runs.recall(ctx, worker_name="w", key="k", run_id=run_id, lease_epoch=held)
     with pytest.raises(Conflict, match="being stopped"):
-        agent_runs.memory_keys(ctx, worker_name="w", run_id=run_id)
+        agent_runs.memory_keys(ctx, worker_name="w", run_id=run_id, lease_epoch=held)
     assert agent_runs.memory_writes(ctx, worker_name="w") == []
+
+
+def test_an_attempt_whose_lease_was_lost_neither_writes_nor_reads_the_memory(
+    ctx: Context,
+) -> None:
+    """An agent attempt on a node that lost its lease (frozen, cut off) still runs until it
+    sees that; meanwhile the run was reaped and claimed again, and is running once more. Its
+    `remember` must not land beside the new attempt's, nor its `recall` read them."""
+    _deploy(ctx)
+    (run_id,) = enqueue(ctx, 1, max_attempts=3)
+    old = claim_next_run(ctx)
+    assert old is not None
+    with session_scope(ctx.engine, write=True) as s:
+        row = s.get(Run, run_id)
+        assert row is not None
+        row.lease_expires_at = utcnow() - timedelta(minutes=5)
+        s.add(row)
+    assert reap_expired_leases(ctx) == 1
+    new = claim_next_run(ctx)
+    assert new is not None
+    assert (new.id, new.attempt) == (run_id, 2)
+
+    stale, current = old.lease_epoch, new.lease_epoch
+    with pytest.raises(Conflict, match="no longer holds its lease"):
+        agent_runs.remember(
+            ctx, worker_name="w", key="k", value="stale", run_id=run_id, lease_epoch=stale
+        )
+    agent_runs.remember(
+        ctx, worker_name="w", key="k", value="current", run_id=run_id, lease_epoch=current
+    )
+    with pytest.raises(Conflict, match="no longer holds its lease"):
+        agent_runs.recall(ctx, worker_name="w", key="k", run_id=run_id, lease_epoch=stale)
+    with pytest.raises(Conflict, match="no longer holds its lease"):
+        agent_runs.memory_keys(ctx, worker_name="w", run_id=run_id, lease_epoch=stale)
+    assert agent_runs.recall(ctx, worker_name="w", key="k", run_id=run_id, lease_epoch=current) == (
+        "current",
+        run_id,
+    )
+    assert [w["value"] for w in agent_runs.memory_writes(ctx, worker_name="w")] == ["current"]

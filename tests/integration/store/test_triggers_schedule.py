@@ -6,21 +6,23 @@ from __future__ import annotations
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy
+from sqlalchemy.exc import OperationalError
 from sqlmodel import select
 
 from floom.engine.loops.scheduler import Scheduler
 from floom.engine.runtime import NodeRuntime
-from floom.errors import WorkerPaused
+from floom.errors import StoreUnavailable, WorkerPaused
 from floom.services.access.principal import SYSTEM
 from floom.services.context import Context
 from floom.services.runs import lifecycle as runs
 from floom.services.runs import rules as run_rules
 from floom.services.triggers import registry as triggers
 from floom.services.workers import versions as workers
-from floom.store.db import session_scope
+from floom.store.db import session_scope, store_unavailable
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
 from floom.views import triggers as trigger_answers
@@ -399,3 +401,96 @@ def test_a_day_of_missed_minutes_is_recorded_in_a_few_transactions(
     assert sorted(set(rows)) == [("queued", None), ("skipped", "missed")]
     assert rows.count(("queued", None)) == 1
     assert len(commits) < 20  # the run's own, and a few batches of skipped ticks
+
+
+def test_a_tick_whose_run_cannot_be_queued_while_the_store_is_away_fires_at_the_next_pass(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store fails the run's queueing (a database restarting, a lock held past its
+    timeout) and is back a moment later: the tick is tried again at the next pass, not
+    written off as a skipped run that could not start."""
+    deploy(ctx, tmp_path / "w", ['{cron: "*/15 * * * *", catch_up: none}'])
+    as_if_deployed_at(ctx, MONDAY)
+    create_run = runs.create_run
+    failures = [store_unavailable(OperationalError("INSERT", {}, Exception("server closed")))]
+
+    def queue_unless_away(*args: Any, **kwargs: Any) -> Run:
+        if failures:
+            raise failures.pop()
+        return create_run(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "create_run", queue_unless_away)
+    scheduler = Scheduler(ctx)
+    with pytest.raises(StoreUnavailable):  # the loop tries the pass again a second later
+        scheduler.tick(MONDAY + timedelta(minutes=15))
+    assert failures == []
+    scheduler.tick(MONDAY + timedelta(minutes=15, seconds=1))
+
+    assert summary(ctx) == [("2025-01-06T08:15:00+00:00", "queued", None)]
+
+
+def test_after_the_clock_steps_back_from_a_day_ahead_the_ticks_fire_when_they_come(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """A node's clock ran a day ahead for a moment (a bad clock source, corrected by NTP):
+    that pass judged a day of ticks that had not come yet (missed, one run early) and moved
+    the schedule's last fire a day ahead, so after the correction nothing fired for a day.
+    Ticks judged before they came are judged again when they come; one that already became
+    a run does not run twice."""
+    deploy(ctx, tmp_path / "w", ['{cron: "*/15 * * * *", overlap: allow}'])
+    as_if_deployed_at(ctx, MONDAY)
+    scheduler = Scheduler(ctx)
+    scheduler.tick(MONDAY + timedelta(minutes=15))
+    ahead = MONDAY + timedelta(days=1, minutes=15)
+    scheduler.tick(ahead)  # the clock a day ahead
+    early = [r.id for r in schedule_runs(ctx) if r.scheduled_for == ahead]
+
+    drive(
+        scheduler, MONDAY + timedelta(minutes=16), MONDAY + timedelta(hours=1), timedelta(minutes=1)
+    )
+
+    came = [row for row in summary(ctx) if row[0] <= "2025-01-06T09:00:00+00:00"]
+    assert came == [
+        ("2025-01-06T08:15:00+00:00", "queued", None),
+        ("2025-01-06T08:30:00+00:00", "queued", None),
+        ("2025-01-06T08:45:00+00:00", "queued", None),
+        ("2025-01-06T09:00:00+00:00", "queued", None),
+    ]
+    # Of what that pass wrote for times still to come, only the run it started is left.
+    later = [
+        r
+        for r in schedule_runs(ctx)
+        if r.scheduled_for and r.scheduled_for > MONDAY + timedelta(hours=1)
+    ]
+    assert [r.id for r in later] == early
+    with session_scope(ctx.engine) as s:
+        fires = s.exec(select(TriggerFire.scheduled_for)).all()
+    assert len(fires) == 5
+
+
+@pytest.mark.parametrize("change", ["pause", "remove"])
+def test_a_trigger_paused_or_removed_after_the_pass_read_it_makes_no_run_of_the_tick(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """The pass read the schedule; a pause of that trigger (or a redeploy removing it)
+    commits before the tick's run is queued: the queueing transaction sees it."""
+    deploy(ctx, tmp_path / "w", ['{cron: "*/15 * * * *"}'])
+    as_if_deployed_at(ctx, MONDAY)
+    with session_scope(ctx.engine) as s:
+        (trigger_id,) = s.exec(select(Trigger.id).where(Trigger.worker_name == "tick")).all()
+    create_run = runs.create_run
+
+    def changed_first(*args: Any, **kwargs: Any) -> Run:
+        if change == "pause":
+            triggers.set_paused(
+                ctx, worker_name="tick", paused=True, trigger_id=trigger_id, caller=SYSTEM
+            )
+        else:
+            deploy(ctx, tmp_path / "w", ['{cron: "*/20 * * * *"}'])
+        return create_run(*args, **kwargs)
+
+    monkeypatch.setattr(runs, "create_run", changed_first)
+    Scheduler(ctx).tick(MONDAY + timedelta(minutes=15))
+
+    expected = [("2025-01-06T08:15:00+00:00", "skipped", "paused")] if change == "pause" else []
+    assert summary(ctx) == expected
