@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -76,6 +77,35 @@ def _no_process_left_behind() -> Iterator[None]:
     # process ends it here, and waits for it, once the runs of every test have ended.
     node_fence().close()
     fail_if_children_left()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection made (every test module, its imports, the items) lives for the whole
+    process: out of the collector's passes from the start (_leave_earlier_tests_behind)."""
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Once a test is torn down, what it left is collected and the rest frozen, so that a
+    full pass of the cyclic collector during the next test walks only what that test made.
+
+    A full pass holds the GIL from start to end, so every thread of the process stops for
+    it, heartbeats included, for a time that grows with the heap. A test process holds the
+    whole suite's modules and what every earlier test left behind: the full passes of a
+    late xdist worker (800,000 objects, a loaded machine) stopped it for 1-2 s, and a run
+    of a test server (3 s lease) lost its lease to one ("its lease was not renewed in
+    time"). floom serve freezes its own start-up heap (cli/serving.py settle_heap) and
+    keeps a 30 s lease. At the end of a module (its fixtures gone) everything is thawed and
+    collected once, so what a module kept frozen and then let go of does not pile up."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or nextitem.path != item.path:
+            gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
 
 @pytest.fixture(autouse=True)
