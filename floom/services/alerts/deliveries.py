@@ -20,6 +20,7 @@ from floom.services.alerts import incidents
 from floom.services.alerts.channels import Channel, get_channel
 from floom.services.alerts.senders import AlertUndeliverable, send_alert, send_callback
 from floom.store.db import session_scope
+from floom.store.dbtime import database_now, db_now
 from floom.store.models import AlertChannel, Delivery, new_id, utcnow
 from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 
@@ -40,9 +41,11 @@ def _lease_seconds(ctx: Context) -> float:
 
 
 def claim_due(ctx: Context, *, limit: int = CLAIM_BATCH, only: str | None = None) -> list[Delivery]:
-    """Take up to `limit` due deliveries (or the one `only`) under this node's lease."""
-    now = utcnow()
+    """Take up to `limit` due deliveries (or the one `only`) under this node's lease. Due and
+    expired are judged, and the lease set, on the database's clock: a node whose own clock
+    runs ahead would take a lease another node still holds, and send the same delivery."""
     with session_scope(ctx.engine, write=True) as s:
+        now = database_now(s)
         query = select(Delivery).where(
             Delivery.status == DeliveryStatus.PENDING,
             or_(col(Delivery.lease_expires_at).is_(None), col(Delivery.lease_expires_at) < now),
@@ -108,16 +111,15 @@ def _send(ctx: Context, delivery: Delivery) -> None:
 
 
 def _record_result(ctx: Context, delivery: Delivery, *, error: str | None, permanent: bool) -> None:
-    now = utcnow()
     attempts = delivery.attempts + 1
     values: dict[str, Any] = {"attempts": attempts, "lease_owner": None, "lease_expires_at": None}
     if error is None:
-        values.update(status=DeliveryStatus.DELIVERED, delivered_at=now, last_error=None)
+        values.update(status=DeliveryStatus.DELIVERED, delivered_at=db_now(), last_error=None)
     elif permanent or attempts >= delivery.max_attempts:
         values.update(status=DeliveryStatus.FAILED, last_error=error[:500])
     else:
         delay = min(ctx.settings.alert_retry_seconds * 2 ** (attempts - 1), MAX_BACKOFF_SECONDS)
-        values.update(last_error=error[:500], next_attempt_at=now + timedelta(seconds=delay))
+        values.update(last_error=error[:500], next_attempt_at=db_now(delay))
     with session_scope(ctx.engine, write=True) as s:
         written = s.exec(update(Delivery).where(*_still_ours(ctx, delivery)).values(**values))
         if written.rowcount == 0:
@@ -157,12 +159,11 @@ def send_claimed(ctx: Context, claimed: list[Delivery]) -> None:
 
 
 def _renewed(ctx: Context, delivery: Delivery) -> bool:
-    now = utcnow()
     with session_scope(ctx.engine, write=True) as s:
         written = s.exec(
             update(Delivery)
-            .where(*_still_ours(ctx, delivery), col(Delivery.lease_expires_at) > now)
-            .values(lease_expires_at=now + timedelta(seconds=_lease_seconds(ctx)))
+            .where(*_still_ours(ctx, delivery), col(Delivery.lease_expires_at) > db_now())
+            .values(lease_expires_at=db_now(_lease_seconds(ctx)))
         )
         return bool(written.rowcount)
 
@@ -230,7 +231,7 @@ def resend(ctx: Context, *, delivery_id: str, caller: Principal) -> Delivery:
                 f"delivery {delivery_id} is pending: it is sent (or tried again) already",
                 hint=told("wait for it; ", act("alerts deliveries"), " shows when it is due"),
             )
-        now = utcnow()
+        now = database_now(s)
         if delivery.status == DeliveryStatus.DELIVERED:
             delivery = Delivery(
                 **{
