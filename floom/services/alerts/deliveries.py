@@ -6,10 +6,11 @@ still holds and the delivery is still pending, so exactly one success is recorde
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, or_, update
+from sqlalchemy import ColumnElement, func, or_, update
 from sqlmodel import col, select
 
 from floom.errors import Conflict, InvalidRequest, NotFound
@@ -40,16 +41,31 @@ def _lease_seconds(ctx: Context) -> float:
     return ctx.settings.alert_timeout_seconds * 3 + 5
 
 
-def claim_due(ctx: Context, *, limit: int = CLAIM_BATCH, only: str | None = None) -> list[Delivery]:
-    """Take up to `limit` due deliveries (or the one `only`) under this node's lease. Due and
-    expired are judged, and the lease set, on the database's clock: a node whose own clock
-    runs ahead would take a lease another node still holds, and send the same delivery."""
+def receiver_of(delivery: Delivery) -> str:
+    """Who receives it: its channel, or its callback's URL (sends to one go one at a time)."""
+    return delivery.channel_id or delivery.target or ""
+
+
+def claim_due(
+    ctx: Context,
+    *,
+    limit: int = CLAIM_BATCH,
+    only: str | None = None,
+    besides: Collection[str] = (),
+) -> list[Delivery]:
+    """Take up to `limit` due deliveries (or the one `only`) under this node's lease, none to
+    a receiver in `besides` (see receiver_of). Due and expired are judged, and the lease set,
+    on the database's clock: a node whose own clock runs ahead would take a lease another
+    node still holds, and send the same delivery."""
     with session_scope(ctx.engine, write=True) as s:
         now = database_now(s)
         query = select(Delivery).where(
             Delivery.status == DeliveryStatus.PENDING,
             or_(col(Delivery.lease_expires_at).is_(None), col(Delivery.lease_expires_at) < now),
         )
+        if besides:
+            receiver = func.coalesce(col(Delivery.channel_id), col(Delivery.target), "")
+            query = query.where(receiver.not_in(sorted(besides)))
         if only is not None:
             query = query.where(Delivery.id == only)
         else:
