@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, or_
+from sqlalchemy import and_, func, or_
 from sqlmodel import Session, col, select
 
 from floom.services.alerts import callbacks, incidents
@@ -276,27 +276,60 @@ def watch_runs(ctx: Context, *, now: datetime) -> int:
 
 
 def _runs(ctx: Context, now: datetime, behind: timedelta) -> tuple[int, bool]:
-    """watch_runs; and whether it read a whole batch (more may wait)."""
+    """watch_runs; and whether more may wait (never: a pass reads a page after another until
+    it has read everything since its cursor's margin; a page left to the next pass would be
+    read from that margin again, and with more than a page of failures in it, no later one
+    would ever be read)."""
     with session_scope(ctx.engine) as s:
         mark = _cursor(s, "runs")
-        since = _since(mark, now, behind)
-        ended = list(
-            s.exec(
-                select(Run)
-                .where(col(Run.finished_at) >= since, col(Run.status).in_(sorted(RUN_EVENTS)))
-                .order_by(col(Run.finished_at))
-                .limit(BATCH)
-            ).all()
+    since = _since(mark, now, behind)
+    recorded, newest, after = 0, None, None
+    while True:
+        found, ended = _runs_page(ctx, now, since, after)
+        recorded += found
+        if not ended:
+            break
+        last = ended[-1]
+        newest = last.finished_at
+        if len(ended) < BATCH or last.finished_at is None:
+            break
+        after = (last.finished_at, last.id)
+    if _moves(mark, [newest] if newest else [], now):
+        _advance(ctx, "runs", now, now)
+    return recorded, False
+
+
+def _runs_page(
+    ctx: Context, now: datetime, since: datetime, after: tuple[datetime, str] | None
+) -> tuple[int, list[Run]]:
+    """A page of the runs that ended failed since `since` (after `after`, the last one read),
+    with the successes of their workers, and of those with an open incident, in the same
+    stretch of time; how many events were recorded, and the page's failures."""
+    with session_scope(ctx.engine) as s:
+        query = select(Run).where(
+            col(Run.finished_at) >= since, col(Run.status).in_(sorted(RUN_EVENTS))
         )
+        if after is not None:
+            at, run_id = after
+            query = query.where(
+                or_(
+                    col(Run.finished_at) > at,
+                    and_(col(Run.finished_at) == at, col(Run.id) > run_id),
+                )
+            )
+        ended = list(s.exec(query.order_by(col(Run.finished_at), col(Run.id)).limit(BATCH)).all())
         failing = {run.worker_name for run in ended} | {
             subject.removeprefix("worker:") for subject in incidents.open_subjects(s, "worker:")
         }
+        stretch = [col(Run.finished_at) >= (after[0] if after is not None else since)]
+        if len(ended) >= BATCH and ended[-1].finished_at is not None:
+            stretch.append(col(Run.finished_at) <= ended[-1].finished_at)
         recovered = (
             list(
                 s.exec(
                     select(Run)
                     .where(
-                        col(Run.finished_at) >= since,
+                        *stretch,
                         Run.status == SUCCEEDED,
                         col(Run.worker_name).in_(sorted(failing)),
                     )
@@ -308,14 +341,7 @@ def _runs(ctx: Context, now: datetime, behind: timedelta) -> tuple[int, bool]:
             else []
         )
     runs = sorted([*ended, *recovered], key=lambda r: (r.finished_at or now, r.id))
-    seen = [_run_seen(run, now) for run in runs]
-    recorded = _record_all(ctx, seen)
-    if _moves(mark, [run.finished_at for run in ended if run.finished_at], now):
-        if len(ended) < BATCH:
-            _advance(ctx, "runs", now, now)
-        elif ended[-1].finished_at is not None:
-            _advance(ctx, "runs", ended[-1].finished_at, now)
-    return recorded, len(ended) >= BATCH or len(recovered) >= BATCH
+    return _record_all(ctx, [_run_seen(run, now) for run in runs]), ended
 
 
 def _run_seen(run: Run, now: datetime) -> Seen:
@@ -355,56 +381,73 @@ def watch_hooks(ctx: Context, *, now: datetime) -> int:
 
 
 def _hooks(ctx: Context, now: datetime, behind: timedelta) -> tuple[int, bool]:
-    """watch_hooks; and whether it read a whole batch (more may wait)."""
+    """watch_hooks; and whether more may wait (never: a page after another, as `_runs`)."""
     with session_scope(ctx.engine) as s:
         mark = _cursor(s, "hooks")
-        since = _since(mark, now, behind)
-        rows = list(
-            s.exec(
-                select(WebhookDelivery)
-                .where(col(WebhookDelivery.received_at) >= since)
-                .order_by(col(WebhookDelivery.received_at))
-                .limit(BATCH)
-            ).all()
+    since = _since(mark, now, behind)
+    recorded, newest, after = 0, None, None
+    while True:
+        with session_scope(ctx.engine) as s:
+            query = select(WebhookDelivery).where(col(WebhookDelivery.received_at) >= since)
+            if after is not None:
+                at, row_id = after
+                query = query.where(
+                    or_(
+                        col(WebhookDelivery.received_at) > at,
+                        and_(
+                            col(WebhookDelivery.received_at) == at, col(WebhookDelivery.id) > row_id
+                        ),
+                    )
+                )
+            rows = list(
+                s.exec(
+                    query.order_by(col(WebhookDelivery.received_at), col(WebhookDelivery.id)).limit(
+                        BATCH
+                    )
+                ).all()
+            )
+        recorded += _record_all(ctx, [x for row in rows if (x := _hook_seen(row)) is not None])
+        if not rows:
+            break
+        newest = rows[-1].received_at
+        if len(rows) < BATCH:
+            break
+        after = (rows[-1].received_at, rows[-1].id)
+    if _moves(mark, [newest] if newest else [], now):
+        _advance(ctx, "hooks", now, now)
+    return recorded, False
+
+
+def _hook_seen(row: WebhookDelivery) -> Seen | None:
+    subject = f"trigger:{row.trigger_id or row.source + ':' + row.worker_name}"
+    worker = row.worker_name or None
+    if row.outcome in HOOK_FAILURES:
+        return Seen(
+            key=f"hook:{row.id}",
+            kind="trigger.failed",
+            subject=subject,
+            what=PROBLEM,
+            summary=f"a {row.source} delivery to {row.worker_name or 'floom'} could not "
+            f"start a run ({row.outcome})",
+            at=row.received_at,
+            worker=worker,
+            run_id=row.run_id,
+            error_code=row.outcome,
+            message=row.message,
+            details={"delivery_id": row.id, "source": row.source, "event": row.event},
         )
-    seen = []
-    for row in rows:
-        subject = f"trigger:{row.trigger_id or row.source + ':' + row.worker_name}"
-        worker = row.worker_name or None
-        if row.outcome in HOOK_FAILURES:
-            seen.append(
-                Seen(
-                    key=f"hook:{row.id}",
-                    kind="trigger.failed",
-                    subject=subject,
-                    what=PROBLEM,
-                    summary=f"a {row.source} delivery to {row.worker_name or 'floom'} could not "
-                    f"start a run ({row.outcome})",
-                    at=row.received_at,
-                    worker=worker,
-                    run_id=row.run_id,
-                    error_code=row.outcome,
-                    message=row.message,
-                    details={"delivery_id": row.id, "source": row.source, "event": row.event},
-                )
-            )
-        elif row.outcome == "run":
-            seen.append(
-                Seen(
-                    key=f"hook:{row.id}:recovered",
-                    kind="recovered",
-                    subject=subject,
-                    what=RECOVERY,
-                    summary=f"{row.source} deliveries to {row.worker_name} start runs again",
-                    at=row.received_at,
-                    worker=worker,
-                    run_id=row.run_id,
-                )
-            )
-    recorded = _record_all(ctx, seen)
-    if _moves(mark, [row.received_at for row in rows], now):
-        _advance(ctx, "hooks", now if len(rows) < BATCH else rows[-1].received_at, now)
-    return recorded, len(rows) >= BATCH
+    if row.outcome == "run":
+        return Seen(
+            key=f"hook:{row.id}:recovered",
+            kind="recovered",
+            subject=subject,
+            what=RECOVERY,
+            summary=f"{row.source} deliveries to {row.worker_name} start runs again",
+            at=row.received_at,
+            worker=worker,
+            run_id=row.run_id,
+        )
+    return None
 
 
 def watch_approvals(ctx: Context, *, now: datetime) -> int:
