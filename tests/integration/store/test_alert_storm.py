@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func
@@ -57,7 +58,7 @@ def _hook(at: datetime, outcome: str) -> WebhookDelivery:
     )
 
 
-def _count(ctx: Context, *where: object) -> int:
+def _count(ctx: Context, *where: Any) -> int:
     with session_scope(ctx.engine) as s:
         return int(s.exec(select(func.count()).select_from(AlertEvent).where(*where)).one())
 
