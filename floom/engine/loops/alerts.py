@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from floom.services.alerts import deliveries, watch
+from floom.vocabulary import DeliveryPurpose
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -28,13 +29,15 @@ class Sends:
     """Deliveries sent beside the watch, never by it: at most SENDERS receivers at once, one
     send at a time to each, so a receiver that hangs (each send may take twice
     FLOOM_ALERT_TIMEOUT_SECONDS) holds one sender, not the watch nor the sends to the others.
-    Each delivery's claim is still renewed just before its send (deliveries.send_claimed)."""
+    Run callbacks (whose URLs whoever starts a run chooses, as many as they like) take at
+    most all senders but one: the alerts always have one. Each delivery's claim is still
+    renewed just before its send (deliveries.send_claimed)."""
 
     def __init__(self, ctx: Context, *, senders: int = SENDERS) -> None:
         self.ctx = ctx
         self.senders = senders
         self._lock = threading.Lock()
-        self._busy: set[str] = set()  # receivers being sent to
+        self._busy: dict[str, bool] = {}  # receivers being sent to: whether callbacks
         self._closed = False
 
     def dispatch(self) -> int:
@@ -44,12 +47,22 @@ class Sends:
             free = self.senders - len(self._busy)
             if self._closed or free <= 0:
                 return 0
-            claimed = deliveries.claim_due(self.ctx, limit=free, besides=self._busy)
+            claimed = deliveries.claim_due(
+                self.ctx, limit=free, besides=self._busy, callbacks=False
+            )
+            room = min(
+                free - len({deliveries.receiver_of(d) for d in claimed}),
+                self.senders - 1 - sum(self._busy.values()),
+            )
+            if room > 0:
+                claimed += deliveries.claim_due(
+                    self.ctx, limit=room, besides=self._busy, callbacks=True
+                )
             batches: dict[str, list[Delivery]] = defaultdict(list)
             for delivery in claimed:
                 batches[deliveries.receiver_of(delivery)].append(delivery)
             for receiver, batch in batches.items():
-                self._busy.add(receiver)
+                self._busy[receiver] = batch[0].purpose == DeliveryPurpose.CALLBACK
                 threading.Thread(
                     target=self._send,
                     args=(receiver, batch),
@@ -65,7 +78,7 @@ class Sends:
             log.exception("sending deliveries failed; they are tried again when due")
         finally:
             with self._lock:
-                self._busy.discard(receiver)
+                self._busy.pop(receiver, None)
         try:
             self.dispatch()  # what waited for this sender or this receiver
         except Exception:  # the next pass of the watch dispatches again

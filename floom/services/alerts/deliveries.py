@@ -52,17 +52,25 @@ def claim_due(
     limit: int = CLAIM_BATCH,
     only: str | None = None,
     besides: Collection[str] = (),
+    callbacks: bool | None = None,
 ) -> list[Delivery]:
     """Take up to `limit` due deliveries (or the one `only`) under this node's lease, none to
-    a receiver in `besides` (see receiver_of). Due and expired are judged, and the lease set,
-    on the database's clock: a node whose own clock runs ahead would take a lease another
-    node still holds, and send the same delivery."""
+    a receiver in `besides` (see receiver_of); only run callbacks, or none, when `callbacks`
+    says so. Due and expired are judged, and the lease set, on the database's clock: a node
+    whose own clock runs ahead would take a lease another node still holds, and send the
+    same delivery."""
     with session_scope(ctx.engine, write=True) as s:
         now = database_now(s)
         query = select(Delivery).where(
             Delivery.status == DeliveryStatus.PENDING,
             or_(col(Delivery.lease_expires_at).is_(None), col(Delivery.lease_expires_at) < now),
         )
+        if callbacks is not None:
+            query = query.where(
+                (Delivery.purpose == DeliveryPurpose.CALLBACK)
+                if callbacks
+                else (Delivery.purpose != DeliveryPurpose.CALLBACK)
+            )
         if besides:
             receiver = func.coalesce(col(Delivery.channel_id), col(Delivery.target), "")
             query = query.where(receiver.not_in(sorted(besides)))
