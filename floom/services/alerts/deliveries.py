@@ -20,8 +20,7 @@ from floom.services.access.principal import Principal
 from floom.services.alerts import incidents
 from floom.services.alerts.channels import Channel, get_channel
 from floom.services.alerts.senders import AlertUndeliverable, send_alert, send_callback
-from floom.store.db import session_scope
-from floom.store.dbtime import database_now, db_now
+from floom.store.db import database_now, db_now, session_scope
 from floom.store.models import AlertChannel, Delivery, new_id, utcnow
 from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 

@@ -23,8 +23,7 @@ from floom.manifest.alerts import EVENTS, RECOVERED
 from floom.services.access import secrets
 from floom.services.alerts import rules
 from floom.services.workers import versions as workers
-from floom.store.db import session_scope
-from floom.store.dbtime import database_now
+from floom.store.db import database_now, session_scope
 from floom.store.models import (
     AlertChannel,
     AlertEvent,

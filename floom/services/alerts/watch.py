@@ -51,8 +51,7 @@ from floom.services.runs.rules import (
 from floom.services.triggers.registry import spec_of
 from floom.store.agents import Approval
 from floom.store.audit import AuditEvent
-from floom.store.db import session_scope
-from floom.store.dbtime import database_now, db_now
+from floom.store.db import database_now, db_now, session_scope
 from floom.store.models import AlertCursor, Delivery, Run, Worker
 from floom.store.nodes import Node
 from floom.store.triggers import Trigger, TriggerFire, WebhookDelivery

@@ -18,8 +18,7 @@ from floom import __version__
 from floom.hints import act, told
 from floom.hints import cli as cli_hints
 from floom.services.access.principal import Principal
-from floom.store.db import session_scope, write_connection
-from floom.store.dbtime import database_now, db_now
+from floom.store.db import database_now, db_now, session_scope, write_connection
 from floom.store.models import utcnow
 from floom.store.nodes import Node
 from floom.vocabulary import NodeState

@@ -1,5 +1,5 @@
 """Nodes whose own clocks disagree by minutes: one ten minutes behind the database's clock,
-one ten minutes ahead, both watching and writing (floom/store/dbtime.py, the alert watch).
+one ten minutes ahead, both watching and writing (floom/store/db.py db_now, the alert watch).
 Each alert is recorded once, none is missed, a live node is never taken for lost, and a
 delivery one node holds is not taken by the other. Both stores; the nodes in-process, each
 with its clock injected where floom reads the time."""
