@@ -41,7 +41,7 @@ from floom.services.runs.rules import (
     transition,
 )
 from floom.services.workers import state as worker_state
-from floom.store import hot, signals
+from floom.store import signals
 from floom.store.blobs.rows import DATABASE, insert_blob, stage_blob
 from floom.store.db import (
     Writer,
@@ -52,6 +52,7 @@ from floom.store.db import (
     write_connection,
 )
 from floom.store.models import Artifact, Run, UTCDateTime, trusted_row, utcnow
+from floom.store.statements import hot
 from floom.vocabulary import RunStatus
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from sqlalchemy import text
 from sqlalchemy.engine import URL
 
-from floom.store import hot
 from floom.store.db import Writer, on_postgres
+from floom.store.statements import hot
 
 log = logging.getLogger("floom.signals")
 

@@ -47,7 +47,7 @@ from floom.services.runs.rules import (
 from floom.services.workers import exposure
 from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
-from floom.store import hot, signals
+from floom.store import signals
 from floom.store.blobs.rows import read_blob
 from floom.store.db import Reader, Writer, session_scope, write_connection
 from floom.store.models import (
@@ -59,6 +59,7 @@ from floom.store.models import (
     trusted_row,
     utcnow,
 )
+from floom.store.statements import hot
 from floom.vocabulary import RunTrigger
 
 if TYPE_CHECKING:

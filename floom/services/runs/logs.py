@@ -13,12 +13,12 @@ from sqlalchemy import select as core_select
 from sqlmodel import col, select
 
 from floom.services.access.principal import Principal
-from floom.store import hot
 from floom.store.blobs.logs import cached_log, decode_log
 from floom.store.blobs.rows import read_blob
 from floom.store.blobs.tables import RunLog
 from floom.store.db import Writer, on_postgres, session_scope
 from floom.store.models import RunEvent, utcnow
+from floom.store.statements import hot
 
 if TYPE_CHECKING:
     from floom.services.context import Context

@@ -14,10 +14,10 @@ from floom.services.runs import agent as agent_runs
 from floom.services.runs import approvals
 from floom.services.runs import lifecycle as runs
 from floom.services.workers import versions as workers
-from floom.store import hot
 from floom.store.agents import Approval, ToolCall, Transcript
 from floom.store.db import Reader, session_scope
 from floom.store.models import Artifact, Run, trusted_row
+from floom.store.statements import hot
 
 if TYPE_CHECKING:
     from floom.services.context import Context

@@ -24,10 +24,10 @@ from floom.services.access.principal import SYSTEM, Principal
 from floom.services.alerts.channels import trigger_callback_problems
 from floom.services.triggers.registry import sync_triggers
 from floom.services.workers.limit_ceilings import over_ceilings
-from floom.store import hot
 from floom.store.blobs.rows import insert_blob, read_blob, stage_blob
 from floom.store.db import Writer, session_scope
 from floom.store.models import Run, Version, Worker, trusted_row, utcnow
+from floom.store.statements import hot
 
 if TYPE_CHECKING:
     from floom.services.context import Context

@@ -20,7 +20,6 @@ from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
 from floom.errors import BlobStoreUnavailable
-from floom.store import hot
 from floom.store.agents import Transcript
 from floom.store.blobs.base import missing, sha256_of, verified
 from floom.store.blobs.configured import new_blob_store, store_at
@@ -28,6 +27,7 @@ from floom.store.blobs.database import DatabaseBlobStore
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import Writer, on_postgres, read_connection
 from floom.store.models import Artifact, Blob, Version, utcnow
+from floom.store.statements import hot
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine

@@ -1,6 +1,7 @@
-"""The run path's hot statements (floom/store/hot.py) write and return what SQLAlchemy's own
-path does with the same statement, on both stores: each runs both ways in a transaction
-that is rolled back, and the rows it returned and the tables it wrote are compared."""
+"""The run path's hot statements (floom/store/statements/hot.py) write and return what
+SQLAlchemy's own path does with the same statement, on both stores: each runs both ways in a
+transaction that is rolled back, and the rows it returned and the tables it wrote are
+compared."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ from floom.services.context import Context
 from floom.services.runs import lifecycle, logs, records
 from floom.services.runs.rules import claimed_fields
 from floom.services.workers import versions as workers
-from floom.store import hot, signals
+from floom.store import signals
 from floom.store.blobs import rows as blob_rows
 from floom.store.db import read_connection
 from floom.store.models import Artifact, Blob, Run, RunEvent, trusted_row, utcnow
+from floom.store.statements import hot
 from floom.vocabulary import RunStatus
 from tests.support.harness import make_worker
 
