@@ -29,7 +29,7 @@ from floom.store import triggers as _trigger_tables  # noqa: F401 - registers th
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 from floom.store.blobs import tables as _blob_tables  # noqa: F401 - registers the tables
 from floom.store.models import UTCDateTime
-from floom.store.text import storable_parameters
+from floom.store.statements.text import storable_parameters
 
 # One write lock per SQLite database file, shared by every engine on that file in this
 # process (two contexts on one file stand for two nodes in tests and tools). Writers to other
@@ -53,7 +53,8 @@ def _sqlite_write_lock(engine: Engine) -> threading.RLock:
 
 def _store_storable_text(engine: Engine) -> None:
     # Below the columns' types, so no column, filter or batch (an array bound as a list) is
-    # left out: text that neither database keeps is stored as store.text.storable makes it.
+    # left out: text that neither database keeps is stored as store.statements.text.storable
+    # makes it.
     @event.listens_for(engine, "before_cursor_execute", retval=True)
     def _storable(
         _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
