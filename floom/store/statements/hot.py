@@ -189,9 +189,9 @@ def _execute(
         conn.begin()  # what SQLAlchemy's first execute does (on SQLite: its BEGIN)
     raw = conn.connection.driver_connection
     assert raw is not None
-    if compiled.keys and len(sets) > 1:
-        # A result for each set: one statement each, in order (sqlite3 refuses RETURNING
-        # in an executemany).
+    if compiled.keys and many:
+        # A result for each set: one statement each, in order (an executemany returns no
+        # rows: sqlite3 refuses RETURNING in one, psycopg drops them), a list of one too.
         found: list[Row] = []
         for one in sets:
             found.extend(_run(conn, raw, statement, compiled, _bound(compiled, one), False))

@@ -164,6 +164,23 @@ CASES = [
         tables=(Artifact,),
         serial=("id",),
     ),
+    Case(
+        queue.ARTIFACTS_INSERT,
+        # A list of one set (a run with one artifact): RETURNING's rows still come back.
+        lambda st: [
+            {
+                "run_id": st.queued[0].id,
+                "name": "only.txt",
+                "size": 3,
+                "digest": st.digest,
+                "content_type": "text/plain",
+                "created_at": LATER,
+            }
+        ],
+        tables=(Artifact,),
+        serial=("id",),
+        name="artifacts.insert-one",
+    ),
     Case(blob_rows.BLOB_STORED, lambda st: {"digest": st.digest}),
 ]
 
@@ -245,7 +262,7 @@ def _both_ways(
     return seen[0], seen[1]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.statement.name)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name or c.statement.name)
 def test_a_hot_statement_writes_and_returns_what_sqlalchemy_does(
     ctx: Context, stage: Stage, case: Case
 ) -> None:
