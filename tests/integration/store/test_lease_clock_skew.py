@@ -23,7 +23,7 @@ from floom.engine.loops.scheduler import Scheduler
 from floom.engine.queue import claim_next, reap_expired_leases, renew_held_leases
 from floom.services.context import Context
 from floom.store import models
-from floom.store.db import database_now, session_scope
+from floom.store.db import database_clock, database_now, session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
 from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
@@ -174,3 +174,19 @@ def test_each_tick_fires_once_at_its_database_time_whichever_node_clock_is_off(
             with clock(offset):
                 scheduler.tick()
     assert _fires(ctx) == [(due, "run")]
+
+
+def test_a_node_s_reading_of_the_database_clock_brackets_it_whatever_its_own_clock(
+    ctx: Context,
+) -> None:
+    db_clock = database_clock(ctx.engine)
+    for offset in (-SKEW, SKEW):
+        with clock(offset):
+            db_clock.refresh()
+            for _ in range(3):
+                earliest = db_clock.earliest()
+                at = _db_now(ctx)
+                latest = db_clock.now()
+                # Never later than the database's time before it, never earlier after it.
+                assert earliest <= at <= latest
+                assert latest - earliest < timedelta(seconds=1)
