@@ -90,7 +90,8 @@ class Settings(BaseSettings):
     lease_seconds: float = 30.0
     # The reaper takes an expired lease only this long after its expiry: the node that held
     # it had its watchdog end the sandbox before the expiry; this covers the kill and the
-    # difference between nodes' clocks (docs/explanation/runs-survive-failures.md).
+    # round trip of a node's reading of the database's clock, which leases are written and
+    # judged on (docs/explanation/runs-survive-failures.md).
     lease_grace_seconds: float = Field(1.0, ge=0)
     heartbeat_seconds: float = 2.0
     reap_interval_seconds: float = 5.0

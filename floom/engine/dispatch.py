@@ -22,7 +22,7 @@ from floom.engine.phases import is_phased
 from floom.engine.queue import claim_next
 from floom.services.runs.rules import RUNNING
 from floom.services.workers import versions as workers
-from floom.store.models import utcnow
+from floom.store.db import database_clock
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -298,7 +298,8 @@ class Dispatch:
             return queued.wait(poll)
         wait = IDLE_CLAIM_SECONDS
         if held_until is not None:
-            wait = min(wait, max(0.0, (held_until - utcnow()).total_seconds()))
+            now = database_clock(self.runner.ctx.engine).now()  # held_until's clock
+            wait = min(wait, max(0.0, (held_until - now).total_seconds()))
         until = time.monotonic() + wait
         while (left := until - time.monotonic()) > 0:
             if queued.wait(min(left, poll)):

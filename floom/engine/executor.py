@@ -33,7 +33,7 @@ from floom.engine.work_root import hold_work_root, release_work_root
 from floom.errors import BlobStoreUnavailable, RunErrorCode, StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable
-from floom.sandbox.fence import fence_key, lease_clock, margin_seconds, node_fence
+from floom.sandbox.fence import fence_key, margin_seconds, node_fence
 from floom.services.access.principal import SYSTEM
 from floom.services.access.secrets import Redactor
 from floom.services.runs.logs import append_events, system_event
@@ -48,8 +48,8 @@ from floom.services.runs.rules import (
 )
 from floom.services.workers import versions as workers
 from floom.store import signals
-from floom.store.db import UNAVAILABLE, session_scope
-from floom.store.models import Run, utcnow
+from floom.store.db import UNAVAILABLE, database_clock, session_scope
+from floom.store.models import Run
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
@@ -204,10 +204,16 @@ class Executor:
     # loops
 
     def _heartbeat_loop(self) -> None:
+        clock = database_clock(self.ctx.engine)
         while not self._attempts_over.wait(self.ctx.settings.heartbeat_seconds):
             with self._active_lock:
                 seen = dict(self._active)
             try:
+                if seen:
+                    # The database's clock read again at every beat that renews a lease
+                    # (one statement, off the claims' path); idle, at its first use after
+                    # CLOCK_READ_SECONDS.
+                    clock.refresh()
                 renewal = renew_held_leases(
                     self.ctx, {run_id: run_log.epoch for run_id, run_log in seen.items()}
                 )
@@ -372,11 +378,14 @@ class Executor:
         return seconds - margin_seconds(self.ctx.settings.lease_seconds)
 
     def arm_fence(self, run: Run) -> None:
-        """The watchdog's first deadline for the attempt: its claim's lease, as stored."""
+        """The watchdog's first deadline for the attempt: its claim's lease, as stored (on the
+        database's clock, read with a time never earlier than the database's, so the
+        deadline comes no later than the moment the database's clock reaches the expiry)."""
+        counted_from, now = database_clock(self.ctx.engine).reading()
         left = float(self.ctx.settings.lease_seconds)
         if run.lease_expires_at is not None:
-            left = (run.lease_expires_at - utcnow()).total_seconds()
-        node_fence().arm(fence_key(run.id, run.lease_epoch), lease_clock() + self._lease_left(left))
+            left = (run.lease_expires_at - now).total_seconds()
+        node_fence().arm(fence_key(run.id, run.lease_epoch), counted_from + self._lease_left(left))
 
     def run_claimed_inline(self, run: Run) -> None:
         """Run an attempt this node just claimed in the calling thread, as a slot would: an

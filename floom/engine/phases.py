@@ -23,8 +23,8 @@ from floom.services.runs.rules import (
     started_message,
 )
 from floom.store.agents import Approval
-from floom.store.db import session_scope
-from floom.store.models import Run, utcnow
+from floom.store.db import database_clock, session_scope
+from floom.store.models import Run
 from floom.vocabulary import ApprovalKind, ApprovalStatus
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def claim_run(ctx: Context, *, run_id: str) -> Run | None:
     started), as claim_next_run would; None when another executor got it first, or when
     its worker is at its `concurrency` limit (then an executor starts it when room is made,
     and the agent waits for it like for any other run)."""
-    now = utcnow()
+    now = database_clock(ctx.engine).now()  # the lease on the database's clock
     with session_scope(ctx.engine, write=True) as s:
         run = s.get(Run, run_id, with_for_update=True)
         if run is None or run.status != QUEUED or not worker_has_room(s, run):

@@ -45,6 +45,7 @@ from floom.store import signals
 from floom.store.blobs.rows import DATABASE, insert_blob, stage_blob
 from floom.store.db import (
     Writer,
+    database_clock,
     is_postgres,
     on_postgres,
     read_connection,
@@ -171,8 +172,10 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
     Two nodes never get the same run: PostgreSQL skips rows another claim has locked;
     SQLite serialises the whole step under its write lock. Runs of a worker already at its
     `concurrency` limit are passed over, on every node at once (see `worker_has_room`).
+    The lease it writes, and the time runs held back are compared with, are on the
+    database's clock (DatabaseClock: no statement more).
     """
-    now = utcnow()
+    now = database_clock(ctx.engine).now()
     statements = _claim_statements()
     # A read first when the queue was last seen empty: most such calls find nothing, and a
     # read takes no write lock on SQLite. Draining a busy queue skips it.
@@ -293,9 +296,11 @@ def renew_held_leases(ctx: Context, epochs: Mapping[str, int | None]) -> Renewal
 
     with session_scope(ctx.engine, write=True) as s:
         # Taken once in the transaction: a wait for SQLite's write lock must not come off
-        # the lease.
-        counted_from = lease_clock()
-        expires = utcnow() + timedelta(seconds=ctx.settings.lease_seconds)
+        # the lease. The expiry is on the database's clock, counted from a time no earlier
+        # than the database's at `counted_from` (DatabaseClock.reading): the watchdog's
+        # deadline, counted from `counted_from`, comes first.
+        counted_from, now = database_clock(ctx.engine).reading()
+        expires = now + timedelta(seconds=ctx.settings.lease_seconds)
         rows = s.exec(
             select(Run).where(col(Run.id).in_(run_ids)).with_for_update(skip_locked=True)
         ).all()
@@ -389,7 +394,8 @@ def finish_attempt(
     lines stored so far, `log_lines` and the closing line) uploaded as its object first, and
     the transaction records that object instead of appending rows (services/ops/end_logs.py).
     """
-    now = utcnow()
+    # The database's clock: a retry's backoff ends when every node's claim says so.
+    now = database_clock(ctx.engine).now()
     values, message, retry, status = _end_values(
         run, outcome, now=now, backoff=backoff, exponential=exponential
     )
@@ -749,22 +755,26 @@ def reap_expired_leases(
 
     A lease is taken only `lease_grace_seconds` after it expired: the node that held it had
     its watchdog end the attempt's sandbox before the expiry (floom/sandbox/fence.py), and
-    the grace covers that kill and the difference between the nodes' clocks. Each run reaped
-    gets the next lease epoch, so whatever its old attempt still writes is refused.
+    the grace covers that kill and the round trip of a node's reading of the database's
+    clock. Leases are written and judged on that clock (DatabaseClock), whatever the nodes'
+    own clocks say. Each run reaped gets the next lease epoch, so whatever its old attempt
+    still writes is refused.
 
     With `own_node_restart`, runs this node id held before a restart are reaped at once:
     the process that held them is gone. Returns how many runs were reaped.
     """
     live = live or {}
-    now = utcnow()
-    cond = col(Run.lease_expires_at) < now - timedelta(seconds=ctx.settings.lease_grace_seconds)
+    clock = database_clock(ctx.engine)
+    # Judged by a time never later than the database's; written with one never earlier.
+    judged, now = clock.earliest(), clock.now()
+    cond = col(Run.lease_expires_at) < judged - timedelta(seconds=ctx.settings.lease_grace_seconds)
     if own_node_restart:
         cond = or_(cond, col(Run.lease_owner) == ctx.node_id)
     with session_scope(ctx.engine, write=True) as s:
         rows = s.exec(
             select(Run).where(Run.status == RUNNING, cond).with_for_update(skip_locked=True)
         ).all()
-        renewed = utcnow() + timedelta(seconds=ctx.settings.lease_seconds)
+        renewed = clock.now() + timedelta(seconds=ctx.settings.lease_seconds)
         reaped = 0
         for run in rows:
             if run.lease_owner == ctx.node_id and live.get(run.id) == run.attempt:

@@ -7,7 +7,8 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Float, bindparam, event, select
@@ -22,7 +23,7 @@ from floom.errors import StoreUnavailable
 from floom.store import agents as _agent_tables  # noqa: F401 - registers the tables
 from floom.store import audit as _audit_tables  # noqa: F401 - registers the tables
 from floom.store import handoffs as _handoff_tables  # noqa: F401 - registers the tables
-from floom.store import models  # noqa: F401 - registers the tables
+from floom.store import models
 from floom.store import nodes as _node_tables  # noqa: F401 - registers the tables
 from floom.store import replays as _replay_tables  # noqa: F401 - registers the tables
 from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
@@ -379,3 +380,110 @@ def database_now(s: Session) -> datetime:
     """The database's time (one statement)."""
     at: datetime = s.execute(select(db_now())).scalar_one()
     return at
+
+
+# The lease fence's clock (floom/sandbox/fence.py, lease_clock): a database reading is tied
+# to it, so a watchdog deadline and a stored expiry count from one moment.
+_BOOTTIME = time.CLOCK_BOOTTIME
+# A node reads the database's clock again after this long even when no heartbeat has (a
+# node without an executor); the boottime counted since a reading drifts from the
+# database's clock by parts per million, the rate at which the two clocks' rates differ.
+CLOCK_READ_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class _Reading:
+    at: datetime  # the database's clock_timestamp()
+    sent: float  # boottime just before the statement was sent
+    back: float  # boottime just after its answer came back
+
+
+class DatabaseClock:
+    """The database's time as a node knows it without a statement: the time every node that
+    shares the store writes and judges leases, and the scheduler fires ticks, by.
+
+    On PostgreSQL the node reads the database's clock (`refresh`, one statement: at each
+    heartbeat of its executor, and when its last reading is older than CLOCK_READ_SECONDS),
+    with CLOCK_BOOTTIME just before the statement left and just after its answer came back.
+    The database's time at a later moment is the reading plus the boottime since. The
+    database read its clock somewhere between the two, so `now` (counted from the send)
+    is never earlier than the database's true time and `earliest` (counted from the
+    answer) never later: they differ by the round trip. The node's own wall clock plays no
+    part, so a node minutes off, or one whose clock is stepped, writes and judges times as
+    every other node does. On SQLite (one host, one clock) it is this host's wall clock.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._postgres = is_postgres(engine)
+        self._reading: _Reading | None = None
+        self._lock = threading.Lock()
+
+    def reading(self) -> tuple[float, datetime]:
+        """Now on the fence's clock (lease_clock) and the database's time then, never earlier
+        than the true one: a lease written as that time plus its length never outlasts a
+        watchdog deadline counted from the first by the same length."""
+        if not self._postgres:
+            return time.clock_gettime(_BOOTTIME), models.utcnow()
+        reading = self._current()
+        boottime = time.clock_gettime(_BOOTTIME)
+        return boottime, reading.at + timedelta(seconds=boottime - reading.sent)
+
+    def now(self) -> datetime:
+        """The database's time now, never earlier than the true one (`reading`): for times
+        written (leases, when a run started or ended, a retry's backoff)."""
+        return self.reading()[1]
+
+    def earliest(self) -> datetime:
+        """The database's time now, never later than the true one: for judging whether
+        another node's lease expired, or a tick came."""
+        if not self._postgres:
+            return models.utcnow()
+        reading = self._current()
+        return reading.at + timedelta(seconds=time.clock_gettime(_BOOTTIME) - reading.back)
+
+    def refresh(self) -> None:
+        """Read the database's clock again (one statement; nothing on SQLite)."""
+        if not self._postgres:
+            return
+        with read_connection(self._engine) as conn:
+            sent = time.clock_gettime(_BOOTTIME)
+            at = conn.execute(select(db_now())).scalar_one()
+            back = time.clock_gettime(_BOOTTIME)
+        self._reading = _Reading(at=at, sent=sent, back=back)
+
+    def _current(self) -> _Reading:
+        reading = self._reading
+        age = time.clock_gettime(_BOOTTIME) - reading.back if reading is not None else None
+        if reading is not None and age is not None and age < CLOCK_READ_SECONDS:
+            return reading
+        with self._lock:
+            if self._reading is not reading:  # read by another thread meanwhile
+                assert self._reading is not None
+                return self._reading
+            try:
+                self.refresh()
+            except StoreUnavailable:
+                if reading is None:
+                    raise
+                # Cut off from the database: the last reading holds (it drifts by ppm).
+                return reading
+        assert self._reading is not None
+        return self._reading
+
+
+def database_clock(bind: Engine | Connection) -> DatabaseClock:
+    """The database's clock as this process knows it (one per engine)."""
+    engine = bind.engine
+    clock: DatabaseClock | None = getattr(engine, _CLOCK_ATTRIBUTE, None)
+    if clock is None:
+        with _clock_guard:
+            clock = getattr(engine, _CLOCK_ATTRIBUTE, None)
+            if clock is None:
+                clock = DatabaseClock(engine)
+                setattr(engine, _CLOCK_ATTRIBUTE, clock)
+    return clock
+
+
+_clock_guard = threading.Lock()
+_CLOCK_ATTRIBUTE = "_floom_clock"  # kept on the engine, as _proxy keeps its binds

@@ -3,6 +3,8 @@
 It sleeps until the next fire time, which keeps fire-time skew in milliseconds, or until
 schedules are synced (wakeups.SCHEDULES): with no schedule at all it has nothing to do
 until then (it looks again every wakeups.IDLE_LOOK_SECONDS for writers it cannot hear).
+Its clock is the database's (floom/store/db.py, DatabaseClock.earliest), so schedulers
+on nodes whose own clocks disagree fire each tick when it comes, neither early nor late.
 An injected clock, which may run fast, is read at least every second.
 The clock is injectable: tests call `tick(now)` directly instead of starting the thread.
 """
@@ -12,12 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from floom.errors import StoreUnavailable
 from floom.services import wakeups
 from floom.services.triggers.schedules import NextFireCache, fire_due
+from floom.store.db import database_clock
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -28,14 +31,12 @@ Clock = Callable[[], datetime]
 MAX_SLEEP_SECONDS = 1.0
 
 
-def system_clock() -> datetime:
-    return datetime.now(UTC)
-
-
 class Scheduler:
-    def __init__(self, ctx: Context, *, clock: Clock = system_clock) -> None:
+    def __init__(self, ctx: Context, *, clock: Clock | None = None) -> None:
         self.ctx = ctx
-        self.clock = clock
+        # Never later than the database's time: a tick is not fired before it comes.
+        self.clock: Clock = clock or database_clock(ctx.engine).earliest
+        self._clock_keeps_time = clock is None
         self._cache = NextFireCache()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -74,11 +75,9 @@ class Scheduler:
                 log.exception("scheduler tick failed; retrying")
                 delay = MAX_SLEEP_SECONDS
             if upcoming is not None:
-                # The system clock is slept on until the next fire (a synced change wakes
-                # it earlier); an injected one may run fast, so it is read every second.
-                longest = (
-                    wakeups.IDLE_LOOK_SECONDS if self.clock is system_clock else MAX_SLEEP_SECONDS
-                )
+                # The database's clock is slept on until the next fire (a synced change
+                # wakes it earlier); an injected one may run fast, so it is read every second.
+                longest = wakeups.IDLE_LOOK_SECONDS if self._clock_keeps_time else MAX_SLEEP_SECONDS
                 delay = min(longest, max(0.0, (upcoming - self.clock()).total_seconds()))
             self._wake.wait(delay)
             self._wake.clear()

@@ -50,7 +50,7 @@ from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
 from floom.store import signals
 from floom.store.blobs.rows import read_blob
-from floom.store.db import Reader, Writer, session_scope, write_connection
+from floom.store.db import Reader, Writer, database_clock, session_scope, write_connection
 from floom.store.models import (
     Artifact,
     Run,
@@ -366,7 +366,9 @@ def _insert_queued(
 
 
 def _claim_here(ctx: Context, run: Run) -> None:
-    mark_claimed(run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=utcnow())
+    # The lease on the database's clock, as the queue's claim writes it.
+    now = database_clock(ctx.engine).now()
+    mark_claimed(run, node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now)
 
 
 def _started_note(ctx: Context, run: Run) -> tuple[str, str, None]:

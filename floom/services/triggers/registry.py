@@ -17,7 +17,7 @@ from floom.manifest.schema import Manifest
 from floom.manifest.triggers import parse_triggers
 from floom.services import wakeups
 from floom.services.access.principal import Principal
-from floom.store.db import session_scope
+from floom.store.db import database_clock, session_scope
 from floom.store.models import Worker, new_id, utcnow
 from floom.store.triggers import Trigger
 from floom.triggers import cron
@@ -45,7 +45,9 @@ def sync_triggers(s: Session, *, worker_name: str, manifest: Manifest) -> None:
     and stops. A new (or returning) schedule starts from now: nothing is back-filled.
     """
     specs = parse_triggers(manifest)
-    now = utcnow()
+    # The database's time, as the scheduler's (a schedule deployed from a node whose own
+    # clock is off starts now all the same: no tick before it, none skipped after).
+    now = database_clock(s.get_bind()).now()
     rows = {
         t.key: t for t in s.exec(select(Trigger).where(Trigger.worker_name == worker_name)).all()
     }

@@ -46,7 +46,8 @@ log = logging.getLogger("floom.scheduler")
 # A tick handled this late still counts as on time (not "missed while down").
 ON_TIME_SECONDS = 60.0
 # A schedule's last fire further ahead of the clock than this was written by a clock that
-# ran ahead (nodes' clocks agree within FLOOM_LEASE_GRACE_SECONDS): its ticks are judged
+# ran ahead and was set back (schedulers go by the database's clock, floom/store/db.py
+# DatabaseClock: on SQLite the host's, on PostgreSQL the server's): its ticks are judged
 # again (_judge_again_when_due).
 CLOCK_STEP_SECONDS = 300.0
 # A week of a once-a-minute cron: the longest catch-up window holds no more fires.
