@@ -345,7 +345,7 @@ def _insert_queued(
             note += f", replay of {run.replay_of}"
         notes = [("system", note, None)]
         # Never ahead of a run queued before it: then this one queues behind it.
-        take = held and ANY_RUNNABLE.first(s, {"now": utcnow()}) is None
+        take = held and ANY_RUNNABLE.first(s, {"now": database_clock(ctx.engine).now()}) is None
         if not held and not nodes.executor_live(ctx, s):
             notes.append(("system", nodes.QUEUED_WITHOUT_EXECUTOR, None))
         if take and in_transaction is None:
