@@ -51,14 +51,17 @@ MANIFEST = "floom-backup.json"
 DATABASE = "floom.db"
 OBJECTS = "objects"
 FORMAT = 1
-# Left out of a backup: the database (copied through the backup API instead), its journal
+# The files SQLite keeps beside a database: a rollback journal, a write-ahead log and its
+# index. A hot journal or a log beside a database is played into it when it is next opened,
+# so one a backup carried would change the restored database after every check of it.
+_SIDE_FILES = ("-journal", "-wal", "-shm")
+# Left out of a backup: the database (copied through the backup API instead), its side
 # files, this host's node id (a restored node is a new node), the running node's lock on its
 # work root (floom.engine.work_root: a lock of this process, meaningless in a copy), and caches
 # floom rebuilds: run work dirs and extracted versions.
 _NOT_COPIED = {
     DATABASE,
-    f"{DATABASE}-wal",
-    f"{DATABASE}-shm",
+    *(f"{DATABASE}{suffix}" for suffix in _SIDE_FILES),
     "node.id",
     "node.lock",
     "runs",
@@ -105,6 +108,16 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+def _database_files(data_dir: Path, db_path: Path) -> frozenset[str]:
+    """The database's own file and its side files, as names under `data_dir` (none when the
+    database lives elsewhere): never copied as data files, never restored as one."""
+    try:
+        rel = db_path.absolute().relative_to(data_dir.absolute()).as_posix()
+    except ValueError:
+        return frozenset()
+    return frozenset({rel, *(f"{rel}{suffix}" for suffix in _SIDE_FILES)})
+
+
 def _require_sqlite(settings: Settings, *, doing: str) -> Path:
     path = sqlite_path(settings.resolved_database_url)
     if path is None:
@@ -143,7 +156,9 @@ def create_backup(*, settings: Settings, dest: Path) -> BackupSummary:
     partial.mkdir(mode=0o700)
     try:
         _copy_database(db_path, partial / DATABASE)
-        files = _copy_data_files(settings.data_dir, partial)
+        files = _copy_data_files(
+            settings.data_dir, partial, skip=_database_files(settings.data_dir, db_path)
+        )
         files += _copy_objects(settings, partial)
         summary = BackupSummary(
             path=str(dest),
@@ -189,8 +204,8 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
     A damaged backup raises BackupInvalid naming what was wrong, and changes nothing.
     """
     db_path = _require_sqlite(settings, doing="floom restore")
-    manifest = _read_manifest(source)
     data_dir = settings.data_dir
+    manifest = _read_manifest(source, database=_database_files(data_dir, db_path))
     occupied = data_dir.is_dir() and any(data_dir.iterdir())
     if (occupied or db_path.exists()) and not force:
         raise Conflict(
@@ -236,7 +251,8 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
         _undo(staged, made)
         raise
     # Everything is checked: the copies take their places (floom is stopped: nothing races).
-    for suffix in ("-wal", "-shm"):
+    # (A journal or log the replaced node left would be played into the restored database.)
+    for suffix in _SIDE_FILES:
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     for copy, target in staged:
         os.replace(copy, target)
@@ -418,7 +434,9 @@ def _check_secrets(settings: Settings, db: Path, source: Path, files: list[str])
     )
 
 
-def _read_manifest(source: Path) -> dict[str, Any]:
+def _read_manifest(source: Path, *, database: frozenset[str]) -> dict[str, Any]:
+    """The backup's manifest, every file it names checked: `database` names the restored
+    database's own files under the data dir, which no backup file may take the place of."""
     path = source / MANIFEST
     if not path.is_file():
         raise BackupInvalid(
@@ -440,9 +458,11 @@ def _read_manifest(source: Path) -> dict[str, Any]:
         raise BackupInvalid(f"{path} cannot be read", hint="the backup is damaged")
     for i, name in enumerate([DATABASE, *files]):
         target = (source / name).resolve() if isinstance(name, str) else source
-        # A backup's files never include the database (restored on its own), a node's own
-        # files or its run dirs (what workers left).
-        kept = i == 0 or (isinstance(name, str) and name.split("/")[0] not in _NOT_COPIED)
+        # A backup's files never include the database (restored on its own) or its side
+        # files, a node's own files or its run dirs (what workers left).
+        kept = i == 0 or (
+            isinstance(name, str) and name.split("/")[0] not in _NOT_COPIED and name not in database
+        )
         if (
             not kept
             or not _plain(name)
@@ -507,7 +527,7 @@ def _copy_database(source: Path, dest: Path) -> None:
     os.chmod(dest, 0o600)
 
 
-def _copy_data_files(data_dir: Path, dest: Path) -> list[str]:
+def _copy_data_files(data_dir: Path, dest: Path, *, skip: frozenset[str]) -> list[str]:
     copied: list[str] = []
     if not data_dir.is_dir():
         return copied
@@ -519,7 +539,12 @@ def _copy_data_files(data_dir: Path, dest: Path) -> list[str]:
         for name in names:
             path = here / name
             rel = path.relative_to(data_dir)
-            if rel.as_posix() in _NOT_COPIED or path.is_symlink() or not path.is_file():
+            if (
+                rel.as_posix() in _NOT_COPIED
+                or rel.as_posix() in skip
+                or path.is_symlink()
+                or not path.is_file()
+            ):
                 continue
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest / rel)
