@@ -79,6 +79,8 @@ _COUNTED = (
     "secrets",
 )
 _PAGES_PER_STEP = 1024
+# A manifest larger than this is not one floom wrote (one names each file and object once).
+MANIFEST_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -443,19 +445,42 @@ def _read_manifest(source: Path, *, database: frozenset[str]) -> dict[str, Any]:
             f"{source} is not a floom backup (no {MANIFEST})",
             hint=told("name the directory that ", act("backup"), " wrote"),
         )
+    unreadable = BackupInvalid(
+        f"{path} cannot be read: it is not a manifest floom backup writes",
+        hint="the backup is damaged or was not written by floom backup; use another one",
+    )
+    if path.stat().st_size > MANIFEST_MAX_BYTES:
+        raise unreadable
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
         checksums: dict[str, str] = manifest["sha256"]
-        files = manifest["summary"]["files"]
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise BackupInvalid(f"{path} cannot be read", hint="the backup is damaged") from exc
+        summary = manifest["summary"]
+        files = summary["files"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise unreadable from None
+    # Every part a restore reads, of the type floom writes: else a restore could stop on it
+    # with a stack trace, even after its files took their places.
+    if not (
+        isinstance(checksums, dict)
+        and all(isinstance(v, str) for v in checksums.values())
+        and isinstance(summary.get("counts"), dict)
+        and isinstance(summary.get("warnings", []), list)
+        and all(isinstance(w, str) for w in summary.get("warnings", []))
+        and isinstance(summary.get("secret_key_in_backup", False), bool)
+    ):
+        raise unreadable
     if manifest.get("format") != FORMAT:
         raise BackupInvalid(
             f"{source} has backup format {manifest.get('format')!r}; this floom reads {FORMAT}",
             hint="restore it with the floom version that wrote it",
         )
     if not isinstance(files, list):
-        raise BackupInvalid(f"{path} cannot be read", hint="the backup is damaged")
+        raise unreadable
+    if len(set(map(str, files))) != len(files):
+        raise BackupInvalid(
+            f"{path} names a file twice; nothing was restored",
+            hint="the backup is damaged or was not written by floom backup; use another one",
+        )
     for i, name in enumerate([DATABASE, *files]):
         target = (source / name).resolve() if isinstance(name, str) else source
         # A backup's files never include the database (restored on its own) or its side

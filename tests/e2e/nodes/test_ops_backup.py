@@ -545,3 +545,56 @@ def test_a_journal_beside_the_database_never_changes_what_a_restore_checked(
     )
     assert not (busy / "floom.db-journal").exists()
     assert _triggers(busy / "floom.db") == []
+
+
+def test_a_manifest_of_other_shapes_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each part a restore reads is checked for the type floom writes: a checksum table that
+    # is a string or a list, warnings that are not a list (read after the files took their
+    # places: the restore finished with a stack trace), a file named twice, a manifest not
+    # UTF-8 or larger than any floom writes. Each is one clear line, nothing written.
+    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
+    Context.open(source).engine.dispose()
+    good = tmp_path / "good"
+    create_backup(settings=source, dest=good)
+    (good / "x.txt").write_text("x")
+    original = json.loads((good / MANIFEST).read_text())
+    original["summary"]["files"].append("x.txt")
+    original["sha256"]["x.txt"] = hashlib.sha256(b"x").hexdigest()
+    monkeypatch.setattr("floom.services.ops.backup.MANIFEST_MAX_BYTES", 1 << 20)
+
+    def shaped(change: Any) -> bytes:
+        manifest = json.loads(json.dumps(original))
+        change(manifest)
+        return json.dumps(manifest).encode()
+
+    cases: dict[str, tuple[bytes, str]] = {
+        "checksums_a_string": (
+            shaped(lambda m: m.update(sha256="floom.db x.txt")),
+            "cannot be read",
+        ),
+        "checksums_a_list": (shaped(lambda m: m.update(sha256=["floom.db"])), "cannot be read"),
+        "warnings_a_number": (shaped(lambda m: m["summary"].update(warnings=5)), "cannot be read"),
+        "key_flag_a_string": (
+            shaped(lambda m: m["summary"].update(secret_key_in_backup="no")),
+            "cannot be read",
+        ),
+        "a_file_twice": (
+            shaped(lambda m: m["summary"]["files"].append("x.txt")),
+            "names a file twice",
+        ),
+        "not_utf8": (b"\xff\xfe" + json.dumps(original).encode(), "cannot be read"),
+        "too_large": (json.dumps(original).encode() + b" " * (1 << 20), "cannot be read"),
+    }
+    for case, (text, said) in cases.items():
+        backup = tmp_path / case
+        shutil.copytree(good, backup)
+        (backup / MANIFEST).write_bytes(text)
+        fresh = tmp_path / f"fresh-{case}"
+        with pytest.raises(BackupInvalid) as refused:
+            restore_backup(
+                settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=backup
+            )
+        assert said in refused.value.message, case
+        assert not fresh.exists(), case
