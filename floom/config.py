@@ -152,6 +152,9 @@ class Settings(BaseSettings):
     # Triggers (floom/services/triggers/webhooks.py): the largest webhook body accepted, and the
     # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
     webhook_max_bytes: int = 1024 * 1024
+    # The time a webhook's whole body may take to arrive: a sender that dribbles it (a
+    # slow-loris) is answered 408 and its connection closed, not held for good.
+    webhook_body_seconds: float = Field(30.0, gt=0, le=3600)
     # Deliveries to /hooks that no secret verifies, per client address and per hook, a
     # minute (and at once); past either, that address (or hook) is answered 429 before its
     # body is read or any signature computed (floom/api/address_limit.py). 0: no limit.

@@ -189,6 +189,13 @@ class IllegalTransition(Conflict):
     code = "illegal_transition"
 
 
+class BodyTooSlow(FloomError):
+    """The request body did not arrive in time; send it at once."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class PayloadTooLarge(FloomError):
     """The request body is too large."""
 

@@ -21,6 +21,7 @@ _MEANING = {
     403: "The API key lacks the scope (or, for handoffs, the role) this needs.",
     404: "The thing asked for does not exist, or this key may not see it.",
     409: "The request conflicts with the current state.",
+    408: "The body did not arrive in time.",
     413: "The body is larger than the server accepts.",
     422: "The request does not match the documented shape or a declared limit.",
     429: "A limit was reached: this key's request rate, concurrent waits or open streams, "

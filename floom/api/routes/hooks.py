@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -62,11 +63,18 @@ async def _read_body(request: Request, ctx: Context) -> bytes:
         raise webhooks.payload_too_large(limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise webhooks.payload_too_large(limit)
-        chunks.append(chunk)
+    # Anyone may send to /hooks: a body dribbled a byte at a time would hold its connection
+    # (and what it sent) for good, so the whole body has a deadline.
+    seconds = ctx.settings.webhook_body_seconds
+    try:
+        async with asyncio.timeout(seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise webhooks.payload_too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise webhooks.body_too_slow(seconds) from None
     return b"".join(chunks)
 
 
@@ -101,7 +109,7 @@ def _refusals(*statuses: int) -> dict[int | str, dict[str, Any]]:
     responses={
         200: {"model": trigger_models.ComposioAnswer, "description": "every event was seen before"},
         202: {"model": trigger_models.ComposioAnswer, "description": "the events were recorded"},
-        **errors(400, 401, 413, 422, 429, 503),
+        **errors(400, 401, 408, 413, 422, 429, 503),
     },
     openapi_extra=HOOK_BODY,
 )
@@ -131,7 +139,7 @@ async def composio_hook(request: Request, ctx: CtxDep) -> JSONResponse:
             "description": "a duplicate delivery, or (with `wait`) the run ended in time",
         },
         202: {"model": trigger_models.HookAnswer, "description": "the delivery was recorded"},
-        **_refusals(400, 401, 409, 413, 422, 429, 503),
+        **_refusals(400, 401, 408, 409, 413, 422, 429, 503),
     },
     openapi_extra=HOOK_BODY,
 )

@@ -51,14 +51,17 @@ MANIFEST = "floom-backup.json"
 DATABASE = "floom.db"
 OBJECTS = "objects"
 FORMAT = 1
-# Left out of a backup: the database (copied through the backup API instead), its journal
+# The files SQLite keeps beside a database: a rollback journal, a write-ahead log and its
+# index. A hot journal or a log beside a database is played into it when it is next opened,
+# so one a backup carried would change the restored database after every check of it.
+_SIDE_FILES = ("-journal", "-wal", "-shm")
+# Left out of a backup: the database (copied through the backup API instead), its side
 # files, this host's node id (a restored node is a new node), the running node's lock on its
 # work root (floom.engine.work_root: a lock of this process, meaningless in a copy), and caches
 # floom rebuilds: run work dirs and extracted versions.
 _NOT_COPIED = {
     DATABASE,
-    f"{DATABASE}-wal",
-    f"{DATABASE}-shm",
+    *(f"{DATABASE}{suffix}" for suffix in _SIDE_FILES),
     "node.id",
     "node.lock",
     "runs",
@@ -76,6 +79,8 @@ _COUNTED = (
     "secrets",
 )
 _PAGES_PER_STEP = 1024
+# A manifest larger than this is not one floom wrote (one names each file and object once).
+MANIFEST_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,16 @@ def sqlite_path(url: str) -> Path | None:
     if not parsed.database or parsed.database == ":memory:":
         return None
     return Path(parsed.database)
+
+
+def _database_files(data_dir: Path, db_path: Path) -> frozenset[str]:
+    """The database's own file and its side files, as names under `data_dir` (none when the
+    database lives elsewhere): never copied as data files, never restored as one."""
+    try:
+        rel = db_path.absolute().relative_to(data_dir.absolute()).as_posix()
+    except ValueError:
+        return frozenset()
+    return frozenset({rel, *(f"{rel}{suffix}" for suffix in _SIDE_FILES)})
 
 
 def _require_sqlite(settings: Settings, *, doing: str) -> Path:
@@ -143,7 +158,9 @@ def create_backup(*, settings: Settings, dest: Path) -> BackupSummary:
     partial.mkdir(mode=0o700)
     try:
         _copy_database(db_path, partial / DATABASE)
-        files = _copy_data_files(settings.data_dir, partial)
+        files = _copy_data_files(
+            settings.data_dir, partial, skip=_database_files(settings.data_dir, db_path)
+        )
         files += _copy_objects(settings, partial)
         summary = BackupSummary(
             path=str(dest),
@@ -189,8 +206,8 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
     A damaged backup raises BackupInvalid naming what was wrong, and changes nothing.
     """
     db_path = _require_sqlite(settings, doing="floom restore")
-    manifest = _read_manifest(source)
     data_dir = settings.data_dir
+    manifest = _read_manifest(source, database=_database_files(data_dir, db_path))
     occupied = data_dir.is_dir() and any(data_dir.iterdir())
     if (occupied or db_path.exists()) and not force:
         raise Conflict(
@@ -236,7 +253,8 @@ def restore_backup(*, settings: Settings, source: Path, force: bool = False) -> 
         _undo(staged, made)
         raise
     # Everything is checked: the copies take their places (floom is stopped: nothing races).
-    for suffix in ("-wal", "-shm"):
+    # (A journal or log the replaced node left would be played into the restored database.)
+    for suffix in _SIDE_FILES:
         Path(f"{db_path}{suffix}").unlink(missing_ok=True)
     for copy, target in staged:
         os.replace(copy, target)
@@ -418,31 +436,58 @@ def _check_secrets(settings: Settings, db: Path, source: Path, files: list[str])
     )
 
 
-def _read_manifest(source: Path) -> dict[str, Any]:
+def _read_manifest(source: Path, *, database: frozenset[str]) -> dict[str, Any]:
+    """The backup's manifest, every file it names checked: `database` names the restored
+    database's own files under the data dir, which no backup file may take the place of."""
     path = source / MANIFEST
     if not path.is_file():
         raise BackupInvalid(
             f"{source} is not a floom backup (no {MANIFEST})",
             hint=told("name the directory that ", act("backup"), " wrote"),
         )
+    unreadable = BackupInvalid(
+        f"{path} cannot be read: it is not a manifest floom backup writes",
+        hint="the backup is damaged or was not written by floom backup; use another one",
+    )
+    if path.stat().st_size > MANIFEST_MAX_BYTES:
+        raise unreadable
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
         checksums: dict[str, str] = manifest["sha256"]
-        files = manifest["summary"]["files"]
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise BackupInvalid(f"{path} cannot be read", hint="the backup is damaged") from exc
+        summary = manifest["summary"]
+        files = summary["files"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise unreadable from None
+    # Every part a restore reads, of the type floom writes: else a restore could stop on it
+    # with a stack trace, even after its files took their places.
+    if not (
+        isinstance(checksums, dict)
+        and all(isinstance(v, str) for v in checksums.values())
+        and isinstance(summary.get("counts"), dict)
+        and isinstance(summary.get("warnings", []), list)
+        and all(isinstance(w, str) for w in summary.get("warnings", []))
+        and isinstance(summary.get("secret_key_in_backup", False), bool)
+    ):
+        raise unreadable
     if manifest.get("format") != FORMAT:
         raise BackupInvalid(
             f"{source} has backup format {manifest.get('format')!r}; this floom reads {FORMAT}",
             hint="restore it with the floom version that wrote it",
         )
     if not isinstance(files, list):
-        raise BackupInvalid(f"{path} cannot be read", hint="the backup is damaged")
+        raise unreadable
+    if len(set(map(str, files))) != len(files):
+        raise BackupInvalid(
+            f"{path} names a file twice; nothing was restored",
+            hint="the backup is damaged or was not written by floom backup; use another one",
+        )
     for i, name in enumerate([DATABASE, *files]):
         target = (source / name).resolve() if isinstance(name, str) else source
-        # A backup's files never include the database (restored on its own), a node's own
-        # files or its run dirs (what workers left).
-        kept = i == 0 or (isinstance(name, str) and name.split("/")[0] not in _NOT_COPIED)
+        # A backup's files never include the database (restored on its own) or its side
+        # files, a node's own files or its run dirs (what workers left).
+        kept = i == 0 or (
+            isinstance(name, str) and name.split("/")[0] not in _NOT_COPIED and name not in database
+        )
         if (
             not kept
             or not _plain(name)
@@ -507,7 +552,7 @@ def _copy_database(source: Path, dest: Path) -> None:
     os.chmod(dest, 0o600)
 
 
-def _copy_data_files(data_dir: Path, dest: Path) -> list[str]:
+def _copy_data_files(data_dir: Path, dest: Path, *, skip: frozenset[str]) -> list[str]:
     copied: list[str] = []
     if not data_dir.is_dir():
         return copied
@@ -519,7 +564,12 @@ def _copy_data_files(data_dir: Path, dest: Path) -> list[str]:
         for name in names:
             path = here / name
             rel = path.relative_to(data_dir)
-            if rel.as_posix() in _NOT_COPIED or path.is_symlink() or not path.is_file():
+            if (
+                rel.as_posix() in _NOT_COPIED
+                or rel.as_posix() in skip
+                or path.is_symlink()
+                or not path.is_file()
+            ):
                 continue
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, dest / rel)

@@ -20,6 +20,7 @@ from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.errors import (
+    BodyTooSlow,
     Conflict,
     FloomError,
     InputInvalid,
@@ -190,6 +191,15 @@ def payload_too_large(limit: int) -> PayloadTooLarge:
     log.warning("refused a webhook body over %d bytes (FLOOM_WEBHOOK_MAX_BYTES)", limit)
     return PayloadTooLarge(
         f"the webhook body is larger than {limit} bytes", hint="send a smaller payload"
+    )
+
+
+def body_too_slow(seconds: float) -> BodyTooSlow:
+    # The sender is anonymous: the setting that raises the deadline is named only in the log.
+    log.warning("refused a webhook body not sent within %g s (FLOOM_WEBHOOK_BODY_SECONDS)", seconds)
+    return BodyTooSlow(
+        f"the webhook body did not arrive within {seconds:g} seconds",
+        hint="send the whole body at once",
     )
 
 

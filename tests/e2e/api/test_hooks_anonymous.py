@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -192,3 +193,37 @@ def test_an_oversized_webhook_body_is_refused_without_naming_the_setting(
     assert (resp.status_code, resp.json()["error"]["code"]) == (413, "payload_too_large")
     assert_tells_nothing(resp)
     assert "FLOOM_WEBHOOK_MAX_BYTES" in caplog.text
+
+
+@pytest.mark.parametrize("path", ["/hooks/composio", "/hooks/someworker"])
+def test_a_webhook_body_dribbled_slower_than_its_deadline_is_answered_408_not_held(
+    tmp_path: Path, database_url: str, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Anyone may send to /hooks: a sender that declares a body and sends part of it held the
+    # connection for good (a slow-loris: many such hold the server's connections). The whole
+    # body now has FLOOM_WEBHOOK_BODY_SECONDS to arrive.
+    with (
+        live_server(tmp_path / "data", database_url, webhook_body_seconds=0.5) as srv,
+        caplog.at_level(logging.WARNING, logger="floom"),
+    ):
+        url = httpx.URL(srv.base_url)
+        with socket.create_connection((url.host, url.port)) as conn:
+            conn.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                'Content-Length: 100\r\n\r\n{"a":'.encode()
+            )
+            # Only so that a server still holding it fails the test instead of hanging it.
+            conn.settimeout(60)
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                got = conn.recv(4096)
+                if not got:
+                    break
+                answer += got
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), head
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_timeout"
+        for word in TELLTALES:
+            assert word not in body.decode(), word
+        assert "FLOOM_WEBHOOK_BODY_SECONDS" in caplog.text

@@ -463,3 +463,138 @@ def test_a_restore_onto_a_full_disk_says_so_and_leaves_the_disk_as_it_was(tmp_pa
     assert "unexpected" not in done.stderr
     # Nothing left on the disk: the copy and the directories the restore made are gone.
     assert done.stdout == "restore exited 1\n"
+
+
+def _hot_journal(db: Path, journal: Path) -> None:
+    """Write to `journal` a hot rollback journal that, played into `db` when it is next
+    opened, adds the trigger `leak`: the journal SQLite writes while that trigger is dropped
+    from a copy of `db` holding it, taken before the drop commits."""
+    evil = db.with_name("evil.db")
+    shutil.copyfile(db, evil)
+    with closing(sqlite3.connect(evil)) as conn, conn:
+        conn.execute(
+            "CREATE TRIGGER leak AFTER INSERT ON secrets "
+            "BEGIN UPDATE secrets SET name = name WHERE 0; END"
+        )
+    with closing(sqlite3.connect(evil, isolation_level=None)) as conn:
+        conn.execute("PRAGMA synchronous=OFF")  # the journal's record count left to its size
+        conn.execute("PRAGMA journal_mode=DELETE")
+        conn.execute("BEGIN")
+        conn.execute("DROP TRIGGER leak")
+        shutil.copyfile(f"{evil}-journal", journal)
+        conn.execute("COMMIT")
+    shutil.copyfile(evil, db)
+    evil.unlink()
+
+
+def _triggers(db: Path) -> list[str]:
+    # Opened writable, as floom opens it: a hot journal beside it is played in.
+    with closing(sqlite3.connect(db)) as conn:
+        return [
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='trigger'")
+        ]
+
+
+def test_a_journal_beside_the_database_never_changes_what_a_restore_checked(
+    tmp_path: Path,
+) -> None:
+    # The checks above read the backup's database alone; a rollback journal beside the
+    # restored database is played into it when floom next opens it, so a backup carrying
+    # floom.db-journal (or a replaced node's journal left in place) could add the trigger
+    # they refuse. Such a file is refused as a backup's, and removed from a forced data dir.
+    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
+    Context.open(source).engine.dispose()
+    clean = tmp_path / "clean"
+    create_backup(settings=source, dest=clean)
+
+    carried = tmp_path / "carried"
+    shutil.copytree(clean, carried)
+    _hot_journal(carried / "floom.db", carried / "floom.db-journal")
+    manifest = json.loads((carried / MANIFEST).read_text())
+    manifest["summary"]["files"].append("floom.db-journal")
+    (carried / MANIFEST).write_text(json.dumps(manifest))
+    _rechecked(carried)
+    fresh = tmp_path / "fresh"
+    with pytest.raises(BackupInvalid) as refused:
+        restore_backup(
+            settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=carried
+        )
+    assert "unexpected file 'floom.db-journal'" in refused.value.message
+    assert not fresh.exists()
+
+    # A database under another name in the data dir: its journal is refused the same way.
+    named = tmp_path / "named"
+    manifest["summary"]["files"][-1] = "store.sqlite-journal"
+    shutil.copyfile(carried / "floom.db-journal", carried / "store.sqlite-journal")
+    (carried / MANIFEST).write_text(json.dumps(manifest))
+    _rechecked(carried)
+    with pytest.raises(BackupInvalid) as refused:
+        restore_backup(
+            settings=fast_settings(named, f"sqlite:///{named / 'store.sqlite'}"), source=carried
+        )
+    assert "unexpected file 'store.sqlite-journal'" in refused.value.message
+    assert not named.exists()
+
+    # A forced restore over a node that left a hot journal: the journal goes with it.
+    busy = tmp_path / "busy"
+    Context.open(fast_settings(busy, f"sqlite:///{busy / 'floom.db'}")).engine.dispose()
+    shutil.copyfile(clean / "floom.db", tmp_path / "old.db")
+    _hot_journal(tmp_path / "old.db", busy / "floom.db-journal")
+    restore_backup(
+        settings=fast_settings(busy, f"sqlite:///{busy / 'floom.db'}"), source=clean, force=True
+    )
+    assert not (busy / "floom.db-journal").exists()
+    assert _triggers(busy / "floom.db") == []
+
+
+def test_a_manifest_of_other_shapes_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each part a restore reads is checked for the type floom writes: a checksum table that
+    # is a string or a list, warnings that are not a list (read after the files took their
+    # places: the restore finished with a stack trace), a file named twice, a manifest not
+    # UTF-8 or larger than any floom writes. Each is one clear line, nothing written.
+    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
+    Context.open(source).engine.dispose()
+    good = tmp_path / "good"
+    create_backup(settings=source, dest=good)
+    (good / "x.txt").write_text("x")
+    original = json.loads((good / MANIFEST).read_text())
+    original["summary"]["files"].append("x.txt")
+    original["sha256"]["x.txt"] = hashlib.sha256(b"x").hexdigest()
+    monkeypatch.setattr("floom.services.ops.backup.MANIFEST_MAX_BYTES", 1 << 20)
+
+    def shaped(change: Any) -> bytes:
+        manifest = json.loads(json.dumps(original))
+        change(manifest)
+        return json.dumps(manifest).encode()
+
+    cases: dict[str, tuple[bytes, str]] = {
+        "checksums_a_string": (
+            shaped(lambda m: m.update(sha256="floom.db x.txt")),
+            "cannot be read",
+        ),
+        "checksums_a_list": (shaped(lambda m: m.update(sha256=["floom.db"])), "cannot be read"),
+        "warnings_a_number": (shaped(lambda m: m["summary"].update(warnings=5)), "cannot be read"),
+        "key_flag_a_string": (
+            shaped(lambda m: m["summary"].update(secret_key_in_backup="no")),
+            "cannot be read",
+        ),
+        "a_file_twice": (
+            shaped(lambda m: m["summary"]["files"].append("x.txt")),
+            "names a file twice",
+        ),
+        "not_utf8": (b"\xff\xfe" + json.dumps(original).encode(), "cannot be read"),
+        "too_large": (json.dumps(original).encode() + b" " * (1 << 20), "cannot be read"),
+    }
+    for case, (text, said) in cases.items():
+        backup = tmp_path / case
+        shutil.copytree(good, backup)
+        (backup / MANIFEST).write_bytes(text)
+        fresh = tmp_path / f"fresh-{case}"
+        with pytest.raises(BackupInvalid) as refused:
+            restore_backup(
+                settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=backup
+            )
+        assert said in refused.value.message, case
+        assert not fresh.exists(), case
