@@ -149,6 +149,9 @@ class Settings(BaseSettings):
     # Every request body but deploys, /mcp and /hooks (floom/api/body_limit.py); read no
     # further than this before a route sees it.
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    # The time any such body (a deploy's too) may take to arrive, read before a key is
+    # checked: a caller that dribbles one (a slow-loris) is answered 408, not held for good.
+    request_body_seconds: float = Field(120.0, gt=0, le=3600)
     # Triggers (floom/services/triggers/webhooks.py): the largest webhook body accepted, and the
     # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
     webhook_max_bytes: int = 1024 * 1024

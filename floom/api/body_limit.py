@@ -3,16 +3,23 @@
 FastAPI parses a JSON body before a route's dependencies run, so without this a caller
 could make the server read and parse a body of any size before a quota refused it. The
 limit is checked against Content-Length first and then counted as the body streams in, so
-a chunked body cannot pass it either; at most the limit is held in memory.
+a chunked body cannot pass it either; at most the limit is held in memory. The whole body
+has FLOOM_REQUEST_BODY_SECONDS to arrive: the body is read before any key is checked, so a
+caller that declares a body and dribbles it (a slow-loris) is answered 408 and its
+connection closed, not held for good.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from typing import Any
 
 from floom.config import Settings
-from floom.errors import PayloadTooLarge
+from floom.errors import BodyTooSlow, FloomError, PayloadTooLarge
+
+log = logging.getLogger("floom.api")
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -28,6 +35,7 @@ class BodyLimitMiddleware:
         self.app = app
         self.bundle_limit = settings.max_bundle_bytes * 4 // 3 + 64 * 1024
         self.request_limit = settings.max_request_bytes
+        self.body_seconds = settings.request_body_seconds
 
     def limit_for(self, path: str) -> int | None:
         if path.startswith("/hooks/"):
@@ -46,25 +54,43 @@ class BodyLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await _refuse(send, limit)
+            await _refuse(send, _too_large(limit))
             return
         # Read the body here, up to the limit, and hand it on whole: a route's own reader
         # would turn an exception raised mid-stream into its own 400.
         chunks: list[bytes] = []
         received = 0
-        while True:
-            message: Message = await receive()
-            if message["type"] != "http.request":
-                await self.app(scope, _replay([], message, receive), send)
-                return
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > limit:
-                await _refuse(send, limit)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.body_seconds):
+                while True:
+                    message: Message = await receive()
+                    if message["type"] != "http.request":
+                        break
+                    chunk = message.get("body", b"")
+                    received += len(chunk)
+                    if received > limit:
+                        await _refuse(send, _too_large(limit))
+                        return
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        message = {}
+                        break
+        except TimeoutError:
+            log.warning(
+                "refused a request body not sent within %g s (FLOOM_REQUEST_BODY_SECONDS)",
+                self.body_seconds,
+            )
+            await _refuse(
+                send,
+                BodyTooSlow(
+                    f"the request body did not arrive within {self.body_seconds:g} seconds",
+                    hint="send the whole body at once",
+                ),
+            )
+            return
+        if message:  # the client went away mid-body: the app hears it as it would have
+            await self.app(scope, _replay([], message, receive), send)
+            return
         await self.app(scope, _replay(chunks, None, receive), send)
 
 
@@ -95,18 +121,21 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _refuse(send: Any, limit: int) -> None:
-    error = PayloadTooLarge(
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
         f"the request body is over {limit} bytes",
         hint="send less: worker folders are bounded by FLOOM_MAX_BUNDLE_BYTES, other "
         "requests by FLOOM_MAX_REQUEST_BYTES",
         details={"limit_bytes": limit},
     )
+
+
+async def _refuse(send: Any, error: FloomError) -> None:
     body = json.dumps({"error": error.to_dict()}).encode()
     await send(
         {
             "type": "http.response.start",
-            "status": 413,
+            "status": error.status,
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),

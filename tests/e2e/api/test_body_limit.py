@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,3 +58,40 @@ def test_bodies_under_the_limit_reach_the_route(small_server: LiveServer) -> Non
     assert resp.status_code == 404  # the route ran: no such worker
     with httpx.Client(base_url=small_server.base_url) as anonymous:
         assert anonymous.get("/healthz").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/v1/workers/none/runs", "/api/v1/workers", "/mcp", "/api/v1/keys"]
+)
+def test_a_body_dribbled_slower_than_its_deadline_is_answered_408_before_any_key(
+    tmp_path: Path, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The body limit reads every body before the route (and so before its key is checked):
+    # a caller with no key that declared a body and sent part of it held the connection for
+    # good (a slow-loris; many such hold the server's connections). The whole body now has
+    # FLOOM_REQUEST_BODY_SECONDS to arrive.
+    with (
+        live_server(
+            tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}", request_body_seconds=0.5
+        ) as srv,
+        caplog.at_level(logging.WARNING, logger="floom"),
+    ):
+        url = httpx.URL(srv.base_url)
+        with socket.create_connection((url.host, url.port)) as conn:
+            conn.sendall(
+                f"POST {path} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+                "Content-Type: application/json\r\n"
+                'Content-Length: 100\r\n\r\n{"a":'.encode()
+            )
+            # Only so that a server still holding it fails the test instead of hanging it.
+            conn.settimeout(60)
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                got = conn.recv(4096)
+                if not got:
+                    break
+                answer += got
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert "FLOOM_REQUEST_BODY_SECONDS" in caplog.text
