@@ -99,6 +99,7 @@ def test_the_checkpoint_gives_up_behind_a_reader_and_truncates_at_the_next_pass(
     with write_connection(engine) as c:
         c.exec_driver_sql("CREATE TABLE t (b BLOB)")
         c.exec_driver_sql("INSERT INTO t VALUES (randomblob(100000))")
+    assert _big_freelist(engine, 50) > 0  # a pass with pages to give back, then the WAL
     events: list[str] = []
     reading = threading.Event()
     done = threading.Event()
