@@ -56,7 +56,9 @@ def test_a_heartbeat_commits_between_two_steps_of_giving_free_pages_back(
         try:
             with write_connection(engine) as c:
                 c.exec_driver_sql("INSERT INTO beat VALUES (1)")
-            events.append("heartbeat committed")
+                # Still under the write lock, which it lets go only after committing: no
+                # vacuum step can come between this and the commit.
+                events.append("heartbeat committed")
         except BaseException as exc:  # seen by the test's thread below
             failures.append(exc)
 
