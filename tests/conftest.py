@@ -97,15 +97,23 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     late xdist worker (800,000 objects, a loaded machine) stopped it for 1-2 s, and a run
     of a test server (3 s lease) lost its lease to one ("its lease was not renewed in
     time"). floom serve freezes its own start-up heap (cli/serving.py settle_heap) and
-    keeps a 30 s lease. At the end of a module (its fixtures gone) everything is thawed and
-    collected once, so what a module kept frozen and then let go of does not pile up."""
+    keeps a 30 s lease. At the end of every THAW_EVERY_MODULES-th module (its fixtures gone)
+    everything is thawed and collected once, so what modules kept frozen and then let go of
+    does not pile up; not at every module's end: that pass walks the whole heap (up to ~1 s
+    late in a worker), and a worker ends some 150 modules."""
     try:
         return (yield)
     finally:
         if nextitem is None or nextitem.path != item.path:
-            gc.unfreeze()
+            _modules_ended[0] += 1
+            if _modules_ended[0] % THAW_EVERY_MODULES == 0:
+                gc.unfreeze()
         gc.collect()
         gc.freeze()
+
+
+THAW_EVERY_MODULES = 10
+_modules_ended = [0]
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ from floom.errors import RunErrorCode
 from floom.sandbox.fence import lease_clock
 from floom.services.ops import end_logs
 from floom.services.runs import agent as agent_runs
-from floom.services.runs.lifecycle import any_runnable_statement
+from floom.services.runs.lifecycle import ANY_RUNNABLE, any_runnable_statement
 from floom.services.runs.logs import append_events, lock_events, system_event
 from floom.services.runs.records import RunRecord, record_in_session
 from floom.services.runs.rules import (
@@ -52,6 +52,7 @@ from floom.store.db import (
     write_connection,
 )
 from floom.store.models import Artifact, Run, UTCDateTime, trusted_row, utcnow
+from floom.store.statements import hot
 from floom.vocabulary import RunStatus
 
 if TYPE_CHECKING:
@@ -177,7 +178,8 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
     # read takes no write lock on SQLite. Draining a busy queue skips it.
     if look_first:
         with read_connection(ctx.engine) as conn:
-            runnable, held_until = conn.execute(statements.look, {"now": now}).one()
+            looked = _LOOK.rows(conn, {"now": now})[0]
+        runnable, held_until = looked["runnable"], looked["held_until"]
         if runnable is None:
             return Claim(None, held_until=held_until)
     params: dict[str, Any] = {
@@ -190,11 +192,14 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
         try:
             # Core statements only: a plain connection, not an ORM session (write_connection).
             with write_connection(ctx.engine) as s:
-                claim = statements.claim_except if full else statements.claim
-                row = s.execute(claim, {**params, "full": full} if full else params).first()
+                if full:
+                    found = s.execute(statements.claim_except, {**params, "full": full}).first()
+                    row = None if found is None else dict(found._mapping)
+                else:
+                    row = _CLAIM.first(s, params)
                 if row is None:
                     return Claim(None)
-                run = trusted_row(Run, row._mapping)
+                run = trusted_row(Run, row)
                 # On SQLite the statement counted under the write lock: exact already.
                 if postgres and not worker_has_room(s, run):
                     full.append(run.worker_name)
@@ -207,7 +212,7 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
                     message=started_message(run, node_id=ctx.node_id),
                 )
                 # One more statement here spares the dispatcher a claim that finds nothing.
-                more = s.execute(statements.any_runnable, {"now": now}).first() is not None
+                more = ANY_RUNNABLE.first(s, {"now": now}) is not None
         except _WorkerFull:
             continue
         return Claim(run, more)
@@ -473,7 +478,7 @@ def _record_attempt_end(
         lock_events(s, run_id=run.id)
         if abandoned is not None:
             end_logs.abandon_end_log(s, abandoned)
-        written = s.execute(_finish_statement(tuple(values)), {**values, **held}).first()
+        written = _finish_statement(tuple(values)).first(s, {**values, **held})
         if written is None:
             if end_log is not None:
                 end_logs.abandon_end_log(s, end_log)
@@ -510,10 +515,10 @@ def _record_attempt_end(
                 rewritten = s.execute(
                     _rewrite_statement(tuple(values)), {**values, "held_id": run.id}
                 ).first()
-                written = rewritten if rewritten is not None else written
+                written = dict(rewritten._mapping) if rewritten is not None else written
             else:
                 message += f" (state version {committed} written)"
-        if retry and written._mapping["cancel_requested"]:
+        if retry and written["cancel_requested"]:
             # Cancelled while this attempt ran, which ended before its executor saw it: the
             # run ends cancelled, not queued again (its next claim would clear the request).
             outcome = Outcome(
@@ -532,7 +537,7 @@ def _record_attempt_end(
             rewritten = s.execute(
                 _rewrite_statement(tuple(values)), {**values, "held_id": run.id}
             ).first()
-            written = rewritten if rewritten is not None else written
+            written = dict(rewritten._mapping) if rewritten is not None else written
         # Artifacts from before exist only after an earlier attempt or a pause for a
         # decision (which always sets the phase): a plain first attempt has none to replace.
         if run.attempt > 1 or run.phase is not None:
@@ -564,10 +569,9 @@ def _record_attempt_end(
                 for name, blob, content_type in staged
             ]
             if not folded:
-                stored = s.execute(_artifacts_insert(), rows)
+                stored = ARTIFACTS_INSERT.rows(s, rows)
                 artifacts = sorted(
-                    (trusted_row(Artifact, row._mapping) for row in stored),
-                    key=attrgetter("name"),
+                    (trusted_row(Artifact, row) for row in stored), key=attrgetter("name")
                 )
         if end_log is not None:
             ids = end_logs.record_end_log(
@@ -587,7 +591,7 @@ def _record_attempt_end(
         if ctx.node.run_ends.waited_on(run.id):
             # Its waiters answer with the record as this transaction leaves it (the row as
             # the UPDATE returned it), not with a read of their own after the commit.
-            ended_run = trusted_row(Run, written._mapping)
+            ended_run = trusted_row(Run, written)
             record = record_in_session(ctx, s, ended_run, artifacts=artifacts)
     if end_log is not None:
         # Committed: the transcript's text is in the object, its figures in its row.
@@ -680,22 +684,30 @@ def _rewrite_statement(columns: tuple[str, ...]) -> Any:
     return update(runs).where(runs.c.id == bindparam("held_id")).values(values).returning(*runs.c)
 
 
-@lru_cache(maxsize=1)
 def _artifacts_insert() -> Any:
     """The INSERT of an attempt's artifacts, returning the rows it stored (for the record)."""
     table = Artifact.__table__  # type: ignore[attr-defined]
     return insert(table).returning(*table.c)
 
 
+ARTIFACTS_INSERT = hot.Statement(
+    "artifacts.insert",
+    _artifacts_insert,
+    keys=("run_id", "name", "size", "digest", "content_type", "created_at"),
+)
+_CLAIM = hot.Statement("queue.claim", lambda: _claim_statements().claim)
+_LOOK = hot.Statement("queue.look", lambda: _claim_statements().look)
+
+
 @lru_cache(maxsize=8)
-def _finish_statement(columns: tuple[str, ...]) -> Any:
+def _finish_statement(columns: tuple[str, ...]) -> hot.Statement:
     """The attempt's end as one UPDATE of `columns` (and the sandbox time added), matching
     only while this node holds this attempt under its lease epoch (the fencing token) and
     returning the row it wrote; built once per column set."""
     runs = Run.__table__  # type: ignore[attr-defined]
     values: dict[str, Any] = {name: bindparam(name, type_=runs.c[name].type) for name in columns}
     values["sandbox_seconds"] = runs.c.sandbox_seconds + bindparam("sandbox_seconds_added")
-    return (
+    statement = (
         update(runs)
         .where(
             runs.c.id == bindparam("held_id"),
@@ -707,6 +719,7 @@ def _finish_statement(columns: tuple[str, ...]) -> Any:
         .values(values)
         .returning(*runs.c)
     )
+    return hot.Statement("queue.finish", lambda: statement)
 
 
 def refuse_fenced(run: Run, *, now_epoch: int, what: str, lines: int = 0) -> None:

@@ -16,7 +16,11 @@ class Approval(SQLModel, table=True):
     """A pause a person decides: a gated tool call ("tool_call") or a run's outputs ("run")."""
 
     __tablename__ = "approvals"
-    __table_args__ = (Index("ix_approvals_status", "status", "id"),)
+    __table_args__ = (
+        Index("ix_approvals_status", "status", "id"),
+        # The alert watch's probe counts decisions since its anchor (floom/services/alerts).
+        Index("ix_approvals_decided", "decided_at"),
+    )
     id: str = Field(primary_key=True, max_length=40)
     run_id: str = Field(index=True, max_length=40)
     worker_name: str = Field(max_length=63)

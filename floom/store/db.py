@@ -8,11 +8,14 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import Float, bindparam, event, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import FunctionElement
 from sqlmodel import Session, create_engine
 
 from floom.config import mask_password
@@ -26,7 +29,8 @@ from floom.store import replays as _replay_tables  # noqa: F401 - registers the 
 from floom.store import triggers as _trigger_tables  # noqa: F401 - registers the tables
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 from floom.store.blobs import tables as _blob_tables  # noqa: F401 - registers the tables
-from floom.store.text import storable_parameters
+from floom.store.models import UTCDateTime
+from floom.store.statements.text import storable_parameters
 
 log = logging.getLogger("floom.store")
 
@@ -80,7 +84,8 @@ def _sqlite_write_lock(engine: Engine) -> SQLiteWriteLock:
 
 def _store_storable_text(engine: Engine) -> None:
     # Below the columns' types, so no column, filter or batch (an array bound as a list) is
-    # left out: text that neither database keeps is stored as store.text.storable makes it.
+    # left out: text that neither database keeps is stored as store.statements.text.storable
+    # makes it.
     @event.listens_for(engine, "before_cursor_execute", retval=True)
     def _storable(
         _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
@@ -439,3 +444,41 @@ def store_unavailable(exc: Exception) -> StoreUnavailable:
         hint="check that the database server is running and reachable "
         "(FLOOM_DATABASE_URL); floom retries on the next request",
     )
+
+
+# The database's clock: one time for every node that shares the store, whatever each node's
+# own clock says. What orders or judges across nodes (the alert watch, delivery claims, when
+# a node was last heard) reads and writes it, so a node whose clock runs minutes ahead or
+# behind neither skips nor repeats what another node wrote.
+
+
+class db_now(FunctionElement[datetime]):
+    """The database's time now, `seconds` on: usable wherever a timestamp column is
+    (compared with one, or written to one)."""
+
+    type = UTCDateTime()
+    inherit_cache = True
+    name = "db_now"
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        super().__init__(bindparam(None, float(seconds), type_=Float()))
+
+
+@compiles(db_now, "postgresql")
+def _postgresql(element: db_now, compiler: Any, **kw: Any) -> str:
+    seconds = compiler.process(next(iter(element.clauses)), **kw)
+    return f"(clock_timestamp() + {seconds} * interval '1 second')"
+
+
+@compiles(db_now, "sqlite")
+def _sqlite(element: db_now, compiler: Any, **kw: Any) -> str:
+    seconds = compiler.process(next(iter(element.clauses)), **kw)
+    # As SQLAlchemy stores a SQLite timestamp (UTC, six digits of fraction): the two
+    # compare as text, and it reads back as one.
+    return f"(strftime('%Y-%m-%d %H:%M:%f', 'now', {seconds} || ' seconds') || '000')"
+
+
+def database_now(s: Session) -> datetime:
+    """The database's time (one statement)."""
+    at: datetime = s.execute(select(db_now())).scalar_one()
+    return at

@@ -23,6 +23,10 @@ class Node(SQLModel, table=True):
     slots_in_use: int = 0
     started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     heartbeat_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
+    # The same moment on the database's clock (floom/store/db.py, db_now): whether a node is
+    # silent is judged by it, and how far its own clock is behind (what it writes is read
+    # back that much further). None from a node older than it.
+    heard_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     stopped_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     # Its warm pools as its last heartbeat saw them (schemas.health.WarmHealth as JSON,
     # bounded by services.ops.nodes.WARM_BYTES); None without warm starts.

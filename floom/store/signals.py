@@ -28,6 +28,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import URL
 
 from floom.store.db import Writer, on_postgres
+from floom.store.statements import hot
 
 log = logging.getLogger("floom.signals")
 
@@ -50,14 +51,14 @@ HEARTBEAT_SECONDS = 1.0
 HEARTBEAT_PREFIX = "floom_heard_"  # + random hex: a channel only this connection listens on
 
 
+_NOTIFY = hot.Statement("signals.notify", lambda: text("SELECT pg_notify(:channel, :payload)"))
+
+
 def publish(s: Writer, channel: str, payload: str = "") -> None:
     """Send `channel` when `s` commits (PostgreSQL); nothing on SQLite, where one process
     serves the database and wakes its own threads directly."""
     if on_postgres(s):
-        s.execute(
-            text("SELECT pg_notify(:channel, :payload)"),
-            {"channel": channel, "payload": payload},
-        )
+        _NOTIFY.rows(s, {"channel": channel, "payload": payload})
 
 
 class Listener:

@@ -1,5 +1,5 @@
-"""store.text's fast check (most parameters need no change) agrees with the plain rule: every
-NUL and lone surrogate becomes U+FFFD, at any depth, and nothing else changes."""
+"""store.statements.text's fast check (most parameters need no change) agrees with the plain
+rule: every NUL and lone surrogate becomes U+FFFD, at any depth, and nothing else changes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from floom.store.text import storable, storable_parameters
+from floom.store.statements.text import storable, storable_parameters
 
 RULE = re.compile("[\x00\ud800-\udfff]")
 TEXTS = ["", "id_1", "café", "日本", "\U0001f600", "\x00", "a\x00", "\ud800", "é\udfff", "x\ud83d"]

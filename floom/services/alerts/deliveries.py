@@ -6,10 +6,11 @@ still holds and the delivery is still pending, so exactly one success is recorde
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import ColumnElement, or_, update
+from sqlalchemy import ColumnElement, func, or_, update
 from sqlmodel import col, select
 
 from floom.errors import Conflict, InvalidRequest, NotFound, quoted
@@ -19,7 +20,7 @@ from floom.services.access.principal import Principal
 from floom.services.alerts import incidents
 from floom.services.alerts.channels import Channel, get_channel
 from floom.services.alerts.senders import AlertUndeliverable, send_alert, send_callback
-from floom.store.db import session_scope
+from floom.store.db import database_now, db_now, session_scope
 from floom.store.models import AlertChannel, Delivery, new_id, utcnow
 from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 
@@ -39,14 +40,39 @@ def _lease_seconds(ctx: Context) -> float:
     return ctx.settings.alert_timeout_seconds * 3 + 5
 
 
-def claim_due(ctx: Context, *, limit: int = CLAIM_BATCH, only: str | None = None) -> list[Delivery]:
-    """Take up to `limit` due deliveries (or the one `only`) under this node's lease."""
-    now = utcnow()
+def receiver_of(delivery: Delivery) -> str:
+    """Who receives it: its channel, or its callback's URL (sends to one go one at a time)."""
+    return delivery.channel_id or delivery.target or ""
+
+
+def claim_due(
+    ctx: Context,
+    *,
+    limit: int = CLAIM_BATCH,
+    only: str | None = None,
+    besides: Collection[str] = (),
+    callbacks: bool | None = None,
+) -> list[Delivery]:
+    """Take up to `limit` due deliveries (or the one `only`) under this node's lease, none to
+    a receiver in `besides` (see receiver_of); only run callbacks, or none, when `callbacks`
+    says so. Due and expired are judged, and the lease set, on the database's clock: a node
+    whose own clock runs ahead would take a lease another node still holds, and send the
+    same delivery."""
     with session_scope(ctx.engine, write=True) as s:
+        now = database_now(s)
         query = select(Delivery).where(
             Delivery.status == DeliveryStatus.PENDING,
             or_(col(Delivery.lease_expires_at).is_(None), col(Delivery.lease_expires_at) < now),
         )
+        if callbacks is not None:
+            query = query.where(
+                (Delivery.purpose == DeliveryPurpose.CALLBACK)
+                if callbacks
+                else (Delivery.purpose != DeliveryPurpose.CALLBACK)
+            )
+        if besides:
+            receiver = func.coalesce(col(Delivery.channel_id), col(Delivery.target), "")
+            query = query.where(receiver.not_in(sorted(besides)))
         if only is not None:
             query = query.where(Delivery.id == only)
         else:
@@ -108,16 +134,15 @@ def _send(ctx: Context, delivery: Delivery) -> None:
 
 
 def _record_result(ctx: Context, delivery: Delivery, *, error: str | None, permanent: bool) -> None:
-    now = utcnow()
     attempts = delivery.attempts + 1
     values: dict[str, Any] = {"attempts": attempts, "lease_owner": None, "lease_expires_at": None}
     if error is None:
-        values.update(status=DeliveryStatus.DELIVERED, delivered_at=now, last_error=None)
+        values.update(status=DeliveryStatus.DELIVERED, delivered_at=db_now(), last_error=None)
     elif permanent or attempts >= delivery.max_attempts:
         values.update(status=DeliveryStatus.FAILED, last_error=error[:500])
     else:
         delay = min(ctx.settings.alert_retry_seconds * 2 ** (attempts - 1), MAX_BACKOFF_SECONDS)
-        values.update(last_error=error[:500], next_attempt_at=now + timedelta(seconds=delay))
+        values.update(last_error=error[:500], next_attempt_at=db_now(delay))
     with session_scope(ctx.engine, write=True) as s:
         written = s.exec(update(Delivery).where(*_still_ours(ctx, delivery)).values(**values))
         if written.rowcount == 0:
@@ -157,12 +182,11 @@ def send_claimed(ctx: Context, claimed: list[Delivery]) -> None:
 
 
 def _renewed(ctx: Context, delivery: Delivery) -> bool:
-    now = utcnow()
     with session_scope(ctx.engine, write=True) as s:
         written = s.exec(
             update(Delivery)
-            .where(*_still_ours(ctx, delivery), col(Delivery.lease_expires_at) > now)
-            .values(lease_expires_at=now + timedelta(seconds=_lease_seconds(ctx)))
+            .where(*_still_ours(ctx, delivery), col(Delivery.lease_expires_at) > db_now())
+            .values(lease_expires_at=db_now(_lease_seconds(ctx)))
         )
         return bool(written.rowcount)
 
@@ -232,7 +256,7 @@ def resend(ctx: Context, *, delivery_id: str, caller: Principal) -> Delivery:
                 f"delivery {delivery_id} is pending: it is sent (or tried again) already",
                 hint=told("wait for it; ", act("alerts deliveries"), " shows when it is due"),
             )
-        now = utcnow()
+        now = database_now(s)
         if delivery.status == DeliveryStatus.DELIVERED:
             delivery = Delivery(
                 **{

@@ -23,7 +23,7 @@ from floom.manifest.alerts import EVENTS, RECOVERED
 from floom.services.access import secrets
 from floom.services.alerts import rules
 from floom.services.workers import versions as workers
-from floom.store.db import session_scope
+from floom.store.db import database_now, session_scope
 from floom.store.models import (
     AlertChannel,
     AlertEvent,
@@ -33,7 +33,6 @@ from floom.store.models import (
     Version,
     Worker,
     new_id,
-    utcnow,
 )
 from floom.vocabulary import DeliveryPurpose, DeliveryStatus
 
@@ -259,8 +258,8 @@ def enqueue(
 ) -> Delivery:
     """Add a delivery in the caller's transaction, due at once (or in `due_in` seconds). An
     alert to a channel that has sent its FLOOM_ALERT_THROTTLE_COUNT in the window is kept as
-    throttled instead."""
-    now = utcnow()
+    throttled instead. Due on the database's clock, as deliveries are claimed."""
+    now = database_now(s)
     status = PENDING
     if purpose == DeliveryPurpose.ALERT and channel is not None:
         since = now - timedelta(seconds=ctx.settings.alert_throttle_seconds)

@@ -33,12 +33,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, or_
+from sqlalchemy import and_, func, or_
 from sqlmodel import Session, col, select
 
 from floom.services.alerts import callbacks, incidents
 from floom.services.alerts.incidents import NOTICE, PROBLEM, RECOVERY, Seen
-from floom.services.ops.nodes import state_of
 from floom.services.runs.rules import (
     FAILED,
     FINISHED,
@@ -52,8 +51,8 @@ from floom.services.runs.rules import (
 from floom.services.triggers.registry import spec_of
 from floom.store.agents import Approval
 from floom.store.audit import AuditEvent
-from floom.store.db import session_scope
-from floom.store.models import AlertCursor, Delivery, Run, Worker, utcnow
+from floom.store.db import database_now, db_now, session_scope
+from floom.store.models import AlertCursor, Delivery, Run, Worker
 from floom.store.nodes import Node
 from floom.store.triggers import Trigger, TriggerFire, WebhookDelivery
 from floom.triggers import cron
@@ -93,7 +92,7 @@ class Pace:
     seen: tuple[int, ...] | None = None  # its counts at the last pass (None: look at all)
     due: dict[str, datetime] = field(default_factory=dict)  # a timed check's next deadline
     deliver: bool = True
-    last: datetime | None = None  # the time the last pass saw
+    last: datetime | None = None  # the time the last pass judged by
 
 
 # A timed check: (events recorded, when it must run again at the latest).
@@ -103,21 +102,21 @@ Timed = Callable[["Context", datetime], tuple[int, datetime]]
 def watch(ctx: Context, *, now: datetime | None = None, pace: Pace | None = None) -> int:
     """One pass of every check (with `pace`, of those that may have something to say); how
     many events it recorded. Each check stands alone: one that fails is logged, the others
-    still run, and it runs again at the next pass."""
-    now = now or utcnow()
+    still run, and it runs again at the next pass. `now` is the database's time unless
+    given (tests drive the passes with the times they see)."""
     if pace is not None:
-        if pace.last is not None and now < pace.last:
-            # The clock stepped back: the anchor and the deadlines, taken from the clock as it
-            # was, may be ahead of every time written from now on. Start afresh.
-            pace.anchor, pace.seen, pace.due = None, None, {}
-        pace.last = now
-    whole = pace is None or _changed(ctx, pace, now)
+        whole, now, behind = _changed(ctx, pace, now)
+    else:
+        whole = True
+        with session_scope(ctx.engine) as s:
+            now = now or database_now(s)
+            behind = _writers_behind(s)
     recorded = 0
     more = False
     if whole:
         for check in (_runs, _hooks):
             try:
-                found, full = check(ctx, now)
+                found, full = check(ctx, now, behind)
                 recorded += found
                 more |= full
             except Exception:  # one broken check must not silence the others
@@ -149,12 +148,15 @@ def watch(ctx: Context, *, now: datetime | None = None, pace: Pace | None = None
     return recorded
 
 
-def _probe(s: Session, since: datetime, *, now: datetime | None = None) -> tuple[int, ...]:
-    """What happened since `since`, counted (and, given `now`, last: whether a delivery is due
-    then): each count grows with each change of its kind committed since, whichever node
-    made it, and falls only when rows so recent are deleted (a worker's, audited); and the
-    approvals pending."""
+def _probe(
+    s: Session, since: datetime, *, now: datetime | None = None
+) -> tuple[tuple[int, ...], bool, datetime]:
+    """What happened since `since`, counted: each count grows with each change of its kind
+    committed since, whichever node made it, and falls only when rows so recent are deleted
+    (a worker's, audited); and the approvals pending. Then whether a delivery is due, and the
+    time it was judged at: `now`, or the database's."""
     micros = f"{max(0, int(since.timestamp() * 1_000_000)):014x}"
+    at: Any = now if now is not None else db_now()
 
     def count(model: Any, *where: Any) -> Any:
         return select(func.count()).select_from(model).where(*where).scalar_subquery()
@@ -164,40 +166,67 @@ def _probe(s: Session, since: datetime, *, now: datetime | None = None) -> tuple
         count(WebhookDelivery, col(WebhookDelivery.id) >= f"dlv_{micros}"),
         count(Approval, col(Approval.id) >= f"apr_{micros}"),
         # And those pending: an agent names its approval before it saves its workspace and
-        # writes the row, so the id of one committed late may be older than the anchor.
+        # writes the row, so the id of one committed late may be older than the anchor; and
+        # those decided, or one decided while one such is written would leave both as they
+        # were.
         count(Approval, Approval.status == ApprovalStatus.PENDING),
+        count(Approval, col(Approval.decided_at) >= since),
         count(AuditEvent, col(AuditEvent.id) >= f"aud_{micros}"),
         count(Trigger, col(Trigger.updated_at) >= since),
         count(Node, col(Node.started_at) >= since),
-    ]
-    if now is not None:
-        columns.append(
-            select(Delivery.id)
-            .where(
-                Delivery.status == DeliveryStatus.PENDING,
-                or_(col(Delivery.lease_expires_at).is_(None), col(Delivery.lease_expires_at) < now),
-                col(Delivery.next_attempt_at) <= now,
-            )
-            .exists()
+        select(Delivery.id)
+        .where(
+            Delivery.status == DeliveryStatus.PENDING,
+            or_(col(Delivery.lease_expires_at).is_(None), col(Delivery.lease_expires_at) < at),
+            col(Delivery.next_attempt_at) <= at,
         )
-    row = s.exec(select(*columns)).one()
-    return tuple(int(x) for x in row)
+        .exists(),
+    ]
+    if now is None:
+        columns.append(at)  # the time it judged by, in the same statement
+    row = tuple(s.exec(select(*columns)).one())
+    judged = now if now is not None else row[-1]
+    *counts, due = row if now is not None else row[:-1]
+    return tuple(int(x) for x in counts), bool(due), _aware(judged)
 
 
-def _changed(ctx: Context, pace: Pace, now: datetime) -> bool:
-    """Whether anything changed since the last pass (one statement; two when something did:
-    the counts since a fresh anchor, read before the checks read anything). Sets
-    `pace.deliver` from the same statement."""
-    fresh = now - timedelta(seconds=MARGIN_SECONDS)
+def _changed(ctx: Context, pace: Pace, now: datetime | None) -> tuple[bool, datetime, timedelta]:
+    """Whether anything changed since the last pass (one statement; more when something did:
+    the counts since a fresh anchor, read before the checks read anything); the time the
+    pass judges by (`now`, or the database's, read by the same statement); how far the
+    furthest-behind node's clock is (see `_writers_behind`), when the pass is a whole one.
+    Sets `pace.deliver` from the same statement. A pass that sees an earlier time than the
+    last one did starts afresh: the anchor and deadlines were taken from the clock as it was,
+    and may be ahead of every time written from now on."""
     with session_scope(ctx.engine) as s:
         if pace.anchor is not None and pace.seen is not None:
-            *counts, due = _probe(s, pace.anchor, now=now)
-            pace.deliver = bool(due)
-            if tuple(counts) == pace.seen:
-                return False
-        pace.anchor, pace.seen = fresh, _probe(s, fresh)
+            counts, due, now = _probe(s, pace.anchor, now=now)
+            pace.deliver = due
+            stepped_back = pace.last is not None and now < pace.last
+            pace.last = now
+            if counts == pace.seen and not stepped_back:
+                return False, now, timedelta(0)
+        now = now or database_now(s)
+        if pace.last is not None and now < pace.last:
+            pace.due = {}
+        pace.last = now
+        behind = _writers_behind(s)
+        pace.anchor = now - timedelta(seconds=MARGIN_SECONDS) - behind
+        pace.seen = _probe(s, pace.anchor, now=now)[0]
     pace.deliver = True
-    return True
+    return True, now, behind
+
+
+def _writers_behind(s: Session) -> timedelta:
+    """How far behind the database's clock the furthest-behind node's own clock was at its
+    last heartbeat (nodes are forgotten a day after it): what such a node stamps (a run's
+    end, a delivery's receipt, an id) is that much earlier than when it was written, so the
+    watch reads back that much further (a node ahead stamps later: read again, not missed)."""
+    rows = s.exec(
+        select(Node.heartbeat_at, Node.heard_at).where(col(Node.heard_at).is_not(None))
+    ).all()
+    gaps = [_aware(heard) - _aware(beat) for beat, heard in rows if heard is not None]
+    return max([timedelta(0), *gaps])
 
 
 def _cursor(s: Session, name: str) -> datetime | None:
@@ -205,11 +234,11 @@ def _cursor(s: Session, name: str) -> datetime | None:
     return row.at if row is not None else None
 
 
-def _since(mark: datetime | None, now: datetime) -> datetime:
-    """Where a pass reads from: the margin behind its cursor, or behind `now` when there is
-    none or it is ahead of `now` (set from a clock that has since stepped back, or another
-    node's that runs ahead: the times written from now on are behind it)."""
-    return min(mark or now, now) - timedelta(seconds=MARGIN_SECONDS)
+def _since(mark: datetime | None, now: datetime, behind: timedelta) -> datetime:
+    """Where a pass reads from: the margin (and how far the furthest-behind node's clock is)
+    behind its cursor, or behind `now` when there is none or it is ahead of `now` (set from
+    a clock that has since stepped back: the times written from now on are behind it)."""
+    return min(mark or now, now) - timedelta(seconds=MARGIN_SECONDS) - behind
 
 
 def _moves(mark: datetime | None, read: list[datetime], now: datetime) -> bool:
@@ -242,31 +271,64 @@ def _record_all(ctx: Context, seen: list[Seen]) -> int:
 def watch_runs(ctx: Context, *, now: datetime) -> int:
     """Runs that ended failed, timed out, over a limit or rejected; and the successes that
     end an open incident of their worker."""
-    return _runs(ctx, now)[0]
+    return _runs(ctx, now, timedelta(0))[0]
 
 
-def _runs(ctx: Context, now: datetime) -> tuple[int, bool]:
-    """watch_runs; and whether it read a whole batch (more may wait)."""
+def _runs(ctx: Context, now: datetime, behind: timedelta) -> tuple[int, bool]:
+    """watch_runs; and whether more may wait (never: a pass reads a page after another until
+    it has read everything since its cursor's margin; a page left to the next pass would be
+    read from that margin again, and with more than a page of failures in it, no later one
+    would ever be read)."""
     with session_scope(ctx.engine) as s:
         mark = _cursor(s, "runs")
-        since = _since(mark, now)
-        ended = list(
-            s.exec(
-                select(Run)
-                .where(col(Run.finished_at) >= since, col(Run.status).in_(sorted(RUN_EVENTS)))
-                .order_by(col(Run.finished_at))
-                .limit(BATCH)
-            ).all()
+    since = _since(mark, now, behind)
+    recorded, newest, after = 0, None, None
+    while True:
+        found, ended = _runs_page(ctx, now, since, after)
+        recorded += found
+        if not ended:
+            break
+        last = ended[-1]
+        newest = last.finished_at
+        if len(ended) < BATCH or last.finished_at is None:
+            break
+        after = (last.finished_at, last.id)
+    if _moves(mark, [newest] if newest else [], now):
+        _advance(ctx, "runs", now, now)
+    return recorded, False
+
+
+def _runs_page(
+    ctx: Context, now: datetime, since: datetime, after: tuple[datetime, str] | None
+) -> tuple[int, list[Run]]:
+    """A page of the runs that ended failed since `since` (after `after`, the last one read),
+    with the successes of their workers, and of those with an open incident, in the same
+    stretch of time; how many events were recorded, and the page's failures."""
+    with session_scope(ctx.engine) as s:
+        query = select(Run).where(
+            col(Run.finished_at) >= since, col(Run.status).in_(sorted(RUN_EVENTS))
         )
+        if after is not None:
+            at, run_id = after
+            query = query.where(
+                or_(
+                    col(Run.finished_at) > at,
+                    and_(col(Run.finished_at) == at, col(Run.id) > run_id),
+                )
+            )
+        ended = list(s.exec(query.order_by(col(Run.finished_at), col(Run.id)).limit(BATCH)).all())
         failing = {run.worker_name for run in ended} | {
             subject.removeprefix("worker:") for subject in incidents.open_subjects(s, "worker:")
         }
+        stretch = [col(Run.finished_at) >= (after[0] if after is not None else since)]
+        if len(ended) >= BATCH and ended[-1].finished_at is not None:
+            stretch.append(col(Run.finished_at) <= ended[-1].finished_at)
         recovered = (
             list(
                 s.exec(
                     select(Run)
                     .where(
-                        col(Run.finished_at) >= since,
+                        *stretch,
                         Run.status == SUCCEEDED,
                         col(Run.worker_name).in_(sorted(failing)),
                     )
@@ -278,14 +340,7 @@ def _runs(ctx: Context, now: datetime) -> tuple[int, bool]:
             else []
         )
     runs = sorted([*ended, *recovered], key=lambda r: (r.finished_at or now, r.id))
-    seen = [_run_seen(run, now) for run in runs]
-    recorded = _record_all(ctx, seen)
-    if _moves(mark, [run.finished_at for run in ended if run.finished_at], now):
-        if len(ended) < BATCH:
-            _advance(ctx, "runs", now, now)
-        elif ended[-1].finished_at is not None:
-            _advance(ctx, "runs", ended[-1].finished_at, now)
-    return recorded, len(ended) >= BATCH or len(recovered) >= BATCH
+    return _record_all(ctx, [_run_seen(run, now) for run in runs]), ended
 
 
 def _run_seen(run: Run, now: datetime) -> Seen:
@@ -321,60 +376,77 @@ def _run_seen(run: Run, now: datetime) -> Seen:
 def watch_hooks(ctx: Context, *, now: datetime) -> int:
     """Verified webhook and Composio deliveries that could not start a run (and the next one
     of the same trigger that did, which ends the incident)."""
-    return _hooks(ctx, now)[0]
+    return _hooks(ctx, now, timedelta(0))[0]
 
 
-def _hooks(ctx: Context, now: datetime) -> tuple[int, bool]:
-    """watch_hooks; and whether it read a whole batch (more may wait)."""
+def _hooks(ctx: Context, now: datetime, behind: timedelta) -> tuple[int, bool]:
+    """watch_hooks; and whether more may wait (never: a page after another, as `_runs`)."""
     with session_scope(ctx.engine) as s:
         mark = _cursor(s, "hooks")
-        since = _since(mark, now)
-        rows = list(
-            s.exec(
-                select(WebhookDelivery)
-                .where(col(WebhookDelivery.received_at) >= since)
-                .order_by(col(WebhookDelivery.received_at))
-                .limit(BATCH)
-            ).all()
+    since = _since(mark, now, behind)
+    recorded, newest, after = 0, None, None
+    while True:
+        with session_scope(ctx.engine) as s:
+            query = select(WebhookDelivery).where(col(WebhookDelivery.received_at) >= since)
+            if after is not None:
+                at, row_id = after
+                query = query.where(
+                    or_(
+                        col(WebhookDelivery.received_at) > at,
+                        and_(
+                            col(WebhookDelivery.received_at) == at, col(WebhookDelivery.id) > row_id
+                        ),
+                    )
+                )
+            rows = list(
+                s.exec(
+                    query.order_by(col(WebhookDelivery.received_at), col(WebhookDelivery.id)).limit(
+                        BATCH
+                    )
+                ).all()
+            )
+        recorded += _record_all(ctx, [x for row in rows if (x := _hook_seen(row)) is not None])
+        if not rows:
+            break
+        newest = rows[-1].received_at
+        if len(rows) < BATCH:
+            break
+        after = (rows[-1].received_at, rows[-1].id)
+    if _moves(mark, [newest] if newest else [], now):
+        _advance(ctx, "hooks", now, now)
+    return recorded, False
+
+
+def _hook_seen(row: WebhookDelivery) -> Seen | None:
+    subject = f"trigger:{row.trigger_id or row.source + ':' + row.worker_name}"
+    worker = row.worker_name or None
+    if row.outcome in HOOK_FAILURES:
+        return Seen(
+            key=f"hook:{row.id}",
+            kind="trigger.failed",
+            subject=subject,
+            what=PROBLEM,
+            summary=f"a {row.source} delivery to {row.worker_name or 'floom'} could not "
+            f"start a run ({row.outcome})",
+            at=row.received_at,
+            worker=worker,
+            run_id=row.run_id,
+            error_code=row.outcome,
+            message=row.message,
+            details={"delivery_id": row.id, "source": row.source, "event": row.event},
         )
-    seen = []
-    for row in rows:
-        subject = f"trigger:{row.trigger_id or row.source + ':' + row.worker_name}"
-        worker = row.worker_name or None
-        if row.outcome in HOOK_FAILURES:
-            seen.append(
-                Seen(
-                    key=f"hook:{row.id}",
-                    kind="trigger.failed",
-                    subject=subject,
-                    what=PROBLEM,
-                    summary=f"a {row.source} delivery to {row.worker_name or 'floom'} could not "
-                    f"start a run ({row.outcome})",
-                    at=row.received_at,
-                    worker=worker,
-                    run_id=row.run_id,
-                    error_code=row.outcome,
-                    message=row.message,
-                    details={"delivery_id": row.id, "source": row.source, "event": row.event},
-                )
-            )
-        elif row.outcome == "run":
-            seen.append(
-                Seen(
-                    key=f"hook:{row.id}:recovered",
-                    kind="recovered",
-                    subject=subject,
-                    what=RECOVERY,
-                    summary=f"{row.source} deliveries to {row.worker_name} start runs again",
-                    at=row.received_at,
-                    worker=worker,
-                    run_id=row.run_id,
-                )
-            )
-    recorded = _record_all(ctx, seen)
-    if _moves(mark, [row.received_at for row in rows], now):
-        _advance(ctx, "hooks", now if len(rows) < BATCH else rows[-1].received_at, now)
-    return recorded, len(rows) >= BATCH
+    if row.outcome == "run":
+        return Seen(
+            key=f"hook:{row.id}:recovered",
+            kind="recovered",
+            subject=subject,
+            what=RECOVERY,
+            summary=f"{row.source} deliveries to {row.worker_name} start runs again",
+            at=row.received_at,
+            worker=worker,
+            run_id=row.run_id,
+        )
+    return None
 
 
 def watch_approvals(ctx: Context, *, now: datetime) -> int:
@@ -587,9 +659,16 @@ def _nodes(ctx: Context, now: datetime) -> tuple[int, datetime]:
     deadline = now if lost_open else FOREVER
     for node in nodes:
         subject = f"node:{node.id}"
-        state = NodeState.STOPPED if node.stopped_at is not None else state_of(node, now=now)[0]
+        # Judged on the database's clock, as `now` is: a node whose own clock is off is
+        # neither lost while it beats nor live after it stopped.
+        heard = _aware(node.heard_at or node.heartbeat_at)
+        lease = timedelta(seconds=node.lease_seconds)
+        if node.stopped_at is not None:
+            state = NodeState.STOPPED
+        else:
+            state = NodeState.LIVE if now - heard <= lease else NodeState.LOST
         if state == NodeState.LIVE:
-            deadline = min(deadline, node.heartbeat_at + timedelta(seconds=node.lease_seconds))
+            deadline = min(deadline, heard + lease)
         if state == NodeState.LOST:
             deadline = now
             seen.append(

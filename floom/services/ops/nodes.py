@@ -18,7 +18,7 @@ from floom import __version__
 from floom.hints import act, told
 from floom.hints import cli as cli_hints
 from floom.services.access.principal import Principal
-from floom.store.db import session_scope, write_connection
+from floom.store.db import database_now, db_now, session_scope, write_connection
 from floom.store.models import utcnow
 from floom.store.nodes import Node
 from floom.vocabulary import NodeState
@@ -73,6 +73,7 @@ def register(ctx: Context, *, slots: int | None) -> None:
         row.slots_in_use = 0
         row.started_at = now
         row.heartbeat_at = now
+        row.heard_at = database_now(s)
         row.stopped_at = None
         row.warm = None
         s.add(row)
@@ -86,7 +87,13 @@ def heartbeat(ctx: Context, *, slots_in_use: int, warm: str | None = None) -> No
         c.execute(
             update(Node)
             .where(col(Node.id) == ctx.node_id)
-            .values(heartbeat_at=utcnow(), slots_in_use=slots_in_use, stopped_at=None, warm=warm)
+            .values(
+                heartbeat_at=utcnow(),
+                heard_at=db_now(),
+                slots_in_use=slots_in_use,
+                stopped_at=None,
+                warm=warm,
+            )
         )
 
 

@@ -60,6 +60,7 @@ from floom.store.models import (
     trusted_row,
     utcnow,
 )
+from floom.store.statements import hot
 from floom.vocabulary import RunTrigger
 
 if TYPE_CHECKING:
@@ -344,7 +345,7 @@ def _insert_queued(
             note += f", replay of {run.replay_of}"
         notes = [("system", note, None)]
         # Never ahead of a run queued before it: then this one queues behind it.
-        take = held and s.execute(any_runnable_statement(), {"now": utcnow()}).first() is None
+        take = held and ANY_RUNNABLE.first(s, {"now": utcnow()}) is None
         if not held and not nodes.executor_live(ctx, s):
             notes.append(("system", nodes.QUEUED_WITHOUT_EXECUTOR, None))
         if take and in_transaction is None:
@@ -377,7 +378,7 @@ def _insert_run(s: Writer, run: Run, *, attach: bool) -> None:
     flush. With `attach`, it is then attached to `s` as the stored row it now is: whatever the
     caller's transaction changes on it after this (a trigger's id) is written at commit.
     Without, the session never tracks it (nothing changes it after the insert)."""
-    s.execute(_run_insert(), [{name: run.__dict__[name] for name in _run_columns()}])
+    RUN_INSERT.rows(s, {name: run.__dict__[name] for name in _run_columns()})
     make_transient_to_detached(run)
     if attach:
         cast(Session, s).add(run)  # a trigger's step runs in a session
@@ -407,6 +408,10 @@ def _run_insert() -> Any:
 @lru_cache(maxsize=1)
 def _run_columns() -> tuple[str, ...]:
     return tuple(c.key for c in Run.__table__.c)  # type: ignore[attr-defined]
+
+
+ANY_RUNNABLE = hot.Statement("runs.any_runnable", any_runnable_statement)
+RUN_INSERT = hot.Statement("runs.insert", _run_insert, keys=_run_columns())
 
 
 def insert_skipped_run(
@@ -489,16 +494,19 @@ def peek_run(s: Reader, run_id: str) -> Run:
     """The run as stored, read in the caller's session for looking at only: a copy that is
     not attached to `s` (a change to it is not written), built without the ORM's loading
     (~250 us less per read; waits read runs often). NotFound when there is none."""
-    row = s.execute(_run_by_id(), {"id": run_id}).first()
+    row = RUN_BY_ID.first(s, {"id": run_id})
     if row is None:
         raise NotFound(f"no run {run_id}", hint=told(act("runs"), " lists recent runs"))
-    return trusted_row(Run, row._mapping)
+    return trusted_row(Run, row)
 
 
 @lru_cache(maxsize=1)
 def _run_by_id() -> Any:
     runs = Run.__table__  # type: ignore[attr-defined]
     return sql_select(*runs.c).where(runs.c.id == bindparam("id"))
+
+
+RUN_BY_ID = hot.Statement("runs.by_id", _run_by_id)
 
 
 def list_runs(

@@ -18,6 +18,7 @@ from floom.store.blobs.rows import read_blob
 from floom.store.blobs.tables import RunLog
 from floom.store.db import Writer, on_postgres, session_scope
 from floom.store.models import RunEvent, utcnow
+from floom.store.statements import hot
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -48,7 +49,6 @@ def append_events(
     """
     if not lines:
         return
-    statements = _event_statements()
     now = utcnow()
     rows = [
         {
@@ -63,7 +63,7 @@ def append_events(
     if first:
         for seq, row in enumerate(rows, 1):
             row["seq"] = seq
-        s.execute(statements.insert, rows)
+        EVENTS_INSERT.rows(s, rows)
         return
     if not locked:
         lock_events(s, run_id=run_id)
@@ -71,8 +71,8 @@ def append_events(
         # One statement for all the rows, which reads the run's last seq once: a lookup per
         # row cost PostgreSQL a scan each wherever its cached plan for a table that looked
         # empty was one (object storage empties run_events as logs move).
-        s.execute(
-            _PG_INSERT_BATCH,
+        EVENTS_INSERT_PG.rows(
+            s,
             {
                 "run_id": run_id,
                 "attempts": [r["attempt"] for r in rows],
@@ -83,7 +83,7 @@ def append_events(
         )
         return
     # One statement per row that reads the last seq itself; run as one executemany.
-    s.execute(statements.insert_next, rows)
+    EVENTS_INSERT_NEXT.rows(s, rows)
 
 
 _PG_INSERT_BATCH = text(
@@ -130,11 +130,23 @@ def _event_statements() -> _EventStatements:
     )
 
 
+EVENTS_INSERT = hot.Statement(
+    "events.insert",
+    lambda: _event_statements().insert,
+    keys=("run_id", "attempt", "ts", "stream", "line", "seq"),
+)
+EVENTS_INSERT_NEXT = hot.Statement("events.insert_next", lambda: _event_statements().insert_next)
+EVENTS_INSERT_PG = hot.Statement("events.insert_pg", lambda: _PG_INSERT_BATCH)
+EVENTS_LOCK = hot.Statement(
+    "events.lock", lambda: text("SELECT pg_advisory_xact_lock(hashtext(:run_id))")
+)
+
+
 def lock_events(s: Writer, *, run_id: str) -> None:
     """Take the run's event lock for this transaction (PostgreSQL; SQLite's write lock already
     serialises writers). Writers that also lock the run's row take this lock first."""
     if on_postgres(s):
-        s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:run_id))"), {"run_id": run_id})
+        EVENTS_LOCK.rows(s, {"run_id": run_id})
 
 
 def system_event(

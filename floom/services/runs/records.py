@@ -17,6 +17,7 @@ from floom.services.workers import versions as workers
 from floom.store.agents import Approval, ToolCall, Transcript
 from floom.store.db import Reader, session_scope
 from floom.store.models import Artifact, Run, trusted_row
+from floom.store.statements import hot
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -88,8 +89,7 @@ def record_in_session(
         # Core rows into detached copies: the record is only looked at (~200 us less than
         # the ORM's select, on every waited run).
         artifacts = [
-            trusted_row(Artifact, row._mapping)
-            for row in s.execute(_artifacts_of_run(), {"run_id": run.id})
+            trusted_row(Artifact, row) for row in ARTIFACTS_OF_RUN.rows(s, {"run_id": run.id})
         ]
     asked: list[Approval] = []
     if may_have_approvals(ctx, run):
@@ -114,3 +114,6 @@ def _artifacts_of_run() -> Any:
         .where(artifacts.c.run_id == bindparam("run_id"))
         .order_by(artifacts.c.name)
     )
+
+
+ARTIFACTS_OF_RUN = hot.Statement("artifacts.of_run", _artifacts_of_run)

@@ -27,6 +27,7 @@ from floom.services.workers.limit_ceilings import over_ceilings
 from floom.store.blobs.rows import insert_blob, read_blob, stage_blob
 from floom.store.db import Writer, session_scope
 from floom.store.models import Run, Version, Worker, trusted_row, utcnow
+from floom.store.statements import hot
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -233,10 +234,9 @@ def lock_worker(s: Writer, name: str, *, version_id: str | None = None) -> Worke
 
     One statement reads the row and the version's owner (it runs for every queued run).
     """
-    row = s.execute(_lock_statement(), {"name": name, "version_id": version_id or ""}).first()
-    if row is None:
+    values = LOCK_WORKER.first(s, {"name": name, "version_id": version_id or ""})
+    if values is None:
         raise _no_worker(s, name)
-    values = dict(row._mapping)
     owner = values.pop("version_owner")
     if version_id is not None and owner != name:
         forget_versions([version_id])
@@ -264,6 +264,9 @@ def _lock_statement() -> Any:
         .where(workers.c.name == bindparam("name"))
         .with_for_update(read=True, key_share=True)
     )
+
+
+LOCK_WORKER = hot.Statement("workers.lock", _lock_statement)
 
 
 def _get_worker(s: Session, name: str) -> Worker:

@@ -27,6 +27,7 @@ from floom.store.blobs.database import DatabaseBlobStore
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import Writer, on_postgres, read_connection
 from floom.store.models import Artifact, Blob, Version, utcnow
+from floom.store.statements import hot
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
@@ -88,10 +89,10 @@ def insert_blob(s: Writer, blob: StagedBlob) -> str:
     plain get-then-add collides on PostgreSQL); returns its digest. A digest recorded
     already keeps its row, wherever its bytes are."""
     postgres = on_postgres(s)
-    stored, insert_new, insert_pending = _blob_statements(postgres)
+    _, insert_new, insert_pending = _blob_statements(postgres)
     # Asked first only when the row would carry the bytes (they are not sent, nor read back,
     # for a digest stored already); the INSERT skips a digest stored already anyway.
-    if blob.data and s.execute(stored, {"digest": blob.digest}).first() is not None:
+    if blob.data and BLOB_STORED.first(s, {"digest": blob.digest}) is not None:
         return blob.digest
     now = utcnow()
     s.execute(
@@ -131,6 +132,10 @@ def _blob_statements(postgres: bool) -> tuple[Any, Any, Any]:
     insert_new = insert(blobs).on_conflict_do_nothing(index_elements=["digest"])
     insert_pending = insert(pending).on_conflict_do_nothing(index_elements=["digest"])
     return stored, insert_new, insert_pending
+
+
+# Whether a digest is stored: the same SELECT on both databases.
+BLOB_STORED = hot.Statement("blobs.stored", lambda: _blob_statements(False)[0])
 
 
 def read_blob(settings: Settings, engine: Engine, digest: str, *, what: str) -> bytes:

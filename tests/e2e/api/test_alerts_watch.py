@@ -626,7 +626,8 @@ def test_a_lost_node_alerts_once_and_recovers_when_heard_again(
         with session_scope(srv.ctx.engine, write=True) as s:
             row = s.get(Node, "other-node")
             assert row is not None
-            row.heartbeat_at = utcnow() - timedelta(seconds=60)  # silent for a minute
+            # Silent for a minute, by its clock and the database's.
+            row.heartbeat_at = row.heard_at = utcnow() - timedelta(seconds=60)
             s.add(row)
         assert watch_nodes(srv.ctx, now=utcnow()) == 1
         assert watch_nodes(srv.ctx, now=utcnow()) == 0  # still lost: once

@@ -182,7 +182,7 @@ def test_an_artifact_of_any_printable_name_downloads_and_one_with_a_control_char
 
 
 def test_a_stored_value_holding_a_lone_surrogate_is_read_with_replacement_characters() -> None:
-    from floom.store.text import storable
+    from floom.store.statements.text import storable
 
     # Written by an older floom: every reader must still be able to show it.
     assert jsonvalues.stored('{"k\\ud800": ["v\\udfff", "\\ud83d\\ude00"]}') == {

@@ -26,7 +26,7 @@ from floom.store.models import AlertEvent, Run, Worker, new_id, utcnow
 from floom.store.nodes import Node
 from floom.store.triggers import Trigger
 from floom.triggers.spec import ScheduleSpec, spec_to_config, trigger_key
-from floom.vocabulary import ApprovalKind, RunStatus, TriggerKind
+from floom.vocabulary import ApprovalKind, ApprovalStatus, RunStatus, TriggerKind
 from tests.support.harness import fast_settings
 
 WAIT = 30.0  # FLOOM_ALERT_APPROVAL_WAIT_SECONDS
@@ -358,4 +358,42 @@ def test_a_missed_schedule_removed_closes_its_incident(paced: Context) -> None:
     passes.until(passes.now + 2 * POLL)
     closed = passes.seen(lambda name: name.startswith("recovered") and trigger.id in name)
     assert closed != []
+    passes.close()
+
+
+def test_an_approval_written_late_while_another_is_decided_alerts_at_its_wait(
+    paced: Context,
+) -> None:
+    """Between two passes, one approval is decided and another is written late, its id older
+    than the probe's anchor (an agent names its approval before it writes the row): the
+    pending count is as it was, and no id is newer than the anchor, yet the late one's wait
+    is nearer than the deadline the watch computed from the first."""
+    passes = _start(paced)
+    t0 = passes.now
+    first = Approval(
+        id=new_id("apr"), run_id="r1", worker_name="w", kind=ApprovalKind.TOOL_CALL, created_at=t0
+    )
+    _add(paced, first)
+    passes.until(t0 + 2 * POLL)
+    named = utcnow() - timedelta(minutes=10)
+    late = Approval(
+        id=f"apr_{int(named.timestamp() * 1_000_000):014x}00000000",
+        run_id="r2",
+        worker_name="w",
+        kind=ApprovalKind.TOOL_CALL,
+        created_at=t0 - timedelta(seconds=10),
+    )
+    with session_scope(paced.engine, write=True) as s:
+        row = s.get(Approval, first.id)
+        assert row is not None
+        row.status = ApprovalStatus.APPROVED
+        row.decided_at = passes.now
+        s.add(row)
+        s.add(late)
+    counts = passes.until(t0 + timedelta(seconds=WAIT) + 2 * POLL)
+
+    due = late.created_at + timedelta(seconds=WAIT)
+    assert passes.seen(_naming(late.id)) == [_first_pass_at_or_after(t0, due)]
+    assert passes.seen(_naming(first.id)) == []
+    assert counts[-2:] == [1, 1]  # idle again: the probe alone
     passes.close()

@@ -1,6 +1,7 @@
 """Text neither database keeps (NUL, a lone UTF-16 surrogate) is stored as U+FFFD through any
-column, filter or batch, not only the columns once typed for it: store.text.storable_parameters
-runs on every statement's parameters (db.make_engine)."""
+column, filter or batch, not only the columns once typed for it:
+store.statements.text.storable_parameters runs on every statement's parameters
+(db.make_engine)."""
 
 from __future__ import annotations
 

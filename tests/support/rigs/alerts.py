@@ -8,7 +8,6 @@ import datetime as dt
 import ipaddress
 import json
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from tests.support.harness import fast_settings, wait_until
 @dataclass
 class Receiver:
     """What the endpoint does with each request, in order (then `then`): an HTTP status to
-    answer, or "hang" (answer after `hang_seconds`). Accepted requests are kept."""
+    answer, or "hang" (answer after `hang_seconds`, or once `released`; the endpoint's end
+    releases them). Accepted requests are kept."""
 
     url: str = ""
     plan: list[int | str] = field(default_factory=list)
@@ -33,6 +33,7 @@ class Receiver:
     accepted: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
     tried: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    released: threading.Event = field(default_factory=threading.Event)
 
     def next_answer(self) -> int | str:
         with self.lock:
@@ -57,7 +58,7 @@ def receiver(*, port: int = 0, **options: Any) -> Iterator[Receiver]:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             answer = state.next_answer()
             if answer == "hang":
-                time.sleep(state.hang_seconds)
+                state.released.wait(state.hang_seconds)
                 answer = 200
             if answer == 200:
                 with state.lock:
@@ -77,6 +78,7 @@ def receiver(*, port: int = 0, **options: Any) -> Iterator[Receiver]:
     try:
         yield state
     finally:
+        state.released.set()
         server.shutdown()
         server.server_close()
 
