@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -32,14 +33,44 @@ from floom.store.blobs import tables as _blob_tables  # noqa: F401 - registers t
 from floom.store.models import UTCDateTime
 from floom.store.statements.text import storable_parameters
 
+log = logging.getLogger("floom.store")
+
+
 # One write lock per SQLite database file, shared by every engine on that file in this
 # process (two contexts on one file stand for two nodes in tests and tools). Writers to other
 # files never wait on it: a thread stuck writing one database cannot stall another.
-_sqlite_write_locks: dict[str, threading.RLock] = {}
+class SQLiteWriteLock:
+    """A reentrant lock that counts the threads waiting for it, so maintenance that works in
+    steps (give_back_free_pages) can let them through between its steps."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._guard = threading.Lock()
+        self._waiting = 0
+
+    def __enter__(self) -> SQLiteWriteLock:
+        with self._guard:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._guard:
+                self._waiting -= 1
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._lock.release()
+
+    def waiting(self) -> int:
+        """How many threads are waiting for the lock now."""
+        return self._waiting
+
+
+_sqlite_write_locks: dict[str, SQLiteWriteLock] = {}
 _sqlite_write_locks_guard = threading.Lock()
 
 
-def _sqlite_write_lock(engine: Engine) -> threading.RLock:
+def _sqlite_write_lock(engine: Engine) -> SQLiteWriteLock:
     database = engine.url.database or ""
     lock = _sqlite_write_locks.get(database)
     if lock is None:
@@ -47,7 +78,7 @@ def _sqlite_write_lock(engine: Engine) -> threading.RLock:
         with _sqlite_write_locks_guard:
             lock = _sqlite_write_locks.get(file)
             if lock is None:
-                lock = _sqlite_write_locks[file] = threading.RLock()
+                lock = _sqlite_write_locks[file] = SQLiteWriteLock()
             _sqlite_write_locks[database] = lock
     return lock
 
@@ -63,6 +94,10 @@ def _store_storable_text(engine: Engine) -> None:
         return statement, storable_parameters(parameters)
 
 
+# How long a statement waits for SQLite's locks before it fails ("database is locked").
+SQLITE_BUSY_TIMEOUT_MS = 30000
+
+
 def make_engine(url: str) -> Engine:
     engine = _make_engine(url)
     _store_storable_text(engine)
@@ -73,7 +108,7 @@ def _make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(
             url,
-            connect_args={"check_same_thread": False, "timeout": 30},
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
             pool_size=20,
             max_overflow=20,
         )
@@ -84,9 +119,9 @@ def _make_engine(url: str) -> Engine:
             # First: the pragmas below wait for the database's locks too, and without it
             # a connection opened while another node's writer holds them failed in 5 s
             # ("database is locked", seen under a loaded CI machine).
-            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
             # Only takes effect on a new file (it must precede WAL, which writes the header)
-            # or at the next VACUUM (give_back_free_pages sets it itself before one): free
+            # or at the next VACUUM (rebuild_sqlite_file sets it itself before one): free
             # pages can then be handed back to the disk. So only on a new file: setting it
             # takes the write lock, even unchanged, and a connection opened while a write
             # transaction was open waited for it; opened by that writer's own thread (a
@@ -158,37 +193,105 @@ def _ping_when_idle(engine: Engine) -> None:
 
 
 SQLITE_INCREMENTAL_VACUUM = 2  # PRAGMA auto_vacuum's value for INCREMENTAL
+# Pages one step of the incremental vacuum gives back (4 MiB of 4 KiB pages): a step holds
+# the write lock for milliseconds, and the lock is let go between steps.
+VACUUM_STEP_PAGES = 1024
+# Between two steps, writers already waiting (a heartbeat, an attempt's end) go first; for at
+# most this long, so a steady stream of writes cannot stall the vacuum for good.
+VACUUM_YIELD_SECONDS = 1.0
+# How long the checkpoint that truncates the WAL waits for readers of an older snapshot
+# before it gives up (the next pass tries again): it blocks every writer while it waits.
+CHECKPOINT_WAIT_MS = 200
 
 
 def give_back_free_pages(engine: Engine) -> int:
-    """Return the pages SQLite keeps for reuse after large deletes (retention) to the disk;
-    answers how many pages were free. A database file made before auto_vacuum was on is
-    rebuilt once with VACUUM, which turns it on; after that a cheap incremental vacuum does.
-    PostgreSQL's autovacuum keeps its tables' free space for reuse, so it is left alone."""
+    """Return the pages SQLite keeps for reuse after large deletes (retention) to the disk, in
+    steps of VACUUM_STEP_PAGES that each hold the write lock briefly; answers how many pages
+    were given back. Then truncate the WAL, unless a reader keeps it (tried again next pass).
+
+    A database file made before auto_vacuum was on is left alone (its free pages are reused
+    by later writes): only a full VACUUM, which holds the write lock for as long as it
+    rewrites the whole file, can turn auto_vacuum on, and `floom retention compact` runs it
+    when the operator asks (rebuild_sqlite_file). PostgreSQL's autovacuum keeps its tables'
+    free space for reuse, so it is left alone."""
     if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
         return 0
+    lock = _sqlite_write_lock(engine)
+    given = 0
     try:
-        with _sqlite_write_lock(engine):
-            raw = engine.raw_connection()
-            try:
-                conn = raw.driver_connection
-                assert conn is not None
-                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
-                if not free:
-                    return 0
-                mode = conn.execute("PRAGMA auto_vacuum").fetchone()[0]
-                # executescript steps each pragma to its end: execute() would free one page.
-                if mode == SQLITE_INCREMENTAL_VACUUM:
-                    conn.executescript("PRAGMA incremental_vacuum;")
-                else:
-                    conn.executescript("PRAGMA auto_vacuum=INCREMENTAL; VACUUM;")
-                # The file shrinks when the WAL is checkpointed, and the WAL (which the vacuum
-                # just filled) keeps its size unless truncated. Readers of an older snapshot
-                # make this wait (at most the busy timeout) or leave it for SQLite's next one.
+        raw = engine.raw_connection()
+        try:
+            conn = raw.driver_connection
+            assert conn is not None
+            if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == SQLITE_INCREMENTAL_VACUUM:
+                while True:
+                    with lock:
+                        free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+                        if not free:
+                            break
+                        step = min(free, VACUUM_STEP_PAGES)
+                        # executescript steps the pragma to its end: execute() frees one page.
+                        conn.executescript(f"PRAGMA incremental_vacuum({step});")
+                        given += step
+                    _let_waiting_writers_through(lock)
+            _truncate_wal(conn, lock)
+            return given
+        finally:
+            raw.close()
+    except UNAVAILABLE as exc:
+        raise store_unavailable(exc) from exc
+
+
+def _let_waiting_writers_through(lock: SQLiteWriteLock) -> None:
+    deadline = time.monotonic() + VACUUM_YIELD_SECONDS
+    while lock.waiting() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _truncate_wal(conn: Any, lock: SQLiteWriteLock) -> None:
+    """Checkpoint and truncate the WAL (the file shrinks only then), waiting at most
+    CHECKPOINT_WAIT_MS for readers of an older snapshot: the checkpoint holds SQLite's write
+    lock while it waits, and the busy timeout (30 s) would stall every writer that long."""
+    with lock:
+        conn.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+        try:
+            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    if busy:
+        log.info("the SQLite WAL is still in use by a reader; truncated at the next pass")
+
+
+def sqlite_file_needs_rebuild(engine: Engine) -> bool:
+    """Whether this SQLite file was made before auto_vacuum was on (its free pages can only
+    be given back to the disk by rebuild_sqlite_file)."""
+    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return False
+    with read_connection(engine) as conn:
+        mode = conn.exec_driver_sql("PRAGMA auto_vacuum").scalar()
+    return mode != SQLITE_INCREMENTAL_VACUUM
+
+
+def rebuild_sqlite_file(engine: Engine) -> int:
+    """Rebuild the SQLite file with VACUUM, turning incremental auto_vacuum on, so its free
+    pages go back to the disk; answers how many pages were free. It holds the write lock for
+    the whole rewrite (minutes for a large file) and needs free disk the size of the
+    database: an operator's command (`floom retention compact`), never a background pass."""
+    if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return 0
+    lock = _sqlite_write_lock(engine)
+    try:
+        raw = engine.raw_connection()
+        try:
+            conn = raw.driver_connection
+            assert conn is not None
+            with lock:
+                free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+                conn.executescript("PRAGMA auto_vacuum=INCREMENTAL; VACUUM;")
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-                return int(free)
-            finally:
-                raw.close()
+            return free
+        finally:
+            raw.close()
     except UNAVAILABLE as exc:
         raise store_unavailable(exc) from exc
 

@@ -1,6 +1,6 @@
 """Operator commands that work on this node's store and data dir directly, not through the
 API: `floom backup`, `floom restore`, `floom migrate-store`, `floom retention run`,
-`floom blobs migrate`, `floom blobs check`.
+`floom retention compact`, `floom blobs migrate`, `floom blobs check`.
 
 They read the same FLOOM_* settings as `floom serve` (FLOOM_DATA_DIR, FLOOM_DATABASE_URL).
 The store (SQLAlchemy, the tables) loads only when one of them is named (floom/cli/index.py).
@@ -19,7 +19,7 @@ from floom.config import Settings, mask_password
 from floom.services.context import Context
 from floom.services.ops.backup import create_backup, restore_backup
 from floom.services.ops.objects import check_blobs, migrate_blobs
-from floom.services.ops.retention import apply_retention
+from floom.services.ops.retention import apply_retention, compact_store
 from floom.services.ops.store_copy import copy_store
 
 retention_app = typer.Typer(help="Delete old runs' logs and artifacts (FLOOM_RETENTION_DAYS).")
@@ -151,6 +151,24 @@ def retention_run(
             )
         )
     )
+
+
+@retention_app.command("compact")
+def retention_compact(
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Give a SQLite database's free pages back to the disk now. A file made by an older floom
+    is rebuilt once with VACUUM (stop floom first; needs free disk the size of the database)."""
+
+    ctx = Context.open(Settings())
+    try:
+        pages = compact_store(ctx)
+    finally:
+        ctx.engine.dispose()
+    if as_json:
+        print_json({"pages_freed": pages})
+        return
+    out.print(Text(f"{pages} free page(s) given back to the disk"))
 
 
 @blobs_app.command("migrate")

@@ -41,6 +41,7 @@ KEY_GRACE = max(timedelta(seconds=2 * TOLERANCE_SECONDS) + timedelta(days=1), ti
 window and past senders' retry schedules."""
 TIMESTAMPED = frozenset({"standard", "hmac-sha256"})
 BATCH = 200
+TOMBSTONE_BATCH = 1000  # tombstones deleted per transaction
 
 
 def prune_deliveries(
@@ -79,23 +80,36 @@ def prune_deliveries(
     return len(found)
 
 
-def prune_tombstones(s_factory: Any, *, now: datetime) -> int:
+def prune_tombstones(s_factory: Any, *, now: datetime, limit: int = TOMBSTONE_BATCH) -> int:
     """Delete the tombstones whose key no longer guards: those past their `expires_at` (a
     deleted worker's timestamped keys), and Composio's (always timestamped) past KEY_GRACE.
-    A tombstone without an expiry (GitHub's, or one stored before expiries were) is kept."""
-    with s_factory() as s:
-        gone = s.execute(
-            delete(DeliveryTombstone).where(
-                or_(
-                    col(DeliveryTombstone.expires_at) < now,
-                    and_(
-                        col(DeliveryTombstone.source) == RunTrigger.COMPOSIO,
-                        col(DeliveryTombstone.received_at) < now - KEY_GRACE,
-                    ),
-                )
+    A tombstone without an expiry (GitHub's, or one stored before expiries were) is kept.
+    Up to `limit` per transaction, walking the ids: a deleted worker can leave many, and on
+    SQLite one DELETE of them all held the write lock (heartbeats waited) until it ended."""
+    guards_nothing = or_(
+        col(DeliveryTombstone.expires_at) < now,
+        and_(
+            col(DeliveryTombstone.source) == RunTrigger.COMPOSIO,
+            col(DeliveryTombstone.received_at) < now - KEY_GRACE,
+        ),
+    )
+    deleted = 0
+    after = 0
+    while True:
+        with s_factory() as s:
+            ids = list(
+                s.exec(
+                    select(DeliveryTombstone.id)
+                    .where(col(DeliveryTombstone.id) > after, guards_nothing)
+                    .order_by(col(DeliveryTombstone.id))
+                    .limit(limit)
+                ).all()
             )
-        )
-    return int(getattr(gone, "rowcount", 0) or 0)
+            if not ids:
+                return deleted
+            s.execute(delete(DeliveryTombstone).where(col(DeliveryTombstone.id).in_(ids)))
+        deleted += len(ids)
+        after = max(i for i in ids if i is not None)
 
 
 def timestamped_triggers(s: Session, ids: Iterable[str]) -> dict[str, datetime]:

@@ -27,14 +27,20 @@ from sqlalchemy import delete, exists, or_
 from sqlmodel import col, select
 
 from floom import jsonvalues
-from floom.errors import BlobStoreUnavailable
+from floom.errors import BlobStoreUnavailable, Conflict
 from floom.services.alerts.retention import prune_alerts
 from floom.services.ops import deliveries
+from floom.services.ops.nodes import live_nodes
 from floom.services.ops.objects import drain_pending, sweep_objects
 from floom.services.runs import rules as run_rules
 from floom.store.blobs.rows import delete_unreferenced_blobs
 from floom.store.blobs.tables import RunLog
-from floom.store.db import give_back_free_pages, session_scope
+from floom.store.db import (
+    give_back_free_pages,
+    rebuild_sqlite_file,
+    session_scope,
+    sqlite_file_needs_rebuild,
+)
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version, Worker, utcnow
 from floom.store.triggers import WebhookDelivery
 
@@ -136,8 +142,15 @@ def apply_retention(
     report.blobs_deleted += sweep_orphan_blobs(ctx, now=now)
     delete_objects_now(ctx)
     report.objects_deleted = sweep_orphan_objects(ctx, now=now)
-    if any(report.to_dict().values()):
-        report.pages_freed = give_back_free_pages(ctx.engine)
+    # In short steps that let heartbeats and other writers through, and a WAL that a reader
+    # kept from being truncated last time is truncated now: so every pass, not only one
+    # that deleted something.
+    report.pages_freed = give_back_free_pages(ctx.engine)
+    if any(report.to_dict().values()) and sqlite_file_needs_rebuild(ctx.engine):
+        log.warning(
+            "this SQLite file was made before floom gave free pages back to the disk: run "
+            "`floom retention compact` once, with floom stopped, to rebuild it"
+        )
     return report
 
 
@@ -242,3 +255,25 @@ def sweep_orphan_blobs(ctx: Context, *, now: datetime | None = None) -> int:
         after = chunk[-1]
         with session_scope(ctx.engine, write=True) as s:
             deleted += delete_unreferenced_blobs(s, chunk)
+
+
+def compact_store(ctx: Context) -> int:
+    """`floom retention compact`: give a SQLite file's free pages back to the disk now. A file
+    made before floom turned auto_vacuum on is rebuilt with VACUUM, which holds the write lock
+    for the whole rewrite (a heartbeat waiting that long loses every running attempt), so it
+    refuses while a node serves the file; any other file gets the steps a pass takes. Answers
+    how many pages were free; PostgreSQL answers 0 (its autovacuum keeps the space)."""
+    if not sqlite_file_needs_rebuild(ctx.engine):
+        return give_back_free_pages(ctx.engine)
+    live = live_nodes(ctx.engine)
+    if live:
+        node = live[0]
+        raise Conflict(
+            f"floom node {node.id} (roles {node.roles}) is serving this database: rebuilding "
+            "it holds the write lock for the whole rewrite, which would stall its runs",
+            hint="stop floom first, then run `floom retention compact` again; a node killed "
+            f"without a clean stop counts as stopped once silent for its lease "
+            f"({node.lease_seconds:.0f} s)",
+            details={"node": node.id},
+        )
+    return rebuild_sqlite_file(ctx.engine)

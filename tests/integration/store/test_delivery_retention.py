@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from typing import Any
 
 from sqlmodel import select
 
 from floom.services.context import Context
-from floom.services.ops.deliveries import KEY_GRACE
+from floom.services.ops.deliveries import KEY_GRACE, prune_tombstones
 from floom.services.ops.retention import apply_retention
 from floom.services.triggers import webhooks
 from floom.store.db import session_scope
@@ -151,3 +154,28 @@ def test_without_retention_deliveries_stay_and_only_dead_composio_tombstones_go(
     assert kept == {"std-old"}
     assert buried == {"cmp-live", "hook-old"}
     assert report.delivery_tombstones_deleted == 1
+
+
+def test_dead_tombstones_go_a_bounded_batch_per_write_transaction(ctx: Context) -> None:
+    for i in range(5):
+        _tombstone(ctx, f"cmp-dead-{i}", source="composio", age=KEY_GRACE + timedelta(hours=1))
+    _tombstone(ctx, "hook-old", source="webhook", age=OLD)
+    deleted_per_transaction: list[int] = []
+
+    @contextmanager
+    def write() -> Iterator[Any]:
+        with session_scope(ctx.engine, write=True) as s:
+            before = len(_left_tombstones(s))
+            yield s
+            s.flush()
+            deleted_per_transaction.append(before - len(_left_tombstones(s)))
+
+    assert prune_tombstones(write, now=utcnow(), limit=2) == 5
+
+    assert _left(ctx)[1] == {"hook-old"}
+    # Each write transaction held the lock for at most two deletes, not for all of them.
+    assert deleted_per_transaction == [2, 2, 1, 0]
+
+
+def _left_tombstones(s: Any) -> list[Any]:
+    return list(s.exec(select(DeliveryTombstone.id)).all())
