@@ -153,6 +153,7 @@ OPS: dict[str, Op] = {
         _op("nodes"),
         _op("backup"),
         _op("migrate-store"),
+        _op("retention compact"),
         _op("blobs check"),
         _op("blobs migrate", Opt("--to", "to")),
         _op("mcp"),

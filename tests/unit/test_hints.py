@@ -63,7 +63,15 @@ def test_every_catalogued_action_renders_on_every_surface(action: Action) -> Non
 
 
 def test_what_each_surface_has_no_equivalent_for_is_decided() -> None:
-    operator = {"serve", "backup", "migrate-store", "blobs check", "blobs migrate", "mcp"}
+    operator = {
+        "serve",
+        "backup",
+        "migrate-store",
+        "blobs check",
+        "blobs migrate",
+        "retention compact",
+        "mcp",
+    }
     assert operator == rest_hints.NO_ENDPOINT
     assert (
         operator

@@ -28,6 +28,8 @@ from sqlmodel import col, select
 
 from floom import jsonvalues
 from floom.errors import BlobStoreUnavailable, Conflict
+from floom.hints import act, told
+from floom.hints import cli as cli_hints
 from floom.services.alerts.retention import prune_alerts
 from floom.services.ops import deliveries
 from floom.services.ops.nodes import live_nodes
@@ -148,8 +150,10 @@ def apply_retention(
     report.pages_freed = give_back_free_pages(ctx.engine)
     if any(report.to_dict().values()) and sqlite_file_needs_rebuild(ctx.engine):
         log.warning(
-            "this SQLite file was made before floom gave free pages back to the disk: run "
-            "`floom retention compact` once, with floom stopped, to rebuild it"
+            "this SQLite file was made before floom gave free pages back to the disk: %s",
+            cli_hints.written(
+                told("run ", act("retention compact"), " once, with floom stopped, to rebuild it")
+            ),
         )
     return report
 
@@ -271,9 +275,12 @@ def compact_store(ctx: Context) -> int:
         raise Conflict(
             f"floom node {node.id} (roles {node.roles}) is serving this database: rebuilding "
             "it holds the write lock for the whole rewrite, which would stall its runs",
-            hint="stop floom first, then run `floom retention compact` again; a node killed "
-            f"without a clean stop counts as stopped once silent for its lease "
-            f"({node.lease_seconds:.0f} s)",
+            hint=told(
+                "stop floom first, then run ",
+                act("retention compact"),
+                " again; a node killed without a clean stop counts as stopped once silent for "
+                f"its lease ({node.lease_seconds:.0f} s)",
+            ),
             details={"node": node.id},
         )
     return rebuild_sqlite_file(ctx.engine)
