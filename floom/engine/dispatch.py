@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from floom.engine.attempt import start_script_ahead
 from floom.engine.phases import is_phased
-from floom.engine.queue import claim_next
-from floom.services.runs.rules import RUNNING
+from floom.engine.queue import Claim, NextClaim, claim_next
+from floom.services.runs.rules import QUEUED, RUNNING
 from floom.services.workers import versions as workers
 from floom.store.db import database_clock
 
@@ -61,9 +61,17 @@ class SlotRunner(Protocol):
         """`run_id`'s attempt took its slot (called under Dispatch.lock)."""
         ...
 
-    def run_attempt(self, run: Run, run_log: RunLog, *, ahead: StartedAttempt | None) -> str | None:
-        """Run the attempt (started `ahead`, or from the beginning) and record its end;
-        the run's status then, or None when its end was not recorded."""
+    def run_attempt(
+        self,
+        run: Run,
+        run_log: RunLog,
+        *,
+        ahead: StartedAttempt | None,
+        then_claim: NextClaim | None = None,
+    ) -> str | None:
+        """Run the attempt (started `ahead`, or from the beginning) and record its end, with
+        the slot's next claim when `then_claim` asks for it; the run's status then, or None
+        when its end was not recorded."""
         ...
 
     def attempt_ended(self, run_id: str) -> None:
@@ -340,11 +348,12 @@ class Dispatch:
         dispatcher and handing the run over to a pool thread."""
         next_run: Run | None = run
         while next_run is not None:
-            kept = self.run_in_slot(next_run, run_log, ahead=ahead)
+            then_claim = NextClaim(self._takes_next)
+            kept = self.run_in_slot(next_run, run_log, ahead=ahead, then_claim=then_claim)
             ahead = None
             if not kept:
                 return
-            next_run = self._next_in_slot()
+            next_run = self._next_in_slot(then_claim.claim)
             if next_run is not None:
                 run_log = self.begin(next_run, held=True)
 
@@ -355,33 +364,53 @@ class Dispatch:
         *,
         keep_slot: bool = True,
         ahead: StartedAttempt | None = None,
+        then_claim: NextClaim | None = None,
     ) -> bool:
         """Run one attempt in its slot; returns True when the slot was kept, as held, for
         the next queued run (`keep_slot` and the queue likely holds one: runs were queued
-        since the dispatcher last looked, or its last claim saw more)."""
-        status = self.runner.run_attempt(run, run_log, ahead=ahead)
+        since the dispatcher last looked, or its last claim saw more). With `then_claim`,
+        the attempt's end may have claimed that run already: the slot is then kept for it
+        (even if a drain began since: the run is this node's), or let go when the claim
+        found none."""
+        status = self.runner.run_attempt(run, run_log, ahead=ahead, then_claim=then_claim)
+        folded = then_claim.claim if then_claim is not None else None
         with self.lock:
             # A resumed run may already be back here as a new attempt: leave that one be.
             if self.active.get(run.id) is run_log:
                 self.active.pop(run.id, None)
                 self.runner.attempt_ended(run.id)
-            # Kept only while no drain is under way: the slot then holds no new run.
-            kept = (
-                keep_slot
-                and status is not None
-                and not self.stopping.is_set()
-                and (self.more_queued or self.runtime.queued.is_set())
-            )
+            if folded is not None:
+                kept = folded.run is not None
+                self.more_queued = folded.more
+            else:
+                # Kept only while no drain is under way: the slot then holds no new run.
+                kept = (
+                    keep_slot
+                    and status is not None
+                    and not self.stopping.is_set()
+                    and (self.more_queued or self.runtime.queued.is_set())
+                )
             if kept:
                 self._hold(1)
         if not kept:
             self.freed.set()
         return kept
 
-    def _next_in_slot(self) -> Run | None:
-        """Claim the next queued run for the slot `run_in_slot` kept (held), which it then
-        takes; frees the slot when there is none, or when the claim fails (the dispatcher
-        retries)."""
+    def _takes_next(self, status: str) -> bool:
+        """Whether a slot whose run just ended as `status` takes the next queued run (asked
+        inside the end's transaction, as run_in_slot asks after it): not while a drain is
+        under way, and only when the queue likely holds one (queued since the dispatcher last
+        looked, the last claim saw more, or the run itself was queued again)."""
+        return not self.stopping.is_set() and (
+            self.more_queued or self.runtime.queued.is_set() or status == QUEUED
+        )
+
+    def _next_in_slot(self, claimed: Claim | None = None) -> Run | None:
+        """The next queued run for the slot `run_in_slot` kept (held), which it then takes:
+        `claimed` with the last run's end, or claimed now; frees the slot when there is
+        none, or when the claim fails (the dispatcher retries)."""
+        if claimed is not None:
+            return claimed.run  # the slot was kept only for a run
         run: Run | None = None
         try:
             claim = claim_next(self.runner.ctx, look_first=not self.more_queued)

@@ -21,6 +21,7 @@ from floom.engine.cleanup import empty_folder, reap_sandbox_orphans
 from floom.engine.dispatch import Dispatch, StartedAttempt
 from floom.engine.phases import AgentRunner, execute_phased, is_phased
 from floom.engine.queue import (
+    NextClaim,
     Outcome,
     finish_attempt,
     reap_expired_leases,
@@ -405,10 +406,16 @@ class Executor:
         return run_log is not None and node_fence().lapsed(_fence_of(run_log))
 
     def run_attempt(
-        self, run: Run, run_log: RunLog, *, ahead: StartedAttempt | None = None
+        self,
+        run: Run,
+        run_log: RunLog,
+        *,
+        ahead: StartedAttempt | None = None,
+        then_claim: NextClaim | None = None,
     ) -> str | None:
-        """Run one attempt (started `ahead`, or from the beginning) and record its end; the
-        run's status then (None when its end was not recorded)."""
+        """Run one attempt (started `ahead`, or from the beginning) and record its end, with
+        the slot's next claim when `then_claim` asks for it (queue.NextClaim); the run's
+        status then (None when its end was not recorded)."""
         started = time.monotonic()
         outcome, backoff, exponential = self._outcome(run, run_log, ahead)
         outcome.sandbox_seconds = outcome.sandbox_seconds or (time.monotonic() - started)
@@ -429,7 +436,12 @@ class Executor:
                 )
             else:
                 status = self._record_end(
-                    run, outcome, lines, backoff=backoff, exponential=exponential
+                    run,
+                    outcome,
+                    lines,
+                    backoff=backoff,
+                    exponential=exponential,
+                    then_claim=then_claim,
                 )
         finally:
             node_fence().forget(fence)
@@ -494,6 +506,7 @@ class Executor:
         *,
         backoff: float,
         exponential: bool,
+        then_claim: NextClaim | None = None,
     ) -> str | None:
         """Store how the attempt ended; returns the run's status then (None if it was not
         stored). While the database is unreachable, keep the result and try again until it
@@ -518,6 +531,7 @@ class Executor:
                     backoff=backoff,
                     exponential=exponential,
                     log_lines=lines,
+                    then_claim=then_claim,
                 )
             except STORE_DOWN as exc:
                 self.log_failure(f"recording the end of {run.id} failed", exc)

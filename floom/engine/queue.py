@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import lru_cache, partial
@@ -176,7 +176,6 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
     database's clock (DatabaseClock: no statement more).
     """
     now = database_clock(ctx.engine).now()
-    statements = _claim_statements()
     # A read first when the queue was last seen empty: most such calls find nothing, and a
     # read takes no write lock on SQLite. Draining a busy queue skips it.
     if look_first:
@@ -185,41 +184,77 @@ def claim_next(ctx: Context, *, look_first: bool = True) -> Claim:
         runnable, held_until = looked["runnable"], looked["held_until"]
         if runnable is None:
             return Claim(None, held_until=held_until)
-    params: dict[str, Any] = {
-        "now": now,
-        **claimed_fields(node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now),
-    }
     postgres = is_postgres(ctx.engine)
     full: list[str] = []
     while len(full) <= MAX_FULL_WORKERS_PER_CLAIM:
         try:
             # Core statements only: a plain connection, not an ORM session (write_connection).
             with write_connection(ctx.engine) as s:
-                if full:
-                    found = s.execute(statements.claim_except, {**params, "full": full}).first()
-                    row = None if found is None else dict(found._mapping)
-                else:
-                    row = _CLAIM.first(s, params)
-                if row is None:
-                    return Claim(None)
-                run = trusted_row(Run, row)
-                # On SQLite the statement counted under the write lock: exact already.
-                if postgres and not worker_has_room(s, run):
-                    full.append(run.worker_name)
-                    # Undone with the transaction, which also frees the worker's lock.
-                    raise _WorkerFull
-                system_event(
-                    s,
-                    run_id=run.id,
-                    attempt=run.attempt,
-                    message=started_message(run, node_id=ctx.node_id),
-                )
-                # One more statement here spares the dispatcher a claim that finds nothing.
-                more = ANY_RUNNABLE.first(s, {"now": now}) is not None
+                return _claim_in(ctx, s, now=now, full=full, postgres=postgres)
         except _WorkerFull:
             continue
-        return Claim(run, more)
     return Claim(None)
+
+
+def _claim_in(ctx: Context, s: Writer, *, now: datetime, full: list[str], postgres: bool) -> Claim:
+    """claim_next's statements, in the write transaction `s`. Raises _WorkerFull (the
+    worker's name added to `full`) when the run it took on PostgreSQL must be given back."""
+    params: dict[str, Any] = {
+        "now": now,
+        **claimed_fields(node_id=ctx.node_id, lease_seconds=ctx.settings.lease_seconds, now=now),
+    }
+    if full:
+        found = s.execute(_claim_statements().claim_except, {**params, "full": full}).first()
+        row = None if found is None else dict(found._mapping)
+    else:
+        row = _CLAIM.first(s, params)
+    if row is None:
+        return Claim(None)
+    run = trusted_row(Run, row)
+    # On SQLite the statement counted under the write lock: exact already.
+    if postgres and not worker_has_room(s, run):
+        full.append(run.worker_name)
+        # Undone with the transaction, which also frees the worker's lock.
+        raise _WorkerFull
+    system_event(
+        s,
+        run_id=run.id,
+        attempt=run.attempt,
+        message=started_message(run, node_id=ctx.node_id),
+    )
+    # One more statement here spares the dispatcher a claim that finds nothing.
+    more = ANY_RUNNABLE.first(s, {"now": now}) is not None
+    return Claim(run, more)
+
+
+@dataclass
+class NextClaim:
+    """A slot's request that its attempt's end also claim the slot's next run, in the end's
+    own write transaction: on SQLite one write-lock hold a run instead of two (the end, then
+    the claim), the lock every writer of a burst queues for. `wanted(status)`, asked inside
+    the transaction with the run's new status, says whether the slot takes a next run; once
+    the end is committed, `claim` is what the claim took (its run None: nothing runnable).
+    `claim` stays None when no claim was made with the end (not wanted, the end not
+    recorded, PostgreSQL, or the claim failed and was undone alone): the slot then claims
+    on its own, as before."""
+
+    wanted: Callable[[str], bool]
+    claim: Claim | None = None
+
+
+def _claim_with_end(ctx: Context, s: Writer, then_claim: NextClaim, status: str) -> Claim | None:
+    """The next claim of `then_claim`'s slot in the end's transaction `s` (SQLite only: on
+    PostgreSQL a claim that passes over a full worker undoes itself, which inside the end
+    would take a savepoint's round trips, the ones the fold saves). Under a savepoint: a
+    claim that fails is undone alone, the end stands."""
+    if is_postgres(ctx.engine) or not then_claim.wanted(status):
+        return None
+    try:
+        with s.begin_nested():
+            return _claim_in(ctx, s, now=database_clock(ctx.engine).now(), full=[], postgres=False)
+    except Exception as exc:  # the end is recorded either way; the slot claims on its own
+        log.warning("claiming the next run with an end failed: %s", type(exc).__name__)
+        return None
 
 
 class _WorkerFull(Exception):
@@ -377,6 +412,7 @@ def finish_attempt(
     backoff: float,
     exponential: bool = True,
     log_lines: Sequence[tuple[str, str, datetime | None]] = (),
+    then_claim: NextClaim | None = None,
 ) -> str:
     """Record an attempt's end; a retryable failure with attempts left is queued again.
 
@@ -393,6 +429,8 @@ def finish_attempt(
     While new blobs go to an object store, a run that ends for good has its whole log (its
     lines stored so far, `log_lines` and the closing line) uploaded as its object first, and
     the transaction records that object instead of appending rows (services/ops/end_logs.py).
+
+    With `then_claim`, the same transaction claims the slot's next run (NextClaim).
     """
     # The database's clock: a retry's backoff ends when every node's claim says so.
     now = database_clock(ctx.engine).now()
@@ -424,6 +462,7 @@ def finish_attempt(
         log_lines=log_lines,
         now=now,
         ended=(values, message, retry, status),
+        then_claim=then_claim,
     )
     try:
         ended_as = record(end_log=end_log)
@@ -455,6 +494,7 @@ def _record_attempt_end(
     end_log: end_logs.EndLog | None,
     ended: tuple[dict[str, Any], str, bool, str],
     abandoned: end_logs.EndLog | None = None,
+    then_claim: NextClaim | None = None,
 ) -> str:
     """finish_attempt's transaction; `abandoned`: an object staged for the log that this end
     does not record, to be deleted."""
@@ -599,6 +639,10 @@ def _record_attempt_end(
             # the UPDATE returned it), not with a read of their own after the commit.
             ended_run = trusted_row(Run, written)
             record = record_in_session(ctx, s, ended_run, artifacts=artifacts)
+        # Last: the next run's claim holds its rows locked for the shortest time.
+        claimed = None if then_claim is None else _claim_with_end(ctx, s, then_claim, status)
+    if then_claim is not None:
+        then_claim.claim = claimed  # committed with the end
     if end_log is not None:
         # Committed: the transcript's text is in the object, its figures in its row.
         outcome.transcript_unsaved = False

@@ -7,11 +7,14 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import event
 
+from floom.engine import queue as queue_module
 from floom.engine.phases import claim_run
 from floom.engine.queue import (
     Claim,
+    NextClaim,
     Outcome,
     claim_next,
     claim_next_run,
@@ -26,7 +29,7 @@ from floom.services.runs.logs import list_events
 from floom.store.db import session_scope
 from floom.store.models import Run, utcnow
 from floom.vocabulary import RunStatus
-from tests.support.rigs.queues import enqueue, other_node
+from tests.support.rigs.queues import commits, enqueue, is_claim, is_end, other_node
 
 
 def test_racing_nodes_never_claim_the_same_run(ctx: Context) -> None:
@@ -233,3 +236,147 @@ def test_an_attempts_end_takes_the_runs_event_lock_once(ctx: Context) -> None:
         "last line",
         "succeeded",
     ]
+
+
+def test_an_end_claims_the_slots_next_run_in_its_own_transaction(ctx: Context) -> None:
+    # On SQLite a run's end and the next claim of its slot are one write transaction: one
+    # hold of the write lock a run instead of two. On PostgreSQL the slot claims on its own.
+    first, second, third = enqueue(ctx, 3)
+    run = claim_next_run(ctx)
+    assert run is not None
+    assert run.id == first
+    asked: list[str] = []
+
+    def wanted(status: str) -> bool:
+        asked.append(status)
+        return True
+
+    then_claim = NextClaim(wanted)
+    done = Outcome(status=RunStatus.SUCCEEDED, outputs={"ok": True})
+    with commits(ctx) as committed:
+        assert finish_attempt(ctx, run=run, outcome=done, backoff=0, then_claim=then_claim) == (
+            "succeeded"
+        )
+    with session_scope(ctx.engine) as s:
+        ended, next_run = s.get(Run, first), s.get(Run, second)
+        assert ended is not None
+        assert next_run is not None
+        assert (ended.status, ended.lease_owner) == ("succeeded", None)
+    if ctx.engine.dialect.name == "postgresql":
+        assert then_claim.claim is None
+        assert next_run.status == "queued"
+        assert len(committed) == 1
+        return
+    assert asked == ["succeeded"]
+    assert len(committed) == 1, committed
+    assert [is_end(x) for x in committed[0]].count(True) == 1
+    assert [is_claim(x) for x in committed[0]].count(True) == 1
+    claim = then_claim.claim
+    assert claim is not None
+    assert claim.run is not None
+    assert claim.more
+    assert claim.run.id == second
+    assert (next_run.status, next_run.lease_owner, next_run.lease_epoch) == (
+        "running",
+        ctx.node_id,
+        claim.run.lease_epoch,
+    )
+    assert claim.run.lease_epoch == 1
+    started = [e.line for e in list_events(ctx, run_id=second, caller=SYSTEM)]
+    assert started[-1].startswith("started"), started
+    # The claimed run's own end claims the last one, which says nothing more is queued.
+    again = NextClaim(lambda _status: True)
+    assert finish_attempt(ctx, run=claim.run, outcome=done, backoff=0, then_claim=again) == (
+        "succeeded"
+    )
+    assert again.claim is not None
+    assert again.claim.run is not None
+    assert (again.claim.run.id, again.claim.more) == (third, False)
+
+
+def test_an_end_claims_nothing_when_the_slot_takes_no_next_run(ctx: Context) -> None:
+    _first, second = enqueue(ctx, 2)
+    run = claim_next_run(ctx)
+    assert run is not None
+    then_claim = NextClaim(lambda _status: False)
+    done = Outcome(status=RunStatus.SUCCEEDED)
+    with commits(ctx) as committed:
+        assert finish_attempt(ctx, run=run, outcome=done, backoff=0, then_claim=then_claim) == (
+            "succeeded"
+        )
+    assert then_claim.claim is None
+    assert not any(is_claim(x) for t in committed for x in t)
+    with session_scope(ctx.engine) as s:
+        row = s.get(Run, second)
+        assert row is not None
+        assert row.status == "queued"
+
+
+def test_an_end_whose_claim_finds_nothing_says_so(ctx: Context) -> None:
+    enqueue(ctx, 1)
+    run = claim_next_run(ctx)
+    assert run is not None
+    then_claim = NextClaim(lambda _status: True)
+    done = Outcome(status=RunStatus.SUCCEEDED)
+    assert finish_attempt(ctx, run=run, outcome=done, backoff=0, then_claim=then_claim) == (
+        "succeeded"
+    )
+    expected = None if ctx.engine.dialect.name == "postgresql" else Claim(None)
+    assert then_claim.claim == expected
+
+
+def test_a_claim_that_fails_with_an_end_is_undone_alone(
+    ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The claim runs under a savepoint: it fails after its UPDATE (the look for more), and
+    # the end stands while the run it took stays queued, its lease epoch untouched.
+    first, second = enqueue(ctx, 2)
+    run = claim_next_run(ctx)
+    assert run is not None
+
+    class Broken:
+        def first(self, *_args: Any) -> Any:
+            raise RuntimeError("broken look")
+
+    monkeypatch.setattr(queue_module, "ANY_RUNNABLE", Broken())
+    then_claim = NextClaim(lambda _status: True)
+    done = Outcome(status=RunStatus.SUCCEEDED, outputs={"ok": True})
+    assert finish_attempt(ctx, run=run, outcome=done, backoff=0, then_claim=then_claim) == (
+        "succeeded"
+    )
+    assert then_claim.claim is None
+    with session_scope(ctx.engine) as s:
+        ended, left = s.get(Run, first), s.get(Run, second)
+        assert ended is not None
+        assert left is not None
+        assert (ended.status, ended.outputs_json) == ("succeeded", '{"ok": true}')
+        assert (left.status, left.lease_owner, left.lease_epoch) == ("queued", None, 0)
+    assert not any(
+        e.line.startswith("started") for e in list_events(ctx, run_id=second, caller=SYSTEM)
+    )
+    assert [e.line for e in list_events(ctx, run_id=first, caller=SYSTEM)][-1] == "succeeded"
+
+
+def test_a_fenced_end_claims_nothing(ctx: Context) -> None:
+    # The end of an attempt this node no longer holds writes nothing of the run's: nor does
+    # it claim the slot's next run.
+    (run_id, other) = enqueue(ctx, 2, max_attempts=3)
+    first = claim_next_run(ctx)
+    assert first is not None
+    assert first.id == run_id
+    with session_scope(ctx.engine, write=True) as s:
+        row = s.get(Run, run_id)
+        assert row is not None
+        row.lease_expires_at = utcnow() - timedelta(seconds=1)
+        s.add(row)
+    assert reap_expired_leases(ctx) == 1
+    then_claim = NextClaim(lambda _status: True)
+    late = Outcome(status=RunStatus.SUCCEEDED)
+    assert finish_attempt(ctx, run=first, outcome=late, backoff=0, then_claim=then_claim) == (
+        "queued"
+    )
+    assert then_claim.claim is None
+    with session_scope(ctx.engine) as s:
+        row = s.get(Run, other)
+        assert row is not None
+        assert row.status == "queued"

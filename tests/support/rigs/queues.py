@@ -1,9 +1,14 @@
-"""Runs put straight into the queue, and other nodes on the same database, for the tests of
-the queue and of leases."""
+"""Runs put straight into the queue, other nodes on the same database, and the write
+transactions a test's steps commit, for the tests of the queue and of leases."""
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import event
 
 from floom.services.context import Context
 from floom.store.db import make_engine, session_scope
@@ -35,3 +40,37 @@ def other_node(ctx: Context, name: str) -> Context:
     # Its connections close with it, so a test need not dispose of its engine.
     weakref.finalize(node, node.engine.dispose)
     return node
+
+
+@contextmanager
+def commits(ctx: Context) -> Iterator[list[list[str]]]:
+    """Each write transaction committed meanwhile, as the statements it sent."""
+    committed: list[list[str]] = []
+    open_: dict[int, list[str]] = {}
+
+    def sent(conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        open_.setdefault(id(conn), []).append(statement)
+
+    def commit(conn: Any) -> None:
+        committed.append(open_.pop(id(conn), []))
+
+    def rollback(conn: Any) -> None:
+        open_.pop(id(conn), None)
+
+    event.listen(ctx.engine, "before_cursor_execute", sent)
+    event.listen(ctx.engine, "commit", commit)
+    event.listen(ctx.engine, "rollback", rollback)
+    try:
+        yield committed
+    finally:
+        event.remove(ctx.engine, "before_cursor_execute", sent)
+        event.remove(ctx.engine, "commit", commit)
+        event.remove(ctx.engine, "rollback", rollback)
+
+
+def is_claim(statement: str) -> bool:
+    return statement.startswith("UPDATE runs") and "lease_epoch + " in statement
+
+
+def is_end(statement: str) -> bool:
+    return statement.startswith("UPDATE runs") and "sandbox_seconds + " in statement
