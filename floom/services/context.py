@@ -3,6 +3,7 @@ id, and the node itself as the domain sees it (NodeHooks: the one seam to the no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from contextlib import AbstractContextManager, nullcontext
@@ -17,7 +18,7 @@ from floom.errors import StoreUnavailable
 from floom.services.access.auth_cache import AuthCache
 from floom.services.access.secrets import SecretBox
 from floom.services.runs.waits import RunEnds
-from floom.store.db import is_postgres, make_engine
+from floom.store.db import database_clock, is_postgres, make_engine
 from floom.store.migrate import migrate
 
 if TYPE_CHECKING:
@@ -107,6 +108,9 @@ class Context:
                 f"{type(getattr(exc, 'orig', None) or exc).__name__}",
                 hint="check FLOOM_DATABASE_URL and that the database server is running",
             ) from exc
+        with contextlib.suppress(StoreUnavailable):
+            # Read now, outside any transaction: later readings are refreshed aside.
+            database_clock(engine).refresh()
         return cls(
             settings=settings,
             engine=engine,

@@ -521,6 +521,7 @@ class DatabaseClock:
         self._postgres = is_postgres(engine)
         self._reading: _Reading | None = None
         self._lock = threading.Lock()
+        self._refreshing = False
 
     def reading(self) -> tuple[float, datetime]:
         """Now on the fence's clock (lease_clock) and the database's time then, never earlier
@@ -556,23 +557,37 @@ class DatabaseClock:
         self._reading = _Reading(at=at, sent=sent, back=back)
 
     def _current(self) -> _Reading:
+        """The last reading. Callers ask inside their own transactions, so a reading older
+        than CLOCK_READ_SECONDS is refreshed on a thread of its own (a second connection
+        taken here would nest in the caller's: a full pool then waits on itself); it drifts
+        by parts per million meanwhile. Only a clock never read is read here, once
+        (Context.open reads it first)."""
         reading = self._reading
-        age = time.clock_gettime(_BOOTTIME) - reading.back if reading is not None else None
-        if reading is not None and age is not None and age < CLOCK_READ_SECONDS:
-            return reading
+        if reading is None:
+            with self._lock:
+                if self._reading is None:
+                    self.refresh()
+            assert self._reading is not None
+            return self._reading
+        if time.clock_gettime(_BOOTTIME) - reading.back >= CLOCK_READ_SECONDS:
+            self._refresh_aside()
+        return reading
+
+    def _refresh_aside(self) -> None:
         with self._lock:
-            if self._reading is not reading:  # read by another thread meanwhile
-                assert self._reading is not None
-                return self._reading
+            if self._refreshing:
+                return
+            self._refreshing = True
+
+        def refresh() -> None:
             try:
                 self.refresh()
-            except StoreUnavailable:
-                if reading is None:
-                    raise
-                # Cut off from the database: the last reading holds (it drifts by ppm).
-                return reading
-        assert self._reading is not None
-        return self._reading
+            except Exception as exc:  # cut off from the database: the last reading holds
+                log.debug("reading the database's clock failed: %s", exc)
+            finally:
+                self._refreshing = False
+
+        threading.Thread(target=refresh, name="floom-db-clock", daemon=True).start()
 
 
 def database_clock(bind: Engine | Connection) -> DatabaseClock:

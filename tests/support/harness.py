@@ -4,6 +4,7 @@ settings that make it quick, waits with deadlines, worker folders and their depl
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -162,3 +163,25 @@ def deploy_folder(api: httpx.Client, folder: Path) -> dict[str, Any]:
     assert resp.status_code == 201, resp.text
     body: dict[str, Any] = resp.json()
     return body
+
+
+def dribbled_answer(base_url: str, path: str) -> tuple[bytes, bytes]:
+    """POST to `path` a JSON body that declares 100 bytes and sends 5 (a slow-loris), then
+    read the server's answer: its head and its body."""
+    url = httpx.URL(base_url)
+    with socket.create_connection((url.host, url.port)) as conn:
+        conn.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+            "Content-Type: application/json\r\n"
+            'Content-Length: 100\r\n\r\n{"a":'.encode()
+        )
+        # Only so that a server still holding it fails the test instead of hanging it.
+        conn.settimeout(60)
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            got = conn.recv(4096)
+            if not got:
+                break
+            answer += got
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, body

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.support.harness import LiveServer, live_server
+from tests.support.harness import LiveServer, dribbled_answer, live_server
 
 
 @pytest.fixture
@@ -76,22 +75,7 @@ def test_a_body_dribbled_slower_than_its_deadline_is_answered_408_before_any_key
         ) as srv,
         caplog.at_level(logging.WARNING, logger="floom"),
     ):
-        url = httpx.URL(srv.base_url)
-        with socket.create_connection((url.host, url.port)) as conn:
-            conn.sendall(
-                f"POST {path} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
-                "Content-Type: application/json\r\n"
-                'Content-Length: 100\r\n\r\n{"a":'.encode()
-            )
-            # Only so that a server still holding it fails the test instead of hanging it.
-            conn.settimeout(60)
-            answer = b""
-            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
-                got = conn.recv(4096)
-                if not got:
-                    break
-                answer += got
-    head, _, body = answer.partition(b"\r\n\r\n")
+        head, body = dribbled_answer(srv.base_url, path)
     assert head.startswith(b"HTTP/1.1 408"), head
     assert json.loads(body)["error"]["code"] == "request_timeout"
     assert "FLOOM_REQUEST_BODY_SECONDS" in caplog.text

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +20,7 @@ from floom.services.access.principal import SYSTEM
 from tests.support.harness import (
     LiveServer,
     deploy_folder,
+    dribbled_answer,
     live_server,
     make_worker,
 )
@@ -206,21 +206,7 @@ def test_a_webhook_body_dribbled_slower_than_its_deadline_is_answered_408_not_he
         live_server(tmp_path / "data", database_url, webhook_body_seconds=0.5) as srv,
         caplog.at_level(logging.WARNING, logger="floom"),
     ):
-        url = httpx.URL(srv.base_url)
-        with socket.create_connection((url.host, url.port)) as conn:
-            conn.sendall(
-                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                'Content-Length: 100\r\n\r\n{"a":'.encode()
-            )
-            # Only so that a server still holding it fails the test instead of hanging it.
-            conn.settimeout(60)
-            answer = b""
-            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
-                got = conn.recv(4096)
-                if not got:
-                    break
-                answer += got
-        head, _, body = answer.partition(b"\r\n\r\n")
+        head, body = dribbled_answer(srv.base_url, path)
         assert head.startswith(b"HTTP/1.1 408"), head
         error = json.loads(body)["error"]
         assert error["code"] == "request_timeout"
