@@ -6,11 +6,9 @@ with its clock injected where floom reads the time."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -19,13 +17,12 @@ from sqlmodel import col, select
 from floom.services.alerts import deliveries, watch
 from floom.services.context import Context
 from floom.services.ops import nodes
-from floom.store import models
 from floom.store.db import session_scope
 from floom.store.models import AlertEvent, Delivery, Run, new_id
 from floom.vocabulary import DeliveryPurpose, DeliveryStatus, RunStatus
+from tests.support.clocks import SKEW
+from tests.support.clocks import node_clock as clock
 from tests.support.harness import fast_settings
-
-SKEW = timedelta(minutes=10)
 
 
 @pytest.fixture
@@ -33,21 +30,6 @@ def ctx(tmp_path: Path, database_url: str) -> Iterator[Context]:
     context = Context.open(fast_settings(tmp_path / "data", database_url, lease_seconds=60.0))
     yield context
     context.engine.dispose()
-
-
-@contextmanager
-def clock(offset: timedelta) -> Iterator[None]:
-    """This node's clock, `offset` from the true time, wherever floom reads it."""
-
-    def skewed() -> datetime:
-        return datetime.now(UTC) + offset
-
-    true = models.utcnow
-    with pytest.MonkeyPatch.context() as patch:
-        for name, module in list(sys.modules.items()):
-            if name.startswith("floom") and getattr(module, "utcnow", None) is true:
-                patch.setattr(module, "utcnow", skewed)
-        yield
 
 
 def _fails(ctx: Context, *, at: datetime) -> Run:

@@ -8,11 +8,10 @@ in-process, each with its clock injected wherever floom reads the time."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -22,14 +21,13 @@ from floom.engine.loops import scheduler as scheduler_module
 from floom.engine.loops.scheduler import Scheduler
 from floom.engine.queue import claim_next, reap_expired_leases, renew_held_leases
 from floom.services.context import Context
-from floom.store import models
 from floom.store.db import database_clock, database_now, session_scope
 from floom.store.models import Run
 from floom.store.triggers import Trigger, TriggerFire
+from tests.support.clocks import SKEW, node_clock
 from tests.support.harness import deploy_in_store, fast_settings, make_worker, wait_until
 from tests.support.rigs.queues import enqueue
 
-SKEW = timedelta(minutes=10)
 LEASE_SECONDS = 3.0
 
 
@@ -44,26 +42,9 @@ def ctx(tmp_path: Path, database_url: str) -> Iterator[Context]:
     context.engine.dispose()
 
 
-@contextmanager
-def clock(offset: timedelta) -> Iterator[None]:
-    """This node's clock, `offset` from the true time, wherever floom reads it."""
-
-    def skewed() -> datetime:
-        return datetime.now(UTC) + offset
-
-    class SkewedDatetime(datetime):
-        @classmethod
-        def now(cls, tz: tzinfo | None = None) -> datetime:  # type: ignore[override]
-            return datetime.now(tz) + offset
-
-    true = models.utcnow
-    with pytest.MonkeyPatch.context() as patch:
-        for name, module in list(sys.modules.items()):
-            if name.startswith("floom") and getattr(module, "utcnow", None) is true:
-                patch.setattr(module, "utcnow", skewed)
-        # The scheduler's own reading of the system clock.
-        patch.setattr(scheduler_module, "datetime", SkewedDatetime)
-        yield
+def clock(offset: timedelta) -> AbstractContextManager[None]:
+    """This node's clock, the scheduler's own reading of the system clock included."""
+    return node_clock(offset, datetime_of=[scheduler_module])
 
 
 def _nodes(ctx: Context) -> dict[str, tuple[Context, timedelta]]:
