@@ -29,9 +29,9 @@ from floom.services.handoffs.jobs import (
     record,
     routing_rules,
 )
-from floom.store.db import session_scope
+from floom.store.db import database_clock, session_scope
 from floom.store.handoffs import Job, JobDependency, Role
-from floom.store.models import new_id, utcnow
+from floom.store.models import new_id
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -111,10 +111,11 @@ def _move(
     lease: timedelta | None = None,
     payload: dict[str, Any] | None = None,
 ) -> None:
-    """The one place a job's status changes: checked against the table, then audited."""
+    """The one place a job's status changes: checked against the table, then audited. Its
+    times (and a lease's end) are on the database's clock, as every node judges them."""
     before = job.status
     job.status = rules.check_transition(before, new, parties=parties(actor, job), admin=actor.admin)
-    now = utcnow()
+    now = database_clock(s.get_bind()).now()
     job.updated_at = now
     if new == rules.IN_PROGRESS:
         if before == rules.PUBLISHED:
@@ -158,13 +159,14 @@ def _need_agent(actor: Actor) -> str:
     return actor.agent_id
 
 
-def _check_lease(job: Job, actor: Actor) -> bool:
+def _check_lease(s: Session, job: Job, actor: Actor) -> bool:
     """Whether `actor` holds `job`; LeaseExpired when it did, but its lease ran out. Checked
     under the row lock the caller took: a lease that ran out is lost now, not when the
-    reaper next runs (it returns the job to published)."""
+    reaper next runs (it returns the job to published). Judged on the database's clock (its
+    earliest reading): the lease was written by whichever node took the claim."""
     holder = actor.agent_id is not None and job.assignee_agent_id == actor.agent_id
     expires = job.lease_expires_at if job.status == rules.IN_PROGRESS else None
-    if holder and expires is not None and expires <= utcnow():
+    if holder and expires is not None and expires <= database_clock(s.get_bind()).earliest():
         wakeups.HANDOFFS.notify()
         raise LeaseExpired(
             f"your lease on job {job.id} expired at {expires.isoformat()}; "
@@ -175,8 +177,8 @@ def _check_lease(job: Job, actor: Actor) -> bool:
     return holder
 
 
-def _check_holder(job: Job, actor: Actor) -> None:
-    holder = _check_lease(job, actor)
+def _check_holder(s: Session, job: Job, actor: Actor) -> None:
+    holder = _check_lease(s, job, actor)
     if actor.admin or holder:
         return
     held = " and another agent holds it" if job.assignee_agent_id else ""
@@ -258,9 +260,9 @@ def heartbeat(
     who, lease = as_actor(ctx, actor, scope="run"), _lease(ctx, lease_seconds)
     with session_scope(ctx.engine, write=True) as s:
         job = load_visible(s, who, job_id, lock=True)
-        _check_holder(job, who)
+        _check_holder(s, job, who)
         if job.status == rules.IN_PROGRESS:
-            job.lease_expires_at = utcnow() + lease
+            job.lease_expires_at = database_clock(ctx.engine).now() + lease
             s.add(job)
         elif job.status != rules.BLOCKED:
             raise NotHolder(
@@ -280,9 +282,11 @@ def any_lease_held(ctx: Context) -> bool:
 
 
 def reap_expired_leases(ctx: Context) -> int:
-    """Return jobs whose assignee stopped heartbeating to `published`. Returns how many."""
+    """Return jobs whose assignee stopped heartbeating to `published`. Returns how many.
+    Judged on the database's clock (its earliest reading), as the leases were written: a
+    node whose own clock is minutes off takes no job still held, and leaves none stuck."""
     reaper = system_actor("lease reaper")
-    now = utcnow()
+    now = database_clock(ctx.engine).earliest()
     q = (
         select(Job)
         .where(Job.status == rules.IN_PROGRESS, col(Job.lease_expires_at) < now)
@@ -336,7 +340,7 @@ def set_status(
         elif status == rules.IN_PROGRESS and job.status == rules.PUBLISHED:
             _claim_locked(s, job, who, lease)
         else:
-            _check_lease(job, who)  # a late holder blocks, releases or fails nothing
+            _check_lease(s, job, who)  # a late holder blocks, releases or fails nothing
             event = _STATUS_EVENTS.get(status, status)
             _move(s, job, status, actor=who, event=event, reason=reason, lease=lease)
             if status in (rules.FAILED, rules.CANCELLED):
@@ -370,7 +374,7 @@ def complete(
 
 
 def _complete_locked(s: Session, job: Job, actor: Actor, result: dict[str, Any]) -> None:
-    _check_holder(job, actor)
+    _check_holder(s, job, actor)
     job.result_json = rules.encode_json(result, what="result")
     payload = {"result_summary": result["summary"], "artifacts": len(result["artifacts"])}
     _move(s, job, rules.COMPLETED, actor=actor, event="completed", payload=payload)
