@@ -19,8 +19,8 @@ from sqlmodel import col, delete, select
 from floom.errors import Forbidden, Unauthorized
 from floom.services.access import keys
 from floom.services.access.principal import Principal
-from floom.store.db import session_scope
-from floom.store.models import ApiKey, new_id, utcnow
+from floom.store.db import database_clock, session_scope
+from floom.store.models import ApiKey, new_id
 from floom.store.web_sessions import WebSession
 
 if TYPE_CHECKING:
@@ -53,7 +53,8 @@ def sign_in(ctx: Context, *, api_key: str) -> tuple[SignedIn, str]:
     """Check the API key and open a session; returns it with the token for the cookie."""
     key = keys.authenticate(ctx, api_key.strip() or None)
     token = secrets.token_urlsafe(32)
-    now = utcnow()
+    # On the database's clock: any node may be asked for the session, each judges it there.
+    now = database_clock(ctx.engine).now()
     row = WebSession(
         id=new_id("ses"),
         token_hash=_hash(token),
@@ -76,7 +77,7 @@ def session_for(ctx: Context, *, token: str | None) -> SignedIn:
     with session_scope(ctx.engine) as s:
         row = s.exec(select(WebSession).where(WebSession.token_hash == _hash(token))).first()
         key = s.get(ApiKey, row.key_id) if row is not None else None
-    if row is None or key is None or row.expires_at <= utcnow():
+    if row is None or key is None or row.expires_at <= database_clock(ctx.engine).now():
         raise Unauthorized("your session ended", hint="sign in again with an API key")
     if key.revoked_at is not None:
         raise Unauthorized(

@@ -11,14 +11,20 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select as core_select
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlmodel import col, delete, select, update
 
 from floom import __version__
 from floom.hints import act, told
 from floom.hints import cli as cli_hints
 from floom.services.access.principal import Principal
-from floom.store.db import database_now, db_now, session_scope, write_connection
+from floom.store.db import (
+    database_clock,
+    database_now,
+    db_now,
+    session_scope,
+    write_connection,
+)
 from floom.store.models import utcnow
 from floom.store.nodes import Node
 from floom.vocabulary import NodeState
@@ -124,15 +130,14 @@ def executor_live(ctx: Context, s: Reader) -> bool:
 def live_executors(s: Reader) -> int:
     """How many nodes with the executor role are live: not stopped, heard within their
     lease."""
-    now = utcnow()
+    now = database_clock(s if isinstance(s, Connection) else s.get_bind()).earliest()
+    columns = (Node.roles, Node.heartbeat_at, Node.heard_at, Node.lease_seconds)
     rows = s.execute(
-        core_select(col(Node.roles), col(Node.heartbeat_at), col(Node.lease_seconds)).where(
-            col(Node.stopped_at).is_(None)
-        )
+        core_select(*(col(c) for c in columns)).where(col(Node.stopped_at).is_(None))
     ).all()
     return sum(
-        executes(roles) and _heard_within(heartbeat_at, lease_seconds, now=now)
-        for roles, heartbeat_at, lease_seconds in rows
+        executes(roles) and _heard_within(heard_at or heartbeat_at, lease_seconds, now=now)
+        for roles, heartbeat_at, heard_at, lease_seconds in rows
     )
 
 
@@ -141,16 +146,20 @@ def executes(roles: str) -> bool:
     return "executor" in {r.strip() for r in roles.split(",")}
 
 
-def _heard_within(heartbeat_at: datetime, lease_seconds: float, *, now: datetime) -> bool:
-    """The one rule of a live node: its last heartbeat is within its lease."""
-    return (now - heartbeat_at).total_seconds() <= lease_seconds
+def _heard_within(heard_at: datetime, lease_seconds: float, *, now: datetime) -> bool:
+    """The one rule of a live node: its last heartbeat is within its lease, both on the
+    database's clock (heard_at; `now` from database_clock): a node whose own clock is off is
+    neither lost while it beats nor live after it stopped."""
+    return (now - heard_at).total_seconds() <= lease_seconds
 
 
 def state_of(node: Node, *, now: datetime) -> tuple[NodeState, float]:
-    silent = max(0.0, (now - node.heartbeat_at).total_seconds())
+    """The node's state and how long it has been silent, `now` on the database's clock."""
+    heard = node.heard_at or node.heartbeat_at  # a row from before heard_at has none
+    silent = max(0.0, (now - heard).total_seconds())
     if node.stopped_at is not None:
         return NodeState.STOPPED, silent
-    live = _heard_within(node.heartbeat_at, node.lease_seconds, now=now)
+    live = _heard_within(heard, node.lease_seconds, now=now)
     return (NodeState.LIVE if live else NodeState.LOST), silent
 
 
@@ -163,7 +172,7 @@ RUN_CANNOT_START = told(
 
 def live_nodes(engine: Engine) -> list[Node]:
     """The nodes of the store at `engine` that renew their rows, by id."""
-    now = utcnow()
+    now = database_clock(engine).earliest()
     with session_scope(engine) as s:
         rows = s.exec(select(Node).where(col(Node.stopped_at).is_(None))).all()
     return sorted(
@@ -186,7 +195,7 @@ def list_nodes(ctx: Context, *, caller: Principal) -> list[NodeView]:
     """Every node seen within FORGET_AFTER, live ones first, each group by id. Needs the read
     scope."""
     caller.require("read")
-    now = utcnow()
+    now = database_clock(ctx.engine).earliest()
     with session_scope(ctx.engine) as s:
         rows = s.exec(select(Node).where(col(Node.heartbeat_at) >= now - FORGET_AFTER)).all()
     views = [NodeView(node, *state_of(node, now=now)) for node in rows]

@@ -21,9 +21,8 @@ from sqlmodel import select as select_rows
 from floom.config import mask_password
 from floom.errors import Conflict, InvalidRequest, StoreUnavailable
 from floom.services.ops.nodes import state_of
-from floom.store.db import driver_reason, make_engine
+from floom.store.db import database_clock, driver_reason, make_engine
 from floom.store.migrate import migrate
-from floom.store.models import utcnow
 from floom.store.nodes import Node
 from floom.vocabulary import NodeState
 
@@ -139,7 +138,7 @@ def _advance_sequences(write: Connection) -> None:
 def _refuse_served(engine: Engine, url: str) -> None:
     """A node that renews its row in the source is serving it: runs it writes after the
     copy's snapshot would be lost, so the copy waits until it is stopped."""
-    now = utcnow()
+    now = database_clock(engine).earliest()
     with Session(engine) as s:
         rows = s.exec(select_rows(Node).where(col(Node.stopped_at).is_(None))).all()
     live = [n for n in rows if state_of(n, now=now)[0] == NodeState.LIVE]
