@@ -242,6 +242,15 @@ def give_back_free_pages(engine: Engine) -> int:
         raise store_unavailable(exc) from exc
 
 
+def let_writers_through(engine: Engine) -> None:
+    """Between two steps of maintenance that works in steps (retention's prune, the
+    vacuum): let the writers already waiting for SQLite's write lock go first, for at most
+    VACUUM_YIELD_SECONDS. Nothing on PostgreSQL, whose writers wait only on the rows they
+    share."""
+    if engine.dialect.name == "sqlite":
+        _let_waiting_writers_through(_sqlite_write_lock(engine))
+
+
 def _let_waiting_writers_through(lock: SQLiteWriteLock) -> None:
     deadline = time.monotonic() + VACUUM_YIELD_SECONDS
     while lock.waiting() and time.monotonic() < deadline:

@@ -39,6 +39,7 @@ from floom.store.blobs.rows import delete_unreferenced_blobs
 from floom.store.blobs.tables import RunLog
 from floom.store.db import (
     give_back_free_pages,
+    let_writers_through,
     rebuild_sqlite_file,
     session_scope,
     sqlite_file_needs_rebuild,
@@ -51,8 +52,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("floom.retention")
 
-# Runs pruned per transaction: a batch holds the write lock briefly, so runs keep flowing.
+# Runs pruned per batch, and log lines deleted per transaction: a run's log may hold
+# hundreds of thousands of lines, so a transaction is bounded by rows, not by runs, and holds
+# the write lock briefly; waiting writers (heartbeats, claims) go between two.
 BATCH_RUNS = 200
+PRUNE_STEP_ROWS = 5000
 # Blob digests looked at per statement by the orphan sweep.
 SWEEP_CHUNK = 500
 # A blob younger than this is never reclaimed: an agent stores its workspace blob before the
@@ -204,11 +208,14 @@ def sweep_orphan_objects(ctx: Context, *, now: datetime | None = None) -> int:
 def _prune_batch(
     ctx: Context, *, which: Any, cutoff: datetime, limit: int, into: RetentionReport
 ) -> bool:
-    """Prune up to `limit` runs; False when none was left to prune."""
+    """Prune up to `limit` runs; False when none was left to prune. Their log lines go
+    PRUNE_STEP_ROWS at a time, a transaction each, letting waiting writers through between
+    two; then the rest (archived logs, artifacts, blobs) in one. A pass cut short leaves
+    the runs still found by the next (the last transaction deletes what found them)."""
     has_logs = exists().where(col(RunEvent.run_id) == col(Run.id))
     has_archived_log = exists().where(col(RunLog.run_id) == col(Run.id))
     has_files = exists().where(col(Artifact.run_id) == col(Run.id))
-    with session_scope(ctx.engine, write=True) as s:
+    with session_scope(ctx.engine) as s:
         run_ids = list(
             s.exec(
                 select(Run.id)
@@ -222,8 +229,10 @@ def _prune_batch(
                 .limit(limit)
             ).all()
         )
-        if not run_ids:
-            return False
+    if not run_ids:
+        return False
+    into.log_lines_deleted += _delete_log_lines(ctx, run_ids)
+    with session_scope(ctx.engine, write=True) as s:
         digests = set(s.exec(select(Artifact.digest).where(col(Artifact.run_id).in_(run_ids))))
         archived = list(s.exec(select(RunLog).where(col(RunLog.run_id).in_(run_ids))))
         digests.update(a.digest for a in archived)
@@ -236,6 +245,21 @@ def _prune_batch(
         into.artifacts_deleted += int(getattr(files, "rowcount", 0) or 0)
         into.blobs_deleted += delete_unreferenced_blobs(s, digests)
     return True
+
+
+def _delete_log_lines(ctx: Context, run_ids: list[str]) -> int:
+    """Delete the log lines of `run_ids`, PRUNE_STEP_ROWS per transaction; answers how many
+    went."""
+    deleted = 0
+    while True:
+        step = select(RunEvent.id).where(col(RunEvent.run_id).in_(run_ids)).limit(PRUNE_STEP_ROWS)
+        with session_scope(ctx.engine, write=True) as s:
+            gone = s.execute(delete(RunEvent).where(col(RunEvent.id).in_(step.scalar_subquery())))
+        count = int(getattr(gone, "rowcount", 0) or 0)
+        deleted += count
+        if count < PRUNE_STEP_ROWS:
+            return deleted
+        let_writers_through(ctx.engine)
 
 
 def sweep_orphan_blobs(ctx: Context, *, now: datetime | None = None) -> int:
