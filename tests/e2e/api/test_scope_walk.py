@@ -1,8 +1,9 @@
-"""Every /api/v1 route called with a key of each scope, plain and an agent's, and with each
-UI session: each answer refuses (403) or not exactly as the route's row in ROUTE_SCOPES
-says (test_authorization.py), so a route whose enforcement drifts from its row fails, not
-only one whose declared dependency does. One server; harmless bodies (empty, ids that name
-nothing), so nothing is made or changed."""
+"""Every /api/v1 route called with a key of each scope, plain and an agent's, and every page
+and form of the web UI with a session of each: each answer refuses (403) or not exactly as
+the route's row says (ROUTE_SCOPES in test_authorization.py, UI_SCOPES here), so a route
+whose enforcement drifts from its row fails, not only one whose declared dependency does;
+and a UI session is no key for the API. One server; harmless bodies (empty, or ids that name
+nothing), so what an admitted call changes is at most a replay or a pause."""
 
 from __future__ import annotations
 
@@ -19,8 +20,15 @@ from floom.services.access import keys
 from floom.services.access.principal import SCOPES, SYSTEM, grants
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
+from floom.services.handoffs import jobs as handoff_jobs
 from tests.e2e.api.test_authorization import ROUTE_SCOPES
-from tests.support.harness import LiveServer, fast_settings
+from tests.support.harness import (
+    LiveServer,
+    deploy_folder,
+    fast_settings,
+    make_worker,
+    wait_for_run,
+)
 from tests.support.web import csrf_of, signed_in_client
 
 # Handoff routes read and act as an agent: a key of no agent is refused on them whatever its
@@ -44,6 +52,68 @@ AGENT_OR_ADMIN = {
 # Only an agent holds a job: an admin's key of no agent is refused too. (Claiming a job by
 # id is refused as well, after the job is found: here it names none, so 404.)
 AGENT_ONLY = {"POST /api/v1/handoffs/claim-next"}
+# Every page and form of the web UI and the scope it needs, as its REST twin's row says. A
+# new page fails the walk until it is added here. Sign-in and sign-out are walked elsewhere
+# (tests/e2e/web); sessions here stay signed in.
+UI_SCOPES: dict[str, str] = {
+    "GET /": "read",
+    "GET /alerts": "read",
+    "POST /alerts/channels": "deploy",
+    "POST /alerts/channels/{name}/delete": "deploy",
+    "POST /alerts/channels/{name}/test": "deploy",
+    "POST /alerts/deliveries/{delivery_id}/resend": "deploy",
+    "POST /alerts/rules": "deploy",
+    "POST /alerts/rules/{name}/delete": "deploy",
+    "POST /alerts/rules/{name}/{action}": "deploy",
+    "GET /approvals": "read",
+    "POST /approvals/{approval_id}/approve": "run",
+    "POST /approvals/{approval_id}/reject": "run",
+    "GET /evals/{eval_id}": "read",
+    # The board answers every reader: a key of no agent is told there how to take part.
+    "GET /handoffs": "read",
+    "GET /handoffs/jobs/{job_id}": "read",
+    "POST /handoffs/jobs/{job_id}/reject": "run",
+    "POST /handoffs/jobs/{job_id}/status": "run",
+    "GET /keys": "admin",
+    "POST /keys": "admin",
+    "POST /keys/{key_id}/revoke": "admin",
+    "GET /nodes": "read",
+    "GET /replays/{run_id}": "read",
+    "GET /runs": "read",
+    "GET /runs/{run_id}": "read",
+    "GET /runs/{run_id}/artifacts/{name:path}": "read",
+    "POST /runs/{run_id}/cancel": "run",
+    "GET /runs/{run_id}/files/{name:path}": "read",
+    "GET /runs/{run_id}/logs/stream": "read",
+    "POST /runs/{run_id}/replay": "run",
+    "POST /runs/{run_id}/replays": "run",
+    "POST /runs/{run_id}/rollback": "deploy",
+    "GET /secrets": "deploy",
+    "POST /secrets": "deploy",
+    "POST /secrets/{name}/delete": "deploy",
+    "GET /workers/{name}": "read",
+    "POST /workers/{name}/delete": "deploy",
+    "GET /workers/{name}/diff": "read",
+    "POST /workers/{name}/evals": "run",
+    "POST /workers/{name}/pause": "deploy",
+    "POST /workers/{name}/resume": "deploy",
+    "POST /workers/{name}/rollback": "deploy",
+    "POST /workers/{name}/runs": "run",
+    "POST /workers/{name}/state": "deploy",
+}
+UI_AGENT_OR_ADMIN = {
+    "GET /handoffs/jobs/{job_id}",
+    "POST /handoffs/jobs/{job_id}/reject",
+    "POST /handoffs/jobs/{job_id}/status",
+}
+SIGN_IN = {"GET /login", "POST /login", "POST /logout"}
+# A worker and a run of it, so the forms reach their rule: with names that name nothing,
+# some pages answer 404 before the scope is asked (the page of the run they would show).
+WALKED_YML = """\
+name: walked
+inputs:
+  text: {type: string, required: true}
+"""
 # Bodies that pass validation, where an empty one would be refused before the rule the walk
 # checks; each still names nothing, so nothing changes.
 BODIES: dict[str, dict[str, Any]] = {
@@ -66,16 +136,19 @@ def _code(resp: httpx.Response) -> str | None:
         return None
 
 
+def _allowed(held: str, needed: str, *, agent: bool, agents_or_admins: bool) -> bool:
+    if agent or held == "admin":
+        return grants([held], needed)
+    return grants([held], needed) and not agents_or_admins
+
+
 def _walk(client: httpx.Client, held: str, *, agent: bool, wrong: list[str]) -> None:
     who = f"{'an agent' if agent else 'a'} {held} key"
     for route, needed in ROUTE_SCOPES.items():
         resp = _call(client, route)
-        if agent:
-            allowed = grants([held], needed)
-        elif route in AGENT_ONLY:
+        allowed = _allowed(held, needed, agent=agent, agents_or_admins=route in AGENT_OR_ADMIN)
+        if route in AGENT_ONLY and not agent:
             allowed = False
-        else:
-            allowed = grants([held], needed) and (held == "admin" or route not in AGENT_OR_ADMIN)
         refused = resp.status_code == 403
         if refused != (not allowed):
             wrong.append(f"{route} with {who}: {resp.status_code} {_code(resp)}, needs {needed}")
@@ -125,4 +198,65 @@ def test_each_route_refuses_exactly_the_keys_and_sessions_its_row_refuses(
             resp = _call(browser, route, headers={"X-CSRF-Token": csrf})
             if (resp.status_code, _code(resp)) != (401, "unauthorized"):
                 wrong.append(f"{route} with a {held} session: {resp.status_code} {_code(resp)}")
+    assert wrong == [], "\n".join(wrong)
+
+
+def _ui_routes() -> list[str]:
+    from fastapi import FastAPI
+
+    from floom.ui import app as ui
+    from floom.ui.support import UiRoute
+
+    app = FastAPI()
+    ui.install(app)
+    return sorted(
+        f"{method} {route.path}"
+        for route in app.routes
+        if isinstance(route, UiRoute)
+        for method in route.methods or ()
+        if method != "HEAD"
+    )
+
+
+def test_every_ui_page_and_form_has_a_row() -> None:
+    walked = set(_ui_routes()) - SIGN_IN
+    assert sorted(walked - set(UI_SCOPES)) == [], "UI routes with no row in UI_SCOPES"
+    assert sorted(set(UI_SCOPES) - walked) == [], "rows of UI_SCOPES with no route"
+
+
+def test_each_ui_page_and_form_refuses_exactly_the_sessions_its_row_refuses(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    with server.client() as api:
+        deploy_folder(api, make_worker(tmp_path / "walked", WALKED_YML, {"run.py": "pass\n"}))
+        started = api.post("/api/v1/workers/walked/runs", json={"inputs": {"text": "x"}})
+        run_id = started.json()["id"]
+        wait_for_run(api, run_id)
+    handoff_agents.create_role(server.ctx, caller=SYSTEM, name="walker")
+    agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
+    job_id = handoff_jobs.create_job(server.ctx, actor=SYSTEM, summary="s", role="walker").row.id
+    wrong: list[str] = []
+    for held in SCOPES:
+        plain = keys.create_key(server.ctx, caller=SYSTEM, scopes=[held], name=f"ui {held}")[1]
+        agents = handoff_agents.create_agent_key(
+            server.ctx, caller=SYSTEM, agent=agent.agent.id, scopes=[held]
+        )[1]
+        for key, is_agent in ((plain, False), (agents, True)):
+            who = f"{'an agent' if is_agent else 'a'} {held} session"
+            browser = signed_in_client(server, key)  # closed with the server's clients
+            csrf = csrf_of(browser.get("/").text)
+            for route, needed in UI_SCOPES.items():
+                method, path = route.split(" ", 1)
+                url = path.replace("{name}", "walked").replace("{run_id}", run_id)
+                url = url.replace("{job_id}", job_id)
+                url = re.sub(r"\{[^}]+\}", "nope-0", url.replace("{action}", "disable"))
+                form = {"csrf": csrf} if method == "POST" else None
+                resp = browser.request(method, url, data=form, follow_redirects=False)
+                allowed = _allowed(
+                    held, needed, agent=is_agent, agents_or_admins=route in UI_AGENT_OR_ADMIN
+                )
+                if (resp.status_code == 403) == allowed:
+                    wrong.append(f"{route} with {who}: {resp.status_code}, needs {needed}")
+                if resp.headers.get("location", "").startswith("/login"):
+                    wrong.append(f"{route} with {who} was sent to sign in")
     assert wrong == [], "\n".join(wrong)
