@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -21,7 +22,7 @@ from floom.services.access.principal import SCOPES, SYSTEM, grants
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import jobs as handoff_jobs
-from tests.e2e.api.test_authorization import ROUTE_SCOPES
+from tests.e2e.api.test_authorization import EXPOSED_YML, ROUTE_SCOPES, TOOL_SCOPES
 from tests.support.harness import (
     LiveServer,
     deploy_folder,
@@ -29,6 +30,7 @@ from tests.support.harness import (
     make_worker,
     wait_for_run,
 )
+from tests.support.mcp_clients import http_client
 from tests.support.web import csrf_of, signed_in_client
 
 # Handoff routes read and act as an agent: a key of no agent is refused on them whatever its
@@ -259,4 +261,65 @@ def test_each_ui_page_and_form_refuses_exactly_the_sessions_its_row_refuses(
                     wrong.append(f"{route} with {who}: {resp.status_code}, needs {needed}")
                 if resp.headers.get("location", "").startswith("/login"):
                     wrong.append(f"{route} with {who} was sent to sign in")
+    assert wrong == [], "\n".join(wrong)
+
+
+# The MCP tools that read or act as an agent (test_authorization.py's TOOL_SCOPES names the
+# scope of each): a key of no agent is refused on them whatever its scope, unless an admin's.
+TOOL_AGENT_OR_ADMIN = {
+    "handoff_claim_job",
+    "handoff_claim_next_job",
+    "handoff_complete_job",
+    "handoff_get_job",
+    "handoff_heartbeat",
+    "handoff_list_jobs",
+    "handoff_my_roles",
+    "handoff_reject_job",
+    "handoff_reopen_context",
+    "handoff_set_status",
+    "handoff_update_job",
+}
+TOOL_AGENT_ONLY = {"handoff_claim_next_job"}
+# Arguments that pass validation (a job that is not there), so the rule is reached.
+_NO_JOB = {"job_id": "nope-0"}
+TOOL_ARGS: dict[str, dict[str, Any]] = {
+    **dict.fromkeys(
+        "handoff_claim_job handoff_get_job handoff_heartbeat "
+        "handoff_reopen_context handoff_update_job".split(),
+        _NO_JOB,
+    ),
+    "handoff_complete_job": {**_NO_JOB, "summary": "walked"},
+    "handoff_reject_job": {**_NO_JOB, "reason": "walked"},
+    "handoff_set_status": {**_NO_JOB, "status": "blocked"},
+}
+
+
+def test_each_mcp_tool_refuses_exactly_the_plain_keys_its_row_refuses(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    with server.client() as api:
+        deploy_folder(api, make_worker(tmp_path / "walked", EXPOSED_YML, {"run.py": "pass\n"}))
+    tools = {**TOOL_SCOPES, "walked": "run"}  # a worker exposed as a tool needs `run`
+    plain = {s: keys.create_key(server.ctx, caller=SYSTEM, scopes=[s], name=s)[1] for s in SCOPES}
+    wrong: list[str] = []
+
+    async def walk() -> None:
+        for held in SCOPES:
+            async with http_client(server, plain[held]) as mcp:
+                for name, needed in tools.items():
+                    result = await mcp.call_tool(name, TOOL_ARGS.get(name, {}))
+                    error = (result.structured_content or {}).get("error") or {}
+                    allowed = (
+                        _allowed(
+                            held, needed, agent=False, agents_or_admins=name in TOOL_AGENT_OR_ADMIN
+                        )
+                        and name not in TOOL_AGENT_ONLY
+                    )
+                    refused = error.get("code") == "forbidden"
+                    if refused == allowed:
+                        wrong.append(
+                            f"{name} with a {held} key: {error.get('code')}, needs {needed}"
+                        )
+
+    anyio.run(walk)
     assert wrong == [], "\n".join(wrong)
