@@ -131,9 +131,10 @@ def live_executors(s: Reader) -> int:
     """How many nodes with the executor role are live: not stopped, heard within their
     lease."""
     now = database_clock(s if isinstance(s, Connection) else s.get_bind()).earliest()
-    columns = (Node.roles, Node.heartbeat_at, Node.heard_at, Node.lease_seconds)
     rows = s.execute(
-        core_select(*(col(c) for c in columns)).where(col(Node.stopped_at).is_(None))
+        core_select(
+            col(Node.roles), col(Node.heartbeat_at), col(Node.heard_at), col(Node.lease_seconds)
+        ).where(col(Node.stopped_at).is_(None))
     ).all()
     return sum(
         executes(roles) and _heard_within(heard_at or heartbeat_at, lease_seconds, now=now)
