@@ -16,8 +16,8 @@ from floom import __version__
 from floom.api import errors, metrics, openapi
 from floom.api.address_limit import AddressRateLimit, HookFailureBudget
 from floom.api.auth import bearer_token
-from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.draining import Drain, DrainingGuard
+from floom.api.edge.bodies import BodyLimitMiddleware
 from floom.api.forwarded import ForwardedHeaders
 from floom.api.mcp_mount import LazyMCPMount
 from floom.api.routes import admin as routes_admin
