@@ -58,6 +58,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._fields = 0
         self._refusal: FloomError | None = None
+        # Within a request's message (its head read, not all of its body): whether the
+        # last read carried body bytes, and the bytes read in a row that carried none.
+        self._in_message = False
+        self._body_arrived = False
+        self._bodiless = 0
         # Bytes read and dropped since a head was refused; None until then.
         self._lingered: int | None = None
 
@@ -85,9 +90,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._lingered is not None:
             self._linger(len(data))
             return
-        in_head = self._in_head
+        in_head, in_message = self._in_head, self._in_message
+        self._body_arrived = False
         super().data_received(data)
-        if self.transport.is_closing() or not self._in_head:
+        if self.transport.is_closing():
+            return
+        if in_message and self._in_message:
+            self._count_bodiless(len(data))
+        if not self._in_head:
             return
         # Counted only for reads wholly inside a head: at most one read (of the transport's
         # size) beyond the limit is ever held.
@@ -119,7 +129,33 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_head = False
         self.waiting_since = None
         self._cancel_head_timer()
+        self._in_message, self._bodiless = True, 0
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_arrived = True
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        super().on_message_complete()
+
+    def _count_bodiless(self, read: int) -> None:
+        """A chunked body's framing, extensions and trailers are held by the parser, outside
+        the body's flow control: reads in a row that carry no body byte are bounded as a
+        head is, and past it the connection is closed (its request is being served, so
+        nothing can be answered on it)."""
+        if self._body_arrived:
+            self._bodiless = 0
+            return
+        self._bodiless += read
+        if self._bodiless > self.max_header_bytes:
+            log.warning(
+                "closed a connection that sent over %d bytes of a chunked body's framing or "
+                "trailers (FLOOM_MAX_HEADER_BYTES)",
+                self.max_header_bytes,
+            )
+            self.transport.close()
 
     def on_response_complete(self) -> None:
         waiting = not self.pipeline  # else the next request's head is in already
