@@ -56,5 +56,5 @@ def test_a_run_reads_no_more_of_skill_md_than_its_bound(tmp_path: Path) -> None:
     skill.write_bytes(b"x" * MAX_SKILL_BYTES)
     assert len(_read_skill(skill)) == MAX_SKILL_BYTES
     skill.write_bytes(b"x" * (MAX_SKILL_BYTES + 1))
-    with pytest.raises(LimitExceeded, match="SKILL.md is more than"):
+    with pytest.raises(LimitExceeded, match=r"SKILL\.md is more than"):
         _read_skill(skill)
