@@ -146,12 +146,19 @@ class Settings(BaseSettings):
     # The proxies whose Forwarded / X-Forwarded-* headers floom believes (floom/api/
     # forwarded.py): addresses or networks, comma-separated; "*" any peer, "" none.
     forwarded_allow_ips: str = "127.0.0.1,::1"
-    # Every request body but deploys, /mcp and /hooks (floom/api/body_limit.py); read no
+    # Every request body but deploys, /mcp and /hooks (floom/api/edge/bodies.py); read no
     # further than this before a route sees it.
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     # The time any such body (a deploy's too) may take to arrive, read before a key is
     # checked: a caller that dribbles one (a slow-loris) is answered 408, not held for good.
     request_body_seconds: float = Field(120.0, gt=0, le=3600)
+    # HTTP connections (floom/api/edge/connections.py): the time a request's line and headers
+    # may take to arrive, counted from when its connection waits for it (opened, or its last
+    # answer sent); their size; and the connections a node holds at once (no more than half
+    # its open-file limit), one more closing the longest idle.
+    request_header_seconds: float = Field(15.0, gt=0, le=3600)
+    max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    max_connections: int = Field(1000, ge=1)
     # Triggers (floom/services/triggers/webhooks.py): the largest webhook body accepted, and the
     # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
     webhook_max_bytes: int = 1024 * 1024

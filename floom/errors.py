@@ -190,7 +190,7 @@ class IllegalTransition(Conflict):
 
 
 class BodyTooSlow(FloomError):
-    """The request body did not arrive in time; send it at once."""
+    """The request (its headers or its body) did not arrive in time; send it at once."""
 
     status = 408
     code = "request_timeout"
@@ -201,6 +201,21 @@ class PayloadTooLarge(FloomError):
 
     status = 413
     code = "payload_too_large"
+
+
+class HeadersTooLarge(FloomError):
+    """The request line and headers are too large or too many; send fewer or shorter ones."""
+
+    status = 431
+    code = "headers_too_large"
+
+
+class ServerBusy(FloomError):
+    """This node holds as many connections as it may, every one serving a request; retry
+    shortly."""
+
+    status = 503
+    code = "server_busy"
 
 
 class InputsTooLarge(PayloadTooLarge):

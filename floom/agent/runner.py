@@ -4,8 +4,10 @@ assemble the allowed tools, then hand over to the loop (a new transcript or the 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from floom import jsonvalues
@@ -18,8 +20,15 @@ from floom.agent.replay import replay_session
 from floom.agent.tools import Tool, Toolbox
 from floom.engine.queue import Outcome
 from floom.engine.runtime import NodeRuntime
-from floom.errors import ProviderError, RunErrorCode, SourceUnavailable, run_error_code
+from floom.errors import (
+    LimitExceeded,
+    ProviderError,
+    RunErrorCode,
+    SourceUnavailable,
+    run_error_code,
+)
 from floom.manifest.agent import ToolSpec, tool_specs
+from floom.manifest.schema import MAX_SKILL_BYTES
 from floom.net.egress import RELAXED_WARNING
 from floom.services.access.principal import SYSTEM
 from floom.services.runs import agent as agent_runs
@@ -114,7 +123,14 @@ def run_agent(attempt: Attempt) -> Outcome:
             attempt.restore_artifacts(of_run=session.rec.run_id)
         elif transcript is None:
             also_gated = frozenset(session.gated if session else ())
-            transcript = _new_transcript(env, toolbox, also_gated)
+            try:
+                transcript = _new_transcript(env, toolbox, also_gated)
+            except LimitExceeded as exc:
+                return Outcome(
+                    status=FAILED,
+                    error_code=RunErrorCode.LIMIT_EXCEEDED,
+                    error_message=redactor.text(str(exc)),
+                )
             if session is not None and session.model:
                 transcript.model = session.model
         loop = AgentLoop(
@@ -180,11 +196,26 @@ def _toolbox(env: AgentEnv, specs: list[ToolSpec], values: dict[str, str]) -> To
     return toolbox
 
 
+def _read_skill(path: Path) -> str:
+    """An agent's SKILL.md, read no further than MAX_SKILL_BYTES and without following a
+    link: deploys refuse a larger one, but a version stored before that bound may hold one."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_SKILL_BYTES + 1)
+    if len(data) > MAX_SKILL_BYTES:
+        raise LimitExceeded(
+            f"{path.name} is more than {MAX_SKILL_BYTES // 1024} KiB, more than an agent's "
+            "instructions may hold",
+            hint="shorten SKILL.md (put reference material in files beside it) and deploy again",
+        )
+    return data.decode("utf-8", errors="replace")
+
+
 def _new_transcript(
     env: AgentEnv, toolbox: Toolbox, also_gated: frozenset[str] = frozenset()
 ) -> Transcript:
     manifest, run = env.manifest, env.run
-    skill = (env.workdir / manifest.entry).read_text(encoding="utf-8", errors="replace")
+    skill = _read_skill(env.workdir / manifest.entry)
     outputs = ", ".join(
         f"{name} ({spec.type}{', required' if spec.required else ''})"
         for name, spec in manifest.outputs.items()

@@ -16,8 +16,8 @@ from floom import __version__
 from floom.api import errors, metrics, openapi
 from floom.api.address_limit import AddressRateLimit, HookFailureBudget
 from floom.api.auth import bearer_token
-from floom.api.body_limit import BodyLimitMiddleware
 from floom.api.draining import Drain, DrainingGuard
+from floom.api.edge.bodies import BodyLimitMiddleware
 from floom.api.forwarded import ForwardedHeaders
 from floom.api.mcp_mount import LazyMCPMount
 from floom.api.routes import admin as routes_admin
@@ -74,12 +74,13 @@ def create_app(settings: Settings | None = None, *, ctx: Context | None = None) 
         swagger_ui_parameters={"validatorUrl": None},
     )
     errors.install(app)
-    app.add_middleware(BodyLimitMiddleware, settings=settings)
+    # Failed signature checks at /hooks, per address and per hook (routes/hooks.py); past
+    # them a sender is refused before its body is read (edge/bodies.py).
+    app.state.hook_budget = HookFailureBudget(settings)
+    app.add_middleware(BodyLimitMiddleware, settings=settings, hook_budget=app.state.hook_budget)
     app.add_middleware(EncodedSlashGuard)
     # Added last, so run first: the client's address is settled before it is counted.
     app.add_middleware(AddressRateLimit, settings=settings)
-    # Failed signature checks at /hooks, per address and per hook (routes/hooks.py).
-    app.state.hook_budget = HookFailureBudget(settings)
     app.add_middleware(ForwardedHeaders, trusted=settings.forwarded_allow_ips)
     # First of all: a draining node answers 503 to everything (floom/api/draining.py).
     app.state.drain = Drain()

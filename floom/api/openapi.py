@@ -123,7 +123,7 @@ def _document(app: FastAPI) -> dict[str, Any]:
                 invalid["content"] = {"application/json": {"schema": error_body}}
         for method, operation in operations.items():
             answers = operation.setdefault("responses", {})
-            # The body limit (api/body_limit.py) answers any method that may carry a body,
+            # The body limit (api/edge/bodies.py) answers any method that may carry a body,
             # before routing, whether or not the route reads one.
             if method in _WITH_BODY:
                 answers.setdefault("413", _error_answer(413))

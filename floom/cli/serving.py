@@ -76,6 +76,7 @@ def serve(overrides: dict[str, Any]) -> None:
 
     from floom.api.app import create_app
     from floom.api.draining import DrainingServer
+    from floom.api.edge.connections import guarded_protocol
     from floom.node import preflight
     from floom.sandbox import backend_readiness, get_sandbox
     from floom.sandbox.base import describe_protections
@@ -95,9 +96,11 @@ def serve(overrides: dict[str, Any]) -> None:
         ready = backend_readiness(settings)
         _say("sandboxes: " + "; ".join(f"{n} {state}" for n, state in ready.items()))
     # httptools: uvicorn's C parser, about 0.5 ms less CPU per request than its pure-Python
-    # h11 (bench/README.md). asyncio's own loop, named: uvicorn would take uvloop wherever
-    # it happens to be installed, which saves about 0.2 ms of CPU per run and holds 2.4 MiB
-    # more at idle (bench/README.md), so the node would change with its neighbours' packages.
+    # h11 (bench/README.md), in a protocol that bounds each connection's headers and the
+    # connections held (floom/api/edge/connections.py). asyncio's own loop, named: uvicorn
+    # would take uvloop wherever it happens to be installed, which saves about 0.2 ms of CPU
+    # per run and holds 2.4 MiB more at idle (bench/README.md), so the node would change
+    # with its neighbours' packages.
     app = create_app(ctx=ctx)
     config = uvicorn.Config(
         app,
@@ -105,7 +108,7 @@ def serve(overrides: dict[str, Any]) -> None:
         port=settings.port,
         log_level="info",
         access_log=settings.access_log,
-        http="httptools",
+        http=guarded_protocol(settings),
         loop="asyncio",
         # floom reads forwarding headers itself, from FLOOM_FORWARDED_ALLOW_IPS only
         # (floom/api/forwarded.py): uvicorn's own reading would trust its defaults too.

@@ -62,6 +62,9 @@ _TS_COMMANDS = {
 MAX_MANIFEST_BYTES = 256 * 1024
 MAX_MANIFEST_DEPTH = 32
 MAX_MANIFEST_NODES = 10_000
+# An agent's SKILL.md is its system prompt: read whole at every run and sent to the model
+# with every turn, so it is bounded on its own, not only by the bundle's size.
+MAX_SKILL_BYTES = 256 * 1024
 
 MAX_NETWORK_ALLOW = 32
 NETWORK_ALLOW_WITHOUT_NETWORK = "network_allow needs network: full; without it there is no network"

@@ -17,6 +17,7 @@ import httpx
 import uvicorn
 
 from floom.api.app import create_app
+from floom.api.edge.connections import guarded_protocol
 from floom.bundle import read_folder
 from floom.config import Settings
 from floom.services.access import keys
@@ -87,7 +88,13 @@ def start_server(ctx: Context) -> tuple[uvicorn.Server, threading.Thread, str]:
     app = create_app(ctx=ctx)
     # As `floom serve` runs it: floom reads forwarding headers itself (api/forwarded.py).
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", proxy_headers=False
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        proxy_headers=False,
+        http=guarded_protocol(ctx.settings),
     )
     server = QuickStopServer(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -30,6 +30,7 @@ DELIBERATE_LOCAL_IMPORTS = {
     # `floom serve` alone needs the server app and the sandbox (~0.75 s of every CLI start-up).
     ("floom/cli/serving.py", "floom.api.app"),
     ("floom/cli/serving.py", "floom.api.draining"),
+    ("floom/cli/serving.py", "floom.api.edge.connections"),
     ("floom/cli/serving.py", "floom.node"),
     ("floom/cli/serving.py", "floom.sandbox"),
     ("floom/cli/serving.py", "floom.sandbox.base"),

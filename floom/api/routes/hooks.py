@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -38,15 +37,15 @@ SIGNATURE_FAILURES = (WebhookUnsigned, WebhookSignatureInvalid, WebhookStale)
 T = TypeVar("T")
 
 
-async def _receive(request: Request, ctx: Context, hook: str, receive: Callable[[bytes], T]) -> T:
-    """`receive(body)` in a thread, for a sender whose failed signature checks (counted
-    per address and per hook) are not used up: past that, 429 before the body is read. A
-    sender whose delivery was verified is let past the hook's budget for a while (a flood
-    from elsewhere does not hold the hook's real sender back)."""
+async def _receive(request: Request, hook: str, receive: Callable[[bytes], T]) -> T:
+    """`receive(body)` in a thread; its failed signature checks are counted per address
+    and per hook. The body was read within its bound by edge/bodies.py, which answered 429
+    instead to a sender (or at a hook) whose failed checks were used up. A sender whose
+    delivery was verified is let past the hook's budget for a while (a flood from
+    elsewhere does not hold the hook's real sender back)."""
     budget: HookFailureBudget = request.app.state.hook_budget
     address = client_key(dict(request.scope))
-    budget.check(hook=hook, address=address)
-    body = await _read_body(request, ctx)
+    body = await request.body()
     try:
         received = await run_in_threadpool(receive, body)
     except SIGNATURE_FAILURES:  # a signature check failed, or no webhook is there
@@ -54,28 +53,6 @@ async def _receive(request: Request, ctx: Context, hook: str, receive: Callable[
         raise
     budget.verified(hook=hook, address=address)
     return received
-
-
-async def _read_body(request: Request, ctx: Context) -> bytes:
-    limit = ctx.settings.webhook_max_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise webhooks.payload_too_large(limit)
-    chunks: list[bytes] = []
-    size = 0
-    # Anyone may send to /hooks: a body dribbled a byte at a time would hold its connection
-    # (and what it sent) for good, so the whole body has a deadline.
-    seconds = ctx.settings.webhook_body_seconds
-    try:
-        async with asyncio.timeout(seconds):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise webhooks.payload_too_large(limit)
-                chunks.append(chunk)
-    except TimeoutError:
-        raise webhooks.body_too_slow(seconds) from None
-    return b"".join(chunks)
 
 
 # A hook's body is the sender's own (any content type, up to FLOOM_WEBHOOK_MAX_BYTES); its
@@ -117,7 +94,6 @@ async def composio_hook(request: Request, ctx: CtxDep) -> JSONResponse:
     headers = dict(request.headers)
     results = await _receive(
         request,
-        ctx,
         "composio",
         lambda body: composio_events.receive_composio(ctx, headers=headers, body=body),
     )
@@ -161,7 +137,6 @@ async def worker_hook(
     headers = dict(request.headers)
     received = await _receive(
         request,
-        ctx,
         worker,
         lambda body: webhooks.receive_webhook(
             ctx, worker_name=worker, headers=headers, body=body, callback_url=callback_url

@@ -17,7 +17,7 @@ from floom.bundle import Bundle, read_archive
 from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound, quoted
 from floom.hints import act, told
 from floom.manifest.load import check_manifest, manifest_invalid, parse_manifest
-from floom.manifest.schema import Manifest, Problem
+from floom.manifest.schema import MAX_SKILL_BYTES, Manifest, Problem
 from floom.sandbox import configuration_problem
 from floom.services import paging
 from floom.services.access.principal import SYSTEM, Principal
@@ -51,6 +51,23 @@ def _bundle_manifest_text(bundle: Bundle) -> str:
     return text
 
 
+def file_problems(manifest: Manifest, bundle: Bundle) -> list[Problem]:
+    """A problem for each file of the bundle read whole into floom's memory at run time that
+    is over its own bound: an agent's SKILL.md (worker.yml has its own, MAX_MANIFEST_BYTES)."""
+    entry = bundle.files.get(manifest.entry)
+    if manifest.kind != "agent" or entry is None or len(entry.data) <= MAX_SKILL_BYTES:
+        return []
+    return [
+        Problem(
+            path="entry",
+            message=f"{manifest.entry} is {len(entry.data)} bytes, more than an agent's "
+            f"instructions may hold ({MAX_SKILL_BYTES // 1024} KiB)",
+            hint="keep SKILL.md to instructions; put reference material in files beside it "
+            "for the agent to read with its tools",
+        )
+    ]
+
+
 def validate_archive(
     ctx: Context, *, archive: bytes, caller: Principal
 ) -> tuple[Manifest | None, list[Problem]]:
@@ -68,7 +85,11 @@ def validate_archive(
         ]
     manifest, problems = check_manifest(text, bundle.files.keys())
     if manifest is not None:
-        problems = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
+        problems = (
+            over_ceilings(manifest, ctx.settings)
+            + trigger_callback_problems(ctx, manifest)
+            + file_problems(manifest, bundle)
+        )
         if problems:
             return None, problems
     return manifest, problems
@@ -88,7 +109,11 @@ def deploy(
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
-    over = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
+    over = (
+        over_ceilings(manifest, ctx.settings)
+        + trigger_callback_problems(ctx, manifest)
+        + file_problems(manifest, bundle)
+    )
     if over:
         raise manifest_invalid(over)
     _check_sandbox_configured(ctx, manifest)

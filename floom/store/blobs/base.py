@@ -13,10 +13,13 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from floom.errors import BlobUnreadable
 from floom.hints import act, told
+
+if TYPE_CHECKING:
+    from floom.config import Settings
 
 _RESTORE_HINT = told(
     "restore the object from a backup or the bucket's versioning; ",
@@ -103,6 +106,29 @@ def of_size(held: int, *, size: int | None, what: str, where: str) -> None:
     if size is not None and held != size:
         raise BlobUnreadable(
             f"{what} is damaged: {where} holds {held} bytes, not the {size} floom stored",
+            hint=_RESTORE_HINT,
+        )
+
+
+def largest_blob_bytes(settings: Settings) -> int:
+    """A bound on any blob floom stores (its largest: an agent's workspace, up to a bundle
+    and an artifact; a run's log), with room for an archive's overhead: what a store reads
+    at most of a blob whose row records no size."""
+    return (
+        settings.max_bundle_bytes
+        + settings.max_artifact_bytes
+        + settings.max_log_bytes_per_run
+        + 1024 * 1024
+    )
+
+
+def over_limit(held: int, *, limit: int, what: str, where: str) -> None:
+    """BlobUnreadable when `held` bytes are more than any blob floom stores (`limit`): the
+    bytes of a blob whose size was not recorded are read no further."""
+    if held > limit:
+        raise BlobUnreadable(
+            f"{what} is damaged: {where} holds more than {limit} bytes, more than any blob "
+            "floom stores (its size was not recorded)",
             hint=_RESTORE_HINT,
         )
 

@@ -24,8 +24,10 @@ from floom.store.blobs.base import (
     RETRY_AFTER_SECONDS,
     BlobStore,
     Finding,
+    largest_blob_bytes,
     missing,
     of_size,
+    over_limit,
     sha256_of,
     verified,
 )
@@ -57,6 +59,7 @@ class S3BlobStore(BlobStore):
         access_key_id: str = "",
         secret_access_key: str = "",
         timeout: float = 10.0,
+        max_unsized_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         if not bucket:
             raise InvalidRequest(
@@ -71,6 +74,7 @@ class S3BlobStore(BlobStore):
         self._access_key_id = access_key_id
         self._secret_access_key = secret_access_key
         self.timeout = timeout
+        self.max_unsized_bytes = max_unsized_bytes
         self._client: Any = None
         self._lock = threading.Lock()
 
@@ -87,6 +91,7 @@ class S3BlobStore(BlobStore):
             access_key_id=key_id,
             secret_access_key=secret,
             timeout=settings.s3_timeout_seconds,
+            max_unsized_bytes=largest_blob_bytes(settings),
         )
 
     @property
@@ -130,17 +135,25 @@ class S3BlobStore(BlobStore):
             body = answer["Body"]
             try:
                 # An object replaced in the bucket may be of any size: told by its length
-                # before a byte is read, and read no further than floom stored.
-                of_size(int(answer.get("ContentLength", size or 0)), **_at(size, what, where))
-                data = body.read() if size is None else body.read(size + 1)
+                # before a byte is read, and read no further than floom stored (a row
+                # without a size: than the largest blob floom stores).
+                declared = int(answer.get("ContentLength", size or 0))
+                self._of_size(declared, size=size, what=what, where=where)
+                data = body.read((self.max_unsized_bytes if size is None else size) + 1)
             finally:
                 body.close()
         except _Absent:
             raise missing(what=what, where=where) from None
         except _read_errors() as exc:  # the body broke off mid-read
             raise _unavailable(f"read {where}", exc) from exc
-        of_size(len(data), **_at(size, what, where))
+        self._of_size(len(data), size=size, what=what, where=where)
         return verified(data, sha256=sha256, what=what, where=where)
+
+    def _of_size(self, held: int, *, size: int | None, what: str, where: str) -> None:
+        if size is None:
+            over_limit(held, limit=self.max_unsized_bytes, what=what, where=where)
+        else:
+            of_size(held, size=size, what=what, where=where)
 
     def exists(self, digest: str) -> int | None:
         """The size of the object held under `digest`, or None when there is none."""
@@ -315,10 +328,6 @@ class S3BlobStore(BlobStore):
                     "s3", endpoint_url=self.endpoint or None, config=config, **credentials
                 )
             return self._client
-
-
-def _at(size: int | None, what: str, where: str) -> dict[str, Any]:
-    return {"size": size, "what": what, "where": where}
 
 
 class _Absent(Exception):

@@ -32,6 +32,7 @@ from floom.triggers.signatures import sign_floom
 from tests.support.harness import (
     LiveServer,
     deploy_folder,
+    dribbled_answer,
     live_server,
     make_worker,
     wait_for_run,
@@ -225,6 +226,10 @@ def test_failed_signature_checks_from_one_address_are_answered_429_before_any_wo
             assert "FLOOM_" not in answer.text
         # No HMAC was computed nor refusal logged for the flood.
         assert "refused a delivery" not in caplog.text
+        # Nor a body read: a body declared and not sent is answered 429 at once, not 408
+        # after FLOOM_WEBHOOK_BODY_SECONDS.
+        head, _ = dribbled_answer(srv.base_url, "/hooks/gh")
+        assert head.startswith(b"HTTP/1.1 429"), head
         with srv.client() as api:
             assert api.get("/api/v1/workers/gh/deliveries").json()["items"] == []
 

@@ -128,6 +128,30 @@ def test_an_object_replaced_by_one_of_another_size_is_unreadable_before_it_is_re
     assert store.get("d8", sha256=sha256_of(data), what=WHAT, size=len(data)) == data
 
 
+def test_an_object_of_a_row_without_a_size_is_read_no_further_than_any_blob_floom_stores(
+    s3_server: S3Server,
+) -> None:
+    # A blobs row that records no size (written by hand, or restored from an old backup)
+    # was read whole, whatever the bucket held under its key: an object put there by anyone
+    # who can write the bucket could take the node's memory. Now it is read no further than
+    # the largest blob floom stores, and refused naming the blob and the object.
+    limit = 1024 * 1024
+    store = bucket_store(s3_server, max_unsized_bytes=limit)
+    data = b"original"
+    store.put("d9", data, sha256=sha256_of(data))
+    assert store.get("d9", sha256=sha256_of(data), what=WHAT, size=None) == data
+    raw_client(s3_server).put_object(
+        Bucket=store.bucket, Key=store.key("d9"), Body=b"x" * (4 * limit)
+    )
+    for sha256 in (sha256_of(data), None):
+        with pytest.raises(BlobUnreadable) as caught:
+            store.get("d9", sha256=sha256, what=WHAT, size=None)
+        message = caught.value.message
+        assert WHAT in message
+        assert f"s3://{store.bucket}/{store.key('d9')}" in message
+        assert f"more than {limit} bytes" in message
+
+
 def test_a_digest_that_is_not_one_name_never_becomes_a_key(s3_server: S3Server) -> None:
     # A blobs row written by hand (or restored from a backup) names its object: a '/' or
     # '..' in it would reach another key of the bucket.
