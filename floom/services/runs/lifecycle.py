@@ -54,6 +54,7 @@ from floom.store.db import Reader, Writer, database_clock, session_scope, write_
 from floom.store.models import (
     Artifact,
     Run,
+    RunEvent,
     Version,
     Worker,
     new_id,
@@ -343,14 +344,32 @@ def _insert_queued(
         note = f"queued ({run.trigger}) on version {run.version_id}"
         if run.replay_of:
             note += f", replay of {run.replay_of}"
-        notes = [("system", note, None)]
+        notes: list[tuple[str, str, datetime | None]] = [("system", note, None)]
         # Never ahead of a run queued before it: then this one queues behind it.
         take = held and ANY_RUNNABLE.first(s, {"now": database_clock(ctx.engine).now()}) is None
         if not held and not nodes.executor_live(ctx, s):
             notes.append(("system", nodes.QUEUED_WITHOUT_EXECUTOR, None))
+        kept: list[RunEvent] = []
         if take and in_transaction is None:
             _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
             notes.append(_started_note(ctx, run))
+            # Stamped here, so that the attempt's copy of them is what is stored.
+            stamped = utcnow()
+            notes = [(stream, line, stamped) for stream, line, _ in notes]
+            kept = [
+                trusted_row(
+                    RunEvent,
+                    {
+                        "run_id": run.id,
+                        "seq": seq,
+                        "attempt": 1,
+                        "ts": ts,
+                        "stream": st,
+                        "line": ln,
+                    },
+                )
+                for seq, (st, ln, ts) in enumerate(notes, 1)
+            ]
         _insert_run(s, run, attach=in_transaction is not None)
         append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
         if in_transaction is not None:
@@ -362,6 +381,8 @@ def _insert_queued(
                 append_events(s, run_id=run.id, attempt=1, lines=[_started_note(ctx, run)])
         if run.status == QUEUED:
             signals.publish(s, signals.RUN_QUEUED)
+    if kept:
+        ctx.node.lines_stored(run.id, kept)
     return locked
 
 
