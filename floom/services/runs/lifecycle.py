@@ -39,6 +39,7 @@ from floom.services.runs.rules import (
     CANCELLED,
     FINISHED,
     QUEUED,
+    RUNNING,
     SKIPPED,
     STATUSES,
     mark_claimed,
@@ -349,14 +350,31 @@ def _insert_queued(
         take = held and ANY_RUNNABLE.first(s, {"now": database_clock(ctx.engine).now()}) is None
         if not held and not nodes.executor_live(ctx, s):
             notes.append(("system", nodes.QUEUED_WITHOUT_EXECUTOR, None))
-        kept: list[RunEvent] = []
         if take and in_transaction is None:
             _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
             notes.append(_started_note(ctx, run))
-            # Stamped here, so that the attempt's copy of them is what is stored.
-            stamped = utcnow()
-            notes = [(stream, line, stamped) for stream, line, _ in notes]
-            kept = [
+        # Stamped here, so that the copy the attempt keeps of them is what is stored.
+        stamped = utcnow()
+        notes = [(stream, line, stamped) for stream, line, _ in notes]
+        _insert_run(s, run, attach=in_transaction is not None)
+        append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
+        if in_transaction is not None:
+            in_transaction(cast(Session, s), run)  # a session: see `transaction`
+            # The trigger's step may have limited the run (a schedule that queues
+            # overlapping runs): only then is it known whether it may start here.
+            if take and run.concurrency is None:
+                _claim_here(ctx, run)  # written with the step's own changes at commit
+                started = _started_note(ctx, run)
+                notes.append((*started[:2], stamped))
+                append_events(s, run_id=run.id, attempt=1, lines=notes[-1:])
+        if run.status == QUEUED:
+            signals.publish(s, signals.RUN_QUEUED)
+    if run.status == RUNNING:
+        # Claimed here: its attempt keeps a copy of its lines (a step that wrote one more
+        # makes the copy miss it, which its end's count of the lines refuses).
+        ctx.node.lines_stored(
+            run.id,
+            [
                 trusted_row(
                     RunEvent,
                     {
@@ -369,20 +387,8 @@ def _insert_queued(
                     },
                 )
                 for seq, (st, ln, ts) in enumerate(notes, 1)
-            ]
-        _insert_run(s, run, attach=in_transaction is not None)
-        append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
-        if in_transaction is not None:
-            in_transaction(cast(Session, s), run)  # a session: see `transaction`
-            # The trigger's step may have limited the run (a schedule that queues
-            # overlapping runs): only then is it known whether it may start here.
-            if take and run.concurrency is None:
-                _claim_here(ctx, run)  # written with the step's own changes at commit
-                append_events(s, run_id=run.id, attempt=1, lines=[_started_note(ctx, run)])
-        if run.status == QUEUED:
-            signals.publish(s, signals.RUN_QUEUED)
-    if kept:
-        ctx.node.lines_stored(run.id, kept)
+            ],
+        )
     return locked
 
 

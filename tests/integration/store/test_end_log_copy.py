@@ -54,14 +54,23 @@ def _statements(ctx: Context) -> tuple[list[str], Callable[[], None]]:
     return sent, lambda: event.remove(ctx.engine, "before_cursor_execute", note)
 
 
-def _agent_run(ctx: Context, tmp_path: Path) -> str:
-    """A whole agent run (its run claimed on create, executor, runner and loop real; the
-    model scripted) to its end; its id."""
+def _agent_run(ctx: Context, tmp_path: Path, *, step: bool = False) -> str:
+    """A whole agent run (its run claimed on create, with a trigger's `step` in its queueing
+    transaction or not; executor, runner and loop real; the model scripted) to its end; its
+    id."""
     notes_agent(ctx, tmp_path / "agent")
     executor = Executor(ctx, FakeSandbox({}), run_agent=run_agent)
     executor.start()
+    steps: list[str] = []
     try:
-        run_id = runs.create_run(ctx, caller=SYSTEM, worker_name="agent", inputs={}).id
+        run_id = runs.create_run(
+            ctx,
+            caller=SYSTEM,
+            worker_name="agent",
+            inputs={},
+            in_transaction=(lambda s, run: steps.append(run.id)) if step else None,
+        ).id
+        assert steps == ([run_id] if step else [])
         done = wait_until(
             lambda: (r := runs.get_run(ctx, caller=SYSTEM, run_id=run_id)).finished_at and r
         )
@@ -109,16 +118,23 @@ def test_an_agent_run_s_end_uploads_from_its_copy_the_object_the_read_back_makes
     assert lines[-1].startswith("succeeded")
 
 
+@pytest.mark.parametrize("step", [False, True], ids=["created", "a trigger's step"])
 def test_an_agent_run_s_end_reads_neither_its_lines_nor_its_tool_calls_back(
-    s3_ctx: Context, tmp_path: Path
+    s3_ctx: Context, tmp_path: Path, step: bool
 ) -> None:
+    """A run claimed in its queueing transaction, also one a trigger's step queued (a
+    schedule's fire, a webhook's delivery), ends from its copy."""
     sent, stop = _statements(s3_ctx)
     try:
-        _agent_run(s3_ctx, tmp_path)
+        run_id = _agent_run(s3_ctx, tmp_path, step=step)
     finally:
         stop()
     reads = [q for q in sent if q.startswith("SELECT") and "FROM RUN_EVENTS" in q]
     assert reads == []
+    assert _in_object(s3_ctx, run_id)
+    lines = [line for _, line in _log(s3_ctx, run_id)]
+    assert lines[0].startswith("queued")
+    assert lines[1].startswith("started")
 
 
 def _claimed(ctx: Context) -> tuple[Any, RunLog]:
