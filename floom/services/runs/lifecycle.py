@@ -369,9 +369,10 @@ def _insert_queued(
                 append_events(s, run_id=run.id, attempt=1, lines=notes[-1:])
         if run.status == QUEUED:
             signals.publish(s, signals.RUN_QUEUED)
-    if run.status == RUNNING:
-        # Claimed here: its attempt keeps a copy of its lines (a step that wrote one more
-        # makes the copy miss it, which its end's count of the lines refuses).
+    if run.status == RUNNING and ctx.settings.blob_store != "database":
+        # Claimed here: its attempt keeps a copy of its lines for its end to put into its
+        # object (a step that wrote one more makes the copy miss it, which its end's count
+        # of the lines refuses).
         ctx.node.lines_stored(
             run.id,
             [
