@@ -7,9 +7,12 @@ that is recorded names a log that is already durable, and an end that is not (th
 stopped, the database away) loses nothing the buffered lines did not lose before; such an
 object, which no row names, is deleted by retention's sweep (objects.sweep_objects). An
 agent run's record (its transcript's text and tool calls) goes into the same object, and
-leaves the database in the same transaction. When the bucket is away or the run's lines
-change between the read and the end, the end is recorded as before: its lines as rows of
-run_events, which engine/loops/uploads.py moves later (with an agent run's record).
+leaves the database in the same transaction. The lines and tool calls stored so far are
+taken from the copy the attempt's node kept of them when it has one (KeptLog), else read
+back. When the bucket is away or the run's lines change between the read (or the copy) and
+the end, the end is recorded as before: its lines as rows of run_events, which
+engine/loops/uploads.py moves later (with an agent run's record); a copy's change is first
+tried again with the lines read back.
 """
 
 from __future__ import annotations
