@@ -349,7 +349,7 @@ class AgentLoop:
     ) -> None:
         redact = self.env.redactor
         safe_args = redact.value(args)
-        agent_runs.record_tool_call(
+        stored = agent_runs.record_tool_call(
             self.env.ctx,
             run_id=self.env.run.id,
             attempt=self.env.run.attempt,
@@ -362,6 +362,8 @@ class AgentLoop:
             approval_id=approval_id,
             call_id=call_id,
         )
+        # For the end, which then need not read the run's calls back (RunLog.kept).
+        self.env.run_log.keep_call(stored)
         shown = _clip(json.dumps(safe_args, default=str), 200)
         detail = f": {_clip(error, 200)}" if error else ""
         self._note(f"tool {tool} {shown} -> {status} ({ms} ms){detail}")

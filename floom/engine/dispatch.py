@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
     from floom.sandbox.base import StartedAhead
     from floom.services.context import Context
-    from floom.store.models import Run, Version
+    from floom.store.models import Run, RunEvent, Version
 
 log = logging.getLogger("floom.executor")
 
@@ -154,6 +154,8 @@ class Dispatch:
         self.ahead: set[str] = set()
         # Slots held for runs about to start here; changed by `_hold` only.
         self._held = 0
+        # The lines stored with a run claimed on create (lines_stored), until it starts.
+        self._first_lines: dict[str, Sequence[RunEvent]] = {}
 
     # counting
 
@@ -187,6 +189,12 @@ class Dispatch:
 
     # claim on create
 
+    def lines_stored(self, run_id: str, lines: Sequence[RunEvent]) -> None:
+        """NodeHooks.lines_stored: the lines of a run being taken (`taking`), all it has,
+        for its attempt's copy (RunLog.keep_stored)."""
+        with self.lock:
+            self._first_lines[run_id] = lines
+
     @contextmanager
     def taking(self, run: Run, version: Version, *, start_ahead: bool) -> Iterator[bool]:
         """NodeHooks.slot_for of a node whose executor runs: hold a free slot for `run`
@@ -204,8 +212,11 @@ class Dispatch:
         except BaseException:
             self._give_back(ahead)
             raise
+        finally:
+            with self.lock:
+                lines = self._first_lines.pop(run.id, None)
         if run.status == RUNNING and run.lease_owner == self.runner.ctx.node_id:
-            self.start_claimed(run, ahead)
+            self.start_claimed(run, ahead, lines)
         else:
             self._give_back(ahead)
 
@@ -243,11 +254,16 @@ class Dispatch:
         with self.lock:
             self.ahead.discard(run_id)
 
-    def start_claimed(self, run: Run, ahead: StartedAttempt | None = None) -> None:
+    def start_claimed(
+        self,
+        run: Run,
+        ahead: StartedAttempt | None = None,
+        lines: Sequence[RunEvent] | None = None,
+    ) -> None:
         """Run `run`, committed as claimed by this node, in the slot held for it (from
-        `ahead` when it was started ahead)."""
+        `ahead` when it was started ahead; `lines`: all it has stored, when known)."""
         try:
-            self.launch(run, ahead, held=True)
+            self.launch(run, ahead, held=True, lines=lines)
         except RuntimeError:
             # The pool shut down meanwhile (a drain ran out): the run is requeued as an
             # interrupted attempt, as the runs still running then were.
@@ -316,17 +332,36 @@ class Dispatch:
                 return False
         return queued.is_set()
 
-    def launch(self, run: Run, ahead: StartedAttempt | None = None, *, held: bool = False) -> None:
-        """Run `run`'s attempt, claimed here, in a slot thread (in the slot `held` for it)."""
-        self.pool.submit(self._run_slot, run, self.begin(run, ahead, held=held), ahead)
+    def launch(
+        self,
+        run: Run,
+        ahead: StartedAttempt | None = None,
+        *,
+        held: bool = False,
+        lines: Sequence[RunEvent] | None = None,
+    ) -> None:
+        """Run `run`'s attempt, claimed here, in a slot thread (in the slot `held` for it;
+        `lines`: all it has stored, when known)."""
+        run_log = self.begin(run, ahead, held=held, lines=lines)
+        self.pool.submit(self._run_slot, run, run_log, ahead)
 
-    def begin(self, run: Run, ahead: StartedAttempt | None = None, *, held: bool) -> RunLog:
+    def begin(
+        self,
+        run: Run,
+        ahead: StartedAttempt | None = None,
+        *,
+        held: bool,
+        lines: Sequence[RunEvent] | None = None,
+    ) -> RunLog:
         """`run`'s attempt takes its slot, free or `held` for it, in one step (no claim
-        sees the slot free between): its run log (started ahead, or new) is active."""
+        sees the slot free between): its run log (started ahead, or new) is active, with a
+        copy of the run's stored `lines` when they are known (RunLog.keep_stored)."""
         try:
             run_log = ahead.attempt.run_log if ahead is not None else self.runner.new_run_log(run)
             # Made before its claim, a run log started ahead learns the claim's epoch now.
             run_log.epoch = run.lease_epoch
+            if lines is not None:
+                run_log.keep_stored(lines)
             self.runner.arm_fence(run)
         except BaseException:
             if held:

@@ -437,6 +437,7 @@ class Executor:
             else:
                 status = self._record_end(
                     run,
+                    run_log,
                     outcome,
                     lines,
                     backoff=backoff,
@@ -501,6 +502,7 @@ class Executor:
     def _record_end(
         self,
         run: Run,
+        run_log: RunLog,
         outcome: Outcome,
         lines: list[LogLine],
         *,
@@ -516,6 +518,8 @@ class Executor:
         expires."""
         other_failures = 0
         delay = 0.25
+        # Taken once the lines are drained (no flush after): what the end uploads unread.
+        kept = run_log.kept()
         while True:
             try:
                 if run.id in self._interrupted and outcome.status == CANCELLED:
@@ -532,6 +536,7 @@ class Executor:
                     exponential=exponential,
                     log_lines=lines,
                     then_claim=then_claim,
+                    kept=kept,
                 )
             except STORE_DOWN as exc:
                 self.log_failure(f"recording the end of {run.id} failed", exc)

@@ -413,6 +413,7 @@ def finish_attempt(
     exponential: bool = True,
     log_lines: Sequence[tuple[str, str, datetime | None]] = (),
     then_claim: NextClaim | None = None,
+    kept: end_logs.KeptLog | None = None,
 ) -> str:
     """Record an attempt's end; a retryable failure with attempts left is queued again.
 
@@ -428,7 +429,10 @@ def finish_attempt(
 
     While new blobs go to an object store, a run that ends for good has its whole log (its
     lines stored so far, `log_lines` and the closing line) uploaded as its object first, and
-    the transaction records that object instead of appending rows (services/ops/end_logs.py).
+    the transaction records that object instead of appending rows (services/ops/end_logs.py);
+    from `kept`, the executor's copy of the lines stored so far, when it has one, else read
+    back first. A copy that another writer's line outdated (the end's count of the lines it
+    deletes tells) is given up: the lines are read back and uploaded again.
 
     With `then_claim`, the same transaction claims the slot's next run (NextClaim).
     """
@@ -438,6 +442,8 @@ def finish_attempt(
         run, outcome, now=now, backoff=backoff, exponential=exponential
     )
     end_log = None
+    closing = [*log_lines, ("system", message, now)]
+    transcript = outcome.transcript if outcome.agent else None
     # A state written at the end names its version in the closing line, known only inside
     # the transaction: such ends append their lines as before.
     if (
@@ -446,11 +452,7 @@ def finish_attempt(
         and (outcome.state is None or outcome.state.new_json is None)
     ):
         end_log = end_logs.stage_end_log(
-            ctx,
-            run=run,
-            closing=[*log_lines, ("system", message, now)],
-            now=now,
-            transcript=outcome.transcript if outcome.agent else None,
+            ctx, run=run, closing=closing, now=now, transcript=transcript, kept=kept
         )
     if end_log is None:
         save_unsaved_transcript(ctx, outcome)
@@ -467,9 +469,25 @@ def finish_attempt(
     try:
         ended_as = record(end_log=end_log)
     except end_logs.LogChanged:
-        # Rolled back: recorded again with the lines as rows, the object given up.
-        save_unsaved_transcript(ctx, outcome)
-        return record(end_log=None, abandoned=end_log)
+        # Rolled back. A copy another writer outdated: the lines read back, uploaded again.
+        assert end_log is not None
+        given_up = [end_log]
+        again = (
+            end_logs.stage_end_log(ctx, run=run, closing=closing, now=now, transcript=transcript)
+            if end_log.kept
+            else None
+        )
+        ended = None
+        if again is not None:
+            try:
+                ended = record(end_log=again, abandoned=given_up)
+            except end_logs.LogChanged:
+                given_up.append(again)
+        if ended is None:
+            # Recorded with the lines as rows, the objects given up.
+            save_unsaved_transcript(ctx, outcome)
+            return record(end_log=None, abandoned=given_up)
+        ended_as = ended
     # The object not recorded (this node no longer held the run): saved as the loop would.
     save_unsaved_transcript(ctx, outcome)
     return ended_as
@@ -493,10 +511,10 @@ def _record_attempt_end(
     now: datetime,
     end_log: end_logs.EndLog | None,
     ended: tuple[dict[str, Any], str, bool, str],
-    abandoned: end_logs.EndLog | None = None,
+    abandoned: Sequence[end_logs.EndLog] = (),
     then_claim: NextClaim | None = None,
 ) -> str:
-    """finish_attempt's transaction; `abandoned`: an object staged for the log that this end
+    """finish_attempt's transaction; `abandoned`: objects staged for the log that this end
     does not record, to be deleted."""
     closing: list[tuple[str, str, datetime | None]] = list(log_lines)
     values, message, retry, status = ended
@@ -522,8 +540,8 @@ def _record_attempt_end(
     )
     with write_connection(ctx.engine) as s:
         lock_events(s, run_id=run.id)
-        if abandoned is not None:
-            end_logs.abandon_end_log(s, abandoned)
+        for given_up in abandoned:
+            end_logs.abandon_end_log(s, given_up)
         written = _finish_statement(tuple(values)).first(s, {**values, **held})
         if written is None:
             if end_log is not None:

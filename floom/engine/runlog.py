@@ -7,16 +7,18 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlmodel import select
 
 from floom.services.access.secrets import Redactor
+from floom.services.ops.end_logs import KeptLog
 from floom.services.runs.logs import append_events
+from floom.store.agents import ToolCall
 from floom.store.db import session_scope
-from floom.store.models import Run, utcnow
+from floom.store.models import Run, RunEvent, trusted_row, utcnow
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -30,6 +32,10 @@ LogLine = tuple[str, str, datetime | None]
 
 log = logging.getLogger("floom.executor")
 
+
+# The copy of a run's stored lines and tool calls an attempt keeps for its end (RunLog.kept)
+# holds this many characters of their text at most; past it, the end reads them back.
+KEPT_CHARS = 256 * 1024
 
 # A run's log budget holds this many seconds of its rate, so a burst (an install's output)
 # passes whole and only a sustained flood is cut.
@@ -149,6 +155,82 @@ class RunLog:
         self._budget = budget
         self._charged = 0  # lines of reads charged whole by `drops`, not yet added
         self.last_stderr = ""
+        # A copy of the run's lines in run_events, in seq order (under _flush_lock), and of
+        # its tool calls: None when not known whole (see `kept`).
+        self._kept: list[RunEvent] | None = None
+        self._kept_calls: list[ToolCall] = []
+        self._kept_chars = 0
+
+    def keep_stored(self, lines: Sequence[RunEvent]) -> None:
+        """Start the copy of the run's stored lines (`kept`) from `lines`: all it holds,
+        seqs from 1 (written in its queueing transaction, which claimed it here)."""
+        with self._flush_lock:
+            self._kept = []
+            self._kept_calls = []
+            self._kept_chars = 0
+            self._keep(list(lines))
+
+    def keep_call(self, call: ToolCall | None) -> None:
+        """Add a tool call the attempt stored (None: it was not stored) to the copy."""
+        with self._flush_lock:
+            if call is None:
+                self._kept = None
+            elif self._kept is not None:
+                self._kept_calls.append(trusted_row(ToolCall, call.model_dump()))
+                self._count_kept(
+                    len(call.arguments_json) + len(call.result or "") + len(call.error or "")
+                )
+
+    def kept(self) -> KeptLog | None:
+        """The run's lines in run_events and its tool calls as this attempt stored them,
+        for its end to upload without reading them back (services/ops/end_logs.py); None
+        unless the copy was started (`keep_stored`), every write of this attempt's lines
+        since is known to have committed, and it stays under KEPT_CHARS. A line another
+        writer stored is not in it: the end's count of the lines it deletes refuses it."""
+        with self._flush_lock:
+            if self._kept is None:
+                return None
+            return KeptLog(events=list(self._kept), calls=list(self._kept_calls))
+
+    def _keep(self, lines: Sequence[RunEvent]) -> None:
+        """Under _flush_lock: add `lines`, committed, to the copy."""
+        if self._kept is None:
+            return
+        self._kept.extend(lines)
+        self._count_kept(sum(len(e.line) for e in lines))
+
+    def _count_kept(self, chars: int) -> None:
+        self._kept_chars += chars
+        if self._kept_chars > KEPT_CHARS:
+            self._kept, self._kept_calls = None, []
+
+    def _keep_batch(self, batch: Sequence[LogLine]) -> None:
+        """Under _flush_lock: the lines of a flush that committed, numbered after the copy's
+        last (as append_events numbers them, unless another writer's line came between: the
+        count at the end tells)."""
+        kept = self._kept
+        if kept is None:
+            return
+        if any(ts is None for _, _, ts in batch):
+            self._kept = None  # stamped by append_events itself: not known here
+            return
+        last = kept[-1].seq if kept else 0
+        self._keep(
+            [
+                trusted_row(
+                    RunEvent,
+                    {
+                        "run_id": self.run_id,
+                        "seq": last + n,
+                        "attempt": self.attempt,
+                        "ts": ts,
+                        "stream": stream,
+                        "line": line,
+                    },
+                )
+                for n, (stream, line, ts) in enumerate(batch, 1)
+            ]
+        )
 
     def redact_with(self, redactor: Redactor) -> None:
         """Known once the run's secrets are resolved; no line has arrived before that."""
@@ -289,9 +371,13 @@ class RunLog:
                             return
                         append_events(s, run_id=self.run_id, attempt=self.attempt, lines=batch)
                 except BaseException:
+                    # Whether they were stored is not known (a commit lost on its way back):
+                    # the end reads the lines back.
+                    self._kept = None
                     # Kept, in order, for the next flush: a database away for a few seconds
                     # must not cut lines out of the middle of a run's log.
                     with self._lock:
                         self._pending[:0] = batch
                         self._pending_since = 0.0  # overdue: the next pass writes them
                     raise
+                self._keep_batch(batch)

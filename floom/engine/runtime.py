@@ -6,7 +6,7 @@ domain sees it only as NodeHooks (floom/services/context.py); floom/node.py buil
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from floom.store.db import is_postgres
 if TYPE_CHECKING:
     from floom.engine.dispatch import Dispatch
     from floom.services.context import Context
-    from floom.store.models import Run, Version
+    from floom.store.models import Run, RunEvent, Version
 
 # Cancels heard for runs of any node; past this many the set starts over (a cancel lost
 # that way still reaches its run at the executor's next heartbeat).
@@ -68,6 +68,11 @@ class NodeRuntime(NodeHooks):
 
     def executes_runs(self) -> bool:
         return self.dispatch is not None
+
+    def lines_stored(self, run_id: str, lines: Sequence[RunEvent]) -> None:
+        dispatch = self.dispatch
+        if dispatch is not None:
+            dispatch.lines_stored(run_id, lines)
 
     def slot_for(
         self, run: Run, version: Version, *, start_ahead: bool

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ from floom.store.migrate import migrate
 
 if TYPE_CHECKING:
     from floom.services.runs.records import RunRecord
-    from floom.store.models import Run, Version
+    from floom.store.models import Run, RunEvent, Version
 
 
 class NodeHooks:
@@ -68,6 +69,11 @@ class NodeHooks:
         """This process recorded the end of `run_id` (committed; `record` as it left it;
         `log_moved`: its log is in its object already, none of its lines in run_events)."""
         self.run_ends.notify(run_id, record, log_moved=log_moved)
+
+    def lines_stored(self, run_id: str, lines: Sequence[RunEvent]) -> None:
+        """`run_id`, claimed here by its queueing transaction (in the slot `slot_for` held),
+        was stored with `lines`, all its lines (committed): its attempt keeps a copy of them,
+        so that its end need not read them back (engine/runlog.RunLog.kept)."""
 
     def slot_for(
         self, run: Run, version: Version, *, start_ahead: bool

@@ -7,9 +7,12 @@ that is recorded names a log that is already durable, and an end that is not (th
 stopped, the database away) loses nothing the buffered lines did not lose before; such an
 object, which no row names, is deleted by retention's sweep (objects.sweep_objects). An
 agent run's record (its transcript's text and tool calls) goes into the same object, and
-leaves the database in the same transaction. When the bucket is away or the run's lines
-change between the read and the end, the end is recorded as before: its lines as rows of
-run_events, which engine/loops/uploads.py moves later (with an agent run's record).
+leaves the database in the same transaction. The lines and tool calls stored so far are
+taken from the copy the attempt's node kept of them when it has one (KeptLog), else read
+back. When the bucket is away or the run's lines change between the read (or the copy) and
+the end, the end is recorded as before: its lines as rows of run_events, which
+engine/loops/uploads.py moves later (with an agent run's record); a copy's change is first
+tried again with the lines read back.
 """
 
 from __future__ import annotations
@@ -59,11 +62,24 @@ class LogChanged(Conflict):
 
 
 @dataclass(frozen=True)
+class KeptLog:
+    """A run's lines in run_events (in seq order, from seq 1) and its tool calls, as the
+    node running its attempt wrote them and kept a copy (engine/runlog.RunLog): its end
+    uploads them instead of reading them back. Only the lines' count is known to hold: a
+    line another writer stored meanwhile is missing here, and record_end_log's count of the
+    lines it deletes refuses the copy then (LogChanged)."""
+
+    events: Sequence[RunEvent]
+    calls: Sequence[ToolCall]
+
+
+@dataclass(frozen=True)
 class EndLog:
     """A run's whole log (and an agent run's record) in an object already uploaded, for the
-    transaction that records the run's end."""
+    transaction that records the run's end; `kept`: made from a KeptLog, not read back."""
 
     move: LogMove
+    kept: bool = False
 
     @property
     def digest(self) -> str:
@@ -77,17 +93,24 @@ def stage_end_log(
     closing: Sequence[LogLine],
     now: datetime,
     transcript: Transcript | None = None,
+    kept: KeptLog | None = None,
 ) -> EndLog | None:
     """Read the run's lines in run_events, add `closing` (its last lines, which the end's
     transaction would append) after them, and upload the whole log as its object; for an
     agent run (`transcript`: as its loop last saved it), with its record (the transcript's
-    text and its tool calls, read with its lines). None when new blobs go to the database,
+    text and its tool calls, read with its lines). With `kept`, its lines and tool calls
+    are taken from that copy instead of read back. None when new blobs go to the database,
     the bucket is away, or the run has no line stored yet or a log object already (its end
     then records its lines as rows). Call it outside any transaction."""
     store = new_blob_store(ctx.settings, ctx.engine)
     if store.inline or time.monotonic() < _away_until.get(id(store), 0.0):
         return None
-    events, calls = _read_log(ctx, run.id, agent=transcript is not None)
+    if kept is not None and kept.events:
+        events = list(kept.events)
+        calls = list(kept.calls) if transcript is not None else []
+    else:
+        kept = None
+        events, calls = _read_log(ctx, run.id, agent=transcript is not None)
     if not events:
         return None
     last = events[-1].seq
@@ -129,7 +152,8 @@ def stage_end_log(
             earlier=None,
             transcript=transcript,
             call_ids=[c.id for c in calls],
-        )
+        ),
+        kept=kept is not None,
     )
 
 

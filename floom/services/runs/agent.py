@@ -120,10 +120,11 @@ def record_tool_call(
     duration_ms: int = 0,
     approval_id: str | None = None,
     call_id: str | None = None,
-) -> ToolCall:
-    """Store one tool call after the run's last one (its seq orders the calls). A call of a
-    run whose record moved into its log's blob (a stopped attempt's late write) is dropped,
-    as its transcript save is: its seq would restart at 1, beside the blob's calls."""
+) -> ToolCall | None:
+    """Store one tool call after the run's last one (its seq orders the calls); the call as
+    stored. A call of a run whose record moved into its log's blob (a stopped attempt's late
+    write) is dropped (None), as its transcript save is: its seq would restart at 1, beside
+    the blob's calls."""
     with session_scope(ctx.engine, write=True) as s:
         # One statement, so one snapshot: the last seq is read from the calls as they were
         # when the record was, or was not yet, archived. A call whose seq was read before the
@@ -148,8 +149,9 @@ def record_tool_call(
             duration_ms=duration_ms,
             approval_id=approval_id,
         )
-        if not archived:
-            s.add(call)
+        if archived:
+            return None
+        s.add(call)
     return call
 
 

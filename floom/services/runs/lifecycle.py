@@ -39,6 +39,7 @@ from floom.services.runs.rules import (
     CANCELLED,
     FINISHED,
     QUEUED,
+    RUNNING,
     SKIPPED,
     STATUSES,
     mark_claimed,
@@ -54,6 +55,7 @@ from floom.store.db import Reader, Writer, database_clock, session_scope, write_
 from floom.store.models import (
     Artifact,
     Run,
+    RunEvent,
     Version,
     Worker,
     new_id,
@@ -343,7 +345,7 @@ def _insert_queued(
         note = f"queued ({run.trigger}) on version {run.version_id}"
         if run.replay_of:
             note += f", replay of {run.replay_of}"
-        notes = [("system", note, None)]
+        notes: list[tuple[str, str, datetime | None]] = [("system", note, None)]
         # Never ahead of a run queued before it: then this one queues behind it.
         take = held and ANY_RUNNABLE.first(s, {"now": database_clock(ctx.engine).now()}) is None
         if not held and not nodes.executor_live(ctx, s):
@@ -351,6 +353,9 @@ def _insert_queued(
         if take and in_transaction is None:
             _claim_here(ctx, run)  # inserted as claimed: no UPDATE after
             notes.append(_started_note(ctx, run))
+        # Stamped here, so that the copy the attempt keeps of them is what is stored.
+        stamped = utcnow()
+        notes = [(stream, line, stamped) for stream, line, _ in notes]
         _insert_run(s, run, attach=in_transaction is not None)
         append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
         if in_transaction is not None:
@@ -359,9 +364,32 @@ def _insert_queued(
             # overlapping runs): only then is it known whether it may start here.
             if take and run.concurrency is None:
                 _claim_here(ctx, run)  # written with the step's own changes at commit
-                append_events(s, run_id=run.id, attempt=1, lines=[_started_note(ctx, run)])
+                started = _started_note(ctx, run)
+                notes.append((*started[:2], stamped))
+                append_events(s, run_id=run.id, attempt=1, lines=notes[-1:])
         if run.status == QUEUED:
             signals.publish(s, signals.RUN_QUEUED)
+    if run.status == RUNNING and ctx.settings.blob_store != "database":
+        # Claimed here: its attempt keeps a copy of its lines for its end to put into its
+        # object (a step that wrote one more makes the copy miss it, which its end's count
+        # of the lines refuses).
+        ctx.node.lines_stored(
+            run.id,
+            [
+                trusted_row(
+                    RunEvent,
+                    {
+                        "run_id": run.id,
+                        "seq": seq,
+                        "attempt": 1,
+                        "ts": ts,
+                        "stream": st,
+                        "line": ln,
+                    },
+                )
+                for seq, (st, ln, ts) in enumerate(notes, 1)
+            ],
+        )
     return locked
 
 
