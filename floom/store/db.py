@@ -47,6 +47,8 @@ class SQLiteWriteLock:
         self._lock = threading.RLock()
         self._guard = threading.Lock()
         self._waiting = 0
+        self._owner: int | None = None
+        self._depth = 0
 
     def __enter__(self) -> SQLiteWriteLock:
         with self._guard:
@@ -56,10 +58,19 @@ class SQLiteWriteLock:
         finally:
             with self._guard:
                 self._waiting -= 1
+        self._owner = threading.get_ident()
+        self._depth += 1
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._owner = None
         self._lock.release()
+
+    def held_here(self) -> bool:
+        """Whether this thread holds the lock (a write transaction of its own is open)."""
+        return self._owner == threading.get_ident()
 
     def waiting(self) -> int:
         """How many threads are waiting for the lock now."""
