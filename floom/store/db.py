@@ -399,6 +399,43 @@ def write_connection(engine: Engine) -> Iterator[Connection]:
         raise store_unavailable(exc) from exc
 
 
+# What SQLite calls the savepoint `savepoint` takes; nested ones may share it (the innermost
+# of a name is the one a ROLLBACK TO or RELEASE names).
+_SAVEPOINT = "floom_step"
+
+
+@contextmanager
+def savepoint(s: Writer) -> Iterator[None]:
+    """A savepoint in `s`'s open transaction: what the block writes is undone alone when it
+    raises (and the error goes on), and kept when it returns.
+
+    On a plain SQLite connection (write_connection) its SAVEPOINT, RELEASE and ROLLBACK TO
+    go straight to the driver, as the BEGIN does (_sqlite_begin): SQLAlchemy's begin_nested
+    took about 280 us for a savepoint and its release against SQLite's 2, inside the write
+    lock that every writer waits for. On a session or PostgreSQL: begin_nested."""
+    if isinstance(s, Session) or on_postgres(s):
+        with s.begin_nested():
+            yield
+        return
+    _driver_statement(s, f"SAVEPOINT {_SAVEPOINT}")
+    try:
+        yield
+    except BaseException:
+        _driver_statement(s, f"ROLLBACK TO {_SAVEPOINT}")
+        _driver_statement(s, f"RELEASE {_SAVEPOINT}")
+        raise
+    _driver_statement(s, f"RELEASE {_SAVEPOINT}")
+
+
+def _driver_statement(conn: Connection, statement: str) -> None:
+    # The driver's errors as SQLAlchemy's (so an unusable database is StoreUnavailable).
+    driver = conn.dialect.loaded_dbapi
+    try:
+        conn.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
+    except driver.Error as exc:
+        raise sa_exc.DBAPIError.instance(statement, None, exc, driver.Error) from exc
+
+
 @contextmanager
 def read_connection(engine: Engine) -> Iterator[Connection]:
     """session_scope() without the ORM, for a read of Core statements only (the queue's

@@ -15,7 +15,7 @@ from floom.store.db import (
     UNAVAILABLE,
     _sqlite_write_lock,
     is_postgres,
-    store_unavailable,
+    savepoint,
     write_connection,
 )
 
@@ -154,18 +154,13 @@ def _own_copy(exc: BaseException) -> BaseException:
 
 
 def _write_under_savepoint(conn: Connection, each: _Step[Any]) -> None:
-    savepoint = conn.begin_nested()
     try:
-        each.result = each.step(conn)
-    except UNAVAILABLE as exc:
-        savepoint.rollback()
-        each.error = store_unavailable(exc)
-        each.error.__cause__ = exc
+        with savepoint(conn):
+            each.result = each.step(conn)
+    except UNAVAILABLE:
+        raise  # the database failed, not the step: the batch's transaction with it
     except Exception as exc:  # this caller's failure: undone alone, reported to it only
-        savepoint.rollback()
         each.error = exc
-    else:
-        savepoint.commit()
 
 
 def _group_of(engine: Engine) -> _Group:

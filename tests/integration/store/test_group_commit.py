@@ -192,7 +192,8 @@ def test_a_failing_step_undoes_its_own_rows_only(ctx: Context) -> None:
     for thread in threads:
         thread.join(timeout=30)
 
-    assert answers["run_a"] == "run_a" and answers["run_c"] == "run_c"
+    assert answers["run_a"] == "run_a"
+    assert answers["run_c"] == "run_c"
     assert isinstance(answers["run_b"], ValueError)
     assert [run.id for run in stored_runs(ctx)] == ["run_a", "run_c"]
 
