@@ -8,6 +8,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,10 @@ def parked(ctx: Context) -> int:
     """Callers waiting for their write transaction: handed in to a batch (the leader among
     them waits for the write lock), or each waiting for the lock on its own."""
     return max(group_commit.pending(ctx.engine), _sqlite_write_lock(ctx.engine).waiting())
+
+
+def parked_are(ctx: Context, count: int) -> bool:
+    return parked(ctx) == count
 
 
 class Callers:
@@ -186,9 +191,9 @@ def test_a_failing_step_undoes_its_own_rows_only(ctx: Context) -> None:
 
     threads = [threading.Thread(target=call, args=(i,)) for i in ids]
     with writer_busy(ctx):
-        for n, thread in enumerate(threads):
+        for count, thread in enumerate(threads, start=1):
             thread.start()
-            wait_until(lambda n=n: parked(ctx) == n + 1, timeout=10)
+            wait_until(partial(parked_are, ctx, count), timeout=10)
     for thread in threads:
         thread.join(timeout=30)
 
