@@ -81,7 +81,7 @@ _sqlite_write_locks: dict[str, SQLiteWriteLock] = {}
 _sqlite_write_locks_guard = threading.Lock()
 
 
-def _sqlite_write_lock(engine: Engine) -> SQLiteWriteLock:
+def sqlite_write_lock(engine: Engine) -> SQLiteWriteLock:
     database = engine.url.database or ""
     lock = _sqlite_write_locks.get(database)
     if lock is None:
@@ -227,7 +227,7 @@ def give_back_free_pages(engine: Engine) -> int:
     free space for reuse, so it is left alone."""
     if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
         return 0
-    lock = _sqlite_write_lock(engine)
+    lock = sqlite_write_lock(engine)
     given = 0
     try:
         raw = engine.raw_connection()
@@ -290,7 +290,7 @@ def rebuild_sqlite_file(engine: Engine) -> int:
     database: an operator's command (`floom retention compact`), never a background pass."""
     if engine.dialect.name != "sqlite" or engine.url.database in (None, "", ":memory:"):
         return 0
-    lock = _sqlite_write_lock(engine)
+    lock = sqlite_write_lock(engine)
     try:
         raw = engine.raw_connection()
         try:
@@ -371,7 +371,7 @@ def session_scope(engine: Engine, *, write: bool = False) -> Iterator[Session]:
     bind = _write_bind(engine) if write and sqlite else engine
     try:
         with (
-            _sqlite_write_lock(engine) if write and sqlite else nullcontext(),
+            sqlite_write_lock(engine) if write and sqlite else nullcontext(),
             Session(bind, expire_on_commit=False) as session,
         ):
             try:
@@ -393,7 +393,7 @@ def write_connection(engine: Engine) -> Iterator[Connection]:
     sqlite = engine.dialect.name == "sqlite"
     bind = _write_bind(engine) if sqlite else engine
     try:
-        with _sqlite_write_lock(engine) if sqlite else nullcontext(), bind.begin() as conn:
+        with sqlite_write_lock(engine) if sqlite else nullcontext(), bind.begin() as conn:
             yield conn
     except UNAVAILABLE as exc:
         raise store_unavailable(exc) from exc

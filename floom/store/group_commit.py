@@ -13,9 +13,9 @@ from sqlalchemy.engine import Connection, Engine
 
 from floom.store.db import (
     UNAVAILABLE,
-    _sqlite_write_lock,
     is_postgres,
     savepoint,
+    sqlite_write_lock,
     write_connection,
 )
 
@@ -85,7 +85,7 @@ class _Group:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._lock = _sqlite_write_lock(engine)
+        self._lock = sqlite_write_lock(engine)
         self._guard = threading.Lock()
         self._waiting: deque[_Step[Any]] = deque()
         self._leading = False

@@ -26,7 +26,7 @@ from floom.services.runs.logs import list_events
 from floom.services.workers import deletion
 from floom.services.workers import versions as workers
 from floom.store import group_commit
-from floom.store.db import _sqlite_write_lock, session_scope
+from floom.store.db import session_scope, sqlite_write_lock
 from floom.store.models import Run
 from floom.vocabulary import RunStatus
 from tests.support.harness import make_worker, wait_until
@@ -45,7 +45,7 @@ def sqlite(ctx: Context) -> bool:
 def parked(ctx: Context) -> int:
     """Callers waiting for their write transaction: handed in to a batch (the leader among
     them waits for the write lock), or each waiting for the lock on its own."""
-    return max(group_commit.pending(ctx.engine), _sqlite_write_lock(ctx.engine).waiting())
+    return max(group_commit.pending(ctx.engine), sqlite_write_lock(ctx.engine).waiting())
 
 
 def parked_are(ctx: Context, count: int) -> bool:
@@ -89,7 +89,7 @@ class Callers:
 def writer_busy(ctx: Context) -> Iterator[None]:
     """Another writer of this process holds SQLite's write lock while the block runs, as a
     run's end does when a burst's runs are queued; nothing on PostgreSQL."""
-    with _sqlite_write_lock(ctx.engine) if sqlite(ctx) else nullcontext():
+    with sqlite_write_lock(ctx.engine) if sqlite(ctx) else nullcontext():
         yield
 
 

@@ -47,7 +47,7 @@ def test_a_heartbeat_commits_between_two_steps_of_giving_free_pages_back(
     monkeypatch.setattr(db, "VACUUM_STEP_PAGES", 100)
     free = _big_freelist(engine, 600)
     assert free >= 500
-    lock = db._sqlite_write_lock(engine)
+    lock = db.sqlite_write_lock(engine)
     events: list[str] = []
     writer_started = threading.Event()
     failures: list[BaseException] = []
