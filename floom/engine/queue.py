@@ -49,6 +49,7 @@ from floom.store.db import (
     is_postgres,
     on_postgres,
     read_connection,
+    savepoint,
     session_scope,
     write_connection,
 )
@@ -250,7 +251,7 @@ def _claim_with_end(ctx: Context, s: Writer, then_claim: NextClaim, status: str)
     if is_postgres(ctx.engine) or not then_claim.wanted(status):
         return None
     try:
-        with s.begin_nested():
+        with savepoint(s):
             return _claim_in(ctx, s, now=database_clock(ctx.engine).now(), full=[], postgres=False)
     except Exception as exc:  # the end is recorded either way; the slot claims on its own
         log.warning("claiming the next run with an end failed: %s", type(exc).__name__)

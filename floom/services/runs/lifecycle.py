@@ -49,9 +49,9 @@ from floom.services.runs.rules import (
 from floom.services.workers import exposure
 from floom.services.workers import state as worker_state
 from floom.services.workers import versions as workers
-from floom.store import signals
+from floom.store import group_commit, signals
 from floom.store.blobs.rows import read_blob
-from floom.store.db import Reader, Writer, database_clock, session_scope, write_connection
+from floom.store.db import Reader, Writer, database_clock, session_scope
 from floom.store.models import (
     Artifact,
     Run,
@@ -316,15 +316,14 @@ def _insert_queued(
     when a slot is `held` for it and no older run may start first, and with the trigger's
     step `in_transaction`. With `check_choices`, a version other than the active one or a
     forced run of a paused worker is decided again from the locked row (a rollback or pause
-    since the first check). Returns the worker's row as locked."""
-    # A trigger's step adds rows through the ORM; without one, every statement is Core and a
-    # plain connection does (store.db.write_connection).
-    transaction = (
-        write_connection(ctx.engine)
-        if in_transaction is None
-        else session_scope(ctx.engine, write=True)
-    )
-    with transaction as s:
+    since the first check). Returns the worker's row as locked.
+
+    Without a trigger's step, every statement is Core and a plain connection does; on SQLite
+    runs queued at the same moment then share one write transaction (store.group_commit),
+    each under a savepoint of its own, so that a burst's queueings take the write lock once
+    together, not once each; every check here holds for each run as it would alone."""
+
+    def queue(s: Writer) -> Worker:
         # A deletion since the checks above wins, even over this process's cached version.
         locked = workers.lock_worker(s, worker.name, version_id=run.version_id)
         if check_against_lock and (locked.paused, locked.active_version_id) != (
@@ -359,7 +358,7 @@ def _insert_queued(
         _insert_run(s, run, attach=in_transaction is not None)
         append_events(s, run_id=run.id, attempt=1, lines=notes, first=True)
         if in_transaction is not None:
-            in_transaction(cast(Session, s), run)  # a session: see `transaction`
+            in_transaction(cast(Session, s), run)  # a session: see below
             # The trigger's step may have limited the run (a schedule that queues
             # overlapping runs): only then is it known whether it may start here.
             if take and run.concurrency is None:
@@ -369,10 +368,20 @@ def _insert_queued(
                 append_events(s, run_id=run.id, attempt=1, lines=notes[-1:])
         if run.status == QUEUED:
             signals.publish(s, signals.RUN_QUEUED)
+        stored[:] = notes
+        return locked
+
+    stored: list[tuple[str, str, datetime | None]] = []  # the lines as queue() wrote them
+    if in_transaction is None:
+        locked = group_commit.write_step(ctx.engine, queue)
+    else:
+        # A trigger's step adds rows through the ORM: a session of its own.
+        with session_scope(ctx.engine, write=True) as s:
+            locked = queue(s)
     if run.status == RUNNING and ctx.settings.blob_store != "database":
-        # Claimed here: its attempt keeps a copy of its lines for its end to put into its
-        # object (a step that wrote one more makes the copy miss it, which its end's count
-        # of the lines refuses).
+        # Claimed here, and committed: its attempt keeps a copy of its lines for its end to
+        # put into its object (a step that wrote one more makes the copy miss it, which its
+        # end's count of the lines refuses).
         ctx.node.lines_stored(
             run.id,
             [
@@ -387,7 +396,7 @@ def _insert_queued(
                         "line": ln,
                     },
                 )
-                for seq, (st, ln, ts) in enumerate(notes, 1)
+                for seq, (st, ln, ts) in enumerate(stored, 1)
             ],
         )
     return locked

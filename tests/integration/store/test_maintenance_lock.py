@@ -53,7 +53,7 @@ def test_a_heartbeat_commits_between_two_steps_of_giving_free_pages_back(
     monkeypatch.setattr(db, "VACUUM_STEP_PAGES", 100)
     free = _big_freelist(engine, 600)
     assert free >= 500
-    lock = db._sqlite_write_lock(engine)
+    lock = db.sqlite_write_lock(engine)
     events: list[str] = []
     writer_started = threading.Event()
     failures: list[BaseException] = []
@@ -122,7 +122,7 @@ def test_a_heartbeat_commits_between_two_steps_of_pruning_a_long_log(
             for n in range(3000)
         ]
         c.execute(insert(RunEvent), lines)
-    lock = db._sqlite_write_lock(engine)
+    lock = db.sqlite_write_lock(engine)
     events: list[str] = []
     writer_started = threading.Event()
     failures: list[BaseException] = []

@@ -81,8 +81,8 @@ def test_a_sqlite_writer_waits_only_for_writers_of_its_own_database(tmp_path: Pa
         writer.start()
         writer.join(20)
         assert wrote.is_set(), "a write to another database waited for the stuck one"
-        assert db._sqlite_write_lock(same_file) is db._sqlite_write_lock(stuck_engine)
-        assert db._sqlite_write_lock(other_engine) is not db._sqlite_write_lock(stuck_engine)
+        assert db.sqlite_write_lock(same_file) is db.sqlite_write_lock(stuck_engine)
+        assert db.sqlite_write_lock(other_engine) is not db.sqlite_write_lock(stuck_engine)
     finally:
         release.set()
         holder.join(30)
