@@ -42,13 +42,37 @@ class DeployResult:
 
 
 def _bundle_manifest_text(bundle: Bundle) -> str:
-    text = bundle.text("worker.yml")
-    if text is None:
+    if "worker.yml" not in bundle.files:
         raise ManifestInvalid(
             "the worker has no worker.yml",
             hint="create worker.yml in the folder with at least `name: my-worker`",
         )
+    text, problem = _utf8_text(bundle, "worker.yml")
+    if problem is not None:
+        raise manifest_invalid([problem])
     return text
+
+
+def _utf8_text(bundle: Bundle, path: str, *, field: str = "") -> tuple[str, Problem | None]:
+    """The text of a file floom itself reads (worker.yml, an agent's SKILL.md), or a problem
+    when it is not UTF-8: read with its bytes replaced, the manifest stored and run (or the
+    instructions an agent follows) would be other text than the version's file holds, which
+    `floom check` of the same folder refuses."""
+    data = bundle.files[path].data
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        message = f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line})"
+        return "", Problem(path=field, message=message, hint=f"save {path} as UTF-8")
+
+
+def _entry_problems(bundle: Bundle, manifest: Manifest) -> list[Problem]:
+    """An agent's SKILL.md must be UTF-8 text, as worker.yml is."""
+    if manifest.kind != "agent" or manifest.entry not in bundle.files:
+        return []
+    _, problem = _utf8_text(bundle, manifest.entry, field="entry")
+    return [] if problem is None else [problem]
 
 
 def validate_archive(
@@ -57,8 +81,7 @@ def validate_archive(
     """Check a worker archive without storing anything. Needs the read scope."""
     caller.require("read")
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
-    text = bundle.text("worker.yml")
-    if text is None:
+    if "worker.yml" not in bundle.files:
         return None, [
             Problem(
                 path="",
@@ -66,9 +89,16 @@ def validate_archive(
                 hint="create worker.yml in the folder with at least `name: my-worker`",
             )
         ]
+    text, problem = _utf8_text(bundle, "worker.yml")
+    if problem is not None:
+        return None, [problem]
     manifest, problems = check_manifest(text, bundle.files.keys())
     if manifest is not None:
-        problems = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
+        problems = (
+            _entry_problems(bundle, manifest)
+            + over_ceilings(manifest, ctx.settings)
+            + trigger_callback_problems(ctx, manifest)
+        )
         if problems:
             return None, problems
     return manifest, problems
@@ -88,7 +118,11 @@ def deploy(
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
-    over = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
+    over = (
+        _entry_problems(bundle, manifest)
+        + over_ceilings(manifest, ctx.settings)
+        + trigger_callback_problems(ctx, manifest)
+    )
     if over:
         raise manifest_invalid(over)
     _check_sandbox_configured(ctx, manifest)
