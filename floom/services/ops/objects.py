@@ -65,6 +65,7 @@ def archive_logs(
     run_ids: Sequence[str] | None = None,
     store: BlobStore | None = None,
     limit: int = LOG_BATCH,
+    passed_over: dict[str, BlobProblem] | None = None,
 ) -> int:
     """Move the logs of up to `limit` ended runs (of `run_ids`, or any that still has lines
     in run_events) into one blob each in `store` (default: where new blobs go; nothing moves
@@ -72,11 +73,21 @@ def archive_logs(
     calls) moves into the same blob (floom/store/blobs/logs.py). Lines that came after an
     earlier move (a cancelled attempt's last words) are merged into a new blob. Returns how
     many runs' logs moved; raises BlobStoreUnavailable, changing nothing more, when the store
-    is away."""
+    is away.
+
+    A run whose earlier log is missing or damaged (BlobUnreadable) cannot be merged: its
+    lines stay in run_events and its earlier blob stays as it is (to be restored), it is
+    added to `passed_over` (run id -> the problem), logged, and not chosen again by a pass
+    given the same dict; the other runs move. Callers that loop until nothing moves go on
+    while `passed_over` grows (archive_all_logs)."""
     store = store or new_blob_store(ctx.settings, ctx.engine)
     if store.inline:
         return 0
-    chosen, events, transcripts, calls = _read_ended(ctx, run_ids=run_ids, limit=limit)
+    if passed_over is None:
+        passed_over = {}
+    chosen, events, transcripts, calls = _read_ended(
+        ctx, run_ids=run_ids, limit=limit, exclude=set(passed_over)
+    )
     moves: list[LogMove] = []
     for run_id, group in groupby(events, key=lambda e: e.run_id):
         lines = list(group)
@@ -86,10 +97,15 @@ def archive_logs(
         run_calls = calls.get(run_id, [])
         record = agent_runs.archive_record(transcript, run_calls) if transcript else None
         if earlier is not None:
-            old = read_blob(ctx.settings, ctx.engine, earlier, what=f"the log of run {run_id}")
-            if record is None:
-                record = decode_record(run_id, earlier, old)
-            lines = [e for e in decode_log(run_id, earlier, old) if e.seq < lines[0].seq] + lines
+            try:
+                old = read_blob(ctx.settings, ctx.engine, earlier, what=f"the log of run {run_id}")
+                if record is None:
+                    record = decode_record(run_id, earlier, old)
+                earlier_lines = decode_log(run_id, earlier, old)
+            except BlobUnreadable as exc:
+                passed_over[run_id] = _unmerged(ctx, run_id, earlier, exc)
+                continue
+            lines = [e for e in earlier_lines if e.seq < lines[0].seq] + lines
         data = encode_log(lines, record)
         sha = sha256_of(data)
         store.put(sha, data, sha256=sha)
@@ -104,6 +120,41 @@ def archive_logs(
             )
         )
     return _record_archives(ctx, moves)
+
+
+def archive_all_logs(
+    ctx: Context,
+    *,
+    store: BlobStore | None = None,
+    passed_over: dict[str, BlobProblem],
+    stopping: Callable[[], bool] = lambda: False,
+    progress: Progress | None = None,
+) -> int:
+    """archive_logs pass after pass until no ended run's log is left to move (those passed
+    over stay, listed in `passed_over`); returns how many moved."""
+    moved = 0
+    while not stopping():
+        seen = len(passed_over)
+        now = archive_logs(ctx, store=store, passed_over=passed_over)
+        if not now and len(passed_over) == seen:
+            break
+        moved += now
+        if progress and now:
+            progress(f"{moved} ended run log(s) moved")
+    return moved
+
+
+def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> BlobProblem:
+    """The problem of a run whose later lines cannot be merged with its unreadable earlier
+    log, said once in floom's log."""
+    with session_scope(ctx.engine) as s:
+        location = s.exec(select(Blob.location).where(Blob.digest == digest)).first()
+    problem = (
+        f"{exc.message}; the run's later lines stay in the database until it is restored "
+        "(its log is not moved)"
+    )
+    log.error("run %s: %s", run_id, problem)
+    return BlobProblem(digest, location or "", problem)
 
 
 @dataclass
@@ -121,10 +172,10 @@ class LogMove:
 
 
 def _read_ended(
-    ctx: Context, *, run_ids: Sequence[str] | None, limit: int
+    ctx: Context, *, run_ids: Sequence[str] | None, limit: int, exclude: set[str]
 ) -> tuple[dict[str, str | None], list[RunEvent], dict[str, Transcript], dict[str, list[ToolCall]]]:
     """Up to `limit` ended runs with lines in run_events (the first `limit` of `run_ids` if
-    given), each with the digest of its earlier log blob if one was recorded; their lines in
+    given), none of `exclude`, each with the digest of its earlier log blob if one was recorded; their lines in
     order; the transcripts (not moved yet) and tool calls of the agent runs among them. Two
     queries for runs that are not agent runs (and one more to find the runs when none are
     given). Plain reads (read_connection): the write of the move checks that the lines read
@@ -139,14 +190,13 @@ def _read_ended(
     with read_connection(ctx.engine) as c:
         if run_ids is None:
             with_lines = core_select(events_t.c.run_id).distinct()
-            run_ids = list(
-                c.execute(
-                    core_select(runs.c.id)
-                    .where(runs.c.id.in_(with_lines), runs.c.status.in_(_FINISHED))
-                    .limit(limit)
-                ).scalars()
+            ended = core_select(runs.c.id).where(
+                runs.c.id.in_(with_lines), runs.c.status.in_(_FINISHED)
             )
-        wanted = sorted(run_ids)[:limit]
+            if exclude:
+                ended = ended.where(runs.c.id.not_in(sorted(exclude)))
+            run_ids = list(c.execute(ended.limit(limit)).scalars())
+        wanted = sorted(set(run_ids) - exclude)[:limit]
         if not wanted:
             return {}, [], {}, {}
         # The lines, then one row per run (joined to each line, the run's own rows were
@@ -585,13 +635,11 @@ def migrate_blobs(ctx: Context, *, to: str, progress: Progress | None = None) ->
         if progress:
             progress(f"{result.moved} blob(s) moved ({result.bytes_moved} bytes)")
     if not target.inline:
-        while True:
-            moved = archive_logs(ctx, store=target)
-            if not moved:
-                break
-            result.logs_archived += moved
-            if progress:
-                progress(f"{result.logs_archived} ended run log(s) moved")
+        passed_over: dict[str, BlobProblem] = {}
+        result.logs_archived = archive_all_logs(
+            ctx, store=target, passed_over=passed_over, progress=progress
+        )
+        result.skipped += passed_over.values()
     return result
 
 

@@ -15,6 +15,7 @@ import pytest
 from botocore.config import Config
 from sqlmodel import func, select
 
+from floom.engine.loops.uploads import ObjectUploads
 from floom.errors import BackupInvalid
 from floom.services.context import Context
 from floom.services.ops import objects
@@ -23,6 +24,7 @@ from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention
 from floom.store.blobs.configured import s3_store
 from floom.store.blobs.configured import store_at as configured_store_at
+from floom.store.blobs.logs import encode_log
 from floom.store.blobs.rows import inline_blob, insert_blob, stage_blob
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import session_scope
@@ -474,3 +476,63 @@ def test_blobs_migrate_skips_an_object_whose_bytes_are_not_its_blob_s_and_moves_
         assert len(again.skipped) == 2
     finally:
         ctx.engine.dispose()
+
+
+def test_a_run_whose_earlier_log_object_is_missing_holds_up_no_other_log_and_no_upload(
+    tmp_path: Path, database_url: str, s3_server: S3Server
+) -> None:
+    # An ended run with lines after an earlier move (a cancelled attempt's last words) whose
+    # earlier log object the bucket lost: merging them needs that object. It stays as it
+    # is, named, while every other run's log moves and the pending uploads are done; before,
+    # `floom blobs migrate --to s3` stopped on it every time, and the upkeep loop failed its
+    # every pass there, uploading nothing more. Once the object is back, a re-run moves it.
+    with live_server(tmp_path / "data", database_url) as srv:
+        _deploy(srv, tmp_path)
+        runs = sorted(_run(srv)["id"] for _ in range(3))
+    bucket = s3_server.settings()
+    settings = fast_settings(tmp_path / "data", database_url, **bucket)
+    ctx = Context.open(settings)
+    poison = runs[0]
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            first = list(
+                s.exec(
+                    select(RunEvent).where(RunEvent.run_id == poison).order_by(RunEvent.seq)
+                ).all()
+            )[:5]
+            earlier = encode_log(first)
+            blob = stage_blob(settings, ctx.engine, earlier)
+            insert_blob(s, blob)
+            s.add(RunLog(run_id=poison, digest=blob.digest, lines=5, last_seq=first[-1].seq))
+            for event in first:
+                s.delete(event)
+        store = s3_store(settings)
+        store.delete([blob.digest])
+
+        result = migrate_blobs(ctx, to="s3")
+
+        assert result.logs_archived == 2
+        [problem] = [p for p in result.skipped if p.digest == blob.digest]
+        assert poison in problem.problem and "missing" in problem.problem
+        with session_scope(ctx.engine) as s:
+            left = set(s.exec(select(RunEvent.run_id)).all())
+        assert left == {poison}
+        # The upkeep loop's pass: the same run passed over, a pending upload still done.
+        waiting = inline_blob(b"waiting for the bucket")
+        with session_scope(ctx.engine, write=True) as s:
+            insert_blob(s, waiting)
+            s.add(PendingBlob(digest=waiting.digest, action="upload"))
+        ObjectUploads(ctx)._sweep()
+        with session_scope(ctx.engine) as s:
+            assert s.get(Blob, waiting.digest).location == "s3"  # type: ignore[union-attr]
+            assert s.exec(select(func.count()).select_from(PendingBlob)).one() == 0
+
+        store.put(blob.digest, earlier, sha256=blob.sha256)
+        again = migrate_blobs(ctx, to="s3")
+        assert (again.logs_archived, again.skipped) == (1, [])
+        with session_scope(ctx.engine) as s:
+            assert s.exec(select(func.count()).select_from(RunEvent)).one() == 0
+    finally:
+        ctx.engine.dispose()
+    with live_server(tmp_path / "data", database_url, **bucket) as srv:
+        assert _log_lines(srv, poison) == [f"line {i}" for i in range(LINES)]
