@@ -174,12 +174,12 @@ class LogMove:
 def _read_ended(
     ctx: Context, *, run_ids: Sequence[str] | None, limit: int, exclude: set[str]
 ) -> tuple[dict[str, str | None], list[RunEvent], dict[str, Transcript], dict[str, list[ToolCall]]]:
-    """Up to `limit` ended runs with lines in run_events (the first `limit` of `run_ids` if
-    given), none of `exclude`, each with the digest of its earlier log blob if one was recorded; their lines in
-    order; the transcripts (not moved yet) and tool calls of the agent runs among them. Two
-    queries for runs that are not agent runs (and one more to find the runs when none are
-    given). Plain reads (read_connection): the write of the move checks that the lines read
-    are all still there.
+    """Up to `limit` ended runs with lines in run_events (the first `limit` of `run_ids` if given),
+    none of `exclude`, each with the digest of its earlier log blob if one was recorded; their
+    lines in order; the transcripts (not moved yet) and tool calls of the agent runs among them.
+    Two queries for runs that are not agent runs (and one more to find the runs when none are
+    given). Plain reads (read_connection): the write of the move checks that the lines read are
+    all still there.
 
     The runs are named by id in each query, so that PostgreSQL finds them and their lines
     through the primary key and the (run_id, seq) index: given a subquery, it scanned the

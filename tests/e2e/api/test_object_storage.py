@@ -13,7 +13,7 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
-from sqlmodel import func, select
+from sqlmodel import col, func, select
 
 from floom.engine.loops.uploads import ObjectUploads
 from floom.errors import BackupInvalid
@@ -497,7 +497,7 @@ def test_a_run_whose_earlier_log_object_is_missing_holds_up_no_other_log_and_no_
         with session_scope(ctx.engine, write=True) as s:
             first = list(
                 s.exec(
-                    select(RunEvent).where(RunEvent.run_id == poison).order_by(RunEvent.seq)
+                    select(RunEvent).where(RunEvent.run_id == poison).order_by(col(RunEvent.seq))
                 ).all()
             )[:5]
             earlier = encode_log(first)
@@ -513,7 +513,8 @@ def test_a_run_whose_earlier_log_object_is_missing_holds_up_no_other_log_and_no_
 
         assert result.logs_archived == 2
         [problem] = [p for p in result.skipped if p.digest == blob.digest]
-        assert poison in problem.problem and "missing" in problem.problem
+        assert poison in problem.problem
+        assert "missing" in problem.problem
         with session_scope(ctx.engine) as s:
             left = set(s.exec(select(RunEvent.run_id)).all())
         assert left == {poison}
