@@ -13,8 +13,10 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
+from sqlalchemy import update
 from sqlmodel import col, func, select
 
+from floom.bundle import Bundle, BundleFile
 from floom.engine.loops.uploads import ObjectUploads
 from floom.errors import BackupInvalid
 from floom.services.context import Context
@@ -537,3 +539,51 @@ def test_a_run_whose_earlier_log_object_is_missing_holds_up_no_other_log_and_no_
         ctx.engine.dispose()
     with live_server(tmp_path / "data", database_url, **bucket) as srv:
         assert _log_lines(srv, poison) == [f"line {i}" for i in range(LINES)]
+
+
+def test_blobs_migrate_moves_a_blob_without_a_checksum_only_when_its_digest_vouches_for_it(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    # A blob stored before floom kept checksums has no sha256 to check its bytes against: the
+    # migration recorded one for whatever the bucket held, so an object replaced there (of
+    # the same size) came back as a checked blob. Its digest names its content (an
+    # artifact's or a log's is the bytes' sha256, a version's the archive's files'): bytes
+    # that are not what it names stay where they are, skipped and named.
+    settings = fast_settings(
+        tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}", **s3_server.settings()
+    )
+    ctx = Context.open(settings)
+    try:
+        bundle = Bundle({"worker.yml": BundleFile("worker.yml", b"name: old\n")})
+        archive = bundle.to_archive()
+        legacy = [
+            stage_blob(settings, ctx.engine, b"the real bytes %d" % i * 20) for i in range(2)
+        ] + [stage_blob(settings, ctx.engine, archive, digest=bundle.digest)]
+        with session_scope(ctx.engine, write=True) as s:
+            for blob in legacy:
+                insert_blob(s, blob)
+            for blob in legacy:
+                s.execute(update(Blob).where(col(Blob.digest) == blob.digest).values(sha256=None))
+        replaced, good, version = legacy
+        store = s3_store(settings)
+        store._call(
+            "put_object",
+            doing="put",
+            Bucket=store.bucket,
+            Key=store.key(replaced.digest),
+            Body=b"X" * replaced.size,
+        )
+
+        result = migrate_blobs(ctx, to="database")
+
+        assert result.moved == 2
+        [skipped] = result.skipped
+        assert skipped.digest == replaced.digest
+        assert "no sha256" in skipped.problem
+        with session_scope(ctx.engine) as s:
+            rows = {b.digest: b for b in s.exec(select(Blob)).all()}
+        assert (rows[replaced.digest].location, rows[replaced.digest].sha256) == ("s3", None)
+        assert rows[good.digest].sha256 == hashlib.sha256(rows[good.digest].data).hexdigest()
+        assert rows[version.digest].data == archive
+    finally:
+        ctx.engine.dispose()
