@@ -28,7 +28,7 @@ from floom.invisible import shown
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import rules as run_rules
 from floom.store.agents import ToolCall, Transcript
-from floom.store.blobs.base import RESTORE_HINT, BlobStore, sha256_of
+from floom.store.blobs.base import BlobStore, sha256_of, unreadable
 from floom.store.blobs.configured import new_blob_store, store_at
 from floom.store.blobs.logs import decode_log, decode_record, encode_log
 from floom.store.blobs.rows import (
@@ -553,10 +553,9 @@ def _vouched_sha256(ctx: Context, digest: str, data: bytes, *, what: str, where:
             return sha
     except FloomError:
         pass  # not a version's archive: nothing vouches for it
-    raise BlobUnreadable(
+    raise unreadable(
         f"{what} has no sha256 recorded (stored before floom kept checksums), and {where} "
-        "does not hold what its digest names; the blob stays where it was",
-        hint=RESTORE_HINT,
+        "does not hold what its digest names; the blob stays where it was"
     )
 
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 from floom.errors import BlobUnreadable
 from floom.hints import act, told
 
-RESTORE_HINT = told(
+_RESTORE_HINT = told(
     "restore the object from a backup or the bucket's versioning; ",
     act("blobs check"),
     " lists every damaged or missing blob",
@@ -93,7 +93,7 @@ def verified(data: bytes, *, sha256: str | None, what: str, where: str) -> bytes
     if sha256 is not None and sha256_of(data) != sha256:
         raise BlobUnreadable(
             f"{what} is damaged: {where} does not match its sha256 ({len(data)} bytes read)",
-            hint=RESTORE_HINT,
+            hint=_RESTORE_HINT,
         )
     return data
 
@@ -103,12 +103,17 @@ def of_size(held: int, *, size: int | None, what: str, where: str) -> None:
     if size is not None and held != size:
         raise BlobUnreadable(
             f"{what} is damaged: {where} holds {held} bytes, not the {size} floom stored",
-            hint=RESTORE_HINT,
+            hint=_RESTORE_HINT,
         )
 
 
 def missing(*, what: str, where: str) -> BlobUnreadable:
     return BlobUnreadable(
         f"{what} is missing: {where} does not exist",
-        hint=RESTORE_HINT,
+        hint=_RESTORE_HINT,
     )
+
+
+def unreadable(message: str) -> BlobUnreadable:
+    """BlobUnreadable saying `message`, with how to restore the blob's bytes."""
+    return BlobUnreadable(message, hint=_RESTORE_HINT)

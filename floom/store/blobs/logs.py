@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from floom.errors import BlobUnreadable
-from floom.store.blobs.base import RESTORE_HINT
+from floom.store.blobs.base import unreadable
 from floom.store.models import RunEvent, trusted_row
 
 # Decoded logs kept, and the most lines they may hold together.
@@ -166,9 +166,8 @@ def _event(run_id: str, value: Any) -> RunEvent | None:
 
 
 def _not_a_log(run_id: str, digest: str, why: str) -> BlobUnreadable:
-    return BlobUnreadable(
-        f"the log of run {run_id} is damaged: blob {digest} is not a log floom wrote ({why})",
-        hint=RESTORE_HINT,
+    return unreadable(
+        f"the log of run {run_id} is damaged: blob {digest} is not a log floom wrote ({why})"
     )
 
 
