@@ -94,13 +94,11 @@ def validate_archive(
         return None, [problem]
     manifest, problems = check_manifest(text, bundle.files.keys())
     if manifest is not None:
-        problems = (
-            _entry_problems(bundle, manifest)
-            + over_ceilings(manifest, ctx.settings)
-            + trigger_callback_problems(ctx, manifest)
-        )
+        problems = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
         if problems:
             return None, problems
+        if undecodable := _entry_problems(bundle, manifest):
+            return None, undecodable
     return manifest, problems
 
 
@@ -118,13 +116,11 @@ def deploy(
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
-    over = (
-        _entry_problems(bundle, manifest)
-        + over_ceilings(manifest, ctx.settings)
-        + trigger_callback_problems(ctx, manifest)
-    )
+    over = over_ceilings(manifest, ctx.settings) + trigger_callback_problems(ctx, manifest)
     if over:
         raise manifest_invalid(over)
+    if undecodable := _entry_problems(bundle, manifest):
+        raise manifest_invalid(undecodable)
     _check_sandbox_configured(ctx, manifest)
     digest = bundle.digest
     normalised = bundle.to_archive()
