@@ -53,28 +53,6 @@ def _bundle_manifest_text(bundle: Bundle) -> str:
     return text
 
 
-def _utf8_text(bundle: Bundle, path: str, *, field: str = "") -> tuple[str, Problem | None]:
-    """The text of a file floom itself reads (worker.yml, an agent's SKILL.md), or a problem
-    when it is not UTF-8: read with its bytes replaced, the manifest stored and run (or the
-    instructions an agent follows) would be other text than the version's file holds, which
-    `floom check` of the same folder refuses."""
-    data = bundle.files[path].data
-    try:
-        return data.decode("utf-8"), None
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        message = f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line})"
-        return "", Problem(path=field, message=message, hint=f"save {path} as UTF-8")
-
-
-def _entry_problems(bundle: Bundle, manifest: Manifest) -> list[Problem]:
-    """An agent's SKILL.md must be UTF-8 text, as worker.yml is."""
-    if manifest.kind != "agent" or manifest.entry not in bundle.files:
-        return []
-    _, problem = _utf8_text(bundle, manifest.entry, field="entry")
-    return [] if problem is None else [problem]
-
-
 def validate_archive(
     ctx: Context, *, archive: bytes, caller: Principal
 ) -> tuple[Manifest | None, list[Problem]]:
@@ -144,6 +122,28 @@ def _check_sandbox_configured(ctx: Context, manifest: Manifest) -> None:
             "sandbox.backend from worker.yml to use the server's default",
             details=[{"path": "sandbox.backend", "message": f"{problem}"}],
         )
+
+
+def _utf8_text(bundle: Bundle, path: str, *, field: str = "") -> tuple[str, Problem | None]:
+    """The text of a file floom itself reads (worker.yml, an agent's SKILL.md), or a problem
+    when it is not UTF-8: read with its bytes replaced, the manifest stored and run (or the
+    instructions an agent follows) would be other text than the version's file holds, which
+    `floom check` of the same folder refuses."""
+    data = bundle.files[path].data
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        message = f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line})"
+        return "", Problem(path=field, message=message, hint=f"save {path} as UTF-8")
+
+
+def _entry_problems(bundle: Bundle, manifest: Manifest) -> list[Problem]:
+    """An agent's SKILL.md must be UTF-8 text, as worker.yml is."""
+    if manifest.kind != "agent" or manifest.entry not in bundle.files:
+        return []
+    _, problem = _utf8_text(bundle, manifest.entry, field="entry")
+    return [] if problem is None else [problem]
 
 
 def _store_version(
