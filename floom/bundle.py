@@ -61,10 +61,6 @@ class Bundle:
             h.update(hashlib.sha256(f.data).digest())
         return h.hexdigest()
 
-    def text(self, path: str) -> str | None:
-        f = self.files.get(path)
-        return None if f is None else f.data.decode("utf-8", errors="replace")
-
     def to_archive(self) -> bytes:
         """A normalised tar.gz: sorted entries, zero times and owners, so it is reproducible."""
         raw = io.BytesIO()

@@ -15,7 +15,13 @@ import threading
 from typing import TYPE_CHECKING
 
 from floom.errors import BlobStoreUnavailable
-from floom.services.ops.objects import LOG_BATCH, archive_logs, drain_pending
+from floom.services.ops.objects import (
+    LOG_BATCH,
+    BlobProblem,
+    archive_all_logs,
+    archive_logs,
+    drain_pending,
+)
 
 if TYPE_CHECKING:
     from floom.services.context import Context
@@ -73,9 +79,12 @@ class ObjectUploads:
             try:
                 if ended and not backoff:
                     ordered = sorted(ended)
+                    passed_over: dict[str, BlobProblem] = {}
                     for i in range(0, len(ordered), LOG_BATCH):
                         batch = ordered[i : i + LOG_BATCH]
-                        archive_logs(self.ctx, run_ids=batch, limit=len(batch))
+                        archive_logs(
+                            self.ctx, run_ids=batch, limit=len(batch), passed_over=passed_over
+                        )
                 if not woken or backoff or not swept:
                     self._sweep()
                     swept = True
@@ -88,8 +97,9 @@ class ObjectUploads:
                 backoff = sweep
 
     def _sweep(self) -> None:
-        while archive_logs(self.ctx) and not self._stop.is_set():
-            pass
+        # A run whose earlier log is unreadable is passed over (said in the log) for this
+        # sweep; the next tries it again, so a restored object is taken up.
+        archive_all_logs(self.ctx, passed_over={}, stopping=self._stop.is_set)
         while not self._stop.is_set():
             report = drain_pending(self.ctx)
             if not report.uploaded and not report.deleted:

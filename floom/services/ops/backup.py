@@ -350,6 +350,8 @@ def _prepare_database(
             raise damaged(f"lacks the table(s) {', '.join(lacking[:5])}")
         if foreign := _foreign_objects(db, kinds=("table", "index", "trigger", "view")):
             raise damaged(f"holds the {foreign}, which floom does not define")
+        if reshaped := _reshaped_object(db):
+            raise damaged(reshaped)
         _check_secrets(settings, db, source, files)
         _restore_objects(settings, engine, source, objects)
     finally:
@@ -359,19 +361,88 @@ def _prepare_database(
         conn.execute("PRAGMA journal_mode=DELETE")
 
 
+def _reshaped_object(db: Path) -> str | None:
+    """What the first of floom's tables and indexes is in `db` when it lacks it or holds it
+    other than floom defines it, or None. Same-named is not enough: a table remade without
+    its unique keys (the ones that refuse a replayed webhook delivery or a cron fire made
+    twice), a virtual table, a generated column, an index remade partial would each pass a
+    check of names."""
+    with _readonly(db) as conn:
+        held = _shapes(conn)
+    # Tables first: a table remade drops its indexes with it.
+    for key, shape in sorted(_floom_shapes().items(), key=lambda k: (k[0][0] != "table", k)):
+        kind, name = key
+        if key not in held:
+            return f"lacks the {kind} {name!r}"
+        if held[key] != shape:
+            return f"holds the {kind} {name!r}, which is not as floom defines it"
+    return None
+
+
 @cache
-def _floom_schema() -> frozenset[tuple[str, str]]:
-    """The (type, name) of every table and index floom's schema defines (it defines no
-    trigger or view), read from a database made from the models, as a new node's is."""
+def _floom_shapes() -> dict[tuple[str, str], tuple[Any, ...]]:
+    """_shapes of a database made from the models, as a new node's is."""
     engine = create_engine("sqlite://")
     try:
         with engine.begin() as conn:
             SQLModel.metadata.create_all(conn)
-            conn.exec_driver_sql(f"CREATE TABLE {VERSION_TABLE} (version_num VARCHAR(32))")
-            rows = conn.exec_driver_sql("SELECT type, name FROM sqlite_master").all()
+            conn.exec_driver_sql(
+                f"CREATE TABLE {VERSION_TABLE} (version_num VARCHAR(32) NOT NULL, "
+                f"CONSTRAINT {VERSION_TABLE}_pkc PRIMARY KEY (version_num))"
+            )
+            return _shapes(conn.connection.dbapi_connection)  # type: ignore[arg-type]
     finally:
         engine.dispose()
-    return frozenset((str(kind), str(name)) for kind, name in rows)
+
+
+def _floom_schema() -> frozenset[tuple[str, str]]:
+    """The (type, name) of every table and index floom's schema defines (it defines no
+    trigger or view)."""
+    return frozenset(_floom_shapes())
+
+
+def _shapes(conn: sqlite3.Connection) -> dict[tuple[str, str], tuple[Any, ...]]:
+    """Each table and named index by (type, name), with what decides what it holds and
+    refuses: a table's kind (plain or virtual), its columns (name, not null, key, generated;
+    not the declared type, which SQLite does not enforce) and its UNIQUE and PRIMARY KEY
+    constraints (SQLite's autoindexes, by what they hold rather than their numbered names);
+    an index's table, uniqueness, partialness and key columns."""
+
+    def index(table: str, name: str) -> tuple[Any, ...]:
+        listed = conn.execute(
+            'SELECT "unique", origin, partial FROM pragma_index_list(?) WHERE name = ?',
+            (table, name),
+        ).fetchone()
+        keys = conn.execute(
+            'SELECT cid, name, "desc", coll FROM pragma_index_xinfo(?) WHERE key ORDER BY seqno',
+            (name,),
+        ).fetchall()
+        return (listed, tuple(keys))
+
+    shapes: dict[tuple[str, str], tuple[Any, ...]] = {}
+    rows = conn.execute(
+        "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'index')"
+    ).fetchall()
+    for kind, name, table, sql in rows:
+        if kind == "index" and sql is None:
+            continue  # a table's constraint: part of its table's shape
+        if kind == "index":
+            shapes[kind, name] = (table, index(table, name))
+            continue
+        columns = conn.execute(
+            'SELECT name, "notnull", pk, hidden FROM pragma_table_xinfo(?)', (name,)
+        ).fetchall()
+        constraints = [
+            index(name, auto)
+            for (auto,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NULL "
+                "AND tbl_name = ?",
+                (name,),
+            )
+        ]
+        virtual = (sql or "").lstrip().upper().startswith("CREATE VIRTUAL")
+        shapes[kind, name] = (virtual, tuple(sorted(columns)), tuple(sorted(constraints)))
+    return shapes
 
 
 def _foreign_objects(db: Path, *, kinds: tuple[str, ...]) -> str | None:

@@ -22,12 +22,13 @@ from sqlalchemy import delete, func, or_, text, update
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
-from floom.errors import BlobStoreUnavailable, BlobUnreadable, InvalidRequest
+from floom.bundle import read_archive
+from floom.errors import BlobStoreUnavailable, BlobUnreadable, FloomError, InvalidRequest
 from floom.invisible import shown
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import rules as run_rules
 from floom.store.agents import ToolCall, Transcript
-from floom.store.blobs.base import BlobStore, sha256_of
+from floom.store.blobs.base import BlobStore, sha256_of, unreadable
 from floom.store.blobs.configured import new_blob_store, store_at
 from floom.store.blobs.logs import decode_log, decode_record, encode_log
 from floom.store.blobs.rows import (
@@ -65,6 +66,7 @@ def archive_logs(
     run_ids: Sequence[str] | None = None,
     store: BlobStore | None = None,
     limit: int = LOG_BATCH,
+    passed_over: dict[str, BlobProblem] | None = None,
 ) -> int:
     """Move the logs of up to `limit` ended runs (of `run_ids`, or any that still has lines
     in run_events) into one blob each in `store` (default: where new blobs go; nothing moves
@@ -72,11 +74,21 @@ def archive_logs(
     calls) moves into the same blob (floom/store/blobs/logs.py). Lines that came after an
     earlier move (a cancelled attempt's last words) are merged into a new blob. Returns how
     many runs' logs moved; raises BlobStoreUnavailable, changing nothing more, when the store
-    is away."""
+    is away.
+
+    A run whose earlier log is missing or damaged (BlobUnreadable) cannot be merged: its
+    lines stay in run_events and its earlier blob stays as it is (to be restored), it is
+    added to `passed_over` (run id -> the problem), logged, and not chosen again by a pass
+    given the same dict; the other runs move. Callers that loop until nothing moves go on
+    while `passed_over` grows (archive_all_logs)."""
     store = store or new_blob_store(ctx.settings, ctx.engine)
     if store.inline:
         return 0
-    chosen, events, transcripts, calls = _read_ended(ctx, run_ids=run_ids, limit=limit)
+    if passed_over is None:
+        passed_over = {}
+    chosen, events, transcripts, calls = _read_ended(
+        ctx, run_ids=run_ids, limit=limit, exclude=set(passed_over)
+    )
     moves: list[LogMove] = []
     for run_id, group in groupby(events, key=lambda e: e.run_id):
         lines = list(group)
@@ -86,10 +98,15 @@ def archive_logs(
         run_calls = calls.get(run_id, [])
         record = agent_runs.archive_record(transcript, run_calls) if transcript else None
         if earlier is not None:
-            old = read_blob(ctx.settings, ctx.engine, earlier, what=f"the log of run {run_id}")
-            if record is None:
-                record = decode_record(run_id, earlier, old)
-            lines = [e for e in decode_log(run_id, earlier, old) if e.seq < lines[0].seq] + lines
+            try:
+                old = read_blob(ctx.settings, ctx.engine, earlier, what=f"the log of run {run_id}")
+                if record is None:
+                    record = decode_record(run_id, earlier, old)
+                earlier_lines = decode_log(run_id, earlier, old)
+            except BlobUnreadable as exc:
+                passed_over[run_id] = _unmerged(ctx, run_id, earlier, exc)
+                continue
+            lines = [e for e in earlier_lines if e.seq < lines[0].seq] + lines
         data = encode_log(lines, record)
         sha = sha256_of(data)
         store.put(sha, data, sha256=sha)
@@ -104,6 +121,41 @@ def archive_logs(
             )
         )
     return _record_archives(ctx, moves)
+
+
+def archive_all_logs(
+    ctx: Context,
+    *,
+    store: BlobStore | None = None,
+    passed_over: dict[str, BlobProblem],
+    stopping: Callable[[], bool] = lambda: False,
+    progress: Progress | None = None,
+) -> int:
+    """archive_logs pass after pass until no ended run's log is left to move (those passed
+    over stay, listed in `passed_over`); returns how many moved."""
+    moved = 0
+    while not stopping():
+        seen = len(passed_over)
+        now = archive_logs(ctx, store=store, passed_over=passed_over)
+        if not now and len(passed_over) == seen:
+            break
+        moved += now
+        if progress and now:
+            progress(f"{moved} ended run log(s) moved")
+    return moved
+
+
+def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> BlobProblem:
+    """The problem of a run whose later lines cannot be merged with its unreadable earlier
+    log, said once in floom's log."""
+    with session_scope(ctx.engine) as s:
+        location = s.exec(select(Blob.location).where(Blob.digest == digest)).first()
+    problem = (
+        f"{exc.message}; the run's later lines stay in the database until it is restored "
+        "(its log is not moved)"
+    )
+    log.error("run %s: %s", run_id, problem)
+    return BlobProblem(digest, location or "", problem)
 
 
 @dataclass
@@ -121,14 +173,14 @@ class LogMove:
 
 
 def _read_ended(
-    ctx: Context, *, run_ids: Sequence[str] | None, limit: int
+    ctx: Context, *, run_ids: Sequence[str] | None, limit: int, exclude: set[str]
 ) -> tuple[dict[str, str | None], list[RunEvent], dict[str, Transcript], dict[str, list[ToolCall]]]:
-    """Up to `limit` ended runs with lines in run_events (the first `limit` of `run_ids` if
-    given), each with the digest of its earlier log blob if one was recorded; their lines in
-    order; the transcripts (not moved yet) and tool calls of the agent runs among them. Two
-    queries for runs that are not agent runs (and one more to find the runs when none are
-    given). Plain reads (read_connection): the write of the move checks that the lines read
-    are all still there.
+    """Up to `limit` ended runs with lines in run_events (the first `limit` of `run_ids` if given),
+    none of `exclude`, each with the digest of its earlier log blob if one was recorded; their
+    lines in order; the transcripts (not moved yet) and tool calls of the agent runs among them.
+    Two queries for runs that are not agent runs (and one more to find the runs when none are
+    given). Plain reads (read_connection): the write of the move checks that the lines read are
+    all still there.
 
     The runs are named by id in each query, so that PostgreSQL finds them and their lines
     through the primary key and the (run_id, seq) index: given a subquery, it scanned the
@@ -139,14 +191,13 @@ def _read_ended(
     with read_connection(ctx.engine) as c:
         if run_ids is None:
             with_lines = core_select(events_t.c.run_id).distinct()
-            run_ids = list(
-                c.execute(
-                    core_select(runs.c.id)
-                    .where(runs.c.id.in_(with_lines), runs.c.status.in_(_FINISHED))
-                    .limit(limit)
-                ).scalars()
+            ended = core_select(runs.c.id).where(
+                runs.c.id.in_(with_lines), runs.c.status.in_(_FINISHED)
             )
-        wanted = sorted(run_ids)[:limit]
+            if exclude:
+                ended = ended.where(runs.c.id.not_in(sorted(exclude)))
+            run_ids = list(c.execute(ended.limit(limit)).scalars())
+        wanted = sorted(set(run_ids) - exclude)[:limit]
         if not wanted:
             return {}, [], {}, {}
         # The lines, then one row per run (joined to each line, the run's own rows were
@@ -453,17 +504,17 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
         return 0
     size, sha = row
     what = f"blob {digest}"
+    held = store_at(source, ctx.settings, ctx.engine)
     try:
-        data = store_at(source, ctx.settings, ctx.engine).get(
-            digest, sha256=sha, what=what, size=size
-        )
+        data = held.get(digest, sha256=sha, what=what, size=size)
     except BlobUnreadable:
         # Moved meanwhile (another `floom blobs migrate`, a pending upload done): its bytes
         # left `source` with the row, which no longer names it. Else they are damaged there.
         if not _still_at(ctx, digest, source):
             return 0
         raise
-    sha = sha or sha256_of(data)  # a blob stored before floom kept checksums gets one now
+    if sha is None:  # a blob stored before floom kept checksums gets one now
+        sha = _vouched_sha256(ctx, digest, data, what=what, where=held.describe(digest))
     to.put(digest, data, sha256=sha)
     if not to.inline:
         held = to.exists(digest)  # type: ignore[attr-defined]
@@ -486,6 +537,26 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
         except BlobStoreUnavailable:
             log.warning("blob %s moved to the database; its object stays in the bucket", digest)
     return 1
+
+
+def _vouched_sha256(ctx: Context, digest: str, data: bytes, *, what: str, where: str) -> str:
+    """The sha256 of `data`, read for a blob that has none recorded, once its digest vouches
+    for it: an artifact's, a log's or a workspace's digest is its bytes' sha256, a version's
+    that of the files its archive holds (floom.bundle). Else BlobUnreadable: the bytes are
+    not the blob's (an object replaced in the bucket), and recording their checksum would
+    make them pass every later check."""
+    sha = sha256_of(data)
+    if sha == digest:
+        return sha
+    try:
+        if read_archive(data, max_bytes=ctx.settings.max_bundle_bytes).digest == digest:
+            return sha
+    except FloomError:
+        pass  # not a version's archive: nothing vouches for it
+    raise unreadable(
+        f"{what} has no sha256 recorded (stored before floom kept checksums), and {where} "
+        "does not hold what its digest names; the blob stays where it was"
+    )
 
 
 def _users(ctx: Context, digest: str, *, most: int = 5) -> str:
@@ -585,13 +656,11 @@ def migrate_blobs(ctx: Context, *, to: str, progress: Progress | None = None) ->
         if progress:
             progress(f"{result.moved} blob(s) moved ({result.bytes_moved} bytes)")
     if not target.inline:
-        while True:
-            moved = archive_logs(ctx, store=target)
-            if not moved:
-                break
-            result.logs_archived += moved
-            if progress:
-                progress(f"{result.logs_archived} ended run log(s) moved")
+        passed_over: dict[str, BlobProblem] = {}
+        result.logs_archived = archive_all_logs(
+            ctx, store=target, passed_over=passed_over, progress=progress
+        )
+        result.skipped += passed_over.values()
     return result
 
 

@@ -42,12 +42,14 @@ class DeployResult:
 
 
 def _bundle_manifest_text(bundle: Bundle) -> str:
-    text = bundle.text("worker.yml")
-    if text is None:
+    if "worker.yml" not in bundle.files:
         raise ManifestInvalid(
             "the worker has no worker.yml",
             hint="create worker.yml in the folder with at least `name: my-worker`",
         )
+    text, problem = _utf8_text(bundle, "worker.yml")
+    if problem is not None:
+        raise manifest_invalid([problem])
     return text
 
 
@@ -74,8 +76,7 @@ def validate_archive(
     """Check a worker archive without storing anything. Needs the read scope."""
     caller.require("read")
     bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
-    text = bundle.text("worker.yml")
-    if text is None:
+    if "worker.yml" not in bundle.files:
         return None, [
             Problem(
                 path="",
@@ -83,6 +84,9 @@ def validate_archive(
                 hint="create worker.yml in the folder with at least `name: my-worker`",
             )
         ]
+    text, problem = _utf8_text(bundle, "worker.yml")
+    if problem is not None:
+        return None, [problem]
     manifest, problems = check_manifest(text, bundle.files.keys())
     if manifest is not None:
         problems = (
@@ -92,6 +96,8 @@ def validate_archive(
         )
         if problems:
             return None, problems
+        if undecodable := _entry_problems(bundle, manifest):
+            return None, undecodable
     return manifest, problems
 
 
@@ -116,6 +122,8 @@ def deploy(
     )
     if over:
         raise manifest_invalid(over)
+    if undecodable := _entry_problems(bundle, manifest):
+        raise manifest_invalid(undecodable)
     _check_sandbox_configured(ctx, manifest)
     digest = bundle.digest
     normalised = bundle.to_archive()
@@ -139,6 +147,28 @@ def _check_sandbox_configured(ctx: Context, manifest: Manifest) -> None:
             "sandbox.backend from worker.yml to use the server's default",
             details=[{"path": "sandbox.backend", "message": f"{problem}"}],
         )
+
+
+def _utf8_text(bundle: Bundle, path: str, *, field: str = "") -> tuple[str, Problem | None]:
+    """The text of a file floom itself reads (worker.yml, an agent's SKILL.md), or a problem
+    when it is not UTF-8: read with its bytes replaced, the manifest stored and run (or the
+    instructions an agent follows) would be other text than the version's file holds, which
+    `floom check` of the same folder refuses."""
+    data = bundle.files[path].data
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        message = f"{path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line})"
+        return "", Problem(path=field, message=message, hint=f"save {path} as UTF-8")
+
+
+def _entry_problems(bundle: Bundle, manifest: Manifest) -> list[Problem]:
+    """An agent's SKILL.md must be UTF-8 text, as worker.yml is."""
+    if manifest.kind != "agent" or manifest.entry not in bundle.files:
+        return []
+    _, problem = _utf8_text(bundle, manifest.entry, field="entry")
+    return [] if problem is None else [problem]
 
 
 def _store_version(

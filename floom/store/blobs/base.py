@@ -138,3 +138,8 @@ def missing(*, what: str, where: str) -> BlobUnreadable:
         f"{what} is missing: {where} does not exist",
         hint=_RESTORE_HINT,
     )
+
+
+def unreadable(message: str) -> BlobUnreadable:
+    """BlobUnreadable saying `message`, with how to restore the blob's bytes."""
+    return BlobUnreadable(message, hint=_RESTORE_HINT)

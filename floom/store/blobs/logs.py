@@ -12,13 +12,17 @@ paging through a long log, or several followers of one run, read its object once
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from floom.errors import BlobUnreadable
+from floom.store.blobs.base import unreadable
 from floom.store.models import RunEvent, trusted_row
 
 # Decoded logs kept, and the most lines they may hold together.
@@ -26,6 +30,11 @@ _CACHED_LOGS = 16
 _CACHED_LINES = 200_000
 # Fast enough to keep up with a run's end, and about 90% of the best ratio on log text.
 _LEVEL = 6
+# The most a log blob is unpacked to: this, or _MAX_RATIO times its packed size if more (a
+# run's log is up to FLOOM_MAX_LOG_BYTES_PER_RUN an attempt; log text packs about 5 to 20
+# times, a gzip bomb about 1000).
+MAX_LOG_BLOB_BYTES = 64 << 20
+_MAX_RATIO = 64
 
 AgentRecord = dict[str, Any]
 # A tool call's columns as its record keeps them (with created_at, as ISO 8601).
@@ -90,28 +99,36 @@ def _decoded(run_id: str, digest: str, data: bytes) -> tuple[list[RunEvent], Age
             return found
     events: list[RunEvent] = []
     record: AgentRecord | None = None
+    # Its sha256 matching says only that the bytes are the row's, not that floom wrote them
+    # (a row of a restored or copied store): anything else than a log floom writes is
+    # BlobUnreadable naming the run, and no more is unpacked than a log can be.
+    limit = max(MAX_LOG_BLOB_BYTES, _MAX_RATIO * len(data))
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as unpacking:
+            raw = unpacking.read(limit + 1)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise _not_a_log(run_id, digest, f"not gzip ({exc})") from None
+    if len(raw) > limit:
+        raise _not_a_log(run_id, digest, f"it unpacks to more than {limit} bytes")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise _not_a_log(run_id, digest, "not UTF-8 text") from None
     # split("\n"), not splitlines(): JSON escapes newlines but not U+2028 and kin.
-    for text in gzip.decompress(data).decode().split("\n"):
-        if not text:
+    for number, piece in enumerate(text.split("\n"), start=1):
+        if not piece:
             continue
-        value = json.loads(text)
-        if isinstance(value, dict):
+        try:
+            value = json.loads(piece)
+        except (ValueError, RecursionError):
+            raise _not_a_log(run_id, digest, f"line {number} is not JSON") from None
+        if isinstance(value, dict) and isinstance(value.get("agent", {}), dict):
             record = value.get("agent")
             continue
-        seq, attempt, ts, stream, line = value
-        events.append(
-            trusted_row(
-                RunEvent,
-                {
-                    "run_id": run_id,
-                    "seq": seq,
-                    "attempt": attempt,
-                    "ts": datetime.fromisoformat(ts),
-                    "stream": stream,
-                    "line": line,
-                },
-            )
-        )
+        event = _event(run_id, value)
+        if event is None:
+            raise _not_a_log(run_id, digest, f"line {number} is not a log line")
+        events.append(event)
     with _lock:
         _cache[digest] = (events, record)
         while len(_cache) > _CACHED_LOGS or (
@@ -119,6 +136,39 @@ def _decoded(run_id: str, digest: str, data: bytes) -> tuple[list[RunEvent], Age
         ):
             _cache.popitem(last=False)
     return events, record
+
+
+def _event(run_id: str, value: Any) -> RunEvent | None:
+    """A log line as [seq, attempt, ts, stream, line], as a RunEvent; None when it is not."""
+    if not (isinstance(value, list) and len(value) == 5):
+        return None
+    seq, attempt, ts, stream, line = value
+    if not (
+        all(isinstance(n, int) and not isinstance(n, bool) for n in (seq, attempt))
+        and all(isinstance(t, str) for t in (ts, stream, line))
+    ):
+        return None
+    try:
+        when = datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    return trusted_row(
+        RunEvent,
+        {
+            "run_id": run_id,
+            "seq": seq,
+            "attempt": attempt,
+            "ts": when,
+            "stream": stream,
+            "line": line,
+        },
+    )
+
+
+def _not_a_log(run_id: str, digest: str, why: str) -> BlobUnreadable:
+    return unreadable(
+        f"the log of run {run_id} is damaged: blob {digest} is not a log floom wrote ({why})"
+    )
 
 
 def cached_log(digest: str) -> list[RunEvent] | None:

@@ -304,6 +304,37 @@ def test_a_file_whose_name_shows_as_another_is_refused_at_deploy(
     assert api.get("/api/v1/workers").json()["items"] == []
 
 
+@pytest.mark.parametrize(
+    ("entries", "named"),
+    [
+        ([("worker.yml", b"name: latin\ndescription: caf\xe9\n"), ("run.py", b"x")], "worker.yml"),
+        (
+            [("worker.yml", b"name: skilled\n"), ("SKILL.md", b"# Summarise\n\xff\xfe do it\n")],
+            "SKILL.md",
+        ),
+    ],
+    ids=["worker-yml", "skill-md"],
+)
+def test_a_worker_yml_or_skill_md_that_is_not_utf8_is_refused_at_deploy_and_validate(
+    api: httpx.Client, entries: list[tuple[str, bytes | None]], named: str
+) -> None:
+    # Read with its bytes replaced, a Latin-1 worker.yml deployed (and its manifest stored)
+    # as text other than the file's, which `floom check` of the same folder refuses; a
+    # SKILL.md the same, as the agent's instructions.
+    response, _ = post(api, "/api/v1/workers/validate", raw_tar(entries))
+    assert response.status_code == 200, response.text[:500]
+    assert response.json()["valid"] is False
+    [problem] = response.json()["problems"]
+    assert problem["message"].startswith(f"{named} is not UTF-8 text (byte 0x"), problem
+    response, _ = post(api, "/api/v1/workers", raw_tar(entries))
+    assert response.status_code == 400, response.text[:500]
+    error = error_of(response)
+    assert error["code"] == "manifest_invalid", error
+    assert f"{named} is not UTF-8 text" in error["message"], error
+    assert f"save {named} as UTF-8" in error["hint"], error
+    assert api.get("/api/v1/workers").json()["items"] == []
+
+
 def test_an_archive_made_by_tar_from_inside_the_folder_deploys(
     api: httpx.Client, tmp_path: Path
 ) -> None:

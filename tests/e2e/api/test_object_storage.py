@@ -13,8 +13,11 @@ from typing import Any
 import boto3
 import pytest
 from botocore.config import Config
-from sqlmodel import func, select
+from sqlalchemy import update
+from sqlmodel import col, func, select
 
+from floom.bundle import Bundle, BundleFile
+from floom.engine.loops.uploads import ObjectUploads
 from floom.errors import BackupInvalid
 from floom.services.context import Context
 from floom.services.ops import objects
@@ -23,6 +26,7 @@ from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention
 from floom.store.blobs.configured import s3_store
 from floom.store.blobs.configured import store_at as configured_store_at
+from floom.store.blobs.logs import encode_log
 from floom.store.blobs.rows import inline_blob, insert_blob, stage_blob
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import session_scope
@@ -472,5 +476,114 @@ def test_blobs_migrate_skips_an_object_whose_bytes_are_not_its_blob_s_and_moves_
         again = migrate_blobs(ctx, to="database")  # resumable: the same two, nothing else
         assert again.moved == 0
         assert len(again.skipped) == 2
+    finally:
+        ctx.engine.dispose()
+
+
+def test_a_run_whose_earlier_log_object_is_missing_holds_up_no_other_log_and_no_upload(
+    tmp_path: Path, database_url: str, s3_server: S3Server
+) -> None:
+    # An ended run with lines after an earlier move (a cancelled attempt's last words) whose
+    # earlier log object the bucket lost: merging them needs that object. It stays as it
+    # is, named, while every other run's log moves and the pending uploads are done; before,
+    # `floom blobs migrate --to s3` stopped on it every time, and the upkeep loop failed its
+    # every pass there, uploading nothing more. Once the object is back, a re-run moves it.
+    with live_server(tmp_path / "data", database_url) as srv:
+        _deploy(srv, tmp_path)
+        runs = sorted(_run(srv)["id"] for _ in range(3))
+    bucket = s3_server.settings()
+    settings = fast_settings(tmp_path / "data", database_url, **bucket)
+    ctx = Context.open(settings)
+    poison = runs[0]
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            first = list(
+                s.exec(
+                    select(RunEvent).where(RunEvent.run_id == poison).order_by(col(RunEvent.seq))
+                ).all()
+            )[:5]
+            earlier = encode_log(first)
+            blob = stage_blob(settings, ctx.engine, earlier)
+            insert_blob(s, blob)
+            s.add(RunLog(run_id=poison, digest=blob.digest, lines=5, last_seq=first[-1].seq))
+            for event in first:
+                s.delete(event)
+        store = s3_store(settings)
+        store.delete([blob.digest])
+
+        result = migrate_blobs(ctx, to="s3")
+
+        assert result.logs_archived == 2
+        [problem] = [p for p in result.skipped if p.digest == blob.digest]
+        assert poison in problem.problem
+        assert "missing" in problem.problem
+        with session_scope(ctx.engine) as s:
+            left = set(s.exec(select(RunEvent.run_id)).all())
+        assert left == {poison}
+        # The upkeep loop's pass: the same run passed over, a pending upload still done.
+        waiting = inline_blob(b"waiting for the bucket")
+        with session_scope(ctx.engine, write=True) as s:
+            insert_blob(s, waiting)
+            s.add(PendingBlob(digest=waiting.digest, action="upload"))
+        ObjectUploads(ctx)._sweep()
+        with session_scope(ctx.engine) as s:
+            assert s.get(Blob, waiting.digest).location == "s3"  # type: ignore[union-attr]
+            assert s.exec(select(func.count()).select_from(PendingBlob)).one() == 0
+
+        store.put(blob.digest, earlier, sha256=blob.sha256)
+        again = migrate_blobs(ctx, to="s3")
+        assert (again.logs_archived, again.skipped) == (1, [])
+        with session_scope(ctx.engine) as s:
+            assert s.exec(select(func.count()).select_from(RunEvent)).one() == 0
+    finally:
+        ctx.engine.dispose()
+    with live_server(tmp_path / "data", database_url, **bucket) as srv:
+        assert _log_lines(srv, poison) == [f"line {i}" for i in range(LINES)]
+
+
+def test_blobs_migrate_moves_a_blob_without_a_checksum_only_when_its_digest_vouches_for_it(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    # A blob stored before floom kept checksums has no sha256 to check its bytes against: the
+    # migration recorded one for whatever the bucket held, so an object replaced there (of
+    # the same size) came back as a checked blob. Its digest names its content (an
+    # artifact's or a log's is the bytes' sha256, a version's the archive's files'): bytes
+    # that are not what it names stay where they are, skipped and named.
+    settings = fast_settings(
+        tmp_path / "data", f"sqlite:///{tmp_path / 'floom.db'}", **s3_server.settings()
+    )
+    ctx = Context.open(settings)
+    try:
+        bundle = Bundle({"worker.yml": BundleFile("worker.yml", b"name: old\n")})
+        archive = bundle.to_archive()
+        legacy = [
+            stage_blob(settings, ctx.engine, b"the real bytes %d" % i * 20) for i in range(2)
+        ] + [stage_blob(settings, ctx.engine, archive, digest=bundle.digest)]
+        with session_scope(ctx.engine, write=True) as s:
+            for blob in legacy:
+                insert_blob(s, blob)
+            for blob in legacy:
+                s.execute(update(Blob).where(col(Blob.digest) == blob.digest).values(sha256=None))
+        replaced, good, version = legacy
+        store = s3_store(settings)
+        store._call(
+            "put_object",
+            doing="put",
+            Bucket=store.bucket,
+            Key=store.key(replaced.digest),
+            Body=b"X" * replaced.size,
+        )
+
+        result = migrate_blobs(ctx, to="database")
+
+        assert result.moved == 2
+        [skipped] = result.skipped
+        assert skipped.digest == replaced.digest
+        assert "no sha256" in skipped.problem
+        with session_scope(ctx.engine) as s:
+            rows = {b.digest: b for b in s.exec(select(Blob)).all()}
+        assert (rows[replaced.digest].location, rows[replaced.digest].sha256) == ("s3", None)
+        assert rows[good.digest].sha256 == hashlib.sha256(rows[good.digest].data).hexdigest()
+        assert rows[version.digest].data == archive
     finally:
         ctx.engine.dispose()

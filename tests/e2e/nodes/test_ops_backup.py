@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -332,7 +333,46 @@ def test_a_backup_whose_database_cannot_be_restored_changes_nothing(tmp_path: Pa
         with closing(sqlite3.connect(db)) as conn, conn:
             conn.execute("CREATE INDEX ix_planted ON runs (id, status)")
 
+    def a_table_without_its_unique_keys(db: Path) -> None:
+        # The same name and columns, without the unique keys that refuse a replayed webhook
+        # delivery: the restored node would start a run for every replay.
+        with closing(sqlite3.connect(db)) as conn, conn:
+            (sql,) = conn.execute(
+                "SELECT sql FROM sqlite_master WHERE name = 'webhook_deliveries'"
+            ).fetchone()
+            loose = re.sub(r",\s*UNIQUE \([^)]*\)", "", sql)
+            assert "UNIQUE" not in loose
+            conn.execute("ALTER TABLE webhook_deliveries RENAME TO old_deliveries")
+            conn.execute(loose)
+            conn.execute("INSERT INTO webhook_deliveries SELECT * FROM old_deliveries")
+            conn.execute("DROP TABLE old_deliveries")
+            conn.execute(
+                "CREATE INDEX ix_webhook_deliveries_worker ON webhook_deliveries (worker_name, id)"
+            )
+
+    def an_index_redefined(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn, conn:
+            conn.execute("DROP INDEX ix_runs_queue")
+            conn.execute("CREATE INDEX ix_runs_queue ON runs (status, not_before) WHERE 0")
+
+    def an_index_dropped(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn, conn:
+            conn.execute("DROP INDEX ix_runs_lease")
+
+    def a_generated_column(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn, conn:
+            conn.execute(
+                "ALTER TABLE secrets ADD COLUMN shown TEXT GENERATED ALWAYS AS (hex(ciphertext))"
+            )
+
     for damage, said in (
+        (
+            a_table_without_its_unique_keys,
+            "table 'webhook_deliveries', which is not as floom defines it",
+        ),
+        (an_index_redefined, "index 'ix_runs_queue', which is not as floom defines it"),
+        (an_index_dropped, "lacks the index 'ix_runs_lease'"),
+        (a_generated_column, "table 'secrets', which is not as floom defines it"),
         (not_a_database, "is not a floom database"),
         (a_table_missing, "no such table"),
         (counts_lie, "other row counts"),
