@@ -40,7 +40,7 @@ class Releases:
         self._delay = delay
         self._changed = threading.Condition()
         # (when it is due, the release, the path it holds)
-        self._pending: collections.deque[tuple[float, Callable[[], None], str | None]] = (
+        self._pending: collections.deque[tuple[float, Callable[[], object], str | None]] = (
             collections.deque()
         )
         self._paths: collections.Counter[str] = collections.Counter()
@@ -48,7 +48,7 @@ class Releases:
         self._hurry = False  # someone waits for the releases: no delay until all are done
         self._thread: threading.Thread | None = None
 
-    def add(self, release: Callable[[], None], *, path: Path | None = None) -> None:
+    def add(self, release: Callable[[], object], *, path: Path | None = None) -> None:
         """Have `release` run on the releases' thread, after those added before it. `path`:
         what it frees, taken again only once it returned (`wait_for`). A release that
         raises is logged; the next ones run all the same."""
