@@ -45,6 +45,10 @@ class Releases:
         )
         self._paths: collections.Counter[str] = collections.Counter()
         self._busy = 0
+        # How many were added and how many are done: in order, so all of the first N are
+        # done once N are.
+        self._added = 0
+        self._done = 0
         self._hurry = False  # someone waits for the releases: no delay until all are done
         self._thread: threading.Thread | None = None
 
@@ -55,6 +59,7 @@ class Releases:
         key = None if path is None else os.path.abspath(path)
         with self._changed:
             self._pending.append((time.monotonic() + self._delay, release, key))
+            self._added += 1
             if key is not None:
                 self._paths[key] += 1
             if self._thread is None:
@@ -77,7 +82,10 @@ class Releases:
     def drain(self, timeout: float = DRAIN_SECONDS) -> bool:
         """Wait until every release added so far is done; False when some were not after
         `timeout` seconds."""
-        return self._wait(lambda: not self._pending and not self._busy, timeout)
+        with self._changed:
+            added = self._added
+        # Not until none is pending: other runs' releases may keep coming meanwhile.
+        return self._wait(lambda: self._done >= added, timeout)
 
     def _wait(self, done: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -113,6 +121,7 @@ class Releases:
             finally:
                 with self._changed:
                     self._busy -= 1
+                    self._done += 1
                     if key is not None:
                         self._paths[key] -= 1
                         if self._paths[key] <= 0:
