@@ -522,6 +522,7 @@ class LocalSandbox(Sandbox):
             # Registered first so it runs last: the cgroup goes once everything else ended,
             # and the uid with it, off the run's path.
             run_scope.callback(self.releases.add, functools.partial(_end_limits, run_limits, lease))
+            run_scope.callback(run_limits.ended)
             run_scope.callback(launcher.close_input)
             run_scope.callback(_unwatch, spec, launcher)
 

@@ -15,6 +15,7 @@ import pytest
 
 from floom.engine.cleanup import discard_later
 from floom.sandbox import LocalSandbox, Sandbox, SandboxSpec
+from floom.sandbox.local import cgroups
 from floom.sandbox.local.uid_pool import UidPool
 from tests.support.harness import wait_until
 from tests.support.rigs.sandboxes import Lines
@@ -143,3 +144,27 @@ def test_a_run_dir_discarded_with_its_release_pending_is_made_again_once_it_is_d
         assert not os.path.ismount(run_dir)
     finally:
         local.close()
+
+
+def test_a_run_whose_release_is_pending_weighs_nothing_in_the_runs_cpu_share(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    # The runs' group weighs one process per live run: runs ended but not yet released
+    # counted too would take CPU from floom's own threads (the server) meanwhile.
+    parent = cgroups.detect().parents.get(cgroups.CPU)
+    if parent is None:
+        pytest.skip("no CPU controller for runs here")
+    file = parent / ("cpu.weight" if cgroups.detect().version == 2 else "cpu.shares")
+    alone = file.read_text().strip()
+    local = local_of(sandbox)
+    gate = threading.Event()
+    local.releases.add(lambda: gate.wait(30))
+    try:
+        run_uid(sandbox, tmp_path / "root")
+        run_uid(sandbox, tmp_path / "root")
+        assert local.releases.pending() >= 3  # the gate and both runs' releases
+        assert file.read_text().strip() == alone
+    finally:
+        gate.set()
+    assert local.releases.drain()
+    assert file.read_text().strip() == alone

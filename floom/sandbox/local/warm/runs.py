@@ -193,6 +193,8 @@ class WarmRun(StartedAhead):
         """Kill what is left; then, off the run's path unless `now`, remove the cgroup and
         give the uid back (unless a process of the run may be left)."""
         self._child.discard_processes()
+        if self._limits is not None:
+            self._limits.ended()
         if now:
             self._release()
         else:
