@@ -204,6 +204,8 @@ class Dispatch:
         if not self.reserve():
             yield False
             return
+        # Read now: a queueing transaction that fails leaves `run` expired and detached.
+        run_id = run.id
         ahead: StartedAttempt | None = None
         try:
             if start_ahead:
@@ -214,7 +216,7 @@ class Dispatch:
             raise
         finally:
             with self.lock:
-                lines = self._first_lines.pop(run.id, None)
+                lines = self._first_lines.pop(run_id, None)
         if run.status == RUNNING and run.lease_owner == self.runner.ctx.node_id:
             self.start_claimed(run, ahead, lines)
         else:

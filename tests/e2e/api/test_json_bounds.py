@@ -266,16 +266,16 @@ def test_a_run_form_value_that_trips_a_parser_is_a_4xx_naming_the_input(
 
 
 @pytest.mark.parametrize(
-    ("raw", "line"),
+    ("raw", "line", "said"),
     [
-        (b"name: big\ndescription: a\x00b\n", 2),
-        ("name: big\n".encode("utf-16"), 1),
-        (b"name: big\n\x1b[31m: red\n", 2),
+        (b"name: big\ndescription: a\x00b\n", 2, "not valid YAML at line 2: "),
+        ("name: big\n".encode("utf-16"), 1, "not UTF-8 text (byte 0xff at line 1)"),
+        (b"name: big\n\x1b[31m: red\n", 2, "not valid YAML at line 2: "),
     ],
     ids=["nul", "utf-16", "escape"],
 )
 def test_a_worker_yml_holding_a_character_yaml_refuses_is_a_problem_naming_its_line(
-    api: httpx.Client, raw: bytes, line: int
+    api: httpx.Client, raw: bytes, line: int, said: str
 ) -> None:
     # PyYAML checks the characters as its loader is made, before the document is read: that
     # answered 500 to any read key's validate, and to a deploy.
@@ -289,8 +289,10 @@ def test_a_worker_yml_holding_a_character_yaml_refuses_is_a_problem_naming_its_l
     checked = api.post("/api/v1/workers/validate", content=data.getvalue(), headers=headers)
     assert checked.status_code == 200, checked.text[:300]
     problem = checked.json()["problems"][0]
-    assert problem["message"].startswith(f"worker.yml is not valid YAML at line {line}: "), problem
-    assert problem["hint"] == "save worker.yml as UTF-8 text without control characters"
+    # A file that is not UTF-8 is refused before YAML reads it (the bytes are never replaced).
+    assert problem["message"].startswith(f"worker.yml is {said}"), problem
+    assert f"line {line}" in problem["message"], problem
+    assert problem["hint"].startswith("save worker.yml as UTF-8")
     response = api.post("/api/v1/workers", content=data.getvalue(), headers=headers)
     assert response.status_code == 400, (response.status_code, response.text[:300])
     assert response.json()["error"]["code"] == "manifest_invalid"
