@@ -159,6 +159,10 @@ class Settings(BaseSettings):
     request_header_seconds: float = Field(15.0, gt=0, le=3600)
     max_header_bytes: int = Field(64 * 1024, ge=1024, le=16 * 1024 * 1024)
     max_connections: int = Field(1000, ge=1)
+    # The time an answer's bytes may wait on a client that takes none of them (a stalled
+    # reader of a log stream, or a client gone without a word): then its connection is
+    # closed, and a stream's place given back.
+    response_send_seconds: float = Field(60.0, gt=0, le=3600)
     # Triggers (floom/services/triggers/webhooks.py): the largest webhook body accepted, and the
     # Standard Webhooks secret of Composio's deliveries to /hooks/composio.
     webhook_max_bytes: int = 1024 * 1024

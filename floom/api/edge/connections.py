@@ -12,13 +12,29 @@ request line and headers and MAX_HEADER_FIELDS fields (past either, 431
 than half its open-file limit): one more closes the connection that has waited longest for
 a request, so idle connections cannot keep requests out; when every connection is busy with
 a request, the new one is answered 503 and closed.
+
+Nor does uvicorn bound how long an answer may wait on its client: it writes as fast as the
+client reads, so a client that opens a log stream (or any long answer) and then reads nothing
+held its connection, and its stream's place, for as long as the run lasted; one gone without
+a word (half-open, no reset) was found only by the kernel's retransmission limit, about a
+quarter of an hour. So, on Linux, a connection with bytes sent that its client's TCP has
+acknowledged none of for FLOOM_RESPONSE_SEND_SECONDS (its window shut by a reader that reads
+nothing, or no answer at all) is closed; a stream's keep-alive comment is enough to be such a
+byte. Progress is the kernel's count of bytes acknowledged, so a client that reads, however
+slowly, is not cut. (Neither uvicorn's pause_writing nor the kernel's TCP_USER_TIMEOUT will
+do: the first comes only once the kernel's send buffer is full, megabytes on a quiet stream;
+the second cut a client that read every half deadline through a small window.)
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import resource
+import socket
+import struct
+import termios
 from asyncio import TimerHandle, Transport
 from typing import Any, ClassVar
 
@@ -48,10 +64,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     header_seconds: ClassVar[float] = 15.0
     max_header_bytes: ClassVar[int] = 64 * 1024
     max_connections: ClassVar[int] = 1000
+    send_seconds: ClassVar[float] = 60.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: TimerHandle | None = None
+        self._send_timer: TimerHandle | None = None
+        # The kernel's count of bytes the client acknowledged, and when (loop time) it last
+        # moved or nothing was left to send.
+        self._acked = 0
+        self._progress_at = 0.0
         # Since when (loop time) it has waited for a request; None while one is served.
         self.waiting_since: float | None = None
         self._in_head = False
@@ -79,12 +101,47 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         super().connection_made(transport)
         self._await_request()
+        if _send_progress(transport) is not None:
+            self._progress_at = self.loop.time()
+            self._check_send_later()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._cancel_send_timer()
         if self.flow is None:  # refused in connection_made: never set up
             return
         super().connection_lost(exc)
+
+    def _check_send_later(self) -> None:
+        self._send_timer = self.loop.call_later(self.send_seconds / 4, self._check_send)
+
+    def _cancel_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _check_send(self) -> None:
+        self._send_timer = None
+        if self.transport.is_closing():
+            return
+        progress = _send_progress(self.transport)
+        if progress is None:
+            return
+        acked, outstanding = progress
+        now = self.loop.time()
+        if acked != self._acked or not (outstanding or self.transport.get_write_buffer_size()):
+            self._acked, self._progress_at = acked, now
+        elif now - self._progress_at >= self.send_seconds:
+            log.warning(
+                "closed a connection whose client acknowledged none of what was sent to it "
+                "for %g s (FLOOM_RESPONSE_SEND_SECONDS)",
+                self.send_seconds,
+            )
+            # Not close(): that waits for the unsent answer to be written, the very wait
+            # being ended.
+            self.transport.abort()
+            return
+        self._check_send_later()
 
     def data_received(self, data: bytes) -> None:
         if self._lingered is not None:
@@ -232,6 +289,32 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         return True
 
 
+# struct tcp_info (linux/tcp.h): tcpi_bytes_acked, a u64 at byte 120 (Linux 4.1 and later).
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_AT = 120
+_OUTQ = struct.Struct("=i")
+_TCP_INFO = getattr(socket, "TCP_INFO", None)
+
+
+def _send_progress(transport: Transport) -> tuple[int, int] | None:
+    """The bytes the client's TCP has acknowledged so far on this connection, and the bytes
+    in the kernel not yet acknowledged; None where the kernel does not tell (not Linux, not
+    TCP)."""
+    sock = transport.get_extra_info("socket")
+    if _TCP_INFO is None or sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _BYTES_ACKED_AT + 8)
+        if len(info) < _BYTES_ACKED_AT + 8:
+            return None
+        (acked,) = _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_AT)
+        queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(_OUTQ.size))
+    except OSError:  # the socket is closing: its connection_lost is on its way
+        return None
+    (outstanding,) = _OUTQ.unpack(queued)
+    return acked, outstanding
+
+
 def _answer(error: FloomError) -> bytes:
     """`error` as an answer in floom's error shape, that closes its connection."""
     body = json.dumps({"error": error.to_dict()}).encode()
@@ -266,5 +349,6 @@ def guarded_protocol(settings: Settings) -> type[GuardedHttpProtocol]:
             "header_seconds": settings.request_header_seconds,
             "max_header_bytes": settings.max_header_bytes,
             "max_connections": cap,
+            "send_seconds": settings.response_send_seconds,
         },
     )
