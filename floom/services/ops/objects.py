@@ -22,13 +22,12 @@ from sqlalchemy import delete, func, or_, text, update
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
-from floom.bundle import read_archive
-from floom.errors import BlobStoreUnavailable, BlobUnreadable, FloomError, InvalidRequest
+from floom.errors import BlobStoreUnavailable, BlobUnreadable, InvalidRequest
 from floom.invisible import shown
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import rules as run_rules
 from floom.store.agents import ToolCall, Transcript
-from floom.store.blobs.base import BlobStore, sha256_of, unreadable
+from floom.store.blobs.base import BlobStore, sha256_of, vouched_sha256
 from floom.store.blobs.configured import new_blob_store, store_at
 from floom.store.blobs.logs import decode_log, decode_record, encode_log
 from floom.store.blobs.rows import (
@@ -514,7 +513,13 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
             return 0
         raise
     if sha is None:  # a blob stored before floom kept checksums gets one now
-        sha = _vouched_sha256(ctx, digest, data, what=what, where=held.describe(digest))
+        sha = vouched_sha256(
+            data,
+            digest=digest,
+            max_bytes=ctx.settings.max_bundle_bytes,
+            what=what,
+            where=held.describe(digest),
+        )
     to.put(digest, data, sha256=sha)
     if not to.inline:
         held = to.exists(digest)  # type: ignore[attr-defined]
@@ -537,26 +542,6 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
         except BlobStoreUnavailable:
             log.warning("blob %s moved to the database; its object stays in the bucket", digest)
     return 1
-
-
-def _vouched_sha256(ctx: Context, digest: str, data: bytes, *, what: str, where: str) -> str:
-    """The sha256 of `data`, read for a blob that has none recorded, once its digest vouches
-    for it: an artifact's, a log's or a workspace's digest is its bytes' sha256, a version's
-    that of the files its archive holds (floom.bundle). Else BlobUnreadable: the bytes are
-    not the blob's (an object replaced in the bucket), and recording their checksum would
-    make them pass every later check."""
-    sha = sha256_of(data)
-    if sha == digest:
-        return sha
-    try:
-        if read_archive(data, max_bytes=ctx.settings.max_bundle_bytes).digest == digest:
-            return sha
-    except FloomError:
-        pass  # not a version's archive: nothing vouches for it
-    raise unreadable(
-        f"{what} has no sha256 recorded (stored before floom kept checksums), and {where} "
-        "does not hold what its digest names; the blob stays where it was"
-    )
 
 
 def _users(ctx: Context, digest: str, *, most: int = 5) -> str:
