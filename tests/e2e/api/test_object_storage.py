@@ -452,7 +452,7 @@ def test_backup_and_restore_take_a_blob_without_a_checksum_only_when_its_digest_
     )
     ctx = Context.open(settings)
     try:
-        replaced, good, version, _ = _legacy_blobs(settings, ctx)
+        replaced, good, _, _ = _legacy_blobs(settings, ctx)
         with pytest.raises(BlobUnreadable) as refused:
             create_backup(settings=settings, dest=tmp_path / "bad")
         assert replaced.digest in refused.value.message
