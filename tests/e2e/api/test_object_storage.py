@@ -22,6 +22,7 @@ from floom.errors import BackupInvalid, BlobUnreadable
 from floom.services.context import Context
 from floom.services.ops import objects
 from floom.services.ops.backup import MANIFEST, create_backup, restore_backup
+from floom.services.ops.doctor import check_blob_store
 from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention
 from floom.store.blobs.configured import s3_store
@@ -627,6 +628,53 @@ def test_a_run_whose_earlier_log_object_is_missing_holds_up_no_other_log_and_no_
         ctx.engine.dispose()
     with live_server(tmp_path / "data", database_url, **bucket) as srv:
         assert _log_lines(srv, poison) == [f"line {i}" for i in range(LINES)]
+
+
+def test_a_held_back_run_log_is_said_once_per_process_and_named_by_floom_doctor(
+    tmp_path: Path, database_url: str, s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A run passed over by log archiving (its earlier log object missing) was logged at error
+    # level at every upkeep sweep of every node until the object came back, and nothing an
+    # operator looks at said it. Now each process says it once (then once an hour, with how
+    # many passes met it), and `floom doctor` counts and names such runs, with the fix.
+    with live_server(tmp_path / "data", database_url) as srv:
+        _deploy(srv, tmp_path)
+        poison = _run(srv)["id"]
+    settings = fast_settings(tmp_path / "data", database_url, **s3_server.settings())
+    ctx = Context.open(settings)
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            first = list(
+                s.exec(
+                    select(RunEvent).where(RunEvent.run_id == poison).order_by(col(RunEvent.seq))
+                ).all()
+            )[:5]
+            earlier = encode_log(first)
+            blob = stage_blob(settings, ctx.engine, earlier)
+            insert_blob(s, blob)
+            s.add(RunLog(run_id=poison, digest=blob.digest, lines=5, last_seq=first[-1].seq))
+            for event in first:
+                s.delete(event)
+        store = s3_store(settings)
+        store.delete([blob.digest])
+        [healthy] = [c for c in check_blob_store(settings) if c.name == "held-back run logs"]
+        assert healthy.status == "warn"
+        assert "1 ended run(s)' logs stay in the database" in healthy.detail
+        assert poison in healthy.detail
+        assert "restore each object" in str(healthy.to_dict()["fix"])
+
+        with caplog.at_level("ERROR", logger="floom.blobs"):
+            for _ in range(3):  # three upkeep sweeps of this node
+                ObjectUploads(ctx)._sweep()
+        said = [r for r in caplog.records if poison in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]
+
+        store.put(blob.digest, earlier, sha256=blob.sha256)
+        ObjectUploads(ctx)._sweep()
+        [cured] = [c for c in check_blob_store(settings) if c.name == "held-back run logs"]
+        assert (cured.status, cured.detail) == ("ok", "no ended run's log is held back")
+    finally:
+        ctx.engine.dispose()
 
 
 def test_blobs_migrate_moves_a_blob_without_a_checksum_only_when_its_digest_vouches_for_it(
