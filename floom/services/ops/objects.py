@@ -162,9 +162,10 @@ def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> Bl
     )
     now = monotonic()
     with _held_back_lock:
-        said_at, passes = _held_back_said.get((run_id, digest), (None, 0))
-        due = said_at is None or now - said_at >= HELD_BACK_LOG_SECONDS
-        _held_back_said[(run_id, digest)] = (now if due else said_at, 0 if due else passes + 1)
+        said = _held_back_said.get((run_id, digest))
+        passes = said[1] if said else 0
+        due = said is None or now - said[0] >= HELD_BACK_LOG_SECONDS
+        _held_back_said[(run_id, digest)] = (now, 0) if due or not said else (said[0], passes + 1)
     if due:
         since = f" (passed over {passes} more time(s) since it was last said)" if passes else ""
         log.error("run %s: %s%s", run_id, problem, since)

@@ -140,7 +140,7 @@ class S3BlobStore(BlobStore):
                 # without a size: than the largest blob floom stores).
                 declared = int(answer.get("ContentLength", size or 0))
                 self._of_size(declared, size=size, what=what, where=where)
-                data = body.read((self.max_unsized_bytes if size is None else size) + 1)
+                data: bytes = body.read((self.max_unsized_bytes if size is None else size) + 1)
             finally:
                 body.close()
         except _Absent:
