@@ -33,6 +33,7 @@ from floom import __version__
 from floom.config import Settings
 from floom.errors import (
     BackupInvalid,
+    BlobUnreadable,
     Conflict,
     InvalidRequest,
     NotFound,
@@ -41,7 +42,7 @@ from floom.errors import (
 )
 from floom.hints import act, told
 from floom.services.access.secrets import SecretBox
-from floom.store.blobs.base import sha256_of
+from floom.store.blobs.base import largest_blob_bytes, sha256_of, vouched_sha256
 from floom.store.blobs.configured import s3_store
 from floom.store.blobs.database import DatabaseBlobStore
 from floom.store.db import make_engine
@@ -684,6 +685,7 @@ def _restore_objects(settings: Settings, engine: Any, source: Path, names: list[
             )
         }
     held = {name.removeprefix(f"{OBJECTS}/") for name in names}
+    checksums: dict[str, str] = {}  # each object's sha256, checked
     for digest, (_, _, location) in sorted(rows.items()):
         if location != "database" and digest not in held:
             raise BackupInvalid(
@@ -701,18 +703,36 @@ def _restore_objects(settings: Settings, engine: Any, source: Path, names: list[
                 f"storage, or not of its size; nothing was restored",
                 hint="the backup is damaged or was not written by floom backup; use another one",
             )
-        # (A blob stored before floom kept checksums has none to check.)
-        if row[1] is not None and sha256_of((source / name).read_bytes()) != row[1]:
+        data = (source / name).read_bytes()
+        if row[1] is None:
+            # A blob stored before floom kept checksums: its digest answers for its bytes.
+            try:
+                checksums[digest] = vouched_sha256(
+                    data,
+                    digest=digest,
+                    max_bytes=largest_blob_bytes(settings),
+                    what=f"blob {digest}",
+                    where=f"{name} in {source}",
+                )
+            except BlobUnreadable as exc:
+                raise BackupInvalid(
+                    f"{exc.message}; nothing was restored",
+                    hint="the backup is damaged or was not written by floom backup; use "
+                    "another one",
+                ) from None
+        elif sha256_of(data) != row[1]:
             raise BackupInvalid(
                 f"{name} in {source} does not match its blob's sha256; nothing was restored",
                 hint="the backup is damaged or was not written by floom backup; use another one",
             )
+        else:
+            checksums[digest] = row[1]
     if not names:
         return
     store = s3_store(settings) if settings.s3_bucket else DatabaseBlobStore(engine)
     for digest in sorted(held):
         data = (source / f"{OBJECTS}/{digest}").read_bytes()
-        store.put(digest, data, sha256=rows[digest][1] or sha256_of(data))
+        store.put(digest, data, sha256=checksums[digest])
     if store.inline:
         return
     with closing(sqlite3.connect(engine.url.database)) as conn, conn:

@@ -25,7 +25,7 @@ from floom.hints import Told, act, told
 from floom.hints import cli as cli_hints
 from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
-from floom.services.ops import nodes
+from floom.services.ops import nodes, objects
 from floom.services.ops.backup import sqlite_path
 from floom.store.blobs.configured import s3_store
 from floom.store.db import driver_reason, make_engine
@@ -89,6 +89,7 @@ def check_blob_store(settings: Settings) -> list[Check]:
     except FloomError as exc:
         return [Check("blob store", FAIL, exc.message, exc.advice or "")]
     found = [Check(f.name, f.status, f.detail, f.fix) for f in store.check()]
+    found.append(check_held_back_logs(settings))
     if settings.blob_store == "database":
         found.insert(
             0,
@@ -100,6 +101,41 @@ def check_blob_store(settings: Settings) -> list[Check]:
             ),
         )
     return found
+
+
+def check_held_back_logs(settings: Settings) -> Check:
+    """Ended runs whose later lines cannot be merged with their earlier log, missing or
+    damaged in the bucket: their logs stay in the database (every node's upkeep passes them
+    over) until the object is restored."""
+    name = "held-back run logs"
+    url = settings.resolved_database_url
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        return Check(name, OK, "no database yet")
+    engine = make_engine(url)
+    try:
+        count, named = objects.held_back_logs(settings, engine)
+    except SQLAlchemyError as exc:
+        return Check(name, WARN, f"runs not readable: {driver_reason(exc, url)}")
+    except FloomError as exc:  # the bucket away: said by the checks above
+        return Check(name, WARN, f"not checked: {exc.message}")
+    finally:
+        engine.dispose()
+    if not count:
+        return Check(name, OK, "no ended run's log is held back")
+    more = f" (and {count - len(named)} more)" if count > len(named) else ""
+    return Check(
+        name,
+        WARN,
+        f"{count} ended run(s)' logs stay in the database, their earlier log object missing "
+        f"or damaged: {'; '.join(named)}{more}",
+        told(
+            "restore each object from a backup or the bucket's versioning (the next upkeep "
+            "sweep moves the log); ",
+            act("blobs check"),
+            " lists every damaged or missing blob",
+        ),
+    )
 
 
 def check_bubblewrap(settings: Settings) -> Check:

@@ -9,6 +9,7 @@ step that the object store interrupts leaves the rest as it was, for the next pa
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -16,19 +17,19 @@ from datetime import datetime
 from functools import lru_cache
 from itertools import groupby
 from operator import attrgetter
+from time import monotonic
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import delete, func, or_, text, update
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
-from floom.bundle import read_archive
-from floom.errors import BlobStoreUnavailable, BlobUnreadable, FloomError, InvalidRequest
+from floom.errors import BlobStoreUnavailable, BlobUnreadable, InvalidRequest
 from floom.invisible import shown
 from floom.services.runs import agent as agent_runs
 from floom.services.runs import rules as run_rules
 from floom.store.agents import ToolCall, Transcript
-from floom.store.blobs.base import BlobStore, sha256_of, unreadable
+from floom.store.blobs.base import BlobStore, sha256_of, vouched_sha256
 from floom.store.blobs.configured import new_blob_store, store_at
 from floom.store.blobs.logs import decode_log, decode_record, encode_log
 from floom.store.blobs.rows import (
@@ -46,6 +47,9 @@ from floom.store.db import Writer, on_postgres, read_connection, session_scope, 
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version, trusted_row, utcnow
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from floom.config import Settings
     from floom.services.context import Context
 
 log = logging.getLogger("floom.blobs")
@@ -147,15 +151,64 @@ def archive_all_logs(
 
 def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> BlobProblem:
     """The problem of a run whose later lines cannot be merged with its unreadable earlier
-    log, said once in floom's log."""
+    log, said in floom's log the first time this process meets it, then at most once per
+    HELD_BACK_LOG_SECONDS with how many passes met it since (every sweep of every node
+    meets it until the object is restored; `floom doctor` lists such runs)."""
     with session_scope(ctx.engine) as s:
         location = s.exec(select(Blob.location).where(Blob.digest == digest)).first()
     problem = (
         f"{exc.message}; the run's later lines stay in the database until it is restored "
         "(its log is not moved)"
     )
-    log.error("run %s: %s", run_id, problem)
+    now = monotonic()
+    with _held_back_lock:
+        said = _held_back_said.get((run_id, digest))
+        passes = said[1] if said else 0
+        due = said is None or now - said[0] >= HELD_BACK_LOG_SECONDS
+        _held_back_said[(run_id, digest)] = (now, 0) if due or not said else (said[0], passes + 1)
+    if due:
+        since = f" (passed over {passes} more time(s) since it was last said)" if passes else ""
+        log.error("run %s: %s%s", run_id, problem, since)
     return BlobProblem(digest, location or "", problem)
+
+
+# How often this process says again that a run's log is held back (see _unmerged), and
+# when it last said it of each (run, earlier log) with the passes since.
+HELD_BACK_LOG_SECONDS = 3600.0
+_held_back_lock = threading.Lock()
+_held_back_said: dict[tuple[str, str], tuple[float, int]] = {}
+# Runs whose earlier log `floom doctor` reads back, at most.
+HELD_BACK_CHECKED = 50
+
+
+def held_back_logs(settings: Settings, engine: Engine, *, most: int = 5) -> tuple[int, list[str]]:
+    """Ended runs whose later lines wait in run_events because their earlier log blob is
+    missing or damaged (archive_logs passes them over): (how many, up to `most` named as
+    "run ID (the problem)"). For `floom doctor`: the candidates (ended runs with both lines
+    in run_events and an earlier log) are few, and up to HELD_BACK_CHECKED are read back.
+    Raises BlobStoreUnavailable while the bucket is away."""
+    runs, events_t = Run.__table__, RunEvent.__table__  # type: ignore[attr-defined]
+    logs_t = RunLog.__table__  # type: ignore[attr-defined]
+    with read_connection(engine) as c:
+        candidates = list(
+            c.execute(
+                core_select(runs.c.id, logs_t.c.digest)
+                .select_from(runs.join(logs_t, logs_t.c.run_id == runs.c.id))
+                .where(
+                    runs.c.status.in_(_FINISHED),
+                    runs.c.id.in_(core_select(events_t.c.run_id).distinct()),
+                )
+                .order_by(runs.c.id)
+                .limit(HELD_BACK_CHECKED)
+            )
+        )
+    held: list[str] = []
+    for run_id, digest in candidates:
+        try:
+            read_blob(settings, engine, digest, what=f"the earlier log of run {run_id}")
+        except BlobUnreadable as exc:
+            held.append(f"run {run_id} ({exc.message})")
+    return len(held), held[:most]
 
 
 @dataclass
@@ -514,7 +567,13 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
             return 0
         raise
     if sha is None:  # a blob stored before floom kept checksums gets one now
-        sha = _vouched_sha256(ctx, digest, data, what=what, where=held.describe(digest))
+        sha = vouched_sha256(
+            data,
+            digest=digest,
+            max_bytes=ctx.settings.max_bundle_bytes,
+            what=what,
+            where=held.describe(digest),
+        )
     to.put(digest, data, sha256=sha)
     if not to.inline:
         held = to.exists(digest)  # type: ignore[attr-defined]
@@ -537,26 +596,6 @@ def _move_blob(ctx: Context, digest: str, *, to: BlobStore, source: str) -> int:
         except BlobStoreUnavailable:
             log.warning("blob %s moved to the database; its object stays in the bucket", digest)
     return 1
-
-
-def _vouched_sha256(ctx: Context, digest: str, data: bytes, *, what: str, where: str) -> str:
-    """The sha256 of `data`, read for a blob that has none recorded, once its digest vouches
-    for it: an artifact's, a log's or a workspace's digest is its bytes' sha256, a version's
-    that of the files its archive holds (floom.bundle). Else BlobUnreadable: the bytes are
-    not the blob's (an object replaced in the bucket), and recording their checksum would
-    make them pass every later check."""
-    sha = sha256_of(data)
-    if sha == digest:
-        return sha
-    try:
-        if read_archive(data, max_bytes=ctx.settings.max_bundle_bytes).digest == digest:
-            return sha
-    except FloomError:
-        pass  # not a version's archive: nothing vouches for it
-    raise unreadable(
-        f"{what} has no sha256 recorded (stored before floom kept checksums), and {where} "
-        "does not hold what its digest names; the blob stays where it was"
-    )
 
 
 def _users(ctx: Context, digest: str, *, most: int = 5) -> str:

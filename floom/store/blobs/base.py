@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from floom.errors import BlobUnreadable
+from floom.bundle import read_archive
+from floom.errors import BlobUnreadable, FloomError
 from floom.hints import act, told
 
 if TYPE_CHECKING:
@@ -99,6 +100,29 @@ def verified(data: bytes, *, sha256: str | None, what: str, where: str) -> bytes
             hint=_RESTORE_HINT,
         )
     return data
+
+
+def vouched_sha256(data: bytes, *, digest: str, max_bytes: int, what: str, where: str) -> str:
+    """The sha256 of `data`, read for a blob that has none recorded (stored before floom kept
+    checksums), once its digest vouches for it: an artifact's, a log's or a workspace's digest
+    is its bytes' sha256, a version's that of the files its archive holds (floom.bundle; read
+    no further than `max_bytes` unpacked). Else BlobUnreadable: the bytes are not the blob's
+    (an object replaced in the bucket, a backup's file), and reading, copying or recording
+    them would make them pass for it. The one rule of every read of such a blob: the bucket's
+    reads (s3.py), `floom blobs migrate`, `floom backup` and `floom restore`."""
+    sha = sha256_of(data)
+    if sha == digest:
+        return sha
+    try:
+        if read_archive(data, max_bytes=max_bytes).digest == digest:
+            return sha
+    except FloomError:
+        pass  # not a version's archive: nothing vouches for it
+    raise BlobUnreadable(
+        f"{what} has no sha256 recorded (stored before floom kept checksums), and {where} "
+        "does not hold what its digest names",
+        hint=_RESTORE_HINT,
+    )
 
 
 def of_size(held: int, *, size: int | None, what: str, where: str) -> None:

@@ -18,16 +18,17 @@ from sqlmodel import col, func, select
 
 from floom.bundle import Bundle, BundleFile
 from floom.engine.loops.uploads import ObjectUploads
-from floom.errors import BackupInvalid
+from floom.errors import BackupInvalid, BlobUnreadable
 from floom.services.context import Context
 from floom.services.ops import objects
 from floom.services.ops.backup import MANIFEST, create_backup, restore_backup
+from floom.services.ops.doctor import check_blob_store
 from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention
 from floom.store.blobs.configured import s3_store
 from floom.store.blobs.configured import store_at as configured_store_at
 from floom.store.blobs.logs import encode_log
-from floom.store.blobs.rows import inline_blob, insert_blob, stage_blob
+from floom.store.blobs.rows import inline_blob, insert_blob, read_blob, stage_blob
 from floom.store.blobs.tables import PendingBlob, RunLog
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, RunEvent, utcnow
@@ -392,6 +393,94 @@ def test_a_backup_whose_objects_are_not_its_blobs_is_refused_writing_nothing(
         assert not any(s3_store(target).exists(b.digest) for b in blobs), damage.__name__
 
 
+def _legacy_blobs(settings: Any, ctx: Context) -> tuple[Any, Any, Any, bytes]:
+    """Two blobs and a version's archive in the bucket, their rows without a sha256 (stored
+    before floom kept checksums), the first's object replaced by other bytes of its size:
+    (replaced, good, version, the archive)."""
+    bundle = Bundle({"worker.yml": BundleFile("worker.yml", b"name: old\n")})
+    archive = bundle.to_archive()
+    legacy = [stage_blob(settings, ctx.engine, b"the real bytes %d" % i * 20) for i in range(2)]
+    legacy.append(stage_blob(settings, ctx.engine, archive, digest=bundle.digest))
+    with session_scope(ctx.engine, write=True) as s:
+        for blob in legacy:
+            insert_blob(s, blob)
+        for blob in legacy:
+            s.execute(update(Blob).where(col(Blob.digest) == blob.digest).values(sha256=None))
+    store = s3_store(settings)
+    store._call(
+        "put_object",
+        doing="put",
+        Bucket=store.bucket,
+        Key=store.key(legacy[0].digest),
+        Body=b"X" * legacy[0].size,
+    )
+    return legacy[0], legacy[1], legacy[2], archive
+
+
+def test_a_blob_without_a_checksum_is_read_from_the_bucket_only_when_its_digest_vouches(
+    tmp_path: Path, database_url: str, s3_server: S3Server
+) -> None:
+    # Every read of a blob stored before floom kept checksums (a run's artifact or log, a
+    # version's archive, `floom blobs check`) took whatever the bucket held under its key: an
+    # object replaced there (of the same size) was served as the blob. Its digest names its
+    # content: bytes that are not what it names are unreadable, said so.
+    settings = fast_settings(tmp_path / "data", database_url, **s3_server.settings())
+    ctx = Context.open(settings)
+    try:
+        replaced, good, version, archive = _legacy_blobs(settings, ctx)
+        with pytest.raises(BlobUnreadable) as refused:
+            read_blob(settings, ctx.engine, replaced.digest, what="the artifact")
+        assert "no sha256 recorded" in refused.value.message
+        assert read_blob(settings, ctx.engine, good.digest, what="the log") == b"".join(
+            b"the real bytes 1" for _ in range(20)
+        )
+        assert read_blob(settings, ctx.engine, version.digest, what="the version") == archive
+        checked, problems = check_blobs(ctx)
+        assert (checked, [p.digest for p in problems]) == (3, [replaced.digest])
+    finally:
+        ctx.engine.dispose()
+
+
+def test_backup_and_restore_take_a_blob_without_a_checksum_only_when_its_digest_vouches(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    # `floom backup` copied whatever the bucket held under a blob without a sha256 into the
+    # backup, whose manifest then vouched for it; `floom restore` put back whatever the
+    # backup's objects/ held for one. Now a backup of a replaced object fails naming it,
+    # and a restore refuses a file that is not what its blob's digest names, writing nothing.
+    settings = fast_settings(
+        tmp_path / "data", f"sqlite:///{tmp_path / 'data' / 'floom.db'}", **s3_server.settings()
+    )
+    ctx = Context.open(settings)
+    try:
+        replaced, good, _, _ = _legacy_blobs(settings, ctx)
+        with pytest.raises(BlobUnreadable) as refused:
+            create_backup(settings=settings, dest=tmp_path / "bad")
+        assert replaced.digest in refused.value.message
+        assert "no sha256 recorded" in refused.value.message
+        assert not (tmp_path / "bad").exists()
+        # With its object restored, the backup is written; then one of its files replaced.
+        store = s3_store(settings)
+        store.put(replaced.digest, b"the real bytes 0" * 20, sha256=replaced.sha256)
+        backup = tmp_path / "backup"
+        create_backup(settings=settings, dest=backup)
+    finally:
+        ctx.engine.dispose()
+    fresh = tmp_path / "fresh"
+    target = fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}")
+    restore_backup(settings=target, source=backup)  # a good backup restores
+    shutil.rmtree(fresh)
+    name = f"objects/{good.digest}"
+    (backup / name).write_bytes(b"Y" * good.size)
+    manifest = json.loads((backup / MANIFEST).read_text())
+    manifest["sha256"][name] = hashlib.sha256((backup / name).read_bytes()).hexdigest()
+    (backup / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BackupInvalid) as invalid:
+        restore_backup(settings=target, source=backup)
+    assert f"{name} in {backup} does not hold what its digest names" in invalid.value.message
+    assert not fresh.exists()
+
+
 def test_two_blobs_migrate_runs_at_once_both_finish_moving_each_blob_once(
     tmp_path: Path, database_url: str, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -539,6 +628,53 @@ def test_a_run_whose_earlier_log_object_is_missing_holds_up_no_other_log_and_no_
         ctx.engine.dispose()
     with live_server(tmp_path / "data", database_url, **bucket) as srv:
         assert _log_lines(srv, poison) == [f"line {i}" for i in range(LINES)]
+
+
+def test_a_held_back_run_log_is_said_once_per_process_and_named_by_floom_doctor(
+    tmp_path: Path, database_url: str, s3_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A run passed over by log archiving (its earlier log object missing) was logged at error
+    # level at every upkeep sweep of every node until the object came back, and nothing an
+    # operator looks at said it. Now each process says it once (then once an hour, with how
+    # many passes met it), and `floom doctor` counts and names such runs, with the fix.
+    with live_server(tmp_path / "data", database_url) as srv:
+        _deploy(srv, tmp_path)
+        poison = _run(srv)["id"]
+    settings = fast_settings(tmp_path / "data", database_url, **s3_server.settings())
+    ctx = Context.open(settings)
+    try:
+        with session_scope(ctx.engine, write=True) as s:
+            first = list(
+                s.exec(
+                    select(RunEvent).where(RunEvent.run_id == poison).order_by(col(RunEvent.seq))
+                ).all()
+            )[:5]
+            earlier = encode_log(first)
+            blob = stage_blob(settings, ctx.engine, earlier)
+            insert_blob(s, blob)
+            s.add(RunLog(run_id=poison, digest=blob.digest, lines=5, last_seq=first[-1].seq))
+            for event in first:
+                s.delete(event)
+        store = s3_store(settings)
+        store.delete([blob.digest])
+        [healthy] = [c for c in check_blob_store(settings) if c.name == "held-back run logs"]
+        assert healthy.status == "warn"
+        assert "1 ended run(s)' logs stay in the database" in healthy.detail
+        assert poison in healthy.detail
+        assert "restore each object" in str(healthy.to_dict()["fix"])
+
+        with caplog.at_level("ERROR", logger="floom.blobs"):
+            for _ in range(3):  # three upkeep sweeps of this node
+                ObjectUploads(ctx)._sweep()
+        said = [r for r in caplog.records if poison in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]
+
+        store.put(blob.digest, earlier, sha256=blob.sha256)
+        ObjectUploads(ctx)._sweep()
+        [cured] = [c for c in check_blob_store(settings) if c.name == "held-back run logs"]
+        assert (cured.status, cured.detail) == ("ok", "no ended run's log is held back")
+    finally:
+        ctx.engine.dispose()
 
 
 def test_blobs_migrate_moves_a_blob_without_a_checksum_only_when_its_digest_vouches_for_it(
