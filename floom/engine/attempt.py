@@ -201,14 +201,13 @@ class Attempt:
 
     def discard(self) -> None:
         """Delete the work dir in the background, after its sandbox let go of it (a run dir
-        with a disk of its own is unmounted first), both off the slot's path."""
+        with a disk of its own is unmounted first)."""
         try:
-            sandbox = self.host.sandbox_for(self.manifest)
+            self.host.sandbox_for(self.manifest).release_run_dir(self.base)
         except FloomError:
-            # No backend for it now, so none made the run dir: nothing to let go of.
+            pass  # no backend for it now, so none made the run dir: nothing to let go of
+        finally:
             discard_later(self.base)
-            return
-        sandbox.discard_run_dir(self.base, delete=discard_later)
 
     def prepare(self, *, layered: bool = False) -> None:
         """The work dir with the version's files and `inputs.json`, and an empty output dir.
