@@ -6,11 +6,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Float, bindparam, event, select
 from sqlalchemy import exc as sa_exc
@@ -649,16 +649,21 @@ class DatabaseClock:
 
 def database_clock(bind: Engine | Connection) -> DatabaseClock:
     """The database's clock as this process knows it (one per engine)."""
-    engine = bind.engine
-    clock: DatabaseClock | None = getattr(engine, _CLOCK_ATTRIBUTE, None)
-    if clock is None:
-        with _clock_guard:
-            clock = getattr(engine, _CLOCK_ATTRIBUTE, None)
-            if clock is None:
-                clock = DatabaseClock(engine)
-                setattr(engine, _CLOCK_ATTRIBUTE, clock)
-    return clock
+    return per_engine(bind.engine, "_floom_clock", DatabaseClock)
 
 
-_clock_guard = threading.Lock()
-_CLOCK_ATTRIBUTE = "_floom_clock"  # kept on the engine, as _proxy keeps its binds
+def per_engine(engine: Engine, attribute: str, make: Callable[[Engine], _Kept]) -> _Kept:
+    """The one `make(engine)` this process keeps on `engine` under `attribute` (made at the
+    first call, under a lock), as _proxy keeps its binds."""
+    kept: _Kept | None = getattr(engine, attribute, None)
+    if kept is None:
+        with _per_engine_guard:
+            kept = getattr(engine, attribute, None)
+            if kept is None:
+                kept = make(engine)
+                setattr(engine, attribute, kept)
+    return kept
+
+
+_Kept = TypeVar("_Kept")
+_per_engine_guard = threading.Lock()

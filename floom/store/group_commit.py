@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 from floom.store.db import (
     UNAVAILABLE,
     is_postgres,
+    per_engine,
     savepoint,
     sqlite_write_lock,
     write_connection,
@@ -164,15 +165,7 @@ def _write_under_savepoint(conn: Connection, each: _Step[Any]) -> None:
 
 
 def _group_of(engine: Engine) -> _Group:
-    group: _Group | None = getattr(engine, _GROUP_ATTRIBUTE, None)
-    if group is None:
-        with _groups_guard:
-            group = getattr(engine, _GROUP_ATTRIBUTE, None)
-            if group is None:
-                group = _Group(engine)
-                setattr(engine, _GROUP_ATTRIBUTE, group)
-    return group
+    return per_engine(engine, _GROUP_ATTRIBUTE, _Group)
 
 
-_groups_guard = threading.Lock()
-_GROUP_ATTRIBUTE = "_floom_group_commit"  # kept on the engine, as store.db keeps its binds
+_GROUP_ATTRIBUTE = "_floom_group_commit"  # kept on the engine (store.db.per_engine)
