@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -282,6 +283,17 @@ def _tree(path: Path) -> dict[str, bytes]:
     return {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*") if p.is_file()}
 
 
+def _executing(*statements: str) -> Callable[[Path], None]:
+    """A damage to a backup: `statements` run in its database and committed."""
+
+    def damage(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn, conn:
+            for statement in statements:
+                conn.execute(statement)
+
+    return damage
+
+
 def test_a_backup_whose_database_cannot_be_restored_changes_nothing(tmp_path: Path) -> None:
     # All or nothing: a backup whose files match their checksums but whose database is not
     # floom's (not a database, a table missing, row counts other than its manifest's) is
@@ -301,38 +313,6 @@ def test_a_backup_whose_database_cannot_be_restored_changes_nothing(tmp_path: Pa
     def not_a_database(db: Path) -> None:
         db.write_bytes(b"not a database" * 100)
 
-    def a_table_missing(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn:
-            conn.execute("DROP TABLE runs")
-
-    def counts_lie(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute(
-                "INSERT INTO secrets (name, ciphertext, created_at, updated_at) "
-                "VALUES ('PLANTED', x'00', '2026-01-01', '2026-01-01')"
-            )
-
-    def a_trigger(db: Path) -> None:
-        # Once restored it would run on floom's own writes: a secret set copied elsewhere.
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute(
-                "CREATE TRIGGER leak AFTER INSERT ON secrets "
-                "BEGIN UPDATE secrets SET name = name WHERE 0; END"
-            )
-
-    def a_view(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("CREATE VIEW peek AS SELECT name, ciphertext FROM secrets")
-
-    def a_table_and_index(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("CREATE TABLE loot (x TEXT)")
-            conn.execute("CREATE INDEX ix_loot_x ON loot (x)")
-
-    def an_index(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("CREATE INDEX ix_planted ON runs (id, status)")
-
     def a_table_without_its_unique_keys(db: Path) -> None:
         # The same name and columns, without the unique keys that refuse a replayed webhook
         # delivery: the restored node would start a run for every replay.
@@ -350,42 +330,65 @@ def test_a_backup_whose_database_cannot_be_restored_changes_nothing(tmp_path: Pa
                 "CREATE INDEX ix_webhook_deliveries_worker ON webhook_deliveries (worker_name, id)"
             )
 
-    def an_index_redefined(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("DROP INDEX ix_runs_queue")
-            conn.execute("CREATE INDEX ix_runs_queue ON runs (status, not_before) WHERE 0")
-
-    def an_index_dropped(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("DROP INDEX ix_runs_lease")
-
-    def a_generated_column(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute(
-                "ALTER TABLE secrets ADD COLUMN shown TEXT GENERATED ALWAYS AS (hex(ciphertext))"
-            )
-
-    for damage, said in (
-        (
+    # Each damage done to a copy of the good backup, and what the refusal says of it.
+    damages: dict[str, tuple[Callable[[Path], None], str]] = {
+        "a_table_without_its_unique_keys": (
             a_table_without_its_unique_keys,
             "table 'webhook_deliveries', which is not as floom defines it",
         ),
-        (an_index_redefined, "index 'ix_runs_queue', which is not as floom defines it"),
-        (an_index_dropped, "lacks the index 'ix_runs_lease'"),
-        (a_generated_column, "table 'secrets', which is not as floom defines it"),
-        (not_a_database, "is not a floom database"),
-        (a_table_missing, "no such table"),
-        (counts_lie, "other row counts"),
-        (a_trigger, "holds the trigger 'leak', which floom does not define"),
-        (a_view, "holds the view 'peek'"),
-        (a_table_and_index, "holds the table 'loot'"),
-        (an_index, "holds the index 'ix_planted'"),
-    ):
-        backup = tmp_path / damage.__name__
+        "an_index_redefined": (
+            _executing(
+                "DROP INDEX ix_runs_queue",
+                "CREATE INDEX ix_runs_queue ON runs (status, not_before) WHERE 0",
+            ),
+            "index 'ix_runs_queue', which is not as floom defines it",
+        ),
+        "an_index_dropped": (
+            _executing("DROP INDEX ix_runs_lease"),
+            "lacks the index 'ix_runs_lease'",
+        ),
+        "a_generated_column": (
+            _executing(
+                "ALTER TABLE secrets ADD COLUMN shown TEXT GENERATED ALWAYS AS (hex(ciphertext))"
+            ),
+            "table 'secrets', which is not as floom defines it",
+        ),
+        "not_a_database": (not_a_database, "is not a floom database"),
+        "a_table_missing": (_executing("DROP TABLE runs"), "no such table"),
+        "counts_lie": (
+            _executing(
+                "INSERT INTO secrets (name, ciphertext, created_at, updated_at) "
+                "VALUES ('PLANTED', x'00', '2026-01-01', '2026-01-01')"
+            ),
+            "other row counts",
+        ),
+        # Once restored it would run on floom's own writes: a secret set copied elsewhere.
+        "a_trigger": (
+            _executing(
+                "CREATE TRIGGER leak AFTER INSERT ON secrets "
+                "BEGIN UPDATE secrets SET name = name WHERE 0; END"
+            ),
+            "holds the trigger 'leak', which floom does not define",
+        ),
+        "a_view": (
+            _executing("CREATE VIEW peek AS SELECT name, ciphertext FROM secrets"),
+            "holds the view 'peek'",
+        ),
+        "a_table_and_index": (
+            _executing("CREATE TABLE loot (x TEXT)", "CREATE INDEX ix_loot_x ON loot (x)"),
+            "holds the table 'loot'",
+        ),
+        "an_index": (
+            _executing("CREATE INDEX ix_planted ON runs (id, status)"),
+            "holds the index 'ix_planted'",
+        ),
+    }
+    for name, (damage, said) in damages.items():
+        backup = tmp_path / name
         shutil.copytree(good, backup)
         damage(backup / "floom.db")
         _rechecked(backup)
-        fresh = tmp_path / f"fresh-{damage.__name__}"
+        fresh = tmp_path / f"fresh-{name}"
         for target, force in ((fresh, False), (busy, True)):
             with pytest.raises(BackupInvalid) as refused:
                 restore_backup(
@@ -393,10 +396,10 @@ def test_a_backup_whose_database_cannot_be_restored_changes_nothing(tmp_path: Pa
                     source=backup,
                     force=force,
                 )
-            assert said in refused.value.message, damage.__name__
+            assert said in refused.value.message, name
             assert "nothing was restored" in refused.value.message
-        assert not fresh.exists(), damage.__name__
-        assert _tree(busy) == before, damage.__name__
+        assert not fresh.exists(), name
+        assert _tree(busy) == before, name
 
 
 def test_a_backup_whose_secrets_the_node_s_key_cannot_read_is_refused(tmp_path: Path) -> None:
