@@ -22,11 +22,11 @@ from fastapi.routing import APIRoute
 import floom.services
 from floom.errors import Forbidden
 from floom.mcp.tools import core as mcp_tools
-from floom.services.access.principal import SCOPES, SYSTEM, Principal, grants
+from floom.services.access.principal import SCOPES, Principal, grants
 from floom.services.context import Context
-from floom.services.handoffs import agents as handoff_agents
 from tests.support.harness import LiveServer, deploy_folder, make_worker, plain_client
 from tests.support.mcp_clients import http_client
+from tests.support.rigs.handoffs import agent_keys_by_scope
 
 API = "/api/v1"
 # Routes under /api/v1 that answer without a key, and why.
@@ -240,14 +240,7 @@ def test_each_route_refuses_no_key_and_every_lower_scope_and_admits_its_own(
     server: LiveServer,
 ) -> None:
     # Keys of an agent, so the handoff routes (which also need an agent) admit them too.
-    handoff_agents.create_role(server.ctx, caller=SYSTEM, name="walker")
-    agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
-    tokens = {
-        scope: handoff_agents.create_agent_key(
-            server.ctx, caller=SYSTEM, agent=agent.agent.id, scopes=[scope]
-        )[1]
-        for scope in SCOPES
-    }
+    tokens = agent_keys_by_scope(server.ctx, "walker")
     wrong: list[str] = []
     with ExitStack() as stack:
         anonymous = stack.enter_context(server.client(key=""))
@@ -296,14 +289,7 @@ def test_each_mcp_tool_refuses_no_key_and_every_lower_scope_and_admits_its_own(
     # makes an admitted call with no arguments fail on the input, starting nothing.
     with server.client() as api:
         deploy_folder(api, make_worker(tmp_path / "walked", EXPOSED_YML, {"run.py": "pass\n"}))
-    handoff_agents.create_role(server.ctx, caller=SYSTEM, name="walker")
-    agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
-    tokens = {
-        scope: handoff_agents.create_agent_key(
-            server.ctx, caller=SYSTEM, agent=agent.agent.id, scopes=[scope]
-        )[1]
-        for scope in SCOPES
-    }
+    tokens = agent_keys_by_scope(server.ctx, "walker")
     wrong: list[str] = []
 
     async def walk() -> None:

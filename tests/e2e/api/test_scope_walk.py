@@ -20,7 +20,6 @@ import pytest
 from floom.services.access import keys
 from floom.services.access.principal import SCOPES, SYSTEM, grants
 from floom.services.context import Context
-from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import jobs as handoff_jobs
 from tests.e2e.api.test_authorization import EXPOSED_YML, ROUTE_SCOPES, TOOL_SCOPES
 from tests.support.harness import (
@@ -31,6 +30,7 @@ from tests.support.harness import (
     wait_for_run,
 )
 from tests.support.mcp_clients import http_client
+from tests.support.rigs.handoffs import agent_keys_by_scope
 from tests.support.web import csrf_of, signed_in_client
 
 # Handoff routes read and act as an agent: a key of no agent is refused on them whatever its
@@ -172,15 +172,8 @@ def ctx(tmp_path: Path) -> Iterator[Context]:
 def test_each_route_refuses_exactly_the_keys_and_sessions_its_row_refuses(
     server: LiveServer,
 ) -> None:
-    handoff_agents.create_role(server.ctx, caller=SYSTEM, name="walker")
-    agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
+    agents = agent_keys_by_scope(server.ctx, "walker")
     plain = {s: keys.create_key(server.ctx, caller=SYSTEM, scopes=[s], name=s)[1] for s in SCOPES}
-    agents = {
-        s: handoff_agents.create_agent_key(
-            server.ctx, caller=SYSTEM, agent=agent.agent.id, scopes=[s]
-        )[1]
-        for s in SCOPES
-    }
     wrong: list[str] = []
     with ExitStack() as stack:
         for held in SCOPES:
@@ -234,16 +227,12 @@ def test_each_ui_page_and_form_refuses_exactly_the_sessions_its_row_refuses(
         started = api.post("/api/v1/workers/walked/runs", json={"inputs": {"text": "x"}})
         run_id = started.json()["id"]
         wait_for_run(api, run_id)
-    handoff_agents.create_role(server.ctx, caller=SYSTEM, name="walker")
-    agent = handoff_agents.create_agent(server.ctx, caller=SYSTEM, label="walker", roles=["walker"])
+    agents = agent_keys_by_scope(server.ctx, "walker")
     job_id = handoff_jobs.create_job(server.ctx, actor=SYSTEM, summary="s", role="walker").row.id
     wrong: list[str] = []
     for held in SCOPES:
         plain = keys.create_key(server.ctx, caller=SYSTEM, scopes=[held], name=f"ui {held}")[1]
-        agents = handoff_agents.create_agent_key(
-            server.ctx, caller=SYSTEM, agent=agent.agent.id, scopes=[held]
-        )[1]
-        for key, is_agent in ((plain, False), (agents, True)):
+        for key, is_agent in ((plain, False), (agents[held], True)):
             who = f"{'an agent' if is_agent else 'a'} {held} session"
             browser = signed_in_client(server, key)  # closed with the server's clients
             csrf = csrf_of(browser.get("/").text)

@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,18 @@ ok = os.environ["KEEPER_TOKEN"] == "tok-1234"
 Path(os.environ["FLOOM_OUTPUT_DIR"], "note.txt").write_text("note " + inputs["word"])
 Path("result.json").write_text(json.dumps({"outputs": {"echoed": inputs["word"] + str(ok)}}))
 """
+
+
+def _sqlite_node(data_dir: Path, **overrides: Any) -> Settings:
+    """A node's settings, its SQLite database in its data dir."""
+    return fast_settings(data_dir, f"sqlite:///{data_dir / 'floom.db'}", **overrides)
+
+
+def _new_node(data_dir: Path) -> Settings:
+    """A node's settings, its data dir and database made (opened once and closed)."""
+    settings = _sqlite_node(data_dir)
+    Context.open(settings).engine.dispose()
+    return settings
 
 
 def _everything(api: httpx.Client) -> dict[str, Any]:
@@ -95,7 +108,7 @@ def test_a_backup_taken_while_serving_restores_every_run_into_a_fresh_data_dir(
     assert not (tmp_path / "backup" / "node.lock").exists()
     fresh = tmp_path / "b"
     restored = restore_backup(
-        settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"),
+        settings=_sqlite_node(fresh),
         source=tmp_path / "backup",
     )
     assert restored.counts == summary.counts
@@ -112,13 +125,12 @@ def test_a_backup_taken_while_serving_restores_every_run_into_a_fresh_data_dir(
 def test_restore_refuses_a_data_dir_that_is_not_empty_and_changes_nothing(
     tmp_path: Path,
 ) -> None:
-    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
-    Context.open(source).engine.dispose()
+    source = _new_node(tmp_path / "a")
     create_backup(settings=source, dest=tmp_path / "backup")
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("mine")
-    target = fast_settings(busy, f"sqlite:///{busy / 'floom.db'}")
+    target = _sqlite_node(busy)
     with pytest.raises(Conflict) as refused:
         restore_backup(settings=target, source=tmp_path / "backup")
     assert "--force" in (refused.value.hint or "")
@@ -128,8 +140,7 @@ def test_restore_refuses_a_data_dir_that_is_not_empty_and_changes_nothing(
 
 
 def test_a_damaged_backup_is_refused_before_anything_is_written(tmp_path: Path) -> None:
-    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
-    Context.open(source).engine.dispose()
+    source = _new_node(tmp_path / "a")
     create_backup(settings=source, dest=tmp_path / "backup")
     with (tmp_path / "backup" / "floom.db").open("r+b") as f:
         f.seek(200)
@@ -137,14 +148,12 @@ def test_a_damaged_backup_is_refused_before_anything_is_written(tmp_path: Path) 
     fresh = tmp_path / "fresh"
     with pytest.raises(BackupInvalid):
         restore_backup(
-            settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"),
+            settings=_sqlite_node(fresh),
             source=tmp_path / "backup",
         )
     assert not fresh.exists()
     with pytest.raises(BackupInvalid):
-        restore_backup(
-            settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=tmp_path
-        )
+        restore_backup(settings=_sqlite_node(fresh), source=tmp_path)
     with pytest.raises(Conflict):
         create_backup(settings=source, dest=tmp_path / "backup")
 
@@ -155,8 +164,7 @@ def test_a_backup_naming_a_file_or_object_outside_its_place_is_refused_writing_n
     # A backup is an archive like any other: a name whose ".." stays inside the backup yet
     # lands outside the data dir, or an object whose name would be another key of the
     # bucket, is refused before anything is written.
-    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
-    Context.open(source).engine.dispose()
+    source = _new_node(tmp_path / "a")
     backup = tmp_path / "backup"
     create_backup(settings=source, dest=backup)
     (backup / "evil").write_text("planted")
@@ -179,9 +187,7 @@ def test_a_backup_naming_a_file_or_object_outside_its_place_is_refused_writing_n
         manifest["sha256"][name] = digest
         (backup / MANIFEST).write_text(json.dumps(manifest))
         with pytest.raises(BackupInvalid) as refused:
-            restore_backup(
-                settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=backup
-            )
+            restore_backup(settings=_sqlite_node(fresh), source=backup)
         assert "unexpected file" in refused.value.message, name
         assert not fresh.exists(), name
         assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "backup"], name
@@ -225,8 +231,7 @@ def test_a_forced_restore_never_writes_through_a_link_the_data_dir_holds(tmp_pat
     # A forced restore goes into a data dir that holds what its node left (run dirs, what
     # workers left, among them): a link there where the backup puts a file is refused before
     # anything is written, not followed out of the data dir.
-    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
-    Context.open(source).engine.dispose()
+    source = _new_node(tmp_path / "a")
     (tmp_path / "a" / "extra").mkdir()
     (tmp_path / "a" / "extra" / "notes.txt").write_text("from the backup")
     (tmp_path / "a" / "top.txt").write_text("from the backup")
@@ -238,7 +243,7 @@ def test_a_forced_restore_never_writes_through_a_link_the_data_dir_holds(tmp_pat
         busy = tmp_path / f"busy-{link}"
         busy.mkdir()
         (busy / link).symlink_to(points_to)
-        target = fast_settings(busy, f"sqlite:///{busy / 'floom.db'}")
+        target = _sqlite_node(busy)
         with pytest.raises(BackupInvalid) as refused:
             restore_backup(settings=target, source=tmp_path / "backup", force=True)
         assert "as a link" in refused.value.message
@@ -248,8 +253,7 @@ def test_a_forced_restore_never_writes_through_a_link_the_data_dir_holds(tmp_pat
 
 
 def test_a_backup_naming_the_database_a_node_file_or_a_run_dir_is_refused(tmp_path: Path) -> None:
-    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
-    Context.open(source).engine.dispose()
+    source = _new_node(tmp_path / "a")
     backup = tmp_path / "backup"
     create_backup(settings=source, dest=backup)
     (backup / "runs" / "run_x").mkdir(parents=True)
@@ -263,9 +267,7 @@ def test_a_backup_naming_the_database_a_node_file_or_a_run_dir_is_refused(tmp_pa
         manifest["sha256"][name] = hashlib.sha256((backup / name).read_bytes()).hexdigest()
         (backup / MANIFEST).write_text(json.dumps(manifest))
         with pytest.raises(BackupInvalid) as refused:
-            restore_backup(
-                settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=backup
-            )
+            restore_backup(settings=_sqlite_node(fresh), source=backup)
         assert "unexpected file" in refused.value.message, name
         assert not fresh.exists(), name
 
@@ -282,56 +284,34 @@ def _tree(path: Path) -> dict[str, bytes]:
     return {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*") if p.is_file()}
 
 
+def _executing(*statements: str) -> Callable[[Path], None]:
+    """A damage to a backup: `statements` run in its database and committed."""
+
+    def damage(db: Path) -> None:
+        with closing(sqlite3.connect(db)) as conn, conn:
+            for statement in statements:
+                conn.execute(statement)
+
+    return damage
+
+
 def test_a_backup_whose_database_cannot_be_restored_changes_nothing(tmp_path: Path) -> None:
     # All or nothing: a backup whose files match their checksums but whose database is not
     # floom's (not a database, a table missing, row counts other than its manifest's) is
     # refused with one clear line naming it, and the data dir is left as it was: absent for
     # a fresh restore, every byte the same for a forced one.
-    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
-    Context.open(source).engine.dispose()
+    source = _new_node(tmp_path / "a")
     (tmp_path / "a" / "extra").mkdir()
     (tmp_path / "a" / "extra" / "notes.txt").write_text("from the backup")
     good = tmp_path / "good"
     create_backup(settings=source, dest=good)
     busy = tmp_path / "busy"
-    Context.open(fast_settings(busy, f"sqlite:///{busy / 'floom.db'}")).engine.dispose()
+    _new_node(busy)
     (busy / "mine.txt").write_text("mine")
     before = _tree(busy)
 
     def not_a_database(db: Path) -> None:
         db.write_bytes(b"not a database" * 100)
-
-    def a_table_missing(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn:
-            conn.execute("DROP TABLE runs")
-
-    def counts_lie(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute(
-                "INSERT INTO secrets (name, ciphertext, created_at, updated_at) "
-                "VALUES ('PLANTED', x'00', '2026-01-01', '2026-01-01')"
-            )
-
-    def a_trigger(db: Path) -> None:
-        # Once restored it would run on floom's own writes: a secret set copied elsewhere.
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute(
-                "CREATE TRIGGER leak AFTER INSERT ON secrets "
-                "BEGIN UPDATE secrets SET name = name WHERE 0; END"
-            )
-
-    def a_view(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("CREATE VIEW peek AS SELECT name, ciphertext FROM secrets")
-
-    def a_table_and_index(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("CREATE TABLE loot (x TEXT)")
-            conn.execute("CREATE INDEX ix_loot_x ON loot (x)")
-
-    def an_index(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("CREATE INDEX ix_planted ON runs (id, status)")
 
     def a_table_without_its_unique_keys(db: Path) -> None:
         # The same name and columns, without the unique keys that refuse a replayed webhook
@@ -350,59 +330,82 @@ def test_a_backup_whose_database_cannot_be_restored_changes_nothing(tmp_path: Pa
                 "CREATE INDEX ix_webhook_deliveries_worker ON webhook_deliveries (worker_name, id)"
             )
 
-    def an_index_redefined(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("DROP INDEX ix_runs_queue")
-            conn.execute("CREATE INDEX ix_runs_queue ON runs (status, not_before) WHERE 0")
-
-    def an_index_dropped(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute("DROP INDEX ix_runs_lease")
-
-    def a_generated_column(db: Path) -> None:
-        with closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute(
-                "ALTER TABLE secrets ADD COLUMN shown TEXT GENERATED ALWAYS AS (hex(ciphertext))"
-            )
-
-    for damage, said in (
-        (
+    # Each damage done to a copy of the good backup, and what the refusal says of it.
+    damages: dict[str, tuple[Callable[[Path], None], str]] = {
+        "a_table_without_its_unique_keys": (
             a_table_without_its_unique_keys,
             "table 'webhook_deliveries', which is not as floom defines it",
         ),
-        (an_index_redefined, "index 'ix_runs_queue', which is not as floom defines it"),
-        (an_index_dropped, "lacks the index 'ix_runs_lease'"),
-        (a_generated_column, "table 'secrets', which is not as floom defines it"),
-        (not_a_database, "is not a floom database"),
-        (a_table_missing, "no such table"),
-        (counts_lie, "other row counts"),
-        (a_trigger, "holds the trigger 'leak', which floom does not define"),
-        (a_view, "holds the view 'peek'"),
-        (a_table_and_index, "holds the table 'loot'"),
-        (an_index, "holds the index 'ix_planted'"),
-    ):
-        backup = tmp_path / damage.__name__
+        "an_index_redefined": (
+            _executing(
+                "DROP INDEX ix_runs_queue",
+                "CREATE INDEX ix_runs_queue ON runs (status, not_before) WHERE 0",
+            ),
+            "index 'ix_runs_queue', which is not as floom defines it",
+        ),
+        "an_index_dropped": (
+            _executing("DROP INDEX ix_runs_lease"),
+            "lacks the index 'ix_runs_lease'",
+        ),
+        "a_generated_column": (
+            _executing(
+                "ALTER TABLE secrets ADD COLUMN shown TEXT GENERATED ALWAYS AS (hex(ciphertext))"
+            ),
+            "table 'secrets', which is not as floom defines it",
+        ),
+        "not_a_database": (not_a_database, "is not a floom database"),
+        "a_table_missing": (_executing("DROP TABLE runs"), "no such table"),
+        "counts_lie": (
+            _executing(
+                "INSERT INTO secrets (name, ciphertext, created_at, updated_at) "
+                "VALUES ('PLANTED', x'00', '2026-01-01', '2026-01-01')"
+            ),
+            "other row counts",
+        ),
+        # Once restored it would run on floom's own writes: a secret set copied elsewhere.
+        "a_trigger": (
+            _executing(
+                "CREATE TRIGGER leak AFTER INSERT ON secrets "
+                "BEGIN UPDATE secrets SET name = name WHERE 0; END"
+            ),
+            "holds the trigger 'leak', which floom does not define",
+        ),
+        "a_view": (
+            _executing("CREATE VIEW peek AS SELECT name, ciphertext FROM secrets"),
+            "holds the view 'peek'",
+        ),
+        "a_table_and_index": (
+            _executing("CREATE TABLE loot (x TEXT)", "CREATE INDEX ix_loot_x ON loot (x)"),
+            "holds the table 'loot'",
+        ),
+        "an_index": (
+            _executing("CREATE INDEX ix_planted ON runs (id, status)"),
+            "holds the index 'ix_planted'",
+        ),
+    }
+    for name, (damage, said) in damages.items():
+        backup = tmp_path / name
         shutil.copytree(good, backup)
         damage(backup / "floom.db")
         _rechecked(backup)
-        fresh = tmp_path / f"fresh-{damage.__name__}"
+        fresh = tmp_path / f"fresh-{name}"
         for target, force in ((fresh, False), (busy, True)):
             with pytest.raises(BackupInvalid) as refused:
                 restore_backup(
-                    settings=fast_settings(target, f"sqlite:///{target / 'floom.db'}"),
+                    settings=_sqlite_node(target),
                     source=backup,
                     force=force,
                 )
-            assert said in refused.value.message, damage.__name__
+            assert said in refused.value.message, name
             assert "nothing was restored" in refused.value.message
-        assert not fresh.exists(), damage.__name__
-        assert _tree(busy) == before, damage.__name__
+        assert not fresh.exists(), name
+        assert _tree(busy) == before, name
 
 
 def test_a_backup_whose_secrets_the_node_s_key_cannot_read_is_refused(tmp_path: Path) -> None:
     # The secrets stay encrypted in the backup; restored under another key they could never
     # be read again, so such a restore is refused (naming the key) before anything is written.
-    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
+    source = _sqlite_node(tmp_path / "a")
     ctx = Context.open(source)
     set_secret(ctx, name="KEEPER_TOKEN", value="tok-plain-1234", caller=SYSTEM)
     ctx.engine.dispose()
@@ -411,7 +414,7 @@ def test_a_backup_whose_secrets_the_node_s_key_cannot_read_is_refused(tmp_path: 
     fresh = tmp_path / "fresh"
     with pytest.raises(BackupInvalid) as refused:
         restore_backup(
-            settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}", secret_key="other"),
+            settings=_sqlite_node(fresh, secret_key="other"),
             source=tmp_path / "backup",
         )
     assert "FLOOM_SECRET_KEY" in refused.value.message
@@ -419,7 +422,7 @@ def test_a_backup_whose_secrets_the_node_s_key_cannot_read_is_refused(tmp_path: 
     assert not fresh.exists()
     # With the key it was taken under, it restores.
     restore_backup(
-        settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"),
+        settings=_sqlite_node(fresh),
         source=tmp_path / "backup",
     )
     assert (fresh / "floom.db").is_file()
@@ -542,8 +545,7 @@ def test_a_journal_beside_the_database_never_changes_what_a_restore_checked(
     # restored database is played into it when floom next opens it, so a backup carrying
     # floom.db-journal (or a replaced node's journal left in place) could add the trigger
     # they refuse. Such a file is refused as a backup's, and removed from a forced data dir.
-    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
-    Context.open(source).engine.dispose()
+    source = _new_node(tmp_path / "a")
     clean = tmp_path / "clean"
     create_backup(settings=source, dest=clean)
 
@@ -556,9 +558,7 @@ def test_a_journal_beside_the_database_never_changes_what_a_restore_checked(
     _rechecked(carried)
     fresh = tmp_path / "fresh"
     with pytest.raises(BackupInvalid) as refused:
-        restore_backup(
-            settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=carried
-        )
+        restore_backup(settings=_sqlite_node(fresh), source=carried)
     assert "unexpected file 'floom.db-journal'" in refused.value.message
     assert not fresh.exists()
 
@@ -577,12 +577,10 @@ def test_a_journal_beside_the_database_never_changes_what_a_restore_checked(
 
     # A forced restore over a node that left a hot journal: the journal goes with it.
     busy = tmp_path / "busy"
-    Context.open(fast_settings(busy, f"sqlite:///{busy / 'floom.db'}")).engine.dispose()
+    _new_node(busy)
     shutil.copyfile(clean / "floom.db", tmp_path / "old.db")
     _hot_journal(tmp_path / "old.db", busy / "floom.db-journal")
-    restore_backup(
-        settings=fast_settings(busy, f"sqlite:///{busy / 'floom.db'}"), source=clean, force=True
-    )
+    restore_backup(settings=_sqlite_node(busy), source=clean, force=True)
     assert not (busy / "floom.db-journal").exists()
     assert _triggers(busy / "floom.db") == []
 
@@ -594,8 +592,7 @@ def test_a_manifest_of_other_shapes_is_refused_before_anything_is_written(
     # is a string or a list, warnings that are not a list (read after the files took their
     # places: the restore finished with a stack trace), a file named twice, a manifest not
     # UTF-8 or larger than any floom writes. Each is one clear line, nothing written.
-    source = fast_settings(tmp_path / "a", f"sqlite:///{tmp_path / 'a' / 'floom.db'}")
-    Context.open(source).engine.dispose()
+    source = _new_node(tmp_path / "a")
     good = tmp_path / "good"
     create_backup(settings=source, dest=good)
     (good / "x.txt").write_text("x")
@@ -633,8 +630,6 @@ def test_a_manifest_of_other_shapes_is_refused_before_anything_is_written(
         (backup / MANIFEST).write_bytes(text)
         fresh = tmp_path / f"fresh-{case}"
         with pytest.raises(BackupInvalid) as refused:
-            restore_backup(
-                settings=fast_settings(fresh, f"sqlite:///{fresh / 'floom.db'}"), source=backup
-            )
+            restore_backup(settings=_sqlite_node(fresh), source=backup)
         assert said in refused.value.message, case
         assert not fresh.exists(), case

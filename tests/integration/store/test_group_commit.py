@@ -93,8 +93,13 @@ def writer_busy(ctx: Context) -> Iterator[None]:
         yield
 
 
-def inserted_runs(transaction: list[str]) -> int:
-    return sum(statement.startswith("INSERT INTO runs ") for statement in transaction)
+def runs_per_commit(committed: list[list[str]]) -> list[int]:
+    """How many runs each committed transaction that inserted any inserted."""
+    inserted = [
+        sum(statement.startswith("INSERT INTO runs ") for statement in transaction)
+        for transaction in committed
+    ]
+    return [count for count in inserted if count]
 
 
 def stored_runs(ctx: Context) -> list[Run]:
@@ -102,22 +107,29 @@ def stored_runs(ctx: Context) -> list[Run]:
         return list(s.exec(select(Run).order_by(col(Run.id))).all())
 
 
-def test_runs_queued_at_once_are_committed_together(ctx: Context, tmp_path: Path) -> None:
+def queued_at_once(
+    ctx: Context, tmp_path: Path, count: int
+) -> tuple[list[Run | BaseException], list[int]]:
+    """Queue `count` runs of a new worker at once, behind another writer: what each caller got
+    (a run or an error), in the order they were queued, and the runs each commit carried."""
     deploy(ctx, tmp_path, "w1")
     callers = Callers(ctx)
     with commits(ctx) as committed:
         with writer_busy(ctx):
-            for _ in range(5):
+            for _ in range(count):
                 callers.queue("w1")
         callers.join()
+    return [callers.got[n] for n in range(count)], runs_per_commit(committed)
 
-    queued = [callers.got[n] for n in range(5)]
+
+def test_runs_queued_at_once_are_committed_together(ctx: Context, tmp_path: Path) -> None:
+    queued, per_commit = queued_at_once(ctx, tmp_path, 5)
+
     assert all(isinstance(run, Run) and run.status == "queued" for run in queued), queued
-    with_runs = [inserted_runs(t) for t in committed if inserted_runs(t)]
     if sqlite(ctx):
-        assert with_runs == [5]
+        assert per_commit == [5]
     else:
-        assert with_runs == [1] * 5
+        assert per_commit == [1] * 5
     for run in queued:
         assert isinstance(run, Run)
         lines = [e.line for e in list_events(ctx, run_id=run.id, caller=SYSTEM)]
@@ -127,19 +139,13 @@ def test_runs_queued_at_once_are_committed_together(ctx: Context, tmp_path: Path
 def test_runs_committed_together_keep_the_order_they_were_queued_in(
     ctx: Context, tmp_path: Path
 ) -> None:
-    deploy(ctx, tmp_path, "w1")
-    callers = Callers(ctx)
-    with commits(ctx) as committed:
-        with writer_busy(ctx):
-            for _ in range(4):
-                callers.queue("w1")
-        callers.join()
+    queued, per_commit = queued_at_once(ctx, tmp_path, 4)
 
-    ids = [run.id for run in (callers.got[n] for n in range(4)) if isinstance(run, Run)]
+    ids = [run.id for run in queued if isinstance(run, Run)]
     assert len(ids) == 4
     if sqlite(ctx):  # handed in one after another, so queued in that order
         assert ids == sorted(ids)
-        assert [inserted_runs(t) for t in committed if inserted_runs(t)] == [4]
+        assert per_commit == [4]
     claimed = [claim_next_run(ctx) for _ in range(4)]
     assert [run.id for run in claimed if run is not None] == sorted(ids)
 
@@ -164,7 +170,7 @@ def test_a_caller_refused_in_the_transaction_fails_alone(ctx: Context, tmp_path:
     taken = [callers.got[first], callers.got[last]]
     assert all(isinstance(run, Run) for run in taken), taken
     assert [run.id for run in stored_runs(ctx)] == [run.id for run in taken if isinstance(run, Run)]
-    assert [inserted_runs(t) for t in committed if inserted_runs(t)] == [2]
+    assert runs_per_commit(committed) == [2]
 
 
 def test_a_failing_step_undoes_its_own_rows_only(ctx: Context) -> None:
@@ -230,4 +236,4 @@ def test_a_commit_that_fails_fails_every_caller_of_its_batch_and_stores_nothing(
     assert all(isinstance(callers.got[n], StoreUnavailable) for n in range(3)), callers.got
     assert stored_runs(ctx) == []
     # The one commit tried with runs in it carried the three.
-    assert [inserted_runs(t) for t in written if inserted_runs(t)] == [3]
+    assert runs_per_commit(written) == [3]

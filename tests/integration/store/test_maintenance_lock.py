@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,54 +47,72 @@ def _big_freelist(engine: Engine, pages: int) -> int:
     return free
 
 
+class HeartbeatAtFirstStep:
+    """Traces the engine's statements: each step of maintenance (a statement `is_step` picks)
+    is recorded as `step`, and while the first one holds SQLite's write lock a heartbeat
+    comes to write and has to wait for it; its commit is recorded as "heartbeat committed"."""
+
+    def __init__(self, engine: Engine, *, is_step: Callable[[str], bool], step: str) -> None:
+        self.events: list[str] = []
+        self.failures: list[BaseException] = []
+        self._engine = engine
+        self._lock = db.sqlite_write_lock(engine)
+        self._is_step = is_step
+        self._step = step
+        self._writer = threading.Thread(target=self._heartbeat)
+        self._writer_started = threading.Event()
+        event.listen(engine, "connect", self._trace_connection)
+        engine.dispose()  # new connections, each traced
+
+    def join(self) -> None:
+        """Waits for the heartbeat, which must have written."""
+        self._writer.join(timeout=30)
+        assert not self.failures, self.failures
+        assert "heartbeat committed" in self.events, self.events
+
+    def committed_before_a_step(self) -> bool:
+        """Whether the heartbeat got the lock between two steps: not held behind them all."""
+        committed = self.events.index("heartbeat committed")
+        return self._step in self.events[committed + 1 :]
+
+    def _heartbeat(self) -> None:
+        try:
+            with write_connection(self._engine) as c:
+                c.exec_driver_sql("INSERT INTO beat VALUES (1)")
+                # Still under the write lock, which it lets go only after committing: no
+                # step can come between this and the commit.
+                self.events.append("heartbeat committed")
+        except BaseException as exc:  # seen by the test's thread
+            self.failures.append(exc)
+
+    def _trace(self, statement: str) -> None:
+        if not self._is_step(statement):
+            return
+        self.events.append(self._step)
+        if not self._writer_started.is_set():
+            # The step holds the lock now: the heartbeat comes and has to wait for it.
+            self._writer_started.set()
+            self._writer.start()
+            wait_until(lambda: self._lock.waiting() >= 1, timeout=10, interval=0.001)
+
+    def _trace_connection(self, dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.set_trace_callback(self._trace)
+
+
 def test_a_heartbeat_commits_between_two_steps_of_giving_free_pages_back(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(db, "VACUUM_STEP_PAGES", 100)
     free = _big_freelist(engine, 600)
     assert free >= 500
-    lock = db.sqlite_write_lock(engine)
-    events: list[str] = []
-    writer_started = threading.Event()
-    failures: list[BaseException] = []
-
-    def heartbeat() -> None:
-        try:
-            with write_connection(engine) as c:
-                c.exec_driver_sql("INSERT INTO beat VALUES (1)")
-                # Still under the write lock, which it lets go only after committing: no
-                # vacuum step can come between this and the commit.
-                events.append("heartbeat committed")
-        except BaseException as exc:  # seen by the test's thread below
-            failures.append(exc)
-
-    writer = threading.Thread(target=heartbeat)
-
-    def trace(statement: str) -> None:
-        if "incremental_vacuum" not in statement:
-            return
-        events.append("vacuum step")
-        if not writer_started.is_set():
-            # The vacuum holds the lock now: the heartbeat comes and has to wait for it.
-            writer_started.set()
-            writer.start()
-            wait_until(lambda: lock.waiting() >= 1, timeout=10, interval=0.001)
-
-    @event.listens_for(engine, "connect")
-    def _trace(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.set_trace_callback(trace)
-
-    engine.dispose()  # new connections, each traced
+    heartbeat = HeartbeatAtFirstStep(
+        engine, is_step=lambda statement: "incremental_vacuum" in statement, step="vacuum step"
+    )
     given = give_back_free_pages(engine)
-    writer.join(timeout=30)
+    heartbeat.join()
 
-    assert not failures, failures
     assert given == free
-    assert "heartbeat committed" in events
-    # The heartbeat got the lock after a step and before the vacuum had done: not held behind
-    # the whole freelist.
-    committed = events.index("heartbeat committed")
-    assert "vacuum step" in events[committed + 1 :], events
+    assert heartbeat.committed_before_a_step(), heartbeat.events
     with write_connection(engine) as c:
         assert c.exec_driver_sql("PRAGMA freelist_count").scalar() == 0
         assert c.exec_driver_sql("SELECT count(*) FROM beat").scalar() == 1
@@ -122,48 +140,19 @@ def test_a_heartbeat_commits_between_two_steps_of_pruning_a_long_log(
             for n in range(3000)
         ]
         c.execute(insert(RunEvent), lines)
-    lock = db.sqlite_write_lock(engine)
-    events: list[str] = []
-    writer_started = threading.Event()
-    failures: list[BaseException] = []
-
-    def heartbeat() -> None:
-        try:
-            with write_connection(engine) as c:
-                c.exec_driver_sql("INSERT INTO beat VALUES (1)")
-                events.append("heartbeat committed")  # under the lock until its commit
-        except BaseException as exc:  # seen by the test's thread below
-            failures.append(exc)
-
-    writer = threading.Thread(target=heartbeat)
-
-    def trace(statement: str) -> None:
-        if not statement.startswith("DELETE FROM run_events"):
-            return
-        events.append("prune step")
-        if not writer_started.is_set():
-            # The prune holds the lock now: the heartbeat comes and has to wait for it.
-            writer_started.set()
-            writer.start()
-            wait_until(lambda: lock.waiting() >= 1, timeout=10, interval=0.001)
-
-    @event.listens_for(engine, "connect")
-    def _trace(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.set_trace_callback(trace)
-
-    engine.dispose()  # new connections, each traced
+    heartbeat = HeartbeatAtFirstStep(
+        engine,
+        is_step=lambda statement: statement.startswith("DELETE FROM run_events"),
+        step="prune step",
+    )
     try:
         report = retention.apply_retention(ctx, days=7)
-        writer.join(timeout=30)
+        heartbeat.join()
     finally:
         engine.dispose()
 
-    assert not failures, failures
     assert (report.runs_pruned, report.log_lines_deleted) == (1, 3000)
-    # The heartbeat got the lock after a step and before the prune had done: not held behind
-    # the whole log.
-    committed = events.index("heartbeat committed")
-    assert "prune step" in events[committed + 1 :], events
+    assert heartbeat.committed_before_a_step(), heartbeat.events
     with write_connection(engine) as c:
         assert c.exec_driver_sql("SELECT count(*) FROM run_events").scalar() == 0
         assert c.exec_driver_sql("SELECT count(*) FROM beat").scalar() == 1

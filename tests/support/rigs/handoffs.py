@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from floom.schemas.handoffs import JobEventPublic, JobPublic
 from floom.services.access import keys
-from floom.services.access.principal import SYSTEM, Principal
+from floom.services.access.principal import SCOPES, SYSTEM, Principal
 from floom.services.context import Context
 from floom.services.handoffs import agents as handoff_agents
 from floom.services.handoffs import jobs as handoffs
@@ -22,6 +22,19 @@ def agent(ctx: Context, label: str, *role_names: str, scopes: list[str] | None =
         ctx, caller=SYSTEM, label=label, roles=list(role_names), scopes=scopes
     )
     return Principal.of_key(keys.authenticate(ctx, body.token))
+
+
+def agent_keys_by_scope(ctx: Context, label: str) -> dict[str, str]:
+    """A new agent `label` holding a new role of the same name, and a key of its for each
+    scope: their tokens by scope."""
+    roles(ctx, label)
+    body = handoff_agents.create_agent(ctx, caller=SYSTEM, label=label, roles=[label])
+    return {
+        scope: handoff_agents.create_agent_key(
+            ctx, caller=SYSTEM, agent=body.agent.id, scopes=[scope]
+        )[1]
+        for scope in SCOPES
+    }
 
 
 def admin(ctx: Context) -> Principal:
