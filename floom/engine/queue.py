@@ -36,6 +36,7 @@ from floom.services.runs.rules import (
     RunFields,
     check_transition,
     claimed_fields,
+    kept_error,
     requeue_next_attempt,
     started_message,
     transition,
@@ -688,7 +689,7 @@ def _end_values(
     if retry:
         delay = backoff * (2 ** (run.attempt - 1)) if exponential else backoff
         message = (
-            f"attempt {run.attempt} {outcome.status}: {outcome.error_message}; "
+            f"attempt {run.attempt} {outcome.status}: {kept_error(outcome.error_message)}; "
             f"retrying in {delay:.0f}s"
         )
         requeue_next_attempt(
@@ -712,7 +713,7 @@ def _end_values(
         )
         message = f"{outcome.status}"
         if outcome.error_message:
-            message += f": {outcome.error_message}"
+            message += f": {kept_error(outcome.error_message)}"
     values: dict[str, Any] = {name: getattr(ended, name) for name in RULE_FIELDS}
     values["exit_code"] = outcome.exit_code
     if not retry:

@@ -51,6 +51,10 @@ KINDS: tuple[ApprovalKind, ...] = tuple(ApprovalKind)
 DECISIONS: tuple[Decision, ...] = tuple(Decision)
 PHASE_APPLY = "apply"
 PHASE_RESUME = "resume"
+MAX_COMMENT_CHARS = 4000
+"""A decision's comment is kept on the approval, in the run's log and (a rejection's) its
+error, is handed to the apply phase in decision.json and to the agent with every later
+turn: a few paragraphs, as a handoff's reason."""
 
 
 def new_approval(
@@ -240,6 +244,11 @@ def decide_approval(
     if edited is not None:
         jsonvalues.check(edited, where="edited", max_bytes=ctx.settings.max_result_bytes)
     comment = (comment or "").strip() or None
+    if comment is not None and len(comment) > MAX_COMMENT_CHARS:
+        raise InvalidRequest(
+            f"the comment is {len(comment)} characters; at most {MAX_COMMENT_CHARS}",
+            hint="say it in short; nothing was decided",
+        )
     if decision == Decision.REJECT:
         if edited:
             raise InvalidRequest("edits come with an approval, not a rejection", hint="drop edited")

@@ -42,6 +42,7 @@ from floom.services.runs.rules import (
     RUNNING,
     SKIPPED,
     STATUSES,
+    kept_error,
     mark_claimed,
     started_message,
     transition,
@@ -480,11 +481,11 @@ def insert_skipped_run(
         scheduled_for=scheduled_for,
         finished_at=utcnow(),
         error_code=code,
-        error_message=error_message or reason,
+        error_message=kept_error(error_message or reason),
     )
     s.add(run)
     s.flush()
-    system_event(s, run_id=run.id, attempt=1, message=f"skipped: {reason}")
+    system_event(s, run_id=run.id, attempt=1, message=f"skipped: {kept_error(reason)}")
     return run
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from floom.cut import cut
 from floom.errors import IllegalTransition, InvalidRequest, RunErrorCode
 
 # Re-exported on purpose ("X as X"): callers read the statuses and their sets from the state
@@ -36,6 +37,20 @@ from floom.vocabulary import PreviousAttempt, RunStatus
 
 if TYPE_CHECKING:
     from floom.store.models import Run
+
+MAX_ERROR_CHARS = 16 * 1024
+"""The most of a run's error message kept (as of a stored log line or tool-call result): it
+may carry what a worker wrote (result.json's `error`, a line of its stderr), and it is shown
+in every list of runs, every alert and the run's closing log line."""
+ERROR_CUT_MARKER = f" [error message cut at {MAX_ERROR_CHARS} characters]"
+
+
+def kept_error(message: str | None) -> str | None:
+    """A run's error message as kept: at most MAX_ERROR_CHARS characters, marked when cut."""
+    if message is None:
+        return None
+    return cut(message, MAX_ERROR_CHARS, marker=ERROR_CUT_MARKER)
+
 
 # Who makes a move.
 EXECUTOR = "executor"  # the node holding the run's lease (or claiming it)
@@ -135,7 +150,7 @@ def transition(
     elif to in FINISHED:
         run.finished_at = now or datetime.now(UTC)
         run.error_code = error_code
-        run.error_message = error_message
+        run.error_message = kept_error(error_message)
 
 
 def claimed_fields(*, node_id: str, lease_seconds: float, now: datetime) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import httpx
 from floom.mcp.backends.local import LocalBackend
 from floom.schemas.runs import ApprovalQuery
 from floom.services.access.principal import SYSTEM
+from floom.services.runs import approvals
 from floom.store.agents import Approval
 from floom.store.db import session_scope
 from floom.vocabulary import ApprovalKind
@@ -91,6 +92,29 @@ def test_a_gated_script_proposes_waits_without_a_slot_then_applies_the_edited_ou
     assert again.status_code == 409
     assert again.json()["error"]["code"] == "conflict"
     assert api.get("/api/v1/approvals").json()["items"] == []
+
+
+def test_a_comment_over_its_bound_is_refused_and_decides_nothing(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    # Kept whole, a 3 MB comment went into the approval, the run's log and error (in every
+    # list of runs), decision.json, and an agent's every later turn.
+    _mailer(api, tmp_path)
+    run_id = start_run(api, "mailer")
+    approval_id = wait_status(api, run_id, {"awaiting_approval"})["approvals"][0]["id"]
+    long = "x" * (approvals.MAX_COMMENT_CHARS + 1)
+
+    for decision in ("approve", "reject"):
+        refused = api.post(f"/api/v1/approvals/{approval_id}/{decision}", json={"comment": long})
+        assert refused.status_code == 400, refused.text[:300]
+        assert f"at most {approvals.MAX_COMMENT_CHARS}" in refused.json()["error"]["message"]
+    assert api.get(f"/api/v1/approvals/{approval_id}").json()["status"] == "pending"
+    assert api.get(f"/api/v1/runs/{run_id}").json()["status"] == "awaiting_approval"
+
+    said = "y" * approvals.MAX_COMMENT_CHARS
+    rejected = api.post(f"/api/v1/approvals/{approval_id}/reject", json={"comment": said})
+    assert rejected.status_code == 200, rejected.text
+    assert rejected.json()["comment"] == said
 
 
 def test_a_rejection_needs_a_reason_and_ends_the_run_as_rejected_with_it(

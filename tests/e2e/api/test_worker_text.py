@@ -13,6 +13,7 @@ from urllib.parse import quote
 import httpx
 
 from floom import jsonvalues
+from floom.services.runs import rules
 from tests.standins.anthropic_api import reply, text, tool_use
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run
 from tests.support.rigs.agents import agent_rig, agent_worker, log_lines, start_run, wait_status
@@ -47,6 +48,8 @@ elif attack == "surrogate-key":
     open("result.json", "w").write('{"outputs": {"k\\ud800": 1}}')
 elif attack == "surrogate-error":
     open("result.json", "w").write('{"error": "bad \\udcff"}')
+elif attack == "huge-error":
+    json.dump({"error": "E" * 900_000 + " the end", "retryable": False}, open("result.json", "w"))
 elif attack == "artifact-names":
     json.dump({"outputs": {}}, open("result.json", "w"))
     for name in ["日本.txt", "é.txt", 'q"uote.txt', "a\nb.txt", "esc\x1b[31m.txt", "del\x7f.txt",
@@ -115,6 +118,23 @@ def test_a_lone_surrogate_in_result_json_fails_the_run_naming_where(
         assert "lone UTF-16 surrogate" in message, run
         assert f" at {where}" in message, run
         assert api.get(f"/api/v1/runs/{run['id']}").status_code == 200
+
+
+def test_an_error_a_run_reports_is_kept_to_a_bound_in_its_record_its_log_and_lists(
+    api: httpx.Client, tmp_path: Path
+) -> None:
+    # Kept whole, a 900 KB error was in the run, in every page listing it and in one log
+    # line of its own (a line of its output is cut at 16 KiB).
+    run = _write(api, tmp_path, "huge-error")
+
+    assert run["status"] == "failed", run
+    message = run["error"]["message"]
+    assert len(message) == rules.MAX_ERROR_CHARS
+    assert message.startswith("E" * 1000)
+    assert message.endswith(rules.ERROR_CUT_MARKER)
+    listed = api.get("/api/v1/runs", params={"worker": "writer"}).json()["items"]
+    assert [r["error"]["message"] for r in listed if r["id"] == run["id"]] == [message]
+    assert f"failed: {message}" in log_lines(api, run["id"])
 
 
 def test_inputs_holding_a_lone_surrogate_are_refused_naming_where(

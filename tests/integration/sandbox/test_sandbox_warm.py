@@ -971,6 +971,53 @@ def test_a_layered_warm_run_rewrites_removes_and_remakes_the_version_s_files_in_
         warm.local.release_run_dir(run_dir)
 
 
+MOUNT_FLAGS = """
+import json
+seen = {}
+for line in open("/proc/self/mountinfo"):
+    fields = line.split()
+    seen[fields[4]] = sorted(fields[5].split(","))  # the last mount at a point is the run's
+print(json.dumps({"pid": 1, **{p: seen[p] for p in ("/work", "/output", "/work/state.json")}}))
+"""
+
+
+def test_a_layered_warm_run_s_dirs_are_mounted_nosuid_and_nodev_as_a_cold_run_s(
+    warm: WarmedLocal,
+) -> None:
+    # bubblewrap mounts a cold run's /work, /output and read-only files nosuid and nodev;
+    # the warm child mounted the overlay and the read-only binds with neither.
+    files = warm.work_root / "versions" / "v1"
+    files.mkdir(parents=True)
+    (files / "run.py").write_text(MOUNT_FLAGS)
+    run_dir = warm.work_root / "run-flags-1"
+    warm.local.make_run_dir(run_dir, disk_mb=64)
+    (run_dir / "work").mkdir()
+    (run_dir / "work" / "state.json").write_text("{}")
+    (run_dir / "output").mkdir()
+    spec = SandboxSpec(
+        run_id="run-flags",
+        command=["python3", "run.py"],
+        workdir=run_dir / "work",
+        output_dir=run_dir / "output",
+        files=files,
+        read_only=("state.json",),
+        timeout_seconds=30.0,
+    )
+    lines: Lines = []
+    try:
+        result = warm.run(
+            spec, on_line=lambda *line: lines.append(line), should_cancel=lambda: False
+        )
+        assert result.exit_code == 0, lines
+        seen = outputs(lines)
+        assert seen.pop("pid") == 1, "the run did not start warm"
+        for point, flags in seen.items():
+            assert {"nosuid", "nodev"} <= set(flags), (point, flags)  # type: ignore[call-overload]
+        assert "ro" in seen["/work/state.json"]  # type: ignore[operator]
+    finally:
+        warm.local.release_run_dir(run_dir)
+
+
 def _status_of(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/status") as f:
         return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)

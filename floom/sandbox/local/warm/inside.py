@@ -418,7 +418,7 @@ def _setup(request: dict[str, object], fds: list[int]) -> None:
         _move_mount(run_fd, f"{STAGE}/run")
         work = f"{STAGE}/run/{request['work_name']}"
         options = f"lowerdir={STAGE}/files,upperdir={work},workdir={work}.overlay,userxattr"
-        _mount("overlay", WORK, "overlay", 0, options)
+        _mount("overlay", WORK, "overlay", _MS_NOSUID | _MS_NODEV, options)
         _check(_libc.umount2(f"{STAGE}/files".encode(), _MNT_DETACH), "umount files")
         _check(_libc.umount2(f"{STAGE}/run".encode(), _MNT_DETACH), "umount run")
     else:
@@ -426,9 +426,10 @@ def _setup(request: dict[str, object], fds: list[int]) -> None:
         _move_mount(work_fd, WORK)
     for name in request.get("read_only") or ():  # type: ignore[attr-defined]
         # Bound read-only over itself: the run cannot write, chmod, rename or delete it.
+        # (A bind's remount sets its flags anew: nosuid and nodev named again, as bwrap does.)
         path = f"{WORK}/{name}"
         _mount(path, path, "", _MS_BIND)
-        _mount("none", path, "", _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
+        _mount("none", path, "", _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     _move_mount(output_fd, OUTPUT)
     premounted = _PREMOUNTED[0] if _PREMOUNTED else 0
     if premounted != memory:
