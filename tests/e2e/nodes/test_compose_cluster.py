@@ -243,7 +243,7 @@ def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_an
         )
         with c.api() as api:
             deploy_folder(api, folder)
-    survivor.signal(signal.SIGSTOP)  # so that the doomed node claims all four runs
+    survivor.pause()  # so that the doomed node claims all four runs
     try:
         with c.api() as api:
             again = submit(api, "again", 3)
