@@ -108,6 +108,10 @@ class WarmBoxes:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # The node's hits and misses since it started: a pool's own go with it when it is
+        # idle long enough to be dropped, and a counter never goes back.
+        self._hits = 0
+        self._misses = 0
 
     # -- what runs ask ---------------------------------------------------------------------
 
@@ -126,6 +130,7 @@ class WarmBoxes:
             with self._changed:
                 if not pool.ready or self._closed:
                     pool.misses += 1
+                    self._misses += 1
                     self._wake()
                     return None
                 ready = pool.ready.popleft()
@@ -134,6 +139,7 @@ class WarmBoxes:
             if self._fits(ready.box, timeout):
                 with self._changed:
                     pool.hits += 1
+                    self._hits += 1
                     self._serving[ready.box.sandbox_id] = pool
                 return ready.box
             with self._changed:
@@ -181,13 +187,14 @@ class WarmBoxes:
                 }
                 for pool in self._pools.values()
             ]
+            hits, misses = self._hits, self._misses
         return {
             "enabled": True,
             "count": self.settings.count,
             "budget": self.settings.budget,
             "idle_seconds": self.settings.idle_seconds,
-            "hits": sum(p["hits"] for p in pools),
-            "misses": sum(p["misses"] for p in pools),
+            "hits": hits,
+            "misses": misses,
             "pools": pools,
         }
 

@@ -28,6 +28,7 @@ from floom.sandbox.local import cgroups, limits, seccomp
 from tests.support.harness import LiveServer, deploy_folder, make_worker, wait_for_run, wait_until
 from tests.support.rigs.sandboxes import Lines
 from tests.support.rigs.sandboxes import run_script as run_in_sandbox
+from tests.support.stops import stop
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"
@@ -676,7 +677,7 @@ def test_a_stopped_sandbox_pid_1_does_not_turn_a_finished_run_into_a_timeout(
             return
         [command] = [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_probe(pid, marker)]
         init = int(_status(command)["PPid"])
-        os.kill(init, signal.SIGSTOP)
+        stop(init)  # stopped indeed before the script may end: else pid 1 reaps it
         stopped.append(init)
         (tmp_path / "work" / "go").write_text("")
 

@@ -32,6 +32,7 @@ from tests.support.harness import (
 )
 from tests.support.processes.cluster import NodeProcess
 from tests.support.processes.tcp_proxy import TcpProxy
+from tests.support.stops import stop
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 
@@ -182,7 +183,7 @@ def test_a_key_revoked_while_a_node_is_paused_is_refused_there_as_it_resumes(
     with two_nodes(tmp_path, database_url) as (node_a, node_b):
         key_id, key = doomed_key_cached_on_b(node_a, node_b)
         assert node_b.proc is not None
-        os.killpg(node_b.proc.pid, signal.SIGSTOP)
+        stop(node_b.proc.pid, group=True)
         revoked_at = revoke_on_a(node_a, key_id)
         wait_until(past(revoked_at + HEARD_WITHIN_SECONDS + 0.2), timeout=10)
         # Requests waiting in B's sockets as it resumes, and more right after.

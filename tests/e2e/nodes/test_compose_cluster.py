@@ -243,7 +243,7 @@ def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_an
         )
         with c.api() as api:
             deploy_folder(api, folder)
-    survivor.signal(signal.SIGSTOP)  # so that the doomed node claims all four runs
+    survivor.pause()  # so that the doomed node claims all four runs
     try:
         with c.api() as api:
             again = submit(api, "again", 3)
@@ -301,7 +301,7 @@ def test_kill_9_of_an_executor_reruns_or_fails_its_runs_within_lease_and_reap_an
     assert all(
         s == [(1, ids["executor-bwrap-1"]), (2, ids["executor-bwrap-2"])]
         for s in (sorted(v) for v in starts.values())
-    )
+    ), (starts, ids)
     assert c.sql("SELECT count(*) FROM runs WHERE status = 'running'") == [(0,)]
     assert nodes[ids["executor-bwrap-1"]] == "lost"
     assert nodes[ids["executor-bwrap-2"]] == "live"

@@ -16,8 +16,9 @@ import pytest
 
 from floom.sandbox.base import SandboxUnavailable
 from floom.sandbox.e2b.backend import E2BSandbox
-from floom.sandbox.e2b.warm import POOL_LABEL
+from floom.sandbox.e2b.warm import POOL_LABEL, E2BWarmSettings, WarmBoxes
 from tests.standins.e2b import E2BStandin
+from tests.support.harness import wait_until
 from tests.support.rigs.e2b import e2b_backend
 from tests.support.rigs.sandboxes import run_script
 
@@ -113,6 +114,27 @@ def test_a_ready_sandbox_holds_nothing_of_a_run_until_it_is_handed_one(
     assert result.exit_code == 0
     assert lines == [("stdout", ready), ("stdout", "s3cret")]
     assert all("s3cret" not in str(b.env_vars) for b in standin.created)
+
+
+def test_the_node_s_hits_and_misses_count_on_once_the_pool_they_were_made_in_is_dropped(
+    warm: E2BSandbox, standin: E2BStandin, tmp_path: Path
+) -> None:
+    # They are exported as counters (floom_warm_e2b_hits, _misses): one that went back
+    # when an idle pool is dropped would read as a reset to a rate.
+    assert warm.warm is not None
+    warm.warm.close()
+    warm.warm = WarmBoxes(
+        E2BWarmSettings(count=1, idle_seconds=0.5),
+        create=warm.warm._create,
+        kill=warm.warm._kill,
+    )
+    run(warm, tmp_path / "first")  # a miss, which starts the pool
+    assert warm.warm.wait_ready("base", timeout=30)
+    run(warm, tmp_path / "second")  # a hit
+    wait_until(lambda: warm.warm_stats()["pools"] == [], timeout=30)  # type: ignore[index]
+    stats = warm.warm_stats()
+    assert stats is not None
+    assert (stats["hits"], stats["misses"]) == (1, 1)
 
 
 def test_pools_are_per_template_and_network_and_a_run_finding_none_creates_its_own(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from floom.sandbox.local import procfs
+from tests.support.stops import stop
 
 # pid 1 of a new PID namespace: runs `true` (pid 2, reaped), then forks the "command"
 # (pid 3), which exits 7 after a moment; the test stops pid 1 from the host before then.
@@ -60,7 +61,7 @@ def test_the_command_is_found_under_a_stopped_pid_1_when_it_is_not_pid_2() -> No
             assert time.monotonic() < deadline, "the namespace did not start"
             init = _child_of(outer.pid)
             time.sleep(0.01)
-        os.kill(init, signal.SIGSTOP)
+        stop(init)
         code = None
         while code is None:
             assert time.monotonic() < deadline, "no exit code read"

@@ -39,6 +39,7 @@ from floom.sandbox.local.warm.process import (
 from tests.support.harness import wait_until
 from tests.support.rigs.sandboxes import Lines
 from tests.support.rigs.warm import WarmedLocal, warm_script_spec
+from tests.support.stops import stop
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
@@ -407,11 +408,12 @@ def test_a_warm_process_closed_while_dead_and_not_yet_reaped_leaves_its_runs_run
     # Killed, the interpreter hands its runs to its namespace's pid 1 and stays a zombie
     # until pid 1 reaps it; a close in that moment once saw no child of the interpreter and
     # killed the namespace, the run in flight with it (exit 137). pid 1 is held stopped here
-    # so that the moment lasts.
+    # so that the moment lasts: stopped indeed before the kill (a pid 1 merely sent SIGSTOP
+    # still reaps the interpreter if it dies first: tests/support/stops.py).
     flight = _a_run_in_flight(warm)
     process = flight.process
-    os.kill(process.init_pid, signal.SIGSTOP)
     try:
+        stop(process.init_pid)
         os.kill(process.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
         while procfs.zombie_status(process.pid) is None and time.monotonic() < deadline:
@@ -445,6 +447,23 @@ def test_a_deploy_during_runs_replaces_the_pool_and_lets_the_old_versions_runs_f
     while old.alive() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not old.alive()  # nor is it left once its last run has ended
+
+
+def test_the_node_s_hits_and_misses_count_on_once_a_deploy_ends_the_pool_they_were_made_in(
+    warm: WarmedLocal,
+) -> None:
+    # They are exported as counters (floom_warm_hits, _misses): one that went back when a
+    # pool ends would read as a reset to a rate, and once told a test that a warm run of a
+    # pool closed meanwhile had started cold.
+    result, lines, _ = run(warm, LOOK)  # v1's recording run (a miss), then a hit
+    assert result.exit_code == 0, lines
+    before = warm.pools.stats()
+    warm.version = "v2"  # its pool replaces v1's
+    result, lines, _ = run(warm, LOOK)
+    assert result.exit_code == 0, lines
+    after = warm.pools.stats()
+    assert [p["version"] for p in after["pools"]] == ["v2"]  # type: ignore[attr-defined]
+    assert (after["hits"], after["misses"]) == (before["hits"] + 1, before["misses"] + 1)  # type: ignore[operator]
 
 
 def _warm_children(warm_pid: int) -> list[dict[str, str]]:

@@ -37,6 +37,7 @@ import psycopg
 import yaml
 
 from tests.support.harness import PG_ADMIN_URL, REPO, free_port, plain_client, wait_until
+from tests.support.stops import stop
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 # What an operator exports before `docker compose up` (the README's and the file header's
@@ -190,6 +191,11 @@ class Node:
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         os.kill(self.proc.pid, sig)
+
+    def pause(self) -> None:
+        """SIGSTOP the node, returning once every thread of it has stopped."""
+        assert self.proc is not None
+        stop(self.proc.pid)
 
     def kill9(self) -> None:
         self.signal(signal.SIGKILL)

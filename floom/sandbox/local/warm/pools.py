@@ -151,7 +151,10 @@ class WarmPools:
         self._records: dict[WarmKey, tuple[str, ...]] = {}
         self._record_tries: dict[WarmKey, int] = {}
         self._recording: set[WarmKey] = set()
-        self._misses_without_pool = 0
+        # The node's hits and misses since it started: a pool's own go with it (a deploy,
+        # idleness or the memory budget ends pools), and a counter never goes back.
+        self._hits = 0
+        self._misses = 0
         self._pending: collections.deque[Callable[[], None]] = collections.deque()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -190,7 +193,7 @@ class WarmPools:
             if pool is None and key in self._records:
                 pool = self._new_pool(key, owner, self._records[key], work_root)
             if pool is None:
-                self._misses_without_pool += 1
+                self._misses += 1
                 return None
             if memory_bytes:
                 pool.memory_bytes = memory_bytes
@@ -220,9 +223,11 @@ class WarmPools:
                 self._changed.wait(left)
             if taken is None:
                 pool.misses += 1
+                self._misses += 1
                 pool.in_flight -= 1  # counted for the demand only: it runs cold
             else:
                 pool.hits += 1
+                self._hits += 1
             self._wake()
         return taken
 
@@ -285,8 +290,8 @@ class WarmPools:
             return {
                 "enabled": self.settings.enabled,
                 "pools": pools,
-                "hits": sum(p["hits"] for p in pools),  # type: ignore[misc]
-                "misses": sum(p["misses"] for p in pools) + self._misses_without_pool,  # type: ignore[misc]
+                "hits": self._hits,
+                "misses": self._misses,
             }
 
     def wait_ready(self, key: WarmKey, timeout: float) -> bool:
