@@ -58,12 +58,14 @@ import hmac
 import json
 import math
 import os
+import random
 import re
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter as Counter_
 from collections.abc import Callable, Iterator
@@ -249,6 +251,7 @@ class BackendCpu:
         self.db = db
         self._seen: dict[int, float] = {}
         self._lock = threading.Lock()
+        self._sampling = threading.Lock()  # one user of the connection at a time
         self._stop = threading.Event()
         self._conn = psycopg.connect(PG_ADMIN, autocommit=True, application_name=BENCH_APP)
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -274,7 +277,16 @@ class BackendCpu:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.1):
+            with self._sampling:
+                self._sample()
+
+    def now(self) -> float:
+        """total(), read right now (a sample of its own, not the thread's last): the
+        boundary between two of --pairs' windows."""
+        with self._sampling:
             self._sample()
+        with self._lock:
+            return sum(self._seen.values())
 
     def backends(self) -> int:
         """How many of floom's backends were seen on the database so far."""
@@ -406,6 +418,9 @@ class Node:
     server: Any = None
     thread: Any = None
     http: httpx.Client = field(init=False)
+    # Pool connections floom opened once the node was up (not its start-up's): the thread
+    # that asked, and the innermost of floom's frames that asked (opened_by).
+    opened: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.http = httpx.Client(
@@ -537,6 +552,7 @@ def node(
             )
             if answer.status_code not in (200, 201):
                 raise SystemExit(f"bench: deploy {name}: {answer.text}")
+        event.listen(ctx.engine, "connect", lambda *_: n.opened.append(opened_by()))
         yield n
     finally:
         n.http.close()
@@ -545,6 +561,17 @@ def node(
         ctx.engine.dispose()
         cpu.close()
         admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def opened_by() -> str:
+    """Who is opening a pool connection: the thread's name, the connections already checked
+    out, and floom's three innermost frames on the stack."""
+    frames = [
+        f"{Path(f.filename).relative_to(REPO / 'floom')}:{f.lineno} {f.name}"
+        for f in traceback.extract_stack()
+        if f.filename.startswith(str(REPO / "floom"))
+    ]
+    return f"{threading.current_thread().name}: " + " < ".join(reversed(frames[-3:]))
 
 
 # -- the workloads -----------------------------------------------------------------------------
@@ -629,6 +656,9 @@ class Cost:
     # PG CPU ms per run of each round, when this is their mean.
     cpu_rounds: list[float] = field(default_factory=list)
     aux_rounds: list[float] = field(default_factory=list)
+    # With --pairs: PG CPU ms of each paired run (paired_cpu), and statements a run then.
+    cpu_pairs: list[float] = field(default_factory=list)
+    pair_statements: float = 0.0
 
 
 @contextmanager
@@ -697,6 +727,62 @@ def cost_per_run(
         waited={k: v * 1000 / runs for k, v in sorted(waited.items())},
         cpu_by={k: v / 1000 / runs for k, v in sorted((after.cpu_ns - before.cpu_ns).items())},
     )
+
+
+def paired_cpu(
+    nodes: dict[str, Node],
+    workload: Callable[[Node], None],
+    pairs: int,
+    *,
+    vacuum_every: int,
+    analyze: bool,
+) -> dict[str, list[float]]:
+    """PostgreSQL CPU (ms) of each of `pairs` runs on each store, the stores taking turns run
+    by run (AB BA AB ...): each run's window on its node runs from the start of that run to
+    the start of its node's next run (BackendCpu.now, read synchronously), so the windows
+    tile each node's time and nothing a run leaves to do after its answer is lost; pair i
+    is the i-th run of each store, started within a second of each other. Before the first
+    pair each database is vacuumed (FULL, and ANALYZE with `analyze`); every `vacuum_every`
+    pairs a plain VACUUM (ANALYZE with `analyze`), on the bench's connection between two
+    windows, as autovacuum would do on a server that has it: no VACUUM FULL per few runs,
+    which invalidated every cached plan of a round."""
+    for n in nodes.values():
+        admin("VACUUM (FULL, ANALYZE)" if analyze else "VACUUM FULL", db=n.db)
+    windows: dict[str, list[float]] = {store: [] for store in nodes}
+    started: dict[str, float] = {}
+    for i in range(pairs):
+        if vacuum_every and i and i % vacuum_every == 0:
+            for n in nodes.values():
+                admin("VACUUM ANALYZE" if analyze else "VACUUM", db=n.db)
+        order = STORES if i % 2 == 0 else STORES[::-1]
+        for store in order:
+            n = nodes[store]
+            now = n.cpu.now()
+            if store in started:
+                windows[store].append((now - started[store]) * 1000)
+            started[store] = now
+            workload(n)
+            n.settled()
+    for store, n in nodes.items():
+        windows[store].append((n.cpu.now() - started[store]) * 1000)
+    return windows
+
+
+def mean_ratio_interval(
+    database: list[float], s3: list[float], *, resamples: int = 2000
+) -> tuple[float, float, float]:
+    """The ratio of the mean CPU per run, object store / database store, over paired runs,
+    and a 95% percentile bootstrap interval for it (pairs resampled together; seeded, so a
+    rerun on the same figures prints the same)."""
+    rng = random.Random(33)
+    pairs = list(zip(database, s3, strict=True))
+    ratio = sum(s3) / sum(database)
+    found = []
+    for _ in range(resamples):
+        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        found.append(sum(o for _, o in sample) / sum(d for d, _ in sample))
+    found.sort()
+    return ratio, found[int(0.025 * resamples)], found[int(0.975 * resamples) - 1]
 
 
 # -- list/get/page at scale --------------------------------------------------------------------
@@ -856,6 +942,8 @@ def measure_costs(
                         analyze=analyze,
                     )
                     rounds[store].setdefault(name, []).append(c)
+                    while nodes[store].opened:
+                        print(f"  {store} opened a connection: {nodes[store].opened.pop(0)}")
                     print(
                         f"  round {turn + 1} {store:8} {name:8} {c.statements:6.1f} stmts "
                         f"{c.round_trips:6.1f} trips {c.rows:6.1f} rows "
@@ -864,10 +952,36 @@ def measure_costs(
                         f"{c.backends} backends",
                         flush=True,
                     )
-    return {
-        store: {name: mean_cost(found) for name, found in by_name.items()}
+        paired: dict[str, dict[str, tuple[list[float], float]]] = {s: {} for s in STORES}
+        for name in chosen if args.pairs else ():
+            sent = {store: n.counter.statements for store, n in nodes.items()}
+            windows = paired_cpu(
+                nodes,
+                WORKLOADS[name],
+                args.pairs,
+                vacuum_every=args.pair_vacuum_every,
+                analyze=analyze,
+            )
+            for store, n in nodes.items():
+                while n.opened:
+                    print(f"  {store} opened a connection: {n.opened.pop(0)}")
+                per_run = (n.counter.statements - sent[store]) / args.pairs
+                paired[store][name] = (windows[store], per_run)
+                print(
+                    f"  paired {store:8} {name:8} {per_run:6.1f} stmts "
+                    f"{spread(windows[store])} ms CPU a run, {args.pairs} runs "
+                    f"{n.cpu.backends()} backends",
+                    flush=True,
+                )
+    found = {
+        store: {name: mean_cost(costs) for name, costs in by_name.items()}
         for store, by_name in rounds.items()
     }
+    for store, by_name in paired.items():
+        for name, (windows, per_run) in by_name.items():
+            found[store][name].cpu_pairs = windows
+            found[store][name].pair_statements = per_run
+    return found
 
 
 def xact_commits(db: str) -> int:
@@ -1112,6 +1226,21 @@ def main(argv: list[str] | None = None) -> int:
         "compares the stores turn by turn and needs 6 or more",
     )
     parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="after the rounds, also this many runs of each workload on each store, the "
+        "stores taking turns run by run, each run's PostgreSQL CPU read on its own: then the "
+        "CPU verdict compares the stores run by run (pair by pair) instead of round by round",
+    )
+    parser.add_argument(
+        "--pair-vacuum-every",
+        type=int,
+        default=40,
+        help="with --pairs, a plain VACUUM (ANALYZE as --analyze says) of both databases "
+        "every N pairs, between two runs, as autovacuum would (0: never)",
+    )
+    parser.add_argument(
         "--loops",
         choices=("quiet", "default"),
         default="quiet",
@@ -1288,12 +1417,26 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:8} bytes kept, object store / database: {share:5.1%} (<= 25%) "
             f"{'OK' if good else 'MISS'}"
         )
-        found = cpu_verdict(d.cpu_rounds, o.cpu_rounds)
-        ok &= found.ok
-        noise |= found.verdict == "NOISE"
+        by_rounds = cpu_verdict(d.cpu_rounds, o.cpu_rounds)
+        judged = cpu_verdict(d.cpu_pairs, o.cpu_pairs) if d.cpu_pairs else by_rounds
+        ok &= judged.ok
+        noise |= judged.verdict == "NOISE"
+        if d.cpu_pairs:
+            ratio, lo, hi = mean_ratio_interval(d.cpu_pairs, o.cpu_pairs)
+            print(
+                f"{name:8} PG CPU per run, object store / database, round by round (not "
+                f"counted with --pairs): {by_rounds.said} {by_rounds.verdict}"
+            )
+            print(
+                f"{name:8} PG CPU per run, object store / database, {len(d.cpu_pairs)} paired "
+                f"runs: mean {statistics.mean(d.cpu_pairs):.2f} -> "
+                f"{statistics.mean(o.cpu_pairs):.2f} ms, ratio of the means {ratio:.2f}x "
+                f"(bootstrap 95% {lo:.2f}x-{hi:.2f}x, not counted)"
+            )
         print(
-            f"{name:8} PG CPU per run, object store / database, round by round: {found.said} "
-            f"(<= {CPU_SLACK:.2f}x) {found.verdict}"
+            f"{name:8} PG CPU per run, object store / database, "
+            f"{'run by run (paired)' if d.cpu_pairs else 'round by round'}: {judged.said} "
+            f"(<= {CPU_SLACK:.2f}x) {judged.verdict}"
         )
     if scale:
         base, late = scale[args.baseline], scale[args.rows]
