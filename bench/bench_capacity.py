@@ -46,6 +46,17 @@ list/get/page p50 at `--rows` within 1.5x of `--baseline` (+2 ms slack). Beside 
 store's per-run CPU (median and range over its rounds) the bench prints, not counted, the
 CPU of PostgreSQL's auxiliary processes (checkpointer, WAL writer, background writer,
 autovacuum) over the same rounds: they serve every database on the server.
+`--pairs N` (after the rounds) measures the CPU target run by run instead: N runs of each
+workload on each store, the stores taking turns run by run (AB BA AB ...), each run's
+PostgreSQL CPU read synchronously on its node's backends from the start of that run to the
+start of its node's next one (the windows tile each node's time: nothing a run leaves to do
+after its answer is lost), no VACUUM FULL between them (a plain VACUUM, ANALYZE as
+`--analyze` says, every `--pair-vacuum-every` pairs, as autovacuum would); the verdict is
+then the median of the N pairs' ratios with its sign-test interval (the same rule), and the
+ratio of the means with a paired bootstrap interval is printed beside it. A round's VACUUM
+FULL invalidates every cached plan and empties the caches of the tables it rewrites, so a
+round of 8 runs paid a re-plan and cold caches that a run between autovacuum passes does
+not; pairs a second apart also share the machine's load far more closely than rounds.
 The control plane alone (fake sandbox, 1/2/4 executor nodes) is bench_control_plane.py.
 """
 
@@ -223,11 +234,34 @@ def _autocommit(conn: Any) -> bool:
 _TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+\"?(\w+)", re.IGNORECASE)
 
 
+_NESTED = re.compile(r"\([^()]*\)")
+_READ_FROM = re.compile(r"\b(?:FROM|JOIN)\s+\"?(\w+)", re.IGNORECASE)
+
+
 def statement_kind(statement: str) -> str:
-    """A statement's verb and first table ("SELECT runs", "DELETE run_events"): what the
-    breakdown counts round trips by."""
+    """A statement's verb and first table ("DELETE run_events", "WITH blobs"): what the
+    breakdown counts round trips by. A SELECT is named by the tables it reads at its top
+    level, subqueries left out ("SELECT tool_calls" for a max(seq) with an EXISTS on
+    agent_transcripts; "SELECT agent_transcripts+run_logs+blobs" for a join), so that
+    different queries of one first table are not counted as one."""
     words = statement.split(None, 1)
     verb = words[0].upper() if words else "?"
+    if verb == "SELECT":
+        top = statement
+        while True:
+            flat = _NESTED.sub(" ", top)
+            if flat == top:
+                break
+            top = flat
+        tables = list(dict.fromkeys(_READ_FROM.findall(top)))
+        if tables:
+            return f"SELECT {'+'.join(tables)}"
+        # No table of its own: a function's call (the event lock), or subqueries only.
+        called = re.match(r"SELECT\s+(\w+)\(", statement, re.IGNORECASE)
+        if called and called.group(1).lower() not in ("count", "max", "min", "coalesce"):
+            return f"SELECT {called.group(1)}"
+        found = _TABLE.search(statement)
+        return f"SELECT ({found.group(1)})" if found else verb
     found = _TABLE.search(statement)
     return f"{verb} {found.group(1)}" if found else verb
 
@@ -659,6 +693,10 @@ class Cost:
     # With --pairs: PG CPU ms of each paired run (paired_cpu), and statements a run then.
     cpu_pairs: list[float] = field(default_factory=list)
     pair_statements: float = 0.0
+    # With --pairs and --statement-cpu: us of backend CPU, and round trips, per paired run
+    # by statement kind.
+    pair_cpu_by: dict[str, float] = field(default_factory=dict)
+    pair_kinds: dict[str, float] = field(default_factory=dict)
 
 
 @contextmanager
@@ -900,6 +938,23 @@ def print_breakdown(costs: dict[str, dict[str, Cost]], chosen: list[str]) -> Non
                     print(f"  {kind:40} {dn:7.1f} -> {on:7.1f}")
             total_d, total_o = sum(d.cpu_by.values()), sum(o.cpu_by.values())
             print(f"  {'(all statements)':40} {total_d:7.1f} -> {total_o:7.1f}")
+        if d.pair_cpu_by or o.pair_cpu_by:
+            print(
+                f"{name}: in the paired runs (--pairs), round trips and us of PostgreSQL CPU "
+                "per run by statement, the backend's own (database -> object store)"
+            )
+            kinds = set(d.pair_cpu_by) | set(o.pair_cpu_by)
+            for kind in sorted(
+                kinds, key=lambda k: -abs(o.pair_cpu_by.get(k, 0) - d.pair_cpu_by.get(k, 0))
+            ):
+                dn, on = d.pair_cpu_by.get(kind, 0.0), o.pair_cpu_by.get(kind, 0.0)
+                if max(dn, on) >= 5:
+                    print(
+                        f"  {kind:40} {d.pair_kinds.get(kind, 0.0):5.2f} -> "
+                        f"{o.pair_kinds.get(kind, 0.0):5.2f}  {dn:7.1f} -> {on:7.1f}"
+                    )
+            total_d, total_o = sum(d.pair_cpu_by.values()), sum(o.pair_cpu_by.values())
+            print(f"  {'(all statements)':40} {'':14} {total_d:7.1f} -> {total_o:7.1f}")
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -953,8 +1008,13 @@ def measure_costs(
                         flush=True,
                     )
         paired: dict[str, dict[str, tuple[list[float], float]]] = {s: {} for s in STORES}
+        by_kind: dict[str, dict[str, tuple[dict[str, float], dict[str, float]]]] = {
+            s: {} for s in STORES
+        }
         for name in chosen if args.pairs else ():
             sent = {store: n.counter.statements for store, n in nodes.items()}
+            spent = {store: Counter_(n.counter.cpu_ns) for store, n in nodes.items()}
+            trips = {store: Counter_(n.counter.kinds) for store, n in nodes.items()}
             windows = paired_cpu(
                 nodes,
                 WORKLOADS[name],
@@ -967,6 +1027,13 @@ def measure_costs(
                     print(f"  {store} opened a connection: {n.opened.pop(0)}")
                 per_run = (n.counter.statements - sent[store]) / args.pairs
                 paired[store][name] = (windows[store], per_run)
+                by_kind[store][name] = (
+                    {
+                        k: v / 1000 / args.pairs
+                        for k, v in (n.counter.cpu_ns - spent[store]).items()
+                    },
+                    {k: v / args.pairs for k, v in (n.counter.kinds - trips[store]).items()},
+                )
                 print(
                     f"  paired {store:8} {name:8} {per_run:6.1f} stmts "
                     f"{spread(windows[store])} ms CPU a run, {args.pairs} runs "
@@ -981,6 +1048,7 @@ def measure_costs(
         for name, (windows, per_run) in by_name.items():
             found[store][name].cpu_pairs = windows
             found[store][name].pair_statements = per_run
+            found[store][name].pair_cpu_by, found[store][name].pair_kinds = by_kind[store][name]
     return found
 
 
