@@ -586,7 +586,21 @@ def node(
             )
             if answer.status_code not in (200, 201):
                 raise SystemExit(f"bench: deploy {name}: {answer.text}")
-        event.listen(ctx.engine, "connect", lambda *_: n.opened.append(opened_by()))
+        held: dict[int, str] = {}  # pool connections checked out: by whom (opened_by)
+        if statement_cpu:  # a stack read at every checkout: only when diagnosing
+            event.listen(
+                ctx.engine,
+                "checkout",
+                lambda _c, record, _p: held.__setitem__(id(record), opened_by()),
+            )
+            event.listen(ctx.engine, "checkin", lambda _c, record: held.pop(id(record), None))
+        event.listen(
+            ctx.engine,
+            "connect",
+            lambda *_: n.opened.append(
+                opened_by() + ("; while held by: " + " | ".join(held.values()) if held else "")
+            ),
+        )
         yield n
     finally:
         n.http.close()
