@@ -46,6 +46,17 @@ list/get/page p50 at `--rows` within 1.5x of `--baseline` (+2 ms slack). Beside 
 store's per-run CPU (median and range over its rounds) the bench prints, not counted, the
 CPU of PostgreSQL's auxiliary processes (checkpointer, WAL writer, background writer,
 autovacuum) over the same rounds: they serve every database on the server.
+`--pairs N` (after the rounds) measures the CPU target run by run instead: N runs of each
+workload on each store, the stores taking turns run by run (AB BA AB ...), each run's
+PostgreSQL CPU read synchronously on its node's backends from the start of that run to the
+start of its node's next one (the windows tile each node's time: nothing a run leaves to do
+after its answer is lost), no VACUUM FULL between them (a plain VACUUM, ANALYZE as
+`--analyze` says, every `--pair-vacuum-every` pairs, as autovacuum would); the verdict is
+then the median of the N pairs' ratios with its sign-test interval (the same rule), and the
+ratio of the means with a paired bootstrap interval is printed beside it. A round's VACUUM
+FULL invalidates every cached plan and empties the caches of the tables it rewrites, so a
+round of 8 runs paid a re-plan and cold caches that a run between autovacuum passes does
+not; pairs a second apart also share the machine's load far more closely than rounds.
 The control plane alone (fake sandbox, 1/2/4 executor nodes) is bench_control_plane.py.
 """
 
@@ -58,12 +69,14 @@ import hmac
 import json
 import math
 import os
+import random
 import re
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter as Counter_
 from collections.abc import Callable, Iterator
@@ -221,11 +234,34 @@ def _autocommit(conn: Any) -> bool:
 _TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE|JOIN)\s+\"?(\w+)", re.IGNORECASE)
 
 
+_NESTED = re.compile(r"\([^()]*\)")
+_READ_FROM = re.compile(r"\b(?:FROM|JOIN)\s+\"?(\w+)", re.IGNORECASE)
+
+
 def statement_kind(statement: str) -> str:
-    """A statement's verb and first table ("SELECT runs", "DELETE run_events"): what the
-    breakdown counts round trips by."""
+    """A statement's verb and first table ("DELETE run_events", "WITH blobs"): what the
+    breakdown counts round trips by. A SELECT is named by the tables it reads at its top
+    level, subqueries left out ("SELECT tool_calls" for a max(seq) with an EXISTS on
+    agent_transcripts; "SELECT agent_transcripts+run_logs+blobs" for a join), so that
+    different queries of one first table are not counted as one."""
     words = statement.split(None, 1)
     verb = words[0].upper() if words else "?"
+    if verb == "SELECT":
+        top = statement
+        while True:
+            flat = _NESTED.sub(" ", top)
+            if flat == top:
+                break
+            top = flat
+        tables = list(dict.fromkeys(_READ_FROM.findall(top)))
+        if tables:
+            return f"SELECT {'+'.join(tables)}"
+        # No table of its own: a function's call (the event lock), or subqueries only.
+        called = re.match(r"SELECT\s+(\w+)\(", statement, re.IGNORECASE)
+        if called and called.group(1).lower() not in ("count", "max", "min", "coalesce"):
+            return f"SELECT {called.group(1)}"
+        found = _TABLE.search(statement)
+        return f"SELECT ({found.group(1)})" if found else verb
     found = _TABLE.search(statement)
     return f"{verb} {found.group(1)}" if found else verb
 
@@ -249,6 +285,7 @@ class BackendCpu:
         self.db = db
         self._seen: dict[int, float] = {}
         self._lock = threading.Lock()
+        self._sampling = threading.Lock()  # one user of the connection at a time
         self._stop = threading.Event()
         self._conn = psycopg.connect(PG_ADMIN, autocommit=True, application_name=BENCH_APP)
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -274,7 +311,16 @@ class BackendCpu:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.1):
+            with self._sampling:
+                self._sample()
+
+    def now(self) -> float:
+        """total(), read right now (a sample of its own, not the thread's last): the
+        boundary between two of --pairs' windows."""
+        with self._sampling:
             self._sample()
+        with self._lock:
+            return sum(self._seen.values())
 
     def backends(self) -> int:
         """How many of floom's backends were seen on the database so far."""
@@ -406,6 +452,9 @@ class Node:
     server: Any = None
     thread: Any = None
     http: httpx.Client = field(init=False)
+    # Pool connections floom opened once the node was up (not its start-up's): the thread
+    # that asked, and the innermost of floom's frames that asked (opened_by).
+    opened: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.http = httpx.Client(
@@ -537,6 +586,21 @@ def node(
             )
             if answer.status_code not in (200, 201):
                 raise SystemExit(f"bench: deploy {name}: {answer.text}")
+        held: dict[int, str] = {}  # pool connections checked out: by whom (opened_by)
+        if statement_cpu:  # a stack read at every checkout: only when diagnosing
+            event.listen(
+                ctx.engine,
+                "checkout",
+                lambda _c, record, _p: held.__setitem__(id(record), opened_by()),
+            )
+            event.listen(ctx.engine, "checkin", lambda _c, record: held.pop(id(record), None))
+        event.listen(
+            ctx.engine,
+            "connect",
+            lambda *_: n.opened.append(
+                opened_by() + ("; while held by: " + " | ".join(held.values()) if held else "")
+            ),
+        )
         yield n
     finally:
         n.http.close()
@@ -545,6 +609,17 @@ def node(
         ctx.engine.dispose()
         cpu.close()
         admin(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def opened_by() -> str:
+    """Who is opening a pool connection: the thread's name, the connections already checked
+    out, and floom's three innermost frames on the stack."""
+    frames = [
+        f"{Path(f.filename).relative_to(REPO / 'floom')}:{f.lineno} {f.name}"
+        for f in traceback.extract_stack()
+        if f.filename.startswith(str(REPO / "floom"))
+    ]
+    return f"{threading.current_thread().name}: " + " < ".join(reversed(frames[-3:]))
 
 
 # -- the workloads -----------------------------------------------------------------------------
@@ -629,6 +704,13 @@ class Cost:
     # PG CPU ms per run of each round, when this is their mean.
     cpu_rounds: list[float] = field(default_factory=list)
     aux_rounds: list[float] = field(default_factory=list)
+    # With --pairs: PG CPU ms of each paired run (paired_cpu), and statements a run then.
+    cpu_pairs: list[float] = field(default_factory=list)
+    pair_statements: float = 0.0
+    # With --pairs and --statement-cpu: us of backend CPU, and round trips, per paired run
+    # by statement kind.
+    pair_cpu_by: dict[str, float] = field(default_factory=dict)
+    pair_kinds: dict[str, float] = field(default_factory=dict)
 
 
 @contextmanager
@@ -697,6 +779,62 @@ def cost_per_run(
         waited={k: v * 1000 / runs for k, v in sorted(waited.items())},
         cpu_by={k: v / 1000 / runs for k, v in sorted((after.cpu_ns - before.cpu_ns).items())},
     )
+
+
+def paired_cpu(
+    nodes: dict[str, Node],
+    workload: Callable[[Node], None],
+    pairs: int,
+    *,
+    vacuum_every: int,
+    analyze: bool,
+) -> dict[str, list[float]]:
+    """PostgreSQL CPU (ms) of each of `pairs` runs on each store, the stores taking turns run
+    by run (AB BA AB ...): each run's window on its node runs from the start of that run to
+    the start of its node's next run (BackendCpu.now, read synchronously), so the windows
+    tile each node's time and nothing a run leaves to do after its answer is lost; pair i
+    is the i-th run of each store, started within a second of each other. Before the first
+    pair each database is vacuumed (FULL, and ANALYZE with `analyze`); every `vacuum_every`
+    pairs a plain VACUUM (ANALYZE with `analyze`), on the bench's connection between two
+    windows, as autovacuum would do on a server that has it: no VACUUM FULL per few runs,
+    which invalidated every cached plan of a round."""
+    for n in nodes.values():
+        admin("VACUUM (FULL, ANALYZE)" if analyze else "VACUUM FULL", db=n.db)
+    windows: dict[str, list[float]] = {store: [] for store in nodes}
+    started: dict[str, float] = {}
+    for i in range(pairs):
+        if vacuum_every and i and i % vacuum_every == 0:
+            for n in nodes.values():
+                admin("VACUUM ANALYZE" if analyze else "VACUUM", db=n.db)
+        order = STORES if i % 2 == 0 else STORES[::-1]
+        for store in order:
+            n = nodes[store]
+            now = n.cpu.now()
+            if store in started:
+                windows[store].append((now - started[store]) * 1000)
+            started[store] = now
+            workload(n)
+            n.settled()
+    for store, n in nodes.items():
+        windows[store].append((n.cpu.now() - started[store]) * 1000)
+    return windows
+
+
+def mean_ratio_interval(
+    database: list[float], s3: list[float], *, resamples: int = 2000
+) -> tuple[float, float, float]:
+    """The ratio of the mean CPU per run, object store / database store, over paired runs,
+    and a 95% percentile bootstrap interval for it (pairs resampled together; seeded, so a
+    rerun on the same figures prints the same)."""
+    rng = random.Random(33)
+    pairs = list(zip(database, s3, strict=True))
+    ratio = sum(s3) / sum(database)
+    found = []
+    for _ in range(resamples):
+        sample = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        found.append(sum(o for _, o in sample) / sum(d for d, _ in sample))
+    found.sort()
+    return ratio, found[int(0.025 * resamples)], found[int(0.975 * resamples) - 1]
 
 
 # -- list/get/page at scale --------------------------------------------------------------------
@@ -814,6 +952,23 @@ def print_breakdown(costs: dict[str, dict[str, Cost]], chosen: list[str]) -> Non
                     print(f"  {kind:40} {dn:7.1f} -> {on:7.1f}")
             total_d, total_o = sum(d.cpu_by.values()), sum(o.cpu_by.values())
             print(f"  {'(all statements)':40} {total_d:7.1f} -> {total_o:7.1f}")
+        if d.pair_cpu_by or o.pair_cpu_by:
+            print(
+                f"{name}: in the paired runs (--pairs), round trips and us of PostgreSQL CPU "
+                "per run by statement, the backend's own (database -> object store)"
+            )
+            kinds = set(d.pair_cpu_by) | set(o.pair_cpu_by)
+            for kind in sorted(
+                kinds, key=lambda k: -abs(o.pair_cpu_by.get(k, 0) - d.pair_cpu_by.get(k, 0))
+            ):
+                dn, on = d.pair_cpu_by.get(kind, 0.0), o.pair_cpu_by.get(kind, 0.0)
+                if max(dn, on) >= 5:
+                    print(
+                        f"  {kind:40} {d.pair_kinds.get(kind, 0.0):5.2f} -> "
+                        f"{o.pair_kinds.get(kind, 0.0):5.2f}  {dn:7.1f} -> {on:7.1f}"
+                    )
+            total_d, total_o = sum(d.pair_cpu_by.values()), sum(o.pair_cpu_by.values())
+            print(f"  {'(all statements)':40} {'':14} {total_d:7.1f} -> {total_o:7.1f}")
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -856,6 +1011,8 @@ def measure_costs(
                         analyze=analyze,
                     )
                     rounds[store].setdefault(name, []).append(c)
+                    while nodes[store].opened:
+                        print(f"  {store} opened a connection: {nodes[store].opened.pop(0)}")
                     print(
                         f"  round {turn + 1} {store:8} {name:8} {c.statements:6.1f} stmts "
                         f"{c.round_trips:6.1f} trips {c.rows:6.1f} rows "
@@ -864,10 +1021,49 @@ def measure_costs(
                         f"{c.backends} backends",
                         flush=True,
                     )
-    return {
-        store: {name: mean_cost(found) for name, found in by_name.items()}
+        paired: dict[str, dict[str, tuple[list[float], float]]] = {s: {} for s in STORES}
+        by_kind: dict[str, dict[str, tuple[dict[str, float], dict[str, float]]]] = {
+            s: {} for s in STORES
+        }
+        for name in chosen if args.pairs else ():
+            sent = {store: n.counter.statements for store, n in nodes.items()}
+            spent = {store: Counter_(n.counter.cpu_ns) for store, n in nodes.items()}
+            trips = {store: Counter_(n.counter.kinds) for store, n in nodes.items()}
+            windows = paired_cpu(
+                nodes,
+                WORKLOADS[name],
+                args.pairs,
+                vacuum_every=args.pair_vacuum_every,
+                analyze=analyze,
+            )
+            for store, n in nodes.items():
+                while n.opened:
+                    print(f"  {store} opened a connection: {n.opened.pop(0)}")
+                per_run = (n.counter.statements - sent[store]) / args.pairs
+                paired[store][name] = (windows[store], per_run)
+                by_kind[store][name] = (
+                    {
+                        k: v / 1000 / args.pairs
+                        for k, v in (n.counter.cpu_ns - spent[store]).items()
+                    },
+                    {k: v / args.pairs for k, v in (n.counter.kinds - trips[store]).items()},
+                )
+                print(
+                    f"  paired {store:8} {name:8} {per_run:6.1f} stmts "
+                    f"{spread(windows[store])} ms CPU a run, {args.pairs} runs "
+                    f"{n.cpu.backends()} backends",
+                    flush=True,
+                )
+    found = {
+        store: {name: mean_cost(costs) for name, costs in by_name.items()}
         for store, by_name in rounds.items()
     }
+    for store, by_name in paired.items():
+        for name, (windows, per_run) in by_name.items():
+            found[store][name].cpu_pairs = windows
+            found[store][name].pair_statements = per_run
+            found[store][name].pair_cpu_by, found[store][name].pair_kinds = by_kind[store][name]
+    return found
 
 
 def xact_commits(db: str) -> int:
@@ -1112,6 +1308,21 @@ def main(argv: list[str] | None = None) -> int:
         "compares the stores turn by turn and needs 6 or more",
     )
     parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="after the rounds, also this many runs of each workload on each store, the "
+        "stores taking turns run by run, each run's PostgreSQL CPU read on its own: then the "
+        "CPU verdict compares the stores run by run (pair by pair) instead of round by round",
+    )
+    parser.add_argument(
+        "--pair-vacuum-every",
+        type=int,
+        default=40,
+        help="with --pairs, a plain VACUUM (ANALYZE as --analyze says) of both databases "
+        "every N pairs, between two runs, as autovacuum would (0: never)",
+    )
+    parser.add_argument(
         "--loops",
         choices=("quiet", "default"),
         default="quiet",
@@ -1288,12 +1499,26 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:8} bytes kept, object store / database: {share:5.1%} (<= 25%) "
             f"{'OK' if good else 'MISS'}"
         )
-        found = cpu_verdict(d.cpu_rounds, o.cpu_rounds)
-        ok &= found.ok
-        noise |= found.verdict == "NOISE"
+        by_rounds = cpu_verdict(d.cpu_rounds, o.cpu_rounds)
+        judged = cpu_verdict(d.cpu_pairs, o.cpu_pairs) if d.cpu_pairs else by_rounds
+        ok &= judged.ok
+        noise |= judged.verdict == "NOISE"
+        if d.cpu_pairs:
+            ratio, lo, hi = mean_ratio_interval(d.cpu_pairs, o.cpu_pairs)
+            print(
+                f"{name:8} PG CPU per run, object store / database, round by round (not "
+                f"counted with --pairs): {by_rounds.said} {by_rounds.verdict}"
+            )
+            print(
+                f"{name:8} PG CPU per run, object store / database, {len(d.cpu_pairs)} paired "
+                f"runs: mean {statistics.mean(d.cpu_pairs):.2f} -> "
+                f"{statistics.mean(o.cpu_pairs):.2f} ms, ratio of the means {ratio:.2f}x "
+                f"(bootstrap 95% {lo:.2f}x-{hi:.2f}x, not counted)"
+            )
         print(
-            f"{name:8} PG CPU per run, object store / database, round by round: {found.said} "
-            f"(<= {CPU_SLACK:.2f}x) {found.verdict}"
+            f"{name:8} PG CPU per run, object store / database, "
+            f"{'run by run (paired)' if d.cpu_pairs else 'round by round'}: {judged.said} "
+            f"(<= {CPU_SLACK:.2f}x) {judged.verdict}"
         )
     if scale:
         base, late = scale[args.baseline], scale[args.rows]
