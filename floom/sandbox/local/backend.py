@@ -57,7 +57,7 @@ from floom.sandbox.local.network import (
 from floom.sandbox.local.ns_mount import NamespaceMounter
 from floom.sandbox.local.standby import ENTRY_NAME, ChildFds, Launcher, Standby, command_input
 from floom.sandbox.local.supervisor import MAX_LINE_BYTES, Supervisor, open_init_pidfd
-from floom.sandbox.local.uid_pool import UidLease, UidPool, UidRange
+from floom.sandbox.local.uid_pool import UidLease, UidPool, UidRange, UidsUnavailable
 from floom.sandbox.local.warm.pools import (
     WarmKey,
     WarmPools,
@@ -66,7 +66,8 @@ from floom.sandbox.local.warm.pools import (
     warm_prefix,
 )
 from floom.sandbox.local.warm.process import WarmUnavailable
-from floom.sandbox.local.warm.runs import WarmRun, wait_for_clean_ups
+from floom.sandbox.local.warm.runs import WarmRun
+from floom.sandbox.releases import Releases
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 
@@ -210,6 +211,9 @@ class LocalSandbox(Sandbox):
         self._identity: SandboxIdentity = sandbox_identity(uids)
         self._uids = UidPool(uids) if uids is not None and self._identity.switched else None
         self.standby = Standby(command=self._identity.launcher_command)
+        # What runs held (cgroups, uids, run dirs' disks) is released here, off their slots'
+        # path (floom/sandbox/releases.py).
+        self.releases = Releases()
         # A root floom gives each run dir a disk of its own (floom/sandbox/local/disks.py).
         self.disks: Disks | None = None
         if self._identity.switched:
@@ -227,11 +231,14 @@ class LocalSandbox(Sandbox):
         self.standby.close()
         if self.warm is not None:
             self.warm.close()
-            wait_for_clean_ups()
+        if not self.releases.drain():
+            log.warning("closing the local sandbox: some runs' releases are still pending")
         if self.disks is not None:
             self.disks.close()
 
     def make_run_dir(self, path: Path, *, disk_mb: int) -> None:
+        # The same path discarded a moment ago (a run's next phase) is taken once it is free.
+        self.releases.wait_for(path)
         if self.disks is None or self.disks.provide(path, disk_mb) is None:
             # provide made the folder when it could not mount a disk on it.
             path.mkdir(parents=True, exist_ok=self.disks is not None)
@@ -239,6 +246,31 @@ class LocalSandbox(Sandbox):
     def release_run_dir(self, path: Path) -> None:
         if self.disks is not None:
             self.disks.release(path)
+
+    def discard_run_dir(self, path: Path, *, delete: Callable[[Path], None]) -> None:
+        # A run dir with a disk of its own is unmounted off the caller's path (the unmount
+        # waits in the kernel), then deleted; one without is only renamed away now.
+        if self.disks is None or self.disks.disk_of(path) is None:
+            delete(path)
+            return
+
+        def release() -> None:
+            self.release_run_dir(path)
+            delete(path)
+
+        self.releases.add(release, path=path)
+
+    def _take_uid(self) -> UidLease:
+        """A uid of the pool. When every one is held while some wait for their runs'
+        releases, taken once those are done: a range just large enough for the node's
+        slots never refuses a run for a release that lags behind."""
+        assert self._uids is not None
+        try:
+            return self._uids.take()
+        except UidsUnavailable:
+            if not self.releases.pending() or not self.releases.drain():
+                raise
+        return self._uids.take()
 
     def _disk_of(self, spec: SandboxSpec) -> RunDisk | None:
         """The disk of the run dir that holds `spec`'s work and output dirs, if it has one."""
@@ -338,7 +370,7 @@ class LocalSandbox(Sandbox):
         if child is None:
             return None
         try:
-            lease = self._uids.take()
+            lease = self._take_uid()
         except BaseException:
             child.discard()
             pools.finished(key)
@@ -352,6 +384,7 @@ class LocalSandbox(Sandbox):
             disk=self._disk_of(spec),
             ended=functools.partial(pools.finished, key),
             cold=functools.partial(self._run_cold, spec),
+            releases=self.releases,
         )
         try:
             run.set_up()
@@ -390,7 +423,7 @@ class LocalSandbox(Sandbox):
                 "to raise the setting",
                 retryable=False,
             )
-        lease = self._uids.take() if self._uids is not None else None
+        lease = self._take_uid() if self._uids is not None else None
         try:
             launcher, run_limits = self._start_as(spec, prefix, lease)
         except BaseException:
@@ -487,8 +520,9 @@ class LocalSandbox(Sandbox):
     ) -> SandboxResult:
         with contextlib.ExitStack() as run_scope:
             # Registered first so it runs last: the cgroup goes once everything else ended,
-            # and the uid with it.
-            run_scope.callback(_end_limits, run_limits, lease)
+            # and the uid with it, off the run's path.
+            run_scope.callback(self.releases.add, functools.partial(_end_limits, run_limits, lease))
+            run_scope.callback(run_limits.ended)
             run_scope.callback(launcher.close_input)
             run_scope.callback(_unwatch, spec, launcher)
 
@@ -497,7 +531,7 @@ class LocalSandbox(Sandbox):
                 if spec.network:
                     # slirp4netns parses the run's packets as a uid of its own, given back
                     # once it ended (the callbacks run last first).
-                    slirp_lease = self._uids.take() if self._uids is not None else None
+                    slirp_lease = self._take_uid() if self._uids is not None else None
                     if slirp_lease is not None:
                         run_scope.callback(slirp_lease.release)
                     networking = attach_user_networking(

@@ -173,11 +173,17 @@ class RunCgroup:
             self._weighed = cpu.parent
             _runs_weight.change(cpu.parent, self.version, +1)
 
-    def remove(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
-        """Kill what is left and delete the cgroup's directories; False if one stayed."""
+    def unweigh(self) -> None:
+        """Count this run out of its CPU parent's weight (its tree has ended): at once, when
+        its removal is left for later, or the runs' group would weigh more than the runs
+        it holds and take CPU from floom's own threads meanwhile."""
         if self._weighed is not None:
             _runs_weight.change(self._weighed, self.version, -1)
             self._weighed = None
+
+    def remove(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
+        """Kill what is left and delete the cgroup's directories; False if one stayed."""
+        self.unweigh()
         # By now a run's tree has normally ended and left its cgroup empty: the kernel
         # refuses to remove a cgroup that still holds a process (EBUSY), so removing first
         # and killing only on that refusal keeps the guarantee without reading every

@@ -102,12 +102,18 @@ def test_a_run_s_uid_is_given_back_when_it_ends(tmp_path: Path) -> None:
     pool = UidPool(uids)
     sandbox = LocalSandbox(uids=uids)
     seen = []
-    for number in range(5):
-        (tmp_path / str(number)).mkdir()
-        result, lines = run_script(sandbox, tmp_path / str(number), PROBE)
-        assert result.exit_code == 0, lines
-        seen.append(int(_stdout(lines)[0].split()[1]))
+    try:
+        for number in range(5):
+            (tmp_path / str(number)).mkdir()
+            result, lines = run_script(sandbox, tmp_path / str(number), PROBE)
+            assert result.exit_code == 0, lines
+            seen.append(int(_stdout(lines)[0].split()[1]))
+        # Each run's uid is given back by its release, off the run's path: a run that finds
+        # both uids of the range still held by released runs waits for their releases.
+        assert sandbox.releases.drain()
         assert pool.held() == set()
+    finally:
+        sandbox.close()
     # Five runs one after another on a range of two: each took a uid back from the range.
     assert set(seen) == {uids.base, uids.base + 1}
 
