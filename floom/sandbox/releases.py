@@ -4,8 +4,11 @@ once; one thread of the backend's (`Releases`) ends what is left of the run mean
 
 Nothing a release frees is reused before it is done: a uid is given back only by the
 release itself, after the run's cgroup is gone (its processes dead), and a run dir's path
-is taken again only once its release is over (`wait_for`). A backend's close drains its
-releases (`drain`), so no process, zombie or mount of a run outlives it; a floom that died
+is taken again only once its release is over (`wait_for`). Pending releases are bounded
+(`room`): past it, and whenever the caller says so (`later=False`: the backend when its
+uids run short), the caller releases its run itself, at once, as a slot did before; no
+run ever waits for a release of another's. A backend's close drains its releases
+(`drain`), so no process, zombie or mount of a run outlives it; a floom that died
 mid-release leaves what the next start's reaper cleans up (kill_orphans, the work root
 emptied).
 """
@@ -29,15 +32,31 @@ its release is added, and the release's system calls would trade the GIL with th
 DRAIN_SECONDS: Final = 30.0
 """How long a backend's close waits for its pending releases: each is bounded (a cgroup's
 kill waits 5 s at most), so this is reached only by a node that cannot end a run."""
+ROOM: Final = 16
+"""How many releases may be pending at once by default: each holds a cgroup, a mount or a
+uid, so a release thread that falls behind (a slow unmount, a reporter that takes its
+second) makes the slots release their own runs again rather than pile them up."""
+IDLE_SECONDS: Final = 30.0
+"""How long the thread waits for a release before it ends (the next `add` starts another):
+a backend that runs nothing, or was dropped without `close`, keeps no thread."""
 
 
 class Releases:
     """Release steps run in order on one thread of their own (started at first use), each
-    optionally holding a path until it is done."""
+    optionally holding a path until it is done; at most `room` pending at once."""
 
-    def __init__(self, name: str = "floom-releases", *, delay: float = DELAY_SECONDS) -> None:
+    def __init__(
+        self,
+        name: str = "floom-releases",
+        *,
+        room: int = ROOM,
+        delay: float = DELAY_SECONDS,
+        idle: float = IDLE_SECONDS,
+    ) -> None:
         self._name = name
+        self._room = room
         self._delay = delay
+        self._idle = idle
         self._changed = threading.Condition()
         # (when it is due, the release, the path it holds)
         self._pending: collections.deque[tuple[float, Callable[[], object], str | None]] = (
@@ -52,21 +71,36 @@ class Releases:
         self._hurry = False  # someone waits for the releases: no delay until all are done
         self._thread: threading.Thread | None = None
 
-    def add(self, release: Callable[[], object], *, path: Path | None = None) -> None:
-        """Have `release` run on the releases' thread, after those added before it. `path`:
-        what it frees, taken again only once it returned (`wait_for`). A release that
-        raises is logged; the next ones run all the same."""
-        key = None if path is None else os.path.abspath(path)
-        with self._changed:
-            self._pending.append((time.monotonic() + self._delay, release, key))
-            self._added += 1
-            if key is not None:
-                self._paths[key] += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
-                self._thread.start()
-            if len(self._pending) == 1:
-                self._changed.notify_all()  # else the thread is awake or sleeps to an earlier one
+    def add(
+        self, release: Callable[[], object], *, path: Path | None = None, later: bool = True
+    ) -> bool:
+        """Have `release` run on the releases' thread, after those added before it; True
+        when it was left to that thread. With `later` False, or `room` releases pending
+        already, it runs now on the caller's thread instead, and False is returned.
+        `path`: what it frees, taken again only once it returned (`wait_for`). A release
+        that raises is logged; the next ones run all the same."""
+        if later:
+            key = None if path is None else os.path.abspath(path)
+            with self._changed:
+                if len(self._pending) + self._busy < self._room:
+                    self._pending.append((time.monotonic() + self._delay, release, key))
+                    self._added += 1
+                    if key is not None:
+                        self._paths[key] += 1
+                    if self._thread is None:
+                        self._thread = threading.Thread(
+                            target=self._serve, name=self._name, daemon=True
+                        )
+                        self._thread.start()
+                    elif len(self._pending) == 1:
+                        # Else the thread is awake, or sleeps until an earlier one is due.
+                        self._changed.notify_all()
+                    return True
+        try:
+            release()
+        except Exception:  # as on the thread: what failed stays held, the run goes on
+            log.exception("releasing what a run held failed")
+        return False
 
     def pending(self) -> int:
         """How many releases are waiting or running now."""
@@ -106,7 +140,9 @@ class Releases:
                 while True:
                     if not self._pending:
                         self._hurry = False
-                        self._changed.wait()
+                        if not self._changed.wait(self._idle) and not self._pending:
+                            self._thread = None
+                            return
                         continue
                     wait = self._pending[0][0] - time.monotonic()
                     if wait <= 0 or self._hurry:
@@ -116,7 +152,10 @@ class Releases:
                 self._busy += 1
             try:
                 release()
-            except Exception:  # one release that fails must not stop the others
+            except BaseException:
+                # The thread serves the backend's life: whatever one release raises
+                # (SystemExit too) is logged and the next ones run; what it failed to free
+                # stays held, the safe side.
                 log.exception("releasing what a run held failed")
             finally:
                 with self._changed:

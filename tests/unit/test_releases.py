@@ -3,8 +3,12 @@ paths held until released, drains, and a release that fails."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from floom.sandbox.releases import Releases
 
@@ -56,3 +60,66 @@ def test_a_release_that_fails_does_not_stop_the_next_ones() -> None:
     assert releases.drain(timeout=10)
     assert done == ["next"]
     assert releases.pending() == 0
+
+
+def test_a_release_that_fails_is_logged_and_one_that_raises_system_exit_keeps_the_thread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    releases = Releases(delay=0)
+    done: list[str] = []
+
+    def fail() -> None:
+        raise OSError("device busy")
+
+    def exit_thread() -> None:
+        raise SystemExit(3)  # would end a thread that caught Exception only
+
+    with caplog.at_level(logging.ERROR, logger="floom.sandbox"):
+        releases.add(fail)
+        releases.add(exit_thread)
+        releases.add(lambda: done.append("after both"))
+        assert releases.drain(timeout=10)
+    assert done == ["after both"]
+    failures = [r for r in caplog.records if r.getMessage() == "releasing what a run held failed"]
+    assert len(failures) == 2
+    assert failures[0].exc_info is not None
+    assert "device busy" in str(failures[0].exc_info[1])
+    assert releases.pending() == 0
+
+
+def test_past_its_room_a_release_runs_at_once_on_the_caller_s_thread() -> None:
+    # Back-pressure: a thread that falls behind does not pile up what runs held.
+    releases = Releases(room=2, delay=60)  # nothing runs on the thread until waited for
+    ran: list[tuple[str, str]] = []
+
+    def record(name: str) -> Callable[[], None]:
+        return lambda: ran.append((name, threading.current_thread().name))
+
+    assert releases.add(record("first")) is True
+    assert releases.add(record("second")) is True
+    assert releases.add(record("third")) is False
+    assert ran == [("third", threading.current_thread().name)]
+    assert releases.pending() == 2
+    assert releases.drain(timeout=10)
+    assert [name for name, _ in ran] == ["third", "first", "second"]
+    assert {thread for name, thread in ran[1:]} == {"floom-releases"}
+
+
+def test_a_release_not_to_be_left_for_later_runs_at_once() -> None:
+    releases = Releases(delay=60)
+    ran: list[str] = []
+    assert releases.add(lambda: ran.append("now"), later=False) is False
+    assert ran == ["now"]
+    assert releases.pending() == 0
+
+
+def test_an_idle_thread_ends_and_the_next_release_starts_another() -> None:
+    releases = Releases(delay=0, idle=0.01)
+    threads: list[threading.Thread] = []
+    releases.add(lambda: threads.append(threading.current_thread()))
+    assert releases.drain(timeout=10)
+    threads[0].join(10)
+    assert not threads[0].is_alive()
+    releases.add(lambda: threads.append(threading.current_thread()))
+    assert releases.drain(timeout=10)
+    assert threads[1] is not threads[0]

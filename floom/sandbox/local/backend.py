@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
-from floom.config import LIMIT_CEILINGS
+from floom.config import LIMIT_CEILINGS, UIDS_PER_RUN
 from floom.sandbox.base import (
     LineSink,
     Sandbox,
@@ -57,7 +57,7 @@ from floom.sandbox.local.network import (
 from floom.sandbox.local.ns_mount import NamespaceMounter
 from floom.sandbox.local.standby import ENTRY_NAME, ChildFds, Launcher, Standby, command_input
 from floom.sandbox.local.supervisor import MAX_LINE_BYTES, Supervisor, open_init_pidfd
-from floom.sandbox.local.uid_pool import UidLease, UidPool, UidRange, UidsUnavailable
+from floom.sandbox.local.uid_pool import UidLease, UidPool, UidRange
 from floom.sandbox.local.warm.pools import (
     WarmKey,
     WarmPools,
@@ -111,6 +111,10 @@ _ROOT_LINKS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # refuse it still get the rest of --unshare-all.
 _HARDENING_VARIANTS: Final = (("--unshare-user", "--disable-userns"), ())
 _FRESH_MOUNTS: Final = ("--proc", "/proc", "--dev", "/dev")
+ROOM_PER_SLOT: Final = 8
+"""Releases pending at once, per slot (floom/sandbox/releases.py): a run leaves two (its
+cgroup and uid, its run dir's disk), each waiting DELAY_SECONDS, and a warm burst ends a
+run every few milliseconds."""
 
 
 class LocalSandbox(Sandbox):
@@ -213,7 +217,10 @@ class LocalSandbox(Sandbox):
         self.standby = Standby(command=self._identity.launcher_command)
         # What runs held (cgroups, uids, run dirs' disks) is released here, off their slots'
         # path (floom/sandbox/releases.py).
-        self.releases = Releases()
+        self.releases = Releases(room=ROOM_PER_SLOT * max(1, runs_at_once))
+        # The uids every slot's next run may take at once: a run's uid is left to a pending
+        # release only while this many stay free beside it (`_release_later`).
+        self._uids_for_slots = runs_at_once * UIDS_PER_RUN
         # A root floom gives each run dir a disk of its own (floom/sandbox/local/disks.py).
         self.disks: Disks | None = None
         if self._identity.switched:
@@ -260,17 +267,14 @@ class LocalSandbox(Sandbox):
 
         self.releases.add(release, path=path)
 
-    def _take_uid(self) -> UidLease:
-        """A uid of the pool. When every one is held while some wait for their runs'
-        releases, taken once those are done: a range just large enough for the node's
-        slots never refuses a run for a release that lags behind."""
-        assert self._uids is not None
-        try:
-            return self._uids.take()
-        except UidsUnavailable:
-            if not self.releases.pending() or not self.releases.drain():
-                raise
-        return self._uids.take()
+    def _release_later(self, release: Callable[[], object]) -> None:
+        """Have `release` (an ended run's cgroup, then its uid) done off the run's slot's
+        path, unless the uids of the range this process leaves free, the run's own still
+        held, could not start a run on every slot meanwhile: then now, on the slot. So a
+        run never finds the range used up by pending releases, and never waits for one (a
+        range just large enough for the slots releases each run on its slot, as before)."""
+        later = self._uids is None or self._uids.free() >= self._uids_for_slots
+        self.releases.add(release, later=later)
 
     def _disk_of(self, spec: SandboxSpec) -> RunDisk | None:
         """The disk of the run dir that holds `spec`'s work and output dirs, if it has one."""
@@ -370,7 +374,7 @@ class LocalSandbox(Sandbox):
         if child is None:
             return None
         try:
-            lease = self._take_uid()
+            lease = self._uids.take()
         except BaseException:
             child.discard()
             pools.finished(key)
@@ -384,7 +388,7 @@ class LocalSandbox(Sandbox):
             disk=self._disk_of(spec),
             ended=functools.partial(pools.finished, key),
             cold=functools.partial(self._run_cold, spec),
-            releases=self.releases,
+            release_later=self._release_later,
         )
         try:
             run.set_up()
@@ -423,7 +427,7 @@ class LocalSandbox(Sandbox):
                 "to raise the setting",
                 retryable=False,
             )
-        lease = self._take_uid() if self._uids is not None else None
+        lease = self._uids.take() if self._uids is not None else None
         try:
             launcher, run_limits = self._start_as(spec, prefix, lease)
         except BaseException:
@@ -521,7 +525,9 @@ class LocalSandbox(Sandbox):
         with contextlib.ExitStack() as run_scope:
             # Registered first so it runs last: the cgroup goes once everything else ended,
             # and the uid with it, off the run's path.
-            run_scope.callback(self.releases.add, functools.partial(_end_limits, run_limits, lease))
+            run_scope.callback(
+                self._release_later, functools.partial(_end_limits, run_limits, lease)
+            )
             run_scope.callback(run_limits.ended)
             run_scope.callback(launcher.close_input)
             run_scope.callback(_unwatch, spec, launcher)
@@ -531,7 +537,7 @@ class LocalSandbox(Sandbox):
                 if spec.network:
                     # slirp4netns parses the run's packets as a uid of its own, given back
                     # once it ended (the callbacks run last first).
-                    slirp_lease = self._take_uid() if self._uids is not None else None
+                    slirp_lease = self._uids.take() if self._uids is not None else None
                     if slirp_lease is not None:
                         run_scope.callback(slirp_lease.release)
                     networking = attach_user_networking(

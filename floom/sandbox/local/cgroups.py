@@ -86,8 +86,19 @@ class _RunsWeight:
             with contextlib.suppress(OSError):
                 _write(f"{parent}/{file}", str(value))
 
+    def live(self, parent: Path) -> int:
+        """How many runs of this process `parent`'s weight counts now."""
+        with self._lock:
+            return self._live.get(parent, 0)
+
 
 _runs_weight = _RunsWeight()
+
+
+def runs_weighed(parent: Path) -> int:
+    """How many runs of this process the CPU parent `parent` weighs as now (one process's
+    share each): its live runs, not those ended and waiting for their release."""
+    return _runs_weight.live(parent)
 
 
 class RunCgroup:
@@ -154,9 +165,9 @@ class RunCgroup:
             time.sleep(0.01)
 
     def configure(self, limits: CgroupLimits) -> None:
-        """Write the run's limits and count it in its CPU parent's weight (until `remove`);
-        raises CgroupError. Until then the cgroup limits nothing and weighs nothing, so a
-        process may wait in it for a run (floom/sandbox/local/standby.py)."""
+        """Write the run's limits and count it in its CPU parent's weight (until `unweigh`
+        or `remove`); raises CgroupError. Until then the cgroup limits nothing and weighs
+        nothing, so a process may wait in it for a run (floom/sandbox/local/standby.py)."""
         try:
             for limit, directory in self.dirs.items():
                 for file, value in _settings(self.version, limit, limits):
@@ -167,7 +178,7 @@ class RunCgroup:
         self.weigh()
 
     def weigh(self) -> None:
-        """Count this run in its CPU parent's weight (until `remove`)."""
+        """Count this run in its CPU parent's weight (until `unweigh` or `remove`)."""
         cpu = self.dirs.get(CPU)
         if cpu is not None and self._weighed is None:
             self._weighed = cpu.parent

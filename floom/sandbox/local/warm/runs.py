@@ -33,7 +33,6 @@ from floom.sandbox.local.standby import memory_file
 from floom.sandbox.local.supervisor import CANCEL_POLL_SECONDS, KILL_WAIT_SECONDS, LineSplitter
 from floom.sandbox.local.uid_pool import UidLease
 from floom.sandbox.local.warm.process import PreparedChild, WarmUnavailable, open_detached
-from floom.sandbox.releases import Releases
 
 log = logging.getLogger("floom.sandbox")
 
@@ -59,11 +58,12 @@ class WarmRun(StartedAhead):
         disk: RunDisk | None,
         ended: Callable[[], None],
         cold: ColdStart,
-        releases: Releases,
+        release_later: Callable[[Callable[[], object]], None],
     ) -> None:
         """`cold`: how this run starts cold instead, should its child fail it after
         `set_up` returned (the run then never fails for want of a warm process).
-        `releases`: where what the run held is released once it ended."""
+        `release_later`: has what the run held released once it ended, off the run's path
+        where the backend can (LocalSandbox._release_later)."""
         self.spec = spec
         self._child = child
         self._env = env
@@ -72,7 +72,7 @@ class WarmRun(StartedAhead):
         self._disk = disk
         self._ended = ended
         self._cold = cold
-        self._releases = releases
+        self._release_later = release_later
         self._limits: limits.RunLimits | None = None
         self._lock = threading.Lock()
         self._done = False
@@ -198,7 +198,7 @@ class WarmRun(StartedAhead):
         if now:
             self._release()
         else:
-            self._releases.add(self._release)
+            self._release_later(self._release)
         self._ended()
 
     def _release(self) -> None:
