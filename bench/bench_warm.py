@@ -331,7 +331,7 @@ def sampled(sample: Path | None) -> Iterator[None]:
     deadline = time.monotonic() + SAMPLE_WRITE_SECONDS
     while not sample.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    say(f"thread samples of the warm burst: {sample}" if sample.exists() else "no samples")
+    say(f"thread samples of the burst: {sample}" if sample.exists() else "no samples")
 
 
 def warm_stats(server: Server) -> dict[str, Any]:
@@ -360,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sample",
         metavar="FILE",
-        help="sample the server's threads during the warm burst and write the counts to FILE "
-        "(bench/sampler/)",
+        help="sample the server's threads during the warm burst (the cold one with --only "
+        "cold) and write the counts to FILE (bench/sampler/)",
     )
     args = parser.parse_args(argv)
     parts, phases = parse_only(args.only)
@@ -453,7 +453,9 @@ def main(argv: list[str] | None = None) -> int:
                 rates[name]["4"] = (runs / seconds, tree, serving)
             if "burst" in phases:
                 say(f"throughput of {name}: burst {args.burst}")
-                sampling = sample is not None and name == "hello warm"
+                # hello warm's burst, or hello cold's where warm does not run (--only cold)
+                sampled_name = "hello warm" if "hello warm" in systems else "hello cold"
+                sampling = sample is not None and name == sampled_name
                 with sampled(sample if sampling else None):
                     seconds, tree, serving = meter.measure(
                         lambda system=system: system.burst(args.burst), args.burst

@@ -201,13 +201,14 @@ class Attempt:
 
     def discard(self) -> None:
         """Delete the work dir in the background, after its sandbox let go of it (a run dir
-        with a disk of its own is unmounted first)."""
+        with a disk of its own is unmounted first), both off the slot's path."""
         try:
-            self.host.sandbox_for(self.manifest).release_run_dir(self.base)
+            sandbox = self.host.sandbox_for(self.manifest)
         except FloomError:
-            pass  # no backend for it now, so none made the run dir: nothing to let go of
-        finally:
+            # No backend for it now, so none made the run dir: nothing to let go of.
             discard_later(self.base)
+            return
+        sandbox.discard_run_dir(self.base, delete=discard_later)
 
     def prepare(self, *, layered: bool = False) -> None:
         """The work dir with the version's files and `inputs.json`, and an empty output dir.

@@ -233,6 +233,14 @@ class Sandbox(abc.ABC):
         holds is gone after this (read the run's files first); the folder stays. Called once
         the run dir's runs have ended; raises nothing. Default: nothing."""
 
+    def discard_run_dir(self, path: Path, *, delete: Callable[[Path], None]) -> None:
+        """Let go of the run dir `path` (as `release_run_dir`), then have `delete(path)`
+        remove it: both off the caller's path where the backend can (the caller has read
+        what it needs of the run's files). A `make_run_dir` of the same path waits until
+        both are done, as does the backend's `close`. Raises nothing. Default: both now."""
+        self.release_run_dir(path)
+        delete(path)
+
     @property
     def starts_ahead(self) -> bool:
         """Whether `start_ahead` can start a sandbox ahead of its run. Default: no."""

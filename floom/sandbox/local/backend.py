@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
-from floom.config import LIMIT_CEILINGS
+from floom.config import LIMIT_CEILINGS, UIDS_PER_RUN
 from floom.sandbox.base import (
     LineSink,
     Sandbox,
@@ -66,7 +66,8 @@ from floom.sandbox.local.warm.pools import (
     warm_prefix,
 )
 from floom.sandbox.local.warm.process import WarmUnavailable
-from floom.sandbox.local.warm.runs import WarmRun, wait_for_clean_ups
+from floom.sandbox.local.warm.runs import WarmRun
+from floom.sandbox.releases import Releases
 
 __all__ = ["MAX_LINE_BYTES", "LocalSandbox", "SandboxUnavailable"]
 
@@ -110,6 +111,10 @@ _ROOT_LINKS: Final = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # refuse it still get the rest of --unshare-all.
 _HARDENING_VARIANTS: Final = (("--unshare-user", "--disable-userns"), ())
 _FRESH_MOUNTS: Final = ("--proc", "/proc", "--dev", "/dev")
+ROOM_PER_SLOT: Final = 8
+"""Releases pending at once, per slot (floom/sandbox/releases.py): a run leaves two (its
+cgroup and uid, its run dir's disk), each waiting DELAY_SECONDS, and a warm burst ends a
+run every few milliseconds."""
 
 
 class LocalSandbox(Sandbox):
@@ -210,6 +215,12 @@ class LocalSandbox(Sandbox):
         self._identity: SandboxIdentity = sandbox_identity(uids)
         self._uids = UidPool(uids) if uids is not None and self._identity.switched else None
         self.standby = Standby(command=self._identity.launcher_command)
+        # What runs held (cgroups, uids, run dirs' disks) is released here, off their slots'
+        # path (floom/sandbox/releases.py).
+        self.releases = Releases(room=ROOM_PER_SLOT * max(1, runs_at_once))
+        # The uids every slot's next run may take at once: a run's uid is left to a pending
+        # release only while this many stay free beside it (`_release_later`).
+        self._uids_for_slots = runs_at_once * UIDS_PER_RUN
         # A root floom gives each run dir a disk of its own (floom/sandbox/local/disks.py).
         self.disks: Disks | None = None
         if self._identity.switched:
@@ -227,11 +238,14 @@ class LocalSandbox(Sandbox):
         self.standby.close()
         if self.warm is not None:
             self.warm.close()
-            wait_for_clean_ups()
+        if not self.releases.drain():
+            log.warning("closing the local sandbox: some runs' releases are still pending")
         if self.disks is not None:
             self.disks.close()
 
     def make_run_dir(self, path: Path, *, disk_mb: int) -> None:
+        # The same path discarded a moment ago (a run's next phase) is taken once it is free.
+        self.releases.wait_for(path)
         if self.disks is None or self.disks.provide(path, disk_mb) is None:
             # provide made the folder when it could not mount a disk on it.
             path.mkdir(parents=True, exist_ok=self.disks is not None)
@@ -239,6 +253,28 @@ class LocalSandbox(Sandbox):
     def release_run_dir(self, path: Path) -> None:
         if self.disks is not None:
             self.disks.release(path)
+
+    def discard_run_dir(self, path: Path, *, delete: Callable[[Path], None]) -> None:
+        # A run dir with a disk of its own is unmounted off the caller's path (the unmount
+        # waits in the kernel), then deleted; one without is only renamed away now.
+        if self.disks is None or self.disks.disk_of(path) is None:
+            delete(path)
+            return
+
+        def release() -> None:
+            self.release_run_dir(path)
+            delete(path)
+
+        self.releases.add(release, path=path)
+
+    def _release_later(self, release: Callable[[], object]) -> None:
+        """Have `release` (an ended run's cgroup, then its uid) done off the run's slot's
+        path, unless the uids of the range this process leaves free, the run's own still
+        held, could not start a run on every slot meanwhile: then now, on the slot. So a
+        run never finds the range used up by pending releases, and never waits for one (a
+        range just large enough for the slots releases each run on its slot, as before)."""
+        later = self._uids is None or self._uids.free() >= self._uids_for_slots
+        self.releases.add(release, later=later)
 
     def _disk_of(self, spec: SandboxSpec) -> RunDisk | None:
         """The disk of the run dir that holds `spec`'s work and output dirs, if it has one."""
@@ -352,6 +388,7 @@ class LocalSandbox(Sandbox):
             disk=self._disk_of(spec),
             ended=functools.partial(pools.finished, key),
             cold=functools.partial(self._run_cold, spec),
+            release_later=self._release_later,
         )
         try:
             run.set_up()
@@ -487,8 +524,11 @@ class LocalSandbox(Sandbox):
     ) -> SandboxResult:
         with contextlib.ExitStack() as run_scope:
             # Registered first so it runs last: the cgroup goes once everything else ended,
-            # and the uid with it.
-            run_scope.callback(_end_limits, run_limits, lease)
+            # and the uid with it, off the run's path.
+            run_scope.callback(
+                self._release_later, functools.partial(_end_limits, run_limits, lease)
+            )
+            run_scope.callback(run_limits.ended)
             run_scope.callback(launcher.close_input)
             run_scope.callback(_unwatch, spec, launcher)
 

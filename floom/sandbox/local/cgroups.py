@@ -86,8 +86,19 @@ class _RunsWeight:
             with contextlib.suppress(OSError):
                 _write(f"{parent}/{file}", str(value))
 
+    def live(self, parent: Path) -> int:
+        """How many runs of this process `parent`'s weight counts now."""
+        with self._lock:
+            return self._live.get(parent, 0)
+
 
 _runs_weight = _RunsWeight()
+
+
+def runs_weighed(parent: Path) -> int:
+    """How many runs of this process the CPU parent `parent` weighs as now (one process's
+    share each): its live runs, not those ended and waiting for their release."""
+    return _runs_weight.live(parent)
 
 
 class RunCgroup:
@@ -154,9 +165,9 @@ class RunCgroup:
             time.sleep(0.01)
 
     def configure(self, limits: CgroupLimits) -> None:
-        """Write the run's limits and count it in its CPU parent's weight (until `remove`);
-        raises CgroupError. Until then the cgroup limits nothing and weighs nothing, so a
-        process may wait in it for a run (floom/sandbox/local/standby.py)."""
+        """Write the run's limits and count it in its CPU parent's weight (until `unweigh`
+        or `remove`); raises CgroupError. Until then the cgroup limits nothing and weighs
+        nothing, so a process may wait in it for a run (floom/sandbox/local/standby.py)."""
         try:
             for limit, directory in self.dirs.items():
                 for file, value in _settings(self.version, limit, limits):
@@ -167,17 +178,23 @@ class RunCgroup:
         self.weigh()
 
     def weigh(self) -> None:
-        """Count this run in its CPU parent's weight (until `remove`)."""
+        """Count this run in its CPU parent's weight (until `unweigh` or `remove`)."""
         cpu = self.dirs.get(CPU)
         if cpu is not None and self._weighed is None:
             self._weighed = cpu.parent
             _runs_weight.change(cpu.parent, self.version, +1)
 
-    def remove(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
-        """Kill what is left and delete the cgroup's directories; False if one stayed."""
+    def unweigh(self) -> None:
+        """Count this run out of its CPU parent's weight (its tree has ended): at once, when
+        its removal is left for later, or the runs' group would weigh more than the runs
+        it holds and take CPU from floom's own threads meanwhile."""
         if self._weighed is not None:
             _runs_weight.change(self._weighed, self.version, -1)
             self._weighed = None
+
+    def remove(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
+        """Kill what is left and delete the cgroup's directories; False if one stayed."""
+        self.unweigh()
         # By now a run's tree has normally ended and left its cgroup empty: the kernel
         # refuses to remove a cgroup that still holds a process (EBUSY), so removing first
         # and killing only on that refusal keeps the guarantee without reading every

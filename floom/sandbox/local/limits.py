@@ -214,6 +214,12 @@ class RunLimits:
             return used.uncounted
         return DISK if used.bytes >= spec_disk_bytes(self.spec) else None
 
+    def ended(self) -> None:
+        """The run's tree has ended: its cgroup weighs nothing from now (RunCgroup.unweigh),
+        while its removal (`close`) may come later."""
+        if self.cgroup is not None:
+            self.cgroup.unweigh()
+
     def close(self) -> bool:
         """Kill whatever is left of the run and remove its cgroup; False when a process of
         the run may be left (the cgroup stayed)."""

@@ -156,6 +156,13 @@ class UidPool:
             return None
         return fd
 
+    def free(self) -> int:
+        """How many uids of the range no sandbox of this process holds: cheap (no file is
+        opened), so those another process holds count as free here."""
+        base, last = self.uids.base, self.uids.last
+        with _HOLDING:
+            return self.uids.count - sum(1 for uid in _HELD if base <= uid <= last)
+
     def held(self) -> set[int]:
         """The uids of the range some process holds now (for tests and doctor)."""
         found = set()

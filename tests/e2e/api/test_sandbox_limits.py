@@ -493,6 +493,7 @@ def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(
             seen.extend(_host_cgroups(marker))
             (tmp_path / "output" / "go").write_text("")
 
+    sandbox = LocalSandbox() if switched else LocalSandbox(uids=None)
     result, lines = run_script(
         tmp_path,
         """
@@ -504,8 +505,10 @@ def test_the_run_is_in_its_own_cgroup_which_is_removed_after_the_run(
         """,
         command=["python3", "run.py", marker],
         on_line=on_line,
-        sandbox=LocalSandbox() if switched else LocalSandbox(uids=None),
+        sandbox=sandbox,
     )
+    # Removed by the run's release, off the run's path (floom/sandbox/releases.py).
+    assert sandbox.releases.drain()
 
     assert result.exit_code == 0, lines
     assert seen, "no process of the run was found from the host"

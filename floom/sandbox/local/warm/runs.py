@@ -5,7 +5,6 @@ run is: its output as lines, its timeout, cancel and limits, and the end of its 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import logging
@@ -59,9 +58,12 @@ class WarmRun(StartedAhead):
         disk: RunDisk | None,
         ended: Callable[[], None],
         cold: ColdStart,
+        release_later: Callable[[Callable[[], object]], None],
     ) -> None:
         """`cold`: how this run starts cold instead, should its child fail it after
-        `set_up` returned (the run then never fails for want of a warm process)."""
+        `set_up` returned (the run then never fails for want of a warm process).
+        `release_later`: has what the run held released once it ended, off the run's path
+        where the backend can (LocalSandbox._release_later)."""
         self.spec = spec
         self._child = child
         self._env = env
@@ -70,6 +72,7 @@ class WarmRun(StartedAhead):
         self._disk = disk
         self._ended = ended
         self._cold = cold
+        self._release_later = release_later
         self._limits: limits.RunLimits | None = None
         self._lock = threading.Lock()
         self._done = False
@@ -157,7 +160,9 @@ class WarmRun(StartedAhead):
         try:
             self._child.answer()  # the run's dirs are mounted, its rights dropped
         except WarmUnavailable as exc:
-            self._end()
+            # Released before the run starts cold on the same dirs: the child's processes,
+            # which had them mounted, are dead by then.
+            self._end(now=True)
             log.warning("a warm run starts cold: cannot set the warm run up: %s", exc.message)
             return self._cold(on_line, should_cancel)
         try:
@@ -182,22 +187,26 @@ class WarmRun(StartedAhead):
 
     def discard(self) -> None:
         if self._take():
-            self._end()
+            self._end(now=True)
 
-    def _end(self) -> None:
-        """Kill what is left; then remove the cgroup and give the uid back (unless a process
-        of the run may be left). Once pid 1 has ended, only the process that reported its
-        status may be left, on its way out: the rest waits for it off the run's path."""
-        child = self._child
-        child.discard_processes()
-        if child.reporter_ended():
-            self._clean_up()
+    def _end(self, *, now: bool = False) -> None:
+        """Kill what is left; then, off the run's path unless `now`, remove the cgroup and
+        give the uid back (unless a process of the run may be left)."""
+        self._child.discard_processes()
+        if self._limits is not None:
+            self._limits.ended()
+        if now:
+            self._release()
         else:
-            _LATER.add(child, self._clean_up)
+            self._release_later(self._release)
         self._ended()
 
-    def _clean_up(self) -> None:
+    def _release(self) -> None:
+        """Once pid 1 has ended, only the process that reported its status may be left, on
+        its way out: waited for, its cgroup can be removed at once, not after a kill and a
+        retry."""
         child = self._child
+        child.await_reporter(REPORTER_EXIT_SECONDS)
         child.close_fds()
         removed = self._limits.close() if self._limits is not None else True
         if self._limits is None and child.cgroup is not None:
@@ -205,67 +214,6 @@ class WarmRun(StartedAhead):
         child.cgroup = None
         if removed:
             self._lease.release()
-
-
-class _CleanUpLater:
-    """Clean-ups of warm runs whose reporter was still exiting when their run ended, done by
-    a thread of their own once it has (or after REPORTER_EXIT_SECONDS): its cgroup can be
-    removed at once then, not after a kill and a retry."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._pending: collections.deque[tuple[PreparedChild, Callable[[], None]]] = (
-            collections.deque()
-        )
-        self._thread: threading.Thread | None = None
-        self._busy = False
-
-    def add(self, child: PreparedChild, clean_up: Callable[[], None]) -> None:
-        with self._lock:
-            self._pending.append((child, clean_up))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._serve, name="floom-warm-ends", daemon=True
-                )
-                self._thread.start()
-            self._lock.notify()
-
-    def wait(self, timeout: float = 2 * REPORTER_EXIT_SECONDS) -> bool:
-        """Wait until every clean-up added so far is done (a sandbox closing, tests)."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._pending or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._lock.wait(left)
-        return True
-
-    def _serve(self) -> None:
-        while True:
-            with self._lock:
-                while not self._pending:
-                    self._lock.wait()
-                child, clean_up = self._pending.popleft()
-                self._busy = True
-            try:
-                child.await_reporter(REPORTER_EXIT_SECONDS)
-                clean_up()
-            except Exception:  # a clean-up that fails must not stop the others'
-                log.exception("cleaning up after a warm run failed")
-            finally:
-                with self._lock:
-                    self._busy = False
-                    self._lock.notify_all()
-
-
-_LATER: Final = _CleanUpLater()
-
-
-def wait_for_clean_ups(timeout: float = 2 * REPORTER_EXIT_SECONDS) -> bool:
-    """Wait until the warm runs that ended so far have their cgroups removed and their uids
-    given back; False when some had not after `timeout` seconds."""
-    return _LATER.wait(timeout)
 
 
 class _Supervision:
