@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from floom.sandbox import LocalSandbox, SandboxResult, SandboxSpec
-from floom.sandbox.local import procfs
+from floom.sandbox.local import limits, procfs
 from floom.sandbox.local.backend import system_args
 from floom.sandbox.local.uid_pool import UidPool
 from floom.sandbox.local.warm.inside import RECORD_NAME
@@ -32,6 +32,7 @@ from floom.sandbox.local.warm.pools import (
 )
 from floom.sandbox.local.warm.process import (
     INSIDE,
+    PreparedChild,
     WarmProcess,
     WarmUnavailable,
     pidfd_exit_supported,
@@ -624,6 +625,69 @@ def test_a_run_whose_warm_child_fails_its_set_up_starts_cold_and_succeeds(
             assert outputs(lines)["pid"] != 1  # cold: bubblewrap's init is pid 1
     finally:
         warm.close()
+
+
+STARTED = """
+open("/output/started", "w").write("yes")
+print("started")
+"""
+
+
+def test_a_warm_run_s_script_starts_before_floom_reads_its_set_up_s_answer(
+    warm: WarmedLocal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The run's start goes to its pid 1 with no round trip to floom after the set-up: pid 1
+    # reads it once it has dropped its rights, while floom reads that it did.
+    run(warm, LOOK)  # the pool recorded and ready
+    spec = warm_script_spec(warm.work_root, STARTED)
+    real_answer = PreparedChild.answer
+    seen: list[bool] = []
+
+    def answer_once_started(self: PreparedChild, timeout: float = 5.0) -> dict[str, object]:
+        if not seen:
+            started = spec.output_dir / "started"
+            deadline = time.monotonic() + 10.0
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(started.exists())
+        return real_answer(self, timeout)
+
+    monkeypatch.setattr(PreparedChild, "answer", answer_once_started)
+    lines: Lines = []
+    result = warm.run(spec, on_line=lambda s, line: lines.append((s, line)), should_cancel=bool)
+    assert result.exit_code == 0, lines
+    assert seen == [True], "the script waited for floom to read its set-up's answer"
+
+
+def test_a_warm_run_ends_without_waiting_for_its_cgroup_s_removal(
+    warm: WarmedLocal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its cgroup is removed and its uid given back by a thread of their own, off its path.
+    run(warm, LOOK)  # the pool recorded (by a cold run, which removes its own cgroup)
+    assert warm.local.releases.drain(10.0)
+    held = uids_of(warm.local).held()
+    removing, removable = threading.Event(), threading.Event()
+    real_close = limits.RunLimits.close
+
+    def held_close(self: limits.RunLimits) -> bool:
+        removing.set()
+        removable.wait(60.0)
+        return real_close(self)
+
+    monkeypatch.setattr(limits.RunLimits, "close", held_close)
+    found: list[tuple[SandboxResult, Lines, SandboxSpec]] = []
+    runner = threading.Thread(target=lambda: found.append(run(warm, LOOK)))
+    runner.start()
+    try:
+        wait_until(lambda: found, timeout=10.0)
+        result, lines, _ = found[0]
+        assert result.exit_code == 0, lines
+        assert removing.wait(10.0), "its cgroup was never removed"
+    finally:
+        removable.set()
+        runner.join(60.0)
+    assert warm.local.releases.drain(10.0)
+    assert uids_of(warm.local).held() == held  # the run's uid given back, after its cgroup
 
 
 def test_a_warm_process_serves_at_most_its_recycle_runs_then_its_successor_takes_over(

@@ -110,6 +110,7 @@ _BOUNDING: list[int] = []
 _PREMOUNTED: list[int] = []
 """In a prepared child: the size of the /tmp and /dev/shm it mounted before its run was
 asked for (the version's memory limit, which floom sends with `prepare`), or 0 for none."""
+_MAX_FD = 2**31 - 1
 _SHARED_MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) ([-r][-w][-x])s ", re.MULTILINE)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -540,7 +541,7 @@ def _capset_none() -> None:
 def run_script(argv: list[str], *, record: bool = False) -> None:
     """Run the script `argv[0]` with `argv` as sys.argv, as `python3 SCRIPT ARGS...` would;
     exits the process with its exit code."""
-    _close_other_fds(set())
+    os.closerange(3, _MAX_FD)  # one close_range call: no listing of /proc/self/fd
     script = argv[0]
     path = os.path.abspath(script)
     sys.argv[:] = argv

@@ -168,13 +168,6 @@ class PreparedChild:
             status = again if again is not None else status
         return status
 
-    def reporter_ended(self) -> bool:
-        """Whether the process that reported pid 1's status has exited."""
-        if self.child_pidfd < 0:
-            return True
-        ready, _, _ = select.select([self.child_pidfd], [], [], 0)
-        return bool(ready)
-
     def await_reporter(self, timeout: float) -> None:
         """Wait until the process that reported pid 1's status has exited too: its cgroup
         can be removed at once then, not after a kill and a retry."""

@@ -158,6 +158,15 @@ class WarmRun(StartedAhead):
         if not self._take():
             raise WarmUnavailable("this warm run was discarded before it ran")
         try:
+            # Sent before the set-up's answer is read: pid 1 reads it only once it has
+            # dropped its rights (a child that fails its set-up exits unread, and the run
+            # starts cold), and starts the script without a round trip to floom between.
+            given = json.dumps({"env": self._env, "argv": self.spec.command[1:]}).encode()
+            source = memory_file(given)
+            try:
+                self._child.ask({"op": "start"}, [source])
+            finally:
+                os.close(source)
             self._child.answer()  # the run's dirs are mounted, its rights dropped
         except WarmUnavailable as exc:
             # Released before the run starts cold on the same dirs: the child's processes,
@@ -166,12 +175,6 @@ class WarmRun(StartedAhead):
             log.warning("a warm run starts cold: cannot set the warm run up: %s", exc.message)
             return self._cold(on_line, should_cancel)
         try:
-            given = json.dumps({"env": self._env, "argv": self.spec.command[1:]}).encode()
-            source = memory_file(given)
-            try:
-                self._child.ask({"op": "start"}, [source])
-            finally:
-                os.close(source)
             result = _Supervision(self._child, on_line).supervise(
                 deadline=time.monotonic() + self.spec.timeout_seconds,
                 should_cancel=should_cancel,
