@@ -35,6 +35,7 @@ from floom.services.access.principal import Principal
 from floom.services.runs import approvals
 from floom.services.runs import rules as run_rules
 from floom.store.agents import Approval, Transcript
+from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, utcnow
 from floom.store.triggers import TriggerFire, WebhookDelivery
@@ -224,6 +225,9 @@ class StoreCollector(Collector):
                 .where(Approval.status == approvals.PENDING)
                 .group_by(col(Approval.worker_name))
             ).all()
+            held_back = s.exec(
+                select(func.count()).select_from(RunLog).where(col(RunLog.held_back).is_not(None))
+            ).one()
             usage = s.exec(
                 select(
                     Transcript.worker_name,
@@ -294,6 +298,12 @@ class StoreCollector(Collector):
         for labels, n in _folded(pending, labelled).items():
             waiting.add_metric(list(labels), n)
         yield waiting
+        yield GaugeMetricFamily(
+            "floom_run_logs_held_back",
+            "Ended runs whose later log lines wait in the database because their earlier log "
+            "object is missing or damaged",
+            value=held_back,
+        )
         tokens = CounterMetricFamily(
             "floom_agent_tokens", "Model tokens used by agent runs", labels=["worker", "kind"]
         )

@@ -24,6 +24,7 @@ from sqlalchemy import delete, func, or_, text, update
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
+from floom.cut import cut
 from floom.errors import BlobStoreUnavailable, BlobUnreadable, InvalidRequest
 from floom.invisible import shown
 from floom.services.runs import agent as agent_runs
@@ -47,9 +48,6 @@ from floom.store.db import Writer, on_postgres, read_connection, session_scope, 
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version, trusted_row, utcnow
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
-    from floom.config import Settings
     from floom.services.context import Context
 
 log = logging.getLogger("floom.blobs")
@@ -151,15 +149,34 @@ def archive_all_logs(
 
 def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> BlobProblem:
     """The problem of a run whose later lines cannot be merged with its unreadable earlier
-    log, said in floom's log the first time this process meets it, then at most once per
-    HELD_BACK_LOG_SECONDS with how many passes met it since (every sweep of every node
-    meets it until the object is restored; `floom doctor` lists such runs)."""
-    with session_scope(ctx.engine) as s:
-        location = s.exec(select(Blob.location).where(Blob.digest == digest)).first()
+    log: marked on its run_logs row (held_back, counted by /healthz, /metrics and `floom
+    doctor`, listed by `floom blobs held-back`) the first time a pass meets it, and said in
+    floom's log the first time this process meets it, then at most once per
+    HELD_BACK_LOG_SECONDS with how many passes met it since (every sweep of every node meets
+    it until the object is restored or the earlier log given up)."""
     problem = (
         f"{exc.message}; the run's later lines stay in the database until it is restored "
         "(its log is not moved)"
     )
+    with session_scope(ctx.engine) as s:
+        location, marked = s.exec(
+            select(Blob.location, RunLog.held_back)
+            .select_from(RunLog)
+            .outerjoin(Blob, col(Blob.digest) == col(RunLog.digest))
+            .where(RunLog.run_id == run_id)
+        ).first() or (None, None)
+    if marked is None:
+        # Only the row of this earlier log: one replaced meanwhile is not held back.
+        with session_scope(ctx.engine, write=True) as s:
+            s.execute(
+                update(RunLog)
+                .where(
+                    col(RunLog.run_id) == run_id,
+                    col(RunLog.digest) == digest,
+                    col(RunLog.held_back).is_(None),
+                )
+                .values(held_back=cut(problem, HELD_BACK_CHARS))
+            )
     now = monotonic()
     with _held_back_lock:
         said = _held_back_said.get((run_id, digest))
@@ -177,38 +194,8 @@ def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> Bl
 HELD_BACK_LOG_SECONDS = 3600.0
 _held_back_lock = threading.Lock()
 _held_back_said: dict[tuple[str, str], tuple[float, int]] = {}
-# Runs whose earlier log `floom doctor` reads back, at most.
-HELD_BACK_CHECKED = 50
-
-
-def held_back_logs(settings: Settings, engine: Engine, *, most: int = 5) -> tuple[int, list[str]]:
-    """Ended runs whose later lines wait in run_events because their earlier log blob is
-    missing or damaged (archive_logs passes them over): (how many, up to `most` named as
-    "run ID (the problem)"). For `floom doctor`: the candidates (ended runs with both lines
-    in run_events and an earlier log) are few, and up to HELD_BACK_CHECKED are read back.
-    Raises BlobStoreUnavailable while the bucket is away."""
-    runs, events_t = Run.__table__, RunEvent.__table__  # type: ignore[attr-defined]
-    logs_t = RunLog.__table__  # type: ignore[attr-defined]
-    with read_connection(engine) as c:
-        candidates = list(
-            c.execute(
-                core_select(runs.c.id, logs_t.c.digest)
-                .select_from(runs.join(logs_t, logs_t.c.run_id == runs.c.id))
-                .where(
-                    runs.c.status.in_(_FINISHED),
-                    runs.c.id.in_(core_select(events_t.c.run_id).distinct()),
-                )
-                .order_by(runs.c.id)
-                .limit(HELD_BACK_CHECKED)
-            )
-        )
-    held: list[str] = []
-    for run_id, digest in candidates:
-        try:
-            read_blob(settings, engine, digest, what=f"the earlier log of run {run_id}")
-        except BlobUnreadable as exc:
-            held.append(f"run {run_id} ({exc.message})")
-    return len(held), held[:most]
+# What a run_logs row keeps of why its log is held back (RunLog.held_back).
+HELD_BACK_CHARS = 1000
 
 
 @dataclass
@@ -466,6 +453,8 @@ def _upsert_log(postgres: bool) -> Any:
             "lines": stmt.excluded.lines,
             "last_seq": stmt.excluded.last_seq,
             "created_at": stmt.excluded.created_at,
+            # A log merged is no longer held back (its earlier object was read).
+            "held_back": None,
         },
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from sqlalchemy import Index, text
 from sqlmodel import Field, SQLModel
 
 from floom.store.models import UTCDateTime, utcnow
@@ -15,12 +16,25 @@ class RunLog(SQLModel, table=True):
     gzip; floom/store/blobs/logs.py) when new blobs go to object storage."""
 
     __tablename__ = "run_logs"
+    # Partial: only held-back logs are in it, so /healthz and /metrics count them cheaply.
+    __table_args__ = (
+        Index(
+            "ix_run_logs_held_back",
+            "run_id",
+            sqlite_where=text("held_back IS NOT NULL"),
+            postgresql_where=text("held_back IS NOT NULL"),
+        ),
+    )
     run_id: str = Field(primary_key=True, max_length=40)
     # Indexed: reclaiming asks which blobs run logs still refer to.
     digest: str = Field(max_length=64, index=True)
     lines: int
     last_seq: int
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    # Why the run's later lines (in run_events) cannot be merged into this blob, as the last
+    # upkeep pass found (its object missing or damaged), or NULL: set by objects.archive_logs,
+    # cleared by the move that replaces the row, or given up (objects.give_up_held_logs).
+    held_back: str | None = Field(default=None, max_length=1000)
 
 
 class PendingBlob(SQLModel, table=True):
