@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func
 from sqlalchemy import select as core_select
-from sqlmodel import col, select
+from sqlmodel import select
 
 from floom.errors import InvalidRequest
 from floom.services.ops.objects import BlobProblem, archive_logs
 from floom.services.runs.logs import lock_events
 from floom.store.blobs.configured import new_blob_store
 from floom.store.blobs.rows import delete_unreferenced_blobs
-from floom.store.blobs.tables import RunLog
+from floom.store.blobs.tables import HeldBack, RunLog
 from floom.store.db import read_connection, session_scope
 from floom.store.models import Blob, Run, RunEvent, utcnow
 
@@ -51,41 +51,43 @@ class HeldBackLog:
         return asdict(self)
 
 
+def _current() -> Any:
+    """held_back_logs rows whose run's log is still the earlier log they name."""
+    held, logs = HeldBack.__table__, RunLog.__table__  # type: ignore[attr-defined]
+    return held.join(logs, (logs.c.run_id == held.c.run_id) & (logs.c.digest == held.c.digest))
+
+
 def held_back_count(engine: Engine) -> int:
     """How many ended runs' logs are held back, as the upkeep's passes last found them."""
-    with session_scope(engine) as s:
-        return int(
-            s.exec(
-                select(func.count()).select_from(RunLog).where(col(RunLog.held_back).is_not(None))
-            ).one()
-        )
+    with read_connection(engine) as c:
+        return int(c.execute(core_select(func.count()).select_from(_current())).scalar_one())
 
 
 def held_back_logs(engine: Engine, *, after: str = "", limit: int = PAGE) -> list[HeldBackLog]:
     """Held-back logs by run id, from the first after `after`, at most `limit`."""
-    logs, runs = RunLog.__table__, Run.__table__  # type: ignore[attr-defined]
-    blobs = Blob.__table__  # type: ignore[attr-defined]
+    held, logs = HeldBack.__table__, RunLog.__table__  # type: ignore[attr-defined]
+    runs, blobs = Run.__table__, Blob.__table__  # type: ignore[attr-defined]
     with read_connection(engine) as c:
         rows = c.execute(
             core_select(
-                logs.c.run_id,
+                held.c.run_id,
                 runs.c.worker_name,
-                logs.c.digest,
+                held.c.digest,
                 blobs.c.location,
                 logs.c.last_seq,
-                logs.c.held_back,
+                held.c.problem,
             )
             .select_from(
-                logs.join(runs, runs.c.id == logs.c.run_id).outerjoin(
-                    blobs, blobs.c.digest == logs.c.digest
-                )
+                _current()
+                .join(runs, runs.c.id == held.c.run_id)
+                .outerjoin(blobs, blobs.c.digest == held.c.digest)
             )
-            .where(logs.c.held_back.is_not(None), logs.c.run_id > after)
-            .order_by(logs.c.run_id)
+            .where(held.c.run_id > after)
+            .order_by(held.c.run_id)
             .limit(limit)
         ).all()
     return [
-        HeldBackLog(run, worker, digest, location or "", last_seq, problem or "")
+        HeldBackLog(run, worker, digest, location or "", last_seq, problem)
         for run, worker, digest, location, last_seq, problem in rows
     ]
 
@@ -165,7 +167,8 @@ def _give_up(ctx: Context, run_id: str, *, digest: str) -> bool:
     with session_scope(ctx.engine, write=True) as s:
         lock_events(s, run_id=run_id)
         row = s.exec(select(RunLog).where(RunLog.run_id == run_id).with_for_update()).first()
-        if row is None or row.digest != digest or row.held_back is None:
+        held = s.get(HeldBack, run_id)
+        if row is None or row.digest != digest or held is None or held.digest != digest:
             return False
         attempt = s.exec(select(Run.attempt).where(Run.id == run_id)).first() or 1
         s.add(
@@ -183,6 +186,7 @@ def _give_up(ctx: Context, run_id: str, *, digest: str) -> bool:
             )
         )
         s.delete(row)
+        s.delete(held)
         s.flush()
         delete_unreferenced_blobs(s, [digest])
     return True
@@ -199,13 +203,14 @@ def _targets(engine: Engine, run_ids: list[str] | None, outcome: HeldBackOutcome
             hint="name fewer runs, or none to act on every held-back log",
         )
     wanted = sorted(set(run_ids))
-    with session_scope(engine) as s:
+    table = HeldBack.__table__  # type: ignore[attr-defined]
+    with read_connection(engine) as c:
         held = set(
-            s.exec(
-                select(RunLog.run_id).where(
-                    col(RunLog.run_id).in_(wanted), col(RunLog.held_back).is_not(None)
-                )
-            ).all()
+            c.execute(
+                core_select(table.c.run_id)
+                .select_from(_current())
+                .where(table.c.run_id.in_(wanted))
+            ).scalars()
         )
     outcome.not_held += [r for r in wanted if r not in held]
     return [r for r in wanted if r in held]

@@ -32,10 +32,10 @@ from sqlmodel import col, select
 
 from floom import __version__
 from floom.services.access.principal import Principal
+from floom.services.ops import held_logs
 from floom.services.runs import approvals
 from floom.services.runs import rules as run_rules
 from floom.store.agents import Approval, Transcript
-from floom.store.blobs.tables import RunLog
 from floom.store.db import session_scope
 from floom.store.models import Run, Worker, utcnow
 from floom.store.triggers import TriggerFire, WebhookDelivery
@@ -225,9 +225,6 @@ class StoreCollector(Collector):
                 .where(Approval.status == approvals.PENDING)
                 .group_by(col(Approval.worker_name))
             ).all()
-            held_back = s.exec(
-                select(func.count()).select_from(RunLog).where(col(RunLog.held_back).is_not(None))
-            ).one()
             usage = s.exec(
                 select(
                     Transcript.worker_name,
@@ -302,7 +299,7 @@ class StoreCollector(Collector):
             "floom_run_logs_held_back",
             "Ended runs whose later log lines wait in the database because their earlier log "
             "object is missing or damaged",
-            value=held_back,
+            value=held_logs.held_back_count(self.ctx.engine),
         )
         tokens = CounterMetricFamily(
             "floom_agent_tokens", "Model tokens used by agent runs", labels=["worker", "kind"]

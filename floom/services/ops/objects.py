@@ -43,7 +43,7 @@ from floom.store.blobs.rows import (
     read_blob,
 )
 from floom.store.blobs.s3 import S3BlobStore
-from floom.store.blobs.tables import PendingBlob, RunLog
+from floom.store.blobs.tables import HeldBack, PendingBlob, RunLog
 from floom.store.db import Writer, on_postgres, read_connection, session_scope, write_connection
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version, trusted_row, utcnow
 
@@ -149,7 +149,7 @@ def archive_all_logs(
 
 def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> BlobProblem:
     """The problem of a run whose later lines cannot be merged with its unreadable earlier
-    log: marked on its run_logs row (held_back, counted by /healthz, /metrics and `floom
+    log: recorded in held_back_logs (counted by /healthz, /metrics and `floom
     doctor`, listed by `floom blobs held-back`) the first time a pass meets it, and said in
     floom's log the first time this process meets it, then at most once per
     HELD_BACK_LOG_SECONDS with how many passes met it since (every sweep of every node meets
@@ -159,24 +159,12 @@ def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> Bl
         "(its log is not moved)"
     )
     with session_scope(ctx.engine) as s:
-        location, marked = s.exec(
-            select(Blob.location, RunLog.held_back)
-            .select_from(RunLog)
-            .outerjoin(Blob, col(Blob.digest) == col(RunLog.digest))
-            .where(RunLog.run_id == run_id)
-        ).first() or (None, None)
+        location = s.exec(select(Blob.location).where(Blob.digest == digest)).first()
+        marked = s.exec(
+            select(HeldBack.digest).where(HeldBack.run_id == run_id, HeldBack.digest == digest)
+        ).first()
     if marked is None:
-        # Only the row of this earlier log: one replaced meanwhile is not held back.
-        with session_scope(ctx.engine, write=True) as s:
-            s.execute(
-                update(RunLog)
-                .where(
-                    col(RunLog.run_id) == run_id,
-                    col(RunLog.digest) == digest,
-                    col(RunLog.held_back).is_(None),
-                )
-                .values(held_back=cut(problem, HELD_BACK_CHARS))
-            )
+        _mark_held_back(ctx, run_id, digest, problem)
     now = monotonic()
     with _held_back_lock:
         said = _held_back_said.get((run_id, digest))
@@ -189,12 +177,36 @@ def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> Bl
     return BlobProblem(digest, location or "", problem)
 
 
+def _mark_held_back(ctx: Context, run_id: str, digest: str, problem: str) -> None:
+    """Record (or, for a newer earlier log, replace) run `run_id`'s held_back_logs row; two
+    nodes' passes meeting it at once write it once."""
+    held = HeldBack.__table__  # type: ignore[attr-defined]
+    with write_connection(ctx.engine) as c:
+        if on_postgres(c):
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+        values = {
+            "run_id": run_id,
+            "digest": digest,
+            "problem": cut(problem, HELD_BACK_CHARS),
+            "since": utcnow(),
+        }
+        statement = insert(held).values(values)
+        c.execute(
+            statement.on_conflict_do_update(
+                index_elements=["run_id"],
+                set_={k: statement.excluded[k] for k in ("digest", "problem", "since")},
+            )
+        )
+
+
 # How often this process says again that a run's log is held back (see _unmerged), and
 # when it last said it of each (run, earlier log) with the passes since.
 HELD_BACK_LOG_SECONDS = 3600.0
 _held_back_lock = threading.Lock()
 _held_back_said: dict[tuple[str, str], tuple[float, int]] = {}
-# What a run_logs row keeps of why its log is held back (RunLog.held_back).
+# What held_back_logs keeps of why a run's log is held back.
 HELD_BACK_CHARS = 1000
 
 
@@ -398,6 +410,9 @@ def record_moves(
             agent_runs.record_archived(cast(Session, s), agents)
     replaced = [m.earlier for m in moves if m.earlier is not None]
     if replaced:
+        # Merged: their earlier logs were read, so none of them is held back any more.
+        merged = sorted(m.archive.run_id for m in moves if m.earlier is not None)
+        s.execute(delete(HeldBack).where(col(HeldBack.run_id).in_(merged)))
         cast(Session, s).flush()
         delete_unreferenced_blobs(cast(Session, s), replaced)
     return result
@@ -453,8 +468,6 @@ def _upsert_log(postgres: bool) -> Any:
             "lines": stmt.excluded.lines,
             "last_seq": stmt.excluded.last_seq,
             "created_at": stmt.excluded.created_at,
-            # A log merged is no longer held back (its earlier object was read).
-            "held_back": None,
         },
     )
 

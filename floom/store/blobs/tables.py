@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Index, text
 from sqlmodel import Field, SQLModel
 
 from floom.store.models import UTCDateTime, utcnow
@@ -16,25 +15,12 @@ class RunLog(SQLModel, table=True):
     gzip; floom/store/blobs/logs.py) when new blobs go to object storage."""
 
     __tablename__ = "run_logs"
-    # Partial: only held-back logs are in it, so /healthz and /metrics count them cheaply.
-    __table_args__ = (
-        Index(
-            "ix_run_logs_held_back",
-            "run_id",
-            sqlite_where=text("held_back IS NOT NULL"),
-            postgresql_where=text("held_back IS NOT NULL"),
-        ),
-    )
     run_id: str = Field(primary_key=True, max_length=40)
     # Indexed: reclaiming asks which blobs run logs still refer to.
     digest: str = Field(max_length=64, index=True)
     lines: int
     last_seq: int
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
-    # Why the run's later lines (in run_events) cannot be merged into this blob, as the last
-    # upkeep pass found (its object missing or damaged), or NULL: set by objects.archive_logs,
-    # cleared by the move that replaces the row, or given up (objects.give_up_held_logs).
-    held_back: str | None = Field(default=None, max_length=1000)
 
 
 class PendingBlob(SQLModel, table=True):
@@ -47,3 +33,17 @@ class PendingBlob(SQLModel, table=True):
     action: str = Field(max_length=8)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     attempts: int = 0
+
+
+class HeldBack(SQLModel, table=True):
+    """An ended run whose later lines (in run_events) cannot be merged into its earlier log,
+    whose object is missing or damaged, as the upkeep's pass found it
+    (services/ops/held_logs.py). It counts only while the run's run_logs row still names
+    `digest`: a move that replaced it, or a run pruned, leaves a row that counts for nothing
+    until it is tidied."""
+
+    __tablename__ = "held_back_logs"
+    run_id: str = Field(primary_key=True, max_length=40)
+    digest: str = Field(max_length=64)
+    problem: str = Field(max_length=1000)
+    since: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -30,7 +30,7 @@ from floom.store.blobs.configured import s3_store
 from floom.store.blobs.configured import store_at as configured_store_at
 from floom.store.blobs.logs import encode_log
 from floom.store.blobs.rows import inline_blob, insert_blob, read_blob, stage_blob
-from floom.store.blobs.tables import PendingBlob, RunLog
+from floom.store.blobs.tables import HeldBack, PendingBlob, RunLog
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, RunEvent, utcnow
 from tests.support.cli import floom
@@ -743,7 +743,7 @@ def test_held_back_run_logs_are_counted_by_healthz_and_metrics_listed_and_given_
         assert stdout == [f"line {i}" for i in range(LINES)][-len(stdout) :]
         with session_scope(srv.ctx.engine) as s:
             assert s.get(Blob, blob.digest) is None  # released with the log it was
-            assert s.get(RunLog, poison).held_back is None  # type: ignore[union-attr]
+            assert s.get(HeldBack, poison) is None
             assert (
                 s.exec(
                     select(func.count()).select_from(RunEvent).where(RunEvent.run_id == poison)
