@@ -17,6 +17,7 @@ from rich.text import Text
 
 from floom.cli.output import err, new_table, out, print_json
 from floom.config import Settings, mask_password
+from floom.errors import quoted
 from floom.services.context import Context
 from floom.services.ops.backup import create_backup, restore_backup
 from floom.services.ops.held_logs import (
@@ -318,8 +319,8 @@ def _said(outcome: HeldBackOutcome, *, as_json: bool, verb: str) -> None:
         out.print(Text(f"run {run_id}: lost lines given up; the later lines are its log"))
     for run_id, problem in outcome.held.items():
         err.print(Text(f"run {run_id}: still held back: {problem.problem}"))
-    for run_id in outcome.not_held:
-        err.print(Text(f"run {run_id}: its log is not held back (nothing done)"))
+    for run_id in outcome.not_held:  # as the operator typed it: cut, and shown as text
+        err.print(Text(f"run {quoted(run_id)}: its log is not held back (nothing done)"))
     done = len(outcome.given_up) if verb == "given up" else len(outcome.moved)
     out.print(Text(f"{done} run log(s) {verb}"))
 
