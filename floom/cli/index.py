@@ -187,7 +187,8 @@ COMMANDS: dict[str, Entry] = {
     "blobs": Entry(
         "commands.ops",
         "register",
-        "Move blobs between the database and object storage, or check every one.",
+        "Move blobs between the database and object storage, check every one, and see to "
+        "held-back run logs.",
     ),
 }
 

@@ -156,6 +156,8 @@ OPS: dict[str, Op] = {
         _op("retention compact"),
         _op("blobs check"),
         _op("blobs migrate", Opt("--to", "to")),
+        _op("blobs held-back", Flag("--retry", "retry")),
+        _op("blobs give-up", Flag("--all", "all")),
         _op("mcp"),
     ]
 }

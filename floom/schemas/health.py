@@ -73,6 +73,12 @@ class Health(Public):
     database: str = Field(description="the store's dialect: sqlite or postgresql")
     node: str
     roles: list[str] = Field(description="what this node does: api, scheduler, executor")
+    held_back_run_logs: Count = Field(
+        0,
+        description="ended runs (of the whole cluster) whose later log lines wait in the "
+        "database because their earlier log object is missing or damaged, as the object "
+        "store's upkeep last found them",
+    )
     executor: ExecutorHealth | None = Field(description="None on a node without the executor")
     protections: dict[str, Any] | None = Field(
         description="the sandbox protections active on this node (namespaces, uid, seccomp, "

@@ -21,6 +21,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.orm import configure_mappers
 from sqlmodel import Field, SQLModel
 
 from floom.errors import RunErrorCode
@@ -113,6 +114,10 @@ def trusted_row(model: type[M], values: Mapping[Any, Any]) -> M:
     must name fields of the table only."""
     defaults = _defaults.get(model)
     if defaults is None:
+        # The mappers are configured by the first ORM query of a process; a row built before
+        # any (a command whose first read is a Core one) had no attribute implementations,
+        # and reading a field raised AttributeError.
+        configure_mappers()
         defaults = _defaults[model] = [
             (name, field.default_factory or field.default, field.default_factory is not None)
             for name, field in model.model_fields.items()

@@ -69,6 +69,8 @@ def test_what_each_surface_has_no_equivalent_for_is_decided() -> None:
         "migrate-store",
         "blobs check",
         "blobs migrate",
+        "blobs held-back",
+        "blobs give-up",
         "retention compact",
         "mcp",
     }

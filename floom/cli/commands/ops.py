@@ -1,6 +1,7 @@
 """Operator commands that work on this node's store and data dir directly, not through the
 API: `floom backup`, `floom restore`, `floom migrate-store`, `floom retention run`,
-`floom retention compact`, `floom blobs migrate`, `floom blobs check`.
+`floom retention compact`, `floom blobs migrate`, `floom blobs check`, `floom blobs held-back`,
+`floom blobs give-up`.
 
 They read the same FLOOM_* settings as `floom serve` (FLOOM_DATA_DIR, FLOOM_DATABASE_URL).
 The store (SQLAlchemy, the tables) loads only when one of them is named (floom/cli/index.py).
@@ -16,15 +17,23 @@ from rich.text import Text
 
 from floom.cli.output import err, new_table, out, print_json
 from floom.config import Settings, mask_password
+from floom.errors import quoted
 from floom.services.context import Context
 from floom.services.ops.backup import create_backup, restore_backup
+from floom.services.ops.held_logs import (
+    HeldBackOutcome,
+    all_held_back,
+    give_up_held_logs,
+    retry_held_logs,
+)
 from floom.services.ops.objects import check_blobs, migrate_blobs
 from floom.services.ops.retention import apply_retention, compact_store
 from floom.services.ops.store_copy import copy_store
 
 retention_app = typer.Typer(help="Delete old runs' logs and artifacts (FLOOM_RETENTION_DAYS).")
 blobs_app = typer.Typer(
-    help="Move blobs between the database and object storage, or check every one."
+    help="Move blobs between the database and object storage, check every one, and see to "
+    "held-back run logs."
 )
 
 
@@ -240,6 +249,80 @@ def blobs_check(
         out.print(Text(f"{checked} blob(s) checked, {len(problems)} problem(s)"))
     if problems:
         raise typer.Exit(1)
+
+
+@blobs_app.command("held-back")
+def blobs_held_back(
+    retry: Annotated[
+        bool, typer.Option("--retry", help="try to move each one now (a restored object)")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print them as JSON")] = False,
+) -> None:
+    """List the ended runs whose logs are held back: their later lines wait in the database
+    because their earlier log object is missing or damaged. Exit 1 while any is.
+
+    Restore the object (a backup, the bucket's versioning) and the next upkeep sweep moves
+    the log, or `--retry` now; or give the lost lines up with `floom blobs give-up`."""
+
+    ctx = Context.open(Settings())
+    try:
+        if retry:
+            _said(retry_held_logs(ctx), as_json=as_json, verb="moved")
+        held = all_held_back(ctx.engine)
+    finally:
+        ctx.engine.dispose()
+    if as_json and not retry:
+        print_json({"held_back": [h.to_dict() for h in held]})
+    elif not as_json:
+        table = new_table("RUN", "WORKER", "LOST LINES", "PROBLEM")
+        for h in held:
+            table.add_row(h.run_id, h.worker, f"1-{h.last_seq}", h.problem)
+        if held:
+            out.print(table)
+        out.print(Text(f"{len(held)} run log(s) held back"))
+    if held:
+        raise typer.Exit(1)
+
+
+@blobs_app.command("give-up")
+def blobs_give_up(
+    runs: Annotated[
+        list[str] | None, typer.Argument(help="the runs whose held-back logs to give up")
+    ] = None,
+    every: Annotated[bool, typer.Option("--all", help="give up every held-back run log")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the outcome as JSON")] = False,
+) -> None:
+    """Give up the missing or damaged earlier log of held-back runs: a line saying which
+    lines were lost takes its place, and the later lines become the run's log, moved to the
+    bucket. Each is retried first: one whose object is back just moves. Cannot be undone."""
+
+    if bool(runs) == every:
+        err.print(Text("name the runs to give up, or --all (not both)", style="red"))
+        raise typer.Exit(2)
+    ctx = Context.open(Settings())
+    try:
+        outcome = give_up_held_logs(ctx, run_ids=None if every else runs)
+    finally:
+        ctx.engine.dispose()
+    _said(outcome, as_json=as_json, verb="given up")
+    if outcome.not_held and not every:
+        raise typer.Exit(1)
+
+
+def _said(outcome: HeldBackOutcome, *, as_json: bool, verb: str) -> None:
+    if as_json:
+        print_json(outcome.to_dict())
+        return
+    for run_id in outcome.moved:
+        out.print(Text(f"run {run_id}: its earlier log is readable again; the log moved"))
+    for run_id in outcome.given_up:
+        out.print(Text(f"run {run_id}: lost lines given up; the later lines are its log"))
+    for run_id, problem in outcome.held.items():
+        err.print(Text(f"run {run_id}: still held back: {problem.problem}"))
+    for run_id in outcome.not_held:  # as the operator typed it: cut, and shown as text
+        err.print(Text(f"run {quoted(run_id)}: its log is not held back (nothing done)"))
+    done = len(outcome.given_up) if verb == "given up" else len(outcome.moved)
+    out.print(Text(f"{done} run log(s) {verb}"))
 
 
 def _progress(line: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import IntegrityError
@@ -43,6 +44,11 @@ class Actor:
     admin: bool
     roles: dict[str, str]  # role id -> role name, active roles only
     system: bool = False
+    # The claim this actor acts under (the job's claimed_at when it was read), or None for
+    # the agent's every claim. A worker's bridge acts as one agent on every node: a pass that
+    # stalled (its node frozen) past its lease, while another node's pass claimed the job
+    # again, is told from that one by its claim, and refused (flow._check_lease).
+    claim: datetime | None = None
 
     @property
     def role_ids(self) -> set[str]:

@@ -11,7 +11,7 @@ between starting the run and recording it can run a job twice (at least once, ne
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.exc import IntegrityError
@@ -135,7 +135,14 @@ def _inputs_for(ctx: Context, worker: str, context: dict[str, Any]) -> dict[str,
     return {k: v for k, v in context.items() if k in declared}
 
 
+def _under_claim(actor: Actor, job: Job) -> Actor:
+    """`actor` acting under the claim of `job` as it was read: refused once the job has been
+    claimed again (a pass of this worker's on another node, after this one's lease ran out)."""
+    return replace(actor, claim=job.claimed_at)
+
+
 def _start(ctx: Context, bridge: Bridge, actor: Actor, job: Job) -> None:
+    actor = _under_claim(actor, job)
     try:
         inputs = _inputs_for(ctx, bridge.worker, jsonvalues.stored(job.context_json, expect=dict))
         run = runs.create_run(
@@ -155,22 +162,39 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: Job) -> None:
         return
     with session_scope(ctx.engine, write=True) as s:
         row = s.get(Job, job.id, with_for_update=True)
-        if row is None or row.assignee_agent_id != actor.agent_id:
-            return  # lost meanwhile; the run goes on unlinked
-        row.run_id = run.id
-        s.add(row)
-        record(
-            s,
-            row,
-            type="run_started",
-            actor=actor,
-            before=row.status,
-            payload={"run_id": run.id, "worker": bridge.worker},
+        lost = (
+            row is None
+            or row.assignee_agent_id != actor.agent_id
+            or row.claimed_at != job.claimed_at
         )
+        if row is not None and not lost:
+            row.run_id = run.id
+            s.add(row)
+            record(
+                s,
+                row,
+                type="run_started",
+                actor=actor,
+                before=row.status,
+                payload={"run_id": run.id, "worker": bridge.worker},
+            )
+    if lost:
+        # Claimed again meanwhile (this pass stalled past its lease, and another node's pass
+        # started the job's run), or gone: this run would do the job a second time, unlinked.
+        log.warning(
+            "handoff job %s was claimed again while run %s of %s was being started for it; "
+            "the run is cancelled",
+            job.id,
+            run.id,
+            bridge.worker,
+        )
+        runs.cancel_run(ctx, run_id=run.id, caller=principal.SYSTEM)
 
 
 def _finish(ctx: Context, actor: Actor, job: Job) -> None:
-    """Complete or fail a bridged job whose run ended; extend the lease while it runs."""
+    """Complete or fail a bridged job whose run ended; extend the lease while it runs. Under
+    the claim `job` was read with: a job claimed again since is left to its newer claim."""
+    actor = _under_claim(actor, job)
     run = runs.get_run(ctx, run_id=job.run_id or "", caller=principal.SYSTEM)
     if run.status not in run_rules.FINISHED:
         flow.heartbeat(ctx, actor=actor, job_id=job.id)

@@ -160,11 +160,20 @@ def _need_agent(actor: Actor) -> str:
 
 
 def _check_lease(s: Session, job: Job, actor: Actor) -> bool:
-    """Whether `actor` holds `job`; LeaseExpired when it did, but its lease ran out. Checked
+    """Whether `actor` holds `job`; NotHolder when it acts under a claim (Actor.claim) that
+    is no longer the job's; LeaseExpired when it did, but its lease ran out. Checked
     under the row lock the caller took: a lease that ran out is lost now, not when the
     reaper next runs (it returns the job to published). Judged on the database's clock (its
     earliest reading): the lease was written by whichever node took the claim."""
     holder = actor.agent_id is not None and job.assignee_agent_id == actor.agent_id
+    if holder and actor.claim is not None and job.claimed_at != actor.claim:
+        raise NotHolder(
+            f"you do not hold job {job.id} under this claim: it was claimed again since (the "
+            "lease of this claim ran out), so what was started under it neither moves nor "
+            "finishes the job",
+            hint="the job is finished under its newer claim",
+            details={"status": job.status},
+        )
     expires = job.lease_expires_at if job.status == rules.IN_PROGRESS else None
     if holder and expires is not None and expires <= database_clock(s.get_bind()).earliest():
         wakeups.HANDOFFS.notify()

@@ -25,7 +25,7 @@ from floom.hints import Told, act, told
 from floom.hints import cli as cli_hints
 from floom.sandbox import get_sandbox
 from floom.services.access.secrets import SecretBox
-from floom.services.ops import nodes, objects
+from floom.services.ops import held_logs, nodes
 from floom.services.ops.backup import sqlite_path
 from floom.store.blobs.configured import s3_store
 from floom.store.db import driver_reason, make_engine
@@ -38,6 +38,8 @@ MIN_FREE_BYTES = 512 * 1024 * 1024
 LOW_FREE_BYTES = 5 * 1024 * 1024 * 1024
 # Stored secrets tried against the key: one that decrypts shows the key is the right one.
 SECRETS_TRIED = 20
+# Held-back run logs the check names, at most.
+NAMED_HELD_BACK = 5
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ def check_blob_store(settings: Settings) -> list[Check]:
 def check_held_back_logs(settings: Settings) -> Check:
     """Ended runs whose later lines cannot be merged with their earlier log, missing or
     damaged in the bucket: their logs stay in the database (every node's upkeep passes them
-    over) until the object is restored."""
+    over) until the object is restored or the earlier log given up. Counted as the upkeep's
+    passes marked them (services/ops/held_logs.py): the bucket is not read."""
     name = "held-back run logs"
     url = settings.resolved_database_url
     path = sqlite_path(url)
@@ -114,26 +117,27 @@ def check_held_back_logs(settings: Settings) -> Check:
         return Check(name, OK, "no database yet")
     engine = make_engine(url)
     try:
-        count, named = objects.held_back_logs(settings, engine)
+        count = held_logs.held_back_count(engine)
+        named = held_logs.held_back_logs(engine, limit=NAMED_HELD_BACK)
     except SQLAlchemyError as exc:
         return Check(name, WARN, f"runs not readable: {driver_reason(exc, url)}")
-    except FloomError as exc:  # the bucket away: said by the checks above
-        return Check(name, WARN, f"not checked: {exc.message}")
     finally:
         engine.dispose()
     if not count:
-        return Check(name, OK, "no ended run's log is held back")
+        return Check(name, OK, "no ended run's log is held back (as the upkeep last found)")
     more = f" (and {count - len(named)} more)" if count > len(named) else ""
+    listed = "; ".join(f"run {h.run_id} ({h.problem})" for h in named)
     return Check(
         name,
         WARN,
         f"{count} ended run(s)' logs stay in the database, their earlier log object missing "
-        f"or damaged: {'; '.join(named)}{more}",
+        f"or damaged: {listed}{more}",
         told(
             "restore each object from a backup or the bucket's versioning (the next upkeep "
-            "sweep moves the log); ",
-            act("blobs check"),
-            " lists every damaged or missing blob",
+            "sweep moves the log, or ",
+            act("blobs held-back", retry=True),
+            " now), or give the lost lines up with ",
+            act("blobs give-up", all=True),
         ),
     )
 

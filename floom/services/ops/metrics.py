@@ -32,6 +32,7 @@ from sqlmodel import col, select
 
 from floom import __version__
 from floom.services.access.principal import Principal
+from floom.services.ops import held_logs
 from floom.services.runs import approvals
 from floom.services.runs import rules as run_rules
 from floom.store.agents import Approval, Transcript
@@ -294,6 +295,12 @@ class StoreCollector(Collector):
         for labels, n in _folded(pending, labelled).items():
             waiting.add_metric(list(labels), n)
         yield waiting
+        yield GaugeMetricFamily(
+            "floom_run_logs_held_back",
+            "Ended runs whose later log lines wait in the database because their earlier log "
+            "object is missing or damaged",
+            value=held_logs.held_back_count(self.ctx.engine),
+        )
         tokens = CounterMetricFamily(
             "floom_agent_tokens", "Model tokens used by agent runs", labels=["worker", "kind"]
         )

@@ -24,6 +24,7 @@ from sqlalchemy import delete, func, or_, text, update
 from sqlalchemy import select as core_select
 from sqlmodel import Session, col, select
 
+from floom.cut import cut
 from floom.errors import BlobStoreUnavailable, BlobUnreadable, InvalidRequest
 from floom.invisible import shown
 from floom.services.runs import agent as agent_runs
@@ -42,14 +43,11 @@ from floom.store.blobs.rows import (
     read_blob,
 )
 from floom.store.blobs.s3 import S3BlobStore
-from floom.store.blobs.tables import PendingBlob, RunLog
+from floom.store.blobs.tables import HeldBack, PendingBlob, RunLog
 from floom.store.db import Writer, on_postgres, read_connection, session_scope, write_connection
 from floom.store.models import Artifact, Blob, Run, RunEvent, Version, trusted_row, utcnow
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
-
-    from floom.config import Settings
     from floom.services.context import Context
 
 log = logging.getLogger("floom.blobs")
@@ -151,15 +149,22 @@ def archive_all_logs(
 
 def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> BlobProblem:
     """The problem of a run whose later lines cannot be merged with its unreadable earlier
-    log, said in floom's log the first time this process meets it, then at most once per
-    HELD_BACK_LOG_SECONDS with how many passes met it since (every sweep of every node
-    meets it until the object is restored; `floom doctor` lists such runs)."""
-    with session_scope(ctx.engine) as s:
-        location = s.exec(select(Blob.location).where(Blob.digest == digest)).first()
+    log: recorded in held_back_logs (counted by /healthz, /metrics and `floom
+    doctor`, listed by `floom blobs held-back`) the first time a pass meets it, and said in
+    floom's log the first time this process meets it, then at most once per
+    HELD_BACK_LOG_SECONDS with how many passes met it since (every sweep of every node meets
+    it until the object is restored or the earlier log given up)."""
     problem = (
         f"{exc.message}; the run's later lines stay in the database until it is restored "
         "(its log is not moved)"
     )
+    with session_scope(ctx.engine) as s:
+        location = s.exec(select(Blob.location).where(Blob.digest == digest)).first()
+        marked = s.exec(
+            select(HeldBack.digest).where(HeldBack.run_id == run_id, HeldBack.digest == digest)
+        ).first()
+    if marked is None:
+        _mark_held_back(ctx, run_id, digest, problem)
     now = monotonic()
     with _held_back_lock:
         said = _held_back_said.get((run_id, digest))
@@ -172,43 +177,37 @@ def _unmerged(ctx: Context, run_id: str, digest: str, exc: BlobUnreadable) -> Bl
     return BlobProblem(digest, location or "", problem)
 
 
+def _mark_held_back(ctx: Context, run_id: str, digest: str, problem: str) -> None:
+    """Record (or, for a newer earlier log, replace) run `run_id`'s held_back_logs row; two
+    nodes' passes meeting it at once write it once."""
+    held = HeldBack.__table__  # type: ignore[attr-defined]
+    with write_connection(ctx.engine) as c:
+        if on_postgres(c):
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert  # type: ignore[assignment]
+        values = {
+            "run_id": run_id,
+            "digest": digest,
+            "problem": cut(problem, HELD_BACK_CHARS),
+            "since": utcnow(),
+        }
+        statement = insert(held).values(values)
+        c.execute(
+            statement.on_conflict_do_update(
+                index_elements=["run_id"],
+                set_={k: statement.excluded[k] for k in ("digest", "problem", "since")},
+            )
+        )
+
+
 # How often this process says again that a run's log is held back (see _unmerged), and
 # when it last said it of each (run, earlier log) with the passes since.
 HELD_BACK_LOG_SECONDS = 3600.0
 _held_back_lock = threading.Lock()
 _held_back_said: dict[tuple[str, str], tuple[float, int]] = {}
-# Runs whose earlier log `floom doctor` reads back, at most.
-HELD_BACK_CHECKED = 50
-
-
-def held_back_logs(settings: Settings, engine: Engine, *, most: int = 5) -> tuple[int, list[str]]:
-    """Ended runs whose later lines wait in run_events because their earlier log blob is
-    missing or damaged (archive_logs passes them over): (how many, up to `most` named as
-    "run ID (the problem)"). For `floom doctor`: the candidates (ended runs with both lines
-    in run_events and an earlier log) are few, and up to HELD_BACK_CHECKED are read back.
-    Raises BlobStoreUnavailable while the bucket is away."""
-    runs, events_t = Run.__table__, RunEvent.__table__  # type: ignore[attr-defined]
-    logs_t = RunLog.__table__  # type: ignore[attr-defined]
-    with read_connection(engine) as c:
-        candidates = list(
-            c.execute(
-                core_select(runs.c.id, logs_t.c.digest)
-                .select_from(runs.join(logs_t, logs_t.c.run_id == runs.c.id))
-                .where(
-                    runs.c.status.in_(_FINISHED),
-                    runs.c.id.in_(core_select(events_t.c.run_id).distinct()),
-                )
-                .order_by(runs.c.id)
-                .limit(HELD_BACK_CHECKED)
-            )
-        )
-    held: list[str] = []
-    for run_id, digest in candidates:
-        try:
-            read_blob(settings, engine, digest, what=f"the earlier log of run {run_id}")
-        except BlobUnreadable as exc:
-            held.append(f"run {run_id} ({exc.message})")
-    return len(held), held[:most]
+# What held_back_logs keeps of why a run's log is held back.
+HELD_BACK_CHARS = 1000
 
 
 @dataclass
@@ -411,6 +410,9 @@ def record_moves(
             agent_runs.record_archived(cast(Session, s), agents)
     replaced = [m.earlier for m in moves if m.earlier is not None]
     if replaced:
+        # Merged: their earlier logs were read, so none of them is held back any more.
+        merged = sorted(m.archive.run_id for m in moves if m.earlier is not None)
+        s.execute(delete(HeldBack).where(col(HeldBack.run_id).in_(merged)))
         cast(Session, s).flush()
         delete_unreferenced_blobs(cast(Session, s), replaced)
     return result

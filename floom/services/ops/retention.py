@@ -36,7 +36,7 @@ from floom.services.ops.nodes import live_nodes
 from floom.services.ops.objects import drain_pending, sweep_objects
 from floom.services.runs import rules as run_rules
 from floom.store.blobs.rows import delete_unreferenced_blobs
-from floom.store.blobs.tables import RunLog
+from floom.store.blobs.tables import HeldBack, RunLog
 from floom.store.db import (
     give_back_free_pages,
     let_writers_through,
@@ -238,6 +238,7 @@ def _prune_batch(
         digests.update(a.digest for a in archived)
         lines = s.execute(delete(RunEvent).where(col(RunEvent.run_id).in_(run_ids)))
         s.execute(delete(RunLog).where(col(RunLog.run_id).in_(run_ids)))
+        s.execute(delete(HeldBack).where(col(HeldBack.run_id).in_(run_ids)))
         files = s.execute(delete(Artifact).where(col(Artifact.run_id).in_(run_ids)))
         into.runs_pruned += len(run_ids)
         into.log_lines_deleted += int(getattr(lines, "rowcount", 0) or 0)

@@ -29,7 +29,7 @@ from floom.services.triggers import webhooks
 from floom.services.workers import versions as workers
 from floom.store.agents import Approval, MemoryEntry, ToolCall, Transcript
 from floom.store.blobs.rows import delete_unreferenced_blobs
-from floom.store.blobs.tables import RunLog
+from floom.store.blobs.tables import HeldBack, RunLog
 from floom.store.db import session_scope
 from floom.store.handoffs import Agent, AgentRole
 from floom.store.models import Artifact, Run, RunEvent, Version, Worker, WorkerState, utcnow
@@ -314,7 +314,7 @@ def _purge_runs(s: Session, *, name: str) -> int:
     for chunk in _chunks(version_ids):
         digests.update(s.exec(select(Version.digest).where(col(Version.id).in_(chunk))).all())
         s.execute(delete(Version).where(col(Version.id).in_(chunk)))
-    for table in (RunEvent, RunLog, Artifact, ToolCall, Approval, Transcript):
+    for table in (RunEvent, RunLog, HeldBack, Artifact, ToolCall, Approval, Transcript):
         s.execute(delete(table).where(col(table.run_id).in_(run_ids)))
     s.execute(delete(Run).where(col(Run.worker_name) == name))
     return delete_unreferenced_blobs(s, digests)

@@ -33,3 +33,17 @@ class PendingBlob(SQLModel, table=True):
     action: str = Field(max_length=8)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     attempts: int = 0
+
+
+class HeldBack(SQLModel, table=True):
+    """An ended run whose later lines (in run_events) cannot be merged into its earlier log,
+    whose object is missing or damaged, as the upkeep's pass found it
+    (services/ops/held_logs.py). It counts only while the run's run_logs row still names
+    `digest`: a move that replaced it, or a run pruned, leaves a row that counts for nothing
+    until it is tidied."""
+
+    __tablename__ = "held_back_logs"
+    run_id: str = Field(primary_key=True, max_length=40)
+    digest: str = Field(max_length=64)
+    problem: str = Field(max_length=1000)
+    since: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from floom.bundle import Bundle, BundleFile
 from floom.engine.loops.uploads import ObjectUploads
 from floom.errors import BackupInvalid, BlobUnreadable
 from floom.services.context import Context
-from floom.services.ops import objects
+from floom.services.ops import held_logs, objects
 from floom.services.ops.backup import MANIFEST, create_backup, restore_backup
 from floom.services.ops.doctor import check_blob_store
 from floom.services.ops.objects import check_blobs, migrate_blobs
@@ -29,10 +30,12 @@ from floom.store.blobs.configured import s3_store
 from floom.store.blobs.configured import store_at as configured_store_at
 from floom.store.blobs.logs import encode_log
 from floom.store.blobs.rows import inline_blob, insert_blob, read_blob, stage_blob
-from floom.store.blobs.tables import PendingBlob, RunLog
+from floom.store.blobs.tables import HeldBack, PendingBlob, RunLog
 from floom.store.db import session_scope
 from floom.store.models import Artifact, Blob, RunEvent, utcnow
+from tests.support.cli import floom
 from tests.support.harness import (
+    REPO,
     LiveServer,
     deploy_folder,
     fast_settings,
@@ -569,6 +572,26 @@ def test_blobs_migrate_skips_an_object_whose_bytes_are_not_its_blob_s_and_moves_
         ctx.engine.dispose()
 
 
+def _lose_earlier_log(ctx: Context, run_id: str) -> tuple[Any, bytes, int]:
+    """Make the first five lines of ended run `run_id` an earlier log in the bucket (as a
+    cancelled attempt's end leaves it, later lines still in run_events), then lose its
+    object: (the blob, its bytes, the last seq it held)."""
+    with session_scope(ctx.engine, write=True) as s:
+        first = list(
+            s.exec(
+                select(RunEvent).where(RunEvent.run_id == run_id).order_by(col(RunEvent.seq))
+            ).all()
+        )[:5]
+        earlier = encode_log(first)
+        blob = stage_blob(ctx.settings, ctx.engine, earlier)
+        insert_blob(s, blob)
+        s.add(RunLog(run_id=run_id, digest=blob.digest, lines=5, last_seq=first[-1].seq))
+        for event in first:
+            s.delete(event)
+    s3_store(ctx.settings).delete([blob.digest])
+    return blob, earlier, first[-1].seq
+
+
 def test_a_run_whose_earlier_log_object_is_missing_holds_up_no_other_log_and_no_upload(
     tmp_path: Path, database_url: str, s3_server: S3Server
 ) -> None:
@@ -585,20 +608,8 @@ def test_a_run_whose_earlier_log_object_is_missing_holds_up_no_other_log_and_no_
     ctx = Context.open(settings)
     poison = runs[0]
     try:
-        with session_scope(ctx.engine, write=True) as s:
-            first = list(
-                s.exec(
-                    select(RunEvent).where(RunEvent.run_id == poison).order_by(col(RunEvent.seq))
-                ).all()
-            )[:5]
-            earlier = encode_log(first)
-            blob = stage_blob(settings, ctx.engine, earlier)
-            insert_blob(s, blob)
-            s.add(RunLog(run_id=poison, digest=blob.digest, lines=5, last_seq=first[-1].seq))
-            for event in first:
-                s.delete(event)
+        blob, earlier, _ = _lose_earlier_log(ctx, poison)
         store = s3_store(settings)
-        store.delete([blob.digest])
 
         result = migrate_blobs(ctx, to="s3")
 
@@ -643,38 +654,105 @@ def test_a_held_back_run_log_is_said_once_per_process_and_named_by_floom_doctor(
     settings = fast_settings(tmp_path / "data", database_url, **s3_server.settings())
     ctx = Context.open(settings)
     try:
-        with session_scope(ctx.engine, write=True) as s:
-            first = list(
-                s.exec(
-                    select(RunEvent).where(RunEvent.run_id == poison).order_by(col(RunEvent.seq))
-                ).all()
-            )[:5]
-            earlier = encode_log(first)
-            blob = stage_blob(settings, ctx.engine, earlier)
-            insert_blob(s, blob)
-            s.add(RunLog(run_id=poison, digest=blob.digest, lines=5, last_seq=first[-1].seq))
-            for event in first:
-                s.delete(event)
+        blob, earlier, _ = _lose_earlier_log(ctx, poison)
         store = s3_store(settings)
-        store.delete([blob.digest])
+        with caplog.at_level("ERROR", logger="floom.blobs"):
+            for _ in range(3):  # three upkeep sweeps of this node
+                ObjectUploads(ctx)._sweep()
+        said = [r for r in caplog.records if poison in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]
         [healthy] = [c for c in check_blob_store(settings) if c.name == "held-back run logs"]
         assert healthy.status == "warn"
         assert "1 ended run(s)' logs stay in the database" in healthy.detail
         assert poison in healthy.detail
         assert "restore each object" in str(healthy.to_dict()["fix"])
 
-        with caplog.at_level("ERROR", logger="floom.blobs"):
-            for _ in range(3):  # three upkeep sweeps of this node
-                ObjectUploads(ctx)._sweep()
-        said = [r for r in caplog.records if poison in r.getMessage()]
-        assert len(said) == 1, [r.getMessage() for r in said]
-
         store.put(blob.digest, earlier, sha256=blob.sha256)
         ObjectUploads(ctx)._sweep()
         [cured] = [c for c in check_blob_store(settings) if c.name == "held-back run logs"]
-        assert (cured.status, cured.detail) == ("ok", "no ended run's log is held back")
+        assert cured.status == "ok", cured
+        assert cured.detail.startswith("no ended run's log is held back"), cured
     finally:
         ctx.engine.dispose()
+
+
+def test_held_back_run_logs_are_counted_by_healthz_and_metrics_listed_and_given_up(
+    tmp_path: Path, database_url: str, s3_server: S3Server
+) -> None:
+    # Was: `floom doctor` read back at most 50 candidates from the bucket and said a count
+    # that was "at least"; /healthz and /metrics said nothing; no command listed them all or
+    # let an operator give up a lost earlier log, so such a run's lines stayed in the
+    # database and its log answered 502 for good. Now the upkeep marks them (one partial
+    # index counts them), `floom blobs held-back` lists and retries them, and `floom blobs
+    # give-up` puts a line saying what was lost in place of the earlier log and moves the
+    # rest.
+    with live_server(tmp_path / "data", database_url) as srv:
+        _deploy(srv, tmp_path)
+        poison, other = (_run(srv)["id"] for _ in range(2))
+    bucket = s3_server.settings()
+    settings = fast_settings(tmp_path / "data", database_url, **bucket)
+    ctx = Context.open(settings)
+    try:
+        blob, _, last_seq = _lose_earlier_log(ctx, poison)
+        assert held_logs.held_back_count(ctx.engine) == 0  # not found by a pass yet
+        ObjectUploads(ctx)._sweep()
+        [held] = held_logs.all_held_back(ctx.engine)
+        assert (held.run_id, held.worker, held.digest, held.last_seq) == (
+            poison,
+            "reporter",
+            blob.digest,
+            last_seq,
+        )
+        assert "missing" in held.problem
+        again = held_logs.retry_held_logs(ctx)
+        assert (list(again.held), again.moved) == ([poison], [])
+    finally:
+        ctx.engine.dispose()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("FLOOM_")},
+        "PYTHONPATH": str(REPO),
+        "FLOOM_DATA_DIR": str(tmp_path / "data"),
+        "FLOOM_DATABASE_URL": database_url,
+        "FLOOM_SECRET_KEY": "test-secret-key",
+        **s3_server.env(bucket),
+    }
+    with live_server(tmp_path / "data", database_url, **bucket) as srv:
+        with srv.client() as api:
+            assert api.get("/healthz").json()["held_back_run_logs"] == 1
+            assert "\nfloom_run_logs_held_back 1.0\n" in api.get("/metrics").text
+        listed = floom("blobs", "held-back", "--json", env=env)
+        assert listed.returncode == 1, listed.stderr
+        [shown] = json.loads(listed.stdout)["held_back"]
+        assert (shown["run_id"], shown["last_seq"]) == (poison, last_seq)
+        refused = floom("blobs", "give-up", other, env=env)
+        assert refused.returncode == 1
+        assert f"run {other}: its log is not held back" in refused.stderr
+        given = floom("blobs", "give-up", poison, env=env)
+        assert given.returncode == 0, given.stderr
+        assert f"run {poison}: lost lines given up" in given.stdout
+        with srv.client() as api:
+            assert api.get("/healthz").json()["held_back_run_logs"] == 0
+            assert "\nfloom_run_logs_held_back 0.0\n" in api.get("/metrics").text
+        events = _events(srv, poison)
+        assert events[0]["seq"] == last_seq
+        assert events[0]["stream"] == "system"
+        assert f"lines 1 to {last_seq} of this log were lost" in events[0]["line"]
+        assert blob.digest in events[0]["line"]
+        assert [e["seq"] for e in events] == list(range(last_seq, last_seq + len(events)))
+        stdout = [e["line"] for e in events if e["stream"] == "stdout"]
+        assert stdout == [f"line {i}" for i in range(LINES)][-len(stdout) :]
+        with session_scope(srv.ctx.engine) as s:
+            assert s.get(Blob, blob.digest) is None  # released with the log it was
+            assert s.get(HeldBack, poison) is None
+            assert (
+                s.exec(
+                    select(func.count()).select_from(RunEvent).where(RunEvent.run_id == poison)
+                ).one()
+                == 0
+            )  # the rest moved into the bucket
+        again_listed = floom("blobs", "held-back", env=env)
+        assert again_listed.returncode == 0, again_listed.stderr
+        assert "0 run log(s) held back" in again_listed.stdout
 
 
 def test_blobs_migrate_moves_a_blob_without_a_checksum_only_when_its_digest_vouches_for_it(
