@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import hashlib
 import io
 import lzma
 import os
+import stat
 import tarfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from floom import invisible
 from floom.errors import BundleInvalid, BundlePathInvalid, BundleTooLarge, PayloadTooLarge
-from floom.hints import Hint, act, told
+from floom.hints import Hint, Told, act, told
 
 IGNORED_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules", ".mypy_cache"})
+# Environment files hold secrets more often than not, and a version's files are readable by
+# any read key and sit in every run's sandbox: a folder's are left behind, and said so.
+# Their templates (`.env.example`) ship.
+_ENV_TEMPLATES = (".example", ".sample", ".template", ".dist")
 MAX_FILES = 2000
 # Every entry counts toward this, directories and skipped ones too: reading 200k empty
 # directory entries of a 0.4 MB upload cost seconds before they were counted.
@@ -49,6 +55,8 @@ class Bundle:
     """The files of one worker version, keyed by relative POSIX path."""
 
     files: dict[str, BundleFile]
+    # What a folder held that was not shipped, each with why (`read_folder`).
+    left_out: tuple[Told, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -182,35 +190,116 @@ def _clash(path: str) -> BundlePathInvalid:
 
 
 def read_folder(folder: Path, *, max_bytes: int) -> Bundle:
-    """Read a worker folder from disk, skipping caches and VCS folders."""
+    """Read a worker folder from disk: its regular files, never through a link (a link is
+    refused), skipping caches and VCS folders unwalked; environment files and what is not a
+    file (FIFOs, sockets, devices) are left out and named in `left_out`."""
     if not folder.is_dir():
         raise BundleInvalid(
             f"'{folder}' is not a folder", hint="pass the path of a folder holding worker.yml"
         )
     files: dict[str, BundleFile] = {}
-    total = entries = 0
-    for p in sorted(folder.rglob("*")):
-        rel = p.relative_to(folder)
-        if any(part in IGNORED_DIRS for part in rel.parts):
-            continue
-        entries += 1
-        _check_entries(entries)
-        _check_path(rel.as_posix())
-        if p.is_symlink():
+    left_out: list[Told] = []
+    total = 0
+    for rel, mode in folder_entries(folder):
+        _check_path(rel)
+        if stat.S_ISLNK(mode):
             raise BundleInvalid(
                 f"'{rel}' is a symlink; workers cannot ship symlinks",
                 hint="replace the link with the file it points to",
             )
-        if not p.is_file():
+        if stat.S_ISDIR(mode):
             continue
-        data, mode = _read_file(p, rel, count=len(files) + 1, total=total, max_bytes=max_bytes)
+        if not stat.S_ISREG(mode):
+            left_out.append(told(f"'{rel}' ({_kind(mode)}, not a regular file)"))
+            continue
+        if is_env_file(rel):
+            left_out.append(
+                told(
+                    f"'{rel}' (an environment file: store its secrets with ",
+                    act("secrets set", name="NAME"),
+                    " and declare them under `secrets:` in worker.yml)",
+                )
+            )
+            continue
+        path = folder / rel
+        data, mode = _read_file(path, rel, count=len(files) + 1, total=total, max_bytes=max_bytes)
         total += len(data)
-        files[rel.as_posix()] = BundleFile(rel.as_posix(), data, bool(mode & 0o111))
-    return Bundle(files)
+        files[rel] = BundleFile(rel, data, bool(mode & 0o111))
+    return Bundle(files, left_out=tuple(left_out))
+
+
+def is_env_file(rel: str) -> bool:
+    """Whether a folder's file is an environment file floom does not ship (`.env`,
+    `.env.production`; not `.env.example`)."""
+    name = PurePosixPath(rel).name
+    return name == ".env" or (name.startswith(".env.") and not name.endswith(_ENV_TEMPLATES))
+
+
+def folder_entries(folder: Path) -> Iterator[tuple[str, int]]:
+    """(relative POSIX path, lstat mode) of each entry under a worker folder, folders before
+    what they hold, sorted within each; never through a link, never into IGNORED_DIRS.
+    Raises BundleTooLarge at the first entry past MAX_ENTRIES, counted as listed: a huge
+    tree (a home folder, a data dump) costs no more than the bound to refuse."""
+    count = 0
+    pending = [""]
+    while pending:
+        rel_dir = pending.pop()
+        listed: list[tuple[str, int]] = []
+        with os.scandir(folder / rel_dir if rel_dir else folder) as it:
+            for entry in it:
+                if entry.name in IGNORED_DIRS and entry.is_dir(follow_symlinks=False):
+                    continue
+                count += 1
+                _check_entries(count)
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                listed.append((rel, entry.stat(follow_symlinks=False).st_mode))
+        listed.sort()
+        yield from listed
+        pending.extend(rel for rel, mode in reversed(listed) if stat.S_ISDIR(mode))
+
+
+def read_folder_file(folder: Path, rel: str, *, limit: int) -> bytes:
+    """One regular file of a worker folder, read up to `limit` + 1 bytes (a longer answer is
+    the caller's to refuse: a procfs file says size 0). Never through a link, and a FIFO is
+    not waited on. Raises FileNotFoundError when there is none, BundleInvalid naming what it
+    is otherwise."""
+    try:
+        fd = os.open(folder / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BundleInvalid(
+                f"{rel} is a symlink; floom reads no link",
+                hint=f"replace the link with the file it points to, inside {folder}",
+            ) from None
+        if exc.errno == errno.ENOENT:
+            raise
+        raise BundleInvalid(f"{rel} could not be read: {exc.strerror}") from None
+    with open(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise BundleInvalid(
+                f"{rel} is {_kind(mode)}, not a regular file",
+                hint=f"make {rel} a plain file",
+            )
+        return f.read(limit + 1)
+
+
+def _kind(mode: int) -> str:
+    for check, kind in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if check(mode):
+            return kind
+    return "not a file"
 
 
 def _read_file(
-    path: Path, rel: Path, *, count: int, total: int, max_bytes: int
+    path: Path, rel: str, *, count: int, total: int, max_bytes: int
 ) -> tuple[bytes, int]:
     """One file of a folder, opened without following a link swapped in since it was
     listed. Its size is checked before a byte is read and the read stops one byte past what
@@ -218,6 +307,8 @@ def _read_file(
     try:
         with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK), "rb") as f:
             mode = os.fstat(f.fileno()).st_mode
+            if not stat.S_ISREG(mode):  # swapped in since it was listed
+                raise OSError(errno.EINVAL, f"it became {_kind(mode)}")
             _check_limits(count, total + os.fstat(f.fileno()).st_size, max_bytes)
             data = f.read(max_bytes - total + 1)
     except OSError as exc:

@@ -16,7 +16,6 @@ from floom.agent import netguard
 from floom.agent.children import invoke_child
 from floom.agent.tools import Tool, ToolError, object_schema, require_str
 from floom.engine.safefiles import (
-    MAX_WALK_ENTRIES,
     Bounds,
     Cancelled,
     Refused,
@@ -30,7 +29,7 @@ from floom.engine.safefiles import (
 from floom.errors import FloomError
 from floom.manifest.agent import HTTP_METHODS, ToolSpec
 from floom.net.egress import EgressPolicy, policy_of
-from floom.sandbox.base import SandboxUnavailable
+from floom.sandbox.base import MAX_WALK_ENTRIES, SandboxUnavailable
 from floom.services.runs import agent as agent_runs
 
 if TYPE_CHECKING:

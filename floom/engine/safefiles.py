@@ -20,10 +20,8 @@ from pathlib import Path, PurePosixPath
 
 from floom import invisible
 from floom.errors import FloomError
+from floom.sandbox.base import MAX_WALK_DEPTH, MAX_WALK_ENTRIES
 
-# A walk of a run's dirs stops after this many entries: a worker can create millions.
-MAX_WALK_ENTRIES = 10_000
-MAX_WALK_DEPTH = 32
 _CHUNK = 1024 * 1024
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO that appeared since the lstat must not wait for a writer.

@@ -4,19 +4,19 @@ raises ManifestInvalid listing them (parse_manifest, load_folder)."""
 
 from __future__ import annotations
 
-import os
+import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
 
-from floom.errors import ManifestInvalid, ManifestTooLarge
+from floom.bundle import folder_entries, is_env_file, read_folder_file
+from floom.errors import BundleInvalid, ManifestInvalid, ManifestTooLarge
 from floom.manifest.checks import check_document, load_yaml
 from floom.manifest.fields import kind_of
 from floom.manifest.schema import (
     MAX_MANIFEST_BYTES,
-    SKIPPED_DIRS,
     Manifest,
     Problem,
     manifest_too_large,
@@ -58,29 +58,34 @@ def parse_manifest(text: str, files: Iterable[str]) -> Manifest:
 
 
 def list_worker_files(folder: Path) -> list[str]:
-    """Relative posix paths of the files under folder, skipping VCS, cache and env folders."""
-    found: list[str] = []
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if d not in SKIPPED_DIRS]
-        base = Path(root).relative_to(folder)
-        found.extend((base / name).as_posix() for name in names)
-    return sorted(found)
+    """Relative posix paths of the files under folder that a deploy ships (bundle.py's one
+    walk: no link followed, VCS, cache and env folders unwalked, environment files left
+    behind, at most MAX_ENTRIES entries)."""
+    return sorted(
+        rel
+        for rel, mode in folder_entries(folder)
+        if not stat.S_ISDIR(mode) and not is_env_file(rel)
+    )
 
 
 def check_folder(folder: Path) -> tuple[Manifest | None, list[Problem]]:
-    """check_manifest for a worker folder on disk."""
+    """check_manifest for a worker folder on disk. worker.yml is read as a regular file of
+    the folder only (never through a link, never waiting on a FIFO), up to its bound."""
     if not folder.is_dir():
         return None, [Problem("", f"{folder} is not a folder", "point at a worker's folder")]
-    path = folder / "worker.yml"
-    if not path.is_file():
+    try:
+        data = read_folder_file(folder, "worker.yml", limit=MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
         hint = "create worker.yml with at least name:"
         if (folder / "worker.yaml").is_file():
             hint = "rename worker.yaml to worker.yml"
         return None, [Problem("", f"no worker.yml in {folder}", hint)]
-    if path.stat().st_size > MAX_MANIFEST_BYTES:
+    except BundleInvalid as exc:
+        return None, [Problem("", exc.message, exc.advice)]
+    if len(data) > MAX_MANIFEST_BYTES:
         raise _too_many_bytes()
     try:
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         return None, [Problem("", "worker.yml is not UTF-8 text", "save it as UTF-8")]
     return check_manifest(text, list_worker_files(folder))

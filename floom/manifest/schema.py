@@ -41,8 +41,6 @@ TYPESCRIPT_RUNNERS: tuple[str, ...] = ("tsx", "ts-node", "deno", "bun")
 TRIGGER_KINDS: tuple[TriggerKind, ...] = tuple(TriggerKind)
 TOOL_SOURCES: tuple[str, ...] = ("builtin", "mcp", "composio")
 EXPOSE_TARGETS: tuple[str, ...] = ("mcp", "ui", "rest")
-SKIPPED_DIRS = frozenset({".git", "__pycache__", ".venv", "node_modules"})
-
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,62}$"
 FIELD_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 SECRET_NAME_PATTERN = r"^[A-Z_][A-Z0-9_]*$"

@@ -25,6 +25,11 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 can read."""
 MAX_ENV_ENTRY_BYTES = env_names.MAX_ENTRY_BYTES
 MAX_ENV_BYTES = 1024 * 1024
+# How far floom looks into what a run left, whichever backend ran it (the host's walk of a
+# run's dirs, engine/safefiles.py; the archive coming back from E2B): a worker can create
+# millions of entries, and trees deeper than any path the host can open.
+MAX_WALK_ENTRIES = 10_000
+MAX_WALK_DEPTH = 32
 """What a sandbox's environment and command may hold in all: half of what the kernel lets a
 program start with under the usual 8 MiB stack."""
 

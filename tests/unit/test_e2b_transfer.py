@@ -9,6 +9,7 @@ import tarfile
 import zlib
 from pathlib import Path
 
+from floom.sandbox.base import MAX_WALK_DEPTH
 from floom.sandbox.e2b.transfer import unpack_hostile
 
 MIB = 1024 * 1024
@@ -132,3 +133,18 @@ def test_a_file_the_host_cannot_write_is_left_out_and_the_rest_come_back(tmp_pat
     assert len(done.notes) == 2, done.notes
     assert all("was not kept" in note and note.isprintable() for note in done.notes), done.notes
     assert not any("cut short" in note for note in done.notes)
+
+
+def test_a_file_nested_too_deep_is_named_as_such_with_the_local_walk_s_bound(
+    tmp_path: Path,
+) -> None:
+    # Before: E2B said a 40-folder-deep file "leaves the workspace" (it does not), by a bound
+    # of its own; the local walk's bound and words are used now.
+    deep = "output/" + "d/" * 40 + "f.txt"
+    data = _archive((deep, tarfile.REGTYPE, b"deep"), ("output/kept", tarfile.REGTYPE, b"k"))
+
+    done = unpack_hostile(data, into=tmp_path / "landing", names=("work", "output"), budget=MIB)
+
+    assert (done.trees["output"] / "kept").read_bytes() == b"k"
+    assert len(done.notes) == 1, done.notes
+    assert f"nested deeper than {MAX_WALK_DEPTH} folders" in done.notes[0]

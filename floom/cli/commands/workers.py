@@ -17,6 +17,7 @@ from floom.cli.common import JsonOpt, open_client
 from floom.cli.console import print_json
 from floom.cli.output import err, human_size, new_table, out, when
 from floom.config import Settings
+from floom.hints import cli as cli_hints
 from floom.schemas.workers import StateVersionPublic, WorkerDeleted
 
 if TYPE_CHECKING:
@@ -93,7 +94,10 @@ def deploy(
     from floom.bundle import read_folder
 
     _check_locally(folder)
-    archive = read_folder(folder, max_bytes=Settings().max_bundle_bytes).to_archive()
+    bundle = read_folder(folder, max_bytes=Settings().max_bundle_bytes)
+    for why in bundle.left_out:
+        err.print(Text(f"left out {cli_hints.written(why)}"))
+    archive = bundle.to_archive()
     with open_client() as client:
         result = client.deploy(archive, skip_eval_gate=skip_eval_gate)
     name, version = result.worker.name, result.version.id

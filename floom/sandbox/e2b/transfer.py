@@ -16,10 +16,13 @@ from typing import Final
 
 from floom.bundle import ENTRY_OVERHEAD, BoundedReader, UnpackedTooLarge
 from floom.invisible import shown
+from floom.sandbox.base import MAX_WALK_DEPTH, MAX_WALK_ENTRIES
 
-# The most entries an archive from a sandbox may hold; the rest is dropped with a note.
-MAX_ENTRIES = 10_000
-MAX_DEPTH = 32
+# The host walk's bounds (sandbox/base.py), so a run's files come back alike from either
+# backend: the most entries an archive from a sandbox may hold (the rest is dropped with a
+# note), and the deepest a file may sit.
+MAX_ENTRIES = MAX_WALK_ENTRIES
+MAX_DEPTH = MAX_WALK_DEPTH
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Snapshot = dict[str, tuple[int, int]]
@@ -122,6 +125,11 @@ def unpack_hostile(data: bytes, *, into: Path, names: tuple[str, ...], budget: i
                 if parts is None or parts[0] not in names:
                     done.notes.append(f"{named} was not kept: its path leaves the workspace")
                     continue
+                if len(parts) > MAX_DEPTH:
+                    done.notes.append(
+                        f"{named} was not kept: it is nested deeper than {MAX_DEPTH} folders"
+                    )
+                    continue
                 if member.isdir():
                     continue
                 if len(parts) == 1:
@@ -170,7 +178,7 @@ def _safe_parts(name: str) -> tuple[str, ...] | None:
     if path.is_absolute():
         return None
     parts = tuple(p for p in path.parts if p != ".")
-    if not parts or len(parts) > MAX_DEPTH or any(p == ".." or "\0" in p for p in parts):
+    if not parts or any(p == ".." or "\0" in p for p in parts):
         return None
     return parts
 
