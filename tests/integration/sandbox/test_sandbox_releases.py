@@ -20,6 +20,7 @@ from floom.sandbox import LocalSandbox, Sandbox, SandboxSpec
 from floom.sandbox.local import cgroups
 from floom.sandbox.local.uid_pool import DEFAULT_UID_BASE, UidLease, UidPool, UidRange
 from tests.support.harness import wait_until
+from tests.support.processes.statuses import process_statuses
 from tests.support.rigs.sandboxes import Lines
 from tests.support.rigs.warm import WarmedLocal, cold_or_warm, warm_script_spec
 
@@ -68,18 +69,7 @@ def run_uid(sandbox: Sandbox, work_root: Path) -> int:
 
 
 def processes_of_uid(uid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-        except OSError:
-            continue
-        if int(status["Uid"].split()[0]) == uid:
-            found.append(int(entry))
-    return found
+    return [int(s["Pid"]) for s in process_statuses() if int(s["Uid"].split()[0]) == uid]
 
 
 def test_the_next_run_goes_on_while_the_last_one_s_release_is_pending_and_its_uid_stays_taken(
@@ -176,18 +166,8 @@ def on_a_range_of(count: int, base: int, start: str, tmp_path: Path) -> Iterator
     """A sandbox of one slot, `start`ed cold or warm, whose runs take their uids from the
     `count` uids from `base` (none of which another test uses)."""
     local = LocalSandbox(uids=UidRange(base=base, count=count), runs_at_once=1)
-    if start == "cold":
-        try:
-            yield local
-        finally:
-            local.close()
-        return
-    (tmp_path / "root").mkdir()
-    warmed = WarmedLocal(local, tmp_path / "root")
-    try:
-        yield warmed
-    finally:
-        warmed.close()
+    with cold_or_warm(start, tmp_path, local) as sandbox:
+        yield sandbox
 
 
 @dataclasses.dataclass

@@ -38,6 +38,7 @@ from floom.sandbox.local.warm.process import (
     pidfd_exit_supported,
 )
 from tests.support.harness import wait_until
+from tests.support.processes.statuses import process_statuses
 from tests.support.rigs.sandboxes import Lines
 from tests.support.rigs.warm import WarmedLocal, warm_script_spec
 from tests.support.stops import stop
@@ -469,18 +470,7 @@ def test_the_node_s_hits_and_misses_count_on_once_a_deploy_ends_the_pool_they_we
 
 def _warm_children(warm_pid: int) -> list[dict[str, str]]:
     """/proc/<pid>/status of each process whose parent is `warm_pid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                status = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-        except OSError:
-            continue
-        if status.get("PPid") == str(warm_pid):
-            found.append(status)
-    return found
+    return [s for s in process_statuses() if s.get("PPid") == str(warm_pid)]
 
 
 @pytest.mark.skipif(not pidfd_exit_supported(), reason="the kernel keeps no exit status for pidfds")

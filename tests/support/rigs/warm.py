@@ -120,10 +120,13 @@ def _ignore(stream: str, line: str) -> None:
 
 
 @contextlib.contextmanager
-def cold_or_warm(start: str, tmp_path: Path) -> Iterator[Sandbox]:
-    """The local sandbox as a suite parametrized over both starts sees it: `cold`, or
-    `warm` (every run of a Python script from a warm process, under `tmp_path`/root)."""
-    local = LocalSandbox()
+def cold_or_warm(
+    start: str, tmp_path: Path, local: LocalSandbox | None = None
+) -> Iterator[Sandbox]:
+    """The local sandbox (`local`, or a default one) as a suite parametrized over both
+    starts sees it: `cold`, or `warm` (every run of a Python script from a warm process,
+    under `tmp_path`/root)."""
+    local = local or LocalSandbox()
     if start == "cold":
         try:
             yield local
