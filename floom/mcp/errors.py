@@ -11,7 +11,7 @@ from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from mcp_types import CallToolResult, TextContent
 from pydantic import ValidationError
 
-from floom.errors import FloomError, InvalidRequest, NotFound
+from floom.errors import FloomError, InvalidRequest, NotFound, quoted
 from floom.hints import Surface
 from floom.hints.surface import render
 from floom.mcp.render import said
@@ -98,7 +98,7 @@ def resource_error(exc: BaseException) -> ResourceError:
 
 def unknown_tool(name: str) -> NotFound:
     return NotFound(
-        f"there is no tool named '{name}'",
+        f"there is no tool named '{quoted(name)}'",
         hint="list the tools again: workers exposed as tools come and go with deploys",
     )
 

@@ -13,7 +13,7 @@ from mcp.server.mcpserver import Context
 from pydantic import Field
 
 from floom.engine.collect import is_text
-from floom.errors import NotFound
+from floom.errors import NotFound, quoted
 from floom.mcp.backends.base import JSON, Backend
 from floom.mcp.render import Reply, quoted_lines, said
 from floom.mcp.toolkit import READ, FloomTool, backend_of, floom_tool, off
@@ -80,7 +80,7 @@ def open_artifact(backend: Backend, run_id: str, name: str) -> ArtifactView:
     if found is None:
         names = [a.name for a in listing.items]
         hint = f"its artifacts: {', '.join(names)}" if names else f"run {run_id} left no files"
-        raise NotFound(f"run {run_id} has no artifact '{name}'", hint=hint)
+        raise NotFound(f"run {quoted(run_id)} has no artifact '{quoted(name)}'", hint=hint)
     linked = with_links(backend, run_id, found)
     if not found.scanned:
         backend.read_artifact(run_id, name)  # refuses a key that may not read it, as REST does

@@ -136,7 +136,9 @@ def get_key(ctx: Context, *, key_id: str, caller: Principal) -> ApiKey:
     with session_scope(ctx.engine) as s:
         key = s.get(ApiKey, key_id)
     if key is None:
-        raise NotFound(f"no API key {key_id}", hint=told(act("keys list"), " shows the key ids"))
+        raise NotFound(
+            f"no API key {quoted(key_id)}", hint=told(act("keys list"), " shows the key ids")
+        )
     return key
 
 
@@ -157,7 +159,7 @@ def revoke_key(ctx: Context, *, key_id: str, caller: Principal) -> ApiKey:
         key = s.get(ApiKey, key_id, populate_existing=True)
         if key is None:
             raise NotFound(
-                f"no API key {key_id}", hint=told(act("keys list"), " shows the key ids")
+                f"no API key {quoted(key_id)}", hint=told(act("keys list"), " shows the key ids")
             )
         if key.revoked_at is None:
             key.revoked_at = utcnow()

@@ -143,7 +143,8 @@ def delete_secret(ctx: Context, *, name: str, caller: Principal) -> None:
         row = s.get(Secret, name)
         if row is None:
             raise NotFound(
-                f"no secret named {name}", hint=told(act("secrets list"), " shows the names")
+                f"no secret named {quoted(name)}",
+                hint=told(act("secrets list"), " shows the names"),
             )
         s.delete(row)
 

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from floom import jsonvalues
-from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.errors import Conflict, InvalidRequest, NotFound, quoted
 from floom.hints import Told, act, told
 from floom.manifest.schema import NAME_PATTERN, SECRET_NAME_PATTERN, Manifest, Problem
 from floom.net.egress import CHECKS, EgressRefused, policy_of, resolve_checked_now
@@ -406,7 +406,7 @@ def _check_name(name: Any) -> None:
 
 def _no_channel(name: str) -> NotFound:
     return NotFound(
-        f"no alert channel named {name}", hint=told(act("alerts channels"), " lists them")
+        f"no alert channel named {quoted(name)}", hint=told(act("alerts channels"), " lists them")
     )
 
 

@@ -234,7 +234,7 @@ def get_delivery(ctx: Context, *, delivery_id: str, caller: Principal) -> Delive
         row = s.get(Delivery, delivery_id)
     if row is None:
         raise NotFound(
-            f"no delivery {delivery_id}", hint=told(act("alerts deliveries"), " lists them")
+            f"no delivery {quoted(delivery_id)}", hint=told(act("alerts deliveries"), " lists them")
         )
     return row
 
@@ -249,7 +249,8 @@ def resend(ctx: Context, *, delivery_id: str, caller: Principal) -> Delivery:
         delivery = s.get(Delivery, delivery_id, with_for_update=True)
         if delivery is None:
             raise NotFound(
-                f"no delivery {delivery_id}", hint=told(act("alerts deliveries"), " lists them")
+                f"no delivery {quoted(delivery_id)}",
+                hint=told(act("alerts deliveries"), " lists them"),
             )
         if delivery.status == DeliveryStatus.PENDING:
             raise Conflict(

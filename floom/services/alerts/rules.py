@@ -14,7 +14,7 @@ from sqlmodel import Session, col, select
 
 from floom import jsonvalues
 from floom.cut import cut
-from floom.errors import Conflict, InvalidRequest, NotFound
+from floom.errors import Conflict, InvalidRequest, NotFound, quoted
 from floom.hints import Told, act, told
 from floom.manifest.alerts import RuleSpec, check_rule, worker_rules
 from floom.manifest.schema import NAME_PATTERN, Problem
@@ -157,7 +157,9 @@ def set_enabled(ctx: Context, *, name: str, enabled: Any, caller: Principal) -> 
 
 
 def _no_rule(name: str) -> NotFound:
-    return NotFound(f"no alert rule named {name}", hint=told(act("alerts rules"), " lists them"))
+    return NotFound(
+        f"no alert rule named {quoted(name)}", hint=told(act("alerts rules"), " lists them")
+    )
 
 
 def delete_rule(ctx: Context, *, name: str, caller: Principal) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlmodel import col, select
 
-from floom.errors import InvalidRequest, NotFound
+from floom.errors import InvalidRequest, NotFound, quoted
 from floom.hints import act, told
 from floom.services.access.principal import Principal
 from floom.services.replays import replay as replays
@@ -151,7 +151,9 @@ def get_eval(ctx: Context, *, eval_id: str, caller: Principal) -> Eval:
     with session_scope(ctx.engine) as s:
         row = s.get(Eval, eval_id)
     if row is None:
-        raise NotFound(f"no eval {eval_id}", hint=told(act("eval", worker="WORKER"), " starts one"))
+        raise NotFound(
+            f"no eval {quoted(eval_id)}", hint=told(act("eval", worker="WORKER"), " starts one")
+        )
     return row
 
 

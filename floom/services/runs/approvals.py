@@ -192,7 +192,8 @@ def _get(s: Session, approval_id: str, *, lock: bool = False) -> Approval:
     approval = s.get(Approval, approval_id, with_for_update=lock)
     if approval is None:
         raise NotFound(
-            f"no approval {approval_id}", hint=told(act("approvals"), " lists the pending ones")
+            f"no approval {quoted(approval_id)}",
+            hint=told(act("approvals"), " lists the pending ones"),
         )
     return approval
 

@@ -526,7 +526,7 @@ def run_in_session(s: Session, run_id: str) -> Run:
     """The run, read in the caller's session; NotFound when there is none."""
     run = s.get(Run, run_id)
     if run is None:
-        raise NotFound(f"no run {run_id}", hint=told(act("runs"), " lists recent runs"))
+        raise NotFound(f"no run {quoted(run_id)}", hint=told(act("runs"), " lists recent runs"))
     return run
 
 
@@ -536,7 +536,7 @@ def peek_run(s: Reader, run_id: str) -> Run:
     (~250 us less per read; waits read runs often). NotFound when there is none."""
     row = RUN_BY_ID.first(s, {"id": run_id})
     if row is None:
-        raise NotFound(f"no run {run_id}", hint=told(act("runs"), " lists recent runs"))
+        raise NotFound(f"no run {quoted(run_id)}", hint=told(act("runs"), " lists recent runs"))
     return trusted_row(Run, row)
 
 

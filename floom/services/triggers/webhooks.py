@@ -529,7 +529,7 @@ def get_delivery(ctx: Context, *, delivery_id: str, caller: principal.Principal)
         delivery = s.get(WebhookDelivery, delivery_id)
     if delivery is None:
         raise NotFound(
-            f"no delivery {delivery_id}",
+            f"no delivery {quoted(delivery_id)}",
             hint=told(act("deliveries", worker="WORKER"), " lists a worker's"),
         )
     return delivery

@@ -130,9 +130,23 @@ def test_a_megabyte_id_a_caller_sends_is_quoted_back_cut(
         message = resp.json()["error"]["message"]
         assert "v" * errors.QUOTED_MOST + "..." in message
         assert len(resp.text) < 2000
-    resp = api.get(f"/api/v1/handoffs/jobs/{'j' * 20_000}")
-    assert resp.status_code == 404, resp.text[:300]
-    assert len(resp.text) < 2000
+    # And ids in a path: a run, key, eval, alert rule, channel or secret no one has.
+    for method, path in (
+        ("GET", "/api/v1/handoffs/jobs/{}"),
+        ("GET", "/api/v1/runs/{}"),
+        ("GET", "/api/v1/runs/{}/logs"),
+        ("DELETE", "/api/v1/keys/{}"),
+        ("GET", "/api/v1/evals/{}"),
+        ("DELETE", "/api/v1/alerts/rules/{}"),
+        ("DELETE", "/api/v1/alerts/channels/{}"),
+        ("DELETE", "/api/v1/secrets/{}"),
+        ("GET", "/api/v1/approvals/{}"),
+        ("GET", "/api/v1/alerts/deliveries/{}"),
+        ("GET", "/api/v1/deliveries/{}"),
+    ):
+        resp = api.request(method, path.format("j" * 20_000))
+        assert resp.status_code in (400, 404), (path, resp.text[:300])
+        assert len(resp.text) < 2000, (path, resp.text[:300])
     # Refused names too: a role name of 200,000 characters was answered back whole in its
     # 400, a secret name of 20,000 in the path likewise.
     for method, path, body in (
