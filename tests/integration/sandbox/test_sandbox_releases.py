@@ -97,7 +97,9 @@ def test_the_next_run_goes_on_while_the_last_one_s_release_is_pending_and_its_ui
 
 
 def test_closing_the_sandbox_finishes_the_releases_still_pending(tmp_path: Path) -> None:
-    with cold_or_warm("warm", tmp_path) as sandbox:
+    # On uids of its own: a uid given back is another test's to take at once (the suite's
+    # other worker runs sandboxes too), and its processes are not this run's leftovers.
+    with on_a_range_of(6, DEFAULT_UID_BASE + 840, "warm", tmp_path) as sandbox:
         local = local_of(sandbox)
         uids = uids_of(local)
         run_uid(sandbox, tmp_path / "root")  # the pool is warm now
