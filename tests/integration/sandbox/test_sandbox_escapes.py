@@ -97,6 +97,21 @@ def zombie_children() -> list[int]:
     ]
 
 
+def _named(pids: list[int]) -> list[str]:
+    """Each zombie as its pid and command, and its uid (a run's, or floom's own): what a
+    failure says, so that it tells a run's reporter from a warm interpreter."""
+    named = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            comm, uid = "?", -1
+        named.append(f"{pid} {comm} uid {uid}")
+    return named
+
+
 @pytest.fixture
 def as_pid_one() -> Iterator[None]:
     """This process as floom is when it is its container's pid 1 (no init): the subreaper
@@ -140,7 +155,7 @@ def test_a_run_leaves_floom_no_zombie_when_floom_is_its_container_s_pid_one(
         result, lines = run(sandbox, tmp_path, "print('hello')")
         assert result.exit_code == 0, lines
 
-    assert zombie_children() == []
+    assert zombie_children() == [], _named(zombie_children())
 
 
 WAIT_FOR_GO = """
@@ -176,4 +191,4 @@ def test_a_warm_run_whose_warm_process_died_leaves_floom_no_zombie(
     finally:
         warm.close()
 
-    assert zombie_children() == []
+    assert zombie_children() == [], _named(zombie_children())
