@@ -8,7 +8,8 @@ Two workers, each as the bare-bubblewrap floor (bench/floor.py: floom's own sand
 line, replayed), as floom's cold run and as floom's warm run, on one `floom serve` on
 SQLite: workers/hello, and bench/heavy (hello after importing crypto, YAML, JWT, HTTP, XML,
 asyncio and the like, which the sandbox's own Python has). Latency is measured in
-interleaved rounds; throughput with 4 clients and in a burst; CPU a run over sequential
+interleaved rounds; throughput with 4 clients and in a burst, in rounds whose order of
+systems turns (`--rate-rounds`, each round's ratio printed); CPU a run over sequential
 runs of one system alone, counted for the bench's own process tree (a cpuacct cgroup of its
 own: client, server, warm processes and sandboxes, not other sessions' load; the floor has
 no server). It prints figures as ratios to the floor measured in
@@ -288,6 +289,66 @@ class Meter:
         )
 
 
+def measure_rates(
+    systems: dict[str, Any],
+    meter: Meter,
+    args: argparse.Namespace,
+    phases: list[str],
+    sample: Path | None,
+) -> tuple[dict[str, dict[str, tuple[float, float, float]]], dict[str, dict[str, list[float]]]]:
+    """Runs/s, CPU ms a run and server CPU ms a run of each throughput system and phase
+    ("4" clients, "burst"), over `--rate-rounds` rounds; and each round's ratio to the floor.
+    The systems' order turns each round, so that a drift of the machine's speed (a VM's
+    neighbours) falls on floor and floom alike."""
+    totals: dict[str, dict[str, list[float]]] = {}  # runs, seconds, tree, server
+    ratios: dict[str, dict[str, list[float]]] = {}
+    rate_systems = [n for n in THROUGHPUT_SYSTEMS if n in systems]
+    kinds = [k for k, phase in (("4", "clients"), ("burst", "burst")) if phase in phases]
+    if rate_systems and kinds:
+        say(
+            f"throughput: {args.rate_rounds} rounds of {CLIENTS} clients x "
+            f"{args.per_client} and a burst of {args.burst}, the order turning ..."
+        )
+    for i in range(args.rate_rounds):
+        turned = rate_systems[i % len(rate_systems) :] + rate_systems[: i % len(rate_systems)]
+        this_round: dict[str, dict[str, float]] = {}
+        for name in turned:
+            system = systems[name]
+            for kind in kinds:
+                if kind == "4":
+                    runs = CLIENTS * args.per_client
+                    seconds, tree, serving = meter.measure(
+                        lambda system=system: throughput(system, args.per_client), runs
+                    )
+                else:
+                    runs = args.burst
+                    # hello warm's burst (hello cold's where warm does not run), once
+                    sampled_name = "hello warm" if "hello warm" in systems else "hello cold"
+                    sampling = sample is not None and name == sampled_name and i == 0
+                    with sampled(sample if sampling else None):
+                        seconds, tree, serving = meter.measure(
+                            lambda system=system: system.burst(args.burst), runs
+                        )
+                total = totals.setdefault(name, {}).setdefault(kind, [0.0, 0.0, 0.0, 0.0])
+                for j, value in enumerate((runs, seconds, tree * runs, serving * runs)):
+                    total[j] += value
+                this_round.setdefault(name, {})[kind] = runs / seconds
+        for name in turned:
+            for kind in kinds:
+                floor = this_round["floor hello"][kind] if "floor hello" in this_round else 0
+                if floor:
+                    per = ratios.setdefault(name, {}).setdefault(kind, [])
+                    per.append(this_round[name][kind] / floor)
+    rates: dict[str, dict[str, tuple[float, float, float]]] = {
+        name: {
+            kind: (runs / seconds, tree / runs, serving / runs)
+            for kind, (runs, seconds, tree, serving) in by_kind.items()
+        }
+        for name, by_kind in totals.items()
+    }
+    return rates, ratios
+
+
 def parse_only(text: str | None) -> tuple[list[str], list[str]]:
     """`--only`'s parts and phases; an empty kind means all of it."""
     names = [n.strip() for n in (text or "").split(",") if n.strip()]
@@ -344,6 +405,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-client", type=int, default=15, help="runs per client loop")
     parser.add_argument("--burst", type=int, default=100, help="runs queued at once")
     parser.add_argument("--cpu-runs", type=int, default=20, help="sequential runs for CPU")
+    parser.add_argument(
+        "--rate-rounds",
+        type=int,
+        default=3,
+        help="throughput rounds, each running every system once in a turning order (default 3)",
+    )
     parser.add_argument(
         "--only",
         metavar="PARTS",
@@ -440,31 +507,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 cpu[name] = (tree, serving)
             say(f"(CPU counted: {own.what})")
-        rates: dict[str, dict[str, tuple[float, float, float]]] = {}
-        for name in (n for n in THROUGHPUT_SYSTEMS if n in systems):
-            system = systems[name]
-            rates[name] = {}
-            if "clients" in phases:
-                say(f"throughput of {name}: {CLIENTS} clients x {args.per_client}")
-                runs = CLIENTS * args.per_client
-                seconds, tree, serving = meter.measure(
-                    lambda system=system: throughput(system, args.per_client), runs
-                )
-                rates[name]["4"] = (runs / seconds, tree, serving)
-            if "burst" in phases:
-                say(f"throughput of {name}: burst {args.burst}")
-                # hello warm's burst, or hello cold's where warm does not run (--only cold)
-                sampled_name = "hello warm" if "hello warm" in systems else "hello cold"
-                sampling = sample is not None and name == sampled_name
-                with sampled(sample if sampling else None):
-                    seconds, tree, serving = meter.measure(
-                        lambda system=system: system.burst(args.burst), args.burst
-                    )
-                rates[name]["burst"] = (args.burst / seconds, tree, serving)
+        rates, ratios = measure_rates(systems, meter, args, phases, sample)
         warm1 = warm_stats(server)
         bad = {runner.name: runner.bad_logs() for runner in runners}
         total = {runner.name: len(runner.run_ids) for runner in runners}
-        report(lat, cpu, rates, warm0, warm1, bad, total)
+        report(lat, cpu, rates, ratios, warm0, warm1, bad, total)
     finally:
         for runner in runners:
             runner.close()
@@ -479,6 +526,7 @@ def report(
     lat: dict[str, list[float]],
     cpu: dict[str, tuple[float, float]],
     rates: dict[str, dict[str, tuple[float, float, float]]],
+    ratios: dict[str, dict[str, list[float]]],
     warm0: dict[str, Any],
     warm1: dict[str, Any],
     bad: dict[str, int],
@@ -521,9 +569,15 @@ def report(
                 continue
             rate, tree, serving = r[kind]
             server_part = "" if "floor" in name else f", server {serving:.1f} ms"
+            per_round = ratios.get(name, {}).get(kind, [])
+            spread = (
+                f", rounds {min(per_round):.2f}x to {max(per_round):.2f}x"
+                if len(per_round) > 1 and "floor" not in name
+                else ""
+            )
             say(
-                f"{name}: {rate:.1f} runs/s {label} ({rate / floor_rates[kind][0]:.2f}x); "
-                f"CPU a run {tree:.1f} ms{server_part}"
+                f"{name}: {rate:.1f} runs/s {label} ({rate / floor_rates[kind][0]:.2f}x"
+                f"{spread}); CPU a run {tree:.1f} ms{server_part}"
             )
     hits = warm1.get("hits", 0) - warm0.get("hits", 0)
     misses = warm1.get("misses", 0) - warm0.get("misses", 0)
