@@ -9,7 +9,9 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import shutil
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,3 +194,58 @@ def test_a_warm_run_whose_warm_process_died_leaves_floom_no_zombie(
         warm.close()
 
     assert zombie_children() == [], _named(zombie_children())
+
+
+def test_a_warm_process_ending_after_its_runs_leaves_floom_no_zombie_when_bubblewrap_ends_first(
+    tmp_path: Path, as_pid_one: None
+) -> None:
+    """A warm process closed with a run in flight ends on its own after it, a thread reaping
+    its bubblewrap; should bubblewrap end first (killed, or the thread that started it ended:
+    its parent-death signal), the kernel hands the namespace's pid 1 to floom and kills it.
+    That thread reaped bubblewrap only, and a warm sandbox's close that came later found
+    nothing left to end: pid 1 stayed floom's zombie (the warm-process-died case above failed
+    so, once, under load: its pool's thread, bubblewrap's parent, ended as the sandbox
+    closed)."""
+    (tmp_path / "root").mkdir()
+    warm = WarmedLocal(LocalSandbox(), tmp_path / "root")
+    runner: threading.Thread | None = None
+    try:
+        spec = warm_script_spec(warm.work_root, WAIT_FOR_GO)
+        key = warm.warm_up(spec)
+        process = warm.pools.process_of(key)
+        assert process is not None
+        started = threading.Event()
+        ended: list[object] = []
+
+        def on_line(stream: str, line: str) -> None:
+            if line == "started":
+                started.set()
+
+        def run_it() -> None:
+            try:
+                ended.append(warm.run(spec, on_line=on_line, should_cancel=lambda: False))
+            except Exception as exc:  # the run is killed with its namespace: either way
+                ended.append(exc)
+
+        runner = threading.Thread(target=run_it)
+        runner.start()
+        assert started.wait(30.0)
+        init = os.pidfd_open(process.init_pid)
+        try:
+            before = set(threading.enumerate())
+            process.close()  # a run in flight: it ends on its own after it
+            (reaper,) = [
+                t for t in set(threading.enumerate()) - before if t.name == "floom-warm-reap"
+            ]
+            os.kill(process.proc.pid, signal.SIGKILL)  # bubblewrap ends first
+            assert select.select([init], [], [], 30.0)[0], "pid 1 outlived its bubblewrap"
+        finally:
+            os.close(init)
+        reaper.join(30.0)
+        assert not reaper.is_alive()
+
+        assert zombie_children() == [], _named(zombie_children())
+    finally:
+        if runner is not None:
+            runner.join(60.0)
+        warm.close()

@@ -57,10 +57,16 @@ MAX_MESSAGE: Final = 65536
 START_SECONDS: Final = 30.0
 """How long a warm process may take to import its modules and say it is ready."""
 REPLY_SECONDS: Final = 5.0
+"""How long a child may take to answer one request (prepare, set up) before it is dropped."""
 REAP_WAIT_SECONDS: Final = 1.0
 """How long freeing a child waits for its processes, killed already, to exit, to reap those
 that were handed to floom (procfs.reap_if_ours)."""
-"""How long a child may take to answer one request (prepare, set up) before it is dropped."""
+KILLED_INIT_SECONDS: Final = 10.0
+"""How long ending a warm process waits, once its bubblewrap is reaped, for its PID
+namespace's pid 1 to exit, to reap it should it have been handed to floom: by then it has
+exited with bubblewrap, or was killed by its parent-death signal (the kernel hands it over
+before it sends that), so it exits; the bound only keeps a stuck kernel from holding a
+node's stop."""
 WARM_MARK: Final = "floom-warm:"
 """Starts the word of a warm process's command line that names its owner (kill_orphans)."""
 CAPABILITIES: Final = (  # in its own user namespace, none on the host
@@ -454,17 +460,16 @@ class WarmProcess:
         kills it at once, and with its PID namespace every run in it."""
         if now or not self._has_children():
             _end(self.proc, self.control)
-            # Killed with its bubblewrap: where bubblewrap ended first, the kernel handed the
-            # namespace's pid 1 to floom (when floom reaps orphans: its container's pid 1).
-            procfs.reap_if_ours(self.init_pidfd, REAP_WAIT_SECONDS)
-            _release_when_ended(self.lease, self.init_pidfd)
+            _namespace_ended(self.init_pidfd, self.lease)
             return
         self.control.close()
+        reaper = threading.Thread(
+            target=_reap, args=(self.proc,), name="floom-warm-reap", daemon=True
+        )
         with _closing_lock:
             _closing[self.proc] = (os.dup(self.init_pidfd), self.lease)
-        threading.Thread(
-            target=_reap, args=(self.proc,), name="floom-warm-reap", daemon=True
-        ).start()
+            _reapers[self.proc] = reaper
+        reaper.start()
 
 
 @dataclass(eq=False)
@@ -636,38 +641,64 @@ _closing: dict[subprocess.Popen[bytes], tuple[int, UidLease]] = {}
 """The bubblewraps of warm processes closed and ending on their own after their runs, with a
 pidfd of their PID namespace's pid 1 each and the lease of their user namespace's root
 (closed and given back by whichever of `_reap` and `end_closing` takes them out)."""
+_reapers: dict[subprocess.Popen[bytes], threading.Thread] = {}
+"""The threads reaping those (`_reap`), until each is done: `end_closing` waits for them."""
 _closing_lock = threading.Lock()
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
-    proc.wait()
-    with _closing_lock:
-        init_pidfd, lease = _closing.pop(proc, (-1, None))
-    if lease is not None:
-        _release_when_ended(lease, init_pidfd)
-    _close_quietly(init_pidfd)
-    if proc.stderr is not None:
-        with contextlib.suppress(OSError):
-            proc.stderr.close()
+    try:
+        proc.wait()
+        with _closing_lock:
+            init_pidfd, lease = _closing.pop(proc, (-1, None))
+        if lease is not None:
+            _namespace_ended(init_pidfd, lease)
+            _close_quietly(init_pidfd)
+        if proc.stderr is not None:
+            with contextlib.suppress(OSError):
+                proc.stderr.close()
+    finally:
+        with _closing_lock:
+            _reapers.pop(proc, None)
+
+
+def _namespace_ended(init_pidfd: int, lease: UidLease) -> None:
+    """After a warm process's bubblewrap was reaped: its PID namespace's pid 1 was reaped by
+    bubblewrap, or, where bubblewrap ended first (killed, or the thread that started it
+    ended: its parent-death signal), handed to floom when floom reaps orphans (its
+    container's pid 1) and killed: reaped here then, not left a zombie. Then the uid is
+    given back."""
+    procfs.reap_if_ours(init_pidfd, KILLED_INIT_SECONDS)
+    _release_when_ended(lease, init_pidfd)
 
 
 def end_closing(token: str) -> None:
     """Kill now, and reap, the warm processes whose owner marker ends with `token` that were
-    closed and are still ending on their own (the node stops)."""
+    closed and are still ending on their own (the node stops); returns once those a reaping
+    thread took out are reaped too."""
     with _closing_lock:
         procs = [
             (p, _closing.pop(p))
             for p in list(_closing)
             if str(p.args[-1]).endswith(token)  # type: ignore[index]
         ]
+        reapers = [
+            t
+            for p, t in _reapers.items()
+            if str(p.args[-1]).endswith(token)  # type: ignore[index]
+        ]
     for proc, (init_pidfd, lease) in procs:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, 9)
         proc.wait()
-        # As in WarmProcess.close: pid 1 is handed to floom if bubblewrap ended first.
-        procfs.reap_if_ours(init_pidfd, REAP_WAIT_SECONDS)
-        _release_when_ended(lease, init_pidfd)
+        _namespace_ended(init_pidfd, lease)
         os.close(init_pidfd)
+    # Those a reaping thread took out are being ended by it: each is past its bubblewrap's
+    # wait (or that bubblewrap was reaped just above), so it ends within its bounded waits.
+    for reaper in reapers:
+        reaper.join(KILLED_INIT_SECONDS + 2 * REAP_WAIT_SECONDS)
+        if reaper.is_alive():
+            log.warning("a warm process's reaping thread did not end in time")
 
 
 def _child_pidfd(proc: subprocess.Popen[bytes], info_r: int) -> int:
