@@ -59,29 +59,23 @@ _PF_EXITING: Final = 0x4
 
 def exit_begun(init_pid: int, tasks: Callable[[], set[int] | None]) -> int | None:
     """The wait status of `init_pid` once it has begun its exit and let go of its address
-    space, while every other task of its run (`tasks()`: the thread ids of the run's
-    cgroup, read before and after) has begun its exit too; else None. From then on no code
-    of the run runs and no system call of it is under way (a task in its exit never returns
-    to user space), though the kernel may take milliseconds more to tear the address space
-    and the namespaces down before a pidfd of `init_pid` says it ended. The kernel sets a
-    task's exit status before it lets go of its address space (do_exit: exit_code, then
-    exit_mm), so once the size reads 0 the status is the one waitpid will report. The
-    caller must check that `init_pid` had not ended when this returned (its pid could be
-    another's then)."""
+    space, alone in its run (`tasks()`: the thread ids of the run's cgroup, read after
+    that, hold no other); else None. From then on no code of the run runs and no system
+    call of it is under way (a task in its exit never returns to user space), though the
+    kernel may take milliseconds more to tear the address space and the namespaces down
+    before a pidfd of `init_pid` says it ended. The kernel sets a task's exit status before
+    it lets go of its address space (do_exit: exit_code, then exit_mm), so once the size
+    reads 0 the status is the one waitpid will report. A run with any other task left (a
+    thread, a child, even one being killed) is not ended here: its pid 1's end ends them
+    all. The caller must check that `init_pid` had not ended when this returned (its pid
+    could be another's then)."""
     init = _stat(init_pid)
     if init is None or not _exiting(init) or int(init[_VSIZE]) != 0:
         return None
-    # Read after pid 1 had begun its exit: what it forked before is in the cgroup by then.
-    before = tasks()
-    if before is None:
-        return None
-    for tid in before - {init_pid}:
-        fields = _stat(tid)
-        if fields is not None and not _exiting(fields):
-            return None  # (a task gone since has ended: nothing of it runs)
-    # And what those forked before they began theirs.
-    after = tasks()
-    if after is None or not after <= before:
+    # Read after pid 1 had begun its exit (it forks nothing more): whatever it forked
+    # before is in the cgroup, or has left it at its own exit.
+    left = tasks()
+    if left is None or not left <= {init_pid}:
         return None
     return int(init[_EXIT_CODE])
 

@@ -570,7 +570,7 @@ def test_a_warm_run_ends_once_its_pid_1_has_begun_its_exit_not_once_that_exit_is
         status = procfs.exit_begun(init_pid, lambda: {init_pid})
         assert status is not None
         assert os.waitstatus_to_exitcode(status) == 7
-        # Not while another task of the run could still run (this one, say).
+        # Not while another task of the run is there (this one, say), nor for one that runs.
         assert procfs.exit_begun(init_pid, lambda: {init_pid, os.getpid()}) is None
         assert procfs.exit_begun(os.getpid(), lambda: {os.getpid()}) is None
     finally:
@@ -854,7 +854,9 @@ def test_the_warm_process_sees_no_process_of_the_host_nor_of_another_sandbox(
     assert int(caps["CapEff"], 16) == int(caps["CapPrm"], 16) == 0, caps
     # Its own /proc (read through its root): the processes of its namespace, each a fork of
     # the warm interpreter; the host's (this test's, floom's, any other sandbox's) are not
-    # there to signal, trace, or reach the root of.
+    # there to signal, trace, or reach the root of. (Once the run's release is over: the
+    # run ended as its pid 1 began its exit, and a task in its exit has no command line.)
+    assert warm.local.releases.drain(10.0)
     seen = Path(f"/proc/{process.pid}/root/proc")
     commands = []
     for entry in os.listdir(seen):

@@ -230,13 +230,14 @@ class _Supervision:
 
     Where floom reads pid 1's status from its pidfd, the run ends as soon as nothing of it
     can run any more, not once the kernel has torn it down: pid 1 closes its output just
-    before it exits (inside.py `_finish`), and once its output has ended, pid 1 has begun
-    its exit and every other task of the run's cgroup too (procfs.exit_begun), its status
-    is the run's. No code of the run runs from then on, and no system call of it is under
-    way, so its output, work dir and output dir are what they will stay; the teardown of
-    pid 1's address space and namespaces (1-3 ms, more for a worker that imports much) is
-    left to the run's release, which removes its cgroup only once every process of it has
-    gone."""
+    before it exits (inside.py `_finish`), and once its output has ended and pid 1 has
+    begun its exit, alone in the run's cgroup (procfs.exit_begun), its status is the run's.
+    No code of the run runs from then on, and no system call of it is under way, so its
+    output, work dir and output dir are what they will stay; the teardown of pid 1's
+    address space and namespaces (1-3 ms, more for a worker that imports much) is left to
+    the run's release, which removes its cgroup only once pid 1 has gone. A run that left
+    any other process or thread is waited for as before, until pid 1's end has ended them
+    all."""
 
     def __init__(self, child: PreparedChild, on_line: LineSink) -> None:
         self.child = child
@@ -263,9 +264,9 @@ class _Supervision:
                 open_fds.discard(init)
 
     def exit_begun(self) -> int | None:
-        """pid 1's wait status once its exit has begun with nothing else of the run left
-        running, waiting for that up to EXIT_BEGIN_SECONDS; None when it did not come, or
-        where a reporter (the older kernels' way) or no cgroup is there to tell."""
+        """pid 1's wait status once its exit has begun with nothing else of the run left,
+        waiting for that up to EXIT_BEGIN_SECONDS; None when it did not come, or where a
+        reporter (the older kernels' way) or no cgroup is there to tell."""
         child = self.child
         if child.reports or child.cgroup is None:
             return None
