@@ -144,6 +144,17 @@ class RunCgroup:
                 found.update(int(p) for p in _read(f"{path}/cgroup.procs").split())
         return found
 
+    def tasks(self) -> set[int] | None:
+        """The thread ids of every task in the cgroup (`cgroup.threads` on v2, `tasks` on
+        v1, where each hierarchy holds the same), or None when they cannot be read."""
+        if not self._paths:
+            return None
+        name = "cgroup.threads" if self.version == 2 else "tasks"
+        try:
+            return {int(tid) for tid in _read(f"{self._paths[0]}/{name}").split()}
+        except (OSError, ValueError):
+            return None
+
     def kill_all(self, timeout: float = KILL_WAIT_SECONDS) -> bool:
         """SIGKILL everything in the cgroup until it is empty; False when it was still not
         empty after `timeout` seconds."""

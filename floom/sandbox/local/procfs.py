@@ -14,11 +14,14 @@ import contextlib
 import errno
 import os
 import select
+from collections.abc import Callable
 from typing import Final
 
 # /proc/<pid>/stat fields after the command name, counted from field 3 (the state).
 _STATE: Final = 0
 _PPID: Final = 1
+_FLAGS: Final = 6  # field 9: the kernel's PF_* flags
+_VSIZE: Final = 20  # field 23: the address space's size, 0 once the task let go of it
 _EXIT_CODE: Final = 49  # field 52: the status waitpid would report, since Linux 3.5
 
 
@@ -48,6 +51,37 @@ def zombie_status(pid: int) -> int | None:
     if fields is None or fields[_STATE] != "Z" or len(fields) <= _EXIT_CODE:
         return None
     return int(fields[_EXIT_CODE])
+
+
+_PF_EXITING: Final = 0x4
+"""include/linux/sched.h: set as a task enters its exit, before anything of it is torn down."""
+
+
+def exit_begun(init_pid: int, tasks: Callable[[], set[int] | None]) -> int | None:
+    """The wait status of `init_pid` once it has begun its exit and let go of its address
+    space, alone in its run (`tasks()`: the thread ids of the run's cgroup, read after
+    that, hold no other); else None. From then on no code of the run runs and no system
+    call of it is under way (a task in its exit never returns to user space), though the
+    kernel may take milliseconds more to tear the address space and the namespaces down
+    before a pidfd of `init_pid` says it ended. The kernel sets a task's exit status before
+    it lets go of its address space (do_exit: exit_code, then exit_mm), so once the size
+    reads 0 the status is the one waitpid will report. A run with any other task left (a
+    thread, a child, even one being killed) is not ended here: its pid 1's end ends them
+    all. The caller must check that `init_pid` had not ended when this returned (its pid
+    could be another's then)."""
+    init = _stat(init_pid)
+    if init is None or not _exiting(init) or int(init[_VSIZE]) != 0:
+        return None
+    # Read after pid 1 had begun its exit (it forks nothing more): whatever it forked
+    # before is in the cgroup, or has left it at its own exit.
+    left = tasks()
+    if left is None or not left <= {init_pid}:
+        return None
+    return int(init[_EXIT_CODE])
+
+
+def _exiting(fields: list[str]) -> bool:
+    return len(fields) > _EXIT_CODE and bool(int(fields[_FLAGS]) & _PF_EXITING)
 
 
 def _command_of(init_pid: int) -> int | None:

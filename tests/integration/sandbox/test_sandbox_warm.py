@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -512,6 +514,103 @@ def test_a_warm_run_is_its_warm_process_s_own_child_and_its_exit_code_is_kept(
     assert ended[0].exit_code == 7
 
 
+HOLD_EXIT = """
+import ctypes, os, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+namespace = os.open(f"/proc/{sys.argv[1]}/ns/pid", os.O_RDONLY)
+assert libc.setns(namespace, 0x20000000) == 0, os.strerror(ctypes.get_errno())  # CLONE_NEWPID
+pid = os.fork()
+if pid == 0:
+    while True:
+        signal.pause()  # until its namespace's pid 1 ends, which kills it
+print(pid, flush=True)
+sys.stdin.read()  # reaped only once told: the namespace's pid 1 ends only then
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.skipif(not pidfd_exit_supported(), reason="the kernel keeps no exit status for pidfds")
+def test_a_warm_run_ends_once_its_pid_1_has_begun_its_exit_not_once_that_exit_is_over(
+    warm: WarmedLocal,
+) -> None:
+    # The kernel's teardown of pid 1 (its address space, its namespaces: 1-3 ms) is held
+    # here for as long as the test likes: a PID namespace's pid 1 ends only once every
+    # process of its namespace has been reaped, and this test puts one there whose parent,
+    # outside, reaps it only when told.
+    spec = warm_script_spec(warm.work_root, SLEEP_THEN_WRITE + "raise SystemExit(7)\n")
+    key = warm.warm_up(spec)
+    process = warm.pools.process_of(key)
+    assert process is not None
+    started = threading.Event()
+    lines: Lines = []
+    ended: list[SandboxResult] = []
+
+    def on_line(stream: str, line: str) -> None:
+        lines.append((stream, line))
+        if line == "started":
+            started.set()
+
+    thread = threading.Thread(
+        target=lambda: ended.append(warm.run(spec, on_line=on_line, should_cancel=bool))
+    )
+    thread.start()
+    holder: subprocess.Popen[str] | None = None
+    try:
+        assert started.wait(20)
+        root = str(process.lease.uid)  # prepared children are still its namespace's root
+        [init_pid] = [
+            int(s["Pid"]) for s in _warm_children(process.pid) if s["Uid"].split()[0] != root
+        ]
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_EXIT, str(init_pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip()
+        (spec.workdir / "go").write_text("")
+        wait_until(lambda: ended, timeout=20.0)
+        assert ended[0].exit_code == 7, lines
+        assert json.loads((spec.workdir / "result.json").read_text())["outputs"]["survived"]
+        # Its pid 1 was still in its exit: nothing of the run ran any more.
+        status = procfs.exit_begun(init_pid, lambda: {init_pid})
+        assert status is not None
+        assert os.waitstatus_to_exitcode(status) == 7
+        # Not while another task of the run is there (this one, say), nor for one that runs.
+        assert procfs.exit_begun(init_pid, lambda: {init_pid, os.getpid()}) is None
+        assert procfs.exit_begun(os.getpid(), lambda: {os.getpid()}) is None
+    finally:
+        if holder is not None:
+            holder.communicate(timeout=30)
+        thread.join(30)
+
+
+def test_a_warm_run_s_pid_1_ends_its_output_before_it_exits(tmp_path: Path) -> None:
+    # What floom waits for before it reads pid 1's status (runs.py `_Supervision`): its
+    # output's end, just before its exit, not the descriptors' close by the exit itself.
+    source = INSIDE.read_text()
+    end = "        _exit(code)\n\n\ndef _write_record("
+    assert end in source
+    seen = (
+        "        try:\n"
+        "            os.fstat(1)\n"
+        "            _said = 'open'\n"
+        "        except OSError:\n"
+        "            _said = 'closed'\n"
+        "        with open('/output/stdout', 'w') as _f:\n"
+        "            _f.write(_said)\n"
+    )
+    warm = warmed_from(tmp_path, source.replace(end, seen + end))
+    try:
+        result, lines, spec = run(warm, 'print("hello")')
+        assert result.exit_code == 0, lines
+        assert lines == [("stdout", "hello")]
+        assert (spec.output_dir / "stdout").read_text() == "closed"
+    finally:
+        warm.close()
+
+
 def _adopted(known: set[int]) -> list[int]:
     """This process's children not in `known`: once its sandbox is closed (which waits for
     the bubblewraps it started), what it adopted (runs, a warm process's own bubblewrap)."""
@@ -762,7 +861,9 @@ def test_the_warm_process_sees_no_process_of_the_host_nor_of_another_sandbox(
     assert int(caps["CapEff"], 16) == int(caps["CapPrm"], 16) == 0, caps
     # Its own /proc (read through its root): the processes of its namespace, each a fork of
     # the warm interpreter; the host's (this test's, floom's, any other sandbox's) are not
-    # there to signal, trace, or reach the root of.
+    # there to signal, trace, or reach the root of. (Once the run's release is over: the
+    # run ended as its pid 1 began its exit, and a task in its exit has no command line.)
+    assert warm.local.releases.drain(10.0)
     seen = Path(f"/proc/{process.pid}/root/proc")
     commands = []
     for entry in os.listdir(seen):

@@ -15,9 +15,11 @@ mappings private and waits for the run. When the run arrives, pid 1 mounts the r
 (and resizes /tmp and /dev/shm to the run's memory limit should it differ), drops to
 the run's uid without capabilities, sets no_new_privs and the seccomp filter, and only then
 reads the run's environment and runs its script. floom reads pid 1's exit status from its
-pidfd (Linux 6.15+); on older kernels (`direct` false) the child stays outside the run's
-PID namespace instead, forks pid 1, reaps it and reports its status. Every pid floom needs
-it gets as a pidfd (SCM_RIGHTS): no pid of the warm namespace means anything on the host.
+pidfd (Linux 6.15+), or sooner from /proc once pid 1, alone in its run, has ended its
+output and begun its exit (runs.py `_Supervision`); on older kernels (`direct` false) the
+child stays outside the run's PID namespace instead, forks pid 1, reaps it and reports its
+status. Every pid floom needs it gets as a pidfd (SCM_RIGHTS): no pid of the warm
+namespace means anything on the host.
 
 `python3 -c SOURCE record run.py ...` runs a script as a cold run does and writes the
 modules of the Python installation it loaded to RECORD_NAME in its working directory.
@@ -583,7 +585,10 @@ def _exit_code(value: object) -> int:
 def _finish(code: int) -> None:
     """End as the interpreter ends (non-daemon threads waited for, atexit run, streams
     flushed), but without tearing its objects down: in a process forked from a warm one,
-    that would write to (and so copy) every page of the warm process's heap, 30-70 ms."""
+    that would write to (and so copy) every page of the warm process's heap, 30-70 ms.
+    Its output ends before its exit does: floom, seeing it end, reads the exit status as
+    soon as the kernel has it (runs.py `_Supervision`), not once the kernel has torn the
+    process's address space and namespaces down (about 1-3 ms)."""
     try:
         threading._shutdown()  # type: ignore[attr-defined]
         atexit._run_exitfuncs()
@@ -592,6 +597,11 @@ def _finish(code: int) -> None:
             try:
                 stream.flush()
             except (OSError, ValueError):
+                pass
+        for fd in (1, 2):
+            try:
+                os.close(fd)
+            except OSError:
                 pass
         _exit(code)
 

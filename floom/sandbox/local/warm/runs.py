@@ -26,7 +26,7 @@ from floom.sandbox.base import (
     read_only_files,
 )
 from floom.sandbox.fence import node_fence
-from floom.sandbox.local import limits
+from floom.sandbox.local import limits, procfs
 from floom.sandbox.local.disks import RunDisk
 from floom.sandbox.local.identity import OVERLAY_SCRATCH_SUFFIX, SandboxIdentity, share_files
 from floom.sandbox.local.standby import memory_file
@@ -41,6 +41,10 @@ ColdStart = Callable[[LineSink, Callable[[], bool]], SandboxResult]
 SANDBOX_OUTPUT_DIR: Final = "/output"
 REPORTER_EXIT_SECONDS: Final = 1.0
 """How long a run's end waits for pid 1's reporter to exit on its own before it is killed."""
+EXIT_BEGIN_SECONDS: Final = 0.002
+"""How long a run whose output has ended is watched for its pid 1's exit to begin, before
+its end is waited for from pid 1's pidfd (`_Supervision.exit_begun`): pid 1 ends its output
+just before it exits, and a pid 1 that does not exit by then is waited for as before."""
 
 
 class WarmRun(StartedAhead):
@@ -222,7 +226,18 @@ class WarmRun(StartedAhead):
 class _Supervision:
     """Streams a warm run's output and makes sure its whole tree ends. Its pid 1 is the
     script itself: once it has ended, the kernel has ended every process of its namespace,
-    and its parent reports its status on the child's socket."""
+    and its parent reports its status on the child's socket.
+
+    Where floom reads pid 1's status from its pidfd, the run ends as soon as nothing of it
+    can run any more, not once the kernel has torn it down: pid 1 closes its output just
+    before it exits (inside.py `_finish`), and once its output has ended and pid 1 has
+    begun its exit, alone in the run's cgroup (procfs.exit_begun), its status is the run's.
+    No code of the run runs from then on, and no system call of it is under way, so its
+    output, work dir and output dir are what they will stay; the teardown of pid 1's
+    address space and namespaces (1-3 ms, more for a worker that imports much) is left to
+    the run's release, which removes its cgroup only once pid 1 has gone. A run that left
+    any other process or thread is waited for as before, until pid 1's end has ended them
+    all."""
 
     def __init__(self, child: PreparedChild, on_line: LineSink) -> None:
         self.child = child
@@ -230,6 +245,50 @@ class _Supervision:
             child.stdout: LineSplitter("stdout", on_line),
             child.stderr: LineSplitter("stderr", on_line),
         }
+        self.begun_status: int | None = None
+        """pid 1's wait status, read once its exit had begun (`exit_begun`)."""
+
+    def _output_ended(
+        self, fd: int, poller: select.poll, open_fds: set[int], *, watching: bool
+    ) -> None:
+        """`fd`, one of the run's outputs, is at its end: once both are, and pid 1's exit
+        has begun (`begun_status`), pid 1's pidfd is not waited for."""
+        poller.unregister(fd)
+        open_fds.discard(fd)
+        self.readers[fd].flush()
+        init = self.child.init_pidfd
+        if watching and open_fds == {init}:
+            self.begun_status = self.exit_begun()
+            if self.begun_status is not None:
+                poller.unregister(init)
+                open_fds.discard(init)
+
+    def exit_begun(self) -> int | None:
+        """pid 1's wait status once its exit has begun with nothing else of the run left,
+        waiting for that up to EXIT_BEGIN_SECONDS; None when it did not come, or where a
+        reporter (the older kernels' way) or no cgroup is there to tell."""
+        child = self.child
+        if child.reports or child.cgroup is None:
+            return None
+        tasks = child.cgroup.tasks
+        deadline = time.monotonic() + EXIT_BEGIN_SECONDS
+        pause = 0.0
+        while True:
+            status = procfs.exit_begun(child.init_pid, tasks)
+            if select.select([child.init_pidfd], [], [], 0)[0]:
+                return None  # it has ended already: its pidfd says how
+            if status is not None:
+                return status  # and pid 1 had not ended: its pid was no other's
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if pause == 0.0:
+                # Its output's end woke this thread, maybe on pid 1's own CPU.
+                os.sched_yield()
+                pause = 0.00005
+            else:
+                select.select([child.init_pidfd], [], [], min(left, pause))
+                pause *= 2
 
     def supervise(
         self,
@@ -282,9 +341,7 @@ class _Supervision:
                 elif data := os.read(fd, 65536):
                     self.readers[fd].feed(data)
                 else:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                    self.readers[fd].flush()
+                    self._output_ended(fd, poller, open_fds, watching=watching)
         if outcome == "timed_out":
             return SandboxResult(exit_code=None, timed_out=True)
         if outcome == "cancelled":
@@ -305,8 +362,10 @@ class _Supervision:
         signal N); killed, as a shell would say, when that parent was killed before it
         could report."""
         killed = 128 + signal.SIGKILL
-        if not self.child.reports:
-            status: object = self.child.init_status(KILL_WAIT_SECONDS)
+        if self.begun_status is not None:
+            status: object = self.begun_status
+        elif not self.child.reports:
+            status = self.child.init_status(KILL_WAIT_SECONDS)
         else:
             try:
                 message = self.child.answer(KILL_WAIT_SECONDS)
