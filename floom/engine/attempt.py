@@ -4,6 +4,7 @@ sandbox, the judge of what the script left, and the collection of its artifacts.
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import threading
@@ -24,6 +25,7 @@ from floom.errors import FloomError, RunErrorCode, run_error_code
 from floom.hints import act, told
 from floom.hints import cli as cli_hints
 from floom.sandbox import e2b_api_key
+from floom.sandbox.base import SandboxUnavailable
 from floom.sandbox.fence import fence_key
 from floom.services.access import secrets as secret_service
 from floom.services.access.secrets import Redactor
@@ -40,7 +42,6 @@ if TYPE_CHECKING:
         SandboxResult,
         SandboxSession,
         SandboxSpec,
-        SandboxUnavailable,
         StartedAhead,
     )
     from floom.services.context import Context
@@ -97,21 +98,72 @@ def cancelled_outcome() -> Outcome:
     )
 
 
+# The folder under the data dir that holds each version's files, unpacked once per node.
+VERSIONS_DIR = "versions"
+UNPACKING = ".tmp"
+
+
 def version_files(ctx: Context, version: Version) -> Path:
-    """The version's files unpacked once per node; versions never change."""
-    target = ctx.settings.data_dir / "versions" / version.digest
+    """The version's files unpacked once per node; versions never change. Raises OSError,
+    leaving no partial copy (a full disk is most of all where none may stay)."""
+    target = ctx.settings.data_dir / VERSIONS_DIR / version.digest
     if target.is_dir():
         return target
     bundle = workers.load_bundle(ctx, version=version)
-    tmp = target.with_name(f"{version.digest}.{threading.get_ident()}.tmp")
+    tmp = target.with_name(f"{version.digest}.{threading.get_ident()}{UNPACKING}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    bundle.write_to(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        bundle.write_to(tmp)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         tmp.rename(target)
     except OSError:  # another thread unpacked it first
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def drop_partial_unpacks(data_dir: Path) -> int:
+    """At start-up, while no attempt runs here (the work root is held): remove the partial
+    copies of versions' files that a killed process left; how many went."""
+    partial = list((data_dir / VERSIONS_DIR).glob(f"*{UNPACKING}"))
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return len(partial)
+
+
+class _CopyFailed(Exception):
+    """A file of the version could not be copied into the work dir (not an OSError, so that
+    copytree passes it on at once)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _copy_or_stop(source: str, target: str) -> object:
+    try:
+        return shutil.copy2(source, target)
+    except OSError as exc:
+        raise _CopyFailed(exc) from exc
+
+
+def files_unwritable(exc: OSError) -> SandboxUnavailable:
+    """Why this node could not write a run's files, in floom's words: the system's reason,
+    not the host's paths (a run's error is shown to every read key)."""
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SandboxUnavailable(
+            f"this node's disk is full: floom could not write the run's files ({reason})",
+            hint="free space on the disk that holds FLOOM_DATA_DIR on this node (old runs' "
+            "folders are removed by floom itself; look for other files), or give it a larger one",
+        )
+    return SandboxUnavailable(
+        f"floom could not write the run's files on this node ({reason})",
+        hint="check that FLOOM_DATA_DIR on this node is a writable folder on a working disk",
+    )
 
 
 class Attempt:
@@ -215,7 +267,18 @@ class Attempt:
 
         `layered`: floom reads back only what the process writes (a script's result.json),
         so where the sandbox can lay the work dir over the version's cached files, they are
-        not copied: the work dir starts with `inputs.json` alone (SandboxSpec.files)."""
+        not copied: the work dir starts with `inputs.json` alone (SandboxSpec.files).
+
+        Raises SandboxUnavailable when this node cannot write them (its disk is full, say):
+        the node's trouble, not the worker's, so the run is tried again by its policy."""
+        try:
+            self._prepare(layered=layered)
+        except _CopyFailed as exc:
+            raise files_unwritable(exc.error) from exc.error
+        except OSError as exc:
+            raise files_unwritable(exc) from exc
+
+    def _prepare(self, *, layered: bool) -> None:
         files = version_files(self.ctx, self.version)
         sandbox = self.host.sandbox_for(self.manifest)
         # Where the backend bounds the run's disk with a filesystem of its own, both dirs
@@ -225,7 +288,9 @@ class Attempt:
             self.files = files
             self.workdir.mkdir()
         else:
-            shutil.copytree(files, self.workdir)
+            # Stops at the first file that cannot be copied (copytree would try every other
+            # file on a full disk, then raise their errors as one, without an errno).
+            shutil.copytree(files, self.workdir, copy_function=_copy_or_stop)
         self.output_dir.mkdir()
         write_regular(self.workdir, "inputs.json", self.run.inputs_json.encode())
         if self.manifest.state.enabled:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from floom.engine.attempt import (
     Attempt,
     cancelled_outcome,
+    drop_partial_unpacks,
     run_script,
     sandbox_unavailable_outcome,
 )
@@ -113,6 +114,7 @@ class Executor:
         if orphans:
             log.warning("killed %d sandbox(es) a previous process left running", orphans)
         empty_folder(self.ctx.settings.work_root)
+        drop_partial_unpacks(self.ctx.settings.data_dir)
         reaped = reap_expired_leases(self.ctx, own_node_restart=True)
         if reaped:
             log.warning("requeued or failed %d run(s) abandoned by a previous process", reaped)
@@ -491,10 +493,12 @@ class Executor:
             return cancelled_outcome(), 0.0, False
         except Exception as exc:  # an attempt must always end in a recorded state
             log.exception("run %s crashed in the executor", run.id)
+            # The system's reason of an OSError (never its paths, which are the host's).
+            said = f" ({exc.strerror})" if isinstance(exc, OSError) and exc.strerror else ""
             outcome = Outcome(
                 status=FAILED,
                 error_code=RunErrorCode.EXECUTOR_ERROR,
-                error_message=f"floom could not run this attempt: {type(exc).__name__}",
+                error_message=f"floom could not run this attempt: {type(exc).__name__}{said}",
                 retryable=True,
             )
             return outcome, 5.0, True

@@ -31,6 +31,7 @@ from floom.store import triggers as _trigger_tables  # noqa: F401 - registers th
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 from floom.store.blobs import tables as _blob_tables  # noqa: F401 - registers the tables
 from floom.store.models import UTCDateTime
+from floom.store.statements.lock_waits import bound_lock_waits_on
 from floom.store.statements.text import storable_parameters
 
 log = logging.getLogger("floom.store")
@@ -172,6 +173,7 @@ def _make_engine(url: str) -> Engine:
     # idle ones are checked before use (_ping_when_idle).
     engine = create_engine(url, pool_size=20, max_overflow=20, pool_use_lifo=True)
     _ping_when_idle(engine)
+    bound_lock_waits_on(engine)
     return engine
 
 

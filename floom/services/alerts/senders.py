@@ -16,6 +16,7 @@ import threading
 import urllib.parse
 from datetime import UTC, datetime
 from email.message import EmailMessage
+from email.utils import formatdate, parseaddr
 from typing import TYPE_CHECKING, Any
 
 from standardwebhooks.webhooks import Webhook
@@ -117,7 +118,13 @@ def send_alert(ctx: Context, *, delivery_id: str, channel: Channel, body: dict[s
             url_secret=channel.config["url_secret"],
         )
     else:
-        send_mail(ctx, channel=channel, password=values.get("password_secret"), body=body)
+        send_mail(
+            ctx,
+            channel=channel,
+            password=values.get("password_secret"),
+            body=body,
+            delivery_id=delivery_id,
+        )
 
 
 def _post(
@@ -269,11 +276,30 @@ class _GuardedSMTP(smtplib.SMTP):
         return self._connection
 
 
+def message_id(delivery_id: str, sender: object) -> str:
+    """The Message-ID of a delivery's mail: the same on every try of it, so a mail sent again
+    after its first try's end went unrecorded (a node killed once the server took it, an
+    answer after the deadline) is one message to the receiver's mail system, which keeps
+    one copy of a Message-ID; a re-sent delivery is a new one, with a new id."""
+    _name, address = parseaddr(sender) if isinstance(sender, str) else ("", "")
+    domain = address.rpartition("@")[2]
+    if not re.fullmatch(r"[A-Za-z0-9.-]+", domain):  # a row written by another program
+        domain = "floom.invalid"
+    return f"<{delivery_id}@{domain}>"
+
+
 def send_mail(
-    ctx: Context, *, channel: Channel, password: str | None, body: dict[str, Any]
+    ctx: Context,
+    *,
+    channel: Channel,
+    password: str | None,
+    body: dict[str, Any],
+    delivery_id: str,
 ) -> None:
     config = channel.config
     message = EmailMessage()
+    message["Message-ID"] = message_id(delivery_id, config["sender"])
+    message["Date"] = formatdate(usegmt=True)
     message["From"] = config["sender"]
     message["To"] = ", ".join(config["to"])
     message["Subject"] = f"[floom] {summary_line(body)}"[:MAX_SUBJECT]

@@ -33,6 +33,7 @@ from floom.services.triggers.registry import spec_of
 from floom.services.workers import versions as workers
 from floom.store.db import session_scope
 from floom.store.models import Run, RunEvent, Worker, new_id
+from floom.store.statements.lock_waits import bounded_lock_waits, lock_wait_ran_out
 from floom.store.triggers import Trigger, TriggerFire
 from floom.triggers import cron
 from floom.triggers.spec import ScheduleSpec
@@ -52,6 +53,12 @@ ON_TIME_SECONDS = 60.0
 CLOCK_STEP_SECONDS = 300.0
 # A week of a once-a-minute cron: the longest catch-up window holds no more fires.
 MAX_FIRES_PER_PASS = 7 * 24 * 60 + 1
+# How long a pass waits for a schedule's row (or its worker's) that another node holds
+# (floom/store/statements/lock_waits.py): another scheduler fires a tick in milliseconds; a
+# node frozen inside its transaction holds it for as long as it is frozen. Then the pass
+# goes on to the other schedules and tries this one again this much later.
+LOCK_WAIT_SECONDS = 2.0
+LOCKED_RETRY_SECONDS = 1.0
 # Why a tick did not become a run: its fire's outcome and its skipped run's error code.
 OVERLAP_SKIP = RunErrorCode.OVERLAP_SKIP
 MISSED = RunErrorCode.MISSED
@@ -107,28 +114,50 @@ def fire_due(ctx: Context, *, now: datetime, cache: NextFireCache | None = None)
         spec = spec_of(trigger)
         if not isinstance(spec, ScheduleSpec):
             continue  # a stored row that cannot be read (spec_of) never fires
-        base = trigger.last_fire_at or trigger.created_at
-        if trigger.last_fire_at is not None and base > now + timedelta(seconds=CLOCK_STEP_SECONDS):
-            try:
-                base = _judge_again_when_due(ctx, trigger=trigger, now=now)
-            except StoreUnavailable:
-                raise
-            except Exception:  # one broken trigger must not hold up the others
-                log.exception("schedule %s of %s failed; retrying", trigger.id, worker.name)
-                continue
-        due = cache.next_after(trigger, spec, base)
-        if due is not None and due <= now:
-            try:
-                base = _handle_due(ctx, trigger=trigger, worker=worker, spec=spec, now=now)
-            except StoreUnavailable:
+        try:
+            # Only where rows are locked: an idle pass (its one read) sends nothing more.
+            with bounded_lock_waits(LOCK_WAIT_SECONDS):
+                due = _handle(ctx, trigger=trigger, worker=worker, spec=spec, now=now, cache=cache)
+        except StoreUnavailable as exc:
+            if not lock_wait_ran_out(exc):
                 raise  # for every trigger alike: the loop tries the whole pass again
-            except Exception:  # one broken trigger must not hold up the others
-                log.exception("schedule %s of %s failed; retrying", trigger.id, worker.name)
-                continue
-            due = cache.next_after(trigger, spec, base)
+            # Another node holds this schedule's row, or its worker's, past LOCK_WAIT_SECONDS:
+            # frozen inside a transaction, most likely. The others go on; this one is tried
+            # again soon, and fires once that node lets go (dies, or thaws and finishes).
+            log.warning(
+                "schedule %s of %s: another node has held its row (or its worker's) for over "
+                "%g s; its due ticks wait, the other schedules go on",
+                trigger.id,
+                worker.name,
+                LOCK_WAIT_SECONDS,
+            )
+            due = now + timedelta(seconds=LOCKED_RETRY_SECONDS)
+        except Exception:  # one broken trigger must not hold up the others
+            log.exception("schedule %s of %s failed; retrying", trigger.id, worker.name)
+            continue
         if due is not None and (upcoming is None or due < upcoming):
             upcoming = due
     return upcoming
+
+
+def _handle(
+    ctx: Context,
+    *,
+    trigger: Trigger,
+    worker: Worker,
+    spec: ScheduleSpec,
+    now: datetime,
+    cache: NextFireCache,
+) -> datetime | None:
+    """Fire the schedule's ticks due at `now`; its next fire time."""
+    base = trigger.last_fire_at or trigger.created_at
+    if trigger.last_fire_at is not None and base > now + timedelta(seconds=CLOCK_STEP_SECONDS):
+        base = _judge_again_when_due(ctx, trigger=trigger, now=now)
+    due = cache.next_after(trigger, spec, base)
+    if due is not None and due <= now:
+        base = _handle_due(ctx, trigger=trigger, worker=worker, spec=spec, now=now)
+        due = cache.next_after(trigger, spec, base)
+    return due
 
 
 def _judge_again_when_due(ctx: Context, *, trigger: Trigger, now: datetime) -> datetime:

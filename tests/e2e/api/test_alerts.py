@@ -241,6 +241,75 @@ def test_a_test_alert_reaches_a_real_smtp_server_over_starttls_with_auth(
     assert os.environ.get("SSL_CERT_FILE")
 
 
+@contextmanager
+def mail_server_slow_to_take_the_first_mail() -> Iterator[tuple[int, list[Any], threading.Event]]:
+    """aiosmtpd on loopback (no TLS, no login) that keeps every mail it is given, and answers
+    the first one's DATA only once the event is set: as a mail server that took a mail and
+    then answered after floom's deadline (or floom died before it recorded the answer)."""
+    import asyncio
+    from email import message_from_bytes
+
+    from aiosmtpd.controller import Controller
+
+    from tests.support.ports import free_port
+
+    messages: list[Any] = []
+    answer_first = threading.Event()
+
+    class Handler:
+        async def handle_DATA(self, _server: Any, _session: Any, envelope: Any) -> str:
+            messages.append(message_from_bytes(envelope.content))
+            if len(messages) == 1:
+                await asyncio.get_running_loop().run_in_executor(None, answer_first.wait, 60)
+            return "250 OK"
+
+    port = free_port()
+    controller = Controller(Handler(), hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield port, messages, answer_first
+    finally:
+        answer_first.set()
+        controller.stop()
+
+
+def test_a_mail_sent_again_after_its_answer_came_too_late_has_the_same_message_id(
+    tmp_path: Path, database_url: str
+) -> None:
+    # The server took the mail, and its answer came after the send's deadline: the delivery
+    # is tried again and the server gets it twice. The receiver's mail system tells the two
+    # apart from another alert's only by the Message-ID floom gives it: the same on every try.
+    with (
+        mail_server_slow_to_take_the_first_mail() as (port, messages, answer_first),
+        alert_server(tmp_path / "d", database_url, agent_http_resolve="mail.test=127.0.0.1") as srv,
+    ):
+        api = srv.client()
+        mail = {
+            "host": "mail.test",
+            "port": port,
+            "starttls": False,
+            "sender": "floom@example.com",
+            "to": ["ops@example.com"],
+        }
+        created = api.post(
+            "/api/v1/alerts/channels", json={"name": "hook", "kind": "email", "config": mail}
+        )
+        assert created.status_code == 201, created.text
+        deploy_folder(api, make_worker(tmp_path / "flaky", FLAKY, {"run.py": FLAKY_RUN}))
+        run = api.post("/api/v1/workers/flaky/runs", json={"inputs": {"fail": True}}).json()
+        wait_for_run(api, run["id"])
+        wait_until(lambda: [d for d in deliveries(api) if d["status"] == "delivered"], timeout=30)
+        answer_first.set()
+        (sent,) = deliveries(api)
+        assert sent["attempts"] == 2
+        first, again = messages
+        assert first["Message-ID"] == again["Message-ID"] == f"<{sent['id']}@example.com>"
+        assert first["Date"] is not None
+        # A test mail is a delivery of its own: another Message-ID.
+        assert api.post("/api/v1/alerts/channels/hook/test").status_code == 200
+        assert messages[-1]["Message-ID"] not in (None, first["Message-ID"])
+
+
 def test_a_run_callback_is_signed_with_the_servers_key_and_retried(
     tmp_path: Path, database_url: str
 ) -> None:

@@ -494,3 +494,44 @@ def test_a_trigger_paused_or_removed_after_the_pass_read_it_makes_no_run_of_the_
 
     expected = [("2025-01-06T08:15:00+00:00", "skipped", "paused")] if change == "pause" else []
     assert summary(ctx) == expected
+
+
+@pytest.mark.parametrize("held", ["trigger", "worker"])
+def test_a_node_frozen_inside_a_schedule_s_transaction_holds_up_only_that_schedule(
+    ctx: Context, tmp_path: Path, held: str
+) -> None:
+    # Another node froze (SIGSTOP, a paused VM) inside a transaction on schedule "stuck": as
+    # it fired its tick (the trigger's row), or as an operator set its worker's state (the
+    # worker's row). Its locks stay while it is frozen, however long. This scheduler gives
+    # up on that schedule for the pass, fires the others' ticks and goes on; the stuck tick
+    # fires once the locks are let go (the node died, or thawed and finished).
+    if ctx.engine.dialect.name != "postgresql":
+        pytest.skip("row locks of one node held against another: PostgreSQL")
+    deploy(ctx, tmp_path / "stuck", ['{cron: "*/15 * * * *"}'], name="stuck")
+    deploy(ctx, tmp_path / "free", ['{cron: "*/15 * * * *"}'], name="free")
+    as_if_deployed_at(ctx, MONDAY, name="stuck")
+    as_if_deployed_at(ctx, MONDAY, name="free")
+    tick = MONDAY + timedelta(minutes=15)
+    scheduler = Scheduler(ctx)
+    frozen = ctx.engine.connect()
+    frozen.begin()
+    if held == "trigger":
+        frozen.execute(
+            sqlalchemy.text("SELECT id FROM triggers WHERE worker_name = 'stuck' FOR UPDATE")
+        )
+    else:
+        frozen.execute(sqlalchemy.text("SELECT name FROM workers WHERE name = 'stuck' FOR UPDATE"))
+    passes: list[datetime | None] = []
+    thread = threading.Thread(target=lambda: passes.append(scheduler.tick(tick)), daemon=True)
+    try:
+        thread.start()
+        wait_until(lambda: passes, timeout=30)
+        assert summary(ctx, "free") == [(tick.isoformat(), "queued", None)]
+        assert summary(ctx, "stuck") == []
+    finally:
+        frozen.rollback()
+        frozen.close()
+        thread.join(timeout=60)
+    scheduler.tick(tick + timedelta(seconds=30))
+    assert summary(ctx, "stuck") == [(tick.isoformat(), "queued", None)]
+    assert summary(ctx, "free") == [(tick.isoformat(), "queued", None)]
