@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 from mcp_types import CallToolResult, TextContent
 
 from floom.cut import cut
+from floom.hints import Told
+from floom.hints.surface import render as render_told
 from floom.invisible import CONTROLS, UNSHOWN, escapes
 from floom.manifest.schema import EXPOSE_TARGETS
 from floom.schemas.runs import (
@@ -277,3 +279,8 @@ def problems_text(result: ValidationResult) -> str:
         hint = f" (hint: {p.hint})" if p.hint else ""
         lines.append(f"  {said(where + p.message + hint)}")
     return "\n".join(lines)
+
+
+def left_out_text(left_out: Sequence[Told]) -> str:
+    """What of a worker folder was not shipped, one line each (as `floom deploy` prints it)."""
+    return "".join(f"\nleft out {render_told(why, surface='mcp')}" for why in left_out)

@@ -19,7 +19,7 @@ from mcp_types import CallToolResult, ToolAnnotations
 
 from floom.bundle import Bundle, BundleFile, read_folder
 from floom.errors import InvalidRequest
-from floom.hints import act, told
+from floom.hints import Told, act, told
 from floom.mcp.backends.base import Backend
 from floom.mcp.errors import tool_error
 from floom.mcp.render import Reply
@@ -101,8 +101,9 @@ def pack(
     files: dict[str, str] | None,
     files_base64: dict[str, str] | None,
     executable: list[str] | None,
-) -> bytes:
-    """The tar.gz of a worker: a local folder (stdio), or files sent as content."""
+) -> tuple[bytes, tuple[Told, ...]]:
+    """The tar.gz of a worker: a local folder (stdio), or files sent as content; and what of
+    a folder was left out (environment files, FIFOs, sockets: `floom deploy` names them too)."""
     if folder and not backend.reads_local_folders:
         raise InvalidRequest(
             "this MCP endpoint takes the worker's files as `files`, not a `folder`: it runs "
@@ -121,7 +122,8 @@ def pack(
         )
     if folder:
         where = Path(folder).expanduser()
-        return read_folder(where, max_bytes=DEFAULT_MAX_BUNDLE_BYTES).to_archive()
+        read = read_folder(where, max_bytes=DEFAULT_MAX_BUNDLE_BYTES)
+        return read.to_archive(), read.left_out
     if not files and not files_base64:
         example = "e.g. {'worker.yml': 'name: hi', 'run.py': ...}"
         raise InvalidRequest(
@@ -144,7 +146,7 @@ def pack(
                 f"files_base64['{raw}'] is not valid base64", hint="encode the bytes as base64"
             ) from exc
         bundle[path] = BundleFile(path, data, path in marked)
-    return Bundle(bundle).to_archive()
+    return Bundle(bundle).to_archive(), ()
 
 
 def _clean(path: str) -> str:

@@ -34,6 +34,7 @@ from floom.schemas.admin import KeyPublic
 from floom.services.access import sessions as web_sessions
 from floom.services.access.sessions import SignedIn
 from floom.services.context import Context
+from floom.services.runs.approvals import MAX_COMMENT_CHARS
 from floom.ui import features as ui_features
 
 WEB_DIR = Path(__file__).resolve().parent.parent.parent / "web"
@@ -173,7 +174,8 @@ def _environment() -> Environment:
     env.filters.update(
         when=when, badge=badge, pretty_json=pretty_json, size=size, short=short, told=told
     )
-    env.globals.update(duration=duration, quote=quote)
+    # The bounds the services refuse past, told to the browser too (a form's maxlength).
+    env.globals.update(duration=duration, quote=quote, max_comment_chars=MAX_COMMENT_CHARS)
     return env
 
 

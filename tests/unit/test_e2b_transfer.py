@@ -4,13 +4,16 @@ sandbox may have made it anything (its process can replace tar or the archive it
 from __future__ import annotations
 
 import io
+import re
 import resource
 import tarfile
 import zlib
 from pathlib import Path
 
+import pytest
+
 from floom.sandbox.base import MAX_WALK_DEPTH
-from floom.sandbox.e2b.transfer import unpack_hostile
+from floom.sandbox.e2b.transfer import DECODED_PIECE, decoded_body, unpack_hostile
 
 MIB = 1024 * 1024
 
@@ -148,3 +151,34 @@ def test_a_file_nested_too_deep_is_named_as_such_with_the_local_walk_s_bound(
     assert (done.trees["output"] / "kept").read_bytes() == b"k"
     assert len(done.notes) == 1, done.notes
     assert f"nested deeper than {MAX_WALK_DEPTH} folders" in done.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "wbits"),
+    [("gzip", 16 + zlib.MAX_WBITS), ("deflate", zlib.MAX_WBITS), ("Deflate", -zlib.MAX_WBITS)],
+)
+def test_a_download_is_decoded_whole_and_in_pieces_of_at_most_decoded_piece(
+    encoding: str, wbits: int
+) -> None:
+    body = bytes(range(256)) * 12 + bytes(1 << 20) + b"end"
+    packer = zlib.compressobj(6, zlib.DEFLATED, wbits)
+    sent = packer.compress(body) + packer.flush()
+    wire = [sent[i : i + 1] for i in range(3)] + [sent[3:]]  # a first chunk of one byte
+
+    pieces = list(decoded_body(encoding, wire))
+
+    assert b"".join(pieces) == body
+    assert max(len(piece) for piece in pieces) <= DECODED_PIECE
+
+
+def test_a_download_without_an_encoding_comes_as_it_was_sent() -> None:
+    assert list(decoded_body("", [b"a", b"b"])) == [b"a", b"b"]
+    assert list(decoded_body("identity", [b"a"])) == [b"a"]
+
+
+@pytest.mark.parametrize("encoding", ["br", "gzip, gzip", "zstd, gzip", "x-unknown"])
+def test_a_download_in_an_encoding_floom_did_not_ask_for_is_refused_naming_it(
+    encoding: str,
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(repr(encoding))):
+        list(decoded_body(encoding, [b"\x1f\x8b"]))

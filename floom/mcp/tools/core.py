@@ -14,6 +14,7 @@ from floom.mcp.catalog import ExposedWorker
 from floom.mcp.render import (
     Reply,
     approvals_text,
+    left_out_text,
     log_lines_text,
     names_text,
     page_of,
@@ -159,9 +160,9 @@ async def validate_worker(
     """Check a worker (worker.yml and its entry, sent as `files`) without deploying; lists
     every problem."""
     backend = backend_of(ctx)
-    archive = pack(backend, folder, files, files_base64, executable)
+    archive, left_out = pack(backend, folder, files, files_base64, executable)
     result = await off(backend.validate, archive)
-    return Reply(problems_text(result), result.to_json())
+    return Reply(problems_text(result) + left_out_text(left_out), result.to_json())
 
 
 @floom_tool
@@ -183,7 +184,7 @@ async def deploy_worker(
     no new version). Send its folder's files as `files` (relative path -> text), binary ones
     as `files_base64`."""
     backend = backend_of(ctx)
-    archive = pack(backend, folder, files, files_base64, executable)
+    archive, left_out = pack(backend, folder, files, files_base64, executable)
     result = await off(backend.deploy, archive, skip_eval_gate=skip_eval_gate)
     await server_of(ctx).refresh_catalog()
     name, version = result.worker.name, result.version.id
@@ -193,7 +194,7 @@ async def deploy_worker(
         text = f"{name} version {version} unchanged; it is the active version again"
     else:
         text = f"{name} version {version} unchanged (already active)"
-    return Reply(text, result.to_json())
+    return Reply(text + left_out_text(left_out), result.to_json())
 
 
 @floom_tool

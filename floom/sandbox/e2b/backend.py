@@ -47,6 +47,7 @@ from floom.sandbox.e2b.command import HOME, OUTPUT_DIR, WORKDIR, E2BCommand
 from floom.sandbox.e2b.transfer import (
     Snapshot,
     changed,
+    decoded_body,
     move_file,
     pack,
     replace_tree,
@@ -486,7 +487,10 @@ def _read_bounded(box: E2BBox, path: str, *, limit: int, until: float) -> bytes 
     except NotFoundException:
         return b""  # tar made nothing: nothing came back
     with stream:
-        for chunk in stream:
+        # The reader's own iteration decodes each chunk whole (transfer.decoded_body).
+        response = stream._response
+        raw = response.iter_raw()
+        for chunk in decoded_body(response.headers.get("content-encoding", ""), raw):
             size += len(chunk)
             if size > limit:
                 return None

@@ -10,6 +10,8 @@ import os
 import shutil
 import stat
 import tarfile
+import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Final
@@ -24,6 +26,9 @@ from floom.sandbox.base import MAX_WALK_DEPTH, MAX_WALK_ENTRIES
 MAX_ENTRIES = MAX_WALK_ENTRIES
 MAX_DEPTH = MAX_WALK_DEPTH
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+DECODED_PIECE: Final = 64 * 1024
+"""The most bytes one step of decoding a download makes (decoded_body)."""
 
 Snapshot = dict[str, tuple[int, int]]
 """What the host trees held when last synced: `work/x` -> (size, mtime_ns)."""
@@ -79,6 +84,50 @@ def _regular_files(root: Path) -> list[Path]:
             if stat.S_ISREG(path.lstat().st_mode):
                 found.append(path)
     return sorted(found)
+
+
+def decoded_body(encoding: str, raw: Iterable[bytes]) -> Iterator[bytes]:
+    """The bytes of an HTTP body sent with Content-Encoding `encoding`, decoded DECODED_PIECE
+    bytes at most at a time: a chunk of deflate from the wire unpacks to up to a thousand
+    times its size (httpx decodes each chunk it reads whole, 8 KiB of it to 8 MiB, before its
+    reader sees any). Only what floom's client asks for is read (none, gzip, deflate): any
+    other encoding raises ValueError naming it."""
+    named = [part.strip().lower() for part in encoding.split(",")]
+    named = [part for part in named if part and part != "identity"]
+    if not named:
+        yield from raw
+        return
+    if named not in (["gzip"], ["deflate"]):
+        raise ValueError(
+            f"the file came in Content-Encoding {shown(encoding[:80])!r}, which floom did not "
+            "ask for (it reads gzip, deflate or none)"
+        )
+    chunks = iter(raw)
+    if named == ["gzip"]:
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    else:
+        # deflate is zlib-wrapped by the standard, bare from some servers: told apart by the
+        # wrapper's two-byte header, as httpx does.
+        head = b""
+        for data in chunks:
+            head += data
+            if len(head) >= 2:
+                break
+        wrapped = len(head) >= 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
+        decoder = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+        yield from _decode(decoder, head)
+    for data in chunks:
+        yield from _decode(decoder, data)
+
+
+def _decode(decoder: zlib._Decompress, data: bytes) -> Iterator[bytes]:
+    while True:
+        piece = decoder.decompress(data, DECODED_PIECE)
+        data = decoder.unconsumed_tail
+        if piece:
+            yield piece
+        if not data and len(piece) < DECODED_PIECE:
+            return
 
 
 @dataclass

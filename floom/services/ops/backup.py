@@ -729,7 +729,11 @@ def _restore_objects(settings: Settings, engine: Any, source: Path, names: list[
             checksums[digest] = row[1]
     if not names:
         return
-    store = s3_store(settings) if settings.s3_bucket else DatabaseBlobStore(engine)
+    store = (
+        s3_store(settings)
+        if settings.s3_bucket
+        else DatabaseBlobStore(engine, max_unsized_bytes=largest_blob_bytes(settings))
+    )
     for digest in sorted(held):
         data = (source / f"{OBJECTS}/{digest}").read_bytes()
         store.put(digest, data, sha256=checksums[digest])

@@ -92,9 +92,16 @@ def sha256_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def verified(data: bytes, *, sha256: str | None, what: str, where: str) -> bytes:
-    """`data` when it matches `sha256` (or no sha256 was kept); BlobUnreadable otherwise."""
-    if sha256 is not None and sha256_of(data) != sha256:
+def verified(
+    data: bytes, *, digest: str, sha256: str | None, max_bytes: int, what: str, where: str
+) -> bytes:
+    """`data` when it matches `sha256`, or, for a blob stored before floom kept checksums
+    (None), when its digest vouches for it (vouched_sha256, reading an archive no further
+    than `max_bytes` unpacked); BlobUnreadable otherwise."""
+    if sha256 is None:
+        vouched_sha256(data, digest=digest, max_bytes=max_bytes, what=what, where=where)
+        return data
+    if sha256_of(data) != sha256:
         raise BlobUnreadable(
             f"{what} is damaged: {where} does not match its sha256 ({len(data)} bytes read)",
             hint=_RESTORE_HINT,
@@ -108,8 +115,9 @@ def vouched_sha256(data: bytes, *, digest: str, max_bytes: int, what: str, where
     is its bytes' sha256, a version's that of the files its archive holds (floom.bundle; read
     no further than `max_bytes` unpacked). Else BlobUnreadable: the bytes are not the blob's
     (an object replaced in the bucket, a backup's file), and reading, copying or recording
-    them would make them pass for it. The one rule of every read of such a blob: the bucket's
-    reads (s3.py), `floom blobs migrate`, `floom backup` and `floom restore`."""
+    them would make them pass for it. The one rule of every read of such a blob: `verified`
+    (the database's and the bucket's reads), `floom blobs migrate`, `floom backup` and
+    `floom restore`."""
     sha = sha256_of(data)
     if sha == digest:
         return sha

@@ -7,7 +7,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from floom.errors import BlobStoreUnavailable
-from floom.store.blobs.base import RETRY_AFTER_SECONDS, BlobStore
+from floom.store.blobs.base import RETRY_AFTER_SECONDS, BlobStore, largest_blob_bytes
 from floom.store.blobs.database import DatabaseBlobStore
 from floom.store.blobs.s3 import S3BlobStore
 
@@ -25,7 +25,7 @@ def new_blob_store(settings: Settings, engine: Engine) -> BlobStore:
 def store_at(location: str, settings: Settings, engine: Engine) -> BlobStore:
     """The store holding the blobs whose row says `location`."""
     if location == DatabaseBlobStore.name:
-        return DatabaseBlobStore(engine)
+        return DatabaseBlobStore(engine, max_unsized_bytes=largest_blob_bytes(settings))
     if not settings.s3_bucket:
         raise BlobStoreUnavailable(
             "this blob is kept in object storage, and this node has no bucket configured",

@@ -22,8 +22,10 @@ class DatabaseBlobStore(BlobStore):
     name: ClassVar[str] = "database"
     inline: ClassVar[bool] = True
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, max_unsized_bytes: int = 64 * 1024 * 1024) -> None:
         self.engine = engine
+        # The most a version's archive without a sha256 is unpacked to, to check its digest.
+        self.max_unsized_bytes = max_unsized_bytes
 
     def put(self, digest: str, data: bytes, *, sha256: str) -> None:
         with session_scope(self.engine, write=True) as s:
@@ -44,7 +46,14 @@ class DatabaseBlobStore(BlobStore):
         if data is None:
             raise missing(what=what, where=self.describe(digest))
         of_size(len(data), size=size, what=what, where=self.describe(digest))
-        return verified(data, sha256=sha256, what=what, where=self.describe(digest))
+        return verified(
+            data,
+            digest=digest,
+            sha256=sha256,
+            max_bytes=self.max_unsized_bytes,
+            what=what,
+            where=self.describe(digest),
+        )
 
     def delete(self, digests: Sequence[str]) -> None:
         if not digests:

@@ -16,7 +16,7 @@ from floom.errors import BlobStoreUnavailable, BlobUnreadable, Conflict
 from floom.hints import act, told
 from floom.hints.action import Hint
 from floom.store.agents import ToolCall
-from floom.store.blobs.base import BlobStore, verified
+from floom.store.blobs.base import BlobStore, largest_blob_bytes, verified
 from floom.store.blobs.configured import s3_store
 from floom.store.blobs.logs import call_values, decode_log, decode_record
 from floom.store.models import RunEvent
@@ -145,7 +145,14 @@ def _read(conn: Connection, digest: str, *, what: str) -> bytes:
     try:
         if location == _DATABASE:
             where = f"blob {digest} in the database"
-            return verified(bytes(data), sha256=sha256, what=what, where=where)
+            return verified(
+                bytes(data),
+                digest=digest,
+                sha256=sha256,
+                max_bytes=largest_blob_bytes(Settings()),
+                what=what,
+                where=where,
+            )
         return _bucket(location, what=what).get(digest, sha256=sha256, what=what, size=size)
     except (BlobStoreUnavailable, BlobUnreadable) as exc:
         raise refused(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from exc

@@ -21,7 +21,7 @@ from sqlmodel import Session, col, select
 
 from floom.errors import BlobStoreUnavailable
 from floom.store.agents import Transcript
-from floom.store.blobs.base import missing, sha256_of, verified
+from floom.store.blobs.base import largest_blob_bytes, missing, sha256_of, verified
 from floom.store.blobs.configured import new_blob_store, store_at
 from floom.store.blobs.database import DatabaseBlobStore
 from floom.store.blobs.tables import PendingBlob, RunLog
@@ -160,7 +160,12 @@ def read_blob_row(settings: Settings, engine: Engine, digest: str, row: Any, *, 
     location, sha256, data, size = row
     if location == DATABASE:
         return verified(
-            bytes(data), sha256=sha256, what=what, where=f"blob {digest} in the database"
+            bytes(data),
+            digest=digest,
+            sha256=sha256,
+            max_bytes=largest_blob_bytes(settings),
+            what=what,
+            where=f"blob {digest} in the database",
         )
     return store_at(location, settings, engine).get(digest, sha256=sha256, what=what, size=size)
 

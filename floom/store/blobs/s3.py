@@ -30,7 +30,6 @@ from floom.store.blobs.base import (
     over_limit,
     sha256_of,
     verified,
-    vouched_sha256,
 )
 
 if TYPE_CHECKING:
@@ -148,13 +147,14 @@ class S3BlobStore(BlobStore):
         except _read_errors() as exc:  # the body broke off mid-read
             raise _unavailable(f"read {where}", exc) from exc
         self._of_size(len(data), size=size, what=what, where=where)
-        if sha256 is None:
-            # A blob stored before floom kept checksums: its digest answers for its bytes.
-            vouched_sha256(
-                data, digest=digest, max_bytes=self.max_unsized_bytes, what=what, where=where
-            )
-            return data
-        return verified(data, sha256=sha256, what=what, where=where)
+        return verified(
+            data,
+            digest=digest,
+            sha256=sha256,
+            max_bytes=self.max_unsized_bytes,
+            what=what,
+            where=where,
+        )
 
     def _of_size(self, held: int, *, size: int | None, what: str, where: str) -> None:
         if size is None:

@@ -20,8 +20,10 @@ from tests.support.mcp_clients import (
     FLOOM_TOOLS,
     call,
     call_error,
+    call_raw,
     stdio_client,
     stdio_params,
+    text_of,
 )
 
 ECHO_YML = """\
@@ -284,3 +286,25 @@ def test_the_instructions_say_when_the_key_is_refused_or_floom_cannot_be_asked(
     assert caller is None
     assert f"floom at {away} could not be asked" in about
     assert server.admin_key not in about
+
+
+@ONE_DATABASE
+def test_deploying_a_folder_names_what_was_left_out_as_floom_deploy_does(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    # `floom deploy` printed the environment files and FIFOs it leaves out; the stdio
+    # server's deploy_worker and validate_worker left them out without a word.
+    folder = make_worker(
+        tmp_path / "echo", ECHO_YML, {"run.py": "print('hi')\n", ".env": "TOKEN=x\n"}
+    )
+    os.mkfifo(folder / "pipe")
+
+    async def session() -> None:
+        async with stdio_client(server) as mcp:
+            for tool in ("validate_worker", "deploy_worker"):
+                said = text_of(await call_raw(mcp, tool, folder=str(folder)))
+                assert "left out '.env' (an environment file: store its secrets with" in said
+                assert "set_secret" in said
+                assert "left out 'pipe' (a FIFO, not a regular file)" in said
+
+    anyio.run(session)

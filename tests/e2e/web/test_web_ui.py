@@ -16,6 +16,7 @@ import pytest
 
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
+from floom.services.runs.approvals import MAX_COMMENT_CHARS
 from tests.support import web as web_support
 from tests.support.harness import (
     EXAMPLES,
@@ -274,6 +275,9 @@ def test_a_waiting_approval_is_approved_with_edits_from_the_inbox(
     tab.goto(f"/runs/{second}")
     card = tab.page.locator("#approvals article.approval")
     card.locator("summary", has_text="Reject").click()
+    # The browser stops a comment where the API would refuse it (it did not: no maxlength).
+    for field in (card.get_by_label("Why"), card.get_by_label("Comment (optional)")):
+        assert field.get_attribute("maxlength") == str(MAX_COMMENT_CHARS)
     card.get_by_label("Why").fill("not this one")
     card.get_by_role("button", name="Reject with this reason").click()
     tab.page.wait_for_url(tab.url(f"/runs/{second}?notice=rejected"))

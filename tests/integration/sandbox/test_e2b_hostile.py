@@ -7,11 +7,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from floom.sandbox.base import SandboxUnavailable
 from floom.sandbox.e2b.backend import E2BSandbox
 from tests.standins.e2b import E2BStandin
 from tests.support.rigs.e2b import e2b_backend
@@ -106,3 +109,49 @@ def test_files_trickling_back_end_the_run_at_its_time_limit_not_never(
     assert "bringing back" in (result.error or "")
     assert time.monotonic() - started < 15
     assert list((tmp_path / "output").iterdir()) == []
+
+
+def _deflate_bomb(encoding: str, unpacked: int) -> bytes:
+    """`unpacked` zero bytes compressed as `encoding` names them: about a thousandth of it."""
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "raw": -zlib.MAX_WBITS}
+    packer = zlib.compressobj(9, zlib.DEFLATED, wbits[encoding])
+    block = bytes(1 << 20)
+    parts = [packer.compress(block) for _ in range(unpacked >> 20)]
+    return b"".join([*parts, packer.flush()])
+
+
+def test_a_deflated_download_is_decoded_no_further_than_floom_brings_back(
+    standin: E2BStandin, tmp_path: Path
+) -> None:
+    # Before: the SDK's reader decoded each chunk read from the wire whole: 8 KiB of a
+    # deflate-encoded answer made one 8 MiB chunk in floom's memory before any bound was
+    # looked at (a peak of 22 MiB here for deflate, 2 MiB after, where floom brings back
+    # 1.1 MiB at most). gzip the SDK's transport decodes itself, 4 KiB at a time.
+    e2b = e2b_backend(standin, max_result_bytes=1 << 16, max_artifact_bytes=1 << 16)
+    bomb = _deflate_bomb("deflate", 256 << 20)
+
+    async def answer(path: str) -> AsyncIterator[bytes]:
+        yield bomb
+
+    standin.serve_downloads(answer, encoding="deflate")
+    tracemalloc.start()
+    try:
+        result, _ = run_script(e2b, tmp_path, "print('done')")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.limit_exceeded == "files", result
+    assert peak < 8 << 20, f"{peak >> 20} MiB held at once"
+
+
+def test_a_download_in_an_encoding_floom_did_not_ask_for_ends_the_run_saying_so(
+    standin: E2BStandin, tmp_path: Path
+) -> None:
+    e2b = e2b_backend(standin)
+
+    async def answer(path: str) -> AsyncIterator[bytes]:
+        yield b"\x28\xb5\x2f\xfd" + bytes(64)
+
+    standin.serve_downloads(answer, encoding="zstd, gzip")
+    with pytest.raises(SandboxUnavailable, match="'zstd, gzip'"):
+        run_script(e2b, tmp_path, "print('done')")

@@ -11,12 +11,16 @@ import boto3
 import pytest
 from botocore.config import Config
 
+from floom.bundle import Bundle, BundleFile
+from floom.config import Settings
 from floom.errors import BlobStoreUnavailable, BlobUnreadable
 from floom.store.blobs.base import BlobStore, sha256_of
 from floom.store.blobs.database import DatabaseBlobStore
+from floom.store.blobs.rows import read_blob
 from floom.store.blobs.s3 import S3BlobStore
-from floom.store.db import make_engine
+from floom.store.db import make_engine, session_scope
 from floom.store.migrate import migrate
+from floom.store.models import Blob
 from tests.support.ports import free_port
 from tests.support.processes.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 
@@ -212,3 +216,49 @@ def raw_client(server: S3Server) -> Any:
         region_name="us-east-1",
         config=Config(s3={"addressing_style": "path"}),
     )
+
+
+def test_a_blob_without_a_sha256_is_read_only_when_its_digest_vouches(store: BlobStore) -> None:
+    # A blob stored before floom kept checksums has only its digest to answer for its
+    # bytes: the database store took whatever its row held (the bucket checked already).
+    data = b"stored before checksums"
+    store.put(sha256_of(data), data, sha256=sha256_of(data))
+    assert store.get(sha256_of(data), sha256=None, what=WHAT, size=None) == data
+    store.put(sha256_of(b"other"), data, sha256=sha256_of(data))
+    with pytest.raises(BlobUnreadable) as caught:
+        store.get(sha256_of(b"other"), sha256=None, what=WHAT, size=None)
+    assert "no sha256 recorded" in caught.value.message
+    assert WHAT in caught.value.message
+
+
+def test_a_database_blob_without_a_sha256_whose_bytes_are_not_its_digest_s_is_unreadable(
+    tmp_path: Path,
+) -> None:
+    # Every blob of a database from before migration 0010 has no sha256 until `floom blobs
+    # migrate` moves it: reads (an artifact, a log, a version's archive) and `floom blobs
+    # check` took damaged bytes in its row as the blob's. Its digest vouches for it now.
+    engine = make_engine(f"sqlite:///{tmp_path / 'floom.db'}")
+    migrate(engine)
+    bundle = Bundle({"worker.yml": BundleFile("worker.yml", b"name: old\n")})
+    archive = bundle.to_archive()
+    artifact = b"a,b\n1,2\n"
+    rows = {
+        sha256_of(artifact): artifact,
+        sha256_of(b"the log"): b"THE LOG",  # damaged: the same size, other bytes
+        bundle.digest: archive,
+        Bundle({"run.py": BundleFile("run.py", b"x")}).digest: archive,  # another's archive
+    }
+    with session_scope(engine, write=True) as s:
+        for digest, data in rows.items():
+            s.add(Blob(digest=digest, size=len(data), data=data, sha256=None))
+    settings = Settings(database_url=str(engine.url))
+    try:
+        assert read_blob(settings, engine, sha256_of(artifact), what=WHAT) == artifact
+        assert read_blob(settings, engine, bundle.digest, what="the version") == archive
+        for digest in list(rows)[1::2]:
+            with pytest.raises(BlobUnreadable) as caught:
+                read_blob(settings, engine, digest, what="the blob")
+            assert "no sha256 recorded" in caught.value.message
+            assert f"blob {digest} in the database" in caught.value.message
+    finally:
+        engine.dispose()

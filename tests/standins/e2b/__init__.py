@@ -286,16 +286,21 @@ class E2BStandin:
             self._envd.start()
         self.control_plane_up()
 
-    def serve_downloads(self, body: Callable[[str], AsyncIterator[bytes]] | None) -> None:
+    def serve_downloads(
+        self, body: Callable[[str], AsyncIterator[bytes]] | None, *, encoding: str = ""
+    ) -> None:
         """envd taken over: every download (`files.read`) answers with what `body(path)`
-        yields, at its pace, whatever the file holds (None: the files again)."""
+        yields, at its pace, whatever the file holds (None: the files again), naming
+        `encoding` as its Content-Encoding when given."""
         self.core.download_body = body
+        self.core.download_encoding = encoding
 
     def clear_faults(self) -> None:
         with self.core.lock:
             self.core.control_fault = None
             self.core.envd_fault = None
             self.core.download_body = None
+            self.core.download_encoding = ""
         self.core.max_sandboxes = None
         self.core.creation_delay = 0.0
         self.up()

@@ -52,6 +52,8 @@ class StandinCore:
         # A compromised envd's downloads: given the path asked for, an async iterator of
         # the bytes it answers with (set by `E2BStandin.serve_downloads`).
         self.download_body: Callable[[str], AsyncIterator[bytes]] | None = None
+        # The Content-Encoding it names for those bytes ("": none).
+        self.download_encoding = ""
         # (time.monotonic(), sandbox id, the command line) of each command started, in order.
         self.command_starts: list[tuple[float, str, str]] = []
         self.local = LocalSandbox()

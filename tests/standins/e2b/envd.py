@@ -276,7 +276,8 @@ def files_routes(core: StandinCore) -> Starlette:
         sandbox = core.sandboxes[request.headers[SANDBOX_HEADER]]
         if core.download_body is not None:
             body = core.download_body(request.query_params.get("path", ""))
-            return StreamingResponse(body, media_type="application/octet-stream")
+            encoded = {"content-encoding": core.download_encoding} if core.download_encoding else {}
+            return StreamingResponse(body, media_type="application/octet-stream", headers=encoded)
         try:
             host = sandbox.host_path(request.query_params.get("path", ""))
         except PathOutsideHome as exc:
