@@ -86,6 +86,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import psycopg
@@ -96,6 +97,7 @@ sys.path.insert(0, str(REPO))
 
 from floom import node as floom_node  # noqa: E402
 from floom.bundle import read_folder  # noqa: E402
+from floom.engine.loops.housekeeping import Housekeeping  # noqa: E402
 from floom.engine.runtime import NodeRuntime  # noqa: E402
 from floom.services.access import keys, secrets  # noqa: E402
 from floom.services.access.principal import SYSTEM  # noqa: E402
@@ -523,12 +525,8 @@ def _first_retention_pass_after(seconds: float | None) -> Iterator[None]:
     if seconds is None:
         yield
         return
-    original = floom_node.Housekeeping
-    floom_node.Housekeeping = partial(original, first_delay=seconds)  # type: ignore[misc]
-    try:
+    with mock.patch.object(floom_node, "Housekeeping", partial(Housekeeping, first_delay=seconds)):
         yield
-    finally:
-        floom_node.Housekeeping = original  # type: ignore[misc]
 
 
 @contextmanager
@@ -1059,8 +1057,8 @@ def measure_costs(
         for store, by_name in rounds.items()
     }
     for store, by_name in paired.items():
-        for name, (windows, per_run) in by_name.items():
-            found[store][name].cpu_pairs = windows
+        for name, (cpu_windows, per_run) in by_name.items():
+            found[store][name].cpu_pairs = cpu_windows
             found[store][name].pair_statements = per_run
             found[store][name].pair_cpu_by, found[store][name].pair_kinds = by_kind[store][name]
     return found
@@ -1439,11 +1437,11 @@ def main(argv: list[str] | None = None) -> int:
     if idle:
         print()
         print("an idle node, per second (database store -> object store)")
-        d, o = idle["database"], idle["s3"]
+        idle_db, idle_s3 = idle["database"], idle["s3"]
         for what in ("statements", "round_trips", "commits", "cpu_ms"):
-            print(f"  {what:12} {d[what]:7.3f} -> {o[what]:7.3f}")
-        for kind in sorted(set(d["kinds"]) | set(o["kinds"])):
-            on_db, on_s3 = d["kinds"].get(kind, 0.0), o["kinds"].get(kind, 0.0)
+            print(f"  {what:12} {idle_db[what]:7.3f} -> {idle_s3[what]:7.3f}")
+        for kind in sorted(set(idle_db["kinds"]) | set(idle_s3["kinds"])):
+            on_db, on_s3 = idle_db["kinds"].get(kind, 0.0), idle_s3["kinds"].get(kind, 0.0)
             print(f"    {kind:40} {on_db:6.3f} -> {on_s3:6.3f}")
     print()
     print("cost per run on PostgreSQL (database store -> object store)")

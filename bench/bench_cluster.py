@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +171,7 @@ def start_latencies(http: httpx.Client, runs: int) -> list[float]:
     out = []
     for _ in range(runs):
         run_id = http.post("/api/v1/workers/trivial/runs", json={"inputs": {}}).json()["id"]
-        body = wait_until(lambda r=run_id: finished(http, r), timeout=60, what="a run's end")
+        body = wait_until(partial(finished, http, run_id), timeout=60, what="a run's end")
         started = datetime.fromisoformat(body["started_at"])
         created = datetime.fromisoformat(body["created_at"])
         out.append((started - created).total_seconds() * 1000)

@@ -33,10 +33,12 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path[:0] = [str(BENCH), str(REPO)]
 
-from bench.server import Server  # noqa: E402
+from server import Server  # noqa: E402
+
 from floom.bundle import read_folder  # noqa: E402
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n"

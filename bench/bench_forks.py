@@ -23,6 +23,7 @@ import os
 import ssl  # noqa: F401
 import sys
 import time
+from collections.abc import Callable
 
 _CLONE_NEWPID = 0x20000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -70,7 +71,10 @@ def main() -> int:
     gc.collect()
     gc.freeze()
     own = os.open("/proc/self/ns/pid", os.O_RDONLY)
-    ways = {"two forks": two_forks, "one fork": lambda: one_fork(own)}
+    ways: dict[str, Callable[[], None]] = {
+        "two forks": two_forks,
+        "one fork": lambda: one_fork(own),
+    }
     for _ in range(2):
         for name, way in ways.items():
             busy, started = busy_seconds(), time.perf_counter()

@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -148,9 +149,9 @@ def storage_bytes(server: Server, database: str | None) -> int:
             return keep + (int(row[0]) if row else 0)
     uri = f"file:{server.data_dir / 'floom.db'}?mode=ro"
     with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-        pages = db.execute("PRAGMA page_count").fetchone()[0]
-        free = db.execute("PRAGMA freelist_count").fetchone()[0]
-        size = db.execute("PRAGMA page_size").fetchone()[0]
+        pages: int = db.execute("PRAGMA page_count").fetchone()[0]
+        free: int = db.execute("PRAGMA freelist_count").fetchone()[0]
+        size: int = db.execute("PRAGMA page_size").fetchone()[0]
     return keep + (pages - free) * size
 
 
@@ -266,17 +267,19 @@ def main(argv: list[str] | None = None) -> int:
         stored: dict[str, float] = {}
         say(f"burst of {args.burst} ...")
         for s in systems:
-            server = servers.get(s.name)
+            its_server = servers.get(s.name)
             size0 = (
-                storage_bytes(server, pg_name if s.name == "postgres" else None) if server else 0
+                storage_bytes(its_server, pg_name if s.name == "postgres" else None)
+                if its_server
+                else 0
             )
             phase = Phase([s])
             busy = machine_busy_seconds()
-            rates[s.name]["burst"] = args.burst / timed(lambda s=s: s.burst(args.burst))
+            rates[s.name]["burst"] = args.burst / timed(partial(s.burst, args.burst))
             cpu_load[s.name] = phase.per_run_ms(args.burst)[s.name]
             machine[s.name] = (machine_busy_seconds() - busy) * 1000 / args.burst
-            if server:
-                size1 = storage_bytes(server, pg_name if s.name == "postgres" else None)
+            if its_server:
+                size1 = storage_bytes(its_server, pg_name if s.name == "postgres" else None)
                 stored[s.name] = (size1 - size0) / args.burst
         cli = cli_timings(servers["sqlite"], floor)
         logs = {s.name: check_logs(s) for s in systems if isinstance(s, Floom)}
@@ -340,8 +343,8 @@ def report(
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for r in rows:
-        say("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    for row in rows:
+        say("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
     say("(CPU/run: the system's own processes, sandboxes excluded; seq = latency phase, load =")
     say(" burst; floom = the server process, celery = its worker and children, not Redis.")
     say(" machine/run: the whole machine's busy CPU over the burst per run, sandboxes, clients,")

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import floom
 from floom.bundle import read_folder
@@ -35,11 +35,14 @@ from floom.services.runs import lifecycle
 from floom.services.runs.records import record_in_session
 from floom.services.workers import versions
 from floom.store.db import read_connection
+from floom.store.models import Run
 from floom.vocabulary import RunStatus
 
 MANIFEST = "name: hello\nentry: run.py\ninputs:\n  name: {type: string}\n"
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 STEPS = ("queue", "claim", "end", "read")
+
+T = TypeVar("T")
 
 
 def _context(root: Path, url: str) -> Context:
@@ -61,7 +64,7 @@ def _deploy(ctx: Context, root: Path) -> None:
     versions.deploy(ctx, caller=SYSTEM, archive=archive)
 
 
-def _timed(fn: Callable[[], Any], into: list[float]) -> Any:
+def _timed(fn: Callable[[], T], into: list[float]) -> T:
     t0 = time.thread_time()
     found = fn()
     into.append(time.thread_time() - t0)
@@ -71,12 +74,13 @@ def _timed(fn: Callable[[], Any], into: list[float]) -> Any:
 def _round(ctx: Context, runs: int) -> dict[str, float]:
     spent: dict[str, list[float]] = {step: [] for step in STEPS}
     for n in range(runs):
-        queued = _timed(
-            lambda n=n: lifecycle.create_run(
+
+        def queue(n: int = n) -> Run:
+            return lifecycle.create_run(
                 ctx, caller=SYSTEM, worker_name="hello", inputs={"name": f"b{n}"}
-            ),
-            spent["queue"],
-        )
+            )
+
+        queued = _timed(queue, spent["queue"])
         run = _timed(lambda: claim_next(ctx, look_first=False).run, spent["claim"])
         if run is None or run.id != queued.id:
             raise RuntimeError("the claim did not take the run just queued")
@@ -87,16 +91,17 @@ def _round(ctx: Context, runs: int) -> dict[str, float]:
             sandbox_seconds=0.01,
             artifacts=[("out.txt", f"artifact {n % 4}".encode(), "text/plain")],
         )
-        ended = _timed(
-            lambda run=run, outcome=outcome: finish_attempt(
+
+        def end(run: Run = run, outcome: Outcome = outcome) -> str:
+            return finish_attempt(
                 ctx,
                 run=run,
                 outcome=outcome,
                 backoff=0,
                 log_lines=[("stdout", "Hello, bench!", None)],
-            ),
-            spent["end"],
-        )
+            )
+
+        ended = _timed(end, spent["end"])
         if ended != "succeeded":
             raise RuntimeError(f"run ended {ended}")
 

@@ -36,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -318,7 +319,7 @@ def measure_rates(
                 if kind == "4":
                     runs = CLIENTS * args.per_client
                     seconds, tree, serving = meter.measure(
-                        lambda system=system: throughput(system, args.per_client), runs
+                        partial(throughput, system, args.per_client), runs
                     )
                 else:
                     runs = args.burst
@@ -327,7 +328,7 @@ def measure_rates(
                     sampling = sample is not None and name == sampled_name and i == 0
                     with sampled(sample if sampling else None):
                         seconds, tree, serving = meter.measure(
-                            lambda system=system: system.burst(args.burst), runs
+                            partial(system.burst, args.burst), runs
                         )
                 total = totals.setdefault(name, {}).setdefault(kind, [0.0, 0.0, 0.0, 0.0])
                 for j, value in enumerate((runs, seconds, tree * runs, serving * runs)):
@@ -501,10 +502,11 @@ def main(argv: list[str] | None = None) -> int:
         if "cpu" in phases:
             say(f"CPU: {args.cpu_runs} sequential runs of each ...")
             for name, system in systems.items():
-                _, tree, serving = meter.measure(
-                    lambda system=system: [system.one(0) for _ in range(args.cpu_runs)],
-                    args.cpu_runs,
-                )
+
+                def sequential(system: Any = system) -> list[float]:
+                    return [system.one(0) for _ in range(args.cpu_runs)]
+
+                _, tree, serving = meter.measure(sequential, args.cpu_runs)
                 cpu[name] = (tree, serving)
             say(f"(CPU counted: {own.what})")
         rates, ratios = measure_rates(systems, meter, args, phases, sample)
@@ -559,8 +561,8 @@ def report(
                 )
             )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for r in rows:
-            say("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+        for row in rows:
+            say("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         say("")
     floor_rates = rates.get("floor hello", {})
     for name, r in rates.items():

@@ -33,7 +33,7 @@ app.conf.update(
 _slot: Any = None
 
 
-@app.task(name="floom_bench.run_hello")
+@app.task(name="floom_bench.run_hello")  # type: ignore[untyped-decorator]  # Celery is untyped
 def run_hello() -> dict[str, Any]:
     """Run hello once in this worker child's own copy; the outputs it wrote."""
     global _slot

@@ -8,12 +8,14 @@ Bench-only: the fake isolates nothing and is never a backend floom ships as a se
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from floom.cli import main
 from floom.sandbox import BACKENDS
+from floom.sandbox.base import LineSink, SandboxResult, SandboxSpec
 from floom.sandbox.fake import FakeProcess, FakeSandbox
 
 LINES = 20
@@ -29,9 +31,11 @@ def program(process: FakeProcess) -> int:
 class _Unkept(FakeSandbox):
     """The fake, without its record of every spec (tests read it; a bench would only grow)."""
 
-    def run(self, spec, **kwargs):  # type: ignore[no-untyped-def]
+    def run(
+        self, spec: SandboxSpec, *, on_line: LineSink, should_cancel: Callable[[], bool]
+    ) -> SandboxResult:
         try:
-            return super().run(spec, **kwargs)
+            return super().run(spec, on_line=on_line, should_cancel=should_cancel)
         finally:
             self.specs.clear()
             self.sessions.clear()
@@ -40,4 +44,4 @@ class _Unkept(FakeSandbox):
 BACKENDS["fake"] = lambda settings: _Unkept({"run.py": program})
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -24,12 +24,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from unittest import mock
 
 from floom.sandbox.base import SandboxSpec
 from floom.sandbox.local import seccomp
 from floom.sandbox.local.backend import LocalSandbox
-from floom.sandbox.local.ns_mount import Mount, NamespaceMounter
+from floom.sandbox.local.ns_mount import Mount, NamespaceMounter, PendingMounts
 from floom.sandbox.local.standby import READY, Launcher, launcher_script, memory_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,7 +76,9 @@ def _recording_launches(seen: list[Launch]) -> Iterator[None]:
     sent_ahead: dict[int, str] = {}
     mounted: dict[int, tuple[Mount, ...]] = {}
 
-    def recording_mount(mounter: NamespaceMounter, pid: int, mounts: tuple[Mount, ...]) -> Any:
+    def recording_mount(
+        mounter: NamespaceMounter, pid: int, mounts: tuple[Mount, ...]
+    ) -> PendingMounts:
         pending = real_mount(mounter, pid, mounts)
         made = pending.wait()
         mounted[pid] = tuple(mount for mount, done in zip(mounts, made, strict=True) if done)
@@ -101,16 +103,13 @@ def _recording_launches(seen: list[Launch]) -> Iterator[None]:
         seen.append(Launch(args, mounts, whole, argv, command_input, resolv_conf))
         real_start(launcher, argv, command_input, resolv_conf=resolv_conf, prelude=prelude)
 
-    with _record_lock:
-        Launcher.begin = recording_begin  # type: ignore[method-assign]
-        Launcher.start = recording_start  # type: ignore[method-assign]
-        NamespaceMounter.start = recording_mount  # type: ignore[method-assign]
-        try:
-            yield
-        finally:
-            Launcher.begin = real_begin  # type: ignore[method-assign]
-            Launcher.start = real_start  # type: ignore[method-assign]
-            NamespaceMounter.start = real_mount  # type: ignore[method-assign]
+    with (
+        _record_lock,
+        mock.patch.object(Launcher, "begin", recording_begin),
+        mock.patch.object(Launcher, "start", recording_start),
+        mock.patch.object(NamespaceMounter, "start", recording_mount),
+    ):
+        yield
 
 
 class FloorSlot:

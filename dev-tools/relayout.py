@@ -745,8 +745,8 @@ def run() -> int:  # noqa: C901 (one linear script: check, plan, move, rewrite, 
         raise Refused("run it at the top of a floom checkout")
     if git("status", "--porcelain").strip():
         raise Refused("the tree has changes or untracked files; commit or stash them first")
-    ruff = subprocess.run([sys.executable, "-m", "ruff", "--version"], capture_output=True)
-    if ruff.returncode != 0:
+    has_ruff = subprocess.run([sys.executable, "-m", "ruff", "--version"], capture_output=True)
+    if has_ruff.returncode != 0:
         raise Refused(f"no ruff for {sys.executable}; run it with the project's venv python")
     moves, names, paths = plan()
     bare = bare_names(paths)

@@ -287,7 +287,7 @@ def rewrite_conftest_imports() -> list[str]:
 def run() -> int:
     moved = moves()
     relayout.MOVES = moved
-    relayout.STAY = {"tests/conftest.py", "tests/__init__.py"}
+    relayout.STAY = {"tests/conftest.py": "pytest's fixtures", "tests/__init__.py": "the package"}
     relayout.PACKAGES = PACKAGES
     relayout.PATCHES = []
     relayout.RELATIVE_NAMES = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import cryptography.x509
 import jwt
-import pygments.lexers.python
+import pygments.lexers.python  # type: ignore[import-untyped]  # no types, nor stubs in [dev]
 import yaml
 from cryptography.hazmat.primitives import hashes
 

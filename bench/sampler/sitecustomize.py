@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+from types import FrameType
 
 PERIOD_SECONDS = 0.004
 
@@ -43,7 +44,7 @@ def _sample(out: str) -> None:
             if ident == me:
                 continue
             stack: list[str] = []
-            at = frame
+            at: FrameType | None = frame
             while at is not None and len(stack) < 60:
                 code = at.f_code
                 stack.append(f"{_short(code.co_filename)}:{code.co_name}:{at.f_lineno}")

@@ -2,6 +2,8 @@
 digest. The worker's state (state.json, written back through result.json) holds, per
 repository, when the last successful digest looked."""
 
+from __future__ import annotations
+
 import json
 import os
 import sys
@@ -9,14 +11,20 @@ import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, NoReturn
 
 inputs = json.loads(Path("inputs.json").read_text())
 repo, days, api = inputs["repo"], inputs["days"], inputs["api_url"].rstrip("/")
 token = os.environ.get("GITHUB_TOKEN")
 
 
-def finish(outputs=None, error=None, retryable=False, state=None):
-    result = {"outputs": outputs or {}, "error": error, "retryable": retryable}
+def finish(
+    outputs: dict[str, Any] | None = None,
+    error: str | None = None,
+    retryable: bool = False,
+    state: dict[str, Any] | None = None,
+) -> NoReturn:
+    result: dict[str, Any] = {"outputs": outputs or {}, "error": error, "retryable": retryable}
     if state is not None:
         result["state"] = state
     Path("result.json").write_text(json.dumps(result))
@@ -37,7 +45,7 @@ else:
 period = f"the last {days} days" if first_digest else f"since {since}"
 
 
-def get(path):
+def get(path: str) -> Any:
     req = urllib.request.Request(
         f"{api}{path}",
         headers={
