@@ -410,6 +410,9 @@ FOREIGN_PRIVATE_NAMES = {
     # its warm process (floom/sandbox/local/warm/inside.py): CPython's own exit steps.
     "_shutdown",
     "_run_exitfuncs",
+    # The E2B SDK's FileStreamReader keeps its httpx response there and offers no raw read:
+    # floom decodes a download's body itself, bounded (floom/sandbox/e2b/transfer.py).
+    "_response",
 }
 
 

@@ -14,7 +14,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Final
+from typing import Final, Protocol
 
 from floom.bundle import ENTRY_OVERHEAD, BoundedReader, UnpackedTooLarge
 from floom.invisible import shown
@@ -120,7 +120,16 @@ def decoded_body(encoding: str, raw: Iterable[bytes]) -> Iterator[bytes]:
         yield from _decode(decoder, data)
 
 
-def _decode(decoder: zlib._Decompress, data: bytes) -> Iterator[bytes]:
+class _Decoder(Protocol):
+    """A zlib decompression object (the standard library names its type only privately)."""
+
+    @property
+    def unconsumed_tail(self) -> bytes: ...
+
+    def decompress(self, data: bytes, max_length: int = ..., /) -> bytes: ...
+
+
+def _decode(decoder: _Decoder, data: bytes) -> Iterator[bytes]:
     while True:
         piece = decoder.decompress(data, DECODED_PIECE)
         data = decoder.unconsumed_tail
