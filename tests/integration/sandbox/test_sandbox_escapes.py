@@ -61,7 +61,10 @@ if os.fork() == 0:
             time.sleep(0.2)
     os._exit(0)
 time.sleep(0.5)
-print(json.dumps({"uid": uid}), flush=True)
+# The clock /proc's start times count in (no time namespace here): what the run started,
+# it started before this.
+ended = time.clock_gettime(time.CLOCK_BOOTTIME)
+print(json.dumps({"uid": uid, "ended": ended}), flush=True)
 raise SystemExit(3)
 """
 
@@ -76,8 +79,12 @@ def _stat(pid: str) -> list[str]:
     return text[text.rfind(")") + 2 :].split()
 
 
-def processes_of(uid: int) -> list[int]:
-    """The live (not zombie) processes of host uid `uid`."""
+def processes_of(uid: int, *, started_before: float | None = None) -> list[int]:
+    """The live (not zombie) processes of host uid `uid`; with `started_before` (seconds of
+    CLOCK_BOOTTIME), only those started before then: a uid a run gave back is any sandbox's
+    to take at once, the suite's other worker's too, and what runs as it then is not the
+    run's leftover."""
+    ticks = os.sysconf("SC_CLK_TCK")
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -85,7 +92,11 @@ def processes_of(uid: int) -> list[int]:
                 owner = os.stat(f"/proc/{entry}").st_uid
             except OSError:
                 continue
-            if owner == uid and _stat(entry)[:1] != ["Z"]:
+            fields = _stat(entry)
+            if owner != uid or fields[:1] in (["Z"], []):
+                continue
+            # field 22 (the 20th after the command): the start, in clock ticks since boot
+            if started_before is None or int(fields[19]) < int(started_before * ticks):
                 found.append(int(entry))
     return found
 
@@ -139,8 +150,8 @@ def test_a_daemon_the_run_leaves_ends_with_it_and_the_next_run_works(
 
     assert not result.timed_out, lines[-3:]
     assert result.exit_code == 3, lines[-3:]
-    uid = next(json.loads(line)["uid"] for stream, line in lines if line.startswith("{"))
-    assert processes_of(uid) == []
+    told = next(json.loads(line) for stream, line in lines if line.startswith("{"))
+    assert processes_of(told["uid"], started_before=told["ended"]) == []
     after, lines = run(sandbox, tmp_path, "print('next')")
     assert after.exit_code == 0, lines
     assert ("stdout", "next") in lines
