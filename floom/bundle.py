@@ -213,19 +213,21 @@ def read_folder(folder: Path, *, max_bytes: int) -> Bundle:
             left_out.append(told(f"'{rel}' ({_kind(mode)}, not a regular file)"))
             continue
         if is_env_file(rel):
-            left_out.append(
-                told(
-                    f"'{rel}' (an environment file: store its secrets with ",
-                    act("secrets set", name="NAME"),
-                    " and declare them under `secrets:` in worker.yml)",
-                )
-            )
+            left_out.append(_env_file_left_out(rel))
             continue
         path = folder / rel
         data, mode = _read_file(path, rel, count=len(files) + 1, total=total, max_bytes=max_bytes)
         total += len(data)
         files[rel] = BundleFile(rel, data, bool(mode & 0o111))
     return Bundle(files, left_out=tuple(left_out))
+
+
+def _env_file_left_out(rel: str) -> Told:
+    return told(
+        f"'{rel}' (an environment file: store its secrets with ",
+        act("secrets set", name="NAME"),
+        " and declare them under `secrets:` in worker.yml)",
+    )
 
 
 def is_env_file(rel: str) -> bool:
@@ -340,7 +342,20 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
     Every limit is checked on an entry's header before its contents are read, and the
     archive is unpacked as a stream that stops past what those limits allow, so the work
     never scales with what an upload claims beyond them."""
+    return _unpack(data, max_bytes=max_bytes, upload=False)
+
+
+def read_upload(data: bytes, *, max_bytes: int) -> Bundle:
+    """An archive sent to become a version (a REST deploy, MCP `files`), read as
+    `read_archive` does, less what `read_folder` leaves out of a folder: environment files
+    (`.env`, `sub/.env.local`; not `.env.example`) and FIFOs and devices, each named in
+    `left_out`. So the version holds the same files whichever surface sent them."""
+    return _unpack(data, max_bytes=max_bytes, upload=True)
+
+
+def _unpack(data: bytes, *, max_bytes: int, upload: bool) -> Bundle:
     files: dict[str, BundleFile] = {}
+    left_out: list[Told] = []
     names = _Names()
     total = entries = 0
     unpacked = BoundedReader(
@@ -361,12 +376,21 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
                 if member.isdir():
                     names.add_dir(path)
                     continue
+                if upload and (member.isfifo() or member.isdev()):
+                    names.add_file(path)
+                    kind = "a FIFO" if member.isfifo() else "a device"
+                    left_out.append(told(f"'{path}' ({kind}, not a regular file)"))
+                    continue
                 if not member.isfile():
                     raise BundleInvalid(
                         f"archive entry '{member.name}' is not a regular file",
-                        hint="workers may hold regular files only (no links or devices)",
+                        hint="workers may hold regular files only: replace the link with "
+                        "the file it points to",
                     )
                 names.add_file(path)
+                if upload and is_env_file(path):
+                    left_out.append(_env_file_left_out(path))
+                    continue
                 total += member.size
                 _check_limits(len(files) + 1, total, max_bytes)
                 extracted = tar.extractfile(member)
@@ -377,9 +401,9 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
             "the upload is not a readable tar.gz archive",
             hint=told("deploy with ", DEPLOY, ", which packs the folder for you"),
         ) from exc
-    if not files:
+    if not files and not left_out:
         raise BundleInvalid("the archive is empty", hint="the worker folder needs worker.yml")
-    return Bundle(files)
+    return Bundle(files, left_out=tuple(left_out))
 
 
 def _decompressed(data: bytes) -> io.BufferedIOBase:
