@@ -16,8 +16,8 @@ from floom.vocabulary import StateSource
 
 if TYPE_CHECKING:
     from floom.manifest.schema import Manifest
-    from floom.services.workers.versions import Validation
     from floom.services.workers.deletion import Deletion
+    from floom.services.workers.versions import Validation
     from floom.store.models import Version, Worker, WorkerState
 
 RECENT_RUNS = 10

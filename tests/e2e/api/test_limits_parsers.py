@@ -376,6 +376,49 @@ def test_an_entry_that_escapes_the_folder_is_refused_with_the_archive_format(
     assert api.get("/api/v1/workers").json()["items"] == []
 
 
+def test_an_upload_leaves_environment_files_and_fifos_out_and_says_so(
+    api: httpx.Client, reader: httpx.Client
+) -> None:
+    # Before: an archive sent to the REST API shipped `.env` and `sub/.env.local` into the
+    # version, readable by any read key and in every run's sandbox (and a FIFO was refused),
+    # while `floom deploy` of the same folder left them out.
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in [
+            *worker_entries(),
+            (".env", b"TOKEN=sk-live\n"),
+            ("sub/.env.local", b"TOKEN=x\n"),
+            (".env.example", b"TOKEN=\n"),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data or b"")
+            tar.addfile(info, io.BytesIO(data or b""))
+        fifo = tarfile.TarInfo("pipe")
+        fifo.type = tarfile.FIFOTYPE
+        tar.addfile(fifo)
+    upload = gzip.compress(raw.getvalue())
+
+    checked, _ = post(reader, "/api/v1/workers/validate", upload)
+    response, _ = post(api, "/api/v1/workers", upload)
+
+    assert checked.status_code == 200, checked.text[:500]
+    assert response.status_code == 201, response.text[:500]
+    for said in (checked.json()["left_out"], response.json()["left_out"]):
+        assert [why.split(" ", 1)[0] for why in said] == ["'.env'", "'sub/.env.local'", "'pipe'"]
+        # Told as a REST client does it.
+        assert "PUT /api/v1/secrets/NAME" in said[0]
+        assert "FIFO" in said[2]
+    version = response.json()["version"]["id"]
+    files = api.get(f"/api/v1/workers/clash/versions/{version}").json()["files"]
+    assert sorted(f["path"] for f in files) == [".env.example", "run.py", "worker.yml"]
+    # The same version as the files without them: one content id whatever the surface.
+    plain = raw_tar([*worker_entries(), (".env.example", b"TOKEN=\n")])
+    again, _ = post(api, "/api/v1/workers", plain)
+    assert again.json()["version"]["id"] == version
+    assert again.json()["created"] is False
+    assert again.json()["left_out"] == []
+
+
 def test_names_that_differ_only_in_case_are_distinct_files(api: httpx.Client) -> None:
     extra: list[tuple[str, bytes | None]] = [("a", b"lower"), ("A", b"upper"), ("d", None)]
     response, _ = post(api, "/api/v1/workers", raw_tar(worker_entries() + extra))
