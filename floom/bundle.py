@@ -11,6 +11,7 @@ import lzma
 import os
 import stat
 import tarfile
+import unicodedata
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -150,13 +151,31 @@ def _check_entries(count: int) -> None:
         )
 
 
+def check_shown_apart(seen: dict[str, str], path: str) -> None:
+    """Refuse `path` when it differs from a path in `seen` only in Unicode form (equal under
+    NFKC): 'café' composed and decomposed, 'run.py' in fullwidth letters and in ASCII, 'a/b'
+    with a fullwidth solidus and a real one, are two files on disk that every listing and
+    diff of the version shows as one (names that differ in case stay apart: they show
+    apart). `seen` maps each form to the first path in it."""
+    form = unicodedata.normalize("NFKC", path)
+    first = seen.setdefault(form, path)
+    if first != path:
+        raise BundlePathInvalid(
+            f"{first!a} and {path!a} are two names that show as one ('{form}'): "
+            "they differ only in Unicode form",
+            hint=_hint("rename one of them (or save both in one form, NFC)"),
+        )
+
+
 @dataclass
 class _Names:
     """The paths of one archive so far: each at most once, and never a file where another
-    entry needs a directory (`a` and `a/b`), which would fail whenever a run unpacks it."""
+    entry needs a directory (`a` and `a/b`), which would fail whenever a run unpacks it.
+    With `forms` (an upload), never two that show as one either (check_shown_apart)."""
 
     files: set[str] = field(default_factory=set)
     dirs: set[str] = field(default_factory=set)
+    forms: dict[str, str] | None = None
 
     def add_file(self, path: str) -> None:
         if path in self.files:
@@ -166,12 +185,14 @@ class _Names:
         if path in self.dirs:
             raise _clash(path)
         self._add_parents(path)
+        self._add_form(path)
         self.files.add(path)
 
     def add_dir(self, path: str) -> None:
         if path in self.files:
             raise _clash(path)
         self._add_parents(path)
+        self._add_form(path)
         self.dirs.add(path)
 
     def _add_parents(self, path: str) -> None:
@@ -179,7 +200,12 @@ class _Names:
             name = str(parent)
             if name in self.files:
                 raise _clash(name)
+            self._add_form(name)
             self.dirs.add(name)
+
+    def _add_form(self, path: str) -> None:
+        if self.forms is not None:
+            check_shown_apart(self.forms, path)
 
 
 def _clash(path: str) -> BundlePathInvalid:
@@ -199,9 +225,11 @@ def read_folder(folder: Path, *, max_bytes: int) -> Bundle:
         )
     files: dict[str, BundleFile] = {}
     left_out: list[Told] = []
+    forms: dict[str, str] = {}
     total = 0
     for rel, mode in folder_entries(folder):
         _check_path(rel)
+        check_shown_apart(forms, rel)
         if stat.S_ISLNK(mode):
             raise BundleInvalid(
                 f"'{rel}' is a symlink; workers cannot ship symlinks",
@@ -356,7 +384,7 @@ def read_upload(data: bytes, *, max_bytes: int) -> Bundle:
 def _unpack(data: bytes, *, max_bytes: int, upload: bool) -> Bundle:
     files: dict[str, BundleFile] = {}
     left_out: list[Told] = []
-    names = _Names()
+    names = _Names(forms={} if upload else None)
     total = entries = 0
     unpacked = BoundedReader(
         _decompressed(data),

@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from floom.api.auth import RateLimiter
-from floom.bundle import Bundle, BundleFile, read_archive
-from floom.errors import BundleTooLarge, ManifestTooLarge, RateLimited
+from floom.bundle import Bundle, BundleFile, read_archive, read_folder
+from floom.errors import BundlePathInvalid, BundleTooLarge, ManifestTooLarge, RateLimited
 from floom.manifest.schema import MAX_MANIFEST_DEPTH, Manifest
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
@@ -417,6 +417,41 @@ def test_an_upload_leaves_environment_files_and_fifos_out_and_says_so(
     assert again.json()["version"]["id"] == version
     assert again.json()["created"] is False
     assert again.json()["left_out"] == []
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("caf\u00e9.py", "cafe\u0301.py"),  # composed and decomposed: NFC-equal
+        ("run2.py", "run\u00b2.py"),  # a superscript two: NFKC-equal
+        ("lib/run.py", "lib\uff0frun.py"),  # a fullwidth solidus shows as a folder
+        ("conff/a.py", "con\ufb00/a.py"),  # folders too: U+FB00 is the ligature "ff"
+    ],
+    ids=["nfc", "nfkc", "solidus", "folder"],
+)
+def test_two_names_that_differ_only_in_unicode_form_are_refused_at_deploy(
+    api: httpx.Client, tmp_path: Path, first: str, second: str
+) -> None:
+    # Before: both were stored as two files of one version that every listing and diff
+    # showed under one name, so a reader could not tell which one ran or changed.
+    extra: list[tuple[str, bytes | None]] = [(first, b"one"), (second, b"two")]
+    response, _ = post(api, "/api/v1/workers", raw_tar(worker_entries() + extra))
+    assert response.status_code == 422, response.text[:500]
+    error = error_of(response)
+    assert error["code"] == "bundle_path_invalid"
+    assert "differ only in Unicode form" in error["message"]
+    assert ascii(second) in error["message"]
+    assert api.get("/api/v1/workers").json()["items"] == []
+    # So is a folder holding both (Linux keeps them apart), before anything is sent.
+    folder = tmp_path / "w"
+    for name, data in [*worker_entries(), *extra]:
+        (folder / str(name)).parent.mkdir(parents=True, exist_ok=True)
+        (folder / str(name)).write_bytes(data or b"")
+    with pytest.raises(BundlePathInvalid, match="differ only in Unicode form"):
+        read_folder(folder, max_bytes=1 << 20)
+    # A version stored before this rule is read as stored, and still runs.
+    stored = Bundle({name: BundleFile(name, b"") for name in (first, second)}).to_archive()
+    assert sorted(read_archive(stored, max_bytes=1 << 20).files) == sorted([first, second])
 
 
 def test_names_that_differ_only_in_case_are_distinct_files(api: httpx.Client) -> None:
