@@ -11,6 +11,7 @@ import lzma
 import os
 import stat
 import tarfile
+import unicodedata
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -150,13 +151,31 @@ def _check_entries(count: int) -> None:
         )
 
 
+def check_shown_apart(seen: dict[str, str], path: str) -> None:
+    """Refuse `path` when it differs from a path in `seen` only in Unicode form (equal under
+    NFKC): 'café' composed and decomposed, 'run.py' in fullwidth letters and in ASCII, 'a/b'
+    with a fullwidth solidus and a real one, are two files on disk that every listing and
+    diff of the version shows as one (names that differ in case stay apart: they show
+    apart). `seen` maps each form to the first path in it."""
+    form = unicodedata.normalize("NFKC", path)
+    first = seen.setdefault(form, path)
+    if first != path:
+        raise BundlePathInvalid(
+            f"{first!a} and {path!a} are two names that show as one ('{form}'): "
+            "they differ only in Unicode form",
+            hint=_hint("rename one of them (or save both in one form, NFC)"),
+        )
+
+
 @dataclass
 class _Names:
     """The paths of one archive so far: each at most once, and never a file where another
-    entry needs a directory (`a` and `a/b`), which would fail whenever a run unpacks it."""
+    entry needs a directory (`a` and `a/b`), which would fail whenever a run unpacks it.
+    With `forms` (an upload), never two that show as one either (check_shown_apart)."""
 
     files: set[str] = field(default_factory=set)
     dirs: set[str] = field(default_factory=set)
+    forms: dict[str, str] | None = None
 
     def add_file(self, path: str) -> None:
         if path in self.files:
@@ -166,12 +185,14 @@ class _Names:
         if path in self.dirs:
             raise _clash(path)
         self._add_parents(path)
+        self._add_form(path)
         self.files.add(path)
 
     def add_dir(self, path: str) -> None:
         if path in self.files:
             raise _clash(path)
         self._add_parents(path)
+        self._add_form(path)
         self.dirs.add(path)
 
     def _add_parents(self, path: str) -> None:
@@ -179,7 +200,12 @@ class _Names:
             name = str(parent)
             if name in self.files:
                 raise _clash(name)
+            self._add_form(name)
             self.dirs.add(name)
+
+    def _add_form(self, path: str) -> None:
+        if self.forms is not None:
+            check_shown_apart(self.forms, path)
 
 
 def _clash(path: str) -> BundlePathInvalid:
@@ -199,9 +225,11 @@ def read_folder(folder: Path, *, max_bytes: int) -> Bundle:
         )
     files: dict[str, BundleFile] = {}
     left_out: list[Told] = []
+    forms: dict[str, str] = {}
     total = 0
     for rel, mode in folder_entries(folder):
         _check_path(rel)
+        check_shown_apart(forms, rel)
         if stat.S_ISLNK(mode):
             raise BundleInvalid(
                 f"'{rel}' is a symlink; workers cannot ship symlinks",
@@ -213,19 +241,21 @@ def read_folder(folder: Path, *, max_bytes: int) -> Bundle:
             left_out.append(told(f"'{rel}' ({_kind(mode)}, not a regular file)"))
             continue
         if is_env_file(rel):
-            left_out.append(
-                told(
-                    f"'{rel}' (an environment file: store its secrets with ",
-                    act("secrets set", name="NAME"),
-                    " and declare them under `secrets:` in worker.yml)",
-                )
-            )
+            left_out.append(_env_file_left_out(rel))
             continue
         path = folder / rel
         data, mode = _read_file(path, rel, count=len(files) + 1, total=total, max_bytes=max_bytes)
         total += len(data)
         files[rel] = BundleFile(rel, data, bool(mode & 0o111))
     return Bundle(files, left_out=tuple(left_out))
+
+
+def _env_file_left_out(rel: str) -> Told:
+    return told(
+        f"'{rel}' (an environment file: store its secrets with ",
+        act("secrets set", name="NAME"),
+        " and declare them under `secrets:` in worker.yml)",
+    )
 
 
 def is_env_file(rel: str) -> bool:
@@ -340,8 +370,21 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
     Every limit is checked on an entry's header before its contents are read, and the
     archive is unpacked as a stream that stops past what those limits allow, so the work
     never scales with what an upload claims beyond them."""
+    return _unpack(data, max_bytes=max_bytes, upload=False)
+
+
+def read_upload(data: bytes, *, max_bytes: int) -> Bundle:
+    """An archive sent to become a version (a REST deploy, MCP `files`), read as
+    `read_archive` does, less what `read_folder` leaves out of a folder: environment files
+    (`.env`, `sub/.env.local`; not `.env.example`) and FIFOs and devices, each named in
+    `left_out`. So the version holds the same files whichever surface sent them."""
+    return _unpack(data, max_bytes=max_bytes, upload=True)
+
+
+def _unpack(data: bytes, *, max_bytes: int, upload: bool) -> Bundle:
     files: dict[str, BundleFile] = {}
-    names = _Names()
+    left_out: list[Told] = []
+    names = _Names(forms={} if upload else None)
     total = entries = 0
     unpacked = BoundedReader(
         _decompressed(data),
@@ -361,12 +404,21 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
                 if member.isdir():
                     names.add_dir(path)
                     continue
+                if upload and (member.isfifo() or member.isdev()):
+                    names.add_file(path)
+                    kind = "a FIFO" if member.isfifo() else "a device"
+                    left_out.append(told(f"'{path}' ({kind}, not a regular file)"))
+                    continue
                 if not member.isfile():
                     raise BundleInvalid(
                         f"archive entry '{member.name}' is not a regular file",
-                        hint="workers may hold regular files only (no links or devices)",
+                        hint="workers may hold regular files only: replace the link with "
+                        "the file it points to",
                     )
                 names.add_file(path)
+                if upload and is_env_file(path):
+                    left_out.append(_env_file_left_out(path))
+                    continue
                 total += member.size
                 _check_limits(len(files) + 1, total, max_bytes)
                 extracted = tar.extractfile(member)
@@ -377,9 +429,9 @@ def read_archive(data: bytes, *, max_bytes: int) -> Bundle:
             "the upload is not a readable tar.gz archive",
             hint=told("deploy with ", DEPLOY, ", which packs the folder for you"),
         ) from exc
-    if not files:
+    if not files and not left_out:
         raise BundleInvalid("the archive is empty", hint="the worker folder needs worker.yml")
-    return Bundle(files)
+    return Bundle(files, left_out=tuple(left_out))
 
 
 def _decompressed(data: bytes) -> io.BufferedIOBase:

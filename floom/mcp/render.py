@@ -281,6 +281,8 @@ def problems_text(result: ValidationResult) -> str:
     return "\n".join(lines)
 
 
-def left_out_text(left_out: Sequence[Told]) -> str:
-    """What of a worker folder was not shipped, one line each (as `floom deploy` prints it)."""
-    return "".join(f"\nleft out {render_told(why, surface='mcp')}" for why in left_out)
+def left_out_text(left_out: Sequence[Told], said: Sequence[str] = ()) -> str:
+    """What of a worker was not shipped, one line each (as `floom deploy` prints it): what
+    packing its folder here left out, then what floom said it left out of the upload."""
+    lines = [render_told(why, surface="mcp") for why in left_out] + list(said)
+    return "".join(f"\nleft out {line}" for line in lines)

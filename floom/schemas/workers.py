@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import Field
 
 from floom import jsonvalues
-from floom.hints import Surface
+from floom.hints import Surface, Told
 from floom.hints.surface import render
 from floom.schemas.common import IsoTime, Public, Timestamp
 from floom.schemas.runs import RunPublic
 from floom.vocabulary import StateSource
 
 if TYPE_CHECKING:
-    from floom.manifest.schema import Manifest, Problem
+    from floom.manifest.schema import Manifest
     from floom.services.workers.deletion import Deletion
+    from floom.services.workers.versions import Validation
     from floom.store.models import Version, Worker, WorkerState
 
 RECENT_RUNS = 10
@@ -168,6 +170,11 @@ class DeployResult(Public):
     version: VersionPublic
     created: bool = Field(description="false when the same content was deployed before")
     activated: bool
+    left_out: list[str] = Field(
+        default_factory=list,
+        description="files of the upload no version ships, each with why: environment files "
+        "(`.env`, `.env.*` at any depth; `.env.example` ships) and FIFOs or devices",
+    )
 
 
 class RollbackResult(Public):
@@ -188,10 +195,16 @@ class ValidationResult(Public):
     valid: bool
     problems: list[ProblemPublic]
     manifest: dict[str, Any] | None = Field(description="the parsed manifest, when it parses")
+    left_out: list[str] = Field(
+        default_factory=list,
+        description="files of the upload no version ships, each with why: environment files "
+        "(`.env`, `.env.*` at any depth; `.env.example` ships) and FIFOs or devices",
+    )
 
     @classmethod
-    def of(cls, manifest: Manifest | None, problems: list[Problem], *, surface: Surface) -> Self:
+    def of(cls, validation: Validation, *, surface: Surface) -> Self:
         """The result, each problem's hint in the terms of the caller's `surface`."""
+        manifest, problems = validation.manifest, validation.problems
         return cls(
             valid=not problems,
             problems=[
@@ -199,7 +212,12 @@ class ValidationResult(Public):
                 for p in problems
             ],
             manifest=manifest.model_dump(mode="json") if manifest else None,
+            left_out=left_out_said(validation.left_out, surface=surface),
         )
+
+
+def left_out_said(left_out: Sequence[Told], *, surface: Surface) -> list[str]:
+    return [render(why, surface=surface) or "" for why in left_out]
 
 
 class WorkerDeleted(Public):

@@ -21,6 +21,7 @@ from floom.schemas.workers import (
     WorkerDetail,
     WorkerPublic,
     WorkerStatePublic,
+    left_out_said,
 )
 from floom.services import paging
 from floom.services.access import secrets
@@ -125,6 +126,7 @@ def deploy_result(ctx: Context, result: workers.DeployResult, *, caller: Princip
         version=VersionPublic.of(result.version, active_id=result.version.id),
         created=result.created,
         activated=result.activated,
+        left_out=left_out_said(result.left_out, surface=caller.surface),
     )
 
 

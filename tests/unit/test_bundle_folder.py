@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from floom import bundle as bundle_module
-from floom.bundle import read_folder
+from floom.bundle import Bundle, BundleFile, read_archive, read_folder, read_upload
 from floom.errors import BundleInvalid, BundlePathInvalid, BundleTooLarge
 from floom.hints.cli import written
 from floom.manifest.load import check_folder
@@ -106,6 +107,36 @@ def test_env_files_stay_behind_and_are_named_while_examples_ship(tmp_path: Path)
     assert "FIFO" in said["'pipe'"]
     _, problems = check_folder(tmp_path)
     assert problems == []
+
+
+def test_an_archive_of_a_folder_leaves_out_what_the_folder_walk_does_at_any_depth(
+    tmp_path: Path,
+) -> None:
+    # Before: the server read an uploaded archive whole, so a REST deploy of `tar czf` of a
+    # folder (or MCP `files`) shipped the `.env` files `floom deploy` of it leaves behind,
+    # and refused a FIFO it leaves out.
+    folder = tmp_path / "w"
+    (folder / "conf" / "deep").mkdir(parents=True)
+    (folder / "worker.yml").write_text("name: dotenv\n")
+    (folder / "run.py").write_text("print('hi')\n")
+    (folder / ".env").write_text("OPENAI_API_KEY=sk-live\n")
+    (folder / "conf" / "deep" / ".env.local").write_text("TOKEN=x\n")
+    (folder / "conf" / ".env.sample").write_text("TOKEN=\n")
+    os.mkfifo(folder / "pipe")
+    packed = tmp_path / "w.tgz"
+    subprocess.run(["tar", "czf", str(packed), "-C", str(folder), "."], check=True)
+    walked = read_folder(folder, max_bytes=1 << 20)
+
+    uploaded = read_upload(packed.read_bytes(), max_bytes=1 << 20)
+
+    assert sorted(uploaded.files) == ["conf/.env.sample", "run.py", "worker.yml"]
+    assert uploaded.digest == walked.digest
+    said = sorted(map(written, uploaded.left_out))  # tar lists a folder in its own order
+    assert said == sorted(map(written, walked.left_out))
+    assert [why.split(" ", 1)[0] for why in said] == ["'.env'", "'conf/deep/.env.local'", "'pipe'"]
+    # A stored version's archive is read as it is: its digest is what it was stored under.
+    stored = Bundle({".env": BundleFile(".env", b"X=1"), "run.py": BundleFile("run.py", b"")})
+    assert sorted(read_archive(stored.to_archive(), max_bytes=1 << 20).files) == [".env", "run.py"]
 
 
 def test_folders_left_out_are_never_walked_and_a_huge_tree_stops_at_the_entry_bound(

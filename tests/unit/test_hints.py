@@ -21,6 +21,7 @@ from floom.mcp.backends.rest import setup_hint
 from floom.schemas.workers import ValidationResult
 from floom.services.access.principal import Principal
 from floom.services.ops.doctor import Check
+from floom.services.workers.versions import Validation
 from tests.support.hints import FLOOM, act_calls, every_action
 
 SURFACES: tuple[Surface, ...] = ("cli", "rest", "mcp", "ui")
@@ -310,7 +311,7 @@ def test_a_manifest_problems_hint_is_told_in_the_callers_terms() -> None:
         ("mcp", "set it with set_secret(name=NAME, value=VALUE)"),
     ]
     for surface, expected in told_as:
-        result = ValidationResult.of(None, problems, surface=surface)
+        result = ValidationResult.of(Validation(None, problems), surface=surface)
         assert result.problems[0].hint == expected
 
 

@@ -105,10 +105,10 @@ async def validate_worker(
     request: Request, ctx: CtxDep, caller: ReadCaller
 ) -> worker_models.ValidationResult:
     archive = await _read_archive(request, ctx)
-    manifest, problems = await run_in_threadpool(
+    validation = await run_in_threadpool(
         workers.validate_archive, ctx, archive=archive, caller=caller
     )
-    return worker_models.ValidationResult.of(manifest, problems, surface=caller.surface)
+    return worker_models.ValidationResult.of(validation, surface=caller.surface)
 
 
 @router.get("/workers", response_model=Page[worker_models.WorkerPublic], responses=authed(400, 422))

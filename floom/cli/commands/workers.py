@@ -100,6 +100,8 @@ def deploy(
     archive = bundle.to_archive()
     with open_client() as client:
         result = client.deploy(archive, skip_eval_gate=skip_eval_gate)
+    for line in result.left_out:  # what floom itself left out of the upload
+        err.print(Text(f"left out {line}"))
     name, version = result.worker.name, result.version.id
     if result.created:
         out.print(Text(f"deployed {name} version {version} (active)"))

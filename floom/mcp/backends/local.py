@@ -163,9 +163,8 @@ class LocalBackend(Backend):
 
     def validate(self, archive: bytes) -> ValidationResult:
         ctx = self.ctx
-        manifest, problems = workers.validate_archive(ctx, archive=archive, caller=self.principal)
-        surface = self.principal.surface
-        return worker_models.ValidationResult.of(manifest, problems, surface=surface)
+        validation = workers.validate_archive(ctx, archive=archive, caller=self.principal)
+        return worker_models.ValidationResult.of(validation, surface=self.principal.surface)
 
     def deploy(self, archive: bytes, *, skip_eval_gate: bool = False) -> DeployResult:
         ctx = self.ctx

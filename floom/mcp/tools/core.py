@@ -162,7 +162,7 @@ async def validate_worker(
     backend = backend_of(ctx)
     archive, left_out = pack(backend, folder, files, files_base64, executable)
     result = await off(backend.validate, archive)
-    return Reply(problems_text(result) + left_out_text(left_out), result.to_json())
+    return Reply(problems_text(result) + left_out_text(left_out, result.left_out), result.to_json())
 
 
 @floom_tool
@@ -194,7 +194,7 @@ async def deploy_worker(
         text = f"{name} version {version} unchanged; it is the active version again"
     else:
         text = f"{name} version {version} unchanged (already active)"
-    return Reply(text + left_out_text(left_out), result.to_json())
+    return Reply(text + left_out_text(left_out, result.left_out), result.to_json())
 
 
 @floom_tool

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -13,9 +13,9 @@ from sqlalchemy import select as sql_select
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from floom.bundle import Bundle, read_archive
+from floom.bundle import Bundle, read_archive, read_upload
 from floom.errors import Conflict, InvalidRequest, ManifestInvalid, NotFound, quoted
-from floom.hints import act, told
+from floom.hints import Told, act, told
 from floom.manifest.load import check_manifest, manifest_invalid, parse_manifest
 from floom.manifest.schema import MAX_SKILL_BYTES, Manifest, Problem
 from floom.sandbox import configuration_problem
@@ -39,6 +39,8 @@ class DeployResult:
     version: Version
     created: bool
     activated: bool
+    # What the upload held that no version ships (bundle.read_upload), each with why.
+    left_out: tuple[Told, ...] = ()
 
 
 def _bundle_manifest_text(bundle: Bundle) -> str:
@@ -70,12 +72,23 @@ def file_problems(manifest: Manifest, bundle: Bundle) -> list[Problem]:
     ]
 
 
-def validate_archive(
-    ctx: Context, *, archive: bytes, caller: Principal
-) -> tuple[Manifest | None, list[Problem]]:
+@dataclass(frozen=True)
+class Validation:
+    manifest: Manifest | None
+    problems: list[Problem]
+    # What a deploy of the archive would leave out (bundle.read_upload), each with why.
+    left_out: tuple[Told, ...] = ()
+
+
+def validate_archive(ctx: Context, *, archive: bytes, caller: Principal) -> Validation:
     """Check a worker archive without storing anything. Needs the read scope."""
     caller.require("read")
-    bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
+    bundle = read_upload(archive, max_bytes=ctx.settings.max_bundle_bytes)
+    manifest, problems = _validate_bundle(ctx, bundle)
+    return Validation(manifest, problems, bundle.left_out)
+
+
+def _validate_bundle(ctx: Context, bundle: Bundle) -> tuple[Manifest | None, list[Problem]]:
     if "worker.yml" not in bundle.files:
         return None, [
             Problem(
@@ -112,7 +125,7 @@ def deploy(
     the deploy scope (checked again in the storing transaction).
     """
     caller.require("deploy")
-    bundle = read_archive(archive, max_bytes=ctx.settings.max_bundle_bytes)
+    bundle = read_upload(archive, max_bytes=ctx.settings.max_bundle_bytes)
     text = _bundle_manifest_text(bundle)
     manifest = parse_manifest(text, bundle.files.keys())
     over = (
@@ -128,11 +141,12 @@ def deploy(
     digest = bundle.digest
     normalised = bundle.to_archive()
     try:
-        return _store_version(ctx, bundle, manifest, text, digest, normalised, caller, activate)
+        stored = _store_version(ctx, bundle, manifest, text, digest, normalised, caller, activate)
     except IntegrityError:
         # A concurrent first deploy of the same worker or content committed first (on
         # PostgreSQL both transactions saw no row); this one now finds it and reuses it.
-        return _store_version(ctx, bundle, manifest, text, digest, normalised, caller, activate)
+        stored = _store_version(ctx, bundle, manifest, text, digest, normalised, caller, activate)
+    return replace(stored, left_out=bundle.left_out)
 
 
 def _check_sandbox_configured(ctx: Context, manifest: Manifest) -> None:

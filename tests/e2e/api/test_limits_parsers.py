@@ -19,8 +19,8 @@ import httpx
 import pytest
 
 from floom.api.auth import RateLimiter
-from floom.bundle import Bundle, BundleFile, read_archive
-from floom.errors import BundleTooLarge, ManifestTooLarge, RateLimited
+from floom.bundle import Bundle, BundleFile, read_archive, read_folder
+from floom.errors import BundlePathInvalid, BundleTooLarge, ManifestTooLarge, RateLimited
 from floom.manifest.schema import MAX_MANIFEST_DEPTH, Manifest
 from floom.services.access import keys
 from floom.services.access.principal import SYSTEM
@@ -374,6 +374,84 @@ def test_an_entry_that_escapes_the_folder_is_refused_with_the_archive_format(
     assert "points outside the worker folder" in error["message"]
     assert "tar czf worker.tgz -C FOLDER ." in error["hint"]
     assert api.get("/api/v1/workers").json()["items"] == []
+
+
+def test_an_upload_leaves_environment_files_and_fifos_out_and_says_so(
+    api: httpx.Client, reader: httpx.Client
+) -> None:
+    # Before: an archive sent to the REST API shipped `.env` and `sub/.env.local` into the
+    # version, readable by any read key and in every run's sandbox (and a FIFO was refused),
+    # while `floom deploy` of the same folder left them out.
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in [
+            *worker_entries(),
+            (".env", b"TOKEN=sk-live\n"),
+            ("sub/.env.local", b"TOKEN=x\n"),
+            (".env.example", b"TOKEN=\n"),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data or b"")
+            tar.addfile(info, io.BytesIO(data or b""))
+        fifo = tarfile.TarInfo("pipe")
+        fifo.type = tarfile.FIFOTYPE
+        tar.addfile(fifo)
+    upload = gzip.compress(raw.getvalue())
+
+    checked, _ = post(reader, "/api/v1/workers/validate", upload)
+    response, _ = post(api, "/api/v1/workers", upload)
+
+    assert checked.status_code == 200, checked.text[:500]
+    assert response.status_code == 201, response.text[:500]
+    for said in (checked.json()["left_out"], response.json()["left_out"]):
+        assert [why.split(" ", 1)[0] for why in said] == ["'.env'", "'sub/.env.local'", "'pipe'"]
+        # Told as a REST client does it.
+        assert "PUT /api/v1/secrets/NAME" in said[0]
+        assert "FIFO" in said[2]
+    version = response.json()["version"]["id"]
+    files = api.get(f"/api/v1/workers/clash/versions/{version}").json()["files"]
+    assert sorted(f["path"] for f in files) == [".env.example", "run.py", "worker.yml"]
+    # The same version as the files without them: one content id whatever the surface.
+    plain = raw_tar([*worker_entries(), (".env.example", b"TOKEN=\n")])
+    again, _ = post(api, "/api/v1/workers", plain)
+    assert again.json()["version"]["id"] == version
+    assert again.json()["created"] is False
+    assert again.json()["left_out"] == []
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "named"),
+    [
+        ("caf\u00e9.py", "cafe\u0301.py", "cafe\u0301.py"),  # composed, decomposed: NFC-equal
+        ("run2.py", "run\u00b2.py", "run\u00b2.py"),  # a superscript two: NFKC-equal
+        ("lib/run.py", "lib\uff0frun.py", "lib\uff0frun.py"),  # a fullwidth solidus
+        ("conff/a.py", "con\ufb00/a.py", "con\ufb00"),  # folders too: U+FB00 is "ff"
+    ],
+    ids=["nfc", "nfkc", "solidus", "folder"],
+)
+def test_two_names_that_differ_only_in_unicode_form_are_refused_at_deploy(
+    api: httpx.Client, tmp_path: Path, first: str, second: str, named: str
+) -> None:
+    # Before: both were stored as two files of one version that every listing and diff
+    # showed under one name, so a reader could not tell which one ran or changed.
+    extra: list[tuple[str, bytes | None]] = [(first, b"one"), (second, b"two")]
+    response, _ = post(api, "/api/v1/workers", raw_tar(worker_entries() + extra))
+    assert response.status_code == 422, response.text[:500]
+    error = error_of(response)
+    assert error["code"] == "bundle_path_invalid"
+    assert "differ only in Unicode form" in error["message"]
+    assert ascii(named) in error["message"]
+    assert api.get("/api/v1/workers").json()["items"] == []
+    # So is a folder holding both (Linux keeps them apart), before anything is sent.
+    folder = tmp_path / "w"
+    for name, data in [*worker_entries(), *extra]:
+        (folder / str(name)).parent.mkdir(parents=True, exist_ok=True)
+        (folder / str(name)).write_bytes(data or b"")
+    with pytest.raises(BundlePathInvalid, match="differ only in Unicode form"):
+        read_folder(folder, max_bytes=1 << 20)
+    # A version stored before this rule is read as stored, and still runs.
+    stored = Bundle({name: BundleFile(name, b"") for name in (first, second)}).to_archive()
+    assert sorted(read_archive(stored, max_bytes=1 << 20).files) == sorted([first, second])
 
 
 def test_names_that_differ_only_in_case_are_distinct_files(api: httpx.Client) -> None:

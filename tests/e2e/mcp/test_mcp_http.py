@@ -506,3 +506,37 @@ def test_watch_run_sends_progress_to_a_client_that_asks_for_it(
     assert all(total == 30 for _, total, _ in heard)
     assert all(f"run {run_id} is running" in (m or "") for _, _, m in heard)
     assert any("last log line: tick" in (m or "") for _, _, m in heard), heard
+
+
+def test_deploy_worker_leaves_environment_files_sent_as_files_out_and_says_so(
+    server: LiveServer, api: httpx.Client
+) -> None:
+    # Before: `files={".env": ...}` shipped the file into the version, readable by any read
+    # key and in every run's sandbox, and the reply said nothing.
+    files = {
+        "worker.yml": "name: dotenv\n",
+        "run.py": "print('hi')\n",
+        ".env": "TOKEN=sk-live\n",
+        "conf/.env.production": "TOKEN=x\n",
+        ".env.example": "TOKEN=\n",
+    }
+
+    async def session() -> None:
+        async with http_client(server) as mcp:
+            for tool in ("validate_worker", "deploy_worker"):
+                result = await call_raw(mcp, tool, files=files)
+                assert not result.is_error, text_of(result)
+                said = text_of(result)
+                assert "left out '.env' (an environment file: store its secrets with" in said
+                assert "set_secret(" in said
+                assert "left out 'conf/.env.production' (an environment file" in said
+                left_out = (result.structured_content or {})["left_out"]
+                assert [why.split(" ", 1)[0] for why in left_out] == [
+                    "'.env'",
+                    "'conf/.env.production'",
+                ]
+
+    anyio.run(session)
+    version = api.get("/api/v1/workers/dotenv").json()["active_version_id"]
+    shipped = api.get(f"/api/v1/workers/dotenv/versions/{version}").json()["files"]
+    assert sorted(f["path"] for f in shipped) == [".env.example", "run.py", "worker.yml"]
