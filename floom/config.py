@@ -108,6 +108,14 @@ class Settings(BaseSettings):
     # LISTEN/NOTIFY (floom/store/signals.py). Off (e.g. behind a transaction-pooling proxy,
     # where LISTEN does not work): nodes poll, and no node caches API keys.
     signals: bool = True
+    # On PostgreSQL, each of this node's connections (floom/store/statements/lock_waits.py;
+    # docs/how-to/cluster.md "When a node freezes"): a lock another node holds longer than
+    # this fails the wait (an API request answers 503 row_locked with Retry-After, a loop
+    # tries again); a transaction left idle this long (its node frozen: SIGSTOP, a paused
+    # VM) is ended by PostgreSQL, which lets its locks go. 0: the server's (or the role's)
+    # own setting. SQLite: neither.
+    lock_timeout_seconds: float = Field(10.0, ge=0, le=3600)
+    idle_in_transaction_seconds: float = Field(60.0, ge=0, le=86400)
     deploy_examples: bool = True
     examples_dir: Path | None = None
     max_bundle_bytes: int = 50 * 1024 * 1024

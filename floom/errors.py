@@ -272,6 +272,14 @@ class StoreUnavailable(FloomError):
     code = "store_unavailable"
 
 
+class RowLocked(StoreUnavailable):
+    """Another floom node holds a row this needs, past the lock timeout; try again shortly.
+
+    `details` carry `retry_after_seconds` (the API answers it as Retry-After)."""
+
+    code = "row_locked"
+
+
 class BlobStoreUnavailable(FloomError):
     """The object store holding floom's blobs cannot be reached right now; try again shortly.
 

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException
 
 from floom import jsonvalues
 from floom.api.auth import request_surface
-from floom.errors import BlobStoreUnavailable, FloomError, RateLimited, quoted
+from floom.errors import BlobStoreUnavailable, FloomError, RateLimited, RowLocked, quoted
 from floom.hints import rest as hint_rest
 from floom.hints.surface import render
 from floom.services.access.principal import Principal, Surface
@@ -50,7 +50,9 @@ def floom_error_response(
     if exc.details is not None:
         body["details"] = exc.details_for(lambda told: render(told, surface=surface))
     response = JSONResponse(status_code=exc.status, content={"error": body})
-    if isinstance(exc, RateLimited | BlobStoreUnavailable) and isinstance(exc.details, dict):
+    if isinstance(exc, RateLimited | BlobStoreUnavailable | RowLocked) and isinstance(
+        exc.details, dict
+    ):
         response.headers["Retry-After"] = str(exc.details.get("retry_after_seconds", 1))
     return response
 
@@ -78,8 +80,7 @@ def install(app: FastAPI) -> None:
         @app.exception_handler(unavailable)
         async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
             log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
-            err = store_unavailable(exc)
-            return JSONResponse(status_code=err.status, content={"error": err.to_dict()})
+            return floom_error_response(store_unavailable(exc), surface=request_surface(request))
 
     @app.exception_handler(IntegrityError)
     async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:

@@ -27,7 +27,8 @@ _MEANING = {
     429: "A limit was reached: this key's request rate, concurrent waits or open streams, "
     "this address's rate of requests without a valid key, or a worker's.",
     502: "Something floom sent to on the caller's behalf (an alert channel) did not take it.",
-    503: "floom's database (or a service it needs) cannot be reached right now.",
+    503: "floom's database (or a service it needs) cannot be reached right now, or another "
+    "node holds a row this needs (`row_locked`, with Retry-After).",
 }
 
 _WITH_BODY = frozenset({"post", "put", "patch", "delete"})

@@ -32,7 +32,7 @@ from floom.engine.queue import (
 from floom.engine.runlog import LogBudget, LogLine, RunLog
 from floom.engine.runtime import NodeRuntime
 from floom.engine.work_root import hold_work_root, release_work_root
-from floom.errors import BlobStoreUnavailable, RunErrorCode, StoreUnavailable
+from floom.errors import BlobStoreUnavailable, RowLocked, RunErrorCode, StoreUnavailable
 from floom.sandbox import configuration_problem, get_sandbox
 from floom.sandbox.base import Sandbox, SandboxUnavailable
 from floom.sandbox.fence import fence_key, margin_seconds, node_fence
@@ -338,7 +338,10 @@ class Executor:
     def log_failure(self, what: str, exc: Exception) -> None:
         """An unreachable database is one line in the log (presence.py says when it is back);
         anything else is a bug and gets its traceback."""
-        if isinstance(exc, STORE_DOWN):
+        if isinstance(exc, RowLocked):
+            # The database answers: leases are renewed, so the reaper need not wait.
+            log.warning("%s: another node holds a row it needs; trying again", what)
+        elif isinstance(exc, STORE_DOWN):
             self._store_failed_at = time.monotonic()
             log.warning("%s: database unreachable", what)
         else:

@@ -104,7 +104,11 @@ class Context:
     def open(cls, settings: Settings) -> Context:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(settings.data_dir, 0o700)
-        engine = make_engine(settings.resolved_database_url)
+        engine = make_engine(
+            settings.resolved_database_url,
+            lock_timeout_seconds=settings.lock_timeout_seconds,
+            idle_in_transaction_seconds=settings.idle_in_transaction_seconds,
+        )
         try:
             migrate(engine)
         except SQLAlchemyError as exc:

@@ -20,7 +20,7 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlmodel import Session, create_engine
 
 from floom.config import mask_password
-from floom.errors import StoreUnavailable
+from floom.errors import RowLocked, StoreUnavailable
 from floom.store import agents as _agent_tables  # noqa: F401 - registers the tables
 from floom.store import audit as _audit_tables  # noqa: F401 - registers the tables
 from floom.store import handoffs as _handoff_tables  # noqa: F401 - registers the tables
@@ -31,7 +31,13 @@ from floom.store import triggers as _trigger_tables  # noqa: F401 - registers th
 from floom.store import web_sessions as _web_session_tables  # noqa: F401 - registers the tables
 from floom.store.blobs import tables as _blob_tables  # noqa: F401 - registers the tables
 from floom.store.models import UTCDateTime
-from floom.store.statements.lock_waits import bound_lock_waits_on
+from floom.store.statements.lock_waits import (
+    UNBOUNDED_WAITS,
+    bound_lock_waits_on,
+    bound_session_waits_on,
+    fail_ended_sessions_cleanly_on,
+    lock_wait_ran_out,
+)
 from floom.store.statements.text import storable_parameters
 
 log = logging.getLogger("floom.store")
@@ -110,8 +116,21 @@ def _store_storable_text(engine: Engine) -> None:
 SQLITE_BUSY_TIMEOUT_MS = 30000
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(
+    url: str, *, lock_timeout_seconds: float = 0.0, idle_in_transaction_seconds: float = 0.0
+) -> Engine:
+    """The engine of `url`. On PostgreSQL, a node's (Context.open) bounds its lock waits and
+    its transactions' idle time (floom/store/statements/lock_waits.py); 0, as for a tool's
+    own engine (a copy, a backup, doctor): no bound. SQLite has one writer and no row locks:
+    neither applies."""
     engine = _make_engine(url)
+    if is_postgres(engine):
+        fail_ended_sessions_cleanly_on(engine)
+        bound_session_waits_on(
+            engine,
+            lock_timeout_seconds=lock_timeout_seconds,
+            idle_in_transaction_seconds=idle_in_transaction_seconds,
+        )
     _store_storable_text(engine)
     return engine
 
@@ -360,6 +379,8 @@ def cluster_lock(engine: Engine, key: int) -> Iterator[None]:
         yield
         return
     with engine.connect() as conn:
+        # Another node's start-up steps take as long as they take (deploying the examples).
+        conn.exec_driver_sql(UNBOUNDED_WAITS)
         conn.exec_driver_sql("SELECT pg_advisory_lock(%s)", (key,))
         conn.commit()
         try:
@@ -496,8 +517,21 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 
 
+# What a caller refused with RowLocked is told to wait (Retry-After) before trying again.
+ROW_LOCKED_RETRY_AFTER_SECONDS = 2
+
+
 def store_unavailable(exc: Exception) -> StoreUnavailable:
-    """The driver's failure as floom's error, without the URL or the driver's internals."""
+    """The driver's failure as floom's error, without the URL or the driver's internals; a
+    lock wait that ran out (another node holds the row) as RowLocked."""
+    if lock_wait_ran_out(exc):
+        return RowLocked(
+            "another floom node has held a row this needs for longer than the lock timeout "
+            "(FLOOM_LOCK_TIMEOUT_SECONDS): busy with it, or frozen inside a transaction",
+            hint="try again shortly; a frozen node's locks go when it thaws, or when "
+            "PostgreSQL ends its transaction (FLOOM_IDLE_IN_TRANSACTION_SECONDS)",
+            details={"retry_after_seconds": ROW_LOCKED_RETRY_AFTER_SECONDS},
+        )
     reason = mask_password(str(getattr(exc, "orig", None) or exc).strip().splitlines()[0][:200])
     return StoreUnavailable(
         f"floom's database is unavailable: {reason}",

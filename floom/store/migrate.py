@@ -29,6 +29,7 @@ from floom.store.db import (  # also registers every table on SQLModel.metadata
     is_postgres,
     make_engine,
 )
+from floom.store.statements.lock_waits import UNBOUNDED_WAITS
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -78,6 +79,9 @@ def migrate(engine: Engine) -> None:
     upgrades the schema, the others find it done."""
     with engine.begin() as conn:
         if is_postgres(engine):
+            # A schema change waits for the other nodes' transactions on its tables, and
+            # nodes starting meanwhile wait for it, however long either takes.
+            conn.exec_driver_sql(UNBOUNDED_WAITS)
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
         tables = set(inspect(conn).get_table_names())
         if VERSION_TABLE in tables:

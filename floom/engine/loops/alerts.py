@@ -12,6 +12,7 @@ import threading
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from floom.errors import RowLocked
 from floom.services.alerts import deliveries, watch
 from floom.vocabulary import DeliveryPurpose
 
@@ -119,6 +120,8 @@ class AlertLoop:
                 watch.watch(self.ctx, pace=pace)
                 if pace.deliver and not self._stop.is_set():
                     self.sends.dispatch()
+            except RowLocked as exc:  # another node holds a row of this pass: not a bug
+                log.warning("alert pass: %s; retrying at the next interval", exc.message)
             except Exception:  # the loop must outlive a bad pass (e.g. a lost database)
                 log.exception("alert pass failed; retrying at the next interval")
             if self._stop.wait(interval):

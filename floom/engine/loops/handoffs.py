@@ -12,6 +12,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from floom.errors import RowLocked
 from floom.services import wakeups
 from floom.services.handoffs import bridge as handoff_bridge
 from floom.services.handoffs import flow
@@ -63,6 +64,9 @@ class HandoffLoop:
                         log.info("returned %d handoff job(s) with expired leases", count)
                 if self.bridge:
                     bridging = handoff_bridge.bridge_pass(self.ctx).busy
+            except RowLocked as exc:  # another node holds a row of this pass: not a bug
+                log.warning("handoff background work: %s; retrying", exc.message)
+                leased = True
             except Exception:  # the loop must outlive a database hiccup; it tries again
                 log.exception("handoff background work failed; retrying")
                 leased = True

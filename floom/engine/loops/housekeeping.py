@@ -12,6 +12,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from floom.errors import RowLocked
 from floom.services.ops.retention import apply_retention
 
 if TYPE_CHECKING:
@@ -45,6 +46,9 @@ class Housekeeping:
             delay = self.ctx.settings.retention_interval_seconds
             try:
                 report = apply_retention(self.ctx)
+            except RowLocked as exc:  # another node holds a row of this pass: not a bug
+                log.warning("retention pass: %s; retrying at the next interval", exc.message)
+                continue
             except Exception:  # the loop must outlive a bad pass (e.g. a lost database)
                 log.exception("retention pass failed; retrying at the next interval")
                 continue

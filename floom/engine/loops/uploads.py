@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from floom.errors import BlobStoreUnavailable
+from floom.errors import BlobStoreUnavailable, RowLocked
 from floom.services.ops.objects import (
     LOG_BATCH,
     BlobProblem,
@@ -92,6 +92,9 @@ class ObjectUploads:
             except BlobStoreUnavailable as exc:
                 backoff = min(sweep, max(FIRST_BACKOFF_SECONDS, backoff * 2))
                 log.warning("object store away, retrying in %.1fs: %s", backoff, exc.message)
+            except RowLocked as exc:  # another node holds a row of this pass: not a bug
+                log.warning("object store upkeep: %s; retrying at the next sweep", exc.message)
+                backoff = sweep
             except Exception:  # the loop must outlive a bad pass (e.g. a lost database)
                 log.exception("object store upkeep failed; retrying at the next sweep")
                 backoff = sweep

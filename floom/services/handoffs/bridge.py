@@ -19,7 +19,7 @@ from sqlmodel import Session, col, func, select
 
 from floom import jsonvalues
 from floom.cut import cut
-from floom.errors import FloomError, InvalidRequest
+from floom.errors import FloomError, InvalidRequest, StoreUnavailable
 from floom.services.access import principal
 from floom.services.handoffs import flow, rules
 from floom.services.handoffs.agents import WORKER_PREFIX, Actor
@@ -152,6 +152,8 @@ def _start(ctx: Context, bridge: Bridge, actor: Actor, job: Job) -> None:
             trigger=RunTrigger.HANDOFF,
             caller=principal.system(agent_id=actor.agent_id),
         )
+    except StoreUnavailable:
+        raise  # not the job's fault, nor lasting: the bridge's next pass tries it again
     except FloomError as exc:
         # The hint says how to let it start (resume it, deploy a version), as a floom command
         # that each caller is told in its own terms (views.handoffs.job_public).

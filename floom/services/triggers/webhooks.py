@@ -27,6 +27,7 @@ from floom.errors import (
     NotFound,
     PayloadTooLarge,
     RunErrorCode,
+    StoreUnavailable,
     WorkerPaused,
     quoted,
 )
@@ -276,6 +277,10 @@ def deliver(
         return _refused(ctx, delivery, PAUSED, exc.message, trigger=source, error=None)
     except InputInvalid as exc:
         return _refused(ctx, delivery, INPUT_INVALID, exc.message, trigger=source, error=exc)
+    except StoreUnavailable:
+        # Not this delivery's fault, nor lasting (another node holds the worker's row, or the
+        # database is away): a 503 the sender retries, not a start written off as failed.
+        raise
     except FloomError as exc:
         return _refused(ctx, delivery, START_FAILED, exc.message, trigger=source, error=exc)
 
