@@ -344,21 +344,21 @@ json.dump({"outputs": {"survived": True}}, open("result.json", "w"))
 
 
 def _started_in_a_thread(
-    warm: WarmedLocal, spec: SandboxSpec
+    warm: WarmedLocal, spec: SandboxSpec, lines: Lines | None = None
 ) -> tuple[threading.Thread, list[SandboxResult]]:
     """SLEEP_THEN_WRITE run in a thread, once it printed "started": the thread, and the list
-    its result is put in."""
+    its result is put in; its lines go to `lines` when given."""
     started = threading.Event()
     ended: list[SandboxResult] = []
 
+    def on_line(stream: str, line: str) -> None:
+        if lines is not None:
+            lines.append((stream, line))
+        if line == "started":
+            started.set()
+
     def target() -> None:
-        ended.append(
-            warm.run(
-                spec,
-                on_line=lambda stream, line: started.set() if line == "started" else None,
-                should_cancel=lambda: False,
-            )
-        )
+        ended.append(warm.run(spec, on_line=on_line, should_cancel=lambda: False))
 
     thread = threading.Thread(target=target)
     thread.start()
@@ -490,19 +490,7 @@ def test_a_warm_run_is_its_warm_process_s_own_child_and_its_exit_code_is_kept(
     key = warm.warm_up(spec)
     process = warm.pools.process_of(key)
     assert process is not None
-    started = threading.Event()
-    ended: list[SandboxResult] = []
-    thread = threading.Thread(
-        target=lambda: ended.append(
-            warm.run(
-                spec,
-                on_line=lambda stream, line: started.set() if line == "started" else None,
-                should_cancel=lambda: False,
-            )
-        )
-    )
-    thread.start()
-    assert started.wait(20)
+    thread, ended = _started_in_a_thread(warm, spec)
     # One fork a run: the script is pid 1 of its namespace and the warm process's child,
     # already without root; no process of the run stays outside its PID namespace.
     root = str(process.lease.uid)  # prepared children are still its namespace's root
@@ -541,22 +529,10 @@ def test_a_warm_run_ends_once_its_pid_1_has_begun_its_exit_not_once_that_exit_is
     key = warm.warm_up(spec)
     process = warm.pools.process_of(key)
     assert process is not None
-    started = threading.Event()
     lines: Lines = []
-    ended: list[SandboxResult] = []
-
-    def on_line(stream: str, line: str) -> None:
-        lines.append((stream, line))
-        if line == "started":
-            started.set()
-
-    thread = threading.Thread(
-        target=lambda: ended.append(warm.run(spec, on_line=on_line, should_cancel=bool))
-    )
-    thread.start()
+    thread, ended = _started_in_a_thread(warm, spec, lines)
     holder: subprocess.Popen[str] | None = None
     try:
-        assert started.wait(20)
         root = str(process.lease.uid)  # prepared children are still its namespace's root
         [init_pid] = [
             int(s["Pid"]) for s in _warm_children(process.pid) if s["Uid"].split()[0] != root
